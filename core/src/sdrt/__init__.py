@@ -1,0 +1,51 @@
+"""sdrt: run Stable Diffusion-class ONNX models on any desktop or laptop GPU.
+
+``import sdrt`` is light: onnx, numpy-heavy modules and plugins load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .backend import API_VERSION, Backend, Device, Session, TensorInfo
+from .errors import SdrtError
+from .hookspecs import hookimpl
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Graph
+    from .runtime import load
+    from .weights import Weights
+
+_LAZY = {
+    "load": ("runtime", "load"),
+    "Graph": ("graph", "Graph"),
+    "Weights": ("weights", "Weights"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'sdrt' has no attribute {name!r}")
+
+
+__all__ = [
+    "API_VERSION",
+    "Backend",
+    "Device",
+    "Graph",
+    "SdrtError",
+    "Session",
+    "TensorInfo",
+    "Weights",
+    "__version__",
+    "hookimpl",
+    "load",
+]

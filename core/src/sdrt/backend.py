@@ -1,0 +1,192 @@
+"""The backend contract. A plugin implements these classes and nothing else.
+
+Data flows one way::
+
+    file -> Graph (+ Weights) -> Backend.compile(graph, weights, device, **options)
+         -> Session.run(feeds) -> outputs
+
+``Session.run`` checks the feeds against ``Session.inputs`` for every backend,
+then calls the one method a backend overrides, ``Session._run``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from .errors import InputError, SdrtError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Graph
+    from .weights import Weights
+
+#: The plugin API this core speaks, as (major, minor). A plugin built for
+#: (M, m) is accepted when M equals the core's major and m <= the core's minor.
+API_VERSION: tuple[int, int] = (1, 0)
+
+Dim = int | str | None
+"""One dimension: a fixed size, a symbolic name such as ``"batch"``, or unknown."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Name, numpy dtype name (``"float32"``) and shape of a graph input or output."""
+
+    name: str
+    dtype: str
+    shape: tuple[Dim, ...]
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    def __str__(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype}[{dims}]"
+
+
+@dataclass(frozen=True)
+class Device:
+    """Something a backend can run on.
+
+    ``id`` is the backend's own name for it (``"CPU"``, ``"GPU.0"``, ``"cuda:0"``)
+    and is what users pass as ``device=``. ``kind`` is one of ``cpu``, ``gpu``,
+    ``npu`` or ``auto``.
+    """
+
+    backend: str
+    id: str
+    name: str = ""
+    kind: str = "cpu"
+    memory_bytes: int | None = None
+    properties: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __str__(self) -> str:
+        label = f"{self.backend}:{self.id}"
+        return f"{label} ({self.name})" if self.name else label
+
+
+def check_api_version(plugin_version: tuple[int, int], core_version: tuple[int, int] = API_VERSION) -> bool:
+    """True when a plugin built for ``plugin_version`` can run on this core."""
+    return plugin_version[0] == core_version[0] and plugin_version[1] <= core_version[1]
+
+
+class Session(ABC):
+    """A compiled graph on one device. Use it as a context manager so ``close`` runs."""
+
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+
+    def __init__(self, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo]) -> None:
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self._closed = False
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run once. ``feeds`` maps every input name to an array of the declared dtype and shape."""
+        if self._closed:
+            raise SdrtError(
+                "this session is closed", where=type(self).__name__, fix="compile the graph again with sdrt.load"
+            )
+        arrays = check_feeds(self.inputs, feeds)
+        return self._run(arrays)
+
+    @abstractmethod
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the compiled graph on feeds that ``run`` has already checked."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _run")
+
+    def update_weights(self, weights: Weights) -> None:
+        """Rebind the graph's initializers to new weights without re-parsing the graph."""
+        raise SdrtError(
+            f"{type(self).__name__} cannot update weights in place",
+            where="Session.update_weights",
+            fix="compile again with sdrt.load(model, weights=...)",
+        )
+
+    def close(self) -> None:
+        """Free what the session holds (device memory). Safe to call twice."""
+        self._closed = True
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Backend(ABC):
+    """A way to run graphs: one per plugin (or several)."""
+
+    #: short name users pass as ``backend=``: ``"openvino"``
+    name: ClassVar[str]
+    #: the plugin API version this backend was built for
+    api_version: ClassVar[tuple[int, int]] = API_VERSION
+    #: order for automatic choice among backends that offer a device; higher wins
+    priority: ClassVar[int] = 0
+
+    @abstractmethod
+    def devices(self) -> list[Device]:
+        """What this backend can run on, here and now. An empty list means: nothing."""
+
+    @abstractmethod
+    def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
+        """Compile ``graph`` for ``device``. Raise ``UnsupportedGraph`` before any long work."""
+
+
+_DTYPE_ALIASES = {"float": "float32", "double": "float64"}
+
+
+def check_feeds(inputs: Sequence[TensorInfo], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Check ``feeds`` against the declared ``inputs``; return them as numpy arrays.
+
+    Raises ``InputError`` naming the input with the expected and actual values.
+    """
+    if not isinstance(feeds, Mapping):
+        raise InputError(
+            f"feeds must be a mapping of input name to array, got {type(feeds).__name__}",
+            where="Session.run",
+            fix="pass a dict such as {'x': array}",
+        )
+    expected = {i.name: i for i in inputs}
+    unknown = [k for k in feeds if k not in expected]
+    missing = [k for k in expected if k not in feeds]
+    if unknown or missing:
+        parts = []
+        if missing:
+            parts.append("missing " + ", ".join(repr(m) for m in missing))
+        if unknown:
+            parts.append("unexpected " + ", ".join(repr(u) for u in unknown))
+        raise InputError(
+            "wrong input names: " + "; ".join(parts),
+            where="Session.run feeds",
+            fix="the graph expects exactly: " + ", ".join(str(i) for i in inputs),
+        )
+    out: dict[str, np.ndarray] = {}
+    for name, info in expected.items():
+        value = np.asarray(feeds[name])
+        want = np.dtype(_DTYPE_ALIASES.get(info.dtype, info.dtype))
+        if value.dtype != want:
+            raise InputError(
+                f"input {name!r} has dtype {value.dtype}, expected {want}",
+                where=f"Session.run feed {name!r}",
+                fix=f"convert it with array.astype(np.{want})",
+            )
+        if len(value.shape) != len(info.shape) or any(
+            isinstance(d, int) and d != a for d, a in zip(info.shape, value.shape)
+        ):
+            raise InputError(
+                f"input {name!r} has shape {tuple(value.shape)}, expected {_shape_str(info.shape)}",
+                where=f"Session.run feed {name!r}",
+                fix="reshape the array, or compile a graph whose shape matches",
+            )
+        out[name] = value
+    return out
+
+
+def _shape_str(shape: Sequence[Dim]) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"

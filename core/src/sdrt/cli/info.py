@@ -1,0 +1,65 @@
+"""``sdrt info``: the core, each plugin with its devices and state, and broken plugins."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .. import __version__
+from ..backend import API_VERSION
+from ..plugins import get_registry
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("info", help="show the core, plugins, devices and hardware")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    return p
+
+
+def collect() -> dict[str, Any]:
+    reg = get_registry()
+    plugins = []
+    for rec in sorted(reg.plugins.values(), key=lambda r: r.name):
+        backends = []
+        for name in rec.backends:
+            be = reg.backends[name]
+            try:
+                devices = [str(d) for d in be.devices()]
+                dev_error = None
+            except Exception as exc:  # noqa: BLE001 - report, never crash info
+                devices, dev_error = [], repr(exc)
+            backends.append({"name": name, "priority": be.priority, "devices": devices, "error": dev_error})
+        plugins.append({
+            "name": rec.name, "distribution": rec.distribution, "version": rec.version,
+            "state": rec.state, "error": rec.error, "backends": backends,
+        })
+    return {"sdrt": __version__, "plugin_api": ".".join(map(str, API_VERSION)), "plugins": plugins}
+
+
+def render(info: dict[str, Any]) -> str:
+    lines = [f"sdrt {info['sdrt']} (plugin API {info['plugin_api']})", "", "plugins:"]
+    if not info["plugins"]:
+        lines.append("  (none installed)")
+    for p in info["plugins"]:
+        head = f"  {p['name']}"
+        if p["distribution"]:
+            head += f"  [{p['distribution']} {p['version'] or ''}]".rstrip()
+        lines.append(f"{head}  {p['state']}")
+        if p["error"]:
+            lines.append(f"    error: {p['error']}")
+        for b in p["backends"]:
+            lines.append(f"    backend {b['name']} (priority {b['priority']})")
+            if b["error"]:
+                lines.append(f"      devices: error {b['error']}")
+            for d in b["devices"]:
+                lines.append(f"      device {d}")
+            if not b["devices"] and not b["error"]:
+                lines.append("      devices: none usable here")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    info = collect()
+    print(json.dumps(info, indent=2) if args.json else render(info))
+    return 0

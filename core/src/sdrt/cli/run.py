@@ -1,0 +1,56 @@
+"""``sdrt run MODEL --input name=file.npy ... --output out.npz``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("run", help="run a model once on .npy inputs and save the outputs as .npz")
+    p.add_argument("model", help="path to an .onnx file")
+    p.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="one graph input; repeat for each")
+    p.add_argument("--output", "-o", required=True, help="where to write the outputs (.npz)")
+    p.add_argument("--weights", action="append", default=None, help="a .safetensors file; repeat for several")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--device", default=None)
+    return p
+
+
+def parse_inputs(specs: list[str]) -> dict[str, Any]:
+    import numpy as np
+
+    feeds = {}
+    for spec in specs:
+        name, sep, file = spec.partition("=")
+        if not sep or not name or not file:
+            raise InputError(f"bad --input {spec!r}", where="sdrt run", fix="write it as NAME=FILE.npy")
+        path = Path(file)
+        if not path.is_file():
+            raise InputError(f"input file for {name!r} does not exist", where=str(path),
+                             fix="save the array with numpy.save first")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except Exception as exc:
+            raise InputError(f"cannot read {name!r} as a .npy array ({exc})", where=str(path),
+                             fix="save the array with numpy.save") from exc
+    return feeds
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..runtime import load
+
+    feeds = parse_inputs(args.input)
+    with load(args.model, weights=args.weights, backend=args.backend, device=args.device) as session:
+        outputs = session.run(feeds)
+    np.savez(args.output, **outputs)
+    for name, value in outputs.items():
+        print(f"{name}: {value.dtype}{list(value.shape)}")
+    print(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,117 @@
+"""The one error hierarchy of sdrt.
+
+Every message says three things: what was wrong, where it was, and what to do
+about it. Build errors with those three parts so that no message forgets one::
+
+    raise ModelError("the file is not an ONNX model", where=path, fix="export it with torch.onnx.export")
+
+An exception from inside a vendor library is wrapped in one of these (keep the
+original as ``__cause__`` with ``raise ... from exc``), never passed through.
+"""
+
+from __future__ import annotations
+
+
+class SdrtError(Exception):
+    """Root of every error that sdrt raises on purpose."""
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None) -> None:
+        self.what = what
+        self.where = where
+        self.fix = fix
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        parts = [self.what.rstrip(".") + "."]
+        if self.where:
+            parts.append(f"Where: {self.where}.")
+        if self.fix:
+            parts.append(f"What to do: {self.fix.rstrip('.')}.")
+        return " ".join(parts)
+
+
+class ModelError(SdrtError):
+    """The model file (ONNX graph) is missing, malformed or not supported."""
+
+
+class ModelNotFoundError(ModelError, FileNotFoundError):
+    """The model path does not exist."""
+
+
+class WeightsError(SdrtError):
+    """Weights are missing, unsafe, malformed or do not fit the graph."""
+
+
+class UnsupportedGraph(SdrtError):
+    """A backend cannot run this graph. ``unsupported`` maps op type -> node names."""
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        unsupported: dict[str, list[str]] | None = None,
+        where: str | None = None,
+        fix: str | None = None,
+    ) -> None:
+        self.unsupported = dict(unsupported or {})
+        if self.unsupported:
+            listing = "; ".join(
+                f"{op} (nodes: {', '.join(nodes[:8])}{', ...' if len(nodes) > 8 else ''})"
+                for op, nodes in sorted(self.unsupported.items())
+            )
+            what = f"{what}: {listing}"
+        super().__init__(what, where=where, fix=fix)
+
+
+class InputError(SdrtError):
+    """A feed given to ``Session.run`` is missing, unexpected, or has the wrong shape or dtype."""
+
+
+class BackendUnavailable(SdrtError):
+    """A backend cannot be used: unknown, broken, disabled, or with no device here."""
+
+
+class UnknownBackendError(BackendUnavailable):
+    """No installed plugin provides a backend with this name."""
+
+
+class NoDeviceError(BackendUnavailable):
+    """The backend exists but offers no usable device (or not the one asked for)."""
+
+
+class PluginError(SdrtError):
+    """A plugin failed to import or register."""
+
+
+class PluginVersionError(PluginError):
+    """A plugin was built for a plugin API that this core does not speak."""
+
+
+class HardwareError(SdrtError):
+    """Hardware detection failed in a way that leaves nothing to report."""
+
+
+class InstallError(SdrtError):
+    """Installing a plugin failed; the environment was left as it was."""
+
+
+class SamplerError(SdrtError):
+    """An unknown sampler or schedule name, or bad sampler arguments."""
+
+
+__all__ = [
+    "BackendUnavailable",
+    "HardwareError",
+    "InputError",
+    "InstallError",
+    "ModelError",
+    "ModelNotFoundError",
+    "NoDeviceError",
+    "PluginError",
+    "PluginVersionError",
+    "SamplerError",
+    "SdrtError",
+    "UnknownBackendError",
+    "UnsupportedGraph",
+    "WeightsError",
+]

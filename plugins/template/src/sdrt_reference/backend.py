@@ -1,0 +1,73 @@
+"""The reference backend: onnx.reference.ReferenceEvaluator behind sdrt's contract."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from sdrt import Backend, Device, Session
+from sdrt.errors import ModelError, SdrtError
+from sdrt.graph import Graph
+
+DEVICE = Device(backend="reference", id="CPU", name="onnx ReferenceEvaluator (numpy)", kind="cpu")
+
+
+class ReferenceSession(Session):
+    def __init__(self, graph: Graph, weights: Any = None) -> None:
+        from onnx.reference import ReferenceEvaluator
+
+        super().__init__(graph.inputs, graph.outputs)
+        self._graph = graph
+        try:
+            self._evaluator = ReferenceEvaluator(graph.model)
+        except Exception as exc:  # the evaluator rejects graphs it cannot build
+            raise ModelError(
+                f"the reference evaluator cannot build this graph: {exc}",
+                where=graph.name,
+                fix="check the model with onnx.checker.check_model",
+            ) from exc
+        self._output_names = [o.name for o in self.outputs]
+        if weights is not None:
+            self.update_weights(weights)
+
+    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            results = self._evaluator.run(self._output_names, feeds)
+        except SdrtError:
+            raise
+        except Exception as exc:
+            raise SdrtError(
+                f"the reference evaluator failed: {exc!r}",
+                where=self._graph.name,
+                fix="check the inputs; run onnx.checker.check_model on the graph",
+            ) from exc
+        return {name: np.asarray(value) for name, value in zip(self._output_names, results)}
+
+    def update_weights(self, weights: Any) -> None:
+        """Swap initializer values in the built evaluator; the graph is not parsed again."""
+        arrays = weights.bind(self._graph)
+        inits = self._evaluator.rt_inits_
+        for name, value in arrays.items():
+            inits[name] = np.asarray(value)
+
+    def close(self) -> None:
+        self._evaluator = None
+        super().close()
+
+
+class ReferenceBackend(Backend):
+    name = "reference"
+    api_version = (1, 0)
+    priority = 0  # lowest: any real backend wins an automatic choice
+
+    def devices(self) -> list[Device]:
+        return [DEVICE]
+
+    def compile(self, graph: Graph, weights: Any, device: Device, **options: Any) -> Session:
+        if options:
+            raise SdrtError(
+                f"unknown options for the reference backend: {', '.join(sorted(options))}",
+                where="sdrt.load(..., backend='reference')",
+                fix="the reference backend takes no options; remove them",
+            )
+        return ReferenceSession(graph, weights)

@@ -1,0 +1,44 @@
+"""Test-wide setup: entry-point autoload is off; tests register the plugins they use.
+
+``registry`` gives a fresh registry with the reference backend registered
+explicitly; ``inline_plugin`` registers an inline ``@hookimpl`` class and
+unregisters it in ``finally`` (the llm pattern).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["SDRT_LOAD_ENTRY_POINTS"] = "0"
+
+import pytest  # noqa: E402
+
+from sdrt import plugins  # noqa: E402
+
+
+@pytest.fixture
+def registry():
+    import sdrt_reference
+
+    plugins.reset_registry()
+    reg = plugins.get_registry()
+    reg.register_plugin(sdrt_reference, "reference", distribution="sdrt-reference")
+    try:
+        yield reg
+    finally:
+        plugins.reset_registry()
+
+
+@pytest.fixture
+def inline_plugin(registry):
+    added: list[str] = []
+
+    def add(obj, name: str):
+        added.append(name)
+        return registry.register_plugin(obj, name)
+
+    try:
+        yield add
+    finally:
+        for name in added:
+            registry.unregister_plugin(name)
