@@ -128,6 +128,10 @@ class Backend(ABC):
     api_version: ClassVar[tuple[int, int]] = API_VERSION
     #: order for automatic choice among backends that offer a device; higher wins
     priority: ClassVar[int] = 0
+    #: what the conformance kit (``sdrt.testing``) should expect of this backend:
+    #: ``{"xfail": {regex: reason}, "exclude": {regex: reason},
+    #: "tolerances": {regex: (rtol, atol)}}``; regexes match test names.
+    conformance: ClassVar[Mapping[str, Any]] = {}
 
     @abstractmethod
     def devices(self) -> list[Device]:
@@ -139,6 +143,9 @@ class Backend(ABC):
 
 
 _DTYPE_ALIASES = {"float": "float32", "double": "float64"}
+
+#: ``TensorInfo.dtype`` of an input that is not a tensor (a sequence, map or optional)
+NON_TENSOR = "non-tensor"
 
 
 def check_feeds(inputs: Sequence[TensorInfo], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -168,9 +175,12 @@ def check_feeds(inputs: Sequence[TensorInfo], feeds: Mapping[str, Any]) -> dict[
         )
     out: dict[str, np.ndarray] = {}
     for name, info in expected.items():
+        if info.dtype == NON_TENSOR:  # sequence, map or optional input: passed through as given
+            out[name] = feeds[name]
+            continue
         value = np.asarray(feeds[name])
-        want = np.dtype(_DTYPE_ALIASES.get(info.dtype, info.dtype))
-        if value.dtype != want:
+        want = _DTYPE_ALIASES.get(info.dtype, info.dtype)
+        if value.dtype.name != want and not (want == "object" and value.dtype.kind in "OUS"):
             raise InputError(
                 f"input {name!r} has dtype {value.dtype}, expected {want}",
                 where=f"Session.run feed {name!r}",

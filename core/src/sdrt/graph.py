@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .backend import Dim, TensorInfo
+from .backend import NON_TENSOR, Dim, TensorInfo
 from .errors import ModelError, ModelNotFoundError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # pragma: no cover
 def _tensor_info(value_info: Any) -> TensorInfo:
     from onnx import helper
 
+    if not value_info.type.HasField("tensor_type"):
+        return TensorInfo(value_info.name, NON_TENSOR, ())
     ttype = value_info.type.tensor_type
     dtype = helper.tensor_dtype_to_np_dtype(ttype.elem_type).name if ttype.elem_type else "undefined"
     shape: list[Dim] = []
