@@ -1,0 +1,136 @@
+"""sdrt.load: explicit choices fail loudly, auto picks by priority and says why."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import sdrt
+from sdrt.backend import Backend, Device
+from sdrt.errors import BackendUnavailable, ModelNotFoundError, NoDeviceError, UnknownBackendError
+
+
+class _NoDevice(Backend):
+    name = "nodevice"
+    priority = 100
+
+    def devices(self):
+        return []
+
+    def compile(self, graph, weights, device, **options):  # pragma: no cover - never reached
+        raise AssertionError("compile must not be called without a device")
+
+
+class _Failing(Backend):
+    name = "failing"
+    priority = 90
+
+    def devices(self):
+        raise RuntimeError("driver exploded")
+
+    def compile(self, graph, weights, device, **options):  # pragma: no cover
+        raise AssertionError
+
+
+class _Plugin:
+    def __init__(self, *backends):
+        self.backends = backends
+
+    @sdrt.hookimpl
+    def register_backends(self, register):
+        for b in self.backends:
+            register(b)
+
+
+def test_load_runs_on_reference_and_matches_numpy(registry, affine_path, affine):
+    _, reference = affine
+    x = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+    with sdrt.load(affine_path, backend="reference") as s:
+        assert [str(i) for i in s.inputs] == ["x: float32[batch, 4]"]
+        y = s.run({"x": x})["y"]
+    np.testing.assert_allclose(y, reference(x), rtol=1e-6)
+
+
+def test_load_accepts_bytes_and_graph(registry, affine_path):
+    data = affine_path.read_bytes()
+    x = np.ones((2, 4), np.float32)
+    a = sdrt.load(data, backend="reference").run({"x": x})["y"]
+    b = sdrt.load(sdrt.Graph.load(affine_path), backend="reference").run({"x": x})["y"]
+    np.testing.assert_array_equal(a, b)
+
+
+def test_unknown_backend_name_lists_installed(registry, affine_path):
+    with pytest.raises(UnknownBackendError, match=r"no backend named 'cuda-magic'.*installed backends: reference"):
+        sdrt.load(affine_path, backend="cuda-magic")
+
+
+def test_backend_with_no_usable_device(registry, inline_plugin, affine_path):
+    inline_plugin(_Plugin(_NoDevice()), "nodevice-plugin")
+    with pytest.raises(NoDeviceError, match="'nodevice' offers no device"):
+        sdrt.load(affine_path, backend="nodevice")
+
+
+def test_backend_whose_devices_call_raises_is_wrapped(registry, inline_plugin, affine_path):
+    inline_plugin(_Plugin(_Failing()), "failing-plugin")
+    with pytest.raises(NoDeviceError, match="driver exploded"):
+        sdrt.load(affine_path, backend="failing")
+
+
+def test_explicit_device_that_does_not_exist(registry, affine_path):
+    with pytest.raises(NoDeviceError, match=r"no device 'GPU.7'.*devices here: CPU"):
+        sdrt.load(affine_path, backend="reference", device="GPU.7")
+
+
+def test_model_path_that_does_not_exist(registry, tmp_path):
+    with pytest.raises(ModelNotFoundError, match="does not exist") as e:
+        sdrt.load(tmp_path / "nope.onnx", backend="reference")
+    assert "nope.onnx" in str(e.value)
+
+
+def test_auto_skips_backends_without_devices_and_logs_choice(registry, inline_plugin, affine_path, caplog):
+    inline_plugin(_Plugin(_NoDevice(), _Failing()), "bad-plugin")
+    with caplog.at_level(logging.INFO, logger="sdrt.runtime"):
+        session = sdrt.load(affine_path)
+    assert session.run({"x": np.ones((1, 4), np.float32)})["y"].shape == (1, 3)
+    assert "auto-selected backend reference" in caplog.text and "priority" in caplog.text
+
+
+def test_auto_prefers_higher_priority(registry, inline_plugin):
+    from sdrt.runtime import select
+
+    class _High(Backend):
+        name = "high"
+        priority = 10
+
+        def devices(self):
+            return [Device("high", "X1")]
+
+        def compile(self, graph, weights, device, **options):  # pragma: no cover
+            raise AssertionError
+
+    inline_plugin(_Plugin(_High()), "high-plugin")
+    be, dev = select("auto")
+    assert (be.name, dev.id) == ("high", "X1")
+    be, dev = select("auto", "CPU")  # a device id narrows the choice
+    assert be.name == "reference"
+
+
+def test_auto_with_nothing_usable_says_what_to_do(registry, inline_plugin, affine_path):
+    registry.unregister_plugin("reference")
+    inline_plugin(_Plugin(_NoDevice()), "nodevice-plugin")
+    with pytest.raises(NoDeviceError, match=r"no installed backend can run here.*sdrt info"):
+        sdrt.load(affine_path)
+
+
+def test_explicit_broken_plugin_backend_is_refused_with_its_error(registry, inline_plugin, affine_path):
+    class Broken:
+        @sdrt.hookimpl
+        def register_backends(self, register):
+            raise ValueError("cannot find libfoo.so")
+
+    record = inline_plugin(Broken(), "foo")
+    assert record.state == "broken" and "libfoo.so" in record.error
+    with pytest.raises(BackendUnavailable, match=r"'foo' cannot be used: plugin is broken.*libfoo.so"):
+        sdrt.load(affine_path, backend="foo")
