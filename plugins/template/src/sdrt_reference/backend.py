@@ -70,8 +70,7 @@ class ReferenceBackend(Backend):
             r"^test_scatter_with(out)?_axis_": "Scatter was removed in opset 11; onnx.reference has no kernel for it",
             r"^test_scan_sum_": "onnx.reference fails on Scan-8 (old batch-axis form)",
             r"^test_range_.*_expanded_": "onnx.reference's Loop returns the wrong shape for Range's function body",
-            r"^test_(loop13_seq|loop16_seq_none)_": "onnx.reference's Loop cannot build ragged sequence outputs",
-            r"^test_sequence_(insert_at_|map_)": "onnx.reference builds ragged sequences as arrays and fails",
+            r"^test_loop16_seq_none_": "onnx.reference's Loop cannot build ragged sequence outputs",
             r"^test_if_opt_": "onnx.reference's If wraps an optional sequence output in an extra list",
             r"^test_(squeezenet|densenet121)_": "onnx.reference differs from onnxruntime and the shipped expected "
                                                   "output on this light model (checked: onnxruntime matches exactly)",

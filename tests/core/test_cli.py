@@ -1,0 +1,56 @@
+"""The sdrt command: info, run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sdrt.cli import main
+
+
+def test_info_lists_reference_backend_with_device(registry, capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("sdrt 0.1.0 (plugin API 1.0)")
+    assert "reference  [sdrt-reference" in out and "device reference:CPU" in out
+
+
+def test_run_writes_outputs_that_match_numpy(registry, affine_path, affine, tmp_path, capsys):
+    _, reference = affine
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out.npz"
+    assert main(["run", str(affine_path), "--input", f"x={tmp_path / 'x.npy'}", "--output", str(out),
+                 "--backend", "reference", "--device", "CPU"]) == 0
+    np.testing.assert_allclose(np.load(out)["y"], reference(x), rtol=1e-6)
+    assert "y: float32[2, 3]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("x", "bad --input 'x'"),
+    ("x=/nonexistent/x.npy", "input file for 'x' does not exist"),
+])
+def test_run_bad_input_spec_is_a_clear_error(registry, affine_path, tmp_path, capsys, spec, message):
+    assert main(["run", str(affine_path), "--input", spec, "--output", str(tmp_path / "o.npz")]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "What to do" in err
+
+
+def test_run_input_file_that_is_not_npy(registry, affine_path, tmp_path, capsys):
+    (tmp_path / "x.npy").write_text("hello")
+    assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz")]) == 1
+    assert "cannot read 'x' as a .npy array" in capsys.readouterr().err
+
+
+def test_run_wrong_shape_names_input(registry, affine_path, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((2, 5), np.float32))
+    assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz")]) == 1
+    assert "input 'x' has shape (2, 5), expected (batch, 4)" in capsys.readouterr().err
+
+
+def test_python_dash_m_sdrt_works():
+    proc = subprocess.run([sys.executable, "-m", "sdrt", "--version"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "sdrt 0.1.0"

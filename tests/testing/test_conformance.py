@@ -1,0 +1,108 @@
+"""The conformance kit runs onnx's own BackendTest against sdrt backends, and can fail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sdrt
+from sdrt.backend import Backend, Device, Session
+from sdrt.errors import UnsupportedGraph
+from sdrt.testing import BackendTest, make_onnx_backend
+
+
+class _ZerosSession(Session):
+    def _run(self, feeds):
+        return {o.name: np.zeros(feeds[self.inputs[0].name].shape, np.float32) for o in self.outputs}
+
+
+class WrongBackend(Backend):
+    """A real backend that computes the wrong answer: zeros, whatever the graph."""
+
+    name = "wrong"
+
+    def devices(self):
+        return [Device("wrong", "GPU.1", kind="gpu")]
+
+    def compile(self, graph, weights, device, **options):
+        ops = {n.op_type for n in graph.model.graph.node}
+        if ops - {"Relu", "Abs"}:
+            raise UnsupportedGraph("only Relu and Abs", unsupported={op: ["n"] for op in ops - {"Relu", "Abs"}})
+        return _ZerosSession(graph.inputs, graph.outputs)
+
+
+class _Plugin:
+    @sdrt.hookimpl
+    def register_backends(self, register):
+        register(WrongBackend())
+
+
+def test_reference_backend_passes_selected_node_tests_per_op(registry):
+    summary = BackendTest("reference").include(r"^test_(relu|abs)_cpu$").include(r"^test_softmax_axis_0_").run()
+    assert summary.ops["Relu"].counts["passed"] == 1
+    assert summary.ops["Abs"].counts["passed"] == 1
+    assert summary.ops["Softmax"].counts["passed"] == 3  # the op and its two _expanded function bodies
+    assert summary.totals()["failed"] == 0
+    assert set(summary.outcome) == {"test_relu_cpu", "test_abs_cpu", "test_softmax_axis_0_cpu",
+                                    "test_softmax_axis_0_expanded_cpu", "test_softmax_axis_0_expanded_ver18_cpu"}
+
+
+def test_wrong_backend_fails_and_unsupported_ops_are_skipped_with_device_in_names(registry, inline_plugin):
+    inline_plugin(_Plugin(), "wrong-plugin")
+    summary = BackendTest("wrong", "GPU.1").include(r"^test_(relu|abs|add)_gpu_1$").run()
+    assert summary.outcome["test_relu_gpu_1"] == "failed"
+    assert summary.outcome["test_abs_gpu_1"] == "failed"
+    assert summary.outcome["test_add_gpu_1"] == "skipped"
+    text = summary.render()
+    assert "test_relu_gpu_1 [Relu]" in text and "0 passed, 2 failed" in text
+
+
+def test_xfail_and_tolerance_patterns_chain(registry, inline_plugin):
+    inline_plugin(_Plugin(), "wrong-plugin")
+    summary = (BackendTest("wrong").include(r"^test_(relu|abs)_gpu_1$")
+               .xfail(r"^test_relu_", "computes zeros on purpose")
+               .tolerance(r"^test_abs_", rtol=0, atol=1e9)
+               .run())
+    assert summary.outcome == {"test_relu_gpu_1": "xfail", "test_abs_gpu_1": "passed"}
+    assert ("test_relu_gpu_1", "xfail: computes zeros on purpose") in summary.ops["Relu"].failures
+
+
+def test_backend_declared_expectations_apply(registry):
+    summary = BackendTest("reference").include(r"^test_bernoulli_seed_").run()
+    assert summary.outcome["test_bernoulli_seed_cpu"] == "xfail"
+
+
+def test_light_model_suite_runs(registry):
+    summary = BackendTest("reference", suites=("light",)).include(r"^test_(bvlc_alexnet|zfnet512)_").run()
+    assert summary.outcome == {"test_bvlc_alexnet_cpu": "passed", "test_zfnet512_cpu": "passed"}
+
+
+def test_adapter_is_an_onnx_backend(registry):
+    from onnx import TensorProto, helper
+    from onnx.backend.base import Backend as OnnxBackend
+
+    be = registry.backends["reference"]
+    adapter = make_onnx_backend(be, be.devices()[0])
+    assert issubclass(adapter, OnnxBackend) and adapter.supports_device("CPU") and not adapter.supports_device("CUDA")
+    node = helper.make_node("Neg", ["x"], ["y"])
+    model = helper.make_model(helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]))
+    (y,) = adapter.run_model(model, [np.array([1, -2], np.float32)])
+    np.testing.assert_array_equal(y, [-1, 2])
+
+
+def test_conformance_cli_prints_summary(registry, capsys):
+    from sdrt.cli import main
+
+    assert main(["conformance", "reference", "-k", "^test_relu_cpu$", "--suite", "node"]) == 0
+    out = capsys.readouterr().out
+    assert "Relu" in out and "1 passed, 0 failed" in out
+
+
+@pytest.mark.parametrize("strict, code", [(False, 0), (True, 1)])
+def test_conformance_cli_strict_exit_code(registry, inline_plugin, capsys, strict, code):
+    from sdrt.cli import main
+
+    inline_plugin(_Plugin(), "wrong-plugin")
+    args = ["conformance", "wrong", "-k", "^test_relu_gpu_1$"] + (["--strict"] if strict else [])
+    assert main(args) == code
