@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from .errors import InputError, SdrtError
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
     from .graph import Graph
     from .weights import Weights
 
@@ -153,6 +153,8 @@ def check_feeds(inputs: Sequence[TensorInfo], feeds: Mapping[str, Any]) -> dict[
 
     Raises ``InputError`` naming the input with the expected and actual values.
     """
+    import numpy as np  # lazily: `import sdrt` must not pay for numpy
+
     if not isinstance(feeds, Mapping):
         raise InputError(
             f"feeds must be a mapping of input name to array, got {type(feeds).__name__}",

@@ -32,9 +32,9 @@ def load(
     """
     from .graph import Graph
 
+    be, dev = select(backend, device)  # before any file I/O: a wrong name fails fast
     graph = model if isinstance(model, Graph) else Graph.load(model)
     bound = _open_weights(weights)
-    be, dev = select(backend, device)
     log.info("compiling %s on %s", graph.name, dev)
     return be.compile(graph, bound, dev, **options)
 

@@ -1,0 +1,131 @@
+"""``BackendTest``: onnx's backend test runner, bound to one sdrt backend and device."""
+
+from __future__ import annotations
+
+import re
+import unittest
+from collections import defaultdict
+from typing import Any
+
+from onnx.backend.test.runner import Runner
+
+from ..backend import Backend, Device
+from ..plugins import get_registry
+from ..runtime import select
+from .adapter import device_tag, make_onnx_backend
+from .cases import light_cases, node_cases, op_of_case, single_node_ops
+from .report import Summary, collect
+
+
+class _Runner(Runner):
+    """onnx's Runner with its cases supplied by us and test names for one device."""
+
+    def __init__(self, onnx_backend: Any, tag: str, cases: list[Any], test_kwargs: dict[str, Any]) -> None:
+        # Runner.__init__ would regenerate the node suite in memory; set up its state ourselves.
+        self.backend = onnx_backend
+        self._parent_module = __name__
+        self._include_patterns = set()
+        self._exclude_patterns = set()
+        self._xfail_patterns = set()
+        self._test_kwargs = test_kwargs
+        self._test_items = defaultdict(dict)
+        self._tag = tag
+        for case in cases:
+            self._add_model_test(case, "Node" if case.kind == "node" else "Real")
+
+    def _add_test(self, category: str, test_name: str, test_func: Any, report_item: Any,
+                  devices: Any = None, **kwargs: Any) -> None:
+        super()._add_test(category, test_name, test_func, report_item, devices=(self._tag,), **kwargs)
+
+
+class BackendTest:
+    """Conformance tests for one sdrt backend on one device, with chainable patterns.
+
+    ``include``/``exclude``/``xfail`` take regexes matched against test names
+    (``test_conv_with_strides_padding_cpu``); ``tolerance`` sets rtol/atol for
+    matching tests.
+    """
+
+    def __init__(self, backend: str | Backend, device: str | Device | None = None, *, suites: tuple[str, ...] = ("node", "light"),
+                 use_backend_expectations: bool = True, **compile_options: Any) -> None:
+        if isinstance(backend, Backend):
+            be = backend
+            devices = be.devices()
+            dev = device if isinstance(device, Device) else next(
+                (d for d in devices if device is None or d.id.lower() == str(device).lower()), None)
+            if dev is None:
+                _, dev = select(be.name, device)
+        else:
+            be, dev = select(backend, device, get_registry())
+        self.backend, self.device = be, dev
+        self.tag = device_tag(dev).upper()
+        self.suites = suites
+        self.compile_options = compile_options
+        self._include: list[str] = []
+        self._exclude: dict[str, str] = {}
+        self._xfail: dict[str, str] = {}
+        self._tolerances: dict[str, tuple[float, float]] = {}
+        if use_backend_expectations:
+            expect = getattr(be, "conformance", {}) or {}
+            for pattern, reason in dict(expect.get("exclude", {})).items():
+                self.exclude(pattern, reason)
+            for pattern, reason in dict(expect.get("xfail", {})).items():
+                self.xfail(pattern, reason)
+            for pattern, (rtol, atol) in dict(expect.get("tolerances", {})).items():
+                self.tolerance(pattern, rtol=rtol, atol=atol)
+
+    # -- chainable configuration --------------------------------------
+    def include(self, pattern: str) -> BackendTest:
+        self._include.append(pattern)
+        return self
+
+    def exclude(self, pattern: str, reason: str = "excluded") -> BackendTest:
+        self._exclude[pattern] = reason
+        return self
+
+    def xfail(self, pattern: str, reason: str) -> BackendTest:
+        self._xfail[pattern] = reason
+        return self
+
+    def tolerance(self, pattern: str, *, rtol: float, atol: float) -> BackendTest:
+        self._tolerances[pattern] = (rtol, atol)
+        return self
+
+    # -- building and running -----------------------------------------
+    def cases(self) -> list[Any]:
+        cases = []
+        if "node" in self.suites:
+            cases += node_cases()
+        if "light" in self.suites:
+            cases += light_cases()
+        return cases
+
+    def build(self) -> tuple[_Runner, dict[str, str]]:
+        """onnx's runner with our patterns applied, and a map of test name -> op."""
+        suffix = "_" + self.tag.lower()
+        cases = [c for c in self.cases()
+                 if not self._include or any(re.search(p, c.name + suffix) for p in self._include)]
+        kwargs = {}
+        for case in cases:
+            for pattern, (rtol, atol) in self._tolerances.items():
+                if re.search(pattern, f"{case.name}_{self.tag.lower()}"):
+                    kwargs[case.name] = {"rtol": rtol, "atol": atol}
+        adapter = make_onnx_backend(self.backend, self.device, **self.compile_options)
+        runner = _Runner(adapter, self.tag, cases, kwargs)
+        for pattern in self._exclude:
+            runner.exclude(pattern)
+        for pattern in self._xfail:
+            runner.xfail(pattern)
+        single = single_node_ops(cases)
+        ops = {f"{c.name}{suffix}": op_of_case(c, single) for c in cases}
+        return runner, ops
+
+    @property
+    def test_cases(self) -> dict[str, type[unittest.TestCase]]:
+        """unittest classes to put in a test module's globals, as with onnx's own runner."""
+        return self.build()[0].test_cases
+
+    def run(self, progress: Any = None) -> Summary:
+        """Run every selected test and return a per-op summary."""
+        runner, ops = self.build()
+        return collect(runner.test_suite, ops, self.backend.name, str(self.device), self._xfail, progress)
