@@ -1,0 +1,115 @@
+"""Denoisers: wrap a backend ``Session`` (a UNet or DiT graph) as ``model(x, sigma, **kw) -> denoised``.
+
+``Denoiser`` converts between the sampler's view (a latent at noise level
+sigma) and the network's view (a scaled input and a timestep), runs the
+session once, and turns its output (eps, v or flow velocity, per the model
+sampling's ``prediction``) into the denoised estimate. ``CFGDenoiser`` adds
+classifier-free guidance and skips the unconditional pass at scale 1.
+
+Input names differ between exports, so they are arguments: by default the
+diffusers/optimum names ``sample``, ``timestep`` and ``encoder_hidden_states``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import SamplerError
+
+__all__ = ["CFGDenoiser", "Denoiser"]
+
+
+class Denoiser:
+    """``model(x, sigma, cond=..., **feeds)`` around ``session.run``.
+
+    - ``model_sampling``: a ``DiscreteSchedule`` (eps or v) or ``FlowSchedule``.
+    - ``sample_name``, ``timestep_name``, ``cond_name``: the session's input names.
+    - ``output_name``: which output to read (default: the first).
+    - ``timestep_dtype``: dtype of the timestep feed (default: the session's
+      declared dtype for that input, else float32).
+    - ``feeds``: constant extra inputs (e.g. SDXL's ``text_embeds``, ``time_ids``).
+    - ``quantize``: feed the nearest integer timestep instead of an interpolated one.
+    """
+
+    def __init__(self, session: Any, model_sampling: Any, *, sample_name: str = "sample",
+                 timestep_name: str = "timestep", cond_name: str | None = "encoder_hidden_states",
+                 output_name: str | None = None, timestep_dtype: Any = None,
+                 feeds: Mapping[str, np.ndarray] | None = None, quantize: bool = False) -> None:
+        self.session = session
+        self.model_sampling = model_sampling
+        self.sample_name = sample_name
+        self.timestep_name = timestep_name
+        self.cond_name = cond_name
+        self.output_name = output_name
+        self.feeds = dict(feeds or {})
+        self.quantize = quantize
+        declared = {info.name: info for info in getattr(session, "inputs", [])}
+        missing = [n for n in (sample_name, timestep_name, cond_name) if n and declared and n not in declared]
+        if missing:
+            raise SamplerError(
+                f"the session has no input named {', '.join(map(repr, missing))}",
+                where=f"Denoiser inputs (the session has: {', '.join(declared)})",
+                fix="pass sample_name=, timestep_name=, cond_name= with the graph's input names",
+            )
+        if timestep_dtype is None:
+            info = declared.get(timestep_name)
+            timestep_dtype = info.dtype if info is not None else "float32"
+        self.timestep_dtype = np.dtype(timestep_dtype)
+        ts_info = declared.get(timestep_name)
+        self._timestep_shape = tuple(ts_info.shape) if ts_info is not None else None
+
+    def _timestep(self, sigma: float, batch: int) -> np.ndarray:
+        t = np.asarray(self.model_sampling.timestep(sigma, quantize=self.quantize), dtype=np.float64)
+        if self.timestep_dtype.kind in "iu":
+            t = np.rint(t)
+        shape = self._timestep_shape
+        if shape is not None and len(shape) == 0:
+            return t.astype(self.timestep_dtype).reshape(())
+        return np.full((batch,), float(t), dtype=self.timestep_dtype)
+
+    def __call__(self, x: np.ndarray, sigma: float, *, cond: np.ndarray | None = None,
+                 **feeds: np.ndarray) -> np.ndarray:
+        sigma = float(np.asarray(sigma).reshape(-1)[0])
+        ms = self.model_sampling
+        inputs: dict[str, np.ndarray] = dict(self.feeds)
+        inputs.update(feeds)
+        inputs[self.sample_name] = np.ascontiguousarray(ms.scale_input(x, sigma), dtype=x.dtype)
+        inputs[self.timestep_name] = self._timestep(sigma, x.shape[0])
+        if self.cond_name is not None:
+            if cond is None:
+                raise SamplerError("no conditioning given", where=f"Denoiser input {self.cond_name!r}",
+                                   fix="pass cond= (the text encoder's hidden states), or cond_name=None")
+            inputs[self.cond_name] = cond
+        outputs = self.session.run(inputs)
+        out = outputs[self.output_name] if self.output_name else next(iter(outputs.values()))
+        return ms.denoised(x, sigma, np.asarray(out, dtype=x.dtype)).astype(x.dtype, copy=False)
+
+
+class CFGDenoiser:
+    """Classifier-free guidance: ``uncond + scale * (cond - uncond)``, one pass when ``scale == 1``.
+
+    ``model`` is a denoiser taking ``cond=``; ``cond``/``uncond`` are the
+    positive and negative conditionings. The guidance is applied to the
+    denoised estimates, which equals guiding eps, v or velocity since each
+    denoised estimate is affine in the network output with the same coefficients.
+    """
+
+    def __init__(self, model: Any, cond: np.ndarray, uncond: np.ndarray | None, scale: float) -> None:
+        self.model = model
+        self.cond = cond
+        self.uncond = uncond
+        self.scale = float(scale)
+        self.model_sampling = getattr(model, "model_sampling", None)
+        self.calls = 0
+
+    def __call__(self, x: np.ndarray, sigma: float, **kwargs: Any) -> np.ndarray:
+        positive = self.model(x, sigma, cond=self.cond, **kwargs)
+        self.calls += 1
+        if self.scale == 1.0 or self.uncond is None:
+            return positive
+        negative = self.model(x, sigma, cond=self.uncond, **kwargs)
+        self.calls += 1
+        return negative + (positive - negative) * self.scale
