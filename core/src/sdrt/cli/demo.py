@@ -1,0 +1,27 @@
+"""``sdrt demo``: decode seeded latents with an embedded SD-style decoder and write a PNG."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("demo", help="run an embedded SD-style decoder on this machine and write a PNG")
+    p.add_argument("--output", "-o", default="sdrt-demo.png")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--device", default=None)
+    p.add_argument("--seed", type=int, default=42)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..demo import run_demo
+
+    result = run_demo(Path(args.output), backend=args.backend, device=args.device, seed=args.seed)
+    print(f"backend {result['backend']} on {result['device']}")
+    print(f"decoded latents {result['shape']} in {result['run_s'] * 1e3:.1f} ms "
+          f"(compile {result['compile_s'] * 1e3:.0f} ms)")
+    print(f"wrote {result['output']}")
+    return 0
