@@ -48,3 +48,32 @@ def conformance(session: nox.Session) -> None:
     _install_sdrt(session)
     args = session.posargs or ["reference"]
     session.run("sdrt", "conformance", *args)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """Install the core and the reference backend, then run `sdrt demo`."""
+    _install_sdrt(session)
+    session.run("sdrt", "demo", *session.posargs)
+
+
+@nox.session
+def size(session: nox.Session) -> None:
+    """The install-size promise: core + one plugin, per plugin, under 200 MB of site-packages."""
+    import json
+
+    session.install("pip")
+    results = {}
+    for plugin in ["plugins/template", *INSTALLABLE_PLUGINS]:
+        if not (ROOT / plugin / "pyproject.toml").exists():
+            continue
+        target = Path(session.create_tmp()) / plugin.replace("/", "_")
+        session.run("python", "-m", "pip", "install", "-q", "--target", str(target), CORE, str(ROOT / plugin),
+                    silent=True)
+        total = sum(f.stat().st_size for f in target.rglob("*") if f.is_file() and not f.is_symlink())
+        results[plugin] = round(total / 2**20, 1)
+        session.log(f"{plugin}: core + plugin + dependencies = {results[plugin]} MB")
+    print(json.dumps(results))
+    too_big = {p: mb for p, mb in results.items() if mb > 200}
+    if too_big:
+        session.error(f"over the 200 MB install budget: {too_big}")
