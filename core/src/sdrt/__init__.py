@@ -18,10 +18,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from .runtime import load
     from .weights import Weights
 
-_LAZY = {
+_LAZY: dict[str, tuple[str, str | None]] = {
     "load": ("runtime", "load"),
     "Graph": ("graph", "Graph"),
     "Weights": ("weights", "Weights"),
+    # modules: ``sdrt.hardware.detect()``; ``sdrt.install()`` (the module is callable)
+    "hardware": ("hardware", None),
+    "install": ("install", None),
 }
 
 
@@ -30,7 +33,8 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        mod = importlib.import_module(f".{module}", __name__)
+        value = mod if attr is None else getattr(mod, attr)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'sdrt' has no attribute {name!r}")

@@ -113,6 +113,9 @@ def _pick_device(be: Backend, devices: list[Device], wanted: str | Device | None
 
 
 def _auto(reg: Registry, device: str | None) -> tuple[Backend, Device]:
+    from .hardware.report import warn_missing_plugin
+
+    warn_missing_plugin({n for n, r in reg.plugins.items() if r.ok} | set(reg.backends))
     candidates: list[tuple[Backend, list[Device]]] = []
     reasons: list[str] = []
     for be in sorted(reg.backends.values(), key=lambda b: (-b.priority, b.name)):

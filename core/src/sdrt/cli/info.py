@@ -34,7 +34,10 @@ def collect() -> dict[str, Any]:
             "name": rec.name, "distribution": rec.distribution, "version": rec.version,
             "state": rec.state, "error": rec.error, "backends": backends,
         })
-    return {"sdrt": __version__, "plugin_api": ".".join(map(str, API_VERSION)), "plugins": plugins}
+    from ..hardware.report import summary
+
+    return {"sdrt": __version__, "plugin_api": ".".join(map(str, API_VERSION)), "plugins": plugins,
+            "hardware": summary()}
 
 
 def render(info: dict[str, Any]) -> str:
@@ -56,6 +59,10 @@ def render(info: dict[str, Any]) -> str:
                 lines.append(f"      device {d}")
             if not b["devices"] and not b["error"]:
                 lines.append("      devices: none usable here")
+    if "hardware" in info:
+        from ..hardware.report import render as render_hardware
+
+        lines += [""] + render_hardware(info["hardware"])
     return "\n".join(lines)
 
 

@@ -1,0 +1,19 @@
+"""macOS probes: ``system_profiler -json SPDisplaysDataType`` and ``sysctl``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import parse
+from .probe import Context
+
+SYSCTL_KEYS = ("machdep.cpu", "hw.physicalcpu", "hw.logicalcpu", "hw.memsize", "hw.optional")
+
+
+def gather(ctx: Context) -> dict[str, Any]:
+    displays = ctx.cmd("system_profiler", ["/usr/sbin/system_profiler", "-json", "SPDisplaysDataType"])
+    sysctl = ctx.cmd("sysctl", ["/usr/sbin/sysctl", *SYSCTL_KEYS])
+    return {
+        "displays": parse.parse_system_profiler(displays) if displays else [],
+        "sysctl": parse.parse_sysctl(sysctl) if sysctl else {},
+    }
