@@ -19,8 +19,13 @@ class ReferenceSession(Session):
 
         super().__init__(graph.inputs, graph.outputs)
         self._graph = graph
+        # Bind first: a weights mismatch fails before any work. A weight-stripped graph
+        # (graph.mapped_initializers) is built without those initializers; they come from
+        # `weights`, or else are mapped from the graph's own .safetensors file.
+        bound = weights.bind(graph) if weights is not None else {}
+        mapped = graph.mapped_initializers
         try:
-            self._evaluator = ReferenceEvaluator(graph.model)
+            self._evaluator = ReferenceEvaluator(graph.model_without(mapped) if mapped else graph.model)
         except Exception as exc:  # the evaluator rejects graphs it cannot build
             raise ModelError(
                 f"the reference evaluator cannot build this graph: {exc}",
@@ -28,8 +33,9 @@ class ReferenceSession(Session):
                 fix="check the model with onnx.checker.check_model",
             ) from exc
         self._output_names = [o.name for o in self.outputs]
-        if weights is not None:
-            self.update_weights(weights)
+        own = graph.initializer_arrays([n for n in mapped if n not in bound])
+        self._evaluator.rt_inits_.update(own)
+        self._evaluator.rt_inits_.update({name: np.asarray(value) for name, value in bound.items()})
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:

@@ -1,0 +1,32 @@
+"""``sdrt strip MODEL.onnx [-o OUT.onnx] [--weights OUT.safetensors]``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("strip", help="split a model into a weight-free graph and a .safetensors of its initializers")
+    p.add_argument("model", help="path to an .onnx file (external data is read from its folder)")
+    p.add_argument("-o", "--output", default=None,
+                   help="the stripped graph to write (default: MODEL.stripped.onnx next to MODEL)")
+    p.add_argument("--weights", default=None,
+                   help="the weights file to write, in the output's folder (default: OUTPUT with .safetensors)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..graph import Graph
+
+    src = Path(args.model)
+    out = Path(args.output) if args.output else src.with_name(src.stem + ".stripped.onnx")
+    graph = Graph.load(src, load_external=False)
+    res = graph.strip(out, args.weights)
+    original = src.stat().st_size + sum(
+        p.stat().st_size for p in {r.path for r in graph._external.values() if r is not None})
+    print(f"graph:   {res.graph_path}  {res.graph_bytes:,} bytes")
+    print(f"weights: {res.weights_path}  {res.weights_bytes:,} bytes ({res.tensors} tensors)")
+    print(f"original: {original:,} bytes")
+    return 0

@@ -1,0 +1,155 @@
+"""Shape pinning and shape inference for ``Graph.with_shapes``.
+
+Inference runs on a *skeleton* of the model: initializers above a few bytes
+(and lazily mapped ones) are replaced by typed graph inputs, so inference
+never serializes weights and works for models above 2 GB. Small initializers
+stay, so constant shape tensors still propagate (``data_prop=True``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import onnxfile
+from .errors import ModelError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+    from .graph import Graph
+
+#: initializers up to this many bytes keep their values in the inference skeleton
+SMALL_BYTES = 4096
+
+
+def copy_model(model: onnx.ModelProto, *, initializers: bool = True, value_info: bool = True) -> onnx.ModelProto:
+    """A copy of ``model`` that can leave out initializers and value_info (so nothing big is copied)."""
+    import onnx
+
+    m = onnx.ModelProto()
+    for f in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(m, f, getattr(model, f))
+    m.opset_import.extend(model.opset_import)
+    m.metadata_props.extend(model.metadata_props)
+    m.functions.extend(model.functions)
+    src, g = model.graph, m.graph
+    g.name = src.name
+    g.doc_string = src.doc_string
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.sparse_initializer.extend(src.sparse_initializer)
+    if value_info:
+        g.value_info.extend(src.value_info)
+    if initializers:
+        g.initializer.extend(src.initializer)
+    return m
+
+
+def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its large initializers turned into typed inputs."""
+    from onnx import helper
+
+    m = copy_model(model, initializers=False, value_info=False)
+    declared = {i.name for i in model.graph.input}
+    for t in model.graph.initializer:
+        if not onnxfile.uses_external(t) and t.ByteSize() <= SMALL_BYTES:
+            m.graph.initializer.append(t)
+        elif t.name not in declared:
+            m.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return m
+
+
+def infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    """Run ONNX shape inference; return the inferred skeleton (value_info and outputs filled)."""
+    from onnx import shape_inference
+
+    try:
+        return shape_inference.infer_shapes(skeleton(model), check_type=True, strict_mode=True, data_prop=True)
+    except Exception as exc:
+        raise ModelError(
+            f"shape inference failed: {str(exc).strip()}",
+            where=where,
+            fix="check the pinned shapes against the graph's inputs (graph.inputs), or re-export the model",
+        ) from exc
+
+
+def apply_inferred(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
+    """Copy inferred value_info and output types into ``model`` (in place)."""
+    inits = {t.name for t in model.graph.initializer}
+    inputs = {i.name for i in model.graph.input}
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(v for v in inferred.graph.value_info if v.name not in inits | inputs)
+    by_name = {o.name: o for o in inferred.graph.output}
+    for out in model.graph.output:
+        new = by_name.get(out.name)
+        if new is not None and new.type.tensor_type.HasField("shape"):
+            out.type.CopyFrom(new.type)
+
+
+def _as_shape(name: str, value: Any) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in value)
+    except (TypeError, ValueError):
+        dims = ()
+        ok = False
+    else:
+        ok = all(d >= 0 and not isinstance(v, bool) for d, v in zip(dims, value))
+    if not ok:
+        raise ModelError(f"shape for input {name!r} must be a sequence of non-negative ints, got {value!r}",
+                         where="Graph.with_shapes", fix=f"pass e.g. {name}=(1, 4, 64, 64)")
+    return dims
+
+
+def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.ModelProto:
+    """A copy of the graph's model with the given inputs/dims pinned and all shapes inferred."""
+    inputs = {i.name: i for i in graph.inputs}
+    dim_names = {d for i in graph.inputs for d in i.shape if isinstance(d, str)}
+    bindings: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for key, value in spec.items():
+        if key in inputs:
+            info = inputs[key]
+            dims = _as_shape(key, value)
+            if len(dims) != len(info.shape) and info.shape:
+                raise ModelError(f"input {key!r} has rank {len(info.shape)}, the pinned shape {dims} has rank {len(dims)}",
+                                 where=f"Graph.with_shapes on {graph.name}", fix=f"give {len(info.shape)} dims: {info}")
+            for want, got in zip(info.shape, dims):
+                if isinstance(want, int) and want != got:
+                    raise ModelError(f"input {key!r} has fixed shape {info.shape}; cannot pin it to {dims}",
+                                     where=f"Graph.with_shapes on {graph.name}", fix="pin only the dynamic dims")
+                if isinstance(want, str):
+                    _bind(bindings, want, got, graph.name)
+            shapes[key] = dims
+        elif key in dim_names:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ModelError(f"dim {key!r} must be pinned to a non-negative int, got {value!r}",
+                                 where=f"Graph.with_shapes on {graph.name}", fix=f"pass {key}=2")
+            _bind(bindings, key, int(value), graph.name)
+        else:
+            raise ModelError(
+                f"{key!r} is neither an input nor a symbolic dim of the graph",
+                where=f"Graph.with_shapes on {graph.name}",
+                fix="inputs: " + ", ".join(str(i) for i in graph.inputs)
+                + (f"; dims: {', '.join(sorted(dim_names))}" if dim_names else ""),
+            )
+    model = copy_model(graph.model, value_info=False)
+    for vi in list(model.graph.input) + list(model.graph.output):
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        pinned = shapes.get(vi.name)
+        for k, d in enumerate(tt.shape.dim):
+            if pinned is not None:
+                d.dim_value = pinned[k]
+            elif d.HasField("dim_param") and d.dim_param in bindings:
+                d.dim_value = bindings[d.dim_param]
+    apply_inferred(model, infer(model, f"Graph.with_shapes on {graph.name}"))
+    return model
+
+
+def _bind(bindings: dict[str, int], dim: str, value: int, where: str) -> None:
+    if bindings.setdefault(dim, value) != value:
+        raise ModelError(f"dim {dim!r} pinned to both {bindings[dim]} and {value}",
+                         where=f"Graph.with_shapes on {where}", fix=f"use one value for {dim!r} on every input")

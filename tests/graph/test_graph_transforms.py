@@ -1,0 +1,174 @@
+"""with_shapes, fold_constants and op_counts on an exporter-style dynamic-axes graph."""
+
+from __future__ import annotations
+
+import gw_models as M
+import numpy as np
+import pytest
+
+from sdrt.errors import ModelError
+from sdrt.graph import Graph
+
+X = np.random.default_rng(4).standard_normal((2, 3, 8)).astype(np.float32)
+
+
+@pytest.fixture
+def chain() -> Graph:
+    return Graph.load(M.exporter_chain_model().SerializeToString())
+
+
+def test_description_has_symbolic_dims(chain):
+    assert [str(i) for i in chain.inputs] == ["x: float32[batch, seq, 8]"]
+    assert chain.outputs[0].shape == ("batch", 5)
+    assert not chain.inputs[0].is_static
+
+
+def test_op_counts(chain):
+    counts = chain.op_counts()
+    assert counts == {"Shape": 2, "Constant": 1, "Gather": 1, "Unsqueeze": 1, "Concat": 1, "Reshape": 1,
+                      "MatMul": 1, "Cast": 1}
+    assert list(counts)[0] == "Shape"  # most common first
+
+
+def test_op_counts_include_subgraphs_and_domains():
+    from onnx import TensorProto, helper
+
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1])])
+    g = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other),
+         helper.make_node("Custom", ["y"], ["z"], domain="com.example")],
+        "sub", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1])])
+    m = helper.make_model(g, opset_imports=[*M.OPSET, helper.make_opsetid("com.example", 1)])
+    assert Graph.load(m.SerializeToString()).op_counts() == {"If": 1, "com.example.Custom": 1, "Relu": 1, "Neg": 1}
+
+
+def test_with_shapes_pins_and_infers_every_intermediate(chain):
+    pinned = chain.with_shapes(x=(2, 3, 8))
+    assert pinned is not chain and chain.inputs[0].shape == ("batch", "seq", 8)  # original untouched
+    assert pinned.inputs[0].shape == (2, 3, 8)
+    assert pinned.outputs[0].shape == (2, 5)
+    infos = pinned.value_infos()
+    intermediates = [o for n in pinned.model.graph.node for o in n.output]
+    assert intermediates and all(infos[o].is_static for o in intermediates), {o: infos[o] for o in intermediates}
+    assert infos["/Reshape_output_0"].shape == (2, 24)  # data propagation through the Shape chain
+
+
+def test_with_shapes_by_dim_name(chain):
+    pinned = chain.with_shapes(batch=2, seq=3)
+    assert pinned.inputs[0].shape == (2, 3, 8)
+    assert pinned.outputs[0].shape == (2, 5)
+    partial = chain.with_shapes(batch=4)
+    assert partial.inputs[0].shape == (4, "seq", 8)
+
+
+def test_with_shapes_dict_for_non_identifier_names():
+    m = M.linear_model()
+    m.graph.input[0].name = "input.1"
+    m.graph.node[0].input[0] = "input.1"
+    g = Graph.load(m.SerializeToString()).with_shapes({"input.1": (3, 8)})
+    assert g.inputs[0].shape == (3, 8) and g.outputs[0].shape == (3, 4)
+
+
+@pytest.mark.parametrize(("spec", "match"), [
+    ({"nope": (1, 2)}, "neither an input nor a symbolic dim"),
+    ({"x": (2, 3)}, "rank 3"),
+    ({"x": (2, 3, 9)}, "fixed shape"),
+    ({"x": (2, -1, 8)}, "non-negative"),
+    ({"x": "abc"}, "non-negative ints"),
+    ({"batch": -2}, "non-negative int"),
+    ({"x": (2, 3, 8), "batch": 5}, "pinned to both"),
+])
+def test_with_shapes_errors(chain, spec, match):
+    with pytest.raises(ModelError, match=match):
+        chain.with_shapes(spec)
+
+
+def test_with_shapes_inconsistent_graph_is_a_model_error():
+    m = M.linear_model()
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "k"  # x: [batch, k] feeding Gemm with K=8
+    g = Graph.load(m.SerializeToString())
+    with pytest.raises(ModelError, match="shape inference failed"):
+        g.with_shapes(k=7)
+
+
+def test_fold_constants_after_pinning_removes_the_shape_chain(chain):
+    folded = chain.with_shapes(x=(2, 3, 8)).fold_constants()
+    assert folded.op_counts() == {"Reshape": 1, "MatMul": 1}
+    # the Reshape target is now a constant initializer
+    shape_input = folded.model.graph.node[0].input[1]
+    np.testing.assert_array_equal(folded.initializer_arrays([shape_input])[shape_input], [2, -1])
+    # dead branch and consumed constants are gone
+    assert set(folded.initializer_names) == {"head.weight_t", shape_input}
+    assert folded.outputs[0].shape == (2, 5)
+    want = M.run_reference(chain, {"x": X})["y"]
+    np.testing.assert_array_equal(M.run_reference(folded, {"x": X})["y"], want)
+
+
+def test_fold_constants_without_pinning_keeps_the_dynamic_chain(chain):
+    folded = chain.fold_constants()
+    counts = folded.op_counts()
+    assert "Cast" not in counts and "Constant" not in counts  # dead branch and Constant folded away
+    assert counts["Shape"] == 1 and counts["Reshape"] == 1  # the runtime shape is still needed
+    x = np.random.default_rng(1).standard_normal((5, 3, 8)).astype(np.float32)
+    np.testing.assert_array_equal(M.run_reference(folded, {"x": x})["y"], M.run_reference(chain, {"x": x})["y"])
+
+
+def test_fold_keeps_weights_by_name_unless_asked():
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+         helper.make_node("MatMul", ["x", "wt"], ["y"])],
+        "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [numpy_helper.from_array(w.T.copy(), "w")])
+    graph = Graph.load(helper.make_model(g, opset_imports=M.OPSET).SerializeToString())
+    assert graph.fold_constants().op_counts() == {"Transpose": 1, "MatMul": 1}
+    folded = graph.fold_constants(fold_weights=True)
+    assert folded.op_counts() == {"MatMul": 1} and folded.initializer_names == ["wt"]
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(M.run_reference(folded, {"x": x})["y"], M.run_reference(graph, {"x": x})["y"])
+
+
+def test_fold_leaves_random_ops_and_large_expansions():
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = helper.make_graph(
+        [helper.make_node("RandomNormal", [], ["r"], shape=[2, 2]),
+         helper.make_node("ConstantOfShape", ["big_shape"], ["big"], value=numpy_helper.from_array(
+             np.array([1.0], np.float32))),
+         helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
+         helper.make_node("Add", ["r", "s"], ["y"])],
+        "r", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])],
+        [numpy_helper.from_array(np.array([1024, 1024], np.int64), "big_shape")])
+    graph = Graph.load(helper.make_model(g, opset_imports=M.OPSET).SerializeToString())
+    counts = graph.fold_constants().op_counts()
+    assert counts["RandomNormal"] == 1  # never folded: not deterministic
+    assert counts["ConstantOfShape"] == 1  # 4 MiB from 16 bytes: left alone
+    assert graph.fold_constants(max_bytes=8 << 20).op_counts() == {"RandomNormal": 1, "Add": 1}
+
+
+def test_folded_record_lets_weights_from_the_unfolded_graph_bind(chain, tmp_path):
+    """Weights saved from the original graph still bind after folding (small constants it consumed
+    are not 'unexpected', the constants it created are not 'missing')."""
+    from sdrt.weights import Weights
+
+    folded = chain.with_shapes(x=(2, 3, 8)).fold_constants()
+    w = Weights.from_graph(chain)
+    bound = w.bind(folded)
+    assert set(bound) == {"head.weight_t"}
+
+
+def test_lazy_graph_with_shapes_and_fold_keep_mapping(tmp_path):
+    p = M.save_external(M.exporter_chain_model(), tmp_path / "c.onnx")
+    g = Graph.load(p, load_external=False)
+    folded = g.with_shapes(x=(2, 3, 8)).fold_constants()
+    assert folded.mapped_initializers == ["head.weight_t"]
+    np.testing.assert_array_equal(M.run_reference(Graph.load(p).with_shapes(x=(2, 3, 8)).fold_constants(),
+                                                  {"x": X})["y"],
+                                  M.run_reference(Graph.load(p), {"x": X})["y"])

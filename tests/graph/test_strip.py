@@ -1,0 +1,103 @@
+"""`sdrt strip`: a weight-free graph plus a .safetensors; the round trip is bit-identical."""
+
+from __future__ import annotations
+
+import gw_models as M
+import numpy as np
+import onnx
+import pytest
+
+import sdrt
+from sdrt.cli import main
+from sdrt.errors import ModelError, WeightsError
+from sdrt.graph import Graph
+from sdrt.weights import Weights
+
+X = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
+
+
+def _run(model, weights=None) -> np.ndarray:
+    with sdrt.load(model, weights=weights, backend="reference") as s:
+        return s.run({"x": X})["y"]
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_cli_strip_round_trip_is_bit_identical(tmp_path, registry, capsys, external):
+    src = (M.save_external if external else M.save)(M.linear_model(), tmp_path / "lin.onnx")
+    assert main(["strip", str(src)]) == 0
+    out = capsys.readouterr().out
+    stripped, weights = tmp_path / "lin.stripped.onnx", tmp_path / "lin.stripped.safetensors"
+    assert f"{stripped.stat().st_size:,} bytes" in out and f"{weights.stat().st_size:,} bytes" in out
+    # the stripped graph holds no weight bytes
+    m = onnx.load(str(stripped), load_external_data=False)
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL and not t.raw_data for t in m.graph.initializer)
+    assert stripped.stat().st_size < 1000
+    # the safetensors file holds every initializer under its ONNX name, bit for bit
+    original = Graph.load(src)
+    w = Weights.open(weights)
+    assert sorted(w) == sorted(original.initializer_names)
+    for name, arr in original.initializer_arrays().items():
+        assert w[name].tobytes() == arr.tobytes() and w[name].shape == arr.shape
+    want = _run(src)
+    got = _run(stripped, weights=weights)
+    assert got.tobytes() == want.tobytes()
+    assert _run(stripped).tobytes() == want.tobytes()  # its own weights file, found next to it
+    # it is still standard ONNX: onnxruntime runs the pair as is
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(str(stripped), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"x": X})[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_stripped_graph_with_other_weights_and_no_default_file(tmp_path, registry):
+    src = M.save(M.linear_model(), tmp_path / "lin.onnx")
+    res = Graph.load(src).strip(tmp_path / "s.onnx")
+    custom = tmp_path / "custom.safetensors"
+    w = Weights.open(res.weights_path)
+    Weights.from_arrays({k: np.asarray(w[k]) * 2 for k in w}).save(custom)
+    res.weights_path.unlink()  # only the custom weights remain
+    g = Graph.load(res.graph_path)
+    assert g.is_stripped and sorted(g.mapped_initializers) == sorted(g.initializer_names)
+    assert not g.has_data("fc1.weight")
+    y = _run(g, weights=custom)
+    ref = M.linear_model()
+    for t in ref.graph.initializer:
+        t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 2, t.name))
+    np.testing.assert_array_equal(y, M.run_reference(ref, {"x": X})["y"])
+    with pytest.raises(ModelError, match="is missing"):
+        _run(g)  # no weights given and its own file is gone
+
+
+def test_stripped_graph_with_wrong_weights_lists_every_problem(tmp_path, registry):
+    res = Graph.load(M.save(M.linear_model(), tmp_path / "lin.onnx")).strip(tmp_path / "s.onnx")
+    w = Weights.open(res.weights_path)
+    bad = {k: np.asarray(w[k]) for k in w if k != "fc2.bias"}
+    bad["fc1.weight"] = bad["fc1.weight"].T.copy()
+    bad["extra"] = np.zeros(2, np.float32)
+    with pytest.raises(WeightsError) as e:
+        _run(res.graph_path, weights=Weights.from_arrays(bad))
+    msg = str(e.value)
+    assert "fc2.bias" in msg and "extra" in msg and "fc1.weight: weights float32[8, 16] vs graph float32[16, 8]" in msg
+
+
+def test_strip_weights_must_sit_next_to_graph(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    g = Graph.load(M.linear_model().SerializeToString())
+    with pytest.raises(ModelError, match="same folder"):
+        g.strip(tmp_path / "a" / "s.onnx", tmp_path / "b" / "w.safetensors")
+
+
+def test_strip_cli_on_broken_model_reports_error(tmp_path, capsys):
+    p = tmp_path / "x.onnx"
+    p.write_bytes(b"garbage" * 10)
+    assert main(["strip", str(p)]) == 1
+    assert "error:" in capsys.readouterr().err
+
+
+def test_save_too_large_or_elsewhere(tmp_path):
+    p = M.save_external(M.linear_model(), tmp_path / "m.onnx")
+    lazy = Graph.load(p, load_external=False)
+    (tmp_path / "other").mkdir()
+    with pytest.raises(ModelError, match="breaks them"):
+        lazy.save(tmp_path / "other" / "m.onnx")
+    assert Graph.load(lazy.save(tmp_path / "m2.onnx")).initializer_arrays()["fc1.bias"].shape == (16,)
