@@ -20,7 +20,7 @@ TEST_DEPS = ["pytest>=8", "setuptools>=70.1", "hypothesis>=6.100", "onnxruntime>
 
 #: vendor plugin folders whose vendor package installs from PyPI on a plain
 #: Linux x86-64 machine; the test session installs each one that exists.
-INSTALLABLE_PLUGINS: list[str] = []
+INSTALLABLE_PLUGINS: list[str] = ["plugin-openvino"]
 
 
 def _install_sdrt(session: nox.Session, *extra: str) -> None:
@@ -48,6 +48,13 @@ def conformance(session: nox.Session) -> None:
     _install_sdrt(session)
     args = session.posargs or ["reference"]
     session.run("sdrt", "conformance", *args)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Time every installed sdrt backend against raw onnxruntime and OpenVINO: `nox -s bench -- --models unet`."""
+    _install_sdrt(session, "onnxruntime>=1.17", "openvino>=2024.4", "platformdirs>=3")
+    session.run("python", "-m", "bench", *session.posargs)
 
 
 @nox.session

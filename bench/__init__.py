@@ -1,0 +1,1 @@
+"""sdrt's benchmark harness: ``python -m bench`` (or ``nox -s bench``). See bench/README.md."""

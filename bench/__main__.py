@@ -1,0 +1,98 @@
+"""``python -m bench``: time the installed sdrt backends against raw onnxruntime and raw OpenVINO.
+
+    python -m bench                          # every model at bench size, every sdrt backend but reference
+    python -m bench --models unet,vae_decoder --rounds 30
+    python -m bench --backends openvino,ggml --option openvino:precision=bf16
+    python -m bench --size tiny --include-reference
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import harness, models
+
+
+def _parse_options(specs: list[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        backend, _, kv = spec.partition(":")
+        key, sep, value = kv.partition("=")
+        if not sep or not backend or not key:
+            raise SystemExit(f"bad --option {spec!r}: write BACKEND:KEY=VALUE")
+        parsed: Any = value
+        for cast in (int, float):
+            try:
+                parsed = cast(value)
+                break
+            except ValueError:
+                continue
+        if value.lower() in ("true", "false"):
+            parsed = value.lower() == "true"
+        out.setdefault(backend, {})[key] = parsed
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(models.MODELS), help="comma-separated (default: all)")
+    p.add_argument("--size", default="bench", choices=["tiny", "bench", "full"])
+    p.add_argument("--backends", default=None, help="sdrt backends to time (default: every installed one)")
+    p.add_argument("--include-reference", action="store_true", help="also time the (slow) reference backend")
+    p.add_argument("--peers", default=",".join(harness.PEERS), help="raw runtimes to compare with")
+    p.add_argument("--rounds", type=int, default=None, help="timed rounds per model (default: from --min-seconds)")
+    p.add_argument("--min-seconds", type=float, default=6.0, help="timing budget per model when --rounds is unset")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for every runner (default: each decides)")
+    p.add_argument("--option", action="append", default=[], metavar="BACKEND:KEY=VALUE",
+                   help="a compile option for one sdrt backend; repeat (device=... picks its device)")
+    p.add_argument("--workdir", type=Path, default=None, help="where built models are kept")
+    p.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+    names = [m for m in args.models.split(",") if m]
+    unknown = [m for m in names if m not in models.MODELS]
+    if unknown:
+        p.error(f"unknown models {unknown}; known: {', '.join(models.MODELS)}")
+    only = [b for b in args.backends.split(",") if b] if args.backends else None
+    backends = harness.sdrt_backends(args.include_reference, only)
+    options = _parse_options(args.option)
+    options.setdefault("openvino", {}).setdefault("device", "CPU")  # the peers run on CPU too
+    peers = [x for x in args.peers.split(",") if x]
+    workdir = args.workdir or _default_workdir()
+    print(f"sdrt backends: {', '.join(backends) or 'none'}; peers: {', '.join(peers)}; size {args.size}",
+          flush=True)
+
+    results: list[harness.Result] = []
+    for name in names:
+        print(f"[{name}] building and timing ...", flush=True)
+        rows = harness.bench_model(name, args.size, workdir, backends, rounds=args.rounds,
+                                   min_seconds=args.min_seconds, warmup=args.warmup, threads=args.threads,
+                                   peers=peers, sdrt_options=options)
+        results.extend(rows)
+        print(harness.render(rows), flush=True)
+    print("\n" + harness.render(results))
+    config = {"models": names, "size": args.size, "backends": backends, "peers": peers, "rounds": args.rounds,
+              "min_seconds": args.min_seconds, "threads": args.threads, "options": options}
+    args.json.write_text(json.dumps(harness.to_json(results, config), indent=1))
+    print(f"wrote {args.json}")
+    return 0
+
+
+def _default_workdir() -> Path:
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("sdrt")) / "bench-models"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The bench models build at tiny size, are valid ONNX, and run the same on onnxruntime and the reference backend."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from bench import harness, models
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is needed to run the bench models")
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    return {name: models.build(name, "tiny") for name in models.MODELS}
+
+
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_model_is_valid_onnx_at_opset_17(tiny_models, name):
+    model, feeds = tiny_models[name]
+    onnx.checker.check_model(model, full_check=True)
+    assert model.opset_import[0].version == 17
+    assert {i.name for i in model.graph.input} == set(feeds)
+
+
+@pytest.mark.parametrize("name", list(models.MODELS))
+def test_model_runs_on_onnxruntime_and_reference_alike(tiny_models, name):
+    from onnx.reference import ReferenceEvaluator
+
+    model, feeds = tiny_models[name]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, feeds)
+    ref = ReferenceEvaluator(model).run(None, feeds)
+    for g, r in zip(got, ref):
+        assert np.isfinite(g).all()
+        assert g.std() > 1e-3, "activations collapsed: the weights' scale is wrong"
+        assert harness.max_rel_err([g], [r]) < 1e-4
+
+
+def test_models_keep_the_architecture(tiny_models):
+    ops = {name: {n.op_type for n in m.graph.node} for name, (m, _) in tiny_models.items()}
+    assert {"InstanceNormalization", "Resize", "Softmax", "Sigmoid"} <= ops["vae_decoder"]
+    assert {"Erf", "Split", "LayerNormalization", "Concat", "Cos", "Sin", "Gemm"} <= ops["unet"]
+    assert {"Gather", "LayerNormalization", "Softmax"} <= ops["text_encoder"]
+    assert {"HardSwish", "HardSigmoid", "GlobalAveragePool"} <= ops["mobilenet_v3"]
+    assert "Clip" in ops["mobilenet_v2"]
+    names = {t.name for t in tiny_models["unet"][0].graph.initializer}
+    assert "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k.weight.T" in names
+    assert any(n.startswith("up_blocks.3.resnets.2.") for n in names)
+
+
+def test_unknown_model_or_size_is_refused():
+    with pytest.raises(KeyError, match="unknown bench model"):
+        models.build("resnet", "tiny")
+    with pytest.raises(KeyError, match="unknown size"):
+        models.build("unet", "huge")
+
+
+def test_harness_times_peers_and_reference(tmp_path, registry):
+    rows = harness.bench_model("mobilenet_v2", "tiny", tmp_path, ["reference"], rounds=2, min_seconds=0,
+                               warmup=0, threads=1, peers=["onnxruntime"])
+    by_runner = {r.runner: r for r in rows}
+    assert set(by_runner) == {"onnxruntime", "sdrt-reference"}
+    assert by_runner["onnxruntime"].ratio_to_best_peer == pytest.approx(1.0)
+    assert by_runner["sdrt-reference"].runs == 2
+    assert by_runner["sdrt-reference"].max_rel_err < 1e-4
+    text = harness.render(rows)
+    assert "sdrt-reference" in text and "vs best peer" in text
+    data = json.loads(json.dumps(harness.to_json(rows, {"size": "tiny"})))
+    assert data["results"][0]["model"] == "mobilenet_v2"
+
+
+def test_backend_discovery_skips_reference_unless_asked(registry):
+    assert "reference" not in harness.sdrt_backends()
+    assert "reference" in harness.sdrt_backends(include_reference=True)
+    assert harness.sdrt_backends(only=["reference"]) == ["reference"]
+
+
+def test_max_rel_err_is_relative_to_the_reference_scale():
+    ref = np.array([10.0, -20.0], np.float32)
+    assert harness.max_rel_err([ref + np.float32(0.002)], [ref]) == pytest.approx(1e-4, rel=1e-3)
+    assert harness.max_rel_err([np.zeros(3)], [ref]) == float("inf")
