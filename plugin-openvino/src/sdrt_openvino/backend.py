@@ -1,0 +1,178 @@
+"""``OpenVINOBackend``: devices from OpenVINO's own list, compile through the compiled-model cache."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from sdrt import Backend, Device, Session
+from sdrt.backend import NON_TENSOR
+from sdrt.errors import BackendUnavailable, NoDeviceError, UnsupportedGraph
+
+from . import cache as cache_mod
+from . import convert
+from .conformance import CONFORMANCE
+from .errors import OpenVINOError, first_lines
+from .options import Options, parse_options
+from .session import OpenVINOSession
+
+if TYPE_CHECKING:  # pragma: no cover
+    import openvino as ov
+
+    from sdrt.graph import Graph
+    from sdrt.weights import Weights
+
+log = logging.getLogger("sdrt.openvino")
+
+PLUGIN_VERSION = "0.1.0"
+_KIND_ORDER = {"gpu": 0, "cpu": 1, "npu": 2, "auto": 3}
+
+
+def _kind(device_id: str) -> str:
+    head = device_id.split(".")[0].upper()
+    return {"CPU": "cpu", "GPU": "gpu", "NPU": "npu"}.get(head, "gpu")
+
+
+class OpenVINOBackend(Backend):
+    name = "openvino"
+    api_version = (1, 0)
+    priority = 50  # above the reference backend (0)
+    conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE
+
+    def __init__(self) -> None:
+        self._core: ov.Core | None = None
+        self._devices: list[Device] | None = None
+        self._lock = threading.Lock()
+
+    # -- OpenVINO ------------------------------------------------------
+    @property
+    def core(self) -> ov.Core:
+        with self._lock:
+            if self._core is None:
+                try:
+                    import openvino as ov
+
+                    self._core = ov.Core()
+                except (ImportError, RuntimeError) as exc:
+                    raise BackendUnavailable(f"OpenVINO cannot start: {first_lines(exc)}", where="openvino.Core()",
+                                             fix="pip install --force-reinstall openvino") from exc
+            return self._core
+
+    @staticmethod
+    def version() -> str:
+        import openvino as ov
+
+        return str(ov.get_version())
+
+    # -- devices -------------------------------------------------------
+    def devices(self) -> list[Device]:
+        """OpenVINO's devices (GPUs first, then CPU, then NPU), then AUTO over all of them."""
+        if self._devices is None:
+            core = self.core
+            found = []
+            for dev_id in core.available_devices:
+                try:
+                    found.append(self._describe(core, dev_id))
+                except RuntimeError as exc:  # a device whose driver fails to answer is left out, and logged
+                    log.warning("OpenVINO device %s does not answer: %s", dev_id, first_lines(exc))
+            found.sort(key=lambda d: (_KIND_ORDER[d.kind], d.properties.get("device_type") != "discrete", d.id))
+            if found:
+                found.append(Device(backend=self.name, id="AUTO", kind="auto",
+                                    name=f"OpenVINO AUTO over {', '.join(d.id for d in found)}",
+                                    properties={"devices": [d.id for d in found]}))
+            self._devices = found
+        return list(self._devices)
+
+    def _describe(self, core: ov.Core, dev_id: str) -> Device:
+        def prop(name: str, default: Any = None) -> Any:
+            try:
+                return core.get_property(dev_id, name)
+            except RuntimeError:
+                return default
+
+        kind = _kind(dev_id)
+        props = {
+            "device_type": str(prop("DEVICE_TYPE", "")).lower().split(".")[-1],
+            "architecture": str(prop("DEVICE_ARCHITECTURE", "")),
+            "capabilities": [str(c) for c in prop("OPTIMIZATION_CAPABILITIES", [])],
+            "default_precision": str(prop("INFERENCE_PRECISION_HINT", "")),
+        }
+        memory = prop("GPU_DEVICE_TOTAL_MEM_SIZE") if kind == "gpu" else None
+        return Device(backend=self.name, id=dev_id, name=str(prop("FULL_DEVICE_NAME", dev_id)), kind=kind,
+                      memory_bytes=int(memory) if memory else None, properties=props)
+
+    # -- compiling -----------------------------------------------------
+    def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
+        opts = parse_options(options)
+        if device.backend != self.name:
+            raise NoDeviceError(f"device {device} belongs to backend {device.backend!r}", where="openvino.compile",
+                                fix="pass one of the devices of backend 'openvino'")
+        self._check_inputs(graph)
+        core = self.core
+        arrays = convert.model_arrays(graph, weights)
+        ov_model = convert.read(core, graph, arrays)
+        props = opts.properties()
+
+        def compile_(model: ov.Model = ov_model) -> Any:
+            try:
+                return core.compile_model(model, device.id, props)
+            except RuntimeError as exc:
+                raise self._compile_error(exc, graph, device, opts) from exc
+
+        if not opts.cache:
+            compiled = compile_()
+        else:
+            store = cache_mod.CompiledCache(opts.cache_dir / "openvino" if opts.cache_dir else cache_mod.default_dir())
+            key = self._cache_key(graph, arrays, device, opts)
+            compiled, hit = store.get_or_compile(
+                key, load=lambda blob: core.import_model(blob, device.id, props), compile_=compile_,
+                export=lambda cm: cm.export_model().getvalue())
+            log.info("%s %s on %s (cache %s)", "loaded" if hit else "compiled", graph.name, device.id, key[:12])
+        self._check_precision(compiled, opts, device)
+        return OpenVINOSession(graph, ov_model, compiled, compile_, device.id)
+
+    def _check_inputs(self, graph: Graph) -> None:
+        odd = [i.name for i in graph.inputs if i.dtype in (NON_TENSOR, "object", "undefined")]
+        if odd:
+            raise UnsupportedGraph("OpenVINO runs only tensor inputs of numeric or bool type",
+                                   unsupported={"non-tensor input": odd}, where=graph.name,
+                                   fix="use the reference backend for graphs with sequence, map or string inputs")
+
+    def _cache_key(self, graph: Graph, arrays: Mapping[str, np.ndarray], device: Device, opts: Options) -> str:
+        h = hashlib.sha256()
+        for t in graph.model.graph.initializer:  # hashing each initializer apart never serializes the model twice
+            if t.name not in arrays:
+                h.update(t.SerializeToString())
+        h.update(graph.model_without(graph.initializer_names).SerializeToString())
+        for name in sorted(arrays):
+            arr = np.ascontiguousarray(arrays[name])
+            h.update(f"{name}|{arr.dtype.str}|{arr.shape}".encode())
+            h.update(struct.pack("<Q", arr.nbytes))
+            h.update(arr.reshape(-1).view(np.uint8))
+        return cache_mod.make_key([
+            h.hexdigest(), device.id, device.name, str(device.properties.get("architecture", "")),
+            self.version(), PLUGIN_VERSION, opts.key(),
+        ])
+
+    @staticmethod
+    def _compile_error(exc: RuntimeError, graph: Graph, device: Device, opts: Options) -> OpenVINOError:
+        return OpenVINOError(f"OpenVINO could not compile the model for {device.id}: {first_lines(exc)}",
+                             where=f"{graph.name} with {opts.key()}",
+                             fix="try device='CPU' or precision='f32'; run with -vv for OpenVINO's full message")
+
+    @staticmethod
+    def _check_precision(compiled: Any, opts: Options, device: Device) -> None:
+        try:
+            got = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
+        except RuntimeError:
+            return
+        want = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}[opts.precision]
+        if want not in got:
+            log.warning("OpenVINO on %s runs precision %s where %s was asked (the device lacks it)",
+                        device.id, got, opts.precision)

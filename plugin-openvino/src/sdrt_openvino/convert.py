@@ -1,0 +1,185 @@
+"""ONNX graph (+ bound weights) -> ``openvino.Model``, and the list of ops OpenVINO cannot convert.
+
+Weights are bound without copying the ONNX model: each floating-point
+initializer that the weights provide becomes a graph input before OpenVINO's
+ONNX frontend reads the (small) graph, and that ``Parameter`` is then replaced
+by an ``ov.op.Constant`` over the weight array. Every initializer therefore ends
+up as one named ``Constant`` in the ``ov.Model``; ``constants()`` finds them by
+name, which is what ``Session.update_weights`` swaps later without reading the
+ONNX model again.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sdrt.errors import ModelError, UnsupportedGraph, WeightsError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+    import openvino as ov
+
+    from sdrt.graph import Graph
+    from sdrt.weights import Weights
+
+log = logging.getLogger("sdrt.openvino.convert")
+
+_FLOAT_KINDS = {"float16", "float32", "float64", "bfloat16"}
+
+
+def _graph_bytes(model: onnx.ModelProto, where: str) -> bytes:
+    try:
+        return model.SerializeToString()
+    except ValueError as exc:  # protobuf's 2 GiB limit
+        raise ModelError(f"the ONNX model is too large to serialize in memory ({exc})", where=where,
+                         fix="save the graph without its weights (sdrt strips them) and pass the weights separately") \
+            from exc
+
+
+def _promote(graph: Graph, arrays: Mapping[str, np.ndarray]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A copy of the graph's model whose float initializers named in ``arrays`` are graph inputs instead.
+
+    Returns the new model and the arrays to bind as constants afterwards. Non-float
+    initializers (shapes, axes, indices) stay initializers, with the new values.
+    """
+    from onnx import helper, numpy_helper
+
+    by_name = {t.name: t for t in graph.model.graph.initializer}
+    unknown = sorted(set(arrays) - set(by_name))
+    if unknown:
+        raise WeightsError(f"weights name tensors the graph has no initializer for: {', '.join(unknown[:10])}",
+                           where="Weights.bind", fix="check the key mapping of the weights against the graph")
+    out = graph.model_without(arrays)
+    promoted: dict[str, np.ndarray] = {}
+    for name, value in arrays.items():
+        init = by_name[name]
+        want = helper.tensor_dtype_to_np_dtype(init.data_type)
+        arr = np.asarray(value)
+        if tuple(arr.shape) != tuple(init.dims):
+            raise WeightsError(f"weight {name!r} has shape {tuple(arr.shape)}, the graph expects {tuple(init.dims)}",
+                               where=f"initializer {name!r}", fix="use weights exported from the same model")
+        if arr.dtype != want:
+            arr = arr.astype(want)
+        if want.name in _FLOAT_KINDS:
+            out.graph.input.append(helper.make_tensor_value_info(name, init.data_type, list(init.dims)))
+            promoted[name] = arr
+        else:
+            out.graph.initializer.append(numpy_helper.from_array(arr, name))
+    return out, promoted
+
+
+def model_arrays(graph: Graph, weights: Weights | None) -> dict[str, np.ndarray]:
+    """The arrays to bind as constants: the weights', plus a stripped graph's own mapped initializers."""
+    bound = dict(weights.bind(graph)) if weights is not None else {}
+    own = [n for n in graph.mapped_initializers if n not in bound]
+    if own:
+        bound.update(graph.initializer_arrays(own))
+    return bound
+
+
+def read(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray]) -> ov.Model:
+    """Convert ``graph`` with ``arrays`` bound as constants; raise ``UnsupportedGraph`` for unknown ops."""
+    model = graph.model
+    promoted: dict[str, np.ndarray] = {}
+    if arrays:
+        model, promoted = _promote(graph, arrays)
+    source = _graph_bytes(model, graph.name)
+    try:
+        ov_model = core.read_model(source)
+    except RuntimeError as exc:
+        raise _conversion_error(graph, model, source, exc) from exc
+    if promoted:
+        bind_parameters(ov_model, promoted)
+    return ov_model
+
+
+def bind_parameters(ov_model: ov.Model, arrays: Mapping[str, np.ndarray]) -> None:
+    """Replace the ``Parameter`` named after each weight with a ``Constant`` holding it."""
+    params = {p.get_friendly_name(): p for p in ov_model.get_parameters()}
+    for name, arr in arrays.items():
+        param = params[name]
+        const = make_constant(arr, name)
+        param.output(0).replace(const.output(0))
+        ov_model.remove_parameter(param)
+    ov_model.validate_nodes_and_infer_types()
+
+
+def make_constant(arr: np.ndarray, name: str) -> Any:
+    """An ``ov.op.Constant`` over ``arr``: shared memory when numpy allows it, else one copy."""
+    import openvino as ov
+
+    arr = np.ascontiguousarray(arr)
+    const = ov.op.Constant(arr, shared_memory=bool(arr.flags.writeable))
+    const.set_friendly_name(name)
+    const.output(0).set_names({name})
+    return const
+
+
+def constants(ov_model: ov.Model) -> dict[str, Any]:
+    """Every ``Constant`` of ``ov_model`` by the ONNX tensor names on its output."""
+    found: dict[str, Any] = {}
+    for op in ov_model.get_ops():
+        if op.get_type_name() == "Constant":
+            for name in op.output(0).get_names():
+                found[name] = op
+    return found
+
+
+def _conversion_error(graph: Graph, model: onnx.ModelProto, source: Any, exc: RuntimeError) -> Exception:
+    text = str(exc)
+    if "OpConversionFailure" in text or "wasn't fully converted" in text:
+        unsupported = unsupported_ops(model, source)
+        if unsupported:
+            return UnsupportedGraph(
+                "OpenVINO cannot convert every op of this graph", unsupported=unsupported, where=graph.name,
+                fix="use another backend for this graph (sdrt info lists them), or re-export the model "
+                    "with ops that OpenVINO supports")
+    return ModelError(f"OpenVINO could not read the ONNX graph: {_first_line(text)}", where=graph.name,
+                      fix="check the model with onnx.checker.check_model; if it is valid, report it to OpenVINO")
+
+
+def unsupported_ops(model: onnx.ModelProto, source: Any) -> dict[str, list[str]]:
+    """``{op_type: [node names]}`` for every op OpenVINO's ONNX frontend cannot convert.
+
+    The frontend's partial conversion leaves such nodes as ``NotSupportedONNXNode``
+    with their ONNX type; the node names come from the ONNX graph (subgraphs included).
+    """
+    from openvino.frontend import FrontEndManager
+
+    fe = FrontEndManager().load_by_framework("onnx")
+    loaded = fe.load(io.BytesIO(source) if isinstance(source, bytes) else source)
+    partial = fe.convert_partially(loaded)
+    bad: set[tuple[str, str]] = set()
+    for op in partial.get_ordered_ops():
+        if op.get_type_name() == "NotSupportedONNXNode":
+            attrs = op.get_attributes()
+            bad.add((str(attrs.get("ONNX_META_domain", "")), str(attrs.get("ONNX_META_type", "?"))))
+    found: dict[str, list[str]] = {}
+    for domain, op_type, name in _walk_nodes(model.graph):
+        if (domain, op_type) in bad:
+            key = f"{domain}.{op_type}" if domain not in ("", "ai.onnx") else op_type
+            found.setdefault(key, []).append(name)
+    for domain, op_type in bad:  # ops seen by the frontend but not found by name
+        key = f"{domain}.{op_type}" if domain not in ("", "ai.onnx") else op_type
+        found.setdefault(key, ["<unnamed>"])
+    return found
+
+
+def _walk_nodes(graph: onnx.GraphProto) -> list[tuple[str, str, str]]:
+    nodes = []
+    for i, node in enumerate(graph.node):
+        nodes.append((node.domain, node.op_type, node.name or f"{node.op_type}_{i}"))
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                nodes.extend(_walk_nodes(sub))
+    return nodes
+
+
+def _first_line(text: str) -> str:  # noqa: D103
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Exception from")]
+    return " ".join(lines[:3])[:500] if lines else text[:500]
