@@ -1,0 +1,121 @@
+"""``GgmlBackend``: devices from ggml's backend registry, compile = lower + allocate."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any
+
+import numpy as np
+
+from sdrt import Backend, Device, Session, TensorInfo
+from sdrt.errors import BackendUnavailable, ModelError, SdrtError
+
+from .support import check_graph
+
+log = logging.getLogger("sdrt.ggml")
+
+#: options ``compile`` accepts
+OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "flash_attn", "scheduler")
+_KIND = {0: "cpu", 1: "gpu", 2: "gpu"}
+
+
+def _ggml() -> Any:
+    try:
+        import ggml
+    except (ImportError, OSError, RuntimeError) as exc:
+        raise BackendUnavailable(
+            f"ggml-python cannot be imported: {exc}",
+            where="import ggml",
+            fix="pip install ggml-python (it builds ggml from source: a C/C++ compiler and cmake are needed)",
+        ) from exc
+    return ggml
+
+
+def list_devices() -> list[Device]:
+    """Every CPU/GPU device the ggml build registered (accelerators such as BLAS are used with the CPU)."""
+    g = _ggml()
+    out: list[Device] = []
+    for i in range(g.ggml_backend_dev_count()):
+        dev = g.ggml_backend_dev_get(i)
+        kind = _KIND.get(int(g.ggml_backend_dev_type(dev)))
+        if kind is None:
+            continue
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        name = g.ggml_backend_dev_name(dev).decode()
+        reg = g.ggml_backend_dev_backend_reg(dev)
+        out.append(Device(
+            backend="ggml", id=name, name=g.ggml_backend_dev_description(dev).decode(), kind=kind,
+            memory_bytes=int(total.value) or None,
+            properties={"ggml_backend": g.ggml_backend_reg_name(reg).decode() if reg else "",
+                        "free_bytes": int(free.value)},
+        ))
+    return out
+
+
+def _static_inputs(graph: Any, shapes: dict[str, Any] | None) -> list[TensorInfo]:
+    infos = []
+    shapes = dict(shapes or {})
+    for info in graph.inputs:
+        shape = shapes.pop(info.name, None)
+        if shape is not None:
+            shape = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
+            if len(shape) != len(info.shape) or any(isinstance(d, int) and d != s for d, s in zip(info.shape, shape)):
+                raise ModelError(f"shape {shape} does not fit input {info}", where=f"shapes[{info.name!r}]",
+                                 fix="give one size per dimension, matching the fixed ones")
+        elif info.is_static:
+            shape = tuple(int(d) for d in info.shape)  # type: ignore[arg-type]
+        else:
+            raise ModelError(
+                f"input {info} has dynamic dimensions; ggml needs static shapes",
+                where=graph.name,
+                fix=f"pass shapes={{'{info.name}': (...)}} to sdrt.load, or pin them with graph.with_shapes(...)",
+            )
+        infos.append(TensorInfo(info.name, info.dtype, shape))
+    if shapes:
+        raise ModelError(f"shapes given for unknown inputs: {', '.join(shapes)}", where=graph.name,
+                         fix="the graph's inputs are: " + ", ".join(i.name for i in graph.inputs))
+    return infos
+
+
+def _initializers(graph: Any) -> dict[str, np.ndarray]:
+    getter = getattr(graph, "initializer_arrays", None)
+    if callable(getter):
+        return dict(getter())
+    from onnx import numpy_helper
+
+    return {t.name: numpy_helper.to_array(t) for t in graph.model.graph.initializer}
+
+
+class GgmlBackend(Backend):
+    name = "ggml"
+    api_version = (1, 0)
+    priority = 10
+    conformance: dict[str, Any] = {}
+
+    def devices(self) -> list[Device]:
+        return list_devices()
+
+    def compile(self, graph: Any, weights: Any, device: Device, **options: Any) -> Session:
+        from .session import GgmlSession
+
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",
+                            where="sdrt.load(..., backend='ggml')", fix=f"valid options: {', '.join(OPTIONS)}")
+        model = graph.model
+        check_graph(model.graph.node, graph.name)  # before any long work
+        inputs = _static_inputs(graph, options.get("shapes"))
+        inits = _initializers(graph)
+
+        def bind(w: Any) -> dict[str, np.ndarray]:
+            return {k: np.asarray(v) for k, v in w.bind(graph).items()}
+
+        if weights is not None:
+            inits.update(bind(weights))
+        opsets = {o.domain or "": int(o.version) for o in model.opset_import}
+        return GgmlSession(
+            nodes=model.graph.node, initializers=inits, inputs=inputs, outputs=graph.outputs, opsets=opsets,
+            device_name=device.id, options=options, bind=bind, where=graph.name,
+        )

@@ -1,0 +1,215 @@
+"""Lowering: walk the ONNX nodes once and emit a ggml compute graph.
+
+Values are either runtime tensors (``T``) in the compute context or numpy
+constants. Nodes whose inputs are all constants are evaluated at compile time
+(``fold``); constants that a ggml op needs become tensors in a separate weights
+context, uploaded once to a backend buffer. Initializers remember which tensor
+they went to so ``update_weights`` can rewrite them in place.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sdrt.errors import UnsupportedGraph
+
+from . import fold
+from .ops import FOLD_ONLY, REGISTRY, load_all
+from .ops._common import T, Value, gg, ne_of, unsupported
+
+log = logging.getLogger("sdrt.ggml.lower")
+
+_NP_TO_GGML = {"float32": "GGML_TYPE_F32", "float16": "GGML_TYPE_F16", "int32": "GGML_TYPE_I32"}
+
+
+@dataclass
+class Binding:
+    """An initializer uploaded to a weights tensor, through an optional transform."""
+
+    name: str
+    tensor: Any
+    transform: Callable[[np.ndarray], np.ndarray] | None
+    dtype: str
+
+
+@dataclass
+class Lowered:
+    """What lowering produced: contexts, graph leaves and outputs, and the pending uploads."""
+
+    ctx: Any
+    wctx: Any
+    inputs: dict[str, T]
+    outputs: dict[str, Value]
+    pending: list[tuple[Any, np.ndarray]] = field(default_factory=list)
+    bindings: list[Binding] = field(default_factory=list)
+    folded_inits: set[str] = field(default_factory=set)
+    n_ops: int = 0
+
+
+class Lowering:
+    """State while lowering one graph. Op functions receive it as ``lw``."""
+
+    def __init__(
+        self,
+        nodes: Sequence[Any],
+        initializers: Mapping[str, np.ndarray],
+        input_infos: Sequence[tuple[str, tuple[int, ...], str]],
+        output_names: Sequence[str],
+        opsets: Mapping[str, int],
+        *,
+        options: Mapping[str, Any] | None = None,
+        supports_flash_attn: bool = True,
+    ) -> None:
+        load_all()
+        self.nodes = list(nodes)
+        self.inits = dict(initializers)
+        self.input_infos = list(input_infos)
+        self.output_names = list(output_names)
+        self.opsets = dict(opsets)
+        self.options = dict(options or {})
+        self.supports_flash_attn = supports_flash_attn
+        self.values: dict[str, Value] = {}
+        self._producer: dict[str, Any] = {}
+        self._uses: dict[str, int] = {}
+        for nd in self.nodes:
+            for o in nd.output:
+                self._producer[o] = nd
+            for i in nd.input:
+                self._uses[i] = self._uses.get(i, 0) + 1
+        for o in self.output_names:
+            self._uses[o] = self._uses.get(o, 0) + 1
+        from .ops.op_fused import OPTIONAL, REWRITES
+
+        wanted = self.options.get("rewrites", "all")
+        self.rewrites_on = set(OPTIONAL) if wanted == "all" else set(wanted or ())
+        self.rewrites_on.add("gelu")
+        self._rewrites = REWRITES
+        self.rewrite_hits: dict[str, int] = {}
+        self._init_ids = {id(a): n for n, a in self.inits.items()}
+        self._const_cache: dict[tuple[int, str], T] = {}
+        self._keep: list[np.ndarray] = []
+        g = gg()
+        n = len(self.nodes)
+        self._n_tensors = 24 * n + 4 * len(self.inits) + 1024
+        self.ctx = self._new_ctx(self._n_tensors * g.ggml_tensor_overhead() + (1 << 20))
+        self.wctx = self._new_ctx((4 * n + len(self.inits) + 256) * g.ggml_tensor_overhead())
+        self.out = Lowered(self.ctx, self.wctx, {}, {})
+
+    @staticmethod
+    def _new_ctx(size: int) -> Any:
+        g = gg()
+        params = g.ggml_init_params(mem_size=int(size), mem_buffer=None, no_alloc=True)
+        ctx = g.ggml_init(params)
+        if not ctx:
+            raise MemoryError(f"ggml_init failed for a context of {size} bytes")
+        return ctx
+
+    # -- constants -----------------------------------------------------------
+    def const(self, arr: np.ndarray, *, transform: Callable[[np.ndarray], np.ndarray] | None = None,
+              tag: str = "", dtype: str | None = None) -> T:
+        """A weights-buffer tensor holding ``transform(arr)`` (float data as float32)."""
+        key = (id(arr), tag)
+        if key in self._const_cache:
+            return self._const_cache[key]
+        data = transform(arr) if transform is not None else arr
+        if dtype is None:
+            dtype = "int32" if data.dtype.kind in "iub" else "float32"
+        data = np.ascontiguousarray(data, dtype=np.dtype(dtype))
+        g = gg()
+        ne = ne_of(data.shape)
+        t = g.ggml_new_tensor_4d(self.wctx, getattr(g, _NP_TO_GGML[dtype]), *ne)
+        name = self._init_ids.get(id(arr))
+        if name is not None:
+            g.ggml_set_name(t, name[:63].encode())
+            self.out.bindings.append(Binding(name, t, transform, dtype))
+        self.out.pending.append((t, data))
+        self._keep.append(arr)  # keep id(arr) unique while cached
+        value = T(t, tuple(int(d) for d in data.shape), "int32" if dtype == "int32" else "float32")
+        self._const_cache[key] = value
+        return value
+
+    def producer(self, name: str) -> Any:
+        """The node that produced ``name`` (None for inputs and initializers)."""
+        return self._producer.get(name)
+
+    def n_uses(self, name: str) -> int:
+        return self._uses.get(name, 0)
+
+    def init_name(self, arr: Any) -> str | None:
+        return self._init_ids.get(id(arr))
+
+    # -- the walk ------------------------------------------------------------
+    def lower(self) -> Lowered:
+        g = gg()
+        for name, arr in self.inits.items():
+            self.values[name] = arr
+        for name, shape, dtype in self.input_infos:
+            gtype = g.GGML_TYPE_I32 if dtype in ("int64", "int32") else g.GGML_TYPE_F32
+            t = g.ggml_new_tensor_4d(self.ctx, gtype, *ne_of(shape))
+            g.ggml_set_name(t, name[:63].encode())
+            g.ggml_set_input(t)
+            v = T(t, tuple(shape), "int32" if gtype == g.GGML_TYPE_I32 else "float32")
+            self.values[name] = v
+            self.out.inputs[name] = v
+        for node in self.nodes:
+            self._lower_node(node)
+        for name in self.output_names:
+            if name not in self.values:
+                raise UnsupportedGraph(
+                    f"graph output {name!r} is not produced by any node",
+                    where="graph outputs", fix="check the model with onnx.checker.check_model",
+                )
+            self.out.outputs[name] = self.values[name]
+        return self.out
+
+    def _lower_node(self, node: Any) -> None:
+        ins: list[Value | None] = []
+        for n in node.input:
+            if not n:
+                ins.append(None)
+                continue
+            if n not in self.values:
+                raise UnsupportedGraph(
+                    f"input {n!r} of node {node.name!r} is not produced before it (the graph is not sorted, "
+                    "or uses a subgraph value)",
+                    unsupported={node.op_type: [node.name or node.op_type]},
+                    where=f"node {node.name!r}", fix="sort the graph topologically (onnx.utils) or re-export it",
+                )
+            ins.append(self.values[n])
+        present = [v for v in ins if v is not None]
+        if all(isinstance(v, np.ndarray) for v in present) and not node.domain.startswith("sdrt"):
+            for v in present:
+                name = self._init_ids.get(id(v))
+                if name is not None:
+                    self.out.folded_inits.add(name)
+            outs = fold.fold_node(node, ins, self.opsets)  # type: ignore[arg-type]
+        elif node.op_type in FOLD_ONLY and node.op_type not in REGISTRY:
+            raise unsupported(node, f"{node.op_type} on a runtime tensor (only constant inputs are supported)")
+        else:
+            fn = REGISTRY.get(node.op_type)
+            if fn is None:
+                raise unsupported(node, f"no lowering for {node.op_type}")
+            try:
+                outs = self._try_rewrites(node) or fn(self, node, ins)
+            except UnsupportedGraph:
+                raise
+            except ValueError as exc:
+                raise unsupported(node, str(exc)) from exc
+            self.out.n_ops += 1
+        for name, v in zip(node.output, outs):
+            if name:
+                self.values[name] = v
+
+    def _try_rewrites(self, node: Any) -> list[Value] | None:
+        for name, matcher in self._rewrites.get(node.op_type, ()):
+            if name in self.rewrites_on:
+                outs = matcher(self, node)
+                if outs is not None:
+                    self.rewrite_hits[name] = self.rewrite_hits.get(name, 0) + 1
+                    return outs
+        return None

@@ -1,0 +1,188 @@
+"""Shared helpers for the op lowerings: tensors, layout, broadcasting.
+
+ggml orders dimensions the other way round from ONNX: ``ne[0]`` is the
+innermost (fastest) dimension. An ONNX shape ``(N, C, H, W)`` is ggml
+``ne = (W, H, C, N)``. A C-contiguous numpy array has the same bytes as a
+contiguous ggml tensor of the reversed shape, so data moves without copies.
+ggml has at most 4 dimensions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sdrt.errors import UnsupportedGraph
+
+if TYPE_CHECKING:  # pragma: no cover
+    from onnx import NodeProto
+
+    from ..lower import Lowering
+
+MAX_DIMS = 4
+
+
+@dataclass
+class T:
+    """A runtime tensor in the ggml graph: the ggml pointer, its ONNX shape and dtype."""
+
+    ptr: Any
+    shape: tuple[int, ...]
+    dtype: str = "float32"  # "float32" or "int32" (indices)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(math.prod(self.shape))
+
+
+Value = T | np.ndarray
+
+
+def gg() -> Any:
+    """The ggml bindings module (imported lazily)."""
+    import ggml
+
+    return ggml
+
+
+def unsupported(node: NodeProto, why: str) -> UnsupportedGraph:
+    name = node.name or f"<{node.op_type} -> {', '.join(node.output)}>"
+    return UnsupportedGraph(
+        f"the ggml backend cannot lower this node ({why})",
+        unsupported={node.op_type: [name]},
+        where=f"node {name!r} ({node.op_type})",
+        fix="run the model on another backend (for example openvino or reference), or re-export it without this construct",
+    )
+
+
+def attrs(node: NodeProto) -> dict[str, Any]:
+    from onnx import helper
+
+    out: dict[str, Any] = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+def ne_of(shape: Sequence[int]) -> list[int]:
+    """ggml ne (4 entries) of an ONNX shape."""
+    if len(shape) > MAX_DIMS:
+        extra = shape[: len(shape) - MAX_DIMS]
+        if any(d != 1 for d in extra):
+            raise ValueError(f"shape {tuple(shape)} has more than {MAX_DIMS} dimensions")
+        shape = shape[len(shape) - MAX_DIMS :]
+    ne = [int(d) for d in reversed(shape)]
+    return ne + [1] * (MAX_DIMS - len(ne))
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+def gdim(axis: int, rank: int) -> int:
+    """ggml dimension index of ONNX ``axis`` in a tensor of ``rank``."""
+    return rank - 1 - norm_axis(axis, rank)
+
+
+def is_contiguous(x: T) -> bool:
+    return bool(gg().ggml_is_contiguous(x.ptr))
+
+
+def cont(lw: Lowering, x: T) -> T:
+    if is_contiguous(x):
+        return x
+    return T(gg().ggml_cont(lw.ctx, x.ptr), x.shape, x.dtype)
+
+
+def reshape(lw: Lowering, x: T, shape: Sequence[int]) -> T:
+    shape = tuple(int(d) for d in shape)
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        shape = tuple(x.size // max(known, 1) if d == -1 else d for d in shape)
+    if math.prod(shape) != x.size:
+        raise ValueError(f"cannot reshape {x.shape} to {shape}")
+    if shape == x.shape and is_contiguous(x):
+        return x
+    x = cont(lw, x)
+    ne = ne_of(shape)
+    return T(gg().ggml_reshape_4d(lw.ctx, x.ptr, *ne), shape, x.dtype)
+
+
+def permute(lw: Lowering, x: T, perm: Sequence[int]) -> T:
+    """A view of ``x`` with ONNX axes permuted as numpy.transpose(x, perm)."""
+    r = x.rank
+    perm = [norm_axis(p, r) for p in perm]
+    if perm == list(range(r)):
+        return x
+    if r > MAX_DIMS:
+        raise ValueError("transpose of a tensor with more than 4 dimensions")
+    axes = list(range(MAX_DIMS))
+    for j, p in enumerate(perm):
+        axes[r - 1 - p] = r - 1 - j
+    shape = tuple(x.shape[p] for p in perm)
+    return T(gg().ggml_permute(lw.ctx, x.ptr, *axes), shape, x.dtype)
+
+
+def to_tensor(lw: Lowering, v: Value) -> T:
+    """A runtime tensor for ``v``; constants become weights-buffer tensors."""
+    if isinstance(v, T):
+        return v
+    return lw.const(v)
+
+
+def broadcast_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(d) for d in np.broadcast_shapes(tuple(a), tuple(b)))
+
+
+def expand_to(lw: Lowering, x: T, shape: Sequence[int]) -> T:
+    """``x`` broadcast (numpy rules) to ``shape``, materialized with ggml_repeat."""
+    shape = tuple(int(d) for d in shape)
+    if x.shape == shape:
+        return x
+    xr = (1,) * (len(shape) - x.rank) + x.shape
+    x = reshape(lw, x, xr)
+    return T(gg().ggml_repeat_4d(lw.ctx, x.ptr, *ne_of(shape)), shape, x.dtype)
+
+
+def binary(lw: Lowering, fn_name: str, a: Value, b: Value, commutative: bool) -> T:
+    """Apply a ggml binary op with numpy broadcasting.
+
+    ggml broadcasts only the second operand (it must tile the first), so the
+    operands are swapped (when the op commutes) or the first is repeated.
+    """
+    ga, gb = to_tensor(lw, a), to_tensor(lw, b)
+    out = broadcast_shape(ga.shape, gb.shape)
+    if ga.shape != out and gb.shape == out and commutative:
+        ga, gb = gb, ga
+    if ga.shape != out:
+        ga = expand_to(lw, ga, out)
+    ga = cont(lw, ga)
+    gb = cont(lw, gb)
+    if gb.rank < len(out):
+        gb = reshape(lw, gb, (1,) * (len(out) - gb.rank) + gb.shape)
+    if ga.rank != len(out):
+        ga = reshape(lw, ga, out)
+    fn = getattr(gg(), fn_name)
+    return T(fn(lw.ctx, ga.ptr, gb.ptr), out)
+
+
+def scalar_of(v: Value) -> float | None:
+    """The single value of a constant with one element, else None."""
+    if isinstance(v, np.ndarray) and v.size == 1:
+        return float(v.reshape(-1)[0])
+    return None
+
+
+def f32(v: Value) -> Value:
+    if isinstance(v, np.ndarray) and v.dtype != np.float32 and v.dtype.kind == "f":
+        return v.astype(np.float32)
+    return v

@@ -1,0 +1,178 @@
+"""Conv (1-D and 2-D, groups, strides, pads, dilations) and ConvTranspose.
+
+Conv lowers to im2col + one matrix multiply (ggml's fast path on every
+backend). With batch 1 the product comes out directly in NCHW order, so no
+permute copy is needed. Depthwise convs (groups == channels) use ggml's
+depthwise kernel; other groups are split into per-group convolutions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import check, op
+from ._common import T, Value, attrs, binary, cont, gg, reshape
+
+
+def _conv_params(node: Any, spatial: int, kshape: tuple[int, ...], in_hw: tuple[int, ...]) -> tuple[list[int], ...]:
+    a = attrs(node)
+    strides = list(a.get("strides", [1] * spatial))
+    dil = list(a.get("dilations", [1] * spatial))
+    pads = list(a.get("pads", [0] * (2 * spatial)))
+    auto = a.get("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0] * (2 * spatial)
+        for i in range(spatial):
+            out = -(-in_hw[i] // strides[i])
+            total = max(0, (out - 1) * strides[i] + (kshape[i] - 1) * dil[i] + 1 - in_hw[i])
+            small, big = total // 2, total - total // 2
+            pads[i], pads[i + spatial] = (small, big) if auto == "SAME_UPPER" else (big, small)
+    elif auto == "VALID":
+        pads = [0] * (2 * spatial)
+    return strides, dil, pads
+
+
+@check("Conv")
+def check_conv(node: Any) -> str | None:
+    ks = attrs(node).get("kernel_shape")
+    if ks is not None and len(ks) not in (1, 2):
+        return f"Conv with {len(ks)} spatial dims (1 and 2 are supported)"
+    return None
+
+
+def _pad_input(lw: Any, x: T, pads: list[int]) -> tuple[T, int, int]:
+    """Pad asymmetric pads explicitly; return the tensor and the symmetric (ph, pw) left for the kernel."""
+    top, left, bottom, right = pads
+    if top == bottom and left == right:
+        return x, top, left
+    g = gg()
+    x = cont(lw, x)
+    y = g.ggml_pad_ext(lw.ctx, x.ptr, left, right, top, bottom, 0, 0, 0, 0)
+    n, c, h, w = x.shape
+    return T(y, (n, c, h + top + bottom, w + left + right)), 0, 0
+
+
+def conv2d(lw: Any, x: T, w: np.ndarray | T, bias: Value | None, strides: list[int], dil: list[int],
+           pads: list[int], group: int) -> T:
+    g = gg()
+    x, ph, pw = _pad_input(lw, x, pads)
+    n, c, h, wd = x.shape
+    wt = lw.const(w) if isinstance(w, np.ndarray) else cont(lw, w)
+    oc, icg, kh, kw = wt.shape
+    oh = (h + 2 * ph - dil[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (wd + 2 * pw - dil[1] * (kw - 1) - 1) // strides[1] + 1
+    x = cont(lw, x)
+    if group == 1:
+        y = _conv_dense(lw, x, wt, strides, dil, ph, pw, (n, oc, oh, ow))
+    elif group == c and icg == 1 and oc == c:
+        y = T(g.ggml_conv_2d_dw_direct(lw.ctx, wt.ptr, x.ptr, strides[1], strides[0], pw, ph, dil[1], dil[0]),
+              (n, oc, oh, ow))
+    else:
+        ocg = oc // group
+        parts = []
+        for gi in range(group):
+            xs = _channel_view(lw, x, gi * icg, icg)
+            ws = _channel_view(lw, wt, gi * ocg, ocg, axis=0)
+            parts.append(_conv_dense(lw, cont(lw, xs), cont(lw, ws), strides, dil, ph, pw, (n, ocg, oh, ow)))
+        y = parts[0]
+        for p in parts[1:]:
+            y = T(g.ggml_concat(lw.ctx, y.ptr, p.ptr, 2), (n, y.shape[1] + p.shape[1], oh, ow))
+    if bias is not None:
+        b = lw.const(bias) if isinstance(bias, np.ndarray) else bias
+        y = binary(lw, "ggml_add", y, reshape(lw, b, (1, -1, 1, 1)), True)
+    return y
+
+
+def _channel_view(lw: Any, x: T, start: int, count: int, axis: int = 1) -> T:
+    from .op_shape import slice_axis
+
+    return slice_axis(lw, x, axis, start, start + count, 1)
+
+
+def _conv_dense(lw: Any, x: T, wt: T, strides: list[int], dil: list[int], ph: int, pw: int,
+                out_shape: tuple[int, int, int, int]) -> T:
+    g = gg()
+    n, oc, oh, ow = out_shape
+    if lw.options.get("conv_impl", "im2col") == "direct":
+        return T(g.ggml_conv_2d_direct(lw.ctx, wt.ptr, x.ptr, strides[1], strides[0], pw, ph, dil[1], dil[0]),
+                 out_shape)
+    kdim = wt.shape[1] * wt.shape[2] * wt.shape[3]
+    col = g.ggml_im2col(lw.ctx, wt.ptr, x.ptr, strides[1], strides[0], pw, ph, dil[1], dil[0], True,
+                        g.GGML_TYPE_F32)  # ne: [K, OW, OH, N]
+    col2 = g.ggml_reshape_2d(lw.ctx, col, kdim, ow * oh * n)
+    w2 = g.ggml_reshape_2d(lw.ctx, wt.ptr, kdim, oc)
+    y = g.ggml_mul_mat(lw.ctx, col2, w2)  # ne: [OW*OH*N, OC]
+    if n == 1:
+        return T(g.ggml_reshape_4d(lw.ctx, y, ow, oh, oc, 1), out_shape)
+    y = g.ggml_reshape_4d(lw.ctx, y, ow, oh, n, oc)
+    y = g.ggml_cont(lw.ctx, g.ggml_permute(lw.ctx, y, 0, 1, 3, 2))
+    return T(y, out_shape)
+
+
+@op("Conv")
+def op_conv(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    if not isinstance(x, T):
+        raise ValueError("Conv on a constant input")
+    wshape = tuple(np.shape(w)) if isinstance(w, np.ndarray) else w.shape
+    spatial = len(wshape) - 2
+    group = int(attrs(node).get("group", 1))
+    strides, dil, pads = _conv_params(node, spatial, wshape[2:], x.shape[2:])
+    if spatial == 1:
+        x4 = reshape(lw, x, x.shape[:2] + (1, x.shape[2]))
+        w4 = reshape(lw, lw.const(w) if isinstance(w, np.ndarray) else w, wshape[:2] + (1, wshape[2]))
+        y = conv2d(lw, x4, w4, bias, [1, strides[0]], [1, dil[0]], [0, pads[0], 0, pads[1]], group)
+        return [reshape(lw, y, (y.shape[0], y.shape[1], y.shape[3]))]
+    if spatial != 2:
+        raise ValueError(f"Conv with {spatial} spatial dims")
+    return [conv2d(lw, x, w, bias, strides, dil, [pads[0], pads[1], pads[2], pads[3]], group)]
+
+
+@check("ConvTranspose")
+def check_conv_transpose(node: Any) -> str | None:
+    a = attrs(node)
+    ks = a.get("kernel_shape")
+    if ks is not None and len(ks) != 2:
+        return "ConvTranspose with other than 2 spatial dims"
+    if int(a.get("group", 1)) != 1:
+        return "ConvTranspose with groups"
+    if any(d != 1 for d in a.get("dilations", [1, 1])):
+        return "ConvTranspose with dilations"
+    s = a.get("strides", [1, 1])
+    if len(set(s)) != 1:
+        return "ConvTranspose with different strides per axis"
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return "ConvTranspose with auto_pad SAME"
+    return None
+
+
+@op("ConvTranspose")
+def op_conv_transpose(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    """ggml_conv_transpose_2d_p0 (zero padding, one stride) then crop the pads, add output_padding."""
+    from .op_shape import slice_axis
+
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    if not isinstance(x, T) or not isinstance(w, np.ndarray):
+        raise ValueError("ConvTranspose needs a runtime input and constant weights")
+    a = attrs(node)
+    s = int(a.get("strides", [1, 1])[0])
+    pads = list(a.get("pads", [0, 0, 0, 0]))
+    opad = list(a.get("output_padding", [0, 0]))
+    g = gg()
+    wt = lw.const(w)  # (IC, OC, KH, KW) -> ne (KW, KH, OC, IC), as ggml expects
+    x = cont(lw, x)
+    n, c, h, wd = x.shape
+    _, oc, kh, kw = w.shape
+    fh, fw = (h - 1) * s + kh, (wd - 1) * s + kw
+    y = T(g.ggml_conv_transpose_2d_p0(lw.ctx, wt.ptr, x.ptr, s), (n, oc, fh, fw))
+    if opad[0] or opad[1]:
+        y = T(g.ggml_pad_ext(lw.ctx, y.ptr, 0, opad[1], 0, opad[0], 0, 0, 0, 0), (n, oc, fh + opad[0], fw + opad[1]))
+    y = slice_axis(lw, y, 2, pads[0], y.shape[2] - pads[2], 1)
+    y = slice_axis(lw, y, 3, pads[1], y.shape[3] - pads[3], 1)
+    if bias is not None:
+        y = binary(lw, "ggml_add", cont(lw, y), reshape(lw, lw.const(bias), (1, -1, 1, 1)), True)
+    return [y]

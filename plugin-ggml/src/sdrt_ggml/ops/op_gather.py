@@ -1,0 +1,54 @@
+"""Gather: embedding lookups (ggml_get_rows) and constant-index selection (views)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from . import op
+from ._common import T, Value, attrs, cont, gg, norm_axis, reshape
+from .op_shape import slice_axis
+
+
+def _select(lw: Any, x: T, axis: int, idx: np.ndarray) -> T:
+    flat = [int(i) + (x.shape[axis] if i < 0 else 0) for i in idx.reshape(-1)]
+    g = gg()
+    if flat and flat == list(range(flat[0], flat[0] + len(flat))):
+        y = slice_axis(lw, x, axis, flat[0], flat[0] + len(flat), 1)
+    else:
+        from ._common import gdim
+
+        parts = [cont(lw, slice_axis(lw, x, axis, i, i + 1, 1)) for i in flat]
+        y = parts[0]
+        for p in parts[1:]:
+            shape = list(y.shape)
+            shape[axis] += 1
+            y = T(g.ggml_concat(lw.ctx, y.ptr, p.ptr, gdim(axis, x.rank)), tuple(shape), y.dtype)
+    out = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
+    return reshape(lw, y, out)
+
+
+@op("Gather")
+def op_gather(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    data, idx = inputs
+    axis = int(attrs(node).get("axis", 0))
+    if isinstance(data, T) and isinstance(idx, np.ndarray):
+        return [_select(lw, data, norm_axis(axis, data.rank), idx)]
+    assert isinstance(idx, T)
+    drank = np.ndim(data) if isinstance(data, np.ndarray) else data.rank
+    if norm_axis(axis, drank) != 0:
+        raise ValueError("Gather with runtime indices on an axis other than 0")
+    if idx.dtype != "int32":
+        raise ValueError("Gather with non-integer runtime indices")
+    dshape = tuple(np.shape(data)) if isinstance(data, np.ndarray) else data.shape
+    row = math.prod(dshape[1:])
+    if isinstance(data, np.ndarray):
+        table = lw.const(data, transform=lambda a: a.reshape(a.shape[0], -1), tag="rows")
+    else:
+        table = reshape(lw, data, (dshape[0], row))
+    flat = reshape(lw, idx, (idx.size,))
+    g = gg()
+    y = T(g.ggml_get_rows(lw.ctx, table.ptr, flat.ptr), (idx.size, row))
+    return [reshape(lw, y, idx.shape + dshape[1:])]

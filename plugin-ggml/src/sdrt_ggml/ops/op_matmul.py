@@ -1,0 +1,95 @@
+"""MatMul and Gemm through ggml_mul_mat.
+
+``ggml_mul_mat(a, b)`` computes ``b @ a^T`` over the two innermost ggml dims:
+with ``a`` of ONNX shape (N, K) and ``b`` of shape (M, K) it gives (M, N). So
+``A @ B`` is ``ggml_mul_mat(B^T, A)``; a constant ``B`` is transposed once on
+upload, a runtime one through a view (free when it already is a transpose).
+ggml broadcasts ``a`` over the batch dims of ``b``, not the other way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import op
+from ._common import T, Value, attrs, binary, broadcast_shape, cont, expand_to, gg, permute, reshape
+
+
+def _swap_last(rank: int) -> list[int]:
+    perm = list(range(rank))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    return perm
+
+
+def _weight_t(lw: Any, b: Value) -> T:
+    """B^T (shape (..., N, K)) as a tensor usable as ggml_mul_mat's first operand."""
+    if isinstance(b, np.ndarray):
+        return lw.const(b, transform=lambda w: np.swapaxes(w, -1, -2), tag="T")
+    bt = permute(lw, b, _swap_last(b.rank))
+    return cont(lw, bt)
+
+
+def matmul(lw: Any, a: Value, b: Value) -> T:
+    """ONNX MatMul semantics (numpy matmul) for rank >= 1."""
+    if isinstance(a, np.ndarray):
+        a = lw.const(a)
+    assert isinstance(a, T)
+    squeeze_a = a.rank == 1
+    squeeze_b = np.ndim(b) == 1 if isinstance(b, np.ndarray) else b.rank == 1
+    if squeeze_a:
+        a = reshape(lw, a, (1,) + a.shape)
+    if squeeze_b:
+        b = b.reshape(-1, 1) if isinstance(b, np.ndarray) else reshape(lw, b, b.shape + (1,))
+    bshape = tuple(np.shape(b)) if isinstance(b, np.ndarray) else b.shape
+    m, n = a.shape[-2], bshape[-1]
+    batch = broadcast_shape(a.shape[:-2], bshape[:-2])
+    w = _weight_t(lw, b)  # (..., N, K)
+    if a.shape[:-2] != batch:
+        a = expand_to(lw, a, batch + a.shape[-2:])
+    a = cont(lw, a)
+    rank = len(batch) + 2
+    if w.rank < rank:
+        w = reshape(lw, w, (1,) * (rank - w.rank) + w.shape)
+    if a.rank < rank:
+        a = reshape(lw, a, (1,) * (rank - a.rank) + a.shape)
+    g = gg()
+    out = T(g.ggml_mul_mat(lw.ctx, w.ptr, a.ptr), batch + (m, n))
+    if squeeze_a:
+        out = reshape(lw, out, batch + (n,))
+        m = None
+    if squeeze_b:
+        out = reshape(lw, out, out.shape[:-1])
+    return out
+
+
+@op("MatMul")
+def op_matmul(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    return [matmul(lw, inputs[0], inputs[1])]
+
+
+@op("Gemm")
+def op_gemm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    a_, b_, c_ = (list(inputs) + [None])[:3]
+    at = attrs(node)
+    alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
+    if at.get("transA", 0):
+        a_ = a_.T if isinstance(a_, np.ndarray) else permute(lw, a_, [1, 0])
+    g = gg()
+    if at.get("transB", 0):
+        w = lw.const(b_) if isinstance(b_, np.ndarray) else cont(lw, b_)  # already (N, K)
+        a = cont(lw, lw.const(a_) if isinstance(a_, np.ndarray) else a_)
+        y = T(g.ggml_mul_mat(lw.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
+    else:
+        y = matmul(lw, a_, b_)
+    if alpha != 1.0:
+        y = T(g.ggml_scale(lw.ctx, y.ptr, alpha), y.shape)
+    if c_ is not None and beta != 0.0:
+        c = c_ * np.float32(beta) if isinstance(c_, np.ndarray) and beta != 1.0 else c_
+        if isinstance(c, T) and beta != 1.0:
+            c = T(g.ggml_scale(lw.ctx, cont(lw, c).ptr, beta), c.shape)
+        if isinstance(c, np.ndarray):
+            c = c.astype(np.float32)
+        y = binary(lw, "ggml_add", y, c, True)
+    return [y]

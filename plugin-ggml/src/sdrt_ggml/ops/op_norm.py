@@ -1,0 +1,85 @@
+"""Normalizations: LayerNormalization, GroupNormalization, InstanceNormalization."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from . import check, op
+from ._common import T, Value, attrs, binary, gg, norm_axis, reshape
+
+
+def affine(lw: Any, y: T, scale: Value | None, bias: Value | None, shape: tuple[int, ...]) -> T:
+    """y * scale + bias, with scale/bias reshaped to ``shape`` (broadcastable against y)."""
+    if scale is not None:
+        s = lw.const(scale) if isinstance(scale, np.ndarray) else scale
+        if not (isinstance(scale, np.ndarray) and np.all(scale == 1)):
+            y = binary(lw, "ggml_mul", y, reshape(lw, s, shape), True)
+    if bias is not None:
+        if not (isinstance(bias, np.ndarray) and not np.any(bias)):
+            b = lw.const(bias) if isinstance(bias, np.ndarray) else bias
+            y = binary(lw, "ggml_add", y, reshape(lw, b, shape), True)
+    return y
+
+
+@check("LayerNormalization")
+def check_layer_norm(node: Any) -> str | None:
+    if len(node.output) > 1 and any(node.output[1:]):
+        return "LayerNormalization with Mean/InvStdDev outputs"
+    return None
+
+
+@op("LayerNormalization")
+def op_layer_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = inputs[0]
+    assert isinstance(x, T)
+    a = attrs(node)
+    axis = norm_axis(int(a.get("axis", -1)), x.rank)
+    eps = float(a.get("epsilon", 1e-5))
+    rows, cols = math.prod(x.shape[:axis]), math.prod(x.shape[axis:])
+    x2 = reshape(lw, x, (rows, cols))
+    y = T(gg().ggml_norm(lw.ctx, x2.ptr, eps), (rows, cols))
+    y = affine(lw, y, inputs[1], inputs[2] if len(inputs) > 2 else None, (1, cols))
+    return [reshape(lw, y, x.shape)]
+
+
+def group_norm(lw: Any, x: T, groups: int, eps: float, scale: Value | None, bias: Value | None) -> T:
+    """ggml_group_norm over (N, C, ...) with per-channel scale and bias."""
+    n, c = x.shape[0], x.shape[1]
+    spatial = math.prod(x.shape[2:])
+    x4 = reshape(lw, x, (n, c, 1, spatial))
+    y = T(gg().ggml_group_norm(lw.ctx, x4.ptr, groups, eps), x4.shape)
+    y = affine(lw, y, scale, bias, (1, c, 1, 1))
+    return reshape(lw, y, x.shape)
+
+
+def _per_channel(v: Value | None, c: int) -> Value | None:
+    if isinstance(v, np.ndarray) and v.size != c:
+        return np.repeat(v.reshape(-1), c // v.size)  # opset 18: one value per group
+    return v
+
+
+@op("GroupNormalization")
+def op_group_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = inputs[0]
+    assert isinstance(x, T)
+    a = attrs(node)
+    c = x.shape[1]
+    return [group_norm(lw, x, int(a["num_groups"]), float(a.get("epsilon", 1e-5)),
+                       _per_channel(inputs[1], c), _per_channel(inputs[2], c))]
+
+
+@op("InstanceNormalization")
+def op_instance_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    """Normalize each (n, c) over the spatial dims: ggml_norm on rows of the flattened tensor."""
+    x = inputs[0]
+    assert isinstance(x, T)
+    eps = float(attrs(node).get("epsilon", 1e-5))
+    n, c = x.shape[0], x.shape[1]
+    spatial = math.prod(x.shape[2:])
+    x3 = reshape(lw, x, (n, c, spatial))
+    y = T(gg().ggml_norm(lw.ctx, x3.ptr, eps), x3.shape)
+    y = affine(lw, y, inputs[1], inputs[2], (1, c, 1))
+    return [reshape(lw, y, x.shape)]

@@ -1,0 +1,61 @@
+"""ReduceMean, ReduceSum, ReduceMax (max: constant only) over any axes.
+
+ggml reduces the innermost dim (ggml_mean / ggml_sum_rows), so the reduced
+axes are moved last and flattened first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from . import op
+from ._common import T, Value, attrs, cont, gg, norm_axis, permute, reshape
+
+
+def _reduce(lw: Any, node: Any, inputs: list[Value], fn: str) -> list[Value]:
+    x = inputs[0]
+    assert isinstance(x, T)
+    a = attrs(node)
+    axes = a.get("axes")
+    if axes is None and len(inputs) > 1 and inputs[1] is not None:
+        axes = [int(i) for i in np.asarray(inputs[1]).reshape(-1)]
+    keep = int(a.get("keepdims", 1))
+    if not axes:
+        if a.get("noop_with_empty_axes", 0):
+            return [x]
+        axes = list(range(x.rank))
+    red = sorted(norm_axis(i, x.rank) for i in axes)
+    rest = [i for i in range(x.rank) if i not in red]
+    y = permute(lw, x, rest + red) if rest + red != list(range(x.rank)) else x
+    outer = math.prod(x.shape[i] for i in rest)
+    inner = math.prod(x.shape[i] for i in red)
+    y = reshape(lw, cont(lw, y), (outer, inner))
+    r = T(getattr(gg(), fn)(lw.ctx, y.ptr), (outer, 1))
+    if keep:
+        shape = tuple(1 if i in red else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(x.shape[i] for i in rest)
+    return [reshape(lw, r, shape)]
+
+
+@op("ReduceMean")
+def op_reduce_mean(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    return _reduce(lw, node, inputs, "ggml_mean")
+
+
+@op("ReduceSum")
+def op_reduce_sum(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    return _reduce(lw, node, inputs, "ggml_sum_rows")
+
+
+@op("GlobalAveragePool")
+def op_global_average_pool(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = inputs[0]
+    assert isinstance(x, T)
+    n, c = x.shape[0], x.shape[1]
+    y = reshape(lw, x, (n * c, math.prod(x.shape[2:])))
+    r = T(gg().ggml_mean(lw.ctx, y.ptr), (n * c, 1))
+    return [reshape(lw, r, (n, c) + (1,) * (x.rank - 2))]

@@ -1,0 +1,132 @@
+"""Unary elementwise ops: activations and math functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import check, op
+from ._common import T, Value, attrs, binary, cont, gg, scalar_of
+
+
+def _unary(fn: str) -> Any:
+    def lower(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+        x = inputs[0]
+        if not isinstance(x, T) or x.dtype != "float32":
+            raise ValueError(f"{node.op_type} on a non-float tensor")
+        x = cont(lw, x)
+        return [T(getattr(gg(), fn)(lw.ctx, x.ptr), x.shape)]
+
+    lower.__name__ = "op_" + fn.removeprefix("ggml_")
+    return lower
+
+
+for _name, _fn in {
+    "Relu": "ggml_relu", "Sigmoid": "ggml_sigmoid", "Tanh": "ggml_tanh", "Exp": "ggml_exp",
+    "Log": "ggml_log", "Sqrt": "ggml_sqrt", "Neg": "ggml_neg", "Abs": "ggml_abs", "Softplus": "ggml_softplus",
+    "HardSwish": "ggml_hardswish", "Sin": "ggml_sin", "Cos": "ggml_cos", "Floor": "ggml_floor",
+    "Ceil": "ggml_ceil", "Round": "ggml_round",
+}.items():
+    op(_name)(_unary(_fn))
+
+
+@op("Identity", "Dropout")
+def op_identity(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    return [inputs[0]]
+
+
+@op("Cast")
+def op_cast(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    from onnx import TensorProto
+
+    x = inputs[0]
+    to = attrs(node)["to"]
+    assert isinstance(x, T)
+    if to in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16):
+        if x.dtype == "float32":
+            return [x]  # computation stays in float32 throughout
+        x = cont(lw, x)
+        g = gg()
+        return [T(g.ggml_cast(lw.ctx, x.ptr, g.GGML_TYPE_F32), x.shape)]
+    if to in (TensorProto.INT64, TensorProto.INT32) and x.dtype == "int32":
+        return [x]
+    raise ValueError(f"Cast of a runtime {x.dtype} tensor to ONNX type {to}")
+
+
+@op("Reciprocal")
+def op_reciprocal(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    one = lw.const(np.ones((1,), np.float32), tag="one")
+    return [binary(lw, "ggml_div", one, inputs[0], False)]
+
+
+@op("LeakyRelu")
+def op_leaky_relu(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = cont(lw, inputs[0])
+    alpha = float(attrs(node).get("alpha", 0.01))
+    return [T(gg().ggml_leaky_relu(lw.ctx, x.ptr, alpha, False), x.shape)]
+
+
+@op("Elu")
+def op_elu(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    if float(attrs(node).get("alpha", 1.0)) != 1.0:
+        raise ValueError("Elu with alpha != 1")
+    x = cont(lw, inputs[0])
+    return [T(gg().ggml_elu(lw.ctx, x.ptr), x.shape)]
+
+
+@check("Gelu")
+def check_gelu(node: Any) -> str | None:
+    approx = attrs(node).get("approximate", "none")
+    return None if approx in ("none", "tanh") else f"Gelu approximate={approx!r}"
+
+
+@op("Gelu")
+def op_gelu(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = cont(lw, inputs[0])
+    g = gg()
+    if attrs(node).get("approximate", "none") != "tanh":
+        return [T(g.ggml_gelu_erf(lw.ctx, x.ptr), x.shape)]
+    # ggml_gelu uses an fp16 table on the CPU: build the tanh form from exact ops instead
+    x3 = g.ggml_mul(lw.ctx, g.ggml_sqr(lw.ctx, x.ptr), x.ptr)
+    inner = g.ggml_add(lw.ctx, x.ptr, g.ggml_scale(lw.ctx, x3, 0.044715))
+    t = g.ggml_tanh(lw.ctx, g.ggml_scale(lw.ctx, inner, float(np.sqrt(2.0 / np.pi))))
+    half = g.ggml_scale_bias(lw.ctx, t, 0.5, 0.5)
+    return [T(g.ggml_mul(lw.ctx, x.ptr, half), x.shape)]
+
+
+@op("Clip")
+def op_clip(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = cont(lw, inputs[0])
+    a = attrs(node)
+    lo = a.get("min", -np.inf) if len(inputs) < 2 or inputs[1] is None else scalar_of(inputs[1])
+    hi = a.get("max", np.inf) if len(inputs) < 3 or inputs[2] is None else scalar_of(inputs[2])
+    if lo is None or hi is None:
+        raise ValueError("Clip with runtime bounds")
+    lo = max(float(lo), -3.4e38)
+    hi = min(float(hi), 3.4e38)
+    return [T(gg().ggml_clamp(lw.ctx, x.ptr, lo, hi), x.shape)]
+
+
+@op("HardSigmoid")
+def op_hard_sigmoid(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = cont(lw, inputs[0])
+    a = attrs(node)
+    alpha, beta = float(a.get("alpha", 0.2)), float(a.get("beta", 0.5))
+    g = gg()
+    y = g.ggml_scale_bias(lw.ctx, x.ptr, alpha, beta)
+    return [T(g.ggml_clamp(lw.ctx, y, 0.0, 1.0), x.shape)]
+
+
+@op("Erf")
+def op_erf(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    """erf(x) = 2 * gelu_erf(z) / z - 1 with z = sqrt(2) * x (ggml has gelu_erf, not erf).
+
+    The GELU pattern x * 0.5 * (1 + erf(x / sqrt(2))) never reaches this: the
+    rewrite in ``op_fused`` turns it into one ``ggml_gelu_erf``.
+    """
+    x = cont(lw, inputs[0])
+    g = gg()
+    z = g.ggml_scale_bias(lw.ctx, x.ptr, float(np.sqrt(2.0)), 1e-30)  # offset keeps z != 0 for x == 0
+    phi = g.ggml_div(lw.ctx, g.ggml_gelu_erf(lw.ctx, z), z)
+    return [T(g.ggml_scale_bias(lw.ctx, phi, 2.0, -1.0), x.shape)]

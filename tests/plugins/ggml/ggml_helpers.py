@@ -1,0 +1,66 @@
+"""Helpers for the ggml plugin tests: build small ONNX graphs, run them on ggml and onnxruntime."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+ggml = pytest.importorskip("ggml", reason="ggml-python is not installed (pip install ggml-python)")
+onnx = pytest.importorskip("onnx")
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+OPSET = 17
+
+
+def make_model(nodes: Sequence[Any], inputs: dict[str, tuple[tuple[int, ...], int]],
+               outputs: dict[str, tuple[Any, int]], inits: dict[str, np.ndarray] | None = None,
+               opset: int = OPSET) -> onnx.ModelProto:
+    """A model from nodes; ``inputs``/``outputs`` map name -> (shape, TensorProto type)."""
+    graph = helper.make_graph(
+        list(nodes), "g",
+        [helper.make_tensor_value_info(n, t, list(s)) for n, (s, t) in inputs.items()],
+        [helper.make_tensor_value_info(n, t, None if s is None else list(s)) for n, (s, t) in outputs.items()],
+        [numpy_helper.from_array(v, k) for k, v in (inits or {}).items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def run_ggml(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **options: Any) -> dict[str, np.ndarray]:
+    from sdrt.graph import Graph
+    from sdrt_ggml import GgmlBackend
+
+    be = GgmlBackend()
+    dev = be.devices()[0]
+    with be.compile(Graph(model), None, dev, **options) as s:
+        return s.run(feeds)
+
+
+def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+def check(model: onnx.ModelProto, feeds: dict[str, np.ndarray], rtol: float = 1e-4, atol: float = 1e-5,
+          **options: Any) -> dict[str, np.ndarray]:
+    got = run_ggml(model, feeds, **options)
+    want = run_ort(model, feeds)
+    for k in want:
+        assert got[k].shape == want[k].shape, (k, got[k].shape, want[k].shape)
+        np.testing.assert_allclose(got[k], want[k], rtol=rtol, atol=atol, err_msg=k)
+    return got
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+F = TensorProto.FLOAT
+I64 = TensorProto.INT64

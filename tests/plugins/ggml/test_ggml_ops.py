@@ -1,0 +1,258 @@
+"""Per-op tests: small ONNX graphs lowered to ggml, compared with onnxruntime at float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ggml_helpers import I64, F, check, make_model, rand
+from onnx import helper
+
+mk = helper.make_node
+
+
+def _unary(op: str, x: np.ndarray, **attrs):
+    m = make_model([mk(op, ["x"], ["y"], **attrs)], {"x": (x.shape, F)}, {"y": (None, F)})
+    return check(m, {"x": x})
+
+
+@pytest.mark.parametrize("op", ["Relu", "Sigmoid", "Tanh", "Exp", "Neg", "Abs", "Erf", "Softplus", "HardSwish"])
+def test_unary(op):
+    _unary(op, rand(2, 3, 4, 5))
+
+
+def test_sqrt_log_reciprocal():
+    x = np.abs(rand(3, 7)) + 0.1
+    for op in ("Sqrt", "Log", "Reciprocal"):
+        _unary(op, x)
+
+
+@pytest.mark.parametrize("approx", ["none", "tanh"])
+def test_gelu(approx):
+    m = make_model([mk("Gelu", ["x"], ["y"], approximate=approx)], {"x": ((4, 33), F)}, {"y": (None, F)},
+                   opset=20)
+    check(m, {"x": rand(4, 33)})
+
+
+def test_clip_hardsigmoid_leaky():
+    x = rand(2, 8, 3) * 4
+    _unary("HardSigmoid", x, alpha=0.2, beta=0.5)
+    _unary("LeakyRelu", x, alpha=0.1)
+    m = make_model([mk("Clip", ["x", "lo", "hi"], ["y"])], {"x": (x.shape, F)}, {"y": (None, F)},
+                   {"lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)})
+    check(m, {"x": x})
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("sa,sb", [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((4,), (2, 3, 4)),
+                                   ((2, 1, 4), (1, 3, 1)), ((1, 3, 1, 1), (2, 3, 5, 5))])
+def test_binary_broadcast(op, sa, sb):
+    m = make_model([mk(op, ["a", "b"], ["y"])], {"a": (sa, F), "b": (sb, F)}, {"y": (None, F)})
+    b = rand(*sb, seed=1)
+    if op == "Div":
+        b = np.abs(b) + 0.5
+    check(m, {"a": rand(*sa), "b": b})
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+def test_binary_constant_scalar_both_sides(op):
+    c = np.array(1.7, np.float32)
+    for ins in (["x", "c"], ["c", "x"]):
+        m = make_model([mk(op, ins, ["y"])], {"x": ((3, 5), F)}, {"y": (None, F)}, {"c": c})
+        check(m, {"x": np.abs(rand(3, 5)) + 0.5})
+
+
+def test_pow():
+    for e in (2.0, 0.5, 3.0):
+        m = make_model([mk("Pow", ["x", "e"], ["y"])], {"x": ((3, 5), F)}, {"y": (None, F)},
+                       {"e": np.array(e, np.float32)})
+        check(m, {"x": np.abs(rand(3, 5)) + 0.1})
+
+
+@pytest.mark.parametrize("sa,sb", [((5, 7), (7, 3)), ((2, 5, 7), (7, 3)), ((2, 3, 5, 7), (2, 3, 7, 4)),
+                                   ((2, 3, 5, 7), (1, 3, 7, 4)), ((7,), (7, 3)), ((2, 5, 7), (7,))])
+@pytest.mark.parametrize("const_b", [True, False])
+def test_matmul(sa, sb, const_b):
+    b = rand(*sb, seed=2)
+    if const_b:
+        m = make_model([mk("MatMul", ["a", "b"], ["y"])], {"a": (sa, F)}, {"y": (None, F)}, {"b": b})
+        check(m, {"a": rand(*sa)})
+    else:
+        m = make_model([mk("MatMul", ["a", "b"], ["y"])], {"a": (sa, F), "b": (sb, F)}, {"y": (None, F)})
+        check(m, {"a": rand(*sa), "b": b})
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm(trans_b):
+    w = rand(6, 5) if trans_b else rand(5, 6)
+    m = make_model([mk("Gemm", ["a", "w", "c"], ["y"], transB=trans_b, alpha=0.5, beta=2.0)],
+                   {"a": ((3, 5), F)}, {"y": (None, F)}, {"w": w, "c": rand(6, seed=3)})
+    check(m, {"a": rand(3, 5)})
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(strides=[2, 2], pads=[1, 1, 1, 1]),
+    dict(pads=[0, 1, 1, 0]),
+    dict(dilations=[2, 2], pads=[2, 2, 2, 2]),
+    dict(group=2, pads=[1, 1, 1, 1]),
+    dict(auto_pad="SAME_UPPER", strides=[2, 2]),
+])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_conv2d(kw, batch):
+    group = kw.get("group", 1)
+    w = rand(8, 4 // group, 3, 3, seed=4)
+    m = make_model([mk("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], **kw)], {"x": ((batch, 4, 9, 10), F)},
+                   {"y": (None, F)}, {"w": w, "b": rand(8, seed=5)})
+    check(m, {"x": rand(batch, 4, 9, 10)})
+
+
+def test_conv_depthwise_and_1x1_without_bias():
+    w = rand(6, 1, 3, 3)
+    m = make_model([mk("Conv", ["x", "w"], ["h"], group=6, pads=[1, 1, 1, 1], strides=[2, 2]),
+                    mk("Conv", ["h", "w2"], ["y"])], {"x": ((1, 6, 11, 11), F)}, {"y": (None, F)},
+                   {"w": w, "w2": rand(5, 6, 1, 1)})
+    check(m, {"x": rand(1, 6, 11, 11)})
+
+
+def test_conv1d():
+    m = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1], strides=[1])], {"x": ((2, 3, 16), F)},
+                   {"y": (None, F)}, {"w": rand(4, 3, 3), "b": rand(4)})
+    check(m, {"x": rand(2, 3, 16)})
+
+
+def test_conv_direct_impl_matches():
+    m = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])], {"x": ((1, 4, 9, 9), F)},
+                   {"y": (None, F)}, {"w": rand(8, 4, 3, 3), "b": rand(8)})
+    check(m, {"x": rand(1, 4, 9, 9)}, conv_impl="direct")
+
+
+def test_conv_transpose():
+    m = make_model([mk("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1],
+                       output_padding=[1, 1])],
+                   {"x": ((1, 4, 6, 6), F)}, {"y": (None, F)}, {"w": rand(4, 3, 3, 3), "b": rand(3)})
+    check(m, {"x": rand(1, 4, 6, 6)})
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax(axis):
+    m = make_model([mk("Softmax", ["x"], ["y"], axis=axis)], {"x": ((2, 3, 5), F)}, {"y": (None, F)})
+    check(m, {"x": rand(2, 3, 5)})
+
+
+@pytest.mark.parametrize("axis", [-1, -2])
+def test_layer_norm(axis):
+    shape = (2, 5, 8)
+    ns = shape[axis:]
+    m = make_model([mk("LayerNormalization", ["x", "s", "b"], ["y"], axis=axis, epsilon=1e-5)],
+                   {"x": (shape, F)}, {"y": (None, F)}, {"s": rand(*ns), "b": rand(*ns, seed=1)})
+    check(m, {"x": rand(*shape)})
+
+
+def test_group_norm_op18():
+    m = make_model([mk("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=4, epsilon=1e-5)],
+                   {"x": ((2, 8, 5, 5), F)}, {"y": (None, F)}, {"s": rand(4), "b": rand(4, seed=1)}, opset=18)
+    check(m, {"x": rand(2, 8, 5, 5)})
+
+
+def test_instance_norm():
+    m = make_model([mk("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-5)],
+                   {"x": ((2, 3, 4, 5), F)}, {"y": (None, F)}, {"s": rand(3), "b": rand(3, seed=1)})
+    check(m, {"x": rand(2, 3, 4, 5)})
+
+
+@pytest.mark.parametrize("mode,extra", [
+    ("nearest", dict(coordinate_transformation_mode="asymmetric", nearest_mode="floor")),
+    ("linear", dict(coordinate_transformation_mode="half_pixel")),
+    ("linear", dict(coordinate_transformation_mode="pytorch_half_pixel")),
+    ("linear", dict(coordinate_transformation_mode="align_corners")),
+])
+def test_resize(mode, extra):
+    scales = np.array([1, 1, 2, 2], np.float32)
+    m = make_model([mk("Resize", ["x", "", "s"], ["y"], mode=mode, **extra)], {"x": ((1, 3, 5, 6), F)},
+                   {"y": (None, F)}, {"s": scales})
+    check(m, {"x": rand(1, 3, 5, 6)})
+
+
+def test_resize_sizes_downscale_linear():
+    m = make_model([mk("Resize", ["x", "", "", "sz"], ["y"], mode="linear")], {"x": ((1, 2, 8, 8), F)},
+                   {"y": (None, F)}, {"sz": np.array([1, 2, 4, 4], np.int64)})
+    check(m, {"x": rand(1, 2, 8, 8)})
+
+
+def test_layout_ops():
+    nodes = [
+        mk("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+        mk("Reshape", ["t", "shape"], ["r"]),
+        mk("Unsqueeze", ["r", "ax0"], ["u"]),
+        mk("Squeeze", ["u", "ax0"], ["s"]),
+        mk("Flatten", ["s"], ["f"], axis=1),
+        mk("Slice", ["f", "st", "en", "axs", "steps"], ["sl"]),
+        mk("Expand", ["b", "eshape"], ["e"]),
+        mk("Concat", ["sl", "e"], ["y"], axis=1),
+    ]
+    inits = {"shape": np.array([2, -1, 3], np.int64), "ax0": np.array([0], np.int64),
+             "st": np.array([1, 2], np.int64), "en": np.array([2, 40], np.int64),
+             "axs": np.array([0, 1], np.int64), "steps": np.array([1, 3], np.int64),
+             "eshape": np.array([1, 4], np.int64)}
+    m = make_model(nodes, {"x": ((2, 3, 4, 5), F), "b": ((1, 1), F)}, {"y": (None, F)}, inits)
+    check(m, {"x": rand(2, 3, 4, 5), "b": rand(1, 1)})
+
+
+def test_split_and_gather_constant_indices():
+    nodes = [mk("Split", ["x", "sp"], ["a", "b", "c"], axis=2),
+             mk("Gather", ["b", "i"], ["g"], axis=1),
+             mk("Gather", ["c", "j"], ["h"], axis=3)]
+    inits = {"sp": np.array([1, 2, 3], np.int64), "i": np.array(1, np.int64), "j": np.array([3, 0, 1], np.int64)}
+    m = make_model(nodes, {"x": ((2, 3, 6, 4), F)}, {"a": (None, F), "g": (None, F), "h": (None, F)}, inits)
+    check(m, {"x": rand(2, 3, 6, 4)})
+
+
+def test_gather_embedding_runtime_ids():
+    table = rand(50, 8)
+    m = make_model([mk("Gather", ["emb", "ids"], ["y"])], {"ids": ((2, 7), I64)}, {"y": (None, F)},
+                   {"emb": table})
+    ids = np.random.default_rng(0).integers(0, 50, (2, 7)).astype(np.int64)
+    check(m, {"ids": ids})
+
+
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum"])
+@pytest.mark.parametrize("axes,keep", [([-1], 1), ([1], 0), ([2, 3], 1)])
+def test_reduce(op, axes, keep):
+    m = make_model([mk(op, ["x", "axes"], ["y"], keepdims=keep)], {"x": ((2, 3, 4, 5), F)}, {"y": (None, F)},
+                   {"axes": np.array(axes, np.int64)}, opset=18)
+    check(m, {"x": rand(2, 3, 4, 5)})
+
+
+@pytest.mark.parametrize("op,kw", [("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+                                   ("AveragePool", dict(kernel_shape=[2, 2], strides=[2, 2])),
+                                   ("GlobalAveragePool", dict())])
+def test_pool(op, kw):
+    m = make_model([mk(op, ["x"], ["y"], **kw)], {"x": ((1, 3, 8, 8), F)}, {"y": (None, F)})
+    check(m, {"x": rand(1, 3, 8, 8)})
+
+
+def test_pad_constant_and_reflect():
+    m = make_model([mk("Pad", ["x", "p"], ["y"])], {"x": ((1, 2, 4, 5), F)}, {"y": (None, F)},
+                   {"p": np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64)})
+    check(m, {"x": rand(1, 2, 4, 5)})
+    m = make_model([mk("Pad", ["x", "p"], ["y"], mode="reflect")], {"x": ((2, 6), F)}, {"y": (None, F)},
+                   {"p": np.array([0, 2, 0, 3], np.int64)})
+    check(m, {"x": rand(2, 6)})
+
+
+def test_where_with_constant_mask_and_cast():
+    cond = np.triu(np.ones((4, 4), bool), 1)
+    nodes = [mk("Where", ["c", "ninf", "x"], ["w"]), mk("Cast", ["w"], ["y"], to=F)]
+    m = make_model(nodes, {"x": ((2, 4, 4), F)}, {"y": (None, F)},
+                   {"c": cond, "ninf": np.array(-1e9, np.float32)})
+    check(m, {"x": rand(2, 4, 4)})
+
+
+def test_shape_arithmetic_is_folded():
+    # Shape -> Gather -> Unsqueeze -> Concat -> Reshape: all constant once shapes are static
+    nodes = [mk("Shape", ["x"], ["s"]), mk("Gather", ["s", "zero"], ["n"], axis=0),
+             mk("Unsqueeze", ["n", "ax"], ["nu"]), mk("Concat", ["nu", "m1"], ["shape"], axis=0),
+             mk("Reshape", ["x", "shape"], ["y"])]
+    inits = {"zero": np.array(0, np.int64), "ax": np.array([0], np.int64), "m1": np.array([-1], np.int64)}
+    m = make_model(nodes, {"x": ((3, 4, 5), F)}, {"y": (None, F)}, inits)
+    check(m, {"x": rand(3, 4, 5)})
