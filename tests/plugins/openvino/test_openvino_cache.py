@@ -1,0 +1,119 @@
+"""The compiled-model cache: hits, misses on any key change, atomic entries, and corrupted entries rebuilt."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from ov_helpers import conv_model, ort_run
+
+import sdrt
+
+X = np.random.default_rng(11).standard_normal((1, 3, 8, 8), dtype=np.float32)
+
+
+def _entries(tmp_path):
+    return sorted((tmp_path / "cache" / "openvino").glob("*.ovblob"))
+
+
+def _load(**options):
+    return sdrt.load(conv_model().SerializeToString(), backend="openvino", device="CPU", **options)
+
+
+def test_second_load_imports_from_the_cache(ov_registry, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="sdrt.openvino")
+    first = _load().run({"x": X})["y"]
+    assert len(_entries(tmp_path)) == 1
+    caplog.clear()
+    second = _load().run({"x": X})["y"]
+    assert any("loaded" in r.getMessage() and "cache" in r.getMessage() for r in caplog.records)
+    np.testing.assert_array_equal(first, second)
+    assert not list((tmp_path / "cache" / "openvino").glob("*.tmp")), "no temporary file may stay behind"
+
+
+def test_key_changes_with_options_weights_and_graph(ov_registry, tmp_path):
+    _load()
+    _load(precision="bf16")
+    _load(threads=1)
+    sdrt.load(conv_model(seed=5).SerializeToString(), backend="openvino", device="CPU")
+    assert len(_entries(tmp_path)) == 4
+
+
+def test_cache_can_be_turned_off_or_moved(ov_registry, tmp_path):
+    _load(cache=False)
+    assert _entries(tmp_path) == []
+    _load(cache_dir=str(tmp_path / "elsewhere"))
+    assert len(list((tmp_path / "elsewhere" / "openvino").glob("*.ovblob"))) == 1
+
+
+@pytest.mark.parametrize("damage", ["flip_payload_bytes", "truncate", "garbage_with_valid_checksum", "empty"])
+def test_corrupted_cache_entry_is_rebuilt(ov_registry, tmp_path, caplog, damage):
+    """Corrupt a real cache file on disk; the next load warns, recompiles, runs right and rewrites the entry."""
+    import hashlib
+    import struct
+
+    from sdrt_openvino import cache
+
+    expected = ort_run(conv_model(), {"x": X})[0]
+    _load()
+    (entry,) = _entries(tmp_path)
+    data = bytearray(entry.read_bytes())
+    if damage == "flip_payload_bytes":
+        mid = len(data) // 2
+        data[mid:mid + 16] = bytes(b ^ 0xFF for b in data[mid:mid + 16])
+    elif damage == "truncate":
+        data = data[: len(data) // 3]
+    elif damage == "garbage_with_valid_checksum":  # passes our checksum, so OpenVINO's import must fail
+        blob = b"not an OpenVINO blob" * 50
+        data = bytearray(struct.pack("<8s32sQ", cache.MAGIC, hashlib.sha256(blob).digest(), len(blob)) + blob)
+    else:
+        data = bytearray()
+    entry.write_bytes(bytes(data))
+
+    caplog.set_level(logging.WARNING, logger="sdrt.openvino")
+    out = _load().run({"x": X})["y"]
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    assert any("corrupt" in r.getMessage() for r in caplog.records)
+    # the entry was rewritten whole and now reads back clean
+    assert cache.CompiledCache(entry.parent).read(entry.stem) is not None
+    caplog.clear()
+    _load()
+    assert not any("corrupt" in r.getMessage() for r in caplog.records)
+
+
+def test_unwritable_cache_dir_only_logs(ov_registry, tmp_path, caplog):
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("x")
+    caplog.set_level(logging.WARNING, logger="sdrt.openvino")
+    out = _load(cache_dir=str(blocker)).run({"x": X})["y"]
+    assert out.shape == (1, 4, 8, 8)
+    assert any("cannot write cache entry" in r.getMessage() for r in caplog.records)
+
+
+def test_processes_compiling_at_once_share_the_cache_safely(ov_registry, tmp_path):
+    """Three processes load the same model at the same moment: each runs; one whole entry remains."""
+    script = textwrap.dedent(f"""
+        import os, sys, numpy as np
+        sys.path.insert(0, {str(tmp_path)!r})
+        os.environ["SDRT_CACHE_DIR"] = {str(tmp_path / "cache")!r}
+        import sdrt
+        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).parent)!r})
+        from ov_helpers import conv_model
+        s = sdrt.load(conv_model().SerializeToString(), backend="openvino", device="CPU")
+        print(float(s.run({{"x": np.ones((1, 3, 8, 8), np.float32)}})["y"].sum()))
+    """)
+    env = {"SDRT_PLUGINS": "openvino,reference", **__import__("os").environ}
+    env.pop("SDRT_LOAD_ENTRY_POINTS", None)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(3)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [r[1][-500:] for r in results]
+    assert len({r[0].strip() for r in results}) == 1
+    (entry,) = _entries(tmp_path)
+    from sdrt_openvino import cache
+
+    assert cache.CompiledCache(entry.parent).read(entry.stem) is not None
