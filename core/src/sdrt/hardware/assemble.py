@@ -31,7 +31,8 @@ def describe_pci(vendor_id: str, device_id: str, kind: str, entry: pcidb.DbEntry
         name = families.split_db_name(fallback_name)[1] or fallback_name
     else:
         name = f"{vendor.upper() if vendor != OTHER else 'unknown'} {kind.upper()} [{vendor_id}:{device_id}]"
-    dev = Accelerator(kind=kind, vendor=vendor, name=name, vendor_id=vendor_id, device_id=device_id,
+    dev = Accelerator(kind=kind, vendor=vendor, name=with_vendor(vendor, name), vendor_id=vendor_id,
+                      device_id=device_id,
                       chip=entry.chip if entry else None, bus_id=slot)
     raw_name = entry.raw if entry else (fallback_name or "")
     if kind == "npu":
@@ -52,6 +53,17 @@ def describe_pci(vendor_id: str, device_id: str, kind: str, entry: pcidb.DbEntry
         if dev.integrated is None and slot:
             dev.integrated = slot.split(":")[1] == "00"     # Intel iGPUs sit on the root bus (00:02.0)
     return dev
+
+
+_VENDOR_LABEL = {NVIDIA: "NVIDIA", AMD: "AMD", INTEL: "Intel", QUALCOMM: "Qualcomm"}
+
+
+def with_vendor(vendor: str, name: str) -> str:
+    """"GeForce RTX 4090" -> "NVIDIA GeForce RTX 4090": database names leave the maker out."""
+    label = _VENDOR_LABEL.get(vendor)
+    if not label or name.lower().startswith(label.lower()) or name.startswith(("ATI ", "Advanced Micro")):
+        return name
+    return f"{label} {name}"
 
 
 def _not(value: bool | None) -> bool | None:
@@ -78,7 +90,10 @@ def linux(raw: dict[str, Any], arch: str) -> Hardware:
     by_slot: dict[str, Accelerator] = {}
     for r in records:
         kind = parse.is_accelerator_class(r.class_code) or "npu"
-        dev = describe_pci(r.vendor_id, r.device_id, kind, db.get((r.vendor_id, r.device_id)), r.name, r.slot)
+        entry = db.get((r.vendor_id, r.device_id))
+        if kind == "npu" and entry is not None and entry.source == "torchruntime":
+            kind = "gpu"                 # Instinct and other compute GPUs use the processing-accelerator class
+        dev = describe_pci(r.vendor_id, r.device_id, kind, entry, r.name, r.slot)
         dev.driver = r.driver
         dev.driver_version = raw.get("driver_versions", {}).get(r.driver or "")
         dev.vram_bytes = raw.get("vram", {}).get(r.slot)
@@ -113,7 +128,7 @@ def _merge_rocminfo(hw: Hardware, by_slot: dict[str, Accelerator], agents: list[
         if dev is None:
             continue
         if agent.get("name") and agent["name"] != "AMD Radeon Graphics":
-            dev.name = agent["name"]
+            dev.name = with_vendor(AMD, agent["name"])
         if agent.get("gfx_target"):
             dev.gfx_target = agent["gfx_target"]
             dev.architecture = families.amd_family(dev.gfx_target)
@@ -158,14 +173,15 @@ def windows(raw: dict[str, Any], arch: str) -> Hardware:
     for kind, (bus, v, d), item in entries:
         dev = describe_pci(v, d, kind, db.get((v, d)) if bus == "pci" else None, str(item.get("Name") or ""))
         dev.name = str(item.get("Name") or dev.name).replace("(R)", "").replace("(TM)", "").strip()
-        dev.name = re.sub(r"\s+", " ", dev.name)
+        dev.name = with_vendor(dev.vendor, re.sub(r"\s+", " ", dev.name))
         dev.source = "cim"
         if kind == "gpu":
             dev.driver_version = _win_driver_version(dev.vendor, str(item.get("DriverVersion") or "")) or None
             ram = parse._int(item.get("AdapterRAM"))
-            dev.vram_bytes = mem.get((v, d)) or (ram if ram and 0 < ram < 0xFFF00000 else None)
-            if dev.vram_bytes is None and ram and ram >= 0xFFF00000:
-                dev.vram_bytes = 4 * 2**30          # "4 GiB or more": AdapterRAM saturates there
+            # AdapterRAM is 32-bit (it saturates at 4 GiB) and on iGPUs it is a share of system memory:
+            # trust it only below the cap and on discrete parts; the registry's 64-bit size is better
+            usable = ram if ram and 0 < ram < 0xFFF00000 and dev.integrated is False else None
+            dev.vram_bytes = mem.get((v, d)) or usable
         hw.devices.append(dev)
     nv = [d for d in hw.gpus if d.vendor == NVIDIA]
     for row in raw.get("nvidia_smi", []):

@@ -74,9 +74,14 @@ def parse_cpuinfo(text: str, arch: str) -> CPU:
         model = _ARM_PARTS.get(part) if cpu.vendor == "arm" else None
         model = model or f"{cpu.vendor} CPU part {part}"
     cpu.model = re.sub(r"\s+", " ", model).strip() if model else "unknown"
-    cpu.threads = len(procs) or None
-    cores = {(p.get("physical id", "0"), p.get("core id")) for p in procs if "core id" in p}
-    cpu.cores = len(cores) if cores else cpu.threads
+    sockets = len({p.get("physical id", "0") for p in procs}) or 1
+    if _int(first.get("cpu cores")) and _int(first.get("siblings")):
+        # x86: per-socket counts, so a listing of one processor per socket is enough
+        cpu.cores = _int(first["cpu cores"]) * sockets  # type: ignore[operator]
+        cpu.threads = max(_int(first["siblings"]) * sockets, len(procs))  # type: ignore[operator]
+    else:
+        cpu.threads = len(procs) or None
+        cpu.cores = cpu.threads
     return cpu
 
 
@@ -153,11 +158,14 @@ _LSPCI = re.compile(
 
 
 def parse_lspci_nn(text: str) -> list[PciRecord]:
-    """``lspci -nn`` -> one record per function (class, ids and the name lspci printed)."""
-    out = []
+    """``lspci -nn`` (or ``-nnk``) -> one record per function: class, ids, the name lspci printed, driver."""
+    out: list[PciRecord] = []
     for line in text.splitlines():
-        m = _LSPCI.match(line.strip())
+        m = _LSPCI.match(line.strip()) if not line.startswith(("\t", " ")) else None
         if not m:
+            drv = re.match(r"\s+Kernel driver in use:\s*(\S+)", line)
+            if drv and out:
+                out[-1].driver = drv[1]
             continue
         slot = m["slot"].lower()
         if slot.count(":") == 1:

@@ -28,6 +28,16 @@ KNOWN_NPUS = {
     ("1022", "17f0"): "AMD NPU (XDNA 2)",
 }
 
+#: display-only adapters found on servers, VMs and WSL2: named so the report reads well, never used
+KNOWN_DISPLAY_ONLY = {
+    ("1a03", "2000"): "ASPEED Graphics Family (server BMC)",
+    ("1414", "008e"): "Microsoft Basic Render Driver (WSL2 GPU paravirtualization)",
+    ("1234", "1111"): "QEMU standard VGA",
+    ("1af4", "1050"): "Virtio GPU",
+    ("15ad", "0405"): "VMware SVGA II",
+    ("102b", "0536"): "Matrox G200eW3 (server BMC)",
+}
+
 PCI_IDS_PATHS = ("usr/share/hwdata/pci.ids", "usr/share/misc/pci.ids", "usr/share/pci.ids")
 
 
@@ -55,8 +65,9 @@ def lookup(ids: set[tuple[str, str]], pci_ids_text: str | None = None) -> dict[t
             chip, market = split_db_name(raw)
             out[key] = DbEntry(raw, chip, market, source="pci.ids")
     for key in ids - set(out):
-        if key in KNOWN_NPUS:
-            out[key] = DbEntry(KNOWN_NPUS[key], None, KNOWN_NPUS[key], discrete=False, source="sdrt")
+        name = KNOWN_NPUS.get(key) or KNOWN_DISPLAY_ONLY.get(key)
+        if name:
+            out[key] = DbEntry(name, None, name, discrete=False, source="sdrt")
     return out
 
 

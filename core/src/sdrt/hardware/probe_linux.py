@@ -40,8 +40,10 @@ def gather(ctx: Context) -> dict[str, Any]:
 def _pci(ctx: Context) -> tuple[list[parse.PciRecord], str]:
     base = ctx.path(PCI_DEVICES)
     if not base.is_dir():
-        out = ctx.cmd("lspci", ["lspci", "-nn"])
-        return (parse.parse_lspci_nn(out), "lspci") if out else ([], "none")
+        out = ctx.cmd("lspci", ["lspci", "-nnk"])
+        records = [r for r in parse.parse_lspci_nn(out or "")
+                   if parse.is_accelerator_class(r.class_code) or (r.vendor_id, r.device_id) in KNOWN_NPUS]
+        return (records, "lspci") if out else ([], "none")
     records = []
     for dev in sorted(base.iterdir()):
         cls = parse.parse_class(ctx.read(dev / "class"))
@@ -105,8 +107,8 @@ def nvidia_smi(ctx: Context, exe: str = "nvidia-smi") -> list[dict[str, Any]]:
             if name == "nvidia-smi-old":
                 del ctx.notes[notes - 1:notes]        # the first try failing was expected
             return parse.parse_nvidia_smi(out, fields)
-        if len(ctx.notes) == notes:                   # not installed: no point in retrying
-            return []
+        if len(ctx.notes) == notes or "compute_cap" not in ctx.notes[-1]:
+            return []                                 # not installed, or broken beyond the field list
     return []
 
 

@@ -75,7 +75,9 @@ def recommend(hw: Hardware) -> Recommendation:
         plugin, build, why = plugin_for(best, hw)  # type: ignore[misc]
         if plugin == "openvino":
             return _openvino(hw, why)
-        used = [g for g in gpus if plugin_for(g, hw)[:2] == (plugin, build)]  # type: ignore[index]
+        # twins of the chosen GPU (same maker, same plugin and build, also discrete or also integrated)
+        used = [g for g in gpus if g is best or (g.vendor == best.vendor and g.integrated == best.integrated
+                                                 and plugin_for(g, hw)[:2] == (plugin, build))]  # type: ignore[index]
         reason = why
         if len(gpus) > 1 or len(hw.gpus) > len(gpus):
             reason += "; it is the strongest GPU here"
@@ -117,7 +119,7 @@ def _finish(hw: Hardware, plugin: str, build: str | None, reason: str, used: lis
         if target is None:
             why = f"no sdrt plugin drives {dev.vendor} {dev.kind.upper()}s"
         elif target[:2] == (plugin, build):
-            why = "same plugin, weaker device"
+            why = "integrated GPU; the discrete one is stronger" if dev.integrated else "a weaker GPU"
         else:
             label = target[0] + (f" ({target[1]} build)" if target[1] else "")
             why = f"would need {label}; sdrt installs one plugin and {plugin} covers the strongest device"
