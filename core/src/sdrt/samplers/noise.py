@@ -70,20 +70,13 @@ def _mt_key(seed32: int) -> np.ndarray:
 
 def _shape(shape: int | Sequence[int]) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    try:
-        out = tuple(int(d) for d in dims)
-    except (TypeError, ValueError):
-        out = ()
-        bad = True
-    else:
-        bad = any(d < 0 for d in out)
-    if bad:
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in dims):
         raise SamplerError(
             f"bad noise shape {shape!r}",
             where="sdrt.samplers.randn",
             fix="pass a tuple of non-negative ints such as (1, 4, 64, 64)",
         )
-    return out
+    return tuple(int(d) for d in dims)
 
 
 class TorchGenerator:

@@ -184,14 +184,21 @@ def _betainc(a: float, b: float, x: np.ndarray) -> np.ndarray:
 
 
 def _beta_ppf(q: np.ndarray, a: float, b: float) -> np.ndarray:
-    """Inverse of ``_betainc`` by bisection (to float64 resolution)."""
+    """Inverse of ``_betainc``: bisection to a 2**-20 bracket, then Newton steps inside it."""
     q = np.asarray(q, dtype=np.float64)
     lo, hi = np.zeros_like(q), np.ones_like(q)
-    for _ in range(64):
+    for _ in range(20):
         mid = 0.5 * (lo + hi)
         below = _betainc(a, b, mid) < q
         lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-    return np.where(q <= 0, 0.0, np.where(q >= 1, 1.0, 0.5 * (lo + hi)))
+    x = 0.5 * (lo + hi)
+    log_norm = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for _ in range(6):
+            pdf = np.exp(log_norm + (a - 1) * np.log(x) + (b - 1) * np.log1p(-x))
+            step = np.where(pdf > 0, (_betainc(a, b, x) - q) / pdf, 0.0)
+            x = np.clip(x - step, lo, hi)
+    return np.where(q <= 0, 0.0, np.where(q >= 1, 1.0, x))
 
 
 def beta(n: int, ms: Any, alpha: float = 0.6, beta: float = 0.6) -> np.ndarray:
@@ -200,7 +207,12 @@ def beta(n: int, ms: Any, alpha: float = 0.6, beta: float = 0.6) -> np.ndarray:
     table = np.asarray(ms.sigmas, dtype=np.float64)
     total = len(table) - 1
     ts = 1 - np.linspace(0, 1, n, endpoint=False)
-    ts = np.rint(_beta_ppf(ts, alpha, beta) * total)
+    # At the symmetric midpoint (q = 0.5, every even n with alpha == beta) the exact ppf is 0.5 and
+    # 0.5 * 999 is a tie that rint sends to the even neighbour; snap values within 1e-7 of a tie onto
+    # it so that our last-bit differences from scipy (which ComfyUI uses) cannot flip the rounding.
+    v = _beta_ppf(ts, alpha, beta) * total
+    near_tie = np.abs(v - np.floor(v) - 0.5) < 1e-7
+    ts = np.rint(np.where(near_tie, np.floor(v) + 0.5, v))
     sigs: list[float] = []
     last = -1.0
     for t in ts:
