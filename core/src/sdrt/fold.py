@@ -36,6 +36,9 @@ log = logging.getLogger("sdrt.graph.fold")
 FOLDED_KEY = "sdrt.folded"
 NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
                     "Bernoulli", "Dropout"}
+#: ops whose output can be far larger than their inputs: folded only when inference knows the output size
+EXPANDING = {"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Upsample", "Pad", "OneHot", "EyeLike",
+             "Einsum", "MatMul", "Gemm", "Conv", "ConvTranspose", "Col2Im", "CenterCropPad"}
 
 
 def folded_record(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -161,15 +164,24 @@ def _try_fold(node: Any, const_names: set[str], value: Any, shapes: dict[str, An
     if not all(n in const_names for n in names):
         return None
     feeds = {n: value(n) for n in dict.fromkeys(names)}
+    in_bytes = sum(a.nbytes for a in feeds.values())
+    # check the size before computing: a hostile or huge ConstantOfShape must not be materialized
+    limit = max(max_bytes, 4 * in_bytes)
+    for out in node.output:
+        vi = shapes.get(out)
+        dims = _static_dims(vi)
+        if dims is not None and (onnxfile.nbytes_of(vi.type.tensor_type.elem_type, dims) or 0) > limit:
+            return None
+        if dims is None and node.op_type in EXPANDING:
+            return None
     try:
         results = _evaluate(node, feeds, opsets, ir_version)
     except Exception as exc:  # noqa: BLE001 - an op the evaluator cannot do is simply not folded
         log.debug("not folding %s (%s): %s", node.name, node.op_type, exc)
         return None
-    in_bytes = sum(a.nbytes for a in feeds.values())
     if any(not isinstance(r, np.ndarray) for r in results.values()):
         return None
-    if sum(r.nbytes for r in results.values()) > max(max_bytes, 4 * in_bytes):
+    if sum(r.nbytes for r in results.values()) > limit:
         return None
     return results
 

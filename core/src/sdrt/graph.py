@@ -27,6 +27,9 @@ log = logging.getLogger("sdrt.graph")
 
 #: metadata key that marks a graph written by ``sdrt strip``; its value names the weights file
 STRIPPED_KEY = "sdrt.stripped_weights"
+#: with ``load_external=None``, external data up to this total is read into ``graph.model``; above it
+#: (protobuf cannot serialize a model above 2 GiB anyway) it stays mapped from disk
+MAX_INLINE_BYTES = 2**31 - 2**20
 
 
 def _tensor_info(value_info: Any) -> TensorInfo:
@@ -83,9 +86,10 @@ class Graph:
 
         External data is checked (inside the model folder, present, long
         enough). ``load_external`` says whether to read it into ``model``:
-        ``None`` (default) reads it for normal models and leaves it as mapped
-        references for graphs written by ``sdrt strip``. ``base_dir`` is the
-        folder for external data when loading from bytes.
+        ``None`` (default) reads it for normal models below 2 GiB and leaves it
+        as mapped references (``mapped_initializers``) for larger models and for
+        graphs written by ``sdrt strip``. ``base_dir`` is the folder for
+        external data when loading from bytes.
         """
         if isinstance(source, (bytes, bytearray, memoryview)):
             where = "<bytes>"
@@ -103,16 +107,22 @@ class Graph:
             model = onnxfile.parse_model(onnxfile.read_file(path), where)
             folder = Path(base_dir) if base_dir is not None else path.parent
         stripped = any(p.key == STRIPPED_KEY for p in model.metadata_props)
-        eager = (not stripped) if load_external is None else load_external
+        refs = [(t, onnxfile.external_ref(t, folder, where, must_exist=load_external is True or not stripped))
+                for t in model.graph.initializer if onnxfile.uses_external(t)]
+        eager = load_external
+        if eager is None:
+            total = sum(r.length for _, r in refs if r is not None)
+            eager = not stripped and total < MAX_INLINE_BYTES
+            if not eager and not stripped:
+                log.info("%s: %.2f GiB of external data stays mapped (above protobuf's 2 GiB limit)",
+                         where, total / 2**30)
         external: dict[str, onnxfile.ExternalRef | None] = {}
-        for t in model.graph.initializer:  # top-level initializers may stay mapped
-            if onnxfile.uses_external(t):
-                ref = onnxfile.external_ref(t, folder, where, must_exist=eager or not stripped)
-                if eager:
-                    assert ref is not None
-                    onnxfile.inline(t, onnxfile.read_external(ref, where))
-                else:
-                    external[t.name] = ref
+        for t, ref in refs:  # top-level initializers may stay mapped
+            if eager:
+                assert ref is not None
+                onnxfile.inline(t, onnxfile.read_external(ref, where))
+            else:
+                external[t.name] = ref
         for t in onnxfile.iter_tensors(model.graph, top_initializers=False):  # anything else is read in
             if onnxfile.uses_external(t):
                 ref = onnxfile.external_ref(t, folder, where)

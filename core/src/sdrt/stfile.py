@@ -140,7 +140,26 @@ def map_entry(path: Path, entry: Entry) -> np.ndarray:
     return np.asarray(raw).view(entry.dtype).reshape(entry.shape)
 
 
-def write(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+@dataclass(frozen=True)
+class FileSlice:
+    """Tensor bytes that already sit in a file (little-endian, C order): copied file to file
+    by ``write``, so a multi-GB tensor never passes through memory or the page-cache mapping."""
+
+    path: Path
+    offset: int
+    length: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.length
+
+
+Tensor = np.ndarray | FileSlice
+
+
+def write(path: str | os.PathLike[str], tensors: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]],
           metadata: Mapping[str, str] | None = None) -> dict[str, tuple[int, int]]:
     """Write a safetensors file (atomically: temporary file, then rename).
 
@@ -153,6 +172,9 @@ def write(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray] | Iter
     pos = 0
     for name, arr in items:
         n = int(arr.nbytes)
+        if isinstance(arr, FileSlice) and n != math.prod(arr.shape) * np.dtype(arr.dtype).itemsize:
+            raise WeightsError(f"tensor {name!r}: {n} bytes for shape {list(arr.shape)} of {arr.dtype}",
+                               where=str(arr.path), fix="check the source file")
         header[name] = {"dtype": st_code(arr.dtype), "shape": [int(d) for d in arr.shape], "data_offsets": [pos, pos + n]}
         pos += n
     if metadata:
@@ -176,7 +198,18 @@ def write(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray] | Iter
     return {name: (start + header[name]["data_offsets"][0], int(arr.nbytes)) for name, arr in items}
 
 
-def _write_array(f: BinaryIO, arr: np.ndarray, chunk: int = 64 << 20) -> None:
+def _write_array(f: BinaryIO, arr: Tensor, chunk: int = 64 << 20) -> None:
+    if isinstance(arr, FileSlice):
+        with open(arr.path, "rb") as src:
+            src.seek(arr.offset)
+            left = arr.length
+            while left > 0:
+                block = src.read(min(chunk, left))
+                if not block:
+                    raise OSError(f"{arr.path} ended {left} bytes early")
+                f.write(block)
+                left -= len(block)
+        return
     a = np.asarray(arr)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))

@@ -59,7 +59,12 @@ def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os
         if onnxfile.nbytes_of(t.data_type, t.dims) is None:  # strings cannot go into safetensors
             kept_inline.append(t.name)
             continue
-        items.append((t.name, graph._array(t)))
+        ref = graph._external.get(t.name)
+        if ref is not None:  # mapped external data: copied file to file, never through memory
+            items.append((t.name, stfile.FileSlice(ref.path, ref.offset, ref.length, onnxfile.np_dtype(t.data_type),
+                                                   tuple(int(d) for d in t.dims))))
+        else:
+            items.append((t.name, graph._array(t)))
     if kept_inline:
         log.warning("kept %d string initializers inline: %s", len(kept_inline), ", ".join(kept_inline))
     offsets = stfile.write(out_weights, items, {"sdrt.source": graph.name, "format": "sdrt-stripped"})
