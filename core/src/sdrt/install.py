@@ -157,7 +157,7 @@ def install(plugin: str | None = None, *, dry_run: bool = False, use_uv: bool = 
     rc, tail = _run(p.argv, env, echo)
     after = snapshot(p.python)
     if rc != 0:
-        restored = restore(p.python, before, after)
+        restored = restore(p.python, before, after, _source_args(extra_args))
         state = "the environment is as it was" if restored else \
             "and putting the environment back failed too; run `pip check` and reinstall what it lists"
         raise InstallError(
@@ -185,8 +185,11 @@ def snapshot(python: str) -> dict[str, str]:
     return {normalize(k): v for k, v in json.loads(out).items()}
 
 
-def restore(python: str, before: dict[str, str], after: dict[str, str]) -> bool:
-    """Undo an install: remove what was added, put back what changed. True when the env matches ``before``."""
+def restore(python: str, before: dict[str, str], after: dict[str, str], extra_args: Sequence[str] = ()) -> bool:
+    """Undo an install: remove what was added, put back what changed. True when the env matches ``before``.
+
+    ``extra_args`` (``--find-links``, ``--index-url``...) tell pip where the old versions come from.
+    """
     added = sorted(k for k in after if k not in before)
     changed = sorted(k for k in before if k in after and after[k] != before[k])
     removed = sorted(k for k in before if k not in after)
@@ -194,7 +197,7 @@ def restore(python: str, before: dict[str, str], after: dict[str, str]) -> bool:
     if added:
         _run([*pip, "uninstall", "-y", *added], dict(os.environ), None)
     if changed or removed:
-        _run([*pip, "install", "--no-deps", *(f"{k}=={before[k]}" for k in changed + removed)],
+        _run([*pip, "install", "--no-deps", *(f"{k}=={before[k]}" for k in changed + removed), *extra_args],
              dict(os.environ), None)
     ok = snapshot(python) == before
     if not ok:
@@ -211,6 +214,17 @@ def _pip(python: str) -> list[str]:
 
 def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _source_args(args: Sequence[str]) -> list[str]:
+    """The options of ``args`` that say where packages come from (for pip's restore run)."""
+    out, it = [], iter(args)
+    for a in it:
+        if a in ("--find-links", "-f", "--index-url", "-i", "--extra-index-url"):
+            out += [a, next(it, "")]
+        elif a == "--no-index" or a.startswith(("--find-links=", "--index-url=", "--extra-index-url=")):
+            out.append(a)
+    return out
 
 
 def _dry_run_argv(p: InstallPlan) -> list[str]:
