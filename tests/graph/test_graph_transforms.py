@@ -118,6 +118,40 @@ def test_fold_constants_without_pinning_keeps_the_dynamic_chain(chain):
     np.testing.assert_array_equal(M.run_reference(folded, {"x": x})["y"], M.run_reference(chain, {"x": x})["y"])
 
 
+def test_fold_after_pinning_only_the_gathered_dim(chain):
+    """batch pinned, seq still dynamic: Shape -> Gather(0) folds from the known dim alone."""
+    folded = chain.with_shapes(batch=2).fold_constants()
+    assert folded.op_counts() == {"Reshape": 1, "MatMul": 1}
+    x = np.random.default_rng(2).standard_normal((2, 3, 8)).astype(np.float32)
+    with pytest.raises(ModelError):
+        folded.with_shapes(x=(3, 3, 8))  # batch is fixed now
+    np.testing.assert_array_equal(M.run_reference(folded, {"x": x})["y"], M.run_reference(chain, {"x": x})["y"])
+
+
+def test_fold_partial_shape_slice_and_unknown_dim():
+    from onnx import TensorProto, helper, numpy_helper
+
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    g = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"]),
+         helper.make_node("Slice", ["s", "st", "en", "", ""], ["tail"]),  # dims 1.. : [seq?, 8]
+         helper.make_node("Slice", ["s", "st2", "en2"], ["last"]),  # dims 2.. : [8]
+         helper.make_node("Concat", ["minus_one", "last"], ["shape"], axis=0),
+         helper.make_node("Reshape", ["x", "shape"], ["y"]),
+         helper.make_node("Cast", ["tail"], ["t"], to=TensorProto.INT64)],
+        "p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "seq", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8]),
+         helper.make_tensor_value_info("t", TensorProto.INT64, [2])],
+        [i64("st", [1]), i64("en", [3]), i64("st2", [2]), i64("en2", [2**62]), i64("minus_one", [-1])])
+    graph = Graph.load(helper.make_model(g, opset_imports=M.OPSET, ir_version=M.IR).SerializeToString())
+    folded = graph.fold_constants()
+    counts = folded.op_counts()
+    assert counts["Slice"] == 1 and "Concat" not in counts  # the tail keeps the unknown seq; the last dim folds
+    x = np.ones((2, 5, 8), np.float32)
+    for name in ("y", "t"):
+        np.testing.assert_array_equal(M.run_reference(folded, {"x": x})[name], M.run_reference(graph, {"x": x})[name])
+
+
 def test_fold_keeps_weights_by_name_unless_asked():
     from onnx import TensorProto, helper, numpy_helper
 

@@ -125,11 +125,12 @@ def _fold_pass(model: onnx.ModelProto, view: Graph, max_bytes: int, fold_weights
         shapes = {}
     shapes.update({v.name: v for v in g.input})
     opsets = list(model.opset_import)
+    partial: dict[str, list[int | None]] = {}  # Shape outputs with some dims known
     keep: list[Any] = []
     new_inits: list[Any] = []
     changed = False
     for node in g.node:
-        outs = _try_fold(node, const_names, value, shapes, opsets, model.ir_version, max_bytes)
+        outs = _try_fold(node, const_names, value, shapes, opsets, model.ir_version, max_bytes, partial)
         if outs is None:
             keep.append(node)
             continue
@@ -146,20 +147,27 @@ def _fold_pass(model: onnx.ModelProto, view: Graph, max_bytes: int, fold_weights
 
 
 def _try_fold(node: Any, const_names: set[str], value: Any, shapes: dict[str, Any], opsets: list[Any],
-              ir_version: int, max_bytes: int) -> dict[str, np.ndarray] | None:
+              ir_version: int, max_bytes: int, partial: dict[str, list[int | None]]) -> dict[str, np.ndarray] | None:
     if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC:
         return None
     if any(a.HasField("g") or len(a.graphs) for a in node.attribute):
         return None
     if node.op_type in ("Shape", "Size") and node.input and node.input[0] not in const_names:
-        dims = _static_dims(shapes.get(node.input[0]))
+        dims = _known_dims(shapes.get(node.input[0]))
         if dims is None:
+            return None
+        if node.op_type == "Shape":
+            attrs = {a.name: a.i for a in node.attribute}
+            dims = dims[slice(attrs.get("start", 0), attrs["end"] if "end" in attrs else None)]
+        if any(d is None for d in dims):
+            if node.op_type == "Shape":
+                partial[node.output[0]] = dims
             return None
         if node.op_type == "Size":
             return {node.output[0]: np.array(int(np.prod(dims)), dtype=np.int64)}
-        attrs = {a.name: a.i for a in node.attribute}
-        start, end = attrs.get("start", 0), attrs.get("end", len(dims))
-        return {node.output[0]: np.array(dims[slice(start, end if "end" in attrs else None)], dtype=np.int64)}
+        return {node.output[0]: np.array(dims, dtype=np.int64)}
+    if node.op_type in ("Gather", "Slice") and node.input and node.input[0] in partial:
+        return _fold_partial_shape(node, partial[node.input[0]], const_names, value)
     names = [n for n in node.input if n]
     if not all(n in const_names for n in names):
         return None
@@ -184,6 +192,44 @@ def _try_fold(node: Any, const_names: set[str], value: Any, shapes: dict[str, An
     if sum(r.nbytes for r in results.values()) > limit:
         return None
     return results
+
+
+def _known_dims(vi: Any) -> list[int | None] | None:
+    """Dims of a value, None for each unknown one; None when even the rank is unknown."""
+    if vi is None or not vi.type.tensor_type.HasField("shape"):
+        return None
+    return [int(d.dim_value) if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+
+
+def _fold_partial_shape(node: Any, dims: list[int | None], const_names: set[str], value: Any
+                        ) -> dict[str, np.ndarray] | None:
+    """Gather/Slice of a Shape whose picked dims are all known: the exporter's
+    ``Shape -> Gather(1)`` on a tensor pinned only in that dim."""
+    rest = [n for n in node.input[1:] if n]
+    if not all(n in const_names for n in rest):
+        return None
+    try:
+        if node.op_type == "Gather":
+            if any(a.name == "axis" and a.i != 0 for a in node.attribute):
+                return None
+            idx = np.asarray(value(node.input[1]))
+            if idx.dtype.kind not in "iu" or idx.ndim > 1:
+                return None
+            picked = [dims[int(i)] for i in idx.reshape(-1)]
+            out = np.array(picked, dtype=object).reshape(idx.shape)
+        else:
+            args = [np.asarray(value(n)).reshape(-1) if n else None for n in node.input[1:]]
+            args += [None] * (4 - len(args))
+            if args[0] is None or args[1] is None or len(args[0]) != 1 or (args[2] is not None and list(args[2]) not in ([0], [-1])):
+                return None
+            step = int(args[3][0]) if args[3] is not None and len(args[3]) else 1
+            picked = dims[slice(int(args[0][0]), int(args[1][0]), step)]
+            out = np.array(picked, dtype=object)
+    except (IndexError, ValueError, TypeError, OverflowError):
+        return None
+    if any(d is None for d in out.reshape(-1)):
+        return None
+    return {node.output[0]: out.astype(np.int64)}
 
 
 def _static_dims(vi: Any) -> list[int] | None:
