@@ -316,7 +316,8 @@ def _run(fn, model, x, sigmas, name, extra=None):  # noqa: ANN001, ANN201
     if name == "dpmpp_2m_sde_heun":
         kwargs["solver_type"] = "heun"
     with torch.no_grad():
-        y = fn(model, x.clone(), sigmas, extra_args=extra or {}, disable=True, **kwargs)
+        # A fresh copy each time: ComfyUI's uni_pc writes 0.001 into sigmas[-1] in place.
+        y = fn(model, x.clone(), sigmas.clone(), extra_args=extra or {}, disable=True, **kwargs)
     calls = np.array(noise.calls, dtype=np.float64).reshape(-1, 2) if noise is not None else np.zeros((0, 2))
     return y.double().numpy(), calls
 
@@ -332,7 +333,7 @@ def gen_samplers(out: Path, kd, comfy) -> None:  # noqa: ANN001
     }
     x0 = torch.from_numpy(start_noise())
     for sname, sig in eps_sigmas.items():
-        data[f"sigmas_{sname}"] = sig.numpy()
+        data[f"sigmas_{sname}"] = sig.numpy().copy()
         x = x0 * sig[0]
         for name in KD_SAMPLERS:
             fn = getattr(kd, "sample_" + ("dpmpp_2m_sde" if name == "dpmpp_2m_sde_heun" else name))
@@ -352,7 +353,7 @@ def gen_samplers(out: Path, kd, comfy) -> None:  # noqa: ANN001
     sd3 = comfy.ms.SD3()
     sd3.set_parameters(shift=3.0, multiplier=1000)
     fsig = torch.from_numpy(comfy.sched["simple_scheduler"](sd3, 8).double().numpy())
-    data["sigmas_flow8"] = fsig.numpy()
+    data["sigmas_flow8"] = fsig.numpy().copy()
     fmodel = ComfyModel(flow_denoiser(mu), sd3)
     xf = x0 * fsig[0] + (1 - fsig[0]) * 0  # noise_scaling for a pure-noise start
     for name in FLOW_SAMPLERS:

@@ -190,8 +190,12 @@ def _lms_coeff(order: int, t: list[float], i: int, j: int) -> float:
 
 
 def lms(model: Model, x: np.ndarray, sigmas: Any, *, extra_args: Mapping[str, Any] | None = None,
-        callback: Callback | None = None, order: int = 4) -> np.ndarray:
-    """Linear multistep in sigma (k-diffusion ``sample_lms``; coefficients integrated exactly)."""
+        callback: Callback | None = None, order: int = 4, denoise_last: bool = True) -> np.ndarray:
+    """Linear multistep in sigma (k-diffusion ``sample_lms``; coefficients integrated exactly).
+
+    ``denoise_last=True`` (ComfyUI) lands the step to sigma 0 on the denoised
+    estimate; ``False`` (crowsonkb/k-diffusion, A1111) takes a multistep step there too.
+    """
     x, s, kw, _ = prepare(x, sigmas, extra_args, "sampler lms")
     ds: list[np.ndarray] = []
     for i in range(len(s) - 1):
@@ -200,7 +204,7 @@ def lms(model: Model, x: np.ndarray, sigmas: Any, *, extra_args: Mapping[str, An
         if len(ds) > order:
             ds.pop(0)
         emit(callback, x, i, s[i], s[i], denoised)
-        if s[i + 1] == 0:
+        if s[i + 1] == 0 and denoise_last:
             x = denoised
         else:
             cur = min(i + 1, order)

@@ -60,7 +60,8 @@ def deis_coefficients(sigmas: Any, max_order: int = 3, n: int = 10000) -> list[l
         dtau = (t[i + 1] - t[i]) / n
         log_alpha_grad = -taus * (b1 - b0) - b0
         alpha = np.exp(-0.5 * taus**2 * (b1 - b0) - taus * b0)
-        integrand = -0.5 * log_alpha_grad / np.sqrt(alpha * (1 - alpha))
+        with np.errstate(divide="ignore", invalid="ignore"):  # t = 0 (sigma 0) on a final, first-order step
+            integrand = -0.5 * log_alpha_grad / np.sqrt(alpha * (1 - alpha))
         prev = [t[i - k] for k in range(order)]
         row = []
         for j in range(order):

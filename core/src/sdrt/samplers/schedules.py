@@ -178,8 +178,12 @@ def _betainc(a: float, b: float, x: np.ndarray) -> np.ndarray:
     xi = np.where(inner, x, 0.5)
     lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
     front = np.exp(lbeta + a * np.log(xi) + b * np.log1p(-xi))
-    direct = (xi < (a + 1) / (a + b + 2))
-    val = np.where(direct, front * _betacf(a, b, xi) / a, 1.0 - front * _betacf(b, a, 1.0 - xi) / b)
+    direct = xi < (a + 1) / (a + b + 2)
+    val = np.empty_like(xi)
+    if np.any(direct):
+        val[direct] = front[direct] * _betacf(a, b, xi[direct]) / a
+    if np.any(~direct):
+        val[~direct] = 1.0 - front[~direct] * _betacf(b, a, 1.0 - xi[~direct]) / b
     return np.where(inner, val, out)
 
 
