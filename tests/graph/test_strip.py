@@ -65,6 +65,8 @@ def test_stripped_graph_with_other_weights_and_no_default_file(tmp_path, registr
     np.testing.assert_array_equal(y, M.run_reference(ref, {"x": X})["y"])
     with pytest.raises(ModelError, match="is missing"):
         _run(g)  # no weights given and its own file is gone
+    # transforms still work without the weights: nothing is read
+    assert g.with_shapes(batch=3).fold_constants().outputs[0].shape == (3, 4)
 
 
 def test_stripped_graph_with_wrong_weights_lists_every_problem(tmp_path, registry):
