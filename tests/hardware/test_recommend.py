@@ -40,6 +40,7 @@ def test_nvidia_rules(cc, os, arch, plugin, build):
     ("gfx942", "Linux", "migraphx", None), ("gfx90a", "Linux", "migraphx", None),
     ("gfx950", "Linux", "migraphx", None), ("gfx1151", "Linux", "migraphx", None),
     ("gfx1103", "Linux", "ggml", "vulkan"), ("gfx1030", "Linux", "ggml", "vulkan"),
+    ("gfx1102", "Linux", "ggml", "vulkan"),        # RX 7600: AMD supports it on Windows only
     ("gfx803", "Linux", "ggml", "vulkan"), (None, "Linux", "ggml", "vulkan"),
     ("gfx1100", "Windows", "ggml", "vulkan"),
 ])

@@ -12,10 +12,10 @@ from .model import AMD, APPLE, INTEL, NVIDIA, Accelerator, Hardware, Recommendat
 #: compute capabilities TensorRT-RTX 1.x builds for, on Linux x86-64 and Windows x64
 #: (TensorRT-RTX support matrix: 7.5 Turing, 8.6 Ampere, 8.9 Ada, 12.0 Blackwell; not 8.0/9.0/10.0 data-center parts)
 TRT_RTX_CC = {(7, 5), (8, 6), (8, 9), (12, 0)}
-#: gfx targets on the ROCm (hence MIGraphX) Linux support list: Instinct MI100..MI355, Radeon RX/PRO 7000 and 9000,
-#: Ryzen AI 300 / Max (Strix, Strix Halo). gfx1103 (Radeon 780M/760M iGPU) and RDNA 2 Radeon RX are not on it.
-MIGRAPHX_GFX = {"gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1102", "gfx1150", "gfx1151",
-                "gfx1200", "gfx1201"}
+#: gfx targets MIGraphX runs on under Linux: Instinct MI200/MI300/MI350, Radeon RX/PRO 7900-7700 and 9000, Ryzen AI
+#: 300 / Max. Narrower than "gfx110x": AMD does not support the RX 7600 (gfx1102) on Linux, and gfx1103 (Radeon
+#: 780M/760M iGPUs) is on no ROCm list. RDNA 2 (gfx1030) is listed for PRO W6800/V620 only, so Radeon RX go to Vulkan.
+MIGRAPHX_GFX = {"gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1150", "gfx1151", "gfx1200", "gfx1201"}
 
 PLUGINS = ("trt", "migraphx", "openvino", "coreml", "ggml")
 
