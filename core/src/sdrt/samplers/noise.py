@@ -29,6 +29,7 @@ scalar kernel by default; pass ``kernel="avx2"`` for the other one.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -198,19 +199,22 @@ class brownian_interval:  # noqa: N801 - a small value type used like a function
     seed and the node's position. So ``W(s, t)`` depends only on the seed and
     on ``s, t``, never on the order of queries, which is what SDE samplers
     need (the same noise when a step is evaluated twice). Query points are
-    resolved to within ``tol`` by descending the tree; below that the path is
-    linearly interpolated.
+    resolved to within ``tol`` (default ``(t1 - t0) * 2**-40``) by descending
+    the tree; below that the path is linearly interpolated. The most recently
+    used nodes are cached (``cache_size`` arrays of the noise shape).
     """
 
-    def __init__(self, shape: Sequence[int], t0: float, t1: float, seed: int, *, tol: float = 1e-6,
-                 dtype: type | np.dtype = np.float32) -> None:
+    def __init__(self, shape: Sequence[int], t0: float, t1: float, seed: int, *, tol: float | None = None,
+                 dtype: type | np.dtype = np.float32, cache_size: int = 64) -> None:
         if not t0 < t1:
             raise SamplerError(f"Brownian interval needs t0 < t1, got [{t0}, {t1}]",
                                where="sdrt.samplers.brownian_interval", fix="pass the sigma range in increasing order")
-        self.shape, self.t0, self.t1, self.tol, self.dtype = tuple(shape), float(t0), float(t1), float(tol), dtype
+        self.shape, self.t0, self.t1, self.dtype = tuple(shape), float(t0), float(t1), dtype
+        self.tol = float(tol) if tol is not None else (self.t1 - self.t0) * 2.0**-40
         self.seed = int(seed) % _U64
         self._total = self._normal(self.seed, 0) * math.sqrt(self.t1 - self.t0)
-        self._cache: dict[tuple[int, int], np.ndarray] = {}
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._cache_size = int(cache_size)
 
     def _normal(self, seed: int, salt: int) -> np.ndarray:
         rng = np.random.Generator(np.random.PCG64(_split_seed(seed, salt)))
@@ -229,12 +233,15 @@ class brownian_interval:  # noqa: N801 - a small value type used like a function
             if t == b:
                 return wb
             mid = 0.5 * (a + b)
-            wm = self._cache.get((node, 0))
+            wm = self._cache.get(node)
             if wm is None:
                 # Brownian bridge midpoint: mean of the ends, variance (b - a) / 4.
                 wm = 0.5 * (wa + wb) + self._normal(self.seed, node) * (0.5 * math.sqrt(b - a))
-                if len(self._cache) < 4096:
-                    self._cache[(node, 0)] = wm
+                self._cache[node] = wm
+                if len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(node)
             if t < mid:
                 b, wb, node = mid, wm, 2 * node
             else:
