@@ -146,7 +146,53 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
             elif d.HasField("dim_param") and d.dim_param in bindings:
                 d.dim_value = bindings[d.dim_param]
     apply_inferred(model, infer(model, f"Graph.with_shapes on {graph.name}"))
+    if not _all_static(model):
+        _complete_with_folding(graph, model)
     return model
+
+
+def _all_static(model: onnx.ModelProto) -> bool:
+    infos = {v.name: v for v in list(model.graph.value_info) + list(model.graph.output)}
+    for node in model.graph.node:
+        for o in node.output:
+            if o and (o not in infos or not _static(infos[o])):
+                return False
+    return True
+
+
+def _static(vi: Any) -> bool:
+    tt = vi.type.tensor_type
+    return tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)
+
+
+def _complete_with_folding(graph: Graph, model: onnx.ModelProto) -> None:
+    """ONNX data propagation stops at some shape arithmetic (torch's ``c // heads`` is a Div).
+    Fold a copy, where that arithmetic becomes constants, infer again, and copy the now static
+    shapes back to the values of ``model`` (in place). ``model`` itself is not folded."""
+    from onnx import helper
+
+    from .fold import fold_constants
+
+    try:
+        folded = fold_constants(graph._derive(model), max_bytes=1 << 20)
+    except ModelError:
+        return
+    known = {v.name: v for v in list(folded.graph.value_info) + list(folded.graph.output) if _static(v)}
+    for t in folded.graph.initializer:  # values that folding turned into constants
+        if t.name not in known:
+            known[t.name] = helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+    have = {v.name: v for v in model.graph.value_info}
+    outputs = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        for o in node.output:
+            if o in known and o not in outputs and not (o in have and _static(have[o])):
+                if o in have:
+                    have[o].CopyFrom(known[o])
+                else:
+                    model.graph.value_info.append(known[o])
+    for out in model.graph.output:
+        if out.name in known and not _static(out):
+            out.type.CopyFrom(known[out.name].type)
 
 
 def _bind(bindings: dict[str, int], dim: str, value: int, where: str) -> None:
