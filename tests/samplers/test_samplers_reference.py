@@ -1,8 +1,11 @@
 """Samplers against k-diffusion, ComfyUI and diffusers on the exact denoiser of Gaussian data.
 
-Deterministic samplers match within 1e-5 relative; stochastic ones match when
-given the same per-step noise (the k-th noise call returns the k-th array of
-a fixed list) and must ask for noise with the same (sigma, sigma_next).
+Deterministic samplers must match within 1e-5 relative (the issue's bar); the
+references and these runs are both float64, and every sampler agrees to
+round-off (<= 3e-13), so the bar here is 1e-9, tight enough to catch a wrong
+coefficient anywhere. Stochastic samplers match when given the same per-step
+noise (the k-th noise call returns the k-th array of a fixed list) and must ask
+for noise with the same (sigma, sigma_next).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from _sampler_refs import GaussianFlow, GaussianVE, ListNoise, load, noise_list,
 
 from sdrt import samplers as S
 
-TOL = 1e-5
+TOL = 1e-9
 KD = ["euler", "euler_ancestral", "heun", "dpm_2", "dpm_2_ancestral", "lms", "dpmpp_2s_ancestral", "dpmpp_sde",
       "dpmpp_2m", "dpmpp_2m_sde", "dpmpp_2m_sde_heun", "dpmpp_3m_sde"]
 COMFY_ONLY = ["ddpm", "lcm", "ipndm", "deis", "uni_pc", "uni_pc_bh2"]
@@ -84,7 +87,8 @@ def test_ddim_matches_diffusers_ddim_scheduler():
     sigmas = np.append(ms.sigmas[timesteps], np.sqrt((1 - final_alpha) / final_alpha))
     x = start_noise() * np.sqrt(1 + sigmas[0] ** 2)  # diffusers starts from unit-variance VP noise
     out = S.ddim(GaussianVE(), x, sigmas) * np.sqrt(final_alpha)
-    assert rel_err(out, ref["diffusers_ddim_final"]) <= TOL
+    # diffusers keeps alphas_cumprod in float32 (its betas are float32): 1.7e-7 apart, within the 1e-5 bar.
+    assert rel_err(out, ref["diffusers_ddim_final"]) <= 1e-5
 
 
 def test_euler_ancestral_with_comfyui_seeded_cpu_noise_in_float32():
