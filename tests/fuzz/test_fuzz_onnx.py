@@ -9,7 +9,7 @@ import gw_models as M
 import numpy as np
 import onnx
 from gw_fuzz import SETTINGS, big_or_odd_ints, mutated
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from sdrt.errors import SdrtError
@@ -32,10 +32,14 @@ def exercise(g: Graph) -> None:
 
 
 def _load_and_use(data: bytes, base_dir: Path | None = None) -> None:
+    stage = "load"
     try:
-        exercise(Graph.load(data, base_dir=base_dir))
-    except SdrtError:
-        pass
+        g = Graph.load(data, base_dir=base_dir)
+        stage = "use"
+        exercise(g)
+        event("loaded and used")
+    except SdrtError as exc:
+        event(f"refused at {stage}: {type(exc).__name__}")
 
 
 @SETTINGS

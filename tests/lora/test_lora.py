@@ -134,6 +134,13 @@ def test_shape_mismatch_is_reported():
         merge(Weights.from_arrays(base_weights()), lora)
 
 
+def test_non_finite_lora_is_reported():
+    d = f32(2, 8)
+    d[0, 0] = np.nan
+    with pytest.raises(WeightsError, match="NaN/Inf"):
+        merge(Weights.from_arrays(base_weights()), Lora.from_arrays(kohya(PROJ, d, f32(16, 2), 1.0)))
+
+
 def test_component_filter_skips_text_encoder_keys():
     lora = Lora.from_arrays({**kohya(PROJ, f32(2, 8), f32(16, 2), 1.0),
                              "lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight": f32(2, 4),

@@ -289,9 +289,14 @@ def merge(
             if name is None or name not in names:
                 report.unmatched.append(f"{key} ({lora.source})")
                 continue
-            delta = _fit(layer.delta(scale), tuple(base.ref(name).shape), name in transposed)
+            with np.errstate(all="ignore"):
+                raw = layer.delta(scale)
+            if not np.isfinite(raw).all():
+                report.mismatched.append(f"{key}: the LoRA holds NaN/Inf values or overflows float32")
+                continue
+            delta = _fit(raw, tuple(base.ref(name).shape), name in transposed)
             if delta is None:
-                report.mismatched.append(f"{key}: delta {list(layer.delta().shape)} vs {name} "
+                report.mismatched.append(f"{key}: delta {list(raw.shape)} vs {name} "
                                          f"{list(base.ref(name).shape)}")
                 continue
             deltas.setdefault(name, []).append(delta)
