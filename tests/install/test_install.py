@@ -72,6 +72,7 @@ def test_plan_for_ggml_by_name_picks_the_build_for_the_gpu_here():
     assert plan("ggml", hw=RTX).build == "cuda"
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="the stand-in uv on PATH is a POSIX shell script")
 def test_plan_with_uv(monkeypatch, tmp_path):
     fake_uv = tmp_path / "uv"
     fake_uv.write_text("#!/bin/sh\n")
