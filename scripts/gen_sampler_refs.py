@@ -386,6 +386,16 @@ def gen_samplers(out: Path, kd, comfy) -> None:  # noqa: ANN001
     data["diffusers_ddim_timesteps"] = sch.timesteps.numpy().astype(np.int64)
     data["diffusers_ddim_final"] = sample.double().numpy()
     data["diffusers_ddim_final_alpha"] = np.array(float(ac[0]))
+    # eta = 0.7 with the k-th step's variance noise taken from the fixed noise list.
+    noises = noise_list(64)
+    sample = x0.clone()
+    for k, t in enumerate(sch.timesteps):
+        a = ac[int(t)]
+        sigma = ((1 - a) / a).sqrt()
+        x_ve = sample / a.sqrt()
+        eps = (x_ve - den(x_ve, sigma)) / sigma
+        sample = sch.step(eps, t, sample, eta=0.7, variance_noise=torch.from_numpy(noises[k])).prev_sample
+    data["diffusers_ddim_eta07_final"] = sample.double().numpy()
     np.savez_compressed(out / "samplers.npz", **data)
     print("samplers:", len(data), "arrays")
 

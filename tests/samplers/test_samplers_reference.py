@@ -130,3 +130,16 @@ def test_callback_sees_every_step():
     S.dpmpp_2m(GaussianVE(), start_noise() * sigmas[0], sigmas, callback=seen.append)
     assert [c["i"] for c in seen] == list(range(5))
     assert {"x", "sigma", "sigma_hat", "denoised"} <= set(seen[0])
+
+
+def test_stochastic_ddim_matches_diffusers_given_the_same_variance_noise():
+    ref = load("samplers")
+    ms = S.DiscreteSchedule("eps")
+    timesteps = ref["diffusers_ddim_timesteps"]
+    final_alpha = float(ref["diffusers_ddim_final_alpha"])
+    sigmas = np.append(ms.sigmas[timesteps], np.sqrt((1 - final_alpha) / final_alpha))
+    x = start_noise() * np.sqrt(1 + sigmas[0] ** 2)
+    noise = ListNoise(noise_list(64))
+    out = S.ddim(GaussianVE(), x, sigmas, eta=0.7, noise_sampler=noise) * np.sqrt(final_alpha)
+    assert len(noise.calls) == len(timesteps)
+    assert rel_err(out, ref["diffusers_ddim_eta07_final"]) <= 1e-5

@@ -199,7 +199,7 @@ class brownian_interval:  # noqa: N801 - a small value type used like a function
     seed and the node's position. So ``W(s, t)`` depends only on the seed and
     on ``s, t``, never on the order of queries, which is what SDE samplers
     need (the same noise when a step is evaluated twice). Query points are
-    resolved to within ``tol`` (default ``(t1 - t0) * 2**-40``) by descending
+    resolved to within ``tol`` (default ``(t1 - t0) * 2**-30``) by descending
     the tree; below that the path is linearly interpolated. The most recently
     used nodes are cached (``cache_size`` arrays of the noise shape).
     """
@@ -210,7 +210,7 @@ class brownian_interval:  # noqa: N801 - a small value type used like a function
             raise SamplerError(f"Brownian interval needs t0 < t1, got [{t0}, {t1}]",
                                where="sdrt.samplers.brownian_interval", fix="pass the sigma range in increasing order")
         self.shape, self.t0, self.t1, self.dtype = tuple(shape), float(t0), float(t1), dtype
-        self.tol = float(tol) if tol is not None else (self.t1 - self.t0) * 2.0**-40
+        self.tol = float(tol) if tol is not None else (self.t1 - self.t0) * 2.0**-30
         self.seed = int(seed) % _U64
         self._total = self._normal(self.seed, 0) * math.sqrt(self.t1 - self.t0)
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
