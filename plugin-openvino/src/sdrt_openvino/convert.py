@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -133,40 +134,61 @@ def constants(ov_model: ov.Model) -> dict[str, Any]:
 def _conversion_error(graph: Graph, model: onnx.ModelProto, source: Any, exc: RuntimeError) -> Exception:
     text = str(exc)
     if "OpConversionFailure" in text or "wasn't fully converted" in text:
-        unsupported = unsupported_ops(model, source)
+        unsupported = unsupported_ops(model, source, text)
         if unsupported:
+            detail = _failure_detail(text)
             return UnsupportedGraph(
-                "OpenVINO cannot convert every op of this graph", unsupported=unsupported, where=graph.name,
+                "OpenVINO cannot convert every op of this graph" + (f" ({detail})" if detail else ""),
+                unsupported=unsupported, where=graph.name,
                 fix="use another backend for this graph (sdrt info lists them), or re-export the model "
                     "with ops that OpenVINO supports")
     return ModelError(f"OpenVINO could not read the ONNX graph: {_first_line(text)}", where=graph.name,
                       fix="check the model with onnx.checker.check_model; if it is valid, report it to OpenVINO")
 
 
-def unsupported_ops(model: onnx.ModelProto, source: Any) -> dict[str, list[str]]:
+_SUMMARY = re.compile(r"-- (?:No conversion rule found for operations|Conversion is failed for): (.*)")
+_VERSION = re.compile(r"-\d+$")
+
+
+def unsupported_ops(model: onnx.ModelProto, source: Any, message: str = "") -> dict[str, list[str]]:
     """``{op_type: [node names]}`` for every op OpenVINO's ONNX frontend cannot convert.
 
     The frontend's partial conversion leaves such nodes as ``NotSupportedONNXNode``
-    with their ONNX type; the node names come from the ONNX graph (subgraphs included).
+    with their ONNX type; ops whose conversion failed (or that OpenVINO has no
+    type for, such as sequences) are read from the summary of its error
+    ``message``. Node names come from the ONNX graph (subgraphs and functions included).
     """
     from openvino.frontend import FrontEndManager
 
-    fe = FrontEndManager().load_by_framework("onnx")
-    loaded = fe.load(io.BytesIO(source) if isinstance(source, bytes) else source)
-    partial = fe.convert_partially(loaded)
     bad: set[tuple[str, str]] = set()
-    for op in partial.get_ordered_ops():
-        if op.get_type_name() == "NotSupportedONNXNode":
-            attrs = op.get_attributes()
-            bad.add((str(attrs.get("ONNX_META_domain", "")), str(attrs.get("ONNX_META_type", "?"))))
+    try:
+        fe = FrontEndManager().load_by_framework("onnx")
+        partial = fe.convert_partially(fe.load(io.BytesIO(source) if isinstance(source, bytes) else source))
+        for op in partial.get_ordered_ops():
+            if op.get_type_name() == "NotSupportedONNXNode":
+                attrs = op.get_attributes()
+                bad.add((str(attrs.get("ONNX_META_domain", "")), str(attrs.get("ONNX_META_type", "?"))))
+    except RuntimeError as exc:  # the partial conversion itself can fail; the summary still names the ops
+        log.debug("partial conversion failed: %s", _first_line(str(exc)))
+    for match in _SUMMARY.finditer(message):
+        for item in match.group(1).split(","):
+            item = _VERSION.sub("", item.strip())
+            if not item:
+                continue
+            if item.startswith("util::"):  # OpenVINO's own markers: sequence or optional values
+                bad.add(("", item))
+            else:
+                domain, _, op_type = item.rpartition(".")
+                bad.add((domain, op_type))
     found: dict[str, list[str]] = {}
-    for domain, op_type, name in _walk_nodes(model.graph):
-        if (domain, op_type) in bad:
-            key = f"{domain}.{op_type}" if domain not in ("", "ai.onnx") else op_type
-            found.setdefault(key, []).append(name)
-    for domain, op_type in bad:  # ops seen by the frontend but not found by name
+    nodes = _walk_nodes(model.graph) + [n for f in model.functions for n in _walk_function(f)]
+    for domain, op_type in sorted(bad):
         key = f"{domain}.{op_type}" if domain not in ("", "ai.onnx") else op_type
-        found.setdefault(key, ["<unnamed>"])
+        names = [name for d, t, name in nodes if t == op_type and (d in ("", "ai.onnx") or d == domain)]
+        if op_type.startswith("util::"):
+            key = "sequence/optional values (" + op_type + ")"
+            names = [name for _, t, name in nodes if "Sequence" in t or "Optional" in t]
+        found[key] = names or ["<unnamed>"]
     return found
 
 
@@ -178,6 +200,21 @@ def _walk_nodes(graph: onnx.GraphProto) -> list[tuple[str, str, str]]:
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                 nodes.extend(_walk_nodes(sub))
     return nodes
+
+
+def _walk_function(func: Any) -> list[tuple[str, str, str]]:
+    return [(n.domain, n.op_type, n.name or f"{func.name}/{n.op_type}_{i}") for i, n in enumerate(func.node)]
+
+
+def _failure_detail(text: str) -> str:
+    """The first reason OpenVINO gives in its detailed log, if any."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    for i, ln in enumerate(lines):
+        if ln.startswith("-- ") and "with a message" in ln:
+            reason = next((x for x in lines[i + 1:] if x and not x.startswith(("While validating", "Check ",
+                                                                              "FrontEnd API"))), "")
+            return f"{ln[3:].split(' with a message')[0]}: {reason}"[:300]
+    return ""
 
 
 def _first_line(text: str) -> str:  # noqa: D103

@@ -50,23 +50,21 @@ class OpenVINOSession(Session):
         """Map graph inputs and outputs to the compiled model's ports; make the one InferRequest."""
         import openvino as ov
 
-        def index_of(ports: list[Any], name: str, kind: str) -> int:
-            for i, port in enumerate(ports):
-                if name in port.get_names():
-                    return i
-            raise OpenVINOError(f"OpenVINO's compiled model has no {kind} named {name!r}", where=self._graph.name,
-                                fix="report this: the ONNX frontend renamed a graph " + kind)
-
         ins = list(compiled.inputs)
         outs = list(compiled.outputs)
-        in_ports = [(index_of(ins, info.name, "input"), info.name) for info in self.inputs]
+        in_ports = self._match_inputs(ins)
+        input_names = {n for port in ins for n in port.get_names()}
         static: list[tuple[int, str, tuple[int, ...], np.dtype[Any]]] = []
         dynamic: list[tuple[int, str]] = []
         for info in self.outputs:
-            i = index_of(outs, info.name, "output")
+            i = next((k for k, port in enumerate(outs) if info.name in port.get_names()), None)
+            if i is None:
+                raise OpenVINOError(f"OpenVINO's compiled model has no output named {info.name!r}",
+                                    where=self._graph.name, fix="report this: the ONNX frontend renamed an output")
             pshape = outs[i].get_partial_shape()
             dtype = np.dtype(outs[i].get_element_type().to_dtype())
-            if pshape.is_static and dtype.kind in "biuf" and dtype.name == info.dtype:
+            passthrough = bool(outs[i].get_names() & input_names)  # OpenVINO hands back the input's buffer
+            if pshape.is_static and dtype.kind in "biuf" and dtype.name == info.dtype and not passthrough:
                 static.append((i, info.name, tuple(int(d) for d in pshape.to_shape()), dtype))
             else:
                 dynamic.append((i, info.name))
@@ -76,6 +74,35 @@ class OpenVINOSession(Session):
         self._out_order = [o.name for o in self.outputs]
         self._out_dtypes = {o.name: o.dtype for o in self.outputs}
         self._tensor = ov.Tensor
+        self._bf16 = ov.Type.bf16
+
+    def _match_inputs(self, ports: list[Any]) -> list[tuple[int, str]]:
+        """(port index, graph input name) for each input OpenVINO kept.
+
+        Inputs match by tensor name. OpenVINO renames a Parameter wired straight
+        to a Result after the output, and drops inputs the outputs do not depend
+        on (an empty ``axes``); those left over match in order, as the frontend
+        keeps the graph's input order.
+        """
+        by_name = {n: i for i, port in enumerate(ports) for n in port.get_names()}
+        matched = [(by_name.get(info.name), info.name) for info in self.inputs]
+        used = {i for i, _ in matched if i is not None}
+        spare = [i for i in range(len(ports)) if i not in used]
+        unmatched = [info for (i, _), info in zip(matched, self.inputs) if i is None]
+        renamed: dict[str, int] = {}
+        if len(spare) == len(unmatched):
+            renamed = {info.name: i for info, i in zip(unmatched, spare)}
+        else:  # some were dropped too: match the renamed ones by element type and rank
+            for i in spare:
+                fits = [info for info in unmatched if info.name not in renamed and _fits(ports[i], info)]
+                if len(fits) != 1:
+                    raise OpenVINOError(
+                        f"cannot match OpenVINO's input {sorted(ports[i].get_names())} to one of the graph's "
+                        f"{[u.name for u in unmatched]}", where=self._graph.name,
+                        fix="report this: the ONNX frontend renamed graph inputs")
+                renamed[fits[0].name] = i
+        return [(i if i is not None else renamed[name], name) for i, name in matched
+                if i is not None or name in renamed]
 
     # -- running -------------------------------------------------------
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -85,11 +112,16 @@ class OpenVINOSession(Session):
                 raise SdrtError("this session is closed", where="OpenVINOSession",
                                 fix="compile the graph again with sdrt.load")
             request = self._request
+            copies = []  # OpenVINO shares these arrays' memory: they must outlive infer()
             for index, name in self._in_ports:
                 arr = feeds[name]
-                if not arr.flags.c_contiguous:
-                    arr = np.ascontiguousarray(arr)
-                request.set_input_tensor(index, tensor(arr, shared_memory=True))
+                if not (arr.flags.c_contiguous and arr.flags.writeable):  # OpenVINO shares only these
+                    arr = np.array(arr, order="C")
+                    copies.append(arr)
+                if arr.dtype.name == "bfloat16":  # numpy has no bf16; OpenVINO reads the raw 16 bits
+                    request.set_input_tensor(index, tensor(arr.view(np.uint16), arr.shape, self._bf16))
+                else:
+                    request.set_input_tensor(index, tensor(arr, shared_memory=True))
             results: dict[str, np.ndarray] = {}
             for index, name, shape, dtype in self._static_out:
                 out = np.empty(shape, dtype)
@@ -99,8 +131,14 @@ class OpenVINOSession(Session):
                 request.infer()
             except RuntimeError as exc:
                 raise self._run_error(exc, feeds) from exc
+            del copies
             for index, name in self._dynamic_out:
-                value = request.get_output_tensor(index).data.copy()
+                out_tensor = request.get_output_tensor(index)
+                if out_tensor.element_type == self._bf16:
+                    value = out_tensor.data.view(np.uint16).copy().view(self._out_dtypes[name])
+                    results[name] = value
+                    continue
+                value = out_tensor.data.copy()
                 want = self._out_dtypes[name]
                 results[name] = value if value.dtype.name == want or want == "undefined" else value.astype(want)
         return results if len(results) == 1 else {name: results[name] for name in self._out_order}
@@ -172,3 +210,13 @@ class OpenVINOSession(Session):
             self._compiled = None
             self._ov_model = None
         super().close()
+
+
+def _fits(port: Any, info: Any) -> bool:
+    """Whether an OpenVINO input port could be the graph input ``info`` (same element type and rank)."""
+    try:
+        dtype = np.dtype(port.get_element_type().to_dtype()).name
+    except (RuntimeError, TypeError):
+        return False
+    rank = port.get_partial_shape().rank
+    return dtype == info.dtype and (rank.is_dynamic or rank.get_length() == len(info.shape))

@@ -131,3 +131,16 @@ def test_closed_session_refuses_to_run(ov_registry):
 def test_auto_device_runs(ov_registry):
     session = sdrt.load(conv_model().SerializeToString(), backend="openvino", device="AUTO")
     np.testing.assert_allclose(session.run({"x": X})["y"], ort_run(conv_model(), {"x": X})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_sequence_ops_are_reported_as_unsupported(ov_registry):
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("SplitToSequence", ["x"], ["seq"], name="split_seq", axis=0)]
+    seq_type = helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_value_info("seq", seq_type)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(UnsupportedGraph) as info:
+        sdrt.load(model.SerializeToString(), backend="openvino")
+    assert "split_seq" in str(info.value)
