@@ -400,12 +400,33 @@ def gen_samplers(out: Path, kd, comfy) -> None:  # noqa: ANN001
     print("samplers:", len(data), "arrays")
 
 
+def gen_randn_default_capability(out: Path) -> None:
+    """torch.randn from torch's non-AVX2 kernel (run in a child with ATEN_CPU_CAPABILITY=default)."""
+    assert torch.backends.cpu.get_cpu_capability() == "DEFAULT", torch.backends.cpu.get_cpu_capability()
+    seeds = [0, 1, 42, 2**32 - 1]
+    values = np.stack([torch.randn((1, 4, 16, 16), generator=torch.Generator().manual_seed(s)).numpy().reshape(-1)
+                       for s in seeds])
+    np.savez_compressed(out / "randn_default_capability.npz", seeds=np.array(seeds, dtype=np.uint64), values=values)
+    print("randn (default capability):", values.size, "values")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--comfyui", type=Path, required=True, help="path of a ComfyUI checkout (read only)")
+    parser.add_argument("--comfyui", type=Path, help="path of a ComfyUI checkout (read only)")
     parser.add_argument("--out", type=Path, default=Path("tests/samplers/data"))
+    parser.add_argument("--default-capability-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.default_capability_only:
+        gen_randn_default_capability(args.out)
+        return
+    if args.comfyui is None:
+        parser.error("--comfyui is required")
+    import os
+    import subprocess
+
+    subprocess.run([sys.executable, __file__, "--out", str(args.out), "--default-capability-only"], check=True,
+                   env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
     import diffusers  # noqa: F401 - before load_kdiffusion's torchvision stub, which diffusers would probe
 
     kd = load_kdiffusion()

@@ -80,6 +80,17 @@ def test_scalar_kernel_agrees_on_the_double_path_and_within_a_few_ulp_elsewhere(
     assert not np.array_equal(a, b)
 
 
+def test_scalar_kernel_against_torch_default_capability_build():
+    """torch with ATEN_CPU_CAPABILITY=default (no AVX2) uses libm; kernel="scalar" is within 1e-5 of it."""
+    d = load("randn_default_capability")
+    for seed, values in zip(d["seeds"], d["values"]):
+        ours = randn(int(seed), (1, 4, 16, 16), kernel="scalar").reshape(-1)
+        assert np.abs(ours - values).max() < 1e-5
+        assert np.mean(ours == values) > 0.95
+        # and the AVX2 kernel (the default) is not what that build gives
+        assert not np.array_equal(randn(int(seed), (1, 4, 16, 16)).reshape(-1), values)
+
+
 def test_randn_dtype_and_empty_shapes():
     assert randn(1, (3, 0)).shape == (3, 0)
     assert randn(1, ()).shape == ()

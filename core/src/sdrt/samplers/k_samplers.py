@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import SamplerError
 from ._common import (
     Callback,
     NoiseSampler,
@@ -321,8 +322,6 @@ def dpmpp_2m_sde(model: Model, x: np.ndarray, sigmas: Any, *, extra_args: Mappin
                  callback: Callback | None = None, eta: float = 1.0, s_noise: float = 1.0,
                  noise_sampler: NoiseSampler | None = None, solver_type: str = "midpoint") -> np.ndarray:
     """DPM-Solver++(2M) SDE (k-diffusion/ComfyUI ``sample_dpmpp_2m_sde``)."""
-    from ..errors import SamplerError
-
     if solver_type not in ("heun", "midpoint"):
         raise SamplerError(f"solver_type {solver_type!r} is not known", where="sampler dpmpp_2m_sde",
                            fix="use solver_type='midpoint' or 'heun'")
