@@ -27,7 +27,7 @@ def _const(name: str, value) -> onnx.NodeProto:
 
 
 def build_graph(prediction: str, *, timestep_type: int = TensorProto.FLOAT, names=("sample", "timestep",
-                "encoder_hidden_states")) -> bytes:
+                "encoder_hidden_states"), extra_input: str | None = None) -> bytes:
     sample, timestep, ehs = names
     ms = S.DiscreteSchedule("eps")
     nodes = [
@@ -35,9 +35,14 @@ def build_graph(prediction: str, *, timestep_type: int = TensorProto.FLOAT, name
         _const("k1000", 1000.0), _const("tmax", 999.0),
         _const("log_sigmas", ms.log_sigmas),
         helper.make_node("Cast", [timestep], ["tf"], to=TensorProto.FLOAT),
-        helper.make_node("ReduceMean", [ehs], ["c"], keepdims=0),
-        helper.make_node("Add", ["mu", "c"], ["m"]),
+        helper.make_node("ReduceMean", [ehs], ["c0"], keepdims=0),
     ]
+    if extra_input:  # like SDXL's time_ids: shifts the data mean by its mean
+        nodes += [helper.make_node("ReduceMean", [extra_input], ["c1"], keepdims=0),
+                  helper.make_node("Add", ["c0", "c1"], ["c"])]
+    else:
+        nodes += [helper.make_node("Identity", ["c0"], ["c"])]
+    nodes += [helper.make_node("Add", ["mu", "c"], ["m"])]
     if prediction == "flow":
         nodes += [helper.make_node("Div", ["tf", "k1000"], ["sigma"])]
     else:
@@ -81,7 +86,8 @@ def build_graph(prediction: str, *, timestep_type: int = TensorProto.FLOAT, name
         nodes, f"gaussian_{prediction}",
         [helper.make_tensor_value_info(sample, TensorProto.FLOAT, SHAPE),
          helper.make_tensor_value_info(timestep, timestep_type, [1]),
-         helper.make_tensor_value_info(ehs, TensorProto.FLOAT, COND_SHAPE)],
+         helper.make_tensor_value_info(ehs, TensorProto.FLOAT, COND_SHAPE)]
+        + ([helper.make_tensor_value_info(extra_input, TensorProto.FLOAT, [1, 6])] if extra_input else []),
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, SHAPE)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -163,6 +169,17 @@ def test_input_names_and_integer_timesteps_are_configurable(registry):
     sigma = float(ms.sigma(400.0))  # an integer timestep, so rounding loses nothing
     got = model(x, sigma, cond=_cond(0.0))
     assert rel_err(got, GaussianVE()(x.astype(np.float64), sigma)) < 2e-5
+
+
+def test_constant_extra_feeds_reach_the_session(registry):
+    session = sdrt.load(build_graph("eps", extra_input="time_ids"), backend="reference")
+    time_ids = np.full((1, 6), 0.5, np.float32)
+    model = S.Denoiser(session, S.DiscreteSchedule("eps"), feeds={"time_ids": time_ids})
+    x = start_noise().astype(np.float32)
+    got = model(x, 2.0, cond=_cond(0.25))
+    assert rel_err(got, GaussianVE(data_mean() + 0.75)(x.astype(np.float64), 2.0)) < 2e-5
+    with pytest.raises(sdrt.SdrtError, match="time_ids"):
+        S.Denoiser(session, S.DiscreteSchedule("eps"))(x, 2.0, cond=_cond(0.25))
 
 
 def test_wrong_input_names_are_a_sampler_error(registry):
