@@ -103,3 +103,18 @@ def test_save_too_large_or_elsewhere(tmp_path):
     with pytest.raises(ModelError, match="breaks them"):
         lazy.save(tmp_path / "other" / "m.onnx")
     assert Graph.load(lazy.save(tmp_path / "m2.onnx")).initializer_arrays()["fc1.bias"].shape == (16,)
+
+
+def test_cli_strip_output_options(tmp_path, registry, capsys):
+    src = M.save(M.conv_model(), tmp_path / "conv.onnx")
+    out = tmp_path / "out"  # created, with out/w, by strip
+    assert main(["strip", str(src), "-o", str(out / "c.onnx"), "--weights", str(out / "w" / "c.safetensors")]) == 0
+    x = np.random.default_rng(0).standard_normal((1, 3, 5, 5)).astype(np.float32)
+    with sdrt.load(out / "c.onnx", backend="reference") as s:  # finds w/c.safetensors by its relative location
+        got = s.run({"x": x})["y"]
+    assert got.tobytes() == M.run_reference(M.conv_model(), {"x": x})["y"].tobytes()
+
+
+def test_cli_strip_missing_model(tmp_path, capsys):
+    assert main(["strip", str(tmp_path / "nope.onnx")]) == 1
+    assert "does not exist" in capsys.readouterr().err

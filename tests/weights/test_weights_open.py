@@ -160,6 +160,12 @@ def test_truncated_and_short_files(tmp_path):
         Weights.open(cut)
 
 
+def test_writer_into_missing_folder(tmp_path):
+    with pytest.raises(WeightsError, match="cannot write weights") as e:
+        stfile.write(tmp_path / "no" / "w.safetensors", {"a": np.zeros(1, np.float32)})
+    assert e.value.fix == "create the folder first"
+
+
 def test_writer_refuses_object_arrays(tmp_path):
     with pytest.raises(WeightsError, match="cannot be stored"):
         stfile.write(tmp_path / "o.safetensors", {"s": np.array(["a"], dtype=object)})

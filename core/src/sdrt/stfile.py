@@ -193,8 +193,8 @@ def write(path: str | os.PathLike[str], tensors: Mapping[str, Tensor] | Iterable
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise WeightsError(f"cannot write weights ({exc.strerror or exc})", where=str(path),
-                           fix="check free disk space and permissions") from exc
+        fix = "create the folder first" if not path.parent.is_dir() else "check free disk space and permissions"
+        raise WeightsError(f"cannot write weights ({exc.strerror or exc})", where=str(path), fix=fix) from exc
     return {name: (start + header[name]["data_offsets"][0], int(arr.nbytes)) for name, arr in items}
 
 

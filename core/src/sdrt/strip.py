@@ -53,6 +53,12 @@ def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os
                          where=f"{out_graph} + {out_weights}",
                          fix="write both into the same folder; ONNX external data must stay inside the model folder")
     location = target.relative_to(folder).as_posix()
+    for d in (out_graph.parent, out_weights.parent):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ModelError(f"cannot create the output folder ({exc.strerror or exc})", where=str(d),
+                             fix="check the path and permissions") from exc
     items = []
     kept_inline = []
     for t in graph.model.graph.initializer:
