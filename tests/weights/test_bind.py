@@ -133,3 +133,15 @@ def test_from_graph_gives_own_initializers(graph, own):
     assert sorted(w) == sorted(own)
     for k in own:
         np.testing.assert_array_equal(w[k], own[k])
+
+
+def test_partial_checkpoint_over_the_graphs_own_weights(graph, own, tmp_path):
+    from sdrt import stfile
+
+    p = tmp_path / "partial.safetensors"
+    stfile.write(p, {"fc1.bias": np.zeros(16, np.float32)})
+    with pytest.raises(WeightsError, match="3 missing"):
+        Weights.open(p).bind(graph)
+    bound = Weights.from_graph(graph).replaced(Weights.open(p)).bind(graph)
+    assert bound["fc1.bias"].sum() == 0 and M.is_mapped(bound["fc1.bias"])
+    np.testing.assert_array_equal(bound["fc1.weight"], own["fc1.weight"])

@@ -31,6 +31,7 @@ import numpy as np
 from . import keymap, stfile
 from .backend import TensorInfo
 from .errors import WeightsError
+from .keymap import KeyMap
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Graph
@@ -338,4 +339,4 @@ def refuse_unsafe(p: Path) -> None:
                            fix="pass it as the model; weights come from .safetensors files")
 
 
-__all__ = ["BindReport", "TensorRef", "Weights"]
+__all__ = ["BindReport", "KeyMap", "TensorRef", "Weights"]
