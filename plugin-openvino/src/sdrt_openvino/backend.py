@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sdrt.openvino")
 
 PLUGIN_VERSION = "0.1.0"
+#: numpy (ml_dtypes) dtypes that OpenVINO packs two to a byte: no tensor can carry them in or out
+_PACKED_DTYPES = {"int4", "uint4", "float4_e2m1fn", "int2", "uint2"}
 _KIND_ORDER = {"gpu": 0, "cpu": 1, "npu": 2, "auto": 3}
 
 
@@ -138,11 +140,19 @@ class OpenVINOBackend(Backend):
         return OpenVINOSession(graph, ov_model, compiled, compile_, device.id)
 
     def _check_inputs(self, graph: Graph) -> None:
-        odd = [i.name for i in graph.inputs if i.dtype in (NON_TENSOR, "object", "undefined")]
+        """Refuse inputs and outputs that cannot cross OpenVINO's Python API, before any work."""
+        odd: dict[str, list[str]] = {}
+        for kind, infos in (("input", graph.inputs), ("output", graph.outputs)):
+            for info in infos:
+                if info.dtype in (NON_TENSOR, "object", "undefined"):
+                    odd.setdefault(f"non-tensor {kind}", []).append(info.name)
+                elif info.dtype in _PACKED_DTYPES:
+                    odd.setdefault(f"{info.dtype} {kind}", []).append(info.name)
         if odd:
-            raise UnsupportedGraph("OpenVINO runs only tensor inputs of numeric or bool type",
-                                   unsupported={"non-tensor input": odd}, where=graph.name,
-                                   fix="use the reference backend for graphs with sequence, map or string inputs")
+            raise UnsupportedGraph("OpenVINO takes and returns only numeric or bool tensors of 8 bits or more",
+                                   unsupported=odd, where=graph.name,
+                                   fix="use the reference backend for graphs with sequence, string or 4-bit inputs "
+                                       "and outputs")
 
     def _cache_key(self, graph: Graph, arrays: Mapping[str, np.ndarray], device: Device, opts: Options) -> str:
         h = hashlib.sha256()

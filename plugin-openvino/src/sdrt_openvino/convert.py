@@ -142,6 +142,12 @@ def _conversion_error(graph: Graph, model: onnx.ModelProto, source: Any, exc: Ru
                 unsupported=unsupported, where=graph.name,
                 fix="use another backend for this graph (sdrt info lists them), or re-export the model "
                     "with ops that OpenVINO supports")
+    dtype = re.search(r"Unsupported data type (\w+)", text)
+    if dtype:
+        return UnsupportedGraph(f"OpenVINO has no tensor type {dtype.group(1)}",
+                                unsupported={f"{dtype.group(1)} tensors": _values_of_type(model, dtype.group(1))},
+                                where=graph.name, fix="use another backend, or convert these tensors to a type "
+                                "OpenVINO has (FLOAT8E4M3FN, FLOAT8E5M2, INT4, UINT4, ...)")
     return ModelError(f"OpenVINO could not read the ONNX graph: {_first_line(text)}", where=graph.name,
                       fix="check the model with onnx.checker.check_model; if it is valid, report it to OpenVINO")
 
@@ -200,6 +206,19 @@ def _walk_nodes(graph: onnx.GraphProto) -> list[tuple[str, str, str]]:
             for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                 nodes.extend(_walk_nodes(sub))
     return nodes
+
+
+def _values_of_type(model: onnx.ModelProto, type_name: str) -> list[str]:
+    """Names of graph inputs, outputs, initializers and Cast targets of ONNX type ``type_name``."""
+    from onnx import TensorProto
+
+    code = TensorProto.DataType.Value(type_name) if type_name in TensorProto.DataType.keys() else None
+    g = model.graph
+    names = [v.name for v in list(g.input) + list(g.output) if v.type.tensor_type.elem_type == code]
+    names += [t.name for t in g.initializer if t.data_type == code]
+    names += [n.name or n.output[0] for n in g.node
+              if n.op_type in ("Cast", "CastLike", "QuantizeLinear") and any(a.i == code for a in n.attribute)]
+    return names or ["<unnamed>"]
 
 
 def _walk_function(func: Any) -> list[tuple[str, str, str]]:

@@ -31,6 +31,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("sdrt.openvino.session")
 
+#: numpy dtype name (ml_dtypes) -> (OpenVINO type name, numpy type with the same bits)
+_RAW_TYPES: dict[str, tuple[str, type]] = {
+    "bfloat16": ("bf16", np.uint16),
+    "float8_e4m3fn": ("f8e4m3", np.uint8),
+    "float8_e5m2": ("f8e5m2", np.uint8),
+    "float8_e8m0fnu": ("f8e8m0", np.uint8),
+}
+
 
 class OpenVINOSession(Session):
     def __init__(self, graph: Graph, ov_model: ov.Model, compiled: Any,
@@ -74,7 +82,9 @@ class OpenVINOSession(Session):
         self._out_order = [o.name for o in self.outputs]
         self._out_dtypes = {o.name: o.dtype for o in self.outputs}
         self._tensor = ov.Tensor
-        self._bf16 = ov.Type.bf16
+        # dtypes numpy knows only through ml_dtypes: OpenVINO reads and writes their raw bits
+        self._raw_types = {name: (getattr(ov.Type, t), bits) for name, (t, bits) in _RAW_TYPES.items()}
+        self._raw_out = {ov_type for ov_type, _ in self._raw_types.values()}
 
     def _match_inputs(self, ports: list[Any]) -> list[tuple[int, str]]:
         """(port index, graph input name) for each input OpenVINO kept.
@@ -106,41 +116,47 @@ class OpenVINOSession(Session):
 
     # -- running -------------------------------------------------------
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tensor = self._tensor
         with self._lock:
             if self._request is None:
                 raise SdrtError("this session is closed", where="OpenVINOSession",
                                 fix="compile the graph again with sdrt.load")
             request = self._request
-            copies = []  # OpenVINO shares these arrays' memory: they must outlive infer()
-            for index, name in self._in_ports:
-                arr = feeds[name]
-                if not (arr.flags.c_contiguous and arr.flags.writeable):  # OpenVINO shares only these
-                    arr = np.array(arr, order="C")
-                    copies.append(arr)
-                if arr.dtype.name == "bfloat16":  # numpy has no bf16; OpenVINO reads the raw 16 bits
-                    request.set_input_tensor(index, tensor(arr.view(np.uint16), arr.shape, self._bf16))
-                else:
-                    request.set_input_tensor(index, tensor(arr, shared_memory=True))
-            results: dict[str, np.ndarray] = {}
-            for index, name, shape, dtype in self._static_out:
-                out = np.empty(shape, dtype)
-                request.set_output_tensor(index, tensor(out, shared_memory=True))
-                results[name] = out
             try:
-                request.infer()
+                return self._infer(request, feeds)
             except RuntimeError as exc:
                 raise self._run_error(exc, feeds) from exc
-            del copies
-            for index, name in self._dynamic_out:
-                out_tensor = request.get_output_tensor(index)
-                if out_tensor.element_type == self._bf16:
-                    value = out_tensor.data.view(np.uint16).copy().view(self._out_dtypes[name])
-                    results[name] = value
-                    continue
-                value = out_tensor.data.copy()
-                want = self._out_dtypes[name]
-                results[name] = value if value.dtype.name == want or want == "undefined" else value.astype(want)
+
+    def _infer(self, request: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Bind inputs and outputs to the request, run it, collect the outputs."""
+        tensor = self._tensor
+        copies = []  # OpenVINO shares these arrays' memory: they must outlive infer()
+        for index, name in self._in_ports:
+            arr = feeds[name]
+            if not (arr.flags.c_contiguous and arr.flags.writeable):  # OpenVINO shares only these
+                arr = np.array(arr, order="C")
+                copies.append(arr)
+            raw = self._raw_types.get(arr.dtype.name)
+            if raw is not None:  # numpy has no such dtype of its own; OpenVINO reads the raw bits
+                request.set_input_tensor(index, tensor(arr.view(raw[1]), arr.shape, raw[0]))
+            else:
+                request.set_input_tensor(index, tensor(arr, shared_memory=True))
+        results: dict[str, np.ndarray] = {}
+        for index, name, shape, dtype in self._static_out:
+            out = np.empty(shape, dtype)
+            request.set_output_tensor(index, tensor(out, shared_memory=True))
+            results[name] = out
+        request.infer()
+        del copies
+        for index, name in self._dynamic_out:
+            out_tensor = request.get_output_tensor(index)
+            if out_tensor.element_type in self._raw_out:
+                bits = np.uint16 if out_tensor.element_type.bitwidth == 16 else np.uint8
+                value = out_tensor.data.view(bits).copy().view(self._out_dtypes[name])
+                results[name] = value
+                continue
+            value = out_tensor.data.copy()
+            want = self._out_dtypes[name]
+            results[name] = value if value.dtype.name == want or want == "undefined" else value.astype(want)
         return results if len(results) == 1 else {name: results[name] for name in self._out_order}
 
     def _run_error(self, exc: RuntimeError, feeds: Mapping[str, np.ndarray]) -> SdrtError:

@@ -143,4 +143,17 @@ def test_sequence_ops_are_reported_as_unsupported(ov_registry):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     with pytest.raises(UnsupportedGraph) as info:
         sdrt.load(model.SerializeToString(), backend="openvino")
-    assert "split_seq" in str(info.value)
+    assert info.value.unsupported == {"non-tensor output": ["seq"]}
+
+
+def test_tensor_types_openvino_lacks_are_unsupported(ov_registry):
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cast", ["x"], ["h"], name="to_fnuz", to=TensorProto.FLOAT8E4M3FNUZ),
+             helper.make_node("Cast", ["h"], ["y"], name="back", to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+    with pytest.raises(UnsupportedGraph) as info:
+        sdrt.load(model.SerializeToString(), backend="openvino")
+    assert "to_fnuz" in str(info.value) and info.value.unsupported
