@@ -157,7 +157,9 @@ def test_component_filter_skips_text_encoder_keys():
     ({"lora_unet_a.lora_down.weight": np.zeros((2, 4)), "lora_unet_a.lora_up.weight": np.zeros((4, 3))},
      "do not make a LoRA pair"),
     ({"lora_unet_a.lora_down.weight": np.zeros((2, 4)), "lora_unet_a.lora_up.weight": np.zeros((4, 2)),
-      "lora_unet_a.alpha": np.zeros(3)}, "scalar"),
+      "lora_unet_a.alpha": np.zeros(3)}, "one finite number"),
+    ({"lora_unet_a.lora_down.weight": np.zeros((2, 4)), "lora_unet_a.lora_up.weight": np.zeros((4, 2)),
+      "lora_unet_a.alpha": np.array(np.inf)}, "one finite number"),
     ({}, "no LoRA layers"),
 ])
 def test_bad_lora_files(keys, match):

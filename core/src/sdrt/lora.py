@@ -130,9 +130,10 @@ class Lora:
                 problems.append(f"{mod} (down {list(down.shape)} and up {list(up.shape)} do not make a LoRA pair)")
                 continue
             if "alpha" in p:
-                a_arr = np.asarray(arrays[p["alpha"]], np.float64)
-                if a_arr.size != 1:
-                    problems.append(f"{mod} (alpha has shape {list(a_arr.shape)}, expected a scalar)")
+                with np.errstate(all="ignore"):
+                    a_arr = np.asarray(arrays[p["alpha"]]).astype(np.float64)
+                if a_arr.size != 1 or not np.isfinite(a_arr).all():
+                    problems.append(f"{mod} (alpha is {a_arr.tolist()!r}, expected one finite number)")
                     continue
                 al = float(a_arr.reshape(()))
             else:
