@@ -117,3 +117,27 @@ def test_processes_compiling_at_once_share_the_cache_safely(ov_registry, tmp_pat
     from sdrt_openvino import cache
 
     assert cache.CompiledCache(entry.parent).read(entry.stem) is not None
+
+
+def test_models_whose_blob_breaks_on_import_are_not_cached(ov_registry, tmp_path):
+    """RotaryEmbedding compiles to a RoPE layer that OpenVINO's CPU blob does not restore right."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "pos"], ["y"], name="rope")
+    graph = helper.make_graph([node], "rope", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3, 8]),
+        helper.make_tensor_value_info("cos", TensorProto.FLOAT, [50, 4]),
+        helper.make_tensor_value_info("sin", TensorProto.FLOAT, [50, 4]),
+        helper.make_tensor_value_info("pos", TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 3, 8])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=11)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 4, 3, 8), dtype=np.float32),
+             "cos": rng.random((50, 4), dtype=np.float32), "sin": rng.random((50, 4), dtype=np.float32),
+             "pos": rng.integers(0, 50, (2, 3))}
+    expected = ReferenceEvaluator(model).run(None, feeds)[0]
+    for _ in range(2):
+        out = sdrt.load(model.SerializeToString(), backend="openvino").run(feeds)["y"]
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    assert _entries(tmp_path) == []
