@@ -8,7 +8,10 @@ Each folder in ``machines/`` is one machine:
 - ``lspci-nnk.txt``: captured ``lspci -nnk``;
 - ``root/``: captured files (sysfs, procfs, pci.ids) laid out from ``/``. PCI slot folders are stored as
   ``0000_03_00.0`` (a ``:`` cannot be in a file name on Windows) and renamed back when copied;
-- ``<probe>.csv|txt|json``: a command's captured stdout; ``<probe>.error``: it failed with that message.
+- ``<probe>.csv|txt|json``: a command's captured stdout; ``<probe>.error``: what it printed when it failed,
+  with its exit status in ``platform.json`` (``"exit_status": {"nvidia-smi": 18}``). The failure reaches the
+  probe through the same ``failure_message`` that ``run_command`` uses on a real machine;
+- ``SOURCES.md`` (next to ``machines/``) says, file by file, which fixtures are real captures and from where.
 
 ``load_machine`` builds the root in a temporary folder and runs ``sdrt.hardware.collect`` on it,
 with a runner that answers each command from these captures. Nothing is mocked: the probes read
@@ -28,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from sdrt.hardware import Hardware, collect
-from sdrt.hardware.probe import ProbeFailed, ProbeUnavailable
+from sdrt.hardware.probe import ProbeFailed, ProbeUnavailable, failure_message
 
 HERE = Path(__file__).parent
 MACHINES = HERE / "machines"
@@ -61,7 +64,8 @@ class CapturedOutputs:
         error = self.folder / f"{name.removesuffix('-old')}.error"
         captured = self.folder / OUTPUT_FILES[name]
         if not captured.exists() and error.exists():
-            raise ProbeFailed(error.read_text().strip())
+            status = self.meta["exit_status"][name.removesuffix("-old")]
+            raise ProbeFailed(failure_message(status, error.read_text()))
         if not captured.exists():
             raise ProbeUnavailable(f"{name} not installed on this machine")
         return captured.read_text()

@@ -20,6 +20,19 @@ def test_lspci_nnk_keeps_domains_classes_names_and_drivers():
     assert (gpu.name, gpu.driver) == ("NVIDIA Corporation AD102 [GeForce RTX 4090]", "nvidia")
 
 
+@pytest.mark.parametrize("name, slot, device, driver", [
+    ("no_sysfs_pci_lspci_fallback_gtx1650_mobile", "0000:01:00.0", "1f91", "nvidia"),   # sub-lines: 8 spaces
+    ("rtx3080_nvidia_smi_broken_linux", "0000:3e:00.0", "2206", "nvidia"),  # pasted: sub-lines lost their tab
+    ("container_no_lspci_two_rtx3090", "0000:0a:00.0", "2204", "nvidia"),   # `grep -A3` output with a "--"
+])
+def test_lspci_nnk_real_captures_keep_the_driver_of_each_function(name, slot, device, driver):
+    recs = parse.parse_lspci_nn((MACHINES / name / "lspci-nnk.txt").read_text())
+    rec = [r for r in recs if r.slot == slot][0]
+    assert (rec.class_code, rec.vendor_id, rec.device_id, rec.driver) == (0x030000, "10de", device, driver)
+    audio = [r for r in recs if r.class_code == 0x040300]
+    assert audio and all(r.driver == "snd_hda_intel" for r in audio)
+
+
 def test_nvidia_smi_csv_with_a_comma_in_the_name_and_missing_values():
     rows = parse.parse_nvidia_smi(
         "0, 00000000:01:00.0, 0x268410DE, 24564, 560.35.03, 8.9, NVIDIA GeForce RTX 4090\n"
@@ -78,21 +91,25 @@ def test_system_profiler_and_sizes():
 
 def test_cpuinfo_x86_counts_cores_per_socket():
     cpu = parse.parse_cpuinfo((CPUS / "amd-epyc-9654.txt").read_text(), "x86_64")
-    assert (cpu.vendor, cpu.cores, cpu.threads) == ("amd", 96, 192)
+    assert (cpu.vendor, cpu.cores, cpu.threads) == ("amd", 96, 96)           # SMT off: siblings == cpu cores
     assert "avx512_bf16" in cpu.features and "amx_tile" not in cpu.features
 
 
 def test_cpuinfo_arm_server_names_the_core_from_its_part_number():
-    cpu = parse.parse_cpuinfo((CPUS / "ampere-altra-neoverse-n1-4vcpu.txt").read_text(), "arm64")
-    assert (cpu.vendor, cpu.model, cpu.cores, cpu.threads) == ("arm", "Neoverse-N1", 4, 4)
+    cpu = parse.parse_cpuinfo((CPUS / "aws-graviton2-neoverse-n1.txt").read_text(), "arm64")
+    assert (cpu.vendor, cpu.model, cpu.cores, cpu.threads) == ("arm", "Neoverse-N1", 1, 1)
     assert cpu.isa == ["NEON", "DOTPROD"]
 
 
 def test_sysctl_apple_and_intel():
-    values = parse.parse_sysctl((MACHINES / "apple_m3_pro_macbook_pro" / "sysctl.txt").read_text())
+    values = parse.parse_sysctl((MACHINES / "apple_m3_max_macbook_pro" / "sysctl.txt").read_text())
     cpu = parse.cpu_from_sysctl(values, "arm64")
-    assert (cpu.vendor, cpu.model, cpu.cores) == ("apple", "Apple M3 Pro", 12)
+    assert (cpu.vendor, cpu.model, cpu.cores) == ("apple", "Apple M3 Max", 14)
     assert cpu.isa == ["NEON", "DOTPROD", "I8MM", "BF16"]
+    # macOS 11 on an M1: a generic brand, no hw.physicalcpu, and no hw.optional.arm.FEAT_* keys yet
+    values = parse.parse_sysctl((MACHINES / "apple_m1_macbook_air" / "sysctl.txt").read_text())
+    cpu = parse.cpu_from_sysctl(values, "arm64")
+    assert (cpu.vendor, cpu.model, cpu.cores, cpu.threads, cpu.isa) == ("apple", "Apple processor", 8, 8, ["NEON"])
     values = parse.parse_sysctl((MACHINES / "intel_mac_with_radeon_pro_5500m" / "sysctl.txt").read_text())
     assert {"avx", "avx2", "fma", "f16c"} <= set(parse.cpu_from_sysctl(values, "x86_64").features)
 

@@ -23,9 +23,20 @@ def test_run_command_times_out():
         run_command("sleeper", [PY, "-c", "import time; time.sleep(5)"], 0.3)
 
 
-def test_run_command_reports_exit_status_and_last_stderr_line():
-    with pytest.raises(ProbeFailed, match="exit status 3: boom"):
-        run_command("failer", [PY, "-c", "import sys; sys.stderr.write('x\\nboom\\n'); sys.exit(3)"], 10)
+def test_run_command_reports_exit_status_and_every_line_it_printed():
+    with pytest.raises(ProbeFailed, match="exit status 3: x; boom$"):
+        run_command("failer", [PY, "-c", "import sys; sys.stderr.write('x\\n\\nboom\\n'); sys.exit(3)"], 10)
+
+
+def test_a_real_nvidia_smi_failure_keeps_its_cause_line(tmp_path):
+    """nvidia-smi prints the cause first and "NVML library version" last (captured in intel/llvm#17614)."""
+    text = (MACHINES / "rtx3080_nvidia_smi_broken_linux" / "nvidia-smi.error").read_text()
+    script = tmp_path / "fake_nvidia_smi.py"
+    script.write_text(f"import sys\nsys.stdout.write({text!r})\nsys.exit(18)\n")
+    with pytest.raises(ProbeFailed) as err:
+        run_command("nvidia-smi", [PY, str(script)], 10)
+    assert str(err.value) == ("exit status 18: Failed to initialize NVML: Driver/library version mismatch; "
+                              "NVML library version: 550.144")
 
 
 def test_run_command_on_a_missing_tool_is_unavailable_not_failed():

@@ -246,6 +246,9 @@ def macos(raw: dict[str, Any], arch: str) -> Hardware:
             dev.vram_bytes = parse.parse_size(item.get("spdisplays_vram") or item.get("_spdisplays_vram")
                                               or item.get("spdisplays_vram_shared"))
         hw.devices.append(dev)
+    apple_gpu = next((d for d in hw.devices if d.vendor == APPLE), None)
+    if hw.cpu.model == "Apple processor" and apple_gpu is not None and apple_gpu.architecture:
+        hw.cpu.model = apple_gpu.architecture           # macOS 11 says "Apple processor"; the GPU names the chip
     if arch == "arm64" and hw.cpu.vendor == "apple":
         hw.devices.append(Accelerator(kind="npu", vendor=APPLE, name="Apple Neural Engine",
                                       architecture=hw.cpu.model, integrated=True, source="sysctl"))

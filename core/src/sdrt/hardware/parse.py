@@ -114,8 +114,9 @@ def cpu_from_sysctl(values: dict[str, str], arch: str) -> CPU:
         if values.get(key) == "1":
             feats.add(name)
     cpu.features = tuple(sorted(feats))
-    cpu.cores = _int(values.get("hw.physicalcpu"))
-    cpu.threads = _int(values.get("hw.logicalcpu"))
+    # hw.* first; machdep.cpu.core_count/thread_count are what some macOS releases and sysctl subsets give
+    cpu.cores = _int(values.get("hw.physicalcpu")) or _int(values.get("machdep.cpu.core_count"))
+    cpu.threads = _int(values.get("hw.logicalcpu")) or _int(values.get("machdep.cpu.thread_count"))
     return cpu
 
 
@@ -163,7 +164,8 @@ def parse_lspci_nn(text: str) -> list[PciRecord]:
     for line in text.splitlines():
         m = _LSPCI.match(line.strip()) if not line.startswith(("\t", " ")) else None
         if not m:
-            drv = re.match(r"\s+Kernel driver in use:\s*(\S+)", line)
+            # sub-lines are tab-indented, but captures pasted into web pages often lose the indent
+            drv = re.match(r"\s*Kernel driver in use:\s*(\S+)", line)
             if drv and out:
                 out[-1].driver = drv[1]
             continue

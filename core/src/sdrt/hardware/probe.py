@@ -48,9 +48,20 @@ def run_command(name: str, argv: Sequence[str], timeout: float) -> str:
     except OSError as exc:
         raise ProbeFailed(f"could not start: {exc}") from exc
     if proc.returncode != 0:
-        detail = (proc.stderr or proc.stdout).strip().splitlines()
-        raise ProbeFailed(f"exit status {proc.returncode}" + (f": {detail[-1][:200]}" if detail else ""))
+        raise ProbeFailed(failure_message(proc.returncode, proc.stderr or proc.stdout))
     return proc.stdout
+
+
+def failure_message(returncode: int, output: str) -> str:
+    """One line for a command that exited non-zero: its status and every non-empty line it printed.
+
+    Tools put the cause on any line: nvidia-smi prints "Failed to initialize NVML: Driver/library version
+    mismatch" and then "NVML library version: 550.144", so keeping only the last line would drop the cause.
+    """
+    detail = "; ".join(line.strip() for line in output.splitlines() if line.strip())
+    if len(detail) > 300:
+        detail = detail[:297] + "..."
+    return f"exit status {returncode}" + (f": {detail}" if detail else "")
 
 
 class Context:
