@@ -173,9 +173,11 @@ def test_rx6800_on_linux_gfx1030_gets_ggml_vulkan(machine):
 def test_radeon_780m_apu_gfx1103_gets_ggml_vulkan_and_its_npu_is_listed(machine):
     hw = machine("radeon_780m_apu_linux")
     g = gpu(hw, "amd")
-    assert (g.device_id, g.gfx_target, g.integrated) == ("15bf", "gfx1103", True)
+    assert (g.device_id, g.gfx_target, g.integrated, g.driver) == ("15bf", "gfx1103", True, "amdgpu")
+    assert g.bus_id == "0000:c1:00.0" and len(hw.devices) == 2       # 40 PCI functions in the capture
     npu = hw.npus[0]
-    assert (npu.vendor, npu.device_id, npu.driver) == ("amd", "1502", "amdxdna")
+    # captured on Linux 6.11, before the amdxdna driver was merged: the NPU is there, unbound
+    assert (npu.vendor, npu.device_id, npu.driver, npu.bus_id) == ("amd", "1502", None, "0000:c2:00.1")
     rec = recommend(hw)
     assert (rec.plugin, rec.build) == ("ggml", "vulkan")
     assert [d for d, _ in rec.passed_over] == [npu]
