@@ -37,9 +37,10 @@ HERE = Path(__file__).parent
 MACHINES = HERE / "machines"
 CPUS = HERE / "cpus"
 
-_STORED_SLOT = re.compile(r"^[0-9a-f]{4}_[0-9a-f]{2}_[0-9a-f]{2}\.[0-7]$")
-_LSPCI_LINE = re.compile(r"^(?:(?P<dom>[0-9a-f]{4}):)?(?P<bus>[0-9a-f]{2}):(?P<dev>[0-9a-f]{2})\.(?P<fn>[0-7]) "
-                         r".*?\[(?P<cls>[0-9a-f]{4})\]: .*\[(?P<ven>[0-9a-f]{4}):(?P<did>[0-9a-f]{4})\]")
+#: PCI domains have 4 hex digits, or more behind an Intel VMD controller (``10000:e0:06.0``)
+_STORED_SLOT = re.compile(r"^[0-9a-f]{4,8}_[0-9a-f]{2}_[0-9a-f]{2}\.[0-7]$")
+_LSPCI_LINE = re.compile(r"^(?:(?P<dom>[0-9a-f]{4,8}):)?(?P<bus>[0-9a-f]{2}):(?P<dev>[0-9a-f]{2})\.(?P<fn>[0-7]) "
+                         r".*?\[(?P<cls>[0-9a-f]{4})\]: .*?\[(?P<ven>[0-9a-f]{4}):(?P<did>[0-9a-f]{4})\]")
 
 OUTPUT_FILES = {
     "nvidia-smi": "nvidia-smi.csv", "nvidia-smi-old": "nvidia-smi-old.csv", "rocminfo": "rocminfo.txt",

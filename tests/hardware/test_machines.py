@@ -217,7 +217,8 @@ def test_intel_igpu_with_core_ultra_npu_on_linux_gets_openvino_on_both(machine):
     assert g.name == "Intel Graphics"
     assert (g.device_id, g.integrated, g.architecture) == ("7d45", True, "Xe-LPG (Meteor Lake)")
     npu = hw.npus[0]
-    assert (npu.name, npu.driver) == ("Intel Meteor Lake NPU", "intel_vpu")   # named by the distro's pci.ids
+    assert npu.name == "Intel Meteor Lake NPU"                                  # named by the distro's pci.ids
+    assert npu.driver is None    # the capture lists the intel_vpu module but no driver bound to the NPU
     rec = recommend(hw)
     assert rec.plugin == "openvino" and rec.devices == [g, npu] and rec.passed_over == []
 

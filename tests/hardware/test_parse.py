@@ -20,6 +20,25 @@ def test_lspci_nnk_keeps_domains_classes_names_and_drivers():
     assert (gpu.name, gpu.driver) == ("NVIDIA Corporation AD102 [GeForce RTX 4090]", "nvidia")
 
 
+def test_lspci_vmd_domains_of_five_hex_digits_keep_their_own_drivers():
+    """Behind an Intel VMD controller lspci prints 5-digit domains (real Latitude 7450 capture)."""
+    recs = parse.parse_lspci_nn((MACHINES / "meteor_lake_igpu_and_npu_linux" / "lspci-nnk.txt").read_text())
+    by_slot = {r.slot: r for r in recs}
+    assert by_slot["10000:e0:06.2"].driver == "pcieport" and by_slot["10000:e1:00.0"].driver == "nvme"
+    assert by_slot["0000:71:00.0"].driver == "iwlwifi"          # not overwritten by the VMD bridge after it
+    assert by_slot["0000:00:0b.0"].driver is None               # "Kernel modules: intel_vpu" is not a binding
+    assert len(recs) == 28
+
+
+def test_lspci_lines_of_an_unreadable_function_are_not_given_to_the_one_before():
+    text = ("01:00.0 VGA compatible controller [0300]: NVIDIA Corporation Device [10de:2684] (rev a1)\n"
+            "\tKernel driver in use: nvidia\n"
+            "02:00.0 VGA compatible controller: Intel Corporation DG2 [Arc A770] (rev 08)\n"   # no -nn ids
+            "\tKernel driver in use: i915\n")
+    (rec,) = parse.parse_lspci_nn(text)
+    assert (rec.slot, rec.driver) == ("0000:01:00.0", "nvidia")
+
+
 @pytest.mark.parametrize("name, slot, device, driver", [
     ("no_sysfs_pci_lspci_fallback_gtx1650_mobile", "0000:01:00.0", "1f91", "nvidia"),   # sub-lines: 8 spaces
     ("rtx3080_nvidia_smi_broken_linux", "0000:3e:00.0", "2206", "nvidia"),  # pasted: sub-lines lost their tab

@@ -153,27 +153,35 @@ class PciRecord:
     driver: str | None = None
 
 
+#: domains are 4 hex digits, or 5 and more behind an Intel VMD controller ("10000:e0:06.0")
+_SLOT = r"(?:[0-9a-f]{4,8}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]"
 _LSPCI = re.compile(
-    r"^(?P<slot>(?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\s+.*?\[(?P<cls>[0-9a-f]{4})\]:\s+"
+    rf"^(?P<slot>{_SLOT})\s+.*?\[(?P<cls>[0-9a-f]{{4}})\]:\s+"
     r"(?P<name>.*?)\s*\[(?P<ven>[0-9a-f]{4}):(?P<dev>[0-9a-f]{4})\]", re.IGNORECASE)
+_LSPCI_ANY_HEADER = re.compile(rf"^{_SLOT}\s", re.IGNORECASE)
 
 
 def parse_lspci_nn(text: str) -> list[PciRecord]:
     """``lspci -nn`` (or ``-nnk``) -> one record per function: class, ids, the name lspci printed, driver."""
     out: list[PciRecord] = []
+    current: PciRecord | None = None
     for line in text.splitlines():
         m = _LSPCI.match(line.strip()) if not line.startswith(("\t", " ")) else None
         if not m:
+            if _LSPCI_ANY_HEADER.match(line):
+                current = None            # a function this parser cannot read: its lines are not the last one's
+                continue
             # sub-lines are tab-indented, but captures pasted into web pages often lose the indent
             drv = re.match(r"\s*Kernel driver in use:\s*(\S+)", line)
-            if drv and out:
-                out[-1].driver = drv[1]
+            if drv and current is not None:
+                current.driver = drv[1]
             continue
         slot = m["slot"].lower()
         if slot.count(":") == 1:
             slot = "0000:" + slot
-        out.append(PciRecord(slot=slot, class_code=int(m["cls"], 16) << 8, vendor_id=m["ven"].lower(),
-                             device_id=m["dev"].lower(), name=m["name"].strip()))
+        current = PciRecord(slot=slot, class_code=int(m["cls"], 16) << 8, vendor_id=m["ven"].lower(),
+                            device_id=m["dev"].lower(), name=m["name"].strip())
+        out.append(current)
     return out
 
 
