@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -16,11 +17,13 @@ from .support import check_graph
 log = logging.getLogger("sdrt.ggml")
 
 #: options ``compile`` accepts
-OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "flash_attn", "scheduler")
+OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "flash_attn", "scheduler")
 _KIND = {0: "cpu", 1: "gpu", 2: "gpu"}
 
 
 def _ggml() -> Any:
+    # a failed GGML_ASSERT would otherwise start gdb to print a backtrace, which can hang
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     try:
         import ggml
     except (ImportError, OSError, RuntimeError) as exc:

@@ -171,7 +171,16 @@ def binary(lw: Lowering, fn_name: str, a: Value, b: Value, commutative: bool) ->
         gb = reshape(lw, gb, (1,) * (len(out) - gb.rank) + gb.shape)
     if ga.rank != len(out):
         ga = reshape(lw, ga, out)
-    fn = getattr(gg(), fn_name)
+    g = gg()
+    gb_ne0 = gb.shape[-1] if gb.shape else 1
+    ga_ne0 = out[-1] if out else 1
+    if gb_ne0 == 1 and ga_ne0 >= 8 and gb.size < ga.size:
+        # ggml's CPU kernels loop element by element when the second operand's rows have
+        # length 1 (a per-channel bias on NCHW): repeat it along the innermost dim first
+        ne = ne_of(gb.shape)
+        ne[0] = ga_ne0
+        gb = T(g.ggml_repeat_4d(lw.ctx, gb.ptr, *ne), gb.shape[:-1] + (ga_ne0,), gb.dtype)
+    fn = getattr(g, fn_name)
     return T(fn(lw.ctx, ga.ptr, gb.ptr), out)
 
 

@@ -67,8 +67,7 @@ def conv2d(lw: Any, x: T, w: np.ndarray | T, bias: Value | None, strides: list[i
     if group == 1:
         y = _conv_dense(lw, x, wt, strides, dil, ph, pw, (n, oc, oh, ow))
     elif group == c and icg == 1 and oc == c:
-        y = T(g.ggml_conv_2d_dw_direct(lw.ctx, wt.ptr, x.ptr, strides[1], strides[0], pw, ph, dil[1], dil[0]),
-              (n, oc, oh, ow))
+        y = _conv_depthwise(lw, x, w, wt, strides, dil, ph, pw, (n, oc, oh, ow))
     else:
         ocg = oc // group
         parts = []
@@ -83,6 +82,24 @@ def conv2d(lw: Any, x: T, w: np.ndarray | T, bias: Value | None, strides: list[i
         b = lw.const(bias) if isinstance(bias, np.ndarray) else bias
         y = binary(lw, "ggml_add", y, reshape(lw, b, (1, -1, 1, 1)), True)
     return y
+
+
+def _conv_depthwise(lw: Any, x: T, w: np.ndarray | T, wt: T, strides: list[int], dil: list[int], ph: int, pw: int,
+                    out_shape: tuple[int, int, int, int]) -> T:
+    """Depthwise conv. ggml's kernel is vectorized over channels only when channels are the
+    innermost dim in memory, so the input is laid out channels-last first (one copy) and
+    the result copied back to NCHW, unless ``dw_layout="nchw"``."""
+    g = gg()
+    args = (strides[1], strides[0], pw, ph, dil[1], dil[0])
+    if lw.options.get("dw_layout", "nhwc") == "nchw" or not isinstance(w, np.ndarray):
+        return T(g.ggml_conv_2d_dw_direct(lw.ctx, wt.ptr, x.ptr, *args), out_shape)
+    # kernel as (KH, KW, 1, C) memory, viewed with ne (KW, KH, 1, C): channels innermost
+    kc = lw.const(w, transform=lambda a: np.ascontiguousarray(a[:, 0].transpose(1, 2, 0))[:, :, None, :], tag="hwc")
+    kv = g.ggml_permute(lw.ctx, kc.ptr, 3, 2, 0, 1)
+    xc = g.ggml_cont(lw.ctx, g.ggml_permute(lw.ctx, x.ptr, 1, 2, 0, 3))  # memory (N, H, W, C)
+    xv = g.ggml_permute(lw.ctx, xc, 2, 0, 1, 3)  # ne (W, H, C, N) over channels-last memory
+    y = g.ggml_conv_2d_dw_direct(lw.ctx, kv, xv, *args)
+    return T(g.ggml_cont(lw.ctx, y), out_shape)
 
 
 def _channel_view(lw: Any, x: T, start: int, count: int, axis: int = 1) -> T:
@@ -103,7 +120,11 @@ def _conv_dense(lw: Any, x: T, wt: T, strides: list[int], dil: list[int], ph: in
                         g.GGML_TYPE_F32)  # ne: [K, OW, OH, N]
     col2 = g.ggml_reshape_2d(lw.ctx, col, kdim, ow * oh * n)
     w2 = g.ggml_reshape_2d(lw.ctx, wt.ptr, kdim, oc)
-    y = g.ggml_mul_mat(lw.ctx, col2, w2)  # ne: [OW*OH*N, OC]
+    if lw.options.get("conv_impl", "im2col") == "im2col_nhwc":
+        y = g.ggml_mul_mat(lw.ctx, w2, col2)  # ne: [OC, OW*OH*N]: channels-last, then one transpose copy
+        y = g.ggml_cont(lw.ctx, g.ggml_transpose(lw.ctx, y))
+    else:
+        y = g.ggml_mul_mat(lw.ctx, col2, w2)  # ne: [OW*OH*N, OC]
     if n == 1:
         return T(g.ggml_reshape_4d(lw.ctx, y, ow, oh, oc, 1), out_shape)
     y = g.ggml_reshape_4d(lw.ctx, y, ow, oh, n, oc)

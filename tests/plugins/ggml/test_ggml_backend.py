@@ -1,0 +1,164 @@
+"""The backend contract: devices, fail-early UnsupportedGraph, options, weights, sessions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ggml_helpers import F, check, make_model, rand, run_ggml
+from onnx import helper
+
+from sdrt.errors import InputError, ModelError, SdrtError, UnsupportedGraph
+from sdrt.graph import Graph
+
+mk = helper.make_node
+
+
+def _backend():
+    from sdrt_ggml import GgmlBackend
+
+    return GgmlBackend()
+
+
+def test_plugin_module_declares_api_and_hook():
+    import sdrt_ggml
+
+    assert sdrt_ggml.SDRT_API_VERSION == (1, 0)
+    assert callable(sdrt_ggml.register_backends)
+
+
+def test_devices_come_from_the_ggml_registry_and_include_the_cpu():
+    import ggml
+
+    devs = _backend().devices()
+    assert devs and devs[0].backend == "ggml"
+    assert any(d.kind == "cpu" and d.id == "CPU" for d in devs)
+    names = {ggml.ggml_backend_dev_name(ggml.ggml_backend_dev_get(i)).decode()
+             for i in range(ggml.ggml_backend_dev_count())}
+    assert {d.id for d in devs} <= names
+
+
+def test_registered_through_the_plugin_hook(registry):
+    import sdrt_ggml
+
+    registry.register_plugin(sdrt_ggml, "ggml", distribution="sdrt-ggml")
+    assert "ggml" in registry.backends
+
+
+def test_unsupported_graph_lists_every_op_and_node_before_lowering():
+    nodes = [mk("Relu", ["x"], ["a"], name="ok"),
+             mk("NonMaxSuppression", ["a", "a"], ["b"], name="nms1"),
+             mk("Einsum", ["a", "a"], ["c"], name="ein1", equation="ij,ij->ij"),
+             mk("Einsum", ["c", "a"], ["d"], name="ein2", equation="ij,ij->ij"),
+             mk("Resize", ["d", "", "s"], ["y"], name="cubic", mode="cubic")]
+    model = make_model(nodes, {"x": ((2, 2), F)}, {"y": (None, F)}, {"s": np.ones(2, np.float32)})
+    with pytest.raises(UnsupportedGraph) as err:
+        _backend().compile(Graph(model), None, _backend().devices()[0])
+    un = err.value.unsupported
+    assert un["Einsum"] == ["ein1", "ein2"]
+    assert un["NonMaxSuppression"] == ["nms1"]
+    assert any(k.startswith("Resize (Resize mode 'cubic')") for k in un)
+    assert "ein1" in str(err.value) and "What to do" in str(err.value)
+
+
+def test_runtime_only_problem_is_reported_as_unsupported_graph():
+    model = make_model([mk("Equal", ["x", "x"], ["y"], name="eq")], {"x": ((2,), F)},
+                       {"y": (None, helper.TensorProto.BOOL)})
+    with pytest.raises(UnsupportedGraph, match="eq"):
+        run_ggml(model, {"x": rand(2)})
+
+
+def test_dynamic_input_needs_shapes_option():
+    model = make_model([mk("Relu", ["x"], ["y"])], {"x": (("batch", 3), F)}, {"y": (None, F)})
+    with pytest.raises(ModelError, match="shapes="):
+        run_ggml(model, {"x": rand(2, 3)})
+    out = run_ggml(model, {"x": rand(2, 3)}, shapes={"x": (2, 3)})
+    assert out["y"].shape == (2, 3)
+    with pytest.raises(ModelError, match="does not fit"):
+        run_ggml(model, {"x": rand(2, 3)}, shapes={"x": (2, 4)})
+
+
+def test_unknown_option_is_an_error():
+    model = make_model([mk("Relu", ["x"], ["y"])], {"x": ((3,), F)}, {"y": (None, F)})
+    with pytest.raises(SdrtError, match="unknown options"):
+        run_ggml(model, {"x": rand(3)}, fast=True)
+
+
+def test_wrong_feed_is_an_input_error():
+    model = make_model([mk("Relu", ["x"], ["y"])], {"x": ((3,), F)}, {"y": (None, F)})
+    be = _backend()
+    with be.compile(Graph(model), None, be.devices()[0]) as s:
+        with pytest.raises(InputError):
+            s.run({"x": rand(4)})
+
+
+def test_session_reruns_and_closes():
+    w = rand(6, 4)
+    model = make_model([mk("MatMul", ["x", "w"], ["y"])], {"x": ((2, 6), F)}, {"y": (None, F)}, {"w": w})
+    be = _backend()
+    s = be.compile(Graph(model), None, be.devices()[0])
+    for seed in range(3):
+        x = rand(2, 6, seed=seed)
+        np.testing.assert_allclose(s.run({"x": x})["y"], x @ w, rtol=1e-5, atol=1e-6)
+    s.close()
+    s.close()
+    with pytest.raises(SdrtError, match="closed"):
+        s.run({"x": rand(2, 6)})
+
+
+class _Weights:
+    """The part of sdrt.weights.Weights that a backend uses: bind(graph) -> name -> array."""
+
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def bind(self, graph):
+        return dict(self.arrays)
+
+
+def test_update_weights_in_place_and_with_rebuild():
+    w, b = rand(6, 4), rand(4)
+    nodes = [mk("MatMul", ["x", "w"], ["m"]), mk("Add", ["m", "b"], ["y"]),
+             mk("Mul", ["b", "b"], ["bb"]), mk("Add", ["y", "bb"], ["z"])]
+    model = make_model(nodes, {"x": ((2, 6), F)}, {"z": (None, F)}, {"w": w, "b": b})
+    be = _backend()
+    x = rand(2, 6, seed=7)
+    with be.compile(Graph(model), None, be.devices()[0]) as s:
+        w2 = rand(6, 4, seed=9)
+        s.update_weights(_Weights({"w": w2}))  # bound directly: written in place
+        np.testing.assert_allclose(s.run({"x": x})["z"], x @ w2 + b + b * b, rtol=1e-5, atol=1e-5)
+        b2 = rand(4, seed=11)
+        s.update_weights(_Weights({"b": b2}))  # b*b was folded at compile time: rebuilds
+        np.testing.assert_allclose(s.run({"x": x})["z"], x @ w2 + b2 + b2 * b2, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_given_at_compile_replace_initializers():
+    w = rand(6, 4)
+    model = make_model([mk("MatMul", ["x", "w"], ["y"])], {"x": ((2, 6), F)}, {"y": (None, F)}, {"w": w})
+    be = _backend()
+    w2 = rand(6, 4, seed=5)
+    with be.compile(Graph(model), _Weights({"w": w2}), be.devices()[0]) as s:
+        x = rand(2, 6)
+        np.testing.assert_allclose(s.run({"x": x})["y"], x @ w2, rtol=1e-5, atol=1e-6)
+
+
+def test_scheduler_path_matches_and_profiles():
+    from sdrt_ggml.profile import profile
+
+    w = rand(8, 4, 3, 3)
+    model = make_model([mk("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), mk("Relu", ["c"], ["y"])],
+                       {"x": ((1, 4, 6, 6), F)}, {"y": (None, F)}, {"w": w})
+    feeds = {"x": rand(1, 4, 6, 6)}
+    check(model, feeds, scheduler=True)
+    be = _backend()
+    with be.compile(Graph(model), None, be.devices()[0], scheduler=True) as s:
+        prof = profile(s, feeds)
+    assert "MUL_MAT" in prof and all(ms >= 0 and n >= 1 for ms, n in prof.values())
+
+
+def test_constant_output_and_passthrough_output():
+    model = make_model([mk("Shape", ["x"], ["s"]), mk("Identity", ["x"], ["y"])], {"x": ((2, 5), F)},
+                       {"s": (None, helper.TensorProto.INT64), "y": (None, F)})
+    x = rand(2, 5)
+    out = run_ggml(model, {"x": x})
+    assert out["s"].tolist() == [2, 5] and out["s"].dtype == np.int64
+    np.testing.assert_array_equal(out["y"], x)

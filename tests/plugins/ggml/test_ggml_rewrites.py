@@ -1,0 +1,128 @@
+"""The rewrites to ggml's fused kernels: each one fires on the pattern torch exports, and the
+outputs with and without it match each other and onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ggml_helpers import F, check, make_model, rand
+from onnx import helper
+
+from sdrt.graph import Graph
+
+mk = helper.make_node
+
+
+def _compile(model, **options):
+    from sdrt_ggml import GgmlBackend
+
+    be = GgmlBackend()
+    return be.compile(Graph(model), None, be.devices()[0], **options)
+
+
+def _both(model, feeds):
+    """Outputs with every rewrite and with none (gelu stays: ggml has no erf kernel); rewrite hit counts."""
+    with _compile(model) as on, _compile(model, rewrites=()) as off:
+        return on.run(feeds), off.run(feeds), on.rewrite_hits, off.rewrite_hits
+
+
+def attention_model(scale_style: str, mask: bool = False, rank: int = 4):
+    b, h, n, m, d = 2, 3, 10, 7, 16
+    shape_q = (b, h, n, d) if rank == 4 else (b * h, n, d)
+    shape_kv = (b, h, m, d) if rank == 4 else (b * h, m, d)
+    perm = [0, 1, 3, 2] if rank == 4 else [0, 2, 1]
+    nodes = [mk("Transpose", ["k"], ["kt"], perm=perm)]
+    inits = {}
+    if scale_style == "qk":  # torch SDPA export: sqrt(scale) on q and on k^T
+        nodes += [mk("Mul", ["q", "s"], ["qs"]), mk("Mul", ["kt", "s"], ["ks"]), mk("MatMul", ["qs", "ks"], ["sc"])]
+        inits["s"] = np.array(d ** -0.25, np.float32)
+    else:  # scores scaled after the product
+        nodes += [mk("MatMul", ["q", "kt"], ["raw"]), mk("Div", ["raw", "s"], ["sc"])]
+        inits["s"] = np.array(d ** 0.5, np.float32)
+    last = "sc"
+    if mask:
+        inits["mask"] = np.triu(np.full((n, m), -np.inf, np.float32), 1)
+        nodes.append(mk("Add", ["sc", "mask"], ["scm"]))
+        last = "scm"
+    nodes += [mk("Softmax", [last], ["p"], axis=-1), mk("MatMul", ["p", "v"], ["y"])]
+    model = make_model(nodes, {"q": (shape_q, F), "k": (shape_kv, F), "v": (shape_kv, F)}, {"y": (None, F)}, inits)
+    feeds = {"q": rand(*shape_q), "k": rand(*shape_kv, seed=1), "v": rand(*shape_kv, seed=2)}
+    return model, feeds
+
+
+@pytest.mark.parametrize("scale_style", ["qk", "scores"])
+@pytest.mark.parametrize("mask", [False, True])
+@pytest.mark.parametrize("rank", [3, 4])
+def test_attention_becomes_flash_attention(scale_style, mask, rank):
+    model, feeds = attention_model(scale_style, mask, rank)
+    on, off, hits, hits_off = _both(model, feeds)
+    assert hits.get("attention") == 1 and "attention" not in hits_off
+    np.testing.assert_allclose(on["y"], off["y"], rtol=1e-4, atol=1e-5)
+    check(model, feeds)
+
+
+def test_attention_with_non_f16_mask_is_left_alone():
+    model, feeds = attention_model("scores", mask=True)
+    for init in model.graph.initializer:
+        if init.name == "mask":
+            from onnx import numpy_helper
+
+            init.CopyFrom(numpy_helper.from_array(rand(10, 7) * 1e-3, "mask"))
+    with _compile(model) as s:
+        assert "attention" not in s.rewrite_hits
+    check(model, feeds)
+
+
+def groupnorm_model(c=8, groups=4, hw=5):
+    nodes = [mk("Reshape", ["x", "gshape"], ["g"]),
+             mk("InstanceNormalization", ["g", "ones", "zeros"], ["gn"], epsilon=1e-5),
+             mk("Reshape", ["gn", "xshape"], ["r"]),
+             mk("Mul", ["r", "gamma"], ["m"]), mk("Add", ["m", "beta"], ["y"])]
+    inits = {"gshape": np.array([2, groups, -1], np.int64), "ones": np.ones(groups, np.float32),
+             "zeros": np.zeros(groups, np.float32), "xshape": np.array([2, c, hw, hw], np.int64),
+             "gamma": rand(c, 1, 1), "beta": rand(c, 1, 1, seed=1)}
+    return make_model(nodes, {"x": ((2, c, hw, hw), F)}, {"y": (None, F)}, inits), {"x": rand(2, c, hw, hw)}
+
+
+def test_groupnorm_pattern_becomes_ggml_group_norm():
+    model, feeds = groupnorm_model()
+    on, off, hits, hits_off = _both(model, feeds)
+    assert hits.get("groupnorm") == 1 and "groupnorm" not in hits_off
+    np.testing.assert_allclose(on["y"], off["y"], rtol=1e-4, atol=1e-5)
+    check(model, feeds)
+
+
+def gelu_model(variant: int):
+    inits = {"sqrt2": np.array(np.sqrt(2.0), np.float32), "one": np.array(1.0, np.float32),
+             "half": np.array(0.5, np.float32)}
+    nodes = [mk("Div", ["x", "sqrt2"], ["d"]), mk("Erf", ["d"], ["e"]), mk("Add", ["e", "one"], ["a"])]
+    if variant == 0:  # torch: (x * (1 + erf)) * 0.5
+        nodes += [mk("Mul", ["x", "a"], ["m"]), mk("Mul", ["m", "half"], ["y"])]
+    else:  # x * ((1 + erf) * 0.5)
+        nodes += [mk("Mul", ["a", "half"], ["m"]), mk("Mul", ["x", "m"], ["y"])]
+    return make_model(nodes, {"x": ((3, 40), F)}, {"y": (None, F)}, inits), {"x": rand(3, 40) * 3}
+
+
+@pytest.mark.parametrize("variant", [0, 1])
+def test_gelu_erf_pattern(variant):
+    model, feeds = gelu_model(variant)
+    with _compile(model) as s:
+        assert s.rewrite_hits.get("gelu") == 1
+    check(model, feeds)
+
+
+def test_silu_pattern():
+    model = make_model([mk("Sigmoid", ["x"], ["s"]), mk("Mul", ["x", "s"], ["y"])], {"x": ((2, 4, 6, 6), F)},
+                       {"y": (None, F)})
+    feeds = {"x": rand(2, 4, 6, 6) * 4}
+    on, off, hits, hits_off = _both(model, feeds)
+    assert hits.get("silu") == 1 and not hits_off
+    np.testing.assert_allclose(on["y"], off["y"], rtol=1e-5, atol=1e-6)
+    check(model, feeds)
+
+
+def test_intermediate_used_elsewhere_stays_correct():
+    """The sigmoid output is also a graph output: the fused op must not change it."""
+    model = make_model([mk("Sigmoid", ["x"], ["s"]), mk("Mul", ["x", "s"], ["y"])], {"x": ((3, 9), F)},
+                       {"y": (None, F), "s": (None, F)})
+    check(model, {"x": rand(3, 9)})
