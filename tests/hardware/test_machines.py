@@ -75,13 +75,19 @@ def test_gtx1060_with_driver_470_retries_nvidia_smi_without_compute_cap_and_gets
     assert "older than Turing" in rec.reason
 
 
-def test_nvidia_laptop_with_intel_igpu_uses_the_nvidia_gpu(machine):
-    hw = machine("laptop_rtx4060_with_intel_iris_xe_linux")
+def test_nvidia_laptop_with_intel_igpu_and_no_nvidia_driver_yet_still_gets_trt(tmp_path):
+    """Dell XPS 16 9640 as captured: the RTX 4060 is on the bus but no NVIDIA driver is bound or installed."""
+    hw, runner = load_machine("laptop_rtx4060_with_meteor_lake_igpu_linux", tmp_path)
     g = gpu(hw, "nvidia")
-    assert g.name == "NVIDIA GeForce RTX 4060 Laptop GPU" and g.compute_capability == "8.9"
-    assert gpu(hw, "intel").name == "Intel Iris Xe Graphics"
+    assert (g.device_id, g.chip, g.compute_capability, g.driver) == ("28a0", "AD107M", "8.9", None)
+    assert g.vram_bytes is None and g.source == "sysfs" and hw.notes == []    # no nvidia-smi: not a failure
+    assert "nvidia-smi" in [name for name, _ in runner.calls]
+    igpu = gpu(hw, "intel")
+    assert (igpu.name, igpu.integrated, igpu.driver) == ("Intel Arc Graphics", True, "i915")   # Meteor Lake iGPU
+    assert hw.npus[0].driver == "intel_vpu"
     rec = recommend(hw)
-    assert rec.plugin == "trt" and passed_names(rec) == ["Intel Iris Xe Graphics"]
+    assert rec.plugin == "trt" and rec.devices == [g]
+    assert passed_names(rec) == ["Intel Arc Graphics", "Intel Meteor Lake NPU"]
 
 
 def test_h100_compute_9_is_not_a_tensorrt_rtx_target_so_ggml_cuda(machine):
