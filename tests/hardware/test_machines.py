@@ -70,6 +70,8 @@ def test_gtx1060_with_driver_470_retries_nvidia_smi_without_compute_cap_and_gets
     g = gpu(hw, "nvidia")
     assert (g.architecture, g.compute_capability, g.driver_version) == ("Pascal", "6.1", "470.256.02")
     assert hw.notes == []                      # the expected first failure is not reported
+    assert (hw.cpu.model, hw.cpu.cores, hw.cpu.threads) == ("Intel(R) Core(TM) i9-9900K CPU @ 3.60GHz", 8, 16)
+    assert "AVX2" in hw.cpu.isa and "AVX-512" not in hw.cpu.isa
     rec = recommend(hw)
     assert (rec.plugin, rec.build) == ("ggml", "cuda")
     assert "older than Turing" in rec.reason
