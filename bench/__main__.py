@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--include-reference", action="store_true", help="also time the (slow) reference backend")
     p.add_argument("--peers", default=",".join(harness.PEERS), help="raw runtimes to compare with")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds per model (default: from --min-seconds)")
-    p.add_argument("--min-seconds", type=float, default=6.0, help="timing budget per model when --rounds is unset")
+    p.add_argument("--min-seconds", type=float, default=10.0, help="timing budget per model when --rounds is unset")
+    p.add_argument("--pair-with", default="openvino-raw",
+                   help="contender for the paired ratio column (default openvino-raw; else the best peer)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="CPU threads for every runner (default: each decides)")
     p.add_argument("--option", action="append", default=[], metavar="BACKEND:KEY=VALUE",
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}] building and timing ...", flush=True)
         rows = harness.bench_model(name, args.size, workdir, backends, rounds=args.rounds,
                                    min_seconds=args.min_seconds, warmup=args.warmup, threads=args.threads,
-                                   peers=peers, sdrt_options=options)
+                                   peers=peers, sdrt_options=options, pair_with=args.pair_with)
         results.extend(rows)
         print(harness.render(rows), flush=True)
     print("\n" + harness.render(results))

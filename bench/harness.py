@@ -50,6 +50,9 @@ class Result:
     runs: int = 0
     prepare_s: float | None = None
     ratio_to_best_peer: float | None = None
+    #: median over rounds of (this run / the paired peer's run in the same round): robust to load drift
+    paired_ratio: float | None = None
+    paired_with: str | None = None
     max_rel_err: float | None = None
     error: str | None = None
     times_ms: list[float] = field(default_factory=list, repr=False)
@@ -62,6 +65,9 @@ def ort_runner(path: Path, output_names: list[str], threads: int | None) -> RunF
 
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # onnxruntime's pool threads spin after each run by default and would steal the cores from the
+    # contender timed next; with spinning off every contender starts on idle cores.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if threads:
         opts.intra_op_num_threads = threads
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
@@ -157,7 +163,8 @@ def max_rel_err(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> float:
 
 def bench_model(name: str, size: str, workdir: Path, backends: Sequence[str], *, rounds: int | None,
                 min_seconds: float, warmup: int, threads: int | None, peers: Sequence[str] = PEERS,
-                sdrt_options: dict[str, dict[str, Any]] | None = None) -> list[Result]:
+                sdrt_options: dict[str, dict[str, Any]] | None = None,
+                pair_with: str = "openvino-raw") -> list[Result]:
     path, feeds, outputs = model_file(name, size, workdir)
     contenders: list[tuple[str, str, Callable[[], RunFn]]] = []
     if "onnxruntime" in peers:
@@ -219,6 +226,13 @@ def bench_model(name: str, size: str, workdir: Path, backends: Sequence[str], *,
     for res in results:
         if best_peer and res.median_ms:
             res.ratio_to_best_peer = res.median_ms / best_peer
+    timed = {r.runner: r for r in results if r.median_ms}
+    ref = timed.get(pair_with) or min((r for r in timed.values() if r.kind == "peer"),
+                                       key=lambda r: r.median_ms or 0.0, default=None)
+    if ref is not None:
+        for res in timed.values():
+            res.paired_with = ref.runner
+            res.paired_ratio = statistics.median(a / b for a, b in zip(res.times_ms, ref.times_ms))
     return results
 
 
@@ -243,8 +257,9 @@ def environment() -> dict[str, Any]:
 
 
 def render(results: Sequence[Result]) -> str:
+    paired = next((r.paired_with for r in results if r.paired_with), None) or "-"
     head = f"{'model':<14} {'runner':<18} {'median ms':>10} {'p10-p90 ms':>17} {'runs':>5} {'vs best peer':>12} " \
-           f"{'max rel err':>12}"
+           f"{'paired vs ' + paired:>24} {'max rel err':>12}"
     lines = [head, "-" * len(head)]
     last = None
     for r in results:
@@ -257,7 +272,9 @@ def render(results: Sequence[Result]) -> str:
         spread = f"{r.p10_ms:.2f}-{r.p90_ms:.2f}" if r.p10_ms is not None else ""
         ratio = f"{r.ratio_to_best_peer:.3f}x" if r.ratio_to_best_peer else "-"
         err = f"{r.max_rel_err:.2e}" if r.max_rel_err is not None else "-"
-        lines.append(f"{r.model:<14} {r.runner:<18} {r.median_ms:>10.2f} {spread:>17} {r.runs:>5} {ratio:>12} {err:>12}")
+        pair = f"{r.paired_ratio:.3f}x" if r.paired_ratio is not None else "-"
+        lines.append(f"{r.model:<14} {r.runner:<18} {r.median_ms:>10.2f} {spread:>17} {r.runs:>5} {ratio:>12} "
+                     f"{pair:>24} {err:>12}")
     return "\n".join(lines)
 
 
