@@ -191,12 +191,15 @@ def test_radeon_780m_apu_gfx1103_gets_ggml_vulkan_and_its_npu_is_listed(machine)
     assert [d for d, _ in rec.passed_over] == [npu]
 
 
-def test_mi300x_pair_in_the_accelerator_class_gets_migraphx_on_both(machine):
+def test_four_mi300x_in_the_accelerator_class_get_migraphx_on_all(machine):
     hw = machine("mi300x_server_linux_rocm")
     mi = [d for d in hw.gpus if d.vendor == "amd"]
-    assert len(mi) == 2 and all(d.kind == "gpu" and d.gfx_target == "gfx942" for d in mi)
-    assert [d.bus_id for d in mi] == ["0000:13:00.0", "0000:27:00.0"]
+    # a captured rocminfo (4 agents, BDFIDs 9728..34048) and no KFD sysfs: gfx target, name and
+    # VRAM all come from rocminfo, matched to the PCI functions by bus id
+    assert len(mi) == 4 and all(d.kind == "gpu" and d.gfx_target == "gfx942" for d in mi)
+    assert [d.bus_id for d in mi] == ["0000:26:00.0", "0000:46:00.0", "0000:65:00.0", "0000:85:00.0"]
     assert all(d.name == "AMD Instinct MI300X" and d.vram_bytes == 206141652992 for d in mi)
+    assert all(d.source == "sysfs+rocminfo" for d in mi)
     rec = recommend(hw)
     assert rec.plugin == "migraphx" and rec.devices == mi
 
