@@ -111,6 +111,9 @@ def test_container_without_lspci_or_nvidia_smi_finds_both_rtx3090s_in_sysfs(tmp_
         assert (g.name, g.chip, g.compute_capability, g.driver) == ("NVIDIA GeForce RTX 3090", "GA102", "8.6",
                                                                      "nvidia")
         assert g.vram_bytes is None and g.source == "sysfs"
+    # the host's /proc/cpuinfo as pasted in archspec's tests: spaces where the kernel prints tabs
+    assert (hw.cpu.model, hw.cpu.cores, hw.cpu.threads) == ("AMD Ryzen 9 9950X 16-Core Processor", 16, 32)
+    assert {"avx512f", "avx512_bf16", "avx_vnni"} <= set(hw.cpu.features)
     rec = recommend(hw)
     assert rec.plugin == "trt" and rec.devices == cards and rec.passed_over == []
 
