@@ -57,28 +57,17 @@ def list_devices() -> list[Device]:
     return out
 
 
-def _static_inputs(graph: Any, shapes: dict[str, Any] | None) -> list[TensorInfo]:
+def _static_inputs(graph: Any) -> list[TensorInfo]:
     infos = []
-    shapes = dict(shapes or {})
     for info in graph.inputs:
-        shape = shapes.pop(info.name, None)
-        if shape is not None:
-            shape = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
-            if len(shape) != len(info.shape) or any(isinstance(d, int) and d != s for d, s in zip(info.shape, shape)):
-                raise ModelError(f"shape {shape} does not fit input {info}", where=f"shapes[{info.name!r}]",
-                                 fix="give one size per dimension, matching the fixed ones")
-        elif info.is_static:
-            shape = tuple(int(d) for d in info.shape)  # type: ignore[arg-type]
-        else:
+        if not info.is_static:
             raise ModelError(
                 f"input {info} has dynamic dimensions; ggml needs static shapes",
                 where=graph.name,
-                fix=f"pass shapes={{'{info.name}': (...)}} to sdrt.load, or pin them with graph.with_shapes(...)",
+                fix=f"pass shapes={{'{info.name}': (...)}} (or a dim name: shapes={{'batch': 1}}) to sdrt.load, "
+                "or pin them with graph.with_shapes(...)",
             )
-        infos.append(TensorInfo(info.name, info.dtype, shape))
-    if shapes:
-        raise ModelError(f"shapes given for unknown inputs: {', '.join(shapes)}", where=graph.name,
-                         fix="the graph's inputs are: " + ", ".join(i.name for i in graph.inputs))
+        infos.append(TensorInfo(info.name, info.dtype, tuple(int(d) for d in info.shape)))  # type: ignore[arg-type]
     return infos
 
 
@@ -107,9 +96,11 @@ class GgmlBackend(Backend):
         if unknown:
             raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",
                             where="sdrt.load(..., backend='ggml')", fix=f"valid options: {', '.join(OPTIONS)}")
+        check_graph(graph.model.graph.node, graph.name)  # before any long work
+        if options.get("shapes"):
+            graph = graph.with_shapes(dict(options["shapes"]))  # the core pins dims and checks them
         model = graph.model
-        check_graph(model.graph.node, graph.name)  # before any long work
-        inputs = _static_inputs(graph, options.get("shapes"))
+        inputs = _static_inputs(graph)
         inits = _initializers(graph)
 
         def bind(w: Any) -> dict[str, np.ndarray]:

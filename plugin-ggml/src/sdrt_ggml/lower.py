@@ -24,6 +24,7 @@ from .ops._common import T, Value, gg, ne_of, unsupported
 
 log = logging.getLogger("sdrt.ggml.lower")
 
+_INPUT_DTYPES = {"float32", "float16", "float64", "int64", "int32"}
 _NP_TO_GGML = {"float32": "GGML_TYPE_F32", "float16": "GGML_TYPE_F16", "int32": "GGML_TYPE_I32"}
 
 
@@ -48,7 +49,15 @@ class Lowered:
     pending: list[tuple[Any, np.ndarray]] = field(default_factory=list)
     bindings: list[Binding] = field(default_factory=list)
     folded_inits: set[str] = field(default_factory=set)
+    #: graph inputs used as Gather indices: input name -> size of the gathered axis
+    index_checks: dict[str, int] = field(default_factory=dict)
     n_ops: int = 0
+
+
+def ctypes_addr(p: Any) -> int:
+    import ctypes
+
+    return ctypes.cast(p, ctypes.c_void_p).value or 0
 
 
 class Lowering:
@@ -140,6 +149,13 @@ class Lowering:
     def n_uses(self, name: str) -> int:
         return self._uses.get(name, 0)
 
+    def input_name_of(self, t: T) -> str | None:
+        """The graph input that ``t`` is (not a view of it), if any."""
+        for name, v in self.out.inputs.items():
+            if v.ptr is t.ptr or ctypes_addr(v.ptr) == ctypes_addr(t.ptr):
+                return name
+        return None
+
     def init_name(self, arr: Any) -> str | None:
         return self._init_ids.get(id(arr))
 
@@ -149,6 +165,12 @@ class Lowering:
         for name, arr in self.inits.items():
             self.values[name] = arr
         for name, shape, dtype in self.input_infos:
+            if dtype not in _INPUT_DTYPES:
+                raise UnsupportedGraph(
+                    f"graph input {name!r} has type {dtype}; the ggml backend takes float and int32/int64 tensors",
+                    unsupported={f"input of type {dtype}": [name]}, where="graph inputs",
+                    fix="run this graph on another backend (reference, openvino)",
+                )
             gtype = g.GGML_TYPE_I32 if dtype in ("int64", "int32") else g.GGML_TYPE_F32
             t = g.ggml_new_tensor_4d(self.ctx, gtype, *ne_of(shape))
             g.ggml_set_name(t, name[:63].encode())
@@ -198,8 +220,9 @@ class Lowering:
                 outs = self._try_rewrites(node) or fn(self, node, ins)
             except UnsupportedGraph:
                 raise
-            except ValueError as exc:
-                raise unsupported(node, str(exc)) from exc
+            except (ValueError, TypeError, AssertionError) as exc:
+                # a lowering rejects what it cannot express (runtime shapes, dtypes, ranks...)
+                raise unsupported(node, str(exc) or f"{node.op_type} with these inputs") from exc
             self.out.n_ops += 1
         for name, v in zip(node.output, outs):
             if name:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from sdrt import Session, TensorInfo
-from sdrt.errors import SdrtError
+from sdrt.errors import InputError, SdrtError
 
 from .lower import Lowered, Lowering
 from .ops._common import T, gg
@@ -152,6 +152,8 @@ class GgmlSession(Session):
             if not t.ptr.contents.data:
                 continue  # input unused by the computed graph
             arr = feeds[name]
+            if name in self._lo.index_checks:
+                arr = _checked_indices(name, arr, self._lo.index_checks[name])
             arr = np.ascontiguousarray(arr, dtype=np.int32 if t.dtype == "int32" else np.float32)
             g.ggml_backend_tensor_set(t.ptr, arr.ctypes.data, 0, arr.nbytes)
         if self._sched is not None:
@@ -231,3 +233,12 @@ class GgmlSession(Session):
                 self._free()
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing useful to do
             pass
+
+
+def _checked_indices(name: str, arr: np.ndarray, dim: int) -> np.ndarray:
+    """Indices with negatives wrapped; out-of-range ones raise (ggml would abort the process)."""
+    if arr.size and (arr.min() < -dim or arr.max() >= dim):
+        bad = arr[(arr < -dim) | (arr >= dim)].reshape(-1)[:5].tolist()
+        raise InputError(f"input {name!r} holds indices out of range [-{dim}, {dim}): {bad}",
+                         where=f"Session.run feed {name!r}", fix=f"pass indices below {dim}")
+    return np.where(arr < 0, arr + dim, arr) if arr.size and arr.min() < 0 else arr

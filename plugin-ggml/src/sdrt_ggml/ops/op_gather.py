@@ -43,6 +43,10 @@ def op_gather(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     if idx.dtype != "int32":
         raise ValueError("Gather with non-integer runtime indices")
     dshape = tuple(np.shape(data)) if isinstance(data, np.ndarray) else data.shape
+    src = lw.input_name_of(idx)
+    if src is None:
+        raise ValueError("Gather with computed runtime indices (only graph inputs can be indices)")
+    lw.out.index_checks[src] = min(dshape[0], lw.out.index_checks.get(src, dshape[0]))
     row = math.prod(dshape[1:])
     if isinstance(data, np.ndarray):
         table = lw.const(data, transform=lambda a: a.reshape(a.shape[0], -1), tag="rows")

@@ -21,7 +21,9 @@ def _reduce(lw: Any, node: Any, inputs: list[Value], fn: str) -> list[Value]:
     a = attrs(node)
     axes = a.get("axes")
     if axes is None and len(inputs) > 1 and inputs[1] is not None:
-        axes = [int(i) for i in np.asarray(inputs[1]).reshape(-1)]
+        if not isinstance(inputs[1], np.ndarray):
+            raise ValueError(f"{node.op_type} with runtime axes")
+        axes = [int(i) for i in inputs[1].reshape(-1)]
     keep = int(a.get("keepdims", 1))
     if not axes:
         if a.get("noop_with_empty_axes", 0):

@@ -49,6 +49,8 @@ def op_resize(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     else:
         scales = inputs[2] if len(inputs) > 2 else None
         sizes = inputs[3] if len(inputs) > 3 else None
+    if isinstance(scales, T) or isinstance(sizes, T):
+        raise ValueError("Resize with runtime scales or sizes")
     if sizes is not None and np.size(sizes):
         out = tuple(int(s) for s in np.asarray(sizes).reshape(-1))
     elif scales is not None and np.size(scales):

@@ -26,13 +26,24 @@ for _name, _fn in {
     "Relu": "ggml_relu", "Sigmoid": "ggml_sigmoid", "Tanh": "ggml_tanh", "Exp": "ggml_exp",
     "Log": "ggml_log", "Sqrt": "ggml_sqrt", "Neg": "ggml_neg", "Abs": "ggml_abs", "Softplus": "ggml_softplus",
     "HardSwish": "ggml_hardswish", "Sin": "ggml_sin", "Cos": "ggml_cos", "Floor": "ggml_floor",
-    "Ceil": "ggml_ceil", "Round": "ggml_round",
+    "Ceil": "ggml_ceil",
 }.items():
     op(_name)(_unary(_fn))
 
 
-@op("Identity", "Dropout")
+@op("Identity")
 def op_identity(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    return [inputs[0]]
+
+
+@op("Dropout")
+def op_dropout(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    """Inference: identity. Training mode (a true or runtime training_mode input) is not supported."""
+    training = inputs[2] if len(inputs) > 2 else None
+    if training is not None and (not isinstance(training, np.ndarray) or bool(training.reshape(-1)[0])):
+        raise ValueError("Dropout in training mode")
+    if len(node.output) > 1 and node.output[1]:
+        raise ValueError("Dropout with a mask output")
     return [inputs[0]]
 
 
