@@ -256,3 +256,12 @@ def test_shape_arithmetic_is_folded():
     inits = {"zero": np.array(0, np.int64), "ax": np.array([0], np.int64), "m1": np.array([-1], np.int64)}
     m = make_model(nodes, {"x": ((3, 4, 5), F)}, {"y": (None, F)}, inits)
     check(m, {"x": rand(3, 4, 5)})
+
+
+def test_batch_norm_sum_and_dropout_mask():
+    c = 4
+    nodes = [mk("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn"], epsilon=1e-3),
+             mk("Sum", ["bn", "x", "x"], ["sm"]), mk("Dropout", ["sm"], ["y", "mask"])]
+    inits = {"s": rand(c), "b": rand(c, seed=1), "m": rand(c, seed=2), "v": np.abs(rand(c, seed=3)) + 0.5}
+    m = make_model(nodes, {"x": ((2, c, 3, 3), F)}, {"y": (None, F), "mask": (None, helper.TensorProto.BOOL)}, inits)
+    check(m, {"x": rand(2, c, 3, 3)})

@@ -108,3 +108,12 @@ def op_where(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
         else:
             terms.append(binary(lw, "ggml_mul", v, m, True))
     return [binary(lw, "ggml_add", terms[0], terms[1], True)]
+
+
+@op("Sum")
+def op_sum(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    vals = [v for v in inputs if v is not None]
+    y = vals[0] if isinstance(vals[0], T) else to_tensor(lw, vals[0])
+    for v in vals[1:]:
+        y = binary(lw, "ggml_add", y, v, True)
+    return [y]

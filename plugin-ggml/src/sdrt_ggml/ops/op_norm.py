@@ -83,3 +83,26 @@ def op_instance_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     y = T(gg().ggml_norm(lw.ctx, x3.ptr, eps), x3.shape)
     y = affine(lw, y, inputs[1], inputs[2], (1, c, 1))
     return [reshape(lw, y, x.shape)]
+
+
+@check("BatchNormalization")
+def check_batch_norm(node: Any) -> str | None:
+    if attrs(node).get("training_mode", 0) or (len(node.output) > 1 and any(node.output[1:])):
+        return "BatchNormalization in training mode"
+    return None
+
+
+@op("BatchNormalization")
+def op_batch_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    """Inference BatchNorm as one per-channel multiply-add with folded constants."""
+    x, scale, bias, mean, var = inputs[:5]
+    assert isinstance(x, T)
+    if not all(isinstance(v, np.ndarray) for v in (scale, bias, mean, var)):
+        raise ValueError("BatchNormalization with runtime statistics")
+    eps = float(attrs(node).get("epsilon", 1e-5))
+    mul = (scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps)).astype(np.float32)
+    add = (bias.astype(np.float64) - mean.astype(np.float64) * mul).astype(np.float32)
+    c = x.shape[1]
+    shape = (1, c) + (1,) * (x.rank - 2)
+    y = binary(lw, "ggml_mul", x, reshape(lw, lw.const(mul), shape), True)
+    return [binary(lw, "ggml_add", y, reshape(lw, lw.const(add), shape), True)]

@@ -42,9 +42,9 @@ def op_dropout(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     training = inputs[2] if len(inputs) > 2 else None
     if training is not None and (not isinstance(training, np.ndarray) or bool(training.reshape(-1)[0])):
         raise ValueError("Dropout in training mode")
-    if len(node.output) > 1 and node.output[1]:
-        raise ValueError("Dropout with a mask output")
-    return [inputs[0]]
+    x = inputs[0]
+    shape = x.shape if isinstance(x, T) else np.shape(x)
+    return [x, np.ones(shape, dtype=bool)]  # inference: nothing dropped, the mask is all true
 
 
 @op("Cast")
