@@ -265,3 +265,8 @@ def test_batch_norm_sum_and_dropout_mask():
     inits = {"s": rand(c), "b": rand(c, seed=1), "m": rand(c, seed=2), "v": np.abs(rand(c, seed=3)) + 0.5}
     m = make_model(nodes, {"x": ((2, c, 3, 3), F)}, {"y": (None, F), "mask": (None, helper.TensorProto.BOOL)}, inits)
     check(m, {"x": rand(2, c, 3, 3)})
+
+
+def test_softmax_before_opset_13_flattens_at_axis_1():
+    m = make_model([mk("Softmax", ["x"], ["y"])], {"x": ((2, 3, 4), F)}, {"y": (None, F)}, opset=11)
+    check(m, {"x": rand(2, 3, 4)})

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from . import op
-from ._common import T, Value, attrs, cont, gg, norm_axis, permute
+from ._common import T, Value, attrs, cont, gg, norm_axis, permute, reshape
 
 
 def _on_last_axis(lw: Any, x: T, axis: int, fn: Any) -> T:
@@ -20,19 +21,26 @@ def _on_last_axis(lw: Any, x: T, axis: int, fn: Any) -> T:
     return permute(lw, y, perm)
 
 
+def _softmax(lw: Any, node: Any, x: T, fn: Any) -> T:
+    if lw.opsets.get("", 17) >= 13:
+        return _on_last_axis(lw, x, int(attrs(node).get("axis", -1)), fn)
+    # before opset 13: the input is flattened to 2-D at ``axis`` (default 1), softmax over the second dim
+    axis = norm_axis(int(attrs(node).get("axis", 1)), x.rank)
+    flat = reshape(lw, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
+    return reshape(lw, _on_last_axis(lw, flat, -1, fn), x.shape)
+
+
 @op("Softmax")
 def op_softmax(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = inputs[0]
     assert isinstance(x, T)
-    axis = int(attrs(node).get("axis", -1))
     g = gg()
-    return [_on_last_axis(lw, x, axis, lambda t: g.ggml_soft_max(lw.ctx, t.ptr))]
+    return [_softmax(lw, node, x, lambda t: g.ggml_soft_max(lw.ctx, t.ptr))]
 
 
 @op("LogSoftmax")
 def op_log_softmax(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = inputs[0]
     assert isinstance(x, T)
-    axis = int(attrs(node).get("axis", -1))
     g = gg()
-    return [_on_last_axis(lw, x, axis, lambda t: g.ggml_log(lw.ctx, g.ggml_soft_max(lw.ctx, t.ptr)))]
+    return [_softmax(lw, node, x, lambda t: g.ggml_log(lw.ctx, g.ggml_soft_max(lw.ctx, t.ptr)))]
