@@ -257,3 +257,12 @@ def test_numpy_helper_arrays_are_equal_to_onnx(tmp_path):
         np.testing.assert_array_equal(g.initializer_arrays([t.name])[t.name], numpy_helper.to_array(t))
     with pytest.raises(ModelError, match="no initializers named"):
         g.initializer_arrays(["nope"])
+
+
+@pytest.mark.parametrize(("old", "new"), [(b"\x06linear", b"\x06\x80inear"), (b"\x05batch", b"\x05b\xffXch")])
+def test_invalid_utf8_in_names_is_a_model_error(old, new):
+    """Found by the fuzz campaign: protobuf hands invalid UTF-8 back as bytes, which failed later."""
+    data = M.linear_model().SerializeToString()
+    assert old in data
+    with pytest.raises(ModelError, match="not UTF-8"):
+        Graph.load(data.replace(old, new, 1))

@@ -121,8 +121,52 @@ def parse_model(data: bytes, where: str) -> onnx.ModelProto:
             where=where,
             fix="check that it is a complete .onnx file (re-download or re-export it)",
         ) from exc
+    try:
+        bad = _bad_string(model)
+    except UnicodeDecodeError as exc:
+        bad = exc.object[:40] if isinstance(exc.object, bytes) else b"?"
+    if bad is not None:
+        raise ModelError(
+            f"the file is not a valid ONNX model: a name or text field is not UTF-8 ({bad[:40]!r})",
+            where=where,
+            fix="the file is corrupt; re-download or re-export it",
+        )
     validate(model, where)
     return model
+
+
+def _bad_string(msg: Any) -> bytes | None:
+    """The first string field that is not valid UTF-8, or None.
+
+    protobuf parses ONNX's (proto2) string fields without checking them and
+    hands invalid UTF-8 back as ``bytes``; such a value fails later in any code
+    that copies or formats it, so it is caught here. Numeric and bytes fields
+    (tensor data) are not walked.
+    """
+    from google.protobuf.descriptor import FieldDescriptor
+
+    string, message = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE
+    stack = [msg]
+    while stack:
+        m = stack.pop()
+        for field, value in m.ListFields():
+            if field.type == message:
+                if _is_repeated(field):
+                    stack.extend(value)
+                else:
+                    stack.append(value)
+            elif field.type == string:
+                for v in (value if _is_repeated(field) else (value,)):
+                    if not isinstance(v, str):
+                        return bytes(v)
+    return None
+
+
+def _is_repeated(field: Any) -> bool:
+    rep = getattr(field, "is_repeated", None)
+    if rep is not None:
+        return bool(rep)
+    return bool(field.label == field.LABEL_REPEATED)
 
 
 def validate(model: onnx.ModelProto, where: str) -> None:
