@@ -21,7 +21,8 @@ FOLDER = Path(tempfile.mkdtemp(prefix="sdrt-fuzz-onnx-"))
 (FOLDER / "weights.bin").write_bytes(np.arange(1024, dtype=np.float32).tobytes())
 (FOLDER / "sub").mkdir(exist_ok=True)
 LOCATIONS = ["weights.bin", "sub/../weights.bin", "../weights.bin", "/etc/passwd", "C:\\x.bin", "", "a\x00b",
-             "missing.bin", "sub", ".", "weights.bin/..", "\\\\host\\share", "sub//weights.bin"]
+             "missing.bin", "sub", ".", "weights.bin/..", "\\\\host\\share", "sub//weights.bin", "a" * 5000,
+             "a/" * 3000, "weights.bin/x"]
 
 
 def exercise(g: Graph) -> None:

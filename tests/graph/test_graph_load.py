@@ -167,6 +167,31 @@ def test_external_location_outside_folder_is_refused(tmp_path, location):
     assert str(bad) in str(e.value)
 
 
+@pytest.mark.parametrize("location", ["a" * 5000, "a/" * 3000, "weights.bin/x"])
+def test_unresolvable_external_location(tmp_path, location):
+    bad = _with_location(tmp_path, location)
+    with pytest.raises(ModelError, match="cannot be resolved|cannot access|is missing"):
+        Graph.load(bad)
+
+
+def test_symlink_loop_is_refused(tmp_path):
+    os.symlink(tmp_path / "loop1", tmp_path / "loop2")
+    os.symlink(tmp_path / "loop2", tmp_path / "loop1")
+    bad = _with_location(tmp_path, "loop1")
+    with pytest.raises(ModelError):
+        Graph.load(bad)
+
+
+def test_overlong_model_and_weights_paths(tmp_path):
+    from sdrt.errors import WeightsError
+    from sdrt.weights import Weights
+
+    with pytest.raises(ModelError, match="cannot access"):
+        Graph.load(tmp_path / ("m" * 5000))
+    with pytest.raises(WeightsError, match="cannot access"):
+        Weights.open(tmp_path / ("w" * 5000))
+
+
 def test_external_symlink_leading_out_is_refused(tmp_path):
     model_dir = tmp_path / "model"
     model_dir.mkdir()

@@ -99,7 +99,12 @@ class Graph:
         else:
             path = Path(source)
             where = str(path)
-            if not path.exists():
+            try:
+                exists = path.exists()
+            except OSError as exc:  # name too long, permission denied on a parent
+                raise ModelError(f"cannot access the model path ({exc.strerror or exc})", where=where[:300],
+                                 fix="check the path") from exc
+            if not exists:
                 raise ModelNotFoundError(
                     "the model file does not exist", where=where,
                     fix="check the path, or export the model to ONNX first",

@@ -278,8 +278,12 @@ def resolve_location(base_dir: Path, location: str, tensor: str, where: str) -> 
     elif ".." in re.split(r"[\\/]+", location):
         bad = f"a path with '..' {location!r}"
     if bad is None:
-        base = base_dir.resolve()
-        target = (base_dir / location).resolve()
+        try:
+            base = base_dir.resolve()
+            target = (base_dir / location).resolve()
+        except (OSError, RuntimeError) as exc:  # name too long, symlink loop
+            raise ModelError(f"tensor {tensor!r} names an external-data file that cannot be resolved ({exc})",
+                             where=where, fix="re-export the model; keep external-data names short and plain") from exc
         if target != base and base not in target.parents:
             bad = f"{location!r}, which leads out of the model folder (through a symbolic link) to {target}"
     if bad is not None:
@@ -314,7 +318,13 @@ def external_ref(t: Any, base_dir: Path | None, where: str, *, must_exist: bool 
             f"tensor {t.name!r} has a non-numeric external-data offset or length",
             where=where, fix="re-export the model",
         ) from exc
-    if not path.is_file():
+    try:
+        present = path.is_file()
+        size = path.stat().st_size if present else 0
+    except OSError as exc:
+        raise ModelError(f"cannot access external-data file for tensor {t.name!r} ({exc.strerror or exc})",
+                         where=f"{where} (looked for {path})", fix="check the file and its permissions") from exc
+    if not present:
         if not must_exist:
             return None
         raise ModelError(
@@ -322,7 +332,6 @@ def external_ref(t: Any, base_dir: Path | None, where: str, *, must_exist: bool 
             where=f"{where} (looked for {path})",
             fix="copy every file that came with the model into the model's folder",
         )
-    size = path.stat().st_size
     if length < 0:
         length = size - offset
     expected = nbytes_of(t.data_type, t.dims)

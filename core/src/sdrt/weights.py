@@ -296,6 +296,11 @@ def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     files: list[Path] = []
     for item in items:
         p = Path(item)
+        try:
+            p.is_dir() and p.is_file()
+        except OSError as exc:  # name too long, permission denied on a parent
+            raise WeightsError(f"cannot access the weights path ({exc.strerror or exc})", where=str(p)[:300],
+                               fix="check the path") from exc
         if p.is_dir():
             found = sorted(p.glob("*.safetensors"))
             if not found:
