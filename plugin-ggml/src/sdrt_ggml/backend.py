@@ -17,7 +17,7 @@ from .support import check_graph
 log = logging.getLogger("sdrt.ggml")
 
 #: options ``compile`` accepts
-OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "flash_attn", "scheduler")
+OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "pad_k", "flash_attn", "scheduler")
 _KIND = {0: "cpu", 1: "gpu", 2: "gpu"}
 
 

@@ -26,8 +26,8 @@ def _both(model, feeds):
         return on.run(feeds), off.run(feeds), on.rewrite_hits, off.rewrite_hits
 
 
-def attention_model(scale_style: str, mask: bool = False, rank: int = 4):
-    b, h, n, m, d = 2, 3, 10, 7, 16
+def attention_model(scale_style: str, mask: bool = False, rank: int = 4, d: int = 16, n: int = 10):
+    b, h, m = 2, 3, 7
     shape_q = (b, h, n, d) if rank == 4 else (b * h, n, d)
     shape_kv = (b, h, m, d) if rank == 4 else (b * h, m, d)
     perm = [0, 1, 3, 2] if rank == 4 else [0, 2, 1]
@@ -59,6 +59,17 @@ def test_attention_becomes_flash_attention(scale_style, mask, rank):
     assert hits.get("attention") == 1 and "attention" not in hits_off
     np.testing.assert_allclose(on["y"], off["y"], rtol=1e-4, atol=1e-5)
     check(model, feeds)
+
+
+@pytest.mark.parametrize("d", [8, 40])
+def test_attention_head_dims_padded_for_the_fast_kernel(d):
+    """Head dims that are not a multiple of 16 are zero-padded (and the output cropped)."""
+    model, feeds = attention_model("qk", mask=True, d=d, n=70)
+    on, off, hits, _ = _both(model, feeds)
+    assert hits.get("attention") == 1
+    np.testing.assert_allclose(on["y"], off["y"], rtol=1e-4, atol=1e-5)
+    check(model, feeds)
+    check(model, feeds, pad_k=False)
 
 
 def test_attention_with_non_f16_mask_is_left_alone():

@@ -195,3 +195,26 @@ def f32(v: Value) -> Value:
     if isinstance(v, np.ndarray) and v.dtype != np.float32 and v.dtype.kind == "f":
         return v.astype(np.float32)
     return v
+
+
+#: ggml's fast float32 GEMM (llamafile tinyBLAS) needs the contraction dim to be a multiple of
+#: the SIMD width (16 floats with AVX-512, 8 with AVX2, 4 with NEON); padding it with zeros
+#: leaves every dot product unchanged and avoids the scalar fallback.
+K_ALIGN = 16
+
+
+def aligned(k: int) -> int:
+    return -(-k // K_ALIGN) * K_ALIGN
+
+
+def pad_k(lw: Lowering, x: T, kp: int) -> T:
+    """``x`` zero-padded along its innermost (ONNX last) axis to ``kp``."""
+    k = x.shape[-1]
+    if kp == k:
+        return x
+    x = cont(lw, x)
+    return T(gg().ggml_pad(lw.ctx, x.ptr, kp - k, 0, 0, 0), x.shape[:-1] + (kp,), x.dtype)
+
+
+def want_pad(lw: Lowering, k: int) -> bool:
+    return bool(lw.options.get("pad_k", True)) and k % K_ALIGN != 0

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import check, op
-from ._common import T, Value, attrs, binary, cont, gg, reshape
+from ._common import K_ALIGN, T, Value, attrs, binary, cont, gg, reshape, want_pad
 
 
 def _conv_params(node: Any, spatial: int, kshape: tuple[int, ...], in_hw: tuple[int, ...]) -> tuple[list[int], ...]:
@@ -59,14 +59,27 @@ def conv2d(lw: Any, x: T, w: np.ndarray | T, bias: Value | None, strides: list[i
     g = gg()
     x, ph, pw = _pad_input(lw, x, pads)
     n, c, h, wd = x.shape
-    wt = lw.const(w) if isinstance(w, np.ndarray) else cont(lw, w)
-    oc, icg, kh, kw = wt.shape
+    oc, icg, kh, kw = (int(d) for d in (w.shape if isinstance(w, np.ndarray) else w.shape))
+    depthwise = group == c and icg == 1 and oc == c
+    cp = c
+    if group == 1 and isinstance(w, np.ndarray) and want_pad(lw, c * kh * kw):
+        cp = _aligned_channels(c, kh * kw)  # zero channels in input and kernel: same sums, aligned K
+    if not isinstance(w, np.ndarray):
+        wt = cont(lw, w)
+    elif depthwise:
+        wt = None  # type: ignore[assignment]
+    elif cp != c:
+        wt = lw.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, cp - c), (0, 0), (0, 0)]), tag=f"c{cp}")
+    else:
+        wt = lw.const(w)
     oh = (h + 2 * ph - dil[0] * (kh - 1) - 1) // strides[0] + 1
     ow = (wd + 2 * pw - dil[1] * (kw - 1) - 1) // strides[1] + 1
     x = cont(lw, x)
     if group == 1:
+        if cp != c:
+            x = T(g.ggml_pad(lw.ctx, x.ptr, 0, 0, cp - c, 0), (n, cp, h, wd))
         y = _conv_dense(lw, x, wt, strides, dil, ph, pw, (n, oc, oh, ow))
-    elif group == c and icg == 1 and oc == c:
+    elif depthwise:
         y = _conv_depthwise(lw, x, w, wt, strides, dil, ph, pw, (n, oc, oh, ow))
     else:
         ocg = oc // group
@@ -84,7 +97,14 @@ def conv2d(lw: Any, x: T, w: np.ndarray | T, bias: Value | None, strides: list[i
     return y
 
 
-def _conv_depthwise(lw: Any, x: T, w: np.ndarray | T, wt: T, strides: list[int], dil: list[int], ph: int, pw: int,
+def _aligned_channels(c: int, taps: int) -> int:
+    cp = c
+    while (cp * taps) % K_ALIGN:
+        cp += 1
+    return cp
+
+
+def _conv_depthwise(lw: Any, x: T, w: np.ndarray | T, wt: T | None, strides: list[int], dil: list[int], ph: int, pw: int,
                     out_shape: tuple[int, int, int, int]) -> T:
     """Depthwise conv. ggml's kernel is vectorized over channels only when channels are the
     innermost dim in memory, so the input is laid out channels-last first (one copy) and
@@ -92,6 +112,7 @@ def _conv_depthwise(lw: Any, x: T, w: np.ndarray | T, wt: T, strides: list[int],
     g = gg()
     args = (strides[1], strides[0], pw, ph, dil[1], dil[0])
     if lw.options.get("dw_layout", "nhwc") == "nchw" or not isinstance(w, np.ndarray):
+        wt = wt or lw.const(w)
         return T(g.ggml_conv_2d_dw_direct(lw.ctx, wt.ptr, x.ptr, *args), out_shape)
     # kernel as (KH, KW, 1, C) memory, viewed with ne (KW, KH, 1, C): channels innermost
     kc = lw.const(w, transform=lambda a: np.ascontiguousarray(a[:, 0].transpose(1, 2, 0))[:, :, None, :], tag="hwc")
@@ -120,7 +141,10 @@ def _conv_dense(lw: Any, x: T, wt: T, strides: list[int], dil: list[int], ph: in
                         g.GGML_TYPE_F32)  # ne: [K, OW, OH, N]
     col2 = g.ggml_reshape_2d(lw.ctx, col, kdim, ow * oh * n)
     w2 = g.ggml_reshape_2d(lw.ctx, wt.ptr, kdim, oc)
-    if lw.options.get("conv_impl", "im2col") == "im2col_nhwc":
+    impl = lw.options.get("conv_impl", "im2col")
+    if impl == "im2col" and (ow * oh * n) % 4 and oc % 4 == 0:
+        impl = "im2col_nhwc"  # the GEMM's fast path needs its first operand's rows to be a multiple of 4
+    if impl == "im2col_nhwc":
         y = g.ggml_mul_mat(lw.ctx, w2, col2)  # ne: [OC, OW*OH*N]: channels-last, then one transpose copy
         y = g.ggml_cont(lw.ctx, g.ggml_transpose(lw.ctx, y))
     else:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ._common import T, Value, attrs, cont, gg, permute, scalar_of
+from ._common import T, Value, aligned, attrs, cont, gg, pad_k, permute, scalar_of, want_pad
 
 Matcher = Callable[[Any, Any], "list[Value] | None"]
 #: anchor op type -> [(rewrite name, matcher)]
@@ -121,6 +121,7 @@ def _mask_f16(mask: np.ndarray, n_q: int, n_kv: int) -> np.ndarray | None:
     if m.ndim > 2 and any(d != 1 for d in m.shape[:-2]):
         return None
     m = np.broadcast_to(m.reshape(m.shape[-2:] if m.ndim >= 2 else (1,) + m.shape), (n_q, n_kv))
+    m = np.where(m <= -65504.0, -np.inf, m)  # e.g. finfo(float32).min: exp() of it is 0 either way
     finite = np.isfinite(m)
     if np.any(finite & (m != 0)) and not np.all(m[finite] == m[finite].astype(np.float16).astype(np.float32)):
         return None
@@ -170,10 +171,19 @@ def match_attention(lw: Any, node: Any) -> list[Value] | None:
         if m16 is None:
             return None
         mask_t = lw.const(m16, dtype="float16", tag="fa_mask").ptr
-    q4, k4, v4 = (cont(lw, t) for t in (q, k, v))
+    dv = v.shape[-1]
+    # ggml's tiled (vectorised) CPU kernel needs head dims that are a multiple of the SIMD
+    # width; zero padding keeps every dot product and weighted sum the same
+    dp = aligned(d) if want_pad(lw, d) else d
+    dvp = aligned(dv) if want_pad(lw, dv) else dv
+    q4, k4 = (pad_k(lw, cont(lw, t), dp) for t in (q, k))
+    v4 = pad_k(lw, cont(lw, v), dvp)
     y = g.ggml_flash_attn_ext(lw.ctx, q4.ptr, k4.ptr, v4.ptr, mask_t, float(scale), 0.0, 0.0)
     g.ggml_flash_attn_ext_set_prec(y, g.GGML_PREC_F32)
-    dv = v.shape[-1]
+    if dvp != dv:
+        nb = y.contents.nb
+        y = g.ggml_view_4d(lw.ctx, y, dv, y.contents.ne[1], y.contents.ne[2], y.contents.ne[3],
+                           nb[1], nb[2], nb[3], 0)
     if v.rank == 4:
         b, h = q.shape[0], q.shape[1]
         out = T(y, (b, n_q, h, dv))  # ggml result: ne (Dv, H, n_q, B)

@@ -14,7 +14,21 @@ from typing import Any
 import numpy as np
 
 from . import op
-from ._common import T, Value, attrs, binary, broadcast_shape, cont, expand_to, gg, permute, reshape
+from ._common import (
+    T,
+    Value,
+    aligned,
+    attrs,
+    binary,
+    broadcast_shape,
+    cont,
+    expand_to,
+    gg,
+    pad_k,
+    permute,
+    reshape,
+    want_pad,
+)
 
 
 def _swap_last(rank: int) -> list[int]:
@@ -31,6 +45,10 @@ def _weight_t(lw: Any, b: Value) -> T:
     return cont(lw, bt)
 
 
+def _pad_last(v: np.ndarray, pad: int) -> np.ndarray:
+    return np.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, pad)])
+
+
 def matmul(lw: Any, a: Value, b: Value) -> T:
     """ONNX MatMul semantics (numpy matmul) for rank >= 1."""
     if isinstance(a, np.ndarray):
@@ -45,10 +63,16 @@ def matmul(lw: Any, a: Value, b: Value) -> T:
     bshape = tuple(np.shape(b)) if isinstance(b, np.ndarray) else b.shape
     m, n = a.shape[-2], bshape[-1]
     batch = broadcast_shape(a.shape[:-2], bshape[:-2])
-    w = _weight_t(lw, b)  # (..., N, K)
+    k = a.shape[-1]
+    kp = aligned(k) if want_pad(lw, k) else k
+    if isinstance(b, np.ndarray) and kp != k:
+        pad = kp - k
+        w = lw.const(b, transform=lambda v: _pad_last(np.swapaxes(v, -1, -2), pad), tag=f"Tp{kp}")
+    else:
+        w = pad_k(lw, _weight_t(lw, b), kp)  # (..., N, Kp)
     if a.shape[:-2] != batch:
         a = expand_to(lw, a, batch + a.shape[-2:])
-    a = cont(lw, a)
+    a = pad_k(lw, cont(lw, a), kp)
     rank = len(batch) + 2
     if w.rank < rank:
         w = reshape(lw, w, (1,) * (rank - w.rank) + w.shape)
@@ -78,8 +102,14 @@ def op_gemm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
         a_ = a_.T if isinstance(a_, np.ndarray) else permute(lw, a_, [1, 0])
     g = gg()
     if at.get("transB", 0):
-        w = lw.const(b_) if isinstance(b_, np.ndarray) else cont(lw, b_)  # already (N, K)
         a = cont(lw, lw.const(a_) if isinstance(a_, np.ndarray) else a_)
+        k = a.shape[1]
+        kp = aligned(k) if want_pad(lw, k) else k
+        if isinstance(b_, np.ndarray):  # already (N, K)
+            w = lw.const(b_, transform=(lambda v: _pad_last(v, kp - k)) if kp != k else None, tag=f"p{kp}")
+        else:
+            w = pad_k(lw, cont(lw, b_), kp)
+        a = pad_k(lw, a, kp)
         y = T(g.ggml_mul_mat(lw.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
     else:
         y = matmul(lw, a_, b_)
