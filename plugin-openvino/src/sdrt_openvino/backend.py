@@ -136,7 +136,8 @@ class OpenVINOBackend(Backend):
         self._check_inputs(graph)
         core = self.core
         arrays = convert.model_arrays(graph, weights)
-        ov_model = convert.read(core, graph, arrays)
+        converted = convert.read(core, graph, arrays)
+        ov_model = converted.model
         props = opts.properties()
 
         def compile_(model: ov.Model = ov_model) -> Any:
@@ -155,7 +156,8 @@ class OpenVINOBackend(Backend):
                 export=_export)
             log.info("%s %s on %s (cache %s)", "loaded" if hit else "compiled", graph.name, device.id, key[:12])
         self._check_precision(compiled, opts, device)
-        return OpenVINOSession(graph, ov_model, compiled, compile_, device.id)
+        return OpenVINOSession(graph, converted, compiled, compile_, lambda a: convert.read(core, graph, a),
+                               device.id)
 
     def _check_inputs(self, graph: Graph) -> None:
         """Refuse inputs and outputs that cannot cross OpenVINO's Python API, before any work."""

@@ -15,6 +15,7 @@ import io
 import logging
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("sdrt.openvino.convert")
 
+_RAW_CONST = {"bfloat16": ("bf16", np.uint16), "float8_e4m3fn": ("f8e4m3", np.uint8),
+              "float8_e5m2": ("f8e5m2", np.uint8)}
 _FLOAT_KINDS = {"float16", "float32", "float64", "bfloat16"}
 
 
@@ -83,7 +86,18 @@ def model_arrays(graph: Graph, weights: Weights | None) -> dict[str, np.ndarray]
     return bound
 
 
-def read(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray]) -> ov.Model:
+@dataclass
+class Converted:
+    """An ``ov.Model`` and the weights bound into it."""
+
+    model: ov.Model
+    #: float initializer name -> the ``Constant`` node that holds it (what ``update_weights`` swaps)
+    consts: dict[str, Any] = field(default_factory=dict)
+    #: non-float initializers (shapes, axes, indices) baked in with these values
+    fixed: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def read(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray]) -> Converted:
     """Convert ``graph`` with ``arrays`` bound as constants; raise ``UnsupportedGraph`` for unknown ops."""
     model = graph.model
     promoted: dict[str, np.ndarray] = {}
@@ -94,20 +108,28 @@ def read(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray]) -> ov.Mo
         ov_model = core.read_model(source)
     except RuntimeError as exc:
         raise _conversion_error(graph, model, source, exc) from exc
-    if promoted:
-        bind_parameters(ov_model, promoted)
-    return ov_model
+    consts = bind_parameters(ov_model, promoted) if promoted else {}
+    fixed = {n: np.asarray(a) for n, a in arrays.items() if n not in promoted}
+    return Converted(ov_model, consts, fixed)
 
 
-def bind_parameters(ov_model: ov.Model, arrays: Mapping[str, np.ndarray]) -> None:
-    """Replace the ``Parameter`` named after each weight with a ``Constant`` holding it."""
-    params = {p.get_friendly_name(): p for p in ov_model.get_parameters()}
+def bind_parameters(ov_model: ov.Model, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Replace the ``Parameter`` named after each weight with a ``Constant`` holding it; return those."""
+    params: dict[str, Any] = {}
+    for p in ov_model.get_parameters():
+        params.update({n: p for n in p.output(0).get_names()})
+        params[p.get_friendly_name()] = p
+    consts = {}
     for name, arr in arrays.items():
-        param = params[name]
+        param = params.get(name)
+        if param is None:  # OpenVINO dropped it: no op reads this weight
+            continue
         const = make_constant(arr, name)
         param.output(0).replace(const.output(0))
         ov_model.remove_parameter(param)
+        consts[name] = const
     ov_model.validate_nodes_and_infer_types()
+    return consts
 
 
 def make_constant(arr: np.ndarray, name: str) -> Any:
@@ -115,7 +137,11 @@ def make_constant(arr: np.ndarray, name: str) -> Any:
     import openvino as ov
 
     arr = np.ascontiguousarray(arr)
-    const = ov.op.Constant(arr, shared_memory=bool(arr.flags.writeable))
+    raw = _RAW_CONST.get(arr.dtype.name)
+    if raw is not None:  # ml_dtypes types that numpy-to-OpenVINO conversion does not know: pass the bits
+        const = ov.op.Constant(ov.Tensor(arr.view(raw[1]), list(arr.shape), getattr(ov.Type, raw[0])))
+    else:
+        const = ov.op.Constant(arr, shared_memory=bool(arr.flags.writeable))
     const.set_friendly_name(name)
     const.output(0).set_names({name})
     return const

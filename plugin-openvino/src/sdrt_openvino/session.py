@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sdrt import Session
-from sdrt.errors import InputError, SdrtError, WeightsError
+from sdrt.errors import InputError, SdrtError
 
 from . import convert
 from .errors import OpenVINOError, first_lines
@@ -41,12 +41,16 @@ _RAW_TYPES: dict[str, tuple[str, type]] = {
 
 
 class OpenVINOSession(Session):
-    def __init__(self, graph: Graph, ov_model: ov.Model, compiled: Any,
-                 recompile: Callable[[ov.Model], Any], device_id: str) -> None:
+    def __init__(self, graph: Graph, converted: convert.Converted, compiled: Any,
+                 recompile: Callable[[ov.Model], Any], reconvert: Callable[[dict[str, np.ndarray]], Any],
+                 device_id: str) -> None:
         super().__init__(graph.inputs, graph.outputs)
         self._graph = graph
-        self._ov_model = ov_model
+        self._converted: convert.Converted | None = converted
         self._recompile = recompile
+        self._reconvert = reconvert
+        #: weights given since compile (update_weights), by initializer name
+        self._given: dict[str, np.ndarray] = {}
         self._device_id = device_id
         self._lock = threading.Lock()
         self._compiled: Any = None
@@ -172,43 +176,67 @@ class OpenVINOSession(Session):
     def update_weights(self, weights: Weights) -> None:
         """Swap the weight constants in the converted ``ov.Model`` and recompile it.
 
-        The ONNX graph is not read or converted again: each named ``Constant`` is
-        replaced in place by one over the new array (no copy when the array is
-        writable), then the model is compiled for the device. The session keeps
-        running the old weights until the new compiled model is ready.
+        The ONNX graph is not read or converted again: each weight's ``Constant``
+        is replaced in place by one over the new array (no copy when the array is
+        writable), then the model is compiled for the device. Only when a weight
+        has no constant of its own (an inline graph whose initializer OpenVINO
+        folded or shared) is the graph converted once more, with every weight
+        bound as its own constant, so that later updates take the fast path. The
+        session keeps running the old weights until the new model is compiled.
         """
-        if self._request is None:
+        if self._converted is None:
             raise SdrtError("this session is closed", where="OpenVINOSession.update_weights",
                             fix="compile the graph again with sdrt.load")
         start = time.perf_counter()
-        arrays = weights.bind(self._graph)
-        consts = convert.constants(self._ov_model)
-        missing = sorted(set(arrays) - set(consts))
-        if missing:
-            raise WeightsError(f"the compiled model has no weight constant named {', '.join(missing[:10])}",
-                               where=f"{self._graph.name} (OpenVINO folded or renamed these initializers)",
-                               fix="load the model again with sdrt.load(model, weights=...) instead")
-        for name, value in arrays.items():
-            old = consts[name]
-            arr = np.asarray(value)
-            want_dtype = np.dtype(old.get_element_type().to_dtype())
-            want_shape = tuple(int(d) for d in old.get_output_shape(0))
-            if tuple(arr.shape) != want_shape:
-                raise WeightsError(f"weight {name!r} has shape {tuple(arr.shape)}, the model expects {want_shape}",
-                                   where=f"{self._graph.name} initializer {name!r}",
-                                   fix="use weights exported from the same model")
-            if arr.dtype != want_dtype:
-                arr = arr.astype(want_dtype)
-            old.output(0).replace(convert.make_constant(arr, name).output(0))
+        arrays = {name: np.asarray(value) for name, value in weights.bind(self._graph).items()}
+        conv = self._converted
+        swaps, reread = self._plan(conv, arrays)
+        self._given.update(arrays)
         try:
-            self._ov_model.validate_nodes_and_infer_types()
-            compiled = self._recompile(self._ov_model)
+            if reread:
+                log.info("%s: %s has no constant of its own; converting the graph once more with every weight "
+                         "bound as a constant", self._graph.name, reread)
+                own = [n for n in self._graph.initializer_names if n not in self._given]
+                conv = self._reconvert({**self._graph.initializer_arrays(own), **self._given})
+            else:
+                for name, (node, arr) in swaps.items():
+                    new = convert.make_constant(arr, name)
+                    node.output(0).replace(new.output(0))
+                    conv.consts[name] = new
+                conv.model.validate_nodes_and_infer_types()
+            compiled = self._recompile(conv.model)
         except RuntimeError as exc:
             raise OpenVINOError(f"OpenVINO could not compile the new weights: {first_lines(exc)}",
                                 where=self._graph.name, fix="check that the weights fit this graph") from exc
         with self._lock:
+            self._converted = conv
             self._bind(compiled)
-        log.info("updated %d weights of %s in %.3f s", len(arrays), self._graph.name, time.perf_counter() - start)
+        log.info("updated %d weights of %s in %.3f s%s", len(arrays), self._graph.name, time.perf_counter() - start,
+                 " (graph converted again)" if reread else "")
+
+    def _plan(self, conv: convert.Converted, arrays: dict[str, np.ndarray]
+              ) -> tuple[dict[str, tuple[Any, np.ndarray]], str | None]:
+        """Which constant each new weight replaces, or the first weight that needs the graph read again."""
+        swaps: dict[str, tuple[Any, np.ndarray]] = {}
+        by_name: dict[str, Any] | None = None
+        for name, arr in arrays.items():
+            node = conv.consts.get(name)
+            if node is None and arr.dtype.kind not in "fcV":  # shapes, axes, indices: must not change
+                old = conv.fixed.get(name)
+                if old is None:
+                    old = self._graph.initializer_arrays([name])[name]
+                if np.array_equal(np.asarray(old).ravel(), arr.ravel()):
+                    continue
+                return {}, name
+            if node is None:  # an inline graph's initializer: OpenVINO names its Constant after it
+                if by_name is None:
+                    by_name = convert.constants(conv.model)
+                node = by_name.get(name)
+                if node is None or tuple(node.get_output_shape(0)) != tuple(arr.shape):
+                    return {}, name
+            want = np.dtype(node.get_element_type().to_dtype()) if node.get_element_type().is_real() else arr.dtype
+            swaps[name] = (node, arr if arr.dtype == want or arr.dtype.kind == "V" else arr.astype(want))
+        return swaps, None
 
     # -- info and cleanup ---------------------------------------------
     @property
@@ -224,7 +252,7 @@ class OpenVINOSession(Session):
         with self._lock:
             self._request = None
             self._compiled = None
-            self._ov_model = None
+            self._converted = None
         super().close()
 
 
