@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from typing import Any
 
 import numpy as np
@@ -22,10 +21,10 @@ _KIND = {0: "cpu", 1: "gpu", 2: "gpu"}
 
 
 def _ggml() -> Any:
-    # a failed GGML_ASSERT would otherwise start gdb to print a backtrace, which can hang
-    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+    from .ops._common import gg
+
     try:
-        import ggml
+        ggml = gg()
     except (ImportError, OSError, RuntimeError) as exc:
         raise BackendUnavailable(
             f"ggml-python cannot be imported: {exc}",
