@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="CPU threads for every runner (default: each decides)")
     p.add_argument("--option", action="append", default=[], metavar="BACKEND:KEY=VALUE",
                    help="a compile option for one sdrt backend; repeat (device=... picks its device)")
+    p.add_argument("--sdrt-input", default="stripped", choices=["stripped", "full"],
+                   help="what sdrt backends load: the weight-stripped graph + .safetensors that `sdrt strip` "
+                        "writes (default, the real workload) or the same single .onnx file the peers load")
     p.add_argument("--workdir", type=Path, default=None, help="where built models are kept")
     p.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -79,11 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{name}] building and timing ...", flush=True)
         rows = harness.bench_model(name, args.size, workdir, backends, rounds=args.rounds,
                                    min_seconds=args.min_seconds, warmup=args.warmup, threads=args.threads,
-                                   peers=peers, sdrt_options=options, pair_with=args.pair_with)
+                                   peers=peers, sdrt_options=options, pair_with=args.pair_with,
+                                   sdrt_input=args.sdrt_input)
         results.extend(rows)
         print(harness.render(rows), flush=True)
     print("\n" + harness.render(results))
-    config = {"models": names, "size": args.size, "backends": backends, "peers": peers, "rounds": args.rounds,
+    config = {"models": names, "size": args.size, "sdrt_input": args.sdrt_input, "backends": backends, "peers": peers, "rounds": args.rounds,
               "min_seconds": args.min_seconds, "threads": args.threads, "options": options}
     args.json.write_text(json.dumps(harness.to_json(results, config), indent=1))
     print(f"wrote {args.json}")

@@ -30,6 +30,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "conv im2col_nhwc": {"conv_impl": "im2col_nhwc"},
     "conv direct": {"conv_impl": "direct"},
     "depthwise nchw": {"dw_layout": "nchw"},
+    "no K padding": {"pad_k": False},
 }
 
 

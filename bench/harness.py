@@ -150,6 +150,30 @@ def model_file(name: str, size: str, workdir: Path) -> tuple[Path, Feeds, list[s
     return path, feeds, [o.name for o in model.graph.output]
 
 
+def stripped_file(path: Path) -> Path | None:
+    """The weight-stripped graph (+ .safetensors beside it) of ``path``, made by sdrt's strip, or None."""
+    import sdrt
+
+    out = path.with_name(path.stem + ".stripped.onnx")
+    weights = out.with_suffix(".safetensors")
+    if out.exists() and weights.exists():
+        return out
+    graph = sdrt.Graph.load(path)
+    if not hasattr(graph, "strip"):
+        return None
+    tmpdir = path.parent / f".strip-{path.stem}-{os.getpid()}"
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    try:
+        graph.strip(tmpdir / out.name, tmpdir / weights.name)
+        os.replace(tmpdir / weights.name, weights)
+        os.replace(tmpdir / out.name, out)
+    finally:
+        for leftover in tmpdir.glob("*"):
+            leftover.unlink()
+        tmpdir.rmdir()
+    return out
+
+
 def max_rel_err(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> float:
     worst = 0.0
     for g, r in zip(got, ref):
@@ -164,8 +188,9 @@ def max_rel_err(got: Sequence[np.ndarray], ref: Sequence[np.ndarray]) -> float:
 def bench_model(name: str, size: str, workdir: Path, backends: Sequence[str], *, rounds: int | None,
                 min_seconds: float, warmup: int, threads: int | None, peers: Sequence[str] = PEERS,
                 sdrt_options: dict[str, dict[str, Any]] | None = None,
-                pair_with: str = "openvino-raw") -> list[Result]:
+                pair_with: str = "openvino-raw", sdrt_input: str = "stripped") -> list[Result]:
     path, feeds, outputs = model_file(name, size, workdir)
+    sdrt_path = (stripped_file(path) or path) if sdrt_input == "stripped" else path
     contenders: list[tuple[str, str, Callable[[], RunFn]]] = []
     if "onnxruntime" in peers:
         contenders.append(("onnxruntime", "peer", lambda: ort_runner(path, outputs, threads)))
@@ -175,7 +200,8 @@ def bench_model(name: str, size: str, workdir: Path, backends: Sequence[str], *,
         opts = dict((sdrt_options or {}).get(be, {}))
         if threads and be == "openvino":
             opts.setdefault("threads", threads)
-        contenders.append((f"sdrt-{be}", "sdrt", lambda be=be, opts=opts: sdrt_runner(path, outputs, be, opts)))
+        contenders.append((f"sdrt-{be}", "sdrt",
+                           lambda be=be, opts=opts: sdrt_runner(sdrt_path, outputs, be, opts)))
 
     results: list[Result] = []
     ready: list[tuple[Result, RunFn]] = []

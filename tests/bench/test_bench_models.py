@@ -83,3 +83,26 @@ def test_max_rel_err_is_relative_to_the_reference_scale():
     ref = np.array([10.0, -20.0], np.float32)
     assert harness.max_rel_err([ref + np.float32(0.002)], [ref]) == pytest.approx(1e-4, rel=1e-3)
     assert harness.max_rel_err([np.zeros(3)], [ref]) == float("inf")
+
+
+def test_sdrt_backends_run_the_stripped_graph(tmp_path, registry):
+    path, _, _ = harness.model_file("mobilenet_v2", "tiny", tmp_path)
+    stripped = harness.stripped_file(path)
+    assert stripped is not None and stripped.with_suffix(".safetensors").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".strip-")]
+    rows = harness.bench_model("mobilenet_v2", "tiny", tmp_path, ["reference"], rounds=2, min_seconds=0,
+                               warmup=0, threads=1, peers=["onnxruntime"], sdrt_input="stripped")
+    ref = next(r for r in rows if r.runner == "sdrt-reference")
+    assert ref.error is None and ref.max_rel_err < 1e-4
+    assert ref.paired_with == "onnxruntime" and ref.paired_ratio > 0
+
+
+def test_update_weights_bench_agrees_with_a_reload(registry, tmp_path, monkeypatch):
+    pytest.importorskip("openvino", reason="the openvino package is not installed")
+    import sdrt_openvino
+    from bench import update_weights
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    registry.register_plugin(sdrt_openvino, "openvino")
+    r = update_weights.measure("mobilenet_v2", "tiny", "openvino", rounds=2, options={"device": "CPU"})
+    assert r["update_s"] > 0 and r["reload_s"] > 0 and r["reload_cached_s"] > 0

@@ -84,3 +84,66 @@ def test_weights_that_do_not_fit_fail_at_compile(ov_registry, stripped):
     with pytest.raises(WeightsError, match="missing"):
         sdrt.load(stripped, weights=Weights.from_arrays({"conv.weight": _new_weights()["conv.weight"]}),
                   backend="openvino")
+
+
+def test_update_weights_swaps_constants_without_converting_again(ov_registry, stripped, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="sdrt.openvino")
+    session = sdrt.load(stripped, backend="openvino")
+    session.update_weights(Weights.from_arrays(_new_weights()))
+    assert not any("converted again" in r.getMessage() for r in caplog.records)
+    np.testing.assert_allclose(session.run({"x": X})["y"], _expected(_new_weights()), rtol=1e-5, atol=1e-5)
+
+
+def test_update_weights_on_an_inline_graph_with_shared_constants(ov_registry, caplog):
+    """One initializer feeding two ops: OpenVINO may fold it away; the session converts once, then swaps."""
+    import logging
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.full((3, 3), 2.0, np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Add", ["a", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 3])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = sdrt.load(model.SerializeToString(), backend="openvino")
+    x = np.eye(3, dtype=np.float32)
+    caplog.set_level(logging.INFO, logger="sdrt.openvino")
+    for scale in (3.0, 5.0):
+        w2 = np.full((3, 3), scale, np.float32)
+        session.update_weights(Weights.from_arrays({"w": w2}))
+        np.testing.assert_allclose(session.run({"x": x})["y"], x @ w2 + w2, rtol=1e-6)
+
+
+def test_bfloat16_weights_bind_and_update(ov_registry, tmp_path):
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes provides numpy's bfloat16")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((6, 5)).astype(ml_dtypes.bfloat16)
+    nodes = [helper.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT), helper.make_node("MatMul", ["x", "wf"], ["y"])]
+    graph = helper.make_graph(nodes, "bf16", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+                              [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    sdrt.Graph.load(tmp_path / "m.onnx").strip(tmp_path / "s.onnx")
+    x = np.ones((2, 6), np.float32)
+    session = sdrt.load(tmp_path / "s.onnx", backend="openvino")
+    np.testing.assert_allclose(session.run({"x": x})["y"], x @ w.astype(np.float32), rtol=1e-6)
+    w2 = (w.astype(np.float32) * 2).astype(ml_dtypes.bfloat16)
+    session.update_weights(Weights.from_arrays({"w": w2}))
+    np.testing.assert_allclose(session.run({"x": x})["y"], x @ w2.astype(np.float32), rtol=1e-6)
+
+
+def test_changing_a_shape_initializer_converts_the_graph_again(ov_registry, caplog):
+    import logging
+
+    session = sdrt.load(two_output_model().SerializeToString(), backend="openvino")
+    caplog.set_level(logging.INFO, logger="sdrt.openvino")
+    w = np.ones((6, 5), np.float32)
+    session.update_weights(Weights.from_arrays({"fc.weight": w, "shape": np.array([10], np.int64)}))
+    assert any("converted again" in r.getMessage() for r in caplog.records)
+    out = session.run({"x": np.ones((2, 6), np.float32)})
+    np.testing.assert_allclose(out["flat"], np.full(10, 6.0, np.float32))
