@@ -270,3 +270,11 @@ def test_batch_norm_sum_and_dropout_mask():
 def test_softmax_before_opset_13_flattens_at_axis_1():
     m = make_model([mk("Softmax", ["x"], ["y"])], {"x": ((2, 3, 4), F)}, {"y": (None, F)}, opset=11)
     check(m, {"x": rand(2, 3, 4)})
+
+
+def test_conv_input_channels_padded_for_aligned_gemm():
+    # 14 channels x 9 taps = 126: padded to 16 channels (144) with zero weights
+    m = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])], {"x": ((1, 14, 8, 8), F)},
+                   {"y": (None, F)}, {"w": rand(6, 14, 3, 3), "b": rand(6)})
+    check(m, {"x": rand(1, 14, 8, 8)})
+    check(m, {"x": rand(1, 14, 8, 8)}, pad_k=False)
