@@ -29,6 +29,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no silu rewrite": {"rewrites": ("attention", "groupnorm")},
     "conv im2col_nhwc": {"conv_impl": "im2col_nhwc"},
     "conv direct": {"conv_impl": "direct"},
+    "conv taps": {"conv_impl": "taps"},
     "depthwise nchw": {"dw_layout": "nchw"},
     "no K padding": {"pad_k": False},
 }

@@ -120,10 +120,12 @@ def test_conv1d():
     check(m, {"x": rand(2, 3, 16)})
 
 
-def test_conv_direct_impl_matches():
-    m = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])], {"x": ((1, 4, 9, 9), F)},
-                   {"y": (None, F)}, {"w": rand(8, 4, 3, 3), "b": rand(8)})
-    check(m, {"x": rand(1, 4, 9, 9)}, conv_impl="direct")
+@pytest.mark.parametrize("impl", ["direct", "im2col_nhwc", "taps"])
+@pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 0, 0, 0], [2, 1, 2, 1]])
+def test_conv_impls_match(impl, pads):
+    m = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=pads)], {"x": ((1, 16, 9, 11), F)},
+                   {"y": (None, F)}, {"w": rand(8, 16, 3, 3), "b": rand(8)})
+    check(m, {"x": rand(1, 16, 9, 11)}, conv_impl=impl)
 
 
 def test_conv_transpose():

@@ -80,7 +80,9 @@ def conv2d(lw: Any, x: T, w: np.ndarray | T, bias: Value | None, strides: list[i
     oh = (h + 2 * ph - dil[0] * (kh - 1) - 1) // strides[0] + 1
     ow = (wd + 2 * pw - dil[1] * (kw - 1) - 1) // strides[1] + 1
     x = cont(lw, x)
-    if group == 1:
+    if group == 1 and _taps_ok(lw, w, n, strides, dil, kh, kw):
+        y = _conv_taps(lw, x, w, ph, pw, (n, oc, oh, ow))
+    elif group == 1:
         if cp != c:
             x = T(g.ggml_pad(lw.ctx, x.ptr, 0, 0, cp - c, 0), (n, cp, h, wd))
         y = _conv_dense(lw, x, wt, strides, dil, ph, pw, (n, oc, oh, ow))
@@ -100,6 +102,40 @@ def conv2d(lw: Any, x: T, w: np.ndarray | T, bias: Value | None, strides: list[i
         b = lw.const(bias) if isinstance(bias, np.ndarray) else bias
         y = binary(lw, "ggml_add", y, reshape(lw, b, (1, -1, 1, 1)), True)
     return y
+
+
+def _taps_ok(lw: Any, w: Any, n: int, strides: list[int], dil: list[int], kh: int, kw: int) -> bool:
+    return (lw.options.get("conv_impl", "im2col") == "taps" and isinstance(w, np.ndarray) and n == 1
+            and strides == [1, 1] and dil == [1, 1] and kh * kw > 1)
+
+
+def _conv_taps(lw: Any, x: T, w: np.ndarray, ph: int, pw: int, out_shape: tuple[int, int, int, int]) -> T:
+    """Stride-1 conv as one GEMM per kernel tap over a channels-last padded input.
+
+    With the padded image flattened to rows of C channels, the input seen by tap
+    (i, j) is one contiguous block of rows starting at i*Wp + j, so every tap is a
+    plain matrix product (no im2col); the outputs are summed, the padded columns
+    cropped, and the result transposed back to NCHW.
+    """
+    g = gg()
+    _, oc, oh, ow = out_shape
+    c, h, wd = x.shape[1], x.shape[2], x.shape[3]
+    kh, kw = w.shape[2], w.shape[3]
+    wp, hp = wd + 2 * pw, h + 2 * ph + 1  # one spare row: the last taps read past the bottom edge
+    xp = g.ggml_pad_ext(lw.ctx, x.ptr, pw, pw, ph, ph + 1, 0, 0, 0, 0)  # ne (Wp, Hp, C, 1)
+    xt = g.ggml_cont(lw.ctx, g.ggml_permute(lw.ctx, xp, 1, 2, 0, 3))  # ne (C, Wp, Hp, 1): channels-last
+    rows = oh * wp
+    acc = None
+    for i in range(kh):
+        for j in range(kw):
+            wk = lw.const(w, transform=lambda a, i=i, j=j: np.ascontiguousarray(a[:, :, i, j]), tag=f"tap{i},{j}")
+            view = g.ggml_view_2d(lw.ctx, xt, c, rows, c * 4, (i * wp + j) * c * 4)
+            y = g.ggml_mul_mat(lw.ctx, wk.ptr, view)  # ne (OC, OH*Wp)
+            acc = y if acc is None else g.ggml_add(lw.ctx, acc, y)
+    full = g.ggml_view_3d(lw.ctx, acc, oc, ow, oh, oc * 4, wp * oc * 4, 0)  # crop the padded columns
+    out = g.ggml_cont(lw.ctx, g.ggml_permute(lw.ctx, full, 2, 0, 1, 3))  # ne (OW, OH, OC)
+    del hp
+    return T(g.ggml_reshape_4d(lw.ctx, out, ow, oh, oc, 1), out_shape)
 
 
 def _aligned_channels(c: int, taps: int) -> int:
