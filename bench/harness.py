@@ -45,6 +45,7 @@ class Result:
     runner: str
     kind: str  # "peer" or "sdrt"
     median_ms: float | None = None
+    min_ms: float | None = None
     p10_ms: float | None = None
     p90_ms: float | None = None
     runs: int = 0
@@ -232,7 +233,7 @@ def bench_model(name: str, size: str, workdir: Path, backends: Sequence[str], *,
     for _, fn in ready:
         fn(feeds)
     per_round = time.perf_counter() - t0
-    n = rounds or int(min(200, max(10, min_seconds / max(per_round, 1e-6))))
+    n = rounds or int(min(1000, max(10, min_seconds / max(per_round, 1e-6))))
     for r in range(n):
         shift = r % len(ready)
         for res, fn in ready[shift:] + ready[:shift]:
@@ -246,6 +247,7 @@ def bench_model(name: str, size: str, workdir: Path, backends: Sequence[str], *,
         ts = sorted(res.times_ms)
         res.runs = len(ts)
         res.median_ms = statistics.median(ts)
+        res.min_ms = ts[0]
         res.p10_ms = ts[int(0.1 * (len(ts) - 1))]
         res.p90_ms = ts[int(0.9 * (len(ts) - 1))]
     best_peer = min((r.median_ms for r in results if r.kind == "peer" and r.median_ms), default=None)
@@ -284,8 +286,8 @@ def environment() -> dict[str, Any]:
 
 def render(results: Sequence[Result]) -> str:
     paired = next((r.paired_with for r in results if r.paired_with), None) or "-"
-    head = f"{'model':<14} {'runner':<18} {'median ms':>10} {'p10-p90 ms':>17} {'runs':>5} {'vs best peer':>12} " \
-           f"{'paired vs ' + paired:>24} {'max rel err':>12}"
+    head = f"{'model':<14} {'runner':<18} {'median ms':>10} {'min ms':>9} {'p10-p90 ms':>17} {'runs':>5} " \
+           f"{'vs best peer':>12} {'paired vs ' + paired:>24} {'max rel err':>12}"
     lines = [head, "-" * len(head)]
     last = None
     for r in results:
@@ -299,8 +301,8 @@ def render(results: Sequence[Result]) -> str:
         ratio = f"{r.ratio_to_best_peer:.3f}x" if r.ratio_to_best_peer else "-"
         err = f"{r.max_rel_err:.2e}" if r.max_rel_err is not None else "-"
         pair = f"{r.paired_ratio:.3f}x" if r.paired_ratio is not None else "-"
-        lines.append(f"{r.model:<14} {r.runner:<18} {r.median_ms:>10.2f} {spread:>17} {r.runs:>5} {ratio:>12} "
-                     f"{pair:>24} {err:>12}")
+        lines.append(f"{r.model:<14} {r.runner:<18} {r.median_ms:>10.2f} {r.min_ms:>9.2f} {spread:>17} {r.runs:>5} "
+                     f"{ratio:>12} {pair:>24} {err:>12}")
     return "\n".join(lines)
 
 
