@@ -24,7 +24,12 @@ from .ops._common import T, Value, gg, ne_of, unsupported
 
 log = logging.getLogger("sdrt.ggml.lower")
 
-_INPUT_DTYPES = {"float32", "float16", "float64", "int64", "int32"}
+#: small integer and bool inputs are carried exactly in float32 tensors, through layout ops only
+CARRIED = {"bool", "int8", "uint8", "int16", "uint16"}
+_INPUT_DTYPES = {"float32", "float16", "float64", "int64", "int32"} | CARRIED
+#: ops that only move data: they accept carried integer tensors
+LAYOUT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile", "Concat", "Slice",
+              "Split", "Identity", "Shape", "Size", "Cast", "Dropout", "Gather"}
 _NP_TO_GGML = {"float32": "GGML_TYPE_F32", "float16": "GGML_TYPE_F16", "int32": "GGML_TYPE_I32"}
 
 
@@ -175,7 +180,8 @@ class Lowering:
             t = g.ggml_new_tensor_4d(self.ctx, gtype, *ne_of(shape))
             g.ggml_set_name(t, name[:63].encode())
             g.ggml_set_input(t)
-            v = T(t, tuple(shape), "int32" if gtype == g.GGML_TYPE_I32 else "float32")
+            kind = "int32" if gtype == g.GGML_TYPE_I32 else (dtype if dtype in CARRIED else "float32")
+            v = T(t, tuple(shape), kind)
             self.values[name] = v
             self.out.inputs[name] = v
         for node in self.nodes:
@@ -216,6 +222,10 @@ class Lowering:
             fn = REGISTRY.get(node.op_type)
             if fn is None:
                 raise unsupported(node, f"no lowering for {node.op_type}")
+            if node.op_type not in LAYOUT_OPS:
+                odd = {v.dtype for v in present if isinstance(v, T) and v.dtype in CARRIED}
+                if odd:
+                    raise unsupported(node, f"{node.op_type} on {', '.join(sorted(odd))} tensors")
             try:
                 outs = self._try_rewrites(node) or fn(self, node, ins)
             except UnsupportedGraph:

@@ -57,10 +57,16 @@ def op_cast(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     if to in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16):
         if x.dtype == "float32":
             return [x]  # computation stays in float32 throughout
+        if x.dtype != "int32":  # a small integer carried exactly in float32
+            return [T(x.ptr, x.shape, "float32")]
         x = cont(lw, x)
         g = gg()
         return [T(g.ggml_cast(lw.ctx, x.ptr, g.GGML_TYPE_F32), x.shape)]
     if to in (TensorProto.INT64, TensorProto.INT32) and x.dtype == "int32":
+        return [x]
+    from onnx import helper
+
+    if helper.tensor_dtype_to_np_dtype(to).name == x.dtype:
         return [x]
     raise ValueError(f"Cast of a runtime {x.dtype} tensor to ONNX type {to}")
 
