@@ -132,6 +132,16 @@ def test_silu_pattern():
     check(model, feeds)
 
 
+def test_quick_gelu_pattern_becomes_scaled_silu():
+    model = make_model([mk("Mul", ["x", "c"], ["xc"]), mk("Sigmoid", ["xc"], ["s"]), mk("Mul", ["x", "s"], ["y"])],
+                       {"x": ((3, 77), F)}, {"y": (None, F)}, {"c": np.array(1.702, np.float32)})
+    feeds = {"x": rand(3, 77) * 4}
+    on, off, hits, _ = _both(model, feeds)
+    assert hits.get("silu") == 1
+    np.testing.assert_allclose(on["y"], off["y"], rtol=1e-5, atol=1e-6)
+    check(model, feeds)
+
+
 def test_intermediate_used_elsewhere_stays_correct():
     """The sigmoid output is also a graph output: the fused op must not change it."""
     model = make_model([mk("Sigmoid", ["x"], ["s"]), mk("Mul", ["x", "s"], ["y"])], {"x": ((3, 9), F)},

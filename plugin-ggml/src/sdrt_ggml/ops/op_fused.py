@@ -8,7 +8,7 @@ computes what the outputs depend on, so they cost nothing. An intermediate
 used elsewhere is still computed for that use, so a match is always correct.
 
 - ``gelu``: x * 0.5 * (1 + erf(x / sqrt 2)) -> ggml_gelu_erf (always on: ggml has no erf kernel)
-- ``silu``: x * sigmoid(x) -> ggml_silu
+- ``silu``: x * sigmoid(x) -> ggml_silu, and x * sigmoid(1.702 x) (quick GELU) -> silu(1.702 x) / 1.702
 - ``attention``: softmax(Q K^T * s [+ mask]) V -> ggml_flash_attn_ext
 - ``groupnorm``: Reshape(N, G, -1) -> InstanceNormalization -> Reshape -> ggml_group_norm
 """
@@ -90,13 +90,23 @@ def match_gelu(lw: Any, node: Any) -> list[Value] | None:
 
 @rewrite("silu", "Mul")
 def match_silu(lw: Any, node: Any) -> list[Value] | None:
+    """x * sigmoid(x) -> silu(x); x * sigmoid(c*x) (CLIP's quick GELU) -> silu(c*x) / c."""
+    g = gg()
     for i in (0, 1):
         sig = lw.producer(node.input[1 - i])
-        if sig is not None and sig.op_type == "Sigmoid" and sig.input[0] == node.input[i]:
-            x = lw.values[node.input[i]]
-            if isinstance(x, T):
-                x = cont(lw, x)
-                return [T(gg().ggml_silu(lw.ctx, x.ptr), x.shape)]
+        if sig is None or sig.op_type != "Sigmoid":
+            continue
+        x = lw.values[node.input[i]]
+        if not isinstance(x, T) or x.dtype != "float32":
+            continue
+        if sig.input[0] == node.input[i]:
+            x = cont(lw, x)
+            return [T(g.ggml_silu(lw.ctx, x.ptr), x.shape)]
+        src, c = _unscale(lw, sig.input[0])
+        if src == node.input[i] and c not in (0.0, 1.0):
+            x = cont(lw, x)
+            y = g.ggml_silu(lw.ctx, g.ggml_scale(lw.ctx, x.ptr, c))
+            return [T(g.ggml_scale(lw.ctx, y, 1.0 / c), x.shape)]
     return None
 
 
