@@ -248,3 +248,21 @@ def test_merged_weights_on_a_real_conv_graph_session(registry):
         s.update_weights(merged.unmerge())
         assert s.run({"x": x})["y"].tobytes() == base_y.tobytes()
     assert onnx.numpy_helper.to_array(ref.graph.initializer[0]).shape == (8, 3, 3, 3)
+
+
+def test_text_encoder_kohya_and_peft_adapter_names():
+    q = "text_model.encoder.layers.0.self_attn.q_proj"
+    fc = "text_model.encoder.layers.0.mlp.fc1"
+    base = Weights.from_arrays({f"{q}.weight": f32(8, 8), f"{fc}.weight": f32(16, 8)})
+    d, u = f32(2, 8), f32(8, 2)
+    kohya_te = {"lora_te1_" + q.replace(".", "_") + ".lora_down.weight": d,
+                "lora_te1_" + q.replace(".", "_") + ".lora_up.weight": u}
+    peft = {f"text_encoder.{fc}.lora_A.default.weight": f32(2, 8), f"text_encoder.{fc}.lora_B.default.weight": f32(16, 2)}
+    lora = Lora.from_arrays({**kohya_te, **peft})
+    merged = merge(base, lora, component="te")
+    assert sorted(merged.report.applied) == [f"{fc}.weight", f"{q}.weight"]
+    np.testing.assert_allclose(merged[f"{q}.weight"], expected(base[f"{q}.weight"], [(u, d, 2.0, 1.0)]),
+                               rtol=1e-6, atol=1e-6)
+    # the same kohya keys are skipped, not reported, when merging the UNet
+    unet = merge(Weights.from_arrays(base_weights()), Lora.from_arrays(kohya_te), component="unet")
+    assert unet.report.skipped and not unet.report.applied
