@@ -28,6 +28,7 @@ def own(graph) -> dict[str, np.ndarray]:
 def test_bind_exact(graph, own):
     bound = Weights.from_arrays(own).bind(graph)
     assert sorted(bound) == sorted(graph.initializer_names)
+    assert sorted(Weights.from_arrays({**own, "extra": np.zeros(1)}).bind(None)) == sorted([*own, "extra"])
 
 
 def test_bind_reports_every_problem_at_once(graph, own):

@@ -242,13 +242,16 @@ class Weights(Mapping[str, np.ndarray]):
                     f"{name}: weights {have.dtype}{list(have.shape)} vs graph {want.dtype}{list(want.shape)}")
         return report
 
-    def bind(self, graph: Graph, *, strict: bool = True, convert: bool = False) -> dict[str, np.ndarray]:
+    def bind(self, graph: Graph | None, *, strict: bool = True, convert: bool = False) -> dict[str, np.ndarray]:
         """``{initializer name: array}`` for the graph, or a ``WeightsError`` listing every problem.
 
         ``strict=False`` tolerates unexpected keys (ignored) and missing names
         for which the graph holds its own data. ``convert=True`` converts
         floating tensors to the graph's dtype instead of reporting a mismatch.
+        ``graph=None`` checks nothing and returns every tensor by name.
         """
+        if graph is None:
+            return {name: self[name] for name in self._refs}
         report = self.check(graph, convert=convert)
         if not strict:
             report.unexpected = []
