@@ -69,6 +69,13 @@ def test_stripped_graph_with_other_weights_and_no_default_file(tmp_path, registr
     assert g.with_shapes(batch=3).fold_constants().outputs[0].shape == (3, 4)
 
 
+def test_stripped_graph_from_bytes_takes_weights(tmp_path, registry):
+    res = Graph.load(M.linear_model().SerializeToString()).strip(tmp_path / "s.onnx")
+    g = Graph.load(res.graph_path.read_bytes())  # no folder: its own weights cannot be found
+    assert g.is_stripped and not g.has_data("fc1.weight")
+    assert _run(g, weights=res.weights_path).tobytes() == _run(M.save(M.linear_model(), tmp_path / "o.onnx")).tobytes()
+
+
 def test_stripped_graph_with_wrong_weights_lists_every_problem(tmp_path, registry):
     res = Graph.load(M.save(M.linear_model(), tmp_path / "lin.onnx")).strip(tmp_path / "s.onnx")
     w = Weights.open(res.weights_path)

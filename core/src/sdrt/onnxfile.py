@@ -303,6 +303,8 @@ def external_ref(t: Any, base_dir: Path | None, where: str, *, must_exist: bool 
     """
     info = {e.key: e.value for e in t.external_data}
     if base_dir is None:
+        if not must_exist:
+            return None
         raise ModelError(
             f"tensor {t.name!r} stores its data in an external file, but the model was given as bytes",
             where=where,
