@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from sdrt.graph import Graph
 SEEDS = [M.linear_model().SerializeToString(), M.conv_model().SerializeToString(),
          M.exporter_chain_model().SerializeToString()]
 FOLDER = Path(tempfile.mkdtemp(prefix="sdrt-fuzz-onnx-"))
+atexit.register(shutil.rmtree, FOLDER, ignore_errors=True)
 (FOLDER / "weights.bin").write_bytes(np.arange(1024, dtype=np.float32).tobytes())
 (FOLDER / "sub").mkdir(exist_ok=True)
 LOCATIONS = ["weights.bin", "sub/../weights.bin", "../weights.bin", "/etc/passwd", "C:\\x.bin", "", "a\x00b",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from sdrt.lora import Lora, merge
 from sdrt.weights import Weights
 
 FOLDER = Path(tempfile.mkdtemp(prefix="sdrt-fuzz-st-"))
+atexit.register(shutil.rmtree, FOLDER, ignore_errors=True)
 GRAPH = Graph.load(M.linear_model().SerializeToString())
 
 
