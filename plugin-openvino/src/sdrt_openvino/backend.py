@@ -95,8 +95,14 @@ class OpenVINOBackend(Backend):
         """OpenVINO's devices (GPUs first, then CPU, then NPU), then AUTO over all of them."""
         if self._devices is None:
             core = self.core
+            try:
+                available = list(core.available_devices)
+            except RuntimeError as exc:
+                raise BackendUnavailable(f"OpenVINO cannot list its devices: {first_lines(exc)}",
+                                         where="openvino.Core().available_devices",
+                                         fix="check the GPU/NPU drivers, or reinstall openvino") from exc
             found = []
-            for dev_id in core.available_devices:
+            for dev_id in available:
                 try:
                     found.append(self._describe(core, dev_id))
                 except RuntimeError as exc:  # a device whose driver fails to answer is left out, and logged
