@@ -30,6 +30,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "conv im2col_nhwc": {"conv_impl": "im2col_nhwc"},
     "conv direct": {"conv_impl": "direct"},
     "conv taps": {"conv_impl": "taps"},
+    "conv im2col": {"conv_impl": "im2col"},
     "depthwise nchw": {"dw_layout": "nchw"},
     "no K padding": {"pad_k": False},
 }

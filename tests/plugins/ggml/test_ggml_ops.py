@@ -120,7 +120,7 @@ def test_conv1d():
     check(m, {"x": rand(2, 3, 16)})
 
 
-@pytest.mark.parametrize("impl", ["direct", "im2col_nhwc", "taps"])
+@pytest.mark.parametrize("impl", ["direct", "im2col", "im2col_nhwc", "taps", "rowcopy"])
 @pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 0, 0, 0], [2, 1, 2, 1]])
 def test_conv_impls_match(impl, pads):
     m = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=pads)], {"x": ((1, 16, 9, 11), F)},
@@ -280,3 +280,11 @@ def test_conv_input_channels_padded_for_aligned_gemm():
                    {"y": (None, F)}, {"w": rand(6, 14, 3, 3), "b": rand(6)})
     check(m, {"x": rand(1, 14, 8, 8)})
     check(m, {"x": rand(1, 14, 8, 8)}, pad_k=False)
+
+
+@pytest.mark.parametrize("kw", [dict(strides=[2, 2], pads=[1, 1, 1, 1]), dict(dilations=[2, 2], pads=[2, 2, 2, 2]),
+                                dict(strides=[2, 1], pads=[0, 1, 1, 0])])
+def test_conv_rowcopy_strides_and_dilations(kw):
+    m = make_model([mk("Conv", ["x", "w", "b"], ["y"], **kw)], {"x": ((1, 5, 11, 10), F)},
+                   {"y": (None, F)}, {"w": rand(6, 5, 3, 3), "b": rand(6)})
+    check(m, {"x": rand(1, 5, 11, 10)}, conv_impl="rowcopy")
