@@ -74,6 +74,28 @@ class GgmlSession(Session):
         else:
             self._cpu = g.ggml_backend_cpu_init()
             g.ggml_backend_cpu_set_n_threads(self._cpu, threads)
+        self._accel = self._init_accel(threads) if self._is_cpu and self._options.get("accel", True) else []
+
+    @staticmethod
+    def _init_accel(threads: int) -> list[Any]:
+        """Accelerator backends built into ggml (BLAS, AMX...): they take the ops they support, the
+        CPU the rest, through ggml's scheduler."""
+        g = gg()
+        out = []
+        for i in range(g.ggml_backend_dev_count()):
+            dev = g.ggml_backend_dev_get(i)
+            if int(g.ggml_backend_dev_type(dev)) != g.GGML_BACKEND_DEVICE_TYPE_ACCEL:
+                continue
+            be = g.ggml_backend_dev_init(dev, None)
+            if not be:
+                continue
+            if g.ggml_backend_dev_name(dev).decode().upper().startswith("BLAS"):
+                try:
+                    g.ggml_backend_blas_set_n_threads(be, threads)
+                except (AttributeError, RuntimeError):  # bindings built without BLAS
+                    pass
+            out.append(be)
+        return out
 
     def _flash_attn_ok(self) -> bool:
         """Whether this backend runs ggml_flash_attn_ext on float32 tensors (probed on a tiny graph)."""
@@ -130,11 +152,12 @@ class GgmlSession(Session):
 
     def _alloc_graph(self) -> None:
         g = gg()
-        if self._is_cpu and not self._options.get("scheduler"):
+        if self._is_cpu and not self._options.get("scheduler") and not self._accel:
             self._allocr = g.ggml_gallocr_new(g.ggml_backend_get_default_buffer_type(self._backend))
             ok = g.ggml_gallocr_alloc_graph(self._allocr, self._graph)
         else:
-            backends = [self._backend] + ([self._cpu] if self._cpu else [])
+            backends = ([self._backend] + ([self._cpu] if self._cpu else []) if not self._is_cpu
+                        else [*self._accel, self._backend])  # the CPU must come last
             arr = (g.ggml_backend_t_ctypes * len(backends))(*backends)
             self._sched = g.ggml_backend_sched_new(arr, None, len(backends), g.ggml_graph_size(self._graph),
                                                    False, True)
@@ -217,6 +240,9 @@ class GgmlSession(Session):
             g.ggml_free(self._lo.ctx)
             g.ggml_free(self._lo.wctx)
             self._lo = None
+        for be in getattr(self, "_accel", []):
+            g.ggml_backend_free(be)
+        self._accel = []
         for attr in ("_backend", "_cpu"):
             if getattr(self, attr):
                 g.ggml_backend_free(getattr(self, attr))

@@ -121,9 +121,9 @@ def _conv_taps(lw: Any, x: T, w: np.ndarray, ph: int, pw: int, out_shape: tuple[
     """
     g = gg()
     _, oc, oh, ow = out_shape
-    c, h, wd = x.shape[1], x.shape[2], x.shape[3]
+    c, wd = x.shape[1], x.shape[3]
     kh, kw = w.shape[2], w.shape[3]
-    wp, hp = wd + 2 * pw, h + 2 * ph + 1  # one spare row: the last taps read past the bottom edge
+    wp = wd + 2 * pw  # padded below by one spare row: the last taps read past the bottom edge
     xp = g.ggml_pad_ext(lw.ctx, x.ptr, pw, pw, ph, ph + 1, 0, 0, 0, 0)  # ne (Wp, Hp, C, 1)
     xt = g.ggml_cont(lw.ctx, g.ggml_permute(lw.ctx, xp, 1, 2, 0, 3))  # ne (C, Wp, Hp, 1): channels-last
     rows = oh * wp
@@ -136,7 +136,6 @@ def _conv_taps(lw: Any, x: T, w: np.ndarray, ph: int, pw: int, out_shape: tuple[
             acc = y if acc is None else g.ggml_add(lw.ctx, acc, y)
     full = g.ggml_view_3d(lw.ctx, acc, oc, ow, oh, oc * 4, wp * oc * 4, 0)  # crop the padded columns
     out = g.ggml_cont(lw.ctx, g.ggml_permute(lw.ctx, full, 2, 0, 1, 3))  # ne (OW, OH, OC)
-    del hp
     return T(g.ggml_reshape_4d(lw.ctx, out, ow, oh, oc, 1), out_shape)
 
 
