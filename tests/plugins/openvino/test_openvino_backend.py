@@ -157,3 +157,14 @@ def test_tensor_types_openvino_lacks_are_unsupported(ov_registry):
     with pytest.raises(UnsupportedGraph) as info:
         sdrt.load(model.SerializeToString(), backend="openvino")
     assert "to_fnuz" in str(info.value) and info.value.unsupported
+
+
+def test_precision_the_device_lacks_is_reported(ov_registry, cpu, caplog):
+    import logging
+
+    if "FP16" in cpu.properties["capabilities"]:
+        pytest.skip("this CPU runs f16 natively")
+    caplog.set_level(logging.WARNING, logger="sdrt.openvino")
+    session = sdrt.load(conv_model().SerializeToString(), backend="openvino", device="CPU", precision="f16")
+    assert "float16" not in str(session.property("INFERENCE_PRECISION_HINT"))
+    assert any("where f16 was asked" in r.getMessage() for r in caplog.records)
