@@ -33,6 +33,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "conv im2col": {"conv_impl": "im2col"},
     "depthwise nchw": {"dw_layout": "nchw"},
     "no K padding": {"pad_k": False},
+    "accel (BLAS)": {"accel": True},
 }
 
 

@@ -163,3 +163,14 @@ def test_constant_output_and_passthrough_output():
     out = run_ggml(model, {"x": x})
     assert out["s"].tolist() == [2, 5] and out["s"].dtype == np.int64
     np.testing.assert_array_equal(out["y"], x)
+
+
+def test_accelerator_backend_when_built_in():
+    import ggml
+
+    kinds = [ggml.ggml_backend_dev_type(ggml.ggml_backend_dev_get(i)) for i in range(ggml.ggml_backend_dev_count())]
+    if ggml.GGML_BACKEND_DEVICE_TYPE_ACCEL not in kinds:
+        pytest.skip("ggml-python was built without an accelerator backend (CMAKE_ARGS=-DGGML_BLAS=on)")
+    w = rand(64, 48)
+    model = make_model([mk("MatMul", ["x", "w"], ["y"])], {"x": ((40, 64), F)}, {"y": (None, F)}, {"w": w})
+    check(model, {"x": rand(40, 64)}, accel=True)
