@@ -33,6 +33,7 @@ log = logging.getLogger("sdrt.openvino.convert")
 
 _RAW_CONST = {"bfloat16": ("bf16", np.uint16), "float8_e4m3fn": ("f8e4m3", np.uint8),
               "float8_e5m2": ("f8e5m2", np.uint8)}
+_INLINE_LIMIT = 1 << 30  # bytes of ONNX proto above which weights are bound rather than serialized
 _FLOAT_KINDS = {"float16", "float32", "float64", "bfloat16"}
 
 
@@ -81,6 +82,8 @@ def model_arrays(graph: Graph, weights: Weights | None) -> dict[str, np.ndarray]
     """The arrays to bind as constants: the weights', plus a stripped graph's own mapped initializers."""
     bound = dict(weights.bind(graph)) if weights is not None else {}
     own = [n for n in graph.mapped_initializers if n not in bound]
+    if graph.model.ByteSize() > _INLINE_LIMIT:  # past protobuf's 2 GiB: bind every weight, serialize none
+        own = [t.name for t in graph.model.graph.initializer if t.name not in bound]
     if own:
         bound.update(graph.initializer_arrays(own))
     return bound

@@ -147,3 +147,13 @@ def test_changing_a_shape_initializer_converts_the_graph_again(ov_registry, capl
     assert any("converted again" in r.getMessage() for r in caplog.records)
     out = session.run({"x": np.ones((2, 6), np.float32)})
     np.testing.assert_allclose(out["flat"], np.full(10, 6.0, np.float32))
+
+
+def test_graphs_too_big_to_serialize_bind_their_weights(ov_registry, monkeypatch):
+    from sdrt_openvino import convert
+
+    monkeypatch.setattr(convert, "_INLINE_LIMIT", 100)  # this little graph now counts as "too big"
+    graph = sdrt.Graph.load(conv_model().SerializeToString())
+    assert set(convert.model_arrays(graph, None)) == {"conv.weight", "conv.bias"}
+    out = sdrt.load(graph, backend="openvino").run({"x": X})["y"]
+    np.testing.assert_allclose(out, ort_run(conv_model(), {"x": X})[0], rtol=1e-5, atol=1e-5)
