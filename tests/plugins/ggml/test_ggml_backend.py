@@ -174,3 +174,36 @@ def test_accelerator_backend_when_built_in():
     w = rand(64, 48)
     model = make_model([mk("MatMul", ["x", "w"], ["y"])], {"x": ((40, 64), F)}, {"y": (None, F)}, {"w": w})
     check(model, {"x": rand(40, 64)}, accel=True)
+
+
+def test_real_safetensors_weights_at_compile_and_update(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    from sdrt.weights import Weights
+
+    w0, b0 = rand(6, 4), rand(4)
+    model = make_model([mk("MatMul", ["x", "w"], ["m"]), mk("Add", ["m", "b"], ["y"])], {"x": ((2, 6), F)},
+                       {"y": (None, F)}, {"w": w0, "b": b0})
+    w1, b1, w2 = rand(6, 4, seed=21), rand(4, seed=22), rand(6, 4, seed=23)
+    safetensors_numpy.save_file({"w": w1, "b": b1}, str(tmp_path / "one.safetensors"))
+    safetensors_numpy.save_file({"w": w2, "b": b1}, str(tmp_path / "two.safetensors"))
+    be = _backend()
+    x = rand(2, 6, seed=3)
+    with be.compile(Graph(model), Weights.open(tmp_path / "one.safetensors"), be.devices()[0]) as s:
+        np.testing.assert_allclose(s.run({"x": x})["y"], x @ w1 + b1, rtol=1e-5, atol=1e-5)
+        s.update_weights(Weights.open(tmp_path / "two.safetensors"))
+        np.testing.assert_allclose(s.run({"x": x})["y"], x @ w2 + b1, rtol=1e-5, atol=1e-5)
+
+
+def test_sdrt_load_end_to_end(registry, tmp_path):
+    import sdrt
+    import sdrt_ggml
+
+    registry.register_plugin(sdrt_ggml, "ggml", distribution="sdrt-ggml")
+    w = rand(6, 4)
+    model = make_model([mk("MatMul", ["x", "w"], ["y"])], {"x": (("batch", 6), F)}, {"y": (None, F)}, {"w": w})
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    with sdrt.load(str(path), backend="ggml", device="CPU", shapes={"batch": 3}) as s:
+        x = rand(3, 6)
+        np.testing.assert_allclose(s.run({"x": x})["y"], x @ w, rtol=1e-5, atol=1e-6)
+        assert s.inputs[0].shape == (3, 6)
