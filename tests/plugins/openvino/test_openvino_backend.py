@@ -168,3 +168,16 @@ def test_precision_the_device_lacks_is_reported(ov_registry, cpu, caplog):
     session = sdrt.load(conv_model().SerializeToString(), backend="openvino", device="CPU", precision="f16")
     assert session.property("INFERENCE_PRECISION_HINT").get_type_name() != "f16"
     assert any("where f16 was asked" in r.getMessage() for r in caplog.records)
+
+
+def test_missing_openvino_makes_the_backend_unavailable(registry, monkeypatch):
+    """The plugin imports without openvino; asking it for devices then says what to install."""
+    import sys
+
+    import sdrt_openvino
+    from sdrt.errors import BackendUnavailable
+
+    monkeypatch.setitem(sys.modules, "openvino", None)  # as if the wheel were not installed
+    backend = sdrt_openvino.OpenVINOBackend()
+    with pytest.raises(BackendUnavailable, match="pip install"):
+        backend.devices()
