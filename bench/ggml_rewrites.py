@@ -34,6 +34,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "depthwise nchw": {"dw_layout": "nchw"},
     "no K padding": {"pad_k": False},
     "accel (BLAS)": {"accel": True},
+    "transpose by strided write": {"transpose": "write"},
 }
 
 

@@ -54,6 +54,8 @@ class Lowered:
     pending: list[tuple[Any, np.ndarray]] = field(default_factory=list)
     bindings: list[Binding] = field(default_factory=list)
     folded_inits: set[str] = field(default_factory=set)
+    #: scratch tensors created without an op (filled by set/cpy): the scheduler needs their backend
+    scratch: list[Any] = field(default_factory=list)
     #: graph inputs used as Gather indices: input name -> size of the gathered axis
     index_checks: dict[str, int] = field(default_factory=dict)
     n_ops: int = 0
@@ -146,6 +148,13 @@ class Lowering:
         value = T(t, tuple(int(d) for d in data.shape), "int32" if dtype == "int32" else "float32")
         self._const_cache[key] = value
         return value
+
+    def scratch(self, ne: list[int]) -> Any:
+        """An F32 tensor with no producing op, to be filled piecewise (ggml_set / ggml_cpy)."""
+        g = gg()
+        t = g.ggml_new_tensor_4d(self.ctx, g.GGML_TYPE_F32, *ne)
+        self.out.scratch.append(t)
+        return t
 
     def producer(self, name: str) -> Any:
         """The node that produced ``name`` (None for inputs and initializers)."""

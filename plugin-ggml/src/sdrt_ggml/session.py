@@ -163,6 +163,9 @@ class GgmlSession(Session):
             arr = (g.ggml_backend_t_ctypes * len(backends))(*backends)
             self._sched = g.ggml_backend_sched_new(arr, None, len(backends), g.ggml_graph_size(self._graph),
                                                    False, True)
+            assert self._lo is not None
+            for t in self._lo.scratch:  # no op decides where these live: put them with the main backend
+                g.ggml_backend_sched_set_tensor_backend(self._sched, t, backends[0])
             ok = g.ggml_backend_sched_alloc_graph(self._sched, self._graph)
         if not ok:
             raise SdrtError("could not allocate memory for the graph's intermediate tensors",

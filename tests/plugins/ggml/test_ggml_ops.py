@@ -288,3 +288,11 @@ def test_conv_rowcopy_strides_and_dilations(kw):
     m = make_model([mk("Conv", ["x", "w", "b"], ["y"], **kw)], {"x": ((1, 5, 11, 10), F)},
                    {"y": (None, F)}, {"w": rand(6, 5, 3, 3), "b": rand(6)})
     check(m, {"x": rand(1, 5, 11, 10)}, conv_impl="rowcopy")
+    check(m, {"x": rand(1, 5, 11, 10)}, conv_impl="rowcopy", transpose="write")
+    check(m, {"x": rand(1, 5, 11, 10)}, conv_impl="rowcopy", transpose="write", scheduler=True)
+
+
+def test_depthwise_with_strided_write_transpose():
+    m = make_model([mk("Conv", ["x", "w"], ["y"], group=6, pads=[1, 1, 1, 1])], {"x": ((1, 6, 9, 9), F)},
+                   {"y": (None, F)}, {"w": rand(6, 1, 3, 3)})
+    check(m, {"x": rand(1, 6, 9, 9)}, transpose="write")
