@@ -35,6 +35,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no K padding": {"pad_k": False},
     "accel (BLAS)": {"accel": True},
     "transpose by strided write": {"transpose": "write"},
+    "NCHW only": {"layouts": False},
 }
 
 

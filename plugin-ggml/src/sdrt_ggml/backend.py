@@ -16,7 +16,8 @@ from .support import check_graph
 log = logging.getLogger("sdrt.ggml")
 
 #: options ``compile`` accepts
-OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "transpose", "pad_k", "flash_attn", "scheduler", "accel")
+OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "transpose", "layouts", "pad_k", "flash_attn", "scheduler",
+           "accel")
 _KIND = {0: "cpu", 1: "gpu", 2: "gpu"}
 
 

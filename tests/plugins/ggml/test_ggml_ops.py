@@ -296,3 +296,17 @@ def test_depthwise_with_strided_write_transpose():
     m = make_model([mk("Conv", ["x", "w"], ["y"], group=6, pads=[1, 1, 1, 1])], {"x": ((1, 6, 9, 9), F)},
                    {"y": (None, F)}, {"w": rand(6, 1, 3, 3)})
     check(m, {"x": rand(1, 6, 9, 9)}, transpose="write")
+
+
+@pytest.mark.parametrize("layouts", [True, False])
+def test_inverted_residual_block_in_both_layouts(layouts):
+    """1x1 expand -> ReLU6 -> depthwise 3x3 -> HardSwish -> 1x1 project -> residual add, as MobileNets
+    export it: with ``layouts`` the channels-last values flow from op to op without transposes."""
+    c, e = 8, 24
+    nodes = [mk("Conv", ["x", "w1", "b1"], ["a"]), mk("Clip", ["a", "lo", "hi"], ["ar"]),
+             mk("Conv", ["ar", "wd", "bd"], ["d"], group=e, pads=[1, 1, 1, 1]), mk("HardSwish", ["d"], ["dr"]),
+             mk("Conv", ["dr", "w2", "b2"], ["p"]), mk("Add", ["p", "x"], ["s"]), mk("Relu", ["s"], ["y"])]
+    inits = {"w1": rand(e, c, 1, 1), "b1": rand(e), "wd": rand(e, 1, 3, 3), "bd": rand(e), "w2": rand(c, e, 1, 1),
+             "b2": rand(c), "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
+    m = make_model(nodes, {"x": ((1, c, 10, 10), F)}, {"y": (None, F), "d": (None, F)}, inits)
+    check(m, {"x": rand(1, c, 10, 10)}, layouts=layouts)

@@ -35,6 +35,9 @@ class T:
     ptr: Any
     shape: tuple[int, ...]
     dtype: str = "float32"  # "float32" or "int32" (indices)
+    #: the same (N=1, C, H, W) values laid out channels-last (ggml ne (C, W, H, 1), contiguous),
+    #: when an op produced it for free; ggml computes whichever layout a consumer uses
+    cl: Any = None
 
     @property
     def rank(self) -> int:

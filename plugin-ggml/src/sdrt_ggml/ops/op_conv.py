@@ -80,7 +80,11 @@ def conv2d(lw: Any, x: T, w: np.ndarray | T, bias: Value | None, strides: list[i
     oh = (h + 2 * ph - dil[0] * (kh - 1) - 1) // strides[0] + 1
     ow = (wd + 2 * pw - dil[1] * (kw - 1) - 1) // strides[1] + 1
     x = cont(lw, x)
-    if group == 1 and _taps_ok(lw, w, n, strides, dil, kh, kw):
+    pointwise = (group == 1 and isinstance(w, np.ndarray) and n == 1 and kh == kw == 1 and strides == [1, 1]
+                 and ph == pw == 0 and lw.options.get("layouts", True))
+    if pointwise:
+        y = _conv_pointwise(lw, x, wt, (n, oc, oh, ow))
+    elif group == 1 and _taps_ok(lw, w, n, strides, dil, kh, kw):
         y = _conv_taps(lw, x, w, ph, pw, (n, oc, oh, ow))
     elif group == 1 and isinstance(w, np.ndarray) and n == 1 and _rowcopy_wanted(lw, kh * kw):
         y = _conv_rowcopy(lw, x, w, strides, dil, ph, pw, (n, oc, oh, ow))
@@ -102,8 +106,32 @@ def conv2d(lw: Any, x: T, w: np.ndarray | T, bias: Value | None, strides: list[i
             y = T(g.ggml_concat(lw.ctx, y.ptr, p.ptr, 2), (n, y.shape[1] + p.shape[1], oh, ow))
     if bias is not None:
         b = lw.const(bias) if isinstance(bias, np.ndarray) else bias
+        y_cl = y.cl
         y = binary(lw, "ggml_add", y, reshape(lw, b, (1, -1, 1, 1)), True)
+        if y_cl is not None:
+            y.cl = g.ggml_add(lw.ctx, y_cl, reshape(lw, b, (oc,)).ptr)  # a row broadcast: the fast path
     return y
+
+
+def _conv_pointwise(lw: Any, x: T, wt: T, out_shape: tuple[int, int, int, int]) -> T:
+    """1x1 conv at batch 1 in both layouts from one column matrix (ggml computes the one used).
+
+    The column matrix of a 1x1 conv is the input channels-last: taken as is when the
+    producer made it, else ggml's im2col (a transpose). NCHW comes out of the product
+    one way round, channels-last the other.
+    """
+    g = gg()
+    _, oc, oh, ow = out_shape
+    c = x.shape[1]
+    w2 = g.ggml_reshape_2d(lw.ctx, wt.ptr, c, oc)
+    if x.cl is not None:
+        col = g.ggml_reshape_2d(lw.ctx, x.cl, c, ow * oh)
+    else:
+        col = g.ggml_reshape_2d(lw.ctx, g.ggml_im2col(lw.ctx, wt.ptr, x.ptr, 1, 1, 0, 0, 1, 1, True,
+                                                      g.GGML_TYPE_F32), c, ow * oh)
+    nchw = g.ggml_reshape_4d(lw.ctx, g.ggml_mul_mat(lw.ctx, col, w2), ow, oh, oc, 1)
+    cl = g.ggml_reshape_4d(lw.ctx, g.ggml_mul_mat(lw.ctx, w2, col), oc, ow, oh, 1)
+    return T(nchw, out_shape, cl=cl)
 
 
 def _taps_ok(lw: Any, w: Any, n: int, strides: list[int], dil: list[int], kh: int, kw: int) -> bool:
@@ -189,7 +217,7 @@ def _conv_rowcopy(lw: Any, x: T, w: np.ndarray, strides: list[int], dil: list[in
     c, h, wd = x.shape[1], x.shape[2], x.shape[3]
     kh, kw = w.shape[2], w.shape[3]
     k, f = c * kh * kw, 4
-    xt = channels_last(lw, x.ptr)  # ne (C, W, H, 1)
+    xt = x.cl if x.cl is not None else channels_last(lw, x.ptr)  # ne (C, W, H, 1)
     col = lw.scratch([k, ow, oh, 1])
     nb1, nb2, nb3 = k * f, ow * k * f, oh * ow * k * f
     # per tap: the in-bounds block of outputs, and the strips around it that read padding
@@ -239,10 +267,11 @@ def _conv_depthwise(lw: Any, x: T, w: np.ndarray | T, wt: T | None, strides: lis
     # kernel as (KH, KW, 1, C) memory, viewed with ne (KW, KH, 1, C): channels innermost
     kc = lw.const(w, transform=lambda a: np.ascontiguousarray(a[:, 0].transpose(1, 2, 0))[:, :, None, :], tag="hwc")
     kv = g.ggml_permute(lw.ctx, kc.ptr, 3, 2, 0, 1)
-    xc = channels_last(lw, x.ptr)  # memory (N, H, W, C)
+    xc = x.cl if x.cl is not None else channels_last(lw, x.ptr)  # memory (N, H, W, C)
     xv = g.ggml_permute(lw.ctx, xc, 2, 0, 1, 3)  # ne (W, H, C, N) over channels-last memory
     y = g.ggml_conv_2d_dw_direct(lw.ctx, kv, xv, *args)
-    return T(g.ggml_cont(lw.ctx, y), out_shape)
+    cl = g.ggml_permute(lw.ctx, y, 1, 2, 0, 3) if out_shape[0] == 1 and lw.options.get("layouts", True) else None
+    return T(g.ggml_cont(lw.ctx, y), out_shape, cl=cl)
 
 
 def _channel_view(lw: Any, x: T, start: int, count: int, axis: int = 1) -> T:

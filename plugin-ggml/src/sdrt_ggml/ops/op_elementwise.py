@@ -53,7 +53,11 @@ def _binary_op(kind: str, fn: str, commutative: bool) -> Any:
         fast = _with_scalar(lw, a, b, kind)
         if fast is not None:
             return [fast]
-        return [binary(lw, fn, a, b, commutative)]
+        out = binary(lw, fn, a, b, commutative)
+        if (isinstance(a, T) and isinstance(b, T) and a.cl is not None and b.cl is not None
+                and a.shape == b.shape):
+            out.cl = getattr(gg(), fn)(lw.ctx, a.cl, b.cl)  # same op in the channels-last layout
+        return [out]
 
     lower.__name__ = f"op_{kind}"
     return lower

@@ -16,7 +16,8 @@ def _unary(fn: str) -> Any:
         if not isinstance(x, T) or x.dtype != "float32":
             raise ValueError(f"{node.op_type} on a non-float tensor")
         x = cont(lw, x)
-        return [T(getattr(gg(), fn)(lw.ctx, x.ptr), x.shape)]
+        f = getattr(gg(), fn)
+        return [T(f(lw.ctx, x.ptr), x.shape, cl=f(lw.ctx, x.cl) if x.cl is not None else None)]
 
     lower.__name__ = "op_" + fn.removeprefix("ggml_")
     return lower
@@ -122,7 +123,9 @@ def op_clip(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
         raise ValueError("Clip with runtime bounds")
     lo = max(float(lo), -3.4e38)
     hi = min(float(hi), 3.4e38)
-    return [T(gg().ggml_clamp(lw.ctx, x.ptr, lo, hi), x.shape)]
+    g = gg()
+    return [T(g.ggml_clamp(lw.ctx, x.ptr, lo, hi), x.shape,
+              cl=g.ggml_clamp(lw.ctx, x.cl, lo, hi) if x.cl is not None else None)]
 
 
 @op("HardSigmoid")
