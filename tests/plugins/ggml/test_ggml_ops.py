@@ -310,3 +310,17 @@ def test_inverted_residual_block_in_both_layouts(layouts):
              "b2": rand(c), "lo": np.array(0.0, np.float32), "hi": np.array(6.0, np.float32)}
     m = make_model(nodes, {"x": ((1, c, 10, 10), F)}, {"y": (None, F), "d": (None, F)}, inits)
     check(m, {"x": rand(1, c, 10, 10)}, layouts=layouts)
+
+
+@pytest.mark.parametrize("layouts", [True, False])
+def test_squeeze_excite_block_in_both_layouts(layouts):
+    c = 16
+    nodes = [mk("Conv", ["x", "wd", "bd"], ["d"], group=c, pads=[1, 1, 1, 1]), mk("Relu", ["d"], ["dr"]),
+             mk("GlobalAveragePool", ["dr"], ["g"]), mk("Conv", ["g", "f1", "c1"], ["h"]), mk("Relu", ["h"], ["hr"]),
+             mk("Conv", ["hr", "f2", "c2"], ["s"]), mk("HardSigmoid", ["s"], ["sg"], alpha=1 / 6, beta=0.5),
+             mk("Mul", ["dr", "sg"], ["m"]), mk("Sub", ["m", "shift"], ["ms"]),
+             mk("Conv", ["ms", "wp", "bp"], ["y"])]
+    inits = {"wd": rand(c, 1, 3, 3), "bd": rand(c), "f1": rand(4, c, 1, 1), "c1": rand(4), "f2": rand(c, 4, 1, 1),
+             "c2": rand(c), "shift": rand(1, c, 1, 1), "wp": rand(8, c, 1, 1), "bp": rand(8)}
+    m = make_model(nodes, {"x": ((1, c, 7, 7), F)}, {"y": (None, F)}, inits)
+    check(m, {"x": rand(1, c, 7, 7)}, layouts=layouts)

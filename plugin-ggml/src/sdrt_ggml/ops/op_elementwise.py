@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from . import op
-from ._common import T, Value, binary, cont, expand_to, gg, scalar_of, to_tensor
+from ._common import T, Value, binary, cont, expand_to, gg, reshape, scalar_of, to_tensor
 
 
 def _scale_bias(lw: Any, x: T, s: float, b: float) -> T:
@@ -46,6 +46,28 @@ def _with_scalar(lw: Any, a: Value, b: Value, kind: str) -> T | None:
     return None
 
 
+def _per_channel(v: Value, c: int) -> bool:
+    shape = tuple(np.shape(v)) if isinstance(v, np.ndarray) else v.shape
+    return shape in ((1, c, 1, 1), (c, 1, 1))
+
+
+def _channels_last_twin(lw: Any, fn: str, a: Value, b: Value, commutative: bool, out: T) -> Any:
+    """The op applied to channels-last twins: both operands have one, or one has and the other
+    is per channel (a row broadcast in that layout). None when neither applies."""
+    g = gg()
+    if isinstance(b, T) and b.cl is not None and not (isinstance(a, T) and a.cl is not None) and commutative:
+        a, b = b, a
+    if not isinstance(a, T) or a.cl is None or a.shape != out.shape or a.rank != 4:
+        return None
+    if isinstance(b, T) and b.cl is not None and b.shape == a.shape:
+        return getattr(g, fn)(lw.ctx, a.cl, b.cl)
+    c = a.shape[1]
+    if _per_channel(b, c):
+        row = reshape(lw, to_tensor(lw, b), (c,))
+        return getattr(g, fn)(lw.ctx, a.cl, row.ptr)
+    return None
+
+
 def _binary_op(kind: str, fn: str, commutative: bool) -> Any:
     def lower(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
         a, b = inputs[0], inputs[1]
@@ -54,9 +76,7 @@ def _binary_op(kind: str, fn: str, commutative: bool) -> Any:
         if fast is not None:
             return [fast]
         out = binary(lw, fn, a, b, commutative)
-        if (isinstance(a, T) and isinstance(b, T) and a.cl is not None and b.cl is not None
-                and a.shape == b.shape):
-            out.cl = getattr(gg(), fn)(lw.ctx, a.cl, b.cl)  # same op in the channels-last layout
+        out.cl = _channels_last_twin(lw, fn, a, b, commutative, out)
         return [out]
 
     lower.__name__ = f"op_{kind}"

@@ -134,8 +134,11 @@ def op_hard_sigmoid(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     a = attrs(node)
     alpha, beta = float(a.get("alpha", 0.2)), float(a.get("beta", 0.5))
     g = gg()
-    y = g.ggml_scale_bias(lw.ctx, x.ptr, alpha, beta)
-    return [T(g.ggml_clamp(lw.ctx, y, 0.0, 1.0), x.shape)]
+
+    def hs(t: Any) -> Any:
+        return g.ggml_clamp(lw.ctx, g.ggml_scale_bias(lw.ctx, t, alpha, beta), 0.0, 1.0)
+
+    return [T(hs(x.ptr), x.shape, cl=hs(x.cl) if x.cl is not None else None)]
 
 
 @op("Erf")
