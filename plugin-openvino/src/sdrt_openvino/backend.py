@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import struct
 import threading
 from collections.abc import Mapping
@@ -40,6 +41,62 @@ UNCACHEABLE_LAYERS = {"RoPE": "OpenVINO's CPU blob loses the RoPE layer's settin
 #: numpy (ml_dtypes) dtypes that OpenVINO packs two to a byte: no tensor can carry them in or out
 _PACKED_DTYPES = {"int4", "uint4", "float4_e2m1fn", "int2", "uint2"}
 _KIND_ORDER = {"gpu": 0, "cpu": 1, "npu": 2, "auto": 3}
+
+
+class _LazyConversion:
+    """The ``ov.Model`` of a graph, converted on first use: a cache hit needs none until update_weights."""
+
+    def __init__(self, core: Any, graph: Graph, arrays: Mapping[str, np.ndarray]) -> None:
+        self._args: tuple[Any, Graph, Mapping[str, np.ndarray]] | None = (core, graph, arrays)
+        self._done: convert.Converted | None = None
+
+    def __call__(self) -> convert.Converted:
+        if self._done is None:
+            assert self._args is not None
+            self._done = convert.read(*self._args)
+            self._args = None
+        return self._done
+
+
+def _sample(arr: np.ndarray, chunk: int = 256, count: int = 16) -> bytes:
+    """The first, last and ``count`` evenly spaced ``chunk``-byte pieces of an array's bytes."""
+    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    n = flat.size
+    if n <= chunk * (count + 2):
+        return flat.tobytes()
+    starts = [0, n - chunk] + [int(i * (n - chunk) / count) for i in range(1, count)]
+    return b"".join(flat[s:s + chunk].tobytes() for s in starts)
+
+
+def _weight_files(graph: Graph, weights: Weights | None, arrays: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """``{initializer name: identity of the file it is read from}`` for weights that come from files."""
+    stats: dict[str, str] = {}
+
+    def identity(path: str, where: str) -> str | None:
+        if path not in stats:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            stats[path] = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+        return f"{stats[path]}|{where}"
+
+    out: dict[str, str] = {}
+    own = {t.name: t for t in graph.model.graph.initializer}
+    for name in arrays:
+        ident = None
+        if weights is not None and name in weights:
+            ref = weights.ref(name)
+            if weights.dtype is None and os.path.isfile(ref.source):
+                ident = identity(ref.source, name)
+        elif name in own and graph.base_dir is not None:
+            info = {e.key: e.value for e in own[name].external_data}
+            if "location" in info:
+                ident = identity(str(graph.base_dir / info["location"]),
+                                 f"{info.get('offset', 0)}+{info.get('length', '')}")
+        if ident is not None:
+            out[name] = ident
+    return out
 
 
 def _export(compiled: Any) -> bytes:
@@ -142,11 +199,11 @@ class OpenVINOBackend(Backend):
         self._check_inputs(graph)
         core = self.core
         arrays = convert.model_arrays(graph, weights)
-        converted = convert.read(core, graph, arrays)
-        ov_model = converted.model
         props = opts.properties()
+        lazy = _LazyConversion(core, graph, arrays)
 
-        def compile_(model: ov.Model = ov_model) -> Any:
+        def compile_(model: ov.Model | None = None) -> Any:
+            model = model if model is not None else lazy().model  # converting raises UnsupportedGraph first
             try:
                 return core.compile_model(model, device.id, props)
             except RuntimeError as exc:
@@ -156,14 +213,13 @@ class OpenVINOBackend(Backend):
             compiled = compile_()
         else:
             store = cache_mod.CompiledCache(opts.cache_dir / "openvino" if opts.cache_dir else cache_mod.default_dir())
-            key = self._cache_key(graph, arrays, device, opts)
+            key = self._cache_key(graph, weights, arrays, device, opts)
             compiled, hit = store.get_or_compile(
                 key, load=lambda blob: core.import_model(blob, device.id, props), compile_=compile_,
                 export=_export)
             log.info("%s %s on %s (cache %s)", "loaded" if hit else "compiled", graph.name, device.id, key[:12])
         self._check_precision(compiled, opts, device)
-        return OpenVINOSession(graph, converted, compiled, compile_, lambda a: convert.read(core, graph, a),
-                               device.id)
+        return OpenVINOSession(graph, lazy, compiled, compile_, lambda a: convert.read(core, graph, a), device.id)
 
     def _check_inputs(self, graph: Graph) -> None:
         """Refuse inputs and outputs that cannot cross OpenVINO's Python API, before any work."""
@@ -180,15 +236,28 @@ class OpenVINOBackend(Backend):
                                    fix="use the reference backend for graphs with sequence, string or 4-bit inputs "
                                        "and outputs")
 
-    def _cache_key(self, graph: Graph, arrays: Mapping[str, np.ndarray], device: Device, opts: Options) -> str:
+    def _cache_key(self, graph: Graph, weights: Weights | None, arrays: Mapping[str, np.ndarray], device: Device,
+                   opts: Options) -> str:
+        """SHA-256 over the graph, the weights, the device, the versions and the options.
+
+        A weight read from a file is keyed by that file's identity (path, size, mtime, inode), the
+        tensor's name, dtype and shape and a few sampled bytes, so that a cache hit never reads
+        gigabytes of weights; a weight held in memory is keyed by all its bytes.
+        """
         h = hashlib.sha256()
         for t in graph.model.graph.initializer:  # hashing each initializer apart never serializes the model twice
             if t.name not in arrays:
                 h.update(t.SerializeToString())
         h.update(graph.model_without(graph.initializer_names).SerializeToString())
+        files = _weight_files(graph, weights, arrays)
         for name in sorted(arrays):
-            arr = np.ascontiguousarray(arrays[name])
+            arr = arrays[name]
             h.update(f"{name}|{arr.dtype.str}|{arr.shape}".encode())
+            if name in files:  # the file's identity, plus a few sampled bytes that tell its tensors apart
+                h.update(files[name].encode())
+                h.update(_sample(arr))
+                continue
+            arr = np.ascontiguousarray(arr)
             h.update(struct.pack("<Q", arr.nbytes))
             h.update(arr.reshape(-1).view(np.uint8))
         return cache_mod.make_key([

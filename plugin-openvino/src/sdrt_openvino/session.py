@@ -41,12 +41,14 @@ _RAW_TYPES: dict[str, tuple[str, type]] = {
 
 
 class OpenVINOSession(Session):
-    def __init__(self, graph: Graph, converted: convert.Converted, compiled: Any,
+    def __init__(self, graph: Graph, converted: Callable[[], convert.Converted], compiled: Any,
                  recompile: Callable[[ov.Model], Any], reconvert: Callable[[dict[str, np.ndarray]], Any],
                  device_id: str) -> None:
         super().__init__(graph.inputs, graph.outputs)
         self._graph = graph
-        self._converted: convert.Converted | None = converted
+        #: the converted model, made on first need (a session loaded from the cache has none until then)
+        self._conversion: Callable[[], convert.Converted] | None = converted
+        self._converted: convert.Converted | None = None
         self._recompile = recompile
         self._reconvert = reconvert
         #: weights given since compile (update_weights), by initializer name
@@ -184,12 +186,12 @@ class OpenVINOSession(Session):
         bound as its own constant, so that later updates take the fast path. The
         session keeps running the old weights until the new model is compiled.
         """
-        if self._converted is None:
+        if self._conversion is None:
             raise SdrtError("this session is closed", where="OpenVINOSession.update_weights",
                             fix="compile the graph again with sdrt.load")
         start = time.perf_counter()
         arrays = {name: np.asarray(value) for name, value in weights.bind(self._graph).items()}
-        conv = self._converted
+        conv = self._converted if self._converted is not None else self._conversion()
         swaps, reread = self._plan(conv, arrays)
         self._given.update(arrays)
         try:
@@ -253,6 +255,7 @@ class OpenVINOSession(Session):
             self._request = None
             self._compiled = None
             self._converted = None
+            self._conversion = None
         super().close()
 
 

@@ -141,3 +141,51 @@ def test_models_whose_blob_breaks_on_import_are_not_cached(ov_registry, tmp_path
         out = sdrt.load(model.SerializeToString(), backend="openvino").run(feeds)["y"]
         np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
     assert _entries(tmp_path) == []
+
+
+def test_cache_hit_session_converts_only_when_weights_change(ov_registry, tmp_path):
+    from sdrt.weights import Weights
+
+    model_path = tmp_path / "conv.onnx"
+    model_path.write_bytes(conv_model().SerializeToString())
+    sdrt.Graph.load(model_path).strip(tmp_path / "s.onnx")
+    sdrt.load(tmp_path / "s.onnx", backend="openvino")
+    session = sdrt.load(tmp_path / "s.onnx", backend="openvino")  # served from the cache
+    assert session._converted is None
+    rng = np.random.default_rng(4)
+    new = {"conv.weight": rng.standard_normal((4, 3, 3, 3), dtype=np.float32),
+           "conv.bias": rng.standard_normal(4, dtype=np.float32)}
+    session.update_weights(Weights.from_arrays(new))
+    from onnx import numpy_helper
+
+    model = conv_model()
+    for t in model.graph.initializer:
+        t.CopyFrom(numpy_helper.from_array(new[t.name], t.name))
+    np.testing.assert_allclose(session.run({"x": X})["y"], ort_run(model, {"x": X})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_weight_files_are_keyed_by_identity_and_content(ov_registry, tmp_path):
+    """A rewritten weights file, or a key mapping that swaps two same-shaped tensors, is a cache miss."""
+    from onnx import TensorProto, helper
+
+    from sdrt.weights import Weights
+
+    nodes = [helper.make_node("MatMul", ["x", "a"], ["m"]), helper.make_node("Sub", ["m", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "ab", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor("a", TensorProto.FLOAT, [4, 4], np.zeros(16)),
+                               helper.make_tensor("b", TensorProto.FLOAT, [4, 4], np.zeros(16))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    wfile = tmp_path / "w.safetensors"
+    eye, twos = np.eye(4, dtype=np.float32), np.full((4, 4), 2.0, np.float32)
+    Weights.from_arrays({"a": eye, "b": twos}).save(wfile)
+    x = np.arange(4, dtype=np.float32)[None]
+    run = lambda w: sdrt.load(model.SerializeToString(), weights=w, backend="openvino").run({"x": x})["y"]  # noqa: E731
+    np.testing.assert_allclose(run(Weights.open(wfile)), x @ eye - twos)
+    np.testing.assert_allclose(run(Weights.open(wfile, mapping={"a": "b", "b": "a"})), x @ twos - eye)
+    Weights.from_arrays({"a": twos, "b": twos}).save(tmp_path / "new.safetensors")
+    import os
+
+    os.replace(tmp_path / "new.safetensors", wfile)
+    np.testing.assert_allclose(run(Weights.open(wfile)), x @ twos - twos)
+    assert len(_entries(tmp_path)) == 3
