@@ -20,7 +20,7 @@ from sdrt.errors import UnsupportedGraph
 
 from . import fold
 from .ops import FOLD_ONLY, REGISTRY, load_all
-from .ops._common import T, Value, gg, ne_of, unsupported
+from .ops._common import H, T, Value, gg, ne_of, unsupported
 
 log = logging.getLogger("sdrt.ggml.lower")
 
@@ -56,6 +56,10 @@ class Lowered:
     folded_inits: set[str] = field(default_factory=set)
     #: scratch tensors created without an op (filled by set/cpy): the scheduler needs their backend
     scratch: list[Any] = field(default_factory=list)
+    #: host-evaluated nodes, in order: (node, input refs) with refs ("const", array) / ("value", name)
+    host_plan: list[tuple[Any, list[tuple[str, Any]]]] = field(default_factory=list)
+    #: host values that ggml reads: name -> the input tensor they are copied into
+    host_tensors: dict[str, T] = field(default_factory=dict)
     #: graph inputs used as Gather indices: input name -> size of the gathered axis
     index_checks: dict[str, int] = field(default_factory=dict)
     n_ops: int = 0
@@ -65,6 +69,10 @@ def ctypes_addr(p: Any) -> int:
     import ctypes
 
     return ctypes.cast(p, ctypes.c_void_p).value or 0
+
+
+#: lowerings that take host values (H) as they are instead of as materialized tensors
+_HOST_AWARE = {"GatherND"}
 
 
 class Lowering:
@@ -164,8 +172,8 @@ class Lowering:
         return self._uses.get(name, 0)
 
     def input_name_of(self, t: T) -> str | None:
-        """The graph input that ``t`` is (not a view of it), if any."""
-        for name, v in self.out.inputs.items():
+        """The graph input (or host value) that ``t`` is (not a view of it), if any."""
+        for name, v in list(self.out.inputs.items()) + list(self.out.host_tensors.items()):
             if v.ptr is t.ptr or ctypes_addr(v.ptr) == ctypes_addr(t.ptr):
                 return name
         return None
@@ -219,6 +227,11 @@ class Lowering:
                 )
             ins.append(self.values[n])
         present = [v for v in ins if v is not None]
+        if self._host_node(node, ins):
+            return
+        if any(isinstance(v, H) for v in present) and node.op_type not in _HOST_AWARE:
+            ins = [self._materialize(v) if isinstance(v, H) else v for v in ins]
+            present = [v for v in ins if v is not None]
         if all(isinstance(v, np.ndarray) for v in present) and not node.domain.startswith("sdrt"):
             for v in present:
                 name = self._init_ids.get(id(v))
@@ -246,6 +259,74 @@ class Lowering:
         for name, v in zip(node.output, outs):
             if name:
                 self.values[name] = v
+
+    def _host_capable(self, v: Value | None) -> bool:
+        if isinstance(v, H):
+            return True
+        return isinstance(v, T) and v.dtype == "int32" and self.input_name_of(v) in self.out.inputs
+
+    def _host_example(self, v: Any) -> Any:
+        if isinstance(v, H):
+            return v.example
+        if isinstance(v, T):  # an integer graph input
+            name = self.input_name_of(v)
+            dtype = next(d for n, _, d in self.input_infos if n == name)
+            return np.zeros(v.shape, dtype=np.dtype(dtype))
+        return v
+
+    def _host_node(self, node: Any, ins: list[Value | None]) -> bool:
+        """Evaluate integer/bool work on integer graph inputs on the host at run time."""
+        present = [v for v in ins if v is not None]
+        if node.domain.startswith("sdrt") or not any(self._host_capable(v) for v in present):
+            return False
+        if not all(isinstance(v, np.ndarray) or self._host_capable(v) for v in present):
+            return False
+        try:
+            examples = fold.fold_node(node, [self._host_example(v) for v in ins], self.opsets)
+        except Exception:  # noqa: BLE001 - not evaluable on the host: leave it to the lowering
+            return False
+        if any(e.dtype.kind not in "iub" for e in examples):
+            return False  # float results (an embedding lookup) are ggml's job
+        refs: list[tuple[str, Any]] = []
+        for v in ins:
+            if v is None:
+                refs.append(("const", None))
+            elif isinstance(v, np.ndarray):
+                refs.append(("const", v))
+                if self._init_ids.get(id(v)) is not None:
+                    self.out.folded_inits.add(self._init_ids[id(v)])
+            else:
+                refs.append(("value", self.input_name_of(v) if isinstance(v, T) else v.name))
+        self.out.host_plan.append((node, refs))
+        for name, e in zip(node.output, examples):
+            if name:
+                self.values[name] = H(name, e)
+        return True
+
+    def host_map(self, h: H, fn: Callable[[np.ndarray], np.ndarray], tag: str) -> H:
+        """A new host value ``fn(h)``, computed on the host before each run."""
+        name = f"{h.name}::{tag}"
+
+        class _Step:
+            output = [name]
+
+            def __call__(self, arr: np.ndarray) -> list[np.ndarray]:
+                return [fn(arr)]
+
+        self.out.host_plan.append((_Step(), [("value", h.name)]))
+        return H(name, fn(h.example))
+
+    def _materialize(self, h: H) -> T:
+        """The ggml input tensor a host value is copied into before each run."""
+        if h.name in self.out.host_tensors:
+            return self.out.host_tensors[h.name]
+        g = gg()
+        is_int = h.example.dtype.kind in "iub"
+        t = g.ggml_new_tensor_4d(self.ctx, g.GGML_TYPE_I32 if is_int else g.GGML_TYPE_F32, *ne_of(h.example.shape))
+        g.ggml_set_input(t)
+        v = T(t, tuple(int(d) for d in h.example.shape), "int32" if is_int else "float32")
+        self.out.host_tensors[h.name] = v
+        return v
 
     def _try_rewrites(self, node: Any) -> list[Value] | None:
         for name, matcher in self._rewrites.get(node.op_type, ()):

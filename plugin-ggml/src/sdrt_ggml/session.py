@@ -17,8 +17,9 @@ import numpy as np
 from sdrt import Session, TensorInfo
 from sdrt.errors import InputError, SdrtError
 
+from . import fold
 from .lower import Lowered, Lowering
-from .ops._common import T, gg
+from .ops._common import H, T, gg
 
 log = logging.getLogger("sdrt.ggml.session")
 
@@ -176,10 +177,13 @@ class GgmlSession(Session):
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = gg()
         assert self._lo is not None
-        for name, t in self._lo.inputs.items():
+        host = self._host_values(feeds)
+        sources = [(n, t, feeds) for n, t in self._lo.inputs.items()]
+        sources += [(n, t, host) for n, t in self._lo.host_tensors.items()]
+        for name, t, vals in sources:
             if not t.ptr.contents.data:
                 continue  # input unused by the computed graph
-            arr = feeds[name]
+            arr = vals[name]
             if name in self._lo.index_checks:
                 arr = _checked_indices(name, arr, self._lo.index_checks[name])
             arr = np.ascontiguousarray(arr, dtype=np.int32 if t.dtype == "int32" else np.float32)
@@ -196,6 +200,8 @@ class GgmlSession(Session):
             v = self._lo.outputs[info.name]
             if isinstance(v, np.ndarray):
                 arr = np.array(v)
+            elif isinstance(v, H):
+                arr = np.array(host[v.name])
             else:
                 t = self._out_tensors[info.name]
                 arr = np.empty(t.shape, dtype=np.int32 if t.dtype == "int32" else np.float32)
@@ -203,6 +209,20 @@ class GgmlSession(Session):
             want = info.dtype if info.dtype not in ("undefined", "non-tensor") else arr.dtype.name
             out[info.name] = arr.astype(want, copy=False)
         return out
+
+    def _host_values(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the host part of the graph (integer work on integer inputs) on these feeds."""
+        assert self._lo is not None
+        if not self._lo.host_plan:
+            return {}
+        vals: dict[str, np.ndarray] = dict(feeds)
+        for node, refs in self._lo.host_plan:
+            args = [arg if kind == "const" else vals[arg] for kind, arg in refs]
+            outs = node(*args) if callable(node) else fold.fold_node(node, args, self._opsets)
+            for name, out in zip(node.output, outs):
+                if name:
+                    vals[name] = out
+        return vals
 
     # -- weights -------------------------------------------------------------
     def update_weights(self, weights: Any) -> None:

@@ -324,3 +324,26 @@ def test_squeeze_excite_block_in_both_layouts(layouts):
              "c2": rand(c), "shift": rand(1, c, 1, 1), "wp": rand(8, c, 1, 1), "bp": rand(8)}
     m = make_model(nodes, {"x": ((1, c, 7, 7), F)}, {"y": (None, F)}, inits)
     check(m, {"x": rand(1, c, 7, 7)}, layouts=layouts)
+
+
+@pytest.mark.parametrize("style", ["gather_nd", "flat_gather"])
+def test_clip_pooled_output_from_token_ids(style):
+    """CLIP's pooled output: hidden[arange(B), argmax(ids)]: the integer work runs on the host."""
+    b, n, d = 2, 7, 5
+    nodes = [mk("MatMul", ["emb", "w"], ["hidden"]), mk("Cast", ["ids"], ["ids32"], to=helper.TensorProto.INT32),
+             mk("ArgMax", ["ids32"], ["am"], axis=-1, keepdims=0)]
+    inits = {"w": rand(d, d), "ar": np.arange(b, dtype=np.int64)}
+    if style == "gather_nd":
+        nodes += [mk("Cast", ["am"], ["am64"], to=I64), mk("Unsqueeze", ["ar", "ax"], ["a1"]),
+                  mk("Unsqueeze", ["am64", "ax"], ["a2"]), mk("Concat", ["a1", "a2"], ["idx"], axis=-1),
+                  mk("GatherND", ["hidden", "idx"], ["pooled"])]
+        inits["ax"] = np.array([-1], np.int64)
+    else:
+        nodes += [mk("Cast", ["am"], ["am64"], to=I64), mk("Mul", ["ar", "n"], ["base"]),
+                  mk("Add", ["base", "am64"], ["flat"]), mk("Reshape", ["hidden", "shape"], ["rows"]),
+                  mk("Gather", ["rows", "flat"], ["pooled"], axis=0)]
+        inits.update(n=np.array(n, np.int64), shape=np.array([b * n, d], np.int64))
+    m = make_model(nodes, {"emb": ((b, n, d), F), "ids": ((b, n), I64)},
+                   {"pooled": (None, F), "am": (None, I64)}, inits)
+    ids = np.array([[3, 9, 1, 0, 0, 0, 0], [5, 2, 8, 49407, 0, 0, 0]], np.int64)
+    check(m, {"emb": rand(b, n, d), "ids": ids})

@@ -48,7 +48,17 @@ class T:
         return int(math.prod(self.shape))
 
 
-Value = T | np.ndarray
+@dataclass
+class H:
+    """A value computed on the host at run time: integer/bool arithmetic on integer graph
+    inputs (token ids -> ArgMax -> pooled-output indices, ...), evaluated with onnx's
+    reference ops before each run. ``example`` is its value for all-zero inputs (shape, dtype)."""
+
+    name: str
+    example: np.ndarray
+
+
+Value = T | np.ndarray | H
 
 
 def gg() -> Any:

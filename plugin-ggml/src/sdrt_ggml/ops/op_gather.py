@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import op
-from ._common import T, Value, attrs, cont, gg, norm_axis, reshape
+from ._common import H, T, Value, attrs, cont, gg, norm_axis, reshape
 from .op_shape import slice_axis
 
 
@@ -56,3 +56,37 @@ def op_gather(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     g = gg()
     y = T(g.ggml_get_rows(lw.ctx, table.ptr, flat.ptr), (idx.size, row))
     return [reshape(lw, y, idx.shape + dshape[1:])]
+
+
+@op("GatherND")
+def op_gather_nd(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    """GatherND (batch_dims 0) as one row lookup: the leading index tuple is raveled to a row
+    number (on the host for host-computed indices, e.g. CLIP's pooled-output position)."""
+    data, idx = inputs
+    if int(attrs(node).get("batch_dims", 0)) != 0:
+        raise ValueError("GatherND with batch_dims")
+    if not isinstance(data, T):
+        raise ValueError("GatherND on constant data with runtime indices")
+    ishape = idx.example.shape if isinstance(idx, H) else np.shape(idx)
+    m = int(ishape[-1])
+    lead = tuple(int(d) for d in data.shape[:m])
+
+    def ravel(a: np.ndarray) -> np.ndarray:
+        a = np.asarray(a, dtype=np.int64)
+        a = np.where(a < 0, a + np.array(lead), a)
+        return np.ravel_multi_index(tuple(np.moveaxis(a, -1, 0)), lead, mode="raise").astype(np.int64)
+
+    if isinstance(idx, H):
+        flat: Value = lw.host_map(idx, ravel, "ravel")
+        rows = lw._materialize(flat)
+        lw.out.index_checks[flat.name] = math.prod(lead)
+    elif isinstance(idx, np.ndarray):
+        rows = lw.const(ravel(idx), dtype="int32")
+    else:
+        raise ValueError("GatherND with indices computed by ggml")
+    rest = data.shape[m:]
+    table = reshape(lw, data, (math.prod(lead), math.prod(rest)))
+    r = reshape(lw, rows, (rows.size,))
+    g = gg()
+    y = T(g.ggml_get_rows(lw.ctx, table.ptr, r.ptr), (rows.size, math.prod(rest)))
+    return [reshape(lw, y, tuple(ishape[:-1]) + rest)]
