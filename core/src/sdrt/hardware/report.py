@@ -37,7 +37,8 @@ def summary(hw: Hardware | None = None) -> dict[str, Any]:
             "hardware": dict(hw.to_dict(), described=[d.describe() for d in hw.devices]),
             "recommendation": rec.to_dict(),
             "installed": installed,
-            "install_command": None if installed else install_command(rec, hw),
+            # the command that installs (or, for another build, reinstalls) the recommended plugin
+            "install_command": install_command(rec, hw),
         }
     except Exception as exc:  # noqa: BLE001 - `sdrt info` must work even when detection breaks
         log.warning("hardware detection failed: %r", exc, exc_info=True)
@@ -66,6 +67,8 @@ def render(info: dict[str, Any]) -> list[str]:
         lines.append(f"  passed over: {p['device']}: {p['why']}")
     if info["installed"]:
         lines.append(f"  installed: {rec['distribution']} {info['installed']}")
+        if rec["build"]:
+            lines.append(f"  for the {rec['build']} build, reinstall with: {info['install_command']}")
     else:
         lines += ["  not installed; install it with:", f"    {info['install_command']}", "    (or: sdrt install)"]
     return lines
