@@ -347,3 +347,12 @@ def test_clip_pooled_output_from_token_ids(style):
                    {"pooled": (None, F), "am": (None, I64)}, inits)
     ids = np.array([[3, 9, 1, 0, 0, 0, 0], [5, 2, 8, 49407, 0, 0, 0]], np.int64)
     check(m, {"emb": rand(b, n, d), "ids": ids})
+
+
+def test_clip_does_not_clamp_a_shared_input_in_place():
+    # ggml_clamp is in-place: the conv output also feeds the Add, which must see it unclamped
+    nodes = [mk("Conv", ["x", "w"], ["c"]), mk("Clip", ["c", "lo", "hi"], ["r"]), mk("Add", ["r", "c"], ["y"]),
+             mk("Clip", ["x", "lo", "hi"], ["xr"]), mk("Sub", ["xr", "x"], ["z"])]
+    m = make_model(nodes, {"x": ((1, 4, 5, 5), F)}, {"y": (None, F), "z": (None, F)},
+                   {"w": rand(4, 4, 1, 1) * 4, "lo": np.array(0.0, np.float32), "hi": np.array(0.5, np.float32)})
+    check(m, {"x": rand(1, 4, 5, 5)})
