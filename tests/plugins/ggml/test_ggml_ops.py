@@ -356,3 +356,15 @@ def test_clip_does_not_clamp_a_shared_input_in_place():
     m = make_model(nodes, {"x": ((1, 4, 5, 5), F)}, {"y": (None, F), "z": (None, F)},
                    {"w": rand(4, 4, 1, 1) * 4, "lo": np.array(0.0, np.float32), "hi": np.array(0.5, np.float32)})
     check(m, {"x": rand(1, 4, 5, 5)})
+
+
+@pytest.mark.parametrize("after_depthwise", [True, False])
+def test_pointwise_conv_with_padded_channels(after_depthwise):
+    # 24x24 pixels x 40 -> 120 channels: big enough that K is padded to 48 for the fast GEMM
+    c, oc = 40, 120
+    nodes = [mk("Conv", ["x", "wd"], ["d"], group=c, pads=[1, 1, 1, 1])] if after_depthwise else [
+        mk("Relu", ["x"], ["d"])]
+    nodes.append(mk("Conv", ["d", "w", "b"], ["y"]))
+    m = make_model(nodes, {"x": ((1, c, 24, 24), F)}, {"y": (None, F)},
+                   {"wd": rand(c, 1, 3, 3), "w": rand(oc, c, 1, 1), "b": rand(oc)})
+    check(m, {"x": rand(1, c, 24, 24)})
