@@ -119,7 +119,10 @@ class Lowering:
         self._keep: list[np.ndarray] = []
         g = gg()
         n = len(self.nodes)
-        self._n_tensors = 24 * n + 4 * len(self.inits) + 1024
+        # ggml tensors (ops and views) per ONNX node: a kxk conv built by row copies takes up to
+        # 2 per kernel tap and padding strip (about 100 for 3x3); most other nodes take a handful
+        heavy = sum(1 for nd in self.nodes if nd.op_type in ("Conv", "ConvTranspose"))
+        self._n_tensors = 24 * n + 200 * heavy + 4 * len(self.inits) + 1024
         self.ctx = self._new_ctx(self._n_tensors * g.ggml_tensor_overhead() + (1 << 20))
         self.wctx = self._new_ctx((4 * n + len(self.inits) + 256) * g.ggml_tensor_overhead())
         self.out = Lowered(self.ctx, self.wctx, {}, {})

@@ -207,3 +207,14 @@ def test_sdrt_load_end_to_end(registry, tmp_path):
         x = rand(3, 6)
         np.testing.assert_allclose(s.run({"x": x})["y"], x @ w, rtol=1e-5, atol=1e-6)
         assert s.inputs[0].shape == (3, 6)
+
+
+def test_a_conv_heavy_graph_fits_the_ggml_context():
+    """A chain of 200 padded 3x3 convs (row-copy convs take many ggml tensors each) compiles and runs."""
+    nodes, inits, x = [], {}, "x"
+    for i in range(200):
+        nodes.append(mk("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        inits[f"w{i}"] = rand(4, 4, 3, 3, seed=i) * 0.3
+        x = f"c{i}"
+    model = make_model(nodes, {"x": ((1, 4, 6, 6), F)}, {x: (None, F)}, inits)
+    check(model, {"x": rand(1, 4, 6, 6)}, rtol=1e-4, atol=1e-5)
