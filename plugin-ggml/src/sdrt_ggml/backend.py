@@ -48,11 +48,13 @@ def list_devices() -> list[Device]:
         g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
         name = g.ggml_backend_dev_name(dev).decode()
         reg = g.ggml_backend_dev_backend_reg(dev)
+        props: dict[str, Any] = {"ggml_backend": g.ggml_backend_reg_name(reg).decode() if reg else "",
+                                 "free_bytes": int(free.value)}
+        if kind == "cpu":
+            props["tinyblas"] = bool(g.ggml_cpu_has_llamafile())
         out.append(Device(
             backend="ggml", id=name, name=g.ggml_backend_dev_description(dev).decode(), kind=kind,
-            memory_bytes=int(total.value) or None,
-            properties={"ggml_backend": g.ggml_backend_reg_name(reg).decode() if reg else "",
-                        "free_bytes": int(free.value)},
+            memory_bytes=int(total.value) or None, properties=props,
         ))
     return out
 
@@ -92,6 +94,10 @@ class GgmlBackend(Backend):
     def compile(self, graph: Any, weights: Any, device: Device, **options: Any) -> Session:
         from .session import GgmlSession
 
+        if device.kind == "cpu" and not device.properties.get("tinyblas", True):
+            log.warning("ggml-python was built without GGML_LLAMAFILE: float32 matmuls run about 4x slower; "
+                        "reinstall with CMAKE_ARGS=-DGGML_LLAMAFILE=on pip install --force-reinstall "
+                        "--no-cache-dir ggml-python")
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",

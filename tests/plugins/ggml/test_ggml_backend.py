@@ -218,3 +218,10 @@ def test_a_conv_heavy_graph_fits_the_ggml_context():
         x = f"c{i}"
     model = make_model(nodes, {"x": ((1, 4, 6, 6), F)}, {x: (None, F)}, inits)
     check(model, {"x": rand(1, 4, 6, 6)}, rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_device_says_whether_ggml_has_its_fast_float32_gemm():
+    import ggml
+
+    cpu = next(d for d in _backend().devices() if d.id == "CPU")
+    assert cpu.properties["tinyblas"] == bool(ggml.ggml_cpu_has_llamafile())
