@@ -50,9 +50,9 @@ def test_plan_for_ggml_passes_the_cmake_flag_and_builds_from_source(monkeypatch)
     monkeypatch.delenv("CMAKE_ARGS", raising=False)
     p = plan(hw=GTX)
     assert (p.plugin, p.build) == ("ggml", "cuda")
-    assert p.env == {"CMAKE_ARGS": "-DGGML_CUDA=ON"}
+    assert p.env == {"CMAKE_ARGS": "-DGGML_CUDA=ON -DGGML_LLAMAFILE=ON"}
     assert p.argv[-3:] == ["sdrt-ggml==0.1.*", "--no-binary", "ggml-python"]
-    assert p.command.startswith("CMAKE_ARGS=-DGGML_CUDA=ON ")
+    assert p.command.startswith("CMAKE_ARGS='-DGGML_CUDA=ON -DGGML_LLAMAFILE=ON' ")
 
 
 @pytest.mark.parametrize("build, flag", [("vulkan", "-DGGML_VULKAN=ON"), ("metal", "-DGGML_METAL=ON"),
@@ -60,12 +60,14 @@ def test_plan_for_ggml_passes_the_cmake_flag_and_builds_from_source(monkeypatch)
 def test_plan_for_each_ggml_build(build, flag, monkeypatch):
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_NATIVE=OFF")
     p = plan("ggml", build=build, hw=CPU_ONLY)
-    assert p.env == {"CMAKE_ARGS": f"-DGGML_NATIVE=OFF {flag}"}      # the user's own flags are kept
+    assert p.env == {"CMAKE_ARGS": f"-DGGML_NATIVE=OFF {flag} -DGGML_LLAMAFILE=ON"}  # the user's own flags are kept
 
 
-def test_plan_for_ggml_cpu_needs_no_flags():
+def test_plan_for_ggml_cpu_builds_llamafile_kernels_from_source(monkeypatch):
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
     p = plan("ggml", hw=CPU_ONLY)
-    assert (p.build, p.env) == ("cpu", {}) and "--no-binary" not in p.argv
+    assert (p.build, p.env) == ("cpu", {"CMAKE_ARGS": "-DGGML_LLAMAFILE=ON"})
+    assert p.argv[-2:] == ["--no-binary", "ggml-python"]
 
 
 def test_plan_for_ggml_by_name_picks_the_build_for_the_gpu_here():
