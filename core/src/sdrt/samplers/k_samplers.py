@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -124,6 +124,26 @@ def _rf_ancestral(sigma: float, sigma_next: float, eta: float) -> tuple[float, f
     return sigma_down, alpha_next / alpha_down, renoise
 
 
+class _Ancestral(NamedTuple):
+    """One ancestral split: a deterministic step down to ``down``, then noise added back."""
+
+    down: float
+    ratio: float  # 1 for k-diffusion's form; alpha_next / alpha_down for rectified flow
+    up: float
+
+    def renoise(self, x: np.ndarray, noise: np.ndarray, s_noise: float) -> np.ndarray:
+        if self.ratio == 1.0:
+            return x + noise * s_noise * self.up
+        return self.ratio * x + noise * s_noise * self.up
+
+
+def _ancestral(flow: bool, sigma: float, sigma_next: float, eta: float) -> _Ancestral:
+    if flow:
+        return _Ancestral(*_rf_ancestral(sigma, sigma_next, eta))
+    down, up = ancestral_step(sigma, sigma_next, eta)
+    return _Ancestral(down, 1.0, up)
+
+
 def euler_ancestral(model: Model, x: np.ndarray, sigmas: Any, *, extra_args: Mapping[str, Any] | None = None,
                     callback: Callback | None = None, eta: float = 1.0, s_noise: float = 1.0,
                     noise_sampler: NoiseSampler | None = None) -> np.ndarray:
@@ -134,20 +154,16 @@ def euler_ancestral(model: Model, x: np.ndarray, sigmas: Any, *, extra_args: Map
     for i in range(len(s) - 1):
         denoised = model(x, s[i], **kw)
         emit(callback, x, i, s[i], s[i], denoised)
-        if flow:
-            if s[i + 1] == 0:
-                x = denoised
-                continue
-            sigma_down, ratio, renoise = _rf_ancestral(s[i], s[i + 1], eta)
-            x = (sigma_down / s[i]) * x + (1 - sigma_down / s[i]) * denoised
-            if eta > 0:
-                x = ratio * x + noise(s[i], s[i + 1]) * s_noise * renoise
-            continue
-        sigma_down, sigma_up = ancestral_step(s[i], s[i + 1], eta)
-        if sigma_down == 0:
+        step = _ancestral(flow, s[i], s[i + 1], eta)
+        if (s[i + 1] == 0) if flow else (step.down == 0):
             x = denoised
+            continue
+        if flow:
+            x = (step.down / s[i]) * x + (1 - step.down / s[i]) * denoised
         else:
-            x = x + to_d(x, s[i], denoised) * (sigma_down - s[i]) + noise(s[i], s[i + 1]) * s_noise * sigma_up
+            x = x + to_d(x, s[i], denoised) * (step.down - s[i])
+        if eta > 0 or not flow:  # ComfyUI's flow variant draws no noise at eta 0
+            x = step.renoise(x, noise(s[i], s[i + 1]), s_noise)
     return x
 
 
@@ -160,23 +176,16 @@ def dpm_2_ancestral(model: Model, x: np.ndarray, sigmas: Any, *, extra_args: Map
     flow = is_flow(model)
     for i in range(len(s) - 1):
         denoised = model(x, s[i], **kw)
-        if flow:
-            sigma_down, ratio, renoise = _rf_ancestral(s[i], s[i + 1], eta)
-        else:
-            sigma_down, sigma_up = ancestral_step(s[i], s[i + 1], eta)
+        step = _ancestral(flow, s[i], s[i + 1], eta)
         emit(callback, x, i, s[i], s[i], denoised)
         d = to_d(x, s[i], denoised)
-        if sigma_down == 0:
-            x = x + d * (sigma_down - s[i])
+        if step.down == 0:
+            x = x + d * (step.down - s[i])
         else:
-            sigma_mid = math.exp(0.5 * (math.log(s[i]) + math.log(sigma_down)))
+            sigma_mid = math.exp(0.5 * (math.log(s[i]) + math.log(step.down)))
             x_2 = x + d * (sigma_mid - s[i])
             d_2 = to_d(x_2, sigma_mid, model(x_2, sigma_mid, **kw))
-            x = x + d_2 * (sigma_down - s[i])
-            if flow:
-                x = ratio * x + noise(s[i], s[i + 1]) * s_noise * renoise
-            else:
-                x = x + noise(s[i], s[i + 1]) * s_noise * sigma_up
+            x = step.renoise(x + d_2 * (step.down - s[i]), noise(s[i], s[i + 1]), s_noise)
     return x
 
 
@@ -223,10 +232,8 @@ def dpmpp_2s_ancestral(model: Model, x: np.ndarray, sigmas: Any, *, extra_args: 
     flow = is_flow(model)
     for i in range(len(s) - 1):
         denoised = model(x, s[i], **kw)
-        if flow:
-            sigma_down, ratio, renoise = _rf_ancestral(s[i], s[i + 1], eta)
-        else:
-            sigma_down, sigma_up = ancestral_step(s[i], s[i + 1], eta)
+        step = _ancestral(flow, s[i], s[i + 1], eta)
+        sigma_down = step.down
         emit(callback, x, i, s[i], s[i], denoised)
         if (s[i + 1] == 0) if flow else (sigma_down == 0):
             x = x + to_d(x, s[i], denoised) * (sigma_down - s[i])
@@ -246,12 +253,8 @@ def dpmpp_2s_ancestral(model: Model, x: np.ndarray, sigmas: Any, *, extra_args: 
             x_2 = (sig_s / s[i]) * x - math.expm1(-h * 0.5) * denoised
             denoised_2 = model(x_2, sig_s, **kw)
             x = (sigma_down / s[i]) * x - math.expm1(-h) * denoised_2
-        if s[i + 1] > 0:
-            if flow:
-                if eta > 0:
-                    x = ratio * x + noise(s[i], s[i + 1]) * s_noise * renoise
-            else:
-                x = x + noise(s[i], s[i + 1]) * s_noise * sigma_up
+        if s[i + 1] > 0 and (eta > 0 or not flow):  # ComfyUI's flow variant draws no noise at eta 0
+            x = step.renoise(x, noise(s[i], s[i + 1]), s_noise)
     return x
 
 
