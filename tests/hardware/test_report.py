@@ -44,7 +44,7 @@ def test_info_json_carries_the_hardware(registry, as_machine, capsys):
     data = json.loads(capsys.readouterr().out)["hardware"]
     assert data["recommendation"]["plugin"] == "ggml" and data["recommendation"]["build"] == "vulkan"
     assert data["hardware"]["devices"][0]["gfx_target"] == "gfx1103"
-    assert "CMAKE_ARGS=-DGGML_VULKAN=ON" in data["install_command"]
+    assert data["install_command"].startswith("CMAKE_ARGS='-DGGML_VULKAN=ON -DGGML_LLAMAFILE=ON' ")
 
 
 def test_info_survives_detection_blowing_up(registry, monkeypatch, capsys):
