@@ -59,7 +59,8 @@ def build_decoder(latent_size: int = 32, channels: int = WIDTH, seed: int = 0) -
     nodes.append(helper.make_node("Add", [h, r], ["mid.out"], name="mid.add"))
     scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "up.scales")
     inits.append(scales)
-    nodes.append(helper.make_node("Resize", ["mid.out", "", "up.scales"], ["up"], name="up", mode="nearest"))
+    nodes.append(helper.make_node("Resize", ["mid.out", "", "up.scales"], ["up"], name="up", mode="nearest",
+                                  coordinate_transformation_mode="asymmetric", nearest_mode="floor"))  # as torch exports
     u = conv("up", channels, channels, "up.conv")
     u = silu(group_norm(u, channels, "norm_out"), "act_out")
     out = conv(u, channels, 3, "conv_out")
