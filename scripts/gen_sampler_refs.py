@@ -47,22 +47,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-# -- the closed-form model, shared with the tests (tests/samplers/gaussian.py has the numpy twin) ------
+# -- the closed-form model: its inputs come from the tests' own module, so both sides use one definition --
 
-SHAPE = (1, 4, 4, 4)
-DATA_STD = 0.5
-
-
-def data_mean() -> np.ndarray:
-    return np.linspace(-1.0, 1.0, int(np.prod(SHAPE))).reshape(SHAPE) ** 3
-
-
-def noise_list(count: int, seed: int = 1234) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((count,) + SHAPE)
-
-
-def start_noise(seed: int = 99) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(SHAPE)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "samplers"))
+from _sampler_refs import DATA_STD, data_mean, noise_list, start_noise  # noqa: E402
 
 
 class ListNoise:
