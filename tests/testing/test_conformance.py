@@ -106,3 +106,12 @@ def test_conformance_cli_strict_exit_code(registry, inline_plugin, capsys, stric
     inline_plugin(_Plugin(), "wrong-plugin")
     args = ["conformance", "wrong", "-k", "^test_relu_gpu_1$"] + (["--strict"] if strict else [])
     assert main(args) == code
+
+
+def test_backend_instance_and_device_id_are_resolved(registry):
+    from sdrt.errors import NoDeviceError
+
+    suite = BackendTest(WrongBackend(), "gpu.1")
+    assert (suite.device.id, suite.tag) == ("GPU.1", "GPU_1")
+    with pytest.raises(NoDeviceError, match=r"no device 'GPU.9'.*devices here: GPU.1"):
+        BackendTest(WrongBackend(), "GPU.9")

@@ -95,14 +95,14 @@ def run_demo(output: Path, backend: str = "auto", device: str | None = None, see
     import numpy as np
 
     from .graph import Graph
-    from .runtime import load, select
+    from .runtime import select
 
     be, dev = select(backend, device)
     graph = Graph(build_decoder(latent_size))
     latent = np.random.default_rng(seed).standard_normal((1, LATENT_CHANNELS, latent_size, latent_size))
     latent = latent.astype(np.float32)
     t0 = time.perf_counter()
-    with load(graph, backend=be.name, device=dev) as session:
+    with be.compile(graph, None, dev) as session:  # select() already resolved both; no second lookup
         t1 = time.perf_counter()
         image = session.run({"latent": latent})["image"]
         t2 = time.perf_counter()

@@ -21,7 +21,6 @@ import os
 import threading
 import traceback
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import pluggy
@@ -266,7 +265,3 @@ def reset_registry() -> None:
     global _registry
     with _lock:
         _registry = None
-
-
-def is_module(obj: Any) -> bool:
-    return isinstance(obj, ModuleType)

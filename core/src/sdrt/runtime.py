@@ -59,14 +59,19 @@ def select(backend: str = "auto", device: str | Device | None = None,
         else:
             return _auto(reg, device)
     be = _named_backend(reg, backend)
+    return be, device_of(be, device)
+
+
+def device_of(be: Backend, device: str | Device | None = None) -> Device:
+    """The device of ``be`` named by ``device`` (its first device when None); raises NoDeviceError."""
     devices = _devices(be)
     if not devices:
         raise NoDeviceError(
-            f"backend {backend!r} offers no device on this machine",
-            where=f"{backend}.devices() returned nothing",
+            f"backend {be.name!r} offers no device on this machine",
+            where=f"{be.name}.devices() returned nothing",
             fix="check its drivers and runtime (sdrt info shows what each backend sees), or pick another backend",
         )
-    return be, _pick_device(be, devices, device)
+    return _pick_device(be, devices, device)
 
 
 def _named_backend(reg: Registry, name: str) -> Backend:

@@ -11,7 +11,7 @@ from onnx.backend.test.runner import Runner
 
 from ..backend import Backend, Device
 from ..plugins import get_registry
-from ..runtime import select
+from ..runtime import device_of, select
 from .adapter import device_tag, make_onnx_backend
 from .cases import light_cases, node_cases, op_of_case, single_node_ops
 from .report import Summary, collect
@@ -50,11 +50,7 @@ class BackendTest:
                  use_backend_expectations: bool = True, **compile_options: Any) -> None:
         if isinstance(backend, Backend):
             be = backend
-            devices = be.devices()
-            dev = device if isinstance(device, Device) else next(
-                (d for d in devices if device is None or d.id.lower() == str(device).lower()), None)
-            if dev is None:
-                _, dev = select(be.name, device)
+            dev = device if isinstance(device, Device) else device_of(be, device)
         else:
             be, dev = select(backend, device, get_registry())
         self.backend, self.device = be, dev
