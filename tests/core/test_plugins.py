@@ -133,3 +133,15 @@ def test_samplers_hook_rejects_non_callables(registry, inline_plugin, kind):
 
     record = inline_plugin(Plugin(), "badsampler")
     assert record.state == "broken" and "register_samplers" in record.error
+
+
+def test_failing_plugin_keeps_no_samplers_it_registered_before_failing(registry, inline_plugin):
+    class Plugin:
+        @sdrt.hookimpl
+        def register_samplers(self, register):
+            register("half_done", lambda n: n, kind="schedule")
+            raise RuntimeError("then it fails")
+
+    record = inline_plugin(Plugin(), "halfway")
+    assert record.state == "broken" and "then it fails" in record.error
+    assert "half_done" not in registry.samplers and record.samplers == []

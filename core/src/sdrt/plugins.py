@@ -143,13 +143,19 @@ class Registry:
         record = self.plugins.pop(name, None)
         if record is None:
             return
+        self._forget(record)
+        if self.pm.get_plugin(name) is not None:
+            self.pm.unregister(name=name)
+
+    def _forget(self, record: PluginRecord) -> None:
+        """Remove every backend and sampler that ``record``'s plugin registered."""
         for backend in record.backends:
             self.backends.pop(backend, None)
             self.backend_plugin.pop(backend, None)
         for sampler in record.samplers:
             self.samplers.pop(sampler, None)
-        if self.pm.get_plugin(name) is not None:
-            self.pm.unregister(name=name)
+        record.backends.clear()
+        record.samplers.clear()
 
     def _mark_broken(self, record: PluginRecord, message: str, exc: BaseException | None = None) -> None:
         record.state = "broken"
@@ -180,10 +186,7 @@ class Registry:
         except BaseException as exc:  # noqa: BLE001
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            for name in record.backends:
-                self.backends.pop(name, None)
-                self.backend_plugin.pop(name, None)
-            record.backends.clear()
+            self._forget(record)  # a failed plugin keeps nothing it registered before failing
             if isinstance(exc, PluginVersionError):
                 record.state, record.error = "incompatible", str(exc)
             else:
