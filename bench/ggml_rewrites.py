@@ -31,6 +31,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "conv direct": {"conv_impl": "direct"},
     "conv taps": {"conv_impl": "taps"},
     "conv im2col": {"conv_impl": "im2col"},
+    "conv rowcopy": {"conv_impl": "rowcopy"},
     "depthwise nchw": {"dw_layout": "nchw"},
     "no K padding": {"pad_k": False},
     "accel (BLAS)": {"accel": True},

@@ -88,6 +88,7 @@ class Lowering:
         *,
         options: Mapping[str, Any] | None = None,
         supports_flash_attn: bool = True,
+        on_cpu: bool = True,
     ) -> None:
         load_all()
         self.nodes = list(nodes)
@@ -97,6 +98,8 @@ class Lowering:
         self.opsets = dict(opsets)
         self.options = dict(options or {})
         self.supports_flash_attn = supports_flash_attn
+        #: CPU-only lowerings (the overlapping-window conv) are used only when this is true
+        self.on_cpu = on_cpu
         self.values: dict[str, Value] = {}
         self._producer: dict[str, Any] = {}
         self._uses: dict[str, int] = {}
@@ -114,6 +117,8 @@ class Lowering:
         self.rewrites_on.add("gelu")
         self._rewrites = REWRITES
         self.rewrite_hits: dict[str, int] = {}
+        #: which implementation each op got, where there is a choice ("conv window": 12, ...)
+        self.impl_hits: dict[str, int] = {}
         self._init_ids = {id(a): n for n, a in self.inits.items()}
         self._const_cache: dict[tuple[int, str], T] = {}
         self._keep: list[np.ndarray] = []
@@ -159,6 +164,9 @@ class Lowering:
         value = T(t, tuple(int(d) for d in data.shape), "int32" if dtype == "int32" else "float32")
         self._const_cache[key] = value
         return value
+
+    def used(self, impl: str) -> None:
+        self.impl_hits[impl] = self.impl_hits.get(impl, 0) + 1
 
     def scratch(self, ne: list[int]) -> Any:
         """An F32 tensor with no producing op, to be filled piecewise (ggml_set / ggml_cpy)."""

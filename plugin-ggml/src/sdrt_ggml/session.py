@@ -55,6 +55,7 @@ class GgmlSession(Session):
         self._wbuf: Any = None
         self._lo: Lowered | None = None
         self.rewrite_hits: dict[str, int] = {}
+        self.impl_hits: dict[str, int] = {}
         self._build()
 
     # -- building ------------------------------------------------------------
@@ -122,9 +123,10 @@ class GgmlSession(Session):
         self._init_backend()
         infos = [(i.name, tuple(int(d) for d in i.shape), i.dtype) for i in self.inputs]  # type: ignore[arg-type]
         lw = Lowering(self._nodes, self._inits, infos, [o.name for o in self.outputs], self._opsets,
-                      options=self._options, supports_flash_attn=self._flash_attn_ok())
+                      options=self._options, supports_flash_attn=self._flash_attn_ok(), on_cpu=self._is_cpu)
         lo = lw.lower()
         self.rewrite_hits = dict(lw.rewrite_hits)
+        self.impl_hits = dict(lw.impl_hits)
         self._lo = lo
         size = max(GRAPH_SIZE_MIN, 4 * lw._n_tensors)
         self._graph = g.ggml_new_graph_custom(lo.ctx, size, False)

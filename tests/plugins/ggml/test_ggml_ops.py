@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ggml_helpers import I64, F, check, make_model, rand
+from ggml_helpers import I64, F, check, make_model, rand, run_ort
 from onnx import helper
 
 mk = helper.make_node
@@ -120,12 +120,71 @@ def test_conv1d():
     check(m, {"x": rand(2, 3, 16)})
 
 
-@pytest.mark.parametrize("impl", ["direct", "im2col", "im2col_nhwc", "taps", "rowcopy"])
-@pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 0, 0, 0], [2, 1, 2, 1]])
+@pytest.mark.parametrize("impl", ["direct", "im2col", "im2col_nhwc", "taps", "rowcopy", "window"])
+@pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 0, 0, 0], [2, 1, 2, 1], [0, 1, 1, 0]])
 def test_conv_impls_match(impl, pads):
     m = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=pads)], {"x": ((1, 16, 9, 11), F)},
                    {"y": (None, F)}, {"w": rand(8, 16, 3, 3), "b": rand(8)})
     check(m, {"x": rand(1, 16, 9, 11)}, conv_impl=impl)
+
+
+@pytest.mark.parametrize("kernel", [(3, 3), (5, 5), (1, 3), (3, 1), (2, 4)])
+@pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 2, 0, 2], [2, 0, 1, 1]])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_window(kernel, pads, bias):
+    """The overlapping-window conv (the CPU default for stride-1 kxk convs with aligned K):
+    every kernel shape, symmetric and asymmetric pads, with and without bias, against
+    onnxruntime and against the row-copy conv; and it is the one that ran."""
+    from sdrt_ggml import GgmlBackend
+
+    from sdrt.graph import Graph
+
+    kh, kw = kernel
+    c = 16
+    inits = {"w": rand(6, c, kh, kw, seed=kh + kw)} | ({"b": rand(6, seed=3)} if bias else {})
+    m = make_model([mk("Conv", ["x", "w", "b"] if bias else ["x", "w"], ["y"], pads=pads)],
+                   {"x": ((1, c, 7, 9), F)}, {"y": (None, F)}, inits)
+    feeds = {"x": rand(1, c, 7, 9)}
+    got = check(m, feeds)
+    be = GgmlBackend()
+    with be.compile(Graph(m), None, be.devices()[0]) as s, \
+            be.compile(Graph(m), None, be.devices()[0], conv_impl="rowcopy") as r:
+        assert s.impl_hits == {"conv window": 1} and r.impl_hits == {"conv rowcopy": 1}
+        np.testing.assert_allclose(got["y"], r.run(feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_conv_window_takes_a_channels_last_input_and_repeated_runs():
+    """A 1x1 conv hands its channels-last result to the window conv; the padding zeros are
+    rewritten each run, so a second run with other inputs is right too."""
+    m = make_model([mk("Conv", ["x", "w1"], ["h"]), mk("Relu", ["h"], ["r"]),
+                    mk("Conv", ["r", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])],
+                   {"x": ((1, 8, 6, 6), F)}, {"y": (None, F)},
+                   {"w1": rand(16, 8, 1, 1), "w2": rand(4, 16, 3, 3), "b2": rand(4)})
+    from sdrt_ggml import GgmlBackend
+
+    from sdrt.graph import Graph
+
+    be = GgmlBackend()
+    with be.compile(Graph(m), None, be.devices()[0]) as s:
+        assert s.impl_hits.get("conv window") == 1
+        for seed in (1, 2):
+            feeds = {"x": rand(1, 8, 6, 6, seed=seed)}
+            np.testing.assert_allclose(s.run(feeds)["y"], run_ort(m, feeds)["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_conv_window_not_used_where_it_does_not_fit():
+    """Strided convs and unaligned K (5 channels x 9 taps) go to the row-copy conv."""
+    from sdrt_ggml import GgmlBackend
+
+    from sdrt.graph import Graph
+
+    m = make_model([mk("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
+                    mk("Conv", ["h", "w2"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])],
+                   {"x": ((1, 5, 8, 8), F)}, {"y": (None, F)}, {"w": rand(16, 5, 3, 3), "w2": rand(4, 16, 3, 3)})
+    check(m, {"x": rand(1, 5, 8, 8)})
+    be = GgmlBackend()
+    with be.compile(Graph(m), None, be.devices()[0], pad_k=False) as s:
+        assert s.impl_hits == {"conv rowcopy": 2}
 
 
 def test_conv_transpose():

@@ -1,7 +1,10 @@
 """Conv (1-D and 2-D, groups, strides, pads, dilations) and ConvTranspose.
 
-Conv lowers to im2col + one matrix multiply (ggml's fast path on every
-backend). With batch 1 the product comes out directly in NCHW order, so no
+Conv lowers to one matrix multiply (ggml's fast path on every backend) over a
+column matrix: on the CPU, stride-1 kxk convs read overlapping windows of a
+row-stacked copy of the input (``_conv_window``); other kxk convs at batch 1
+build the columns by row copies (``_conv_rowcopy``); the rest use ggml's
+im2col. With batch 1 the product comes out directly in NCHW order, so no
 permute copy is needed. Depthwise convs (groups == channels) use ggml's
 depthwise kernel; other groups are split into per-group convolutions.
 """
@@ -92,6 +95,9 @@ def conv2d(lw: Any, x: T, w: np.ndarray | T, bias: Value | None, strides: list[i
         y = _conv_pointwise(lw, x, wt, (n, oc, oh, ow), kp)
     elif group == 1 and _taps_ok(lw, w, n, strides, dil, kh, kw):
         y = _conv_taps(lw, x, w, ph, pw, (n, oc, oh, ow))
+    elif group == 1 and isinstance(w, np.ndarray) and n == 1 and _window_ok(lw, c, kh, kw, strides, dil):
+        y = _conv_window(lw, x, w, bias, ph, pw, (n, oc, oh, ow))
+        bias = None  # added by _conv_window, which also crops
     elif group == 1 and isinstance(w, np.ndarray) and n == 1 and _rowcopy_wanted(lw, kh * kw):
         y = _conv_rowcopy(lw, x, w, strides, dil, ph, pw, (n, oc, oh, ow))
     elif group == 1:
@@ -193,8 +199,9 @@ def channels_last(lw: Any, x: Any) -> Any:
 
 
 def _rowcopy_wanted(lw: Any, taps: int) -> bool:
-    """The default for kxk convs at batch 1 ("auto"): 0.89-0.93x the time of ggml's im2col on the
-    UNet and VAE benches. 1x1 convs keep im2col (there it is a plain transpose)."""
+    """The default for kxk convs at batch 1 that the window conv does not take (strided, dilated,
+    unaligned K, not on the CPU): 0.89-0.93x the time of ggml's im2col on the UNet and VAE
+    benches. 1x1 convs keep im2col (there it is a plain transpose)."""
     impl = lw.options.get("conv_impl", "auto")
     return impl == "rowcopy" or (impl == "auto" and taps > 1)
 
@@ -220,6 +227,7 @@ def _conv_rowcopy(lw: Any, x: T, w: np.ndarray, strides: list[int], dil: list[in
     falls in the padding. The kernel is reordered to (OC, KH, KW, C) on upload.
     """
     g = gg()
+    lw.used("conv rowcopy")
     _, oc, oh, ow = out_shape
     c, h, wd = x.shape[1], x.shape[2], x.shape[3]
     kh, kw = w.shape[2], w.shape[3]
@@ -252,6 +260,71 @@ def _conv_rowcopy(lw: Any, x: T, w: np.ndarray, strides: list[int], dil: list[in
     w2 = g.ggml_reshape_2d(lw.ctx, wt.ptr, k, oc)
     y = g.ggml_mul_mat(lw.ctx, g.ggml_reshape_2d(lw.ctx, col, k, ow * oh), w2)  # ne (OW*OH, OC)
     return T(g.ggml_reshape_4d(lw.ctx, y, ow, oh, oc, 1), out_shape)
+
+
+def _window_ok(lw: Any, c: int, kh: int, kw: int, strides: list[int], dil: list[int]) -> bool:
+    """The default for stride-1 kxk convs on the CPU whose K (C*KH*KW) is aligned for the fast GEMM
+    (other backends may not take a GEMM operand with overlapping rows)."""
+    impl = lw.options.get("conv_impl", "auto")
+    fits = strides == [1, 1] and dil == [1, 1] and kh * kw > 1 and (c * kh * kw) % K_ALIGN == 0
+    return fits and lw.on_cpu and impl in ("auto", "window")
+
+
+def _conv_window(lw: Any, x: T, w: np.ndarray, bias: Value | None, ph: int, pw: int,
+                 out_shape: tuple[int, int, int, int]) -> T:
+    """Stride-1 conv as one GEMM over overlapping windows of a row-stacked input; no im2col.
+
+    Each pixel of the padded, channels-last input gets the C channels of the KH pixels
+    below it (one slot per kernel row; zeros where a row falls in the padding), so the
+    KH x KW window of an output pixel is KW consecutive pixels: KH*KW*C contiguous floats.
+    The GEMM reads them through a view whose rows overlap (row stride KH*C), so the
+    input is copied KH times instead of the KH*KW times an im2col needs. Outputs are
+    computed for every pixel of each padded row (row width W + 2*pw, the extra columns are
+    cropped) and for M rows rounded up to 16, which ggml's fast GEMM wants. ggml sizes a
+    view as if it were contiguous, so the scratch holds K*M floats (the im2col size).
+    The kernel is reordered to (OC, KW, KH, C) on upload.
+    """
+    g = gg()
+    lw.used("conv window")
+    _, oc, oh, ow = out_shape
+    c, h, wd = x.shape[1], x.shape[2], x.shape[3]
+    kh, kw = w.shape[2], w.shape[3]
+    wp, slot = wd + 2 * pw, kh * c  # padded row width; floats per stacked pixel
+    k, f = kw * slot, 4
+    m = -(-(oh * wp) // K_ALIGN) * K_ALIGN
+    xt = x.cl if x.cl is not None else channels_last(lw, x.ptr)  # ne (C, W, H, 1)
+    buf = lw.scratch([k * m, 1, 1, 1])
+    nb1, nb2 = slot * f, wp * slot * f
+    zeros = []  # (ne0, ne1, ne2, nb1, nb2, offset): blocks to clear each run
+
+    for i in range(kh):
+        lo, hi = _valid_range(oh, h, 1, i - ph)
+        for y0, y1 in ((0, lo), (hi, oh)):
+            if y1 > y0:
+                zeros.append((c, wd, y1 - y0, nb1, nb2, ((y0 * wp + pw) * slot + i * c) * f))
+        if hi > lo:
+            src = g.ggml_view_3d(lw.ctx, xt, c, wd, hi - lo, c * f, wd * c * f, (lo + i - ph) * wd * c * f)
+            buf = g.ggml_set_inplace(lw.ctx, buf, src, nb1, nb2, 0, ((lo * wp + pw) * slot + i * c) * f)
+    if pw:
+        # the right pad of row y and the left pad of row y + 1 are adjacent: 2*pw pixels
+        zeros.append((pw * slot, 1, 1, nb1, nb2, 0))
+        zeros.append((2 * pw * slot, oh - 1, 1, nb2, nb2, (pw + wd) * slot * f))
+        zeros.append((pw * slot, 1, 1, nb1, nb2, ((oh - 1) * wp + pw + wd) * slot * f))
+    zeros = [z for z in zeros if z[1] > 0]
+    if zeros:
+        zero = lw.const(np.zeros(max(z[0] * z[1] * z[2] for z in zeros), np.float32))
+        for ne0, ne1, ne2, znb1, znb2, off in zeros:
+            src = g.ggml_view_3d(lw.ctx, zero.ptr, ne0, ne1, ne2, ne0 * f, ne0 * ne1 * f, 0)
+            buf = g.ggml_set_inplace(lw.ctx, buf, src, znb1, znb2, 0, off)
+    windows = g.ggml_view_2d(lw.ctx, buf, k, m, nb1, 0)  # overlapping rows: the KH x KW windows
+    wt = lw.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(0, 3, 2, 1)), tag="owhi")
+    y = g.ggml_mul_mat(lw.ctx, windows, g.ggml_reshape_2d(lw.ctx, wt.ptr, k, oc))  # ne (M, OC)
+    crop = g.ggml_view_4d(lw.ctx, y, ow, oh, oc, 1, wp * f, m * f, m * oc * f, 0)
+    if bias is None:
+        return T(g.ggml_cont(lw.ctx, crop), out_shape)
+    b = lw.const(bias) if isinstance(bias, np.ndarray) else bias
+    rows = g.ggml_repeat_4d(lw.ctx, g.ggml_reshape_4d(lw.ctx, b.ptr, 1, 1, oc, 1), ow, 1, oc, 1)
+    return T(g.ggml_add(lw.ctx, crop, rows), out_shape)  # bias rows broadcast; the add also crops
 
 
 def _aligned_channels(c: int, taps: int) -> int:
