@@ -135,9 +135,8 @@ def test_conv_window(kernel, pads, bias):
     """The overlapping-window conv (the CPU default for stride-1 kxk convs with aligned K):
     every kernel shape, symmetric and asymmetric pads, with and without bias, against
     onnxruntime and against the row-copy conv; and it is the one that ran."""
-    from sdrt_ggml import GgmlBackend
-
     from sdrt.graph import Graph
+    from sdrt_ggml import GgmlBackend
 
     kh, kw = kernel
     c = 16
@@ -160,9 +159,8 @@ def test_conv_window_takes_a_channels_last_input_and_repeated_runs():
                     mk("Conv", ["r", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])],
                    {"x": ((1, 8, 6, 6), F)}, {"y": (None, F)},
                    {"w1": rand(16, 8, 1, 1), "w2": rand(4, 16, 3, 3), "b2": rand(4)})
-    from sdrt_ggml import GgmlBackend
-
     from sdrt.graph import Graph
+    from sdrt_ggml import GgmlBackend
 
     be = GgmlBackend()
     with be.compile(Graph(m), None, be.devices()[0]) as s:
@@ -174,9 +172,8 @@ def test_conv_window_takes_a_channels_last_input_and_repeated_runs():
 
 def test_conv_window_not_used_where_it_does_not_fit():
     """Strided convs and unaligned K (5 channels x 9 taps) go to the row-copy conv."""
-    from sdrt_ggml import GgmlBackend
-
     from sdrt.graph import Graph
+    from sdrt_ggml import GgmlBackend
 
     m = make_model([mk("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
                     mk("Conv", ["h", "w2"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])],
