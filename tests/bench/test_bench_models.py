@@ -106,3 +106,18 @@ def test_update_weights_bench_agrees_with_a_reload(registry, tmp_path, monkeypat
     registry.register_plugin(sdrt_openvino, "openvino")
     r = update_weights.measure("mobilenet_v2", "tiny", "openvino", rounds=2, options={"device": "CPU"})
     assert r["update_s"] > 0 and r["reload_s"] > 0 and r["reload_cached_s"] > 0
+
+
+def test_ggml_kernel_microbenchmark_runs(monkeypatch, capsys):
+    """bench.ggml_gemm times each kernel against its peers; at tiny shapes every section runs."""
+    pytest.importorskip("ggml", reason="ggml-python (sdrt-ggml's dependency) is not installed")
+    from bench import ggml_gemm
+
+    monkeypatch.setattr(ggml_gemm, "GEMMS", [(32, 16, 64, "tiny")])
+    monkeypatch.setattr(ggml_gemm, "CONVS", [(16, 8, 16)])
+    monkeypatch.setattr(ggml_gemm, "ATTENTION", [(32, 16, 8, 2)])
+    monkeypatch.setattr(ggml_gemm.time, "sleep", lambda s: None)
+    assert ggml_gemm.main(["--threads", "1", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "gemm: GFLOPS" in out and "conv (3x3, pad 1)" in out and "attention (float32)" in out
+    assert "32 x 16 x 64" in out and "16 x 8 x 16" in out and "32 x 16 x 8 x 2" in out

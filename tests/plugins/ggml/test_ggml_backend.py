@@ -225,3 +225,22 @@ def test_cpu_device_says_whether_ggml_has_its_fast_float32_gemm():
 
     cpu = next(d for d in _backend().devices() if d.id == "CPU")
     assert cpu.properties["tinyblas"] == bool(ggml.ggml_cpu_has_llamafile())
+
+
+def test_window_conv_through_the_scheduler_and_with_new_weights():
+    """The window conv (reordered kernel, bias added with the crop) runs through ggml's scheduler,
+    and update_weights writes a new kernel and bias in place through the same reordering."""
+    w, b = rand(6, 16, 3, 3), rand(6)
+    model = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+                       {"x": ((1, 16, 7, 5), F)}, {"y": (None, F)}, {"w": w, "b": b})
+    feeds = {"x": rand(1, 16, 7, 5)}
+    check(model, feeds, scheduler=True)
+    w2, b2 = rand(6, 16, 3, 3, seed=3), rand(6, seed=4)
+    model2 = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+                        {"x": ((1, 16, 7, 5), F)}, {"y": (None, F)}, {"w": w2, "b": b2})
+    be = _backend()
+    with be.compile(Graph(model), None, be.devices()[0]) as s:
+        assert s.impl_hits == {"conv window": 1}
+        s.update_weights(_Weights({"w": w2, "b": b2}))
+        np.testing.assert_allclose(s.run(feeds)["y"], run_ggml(model2, feeds)["y"], rtol=1e-5, atol=1e-5)
+    check(model2, feeds)
