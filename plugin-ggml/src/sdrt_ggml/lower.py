@@ -9,6 +9,8 @@ they went to so ``update_weights`` can rewrite them in place.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +33,16 @@ _INPUT_DTYPES = {"float32", "float16", "float64", "int64", "int32"} | CARRIED
 LAYOUT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile", "Concat", "Slice",
               "Split", "Identity", "Shape", "Size", "Cast", "Dropout", "Gather"}
 _NP_TO_GGML = {"float32": "GGML_TYPE_F32", "float16": "GGML_TYPE_F16", "int32": "GGML_TYPE_I32"}
+
+
+@functools.cache
+def _no_op() -> Any:
+    """A ggml custom-op callback that leaves its output as it is (kept alive for the process)."""
+
+    def fill_nothing(_dst: Any, _ith: int, _nth: int, _userdata: Any) -> None:
+        return None
+
+    return gg().ggml_custom_op_t(fill_nothing)
 
 
 @dataclass
@@ -168,12 +180,22 @@ class Lowering:
     def used(self, impl: str) -> None:
         self.impl_hits[impl] = self.impl_hits.get(impl, 0) + 1
 
-    def scratch(self, ne: list[int]) -> Any:
-        """An F32 tensor with no producing op, to be filled piecewise (ggml_set / ggml_cpy)."""
+    def scratch(self, ne: list[int], after: Any) -> Any:
+        """An F32 tensor to be filled piecewise (ggml_set / ggml_cpy), once ``after`` is computed.
+
+        A tensor with no producing op is a graph leaf, and ggml's graph allocator places
+        every leaf before the first node: all the conv scratches of a graph would be live
+        at once (a full-size SD VAE decoder peaked at 8.1 GiB that way). On the CPU the
+        scratch is instead the result of a no-op custom op that depends on ``after``, so
+        the allocator places it when the graph gets there and frees it after its last use.
+        """
         g = gg()
-        t = g.ggml_new_tensor_4d(self.ctx, g.GGML_TYPE_F32, *ne)
-        self.out.scratch.append(t)
-        return t
+        if not self.on_cpu:
+            t = g.ggml_new_tensor_4d(self.ctx, g.GGML_TYPE_F32, *ne)
+            self.out.scratch.append(t)  # the scheduler needs to be told where a leaf lives
+            return t
+        args = (ctypes.POINTER(g.ggml_tensor) * 1)(after)
+        return g.ggml_custom_4d(self.ctx, g.GGML_TYPE_F32, *ne, args, 1, _no_op(), 1, None)
 
     def producer(self, name: str) -> Any:
         """The node that produced ``name`` (None for inputs and initializers)."""

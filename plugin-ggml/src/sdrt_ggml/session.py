@@ -175,6 +175,15 @@ class GgmlSession(Session):
                             where=f"ggml device {self._device_name}",
                             fix="free memory, use smaller input shapes, or another device")
 
+    def compute_bytes(self) -> int:
+        """Bytes of the buffers ggml's allocator placed the graph's intermediate tensors in
+        (the run's working memory, on top of the weights)."""
+        g = gg()
+        if self._allocr:
+            return int(g.ggml_gallocr_get_buffer_size(self._allocr, 0))
+        backends = [self._backend, self._cpu, *self._accel]
+        return sum(int(g.ggml_backend_sched_get_buffer_size(self._sched, b)) for b in backends if b)
+
     # -- running -------------------------------------------------------------
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         g = gg()

@@ -244,3 +244,23 @@ def test_window_conv_through_the_scheduler_and_with_new_weights():
         s.update_weights(_Weights({"w": w2, "b": b2}))
         np.testing.assert_allclose(s.run(feeds)["y"], run_ggml(model2, feeds)["y"], rtol=1e-5, atol=1e-5)
     check(model2, feeds)
+
+
+@pytest.mark.parametrize("scheduler", [False, True])
+def test_conv_scratch_lives_only_while_its_conv_runs(scheduler):
+    """Each window conv's scratch (K*M floats) is allocated when the graph reaches that conv and
+    freed after it, so four chained convs need about one scratch of working memory, not four
+    (as graph leaves, all four were live from the first node on)."""
+    c, hw = 16, 32
+    nodes = [mk("Conv", [f"h{i}", f"w{i}"], [f"h{i + 1}"], pads=[1, 1, 1, 1]) for i in range(4)]
+    nodes[0].input[0] = "x"
+    nodes[-1].output[0] = "y"
+    model = make_model(nodes, {"x": ((1, c, hw, hw), F)}, {"y": (None, F)},
+                       {f"w{i}": rand(c, c, 3, 3, seed=i) / 12 for i in range(4)})  # 1/sqrt(fan-in): O(1) values
+    feeds = {"x": rand(1, c, hw, hw)}
+    check(model, feeds, scheduler=scheduler)
+    scratch = 9 * c * (hw * (hw + 2)) * 4  # K * M floats, M = rows of the padded-width output
+    be = _backend()
+    with be.compile(Graph(model), None, be.devices()[0], scheduler=scheduler) as s:
+        assert s.impl_hits == {"conv window": 4}
+        assert scratch < s.compute_bytes() < 2 * scratch

@@ -193,7 +193,7 @@ def channels_last(lw: Any, x: Any) -> Any:
     if lw.options.get("transpose", "cont") != "write":
         return g.ggml_cont(lw.ctx, g.ggml_permute(lw.ctx, x, 1, 2, 0, 3))
     ne = x.contents.ne
-    target = lw.scratch([ne[2], ne[0], ne[1], ne[3]])
+    target = lw.scratch([ne[2], ne[0], ne[1], ne[3]], after=x)
     done = g.ggml_cpy(lw.ctx, x, g.ggml_permute(lw.ctx, target, 2, 0, 1, 3))
     return g.ggml_permute(lw.ctx, done, 1, 2, 0, 3)  # back to ne (C, W, H, N), contiguous memory
 
@@ -233,7 +233,7 @@ def _conv_rowcopy(lw: Any, x: T, w: np.ndarray, strides: list[int], dil: list[in
     kh, kw = w.shape[2], w.shape[3]
     k, f = c * kh * kw, 4
     xt = x.cl if x.cl is not None else channels_last(lw, x.ptr)  # ne (C, W, H, 1)
-    col = lw.scratch([k, ow, oh, 1])
+    col = lw.scratch([k, ow, oh, 1], after=xt)
     nb1, nb2, nb3 = k * f, ow * k * f, oh * ow * k * f
     # per tap: the in-bounds block of outputs, and the strips around it that read padding
     plan = []
@@ -293,7 +293,7 @@ def _conv_window(lw: Any, x: T, w: np.ndarray, bias: Value | None, ph: int, pw: 
     k, f = kw * slot, 4
     m = -(-(oh * wp) // K_ALIGN) * K_ALIGN
     xt = x.cl if x.cl is not None else channels_last(lw, x.ptr)  # ne (C, W, H, 1)
-    buf = lw.scratch([k * m, 1, 1, 1])
+    buf = lw.scratch([k * m, 1, 1, 1], after=xt)
     nb1, nb2 = slot * f, wp * slot * f
     zeros = []  # (ne0, ne1, ne2, nb1, nb2, offset): blocks to clear each run
 
