@@ -152,6 +152,17 @@ def test_conv_window(kernel, pads, bias):
         np.testing.assert_allclose(got["y"], r.run(feeds)["y"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("hw,kernel,pads", [((1, 1), (3, 3), [1, 1, 1, 1]), ((7, 1), (3, 3), [1, 1, 1, 1]),
+                                             ((1, 7), (3, 3), [1, 1, 1, 1]), ((3, 3), (5, 5), [2, 2, 2, 2]),
+                                             ((4, 4), (3, 3), [3, 3, 3, 3]), ((6, 6), (2, 2), [0, 0, 0, 0])])
+def test_conv_window_edge_shapes(hw, kernel, pads):
+    """Maps of one pixel, one row or one column; pads as wide as the kernel or wider (whole
+    output rows read only padding); even kernels."""
+    m = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=pads)], {"x": ((1, 16, *hw), F)}, {"y": (None, F)},
+                   {"w": rand(5, 16, *kernel), "b": rand(5)})
+    check(m, {"x": rand(1, 16, *hw)})
+
+
 def test_conv_window_takes_a_channels_last_input_and_repeated_runs():
     """A 1x1 conv hands its channels-last result to the window conv; the padding zeros are
     rewritten each run, so a second run with other inputs is right too."""
