@@ -198,6 +198,20 @@ def channels_last(lw: Any, x: Any) -> Any:
     return g.ggml_permute(lw.ctx, done, 1, 2, 0, 3)  # back to ne (C, W, H, N), contiguous memory
 
 
+def _clear(lw: Any, buf: Any, blocks: list[tuple[int, ...]]) -> Any:
+    """Zero the strided blocks (ne0, ne1, ne2, nb1, nb2, nb3, byte offset) of a scratch tensor, each run,
+    from one constant of zeros; empty blocks are skipped. Returns the last in-place result."""
+    g = gg()
+    blocks = [b for b in blocks if b[0] * b[1] * b[2] > 0]
+    if not blocks:
+        return buf
+    zero = lw.const(np.zeros(max(b[0] * b[1] * b[2] for b in blocks), np.float32))
+    for ne0, ne1, ne2, nb1, nb2, nb3, offset in blocks:
+        src = g.ggml_view_3d(lw.ctx, zero.ptr, ne0, ne1, ne2, ne0 * 4, ne0 * ne1 * 4, 0)
+        buf = g.ggml_set_inplace(lw.ctx, buf, src, nb1, nb2, nb3, offset)
+    return buf
+
+
 def _rowcopy_wanted(lw: Any, taps: int) -> bool:
     """The default for kxk convs at batch 1 that the window conv does not take (strided, dilated,
     unaligned K, not on the CPU): 0.89-0.93x the time of ggml's im2col on the UNet and VAE
@@ -235,27 +249,20 @@ def _conv_rowcopy(lw: Any, x: T, w: np.ndarray, strides: list[int], dil: list[in
     xt = x.cl if x.cl is not None else channels_last(lw, x.ptr)  # ne (C, W, H, 1)
     col = lw.scratch([k, ow, oh, 1], after=xt)
     nb1, nb2, nb3 = k * f, ow * k * f, oh * ow * k * f
-    # per tap: the in-bounds block of outputs, and the strips around it that read padding
-    plan = []
+    zeros = []  # per tap: the strips of outputs around the in-bounds block, which read padding
     for i in range(kh):
         y0, y1 = _valid_range(oh, h, strides[0], i * dil[0] - ph)
         for j in range(kw):
             x0, x1 = _valid_range(ow, wd, strides[1], j * dil[1] - pw)
+            tap = i * kw + j
             strips = [(y0, ow, 0, 0), (oh - y1, ow, y1, 0), (y1 - y0, x0, y0, 0), (y1 - y0, ow - x1, y0, x1)]
-            plan.append((i, j, y0, y1, x0, x1, [st for st in strips if st[0] > 0 and st[1] > 0]))
-    biggest = max((ny * nx for *_, strips in plan for ny, nx, _, _ in strips), default=0)
-    zero = lw.const(np.zeros(c * biggest, np.float32)) if biggest else None
-    for i, j, y0, y1, x0, x1, strips in plan:
-        tap = i * kw + j
-        for ny, nx, oy, ox in strips:
-            assert zero is not None
-            src = g.ggml_view_3d(lw.ctx, zero.ptr, c, nx, ny, c * f, nx * c * f, 0)
-            col = g.ggml_set_inplace(lw.ctx, col, src, nb1, nb2, nb3, ((oy * ow + ox) * k + tap * c) * f)
-        if y1 > y0 and x1 > x0:
-            iy, ix = y0 * strides[0] + i * dil[0] - ph, x0 * strides[1] + j * dil[1] - pw
-            src = g.ggml_view_3d(lw.ctx, xt, c, x1 - x0, y1 - y0, strides[1] * c * f, strides[0] * wd * c * f,
-                                 (iy * wd + ix) * c * f)
-            col = g.ggml_set_inplace(lw.ctx, col, src, nb1, nb2, nb3, ((y0 * ow + x0) * k + tap * c) * f)
+            zeros += [(c, nx, ny, nb1, nb2, nb3, ((oy * ow + ox) * k + tap * c) * f) for ny, nx, oy, ox in strips]
+            if y1 > y0 and x1 > x0:
+                iy, ix = y0 * strides[0] + i * dil[0] - ph, x0 * strides[1] + j * dil[1] - pw
+                src = g.ggml_view_3d(lw.ctx, xt, c, x1 - x0, y1 - y0, strides[1] * c * f, strides[0] * wd * c * f,
+                                     (iy * wd + ix) * c * f)
+                col = g.ggml_set_inplace(lw.ctx, col, src, nb1, nb2, nb3, ((y0 * ow + x0) * k + tap * c) * f)
+    col = _clear(lw, col, zeros)
     wt = lw.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1)), tag="ohwi")
     w2 = g.ggml_reshape_2d(lw.ctx, wt.ptr, k, oc)
     y = g.ggml_mul_mat(lw.ctx, g.ggml_reshape_2d(lw.ctx, col, k, ow * oh), w2)  # ne (OW*OH, OC)
@@ -295,27 +302,21 @@ def _conv_window(lw: Any, x: T, w: np.ndarray, bias: Value | None, ph: int, pw: 
     xt = x.cl if x.cl is not None else channels_last(lw, x.ptr)  # ne (C, W, H, 1)
     buf = lw.scratch([k * m, 1, 1, 1], after=xt)
     nb1, nb2 = slot * f, wp * slot * f
-    zeros = []  # (ne0, ne1, ne2, nb1, nb2, offset): blocks to clear each run
+    zeros = []  # blocks that read padding, cleared each run
 
     for i in range(kh):
         lo, hi = _valid_range(oh, h, 1, i - ph)
         for y0, y1 in ((0, lo), (hi, oh)):
-            if y1 > y0:
-                zeros.append((c, wd, y1 - y0, nb1, nb2, ((y0 * wp + pw) * slot + i * c) * f))
+            zeros.append((c, wd, y1 - y0, nb1, nb2, 0, ((y0 * wp + pw) * slot + i * c) * f))
         if hi > lo:
             src = g.ggml_view_3d(lw.ctx, xt, c, wd, hi - lo, c * f, wd * c * f, (lo + i - ph) * wd * c * f)
             buf = g.ggml_set_inplace(lw.ctx, buf, src, nb1, nb2, 0, ((lo * wp + pw) * slot + i * c) * f)
     if pw:
         # the right pad of row y and the left pad of row y + 1 are adjacent: 2*pw pixels
-        zeros.append((pw * slot, 1, 1, nb1, nb2, 0))
-        zeros.append((2 * pw * slot, oh - 1, 1, nb2, nb2, (pw + wd) * slot * f))
-        zeros.append((pw * slot, 1, 1, nb1, nb2, ((oh - 1) * wp + pw + wd) * slot * f))
-    zeros = [z for z in zeros if z[1] > 0]
-    if zeros:
-        zero = lw.const(np.zeros(max(z[0] * z[1] * z[2] for z in zeros), np.float32))
-        for ne0, ne1, ne2, znb1, znb2, off in zeros:
-            src = g.ggml_view_3d(lw.ctx, zero.ptr, ne0, ne1, ne2, ne0 * f, ne0 * ne1 * f, 0)
-            buf = g.ggml_set_inplace(lw.ctx, buf, src, znb1, znb2, 0, off)
+        zeros.append((pw * slot, 1, 1, nb1, nb2, 0, 0))
+        zeros.append((2 * pw * slot, oh - 1, 1, nb2, nb2, 0, (pw + wd) * slot * f))
+        zeros.append((pw * slot, 1, 1, nb1, nb2, 0, ((oh - 1) * wp + pw + wd) * slot * f))
+    buf = _clear(lw, buf, zeros)
     windows = g.ggml_view_2d(lw.ctx, buf, k, m, nb1, 0)  # overlapping rows: the KH x KW windows
     wt = lw.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(0, 3, 2, 1)), tag="owhi")
     y = g.ggml_mul_mat(lw.ctx, windows, g.ggml_reshape_2d(lw.ctx, wt.ptr, k, oc))  # ne (M, OC)
