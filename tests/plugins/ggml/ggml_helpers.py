@@ -31,13 +31,17 @@ def make_model(nodes: Sequence[Any], inputs: dict[str, tuple[tuple[int, ...], in
     return model
 
 
-def run_ggml(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **options: Any) -> dict[str, np.ndarray]:
+def compile_ggml(model: onnx.ModelProto, weights: Any = None, **options: Any) -> Any:
+    """A ggml session for ``model`` on the first device (the CPU)."""
     from sdrt.graph import Graph
     from sdrt_ggml import GgmlBackend
 
     be = GgmlBackend()
-    dev = be.devices()[0]
-    with be.compile(Graph(model), None, dev, **options) as s:
+    return be.compile(Graph(model), weights, be.devices()[0], **options)
+
+
+def run_ggml(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **options: Any) -> dict[str, np.ndarray]:
+    with compile_ggml(model, **options) as s:
         return s.run(feeds)
 
 

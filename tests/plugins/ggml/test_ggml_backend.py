@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ggml_helpers import F, check, make_model, rand, run_ggml
+from ggml_helpers import F, check, compile_ggml, make_model, rand, run_ggml
 from onnx import helper
 
 from sdrt.errors import InputError, ModelError, SdrtError, UnsupportedGraph
-from sdrt.graph import Graph
 
 mk = helper.make_node
 
@@ -52,7 +51,7 @@ def test_unsupported_graph_lists_every_op_and_node_before_lowering():
              mk("Resize", ["d", "", "s"], ["y"], name="cubic", mode="cubic")]
     model = make_model(nodes, {"x": ((2, 2), F)}, {"y": (None, F)}, {"s": np.ones(2, np.float32)})
     with pytest.raises(UnsupportedGraph) as err:
-        _backend().compile(Graph(model), None, _backend().devices()[0])
+        compile_ggml(model)
     un = err.value.unsupported
     assert un["Einsum"] == ["ein1", "ein2"]
     assert un["NonMaxSuppression"] == ["nms1"]
@@ -86,8 +85,7 @@ def test_unknown_option_is_an_error():
 
 def test_wrong_feed_is_an_input_error():
     model = make_model([mk("Relu", ["x"], ["y"])], {"x": ((3,), F)}, {"y": (None, F)})
-    be = _backend()
-    with be.compile(Graph(model), None, be.devices()[0]) as s:
+    with compile_ggml(model) as s:
         with pytest.raises(InputError):
             s.run({"x": rand(4)})
 
@@ -95,8 +93,7 @@ def test_wrong_feed_is_an_input_error():
 def test_session_reruns_and_closes():
     w = rand(6, 4)
     model = make_model([mk("MatMul", ["x", "w"], ["y"])], {"x": ((2, 6), F)}, {"y": (None, F)}, {"w": w})
-    be = _backend()
-    s = be.compile(Graph(model), None, be.devices()[0])
+    s = compile_ggml(model)
     for seed in range(3):
         x = rand(2, 6, seed=seed)
         np.testing.assert_allclose(s.run({"x": x})["y"], x @ w, rtol=1e-5, atol=1e-6)
@@ -121,9 +118,8 @@ def test_update_weights_in_place_and_with_rebuild():
     nodes = [mk("MatMul", ["x", "w"], ["m"]), mk("Add", ["m", "b"], ["y"]),
              mk("Mul", ["b", "b"], ["bb"]), mk("Add", ["y", "bb"], ["z"])]
     model = make_model(nodes, {"x": ((2, 6), F)}, {"z": (None, F)}, {"w": w, "b": b})
-    be = _backend()
     x = rand(2, 6, seed=7)
-    with be.compile(Graph(model), None, be.devices()[0]) as s:
+    with compile_ggml(model) as s:
         w2 = rand(6, 4, seed=9)
         s.update_weights(_Weights({"w": w2}))  # bound directly: written in place
         np.testing.assert_allclose(s.run({"x": x})["z"], x @ w2 + b + b * b, rtol=1e-5, atol=1e-5)
@@ -135,9 +131,8 @@ def test_update_weights_in_place_and_with_rebuild():
 def test_weights_given_at_compile_replace_initializers():
     w = rand(6, 4)
     model = make_model([mk("MatMul", ["x", "w"], ["y"])], {"x": ((2, 6), F)}, {"y": (None, F)}, {"w": w})
-    be = _backend()
     w2 = rand(6, 4, seed=5)
-    with be.compile(Graph(model), _Weights({"w": w2}), be.devices()[0]) as s:
+    with compile_ggml(model, _Weights({"w": w2})) as s:
         x = rand(2, 6)
         np.testing.assert_allclose(s.run({"x": x})["y"], x @ w2, rtol=1e-5, atol=1e-6)
 
@@ -150,8 +145,7 @@ def test_scheduler_path_matches_and_profiles():
                        {"x": ((1, 4, 6, 6), F)}, {"y": (None, F)}, {"w": w})
     feeds = {"x": rand(1, 4, 6, 6)}
     check(model, feeds, scheduler=True)
-    be = _backend()
-    with be.compile(Graph(model), None, be.devices()[0], scheduler=True) as s:
+    with compile_ggml(model, scheduler=True) as s:
         prof = profile(s, feeds)
     assert "MUL_MAT" in prof and all(ms >= 0 and n >= 1 for ms, n in prof.values())
 
@@ -186,9 +180,8 @@ def test_real_safetensors_weights_at_compile_and_update(tmp_path):
     w1, b1, w2 = rand(6, 4, seed=21), rand(4, seed=22), rand(6, 4, seed=23)
     safetensors_numpy.save_file({"w": w1, "b": b1}, str(tmp_path / "one.safetensors"))
     safetensors_numpy.save_file({"w": w2, "b": b1}, str(tmp_path / "two.safetensors"))
-    be = _backend()
     x = rand(2, 6, seed=3)
-    with be.compile(Graph(model), Weights.open(tmp_path / "one.safetensors"), be.devices()[0]) as s:
+    with compile_ggml(model, Weights.open(tmp_path / "one.safetensors")) as s:
         np.testing.assert_allclose(s.run({"x": x})["y"], x @ w1 + b1, rtol=1e-5, atol=1e-5)
         s.update_weights(Weights.open(tmp_path / "two.safetensors"))
         np.testing.assert_allclose(s.run({"x": x})["y"], x @ w2 + b1, rtol=1e-5, atol=1e-5)
@@ -238,8 +231,7 @@ def test_window_conv_through_the_scheduler_and_with_new_weights():
     w2, b2 = rand(6, 16, 3, 3, seed=3), rand(6, seed=4)
     model2 = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
                         {"x": ((1, 16, 7, 5), F)}, {"y": (None, F)}, {"w": w2, "b": b2})
-    be = _backend()
-    with be.compile(Graph(model), None, be.devices()[0]) as s:
+    with compile_ggml(model) as s:
         assert s.impl_hits == {"conv window": 1}
         s.update_weights(_Weights({"w": w2, "b": b2}))
         np.testing.assert_allclose(s.run(feeds)["y"], run_ggml(model2, feeds)["y"], rtol=1e-5, atol=1e-5)
@@ -260,7 +252,6 @@ def test_conv_scratch_lives_only_while_its_conv_runs(scheduler):
     feeds = {"x": rand(1, c, hw, hw)}
     check(model, feeds, scheduler=scheduler)
     scratch = 9 * c * (hw * (hw + 2)) * 4  # K * M floats, M = rows of the padded-width output
-    be = _backend()
-    with be.compile(Graph(model), None, be.devices()[0], scheduler=scheduler) as s:
+    with compile_ggml(model, scheduler=scheduler) as s:
         assert s.impl_hits == {"conv window": 4}
         assert scratch < s.compute_bytes() < 2 * scratch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ggml_helpers import I64, F, check, make_model, rand, run_ort
+from ggml_helpers import I64, F, check, compile_ggml, make_model, rand, run_ort
 from onnx import helper
 
 mk = helper.make_node
@@ -135,9 +135,6 @@ def test_conv_window(kernel, pads, bias):
     """The overlapping-window conv (the CPU default for stride-1 kxk convs with aligned K):
     every kernel shape, symmetric and asymmetric pads, with and without bias, against
     onnxruntime and against the row-copy conv; and it is the one that ran."""
-    from sdrt.graph import Graph
-    from sdrt_ggml import GgmlBackend
-
     kh, kw = kernel
     c = 16
     inits = {"w": rand(6, c, kh, kw, seed=kh + kw)} | ({"b": rand(6, seed=3)} if bias else {})
@@ -145,9 +142,7 @@ def test_conv_window(kernel, pads, bias):
                    {"x": ((1, c, 7, 9), F)}, {"y": (None, F)}, inits)
     feeds = {"x": rand(1, c, 7, 9)}
     got = check(m, feeds)
-    be = GgmlBackend()
-    with be.compile(Graph(m), None, be.devices()[0]) as s, \
-            be.compile(Graph(m), None, be.devices()[0], conv_impl="rowcopy") as r:
+    with compile_ggml(m) as s, compile_ggml(m, conv_impl="rowcopy") as r:
         assert s.impl_hits == {"conv window": 1} and r.impl_hits == {"conv rowcopy": 1}
         np.testing.assert_allclose(got["y"], r.run(feeds)["y"], rtol=1e-5, atol=1e-5)
 
@@ -170,11 +165,7 @@ def test_conv_window_takes_a_channels_last_input_and_repeated_runs():
                     mk("Conv", ["r", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])],
                    {"x": ((1, 8, 6, 6), F)}, {"y": (None, F)},
                    {"w1": rand(16, 8, 1, 1), "w2": rand(4, 16, 3, 3), "b2": rand(4)})
-    from sdrt.graph import Graph
-    from sdrt_ggml import GgmlBackend
-
-    be = GgmlBackend()
-    with be.compile(Graph(m), None, be.devices()[0]) as s:
+    with compile_ggml(m) as s:
         assert s.impl_hits.get("conv window") == 1
         for seed in (1, 2):
             feeds = {"x": rand(1, 8, 6, 6, seed=seed)}
@@ -183,15 +174,11 @@ def test_conv_window_takes_a_channels_last_input_and_repeated_runs():
 
 def test_conv_window_not_used_where_it_does_not_fit():
     """Strided convs and unaligned K (5 channels x 9 taps) go to the row-copy conv."""
-    from sdrt.graph import Graph
-    from sdrt_ggml import GgmlBackend
-
     m = make_model([mk("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
                     mk("Conv", ["h", "w2"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])],
                    {"x": ((1, 5, 8, 8), F)}, {"y": (None, F)}, {"w": rand(16, 5, 3, 3), "w2": rand(4, 16, 3, 3)})
     check(m, {"x": rand(1, 5, 8, 8)})
-    be = GgmlBackend()
-    with be.compile(Graph(m), None, be.devices()[0], pad_k=False) as s:
+    with compile_ggml(m, pad_k=False) as s:
         assert s.impl_hits == {"conv rowcopy": 2}
 
 

@@ -5,24 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ggml_helpers import F, check, make_model, rand
+from ggml_helpers import F, check, compile_ggml, make_model, rand
 from onnx import helper
-
-from sdrt.graph import Graph
 
 mk = helper.make_node
 
 
-def _compile(model, **options):
-    from sdrt_ggml import GgmlBackend
-
-    be = GgmlBackend()
-    return be.compile(Graph(model), None, be.devices()[0], **options)
-
-
 def _both(model, feeds):
     """Outputs with every rewrite and with none (gelu stays: ggml has no erf kernel); rewrite hit counts."""
-    with _compile(model) as on, _compile(model, rewrites=()) as off:
+    with compile_ggml(model) as on, compile_ggml(model, rewrites=()) as off:
         return on.run(feeds), off.run(feeds), on.rewrite_hits, off.rewrite_hits
 
 
@@ -79,7 +70,7 @@ def test_attention_with_non_f16_mask_is_left_alone():
             from onnx import numpy_helper
 
             init.CopyFrom(numpy_helper.from_array(rand(10, 7) * 1e-3, "mask"))
-    with _compile(model) as s:
+    with compile_ggml(model) as s:
         assert "attention" not in s.rewrite_hits
     check(model, feeds)
 
@@ -117,7 +108,7 @@ def gelu_model(variant: int):
 @pytest.mark.parametrize("variant", [0, 1])
 def test_gelu_erf_pattern(variant):
     model, feeds = gelu_model(variant)
-    with _compile(model) as s:
+    with compile_ggml(model) as s:
         assert s.rewrite_hits.get("gelu") == 1
     check(model, feeds)
 
