@@ -7,6 +7,8 @@ import json
 import shutil
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sdrt.errors import ModelError, SdrtError
 from sdrt.text import CLIPTokenizer, TokenizerError
@@ -159,3 +161,20 @@ def test_broken_gzip(clip_dir, tmp_path):
 def test_unusable_max_length_falls_back_to_77(clip_dir, tmp_path):
     folder = _folder(clip_dir, tmp_path, tokenizer_config_json='{"model_max_length": 1000000000000000019884624838656}')
     assert CLIPTokenizer.from_folder(folder).max_length == 77
+
+
+# -- robustness ---------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_any_text_encodes(sd1_tok, text):
+    ids = sd1_tok.encode(text)
+    assert all(0 <= i < sd1_tok.vocab_size for i in ids)
+    assert len(sd1_tok(text)) == 77
+
+
+def test_lone_surrogates_and_non_text(sd1_tok):
+    assert sd1_tok.encode("a\ud800b") == sd1_tok.encode("ab")
+    with pytest.raises(TokenizerError, match="not text"):
+        sd1_tok.encode(None)

@@ -242,7 +242,8 @@ class CLIPTokenizer:
     def encode(self, text: str) -> list[int]:
         """BPE ids of ``text`` with no start, end or padding tokens (transformers' ``add_special_tokens=False``)."""
         if not isinstance(text, str):
-            raise TypeError(f"encode() takes text, not {type(text).__name__}")
+            raise TokenizerError(f"the prompt is a {type(text).__name__}, not text", where="CLIPTokenizer.encode",
+                                 fix="pass the prompt as a str")
         splitter = self._splitter or self._build_splitter()
         self._splitter = splitter
         ids: list[int] = []
