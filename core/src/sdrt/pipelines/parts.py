@@ -97,7 +97,7 @@ class Part:
             if info is None:
                 raise ModelError(f"the {self.name} graph has no input {name!r}", where=str(self.path),
                                  fix=f"export it with the diffusers/Optimum names (it has: {', '.join(inputs)})")
-            cast[name] = np.ascontiguousarray(value, dtype=np.dtype(info.dtype))
+            cast[name] = np.asarray(value, dtype=np.dtype(info.dtype), order="C")  # keeps 0-d arrays 0-d
         return self.session({k: v.shape for k, v in cast.items()}).run(cast)
 
     def update_weights(self, weights: Weights) -> None:
