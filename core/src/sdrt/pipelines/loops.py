@@ -23,7 +23,7 @@ import numpy as np
 from .scheduling import FolderSchedule, Plan
 
 Model = Callable[[np.ndarray, float], np.ndarray]
-StepHook = Callable[[int, np.ndarray], np.ndarray]  # (index of the next step, latent) -> latent
+StepHook = Callable[[int, np.ndarray], np.ndarray]  # (index of the next step, latent) -> latent; after every step
 F32 = np.float32
 
 
@@ -61,7 +61,7 @@ class EulerLoop:
             else:
                 x = x + d * (nxt - sigma)
             x = x.astype(np.float32, copy=False)
-            if after_step is not None and i < p.steps - 1:
+            if after_step is not None:
                 x = after_step(i + 1, x)
             if callback is not None:
                 callback(i, x)
@@ -122,7 +122,7 @@ class DPMSolverLoop:
                          - F32(0.5) * (alpha_t * (np.exp(-h) - F32(1))) * d1)
             lower_nums = min(lower_nums + 1, 2)
             x = x.astype(np.float32, copy=False)
-            if after_step is not None and j < p.steps - 1:
+            if after_step is not None:
                 x = after_step(j + 1, x)
             if callback is not None:
                 callback(j, x)
@@ -159,7 +159,7 @@ class DDIMLoop:
                 eps = out
             x = a_prev ** F32(0.5) * x0 + (F32(1) - a_prev) ** F32(0.5) * eps
             x = x.astype(np.float32, copy=False)
-            if after_step is not None and i < p.steps - 1:
+            if after_step is not None:
                 x = after_step(i + 1, x)
             if callback is not None:
                 callback(i, x)

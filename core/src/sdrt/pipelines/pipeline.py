@@ -399,7 +399,8 @@ class Pipeline:
             assert image_latents is not None
             if hasattr(loop, "plan"):
                 def blend(index: int, latents: np.ndarray) -> np.ndarray:
-                    proper = loop.add_noise(image_latents, noise, index)
+                    # diffusers' inpaint pipeline: the known part re-noised to the next step, clean after the last
+                    proper = loop.add_noise(image_latents, noise, index) if index < total else image_latents
                     return (1 - mask_lat) * proper + mask_lat * latents
 
                 x = loop.run(model, x, after_step=blend, callback=on_step)
