@@ -103,9 +103,10 @@ class TextEncoder:
         name, norm = self._output_for(clip_skip)
         ids_dtype = np.dtype(self.part.input("input_ids").dtype)
         pieces, pooled = [], None
+        wanted = (name, self.pooled_output) if self.pooled_output else (name,)
         for k, chunk in enumerate(chunks):
             ids = np.asarray([chunk.ids], dtype=ids_dtype)
-            out = self.part.run({"input_ids": ids})
+            out = self.part.run({"input_ids": ids}, wanted)
             z = np.asarray(out[name], dtype=np.float32)
             if norm:
                 weight, bias = self._final_norm()
