@@ -295,7 +295,7 @@ class Pipeline:
         elif s.strength is not None and s.mode == "img2img":
             start = 0
         if kind in ("euler", "euler-karras", "euler_a", "euler_a-karras"):
-            plan = ms.euler_plan(s.steps, karras=kind.endswith("karras")).tail(start)
+            plan = ms.euler_plan(s.steps, karras=kind.endswith("karras"), ancestral=kind.startswith("euler_a")).tail(start)
             return EulerLoop(ms, plan, ancestral=kind.startswith("euler_a"), generator=generator), start
         if kind in ("dpm", "dpm-karras"):
             return DPMSolverLoop(ms, ms.dpm_plan(s.steps, karras=kind == "dpm-karras").tail(start), offset=start), start
