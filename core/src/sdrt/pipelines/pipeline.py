@@ -245,6 +245,13 @@ class Pipeline:
         hidden = np.concatenate([np.repeat(c.hidden, batch, axis=0) for c in conds], axis=0)  # type: ignore[union-attr]
         feeds: dict[str, np.ndarray] = {"encoder_hidden_states": hidden}
         n = hidden.shape[0]
+        declared = unet.input("encoder_hidden_states").shape
+        if len(declared) == 3 and isinstance(declared[1], int) and declared[1] != hidden.shape[1]:
+            raise ModelError(
+                f"the prompt makes {hidden.shape[1]} tokens ({hidden.shape[1] // 77} chunks of 77) and the UNet's "
+                f"encoder_hidden_states takes exactly {declared[1]}", where=str(unet.path),
+                fix="shorten the prompt to 75 tokens, or export the UNet with a dynamic sequence axis",
+            )
         if self.folder.is_xl:
             for name in ("text_embeds", "time_ids"):
                 unet.input(name)
