@@ -27,8 +27,8 @@ import argparse
 import gzip
 import json
 import shutil
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 # The torch venv's torchvision does not load against its torch ("operator torchvision::nms does not

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from pipeline_helpers import DATA, refs, register
+
 from sdrt.cli import main
 from sdrt.pipelines import DEMO_MODEL, load
 

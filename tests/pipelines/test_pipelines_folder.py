@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from pipeline_helpers import DATA
+
 from sdrt.errors import ModelError, ModelNotFoundError
 from sdrt.pipelines import DEMO_MODEL, ModelFolder
 

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
-
 from pipeline_helpers import DATA, refs, register
+
 from sdrt import pipelines
 from sdrt.errors import InputError, ModelError, SamplerError
 from sdrt.pipelines.images import to_mask, to_rgb
