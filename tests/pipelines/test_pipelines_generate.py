@@ -232,3 +232,20 @@ def test_progress_bar_draws_on_a_tty_only() -> None:
         bar.close()
     assert "3/3" in tty.getvalue() and tty.getvalue().endswith("\n")
     assert pipe.getvalue() == ""
+
+
+def test_a_tokenizer_that_does_not_fit_the_text_encoder(tmp_path) -> None:
+    import shutil
+
+    register("reference")
+    folder = tmp_path / "mixed"
+    shutil.copytree(DATA / "tiny-sd15", folder)
+    shutil.rmtree(folder / "tokenizer")
+    clip = DATA.parent / "clip-tokenizer"
+    (folder / "tokenizer").mkdir()
+    for f in clip.iterdir():
+        if f.is_file():
+            shutil.copy(f, folder / "tokenizer" / f.name)
+    pipe = pipelines.load(folder, backend="reference")
+    with pytest.raises(ModelError, match="token embedding has 1514 rows"):
+        pipe("a photograph of a cathedral", steps=1)
