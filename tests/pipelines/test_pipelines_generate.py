@@ -126,6 +126,13 @@ def test_every_sampler_family_runs(sd15, sampler: str) -> None:
     assert np.array_equal(a, sd15(PROMPT, steps=3, seed=5, sampler=sampler)[0])
 
 
+def test_comfyui_sampler_and_scheduler_names(sd15) -> None:
+    a = sd15(PROMPT, steps=3, seed=5, sampler="dpmpp_2m", schedule="karras")[0]
+    assert np.array_equal(a, sd15(PROMPT, steps=3, seed=5, sampler="DPM++ 2M Karras")[0])
+    with pytest.raises(SamplerError, match="unknown schedule"):
+        pipelines.validate(PROMPT, sampler="euler", schedule="wobbly")
+
+
 def test_inpainting_with_a_k_diffusion_sampler_keeps_the_unmasked_part(sd15, init) -> None:
     mask = refs("tiny-sd15")["mask"]
     out = sd15(PROMPT, steps=3, seed=5, sampler="Heun", init_image=init, mask=mask)[0].astype(int)
