@@ -468,5 +468,6 @@ def load(folder: str | os.PathLike[str], backend: str = "auto", device: Any = No
     """Open a diffusers/Optimum ONNX model folder; the parts compile on first use, per shape."""
     from ..runtime import select
 
-    select(backend, device)  # a wrong backend or device name fails now, before any file is read
-    return Pipeline(ModelFolder.open(folder), backend=backend, device=device, **options)
+    # resolved once (a wrong name fails now, before any file is read); every part compiles on this device
+    be, dev = select(backend, device)
+    return Pipeline(ModelFolder.open(folder), backend=be.name, device=dev, **options)
