@@ -285,3 +285,28 @@ def test_update_weights_on_a_text_encoder_cut_to_one_output() -> None:
     after = pipe.prompts.encode("a cat").hidden
     assert after.mean() == pytest.approx(3.0, abs=0.5)  # the final norm now adds 3 to every feature
     assert not np.allclose(after, before)
+
+
+def _fast_backend() -> str:
+    """OpenVINO when installed (the matrix below is many short runs), else the reference backend."""
+    try:
+        register("openvino")
+        return "openvino"
+    except pytest.skip.Exception:
+        register("reference")
+        return "reference"
+
+
+def test_every_sampler_and_schedule_by_its_comfyui_name() -> None:
+    from sdrt.samplers import available_samplers, available_schedules
+
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+    try:
+        for sampler in available_samplers():
+            img = pipe(PROMPT, steps=3, cfg=1.0, seed=1, sampler=sampler)[0]
+            assert img.shape == (64, 64, 3), sampler
+        for schedule in available_schedules():
+            img = pipe(PROMPT, steps=3, cfg=1.0, seed=1, sampler="euler", schedule=schedule)[0]
+            assert img.shape == (64, 64, 3), schedule
+    finally:
+        pipe.close()
