@@ -17,10 +17,20 @@ from sdrt.pipelines.progress import ProgressBar
 PROMPT = "a photo of a red cat"
 
 
+def _fast_backend() -> str:
+    """OpenVINO when installed (these tests are many short runs; the numerics are test_pipelines_diffusers'),
+    else the reference backend."""
+    try:
+        register("openvino")
+        return "openvino"
+    except pytest.skip.Exception:
+        register("reference")
+        return "reference"
+
+
 @pytest.fixture(scope="module")
 def sd15():
-    register("reference")
-    pipe = pipelines.load(DATA / "tiny-sd15", backend="reference")
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
     yield pipe
     pipe.close()
 
@@ -285,16 +295,6 @@ def test_update_weights_on_a_text_encoder_cut_to_one_output() -> None:
     after = pipe.prompts.encode("a cat").hidden
     assert after.mean() == pytest.approx(3.0, abs=0.5)  # the final norm now adds 3 to every feature
     assert not np.allclose(after, before)
-
-
-def _fast_backend() -> str:
-    """OpenVINO when installed (the matrix below is many short runs), else the reference backend."""
-    try:
-        register("openvino")
-        return "openvino"
-    except pytest.skip.Exception:
-        register("reference")
-        return "reference"
 
 
 def test_every_sampler_and_schedule_by_its_comfyui_name() -> None:
