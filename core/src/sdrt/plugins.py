@@ -101,6 +101,15 @@ class Registry:
             self._undo_trace = None
 
     # -- loading -------------------------------------------------------
+    def load_builtins(self) -> None:
+        """Register the core's own plugins (``BUILTIN_PLUGINS``); they use the hooks a plugin uses."""
+        import importlib
+
+        from . import __version__
+
+        for name, module in BUILTIN_PLUGINS.items():
+            self.register_plugin(importlib.import_module(module), name, distribution="sdrt", version=__version__)
+
     def load_entry_points(self) -> None:
         allow, block = _split_env("SDRT_PLUGINS"), _split_env("SDRT_DISABLE_PLUGINS")
         for ep in sorted(md.entry_points(group=GROUP), key=lambda e: e.name):
@@ -251,12 +260,18 @@ _registry: Registry | None = None
 _lock = threading.Lock()
 
 
+#: plugins that ship with the core, registered before any entry point through the same hooks
+#: (as llm's default plugins are): {plugin name: module}
+BUILTIN_PLUGINS = {"samplers": "sdrt.samplers.builtin"}
+
+
 def get_registry() -> Registry:
-    """The process-wide registry, loading entry points on first use."""
+    """The process-wide registry: the built-in plugins, then the entry points, on first use."""
     global _registry
     with _lock:
         if _registry is None:
             reg = Registry()
+            reg.load_builtins()
             if os.environ.get("SDRT_LOAD_ENTRY_POINTS", "1") != "0":
                 reg.load_entry_points()
             _registry = reg
