@@ -4,7 +4,7 @@
 - ``protos``: ModelProto helpers (copy without weights, the inference skeleton, inference);
 - ``fold`` and ``shapes``: constant folding, shape pinning and inference;
 - ``strip``: weight-stripped graphs (``sdrt strip``) and saving;
-- ``model``: ``Graph``, which ties them together.
+- ``graph``: ``Graph``, which ties them together.
 
 Imports point down this list; nothing here imports ``sdrt.weights`` except
 ``strip``, which writes the safetensors file through ``sdrt.weights.stfile``.
@@ -12,7 +12,7 @@ Imports point down this list; nothing here imports ``sdrt.weights`` except
 
 from __future__ import annotations
 
-from .model import MAX_INLINE_BYTES, Graph
+from .graph import MAX_INLINE_BYTES, Graph
 from .strip import STRIPPED_KEY, StripResult
 
 __all__ = ["MAX_INLINE_BYTES", "STRIPPED_KEY", "Graph", "StripResult"]

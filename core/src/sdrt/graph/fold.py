@@ -29,7 +29,7 @@ from .protos import SMALL_BYTES, apply_inferred, copy_model, infer
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-    from .model import Graph
+    from .graph import Graph
 
 log = logging.getLogger("sdrt.graph.fold")
 

@@ -12,7 +12,7 @@ from .protos import apply_inferred, copy_model, infer
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
-    from .model import Graph
+    from .graph import Graph
 
 def _as_shape(name: str, value: Any) -> tuple[int, ...]:
     try:

@@ -24,7 +24,7 @@ from . import onnxfile
 from .protos import copy_model
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .model import Graph
+    from .graph import Graph
 
 log = logging.getLogger("sdrt.graph.strip")
 
