@@ -109,7 +109,10 @@ def test_ctrl_c_prints_one_line_not_a_traceback(tmp_path):
     env = {**os.environ, "SDRT_LOAD_ENTRY_POINTS": "1", "SDRT_PLUGINS": "reference"}
     proc = subprocess.Popen([sys.executable, "-m", "sdrt", "-v", "run", str(model), "-i", f"x={tmp_path / 'x.npy'}",
                              "-o", str(tmp_path / "y.npz"), "--backend", "reference"],
-                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                            # as from a terminal: a test run started in the background (`pytest &`) ignores
+                            # SIGINT, and an ignored signal stays ignored in its children
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:  # wait until the model runs: then Ctrl-C
