@@ -28,7 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from . import hardware
 from .errors import InstallError
+from .hardware.recommend import strength
+from .plugins import compatible_requirement, reset_registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from .hardware import Hardware, Recommendation
@@ -80,9 +83,6 @@ class InstallResult:
 def plan(plugin: str | None = None, *, build: str | None = None, use_uv: bool = False,
          python: str | None = None, extra_args: Sequence[str] = (), hw: Hardware | None = None) -> InstallPlan:
     """Decide what to install and the exact command, without running anything."""
-    from . import hardware
-    from .plugins import compatible_requirement
-
     if plugin is not None and plugin not in PLUGINS:
         raise InstallError(f"unknown plugin {plugin!r}", where="sdrt install --plugin",
                            fix=f"pick one of: {', '.join(PLUGINS)}")
@@ -151,8 +151,6 @@ def source_folder(plugin: str) -> Path | None:
 
 def ggml_build_for(hw: Hardware) -> str:
     """The ggml build for the strongest GPU here, when ggml is asked for by name."""
-    from .hardware.recommend import strength
-
     if hw.os == "Darwin":
         return "metal"
     gpus = sorted((g for g in hw.gpus if g.vendor in ("nvidia", "amd", "intel")), key=strength, reverse=True)
@@ -196,8 +194,6 @@ def install(plugin: str | None = None, *, dry_run: bool = False, use_uv: bool = 
         )
     result.added = {k: v for k, v in after.items() if k not in before}
     result.changed = {k: (before[k], v) for k, v in after.items() if k in before and before[k] != v}
-    from .plugins import reset_registry
-
     reset_registry()
     return result
 

@@ -15,6 +15,7 @@ Environment:
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as md
 import logging
 import os
@@ -25,7 +26,7 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import __version__, hookspecs
 from .backend import API_VERSION, Backend, check_api_version
 from .errors import PluginError, PluginVersionError
 
@@ -63,8 +64,6 @@ def compatible_requirement(distribution: str) -> str:
     Plugins are released in step with the core: plugin ``X.Y.*`` is built for
     core ``X.Y``.
     """
-    from . import __version__
-
     major_minor = ".".join(__version__.split(".")[:2])
     return f"{distribution}=={major_minor}.*"
 
@@ -103,10 +102,6 @@ class Registry:
     # -- loading -------------------------------------------------------
     def load_builtins(self) -> None:
         """Register the core's own plugins (``BUILTIN_PLUGINS``); they use the hooks a plugin uses."""
-        import importlib
-
-        from . import __version__
-
         for name, module in BUILTIN_PLUGINS.items():
             self.register_plugin(importlib.import_module(module), name, distribution="sdrt", version=__version__)
 
@@ -212,8 +207,6 @@ class Registry:
 
     @staticmethod
     def version_error(record: PluginRecord, declared: tuple[int, ...]) -> PluginVersionError:
-        from . import __version__
-
         dist = record.distribution or record.module
         have = f" {record.version}" if record.version else ""
         return PluginVersionError(

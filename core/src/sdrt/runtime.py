@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .backend import Backend, Device, Session
 from .errors import BackendUnavailable, NoDeviceError, UnknownBackendError
+from .graph import Graph
 from .plugins import Registry, get_registry
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .graph import Graph
-    from .weights import Weights
+from .weights import Weights
 
 log = logging.getLogger("sdrt.runtime")
 
@@ -30,8 +28,6 @@ def load(
     device here and logs its choice. An explicit ``backend`` or ``device`` that
     is missing, broken or unusable raises; there is no silent fallback.
     """
-    from .graph import Graph
-
     be, dev = select(backend, device)  # before any file I/O: a wrong name fails fast
     graph = model if isinstance(model, Graph) else Graph.load(model)
     bound = _open_weights(weights)
@@ -42,8 +38,6 @@ def load(
 def _open_weights(weights: Any) -> Weights | None:
     if weights is None:
         return None
-    from .weights import Weights
-
     if isinstance(weights, Weights):
         return weights
     return Weights.open(weights)

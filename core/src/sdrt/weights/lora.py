@@ -40,15 +40,13 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import WeightsError
+from ..graph import Graph
 from .store import Weights
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ..graph import Graph
 
 log = logging.getLogger("sdrt.lora")
 
@@ -269,8 +267,6 @@ def merge(
     explicitly. With ``strict`` (default) a LoRA key that matches no weight, or
     whose delta does not fit its weight, raises ``WeightsError`` listing all of them.
     """
-    from ..graph import Graph
-
     if isinstance(base, Graph):
         graph = graph or base
         base = Weights.from_graph(base)
