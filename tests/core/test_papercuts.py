@@ -115,12 +115,16 @@ def test_ctrl_c_prints_one_line_not_a_traceback(tmp_path):
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     seen = []
-    for line in proc.stderr:  # wait until the model runs: then Ctrl-C
-        seen.append(line)
-        if "compiling" in line:
-            break
-    proc.send_signal(signal.SIGINT)
-    _, rest = proc.communicate(timeout=120)
+    try:
+        for line in proc.stderr:  # wait until the model runs: then Ctrl-C
+            seen.append(line)
+            if "compiling" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=120)
+    finally:  # never leave the endless run behind, whatever went wrong
+        proc.kill()
+        proc.wait()
     err = "".join(seen) + rest
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
