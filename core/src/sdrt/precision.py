@@ -86,8 +86,13 @@ def to_half(graph: Graph, dtype: str = "float16", *, keep_float32: Iterable[str]
                         fix="pass dtype='float16' or dtype='bfloat16'")
     ops = frozenset(KEEP_FLOAT32_OPS if keep_float32 is None else keep_float32)
     patterns = [re.compile(p) for p in (KEEP_NODES if keep_nodes is None else keep_nodes)]
-    model = _Rewrite(graph, name, ops, patterns, keep_io_types).run()
-    return graph._derive(model)
+    rewrite = _Rewrite(graph, name, ops, patterns, keep_io_types)
+    model = rewrite.run()
+    from .graph import Graph
+
+    # converted initializers now hold their data inline; the others may stay mapped from their file
+    external = {k: v for k, v in graph._external.items() if k not in rewrite.converted}
+    return Graph(model, graph.path, base_dir=graph.base_dir, external=external)
 
 
 def plan(graph: Graph, *, keep_float32: Iterable[str] | None = None,
@@ -122,6 +127,8 @@ class _Rewrite:
                              where=self.where, fix="run this graph in float32, or convert it with your exporter")
         self.types = self._types()
         self.mapped = set(graph.mapped_initializers)
+        #: initializers stored in the half type by ``run``
+        self.converted: set[str] = set()
 
     # -- analysis ------------------------------------------------------
     def _types(self) -> dict[str, int]:
@@ -181,7 +188,7 @@ class _Rewrite:
                 if any(o in outputs for o in outs) or not all(
                         c in reasons for o in outs for c in consumers.get(o, [])):
                     continue
-                reasons[j] = f"feeds {self.nodes[i].op_type}"
+                reasons[j] = "feeds Sin/Cos"
                 stack.append(j)
         return reasons
 
@@ -239,11 +246,10 @@ class _Rewrite:
         # the model: initializers converted, nodes with retyped attributes, casts where types differ
         m = copy_model(self.graph.model, initializers=False, value_info=False)
         del m.graph.node[:]
-        converted = 0
         for t in src.initializer:
             if produced.get(t.name) == self.half:
                 m.graph.initializer.append(self._half_tensor(t))
-                converted += 1
+                self.converted.add(t.name)
             else:
                 m.graph.initializer.append(t)
 
@@ -259,11 +265,12 @@ class _Rewrite:
                 cast_nodes.append(helper.make_node("Cast", [value], [out], name=f"{out}/Cast", to=to))
             return casts[key]
 
+        # a graph output produced in the other type is written under a new name, then cast to its declared type
+        out_type = TensorProto.FLOAT if self.keep_io else self.half
         renamed: dict[str, str] = {}
-        if self.keep_io:  # a half graph output is written under a new name, then cast back to float32
-            for o in graph_outputs:
-                if produced.get(o) == self.half:
-                    renamed[o] = f"{o}__{self.half_name}"
+        for o in graph_outputs:
+            if o in produced and produced[o] != out_type and o not in inputs | inits:
+                renamed[o] = f"{o}__{'fp32' if produced[o] == TensorProto.FLOAT else self.half_name}"
 
         out_nodes: list[Any] = []
         for i, n in enumerate(self.nodes):
@@ -288,16 +295,16 @@ class _Rewrite:
             out_nodes.append(new)
         m.graph.node.extend(out_nodes)
         for o, half_name in renamed.items():
-            m.graph.node.append(helper.make_node("Cast", [half_name], [o], name=f"{o}/Cast", to=TensorProto.FLOAT))
+            m.graph.node.append(helper.make_node("Cast", [half_name], [o], name=f"{o}/Cast", to=out_type))
         if not self.keep_io:
             for v in list(m.graph.input) + list(m.graph.output):
-                if produced.get(v.name) == self.half:
+                if v.name in produced:
                     v.type.tensor_type.elem_type = self.half
         del m.graph.value_info[:]
         entry = m.metadata_props.add()
         entry.key, entry.value = PRECISION_KEY, f"{self.half_name};fp32_nodes={len(fp32)}"
         log.info("%s: %d of %d nodes in %s, %d kept in float32, %d initializers converted, %d casts",
-                 self.graph.name, len(half_nodes), len(self.nodes), self.half_name, len(fp32), converted,
+                 self.graph.name, len(half_nodes), len(self.nodes), self.half_name, len(fp32), len(self.converted),
                  len(casts) + len(renamed))
         return m
 
