@@ -11,9 +11,11 @@ then calls the one method a backend overrides, ``Session._run``.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import InputError, SdrtError
@@ -140,6 +142,23 @@ class Backend(ABC):
     @abstractmethod
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
         """Compile ``graph`` for ``device``. Raise ``UnsupportedGraph`` before any long work."""
+
+    # -- ahead-of-time builds (optional) ------------------------------------
+    def targets(self) -> list[str]:
+        """Names of the hardware targets ``build`` can compile for on this machine (``"sm86"``);
+        empty when the backend has no ahead-of-time build."""
+        return []
+
+    def build(self, graph: Graph, weights: Weights | None, target: str, path: str | os.PathLike[str],
+              **options: Any) -> Path:
+        """Compile ``graph`` for ``target`` (one of ``targets()``) into the file ``path``, without
+        needing that hardware here; returns the path written. ``sdrt compile`` calls this."""
+        raise SdrtError(
+            f"backend {self.name!r} has no ahead-of-time build",
+            where=f"{type(self).__name__}.build",
+            fix="use a backend whose targets() is not empty (sdrt compile --help lists them), "
+                "or compile on the device with sdrt.load",
+        )
 
 
 _DTYPE_ALIASES = {"float": "float32", "double": "float64"}
