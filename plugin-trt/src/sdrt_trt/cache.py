@@ -108,6 +108,9 @@ def write_engine(path: Path, meta: dict[str, Any], engine: bytes) -> Path:
     """An ``sdrt compile`` output file; raises ``TrtError`` when it cannot be written."""
     try:
         write_atomic(path, pack(meta, engine))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(path, 0o666 & ~umask)  # an output file, not a private temporary
     except OSError as exc:
         raise TrtError(f"cannot write the engine file ({exc.strerror or exc})", where=str(path),
                        fix="check the folder exists and is writable") from exc
