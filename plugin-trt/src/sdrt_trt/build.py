@@ -84,7 +84,11 @@ def build_engine(prepared: Prepared, target: str, refit: str) -> tuple[bytes, fl
 def _fix(message: str, refit: str) -> str:
     if "FP32 GEMM is not supported" in message:
         return "Turing (sm75) runs no fp32 GEMM: build with precision='fp16'"
-    if "MyelinCheckException" in message and refit != "none":
+    if "graph_jit.cpp" in message and "CUDA_SUCCESS" in message and refit != "none":
         return ("TensorRT-RTX builds weight-stripped, refittable engines only with a CUDA GPU present: build with "
                 "refit='none' here, or build on the machine with the GPU")
+    if "runtime-fusion" in message:
+        return ("TensorRT-RTX 1.7 has no kernel for one of this graph's fused layers on this target (seen for the UNet "
+                "on sm75): pick a newer target or precision; after such a failure later builds in the same process "
+                "fail too, so run the next build in a new process")
     return "run with -vv to see TensorRT-RTX's log, try precision='fp32', or use another backend"
