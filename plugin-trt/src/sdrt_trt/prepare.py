@@ -45,13 +45,9 @@ class Prepared:
 
 
 def resolve(graph: Graph, weights: Weights | None) -> dict[str, np.ndarray]:
-    """Every initializer of ``graph`` with its final array (the core's ``resolve_weights`` where it exists)."""
-    try:
-        from sdrt import resolve_weights  # type: ignore[attr-defined]
-    except ImportError:  # a core from before the redesign (issue 12)
-        bound = dict(weights.bind(graph, strict=False)) if weights is not None else {}
-        own = graph.initializer_arrays([n for n in graph.initializer_names if n not in bound])
-        return {**own, **bound}
+    """Every initializer of ``graph`` with its final array: the core's ``resolve_weights``."""
+    from sdrt import resolve_weights
+
     return dict(resolve_weights(graph, weights))
 
 
