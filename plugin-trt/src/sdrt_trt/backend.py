@@ -86,10 +86,14 @@ class TrtBackend(Backend):
             raise OptionError("engine= names an engine to load; sdrt compile writes one", where="trt build",
                               fix="drop the engine option")
         name = check_target(target, self.targets())
+        out = Path(path)
+        if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):  # before a build of minutes
+            raise TrtError("cannot write the engine file: its folder does not exist or is not writable",
+                           where=str(out), fix="create the folder, or pass -o with a writable path")
         refit = self._refit_mode(opts, gpu_here=bool(self._cuda_devices()))
         prepared = prepare(graph, weights, opts)
         engine, _ = self._build(prepared, name, refit)
-        return cache_mod.write_engine(Path(path), self._meta(prepared, name, refit, opts), engine)
+        return cache_mod.write_engine(out, self._meta(prepared, name, refit, opts), engine)
 
     # -- compiling -----------------------------------------------------
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
