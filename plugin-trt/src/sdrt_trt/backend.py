@@ -47,6 +47,10 @@ class TrtBackend(Backend):
     api_version = (1, 0)
     priority = 100  # the fastest runtime on the GPUs it supports
     conformance: ClassVar[Mapping[str, Any]] = {}
+    #: what ``sdrt selftest`` measures: each precision's compile options, and the default one
+    precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}, "fp32": {"precision": "fp32"}}
+    default_precision: ClassVar[str] = "fp16"
 
     def __init__(self) -> None:
         self._plan: DevicePlan | None = None
