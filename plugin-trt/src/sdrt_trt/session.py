@@ -91,6 +91,11 @@ class TrtSession(Session):
         self._outputs = [n for n in self._names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         self._dtypes = {n: np.dtype(trt.nptype(engine.get_tensor_dtype(n))) for n in self._names}
 
+    def _refittable(self) -> set[str]:
+        import tensorrt_rtx as trt
+
+        return set(trt.Refitter(self._engine, self._logger).get_all_weights())
+
     def _refit(self, arrays: Mapping[str, np.ndarray], *, everything: bool = False) -> None:
         import tensorrt_rtx as trt
 
@@ -154,7 +159,12 @@ class TrtSession(Session):
 
         self._sources.update(arrays)
         mode = self._meta.get("refit", "none")
-        if mode == "full":
+        fixed: list[str] = []
+        if mode == "full":  # initializers the engine folded in (shapes, axes) cannot be refit: changed, they rebuild
+            refittable = self._refittable()
+            current = self._prepared.graph.initializer_arrays([n for n in arrays if n not in refittable])
+            fixed = [n for n, old in current.items() if not np.array_equal(np.asarray(arrays[n], old.dtype), old)]
+        if mode == "full" and not fixed:
             info = self._prepared.graph.initializer_info()
             converted = {}
             for name, arr in arrays.items():
@@ -163,7 +173,8 @@ class TrtSession(Session):
             self._refit(converted)
             log.info("refit %d weights of %s", len(converted), self.graph.name)
             return
-        why = ("it holds its weights (refit='none')" if mode == "none" else
+        why = (f"the engine folded in {', '.join(fixed[:4])}, which changed" if fixed else
+               "it holds its weights (refit='none')" if mode == "none" else
                "refit='identical' engines take only the weights they were built with")
         log.warning("rebuilding %s for new weights: %s; compile with refit='full' to refit instead",
                     self.graph.name, why)
