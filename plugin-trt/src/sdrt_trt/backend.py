@@ -108,6 +108,9 @@ class TrtBackend(Backend):
             raise NoDeviceError(f"device {device} belongs to backend {device.backend!r}", where="trt.compile",
                                 fix="pass one of the devices of backend 'trt'")
         target = str(device.properties.get("target", ""))
+        if target not in self.targets():
+            raise NoDeviceError(f"device {device} has no TensorRT-RTX target (properties: target={target!r})",
+                                where="trt.compile", fix="pass one of backend('trt').devices()")
         if opts.precision == "bf16" and not device.properties.get("bf16"):
             raise OptionError(f"{device.name} (compute {device.properties.get('compute_capability')}) has no bf16",
                               where="sdrt.load(..., backend='trt')", fix="use precision='fp16'")
