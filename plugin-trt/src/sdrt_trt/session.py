@@ -179,6 +179,8 @@ class TrtSession(Session):
         log.warning("rebuilding %s for new weights: %s; compile with refit='full' to refit instead",
                     self.graph.name, why)
         engine, meta, prepared = self._rebuild(self._sources)
+        self._release_engine()  # saves the old engine's runtime cache under the old engine's key
+        self._key = None  # the rebuilt engine is not the cached one: its runtime cache is not kept
         self._load(engine, meta, prepared)
 
     # -- closing -------------------------------------------------------
