@@ -36,10 +36,11 @@ def _model(nodes, inputs, outputs, inits=None, opset=17):  # type: ignore[no-unt
 def test_bench_models_parse(name: str, precision: str) -> None:
     proto, _ = build(name, "tiny")
     prepared = prepare(Graph(proto), None, parse_options({"precision": precision}))
-    _builder, network, _parser, _logger = parse(prepared)
+    _builder, network, _parser, _logger, weights = parse(prepared)
     assert network.num_inputs == len(proto.graph.input)
     assert network.num_outputs == len(proto.graph.output)
     assert network.num_layers > len(proto.graph.node) // 4
+    assert set(weights) == {t.name for t in proto.graph.initializer}, "every weight goes in through load_initializer"
 
 
 @pytest.mark.parametrize("target", KNOWN_TARGETS)
