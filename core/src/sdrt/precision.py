@@ -91,7 +91,7 @@ def to_half(graph: Graph, dtype: str = "float16", *, keep_float32: Iterable[str]
     from .graph import Graph
 
     # converted initializers now hold their data inline; the others may stay mapped from their file
-    external = {k: v for k, v in graph._external.items() if k not in rewrite.converted}
+    external = {k: v for k, v in graph.external_refs.items() if k not in rewrite.converted}
     return Graph(model, graph.path, base_dir=graph.base_dir, external=external)
 
 
@@ -126,7 +126,6 @@ class _Rewrite:
             raise ModelError(f"to_half does not convert graphs with control flow ({', '.join(bad)})",
                              where=self.where, fix="run this graph in float32, or convert it with your exporter")
         self.types = self._types()
-        self.mapped = set(graph.mapped_initializers)
         #: initializers stored in the half type by ``run``
         self.converted: set[str] = set()
 
@@ -135,7 +134,7 @@ class _Rewrite:
         """ONNX element type of every value: initializers, inputs, inferred intermediates."""
         from onnx import shape_inference
 
-        from .shapes import skeleton
+        from .graph.protos import skeleton
 
         g = self.graph.model.graph
         try:
@@ -196,7 +195,7 @@ class _Rewrite:
     def run(self) -> onnx.ModelProto:
         from onnx import TensorProto, helper
 
-        from .shapes import copy_model
+        from .graph.protos import copy_model
 
         src = self.graph.model.graph
         fp32 = self.fp32_reasons()
@@ -329,11 +328,7 @@ class _Rewrite:
         return out
 
     def _array(self, t: Any) -> np.ndarray:
-        from . import onnxfile
-
-        if t.name and t.name in self.mapped:
-            return self.graph.initializer_arrays([t.name])[t.name]
-        return onnxfile.tensor_array(t, self.where)
+        return self.graph.tensor_array(t)  # decoded, or mapped from a stripped graph's weights file
 
 
 def half_array(arr: np.ndarray, dtype: str = "float16") -> np.ndarray:

@@ -26,7 +26,7 @@ def _skeleton(graph: Any, arrays: dict[str, np.ndarray]) -> bytes:
     protobuf's 2 GiB limit does not apply."""
     from onnx import TensorProto
 
-    from sdrt.shapes import copy_model
+    from sdrt.graph.protos import copy_model
 
     model = copy_model(graph.model, initializers=False)
     for t in graph.model.graph.initializer:

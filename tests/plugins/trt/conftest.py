@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+
+try:  # nox -s tests installs sdrt-trt; a broken install then fails these tests instead of skipping them
+    metadata.distribution("sdrt-trt")
+except metadata.PackageNotFoundError:  # a development environment without it: pip install -e plugin-trt
+    collect_ignore_glob = ["test_*.py"]
 
 ROOT = Path(__file__).resolve().parents[3]
 if str(ROOT) not in sys.path:  # the bench package (bench/models.py) lives at the repository root
