@@ -264,6 +264,10 @@ class Lowering:
                 )
             ins.append(self.values[n])
         present = [v for v in ins if v is not None]
+        if node.op_type in ("Shape", "Size") and isinstance(ins[0], HostValue):
+            # a host value's shape is static: a constant, not run-time host work
+            ins = [ins[0].example]
+            present = ins
         if self._host_node(node, ins):
             return
         if any(isinstance(v, HostValue) for v in present) and node.op_type not in _HOST_AWARE:

@@ -20,6 +20,8 @@ import numpy as np
 
 from sdrt.errors import UnsupportedGraph
 
+from .. import guards
+
 if TYPE_CHECKING:  # pragma: no cover
     from onnx import NodeProto
 
@@ -78,9 +80,17 @@ def ggml_lib() -> Any:
         if "OMP_WAIT_POLICY" not in os.environ:
             os.environ.setdefault("GOMP_SPINCOUNT", "3000")
         os.environ.setdefault("GGML_NO_BACKTRACE", "1")
-    import ggml
+    global _CHECKED
+    if _CHECKED is None:
+        import ggml
 
-    return ggml
+        from ..guards import CheckedGgml
+
+        _CHECKED = CheckedGgml(ggml)
+    return _CHECKED
+
+
+_CHECKED: Any = None
 
 
 def unsupported(node: NodeProto, why: str) -> UnsupportedGraph:
@@ -124,13 +134,19 @@ def gdim(axis: int, rank: int) -> int:
 
 
 def is_contiguous(x: GTensor) -> bool:
-    return bool(ggml_lib().ggml_is_contiguous(x.ptr))
+    """Dense and densely strided: ggml's own ``ggml_is_contiguous`` lets a size-1 dim keep any
+    stride, which ops that assert ``ggml_is_padded_1d`` (ggml_scale) then reject."""
+    return guards.is_packed(x.ptr)
 
 
 def cont(lowering: Lowering, x: GTensor) -> GTensor:
-    if is_contiguous(x):
+    """``x`` densely strided: a free reshape view when only size-1 dims have odd strides, else a copy."""
+    if guards.is_packed(x.ptr):
         return x
-    return GTensor(ggml_lib().ggml_cont(lowering.ctx, x.ptr), x.shape, x.dtype)
+    lib = ggml_lib()
+    if guards.is_contiguous(x.ptr):
+        return GTensor(lib.ggml_reshape_4d(lowering.ctx, x.ptr, *guards.ne(x.ptr)), x.shape, x.dtype)
+    return GTensor(lib.ggml_cont(lowering.ctx, x.ptr), x.shape, x.dtype)
 
 
 def reshape(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:
