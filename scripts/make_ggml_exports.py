@@ -18,7 +18,10 @@ TorchScript exporter) writes for the architecture, with seeded random weights. N
   config, fewer layers/width;
 - ``mobilenet_v2``, ``mobilenet_v3_small``, ``resnet50``: torchvision, random weights, 64x64 input.
 
-Writes ``NAME.onnx`` (weights inside) and ``NAME.npz`` (example inputs) per model.
+Writes ``NAME.onnx`` (weights inside) and ``NAME.npz`` (example inputs) per model. With
+``--strip`` the float initializers of 256 elements or more keep their name, type and shape
+but lose their data (``doc_string`` "sdrt-test: random"): the tests fill them with seeded
+random values, so the committed graphs stay a few hundred KB (``tests/data/ggml_exports``).
 """
 
 from __future__ import annotations
@@ -183,12 +186,31 @@ def build(name: str, out: Path) -> None:
     np.savez(out / f"{name}.npz", **feeds)
 
 
+STRIP_MIN = 256
+STRIP_MARK = "sdrt-test: random"
+
+
+def strip(path: Path) -> None:
+    import onnx
+
+    model = onnx.load(str(path))
+    for init in model.graph.initializer:
+        if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16) and np.prod(init.dims) >= STRIP_MIN:
+            init.ClearField("raw_data")
+            init.ClearField("float_data")
+            init.doc_string = STRIP_MARK
+    onnx.save(model, str(path))
+
+
 ALL = ("vae_decoder_32", "vae_decoder_64", "vae_encoder_32", "vae_encoder_64", "vae_sd15_decoder_32", "unet_sd15",
        "unet_sdxl", "clip_vit_l14", "openclip_bigg", "mobilenet_v2", "mobilenet_v3_small", "resnet50")
 
 if __name__ == "__main__":
-    dest = Path(sys.argv[1])
+    args = [a for a in sys.argv[1:] if a != "--strip"]
+    dest = Path(args[0])
     dest.mkdir(parents=True, exist_ok=True)
-    for n in sys.argv[2:] or ALL:
+    for n in args[1:] or ALL:
         build(n, dest)
+        if "--strip" in sys.argv:
+            strip(dest / f"{n}.onnx")
         print(n, (dest / f"{n}.onnx").stat().st_size)

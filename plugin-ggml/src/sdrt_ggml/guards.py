@@ -118,6 +118,8 @@ def _view(n_dims: int) -> Callable[..., None]:
         offset = int(args[-1])
         size = type_size(a) * math.prod(dims)  # ggml sizes a view as if it were dense
         total = type_size(a) * math.prod(ne(a)) if is_contiguous(a) else nbytes(a)
+        if ne(a)[0] > 1 and nb(a)[0] != type_size(a):
+            _fail(f"ggml_view_{n_dims}d", "the source's innermost dim is strided (a view would read it as dense)", a)
         if any(d < 0 for d in dims) or offset < 0:
             _fail(f"ggml_view_{n_dims}d", f"negative size or offset {dims} @ {offset}", a)
         if size and size + offset > max(total, nbytes(a)):
@@ -210,6 +212,12 @@ def _conv_dw(_ctx: Any, a: Any, b: Any, *_args: Any) -> None:
     k, x = ne(a), ne(b)
     if k[2] != 1 or k[3] != x[2]:
         _fail("ggml_conv_2d_dw_direct", "the kernel is not (KW, KH, 1, C) for C input channels", a, b)
+    if not is_contiguous(b):  # the CPU kernel aborts on any layout but these two
+        sb, sk = nb(b), nb(a)
+        if not (sb[0] > sb[2] and sb[1] > sb[0] and sb[2] == type_size(b)):
+            _fail("ggml_conv_2d_dw_direct", "the input is neither contiguous nor channels-contiguous", a, b)
+        if not (sk[0] >= sk[2] and sk[1] >= sk[0]):
+            _fail("ggml_conv_2d_dw_direct", "a channels-last input needs a channels-last kernel", a, b)
 
 
 def _conv_direct(_ctx: Any, a: Any, b: Any, *_args: Any) -> None:

@@ -40,7 +40,9 @@ def conv_depthwise(lowering: Any, x: GTensor, w: np.ndarray | GTensor, wt: GTens
     the result copied back to NCHW, unless ``dw_layout="nchw"``."""
     g = ggml_lib()
     args = (strides[1], strides[0], pw, ph, dil[1], dil[0])
-    if lowering.options.get("dw_layout", "nhwc") == "nchw" or not isinstance(w, np.ndarray):
+    # ggml's channels-last kernel needs strides nb[1] > nb[0] > nb[2] (W > 1 and C > 1), else it aborts
+    cl_ok = x.shape[1] > 1 and x.shape[3] > 1
+    if lowering.options.get("dw_layout", "nhwc") == "nchw" or not isinstance(w, np.ndarray) or not cl_ok:
         wt = wt or lowering.const(w)
         return GTensor(g.ggml_conv_2d_dw_direct(lowering.ctx, wt.ptr, x.ptr, *args), out_shape)
     # kernel as (KH, KW, 1, C) memory, viewed with ne (KW, KH, 1, C): channels innermost

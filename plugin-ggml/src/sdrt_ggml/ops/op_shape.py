@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import guards
 from . import op
 from ._common import GTensor, Value, attrs, cont, expand_to, gdim, ggml_lib, ne_of, norm_axis, permute, reshape
 
@@ -139,6 +140,8 @@ def slice_axis(lowering: Any, x: GTensor, axis: int, start: int, stop: int, step
         perm[-1], perm[-2] = perm[-2], perm[-1]
         y = slice_axis(lowering, permute(lowering, x, perm), x.rank - 2, start, stop, step)
         return permute(lowering, y, perm)
+    if x.ptr.contents.nb[0] != guards.type_size(x.ptr) and x.ptr.contents.ne[0] > 1:
+        x = cont(lowering, x)  # a ggml view always takes a dense innermost dim: a permuted source is copied
     t = x.ptr.contents
     ne = list(t.ne)
     nb = list(t.nb)
