@@ -85,7 +85,7 @@ def graph_plans(max_nodes: int = 6) -> Any:
     def plans(draw: Any) -> Plan:
         plan = Plan(seed=draw(st.integers(0, 2**31 - 1)))
         rng = np.random.default_rng(plan.seed)
-        dims = st.integers(1, 5)
+        dims = st.integers(1, 6)
         shapes: dict[str, tuple[int, ...]] = {}
         counter = [0]
 
@@ -127,7 +127,7 @@ def graph_plans(max_nodes: int = 6) -> Any:
             kind = draw(st.sampled_from([
                 "unary", "binary", "scalar", "transpose", "reshape", "slice", "concat", "reduce", "softmax",
                 "matmul", "expand", "tile", "squeeze", "pad", "conv", "pool", "norm", "gather", "split", "clip",
-                "pow", "where", "resize", "leaky", "flatten"]))
+                "pow", "where", "resize", "leaky", "flatten", "attention", "gemm", "convt", "batchnorm"]))
             out: str | None = None
             if kind == "unary":
                 op = draw(st.sampled_from(UNARY))
@@ -330,6 +330,33 @@ def graph_plans(max_nodes: int = 6) -> Any:
                                   np.float32)
                 out = emit("Resize", [x, "", add_init(scales, "c")], s[:2] + (int(s[2] * scales[2]), int(s[3] * scales[3])),
                            **attrs)
+            elif kind == "attention" and r >= 2:
+                # softmax(x x^T * scale) x: the pattern the attention rewrite fuses
+                perm = list(range(r))
+                perm[-1], perm[-2] = perm[-2], perm[-1]
+                xt = emit("Transpose", [x], tuple(s[p] for p in perm), perm=perm)
+                qk = emit("MatMul", [x, xt], s[:-1] + (s[-2],))
+                scaled = emit("Mul", [qk, add_init(np.array(1 / math.sqrt(s[-1]), np.float32), "c")], shapes[qk])
+                sm = emit("Softmax", [scaled], shapes[qk], axis=-1)
+                out = emit("MatMul", [sm, x], s)
+            elif kind == "gemm" and r == 2:
+                n = draw(dims)
+                tb = draw(st.sampled_from([0, 1]))
+                w = add_init(rand((n, s[1]) if tb else (s[1], n)))
+                ins = [x, w] + ([add_init(rand((n,)), "b")] if draw(st.booleans()) else [])
+                out = emit("Gemm", ins, (s[0], n), transB=tb, alpha=draw(st.sampled_from([1.0, 0.5])))
+            elif kind == "convt" and r == 4:
+                oc = draw(dims)
+                k = draw(st.integers(1, 3))
+                stride = draw(st.integers(1, 2))
+                wt = add_init(rand((s[1], oc, k, k)) * 0.5)
+                out = emit("ConvTranspose", [x, wt], (s[0], oc, (s[2] - 1) * stride + k, (s[3] - 1) * stride + k),
+                           kernel_shape=[k, k], strides=[stride, stride])
+            elif kind == "batchnorm" and r >= 2:
+                c = s[1]
+                ins = [x, add_init(rand((c,))), add_init(rand((c,))), add_init(rand((c,))),
+                       add_init(np.abs(rand((c,))) + 0.5)]
+                out = emit("BatchNormalization", ins, s, epsilon=1e-5)
             if out is not None:
                 if len(shapes[out]) > 4 or math.prod(shapes[out]) > 4096 or 0 in shapes[out]:
                     plan.nodes.pop()

@@ -474,3 +474,30 @@ def test_upsample_opset9(mode):
             compile_ggml(m)
         return
     check(m, {"x": rand(1, 2, 3, 4)})
+
+
+# -- regressions found by the random-graph run (scripts/ggml_fuzz.py) ----------------------------
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv_transpose_with_batch_above_one(stride):
+    # ggml's CPU kernel computed batch item 0 only: the other items came out wrong
+    w = rand(4, 3, 2, 2, seed=3)
+    m = make_model([mk("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[2, 2], strides=[stride, stride])],
+                   {"x": ((3, 4, 3, 5), F)}, {"y": (None, F)}, {"w": w})
+    check(m, {"x": rand(3, 4, 3, 5)})
+
+
+def test_conv_with_one_channel_and_group_one():
+    # group == channels == 1 was taken for a depthwise conv whose dense fallback had no weights
+    m = make_model([mk("Conv", ["x", "w", "b"], ["y"], kernel_shape=[1, 1], pads=[0, 0, 0, 1])],
+                   {"x": ((2, 1, 1, 3), F)}, {"y": (None, F)},
+                   {"w": np.full((1, 1, 1, 1), 0.5, np.float32), "b": np.ones(1, np.float32)})
+    check(m, {"x": rand(2, 1, 1, 3)})
+
+
+def test_depthwise_conv_on_a_one_pixel_wide_input():
+    # the channels-last depthwise kernel aborted the process (GGML_ABORT) when W == 1
+    m = make_model([mk("Conv", ["x", "w"], ["y"], kernel_shape=[2, 2], pads=[0, 1, 0, 1], strides=[2, 2], group=5)],
+                   {"x": ((1, 5, 6, 1), F)}, {"y": (None, F)}, {"w": rand(5, 1, 2, 2, seed=2)})
+    check(m, {"x": rand(1, 5, 6, 1)})

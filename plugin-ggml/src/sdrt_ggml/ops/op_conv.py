@@ -66,7 +66,7 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
     x, ph, pw = _pad_input(lowering, x, pads)
     n, c, h, wd = x.shape
     oc, icg, kh, kw = (int(d) for d in (w.shape if isinstance(w, np.ndarray) else w.shape))
-    depthwise = group == c and icg == 1 and oc == c
+    depthwise = group == c > 1 and icg == 1 and oc == c  # group 1 with one channel is a plain conv
     cp = c
     if group == 1 and isinstance(w, np.ndarray) and kh * kw > 1 and want_pad(lowering, c * kh * kw):
         # zero channels in input and kernel: same sums, aligned K. Only when the padded input
@@ -185,7 +185,13 @@ def op_conv_transpose(lowering: Any, node: Any, inputs: list[Value]) -> list[Val
     n, c, h, wd = x.shape
     _, oc, kh, kw = w.shape
     fh, fw = (h - 1) * s + kh, (wd - 1) * s + kw
-    y = GTensor(g.ggml_conv_transpose_2d_p0(lowering.ctx, wt.ptr, x.ptr, s), (n, oc, fh, fw))
+    # ggml's CPU kernel computes batch item 0 only: one call per item, joined along N
+    parts = [g.ggml_conv_transpose_2d_p0(lowering.ctx, wt.ptr, cont(lowering, slice_axis(lowering, x, 0, b, b + 1, 1)).ptr, s)
+             for b in range(n)] if n > 1 else [g.ggml_conv_transpose_2d_p0(lowering.ctx, wt.ptr, x.ptr, s)]
+    joined = parts[0]
+    for part in parts[1:]:
+        joined = g.ggml_concat(lowering.ctx, joined, part, 3)
+    y = GTensor(joined, (n, oc, fh, fw))
     if opad[0] or opad[1]:
         y = GTensor(g.ggml_pad_ext(lowering.ctx, y.ptr, 0, opad[1], 0, opad[0], 0, 0, 0, 0), (n, oc, fh + opad[0], fw + opad[1]))
     y = slice_axis(lowering, y, 2, pads[0], y.shape[2] - pads[2], 1)
