@@ -85,8 +85,7 @@ def open_device(name: str, threads: int, *, accel: bool = False) -> DeviceHandle
     handles = DeviceHandles(name, backend, bool(lib.ggml_backend_is_cpu(backend)))
     if handles.is_cpu:
         lib.ggml_backend_cpu_set_n_threads(backend, threads)
-        # off by default: with OpenBLAS (GGML_BLAS=on) the float32 UNet took 1.11x and the text
-        # encoder 1.59x the time of ggml's own kernels on the 2-core test machine
+        # off by default: slower than ggml's own kernels here (docs/ggml.md, "GPUs")
         if accel:
             handles.accel = _open_accelerators(threads)
     else:

@@ -189,7 +189,7 @@ class Lowering:
 
         A tensor with no producing op is a graph leaf, and ggml's graph allocator places
         every leaf before the first node: all the conv scratches of a graph would be live
-        at once (a full-size SD VAE decoder peaked at 8.1 GiB that way). On the CPU the
+        at once. On the CPU the
         scratch is instead the result of a no-op custom op that depends on ``after``, so
         the allocator places it when the graph gets there and frees it after its last use.
         """

@@ -66,15 +66,10 @@ Value = GTensor | np.ndarray | HostValue
 def ggml_lib() -> Any:
     """The ggml bindings module (imported lazily).
 
-    Before the first import: ggml's OpenMP threads meet at a barrier after every node, so
-    how they wait there matters. Spinning without limit (``OMP_WAIT_POLICY=ACTIVE``) starves
-    other work on a busy machine (MobileNetV3, 2 threads, 2 busy cores: 838 ms spinning,
-    92 ms passive); sleeping at once (``PASSIVE``) pays a futex wake-up at each of the
-    ~1000 barriers of a VAE run (2 idle cores: VAE decoder 203 ms passive, 144 ms with a
-    short spin; MobileNetV3 33.5 -> 20.6 ms; UNet 296 -> 180 ms). So libgomp spins briefly
-    and then sleeps (``GOMP_SPINCOUNT=3000``), unless the user chose a wait policy. A
-    failed GGML_ASSERT should not start gdb (``GGML_NO_BACKTRACE``). Both only when the
-    user has not set them.
+    Before the first import, unless the user set them: libgomp spins briefly at ggml's
+    per-node barriers and then sleeps (``GOMP_SPINCOUNT=3000``; the measurements behind it
+    are in docs/ggml.md, "Measured choices"), and a failed GGML_ASSERT does not start gdb
+    (``GGML_NO_BACKTRACE``). The bindings come wrapped in ``guards.CheckedGgml``.
     """
     if "ggml" not in sys.modules:
         if "OMP_WAIT_POLICY" not in os.environ:

@@ -46,8 +46,7 @@ def conv_taps(lowering: Any, x: GTensor, w: np.ndarray, ph: int, pw: int, out_sh
 
 def rowcopy_wanted(lowering: Any, taps: int) -> bool:
     """The default for kxk convs at batch 1 that the window conv does not take (strided, dilated,
-    unaligned K, not on the CPU): 0.89-0.93x the time of ggml's im2col on the UNet and VAE
-    benches. 1x1 convs keep im2col (there it is a plain transpose)."""
+    unaligned K, not on the CPU); 1x1 convs keep im2col (there it is a plain transpose)."""
     impl = lowering.options.get("conv_impl", "auto")
     return impl == "rowcopy" or (impl == "auto" and taps > 1)
 

@@ -15,9 +15,8 @@ def channels_last(lowering: Any, x: Any) -> Any:
 
     ``ggml_cont`` of the permuted view reads with a stride of a whole channel plane
     per element; ``transpose="write"`` copies into a permuted view of the target
-    instead (contiguous reads, writes with a stride of C floats). Predicted faster,
-    measured mixed: VAE 0.95x with 2 threads but 1.08x with one, MobileNetV2
-    1.06-1.18x; so ``ggml_cont`` stays the default.
+    instead (contiguous reads, writes with a stride of C floats); ``ggml_cont`` is the
+    default (docs/ggml.md, "Measured choices").
     """
     g = ggml_lib()
     if lowering.options.get("transpose", "cont") != "write":

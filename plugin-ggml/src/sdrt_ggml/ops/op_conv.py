@@ -70,8 +70,7 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
     cp = c
     if group == 1 and isinstance(w, np.ndarray) and kh * kw > 1 and want_pad(lowering, c * kh * kw):
         # zero channels in input and kernel: same sums, aligned K. Only when the padded input
-        # (copied by ggml's scalar pad) stays small against the im2col it feeds; for 1x1 convs
-        # the copy costs what the aligned GEMM saves (MobileNetV2: 0.95x without it)
+        # (copied by ggml's scalar pad) stays small against the im2col it feeds (not 1x1 convs)
         cp = aligned_channels(c, kh * kw)
         if cp > c * 1.25:
             cp = c
@@ -91,8 +90,7 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
     if pointwise:
         kp = c
         if want_pad(lowering, c) and oh * ow * c * oc >= 2_000_000:
-            # aligned K for the fast GEMM; padding the small products costs more than it saves
-            # (1x1 conv GEMMs, one thread: 3136x40x120 1.9 vs 6.8 ms, 784x72x24 0.36 vs 0.22 ms)
+            # aligned K for the fast GEMM, only for large products (docs/ggml.md, "Measured choices")
             kp = aligned(c)
             wt = lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, kp - c), (0, 0), (0, 0)]), tag=f"c{kp}")
         y = conv_pointwise(lowering, x, wt, (n, oc, oh, ow), kp)
