@@ -44,10 +44,13 @@ def list_devices() -> list[Device]:
         reg = lib.ggml_backend_dev_backend_reg(dev)
         props: dict[str, Any] = {"ggml_backend": lib.ggml_backend_reg_name(reg).decode() if reg else "",
                                  "free_bytes": int(free.value)}
+        description = lib.ggml_backend_dev_description(dev).decode()
         if kind == "cpu":
             props["tinyblas"] = bool(lib.ggml_cpu_has_llamafile())
+            # what `sdrt info` prints: whether this ggml build has the fast float32 GEMM
+            description += ", tinyBLAS GEMM" if props["tinyblas"] else ", no tinyBLAS: slow build (see sdrt-ggml's README)"
         out.append(Device(
-            backend="ggml", id=name, name=lib.ggml_backend_dev_description(dev).decode(), kind=kind,
+            backend="ggml", id=name, name=description, kind=kind,
             memory_bytes=int(total.value) or None, properties=props,
         ))
     return out

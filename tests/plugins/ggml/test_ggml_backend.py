@@ -255,3 +255,12 @@ def test_conv_scratch_lives_only_while_its_conv_runs(scheduler):
     with compile_ggml(model, scheduler=scheduler) as s:
         assert s.impl_hits == {"conv window": 4}
         assert scratch < s.compute_bytes() < 2 * scratch
+
+
+def test_cpu_device_says_whether_the_build_has_the_fast_gemm():
+    import ggml
+
+    cpu = next(d for d in _backend().devices() if d.kind == "cpu")
+    fast = bool(ggml.ggml_cpu_has_llamafile())
+    assert cpu.properties["tinyblas"] is fast
+    assert ("tinyBLAS GEMM" in cpu.name) is fast and ("slow build" in cpu.name) is not fast
