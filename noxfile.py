@@ -70,6 +70,13 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def ggml_fuzz(session: nox.Session) -> None:
+    """Random graphs on the ggml backend in child processes, against onnxruntime: `nox -s ggml_fuzz -- --graphs 21000`."""
+    _install_sdrt(session, "hypothesis>=6.100", "onnxruntime>=1.17")
+    session.run("python", "scripts/ggml_fuzz.py", *(session.posargs or ["--graphs", "21000"]))
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """Install the core and the reference backend, then run `sdrt demo`."""
     _install_sdrt(session)
