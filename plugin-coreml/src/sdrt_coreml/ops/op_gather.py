@@ -1,0 +1,41 @@
+"""Gather (embedding lookups, index picks) and ArgMax/ArgMin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import op
+from ._common import Value, attrs, mb, mil_array, norm_axis, rank, shape, var
+
+
+@op("Gather")
+def op_gather(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    data, idx = inputs
+    axis = norm_axis(int(attrs(node).get("axis", 0)), len(data.shape))
+    if isinstance(idx, np.ndarray):
+        idx = mil_array(np.where(idx < 0, idx + data.shape[axis], idx))
+        if idx.ndim == 0:  # a scalar pick drops the axis: slice it, then reshape
+            x = var(lw, data)
+            s = shape(x)
+            begin = [0] * len(s)
+            end = list(s)
+            begin[axis], end[axis] = int(idx), int(idx) + 1
+            y = mb().slice_by_index(x=x, begin=begin, end=end)
+            return [mb().reshape(x=y, shape=[d for i, d in enumerate(s) if i != axis])]
+    iv = var(lw, idx)
+    if iv.dtype.__name__ != "int32":
+        iv = mb().cast(x=iv, dtype="int32")
+    return [mb().gather(x=var(lw, data), indices=iv, axis=axis)]
+
+
+@op("ArgMax", "ArgMin")
+def op_argmax(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = var(lw, inputs[0])
+    a = attrs(node)
+    if a.get("select_last_index", 0):
+        raise ValueError("ArgMax/ArgMin with select_last_index")
+    axis = norm_axis(int(a.get("axis", 0)), rank(x))
+    fn = mb().reduce_argmax if node.op_type == "ArgMax" else mb().reduce_argmin
+    return [fn(x=x, axis=axis, keep_dims=bool(a.get("keepdims", 1)))]
