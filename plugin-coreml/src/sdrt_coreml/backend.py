@@ -163,7 +163,8 @@ class CoreMLBackend(Backend):
 
         ct()  # BackendUnavailable before any work if coremltools is missing
         t0 = time.perf_counter()
-        lowered = Lowering(graph.model, arrays, graph.inputs, opset_mil=opts.opset, sdpa=opts.sdpa).lower()
+        lowered = Lowering(graph.model, arrays, graph.inputs, opset_mil=opts.opset, sdpa=opts.sdpa,
+                           fp16=opts.precision == "fp16").lower()
         t1 = time.perf_counter()
         try:
             built = package.build(lowered, arrays, graph.inputs, _outputs(graph), opts, out, graph.name)

@@ -29,6 +29,7 @@ from .ops._common import mb, mil_array, unsupported
 log = logging.getLogger("sdrt.coreml.lower")
 
 #: graph input dtypes a Core ML model takes (int64 ids travel as int32)
+_FP16_MAX = float(np.finfo(np.float16).max)
 INPUT_DTYPES = {"float32": "fp32", "float16": "fp16", "int32": "int32", "int64": "int32"}
 
 
@@ -63,7 +64,7 @@ class Lowering:
 
     def __init__(self, model: Any, arrays: Mapping[str, np.ndarray], inputs: Sequence[Any], *, opset_mil: int,
                  sdpa: bool, feeds: Mapping[str, np.ndarray] | None = None,
-                 oracle: Mapping[str, np.ndarray] | None = None) -> None:
+                 oracle: Mapping[str, np.ndarray] | None = None, fp16: bool = False) -> None:
         load_all()
         self.model = model
         self.nodes = list(model.graph.node)
@@ -76,6 +77,8 @@ class Lowering:
         self.sdpa = sdpa
         self.feeds = feeds
         self.oracle = oracle
+        #: saturate float constants to float16's range: coremltools would cast -3.4e38 (a mask) to -inf
+        self.fp16 = fp16
         self.values: dict[str, Any] = {}
         self._producer: dict[str, Any] = {}
         self._uses: dict[str, int] = {}
@@ -96,6 +99,8 @@ class Lowering:
         """A MIL const for ``arr``; named after the initializer ``source`` (or ``arr``) when it is one."""
         src = source if source is not None else arr
         data = mil_array(arr)
+        if self.fp16 and data.dtype == np.float32 and data.size and np.abs(data).max() > _FP16_MAX:
+            data = np.clip(data, -_FP16_MAX, _FP16_MAX)
         key = (id(src), data.dtype.str)
         hit = self._const_cache.get(key)
         if hit is not None:
