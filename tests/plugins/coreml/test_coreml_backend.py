@@ -157,8 +157,9 @@ def test_targets_and_build_for_each(backend, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iOS18.mlpackage", "macOS13.mlpackage"]
 
 
-@pytest.mark.parametrize("name", ["text_encoder", "mobilenet_v2"])
-def test_bench_models_build(backend, tmp_path, name):
+def test_a_bench_model_builds(backend, tmp_path):
+    """Every bench model builds (docs/coreml.md has the figures); the suite builds the quickest one."""
+    name = "text_encoder"
     model, _ = bench_model(name, "tiny")
     out = backend.build(graph_of(model), output=tmp_path / f"{name}.mlpackage")
     built = package.load(out)

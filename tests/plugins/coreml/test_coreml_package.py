@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,6 +28,18 @@ def text_encoder():
     return bench_model("text_encoder", "tiny")
 
 
+@pytest.fixture(scope="module")
+def te_fp32(text_encoder, tmp_path_factory):
+    """The tiny text encoder built once at fp32; tests that change it take a copy (``_copy``)."""
+    return _build(text_encoder[0], tmp_path_factory.mktemp("te"), "fp32.mlpackage", precision="fp32")[0]
+
+
+def _copy(pkg, tmp_path):
+    dst = tmp_path / pkg.name
+    shutil.copytree(pkg, dst)
+    return dst, package.load(dst)
+
+
 def _build(model, tmp_path, name="m.mlpackage", **options):
     be = CoreMLBackend()
     out = be.build(graph_of(model), output=tmp_path / name, **options)
@@ -42,11 +55,11 @@ def _with_weights(model, arrays):
     return m
 
 
-def test_text_encoder_package_evaluates_like_onnxruntime_in_fp32_and_fp16(text_encoder, tmp_path):
+def test_text_encoder_package_evaluates_like_onnxruntime_in_fp32_and_fp16(text_encoder, te_fp32, tmp_path):
     model, feeds = text_encoder
     want = run_ort(model, feeds)["last_hidden_state"]
-    for precision, tol in (("fp32", 1e-4), ("fp16", 2e-2)):
-        pkg, built = _build(model, tmp_path, f"{precision}.mlpackage", precision=precision)
+    for pkg, tol in ((te_fp32, 1e-4), (_build(model, tmp_path, "fp16.mlpackage")[0], 2e-2)):
+        built = package.load(pkg)
         assert (pkg / package.WEIGHT_FILE).is_file() and (pkg / "Manifest.json").is_file()
         assert built.io["inputs"][0][:3] == ["input_ids", "input_ids", "int64"]
         assert built.op_counts["linear"] == 12 and built.n_ops > 50
@@ -55,18 +68,17 @@ def test_text_encoder_package_evaluates_like_onnxruntime_in_fp32_and_fp16(text_e
         np.testing.assert_allclose(got.outputs["last_hidden_state"], want, atol=tol, rtol=tol)
 
 
-def test_package_reloads_with_coremltools(text_encoder, tmp_path):
+def test_package_reloads_with_coremltools(te_fp32):
     from sdrt_coreml.errors import ct
 
-    pkg, _ = _build(text_encoder[0], tmp_path)
-    model = ct().models.MLModel(str(pkg), skip_model_load=True)
+    model = ct().models.MLModel(str(te_fp32), skip_model_load=True)
     assert model.get_spec().WhichOneof("Type") == "mlProgram"
     assert "sdrt.io" in model.user_defined_metadata
 
 
-def test_update_rewrites_the_weight_file_in_place(text_encoder, tmp_path):
+def test_update_rewrites_the_weight_file_in_place(text_encoder, te_fp32, tmp_path):
     model, feeds = text_encoder
-    pkg, built = _build(model, tmp_path, precision="fp32")
+    pkg, built = _copy(te_fp32, tmp_path)
     graph = graph_of(model)
     arrays = graph.initializer_arrays()
     rng = np.random.default_rng(5)
@@ -114,8 +126,8 @@ def test_update_lowers_again_when_a_folded_initializer_changes(tmp_path):
     np.testing.assert_allclose(got, run_ort(_with_weights(model, new), {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
-def test_rewrite_refuses_an_array_of_the_wrong_size(text_encoder, tmp_path):
-    pkg, built = _build(text_encoder[0], tmp_path, precision="fp32")
+def test_rewrite_refuses_an_array_of_the_wrong_size(te_fp32, tmp_path):
+    pkg, built = _copy(te_fp32, tmp_path)
     name = next(iter(built.weights))
     with pytest.raises(CoreMLError, match="bytes"):
         package.rewrite_weights(pkg, built, {name: np.zeros(3, np.float32)})
