@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import platform
 import shutil
 import struct
@@ -24,12 +25,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from sdrt import Backend, Device, Session, TensorInfo
+from sdrt import Backend, Device, Session, TensorInfo, resolve_weights
 from sdrt.errors import ModelError, NoDeviceError, SdrtError
 
 from . import cache as cache_mod
 from . import package
-from .compat import resolve_weights
 from .errors import CoreMLError, ct, first_line
 from .lower import Lowering
 from .options import TARGETS, Options, parse_options
@@ -82,9 +82,8 @@ class CoreMLBackend(Backend):
                        properties={"compute_units": unit, "chip": chip})
                 for dev_id, (unit, kind, desc) in COMPUTE_UNITS.items()]
 
-    @staticmethod
-    def targets() -> list[str]:
-        """The deployment targets ``build`` accepts (``target=``)."""
+    def targets(self) -> list[str]:
+        """The deployment targets ``build`` accepts: the oldest OS a package must load on."""
         return list(TARGETS)
 
     # -- compiling -----------------------------------------------------
@@ -103,7 +102,7 @@ class CoreMLBackend(Backend):
         if not opts.cache:
             tmp = Path(tempfile.mkdtemp(prefix="sdrt-coreml-"))
             built = self._build(static, arrays, opts, tmp / cache_mod.PACKAGE)
-            return CoreMLSession(graph, built, device, private_dir=tmp,
+            return CoreMLSession(graph, built, device, private_dir=tmp, arrays=arrays,
                                  rebuild=lambda a, out: self._build(static, a, opts, out))
         store = cache_mod.PackageCache(opts.cache_dir / "coreml" if opts.cache_dir else cache_mod.default_dir())
         key = self._cache_key(static, arrays, opts)
@@ -117,15 +116,16 @@ class CoreMLBackend(Backend):
             log.warning("package cache unusable (%s); building without it", exc)
             return self.compile(graph, weights, device, **{**options, "cache": False})
         log.info("%s %s (cache %s)", "loaded" if hit else "built", graph.name, key[:12])
-        return CoreMLSession(graph, package.load(pkg), device, private_dir=None,
+        return CoreMLSession(graph, package.load(pkg), device, private_dir=None, arrays=arrays,
                              rebuild=lambda a, out: self._build(static, a, opts, out))
 
-    def build(self, graph: Graph, weights: Weights | None = None, *, output: str | Path, target: str | None = None,
+    def build(self, graph: Graph, weights: Weights | None, target: str | None, path: str | os.PathLike[str],
               **options: Any) -> Path:
-        """Ahead of time: write ``output`` (a ``.mlpackage`` folder) for ``target`` on any OS."""
+        """Ahead of time, on any OS: write ``path`` (a ``.mlpackage`` folder) for ``target``
+        (one of ``targets()``; None: macOS14, or this Mac's own version)."""
         opts = parse_options({**options, "target": target or options.get("target")},
                              where="sdrt compile --backend coreml")
-        out = Path(output)
+        out = Path(path)
         if out.suffix != ".mlpackage":
             raise SdrtError(f"output {out.name!r} does not end in .mlpackage", where=str(out),
                             fix="name the output MODEL.mlpackage (Core ML packages are folders with that suffix)")

@@ -31,8 +31,9 @@ def plan_update(built: package.Built, arrays: dict[str, np.ndarray]) -> list[str
 
 
 def update_package(pkg: Path, built: package.Built, arrays: dict[str, np.ndarray],
-                   rebuild: Callable[[dict[str, np.ndarray], Path], package.Built]) -> tuple[Path, package.Built]:
-    """Bring the package at ``pkg`` (a private copy) to ``arrays``: in place, or by rebuilding it beside."""
+                   rebuild: Callable[[Path], package.Built]) -> tuple[Path, package.Built]:
+    """Bring the package at ``pkg`` (a private copy) to the new ``arrays``: in place, or with
+    ``rebuild(path)`` (which lowers every current weight again) beside it, then swapped in."""
     changed = plan_update(built, arrays)
     if not changed:
         n = package.rewrite_weights(pkg, built, arrays)
@@ -42,7 +43,7 @@ def update_package(pkg: Path, built: package.Built, arrays: dict[str, np.ndarray
              ", ".join(changed[:3]), ", ..." if len(changed) > 3 else "")
     fresh = pkg.with_name(pkg.stem + ".rebuilt.mlpackage")
     shutil.rmtree(fresh, ignore_errors=True)
-    new = rebuild(arrays, fresh)
+    new = rebuild(fresh)
     shutil.rmtree(pkg, ignore_errors=True)
     fresh.rename(pkg)
     new.path = pkg
@@ -51,17 +52,15 @@ def update_package(pkg: Path, built: package.Built, arrays: dict[str, np.ndarray
 
 class CoreMLSession(Session):
     def __init__(self, graph: Any, built: package.Built, device: Device, *, private_dir: Path | None,
-                 rebuild: Callable[[dict[str, np.ndarray], Path], package.Built]) -> None:
+                 arrays: dict[str, np.ndarray], rebuild: Callable[[dict[str, np.ndarray], Path], package.Built]
+                 ) -> None:
         inputs = [TensorInfo(n, d, tuple(s)) for n, _, d, s in built.io["inputs"]]
         outputs = [TensorInfo(n, d, tuple(s)) for n, _, d, s in built.io["outputs"]]
-        try:
-            super().__init__(inputs, outputs, graph=graph)
-        except TypeError:  # a core from before the redesign (see compat.py)
-            super().__init__(inputs, outputs)
-            self.graph = graph
+        super().__init__(inputs, outputs, graph=graph)
         self._built = built
         self._device = device
         self._private = private_dir  # a folder this session owns (None: the package is the cache's)
+        self._arrays = dict(arrays)  # every initializer's current value, for a rebuild
         self._rebuild = rebuild
         self._model = self._load(built.path)
 
@@ -94,18 +93,14 @@ class CoreMLSession(Session):
             shutil.copytree(self._built.path, dst)
             self._built = package.Built(dst, self._built.io, self._built.weights, self._built.folded,
                                         self._built.op_counts)
-        pkg, self._built = update_package(self._built.path, self._built, arrays, self._rebuild)
+        self._arrays.update(arrays)
+        pkg, self._built = update_package(self._built.path, self._built, arrays,
+                                          lambda out: self._rebuild(self._arrays, out))
         self._model = self._load(pkg)
-
-    def update_weights(self, weights: Any) -> None:
-        base = getattr(Session, "_update_weights", None)
-        if base is not None:  # the redesigned contract checks the weights, then calls _update_weights
-            super().update_weights(weights)
-            return
-        self._update_weights({k: np.asarray(v) for k, v in weights.bind(self.graph).items()})  # see compat.py
 
     def close(self) -> None:
         self._model = None
+        self._arrays = {}
         if self._private is not None:
             shutil.rmtree(self._private, ignore_errors=True)
             self._private = None

@@ -80,7 +80,7 @@ def test_unsupported_graph_lists_every_op_before_any_work(backend, tmp_path, mon
     for step in ("with_shapes", "fold_constants"):  # pinning shapes and folding are the first long work
         monkeypatch.setattr(Graph, step, lambda *a, **k: pytest.fail("work started before the check"))
     with pytest.raises(UnsupportedGraph) as err:
-        backend.build(graph_of(model), output=tmp_path / "m.mlpackage")
+        backend.build(graph_of(model), None, None, tmp_path / "m.mlpackage")
     found = err.value.unsupported
     assert set(found) == {"NonMaxSuppression", "Pad (mode=wrap)", "com.vendor.Custom", "Gelu (approximate='cubic')",
                           "Resize (mode=cubic)"}
@@ -93,7 +93,7 @@ def test_value_dependent_limits_fail_while_lowering_naming_the_node(backend, tmp
                             coordinate_transformation_mode="asymmetric", nearest_mode="floor")
     model = make_model([node], {"x": ((1, 1, 4, 4), F)}, {"y": (None, F)}, {"s": np.array([1, 1, 1.5, 1.5], np.float32)})
     with pytest.raises(UnsupportedGraph, match=r"up1\.5.*only whole upscale factors"):
-        backend.build(graph_of(model), output=tmp_path / "m.mlpackage")
+        backend.build(graph_of(model), None, None, tmp_path / "m.mlpackage")
     assert not (tmp_path / "m.mlpackage").exists()
 
 
@@ -101,21 +101,21 @@ def test_runtime_shape_input_is_unsupported(backend, tmp_path):
     node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="dyn_reshape")
     model = make_model([node], {"x": ((2, 3), F), "shape": ((2,), TP.INT64)}, {"y": (None, F)})
     with pytest.raises(UnsupportedGraph, match="dyn_reshape.*must be a constant"):
-        backend.build(graph_of(model), output=tmp_path / "m.mlpackage")
+        backend.build(graph_of(model), None, None, tmp_path / "m.mlpackage")
 
 
 def test_input_of_a_type_core_ml_cannot_take(backend, tmp_path):
     node = helper.make_node("Cast", ["x"], ["y"], to=TP.FLOAT)
     model = make_model([node], {"x": ((2, 3), TP.BOOL)}, {"y": (None, F)})
     with pytest.raises(UnsupportedGraph, match="input 'x' has type bool"):
-        backend.build(graph_of(model), output=tmp_path / "m.mlpackage")
+        backend.build(graph_of(model), None, None, tmp_path / "m.mlpackage")
 
 
 def test_dynamic_input_needs_shapes_then_builds(backend, tmp_path):
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": (("batch", 3), F)}, {"y": (None, F)})
     with pytest.raises(ModelError, match="dynamic dimensions.*shapes="):
-        backend.build(graph_of(model), output=tmp_path / "a.mlpackage")
-    out = backend.build(graph_of(model), output=tmp_path / "b.mlpackage", shapes={"batch": 2})
+        backend.build(graph_of(model), None, None, tmp_path / "a.mlpackage")
+    out = backend.build(graph_of(model), None, None, tmp_path / "b.mlpackage", shapes={"batch": 2})
     assert package.load(out).io["inputs"][0][3] == [2, 3]
 
 
@@ -143,16 +143,16 @@ def test_options_defaults_and_aliases():
 # -- ahead of time ----------------------------------------------------------
 def test_build_refuses_a_bad_output(backend, tmp_path):
     with pytest.raises(SdrtError, match="does not end in .mlpackage"):
-        backend.build(graph_of(_relu_model()), output=tmp_path / "m.onnx")
+        backend.build(graph_of(_relu_model()), None, None, tmp_path / "m.onnx")
     (tmp_path / "there.mlpackage").mkdir()
     with pytest.raises(SdrtError, match="already exists"):
-        backend.build(graph_of(_relu_model()), output=tmp_path / "there.mlpackage")
+        backend.build(graph_of(_relu_model()), None, None, tmp_path / "there.mlpackage")
 
 
 def test_targets_and_build_for_each(backend, tmp_path):
     assert backend.targets() == ["macOS13", "macOS14", "macOS15", "iOS16", "iOS17", "iOS18"]
     for target in ("macOS13", "iOS18"):
-        out = backend.build(graph_of(_relu_model()), output=tmp_path / f"{target}.mlpackage", target=target)
+        out = backend.build(graph_of(_relu_model()), None, target, tmp_path / f"{target}.mlpackage")
         assert package.load(out).io["outputs"][0][0] == "y"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["iOS18.mlpackage", "macOS13.mlpackage"]
 
@@ -161,7 +161,7 @@ def test_a_bench_model_builds(backend, tmp_path):
     """Every bench model builds (docs/coreml.md has the figures); the suite builds the quickest one."""
     name = "text_encoder"
     model, _ = bench_model(name, "tiny")
-    out = backend.build(graph_of(model), output=tmp_path / f"{name}.mlpackage")
+    out = backend.build(graph_of(model), None, None, tmp_path / f"{name}.mlpackage")
     built = package.load(out)
     assert built.n_ops > 50 and (out / package.WEIGHT_FILE).stat().st_size > 100_000
 

@@ -42,7 +42,7 @@ def _copy(pkg, tmp_path):
 
 def _build(model, tmp_path, name="m.mlpackage", **options):
     be = CoreMLBackend()
-    out = be.build(graph_of(model), output=tmp_path / name, **options)
+    out = be.build(graph_of(model), None, None, tmp_path / name, **options)
     return out, package.load(out)
 
 
@@ -116,9 +116,9 @@ def test_update_lowers_again_when_a_folded_initializer_changes(tmp_path):
     static, arrays = be._prepare(graph_of(model), None, opts)
     calls = []
 
-    def rebuild(a, out):
+    def rebuild(out):
         calls.append(out)
-        return be._build(static, {**arrays, **a}, opts, out)
+        return be._build(static, {**arrays, **new}, opts, out)
 
     pkg2, built2 = update_package(pkg, built, new, rebuild)
     assert len(calls) == 1 and pkg2 == pkg and built2.path == pkg
