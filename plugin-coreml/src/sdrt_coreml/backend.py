@@ -70,6 +70,10 @@ class CoreMLBackend(Backend):
     api_version = (1, 0)
     priority = 60  # on a Mac the vendor's own runtime beats ggml's Metal path (10)
     conformance: ClassVar[Mapping[str, Any]] = {}
+    #: what ``sdrt selftest`` measures: fp16 (Core ML's own compute precision, the default) and fp32
+    precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {"fp16": {"precision": "fp16"},
+                                                             "fp32": {"precision": "fp32"}}
+    default_precision: ClassVar[str] = "fp16"
 
     # -- devices -------------------------------------------------------
     def devices(self) -> list[Device]:
