@@ -37,10 +37,11 @@ class Evaluation:
 
 
 def evaluate(graph: Any, feeds: Mapping[str, np.ndarray], *, target: str = "macOS14", weights: Any = None,
-             reference: Mapping[str, np.ndarray] | None = None) -> Evaluation:
-    """Lower ``graph`` (static shapes) with ``feeds`` as constants and return what MIL computed."""
+             reference: Mapping[str, np.ndarray] | None = None, shapes: Mapping[str, Any] | None = None
+             ) -> Evaluation:
+    """Lower ``graph`` with ``feeds`` as constants and return what MIL computed (``shapes`` pins dynamic dims)."""
     ct()
-    static = graph.with_shapes().fold_constants()
+    static = graph.with_shapes(dict(shapes or {})).fold_constants()
     arrays = resolve_weights(static, weights)
     opset = TARGETS[target]
     lw = Lowering(static.model, arrays, static.inputs, opset_mil=opset, sdpa=opset >= 18, feeds=feeds,

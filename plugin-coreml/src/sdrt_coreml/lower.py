@@ -3,8 +3,7 @@
 Values are MIL ``Var``s (runtime tensors) or numpy arrays (constants).
 Nodes whose inputs are all constants are evaluated at compile time with onnx's
 reference ops; an initializer that a MIL op needs becomes one ``const`` named
-after it, so the package's weight file can be rewritten in place later
-(``package.WeightMap``). With ``feeds`` the graph inputs become MIL constants
+after it (``package`` finds it again by value, to rewrite it in place). With ``feeds`` the graph inputs become MIL constants
 too: every MIL op that has a ``value_inference`` then computes its result in
 numpy while the program is built (``evaluate.py``).
 """
@@ -38,8 +37,6 @@ class Lowered:
     """What lowering produced."""
 
     program: Any
-    #: MIL const name -> initializer name, for every initializer that became one const as it is
-    consts: dict[str, str] = field(default_factory=dict)
     n_ops: int = 0
     fused_attention: int = 0
     #: with feeds: output name -> value computed by MIL's value inference (None where it stopped)
@@ -91,6 +88,7 @@ class Lowering:
             self._uses[o] = self._uses.get(o, 0) + 2  # a graph output is never an interior value
         self._init_ids = {id(a): n for n, a in self.inits.items()}
         self._const_cache: dict[tuple[int, str], Any] = {}
+        self._keep: list[np.ndarray] = []
         self._taken: set[str] = set()
         self.out = Lowered(program=None)
 
@@ -106,15 +104,9 @@ class Lowering:
         if hit is not None:
             return hit
         init = self._init_ids.get(id(src))
-        if init is not None and data.size > 1:
-            name = mil_name(init, self._taken)
-            v = mb().const(val=data, name=name)
-            self.out.consts[name] = init
-        else:
-            v = mb().const(val=data)
+        v = mb().const(val=data, name=mil_name(init, self._taken)) if init is not None else mb().const(val=data)
         self._const_cache[key] = v
-        self._keep = getattr(self, "_keep", [])
-        self._keep.append(src)
+        self._keep.append(src)  # keeps id(src) unique while it is a cache key
         return v
 
     def constant(self, name: str) -> np.ndarray | None:

@@ -266,3 +266,27 @@ def test_ops_without_value_inference_are_counted_and_fed_from_a_reference():
     assert ev.stand_ins == {"conv": 1, "max_pool": 1, "avg_pool": 1, "upsample_nearest_neighbor": 1,
                             "upsample_bilinear": 1}
     np.testing.assert_allclose(ev.outputs["y"], run_ort(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("equation", "sa", "sb"), [
+    ("bhid,bhjd->bhij", (1, 2, 4, 8), (1, 2, 5, 8)),   # attention scores, old diffusers exports
+    ("bhij,bhjd->bhid", (1, 2, 4, 5), (1, 2, 5, 8)),   # attention values
+    ("bij,bjk->bik", (2, 3, 4), (2, 4, 5)),
+    ("ij,kj->ki", (3, 4), (5, 4)),                     # output in another order
+])
+def test_einsum_as_batched_matmul(equation, sa, sb):
+    a, b = _x(*sa), _x(*sb)
+    node = helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)
+    check(make_model([node], {"a": (a.shape, F), "b": (b.shape, F)}, {"y": (None, F)}, opset=17), {"a": a, "b": b})
+
+
+@pytest.mark.parametrize(("equation", "why"), [("ij->ji", "with 1 operands"), ("ii,ij->j", "repeated indices"),
+                                               ("ij,jk->i", "summed within one operand")])
+def test_einsum_forms_not_lowered_are_unsupported_naming_the_node(equation, why):
+    from sdrt.errors import UnsupportedGraph
+
+    a = _x(3, 3)
+    names = ["a"] if equation.count(",") == 0 else ["a", "a"]
+    node = helper.make_node("Einsum", names, ["y"], equation=equation, name="my_einsum")
+    with pytest.raises(UnsupportedGraph, match=f"my_einsum.*{why}"):
+        mil_eval(make_model([node], {"a": (a.shape, F)}, {"y": (None, F)}), {"a": a})

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from . import op
-from ._common import Value, attrs, mb, mil_array, norm_axis, rank, shape, var
+from ._common import Value, attrs, mb, mil_array, norm_axis, np_dtype, rank, shape, var
 
 
 @op("Gather")
@@ -25,7 +25,7 @@ def op_gather(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
             y = mb().slice_by_index(x=x, begin=begin, end=end)
             return [mb().reshape(x=y, shape=[d for i, d in enumerate(s) if i != axis])]
     iv = var(lw, idx)
-    if iv.dtype.__name__ != "int32":
+    if np_dtype(iv) != np.int32:
         iv = mb().cast(x=iv, dtype="int32")
     return [mb().gather(x=var(lw, data), indices=iv, axis=axis)]
 

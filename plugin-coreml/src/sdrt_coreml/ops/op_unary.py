@@ -128,11 +128,6 @@ def op_identity(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     return [inputs[0]] + [None] * (len(node.output) - 1)
 
 
-@check("Softmax", "LogSoftmax")
-def check_softmax(node: Any) -> str | None:
-    return None  # opset < 13 semantics are checked against the rank while lowering
-
-
 @op("Softmax", "LogSoftmax")
 def op_softmax(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = var(lw, inputs[0])
