@@ -18,6 +18,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import struct
 import time
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ from .options import Options
 log = logging.getLogger("sdrt.coreml.package")
 
 WEIGHT_FILE = Path("Data/com.apple.CoreML/weights/weight.bin")
+PROGRAM_FILE = Path("Data/com.apple.CoreML/model.mlmodel")
 _RECORD = struct.Struct("<IIQQ")  # sentinel, data type, size in bytes, data offset
 _SENTINEL = 0xDEADBEEF
 #: MIL blob data types sdrt rewrites in place
@@ -92,7 +94,7 @@ def build(lowered: Lowered, arrays: Mapping[str, np.ndarray], inputs: Sequence[A
         "outputs": [[o.name, d.name, o.dtype, list(o.shape)] for o, d in zip(outputs, spec.description.output)],
     }
     weight_file = Path(model.weights_dir) / WEIGHT_FILE.name  # the package coremltools keeps until saved
-    weights, folded = _weight_map(weight_file, _blob_consts(spec), arrays)
+    weights, folded = _weight_map(weight_file, _blob_consts(spec), _inline_consts(spec), arrays)
     meta = model.user_defined_metadata
     meta["sdrt.io"] = json.dumps(io_info)
     meta["sdrt.weights"] = json.dumps({"mapped": weights, "folded": folded})
@@ -144,6 +146,25 @@ def _blob_consts(spec: Any) -> dict[str, int]:
     return out
 
 
+def _inline_consts(spec: Any) -> dict[str, np.ndarray]:
+    """Const name -> value, for float tensors of 2 or more elements written into the program itself."""
+    out = {}
+    for op in _main_ops(spec):
+        if op.type != "const":
+            continue
+        val = op.attributes["val"]
+        dims = [int(d.constant.size) for d in val.type.tensorType.dimensions]
+        if not val.HasField("immediateValue") or int(np.prod(dims, dtype=np.int64)) < 2:
+            continue
+        tensor = val.immediateValue.tensor
+        kind = tensor.WhichOneof("value")
+        if kind == "floats":
+            out[op.outputs[0].name] = np.asarray(tensor.floats.values, np.float32)
+        elif kind == "bytes" and len(tensor.bytes.values) == 2 * int(np.prod(dims)):  # float16 as raw bytes
+            out[op.outputs[0].name] = np.frombuffer(tensor.bytes.values, np.float16).copy()
+    return out
+
+
 def read_record(data: bytes | memoryview, offset: int) -> tuple[np.dtype | None, int, int]:
     """(numpy dtype or None for types sdrt does not rewrite, size in bytes, data offset) of one record."""
     sentinel, dtype, size, start = _RECORD.unpack_from(data, offset)
@@ -158,9 +179,12 @@ def read_record(data: bytes | memoryview, offset: int) -> tuple[np.dtype | None,
 _TRANSFORMS = {"": lambda a: a, "T": lambda a: a.T}
 
 
-def _weight_map(weight_file: Path, blobs: dict[str, int], arrays: Mapping[str, np.ndarray]
-                ) -> tuple[dict[str, list[list[str]]], dict[str, str]]:
-    """Initializers that constants hold by value (-> [[const, transform]]), and the rest (-> digest).
+def _weight_map(weight_file: Path, blobs: dict[str, int], inline: dict[str, np.ndarray],
+                arrays: Mapping[str, np.ndarray]) -> tuple[dict[str, list[list[str]]], dict[str, str]]:
+    """Initializers that constants hold by value (-> [[const, transform, place]]), and the rest (-> digest).
+
+    ``place`` is ``blob`` (in the weight file) or ``inline`` (tensors under 10 elements, which
+    coremltools writes into the program itself).
 
     Constants are matched by value, not by name: coremltools' passes rename and fuse
     constants (a bias moves into ``linear``, a group norm's affine into ``batch_norm``),
@@ -173,13 +197,15 @@ def _weight_map(weight_file: Path, blobs: dict[str, int], arrays: Mapping[str, n
         dtype, size, start = read_record(data, offset)
         if dtype is not None:
             key = (dtype.str, size, hashlib.sha1(memoryview(data)[start:start + size]).digest())
-            index.setdefault(key, []).append(name)
+            index.setdefault(key, []).append((name, "blob"))
+    for name, arr in inline.items():
+        index.setdefault((arr.dtype.str, arr.nbytes, hashlib.sha1(arr.tobytes()).digest()), []).append((name, "inline"))
     hits: dict[str, list[list[str]]] = {}
     owners: dict[str, set[str]] = {}
     for init, arr in arrays.items():
         arr = np.asarray(arr)
-        if arr.size < 2 or arr.dtype.kind != "f":
-            continue
+        if arr.size < 2 or arr.dtype.kind != "f" or np.all(arr == arr.reshape(-1)[0]):
+            continue  # a constant-valued tensor (zeros, ones) could match a constant that is not it
         for tag, fn in _TRANSFORMS.items():
             if tag and arr.ndim != 2:
                 continue
@@ -187,11 +213,11 @@ def _weight_map(weight_file: Path, blobs: dict[str, int], arrays: Mapping[str, n
             for dtype in _BLOB_DTYPES.values():
                 with np.errstate(over="ignore"):
                     raw = moved.astype(dtype).tobytes()
-                for const in index.get((dtype.str, len(raw), hashlib.sha1(raw).digest()), []):
-                    hits.setdefault(init, []).append([const, tag])
+                for const, place in index.get((dtype.str, len(raw), hashlib.sha1(raw).digest()), []):
+                    hits.setdefault(init, []).append([const, tag, place])
                     owners.setdefault(const, set()).add(init)
     shared = {c for c, inits in owners.items() if len(inits) > 1}
-    mapped = {init: consts for init, consts in hits.items() if not any(c in shared for c, _ in consts)}
+    mapped = {init: consts for init, consts in hits.items() if not any(c in shared for c, _, _ in consts)}
     folded = {name: digest(np.asarray(arr)) for name, arr in arrays.items() if name not in mapped}
     return mapped, folded
 
@@ -199,17 +225,26 @@ def _weight_map(weight_file: Path, blobs: dict[str, int], arrays: Mapping[str, n
 def rewrite_weights(pkg: Path, built: Built, arrays: Mapping[str, np.ndarray]) -> int:
     """Overwrite the constants of the mapped initializers in ``arrays``; returns bytes written.
 
-    The caller has checked that no folded initializer changed.
+    Constants in the weight file are overwritten where they are (the file keeps its size);
+    inline ones are changed in the program, which is written to a temporary file and
+    renamed over ``model.mlmodel``. The caller has checked that no folded initializer changed.
     """
     coremltools = ct()
-    blobs = _blob_consts(coremltools.utils.load_spec(str(pkg)))
-    written = 0
+    spec = coremltools.utils.load_spec(str(pkg))
+    blobs = _blob_consts(spec)
+    inline_ops = {op.outputs[0].name: op for op in _main_ops(spec) if op.type == "const"}
+    written, spec_changed = 0, False
     with open(pkg / WEIGHT_FILE, "r+b") as f:
-        for init, names in built.weights.items():
+        for init, consts in built.weights.items():
             if init not in arrays:
                 continue
             arr = np.asarray(arrays[init])
-            for name, tag in names:
+            for name, tag, place in consts:
+                moved = np.ascontiguousarray(_TRANSFORMS[tag](arr))
+                if place == "inline":
+                    written += _set_inline(inline_ops[name], moved, pkg, init)
+                    spec_changed = True
+                    continue
                 f.seek(blobs[name])
                 dtype, size, start = read_record(f.read(_RECORD.size), 0)
                 if dtype is None or size != arr.size * dtype.itemsize:
@@ -218,6 +253,30 @@ def rewrite_weights(pkg: Path, built: Built, arrays: Mapping[str, np.ndarray]) -
                                       fix="build the package again (the weights do not fit this graph)")
                 f.seek(start)
                 with np.errstate(over="ignore"):  # fp16 saturates to inf exactly as coremltools' cast does
-                    f.write(np.ascontiguousarray(_TRANSFORMS[tag](arr)).astype(dtype).tobytes())
+                    f.write(moved.astype(dtype).tobytes())
                 written += size
+    if spec_changed:
+        target = pkg / PROGRAM_FILE
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_bytes(spec.SerializeToString())
+        os.replace(tmp, target)
     return written
+
+
+def _set_inline(op: Any, arr: np.ndarray, pkg: Path, init: str) -> int:
+    tensor = op.attributes["val"].immediateValue.tensor
+    if tensor.WhichOneof("value") == "floats":
+        if len(tensor.floats.values) != arr.size:
+            raise CoreMLError(f"inline constant {op.outputs[0].name} of initializer {init!r} holds "
+                              f"{len(tensor.floats.values)} values, the new array {arr.size}", where=str(pkg),
+                              fix="build the package again (the weights do not fit this graph)")
+        tensor.floats.values[:] = arr.reshape(-1).astype(np.float32).tolist()
+        return arr.size * 4
+    with np.errstate(over="ignore"):
+        raw = arr.reshape(-1).astype(np.float16).tobytes()
+    if len(raw) != len(tensor.bytes.values):
+        raise CoreMLError(f"inline constant {op.outputs[0].name} of initializer {init!r} holds "
+                          f"{len(tensor.bytes.values)} bytes, the new array {len(raw)}", where=str(pkg),
+                          fix="build the package again (the weights do not fit this graph)")
+    tensor.bytes.values = raw
+    return len(raw)

@@ -126,6 +126,26 @@ def test_update_lowers_again_when_a_folded_initializer_changes(tmp_path):
     np.testing.assert_allclose(got, run_ort(_with_weights(model, new), {"x": x})["y"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_update_rewrites_small_constants_inside_the_program(tmp_path, precision):
+    """A 4-element bias is written into the program itself (coremltools inlines under 10 elements)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+    inits = {"w": rng.standard_normal((6, 4)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32),
+             "z": np.zeros(4, np.float32)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Add", ["a", "z"], ["y"])]
+    model = make_model(nodes, {"x": (x.shape, TP.FLOAT)}, {"y": (None, TP.FLOAT)}, inits)
+    pkg, built = _build(model, tmp_path, precision=precision)
+    assert [place for _, _, place in built.weights["b"]] == ["inline"]
+    assert "z" in built.folded  # all zeros: never matched by value
+    new = {"b": inits["b"] * -3, "w": inits["w"] * 0.5}
+    update_package(pkg, built, new, lambda out: pytest.fail("an in-place update must not lower again"))
+    got = evaluate_package(pkg, {"x": x}).outputs["y"]
+    tol = 1e-5 if precision == "fp32" else 1e-2
+    np.testing.assert_allclose(got, run_ort(_with_weights(model, new), {"x": x})["y"], rtol=tol, atol=tol)
+
+
 def test_rewrite_refuses_an_array_of_the_wrong_size(te_fp32, tmp_path):
     pkg, built = _copy(te_fp32, tmp_path)
     name = next(iter(built.weights))
