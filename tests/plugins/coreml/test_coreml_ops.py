@@ -290,3 +290,12 @@ def test_einsum_forms_not_lowered_are_unsupported_naming_the_node(equation, why)
     node = helper.make_node("Einsum", names, ["y"], equation=equation, name="my_einsum")
     with pytest.raises(UnsupportedGraph, match=f"my_einsum.*{why}"):
         mil_eval(make_model([node], {"a": (a.shape, F)}, {"y": (None, F)}), {"a": a})
+
+
+def test_shape_and_size_of_a_runtime_tensor_are_constants():
+    x = _x(2, 3, 4)
+    nodes = [helper.make_node("Shape", ["x"], ["s"], start=1), helper.make_node("Size", ["x"], ["n"]),
+             helper.make_node("Reshape", ["x", "s2"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]
+    model = make_model(nodes, {"x": (x.shape, F)}, {"y": (None, F), "s": (None, TP.INT64), "n": (None, TP.INT64)},
+                       {"s2": np.array([6, 4], np.int64)})
+    check(model, {"x": x})

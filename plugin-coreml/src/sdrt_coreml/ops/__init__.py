@@ -22,7 +22,7 @@ CHECKS: dict[str, Check] = {}
 #: ops that are supported only when every input is a compile-time constant: they are
 #: evaluated with onnx's reference implementation while lowering (shape arithmetic, masks)
 FOLD_ONLY: set[str] = {
-    "Constant", "ConstantOfShape", "Range", "Shape", "Size", "NonZero", "ScatterND", "Trilu", "CumSum",
+    "Constant", "ConstantOfShape", "Range", "NonZero", "ScatterND", "Trilu", "CumSum",
     "OneHot", "Mod", "ReduceProd", "IsNaN", "IsInf", "Xor", "EyeLike",
 }
 

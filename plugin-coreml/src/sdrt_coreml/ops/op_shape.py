@@ -28,6 +28,19 @@ def reshape(x: Any, new_shape: list[int] | tuple[int, ...]) -> Any:
     return mb().reshape(x=x, shape=list(new_shape))
 
 
+@op("Shape", "Size")
+def op_shape(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    """Shapes are static in a Core ML program: Shape and Size of a runtime tensor are constants."""
+    s = shape(inputs[0])
+    if node.op_type == "Size":
+        return [np.asarray(math.prod(s), np.int64)]
+    a = attrs(node)
+    r = len(s)
+    start = int(a.get("start", 0))
+    end = int(a.get("end", r))
+    return [np.asarray(s[slice(start, end)], np.int64)]
+
+
 @op("Reshape")
 def op_reshape(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = var(lw, inputs[0])
