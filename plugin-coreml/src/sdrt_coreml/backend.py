@@ -105,9 +105,13 @@ class CoreMLBackend(Backend):
 
         if not opts.cache:
             tmp = Path(tempfile.mkdtemp(prefix="sdrt-coreml-"))
-            built = self._build(static, arrays, opts, tmp / cache_mod.PACKAGE)
-            return CoreMLSession(graph, built, device, private_dir=tmp, arrays=arrays,
-                                 rebuild=lambda a, out: self._build(static, a, opts, out))
+            try:
+                built = self._build(static, arrays, opts, tmp / cache_mod.PACKAGE)
+                return CoreMLSession(graph, built, device, private_dir=tmp, arrays=arrays,
+                                     rebuild=lambda a, out: self._build(static, a, opts, out))
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         store = cache_mod.PackageCache(opts.cache_dir / "coreml" if opts.cache_dir else cache_mod.default_dir())
         key = self._cache_key(static, arrays, opts)
 
