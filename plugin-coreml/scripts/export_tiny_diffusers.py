@@ -1,8 +1,9 @@
 """Export tiny, randomly initialized diffusers/transformers models to ONNX as torch writes them
-(TorchScript exporter, opset 17, the way diffusers' and Optimum's export scripts call it), to check
-the Core ML lowering on real exports. Run with the torch venv (nothing is downloaded):
+(TorchScript exporter, opset 17, the way diffusers' and Optimum's export scripts call it; with
+``--dynamo``, torch's dynamo exporter at opset 18), to check the Core ML lowering on real exports.
+Run with the torch venv (nothing is downloaded):
 
-    /work/venv-torch/bin/python plugin-coreml/scripts/export_tiny_diffusers.py /tmp/tiny-sd
+    /work/venv-torch/bin/python plugin-coreml/scripts/export_tiny_diffusers.py /tmp/tiny-sd [--dynamo]
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class TextEncoder(torch.nn.Module):
         return out.last_hidden_state, out.pooler_output
 
 
-def main(out: Path) -> None:
+def main(out: Path, dynamo: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     unet = UNet2DConditionModel(
@@ -62,14 +63,15 @@ def main(out: Path) -> None:
                 p.add_(torch.randn_like(p) * 0.02)
         torch.onnx.export(unet, (torch.randn(1, 4, 8, 8), torch.tensor([10.0]), torch.randn(1, 77, 16)),
                           out / "unet.onnx", input_names=["sample", "timestep", "encoder_hidden_states"],
-                          output_names=["out_sample"], opset_version=17, dynamo=False)
+                          output_names=["out_sample"], opset_version=18 if dynamo else 17, dynamo=dynamo)
         torch.onnx.export(Decoder(vae), (torch.randn(1, 4, 8, 8),), out / "vae_decoder.onnx",
-                          input_names=["latent_sample"], output_names=["sample"], opset_version=17, dynamo=False)
+                          input_names=["latent_sample"], output_names=["sample"], opset_version=18 if dynamo else 17, dynamo=dynamo)
         torch.onnx.export(TextEncoder(clip), (torch.randint(0, 1000, (1, 77)),), out / "text_encoder.onnx",
                           input_names=["input_ids"], output_names=["last_hidden_state", "pooler_output"],
-                          opset_version=17, dynamo=False)
+                          opset_version=18 if dynamo else 17, dynamo=dynamo)
     print(f"wrote {', '.join(p.name for p in sorted(out.glob('*.onnx')))} to {out}")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-sd"))
+    args = [a for a in sys.argv[1:] if a != "--dynamo"]
+    main(Path(args[0] if args else "tiny-sd"), dynamo="--dynamo" in sys.argv[1:])

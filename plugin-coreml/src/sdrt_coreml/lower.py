@@ -117,6 +117,13 @@ class Lowering:
         """The node producing ``name`` when ``name`` is used exactly once (an interior value)."""
         return self._producer.get(name) if self._uses.get(name, 0) == 1 else None
 
+    def node_of(self, name: str) -> Any:
+        """The node producing ``name`` (None for inputs and initializers)."""
+        return self._producer.get(name)
+
+    def n_uses(self, name: str) -> int:
+        return self._uses.get(name, 0)
+
     def rank_of(self, name: str) -> int | None:
         v = self.values.get(name)
         return None if v is None else len(v.shape)

@@ -299,3 +299,34 @@ def test_shape_and_size_of_a_runtime_tensor_are_constants():
     model = make_model(nodes, {"x": (x.shape, F)}, {"y": (None, F), "s": (None, TP.INT64), "n": (None, TP.INT64)},
                        {"s2": np.array([6, 4], np.int64)})
     check(model, {"x": x})
+
+
+def test_isnan_isinf_and_gather_nd():
+    x = _x(2, 5)
+    x[0, 1], x[1, 3], x[1, 0] = np.nan, np.inf, -np.inf
+    nodes = [helper.make_node("IsNaN", ["x"], ["n"]), helper.make_node("IsInf", ["x"], ["i"]),
+             helper.make_node("Or", ["n", "i"], ["bad"]), helper.make_node("Where", ["bad", "zero", "x"], ["c"]),
+             helper.make_node("GatherND", ["c", "idx"], ["y"])]
+    model = make_model(nodes, {"x": (x.shape, F)}, {"c": (None, F), "y": (None, F)},
+                       {"zero": np.asarray(0, np.float32), "idx": np.array([[1, 3], [0, 2]], np.int64)})
+    ev = mil_eval(model, {"x": x}, reference=ort_intermediates(model, {"x": x}))
+    assert ev.stand_ins == {"gather_nd": 1}  # coremltools has no value inference for gather_nd
+    want = run_ort(model, {"x": x})
+    np.testing.assert_array_equal(ev.outputs["c"], want["c"])
+    np.testing.assert_array_equal(ev.outputs["y"], want["y"])
+
+
+@pytest.mark.parametrize(("mask_value", "fused"), [(-1e4, 1), (-np.inf, 0)])
+def test_attention_with_torch_dynamo_nan_guard(mask_value, fused):
+    """Where(IsNaN(P), 0, P) after the softmax fuses when the mask is finite, and is kept otherwise."""
+    b, h, n, d = 1, 2, 4, 8
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s0"]), helper.make_node("Mul", ["s0", "c"], ["s1"]),
+             helper.make_node("Add", ["s1", "mask"], ["s2"]), helper.make_node("Softmax", ["s2"], ["p"], axis=-1),
+             helper.make_node("IsNaN", ["p"], ["nan"]), helper.make_node("Where", ["nan", "zero", "p"], ["pg"]),
+             helper.make_node("MatMul", ["pg", "v"], ["y"])]
+    mask = np.triu(np.full((n, n), mask_value, np.float32), 1)[None, None]
+    inits = {"c": np.asarray(d ** -0.5, np.float32), "mask": mask, "zero": np.asarray(0, np.float32)}
+    shapes = {"q": ((b, h, n, d), F), "kt": ((b, h, d, n), F), "v": ((b, h, n, d), F)}
+    feeds = {"q": _x(b, h, n, d), "kt": _x(b, h, d, n), "v": _x(b, h, n, d)}
+    ev = check(make_model(nodes, shapes, {"y": (None, F)}, inits), feeds, target="macOS15")
+    assert ev.fused_attention == fused

@@ -7,10 +7,13 @@ The pattern, ending at the second MatMul::
     S1 = Mul(S0, c) | Div(S0, c)    (optional; c a scalar constant)
     S  = Add(S1, mask)              (optional; either operand order)
     P  = Softmax(S, axis=-1)
-    O  = MatMul(P, V)
+    P' = Where(IsNaN(P), 0, P)      (optional: torch's dynamo export guards fully masked rows)
+    O  = MatMul(P | P', V)
 
-Every interior value must be used once. MIL's op scales by 1/sqrt(E) (E: Q's last axis), so
-Q is multiplied by c * sqrt(E) first unless that is 1.
+Every interior value must be used once (P twice under the guard). MIL's op scales by 1/sqrt(E)
+(E: Q's last axis), so Q is multiplied by c * sqrt(E) first unless that is 1. The NaN guard only
+matters for a row masked entirely with -inf; it is fused only when the mask is absent or a
+constant with finite values (sdrt saturates masks to float16's range), where it changes nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ def match(lw: Any, last: Any) -> Match | None:
     if last.op_type != "MatMul":
         return None
     p_node = lw.sole_producer(last.input[0])
+    guard = _nan_guard(lw, p_node)
+    if guard:
+        p_node = lw.node_of(p_node.input[2])
     if p_node is None or p_node.op_type != "Softmax":
         return None
     a = attrs(p_node)
@@ -53,7 +59,7 @@ def match(lw: Any, last: Any) -> Match | None:
         rank_p = lw.rank_of(p_node.output[0])
         if rank_p is None or int(a["axis"]) != rank_p - 1:
             return None
-    interior = [p_node]
+    interior = [p_node, *guard]
     s = p_node.input[0]
     node = lw.sole_producer(s)
     mask = None
@@ -75,11 +81,29 @@ def match(lw: Any, last: Any) -> Match | None:
         node = lw.sole_producer(node.input[0])
     if node is None or node.op_type != "MatMul":
         return None
+    if guard and mask is not None:
+        value = lw.constant(mask)
+        if value is None or not np.all(np.isfinite(value)):
+            return None  # a runtime or -inf mask may mask a whole row: keep the guard's semantics
     interior.append(node)
     q, kt = node.input
     if lw.constant(q) is not None or lw.constant(kt) is not None or lw.constant(last.input[1]) is not None:
         return None
     return Match(q, kt, last.input[1], scale, mask, tuple(id(n) for n in interior))
+
+
+def _nan_guard(lw: Any, node: Any) -> list[Any]:
+    """[Where, IsNaN] when ``node`` is ``Where(IsNaN(P), 0, P)`` with P used by exactly those two."""
+    if node is None or node.op_type != "Where" or len(node.input) != 3:
+        return []
+    cond = lw.sole_producer(node.input[0])
+    zero = lw.constant(node.input[1])
+    p = node.input[2]
+    if cond is None or cond.op_type != "IsNaN" or cond.input[0] != p or lw.n_uses(p) != 2:
+        return []
+    if zero is None or np.any(zero != 0):
+        return []
+    return [node, cond]
 
 
 def lower(lw: Any, m: Match) -> Any:

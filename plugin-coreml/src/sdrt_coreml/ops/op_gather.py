@@ -30,6 +30,20 @@ def op_gather(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     return [mb().gather(x=var(lw, data), indices=iv, axis=axis)]
 
 
+@op("GatherND")
+def op_gather_nd(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    """torch's dynamo export picks CLIP's pooled token with it."""
+    data, idx = inputs
+    batch_dims = int(attrs(node).get("batch_dims", 0))
+    iv = var(lw, mil_array(idx) if isinstance(idx, np.ndarray) else idx)
+    if np_dtype(iv) != np.int32:
+        iv = mb().cast(x=iv, dtype="int32")
+    kw = {"batch_dims": batch_dims} if batch_dims else {}
+    if batch_dims and lw.opset_mil < 16:
+        raise ValueError("GatherND with batch_dims needs a macOS13/iOS16 target or newer")
+    return [mb().gather_nd(x=var(lw, data), indices=iv, **kw)]
+
+
 @op("ArgMax", "ArgMin")
 def op_argmax(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = var(lw, inputs[0])

@@ -44,6 +44,25 @@ def op_reciprocal(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     return [mb().real_div(x=_scalar(x, 1.0), y=x)]
 
 
+@op("IsNaN")
+def op_isnan(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    """x != x (MIL has no isnan); torch's dynamo export guards masked softmax rows with it."""
+    x = var(lw, inputs[0])
+    return [mb().not_equal(x=x, y=x)]
+
+
+@check("IsInf")
+def check_isinf(node: Any) -> str | None:
+    a = attrs(node)
+    return None if a.get("detect_negative", 1) and a.get("detect_positive", 1) else "IsInf of one sign"
+
+
+@op("IsInf")
+def op_isinf(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = var(lw, inputs[0])
+    return [mb().equal(x=mb().abs(x=x), y=_scalar(x, np.inf))]
+
+
 @op("LeakyRelu")
 def op_leaky_relu(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     return [mb().leaky_relu(x=var(lw, inputs[0]), alpha=float(attrs(node).get("alpha", 0.01)))]
