@@ -75,8 +75,9 @@ def convert(lowered: Lowered, opts: Options, where: str) -> Any:
                                        minimum_deployment_target=target, skip_model_load=True)
     except Exception as exc:  # noqa: BLE001 - any failure inside coremltools' passes or serializer
         raise CoreMLError(f"coremltools could not convert the lowered program: {first_line(exc)}", where=where,
-                          fix="report this as a bug of sdrt-coreml with the model's op list (sdrt info MODEL); "
-                              "meanwhile try precision='fp32' or another target") from exc
+                          fix="report this as a bug of sdrt-coreml with the model's op counts "
+                              "(sdrt.Graph.load(MODEL).op_counts()); meanwhile try precision='fp32' or another "
+                              "target") from exc
 
 
 def build(lowered: Lowered, arrays: Mapping[str, np.ndarray], inputs: Sequence[Any], outputs: Sequence[Any],
