@@ -41,3 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     except SdrtError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit status for SIGINT
+        print("interrupted", file=sys.stderr)
+        return 130
