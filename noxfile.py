@@ -22,7 +22,7 @@ TEST_DEPS = ["pytest>=8", "setuptools>=70.1", "hypothesis>=6.100", "onnxruntime>
 
 #: vendor plugin folders whose vendor package installs from PyPI on a plain
 #: Linux x86-64 machine; the test session installs each one that exists.
-INSTALLABLE_PLUGINS: list[str] = ["plugin-openvino", "plugin-ggml", "plugin-coreml"]
+INSTALLABLE_PLUGINS: list[str] = ["plugin-openvino", "plugin-ggml", "plugin-trt", "plugin-coreml"]
 #: installable plugins whose runtime does not exist on Linux (Core ML is macOS only): they offer no
 #: device in CI, so the device requirement skips them; their tests build and check packages, never skip
 NO_DEVICE_ON_LINUX: set[str] = {"plugin-coreml"}

@@ -2,7 +2,7 @@
 
 Each bench model (tiny size: the real layer structure at small widths) runs in float32 and after
 ``to_half`` on the same backend; the half graph must stay within 1e-2 of the float32 output
-relative to its largest value (measured: 5e-4 to 2e-3, see docs/trt.md).
+relative to its largest value (measured: 7e-4 to 2.8e-3, see docs/trt.md).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from bench.models import build
 from sdrt.graph import Graph
 from sdrt.precision import to_half
 
-MODELS = ["vae_decoder", "unet", "text_encoder", "mobilenet_v2"]
+#: the UNet is left out of the suite (10-16 s per backend here); docs/trt.md has its figures
+MODELS = ["vae_decoder", "text_encoder", "mobilenet_v2"]
 #: relative max error of a half graph against its float32 original
 RTOL = 1e-2
 
@@ -50,8 +51,6 @@ def _rel_err(want: np.ndarray, got: np.ndarray) -> float:
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
 def test_half_graph_matches_float32_on_backend(backend: str, model: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    if backend != "ggml" and model == "unet":
-        pytest.skip("the UNet runs on ggml only: 10-16 s per backend, and the reference evaluator takes minutes")
     proto, feeds = build(model, "tiny")
     graph = Graph(proto)
     half = to_half(graph)

@@ -47,6 +47,10 @@ class TrtBackend(Backend):
     api_version = (1, 0)
     priority = 100  # the fastest runtime on the GPUs it supports
     conformance: ClassVar[Mapping[str, Any]] = {}
+    #: what ``sdrt selftest`` measures: each precision's compile options, and the default one
+    precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}, "fp32": {"precision": "fp32"}}
+    default_precision: ClassVar[str] = "fp16"
 
     def __init__(self) -> None:
         self._plan: DevicePlan | None = None
@@ -86,10 +90,14 @@ class TrtBackend(Backend):
             raise OptionError("engine= names an engine to load; sdrt compile writes one", where="trt build",
                               fix="drop the engine option")
         name = check_target(target, self.targets())
+        out = Path(path)
+        if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):  # before a build of minutes
+            raise TrtError("cannot write the engine file: its folder does not exist or is not writable",
+                           where=str(out), fix="create the folder, or pass -o with a writable path")
         refit = self._refit_mode(opts, gpu_here=bool(self._cuda_devices()))
         prepared = prepare(graph, weights, opts)
         engine, _ = self._build(prepared, name, refit)
-        return cache_mod.write_engine(Path(path), self._meta(prepared, name, refit, opts), engine)
+        return cache_mod.write_engine(out, self._meta(prepared, name, refit, opts), engine)
 
     # -- compiling -----------------------------------------------------
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
@@ -100,6 +108,9 @@ class TrtBackend(Backend):
             raise NoDeviceError(f"device {device} belongs to backend {device.backend!r}", where="trt.compile",
                                 fix="pass one of the devices of backend 'trt'")
         target = str(device.properties.get("target", ""))
+        if target not in self.targets():
+            raise NoDeviceError(f"device {device} has no TensorRT-RTX target (properties: target={target!r})",
+                                where="trt.compile", fix="pass one of backend('trt').devices()")
         if opts.precision == "bf16" and not device.properties.get("bf16"):
             raise OptionError(f"{device.name} (compute {device.properties.get('compute_capability')}) has no bf16",
                               where="sdrt.load(..., backend='trt')", fix="use precision='fp16'")

@@ -6,6 +6,8 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
+
 from sdrt.errors import UnsupportedGraph
 
 from .errors import TrtError, make_logger
@@ -18,8 +20,30 @@ log = logging.getLogger("sdrt.trt")
 REFIT_FLAGS = {"none": (), "identical": ("STRIP_PLAN", "REFIT_IDENTICAL"), "full": ("STRIP_PLAN", "REFIT")}
 
 
-def parse(prepared: Prepared, logger: Any = None) -> tuple[Any, Any, Any, Any]:
-    """``(builder, network, parser, logger)``; raises ``UnsupportedGraph`` listing every node the parser rejects."""
+def _skeleton(graph: Any, arrays: dict[str, np.ndarray]) -> bytes:
+    """The model with every initializer's data left out (declared as external), for ``load_model_proto``:
+    the weights go in through ``load_initializer`` instead, so no model is serialized with its weights and
+    protobuf's 2 GiB limit does not apply."""
+    from onnx import TensorProto
+
+    from sdrt.shapes import copy_model
+
+    model = copy_model(graph.model, initializers=False)
+    for t in graph.model.graph.initializer:
+        ref = TensorProto()
+        ref.name, ref.data_type = t.name, t.data_type
+        ref.dims.extend(t.dims)
+        ref.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", "sdrt-trt-weights"), ("offset", "0"), ("length", str(arrays[t.name].nbytes))):
+            entry = ref.external_data.add()
+            entry.key, entry.value = key, value
+        model.graph.initializer.append(ref)
+    return model.SerializeToString()
+
+
+def parse(prepared: Prepared, logger: Any = None) -> tuple[Any, Any, Any, Any, dict[str, np.ndarray]]:
+    """``(builder, network, parser, logger, weights)``; raises ``UnsupportedGraph`` listing every node the parser
+    rejects. ``weights`` must outlive the build: the network points into them."""
     import tensorrt_rtx as trt
 
     logger = logger or make_logger()
@@ -27,7 +51,11 @@ def parse(prepared: Prepared, logger: Any = None) -> tuple[Any, Any, Any, Any]:
     network = builder.create_network(0)  # TensorRT-RTX networks are always strongly typed
     parser = trt.OnnxParser(network, logger)
     graph = prepared.graph
-    ok = parser.parse(graph.model.SerializeToString())
+    weights = {k: np.ascontiguousarray(v) for k, v in prepared.weight_arrays().items()}
+    ok = parser.load_model_proto(_skeleton(graph, weights))
+    for name, arr in weights.items():
+        ok = ok and parser.load_initializer(name, arr.ctypes.data, arr.nbytes)
+    ok = ok and parser.parse_model_proto()
     if not ok or parser.num_errors:
         nodes = list(graph.model.graph.node)
         unsupported: dict[str, list[str]] = {}
@@ -45,14 +73,14 @@ def parse(prepared: Prepared, logger: Any = None) -> tuple[Any, Any, Any, Any]:
         raise UnsupportedGraph("TensorRT-RTX's ONNX parser rejects the graph", unsupported=unsupported,
                                where=graph.name, fix="use another backend for this model (sdrt-ggml, sdrt-openvino), "
                                                      "or re-export it without these ops")
-    return builder, network, parser, logger
+    return builder, network, parser, logger, weights
 
 
 def build_engine(prepared: Prepared, target: str, refit: str) -> tuple[bytes, float]:
     """The serialized engine for ``target`` (``"sm86"``) and the seconds the build took."""
     import tensorrt_rtx as trt
 
-    builder, network, _parser, logger = parse(prepared)
+    builder, network, _parser, logger, _weights = parse(prepared)
     config = builder.create_builder_config()
     config.num_compute_capabilities = 1
     if not config.set_compute_capability(compute_capability(target), 0):
@@ -84,7 +112,11 @@ def build_engine(prepared: Prepared, target: str, refit: str) -> tuple[bytes, fl
 def _fix(message: str, refit: str) -> str:
     if "FP32 GEMM is not supported" in message:
         return "Turing (sm75) runs no fp32 GEMM: build with precision='fp16'"
-    if "MyelinCheckException" in message and refit != "none":
+    if "graph_jit.cpp" in message and refit != "none":
         return ("TensorRT-RTX builds weight-stripped, refittable engines only with a CUDA GPU present: build with "
                 "refit='none' here, or build on the machine with the GPU")
+    if "runtime-fusion" in message:
+        return ("TensorRT-RTX 1.7 has no kernel for one of this graph's fused layers on this target (seen for the UNet "
+                "on sm75): pick a newer target or precision; after such a failure later builds in the same process "
+                "fail too, so run the next build in a new process")
     return "run with -vv to see TensorRT-RTX's log, try precision='fp32', or use another backend"

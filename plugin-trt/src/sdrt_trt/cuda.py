@@ -2,7 +2,7 @@
 
 TensorRT-RTX's wheel has no memory API, so device buffers, copies and streams
 come from here. cuda-bindings links the CUDA runtime statically and needs only
-the NVIDIA driver: it adds 31 MB to an install (docs/trt.md).
+the NVIDIA driver: it adds 30 MB to an install (docs/trt.md).
 """
 
 from __future__ import annotations

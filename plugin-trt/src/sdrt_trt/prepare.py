@@ -22,8 +22,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("sdrt.trt")
 
-#: above this, protobuf cannot serialize the model for TensorRT-RTX's parser
-MAX_MODEL_BYTES = 2**31 - 2**20
 _HALF = {"fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -45,13 +43,9 @@ class Prepared:
 
 
 def resolve(graph: Graph, weights: Weights | None) -> dict[str, np.ndarray]:
-    """Every initializer of ``graph`` with its final array (the core's ``resolve_weights`` where it exists)."""
-    try:
-        from sdrt import resolve_weights  # type: ignore[attr-defined]
-    except ImportError:  # a core from before the redesign (issue 12)
-        bound = dict(weights.bind(graph, strict=False)) if weights is not None else {}
-        own = graph.initializer_arrays([n for n in graph.initializer_names if n not in bound])
-        return {**own, **bound}
+    """Every initializer of ``graph`` with its final array: the core's ``resolve_weights``."""
+    from sdrt import resolve_weights
+
     return dict(resolve_weights(graph, weights))
 
 
@@ -132,10 +126,6 @@ def prepare(graph: Graph, weights: Weights | None, opts: Options) -> Prepared:
     profiles = _profiles(g, opts)
     if opts.precision in _HALF:
         g = to_half(g, _HALF[opts.precision])
-    if g.model.ByteSize() > MAX_MODEL_BYTES:
-        raise UnsupportedGraph(f"the model is {g.model.ByteSize() / 2**30:.1f} GiB after conversion; this backend "
-                               "hands TensorRT-RTX one serialized model, which protobuf caps at 2 GiB",
-                               where=graph.name, fix="use precision='fp16' (halves the weights) or another backend")
     return Prepared(g, _digest(g), _weights_digest(g), profiles)
 
 

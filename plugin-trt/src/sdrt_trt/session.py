@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sdrt import Device, Session
-from sdrt.errors import SdrtError
 
 from . import cuda
 from .cache import EngineCache
@@ -30,14 +29,6 @@ log = logging.getLogger("sdrt.trt")
 Rebuild = Callable[[Mapping[str, np.ndarray]], tuple[bytes, dict[str, Any], Prepared]]
 
 
-def _session_init(session: Session, graph: Graph) -> None:
-    try:  # the contract after the redesign (issue 12) keeps the graph for update_weights' checks
-        Session.__init__(session, graph.inputs, graph.outputs, graph=graph)  # type: ignore[call-arg]
-    except TypeError:
-        Session.__init__(session, graph.inputs, graph.outputs)
-        session.graph = graph  # type: ignore[attr-defined]
-
-
 def _trt_weights(arr: np.ndarray) -> Any:
     import tensorrt_rtx as trt
 
@@ -51,7 +42,8 @@ class TrtSession(Session):
     def __init__(self, graph: Graph, engine: bytes, meta: dict[str, Any], prepared: Prepared, device: Device,
                  source_arrays: Mapping[str, np.ndarray], rebuild: Rebuild, cache: EngineCache | None,
                  key: str | None) -> None:
-        _session_init(self, graph)
+        super().__init__(graph.inputs, graph.outputs, graph=graph)
+        self.graph: Graph = graph
         self.device = device
         self._ordinal = int(device.id.split(":")[-1])
         self._rebuild = rebuild
@@ -77,7 +69,7 @@ class TrtSession(Session):
         engine = self._runtime.deserialize_cuda_engine(engine_bytes)
         if engine is None:
             raise TrtError(f"TensorRT-RTX cannot load the engine: {self._logger.take()}",
-                           where=f"{self.graph.name} on {self.device}",  # type: ignore[attr-defined]
+                           where=f"{self.graph.name} on {self.device}",
                            fix="the engine was built for another GPU or TensorRT-RTX version: build it again "
                                "(delete the engine file, or pass cache=False)")
         self._engine = engine
@@ -99,6 +91,11 @@ class TrtSession(Session):
         self._outputs = [n for n in self._names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         self._dtypes = {n: np.dtype(trt.nptype(engine.get_tensor_dtype(n))) for n in self._names}
 
+    def _refittable(self) -> set[str]:
+        import tensorrt_rtx as trt
+
+        return set(trt.Refitter(self._engine, self._logger).get_all_weights())
+
     def _refit(self, arrays: Mapping[str, np.ndarray], *, everything: bool = False) -> None:
         import tensorrt_rtx as trt
 
@@ -112,16 +109,16 @@ class TrtSession(Session):
             keep.append((arr, weights))
             if not refitter.set_named_weights(name, weights):
                 raise TrtError(f"TensorRT-RTX rejects new weights for {name!r}: {self._logger.take()}",
-                               where=f"Refitter on {self.graph.name}",  # type: ignore[attr-defined]
+                               where=f"Refitter on {self.graph.name}",
                                fix="give weights of the graph's dtype and shape")
         missing = list(refitter.get_missing_weights()) if everything else []
         if missing:
             raise TrtError(f"the weight-stripped engine still lacks {len(missing)} weights: {', '.join(missing[:8])}",
-                           where=f"Refitter on {self.graph.name}",  # type: ignore[attr-defined]
+                           where=f"Refitter on {self.graph.name}",
                            fix="build the engine from the same graph as the weights")
         if not refitter.refit_cuda_engine():
             raise TrtError(f"TensorRT-RTX could not refit the engine: {self._logger.take()}",
-                           where=f"Refitter on {self.graph.name}",  # type: ignore[attr-defined]
+                           where=f"Refitter on {self.graph.name}",
                            fix="compile again with sdrt.load(model, weights=...)")
         del keep
 
@@ -134,7 +131,7 @@ class TrtSession(Session):
             arr = np.ascontiguousarray(feeds[name], dtype=self._dtypes[name])
             if not ctx.set_input_shape(name, arr.shape):
                 raise TrtError(f"input {name!r} of shape {arr.shape} is outside the engine's profile",
-                               where=f"{self.graph.name} on {self.device}",  # type: ignore[attr-defined]
+                               where=f"{self.graph.name} on {self.device}",
                                fix="feed a shape within the profile the engine was built with (profiles=...)")
             buf = self._buffers.setdefault(name, cuda.Buffer())
             buf.upload(arr, self._stream)
@@ -148,7 +145,7 @@ class TrtSession(Session):
             ctx.set_tensor_address(name, buf.ensure(out.nbytes))
         if not ctx.execute_async_v3(self._stream.ptr):
             raise TrtError(f"TensorRT-RTX failed to run the engine: {self._logger.take()}",
-                           where=f"{self.graph.name} on {self.device}",  # type: ignore[attr-defined]
+                           where=f"{self.graph.name} on {self.device}",
                            fix="run with -vv for TensorRT-RTX's log")
         for name, out in results.items():
             self._buffers[name].download(out, self._stream)
@@ -162,31 +159,29 @@ class TrtSession(Session):
 
         self._sources.update(arrays)
         mode = self._meta.get("refit", "none")
-        if mode == "full":
+        fixed: list[str] = []
+        if mode == "full":  # initializers the engine folded in (shapes, axes) cannot be refit: changed, they rebuild
+            refittable = self._refittable()
+            current = self._prepared.graph.initializer_arrays([n for n in arrays if n not in refittable])
+            fixed = [n for n, old in current.items() if not np.array_equal(np.asarray(arrays[n], old.dtype), old)]
+        if mode == "full" and not fixed:
             info = self._prepared.graph.initializer_info()
             converted = {}
             for name, arr in arrays.items():
                 want = info[name].dtype if name in info else str(arr.dtype)
                 converted[name] = half_array(arr, want) if want in ("float16", "bfloat16") else np.asarray(arr, want)
             self._refit(converted)
-            log.info("refit %d weights of %s", len(converted), self.graph.name)  # type: ignore[attr-defined]
+            log.info("refit %d weights of %s", len(converted), self.graph.name)
             return
-        why = ("it holds its weights (refit='none')" if mode == "none" else
+        why = (f"the engine folded in {', '.join(fixed[:4])}, which changed" if fixed else
+               "it holds its weights (refit='none')" if mode == "none" else
                "refit='identical' engines take only the weights they were built with")
         log.warning("rebuilding %s for new weights: %s; compile with refit='full' to refit instead",
-                    self.graph.name, why)  # type: ignore[attr-defined]
+                    self.graph.name, why)
         engine, meta, prepared = self._rebuild(self._sources)
+        self._release_engine()  # saves the old engine's runtime cache under the old engine's key
+        self._key = None  # the rebuilt engine is not the cached one: its runtime cache is not kept
         self._load(engine, meta, prepared)
-
-    def update_weights(self, weights: Any) -> None:
-        try:
-            super().update_weights(weights)
-        except SdrtError:
-            if hasattr(Session, "_update_weights"):  # the contract's template method did the work or refused
-                raise
-            from .prepare import resolve
-
-            self._update_weights(resolve(self.graph, weights))  # type: ignore[attr-defined]
 
     # -- closing -------------------------------------------------------
     def _release_engine(self) -> None:

@@ -128,6 +128,12 @@ def test_device_of_another_backend(backend) -> None:  # type: ignore[no-untyped-
         backend.compile(graph, None, Device(backend="openvino", id="CPU"))
 
 
+def test_device_without_a_target(backend) -> None:  # type: ignore[no-untyped-def]
+    graph = Graph(build("mobilenet_v2", "tiny")[0])
+    with pytest.raises(NoDeviceError, match="has no TensorRT-RTX target"):
+        backend.compile(graph, None, Device(backend="trt", id="cuda:0"))
+
+
 def test_bf16_needs_ampere(backend) -> None:  # type: ignore[no-untyped-def]
     turing = Device(backend="trt", id="cuda:0", name="RTX 2060", properties={"target": "sm75", "bf16": False,
                                                                                 "compute_capability": "7.5"})
