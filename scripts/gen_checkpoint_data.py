@@ -70,7 +70,7 @@ def make_te(kind: str, seed: int, projection: bool = False):
 
 
 def unet_kwargs(sdxl: bool) -> dict:
-    kw = dict(sample_size=8, in_channels=4, out_channels=4, layers_per_block=LPB, block_out_channels=(32, 64),
+    kw = dict(sample_size=8, in_channels=4, out_channels=4, layers_per_block=LPB, block_out_channels=(16, 32),
               down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D",
                                                                                           "CrossAttnUpBlock2D"),
               cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8)
@@ -563,6 +563,88 @@ def build_sdxl(x: dict) -> None:
     np.savez_compressed(d / "refs_emb.npz", **out)
 
 
+def build_pipeline_refs() -> None:
+    """An LDM checkpoint, a kohya LoRA and an embedding for the pipe helper's ``tiny-sd15`` folder, and the
+    images diffusers' own pipeline makes with each (Euler, 8 steps, 64x64), for sdrt's pipeline to match."""
+    import copy
+
+    import gen_pipeline_refs as gp
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from diffusers.loaders.single_file_utils import convert_ldm_clip_checkpoint
+
+    d = OUT / "pipe-sd15"
+    d.mkdir(parents=True, exist_ok=True)
+    pipe = gp.build("sd15")
+    gp.scale_weights(pipe.text_encoder, 101)
+    gp.scale_weights(pipe.unet, 103)
+    gp.scale_weights(pipe.vae, 104)
+    has_attn_up = ["CrossAttn" in t for t in pipe.unet.config.up_block_types]
+    ck = {}
+    ck.update(unet_to_ldm(pipe.unet.state_dict(), has_attn_up))
+    ck.update(vae_to_ldm(pipe.vae.state_dict(), len(pipe.vae.config.up_block_types)))
+    te_sd = {("text_model." + k if not k.startswith("text_model.") else k): v
+             for k, v in pipe.text_encoder.state_dict().items()}
+    ck.update({"cond_stage_model.transformer." + k: v for k, v in te_sd.items()})
+    ck = half(ck)
+    path = d / "custom.safetensors"
+    save_file(ck, str(path))
+    with tempfile.TemporaryDirectory() as tmp:
+        pipe.unet.save_pretrained(f"{tmp}/unet")
+        pipe.vae.save_pretrained(f"{tmp}/vae")
+        unet_l = UNet2DConditionModel.from_single_file(str(path), config=tmp, subfolder="unet",
+                                                       local_files_only=True).float().eval()
+        vae_l = AutoencoderKL.from_single_file(str(path), config=tmp, subfolder="vae",
+                                               local_files_only=True).float().eval()
+    te_l = copy.deepcopy(pipe.text_encoder)
+    conv = convert_ldm_clip_checkpoint({k: v.float() for k, v in ck.items()})
+    te_l.load_state_dict({k.removeprefix("text_model."): v for k, v in conv.items() if "position_ids" not in k})
+    assert_same(unet_l.state_dict(), half(pipe.unet.state_dict()), "tiny-sd15 unet single-file")
+    assert_same(vae_l.state_dict(), half(pipe.vae.state_dict()), "tiny-sd15 vae single-file")
+    assert_same(te_l.state_dict(), half(pipe.text_encoder.state_dict()), "tiny-sd15 text encoder single-file")
+    comps = {**pipe.components, "unet": unet_l, "vae": vae_l, "text_encoder": te_l.eval()}
+    pl = type(pipe)(**comps)
+    pl.set_progress_bar_config(disable=True)
+    imgs = {"init_image": gp.init_image(), "mask": gp.mask_image()}
+    case = dict(prompt=gp.PROMPT, negative_prompt=gp.NEGATIVE, steps=8, cfg=7.0, seed=1234, width=gp.SIZE,
+                height=gp.SIZE, batch=1, clip_skip=None, mode="txt2img", sampler="Euler")
+    out = {"ckpt": gp.run_case(pl, case, imgs)}
+
+    # a kohya LoRA on attention, ff and the text encoder, at scale 0.7 (prompt tag <lora:tinylora:0.7>)
+    g = torch.Generator().manual_seed(202)
+    lora = {}
+    for prefix, model in (("lora_unet_", unet_l), ("lora_te_", te_l)):
+        for name, mod in model.named_modules():
+            if re.search(r"(attn\d\.to_(q|k|v|out\.0)|ff\.net\.2|proj_in|self_attn\.(q|k|v|out)_proj|mlp\.fc1)$",
+                         name):
+                n = name if prefix == "lora_unet_" else "text_model." + name.removeprefix("text_model.")
+                w = mod.weight
+                shp_d = (4, *w.shape[1:2], *(1, 1)[: w.ndim - 2])
+                shp_u = (w.shape[0], 4, *(1, 1)[: w.ndim - 2])
+                key = prefix + n.replace(".", "_")
+                lora[f"{key}.lora_down.weight"] = (torch.randn(shp_d, generator=g) * 0.4).contiguous()
+                lora[f"{key}.lora_up.weight"] = (torch.randn(shp_u, generator=g) * 0.4).contiguous()
+                lora[f"{key}.alpha"] = torch.tensor(2.0)
+    save_file(lora, str(d / "tinylora.safetensors"))
+    pll = type(pipe)(**{**comps, "unet": copy.deepcopy(unet_l), "text_encoder": copy.deepcopy(te_l)})
+    pll.set_progress_bar_config(disable=True)
+    pll.load_lora_weights(str(d / "tinylora.safetensors"))
+    pll.fuse_lora(lora_scale=0.7)
+    out["lora"] = gp.run_case(pll, case, imgs)
+
+    # an A1111 embedding of 2 vectors, trigger word "tinyemb"
+    emb = (torch.randn((2, pipe.text_encoder.config.hidden_size), generator=g) * 0.8).contiguous()
+    save_file({"emb_params": emb}, str(d / "tinyemb.safetensors"))
+    ple = type(pipe)(**{**comps, "text_encoder": copy.deepcopy(te_l), "tokenizer": copy.deepcopy(pipe.tokenizer)})
+    ple.set_progress_bar_config(disable=True)
+    ple.load_textual_inversion(str(d / "tinyemb.safetensors"), token="tinyemb")
+    out["emb"] = gp.run_case(ple, dict(case, prompt=gp.PROMPT + ", tinyemb"), imgs)
+    np.savez_compressed(d / "refs.npz", **out)
+    (d / "cases.json").write_text(json.dumps({"case": case, "lora_prompt": gp.PROMPT + " <lora:tinylora:0.7>",
+                                              "emb_prompt": gp.PROMPT + ", tinyemb"}, indent=1))
+    print("pipeline refs:", {k: v.shape for k, v in out.items()},
+          "differ:", [int(np.abs(out["ckpt"].astype(int) - out[k]).max()) for k in ("lora", "emb")])
+
+
 def te_t4(x: dict) -> None:
     """The SD 1.x text encoder (weights A) exported with transformers 4 (``text_model.`` names and scopes)."""
     import transformers
@@ -587,6 +669,8 @@ def main() -> None:
         build_sdxl(x)
         (OUT / "README.md").write_text(
             "Generated by scripts/gen_checkpoint_data.py (tiny random-weight models, see its docstring).\n")
+    elif step == "pipeline":
+        build_pipeline_refs()
     elif step == "te-t4":
         te_t4(x)
     else:

@@ -55,9 +55,25 @@ class Slot:
     shape: tuple[int, ...]
     dtype: str
     layout: str = "same"
+    #: set when the exporter merged equal tensors into one initializer: the parameter that owns it
+    alias_of: str | None = None
+
+
+#: first components of canonical names (diffusers UNet/VAE, transformers CLIP)
+ROOTS = frozenset({"conv_in", "time_embedding", "add_embedding", "down_blocks", "mid_block", "up_blocks",
+                   "conv_norm_out", "conv_out", "encoder", "decoder", "quant_conv", "post_quant_conv",
+                   "embeddings", "final_layer_norm", "text_projection", "text_model", "class_embedding",
+                   "encoder_hid_proj"})
 
 
 def canonical(name: str) -> str:
+    """The canonical parameter name: a wrapper module's prefix (``unet.``, ``model.``, as exports made
+    through a wrapper ``nn.Module`` have) and a text encoder's ``text_model.`` removed."""
+    parts = name.split(".")
+    for i in range(min(3, len(parts) - 1)):
+        if parts[i] in ROOTS:
+            name = ".".join(parts[i:])
+            break
     return name.removeprefix(_TEXT_PREFIX)
 
 
@@ -75,38 +91,55 @@ def param_map(graph: Graph) -> dict[str, Slot]:
     infos = {t.name: (tuple(int(d) for d in t.dims), onnxfile.dtype_name(t.data_type)) for t in g.initializer}
     consumers: dict[str, list[tuple[object, int]]] = {}
     by_output: dict[str, list[object]] = {}
+    # torch's exporter stores equal tensors once and feeds the other users through Identity nodes
+    # whose output carries the other parameter's name
+    through = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity" and n.input and n.input[0] in infos}
     for node in g.node:
         for i, x in enumerate(node.input):
-            if x in infos:
-                consumers.setdefault(x, []).append((node, i))
+            src = through.get(x, x)
+            if src in infos:
+                consumers.setdefault(src, []).append((node, i))
             by_output.setdefault(x, []).append(node)
     out: dict[str, Slot] = {}
-    anonymous: list[str] = []
+    aliases: list[tuple[str, Slot]] = []
     for name, (shape, dtype) in infos.items():
-        if name.endswith(_PARAM_END) and not name.startswith("onnx::"):
-            layout = "T" if any(n.op_type == "MatMul" and i == 1 for n, i in consumers.get(name, [])) else "same"
-            out.setdefault(canonical(name), Slot(name, shape, dtype, layout))
-        else:
-            anonymous.append(name)
-    for name in anonymous:
-        shape, dtype = infos[name]
-        if int(np.prod(shape)) <= 1:
+        named = name.endswith(_PARAM_END) and not name.startswith("onnx::")
+        if not named and int(np.prod(shape)) <= 1:
             continue  # scalars: constants of the graph, not weights
-        found = _anonymous(name, consumers.get(name, []), by_output, infos)
-        if found is None:
+        found = _from_uses(name, consumers.get(name, []), by_output, infos)
+        if named:
+            layout = "T" if any(n.op_type == "MatMul" and i == 1 for n, i in consumers.get(name, [])) else "same"
+            primary = (canonical(name), layout)
+        elif found:
+            primary = min(found)
+            primary = (canonical(primary[0]), primary[1])
+        else:
             continue
-        param, layout = found
-        key = canonical(param)
-        if key in out and out[key].init != name:
+        key, layout = primary
+        if key in out:
             log.debug("%s: %s and %s both look like %s; keeping the first", graph.name, out[key].init, name, key)
             continue
         out[key] = Slot(name, shape, dtype, layout)
+        # torch's exporter stores equal tensors once: every other module using this one is an alias
+        for param, lay in sorted(found):
+            c = canonical(param)
+            if c != key:
+                aliases.append((c, Slot(name, shape, dtype, lay, alias_of=key)))
+    for out_name, src in through.items():
+        if out_name.endswith(_PARAM_END) and not out_name.startswith("onnx::"):
+            owner = next((k for k, v in out.items() if v.init == src and v.alias_of is None), None)
+            if owner is not None:
+                shape, dtype = infos[src]
+                aliases.append((canonical(out_name), Slot(src, shape, dtype, out[owner].layout, alias_of=owner)))
+    for c, slot in aliases:
+        out.setdefault(c, slot)
     return out
 
 
-def _anonymous(name: str, uses: list[tuple[object, int]], by_output: dict[str, list[object]],
-               infos: dict[str, tuple[tuple[int, ...], str]]) -> tuple[str, str] | None:
-    params = set()
+def _from_uses(name: str, uses: list[tuple[object, int]], by_output: dict[str, list[object]],
+               infos: dict[str, tuple[tuple[int, ...], str]]) -> set[tuple[str, str]]:
+    """Every ``(parameter, layout)`` the initializer's consumers say it is."""
+    params: set[tuple[str, str]] = set()
     for node, i in uses:
         op = node.op_type  # type: ignore[attr-defined]
         scope = _scope(node.name)  # type: ignore[attr-defined]
@@ -122,13 +155,13 @@ def _anonymous(name: str, uses: list[tuple[object, int]], by_output: dict[str, l
             params.add((scope + (".weight" if i == 1 else ".bias"), "same"))
         elif op == "Gather" and i == 0 and scope is not None:
             params.add((scope + ".weight", "same"))
+        elif op == "LayerNormalization" and i in (1, 2) and scope is not None:
+            params.add((scope + (".weight" if i == 1 else ".bias"), "same"))
         elif op in ("Mul", "Add") and scope is not None and "norm" in scope.rsplit(".", 1)[-1]:
             params.add((scope + (".weight" if op == "Mul" else ".bias"), "reshape"))
-        elif op in ("Add",) and scope is not None and i == 1 and len(infos[name][0]) == 1:
-            params.add((scope + ".bias", "same"))  # an anonymous Linear bias
-    if len(params) != 1:
-        return None
-    return params.pop()
+        elif op == "Add" and scope is not None and len(infos[name][0]) == 1:
+            params.add((scope + ".bias", "same"))  # a Linear bias
+    return params
 
 
 def _scope_from_bias(matmul: object, by_output: dict[str, list[object]],

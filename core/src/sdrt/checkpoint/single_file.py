@@ -144,6 +144,8 @@ class Checkpoint:
             missing: list[str] = []
             for canon, slot in pmap.items():
                 src = comp.get(canon)
+                if slot.alias_of is not None and src is not None:
+                    continue  # checked for equal values once the arrays are read
                 if src is None:
                     missing.append(canon)
                     continue
@@ -184,6 +186,17 @@ class Checkpoint:
                     raise WeightsError(f"{pl.source.key} no longer fits {init}", where=str(self.path),
                                        fix="do not modify the checkpoint while it is loaded")
                 arrays[init] = a
+            for canon, slot in param_map(parts[part]).items():
+                if slot.alias_of is None or slot.init not in arrays:
+                    continue
+                src = self.components[PARTS.get(part, (part, ()))[0]][canon]
+                a = fit(self.array(src), slot)
+                if a is None or not np.array_equal(a, arrays[slot.init]):
+                    raise WeightsError(
+                        f"the export stores {canon} and {slot.alias_of} as one tensor ({slot.init}, torch's "
+                        "exporter merges equal weights), and this checkpoint gives them different values",
+                        where=f"{self.path} -> {part}",
+                        fix="re-export the model from weights that are not equal (or from this checkpoint)")
             out[part] = arrays
         return out
 

@@ -29,6 +29,7 @@ from .images import ImageLike, check_path, from_nchw, to_mask, to_nchw, to_rgb
 from .parts import Part
 from .prompts import Conditioning, PromptEncoder, TextEncoder
 from .scheduling import FolderSchedule
+from .weights import WeightState
 
 log = logging.getLogger("sdrt.pipelines")
 
@@ -159,6 +160,7 @@ class Pipeline:
         self.vae_encoder = part("vae_encoder") if "vae_encoder" in folder.parts else None
         self.schedule = FolderSchedule.from_config(folder.scheduler, str(folder.path / "scheduler"))
         self._prompts: PromptEncoder | None = None
+        self._weight_state: WeightState | None = None
 
     def __repr__(self) -> str:
         return f"Pipeline({str(self.folder.path)!r}, {self.folder.family}, backend={self.backend!r})"
@@ -207,6 +209,30 @@ class Pipeline:
             cond = self.prompts.pad_to(cond, chunks, s.clip_skip)
             uncond = self.prompts.pad_to(uncond, chunks, s.clip_skip)
         return cond, uncond
+
+    # ------------------------------------------------------------------ weights (sdrt.pipelines.weights)
+    @property
+    def weights(self) -> WeightState:
+        """The checkpoint, LoRAs and embeddings in use (all bound through ``Session.update_weights``)."""
+        if self._weight_state is None:
+            self._weight_state = WeightState(self)
+        return self._weight_state
+
+    def load_weights(self, path: str | os.PathLike[str]) -> Any:
+        """Bind a single-file LDM checkpoint (``.safetensors``) or a diffusers folder; no recompile."""
+        return self.weights.load_checkpoint(path)
+
+    def set_loras(self, loras: Any) -> None:
+        """``[(path_or_Lora, scale), ...]`` active from now on; ``[]`` removes them, bit for bit."""
+        self.weights.set_loras(loras)
+
+    def add_embedding(self, *paths: str | os.PathLike[str]) -> Any:
+        """A1111 textual-inversion embeddings; each file's stem is its trigger word."""
+        return self.weights.add_embeddings(paths)
+
+    def _weights_changed(self, part: str) -> None:
+        if self._prompts is not None:
+            self._prompts.weights_changed()
 
     # ------------------------------------------------------------------ VAE
     def _encode_image(self, image: np.ndarray, generator: Any) -> np.ndarray:
@@ -320,6 +346,9 @@ class Pipeline:
         mask), mask (white = repaint), batch=1, batch_count=1, clip_skip=1``. ``callback(step, total,
         latents)`` is called after every step.
         """
+        original = prompt
+        if self._weight_state is not None or (isinstance(prompt, str) and "<lora:" in prompt):
+            prompt, negative_prompt = self.weights.prepare(prompt, negative_prompt)  # type: ignore[arg-type]
         s = validate(prompt, negative_prompt, **kwargs)
         init = mask = None
         if s.init_image is not None:
@@ -344,7 +373,7 @@ class Pipeline:
             images += self._run(s, seed, cond, uncond, init, mask, callback)
             seeds += [seed] * s.batch
         infos = [self._infotext(s, seed, i % s.batch) for i, seed in enumerate(seeds)]
-        return Generation(images, seeds, infos, s.prompt, s.negative_prompt)
+        return Generation(images, seeds, infos, original, s.negative_prompt)
 
     @property
     def default_size(self) -> int:
@@ -422,6 +451,8 @@ class Pipeline:
             info["Schedule type"] = schedule
         info.update({"CFG scale": _num(s.cfg), "Seed": seed, "Size": f"{s.width}x{s.height}",
                      "Model hash": self.model_hash, "Model": self.folder.name})
+        if self._weight_state is not None:
+            info.update(self._weight_state.infotext())
         if s.init_image is not None:
             info["Denoising strength"] = _num(s.strength or 0)
         if s.clip_skip > 1:

@@ -78,7 +78,9 @@ class TextEncoder:
                 raise ModelError("clip skip needs the text encoder's final layer norm, and the graph has no "
                                  "single '*final_layer_norm.weight'/'.bias' initializer", where=str(self.part.path),
                                  fix="export the text encoder without renaming its weights, or use clip skip 1")
-            arrays = graph.initializer_arrays([w[0], b[0]])
+            current = self.part.weights  # a checkpoint's norm, once one is bound
+            arrays = ({n: current[n] for n in (w[0], b[0])} if current is not None
+                      else graph.initializer_arrays([w[0], b[0]]))
             self._norm = (arrays[w[0]].astype(np.float32), arrays[b[0]].astype(np.float32))
         return self._norm
 
@@ -140,6 +142,12 @@ class PromptEncoder:
         self._cache[key] = cond
         log.debug("encoded prompt into %d chunk(s)", cond.chunks)
         return cond
+
+    def weights_changed(self) -> None:
+        """The encoders' weights changed (checkpoint, LoRA, embedding): forget cached encodings."""
+        self._cache.clear()
+        for enc in self.encoders:
+            enc._norm = None
 
     def zeros_like(self, cond: Conditioning) -> Conditioning:
         """SDXL's ``force_zeros_for_empty_prompt`` negative conditioning."""
