@@ -144,8 +144,13 @@ class Pipeline:
     ``graph``, its compiled ``sessions`` and ``update_weights``.
     """
 
-    def __init__(self, folder: ModelFolder, *, backend: str = "auto", device: Any = None, **options: Any) -> None:
+    def __init__(self, folder: ModelFolder, *, backend: str = "auto", device: Any = None,
+                 low_memory: bool | None = False, vae_tile: int | None = None, **options: Any) -> None:
         self.folder = folder
+        #: keep only the running part loaded (None: decide from the device's reported memory)
+        self.low_memory = low_memory
+        #: decode/encode the VAE by tiles of this many latent pixels (None: whole images)
+        self.vae_tile = vae_tile
         self.backend = backend
         self.device = device
         self.options = options
@@ -242,7 +247,16 @@ class Pipeline:
             raise AssertionError  # pragma: no cover
         outs = self.vae_encoder.outputs
         name = next((n for n in ("latent_parameters", "latent_sample", "latent_dist") if n in outs), next(iter(outs)))
-        out = np.asarray(self.vae_encoder.run({"sample": image})[name], dtype=np.float32)
+        tile = self.vae_tile * 8 if self.vae_tile else None
+        if tile and max(image.shape[2:]) > tile:
+            from .tiling import encode_tiled
+
+            enc = self.vae_encoder
+            out = encode_tiled(lambda t: np.asarray(enc.run({"sample": t})[name], dtype=np.float32), image,
+                               tile=tile, overlap=max(tile // 4 // 8 * 8, 8), channels=int(
+                                   enc.outputs[name].shape[1]) if isinstance(enc.outputs[name].shape[1], int) else 8)
+        else:
+            out = np.asarray(self.vae_encoder.run({"sample": image})[name], dtype=np.float32)
         if out.shape[1] == 8:  # mean and log-variance: sample as DiagonalGaussianDistribution.sample does
             mean, logvar = out[:, :4], np.clip(out[:, 4:], -30.0, 20.0)
             latent = mean + np.exp(np.float32(0.5) * logvar) * generator.randn(mean.shape)
@@ -256,8 +270,16 @@ class Pipeline:
 
     def _decode(self, latents: np.ndarray) -> list[np.ndarray]:
         z = (latents / np.float32(self.folder.vae_scaling_factor)).astype(np.float32)
-        out = self.vae_decoder.run({"latent_sample": z})
-        return from_nchw(np.asarray(out.get("sample", next(iter(out.values())))))
+
+        def decode(t: np.ndarray) -> np.ndarray:
+            out = self.vae_decoder.run({"latent_sample": t})
+            return np.asarray(out.get("sample", next(iter(out.values()))))
+
+        if self.vae_tile and max(z.shape[2:]) > self.vae_tile:
+            from .tiling import decode_tiled
+
+            return from_nchw(decode_tiled(decode, z, tile=self.vae_tile, overlap=max(self.vae_tile // 4, 1)))
+        return from_nchw(decode(z))
 
     # ------------------------------------------------------------------ UNet
     def _unet_model(self, s: Settings, cond: Conditioning, uncond: Conditioning | None, batch: int,
@@ -366,6 +388,7 @@ class Pipeline:
         s.width = s.width or self.default_size
         s.height = s.height or self.default_size
         cond, uncond = self._conditioning(s)
+        self._release("text_encoder", "text_encoder_2")
         images: list[np.ndarray] = []
         seeds: list[int] = []
         for k in range(s.batch_count):
@@ -436,10 +459,31 @@ class Pipeline:
                 x = loop.run(model, x, inpaint=(mask_lat, image_latents, noise), callback=on_step)
         else:
             x = loop.run(model, x, callback=on_step)
+        self._release("unet", "vae_encoder")
         if not np.isfinite(x).all():
             raise SdrtError("the sampler produced NaN or infinite latents", where=f"{self.unet.path} on {self.backend}",
                             fix="try another backend or sampler; report it with the command you ran")
-        return self._decode(x)
+        images = self._decode(x)
+        self._release("vae_decoder")
+        return images
+
+    # ------------------------------------------------------------------ low memory (sdrt.pipelines.lowmem)
+    @property
+    def is_low_memory(self) -> bool:
+        if self.low_memory is None:
+            from ..runtime import select
+            from .lowmem import auto_low_memory, model_bytes
+
+            _, dev = select(self.backend, self.device)
+            self.low_memory = auto_low_memory(dev.memory_bytes, model_bytes(p.path for p in self.parts.values()))
+        return bool(self.low_memory)
+
+    def _release(self, *names: str) -> None:
+        if self.is_low_memory:
+            from .lowmem import release
+
+            keep = self._weight_state._originals if self._weight_state is not None else {}
+            release((self.parts.get(n) for n in names), keep_graph=keep)
 
     # ------------------------------------------------------------------ metadata
     def _infotext(self, s: Settings, seed: int, position: int) -> dict[str, object]:
