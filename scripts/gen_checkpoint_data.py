@@ -206,11 +206,11 @@ def openclip_from_hf(sd: dict, extra_layer: bool, seed: int) -> dict:
 
 
 # -- ONNX export (Optimum's names) -------------------------------------------
-def export(model, args: tuple, path: Path, inputs: list[str], outputs: list[str]) -> None:
+def export(model, args: tuple, path: Path, inputs: list[str], outputs: list[str], dynamic: dict | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         torch.onnx.export(model, args, str(path), input_names=inputs, output_names=outputs, opset_version=17,
-                          do_constant_folding=True, dynamo=False)
+                          do_constant_folding=True, dynamo=False, dynamic_axes=dynamic)
 
 
 class TEWrap(torch.nn.Module):
@@ -343,9 +343,9 @@ def build_sd1(x: dict) -> None:
                               torch.from_numpy(x["ehs"])), d / "unet" / "model.onnx",
            ["sample", "timestep", "encoder_hidden_states"], ["out_sample"])
     export(for_export(vae_a, _enc_forward), (torch.from_numpy(x["image"]),), d / "vae_encoder" / "model.onnx", ["sample"],
-           ["latent_parameters"])
+           ["latent_parameters"], {"sample": {2: "height", 3: "width"}, "latent_parameters": {2: "h", 3: "w"}})
     export(for_export(vae_a, _dec_forward), (torch.from_numpy(x["latent"]),), d / "vae_decoder" / "model.onnx", ["latent_sample"],
-           ["sample"])
+           ["sample"], {"latent_sample": {2: "h", 3: "w"}, "sample": {2: "height", 3: "width"}})
 
     # weights B, written as an LDM single file (fp16)
     te_b, unet_b, vae_b = make_te("l", 11), make_unet(12), make_vae(13)
@@ -638,6 +638,15 @@ def build_pipeline_refs() -> None:
     ple.set_progress_bar_config(disable=True)
     ple.load_textual_inversion(str(d / "tinyemb.safetensors"), token="tinyemb")
     out["emb"] = gp.run_case(ple, dict(case, prompt=gp.PROMPT + ", tinyemb"), imgs)
+    # part outputs inside each pipeline (no sampler in between): prompt embeddings, one UNet call
+    g2 = torch.Generator().manual_seed(9)
+    sample = torch.randn((1, 4, 8, 8), generator=g2)
+    for key, p, prompt in (("ckpt", pl, gp.PROMPT), ("lora", pll, gp.PROMPT), ("emb", ple, gp.PROMPT + ", tinyemb")):
+        with torch.no_grad():
+            emb_, _ = p.encode_prompt(prompt, "cpu", 1, False)
+            out[f"{key}_embeds"] = emb_.numpy()
+            out[f"{key}_unet"] = p.unet(sample, torch.tensor([500]), emb_).sample.numpy()
+    out["unet_sample"] = sample.numpy()
     np.savez_compressed(d / "refs.npz", **out)
     (d / "cases.json").write_text(json.dumps({"case": case, "lora_prompt": gp.PROMPT + " <lora:tinylora:0.7>",
                                               "emb_prompt": gp.PROMPT + ", tinyemb"}, indent=1))
