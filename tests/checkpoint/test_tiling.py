@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import PIPE_FOLDER
+from conftest import DATA
 
 import sdrt
 from sdrt.errors import InputError
@@ -52,15 +52,19 @@ def test_bad_overlap_is_refused():
 
 
 def test_tiled_vae_decode_is_close_to_whole_decode_and_seamless():
-    graph = Graph.load(PIPE_FOLDER / "vae_decoder" / "model.onnx")
+    """The tiny SD 1.x VAE decoder (2 blocks: latents upsample 2x), exported with dynamic height and width."""
+    graph = Graph.load(DATA / "sd1" / "vae_decoder" / "model.onnx")
     z = np.random.default_rng(2).standard_normal((1, 4, 24, 24)).astype(np.float32)
     with sdrt.load(graph.with_shapes({"latent_sample": (1, 4, 24, 24)}), backend="openvino") as whole, \
             sdrt.load(graph.with_shapes({"latent_sample": (1, 4, 16, 16)}), backend="openvino") as tile:
         full = whole.run({"latent_sample": z})["sample"]
-        out = decode_tiled(lambda t: tile.run({"latent_sample": t})["sample"], z, tile=16, overlap=8)
-    assert out.shape == full.shape == (1, 3, 192, 192)
-    # GroupNorm sees a tile's statistics, so tiles differ a little from the whole; no seam stands out:
-    # the step between neighbouring columns at a seam is like the steps elsewhere
-    assert np.abs(out - full).mean() < 0.1 * np.abs(full).mean()
+        out = tiled(lambda t: tile.run({"latent_sample": t})["sample"], z, tile=16, overlap=8, scale=2.0,
+                    out_channels=3)
+    assert out.shape == full.shape == (1, 3, 48, 48)
+    # GroupNorm sees a tile's statistics, so tiles differ a little from the whole image ...
+    assert np.abs(out - full).mean() < 0.15 * np.abs(full).mean()
+    # ... and no seam stands out: at the tile edges (x = 16 and 32) the step between neighbouring
+    # columns is like the steps elsewhere
     steps = np.abs(np.diff(out, axis=3)).mean(axis=(0, 1, 2))
-    assert steps[63] < 3 * np.median(steps) and steps[127] < 3 * np.median(steps)
+    for edge in (15, 31):
+        assert steps[edge] < 2 * np.median(steps)
