@@ -144,6 +144,26 @@ def scale_weights(module: torch.nn.Module, seed: int) -> None:
 SD_SCHEDULER = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", num_train_timesteps=1000,
                     set_alpha_to_one=False, skip_prk_steps=True, steps_offset=1, clip_sample=False)
 
+#: scheduler_config.json as the real releases ship it. SD 1.5's and SD 2.1's leave timestep_spacing out, so
+#: a scheduler made from them with from_config uses its own default (Euler: linspace, DDIM: leading);
+#: SDXL's sets "leading" explicitly.
+RELEASE_SCHEDULERS = {
+    "sd15": {"_class_name": "PNDMScheduler", "_diffusers_version": "0.6.0", "beta_end": 0.012,
+             "beta_schedule": "scaled_linear", "beta_start": 0.00085, "num_train_timesteps": 1000,
+             "set_alpha_to_one": False, "skip_prk_steps": True, "steps_offset": 1, "trained_betas": None,
+             "clip_sample": False},
+    "sd2v": {"_class_name": "DDIMScheduler", "_diffusers_version": "0.8.0", "beta_end": 0.012,
+             "beta_schedule": "scaled_linear", "beta_start": 0.00085, "clip_sample": False,
+             "num_train_timesteps": 1000, "prediction_type": "v_prediction", "set_alpha_to_one": False,
+             "skip_prk_steps": True, "steps_offset": 1, "trained_betas": None},
+    "sdxl": {"_class_name": "EulerDiscreteScheduler", "_diffusers_version": "0.19.0.dev0", "beta_end": 0.012,
+             "beta_schedule": "scaled_linear", "beta_start": 0.00085, "clip_sample": False,
+             "interpolation_type": "linear", "num_train_timesteps": 1000, "prediction_type": "epsilon",
+             "sample_max_value": 1.0, "set_alpha_to_one": False, "skip_prk_steps": True, "steps_offset": 1,
+             "timestep_spacing": "leading", "trained_betas": None, "use_karras_sigmas": False},
+}
+RELEASE_SCHEDULERS["sd15-inpaint"] = dict(RELEASE_SCHEDULERS["sd15"], timestep_spacing="leading")
+
 
 def build(kind: str):
     """kind: sd15 (SD 1.x eps), sd2v (SD 2.x v-prediction, pads with '!'), sd15-inpaint (9 channels), sdxl."""
@@ -243,7 +263,10 @@ def export(pipe, kind: str, out: Path) -> None:
     out.mkdir(parents=True)
     pipe.save_pretrained(out / "_torch", safe_serialization=True)
     tmp = out / "_torch"
-    shutil.copytree(tmp / "scheduler", out / "scheduler")
+    (out / "scheduler").mkdir()
+    (out / "scheduler" / "scheduler_config.json").write_text(json.dumps(RELEASE_SCHEDULERS[kind], indent=2) + "\n")
+    # the references use the scheduler as a user gets it from this folder
+    pipe.scheduler = type(pipe.scheduler).from_pretrained(out / "scheduler")
     xl = kind == "sdxl"
     for name in ("tokenizer", "tokenizer_2") if xl else ("tokenizer",):  # the slow-tokenizer files, as written
         shutil.copytree(pipe.tokenizer_dir[name], out / name)
@@ -262,7 +285,9 @@ def export(pipe, kind: str, out: Path) -> None:
                 ["text_embeds", "last_hidden_state", *hidden],
                 {n: batch for n in ["input_ids", "text_embeds", "last_hidden_state", *hidden]})
         shutil.copy(tmp / "text_encoder_2" / "config.json", out / "text_encoder_2" / "config.json")
-    # UNet: timestep int64 [batch] in SD 1.x (diffusers' export), float32 [batch] for SD 2.x, float scalar for SDXL
+    # UNet timestep: int64 [batch] for the inpainting UNet (as Optimum exports it), float32 [batch] for SD 1.x/2.x
+    # (diffusers' old export script), a float scalar for SDXL. The int64 one gets a config with integer timesteps
+    # (timestep_spacing "leading"), so that torch's float timesteps and the graph's int64 ones agree.
     cin = pipe.unet.config.in_channels
     lat = SIZE // 8
     sample = torch.randn(2, cin, lat, lat)
@@ -274,7 +299,7 @@ def export(pipe, kind: str, out: Path) -> None:
         dyn = {"sample": batch, "encoder_hidden_states": batch, "text_embeds": batch, "time_ids": batch,
                "out_sample": batch}
     else:
-        ts = torch.tensor([999, 999], dtype=torch.int64 if kind.startswith("sd15") else torch.float32)
+        ts = torch.tensor([999, 999], dtype=torch.int64 if kind == "sd15-inpaint" else torch.float32)
         args = (sample, ts, cond)
         names = ["sample", "timestep", "encoder_hidden_states"]
         dyn = {"sample": batch, "timestep": batch, "encoder_hidden_states": batch, "out_sample": batch}
@@ -394,19 +419,20 @@ def run_case(pipe, case: dict, images: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def schedule_tables() -> list[dict]:
+    """diffusers' timesteps, sigmas and init_noise_sigma for several configs, samplers and step counts."""
     rows = []
-    for spacing in ("leading", "linspace", "trailing"):
-        for offset in (0, 1):
-            cfg = dict(SD_SCHEDULER, timestep_spacing=spacing, steps_offset=offset)
-            base = PNDMScheduler.from_config(cfg).config
-            for label, make in SCHEDULERS.items():
-                for steps in (1, 7, 20):
-                    s = make(base)
-                    s.set_timesteps(steps)
-                    rows.append(dict(spacing=spacing, steps_offset=offset, sampler=label, steps=steps,
-                                     timesteps=[float(t) for t in s.timesteps],
-                                     sigmas=[float(x) for x in getattr(s, "sigmas", [])],
-                                     init_noise_sigma=float(s.init_noise_sigma)))
+    configs = [dict(SD_SCHEDULER, timestep_spacing=spacing, steps_offset=offset)
+               for spacing in ("leading", "linspace", "trailing") for offset in (0, 1)]
+    configs += [RELEASE_SCHEDULERS["sd15"], dict(RELEASE_SCHEDULERS["sdxl"], interpolation_type="log_linear"),
+                dict(RELEASE_SCHEDULERS["sd2v"], beta_schedule="linear", beta_start=0.0001, beta_end=0.02)]
+    for cfg in configs:
+        for label, make in SCHEDULERS.items():
+            for steps in (1, 7, 20):
+                s = make(cfg)
+                s.set_timesteps(steps)
+                rows.append(dict(config=cfg, sampler=label, steps=steps, timesteps=[float(t) for t in s.timesteps],
+                                 sigmas=[float(x) for x in getattr(s, "sigmas", [])],
+                                 init_noise_sigma=float(s.init_noise_sigma)))
     return rows
 
 

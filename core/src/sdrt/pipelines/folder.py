@@ -24,7 +24,6 @@ PART_NAMES = ("text_encoder", "text_encoder_2", "unet", "vae_encoder", "vae_deco
 DEFAULT_SCHEDULER: dict[str, Any] = {
     "_class_name": "PNDMScheduler", "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
     "num_train_timesteps": 1000, "prediction_type": "epsilon", "set_alpha_to_one": False, "steps_offset": 1,
-    "timestep_spacing": "leading",
 }
 
 

@@ -2,8 +2,8 @@
 
 ``sdrt.samplers`` holds k-diffusion's samplers. Four of diffusers' schedulers differ from them in
 ways that change the image: DDIM steps in alpha space to ``t - 1000 // steps`` (not to the next
-timestep) and ends on the final alpha; DPM-Solver++(2M) drops to first order on its last two steps
-below 15 steps and feeds rounded timesteps; Euler starts from ``init_noise_sigma``; Euler a draws its
+timestep) and ends on the final alpha; DPM-Solver++(2M) takes its first and last steps at first order,
+works on the alpha-scaled latent, and feeds rounded timesteps of Karras sigmas; Euler starts from ``init_noise_sigma``; Euler a draws its
 noise from the pipeline's generator after the initial latents. Each loop here follows its scheduler's
 ``set_timesteps``/``step``/``add_noise`` on the raw (guided) UNet output, in float32.
 
@@ -23,7 +23,7 @@ import numpy as np
 from .scheduling import FolderSchedule, Plan
 
 Model = Callable[[np.ndarray, float], np.ndarray]
-StepHook = Callable[[int, np.ndarray], np.ndarray]  # (index of the next step, latent) -> latent
+StepHook = Callable[[int, np.ndarray], np.ndarray]  # (index of the next step, latent) -> latent; after every step
 F32 = np.float32
 
 
@@ -61,7 +61,7 @@ class EulerLoop:
             else:
                 x = x + d * (nxt - sigma)
             x = x.astype(np.float32, copy=False)
-            if after_step is not None and i < p.steps - 1:
+            if after_step is not None:
                 x = after_step(i + 1, x)
             if callback is not None:
                 callback(i, x)
@@ -73,10 +73,9 @@ class DPMSolverLoop:
 
     def __init__(self, ms: FolderSchedule, plan: Plan, *, offset: int = 0) -> None:
         self.ms, self.plan, self.offset = ms, plan, offset  # offset: img2img's first step index
-        cfg = ms.config
-        self.lower_order_final = bool(cfg.get("lower_order_final", True))
-        self.euler_at_final = bool(cfg.get("euler_at_final", False))
-        self.final_zero = cfg.get("final_sigmas_type", "zero") == "zero"
+        self.lower_order_final = bool(ms.option("dpm", "lower_order_final"))
+        self.euler_at_final = bool(ms.option("dpm", "euler_at_final"))
+        self.final_zero = ms.option("dpm", "final_sigmas_type") == "zero"
 
     @staticmethod
     def _alpha_sigma(sigma: float) -> tuple[np.float32, np.float32]:
@@ -104,7 +103,6 @@ class DPMSolverLoop:
             outputs = [*outputs[-1:], x0]
             final = i == total - 1 and (self.euler_at_final or (self.lower_order_final and total < 15)
                                         or self.final_zero)
-            second_last = i == total - 2 and self.lower_order_final and total < 15
             nxt = p.sigmas[j + 1]
             alpha_t, sigma_t = self._alpha_sigma(nxt)
             if nxt == 0:
@@ -113,7 +111,7 @@ class DPMSolverLoop:
                 lam_t = np.log(alpha_t) - np.log(sigma_t)
                 lam_s = np.log(alpha_s) - np.log(sigma_s)
                 h = lam_t - lam_s
-                if lower_nums < 1 or final or second_last:
+                if lower_nums < 1 or final:
                     x = (sigma_t / sigma_s) * x - (alpha_t * (np.exp(-h) - F32(1))) * x0
                 else:
                     alpha_1, sigma_1 = self._alpha_sigma(p.sigmas[j - 1])
@@ -124,7 +122,7 @@ class DPMSolverLoop:
                          - F32(0.5) * (alpha_t * (np.exp(-h) - F32(1))) * d1)
             lower_nums = min(lower_nums + 1, 2)
             x = x.astype(np.float32, copy=False)
-            if after_step is not None and j < p.steps - 1:
+            if after_step is not None:
                 x = after_step(j + 1, x)
             if callback is not None:
                 callback(j, x)
@@ -161,7 +159,7 @@ class DDIMLoop:
                 eps = out
             x = a_prev ** F32(0.5) * x0 + (F32(1) - a_prev) ** F32(0.5) * eps
             x = x.astype(np.float32, copy=False)
-            if after_step is not None and i < p.steps - 1:
+            if after_step is not None:
                 x = after_step(i + 1, x)
             if callback is not None:
                 callback(i, x)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("sdrt.pipelines.parts")
 
-ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
+ShapeKey = tuple[tuple[tuple[str, tuple[int, ...]], ...], tuple[str, ...]]
 
 
 class Part:
@@ -75,20 +75,48 @@ class Part:
             raise ModelError(f"the {self.name} graph has no output {name!r}", where=str(self.path),
                              fix=f"export it with the diffusers/Optimum output names (it has: {', '.join(self.outputs)})")
 
-    def session(self, shapes: Mapping[str, tuple[int, ...]]) -> Session:
-        """The compiled session for these input shapes (compiled now if new)."""
-        key: ShapeKey = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
+    def session(self, shapes: Mapping[str, tuple[int, ...]], outputs: tuple[str, ...] = ()) -> Session:
+        """The compiled session for these input shapes (compiled now if new).
+
+        ``outputs``: compute only these (a text encoder's one hidden state, say); all when empty.
+        """
+        dims = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
+        key: ShapeKey = (dims, tuple(outputs))
         sess = self.sessions.get(key)
         if sess is None:
             from ..runtime import load
 
-            pinned = self.graph.with_shapes(dict(key))
-            log.info("compiling %s for %s", self.name, ", ".join(f"{k}{list(v)}" for k, v in key))
+            # static shapes, so every backend compiles a static graph. A graph cut to fewer outputs is also
+            # folded, which drops the nodes only the other outputs needed (weights keep their names).
+            if outputs:
+                pinned = self._only(outputs).with_shapes(dict(dims)).fold_constants()
+            else:
+                pinned = self.graph.with_shapes(dict(dims))
+            log.info("compiling %s for %s", self.name, ", ".join(f"{k}{list(v)}" for k, v in dims))
             sess = load(pinned, weights=self.weights, backend=self.backend, device=self.device, **self.options)
             self.sessions[key] = sess
         return sess
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _only(self, outputs: tuple[str, ...]) -> Graph:
+        """The graph with just ``outputs``; the nodes only the others needed go at constant folding."""
+        from ..graph import Graph
+
+        graph = self.graph
+        for name in outputs:
+            self.require_output(name)
+        derive = getattr(graph, "derive", None)  # the redesign's public Graph.derive keeps mapped weights mapped
+        if derive is None and graph.mapped_initializers:  # would lose them: keep the graph whole
+            return graph
+        import onnx
+
+        model = onnx.ModelProto()
+        model.CopyFrom(graph.model)
+        kept = [o for o in model.graph.output if o.name in outputs]
+        del model.graph.output[:]
+        model.graph.output.extend(kept)
+        return derive(model) if derive is not None else Graph(model, graph.path, base_dir=graph.base_dir)
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
         """Run with feeds cast to the graph's dtypes; the session for their shapes is compiled once."""
         inputs = self.inputs
         cast = {}
@@ -97,8 +125,8 @@ class Part:
             if info is None:
                 raise ModelError(f"the {self.name} graph has no input {name!r}", where=str(self.path),
                                  fix=f"export it with the diffusers/Optimum names (it has: {', '.join(inputs)})")
-            cast[name] = np.ascontiguousarray(value, dtype=np.dtype(info.dtype))
-        return self.session({k: v.shape for k, v in cast.items()}).run(cast)
+            cast[name] = np.asarray(value, dtype=np.dtype(info.dtype), order="C")  # keeps 0-d arrays 0-d
+        return self.session({k: v.shape for k, v in cast.items()}, outputs).run(cast)
 
     def update_weights(self, weights: Weights) -> None:
         """New weights for every compiled session now and every one compiled later."""

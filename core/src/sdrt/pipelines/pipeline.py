@@ -343,7 +343,7 @@ class Pipeline:
         elif s.strength is not None and s.mode == "img2img":
             start = 0
         if kind in ("euler", "euler-karras", "euler_a", "euler_a-karras"):
-            plan = ms.euler_plan(s.steps, karras=kind.endswith("karras")).tail(start)
+            plan = ms.euler_plan(s.steps, karras=kind.endswith("karras"), ancestral=kind.startswith("euler_a")).tail(start)
             return EulerLoop(ms, plan, ancestral=kind.startswith("euler_a"), generator=generator), start
         if kind in ("dpm", "dpm-karras"):
             return DPMSolverLoop(ms, ms.dpm_plan(s.steps, karras=kind == "dpm-karras").tail(start), offset=start), start
@@ -451,7 +451,8 @@ class Pipeline:
             assert image_latents is not None
             if hasattr(loop, "plan"):
                 def blend(index: int, latents: np.ndarray) -> np.ndarray:
-                    proper = loop.add_noise(image_latents, noise, index)
+                    # diffusers' inpaint pipeline: the known part re-noised to the next step, clean after the last
+                    proper = loop.add_noise(image_latents, noise, index) if index < total else image_latents
                     return (1 - mask_lat) * proper + mask_lat * latents
 
                 x = loop.run(model, x, after_step=blend, callback=on_step)

@@ -69,29 +69,47 @@ class TextEncoder:
         return layers[-skip], not self.penultimate
 
     def _final_norm(self) -> tuple[np.ndarray, np.ndarray]:
+        """Scale and bias of the LayerNormalization that makes ``last_hidden_state`` (read from the graph)."""
         if self._norm is None:
             graph = self.part.graph
-            names = graph.initializer_names
-            w = [n for n in names if n.endswith("final_layer_norm.weight")]
-            b = [n for n in names if n.endswith("final_layer_norm.bias")]
-            if len(w) != 1 or len(b) != 1:
-                raise ModelError("clip skip needs the text encoder's final layer norm, and the graph has no "
-                                 "single '*final_layer_norm.weight'/'.bias' initializer", where=str(self.part.path),
-                                 fix="export the text encoder without renaming its weights, or use clip skip 1")
-            current = self.part.weights  # a checkpoint's norm, once one is bound
-            arrays = ({n: current[n] for n in (w[0], b[0])} if current is not None
-                      else graph.initializer_arrays([w[0], b[0]]))
-            self._norm = (arrays[w[0]].astype(np.float32), arrays[b[0]].astype(np.float32))
+            model = graph.model.graph
+            producer = {o: n for n in model.node for o in n.output}
+            node = producer.get("last_hidden_state")
+            while node is not None and node.op_type == "Identity":
+                node = producer.get(node.input[0])
+            if node is None or node.op_type != "LayerNormalization" or len(node.input) < 3:
+                raise ModelError("clip skip needs the text encoder's final layer norm, and last_hidden_state is not "
+                                 "made by a LayerNormalization node", where=str(self.part.path),
+                                 fix="export the text encoder with opset 17 or later, or use clip skip 1")
+            self._norm = (self._constant(node.input[1], producer), self._constant(node.input[2], producer))
         return self._norm
+
+    def _constant(self, name: str, producer: dict) -> np.ndarray:
+        from onnx import numpy_helper
+
+        graph = self.part.graph
+        while name not in graph.initializer_names and name in producer and producer[name].op_type == "Identity":
+            name = producer[name].input[0]
+        if name in graph.initializer_names:
+            current = self.part.weights  # a checkpoint's norm, once one is bound
+            if current is not None and name in current:
+                return np.asarray(current[name], dtype=np.float32)
+            return np.asarray(graph.initializer_arrays([name])[name], dtype=np.float32)
+        node = producer.get(name)
+        if node is not None and node.op_type == "Constant" and node.attribute:
+            return numpy_helper.to_array(node.attribute[0].t).astype(np.float32)
+        raise ModelError(f"the final layer norm's {name!r} is not a constant of the graph", where=str(self.part.path),
+                         fix="use clip skip 1")
 
     def encode_chunks(self, chunks: list, clip_skip: int) -> tuple[np.ndarray, np.ndarray | None]:
         """[1, 77 * len(chunks), D] with emphasis applied, and the pooled output of the first chunk."""
         name, norm = self._output_for(clip_skip)
         ids_dtype = np.dtype(self.part.input("input_ids").dtype)
         pieces, pooled = [], None
+        wanted = (name, self.pooled_output) if self.pooled_output else (name,)
         for k, chunk in enumerate(chunks):
             ids = np.asarray([chunk.ids], dtype=ids_dtype)
-            out = self.part.run({"input_ids": ids})
+            out = self.part.run({"input_ids": ids}, wanted)
             z = np.asarray(out[name], dtype=np.float32)
             if norm:
                 weight, bias = self._final_norm()

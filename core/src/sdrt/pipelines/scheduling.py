@@ -24,6 +24,16 @@ from ..samplers.model_sampling import DiscreteSchedule
 
 SPACINGS = ("leading", "linspace", "trailing")
 
+#: each scheduler's own defaults, used for keys the folder's config does not set (diffusers'
+#: ``from_config`` ignores a value that was itself a default of the saved scheduler: ``_use_default_values``)
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "euler": {"timestep_spacing": "linspace", "steps_offset": 0, "interpolation_type": "linear",
+              "final_sigmas_type": "zero"},
+    "dpm": {"timestep_spacing": "linspace", "steps_offset": 0, "final_sigmas_type": "zero",
+            "lower_order_final": True, "euler_at_final": False},
+    "ddim": {"timestep_spacing": "leading", "steps_offset": 0, "set_alpha_to_one": True},
+}
+
 
 def _torch_linspace_f32(start: float, end: float, n: int) -> np.ndarray:
     """``torch.linspace(start, end, n, dtype=torch.float32)`` as torch's CPU kernel computes it."""
@@ -43,7 +53,7 @@ def betas_from_config(config: dict[str, Any], where: str) -> np.ndarray:
     trained = config.get("trained_betas")
     if trained is not None:
         return np.asarray(trained, dtype=np.float32)
-    kind = config.get("beta_schedule", "scaled_linear")
+    kind = config.get("beta_schedule", "linear")
     start, end = float(config.get("beta_start", 0.0001)), float(config.get("beta_end", 0.02))
     if kind == "scaled_linear":
         return _torch_linspace_f32(start**0.5, end**0.5, n) ** 2
@@ -98,8 +108,8 @@ class FolderSchedule(DiscreteSchedule):
         if config.get("rescale_betas_zero_snr"):
             raise ModelError("rescale_betas_zero_snr is not supported", where=where,
                              fix="set it to false, or use a model without zero terminal SNR")
-        spacing = str(config.get("timestep_spacing", "leading"))
-        if spacing not in SPACINGS:
+        spacing = config.get("timestep_spacing")
+        if spacing is not None and spacing not in SPACINGS:
             raise ModelError(f"timestep_spacing {spacing!r} is not supported", where=where,
                              fix=f"use one of {', '.join(SPACINGS)}")
         n = int(config.get("num_train_timesteps", 1000))
@@ -118,13 +128,12 @@ class FolderSchedule(DiscreteSchedule):
         self.log_sigmas = np.log(self.sigmas)
         return self
 
-    @property
-    def spacing(self) -> str:
-        return str(self.config.get("timestep_spacing", "leading"))
-
-    @property
-    def steps_offset(self) -> int:
-        return int(self.config.get("steps_offset", 0))
+    def option(self, scheduler: str, key: str) -> Any:
+        """The config's value for ``key``, or ``scheduler``'s default where the folder leaves it unset."""
+        unset = self.config.get("_use_default_values") or []
+        if key in self.config and key not in unset and self.config[key] is not None:
+            return self.config[key]
+        return DEFAULTS[scheduler].get(key)
 
     # ---------------------------------------------------------------- diffusers' timesteps
     def _sigma_to_t(self, sigma: float) -> float:
@@ -143,18 +152,23 @@ class FolderSchedule(DiscreteSchedule):
         lo, hi = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
         return (hi + ramp * (lo - hi)) ** rho
 
-    def euler_plan(self, steps: int, *, karras: bool = False) -> Plan:
-        """``EulerDiscreteScheduler`` / ``EulerAncestralDiscreteScheduler.set_timesteps(steps)``."""
+    def euler_plan(self, steps: int, *, karras: bool = False, ancestral: bool = False) -> Plan:
+        """``EulerDiscreteScheduler`` / ``EulerAncestralDiscreteScheduler.set_timesteps(steps)``.
+
+        The ancestral scheduler has no ``interpolation_type``, Karras sigmas or ``final_sigmas_type``:
+        it always interpolates sigma linearly and ends at 0 (``karras`` then gives Euler's Karras sigmas).
+        """
         n = self.num_timesteps
-        if self.spacing == "linspace":
+        spacing, offset = self.option("euler", "timestep_spacing"), int(self.option("euler", "steps_offset"))
+        if spacing == "linspace":
             ts = np.linspace(0, n - 1, steps, dtype=np.float32)[::-1].copy()
-        elif self.spacing == "leading":
+        elif spacing == "leading":
             ratio = n // steps
-            ts = (np.arange(0, steps) * ratio).round()[::-1].copy().astype(np.float32) + self.steps_offset
+            ts = (np.arange(0, steps) * ratio).round()[::-1].copy().astype(np.float32) + offset
         else:
             ts = np.arange(n, 0, -n / steps).round().copy().astype(np.float32) - 1
         table = self.sigmas_f32
-        interp = str(self.config.get("interpolation_type", "linear"))
+        interp = "linear" if ancestral else str(self.option("euler", "interpolation_type"))
         if interp == "log_linear":
             sig = np.exp(np.linspace(np.log(table[-1]), np.log(table[0]), steps + 1, dtype=np.float32))
         elif interp == "linear":
@@ -165,10 +179,11 @@ class FolderSchedule(DiscreteSchedule):
         if karras:
             sig = self._karras(float(sig[-1]), float(sig[0]), steps)
             ts = np.array([self._sigma_to_t(float(s)) for s in sig])
-        final = float(self.sigmas_f32[0]) if self.config.get("final_sigmas_type") == "sigma_min" else 0.0
+        sigma_min_end = not ancestral and self.option("euler", "final_sigmas_type") == "sigma_min"
+        final = float(self.sigmas_f32[0]) if sigma_min_end else 0.0
         sigmas = np.concatenate([sig, [final]]).astype(np.float32)
         top = float(sigmas.max())
-        init = top if self.spacing in ("linspace", "trailing") else (top**2 + 1) ** 0.5
+        init = top if spacing in ("linspace", "trailing") else (top**2 + 1) ** 0.5
         return Plan([float(s) for s in sigmas], [float(np.float32(t)) for t in ts], float(np.float32(init)),
                     total=steps)
 
@@ -176,11 +191,12 @@ class FolderSchedule(DiscreteSchedule):
         """``DPMSolverMultistepScheduler.set_timesteps(steps)`` (``use_karras_sigmas`` as given)."""
         n = self.num_timesteps
         last = n  # lambda_min_clipped = -inf
-        if self.spacing == "linspace":
+        spacing, offset = self.option("dpm", "timestep_spacing"), int(self.option("dpm", "steps_offset"))
+        if spacing == "linspace":
             ts = np.linspace(0, last - 1, steps + 1).round()[::-1][:-1].copy().astype(np.int64)
-        elif self.spacing == "leading":
+        elif spacing == "leading":
             ratio = last // (steps + 1)
-            ts = (np.arange(0, steps + 1) * ratio).round()[::-1][:-1].copy().astype(np.int64) + self.steps_offset
+            ts = (np.arange(0, steps + 1) * ratio).round()[::-1][:-1].copy().astype(np.int64) + offset
         else:
             ts = np.arange(last, 0, -n / steps).round().copy().astype(np.int64) - 1
         table = self.sigmas_f32
@@ -192,18 +208,19 @@ class FolderSchedule(DiscreteSchedule):
             ts = ts_f.astype(np.int64)
         else:
             sig = np.interp(ts, np.arange(0, len(table)), table)
-        final = float(self.sigmas_f32[0]) if self.config.get("final_sigmas_type") == "sigma_min" else 0.0
+        final = float(self.sigmas_f32[0]) if self.option("dpm", "final_sigmas_type") == "sigma_min" else 0.0
         sigmas = np.concatenate([sig, [final]]).astype(np.float32)
         return Plan([float(s) for s in sigmas], [float(t) for t in ts], 1.0, total=steps)
 
     def ddim_plan(self, steps: int) -> Plan:
         """``DDIMScheduler.set_timesteps(steps)``; each step lands on ``t - num_train_timesteps // steps``."""
         n = self.num_timesteps
-        if self.spacing == "linspace":
+        spacing, offset = self.option("ddim", "timestep_spacing"), int(self.option("ddim", "steps_offset"))
+        if spacing == "linspace":
             ts = np.linspace(0, n - 1, steps).round()[::-1].copy().astype(np.int64)
-        elif self.spacing == "leading":
+        elif spacing == "leading":
             ratio = n // steps
-            ts = (np.arange(0, steps) * ratio).round()[::-1].copy().astype(np.int64) + self.steps_offset
+            ts = (np.arange(0, steps) * ratio).round()[::-1].copy().astype(np.int64) + offset
         else:
             ts = np.round(np.arange(n, 0, -n / steps)).astype(np.int64) - 1
         prev = [int(t) - n // steps for t in ts]
@@ -215,7 +232,7 @@ class FolderSchedule(DiscreteSchedule):
         ac = self.alphas_cumprod_f32
         if t >= 0:
             return ac[t]
-        return np.float32(1.0) if self.config.get("set_alpha_to_one", True) else ac[0]
+        return np.float32(1.0) if self.option("ddim", "set_alpha_to_one") else ac[0]
 
     def ddim_sigma(self, t: int) -> float:
         a = self.ddim_alpha(t)
