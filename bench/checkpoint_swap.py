@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sdrt.errors import SdrtError
+
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "tests" / "data" / "pipelines" / "tiny-sd15"
 DATA = ROOT / "tests" / "data" / "ckpt" / "pipe-sd15"
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     for backend in [b for b in args.backends.split(",") if b]:
         try:
             t = time_swaps(args.folder, args.weights, args.lora, backend, args.rounds)
-        except Exception as exc:  # a backend that cannot run this folder: say so, go on
+        except SdrtError as exc:  # a backend that cannot run this folder: say so, go on
             print(f"{backend:10} cannot run the folder: {str(exc)[:160]}")
             results[backend] = {"error": str(exc)}
             continue

@@ -37,9 +37,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import tvblock  # noqa: F401  (must come before transformers is used)
 import numpy as np
 import torch
+import tvblock  # noqa: F401  (must come before transformers is used)
 from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parent.parent

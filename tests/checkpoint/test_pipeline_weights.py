@@ -28,6 +28,7 @@ CASE = CASES["case"]
 KW = dict(steps=CASE["steps"], cfg=CASE["cfg"], sampler=CASE["sampler"], seed=CASE["seed"], width=CASE["width"],
           height=CASE["height"])
 MEAN_TOL = 24
+QUICK = dict(KW, steps=2)  # for tests that compare sdrt with itself
 
 
 def _mean_diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -75,9 +76,9 @@ def test_prompt_lora_tag_matches_diffusers_and_unapplies_bit_for_bit(pipe, refs)
 
 def test_explicit_loras_with_scales(pipe):
     pipe.set_loras([(D / "tinylora.safetensors", 0.7)])
-    a = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+    a = pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
     pipe.set_loras([(D / "tinylora.safetensors", 0.35), (D / "tinylora.safetensors", 0.35)])
-    b = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+    b = pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
     assert _mean_diff(a, b) < 2  # two halves merge to the same weights (float32 rounding aside)
     pipe.set_loras([])
     assert not pipe.weights.loras
@@ -85,15 +86,15 @@ def test_explicit_loras_with_scales(pipe):
 
 def test_missing_lora_name_is_refused_before_anything_changes(pipe):
     pipe.weights.lora_dir = D
-    before = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+    before = pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
     with pytest.raises(WeightsError, match="no LoRA named 'nosuch'"):
-        pipe(CASE["prompt"] + " <lora:nosuch:1>", CASE["negative_prompt"], **KW)
-    assert pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0].tobytes() == before.tobytes()
+        pipe(CASE["prompt"] + " <lora:nosuch:1>", CASE["negative_prompt"], **QUICK)
+    assert pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0].tobytes() == before.tobytes()
 
 
 def test_lora_tag_without_a_lora_folder_is_refused(pipe):
     with pytest.raises(WeightsError, match="no LoRA folder"):
-        pipe(CASE["prompt"] + " <lora:tinylora:1>", CASE["negative_prompt"], **KW)
+        pipe(CASE["prompt"] + " <lora:tinylora:1>", CASE["negative_prompt"], **QUICK)
 
 
 def test_embedding_by_name_in_the_prompt_matches_diffusers(pipe, refs):
@@ -110,19 +111,19 @@ def test_embedding_by_name_in_the_prompt_matches_diffusers(pipe, refs):
 
 
 def test_other_architecture_checkpoint_is_refused_and_nothing_changes(pipe):
-    before = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+    before = pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
     with pytest.raises(WeightsError, match="looks like SDXL base"):
         pipe.load_weights(DATA / "sdxl" / "ldm.safetensors")
-    assert pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0].tobytes() == before.tobytes()
+    assert pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0].tobytes() == before.tobytes()
 
 
 def test_low_memory_mode_frees_parts_and_gives_the_same_image(refs):
     with pipelines.load(PIPE_FOLDER, backend="openvino") as normal:
         normal.load_weights(D / "custom.safetensors")
-        want = normal(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+        want = normal(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
     with pipelines.load(PIPE_FOLDER, backend="openvino", low_memory=True) as low:
         low.load_weights(D / "custom.safetensors")
-        got = low(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+        got = low(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
         assert all(not part.sessions for part in low.parts.values())
         assert got.tobytes() == want.tobytes()
 
