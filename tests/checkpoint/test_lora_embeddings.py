@@ -125,3 +125,46 @@ def test_more_embedding_tokens_than_reserved_rows_is_refused():
     emb = load_embedding(DATA / "sd1" / "emb.safetensors")
     with pytest.raises(WeightsError, match="reserved rows"):
         extend_table(np.zeros((10, 32), np.float32), [emb], "clip_l", capacity=11)
+
+
+@pytest.mark.parametrize("folder", ["sd1", "sdxl"])
+def test_ldm_module_names_round_trip_through_the_checked_converter(folder):
+    """unet_to_ldm (for kohya SDXL LoRA names) is the inverse of convert_unet, which test_single_file checks
+    against diffusers' own single-file loader."""
+    from sdrt.checkpoint import param_map
+    from sdrt.checkpoint.ldm import UNET_PREFIX, convert_unet, unet_ldm_layout, unet_to_ldm
+
+    pmap = param_map(Graph.load(DATA / folder / "unet" / "model.onnx"))
+    lpb, attn_up = unet_ldm_layout(pmap)
+    names = {UNET_PREFIX + unet_to_ldm(c, lpb, attn_up): c for c in pmap if c.endswith((".weight", ".bias"))}
+    back, unknown = convert_unet(names)
+    assert not unknown
+    assert {k: v.key for k, v in back.items()} == {c: k for k, c in names.items()}
+
+
+def test_sdxl_kohya_lora_with_ldm_unet_names():
+    from sdrt.checkpoint import param_map
+    from sdrt.checkpoint.ldm import unet_ldm_layout, unet_to_ldm
+
+    graph = Graph.load(DATA / "sdxl" / "unet" / "model.onnx")
+    pmap = param_map(graph)
+    lpb, attn_up = unet_ldm_layout(pmap)
+    rng = np.random.default_rng(0)
+    diffusers_keys, ldm_keys = {}, {}
+    for mod in ("down_blocks.1.attentions.0.transformer_blocks.0.attn2.to_k", "mid_block.attentions.0.proj_in",
+                "up_blocks.0.resnets.1.conv1"):
+        w = pmap[mod + ".weight"]
+        shape_in = (w.shape[0] if w.layout == "T" else w.shape[1])
+        down = rng.standard_normal((2, shape_in, *([3, 3] if mod.endswith("conv1") else []))).astype(np.float32)
+        out_f = w.shape[1] if w.layout == "T" else w.shape[0]
+        up = rng.standard_normal((out_f, 2, *([1, 1] if mod.endswith("conv1") else []))).astype(np.float32)
+        for keys, name in ((diffusers_keys, mod), (ldm_keys, unet_to_ldm(mod, lpb, attn_up))):
+            k = "lora_unet_" + name.replace(".", "_")
+            keys.update({f"{k}.lora_down.weight": down, f"{k}.lora_up.weight": up})
+    assert "lora_unet_input_blocks_3_1_transformer_blocks_0_attn2_to_k.lora_down.weight" in ldm_keys  # 1 layer per block
+    a, b = Lora.from_arrays(diffusers_keys), Lora.from_arrays(ldm_keys)
+    ma = merge(graph, [(a, 1.0)], graph=graph, targets=_targets(graph, a.layers, "unet"))
+    mb = merge(graph, [(b, 1.0)], graph=graph, targets=_targets(graph, b.layers, "unet"))
+    assert set(ma.originals) == set(mb.originals) and len(ma.originals) == 3
+    for name in ma.originals:
+        np.testing.assert_array_equal(ma[name], mb[name])

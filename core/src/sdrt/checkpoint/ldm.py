@@ -319,3 +319,49 @@ def convert(keys: Iterable[str]) -> Converted:
 def diffusers_text_names(keys: Mapping[str, object] | Iterable[str]) -> dict[str, str]:
     """``{canonical name: key}`` for a transformers text-encoder state dict (``text_model.`` optional)."""
     return {k.removeprefix("text_model."): k for k in keys if "position_ids" not in k}
+
+
+# -- diffusers -> LDM module names (kohya SDXL LoRAs name UNet modules the LDM way) --------------
+_RESNET_BACK = {new: old for old, new in _RESNET}
+_UNET_TOP_BACK = tuple((new, old) for old, new in _UNET_TOP)
+
+
+def unet_ldm_layout(names: Iterable[str]) -> tuple[int, set[int]]:
+    """(layers per block, up blocks with attentions) from diffusers UNet parameter names."""
+    names = list(names)
+    lpb = 1 + max((int(m[1]) for n in names if (m := re.match(r"down_blocks\.\d+\.resnets\.(\d+)\.", n))),
+                  default=0)
+    attn_up = {int(m[1]) for n in names if (m := re.match(r"up_blocks\.(\d+)\.attentions\.", n))}
+    return lpb, attn_up
+
+
+def unet_to_ldm(name: str, lpb: int, attn_up: set[int]) -> str | None:
+    """The LDM name of a diffusers UNet parameter or module (the inverse of ``convert_unet``)."""
+    for new, old in _UNET_TOP_BACK:
+        if name.startswith(new) or name + "." == new:
+            return old + name[len(new):] if name.startswith(new) else old.rstrip(".")
+
+    def res(rest: str) -> str:
+        head, _, tail = rest.partition(".")
+        return _RESNET_BACK.get(head, head) + ("." + tail if tail else "")
+
+    if m := re.match(r"down_blocks\.(\d+)\.(resnets|attentions)\.(\d+)(?:\.(.*))?$", name):
+        i = 1 + int(m[1]) * (lpb + 1) + int(m[3])
+        rest = m[4] or ""
+        return f"input_blocks.{i}." + (f"0.{res(rest)}" if m[2] == "resnets" else f"1.{rest}").rstrip(".")
+    if m := re.match(r"down_blocks\.(\d+)\.downsamplers\.0\.conv(.*)$", name):
+        return f"input_blocks.{1 + int(m[1]) * (lpb + 1) + lpb}.0.op{m[2]}"
+    if m := re.match(r"mid_block\.(resnets|attentions)\.(\d+)(?:\.(.*))?$", name):
+        idx = {("resnets", "0"): 0, ("attentions", "0"): 1, ("resnets", "1"): 2}.get((m[1], m[2]))
+        if idx is None:
+            return None
+        rest = m[3] or ""
+        return f"middle_block.{idx}.{res(rest) if m[1] == 'resnets' else rest}".rstrip(".")
+    if m := re.match(r"up_blocks\.(\d+)\.(resnets|attentions)\.(\d+)(?:\.(.*))?$", name):
+        i = int(m[1]) * (lpb + 1) + int(m[3])
+        rest = m[4] or ""
+        return f"output_blocks.{i}." + (f"0.{res(rest)}" if m[2] == "resnets" else f"1.{rest}").rstrip(".")
+    if m := re.match(r"up_blocks\.(\d+)\.upsamplers\.0\.conv(.*)$", name):
+        b = int(m[1])
+        return f"output_blocks.{b * (lpb + 1) + lpb}.{2 if b in attn_up else 1}.conv{m[2]}"
+    return None

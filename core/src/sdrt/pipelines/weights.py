@@ -311,6 +311,14 @@ def _targets(graph: Graph, keys: Iterable[str], part: str) -> dict[str, str]:
     pmap = param_map(graph)
     modules = {c[: -len(".weight")]: s.init for c, s in pmap.items() if c.endswith(".weight")}
     flat = {m.replace(".", "_"): init for m, init in modules.items()}
+    if part == "unet":  # kohya's SDXL LoRAs name UNet modules the LDM way (input_blocks_4_1_...)
+        from ..checkpoint.ldm import unet_ldm_layout, unet_to_ldm
+
+        lpb, attn_up = unet_ldm_layout(pmap)
+        for m, init in modules.items():
+            ldm_name = unet_to_ldm(m, lpb, attn_up)
+            if ldm_name is not None:
+                flat.setdefault(ldm_name.replace(".", "_"), init)
     kohya, peft = _LORA_ROUTES[part]
     out: dict[str, str] = {}
     for key in keys:
