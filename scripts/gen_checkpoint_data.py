@@ -118,9 +118,9 @@ _RES = [("norm1", "in_layers.0"), ("conv1", "in_layers.2"), ("time_emb_proj", "e
         ("norm2", "out_layers.0"), ("conv2", "out_layers.3"), ("conv_shortcut", "skip_connection")]
 
 
-def unet_to_ldm(sd: dict, has_attn_up: list[bool]) -> dict:
+def unet_to_ldm(sd: dict, has_attn_up: list[bool], lpb: int = LPB) -> dict:
     out = {}
-    n = LPB + 1
+    n = lpb + 1
     for k, v in sd.items():
         m = None
         new = None
@@ -133,16 +133,16 @@ def unet_to_ldm(sd: dict, has_attn_up: list[bool]) -> dict:
             b, kind, lyr, rest = int(m[1]), m[2], int(m[3]), m[4]
             new = f"input_blocks.{1 + b * n + lyr}." + (f"0.{_res(rest)}" if kind == "resnets" else f"1.{rest}")
         elif new is None and (m := re.match(r"down_blocks\.(\d+)\.downsamplers\.0\.conv\.(.*)", k)):
-            new = f"input_blocks.{1 + int(m[1]) * n + LPB}.0.op.{m[2]}"
+            new = f"input_blocks.{1 + int(m[1]) * n + lpb}.0.op.{m[2]}"
         elif new is None and (m := re.match(r"mid_block\.(resnets|attentions)\.(\d+)\.(.*)", k)):
             idx = {"resnets0": 0, "attentions0": 1, "resnets1": 2}[m[1] + m[2]]
             new = f"middle_block.{idx}.{_res(m[3]) if m[1] == 'resnets' else m[3]}"
         elif new is None and (m := re.match(r"up_blocks\.(\d+)\.(resnets|attentions)\.(\d+)\.(.*)", k)):
             b, kind, lyr, rest = int(m[1]), m[2], int(m[3]), m[4]
-            new = f"output_blocks.{b * (LPB + 1) + lyr}." + (f"0.{_res(rest)}" if kind == "resnets" else f"1.{rest}")
+            new = f"output_blocks.{b * n + lyr}." + (f"0.{_res(rest)}" if kind == "resnets" else f"1.{rest}")
         elif new is None and (m := re.match(r"up_blocks\.(\d+)\.upsamplers\.0\.conv\.(.*)", k)):
             b = int(m[1])
-            new = f"output_blocks.{b * (LPB + 1) + LPB}.{2 if has_attn_up[b] else 1}.conv.{m[2]}"
+            new = f"output_blocks.{b * n + lpb}.{2 if has_attn_up[b] else 1}.conv.{m[2]}"
         if new is None:
             raise KeyError(k)
         out["model.diffusion_model." + new] = v
@@ -654,6 +654,55 @@ def build_pipeline_refs() -> None:
           "differ:", [int(np.abs(out["ckpt"].astype(int) - out[k]).max()) for k in ("lora", "emb")])
 
 
+def build_bench_folder(out: Path) -> None:
+    """A mid-size SD 1.x-architecture folder (~0.4 GB, random weights; not committed) with an LDM checkpoint of
+    other weights and a kohya LoRA, for ``python -m bench.checkpoint_swap --folder OUT ...``."""
+    import shutil
+
+    import gen_pipeline_refs as gp
+    from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    work = Path(tempfile.mkdtemp())
+    tok = gp.write_tokenizer(work / "tokenizer", "<|endoftext|>")
+    cfg = gp.text_config(tok, "quick_gelu")
+    cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads = 512, 2048, 8, 8
+    te = CLIPTextModel(cfg).eval()
+    unet = UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(160, 320, 320),
+        down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=512,
+        attention_head_dim=8, norm_num_groups=32).eval()
+    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(64, 128, 256, 256),
+                        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                        layers_per_block=2, norm_num_groups=32, sample_size=64).eval()
+    for m, seed in ((te, 1), (unet, 3), (vae, 4)):
+        gp.scale_weights(m, seed)
+    pipe = StableDiffusionPipeline(vae=vae, text_encoder=te, tokenizer=tok, unet=unet,
+                                   scheduler=PNDMScheduler.from_config(gp.SD_SCHEDULER), safety_checker=None,
+                                   feature_extractor=None, requires_safety_checker=False)
+    pipe.tokenizer_dir = {"tokenizer": work / "tokenizer"}
+    gp.export(pipe, "sd15", out)
+    shutil.rmtree(out / "_torch", ignore_errors=True)
+    for m, seed in ((te, 101), (unet, 103), (vae, 104)):
+        gp.scale_weights(m, seed)
+    ck = unet_to_ldm(unet.state_dict(), ["CrossAttn" in t for t in unet.config.up_block_types], lpb=2)
+    ck.update(vae_to_ldm(vae.state_dict(), 4))
+    ck.update({"cond_stage_model.transformer.text_model." + k.removeprefix("text_model."): v
+               for k, v in te.state_dict().items()})
+    save_file(half(ck), str(out / "custom.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    lora = {}
+    for name, mod in unet.named_modules():
+        if re.search(r"attn\d\.to_(q|k|v|out\.0)$", name):
+            k = "lora_unet_" + name.replace(".", "_")
+            lora[f"{k}.lora_down.weight"] = torch.randn((8, mod.weight.shape[1]), generator=g) * 0.1
+            lora[f"{k}.lora_up.weight"] = torch.randn((mod.weight.shape[0], 8), generator=g) * 0.1
+            lora[f"{k}.alpha"] = torch.tensor(8.0)
+    save_file(lora, str(out / "lora.safetensors"))
+    print("bench folder:", out, sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20, "MiB")
+
+
 def te_t4(x: dict) -> None:
     """The SD 1.x text encoder (weights A) exported with transformers 4 (``text_model.`` names and scopes)."""
     import transformers
@@ -680,6 +729,8 @@ def main() -> None:
             "Generated by scripts/gen_checkpoint_data.py (tiny random-weight models, see its docstring).\n")
     elif step == "pipeline":
         build_pipeline_refs()
+    elif step == "bench-folder":
+        build_bench_folder(Path(sys.argv[2]))
     elif step == "te-t4":
         te_t4(x)
     else:

@@ -62,7 +62,7 @@ def test_prompt_lora_tag_matches_diffusers_and_unapplies_bit_for_bit(pipe, refs)
     pipe.load_weights(D / "custom.safetensors")
     pipe.weights.lora_dir = D
     plain = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
-    unet_before = {k: np.array(v) for k, v in pipe.weights.base["unet"].items()}
+    unet_before = {k: np.array(pipe.unet.weights[k]) for k in pipe.weights.base["unet"]}
     gen = pipe.generate(CASES["lora_prompt"], CASE["negative_prompt"], **KW)
     assert _mean_diff(gen.images[0], refs["lora"]) < MEAN_TOL
     assert _mean_diff(plain, refs["lora"]) > 40

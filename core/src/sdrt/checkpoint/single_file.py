@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import WeightsError
-from ..weights import Weights
+from ..weights import TensorRef, Weights
 from . import families, ldm
 from .ldm import Source
-from .onnxmap import Slot, fit, fits_shape, param_map
+from .onnxmap import Slot, _np_dtype, fit, fits_shape, param_map
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..graph import Graph
@@ -173,32 +173,44 @@ class Checkpoint:
                 fix="use a checkpoint of the same architecture as the ONNX export (or export that architecture)")
         return out
 
-    def arrays(self, parts: Mapping[str, Graph]) -> dict[str, dict[str, np.ndarray]]:
-        """``{part: {initializer: array in the graph's layout and dtype}}``; checks everything first."""
+    def lazy(self, parts: Mapping[str, Graph]) -> dict[str, dict[str, TensorRef]]:
+        """Like ``arrays``, but each initializer is a ``TensorRef`` read (and converted) from the mmapped
+        file when it is used, so nothing stays in memory between uses. Checked the same way first."""
         plan = self.plan(parts)
-        out: dict[str, dict[str, np.ndarray]] = {}
+        self._check_aliases(parts, plan)
+        out: dict[str, dict[str, TensorRef]] = {}
         for part, items in plan.items():
-            arrays: dict[str, np.ndarray] = {}
-            for init, pl in items.items():
-                with np.errstate(over="ignore"):
-                    a = fit(self.array(pl.source), pl.slot)
-                if a is None:  # shapes were checked; only a file that changed under us gets here
-                    raise WeightsError(f"{pl.source.key} no longer fits {init}", where=str(self.path),
-                                       fix="do not modify the checkpoint while it is loaded")
-                arrays[init] = a
+            out[part] = {init: TensorRef(init, _np_dtype(pl.slot.dtype), pl.slot.shape, str(self.path),
+                                         (lambda pl=pl: self._fitted(pl)))
+                         for init, pl in items.items()}
+        return out
+
+    def _fitted(self, pl: Planned) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            a = fit(self.array(pl.source), pl.slot)
+        if a is None:  # shapes were checked; only a file that changed under us gets here
+            raise WeightsError(f"{pl.source.key} no longer fits {pl.slot.init}", where=str(self.path),
+                               fix="do not modify the checkpoint while it is loaded")
+        return a
+
+    def _check_aliases(self, parts: Mapping[str, Graph], plan: Mapping[str, Mapping[str, Planned]]) -> None:
+        """Tensors the exporter merged must get equal values from the checkpoint."""
+        for part, items in plan.items():
+            comp = self.components[PARTS.get(part, (part, ()))[0]]
             for canon, slot in param_map(parts[part]).items():
-                if slot.alias_of is None or slot.init not in arrays:
+                if slot.alias_of is None or slot.init not in items:
                     continue
-                src = self.components[PARTS.get(part, (part, ()))[0]][canon]
-                a = fit(self.array(src), slot)
-                if a is None or not np.array_equal(a, arrays[slot.init]):
+                a = fit(self.array(comp[canon]), slot)
+                if a is None or not np.array_equal(a, self._fitted(items[slot.init])):
                     raise WeightsError(
                         f"the export stores {canon} and {slot.alias_of} as one tensor ({slot.init}, torch's "
                         "exporter merges equal weights), and this checkpoint gives them different values",
                         where=f"{self.path} -> {part}",
                         fix="re-export the model from weights that are not equal (or from this checkpoint)")
-            out[part] = arrays
-        return out
+
+    def arrays(self, parts: Mapping[str, Graph]) -> dict[str, dict[str, np.ndarray]]:
+        """``{part: {initializer: array in the graph's layout and dtype}}``; checks everything first."""
+        return {part: {init: ref.load() for init, ref in refs.items()} for part, refs in self.lazy(parts).items()}
 
     def __repr__(self) -> str:
         comps = ", ".join(f"{k} ({len(v)})" for k, v in self.components.items())

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import WeightsError
-from ..weights import Weights
+from ..weights import TensorRef, Weights
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..checkpoint import Checkpoint, Embedding
@@ -64,7 +64,7 @@ class WeightState:
 
     pipe: Pipeline
     checkpoint: Checkpoint | None = None
-    base: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    base: dict[str, dict[str, np.ndarray | TensorRef]] = field(default_factory=dict)
     loras: list[ActiveLora] = field(default_factory=list)
     embeddings: list[Embedding] = field(default_factory=list)
     lora_dir: Path | None = None
@@ -80,10 +80,18 @@ class WeightState:
     def _graph(self, name: str) -> Graph:
         return self._originals.get(name) or self._parts()[name].graph
 
-    def _bind(self, name: str, overrides: Mapping[str, np.ndarray]) -> None:
-        part = self._parts()[name]
-        weights = Weights.from_graph(part.graph).replaced(overrides)
-        part.update_weights(weights)
+    def _weights(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef]) -> Weights:
+        """The part's graph weights with ``overrides`` (arrays, or lazy refs into a checkpoint) on top."""
+        graph = self._parts()[name].graph
+        own = Weights.from_graph(graph)
+        refs = {n: own.ref(n) for n in own}
+        for init, v in overrides.items():
+            refs[init] = v if isinstance(v, TensorRef) else TensorRef(init, v.dtype, tuple(v.shape), "<override>",
+                                                                       (lambda a=v: a))
+        return Weights(refs)
+
+    def _bind(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef]) -> None:
+        self._parts()[name].update_weights(self._weights(name, overrides))
         self.pipe._weights_changed(name)
 
     # -- checkpoints ------------------------------------------------------------
@@ -94,7 +102,7 @@ class WeightState:
 
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint.open(path)
         parts = self._parts()
-        arrays = ckpt.arrays({name: self._graph(name) for name in parts})
+        arrays = ckpt.lazy({name: self._graph(name) for name in parts})  # read on use: nothing held
         for name, arr in arrays.items():
             self.base[name] = dict(arr)
         self.checkpoint = ckpt
@@ -195,7 +203,7 @@ class WeightState:
                                fix="use a LoRA made for this model family (SDXL LoRAs have lora_te1_/lora_te2_ keys)")
         for part, pairs in routed.items():
             graph = parts[part].graph
-            base = Weights.from_graph(graph).replaced(self.base.get(part, {}))
+            base = self._weights(part, self.base.get(part, {}))
             targets = _targets(graph, [key for lora, _ in pairs for key in lora.layers], part)
             m = merge(base, pairs, graph=graph, targets=targets, strict=True)
             out[part] = {name: m[name] for name in m.originals}
@@ -245,6 +253,8 @@ class WeightState:
                 part._graph = reserve_rows(self._originals[name], max(RESERVED_ROWS, 2 * needed))
                 rows = token_table(part.graph)[1][0]
             base_table = self.base.get(name, {}).get(init)
+            if isinstance(base_table, TensorRef):
+                base_table = base_table.load()
             if base_table is None:
                 base_table = self._originals[name].initializer_arrays([init])[init]
             ids: dict[str, list[int]] = {}
