@@ -125,7 +125,11 @@ def test_low_memory_mode_frees_parts_and_gives_the_same_image(refs):
         low.load_weights(D / "custom.safetensors")
         got = low(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
         assert all(not part.sessions for part in low.parts.values())
+        assert low.unet._graph is None and low.unet.weights is None  # graph and weights dropped, not held
         assert got.tobytes() == want.tobytes()
+        low.set_loras([(D / "tinylora.safetensors", 0.7)])  # reloads, binds, and frees again
+        low.set_loras([])
+        assert low(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0].tobytes() == want.tobytes()
 
 
 @pytest.mark.parametrize("key", ["ckpt", "lora", "emb"])

@@ -4,7 +4,8 @@ After a part has run, its compiled sessions are closed and its parsed graph is d
 next use loads it again from its file, which the operating system still has in its page
 cache (weights in ``model.onnx_data`` or a ``.safetensors`` file are read through mmap), so
 reloading costs a re-parse and a compile, not a disk read. Custom weights
-(``pipe.load_weights``) stay bound: they are handed to the new session when it compiles.
+(``pipe.load_weights``) stay bound: the part's ``weights_factory`` rebuilds them (lazy references
+into the mmapped checkpoint) when the next session compiles.
 
 ``auto_low_memory`` is the pure decision used when ``low_memory=None``: low-memory mode is
 chosen when the device reports its memory and the model's parts would take more than half of it.
@@ -36,8 +37,12 @@ def release(parts: Iterable[Part | None], *, keep_graph: Iterable[str] = ()) -> 
         if part.sessions:
             log.debug("low memory: releasing %s", part.name)
         part.close()
-        if part.name not in keep and part.weights is None:
-            part._graph = None
+        if part.name in keep:
+            continue
+        if part.weights is not None and part.weights_factory is None:
+            continue  # weights bound by hand refer to this graph: keep both
+        part.weights = None  # rebuilt by weights_factory (lazy refs into the checkpoint) on the next compile
+        part._graph = None
 
 
 def model_bytes(paths: Iterable[Path]) -> int:

@@ -8,7 +8,7 @@ per shape; ``update_weights`` reaches every cached session and every later one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,8 @@ class Part:
         self.options = dict(options or {})
         self.sessions: dict[ShapeKey, Session] = {}
         self.weights: Weights | None = None
+        #: rebuilds ``weights`` after low-memory mode dropped them with the graph (sdrt.pipelines.lowmem)
+        self.weights_factory: Callable[[], Weights] | None = None
         self._graph: Graph | None = None
 
     def __repr__(self) -> str:
@@ -93,6 +95,8 @@ class Part:
             else:
                 pinned = self.graph.with_shapes(dict(dims))
             log.info("compiling %s for %s", self.name, ", ".join(f"{k}{list(v)}" for k, v in dims))
+            if self.weights is None and self.weights_factory is not None:
+                self.weights = self.weights_factory()
             sess = load(pinned, weights=self.weights, backend=self.backend, device=self.device, **self.options)
             self.sessions[key] = sess
         return sess

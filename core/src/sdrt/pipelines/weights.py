@@ -91,7 +91,9 @@ class WeightState:
         return Weights(refs)
 
     def _bind(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef]) -> None:
-        self._parts()[name].update_weights(self._weights(name, overrides))
+        part = self._parts()[name]
+        part.update_weights(self._weights(name, overrides))
+        part.weights_factory = lambda: self._weights(name, overrides)
         self.pipe._weights_changed(name)
 
     # -- checkpoints ------------------------------------------------------------
