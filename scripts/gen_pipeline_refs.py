@@ -27,8 +27,8 @@ import argparse
 import gzip
 import json
 import shutil
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 # The torch venv's torchvision does not load against its torch ("operator torchvision::nms does not
@@ -288,6 +288,7 @@ def export(pipe, kind: str, out: Path) -> None:
     # UNet timestep: int64 [batch] for the inpainting UNet (as Optimum exports it), float32 [batch] for SD 1.x/2.x
     # (diffusers' old export script), a float scalar for SDXL. The int64 one gets a config with integer timesteps
     # (timestep_spacing "leading"), so that torch's float timesteps and the graph's int64 ones agree.
+    seq = {0: "batch", 1: "sequence"}  # prompts past 75 tokens make 77 * chunks tokens, as in Optimum's export
     cin = pipe.unet.config.in_channels
     lat = SIZE // 8
     sample = torch.randn(2, cin, lat, lat)
@@ -296,13 +297,13 @@ def export(pipe, kind: str, out: Path) -> None:
         ts = torch.tensor(999.0)
         args = (sample, ts, cond, torch.randn(2, 32), torch.randn(2, 6))
         names = ["sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"]
-        dyn = {"sample": batch, "encoder_hidden_states": batch, "text_embeds": batch, "time_ids": batch,
+        dyn = {"sample": batch, "encoder_hidden_states": seq, "text_embeds": batch, "time_ids": batch,
                "out_sample": batch}
     else:
         ts = torch.tensor([999, 999], dtype=torch.int64 if kind == "sd15-inpaint" else torch.float32)
         args = (sample, ts, cond)
         names = ["sample", "timestep", "encoder_hidden_states"]
-        dyn = {"sample": batch, "timestep": batch, "encoder_hidden_states": batch, "out_sample": batch}
+        dyn = {"sample": batch, "timestep": batch, "encoder_hidden_states": seq, "out_sample": batch}
     _export(_Unet(pipe.unet, xl), args, out / "unet" / "model.onnx", names, ["out_sample"], dyn, external=True)
     shutil.copy(tmp / "unet" / "config.json", out / "unet" / "config.json")
     _export(_VaeEncoder(pipe.vae), (torch.randn(1, 3, SIZE, SIZE),), out / "vae_encoder" / "model.onnx",

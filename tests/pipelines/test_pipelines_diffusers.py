@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pipeline_helpers import DATA, FOLDERS, call_kwargs, cases, refs, register
 
 from sdrt import pipelines
-
-from pipeline_helpers import DATA, FOLDERS, call_kwargs, cases, refs, register
 
 #: the reference backend (the ONNX reference evaluator) is slow: it runs one case per sampler and mode
 REFERENCE_CASES = {

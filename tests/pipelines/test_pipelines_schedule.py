@@ -12,8 +12,8 @@ import json
 
 import numpy as np
 import pytest
-
 from pipeline_helpers import DATA
+
 from sdrt.errors import ModelError
 from sdrt.pipelines.scheduling import FolderSchedule
 

@@ -87,9 +87,10 @@ def _int(name: str, value: Any, low: int) -> int:
 
 
 def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, cfg: float = 7.0,
-             sampler: str = "DPM++ 2M Karras", seed: int | None = None, width: int | None = None,
-             height: int | None = None, init_image: ImageLike | None = None, strength: float | None = None,
-             mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1, clip_skip: int = 1) -> Settings:
+             sampler: str = "DPM++ 2M Karras", schedule: str | None = None, seed: int | None = None,
+             width: int | None = None, height: int | None = None, init_image: ImageLike | None = None,
+             strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
+             clip_skip: int = 1) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads."""
     from ..samplers import resolve
 
@@ -111,7 +112,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     clip_skip = _int("clip_skip", clip_skip, 1)
     if not isinstance(cfg, (int, float, np.floating)) or isinstance(cfg, bool) or not math.isfinite(cfg) or cfg < 0:
         raise InputError(f"cfg must be a finite number >= 0, got {cfg!r}", where="cfg", fix="use e.g. 7")
-    choice = resolve(sampler)
+    choice = resolve(sampler, schedule)  # A1111 label ("DPM++ 2M Karras") or ComfyUI names ("dpmpp_2m", "karras")
     if seed is None:
         seed = secrets.randbits(32)
     elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -293,6 +294,13 @@ class Pipeline:
         hidden = np.concatenate([np.repeat(c.hidden, batch, axis=0) for c in conds], axis=0)  # type: ignore[union-attr]
         feeds: dict[str, np.ndarray] = {"encoder_hidden_states": hidden}
         n = hidden.shape[0]
+        declared = unet.input("encoder_hidden_states").shape
+        if len(declared) == 3 and isinstance(declared[1], int) and declared[1] != hidden.shape[1]:
+            raise ModelError(
+                f"the prompt makes {hidden.shape[1]} tokens ({hidden.shape[1] // 77} chunks of 77) and the UNet's "
+                f"encoder_hidden_states takes exactly {declared[1]}", where=str(unet.path),
+                fix="shorten the prompt to 75 tokens, or export the UNet with a dynamic sequence axis",
+            )
         if self.folder.is_xl:
             for name in ("text_embeds", "time_ids"):
                 unet.input(name)
@@ -337,11 +345,9 @@ class Pipeline:
 
         ms = self.schedule
         kind = _DIFFUSERS_FORM.get((s.choice.sampler, s.choice.schedule))
-        start = 0
-        if s.strength is not None and s.strength < 1.0:
+        start = 0  # diffusers' get_timesteps: run the last int(steps * strength) steps
+        if s.strength is not None:
             start = max(s.steps - min(int(s.steps * s.strength), s.steps), 0)
-        elif s.strength is not None and s.mode == "img2img":
-            start = 0
         if kind in ("euler", "euler-karras", "euler_a", "euler_a-karras"):
             plan = ms.euler_plan(s.steps, karras=kind.endswith("karras"), ancestral=kind.startswith("euler_a")).tail(start)
             return EulerLoop(ms, plan, ancestral=kind.startswith("euler_a"), generator=generator), start
@@ -363,7 +369,8 @@ class Pipeline:
                  **kwargs: Any) -> Generation:
         """txt2img, img2img (``init_image``, ``strength``) or inpainting (``mask`` too).
 
-        Keywords: ``steps=20, cfg=7.0, sampler="DPM++ 2M Karras", seed=None (random), width, height
+        Keywords: ``steps=20, cfg=7.0, sampler="DPM++ 2M Karras", schedule=None (a ComfyUI scheduler or
+        A1111 schedule label, for sampler names without one), seed=None (random), width, height
         (default: the init image's size, else the model's), init_image, strength (0.75; 1.0 with a
         mask), mask (white = repaint), batch=1, batch_count=1, clip_skip=1``. ``callback(step, total,
         latents)`` is called after every step.
