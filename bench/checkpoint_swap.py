@@ -85,7 +85,21 @@ def peak_rss(folder: Path, backend: str, low: bool, weights: Path | None, steps:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _child(argv: list[str]) -> int:
+    backend, folder, weights, lora, rounds = argv
+    try:
+        t = time_swaps(Path(folder), Path(weights), Path(lora), backend, int(rounds))
+    except SdrtError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(t))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return _child(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m bench.checkpoint_swap", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--folder", type=Path, default=FOLDER)
@@ -99,12 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"folder": str(args.folder), "weights": str(args.weights)}
     print(f"{'backend':10} {'fresh load':>11} {'swap':>9} {'x':>6} {'LoRA on':>9} {'x':>6} {'LoRA off':>9} {'x':>6}")
     for backend in [b for b in args.backends.split(",") if b]:
-        try:
-            t = time_swaps(args.folder, args.weights, args.lora, backend, args.rounds)
-        except SdrtError as exc:  # a backend that cannot run this folder: say so, go on
-            print(f"{backend:10} cannot run the folder: {str(exc)[:160]}")
-            results[backend] = {"error": str(exc)}
+        # in a child process: a backend that cannot run the folder (or aborts on it) is reported, not fatal
+        child = subprocess.run([sys.executable, "-m", "bench.checkpoint_swap", "--child", backend, str(args.folder),
+                                str(args.weights), str(args.lora), str(args.rounds)], capture_output=True, text=True,
+                               check=False, cwd=ROOT)
+        if child.returncode:
+            why = (child.stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
+            print(f"{backend:10} cannot run the folder: {why[:200]}")
+            results[backend] = {"error": why}
             continue
+        t = json.loads(child.stdout.strip().splitlines()[-1])
         f = t["fresh"]
         print(f"{backend:10} {f * 1e3:9.1f}ms {t['swap'] * 1e3:7.1f}ms {f / t['swap']:5.1f}x "
               f"{t['lora'] * 1e3:7.1f}ms {f / t['lora']:5.1f}x {t['unlora'] * 1e3:7.1f}ms {f / t['unlora']:5.1f}x")
