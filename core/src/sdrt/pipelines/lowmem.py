@@ -43,6 +43,23 @@ def release(parts: Iterable[Part | None], *, keep_graph: Iterable[str] = ()) -> 
             continue  # weights bound by hand refer to this graph: keep both
         part.weights = None  # rebuilt by weights_factory (lazy refs into the checkpoint) on the next compile
         part._graph = None
+    give_back()
+
+
+def give_back() -> None:
+    """Collect, then hand freed heap pages back to the OS (glibc keeps them in its arenas otherwise, so
+    the process stays as large as the part it just freed)."""
+    import gc
+    import sys
+
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (musl): nothing to trim
+            pass
 
 
 def model_bytes(paths: Iterable[Path]) -> int:

@@ -278,6 +278,7 @@ class WeightState:
         for name in sorted(names):
             overrides = {**self.base.get(name, {}), **merged.get(name, {})}
             self._bind(name, overrides)
+        self.pipe._release(*names)  # low-memory mode: the graphs read for mapping are dropped again
 
     def infotext(self) -> dict[str, object]:
         """A1111's PNG fields for what is loaded: ``Model``/``Model hash``, ``Lora hashes``, ``TI hashes``."""
