@@ -40,6 +40,8 @@ class Part:
         self.weights: Weights | None = None
         #: rebuilds ``weights`` after low-memory mode dropped them with the graph (sdrt.pipelines.lowmem)
         self.weights_factory: Callable[[], Weights] | None = None
+        #: leave external initializer data mapped from disk (set by low-memory mode)
+        self.lazy_external = False
         self._graph: Graph | None = None
 
     def __repr__(self) -> str:
@@ -51,7 +53,8 @@ class Part:
             from ..graph import Graph
 
             try:
-                self._graph = Graph.load(self.path)
+                # low-memory mode keeps external data (model.onnx_data) mapped instead of read in
+                self._graph = Graph.load(self.path, load_external=False if self.lazy_external else None)
             except SdrtError as exc:
                 raise type(exc)(f"the {self.name} part cannot be loaded: {exc.what}", where=exc.where or str(self.path),
                                 fix=exc.fix) from exc

@@ -379,6 +379,7 @@ class Pipeline:
         if self._weight_state is not None or (isinstance(prompt, str) and "<lora:" in prompt):
             prompt, negative_prompt = self.weights.prepare(prompt, negative_prompt)  # type: ignore[arg-type]
         s = validate(prompt, negative_prompt, **kwargs)
+        _ = self.is_low_memory  # decided (and the parts told) before any part loads
         init = mask = None
         if s.init_image is not None:
             init = to_rgb(s.init_image, "init image")
@@ -484,6 +485,9 @@ class Pipeline:
 
             _, dev = select(self.backend, self.device)
             self.low_memory = auto_low_memory(dev.memory_bytes, model_bytes(p.path for p in self.parts.values()))
+        if self.low_memory:
+            for part in self.parts.values():
+                part.lazy_external = True  # external data stays mapped from disk, never read in
         return bool(self.low_memory)
 
     def _release(self, *names: str) -> None:
