@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import ModelError
+from ..errors import ModelError
+from ..formats import PICKLE_HINT, sniff
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -78,26 +79,6 @@ _PACKED_4BIT = {21, 22, 23}  # UINT4, INT4, FLOAT4E2M1
 
 # -- parsing -----------------------------------------------------------------
 
-_PICKLE_HINT = "a PyTorch/pickle checkpoint (zip or pickle data)"
-
-
-def sniff(head: bytes) -> str | None:
-    """Name the kind of a file that is clearly not ONNX, from its first bytes."""
-    # safetensors first: a header of 640, 896, 1152 or 1408 bytes starts with b"\x80\x02".."\x80\x05",
-    # which is also how a pickle starts; a pickle never has a small length then "{" there
-    if len(head) >= 9 and head[8:9] == b"{":
-        n = int.from_bytes(head[:8], "little")
-        if 0 < n < 100_000_000:
-            return "a safetensors weights file"
-    if head[:4] == b"PK\x03\x04":
-        return _PICKLE_HINT
-    if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
-        return _PICKLE_HINT
-    if head[:4] == b"GGUF":
-        return "a GGUF file"
-    if head.lstrip()[:1] in (b"{", b"["):
-        return "a JSON/text file"
-    return None
 
 
 def parse_model(data: bytes, where: str) -> onnx.ModelProto:
@@ -107,7 +88,7 @@ def parse_model(data: bytes, where: str) -> onnx.ModelProto:
     kind = sniff(data[:64])
     if kind is not None:
         fix = "pass an .onnx file"
-        if kind == _PICKLE_HINT:
+        if kind == PICKLE_HINT:
             fix = "export the model to ONNX (torch.onnx.export); never load pickle files from untrusted sources"
         elif kind.startswith("a safetensors"):
             fix = "pass this file as weights=..., and the .onnx graph as the model"

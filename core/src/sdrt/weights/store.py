@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import WeightsError
+from ..formats import sniff
+from ..tensors import TensorInfo
 from . import keymap, stfile
-from .errors import WeightsError
 from .keymap import KeyMap
-from .tensors import TensorInfo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .graph import Graph
+    from ..graph import Graph
 
 log = logging.getLogger("sdrt.weights")
 
@@ -153,13 +154,12 @@ class Weights(Mapping[str, np.ndarray]):
     @classmethod
     def from_graph(cls, graph: Graph) -> Weights:
         """The graph's own initializers (external ones mapped lazily, not copied)."""
-        from . import onnxfile
-
+        infos = graph.initializer_info()
         refs = {}
         for t in graph.model.graph.initializer:
-            dt = onnxfile.np_dtype(t.data_type)
-            refs[t.name] = TensorRef(t.name, dt, tuple(int(d) for d in t.dims), graph.name,
-                                     (lambda t=t: graph._array(t)))
+            info = infos[t.name]
+            refs[t.name] = TensorRef(t.name, _as_dtype(info.dtype), tuple(int(d) for d in t.dims), graph.name,
+                                     (lambda t=t: graph.tensor_array(t)))
         return cls(refs)
 
     # -- access ------------------------------------------------------------
@@ -223,10 +223,8 @@ class Weights(Mapping[str, np.ndarray]):
     # -- binding ------------------------------------------------------------
     def check(self, graph: Graph, *, convert: bool = False) -> BindReport:
         """Compare these weights with the graph's initializers; raise nothing."""
-        from .fold import folded_record
-
         infos = graph.initializer_info()
-        rec = folded_record(graph.model)
+        rec = graph.folded_initializers()
         derived, consumed = set(rec["added"]), set(rec["removed"])
         report = BindReport(graph.name)
         report.missing = [n for n in infos if n not in self._refs and n not in derived]
@@ -275,29 +273,6 @@ class Weights(Mapping[str, np.ndarray]):
 
     def __repr__(self) -> str:
         return f"Weights({len(self)} tensors, {self.nbytes / 2**20:.1f} MiB, from {self._where()})"
-
-
-def resolve_weights(graph: Graph, weights: Weights | None = None) -> dict[str, np.ndarray]:
-    """Every initializer of ``graph``, by name, mapped to the array a backend compiles with.
-
-    This is the one place where a graph's weights are put together; backends call
-    it in ``compile`` and never merge weights themselves:
-
-    - the graph's own data: inline initializers decoded, external ones mapped from disk;
-    - a stripped graph (``sdrt strip``): its initializers mapped from its ``.safetensors`` file;
-    - ``weights`` (names after its key mapping) override both. They are checked against the
-      graph first: one ``WeightsError`` lists every missing, unexpected and mismatched tensor.
-
-    Initializer names are ONNX names whatever they look like, so torch's anonymous
-    ``onnx::MatMul_1234`` weights (a Linear's weight, stored transposed) resolve like any
-    other: from the graph, from a stripped graph's file, or from weights that name them.
-    A graph whose external data is absent, with no weights naming those tensors, raises a
-    ``ModelError`` naming the tensor and the file it looked for.
-    """
-    given = weights.bind(graph) if weights is not None else {}
-    names = graph.initializer_names
-    own = graph.initializer_arrays([n for n in names if n not in given])
-    return {name: np.asarray(given[name]) if name in given else own[name] for name in names}
 
 
 def _is_float_name(name: str) -> bool:
@@ -357,8 +332,6 @@ def refuse_unsafe(p: Path) -> None:
     except OSError as exc:
         raise WeightsError(f"cannot read the file ({exc.strerror or exc})", where=str(p),
                            fix="check permissions") from exc
-    from .onnxfile import sniff
-
     kind = sniff(head)
     if kind is not None and "pickle" in kind:
         raise WeightsError(
@@ -370,4 +343,4 @@ def refuse_unsafe(p: Path) -> None:
                            fix="pass it as the model; weights come from .safetensors files")
 
 
-__all__ = ["BindReport", "KeyMap", "TensorRef", "Weights", "resolve_weights"]
+__all__ = ["BindReport", "KeyMap", "TensorRef", "Weights", "refuse_unsafe"]

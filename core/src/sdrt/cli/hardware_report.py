@@ -1,4 +1,7 @@
-"""The hardware section of ``sdrt info`` and the "install this" hint; never raises."""
+"""The hardware section of ``sdrt info``, with the command that installs the recommended plugin; never raises.
+
+It lives with the CLI, above the installer and the hardware probes: ``sdrt.load`` never probes hardware.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import importlib.metadata as md
 import logging
 from typing import Any
 
-from .model import Hardware, Recommendation
+from ..hardware import Hardware, Recommendation
 
 log = logging.getLogger("sdrt.hardware")
 
@@ -20,7 +23,7 @@ def installed_version(distribution: str) -> str | None:
 
 def install_command(rec: Recommendation, hw: Hardware) -> str:
     """The exact command that installs the recommended plugin into this environment."""
-    from ..install import plan
+    from ..installer import plan
 
     return plan(rec.plugin, build=rec.build, hw=hw).command
 
@@ -28,7 +31,7 @@ def install_command(rec: Recommendation, hw: Hardware) -> str:
 def summary(hw: Hardware | None = None) -> dict[str, Any]:
     """Detected hardware + recommendation + install state, as JSON-friendly data."""
     try:
-        from . import detect, recommend
+        from ..hardware import detect, recommend
 
         hw = hw or detect()
         rec = recommend(hw)
@@ -72,38 +75,3 @@ def render(info: dict[str, Any]) -> list[str]:
     else:
         lines += ["  not installed; install it with:", f"    {info['install_command']}", "    (or: sdrt install)"]
     return lines
-
-
-_hinted = False
-
-
-def missing_plugin_hint(loaded: set[str]) -> str | None:
-    """A warning line when the recommended plugin is not among ``loaded`` (plugin/backend names), else None.
-
-    Cheap after the first call: ``detect()`` is cached. Never raises.
-    """
-    try:
-        from . import detect, recommend
-
-        hw = detect()
-        rec = recommend(hw)
-        if rec.plugin in loaded:
-            return None
-        uses = "; ".join(d.describe() for d in rec.devices) or ("the CPU" if rec.uses_cpu else "this machine")
-        return (f"this machine has hardware that no installed sdrt plugin uses: {uses}. "
-                f"The {rec.plugin} plugin drives it ({rec.reason}). Install it with: "
-                f"{install_command(rec, hw)}  (or: sdrt install)")
-    except Exception as exc:  # noqa: BLE001
-        log.debug("no plugin hint: %r", exc)
-        return None
-
-
-def warn_missing_plugin(loaded: set[str]) -> None:
-    """Log ``missing_plugin_hint`` once per process (``sdrt.load(backend="auto")`` calls this)."""
-    global _hinted
-    if _hinted:
-        return
-    _hinted = True
-    hint = missing_plugin_hint(loaded)
-    if hint:
-        log.warning("%s", hint)

@@ -15,9 +15,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ModelError, ModelNotFoundError
+from ..tensors import NON_TENSOR, Dim, TensorInfo
 from . import onnxfile
-from .errors import ModelError, ModelNotFoundError
-from .tensors import NON_TENSOR, Dim, TensorInfo
+from .fold import fold_constants, folded_record
+from .protos import copy_model
+from .shapes import pin_shapes
+from .strip import STRIPPED_KEY, StripResult, save_graph, strip
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -25,8 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("sdrt.graph")
 
-#: metadata key that marks a graph written by ``sdrt strip``; its value names the weights file
-STRIPPED_KEY = "sdrt.stripped_weights"
 #: with ``load_external=None``, external data up to this total is read into ``graph.model``; above it
 #: (protobuf cannot serialize a model above 2 GiB anyway) it stays mapped from disk
 MAX_INLINE_BYTES = 2**31 - 2**20
@@ -137,8 +139,9 @@ class Graph:
             log.debug("%s: %d initializers left as external references", where, len(external))
         return cls(model, path, base_dir=folder, external=external)
 
-    def _derive(self, model: onnx.ModelProto) -> Graph:
-        """A new Graph for a transformed copy of ``model``, keeping lazy references that remain."""
+    def derive(self, model: onnx.ModelProto) -> Graph:
+        """A new Graph for a transformed copy of ``model`` (same path and folder), keeping the
+        lazy external references of the initializers that remain."""
         names = {t.name for t in model.graph.initializer}
         ext = {k: v for k, v in self._external.items() if k in names}
         return Graph(model, self.path, base_dir=self.base_dir, external=ext)
@@ -192,7 +195,7 @@ class Graph:
         for t in self.model.graph.initializer:
             if wanted is not None and t.name not in wanted:
                 continue
-            out[t.name] = self._array(t)
+            out[t.name] = self.tensor_array(t)
         if wanted is not None and (absent := wanted - set(out)):
             raise ModelError(f"no initializers named {sorted(absent)}", where=self.name,
                              fix="see graph.initializer_names")
@@ -207,8 +210,6 @@ class Graph:
     def model_without(self, names: Iterable[str]) -> onnx.ModelProto:
         """A copy of ``model`` without the named initializers (and their graph-input entries), for
         backends that build from the proto and supply those tensors themselves."""
-        from .shapes import copy_model
-
         drop = set(names)
         m = copy_model(self.model, initializers=False)
         m.graph.initializer.extend(t for t in self.model.graph.initializer if t.name not in drop)
@@ -219,7 +220,19 @@ class Graph:
         weights file is absent cannot)."""
         return name in set(self.initializer_names) and (name not in self._external or self._external[name] is not None)
 
-    def _array(self, t: Any) -> np.ndarray:
+    @property
+    def external_refs(self) -> Mapping[str, onnxfile.ExternalRef | None]:
+        """``{initializer name: checked external location}`` of the initializers left mapped
+        (``None``: a stripped graph whose weights file is absent)."""
+        return self._external
+
+    def folded_initializers(self) -> dict[str, list[str]]:
+        """What ``fold_constants(fold_weights=True)`` did to the initializers:
+        ``{"added": [...], "removed": [...]}`` (empty lists for an unfolded graph)."""
+        return folded_record(self.model)
+
+    def tensor_array(self, t: onnx.TensorProto) -> np.ndarray:
+        """The data of initializer ``t`` of this graph: decoded, or mapped from its external file."""
         if t.name in self._external or onnxfile.uses_external(t):
             ref = self._external.get(t.name)
             if ref is None:
@@ -263,9 +276,7 @@ class Graph:
         ``g.with_shapes(batch=2)``. For input names that are not Python
         identifiers pass a dict: ``g.with_shapes({"input.1": (1, 77)})``.
         """
-        from .shapes import pin_shapes
-
-        return self._derive(pin_shapes(self, {**(shapes or {}), **more}))
+        return self.derive(pin_shapes(self, {**(shapes or {}), **more}))
 
     def fold_constants(self, *, max_bytes: int = 1 << 20, fold_weights: bool = False) -> Graph:
         """Evaluate constant subgraphs and remove dead nodes; returns a new Graph.
@@ -275,21 +286,16 @@ class Graph:
         larger than ``max(max_bytes, 4 * its inputs' bytes)`` is left unfolded so
         folding never inflates the model.
         """
-        from .fold import fold_constants
+        return self.derive(fold_constants(self, max_bytes=max_bytes, fold_weights=fold_weights))
 
-        return self._derive(fold_constants(self, max_bytes=max_bytes, fold_weights=fold_weights))
-
-    def strip(self, out_graph: str | os.PathLike[str], out_weights: str | os.PathLike[str] | None = None) -> Any:
+    def strip(self, out_graph: str | os.PathLike[str], out_weights: str | os.PathLike[str] | None = None
+              ) -> StripResult:
         """Write a weight-free copy of this graph plus a .safetensors with every initializer
-        (see ``sdrt.strip``); returns a ``StripResult`` with both paths and sizes."""
-        from .strip import strip
-
+        (see ``sdrt.graph.strip``); returns a ``StripResult`` with both paths and sizes."""
         return strip(self, out_graph, out_weights)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the graph as one .onnx file (models above 2 GB: use ``sdrt strip``)."""
-        from .strip import save_graph
-
         return save_graph(self, Path(path))
 
     def __repr__(self) -> str:

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .errors import WeightsError
+from ..errors import WeightsError
 
 #: headers larger than this are refused (the reference implementation uses the same bound)
 MAX_HEADER = 100_000_000

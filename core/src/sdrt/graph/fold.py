@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import ModelError
 from . import onnxfile
-from .errors import ModelError
-from .shapes import SMALL_BYTES, apply_inferred, copy_model, infer
+from .protos import SMALL_BYTES, apply_inferred, copy_model, infer
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -56,7 +56,7 @@ def folded_record(model: onnx.ModelProto) -> dict[str, list[str]]:
 def fold_constants(graph: Graph, *, max_bytes: int = 1 << 20, fold_weights: bool = False) -> onnx.ModelProto:
     model = copy_model(graph.model)
     before = {t.name for t in model.graph.initializer}
-    view = graph._derive(model)
+    view = graph.derive(model)
     for _ in range(16):
         folded = _fold_pass(model, view, max_bytes, fold_weights)
         pruned = _prune(model)
@@ -116,7 +116,7 @@ def _fold_pass(model: onnx.ModelProto, view: Graph, max_bytes: int, fold_weights
 
     def value(name: str) -> np.ndarray:
         if name not in cache:
-            cache[name] = np.asarray(view._array(inits[name]))
+            cache[name] = np.asarray(view.tensor_array(inits[name]))
         return cache[name]
 
     try:

@@ -18,13 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import onnxfile, stfile
-from .errors import ModelError
+from ..errors import ModelError
+from ..weights import stfile
+from . import onnxfile
+from .protos import copy_model
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Graph
 
 log = logging.getLogger("sdrt.graph.strip")
+
+#: metadata key that marks a graph written by ``sdrt strip``; its value names the weights file
+STRIPPED_KEY = "sdrt.stripped_weights"
 
 
 @dataclass(frozen=True)
@@ -40,9 +45,6 @@ def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os
           ) -> StripResult:
     """Write ``graph`` as a weight-free .onnx plus a .safetensors holding every initializer."""
     from onnx import TensorProto
-
-    from .graph import STRIPPED_KEY
-    from .shapes import copy_model
 
     out_graph = Path(out_graph)
     out_weights = Path(out_weights) if out_weights is not None else out_graph.with_suffix(".safetensors")
@@ -65,12 +67,12 @@ def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os
         if onnxfile.nbytes_of(t.data_type, t.dims) is None:  # strings cannot go into safetensors
             kept_inline.append(t.name)
             continue
-        ref = graph._external.get(t.name)
+        ref = graph.external_refs.get(t.name)
         if ref is not None:  # mapped external data: copied file to file, never through memory
             items.append((t.name, stfile.FileSlice(ref.path, ref.offset, ref.length, onnxfile.np_dtype(t.data_type),
                                                    tuple(int(d) for d in t.dims))))
         else:
-            items.append((t.name, graph._array(t)))
+            items.append((t.name, graph.tensor_array(t)))
     if kept_inline:
         log.warning("kept %d string initializers inline: %s", len(kept_inline), ", ".join(kept_inline))
     offsets = stfile.write(out_weights, items, {"sdrt.source": graph.name, "format": "sdrt-stripped"})
@@ -102,7 +104,7 @@ def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os
 def save_graph(graph: Graph, path: Path) -> Path:
     """Write ``graph.model`` to one file. Lazy external references must stay valid, so a graph
     that has them is saved only into the folder its weights are in."""
-    if graph._external and graph.base_dir is not None and path.resolve().parent != graph.base_dir.resolve():
+    if graph.external_refs and graph.base_dir is not None and path.resolve().parent != graph.base_dir.resolve():
         raise ModelError("this graph refers to external weights by relative path; saving it elsewhere breaks them",
                          where=str(path), fix=f"save it into {graph.base_dir}, or strip it again with `sdrt strip`")
     try:

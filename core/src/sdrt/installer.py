@@ -1,11 +1,15 @@
 """Install the one plugin that fits this machine, pinned to this core.
 
-``sdrt.install()`` (and ``sdrt install``) asks ``sdrt.hardware`` which plugin
+``sdrt.install()`` (this module's ``install`` function; and ``sdrt install``) asks ``sdrt.hardware`` which plugin
 fits, then installs exactly that distribution with pip (or uv) into the
 running interpreter's environment. It is all-or-nothing: pip first resolves
 the install with ``--dry-run``; if the real install still fails, every
 distribution it added is removed and every one it changed is put back to the
 version it had, and the error says what pip said.
+
+When sdrt runs from a source checkout (``core/`` beside ``plugin-<name>/``
+folders), the plugin is installed from its folder in that checkout, editable,
+instead of from a package index: nothing is published for a checkout.
 """
 
 from __future__ import annotations
@@ -21,9 +25,13 @@ import sys
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from . import hardware
 from .errors import InstallError
+from .hardware.recommend import strength
+from .plugins import compatible_requirement, reset_registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from .hardware import Hardware, Recommendation
@@ -75,9 +83,6 @@ class InstallResult:
 def plan(plugin: str | None = None, *, build: str | None = None, use_uv: bool = False,
          python: str | None = None, extra_args: Sequence[str] = (), hw: Hardware | None = None) -> InstallPlan:
     """Decide what to install and the exact command, without running anything."""
-    from . import hardware
-    from .plugins import compatible_requirement
-
     if plugin is not None and plugin not in PLUGINS:
         raise InstallError(f"unknown plugin {plugin!r}", where="sdrt install --plugin",
                            fix=f"pick one of: {', '.join(PLUGINS)}")
@@ -102,7 +107,10 @@ def plan(plugin: str | None = None, *, build: str | None = None, use_uv: bool = 
         raise InstallError(f"--build {build} applies to the ggml plugin only, not {plugin!r}",
                            where="sdrt install", fix="drop --build, or install with --plugin ggml")
     dist = hardware.distribution(plugin)
-    req = compatible_requirement(dist)
+    folder = source_folder(plugin)
+    req = compatible_requirement(dist) if folder is None else str(folder)
+    if folder is not None:
+        reason += f"; from this source checkout ({folder})"
     target = python or sys.executable
     env: dict[str, str] = {}
     extra = list(extra_args)
@@ -116,17 +124,33 @@ def plan(plugin: str | None = None, *, build: str | None = None, use_uv: bool = 
         if uv is None:
             raise InstallError("--uv was given but the uv command is not on PATH", where="sdrt install --uv",
                                fix="install uv (pip install uv), or leave out --uv to use pip")
-        argv = [uv, "pip", "install", "--python", target, req, *extra]
+        argv = [uv, "pip", "install", "--python", target, *(["-e"] if folder else []), req, *extra]
     else:
-        argv = [*_pip(target), "install", req, *extra]
+        argv = [*_pip(target), "install", *(["-e"] if folder else []), req, *extra]
     return InstallPlan(plugin=plugin, distribution=dist, requirement=req, reason=reason, argv=argv, env=env,
                        build=build if plugin == "ggml" else None, python=target, tool="uv" if use_uv else "pip")
 
 
+def _checkout() -> Path | None:
+    """The source checkout this sdrt runs from (this file is its ``core/src/sdrt/installer.py``), or None."""
+    root = Path(__file__).resolve().parents[3]
+    return root if (root / "core" / "pyproject.toml").is_file() else None
+
+
+#: the source checkout sdrt runs from (an editable install); None for an installed wheel
+CHECKOUT: Path | None = _checkout()
+
+
+def source_folder(plugin: str) -> Path | None:
+    """``<checkout>/plugin-<plugin>/`` when sdrt runs from a source checkout that has that folder, else None."""
+    if CHECKOUT is None:
+        return None
+    folder = CHECKOUT / f"plugin-{plugin}"
+    return folder if (folder / "pyproject.toml").is_file() else None
+
+
 def ggml_build_for(hw: Hardware) -> str:
     """The ggml build for the strongest GPU here, when ggml is asked for by name."""
-    from .hardware.recommend import strength
-
     if hw.os == "Darwin":
         return "metal"
     gpus = sorted((g for g in hw.gpus if g.vendor in ("nvidia", "amd", "intel")), key=strength, reverse=True)
@@ -170,8 +194,6 @@ def install(plugin: str | None = None, *, dry_run: bool = False, use_uv: bool = 
         )
     result.added = {k: v for k, v in after.items() if k not in before}
     result.changed = {k: (before[k], v) for k, v in after.items() if k in before and before[k] != v}
-    from .plugins import reset_registry
-
     reset_registry()
     return result
 
@@ -268,13 +290,3 @@ def _fix_for(p: InstallPlan, lines: list[str]) -> str:
         return (f"ggml-python is compiled with {p.env.get('CMAKE_ARGS')}; install a compiler, CMake and the "
                 f"{p.build.upper()} SDK, or install the CPU build: sdrt install --plugin ggml --build cpu")
     return f"read the {p.tool} error above, fix its cause, and run the same command again: {p.command}"
-
-
-class _CallableModule(type(sys)):  # type: ignore[misc]
-    """``sdrt.install(...)`` calls ``install``; ``sdrt.install.plan`` etc. stay reachable."""
-
-    def __call__(self, *args: object, **kwargs: object) -> InstallResult:
-        return install(*args, **kwargs)  # type: ignore[arg-type]
-
-
-sys.modules[__name__].__class__ = _CallableModule
