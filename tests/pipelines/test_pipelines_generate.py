@@ -17,10 +17,20 @@ from sdrt.pipelines.progress import ProgressBar
 PROMPT = "a photo of a red cat"
 
 
+def _fast_backend() -> str:
+    """OpenVINO when installed (these tests are many short runs; the numerics are test_pipelines_diffusers'),
+    else the reference backend."""
+    try:
+        register("openvino")
+        return "openvino"
+    except pytest.skip.Exception:
+        register("reference")
+        return "reference"
+
+
 @pytest.fixture(scope="module")
 def sd15():
-    register("reference")
-    pipe = pipelines.load(DATA / "tiny-sd15", backend="reference")
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
     yield pipe
     pipe.close()
 
@@ -256,3 +266,47 @@ def test_a_tokenizer_that_does_not_fit_the_text_encoder(tmp_path) -> None:
     pipe = pipelines.load(folder, backend="reference")
     with pytest.raises(ModelError, match="token embedding has 1514 rows"):
         pipe("a photograph of a cathedral", steps=1)
+
+
+def test_update_weights_reaches_compiled_and_later_sessions() -> None:
+    from sdrt import Weights
+
+    register("reference")
+    pipe = pipelines.load(DATA / "tiny-sd15", backend="reference")
+    pipe(PROMPT, steps=1, seed=1)
+    graph = pipe.vae_decoder.graph
+    arrays = graph.initializer_arrays(["vae.decoder.conv_out.weight", "vae.decoder.conv_out.bias"])
+    pipe.vae_decoder.update_weights(Weights.from_arrays({k: np.zeros_like(v) for k, v in arrays.items()}))
+    # the decoder now outputs 0 everywhere, i.e. mid gray, in the compiled (batch 1) session ...
+    assert (pipe(PROMPT, steps=1, seed=1)[0] == 128).all()
+    # ... and in one compiled after the update (batch 2)
+    assert all((img == 128).all() for img in pipe(PROMPT, steps=1, seed=1, batch=2))
+
+
+def test_update_weights_on_a_text_encoder_cut_to_one_output() -> None:
+    from sdrt import Weights
+
+    register("reference")
+    pipe = pipelines.load(DATA / "tiny-sd15", backend="reference")
+    before = pipe.prompts.encode("a cat").hidden
+    names = [n for n in pipe.text_encoder.graph.initializer_names if n.endswith("final_layer_norm.bias")]
+    pipe.text_encoder.update_weights(Weights.from_arrays({names[0]: np.full(32, 3.0, np.float32)}))
+    pipe.prompts._cache.clear()
+    after = pipe.prompts.encode("a cat").hidden
+    assert after.mean() == pytest.approx(3.0, abs=0.5)  # the final norm now adds 3 to every feature
+    assert not np.allclose(after, before)
+
+
+def test_every_sampler_and_schedule_by_its_comfyui_name() -> None:
+    from sdrt.samplers import available_samplers, available_schedules
+
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+    try:
+        for sampler in available_samplers():
+            img = pipe(PROMPT, steps=3, cfg=1.0, seed=1, sampler=sampler)[0]
+            assert img.shape == (64, 64, 3), sampler
+        for schedule in available_schedules():
+            img = pipe(PROMPT, steps=3, cfg=1.0, seed=1, sampler="euler", schedule=schedule)[0]
+            assert img.shape == (64, 64, 3), schedule
+    finally:
+        pipe.close()

@@ -136,10 +136,18 @@ class Part:
         return self.session({k: v.shape for k, v in cast.items()}, outputs).run(cast)
 
     def update_weights(self, weights: Weights) -> None:
-        """New weights for every compiled session now and every one compiled later."""
+        """New values for some or all of the part's weights, in every compiled session now and every later one.
+
+        ``weights`` may name only some initializers (a LoRA-merged block, say): the others keep their
+        current values (the graph's own, or an earlier update's).
+        """
+        from ..weights import Weights
+
+        base = self.weights if self.weights is not None else Weights.from_graph(self.graph)
+        merged = base.replaced({name: weights[name] for name in weights})
         for sess in self.sessions.values():
-            sess.update_weights(weights)
-        self.weights = weights
+            sess.update_weights(merged)
+        self.weights = merged
 
     def close(self) -> None:
         for sess in self.sessions.values():

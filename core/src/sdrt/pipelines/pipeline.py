@@ -338,8 +338,8 @@ class Pipeline:
         return model
 
     # ------------------------------------------------------------------ sampling setup
-    def _loop(self, s: Settings, generator: Any, seed: int) -> tuple[Any, int]:
-        """The sampling loop for this sampler and its first step (img2img's strength)."""
+    def _loop(self, s: Settings, generator: Any, seed: int) -> Any:
+        """The sampling loop for this sampler, from its first step (img2img's strength)."""
         from ..samplers import get_sampler, get_sigmas
         from .loops import DDIMLoop, DPMSolverLoop, EulerLoop, KLoop
 
@@ -350,15 +350,15 @@ class Pipeline:
             start = max(s.steps - min(int(s.steps * s.strength), s.steps), 0)
         if kind in ("euler", "euler-karras", "euler_a", "euler_a-karras"):
             plan = ms.euler_plan(s.steps, karras=kind.endswith("karras"), ancestral=kind.startswith("euler_a")).tail(start)
-            return EulerLoop(ms, plan, ancestral=kind.startswith("euler_a"), generator=generator), start
+            return EulerLoop(ms, plan, ancestral=kind.startswith("euler_a"), generator=generator)
         if kind in ("dpm", "dpm-karras"):
-            return DPMSolverLoop(ms, ms.dpm_plan(s.steps, karras=kind == "dpm-karras").tail(start), offset=start), start
+            return DPMSolverLoop(ms, ms.dpm_plan(s.steps, karras=kind == "dpm-karras").tail(start), offset=start)
         if kind == "ddim":
-            return DDIMLoop(ms, ms.ddim_plan(s.steps).tail(start)), start
+            return DDIMLoop(ms, ms.ddim_plan(s.steps).tail(start))
         sigmas = [float(x) for x in get_sigmas(s.choice.schedule, s.steps, ms,
                                                 discard_penultimate=s.choice.discard_penultimate)][start:]
         return KLoop(ms, sigmas, get_sampler(s.choice.sampler), dict(s.choice.options), seed=seed,
-                     generator=generator), start
+                     generator=generator)
 
     # ------------------------------------------------------------------ generation
     def __call__(self, prompt: str, negative_prompt: str | None = "", **kwargs: Any) -> list[np.ndarray]:
@@ -416,10 +416,11 @@ class Pipeline:
     def _run(self, s: Settings, seed: int, cond: Conditioning, uncond: Conditioning | None,
              init: np.ndarray | None, mask: np.ndarray | None, callback: Callback | None) -> list[np.ndarray]:
         from ..samplers import TorchGenerator
+        from .loops import KLoop
 
         assert s.width is not None and s.height is not None
         generator = TorchGenerator(seed)
-        loop, _ = self._loop(s, generator, seed)
+        loop = self._loop(s, generator, seed)
         shape = (s.batch, 4, s.height // 8, s.width // 8)
         unet_in = self.unet.inputs["sample"].shape
         nine = len(unet_in) == 4 and unet_in[1] == 9
@@ -449,7 +450,7 @@ class Pipeline:
             noise = generator.randn(shape)
             x = loop.start(noise)
         model = self._unet_model(s, cond, uncond, s.batch, extra)
-        total = loop.plan.steps if hasattr(loop, "plan") else loop.steps
+        total = loop.steps
 
         def on_step(i: int, latents: np.ndarray) -> None:
             if callback is not None:
@@ -457,7 +458,7 @@ class Pipeline:
 
         if s.mode == "inpaint" and not nine:
             assert image_latents is not None
-            if hasattr(loop, "plan"):
+            if not isinstance(loop, KLoop):  # diffusers-form loops blend after each step, as diffusers does
                 def blend(index: int, latents: np.ndarray) -> np.ndarray:
                     # diffusers' inpaint pipeline: the known part re-noised to the next step, clean after the last
                     proper = loop.add_noise(image_latents, noise, index) if index < total else image_latents
@@ -547,5 +548,6 @@ def load(folder: str | os.PathLike[str], backend: str = "auto", device: Any = No
     """Open a diffusers/Optimum ONNX model folder; the parts compile on first use, per shape."""
     from ..runtime import select
 
-    select(backend, device)  # a wrong backend or device name fails now, before any file is read
-    return Pipeline(ModelFolder.open(folder), backend=backend, device=device, **options)
+    # resolved once (a wrong name fails now, before any file is read); every part compiles on this device
+    be, dev = select(backend, device)
+    return Pipeline(ModelFolder.open(folder), backend=be.name, device=dev, **options)
