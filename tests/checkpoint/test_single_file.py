@@ -107,7 +107,7 @@ def test_sdxl_checkpoint_parts(inputs, part, key):
 def test_bf16_checkpoint_loads_onto_an_fp32_graph(sd1, tmp_path):
     import ml_dtypes
 
-    from sdrt import stfile
+    from sdrt.weights import stfile
 
     src = Weights.open(DATA / "sd1" / "ldm.safetensors")
     path = tmp_path / "bf16.safetensors"
@@ -132,7 +132,7 @@ def test_fit_casts_to_an_fp16_slot_and_transposes():
 
 
 def test_diffusers_folder_of_safetensors(sd1, tmp_path, inputs):
-    from sdrt import stfile
+    from sdrt.weights import stfile
 
     graph = Graph.load(DATA / "sd1" / "unet" / "model.onnx")
     comp = sd1.components["unet"]

@@ -128,7 +128,7 @@ def reserve_rows(graph: Graph, rows: int) -> Graph:
     nothing else in the graph changes."""
     import onnx.numpy_helper as nh
 
-    from ..shapes import copy_model
+    from ..graph.shapes import copy_model
 
     init, (vocab, width), _dtype = token_table(graph)
     if rows <= 0:
@@ -145,7 +145,7 @@ def reserve_rows(graph: Graph, rows: int) -> Graph:
     for vi in list(model.graph.input):
         if vi.name == init:  # old exports list initializers as inputs too
             vi.type.tensor_type.shape.dim[0].dim_value = vocab + rows
-    return graph._derive(model)
+    return graph.derive(model)
 
 
 def extend_table(base: np.ndarray, embeddings: Sequence[Embedding], key: str, capacity: int | None = None,

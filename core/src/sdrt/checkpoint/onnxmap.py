@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import onnxfile
+from ..graph import onnxfile
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..graph import Graph
