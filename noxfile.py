@@ -22,10 +22,11 @@ TEST_DEPS = ["pytest>=8", "setuptools>=70.1", "hypothesis>=6.100", "onnxruntime>
 
 #: vendor plugin folders whose vendor package installs from PyPI on a plain
 #: Linux x86-64 machine; the test session installs each one that exists.
-INSTALLABLE_PLUGINS: list[str] = ["plugin-openvino", "plugin-ggml", "plugin-trt"]
-#: installable plugins that build and test here but offer no device on a CPU-only machine: TensorRT-RTX runs
-#: engines only on RTX GPUs. Their tests import them unconditionally, so a broken install still fails the run.
-NO_DEVICE_HERE = {"plugin-trt"}
+INSTALLABLE_PLUGINS: list[str] = ["plugin-openvino", "plugin-ggml", "plugin-trt", "plugin-coreml"]
+#: installable plugins that build and test here but offer no device on a CPU-only Linux machine:
+#: TensorRT-RTX runs engines only on RTX GPUs, Core ML only on macOS. The device requirement skips them;
+#: their tests import them unconditionally, so a broken install still fails the run.
+NO_DEVICE_HERE: set[str] = {"plugin-trt", "plugin-coreml"}
 
 
 def _install_sdrt(session: nox.Session, *extra: str) -> None:
@@ -69,6 +70,13 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "bench", *session.posargs)
     # checkpoint swap / LoRA on-off against a fresh pipelines.load, peak RSS normal vs low-memory (issue 14)
     session.run("python", "-m", "bench.checkpoint_swap")
+
+
+@nox.session
+def ggml_fuzz(session: nox.Session) -> None:
+    """Random graphs on the ggml backend in child processes, against onnxruntime: `nox -s ggml_fuzz -- --graphs 21000`."""
+    _install_sdrt(session, "hypothesis>=6.100", "onnxruntime>=1.17")
+    session.run("python", "scripts/ggml_fuzz.py", *(session.posargs or ["--graphs", "21000"]))
 
 
 @nox.session

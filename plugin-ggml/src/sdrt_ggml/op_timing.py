@@ -16,15 +16,15 @@ import numpy as np
 
 from sdrt.errors import SdrtError
 
-from .ops._common import gg
+from .ops._common import ggml_lib
 
 
-def profile(session: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[float, int]]:
+def time_ops(session: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[float, int]]:
     """Run once; return {ggml op description: (total milliseconds, node count)}, slowest first."""
-    g = gg()
+    g = ggml_lib()
     sched = getattr(session, "_sched", None)
     if not sched:
-        raise SdrtError("profiling needs a session compiled with scheduler=True", where="sdrt_ggml.profile",
+        raise SdrtError("profiling needs a session compiled with scheduler=True", where="sdrt_ggml.op_timing.time_ops",
                         fix="sdrt.load(model, backend='ggml', scheduler=True)")
     totals: dict[str, list[float]] = {}
     last = [time.perf_counter()]
