@@ -48,6 +48,7 @@ from diffusers import (  # noqa: E402
     StableDiffusionImg2ImgPipeline,
     StableDiffusionInpaintPipeline,
     StableDiffusionPipeline,
+    StableDiffusionXLImg2ImgPipeline,
     StableDiffusionXLPipeline,
     UNet2DConditionModel,
 )
@@ -378,6 +379,8 @@ def cases_for(kind: str) -> list[dict]:
         for s in SCHEDULERS:
             out.append(dict(base, name=f"txt2img/{s}", mode="txt2img", sampler=s, negative_prompt=None, seed=31))
         out.append(dict(base, name="txt2img/Euler/negative", mode="txt2img", sampler="Euler", seed=32))
+        for s in ("Euler a", "DPM++ 2M Karras"):
+            out.append(dict(base, name=f"img2img/{s}", mode="img2img", sampler=s, strength=0.6, seed=33))
     return out
 
 
@@ -407,6 +410,10 @@ def run_case(pipe, case: dict, images: dict[str, np.ndarray]) -> np.ndarray:
     if mode == "txt2img":
         p = type(pipe)(**{**pipe.components, "scheduler": sched}) if not isinstance(pipe, StableDiffusionInpaintPipeline) else None
         result = p(height=case["height"], width=case["width"], **common)
+    elif mode == "img2img" and isinstance(pipe, StableDiffusionXLPipeline):
+        p = StableDiffusionXLImg2ImgPipeline(**{**pipe.components, "scheduler": sched},
+                                             requires_aesthetics_score=False, force_zeros_for_empty_prompt=True)
+        result = p(image=init, strength=case["strength"], **common)
     elif mode == "img2img":
         p = StableDiffusionImg2ImgPipeline(**{**pipe.components, "scheduler": sched})
         result = p(image=init, strength=case["strength"], **common)
