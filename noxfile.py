@@ -68,6 +68,8 @@ def bench(session: nox.Session) -> None:
                     env={"CMAKE_ARGS": "-DGGML_LLAMAFILE=ON"})
     _install_sdrt(session, "onnxruntime>=1.17", "openvino>=2024.4", "platformdirs>=3")
     session.run("python", "-m", "bench", *session.posargs)
+    # checkpoint swap / LoRA on-off against a fresh pipelines.load, peak RSS normal vs low-memory (issue 14)
+    session.run("python", "-m", "bench.checkpoint_swap")
 
 
 @nox.session

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, ModelNotFoundError
+from . import generate_weights
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -33,6 +34,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--backend", default="auto")
     p.add_argument("--device", default=None)
     p.add_argument("-o", "--output", default="sdrt-out.png", help="PNG path; with several images, -1, -2, ... are added")
+    generate_weights.add_arguments(p)
     return p
 
 
@@ -54,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
                    mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip)
     settings = validate(prompt, args.negative, **options)  # before any model loads
+    custom = generate_weights.check(args)
     options["seed"] = settings.seed
     out = Path(args.output)
     if not out.parent.is_dir():
@@ -66,9 +69,11 @@ def run(args: argparse.Namespace) -> int:
     from ..pipelines.png import format_parameters, write_png
     from ..pipelines.progress import ProgressBar
 
-    pipe = pipelines.load(folder, backend=args.backend, device=args.device)
+    pipe = pipelines.load(folder, backend=args.backend, device=args.device,
+                          **generate_weights.pipeline_options(custom))
     bar = ProgressBar()
     try:
+        generate_weights.apply(pipe, custom)
         gen = pipe.generate(prompt, args.negative, callback=bar, **options)
     finally:
         bar.close()

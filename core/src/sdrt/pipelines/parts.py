@@ -8,7 +8,7 @@ per shape; ``update_weights`` reaches every cached session and every later one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,10 @@ class Part:
         self.options = dict(options or {})
         self.sessions: dict[ShapeKey, Session] = {}
         self.weights: Weights | None = None
+        #: rebuilds ``weights`` after low-memory mode dropped them with the graph (sdrt.pipelines.lowmem)
+        self.weights_factory: Callable[[], Weights] | None = None
+        #: leave external initializer data mapped from disk (set by low-memory mode)
+        self.lazy_external = False
         self._graph: Graph | None = None
 
     def __repr__(self) -> str:
@@ -49,7 +53,8 @@ class Part:
             from ..graph import Graph
 
             try:
-                self._graph = Graph.load(self.path)
+                # low-memory mode keeps external data (model.onnx_data) mapped instead of read in
+                self._graph = Graph.load(self.path, load_external=False if self.lazy_external else None)
             except SdrtError as exc:
                 raise type(exc)(f"the {self.name} part cannot be loaded: {exc.what}", where=exc.where or str(self.path),
                                 fix=exc.fix) from exc
@@ -93,6 +98,8 @@ class Part:
             else:
                 pinned = self.graph.with_shapes(dict(dims))
             log.info("compiling %s for %s", self.name, ", ".join(f"{k}{list(v)}" for k, v in dims))
+            if self.weights is None and self.weights_factory is not None:
+                self.weights = self.weights_factory()
             sess = load(pinned, weights=self.weights, backend=self.backend, device=self.device, **self.options)
             self.sessions[key] = sess
         return sess

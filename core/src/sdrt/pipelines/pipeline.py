@@ -29,6 +29,7 @@ from .images import ImageLike, check_path, from_nchw, to_mask, to_nchw, to_rgb
 from .parts import Part
 from .prompts import Conditioning, PromptEncoder, TextEncoder
 from .scheduling import FolderSchedule
+from .weights import WeightState
 
 log = logging.getLogger("sdrt.pipelines")
 
@@ -144,8 +145,13 @@ class Pipeline:
     ``graph``, its compiled ``sessions`` and ``update_weights``.
     """
 
-    def __init__(self, folder: ModelFolder, *, backend: str = "auto", device: Any = None, **options: Any) -> None:
+    def __init__(self, folder: ModelFolder, *, backend: str = "auto", device: Any = None,
+                 low_memory: bool | None = False, vae_tile: int | None = None, **options: Any) -> None:
         self.folder = folder
+        #: keep only the running part loaded (None: decide from the device's reported memory)
+        self.low_memory = low_memory
+        #: decode/encode the VAE by tiles of this many latent pixels (None: whole images)
+        self.vae_tile = vae_tile
         self.backend = backend
         self.device = device
         self.options = options
@@ -160,6 +166,7 @@ class Pipeline:
         self.vae_encoder = part("vae_encoder") if "vae_encoder" in folder.parts else None
         self.schedule = FolderSchedule.from_config(folder.scheduler, str(folder.path / "scheduler"))
         self._prompts: PromptEncoder | None = None
+        self._weight_state: WeightState | None = None
 
     def __repr__(self) -> str:
         return f"Pipeline({str(self.folder.path)!r}, {self.folder.family}, backend={self.backend!r})"
@@ -209,6 +216,30 @@ class Pipeline:
             uncond = self.prompts.pad_to(uncond, chunks, s.clip_skip)
         return cond, uncond
 
+    # ------------------------------------------------------------------ weights (sdrt.pipelines.weights)
+    @property
+    def weights(self) -> WeightState:
+        """The checkpoint, LoRAs and embeddings in use (all bound through ``Session.update_weights``)."""
+        if self._weight_state is None:
+            self._weight_state = WeightState(self)
+        return self._weight_state
+
+    def load_weights(self, path: str | os.PathLike[str]) -> Any:
+        """Bind a single-file LDM checkpoint (``.safetensors``) or a diffusers folder; no recompile."""
+        return self.weights.load_checkpoint(path)
+
+    def set_loras(self, loras: Any) -> None:
+        """``[(path_or_Lora, scale), ...]`` active from now on; ``[]`` removes them, bit for bit."""
+        self.weights.set_loras(loras)
+
+    def add_embedding(self, *paths: str | os.PathLike[str]) -> Any:
+        """A1111 textual-inversion embeddings; each file's stem is its trigger word."""
+        return self.weights.add_embeddings(paths)
+
+    def _weights_changed(self, part: str) -> None:
+        if self._prompts is not None:
+            self._prompts.weights_changed()
+
     # ------------------------------------------------------------------ VAE
     def _encode_image(self, image: np.ndarray, generator: Any) -> np.ndarray:
         """diffusers' ``retrieve_latents(vae.encode(image), generator)`` times the scaling factor."""
@@ -217,7 +248,16 @@ class Pipeline:
             raise AssertionError  # pragma: no cover
         outs = self.vae_encoder.outputs
         name = next((n for n in ("latent_parameters", "latent_sample", "latent_dist") if n in outs), next(iter(outs)))
-        out = np.asarray(self.vae_encoder.run({"sample": image})[name], dtype=np.float32)
+        tile = self.vae_tile * 8 if self.vae_tile else None
+        if tile and max(image.shape[2:]) > tile:
+            from .tiling import encode_tiled
+
+            enc = self.vae_encoder
+            out = encode_tiled(lambda t: np.asarray(enc.run({"sample": t})[name], dtype=np.float32), image,
+                               tile=tile, overlap=max(tile // 4 // 8 * 8, 8), channels=int(
+                                   enc.outputs[name].shape[1]) if isinstance(enc.outputs[name].shape[1], int) else 8)
+        else:
+            out = np.asarray(self.vae_encoder.run({"sample": image})[name], dtype=np.float32)
         if out.shape[1] == 8:  # mean and log-variance: sample as DiagonalGaussianDistribution.sample does
             mean, logvar = out[:, :4], np.clip(out[:, 4:], -30.0, 20.0)
             latent = mean + np.exp(np.float32(0.5) * logvar) * generator.randn(mean.shape)
@@ -231,8 +271,16 @@ class Pipeline:
 
     def _decode(self, latents: np.ndarray) -> list[np.ndarray]:
         z = (latents / np.float32(self.folder.vae_scaling_factor)).astype(np.float32)
-        out = self.vae_decoder.run({"latent_sample": z})
-        return from_nchw(np.asarray(out.get("sample", next(iter(out.values())))))
+
+        def decode(t: np.ndarray) -> np.ndarray:
+            out = self.vae_decoder.run({"latent_sample": t})
+            return np.asarray(out.get("sample", next(iter(out.values()))))
+
+        if self.vae_tile and max(z.shape[2:]) > self.vae_tile:
+            from .tiling import decode_tiled
+
+            return from_nchw(decode_tiled(decode, z, tile=self.vae_tile, overlap=max(self.vae_tile // 4, 1)))
+        return from_nchw(decode(z))
 
     # ------------------------------------------------------------------ UNet
     def _unet_model(self, s: Settings, cond: Conditioning, uncond: Conditioning | None, batch: int,
@@ -327,7 +375,11 @@ class Pipeline:
         mask), mask (white = repaint), batch=1, batch_count=1, clip_skip=1``. ``callback(step, total,
         latents)`` is called after every step.
         """
+        original = prompt
+        if self._weight_state is not None or (isinstance(prompt, str) and "<lora:" in prompt):
+            prompt, negative_prompt = self.weights.prepare(prompt, negative_prompt)  # type: ignore[arg-type]
         s = validate(prompt, negative_prompt, **kwargs)
+        _ = self.is_low_memory  # decided (and the parts told) before any part loads
         init = mask = None
         if s.init_image is not None:
             init = to_rgb(s.init_image, "init image")
@@ -344,6 +396,7 @@ class Pipeline:
         s.width = s.width or self.default_size
         s.height = s.height or self.default_size
         cond, uncond = self._conditioning(s)
+        self._release("text_encoder", "text_encoder_2")
         images: list[np.ndarray] = []
         seeds: list[int] = []
         for k in range(s.batch_count):
@@ -351,7 +404,7 @@ class Pipeline:
             images += self._run(s, seed, cond, uncond, init, mask, callback)
             seeds += [seed] * s.batch
         infos = [self._infotext(s, seed, i % s.batch) for i, seed in enumerate(seeds)]
-        return Generation(images, seeds, infos, s.prompt, s.negative_prompt)
+        return Generation(images, seeds, infos, original, s.negative_prompt)
 
     @property
     def default_size(self) -> int:
@@ -416,10 +469,34 @@ class Pipeline:
                 x = loop.run(model, x, inpaint=(mask_lat, image_latents, noise), callback=on_step)
         else:
             x = loop.run(model, x, callback=on_step)
+        self._release("unet", "vae_encoder")
         if not np.isfinite(x).all():
             raise SdrtError("the sampler produced NaN or infinite latents", where=f"{self.unet.path} on {self.backend}",
                             fix="try another backend or sampler; report it with the command you ran")
-        return self._decode(x)
+        images = self._decode(x)
+        self._release("vae_decoder")
+        return images
+
+    # ------------------------------------------------------------------ low memory (sdrt.pipelines.lowmem)
+    @property
+    def is_low_memory(self) -> bool:
+        if self.low_memory is None:
+            from ..runtime import select
+            from .lowmem import auto_low_memory, model_bytes
+
+            _, dev = select(self.backend, self.device)
+            self.low_memory = auto_low_memory(dev.memory_bytes, model_bytes(p.path for p in self.parts.values()))
+        if self.low_memory:
+            for part in self.parts.values():
+                part.lazy_external = True  # external data stays mapped from disk, never read in
+        return bool(self.low_memory)
+
+    def _release(self, *names: str) -> None:
+        if self.is_low_memory:
+            from .lowmem import release
+
+            keep = self._weight_state._originals if self._weight_state is not None else {}
+            release((self.parts.get(n) for n in names), keep_graph=keep)
 
     # ------------------------------------------------------------------ metadata
     def _infotext(self, s: Settings, seed: int, position: int) -> dict[str, object]:
@@ -431,6 +508,8 @@ class Pipeline:
             info["Schedule type"] = schedule
         info.update({"CFG scale": _num(s.cfg), "Seed": seed, "Size": f"{s.width}x{s.height}",
                      "Model hash": self.model_hash, "Model": self.folder.name})
+        if self._weight_state is not None:
+            info.update(self._weight_state.infotext())
         if s.init_image is not None:
             info["Denoising strength"] = _num(s.strength or 0)
         if s.clip_skip > 1:

@@ -92,6 +92,9 @@ class TextEncoder:
         while name not in graph.initializer_names and name in producer and producer[name].op_type == "Identity":
             name = producer[name].input[0]
         if name in graph.initializer_names:
+            current = self.part.weights  # a checkpoint's norm, once one is bound
+            if current is not None and name in current:
+                return np.asarray(current[name], dtype=np.float32)
             return np.asarray(graph.initializer_arrays([name])[name], dtype=np.float32)
         node = producer.get(name)
         if node is not None and node.op_type == "Constant" and node.attribute:
@@ -179,6 +182,12 @@ class PromptEncoder:
         self._cache[key] = cond
         log.debug("encoded prompt into %d chunk(s)", cond.chunks)
         return cond
+
+    def weights_changed(self) -> None:
+        """The encoders' weights changed (checkpoint, LoRA, embedding): forget cached encodings."""
+        self._cache.clear()
+        for enc in self.encoders:
+            enc._norm = None
 
     def zeros_like(self, cond: Conditioning) -> Conditioning:
         """SDXL's ``force_zeros_for_empty_prompt`` negative conditioning."""
