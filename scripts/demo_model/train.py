@@ -23,6 +23,7 @@ import copy
 import gzip
 import json
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -138,13 +139,100 @@ def _full_pieces(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
 
 
 # ---------------------------------------------------------------- models
+#: GroupNorm epsilon of the VAE. With SD's 1e-6 every GroupNorm divides flat colour fields by their own
+#: spread, and this narrow VAE (8-32 channels) needed far more steps than we have to learn colours back;
+#: at 100 a GroupNorm on O(1) features is a mean subtraction and a fixed scale, so colour passes through.
+VAE_NORM_EPS = 100.0
+
+
+def set_vae_eps(vae):
+    """diffusers' configs do not carry GroupNorm eps: set it after every construction or load."""
+    for m in vae.modules():
+        if isinstance(m, torch.nn.GroupNorm):
+            m.eps = VAE_NORM_EPS
+    return vae
+
+
 def make_vae():
     from diffusers import AutoencoderKL
 
-    return AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16, 32, 32),
-                         layers_per_block=1, down_block_types=("DownEncoderBlock2D",) * 4,
-                         up_block_types=("UpDecoderBlock2D",) * 4, norm_num_groups=8, sample_size=spec.SIZE,
-                         scaling_factor=SCALING)
+    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 16, 32, 32),
+                        layers_per_block=1, down_block_types=("DownEncoderBlock2D",) * 4,
+                        up_block_types=("UpDecoderBlock2D",) * 4, norm_num_groups=2, sample_size=spec.SIZE,
+                        scaling_factor=SCALING)
+    return set_vae_eps(vae)
+
+
+def load_vae(path: Path):
+    from diffusers import AutoencoderKL
+
+    return set_vae_eps(AutoencoderKL.from_pretrained(path)).eval()
+
+
+@torch.no_grad()
+def init_vae_as_pooling(vae) -> None:
+    """Start the VAE as "latent = 8x8 mean colour, image = nearest upsampling of it".
+
+    Every residual branch and the attention output start at zero (the blocks are identities), the
+    shortcuts and the resampling convolutions carry channels 0-2 (RGB) and channel 3 (a constant 1),
+    and the output convolutions read RGB back as (channel - constant channel), which the group mean
+    subtraction of the last GroupNorm leaves intact. Training then only has to learn the detail.
+    """
+    def eye(conv, n: int, tap: tuple[int, int] | None = None, value: float = 1.0) -> None:
+        conv.weight.zero_()
+        if conv.bias is not None:
+            conv.bias.zero_()
+        k = conv.weight.shape[-1]
+        y, x = tap if tap is not None else (k // 2, k // 2)
+        for c in range(n):
+            conv.weight[c, c, y, x] = value
+
+    def blocks(module) -> None:
+        for m in module.modules():
+            if m.__class__.__name__ == "ResnetBlock2D":
+                m.conv2.weight.zero_()
+                m.conv2.bias.zero_()
+                if m.conv_shortcut is not None:
+                    eye(m.conv_shortcut, 4)
+            if m.__class__.__name__ == "Attention":
+                m.to_out[0].weight.zero_()
+                m.to_out[0].bias.zero_()
+
+    def read_rgb(norm, conv, rows: list[int]) -> None:
+        """conv(SiLU(norm(x))): output rows[i] = x_i - x_3 + 1 (= colour i), other outputs 0."""
+        norm.weight.fill_(1.0)
+        norm.bias.fill_(4.0)  # SiLU is almost linear around 4 (slope 1.053)
+        conv.weight.zero_()
+        conv.bias.zero_()
+        k = conv.weight.shape[-1] // 2
+        scale = (1.0 + VAE_NORM_EPS) ** 0.5 / 1.053
+        for i, r in enumerate(rows):
+            conv.weight[r, i, k, k] = scale
+            conv.weight[r, 3, k, k] = -scale
+            conv.bias[r] = 1.0
+
+    enc, dec = vae.encoder, vae.decoder
+    eye(enc.conv_in, 3)
+    enc.conv_in.bias[3] = 1.0
+    blocks(enc)
+    for block in enc.down_blocks:
+        for down in block.downsamplers or []:
+            down.conv.weight.zero_()
+            down.conv.bias.zero_()
+            for c in range(4):
+                down.conv.weight[c, c, :2, :2] = 0.25  # mean of the 2x2 block (the pad is right/bottom)
+    read_rgb(enc.conv_norm_out, enc.conv_out, [0, 1, 2])
+    c = vae.config.latent_channels
+    enc.conv_out.bias[c:] = -8.0  # narrow posterior: std ~0.02
+    eye(vae.quant_conv, 2 * c)
+    eye(vae.post_quant_conv, c)
+    eye(dec.conv_in, 3)
+    dec.conv_in.bias[3] = 1.0
+    blocks(dec)
+    for block in dec.up_blocks:
+        for up in block.upsamplers or []:
+            eye(up.conv, 4)
+    read_rgb(dec.conv_norm_out, dec.conv_out, [0, 1, 2])
 
 
 def make_unet():
@@ -155,7 +243,7 @@ def make_unet():
         block_out_channels=(16, 32, 64),
         down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=HIDDEN, attention_head_dim=2, norm_num_groups=8,
+        cross_attention_dim=HIDDEN, attention_head_dim=2, norm_num_groups=4,
     )
 
 
@@ -183,9 +271,11 @@ def to_tensor(images: np.ndarray) -> torch.Tensor:
 def train_vae(work: Path, steps: int, batch: int) -> None:
     torch.manual_seed(SEED)
     vae = make_vae()
+    init_vae_as_pooling(vae)
     train, _ = spec.split_scenes()
-    opt = torch.optim.AdamW(vae.parameters(), lr=2e-3, weight_decay=0.0)
+    opt = torch.optim.AdamW(vae.parameters(), lr=5e-4, weight_decay=0.0)
     t0 = time.time()
+    avg = 0.0
     for step in range(steps):
         rng = np.random.default_rng([SEED, 1, step])
         picks = rng.choice(len(train), batch)
@@ -193,16 +283,23 @@ def train_vae(work: Path, steps: int, batch: int) -> None:
         post = vae.encode(x).latent_dist
         rec = vae.decode(post.sample()).sample
         kl = post.kl().mean() / x[0].numel()
-        loss = (rec - x).abs().mean() + (rec - x).pow(2).mean() + 1e-4 * kl
-        lr = 2e-3 * min(1.0, (step + 1) / 50) * (0.1 if step >= 0.8 * steps else 1.0)
+        # shape pixels (far from the image's median colour) weigh 5x: they are ~10% of the pixels
+        bg = x.flatten(2).median(dim=2).values[:, :, None, None]
+        weight = 1.0 + 4.0 * ((x - bg).abs().amax(dim=1, keepdim=True) > 0.1).float()
+        err = rec - x
+        # latent channels 0-2 pulled towards the 8x8 mean colour: a colour-like latent space from the start
+        colour = (post.mean[:, :3] - torch.nn.functional.avg_pool2d(x, 8)).pow(2).mean()
+        loss = (weight * (err.abs() + err.pow(2))).mean() + 0.1 * colour + 1e-4 * kl
+        lr = 5e-4 * min(1.0, (step + 1) / 50) * (0.1 if step >= 0.8 * steps else 1.0)
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if step % 25 == 0 or step == steps - 1:
-            log.info("vae step %d/%d loss %.4f kl %.1f (%.1f s)", step, steps, loss.item(), kl.item() * x[0].numel(),
-                     time.time() - t0)
+        avg = 0.99 * avg + 0.01 * err.abs().mean().item()
+        if step % 100 == 0 or step == steps - 1:
+            log.info("vae step %d/%d loss %.4f mean |error| %.4f colour %.4f (%.1f s)", step, steps, loss.item(), avg,
+                     colour.item(), time.time() - t0)
     vae.eval()
     _normalise_latents(vae)
     vae.save_pretrained(work / "vae")
@@ -233,9 +330,7 @@ def _normalise_latents(vae) -> None:
 
 @torch.no_grad()
 def encode_latents(work: Path, count: int) -> None:
-    from diffusers import AutoencoderKL
-
-    vae = AutoencoderKL.from_pretrained(work / "vae").eval()
+    vae = load_vae(work / "vae")
     train, _ = spec.split_scenes()
     rng = np.random.default_rng([SEED, 3])
     order = np.concatenate([rng.permutation(len(train)) for _ in range(count // len(train) + 1)])[:count]
@@ -313,11 +408,11 @@ def train_unet(work: Path, steps: int, batch: int, lr: float) -> None:
 
 
 def load_pipeline(work: Path):
-    from diffusers import AutoencoderKL, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers import PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextModel
 
     pipe = StableDiffusionPipeline(
-        vae=AutoencoderKL.from_pretrained(work / "vae").eval(),
+        vae=load_vae(work / "vae"),
         text_encoder=CLIPTextModel.from_pretrained(work / "text_encoder").eval(),
         tokenizer=load_tokenizer(work),
         unet=UNet2DConditionModel.from_pretrained(work / "unet").eval(),
@@ -328,16 +423,29 @@ def load_pipeline(work: Path):
     return pipe
 
 
-def write_heldout() -> None:
-    """tests/demo/heldout.json: the held-out captions, their expected colours and cells, the palette."""
+#: odd text for the tokenizer agreement check: words outside the subset fall back to smaller pieces
+TOKENIZER_PROBES = ["a red circle on blue", "A RED Circle, on a Blue background!!", "a teal hexagon on magenta",
+                    "   stripes\ton   a white background , bottom right ", "an orange star (on) [black], 12 o'clock",
+                    "une étoile rouge 🌟 sur fond bleu", "purple" * 30]
+
+
+def write_heldout(work: Path) -> None:
+    """tests/demo/heldout.json: the held-out captions, their expected colours and cells, the palette, and the
+    token ids transformers' CLIPTokenizer gives on the shipped vocabulary (the agreement check)."""
     _, held = spec.split_scenes()
+    tok = load_tokenizer(work)
+    probes = [s.caption() for s in held] + TOKENIZER_PROBES
     data = {
+        "token_ids": {p: tok(p, padding="max_length", max_length=MAX_LEN, truncation=True).input_ids
+                      for p in probes},
         "palette": {k: list(v) for k, v in spec.COLOURS.items()},
         "cells": {k: list(v) for k, v in spec.POSITIONS.items()},
         "cases": [{"prompt": s.caption(), "colour": s.colour, "shape": s.shape, "background": s.background,
                    "position": s.position} for s in held],
     }
-    HELDOUT_JSON.write_text(json.dumps(data, indent=1) + "\n")
+    text = json.dumps(data, indent=1)
+    text = re.sub(r"\[\s+([^\[\]]*?)\s+\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text)
+    HELDOUT_JSON.write_text(text + "\n")
 
 
 @torch.no_grad()
@@ -465,14 +573,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stage", choices=["tokenizer", "vae", "latents", "unet", "export", "eval", "all"])
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "demo-model")
-    ap.add_argument("--vae-steps", type=int, default=600)
-    ap.add_argument("--vae-batch", type=int, default=8)
+    ap.add_argument("--vae-steps", type=int, default=800)
+    ap.add_argument("--vae-batch", type=int, default=4)
     ap.add_argument("--latents", type=int, default=6000)
-    ap.add_argument("--unet-steps", type=int, default=3000)
+    ap.add_argument("--unet-steps", type=int, default=2000)
     ap.add_argument("--unet-batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--eval-steps", type=int, default=20)
-    ap.add_argument("--cfg", type=float, default=5.0)
+    ap.add_argument("--cfg", type=float, default=7.0)
     ap.add_argument("--samplers", default="Euler,DPM++ 2M Karras,Euler a,DDIM")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
@@ -484,7 +592,7 @@ def main() -> None:
         t0 = time.time()
         if stage == "tokenizer":
             build_tokenizer(args.work / "tokenizer")
-            write_heldout()
+            write_heldout(args.work)
         elif stage == "vae":
             train_vae(args.work, args.vae_steps, args.vae_batch)
         elif stage == "latents":
