@@ -273,7 +273,7 @@ def train_vae(work: Path, steps: int, batch: int) -> None:
     vae = make_vae()
     init_vae_as_pooling(vae)
     train, _ = spec.split_scenes()
-    opt = torch.optim.AdamW(vae.parameters(), lr=5e-4, weight_decay=0.0)
+    opt = torch.optim.AdamW(vae.parameters(), lr=1e-4, weight_decay=0.0)
     t0 = time.time()
     avg = 0.0
     for step in range(steps):
@@ -290,13 +290,13 @@ def train_vae(work: Path, steps: int, batch: int) -> None:
         # latent channels 0-2 pulled towards the 8x8 mean colour: a colour-like latent space from the start
         colour = (post.mean[:, :3] - torch.nn.functional.avg_pool2d(x, 8)).pow(2).mean()
         loss = (weight * (err.abs() + err.pow(2))).mean() + 0.1 * colour + 1e-4 * kl
-        lr = 5e-4 * min(1.0, (step + 1) / 50) * (0.1 if step >= 0.8 * steps else 1.0)
+        lr = 1e-4 * min(1.0, (step + 1) / 50) * (0.1 if step >= 0.8 * steps else 1.0)
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        avg = 0.99 * avg + 0.01 * err.abs().mean().item()
+        avg = err.abs().mean().item() if step == 0 else 0.98 * avg + 0.02 * err.abs().mean().item()
         if step % 100 == 0 or step == steps - 1:
             log.info("vae step %d/%d loss %.4f mean |error| %.4f colour %.4f (%.1f s)", step, steps, loss.item(), avg,
                      colour.item(), time.time() - t0)
@@ -346,12 +346,21 @@ def encode_latents(work: Path, count: int) -> None:
     torch.save({"latents": torch.cat(latents), "scenes": scenes, "sizes": sizes}, work / "latents.pt")
 
 
-def train_unet(work: Path, steps: int, batch: int, lr: float) -> None:
-    from diffusers import DDPMScheduler
+def train_unet(work: Path, steps: int, batch: int, lr: float, phase: int = 1) -> None:
+    """Phase 1 from scratch; phase 2 starts from phase 1's EMA weights (fresh optimizer, new data draws,
+    faster EMA) and weighs the latent cells of the shape 5x, where phase 1 had learned only backgrounds."""
+    from diffusers import DDPMScheduler, UNet2DConditionModel
+    from transformers import CLIPTextModel
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(SEED + phase - 1)
     tok = load_tokenizer(work)
-    unet, text = make_unet(), make_text_encoder(tok)
+    if phase == 1:
+        unet, text = make_unet(), make_text_encoder(tok)
+    else:
+        unet = UNet2DConditionModel.from_pretrained(work / "unet")
+        text = CLIPTextModel.from_pretrained(work / "text_encoder")
+        unet.train()
+        text.train()
     data = torch.load(work / "latents.pt")
     latents, scene_ids, sizes = data["latents"], data["scenes"], data["sizes"]
     train, _ = spec.split_scenes()
@@ -369,11 +378,11 @@ def train_unet(work: Path, steps: int, batch: int, lr: float) -> None:
             cache[caption] = tok(caption, padding="max_length", max_length=MAX_LEN, truncation=True).input_ids
         return cache[caption]
 
-    gen = torch.Generator().manual_seed(SEED)
+    gen = torch.Generator().manual_seed(SEED + phase - 1)
     t0 = time.time()
     avg = None
     for step in range(steps):
-        rng = np.random.default_rng([SEED, 4, step])
+        rng = np.random.default_rng([SEED, 4, step] if phase == 1 else [SEED, 4, phase, step])
         picks = rng.choice(len(latents), batch)
         caps = [spec.random_caption(train[scene_ids[i]], sizes[i], rng) for i in picks]
         caps = ["" if rng.random() < 0.1 else c for c in caps]
@@ -384,7 +393,12 @@ def train_unet(work: Path, steps: int, batch: int, lr: float) -> None:
         a = abar[t].view(-1, 1, 1, 1)
         xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
         pred = unet(xt, t, text(ids)[0]).sample
-        loss = (pred - noise).pow(2).mean()
+        if phase == 1:
+            loss = (pred - noise).pow(2).mean()
+        else:  # cells whose latent differs from the image's median latent: the shape
+            med = x0.flatten(2).median(dim=2).values[:, :, None, None]
+            weight = 1.0 + 4.0 * ((x0 - med)[:, :3].abs().amax(dim=1, keepdim=True) > 0.5).float()
+            loss = (weight * (pred - noise).pow(2)).mean()
         cur = lr * min(1.0, (step + 1) / 100)
         for g in opt.param_groups:
             g["lr"] = cur
@@ -392,18 +406,19 @@ def train_unet(work: Path, steps: int, batch: int, lr: float) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        decay = min(0.998, (1 + step) / (10 + step))
+        decay = min(0.998 if phase == 1 else 0.995, (1 + step) / (10 + step))
         with torch.no_grad():
             for m, src in zip(ema, (unet, text)):
                 for pe, p in zip(m.parameters(), src.parameters()):
                     pe.lerp_(p, 1 - decay)
         avg = loss.item() if avg is None else 0.98 * avg + 0.02 * loss.item()
         if step % 50 == 0 or step == steps - 1:
-            log.info("unet step %d/%d loss %.4f avg %.4f (%.0f s)", step, steps, loss.item(), avg, time.time() - t0)
+            log.info("unet phase %d step %d/%d loss %.4f avg %.4f (%.0f s)", phase, step, steps, loss.item(), avg,
+                     time.time() - t0)
         if (step + 1) % 500 == 0 or step == steps - 1:
             ema[0].save_pretrained(work / "unet")
             ema[1].save_pretrained(work / "text_encoder")
-            (work / "unet" / "step.txt").write_text(f"{step + 1}\n")
+            (work / "unet" / "step.txt").write_text(f"phase {phase} step {step + 1}\n")
             log.info("saved EMA weights at step %d", step + 1)
 
 
@@ -450,8 +465,12 @@ def write_heldout(work: Path) -> None:
 
 @torch.no_grad()
 def evaluate(work: Path, steps: int, cfg: float, samplers: list[str]) -> None:
-    from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler, \
-        EulerDiscreteScheduler
+    from diffusers import (
+        DDIMScheduler,
+        DPMSolverMultistepScheduler,
+        EulerAncestralDiscreteScheduler,
+        EulerDiscreteScheduler,
+    )
     from measure import check_image
 
     heldout = json.loads(HELDOUT_JSON.read_text())
@@ -530,55 +549,57 @@ def _onnx(module, args, path: Path, inputs: list[str], outputs: list[str]) -> No
     onnx.save(model, str(path))
 
 
-def export(work: Path) -> None:
+def export(work: Path, out: Path = OUT) -> None:
     import shutil
 
     pipe = load_pipeline(work)
-    if OUT.exists():
-        shutil.rmtree(OUT)
+    if out.exists():
+        shutil.rmtree(out)
     tmp = work / "_saved"
     if tmp.exists():
         shutil.rmtree(tmp)
     pipe.save_pretrained(tmp, safe_serialization=True)
-    OUT.mkdir(parents=True)
-    shutil.copytree(tmp / "scheduler", OUT / "scheduler")
-    shutil.copytree(work / "tokenizer", OUT / "tokenizer")
+    out.mkdir(parents=True)
+    shutil.copytree(tmp / "scheduler", out / "scheduler")
+    shutil.copytree(work / "tokenizer", out / "tokenizer")
     layers = pipe.text_encoder.config.num_hidden_layers
     hidden = [f"hidden_states.{i}" for i in range(layers + 1)]
-    _onnx(_Text(pipe.text_encoder), (torch.zeros((1, MAX_LEN), dtype=torch.int32),), OUT / "text_encoder" /
+    _onnx(_Text(pipe.text_encoder), (torch.zeros((1, MAX_LEN), dtype=torch.int32),), out / "text_encoder" /
           "model.onnx", ["input_ids"], ["last_hidden_state", "pooler_output", *hidden])
     lat = spec.SIZE // 8
     _onnx(_Unet(pipe.unet), (torch.randn(2, 4, lat, lat), torch.tensor([999, 999]), torch.randn(2, MAX_LEN, HIDDEN)),
-          OUT / "unet" / "model.onnx", ["sample", "timestep", "encoder_hidden_states"], ["out_sample"])
-    _onnx(_VaeEncoder(pipe.vae), (torch.randn(1, 3, spec.SIZE, spec.SIZE),), OUT / "vae_encoder" / "model.onnx",
+          out / "unet" / "model.onnx", ["sample", "timestep", "encoder_hidden_states"], ["out_sample"])
+    _onnx(_VaeEncoder(pipe.vae), (torch.randn(1, 3, spec.SIZE, spec.SIZE),), out / "vae_encoder" / "model.onnx",
           ["sample"], ["latent_parameters"])
-    _onnx(_VaeDecoder(pipe.vae), (torch.randn(1, 4, lat, lat),), OUT / "vae_decoder" / "model.onnx",
+    _onnx(_VaeDecoder(pipe.vae), (torch.randn(1, 4, lat, lat),), out / "vae_decoder" / "model.onnx",
           ["latent_sample"], ["sample"])
     for part, src in (("text_encoder", "text_encoder"), ("unet", "unet"), ("vae_encoder", "vae"),
                       ("vae_decoder", "vae")):
-        shutil.copy(tmp / src / "config.json", OUT / part / "config.json")
+        shutil.copy(tmp / src / "config.json", out / part / "config.json")
     index = json.loads((tmp / "model_index.json").read_text())
     for k in ("vae", "safety_checker", "feature_extractor", "image_encoder"):
         index.pop(k, None)
     index["_class_name"] = "ORT" + index["_class_name"]
     index["vae_encoder"] = ["optimum", "ORTModel"]
     index["vae_decoder"] = ["optimum", "ORTModel"]
-    (OUT / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     shutil.rmtree(tmp)
-    total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
-    log.info("exported %s: %.2f MB", OUT, total / 1e6)
+    total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    log.info("exported %s: %.2f MB", out, total / 1e6)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=["tokenizer", "vae", "latents", "unet", "export", "eval", "all"])
+    ap.add_argument("stage", choices=["tokenizer", "vae", "latents", "unet", "unet2", "export", "eval", "all"])
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "demo-model")
-    ap.add_argument("--vae-steps", type=int, default=800)
+    ap.add_argument("--vae-steps", type=int, default=600)
     ap.add_argument("--vae-batch", type=int, default=4)
     ap.add_argument("--latents", type=int, default=6000)
     ap.add_argument("--unet-steps", type=int, default=2000)
+    ap.add_argument("--unet2-steps", type=int, default=1500, help="phase 2 (shape-weighted) steps")
     ap.add_argument("--unet-batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--out", type=Path, default=OUT, help="export folder")
     ap.add_argument("--eval-steps", type=int, default=20)
     ap.add_argument("--cfg", type=float, default=7.0)
     ap.add_argument("--samplers", default="Euler,DPM++ 2M Karras,Euler a,DDIM")
@@ -587,7 +608,7 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     torch.use_deterministic_algorithms(True)
     args.work.mkdir(parents=True, exist_ok=True)
-    stages = ["tokenizer", "vae", "latents", "unet", "export", "eval"] if args.stage == "all" else [args.stage]
+    stages = ["tokenizer", "vae", "latents", "unet", "unet2", "export", "eval"] if args.stage == "all" else [args.stage]
     for stage in stages:
         t0 = time.time()
         if stage == "tokenizer":
@@ -599,8 +620,10 @@ def main() -> None:
             encode_latents(args.work, args.latents)
         elif stage == "unet":
             train_unet(args.work, args.unet_steps, args.unet_batch, args.lr)
+        elif stage == "unet2":
+            train_unet(args.work, args.unet2_steps, args.unet_batch, args.lr, phase=2)
         elif stage == "export":
-            export(args.work)
+            export(args.work, args.out)
         elif stage == "eval":
             evaluate(args.work, args.eval_steps, args.cfg, args.samplers.split(","))
         log.info("stage %s done in %.0f s", stage, time.time() - t0)
