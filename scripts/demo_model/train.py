@@ -347,8 +347,8 @@ def encode_latents(work: Path, count: int) -> None:
 
 
 def train_unet(work: Path, steps: int, batch: int, lr: float, phase: int = 1) -> None:
-    """Phase 1 from scratch; phase 2 starts from phase 1's EMA weights (fresh optimizer, new data draws,
-    faster EMA) and weighs the latent cells of the shape 5x, where phase 1 had learned only backgrounds."""
+    """Phase 1 from scratch; phases 2 and 3 start from the previous phase's EMA weights (fresh optimizer, new
+    data draws, faster EMA) and weigh the latent cells of the shape 5x (phase 1 had learned only backgrounds)."""
     from diffusers import DDPMScheduler, UNet2DConditionModel
     from transformers import CLIPTextModel
 
@@ -465,13 +465,13 @@ def write_heldout(work: Path) -> None:
 
 @torch.no_grad()
 def evaluate(work: Path, steps: int, cfg: float, samplers: list[str]) -> None:
+    from demo_measure import check_image
     from diffusers import (
         DDIMScheduler,
         DPMSolverMultistepScheduler,
         EulerAncestralDiscreteScheduler,
         EulerDiscreteScheduler,
     )
-    from measure import check_image
 
     heldout = json.loads(HELDOUT_JSON.read_text())
     pipe = load_pipeline(work)
@@ -590,13 +590,14 @@ def export(work: Path, out: Path = OUT) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=["tokenizer", "vae", "latents", "unet", "unet2", "export", "eval", "all"])
+    ap.add_argument("stage", choices=["tokenizer", "vae", "latents", "unet", "unet2", "unet3", "export", "eval", "all"])
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "demo-model")
     ap.add_argument("--vae-steps", type=int, default=600)
     ap.add_argument("--vae-batch", type=int, default=4)
     ap.add_argument("--latents", type=int, default=6000)
     ap.add_argument("--unet-steps", type=int, default=2000)
-    ap.add_argument("--unet2-steps", type=int, default=1500, help="phase 2 (shape-weighted) steps")
+    ap.add_argument("--unet2-steps", type=int, default=1000, help="phase 2 (shape-weighted) steps")
+    ap.add_argument("--unet3-steps", type=int, default=1500, help="phase 3 (as phase 2, half the rate) steps")
     ap.add_argument("--unet-batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--out", type=Path, default=OUT, help="export folder")
@@ -608,7 +609,8 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     torch.use_deterministic_algorithms(True)
     args.work.mkdir(parents=True, exist_ok=True)
-    stages = ["tokenizer", "vae", "latents", "unet", "unet2", "export", "eval"] if args.stage == "all" else [args.stage]
+    stages = ["tokenizer", "vae", "latents", "unet", "unet2", "unet3", "export", "eval"] if args.stage == "all" \
+        else [args.stage]
     for stage in stages:
         t0 = time.time()
         if stage == "tokenizer":
@@ -622,6 +624,8 @@ def main() -> None:
             train_unet(args.work, args.unet_steps, args.unet_batch, args.lr)
         elif stage == "unet2":
             train_unet(args.work, args.unet2_steps, args.unet_batch, args.lr, phase=2)
+        elif stage == "unet3":
+            train_unet(args.work, args.unet3_steps, args.unet_batch, args.lr / 2, phase=3)
         elif stage == "export":
             export(args.work, args.out)
         elif stage == "eval":
