@@ -27,8 +27,8 @@ import argparse
 import gzip
 import json
 import shutil
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 # The torch venv's torchvision does not load against its torch ("operator torchvision::nms does not
@@ -48,6 +48,7 @@ from diffusers import (  # noqa: E402
     StableDiffusionImg2ImgPipeline,
     StableDiffusionInpaintPipeline,
     StableDiffusionPipeline,
+    StableDiffusionXLImg2ImgPipeline,
     StableDiffusionXLPipeline,
     UNet2DConditionModel,
 )
@@ -288,6 +289,7 @@ def export(pipe, kind: str, out: Path) -> None:
     # UNet timestep: int64 [batch] for the inpainting UNet (as Optimum exports it), float32 [batch] for SD 1.x/2.x
     # (diffusers' old export script), a float scalar for SDXL. The int64 one gets a config with integer timesteps
     # (timestep_spacing "leading"), so that torch's float timesteps and the graph's int64 ones agree.
+    seq = {0: "batch", 1: "sequence"}  # prompts past 75 tokens make 77 * chunks tokens, as in Optimum's export
     cin = pipe.unet.config.in_channels
     lat = SIZE // 8
     sample = torch.randn(2, cin, lat, lat)
@@ -296,13 +298,13 @@ def export(pipe, kind: str, out: Path) -> None:
         ts = torch.tensor(999.0)
         args = (sample, ts, cond, torch.randn(2, 32), torch.randn(2, 6))
         names = ["sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"]
-        dyn = {"sample": batch, "encoder_hidden_states": batch, "text_embeds": batch, "time_ids": batch,
+        dyn = {"sample": batch, "encoder_hidden_states": seq, "text_embeds": batch, "time_ids": batch,
                "out_sample": batch}
     else:
         ts = torch.tensor([999, 999], dtype=torch.int64 if kind == "sd15-inpaint" else torch.float32)
         args = (sample, ts, cond)
         names = ["sample", "timestep", "encoder_hidden_states"]
-        dyn = {"sample": batch, "timestep": batch, "encoder_hidden_states": batch, "out_sample": batch}
+        dyn = {"sample": batch, "timestep": batch, "encoder_hidden_states": seq, "out_sample": batch}
     _export(_Unet(pipe.unet, xl), args, out / "unet" / "model.onnx", names, ["out_sample"], dyn, external=True)
     shutil.copy(tmp / "unet" / "config.json", out / "unet" / "config.json")
     _export(_VaeEncoder(pipe.vae), (torch.randn(1, 3, SIZE, SIZE),), out / "vae_encoder" / "model.onnx",
@@ -377,6 +379,8 @@ def cases_for(kind: str) -> list[dict]:
         for s in SCHEDULERS:
             out.append(dict(base, name=f"txt2img/{s}", mode="txt2img", sampler=s, negative_prompt=None, seed=31))
         out.append(dict(base, name="txt2img/Euler/negative", mode="txt2img", sampler="Euler", seed=32))
+        for s in ("Euler a", "DPM++ 2M Karras"):
+            out.append(dict(base, name=f"img2img/{s}", mode="img2img", sampler=s, strength=0.6, seed=33))
     return out
 
 
@@ -406,6 +410,10 @@ def run_case(pipe, case: dict, images: dict[str, np.ndarray]) -> np.ndarray:
     if mode == "txt2img":
         p = type(pipe)(**{**pipe.components, "scheduler": sched}) if not isinstance(pipe, StableDiffusionInpaintPipeline) else None
         result = p(height=case["height"], width=case["width"], **common)
+    elif mode == "img2img" and isinstance(pipe, StableDiffusionXLPipeline):
+        p = StableDiffusionXLImg2ImgPipeline(**{**pipe.components, "scheduler": sched},
+                                             requires_aesthetics_score=False, force_zeros_for_empty_prompt=True)
+        result = p(image=init, strength=case["strength"], **common)
     elif mode == "img2img":
         p = StableDiffusionImg2ImgPipeline(**{**pipe.components, "scheduler": sched})
         result = p(image=init, strength=case["strength"], **common)

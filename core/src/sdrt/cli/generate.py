@@ -20,6 +20,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cfg", type=float, default=7.0, help="classifier-free guidance scale (1: no negative pass)")
     p.add_argument("--sampler", default="DPM++ 2M Karras", help='A1111 or ComfyUI sampler name, e.g. "Euler a"')
+    p.add_argument("--schedule", default=None, help='schedule for a sampler name without one, e.g. "karras"')
     p.add_argument("--seed", type=int, default=None, help="random when not given")
     p.add_argument("--width", type=int, default=None, help="a multiple of 8 (default: the model's size)")
     p.add_argument("--height", type=int, default=None, help="a multiple of 8 (default: the model's size)")
@@ -49,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"expected [FOLDER] PROMPT, got {len(args.args)} words", where="sdrt generate",
                          fix='quote the prompt: sdrt generate FOLDER "a red fox in snow"')
     folder, prompt = (args.args[0], args.args[1]) if len(args.args) == 2 else (None, args.args[0])
-    options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, seed=args.seed, width=args.width,
-                   height=args.height, init_image=args.init_image, strength=args.strength, mask=args.mask,
-                   batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip)
+    options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, schedule=args.schedule, seed=args.seed,
+                   width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
+                   mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip)
     settings = validate(prompt, args.negative, **options)  # before any model loads
     options["seed"] = settings.seed
     out = Path(args.output)

@@ -134,7 +134,7 @@ class ModelFolder:
         tokenizers: dict[str, Path] = {}
         for tok in ("tokenizer", "tokenizer_2") if xl else ("tokenizer",):
             folder = root / tok
-            if not (folder / "vocab.json").is_file() or not (folder / "merges.txt").is_file():
+            if not all((folder / f).is_file() or (folder / f"{f}.gz").is_file() for f in ("vocab.json", "merges.txt")):
                 raise ModelNotFoundError(f"the model folder's {tok} has no vocab.json and merges.txt",
                                          where=str(folder), fix="copy the tokenizer folder of the original model")
             tokenizers[tok] = folder

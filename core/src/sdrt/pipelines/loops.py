@@ -34,6 +34,10 @@ class EulerLoop:
                  generator: Any = None) -> None:
         self.ms, self.plan, self.ancestral, self.generator = ms, plan, ancestral, generator
 
+    @property
+    def steps(self) -> int:
+        return self.plan.steps
+
     def start(self, noise: np.ndarray, image: np.ndarray | None = None) -> np.ndarray:
         if image is None:
             return noise * F32(self.plan.init_noise_sigma)
@@ -81,6 +85,10 @@ class DPMSolverLoop:
     def _alpha_sigma(sigma: float) -> tuple[np.float32, np.float32]:
         alpha = F32(1) / ((F32(sigma) ** 2 + F32(1)) ** F32(0.5))
         return alpha, F32(sigma) * alpha
+
+    @property
+    def steps(self) -> int:
+        return self.plan.steps
 
     def start(self, noise: np.ndarray, image: np.ndarray | None = None) -> np.ndarray:
         return noise * F32(self.plan.init_noise_sigma) if image is None else self.add_noise(image, noise, 0)
@@ -134,6 +142,10 @@ class DDIMLoop:
 
     def __init__(self, ms: FolderSchedule, plan: Plan) -> None:
         self.ms, self.plan = ms, plan
+
+    @property
+    def steps(self) -> int:
+        return self.plan.steps
 
     def start(self, noise: np.ndarray, image: np.ndarray | None = None) -> np.ndarray:
         return noise * F32(self.plan.init_noise_sigma) if image is None else self.add_noise(image, noise, 0)

@@ -86,10 +86,12 @@ class Part:
         if sess is None:
             from ..runtime import load
 
-            # static shapes, then fold what they make constant (Shape -> Reshape chains), so every backend
-            # compiles a static graph; weights stay under their own names for update_weights
-            graph = self._only(outputs) if outputs else self.graph
-            pinned = graph.with_shapes(dict(dims)).fold_constants()
+            # static shapes, so every backend compiles a static graph. A graph cut to fewer outputs is also
+            # folded, which drops the nodes only the other outputs needed (weights keep their names).
+            if outputs:
+                pinned = self._only(outputs).with_shapes(dict(dims)).fold_constants()
+            else:
+                pinned = self.graph.with_shapes(dict(dims))
             log.info("compiling %s for %s", self.name, ", ".join(f"{k}{list(v)}" for k, v in dims))
             sess = load(pinned, weights=self.weights, backend=self.backend, device=self.device, **self.options)
             self.sessions[key] = sess
@@ -102,7 +104,8 @@ class Part:
         graph = self.graph
         for name in outputs:
             self.require_output(name)
-        if graph.mapped_initializers:  # large graph with mapped weights: keep it whole rather than copy it
+        derive = getattr(graph, "derive", None)  # the redesign's public Graph.derive keeps mapped weights mapped
+        if derive is None and graph.mapped_initializers:  # would lose them: keep the graph whole
             return graph
         import onnx
 
@@ -111,7 +114,7 @@ class Part:
         kept = [o for o in model.graph.output if o.name in outputs]
         del model.graph.output[:]
         model.graph.output.extend(kept)
-        return Graph(model, graph.path, base_dir=graph.base_dir)
+        return derive(model) if derive is not None else Graph(model, graph.path, base_dir=graph.base_dir)
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
         """Run with feeds cast to the graph's dtypes; the session for their shapes is compiled once."""
@@ -126,10 +129,18 @@ class Part:
         return self.session({k: v.shape for k, v in cast.items()}, outputs).run(cast)
 
     def update_weights(self, weights: Weights) -> None:
-        """New weights for every compiled session now and every one compiled later."""
+        """New values for some or all of the part's weights, in every compiled session now and every later one.
+
+        ``weights`` may name only some initializers (a LoRA-merged block, say): the others keep their
+        current values (the graph's own, or an earlier update's).
+        """
+        from ..weights import Weights
+
+        base = self.weights if self.weights is not None else Weights.from_graph(self.graph)
+        merged = base.replaced({name: weights[name] for name in weights})
         for sess in self.sessions.values():
-            sess.update_weights(weights)
-        self.weights = weights
+            sess.update_weights(merged)
+        self.weights = merged
 
     def close(self) -> None:
         for sess in self.sessions.values():

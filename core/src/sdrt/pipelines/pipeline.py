@@ -86,9 +86,10 @@ def _int(name: str, value: Any, low: int) -> int:
 
 
 def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, cfg: float = 7.0,
-             sampler: str = "DPM++ 2M Karras", seed: int | None = None, width: int | None = None,
-             height: int | None = None, init_image: ImageLike | None = None, strength: float | None = None,
-             mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1, clip_skip: int = 1) -> Settings:
+             sampler: str = "DPM++ 2M Karras", schedule: str | None = None, seed: int | None = None,
+             width: int | None = None, height: int | None = None, init_image: ImageLike | None = None,
+             strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
+             clip_skip: int = 1) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads."""
     from ..samplers import resolve
 
@@ -110,7 +111,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     clip_skip = _int("clip_skip", clip_skip, 1)
     if not isinstance(cfg, (int, float, np.floating)) or isinstance(cfg, bool) or not math.isfinite(cfg) or cfg < 0:
         raise InputError(f"cfg must be a finite number >= 0, got {cfg!r}", where="cfg", fix="use e.g. 7")
-    choice = resolve(sampler)
+    choice = resolve(sampler, schedule)  # A1111 label ("DPM++ 2M Karras") or ComfyUI names ("dpmpp_2m", "karras")
     if seed is None:
         seed = secrets.randbits(32)
     elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -245,6 +246,13 @@ class Pipeline:
         hidden = np.concatenate([np.repeat(c.hidden, batch, axis=0) for c in conds], axis=0)  # type: ignore[union-attr]
         feeds: dict[str, np.ndarray] = {"encoder_hidden_states": hidden}
         n = hidden.shape[0]
+        declared = unet.input("encoder_hidden_states").shape
+        if len(declared) == 3 and isinstance(declared[1], int) and declared[1] != hidden.shape[1]:
+            raise ModelError(
+                f"the prompt makes {hidden.shape[1]} tokens ({hidden.shape[1] // 77} chunks of 77) and the UNet's "
+                f"encoder_hidden_states takes exactly {declared[1]}", where=str(unet.path),
+                fix="shorten the prompt to 75 tokens, or export the UNet with a dynamic sequence axis",
+            )
         if self.folder.is_xl:
             for name in ("text_embeds", "time_ids"):
                 unet.input(name)
@@ -282,29 +290,27 @@ class Pipeline:
         return model
 
     # ------------------------------------------------------------------ sampling setup
-    def _loop(self, s: Settings, generator: Any, seed: int) -> tuple[Any, int]:
-        """The sampling loop for this sampler and its first step (img2img's strength)."""
+    def _loop(self, s: Settings, generator: Any, seed: int) -> Any:
+        """The sampling loop for this sampler, from its first step (img2img's strength)."""
         from ..samplers import get_sampler, get_sigmas
         from .loops import DDIMLoop, DPMSolverLoop, EulerLoop, KLoop
 
         ms = self.schedule
         kind = _DIFFUSERS_FORM.get((s.choice.sampler, s.choice.schedule))
-        start = 0
-        if s.strength is not None and s.strength < 1.0:
+        start = 0  # diffusers' get_timesteps: run the last int(steps * strength) steps
+        if s.strength is not None:
             start = max(s.steps - min(int(s.steps * s.strength), s.steps), 0)
-        elif s.strength is not None and s.mode == "img2img":
-            start = 0
         if kind in ("euler", "euler-karras", "euler_a", "euler_a-karras"):
-            plan = ms.euler_plan(s.steps, karras=kind.endswith("karras")).tail(start)
-            return EulerLoop(ms, plan, ancestral=kind.startswith("euler_a"), generator=generator), start
+            plan = ms.euler_plan(s.steps, karras=kind.endswith("karras"), ancestral=kind.startswith("euler_a")).tail(start)
+            return EulerLoop(ms, plan, ancestral=kind.startswith("euler_a"), generator=generator)
         if kind in ("dpm", "dpm-karras"):
-            return DPMSolverLoop(ms, ms.dpm_plan(s.steps, karras=kind == "dpm-karras").tail(start), offset=start), start
+            return DPMSolverLoop(ms, ms.dpm_plan(s.steps, karras=kind == "dpm-karras").tail(start), offset=start)
         if kind == "ddim":
-            return DDIMLoop(ms, ms.ddim_plan(s.steps).tail(start)), start
+            return DDIMLoop(ms, ms.ddim_plan(s.steps).tail(start))
         sigmas = [float(x) for x in get_sigmas(s.choice.schedule, s.steps, ms,
                                                 discard_penultimate=s.choice.discard_penultimate)][start:]
         return KLoop(ms, sigmas, get_sampler(s.choice.sampler), dict(s.choice.options), seed=seed,
-                     generator=generator), start
+                     generator=generator)
 
     # ------------------------------------------------------------------ generation
     def __call__(self, prompt: str, negative_prompt: str | None = "", **kwargs: Any) -> list[np.ndarray]:
@@ -315,7 +321,8 @@ class Pipeline:
                  **kwargs: Any) -> Generation:
         """txt2img, img2img (``init_image``, ``strength``) or inpainting (``mask`` too).
 
-        Keywords: ``steps=20, cfg=7.0, sampler="DPM++ 2M Karras", seed=None (random), width, height
+        Keywords: ``steps=20, cfg=7.0, sampler="DPM++ 2M Karras", schedule=None (a ComfyUI scheduler or
+        A1111 schedule label, for sampler names without one), seed=None (random), width, height
         (default: the init image's size, else the model's), init_image, strength (0.75; 1.0 with a
         mask), mask (white = repaint), batch=1, batch_count=1, clip_skip=1``. ``callback(step, total,
         latents)`` is called after every step.
@@ -356,10 +363,11 @@ class Pipeline:
     def _run(self, s: Settings, seed: int, cond: Conditioning, uncond: Conditioning | None,
              init: np.ndarray | None, mask: np.ndarray | None, callback: Callback | None) -> list[np.ndarray]:
         from ..samplers import TorchGenerator
+        from .loops import KLoop
 
         assert s.width is not None and s.height is not None
         generator = TorchGenerator(seed)
-        loop, _ = self._loop(s, generator, seed)
+        loop = self._loop(s, generator, seed)
         shape = (s.batch, 4, s.height // 8, s.width // 8)
         unet_in = self.unet.inputs["sample"].shape
         nine = len(unet_in) == 4 and unet_in[1] == 9
@@ -389,7 +397,7 @@ class Pipeline:
             noise = generator.randn(shape)
             x = loop.start(noise)
         model = self._unet_model(s, cond, uncond, s.batch, extra)
-        total = loop.plan.steps if hasattr(loop, "plan") else loop.steps
+        total = loop.steps
 
         def on_step(i: int, latents: np.ndarray) -> None:
             if callback is not None:
@@ -397,7 +405,7 @@ class Pipeline:
 
         if s.mode == "inpaint" and not nine:
             assert image_latents is not None
-            if hasattr(loop, "plan"):
+            if not isinstance(loop, KLoop):  # diffusers-form loops blend after each step, as diffusers does
                 def blend(index: int, latents: np.ndarray) -> np.ndarray:
                     # diffusers' inpaint pipeline: the known part re-noised to the next step, clean after the last
                     proper = loop.add_noise(image_latents, noise, index) if index < total else image_latents
@@ -461,5 +469,6 @@ def load(folder: str | os.PathLike[str], backend: str = "auto", device: Any = No
     """Open a diffusers/Optimum ONNX model folder; the parts compile on first use, per shape."""
     from ..runtime import select
 
-    select(backend, device)  # a wrong backend or device name fails now, before any file is read
-    return Pipeline(ModelFolder.open(folder), backend=backend, device=device, **options)
+    # resolved once (a wrong name fails now, before any file is read); every part compiles on this device
+    be, dev = select(backend, device)
+    return Pipeline(ModelFolder.open(folder), backend=be.name, device=dev, **options)

@@ -48,6 +48,7 @@ class TextEncoder:
         self.penultimate = penultimate
         self.pooled_output = pooled_output
         self._norm: tuple[np.ndarray, np.ndarray] | None = None
+        self._rows: int | None = None
 
     def _layers(self) -> list[str]:
         names = [n for n in self.part.outputs if n.startswith("hidden_states.")]
@@ -98,9 +99,30 @@ class TextEncoder:
         raise ModelError(f"the final layer norm's {name!r} is not a constant of the graph", where=str(self.part.path),
                          fix="use clip skip 1")
 
+    def _vocab_rows(self) -> int:
+        """Rows of the token embedding that ``input_ids`` index (0 when the graph does not show it)."""
+        if self._rows is None:
+            graph = self.part.graph
+            model = graph.model.graph
+            feeds = {"input_ids"}
+            for node in model.node:  # input_ids, possibly through Cast/Reshape, into a Gather's indices
+                if node.op_type in ("Cast", "Reshape", "Flatten", "Identity") and node.input and node.input[0] in feeds:
+                    feeds.update(node.output)
+            info = graph.initializer_info
+            info = info() if callable(info) else info  # a method today; a property would do as well
+            rows = [info[n.input[0]].shape[0] for n in model.node
+                    if n.op_type == "Gather" and len(n.input) == 2 and n.input[1] in feeds and n.input[0] in info]
+            self._rows = int(rows[0]) if rows and isinstance(rows[0], int) else 0
+        return self._rows
+
     def encode_chunks(self, chunks: list, clip_skip: int) -> tuple[np.ndarray, np.ndarray | None]:
         """[1, 77 * len(chunks), D] with emphasis applied, and the pooled output of the first chunk."""
         name, norm = self._output_for(clip_skip)
+        rows = self._vocab_rows()
+        top = max(max(c.ids) for c in chunks)
+        if rows and top >= rows:
+            raise ModelError(f"the tokenizer gives id {top} and the text encoder's token embedding has {rows} rows",
+                             where=str(self.part.path), fix="use the tokenizer folder that belongs to this model")
         ids_dtype = np.dtype(self.part.input("input_ids").dtype)
         pieces, pooled = [], None
         wanted = (name, self.pooled_output) if self.pooled_output else (name,)

@@ -152,8 +152,12 @@ class FolderSchedule(DiscreteSchedule):
         lo, hi = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
         return (hi + ramp * (lo - hi)) ** rho
 
-    def euler_plan(self, steps: int, *, karras: bool = False) -> Plan:
-        """``EulerDiscreteScheduler`` / ``EulerAncestralDiscreteScheduler.set_timesteps(steps)``."""
+    def euler_plan(self, steps: int, *, karras: bool = False, ancestral: bool = False) -> Plan:
+        """``EulerDiscreteScheduler`` / ``EulerAncestralDiscreteScheduler.set_timesteps(steps)``.
+
+        The ancestral scheduler has no ``interpolation_type``, Karras sigmas or ``final_sigmas_type``:
+        it always interpolates sigma linearly and ends at 0 (``karras`` then gives Euler's Karras sigmas).
+        """
         n = self.num_timesteps
         spacing, offset = self.option("euler", "timestep_spacing"), int(self.option("euler", "steps_offset"))
         if spacing == "linspace":
@@ -164,7 +168,7 @@ class FolderSchedule(DiscreteSchedule):
         else:
             ts = np.arange(n, 0, -n / steps).round().copy().astype(np.float32) - 1
         table = self.sigmas_f32
-        interp = str(self.option("euler", "interpolation_type"))
+        interp = "linear" if ancestral else str(self.option("euler", "interpolation_type"))
         if interp == "log_linear":
             sig = np.exp(np.linspace(np.log(table[-1]), np.log(table[0]), steps + 1, dtype=np.float32))
         elif interp == "linear":
@@ -175,7 +179,8 @@ class FolderSchedule(DiscreteSchedule):
         if karras:
             sig = self._karras(float(sig[-1]), float(sig[0]), steps)
             ts = np.array([self._sigma_to_t(float(s)) for s in sig])
-        final = float(self.sigmas_f32[0]) if self.option("euler", "final_sigmas_type") == "sigma_min" else 0.0
+        sigma_min_end = not ancestral and self.option("euler", "final_sigmas_type") == "sigma_min"
+        final = float(self.sigmas_f32[0]) if sigma_min_end else 0.0
         sigmas = np.concatenate([sig, [final]]).astype(np.float32)
         top = float(sigmas.max())
         init = top if spacing in ("linspace", "trailing") else (top**2 + 1) ** 0.5
