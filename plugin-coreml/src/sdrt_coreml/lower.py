@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from sdrt.errors import UnsupportedGraph
+from sdrt.lowering import fold_node
 
-from . import fold
 from .ops import FOLD_ONLY, REGISTRY, load_all
 from .ops import op_attention as attention
 from .ops._common import mb, mil_array, unsupported
@@ -206,7 +206,7 @@ class Lowering:
             ins.append(self.values[n])
         present = [v for v in ins if v is not None]
         if all(isinstance(v, np.ndarray) for v in present):
-            outs = fold.fold_node(node, ins, self.opsets)
+            outs = fold_node(node, ins, self.opsets)
         elif node.op_type in FOLD_ONLY:
             raise unsupported(node, f"{node.op_type} on a runtime tensor (only constant inputs are supported)")
         else:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from sdrt.errors import UnsupportedGraph
+from sdrt.lowering import fold_node
 
-from . import fold
 from .ops import FOLD_ONLY, REGISTRY, load_all
 from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported
 from .rewrites import OPTIONAL, REWRITES
@@ -278,7 +278,7 @@ class Lowering:
                 name = self._init_ids.get(id(v))
                 if name is not None:
                     self.out.folded_inits.add(name)
-            outs = fold.fold_node(node, ins, self.opsets)  # type: ignore[arg-type]
+            outs = fold_node(node, ins, self.opsets)  # type: ignore[arg-type]
         elif node.op_type in FOLD_ONLY and node.op_type not in REGISTRY:
             raise unsupported(node, f"{node.op_type} on a runtime tensor (only constant inputs are supported)")
         else:
@@ -323,7 +323,7 @@ class Lowering:
         if not all(isinstance(v, np.ndarray) or self._host_capable(v) for v in present):
             return False
         try:
-            examples = fold.fold_node(node, [self._host_example(v) for v in ins], self.opsets)
+            examples = fold_node(node, [self._host_example(v) for v in ins], self.opsets)
         except Exception:  # noqa: BLE001 - not evaluable on the host: leave it to the lowering
             return False
         if any(e.dtype.kind not in "iub" for e in examples):

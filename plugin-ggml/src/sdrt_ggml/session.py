@@ -15,8 +15,8 @@ import numpy as np
 
 from sdrt import Session, TensorInfo
 from sdrt.errors import InputError, SdrtError
+from sdrt.lowering import fold_node
 
-from . import fold
 from .devices import DeviceHandles
 from .lower import Lowered, LoweringSpec, free_lowered, lower_graph
 from .ops._common import GTensor, HostValue, ggml_lib
@@ -168,7 +168,7 @@ class GgmlSession(Session):
         vals: dict[str, np.ndarray] = dict(feeds)
         for node, refs in self._lo.host_plan:
             args = [arg if kind == "const" else vals[arg] for kind, arg in refs]
-            outs = node(*args) if callable(node) else fold.fold_node(node, args, self._spec.opsets)
+            outs = node(*args) if callable(node) else fold_node(node, args, self._spec.opsets)
             for name, out in zip(node.output, outs):
                 if name:
                     vals[name] = out

@@ -10,15 +10,8 @@ not supported (``support.check_graph`` collects them all).
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from typing import Any
+from sdrt.lowering import Check, Lowering, OpTable
 
-Lowering = Callable[..., list[Any]]
-Check = Callable[[Any], "str | None"]
-
-REGISTRY: dict[str, Lowering] = {}
-CHECKS: dict[str, Check] = {}
 #: ops that are only supported when every input is a compile-time constant
 #: (they are evaluated with onnx's reference implementation while lowering)
 FOLD_ONLY: set[str] = {
@@ -32,34 +25,13 @@ _MODULES = (
     "op_gather", "op_resize", "op_reduce", "op_pool", "op_pad",
 )
 
+#: the table every ``op_*`` module registers on (``sdrt.lowering.OpTable``)
+TABLE = OpTable(__name__, _MODULES, FOLD_ONLY)
+REGISTRY = TABLE.registry
+CHECKS = TABLE.checks
+op = TABLE.op
+check = TABLE.check
+load_all = TABLE.load_all
+supported_ops = TABLE.supported_ops
 
-def op(*names: str) -> Callable[[Lowering], Lowering]:
-    def deco(fn: Lowering) -> Lowering:
-        for n in names:
-            REGISTRY[n] = fn
-        return fn
-
-    return deco
-
-
-def check(*names: str) -> Callable[[Check], Check]:
-    def deco(fn: Check) -> Check:
-        for n in names:
-            CHECKS[n] = fn
-        return fn
-
-    return deco
-
-
-def load_all() -> dict[str, Lowering]:
-    for m in _MODULES:
-        importlib.import_module(f"{__name__}.{m}")
-    return REGISTRY
-
-
-def supported_ops() -> set[str]:
-    load_all()
-    return set(REGISTRY) | FOLD_ONLY
-
-
-__all__ = ["CHECKS", "FOLD_ONLY", "REGISTRY", "check", "load_all", "op", "supported_ops"]
+__all__ = ["CHECKS", "FOLD_ONLY", "REGISTRY", "TABLE", "Check", "Lowering", "check", "load_all", "op", "supported_ops"]

@@ -1,0 +1,112 @@
+"""Shared support for backends that lower ONNX op by op (ggml, Core ML): the op table and constant folding.
+
+A backend keeps one small function per ONNX op in ``ops/op_*.py`` and registers
+it on its ``OpTable``::
+
+    TABLE = OpTable(__name__, ("op_elementwise", "op_conv"), fold_only={"Range", "Shape"})
+
+    @TABLE.op("Add", "Sub")
+    def _binary(lowering, node, inputs): ...
+
+    @TABLE.check("Conv")
+    def _conv_attrs(node):          # a reason when an attribute combination is not supported
+        ...
+
+``TABLE.unsupported_nodes(graph.model.graph.node)`` finds every node the table
+cannot lower before any long work (for ``UnsupportedGraph``), and
+``fold_node`` evaluates a node whose inputs are all constants with onnx's
+reference implementation, so shape arithmetic never reaches the device.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Sequence
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+Lowering = Callable[..., list[Any]]
+Check = Callable[[Any], "str | None"]
+
+
+class OpTable:
+    """ONNX op type -> lowering function, attribute checks, and ops supported only on constants."""
+
+    def __init__(self, package: str, modules: Sequence[str], fold_only: Iterable[str] = ()) -> None:
+        self.package = package
+        self.modules = tuple(modules)
+        self.registry: dict[str, Lowering] = {}
+        self.checks: dict[str, Check] = {}
+        #: ops supported only when every input is a compile-time constant (evaluated by ``fold_node``)
+        self.fold_only: set[str] = fold_only if isinstance(fold_only, set) else set(fold_only)
+
+    def op(self, *names: str) -> Callable[[Lowering], Lowering]:
+        def deco(fn: Lowering) -> Lowering:
+            for n in names:
+                self.registry[n] = fn
+            return fn
+
+        return deco
+
+    def check(self, *names: str) -> Callable[[Check], Check]:
+        def deco(fn: Check) -> Check:
+            for n in names:
+                self.checks[n] = fn
+            return fn
+
+        return deco
+
+    def load_all(self) -> dict[str, Lowering]:
+        """Import every ``op_*`` module (they register themselves) and return the table."""
+        for m in self.modules:
+            importlib.import_module(f"{self.package}.{m}")
+        return self.registry
+
+    def supported_ops(self) -> set[str]:
+        self.load_all()
+        return set(self.registry) | self.fold_only
+
+    def unsupported_nodes(self, nodes: Iterable[Any]) -> dict[str, list[str]]:
+        """Op type (with the reason for attribute problems) -> names of the nodes that use it."""
+        ops = self.supported_ops()
+        found: dict[str, list[str]] = {}
+        for i, node in enumerate(nodes):
+            name = node.name or f"#{i} {node.op_type}"
+            key: str | None = None
+            if node.domain not in ("", "ai.onnx"):
+                key = f"{node.domain}.{node.op_type}"
+            elif node.op_type not in ops:
+                key = node.op_type
+            elif node.op_type in self.checks:
+                why = self.checks[node.op_type](node)
+                if why:
+                    key = f"{node.op_type} ({why})"
+            if key is not None:
+                found.setdefault(key, []).append(name)
+        return found
+
+
+@cache
+def _op_class(domain: str, op_type: str, version: int) -> Any:
+    from onnx.reference.ops import load_op
+
+    return load_op(domain, op_type, version)
+
+
+def _log(*args: Any) -> None:
+    return None
+
+
+def fold_node(node: Any, inputs: list[np.ndarray | None], opsets: dict[str, int]) -> list[np.ndarray]:
+    """Evaluate ``node`` on constant ``inputs`` with onnx's reference op; one array per output."""
+    cls = _op_class(node.domain or "", node.op_type, opsets.get(node.domain or "", 17))
+    inst = cls(node, {"log": _log, "opsets": opsets, "verbose": 0, "new_ops": None, "evaluator_cls": None})
+    results = inst.run(*inputs)
+    if not isinstance(results, tuple):
+        results = (results,)
+    return [np.asarray(r) for r in results]
+
+
+__all__ = ["Check", "Lowering", "OpTable", "fold_node"]
