@@ -20,7 +20,7 @@ TEST_DEPS = ["pytest>=8", "setuptools>=70.1", "hypothesis>=6.100", "onnxruntime>
 
 #: vendor plugin folders whose vendor package installs from PyPI on a plain
 #: Linux x86-64 machine; the test session installs each one that exists.
-INSTALLABLE_PLUGINS: list[str] = ["plugin-openvino", "plugin-ggml"]
+INSTALLABLE_PLUGINS: list[str] = ["plugin-openvino", "plugin-ggml", "plugin-migraphx"]
 
 
 def _install_sdrt(session: nox.Session, *extra: str) -> None:

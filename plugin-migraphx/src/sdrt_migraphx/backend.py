@@ -92,8 +92,12 @@ class MIGraphXBackend(Backend):
             raise NoDeviceError(f"device {device} belongs to backend {device.backend!r}", where="migraphx.compile",
                                 fix="pass one of the devices of backend 'migraphx' (sdrt info lists them)")
         target = str(device.properties.get("target", device.id))
-        mod = module.load()
         opts = parse_options(options, gpu=target == "gpu")
+        try:
+            mod = module.load()
+        except BackendUnavailable:
+            ops.check(graph, None)  # a graph MIGraphX could not run is said so even where MIGraphX is missing
+            raise
         ops.check(graph, mod)  # before any long work
         builder = Builder(mod, graph, target, opts, opts.cache_dir / "migraphx" if opts.cache_dir else None)
         if target == "gpu" and device.properties.get("hip_index", 0) != 0:
@@ -112,7 +116,7 @@ class MIGraphXBackend(Backend):
             if not opts.cache:
                 return builder.build(arrs), False
             store = cache_mod.ProgramCache(opts.cache_dir / "migraphx" if opts.cache_dir else cache_mod.default_dir())
-            key = self.cache_key(graph_key, weights_digest(arrs), device, mod, opts)
+            key = self.cache_key(graph_key, weights_digest(arrs), device, module.version(mod), opts)
             program, hit = store.get_or_compile(
                 key, load=lambda p: mod.load(str(p)), compile_=lambda: builder.build(arrs),
                 save=lambda prog, p: mod.save(prog, str(p)))
@@ -123,9 +127,9 @@ class MIGraphXBackend(Backend):
         return MIGraphXSession(graph, program, arrays, compile_arrays, where)
 
     @staticmethod
-    def cache_key(graph_key: str, weights_key: str, device: Device, mod: Any, opts: Options) -> str:
+    def cache_key(graph_key: str, weights_key: str, device: Device, migraphx_version: str, opts: Options) -> str:
         """The program cache key: graph, weights identity, target and gfx target, versions, options."""
         target = str(device.properties.get("target", device.id))
         gfx = str(device.properties.get("gfx_target", "")) if target == "gpu" else ""
-        return cache_mod.make_key([graph_key, weights_key, target, gfx, module.version(mod), PLUGIN_VERSION,
+        return cache_mod.make_key([graph_key, weights_key, target, gfx, migraphx_version, PLUGIN_VERSION,
                                    CACHE_FORMAT, opts.key()])

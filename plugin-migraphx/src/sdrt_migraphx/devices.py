@@ -70,10 +70,12 @@ def _instead(gpu: Accelerator, hw: Hardware) -> str:
     choice = plugin_for(gpu, hw)
     if choice is not None and choice[0] != BACKEND:
         plugin, build, _ = choice
+        if plugin == "ggml" and build == "vulkan":
+            return "use sdrt-ggml instead (its Vulkan build, or its HIP build where ROCm runs this GPU)"
         if plugin == "ggml":
-            return f"use sdrt-ggml instead (its {build} build; its HIP build where ROCm runs this GPU)"
+            return f"use sdrt-ggml instead (its {build} build)"
         return f"use sdrt-{plugin} instead"
-    return "use sdrt-ggml instead (its Vulkan build)"
+    return "use sdrt-ggml instead (its Vulkan build, or its HIP build where ROCm runs this GPU)"
 
 
 def plan(hw: Hardware, targets: Collection[str], env: Mapping[str, str] | None = None) -> Plan:
