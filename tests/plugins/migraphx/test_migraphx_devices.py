@@ -136,3 +136,13 @@ def test_this_machine_without_migraphx_lists_no_device_and_says_why(backend):
     assert "the Python module migraphx cannot be imported" in text
     assert "apt install migraphx" in text and "plugin-migraphx/README.md" in text
     assert "\n" not in text
+
+
+def test_the_module_is_looked_for_where_rocm_installs_it(monkeypatch, tmp_path):
+    from sdrt_migraphx import module
+
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "rocm-7.2"))
+    assert module.rocm_lib_dirs() == [tmp_path / "rocm-7.2" / "lib", module.Path("/opt/rocm/lib")]
+    monkeypatch.delenv("ROCM_PATH")
+    assert module.rocm_lib_dirs() == [module.Path("/opt/rocm/lib")]
+    assert "PyPI's migraphx is an empty placeholder" in module.INSTALL_HINT
