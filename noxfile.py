@@ -16,7 +16,9 @@ nox.options.reuse_existing_virtualenvs = False
 
 CORE = str(ROOT / "core")
 REFERENCE = str(ROOT / "plugins" / "template")
-TEST_DEPS = ["pytest>=8", "setuptools>=70.1", "hypothesis>=6.100", "onnxruntime>=1.17", "safetensors>=0.4"]
+TEST_DEPS = ["pytest>=8", "setuptools>=70.1", "hypothesis>=6.100", "onnxruntime>=1.17", "safetensors>=0.4",
+             # reads back the PNGs that sdrt.pipelines.png writes (the core itself does not need Pillow)
+             "pillow>=10"]
 
 #: vendor plugin folders whose vendor package installs from PyPI on a plain
 #: Linux x86-64 machine; the test session installs each one that exists.

@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import harness, models
+from sdrt.testing import models
+
+from . import harness
 
 
 def _parse_options(specs: list[str]) -> dict[str, dict[str, Any]]:

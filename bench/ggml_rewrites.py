@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import harness, models
+from sdrt.testing import models
+
+from . import harness
 from .__main__ import _default_workdir
 
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import models
+from sdrt.testing import models
 
 log = logging.getLogger("sdrt.bench")
 

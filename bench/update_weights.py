@@ -23,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from . import harness, models
+from sdrt.testing import models
+
+from . import harness
 
 
 def _perturbed(weights: Any, seed: int) -> dict[str, np.ndarray]:

@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 import pytest
 
-from bench import harness, models
+from bench import harness
+from sdrt.testing import models
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is needed to run the bench models")
 

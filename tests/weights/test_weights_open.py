@@ -180,3 +180,18 @@ def test_save_round_trip_and_replaced(tmp_path):
     r = back.replaced({"a.f32": np.ones((3, 5), np.float32)})
     assert r["a.f32"].sum() == 15 and back["a.f32"].sum() != 15
     assert "Weights(7 tensors" in repr(back)
+
+
+@pytest.mark.parametrize("header_len", [640, 896, 1152, 1408])
+def test_a_header_length_that_starts_like_a_pickle_is_still_safetensors(tmp_path, header_len):
+    """A header of 640 bytes is b'\\x80\\x02\\0...' little-endian: the bytes a pickle starts with."""
+    import struct
+
+    from sdrt.onnxfile import sniff
+
+    body = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})
+    header = body.encode().ljust(header_len)
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(struct.pack("<Q", header_len) + header + np.arange(2, dtype=np.float32).tobytes())
+    assert sniff(path.read_bytes()[:16]) == "a safetensors weights file"
+    np.testing.assert_array_equal(Weights.open(path)["w"], [0, 1])

@@ -16,12 +16,13 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Graph
     from .runtime import load
-    from .weights import Weights
+    from .weights import Weights, resolve_weights
 
 _LAZY: dict[str, tuple[str, str | None]] = {
     "load": ("runtime", "load"),
     "Graph": ("graph", "Graph"),
     "Weights": ("weights", "Weights"),
+    "resolve_weights": ("weights", "resolve_weights"),
     # modules: ``sdrt.hardware.detect()``; ``sdrt.install()`` (the module is callable)
     "hardware": ("hardware", None),
     "install": ("install", None),
@@ -52,4 +53,5 @@ __all__ = [
     "__version__",
     "hookimpl",
     "load",
+    "resolve_weights",
 ]

@@ -5,8 +5,17 @@ Data flows one way::
     file -> Graph (+ Weights) -> Backend.compile(graph, weights, device, **options)
          -> Session.run(feeds) -> outputs
 
-``Session.run`` checks the feeds against ``Session.inputs`` for every backend,
-then calls the one method a backend overrides, ``Session._run``.
+The base classes own the shared work. ``Session.run`` checks the feeds against
+``Session.inputs``, then calls ``Session._run``. ``Session.update_weights``
+checks that the session is open, resolves and validates the weights against
+the session's graph (one ``WeightsError`` listing every problem), then calls
+``Session._update_weights(arrays)``. In ``compile`` a backend gets the final
+``{initializer name: array}`` from ``sdrt.resolve_weights(graph, weights)``
+and never merges weights itself. A backend writes only ``devices``,
+``compile``, ``_run`` and, optionally, ``_update_weights``.
+
+This module imports neither ``sdrt.graph`` nor ``sdrt.weights`` at run time:
+it speaks to them only through the objects a backend is handed.
 """
 
 from __future__ import annotations
@@ -16,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import InputError, SdrtError
+from .errors import InputError, SdrtError, WeightsError
+from .tensors import NON_TENSOR, Dim, TensorInfo, shape_str
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -27,26 +37,6 @@ if TYPE_CHECKING:  # pragma: no cover
 #: The plugin API this core speaks, as (major, minor). A plugin built for
 #: (M, m) is accepted when M equals the core's major and m <= the core's minor.
 API_VERSION: tuple[int, int] = (1, 0)
-
-Dim = int | str | None
-"""One dimension: a fixed size, a symbolic name such as ``"batch"``, or unknown."""
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """Name, numpy dtype name (``"float32"``) and shape of a graph input or output."""
-
-    name: str
-    dtype: str
-    shape: tuple[Dim, ...]
-
-    @property
-    def is_static(self) -> bool:
-        return all(isinstance(d, int) for d in self.shape)
-
-    def __str__(self) -> str:
-        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
-        return f"{self.name}: {self.dtype}[{dims}]"
 
 
 @dataclass(frozen=True)
@@ -76,22 +66,38 @@ def check_api_version(plugin_version: tuple[int, int], core_version: tuple[int, 
 
 
 class Session(ABC):
-    """A compiled graph on one device. Use it as a context manager so ``close`` runs."""
+    """A compiled graph on one device. Use it as a context manager so ``close`` runs.
+
+    A backend's session passes the ``Graph`` it compiled as ``graph=``: the base
+    class validates weight updates against it. Override ``_run`` (required),
+    ``_update_weights`` (to support weight swaps) and ``close`` (to free what
+    the session holds, then call ``super().close()``).
+    """
 
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
+    #: the graph this session was compiled from (``None``: the backend did not pass it)
+    graph: Graph | None
 
-    def __init__(self, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo]) -> None:
+    def __init__(self, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], *,
+                 graph: Graph | None = None) -> None:
         self.inputs = list(inputs)
         self.outputs = list(outputs)
+        self.graph = graph
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self, where: str) -> None:
+        if self._closed:
+            raise SdrtError("this session is closed", where=f"{type(self).__name__}.{where}",
+                            fix="compile the graph again with sdrt.load")
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once. ``feeds`` maps every input name to an array of the declared dtype and shape."""
-        if self._closed:
-            raise SdrtError(
-                "this session is closed", where=type(self).__name__, fix="compile the graph again with sdrt.load"
-            )
+        self._check_open("run")
         arrays = check_feeds(self.inputs, feeds)
         return self._run(arrays)
 
@@ -101,7 +107,35 @@ class Session(ABC):
         raise NotImplementedError(f"{type(self).__name__} must implement _run")
 
     def update_weights(self, weights: Weights) -> None:
-        """Rebind the graph's initializers to new weights without re-parsing the graph."""
+        """Rebind the graph's initializers to new weights without re-parsing the graph.
+
+        The weights are checked against ``self.graph`` first (names after key
+        mapping, dtypes, shapes); a mismatch raises one ``WeightsError`` listing
+        every problem and leaves the session as it was. Then the backend's
+        ``_update_weights`` gets ``{initializer name: array}``.
+        """
+        self._check_open("update_weights")
+        if self.graph is None:
+            raise SdrtError(
+                f"{type(self).__name__} was built without its graph, so weights cannot be checked against it",
+                where=f"{type(self).__name__}.update_weights",
+                fix="the backend must pass graph= to Session.__init__; until then compile again with "
+                    "sdrt.load(model, weights=...)",
+            )
+        bind = getattr(weights, "bind", None)
+        if not callable(bind):
+            raise WeightsError(
+                f"update_weights takes sdrt.Weights, got {type(weights).__name__}",
+                where=f"{type(self).__name__}.update_weights",
+                fix="wrap arrays with sdrt.Weights.from_arrays({name: array}) or open files with sdrt.Weights.open",
+            )
+        import numpy as np  # lazily: `import sdrt` must not pay for numpy
+
+        arrays = {name: np.asarray(value) for name, value in bind(self.graph).items()}
+        self._update_weights(arrays)
+
+    def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
+        """Swap in new initializer values, checked by ``update_weights``. Override to support it."""
         raise SdrtError(
             f"{type(self).__name__} cannot update weights in place",
             where="Session.update_weights",
@@ -139,13 +173,15 @@ class Backend(ABC):
 
     @abstractmethod
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
-        """Compile ``graph`` for ``device``. Raise ``UnsupportedGraph`` before any long work."""
+        """Compile ``graph`` for ``device`` and return a Session built with ``graph=``.
+
+        Raise ``UnsupportedGraph`` before any long work. Take the weights from
+        ``sdrt.resolve_weights(graph, weights)``: every initializer's final array
+        (the graph's own data, a stripped graph's mapped file, ``weights`` overriding).
+        """
 
 
 _DTYPE_ALIASES = {"float": "float32", "double": "float64"}
-
-#: ``TensorInfo.dtype`` of an input that is not a tensor (a sequence, map or optional)
-NON_TENSOR = "non-tensor"
 
 
 def check_feeds(inputs: Sequence[TensorInfo], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -192,7 +228,7 @@ def check_feeds(inputs: Sequence[TensorInfo], feeds: Mapping[str, Any]) -> dict[
             isinstance(d, int) and d != a for d, a in zip(info.shape, value.shape)
         ):
             raise InputError(
-                f"input {name!r} has shape {tuple(value.shape)}, expected {_shape_str(info.shape)}",
+                f"input {name!r} has shape {tuple(value.shape)}, expected {shape_str(info.shape)}",
                 where=f"Session.run feed {name!r}",
                 fix="reshape the array, or compile a graph whose shape matches",
             )
@@ -200,5 +236,5 @@ def check_feeds(inputs: Sequence[TensorInfo], feeds: Mapping[str, Any]) -> dict[
     return out
 
 
-def _shape_str(shape: Sequence[Dim]) -> str:
-    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+__all__ = ["API_VERSION", "NON_TENSOR", "Backend", "Device", "Dim", "Session", "TensorInfo",
+           "check_api_version", "check_feeds"]

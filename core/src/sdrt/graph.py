@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import onnxfile
-from .backend import NON_TENSOR, Dim, TensorInfo
 from .errors import ModelError, ModelNotFoundError
+from .tensors import NON_TENSOR, Dim, TensorInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np

@@ -6,9 +6,7 @@ import ctypes
 import logging
 from typing import Any
 
-import numpy as np
-
-from sdrt import Backend, Device, Session, TensorInfo
+from sdrt import Backend, Device, Session, TensorInfo, resolve_weights
 from sdrt.errors import BackendUnavailable, ModelError, SdrtError
 
 from .support import check_graph
@@ -73,15 +71,6 @@ def _static_inputs(graph: Any) -> list[TensorInfo]:
     return infos
 
 
-def _initializers(graph: Any) -> dict[str, np.ndarray]:
-    getter = getattr(graph, "initializer_arrays", None)
-    if callable(getter):
-        return dict(getter())
-    from onnx import numpy_helper
-
-    return {t.name: numpy_helper.to_array(t) for t in graph.model.graph.initializer}
-
-
 class GgmlBackend(Backend):
     name = "ggml"
     api_version = (1, 0)
@@ -107,15 +96,9 @@ class GgmlBackend(Backend):
             graph = graph.with_shapes(dict(options["shapes"]))  # the core pins dims and checks them
         model = graph.model
         inputs = _static_inputs(graph)
-        inits = _initializers(graph)
-
-        def bind(w: Any) -> dict[str, np.ndarray]:
-            return {k: np.asarray(v) for k, v in w.bind(graph).items()}
-
-        if weights is not None:
-            inits.update(bind(weights))
+        inits = resolve_weights(graph, weights)
         opsets = {o.domain or "": int(o.version) for o in model.opset_import}
         return GgmlSession(
             nodes=model.graph.node, initializers=inits, inputs=inputs, outputs=graph.outputs, opsets=opsets,
-            device_name=device.id, options=options, bind=bind, where=graph.name,
+            device_name=device.id, options=options, graph=graph, where=graph.name,
         )

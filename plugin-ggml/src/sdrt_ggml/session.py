@@ -37,16 +37,15 @@ class GgmlSession(Session):
         opsets: Mapping[str, int],
         device_name: str,
         options: Mapping[str, Any],
-        bind: Any = None,
+        graph: Any = None,
         where: str = "<graph>",
     ) -> None:
-        super().__init__(inputs, outputs)
+        super().__init__(inputs, outputs, graph=graph)
         self._nodes = list(nodes)
         self._inits = initializers
         self._opsets = dict(opsets)
         self._device_name = device_name
         self._options = dict(options)
-        self._bind = bind
         self._where = where
         self._backend: Any = None
         self._cpu: Any = None
@@ -236,9 +235,8 @@ class GgmlSession(Session):
         return vals
 
     # -- weights -------------------------------------------------------------
-    def update_weights(self, weights: Any) -> None:
+    def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
         """Write new initializer values into the backend buffer; rebuild only when a weight was folded."""
-        arrays = self._bind(weights) if self._bind else weights.bind(None)
         assert self._lo is not None
         bound = {b.name for b in self._lo.bindings}
         used = {i for n in self._nodes for i in n.input}

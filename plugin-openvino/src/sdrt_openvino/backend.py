@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from sdrt import Backend, Device, Session
-from sdrt.backend import NON_TENSOR
+from sdrt import Backend, Device, Session, resolve_weights
 from sdrt.errors import BackendUnavailable, NoDeviceError, UnsupportedGraph
+from sdrt.tensors import NON_TENSOR
 
 from . import cache as cache_mod
 from . import convert
@@ -198,7 +198,7 @@ class OpenVINOBackend(Backend):
                                 fix="pass one of the devices of backend 'openvino'")
         self._check_inputs(graph)
         core = self.core
-        arrays = convert.model_arrays(graph, weights)
+        arrays = resolve_weights(graph, weights)  # checks the weights before any long work
         props = opts.properties()
         lazy = _LazyConversion(core, graph, arrays)
 
@@ -219,7 +219,8 @@ class OpenVINOBackend(Backend):
                 export=_export)
             log.info("%s %s on %s (cache %s)", "loaded" if hit else "compiled", graph.name, device.id, key[:12])
         self._check_precision(compiled, opts, device)
-        return OpenVINOSession(graph, lazy, compiled, compile_, lambda a: convert.read(core, graph, a), device.id)
+        return OpenVINOSession(graph, arrays, lazy, compiled, compile_, lambda a: convert.read(core, graph, a),
+                               device.id)
 
     def _check_inputs(self, graph: Graph) -> None:
         """Refuse inputs and outputs that cannot cross OpenVINO's Python API, before any work."""
@@ -244,10 +245,7 @@ class OpenVINOBackend(Backend):
         tensor's name, dtype and shape and a few sampled bytes, so that a cache hit never reads
         gigabytes of weights; a weight held in memory is keyed by all its bytes.
         """
-        h = hashlib.sha256()
-        for t in graph.model.graph.initializer:  # hashing each initializer apart never serializes the model twice
-            if t.name not in arrays:
-                h.update(t.SerializeToString())
+        h = hashlib.sha256()  # the graph without its initializers, then each resolved weight (every initializer)
         h.update(graph.model_without(graph.initializer_names).SerializeToString())
         files = _weight_files(graph, weights, arrays)
         for name in sorted(arrays):

@@ -1,12 +1,13 @@
-"""ONNX graph (+ bound weights) -> ``openvino.Model``, and the list of ops OpenVINO cannot convert.
+"""ONNX graph (+ resolved weights) -> ``openvino.Model``, and the list of ops OpenVINO cannot convert.
 
-Weights are bound without copying the ONNX model: each floating-point
-initializer that the weights provide becomes a graph input before OpenVINO's
-ONNX frontend reads the (small) graph, and that ``Parameter`` is then replaced
-by an ``ov.op.Constant`` over the weight array. Every initializer therefore ends
-up as one named ``Constant`` in the ``ov.Model``; ``constants()`` finds them by
-name, which is what ``Session.update_weights`` swaps later without reading the
-ONNX model again.
+The arrays come from ``sdrt.resolve_weights`` (every initializer, final
+values). They are bound without serializing them into the ONNX model: each
+floating-point initializer becomes a graph input before OpenVINO's ONNX
+frontend reads the (small) graph, and that ``Parameter`` is then replaced by an
+``ov.op.Constant`` over the array. Every float initializer therefore ends up as
+one named ``Constant`` in the ``ov.Model``; ``constants()`` finds them by name,
+which is what ``Session._update_weights`` swaps later without reading the ONNX
+model again. Non-float initializers (shapes, axes, indices) stay initializers.
 """
 
 from __future__ import annotations
@@ -27,13 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
     import openvino as ov
 
     from sdrt.graph import Graph
-    from sdrt.weights import Weights
 
 log = logging.getLogger("sdrt.openvino.convert")
 
 _RAW_CONST = {"bfloat16": ("bf16", np.uint16), "float8_e4m3fn": ("f8e4m3", np.uint8),
               "float8_e5m2": ("f8e5m2", np.uint8)}
-_INLINE_LIMIT = 1 << 30  # bytes of ONNX proto above which weights are bound rather than serialized
 _FLOAT_KINDS = {"float16", "float32", "float64", "bfloat16"}
 
 
@@ -76,17 +75,6 @@ def _promote(graph: Graph, arrays: Mapping[str, np.ndarray]) -> tuple[onnx.Model
         else:
             out.graph.initializer.append(numpy_helper.from_array(arr, name))
     return out, promoted
-
-
-def model_arrays(graph: Graph, weights: Weights | None) -> dict[str, np.ndarray]:
-    """The arrays to bind as constants: the weights', plus a stripped graph's own mapped initializers."""
-    bound = dict(weights.bind(graph)) if weights is not None else {}
-    own = [n for n in graph.mapped_initializers if n not in bound]
-    if graph.model.ByteSize() > _INLINE_LIMIT:  # past protobuf's 2 GiB: bind every weight, serialize none
-        own = [t.name for t in graph.model.graph.initializer if t.name not in bound]
-    if own:
-        bound.update(graph.initializer_arrays(own))
-    return bound
 
 
 @dataclass

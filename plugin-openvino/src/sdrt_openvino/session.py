@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # pragma: no cover
     import openvino as ov
 
     from sdrt.graph import Graph
-    from sdrt.weights import Weights
 
 log = logging.getLogger("sdrt.openvino.session")
 
@@ -41,18 +40,18 @@ _RAW_TYPES: dict[str, tuple[str, type]] = {
 
 
 class OpenVINOSession(Session):
-    def __init__(self, graph: Graph, converted: Callable[[], convert.Converted], compiled: Any,
-                 recompile: Callable[[ov.Model], Any], reconvert: Callable[[dict[str, np.ndarray]], Any],
-                 device_id: str) -> None:
-        super().__init__(graph.inputs, graph.outputs)
+    def __init__(self, graph: Graph, arrays: Mapping[str, np.ndarray], converted: Callable[[], convert.Converted],
+                 compiled: Any, recompile: Callable[[ov.Model], Any],
+                 reconvert: Callable[[dict[str, np.ndarray]], Any], device_id: str) -> None:
+        super().__init__(graph.inputs, graph.outputs, graph=graph)
         self._graph = graph
         #: the converted model, made on first need (a session loaded from the cache has none until then)
         self._conversion: Callable[[], convert.Converted] | None = converted
         self._converted: convert.Converted | None = None
         self._recompile = recompile
         self._reconvert = reconvert
-        #: weights given since compile (update_weights), by initializer name
-        self._given: dict[str, np.ndarray] = {}
+        #: every initializer's current array (from resolve_weights, then each update_weights)
+        self._arrays: dict[str, np.ndarray] = dict(arrays)
         self._device_id = device_id
         self._lock = threading.Lock()
         self._compiled: Any = None
@@ -175,31 +174,26 @@ class OpenVINOSession(Session):
                              f"{self._device_id}, inputs {shapes}", fix="check the inputs; run with -vv for details")
 
     # -- weights -------------------------------------------------------
-    def update_weights(self, weights: Weights) -> None:
+    def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
         """Swap the weight constants in the converted ``ov.Model`` and recompile it.
 
         The ONNX graph is not read or converted again: each weight's ``Constant``
         is replaced in place by one over the new array (no copy when the array is
         writable), then the model is compiled for the device. Only when a weight
-        has no constant of its own (an inline graph whose initializer OpenVINO
-        folded or shared) is the graph converted once more, with every weight
-        bound as its own constant, so that later updates take the fast path. The
-        session keeps running the old weights until the new model is compiled.
+        has no constant of its own (a changed shape or index initializer, which
+        stays baked into the graph) is the graph converted once more with the new
+        values. The session keeps running the old weights until the new model
+        is compiled.
         """
-        if self._conversion is None:
-            raise SdrtError("this session is closed", where="OpenVINOSession.update_weights",
-                            fix="compile the graph again with sdrt.load")
         start = time.perf_counter()
-        arrays = {name: np.asarray(value) for name, value in weights.bind(self._graph).items()}
+        assert self._conversion is not None  # the base class refuses a closed session
         conv = self._converted if self._converted is not None else self._conversion()
         swaps, reread = self._plan(conv, arrays)
-        self._given.update(arrays)
         try:
             if reread:
                 log.info("%s: %s has no constant of its own; converting the graph once more with every weight "
                          "bound as a constant", self._graph.name, reread)
-                own = [n for n in self._graph.initializer_names if n not in self._given]
-                conv = self._reconvert({**self._graph.initializer_arrays(own), **self._given})
+                conv = self._reconvert({**self._arrays, **arrays})
             else:
                 for name, (node, arr) in swaps.items():
                     new = convert.make_constant(arr, name)
@@ -212,6 +206,7 @@ class OpenVINOSession(Session):
                                 where=self._graph.name, fix="check that the weights fit this graph") from exc
         with self._lock:
             self._converted = conv
+            self._arrays.update(arrays)
             self._bind(compiled)
         log.info("updated %d weights of %s in %.3f s%s", len(arrays), self._graph.name, time.perf_counter() - start,
                  " (graph converted again)" if reread else "")
@@ -224,9 +219,7 @@ class OpenVINOSession(Session):
         for name, arr in arrays.items():
             node = conv.consts.get(name)
             if node is None and arr.dtype.kind not in "fcV":  # shapes, axes, indices: must not change
-                old = conv.fixed.get(name)
-                if old is None:
-                    old = self._graph.initializer_arrays([name])[name]
+                old = conv.fixed.get(name, self._arrays.get(name))
                 if np.array_equal(np.asarray(old).ravel(), arr.ravel()):
                     continue
                 return {}, name
@@ -256,6 +249,7 @@ class OpenVINOSession(Session):
             self._compiled = None
             self._converted = None
             self._conversion = None
+            self._arrays = {}
         super().close()
 
 

@@ -149,11 +149,13 @@ def test_changing_a_shape_initializer_converts_the_graph_again(ov_registry, capl
     np.testing.assert_allclose(out["flat"], np.full(10, 6.0, np.float32))
 
 
-def test_graphs_too_big_to_serialize_bind_their_weights(ov_registry, monkeypatch):
+def test_every_float_weight_is_bound_as_its_own_constant(ov_registry):
+    """The ONNX proto is read without its weights: each float initializer becomes one named Constant."""
     from sdrt_openvino import convert
 
-    monkeypatch.setattr(convert, "_INLINE_LIMIT", 100)  # this little graph now counts as "too big"
     graph = sdrt.Graph.load(conv_model().SerializeToString())
-    assert set(convert.model_arrays(graph, None)) == {"conv.weight", "conv.bias"}
-    out = sdrt.load(graph, backend="openvino").run({"x": X})["y"]
+    session = sdrt.load(graph, backend="openvino")
+    assert set(convert.read(ov_registry.backends["openvino"].core, graph, sdrt.resolve_weights(graph)).consts) == {
+        "conv.weight", "conv.bias"}
+    out = session.run({"x": X})["y"]
     np.testing.assert_allclose(out, ort_run(conv_model(), {"x": X})[0], rtol=1e-5, atol=1e-5)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from sdrt import Backend, Device, Session
+from sdrt import Backend, Device, Session, resolve_weights
 from sdrt.errors import ModelError, SdrtError
 from sdrt.graph import Graph
 
@@ -14,28 +14,17 @@ DEVICE = Device(backend="reference", id="CPU", name="onnx ReferenceEvaluator (nu
 
 
 class ReferenceSession(Session):
-    def __init__(self, graph: Graph, weights: Any = None) -> None:
+    def __init__(self, graph: Graph, arrays: dict[str, np.ndarray]) -> None:
         from onnx.reference import ReferenceEvaluator
 
-        super().__init__(graph.inputs, graph.outputs)
-        self._graph = graph
-        # Bind first: a weights mismatch fails before any work. A weight-stripped graph
-        # (graph.mapped_initializers) is built without those initializers; they come from
-        # `weights`, or else are mapped from the graph's own .safetensors file.
-        bound = weights.bind(graph) if weights is not None else {}
-        mapped = graph.mapped_initializers
-        try:
-            self._evaluator = ReferenceEvaluator(graph.model_without(mapped) if mapped else graph.model)
+        super().__init__(graph.inputs, graph.outputs, graph=graph)
+        try:  # built without initializers: their arrays are bound below, and swapped by _update_weights
+            self._evaluator = ReferenceEvaluator(graph.model_without(arrays))
         except Exception as exc:  # the evaluator rejects graphs it cannot build
-            raise ModelError(
-                f"the reference evaluator cannot build this graph: {exc}",
-                where=graph.name,
-                fix="check the model with onnx.checker.check_model",
-            ) from exc
+            raise ModelError(f"the reference evaluator cannot build this graph: {exc}", where=graph.name,
+                             fix="check the model with onnx.checker.check_model") from exc
+        self._evaluator.rt_inits_.update(arrays)
         self._output_names = [o.name for o in self.outputs]
-        own = graph.initializer_arrays([n for n in mapped if n not in bound])
-        self._evaluator.rt_inits_.update(own)
-        self._evaluator.rt_inits_.update({name: np.asarray(value) for name, value in bound.items()})
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
@@ -43,21 +32,15 @@ class ReferenceSession(Session):
         except SdrtError:
             raise
         except Exception as exc:
-            raise SdrtError(
-                f"the reference evaluator failed: {exc!r}",
-                where=self._graph.name,
-                fix="check the inputs; run onnx.checker.check_model on the graph",
-            ) from exc
+            raise SdrtError(f"the reference evaluator failed: {exc!r}", where=self.graph.name if self.graph else "",
+                            fix="check the inputs; run onnx.checker.check_model on the graph") from exc
         # tensors come back as arrays; sequence and optional outputs stay as the evaluator made them
         return {name: value if value is None or isinstance(value, list) else np.asarray(value)
                 for name, value in zip(self._output_names, results)}
 
-    def update_weights(self, weights: Any) -> None:
+    def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
         """Swap initializer values in the built evaluator; the graph is not parsed again."""
-        arrays = weights.bind(self._graph)
-        inits = self._evaluator.rt_inits_
-        for name, value in arrays.items():
-            inits[name] = np.asarray(value)
+        self._evaluator.rt_inits_.update(arrays)
 
     def close(self) -> None:
         self._evaluator = None
@@ -93,4 +76,4 @@ class ReferenceBackend(Backend):
                 where="sdrt.load(..., backend='reference')",
                 fix="the reference backend takes no options; remove them",
             )
-        return ReferenceSession(graph, weights)
+        return ReferenceSession(graph, resolve_weights(graph, weights))

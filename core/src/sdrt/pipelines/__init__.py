@@ -1,0 +1,1 @@
+"""Stable Diffusion pipelines: model folder -> tokenizer and text encoders -> UNet with a sampler -> VAE -> image."""

@@ -1,0 +1,154 @@
+"""The parent side of the self-test: one child process per backend and device.
+
+A child that crashes (a C ``abort()``, a segfault) or hangs past its timeout is
+recorded with the check it was running; the other backends still run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import SdrtError
+from .report import assemble
+
+#: seconds one backend may take before it counts as hung
+TIMEOUT = {"quick": 300.0, "full": 3600.0}
+
+Progress = Callable[[str, str], None]
+"""``progress(target, event)``: ``event`` is a check name as it starts, or ``"done"``."""
+
+
+def _worker_cmd(action: str, backends: Sequence[str], device: str | None, plugin_modules: Sequence[str],
+                quick: bool = False, only: Sequence[str] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "sdrt.selftest.worker", action]
+    for group in only:
+        cmd += ["--only", group]
+    for b in backends:
+        cmd += ["--backend", b]
+    if device:
+        cmd += ["--device", device]
+    for m in plugin_modules:
+        cmd += ["--plugin-module", m]
+    if quick:
+        cmd.append("--quick")
+    return cmd
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def list_targets(backends: Sequence[str], device: str | None, plugin_modules: Sequence[str],
+                 first_only: bool = False, timeout: float = 120.0) -> dict[str, Any]:
+    """Ask a child which backends and devices there are (listing devices can crash too)."""
+    cmd = _worker_cmd("list", backends, device, plugin_modules) + (["--first-device"] if first_only else [])
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise SdrtError(f"listing backends and devices hung for {timeout:.0f} s", where="sdrt selftest",
+                        fix="run `sdrt info` to find the plugin that hangs, and block it with "
+                            "SDRT_DISABLE_PLUGINS") from exc
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise SdrtError(f"listing backends and devices failed ({_exit_text(proc.returncode)}): "
+                        f"{_tail(proc.stderr, 3)}", where="sdrt selftest",
+                        fix="run `sdrt info` to find the broken plugin, and block it with SDRT_DISABLE_PLUGINS")
+    return json.loads(lines[-1])
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def run_target(target: dict[str, Any], *, quick: bool, timeout: float, plugin_modules: Sequence[str],
+               only: Sequence[str] = (), progress: Progress | None = None) -> dict[str, Any]:
+    """Run the checks of one target in a child; return the target with its checks and status."""
+    label = f"{target['backend']}:{target['device']}"
+    cmd = _worker_cmd("check", [target["backend"]], target["device"], plugin_modules, quick, only)
+    result = dict(target, checks=[], errors=[])
+    current = {"name": "start-up"}
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    stderr_chunks: list[str] = []
+    reader = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read() if proc.stderr else ""),
+                              daemon=True)
+    reader.start()
+    timer = threading.Timer(timeout, _kill_group, args=(proc,))
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("@start "):
+                current["name"] = line[len("@start "):].strip()
+                if progress:
+                    progress(label, current["name"])
+            elif line.startswith("@check "):
+                result["checks"].append(json.loads(line[len("@check "):]))
+        code = proc.wait()
+    finally:
+        timed_out = not timer.is_alive() and proc.returncode is not None and proc.returncode < 0
+        timer.cancel()
+    reader.join(timeout=5)
+    stderr = "".join(stderr_chunks)
+    result["seconds"] = round(time.perf_counter() - start, 3)
+    if timed_out:
+        result["status"] = "timeout"
+        result["errors"].append(f"no answer after {timeout:.0f} s during check {current['name']!r}; the process "
+                                "was stopped")
+    elif code != 0:
+        result["status"] = "crashed"
+        said = _tail(stderr, 3)
+        result["errors"].append(f"the process died ({_exit_text(code)}) during check {current['name']!r}"
+                                + (f": {said}" if said else ""))
+        result["stderr_tail"] = _tail(stderr)
+    else:
+        bad = [c for c in result["checks"] if c["status"] in ("failed", "error")]
+        result["status"] = "failed" if bad else "passed"
+    if progress:
+        progress(label, "done")
+    return result
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # pragma: no cover - already gone
+        pass
+
+
+def run(backends: Sequence[str] | None = None, device: str | None = None, *, quick: bool = False,
+        only: Sequence[str] = (), timeout: float | None = None, plugin_modules: Sequence[str] = (),
+        progress: Progress | None = None) -> dict[str, Any]:
+    """Self-test the installed backends (or ``backends``) on every device (or ``device``).
+
+    ``quick`` runs shorter checks on each backend's first device (unless
+    ``device`` names one); ``only`` limits the run to some check groups
+    (``conformance``, ``accuracy``, ``speed``, ``features``, ``end-to-end``).
+    Returns the report (see ``sdrt.selftest.report``): ``report["passed"]`` says
+    whether every check of every backend passed.
+    """
+    from .checks import GROUPS
+
+    unknown = [g for g in only if g not in GROUPS]
+    if unknown:
+        raise SdrtError(f"unknown check groups {unknown}", where="sdrt selftest --only",
+                        fix=f"use some of: {', '.join(GROUPS)}")
+    listing = list_targets(list(backends or []), device, plugin_modules, first_only=quick and device is None)
+    limit = timeout or TIMEOUT["quick" if quick else "full"]
+    results = [run_target(t, quick=quick, timeout=limit, plugin_modules=plugin_modules, only=only,
+                          progress=progress) for t in listing["targets"]]
+    return assemble(results, listing["unavailable"], quick=quick)

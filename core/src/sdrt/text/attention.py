@@ -1,0 +1,87 @@
+"""A1111's prompt emphasis syntax: ``(word)``, ``(word:1.2)``, ``[word]``, ``\\(`` escapes and ``BREAK``.
+
+:func:`parse_prompt` gives what A1111's ``parse_prompt_attention`` gives, for
+every input: ``(x)`` multiplies the weight of ``x`` by 1.1, ``[x]`` divides it
+by 1.1, ``(x:w)`` multiplies it by ``w``; brackets nest; a bracket left open
+applies to the end of the prompt; an unmatched closing bracket is text;
+``\\(``, ``\\)``, ``\\[``, ``\\]`` and ``\\\\`` are literal characters; ``BREAK``
+(a whole word, in capitals) becomes the entry ``("BREAK", -1.0)``; runs of equal
+weight are merged. Prompt syntax never raises.
+
+The one difference: A1111 raises ``ValueError`` on a weight such as ``(x:1.2.3)``
+or ``(x:.)``; here such a weight is text, so the ``)`` closes the bracket with 1.1.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: the ``("BREAK", -1.0)`` entry that starts a new 75-token chunk
+BREAK = ("BREAK", -1.0)
+
+_ROUND = 1.1
+_SQUARE = 1 / 1.1
+
+_TOKEN = re.compile(
+    r"""
+    \\[()\[\]\\]?                               # an escape, or a lone backslash
+    | [(\[]                                     # opening brackets
+    | :(?P<weight>[+-]?(?:\d+(?:\.\d*)?|\.\d+))\)   # ':1.2)' closes a round bracket with a weight
+    | [)\]]                                     # closing brackets
+    | [^\\()\[\]:]+                             # text
+    | :                                         # a colon that is not a weight
+    """,
+    re.VERBOSE,
+)
+_BREAK = re.compile(r"\s*\bBREAK\b\s*", re.S)
+
+
+def parse_prompt(text: str) -> list[tuple[str, float]]:
+    """Split a prompt into ``(text, weight)`` runs, A1111's way; ``BREAK`` gives ``("BREAK", -1.0)``.
+
+    >>> parse_prompt("a (((house:1.3)) [on] a (hill:0.5), sun, (((sky))).")[:3]
+    [('a ', 1.0), ('house', 1.5730000000000004), (' ', 1.1)]
+    """
+    runs: list[list] = []  # [text, weight], mutated as brackets close
+    round_open: list[int] = []
+    square_open: list[int] = []
+
+    def scale(start: int, factor: float) -> None:
+        for run in runs[start:]:
+            run[1] *= factor
+
+    for m in _TOKEN.finditer(text):
+        token = m.group(0)
+        weight = m.group("weight")
+        if token.startswith("\\"):
+            runs.append([token[1:], 1.0])
+        elif token == "(":
+            round_open.append(len(runs))
+        elif token == "[":
+            square_open.append(len(runs))
+        elif weight is not None and round_open:
+            scale(round_open.pop(), float(weight))
+        elif token == ")" and round_open:
+            scale(round_open.pop(), _ROUND)
+        elif token == "]" and square_open:
+            scale(square_open.pop(), _SQUARE)
+        else:
+            for n, part in enumerate(_BREAK.split(token)):
+                if n:
+                    runs.append(list(BREAK))
+                runs.append([part, 1.0])
+
+    for start in round_open:
+        scale(start, _ROUND)
+    for start in square_open:
+        scale(start, _SQUARE)
+
+    if not runs:
+        runs = [["", 1.0]]
+    merged: list[list] = [runs[0]]
+    for run in runs[1:]:
+        if run[1] == merged[-1][1]:
+            merged[-1][0] += run[0]
+        else:
+            merged.append(run)
+    return [(t, w) for t, w in merged]

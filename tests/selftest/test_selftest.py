@@ -1,0 +1,104 @@
+"""``sdrt selftest``: each backend runs in a child; crashes and hangs are recorded, the others still run."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sdrt import selftest
+from sdrt.cli import main
+from sdrt.selftest import checks, report
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def fixture_plugins(monkeypatch):
+    """Children find the fixture module through PYTHONPATH (they load no entry points in tests)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
+    return ["sdrt_selftest_fixture", "sdrt_reference"]
+
+
+def test_a_backend_that_aborts_is_recorded_and_the_next_backend_still_runs(fixture_plugins):
+    rep = selftest.run(["crashy", "reference"], quick=True, only=["accuracy"], plugin_modules=fixture_plugins)
+    by_name = {b["backend"]: b for b in rep["backends"]}
+    crashy, ref = by_name["crashy"], by_name["reference"]
+    assert crashy["status"] == "crashed"
+    assert "SIGABRT" in crashy["errors"][0] and "'accuracy'" in crashy["errors"][0]
+    assert ref["status"] == "passed"
+    assert [c["name"] for c in ref["checks"]] == [f"{m} fp32" for m in checks.MODELS]
+    assert all(c["figures"]["rel_err"] < 1e-4 for c in ref["checks"])
+    assert rep["passed"] is False
+    assert "CRASHED" in selftest.render_text(rep) and "| accuracy |" in selftest.render_markdown(rep)
+
+
+def test_a_backend_that_hangs_is_stopped_at_the_timeout(fixture_plugins):
+    rep = selftest.run(["hangs"], quick=True, only=["accuracy"], timeout=15, plugin_modules=fixture_plugins)
+    (hangs,) = rep["backends"]
+    assert hangs["status"] == "timeout"
+    assert "no answer after 15 s during check 'accuracy'" in hangs["errors"][0]
+
+
+def test_features_on_the_reference_backend(fixture_plugins):
+    rep = selftest.run(["reference"], quick=True, only=["features"], plugin_modules=fixture_plugins)
+    checks_by_name = {c["name"]: c for c in rep["backends"][0]["checks"]}
+    uw = checks_by_name["update_weights"]
+    assert uw["status"] == "passed" and uw["figures"]["rel_err"] < 1e-4 and uw["figures"]["tensors"] > 5
+    assert checks_by_name["compile cache"]["figures"]["cold_s"] > 0
+    assert checks_by_name["ahead-of-time build"]["status"] == "unsupported"
+
+
+def test_backends_that_cannot_run_are_listed_with_the_reason(fixture_plugins):
+    rep = selftest.run(["nonesuch"], quick=True, plugin_modules=fixture_plugins)
+    assert rep["backends"] == [] and rep["passed"] is False
+    assert rep["unavailable"] == [{"backend": "nonesuch", "reason": "not installed"}]
+
+
+def test_report_has_schema_machine_versions_and_nothing_personal(fixture_plugins, tmp_path):
+    rep = selftest.run(["reference"], quick=True, only=["accuracy"], plugin_modules=fixture_plugins)
+    json_path, md_path = report.write(rep, tmp_path / "r.json")
+    text = json_path.read_text()
+    data = json.loads(text)
+    assert data["schema"] == report.SCHEMA and data["machine"]["os"] and data["sdrt"]
+    assert data["backends"][0]["runtime"].get("onnx")  # the reference plugin's runtime
+    host = socket.gethostname()
+    for personal in {str(Path.home()), str(tmp_path), os.getcwd(), *(x for x in [host] if len(host) >= 3)}:
+        assert personal not in text and personal not in md_path.read_text()
+
+
+def test_scrub_replaces_home_host_and_absolute_paths():
+    home = str(Path.home())
+    out = report.scrub({"e": [f"failed reading {home}/models/x.onnx on {socket.gethostname()}",
+                              "C:\\Users\\ann\\sd\\unet.onnx", "ratio 1/2 is fine"]})
+    assert out["e"][0].startswith("failed reading ~/models/x.onnx")
+    assert out["e"][1] == "<path>/unet.onnx" and out["e"][2] == "ratio 1/2 is fine"
+
+
+def test_rel_err_and_precisions():
+    a = np.ones((2, 3), np.float32)
+    assert checks.rel_err(a, a) == 0
+    assert checks.rel_err(a * 1.01, a) == pytest.approx(0.01, rel=1e-3)
+    assert checks.rel_err(a[:1], a) == float("inf") and checks.rel_err(a * np.nan, a) == float("inf")
+
+    class Half:
+        precisions = {"fp32": {"precision": "f32"}, "fp16": {}}
+        default_precision = "fp16"
+
+    assert checks.precisions(Half()) == {"fp32": {"precision": "f32"}, "fp16": {}}
+    assert checks.precisions(object()) == {"fp32": {}}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["selftest", "--report", "r.txt"], "the report file must end in .json"),
+    (["selftest", "--report", "/nonexistent-dir/r.json"], "it is not a writable folder"),
+    (["selftest", "--only", "nonsense", "--backend", "nonesuch"], "unknown check groups ['nonsense']"),
+])
+def test_cli_errors_are_one_line_before_any_work(argv, message, capsys):
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err

@@ -1,0 +1,30 @@
+"""A1111 <lora:name:weight> tags."""
+
+from __future__ import annotations
+
+import logging
+
+from sdrt.text import extract_loras
+
+
+def test_loras_are_taken_out_in_order():
+    text, loras = extract_loras("a cat <lora:ink style:0.7>, snow <lora:add_detail> <lyco:old:1.5>")
+    assert text == "a cat , snow  "
+    assert loras == [("ink style", 0.7), ("add_detail", 1.0), ("old", 1.5)]
+
+
+def test_named_and_extra_arguments():
+    assert extract_loras("<lora:a:0.5:0.2>")[1] == [("a", 0.5)]
+    assert extract_loras("<lora:a:te=0.3:unet=1>")[1] == [("a", 0.3)]
+    assert extract_loras("<lora:a:-1>")[1] == [("a", -1.0)]
+
+
+def test_other_tags_and_lookalikes_stay():
+    for text in ("<hypernet:h:1>", "<lora>", "<lora:>", "a < b > c", "<embedding:x>"):
+        assert extract_loras(text) == (text, [])
+
+
+def test_bad_weight_is_skipped_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="sdrt.text.loras"):
+        assert extract_loras("x <lora:a:strong> y") == ("x  y", [])
+    assert "not a number" in caplog.text
