@@ -11,7 +11,6 @@ import logging
 import numpy as np
 import pytest
 from mx_helpers import conv_model, mlp_model, ort_run, unsupported_model
-from onnx import numpy_helper
 
 import sdrt
 from sdrt.errors import InputError, UnsupportedGraph
@@ -23,13 +22,6 @@ XM = np.random.default_rng(6).standard_normal((2, 64), dtype=np.float32)
 
 def graph_of(model):
     return sdrt.Graph.load(model.SerializeToString())
-
-
-def with_weights(model, arrays):
-    for t in model.graph.initializer:
-        if t.name in arrays:
-            t.CopyFrom(numpy_helper.from_array(arrays[t.name], t.name))
-    return model
 
 
 def test_ref_is_listed_as_a_cpu_device(ref):
@@ -83,12 +75,12 @@ def test_a_corrupted_cache_entry_is_compiled_again(backend, ref, tmp_path):
 def test_update_weights_recompiles_and_switching_back_is_a_cache_hit(backend, ref, tmp_path):
     graph = graph_of(mlp_model(seed=0))
     session = backend.compile(graph, None, ref, cache_dir=tmp_path)
-    new = graph_of(mlp_model(seed=3)).initializer_arrays(["fc1.weight", "fc2.weight"])
+    new = graph_of(mlp_model(seed=3)).initializer_arrays()
     session.update_weights(Weights.from_arrays(new))
-    expected = ort_run(with_weights(mlp_model(seed=0), new), {"x": XM})[0]
-    np.testing.assert_allclose(session.run({"x": XM})["y"], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(session.run({"x": XM})["y"], ort_run(mlp_model(seed=3), {"x": XM})[0], rtol=1e-5,
+                               atol=1e-5)
     assert session.last_update[1] is False
-    old = graph.initializer_arrays(["fc1.weight", "fc2.weight"])
+    old = graph.initializer_arrays()
     session.update_weights(Weights.from_arrays(old))
     assert session.last_update[1] is True
     np.testing.assert_allclose(session.run({"x": XM})["y"], ort_run(mlp_model(seed=0), {"x": XM})[0], rtol=1e-5,
