@@ -17,7 +17,7 @@ from typing import Any
 
 from sdrt.testing import models
 
-from . import harness
+from . import harness, pipeline
 
 
 def _parse_options(specs: list[str]) -> dict[str, dict[str, Any]]:
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                         "writes (default, the real workload) or the same single .onnx file the peers load")
     p.add_argument("--workdir", type=Path, default=None, help="where built models are kept")
     p.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
+    p.add_argument("--no-pipeline", action="store_true", help="skip the pipeline row (bench/pipeline.py)")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -89,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         results.extend(rows)
         print(harness.render(rows), flush=True)
     print("\n" + harness.render(results))
+    pipeline_rows = [] if args.no_pipeline else pipeline.report(backends, workdir, args.size)
     config = {"models": names, "size": args.size, "sdrt_input": args.sdrt_input, "backends": backends, "peers": peers, "rounds": args.rounds,
               "min_seconds": args.min_seconds, "threads": args.threads, "options": options}
-    args.json.write_text(json.dumps(harness.to_json(results, config), indent=1))
+    args.json.write_text(json.dumps({**harness.to_json(results, config), "pipeline": pipeline_rows}, indent=1))
     print(f"wrote {args.json}")
     return 0
 

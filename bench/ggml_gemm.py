@@ -54,9 +54,9 @@ class _Ggml:
     """A ggml context whose tensors live in host memory, computed on the CPU."""
 
     def __init__(self, threads: int, mb: int = 1024) -> None:
-        from sdrt_ggml.ops._common import gg  # sets the OpenMP wait policy sdrt-ggml uses
+        from sdrt_ggml.ops._common import ggml_lib  # sets the OpenMP wait policy sdrt-ggml uses
 
-        self.g = gg()
+        self.g = ggml_lib()
         self.threads = threads
         self.ctx = self.g.ggml_init(self.g.ggml_init_params(mem_size=mb * 1024 * 1024, mem_buffer=None))
 

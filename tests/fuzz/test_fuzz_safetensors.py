@@ -15,11 +15,10 @@ from gw_fuzz import SETTINGS, big_or_odd_ints, mutated
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from sdrt import stfile
 from sdrt.errors import SdrtError
 from sdrt.graph import Graph
 from sdrt.lora import Lora, merge
-from sdrt.weights import Weights
+from sdrt.weights import Weights, stfile
 
 FOLDER = Path(tempfile.mkdtemp(prefix="sdrt-fuzz-st-"))
 atexit.register(shutil.rmtree, FOLDER, ignore_errors=True)

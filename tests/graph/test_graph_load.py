@@ -78,7 +78,7 @@ def test_not_onnx_is_named(tmp_path, content, what):
 
 
 def test_safetensors_passed_as_model_is_named(tmp_path):
-    from sdrt import stfile
+    from sdrt.weights import stfile
 
     p = tmp_path / "w.safetensors"
     stfile.write(p, {"a": np.zeros(3, np.float32)})

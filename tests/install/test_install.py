@@ -22,11 +22,19 @@ from pathlib import Path
 import pytest
 
 import sdrt
+from sdrt import installer
 from sdrt.cli import main
 from sdrt.errors import InstallError
 from sdrt.hardware import CPU, Accelerator, Hardware
-from sdrt.install import install, plan, restore, snapshot
+from sdrt.installer import install, plan, restore, snapshot
 from sdrt.plugins import compatible_requirement
+
+
+@pytest.fixture(autouse=True)
+def _installed_not_checkout(request, monkeypatch):
+    """Plan as an installed sdrt does (from the index), unless a test says otherwise."""
+    if "checkout" not in request.node.name:
+        monkeypatch.setattr(installer, "CHECKOUT", None)
 
 X86 = CPU(vendor="intel", model="Intel Xeon", arch="x86_64", features=("avx2", "avx512f", "amx_tile"))
 RTX = Hardware(os="Linux", arch="x86_64", cpu=X86, devices=[Accelerator(
@@ -111,10 +119,31 @@ def test_extras_pull_the_matching_plugin_with_the_compatible_pin():
     assert any(r.startswith("torchruntime") for r in requires)
 
 
-def test_sdrt_install_is_callable_and_keeps_its_helpers():
+def test_sdrt_install_is_a_plain_function():
     result = sdrt.install(dry_run=True, hw=RTX)
     assert result.dry_run and result.plan.plugin == "trt" and result.added == {}
-    assert sdrt.install.plan is plan
+    assert sdrt.install is install and type(installer) is type(sys)
+
+
+def test_from_a_source_checkout_the_plugin_folder_is_installed(monkeypatch, tmp_path):
+    """Any plugin-<name>/ folder of the checkout is found; a plugin without one comes from the index."""
+    for name in ("openvino", "coreml"):
+        (tmp_path / f"plugin-{name}").mkdir()
+        (tmp_path / f"plugin-{name}" / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    monkeypatch.setattr(installer, "CHECKOUT", tmp_path)
+    for name in ("openvino", "coreml"):
+        p = plan(name, hw=RTX)
+        assert p.argv[-2:] == ["-e", str(tmp_path / f"plugin-{name}")] and p.requirement == p.argv[-1]
+        assert "from this source checkout" in p.reason
+    assert plan("trt", hw=RTX).requirement == compatible_requirement("sdrt-trt")
+
+
+def test_this_checkout_is_found_when_sdrt_runs_from_it():
+    here = Path(__file__).resolve().parents[2]
+    if Path(installer.__file__).resolve().parents[3] != here:
+        pytest.skip("sdrt is installed as a package here, not run from this checkout")
+    assert installer.CHECKOUT == here
+    assert installer.source_folder("openvino") == here / "plugin-openvino"
 
 
 def test_cli_dry_run_prints_the_exact_command(capsys):

@@ -10,11 +10,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import sdrt
-from sdrt import stfile
 from sdrt.errors import WeightsError
 from sdrt.graph import Graph
 from sdrt.lora import Lora, merge
-from sdrt.weights import Weights
+from sdrt.weights import Weights, stfile
 
 R = np.random.default_rng(11)
 PROJ = "down_blocks.0.attentions.0.proj_in"

@@ -102,3 +102,9 @@ def test_cli_errors_are_one_line_before_any_work(argv, message, capsys):
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_end_to_end_generates_with_the_demo_model(fixture_plugins):
+    rep = selftest.run(["reference"], quick=True, only=["end-to-end"], plugin_modules=fixture_plugins)
+    (check,) = rep["backends"][0]["checks"]
+    assert check["status"] == "passed" and check["figures"]["shape"] == [64, 64, 3]

@@ -119,7 +119,7 @@ def test_mapping_errors(own):
 
 
 def test_open_with_mapping_and_bind_to_file_graph(tmp_path, graph, own, registry):
-    from sdrt import stfile
+    from sdrt.weights import stfile
 
     p = tmp_path / "ckpt.safetensors"
     stfile.write(p, {"prefix." + k: v for k, v in own.items()})
@@ -137,7 +137,7 @@ def test_from_graph_gives_own_initializers(graph, own):
 
 
 def test_partial_checkpoint_over_the_graphs_own_weights(graph, own, tmp_path):
-    from sdrt import stfile
+    from sdrt.weights import stfile
 
     p = tmp_path / "partial.safetensors"
     stfile.write(p, {"fc1.bias": np.zeros(16, np.float32)})

@@ -9,9 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from sdrt import stfile
 from sdrt.errors import WeightsError
-from sdrt.weights import Weights
+from sdrt.weights import Weights, stfile
 
 R = np.random.default_rng(0)
 
@@ -187,7 +186,7 @@ def test_a_header_length_that_starts_like_a_pickle_is_still_safetensors(tmp_path
     """A header of 640 bytes is b'\\x80\\x02\\0...' little-endian: the bytes a pickle starts with."""
     import struct
 
-    from sdrt.onnxfile import sniff
+    from sdrt.formats import sniff
 
     body = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})
     header = body.encode().ljust(header_len)

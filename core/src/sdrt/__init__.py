@@ -23,9 +23,13 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Graph": ("graph", "Graph"),
     "Weights": ("weights", "Weights"),
     "resolve_weights": ("weights", "resolve_weights"),
-    # modules: ``sdrt.hardware.detect()``; ``sdrt.install()`` (the module is callable)
-    "hardware": ("hardware", None),
-    "install": ("install", None),
+    # modules: ``sdrt.lora.merge(...)`` and ``sdrt.keymap.KeyMap`` work after a plain ``import sdrt``
+    "graph": ("graph", None),
+    "weights": ("weights", None),
+    "lora": ("lora", None),
+    "keymap": ("keymap", None),
+    "install": ("installer", "install"),  # a plain function: sdrt.install(dry_run=True)
+    "hardware": ("hardware", None),  # module: sdrt.hardware.detect()
 }
 
 

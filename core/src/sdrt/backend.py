@@ -20,9 +20,11 @@ it speaks to them only through the objects a backend is handed.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import InputError, SdrtError, WeightsError
@@ -166,6 +168,11 @@ class Backend(ABC):
     #: ``{"xfail": {regex: reason}, "exclude": {regex: reason},
     #: "tolerances": {regex: (rtol, atol)}}``; regexes match test names.
     conformance: ClassVar[Mapping[str, Any]] = {}
+    #: the precisions this backend can compile at, each with the compile options that ask for it,
+    #: e.g. ``{"fp32": {"precision": "f32"}, "bf16": {"precision": "bf16"}}``; ``sdrt selftest``
+    #: measures accuracy at ``fp32`` and at ``default_precision`` (what no options give)
+    precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    default_precision: ClassVar[str] = "fp32"
 
     @abstractmethod
     def devices(self) -> list[Device]:
@@ -179,6 +186,23 @@ class Backend(ABC):
         ``sdrt.resolve_weights(graph, weights)``: every initializer's final array
         (the graph's own data, a stripped graph's mapped file, ``weights`` overriding).
         """
+
+    # -- ahead-of-time builds (optional) ------------------------------------
+    def targets(self) -> list[str]:
+        """Names of the hardware targets ``build`` can compile for on this machine (``"sm86"``);
+        empty when the backend has no ahead-of-time build."""
+        return []
+
+    def build(self, graph: Graph, weights: Weights | None, target: str, path: str | os.PathLike[str],
+              **options: Any) -> Path:
+        """Compile ``graph`` for ``target`` (one of ``targets()``) into the file ``path``, without
+        needing that hardware here; returns the path written. ``sdrt compile`` calls this."""
+        raise SdrtError(
+            f"backend {self.name!r} has no ahead-of-time build",
+            where=f"{type(self).__name__}.build",
+            fix="use a backend whose targets() is not empty (sdrt compile --help lists them), "
+                "or compile on the device with sdrt.load",
+        )
 
 
 _DTYPE_ALIASES = {"float": "float32", "double": "float64"}

@@ -28,9 +28,16 @@ def register_backends(register: Callable[[Any], None]) -> None:
 
 @hookspec
 def register_samplers(register: Callable[..., None]) -> None:
-    """Register samplers and schedules.
+    """Register samplers and schedules; the built-in ones come through this hook too.
 
-    Call ``register(name, function, kind="sampler")`` for a sampler with
-    k-diffusion's signature ``(model, x, sigmas, *, extra_args=None, callback=None, ...)``,
-    or ``register(name, function, kind="schedule")`` for a function that returns sigmas.
+    - ``register(name, sampler, kind="sampler")``: ``sampler(model, x, sigmas, *,
+      extra_args=None, callback=None, disable=None, **options) -> np.ndarray``, k-diffusion's
+      signature: ``model(x, sigma, **extra_args)`` returns the denoised estimate, ``sigmas``
+      runs from high to low and ends in 0, and the result is the final latent.
+    - ``register(name, schedule, kind="schedule")``: ``schedule(steps, model_sampling,
+      **options) -> np.ndarray``: ``steps + 1`` float64 sigmas, descending, the last one 0;
+      ``model_sampling`` (a ``DiscreteSchedule`` or ``FlowSchedule``) gives ``sigma_min``,
+      ``sigma_max`` and the model's own sigma table.
+
+    A name registered again (by a later plugin) replaces the earlier entry.
     """

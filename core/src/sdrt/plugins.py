@@ -15,6 +15,7 @@ Environment:
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as md
 import logging
 import os
@@ -25,7 +26,7 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import __version__, hookspecs
 from .backend import API_VERSION, Backend, check_api_version
 from .errors import PluginError, PluginVersionError
 
@@ -63,8 +64,6 @@ def compatible_requirement(distribution: str) -> str:
     Plugins are released in step with the core: plugin ``X.Y.*`` is built for
     core ``X.Y``.
     """
-    from . import __version__
-
     major_minor = ".".join(__version__.split(".")[:2])
     return f"{distribution}=={major_minor}.*"
 
@@ -101,6 +100,11 @@ class Registry:
             self._undo_trace = None
 
     # -- loading -------------------------------------------------------
+    def load_builtins(self) -> None:
+        """Register the core's own plugins (``BUILTIN_PLUGINS``); they use the hooks a plugin uses."""
+        for name, module in BUILTIN_PLUGINS.items():
+            self.register_plugin(importlib.import_module(module), name, distribution="sdrt", version=__version__)
+
     def load_entry_points(self) -> None:
         allow, block = _split_env("SDRT_PLUGINS"), _split_env("SDRT_DISABLE_PLUGINS")
         for ep in sorted(md.entry_points(group=GROUP), key=lambda e: e.name):
@@ -203,8 +207,6 @@ class Registry:
 
     @staticmethod
     def version_error(record: PluginRecord, declared: tuple[int, ...]) -> PluginVersionError:
-        from . import __version__
-
         dist = record.distribution or record.module
         have = f" {record.version}" if record.version else ""
         return PluginVersionError(
@@ -251,12 +253,18 @@ _registry: Registry | None = None
 _lock = threading.Lock()
 
 
+#: plugins that ship with the core, registered before any entry point through the same hooks
+#: (as llm's default plugins are): {plugin name: module}
+BUILTIN_PLUGINS = {"samplers": "sdrt.samplers.builtin"}
+
+
 def get_registry() -> Registry:
-    """The process-wide registry, loading entry points on first use."""
+    """The process-wide registry: the built-in plugins, then the entry points, on first use."""
     global _registry
     with _lock:
         if _registry is None:
             reg = Registry()
+            reg.load_builtins()
             if os.environ.get("SDRT_LOAD_ENTRY_POINTS", "1") != "0":
                 reg.load_entry_points()
             _registry = reg

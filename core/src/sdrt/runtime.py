@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .backend import Backend, Device, Session
 from .errors import BackendUnavailable, NoDeviceError, UnknownBackendError
+from .graph import Graph
 from .plugins import Registry, get_registry
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .graph import Graph
-    from .weights import Weights
+from .weights import Weights
 
 log = logging.getLogger("sdrt.runtime")
 
@@ -30,8 +28,6 @@ def load(
     device here and logs its choice. An explicit ``backend`` or ``device`` that
     is missing, broken or unusable raises; there is no silent fallback.
     """
-    from .graph import Graph
-
     be, dev = select(backend, device)  # before any file I/O: a wrong name fails fast
     graph = model if isinstance(model, Graph) else Graph.load(model)
     bound = _open_weights(weights)
@@ -42,8 +38,6 @@ def load(
 def _open_weights(weights: Any) -> Weights | None:
     if weights is None:
         return None
-    from .weights import Weights
-
     if isinstance(weights, Weights):
         return weights
     return Weights.open(weights)
@@ -51,8 +45,13 @@ def _open_weights(weights: Any) -> Weights | None:
 
 def select(backend: str = "auto", device: str | Device | None = None,
            registry: Registry | None = None) -> tuple[Backend, Device]:
-    """Resolve a backend name (or ``"auto"``) and a device to usable objects."""
+    """Resolve a backend name (or ``"auto"``) and a device to usable objects.
+
+    ``device`` may name its backend as ``sdrt info`` prints it: ``"openvino:CPU"``.
+    """
     reg = registry or get_registry()
+    if isinstance(device, str):
+        backend, device = _split_device(reg, backend, device)
     if backend == "auto":
         if isinstance(device, Device):
             backend = device.backend
@@ -60,6 +59,18 @@ def select(backend: str = "auto", device: str | Device | None = None,
             return _auto(reg, device)
     be = _named_backend(reg, backend)
     return be, device_of(be, device)
+
+
+def _split_device(reg: Registry, backend: str, device: str) -> tuple[str, str]:
+    """``("openvino", "CPU")`` for ``"openvino:CPU"`` when ``openvino`` is a backend; else unchanged."""
+    prefix, sep, rest = device.partition(":")
+    if not sep or prefix not in reg.backends:
+        return backend, device  # a plain id, which may hold a colon itself ("cuda:0")
+    if backend not in ("auto", prefix):
+        raise NoDeviceError(f"device {device!r} belongs to backend {prefix!r}, but backend {backend!r} was asked for",
+                            where=f"sdrt.load(backend={backend!r}, device={device!r})",
+                            fix=f"drop the backend, or pass device={rest!r}")
+    return prefix, rest
 
 
 def device_of(be: Backend, device: str | Device | None = None) -> Device:
@@ -118,9 +129,6 @@ def _pick_device(be: Backend, devices: list[Device], wanted: str | Device | None
 
 
 def _auto(reg: Registry, device: str | None) -> tuple[Backend, Device]:
-    from .hardware.report import warn_missing_plugin
-
-    warn_missing_plugin({n for n, r in reg.plugins.items() if r.ok} | set(reg.backends))
     candidates: list[tuple[Backend, list[Device]]] = []
     reasons: list[str] = []
     for be in sorted(reg.backends.values(), key=lambda b: (-b.priority, b.name)):

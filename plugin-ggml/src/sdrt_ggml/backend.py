@@ -1,14 +1,16 @@
-"""``GgmlBackend``: devices from ggml's backend registry, compile = lower + allocate."""
+"""``GgmlBackend``: devices from ggml's backend registry; compile = check, lower, then a session allocates."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
+import os
 from typing import Any
 
 from sdrt import Backend, Device, Session, TensorInfo, resolve_weights
-from sdrt.errors import BackendUnavailable, ModelError, SdrtError
+from sdrt.errors import ModelError, SdrtError
 
+from .devices import list_devices, open_device, supports_flash_attn
+from .lower import LoweringSpec, free_lowered, lower_graph
 from .support import check_graph
 
 log = logging.getLogger("sdrt.ggml")
@@ -16,45 +18,6 @@ log = logging.getLogger("sdrt.ggml")
 #: options ``compile`` accepts
 OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "transpose", "layouts", "pad_k", "flash_attn", "scheduler",
            "accel")
-_KIND = {0: "cpu", 1: "gpu", 2: "gpu"}
-
-
-def _ggml() -> Any:
-    from .ops._common import gg
-
-    try:
-        ggml = gg()
-    except (ImportError, OSError, RuntimeError) as exc:
-        raise BackendUnavailable(
-            f"ggml-python cannot be imported: {exc}",
-            where="import ggml",
-            fix="pip install ggml-python (it builds ggml from source: a C/C++ compiler and cmake are needed)",
-        ) from exc
-    return ggml
-
-
-def list_devices() -> list[Device]:
-    """Every CPU/GPU device the ggml build registered (accelerators such as BLAS are used with the CPU)."""
-    g = _ggml()
-    out: list[Device] = []
-    for i in range(g.ggml_backend_dev_count()):
-        dev = g.ggml_backend_dev_get(i)
-        kind = _KIND.get(int(g.ggml_backend_dev_type(dev)))
-        if kind is None:
-            continue
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        name = g.ggml_backend_dev_name(dev).decode()
-        reg = g.ggml_backend_dev_backend_reg(dev)
-        props: dict[str, Any] = {"ggml_backend": g.ggml_backend_reg_name(reg).decode() if reg else "",
-                                 "free_bytes": int(free.value)}
-        if kind == "cpu":
-            props["tinyblas"] = bool(g.ggml_cpu_has_llamafile())
-        out.append(Device(
-            backend="ggml", id=name, name=g.ggml_backend_dev_description(dev).decode(), kind=kind,
-            memory_bytes=int(total.value) or None, properties=props,
-        ))
-    return out
 
 
 def _static_inputs(graph: Any) -> list[TensorInfo]:
@@ -85,8 +48,8 @@ class GgmlBackend(Backend):
 
         if device.kind == "cpu" and not device.properties.get("tinyblas", True):
             log.warning("ggml-python was built without GGML_LLAMAFILE: float32 matmuls run about 4x slower; "
-                        "reinstall with CMAKE_ARGS=-DGGML_LLAMAFILE=on pip install --force-reinstall "
-                        "--no-cache-dir ggml-python")
+                        "reinstall sdrt-ggml from source (pip install --force-reinstall --no-cache-dir ggml-python "
+                        "with CMAKE_ARGS=-DGGML_LLAMAFILE=on), see docs/ggml.md")
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",
@@ -96,9 +59,28 @@ class GgmlBackend(Backend):
             graph = graph.with_shapes(dict(options["shapes"]))  # the core pins dims and checks them
         model = graph.model
         inputs = _static_inputs(graph)
-        inits = resolve_weights(graph, weights)
-        opsets = {o.domain or "": int(o.version) for o in model.opset_import}
-        return GgmlSession(
-            nodes=model.graph.node, initializers=inits, inputs=inputs, outputs=graph.outputs, opsets=opsets,
-            device_name=device.id, options=options, graph=graph, where=graph.name,
-        )
+        arrays = resolve_weights(graph, weights)
+        threads = int(options.get("threads") or os.cpu_count() or 1)
+        handles = open_device(device.id, threads, accel=bool(options.get("accel", False)))
+        try:
+            flash = options.get("flash_attn")
+            spec = LoweringSpec(
+                nodes=list(model.graph.node), initializers=dict(arrays),
+                input_infos=[(i.name, tuple(int(d) for d in i.shape), i.dtype) for i in inputs],  # type: ignore[arg-type]
+                output_names=[o.name for o in graph.outputs],
+                opsets={o.domain or "": int(o.version) for o in model.opset_import},
+                options=dict(options),
+                supports_flash_attn=supports_flash_attn(handles) if flash is None else bool(flash),
+                on_cpu=handles.is_cpu,
+            )
+            lowered = lower_graph(spec)
+        except BaseException:
+            handles.free()
+            raise
+        try:
+            return GgmlSession(inputs, graph.outputs, graph=graph, spec=spec, lowered=lowered, device=handles,
+                               scheduler=bool(options.get("scheduler")), where=graph.name)
+        except BaseException:
+            free_lowered(lowered)  # the session freed what it had started to allocate
+            handles.free()
+            raise

@@ -22,7 +22,8 @@ from sdrt.errors import UnsupportedGraph
 
 from . import fold
 from .ops import FOLD_ONLY, REGISTRY, load_all
-from .ops._common import H, T, Value, gg, ne_of, unsupported
+from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported
+from .rewrites import OPTIONAL, REWRITES
 
 log = logging.getLogger("sdrt.ggml.lower")
 
@@ -42,7 +43,7 @@ def _no_op() -> Any:
     def fill_nothing(_dst: Any, _ith: int, _nth: int, _userdata: Any) -> None:
         return None
 
-    return gg().ggml_custom_op_t(fill_nothing)
+    return ggml_lib().ggml_custom_op_t(fill_nothing)
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Lowered:
 
     ctx: Any
     wctx: Any
-    inputs: dict[str, T]
+    inputs: dict[str, GTensor]
     outputs: dict[str, Value]
     pending: list[tuple[Any, np.ndarray]] = field(default_factory=list)
     bindings: list[Binding] = field(default_factory=list)
@@ -71,10 +72,16 @@ class Lowered:
     #: host-evaluated nodes, in order: (node, input refs) with refs ("const", array) / ("value", name)
     host_plan: list[tuple[Any, list[tuple[str, Any]]]] = field(default_factory=list)
     #: host values that ggml reads: name -> the input tensor they are copied into
-    host_tensors: dict[str, T] = field(default_factory=dict)
+    host_tensors: dict[str, GTensor] = field(default_factory=dict)
     #: graph inputs used as Gather indices: input name -> size of the gathered axis
     index_checks: dict[str, int] = field(default_factory=dict)
     n_ops: int = 0
+    #: how many ggml tensors the compute context was sized for (the graph is sized from it)
+    n_tensors: int = 0
+    #: fused-kernel rewrites that matched ("attention": 2, ...)
+    rewrite_hits: dict[str, int] = field(default_factory=dict)
+    #: which implementation each op got, where there is a choice ("conv window": 12, ...)
+    impl_hits: dict[str, int] = field(default_factory=dict)
 
 
 def ctypes_addr(p: Any) -> int:
@@ -88,7 +95,7 @@ _HOST_AWARE = {"GatherND"}
 
 
 class Lowering:
-    """State while lowering one graph. Op functions receive it as ``lw``."""
+    """State while lowering one graph. Op functions receive it as ``lowering``."""
 
     def __init__(
         self,
@@ -122,19 +129,14 @@ class Lowering:
                 self._uses[i] = self._uses.get(i, 0) + 1
         for o in self.output_names:
             self._uses[o] = self._uses.get(o, 0) + 1
-        from .ops.op_fused import OPTIONAL, REWRITES
-
         wanted = self.options.get("rewrites", "all")
         self.rewrites_on = set(OPTIONAL) if wanted == "all" else set(wanted or ())
         self.rewrites_on.add("gelu")
         self._rewrites = REWRITES
-        self.rewrite_hits: dict[str, int] = {}
-        #: which implementation each op got, where there is a choice ("conv window": 12, ...)
-        self.impl_hits: dict[str, int] = {}
         self._init_ids = {id(a): n for n, a in self.inits.items()}
-        self._const_cache: dict[tuple[int, str], T] = {}
+        self._const_cache: dict[tuple[int, str], GTensor] = {}
         self._keep: list[np.ndarray] = []
-        g = gg()
+        g = ggml_lib()
         n = len(self.nodes)
         # ggml tensors (ops and views) per ONNX node: a kxk conv built by row copies takes up to
         # 2 per kernel tap and padding strip (about 100 for 3x3); most other nodes take a handful
@@ -142,11 +144,13 @@ class Lowering:
         self._n_tensors = 24 * n + 200 * heavy + 4 * len(self.inits) + 1024
         self.ctx = self._new_ctx(self._n_tensors * g.ggml_tensor_overhead() + (1 << 20))
         self.wctx = self._new_ctx((4 * n + len(self.inits) + 256) * g.ggml_tensor_overhead())
-        self.out = Lowered(self.ctx, self.wctx, {}, {})
+        self.out = Lowered(self.ctx, self.wctx, {}, {}, n_tensors=self._n_tensors)
+        self.rewrite_hits = self.out.rewrite_hits
+        self.impl_hits = self.out.impl_hits
 
     @staticmethod
     def _new_ctx(size: int) -> Any:
-        g = gg()
+        g = ggml_lib()
         params = g.ggml_init_params(mem_size=int(size), mem_buffer=None, no_alloc=True)
         ctx = g.ggml_init(params)
         if not ctx:
@@ -155,7 +159,7 @@ class Lowering:
 
     # -- constants -----------------------------------------------------------
     def const(self, arr: np.ndarray, *, transform: Callable[[np.ndarray], np.ndarray] | None = None,
-              tag: str = "", dtype: str | None = None) -> T:
+              tag: str = "", dtype: str | None = None) -> GTensor:
         """A weights-buffer tensor holding ``transform(arr)`` (float data as float32)."""
         key = (id(arr), tag)
         if key in self._const_cache:
@@ -164,7 +168,7 @@ class Lowering:
         if dtype is None:
             dtype = "int32" if data.dtype.kind in "iub" else "float32"
         data = np.ascontiguousarray(data, dtype=np.dtype(dtype))
-        g = gg()
+        g = ggml_lib()
         ne = ne_of(data.shape)
         t = g.ggml_new_tensor_4d(self.wctx, getattr(g, _NP_TO_GGML[dtype]), *ne)
         name = self._init_ids.get(id(arr))
@@ -173,7 +177,7 @@ class Lowering:
             self.out.bindings.append(Binding(name, t, transform, dtype))
         self.out.pending.append((t, data))
         self._keep.append(arr)  # keep id(arr) unique while cached
-        value = T(t, tuple(int(d) for d in data.shape), "int32" if dtype == "int32" else "float32")
+        value = GTensor(t, tuple(int(d) for d in data.shape), "int32" if dtype == "int32" else "float32")
         self._const_cache[key] = value
         return value
 
@@ -185,11 +189,11 @@ class Lowering:
 
         A tensor with no producing op is a graph leaf, and ggml's graph allocator places
         every leaf before the first node: all the conv scratches of a graph would be live
-        at once (a full-size SD VAE decoder peaked at 8.1 GiB that way). On the CPU the
+        at once. On the CPU the
         scratch is instead the result of a no-op custom op that depends on ``after``, so
         the allocator places it when the graph gets there and frees it after its last use.
         """
-        g = gg()
+        g = ggml_lib()
         if not self.on_cpu:
             t = g.ggml_new_tensor_4d(self.ctx, g.GGML_TYPE_F32, *ne)
             self.out.scratch.append(t)  # the scheduler needs to be told where a leaf lives
@@ -204,7 +208,7 @@ class Lowering:
     def n_uses(self, name: str) -> int:
         return self._uses.get(name, 0)
 
-    def input_name_of(self, t: T) -> str | None:
+    def input_name_of(self, t: GTensor) -> str | None:
         """The graph input (or host value) that ``t`` is (not a view of it), if any."""
         for name, v in list(self.out.inputs.items()) + list(self.out.host_tensors.items()):
             if v.ptr is t.ptr or ctypes_addr(v.ptr) == ctypes_addr(t.ptr):
@@ -216,7 +220,7 @@ class Lowering:
 
     # -- the walk ------------------------------------------------------------
     def lower(self) -> Lowered:
-        g = gg()
+        g = ggml_lib()
         for name, arr in self.inits.items():
             self.values[name] = arr
         for name, shape, dtype in self.input_infos:
@@ -231,7 +235,7 @@ class Lowering:
             g.ggml_set_name(t, name[:63].encode())
             g.ggml_set_input(t)
             kind = "int32" if gtype == g.GGML_TYPE_I32 else (dtype if dtype in CARRIED else "float32")
-            v = T(t, tuple(shape), kind)
+            v = GTensor(t, tuple(shape), kind)
             self.values[name] = v
             self.out.inputs[name] = v
         for node in self.nodes:
@@ -260,10 +264,14 @@ class Lowering:
                 )
             ins.append(self.values[n])
         present = [v for v in ins if v is not None]
+        if node.op_type in ("Shape", "Size") and isinstance(ins[0], HostValue):
+            # a host value's shape is static: a constant, not run-time host work
+            ins = [ins[0].example]
+            present = ins
         if self._host_node(node, ins):
             return
-        if any(isinstance(v, H) for v in present) and node.op_type not in _HOST_AWARE:
-            ins = [self._materialize(v) if isinstance(v, H) else v for v in ins]
+        if any(isinstance(v, HostValue) for v in present) and node.op_type not in _HOST_AWARE:
+            ins = [self._materialize(v) if isinstance(v, HostValue) else v for v in ins]
             present = [v for v in ins if v is not None]
         if all(isinstance(v, np.ndarray) for v in present) and not node.domain.startswith("sdrt"):
             for v in present:
@@ -278,7 +286,7 @@ class Lowering:
             if fn is None:
                 raise unsupported(node, f"no lowering for {node.op_type}")
             if node.op_type not in LAYOUT_OPS:
-                odd = {v.dtype for v in present if isinstance(v, T) and v.dtype in CARRIED}
+                odd = {v.dtype for v in present if isinstance(v, GTensor) and v.dtype in CARRIED}
                 if odd:
                     raise unsupported(node, f"{node.op_type} on {', '.join(sorted(odd))} tensors")
             try:
@@ -294,14 +302,14 @@ class Lowering:
                 self.values[name] = v
 
     def _host_capable(self, v: Value | None) -> bool:
-        if isinstance(v, H):
+        if isinstance(v, HostValue):
             return True
-        return isinstance(v, T) and v.dtype == "int32" and self.input_name_of(v) in self.out.inputs
+        return isinstance(v, GTensor) and v.dtype == "int32" and self.input_name_of(v) in self.out.inputs
 
     def _host_example(self, v: Any) -> Any:
-        if isinstance(v, H):
+        if isinstance(v, HostValue):
             return v.example
-        if isinstance(v, T):  # an integer graph input
+        if isinstance(v, GTensor):  # an integer graph input
             name = self.input_name_of(v)
             dtype = next(d for n, _, d in self.input_infos if n == name)
             return np.zeros(v.shape, dtype=np.dtype(dtype))
@@ -329,14 +337,14 @@ class Lowering:
                 if self._init_ids.get(id(v)) is not None:
                     self.out.folded_inits.add(self._init_ids[id(v)])
             else:
-                refs.append(("value", self.input_name_of(v) if isinstance(v, T) else v.name))
+                refs.append(("value", self.input_name_of(v) if isinstance(v, GTensor) else v.name))
         self.out.host_plan.append((node, refs))
         for name, e in zip(node.output, examples):
             if name:
-                self.values[name] = H(name, e)
+                self.values[name] = HostValue(name, e)
         return True
 
-    def host_map(self, h: H, fn: Callable[[np.ndarray], np.ndarray], tag: str) -> H:
+    def host_map(self, h: HostValue, fn: Callable[[np.ndarray], np.ndarray], tag: str) -> HostValue:
         """A new host value ``fn(h)``, computed on the host before each run."""
         name = f"{h.name}::{tag}"
 
@@ -347,17 +355,17 @@ class Lowering:
                 return [fn(arr)]
 
         self.out.host_plan.append((_Step(), [("value", h.name)]))
-        return H(name, fn(h.example))
+        return HostValue(name, fn(h.example))
 
-    def _materialize(self, h: H) -> T:
+    def _materialize(self, h: HostValue) -> GTensor:
         """The ggml input tensor a host value is copied into before each run."""
         if h.name in self.out.host_tensors:
             return self.out.host_tensors[h.name]
-        g = gg()
+        g = ggml_lib()
         is_int = h.example.dtype.kind in "iub"
         t = g.ggml_new_tensor_4d(self.ctx, g.GGML_TYPE_I32 if is_int else g.GGML_TYPE_F32, *ne_of(h.example.shape))
         g.ggml_set_input(t)
-        v = T(t, tuple(int(d) for d in h.example.shape), "int32" if is_int else "float32")
+        v = GTensor(t, tuple(int(d) for d in h.example.shape), "int32" if is_int else "float32")
         self.out.host_tensors[h.name] = v
         return v
 
@@ -369,3 +377,36 @@ class Lowering:
                     self.rewrite_hits[name] = self.rewrite_hits.get(name, 0) + 1
                     return outs
         return None
+
+
+@dataclass
+class LoweringSpec:
+    """Everything one lowering reads: the session keeps it to lower again when a folded weight changes."""
+
+    nodes: list[Any]
+    initializers: dict[str, np.ndarray]
+    input_infos: list[tuple[str, tuple[int, ...], str]]
+    output_names: list[str]
+    opsets: dict[str, int]
+    options: dict[str, Any]
+    supports_flash_attn: bool = True
+    on_cpu: bool = True
+
+
+def lower_graph(spec: LoweringSpec) -> Lowered:
+    """Lower the graph ``spec`` describes; the contexts it returns are freed with ``free_lowered``."""
+    lowering = Lowering(spec.nodes, spec.initializers, spec.input_infos, spec.output_names, spec.opsets,
+                        options=spec.options, supports_flash_attn=spec.supports_flash_attn, on_cpu=spec.on_cpu)
+    try:
+        return lowering.lower()
+    except BaseException:
+        free_lowered(lowering.out)
+        raise
+
+
+def free_lowered(lowered: Lowered) -> None:
+    lib = ggml_lib()
+    for ctx in (lowered.ctx, lowered.wctx):
+        if ctx:
+            lib.ggml_free(ctx)
+    lowered.ctx = lowered.wctx = None

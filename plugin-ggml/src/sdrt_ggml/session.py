@@ -1,15 +1,14 @@
 """``GgmlSession``: one lowered graph, allocated once, run many times.
 
-Compile builds the ggml graph once, uploads the weights to a backend buffer
-and allocates every intermediate with ggml's graph allocator. ``run`` only
-copies the inputs in, computes, and copies the outputs out.
+``GgmlBackend.compile`` lowers the graph (``lower.lower_graph``) and opens the device; the
+session uploads the weights to a backend buffer and allocates every intermediate with
+ggml's graph allocator. ``run`` only copies the inputs in, computes, and copies the outputs out.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -18,8 +17,9 @@ from sdrt import Session, TensorInfo
 from sdrt.errors import InputError, SdrtError
 
 from . import fold
-from .lower import Lowered, Lowering
-from .ops._common import H, T, gg
+from .devices import DeviceHandles
+from .lower import Lowered, LoweringSpec, free_lowered, lower_graph
+from .ops._common import GTensor, HostValue, ggml_lib
 
 log = logging.getLogger("sdrt.ggml.session")
 
@@ -29,125 +29,64 @@ GRAPH_SIZE_MIN = 8192
 class GgmlSession(Session):
     def __init__(
         self,
-        *,
-        nodes: Sequence[Any],
-        initializers: dict[str, np.ndarray],
         inputs: Sequence[TensorInfo],
         outputs: Sequence[TensorInfo],
-        opsets: Mapping[str, int],
-        device_name: str,
-        options: Mapping[str, Any],
+        *,
         graph: Any = None,
+        spec: LoweringSpec,
+        lowered: Lowered,
+        device: DeviceHandles,
+        scheduler: bool = False,
         where: str = "<graph>",
     ) -> None:
         super().__init__(inputs, outputs, graph=graph)
-        self._nodes = list(nodes)
-        self._inits = initializers
-        self._opsets = dict(opsets)
-        self._device_name = device_name
-        self._options = dict(options)
+        self._spec = spec
+        self._device = device
+        self._use_sched = scheduler
         self._where = where
-        self._backend: Any = None
-        self._cpu: Any = None
         self._sched: Any = None
         self._allocr: Any = None
         self._wbuf: Any = None
-        self._lo: Lowered | None = None
-        self.rewrite_hits: dict[str, int] = {}
-        self.impl_hits: dict[str, int] = {}
-        self._build()
+        self._lo: Lowered | None = lowered
+        try:
+            self._build(lowered)
+        except BaseException:
+            self._free()
+            raise
+
+    @property
+    def rewrite_hits(self) -> dict[str, int]:
+        return dict(self._lo.rewrite_hits) if self._lo else {}
+
+    @property
+    def impl_hits(self) -> dict[str, int]:
+        return dict(self._lo.impl_hits) if self._lo else {}
 
     # -- building ------------------------------------------------------------
-    def _init_backend(self) -> None:
-        g = gg()
-        threads = int(self._options.get("threads") or os.cpu_count() or 1)
-        dev = g.ggml_backend_dev_by_name(self._device_name.encode())
-        if not dev:
-            raise SdrtError(f"ggml device {self._device_name!r} is not available", where="ggml backend registry",
-                            fix="list devices with sdrt info, or rebuild ggml-python with that backend")
-        self._backend = g.ggml_backend_dev_init(dev, None)
-        if not self._backend:
-            raise SdrtError(f"ggml could not initialize device {self._device_name!r}", where="ggml_backend_dev_init",
-                            fix="check the device's driver, or use device='CPU'")
-        self._is_cpu = bool(g.ggml_backend_is_cpu(self._backend))
-        if self._is_cpu:
-            g.ggml_backend_cpu_set_n_threads(self._backend, threads)
-        else:
-            self._cpu = g.ggml_backend_cpu_init()
-            g.ggml_backend_cpu_set_n_threads(self._cpu, threads)
-        # off by default: with OpenBLAS (GGML_BLAS=on) the float32 UNet took 1.11x and the text
-        # encoder 1.59x the time of ggml's own kernels on the 2-core test machine
-        self._accel = self._init_accel(threads) if self._is_cpu and self._options.get("accel", False) else []
-
-    @staticmethod
-    def _init_accel(threads: int) -> list[Any]:
-        """Accelerator backends built into ggml (BLAS, AMX...): they take the ops they support, the
-        CPU the rest, through ggml's scheduler."""
-        g = gg()
-        out = []
-        for i in range(g.ggml_backend_dev_count()):
-            dev = g.ggml_backend_dev_get(i)
-            if int(g.ggml_backend_dev_type(dev)) != g.GGML_BACKEND_DEVICE_TYPE_ACCEL:
-                continue
-            be = g.ggml_backend_dev_init(dev, None)
-            if not be:
-                continue
-            if g.ggml_backend_dev_name(dev).decode().upper().startswith("BLAS"):
-                try:
-                    g.ggml_backend_blas_set_n_threads(be, threads)
-                except (AttributeError, RuntimeError):  # bindings built without BLAS
-                    pass
-            out.append(be)
-        return out
-
-    def _flash_attn_ok(self) -> bool:
-        """Whether this backend runs ggml_flash_attn_ext on float32 tensors (probed on a tiny graph)."""
-        if self._options.get("flash_attn") is not None:
-            return bool(self._options["flash_attn"])
-        if self._is_cpu:
-            return True
-        g = gg()
-        ctx = g.ggml_init(g.ggml_init_params(mem_size=16 * g.ggml_tensor_overhead() + 4096, mem_buffer=None,
-                                             no_alloc=True))
-        try:
-            q = g.ggml_new_tensor_4d(ctx, g.GGML_TYPE_F32, 64, 8, 1, 1)
-            k = g.ggml_new_tensor_4d(ctx, g.GGML_TYPE_F32, 64, 8, 1, 1)
-            y = g.ggml_flash_attn_ext(ctx, q, k, k, None, 1.0, 0.0, 0.0)
-            return bool(g.ggml_backend_supports_op(self._backend, y))
-        finally:
-            g.ggml_free(ctx)
-
-    def _build(self) -> None:
-        g = gg()
-        self._init_backend()
-        infos = [(i.name, tuple(int(d) for d in i.shape), i.dtype) for i in self.inputs]  # type: ignore[arg-type]
-        lw = Lowering(self._nodes, self._inits, infos, [o.name for o in self.outputs], self._opsets,
-                      options=self._options, supports_flash_attn=self._flash_attn_ok(), on_cpu=self._is_cpu)
-        lo = lw.lower()
-        self.rewrite_hits = dict(lw.rewrite_hits)
-        self.impl_hits = dict(lw.impl_hits)
+    def _build(self, lo: Lowered) -> None:
+        g = ggml_lib()
         self._lo = lo
-        size = max(GRAPH_SIZE_MIN, 4 * lw._n_tensors)
+        size = max(GRAPH_SIZE_MIN, 4 * lo.n_tensors)
         self._graph = g.ggml_new_graph_custom(lo.ctx, size, False)
-        self._out_tensors: dict[str, T] = {}
+        self._out_tensors: dict[str, GTensor] = {}
         for name, v in lo.outputs.items():
-            if isinstance(v, T):
+            if isinstance(v, GTensor):
                 if not g.ggml_is_contiguous(v.ptr) or v.ptr.contents.view_src:
-                    v = T(g.ggml_cont(lo.ctx, v.ptr), v.shape, v.dtype)
+                    v = GTensor(g.ggml_cont(lo.ctx, v.ptr), v.shape, v.dtype)
                 g.ggml_set_output(v.ptr)
                 g.ggml_build_forward_expand(self._graph, v.ptr)
                 self._out_tensors[name] = v
         self._alloc_weights(lo)
         self._alloc_graph()
         log.info("lowered %s: %d ggml nodes, %d weight tensors, rewrites %s", self._where,
-                 g.ggml_graph_n_nodes(self._graph), len(lo.pending), self.rewrite_hits)
+                 g.ggml_graph_n_nodes(self._graph), len(lo.bindings), lo.rewrite_hits)
 
     def _alloc_weights(self, lo: Lowered) -> None:
-        g = gg()
+        g = ggml_lib()
         if lo.pending:
-            self._wbuf = g.ggml_backend_alloc_ctx_tensors(lo.wctx, self._backend)
+            self._wbuf = g.ggml_backend_alloc_ctx_tensors(lo.wctx, self._device.backend)
             if not self._wbuf:
-                raise SdrtError("could not allocate the weights buffer", where=f"ggml device {self._device_name}",
+                raise SdrtError("could not allocate the weights buffer", where=f"ggml device {self._device.name}",
                                 fix="free memory, or use a smaller model or another device")
             g.ggml_backend_buffer_set_usage(self._wbuf, g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
         for t, data in lo.pending:
@@ -155,13 +94,14 @@ class GgmlSession(Session):
         lo.pending = []
 
     def _alloc_graph(self) -> None:
-        g = gg()
-        if self._is_cpu and not self._options.get("scheduler") and not self._accel:
-            self._allocr = g.ggml_gallocr_new(g.ggml_backend_get_default_buffer_type(self._backend))
+        g = ggml_lib()
+        dev = self._device
+        if dev.is_cpu and not self._use_sched and not dev.accel:
+            self._allocr = g.ggml_gallocr_new(g.ggml_backend_get_default_buffer_type(dev.backend))
             ok = g.ggml_gallocr_alloc_graph(self._allocr, self._graph)
         else:
-            backends = ([self._backend] + ([self._cpu] if self._cpu else []) if not self._is_cpu
-                        else [*self._accel, self._backend])  # the CPU must come last
+            backends = ([dev.backend] + ([dev.cpu] if dev.cpu else []) if not dev.is_cpu
+                        else [*dev.accel, dev.backend])  # the CPU must come last
             arr = (g.ggml_backend_t_ctypes * len(backends))(*backends)
             self._sched = g.ggml_backend_sched_new(arr, None, len(backends), g.ggml_graph_size(self._graph),
                                                    False, True)
@@ -171,21 +111,21 @@ class GgmlSession(Session):
             ok = g.ggml_backend_sched_alloc_graph(self._sched, self._graph)
         if not ok:
             raise SdrtError("could not allocate memory for the graph's intermediate tensors",
-                            where=f"ggml device {self._device_name}",
+                            where=f"ggml device {self._device.name}",
                             fix="free memory, use smaller input shapes, or another device")
 
     def compute_bytes(self) -> int:
         """Bytes of the buffers ggml's allocator placed the graph's intermediate tensors in
         (the run's working memory, on top of the weights)."""
-        g = gg()
+        g = ggml_lib()
         if self._allocr:
             return int(g.ggml_gallocr_get_buffer_size(self._allocr, 0))
-        backends = [self._backend, self._cpu, *self._accel]
+        backends = [self._device.backend, self._device.cpu, *self._device.accel]
         return sum(int(g.ggml_backend_sched_get_buffer_size(self._sched, b)) for b in backends if b)
 
     # -- running -------------------------------------------------------------
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        g = gg()
+        g = ggml_lib()
         assert self._lo is not None
         host = self._host_values(feeds)
         sources = [(n, t, feeds) for n, t in self._lo.inputs.items()]
@@ -201,7 +141,7 @@ class GgmlSession(Session):
         if self._sched is not None:
             status = g.ggml_backend_sched_graph_compute(self._sched, self._graph)
         else:
-            status = g.ggml_backend_graph_compute(self._backend, self._graph)
+            status = g.ggml_backend_graph_compute(self._device.backend, self._graph)
         if status != g.GGML_STATUS_SUCCESS:
             raise SdrtError(f"ggml graph compute failed with status {status}", where=self._where,
                             fix="check free memory; run with device='CPU' to compare")
@@ -210,7 +150,7 @@ class GgmlSession(Session):
             v = self._lo.outputs[info.name]
             if isinstance(v, np.ndarray):
                 arr = np.array(v)
-            elif isinstance(v, H):
+            elif isinstance(v, HostValue):
                 arr = np.array(host[v.name])
             else:
                 t = self._out_tensors[info.name]
@@ -228,7 +168,7 @@ class GgmlSession(Session):
         vals: dict[str, np.ndarray] = dict(feeds)
         for node, refs in self._lo.host_plan:
             args = [arg if kind == "const" else vals[arg] for kind, arg in refs]
-            outs = node(*args) if callable(node) else fold.fold_node(node, args, self._opsets)
+            outs = node(*args) if callable(node) else fold.fold_node(node, args, self._spec.opsets)
             for name, out in zip(node.output, outs):
                 if name:
                     vals[name] = out
@@ -239,15 +179,15 @@ class GgmlSession(Session):
         """Write new initializer values into the backend buffer; rebuild only when a weight was folded."""
         assert self._lo is not None
         bound = {b.name for b in self._lo.bindings}
-        used = {i for n in self._nodes for i in n.input}
+        used = {i for n in self._spec.nodes for i in n.input}
         rebuild = [k for k in arrays if k in used and (k not in bound or k in self._lo.folded_inits)]
-        self._inits.update({k: np.asarray(v) for k, v in arrays.items()})
+        self._spec.initializers.update({k: np.asarray(v) for k, v in arrays.items()})
         if rebuild:
-            log.info("update_weights: %d weights feed compile-time folding; rebuilding the ggml graph", len(rebuild))
-            self._free()
-            self._build()
+            log.info("update_weights: %d weights feed compile-time folding; lowering the graph again", len(rebuild))
+            self._free_graph()
+            self._build(lower_graph(self._spec))
             return
-        g = gg()
+        g = ggml_lib()
         for b in self._lo.bindings:
             if b.name in arrays:
                 data = np.asarray(arrays[b.name])
@@ -259,8 +199,9 @@ class GgmlSession(Session):
                 g.ggml_backend_tensor_set(b.tensor, data.ctypes.data, 0, data.nbytes)
 
     # -- teardown ------------------------------------------------------------
-    def _free(self) -> None:
-        g = gg()
+    def _free_graph(self) -> None:
+        """Free the allocations and the lowered contexts (the device stays open)."""
+        g = ggml_lib()
         if self._sched:
             g.ggml_backend_sched_free(self._sched)
             self._sched = None
@@ -271,16 +212,12 @@ class GgmlSession(Session):
             g.ggml_backend_buffer_free(self._wbuf)
             self._wbuf = None
         if self._lo is not None:
-            g.ggml_free(self._lo.ctx)
-            g.ggml_free(self._lo.wctx)
+            free_lowered(self._lo)
             self._lo = None
-        for be in getattr(self, "_accel", []):
-            g.ggml_backend_free(be)
-        self._accel = []
-        for attr in ("_backend", "_cpu"):
-            if getattr(self, attr):
-                g.ggml_backend_free(getattr(self, attr))
-                setattr(self, attr, None)
+
+    def _free(self) -> None:
+        self._free_graph()
+        self._device.free()
 
     def close(self) -> None:
         if not self._closed:

@@ -121,6 +121,8 @@ class OpenVINOBackend(Backend):
     api_version = (1, 0)
     priority = 50  # above the reference backend (0)
     conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE
+    precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "fp32": {"precision": "f32"}, "fp16": {"precision": "f16"}, "bf16": {"precision": "bf16"}}
 
     def __init__(self) -> None:
         self._core: ov.Core | None = None

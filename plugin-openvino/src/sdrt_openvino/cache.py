@@ -18,6 +18,7 @@ import logging
 import os
 import struct
 import tempfile
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,9 @@ from typing import Any
 log = logging.getLogger("sdrt.openvino.cache")
 
 MAGIC = b"SDRTOVB1"
+#: a temporary file this much older than now was left by a writer that died (killed mid-write):
+#: a live writer finishes a blob in seconds to minutes
+STALE_TMP_S = 6 * 3600
 _HEADER = struct.Struct("<8s32sQ")  # magic, sha256 of the blob, blob length
 
 
@@ -78,12 +82,33 @@ class CompiledCache:
             return self._corrupt(path, "checksum mismatch")
         return bytes(blob)
 
+    def sweep(self, max_age_s: float = STALE_TMP_S) -> list[Path]:
+        """Remove temporary files that killed writers left behind (older than ``max_age_s``); return them."""
+        removed = []
+        cutoff = time.time() - max_age_s
+        try:
+            leftovers = list(self.root.glob(".*.tmp"))
+        except OSError:
+            return removed
+        for tmp in leftovers:
+            with contextlib.suppress(OSError):
+                if tmp.stat().st_mtime < cutoff:
+                    tmp.unlink()
+                    removed.append(tmp)
+        if removed:
+            log.info("removed %d temporary files left by interrupted cache writes in %s", len(removed), self.root)
+        return removed
+
     def write(self, key: str, blob: bytes) -> None:
-        """Store ``blob`` atomically; failures are logged, never raised (the cache is optional)."""
+        """Store ``blob`` atomically; failures are logged, never raised (the cache is optional).
+
+        Every write first sweeps the temporary files that killed writers left behind.
+        """
         path = self.path(key)
         tmp = None
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            self.sweep()
             fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.root)
             with os.fdopen(fd, "wb") as f:
                 f.write(_HEADER.pack(MAGIC, hashlib.sha256(blob).digest(), len(blob)))

@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import ggml  # noqa: F401 - the tests session installs sdrt-ggml: a missing ggml must fail, not skip
 import numpy as np
+import onnx
 import pytest
-
-ggml = pytest.importorskip("ggml", reason="ggml-python is not installed (pip install ggml-python)")
-onnx = pytest.importorskip("onnx")
-
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17
 

@@ -138,7 +138,7 @@ def test_weights_given_at_compile_replace_initializers():
 
 
 def test_scheduler_path_matches_and_profiles():
-    from sdrt_ggml.profile import profile
+    from sdrt_ggml.op_timing import time_ops
 
     w = rand(8, 4, 3, 3)
     model = make_model([mk("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), mk("Relu", ["c"], ["y"])],
@@ -146,7 +146,7 @@ def test_scheduler_path_matches_and_profiles():
     feeds = {"x": rand(1, 4, 6, 6)}
     check(model, feeds, scheduler=True)
     with compile_ggml(model, scheduler=True) as s:
-        prof = profile(s, feeds)
+        prof = time_ops(s, feeds)
     assert "MUL_MAT" in prof and all(ms >= 0 and n >= 1 for ms, n in prof.values())
 
 
@@ -255,3 +255,12 @@ def test_conv_scratch_lives_only_while_its_conv_runs(scheduler):
     with compile_ggml(model, scheduler=scheduler) as s:
         assert s.impl_hits == {"conv window": 4}
         assert scratch < s.compute_bytes() < 2 * scratch
+
+
+def test_cpu_device_says_whether_the_build_has_the_fast_gemm():
+    import ggml
+
+    cpu = next(d for d in _backend().devices() if d.kind == "cpu")
+    fast = bool(ggml.ggml_cpu_has_llamafile())
+    assert cpu.properties["tinyblas"] is fast
+    assert ("tinyBLAS GEMM" in cpu.name) is fast and ("slow build" in cpu.name) is not fast

@@ -422,3 +422,82 @@ def test_pointwise_conv_with_padded_channels(after_depthwise):
     m = make_model(nodes, {"x": ((1, c, 24, 24), F)}, {"y": (None, F)},
                    {"wd": rand(c, 1, 3, 3), "w": rand(oc, c, 1, 1), "b": rand(oc)})
     check(m, {"x": rand(1, c, 24, 24)})
+
+
+# -- the lowerings that no other test reaches (issue 20): each against onnxruntime -----------------
+
+
+@pytest.mark.parametrize("op", ["Sin", "Cos", "Floor", "Ceil"])
+def test_math_unary_on_runtime_tensors(op):
+    x = rand(2, 3, 7) * 3
+    x[0, 0, :4] = [-1.5, -0.5, 0.5, 2.0]  # exact halves and integers for Floor/Ceil
+    _unary(op, x)
+
+
+def test_elu_alpha_one_and_other_alpha_refused():
+    _unary("Elu", rand(3, 9) * 2)
+    m = make_model([mk("Elu", ["x"], ["y"], alpha=0.5, name="elu_half")], {"x": ((3, 9), F)}, {"y": (None, F)})
+    from sdrt.errors import UnsupportedGraph
+
+    with pytest.raises(UnsupportedGraph, match="elu_half"):
+        compile_ggml(m)
+
+
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_log_softmax_is_not_softmax(axis):
+    x = rand(3, 5, 6) * 4
+    got = _unary("LogSoftmax", x, axis=axis)
+    assert np.all(got["y"] < 0)  # a Softmax lowering in its place would give values in (0, 1)
+
+
+def test_size_of_a_runtime_tensor_feeds_arithmetic():
+    nodes = [mk("Size", ["x"], ["n"]), mk("Cast", ["n"], ["nf"], to=F), mk("Div", ["x", "nf"], ["y"])]
+    m = make_model(nodes, {"x": ((2, 3, 5), F)}, {"y": (None, F)})
+    check(m, {"x": rand(2, 3, 5)})
+
+
+@pytest.mark.parametrize("shape,reps", [((2, 3), (2, 1)), ((2, 3), (1, 3)), ((1, 2, 3, 2), (2, 2, 1, 3)), ((4,), (3,))])
+def test_tile(shape, reps):
+    m = make_model([mk("Tile", ["x", "r"], ["y"])], {"x": (shape, F)}, {"y": (None, F)},
+                   {"r": np.array(reps, np.int64)})
+    check(m, {"x": rand(*shape)})
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsample_opset9(mode):
+    m = make_model([mk("Upsample", ["x", "s"], ["y"], mode=mode)], {"x": ((1, 2, 3, 4), F)}, {"y": (None, F)},
+                   {"s": np.array([1, 1, 2, 2], np.float32)}, opset=9)
+    if mode == "linear":  # opset 9 linear is asymmetric: not among the supported transforms
+        from sdrt.errors import UnsupportedGraph
+
+        with pytest.raises(UnsupportedGraph):
+            compile_ggml(m)
+        return
+    check(m, {"x": rand(1, 2, 3, 4)})
+
+
+# -- regressions found by the random-graph run (scripts/ggml_fuzz.py) ----------------------------
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_conv_transpose_with_batch_above_one(stride):
+    # ggml's CPU kernel computed batch item 0 only: the other items came out wrong
+    w = rand(4, 3, 2, 2, seed=3)
+    m = make_model([mk("ConvTranspose", ["x", "w"], ["y"], kernel_shape=[2, 2], strides=[stride, stride])],
+                   {"x": ((3, 4, 3, 5), F)}, {"y": (None, F)}, {"w": w})
+    check(m, {"x": rand(3, 4, 3, 5)})
+
+
+def test_conv_with_one_channel_and_group_one():
+    # group == channels == 1 was taken for a depthwise conv whose dense fallback had no weights
+    m = make_model([mk("Conv", ["x", "w", "b"], ["y"], kernel_shape=[1, 1], pads=[0, 0, 0, 1])],
+                   {"x": ((2, 1, 1, 3), F)}, {"y": (None, F)},
+                   {"w": np.full((1, 1, 1, 1), 0.5, np.float32), "b": np.ones(1, np.float32)})
+    check(m, {"x": rand(2, 1, 1, 3)})
+
+
+def test_depthwise_conv_on_a_one_pixel_wide_input():
+    # the channels-last depthwise kernel aborted the process (GGML_ABORT) when W == 1
+    m = make_model([mk("Conv", ["x", "w"], ["y"], kernel_shape=[2, 2], pads=[0, 1, 0, 1], strides=[2, 2], group=5)],
+                   {"x": ((1, 5, 6, 1), F)}, {"y": (None, F)}, {"w": rand(5, 1, 2, 2, seed=2)})
+    check(m, {"x": rand(1, 5, 6, 1)})

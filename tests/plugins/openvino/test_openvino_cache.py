@@ -189,3 +189,20 @@ def test_weight_files_are_keyed_by_identity_and_content(ov_registry, tmp_path):
     os.replace(tmp_path / "new.safetensors", wfile)
     np.testing.assert_allclose(run(Weights.open(wfile)), x @ twos - twos)
     assert len(_entries(tmp_path)) == 3
+
+
+def test_temporary_files_of_killed_writers_are_swept(ov_registry, tmp_path):
+    """A process killed mid-write leaves '.<key>.<rand>.tmp'; the next write removes old ones only."""
+    import os
+    import time
+
+    root = tmp_path / "cache" / "openvino"
+    root.mkdir(parents=True)
+    old, fresh = root / ".0123456789abcdef.x1.tmp", root / ".fedcba9876543210.x2.tmp"
+    for f in (old, fresh):
+        f.write_bytes(b"\0" * 1024)
+    week_ago = time.time() - 7 * 24 * 3600
+    os.utime(old, (week_ago, week_ago))
+    sdrt.load(conv_model().SerializeToString(), backend="openvino").run({"x": X})  # a miss: writes an entry
+    assert not old.exists() and fresh.exists()
+    assert len(list(root.glob("*.ovblob"))) == 1

@@ -11,7 +11,7 @@ import sys
 from ..errors import SdrtError
 
 #: subcommand modules, in the order ``sdrt --help`` lists them
-COMMANDS = ["info", "run", "conformance", "selftest", "strip", "demo", "install"]
+COMMANDS = ["info", "generate", "run", "compile", "conformance", "selftest", "strip", "demo", "install"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,3 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     except SdrtError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit status for SIGINT
+        print("interrupted", file=sys.stderr)
+        return 130

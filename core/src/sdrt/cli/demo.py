@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 
@@ -18,8 +17,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..demo import run_demo
+    from .paths import output_file
 
-    result = run_demo(Path(args.output), backend=args.backend, device=args.device, seed=args.seed)
+    result = run_demo(output_file(args.output, ".png"), backend=args.backend, device=args.device, seed=args.seed)
     print(f"backend {result['backend']} on {result['device']}")
     print(f"decoded latents {result['shape']} in {result['run_s'] * 1e3:.1f} ms "
           f"(compile {result['compile_s'] * 1e3:.0f} ms)")

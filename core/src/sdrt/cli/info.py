@@ -34,7 +34,7 @@ def collect() -> dict[str, Any]:
             "name": rec.name, "distribution": rec.distribution, "version": rec.version,
             "state": rec.state, "error": rec.error, "backends": backends,
         })
-    from ..hardware.report import summary
+    from .hardware_report import summary
 
     return {"sdrt": __version__, "plugin_api": ".".join(map(str, API_VERSION)), "plugins": plugins,
             "hardware": summary()}
@@ -60,7 +60,7 @@ def render(info: dict[str, Any]) -> str:
             if not b["devices"] and not b["error"]:
                 lines.append("      devices: none usable here")
     if "hardware" in info:
-        from ..hardware.report import render as render_hardware
+        from .hardware_report import render as render_hardware
 
         lines += [""] + render_hardware(info["hardware"])
     return "\n".join(lines)

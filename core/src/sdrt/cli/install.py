@@ -8,7 +8,7 @@ from typing import Any
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    from ..install import GGML_BUILDS, PLUGINS
+    from ..installer import GGML_BUILDS, PLUGINS
 
     p = sub.add_parser("install", help="install the backend plugin that fits this machine")
     p.add_argument("--dry-run", action="store_true", help="print the exact command and install nothing")
@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..install import install, plan
+    from ..installer import install, plan
 
     extra: list[str] = []
     for link in args.find_links:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from .paths import output_file
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -46,11 +47,12 @@ def run(args: argparse.Namespace) -> int:
 
     from ..runtime import load
 
+    output = output_file(args.output, ".npz")  # before compiling: a bad path fails at once
     feeds = parse_inputs(args.input)
     with load(args.model, weights=args.weights, backend=args.backend, device=args.device) as session:
         outputs = session.run(feeds)
-    np.savez(args.output, **outputs)
+    np.savez(output, **outputs)
     for name, value in outputs.items():
         print(f"{name}: {value.dtype}{list(value.shape)}")
-    print(f"wrote {args.output}")
+    print(f"wrote {output}")
     return 0

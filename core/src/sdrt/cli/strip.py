@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     graph = Graph.load(src, load_external=False)
     res = graph.strip(out, args.weights)
     original = src.stat().st_size + sum(
-        p.stat().st_size for p in {r.path for r in graph._external.values() if r is not None})
+        p.stat().st_size for p in {r.path for r in graph.external_refs.values() if r is not None})
     print(f"graph:   {res.graph_path}  {res.graph_bytes:,} bytes")
     print(f"weights: {res.weights_path}  {res.weights_bytes:,} bytes ({res.tensors} tensors)")
     print(f"original: {original:,} bytes")

@@ -60,6 +60,9 @@ class Denoiser:
         self.timestep_dtype = np.dtype(timestep_dtype)
         ts_info = declared.get(timestep_name)
         self._timestep_shape = tuple(ts_info.shape) if ts_info is not None else None
+        sample_info = declared.get(sample_name)
+        #: the sample is fed in the session's declared dtype (samplers work in float64 or float32)
+        self._sample_dtype = _float_dtype(sample_info.dtype) if sample_info is not None else None
 
     def _timestep(self, sigma: float, batch: int) -> np.ndarray:
         t = np.asarray(self.model_sampling.timestep(sigma, quantize=self.quantize), dtype=np.float64)
@@ -76,7 +79,7 @@ class Denoiser:
         ms = self.model_sampling
         inputs: dict[str, np.ndarray] = dict(self.feeds)
         inputs.update(feeds)
-        inputs[self.sample_name] = np.ascontiguousarray(ms.scale_input(x, sigma), dtype=x.dtype)
+        inputs[self.sample_name] = np.ascontiguousarray(ms.scale_input(x, sigma), dtype=self._sample_dtype or x.dtype)
         inputs[self.timestep_name] = self._timestep(sigma, x.shape[0])
         if self.cond_name is not None:
             if cond is None:
@@ -113,3 +116,12 @@ class CFGDenoiser:
         negative = self.model(x, sigma, cond=self.uncond, **kwargs)
         self.calls += 1
         return negative + (positive - negative) * self.scale
+
+
+def _float_dtype(name: str) -> np.dtype | None:
+    """The numpy dtype of a declared floating-point input, else None (feed as given)."""
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        return None
+    return dtype if dtype.kind == "f" else None

@@ -349,7 +349,7 @@ def end_to_end(be: Backend, dev: Device, plan: Plan) -> Check:
     kwargs = {"steps": steps, "seed": 1}
 
     def image(backend: str, device: str | None) -> np.ndarray:
-        pipe = pipelines.load(None, backend=backend, device=device)
+        pipe = pipelines.load(pipelines.DEMO_MODEL, backend=backend, device=device)
         try:
             result = pipe(E2E_PROMPT, **kwargs)
         finally:

@@ -1,7 +1,7 @@
 """The lowering table: ONNX op type -> one small function that emits ggml ops.
 
 Each ``op_*.py`` module registers its functions with ``@op("OpType")``. A
-lowering has the signature ``fn(lw, node, inputs) -> list[Value]`` where
+lowering has the signature ``fn(lowering, node, inputs) -> list[Value]`` where
 ``inputs`` holds a runtime tensor (``T``), a numpy constant, or None for an
 omitted optional input. An optional ``@check("OpType")`` function inspects a
 node before any lowering and returns a reason when an attribute combination is
@@ -29,7 +29,7 @@ FOLD_ONLY: set[str] = {
 
 _MODULES = (
     "op_elementwise", "op_unary", "op_matmul", "op_conv", "op_norm", "op_softmax", "op_shape",
-    "op_gather", "op_resize", "op_reduce", "op_pool", "op_pad", "op_fused",
+    "op_gather", "op_resize", "op_reduce", "op_pool", "op_pad",
 )
 
 

@@ -20,6 +20,8 @@ import numpy as np
 
 from sdrt.errors import UnsupportedGraph
 
+from .. import guards
+
 if TYPE_CHECKING:  # pragma: no cover
     from onnx import NodeProto
 
@@ -29,7 +31,7 @@ MAX_DIMS = 4
 
 
 @dataclass
-class T:
+class GTensor:
     """A runtime tensor in the ggml graph: the ggml pointer, its ONNX shape and dtype."""
 
     ptr: Any
@@ -49,7 +51,7 @@ class T:
 
 
 @dataclass
-class H:
+class HostValue:
     """A value computed on the host at run time: integer/bool arithmetic on integer graph
     inputs (token ids -> ArgMax -> pooled-output indices, ...), evaluated with onnx's
     reference ops before each run. ``example`` is its value for all-zero inputs (shape, dtype)."""
@@ -58,29 +60,32 @@ class H:
     example: np.ndarray
 
 
-Value = T | np.ndarray | H
+Value = GTensor | np.ndarray | HostValue
 
 
-def gg() -> Any:
+def ggml_lib() -> Any:
     """The ggml bindings module (imported lazily).
 
-    Before the first import: ggml's OpenMP threads meet at a barrier after every node, so
-    how they wait there matters. Spinning without limit (``OMP_WAIT_POLICY=ACTIVE``) starves
-    other work on a busy machine (MobileNetV3, 2 threads, 2 busy cores: 838 ms spinning,
-    92 ms passive); sleeping at once (``PASSIVE``) pays a futex wake-up at each of the
-    ~1000 barriers of a VAE run (2 idle cores: VAE decoder 203 ms passive, 144 ms with a
-    short spin; MobileNetV3 33.5 -> 20.6 ms; UNet 296 -> 180 ms). So libgomp spins briefly
-    and then sleeps (``GOMP_SPINCOUNT=3000``), unless the user chose a wait policy. A
-    failed GGML_ASSERT should not start gdb (``GGML_NO_BACKTRACE``). Both only when the
-    user has not set them.
+    Before the first import, unless the user set them: libgomp spins briefly at ggml's
+    per-node barriers and then sleeps (``GOMP_SPINCOUNT=3000``; the measurements behind it
+    are in docs/ggml.md, "Measured choices"), and a failed GGML_ASSERT does not start gdb
+    (``GGML_NO_BACKTRACE``). The bindings come wrapped in ``guards.CheckedGgml``.
     """
     if "ggml" not in sys.modules:
         if "OMP_WAIT_POLICY" not in os.environ:
             os.environ.setdefault("GOMP_SPINCOUNT", "3000")
         os.environ.setdefault("GGML_NO_BACKTRACE", "1")
-    import ggml
+    global _CHECKED
+    if _CHECKED is None:
+        import ggml
 
-    return ggml
+        from ..guards import CheckedGgml
+
+        _CHECKED = CheckedGgml(ggml)
+    return _CHECKED
+
+
+_CHECKED: Any = None
 
 
 def unsupported(node: NodeProto, why: str) -> UnsupportedGraph:
@@ -123,17 +128,23 @@ def gdim(axis: int, rank: int) -> int:
     return rank - 1 - norm_axis(axis, rank)
 
 
-def is_contiguous(x: T) -> bool:
-    return bool(gg().ggml_is_contiguous(x.ptr))
+def is_contiguous(x: GTensor) -> bool:
+    """Dense and densely strided: ggml's own ``ggml_is_contiguous`` lets a size-1 dim keep any
+    stride, which ops that assert ``ggml_is_padded_1d`` (ggml_scale) then reject."""
+    return guards.is_packed(x.ptr)
 
 
-def cont(lw: Lowering, x: T) -> T:
-    if is_contiguous(x):
+def cont(lowering: Lowering, x: GTensor) -> GTensor:
+    """``x`` densely strided: a free reshape view when only size-1 dims have odd strides, else a copy."""
+    if guards.is_packed(x.ptr):
         return x
-    return T(gg().ggml_cont(lw.ctx, x.ptr), x.shape, x.dtype)
+    lib = ggml_lib()
+    if guards.is_contiguous(x.ptr):
+        return GTensor(lib.ggml_reshape_4d(lowering.ctx, x.ptr, *guards.ne(x.ptr)), x.shape, x.dtype)
+    return GTensor(lib.ggml_cont(lowering.ctx, x.ptr), x.shape, x.dtype)
 
 
-def reshape(lw: Lowering, x: T, shape: Sequence[int]) -> T:
+def reshape(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:
     shape = tuple(int(d) for d in shape)
     if -1 in shape:
         known = math.prod(d for d in shape if d != -1)
@@ -142,12 +153,12 @@ def reshape(lw: Lowering, x: T, shape: Sequence[int]) -> T:
         raise ValueError(f"cannot reshape {x.shape} to {shape}")
     if shape == x.shape and is_contiguous(x):
         return x
-    x = cont(lw, x)
+    x = cont(lowering, x)
     ne = ne_of(shape)
-    return T(gg().ggml_reshape_4d(lw.ctx, x.ptr, *ne), shape, x.dtype)
+    return GTensor(ggml_lib().ggml_reshape_4d(lowering.ctx, x.ptr, *ne), shape, x.dtype)
 
 
-def permute(lw: Lowering, x: T, perm: Sequence[int]) -> T:
+def permute(lowering: Lowering, x: GTensor, perm: Sequence[int]) -> GTensor:
     """A view of ``x`` with ONNX axes permuted as numpy.transpose(x, perm)."""
     r = x.rank
     perm = [norm_axis(p, r) for p in perm]
@@ -159,49 +170,49 @@ def permute(lw: Lowering, x: T, perm: Sequence[int]) -> T:
     for j, p in enumerate(perm):
         axes[r - 1 - p] = r - 1 - j
     shape = tuple(x.shape[p] for p in perm)
-    return T(gg().ggml_permute(lw.ctx, x.ptr, *axes), shape, x.dtype)
+    return GTensor(ggml_lib().ggml_permute(lowering.ctx, x.ptr, *axes), shape, x.dtype)
 
 
-def to_tensor(lw: Lowering, v: Value) -> T:
+def to_tensor(lowering: Lowering, v: Value) -> GTensor:
     """A runtime tensor for ``v``; constants become weights-buffer tensors."""
-    if isinstance(v, T):
+    if isinstance(v, GTensor):
         return v
-    return lw.const(v)
+    return lowering.const(v)
 
 
 def broadcast_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(d) for d in np.broadcast_shapes(tuple(a), tuple(b)))
 
 
-def expand_to(lw: Lowering, x: T, shape: Sequence[int]) -> T:
+def expand_to(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:
     """``x`` broadcast (numpy rules) to ``shape``, materialized with ggml_repeat."""
     shape = tuple(int(d) for d in shape)
     if x.shape == shape:
         return x
     xr = (1,) * (len(shape) - x.rank) + x.shape
-    x = reshape(lw, x, xr)
-    return T(gg().ggml_repeat_4d(lw.ctx, x.ptr, *ne_of(shape)), shape, x.dtype)
+    x = reshape(lowering, x, xr)
+    return GTensor(ggml_lib().ggml_repeat_4d(lowering.ctx, x.ptr, *ne_of(shape)), shape, x.dtype)
 
 
-def binary(lw: Lowering, fn_name: str, a: Value, b: Value, commutative: bool) -> T:
+def binary(lowering: Lowering, fn_name: str, a: Value, b: Value, commutative: bool) -> GTensor:
     """Apply a ggml binary op with numpy broadcasting.
 
     ggml broadcasts only the second operand (it must tile the first), so the
     operands are swapped (when the op commutes) or the first is repeated.
     """
-    ga, gb = to_tensor(lw, a), to_tensor(lw, b)
+    ga, gb = to_tensor(lowering, a), to_tensor(lowering, b)
     out = broadcast_shape(ga.shape, gb.shape)
     if ga.shape != out and gb.shape == out and commutative:
         ga, gb = gb, ga
     if ga.shape != out:
-        ga = expand_to(lw, ga, out)
-    ga = cont(lw, ga)
-    gb = cont(lw, gb)
+        ga = expand_to(lowering, ga, out)
+    ga = cont(lowering, ga)
+    gb = cont(lowering, gb)
     if gb.rank < len(out):
-        gb = reshape(lw, gb, (1,) * (len(out) - gb.rank) + gb.shape)
+        gb = reshape(lowering, gb, (1,) * (len(out) - gb.rank) + gb.shape)
     if ga.rank != len(out):
-        ga = reshape(lw, ga, out)
-    g = gg()
+        ga = reshape(lowering, ga, out)
+    g = ggml_lib()
     gb_ne0 = gb.shape[-1] if gb.shape else 1
     ga_ne0 = out[-1] if out else 1
     if gb_ne0 == 1 and ga_ne0 >= 8 and gb.size < ga.size:
@@ -209,9 +220,9 @@ def binary(lw: Lowering, fn_name: str, a: Value, b: Value, commutative: bool) ->
         # length 1 (a per-channel bias on NCHW): repeat it along the innermost dim first
         ne = ne_of(gb.shape)
         ne[0] = ga_ne0
-        gb = T(g.ggml_repeat_4d(lw.ctx, gb.ptr, *ne), gb.shape[:-1] + (ga_ne0,), gb.dtype)
+        gb = GTensor(g.ggml_repeat_4d(lowering.ctx, gb.ptr, *ne), gb.shape[:-1] + (ga_ne0,), gb.dtype)
     fn = getattr(g, fn_name)
-    return T(fn(lw.ctx, ga.ptr, gb.ptr), out)
+    return GTensor(fn(lowering.ctx, ga.ptr, gb.ptr), out)
 
 
 def scalar_of(v: Value) -> float | None:
@@ -237,14 +248,14 @@ def aligned(k: int) -> int:
     return -(-k // K_ALIGN) * K_ALIGN
 
 
-def pad_k(lw: Lowering, x: T, kp: int) -> T:
+def pad_k(lowering: Lowering, x: GTensor, kp: int) -> GTensor:
     """``x`` zero-padded along its innermost (ONNX last) axis to ``kp``."""
     k = x.shape[-1]
     if kp == k:
         return x
-    x = cont(lw, x)
-    return T(gg().ggml_pad(lw.ctx, x.ptr, kp - k, 0, 0, 0), x.shape[:-1] + (kp,), x.dtype)
+    x = cont(lowering, x)
+    return GTensor(ggml_lib().ggml_pad(lowering.ctx, x.ptr, kp - k, 0, 0, 0), x.shape[:-1] + (kp,), x.dtype)
 
 
-def want_pad(lw: Lowering, k: int) -> bool:
-    return bool(lw.options.get("pad_k", True)) and k % K_ALIGN != 0
+def want_pad(lowering: Lowering, k: int) -> bool:
+    return bool(lowering.options.get("pad_k", True)) and k % K_ALIGN != 0

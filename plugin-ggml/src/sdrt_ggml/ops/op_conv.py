@@ -2,8 +2,8 @@
 
 Conv lowers to one matrix multiply (ggml's fast path on every backend) over a
 column matrix: on the CPU, stride-1 kxk convs read overlapping windows of a
-row-stacked copy of the input (``_conv_window``); other kxk convs at batch 1
-build the columns by row copies (``_conv_rowcopy``); the rest use ggml's
+row-stacked copy of the input (``conv_window``); other kxk convs at batch 1
+build the columns by row copies (``conv_rowcopy``); the rest use ggml's
 im2col. With batch 1 the product comes out directly in NCHW order, so no
 permute copy is needed. Depthwise convs (groups == channels) use ggml's
 depthwise kernel; other groups are split into per-group convolutions.
@@ -16,7 +16,10 @@ from typing import Any
 import numpy as np
 
 from . import check, op
-from ._common import K_ALIGN, T, Value, aligned, attrs, binary, cont, gg, reshape, want_pad
+from ._common import GTensor, Value, aligned, attrs, binary, cont, ggml_lib, reshape, want_pad
+from .conv_copy import conv_rowcopy, conv_taps, conv_window, rowcopy_wanted, taps_ok, window_ok
+from .conv_kernels import conv_dense, conv_depthwise, conv_pointwise
+from .conv_layout import aligned_channels, channel_view
 
 
 def _conv_params(node: Any, spatial: int, kshape: tuple[int, ...], in_hw: tuple[int, ...]) -> tuple[list[int], ...]:
@@ -45,367 +48,102 @@ def check_conv(node: Any) -> str | None:
     return None
 
 
-def _pad_input(lw: Any, x: T, pads: list[int]) -> tuple[T, int, int]:
+def _pad_input(lowering: Any, x: GTensor, pads: list[int]) -> tuple[GTensor, int, int]:
     """Pad asymmetric pads explicitly; return the tensor and the symmetric (ph, pw) left for the kernel."""
     top, left, bottom, right = pads
     if top == bottom and left == right:
         return x, top, left
-    g = gg()
-    x = cont(lw, x)
-    y = g.ggml_pad_ext(lw.ctx, x.ptr, left, right, top, bottom, 0, 0, 0, 0)
+    g = ggml_lib()
+    x = cont(lowering, x)
+    y = g.ggml_pad_ext(lowering.ctx, x.ptr, left, right, top, bottom, 0, 0, 0, 0)
     n, c, h, w = x.shape
-    return T(y, (n, c, h + top + bottom, w + left + right)), 0, 0
+    return GTensor(y, (n, c, h + top + bottom, w + left + right)), 0, 0
 
 
-def conv2d(lw: Any, x: T, w: np.ndarray | T, bias: Value | None, strides: list[int], dil: list[int],
-           pads: list[int], group: int) -> T:
-    g = gg()
-    x, ph, pw = _pad_input(lw, x, pads)
+def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | None, strides: list[int], dil: list[int],
+           pads: list[int], group: int) -> GTensor:
+    g = ggml_lib()
+    x, ph, pw = _pad_input(lowering, x, pads)
     n, c, h, wd = x.shape
     oc, icg, kh, kw = (int(d) for d in (w.shape if isinstance(w, np.ndarray) else w.shape))
-    depthwise = group == c and icg == 1 and oc == c
+    depthwise = group == c > 1 and icg == 1 and oc == c  # group 1 with one channel is a plain conv
     cp = c
-    if group == 1 and isinstance(w, np.ndarray) and kh * kw > 1 and want_pad(lw, c * kh * kw):
+    if group == 1 and isinstance(w, np.ndarray) and kh * kw > 1 and want_pad(lowering, c * kh * kw):
         # zero channels in input and kernel: same sums, aligned K. Only when the padded input
-        # (copied by ggml's scalar pad) stays small against the im2col it feeds; for 1x1 convs
-        # the copy costs what the aligned GEMM saves (MobileNetV2: 0.95x without it)
-        cp = _aligned_channels(c, kh * kw)
+        # (copied by ggml's scalar pad) stays small against the im2col it feeds (not 1x1 convs)
+        cp = aligned_channels(c, kh * kw)
         if cp > c * 1.25:
             cp = c
     if not isinstance(w, np.ndarray):
-        wt = cont(lw, w)
+        wt = cont(lowering, w)
     elif depthwise:
         wt = None  # type: ignore[assignment]
     elif cp != c:
-        wt = lw.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, cp - c), (0, 0), (0, 0)]), tag=f"c{cp}")
+        wt = lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, cp - c), (0, 0), (0, 0)]), tag=f"c{cp}")
     else:
-        wt = lw.const(w)
+        wt = lowering.const(w)
     oh = (h + 2 * ph - dil[0] * (kh - 1) - 1) // strides[0] + 1
     ow = (wd + 2 * pw - dil[1] * (kw - 1) - 1) // strides[1] + 1
-    x = cont(lw, x)
+    x = cont(lowering, x)
     pointwise = (group == 1 and isinstance(w, np.ndarray) and n == 1 and kh == kw == 1 and strides == [1, 1]
-                 and ph == pw == 0 and lw.options.get("layouts", True))
+                 and ph == pw == 0 and lowering.options.get("layouts", True))
     if pointwise:
         kp = c
-        if want_pad(lw, c) and oh * ow * c * oc >= 2_000_000:
-            # aligned K for the fast GEMM; padding the small products costs more than it saves
-            # (1x1 conv GEMMs, one thread: 3136x40x120 1.9 vs 6.8 ms, 784x72x24 0.36 vs 0.22 ms)
+        if want_pad(lowering, c) and oh * ow * c * oc >= 2_000_000:
+            # aligned K for the fast GEMM, only for large products (docs/ggml.md, "Measured choices")
             kp = aligned(c)
-            wt = lw.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, kp - c), (0, 0), (0, 0)]), tag=f"c{kp}")
-        y = _conv_pointwise(lw, x, wt, (n, oc, oh, ow), kp)
-    elif group == 1 and _taps_ok(lw, w, n, strides, dil, kh, kw):
-        y = _conv_taps(lw, x, w, ph, pw, (n, oc, oh, ow))
-    elif group == 1 and isinstance(w, np.ndarray) and n == 1 and _window_ok(lw, c, kh, kw, strides, dil):
-        y = _conv_window(lw, x, w, bias, ph, pw, (n, oc, oh, ow))
-        bias = None  # added by _conv_window, which also crops
-    elif group == 1 and isinstance(w, np.ndarray) and n == 1 and _rowcopy_wanted(lw, kh * kw):
-        y = _conv_rowcopy(lw, x, w, strides, dil, ph, pw, (n, oc, oh, ow))
+            wt = lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, kp - c), (0, 0), (0, 0)]), tag=f"c{kp}")
+        y = conv_pointwise(lowering, x, wt, (n, oc, oh, ow), kp)
+    elif group == 1 and taps_ok(lowering, w, n, strides, dil, kh, kw):
+        y = conv_taps(lowering, x, w, ph, pw, (n, oc, oh, ow))
+    elif group == 1 and isinstance(w, np.ndarray) and n == 1 and window_ok(lowering, c, kh, kw, strides, dil):
+        y = conv_window(lowering, x, w, bias, ph, pw, (n, oc, oh, ow))
+        bias = None  # added by conv_window, which also crops
+    elif group == 1 and isinstance(w, np.ndarray) and n == 1 and rowcopy_wanted(lowering, kh * kw):
+        y = conv_rowcopy(lowering, x, w, strides, dil, ph, pw, (n, oc, oh, ow))
     elif group == 1:
         if cp != c:
-            x = T(g.ggml_pad(lw.ctx, x.ptr, 0, 0, cp - c, 0), (n, cp, h, wd))
-        y = _conv_dense(lw, x, wt, strides, dil, ph, pw, (n, oc, oh, ow))
+            x = GTensor(g.ggml_pad(lowering.ctx, x.ptr, 0, 0, cp - c, 0), (n, cp, h, wd))
+        y = conv_dense(lowering, x, wt, strides, dil, ph, pw, (n, oc, oh, ow))
     elif depthwise:
-        y = _conv_depthwise(lw, x, w, wt, strides, dil, ph, pw, (n, oc, oh, ow))
+        y = conv_depthwise(lowering, x, w, wt, strides, dil, ph, pw, (n, oc, oh, ow))
     else:
         ocg = oc // group
         parts = []
         for gi in range(group):
-            xs = _channel_view(lw, x, gi * icg, icg)
-            ws = _channel_view(lw, wt, gi * ocg, ocg, axis=0)
-            parts.append(_conv_dense(lw, cont(lw, xs), cont(lw, ws), strides, dil, ph, pw, (n, ocg, oh, ow)))
+            xs = channel_view(lowering, x, gi * icg, icg)
+            ws = channel_view(lowering, wt, gi * ocg, ocg, axis=0)
+            parts.append(conv_dense(lowering, cont(lowering, xs), cont(lowering, ws), strides, dil, ph, pw, (n, ocg, oh, ow)))
         y = parts[0]
         for p in parts[1:]:
-            y = T(g.ggml_concat(lw.ctx, y.ptr, p.ptr, 2), (n, y.shape[1] + p.shape[1], oh, ow))
+            y = GTensor(g.ggml_concat(lowering.ctx, y.ptr, p.ptr, 2), (n, y.shape[1] + p.shape[1], oh, ow))
     if bias is not None:
-        b = lw.const(bias) if isinstance(bias, np.ndarray) else bias
+        b = lowering.const(bias) if isinstance(bias, np.ndarray) else bias
         y_cl = y.cl
-        y = binary(lw, "ggml_add", y, reshape(lw, b, (1, -1, 1, 1)), True)
+        y = binary(lowering, "ggml_add", y, reshape(lowering, b, (1, -1, 1, 1)), True)
         if y_cl is not None:
-            y.cl = g.ggml_add(lw.ctx, y_cl, reshape(lw, b, (oc,)).ptr)  # a row broadcast: the fast path
+            y.cl = g.ggml_add(lowering.ctx, y_cl, reshape(lowering, b, (oc,)).ptr)  # a row broadcast: the fast path
     return y
 
 
-def _conv_pointwise(lw: Any, x: T, wt: T, out_shape: tuple[int, int, int, int], kp: int) -> T:
-    """1x1 conv at batch 1 in both layouts from one column matrix (ggml computes the one used).
-
-    The column matrix of a 1x1 conv is the input channels-last: taken as is when the
-    producer made it, else one transpose copy. NCHW comes out of the product
-    one way round, channels-last the other.
-    """
-    g = gg()
-    _, oc, oh, ow = out_shape
-    c = x.shape[1]
-    w2 = g.ggml_reshape_2d(lw.ctx, wt.ptr, kp, oc)
-    if x.cl is not None:
-        col = g.ggml_reshape_2d(lw.ctx, x.cl, c, ow * oh)
-    else:
-        col = g.ggml_reshape_2d(lw.ctx, channels_last(lw, x.ptr), c, ow * oh)  # = im2col of a 1x1 conv
-    if kp != c:
-        col = g.ggml_pad(lw.ctx, col, kp - c, 0, 0, 0)
-    nchw = g.ggml_reshape_4d(lw.ctx, g.ggml_mul_mat(lw.ctx, col, w2), ow, oh, oc, 1)
-    cl = g.ggml_reshape_4d(lw.ctx, g.ggml_mul_mat(lw.ctx, w2, col), oc, ow, oh, 1)
-    return T(nchw, out_shape, cl=cl)
-
-
-def _taps_ok(lw: Any, w: Any, n: int, strides: list[int], dil: list[int], kh: int, kw: int) -> bool:
-    return (lw.options.get("conv_impl", "auto") == "taps" and isinstance(w, np.ndarray) and n == 1
-            and strides == [1, 1] and dil == [1, 1] and kh * kw > 1)
-
-
-def _conv_taps(lw: Any, x: T, w: np.ndarray, ph: int, pw: int, out_shape: tuple[int, int, int, int]) -> T:
-    """Stride-1 conv as one GEMM per kernel tap over a channels-last padded input.
-
-    With the padded image flattened to rows of C channels, the input seen by tap
-    (i, j) is one contiguous block of rows starting at i*Wp + j, so every tap is a
-    plain matrix product (no im2col); the outputs are summed, the padded columns
-    cropped, and the result transposed back to NCHW.
-    """
-    g = gg()
-    _, oc, oh, ow = out_shape
-    c, wd = x.shape[1], x.shape[3]
-    kh, kw = w.shape[2], w.shape[3]
-    wp = wd + 2 * pw  # padded below by one spare row: the last taps read past the bottom edge
-    xp = g.ggml_pad_ext(lw.ctx, x.ptr, pw, pw, ph, ph + 1, 0, 0, 0, 0)  # ne (Wp, Hp, C, 1)
-    xt = g.ggml_cont(lw.ctx, g.ggml_permute(lw.ctx, xp, 1, 2, 0, 3))  # ne (C, Wp, Hp, 1): channels-last
-    rows = oh * wp
-    acc = None
-    for i in range(kh):
-        for j in range(kw):
-            wk = lw.const(w, transform=lambda a, i=i, j=j: np.ascontiguousarray(a[:, :, i, j]), tag=f"tap{i},{j}")
-            view = g.ggml_view_2d(lw.ctx, xt, c, rows, c * 4, (i * wp + j) * c * 4)
-            y = g.ggml_mul_mat(lw.ctx, wk.ptr, view)  # ne (OC, OH*Wp)
-            acc = y if acc is None else g.ggml_add(lw.ctx, acc, y)
-    full = g.ggml_view_3d(lw.ctx, acc, oc, ow, oh, oc * 4, wp * oc * 4, 0)  # crop the padded columns
-    out = g.ggml_cont(lw.ctx, g.ggml_permute(lw.ctx, full, 2, 0, 1, 3))  # ne (OW, OH, OC)
-    return T(g.ggml_reshape_4d(lw.ctx, out, ow, oh, oc, 1), out_shape)
-
-
-def channels_last(lw: Any, x: Any) -> Any:
-    """A contiguous (C, W, H, N)-ordered copy of an NCHW tensor (ggml ne (W, H, C, N)).
-
-    ``ggml_cont`` of the permuted view reads with a stride of a whole channel plane
-    per element; ``transpose="write"`` copies into a permuted view of the target
-    instead (contiguous reads, writes with a stride of C floats). Predicted faster,
-    measured mixed: VAE 0.95x with 2 threads but 1.08x with one, MobileNetV2
-    1.06-1.18x; so ``ggml_cont`` stays the default.
-    """
-    g = gg()
-    if lw.options.get("transpose", "cont") != "write":
-        return g.ggml_cont(lw.ctx, g.ggml_permute(lw.ctx, x, 1, 2, 0, 3))
-    ne = x.contents.ne
-    target = lw.scratch([ne[2], ne[0], ne[1], ne[3]], after=x)
-    done = g.ggml_cpy(lw.ctx, x, g.ggml_permute(lw.ctx, target, 2, 0, 1, 3))
-    return g.ggml_permute(lw.ctx, done, 1, 2, 0, 3)  # back to ne (C, W, H, N), contiguous memory
-
-
-def _clear(lw: Any, buf: Any, blocks: list[tuple[int, ...]]) -> Any:
-    """Zero the strided blocks (ne0, ne1, ne2, nb1, nb2, nb3, byte offset) of a scratch tensor, each run,
-    from one constant of zeros; empty blocks are skipped. Returns the last in-place result."""
-    g = gg()
-    blocks = [b for b in blocks if b[0] * b[1] * b[2] > 0]
-    if not blocks:
-        return buf
-    zero = lw.const(np.zeros(max(b[0] * b[1] * b[2] for b in blocks), np.float32))
-    for ne0, ne1, ne2, nb1, nb2, nb3, offset in blocks:
-        src = g.ggml_view_3d(lw.ctx, zero.ptr, ne0, ne1, ne2, ne0 * 4, ne0 * ne1 * 4, 0)
-        buf = g.ggml_set_inplace(lw.ctx, buf, src, nb1, nb2, nb3, offset)
-    return buf
-
-
-def _rowcopy_wanted(lw: Any, taps: int) -> bool:
-    """The default for kxk convs at batch 1 that the window conv does not take (strided, dilated,
-    unaligned K, not on the CPU): 0.89-0.93x the time of ggml's im2col on the UNet and VAE
-    benches. 1x1 convs keep im2col (there it is a plain transpose)."""
-    impl = lw.options.get("conv_impl", "auto")
-    return impl == "rowcopy" or (impl == "auto" and taps > 1)
-
-
-def _valid_range(n_out: int, n_in: int, stride: int, offset: int) -> tuple[int, int]:
-    """Output positions o in [lo, hi) whose input o*stride + offset lies inside [0, n_in)."""
-    lo = max(0, -(offset // stride) if offset < 0 else 0)
-    while lo < n_out and lo * stride + offset < 0:
-        lo += 1
-    hi = lo
-    while hi < n_out and hi * stride + offset < n_in:
-        hi += 1
-    return lo, hi
-
-
-def _conv_rowcopy(lw: Any, x: T, w: np.ndarray, strides: list[int], dil: list[int], ph: int, pw: int,
-                  out_shape: tuple[int, int, int, int]) -> T:
-    """im2col built from a channels-last copy of the input: strided row copies per kernel tap.
-
-    ggml's im2col walks every output pixel across all channel planes; here each
-    tap copies the in-bounds block of rows (C contiguous channels each) into its
-    slot of the column matrix with ``ggml_set``, and writes zeros where the tap
-    falls in the padding. The kernel is reordered to (OC, KH, KW, C) on upload.
-    """
-    g = gg()
-    lw.used("conv rowcopy")
-    _, oc, oh, ow = out_shape
-    c, h, wd = x.shape[1], x.shape[2], x.shape[3]
-    kh, kw = w.shape[2], w.shape[3]
-    k, f = c * kh * kw, 4
-    xt = x.cl if x.cl is not None else channels_last(lw, x.ptr)  # ne (C, W, H, 1)
-    col = lw.scratch([k, ow, oh, 1], after=xt)
-    nb1, nb2, nb3 = k * f, ow * k * f, oh * ow * k * f
-    zeros = []  # per tap: the strips of outputs around the in-bounds block, which read padding
-    for i in range(kh):
-        y0, y1 = _valid_range(oh, h, strides[0], i * dil[0] - ph)
-        for j in range(kw):
-            x0, x1 = _valid_range(ow, wd, strides[1], j * dil[1] - pw)
-            tap = i * kw + j
-            strips = [(y0, ow, 0, 0), (oh - y1, ow, y1, 0), (y1 - y0, x0, y0, 0), (y1 - y0, ow - x1, y0, x1)]
-            zeros += [(c, nx, ny, nb1, nb2, nb3, ((oy * ow + ox) * k + tap * c) * f) for ny, nx, oy, ox in strips]
-            if y1 > y0 and x1 > x0:
-                iy, ix = y0 * strides[0] + i * dil[0] - ph, x0 * strides[1] + j * dil[1] - pw
-                src = g.ggml_view_3d(lw.ctx, xt, c, x1 - x0, y1 - y0, strides[1] * c * f, strides[0] * wd * c * f,
-                                     (iy * wd + ix) * c * f)
-                col = g.ggml_set_inplace(lw.ctx, col, src, nb1, nb2, nb3, ((y0 * ow + x0) * k + tap * c) * f)
-    col = _clear(lw, col, zeros)
-    wt = lw.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1)), tag="ohwi")
-    w2 = g.ggml_reshape_2d(lw.ctx, wt.ptr, k, oc)
-    y = g.ggml_mul_mat(lw.ctx, g.ggml_reshape_2d(lw.ctx, col, k, ow * oh), w2)  # ne (OW*OH, OC)
-    return T(g.ggml_reshape_4d(lw.ctx, y, ow, oh, oc, 1), out_shape)
-
-
-def _window_ok(lw: Any, c: int, kh: int, kw: int, strides: list[int], dil: list[int]) -> bool:
-    """The default for stride-1 kxk convs on the CPU whose K (C*KH*KW) is aligned for the fast GEMM
-    (other backends may not take a GEMM operand with overlapping rows)."""
-    impl = lw.options.get("conv_impl", "auto")
-    fits = strides == [1, 1] and dil == [1, 1] and kh * kw > 1 and (c * kh * kw) % K_ALIGN == 0
-    return fits and lw.on_cpu and impl in ("auto", "window")
-
-
-def _conv_window(lw: Any, x: T, w: np.ndarray, bias: Value | None, ph: int, pw: int,
-                 out_shape: tuple[int, int, int, int]) -> T:
-    """Stride-1 conv as one GEMM over overlapping windows of a row-stacked input; no im2col.
-
-    Each pixel of the padded, channels-last input gets the C channels of the KH pixels
-    below it (one slot per kernel row; zeros where a row falls in the padding), so the
-    KH x KW window of an output pixel is KW consecutive pixels: KH*KW*C contiguous floats.
-    The GEMM reads them through a view whose rows overlap (row stride KH*C), so the
-    input is copied KH times instead of the KH*KW times an im2col needs. Outputs are
-    computed for every pixel of each padded row (row width W + 2*pw, the extra columns are
-    cropped) and for M rows rounded up to 16, which ggml's fast GEMM wants. ggml sizes a
-    view as if it were contiguous, so the scratch holds K*M floats (the im2col size).
-    The kernel is reordered to (OC, KW, KH, C) on upload.
-    """
-    g = gg()
-    lw.used("conv window")
-    _, oc, oh, ow = out_shape
-    c, h, wd = x.shape[1], x.shape[2], x.shape[3]
-    kh, kw = w.shape[2], w.shape[3]
-    wp, slot = wd + 2 * pw, kh * c  # padded row width; floats per stacked pixel
-    k, f = kw * slot, 4
-    m = -(-(oh * wp) // K_ALIGN) * K_ALIGN
-    xt = x.cl if x.cl is not None else channels_last(lw, x.ptr)  # ne (C, W, H, 1)
-    buf = lw.scratch([k * m, 1, 1, 1], after=xt)
-    nb1, nb2 = slot * f, wp * slot * f
-    zeros = []  # blocks that read padding, cleared each run
-
-    for i in range(kh):
-        lo, hi = _valid_range(oh, h, 1, i - ph)
-        for y0, y1 in ((0, lo), (hi, oh)):
-            zeros.append((c, wd, y1 - y0, nb1, nb2, 0, ((y0 * wp + pw) * slot + i * c) * f))
-        if hi > lo:
-            src = g.ggml_view_3d(lw.ctx, xt, c, wd, hi - lo, c * f, wd * c * f, (lo + i - ph) * wd * c * f)
-            buf = g.ggml_set_inplace(lw.ctx, buf, src, nb1, nb2, 0, ((lo * wp + pw) * slot + i * c) * f)
-    if pw:
-        # the right pad of row y and the left pad of row y + 1 are adjacent: 2*pw pixels
-        zeros.append((pw * slot, 1, 1, nb1, nb2, 0, 0))
-        zeros.append((2 * pw * slot, oh - 1, 1, nb2, nb2, 0, (pw + wd) * slot * f))
-        zeros.append((pw * slot, 1, 1, nb1, nb2, 0, ((oh - 1) * wp + pw + wd) * slot * f))
-    buf = _clear(lw, buf, zeros)
-    windows = g.ggml_view_2d(lw.ctx, buf, k, m, nb1, 0)  # overlapping rows: the KH x KW windows
-    wt = lw.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(0, 3, 2, 1)), tag="owhi")
-    y = g.ggml_mul_mat(lw.ctx, windows, g.ggml_reshape_2d(lw.ctx, wt.ptr, k, oc))  # ne (M, OC)
-    crop = g.ggml_view_4d(lw.ctx, y, ow, oh, oc, 1, wp * f, m * f, m * oc * f, 0)
-    if bias is None:
-        return T(g.ggml_cont(lw.ctx, crop), out_shape)
-    b = lw.const(bias) if isinstance(bias, np.ndarray) else bias
-    rows = g.ggml_repeat_4d(lw.ctx, g.ggml_reshape_4d(lw.ctx, b.ptr, 1, 1, oc, 1), ow, 1, oc, 1)
-    return T(g.ggml_add(lw.ctx, crop, rows), out_shape)  # bias rows broadcast; the add also crops
-
-
-def _aligned_channels(c: int, taps: int) -> int:
-    cp = c
-    while (cp * taps) % K_ALIGN:
-        cp += 1
-    return cp
-
-
-def _conv_depthwise(lw: Any, x: T, w: np.ndarray | T, wt: T | None, strides: list[int], dil: list[int], ph: int, pw: int,
-                    out_shape: tuple[int, int, int, int]) -> T:
-    """Depthwise conv. ggml's kernel is vectorized over channels only when channels are the
-    innermost dim in memory, so the input is laid out channels-last first (one copy) and
-    the result copied back to NCHW, unless ``dw_layout="nchw"``."""
-    g = gg()
-    args = (strides[1], strides[0], pw, ph, dil[1], dil[0])
-    if lw.options.get("dw_layout", "nhwc") == "nchw" or not isinstance(w, np.ndarray):
-        wt = wt or lw.const(w)
-        return T(g.ggml_conv_2d_dw_direct(lw.ctx, wt.ptr, x.ptr, *args), out_shape)
-    # kernel as (KH, KW, 1, C) memory, viewed with ne (KW, KH, 1, C): channels innermost
-    kc = lw.const(w, transform=lambda a: np.ascontiguousarray(a[:, 0].transpose(1, 2, 0))[:, :, None, :], tag="hwc")
-    kv = g.ggml_permute(lw.ctx, kc.ptr, 3, 2, 0, 1)
-    xc = x.cl if x.cl is not None else channels_last(lw, x.ptr)  # memory (N, H, W, C)
-    xv = g.ggml_permute(lw.ctx, xc, 2, 0, 1, 3)  # ne (W, H, C, N) over channels-last memory
-    y = g.ggml_conv_2d_dw_direct(lw.ctx, kv, xv, *args)
-    cl = g.ggml_permute(lw.ctx, y, 1, 2, 0, 3) if out_shape[0] == 1 and lw.options.get("layouts", True) else None
-    return T(g.ggml_cont(lw.ctx, y), out_shape, cl=cl)
-
-
-def _channel_view(lw: Any, x: T, start: int, count: int, axis: int = 1) -> T:
-    from .op_shape import slice_axis
-
-    return slice_axis(lw, x, axis, start, start + count, 1)
-
-
-def _conv_dense(lw: Any, x: T, wt: T, strides: list[int], dil: list[int], ph: int, pw: int,
-                out_shape: tuple[int, int, int, int]) -> T:
-    g = gg()
-    n, oc, oh, ow = out_shape
-    if lw.options.get("conv_impl", "auto") == "direct":
-        return T(g.ggml_conv_2d_direct(lw.ctx, wt.ptr, x.ptr, strides[1], strides[0], pw, ph, dil[1], dil[0]),
-                 out_shape)
-    kdim = wt.shape[1] * wt.shape[2] * wt.shape[3]
-    col = g.ggml_im2col(lw.ctx, wt.ptr, x.ptr, strides[1], strides[0], pw, ph, dil[1], dil[0], True,
-                        g.GGML_TYPE_F32)  # ne: [K, OW, OH, N]
-    col2 = g.ggml_reshape_2d(lw.ctx, col, kdim, ow * oh * n)
-    w2 = g.ggml_reshape_2d(lw.ctx, wt.ptr, kdim, oc)
-    impl = lw.options.get("conv_impl", "auto")
-    if impl in ("im2col", "auto") and (ow * oh * n) % 4 and oc % 4 == 0:
-        impl = "im2col_nhwc"  # the GEMM's fast path needs its first operand's rows to be a multiple of 4
-    if impl == "im2col_nhwc":
-        y = g.ggml_mul_mat(lw.ctx, w2, col2)  # ne: [OC, OW*OH*N]: channels-last, then one transpose copy
-        y = g.ggml_cont(lw.ctx, g.ggml_transpose(lw.ctx, y))
-    else:
-        y = g.ggml_mul_mat(lw.ctx, col2, w2)  # ne: [OW*OH*N, OC]
-    if n == 1:
-        return T(g.ggml_reshape_4d(lw.ctx, y, ow, oh, oc, 1), out_shape)
-    y = g.ggml_reshape_4d(lw.ctx, y, ow, oh, n, oc)
-    y = g.ggml_cont(lw.ctx, g.ggml_permute(lw.ctx, y, 0, 1, 3, 2))
-    return T(y, out_shape)
-
-
 @op("Conv")
-def op_conv(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_conv(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
-    if not isinstance(x, T):
+    if not isinstance(x, GTensor):
         raise ValueError("Conv on a constant input")
     wshape = tuple(np.shape(w)) if isinstance(w, np.ndarray) else w.shape
     spatial = len(wshape) - 2
     group = int(attrs(node).get("group", 1))
     strides, dil, pads = _conv_params(node, spatial, wshape[2:], x.shape[2:])
     if spatial == 1:
-        x4 = reshape(lw, x, x.shape[:2] + (1, x.shape[2]))
-        w4 = reshape(lw, lw.const(w) if isinstance(w, np.ndarray) else w, wshape[:2] + (1, wshape[2]))
-        y = conv2d(lw, x4, w4, bias, [1, strides[0]], [1, dil[0]], [0, pads[0], 0, pads[1]], group)
-        return [reshape(lw, y, (y.shape[0], y.shape[1], y.shape[3]))]
+        x4 = reshape(lowering, x, x.shape[:2] + (1, x.shape[2]))
+        w4 = reshape(lowering, lowering.const(w) if isinstance(w, np.ndarray) else w, wshape[:2] + (1, wshape[2]))
+        y = conv2d(lowering, x4, w4, bias, [1, strides[0]], [1, dil[0]], [0, pads[0], 0, pads[1]], group)
+        return [reshape(lowering, y, (y.shape[0], y.shape[1], y.shape[3]))]
     if spatial != 2:
         raise ValueError(f"Conv with {spatial} spatial dims")
-    return [conv2d(lw, x, w, bias, strides, dil, [pads[0], pads[1], pads[2], pads[3]], group)]
+    return [conv2d(lowering, x, w, bias, strides, dil, [pads[0], pads[1], pads[2], pads[3]], group)]
 
 
 @check("ConvTranspose")
@@ -427,29 +165,35 @@ def check_conv_transpose(node: Any) -> str | None:
 
 
 @op("ConvTranspose")
-def op_conv_transpose(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_conv_transpose(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     """ggml_conv_transpose_2d_p0 (zero padding, one stride) then crop the pads, add output_padding."""
     from .op_shape import slice_axis
 
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
-    if not isinstance(x, T) or not isinstance(w, np.ndarray):
+    if not isinstance(x, GTensor) or not isinstance(w, np.ndarray):
         raise ValueError("ConvTranspose needs a runtime input and constant weights")
     a = attrs(node)
     s = int(a.get("strides", [1, 1])[0])
     pads = list(a.get("pads", [0, 0, 0, 0]))
     opad = list(a.get("output_padding", [0, 0]))
-    g = gg()
-    wt = lw.const(w)  # (IC, OC, KH, KW) -> ne (KW, KH, OC, IC), as ggml expects
-    x = cont(lw, x)
+    g = ggml_lib()
+    wt = lowering.const(w)  # (IC, OC, KH, KW) -> ne (KW, KH, OC, IC), as ggml expects
+    x = cont(lowering, x)
     n, c, h, wd = x.shape
     _, oc, kh, kw = w.shape
     fh, fw = (h - 1) * s + kh, (wd - 1) * s + kw
-    y = T(g.ggml_conv_transpose_2d_p0(lw.ctx, wt.ptr, x.ptr, s), (n, oc, fh, fw))
+    # ggml's CPU kernel computes batch item 0 only: one call per item, joined along N
+    parts = [g.ggml_conv_transpose_2d_p0(lowering.ctx, wt.ptr, cont(lowering, slice_axis(lowering, x, 0, b, b + 1, 1)).ptr, s)
+             for b in range(n)] if n > 1 else [g.ggml_conv_transpose_2d_p0(lowering.ctx, wt.ptr, x.ptr, s)]
+    joined = parts[0]
+    for part in parts[1:]:
+        joined = g.ggml_concat(lowering.ctx, joined, part, 3)
+    y = GTensor(joined, (n, oc, fh, fw))
     if opad[0] or opad[1]:
-        y = T(g.ggml_pad_ext(lw.ctx, y.ptr, 0, opad[1], 0, opad[0], 0, 0, 0, 0), (n, oc, fh + opad[0], fw + opad[1]))
-    y = slice_axis(lw, y, 2, pads[0], y.shape[2] - pads[2], 1)
-    y = slice_axis(lw, y, 3, pads[1], y.shape[3] - pads[3], 1)
+        y = GTensor(g.ggml_pad_ext(lowering.ctx, y.ptr, 0, opad[1], 0, opad[0], 0, 0, 0, 0), (n, oc, fh + opad[0], fw + opad[1]))
+    y = slice_axis(lowering, y, 2, pads[0], y.shape[2] - pads[2], 1)
+    y = slice_axis(lowering, y, 3, pads[1], y.shape[3] - pads[3], 1)
     if bias is not None:
-        y = binary(lw, "ggml_add", cont(lw, y), reshape(lw, lw.const(bias), (1, -1, 1, 1)), True)
+        y = binary(lowering, "ggml_add", cont(lowering, y), reshape(lowering, lowering.const(bias), (1, -1, 1, 1)), True)
     return [y]

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import op
 from ._common import (
-    T,
+    GTensor,
     Value,
     aligned,
     attrs,
@@ -23,7 +23,7 @@ from ._common import (
     broadcast_shape,
     cont,
     expand_to,
-    gg,
+    ggml_lib,
     pad_k,
     permute,
     reshape,
@@ -37,89 +37,89 @@ def _swap_last(rank: int) -> list[int]:
     return perm
 
 
-def _weight_t(lw: Any, b: Value) -> T:
+def _weight_t(lowering: Any, b: Value) -> GTensor:
     """B^T (shape (..., N, K)) as a tensor usable as ggml_mul_mat's first operand."""
     if isinstance(b, np.ndarray):
-        return lw.const(b, transform=lambda w: np.swapaxes(w, -1, -2), tag="T")
-    bt = permute(lw, b, _swap_last(b.rank))
-    return cont(lw, bt)
+        return lowering.const(b, transform=lambda w: np.swapaxes(w, -1, -2), tag="T")
+    bt = permute(lowering, b, _swap_last(b.rank))
+    return cont(lowering, bt)
 
 
 def _pad_last(v: np.ndarray, pad: int) -> np.ndarray:
     return np.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, pad)])
 
 
-def matmul(lw: Any, a: Value, b: Value) -> T:
+def matmul(lowering: Any, a: Value, b: Value) -> GTensor:
     """ONNX MatMul semantics (numpy matmul) for rank >= 1."""
     if isinstance(a, np.ndarray):
-        a = lw.const(a)
-    assert isinstance(a, T)
+        a = lowering.const(a)
+    assert isinstance(a, GTensor)
     squeeze_a = a.rank == 1
     squeeze_b = np.ndim(b) == 1 if isinstance(b, np.ndarray) else b.rank == 1
     if squeeze_a:
-        a = reshape(lw, a, (1,) + a.shape)
+        a = reshape(lowering, a, (1,) + a.shape)
     if squeeze_b:
-        b = b.reshape(-1, 1) if isinstance(b, np.ndarray) else reshape(lw, b, b.shape + (1,))
+        b = b.reshape(-1, 1) if isinstance(b, np.ndarray) else reshape(lowering, b, b.shape + (1,))
     bshape = tuple(np.shape(b)) if isinstance(b, np.ndarray) else b.shape
     m, n = a.shape[-2], bshape[-1]
     batch = broadcast_shape(a.shape[:-2], bshape[:-2])
     k = a.shape[-1]
-    kp = aligned(k) if want_pad(lw, k) else k
+    kp = aligned(k) if want_pad(lowering, k) else k
     if isinstance(b, np.ndarray) and kp != k:
         pad = kp - k
-        w = lw.const(b, transform=lambda v: _pad_last(np.swapaxes(v, -1, -2), pad), tag=f"Tp{kp}")
+        w = lowering.const(b, transform=lambda v: _pad_last(np.swapaxes(v, -1, -2), pad), tag=f"Tp{kp}")
     else:
-        w = pad_k(lw, _weight_t(lw, b), kp)  # (..., N, Kp)
+        w = pad_k(lowering, _weight_t(lowering, b), kp)  # (..., N, Kp)
     if a.shape[:-2] != batch:
-        a = expand_to(lw, a, batch + a.shape[-2:])
-    a = pad_k(lw, cont(lw, a), kp)
+        a = expand_to(lowering, a, batch + a.shape[-2:])
+    a = pad_k(lowering, cont(lowering, a), kp)
     rank = len(batch) + 2
     if w.rank < rank:
-        w = reshape(lw, w, (1,) * (rank - w.rank) + w.shape)
+        w = reshape(lowering, w, (1,) * (rank - w.rank) + w.shape)
     if a.rank < rank:
-        a = reshape(lw, a, (1,) * (rank - a.rank) + a.shape)
-    g = gg()
-    out = T(g.ggml_mul_mat(lw.ctx, w.ptr, a.ptr), batch + (m, n))
+        a = reshape(lowering, a, (1,) * (rank - a.rank) + a.shape)
+    g = ggml_lib()
+    out = GTensor(g.ggml_mul_mat(lowering.ctx, w.ptr, a.ptr), batch + (m, n))
     if squeeze_a:
-        out = reshape(lw, out, batch + (n,))
+        out = reshape(lowering, out, batch + (n,))
         m = None
     if squeeze_b:
-        out = reshape(lw, out, out.shape[:-1])
+        out = reshape(lowering, out, out.shape[:-1])
     return out
 
 
 @op("MatMul")
-def op_matmul(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
-    return [matmul(lw, inputs[0], inputs[1])]
+def op_matmul(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    return [matmul(lowering, inputs[0], inputs[1])]
 
 
 @op("Gemm")
-def op_gemm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_gemm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     a_, b_, c_ = (list(inputs) + [None])[:3]
     at = attrs(node)
     alpha, beta = float(at.get("alpha", 1.0)), float(at.get("beta", 1.0))
     if at.get("transA", 0):
-        a_ = a_.T if isinstance(a_, np.ndarray) else permute(lw, a_, [1, 0])
-    g = gg()
+        a_ = a_.T if isinstance(a_, np.ndarray) else permute(lowering, a_, [1, 0])
+    g = ggml_lib()
     if at.get("transB", 0):
-        a = cont(lw, lw.const(a_) if isinstance(a_, np.ndarray) else a_)
+        a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
         k = a.shape[1]
-        kp = aligned(k) if want_pad(lw, k) else k
+        kp = aligned(k) if want_pad(lowering, k) else k
         if isinstance(b_, np.ndarray):  # already (N, K)
-            w = lw.const(b_, transform=(lambda v: _pad_last(v, kp - k)) if kp != k else None, tag=f"p{kp}")
+            w = lowering.const(b_, transform=(lambda v: _pad_last(v, kp - k)) if kp != k else None, tag=f"p{kp}")
         else:
-            w = pad_k(lw, cont(lw, b_), kp)
-        a = pad_k(lw, a, kp)
-        y = T(g.ggml_mul_mat(lw.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
+            w = pad_k(lowering, cont(lowering, b_), kp)
+        a = pad_k(lowering, a, kp)
+        y = GTensor(g.ggml_mul_mat(lowering.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
     else:
-        y = matmul(lw, a_, b_)
+        y = matmul(lowering, a_, b_)
     if alpha != 1.0:
-        y = T(g.ggml_scale(lw.ctx, y.ptr, alpha), y.shape)
+        y = GTensor(g.ggml_scale(lowering.ctx, y.ptr, alpha), y.shape)
     if c_ is not None and beta != 0.0:
         c = c_ * np.float32(beta) if isinstance(c_, np.ndarray) and beta != 1.0 else c_
-        if isinstance(c, T) and beta != 1.0:
-            c = T(g.ggml_scale(lw.ctx, cont(lw, c).ptr, beta), c.shape)
+        if isinstance(c, GTensor) and beta != 1.0:
+            c = GTensor(g.ggml_scale(lowering.ctx, cont(lowering, c).ptr, beta), c.shape)
         if isinstance(c, np.ndarray):
             c = c.astype(np.float32)
-        y = binary(lw, "ggml_add", y, c, True)
+        y = binary(lowering, "ggml_add", y, c, True)
     return [y]

@@ -8,19 +8,19 @@ from typing import Any
 import numpy as np
 
 from . import check, op
-from ._common import T, Value, attrs, binary, gg, norm_axis, reshape
+from ._common import GTensor, Value, attrs, binary, ggml_lib, norm_axis, reshape
 
 
-def affine(lw: Any, y: T, scale: Value | None, bias: Value | None, shape: tuple[int, ...]) -> T:
+def affine(lowering: Any, y: GTensor, scale: Value | None, bias: Value | None, shape: tuple[int, ...]) -> GTensor:
     """y * scale + bias, with scale/bias reshaped to ``shape`` (broadcastable against y)."""
     if scale is not None:
-        s = lw.const(scale) if isinstance(scale, np.ndarray) else scale
+        s = lowering.const(scale) if isinstance(scale, np.ndarray) else scale
         if not (isinstance(scale, np.ndarray) and np.all(scale == 1)):
-            y = binary(lw, "ggml_mul", y, reshape(lw, s, shape), True)
+            y = binary(lowering, "ggml_mul", y, reshape(lowering, s, shape), True)
     if bias is not None:
         if not (isinstance(bias, np.ndarray) and not np.any(bias)):
-            b = lw.const(bias) if isinstance(bias, np.ndarray) else bias
-            y = binary(lw, "ggml_add", y, reshape(lw, b, shape), True)
+            b = lowering.const(bias) if isinstance(bias, np.ndarray) else bias
+            y = binary(lowering, "ggml_add", y, reshape(lowering, b, shape), True)
     return y
 
 
@@ -32,27 +32,27 @@ def check_layer_norm(node: Any) -> str | None:
 
 
 @op("LayerNormalization")
-def op_layer_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_layer_norm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = inputs[0]
-    assert isinstance(x, T)
+    assert isinstance(x, GTensor)
     a = attrs(node)
     axis = norm_axis(int(a.get("axis", -1)), x.rank)
     eps = float(a.get("epsilon", 1e-5))
     rows, cols = math.prod(x.shape[:axis]), math.prod(x.shape[axis:])
-    x2 = reshape(lw, x, (rows, cols))
-    y = T(gg().ggml_norm(lw.ctx, x2.ptr, eps), (rows, cols))
-    y = affine(lw, y, inputs[1], inputs[2] if len(inputs) > 2 else None, (1, cols))
-    return [reshape(lw, y, x.shape)]
+    x2 = reshape(lowering, x, (rows, cols))
+    y = GTensor(ggml_lib().ggml_norm(lowering.ctx, x2.ptr, eps), (rows, cols))
+    y = affine(lowering, y, inputs[1], inputs[2] if len(inputs) > 2 else None, (1, cols))
+    return [reshape(lowering, y, x.shape)]
 
 
-def group_norm(lw: Any, x: T, groups: int, eps: float, scale: Value | None, bias: Value | None) -> T:
+def group_norm(lowering: Any, x: GTensor, groups: int, eps: float, scale: Value | None, bias: Value | None) -> GTensor:
     """ggml_group_norm over (N, C, ...) with per-channel scale and bias."""
     n, c = x.shape[0], x.shape[1]
     spatial = math.prod(x.shape[2:])
-    x4 = reshape(lw, x, (n, c, 1, spatial))
-    y = T(gg().ggml_group_norm(lw.ctx, x4.ptr, groups, eps), x4.shape)
-    y = affine(lw, y, scale, bias, (1, c, 1, 1))
-    return reshape(lw, y, x.shape)
+    x4 = reshape(lowering, x, (n, c, 1, spatial))
+    y = GTensor(ggml_lib().ggml_group_norm(lowering.ctx, x4.ptr, groups, eps), x4.shape)
+    y = affine(lowering, y, scale, bias, (1, c, 1, 1))
+    return reshape(lowering, y, x.shape)
 
 
 def _per_channel(v: Value | None, c: int) -> Value | None:
@@ -62,27 +62,27 @@ def _per_channel(v: Value | None, c: int) -> Value | None:
 
 
 @op("GroupNormalization")
-def op_group_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_group_norm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = inputs[0]
-    assert isinstance(x, T)
+    assert isinstance(x, GTensor)
     a = attrs(node)
     c = x.shape[1]
-    return [group_norm(lw, x, int(a["num_groups"]), float(a.get("epsilon", 1e-5)),
+    return [group_norm(lowering, x, int(a["num_groups"]), float(a.get("epsilon", 1e-5)),
                        _per_channel(inputs[1], c), _per_channel(inputs[2], c))]
 
 
 @op("InstanceNormalization")
-def op_instance_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_instance_norm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     """Normalize each (n, c) over the spatial dims: ggml_norm on rows of the flattened tensor."""
     x = inputs[0]
-    assert isinstance(x, T)
+    assert isinstance(x, GTensor)
     eps = float(attrs(node).get("epsilon", 1e-5))
     n, c = x.shape[0], x.shape[1]
     spatial = math.prod(x.shape[2:])
-    x3 = reshape(lw, x, (n, c, spatial))
-    y = T(gg().ggml_norm(lw.ctx, x3.ptr, eps), x3.shape)
-    y = affine(lw, y, inputs[1], inputs[2], (1, c, 1))
-    return [reshape(lw, y, x.shape)]
+    x3 = reshape(lowering, x, (n, c, spatial))
+    y = GTensor(ggml_lib().ggml_norm(lowering.ctx, x3.ptr, eps), x3.shape)
+    y = affine(lowering, y, inputs[1], inputs[2], (1, c, 1))
+    return [reshape(lowering, y, x.shape)]
 
 
 @check("BatchNormalization")
@@ -93,10 +93,10 @@ def check_batch_norm(node: Any) -> str | None:
 
 
 @op("BatchNormalization")
-def op_batch_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_batch_norm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     """Inference BatchNorm as one per-channel multiply-add with folded constants."""
     x, scale, bias, mean, var = inputs[:5]
-    assert isinstance(x, T)
+    assert isinstance(x, GTensor)
     if not all(isinstance(v, np.ndarray) for v in (scale, bias, mean, var)):
         raise ValueError("BatchNormalization with runtime statistics")
     eps = float(attrs(node).get("epsilon", 1e-5))
@@ -104,5 +104,5 @@ def op_batch_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     add = (bias.astype(np.float64) - mean.astype(np.float64) * mul).astype(np.float32)
     c = x.shape[1]
     shape = (1, c) + (1,) * (x.rank - 2)
-    y = binary(lw, "ggml_mul", x, reshape(lw, lw.const(mul), shape), True)
-    return [binary(lw, "ggml_add", y, reshape(lw, lw.const(add), shape), True)]
+    y = binary(lowering, "ggml_mul", x, reshape(lowering, lowering.const(mul), shape), True)
+    return [binary(lowering, "ggml_add", y, reshape(lowering, lowering.const(add), shape), True)]

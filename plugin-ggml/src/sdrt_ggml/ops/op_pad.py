@@ -7,13 +7,13 @@ from typing import Any
 import numpy as np
 
 from . import op
-from ._common import T, Value, attrs, cont, gdim, gg, scalar_of
+from ._common import GTensor, Value, attrs, cont, gdim, ggml_lib, scalar_of
 
 
 @op("Pad")
-def op_pad(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_pad(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = inputs[0]
-    assert isinstance(x, T)
+    assert isinstance(x, GTensor)
     a = attrs(node)
     mode = a.get("mode", "constant")
     if len(inputs) > 1 and inputs[1] is not None:
@@ -35,13 +35,13 @@ def op_pad(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
             raise ValueError("Pad with negative pads")
         lr[gdim(ax, x.rank)] = [lo, hi]
         shape[ax] += lo + hi
-    g = gg()
-    x = cont(lw, x)
+    g = ggml_lib()
+    x = cont(lowering, x)
     if mode == "constant":
         if value not in (0.0, None):
             raise ValueError(f"Pad with constant value {value}")
-        y = g.ggml_pad_ext(lw.ctx, x.ptr, *lr[0], *lr[1], *lr[2], *lr[3])
-        return [T(y, tuple(shape))]
+        y = g.ggml_pad_ext(lowering.ctx, x.ptr, *lr[0], *lr[1], *lr[2], *lr[3])
+        return [GTensor(y, tuple(shape))]
     if mode == "reflect" and all(v == [0, 0] for v in lr[1:]):
-        return [T(g.ggml_pad_reflect_1d(lw.ctx, x.ptr, *lr[0]), tuple(shape))]
+        return [GTensor(g.ggml_pad_reflect_1d(lowering.ctx, x.ptr, *lr[0]), tuple(shape))]
     raise ValueError(f"Pad mode {mode!r} on these axes")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import check, op
-from ._common import T, Value, attrs, cont, gg
+from ._common import GTensor, Value, attrs, cont, ggml_lib
 
 
 @check("MaxPool", "AveragePool")
@@ -31,9 +31,9 @@ def check_pool(node: Any) -> str | None:
 
 
 @op("MaxPool", "AveragePool")
-def op_pool(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_pool(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = inputs[0]
-    assert isinstance(x, T)
+    assert isinstance(x, GTensor)
     a = attrs(node)
     kh, kw = a["kernel_shape"]
     sh, sw = a.get("strides", [1, 1])
@@ -42,8 +42,8 @@ def op_pool(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     n, c, h, w = x.shape
     oh = (h + 2 * ph - kh) // sh + 1
     ow = (w + 2 * pw - kw) // sw + 1
-    g = gg()
+    g = ggml_lib()
     kind = g.GGML_OP_POOL_MAX if node.op_type == "MaxPool" else g.GGML_OP_POOL_AVG
-    x = cont(lw, x)
-    y = g.ggml_pool_2d(lw.ctx, x.ptr, kind, kw, kh, sw, sh, float(pw), float(ph))
-    return [T(y, (n, c, oh, ow))]
+    x = cont(lowering, x)
+    y = g.ggml_pool_2d(lowering.ctx, x.ptr, kind, kw, kh, sw, sh, float(pw), float(ph))
+    return [GTensor(y, (n, c, oh, ow))]

@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 
 from . import op
-from ._common import T, Value, attrs, cont, gg, norm_axis, permute, reshape
+from ._common import GTensor, Value, attrs, cont, ggml_lib, norm_axis, permute, reshape
 
 
-def _reduce(lw: Any, node: Any, inputs: list[Value], fn: str) -> list[Value]:
+def _reduce(lowering: Any, node: Any, inputs: list[Value], fn: str) -> list[Value]:
     x = inputs[0]
-    assert isinstance(x, T)
+    assert isinstance(x, GTensor)
     a = attrs(node)
     axes = a.get("axes")
     if axes is None and len(inputs) > 1 and inputs[1] is not None:
@@ -31,33 +31,33 @@ def _reduce(lw: Any, node: Any, inputs: list[Value], fn: str) -> list[Value]:
         axes = list(range(x.rank))
     red = sorted(norm_axis(i, x.rank) for i in axes)
     rest = [i for i in range(x.rank) if i not in red]
-    y = permute(lw, x, rest + red) if rest + red != list(range(x.rank)) else x
+    y = permute(lowering, x, rest + red) if rest + red != list(range(x.rank)) else x
     outer = math.prod(x.shape[i] for i in rest)
     inner = math.prod(x.shape[i] for i in red)
-    y = reshape(lw, cont(lw, y), (outer, inner))
-    r = T(getattr(gg(), fn)(lw.ctx, y.ptr), (outer, 1))
+    y = reshape(lowering, cont(lowering, y), (outer, inner))
+    r = GTensor(getattr(ggml_lib(), fn)(lowering.ctx, y.ptr), (outer, 1))
     if keep:
         shape = tuple(1 if i in red else d for i, d in enumerate(x.shape))
     else:
         shape = tuple(x.shape[i] for i in rest)
-    return [reshape(lw, r, shape)]
+    return [reshape(lowering, r, shape)]
 
 
 @op("ReduceMean")
-def op_reduce_mean(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
-    return _reduce(lw, node, inputs, "ggml_mean")
+def op_reduce_mean(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    return _reduce(lowering, node, inputs, "ggml_mean")
 
 
 @op("ReduceSum")
-def op_reduce_sum(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
-    return _reduce(lw, node, inputs, "ggml_sum_rows")
+def op_reduce_sum(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    return _reduce(lowering, node, inputs, "ggml_sum_rows")
 
 
 @op("GlobalAveragePool")
-def op_global_average_pool(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_global_average_pool(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = inputs[0]
-    assert isinstance(x, T)
+    assert isinstance(x, GTensor)
     n, c = x.shape[0], x.shape[1]
-    y = reshape(lw, x, (n * c, math.prod(x.shape[2:])))
-    r = T(gg().ggml_mean(lw.ctx, y.ptr), (n * c, 1))
-    return [reshape(lw, r, (n, c) + (1,) * (x.rank - 2))]
+    y = reshape(lowering, x, (n * c, math.prod(x.shape[2:])))
+    r = GTensor(ggml_lib().ggml_mean(lowering.ctx, y.ptr), (n * c, 1))
+    return [reshape(lowering, r, (n, c) + (1,) * (x.rank - 2))]

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from . import check, op
-from ._common import T, Value, attrs, cont, gg, ne_of
+from ._common import GTensor, Value, attrs, cont, ggml_lib, ne_of
 
 _NEAREST_OK = {("asymmetric", "floor")}
 _LINEAR_OK = {"half_pixel", "pytorch_half_pixel", "align_corners"}
@@ -40,16 +40,16 @@ def check_resize(node: Any) -> str | None:
 
 
 @op("Resize", "Upsample")
-def op_resize(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_resize(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = inputs[0]
-    assert isinstance(x, T)
+    assert isinstance(x, GTensor)
     a = attrs(node)
     if node.op_type == "Upsample":
         scales, sizes = inputs[1], None
     else:
         scales = inputs[2] if len(inputs) > 2 else None
         sizes = inputs[3] if len(inputs) > 3 else None
-    if isinstance(scales, T) or isinstance(sizes, T):
+    if isinstance(scales, GTensor) or isinstance(sizes, GTensor):
         raise ValueError("Resize with runtime scales or sizes")
     if sizes is not None and np.size(sizes):
         out = tuple(int(s) for s in np.asarray(sizes).reshape(-1))
@@ -60,11 +60,11 @@ def op_resize(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
         raise ValueError("Resize without scales or sizes")
     if x.rank > 2 and out[:-2] != x.shape[:-2] and a.get("mode", "nearest") == "linear":
         raise ValueError("linear Resize of other than the last two axes")
-    g = gg()
+    g = ggml_lib()
     mode = g.GGML_SCALE_MODE_NEAREST
     if a.get("mode", "nearest") == "linear":
         mode = g.GGML_SCALE_MODE_BILINEAR
         if a.get("coordinate_transformation_mode", "half_pixel") == "align_corners":
             mode |= g.GGML_SCALE_FLAG_ALIGN_CORNERS
-    x = cont(lw, x)
-    return [T(g.ggml_interpolate(lw.ctx, x.ptr, *ne_of(out), mode), out)]
+    x = cont(lowering, x)
+    return [GTensor(g.ggml_interpolate(lowering.ctx, x.ptr, *ne_of(out), mode), out)]

@@ -6,41 +6,41 @@ import math
 from typing import Any
 
 from . import op
-from ._common import T, Value, attrs, cont, gg, norm_axis, permute, reshape
+from ._common import GTensor, Value, attrs, cont, ggml_lib, norm_axis, permute, reshape
 
 
-def _on_last_axis(lw: Any, x: T, axis: int, fn: Any) -> T:
+def _on_last_axis(lowering: Any, x: GTensor, axis: int, fn: Any) -> GTensor:
     axis = norm_axis(axis, x.rank)
     if axis == x.rank - 1:
-        x = cont(lw, x)
-        return T(fn(x), x.shape)
+        x = cont(lowering, x)
+        return GTensor(fn(x), x.shape)
     perm = list(range(x.rank))
     perm[axis], perm[-1] = perm[-1], perm[axis]
-    xt = cont(lw, permute(lw, x, perm))
-    y = T(fn(xt), xt.shape)
-    return permute(lw, y, perm)
+    xt = cont(lowering, permute(lowering, x, perm))
+    y = GTensor(fn(xt), xt.shape)
+    return permute(lowering, y, perm)
 
 
-def _softmax(lw: Any, node: Any, x: T, fn: Any) -> T:
-    if lw.opsets.get("", 17) >= 13:
-        return _on_last_axis(lw, x, int(attrs(node).get("axis", -1)), fn)
+def _softmax(lowering: Any, node: Any, x: GTensor, fn: Any) -> GTensor:
+    if lowering.opsets.get("", 17) >= 13:
+        return _on_last_axis(lowering, x, int(attrs(node).get("axis", -1)), fn)
     # before opset 13: the input is flattened to 2-D at ``axis`` (default 1), softmax over the second dim
     axis = norm_axis(int(attrs(node).get("axis", 1)), x.rank)
-    flat = reshape(lw, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
-    return reshape(lw, _on_last_axis(lw, flat, -1, fn), x.shape)
+    flat = reshape(lowering, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
+    return reshape(lowering, _on_last_axis(lowering, flat, -1, fn), x.shape)
 
 
 @op("Softmax")
-def op_softmax(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_softmax(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = inputs[0]
-    assert isinstance(x, T)
-    g = gg()
-    return [_softmax(lw, node, x, lambda t: g.ggml_soft_max(lw.ctx, t.ptr))]
+    assert isinstance(x, GTensor)
+    g = ggml_lib()
+    return [_softmax(lowering, node, x, lambda t: g.ggml_soft_max(lowering.ctx, t.ptr))]
 
 
 @op("LogSoftmax")
-def op_log_softmax(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_log_softmax(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = inputs[0]
-    assert isinstance(x, T)
-    g = gg()
-    return [_softmax(lw, node, x, lambda t: g.ggml_log(lw.ctx, g.ggml_soft_max(lw.ctx, t.ptr)))]
+    assert isinstance(x, GTensor)
+    g = ggml_lib()
+    return [_softmax(lowering, node, x, lambda t: g.ggml_log(lowering.ctx, g.ggml_soft_max(lowering.ctx, t.ptr)))]

@@ -7,17 +7,17 @@ from typing import Any
 import numpy as np
 
 from . import check, op
-from ._common import T, Value, attrs, binary, cont, gg, scalar_of
+from ._common import GTensor, Value, attrs, binary, cont, ggml_lib, scalar_of
 
 
 def _unary(fn: str) -> Any:
-    def lower(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    def lower(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
         x = inputs[0]
-        if not isinstance(x, T) or x.dtype != "float32":
+        if not isinstance(x, GTensor) or x.dtype != "float32":
             raise ValueError(f"{node.op_type} on a non-float tensor")
-        x = cont(lw, x)
-        f = getattr(gg(), fn)
-        return [T(f(lw.ctx, x.ptr), x.shape, cl=f(lw.ctx, x.cl) if x.cl is not None else None)]
+        x = cont(lowering, x)
+        f = getattr(ggml_lib(), fn)
+        return [GTensor(f(lowering.ctx, x.ptr), x.shape, cl=f(lowering.ctx, x.cl) if x.cl is not None else None)]
 
     lower.__name__ = "op_" + fn.removeprefix("ggml_")
     return lower
@@ -33,36 +33,36 @@ for _name, _fn in {
 
 
 @op("Identity")
-def op_identity(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_identity(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     return [inputs[0]]
 
 
 @op("Dropout")
-def op_dropout(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_dropout(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     """Inference: identity. Training mode (a true or runtime training_mode input) is not supported."""
     training = inputs[2] if len(inputs) > 2 else None
     if training is not None and (not isinstance(training, np.ndarray) or bool(training.reshape(-1)[0])):
         raise ValueError("Dropout in training mode")
     x = inputs[0]
-    shape = x.shape if isinstance(x, T) else np.shape(x)
+    shape = x.shape if isinstance(x, GTensor) else np.shape(x)
     return [x, np.ones(shape, dtype=bool)]  # inference: nothing dropped, the mask is all true
 
 
 @op("Cast")
-def op_cast(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_cast(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     from onnx import TensorProto
 
     x = inputs[0]
     to = attrs(node)["to"]
-    assert isinstance(x, T)
+    assert isinstance(x, GTensor)
     if to in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16):
         if x.dtype == "float32":
             return [x]  # computation stays in float32 throughout
         if x.dtype != "int32":  # a small integer carried exactly in float32
-            return [T(x.ptr, x.shape, "float32")]
-        x = cont(lw, x)
-        g = gg()
-        return [T(g.ggml_cast(lw.ctx, x.ptr, g.GGML_TYPE_F32), x.shape)]
+            return [GTensor(x.ptr, x.shape, "float32")]
+        x = cont(lowering, x)
+        g = ggml_lib()
+        return [GTensor(g.ggml_cast(lowering.ctx, x.ptr, g.GGML_TYPE_F32), x.shape)]
     if to in (TensorProto.INT64, TensorProto.INT32) and x.dtype == "int32":
         return [x]
     from onnx import helper
@@ -73,24 +73,24 @@ def op_cast(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
 
 
 @op("Reciprocal")
-def op_reciprocal(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
-    one = lw.const(np.ones((1,), np.float32), tag="one")
-    return [binary(lw, "ggml_div", one, inputs[0], False)]
+def op_reciprocal(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    one = lowering.const(np.ones((1,), np.float32), tag="one")
+    return [binary(lowering, "ggml_div", one, inputs[0], False)]
 
 
 @op("LeakyRelu")
-def op_leaky_relu(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
-    x = cont(lw, inputs[0])
+def op_leaky_relu(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = cont(lowering, inputs[0])
     alpha = float(attrs(node).get("alpha", 0.01))
-    return [T(gg().ggml_leaky_relu(lw.ctx, x.ptr, alpha, False), x.shape)]
+    return [GTensor(ggml_lib().ggml_leaky_relu(lowering.ctx, x.ptr, alpha, False), x.shape)]
 
 
 @op("Elu")
-def op_elu(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_elu(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     if float(attrs(node).get("alpha", 1.0)) != 1.0:
         raise ValueError("Elu with alpha != 1")
-    x = cont(lw, inputs[0])
-    return [T(gg().ggml_elu(lw.ctx, x.ptr), x.shape)]
+    x = cont(lowering, inputs[0])
+    return [GTensor(ggml_lib().ggml_elu(lowering.ctx, x.ptr), x.shape)]
 
 
 @check("Gelu")
@@ -100,22 +100,22 @@ def check_gelu(node: Any) -> str | None:
 
 
 @op("Gelu")
-def op_gelu(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
-    x = cont(lw, inputs[0])
-    g = gg()
+def op_gelu(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = cont(lowering, inputs[0])
+    g = ggml_lib()
     if attrs(node).get("approximate", "none") != "tanh":
-        return [T(g.ggml_gelu_erf(lw.ctx, x.ptr), x.shape)]
+        return [GTensor(g.ggml_gelu_erf(lowering.ctx, x.ptr), x.shape)]
     # ggml_gelu uses an fp16 table on the CPU: build the tanh form from exact ops instead
-    x3 = g.ggml_mul(lw.ctx, g.ggml_sqr(lw.ctx, x.ptr), x.ptr)
-    inner = g.ggml_add(lw.ctx, x.ptr, g.ggml_scale(lw.ctx, x3, 0.044715))
-    t = g.ggml_tanh(lw.ctx, g.ggml_scale(lw.ctx, inner, float(np.sqrt(2.0 / np.pi))))
-    half = g.ggml_scale_bias(lw.ctx, t, 0.5, 0.5)
-    return [T(g.ggml_mul(lw.ctx, x.ptr, half), x.shape)]
+    x3 = g.ggml_mul(lowering.ctx, g.ggml_sqr(lowering.ctx, x.ptr), x.ptr)
+    inner = g.ggml_add(lowering.ctx, x.ptr, g.ggml_scale(lowering.ctx, x3, 0.044715))
+    t = g.ggml_tanh(lowering.ctx, g.ggml_scale(lowering.ctx, inner, float(np.sqrt(2.0 / np.pi))))
+    half = g.ggml_scale_bias(lowering.ctx, t, 0.5, 0.5)
+    return [GTensor(g.ggml_mul(lowering.ctx, x.ptr, half), x.shape)]
 
 
 @op("Clip")
-def op_clip(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
-    x = cont(lw, inputs[0])
+def op_clip(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = cont(lowering, inputs[0])
     a = attrs(node)
     lo = a.get("min", -np.inf) if len(inputs) < 2 or inputs[1] is None else scalar_of(inputs[1])
     hi = a.get("max", np.inf) if len(inputs) < 3 or inputs[2] is None else scalar_of(inputs[2])
@@ -123,51 +123,51 @@ def op_clip(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
         raise ValueError("Clip with runtime bounds")
     lo = max(float(lo), -3.4e38)
     hi = min(float(hi), 3.4e38)
-    g = gg()
+    g = ggml_lib()
     # ggml_clamp works in place: clamp a copy unless this node is the value's only reader
-    shared = lw.n_uses(node.input[0]) != 1 or lw.producer(node.input[0]) is None or x.ptr.contents.view_src
+    shared = lowering.n_uses(node.input[0]) != 1 or lowering.producer(node.input[0]) is None or x.ptr.contents.view_src
 
     def clamp(t: Any) -> Any:
-        return g.ggml_clamp(lw.ctx, g.ggml_dup(lw.ctx, t) if shared else t, lo, hi)
+        return g.ggml_clamp(lowering.ctx, g.ggml_dup(lowering.ctx, t) if shared else t, lo, hi)
 
-    return [T(clamp(x.ptr), x.shape, cl=clamp(x.cl) if x.cl is not None else None)]
+    return [GTensor(clamp(x.ptr), x.shape, cl=clamp(x.cl) if x.cl is not None else None)]
 
 
 @op("HardSigmoid")
-def op_hard_sigmoid(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
-    x = cont(lw, inputs[0])
+def op_hard_sigmoid(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    x = cont(lowering, inputs[0])
     a = attrs(node)
     alpha, beta = float(a.get("alpha", 0.2)), float(a.get("beta", 0.5))
-    g = gg()
+    g = ggml_lib()
 
     def hs(t: Any) -> Any:
-        return g.ggml_clamp(lw.ctx, g.ggml_scale_bias(lw.ctx, t, alpha, beta), 0.0, 1.0)
+        return g.ggml_clamp(lowering.ctx, g.ggml_scale_bias(lowering.ctx, t, alpha, beta), 0.0, 1.0)
 
-    return [T(hs(x.ptr), x.shape, cl=hs(x.cl) if x.cl is not None else None)]
+    return [GTensor(hs(x.ptr), x.shape, cl=hs(x.cl) if x.cl is not None else None)]
 
 
 @op("Erf")
-def op_erf(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_erf(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     """erf(x) = 2 * gelu_erf(z) / z - 1 with z = sqrt(2) * x (ggml has gelu_erf, not erf).
 
     The GELU pattern x * 0.5 * (1 + erf(x / sqrt(2))) never reaches this: the
     rewrite in ``op_fused`` turns it into one ``ggml_gelu_erf``.
     """
-    x = cont(lw, inputs[0])
-    g = gg()
-    z = g.ggml_scale_bias(lw.ctx, x.ptr, float(np.sqrt(2.0)), 1e-30)  # offset keeps z != 0 for x == 0
-    phi = g.ggml_div(lw.ctx, g.ggml_gelu_erf(lw.ctx, z), z)
-    return [T(g.ggml_scale_bias(lw.ctx, phi, 2.0, -1.0), x.shape)]
+    x = cont(lowering, inputs[0])
+    g = ggml_lib()
+    z = g.ggml_scale_bias(lowering.ctx, x.ptr, float(np.sqrt(2.0)), 1e-30)  # offset keeps z != 0 for x == 0
+    phi = g.ggml_div(lowering.ctx, g.ggml_gelu_erf(lowering.ctx, z), z)
+    return [GTensor(g.ggml_scale_bias(lowering.ctx, phi, 2.0, -1.0), x.shape)]
 
 
 @op("HardSwish")
-def op_hard_swish(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
+def op_hard_swish(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     """x * clamp(x / 6 + 1/2, 0, 1) from vectorised ops: ggml's own hardswish is a scalar
     per-element loop (7x slower on a 96x56x56 map)."""
-    x = cont(lw, inputs[0])
-    g = gg()
+    x = cont(lowering, inputs[0])
+    g = ggml_lib()
 
     def hs(t: Any) -> Any:
-        return g.ggml_mul(lw.ctx, t, g.ggml_clamp(lw.ctx, g.ggml_scale_bias(lw.ctx, t, 1.0 / 6.0, 0.5), 0.0, 1.0))
+        return g.ggml_mul(lowering.ctx, t, g.ggml_clamp(lowering.ctx, g.ggml_scale_bias(lowering.ctx, t, 1.0 / 6.0, 0.5), 0.0, 1.0))
 
-    return [T(hs(x.ptr), x.shape, cl=hs(x.cl) if x.cl is not None else None)]
+    return [GTensor(hs(x.ptr), x.shape, cl=hs(x.cl) if x.cl is not None else None)]

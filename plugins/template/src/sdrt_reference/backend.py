@@ -25,6 +25,7 @@ class ReferenceSession(Session):
                              fix="check the model with onnx.checker.check_model") from exc
         self._evaluator.rt_inits_.update(arrays)
         self._output_names = [o.name for o in self.outputs]
+        self._where = graph.name
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
@@ -32,7 +33,7 @@ class ReferenceSession(Session):
         except SdrtError:
             raise
         except Exception as exc:
-            raise SdrtError(f"the reference evaluator failed: {exc!r}", where=self.graph.name if self.graph else "",
+            raise SdrtError(f"the reference evaluator failed: {exc!r}", where=self._where,
                             fix="check the inputs; run onnx.checker.check_model on the graph") from exc
         # tensors come back as arrays; sequence and optional outputs stay as the evaluator made them
         return {name: value if value is None or isinstance(value, list) else np.asarray(value)

@@ -1,0 +1,182 @@
+"""Textual-inversion embeddings: A1111's safetensors files, and the token rows they add.
+
+Formats read (``.safetensors`` only):
+
+- A1111 / SD 1.x-2.x: ``emb_params`` [n, d] (n vectors, the trigger word stands for n tokens);
+- SDXL: ``clip_l`` [n, 768] for the first text encoder and ``clip_g`` [n, 1280] for the second;
+- diffusers' ``learned_embeds.safetensors``: one tensor named after its token, [d] or [n, d].
+
+Pickle ``.pt``/``.bin`` embeddings are refused, with the one-line conversion to run.
+
+An embedding is used the way A1111 and diffusers' ``load_textual_inversion``
+use it: its trigger word (the file's stem) becomes n new tokens, and n new rows
+are added at the end of the text encoder's token-embedding table, so the
+tokens' ids are ``vocab + i``. ``extend_table`` builds that table;
+``reserve_rows`` gives a text-encoder graph room for such rows once, so later
+embeddings change only weights (``Session.update_weights``), never the graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import WeightsError
+from ..weights import Weights
+from .onnxmap import param_map
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..graph import Graph
+
+TOKEN_TABLE = "embeddings.token_embedding.weight"
+PT_HINT = (
+    "convert it once to safetensors, in an environment you trust: python -c \"import torch, "
+    "safetensors.torch as st; d = torch.load('{name}', weights_only=True); "
+    "v = d['string_to_param']['*'] if 'string_to_param' in d else next(iter(d.values())); "
+    "st.save_file({{'emb_params': v.reshape(-1, v.shape[-1]).contiguous()}}, '{stem}.safetensors')\""
+)
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """One embedding: its trigger word and vectors per text encoder (``clip_l``: the first or only,
+    ``clip_g``: SDXL's second)."""
+
+    name: str
+    vectors: Mapping[str, np.ndarray] = field(repr=False)
+    source: str = "<memory>"
+
+    @property
+    def count(self) -> int:
+        """How many tokens the trigger word stands for."""
+        return int(next(iter(self.vectors.values())).shape[0])
+
+    def for_encoder(self, key: str) -> np.ndarray | None:
+        return self.vectors.get(key)
+
+    def shorthash(self) -> str:
+        """A1111's ``TI hashes`` value: the first 12 hex digits of the file's sha256."""
+        return sha256_file(Path(self.source))[:12] if Path(self.source).is_file() else ""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_embedding(path: str | os.PathLike[str], name: str | None = None) -> Embedding:
+    """Read an embedding file. The trigger word is ``name`` or, as in A1111, the file's stem."""
+    p = Path(path)
+    if p.suffix.lower() in (".pt", ".bin", ".ckpt", ".pth"):
+        raise WeightsError(
+            f"refusing to load {p.name}: {p.suffix} embeddings are Python pickles, and loading a pickle can "
+            "execute arbitrary code", where=str(p), fix=PT_HINT.format(name=p.name, stem=p.stem))
+    w = Weights.open(p)
+    arrays = {k: np.asarray(w[k]) for k in w}
+    vectors: dict[str, np.ndarray] = {}
+    if "clip_l" in arrays or "clip_g" in arrays:
+        vectors = {k: arrays[k] for k in ("clip_l", "clip_g") if k in arrays}
+    elif "emb_params" in arrays:
+        vectors = {"clip_l": arrays["emb_params"]}
+    elif len(arrays) == 1:
+        vectors = {"clip_l": next(iter(arrays.values()))}
+    else:
+        raise WeightsError(
+            f"not a textual-inversion embedding: keys {', '.join(list(arrays)[:6])}", where=str(p),
+            fix="pass an A1111 embedding (.safetensors with emb_params, or clip_l/clip_g for SDXL)")
+    out: dict[str, np.ndarray] = {}
+    for k, v in vectors.items():
+        v = v.reshape(1, -1) if v.ndim == 1 else v
+        if v.ndim != 2 or v.shape[0] < 1 or v.shape[1] < 1:
+            raise WeightsError(f"embedding {k} has shape {list(v.shape)}, expected [tokens, width]", where=str(p),
+                               fix="re-export the embedding")
+        if not (v.dtype.kind == "f" or v.dtype.name == "bfloat16"):
+            raise WeightsError(f"embedding {k} has dtype {v.dtype}, expected a float type", where=str(p),
+                               fix="re-export the embedding")
+        v32 = v.astype(np.float32)
+        if not np.isfinite(v32).all():
+            raise WeightsError(f"embedding {k} holds NaN or Inf values", where=str(p), fix="re-export the embedding")
+        out[k] = v32
+    counts = {v.shape[0] for v in out.values()}
+    if len(counts) != 1:
+        raise WeightsError(f"clip_l and clip_g hold different token counts {sorted(counts)}", where=str(p),
+                           fix="re-export the embedding")
+    return Embedding(name or p.stem, out, str(p))
+
+
+def token_table(graph: Graph) -> tuple[str, tuple[int, int], str]:
+    """``(initializer name, [vocab, width], dtype)`` of a text encoder graph's token-embedding table."""
+    slot = param_map(graph).get(TOKEN_TABLE)
+    if slot is None or len(slot.shape) != 2:
+        raise WeightsError("the text encoder has no token-embedding table (embeddings.token_embedding.weight)",
+                           where=graph.name, fix="use a CLIP text encoder exported from transformers")
+    return slot.init, (slot.shape[0], slot.shape[1]), slot.dtype
+
+
+def reserve_rows(graph: Graph, rows: int) -> Graph:
+    """A copy of ``graph`` whose token table has ``rows`` more (zero) rows, for embeddings to fill
+    through ``update_weights``. The Gather output does not depend on the table's length, so
+    nothing else in the graph changes."""
+    import onnx.numpy_helper as nh
+
+    from ..graph.shapes import copy_model
+
+    init, (vocab, width), _dtype = token_table(graph)
+    if rows <= 0:
+        return graph
+    model = copy_model(graph.model, initializers=False)
+    arrays = graph.initializer_arrays([init])
+    for t in graph.model.graph.initializer:
+        if t.name == init:
+            base = arrays[init]
+            table = np.concatenate([base, np.zeros((rows, width), base.dtype)])
+            model.graph.initializer.append(nh.from_array(table, init))
+        else:
+            model.graph.initializer.append(t)
+    for vi in list(model.graph.input):
+        if vi.name == init:  # old exports list initializers as inputs too
+            vi.type.tensor_type.shape.dim[0].dim_value = vocab + rows
+    return graph.derive(model)
+
+
+def extend_table(base: np.ndarray, embeddings: Sequence[Embedding], key: str, capacity: int | None = None,
+                 vocab: int | None = None) -> tuple[np.ndarray, dict[str, list[int]]]:
+    """The token table with each embedding's ``key`` vectors appended after the first ``vocab`` rows
+    (default: all of ``base``), padded with zeros to ``capacity`` rows; and ``{name: token ids}``."""
+    vocab = base.shape[0] if vocab is None else vocab
+    width = base.shape[1]
+    rows: list[np.ndarray] = []
+    ids: dict[str, list[int]] = {}
+    nxt = vocab
+    for emb in embeddings:
+        v = emb.for_encoder(key)
+        if v is None:
+            raise WeightsError(f"embedding {emb.name!r} has no {key} vectors (it has {', '.join(emb.vectors)})",
+                               where=emb.source, fix="use an embedding made for this model family")
+        if v.shape[1] != width:
+            raise WeightsError(
+                f"embedding {emb.name!r} is {v.shape[1]} wide, the text encoder's tokens are {width} wide",
+                where=emb.source, fix="use an embedding made for this model family (SD 1.x: 768, SD 2.x: 1024, "
+                "SDXL: clip_l 768 + clip_g 1280)")
+        rows.append(v)
+        ids[emb.name] = list(range(nxt, nxt + v.shape[0]))
+        nxt += v.shape[0]
+    total = capacity if capacity is not None else nxt
+    if nxt > total:
+        raise WeightsError(f"{nxt - vocab} embedding tokens do not fit the {total - vocab} reserved rows",
+                           where="text encoder token table", fix="reserve more rows (load the pipeline with "
+                           "more embedding capacity), or use fewer embeddings")
+    table = np.zeros((total, width), base.dtype)
+    table[:vocab] = base[:vocab]
+    if rows:
+        table[vocab:nxt] = np.concatenate(rows).astype(base.dtype)
+    return table, ids

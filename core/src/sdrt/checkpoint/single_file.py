@@ -1,0 +1,235 @@
+"""``Checkpoint``: a single-file LDM checkpoint (or a diffusers folder) bound to a pipeline's graphs.
+
+    ckpt = Checkpoint.open("model.safetensors")          # reads the header only
+    arrays = ckpt.arrays({"unet": unet_graph, ...})      # {part: {initializer: array}}, or WeightsError
+
+Everything is checked for every part before any array is made, so a checkpoint
+of another architecture is refused before anything changes; the error names the
+family the checkpoint looks like and the first keys that do not fit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import WeightsError
+from ..weights import TensorRef, Weights
+from . import families, ldm
+from .ldm import Source
+from .onnxmap import Slot, _np_dtype, fit, fits_shape, param_map
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..graph import Graph
+
+log = logging.getLogger("sdrt.checkpoint")
+
+#: pipeline part -> checkpoint component, and the canonical-name prefixes that part uses
+PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "text_encoder": ("text_encoder", ()),
+    "text_encoder_2": ("text_encoder_2", ()),
+    "unet": ("unet", ()),
+    "vae_decoder": ("vae", ("decoder.", "post_quant_conv.")),
+    "vae_encoder": ("vae", ("encoder.", "quant_conv.")),
+}
+#: diffusers folder layout: component -> subfolder
+DIFFUSERS_FOLDERS = {"unet": "unet", "vae": "vae", "text_encoder": "text_encoder", "text_encoder_2": "text_encoder_2"}
+_SHOW = 6
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One initializer to write: from which checkpoint tensor, into which slot."""
+
+    source: Source
+    slot: Slot
+
+
+class Checkpoint:
+    """The converted parameters of one checkpoint, read lazily from its mmapped file(s)."""
+
+    def __init__(self, weights: Weights, components: Mapping[str, Mapping[str, Source]], family: str,
+                 path: Path, ignored: list[str] | None = None, unknown: list[str] | None = None) -> None:
+        self.weights = weights
+        self.components = {k: dict(v) for k, v in components.items()}
+        self.family = family
+        self.path = path
+        self.ignored = ignored or []
+        self.unknown = unknown or []
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Checkpoint:
+        """A single-file ``.safetensors`` checkpoint in the LDM layout, or a diffusers folder
+        (``unet/``, ``vae/``, ``text_encoder/``, ``text_encoder_2/`` holding ``.safetensors``)."""
+        p = Path(path)
+        if p.is_dir():
+            return cls._open_folder(p)
+        w = Weights.open(p)
+        shapes = {k: w.ref(k).shape for k in w}
+        family = families.detect(shapes)
+        conv = ldm.convert(w)
+        if not conv.components:
+            raise WeightsError(
+                f"no model weights in the LDM layout: this file looks like {family}"
+                f" (first keys: {', '.join(list(w)[:_SHOW])})", where=str(p),
+                fix="pass a single-file checkpoint (keys model.diffusion_model.*, first_stage_model.*, "
+                "cond_stage_model.* or conditioner.embedders.*), or a diffusers folder")
+        if conv.unknown:
+            log.warning("%s: %d keys not converted (ignored): %s", p.name, len(conv.unknown),
+                        ", ".join(conv.unknown[:_SHOW]))
+        return cls(w, conv.components, family, p, conv.ignored, conv.unknown)
+
+    @classmethod
+    def _open_folder(cls, root: Path) -> Checkpoint:
+        comps: dict[str, dict[str, Source]] = {}
+        refs = {}
+        for comp, sub in DIFFUSERS_FOLDERS.items():
+            d = root / sub
+            if not d.is_dir() or not any(d.glob("*.safetensors")):
+                continue
+            files = sorted(d.glob("*.safetensors"))
+            # a folder may hold fp16 and fp32 variants side by side: take one
+            plain = [f for f in files if ".fp16." not in f.name] or files
+            w = Weights.open(plain)
+            conv: dict[str, Source] = {}
+            for k in w:
+                if "position_ids" in k:
+                    continue
+                name = k.removeprefix("text_model.") if comp.startswith("text_encoder") else k
+                conv[name] = Source(f"{sub}/{k}")
+                refs[f"{sub}/{k}"] = w.ref(k)
+            comps[comp] = conv
+        if not comps:
+            raise WeightsError("the folder holds no diffusers model weights", where=str(root),
+                               fix="pass a folder with unet/, vae/ and text_encoder/ subfolders of .safetensors "
+                               "files, or a single-file checkpoint")
+        w = Weights(refs, sources=[root])
+        return cls(w, comps, "diffusers folder", root)
+
+    # -- shapes and arrays ----------------------------------------------------
+    def _shape(self, src: Source) -> tuple[int, ...]:
+        return src.shape(tuple(self.weights.ref(src.key).shape))
+
+    def array(self, src: Source) -> np.ndarray:
+        try:
+            return src.load(self.weights.__getitem__)
+        except WeightsError:
+            raise
+        except (OSError, ValueError) as exc:
+            raise WeightsError(f"cannot read tensor {src.key!r}: {exc}", where=str(self.path),
+                               fix="re-download the checkpoint; the file may be truncated") from exc
+
+    def plan(self, parts: Mapping[str, Graph]) -> dict[str, dict[str, Planned]]:
+        """``{part: {initializer: Planned}}`` for the given graphs, checked; ``WeightsError`` when anything
+        does not fit (nothing has been read or changed then)."""
+        out: dict[str, dict[str, Planned]] = {}
+        problems: list[str] = []
+        for part, graph in parts.items():
+            comp_name, prefixes = PARTS.get(part, (part, ()))
+            comp = self.components.get(comp_name)
+            if comp is None:
+                if comp_name == "vae":
+                    log.warning("%s has no VAE weights; %s keeps its own", self.path.name, part)
+                    continue
+                problems.append(f"{part}: the checkpoint has no {comp_name} weights")
+                continue
+            pmap = param_map(graph)
+            plan: dict[str, Planned] = {}
+            missing: list[str] = []
+            for canon, slot in pmap.items():
+                src = comp.get(canon)
+                if slot.alias_of is not None and src is not None:
+                    continue  # checked for equal values once the arrays are read
+                if src is None:
+                    missing.append(canon)
+                    continue
+                shape = self._shape(src)
+                if not fits_shape(shape, slot):
+                    problems.append(f"{part}: {src.key} {list(shape)} vs {slot.init} {list(slot.shape)}")
+                    continue
+                plan[slot.init] = Planned(src, slot)
+            extra = [c for c in comp if c not in pmap and (not prefixes or c.startswith(prefixes))
+                     and not _droppable(c, pmap)]
+            if missing:
+                problems.append(f"{part}: {len(missing)} weights of the graph are not in the checkpoint "
+                                f"({', '.join(missing[:_SHOW])})")
+            if extra:
+                problems.append(f"{part}: {len(extra)} checkpoint weights have no place in the graph "
+                                f"({', '.join(comp[c].key for c in extra[:_SHOW])})")
+            out[part] = plan
+        if problems:
+            shown = problems[:_SHOW]
+            more = f" (and {len(problems) - _SHOW} more)" if len(problems) > _SHOW else ""
+            raise WeightsError(
+                f"the checkpoint does not fit this model: it looks like {self.family}; first mismatches: "
+                + "; ".join(shown) + more,
+                where=str(self.path),
+                fix="use a checkpoint of the same architecture as the ONNX export (or export that architecture)")
+        return out
+
+    def lazy(self, parts: Mapping[str, Graph]) -> dict[str, dict[str, TensorRef]]:
+        """Like ``arrays``, but each initializer is a ``TensorRef`` read (and converted) from the mmapped
+        file when it is used, so nothing stays in memory between uses. Checked the same way first."""
+        plan = self.plan(parts)
+        self._check_aliases(parts, plan)
+        out: dict[str, dict[str, TensorRef]] = {}
+        for part, items in plan.items():
+            out[part] = {init: TensorRef(init, _np_dtype(pl.slot.dtype), pl.slot.shape, str(self.path),
+                                         (lambda pl=pl: self._fitted(pl)))
+                         for init, pl in items.items()}
+        return out
+
+    def _fitted(self, pl: Planned) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            a = fit(self.array(pl.source), pl.slot)
+        if a is None:  # shapes were checked; only a file that changed under us gets here
+            raise WeightsError(f"{pl.source.key} no longer fits {pl.slot.init}", where=str(self.path),
+                               fix="do not modify the checkpoint while it is loaded")
+        return a
+
+    def _check_aliases(self, parts: Mapping[str, Graph], plan: Mapping[str, Mapping[str, Planned]]) -> None:
+        """Tensors the exporter merged must get equal values from the checkpoint."""
+        for part, items in plan.items():
+            comp = self.components[PARTS.get(part, (part, ()))[0]]
+            for canon, slot in param_map(parts[part]).items():
+                if slot.alias_of is None or slot.init not in items:
+                    continue
+                a = fit(self.array(comp[canon]), slot)
+                if a is None or not np.array_equal(a, self._fitted(items[slot.init])):
+                    raise WeightsError(
+                        f"the export stores {canon} and {slot.alias_of} as one tensor ({slot.init}, torch's "
+                        "exporter merges equal weights), and this checkpoint gives them different values",
+                        where=f"{self.path} -> {part}",
+                        fix="re-export the model from weights that are not equal (or from this checkpoint)")
+
+    def arrays(self, parts: Mapping[str, Graph]) -> dict[str, dict[str, np.ndarray]]:
+        """``{part: {initializer: array in the graph's layout and dtype}}``; checks everything first."""
+        return {part: {init: ref.load() for init, ref in refs.items()} for part, refs in self.lazy(parts).items()}
+
+    def __repr__(self) -> str:
+        comps = ", ".join(f"{k} ({len(v)})" for k, v in self.components.items())
+        return f"Checkpoint({self.family}: {comps}; from {self.path.name})"
+
+
+def _droppable(canon: str, pmap: Mapping[str, Slot]) -> bool:
+    """Checkpoint weights a correct export may leave out: text-encoder layers past the one the export
+    stops at (SD 2.x uses the penultimate of 24), and a projection the export does not have."""
+    import re
+
+    if canon == "text_projection.weight":
+        return True
+    m = re.match(r"encoder\.layers\.(\d+)\.", canon)
+    if m:
+        layers = {int(x[1]) for c in pmap if (x := re.match(r"encoder\.layers\.(\d+)\.", c))}
+        return bool(layers) and int(m[1]) > max(layers)
+    return False
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    return Checkpoint.open(path)

@@ -1,0 +1,101 @@
+"""``sdrt generate`` options for custom weights: --weights, --lora, --lora-dir, --embedding(-dir), --low-memory.
+
+Everything is checked (files exist, scales parse) before any model loads; the pipeline then binds
+the files through ``Session.update_weights`` (see ``sdrt.pipelines.weights``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+log = logging.getLogger("sdrt.cli")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("custom weights and memory")
+    g.add_argument("--weights", default=None, metavar="FILE",
+                   help="a single-file checkpoint (.safetensors, LDM layout) or diffusers folder for this architecture")
+    g.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]", help="a LoRA, repeatable (scale 1)")
+    g.add_argument("--lora-dir", default=None, metavar="DIR", help="where <lora:name:scale> in the prompt finds "
+                   "name.safetensors")
+    g.add_argument("--embedding", action="append", default=[], metavar="FILE",
+                   help="a textual-inversion embedding (.safetensors); its trigger word is the file's stem")
+    g.add_argument("--embedding-dir", default=None, metavar="DIR", help="load every .safetensors embedding there")
+    g.add_argument("--low-memory", action="store_true", default=None,
+                   help="keep only the running part loaded (default: chosen from the device's memory)")
+    g.add_argument("--vae-tile", type=int, default=None, metavar="N",
+                   help="decode/encode the VAE in tiles of N latent pixels (blended seams)")
+
+
+@dataclass
+class WeightArgs:
+    weights: Path | None = None
+    loras: list[tuple[Path, float]] = field(default_factory=list)
+    lora_dir: Path | None = None
+    embeddings: list[Path] = field(default_factory=list)
+    low_memory: bool | None = None
+    vae_tile: int | None = None
+
+
+def _existing(value: str, what: str, flag: str, *, folder: bool = False) -> Path:
+    p = Path(value)
+    ok = p.is_dir() if folder else p.exists()
+    if not ok:
+        raise InputError(f"the {what} does not exist", where=f"{flag} {value}", fix="check the path")
+    return p
+
+
+def parse_lora(spec: str) -> tuple[Path, float]:
+    """``FILE`` or ``FILE:SCALE`` (a Windows drive letter's colon is not a scale)."""
+    path, scale = spec, 1.0
+    head, sep, tail = spec.rpartition(":")
+    if sep and head and not tail.startswith(("\\", "/")):
+        try:
+            scale = float(tail)
+            path = head
+        except ValueError:
+            pass
+    return _existing(path, "LoRA file", "--lora"), scale
+
+
+def check(args: argparse.Namespace) -> WeightArgs:
+    """The options, checked; raises ``InputError`` naming the flag."""
+    out = WeightArgs(low_memory=args.low_memory, vae_tile=args.vae_tile)
+    if args.weights:
+        out.weights = _existing(args.weights, "checkpoint", "--weights")
+    out.loras = [parse_lora(s) for s in args.lora]
+    if args.lora_dir:
+        out.lora_dir = _existing(args.lora_dir, "LoRA folder", "--lora-dir", folder=True)
+    out.embeddings = [_existing(e, "embedding file", "--embedding") for e in args.embedding]
+    if args.embedding_dir:
+        d = _existing(args.embedding_dir, "embedding folder", "--embedding-dir", folder=True)
+        for f in sorted(d.iterdir()):
+            if f.suffix.lower() == ".safetensors":
+                out.embeddings.append(f)
+            elif f.suffix.lower() in (".pt", ".bin"):
+                log.warning("skipping %s: pickle embeddings are not loaded (convert it to .safetensors)", f.name)
+    if out.vae_tile is not None and out.vae_tile < 8:
+        raise InputError(f"--vae-tile {out.vae_tile} is too small", where="--vae-tile", fix="use 32 or more")
+    return out
+
+
+def pipeline_options(w: WeightArgs) -> dict[str, Any]:
+    return {"low_memory": w.low_memory, "vae_tile": w.vae_tile}
+
+
+def apply(pipe: Any, w: WeightArgs) -> None:
+    """Bind the checkpoint, LoRAs and embeddings to a loaded pipeline."""
+    if w.weights is not None:
+        pipe.load_weights(w.weights)
+    if w.lora_dir is not None:
+        pipe.weights.lora_dir = w.lora_dir
+    if w.loras:
+        pipe.set_loras(w.loras)
+    if w.embeddings:
+        pipe.add_embedding(*w.embeddings)

@@ -1,0 +1,25 @@
+"""Output paths of the CLI, checked before any long work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import InputError
+
+
+def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
+    """The file ``arg`` names, with ``suffix`` added when it has none; its folder must exist.
+
+    Raises ``InputError`` for a folder (``adir/``, or an existing directory) or a missing parent,
+    so that a run never computes for minutes and then fails to write.
+    """
+    if not arg or arg.endswith(("/", "\\")) or Path(arg).is_dir():
+        raise InputError(f"{option} {arg!r} names a folder, not a file", where=f"sdrt {option}",
+                         fix=f"give a file name, such as {Path(arg or '.') / ('out' + suffix)}")
+    path = Path(arg)
+    if path.suffix.lower() != suffix:
+        path = path.with_name(path.name + suffix)
+    if not path.parent.is_dir():
+        raise InputError(f"the folder of {option} {arg!r} does not exist", where=str(path.parent),
+                         fix=f"create it first (mkdir -p {path.parent}) or write somewhere else")
+    return path

@@ -1,0 +1,304 @@
+"""``Graph``: an ONNX model loaded safely, described, and transformed.
+
+onnx is imported lazily so that ``import sdrt`` stays light. Loading rules
+(external data inside the model folder, clear errors) live in ``onnxfile``;
+shape inference and constant folding in ``shapes`` and ``fold``; weight
+stripping in ``strip``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ModelError, ModelNotFoundError
+from ..tensors import NON_TENSOR, Dim, TensorInfo
+from . import onnxfile
+from .fold import fold_constants, folded_record
+from .protos import copy_model
+from .shapes import pin_shapes
+from .strip import STRIPPED_KEY, StripResult, save_graph, strip
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import onnx
+
+log = logging.getLogger("sdrt.graph")
+
+#: with ``load_external=None``, external data up to this total is read into ``graph.model``; above it
+#: (protobuf cannot serialize a model above 2 GiB anyway) it stays mapped from disk
+MAX_INLINE_BYTES = 2**31 - 2**20
+
+
+def _tensor_info(value_info: Any) -> TensorInfo:
+    if not value_info.type.HasField("tensor_type"):  # a sequence, map or optional value
+        return TensorInfo(value_info.name, NON_TENSOR, ())
+    ttype = value_info.type.tensor_type
+    dtype = onnxfile.dtype_name(ttype.elem_type) if ttype.elem_type else "undefined"
+    shape: list[Dim] = []
+    if ttype.HasField("shape"):
+        for d in ttype.shape.dim:
+            if d.HasField("dim_value"):
+                shape.append(int(d.dim_value))
+            elif d.HasField("dim_param"):
+                shape.append(d.dim_param)
+            else:
+                shape.append(None)
+    return TensorInfo(value_info.name, dtype, tuple(shape))
+
+
+class Graph:
+    """An ONNX graph. Build one with ``Graph.load(path_or_bytes)``.
+
+    ``model`` is the ``onnx.ModelProto``. For a normal model every initializer
+    holds its data inline once loaded (external data is read in, after its
+    location is checked). A graph written by ``sdrt strip`` keeps its
+    initializers as references to its ``.safetensors`` file; its weights come
+    from ``Weights`` at compile time (``initializer_arrays`` maps them lazily).
+    """
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        path: Path | None = None,
+        *,
+        base_dir: Path | None = None,
+        external: Mapping[str, onnxfile.ExternalRef | None] | None = None,
+    ) -> None:
+        self.model = model
+        self.path = path
+        self.base_dir = base_dir if base_dir is not None else (path.parent if path else None)
+        #: initializer name -> checked external location (None: the file is absent) for lazy initializers
+        self._external: dict[str, onnxfile.ExternalRef | None] = dict(external or {})
+
+    # -- loading -------------------------------------------------------
+    @classmethod
+    def load(
+        cls,
+        source: str | os.PathLike[str] | bytes,
+        *,
+        base_dir: str | os.PathLike[str] | None = None,
+        load_external: bool | None = None,
+    ) -> Graph:
+        """Load from a file path or from the serialized bytes of a model.
+
+        External data is checked (inside the model folder, present, long
+        enough). ``load_external`` says whether to read it into ``model``:
+        ``None`` (default) reads it for normal models below 2 GiB and leaves it
+        as mapped references (``mapped_initializers``) for larger models and for
+        graphs written by ``sdrt strip``. ``base_dir`` is the folder for
+        external data when loading from bytes.
+        """
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            where = "<bytes>"
+            model = onnxfile.parse_model(bytes(source), where)
+            path = None
+            folder = Path(base_dir) if base_dir is not None else None
+        else:
+            path = Path(source)
+            where = str(path)
+            try:
+                exists = path.exists()
+            except OSError as exc:  # name too long, permission denied on a parent
+                raise ModelError(f"cannot access the model path ({exc.strerror or exc})", where=where[:300],
+                                 fix="check the path") from exc
+            if not exists:
+                raise ModelNotFoundError(
+                    "the model file does not exist", where=where,
+                    fix="check the path, or export the model to ONNX first",
+                )
+            model = onnxfile.parse_model(onnxfile.read_file(path), where)
+            folder = Path(base_dir) if base_dir is not None else path.parent
+        stripped = any(p.key == STRIPPED_KEY for p in model.metadata_props)
+        refs = [(t, onnxfile.external_ref(t, folder, where, must_exist=load_external is True or not stripped))
+                for t in model.graph.initializer if onnxfile.uses_external(t)]
+        eager = load_external
+        if eager is None:
+            total = sum(r.length for _, r in refs if r is not None)
+            eager = not stripped and total < MAX_INLINE_BYTES
+            if not eager and not stripped:
+                log.info("%s: %.2f GiB of external data stays mapped (above protobuf's 2 GiB limit)",
+                         where, total / 2**30)
+        external: dict[str, onnxfile.ExternalRef | None] = {}
+        for t, ref in refs:  # top-level initializers may stay mapped
+            if eager:
+                assert ref is not None
+                onnxfile.inline(t, onnxfile.read_external(ref, where))
+            else:
+                external[t.name] = ref
+        for t in onnxfile.iter_tensors(model.graph, top_initializers=False):  # anything else is read in
+            if onnxfile.uses_external(t):
+                ref = onnxfile.external_ref(t, folder, where)
+                assert ref is not None
+                onnxfile.inline(t, onnxfile.read_external(ref, where))
+        if external:
+            log.debug("%s: %d initializers left as external references", where, len(external))
+        return cls(model, path, base_dir=folder, external=external)
+
+    def derive(self, model: onnx.ModelProto) -> Graph:
+        """A new Graph for a transformed copy of ``model`` (same path and folder), keeping the
+        lazy external references of the initializers that remain."""
+        names = {t.name for t in model.graph.initializer}
+        ext = {k: v for k, v in self._external.items() if k in names}
+        return Graph(model, self.path, base_dir=self.base_dir, external=ext)
+
+    # -- description ---------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.path.name if self.path else (self.model.graph.name or "<graph>")
+
+    @property
+    def is_stripped(self) -> bool:
+        """True for a graph written by ``sdrt strip`` (its weights live in a .safetensors file)."""
+        return any(p.key == STRIPPED_KEY for p in self.model.metadata_props)
+
+    @property
+    def initializer_names(self) -> list[str]:
+        return [t.name for t in self.model.graph.initializer]
+
+    @property
+    def inputs(self) -> list[TensorInfo]:
+        """Graph inputs that the caller feeds (initializers excluded)."""
+        inits = set(self.initializer_names)
+        return [_tensor_info(v) for v in self.model.graph.input if v.name not in inits]
+
+    @property
+    def outputs(self) -> list[TensorInfo]:
+        return [_tensor_info(v) for v in self.model.graph.output]
+
+    def value_infos(self) -> dict[str, TensorInfo]:
+        """TensorInfo of every named value the graph declares: inputs, intermediates (after
+        ``with_shapes``), outputs and initializers."""
+        g = self.model.graph
+        out: dict[str, TensorInfo] = {}
+        for t in g.initializer:
+            out[t.name] = TensorInfo(t.name, onnxfile.dtype_name(t.data_type), tuple(int(d) for d in t.dims))
+        for v in list(g.input) + list(g.value_info) + list(g.output):
+            out[v.name] = _tensor_info(v)
+        return out
+
+    def initializer_info(self) -> dict[str, TensorInfo]:
+        """Name, dtype and shape of every initializer, without reading any data."""
+        return {
+            t.name: TensorInfo(t.name, onnxfile.dtype_name(t.data_type), tuple(int(d) for d in t.dims))
+            for t in self.model.graph.initializer
+        }
+
+    def initializer_arrays(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """The graph's own initializers as numpy arrays (external ones mapped, not copied)."""
+        wanted = set(names) if names is not None else None
+        out: dict[str, np.ndarray] = {}
+        for t in self.model.graph.initializer:
+            if wanted is not None and t.name not in wanted:
+                continue
+            out[t.name] = self.tensor_array(t)
+        if wanted is not None and (absent := wanted - set(out)):
+            raise ModelError(f"no initializers named {sorted(absent)}", where=self.name,
+                             fix="see graph.initializer_names")
+        return out
+
+    @property
+    def mapped_initializers(self) -> list[str]:
+        """Initializers left as external references (stripped graphs, ``load_external=False``):
+        ``graph.model`` holds no bytes for them; ``initializer_arrays`` maps them from disk."""
+        return list(self._external)
+
+    def model_without(self, names: Iterable[str]) -> onnx.ModelProto:
+        """A copy of ``model`` without the named initializers (and their graph-input entries), for
+        backends that build from the proto and supply those tensors themselves."""
+        drop = set(names)
+        m = copy_model(self.model, initializers=False)
+        m.graph.initializer.extend(t for t in self.model.graph.initializer if t.name not in drop)
+        return m
+
+    def has_data(self, name: str) -> bool:
+        """Whether the graph itself can supply initializer ``name`` (a stripped graph whose
+        weights file is absent cannot)."""
+        return name in set(self.initializer_names) and (name not in self._external or self._external[name] is not None)
+
+    @property
+    def external_refs(self) -> Mapping[str, onnxfile.ExternalRef | None]:
+        """``{initializer name: checked external location}`` of the initializers left mapped
+        (``None``: a stripped graph whose weights file is absent)."""
+        return self._external
+
+    def folded_initializers(self) -> dict[str, list[str]]:
+        """What ``fold_constants(fold_weights=True)`` did to the initializers:
+        ``{"added": [...], "removed": [...]}`` (empty lists for an unfolded graph)."""
+        return folded_record(self.model)
+
+    def tensor_array(self, t: onnx.TensorProto) -> np.ndarray:
+        """The data of initializer ``t`` of this graph: decoded, or mapped from its external file."""
+        if t.name in self._external or onnxfile.uses_external(t):
+            ref = self._external.get(t.name)
+            if ref is None:
+                ref = onnxfile.external_ref(t, self.base_dir, self.name)
+            assert ref is not None
+            dtype = onnxfile.np_dtype(t.data_type)
+            return onnxfile.map_external(ref, dtype, tuple(int(d) for d in t.dims), self.name)
+        return onnxfile.tensor_array(t, self.name)
+
+    def op_types(self) -> Iterable[str]:
+        return (n.op_type for n in self.model.graph.node)
+
+    def op_counts(self) -> dict[str, int]:
+        """How many nodes of each op type, subgraphs included, most common first.
+        Ops outside the default domain are named ``domain.OpType``."""
+        counts: Counter[str] = Counter()
+
+        def walk(g: Any) -> None:
+            for n in g.node:
+                counts[f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type] += 1
+                for a in n.attribute:
+                    if a.HasField("g"):
+                        walk(a.g)
+                    for sub in a.graphs:
+                        walk(sub)
+
+        walk(self.model.graph)
+        return dict(counts.most_common())
+
+    @property
+    def opset(self) -> int:
+        return next(o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx"))
+
+    # -- transforms ----------------------------------------------------
+    def with_shapes(self, shapes: Mapping[str, Sequence[int] | int] | None = None, /, **more: Sequence[int] | int
+                    ) -> Graph:
+        """Pin dynamic dims and infer the shape of every intermediate; returns a new Graph.
+
+        Keys are input names (value: the full shape) or symbolic dim names
+        (value: an int), e.g. ``g.with_shapes(sample=(2, 4, 64, 64))`` or
+        ``g.with_shapes(batch=2)``. For input names that are not Python
+        identifiers pass a dict: ``g.with_shapes({"input.1": (1, 77)})``.
+        """
+        return self.derive(pin_shapes(self, {**(shapes or {}), **more}))
+
+    def fold_constants(self, *, max_bytes: int = 1 << 20, fold_weights: bool = False) -> Graph:
+        """Evaluate constant subgraphs and remove dead nodes; returns a new Graph.
+
+        A node folds when all its inputs are constant (initializers, Constant
+        nodes, or Shape/Size of a value whose shape is static). A folded value
+        larger than ``max(max_bytes, 4 * its inputs' bytes)`` is left unfolded so
+        folding never inflates the model.
+        """
+        return self.derive(fold_constants(self, max_bytes=max_bytes, fold_weights=fold_weights))
+
+    def strip(self, out_graph: str | os.PathLike[str], out_weights: str | os.PathLike[str] | None = None
+              ) -> StripResult:
+        """Write a weight-free copy of this graph plus a .safetensors with every initializer
+        (see ``sdrt.graph.strip``); returns a ``StripResult`` with both paths and sizes."""
+        return strip(self, out_graph, out_weights)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the graph as one .onnx file (models above 2 GB: use ``sdrt strip``)."""
+        return save_graph(self, Path(path))
+
+    def __repr__(self) -> str:
+        ins = ", ".join(map(str, self.inputs))
+        outs = ", ".join(map(str, self.outputs))
+        return f"Graph({self.name}: ({ins}) -> ({outs}))"

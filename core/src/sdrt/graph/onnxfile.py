@@ -1,0 +1,399 @@
+"""Safe reading of ONNX files: parse, validate, and resolve external data.
+
+Everything here raises ``ModelError`` (never a protobuf or OS error) with the
+file, what is wrong and what to do. External-data locations must stay inside
+the model's folder: absolute paths, ``..`` and symbolic links that lead out of
+the folder are refused (the class of bug behind onnx CVE-2024-27318/27319).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ModelError
+from ..formats import PICKLE_HINT, sniff
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+log = logging.getLogger("sdrt.graph")
+
+#: Lowest default-domain opset sdrt accepts; the highest is what the installed onnx knows.
+MIN_OPSET = 7
+
+
+def max_opset() -> int:
+    import onnx
+
+    return int(onnx.defs.onnx_opset_version())
+
+
+# -- dtypes ------------------------------------------------------------------
+
+def np_dtype(elem_type: int) -> np.dtype:
+    """numpy dtype of an ONNX element type (bfloat16 and float8 come from ml_dtypes)."""
+    from onnx import helper
+
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception as exc:
+        raise ModelError(
+            f"unknown or unsupported ONNX element type {elem_type}",
+            fix="re-export the model with standard tensor types",
+        ) from exc
+
+
+def dtype_name(elem_type: int) -> str:
+    try:
+        return np_dtype(elem_type).name
+    except ModelError:
+        return "undefined"
+
+
+def nbytes_of(elem_type: int, dims: Any) -> int | None:
+    """Bytes of a dense tensor, or None for types without a fixed item size (strings)."""
+    try:
+        dt = np_dtype(elem_type)
+    except ModelError:
+        return None
+    if dt.kind in "OSU" or dt.itemsize == 0:  # strings have no fixed size
+        return None
+    size = math.prod(int(d) for d in dims)
+    # 4-bit types pack two per byte
+    if elem_type in _PACKED_4BIT:
+        return (size + 1) // 2
+    return size * dt.itemsize
+
+
+_PACKED_4BIT = {21, 22, 23}  # UINT4, INT4, FLOAT4E2M1
+
+
+# -- parsing -----------------------------------------------------------------
+
+
+
+def parse_model(data: bytes, where: str) -> onnx.ModelProto:
+    """Parse serialized ONNX bytes, refusing what is not an ONNX model."""
+    import onnx
+
+    kind = sniff(data[:64])
+    if kind is not None:
+        fix = "pass an .onnx file"
+        if kind == PICKLE_HINT:
+            fix = "export the model to ONNX (torch.onnx.export); never load pickle files from untrusted sources"
+        elif kind.startswith("a safetensors"):
+            fix = "pass this file as weights=..., and the .onnx graph as the model"
+        raise ModelError(f"the file is not ONNX: it looks like {kind}", where=where, fix=fix)
+    if not data:
+        raise ModelError("the file is empty, not an ONNX model", where=where, fix="pass a complete .onnx file")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:  # DecodeError, RecursionError from hostile nesting, ...
+        raise ModelError(
+            f"the file is not a valid ONNX model: malformed or truncated protobuf ({type(exc).__name__}: {exc})",
+            where=where,
+            fix="check that it is a complete .onnx file (re-download or re-export it)",
+        ) from exc
+    try:
+        bad = _bad_string(model)
+    except UnicodeDecodeError as exc:
+        bad = exc.object[:40] if isinstance(exc.object, bytes) else b"?"
+    if bad is not None:
+        raise ModelError(
+            f"the file is not a valid ONNX model: a name or text field is not UTF-8 ({bad[:40]!r})",
+            where=where,
+            fix="the file is corrupt; re-download or re-export it",
+        )
+    validate(model, where)
+    return model
+
+
+def _bad_string(msg: Any) -> bytes | None:
+    """The first string field that is not valid UTF-8, or None.
+
+    protobuf parses ONNX's (proto2) string fields without checking them and
+    hands invalid UTF-8 back as ``bytes``; such a value fails later in any code
+    that copies or formats it, so it is caught here. Numeric and bytes fields
+    (tensor data) are not walked.
+    """
+    from google.protobuf.descriptor import FieldDescriptor
+
+    string, message = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE
+    stack = [msg]
+    while stack:
+        m = stack.pop()
+        for field, value in m.ListFields():
+            if field.type == message:
+                if _is_repeated(field):
+                    stack.extend(value)
+                else:
+                    stack.append(value)
+            elif field.type == string:
+                for v in (value if _is_repeated(field) else (value,)):
+                    if not isinstance(v, str):
+                        return bytes(v)
+    return None
+
+
+def _is_repeated(field: Any) -> bool:
+    rep = getattr(field, "is_repeated", None)
+    if rep is not None:
+        return bool(rep)
+    return bool(field.label == field.LABEL_REPEATED)
+
+
+def validate(model: onnx.ModelProto, where: str) -> None:
+    """Structural checks that catch non-ONNX data, truncation and unsupported opsets."""
+    import onnx
+
+    if model.ir_version <= 0 or not model.HasField("graph"):
+        raise ModelError(
+            "the file is not an ONNX model (no IR version or no graph)",
+            where=where,
+            fix="pass a .onnx file exported by torch.onnx.export or another ONNX exporter",
+        )
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelError(
+            f"the model uses ONNX IR version {model.ir_version}, newer than this onnx ({onnx.IR_VERSION})",
+            where=where,
+            fix="upgrade onnx (pip install -U onnx) or export with an older opset",
+        )
+    default = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not default:
+        raise ModelError(
+            "the model imports no default-domain (ai.onnx) opset",
+            where=where,
+            fix="re-export the model; every ONNX model names the opset it was written for",
+        )
+    hi = max_opset()
+    if not MIN_OPSET <= default[0] <= hi:
+        raise ModelError(
+            f"opset {default[0]} is outside the supported range {MIN_OPSET}..{hi}",
+            where=where,
+            fix=f"re-export with an opset between {MIN_OPSET} and {hi} (torch.onnx.export(..., opset_version=17)), "
+            "or convert it with onnx.version_converter",
+        )
+    _check_wiring(model.graph, where)
+
+
+def _check_wiring(g: Any, where: str) -> None:
+    """Every top-level node input and graph output must be produced by something.
+
+    A truncated file can still parse when it ends on a field boundary; this is
+    what catches it.
+    """
+    known = {""}
+    known.update(i.name for i in g.input)
+    known.update(t.name for t in g.initializer)
+    known.update(s.values.name for s in g.sparse_initializer)
+    for node in g.node:
+        for name in node.input:
+            if name not in known:
+                raise ModelError(
+                    f"node {node.name or node.op_type!r} ({node.op_type}) reads {name!r}, which nothing produces "
+                    "(the file may be truncated, or the graph is malformed)",
+                    where=where,
+                    fix="re-export the model, or check it with onnx.checker.check_model",
+                )
+        known.update(node.output)
+    for out in g.output:
+        if out.name not in known:
+            raise ModelError(
+                f"graph output {out.name!r} is produced by no node (the file may be truncated)",
+                where=where,
+                fix="re-export the model, or check it with onnx.checker.check_model",
+            )
+
+
+# -- external data ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExternalRef:
+    """Where the bytes of one externally stored tensor live (already checked)."""
+
+    path: Path
+    offset: int
+    length: int
+
+
+def iter_tensors(g: Any, *, top_initializers: bool = True) -> Iterator[Any]:
+    """Every TensorProto of a graph and its subgraphs: initializers and attribute tensors."""
+    if top_initializers:
+        yield from g.initializer
+    for s in g.sparse_initializer:
+        yield s.values
+        yield s.indices
+    for node in g.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            if attr.HasField("g"):
+                yield from iter_tensors(attr.g)
+            for sub in attr.graphs:
+                yield from iter_tensors(sub)
+
+
+def uses_external(t: Any) -> bool:
+    return t.data_location == 1  # TensorProto.EXTERNAL
+
+
+def resolve_location(base_dir: Path, location: str, tensor: str, where: str) -> Path:
+    """The file that ``location`` names, refused unless it stays inside ``base_dir``."""
+    bad = None
+    if not location:
+        bad = "an empty location"
+    elif "\x00" in location:
+        bad = "a location with a NUL byte"
+    elif PurePosixPath(location).is_absolute() or PureWindowsPath(location).is_absolute() \
+            or PureWindowsPath(location).drive or location.startswith(("/", "\\")):
+        bad = f"an absolute path {location!r}"
+    elif ".." in re.split(r"[\\/]+", location):
+        bad = f"a path with '..' {location!r}"
+    if bad is None:
+        try:
+            base = base_dir.resolve()
+            target = (base_dir / location).resolve()
+        except (OSError, RuntimeError) as exc:  # name too long, symlink loop
+            raise ModelError(f"tensor {tensor!r} names an external-data file that cannot be resolved ({exc})",
+                             where=where, fix="re-export the model; keep external-data names short and plain") from exc
+        if target != base and base not in target.parents:
+            bad = f"{location!r}, which leads out of the model folder (through a symbolic link) to {target}"
+    if bad is not None:
+        raise ModelError(
+            f"tensor {tensor!r} points its external data at {bad}; locations must stay inside the model folder",
+            where=where,
+            fix="keep external-data files next to the .onnx file and name them by relative path; "
+            "do not load models from untrusted sources",
+        )
+    return base_dir / location
+
+
+def external_ref(t: Any, base_dir: Path | None, where: str, *, must_exist: bool = True) -> ExternalRef | None:
+    """Check one external tensor: safe location, file present, range inside the file.
+
+    Returns None when the file is missing and ``must_exist`` is False.
+    """
+    info = {e.key: e.value for e in t.external_data}
+    if base_dir is None:
+        if not must_exist:
+            return None
+        raise ModelError(
+            f"tensor {t.name!r} stores its data in an external file, but the model was given as bytes",
+            where=where,
+            fix="load the model from its path, or pass base_dir= to say which folder holds the external data",
+        )
+    path = resolve_location(base_dir, info.get("location", ""), t.name, where)
+    try:
+        offset = int(info.get("offset", "0") or 0)
+        length_s = info.get("length")
+        length = int(length_s) if length_s else -1
+    except ValueError as exc:
+        raise ModelError(
+            f"tensor {t.name!r} has a non-numeric external-data offset or length",
+            where=where, fix="re-export the model",
+        ) from exc
+    try:
+        present = path.is_file()
+        size = path.stat().st_size if present else 0
+    except OSError as exc:
+        raise ModelError(f"cannot access external-data file for tensor {t.name!r} ({exc.strerror or exc})",
+                         where=f"{where} (looked for {path})", fix="check the file and its permissions") from exc
+    if not present:
+        if not must_exist:
+            return None
+        raise ModelError(
+            f"external-data file {info.get('location')!r} for tensor {t.name!r} is missing",
+            where=f"{where} (looked for {path})",
+            fix="copy every file that came with the model into the model's folder",
+        )
+    if length < 0:
+        length = size - offset
+    expected = nbytes_of(t.data_type, t.dims)
+    if offset < 0 or length < 0 or offset + length > size:
+        raise ModelError(
+            f"tensor {t.name!r} wants bytes {offset}..{offset + length} of {path.name}, which has only {size} bytes "
+            "(truncated external-data file?)",
+            where=where, fix="re-download or re-export the model with its external data",
+        )
+    if expected is not None and expected != length:
+        raise ModelError(
+            f"tensor {t.name!r} has shape {list(t.dims)} ({expected} bytes) but its external data is {length} bytes",
+            where=where, fix="re-export the model",
+        )
+    return ExternalRef(path, offset, length)
+
+
+def read_external(ref: ExternalRef, where: str) -> bytes:
+    try:
+        with open(ref.path, "rb") as f:
+            f.seek(ref.offset)
+            data = f.read(ref.length)
+    except OSError as exc:
+        raise ModelError(f"cannot read external data ({exc})", where=f"{where}: {ref.path}",
+                         fix="check the file's permissions") from exc
+    if len(data) != ref.length:
+        raise ModelError("external-data file ended early", where=f"{where}: {ref.path}",
+                         fix="re-download or re-export the model")
+    return data
+
+
+def inline(t: Any, data: bytes) -> None:
+    """Move bytes into a TensorProto and drop its external-data entries."""
+    t.raw_data = data
+    del t.external_data[:]
+    t.data_location = 0  # TensorProto.DEFAULT
+
+
+def map_external(ref: ExternalRef, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """A read-only view of external bytes through mmap (nothing is copied)."""
+    if ref.length == 0:
+        return np.zeros(shape, dtype)
+    try:
+        arr = np.memmap(ref.path, dtype=np.uint8, mode="r", offset=ref.offset, shape=(ref.length,))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot map external data ({exc})", where=f"{where}: {ref.path}",
+                         fix="check the file") from exc
+    return np.asarray(arr).view(dtype).reshape(shape)
+
+
+def tensor_array(t: Any, where: str) -> np.ndarray:
+    """Decode an inline TensorProto, wrapping onnx's errors."""
+    from onnx import numpy_helper
+
+    expected = nbytes_of(t.data_type, t.dims)
+    if t.HasField("raw_data") and expected is not None and len(t.raw_data) != expected:
+        raise ModelError(
+            f"tensor {t.name!r} has shape {list(t.dims)} ({expected} bytes) but holds {len(t.raw_data)} bytes",
+            where=where, fix="re-export the model (the file may be corrupt)",
+        )
+    try:
+        return numpy_helper.to_array(t)
+    except Exception as exc:
+        raise ModelError(f"cannot decode tensor {t.name!r}: {exc}", where=where,
+                         fix="re-export the model (the file may be corrupt)") from exc
+
+
+def read_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except IsADirectoryError as exc:
+        raise ModelError("the model path is a folder, not an .onnx file", where=str(path),
+                         fix="pass the path of the .onnx file inside it") from exc
+    except OSError as exc:
+        raise ModelError(f"cannot read the model file ({exc.strerror or exc})", where=str(path),
+                         fix="check the path and its permissions") from exc
+
+
+def same_folder(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    return Path(a).resolve().parent == Path(b).resolve().parent

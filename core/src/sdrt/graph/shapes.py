@@ -1,0 +1,125 @@
+"""Shape pinning and shape inference for ``Graph.with_shapes`` (inference itself: ``protos``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ModelError
+from .fold import fold_constants
+from .protos import apply_inferred, copy_model, infer
+
+if TYPE_CHECKING:  # pragma: no cover
+    import onnx
+
+    from .graph import Graph
+
+def _as_shape(name: str, value: Any) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in value)
+    except (TypeError, ValueError):
+        dims = ()
+        ok = False
+    else:
+        ok = all(d >= 0 and not isinstance(v, bool) for d, v in zip(dims, value))
+    if not ok:
+        raise ModelError(f"shape for input {name!r} must be a sequence of non-negative ints, got {value!r}",
+                         where="Graph.with_shapes", fix=f"pass e.g. {name}=(1, 4, 64, 64)")
+    return dims
+
+
+def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.ModelProto:
+    """A copy of the graph's model with the given inputs/dims pinned and all shapes inferred."""
+    inputs = {i.name: i for i in graph.inputs}
+    dim_names = {d for i in graph.inputs for d in i.shape if isinstance(d, str)}
+    bindings: dict[str, int] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for key, value in spec.items():
+        if key in inputs:
+            info = inputs[key]
+            dims = _as_shape(key, value)
+            if len(dims) != len(info.shape) and info.shape:
+                raise ModelError(f"input {key!r} has rank {len(info.shape)}, the pinned shape {dims} has rank {len(dims)}",
+                                 where=f"Graph.with_shapes on {graph.name}", fix=f"give {len(info.shape)} dims: {info}")
+            for want, got in zip(info.shape, dims):
+                if isinstance(want, int) and want != got:
+                    raise ModelError(f"input {key!r} has fixed shape {info.shape}; cannot pin it to {dims}",
+                                     where=f"Graph.with_shapes on {graph.name}", fix="pin only the dynamic dims")
+                if isinstance(want, str):
+                    _bind(bindings, want, got, graph.name)
+            shapes[key] = dims
+        elif key in dim_names:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ModelError(f"dim {key!r} must be pinned to a non-negative int, got {value!r}",
+                                 where=f"Graph.with_shapes on {graph.name}", fix=f"pass {key}=2")
+            _bind(bindings, key, int(value), graph.name)
+        else:
+            raise ModelError(
+                f"{key!r} is neither an input nor a symbolic dim of the graph",
+                where=f"Graph.with_shapes on {graph.name}",
+                fix="inputs: " + ", ".join(str(i) for i in graph.inputs)
+                + (f"; dims: {', '.join(sorted(dim_names))}" if dim_names else ""),
+            )
+    model = copy_model(graph.model, value_info=False)
+    for vi in list(model.graph.input) + list(model.graph.output):
+        tt = vi.type.tensor_type
+        if not tt.HasField("shape"):
+            continue
+        pinned = shapes.get(vi.name)
+        for k, d in enumerate(tt.shape.dim):
+            if pinned is not None:
+                d.dim_value = pinned[k]
+            elif d.HasField("dim_param") and d.dim_param in bindings:
+                d.dim_value = bindings[d.dim_param]
+    apply_inferred(model, infer(model, f"Graph.with_shapes on {graph.name}"))
+    if not _all_static(model):
+        _complete_with_folding(graph, model)
+    return model
+
+
+def _all_static(model: onnx.ModelProto) -> bool:
+    infos = {v.name: v for v in list(model.graph.value_info) + list(model.graph.output)}
+    for node in model.graph.node:
+        for o in node.output:
+            if o and (o not in infos or not _static(infos[o])):
+                return False
+    return True
+
+
+def _static(vi: Any) -> bool:
+    tt = vi.type.tensor_type
+    return tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)
+
+
+def _complete_with_folding(graph: Graph, model: onnx.ModelProto) -> None:
+    """ONNX data propagation stops at some shape arithmetic (torch's ``c // heads`` is a Div).
+    Fold a copy, where that arithmetic becomes constants, infer again, and copy the now static
+    shapes back to the values of ``model`` (in place). ``model`` itself is not folded."""
+    from onnx import helper
+
+    try:
+        folded = fold_constants(graph.derive(model), max_bytes=1 << 20)
+    except ModelError:
+        return
+    known = {v.name: v for v in list(folded.graph.value_info) + list(folded.graph.output) if _static(v)}
+    for t in folded.graph.initializer:  # values that folding turned into constants
+        if t.name not in known:
+            known[t.name] = helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+    have = {v.name: v for v in model.graph.value_info}
+    outputs = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        for o in node.output:
+            if o in known and o not in outputs and not (o in have and _static(have[o])):
+                if o in have:
+                    have[o].CopyFrom(known[o])
+                else:
+                    model.graph.value_info.append(known[o])
+    for out in model.graph.output:
+        if out.name in known and not _static(out):
+            out.type.CopyFrom(known[out.name].type)
+
+
+def _bind(bindings: dict[str, int], dim: str, value: int, where: str) -> None:
+    if bindings.setdefault(dim, value) != value:
+        raise ModelError(f"dim {dim!r} pinned to both {bindings[dim]} and {value}",
+                         where=f"Graph.with_shapes on {where}", fix=f"use one value for {dim!r} on every input")

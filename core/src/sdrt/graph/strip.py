@@ -1,0 +1,127 @@
+"""Weight-stripped graphs (``sdrt strip``) and saving graphs.
+
+A stripped graph is a standard ONNX file whose every initializer is an
+external-data reference into a ``.safetensors`` file next to it: the
+safetensors data section is raw little-endian bytes, exactly the layout
+ONNX external data uses, so each reference is just (file, offset, length).
+The graph holds no weight bytes, the safetensors file holds every initializer
+under its ONNX name, and the pair still loads in any ONNX runtime. The graph
+is marked in its metadata (``sdrt.stripped_weights``) so that sdrt maps the
+weights lazily and lets ``weights=`` replace them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ModelError
+from ..weights import stfile
+from . import onnxfile
+from .protos import copy_model
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Graph
+
+log = logging.getLogger("sdrt.graph.strip")
+
+#: metadata key that marks a graph written by ``sdrt strip``; its value names the weights file
+STRIPPED_KEY = "sdrt.stripped_weights"
+
+
+@dataclass(frozen=True)
+class StripResult:
+    graph_path: Path
+    weights_path: Path
+    graph_bytes: int
+    weights_bytes: int
+    tensors: int
+
+
+def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os.PathLike[str] | None = None
+          ) -> StripResult:
+    """Write ``graph`` as a weight-free .onnx plus a .safetensors holding every initializer."""
+    from onnx import TensorProto
+
+    out_graph = Path(out_graph)
+    out_weights = Path(out_weights) if out_weights is not None else out_graph.with_suffix(".safetensors")
+    folder = out_graph.resolve().parent
+    target = out_weights.resolve()
+    if folder not in target.parents:
+        raise ModelError("the weights file must sit in the stripped graph's folder (or below it)",
+                         where=f"{out_graph} + {out_weights}",
+                         fix="write both into the same folder; ONNX external data must stay inside the model folder")
+    location = target.relative_to(folder).as_posix()
+    for d in (out_graph.parent, out_weights.parent):
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ModelError(f"cannot create the output folder ({exc.strerror or exc})", where=str(d),
+                             fix="check the path and permissions") from exc
+    items = []
+    kept_inline = []
+    for t in graph.model.graph.initializer:
+        if onnxfile.nbytes_of(t.data_type, t.dims) is None:  # strings cannot go into safetensors
+            kept_inline.append(t.name)
+            continue
+        ref = graph.external_refs.get(t.name)
+        if ref is not None:  # mapped external data: copied file to file, never through memory
+            items.append((t.name, stfile.FileSlice(ref.path, ref.offset, ref.length, onnxfile.np_dtype(t.data_type),
+                                                   tuple(int(d) for d in t.dims))))
+        else:
+            items.append((t.name, graph.tensor_array(t)))
+    if kept_inline:
+        log.warning("kept %d string initializers inline: %s", len(kept_inline), ", ".join(kept_inline))
+    offsets = stfile.write(out_weights, items, {"sdrt.source": graph.name, "format": "sdrt-stripped"})
+    model = copy_model(graph.model, initializers=False)
+    for t in graph.model.graph.initializer:
+        new = model.graph.initializer.add()
+        if t.name not in offsets:
+            new.CopyFrom(t)
+            continue
+        new.name, new.data_type, new.doc_string = t.name, t.data_type, t.doc_string
+        new.dims.extend(t.dims)
+        off, length = offsets[t.name]
+        for key, value in (("location", location), ("offset", str(off)), ("length", str(length))):
+            entry = new.external_data.add()
+            entry.key, entry.value = key, value
+        new.data_location = TensorProto.EXTERNAL
+    props = [p for p in model.metadata_props if p.key != STRIPPED_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(props)
+    mark = model.metadata_props.add()
+    mark.key, mark.value = STRIPPED_KEY, location
+    _write_atomic(out_graph, model.SerializeToString())
+    result = StripResult(out_graph, out_weights, out_graph.stat().st_size, out_weights.stat().st_size, len(offsets))
+    log.info("stripped %s: graph %d bytes, weights %d bytes (%d tensors)", graph.name, result.graph_bytes,
+             result.weights_bytes, result.tensors)
+    return result
+
+
+def save_graph(graph: Graph, path: Path) -> Path:
+    """Write ``graph.model`` to one file. Lazy external references must stay valid, so a graph
+    that has them is saved only into the folder its weights are in."""
+    if graph.external_refs and graph.base_dir is not None and path.resolve().parent != graph.base_dir.resolve():
+        raise ModelError("this graph refers to external weights by relative path; saving it elsewhere breaks them",
+                         where=str(path), fix=f"save it into {graph.base_dir}, or strip it again with `sdrt strip`")
+    try:
+        data = graph.model.SerializeToString()
+    except ValueError as exc:  # protobuf refuses messages above 2 GB
+        raise ModelError(f"the graph is too large for one ONNX file ({exc})", where=str(path),
+                         fix="use `sdrt strip` (or graph.strip) to move the weights into a .safetensors file") from exc
+    _write_atomic(path, data)
+    return path
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ModelError(f"cannot write the graph ({exc.strerror or exc})", where=str(path),
+                         fix="check free disk space and permissions") from exc

@@ -1,0 +1,166 @@
+"""A diffusers / Optimum ONNX model folder: which parts it has, which family it is, its configs.
+
+Reading a folder touches only its JSON files and checks that each part's ``model.onnx``
+exists; the graphs are loaded later, by :class:`sdrt.pipelines.parts.Part`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError, ModelNotFoundError
+
+log = logging.getLogger("sdrt.pipelines.folder")
+
+#: the parts a folder may hold (Optimum's names); ``vae_encoder`` is needed only for img2img and inpainting
+PART_NAMES = ("text_encoder", "text_encoder_2", "unet", "vae_encoder", "vae_decoder")
+
+#: SD's scheduler when a folder has no scheduler/scheduler_config.json (the SD 1.5 release config)
+DEFAULT_SCHEDULER: dict[str, Any] = {
+    "_class_name": "PNDMScheduler", "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
+    "num_train_timesteps": 1000, "prediction_type": "epsilon", "set_alpha_to_one": False, "steps_offset": 1,
+}
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"cannot read the {what}: {exc}", where=str(path), fix="check the file") from exc
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"the {what} is not valid JSON ({exc.msg} at line {exc.lineno})", where=str(path),
+                         fix="repair or re-export the model folder") from exc
+    if not isinstance(data, dict):
+        raise ModelError(f"the {what} is not a JSON object", where=str(path), fix="repair or re-export the folder")
+    return data
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """What a model folder holds. Build one with :meth:`ModelFolder.open`.
+
+    - ``family``: ``"sd1"``, ``"sd2"`` or ``"sdxl"``.
+    - ``parts``: part name -> its ``model.onnx``; ``configs``: part name -> its ``config.json`` (or ``{}``).
+    - ``tokenizers``: ``tokenizer`` (and ``tokenizer_2`` for SDXL) folders.
+    - ``scheduler``: ``scheduler/scheduler_config.json`` (SD's defaults when absent).
+    """
+
+    path: Path
+    index: dict[str, Any]
+    family: str
+    parts: dict[str, Path]
+    configs: dict[str, dict[str, Any]]
+    tokenizers: dict[str, Path]
+    scheduler: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prediction(self) -> str:
+        """``"eps"`` or ``"v"``, from the scheduler config's ``prediction_type``."""
+        kind = str(self.scheduler.get("prediction_type", "epsilon"))
+        if kind == "epsilon":
+            return "eps"
+        if kind == "v_prediction":
+            return "v"
+        raise ModelError(f"prediction_type {kind!r} is not supported", where=str(self.path / "scheduler"),
+                         fix="use a model trained for 'epsilon' or 'v_prediction'")
+
+    @property
+    def is_xl(self) -> bool:
+        return self.family == "sdxl"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def vae_scaling_factor(self) -> float:
+        for part in ("vae_decoder", "vae_encoder"):
+            value = self.configs.get(part, {}).get("scaling_factor")
+            if isinstance(value, (int, float)):
+                return float(value)
+        return 0.13025 if self.is_xl else 0.18215
+
+    @property
+    def force_zeros_for_empty_prompt(self) -> bool:
+        return bool(self.index.get("force_zeros_for_empty_prompt", self.is_xl))
+
+    def part_file(self, part: str) -> Path:
+        """The part's ``model.onnx``; ``ModelError`` naming the part when the folder has none."""
+        path = self.parts.get(part)
+        if path is None:
+            raise ModelNotFoundError(
+                f"the model folder has no {part} part", where=str(self.path / part / "model.onnx"),
+                fix=f"export the {part} too (Optimum: optimum-cli export onnx ...), "
+                    + ("or generate without an init image or mask" if part == "vae_encoder" else "or pick another folder"),
+            )
+        return path
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> ModelFolder:
+        root = Path(path)
+        if not root.is_dir():
+            if root.suffix == ".onnx" or root.is_file():
+                raise ModelError("a pipeline needs a model folder, not a single file", where=str(root),
+                                 fix="pass the folder that holds model_index.json, unet/, text_encoder/, vae_decoder/")
+            raise ModelNotFoundError("the model folder does not exist", where=str(root), fix="check the path")
+        index_path = root / "model_index.json"
+        index = _read_json(index_path, "model_index.json") if index_path.is_file() else {}
+        parts: dict[str, Path] = {}
+        configs: dict[str, dict[str, Any]] = {}
+        for part in PART_NAMES:
+            model = root / part / "model.onnx"
+            if model.is_file():
+                parts[part] = model
+                config = root / part / "config.json"
+                configs[part] = _read_json(config, f"{part} config.json") if config.is_file() else {}
+            elif (root / part).is_dir():
+                raise ModelNotFoundError(f"the {part} folder has no model.onnx", where=str(model),
+                                         fix="export that part to ONNX again (Optimum's layout: PART/model.onnx)")
+        xl = "text_encoder_2" in parts or "XL" in str(index.get("_class_name", ""))
+        required = ["unet", "text_encoder", "vae_decoder"] + (["text_encoder_2"] if xl else [])
+        missing = [p for p in required if p not in parts]
+        if missing:
+            what = "no model_index.json and " if not index else ""
+            raise ModelNotFoundError(
+                f"the model folder lacks {', '.join(missing)} ({what}not a complete diffusers/Optimum ONNX folder)",
+                where=", ".join(str(root / p / "model.onnx") for p in missing),
+                fix="export every part (optimum-cli export onnx --model ID FOLDER), or point at the right folder",
+            )
+        tokenizers: dict[str, Path] = {}
+        for tok in ("tokenizer", "tokenizer_2") if xl else ("tokenizer",):
+            folder = root / tok
+            if not all((folder / f).is_file() or (folder / f"{f}.gz").is_file() for f in ("vocab.json", "merges.txt")):
+                raise ModelNotFoundError(f"the model folder's {tok} has no vocab.json and merges.txt",
+                                         where=str(folder), fix="copy the tokenizer folder of the original model")
+            tokenizers[tok] = folder
+        sched_path = root / "scheduler" / "scheduler_config.json"
+        if sched_path.is_file():
+            scheduler = _read_json(sched_path, "scheduler config")
+        else:
+            log.warning("%s has no scheduler/scheduler_config.json; using SD's release schedule", root)
+            scheduler = dict(DEFAULT_SCHEDULER)
+        family = "sdxl" if xl else _sd_family(configs.get("text_encoder", {}), tokenizers["tokenizer"])
+        folder = cls(root, index, family, parts, configs, tokenizers, scheduler)
+        folder.prediction  # noqa: B018 - validates prediction_type now, before any model loads
+        log.info("%s: %s (%s-prediction), parts %s", root, family, folder.prediction, ", ".join(parts))
+        return folder
+
+
+def _sd_family(text_config: dict[str, Any], tokenizer: Path) -> str:
+    """SD 2.x uses OpenCLIP ViT-H (gelu, 1024 wide) and pads with '!'; SD 1.x uses CLIP ViT-L (quick_gelu)."""
+    if text_config.get("hidden_size") == 1024 or text_config.get("hidden_act") == "gelu":
+        return "sd2"
+    special = tokenizer / "special_tokens_map.json"
+    if special.is_file():
+        try:
+            pad = json.loads(special.read_text(encoding="utf-8")).get("pad_token")
+        except (OSError, ValueError, AttributeError):
+            pad = None
+        if pad == "!" or (isinstance(pad, dict) and pad.get("content") == "!"):
+            return "sd2"
+    return "sd1"

@@ -1,0 +1,126 @@
+"""Images in and out: HxWx3 uint8 numpy arrays; Pillow images and image files when Pillow is installed.
+
+Pillow is not a core dependency (22 MB of the 200 MB budget): ``pip install sdrt[images]`` adds it,
+for reading JPEG/PNG inputs from paths and for passing ``PIL.Image`` objects. Numpy arrays always
+work, and PNG output needs no Pillow (``sdrt.pipelines.png``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+
+ImageLike = Any  # np.ndarray | PIL.Image.Image | str | os.PathLike
+
+
+def _open_file(path: Path, what: str) -> np.ndarray:
+    if not path.is_file():
+        raise InputError(f"the {what} file does not exist", where=str(path), fix="check the path")
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise InputError(f"reading the {what} from a file needs Pillow, which is not installed", where=str(path),
+                         fix="pip install 'sdrt[images]' (or pillow), or pass a numpy array") from exc
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return _from_pil(img, what)
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise InputError(f"cannot read the {what} as an image ({exc})", where=str(path),
+                         fix="use a PNG or JPEG file") from exc
+
+
+def _from_pil(img: Any, what: str) -> np.ndarray:
+    mode = "L" if what == "mask" else "RGB"
+    return np.asarray(img.convert(mode))
+
+
+def _is_pil(value: Any) -> bool:
+    return type(value).__module__.startswith("PIL.") and hasattr(value, "convert")
+
+
+def check_path(value: Any, what: str) -> None:
+    """Fail early (before any model loads) on a path that does not exist."""
+    if isinstance(value, (str, os.PathLike)) and not Path(value).is_file():
+        raise InputError(f"the {what} file does not exist", where=str(value), fix="check the path")
+
+
+def to_rgb(value: ImageLike, what: str = "init image") -> np.ndarray:
+    """HxWx3 uint8 from an array (HxW, HxWx1/3/4; uint8, or float in [0, 1]), a Pillow image or a path."""
+    if isinstance(value, (str, os.PathLike)):
+        return _open_file(Path(value), what)
+    if _is_pil(value):
+        return _from_pil(value, what)
+    arr = np.asarray(value)
+    if arr.ndim == 2:
+        arr = arr[..., None]
+    if arr.ndim != 3 or arr.shape[-1] not in (1, 3, 4) or 0 in arr.shape:
+        raise InputError(f"the {what} has shape {arr.shape}", where=what,
+                         fix="pass an HxWx3 uint8 array (HxW, HxWx1 and HxWx4 are accepted too)")
+    arr = _to_uint8(arr, what)
+    if arr.shape[-1] == 1:
+        arr = np.repeat(arr, 3, axis=-1)
+    return np.ascontiguousarray(arr[..., :3])
+
+
+def to_mask(value: ImageLike, height: int, width: int) -> np.ndarray:
+    """HxW float32 in {0, 1}, 1 where the image is repainted (diffusers: grayscale, then binarized at 0.5)."""
+    if isinstance(value, (str, os.PathLike)):
+        gray = _open_file(Path(value), "mask").astype(np.float32) / 255
+    elif _is_pil(value):
+        gray = np.asarray(value.convert("L")).astype(np.float32) / 255
+    else:
+        arr = np.asarray(value)
+        if arr.dtype == bool:
+            arr = arr.astype(np.uint8) * 255
+        if arr.ndim == 3 and arr.shape[-1] in (3, 4):
+            rgb = _to_uint8(arr[..., :3], "mask").astype(np.uint32)
+            arr = ((rgb[..., 0] * 299 + rgb[..., 1] * 587 + rgb[..., 2] * 114 + 500) // 1000).astype(np.uint8)
+        elif arr.ndim == 3 and arr.shape[-1] == 1:
+            arr = arr[..., 0]
+        if arr.ndim != 2 or 0 in arr.shape:
+            raise InputError(f"the mask has shape {np.asarray(value).shape}", where="mask",
+                             fix="pass an HxW array (white = repaint), or an HxWx3 image")
+        gray = _to_uint8(arr[..., None], "mask")[..., 0].astype(np.float32) / 255
+    if gray.shape != (height, width):
+        raise InputError(f"the mask is {gray.shape[1]}x{gray.shape[0]}, the image {width}x{height}", where="mask",
+                         fix="give a mask of the image's size")
+    return (gray >= 0.5).astype(np.float32)
+
+
+def _to_uint8(arr: np.ndarray, what: str) -> np.ndarray:
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype.kind == "f":
+        if not np.isfinite(arr).all():
+            raise InputError(f"the {what} holds NaN or infinite values", where=what, fix="pass finite values")
+        return (np.clip(arr, 0, 1) * 255).round().astype(np.uint8)
+    if arr.dtype.kind in "iu" and arr.size and (arr.min() < 0 or arr.max() > 255):
+        raise InputError(f"the {what} has values outside 0..255", where=what, fix="pass uint8 values")
+    if arr.dtype.kind in "iub":
+        return arr.astype(np.uint8)
+    raise InputError(f"the {what} has dtype {arr.dtype}", where=what, fix="pass a uint8 or float array")
+
+
+def to_nchw(rgb: np.ndarray) -> np.ndarray:
+    """uint8 HxWx3 -> float32 1x3xHxW in [-1, 1] (diffusers' VaeImageProcessor.preprocess)."""
+    x = rgb.astype(np.float32) / np.float32(255.0)
+    return (np.float32(2.0) * x - np.float32(1.0)).transpose(2, 0, 1)[None]
+
+
+def from_nchw(decoded: np.ndarray) -> list[np.ndarray]:
+    """VAE output (Bx3xHxW in [-1, 1]) -> list of HxWx3 uint8 (diffusers' postprocess)."""
+    x = np.clip(decoded.astype(np.float32) / np.float32(2.0) + np.float32(0.5), 0, 1)
+    x = (x.transpose(0, 2, 3, 1) * np.float32(255)).round().astype(np.uint8)
+    return [np.ascontiguousarray(img) for img in x]
+
+
+def to_pil(image: np.ndarray) -> Any:
+    from PIL import Image
+
+    return Image.fromarray(image)

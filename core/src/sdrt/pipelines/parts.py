@@ -1,0 +1,155 @@
+"""One part of a pipeline (text encoder, UNet, VAE): its Graph and its compiled Sessions, one per shape.
+
+Every part goes through ``sdrt.load`` on the pipeline's backend and device, pinned to the static
+shapes of the call (``Graph.with_shapes``), so backends compile static graphs. Sessions are cached
+per shape; ``update_weights`` reaches every cached session and every later one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ModelError, SdrtError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..backend import Device, Session, TensorInfo
+    from ..graph import Graph
+    from ..weights import Weights
+
+log = logging.getLogger("sdrt.pipelines.parts")
+
+ShapeKey = tuple[tuple[tuple[str, tuple[int, ...]], ...], tuple[str, ...]]
+
+
+class Part:
+    """A named part of a model folder. ``graph`` loads on first use; ``run(feeds)`` compiles per shape."""
+
+    def __init__(self, name: str, path: Path, *, backend: str = "auto", device: str | Device | None = None,
+                 options: Mapping[str, Any] | None = None) -> None:
+        self.name = name
+        self.path = path
+        self.backend = backend
+        self.device = device
+        self.options = dict(options or {})
+        self.sessions: dict[ShapeKey, Session] = {}
+        self.weights: Weights | None = None
+        #: rebuilds ``weights`` after low-memory mode dropped them with the graph (sdrt.pipelines.lowmem)
+        self.weights_factory: Callable[[], Weights] | None = None
+        #: leave external initializer data mapped from disk (set by low-memory mode)
+        self.lazy_external = False
+        self._graph: Graph | None = None
+
+    def __repr__(self) -> str:
+        return f"Part({self.name!r}, {str(self.path)!r}, {len(self.sessions)} session(s))"
+
+    @property
+    def graph(self) -> Graph:
+        if self._graph is None:
+            from ..graph import Graph
+
+            try:
+                # low-memory mode keeps external data (model.onnx_data) mapped instead of read in
+                self._graph = Graph.load(self.path, load_external=False if self.lazy_external else None)
+            except SdrtError as exc:
+                raise type(exc)(f"the {self.name} part cannot be loaded: {exc.what}", where=exc.where or str(self.path),
+                                fix=exc.fix) from exc
+        return self._graph
+
+    @property
+    def inputs(self) -> dict[str, TensorInfo]:
+        return {t.name: t for t in self.graph.inputs}
+
+    @property
+    def outputs(self) -> dict[str, TensorInfo]:
+        return {t.name: t for t in self.graph.outputs}
+
+    def input(self, name: str) -> TensorInfo:
+        info = self.inputs.get(name)
+        if info is None:
+            raise ModelError(f"the {self.name} graph has no input {name!r}", where=str(self.path),
+                             fix=f"export it with the diffusers/Optimum input names (it has: {', '.join(self.inputs)})")
+        return info
+
+    def require_output(self, name: str) -> None:
+        if name not in self.outputs:
+            raise ModelError(f"the {self.name} graph has no output {name!r}", where=str(self.path),
+                             fix=f"export it with the diffusers/Optimum output names (it has: {', '.join(self.outputs)})")
+
+    def session(self, shapes: Mapping[str, tuple[int, ...]], outputs: tuple[str, ...] = ()) -> Session:
+        """The compiled session for these input shapes (compiled now if new).
+
+        ``outputs``: compute only these (a text encoder's one hidden state, say); all when empty.
+        """
+        dims = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
+        key: ShapeKey = (dims, tuple(outputs))
+        sess = self.sessions.get(key)
+        if sess is None:
+            from ..runtime import load
+
+            # static shapes, so every backend compiles a static graph. A graph cut to fewer outputs is also
+            # folded, which drops the nodes only the other outputs needed (weights keep their names).
+            if outputs:
+                pinned = self._only(outputs).with_shapes(dict(dims)).fold_constants()
+            else:
+                pinned = self.graph.with_shapes(dict(dims))
+            log.info("compiling %s for %s", self.name, ", ".join(f"{k}{list(v)}" for k, v in dims))
+            if self.weights is None and self.weights_factory is not None:
+                self.weights = self.weights_factory()
+            sess = load(pinned, weights=self.weights, backend=self.backend, device=self.device, **self.options)
+            self.sessions[key] = sess
+        return sess
+
+    def _only(self, outputs: tuple[str, ...]) -> Graph:
+        """The graph with just ``outputs``; the nodes only the others needed go at constant folding."""
+        from ..graph import Graph
+
+        graph = self.graph
+        for name in outputs:
+            self.require_output(name)
+        derive = getattr(graph, "derive", None)  # the redesign's public Graph.derive keeps mapped weights mapped
+        if derive is None and graph.mapped_initializers:  # would lose them: keep the graph whole
+            return graph
+        import onnx
+
+        model = onnx.ModelProto()
+        model.CopyFrom(graph.model)
+        kept = [o for o in model.graph.output if o.name in outputs]
+        del model.graph.output[:]
+        model.graph.output.extend(kept)
+        return derive(model) if derive is not None else Graph(model, graph.path, base_dir=graph.base_dir)
+
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+        """Run with feeds cast to the graph's dtypes; the session for their shapes is compiled once."""
+        inputs = self.inputs
+        cast = {}
+        for name, value in feeds.items():
+            info = inputs.get(name)
+            if info is None:
+                raise ModelError(f"the {self.name} graph has no input {name!r}", where=str(self.path),
+                                 fix=f"export it with the diffusers/Optimum names (it has: {', '.join(inputs)})")
+            cast[name] = np.asarray(value, dtype=np.dtype(info.dtype), order="C")  # keeps 0-d arrays 0-d
+        return self.session({k: v.shape for k, v in cast.items()}, outputs).run(cast)
+
+    def update_weights(self, weights: Weights) -> None:
+        """New values for some or all of the part's weights, in every compiled session now and every later one.
+
+        ``weights`` may name only some initializers (a LoRA-merged block, say): the others keep their
+        current values (the graph's own, or an earlier update's).
+        """
+        from ..weights import Weights
+
+        base = self.weights if self.weights is not None else Weights.from_graph(self.graph)
+        merged = base.replaced({name: weights[name] for name in weights})
+        for sess in self.sessions.values():
+            sess.update_weights(merged)
+        self.weights = merged
+
+    def close(self) -> None:
+        for sess in self.sessions.values():
+            sess.close()
+        self.sessions.clear()

@@ -1,0 +1,239 @@
+"""The folder's discretization, computed as diffusers' schedulers compute it from ``scheduler_config.json``.
+
+``FolderSchedule.from_config(config)`` reads the betas (``scaled_linear``, ``linear``,
+``squaredcos_cap_v2`` or ``trained_betas``), the prediction type, ``timestep_spacing``,
+``steps_offset``, ``interpolation_type`` and ``set_alpha_to_one``, as diffusers'
+``Scheduler.from_config(pipe.scheduler.config)`` does. It is a model sampling object
+(sigma table, ``timestep(sigma)``, ``denoised``) that ``sdrt.samplers`` can use, and it
+makes the timesteps and sigmas of diffusers' ``EulerDiscreteScheduler``,
+``EulerAncestralDiscreteScheduler``, ``DPMSolverMultistepScheduler`` and ``DDIMScheduler``
+(:meth:`euler_plan`, :meth:`dpm_plan`, :meth:`ddim_plan`). The table is float32, as
+diffusers keeps ``alphas_cumprod`` in a float32 tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelError
+from ..samplers.model_sampling import DiscreteSchedule
+
+SPACINGS = ("leading", "linspace", "trailing")
+
+#: each scheduler's own defaults, used for keys the folder's config does not set (diffusers'
+#: ``from_config`` ignores a value that was itself a default of the saved scheduler: ``_use_default_values``)
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "euler": {"timestep_spacing": "linspace", "steps_offset": 0, "interpolation_type": "linear",
+              "final_sigmas_type": "zero"},
+    "dpm": {"timestep_spacing": "linspace", "steps_offset": 0, "final_sigmas_type": "zero",
+            "lower_order_final": True, "euler_at_final": False},
+    "ddim": {"timestep_spacing": "leading", "steps_offset": 0, "set_alpha_to_one": True},
+}
+
+
+def _torch_linspace_f32(start: float, end: float, n: int) -> np.ndarray:
+    """``torch.linspace(start, end, n, dtype=torch.float32)`` as torch's CPU kernel computes it."""
+    if n == 1:
+        return np.array([start], np.float32)
+    step = np.float32((np.float32(end) - np.float32(start)) / np.float32(n - 1))
+    idx = np.arange(n, dtype=np.float32)
+    half = n // 2
+    out = np.empty(n, np.float32)
+    out[:half] = np.float32(start) + step * idx[:half]
+    out[half:] = np.float32(end) - step * (np.float32(n - 1) - idx[half:])
+    return out
+
+
+def betas_from_config(config: dict[str, Any], where: str) -> np.ndarray:
+    n = int(config.get("num_train_timesteps", 1000))
+    trained = config.get("trained_betas")
+    if trained is not None:
+        return np.asarray(trained, dtype=np.float32)
+    kind = config.get("beta_schedule", "linear")
+    start, end = float(config.get("beta_start", 0.0001)), float(config.get("beta_end", 0.02))
+    if kind == "scaled_linear":
+        return _torch_linspace_f32(start**0.5, end**0.5, n) ** 2
+    if kind == "linear":
+        return _torch_linspace_f32(start, end, n)
+    if kind == "squaredcos_cap_v2":
+        def alpha_bar(t: float) -> float:
+            return math.cos((t + 0.008) / 1.008 * math.pi / 2) ** 2
+        return np.array([min(1 - alpha_bar((i + 1) / n) / alpha_bar(i / n), 0.999) for i in range(n)], np.float32)
+    raise ModelError(f"beta_schedule {kind!r} is not supported", where=where,
+                     fix="use scaled_linear, linear or squaredcos_cap_v2 (diffusers' schedules)")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The steps diffusers' scheduler takes: sigmas (k-diffusion's VE form, ending in the last sigma)
+    and the UNet timestep fed at each step. ``prev_timesteps`` (DDIM only) is where each step lands
+    (negative: the final alpha)."""
+
+    sigmas: list[float]
+    timesteps: list[float]
+    init_noise_sigma: float
+    prev_timesteps: list[int] | None = None
+    #: the full schedule's length (diffusers' DPM-Solver picks lower orders by it, also in img2img)
+    total: int = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.timesteps)
+
+    def tail(self, start: int) -> Plan:
+        """The plan from step ``start`` on (img2img's strength)."""
+        prev = self.prev_timesteps[start:] if self.prev_timesteps is not None else None
+        return Plan(self.sigmas[start:], self.timesteps[start:], self.init_noise_sigma, prev, self.total)
+
+
+class FolderSchedule(DiscreteSchedule):
+    """A DDPM-trained model's schedule as its folder's ``scheduler_config.json`` sets it."""
+
+    config: dict[str, Any]
+    where: str
+    alphas_cumprod_f32: np.ndarray
+    sigmas_f32: np.ndarray
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], where: str = "scheduler_config.json") -> FolderSchedule:
+        kind = str(config.get("prediction_type", "epsilon"))
+        prediction = {"epsilon": "eps", "v_prediction": "v"}.get(kind)
+        if prediction is None:
+            raise ModelError(f"prediction_type {kind!r} is not supported", where=where,
+                             fix="use a model trained for 'epsilon' or 'v_prediction'")
+        if config.get("rescale_betas_zero_snr"):
+            raise ModelError("rescale_betas_zero_snr is not supported", where=where,
+                             fix="set it to false, or use a model without zero terminal SNR")
+        spacing = config.get("timestep_spacing")
+        if spacing is not None and spacing not in SPACINGS:
+            raise ModelError(f"timestep_spacing {spacing!r} is not supported", where=where,
+                             fix=f"use one of {', '.join(SPACINGS)}")
+        n = int(config.get("num_train_timesteps", 1000))
+        self = cls(prediction=prediction, num_timesteps=n)
+        self.config = dict(config)
+        self.where = where
+        betas = betas_from_config(config, where)
+        if betas.shape != (n,):
+            raise ModelError(f"trained_betas has {betas.size} values, not num_train_timesteps={n}", where=where,
+                             fix="fix the scheduler config")
+        ac = np.cumprod(np.float32(1.0) - betas, dtype=np.float32)
+        self.alphas_cumprod_f32 = ac
+        self.sigmas_f32 = np.sqrt((np.float32(1.0) - ac) / ac).astype(np.float32)
+        self.alphas_cumprod = ac.astype(np.float64)
+        self.sigmas = self.sigmas_f32.astype(np.float64)
+        self.log_sigmas = np.log(self.sigmas)
+        return self
+
+    def option(self, scheduler: str, key: str) -> Any:
+        """The config's value for ``key``, or ``scheduler``'s default where the folder leaves it unset."""
+        unset = self.config.get("_use_default_values") or []
+        if key in self.config and key not in unset and self.config[key] is not None:
+            return self.config[key]
+        return DEFAULTS[scheduler].get(key)
+
+    # ---------------------------------------------------------------- diffusers' timesteps
+    def _sigma_to_t(self, sigma: float) -> float:
+        """diffusers' ``_sigma_to_t``: linear interpolation in log sigma (float32 table)."""
+        log_sigmas = np.log(self.sigmas_f32)
+        log_sigma = np.log(max(sigma, 1e-10))
+        dists = log_sigma - log_sigmas
+        low = int(min(np.cumsum(dists >= 0).argmax(), len(log_sigmas) - 2))
+        lo, hi = float(log_sigmas[low]), float(log_sigmas[low + 1])
+        w = min(max((lo - log_sigma) / (lo - hi), 0.0), 1.0)
+        return (1 - w) * low + w * (low + 1)
+
+    def _karras(self, sigma_min: float, sigma_max: float, steps: int) -> np.ndarray:
+        rho = 7.0
+        ramp = np.linspace(0, 1, steps)
+        lo, hi = sigma_min ** (1 / rho), sigma_max ** (1 / rho)
+        return (hi + ramp * (lo - hi)) ** rho
+
+    def euler_plan(self, steps: int, *, karras: bool = False, ancestral: bool = False) -> Plan:
+        """``EulerDiscreteScheduler`` / ``EulerAncestralDiscreteScheduler.set_timesteps(steps)``.
+
+        The ancestral scheduler has no ``interpolation_type``, Karras sigmas or ``final_sigmas_type``:
+        it always interpolates sigma linearly and ends at 0 (``karras`` then gives Euler's Karras sigmas).
+        """
+        n = self.num_timesteps
+        spacing, offset = self.option("euler", "timestep_spacing"), int(self.option("euler", "steps_offset"))
+        if spacing == "linspace":
+            ts = np.linspace(0, n - 1, steps, dtype=np.float32)[::-1].copy()
+        elif spacing == "leading":
+            ratio = n // steps
+            ts = (np.arange(0, steps) * ratio).round()[::-1].copy().astype(np.float32) + offset
+        else:
+            ts = np.arange(n, 0, -n / steps).round().copy().astype(np.float32) - 1
+        table = self.sigmas_f32
+        interp = "linear" if ancestral else str(self.option("euler", "interpolation_type"))
+        if interp == "log_linear":
+            sig = np.exp(np.linspace(np.log(table[-1]), np.log(table[0]), steps + 1, dtype=np.float32))
+        elif interp == "linear":
+            sig = np.interp(ts, np.arange(0, len(table)), table)
+        else:
+            raise ModelError(f"interpolation_type {interp!r} is not supported", where=self.where,
+                             fix="use 'linear' or 'log_linear'")
+        if karras:
+            sig = self._karras(float(sig[-1]), float(sig[0]), steps)
+            ts = np.array([self._sigma_to_t(float(s)) for s in sig])
+        sigma_min_end = not ancestral and self.option("euler", "final_sigmas_type") == "sigma_min"
+        final = float(self.sigmas_f32[0]) if sigma_min_end else 0.0
+        sigmas = np.concatenate([sig, [final]]).astype(np.float32)
+        top = float(sigmas.max())
+        init = top if spacing in ("linspace", "trailing") else (top**2 + 1) ** 0.5
+        return Plan([float(s) for s in sigmas], [float(np.float32(t)) for t in ts], float(np.float32(init)),
+                    total=steps)
+
+    def dpm_plan(self, steps: int, *, karras: bool = False) -> Plan:
+        """``DPMSolverMultistepScheduler.set_timesteps(steps)`` (``use_karras_sigmas`` as given)."""
+        n = self.num_timesteps
+        last = n  # lambda_min_clipped = -inf
+        spacing, offset = self.option("dpm", "timestep_spacing"), int(self.option("dpm", "steps_offset"))
+        if spacing == "linspace":
+            ts = np.linspace(0, last - 1, steps + 1).round()[::-1][:-1].copy().astype(np.int64)
+        elif spacing == "leading":
+            ratio = last // (steps + 1)
+            ts = (np.arange(0, steps + 1) * ratio).round()[::-1][:-1].copy().astype(np.int64) + offset
+        else:
+            ts = np.arange(last, 0, -n / steps).round().copy().astype(np.int64) - 1
+        table = self.sigmas_f32
+        if karras:
+            sig = self._karras(float(table[0]), float(table[-1]), steps)
+            ts_f = np.array([self._sigma_to_t(float(s)) for s in sig])
+            if self.config.get("beta_schedule") != "squaredcos_cap_v2":
+                ts_f = ts_f.round()
+            ts = ts_f.astype(np.int64)
+        else:
+            sig = np.interp(ts, np.arange(0, len(table)), table)
+        final = float(self.sigmas_f32[0]) if self.option("dpm", "final_sigmas_type") == "sigma_min" else 0.0
+        sigmas = np.concatenate([sig, [final]]).astype(np.float32)
+        return Plan([float(s) for s in sigmas], [float(t) for t in ts], 1.0, total=steps)
+
+    def ddim_plan(self, steps: int) -> Plan:
+        """``DDIMScheduler.set_timesteps(steps)``; each step lands on ``t - num_train_timesteps // steps``."""
+        n = self.num_timesteps
+        spacing, offset = self.option("ddim", "timestep_spacing"), int(self.option("ddim", "steps_offset"))
+        if spacing == "linspace":
+            ts = np.linspace(0, n - 1, steps).round()[::-1].copy().astype(np.int64)
+        elif spacing == "leading":
+            ratio = n // steps
+            ts = (np.arange(0, steps) * ratio).round()[::-1].copy().astype(np.int64) + offset
+        else:
+            ts = np.round(np.arange(n, 0, -n / steps)).astype(np.int64) - 1
+        prev = [int(t) - n // steps for t in ts]
+        sig = [self.ddim_sigma(int(t)) for t in [*ts, prev[-1]]]
+        return Plan(sig, [float(t) for t in ts], 1.0, prev, steps)
+
+    def ddim_alpha(self, t: int) -> np.float32:
+        """alphas_cumprod[t]; below 0 the final alpha (1 with ``set_alpha_to_one``, else alphas_cumprod[0])."""
+        ac = self.alphas_cumprod_f32
+        if t >= 0:
+            return ac[t]
+        return np.float32(1.0) if self.option("ddim", "set_alpha_to_one") else ac[0]
+
+    def ddim_sigma(self, t: int) -> float:
+        a = self.ddim_alpha(t)
+        return float(np.sqrt((np.float32(1.0) - a) / a))

@@ -1,0 +1,359 @@
+"""The weights a pipeline runs with: a checkpoint, LoRAs on top, textual-inversion embeddings.
+
+Every change reaches the compiled sessions through ``Session.update_weights``
+(``Part.update_weights``): nothing is re-exported or recompiled. The one
+exception is the first embedding: the text encoder's token table gets spare
+rows once (``RESERVED_ROWS`` or more), which compiles that small graph again;
+every later embedding only fills rows.
+
+State per part:
+
+- ``base``: ``{initializer: array}`` that replace the graph's own (from a
+  checkpoint, and the token table with embedding rows); empty means "the
+  export's weights";
+- the LoRAs' merged arrays, computed from ``base`` each time the set of LoRAs
+  changes. Removing LoRAs binds ``base`` again: the arrays that were there
+  before, bit for bit (nothing is subtracted).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import WeightsError
+from ..weights import TensorRef, Weights
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..checkpoint import Checkpoint, Embedding
+    from ..graph import Graph
+    from ..lora import Lora
+    from .parts import Part
+    from .pipeline import Pipeline
+
+log = logging.getLogger("sdrt.pipelines.weights")
+
+RESERVED_ROWS = 16
+#: part -> (kohya prefixes, PEFT prefixes, embedding vector key)
+_LORA_ROUTES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "unet": (("lora_unet_",), ("unet.", "base_model.model.", "transformer.")),
+    "text_encoder": (("lora_te_", "lora_te1_"), ("text_encoder.",)),
+    "text_encoder_2": (("lora_te2_",), ("text_encoder_2.",)),
+}
+_EMB_KEYS = {"text_encoder": "clip_l", "text_encoder_2": "clip_g"}
+
+
+@dataclass
+class ActiveLora:
+    lora: Lora
+    scale: float
+    name: str
+    path: Path | None = None
+
+
+@dataclass
+class WeightState:
+    """What ``pipe.load_weights``, ``pipe.set_loras`` and ``pipe.add_embedding`` changed."""
+
+    pipe: Pipeline
+    checkpoint: Checkpoint | None = None
+    base: dict[str, dict[str, np.ndarray | TensorRef]] = field(default_factory=dict)
+    loras: list[ActiveLora] = field(default_factory=list)
+    embeddings: list[Embedding] = field(default_factory=list)
+    lora_dir: Path | None = None
+    fixed: list[ActiveLora] = field(default_factory=list)
+    _originals: dict[str, Graph] = field(default_factory=dict)  # graphs before rows were reserved
+    _vocab: dict[str, int] = field(default_factory=dict)
+    _cache: dict[Path, Lora] = field(default_factory=dict)
+
+    # -- helpers --------------------------------------------------------------
+    def _parts(self) -> dict[str, Part]:
+        return {k: v for k, v in self.pipe.parts.items()}
+
+    def _graph(self, name: str) -> Graph:
+        return self._originals.get(name) or self._parts()[name].graph
+
+    def _weights(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef]) -> Weights:
+        """The part's graph weights with ``overrides`` (arrays, or lazy refs into a checkpoint) on top."""
+        graph = self._parts()[name].graph
+        own = Weights.from_graph(graph)
+        refs = {n: own.ref(n) for n in own}
+        for init, v in overrides.items():
+            refs[init] = v if isinstance(v, TensorRef) else TensorRef(init, v.dtype, tuple(v.shape), "<override>",
+                                                                       (lambda a=v: a))
+        return Weights(refs)
+
+    def _bind(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef]) -> None:
+        part = self._parts()[name]
+        part.update_weights(self._weights(name, overrides))
+        part.weights_factory = lambda: self._weights(name, overrides)
+        self.pipe._weights_changed(name)
+
+    # -- checkpoints ------------------------------------------------------------
+    def load_checkpoint(self, path: str | os.PathLike[str] | Checkpoint) -> Checkpoint:
+        """Bind a single-file checkpoint (or diffusers folder) to every part; active LoRAs and
+        embeddings are applied again on top. Checked for every part before anything changes."""
+        from ..checkpoint import Checkpoint
+
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint.open(path)
+        parts = self._parts()
+        arrays = ckpt.lazy({name: self._graph(name) for name in parts})  # read on use: nothing held
+        for name, arr in arrays.items():
+            self.base[name] = dict(arr)
+        self.checkpoint = ckpt
+        if self.embeddings:  # the new token table gets the embedding rows again
+            self._write_embeddings()
+        self._apply(set(arrays))
+        log.info("loaded %s", ckpt)
+        return ckpt
+
+    # -- LoRA -------------------------------------------------------------------
+    def lora(self, path: str | os.PathLike[str]) -> Lora:
+        from ..lora import Lora
+
+        p = Path(path)
+        if p not in self._cache:
+            self._cache[p] = Lora.open(p)
+        return self._cache[p]
+
+    def set_loras(self, loras: Sequence[tuple[Lora | str | os.PathLike[str], float]]) -> None:
+        """Make exactly these LoRAs active (each with its scale) for every generation from now on;
+        ``[]`` removes them all. Prompt tags (``<lora:name:w>``) add to these for one generation."""
+        self.fixed = self._activate(loras)
+
+    def prepare(self, prompt: str, negative_prompt: str | None) -> tuple[str, str | None]:
+        """Remove A1111's ``<lora:name:w>`` tags from both prompts and make those LoRAs (from
+        ``lora_dir``) active, with the ones given to ``set_loras``; refuses an unknown name first."""
+        wanted: list[tuple[Lora | str | os.PathLike[str], float]] = [
+            (a.path if a.path is not None else a.lora, a.scale) for a in self.fixed]
+        out = []
+        for text in (prompt, negative_prompt):
+            if isinstance(text, str) and "<" in text:
+                text, tags = self.resolve_prompt(text)
+                wanted += [(self.lora_file(name), w) for name, w in tags]
+            out.append(text)
+        current = [((a.path or a.lora.source), a.scale) for a in self.loras]
+        want_keys = [(Path(x) if isinstance(x, (str, os.PathLike)) else x.source, w) for x, w in wanted]
+        if want_keys != current:
+            self._activate(wanted)
+        return out[0], out[1]
+
+    def _activate(self, loras: Sequence[tuple[Lora | str | os.PathLike[str], float]]) -> list[ActiveLora]:
+        active = []
+        for item, scale in loras:
+            if isinstance(item, (str, os.PathLike)):
+                lora = self.lora(item)
+                active.append(ActiveLora(lora, float(scale), Path(item).stem, Path(item)))
+            else:
+                active.append(ActiveLora(item, float(scale), Path(item.source).stem,
+                                         Path(item.source) if Path(item.source).is_file() else None))
+        touched = {name for name in self._parts() if name in _LORA_ROUTES}
+        if not self.loras and not active:
+            return active
+        merged = self._merge(active)  # checks everything before anything changes
+        self.loras = active
+        self._apply(touched, merged)
+        return active
+
+    def resolve_prompt(self, text: str) -> tuple[str, list[tuple[str, float]]]:
+        """A1111's ``<lora:name:scale>`` tags: removed from the text, resolved in ``lora_dir``."""
+        from ..text import extract_loras
+
+        clean, tags = extract_loras(text)
+        return clean, tags
+
+    def lora_file(self, name: str) -> Path:
+        if self.lora_dir is None:
+            raise WeightsError(f"the prompt asks for <lora:{name}:...> but no LoRA folder is set", where="prompt",
+                               fix="pass --lora-dir DIR (pipe.weights.lora_dir = DIR) holding NAME.safetensors")
+        for cand in (self.lora_dir / f"{name}.safetensors", self.lora_dir / name):
+            if cand.is_file():
+                return cand
+        have = sorted(p.stem for p in self.lora_dir.glob("*.safetensors"))
+        raise WeightsError(f"no LoRA named {name!r} in {self.lora_dir}", where=f"<lora:{name}:...> in the prompt",
+                           fix=f"put {name}.safetensors there, or use one of: {', '.join(have[:12]) or 'none'}")
+
+    def _merge(self, active: list[ActiveLora]) -> dict[str, dict[str, np.ndarray]]:
+        from ..lora import Lora, merge
+
+        out: dict[str, dict[str, np.ndarray]] = {}
+        if not active:
+            return out
+        routed: dict[str, list[tuple[Lora, float]]] = {}
+        unrouted: list[str] = []
+        parts = self._parts()
+        for a in active:
+            by_part: dict[str, dict] = {}
+            for key, layer in a.lora.layers.items():
+                target = _route(key)
+                if target is None or target not in parts:
+                    unrouted.append(f"{key} ({a.name})")
+                    continue
+                by_part.setdefault(target, {})[key] = layer
+            for part, layers in by_part.items():
+                routed.setdefault(part, []).append((Lora(layers, a.lora.format, a.lora.source), a.scale))
+        if unrouted:
+            raise WeightsError(f"{len(unrouted)} LoRA layers are for no part of this model: "
+                               + ", ".join(unrouted[:8]), where=", ".join(a.name for a in active),
+                               fix="use a LoRA made for this model family (SDXL LoRAs have lora_te1_/lora_te2_ keys)")
+        for part, pairs in routed.items():
+            graph = parts[part].graph
+            base = self._weights(part, self.base.get(part, {}))
+            targets = _targets(graph, [key for lora, _ in pairs for key in lora.layers], part)
+            m = merge(base, pairs, graph=graph, targets=targets, strict=True)
+            out[part] = {name: m[name] for name in m.originals}
+        return out
+
+    # -- embeddings -------------------------------------------------------------
+    def add_embeddings(self, items: Iterable[str | os.PathLike[str] | Embedding]) -> list[Embedding]:
+        """Load embeddings (A1111 ``.safetensors``); their trigger words work in prompts from now on."""
+        from ..checkpoint import Embedding, load_embedding
+
+        new = [e if isinstance(e, Embedding) else load_embedding(e) for e in items]
+        names = {e.name.lower() for e in self.embeddings}
+        new = [e for e in new if e.name.lower() not in names]
+        if not new:
+            return []
+        encoders = [n for n in ("text_encoder", "text_encoder_2") if n in self._parts()]
+        for e in new:  # check widths first: nothing changes for an embedding of another family
+            for n in encoders:
+                v = e.for_encoder(_EMB_KEYS[n])
+                width = _table_width(self._graph(n))
+                if v is None or v.shape[1] != width:
+                    raise WeightsError(
+                        f"embedding {e.name!r} does not fit {n}: it has "
+                        + ", ".join(f"{k} {list(a.shape)}" for k, a in e.vectors.items())
+                        + f", the encoder's tokens are {width} wide", where=e.source,
+                        fix="use an embedding made for this model family (SD 1.x: emb_params [n, 768], "
+                        "SD 2.x: [n, 1024], SDXL: clip_l [n, 768] and clip_g [n, 1280])")
+        self.embeddings += new
+        self._write_embeddings()
+        self._apply(set(encoders))
+        return new
+
+    def _write_embeddings(self) -> None:
+        from ..checkpoint import extend_table, reserve_rows, token_table
+
+        prompts = self.pipe.prompts
+        needed = sum(e.count for e in self.embeddings)
+        for enc, name in zip(prompts.encoders, ("text_encoder", "text_encoder_2")):
+            part = self._parts()[name]
+            if name not in self._originals:
+                self._originals[name] = part.graph
+                self._vocab[name] = token_table(part.graph)[1][0]
+            vocab = self._vocab[name]
+            init, (rows, _), _ = token_table(part.graph)
+            if rows - vocab < needed:  # room for more rows: the one recompile of this small graph
+                part.close()
+                part._graph = reserve_rows(self._originals[name], max(RESERVED_ROWS, 2 * needed))
+                rows = token_table(part.graph)[1][0]
+            base_table = self.base.get(name, {}).get(init)
+            if isinstance(base_table, TensorRef):
+                base_table = base_table.load()
+            if base_table is None:
+                base_table = self._originals[name].initializer_arrays([init])[init]
+            ids: dict[str, list[int]] = {}
+            for e in self.embeddings:
+                ids.update(enc.tokenizer.add_tokens(e.name, vectors=e.count))
+            order = sorted(self.embeddings, key=lambda e: ids[e.name][0])
+            if order and ids[order[0].name][0] != vocab:
+                raise WeightsError(f"the tokenizer gives the first embedding id {ids[order[0].name][0]}, the "
+                                   f"table has {vocab} rows", where=name,
+                                   fix="use the tokenizer that belongs to this text encoder")
+            table, _ = extend_table(np.asarray(base_table)[:vocab], order, _EMB_KEYS[name], capacity=rows,
+                                    vocab=vocab)
+            self.base.setdefault(name, {})[init] = table
+
+    # -- binding ----------------------------------------------------------------
+    def _apply(self, names: set[str], merged: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> None:
+        if merged is None:
+            merged = self._merge(self.loras)
+        for name in sorted(names):
+            overrides = {**self.base.get(name, {}), **merged.get(name, {})}
+            self._bind(name, overrides)
+        self.pipe._release(*names)  # low-memory mode: the graphs read for mapping are dropped again
+
+    def infotext(self) -> dict[str, object]:
+        """A1111's PNG fields for what is loaded: ``Model``/``Model hash``, ``Lora hashes``, ``TI hashes``."""
+        from ..checkpoint.embeddings import sha256_file
+
+        info: dict[str, object] = {}
+        if self.checkpoint is not None and self.checkpoint.path.is_file():
+            info["Model hash"] = sha256_file(self.checkpoint.path)[:10]
+            info["Model"] = self.checkpoint.path.stem
+        if self.loras:
+            info["Lora hashes"] = ", ".join(f"{a.name}: {lora_hash(a.path)}" for a in self.loras if a.path)
+        if self.embeddings:
+            info["TI hashes"] = ", ".join(f"{e.name}: {e.shorthash()}" for e in self.embeddings)
+        return info
+
+
+def lora_hash(path: Path) -> str:
+    """A1111's LoRA short hash: sha256 of the safetensors file after its header (the "addnet" hash), 12 digits."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        f.seek(8 + n)
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:12]
+
+
+def _route(key: str) -> str | None:
+    for part, (kohya, peft) in _LORA_ROUTES.items():
+        if key.startswith(kohya) or key.startswith(peft):
+            return part
+    if key.startswith("lora_"):
+        return None
+    return "unet"  # a bare PEFT key (diffusers' unet-only files)
+
+
+def _targets(graph: Graph, keys: Iterable[str], part: str) -> dict[str, str]:
+    """``{LoRA module key: initializer}`` from the graph's own parameter map (kohya and PEFT names)."""
+    from ..checkpoint import param_map
+
+    pmap = param_map(graph)
+    modules = {c[: -len(".weight")]: s.init for c, s in pmap.items() if c.endswith(".weight")}
+    flat = {m.replace(".", "_"): init for m, init in modules.items()}
+    if part == "unet":  # kohya's SDXL LoRAs name UNet modules the LDM way (input_blocks_4_1_...)
+        from ..checkpoint.ldm import unet_ldm_layout, unet_to_ldm
+
+        lpb, attn_up = unet_ldm_layout(pmap)
+        for m, init in modules.items():
+            ldm_name = unet_to_ldm(m, lpb, attn_up)
+            if ldm_name is not None:
+                flat.setdefault(ldm_name.replace(".", "_"), init)
+    kohya, peft = _LORA_ROUTES[part]
+    out: dict[str, str] = {}
+    for key in keys:
+        mod = None
+        for p in kohya:
+            if key.startswith(p):
+                rest = key[len(p):]
+                rest = rest.removeprefix("text_model_")
+                mod = flat.get(rest)
+                break
+        else:
+            rest = key
+            for p in (*peft, "base_model.model."):
+                rest = rest.removeprefix(p)
+            rest = re.sub(r"^text_model\.", "", rest)
+            mod = modules.get(rest)
+        if mod is not None:
+            out[key] = mod
+    return out
+
+
+def _table_width(graph: Graph) -> int:
+    from ..checkpoint import token_table
+
+    return token_table(graph)[1][1]

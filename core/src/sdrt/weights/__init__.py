@@ -1,0 +1,20 @@
+"""The weights layer: ``.safetensors`` files -> ``Weights`` -> the arrays a backend binds.
+
+- ``stfile``: the safetensors format, read with mmap and written streamed;
+- ``keymap``: rules that rename checkpoint keys to initializer names;
+- ``store``: ``Weights``, named tensors read on access, and ``bind`` (checking them against a graph);
+- ``resolve``: ``resolve_weights``, every initializer's final array for a backend;
+- ``lora``: merging LoRA adapters (imported on first use: ``sdrt.lora`` or ``sdrt.weights.lora``).
+
+Nothing here imports ``sdrt.graph`` at run time except ``lora``, which finds
+anonymous weights through a graph's nodes.
+"""
+
+from __future__ import annotations
+
+from .keymap import KeyMap
+from .resolve import resolve_weights
+from .store import CONVERT_HINT, PICKLE_SUFFIXES, BindReport, TensorRef, Weights, refuse_unsafe
+
+__all__ = ["CONVERT_HINT", "PICKLE_SUFFIXES", "BindReport", "KeyMap", "TensorRef", "Weights", "refuse_unsafe",
+           "resolve_weights"]

@@ -1,0 +1,344 @@
+"""LoRA: merge low-rank adapters into weights, and restore the originals bit for bit.
+
+Formats (read from ``.safetensors``):
+
+- kohya: ``lora_unet_<module_path_with_underscores>.lora_down.weight`` /
+  ``.lora_up.weight`` / ``.alpha`` (and ``lora_te_``, ``lora_te1_``,
+  ``lora_te2_`` for text encoders);
+- diffusers / PEFT: ``<module.path>.lora_A.weight`` / ``.lora_B.weight``
+  (optionally ``.alpha``; without it alpha = rank), and the older
+  ``<module.path>.lora.down.weight`` / ``.lora.up.weight``.
+
+Merge: ``W' = W + sum_i scale_i * (alpha_i / rank_i) * (up_i @ down_i)``,
+computed in float32 and cast back to W's dtype; linear ([out, in]) and conv
+(1x1 and kxk: down [r, in, kh, kw], up [out, r, 1, 1]) weights. The merged
+``Weights`` keep the original arrays of every tensor they changed, and
+``unmerge()`` gives those back: nothing is subtracted.
+
+Finding the weight a LoRA module patches (in this order):
+
+1. an explicit ``targets={lora module key: initializer name}`` map;
+2. a weight named ``<module.path>.weight`` (kohya names are matched by
+   flattening every weight name's dots to underscores, so the ambiguity of
+   ``proj_in`` against ``proj.in`` never arises);
+3. with a graph: torch's exporter names nodes by module scope
+   (``/down_blocks.0/attentions.0/proj_in/MatMul``), so the weight input of a
+   MatMul/Gemm/Conv node stands for that module even when the initializer is
+   anonymous (``onnx::MatMul_1234``).
+
+Layout: a MatMul weight (and Gemm with ``transB=0``) is stored transposed
+relative to torch's Linear ([in, out]); with a graph this is known from the
+consuming node and the delta is transposed, square weights included. Without
+a graph a delta is transposed only when its shape says so (a square weight is
+then assumed to be in torch layout).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import WeightsError
+from ..graph import Graph
+from .store import Weights
+
+log = logging.getLogger("sdrt.lora")
+
+KOHYA_PREFIXES = {"unet": ("lora_unet_",), "te": ("lora_te_", "lora_te1_"), "te1": ("lora_te1_", "lora_te_"),
+                  "te2": ("lora_te2_",)}
+_KEY = re.compile(r"^(?P<mod>.+?)\.(?P<kind>lora_down|lora_up|lora_A|lora_B|lora\.down|lora\.up)"
+                  r"(?:\.default)?\.weight$")
+_ALPHA = re.compile(r"^(?P<mod>.+)\.alpha$")
+_DOWN = {"lora_down", "lora_A", "lora.down"}
+#: module prefixes that diffusers/PEFT files put before the model's own module path
+PEFT_PREFIXES = ("base_model.model.", "unet.", "transformer.", "text_encoder.", "text_encoder_2.", "model.")
+
+
+@dataclass(frozen=True)
+class LoraLayer:
+    """One adapted module: ``down`` [r, in(, kh, kw)], ``up`` [out, r(, 1, 1)], ``alpha``."""
+
+    key: str
+    down: np.ndarray = field(repr=False)
+    up: np.ndarray = field(repr=False)
+    alpha: float
+
+    @property
+    def rank(self) -> int:
+        return int(self.down.shape[0])
+
+    def delta(self, scale: float = 1.0) -> np.ndarray:
+        """``scale * alpha / rank * (up @ down)`` in float32, shaped [out, in] or [out, in, kh, kw]."""
+        down = np.asarray(self.down, np.float32)
+        up = np.asarray(self.up, np.float32)
+        d = up.reshape(up.shape[0], -1) @ down.reshape(down.shape[0], -1)
+        factor = np.float32(scale * self.alpha / self.rank)
+        d *= factor
+        if down.ndim == 4:
+            d = d.reshape(up.shape[0], *down.shape[1:])
+        return d
+
+
+class Lora:
+    """The layers of one LoRA file. Build with ``Lora.open(path)`` or ``Lora.from_arrays``."""
+
+    def __init__(self, layers: Mapping[str, LoraLayer], fmt: str, source: str = "<memory>") -> None:
+        self.layers = dict(layers)
+        self.format = fmt
+        self.source = source
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, alpha: float | None = None) -> Lora:
+        """Read a LoRA ``.safetensors`` (pickle formats are refused like any weights).
+        ``alpha`` is the default for layers without an ``.alpha`` tensor (PEFT keeps it in
+        adapter_config.json as ``lora_alpha``); unset, alpha = rank."""
+        w = Weights.open(path)
+        return cls.from_arrays(w, alpha=alpha, source=str(path))
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], *, alpha: float | None = None,
+                    source: str = "<memory>") -> Lora:
+        parts: dict[str, dict[str, Any]] = {}
+        unknown: list[str] = []
+        for key in arrays:
+            m = _KEY.match(key)
+            if m:
+                parts.setdefault(m["mod"], {})["down" if m["kind"] in _DOWN else "up"] = key
+                continue
+            a = _ALPHA.match(key)
+            if a:
+                parts.setdefault(a["mod"], {})["alpha"] = key
+                continue
+            unknown.append(key)
+        problems = [f"{k} (not a lora_down/lora_up/lora_A/lora_B/alpha key)" for k in unknown]
+        layers: dict[str, LoraLayer] = {}
+        for mod, p in parts.items():
+            if "down" not in p or "up" not in p:
+                problems.append(f"{mod} (has {', '.join(sorted(p))} but needs both down and up)")
+                continue
+            down, up = np.asarray(arrays[p["down"]]), np.asarray(arrays[p["up"]])
+            if down.ndim not in (2, 4) or up.ndim not in (2, 4) or up.shape[1] != down.shape[0] \
+                    or (up.ndim == 4 and up.shape[2:] != (1, 1)):
+                problems.append(f"{mod} (down {list(down.shape)} and up {list(up.shape)} do not make a LoRA pair)")
+                continue
+            if "alpha" in p:
+                with np.errstate(all="ignore"):
+                    a_arr = np.asarray(arrays[p["alpha"]]).astype(np.float64)
+                if a_arr.size != 1 or not np.isfinite(a_arr).all():
+                    problems.append(f"{mod} (alpha is {a_arr.tolist()!r}, expected one finite number)")
+                    continue
+                al = float(a_arr.reshape(()))
+            else:
+                al = float(alpha) if alpha is not None else float(down.shape[0])
+            layers[mod] = LoraLayer(mod, down, up, al)
+        if problems:
+            raise WeightsError(
+                f"{len(problems)} LoRA keys cannot be used: " + "; ".join(problems),
+                where=source,
+                fix="only plain LoRA (kohya lora_down/lora_up, PEFT lora_A/lora_B) is supported; "
+                "LyCORIS formats (LoHa, LoKr, DoRA) must be converted or merged elsewhere",
+            )
+        if not layers:
+            raise WeightsError("the file holds no LoRA layers", where=source,
+                               fix="pass a LoRA .safetensors (keys ending in lora_down.weight or lora_A.weight)")
+        fmt = "kohya" if all(k.startswith("lora_") for k in layers) else "peft"
+        return cls(layers, fmt, source)
+
+    def __repr__(self) -> str:
+        ranks = sorted({layer.rank for layer in self.layers.values()})
+        return f"Lora({len(self.layers)} layers, {self.format}, rank {ranks}, from {self.source})"
+
+
+@dataclass
+class LoraReport:
+    """Which LoRA module went to which weight, and what matched nothing."""
+
+    applied: dict[str, list[str]] = field(default_factory=dict)  # weight name -> lora keys
+    unmatched: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # other components (te keys when merging a unet)
+    mismatched: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        s = f"{sum(len(v) for v in self.applied.values())} LoRA layers merged into {len(self.applied)} weights"
+        if self.unmatched:
+            s += f"; {len(self.unmatched)} match no weight: " + ", ".join(self.unmatched)
+        if self.mismatched:
+            s += f"; {len(self.mismatched)} do not fit: " + "; ".join(self.mismatched)
+        if self.skipped:
+            s += f"; {len(self.skipped)} belong to another component"
+        return s
+
+
+class MergedWeights(Weights):
+    """Base weights with LoRAs merged in. ``originals`` holds the replaced tensors as they were."""
+
+    def __init__(self, base: Weights, merged: Mapping[str, np.ndarray], originals: Mapping[str, np.ndarray],
+                 report: LoraReport) -> None:
+        over = base.replaced(merged)
+        super().__init__(over._refs, dtype=base.dtype, sources=base.sources)
+        self.base = base
+        self.originals = dict(originals)
+        self.report = report
+
+    def unmerge(self) -> Weights:
+        """The base weights, from the kept originals: bit for bit what was there before merging."""
+        return self.base.replaced(self.originals)
+
+
+def _module_index(names: Iterable[str], graph: Graph | None) -> tuple[dict[str, str], dict[str, str]]:
+    """``(dotted module -> weight name, underscored module -> weight name)``."""
+    dotted: dict[str, str] = {}
+    for n in names:
+        if n.endswith(".weight"):
+            dotted[n[: -len(".weight")]] = n
+    if graph is not None:
+        for node in graph.model.graph.node:
+            if node.op_type in ("MatMul", "Gemm", "Conv") and len(node.input) > 1 and node.name.startswith("/"):
+                parts = node.name.strip("/").split("/")
+                module = ".".join(parts[:-1])
+                if module and node.input[1] in names:
+                    dotted.setdefault(module, node.input[1])
+    flat = {k.replace(".", "_"): v for k, v in dotted.items()}
+    return dotted, flat
+
+
+def _transposed_names(graph: Graph | None) -> set[str]:
+    """Weights stored [in, out]: the B input of MatMul, and of Gemm without transB."""
+    if graph is None:
+        return set()
+    out = set()
+    for node in graph.model.graph.node:
+        if len(node.input) < 2:
+            continue
+        if node.op_type == "MatMul":
+            out.add(node.input[1])
+        elif node.op_type == "Gemm" and not any(a.name == "transB" and a.i for a in node.attribute):
+            out.add(node.input[1])
+    return out
+
+
+def _target(key: str, fmt: str, component: str | None, dotted: dict[str, str], flat: dict[str, str],
+            targets: Mapping[str, str]) -> str | None | bool:
+    """The weight name for one LoRA key; None when nothing matches, False when skipped."""
+    if key in targets:
+        return targets[key]
+    if key.startswith("lora_"):
+        allowed = KOHYA_PREFIXES.get(component, ()) if component else tuple(p for v in KOHYA_PREFIXES.values()
+                                                                             for p in v)
+        for prefix in sorted({p for v in KOHYA_PREFIXES.values() for p in v}, key=len, reverse=True):
+            if key.startswith(prefix):
+                if prefix not in allowed:
+                    return False
+                rest = key[len(prefix):]
+                return flat.get(rest) or dotted.get(rest)
+        return None
+    candidates = [key]
+    for prefix in PEFT_PREFIXES:
+        if key.startswith(prefix):
+            candidates.append(key[len(prefix):])
+    for c in candidates:
+        if c in dotted:
+            return dotted[c]
+    return None
+
+
+def merge(
+    base: Weights | Graph,
+    loras: Lora | Sequence[Lora | tuple[Lora, float]],
+    *,
+    graph: Graph | None = None,
+    component: str | None = None,
+    targets: Mapping[str, str] | None = None,
+    strict: bool = True,
+) -> MergedWeights:
+    """Merge one or several LoRAs (each ``(lora, scale)``, or a Lora for scale 1) into ``base``.
+
+    ``base`` is a ``Weights`` or a ``Graph`` (its own initializers). ``graph``
+    tells which weights are stored transposed and lets anonymous initializers
+    be found through node names. ``component`` (``"unet"``, ``"te"``, ``"te1"``,
+    ``"te2"``) keeps only that model's kohya keys; the others are listed as
+    skipped. ``targets`` maps LoRA module keys to initializer names
+    explicitly. With ``strict`` (default) a LoRA key that matches no weight, or
+    whose delta does not fit its weight, raises ``WeightsError`` listing all of them.
+    """
+    if isinstance(base, Graph):
+        graph = graph or base
+        base = Weights.from_graph(base)
+    pairs = [(item, 1.0) if isinstance(item, Lora) else (item[0], float(item[1]))
+             for item in ([loras] if isinstance(loras, Lora) else loras)]
+    names = set(base)
+    dotted, flat = _module_index(names, graph)
+    transposed = _transposed_names(graph)
+    report = LoraReport()
+    deltas: dict[str, list[np.ndarray]] = {}
+    for lora, scale in pairs:
+        for key, layer in lora.layers.items():
+            name = _target(key, lora.format, component, dotted, flat, targets or {})
+            if name is False:
+                report.skipped.append(key)
+                continue
+            if name is None or name not in names:
+                report.unmatched.append(f"{key} ({lora.source})")
+                continue
+            with np.errstate(all="ignore"):
+                raw = layer.delta(scale)
+            if not np.isfinite(raw).all():
+                report.mismatched.append(f"{key}: the LoRA holds NaN/Inf values or overflows float32")
+                continue
+            delta = _fit(raw, tuple(base.ref(name).shape), name in transposed)
+            if delta is None:
+                report.mismatched.append(f"{key}: delta {list(raw.shape)} vs {name} "
+                                         f"{list(base.ref(name).shape)}")
+                continue
+            deltas.setdefault(name, []).append(delta)
+            report.applied.setdefault(name, []).append(key)
+    if strict and (report.unmatched or report.mismatched):
+        err = WeightsError(
+            f"LoRA merge failed: {report}",
+            where=", ".join(lora.source for lora, _ in pairs),
+            fix="pass component='unet' or 'te' to skip other models' keys, map keys to initializer names "
+            "with targets={lora_key: name}, or strict=False to merge what matches",
+        )
+        err.report = report  # type: ignore[attr-defined]
+        raise err
+    for msg in report.unmatched + report.mismatched:
+        log.warning("LoRA key not merged: %s", msg)
+    merged: dict[str, np.ndarray] = {}
+    originals: dict[str, np.ndarray] = {}
+    for name, ds in deltas.items():
+        orig = base[name]
+        if not (orig.dtype.kind == "f" or orig.dtype.name == "bfloat16"):
+            report.mismatched.append(f"{name}: dtype {orig.dtype} cannot take a LoRA")
+            continue
+        originals[name] = np.array(orig, copy=True)
+        acc = np.array(orig, dtype=np.float64 if orig.dtype == np.float64 else np.float32)
+        for d in ds:
+            acc += d
+        merged[name] = acc.astype(orig.dtype)
+    log.info("%s", report)
+    return MergedWeights(base, merged, originals, report)
+
+
+def _fit(delta: np.ndarray, shape: tuple[int, ...], transposed: bool) -> np.ndarray | None:
+    """The delta in the weight's layout, or None when it cannot fit."""
+    if delta.ndim == 2 and len(shape) == 2:
+        if transposed:
+            return delta.T if delta.T.shape == shape else None
+        if delta.shape == shape:
+            return delta
+        return delta.T if delta.T.shape == shape else None  # shape says it is stored [in, out]
+    if delta.shape == shape:
+        return delta
+    if delta.size == int(np.prod(shape)) and (len(shape) == 4 and shape[2:] == (1, 1) or delta.ndim == 4
+                                             and delta.shape[2:] == (1, 1)):
+        return delta.reshape(shape)  # a linear LoRA on a 1x1 conv, or the other way round
+    return None
+
+
+__all__ = ["KOHYA_PREFIXES", "PEFT_PREFIXES", "Lora", "LoraLayer", "LoraReport", "MergedWeights", "merge"]

@@ -1,0 +1,34 @@
+"""``resolve_weights``: a graph plus optional ``Weights`` -> the final array of every initializer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..graph import Graph
+    from .store import Weights
+
+
+def resolve_weights(graph: Graph, weights: Weights | None = None) -> dict[str, np.ndarray]:
+    """Every initializer of ``graph``, by name, mapped to the array a backend compiles with.
+
+    This is the one place where a graph's weights are put together; backends call
+    it in ``compile`` and never merge weights themselves:
+
+    - the graph's own data: inline initializers decoded, external ones mapped from disk;
+    - a stripped graph (``sdrt strip``): its initializers mapped from its ``.safetensors`` file;
+    - ``weights`` (names after its key mapping) override both. They are checked against the
+      graph first: one ``WeightsError`` lists every missing, unexpected and mismatched tensor.
+
+    Initializer names are ONNX names whatever they look like, so torch's anonymous
+    ``onnx::MatMul_1234`` weights (a Linear's weight, stored transposed) resolve like any
+    other: from the graph, from a stripped graph's file, or from weights that name them.
+    A graph whose external data is absent, with no weights naming those tensors, raises a
+    ``ModelError`` naming the tensor and the file it looked for.
+    """
+    given = weights.bind(graph) if weights is not None else {}
+    names = graph.initializer_names
+    own = graph.initializer_arrays([n for n in names if n not in given])
+    return {name: np.asarray(given[name]) if name in given else own[name] for name in names}

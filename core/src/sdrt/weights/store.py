@@ -1,0 +1,346 @@
+"""``Weights``: named tensors from ``.safetensors`` files, opened lazily with mmap.
+
+``Weights.open(path_or_paths, mapping=...)`` reads only the JSON headers.
+``w[name]`` returns a read-only ``np.memmap``-backed array: the operating
+system pages bytes in when they are touched, and nothing is copied into the
+process's memory. (We parse the safetensors header ourselves, ``stfile``,
+instead of using the ``safetensors`` package, whose numpy API reads each
+tensor into a fresh array.)
+
+dtypes: float32, float16, bfloat16 (and float64, float8, integer and bool)
+are supported. numpy has no bfloat16, so a bf16 tensor is returned with the
+``ml_dtypes.bfloat16`` dtype (installed with onnx; zero-copy, exact, and
+``.astype(np.float32)`` upcasts it). ``Weights.open(..., dtype="float32")``
+or ``weights.astype("float16")`` convert every floating tensor on access.
+
+Pickle-based checkpoints (``.ckpt``, ``.pt``, ``.pth``, ``.bin``) are refused:
+loading a pickle can execute arbitrary code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import WeightsError
+from ..formats import sniff
+from ..tensors import TensorInfo
+from . import keymap, stfile
+from .keymap import KeyMap
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..graph import Graph
+
+log = logging.getLogger("sdrt.weights")
+
+PICKLE_SUFFIXES = {".ckpt", ".pt", ".pth", ".bin", ".pkl", ".pickle", ".th"}
+CONVERT_HINT = (
+    "convert it once, in a throwaway environment you trust, with "
+    "`python -c \"import torch, safetensors.torch as st; sd = torch.load('model.ckpt', weights_only=True); "
+    "st.save_file(sd.get('state_dict', sd), 'model.safetensors')\"`, or download the .safetensors version"
+)
+
+PathLike = str | os.PathLike[str]
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """One named tensor and how to get it, without reading it."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    source: str
+    load: Callable[[], np.ndarray] = field(repr=False, compare=False)
+
+
+def _float_kind(dt: np.dtype) -> bool:
+    return dt.kind == "f" or dt.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def _convert(arr: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
+    if dtype is None or arr.dtype == dtype or not _float_kind(arr.dtype):
+        return arr
+    return arr.astype(dtype)
+
+
+def _as_dtype(dtype: Any) -> np.dtype | None:
+    if dtype is None:
+        return None
+    name = getattr(dtype, "name", None) or str(dtype)
+    ml = {"bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+    try:
+        return stfile.st_dtype(ml[name]) if name in ml else np.dtype(dtype)
+    except (TypeError, KeyError) as exc:
+        raise WeightsError(f"unknown dtype {dtype!r}", where="Weights dtype",
+                           fix="use float32, float16 or bfloat16") from exc
+
+
+@dataclass
+class BindReport:
+    """What fits and what does not when binding weights to a graph."""
+
+    graph: str
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def problems(self) -> int:
+        return len(self.missing) + len(self.unexpected) + len(self.mismatched)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.missing:
+            parts.append(f"{len(self.missing)} missing (in the graph, not in the weights): " + ", ".join(self.missing))
+        if self.unexpected:
+            parts.append(f"{len(self.unexpected)} unexpected (in the weights, not in the graph): "
+                         + ", ".join(self.unexpected))
+        if self.mismatched:
+            parts.append(f"{len(self.mismatched)} mismatched: " + "; ".join(self.mismatched))
+        return "; ".join(parts) or "all weights fit"
+
+
+class Weights(Mapping[str, np.ndarray]):
+    """Named tensors, read on access. Build with ``open``, ``from_arrays`` or ``from_graph``."""
+
+    def __init__(self, refs: Mapping[str, TensorRef], *, dtype: Any = None, sources: Iterable[Path] = ()) -> None:
+        self._refs = dict(refs)
+        self.dtype = _as_dtype(dtype)
+        self.sources = list(sources)
+
+    # -- construction ----------------------------------------------------
+    @classmethod
+    def open(cls, paths: PathLike | Iterable[PathLike], mapping: keymap.MappingLike = None, *,
+             dtype: Any = None) -> Weights:
+        """Open one or several ``.safetensors`` files (or a folder of them) lazily.
+
+        ``mapping`` renames checkpoint keys to initializer names: a
+        ``KeyMap``, a dict (explicit map) or a callable.
+        """
+        files = _expand(paths)
+        raw: dict[str, TensorRef] = {}
+        dups: list[str] = []
+        for path in files:
+            entries, _meta = stfile.read_header(path)
+            for name, e in entries.items():
+                if name in raw:
+                    dups.append(f"{name!r} ({raw[name].source} and {path})")
+                raw[name] = TensorRef(name, e.dtype, e.shape, str(path), _mapper(path, e))
+        if dups:
+            raise WeightsError(f"the same tensor name is in several files: {', '.join(dups)}",
+                               where="Weights.open", fix="open the files separately, or drop duplicates")
+        log.debug("opened %d tensors from %d files", len(raw), len(files))
+        return cls(_remap(raw, mapping, "Weights.open"), dtype=dtype, sources=files)
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, Any], mapping: keymap.MappingLike = None, *,
+                    source: str = "<memory>", dtype: Any = None) -> Weights:
+        refs = {}
+        for name, value in arrays.items():
+            arr = np.asarray(value)
+            refs[name] = TensorRef(name, arr.dtype, tuple(arr.shape), source, (lambda a=arr: a))
+        return cls(_remap(refs, mapping, source), dtype=dtype)
+
+    @classmethod
+    def from_graph(cls, graph: Graph) -> Weights:
+        """The graph's own initializers (external ones mapped lazily, not copied)."""
+        infos = graph.initializer_info()
+        refs = {}
+        for t in graph.model.graph.initializer:
+            info = infos[t.name]
+            refs[t.name] = TensorRef(t.name, _as_dtype(info.dtype), tuple(int(d) for d in t.dims), graph.name,
+                                     (lambda t=t: graph.tensor_array(t)))
+        return cls(refs)
+
+    # -- access ------------------------------------------------------------
+    def __getitem__(self, name: str) -> np.ndarray:
+        ref = self._refs.get(name)
+        if ref is None:
+            raise KeyError(name)
+        return _convert(ref.load(), self.dtype)
+
+    def get_array(self, name: str, dtype: Any = None) -> np.ndarray:
+        """``w[name]``, converted to ``dtype`` when given (floating tensors only)."""
+        if name not in self._refs:
+            raise WeightsError(f"no tensor named {name!r}", where=self._where(), fix="see weights.keys()")
+        return _convert(self[name], _as_dtype(dtype))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._refs)
+
+    def __len__(self) -> int:
+        return len(self._refs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._refs
+
+    def info(self, name: str) -> TensorInfo:
+        ref = self._refs[name]
+        dt = self.dtype if self.dtype is not None and _float_kind(ref.dtype) else ref.dtype
+        return TensorInfo(name, dt.name, ref.shape)
+
+    def ref(self, name: str) -> TensorRef:
+        return self._refs[name]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(np.prod(r.shape)) * r.dtype.itemsize for r in self._refs.values())
+
+    def _where(self) -> str:
+        return ", ".join(str(s) for s in self.sources) or "<weights>"
+
+    # -- derived weights ----------------------------------------------------
+    def astype(self, dtype: Any) -> Weights:
+        """The same tensors, floating ones converted to ``dtype`` on access."""
+        return Weights(self._refs, dtype=dtype, sources=self.sources)
+
+    def renamed(self, mapping: keymap.MappingLike) -> Weights:
+        return Weights(_remap(self._refs, mapping, self._where()), dtype=self.dtype, sources=self.sources)
+
+    def replaced(self, arrays: Mapping[str, np.ndarray]) -> Weights:
+        """A copy where the named tensors are replaced (or added) by ``arrays``."""
+        refs = dict(self._refs)
+        for name, value in arrays.items():
+            arr = np.asarray(value)
+            refs[name] = TensorRef(name, arr.dtype, tuple(arr.shape), "<replaced>", (lambda a=arr: a))
+        return Weights(refs, dtype=self.dtype, sources=self.sources)
+
+    def save(self, path: PathLike, metadata: Mapping[str, str] | None = None) -> Path:
+        """Write every tensor to one ``.safetensors`` file (streamed tensor by tensor)."""
+        stfile.write(path, ((name, self[name]) for name in self), metadata)
+        return Path(path)
+
+    # -- binding ------------------------------------------------------------
+    def check(self, graph: Graph, *, convert: bool = False) -> BindReport:
+        """Compare these weights with the graph's initializers; raise nothing."""
+        infos = graph.initializer_info()
+        rec = graph.folded_initializers()
+        derived, consumed = set(rec["added"]), set(rec["removed"])
+        report = BindReport(graph.name)
+        report.missing = [n for n in infos if n not in self._refs and n not in derived]
+        report.unexpected = [k for k in self._refs if k not in infos and k not in consumed]
+        for name, want in infos.items():
+            if name not in self._refs:
+                continue
+            have = self.info(name)
+            same_dtype = have.dtype == want.dtype or (
+                convert and _float_kind(self._refs[name].dtype) and _is_float_name(want.dtype))
+            if tuple(have.shape) != tuple(want.shape) or not same_dtype:
+                report.mismatched.append(
+                    f"{name}: weights {have.dtype}{list(have.shape)} vs graph {want.dtype}{list(want.shape)}")
+        return report
+
+    def bind(self, graph: Graph | None, *, strict: bool = True, convert: bool = False) -> dict[str, np.ndarray]:
+        """``{initializer name: array}`` for the graph, or a ``WeightsError`` listing every problem.
+
+        ``strict=False`` tolerates unexpected keys (ignored) and missing names
+        for which the graph holds its own data. ``convert=True`` converts
+        floating tensors to the graph's dtype instead of reporting a mismatch.
+        ``graph=None`` checks nothing and returns every tensor by name.
+        """
+        if graph is None:
+            return {name: self[name] for name in self._refs}
+        report = self.check(graph, convert=convert)
+        if not strict:
+            report.unexpected = []
+            report.missing = [n for n in report.missing if not graph.has_data(n)]
+        if not report.ok:
+            err = WeightsError(
+                f"the weights do not fit graph {graph.name}: {report}",
+                where=f"{self._where()} -> {graph.name}",
+                fix="map checkpoint keys to initializer names with Weights.open(..., mapping=KeyMap(...)); "
+                "pass convert=True for dtype differences; see docs/graphs-and-weights.md",
+            )
+            err.report = report  # type: ignore[attr-defined]
+            raise err
+        infos = graph.initializer_info()
+        out: dict[str, np.ndarray] = {}
+        for name, want in infos.items():
+            if name in self._refs:
+                arr = self[name]
+                out[name] = _convert(arr, _as_dtype(want.dtype)) if convert else arr
+        return out
+
+    def __repr__(self) -> str:
+        return f"Weights({len(self)} tensors, {self.nbytes / 2**20:.1f} MiB, from {self._where()})"
+
+
+def _is_float_name(name: str) -> bool:
+    return name.startswith("float") or name == "bfloat16"
+
+
+def _mapper(path: Path, entry: stfile.Entry) -> Callable[[], np.ndarray]:
+    return lambda: stfile.map_entry(path, entry)
+
+
+def _remap(refs: Mapping[str, TensorRef], mapping: keymap.MappingLike, where: str) -> dict[str, TensorRef]:
+    if mapping is None:
+        return dict(refs)
+    targets = keymap.apply(refs, mapping, where)
+    return {t: TensorRef(t, refs[k].dtype, refs[k].shape, refs[k].source, refs[k].load) for t, k in targets.items()}
+
+
+def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not items:
+        raise WeightsError("no weights files given", where="Weights.open", fix="pass a .safetensors path")
+    files: list[Path] = []
+    for item in items:
+        p = Path(item)
+        try:
+            p.is_dir() and p.is_file()
+        except OSError as exc:  # name too long, permission denied on a parent
+            raise WeightsError(f"cannot access the weights path ({exc.strerror or exc})", where=str(p)[:300],
+                               fix="check the path") from exc
+        if p.is_dir():
+            found = sorted(p.glob("*.safetensors"))
+            if not found:
+                raise WeightsError("the folder holds no .safetensors files", where=str(p),
+                                   fix="pass the .safetensors file(s) directly")
+            files.extend(found)
+            continue
+        refuse_unsafe(p)
+        if not p.is_file():
+            raise WeightsError("the weights file does not exist", where=str(p), fix="check the path")
+        files.append(p)
+    return files
+
+
+def refuse_unsafe(p: Path) -> None:
+    """Refuse pickle checkpoints by name and by content, and files that are not safetensors."""
+    if p.suffix.lower() in PICKLE_SUFFIXES:
+        raise WeightsError(
+            f"refusing to load {p.name}: {p.suffix} checkpoints are Python pickles, and loading a pickle can "
+            "execute arbitrary code",
+            where=str(p), fix=CONVERT_HINT,
+        )
+    if not p.is_file():
+        return
+    try:
+        with open(p, "rb") as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise WeightsError(f"cannot read the file ({exc.strerror or exc})", where=str(p),
+                           fix="check permissions") from exc
+    kind = sniff(head)
+    if kind is not None and "pickle" in kind:
+        raise WeightsError(
+            f"refusing to load {p.name}: it is {kind}, whatever its name; loading a pickle can execute arbitrary code",
+            where=str(p), fix=CONVERT_HINT,
+        )
+    if p.suffix.lower() == ".onnx":
+        raise WeightsError("this is an ONNX graph, not a weights file", where=str(p),
+                           fix="pass it as the model; weights come from .safetensors files")
+
+
+__all__ = ["BindReport", "KeyMap", "TensorRef", "Weights", "refuse_unsafe"]

@@ -1,0 +1,134 @@
+"""Device discovery and opening: ggml's backend registry -> sdrt ``Device`` records and live handles."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from sdrt import Device
+from sdrt.errors import BackendUnavailable, SdrtError
+
+from .ops._common import ggml_lib
+
+log = logging.getLogger("sdrt.ggml.devices")
+
+_KIND = {0: "cpu", 1: "gpu", 2: "gpu"}
+
+
+def import_ggml() -> Any:
+    """The ggml bindings, or ``BackendUnavailable`` saying how to install them."""
+    try:
+        return ggml_lib()
+    except (ImportError, OSError, RuntimeError) as exc:
+        raise BackendUnavailable(
+            f"ggml-python cannot be imported: {exc}",
+            where="import ggml",
+            fix="pip install ggml-python (it builds ggml from source: a C/C++ compiler and cmake are needed)",
+        ) from exc
+
+
+def list_devices() -> list[Device]:
+    """Every CPU/GPU device the ggml build registered (accelerators such as BLAS are used with the CPU)."""
+    lib = import_ggml()
+    out: list[Device] = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        kind = _KIND.get(int(lib.ggml_backend_dev_type(dev)))
+        if kind is None:
+            continue
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        name = lib.ggml_backend_dev_name(dev).decode()
+        reg = lib.ggml_backend_dev_backend_reg(dev)
+        props: dict[str, Any] = {"ggml_backend": lib.ggml_backend_reg_name(reg).decode() if reg else "",
+                                 "free_bytes": int(free.value)}
+        description = lib.ggml_backend_dev_description(dev).decode()
+        if kind == "cpu":
+            props["tinyblas"] = bool(lib.ggml_cpu_has_llamafile())
+            # what `sdrt info` prints: whether this ggml build has the fast float32 GEMM
+            description += ", tinyBLAS GEMM" if props["tinyblas"] else ", no tinyBLAS: slow build (see sdrt-ggml's README)"
+        out.append(Device(
+            backend="ggml", id=name, name=description, kind=kind,
+            memory_bytes=int(total.value) or None, properties=props,
+        ))
+    return out
+
+
+@dataclass
+class DeviceHandles:
+    """The ggml backends a session computes on: the device's, a CPU fallback for GPUs, accelerators."""
+
+    name: str
+    backend: Any
+    is_cpu: bool
+    cpu: Any = None
+    accel: list[Any] = field(default_factory=list)
+
+    def free(self) -> None:
+        lib = ggml_lib()
+        for be in [*self.accel, self.cpu, self.backend]:
+            if be:
+                lib.ggml_backend_free(be)
+        self.accel, self.cpu, self.backend = [], None, None
+
+
+def open_device(name: str, threads: int, *, accel: bool = False) -> DeviceHandles:
+    """Initialize ggml device ``name`` (and a CPU backend next to a GPU)."""
+    lib = import_ggml()
+    dev = lib.ggml_backend_dev_by_name(name.encode())
+    if not dev:
+        raise SdrtError(f"ggml device {name!r} is not available", where="ggml backend registry",
+                        fix="list devices with sdrt info, or rebuild ggml-python with that backend")
+    backend = lib.ggml_backend_dev_init(dev, None)
+    if not backend:
+        raise SdrtError(f"ggml could not initialize device {name!r}", where="ggml_backend_dev_init",
+                        fix="check the device's driver, or use device='CPU'")
+    handles = DeviceHandles(name, backend, bool(lib.ggml_backend_is_cpu(backend)))
+    if handles.is_cpu:
+        lib.ggml_backend_cpu_set_n_threads(backend, threads)
+        # off by default: slower than ggml's own kernels here (docs/ggml.md, "GPUs")
+        if accel:
+            handles.accel = _open_accelerators(threads)
+    else:
+        handles.cpu = lib.ggml_backend_cpu_init()
+        lib.ggml_backend_cpu_set_n_threads(handles.cpu, threads)
+    return handles
+
+
+def _open_accelerators(threads: int) -> list[Any]:
+    """Accelerator backends built into ggml (BLAS, AMX...): they take the ops they support, the
+    CPU the rest, through ggml's scheduler."""
+    lib = ggml_lib()
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if int(lib.ggml_backend_dev_type(dev)) != lib.GGML_BACKEND_DEVICE_TYPE_ACCEL:
+            continue
+        be = lib.ggml_backend_dev_init(dev, None)
+        if not be:
+            continue
+        if lib.ggml_backend_dev_name(dev).decode().upper().startswith("BLAS"):
+            try:
+                lib.ggml_backend_blas_set_n_threads(be, threads)
+            except (AttributeError, RuntimeError):  # bindings built without BLAS
+                pass
+        out.append(be)
+    return out
+
+
+def supports_flash_attn(handles: DeviceHandles) -> bool:
+    """Whether this device runs ggml_flash_attn_ext on float32 tensors (probed on a tiny graph)."""
+    if handles.is_cpu:
+        return True
+    lib = ggml_lib()
+    ctx = lib.ggml_init(lib.ggml_init_params(mem_size=16 * lib.ggml_tensor_overhead() + 4096, mem_buffer=None,
+                                             no_alloc=True))
+    try:
+        q = lib.ggml_new_tensor_4d(ctx, lib.GGML_TYPE_F32, 64, 8, 1, 1)
+        k = lib.ggml_new_tensor_4d(ctx, lib.GGML_TYPE_F32, 64, 8, 1, 1)
+        y = lib.ggml_flash_attn_ext(ctx, q, k, k, None, 1.0, 0.0, 0.0)
+        return bool(lib.ggml_backend_supports_op(handles.backend, y))
+    finally:
+        lib.ggml_free(ctx)

@@ -1,0 +1,82 @@
+"""Conv strategies on ggml's own kernels: the 1x1 GEMM in both layouts, im2col (or direct) + GEMM,
+and the depthwise kernel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._common import GTensor, ggml_lib
+from .conv_layout import channels_last
+
+
+def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int, int, int, int], kp: int) -> GTensor:
+    """1x1 conv at batch 1 in both layouts from one column matrix (ggml computes the one used).
+
+    The column matrix of a 1x1 conv is the input channels-last: taken as is when the
+    producer made it, else one transpose copy. NCHW comes out of the product
+    one way round, channels-last the other.
+    """
+    g = ggml_lib()
+    _, oc, oh, ow = out_shape
+    c = x.shape[1]
+    w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, kp, oc)
+    if x.cl is not None:
+        col = g.ggml_reshape_2d(lowering.ctx, x.cl, c, ow * oh)
+    else:
+        col = g.ggml_reshape_2d(lowering.ctx, channels_last(lowering, x.ptr), c, ow * oh)  # = im2col of a 1x1 conv
+    if kp != c:
+        col = g.ggml_pad(lowering.ctx, col, kp - c, 0, 0, 0)
+    nchw = g.ggml_reshape_4d(lowering.ctx, g.ggml_mul_mat(lowering.ctx, col, w2), ow, oh, oc, 1)
+    cl = g.ggml_reshape_4d(lowering.ctx, g.ggml_mul_mat(lowering.ctx, w2, col), oc, ow, oh, 1)
+    return GTensor(nchw, out_shape, cl=cl)
+
+
+def conv_depthwise(lowering: Any, x: GTensor, w: np.ndarray | GTensor, wt: GTensor | None, strides: list[int], dil: list[int], ph: int, pw: int,
+                    out_shape: tuple[int, int, int, int]) -> GTensor:
+    """Depthwise conv. ggml's kernel is vectorized over channels only when channels are the
+    innermost dim in memory, so the input is laid out channels-last first (one copy) and
+    the result copied back to NCHW, unless ``dw_layout="nchw"``."""
+    g = ggml_lib()
+    args = (strides[1], strides[0], pw, ph, dil[1], dil[0])
+    # ggml's channels-last kernel needs strides nb[1] > nb[0] > nb[2] (W > 1 and C > 1), else it aborts
+    cl_ok = x.shape[1] > 1 and x.shape[3] > 1
+    if lowering.options.get("dw_layout", "nhwc") == "nchw" or not isinstance(w, np.ndarray) or not cl_ok:
+        wt = wt or lowering.const(w)
+        return GTensor(g.ggml_conv_2d_dw_direct(lowering.ctx, wt.ptr, x.ptr, *args), out_shape)
+    # kernel as (KH, KW, 1, C) memory, viewed with ne (KW, KH, 1, C): channels innermost
+    kc = lowering.const(w, transform=lambda a: np.ascontiguousarray(a[:, 0].transpose(1, 2, 0))[:, :, None, :], tag="hwc")
+    kv = g.ggml_permute(lowering.ctx, kc.ptr, 3, 2, 0, 1)
+    xc = x.cl if x.cl is not None else channels_last(lowering, x.ptr)  # memory (N, H, W, C)
+    xv = g.ggml_permute(lowering.ctx, xc, 2, 0, 1, 3)  # ne (W, H, C, N) over channels-last memory
+    y = g.ggml_conv_2d_dw_direct(lowering.ctx, kv, xv, *args)
+    cl = g.ggml_permute(lowering.ctx, y, 1, 2, 0, 3) if out_shape[0] == 1 and lowering.options.get("layouts", True) else None
+    return GTensor(g.ggml_cont(lowering.ctx, y), out_shape, cl=cl)
+
+
+def conv_dense(lowering: Any, x: GTensor, wt: GTensor, strides: list[int], dil: list[int], ph: int, pw: int,
+                out_shape: tuple[int, int, int, int]) -> GTensor:
+    g = ggml_lib()
+    n, oc, oh, ow = out_shape
+    if lowering.options.get("conv_impl", "auto") == "direct":
+        return GTensor(g.ggml_conv_2d_direct(lowering.ctx, wt.ptr, x.ptr, strides[1], strides[0], pw, ph, dil[1], dil[0]),
+                 out_shape)
+    kdim = wt.shape[1] * wt.shape[2] * wt.shape[3]
+    col = g.ggml_im2col(lowering.ctx, wt.ptr, x.ptr, strides[1], strides[0], pw, ph, dil[1], dil[0], True,
+                        g.GGML_TYPE_F32)  # ne: [K, OW, OH, N]
+    col2 = g.ggml_reshape_2d(lowering.ctx, col, kdim, ow * oh * n)
+    w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, kdim, oc)
+    impl = lowering.options.get("conv_impl", "auto")
+    if impl in ("im2col", "auto") and (ow * oh * n) % 4 and oc % 4 == 0:
+        impl = "im2col_nhwc"  # the GEMM's fast path needs its first operand's rows to be a multiple of 4
+    if impl == "im2col_nhwc":
+        y = g.ggml_mul_mat(lowering.ctx, w2, col2)  # ne: [OC, OW*OH*N]: channels-last, then one transpose copy
+        y = g.ggml_cont(lowering.ctx, g.ggml_transpose(lowering.ctx, y))
+    else:
+        y = g.ggml_mul_mat(lowering.ctx, col2, w2)  # ne: [OW*OH*N, OC]
+    if n == 1:
+        return GTensor(g.ggml_reshape_4d(lowering.ctx, y, ow, oh, oc, 1), out_shape)
+    y = g.ggml_reshape_4d(lowering.ctx, y, ow, oh, n, oc)
+    y = g.ggml_cont(lowering.ctx, g.ggml_permute(lowering.ctx, y, 0, 1, 3, 2))
+    return GTensor(y, out_shape)

@@ -1,0 +1,237 @@
+"""Rewrites that reach ggml's fused kernels, matched while lowering.
+
+Each rewrite is anchored at the *last* node of its pattern. When the anchor is
+lowered, the matcher looks back through the producers; if the pattern holds
+it emits the fused op from the pattern's original inputs. The ops already
+emitted for the unfused intermediates stay unreferenced, and ggml only
+computes what the outputs depend on, so they cost nothing. An intermediate
+used elsewhere is still computed for that use, so a match is always correct.
+
+- ``gelu``: x * 0.5 * (1 + erf(x / sqrt 2)) -> ggml_gelu_erf (always on: ggml has no erf kernel)
+- ``silu``: x * sigmoid(x) -> ggml_silu, and x * sigmoid(1.702 x) (quick GELU) -> silu(1.702 x) / 1.702
+- ``attention``: softmax(Q K^T * s [+ mask]) V -> ggml_flash_attn_ext
+- ``groupnorm``: Reshape(N, G, -1) -> InstanceNormalization -> Reshape -> ggml_group_norm
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .ops._common import GTensor, Value, aligned, attrs, cont, ggml_lib, pad_k, permute, scalar_of, want_pad
+
+Matcher = Callable[[Any, Any], "list[Value] | None"]
+#: anchor op type -> [(rewrite name, matcher)]
+REWRITES: dict[str, list[tuple[str, Matcher]]] = {}
+#: rewrites that can be switched off (``rewrites=`` option); gelu is needed for correctness
+OPTIONAL = ("silu", "attention", "groupnorm")
+
+
+def rewrite(name: str, anchor: str) -> Callable[[Matcher], Matcher]:
+    def deco(fn: Matcher) -> Matcher:
+        REWRITES.setdefault(anchor, []).append((name, fn))
+        return fn
+
+    return deco
+
+
+def _close(v: float | None, want: float, tol: float = 1e-3) -> bool:
+    return v is not None and abs(v - want) <= tol * abs(want)
+
+
+def _mul_factors(lowering: Any, name: str, depth: int = 2) -> list[str]:
+    """Flatten a tree of Mul nodes (single-use intermediates) into factor value names."""
+    node = lowering.producer(name)
+    if depth and node is not None and node.op_type == "Mul" and lowering.n_uses(name) <= 1:
+        return _mul_factors(lowering, node.input[0], depth - 1) + _mul_factors(lowering, node.input[1], depth - 1)
+    return [name]
+
+
+def _erf_arg(lowering: Any, name: str) -> str | None:
+    """x when ``name`` is 1 + erf(x / sqrt 2) (or erf(x * 1/sqrt 2) + 1)."""
+    add = lowering.producer(name)
+    if add is None or add.op_type != "Add":
+        return None
+    for i in (0, 1):
+        if _close(scalar_of(lowering.values.get(add.input[1 - i])), 1.0, 1e-6):
+            erf = lowering.producer(add.input[i])
+            if erf is None or erf.op_type != "Erf":
+                return None
+            scale = lowering.producer(erf.input[0])
+            if scale is None:
+                return None
+            c = scalar_of(lowering.values.get(scale.input[1]))
+            if scale.op_type == "Div" and _close(c, float(np.sqrt(2.0)), 1e-4):
+                return str(scale.input[0])
+            if scale.op_type == "Mul" and _close(c, float(1 / np.sqrt(2.0)), 1e-4):
+                return str(scale.input[0])
+    return None
+
+
+@rewrite("gelu", "Mul")
+def match_gelu(lowering: Any, node: Any) -> list[Value] | None:
+    factors = _mul_factors(lowering, node.input[0]) + _mul_factors(lowering, node.input[1])
+    consts = [f for f in factors if isinstance(lowering.values.get(f), np.ndarray)]
+    runtime = [f for f in factors if f not in consts]
+    if len(consts) != 1 or len(runtime) != 2 or not _close(scalar_of(lowering.values[consts[0]]), 0.5, 1e-6):
+        return None
+    for i in (0, 1):
+        x = _erf_arg(lowering, runtime[i])
+        if x is not None and x == runtime[1 - i]:
+            xv = lowering.values[x]
+            if not isinstance(xv, GTensor):
+                return None
+            xv = cont(lowering, xv)
+            return [GTensor(ggml_lib().ggml_gelu_erf(lowering.ctx, xv.ptr), xv.shape)]
+    return None
+
+
+@rewrite("silu", "Mul")
+def match_silu(lowering: Any, node: Any) -> list[Value] | None:
+    """x * sigmoid(x) -> silu(x); x * sigmoid(c*x) (CLIP's quick GELU) -> silu(c*x) / c."""
+    g = ggml_lib()
+    for i in (0, 1):
+        sig = lowering.producer(node.input[1 - i])
+        if sig is None or sig.op_type != "Sigmoid":
+            continue
+        x = lowering.values[node.input[i]]
+        if not isinstance(x, GTensor) or x.dtype != "float32":
+            continue
+        if sig.input[0] == node.input[i]:
+            x = cont(lowering, x)
+            return [GTensor(g.ggml_silu(lowering.ctx, x.ptr), x.shape)]
+        src, c = _unscale(lowering, sig.input[0])
+        if src == node.input[i] and c not in (0.0, 1.0):
+            x = cont(lowering, x)
+            y = g.ggml_silu(lowering.ctx, g.ggml_scale(lowering.ctx, x.ptr, c))
+            return [GTensor(g.ggml_scale(lowering.ctx, y, 1.0 / c), x.shape)]
+    return None
+
+
+def _unscale(lowering: Any, name: str) -> tuple[str, float]:
+    """Strip a Mul/Div by a constant scalar: (source name, factor)."""
+    node = lowering.producer(name)
+    if node is not None and node.op_type in ("Mul", "Div"):
+        for i in (0, 1):
+            c = scalar_of(lowering.values.get(node.input[1 - i]))
+            if c is not None and isinstance(lowering.values.get(node.input[i]), GTensor):
+                if node.op_type == "Div":
+                    if i == 0 and c != 0:
+                        return str(node.input[0]), 1.0 / c
+                    continue
+                return str(node.input[i]), c
+    return name, 1.0
+
+
+def _mask_f16(mask: np.ndarray, n_q: int, n_kv: int) -> np.ndarray | None:
+    """The additive mask as (n_q, n_kv) float16, when it is exact in float16 and per (q, kv) only."""
+    m = np.asarray(mask, dtype=np.float32)
+    if m.ndim > 2 and any(d != 1 for d in m.shape[:-2]):
+        return None
+    m = np.broadcast_to(m.reshape(m.shape[-2:] if m.ndim >= 2 else (1,) + m.shape), (n_q, n_kv))
+    m = np.where(m <= -65504.0, -np.inf, m)  # e.g. finfo(float32).min: exp() of it is 0 either way
+    finite = np.isfinite(m)
+    if np.any(finite & (m != 0)) and not np.all(m[finite] == m[finite].astype(np.float16).astype(np.float32)):
+        return None
+    return np.ascontiguousarray(np.where(finite, m, -np.inf).astype(np.float16))
+
+
+@rewrite("attention", "MatMul")
+def match_attention(lowering: Any, node: Any) -> list[Value] | None:
+    if not lowering.supports_flash_attn:
+        return None
+    sm = lowering.producer(node.input[0])
+    v = lowering.values.get(node.input[1])
+    if sm is None or sm.op_type != "Softmax" or not isinstance(v, GTensor) or v.rank not in (3, 4):
+        return None
+    if int(attrs(sm).get("axis", -1)) not in (-1, v.rank - 1):
+        return None
+    scores, scale = _unscale(lowering, sm.input[0])
+    mask = None
+    add = lowering.producer(scores)
+    if add is not None and add.op_type == "Add":
+        for i in (0, 1):
+            if isinstance(lowering.values.get(add.input[1 - i]), np.ndarray):
+                mask, scores = lowering.values[add.input[1 - i]], add.input[i]
+                break
+        scores, s2 = _unscale(lowering, scores)
+        scale *= s2
+    qk = lowering.producer(scores)
+    if qk is None or qk.op_type != "MatMul":
+        return None
+    qname, sq = _unscale(lowering, qk.input[0])
+    ktname, sk = _unscale(lowering, qk.input[1])
+    scale *= sq * sk
+    q, kt = lowering.values.get(qname), lowering.values.get(ktname)
+    if not isinstance(q, GTensor) or not isinstance(kt, GTensor) or q.rank != v.rank or kt.rank != v.rank:
+        return None
+    perm = list(range(v.rank))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    k = permute(lowering, kt, perm)
+    n_q, d = q.shape[-2], q.shape[-1]
+    n_kv = k.shape[-2]
+    if k.shape[-1] != d or v.shape[-2] != n_kv or q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
+        return None
+    g = ggml_lib()
+    mask_t = None
+    if mask is not None:
+        m16 = _mask_f16(mask, n_q, n_kv)
+        if m16 is None:
+            return None
+        mask_t = lowering.const(m16, dtype="float16", tag="fa_mask").ptr
+    dv = v.shape[-1]
+    # ggml's tiled (vectorised) CPU kernel needs head dims that are a multiple of the SIMD
+    # width; zero padding keeps every dot product and weighted sum the same
+    dp = aligned(d) if want_pad(lowering, d) else d
+    dvp = aligned(dv) if want_pad(lowering, dv) else dv
+    q4, k4 = (pad_k(lowering, cont(lowering, t), dp) for t in (q, k))
+    v4 = pad_k(lowering, cont(lowering, v), dvp)
+    y = g.ggml_flash_attn_ext(lowering.ctx, q4.ptr, k4.ptr, v4.ptr, mask_t, float(scale), 0.0, 0.0)
+    g.ggml_flash_attn_ext_set_prec(y, g.GGML_PREC_F32)
+    if dvp != dv:
+        nb = y.contents.nb
+        y = g.ggml_view_4d(lowering.ctx, y, dv, y.contents.ne[1], y.contents.ne[2], y.contents.ne[3],
+                           nb[1], nb[2], nb[3], 0)
+    if v.rank == 4:
+        b, h = q.shape[0], q.shape[1]
+        out = GTensor(y, (b, n_q, h, dv))  # ggml result: ne (Dv, H, n_q, B)
+        return [permute(lowering, out, [0, 2, 1, 3])]
+    bh = q.shape[0]
+    out = GTensor(y, (n_q, bh, dv))
+    return [permute(lowering, out, [1, 0, 2])]
+
+
+@rewrite("groupnorm", "Reshape")
+def match_group_norm(lowering: Any, node: Any) -> list[Value] | None:
+    from .ops.op_norm import group_norm
+
+    inorm = lowering.producer(node.input[0])
+    if inorm is None or inorm.op_type != "InstanceNormalization":
+        return None
+    pre = lowering.producer(inorm.input[0])
+    if pre is None or pre.op_type != "Reshape":
+        return None
+    x = lowering.values.get(pre.input[0])
+    grouped = lowering.values.get(inorm.input[0])
+    scale, bias = lowering.values.get(inorm.input[1]), lowering.values.get(inorm.input[2])
+    if not isinstance(x, GTensor) or not isinstance(grouped, GTensor) or x.rank < 3 or grouped.rank != 3:
+        return None
+    if not isinstance(scale, np.ndarray) or not isinstance(bias, np.ndarray):
+        return None
+    if not (np.all(scale == 1) and not np.any(bias)):
+        return None
+    n, groups = grouped.shape[0], grouped.shape[1]
+    if n != x.shape[0] or x.shape[1] % groups:
+        return None
+    target = lowering.values.get(node.input[1])
+    if not isinstance(target, np.ndarray):
+        return None
+    want = [x.shape[i] if (d == 0) else int(d) for i, d in enumerate(target.reshape(-1))]
+    if -1 in want:
+        want[want.index(-1)] = x.size // max(1, int(np.prod([w for w in want if w != -1])))
+    if tuple(want) != x.shape:
+        return None
+    eps = float(attrs(inorm).get("epsilon", 1e-5))
+    return [group_norm(lowering, x, groups, eps, None, None)]

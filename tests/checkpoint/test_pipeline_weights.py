@@ -1,0 +1,150 @@
+"""The pipeline with a checkpoint, LoRAs and embeddings: pipe.load_weights / set_loras / add_embedding.
+
+tests/data/ckpt/pipe-sd15 holds an LDM checkpoint, a kohya LoRA and an A1111 embedding for the pipe
+helper's tiny-sd15 folder, and the images diffusers' own StableDiffusionPipeline makes with them
+(single-file loader, load_lora_weights + fuse_lora(0.7), load_textual_inversion), Euler, 8 steps, 64x64.
+
+Tolerance: the weights themselves are checked exactly in test_single_file.py; whole images go through
+8 sampler steps with CFG 7 on a random-weight model, which amplifies float32 rounding, and the
+pipeline's own images differ from diffusers' by up to a mean of ~4.4 levels on this folder. So an image is
+"equal" here when its mean absolute difference to diffusers' is below 24 levels (of 255) while the
+export's own weights give a mean difference above 40.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import DATA, PIPE_FOLDER
+
+from sdrt import pipelines
+from sdrt.errors import WeightsError
+
+D = DATA / "pipe-sd15"
+CASES = json.loads((D / "cases.json").read_text())
+CASE = CASES["case"]
+KW = dict(steps=CASE["steps"], cfg=CASE["cfg"], sampler=CASE["sampler"], seed=CASE["seed"], width=CASE["width"],
+          height=CASE["height"])
+MEAN_TOL = 24
+QUICK = dict(KW, steps=2)  # for tests that compare sdrt with itself
+
+
+def _mean_diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.int32) - b.astype(np.int32)).mean())
+
+
+@pytest.fixture
+def pipe():
+    with pipelines.load(PIPE_FOLDER, backend="openvino") as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def refs():
+    return dict(np.load(D / "refs.npz"))
+
+
+def test_checkpoint_swap_matches_diffusers_without_recompiling(pipe, refs):
+    base = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+    sessions = {name: dict(part.sessions) for name, part in pipe.parts.items()}
+    pipe.load_weights(D / "custom.safetensors")
+    img = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+    for name, part in pipe.parts.items():  # the same compiled sessions, rebound
+        for key, sess in sessions[name].items():
+            assert part.sessions[key] is sess
+    assert _mean_diff(base, refs["ckpt"]) > 40
+    assert _mean_diff(img, refs["ckpt"]) < MEAN_TOL
+
+
+def test_prompt_lora_tag_matches_diffusers_and_unapplies_bit_for_bit(pipe, refs):
+    pipe.load_weights(D / "custom.safetensors")
+    pipe.weights.lora_dir = D
+    plain = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+    unet_before = {k: np.array(pipe.unet.weights[k]) for k in pipe.weights.base["unet"]}
+    gen = pipe.generate(CASES["lora_prompt"], CASE["negative_prompt"], **KW)
+    assert _mean_diff(gen.images[0], refs["lora"]) < MEAN_TOL
+    assert _mean_diff(plain, refs["lora"]) > 40
+    assert "tinylora: " in str(gen.settings[0]["Lora hashes"])
+    again = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]  # no tag: the LoRA is removed
+    assert again.tobytes() == plain.tobytes()
+    bound = pipe.unet.weights
+    for name, arr in unet_before.items():
+        assert np.asarray(bound[name]).tobytes() == arr.tobytes()
+
+
+def test_explicit_loras_with_scales(pipe):
+    pipe.set_loras([(D / "tinylora.safetensors", 0.7)])
+    a = pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
+    pipe.set_loras([(D / "tinylora.safetensors", 0.35), (D / "tinylora.safetensors", 0.35)])
+    b = pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
+    assert _mean_diff(a, b) < 2  # two halves merge to the same weights (float32 rounding aside)
+    pipe.set_loras([])
+    assert not pipe.weights.loras
+
+
+def test_missing_lora_name_is_refused_before_anything_changes(pipe):
+    pipe.weights.lora_dir = D
+    before = pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
+    with pytest.raises(WeightsError, match="no LoRA named 'nosuch'"):
+        pipe(CASE["prompt"] + " <lora:nosuch:1>", CASE["negative_prompt"], **QUICK)
+    assert pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0].tobytes() == before.tobytes()
+
+
+def test_lora_tag_without_a_lora_folder_is_refused(pipe):
+    with pytest.raises(WeightsError, match="no LoRA folder"):
+        pipe(CASE["prompt"] + " <lora:tinylora:1>", CASE["negative_prompt"], **QUICK)
+
+
+def test_embedding_by_name_in_the_prompt_matches_diffusers(pipe, refs):
+    pipe.load_weights(D / "custom.safetensors")
+    pipe.add_embedding(D / "tinyemb.safetensors")
+    gen = pipe.generate(CASES["emb_prompt"], CASE["negative_prompt"], **KW)
+    assert _mean_diff(gen.images[0], refs["emb"]) < MEAN_TOL
+    assert "tinyemb: " in str(gen.settings[0]["TI hashes"])
+    assert gen.settings[0]["Model"] == "custom" and len(str(gen.settings[0]["Model hash"])) == 10
+    # a checkpoint loaded after the embedding keeps it
+    pipe.load_weights(D / "custom.safetensors")
+    again = pipe.generate(CASES["emb_prompt"], CASE["negative_prompt"], **KW).images[0]
+    assert again.tobytes() == gen.images[0].tobytes()
+
+
+def test_other_architecture_checkpoint_is_refused_and_nothing_changes(pipe):
+    before = pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
+    with pytest.raises(WeightsError, match="looks like SDXL base"):
+        pipe.load_weights(DATA / "sdxl" / "ldm.safetensors")
+    assert pipe(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0].tobytes() == before.tobytes()
+
+
+def test_low_memory_mode_frees_parts_and_gives_the_same_image(refs):
+    with pipelines.load(PIPE_FOLDER, backend="openvino") as normal:
+        normal.load_weights(D / "custom.safetensors")
+        want = normal(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
+    with pipelines.load(PIPE_FOLDER, backend="openvino", low_memory=True) as low:
+        low.load_weights(D / "custom.safetensors")
+        got = low(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0]
+        assert all(not part.sessions for part in low.parts.values())
+        assert low.unet._graph is None and low.unet.weights is None  # graph and weights dropped, not held
+        assert got.tobytes() == want.tobytes()
+        low.set_loras([(D / "tinylora.safetensors", 0.7)])  # reloads, binds, and frees again
+        low.set_loras([])
+        assert low(CASE["prompt"], CASE["negative_prompt"], **QUICK)[0].tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("key", ["ckpt", "lora", "emb"])
+def test_pipeline_parts_match_diffusers_exactly(pipe, refs, key):
+    """No sampler in between: the prompt embeddings and one UNet call inside the pipeline, with the
+    checkpoint (plus the LoRA at 0.7, or the embedding in the prompt), equal diffusers' to 1e-4."""
+    pipe.load_weights(D / "custom.safetensors")
+    prompt = CASE["prompt"]
+    if key == "lora":
+        pipe.set_loras([(D / "tinylora.safetensors", 0.7)])
+    if key == "emb":
+        pipe.add_embedding(D / "tinyemb.safetensors")
+        prompt = CASES["emb_prompt"]
+    embeds = pipe.prompts.encode(prompt).hidden
+    np.testing.assert_allclose(embeds, refs[f"{key}_embeds"], atol=1e-4)
+    out = pipe.unet.run({"sample": refs["unet_sample"], "timestep": np.array([500], np.int64),
+                         "encoder_hidden_states": refs[f"{key}_embeds"]})["out_sample"]
+    np.testing.assert_allclose(out, refs[f"{key}_unet"], atol=1e-4)

@@ -1,0 +1,64 @@
+"""``sdrt generate``: the embedded demo model, the PNG's A1111 parameters (read back with Pillow), errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pipeline_helpers import DATA, refs, register
+
+from sdrt.cli import main
+from sdrt.pipelines import DEMO_MODEL, load
+
+
+@pytest.fixture(autouse=True)
+def _reference():
+    register("reference")
+
+
+def test_generate_with_the_embedded_model_writes_a1111_parameters(tmp_path: Path, capsys) -> None:
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is a test dependency")
+    out = tmp_path / "cat.png"
+    rc = main(["generate", "a red cat, sunset", "--negative", "blurry", "--steps", "3", "--seed", "42",
+               "--sampler", "Euler a", "--backend", "reference", "-o", str(out)])
+    assert rc == 0
+    assert f"wrote {out} (seed 42)" in capsys.readouterr().out
+    with Image.open(out) as img:
+        text = img.text["parameters"]
+        assert img.size == (64, 64)
+        pixels = np.asarray(img.convert("RGB"))
+    model_hash = load(DEMO_MODEL, backend="reference").model_hash
+    assert text == ("a red cat, sunset\nNegative prompt: blurry\n"
+                    "Steps: 3, Sampler: Euler a, Schedule type: Uniform, CFG scale: 7, Seed: 42, Size: 64x64, "
+                    f"Model hash: {model_hash}, Model: demo-sd")
+    api = load(DEMO_MODEL, backend="reference")("a red cat, sunset", "blurry", steps=3, seed=42, sampler="Euler a")[0]
+    assert np.array_equal(pixels, api)
+
+
+def test_generate_folder_img2img_batch(tmp_path: Path, capsys) -> None:
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is a test dependency")
+    init = tmp_path / "init.png"
+    Image.fromarray(refs("tiny-sd15")["init_image"]).save(init)
+    out = tmp_path / "out.png"
+    rc = main(["generate", str(DATA / "tiny-sd15"), "a cat", "--init-image", str(init), "--strength", "0.5",
+               "--steps", "2", "--batch", "2", "--seed", "1", "--cfg", "1", "--backend", "reference", "-o", str(out)])
+    assert rc == 0
+    written = sorted(p.name for p in tmp_path.glob("out-*.png"))
+    assert written == ["out-1.png", "out-2.png"]
+    with Image.open(tmp_path / "out-2.png") as img:
+        assert "Denoising strength: 0.5" in img.text["parameters"] and "Batch pos: 1" in img.text["parameters"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["/no/such/folder", "a cat", "--width", "65"], "width 65 is not a multiple of 8"),
+    (["/no/such/folder", "a cat", "--sampler", "Euler b"], "unknown sampler 'Euler b'"),
+    (["/no/such/folder", "a cat", "--init-image", "/no/such.png"], "the init image file does not exist"),
+    (["/no/such/folder", "a cat"], "the model folder does not exist"),
+    (["a", "b", "c"], "expected [FOLDER] PROMPT, got 3 words"),
+    (["a cat", "-o", "/no/such/dir/x.png"], "the output folder does not exist"),
+])
+def test_errors_are_one_line_without_traceback(args: list[str], message: str, capsys) -> None:
+    assert main(["generate", *args, "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1

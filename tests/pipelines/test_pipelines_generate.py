@@ -1,0 +1,312 @@
+"""The pipeline API beyond the diffusers references: settings checks, prompts, samplers, batches, callbacks."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+from pipeline_helpers import DATA, refs, register
+
+from sdrt import pipelines
+from sdrt.errors import InputError, ModelError, SamplerError
+from sdrt.pipelines.images import to_mask, to_rgb
+from sdrt.pipelines.progress import ProgressBar
+
+PROMPT = "a photo of a red cat"
+
+
+def _fast_backend() -> str:
+    """OpenVINO when installed (these tests are many short runs; the numerics are test_pipelines_diffusers'),
+    else the reference backend."""
+    try:
+        register("openvino")
+        return "openvino"
+    except pytest.skip.Exception:
+        register("reference")
+        return "reference"
+
+
+@pytest.fixture(scope="module")
+def sd15():
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+    yield pipe
+    pipe.close()
+
+
+@pytest.fixture(scope="module")
+def init() -> np.ndarray:
+    return refs("tiny-sd15")["init_image"]
+
+
+# -- settings are checked before any model loads -----------------------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"width": 65}, InputError, "width 65 is not a multiple of 8"),
+    ({"height": 0}, InputError, "height must be an integer >= 8"),
+    ({"sampler": "Euler b"}, SamplerError, "unknown sampler 'Euler b'"),
+    ({"init_image": "/no/such/image.png"}, InputError, "the init image file does not exist"),
+    ({"mask": np.ones((8, 8))}, InputError, "a mask needs an init image"),
+    ({"strength": 0.5}, InputError, "strength applies only with an init image"),
+    ({"init_image": np.zeros((8, 8, 3), np.uint8), "strength": 1.5}, InputError, r"strength must be in \(0, 1\]"),
+    ({"init_image": np.zeros((8, 8, 3), np.uint8), "strength": 0.1, "steps": 4}, InputError, "leaves no step"),
+    ({"steps": 0}, InputError, "steps must be an integer >= 1"),
+    ({"batch": 0}, InputError, "batch must be an integer >= 1"),
+    ({"cfg": math.nan}, InputError, "cfg must be a finite number"),
+    ({"seed": "7"}, InputError, "seed must be an integer"),
+    ({"clip_skip": 0}, InputError, "clip_skip must be an integer >= 1"),
+])
+def test_bad_settings_fail_before_loading(kwargs: dict, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        pipelines.validate(PROMPT, **kwargs)
+
+
+def test_non_string_prompt() -> None:
+    with pytest.raises(InputError, match="the prompt must be a string"):
+        pipelines.validate(["a", "b"])  # type: ignore[arg-type]
+
+
+def test_load_checks_the_backend_name_first(tmp_path) -> None:
+    from sdrt.errors import UnknownBackendError
+
+    with pytest.raises(UnknownBackendError):
+        pipelines.load(tmp_path / "missing", backend="no-such-backend")
+
+
+# -- generation ----------------------------------------------------------------------------------------------------
+def test_callback_gets_every_step(sd15) -> None:
+    seen = []
+    gen = sd15.generate(PROMPT, steps=3, sampler="Euler", seed=1, callback=lambda i, n, x: seen.append((i, n, x.shape)))
+    assert seen == [(1, 3, (1, 4, 8, 8)), (2, 3, (1, 4, 8, 8)), (3, 3, (1, 4, 8, 8))]
+    assert gen.images[0].shape == (64, 64, 3) and gen.images[0].dtype == np.uint8
+    assert gen.seeds == [1]
+
+
+def test_cfg_one_runs_the_unet_once_per_step_at_batch_one(sd15) -> None:
+    sd15.unet.close()
+    sd15(PROMPT, steps=2, cfg=1.0, seed=1)
+    shapes = {dict(dims)["sample"] for dims, _ in sd15.unet.sessions}
+    assert shapes == {(1, 4, 8, 8)}
+
+
+def test_same_seed_same_image_other_seed_other_image(sd15) -> None:
+    a = sd15(PROMPT, steps=2, seed=3)[0]
+    b = sd15(PROMPT, steps=2, seed=3)[0]
+    c = sd15(PROMPT, steps=2, seed=4)[0]
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_batch_count_continues_with_the_next_seed(sd15) -> None:
+    gen = sd15.generate(PROMPT, steps=2, seed=10, batch_count=2, sampler="Euler a")
+    assert gen.seeds == [10, 11]
+    assert np.array_equal(gen.images[1], sd15(PROMPT, steps=2, seed=11, sampler="Euler a")[0])
+    assert [s["Seed"] for s in gen.settings] == [10, 11]
+
+
+def test_long_prompt_is_encoded_in_chunks(sd15) -> None:
+    long = ", ".join(["a red cat on a wooden table"] * 14)  # well past 75 tokens
+    cond, uncond = sd15._conditioning(pipelines.validate(long, "blurry"))
+    assert cond.chunks >= 2 and cond.hidden.shape == (1, 77 * cond.chunks, 32)
+    assert uncond is not None and uncond.hidden.shape == cond.hidden.shape  # the short negative is padded
+    assert sd15(long, "blurry", steps=1, seed=1)[0].shape == (64, 64, 3)
+
+
+def test_emphasis_changes_the_image_and_weight_one_does_not(sd15) -> None:
+    plain = sd15("a red cat", steps=2, seed=2)[0]
+    assert np.array_equal(sd15("a (red:1.0) cat", steps=2, seed=2)[0], plain)
+    assert not np.array_equal(sd15("a (red:1.6) cat", steps=2, seed=2)[0], plain)
+
+
+def test_emphasis_restores_the_mean(sd15) -> None:
+    cond = sd15.prompts.encode("a (red:1.5) cat")
+    plain = sd15.prompts.encode("a red cat")
+    assert cond.hidden.mean() == pytest.approx(plain.hidden.mean(), rel=1e-5)
+
+
+def test_clip_skip_deeper_than_the_encoder(sd15) -> None:
+    with pytest.raises(ModelError, match="clip skip 9 needs the text encoder's hidden_states"):
+        sd15(PROMPT, steps=1, clip_skip=9)
+
+
+@pytest.mark.parametrize("sampler", ["Heun", "LMS", "DPM++ SDE Karras", "DPM++ 2M SDE", "UniPC", "Euler a Karras",
+                                     "Euler Karras", "DPM++ 2M", "DDIM", "DPM2 a"])
+def test_every_sampler_family_runs(sd15, sampler: str) -> None:
+    a = sd15(PROMPT, steps=3, seed=5, sampler=sampler)[0]
+    assert a.shape == (64, 64, 3)
+    assert np.array_equal(a, sd15(PROMPT, steps=3, seed=5, sampler=sampler)[0])
+
+
+def test_comfyui_sampler_and_scheduler_names(sd15) -> None:
+    a = sd15(PROMPT, steps=3, seed=5, sampler="dpmpp_2m", schedule="karras")[0]
+    assert np.array_equal(a, sd15(PROMPT, steps=3, seed=5, sampler="DPM++ 2M Karras")[0])
+    with pytest.raises(SamplerError, match="unknown schedule"):
+        pipelines.validate(PROMPT, sampler="euler", schedule="wobbly")
+
+
+def test_inpainting_with_a_k_diffusion_sampler_keeps_the_unmasked_part(sd15, init) -> None:
+    mask = refs("tiny-sd15")["mask"]
+    out = sd15(PROMPT, steps=3, seed=5, sampler="Heun", init_image=init, mask=mask)[0].astype(int)
+    full = sd15(PROMPT, steps=3, seed=5, sampler="Heun")[0].astype(int)
+    keep = mask == 0
+    # the unmasked part comes back through the VAE (not pasted), so it follows the init image, not the noise
+    assert np.abs(out[keep] - init[keep].astype(int)).mean() < np.abs(full[keep] - init[keep].astype(int)).mean()
+
+
+def test_pillow_images_equal_arrays(sd15, init) -> None:
+    pil = pytest.importorskip("PIL.Image", reason="Pillow is a test dependency (sdrt[images] extra)")
+    a = sd15(PROMPT, steps=2, seed=6, init_image=init, strength=0.5)[0]
+    b = sd15(PROMPT, steps=2, seed=6, init_image=pil.fromarray(init), strength=0.5)[0]
+    assert np.array_equal(a, b)
+
+
+def test_init_image_size_must_match(sd15, init) -> None:
+    with pytest.raises(InputError, match="the init image is 64x64, the requested size 128x64"):
+        sd15(PROMPT, steps=2, init_image=init, width=128)
+    with pytest.raises(InputError, match="not a multiple of 8"):
+        sd15(PROMPT, steps=2, init_image=init[:60, :60])
+
+
+def test_mask_size_must_match(sd15, init) -> None:
+    with pytest.raises(InputError, match="the mask is 32x32, the image 64x64"):
+        sd15(PROMPT, steps=2, init_image=init, mask=np.ones((32, 32), np.uint8))
+
+
+def test_nine_channel_unet_needs_a_mask() -> None:
+    register("reference")
+    pipe = pipelines.load(DATA / "tiny-sd15-inpaint", backend="reference")
+    with pytest.raises(InputError, match="inpainting UNet"):
+        pipe(PROMPT, steps=1, width=64, height=64)
+
+
+def test_sdxl_empty_negative_is_zeros_when_the_folder_says_so() -> None:
+    register("reference")
+    pipe = pipelines.load(DATA / "tiny-sdxl", backend="reference")
+    cond, uncond = pipe._conditioning(pipelines.validate(PROMPT))
+    assert uncond is not None and not uncond.hidden.any() and not uncond.pooled.any()
+    assert cond.hidden.shape == (1, 77, 64) and cond.pooled.shape == (1, 32)
+    _, neg = pipe._conditioning(pipelines.validate(PROMPT, "blurry"))
+    assert neg is not None and neg.hidden.any()
+
+
+def test_parts_are_reachable_for_weight_updates(sd15) -> None:
+    sd15(PROMPT, steps=1, seed=1)
+    assert set(sd15.parts) == {"text_encoder", "unet", "vae_encoder", "vae_decoder"}
+    assert sd15.unet.sessions and sd15.unet.graph.initializer_names
+
+
+def test_infotext_settings(sd15, init) -> None:
+    gen = sd15.generate(PROMPT, steps=4, cfg=5.5, seed=9, sampler="Euler a", init_image=init, strength=0.5,
+                        clip_skip=2, batch=2)
+    info = gen.settings[1]
+    assert info["Sampler"] == "Euler a" and info["Schedule type"] == "Uniform"
+    assert info["CFG scale"] == 5.5 and info["Seed"] == 9 and info["Size"] == "64x64"
+    assert info["Denoising strength"] == 0.5 and info["Clip skip"] == 2
+    assert info["Batch size"] == 2 and info["Batch pos"] == 1 and info["Model"] == "tiny-sd15"
+    assert len(str(info["Model hash"])) == 10
+
+
+# -- images --------------------------------------------------------------------------------------------------------
+def test_image_conversions() -> None:
+    gray = np.arange(64, dtype=np.uint8).reshape(8, 8)
+    assert to_rgb(gray).shape == (8, 8, 3)
+    rgba = np.zeros((8, 8, 4), np.uint8)
+    assert to_rgb(rgba).shape == (8, 8, 3)
+    assert to_rgb(np.full((8, 8, 3), 0.5, np.float32))[0, 0, 0] == 128
+    assert to_mask(np.eye(8, dtype=bool), 8, 8).sum() == 8
+    assert to_mask(np.full((8, 8, 3), 200, np.uint8), 8, 8).all()
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (np.zeros((8, 8, 2), np.uint8), "has shape"),
+    (np.zeros((8, 8, 3), np.int32) + 300, "outside 0..255"),
+    (np.full((8, 8, 3), np.nan, np.float32), "NaN"),
+    (np.zeros((8, 8, 3), np.complex64), "dtype complex64"),
+])
+def test_bad_images(value: np.ndarray, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        to_rgb(value)
+
+
+def test_unreadable_image_file(tmp_path) -> None:
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(InputError, match="cannot read the init image"):
+        to_rgb(bad)
+
+
+# -- progress ------------------------------------------------------------------------------------------------------
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_draws_on_a_tty_only() -> None:
+    tty, pipe = _Tty(), io.StringIO()
+    for stream in (tty, pipe):
+        bar = ProgressBar(stream)
+        for i in range(1, 4):
+            bar(i, 3)
+        bar.close()
+    assert "3/3" in tty.getvalue() and tty.getvalue().endswith("\n")
+    assert pipe.getvalue() == ""
+
+
+def test_a_tokenizer_that_does_not_fit_the_text_encoder(tmp_path) -> None:
+    import shutil
+
+    register("reference")
+    folder = tmp_path / "mixed"
+    shutil.copytree(DATA / "tiny-sd15", folder)
+    shutil.rmtree(folder / "tokenizer")
+    clip = DATA.parent / "clip-tokenizer"
+    (folder / "tokenizer").mkdir()
+    for f in clip.iterdir():
+        if f.is_file():
+            shutil.copy(f, folder / "tokenizer" / f.name)
+    pipe = pipelines.load(folder, backend="reference")
+    with pytest.raises(ModelError, match="token embedding has 1514 rows"):
+        pipe("a photograph of a cathedral", steps=1)
+
+
+def test_update_weights_reaches_compiled_and_later_sessions() -> None:
+    from sdrt import Weights
+
+    register("reference")
+    pipe = pipelines.load(DATA / "tiny-sd15", backend="reference")
+    pipe(PROMPT, steps=1, seed=1)
+    graph = pipe.vae_decoder.graph
+    arrays = graph.initializer_arrays(["vae.decoder.conv_out.weight", "vae.decoder.conv_out.bias"])
+    pipe.vae_decoder.update_weights(Weights.from_arrays({k: np.zeros_like(v) for k, v in arrays.items()}))
+    # the decoder now outputs 0 everywhere, i.e. mid gray, in the compiled (batch 1) session ...
+    assert (pipe(PROMPT, steps=1, seed=1)[0] == 128).all()
+    # ... and in one compiled after the update (batch 2)
+    assert all((img == 128).all() for img in pipe(PROMPT, steps=1, seed=1, batch=2))
+
+
+def test_update_weights_on_a_text_encoder_cut_to_one_output() -> None:
+    from sdrt import Weights
+
+    register("reference")
+    pipe = pipelines.load(DATA / "tiny-sd15", backend="reference")
+    before = pipe.prompts.encode("a cat").hidden
+    names = [n for n in pipe.text_encoder.graph.initializer_names if n.endswith("final_layer_norm.bias")]
+    pipe.text_encoder.update_weights(Weights.from_arrays({names[0]: np.full(32, 3.0, np.float32)}))
+    pipe.prompts._cache.clear()
+    after = pipe.prompts.encode("a cat").hidden
+    assert after.mean() == pytest.approx(3.0, abs=0.5)  # the final norm now adds 3 to every feature
+    assert not np.allclose(after, before)
+
+
+def test_every_sampler_and_schedule_by_its_comfyui_name() -> None:
+    from sdrt.samplers import available_samplers, available_schedules
+
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+    try:
+        for sampler in available_samplers():
+            img = pipe(PROMPT, steps=3, cfg=1.0, seed=1, sampler=sampler)[0]
+            assert img.shape == (64, 64, 3), sampler
+        for schedule in available_schedules():
+            img = pipe(PROMPT, steps=3, cfg=1.0, seed=1, sampler="euler", schedule=schedule)[0]
+            assert img.shape == (64, 64, 3), schedule
+    finally:
+        pipe.close()

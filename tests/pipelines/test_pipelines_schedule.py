@@ -1,0 +1,78 @@
+"""The folder's discretization against diffusers' schedulers (tests/data/pipelines/schedules.json).
+
+The table holds diffusers' timesteps, sigmas and init_noise_sigma for Euler, Euler a, DPM++ 2M Karras
+and DDIM, for 1, 7 and 20 steps, under every timestep_spacing and steps_offset, SD 1.5's release config
+(timestep_spacing unset: each scheduler's own default applies), SDXL's with log-linear interpolation
+and a linear-beta config.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from pipeline_helpers import DATA
+
+from sdrt.errors import ModelError
+from sdrt.pipelines.scheduling import FolderSchedule
+
+ROWS = json.loads((DATA / "schedules.json").read_text())
+
+
+def _plan(ms: FolderSchedule, sampler: str, steps: int):
+    if sampler in ("Euler", "Euler a"):
+        return ms.euler_plan(steps, ancestral=sampler == "Euler a")
+    if sampler == "DPM++ 2M Karras":
+        return ms.dpm_plan(steps, karras=True)
+    return ms.ddim_plan(steps)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[f"{i}:{r['sampler']}:{r['steps']}" for i, r in enumerate(ROWS)])
+def test_plan_matches_diffusers(row: dict) -> None:
+    ms = FolderSchedule.from_config(row["config"])
+    plan = _plan(ms, row["sampler"], row["steps"])
+    np.testing.assert_allclose(plan.timesteps, row["timesteps"], rtol=0, atol=1e-3)
+    if row["sigmas"]:
+        np.testing.assert_allclose(plan.sigmas, row["sigmas"], rtol=2e-6, atol=1e-7)
+    assert plan.init_noise_sigma == pytest.approx(row["init_noise_sigma"], rel=1e-6)
+
+
+def test_table_covers_every_spacing_and_the_release_configs() -> None:
+    spacings = {r["config"].get("timestep_spacing") for r in ROWS}
+    assert spacings == {"leading", "linspace", "trailing", None}
+    assert {r["sampler"] for r in ROWS} == {"Euler", "Euler a", "DPM++ 2M Karras", "DDIM"}
+
+
+def test_unset_spacing_takes_each_schedulers_default() -> None:
+    ms = FolderSchedule.from_config({"beta_schedule": "scaled_linear", "beta_start": 0.00085, "beta_end": 0.012,
+                                     "steps_offset": 1})
+    assert ms.euler_plan(4).timesteps[0] == 999.0  # Euler: linspace
+    assert ms.ddim_plan(4).timesteps == [751.0, 501.0, 251.0, 1.0]  # DDIM: leading + steps_offset
+
+
+def test_diffusers_use_default_values_counts_as_unset() -> None:
+    cfg = {"beta_schedule": "scaled_linear", "beta_start": 0.00085, "beta_end": 0.012,
+           "timestep_spacing": "leading", "_use_default_values": ["timestep_spacing"]}
+    assert FolderSchedule.from_config(cfg).euler_plan(4).timesteps[0] == 999.0
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"prediction_type": "sample"}, "prediction_type 'sample'"),
+    ({"timestep_spacing": "sideways"}, "timestep_spacing 'sideways'"),
+    ({"beta_schedule": "cubic"}, "beta_schedule 'cubic'"),
+    ({"rescale_betas_zero_snr": True}, "rescale_betas_zero_snr"),
+    ({"trained_betas": [0.1, 0.2]}, "trained_betas has 2 values"),
+    ({"interpolation_type": "cubic"}, "interpolation_type 'cubic'"),
+])
+def test_bad_scheduler_configs_raise_model_errors(config: dict, message: str) -> None:
+    with pytest.raises(ModelError, match=message) as info:
+        FolderSchedule.from_config(config, "x/scheduler").euler_plan(4)
+    assert "x/scheduler" in str(info.value)
+
+
+def test_squaredcos_and_linear_betas_build() -> None:
+    for kind in ("squaredcos_cap_v2", "linear"):
+        ms = FolderSchedule.from_config({"beta_schedule": kind})
+        assert np.all(np.diff(ms.sigmas) > 0)
+        assert ms.dpm_plan(5).sigmas[-1] == 0.0
