@@ -46,8 +46,6 @@ def write_model(graph: Any, arrays: Mapping[str, np.ndarray], folder: Path) -> P
     """``folder/model.onnx`` (+ ``weights.bin``): the graph with ``arrays`` as its top-level initializers."""
     import onnx
 
-    from sdrt import onnxfile
-
     own = {t.name: t for t in graph.model.graph.initializer}
     model = graph.model_without(arrays.keys())
     offset = 0
@@ -55,7 +53,7 @@ def write_model(graph: Any, arrays: Mapping[str, np.ndarray], folder: Path) -> P
         for name, arr in arrays.items():
             tensor = onnx.TensorProto(name=name)
             data_type = own[name].data_type if name in own else onnx.helper.np_dtype_to_tensor_dtype(arr.dtype)
-            want = onnxfile.np_dtype(data_type)
+            want = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type))
             value = np.ascontiguousarray(arr if arr.dtype == want else arr.astype(want))
             tensor.data_type = data_type
             tensor.dims.extend(int(d) for d in value.shape)
