@@ -22,11 +22,12 @@ TEST_DEPS = ["pytest>=8", "setuptools>=70.1", "hypothesis>=6.100", "onnxruntime>
 
 #: vendor plugin folders whose vendor package installs from PyPI on a plain
 #: Linux x86-64 machine; the test session installs each one that exists.
-INSTALLABLE_PLUGINS: list[str] = ["plugin-openvino", "plugin-ggml", "plugin-trt", "plugin-coreml"]
+INSTALLABLE_PLUGINS: list[str] = ["plugin-openvino", "plugin-ggml", "plugin-trt", "plugin-coreml", "plugin-migraphx"]
 #: installable plugins that build and test here but offer no device on a CPU-only Linux machine:
-#: TensorRT-RTX runs engines only on RTX GPUs, Core ML only on macOS. The device requirement skips them;
-#: their tests import them unconditionally, so a broken install still fails the run.
-NO_DEVICE_HERE: set[str] = {"plugin-trt", "plugin-coreml"}
+#: TensorRT-RTX runs engines only on RTX GPUs, Core ML only on macOS, MIGraphX needs ROCm's module
+#: (not on PyPI). The device requirement skips them; their tests import them unconditionally, so a
+#: broken install still fails the run.
+NO_DEVICE_HERE: set[str] = {"plugin-trt", "plugin-coreml", "plugin-migraphx"}
 
 
 def _install_sdrt(session: nox.Session, *extra: str) -> None:

@@ -1,0 +1,115 @@
+"""The backend against a real MIGraphX, on its ``ref`` target (skipped, with the reason, without MIGraphX).
+
+plugin-migraphx/README.md shows how to build MIGraphX from source with the
+``ref`` target on any Linux x86-64 machine; these tests then run against it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from mx_helpers import conv_model, mlp_model, ort_run, unsupported_model
+
+import sdrt
+from sdrt.errors import InputError, UnsupportedGraph
+from sdrt.weights import Weights
+
+X = np.random.default_rng(5).standard_normal((1, 3, 8, 8), dtype=np.float32)
+XM = np.random.default_rng(6).standard_normal((2, 64), dtype=np.float32)
+
+
+def graph_of(model):
+    return sdrt.Graph.load(model.SerializeToString())
+
+
+def test_ref_is_listed_as_a_cpu_device(ref):
+    assert ref.kind == "cpu" and ref.properties["target"] == "ref"
+
+
+def test_conv_on_ref_matches_onnxruntime(backend, ref):
+    with backend.compile(graph_of(conv_model()), None, ref) as session:
+        out = session.run({"x": X})
+    assert list(out) == ["y"] and out["y"].dtype == np.float32 and out["y"].shape == (1, 4, 8, 8)
+    np.testing.assert_allclose(out["y"], ort_run(conv_model(), {"x": X})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_with_external_weights_on_ref_matches_onnxruntime(backend, ref):
+    session = backend.compile(graph_of(mlp_model()), None, ref)
+    np.testing.assert_allclose(session.run({"x": XM})["y"], ort_run(mlp_model(), {"x": XM})[0], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_fp16_on_ref_runs_within_half_precision(backend, ref):
+    session = backend.compile(graph_of(conv_model()), None, ref, precision="fp16")
+    out = session.run({"x": X})["y"]
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, ort_run(conv_model(), {"x": X})[0], rtol=2e-2, atol=2e-2)
+
+
+def test_the_second_compile_loads_the_cached_program(backend, ref, tmp_path, caplog):
+    graph = graph_of(mlp_model())
+    with caplog.at_level(logging.INFO, "sdrt.migraphx"):
+        backend.compile(graph, None, ref, cache_dir=tmp_path)
+        second = backend.compile(graph, None, ref, cache_dir=tmp_path)
+    messages = [r.getMessage() for r in caplog.records if r.name == "sdrt.migraphx"]
+    assert any(m.startswith("compiled ") for m in messages) and any(m.startswith("loaded ") for m in messages)
+    assert len(list((tmp_path / "migraphx").glob("*.mxr"))) == 1
+    np.testing.assert_allclose(second.run({"x": XM})["y"], ort_run(mlp_model(), {"x": XM})[0], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_a_corrupted_cache_entry_is_compiled_again(backend, ref, tmp_path):
+    graph = graph_of(conv_model())
+    backend.compile(graph, None, ref, cache_dir=tmp_path)
+    (entry,) = (tmp_path / "migraphx").glob("*.mxr")
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    session = backend.compile(graph, None, ref, cache_dir=tmp_path)
+    np.testing.assert_allclose(session.run({"x": X})["y"], ort_run(conv_model(), {"x": X})[0], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_update_weights_recompiles_and_switching_back_is_a_cache_hit(backend, ref, tmp_path):
+    graph = graph_of(mlp_model(seed=0))
+    session = backend.compile(graph, None, ref, cache_dir=tmp_path)
+    new = graph_of(mlp_model(seed=3)).initializer_arrays()
+    session.update_weights(Weights.from_arrays(new))
+    np.testing.assert_allclose(session.run({"x": XM})["y"], ort_run(mlp_model(seed=3), {"x": XM})[0], rtol=1e-5,
+                               atol=1e-5)
+    assert session.last_update[1] is False
+    old = graph.initializer_arrays()
+    session.update_weights(Weights.from_arrays(old))
+    assert session.last_update[1] is True
+    np.testing.assert_allclose(session.run({"x": XM})["y"], ort_run(mlp_model(seed=0), {"x": XM})[0], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_weights_given_at_compile_are_used(backend, ref):
+    new = graph_of(conv_model(seed=4)).initializer_arrays()
+    session = backend.compile(graph_of(conv_model()), Weights.from_arrays(new), ref)
+    np.testing.assert_allclose(session.run({"x": X})["y"], ort_run(conv_model(seed=4), {"x": X})[0], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_unsupported_ops_use_migraphx_s_own_list(backend, ref):
+    with pytest.raises(UnsupportedGraph) as info:
+        backend.compile(graph_of(unsupported_model()), None, ref)
+    assert set(info.value.unsupported) == {"Frobnicate", "Twist"}
+    assert "migraphx.get_onnx_operators()" in str(info.value)
+
+
+def test_bad_feeds_are_refused_before_migraphx_sees_them(backend, ref):
+    session = backend.compile(graph_of(conv_model()), None, ref)
+    with pytest.raises(InputError, match="shape"):
+        session.run({"x": np.zeros((2, 3, 8, 8), np.float32)})
+
+
+def test_sdrt_load_runs_on_ref(mx_registry, ref, tmp_path):
+    path = tmp_path / "conv.onnx"
+    path.write_bytes(conv_model().SerializeToString())
+    with sdrt.load(path, backend="migraphx", device="ref") as session:
+        out = session.run({"x": X})["y"]
+    np.testing.assert_allclose(out, ort_run(conv_model(), {"x": X})[0], rtol=1e-5, atol=1e-5)
