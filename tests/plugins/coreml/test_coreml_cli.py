@@ -35,7 +35,10 @@ def test_compile_writes_a_package_that_evaluates_like_onnxruntime(coreml_registr
     argv = ["compile", str(model_path), "--backend", "coreml", "--target", "macOS15", "-o", str(out),
             "--shape", "batch=3", "--option", "precision=fp32"]
     assert main(argv) == 0
-    assert f"wrote {out}" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"wrote {out}" in said
+    files = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    assert f"  {files:,} bytes" in said  # the package folder's files, not the folder entry's size
     built = package.load(out)
     assert built.io["inputs"] == [["x", "x", "float32", [3, 8]]]
     x = np.random.default_rng(4).standard_normal((3, 8)).astype(np.float32)

@@ -83,5 +83,6 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     path = Path(backend.build(graph, weights, args.target, args.output, **options))
     seconds = time.perf_counter() - start
-    print(f"wrote {path}  {path.stat().st_size:,} bytes  ({backend.name} {args.target}, {seconds:.1f} s)")
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+    print(f"wrote {path}  {size:,} bytes  ({backend.name} {args.target}, {seconds:.1f} s)")
     return 0
