@@ -205,3 +205,14 @@ def test_corrupted_files_never_crash(data):
         read_text_chunks(bytes(png[:cut]))
     except PngError:
         pass
+
+
+def test_a_written_png_has_the_users_usual_file_mode(tmp_path):
+    import os
+
+    mask = os.umask(0o022)
+    try:
+        path = write_png(tmp_path / "out.png", np.zeros((8, 8, 3), np.uint8), "a cat")
+    finally:
+        os.umask(mask)
+    assert (path.stat().st_mode & 0o777) == 0o644  # not mkstemp's private 0600

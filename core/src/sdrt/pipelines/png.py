@@ -160,6 +160,7 @@ def write_png(
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; an image gets the user's usual mode
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -253,3 +254,10 @@ __all__ = [
     "read_text_chunks",
     "write_png",
 ]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
