@@ -117,6 +117,29 @@ def test_auto_prefers_higher_priority(registry, inline_plugin):
     assert be.name == "reference"
 
 
+def test_auto_passes_over_devices_that_run_only_when_named(registry, inline_plugin):
+    from sdrt.runtime import select
+
+    class _SlowReferenceTarget(Backend):  # as MIGraphX's ref target: high priority, but never by choice
+        name = "vendor"
+        priority = 70
+
+        def devices(self):
+            return [Device("vendor", "ref", kind="cpu", properties={"auto": False})]
+
+        def compile(self, graph, weights, device, **options):  # pragma: no cover
+            raise AssertionError
+
+    inline_plugin(_Plugin(_SlowReferenceTarget()), "vendor-plugin")
+    be, dev = select("auto")
+    assert be.name == "reference"
+    be, dev = select("vendor", "ref")  # named, it runs
+    assert (be.name, dev.id) == ("vendor", "ref")
+    registry.unregister_plugin("reference")
+    with pytest.raises(NoDeviceError, match=r"vendor: its devices \(ref\) run only when named"):
+        select("auto")
+
+
 def test_auto_with_nothing_usable_says_what_to_do(registry, inline_plugin, affine_path):
     registry.unregister_plugin("reference")
     inline_plugin(_Plugin(_NoDevice()), "nodevice-plugin")

@@ -47,7 +47,9 @@ class Device:
 
     ``id`` is the backend's own name for it (``"CPU"``, ``"GPU.0"``, ``"cuda:0"``)
     and is what users pass as ``device=``. ``kind`` is one of ``cpu``, ``gpu``,
-    ``npu`` or ``auto``.
+    ``npu`` or ``auto``. A device whose ``properties["auto"]`` is False is never
+    picked by ``backend="auto"`` (a slow reference target, say); it runs only when
+    named.
     """
 
     backend: str

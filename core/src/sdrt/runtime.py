@@ -139,6 +139,12 @@ def _auto(reg: Registry, device: str | None) -> tuple[Backend, Device]:
             continue
         if device is not None:
             devs = [d for d in devs if d.id.lower() == device.lower()]
+        else:  # devices that ask to run only when named stay out of the automatic choice
+            named_only = [d.id for d in devs if d.properties.get("auto", True) is False]
+            devs = [d for d in devs if d.properties.get("auto", True) is not False]
+            if named_only and not devs:
+                reasons.append(f"{be.name}: its devices ({', '.join(named_only)}) run only when named")
+                continue
         if devs:
             candidates.append((be, devs))
         else:

@@ -108,10 +108,10 @@ def plan(hw: Hardware, targets: Collection[str], env: Mapping[str, str] | None =
                         "target": "gpu"}))
     if "cpu" in targets:
         devices.append(Device(backend=BACKEND, id="cpu", name=f"MIGraphX cpu target (oneDNN) on {hw.cpu.model}",
-                              kind="cpu", properties={"target": "cpu"}))
+                              kind="cpu", properties={"target": "cpu", "auto": False}))
     if "ref" in targets:
         devices.append(Device(backend=BACKEND, id="ref", name="MIGraphX ref target (reference kernels, slow)",
-                              kind="cpu", properties={"target": "ref"}))
+                              kind="cpu", properties={"target": "ref", "auto": False}))
     return Plan(devices, passed)
 
 
