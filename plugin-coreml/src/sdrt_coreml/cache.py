@@ -14,15 +14,15 @@ aside, deleted and built again: a damaged entry never breaks a load.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import shutil
-import struct
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
+
+from sdrt.cache import cache_dir, file_digest, make_key  # noqa: F401 - make_key is part of this module's API
 
 log = logging.getLogger("sdrt.coreml.cache")
 
@@ -32,32 +32,14 @@ CHECKSUMS = "checksums.json"
 
 def default_dir() -> Path:
     """``$SDRT_CACHE_DIR/coreml`` if set, else ``<user cache dir>/sdrt/coreml``."""
-    env = os.environ.get("SDRT_CACHE_DIR")
-    if env:
-        return Path(env) / "coreml"
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("sdrt")) / "coreml"
-
-
-def make_key(parts: Iterable[bytes | str]) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        data = part.encode() if isinstance(part, str) else part
-        h.update(struct.pack("<Q", len(data)))
-        h.update(data)
-    return h.hexdigest()
+    return cache_dir("coreml")
 
 
 def checksums(folder: Path) -> dict[str, list[int | str]]:
     """``{relative path: [size, sha256]}`` of every file under ``folder``."""
     out: dict[str, list[int | str]] = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-        out[path.relative_to(folder).as_posix()] = [path.stat().st_size, h.hexdigest()]
+        out[path.relative_to(folder).as_posix()] = [path.stat().st_size, file_digest(path)]
     return out
 
 

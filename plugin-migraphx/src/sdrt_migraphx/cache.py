@@ -14,15 +14,15 @@ process sees a whole entry or none.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import re
-import struct
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from sdrt.cache import cache_dir, file_digest, make_key  # noqa: F401 - make_key is part of this module's API
 
 log = logging.getLogger("sdrt.migraphx.cache")
 
@@ -32,30 +32,7 @@ _ENTRY = re.compile(r"^(?P<key>[0-9a-f]{64})-(?P<digest>[0-9a-f]{64})\.mxr$")
 
 def default_dir() -> Path:
     """``$SDRT_CACHE_DIR/migraphx`` if set, else ``<user cache dir>/sdrt/migraphx``."""
-    env = os.environ.get("SDRT_CACHE_DIR")
-    if env:
-        return Path(env) / "migraphx"
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("sdrt")) / "migraphx"
-
-
-def make_key(parts: Iterable[bytes | str]) -> str:
-    """SHA-256 over length-prefixed parts (so ``("ab", "c")`` and ``("a", "bc")`` differ)."""
-    h = hashlib.sha256()
-    for part in parts:
-        data = part.encode() if isinstance(part, str) else part
-        h.update(struct.pack("<Q", len(data)))
-        h.update(data)
-    return h.hexdigest()
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+    return cache_dir("migraphx")
 
 
 class ProgramCache:

@@ -19,9 +19,11 @@ import os
 import struct
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from sdrt.cache import cache_dir, make_key  # noqa: F401 - make_key is part of this module's API
 
 log = logging.getLogger("sdrt.openvino.cache")
 
@@ -34,21 +36,7 @@ _HEADER = struct.Struct("<8s32sQ")  # magic, sha256 of the blob, blob length
 
 def default_dir() -> Path:
     """``$SDRT_CACHE_DIR/openvino`` if set, else ``<user cache dir>/sdrt/openvino``."""
-    env = os.environ.get("SDRT_CACHE_DIR")
-    if env:
-        return Path(env) / "openvino"
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("sdrt")) / "openvino"
-
-
-def make_key(parts: Iterable[bytes | str]) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        data = part.encode() if isinstance(part, str) else part
-        h.update(struct.pack("<Q", len(data)))
-        h.update(data)
-    return h.hexdigest()
+    return cache_dir("openvino")
 
 
 class CompiledCache:

@@ -22,9 +22,10 @@ import logging
 import os
 import struct
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from sdrt.cache import cache_dir, make_key  # noqa: F401 - make_key is part of this module's API
 
 from .errors import TrtError
 
@@ -41,21 +42,8 @@ class CorruptEngine(ValueError):
 
 
 def default_dir() -> Path:
-    env = os.environ.get("SDRT_CACHE_DIR")
-    if env:
-        return Path(env) / "trt"
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("sdrt")) / "trt"
-
-
-def make_key(parts: Iterable[str]) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        data = part.encode()
-        h.update(struct.pack("<Q", len(data)))
-        h.update(data)
-    return h.hexdigest()
+    """``$SDRT_CACHE_DIR/trt`` if set, else ``<user cache dir>/sdrt/trt``."""
+    return cache_dir("trt")
 
 
 def pack(meta: dict[str, Any], payload: bytes) -> list[bytes]:

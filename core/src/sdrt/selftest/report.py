@@ -30,7 +30,7 @@ def _places() -> list[tuple[str, str]]:
     """Folders a report may name, each by a placeholder: sdrt's cache, the Python environment, home."""
     out: list[tuple[str, str]] = []
     try:
-        from ..testing.cases import cache_root
+        from ..cache import cache_root
 
         out.append((str(cache_root()), "<sdrt-cache>"))
     except Exception:  # noqa: BLE001

@@ -22,21 +22,14 @@ from onnx import numpy_helper
 from onnx.backend.test.case.test_case import TestCase
 from onnx.backend.test.loader import DATA_DIR, load_model_tests
 
+from ..cache import cache_dir
+
 log = logging.getLogger("sdrt.testing")
 
 
-def cache_root() -> Path:
-    """Where generated node-test data lives: ``$SDRT_CACHE_DIR`` or the user cache dir."""
-    env = os.environ.get("SDRT_CACHE_DIR")
-    if env:
-        return Path(env)
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("sdrt"))
-
 
 def node_data_dir() -> Path:
-    return cache_root() / "onnx-node-tests" / onnx.__version__
+    return cache_dir("onnx-node-tests") / onnx.__version__
 
 
 def _serialize(value: Any, value_info: onnx.ValueInfoProto) -> bytes:
