@@ -27,21 +27,41 @@ StepHook = Callable[[int, np.ndarray], np.ndarray]  # (index of the next step, l
 F32 = np.float32
 
 
-class EulerLoop:
-    """``EulerDiscreteScheduler`` / ``EulerAncestralDiscreteScheduler`` (``ancestral=True``)."""
+class _SchedulerLoop:
+    """What the three diffusers-form loops share: their plan, the step count, and the end of a step."""
 
-    def __init__(self, ms: FolderSchedule, plan: Plan, *, ancestral: bool = False,
-                 generator: Any = None) -> None:
-        self.ms, self.plan, self.ancestral, self.generator = ms, plan, ancestral, generator
+    def __init__(self, ms: FolderSchedule, plan: Plan) -> None:
+        self.ms, self.plan = ms, plan
 
     @property
     def steps(self) -> int:
         return self.plan.steps
 
     def start(self, noise: np.ndarray, image: np.ndarray | None = None) -> np.ndarray:
-        if image is None:
-            return noise * F32(self.plan.init_noise_sigma)
-        return self.add_noise(image, noise, 0)
+        return noise * F32(self.plan.init_noise_sigma) if image is None else self.add_noise(image, noise, 0)
+
+    def add_noise(self, image: np.ndarray, noise: np.ndarray, index: int) -> np.ndarray:
+        raise NotImplementedError(f"{type(self).__name__} must implement add_noise")
+
+    @staticmethod
+    def _end_step(i: int, x: np.ndarray, after_step: StepHook | None,
+                  callback: Callable[[int, np.ndarray], None] | None) -> np.ndarray:
+        """Step ``i`` is done: back to float32, then the pipeline's hook (inpainting's blend), then the callback."""
+        x = x.astype(np.float32, copy=False)
+        if after_step is not None:
+            x = after_step(i + 1, x)
+        if callback is not None:
+            callback(i, x)
+        return x
+
+
+class EulerLoop(_SchedulerLoop):
+    """``EulerDiscreteScheduler`` / ``EulerAncestralDiscreteScheduler`` (``ancestral=True``)."""
+
+    def __init__(self, ms: FolderSchedule, plan: Plan, *, ancestral: bool = False,
+                 generator: Any = None) -> None:
+        super().__init__(ms, plan)
+        self.ancestral, self.generator = ancestral, generator
 
     def add_noise(self, image: np.ndarray, noise: np.ndarray, index: int) -> np.ndarray:
         return image + noise * F32(self.plan.sigmas[index])
@@ -64,19 +84,16 @@ class EulerLoop:
                 x = x + self.generator.randn(x.shape) * up
             else:
                 x = x + d * (nxt - sigma)
-            x = x.astype(np.float32, copy=False)
-            if after_step is not None:
-                x = after_step(i + 1, x)
-            if callback is not None:
-                callback(i, x)
+            x = self._end_step(i, x, after_step, callback)
         return x
 
 
-class DPMSolverLoop:
+class DPMSolverLoop(_SchedulerLoop):
     """``DPMSolverMultistepScheduler``: DPM-Solver++ order 2, midpoint, ``lower_order_final``."""
 
     def __init__(self, ms: FolderSchedule, plan: Plan, *, offset: int = 0) -> None:
-        self.ms, self.plan, self.offset = ms, plan, offset  # offset: img2img's first step index
+        super().__init__(ms, plan)
+        self.offset = offset  # img2img's first step index
         self.lower_order_final = bool(ms.option("dpm", "lower_order_final"))
         self.euler_at_final = bool(ms.option("dpm", "euler_at_final"))
         self.final_zero = ms.option("dpm", "final_sigmas_type") == "zero"
@@ -85,13 +102,6 @@ class DPMSolverLoop:
     def _alpha_sigma(sigma: float) -> tuple[np.float32, np.float32]:
         alpha = F32(1) / ((F32(sigma) ** 2 + F32(1)) ** F32(0.5))
         return alpha, F32(sigma) * alpha
-
-    @property
-    def steps(self) -> int:
-        return self.plan.steps
-
-    def start(self, noise: np.ndarray, image: np.ndarray | None = None) -> np.ndarray:
-        return noise * F32(self.plan.init_noise_sigma) if image is None else self.add_noise(image, noise, 0)
 
     def add_noise(self, image: np.ndarray, noise: np.ndarray, index: int) -> np.ndarray:
         alpha, sigma = self._alpha_sigma(self.plan.sigmas[index])
@@ -129,26 +139,12 @@ class DPMSolverLoop:
                     x = ((sigma_t / sigma_s) * x - (alpha_t * (np.exp(-h) - F32(1))) * d0
                          - F32(0.5) * (alpha_t * (np.exp(-h) - F32(1))) * d1)
             lower_nums = min(lower_nums + 1, 2)
-            x = x.astype(np.float32, copy=False)
-            if after_step is not None:
-                x = after_step(j + 1, x)
-            if callback is not None:
-                callback(j, x)
+            x = self._end_step(j, x, after_step, callback)
         return x
 
 
-class DDIMLoop:
+class DDIMLoop(_SchedulerLoop):
     """``DDIMScheduler`` with eta 0: each step goes from alpha(t) to alpha(t - 1000 // steps)."""
-
-    def __init__(self, ms: FolderSchedule, plan: Plan) -> None:
-        self.ms, self.plan = ms, plan
-
-    @property
-    def steps(self) -> int:
-        return self.plan.steps
-
-    def start(self, noise: np.ndarray, image: np.ndarray | None = None) -> np.ndarray:
-        return noise * F32(self.plan.init_noise_sigma) if image is None else self.add_noise(image, noise, 0)
 
     def add_noise(self, image: np.ndarray, noise: np.ndarray, index: int) -> np.ndarray:
         a = self.ms.ddim_alpha(int(self.plan.timesteps[index]))
@@ -170,11 +166,7 @@ class DDIMLoop:
                 x0 = (x - b_t ** F32(0.5) * out) / a_t ** F32(0.5)
                 eps = out
             x = a_prev ** F32(0.5) * x0 + (F32(1) - a_prev) ** F32(0.5) * eps
-            x = x.astype(np.float32, copy=False)
-            if after_step is not None:
-                x = after_step(i + 1, x)
-            if callback is not None:
-                callback(i, x)
+            x = self._end_step(i, x, after_step, callback)
         return x
 
 
