@@ -88,6 +88,25 @@ class OpTable:
         return found
 
 
+def producers_and_uses(nodes: Iterable[Any], outputs: Iterable[str], *,
+                       output_uses: int = 1) -> tuple[dict[str, Any], dict[str, int]]:
+    """``{value: the node that makes it}`` and ``{value: how many nodes read it}``.
+
+    Each graph output counts ``output_uses`` more reads, so a fusion that needs a value to be
+    read once only never swallows an output.
+    """
+    producer: dict[str, Any] = {}
+    uses: dict[str, int] = {}
+    for nd in nodes:
+        for o in nd.output:
+            producer[o] = nd
+        for i in nd.input:
+            uses[i] = uses.get(i, 0) + 1
+    for o in outputs:
+        uses[o] = uses.get(o, 0) + output_uses
+    return producer, uses
+
+
 @cache
 def _op_class(domain: str, op_type: str, version: int) -> Any:
     from onnx.reference.ops import load_op
@@ -109,4 +128,4 @@ def fold_node(node: Any, inputs: list[np.ndarray | None], opsets: dict[str, int]
     return [np.asarray(r) for r in results]
 
 
-__all__ = ["Check", "Lowering", "OpTable", "fold_node"]
+__all__ = ["Check", "Lowering", "OpTable", "fold_node", "producers_and_uses"]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from sdrt.errors import UnsupportedGraph
-from sdrt.lowering import fold_node
+from sdrt.lowering import fold_node, producers_and_uses
 
 from .ops import FOLD_ONLY, REGISTRY, load_all
 from .ops import op_attention as attention
@@ -77,15 +77,8 @@ class Lowering:
         #: saturate float constants to float16's range: coremltools would cast -3.4e38 (a mask) to -inf
         self.fp16 = fp16
         self.values: dict[str, Any] = {}
-        self._producer: dict[str, Any] = {}
-        self._uses: dict[str, int] = {}
-        for nd in self.nodes:
-            for o in nd.output:
-                self._producer[o] = nd
-            for i in nd.input:
-                self._uses[i] = self._uses.get(i, 0) + 1
-        for o in self.output_names:
-            self._uses[o] = self._uses.get(o, 0) + 2  # a graph output is never an interior value
+        # a graph output is never an interior value: it counts two more reads
+        self._producer, self._uses = producers_and_uses(self.nodes, self.output_names, output_uses=2)
         self._init_ids = {id(a): n for n, a in self.inits.items()}
         self._const_cache: dict[tuple[int, str], Any] = {}
         self._keep: list[np.ndarray] = []

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from sdrt.errors import UnsupportedGraph
-from sdrt.lowering import fold_node
+from sdrt.lowering import fold_node, producers_and_uses
 
 from .ops import FOLD_ONLY, REGISTRY, load_all
 from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported
@@ -120,15 +120,7 @@ class Lowering:
         #: CPU-only lowerings (the overlapping-window conv) are used only when this is true
         self.on_cpu = on_cpu
         self.values: dict[str, Value] = {}
-        self._producer: dict[str, Any] = {}
-        self._uses: dict[str, int] = {}
-        for nd in self.nodes:
-            for o in nd.output:
-                self._producer[o] = nd
-            for i in nd.input:
-                self._uses[i] = self._uses.get(i, 0) + 1
-        for o in self.output_names:
-            self._uses[o] = self._uses.get(o, 0) + 1
+        self._producer, self._uses = producers_and_uses(self.nodes, self.output_names)
         wanted = self.options.get("rewrites", "all")
         self.rewrites_on = set(OPTIONAL) if wanted == "all" else set(wanted or ())
         self.rewrites_on.add("gelu")
