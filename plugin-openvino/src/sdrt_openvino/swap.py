@@ -59,6 +59,10 @@ _WEIGHTLESS_PROPS = {"CACHE_MODE": "OPTIMIZE_SIZE"}
 #: how many leading bytes of each weight are looked for in the exported blob
 _PROBE_BYTES = 64
 _MIN_PROBE = 8
+#: ops whose inputs after the first set output shapes (Interpolate scales, Reshape shape...): a float
+#: weight read there stays a constant baked into the blob, and a new value compiles again
+_SHAPE_OPS = {"Interpolate", "Reshape", "Broadcast", "Tile", "Pad", "Slice", "StridedSlice", "Range", "TopK",
+              "Squeeze", "Unsqueeze", "Split", "VariadicSplit"}
 #: devices whose plugin imports weightless blobs with WEIGHTS_PATH (tested)
 SUPPORTED_DEVICES = ("CPU",)
 
@@ -144,7 +148,7 @@ def build(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray], device_
         ov_model = core.read_model(convert.graph_bytes(model, graph.name))
     except RuntimeError as exc:
         raise NotSwappable(f"the graph does not convert: {convert.first_line(str(exc))}") from exc
-    as_input = _inputs_to_keep(ov_model, promoted)
+    as_input, shaping = _inputs_to_keep(ov_model, promoted)
     consts = {k: a for k, a in promoted.items() if k not in as_input}
     if not consts:
         raise NotSwappable("no weight can stay a constant")
@@ -165,36 +169,38 @@ def build(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray], device_
             raise NotSwappable(f"weights still share bytes in the IR: {', '.join(sorted(shared)[:3])}")
         compiled = core.compile_model(core.read_model(str(xml)), device_id, {**props, **_WEIGHTLESS_PROPS})
     blob = bytes(compiled.export_model().getvalue())
-    _check_weightless(blob, {k: consts[k] for k in layout})
+    _check_weightless(blob, {k: consts[k] for k in layout if k not in shaping})
     dtypes = {k: np.dtype(p.get_element_type().to_dtype()) for p in ov_model.get_parameters()
               for k in p.output(0).get_names() if k in as_input}
     log.info("%s: swappable (%d weights in a %.1f MB file, %d fed as inputs; blob %.1f MB)", graph.name,
              len(layout), size / 1e6, len(dtypes), len(blob) / 1e6)
-    fixed = {n: np.array(a) for n, a in arrays.items() if n not in promoted}
+    fixed = {n: np.array(a) for n, a in arrays.items() if n not in promoted or n in shaping}
     return compiled, Rebinder(blob, device_id, dict(props), layout, extras, size, dtypes, fixed)
 
 
-def _inputs_to_keep(ov_model: ov.Model, weights: Mapping[str, np.ndarray]) -> set[str]:
-    """The weights that stay model inputs: vectors, and those a transformation could fold."""
+def _inputs_to_keep(ov_model: ov.Model, weights: Mapping[str, np.ndarray]) -> tuple[set[str], set[str]]:
+    """The weights that stay model inputs (vectors, and those a transformation could fold), and those
+    that set shapes (they stay constants whatever their size, and must not change)."""
     params: dict[str, Any] = {}
     for p in ov_model.get_parameters():
         for n in p.output(0).get_names():
             params[n] = p
     weight_params = {params[n] for n in weights if n in params}
-    keep = set()
+    keep, shaping = set(), set()
     for name, arr in weights.items():
         param = params.get(name)
         if param is None:
             continue
+        targets = list(param.output(0).get_target_inputs())
+        if any(t.get_node().get_type_name() in _SHAPE_OPS and t.get_index() > 0 for t in targets):
+            shaping.add(name)
+            continue
         if sum(1 for d in arr.shape if d > 1) <= 1:
             keep.add(name)
             continue
-        for target in param.output(0).get_target_inputs():
-            node = target.get_node()
-            if not _has_runtime_input(node, weight_params):
-                keep.add(name)
-                break
-    return keep
+        if any(not _has_runtime_input(t.get_node(), weight_params) for t in targets):
+            keep.add(name)
+    return keep, shaping
 
 
 def _has_runtime_input(node: Any, weight_params: set[Any]) -> bool:

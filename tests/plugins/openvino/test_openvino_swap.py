@@ -143,7 +143,7 @@ def test_inputs_kept_for_vectors_and_folded_weights(ov_registry):
     g = sdrt.Graph.load(model.SerializeToString())
     core = ov_registry.backends["openvino"].core
     proto, promoted = convert.promote(g, sdrt.resolve_weights(g))
-    assert swap._inputs_to_keep(core.read_model(proto.SerializeToString()), promoted) == {"b", "table"}
+    assert swap._inputs_to_keep(core.read_model(proto.SerializeToString()), promoted) == ({"b", "table"}, set())
     session = sdrt.load(g, backend="openvino")
     x = rng.standard_normal((2, 6)).astype(np.float32)
     for scale in (2.0, 3.0):  # build, then import
@@ -171,3 +171,31 @@ def test_equal_weights_stored_once_by_the_ir_become_inputs(ov_registry):
         session.update_weights(Weights.from_arrays({"w1": w1, "w2": w2}))
         np.testing.assert_allclose(session.run({"x": x})["y"], x @ w1 + x @ w2, rtol=1e-6)
     assert session._rebinder is not None and set(session._rebinder.inputs) == {"w1", "w2"}
+
+
+def test_a_float_weight_that_sets_a_shape_stays_baked_and_a_new_value_compiles_again(ov_registry, caplog):
+    """Resize scales as a float initializer: fed as an input it would make the shapes dynamic."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(2).standard_normal((3, 3, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Resize", ["c", "", "scales"], ["y"], mode="nearest")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w"),
+                               numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = sdrt.load(model.SerializeToString(), backend="openvino")
+    caplog.set_level(logging.INFO, logger="sdrt.openvino")
+    x = np.ones((1, 3, 4, 4), np.float32)
+    for scale, size in ((2.0, 8), (3.0, 8), (3.0, 12)):
+        scales = np.array([1, 1, size // 4, size // 4], np.float32)
+        session.update_weights(Weights.from_arrays({"w": w * scale, "scales": scales}))
+        out = session.run({"x": x})["y"]
+        assert out.shape == (1, 3, size, size)
+        np.testing.assert_allclose(out[..., ::size // 4, ::size // 4], np.einsum("oi,i->o", (w * scale)[:, :, 0, 0],
+                                   np.ones(3))[None, :, None, None] * np.ones((1, 3, 4, 4)), rtol=1e-5)
+    assert session._rebinder is not None and "scales" in session._rebinder.fixed
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m.split("(")[-1] for m in messages if "updated" in m] == [
+        "compiled once more to a weightless blob)", "weightless import)", "compiled once more to a weightless blob)"]
