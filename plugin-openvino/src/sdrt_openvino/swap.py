@@ -63,6 +63,8 @@ _MIN_PROBE = 8
 #: weight read there stays a constant baked into the blob, and a new value compiles again
 _SHAPE_OPS = {"Interpolate", "Reshape", "Broadcast", "Tile", "Pad", "Slice", "StridedSlice", "Range", "TopK",
               "Squeeze", "Unsqueeze", "Split", "VariadicSplit"}
+#: dtypes a weight fed as an input may have (others, like bfloat16, make the session recompile instead)
+_INPUT_DTYPES = {"float16", "float32", "float64"}
 #: devices whose plugin imports weightless blobs with WEIGHTS_PATH (tested)
 SUPPORTED_DEVICES = ("CPU",)
 
@@ -149,6 +151,9 @@ def build(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray], device_
     except RuntimeError as exc:
         raise NotSwappable(f"the graph does not convert: {convert.first_line(str(exc))}") from exc
     as_input, shaping = _inputs_to_keep(ov_model, promoted)
+    odd = sorted(k for k in as_input if promoted[k].dtype.name not in _INPUT_DTYPES)
+    if odd:  # numpy cannot hand OpenVINO these as input tensors (ml_dtypes' bfloat16...)
+        raise NotSwappable(f"weights of type {promoted[odd[0]].dtype} would be fed as inputs: {', '.join(odd[:3])}")
     consts = {k: a for k, a in promoted.items() if k not in as_input}
     if not consts:
         raise NotSwappable("no weight can stay a constant")

@@ -202,3 +202,25 @@ def test_a_float_weight_that_sets_a_shape_stays_baked_and_a_new_value_compiles_a
     messages = [r.getMessage() for r in caplog.records]
     assert [m.split("(")[-1] for m in messages if "updated" in m] == [
         "compiled once more to a weightless blob)", "weightless import)", "compiled once more to a weightless blob)"]
+
+
+def test_a_bfloat16_weight_that_would_be_an_input_falls_back_to_compiling(ov_registry, caplog):
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes provides numpy's bfloat16")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((6, 5)).astype(np.float32)
+    b = rng.standard_normal(5).astype(ml_dtypes.bfloat16)  # a vector: fed as an input in the swappable form
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Cast", ["b"], ["bf"], to=1),
+             helper.make_node("Add", ["m", "bf"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = sdrt.load(model.SerializeToString(), backend="openvino")
+    caplog.set_level(logging.INFO, logger="sdrt.openvino")
+    x = np.ones((2, 6), np.float32)
+    b2 = (b.astype(np.float32) * 2).astype(ml_dtypes.bfloat16)
+    session.update_weights(Weights.from_arrays({"w": w * 2, "b": b2}))
+    np.testing.assert_allclose(session.run({"x": x})["y"], x @ (w * 2) + b2.astype(np.float32), rtol=1e-5)
+    assert any("would be fed as inputs" in r.getMessage() for r in caplog.records)
