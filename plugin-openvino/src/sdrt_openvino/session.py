@@ -243,9 +243,11 @@ class OpenVINOSession(Session):
             log.info("%s: weights are bound by compiling again from now on (%s)", self._graph.name, exc)
             self._swappable, self._rebinder = False, None
             return None
-        except RuntimeError as exc:
-            raise OpenVINOError(f"OpenVINO could not bind the new weights: {first_lines(exc)}",
-                                where=self._graph.name, fix="check that the weights fit this graph") from exc
+        except (RuntimeError, OSError) as exc:  # OpenVINO refused the blob, or the weights file could not be written
+            log.warning("%s: the weightless swap failed (%s); compiling again from now on", self._graph.name,
+                        first_lines(exc) if isinstance(exc, RuntimeError) else exc)
+            self._swappable, self._rebinder = False, None
+            return None
         self._rebinder = rebinder
         self._drop_conversion()
         return compiled, rebinder.input_arrays(merged), how

@@ -224,3 +224,30 @@ def test_a_bfloat16_weight_that_would_be_an_input_falls_back_to_compiling(ov_reg
     session.update_weights(Weights.from_arrays({"w": w * 2, "b": b2}))
     np.testing.assert_allclose(session.run({"x": x})["y"], x @ (w * 2) + b2.astype(np.float32), rtol=1e-5)
     assert any("would be fed as inputs" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failing_weights_file_falls_back_to_compiling(ov_registry, monkeypatch, caplog):
+    """/dev/shm full, or OpenVINO refusing the blob: the session compiles instead, it does not fail."""
+    from ov_helpers import conv_model
+
+    from sdrt_openvino import swap
+
+    session = sdrt.load(conv_model().SerializeToString(), backend="openvino")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    new = {"conv.weight": rng.standard_normal((4, 3, 3, 3)).astype(np.float32),
+           "conv.bias": rng.standard_normal(4).astype(np.float32)}
+    session.update_weights(Weights.from_arrays(new))  # builds the swappable form
+    assert session._rebinder is not None
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(swap.tempfile, "mkstemp", full)
+    caplog.set_level(logging.INFO, logger="sdrt.openvino")
+    newer = {k: v * 2 for k, v in new.items()}
+    session.update_weights(Weights.from_arrays(newer))
+    assert any("the weightless swap failed" in r.getMessage() for r in caplog.records)
+    with sdrt.load(conv_model().SerializeToString(), weights=Weights.from_arrays(newer), backend="openvino",
+                   cache=False) as fresh:
+        np.testing.assert_allclose(session.run({"x": x})["y"], fresh.run({"x": x})["y"], rtol=1e-6, atol=1e-6)
