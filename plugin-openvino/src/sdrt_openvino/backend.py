@@ -215,7 +215,8 @@ class OpenVINOBackend(Backend):
         if opts.swappable:  # the form a swap imports (no compile cache: its blob needs a weights file)
             lazy()  # converting raises UnsupportedGraph first
             try:
-                compiled, rebinder = swap.build(core, graph, arrays, device.id, props)
+                compiled, rebinder, views = swap.build(core, graph, arrays, device.id, props)
+                arrays = {**arrays, **views}  # held once: OpenVINO keeps the weights file's mapping
             except swap.NotSwappable as exc:
                 log.info("%s: not compiled swappable (%s)", graph.name, exc)
                 compiled = compile_()

@@ -235,9 +235,11 @@ class OpenVINOSession(Session):
         rebinder = self._rebinder
         try:
             if rebinder is not None and rebinder.fits(merged):
-                compiled, how = rebinder.compile(self._core, merged), "weightless import"
+                compiled, views = rebinder.compile(self._core, merged)
+                how = "weightless import"
             else:  # first update, or a shape/index initializer changed: compile the swappable form
-                compiled, rebinder = swap.build(self._core, self._graph, merged, self._device_id, self._props)
+                compiled, rebinder, views = swap.build(self._core, self._graph, merged, self._device_id,
+                                                       self._props)
                 how = "compiled once more to a weightless blob"
         except swap.NotSwappable as exc:
             log.info("%s: weights are bound by compiling again from now on (%s)", self._graph.name, exc)
@@ -250,7 +252,9 @@ class OpenVINOSession(Session):
             return None
         self._rebinder = rebinder
         self._drop_conversion()
-        return compiled, rebinder.input_arrays(merged), how
+        inputs = rebinder.input_arrays(merged)
+        merged.update(views)  # the weights file's mapping, which OpenVINO keeps: held once, not twice
+        return compiled, inputs, how
 
     def _recompile_with(self, arrays: dict[str, np.ndarray], merged: dict[str, np.ndarray]) -> Any:
         """Replace the weight constants of the converted ``ov.Model`` (or convert again) and compile it.

@@ -110,8 +110,13 @@ class Rebinder:
             out[name] = arr
         return out
 
-    def compile(self, core: ov.Core, arrays: Mapping[str, np.ndarray]) -> Any:
-        """The compiled model with ``arrays`` as its weights: the blob imported with a new weights file."""
+    def compile(self, core: ov.Core, arrays: Mapping[str, np.ndarray]) -> tuple[Any, dict[str, np.ndarray]]:
+        """The compiled model with ``arrays`` as its weights: the blob imported with a new weights file.
+
+        Also returns each weight of the file as a read-only view of its mapping: OpenVINO's constants
+        keep that mapping, so a session that holds these views instead of ``arrays`` holds the
+        weights once.
+        """
         start = time.perf_counter()
         fd, path = tempfile.mkstemp(prefix="sdrt-ov-", suffix=".bin", dir=_ram_dir())
         try:
@@ -129,15 +134,17 @@ class Rebinder:
             written = time.perf_counter()
             compiled = core.import_model(self.blob, self.device_id, {**self.props, **_WEIGHTLESS_PROPS,
                                                                      "WEIGHTS_PATH": path})
+            views = _views(path, self.layout, arrays)
         finally:
             _remove(path)
         log.debug("weights file %.3f s, import %.3f s", written - start, time.perf_counter() - written)
-        return compiled
+        return compiled, views
 
 
 def build(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray], device_id: str,
-          props: Mapping[str, Any]) -> tuple[Any, Rebinder]:
-    """Compile ``graph`` with ``arrays`` in the swappable form; return the compiled model and its rebinder.
+          props: Mapping[str, Any]) -> tuple[Any, Rebinder, dict[str, np.ndarray]]:
+    """Compile ``graph`` with ``arrays`` in the swappable form; return the compiled model, its rebinder
+    and the weights read back from the weights file (see ``Rebinder.compile``).
 
     Raises ``NotSwappable`` (nothing compiled is kept) when the device or the graph does not allow it.
     """
@@ -173,6 +180,7 @@ def build(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray], device_
         else:
             raise NotSwappable(f"weights still share bytes in the IR: {', '.join(sorted(shared)[:3])}")
         compiled = core.compile_model(core.read_model(str(xml)), device_id, {**props, **_WEIGHTLESS_PROPS})
+        views = _views(str(bin_), layout, arrays)
     blob = bytes(compiled.export_model().getvalue())
     _check_weightless(blob, {k: consts[k] for k in layout if k not in shaping})
     dtypes = {k: np.dtype(p.get_element_type().to_dtype()) for p in ov_model.get_parameters()
@@ -180,7 +188,7 @@ def build(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray], device_
     log.info("%s: swappable (%d weights in a %.1f MB file, %d fed as inputs; blob %.1f MB)", graph.name,
              len(layout), size / 1e6, len(dtypes), len(blob) / 1e6)
     fixed = {n: np.array(a) for n, a in arrays.items() if n not in promoted or n in shaping}
-    return compiled, Rebinder(blob, device_id, dict(props), layout, extras, size, dtypes, fixed)
+    return compiled, Rebinder(blob, device_id, dict(props), layout, extras, size, dtypes, fixed), views
 
 
 def _inputs_to_keep(ov_model: ov.Model, weights: Mapping[str, np.ndarray]) -> tuple[set[str], set[str]]:
@@ -275,6 +283,18 @@ def _probes(weights: Mapping[str, np.ndarray]) -> Iterable[tuple[str, bytes]]:
         probe = raw[:_PROBE_BYTES]
         if probe.size >= _MIN_PROBE and np.any(probe):  # zeros are everywhere in a blob
             yield name, probe.tobytes()
+
+
+def _views(path: str, layout: Mapping[str, tuple[int, int, np.dtype[Any]]], arrays: Mapping[str, np.ndarray]
+           ) -> dict[str, np.ndarray]:
+    """Each weight of the file at ``path`` as a read-only array over its mapping (shape from ``arrays``)."""
+    if not layout:
+        return {}
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for name, (offset, nbytes, dtype) in layout.items():
+        out[name] = mapped[offset:offset + nbytes].view(dtype).reshape(np.shape(arrays[name]))
+    return out
 
 
 def _raw(arr: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
