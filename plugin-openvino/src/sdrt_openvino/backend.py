@@ -212,7 +212,7 @@ class OpenVINOBackend(Backend):
                 raise self._compile_error(exc, graph, device, opts) from exc
 
         rebinder = None
-        if opts.swappable:  # the form a swap imports (no compile cache: its blob needs a weights file)
+        if opts.swappable is True:  # the form a swap imports (no compile cache: its blob needs a weights file)
             lazy()  # converting raises UnsupportedGraph first
             try:
                 compiled, rebinder, views = swap.build(core, graph, arrays, device.id, props)
@@ -233,7 +233,8 @@ class OpenVINOBackend(Backend):
             log.info("%s %s on %s (cache %s)", "loaded" if hit else "compiled", graph.name, device.id, key[:12])
         self._check_precision(compiled, opts, device)
         return OpenVINOSession(graph, arrays, lazy, compiled, compile_, lambda a: convert.read(core, graph, a),
-                               device.id, core=core, props=props, rebinder=rebinder)
+                               device.id, core=core if opts.swappable is not False else None, props=props,
+                               rebinder=rebinder)
 
     def _check_inputs(self, graph: Graph) -> None:
         """Refuse inputs and outputs that cannot cross OpenVINO's Python API, before any work."""

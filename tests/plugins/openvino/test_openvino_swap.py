@@ -251,3 +251,20 @@ def test_a_failing_weights_file_falls_back_to_compiling(ov_registry, monkeypatch
     with sdrt.load(conv_model().SerializeToString(), weights=Weights.from_arrays(newer), backend="openvino",
                    cache=False) as fresh:
         np.testing.assert_allclose(session.run({"x": x})["y"], fresh.run({"x": x})["y"], rtol=1e-6, atol=1e-6)
+
+
+def test_swappable_false_compiles_on_every_swap_and_a_bad_value_is_refused(ov_registry, caplog):
+    from ov_helpers import conv_model
+
+    from sdrt_openvino.options import OptionError
+
+    with pytest.raises(OptionError, match="swappable must be None, True or False"):
+        sdrt.load(conv_model().SerializeToString(), backend="openvino", swappable="yes")
+    session = sdrt.load(conv_model().SerializeToString(), backend="openvino", swappable=False)
+    caplog.set_level(logging.INFO, logger="sdrt.openvino")
+    rng = np.random.default_rng(6)
+    for _ in range(2):
+        session.update_weights(Weights.from_arrays({"conv.weight": rng.standard_normal((4, 3, 3, 3), np.float32),
+                                                    "conv.bias": rng.standard_normal(4, np.float32)}))
+    assert session._rebinder is None
+    assert sum(r.getMessage().endswith("(compiled)") for r in caplog.records) == 2
