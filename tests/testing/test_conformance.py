@@ -47,14 +47,19 @@ def test_reference_backend_passes_selected_node_tests_per_op(registry):
                                     "test_softmax_axis_0_expanded_cpu", "test_softmax_axis_0_expanded_ver18_cpu"}
 
 
-def test_wrong_backend_fails_and_unsupported_ops_are_skipped_with_device_in_names(registry, inline_plugin):
+def test_wrong_backend_fails_and_unsupported_ops_are_counted_apart_with_device_in_names(registry, inline_plugin):
     inline_plugin(_Plugin(), "wrong-plugin")
-    summary = BackendTest("wrong", "GPU.1").include(r"^test_(relu|abs|add)_gpu_1$").run()
+    summary = (BackendTest("wrong", "GPU.1").include(r"^test_(relu|abs|add|sub)_gpu_1$")
+               .exclude(r"^test_sub_", "left out on purpose").run())
     assert summary.outcome["test_relu_gpu_1"] == "failed"
     assert summary.outcome["test_abs_gpu_1"] == "failed"
-    assert summary.outcome["test_add_gpu_1"] == "skipped"
+    assert summary.outcome["test_add_gpu_1"] == "unsupported"  # the backend's UnsupportedGraph
+    assert summary.outcome["test_sub_gpu_1"] == "skipped"  # excluded
     text = summary.render()
-    assert "test_relu_gpu_1 [Relu]" in text and "0 passed, 2 failed" in text
+    assert "test_relu_gpu_1 [Relu]" in text and "0 passed, 2 failed, 0 crashed, 1 unsupported, 1 skipped" in text
+    # the failure message is the exception line with numpy's ACTUAL/DESIRED, not just the traceback's last line
+    message = dict(summary.ops["Relu"].failures)["test_relu_gpu_1"]
+    assert message.startswith("AssertionError:") and "ACTUAL" in message and "DESIRED" in message
 
 
 def test_xfail_and_tolerance_patterns_chain(registry, inline_plugin):
@@ -94,7 +99,7 @@ def test_adapter_is_an_onnx_backend(registry):
 def test_conformance_cli_prints_summary(registry, capsys):
     from sdrt.cli import main
 
-    assert main(["conformance", "reference", "-k", "^test_relu_cpu$", "--suite", "node"]) == 0
+    assert main(["conformance", "reference", "-k", "^test_relu_cpu$", "--suite", "node", "--no-isolate"]) == 0
     out = capsys.readouterr().out
     assert "Relu" in out and "1 passed, 0 failed" in out
 
@@ -104,7 +109,7 @@ def test_conformance_cli_strict_exit_code(registry, inline_plugin, capsys, stric
     from sdrt.cli import main
 
     inline_plugin(_Plugin(), "wrong-plugin")
-    args = ["conformance", "wrong", "-k", "^test_relu_gpu_1$"] + (["--strict"] if strict else [])
+    args = ["conformance", "wrong", "-k", "^test_relu_gpu_1$", "--no-isolate"] + (["--strict"] if strict else [])
     assert main(args) == code
 
 

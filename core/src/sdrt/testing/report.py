@@ -111,9 +111,14 @@ class Summary:
         }
 
 
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+
+
 def _first_line(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else ""
+    """The exception line of a traceback, with what follows it (numpy's ACTUAL/DESIRED), on one line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    start = max((i for i, ln in enumerate(lines) if _EXC_LINE.match(ln)), default=len(lines) - 1)
+    return " | ".join(lines[start:])[:500] if lines else ""
 
 
 class _Result(unittest.TestResult):
