@@ -39,6 +39,8 @@ class MIGraphXSession(Session):
         self._check_outputs()
         #: graph inputs that are run-time reduce axes, with the rank to wrap negative axes by
         self._axes_ranks = feeds_mod.runtime_axes(graph)
+        #: graph inputs that are run-time reshape shapes, with the static data shape to resolve -1 and 0 by
+        self._reshapes = feeds_mod.runtime_reshapes(graph)
         #: seconds the last update_weights took, and whether it was a cache hit
         self.last_update: tuple[float, bool] | None = None
 
@@ -65,7 +67,7 @@ class MIGraphXSession(Session):
         # np.require keeps a 0-d array 0-d (np.ascontiguousarray makes it 1-d): MIGraphX takes a buffer
         # without dimensions as its scalar shape, and refuses a 1-element vector for a scalar parameter
         params = {name: np.require(arr, requirements="C")
-                  for name, arr in feeds_mod.fix(feeds, self._axes_ranks, self._where).items()}
+                  for name, arr in feeds_mod.fix(feeds, self._axes_ranks, self._where, self._reshapes).items()}
         try:
             results = self._program.run(params)
         except Exception as exc:  # noqa: BLE001 - MIGraphX raises RuntimeError

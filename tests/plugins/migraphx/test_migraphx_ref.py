@@ -113,3 +113,51 @@ def test_sdrt_load_runs_on_ref(mx_registry, ref, tmp_path):
     with sdrt.load(path, backend="migraphx", device="ref") as session:
         out = session.run({"x": X})["y"]
     np.testing.assert_allclose(out, ort_run(conv_model(), {"x": X})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_scalar_inputs_and_outputs_keep_their_shape(backend, ref):
+    from mx_helpers import model
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Clip", ["x", "", "hi"], ["c"]),
+             helper.make_node("ReduceSum", ["c"], ["total"], keepdims=0)]
+    m = model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4]),
+                      helper.make_tensor_value_info("hi", TensorProto.FLOAT, [])],
+              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [4]),
+               helper.make_tensor_value_info("total", TensorProto.FLOAT, [])], opsets=(("", 13),))
+    x = np.array([1, 5, -2, 9], np.float32)
+    out = backend.compile(graph_of(m), None, ref).run({"x": x, "hi": np.array(4, np.float32)})
+    np.testing.assert_array_equal(out["c"], [1, 4, -2, 4])
+    assert out["total"].shape == () and float(out["total"]) == 7.0
+
+
+def test_optional_outputs_migraphx_does_not_compute_are_unsupported(backend, ref):
+    from mx_helpers import model
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("MaxPool", ["x"], ["y", "idx"], name="pool", kernel_shape=[2, 2])
+    m = model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 3, 3]),
+               helper.make_tensor_value_info("idx", TensorProto.INT64, [1, 1, 3, 3])])
+    with pytest.raises(UnsupportedGraph, match=r"computes 1 of the graph's 2 outputs.*does not compute \(nodes: idx\)"):
+        backend.compile(graph_of(m), None, ref)
+
+
+#: node tests that aborted or segfaulted the process (negative run-time reduce axes), or failed (scalars,
+#: run-time reshape shapes with -1 and 0), before the plugin's fixes; isolated, so a regression is a
+#: "crashed" test here rather than a dead pytest
+ONCE_BROKEN = (r"^test_(reduce_(l1|l2|min|prod|sum_square)_negative_axes_keep_?dims_(example|random)(_expanded)?"
+               r"|reshape_(negative_dim|negative_extended_dims|zero_dim|zero_and_negative_dim)"
+               r"|clip_default_(max|min)|onehot_with_axis|dynamicquantizelinear)_ref$")
+
+
+def test_conformance_cases_that_once_crashed_or_failed_now_pass_on_ref(registry, migraphx, tmp_path):
+    import sdrt_migraphx
+    from sdrt.testing import BackendTest
+
+    registry.register_plugin(sdrt_migraphx, "migraphx")  # the node test data stay in the user cache
+    summary = (BackendTest("migraphx", "ref", suites=("node",), cache_dir=str(tmp_path)).include(ONCE_BROKEN)
+               .run(isolate=True, plugin_modules=("sdrt_migraphx",)))
+    totals = summary.totals()
+    assert totals["crashed"] == 0 and totals["failed"] == 0 and summary.crashes == [], summary.render()
+    assert totals["passed"] == len(summary.outcome) == 24, summary.render()
