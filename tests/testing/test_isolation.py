@@ -41,9 +41,9 @@ def test_an_abort_costs_one_test_and_the_tests_after_it_still_run(fragile):
     assert "fragile: aborting on Neg" in crash.stderr_tail
     assert summary.ops["Neg"].counts["crashed"] == 1 and summary.totals()["failed"] == 0
     text = summary.render()
-    assert "crashed (the process died running the test, alone too):" in text
+    assert "crashed or stopped (the process died running the test, alone too, or gave no answer):" in text
     assert "test_neg_cpu [Neg]: killed by SIGABRT: fragile: aborting on Neg" in text
-    assert "2 passed, 0 failed, 1 crashed" in text
+    assert "2 passed, 0 failed, 1 crashed, 0 timeout" in text
     data = summary.to_json()
     assert data["totals"]["crashed"] == 1 and data["crashes"][0]["exit"] == "killed by SIGABRT"
     assert data["ops"]["Neg"]["crashes"][0][0] == "test_neg_cpu"
@@ -60,8 +60,9 @@ def test_a_segfault_in_a_small_batch_is_recorded_with_its_signal(fragile):
 def test_a_hang_is_stopped_at_the_timeout_and_the_run_goes_on(fragile):
     summary = (BackendTest("fragile", suites=("node",)).include(r"^test_(cos|relu)_cpu$")
                .run(isolate=True, plugin_modules=fragile, timeout=5))
-    assert summary.outcome == {"test_cos_cpu": "crashed", "test_relu_cpu": "passed"}
+    assert summary.outcome == {"test_cos_cpu": "timeout", "test_relu_cpu": "passed"}
     assert summary.crashes[0].exit == "no answer after 5 s; the process was stopped"
+    assert summary.totals()["timeout"] == 1 and "1 timeout" in summary.render()
 
 
 def test_a_crash_that_does_not_happen_alone_keeps_the_lone_outcome_and_is_listed_apart(fragile):

@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--exclude", action="append", default=[], metavar="REGEX")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--no-failures", action="store_true", help="do not list each failure")
-    p.add_argument("--strict", action="store_true", help="exit 1 when any test fails or crashes")
+    p.add_argument("--strict", action="store_true", help="exit 1 when any test fails, crashes or times out")
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
                    help="run the tests in child processes, so a crash costs one test, not the run (default); "
                         "--no-isolate runs them in this process")
@@ -52,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(name: str, outcome: str) -> None:
         done[0] += 1
-        if outcome == "crashed":
-            print(f"  {name}: crashed", file=sys.stderr, flush=True)
+        if outcome in ("crashed", "timeout"):
+            print(f"  {name}: {outcome}", file=sys.stderr, flush=True)
         if done[0] % 100 == 0:
             print(f"  ... {done[0]} tests", file=sys.stderr, flush=True)
 
@@ -64,4 +64,4 @@ def run(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(summary.to_json(), f, indent=1)
     totals = summary.totals()
-    return 1 if args.strict and (totals["failed"] or totals["crashed"]) else 0
+    return 1 if args.strict and (totals["failed"] or totals["crashed"] or totals["timeout"]) else 0

@@ -8,7 +8,8 @@ child streams ``@start NAME`` before each test and ``@result {json}`` after it
 (``sdrt.child``). When a child dies, or gives no answer for ``timeout``
 seconds, the test it had started is the suspect: it runs again alone in a
 fresh child. Crashing again, it is recorded as ``crashed`` with the exit (the
-signal or code) and the child's last lines of stderr; passing or failing
+signal or code) and the child's last lines of stderr (a test stopped for giving
+no answer is ``timeout``, and is not run again); passing or failing
 alone, that lone outcome counts, and the crash is listed apart as not
 reproduced (an earlier test of the same child likely corrupted its heap). A
 new child then resumes after the suspect.
@@ -130,7 +131,7 @@ def run(suite: BackendTest, runner: Any, ops: dict[str, str], progress: Callable
         if isinstance(alone, _Death):
             crash = Crash(name, op, alone.exit, alone.stderr_tail)
             summary.crashes.append(crash)
-            record(name, "crashed", crash.message())
+            record(name, "timeout" if alone.timed_out else "crashed", crash.message())
         else:
             outcome, message = alone
             summary.crashes.append(Crash(name, op, death.exit, death.stderr_tail, confirmed=False, alone=outcome))

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: outcomes a test can have, in report order: ``unsupported`` is a backend's ``UnsupportedGraph``,
-#: ``skipped`` an excluded test, ``crashed`` a test that killed (or hung) its child process in an
-#: isolated run (``BackendTest.run(isolate=True)``)
-OUTCOMES = ("passed", "failed", "crashed", "unsupported", "skipped", "xfail", "xpass")
+#: ``skipped`` an excluded test; in an isolated run (``BackendTest.run(isolate=True)``) ``crashed`` is
+#: a test that killed its child process, ``timeout`` one that gave no answer in time and was stopped
+OUTCOMES = ("passed", "failed", "crashed", "timeout", "unsupported", "skipped", "xfail", "xpass")
 
 #: the prefix of a skip reason that a backend's ``UnsupportedGraph`` gave (see ``adapter.py``)
 UNSUPPORTED = "unsupported: "
@@ -19,7 +19,7 @@ UNSUPPORTED = "unsupported: "
 
 @dataclass
 class Crash:
-    """A test whose child process died (or hung and was stopped) while running it."""
+    """A test whose child process died, or gave no answer and was stopped, while running it."""
 
     test: str
     op: str
@@ -61,7 +61,7 @@ class Summary:
         self.outcome[name] = outcome
         if outcome in ("failed", "xfail"):
             r.failures.append((name, message))
-        elif outcome == "crashed":
+        elif outcome in ("crashed", "timeout"):
             r.crashes.append((name, message))
 
     def totals(self) -> dict[str, int]:
@@ -88,15 +88,15 @@ class Summary:
                 lines += [f"  {n} [{op}]: {m}" for op, n, m in failed]
         crashed = [c for c in self.crashes if c.confirmed]
         if crashed:
-            lines += ["", "crashed (the process died running the test, alone too):"]
+            lines += ["", "crashed or stopped (the process died running the test, alone too, or gave no answer):"]
             lines += [f"  {c.test} [{c.op}]: {c.message()}" for c in crashed]
         other = [c for c in self.crashes if not c.confirmed]
         if other:
             lines += ["", "crashes not reproduced alone (the process died on the test after earlier tests; "
                           "alone it did not):"]
             lines += [f"  {c.test} [{c.op}]: {c.message()}; alone: {c.alone}" for c in other]
-        run = t["passed"] + t["failed"] + t["crashed"] + t["xfail"] + t["xpass"]
-        lines += ["", f"{t['passed']} passed, {t['failed']} failed, {t['crashed']} crashed, "
+        run = t["passed"] + t["failed"] + t["crashed"] + t["timeout"] + t["xfail"] + t["xpass"]
+        lines += ["", f"{t['passed']} passed, {t['failed']} failed, {t['crashed']} crashed, {t['timeout']} timeout, "
                       f"{t['unsupported']} unsupported, {t['skipped']} skipped, "
                       f"{t['xfail']} xfail, {t['xpass']} xpass ({run} run)"]
         return "\n".join(lines)

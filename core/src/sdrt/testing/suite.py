@@ -141,7 +141,7 @@ class BackendTest:
         ``isolate`` runs the tests in child processes, ``batch`` tests per
         child: a test that kills its process (a C ``abort()`` or segfault in a
         vendor library) or gives no answer for ``timeout`` seconds is recorded
-        as ``crashed``, and a new child goes on with the next test. The
+        as ``crashed`` (or ``timeout``), and a new child goes on with the next test. The
         children find the backend by name among the installed plugins and
         ``plugin_modules`` (importable modules to register as plugins), so
         compile options must be JSON values. See ``isolation.py``.
