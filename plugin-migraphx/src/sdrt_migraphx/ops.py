@@ -18,6 +18,10 @@ from sdrt.errors import UnsupportedGraph
 
 from .onnx_ops import ONNX_OPERATORS, SOURCE_COMMIT
 
+#: ops whose output size depends on the input values: MIGraphX compiles static shapes and pads their
+#: outputs to the largest size (NonZero's [rank, numel]), so later ops and the user see padding as data
+DATA_DEPENDENT = frozenset({"NonZero", "NonMaxSuppression"})
+
 #: numpy dtypes MIGraphX parameters and results carry through its Python API
 IO_DTYPES = frozenset({"float32", "float16", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
                        "uint32", "uint64", "bool"})
@@ -64,6 +68,12 @@ def check(graph: Any, mod: ModuleType | None) -> None:
             unsupported=bad, where=f"{graph.name} (op list from {source})",
             fix="export the model without these ops (another opset, or decomposed), or use another backend "
                 "(sdrt-ggml, or the reference backend)")
+    padded = unsupported_ops(graph.model.graph, ops - DATA_DEPENDENT)  # every other op passed above
+    if padded:
+        raise UnsupportedGraph(
+            "the output size of these ops depends on the data, and MIGraphX, compiling static shapes, pads it to "
+            "the largest size: the padding would read as results", unsupported=padded, where=graph.name,
+            fix="run this graph on another backend, or cut it before these ops and finish on the CPU")
     odd: dict[str, list[str]] = {}
     for kind, infos in (("input", graph.inputs), ("output", graph.outputs)):
         for info in infos:

@@ -62,6 +62,18 @@ class MIGraphXSession(Session):
                 f"the MIGraphX program has {len(shapes)} outputs where the graph declares {len(self.outputs)}",
                 where=self._where, fix="delete the program cache folder and compile again; if it persists, "
                                        "report the model to sdrt")
+        wrong = []
+        for info, shape in zip(self.outputs, shapes):
+            if shape.dynamic():  # sized at run time (Unique): nothing to compare yet
+                continue
+            lens = [int(d) for d in shape.lens()]
+            if info.is_static and int(np.prod(lens)) != int(np.prod(info.shape)):  # {1} for a scalar is fine
+                wrong.append(f"{info.name}: MIGraphX {lens}, graph {list(info.shape)}")
+        if wrong:  # e.g. ceil-mode pooling whose last window starts in the padding, on MIGraphX 2.16
+            raise MIGraphXError(
+                f"MIGraphX computes outputs of another size than the graph declares ({'; '.join(wrong)})",
+                where=self._where, fix="use another backend for this graph (the outputs would be wrong), and "
+                                       "report the model to MIGraphX")
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # np.require keeps a 0-d array 0-d (np.ascontiguousarray makes it 1-d): MIGraphX takes a buffer

@@ -97,3 +97,12 @@ def test_a_parser_failure_on_a_form_it_claims_is_a_migraphx_error():
     graph = reduce_graph()
     err = parse_error("compute_shape: TRANSPOSE: Permutation has wrong number of axes", graph, "g for ref")
     assert type(err) is MIGraphXError and "could not parse the graph" in str(err)
+
+
+def test_ops_whose_output_size_depends_on_the_data_are_refused_up_front():
+    from sdrt_migraphx import ops
+
+    nodes = [helper.make_node("NonZero", ["x"], ["y"], name="nz")]
+    m = model(nodes, [_vi("x", [2, 2])], [_vi("y", [2, None], TensorProto.INT64)])
+    with pytest.raises(UnsupportedGraph, match=r"depends on the data.*pads it to the largest size.*NonZero \(nodes: nz\)"):
+        ops.check(sdrt.Graph.load(m.SerializeToString()), None)

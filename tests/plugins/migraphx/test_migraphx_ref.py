@@ -161,3 +161,19 @@ def test_conformance_cases_that_once_crashed_or_failed_now_pass_on_ref(registry,
     totals = summary.totals()
     assert totals["crashed"] == 0 and totals["failed"] == 0 and summary.crashes == [], summary.render()
     assert totals["passed"] == len(summary.outcome) == 24, summary.render()
+
+
+def test_outputs_migraphx_sizes_differently_from_the_graph_fail_at_compile_not_at_run(backend, ref):
+    from mx_helpers import model
+    from onnx import TensorProto, helper
+
+    # onnx's test_maxpool_2d_ceil_output_size_reduce_by_one: a ceil-mode window may not start past the
+    # input, so ONNX (and onnxruntime) give [1, 1, 1, 1]; MIGraphX 2.16 sizes it [1, 1, 2, 2]
+    node = helper.make_node("MaxPool", ["x"], ["y"], name="pool", kernel_shape=[1, 1], strides=[2, 2], ceil_mode=1)
+    m = model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1, 1])])
+    from sdrt_migraphx.errors import MIGraphXError
+
+    with pytest.raises(MIGraphXError, match=r"outputs of another size than the graph declares \(y: MIGraphX \[1, 1, 2, 2\], "
+                                            r"graph \[1, 1, 1, 1\]\)"):
+        backend.compile(graph_of(m), None, ref)
