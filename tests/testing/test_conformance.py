@@ -58,6 +58,8 @@ def test_wrong_backend_fails_and_unsupported_ops_are_counted_apart_with_device_i
     text = summary.render()
     assert "test_relu_gpu_1 [Relu]" in text and "0 passed, 2 failed, 0 crashed, 0 timeout, 1 unsupported, 1 skipped" in text
     # the failure message is the exception line with numpy's ACTUAL/DESIRED, not just the traceback's last line
+    assert summary.ops["Add"].unsupported == [("test_add_gpu_1", "only Relu and Abs: Add (nodes: n).")]
+    assert summary.to_json()["ops"]["Add"]["unsupported"] == [["test_add_gpu_1", "only Relu and Abs: Add (nodes: n)."]]
     message = dict(summary.ops["Relu"].failures)["test_relu_gpu_1"]
     assert message.startswith("AssertionError:") and "ACTUAL" in message and "DESIRED" in message
 

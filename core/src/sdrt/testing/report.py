@@ -45,6 +45,7 @@ class OpResult:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     failures: list[tuple[str, str]] = field(default_factory=list)
     crashes: list[tuple[str, str]] = field(default_factory=list)
+    unsupported: list[tuple[str, str]] = field(default_factory=list)  # (test, the backend's reason)
 
 
 @dataclass
@@ -63,6 +64,8 @@ class Summary:
             r.failures.append((name, message))
         elif outcome in ("crashed", "timeout"):
             r.crashes.append((name, message))
+        elif outcome == "unsupported":
+            r.unsupported.append((name, message[len(UNSUPPORTED):] if message.startswith(UNSUPPORTED) else message))
 
     def totals(self) -> dict[str, int]:
         t = dict.fromkeys(OUTCOMES, 0)
@@ -105,7 +108,8 @@ class Summary:
         return {
             "backend": self.backend, "device": self.device, "totals": self.totals(),
             "ops": {op: {"counts": r.counts, "failures": [list(f) for f in r.failures],
-                         "crashes": [list(c) for c in r.crashes]}
+                         "crashes": [list(c) for c in r.crashes],
+                         "unsupported": [list(u) for u in r.unsupported]}
                     for op, r in sorted(self.ops.items())},
             "crashes": [c.to_json() for c in self.crashes],
         }
