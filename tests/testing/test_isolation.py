@@ -106,9 +106,9 @@ def test_compile_options_that_are_not_json_values_are_refused(registry):
 def test_cli_isolates_by_default_and_writes_crashes_to_json(fragile, tmp_path, capsys):
     from sdrt.cli import main
 
-    out = tmp_path / "c.json"
+    out, md = tmp_path / "c.json", tmp_path / "c.md"
     args = ["conformance", "fragile", "--suite", "node", "-k", "^test_(neg|relu)_cpu$", "--plugin-module", MODULE,
-            "--json", str(out)]
+            "--json", str(out), "--markdown", str(md)]
     assert main(args) == 0
     assert main([*args, "--strict"]) == 1
     text = capsys.readouterr()
@@ -116,6 +116,9 @@ def test_cli_isolates_by_default_and_writes_crashes_to_json(fragile, tmp_path, c
     data = json.loads(out.read_text())
     assert data["totals"]["crashed"] == 1 and data["crashes"][0]["test"] == "test_neg_cpu"
     assert "fragile: aborting on Neg" in data["crashes"][0]["stderr_tail"]
+    table = md.read_text()
+    assert "| Neg | 0 | 0 | 1 | 0 | 0 | 0 |" in table and "| **total** | **1** | **0** | **1** |" in table
+    assert "- `test_neg_cpu` (Neg): killed by SIGABRT: fragile: aborting on Neg" in table
 
 
 def test_the_worker_puts_vendor_prints_on_stderr_not_in_the_event_stream(fragile):

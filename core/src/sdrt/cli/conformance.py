@@ -24,6 +24,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="run only tests whose name matches; repeatable")
     p.add_argument("--exclude", action="append", default=[], metavar="REGEX")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
+    p.add_argument("--markdown", metavar="FILE", help="also write the per-op table as Markdown")
     p.add_argument("--no-failures", action="store_true", help="do not list each failure")
     p.add_argument("--strict", action="store_true", help="exit 1 when any test fails, crashes or times out")
     p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
@@ -63,5 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary.to_json(), f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(summary.markdown())
     totals = summary.totals()
     return 1 if args.strict and (totals["failed"] or totals["crashed"] or totals["timeout"]) else 0

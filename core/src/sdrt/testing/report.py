@@ -104,6 +104,20 @@ class Summary:
                       f"{t['xfail']} xfail, {t['xpass']} xpass ({run} run)"]
         return "\n".join(lines)
 
+    def markdown(self) -> str:
+        """The per-op table and totals as Markdown (for a backend's docs), with the crashes listed."""
+        shown = [o for o in OUTCOMES if o not in ("xfail", "xpass")] + \
+            [o for o in ("xfail", "xpass") if self.totals()[o]]
+        lines = ["| op | " + " | ".join(shown) + " |", "|---|" + "---:|" * len(shown)]
+        for op in sorted(self.ops):
+            c = self.ops[op].counts
+            lines.append(f"| {op} | " + " | ".join(str(c[o]) for o in shown) + " |")
+        t = self.totals()
+        lines.append("| **total** | " + " | ".join(f"**{t[o]}**" for o in shown) + " |")
+        for c in self.crashes:
+            lines.append(f"\n- `{c.test}` ({c.op}): {c.message()}" + ("" if c.confirmed else f"; alone: {c.alone}"))
+        return "\n".join(lines) + "\n"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "backend": self.backend, "device": self.device, "totals": self.totals(),
