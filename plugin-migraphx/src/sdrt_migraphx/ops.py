@@ -37,7 +37,7 @@ def supported_ops(mod: ModuleType | None) -> tuple[frozenset[str], str]:
     return ONNX_OPERATORS, f"MIGraphX's src/onnx/parse_*.cpp at {SOURCE_COMMIT[:12]}"
 
 
-def _nodes(graph_proto: Any, prefix: str = "") -> Iterable[tuple[str, str]]:
+def nodes(graph_proto: Any, prefix: str = "") -> Iterable[tuple[str, str]]:
     """(op type, node label) of every node, in subgraphs (If/Loop/Scan bodies) too."""
     for i, node in enumerate(graph_proto.node):
         label = prefix + (node.name or f"#{i} {node.op_type}")
@@ -45,14 +45,14 @@ def _nodes(graph_proto: Any, prefix: str = "") -> Iterable[tuple[str, str]]:
         for attr in node.attribute:
             subs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
             for sub in subs:
-                yield from _nodes(sub, f"{label}/{attr.name}/")
+                yield from nodes(sub, f"{label}/{attr.name}/")
 
 
 def unsupported_ops(graph_proto: Any, supported: Iterable[str]) -> dict[str, list[str]]:
     """``{op type: [node labels]}`` for every node whose op type is not in ``supported``."""
     ok = set(supported)
     bad: dict[str, list[str]] = {}
-    for op, label in _nodes(graph_proto):
+    for op, label in nodes(graph_proto):
         if op not in ok:
             bad.setdefault(op, []).append(label)
     return bad

@@ -184,3 +184,23 @@ def test_outputs_migraphx_sizes_differently_from_the_graph_fail_at_compile_not_a
     with pytest.raises(MIGraphXError, match=r"outputs of another size than the graph declares \(y: MIGraphX \[1, 1, 2, 2\], "
                                             r"graph \[1, 1, 1, 1\]\)"):
         backend.compile(graph_of(m), None, ref)
+
+
+def test_a_graph_with_scan_is_compiled_each_time_not_loaded_from_a_broken_mxr(backend, ref, tmp_path):
+    from mx_helpers import model
+    from onnx import TensorProto, helper
+
+    vi = helper.make_tensor_value_info
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "nxt"], ["s_out"]),
+                              helper.make_node("Identity", ["s_out"], ["scan_out"])], "body",
+                             [vi("s_in", TensorProto.FLOAT, [2]), vi("nxt", TensorProto.FLOAT, [2])],
+                             [vi("s_out", TensorProto.FLOAT, [2]), vi("scan_out", TensorProto.FLOAT, [2])])
+    node = helper.make_node("Scan", ["initial", "x"], ["y", "z"], num_scan_inputs=1, body=body)
+    m = model([node], [vi("initial", TensorProto.FLOAT, [2]), vi("x", TensorProto.FLOAT, [3, 2])],
+              [vi("y", TensorProto.FLOAT, [2]), vi("z", TensorProto.FLOAT, [3, 2])], opsets=(("", 11),))
+    feeds = {"initial": np.zeros(2, np.float32), "x": np.arange(6, dtype=np.float32).reshape(3, 2)}
+    for _ in range(2):  # a program loaded back from .mxr refused these feeds ("parameter: state_var0")
+        out = backend.compile(graph_of(m), None, ref, cache_dir=tmp_path).run(feeds)
+        np.testing.assert_array_equal(out["y"], [6, 9])
+        np.testing.assert_array_equal(out["z"], [[0, 1], [2, 4], [6, 9]])
+    assert not list(tmp_path.glob("migraphx/*.mxr"))
