@@ -15,6 +15,7 @@ from sdrt.errors import BackendUnavailable, NoDeviceError
 from . import cache as cache_mod
 from . import devices as devices_mod
 from . import module, ops
+from .conformance import CONFORMANCE
 from .identity import graph_digest, weights_digest
 from .options import Options, parse_options
 from .program import Builder
@@ -39,7 +40,7 @@ class MIGraphXBackend(Backend):
     name = "migraphx"
     api_version = (1, 0)
     priority = 70  # above OpenVINO (50) and ggml (10): on a supported Radeon/Instinct GPU, MIGraphX is the fast path
-    conformance: ClassVar[Mapping[str, Any]] = {}
+    conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE  # MIGraphX's own failures, checked on raw MIGraphX
 
     def __init__(self) -> None:
         self._warned: set[str] = set()

@@ -126,7 +126,7 @@ def run(suite: BackendTest, runner: Any, ops: dict[str, str], progress: Callable
         name = death.test
         pending = pending[1:]  # the suspect was the first test this child had not finished
         op = ops.get(name, "(unknown)")
-        log.warning("conformance: %s %s; running it again alone", name, death.exit)
+        log.warning("conformance: %s %s%s", name, death.exit, "" if death.timed_out else "; running it again alone")
         alone = _Death(name, death.exit, death.stderr_tail, True) if death.timed_out else _alone(job, name, timeout)
         if isinstance(alone, _Death):
             crash = Crash(name, op, alone.exit, alone.stderr_tail)
