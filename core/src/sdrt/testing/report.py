@@ -139,7 +139,9 @@ def _first_line(text: str) -> str:
     return " | ".join(lines[start:])[:500] if lines else ""
 
 
-class _Result(unittest.TestResult):
+class Outcomes(unittest.TestResult):
+    """A unittest result that hands each test's (name, outcome, message) to ``record``."""
+
     def __init__(self, record: Callable[[str, str, str], None]) -> None:
         super().__init__()
         self._record = record
@@ -167,7 +169,7 @@ class _Result(unittest.TestResult):
 def collect(suite: unittest.TestSuite, ops: dict[str, str], backend: str, device: str,
             xfail_reasons: dict[str, str], progress: Callable[[str, str], None] | None = None) -> Summary:
     summary = Summary(backend, device)
-    suite.run(_Result(recorder(summary, ops, xfail_reasons, progress)))
+    suite.run(Outcomes(recorder(summary, ops, xfail_reasons, progress)))
     return summary
 
 

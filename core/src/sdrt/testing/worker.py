@@ -35,7 +35,7 @@ def _tests(suite: unittest.TestSuite) -> dict[str, Any]:
 def main() -> int:
     channel = event_channel()
     job = json.loads(sys.stdin.read())
-    from .report import _Result
+    from .report import Outcomes
     from .suite import BackendTest
 
     try:
@@ -49,7 +49,7 @@ def main() -> int:
     def record(name: str, outcome: str, message: str) -> None:
         emit(channel, "result", json.dumps({"test": name, "outcome": outcome, "message": message}))
 
-    result = _Result(record)
+    result = Outcomes(record)
     for name in names:
         emit(channel, "start", name)
         test = tests.get(name)
