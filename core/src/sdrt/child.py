@@ -136,8 +136,12 @@ class Child:
         self.kill()
 
     def kill(self) -> None:
+        """Kill the child and whatever it started (its process group; on Windows the child alone)."""
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            if hasattr(os, "killpg"):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:  # pragma: no cover - Windows
+                self.proc.kill()
         except (ProcessLookupError, PermissionError):  # pragma: no cover - already gone
             pass
 
