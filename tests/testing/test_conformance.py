@@ -122,3 +122,13 @@ def test_backend_instance_and_device_id_are_resolved(registry):
     assert (suite.device.id, suite.tag) == ("GPU.1", "GPU_1")
     with pytest.raises(NoDeviceError, match=r"no device 'GPU.9'.*devices here: GPU.1"):
         BackendTest(WrongBackend(), "GPU.9")
+
+
+def test_conformance_cli_passes_compile_options_and_refuses_malformed_ones(registry, capsys):
+    from sdrt.cli import main
+
+    args = ["conformance", "reference", "-k", "^test_relu_cpu$", "--suite", "node", "--no-isolate"]
+    assert main([*args, "-o", "cache=false", "-o", "label=x"]) == 0  # the reference backend refuses options:
+    assert "unknown options for the reference backend: cache, label" in capsys.readouterr().out  # they got there
+    assert main([*args, "-o", "precision"]) == 1
+    assert "compile option 'precision' is not KEY=VALUE" in capsys.readouterr().err

@@ -34,9 +34,28 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="isolated: stop a test that gives no answer for this long (default 900)")
     p.add_argument("--batch", type=int, default=None, metavar="N",
                    help="isolated: tests per child process (default 200)")
+    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a compile option for the backend, e.g. -o precision=fp32 (VALUE is read as JSON "
+                        "when it parses, else as a string); repeatable")
     p.add_argument("--plugin-module", action="append", default=[], metavar="MODULE",
                    help="also register this importable module as a plugin (a backend not yet packaged)")
     return p
+
+
+def _options(pairs: list[str]) -> dict[str, Any]:
+    from ..errors import SdrtError
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise SdrtError(f"compile option {pair!r} is not KEY=VALUE", where="sdrt conformance -o",
+                            fix="write it as -o precision=fp32")
+        try:
+            options[key.strip()] = json.loads(text)
+        except ValueError:
+            options[key.strip()] = text
+    return options
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from ..testing import BackendTest
 
     plugin_registry(args.plugin_module)
-    suite = BackendTest(args.backend, args.device, suites=tuple(args.suite or ("node", "light")))
+    suite = BackendTest(args.backend, args.device, suites=tuple(args.suite or ("node", "light")),
+                        **_options(args.option))
     for pattern in args.include:
         suite.include(pattern)
     for pattern in args.exclude:
