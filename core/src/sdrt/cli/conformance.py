@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="isolated: stop a test that gives no answer for this long (default 900)")
     p.add_argument("--batch", type=int, default=None, metavar="N",
-                   help="isolated: tests per child process (default 200)")
+                   help="isolated: tests per child process (default 1000)")
     p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a compile option for the backend, e.g. -o precision=fp32 (VALUE is read as JSON "
                         "when it parses, else as a string); repeatable")

@@ -36,8 +36,9 @@ log = logging.getLogger("sdrt.testing")
 
 #: seconds a child may go without an answer (at start-up, or on one test) before it is stopped
 TIMEOUT = 900.0
-#: tests per child: a fresh process now and then bounds what one test's damage can do to the next
-BATCH = 200
+#: tests per child: a fresh process now and then bounds what one test's damage can do to the next, and
+#: each costs a start-up (an OpenVINO child takes many seconds), so batches are large
+BATCH = 1000
 
 Record = Callable[[str, str, str], None]
 
