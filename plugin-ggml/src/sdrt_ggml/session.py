@@ -7,6 +7,8 @@ ggml's graph allocator. ``run`` only copies the inputs in, computes, and copies 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +20,7 @@ from sdrt.errors import InputError, SdrtError
 from sdrt.lowering import fold_node
 
 from .devices import DeviceHandles
-from .lower import Lowered, LoweringSpec, free_lowered, lower_graph
+from .lower import Lowered, LoweringSpec, ctypes_addr, free_lowered, lower_graph
 from .ops._common import GTensor, HostValue, ggml_lib
 
 log = logging.getLogger("sdrt.ggml.session")
@@ -122,6 +124,29 @@ class GgmlSession(Session):
             return int(g.ggml_gallocr_get_buffer_size(self._allocr, 0))
         backends = [self._device.backend, self._device.cpu, *self._device.accel]
         return sum(int(g.ggml_backend_sched_get_buffer_size(self._sched, b)) for b in backends if b)
+
+    def placement(self) -> dict[str, Any]:
+        """Where ggml runs the graph's nodes: ``device_nodes`` on the session's device,
+        ``fallback_nodes`` on the other backends of its scheduler (for a GPU, the CPU running the
+        ops the GPU backend lacks; counted by op in ``fallback_ops``), and ``splits``, the
+        scheduler's graph splits (each one a hand-over between backends)."""
+        g = ggml_lib()
+        n = int(g.ggml_graph_n_nodes(self._graph))
+        if self._sched is None:
+            return {"device_nodes": n, "fallback_nodes": 0, "fallback_ops": {}, "splits": 1}
+        main = ctypes_addr(self._device.backend)
+        tensor_backend = _sched_tensor_backend()
+        fallback: dict[str, int] = {}
+        on_device = 0
+        for i in range(n):
+            node = g.ggml_graph_node(self._graph, i)
+            if tensor_backend(self._sched, node) == main:
+                on_device += 1
+            else:
+                op = g.ggml_op_desc(node).decode()
+                fallback[op] = fallback.get(op, 0) + 1
+        return {"device_nodes": on_device, "fallback_nodes": n - on_device, "fallback_ops": fallback,
+                "splits": int(g.ggml_backend_sched_get_n_splits(self._sched))}
 
     # -- running -------------------------------------------------------------
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -230,6 +255,21 @@ class GgmlSession(Session):
                 self._free()
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing useful to do
             pass
+
+
+@functools.cache
+def _sched_tensor_backend() -> Any:
+    """``ggml_backend_sched_get_tensor_backend`` returning the backend's address. ggml-python 0.0.45
+    declares its result as the ``ggml_backend_t`` NewType, which ctypes treats as a converter of a C
+    int: the pointer comes back truncated."""
+    raw = ggml_lib().ggml_backend_sched_get_tensor_backend
+    proto = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    fn = proto(ctypes.cast(raw, ctypes.c_void_p).value)
+
+    def tensor_backend(sched: Any, node: Any) -> int:
+        return fn(ctypes_addr(sched), ctypes_addr(node)) or 0
+
+    return tensor_backend
 
 
 def _checked_indices(name: str, arr: np.ndarray, dim: int) -> np.ndarray:
