@@ -20,6 +20,7 @@ from sdrt.errors import InputError, SdrtError
 from sdrt.lowering import fold_node
 
 from .devices import DeviceHandles
+from .gpu import keep_matmuls_f32
 from .lower import Lowered, LoweringSpec, ctypes_addr, free_lowered, lower_graph
 from .ops._common import GTensor, HostValue, ggml_lib
 
@@ -69,6 +70,9 @@ class GgmlSession(Session):
         g = ggml_lib()
         self._lo = lo
         size = max(GRAPH_SIZE_MIN, 4 * lo.n_tensors)
+        if not self._device.is_cpu:  # before the graph is built: the copies it adds must be in it
+            copies = keep_matmuls_f32(lo.ctx, reserve=int(g.ggml_graph_overhead_custom(size, False)))
+            log.info("GPU device %s: float32 matmuls, %d operand copies", self._device.name, copies)
         self._graph = g.ggml_new_graph_custom(lo.ctx, size, False)
         self._out_tensors: dict[str, GTensor] = {}
         for name, v in lo.outputs.items():
@@ -126,26 +130,25 @@ class GgmlSession(Session):
         return sum(int(g.ggml_backend_sched_get_buffer_size(self._sched, b)) for b in backends if b)
 
     def placement(self) -> dict[str, Any]:
-        """Where ggml runs the graph's nodes: ``device_nodes`` on the session's device,
-        ``fallback_nodes`` on the other backends of its scheduler (for a GPU, the CPU running the
-        ops the GPU backend lacks; counted by op in ``fallback_ops``), and ``splits``, the
-        scheduler's graph splits (each one a hand-over between backends)."""
+        """Where ggml runs the graph's compute nodes (views, which compute nothing, left out):
+        ``device_nodes`` on the session's device, ``fallback_nodes`` on the other backends of its
+        scheduler (for a GPU, the CPU running the ops the GPU backend lacks; counted by op in
+        ``fallback_ops``), and ``splits``, the scheduler's graph splits (hand-overs between backends)."""
         g = ggml_lib()
-        n = int(g.ggml_graph_n_nodes(self._graph))
+        views = {g.GGML_OP_NONE, g.GGML_OP_RESHAPE, g.GGML_OP_VIEW, g.GGML_OP_PERMUTE, g.GGML_OP_TRANSPOSE}
+        nodes = [g.ggml_graph_node(self._graph, i) for i in range(int(g.ggml_graph_n_nodes(self._graph)))]
+        nodes = [t for t in nodes if t.contents.op not in views]
         if self._sched is None:
-            return {"device_nodes": n, "fallback_nodes": 0, "fallback_ops": {}, "splits": 1}
+            return {"device_nodes": len(nodes), "fallback_nodes": 0, "fallback_ops": {}, "splits": 1}
         main = ctypes_addr(self._device.backend)
         tensor_backend = _sched_tensor_backend()
         fallback: dict[str, int] = {}
-        on_device = 0
-        for i in range(n):
-            node = g.ggml_graph_node(self._graph, i)
-            if tensor_backend(self._sched, node) == main:
-                on_device += 1
-            else:
+        for node in nodes:
+            if tensor_backend(self._sched, node) != main:
                 op = g.ggml_op_desc(node).decode()
                 fallback[op] = fallback.get(op, 0) + 1
-        return {"device_nodes": on_device, "fallback_nodes": n - on_device, "fallback_ops": fallback,
+        n_fallback = sum(fallback.values())
+        return {"device_nodes": len(nodes) - n_fallback, "fallback_nodes": n_fallback, "fallback_ops": fallback,
                 "splits": int(g.ggml_backend_sched_get_n_splits(self._sched))}
 
     # -- running -------------------------------------------------------------

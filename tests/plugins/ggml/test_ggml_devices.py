@@ -31,6 +31,10 @@ needs_gpu = pytest.mark.skipif(
     not GPUS, reason="this ggml-python build registers no GPU device (CPU-only build, as in CI); "
     "`nox -s ggml_vulkan` builds the Vulkan backend and runs these on Mesa's lavapipe")
 gpu_ids = [d.id for d in GPUS]
+#: max error on a GPU device, relative to the output's range. ggml's Vulkan matmul (mul_mm) rounds
+#: its float32 operands to float16 on Mesa's lavapipe (docs/ggml.md, "GPUs"), about 2^-11 of
+#: each operand; the CPU tests hold 1e-4
+GPU_LIMIT = 2e-3
 
 
 def _compile_as_gpu(model: onnx.ModelProto):
@@ -85,10 +89,12 @@ def _attention(d: int = 16, n: int = 24, heads: int = 2) -> tuple[onnx.ModelProt
     return model, {"q": rand(*shape, seed=1), "k": rand(*shape, seed=2), "v": rand(*shape, seed=3)}
 
 
-def _close(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: float = 1e-4, atol: float = 1e-4) -> None:
+def _close(got: dict[str, np.ndarray], want: dict[str, np.ndarray], limit: float = 1e-4) -> None:
+    """Every output within ``limit`` of its range (max |want|) of onnxruntime's."""
     for k, w in want.items():
         assert got[k].shape == w.shape, (k, got[k].shape, w.shape)
-        np.testing.assert_allclose(got[k], w, rtol=rtol, atol=atol, err_msg=k)
+        err = float(np.max(np.abs(got[k].astype(np.float64) - w))) / max(float(np.max(np.abs(w))), 1e-6)
+        assert err <= limit, f"{k}: max error {err:.2e} of the output's range"
 
 
 # -- the GPU route, on the CPU --------------------------------------------------------------------
@@ -130,9 +136,9 @@ def test_small_graphs_on_the_gpu_match_onnxruntime(device, case):
     model, feeds = _conv_stack() if case == "convs" else _attention()
     dev = next(d for d in _backend().devices() if d.id == device)
     with _backend().compile(Graph(model), None, dev) as s:
-        _close(s.run(feeds), run_ort(model, feeds))
+        _close(s.run(feeds), run_ort(model, feeds), GPU_LIMIT)
         place = s.placement()
-    assert place["device_nodes"] > 0
+    assert place["device_nodes"] > 0 and place["fallback_nodes"] == 0, place
 
 
 @needs_gpu
@@ -146,9 +152,9 @@ def test_gpu_session_reruns_and_updates_weights(device):
     dev = next(d for d in _backend().devices() if d.id == device)
     x = rand(3, 6)
     with _backend().compile(Graph(model), None, dev) as s:
-        np.testing.assert_allclose(s.run({"x": x})["y"], x @ w, rtol=1e-5, atol=1e-5)
+        _close(s.run({"x": x}), {"y": x @ w}, GPU_LIMIT)
         s.update_weights(Weights.from_arrays({"w": 2 * w}))
-        np.testing.assert_allclose(s.run({"x": x})["y"], x @ (2 * w), rtol=1e-5, atol=1e-5)
+        _close(s.run({"x": x}), {"y": x @ (2 * w)}, GPU_LIMIT)
 
 
 EXPORTS = Path(__file__).resolve().parents[2] / "data" / "ggml_exports"
@@ -158,7 +164,7 @@ EXPORTS = Path(__file__).resolve().parents[2] / "data" / "ggml_exports"
 @pytest.mark.parametrize("device", gpu_ids)
 @pytest.mark.parametrize("name", sorted(p.stem for p in EXPORTS.glob("*.onnx")))
 def test_real_exports_on_the_gpu(device, name, tmp_path):
-    """The exports of issue 20 point 2 on each GPU device, at the CPU test's 1e-4 of the range."""
+    """The exports of issue 20 point 2 on each GPU device, within GPU_LIMIT of the output's range."""
     import onnxruntime as ort
     from test_ggml_exports import filled
 
@@ -172,7 +178,4 @@ def test_real_exports_on_the_gpu(device, name, tmp_path):
     want = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, feeds)))
     dev = next(d for d in _backend().devices() if d.id == device)
     with _backend().compile(Graph(onnx.load(str(path))), None, dev) as s:
-        got = s.run(feeds)
-    for key, w in want.items():
-        err = float(np.max(np.abs(got[key].astype(np.float64) - w))) / max(float(np.max(np.abs(w))), 1e-6)
-        assert err <= 1e-4, f"{name}:{key} on {device}: max error {err:.2e} of the output's range"
+        _close(s.run(feeds), want, GPU_LIMIT)

@@ -68,13 +68,18 @@ def ggml_lib() -> Any:
 
     Before the first import, unless the user set them: libgomp spins briefly at ggml's
     per-node barriers and then sleeps (``GOMP_SPINCOUNT=3000``; the measurements behind it
-    are in docs/ggml.md, "Measured choices"), and a failed GGML_ASSERT does not start gdb
-    (``GGML_NO_BACKTRACE``). The bindings come wrapped in ``guards.CheckedGgml``.
+    are in docs/ggml.md, "Measured choices"), a failed GGML_ASSERT does not start gdb
+    (``GGML_NO_BACKTRACE``), and ggml's Vulkan backend keeps float32 graphs in float32
+    (``GGML_VK_DISABLE_F16``: its float16 shaders round float32 matmul tiles to float16, 7e-4
+    of the range on the CLIP export; ``SDRT_GGML_VULKAN_F16=1`` keeps them). The bindings
+    come wrapped in ``guards.CheckedGgml``.
     """
     if "ggml" not in sys.modules:
         if "OMP_WAIT_POLICY" not in os.environ:
             os.environ.setdefault("GOMP_SPINCOUNT", "3000")
         os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+        if os.environ.get("SDRT_GGML_VULKAN_F16") != "1":
+            os.environ.setdefault("GGML_VK_DISABLE_F16", "1")
     global _CHECKED
     if _CHECKED is None:
         import ggml
