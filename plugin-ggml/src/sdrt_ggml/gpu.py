@@ -1,4 +1,5 @@
-"""What a lowered graph needs before it runs on a GPU backend: float32 matmuls that stay float32.
+"""What a lowered graph needs before it runs on a GPU backend: float32 matmuls that stay float32,
+and weights the device cannot hold kept in CPU memory.
 
 ggml's Vulkan backend (ggml-vulkan.cpp, ``ggml_vk_mul_mat_q_f16``) copies a matmul operand whose
 first two dims are not dense into a float16 buffer before multiplying, and on a device with
@@ -12,9 +13,11 @@ kernels read any strides in float32.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from typing import Any
 
+from .devices import DeviceHandles
 from .ops._common import ggml_lib
 
 log = logging.getLogger("sdrt.ggml.gpu")
@@ -60,3 +63,37 @@ def keep_matmuls_f32(ctx: Any, reserve: int) -> int:
         log.warning("%d strided matmul operands stay strided (the ggml context is full): a GPU backend may "
                     "multiply them in float16", skipped)
     return copies
+
+
+def weights_on_host(pending: list[tuple[Any, Any]], device: DeviceHandles) -> Any:
+    """Put the weight tensors that ``device`` cannot hold into one CPU buffer; return it (or None).
+
+    A GPU backend refuses tensors above its storage-buffer range (Mesa's lavapipe: 128 MiB; vgg19's
+    first fully connected weight is 392 MiB). ggml's scheduler aborts the process when a weight
+    already placed in a device buffer feeds an op that device cannot run ("pre-allocated tensor
+    ... cannot run the operation"), so such weights go to CPU memory, and the scheduler runs the
+    ops that read them on the CPU. The rest are allocated on the device afterwards
+    (``ggml_backend_alloc_ctx_tensors`` skips tensors that have memory).
+    """
+    g = ggml_lib()
+    host = [t for t, _ in pending if not g.ggml_backend_supports_op(device.backend, t)]
+    if not host:
+        return None
+    # the CPU backend's buffer type (ggml-python 0.0.45 truncates ggml_backend_cpu_buffer_type's pointer)
+    buft = g.ggml_backend_get_default_buffer_type(device.cpu)
+    align = int(g.ggml_backend_buft_get_alignment(buft))
+    sizes = [-(-int(g.ggml_backend_buft_get_alloc_size(buft, t)) // align) * align for t in host]
+    buf = g.ggml_backend_buft_alloc_buffer(buft, sum(sizes) + align)
+    if not buf:
+        from sdrt.errors import SdrtError
+
+        raise SdrtError(f"could not allocate {sum(sizes)} bytes of CPU memory for {len(host)} weights that "
+                        f"ggml device {device.name} cannot hold", where=f"ggml device {device.name}",
+                        fix="free memory, or run on device='CPU'")
+    g.ggml_backend_buffer_set_usage(buf, g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+    talloc = g.ggml_tallocr_new(buf)
+    for t in host:
+        g.ggml_tallocr_alloc(ctypes.byref(talloc), t)
+    log.info("%d weights (%.1f MiB) stay in CPU memory: ggml device %s cannot hold them", len(host),
+             sum(sizes) / 2**20, device.name)
+    return buf

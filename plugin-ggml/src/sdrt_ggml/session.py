@@ -20,7 +20,7 @@ from sdrt.errors import InputError, SdrtError
 from sdrt.lowering import fold_node
 
 from .devices import DeviceHandles
-from .gpu import keep_matmuls_f32
+from .gpu import keep_matmuls_f32, weights_on_host
 from .lower import Lowered, LoweringSpec, ctypes_addr, free_lowered, lower_graph
 from .ops._common import GTensor, HostValue, ggml_lib
 
@@ -50,6 +50,7 @@ class GgmlSession(Session):
         self._sched: Any = None
         self._allocr: Any = None
         self._wbuf: Any = None
+        self._hostbuf: Any = None  # weights a GPU device cannot hold, in CPU memory
         self._lo: Lowered | None = lowered
         try:
             self._build(lowered)
@@ -90,11 +91,14 @@ class GgmlSession(Session):
     def _alloc_weights(self, lo: Lowered) -> None:
         g = ggml_lib()
         if lo.pending:
-            self._wbuf = g.ggml_backend_alloc_ctx_tensors(lo.wctx, self._device.backend)
-            if not self._wbuf:
-                raise SdrtError("could not allocate the weights buffer", where=f"ggml device {self._device.name}",
-                                fix="free memory, or use a smaller model or another device")
-            g.ggml_backend_buffer_set_usage(self._wbuf, g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+            if not self._device.is_cpu:
+                self._hostbuf = weights_on_host(lo.pending, self._device)
+            if any(not t.contents.data for t, _ in lo.pending):
+                self._wbuf = g.ggml_backend_alloc_ctx_tensors(lo.wctx, self._device.backend)
+                if not self._wbuf:
+                    raise SdrtError("could not allocate the weights buffer", where=f"ggml device {self._device.name}",
+                                    fix="free memory, or use a smaller model or another device")
+                g.ggml_backend_buffer_set_usage(self._wbuf, g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
         for t, data in lo.pending:
             g.ggml_backend_tensor_set(t, data.ctypes.data, 0, data.nbytes)
         lo.pending = []
@@ -239,6 +243,9 @@ class GgmlSession(Session):
         if self._wbuf:
             g.ggml_backend_buffer_free(self._wbuf)
             self._wbuf = None
+        if self._hostbuf:
+            g.ggml_backend_buffer_free(self._hostbuf)
+            self._hostbuf = None
         if self._lo is not None:
             free_lowered(self._lo)
             self._lo = None

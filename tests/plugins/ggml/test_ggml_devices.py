@@ -32,9 +32,9 @@ needs_gpu = pytest.mark.skipif(
     "`nox -s ggml_vulkan` builds the Vulkan backend and runs these on Mesa's lavapipe")
 gpu_ids = [d.id for d in GPUS]
 #: max error on a GPU device, relative to the output's range. ggml's Vulkan matmul (mul_mm) rounds
-#: its float32 operands to float16 on Mesa's lavapipe (docs/ggml.md, "GPUs"), about 2^-11 of
-#: each operand; the CPU tests hold 1e-4
-GPU_LIMIT = 2e-3
+#: its float32 operands to float16 on Mesa's lavapipe (docs/ggml.md, "GPUs"): 2^-11 of
+#: each operand, 2.4e-3 of the range after the small SDXL UNet; the CPU tests hold 1e-4
+GPU_LIMIT = 5e-3
 
 
 def _compile_as_gpu(model: onnx.ModelProto):
@@ -155,6 +155,27 @@ def test_gpu_session_reruns_and_updates_weights(device):
         _close(s.run({"x": x}), {"y": x @ w}, GPU_LIMIT)
         s.update_weights(Weights.from_arrays({"w": 2 * w}))
         _close(s.run({"x": x}), {"y": x @ (2 * w)}, GPU_LIMIT)
+
+
+@needs_gpu
+@pytest.mark.parametrize("device", gpu_ids)
+def test_a_weight_the_gpu_cannot_hold_stays_in_cpu_memory(device):
+    """A weight above the device's storage-buffer range (lavapipe: 128 MiB) made ggml's scheduler
+    abort the process (the conformance kit's vgg19: a 392 MiB weight); it now stays in CPU memory
+    and the ops reading it run on the CPU."""
+    from sdrt.graph import Graph
+
+    dev = next(d for d in _backend().devices() if d.id == device)
+    k, n = 8192, 4224  # 138 MB of float32
+    w = np.random.default_rng(0).standard_normal((k, n), dtype=np.float32) / np.sqrt(k)
+    model = make_model([mk("MatMul", ["x", "w"], ["h"]), mk("Relu", ["h"], ["y"])], {"x": ((2, k), F)},
+                       {"y": (None, F)}, {"w": w})
+    x = rand(2, k)
+    with _backend().compile(Graph(model), None, dev) as s:
+        _close(s.run({"x": x}), {"y": np.maximum(x.astype(np.float64) @ w, 0)}, GPU_LIMIT)
+        place = s.placement()
+    if dev.properties.get("software"):  # lavapipe: 128 MiB storage-buffer range
+        assert place["fallback_ops"].get("MUL_MAT") == 1, place
 
 
 EXPORTS = Path(__file__).resolve().parents[2] / "data" / "ggml_exports"
