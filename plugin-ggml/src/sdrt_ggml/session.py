@@ -118,6 +118,11 @@ class GgmlSession(Session):
             assert self._lo is not None
             for t in self._lo.scratch:  # no op decides where these live: put them with the main backend
                 g.ggml_backend_sched_set_tensor_backend(self._sched, t, backends[0])
+            if not dev.is_cpu:
+                # ggml's scheduler puts graph inputs on its last backend (the CPU), and the ops fed
+                # only by inputs follow them: a graph without weights ran wholly on the CPU
+                for v in [*self._lo.inputs.values(), *self._lo.host_tensors.values()]:
+                    g.ggml_backend_sched_set_tensor_backend(self._sched, v.ptr, dev.backend)
             ok = g.ggml_backend_sched_alloc_graph(self._sched, self._graph)
         if not ok:
             raise SdrtError("could not allocate memory for the graph's intermediate tensors",
