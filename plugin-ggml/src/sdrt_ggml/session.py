@@ -10,7 +10,9 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -213,27 +215,48 @@ class GgmlSession(Session):
 
     # -- weights -------------------------------------------------------------
     def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
-        """Write new initializer values into the backend buffer; rebuild only when a weight was folded."""
+        """Write the weights whose values changed into the backend buffer; lower the graph again only
+        when a changed weight was folded at lowering (or is read through a tensor not bound to it).
+
+        Callers pass every initializer (a pipeline binds whole parts): unchanged ones are skipped
+        by value, so a LoRA rewrites only the layers it touches. The changed weights are converted
+        (layout transform, float32) in a few threads, which numpy runs without the GIL, and each
+        is copied once, straight into its tensor.
+        """
         assert self._lo is not None
+        old = self._spec.initializers
+        changed = {k: np.asarray(v) for k, v in arrays.items() if not _same(old.get(k), v)}
+        if not changed:
+            return
         bound = {b.name for b in self._lo.bindings}
         used = {i for n in self._spec.nodes for i in n.input}
-        rebuild = [k for k in arrays if k in used and (k not in bound or k in self._lo.folded_inits)]
-        self._spec.initializers.update({k: np.asarray(v) for k, v in arrays.items()})
+        rebuild = [k for k in changed if k in used and (k not in bound or k in self._lo.folded_inits)]
+        self._spec.initializers.update(changed)
         if rebuild:
-            log.info("update_weights: %d weights feed compile-time folding; lowering the graph again", len(rebuild))
+            log.info("update_weights: %d changed weights feed compile-time folding (%s); lowering the graph "
+                     "again", len(rebuild), ", ".join(rebuild[:3]))
             self._free_graph()
             self._build(lower_graph(self._spec))
             return
         g = ggml_lib()
-        for b in self._lo.bindings:
-            if b.name in arrays:
-                data = np.asarray(arrays[b.name])
-                data = b.transform(data) if b.transform else data
-                data = np.ascontiguousarray(data, dtype=np.dtype(b.dtype))
-                if data.nbytes != g.ggml_nbytes(b.tensor):
-                    raise SdrtError(f"weight {b.name!r} has {data.nbytes} bytes, expected {g.ggml_nbytes(b.tensor)}",
-                                    where="Session.update_weights", fix="pass weights with the graph's shapes")
-                g.ggml_backend_tensor_set(b.tensor, data.ctypes.data, 0, data.nbytes)
+        todo = [b for b in self._lo.bindings if b.name in changed]
+
+        def prepare(b: Any) -> np.ndarray:
+            data = changed[b.name]
+            data = b.transform(data) if b.transform else data
+            return np.ascontiguousarray(data, dtype=np.dtype(b.dtype))
+
+        workers = min(4, os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for start in range(0, len(todo), 4 * workers):  # a window: few converted copies alive at once
+                chunk = todo[start:start + 4 * workers]
+                for b, data in zip(chunk, pool.map(prepare, chunk)):
+                    if data.nbytes != g.ggml_nbytes(b.tensor):
+                        raise SdrtError(f"weight {b.name!r} has {data.nbytes} bytes, expected "
+                                        f"{g.ggml_nbytes(b.tensor)}", where="Session.update_weights",
+                                        fix="pass weights with the graph's shapes")
+                    g.ggml_backend_tensor_set(b.tensor, data.ctypes.data, 0, data.nbytes)
+        log.debug("update_weights: wrote %d of %d weight tensors", len(todo), len(self._lo.bindings))
 
     # -- teardown ------------------------------------------------------------
     def _free_graph(self) -> None:
@@ -270,6 +293,21 @@ class GgmlSession(Session):
                 self._free()
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing useful to do
             pass
+
+
+def _same(old: np.ndarray | None, new: Any) -> bool:
+    """Whether ``new`` holds exactly the values of ``old`` (a few leading values first: cheap when not)."""
+    if old is None:
+        return False
+    new = np.asarray(new)
+    if new is old:
+        return True
+    if new.shape != old.shape or new.dtype != old.dtype:
+        return False
+    a, b = old.reshape(-1), new.reshape(-1)
+    if not np.array_equal(a[:256], b[:256]):
+        return False
+    return bool(np.array_equal(a, b))
 
 
 @functools.cache
