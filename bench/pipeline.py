@@ -13,8 +13,8 @@ pass over a batch of 2 (uncond and cond rows).
 
 Per backend and round: one 20-step ``generate`` (the CLI's default sampler DPM++ 2M Karras), and after
 each of its steps, from the step callback, one raw ``Session.run`` on the very session the pipeline
-compiled, with feeds of the same shapes: so pipeline steps and raw runs interleave and load from other
-processes hits both alike. Reported: median ms per pipeline step (callback to callback, the raw run
+compiled, with the same feeds (the encoded prompts, the step's latents): so pipeline steps and raw
+runs interleave and load from other processes hits both alike. Reported: median ms per pipeline step (callback to callback, the raw run
 taken out), median ms per raw run, their ratio (the pipeline's overhead per step), and tokenize +
 encode of the prompt and the negative prompt as a share of the run (the whole ``generate``: encode,
 20 steps, VAE decode).
@@ -88,9 +88,12 @@ def bench_backend(folder: Path, backend: str, steps: int, rounds: int, cfg: floa
     try:
         pipe(PROMPT, NEGATIVE, steps=2, cfg=cfg, seed=0)  # compile every part once, at the UNet batch of this cfg
         (key, unet), = pipe.unet.sessions.items()
-        rng = np.random.default_rng(0)
-        feeds = {name: (rng.standard_normal(dims).astype(np.float32) if name != "timestep"
-                        else np.full(dims, 500.0, np.float32)) for name, dims in key[0]}
+        rows = dict(key[0])["sample"][0]
+        # the raw runs get the values the pipeline's UNet calls get: the encoded prompt (and negative
+        # prompt) and, at each step, the current latents, so value-dependent costs hit both alike
+        conds = [pipe.prompts.encode(t).hidden for t in ((NEGATIVE, PROMPT) if rows == 2 else (PROMPT,))]
+        feeds = {"encoder_hidden_states": np.concatenate(conds, axis=0),
+                 "timestep": np.full((rows,), 500.0, np.float32)}
         step_ms: list[float] = []
         raw_ms: list[float] = []
         encode_share, tokenize_share, run_ms = [], [], []
@@ -115,8 +118,9 @@ def bench_backend(folder: Path, backend: str, steps: int, rounds: int, cfg: floa
                 now = time.perf_counter()
                 if i > 1:
                     step_ms.append((now - mark[0]) * 1e3)
+                sample = np.concatenate([x] * rows, axis=0) if rows > 1 else x
                 r0 = time.perf_counter()
-                unet.run(feeds)
+                unet.run({**feeds, "sample": sample})
                 raw_ms.append((time.perf_counter() - r0) * 1e3)
                 mark[0] = time.perf_counter()
 
@@ -127,7 +131,7 @@ def bench_backend(folder: Path, backend: str, steps: int, rounds: int, cfg: floa
             encode_share.append(encode_s / run_s)
             tokenize_share.append(tok_s / run_s)
         step, raw = statistics.median(step_ms), statistics.median(raw_ms)
-        return {"backend": backend, "steps": steps, "rounds": rounds, "cfg": cfg, "unet_batch": dict(key[0])["sample"][0],
+        return {"backend": backend, "steps": steps, "rounds": rounds, "cfg": cfg, "unet_batch": rows,
                 "step_ms": step, "raw_unet_ms": raw,
                 "overhead": step / raw - 1, "encode_share": statistics.median(encode_share),
                 "tokenize_share": statistics.median(tokenize_share),
