@@ -7,6 +7,8 @@ ggml's graph allocator. ``run`` only copies the inputs in, computes, and copies 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +20,8 @@ from sdrt.errors import InputError, SdrtError
 from sdrt.lowering import fold_node
 
 from .devices import DeviceHandles
-from .lower import Lowered, LoweringSpec, free_lowered, lower_graph
+from .gpu import keep_matmuls_f32, weights_on_host
+from .lower import Lowered, LoweringSpec, ctypes_addr, free_lowered, lower_graph
 from .ops._common import GTensor, HostValue, ggml_lib
 
 log = logging.getLogger("sdrt.ggml.session")
@@ -47,6 +50,7 @@ class GgmlSession(Session):
         self._sched: Any = None
         self._allocr: Any = None
         self._wbuf: Any = None
+        self._hostbuf: Any = None  # weights a GPU device cannot hold, in CPU memory
         self._lo: Lowered | None = lowered
         try:
             self._build(lowered)
@@ -67,6 +71,9 @@ class GgmlSession(Session):
         g = ggml_lib()
         self._lo = lo
         size = max(GRAPH_SIZE_MIN, 4 * lo.n_tensors)
+        if not self._device.is_cpu:  # before the graph is built: the copies it adds must be in it
+            copies = keep_matmuls_f32(lo.ctx, reserve=int(g.ggml_graph_overhead_custom(size, False)))
+            log.info("GPU device %s: float32 matmuls, %d operand copies", self._device.name, copies)
         self._graph = g.ggml_new_graph_custom(lo.ctx, size, False)
         self._out_tensors: dict[str, GTensor] = {}
         for name, v in lo.outputs.items():
@@ -84,11 +91,14 @@ class GgmlSession(Session):
     def _alloc_weights(self, lo: Lowered) -> None:
         g = ggml_lib()
         if lo.pending:
-            self._wbuf = g.ggml_backend_alloc_ctx_tensors(lo.wctx, self._device.backend)
-            if not self._wbuf:
-                raise SdrtError("could not allocate the weights buffer", where=f"ggml device {self._device.name}",
-                                fix="free memory, or use a smaller model or another device")
-            g.ggml_backend_buffer_set_usage(self._wbuf, g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+            if not self._device.is_cpu:
+                self._hostbuf = weights_on_host(lo.pending, self._device)
+            if any(not t.contents.data for t, _ in lo.pending):
+                self._wbuf = g.ggml_backend_alloc_ctx_tensors(lo.wctx, self._device.backend)
+                if not self._wbuf:
+                    raise SdrtError("could not allocate the weights buffer", where=f"ggml device {self._device.name}",
+                                    fix="free memory, or use a smaller model or another device")
+                g.ggml_backend_buffer_set_usage(self._wbuf, g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
         for t, data in lo.pending:
             g.ggml_backend_tensor_set(t, data.ctypes.data, 0, data.nbytes)
         lo.pending = []
@@ -108,6 +118,11 @@ class GgmlSession(Session):
             assert self._lo is not None
             for t in self._lo.scratch:  # no op decides where these live: put them with the main backend
                 g.ggml_backend_sched_set_tensor_backend(self._sched, t, backends[0])
+            if not dev.is_cpu:
+                # ggml's scheduler puts graph inputs on its last backend (the CPU), and the ops fed
+                # only by inputs follow them: a graph without weights ran wholly on the CPU
+                for v in [*self._lo.inputs.values(), *self._lo.host_tensors.values()]:
+                    g.ggml_backend_sched_set_tensor_backend(self._sched, v.ptr, dev.backend)
             ok = g.ggml_backend_sched_alloc_graph(self._sched, self._graph)
         if not ok:
             raise SdrtError("could not allocate memory for the graph's intermediate tensors",
@@ -122,6 +137,28 @@ class GgmlSession(Session):
             return int(g.ggml_gallocr_get_buffer_size(self._allocr, 0))
         backends = [self._device.backend, self._device.cpu, *self._device.accel]
         return sum(int(g.ggml_backend_sched_get_buffer_size(self._sched, b)) for b in backends if b)
+
+    def placement(self) -> dict[str, Any]:
+        """Where ggml runs the graph's compute nodes (views, which compute nothing, left out):
+        ``device_nodes`` on the session's device, ``fallback_nodes`` on the other backends of its
+        scheduler (for a GPU, the CPU running the ops the GPU backend lacks; counted by op in
+        ``fallback_ops``), and ``splits``, the scheduler's graph splits (hand-overs between backends)."""
+        g = ggml_lib()
+        views = {g.GGML_OP_NONE, g.GGML_OP_RESHAPE, g.GGML_OP_VIEW, g.GGML_OP_PERMUTE, g.GGML_OP_TRANSPOSE}
+        nodes = [g.ggml_graph_node(self._graph, i) for i in range(int(g.ggml_graph_n_nodes(self._graph)))]
+        nodes = [t for t in nodes if t.contents.op not in views]
+        if self._sched is None:
+            return {"device_nodes": len(nodes), "fallback_nodes": 0, "fallback_ops": {}, "splits": 1}
+        main = ctypes_addr(self._device.backend)
+        tensor_backend = _sched_tensor_backend()
+        fallback: dict[str, int] = {}
+        for node in nodes:
+            if tensor_backend(self._sched, node) != main:
+                op = g.ggml_op_desc(node).decode()
+                fallback[op] = fallback.get(op, 0) + 1
+        n_fallback = sum(fallback.values())
+        return {"device_nodes": len(nodes) - n_fallback, "fallback_nodes": n_fallback, "fallback_ops": fallback,
+                "splits": int(g.ggml_backend_sched_get_n_splits(self._sched))}
 
     # -- running -------------------------------------------------------------
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -211,6 +248,9 @@ class GgmlSession(Session):
         if self._wbuf:
             g.ggml_backend_buffer_free(self._wbuf)
             self._wbuf = None
+        if self._hostbuf:
+            g.ggml_backend_buffer_free(self._hostbuf)
+            self._hostbuf = None
         if self._lo is not None:
             free_lowered(self._lo)
             self._lo = None
@@ -230,6 +270,21 @@ class GgmlSession(Session):
                 self._free()
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing useful to do
             pass
+
+
+@functools.cache
+def _sched_tensor_backend() -> Any:
+    """``ggml_backend_sched_get_tensor_backend`` returning the backend's address. ggml-python 0.0.45
+    declares its result as the ``ggml_backend_t`` NewType, which ctypes treats as a converter of a C
+    int: the pointer comes back truncated."""
+    raw = ggml_lib().ggml_backend_sched_get_tensor_backend
+    proto = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    fn = proto(ctypes.cast(raw, ctypes.c_void_p).value)
+
+    def tensor_backend(sched: Any, node: Any) -> int:
+        return fn(ctypes_addr(sched), ctypes_addr(node)) or 0
+
+    return tensor_backend
 
 
 def _checked_indices(name: str, arr: np.ndarray, dim: int) -> np.ndarray:
