@@ -360,17 +360,33 @@ def _timesteps(batch: int, gen: torch.Generator) -> torch.Tensor:
     return torch.where(pick, high, uniform)
 
 
-def train_unet(work: Path, steps: int, batch: int, lr: float, check_every: int = 1000) -> None:
-    """UNet + text encoder from scratch: eps prediction on SD 1.x's schedule, shape cells weighted, EMA weights.
+#: phase 2's cap on the noise weighting: a sample's eps loss is weighted by 1 / SNR = (1 - abar) / abar, clipped
+#: to [1, NOISY_WEIGHT], which makes it an x0 (image) loss where the noise dominates
+NOISY_WEIGHT = 20.0
 
-    The rate warms up over 100 steps, holds, and falls linearly to a fifth over the last 40% of the steps. Every
-    ``check_every`` steps the EMA weights draw the held-out captions (DDIM, 10 steps) and the log says how many
-    have the right colours and the right cell; EMA weights are saved every 500 steps, so a stopped run leaves a
-    usable model.
+
+def train_unet(work: Path, steps: int, batch: int, lr: float, phase: int = 1, check_every: int = 1000) -> None:
+    """UNet + text encoder: eps prediction on SD 1.x's schedule, shape cells weighted, EMA weights.
+
+    Phase 1 starts from scratch at a constant rate (after 100 warm-up steps) and learns backgrounds and colours.
+    It does not learn positions: an eps loss hardly counts where the shape is drawn at the noise levels where
+    that is decided, because the error of the image estimate is scaled by the signal-to-noise ratio
+    (abar / (1 - abar), 0.04 at t = 800). Phase 2 starts from phase 1's EMA weights (fresh optimizer, new draws,
+    EMA 0.995) and weights each sample by 1 / SNR clipped to [1, NOISY_WEIGHT], its rate falling linearly to a
+    fifth over the last 40% of its steps. Every ``check_every`` steps the EMA weights draw the held-out captions
+    (DDIM, 10 steps) and the log says how many have the right colours and the right cell; EMA weights are saved
+    every 500 steps, so a stopped run leaves a usable model.
     """
-    torch.manual_seed(SEED)
+    torch.manual_seed(SEED + phase - 1)
     tok = load_tokenizer(work)
-    unet, text = make_unet(), make_text_encoder(tok)
+    if phase == 1:
+        unet, text = make_unet(), make_text_encoder(tok)
+    else:
+        from diffusers import UNet2DConditionModel
+        from transformers import CLIPTextModel
+
+        unet = UNet2DConditionModel.from_pretrained(work / "unet").train()
+        text = CLIPTextModel.from_pretrained(work / "text_encoder").train()
     data = torch.load(work / "latents.pt")
     latents, scene_ids, sizes = data["latents"], data["scenes"], data["sizes"]
     train, _ = spec.split_scenes()
@@ -389,11 +405,11 @@ def train_unet(work: Path, steps: int, batch: int, lr: float, check_every: int =
         return cache[caption]
 
     vae = load_vae(work / "vae")
-    gen = torch.Generator().manual_seed(SEED)
+    gen = torch.Generator().manual_seed(SEED + phase - 1)
     t0 = time.time()
     avg = None
     for step in range(steps):
-        rng = np.random.default_rng([SEED, 4, step])
+        rng = np.random.default_rng([SEED, 4, step] if phase == 1 else [SEED, 4, phase, step])
         picks = rng.choice(len(latents), batch)
         caps = [spec.random_caption(train[scene_ids[i]], sizes[i], rng) for i in picks]
         caps = ["" if rng.random() < 0.1 else c for c in caps]
@@ -406,27 +422,32 @@ def train_unet(work: Path, steps: int, batch: int, lr: float, check_every: int =
         pred = unet(xt, t, text(ids)[0]).sample
         med = x0.flatten(2).median(dim=2).values[:, :, None, None]
         shape = ((x0 - med)[:, :3].abs().amax(dim=1, keepdim=True) > 0.5).float()
-        loss = ((1.0 + (SHAPE_WEIGHT - 1.0) * shape) * (pred - noise).pow(2)).mean()
-        cur = lr * min(1.0, (step + 1) / 100) * min(1.0, 1.0 - 0.8 * (step - 0.6 * steps) / (0.4 * steps))
+        weight = 1.0 + (SHAPE_WEIGHT - 1.0) * shape
+        if phase > 1:
+            weight = weight * ((1 - a) / a).clamp(1.0, NOISY_WEIGHT)
+        loss = (weight * (pred - noise).pow(2)).mean()
+        cur = lr * min(1.0, (step + 1) / 100)
+        if phase > 1:
+            cur *= min(1.0, 1.0 - 0.8 * (step - 0.6 * steps) / (0.4 * steps))
         for g in opt.param_groups:
             g["lr"] = cur
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        decay = min(0.998, (1 + step) / (10 + step))
+        decay = min(0.998 if phase == 1 else 0.995, (1 + step) / (10 + step))
         with torch.no_grad():
             for m, src in zip(ema, (unet, text)):
                 for pe, p in zip(m.parameters(), src.parameters()):
                     pe.lerp_(p, 1 - decay)
         avg = loss.item() if avg is None else 0.98 * avg + 0.02 * loss.item()
         if step % 100 == 0 or step == steps - 1:
-            log.info("unet step %d/%d loss %.4f avg %.4f lr %.2e (%.0f s)", step, steps, loss.item(), avg, cur,
+            log.info("unet phase %d step %d/%d loss %.4f avg %.4f lr %.2e (%.0f s)", phase, step, steps, loss.item(), avg, cur,
                      time.time() - t0)
         if (step + 1) % 500 == 0 or step == steps - 1:
             ema[0].save_pretrained(work / "unet")
             ema[1].save_pretrained(work / "text_encoder")
-            (work / "unet" / "step.txt").write_text(f"step {step + 1} of {steps}\n")
+            (work / "unet" / "step.txt").write_text(f"phase {phase} step {step + 1} of {steps}\n")
             log.info("saved EMA weights at step %d", step + 1)
         if (step + 1) % check_every == 0 or step == steps - 1:
             colour, both = quick_check(ema[0], ema[1], vae, tok, abar)
@@ -634,12 +655,13 @@ def export(work: Path, out: Path = OUT) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=["tokenizer", "vae", "latents", "unet", "export", "eval", "all"])
+    ap.add_argument("stage", choices=["tokenizer", "vae", "latents", "unet", "unet2", "export", "eval", "all"])
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "demo-model")
     ap.add_argument("--vae-steps", type=int, default=600)
     ap.add_argument("--vae-batch", type=int, default=4)
     ap.add_argument("--latents", type=int, default=16000)
-    ap.add_argument("--unet-steps", type=int, default=6000)
+    ap.add_argument("--unet-steps", type=int, default=2500, help="phase 1 steps")
+    ap.add_argument("--unet2-steps", type=int, default=2000, help="phase 2 (noise-weighted) steps")
     ap.add_argument("--unet-batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--out", type=Path, default=OUT, help="export folder")
@@ -651,7 +673,7 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     torch.use_deterministic_algorithms(True)
     args.work.mkdir(parents=True, exist_ok=True)
-    stages = ["tokenizer", "vae", "latents", "unet", "export", "eval"] if args.stage == "all" \
+    stages = ["tokenizer", "vae", "latents", "unet", "unet2", "export", "eval"] if args.stage == "all" \
         else [args.stage]
     for stage in stages:
         t0 = time.time()
@@ -664,6 +686,8 @@ def main() -> None:
             encode_latents(args.work, args.latents)
         elif stage == "unet":
             train_unet(args.work, args.unet_steps, args.unet_batch, args.lr)
+        elif stage == "unet2":
+            train_unet(args.work, args.unet2_steps, args.unet_batch, args.lr / 2, phase=2, check_every=500)
         elif stage == "export":
             export(args.work, args.out)
         elif stage == "eval":
