@@ -640,7 +640,9 @@ def export(work: Path, out: Path = OUT) -> None:
           ["latent_sample"], ["sample"])
     for part, src in (("text_encoder", "text_encoder"), ("unet", "unet"), ("vae_encoder", "vae"),
                       ("vae_decoder", "vae")):
-        shutil.copy(tmp / src / "config.json", out / part / "config.json")
+        config = json.loads((tmp / src / "config.json").read_text())
+        config.pop("_name_or_path", None)  # the trainer's local path: nothing a user needs
+        (out / part / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     index = json.loads((tmp / "model_index.json").read_text())
     for k in ("vae", "safety_checker", "feature_extractor", "image_encoder"):
         index.pop(k, None)
@@ -655,13 +657,14 @@ def export(work: Path, out: Path = OUT) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("stage", choices=["tokenizer", "vae", "latents", "unet", "unet2", "export", "eval", "all"])
+    ap.add_argument("stage", choices=["tokenizer", "vae", "latents", "unet", "unet2", "unet3", "export", "eval", "all"])
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "demo-model")
     ap.add_argument("--vae-steps", type=int, default=600)
     ap.add_argument("--vae-batch", type=int, default=4)
     ap.add_argument("--latents", type=int, default=16000)
     ap.add_argument("--unet-steps", type=int, default=2500, help="phase 1 steps")
     ap.add_argument("--unet2-steps", type=int, default=2000, help="phase 2 (noise-weighted) steps")
+    ap.add_argument("--unet3-steps", type=int, default=1000, help="phase 3 (as phase 2, from its weights) steps")
     ap.add_argument("--unet-batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--out", type=Path, default=OUT, help="export folder")
@@ -673,7 +676,7 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     torch.use_deterministic_algorithms(True)
     args.work.mkdir(parents=True, exist_ok=True)
-    stages = ["tokenizer", "vae", "latents", "unet", "unet2", "export", "eval"] if args.stage == "all" \
+    stages = ["tokenizer", "vae", "latents", "unet", "unet2", "unet3", "export", "eval"] if args.stage == "all" \
         else [args.stage]
     for stage in stages:
         t0 = time.time()
@@ -688,6 +691,8 @@ def main() -> None:
             train_unet(args.work, args.unet_steps, args.unet_batch, args.lr)
         elif stage == "unet2":
             train_unet(args.work, args.unet2_steps, args.unet_batch, args.lr / 2, phase=2, check_every=500)
+        elif stage == "unet3":
+            train_unet(args.work, args.unet3_steps, args.unet_batch, args.lr / 2, phase=3, check_every=500)
         elif stage == "export":
             export(args.work, args.out)
         elif stage == "eval":
