@@ -1,6 +1,6 @@
 """Score the shipped demo model on the 40 held-out captions through sdrt's own pipeline (no torch).
 
-    python scripts/demo_model/score.py [--backend openvino] [--samplers "DPM++ 2M Karras,Euler,Euler a,DDIM"]
+    python scripts/demo_model/score.py [--folder DIR] [--backend openvino] [--samplers "DPM++ 2M Karras,Euler,Euler a,DDIM"]
 
 Generates each held-out caption of tests/demo/heldout.json with seed = its index and the demo's defaults (20 steps,
 cfg 7), measures it like tests/demo/test_demo_model.py, and prints per sampler how many have the right colours and
@@ -23,6 +23,7 @@ from demo_measure import check_image  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--folder", type=Path, default=pipelines.DEMO_MODEL, help="model folder (default: the shipped one)")
     ap.add_argument("--backend", default="openvino")
     ap.add_argument("--samplers", default="DPM++ 2M Karras,Euler,Euler a,DDIM")
     ap.add_argument("--steps", type=int, default=20)
@@ -30,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
     heldout = json.loads((ROOT / "tests" / "demo" / "heldout.json").read_text())
     cases = heldout["cases"]
-    with pipelines.load(pipelines.DEMO_MODEL, backend=args.backend) as pipe:
+    with pipelines.load(args.folder, backend=args.backend) as pipe:
         for sampler in args.samplers.split(","):
             colour = both = 0
             fails = []
