@@ -1,13 +1,16 @@
 """Train sdrt's embedded demo model: a tiny SD 1.x text-to-image latent diffusion model.
 
-    nice -n 10 /path/to/torch-venv/bin/python scripts/demo_model/train.py all > build/demo-train.log 2>&1
+    /path/to/torch-venv/bin/python scripts/demo_model/train.py all > build/demo-train.log 2>&1
 
 Stages (each reads the previous one's files from --work, default build/demo-model/):
   tokenizer  CLIP's BPE vocabulary cut down to the merges the captions need (writes tokenizer/)
   vae        AutoencoderKL 64x64 px -> 4x8x8 latents, on freshly rendered scenes
   latents    a fixed set of rendered scenes encoded once (so the UNet never runs the VAE)
-  unet       UNet2DConditionModel + CLIPTextModel trained together (eps prediction, SD 1.x schedule,
-             10% caption dropout for classifier-free guidance, EMA weights)
+  unet       UNet2DConditionModel + CLIPTextModel trained together from scratch (eps prediction, SD 1.x
+             schedule, 10% caption dropout for classifier-free guidance, shape cells weighted, EMA weights)
+  unet2      phase 2 from unet's weights, each sample's loss also weighted by 1/SNR clipped to [1, 20]:
+             this is where the model learns positions (see docs/demo-model.md)
+  unet3      phase 3: phase 2 again from its own weights
   export     ONNX (opset 17) in Optimum's layout -> core/src/sdrt/data/demo-sd/
   eval       diffusers' own StableDiffusionPipeline on the held-out captions, measured like tests/demo
   all        every stage in order
@@ -371,9 +374,9 @@ def train_unet(work: Path, steps: int, batch: int, lr: float, phase: int = 1, ch
     Phase 1 starts from scratch at a constant rate (after 100 warm-up steps) and learns backgrounds and colours.
     It does not learn positions: an eps loss hardly counts where the shape is drawn at the noise levels where
     that is decided, because the error of the image estimate is scaled by the signal-to-noise ratio
-    (abar / (1 - abar), 0.04 at t = 800). Phase 2 starts from phase 1's EMA weights (fresh optimizer, new draws,
-    EMA 0.995) and weights each sample by 1 / SNR clipped to [1, NOISY_WEIGHT], its rate falling linearly to a
-    fifth over the last 40% of its steps. Every ``check_every`` steps the EMA weights draw the held-out captions
+    (abar / (1 - abar), 0.04 at t = 800). Phases 2 and 3 start from the previous phase's EMA weights (fresh
+    optimizer, new draws, EMA 0.995) and weight each sample by 1 / SNR clipped to [1, NOISY_WEIGHT], the rate
+    falling linearly to a fifth over the last 40% of the steps. Every ``check_every`` steps the EMA weights draw the held-out captions
     (DDIM, 10 steps) and the log says how many have the right colours and the right cell; EMA weights are saved
     every 500 steps, so a stopped run leaves a usable model.
     """
