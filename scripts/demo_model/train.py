@@ -1,13 +1,16 @@
 """Train sdrt's embedded demo model: a tiny SD 1.x text-to-image latent diffusion model.
 
-    nice -n 10 /path/to/torch-venv/bin/python scripts/demo_model/train.py all > build/demo-train.log 2>&1
+    /path/to/torch-venv/bin/python scripts/demo_model/train.py all > build/demo-train.log 2>&1
 
 Stages (each reads the previous one's files from --work, default build/demo-model/):
   tokenizer  CLIP's BPE vocabulary cut down to the merges the captions need (writes tokenizer/)
   vae        AutoencoderKL 64x64 px -> 4x8x8 latents, on freshly rendered scenes
   latents    a fixed set of rendered scenes encoded once (so the UNet never runs the VAE)
-  unet       UNet2DConditionModel + CLIPTextModel trained together (eps prediction, SD 1.x schedule,
-             10% caption dropout for classifier-free guidance, EMA weights)
+  unet       UNet2DConditionModel + CLIPTextModel trained together from scratch (eps prediction, SD 1.x
+             schedule, 10% caption dropout for classifier-free guidance, shape cells weighted, EMA weights)
+  unet2      phase 2 from unet's weights, each sample's loss also weighted by 1/SNR clipped to [1, 20]:
+             this is where the model learns positions (see docs/demo-model.md)
+  unet3      phase 3: phase 2 again from its own weights
   export     ONNX (opset 17) in Optimum's layout -> core/src/sdrt/data/demo-sd/
   eval       diffusers' own StableDiffusionPipeline on the held-out captions, measured like tests/demo
   all        every stage in order
@@ -346,25 +349,51 @@ def encode_latents(work: Path, count: int) -> None:
     torch.save({"latents": torch.cat(latents), "scenes": scenes, "sizes": sizes}, work / "latents.pt")
 
 
-def train_unet(work: Path, steps: int, batch: int, lr: float, phase: int = 1) -> None:
-    """Phase 1 from scratch; phases 2 and 3 start from the previous phase's EMA weights (fresh optimizer, new
-    data draws, faster EMA) and weigh the latent cells of the shape 5x (phase 1 had learned only backgrounds)."""
-    from diffusers import DDPMScheduler, UNet2DConditionModel
-    from transformers import CLIPTextModel
+#: share of training timesteps drawn from the noisier half [500, 1000): the layout (where the shape goes) is
+#: decided there, and eps prediction gives it little loss (the x0 error is scaled by sqrt(abar / (1 - abar)))
+HIGH_T_SHARE = 0.5
+#: weight of the loss on the latent cells of the shape (cells far from the image's median latent)
+SHAPE_WEIGHT = 5.0
 
+
+def _timesteps(batch: int, gen: torch.Generator) -> torch.Tensor:
+    uniform = torch.randint(0, 1000, (batch,), generator=gen)
+    high = torch.randint(500, 1000, (batch,), generator=gen)
+    pick = torch.rand(batch, generator=gen) < HIGH_T_SHARE
+    return torch.where(pick, high, uniform)
+
+
+#: phase 2's cap on the noise weighting: a sample's eps loss is weighted by 1 / SNR = (1 - abar) / abar, clipped
+#: to [1, NOISY_WEIGHT], which makes it an x0 (image) loss where the noise dominates
+NOISY_WEIGHT = 20.0
+
+
+def train_unet(work: Path, steps: int, batch: int, lr: float, phase: int = 1, check_every: int = 1000) -> None:
+    """UNet + text encoder: eps prediction on SD 1.x's schedule, shape cells weighted, EMA weights.
+
+    Phase 1 starts from scratch at a constant rate (after 100 warm-up steps) and learns backgrounds and colours.
+    It does not learn positions: an eps loss hardly counts where the shape is drawn at the noise levels where
+    that is decided, because the error of the image estimate is scaled by the signal-to-noise ratio
+    (abar / (1 - abar), 0.04 at t = 800). Phases 2 and 3 start from the previous phase's EMA weights (fresh
+    optimizer, new draws, EMA 0.995) and weight each sample by 1 / SNR clipped to [1, NOISY_WEIGHT], the rate
+    falling linearly to a fifth over the last 40% of the steps. Every ``check_every`` steps the EMA weights draw the held-out captions
+    (DDIM, 10 steps) and the log says how many have the right colours and the right cell; EMA weights are saved
+    every 500 steps, so a stopped run leaves a usable model.
+    """
     torch.manual_seed(SEED + phase - 1)
     tok = load_tokenizer(work)
     if phase == 1:
         unet, text = make_unet(), make_text_encoder(tok)
     else:
-        unet = UNet2DConditionModel.from_pretrained(work / "unet")
-        text = CLIPTextModel.from_pretrained(work / "text_encoder")
-        unet.train()
-        text.train()
+        from diffusers import UNet2DConditionModel
+        from transformers import CLIPTextModel
+
+        unet = UNet2DConditionModel.from_pretrained(work / "unet").train()
+        text = CLIPTextModel.from_pretrained(work / "text_encoder").train()
     data = torch.load(work / "latents.pt")
     latents, scene_ids, sizes = data["latents"], data["scenes"], data["sizes"]
     train, _ = spec.split_scenes()
-    sched = DDPMScheduler.from_config(SCHEDULER)
+    sched = _ddpm().from_config(SCHEDULER)
     abar = sched.alphas_cumprod
     params = list(unet.parameters()) + list(text.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=1e-2)
@@ -378,6 +407,7 @@ def train_unet(work: Path, steps: int, batch: int, lr: float, phase: int = 1) ->
             cache[caption] = tok(caption, padding="max_length", max_length=MAX_LEN, truncation=True).input_ids
         return cache[caption]
 
+    vae = load_vae(work / "vae")
     gen = torch.Generator().manual_seed(SEED + phase - 1)
     t0 = time.time()
     avg = None
@@ -388,18 +418,20 @@ def train_unet(work: Path, steps: int, batch: int, lr: float, phase: int = 1) ->
         caps = ["" if rng.random() < 0.1 else c for c in caps]
         ids = torch.tensor([ids_of(c) for c in caps])
         x0 = latents[torch.from_numpy(picks)]
-        t = torch.randint(0, 1000, (batch,), generator=gen)
+        t = _timesteps(batch, gen)
         noise = torch.randn(x0.shape, generator=gen)
         a = abar[t].view(-1, 1, 1, 1)
         xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
         pred = unet(xt, t, text(ids)[0]).sample
-        if phase == 1:
-            loss = (pred - noise).pow(2).mean()
-        else:  # cells whose latent differs from the image's median latent: the shape
-            med = x0.flatten(2).median(dim=2).values[:, :, None, None]
-            weight = 1.0 + 4.0 * ((x0 - med)[:, :3].abs().amax(dim=1, keepdim=True) > 0.5).float()
-            loss = (weight * (pred - noise).pow(2)).mean()
+        med = x0.flatten(2).median(dim=2).values[:, :, None, None]
+        shape = ((x0 - med)[:, :3].abs().amax(dim=1, keepdim=True) > 0.5).float()
+        weight = 1.0 + (SHAPE_WEIGHT - 1.0) * shape
+        if phase > 1:
+            weight = weight * ((1 - a) / a).clamp(1.0, NOISY_WEIGHT)
+        loss = (weight * (pred - noise).pow(2)).mean()
         cur = lr * min(1.0, (step + 1) / 100)
+        if phase > 1:
+            cur *= min(1.0, 1.0 - 0.8 * (step - 0.6 * steps) / (0.4 * steps))
         for g in opt.param_groups:
             g["lr"] = cur
         opt.zero_grad(set_to_none=True)
@@ -412,14 +444,50 @@ def train_unet(work: Path, steps: int, batch: int, lr: float, phase: int = 1) ->
                 for pe, p in zip(m.parameters(), src.parameters()):
                     pe.lerp_(p, 1 - decay)
         avg = loss.item() if avg is None else 0.98 * avg + 0.02 * loss.item()
-        if step % 50 == 0 or step == steps - 1:
-            log.info("unet phase %d step %d/%d loss %.4f avg %.4f (%.0f s)", phase, step, steps, loss.item(), avg,
+        if step % 100 == 0 or step == steps - 1:
+            log.info("unet phase %d step %d/%d loss %.4f avg %.4f lr %.2e (%.0f s)", phase, step, steps, loss.item(), avg, cur,
                      time.time() - t0)
         if (step + 1) % 500 == 0 or step == steps - 1:
             ema[0].save_pretrained(work / "unet")
             ema[1].save_pretrained(work / "text_encoder")
-            (work / "unet" / "step.txt").write_text(f"phase {phase} step {step + 1}\n")
+            (work / "unet" / "step.txt").write_text(f"phase {phase} step {step + 1} of {steps}\n")
             log.info("saved EMA weights at step %d", step + 1)
+        if (step + 1) % check_every == 0 or step == steps - 1:
+            colour, both = quick_check(ema[0], ema[1], vae, tok, abar)
+            log.info("check at step %d: held-out colours %d/40, colours and cell %d/40", step + 1, colour, both)
+
+
+def _ddpm():
+    from diffusers import DDPMScheduler
+
+    return DDPMScheduler
+
+
+@torch.no_grad()
+def quick_check(unet, text, vae, tok, abar: torch.Tensor, steps: int = 10, cfg: float = 7.0) -> tuple[int, int]:
+    """(colours right, colours and cell right) of the 40 held-out captions, DDIM without noise, seeds fixed."""
+    from demo_measure import check_image
+
+    heldout = json.loads(HELDOUT_JSON.read_text())
+    cases = heldout["cases"]
+    n = len(cases)
+    ids = torch.tensor([tok(c["prompt"], padding="max_length", max_length=MAX_LEN).input_ids for c in cases]
+                       + [tok("", padding="max_length", max_length=MAX_LEN).input_ids] * n)
+    emb = text(ids)[0]
+    x = torch.randn((n, 4, spec.SIZE // 8, spec.SIZE // 8), generator=torch.Generator().manual_seed(0))
+    ts = torch.linspace(999, 0, steps).round().long()
+    for i, t in enumerate(ts):
+        out = unet(torch.cat([x, x]), t.repeat(2 * n), emb).sample
+        eps = out[n:] + cfg * (out[:n] - out[n:])
+        a = abar[t]
+        prev = abar[ts[i + 1]] if i + 1 < steps else torch.tensor(1.0)
+        x0 = (x - (1 - a).sqrt() * eps) / a.sqrt()
+        x = prev.sqrt() * x0 + (1 - prev).sqrt() * eps
+    img = vae.decode(x / SCALING).sample.permute(0, 2, 3, 1)
+    img = ((img + 1) * 127.5).round().clamp(0, 255).to(torch.uint8).numpy()
+    colour = sum(not check_image(im, c, heldout, position=False) for im, c in zip(img, cases))
+    both = sum(not check_image(im, c, heldout) for im, c in zip(img, cases))
+    return colour, both
 
 
 def load_pipeline(work: Path):
@@ -575,7 +643,9 @@ def export(work: Path, out: Path = OUT) -> None:
           ["latent_sample"], ["sample"])
     for part, src in (("text_encoder", "text_encoder"), ("unet", "unet"), ("vae_encoder", "vae"),
                       ("vae_decoder", "vae")):
-        shutil.copy(tmp / src / "config.json", out / part / "config.json")
+        config = json.loads((tmp / src / "config.json").read_text())
+        config.pop("_name_or_path", None)  # the trainer's local path: nothing a user needs
+        (out / part / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     index = json.loads((tmp / "model_index.json").read_text())
     for k in ("vae", "safety_checker", "feature_extractor", "image_encoder"):
         index.pop(k, None)
@@ -594,11 +664,11 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=ROOT / "build" / "demo-model")
     ap.add_argument("--vae-steps", type=int, default=600)
     ap.add_argument("--vae-batch", type=int, default=4)
-    ap.add_argument("--latents", type=int, default=6000)
-    ap.add_argument("--unet-steps", type=int, default=2000)
-    ap.add_argument("--unet2-steps", type=int, default=1000, help="phase 2 (shape-weighted) steps")
-    ap.add_argument("--unet3-steps", type=int, default=1500, help="phase 3 (as phase 2, half the rate) steps")
-    ap.add_argument("--unet-batch", type=int, default=32)
+    ap.add_argument("--latents", type=int, default=16000)
+    ap.add_argument("--unet-steps", type=int, default=2500, help="phase 1 steps")
+    ap.add_argument("--unet2-steps", type=int, default=2000, help="phase 2 (noise-weighted) steps")
+    ap.add_argument("--unet3-steps", type=int, default=1000, help="phase 3 (as phase 2, from its weights) steps")
+    ap.add_argument("--unet-batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--out", type=Path, default=OUT, help="export folder")
     ap.add_argument("--eval-steps", type=int, default=20)
@@ -623,9 +693,9 @@ def main() -> None:
         elif stage == "unet":
             train_unet(args.work, args.unet_steps, args.unet_batch, args.lr)
         elif stage == "unet2":
-            train_unet(args.work, args.unet2_steps, args.unet_batch, args.lr, phase=2)
+            train_unet(args.work, args.unet2_steps, args.unet_batch, args.lr / 2, phase=2, check_every=500)
         elif stage == "unet3":
-            train_unet(args.work, args.unet3_steps, args.unet_batch, args.lr / 2, phase=3)
+            train_unet(args.work, args.unet3_steps, args.unet_batch, args.lr / 2, phase=3, check_every=500)
         elif stage == "export":
             export(args.work, args.out)
         elif stage == "eval":
