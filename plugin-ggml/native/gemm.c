@@ -20,6 +20,8 @@
 #include <string.h>
 
 #define L2_PANEL_BYTES (384 * 1024)
+/* the longest block of K per kernel call: mr_max rows of A (14 x 384 floats: 21 KB) stay in L1 */
+#define KC_MAX 384
 
 /* ---- ISA dispatch ------------------------------------------------------------------ */
 static const sdrt_isa_kernels *kernels_of(int isa) {
@@ -124,7 +126,7 @@ static float *thread_buffer(size_t bytes) {
 }
 
 typedef struct {
-    int tiles_m, panels, group, groups;
+    int tiles_m, panels, group, groups, kblocks;
 } split;
 
 static split split_of(const gemm2d *p, int mr_max) {
@@ -135,6 +137,7 @@ static split split_of(const gemm2d *p, int mr_max) {
     int g = (int)(L2_PANEL_BYTES / (panel_bytes ? panel_bytes : 1));
     s.group = g < 1 ? 1 : (g > s.panels ? s.panels : g);
     s.groups = (s.panels + s.group - 1) / s.group;
+    s.kblocks = (p->K + KC_MAX - 1) / KC_MAX;
     return s;
 }
 
@@ -158,16 +161,21 @@ static int run_units(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s
             packed_group = g;
         }
         const float *a = p->a + (ptrdiff_t)m0 * p->lda;
-        for (int q = pan0; q < pan1; q++) {
-            const int n0 = q * SDRT_NR;
-            sdrt_tile_out o;
-            o.ldc = p->ldc;
-            o.trans = p->trans;
-            o.m = m1 - m0;
-            o.n = p->N - n0 < SDRT_NR ? p->N - n0 : SDRT_NR;
-            o.bias = p->bias ? p->bias + n0 : NULL;
-            o.c = p->trans ? p->c + (ptrdiff_t)n0 * p->ldc + m0 : p->c + (ptrdiff_t)m0 * p->ldc + n0;
-            kk->kern[o.m](p->K, a, p->lda, packed + (ptrdiff_t)(q - pan0) * p->K * SDRT_NR, &o);
+        for (int kb = 0; kb < s->kblocks; kb++) {
+            /* a block of K whose slice of the A rows stays in L1 while it meets every panel */
+            const int k0 = (int)((long)kb * p->K / s->kblocks), k1 = (int)((long)(kb + 1) * p->K / s->kblocks);
+            for (int q = pan0; q < pan1; q++) {
+                const int n0 = q * SDRT_NR;
+                sdrt_tile_out o;
+                o.ldc = p->ldc;
+                o.trans = p->trans;
+                o.m = m1 - m0;
+                o.n = p->N - n0 < SDRT_NR ? p->N - n0 : SDRT_NR;
+                o.bias = p->bias ? p->bias + n0 : NULL;
+                o.acc = kb > 0;
+                o.c = p->trans ? p->c + (ptrdiff_t)n0 * p->ldc + m0 : p->c + (ptrdiff_t)m0 * p->ldc + n0;
+                kk->kern[o.m](k1 - k0, a + k0, p->lda, packed + ((ptrdiff_t)(q - pan0) * p->K + k0) * SDRT_NR, &o);
+            }
         }
     }
     return 0;

@@ -31,7 +31,10 @@ void sdrt_store_tile(const float *tile, int ld_tile, const sdrt_tile_out *o) {
         for (int i = 0; i < m; i++) {
             float *c = o->c + i * o->ldc;
             const float *t = tile + (ptrdiff_t)i * ld_tile;
-            if (o->bias)
+            if (o->acc)
+                for (int j = 0; j < n; j++)
+                    c[j] += t[j];
+            else if (o->bias)
                 for (int j = 0; j < n; j++)
                     c[j] = t[j] + o->bias[j];
             else
@@ -41,8 +44,12 @@ void sdrt_store_tile(const float *tile, int ld_tile, const sdrt_tile_out *o) {
         for (int j = 0; j < n; j++) {
             float *c = o->c + j * o->ldc;
             const float bj = o->bias ? o->bias[j] : 0.0f;
-            for (int i = 0; i < m; i++)
-                c[i] = tile[(ptrdiff_t)i * ld_tile + j] + bj;
+            if (o->acc)
+                for (int i = 0; i < m; i++)
+                    c[i] += tile[(ptrdiff_t)i * ld_tile + j];
+            else
+                for (int i = 0; i < m; i++)
+                    c[i] = tile[(ptrdiff_t)i * ld_tile + j] + bj;
         }
     }
 }
@@ -160,12 +167,16 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
     const __mmask16 m0 = mask16(o->n), m1 = mask16(o->n - 16);
     if (!o->trans) {
         __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
-        if (o->bias) {
+        if (o->bias && !o->acc) {
             b0 = _mm512_maskz_loadu_ps(m0, o->bias);
             b1 = _mm512_maskz_loadu_ps(m1, o->bias + 16);
         }
         for (int i = 0; i < MR && i < o->m; i++) {
             float *c = o->c + i * o->ldc;
+            if (o->acc) {
+                b0 = _mm512_maskz_loadu_ps(m0, c);
+                b1 = _mm512_maskz_loadu_ps(m1, c + 16);
+            }
             _mm512_mask_storeu_ps(c, m0, _mm512_add_ps(c0[i], b0));
             if (m1)
                 _mm512_mask_storeu_ps(c + 16, m1, _mm512_add_ps(c1[i], b1));
@@ -181,29 +192,51 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
         const int nh = o->n - 16 * h < 16 ? o->n - 16 * h : 16;
         for (int j = 0; j < nh; j++) {
             __m512 v = r[j];
-            if (o->bias)
+            float *c = o->c + (16 * h + j) * o->ldc;
+            if (o->acc)
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rows, c));
+            else if (o->bias)
                 v = _mm512_add_ps(v, _mm512_set1_ps(o->bias[16 * h + j]));
-            _mm512_mask_storeu_ps(o->c + (16 * h + j) * o->ldc, rows, v);
+            _mm512_mask_storeu_ps(c, rows, v);
         }
     }
 }
 
+#if defined(__GNUC__) || defined(__clang__)
+/* acc += broadcast(*p) * b as one instruction with an embedded broadcast ({1to16}): written
+ * as intrinsics, the compiler loads the scalar once into a register and broadcasts it with a
+ * separate instruction, which competes with the FMAs for the vector pipes */
+#define FMA_BCAST(acc, b, p) __asm__("vfmadd231ps %[m]%{1to16%}, %[vb], %[vc]" : [vc] "+v"(acc) : [vb] "v"(b), [m] "m"(*(p)))
+#else
+#define FMA_BCAST(acc, b, p) (acc) = _mm512_fmadd_ps(_mm512_set1_ps(*(p)), (b), (acc))
+#endif
+
+/* rows as named variables (not arrays), so that the accumulators stay in registers around the
+ * inline assembly; rows i >= MR are dead code */
+#define R512_DECL(i) __m512 c0_##i = _mm512_setzero_ps(), c1_##i = _mm512_setzero_ps();
+#define R512_STEP(i) \
+    if (mr_ > i) { \
+        FMA_BCAST(c0_##i, b0, a + i * lda + k); \
+        FMA_BCAST(c1_##i, b1, a + i * lda + k); \
+    }
+#define R512_SAVE(i) \
+    if (mr_ > i) { \
+        c0[i] = c0_##i; \
+        c1[i] = c1_##i; \
+    }
+#define R512_ALL(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+
 #define K512(MR) \
     static TARGET_AVX512 void k512_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o) { \
-        __m512 c0[MR], c1[MR]; \
-        SDRT_UNROLL for (int i = 0; i < MR; i++) { \
-            c0[i] = _mm512_setzero_ps(); \
-            c1[i] = _mm512_setzero_ps(); \
-        } \
+        enum { mr_ = MR }; \
+        R512_ALL(R512_DECL) \
         for (int k = 0; k < K; k++) { \
             const __m512 b0 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
             const __m512 b1 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 16); \
-            SDRT_UNROLL for (int i = 0; i < MR; i++) { \
-                const __m512 ai = _mm512_set1_ps(a[i * lda + k]); \
-                c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]); \
-                c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]); \
-            } \
+            R512_ALL(R512_STEP) \
         } \
+        __m512 c0[MR], c1[MR]; \
+        R512_ALL(R512_SAVE) \
         store512(c0, c1, MR, o); \
     }
 K512(1)

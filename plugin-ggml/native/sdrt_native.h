@@ -68,6 +68,7 @@ typedef struct {
     int m;            /* valid rows (<= the kernel's MR) */
     int n;            /* valid columns (<= 32) */
     const float *bias; /* per column j, already offset to the panel; NULL for none */
+    int acc;           /* add to what C holds (a later block of K) instead of overwriting it */
 } sdrt_tile_out;
 
 /* C tile (mr x 32) = A rows (mr x K, a[i*lda + k]) . B panel (K x 32, packed b[k*32 + j]) */

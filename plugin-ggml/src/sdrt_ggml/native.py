@@ -219,6 +219,17 @@ def _tensor(g: Any, ctx: Any, arr: np.ndarray) -> Any:
     return t
 
 
+def for_lowering(lowering: Any) -> Native | None:
+    """The native kernels when this lowering may use them: on the CPU device (custom ops run only
+    on ggml's CPU backend), unless the compile option ``gemm="ggml"`` asks for ggml's mul_mat."""
+    choice = lowering.options.get("gemm", "auto")
+    if choice not in ("auto", "native", "ggml"):
+        raise ValueError(f"gemm={choice!r}: expected 'auto', 'native' or 'ggml'")
+    if choice == "ggml" or not lowering.on_cpu:
+        return None
+    return native()
+
+
 def pack_b(w: np.ndarray) -> np.ndarray:
     """B given as (..., N, K) rows (a weight as ggml_mul_mat takes it) -> panels (..., ceil(N/32), K, 32),
     zero-padded columns; the layout ``sdrt_gemm_op`` reads with ``packed=True``."""
@@ -241,5 +252,7 @@ def gemm_op(nat: Native, g: Any, ctx: Any, a: Any, b: Any, bias: Any = None, *, 
     arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
     flags = (_TRANS if trans else 0) | (_PACKED if packed else 0) | (_BIAS if bias is not None else 0)
     ne = (m, n) if trans else (n, m)
-    return g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], batch[0], batch[1], arr, len(args), nat.gemm_op,
-                            g.GGML_N_TASKS_MAX, ctypes.c_void_p(flags or None))
+    out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], batch[0], batch[1], arr, len(args), nat.gemm_op,
+                           g.GGML_N_TASKS_MAX, ctypes.c_void_p(flags or None))
+    g.ggml_set_name(out, b"sdrt_gemm")  # what op_timing's profiles call it
+    return out
