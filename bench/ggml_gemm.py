@@ -8,8 +8,11 @@ run, since one op takes milliseconds and the machine may be shared; each contend
 after a short pause, so that the threads of the one before (OpenBLAS's keep spinning after
 a call) have gone to sleep):
 
-- ``gemm``: the GEMM shapes the bench models run, as ggml ``mul_mat`` (llamafile
-  tinyBLAS when ggml-python was built with it), onnxruntime ``MatMul`` and numpy ``@``.
+- ``gemm``: the GEMM shapes the bench models run, as sdrt-ggml's native packed GEMM (the
+  custom op the lowering emits on the CPU), ggml ``mul_mat`` (llamafile tinyBLAS when
+  ggml-python was built with it), onnxruntime ``MatMul`` (MLAS) and numpy ``@``, timed in
+  interleaved rounds so that all see the same machine load; ``sdrt/ort`` is the median of
+  the per-round time ratios (above 1: the native GEMM is faster).
 - ``conv``: the VAE's 3x3 conv sizes as sdrt-ggml's window conv (one ``mul_mat``
   over overlapping rows of a row-stacked input), as ggml ``mul_mat`` over a ready
   im2col matrix, and as numpy (the im2col copy plus its BLAS GEMM), which is what a
@@ -68,10 +71,13 @@ class _Ggml:
         arr[...] = np.random.default_rng(len(ne)).standard_normal(arr.shape)
         return t
 
-    def timer(self, out: Any, rounds: int) -> float:
+    def runner(self, out: Any) -> Callable[[], Any]:
         gf = self.g.ggml_new_graph(self.ctx)
         self.g.ggml_build_forward_expand(gf, out)
-        return _best_ms(lambda: self.g.ggml_graph_compute_with_ctx(self.ctx, gf, self.threads), rounds)
+        return lambda: self.g.ggml_graph_compute_with_ctx(self.ctx, gf, self.threads)
+
+    def timer(self, out: Any, rounds: int) -> float:
+        return _best_ms(self.runner(out), rounds)
 
     def close(self) -> None:
         self.g.ggml_free(self.ctx)
@@ -96,21 +102,62 @@ def _ort_matmul(k: int, m: int, n: int, threads: int) -> Callable[[], Any]:
     return lambda: sess.run(None, {"a": a})
 
 
+def _native_gemm(gm: _Ggml, k: int, m: int, n: int) -> Any:
+    """sdrt-ggml's packed GEMM as the lowering emits it: conv (pixels as A, output NCHW: stored
+    transposed) or MatMul (activations as A); the weights packed once, as at session build."""
+    from sdrt_ggml import native
+
+    nat = native.native()
+    if nat is None:
+        return None
+    w = np.random.default_rng(2).standard_normal((m, k)).astype(np.float32)
+    wp = native.pack_b(w)
+    tw = gm.tensor(*reversed(wp.shape))
+    from ggml.utils import to_numpy
+
+    to_numpy(tw)[...] = wp
+    return native.gemm_op(nat, gm.g, gm.ctx, gm.tensor(k, n), tw, m=n, n=m, trans=n > PIXELS_FIRST, packed=True)
+
+
+def _paired(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Interleaved rounds: each round times every contender (best of 3 calls), in turn."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t0)
+            times[name].append(best * 1e3)
+    return times
+
+
 def gemm(threads: int, rounds: int) -> None:
-    print(f"\ngemm: GFLOPS, {threads} threads")
-    print(f"{'K x M x N':>18s} {'ggml':>7s} {'ort':>7s} {'numpy':>7s}  what")
+    print(f"\ngemm: GFLOPS (median of {rounds} interleaved rounds, each the best of 3 calls), {threads} threads, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'K x M x N':>18s} {'sdrt':>7s} {'ggml':>7s} {'ort':>7s} {'numpy':>7s} {'sdrt/ort':>9s}  what")
     for k, m, n, what in GEMMS:
         gm = _Ggml(threads)
         x, w = gm.tensor(k, n), gm.tensor(k, m)
         # the lowering's operand order: conv (pixels, weights), MatMul (weights^T, activations)
         out = gm.g.ggml_mul_mat(gm.ctx, x, w) if n > PIXELS_FIRST else gm.g.ggml_mul_mat(gm.ctx, w, x)
-        ggml_ms = gm.timer(out, rounds)
+        fns: dict[str, Callable[[], Any]] = {"ggml": gm.runner(out)}
+        ours = _native_gemm(gm, k, m, n)
+        if ours is not None:
+            fns["sdrt"] = gm.runner(ours)
+        fns["ort"] = _ort_matmul(k, m, n, threads)
+        a, wn = np.ones((n, k), np.float32), np.ones((k, m), np.float32)
+        fns["numpy"] = lambda a=a, wn=wn: a @ wn
+        times = _paired(fns, rounds)
         gm.close()
-        ort_ms = _best_ms(_ort_matmul(k, m, n, threads), rounds)
-        a, w = np.ones((n, k), np.float32), np.ones((k, m), np.float32)
-        np_ms = _best_ms(lambda a=a, w=w: a @ w, rounds)
         gf = 2 * k * m * n / 1e6
-        print(f"{f'{k} x {m} x {n}':>18s} {gf / ggml_ms:7.0f} {gf / ort_ms:7.0f} {gf / np_ms:7.0f}  {what}")
+        med = {name: gf / float(np.median(t)) for name, t in times.items()}
+        ratio = float(np.median(np.array(times["ort"]) / np.array(times["sdrt"]))) if "sdrt" in times else float("nan")
+        print(f"{f'{k} x {m} x {n}':>18s} {med.get('sdrt', float('nan')):7.0f} {med['ggml']:7.0f} {med['ort']:7.0f} "
+              f"{med['numpy']:7.0f} {ratio:9.2f}  {what}")
 
 
 def conv(threads: int, rounds: int) -> None:

@@ -19,9 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifndef L2_PANEL_BYTES
 #define L2_PANEL_BYTES (384 * 1024)
+#endif
 /* the longest block of K per kernel call: mr_max rows of A (14 x 384 floats: 21 KB) stay in L1 */
+#ifndef KC_MAX
 #define KC_MAX 384
+#endif
 
 /* ---- ISA dispatch ------------------------------------------------------------------ */
 static const sdrt_isa_kernels *kernels_of(int isa) {
@@ -88,12 +92,12 @@ typedef struct {
     int trans;
 } gemm2d;
 
-static void pack_panel(const gemm2d *p, int n0, float *dst) {
+/* columns n0 .. n0+31 of B, rows k0 .. k1-1, as one panel [k][32] (zero columns past N) */
+static void pack_panel(const gemm2d *p, int n0, int k0, int k1, float *dst) {
     const int nv = p->N - n0 < SDRT_NR ? p->N - n0 : SDRT_NR;
-    const int K = p->K;
     if (p->sbn == 1) {
-        for (int k = 0; k < K; k++) {
-            float *d = dst + (ptrdiff_t)k * SDRT_NR;
+        for (int k = k0; k < k1; k++) {
+            float *d = dst + (ptrdiff_t)(k - k0) * SDRT_NR;
             memcpy(d, p->b + k * p->sbk + n0, (size_t)nv * sizeof(float));
             if (nv < SDRT_NR)
                 memset(d + nv, 0, (size_t)(SDRT_NR - nv) * sizeof(float));
@@ -102,68 +106,104 @@ static void pack_panel(const gemm2d *p, int n0, float *dst) {
     }
     for (int j = 0; j < nv; j++) {
         const float *src = p->b + (ptrdiff_t)(n0 + j) * p->sbn;
-        for (int k = 0; k < K; k++)
-            dst[(ptrdiff_t)k * SDRT_NR + j] = src[k * p->sbk];
+        for (int k = k0; k < k1; k++)
+            dst[(ptrdiff_t)(k - k0) * SDRT_NR + j] = src[k * p->sbk];
     }
     for (int j = nv; j < SDRT_NR; j++)
-        for (int k = 0; k < K; k++)
-            dst[(ptrdiff_t)k * SDRT_NR + j] = 0.0f;
+        for (int k = k0; k < k1; k++)
+            dst[(ptrdiff_t)(k - k0) * SDRT_NR + j] = 0.0f;
 }
 
-/* a per-thread buffer for runtime-packed B panels (kept for the thread's life) */
-static SDRT_THREAD_LOCAL char *tl_raw;
-static SDRT_THREAD_LOCAL size_t tl_cap;
+/* per-thread buffers (0: runtime-packed B panels, 1: copied A rows), kept for the thread's life */
+static SDRT_THREAD_LOCAL char *tl_raw[2];
+static SDRT_THREAD_LOCAL size_t tl_cap[2];
 
-static float *thread_buffer(size_t bytes) {
-    if (bytes > tl_cap) {
-        free(tl_raw);
-        tl_raw = (char *)malloc(bytes + 64);
-        tl_cap = tl_raw ? bytes : 0;
-        if (!tl_raw)
+static float *thread_buffer(int slot, size_t bytes) {
+    if (bytes > tl_cap[slot]) {
+        free(tl_raw[slot]);
+        tl_raw[slot] = (char *)malloc(bytes + 64);
+        tl_cap[slot] = tl_raw[slot] ? bytes : 0;
+        if (!tl_raw[slot])
             return NULL;
     }
-    return (float *)(((uintptr_t)tl_raw + 63) & ~(uintptr_t)63);
+    return (float *)(((uintptr_t)tl_raw[slot] + 63) & ~(uintptr_t)63);
+}
+
+/* Whether the kernel's rows of A, lda floats apart, crowd into few L1 sets: with a row stride
+ * near a multiple of 4 KiB (K = 1024, 2048, 3072...) the mr lines read at each k all map to
+ * the same set of an 8-way L1 and evict each other. Such tiles are copied with a padded stride. */
+static int a_aliases(ptrdiff_t lda, int mr) {
+    int count[64] = {0};
+    for (int i = 0; i < mr; i++) {
+        const int set = (int)(((uint64_t)(i * lda) * sizeof(float) / 64) % 64);
+        if (++count[set] > 4)
+            return 1;
+    }
+    return 0;
 }
 
 typedef struct {
-    int tiles_m, panels, group, groups, kblocks;
+    int tiles_m, panels, group, groups, kblocks, copy_a;
 } split;
 
 static split split_of(const gemm2d *p, int mr_max) {
     split s;
     s.tiles_m = (p->M + mr_max - 1) / mr_max;
     s.panels = (p->N + SDRT_NR - 1) / SDRT_NR;
-    const size_t panel_bytes = (size_t)p->K * SDRT_NR * sizeof(float);
-    int g = (int)(L2_PANEL_BYTES / (panel_bytes ? panel_bytes : 1));
+    s.kblocks = (p->K + KC_MAX - 1) / KC_MAX;
+    const size_t kc = (size_t)(p->K + s.kblocks - 1) / (size_t)s.kblocks;
+    const size_t slice_bytes = kc * SDRT_NR * sizeof(float);
+    int g = (int)(L2_PANEL_BYTES / (slice_bytes ? slice_bytes : 1));
     s.group = g < 1 ? 1 : (g > s.panels ? s.panels : g);
     s.groups = (s.panels + s.group - 1) / s.group;
-    s.kblocks = (p->K + KC_MAX - 1) / KC_MAX;
+    s.copy_a = a_aliases(p->lda, mr_max);
     return s;
 }
 
-/* units [u0, u1) of one 2-D problem, unit = (group, row tile) */
+/* units [u0, u1) of one 2-D problem, unit = (group of B panels, tile of A rows). The blocks of K
+ * are the outer loop: for each, the thread's row tiles meet the group's panel slices (in L2)
+ * while each tile's slice of A (mr x KC floats) stays in L1; the next block adds to C. Every
+ * thread owns its tiles of C for all blocks, so no barrier is needed. */
 static int run_units(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s, long u0, long u1) {
-    const float *packed = NULL;
-    int packed_group = -1;
-    for (long u = u0; u < u1; u++) {
-        const int g = (int)(u / s->tiles_m), t = (int)(u % s->tiles_m);
-        const int m0 = (int)((long)t * p->M / s->tiles_m), m1 = (int)((long)(t + 1) * p->M / s->tiles_m);
-        const int pan0 = g * s->group, pan1 = pan0 + s->group < s->panels ? pan0 + s->group : s->panels;
-        if (p->b_packed) {
-            packed = p->b + (ptrdiff_t)pan0 * p->K * SDRT_NR;
-        } else if (g != packed_group) {
-            float *buf = thread_buffer((size_t)(pan1 - pan0) * p->K * SDRT_NR * sizeof(float));
-            if (!buf)
-                return -1;
-            for (int q = pan0; q < pan1; q++)
-                pack_panel(p, q * SDRT_NR, buf + (ptrdiff_t)(q - pan0) * p->K * SDRT_NR);
-            packed = buf;
-            packed_group = g;
-        }
-        const float *a = p->a + (ptrdiff_t)m0 * p->lda;
-        for (int kb = 0; kb < s->kblocks; kb++) {
-            /* a block of K whose slice of the A rows stays in L1 while it meets every panel */
-            const int k0 = (int)((long)kb * p->K / s->kblocks), k1 = (int)((long)(kb + 1) * p->K / s->kblocks);
+    for (int kb = 0; kb < s->kblocks; kb++) {
+        const int k0 = (int)((long)kb * p->K / s->kblocks), k1 = (int)((long)(kb + 1) * p->K / s->kblocks);
+        const int kc = k1 - k0;
+        const float *packed = NULL;
+        ptrdiff_t panel_stride = 0;
+        int packed_group = -1;
+        for (long u = u0; u < u1; u++) {
+            const int g = (int)(u / s->tiles_m), t = (int)(u % s->tiles_m);
+            const int m0 = (int)((long)t * p->M / s->tiles_m), m1 = (int)((long)(t + 1) * p->M / s->tiles_m);
+            const int pan0 = g * s->group, pan1 = pan0 + s->group < s->panels ? pan0 + s->group : s->panels;
+            if (p->b_packed) {
+                packed = p->b + ((ptrdiff_t)pan0 * p->K + k0) * SDRT_NR;
+                panel_stride = (ptrdiff_t)p->K * SDRT_NR;
+            } else if (g != packed_group) {
+                float *buf = thread_buffer(0, (size_t)(pan1 - pan0) * kc * SDRT_NR * sizeof(float));
+                if (!buf)
+                    return -1;
+                for (int q = pan0; q < pan1; q++)
+                    pack_panel(p, q * SDRT_NR, k0, k1, buf + (ptrdiff_t)(q - pan0) * kc * SDRT_NR);
+                packed = buf;
+                panel_stride = (ptrdiff_t)kc * SDRT_NR;
+                packed_group = g;
+            }
+            const float *a = p->a + (ptrdiff_t)m0 * p->lda + k0;
+            ptrdiff_t lda = p->lda;
+            /* the A rows the next unit reads first (the next row tile, same block of K) */
+            const int t_next = t + 1 < s->tiles_m ? t + 1 : 0;
+            const float *a_next = p->a + (ptrdiff_t)((long)t_next * p->M / s->tiles_m) * p->lda + k0;
+            if (s->copy_a) {
+                const ptrdiff_t ld = ((kc + 15) & ~15) + 16; /* 64 bytes past a multiple of 64 */
+                float *buf = thread_buffer(1, (size_t)(m1 - m0) * ld * sizeof(float));
+                if (!buf)
+                    return -1;
+                for (int i = 0; i < m1 - m0; i++)
+                    memcpy(buf + i * ld, a + i * p->lda, (size_t)kc * sizeof(float));
+                a = buf;
+                lda = ld;
+                a_next = buf;
+            }
             for (int q = pan0; q < pan1; q++) {
                 const int n0 = q * SDRT_NR;
                 sdrt_tile_out o;
@@ -174,7 +214,7 @@ static int run_units(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s
                 o.bias = p->bias ? p->bias + n0 : NULL;
                 o.acc = kb > 0;
                 o.c = p->trans ? p->c + (ptrdiff_t)n0 * p->ldc + m0 : p->c + (ptrdiff_t)m0 * p->ldc + n0;
-                kk->kern[o.m](k1 - k0, a + k0, p->lda, packed + ((ptrdiff_t)(q - pan0) * p->K + k0) * SDRT_NR, &o);
+                kk->kern[o.m](kc, a, lda, packed + (ptrdiff_t)(q - pan0) * panel_stride, &o, q + 1 < pan1 ? a : a_next);
             }
         }
     }

@@ -70,7 +70,8 @@ SDRT_INLINE void kport(int MR, int K, const float *a, ptrdiff_t lda, const float
 }
 
 #define KPORT(MR) \
-    static void kport_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o) { \
+    static void kport_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
+        (void)pf; \
         kport(MR, K, a, lda, b, o); \
     }
 KPORT(1)
@@ -97,8 +98,9 @@ const sdrt_isa_kernels *sdrt_kernels_portable(void) { return &portable; }
 #endif
 
 #define K256(MR) \
-    static TARGET_AVX2 void k256_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o) { \
+    static TARGET_AVX2 void k256_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
         SDRT_ALIGN(32) float tile[MR * SDRT_NR]; \
+        (void)pf; \
         for (int h = 0; h < 2 && h * 16 < o->n; h++) { \
             __m256 c0[MR], c1[MR]; \
             SDRT_UNROLL for (int i = 0; i < MR; i++) { \
@@ -219,6 +221,9 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
         FMA_BCAST(c0_##i, b0, a + i * lda + k); \
         FMA_BCAST(c1_##i, b1, a + i * lda + k); \
     }
+#define R512_PREFETCH(i) \
+    if (mr_ > i) \
+        _mm_prefetch((const char *)(pf + i * lda + k), _MM_HINT_T0);
 #define R512_SAVE(i) \
     if (mr_ > i) { \
         c0[i] = c0_##i; \
@@ -227,12 +232,15 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
 #define R512_ALL(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
 
 #define K512(MR) \
-    static TARGET_AVX512 void k512_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o) { \
+    static TARGET_AVX512 void k512_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
         R512_ALL(R512_DECL) \
         for (int k = 0; k < K; k++) { \
             const __m512 b0 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
             const __m512 b1 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 16); \
+            if ((k & 15) == 0) { \
+                R512_ALL(R512_PREFETCH) \
+            } \
             R512_ALL(R512_STEP) \
         } \
         __m512 c0[MR], c1[MR]; \
@@ -270,8 +278,9 @@ const sdrt_isa_kernels *sdrt_kernels_avx512(void) { return NULL; }
 #include <arm_neon.h>
 
 #define KNEON(MR) \
-    static void kneon_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o) { \
+    static void kneon_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
         float tile[MR * SDRT_NR]; \
+        (void)pf; \
         for (int h = 0; h < 2 && h * 16 < o->n; h++) { \
             float32x4_t c[MR][4]; \
             SDRT_UNROLL for (int i = 0; i < MR; i++) \

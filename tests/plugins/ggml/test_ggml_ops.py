@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from ggml_helpers import I64, F, check, compile_ggml, make_model, rand, run_ort
 from onnx import helper
+
 from sdrt_ggml import native
 
 mk = helper.make_node
