@@ -263,6 +263,11 @@ def test_cpu_device_says_whether_the_build_has_the_fast_gemm():
     import ggml
 
     cpu = next(d for d in _backend().devices() if d.kind == "cpu")
-    fast = bool(ggml.ggml_cpu_has_llamafile())
-    assert cpu.properties["tinyblas"] is fast
-    assert ("tinyBLAS GEMM" in cpu.name) is fast and ("slow build" in cpu.name) is not fast
+    tinyblas = bool(ggml.ggml_cpu_has_llamafile())
+    nat = native.native()
+    assert cpu.properties["tinyblas"] is tinyblas
+    assert cpu.properties["native_gemm"] == (nat.isa if nat else None)
+    if nat is not None:  # sdrt-ggml's own GEMM, whatever ggml-python was built with
+        assert f"sdrt GEMM ({nat.isa})" in cpu.name and "slow build" not in cpu.name
+    else:
+        assert ("tinyBLAS GEMM" in cpu.name) is tinyblas and ("slow build" in cpu.name) is not tinyblas
