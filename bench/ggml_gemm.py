@@ -116,16 +116,18 @@ def _native_gemm(gm: _Ggml, k: int, m: int, n: int) -> Any:
     from ggml.utils import to_numpy
 
     to_numpy(tw)[...] = wp
-    return native.gemm_op(nat, gm.g, gm.ctx, gm.tensor(k, n), tw, m=n, n=m, trans=n > PIXELS_FIRST, packed=True)
+    return native.gemm_op(nat, gm.g, gm.ctx, gm.tensor(k, n), tw, m=n, n=m, trans=n > PIXELS_FIRST, packed=True,
+                          state=native.state_tensor(gm.g, gm.ctx))
 
 
 def _paired(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Interleaved rounds: each round times every contender (best of 3 calls), in turn."""
+    """Interleaved rounds: each round times every contender (best of 3 calls) in turn, after a pause."""
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            time.sleep(0.2)  # let the threads of the one before (OpenBLAS's spin) go to sleep
             best = float("inf")
             for _ in range(3):
                 t0 = time.perf_counter()

@@ -151,88 +151,101 @@ static split split_of(const gemm2d *p, int mr_max) {
     s.tiles_m = (p->M + mr_max - 1) / mr_max;
     s.panels = (p->N + SDRT_NR - 1) / SDRT_NR;
     s.kblocks = (p->K + KC_MAX - 1) / KC_MAX;
-    const size_t kc = (size_t)(p->K + s.kblocks - 1) / (size_t)s.kblocks;
-    const size_t slice_bytes = kc * SDRT_NR * sizeof(float);
-    int g = (int)(L2_PANEL_BYTES / (slice_bytes ? slice_bytes : 1));
+    const size_t panel_bytes = (size_t)p->K * SDRT_NR * sizeof(float);
+    int g = (int)(L2_PANEL_BYTES / (panel_bytes ? panel_bytes : 1));
     s.group = g < 1 ? 1 : (g > s.panels ? s.panels : g);
     s.groups = (s.panels + s.group - 1) / s.group;
     s.copy_a = a_aliases(p->lda, mr_max);
     return s;
 }
 
-/* units [u0, u1) of one 2-D problem, unit = (group of B panels, tile of A rows). The blocks of K
- * are the outer loop: for each, the thread's row tiles meet the group's panel slices (in L2)
- * while each tile's slice of A (mr x KC floats) stays in L1; the next block adds to C. Every
- * thread owns its tiles of C for all blocks, so no barrier is needed. */
-static int run_units(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s, long u0, long u1) {
+/* where a thread keeps the B panels it packed at run time, and for which (op call, batch, group) */
+typedef struct {
+    const void *owner;
+    int epoch;
+    long batch;
+    int group;
+} pack_key;
+static SDRT_THREAD_LOCAL pack_key tl_packed;
+
+/* One unit: the C tile of rows [m0, m1) and the panels of one group, over all of K in blocks
+ * (each tile's slice of A, mr x KC floats, stays in L1 while it meets the group's panels; the
+ * group's panels, K x 32 x group floats, stay in L2 while the thread's next tiles come). */
+static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s, long u, const pack_key *key) {
+    const int g = (int)(u / s->tiles_m), t = (int)(u % s->tiles_m);
+    const int m0 = (int)((long)t * p->M / s->tiles_m), m1 = (int)((long)(t + 1) * p->M / s->tiles_m);
+    const int pan0 = g * s->group, pan1 = pan0 + s->group < s->panels ? pan0 + s->group : s->panels;
+    const float *packed;
+    if (p->b_packed) {
+        packed = p->b + (ptrdiff_t)pan0 * p->K * SDRT_NR;
+    } else {
+        float *buf = thread_buffer(0, (size_t)(pan1 - pan0) * p->K * SDRT_NR * sizeof(float));
+        if (!buf)
+            return -1;
+        if (!key || tl_packed.owner != key->owner || tl_packed.epoch != key->epoch || tl_packed.batch != key->batch ||
+            tl_packed.group != g) {
+            for (int q = pan0; q < pan1; q++)
+                pack_panel(p, q * SDRT_NR, 0, p->K, buf + (ptrdiff_t)(q - pan0) * p->K * SDRT_NR);
+            tl_packed = key ? *key : (pack_key){NULL, 0, 0, -1};
+            tl_packed.group = key ? g : -1;
+        }
+        packed = buf;
+    }
+    /* the A rows of the next tile (likely this thread's or the other's next unit) */
+    const int t_next = t + 1 < s->tiles_m ? t + 1 : t;
+    const float *a_next = p->a + (ptrdiff_t)((long)t_next * p->M / s->tiles_m) * p->lda;
     for (int kb = 0; kb < s->kblocks; kb++) {
         const int k0 = (int)((long)kb * p->K / s->kblocks), k1 = (int)((long)(kb + 1) * p->K / s->kblocks);
-        const int kc = k1 - k0;
-        const float *packed = NULL;
-        ptrdiff_t panel_stride = 0;
-        int packed_group = -1;
-        for (long u = u0; u < u1; u++) {
-            const int g = (int)(u / s->tiles_m), t = (int)(u % s->tiles_m);
-            const int m0 = (int)((long)t * p->M / s->tiles_m), m1 = (int)((long)(t + 1) * p->M / s->tiles_m);
-            const int pan0 = g * s->group, pan1 = pan0 + s->group < s->panels ? pan0 + s->group : s->panels;
-            if (p->b_packed) {
-                packed = p->b + ((ptrdiff_t)pan0 * p->K + k0) * SDRT_NR;
-                panel_stride = (ptrdiff_t)p->K * SDRT_NR;
-            } else if (g != packed_group) {
-                float *buf = thread_buffer(0, (size_t)(pan1 - pan0) * kc * SDRT_NR * sizeof(float));
-                if (!buf)
-                    return -1;
-                for (int q = pan0; q < pan1; q++)
-                    pack_panel(p, q * SDRT_NR, k0, k1, buf + (ptrdiff_t)(q - pan0) * kc * SDRT_NR);
-                packed = buf;
-                panel_stride = (ptrdiff_t)kc * SDRT_NR;
-                packed_group = g;
-            }
-            const float *a = p->a + (ptrdiff_t)m0 * p->lda + k0;
-            ptrdiff_t lda = p->lda;
-            /* the A rows the next unit reads first (the next row tile, same block of K) */
-            const int t_next = t + 1 < s->tiles_m ? t + 1 : 0;
-            const float *a_next = p->a + (ptrdiff_t)((long)t_next * p->M / s->tiles_m) * p->lda + k0;
-            if (s->copy_a) {
-                const ptrdiff_t ld = ((kc + 15) & ~15) + 16; /* 64 bytes past a multiple of 64 */
-                float *buf = thread_buffer(1, (size_t)(m1 - m0) * ld * sizeof(float));
-                if (!buf)
-                    return -1;
-                for (int i = 0; i < m1 - m0; i++)
-                    memcpy(buf + i * ld, a + i * p->lda, (size_t)kc * sizeof(float));
-                a = buf;
-                lda = ld;
-                a_next = buf;
-            }
-            for (int q = pan0; q < pan1; q++) {
-                const int n0 = q * SDRT_NR;
-                sdrt_tile_out o;
-                o.ldc = p->ldc;
-                o.trans = p->trans;
-                o.m = m1 - m0;
-                o.n = p->N - n0 < SDRT_NR ? p->N - n0 : SDRT_NR;
-                o.bias = p->bias ? p->bias + n0 : NULL;
-                o.acc = kb > 0;
-                o.c = p->trans ? p->c + (ptrdiff_t)n0 * p->ldc + m0 : p->c + (ptrdiff_t)m0 * p->ldc + n0;
-                kk->kern[o.m](kc, a, lda, packed + (ptrdiff_t)(q - pan0) * panel_stride, &o, q + 1 < pan1 ? a : a_next);
-            }
+        const float *a = p->a + (ptrdiff_t)m0 * p->lda + k0;
+        ptrdiff_t lda = p->lda;
+        const float *pf_last = kb + 1 < s->kblocks ? a + (k1 - k0) : a_next;
+        if (s->copy_a) {
+            const ptrdiff_t ld = ((k1 - k0 + 15) & ~15) + 16; /* 64 bytes past a multiple of 64 */
+            float *buf = thread_buffer(1, (size_t)(m1 - m0) * ld * sizeof(float));
+            if (!buf)
+                return -1;
+            for (int i = 0; i < m1 - m0; i++)
+                memcpy(buf + i * ld, a + i * p->lda, (size_t)(k1 - k0) * sizeof(float));
+            a = buf;
+            lda = ld;
+            pf_last = buf;
+        }
+        for (int q = pan0; q < pan1; q++) {
+            const int n0 = q * SDRT_NR;
+            sdrt_tile_out o;
+            o.ldc = p->ldc;
+            o.trans = p->trans;
+            o.m = m1 - m0;
+            o.n = p->N - n0 < SDRT_NR ? p->N - n0 : SDRT_NR;
+            o.bias = p->bias ? p->bias + n0 : NULL;
+            o.acc = kb > 0;
+            o.c = p->trans ? p->c + (ptrdiff_t)n0 * p->ldc + m0 : p->c + (ptrdiff_t)m0 * p->ldc + n0;
+            kk->kern[o.m](k1 - k0, a, lda, packed + ((ptrdiff_t)(q - pan0) * p->K + k0) * SDRT_NR, &o,
+                          q + 1 < pan1 ? a : pf_last);
         }
     }
     return 0;
 }
 
+/* an empty sum (K = 0): zeros, plus the bias */
+static void run_empty(const gemm2d *p, int ith, int nth) {
+    for (int i = ith; i < p->M; i += nth)
+        for (int j = 0; j < p->N; j++)
+            *(p->trans ? p->c + (ptrdiff_t)j * p->ldc + i : p->c + (ptrdiff_t)i * p->ldc + j) = p->bias ? p->bias[j] : 0.0f;
+}
+
 static void run_2d(const gemm2d *p, const sdrt_isa_kernels *kk, int ith, int nth) {
     if (p->M <= 0 || p->N <= 0)
         return;
-    if (p->K <= 0) { /* an empty sum: zeros (plus bias) */
-        for (int i = ith; i < p->M; i += nth)
-            for (int j = 0; j < p->N; j++)
-                *(p->trans ? p->c + (ptrdiff_t)j * p->ldc + i : p->c + (ptrdiff_t)i * p->ldc + j) = p->bias ? p->bias[j] : 0.0f;
+    if (p->K <= 0) {
+        run_empty(p, ith, nth);
         return;
     }
     const split s = split_of(p, kk->mr_max);
     const long units = (long)s.groups * s.tiles_m;
-    run_units(p, kk, &s, units * ith / nth, units * (ith + 1) / nth);
+    for (long u = units * ith / nth; u < units * (ith + 1) / nth; u++)
+        if (run_unit(p, kk, &s, u, NULL))
+            return;
 }
 
 /* Direct entry (tests, benchmarks): one thread's share (ith of nth) of C = A . B [+ bias].
@@ -254,13 +267,30 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
 #define OP_TRANS 1u
 #define OP_PACKED 2u
 #define OP_BIAS 4u
+#define OP_SHARED 8u
+
+#if defined(_MSC_VER)
+#include <intrin.h>
+#define ATOMIC_ADD(p, v) _InterlockedExchangeAdd((volatile long *)(p), (long)(v))
+#define ATOMIC_STORE(p, v) _InterlockedExchange((volatile long *)(p), (long)(v))
+#else
+#define ATOMIC_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_ACQ_REL)
+#define ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#endif
 
 /* dst = A . B [+ bias] over ggml tensors, as ggml_custom_4d's callback.
  *   src[0] A:    ne (K, M, d2, d3), nb0 = 4 (rows may overlap)
  *   src[1] B:    packed: ne (32, K, panels, 1), contiguous; else ne (N, K, e2, e3), any strides,
  *                broadcast over A's batch dims (d2 % e2 == 0, d3 % e3 == 0), as ggml_mul_mat does
  *   src[2] bias: ne0 = N, contiguous (with OP_BIAS)
- *   dst:         ne (N, M, d2, d3), or with OP_TRANS ne (M, N, d2, d3); rows of dst may be padded */
+ *   next src     int32[4] zeros, shared by the op's threads (with OP_SHARED): a work counter
+ *   dst:         ne (N, M, d2, d3), or with OP_TRANS ne (M, N, d2, d3); rows of dst may be padded
+ *
+ * With OP_SHARED the threads take units one at a time from the shared counter, so a thread that
+ * the OS holds back (a busy machine) does not hold the others at ggml's barrier after the op:
+ * the last thread to find no work left resets the counter for the next run (ggml runs the next
+ * node only after every thread has returned from this one). Without it, each thread takes a
+ * fixed share. */
 SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
     const unsigned flags = (unsigned)(uintptr_t)userdata;
     const sdrt_isa_kernels *kk = kernels_of(sdrt_gemm_active_isa());
@@ -272,11 +302,19 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
     const int K = (int)A.ne[0], M = (int)A.ne[1];
     const int N = (int)(trans ? C.ne[1] : C.ne[0]);
     const float *bias = NULL;
+    int next_src = 2;
     if (flags & OP_BIAS) {
-        const void *tbias = sdrt_tensor_src(dst, 2);
+        const void *tbias = sdrt_tensor_src(dst, next_src++);
         if (!tbias)
             return;
         bias = (const float *)sdrt_tensor_view(tbias).data;
+    }
+    int32_t *state = NULL;
+    if (flags & OP_SHARED) {
+        const void *tstate = sdrt_tensor_src(dst, next_src++);
+        if (!tstate)
+            return;
+        state = (int32_t *)sdrt_tensor_view(tstate).data;
     }
     const long d2 = (long)A.ne[2], d3 = (long)A.ne[3];
     const long e2 = packed ? 1 : (long)B.ne[2], e3 = packed ? 1 : (long)B.ne[3];
@@ -294,26 +332,46 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
     p.ldc = (ptrdiff_t)(C.nb[1] / sizeof(float));
     p.trans = trans;
     const long batches = d2 * d3;
-    if (batches == 1) {
-        p.a = (const float *)A.data;
-        p.b = (const float *)B.data;
-        p.c = (float *)C.data;
-        run_2d(&p, kk, ith, nth);
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        for (long bt = 0; bt < batches; bt++) {
+            p.c = (float *)(C.data + (bt % d2) * C.nb[2] + (bt / d2) * C.nb[3]);
+            run_empty(&p, ith, nth);
+        }
         return;
     }
-    /* batched: units run over (batch, group, row tile) together, so a thread's range may
-     * start and end inside a batch */
-    if (M <= 0 || N <= 0 || K <= 0)
-        return;
     const split s = split_of(&p, kk->mr_max);
     const long per = (long)s.groups * s.tiles_m, units = per * batches;
-    const long u0 = units * ith / nth, u1 = units * (ith + 1) / nth;
-    for (long bt = u0 / per; bt < batches && bt * per < u1; bt++) {
-        const long i2 = bt % d2, i3 = bt / d2;
-        p.a = (const float *)(A.data + i2 * A.nb[2] + i3 * A.nb[3]);
-        p.b = (const float *)(B.data + (i2 / (d2 / e2)) * B.nb[2] + (i3 / (d3 / e3)) * B.nb[3]);
-        p.c = (float *)(C.data + i2 * C.nb[2] + i3 * C.nb[3]);
-        const long lo = u0 > bt * per ? u0 - bt * per : 0, hi = u1 < (bt + 1) * per ? u1 - bt * per : per;
-        run_units(&p, kk, &s, lo, hi);
+    pack_key key = {state ? (const void *)state : dst, state ? state[2] : 0, -1, -1};
+    long u = 0, u_end = units;
+    if (!state) { /* a fixed share */
+        u = units * ith / nth;
+        u_end = units * (ith + 1) / nth;
+    }
+    long bt_set = -1;
+    for (;;) {
+        if (state)
+            u = ATOMIC_ADD(&state[0], 1);
+        if (u >= u_end)
+            break;
+        const long bt = u / per;
+        if (bt != bt_set) {
+            const long i2 = bt % d2, i3 = bt / d2;
+            p.a = (const float *)(A.data + i2 * A.nb[2] + i3 * A.nb[3]);
+            p.b = (const float *)(B.data + (i2 / (d2 / e2)) * B.nb[2] + (i3 / (d3 / e3)) * B.nb[3]);
+            p.c = (float *)(C.data + i2 * C.nb[2] + i3 * C.nb[3]);
+            bt_set = bt;
+        }
+        key.batch = bt;
+        if (run_unit(&p, kk, &s, u % per, &key))
+            break;
+        if (!state)
+            u++;
+    }
+    if (state && ATOMIC_ADD(&state[1], 1) == nth - 1) {
+        ATOMIC_STORE(&state[2], state[2] + 1); /* a new epoch: runtime-packed B is stale */
+        ATOMIC_STORE(&state[0], 0);
+        ATOMIC_STORE(&state[1], 0);
     }
 }

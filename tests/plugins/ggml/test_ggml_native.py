@@ -113,7 +113,8 @@ def test_custom_op_in_a_ggml_graph_with_threads_and_batches(nat, threads):
         ta, tw, tb, tbt = (native._tensor(ggml, g, x) for x in (a, native.pack_b(w), bias, bt))
         y1 = native.gemm_op(nat, ggml, g, ta, tw, tb, m=m, n=n, packed=True, batch=(2, 3))
         y2 = native.gemm_op(nat, ggml, g, ta, tw, None, m=m, n=n, trans=True, packed=True, batch=(2, 3))
-        y3 = native.gemm_op(nat, ggml, g, ta, ggml.ggml_transpose(g, tbt), m=m, n=n, batch=(2, 3))
+        y3 = native.gemm_op(nat, ggml, g, ta, ggml.ggml_transpose(g, tbt), m=m, n=n, batch=(2, 3),
+                            state=native.state_tensor(ggml, g))
         for isa in _isas(nat):
             nat.set_isa(isa)
             _compute([y1, y2, y3], threads, g)
@@ -122,6 +123,11 @@ def test_custom_op_in_a_ggml_graph_with_threads_and_batches(nat, threads):
                                        err_msg=isa)
             np.testing.assert_allclose(_as_np(y3, (3, 2, m, n)), a @ np.swapaxes(bt, -1, -2), rtol=1e-4, atol=1e-4,
                                        err_msg=isa)
+        # new data in the runtime B: the next run packs it again (the threads' packed copy is per run)
+        bt2 = bt * -0.5
+        ctypes.memmove(ggml.ggml_get_data(tbt), bt2.ctypes.data, bt2.nbytes)
+        _compute([y3], threads, g)
+        np.testing.assert_allclose(_as_np(y3, (3, 2, m, n)), a @ np.swapaxes(bt2, -1, -2), rtol=1e-4, atol=1e-4)
     finally:
         nat.set_isa(None)
         ggml.ggml_free(g)

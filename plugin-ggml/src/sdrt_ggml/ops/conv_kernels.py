@@ -82,7 +82,7 @@ def conv_dense(lowering: Any, x: GTensor, wt: GTensor, strides: list[int], dil: 
             y = conv_gemm(lowering, col2, w, (0, 1, 2, 3), "oihw")
         else:  # the kernel as B (N = OC, K) through a transposed view, packed per run
             y = native.gemm_op(nat, g, lowering.ctx, col2, g.ggml_transpose(lowering.ctx, w2), m=ow * oh * n, n=oc,
-                               trans=True)
+                               trans=True, state=native.lowering_state(lowering))
         impl = "native"
     elif impl in ("im2col", "auto") and (ow * oh * n) % 4 and oc % 4 == 0:
         impl = "im2col_nhwc"  # the GEMM's fast path needs its first operand's rows to be a multiple of 4

@@ -27,7 +27,8 @@ def conv_gemm(lowering: Any, cols: Any, w: np.ndarray, order: tuple[int, int, in
     nat = native.for_lowering(lowering)
     if nat is not None:
         wp = lowering.const(w, transform=lambda a: native.pack_b(a.transpose(order).reshape(oc, k)), tag=f"{tag}P32")
-        return native.gemm_op(nat, g, lowering.ctx, cols, wp.ptr, m=m, n=oc, trans=trans, packed=True)
+        return native.gemm_op(nat, g, lowering.ctx, cols, wp.ptr, m=m, n=oc, trans=trans, packed=True,
+                              state=native.lowering_state(lowering))
     wt = lowering.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(order)), tag=tag)
     w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, k, oc)
     return g.ggml_mul_mat(lowering.ctx, cols, w2) if trans else g.ggml_mul_mat(lowering.ctx, w2, cols)

@@ -80,7 +80,8 @@ def native_matmul(lowering: Any, nat: Any, a: GTensor, b: Value, batch: tuple[in
         w = lowering.const(b) if isinstance(b, np.ndarray) else b  # ne (N, K, e2, e3), any strides
         n = w.shape[-1]
     d = ne_of(batch + (m, k))
-    out = native.gemm_op(nat, g, lowering.ctx, a.ptr, w.ptr, m=m, n=n, packed=packed, batch=(d[2], d[3]))
+    out = native.gemm_op(nat, g, lowering.ctx, a.ptr, w.ptr, m=m, n=n, packed=packed, batch=(d[2], d[3]),
+                         state=native.lowering_state(lowering))
     return GTensor(out, batch + (m, n))
 
 
@@ -189,7 +190,7 @@ def _native_gemm(lowering: Any, nat: Any, a_: Value, b_: np.ndarray, c_: Value |
         bias = lowering.const(c_, transform=lambda v: (np.asarray(v, np.float32) * np.float32(beta)).reshape(-1),
                               tag=f"bias{beta}")
     out = native.gemm_op(nat, g, lowering.ctx, a.ptr, w.ptr, bias.ptr if bias is not None else None, m=m, n=n,
-                         packed=True)
+                         packed=True, state=native.lowering_state(lowering))
     y = GTensor(out, (m, n))
     if c_ is not None and beta != 0.0 and bias is None:
         c = c_ * np.float32(beta) if isinstance(c_, np.ndarray) and beta != 1.0 else c_
