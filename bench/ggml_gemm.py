@@ -2,6 +2,7 @@
 
     python -m bench.ggml_gemm                 # 2 threads (all cores), every section
     python -m bench.ggml_gemm --threads 1
+    python -m bench.ggml_gemm --sections models --rounds 15    # whole models, before/after the native GEMM
 
 Sections (each prints GFLOPS or milliseconds, the best of ``--rounds``: the least disturbed
 run, since one op takes milliseconds and the machine may be shared; each contender starts
@@ -19,6 +20,9 @@ a call) have gone to sleep):
   numpy-backed custom op inside the ggml graph would cost.
 - ``attention``: ggml flash attention against scores by ``ggml_out_prod`` or
   ``mul_mat`` followed by softmax and ``mul_mat``, at the bench UNet's head sizes.
+- ``models`` (not in the default set; ``--sections models --models unet --size full``): whole
+  bench models on onnxruntime, on sdrt-ggml with the native GEMM and with ggml's mul_mat
+  (``gemm="ggml"``), interleaved, each checked against onnxruntime.
 """
 
 from __future__ import annotations
@@ -202,17 +206,64 @@ def attention(threads: int, rounds: int) -> None:
         print(f"{f'{nq} x {nk} x {d} x {heads}':>18s} {flash_ms:7.2f} {outer_ms:9.2f} {inner_ms:8.2f}")
 
 
-SECTIONS = {"gemm": gemm, "conv": conv, "attention": attention}
+MODEL_NAMES = "vae_decoder,unet,text_encoder,mobilenet_v3,mobilenet_v2"
+
+
+def models(threads: int, rounds: int, names: str = MODEL_NAMES, size: str = "bench") -> None:
+    """Whole bench models: onnxruntime, sdrt-ggml with the native GEMM (the default) and with ggml's
+    mul_mat (``gemm="ggml"``: the lowering before the native GEMM), interleaved in rotated order;
+    each checked against onnxruntime first. Ratios are medians of the per-round time ratios."""
+    import gc
+    import statistics
+
+    from . import harness
+    from .__main__ import _default_workdir
+
+    print(f"\nmodels ({size}): ms, median of {rounds} interleaved rounds, {threads} threads, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'model':14s} {'ort':>9s} {'sdrt gemm':>10s} {'ggml mm':>9s} {'sdrt/ort':>9s} {'ggml mm/ort':>12s} "
+          f"{'max rel err':>12s}")
+    for name in names.split(","):
+        path, feeds, outputs = harness.model_file(name, size, _default_workdir())
+        ort = harness.ort_runner(path, outputs, threads)
+        ref = ort(feeds)
+        runs: dict[str, Callable[[Any], Any]] = {"ort": ort}
+        errs = []
+        for label, opts in (("sdrt", {}), ("ggml", {"gemm": "ggml"})):
+            fn = harness.sdrt_runner(path, outputs, "ggml", {"threads": threads, **opts})
+            errs.append(harness.max_rel_err(fn(feeds), ref))
+            runs[label] = fn
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        order = list(runs)
+        for r in range(rounds):
+            for label in order[r % len(order):] + order[:r % len(order)]:
+                gc.disable()
+                t0 = time.perf_counter()
+                runs[label](feeds)
+                times[label].append((time.perf_counter() - t0) * 1e3)
+                gc.enable()
+        med = {k: statistics.median(v) for k, v in times.items()}
+        ratio = {k: statistics.median(a / b for a, b in zip(times[k], times["ort"])) for k in ("sdrt", "ggml")}
+        print(f"{name:14s} {med['ort']:9.1f} {med['sdrt']:10.1f} {med['ggml']:9.1f} {ratio['sdrt']:8.2f}x "
+              f"{ratio['ggml']:11.2f}x {max(errs):12.1e}", flush=True)
+
+
+SECTIONS = {"gemm": gemm, "conv": conv, "attention": attention, "models": models}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ggml_gemm", description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--sections", default=",".join(SECTIONS))
+    p.add_argument("--sections", default="gemm,conv,attention")
+    p.add_argument("--models", default=MODEL_NAMES, help="for the models section")
+    p.add_argument("--size", default="bench", choices=["tiny", "bench", "full"], help="for the models section")
     args = p.parse_args(argv)
     for name in args.sections.split(","):
-        SECTIONS[name](args.threads, args.rounds)
+        if name == "models":
+            models(args.threads, args.rounds, args.models, args.size)
+        else:
+            SECTIONS[name](args.threads, args.rounds)
     return 0
 
 
