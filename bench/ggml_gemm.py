@@ -16,8 +16,9 @@ a call) have gone to sleep):
   the per-round time ratios (above 1: the native GEMM is faster).
 - ``conv``: the VAE's 3x3 conv sizes as sdrt-ggml's window conv (one ``mul_mat``
   over overlapping rows of a row-stacked input), as ggml ``mul_mat`` over a ready
-  im2col matrix, and as numpy (the im2col copy plus its BLAS GEMM), which is what a
-  numpy-backed custom op inside the ggml graph would cost.
+  im2col matrix, as numpy (the im2col copy plus its BLAS GEMM), which is what a
+  numpy-backed custom op inside the ggml graph would cost, and as the window conv's
+  GEMM on the native kernel (``sdrt window``).
 - ``attention``: ggml flash attention against scores by ``ggml_out_prod`` or
   ``mul_mat`` followed by softmax and ``mul_mat``, at the bench UNet's head sizes.
 - ``models`` (not in the default set; ``--sections models --models unet --size full``): whole
@@ -170,7 +171,7 @@ def conv(threads: int, rounds: int) -> None:
     from numpy.lib.stride_tricks import as_strided
 
     print(f"\nconv (3x3, pad 1): ms, {threads} threads")
-    print(f"{'C x HW x OC':>16s} {'window':>8s} {'im2col mm':>10s} {'numpy':>8s}")
+    print(f"{'C x HW x OC':>16s} {'window':>8s} {'im2col mm':>10s} {'numpy':>8s} {'sdrt window':>12s}")
     for c, hw, oc in CONVS:
         wp, k = hw + 2, 9 * c
         m = -(-(hw * wp) // 16) * 16
@@ -179,12 +180,21 @@ def conv(threads: int, rounds: int) -> None:
         windows = gm.g.ggml_view_2d(gm.ctx, stacked, k, m, 3 * c * 4, 0)
         window_ms = gm.timer(gm.g.ggml_mul_mat(gm.ctx, windows, gm.tensor(k, oc)), rounds)
         im2col_ms = gm.timer(gm.g.ggml_mul_mat(gm.ctx, gm.tensor(k, hw * hw), gm.tensor(k, oc)), rounds)
+        native_ms = float("nan")
+        from sdrt_ggml import native
+
+        nat = native.native()
+        if nat is not None:
+            tw = gm.tensor(native.NR, k, -(-oc // native.NR))
+            y = native.gemm_op(nat, gm.g, gm.ctx, windows, tw, m=m, n=oc, trans=True, packed=True,
+                               state=native.state_tensor(gm.g, gm.ctx))
+            native_ms = gm.timer(y, rounds)
         gm.close()
         buf = np.ones(hw * wp * 3 * c + k, np.float32)
         view = as_strided(buf, shape=(hw * wp, k), strides=(3 * c * 4, 4))
         w = np.ones((k, oc), np.float32)
         np_ms = _best_ms(lambda view=view, w=w: np.ascontiguousarray(view) @ w, rounds)
-        print(f"{f'{c} x {hw} x {oc}':>16s} {window_ms:8.2f} {im2col_ms:10.2f} {np_ms:8.2f}")
+        print(f"{f'{c} x {hw} x {oc}':>16s} {window_ms:8.2f} {im2col_ms:10.2f} {np_ms:8.2f} {native_ms:12.2f}")
 
 
 def attention(threads: int, rounds: int) -> None:
