@@ -82,32 +82,25 @@ def unavailable_reason() -> str | None:
 def native() -> Native | None:
     """The native kernels, or None (the reason logged once, and kept for ``unavailable_reason``)."""
     try:
-        n = _load()
+        n, why = _load()
     except (OSError, AttributeError, ValueError, RuntimeError) as exc:  # a broken build or an unexpected ggml-python
         n, why = None, f"{type(exc).__name__}: {exc}"
-    else:
-        why = "" if n is not None else _REASON.pop() if _REASON else "unknown"
+    _REASON[:] = [why] if n is None else []
     if n is None:
-        _REASON.append(why)
         log.warning("sdrt-ggml native kernels not used (%s); falling back to ggml's own matmul", why)
     else:
         log.info("sdrt-ggml native kernels loaded from %s (GEMM: %s)", n.path, n.isa)
     return n
 
 
-def _fail(why: str) -> None:
-    _REASON.append(why)
-
-
-def _load() -> Native | None:
+def _load() -> tuple[Native | None, str]:
+    """The checked kernels, or None and why not."""
     if os.environ.get("SDRT_GGML_NATIVE", "1").lower() in ("0", "off", "false", "no"):
-        _fail("SDRT_GGML_NATIVE=0")
-        return None
+        return None, "SDRT_GGML_NATIVE=0"
     path = library_path()
     if path is None:
-        _fail("the compiled library sdrt_ggml/_native is not installed: pip found no C compiler when it built "
-              "sdrt-ggml; install one (gcc/clang, or MSVC Build Tools) and reinstall sdrt-ggml")
-        return None
+        return None, ("the compiled library sdrt_ggml/_native is not installed: pip found no C compiler when it built "
+                      "sdrt-ggml; install one (gcc/clang, or MSVC Build Tools) and reinstall sdrt-ggml")
     from .ops._common import ggml_lib
 
     g = ggml_lib()
@@ -115,18 +108,19 @@ def _load() -> Native | None:
     _declare(lib)
     why = _check_layout(lib, g)
     if why:
-        _fail(f"ggml-python's ggml_tensor layout does not match what the kernels read ({why}); "
-              f"ggml-python {_ggml_version()} is not a version sdrt-ggml was checked with")
-        return None
+        return None, (f"ggml-python's ggml_tensor layout does not match what the kernels read ({why}); "
+                      f"ggml-python {_ggml_version()} is not a version sdrt-ggml was checked with")
     op = g.ggml_custom_op_t(ctypes.cast(lib.sdrt_gemm_op, ctypes.c_void_p).value)
     n = Native(lib, str(path), op)
     want = os.environ.get("SDRT_GGML_GEMM_ISA")
-    n.set_isa(want or None)
+    try:
+        n.set_isa(want or None)
+    except ValueError as exc:
+        log.warning("SDRT_GGML_GEMM_ISA=%s ignored: %s; using %s", want, exc, n.set_isa(None))
     why = _self_test(n, g)
     if why:
-        _fail(f"the GEMM kernel's self-test inside a ggml graph failed ({why})")
-        return None
-    return n
+        return None, f"the GEMM kernel's self-test inside a ggml graph failed ({why})"
+    return n, ""
 
 
 def _ggml_version() -> str:
