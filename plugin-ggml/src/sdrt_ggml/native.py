@@ -218,9 +218,7 @@ def _tensor(g: Any, ctx: Any, arr: np.ndarray) -> Any:
 def for_lowering(lowering: Any) -> Native | None:
     """The native kernels when this lowering may use them: on the CPU device (custom ops run only
     on ggml's CPU backend), unless the compile option ``gemm="ggml"`` asks for ggml's mul_mat."""
-    choice = lowering.options.get("gemm", "auto")
-    if choice not in ("auto", "native", "ggml"):
-        raise ValueError(f"gemm={choice!r}: expected 'auto', 'native' or 'ggml'")
+    choice = lowering.options.get("gemm", "auto")  # checked by GgmlBackend.compile
     if choice == "ggml" or not lowering.on_cpu:
         return None
     return native()

@@ -284,3 +284,17 @@ def test_implicit_conv_follows_update_weights(nat):
     with compile_ggml(m) as s:
         s.update_weights(_Weights(new))
         np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_option_is_checked_at_compile(nat, monkeypatch):
+    from sdrt.errors import SdrtError
+
+    m = make_model([mk("MatMul", ["x", "w"], ["y"])], {"x": ((2, 3), F)}, {"y": (None, F)}, {"w": rand(3, 4)})
+    with pytest.raises(SdrtError, match="gemm='fast' is not a GEMM choice"):
+        compile_ggml(m, gemm="fast")
+    with compile_ggml(m, gemm="native") as s:
+        assert _gemm_nodes(s) == 1
+    monkeypatch.setattr(native, "native", lambda: None)
+    monkeypatch.setattr(native, "unavailable_reason", lambda: "SDRT_GGML_NATIVE=0")
+    with pytest.raises(SdrtError, match="native kernels are not loaded: SDRT_GGML_NATIVE=0"):
+        compile_ggml(m, gemm="native")
