@@ -161,7 +161,11 @@ static split split_of(const gemm2d *p, int mr_max) {
     return s;
 }
 
-/* where a thread keeps the B panels it packed at run time, and for which (op call, batch, group) */
+/* where a thread keeps the B panels it packed at run time, and for which (op call, batch, group).
+ * An op call is its state tensor's address and an epoch that no other call in the process has
+ * had: a state tensor freed with its session may come back at the same address in the next one,
+ * with a fresh epoch of 0, so epoch 0 (an op's first run) is never reused from the cache, and
+ * later epochs come from one process-wide counter. */
 typedef struct {
     const void *owner;
     int epoch;
@@ -184,8 +188,8 @@ static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s,
         float *buf = thread_buffer(0, (size_t)(pan1 - pan0) * p->K * SDRT_NR * sizeof(float));
         if (!buf)
             return -1;
-        if (!key || tl_packed.owner != key->owner || tl_packed.epoch != key->epoch || tl_packed.batch != key->batch ||
-            tl_packed.group != g) {
+        if (!key || key->epoch == 0 || tl_packed.owner != key->owner || tl_packed.epoch != key->epoch ||
+            tl_packed.batch != key->batch || tl_packed.group != g) {
             for (int q = pan0; q < pan1; q++)
                 pack_panel(p, q * SDRT_NR, 0, p->K, buf + (ptrdiff_t)(q - pan0) * p->K * SDRT_NR);
             tl_packed = key ? *key : (pack_key){NULL, 0, 0, -1};
@@ -280,6 +284,8 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
 #define ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #endif
 
+static long epoch_source; /* the next epoch of an op call (see pack_key) */
+
 /* dst = A . B [+ bias] over ggml tensors, as ggml_custom_4d's callback.
  *   src[0] A:    ne (K, M, d2, d3), nb0 = 4 (rows may overlap)
  *   src[1] B:    packed: ne (32, K, panels, 1), contiguous; else ne (N, K, e2, e3), any strides,
@@ -372,7 +378,8 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
             u++;
     }
     if (state && ATOMIC_ADD(&state[1], 1) == nth - 1) {
-        ATOMIC_STORE(&state[2], state[2] + 1); /* a new epoch: runtime-packed B is stale */
+        /* a new epoch, unique in the process: runtime-packed B is stale */
+        ATOMIC_STORE(&state[2], (int32_t)(ATOMIC_ADD(&epoch_source, 1) % 2000000000 + 1));
         ATOMIC_STORE(&state[0], 0);
         ATOMIC_STORE(&state[1], 0);
     }

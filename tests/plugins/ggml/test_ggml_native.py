@@ -298,3 +298,14 @@ def test_gemm_option_is_checked_at_compile(nat, monkeypatch):
     monkeypatch.setattr(native, "unavailable_reason", lambda: "SDRT_GGML_NATIVE=0")
     with pytest.raises(SdrtError, match="native kernels are not loaded: SDRT_GGML_NATIVE=0"):
         compile_ggml(m, gemm="native")
+
+
+def test_runtime_b_is_never_reused_from_a_closed_session(nat):
+    """A session's GEMM state tensor can come back at the same address in the next session: the
+    packed runtime B of the old one must not be taken for the new one's (same shapes, other data)."""
+    m = make_model([mk("MatMul", ["a", "b"], ["y"])], {"a": ((2, 40, 24), F), "b": ((2, 24, 70), F)}, {"y": (None, F)})
+    a = rand(2, 40, 24)
+    for seed in range(6):
+        b = rand(2, 24, 70, seed=seed)
+        with compile_ggml(m) as s:
+            np.testing.assert_allclose(s.run({"a": a, "b": b})["y"], a @ b, rtol=1e-4, atol=1e-4, err_msg=str(seed))
