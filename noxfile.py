@@ -79,6 +79,51 @@ def ggml_fuzz(session: nox.Session) -> None:
 
 
 @nox.session
+def ggml_vulkan(session: nox.Session) -> None:
+    """ggml's Vulkan backend on this machine, not in CI: on a CPU-only Linux box, Mesa's lavapipe.
+
+    `nox -s ggml_vulkan [-- DEVICE]` (default Vulkan0). Needs glslc, the Vulkan loader, SPIR-V
+    headers and a Vulkan driver (Debian/Ubuntu: apt install glslc libvulkan-dev spirv-headers
+    mesa-vulkan-drivers libtinyxml2-dev g++), and Vulkan 1.4 headers: $VULKAN_SDK, else
+    scripts/vulkan_headers.py assembles them (from checkouts in $VULKAN_HEADERS_DIR /
+    $VULKAN_HPP_DIR, else it clones them) into $SDRT_VK_WORK (default: the session's tmp folder).
+    Builds ggml-python with GGML_VULKAN, then runs `sdrt info`, the conformance kit, the real
+    exports (scripts/ggml_device_check.py) and tests/plugins/ggml/test_ggml_devices.py on DEVICE.
+    """
+    import os
+    import shutil
+
+    device = session.posargs[0] if session.posargs else "Vulkan0"
+    missing = [tool for tool in ("glslc", "g++", "cmake") if not shutil.which(tool)]
+    if missing:
+        session.error(f"missing {', '.join(missing)}: apt install glslc g++ cmake (see this session's docstring)")
+    if os.environ.get("VULKAN_SDK"):
+        include = str(Path(os.environ["VULKAN_SDK"]) / "include")
+    else:
+        work = Path(os.environ.get("SDRT_VK_WORK") or session.create_tmp()) / "vk"
+        args = ["--out", str(work)]
+        for flag, env in (("--headers", "VULKAN_HEADERS_DIR"), ("--hpp", "VULKAN_HPP_DIR")):
+            if os.environ.get(env):
+                args += [flag, os.environ[env]]
+        session.run("python", str(ROOT / "scripts" / "vulkan_headers.py"), *args)
+        include = str(work / "include")
+    # llamafile's GEMM for the CPU fallback too; no cache: a CPU-only wheel must never be reused
+    session.install("--no-cache-dir", "--force-reinstall", "--no-binary", "ggml-python", "ggml-python>=0.0.45",
+                    env={"CMAKE_ARGS": f"-DGGML_VULKAN=ON -DGGML_LLAMAFILE=ON -DVulkan_INCLUDE_DIR={include}"})
+    _install_sdrt(session, *TEST_DEPS)
+    # ggml lists only dedicated and integrated GPUs unless told which Vulkan devices to use;
+    # lavapipe is a CPU-type device, the first (0) on a machine without a GPU
+    session.env.setdefault("GGML_VK_VISIBLE_DEVICES", os.environ.get("GGML_VK_VISIBLE_DEVICES", "0"))
+    session.run("sdrt", "info")
+    out = Path(session.create_tmp())
+    session.run("python", str(ROOT / "scripts" / "ggml_device_check.py"), "--device", device, "--limit", "5e-3",
+                "--json", str(out / f"exports-{device}.json"))
+    session.run("pytest", "-q", "-ra", str(ROOT / "tests" / "plugins" / "ggml" / "test_ggml_devices.py"))
+    session.run("sdrt", "conformance", "ggml", "--device", device, "--json", str(out / f"conformance-{device}.json"))
+    session.log(f"JSON results in {out}")
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """Install the core and the reference backend, then run `sdrt demo`."""
     _install_sdrt(session)

@@ -7,7 +7,11 @@ Per backend (OpenVINO, ggml where it runs the folder), interleaved over ``--roun
 
 - ``fresh``: ``pipelines.load(folder)`` and compiling every part (one 1-step generation), the cost
   of opening the folder again for other weights;
-- ``swap``: ``pipe.load_weights(checkpoint)`` on a warm pipeline (conversion + ``update_weights``);
+- ``first``: the warm pipeline's first ``pipe.load_weights(checkpoint)`` (OpenVINO compiles each part once
+  more then, into the form later swaps import; ggml lowers again the parts whose folded weights changed);
+- ``swap``: ``pipe.load_weights(...)`` on the warm pipeline, alternating between the checkpoint and a
+  second one with other values (every weight changes on every swap; binding equal weights again would
+  measure nothing);
 - ``lora``: ``pipe.set_loras([(lora, 0.8)])``; ``unlora``: ``pipe.set_loras([])``.
 
 Then peak RSS (``ru_maxrss`` of a fresh process, cold compile cache, median of ``--rss-runs``) of one
@@ -41,26 +45,45 @@ def _pipeline(folder: Path, backend: str, **kw: Any) -> Any:
     return pipelines.load(folder, backend=backend, **kw)
 
 
+def _other_checkpoint(weights: Path, out: Path) -> Path:
+    """A checkpoint with the keys and dtypes of ``weights`` and other values (each float tensor scaled)."""
+    import numpy as np
+
+    from sdrt.weights import Weights
+
+    src = Weights.open(weights)
+    arrays = {k: (src[k] * np.asarray(0.9, src[k].dtype)) if src[k].dtype.kind == "f" else src[k] for k in src}
+    Weights.from_arrays(arrays).save(out)
+    return out
+
+
 def time_swaps(folder: Path, weights: Path, lora: Path, backend: str, rounds: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {"fresh": [], "swap": [], "lora": [], "unlora": []}
-    warm = _pipeline(folder, backend)
-    warm("a photo", **KW)
-    for _ in range(rounds):
-        t = time.perf_counter()
-        p = _pipeline(folder, backend)
-        p("a photo", **KW)
-        times["fresh"].append(time.perf_counter() - t)
-        p.close()
+    import tempfile
+
+    times: dict[str, list[float]] = {"fresh": [], "first": [], "swap": [], "lora": [], "unlora": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpts = [weights, _other_checkpoint(weights, Path(tmp) / "other.safetensors")]
+        warm = _pipeline(folder, backend)
+        warm("a photo", **KW)
         t = time.perf_counter()
         warm.load_weights(weights)
-        times["swap"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        warm.set_loras([(lora, 0.8)])
-        times["lora"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        warm.set_loras([])
-        times["unlora"].append(time.perf_counter() - t)
-    warm.close()
+        times["first"].append(time.perf_counter() - t)
+        for i in range(rounds):
+            t = time.perf_counter()
+            p = _pipeline(folder, backend)
+            p("a photo", **KW)
+            times["fresh"].append(time.perf_counter() - t)
+            p.close()
+            t = time.perf_counter()
+            warm.load_weights(ckpts[(i + 1) % 2])
+            times["swap"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            warm.set_loras([(lora, 0.8)])
+            times["lora"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            warm.set_loras([])
+            times["unlora"].append(time.perf_counter() - t)
+        warm.close()
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -114,11 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="openvino,ggml")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=4, help="sampler steps of the peak-RSS generation")
-    ap.add_argument("--rss-runs", type=int, default=3, help="peak-RSS runs per mode (median reported)")
+    ap.add_argument("--rss-runs", type=int, default=3, help="peak-RSS runs per mode (median reported; 0: none)")
     ap.add_argument("--json", type=Path, default=Path("bench-checkpoint.json"))
     args = ap.parse_args(argv)
     results: dict[str, Any] = {"folder": str(args.folder), "weights": str(args.weights)}
-    print(f"{'backend':10} {'fresh load':>11} {'swap':>9} {'x':>6} {'LoRA on':>9} {'x':>6} {'LoRA off':>9} {'x':>6}")
+    print(f"{'backend':10} {'fresh load':>11} {'1st swap':>9} {'swap':>9} {'x':>6} {'LoRA on':>9} {'x':>6} "
+          f"{'LoRA off':>9} {'x':>6}")
     for backend in [b for b in args.backends.split(",") if b]:
         # in a child process: a backend that cannot run the folder (or aborts on it) is reported, not fatal
         child = subprocess.run([sys.executable, "-m", "bench.checkpoint_swap", "--child", backend, str(args.folder),
@@ -131,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t = json.loads(child.stdout.strip().splitlines()[-1])
         f = t["fresh"]
-        print(f"{backend:10} {f * 1e3:9.1f}ms {t['swap'] * 1e3:7.1f}ms {f / t['swap']:5.1f}x "
+        print(f"{backend:10} {f * 1e3:9.1f}ms {t['first'] * 1e3:7.1f}ms {t['swap'] * 1e3:7.1f}ms {f / t['swap']:5.1f}x "
               f"{t['lora'] * 1e3:7.1f}ms {f / t['lora']:5.1f}x {t['unlora'] * 1e3:7.1f}ms {f / t['unlora']:5.1f}x")
+        if args.rss_runs < 1:
+            results[backend] = {"seconds": t}
+            continue
         runs: dict[str, list[dict[str, float]]] = {"normal": [], "low": []}
         for _ in range(args.rss_runs):  # interleaved; the peak of a compile varies from run to run
             for mode in runs:

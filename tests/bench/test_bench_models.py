@@ -122,3 +122,66 @@ def test_ggml_kernel_microbenchmark_runs(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "gemm: GFLOPS" in out and "conv (3x3, pad 1)" in out and "attention (float32)" in out
     assert "32 x 16 x 64" in out and "16 x 8 x 16" in out and "32 x 16 x 8 x 2" in out
+
+
+def test_unet_batch_axis_can_be_dynamic_with_rows_kept_apart():
+    """The pipeline row's UNet takes the 2 rows of classifier-free guidance; each row is what batch 1 gives."""
+    fixed, feeds = models.unet("tiny")
+    assert [d.dim_value for d in fixed.graph.input[0].type.tensor_type.shape.dim][0] == 1
+    dynamic, _ = models.unet("tiny", batch="batch")
+    assert {i.type.tensor_type.shape.dim[0].dim_param for i in dynamic.graph.input} == {"batch"}
+    onnx.checker.check_model(dynamic, full_check=True)
+    sess = ort.InferenceSession(dynamic.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    two = {"sample": rng.standard_normal((2, *feeds["sample"].shape[1:]), dtype=np.float32),
+           "timestep": np.array([981.0, 21.0], np.float32),
+           "encoder_hidden_states": rng.standard_normal((2, *feeds["encoder_hidden_states"].shape[1:]),
+                                                        dtype=np.float32)}
+    (both,) = sess.run(None, two)
+    for row in range(2):
+        (one,) = sess.run(None, {k: v[row:row + 1] for k, v in two.items()})
+        assert harness.max_rel_err([both[row:row + 1]], [one]) < 1e-5
+    assert harness.max_rel_err([both[:1]], [both[1:]]) > 0.1  # the rows really differ
+
+
+def test_mac_count_of_a_known_graph():
+    from onnx import TensorProto, helper
+
+    from bench import pipeline
+
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("Reshape", ["y", "s"], ["r"]),
+         helper.make_node("MatMul", ["r", "m"], ["z"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.zeros((5, 3, 3, 3), np.float32), "w"),
+         onnx.numpy_helper.from_array(np.array([2, 5, 64], np.int64), "s"),
+         onnx.numpy_helper.from_array(np.zeros((64, 7), np.float32), "m")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # Conv: 2*5*8*8 outputs x 3*3*3 each; MatMul: 2*5*7 outputs x 64 each
+    assert pipeline.count_macs(model) == 2 * 5 * 64 * 27 + 2 * 5 * 7 * 64
+
+
+def test_mac_report_sets_the_bench_folder_against_sd15():
+    from bench import pipeline
+
+    text = pipeline.macs_report(steps=20)
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in text.splitlines()
+            if line.startswith("| bench") or line.startswith("| SD 1.5")}
+    bench = next(v for k, v in rows.items() if k.startswith("bench"))
+    sd15 = rows["SD 1.5 (64x64 latents, 512x512)"]
+    assert bench[0] == sd15[0]  # the same CLIP ViT-L-size text encoder: 6.65 GMAC a prompt
+    assert float(sd15[1]) > 300  # SD 1.5's UNet: ~400 GMAC a row at 64x64
+    assert float(sd15[-1].strip(" %")) < 0.2 < float(bench[-1].strip(" %"))
+
+
+def test_pipeline_row_runs_guided_steps_on_a_diffusers_export(registry):
+    """The row runs what a user runs: cfg 7, prompt and negative prompt, 2 UNet rows a step."""
+    from bench import pipeline
+
+    folder = pipeline.ROOT / "tests" / "data" / "pipelines" / "tiny-sd15"
+    row = pipeline.bench_backend(folder, "reference", steps=3, rounds=1)
+    assert row["cfg"] == 7.0 and row["unet_batch"] == 2
+    assert row["step_ms"] > 0 and row["raw_unet_ms"] > 0 and 0 < row["encode_share"] < 1
+    assert "| sdrt-reference | 7 (2) |" in pipeline.render([row])

@@ -47,14 +47,21 @@ def test_reference_backend_passes_selected_node_tests_per_op(registry):
                                     "test_softmax_axis_0_expanded_cpu", "test_softmax_axis_0_expanded_ver18_cpu"}
 
 
-def test_wrong_backend_fails_and_unsupported_ops_are_skipped_with_device_in_names(registry, inline_plugin):
+def test_wrong_backend_fails_and_unsupported_ops_are_counted_apart_with_device_in_names(registry, inline_plugin):
     inline_plugin(_Plugin(), "wrong-plugin")
-    summary = BackendTest("wrong", "GPU.1").include(r"^test_(relu|abs|add)_gpu_1$").run()
+    summary = (BackendTest("wrong", "GPU.1").include(r"^test_(relu|abs|add|sub)_gpu_1$")
+               .exclude(r"^test_sub_", "left out on purpose").run())
     assert summary.outcome["test_relu_gpu_1"] == "failed"
     assert summary.outcome["test_abs_gpu_1"] == "failed"
-    assert summary.outcome["test_add_gpu_1"] == "skipped"
+    assert summary.outcome["test_add_gpu_1"] == "unsupported"  # the backend's UnsupportedGraph
+    assert summary.outcome["test_sub_gpu_1"] == "skipped"  # excluded
     text = summary.render()
-    assert "test_relu_gpu_1 [Relu]" in text and "0 passed, 2 failed" in text
+    assert "test_relu_gpu_1 [Relu]" in text and "0 passed, 2 failed, 0 crashed, 0 timeout, 1 unsupported, 1 skipped" in text
+    # the failure message is the exception line with numpy's ACTUAL/DESIRED, not just the traceback's last line
+    assert summary.ops["Add"].unsupported == [("test_add_gpu_1", "only Relu and Abs: Add (nodes: n).")]
+    assert summary.to_json()["ops"]["Add"]["unsupported"] == [["test_add_gpu_1", "only Relu and Abs: Add (nodes: n)."]]
+    message = dict(summary.ops["Relu"].failures)["test_relu_gpu_1"]
+    assert message.startswith("AssertionError:") and "ACTUAL" in message and "DESIRED" in message
 
 
 def test_xfail_and_tolerance_patterns_chain(registry, inline_plugin):
@@ -94,7 +101,7 @@ def test_adapter_is_an_onnx_backend(registry):
 def test_conformance_cli_prints_summary(registry, capsys):
     from sdrt.cli import main
 
-    assert main(["conformance", "reference", "-k", "^test_relu_cpu$", "--suite", "node"]) == 0
+    assert main(["conformance", "reference", "-k", "^test_relu_cpu$", "--suite", "node", "--no-isolate"]) == 0
     out = capsys.readouterr().out
     assert "Relu" in out and "1 passed, 0 failed" in out
 
@@ -104,7 +111,7 @@ def test_conformance_cli_strict_exit_code(registry, inline_plugin, capsys, stric
     from sdrt.cli import main
 
     inline_plugin(_Plugin(), "wrong-plugin")
-    args = ["conformance", "wrong", "-k", "^test_relu_gpu_1$"] + (["--strict"] if strict else [])
+    args = ["conformance", "wrong", "-k", "^test_relu_gpu_1$", "--no-isolate"] + (["--strict"] if strict else [])
     assert main(args) == code
 
 
@@ -115,3 +122,13 @@ def test_backend_instance_and_device_id_are_resolved(registry):
     assert (suite.device.id, suite.tag) == ("GPU.1", "GPU_1")
     with pytest.raises(NoDeviceError, match=r"no device 'GPU.9'.*devices here: GPU.1"):
         BackendTest(WrongBackend(), "GPU.9")
+
+
+def test_conformance_cli_passes_compile_options_and_refuses_malformed_ones(registry, capsys):
+    from sdrt.cli import main
+
+    args = ["conformance", "reference", "-k", "^test_relu_cpu$", "--suite", "node", "--no-isolate"]
+    assert main([*args, "-o", "cache=false", "-o", "label=x"]) == 0  # the reference backend refuses options:
+    assert "unknown options for the reference backend: cache, label" in capsys.readouterr().out  # they got there
+    assert main([*args, "-o", "precision"]) == 1
+    assert "compile option 'precision' is not KEY=VALUE" in capsys.readouterr().err

@@ -47,11 +47,28 @@ def list_devices() -> list[Device]:
         description = lib.ggml_backend_dev_description(dev).decode()
         if kind == "cpu":
             description += _cpu_gemm(lib, props)
+        elif is_software_driver(description):
+            # a Vulkan driver that runs on the CPU: slower than ggml's own CPU backend, so it
+            # runs only when named (device="Vulkan0"), and comes after the CPU
+            props["auto"] = False
+            props["software"] = True
+            description += ", software driver: runs on the CPU"
         out.append(Device(
             backend="ggml", id=name, name=description, kind=kind,
             memory_bytes=int(total.value) or None, properties=props,
         ))
-    return out
+    # the first device is the default for backend="ggml": real GPUs, then the CPU, then software drivers
+    return sorted(out, key=lambda d: 2 if d.properties.get("software") else 1 if d.kind == "cpu" else 0)
+
+
+#: names of Vulkan drivers that run on the CPU (Mesa's lavapipe reports itself as llvmpipe)
+SOFTWARE_DRIVERS = ("llvmpipe", "lavapipe", "swiftshader")
+
+
+def is_software_driver(description: str) -> bool:
+    """Whether a ggml device description names a CPU-based (software) GPU driver."""
+    low = description.lower()
+    return any(name in low for name in SOFTWARE_DRIVERS)
 
 
 def _cpu_gemm(lib: Any, props: dict[str, Any]) -> str:

@@ -7,8 +7,12 @@ ggml's graph allocator. ``run`` only copies the inputs in, computes, and copies 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -18,7 +22,8 @@ from sdrt.errors import InputError, SdrtError
 from sdrt.lowering import fold_node
 
 from .devices import DeviceHandles
-from .lower import Lowered, LoweringSpec, free_lowered, lower_graph
+from .gpu import keep_matmuls_f32, weights_on_host
+from .lower import Lowered, LoweringSpec, ctypes_addr, free_lowered, lower_graph
 from .ops._common import GTensor, HostValue, ggml_lib
 
 log = logging.getLogger("sdrt.ggml.session")
@@ -47,6 +52,7 @@ class GgmlSession(Session):
         self._sched: Any = None
         self._allocr: Any = None
         self._wbuf: Any = None
+        self._hostbuf: Any = None  # weights a GPU device cannot hold, in CPU memory
         self._lo: Lowered | None = lowered
         try:
             self._build(lowered)
@@ -67,6 +73,9 @@ class GgmlSession(Session):
         g = ggml_lib()
         self._lo = lo
         size = max(GRAPH_SIZE_MIN, 4 * lo.n_tensors)
+        if not self._device.is_cpu:  # before the graph is built: the copies it adds must be in it
+            copies = keep_matmuls_f32(lo.ctx, reserve=int(g.ggml_graph_overhead_custom(size, False)))
+            log.info("GPU device %s: float32 matmuls, %d operand copies", self._device.name, copies)
         self._graph = g.ggml_new_graph_custom(lo.ctx, size, False)
         self._out_tensors: dict[str, GTensor] = {}
         for name, v in lo.outputs.items():
@@ -84,11 +93,14 @@ class GgmlSession(Session):
     def _alloc_weights(self, lo: Lowered) -> None:
         g = ggml_lib()
         if lo.pending:
-            self._wbuf = g.ggml_backend_alloc_ctx_tensors(lo.wctx, self._device.backend)
-            if not self._wbuf:
-                raise SdrtError("could not allocate the weights buffer", where=f"ggml device {self._device.name}",
-                                fix="free memory, or use a smaller model or another device")
-            g.ggml_backend_buffer_set_usage(self._wbuf, g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
+            if not self._device.is_cpu:
+                self._hostbuf = weights_on_host(lo.pending, self._device)
+            if any(not t.contents.data for t, _ in lo.pending):
+                self._wbuf = g.ggml_backend_alloc_ctx_tensors(lo.wctx, self._device.backend)
+                if not self._wbuf:
+                    raise SdrtError("could not allocate the weights buffer", where=f"ggml device {self._device.name}",
+                                    fix="free memory, or use a smaller model or another device")
+                g.ggml_backend_buffer_set_usage(self._wbuf, g.GGML_BACKEND_BUFFER_USAGE_WEIGHTS)
         for t, data in lo.pending:
             g.ggml_backend_tensor_set(t, data.ctypes.data, 0, data.nbytes)
         lo.pending = []
@@ -108,6 +120,11 @@ class GgmlSession(Session):
             assert self._lo is not None
             for t in self._lo.scratch:  # no op decides where these live: put them with the main backend
                 g.ggml_backend_sched_set_tensor_backend(self._sched, t, backends[0])
+            if not dev.is_cpu:
+                # ggml's scheduler puts graph inputs on its last backend (the CPU), and the ops fed
+                # only by inputs follow them: a graph without weights ran wholly on the CPU
+                for v in [*self._lo.inputs.values(), *self._lo.host_tensors.values()]:
+                    g.ggml_backend_sched_set_tensor_backend(self._sched, v.ptr, dev.backend)
             ok = g.ggml_backend_sched_alloc_graph(self._sched, self._graph)
         if not ok:
             raise SdrtError("could not allocate memory for the graph's intermediate tensors",
@@ -122,6 +139,28 @@ class GgmlSession(Session):
             return int(g.ggml_gallocr_get_buffer_size(self._allocr, 0))
         backends = [self._device.backend, self._device.cpu, *self._device.accel]
         return sum(int(g.ggml_backend_sched_get_buffer_size(self._sched, b)) for b in backends if b)
+
+    def placement(self) -> dict[str, Any]:
+        """Where ggml runs the graph's compute nodes (views, which compute nothing, left out):
+        ``device_nodes`` on the session's device, ``fallback_nodes`` on the other backends of its
+        scheduler (for a GPU, the CPU running the ops the GPU backend lacks; counted by op in
+        ``fallback_ops``), and ``splits``, the scheduler's graph splits (hand-overs between backends)."""
+        g = ggml_lib()
+        views = {g.GGML_OP_NONE, g.GGML_OP_RESHAPE, g.GGML_OP_VIEW, g.GGML_OP_PERMUTE, g.GGML_OP_TRANSPOSE}
+        nodes = [g.ggml_graph_node(self._graph, i) for i in range(int(g.ggml_graph_n_nodes(self._graph)))]
+        nodes = [t for t in nodes if t.contents.op not in views]
+        if self._sched is None:
+            return {"device_nodes": len(nodes), "fallback_nodes": 0, "fallback_ops": {}, "splits": 1}
+        main = ctypes_addr(self._device.backend)
+        tensor_backend = _sched_tensor_backend()
+        fallback: dict[str, int] = {}
+        for node in nodes:
+            if tensor_backend(self._sched, node) != main:
+                op = g.ggml_op_desc(node).decode()
+                fallback[op] = fallback.get(op, 0) + 1
+        n_fallback = sum(fallback.values())
+        return {"device_nodes": len(nodes) - n_fallback, "fallback_nodes": n_fallback, "fallback_ops": fallback,
+                "splits": int(g.ggml_backend_sched_get_n_splits(self._sched))}
 
     # -- running -------------------------------------------------------------
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -176,27 +215,48 @@ class GgmlSession(Session):
 
     # -- weights -------------------------------------------------------------
     def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
-        """Write new initializer values into the backend buffer; rebuild only when a weight was folded."""
+        """Write the weights whose values changed into the backend buffer; lower the graph again only
+        when a changed weight was folded at lowering (or is read through a tensor not bound to it).
+
+        Callers pass every initializer (a pipeline binds whole parts): unchanged ones are skipped
+        by value, so a LoRA rewrites only the layers it touches. The changed weights are converted
+        (layout transform, float32) in a few threads, which numpy runs without the GIL, and each
+        is copied once, straight into its tensor.
+        """
         assert self._lo is not None
+        old = self._spec.initializers
+        changed = {k: np.asarray(v) for k, v in arrays.items() if not _same(old.get(k), v)}
+        if not changed:
+            return
         bound = {b.name for b in self._lo.bindings}
         used = {i for n in self._spec.nodes for i in n.input}
-        rebuild = [k for k in arrays if k in used and (k not in bound or k in self._lo.folded_inits)]
-        self._spec.initializers.update({k: np.asarray(v) for k, v in arrays.items()})
+        rebuild = [k for k in changed if k in used and (k not in bound or k in self._lo.folded_inits)]
+        self._spec.initializers.update(changed)
         if rebuild:
-            log.info("update_weights: %d weights feed compile-time folding; lowering the graph again", len(rebuild))
+            log.info("update_weights: %d changed weights feed compile-time folding (%s); lowering the graph "
+                     "again", len(rebuild), ", ".join(rebuild[:3]))
             self._free_graph()
             self._build(lower_graph(self._spec))
             return
         g = ggml_lib()
-        for b in self._lo.bindings:
-            if b.name in arrays:
-                data = np.asarray(arrays[b.name])
-                data = b.transform(data) if b.transform else data
-                data = np.ascontiguousarray(data, dtype=np.dtype(b.dtype))
-                if data.nbytes != g.ggml_nbytes(b.tensor):
-                    raise SdrtError(f"weight {b.name!r} has {data.nbytes} bytes, expected {g.ggml_nbytes(b.tensor)}",
-                                    where="Session.update_weights", fix="pass weights with the graph's shapes")
-                g.ggml_backend_tensor_set(b.tensor, data.ctypes.data, 0, data.nbytes)
+        todo = [b for b in self._lo.bindings if b.name in changed]
+
+        def prepare(b: Any) -> np.ndarray:
+            data = changed[b.name]
+            data = b.transform(data) if b.transform else data
+            return np.ascontiguousarray(data, dtype=np.dtype(b.dtype))
+
+        workers = min(4, os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for start in range(0, len(todo), 4 * workers):  # a window: few converted copies alive at once
+                chunk = todo[start:start + 4 * workers]
+                for b, data in zip(chunk, pool.map(prepare, chunk)):
+                    if data.nbytes != g.ggml_nbytes(b.tensor):
+                        raise SdrtError(f"weight {b.name!r} has {data.nbytes} bytes, expected "
+                                        f"{g.ggml_nbytes(b.tensor)}", where="Session.update_weights",
+                                        fix="pass weights with the graph's shapes")
+                    g.ggml_backend_tensor_set(b.tensor, data.ctypes.data, 0, data.nbytes)
+        log.debug("update_weights: wrote %d of %d weight tensors", len(todo), len(self._lo.bindings))
 
     # -- teardown ------------------------------------------------------------
     def _free_graph(self) -> None:
@@ -211,6 +271,9 @@ class GgmlSession(Session):
         if self._wbuf:
             g.ggml_backend_buffer_free(self._wbuf)
             self._wbuf = None
+        if self._hostbuf:
+            g.ggml_backend_buffer_free(self._hostbuf)
+            self._hostbuf = None
         if self._lo is not None:
             free_lowered(self._lo)
             self._lo = None
@@ -230,6 +293,36 @@ class GgmlSession(Session):
                 self._free()
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing useful to do
             pass
+
+
+def _same(old: np.ndarray | None, new: Any) -> bool:
+    """Whether ``new`` holds exactly the values of ``old`` (a few leading values first: cheap when not)."""
+    if old is None:
+        return False
+    new = np.asarray(new)
+    if new is old:
+        return True
+    if new.shape != old.shape or new.dtype != old.dtype:
+        return False
+    a, b = old.reshape(-1), new.reshape(-1)
+    if not np.array_equal(a[:256], b[:256]):
+        return False
+    return bool(np.array_equal(a, b))
+
+
+@functools.cache
+def _sched_tensor_backend() -> Any:
+    """``ggml_backend_sched_get_tensor_backend`` returning the backend's address. ggml-python 0.0.45
+    declares its result as the ``ggml_backend_t`` NewType, which ctypes treats as a converter of a C
+    int: the pointer comes back truncated."""
+    raw = ggml_lib().ggml_backend_sched_get_tensor_backend
+    proto = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    fn = proto(ctypes.cast(raw, ctypes.c_void_p).value)
+
+    def tensor_backend(sched: Any, node: Any) -> int:
+        return fn(ctypes_addr(sched), ctypes_addr(node)) or 0
+
+    return tensor_backend
 
 
 def _checked_indices(name: str, arr: np.ndarray, dim: int) -> np.ndarray:

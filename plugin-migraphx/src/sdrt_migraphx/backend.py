@@ -15,6 +15,7 @@ from sdrt.errors import BackendUnavailable, NoDeviceError
 from . import cache as cache_mod
 from . import devices as devices_mod
 from . import module, ops
+from .conformance import CONFORMANCE
 from .identity import graph_digest, weights_digest
 from .options import Options, parse_options
 from .program import Builder
@@ -29,13 +30,17 @@ log = logging.getLogger("sdrt.migraphx")
 
 PLUGIN_VERSION = "0.1.0"
 CACHE_FORMAT = "1"  # bump to orphan every older cache entry
+#: ops whose programs are compiled every time: MIGraphX 2.16 saves a program with a Scan to .mxr, but the
+#: program loaded back takes its loop-state parameters in the wrong places ("Incorrect shape {int64_type,
+#: {1}, {0}} for parameter: state_var0"); Loop keeps its state the same way
+UNCACHEABLE = frozenset({"Scan", "Loop"})
 
 
 class MIGraphXBackend(Backend):
     name = "migraphx"
     api_version = (1, 0)
     priority = 70  # above OpenVINO (50) and ggml (10): on a supported Radeon/Instinct GPU, MIGraphX is the fast path
-    conformance: ClassVar[Mapping[str, Any]] = {}
+    conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE  # MIGraphX's own failures, checked on raw MIGraphX
 
     def __init__(self) -> None:
         self._warned: set[str] = set()
@@ -111,9 +116,13 @@ class MIGraphXBackend(Backend):
         arrays = sdrt.resolve_weights(graph, weights)
         where = f"{graph.name} on migraphx:{device.id}"
         graph_key = graph_digest(graph)
+        loops = sorted({op for op, _ in ops.nodes(graph.model.graph)} & UNCACHEABLE)
+        if loops and opts.cache:
+            log.info("%s: not using the program cache for a graph with %s (MIGraphX's .mxr round trip mixes up "
+                     "their state parameters)", where, ", ".join(loops))
 
         def compile_arrays(arrs: Mapping[str, np.ndarray]) -> tuple[Any, bool]:
-            if not opts.cache:
+            if not opts.cache or loops:
                 return builder.build(arrs), False
             store = cache_mod.ProgramCache(opts.cache_dir / "migraphx" if opts.cache_dir else cache_mod.default_dir())
             key = self.cache_key(graph_key, weights_digest(arrs), device, module.version(mod), opts)

@@ -11,6 +11,7 @@ graph declares. Then ``quantize_fp16``/``quantize_bf16`` where asked, and
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 import time
 from collections.abc import Mapping
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from sdrt.errors import UnsupportedGraph
+from sdrt.errors import SdrtError, UnsupportedGraph
 
 from .errors import MIGraphXError, first_lines
 from .options import Options
@@ -72,6 +73,35 @@ def write_model(graph: Any, arrays: Mapping[str, np.ndarray], folder: Path) -> P
     return path
 
 
+#: how MIGraphX's parser says that it does not handle a form of an op (rather than failing on it)
+LIMITATION = re.compile(r"not supported|must be constant|non-constant|cannot handle|variable|dynamic|only \S+ "
+                        r"inputs are supported|attribute required|Wrong number of inputs|must match", re.I)
+
+
+def parse_error(message: str, graph: Any, where: str) -> SdrtError:
+    """A parse failure as the user should see it.
+
+    Where MIGraphX's parser says it does not handle the graph's form of an op
+    (inputs that must be constants, attributes or modes it lacks), the graph is
+    unsupported: ``UnsupportedGraph`` naming the op's nodes where the message
+    names the op (``PARSE_TopK``, ``RotaryEmbedding:``). Anything else is a
+    failure of MIGraphX on a graph it says it takes: ``MIGraphXError``.
+    """
+    if not LIMITATION.search(message):
+        return MIGraphXError(f"MIGraphX could not parse the graph: {message}", where=where,
+                             fix="check the op and attribute MIGraphX names; run with -vv for its log, or use "
+                                 "another backend for this graph")
+    words = {w.lower().replace("_", "") for w in re.findall(r"[A-Za-z_]+", message)}
+    words |= {w[len("parse"):] for w in words if w.startswith("parse")}
+    nodes: dict[str, list[str]] = {}
+    for i, node in enumerate(graph.model.graph.node):
+        if node.op_type.lower() in words:
+            nodes.setdefault(node.op_type, []).append(node.name or f"#{i}")
+    return UnsupportedGraph(f"MIGraphX's ONNX parser does not handle this graph ({message})", unsupported=nodes,
+                            where=where, fix="give those inputs as constants (initializers) and use the attributes "
+                                             "MIGraphX supports, or use another backend for this graph")
+
+
 class Builder:
     """Compiles one graph for one MIGraphX target with fixed options; a session keeps it for update_weights."""
 
@@ -92,9 +122,7 @@ class Builder:
             try:
                 prog = mod.parse_onnx(str(path), map_input_dims=self.dims)
             except Exception as exc:  # noqa: BLE001 - MIGraphX raises RuntimeError for everything
-                raise MIGraphXError(f"MIGraphX could not parse the graph: {first_lines(exc)}", where=where,
-                                    fix="check the op and attribute MIGraphX names; run with -vv for its log, or "
-                                        "use another backend for this graph") from exc
+                raise parse_error(first_lines(exc), self.graph, where) from exc
         t2 = time.perf_counter()
         try:
             if opts.precision == "fp16":

@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 
 from sdrt import Session
+from sdrt.errors import UnsupportedGraph
 
+from . import feeds as feeds_mod
 from .errors import MIGraphXError, first_lines
 
 log = logging.getLogger("sdrt.migraphx")
@@ -35,6 +37,10 @@ class MIGraphXSession(Session):
         self._compile = compile_
         self._where = where
         self._check_outputs()
+        #: graph inputs that are run-time reduce axes, with the rank to wrap negative axes by
+        self._axes_ranks = feeds_mod.runtime_axes(graph)
+        #: graph inputs that are run-time reshape shapes, with the static data shape to resolve -1 and 0 by
+        self._reshapes = feeds_mod.runtime_reshapes(graph)
         #: seconds the last update_weights took, and whether it was a cache hit
         self.last_update: tuple[float, bool] | None = None
 
@@ -44,14 +50,36 @@ class MIGraphXSession(Session):
         except Exception as exc:  # noqa: BLE001
             raise MIGraphXError(f"MIGraphX cannot describe the program's outputs: {first_lines(exc)}",
                                 where=self._where, fix="delete the program cache folder and compile again") from exc
+        if len(shapes) < len(self.outputs):  # MIGraphX leaves out optional outputs it does not compute
+            missing = [o.name for o in self.outputs[len(shapes):]]
+            raise UnsupportedGraph(
+                f"MIGraphX computes {len(shapes)} of the graph's {len(self.outputs)} outputs",
+                unsupported={"output MIGraphX does not compute": missing}, where=self._where,
+                fix="drop these outputs from the graph (optional outputs such as BatchNormalization's running "
+                    "mean in training mode, MaxPool's indices), or use another backend for it")
         if len(shapes) != len(self.outputs):
             raise MIGraphXError(
                 f"the MIGraphX program has {len(shapes)} outputs where the graph declares {len(self.outputs)}",
                 where=self._where, fix="delete the program cache folder and compile again; if it persists, "
                                        "report the model to sdrt")
+        wrong = []
+        for info, shape in zip(self.outputs, shapes):
+            if shape.dynamic():  # sized at run time (Unique): nothing to compare yet
+                continue
+            lens = [int(d) for d in shape.lens()]
+            if info.is_static and int(np.prod(lens)) != int(np.prod(info.shape)):  # {1} for a scalar is fine
+                wrong.append(f"{info.name}: MIGraphX {lens}, graph {list(info.shape)}")
+        if wrong:  # e.g. ceil-mode pooling whose last window starts in the padding, on MIGraphX 2.16
+            raise MIGraphXError(
+                f"MIGraphX computes outputs of another size than the graph declares ({'; '.join(wrong)})",
+                where=self._where, fix="use another backend for this graph (the outputs would be wrong), and "
+                                       "report the model to MIGraphX")
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        params = {name: np.ascontiguousarray(arr) for name, arr in feeds.items()}
+        # np.require keeps a 0-d array 0-d (np.ascontiguousarray makes it 1-d): MIGraphX takes a buffer
+        # without dimensions as its scalar shape, and refuses a 1-element vector for a scalar parameter
+        params = {name: np.require(arr, requirements="C")
+                  for name, arr in feeds_mod.fix(feeds, self._axes_ranks, self._where, self._reshapes).items()}
         try:
             results = self._program.run(params)
         except Exception as exc:  # noqa: BLE001 - MIGraphX raises RuntimeError
@@ -62,6 +90,8 @@ class MIGraphXSession(Session):
             arr = np.array(result)
             if arr.dtype.name != info.dtype and info.dtype in np.sctypeDict:
                 arr = arr.astype(info.dtype)
+            if info.is_static and arr.shape != tuple(info.shape) and arr.size == int(np.prod(info.shape)):
+                arr = arr.reshape(info.shape)  # MIGraphX returns a scalar as {1}: give the graph's shape back
             out[info.name] = arr
         return out
 

@@ -17,7 +17,7 @@ from sdrt.errors import BackendUnavailable, NoDeviceError, UnsupportedGraph
 from sdrt.tensors import NON_TENSOR
 
 from . import cache as cache_mod
-from . import convert
+from . import convert, swap
 from .conformance import CONFORMANCE
 from .errors import OpenVINOError, first_lines
 from .options import Options, parse_options
@@ -211,7 +211,18 @@ class OpenVINOBackend(Backend):
             except RuntimeError as exc:
                 raise self._compile_error(exc, graph, device, opts) from exc
 
-        if not opts.cache:
+        rebinder = None
+        if opts.swappable is True:  # the form a swap imports (no compile cache: its blob needs a weights file)
+            lazy()  # converting raises UnsupportedGraph first
+            try:
+                compiled, rebinder, views = swap.build(core, graph, arrays, device.id, props)
+                arrays = {**arrays, **views}  # held once: OpenVINO keeps the weights file's mapping
+            except swap.NotSwappable as exc:
+                log.info("%s: not compiled swappable (%s)", graph.name, exc)
+                compiled = compile_()
+            except RuntimeError as exc:
+                raise self._compile_error(exc, graph, device, opts) from exc
+        elif not opts.cache:
             compiled = compile_()
         else:
             store = cache_mod.CompiledCache(opts.cache_dir / "openvino" if opts.cache_dir else cache_mod.default_dir())
@@ -222,7 +233,8 @@ class OpenVINOBackend(Backend):
             log.info("%s %s on %s (cache %s)", "loaded" if hit else "compiled", graph.name, device.id, key[:12])
         self._check_precision(compiled, opts, device)
         return OpenVINOSession(graph, arrays, lazy, compiled, compile_, lambda a: convert.read(core, graph, a),
-                               device.id)
+                               device.id, core=core if opts.swappable is not False else None, props=props,
+                               rebinder=rebinder)
 
     def _check_inputs(self, graph: Graph) -> None:
         """Refuse inputs and outputs that cannot cross OpenVINO's Python API, before any work."""

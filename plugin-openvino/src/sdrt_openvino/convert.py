@@ -36,7 +36,7 @@ _RAW_CONST = {"bfloat16": ("bf16", np.uint16), "float8_e4m3fn": ("f8e4m3", np.ui
 _FLOAT_KINDS = {"float16", "float32", "float64", "bfloat16"}
 
 
-def _graph_bytes(model: onnx.ModelProto, where: str) -> bytes:
+def graph_bytes(model: onnx.ModelProto, where: str) -> bytes:
     try:
         return model.SerializeToString()
     except ValueError as exc:  # protobuf's 2 GiB limit
@@ -45,7 +45,7 @@ def _graph_bytes(model: onnx.ModelProto, where: str) -> bytes:
             from exc
 
 
-def _promote(graph: Graph, arrays: Mapping[str, np.ndarray]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def promote(graph: Graph, arrays: Mapping[str, np.ndarray]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A copy of the graph's model whose float initializers named in ``arrays`` are graph inputs instead.
 
     Returns the new model and the arrays to bind as constants afterwards. Non-float
@@ -93,8 +93,8 @@ def read(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray]) -> Conve
     model = graph.model
     promoted: dict[str, np.ndarray] = {}
     if arrays:
-        model, promoted = _promote(graph, arrays)
-    source = _graph_bytes(model, graph.name)
+        model, promoted = promote(graph, arrays)
+    source = graph_bytes(model, graph.name)
     try:
         ov_model = core.read_model(source)
     except RuntimeError as exc:
@@ -165,7 +165,7 @@ def _conversion_error(graph: Graph, model: onnx.ModelProto, source: Any, exc: Ru
                                 unsupported={f"{dtype.group(1)} tensors": _values_of_type(model, dtype.group(1))},
                                 where=graph.name, fix="use another backend, or convert these tensors to a type "
                                 "OpenVINO has (FLOAT8E4M3FN, FLOAT8E5M2, INT4, UINT4, ...)")
-    return ModelError(f"OpenVINO could not read the ONNX graph: {_first_line(text)}", where=graph.name,
+    return ModelError(f"OpenVINO could not read the ONNX graph: {first_line(text)}", where=graph.name,
                       fix="check the model with onnx.checker.check_model; if it is valid, report it to OpenVINO")
 
 
@@ -192,7 +192,7 @@ def unsupported_ops(model: onnx.ModelProto, source: Any, message: str = "") -> d
                 attrs = op.get_attributes()
                 bad.add((str(attrs.get("ONNX_META_domain", "")), str(attrs.get("ONNX_META_type", "?"))))
     except RuntimeError as exc:  # the partial conversion itself can fail; the summary still names the ops
-        log.debug("partial conversion failed: %s", _first_line(str(exc)))
+        log.debug("partial conversion failed: %s", first_line(str(exc)))
     for match in _SUMMARY.finditer(message):
         for item in match.group(1).split(","):
             item = _VERSION.sub("", item.strip())
@@ -253,6 +253,6 @@ def _failure_detail(text: str) -> str:
     return ""
 
 
-def _first_line(text: str) -> str:  # noqa: D103
+def first_line(text: str) -> str:  # noqa: D103
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Exception from")]
     return " ".join(lines[:3])[:500] if lines else text[:500]

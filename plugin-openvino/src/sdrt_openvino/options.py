@@ -21,7 +21,7 @@ PRECISIONS = {"f32": "f32", "fp32": "f32", "float32": "f32",
               "f16": "f16", "fp16": "f16", "float16": "f16",
               "bf16": "bf16", "bfloat16": "bf16"}
 HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT", "cumulative_throughput": "CUMULATIVE_THROUGHPUT"}
-KNOWN = ("precision", "performance_hint", "threads", "cache", "cache_dir")
+KNOWN = ("precision", "performance_hint", "threads", "cache", "cache_dir", "swappable")
 
 
 class OptionError(SdrtError):
@@ -35,6 +35,9 @@ class Options:
     threads: int | None = None
     cache: bool = True
     cache_dir: Path | None = None
+    #: the form whose weights a swap rebinds by import (swap.py): None compiles it at the first swap,
+    #: True at once, False never (every swap compiles; the weights are not held a second time)
+    swappable: bool | None = None
 
     def properties(self) -> dict[str, Any]:
         """The OpenVINO compile properties these options stand for."""
@@ -75,4 +78,10 @@ def parse_options(options: Mapping[str, Any]) -> Options:
         raise OptionError(f"cache must be True or False, got {cache!r}", where=where,
                           fix="pass cache=False to skip the compiled-model cache")
     cache_dir = options.get("cache_dir")
-    return Options(PRECISIONS[precision], hint, threads, cache, Path(cache_dir) if cache_dir is not None else None)
+    swappable = options.get("swappable")
+    if swappable is not None and not isinstance(swappable, bool):
+        raise OptionError(f"swappable must be None, True or False, got {swappable!r}", where=where,
+                          fix="pass swappable=True to compile at once in the form weight swaps import, False to "
+                              "compile on every swap, or leave it unset")
+    return Options(PRECISIONS[precision], hint, threads, cache, Path(cache_dir) if cache_dir is not None else None,
+                   swappable)

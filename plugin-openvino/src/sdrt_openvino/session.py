@@ -20,7 +20,7 @@ import numpy as np
 from sdrt import Session
 from sdrt.errors import InputError, SdrtError
 
-from . import convert
+from . import convert, swap
 from .errors import OpenVINOError, first_lines
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,7 +42,9 @@ _RAW_TYPES: dict[str, tuple[str, type]] = {
 class OpenVINOSession(Session):
     def __init__(self, graph: Graph, arrays: Mapping[str, np.ndarray], converted: Callable[[], convert.Converted],
                  compiled: Any, recompile: Callable[[ov.Model], Any],
-                 reconvert: Callable[[dict[str, np.ndarray]], Any], device_id: str) -> None:
+                 reconvert: Callable[[dict[str, np.ndarray]], Any], device_id: str, *,
+                 core: Any = None, props: Mapping[str, Any] | None = None,
+                 rebinder: swap.Rebinder | None = None) -> None:
         super().__init__(graph.inputs, graph.outputs, graph=graph)
         self._graph = graph
         #: the converted model, made on first need (a session loaded from the cache has none until then)
@@ -53,19 +55,41 @@ class OpenVINOSession(Session):
         #: every initializer's current array (from resolve_weights, then each update_weights)
         self._arrays: dict[str, np.ndarray] = dict(arrays)
         self._device_id = device_id
+        self._core = core
+        self._props = dict(props or {})
+        #: rebinds weights through a weightless blob (swap.py), made at the first update_weights
+        self._rebinder = rebinder
+        self._swappable = core is not None
+        #: weights fed as inputs of the compiled model (its Parameters), kept alive for OpenVINO
+        self._weight_inputs: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
         self._compiled: Any = None
         self._request: Any = None
-        self._bind(compiled)
+        self._bind(compiled, rebinder.input_arrays(self._arrays) if rebinder is not None else None)
+        if rebinder is not None:
+            self._drop_conversion()
+
+    def _drop_conversion(self) -> None:
+        """A swappable session needs no converted ``ov.Model`` (whose constants hold the first weights)."""
+        self._converted = None
+        self._conversion = lambda: self._reconvert(self._arrays)
 
     # -- setup ---------------------------------------------------------
-    def _bind(self, compiled: Any) -> None:
-        """Map graph inputs and outputs to the compiled model's ports; make the one InferRequest."""
+    def _bind(self, compiled: Any, weight_inputs: Mapping[str, np.ndarray] | None = None) -> None:
+        """Map graph inputs and outputs to the compiled model's ports; make the one InferRequest.
+
+        ``weight_inputs``: weights the compiled model takes as inputs (a swappable session's
+        vectors), set on the request once; it reads them on every run.
+        """
         import openvino as ov
 
-        ins = list(compiled.inputs)
+        weight_inputs = dict(weight_inputs or {})
+        all_ins = list(compiled.inputs)
+        weight_ports = {i: n for i, port in enumerate(all_ins) for n in port.get_names() if n in weight_inputs}
+        ins = [port for i, port in enumerate(all_ins) if i not in weight_ports]
+        index = [i for i in range(len(all_ins)) if i not in weight_ports]
+        in_ports = [(index[i], name) for i, name in self._match_inputs(ins)]
         outs = list(compiled.outputs)
-        in_ports = self._match_inputs(ins)
         input_names = {n for port in ins for n in port.get_names()}
         static: list[tuple[int, str, tuple[int, ...], np.dtype[Any]]] = []
         dynamic: list[tuple[int, str]] = []
@@ -82,7 +106,9 @@ class OpenVINOSession(Session):
             else:
                 dynamic.append((i, info.name))
         request = compiled.create_infer_request()
-        self._compiled, self._request = compiled, request
+        for i, name in weight_ports.items():
+            request.set_input_tensor(i, ov.Tensor(weight_inputs[name], shared_memory=True))
+        self._compiled, self._request, self._weight_inputs = compiled, request, weight_inputs
         self._in_ports, self._static_out, self._dynamic_out = in_ports, static, dynamic
         self._out_order = [o.name for o in self.outputs]
         self._out_dtypes = {o.name: o.dtype for o in self.outputs}
@@ -175,25 +201,77 @@ class OpenVINOSession(Session):
 
     # -- weights -------------------------------------------------------
     def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
-        """Swap the weight constants in the converted ``ov.Model`` and recompile it.
+        """Bind new weights: import the session's weightless blob with them, or compile again.
 
-        The ONNX graph is not read or converted again: each weight's ``Constant``
-        is replaced in place by one over the new array (no copy when the array is
-        writable), then the model is compiled for the device. Only when a weight
-        has no constant of its own (a changed shape or index initializer, which
-        stays baked into the graph) is the graph converted once more with the new
-        values. The session keeps running the old weights until the new model
-        is compiled.
+        On the CPU the first update compiles the graph once more in a swappable form and
+        keeps its weightless export (``swap.py``); every later update writes the weights
+        file and imports that blob, which skips OpenVINO's transformations. Elsewhere, or
+        when the graph does not allow it, the weight constants of the converted
+        ``ov.Model`` are replaced and the model is compiled again. The session keeps
+        running the old weights until the new model is ready.
         """
         start = time.perf_counter()
         assert self._conversion is not None  # the base class refuses a closed session
+        if all(_same(self._arrays.get(k), v) for k, v in arrays.items()):  # a pipeline rebinds whole parts
+            log.info("%s: the %d weights passed hold the values bound already; nothing to do", self._graph.name,
+                     len(arrays))
+            return
+        merged = {**self._arrays, **arrays}
+        done = self._swap(merged) if self._swappable else None
+        if done is not None:
+            compiled, inputs, how = done
+        else:
+            compiled, how = self._recompile_with(arrays, merged), "compiled"
+            inputs = {}
+        with self._lock:
+            self._arrays = merged
+            self._bind(compiled, inputs)
+        log.info("updated %d weights of %s in %.3f s (%s)", len(arrays), self._graph.name,
+                 time.perf_counter() - start, how)
+
+    def _swap(self, merged: dict[str, np.ndarray]) -> tuple[Any, dict[str, np.ndarray], str] | None:
+        """The compiled model with ``merged`` through the weightless blob, or None when it cannot be used."""
+        assert self._core is not None
+        rebinder = self._rebinder
+        try:
+            if rebinder is not None and rebinder.fits(merged):
+                compiled, views = rebinder.compile(self._core, merged)
+                how = "weightless import"
+            else:  # first update, or a shape/index initializer changed: compile the swappable form
+                compiled, rebinder, views = swap.build(self._core, self._graph, merged, self._device_id,
+                                                       self._props)
+                how = "compiled once more to a weightless blob"
+        except swap.NotSwappable as exc:
+            log.info("%s: weights are bound by compiling again from now on (%s)", self._graph.name, exc)
+            self._swappable, self._rebinder = False, None
+            return None
+        except (RuntimeError, OSError) as exc:  # OpenVINO refused the blob, or the weights file could not be written
+            log.warning("%s: the weightless swap failed (%s); compiling again from now on", self._graph.name,
+                        first_lines(exc) if isinstance(exc, RuntimeError) else exc)
+            self._swappable, self._rebinder = False, None
+            return None
+        self._rebinder = rebinder
+        self._drop_conversion()
+        inputs = rebinder.input_arrays(merged)
+        merged.update(views)  # the weights file's mapping, which OpenVINO keeps: held once, not twice
+        return compiled, inputs, how
+
+    def _recompile_with(self, arrays: dict[str, np.ndarray], merged: dict[str, np.ndarray]) -> Any:
+        """Replace the weight constants of the converted ``ov.Model`` (or convert again) and compile it.
+
+        The ONNX graph is not read or converted again: each weight's ``Constant`` is
+        replaced in place by one over the new array (no copy when the array is writable).
+        Only when a weight has no constant of its own (a changed shape or index
+        initializer, which stays baked into the graph) is the graph converted once more.
+        """
+        assert self._conversion is not None
         conv = self._converted if self._converted is not None else self._conversion()
         swaps, reread = self._plan(conv, arrays)
         try:
             if reread:
                 log.info("%s: %s has no constant of its own; converting the graph once more with every weight "
                          "bound as a constant", self._graph.name, reread)
-                conv = self._reconvert({**self._arrays, **arrays})
+                conv = self._reconvert(merged)
             else:
                 for name, (node, arr) in swaps.items():
                     new = convert.make_constant(arr, name)
@@ -204,12 +282,8 @@ class OpenVINOSession(Session):
         except RuntimeError as exc:
             raise OpenVINOError(f"OpenVINO could not compile the new weights: {first_lines(exc)}",
                                 where=self._graph.name, fix="check that the weights fit this graph") from exc
-        with self._lock:
-            self._converted = conv
-            self._arrays.update(arrays)
-            self._bind(compiled)
-        log.info("updated %d weights of %s in %.3f s%s", len(arrays), self._graph.name, time.perf_counter() - start,
-                 " (graph converted again)" if reread else "")
+        self._converted = conv
+        return compiled
 
     def _plan(self, conv: convert.Converted, arrays: dict[str, np.ndarray]
               ) -> tuple[dict[str, tuple[Any, np.ndarray]], str | None]:
@@ -250,7 +324,22 @@ class OpenVINOSession(Session):
             self._converted = None
             self._conversion = None
             self._arrays = {}
+            self._rebinder = None
+            self._weight_inputs = {}
         super().close()
+
+
+def _same(old: np.ndarray | None, new: np.ndarray) -> bool:
+    """Whether ``new`` holds exactly the values of ``old`` (a few leading values first: cheap when not)."""
+    if old is None:
+        return False
+    new = np.asarray(new)
+    if new is old:
+        return True
+    if new.shape != old.shape or new.dtype != old.dtype:
+        return False
+    a, b = old.reshape(-1), new.reshape(-1)
+    return bool(np.array_equal(a[:256], b[:256]) and np.array_equal(a, b))
 
 
 def _fits(port: Any, info: Any) -> bool:

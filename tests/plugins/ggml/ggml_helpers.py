@@ -30,12 +30,12 @@ def make_model(nodes: Sequence[Any], inputs: dict[str, tuple[tuple[int, ...], in
 
 
 def compile_ggml(model: onnx.ModelProto, weights: Any = None, **options: Any) -> Any:
-    """A ggml session for ``model`` on the first device (the CPU)."""
+    """A ggml session for ``model`` on the CPU device (a GPU build lists its GPUs first)."""
     from sdrt.graph import Graph
     from sdrt_ggml import GgmlBackend
 
     be = GgmlBackend()
-    return be.compile(Graph(model), weights, be.devices()[0], **options)
+    return be.compile(Graph(model), weights, next(d for d in be.devices() if d.kind == "cpu"), **options)
 
 
 def run_ggml(model: onnx.ModelProto, feeds: dict[str, np.ndarray], **options: Any) -> dict[str, np.ndarray]:

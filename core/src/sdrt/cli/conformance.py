@@ -1,4 +1,10 @@
-"""``sdrt conformance BACKEND``: onnx's node and light model tests, summarised per op."""
+"""``sdrt conformance BACKEND``: onnx's node and light model tests, summarised per op.
+
+By default the tests run in child processes (``sdrt.testing.isolation``): a
+vendor library that aborts or segfaults on one test costs that test, which the
+summary lists as crashed, not the run. ``--no-isolate`` runs them in this
+process, as the Python API does by default.
+"""
 
 from __future__ import annotations
 
@@ -18,15 +24,47 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="run only tests whose name matches; repeatable")
     p.add_argument("--exclude", action="append", default=[], metavar="REGEX")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
+    p.add_argument("--markdown", metavar="FILE", help="also write the per-op table as Markdown")
     p.add_argument("--no-failures", action="store_true", help="do not list each failure")
-    p.add_argument("--strict", action="store_true", help="exit 1 when any test fails")
+    p.add_argument("--strict", action="store_true", help="exit 1 when any test fails, crashes or times out")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the tests in child processes, so a crash costs one test, not the run (default); "
+                        "--no-isolate runs them in this process")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="isolated: stop a test that gives no answer for this long (default 900)")
+    p.add_argument("--batch", type=int, default=None, metavar="N",
+                   help="isolated: tests per child process (default 1000)")
+    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a compile option for the backend, e.g. -o precision=fp32 (VALUE is read as JSON "
+                        "when it parses, else as a string); repeatable")
+    p.add_argument("--plugin-module", action="append", default=[], metavar="MODULE",
+                   help="also register this importable module as a plugin (a backend not yet packaged)")
     return p
 
 
+def _options(pairs: list[str]) -> dict[str, Any]:
+    from ..errors import SdrtError
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise SdrtError(f"compile option {pair!r} is not KEY=VALUE", where="sdrt conformance -o",
+                            fix="write it as -o precision=fp32")
+        try:
+            options[key.strip()] = json.loads(text)
+        except ValueError:
+            options[key.strip()] = text
+    return options
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..child import plugin_registry
     from ..testing import BackendTest
 
-    suite = BackendTest(args.backend, args.device, suites=tuple(args.suite or ("node", "light")))
+    plugin_registry(args.plugin_module)
+    suite = BackendTest(args.backend, args.device, suites=tuple(args.suite or ("node", "light")),
+                        **_options(args.option))
     for pattern in args.include:
         suite.include(pattern)
     for pattern in args.exclude:
@@ -35,12 +73,19 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(name: str, outcome: str) -> None:
         done[0] += 1
+        if outcome in ("crashed", "timeout"):
+            print(f"  {name}: {outcome}", file=sys.stderr, flush=True)
         if done[0] % 100 == 0:
             print(f"  ... {done[0]} tests", file=sys.stderr, flush=True)
 
-    summary = suite.run(progress)
+    limits = {k: v for k, v in (("timeout", args.timeout), ("batch", args.batch)) if v is not None}
+    summary = suite.run(progress, isolate=args.isolate, plugin_modules=tuple(args.plugin_module), **limits)
     print(summary.render(failures=not args.no_failures))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary.to_json(), f, indent=1)
-    return 1 if args.strict and summary.totals()["failed"] else 0
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(summary.markdown())
+    totals = summary.totals()
+    return 1 if args.strict and (totals["failed"] or totals["crashed"] or totals["timeout"]) else 0

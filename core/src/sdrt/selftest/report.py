@@ -124,7 +124,8 @@ def _figure(check: dict[str, Any]) -> str:
     group = check["group"]
     if group == "conformance" and "totals" in f:
         t = f["totals"]
-        return f"{t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped, {t['xfail']} xfail"
+        unsupported = f"{t['unsupported']} unsupported, " if "unsupported" in t else ""  # reports since issue 18
+        return f"{t['passed']} passed, {t['failed']} failed, {unsupported}{t['skipped']} skipped, {t['xfail']} xfail"
     if group == "accuracy" and "rel_err" in f:
         return f"rel err {f['rel_err']:.1e} (limit {f['tolerance']:.0e}, vs {f['against']})"
     if group == "speed" and "median_ms" in f:

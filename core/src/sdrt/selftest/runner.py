@@ -7,15 +7,13 @@ recorded with the check it was running; the other backends still run.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..child import Child, exit_text, tail
 from ..errors import SdrtError
 from .report import assemble
 
@@ -42,10 +40,6 @@ def _worker_cmd(action: str, backends: Sequence[str], device: str | None, plugin
     return cmd
 
 
-def _tail(text: str, lines: int = 15) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
 def list_targets(backends: Sequence[str], device: str | None, plugin_modules: Sequence[str],
                  first_only: bool = False, timeout: float = 120.0) -> dict[str, Any]:
     """Ask a child which backends and devices there are (listing devices can crash too)."""
@@ -58,19 +52,10 @@ def list_targets(backends: Sequence[str], device: str | None, plugin_modules: Se
                             "SDRT_DISABLE_PLUGINS") from exc
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
-        raise SdrtError(f"listing backends and devices failed ({_exit_text(proc.returncode)}): "
-                        f"{_tail(proc.stderr, 3)}", where="sdrt selftest",
+        raise SdrtError(f"listing backends and devices failed ({exit_text(proc.returncode)}): "
+                        f"{tail(proc.stderr, 3)}", where="sdrt selftest",
                         fix="run `sdrt info` to find the broken plugin, and block it with SDRT_DISABLE_PLUGINS")
     return json.loads(lines[-1])
-
-
-def _exit_text(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def run_target(target: dict[str, Any], *, quick: bool, timeout: float, plugin_modules: Sequence[str],
@@ -79,55 +64,35 @@ def run_target(target: dict[str, Any], *, quick: bool, timeout: float, plugin_mo
     label = f"{target['backend']}:{target['device']}"
     cmd = _worker_cmd("check", [target["backend"]], target["device"], plugin_modules, quick, only)
     result = dict(target, checks=[], errors=[])
-    current = {"name": "start-up"}
+    current = "start-up"
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
-    stderr_chunks: list[str] = []
-    reader = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read() if proc.stderr else ""),
-                              daemon=True)
-    reader.start()
-    timer = threading.Timer(timeout, _kill_group, args=(proc,))
-    timer.start()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("@start "):
-                current["name"] = line[len("@start "):].strip()
+    with Child(cmd, timeout=timeout) as child:
+        for kind, payload in child.events():
+            if kind == "start":
+                current = payload.strip()
                 if progress:
-                    progress(label, current["name"])
-            elif line.startswith("@check "):
-                result["checks"].append(json.loads(line[len("@check "):]))
-        code = proc.wait()
-    finally:
-        timed_out = not timer.is_alive() and proc.returncode is not None and proc.returncode < 0
-        timer.cancel()
-    reader.join(timeout=5)
-    stderr = "".join(stderr_chunks)
+                    progress(label, current)
+            elif kind == "check":
+                result["checks"].append(json.loads(payload))
+        code = child.wait()
+    stderr = child.stderr_tail()
     result["seconds"] = round(time.perf_counter() - start, 3)
-    if timed_out:
+    if child.timed_out:
         result["status"] = "timeout"
-        result["errors"].append(f"no answer after {timeout:.0f} s during check {current['name']!r}; the process "
+        result["errors"].append(f"no answer after {timeout:.0f} s during check {current!r}; the process "
                                 "was stopped")
     elif code != 0:
         result["status"] = "crashed"
-        said = _tail(stderr, 3)
-        result["errors"].append(f"the process died ({_exit_text(code)}) during check {current['name']!r}"
+        said = tail(stderr, 3)
+        result["errors"].append(f"the process died ({exit_text(code)}) during check {current!r}"
                                 + (f": {said}" if said else ""))
-        result["stderr_tail"] = _tail(stderr)
+        result["stderr_tail"] = stderr
     else:
         bad = [c for c in result["checks"] if c["status"] in ("failed", "error")]
         result["status"] = "failed" if bad else "passed"
     if progress:
         progress(label, "done")
     return result
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # pragma: no cover - already gone
-        pass
 
 
 def run(backends: Sequence[str] | None = None, device: str | None = None, *, quick: bool = False,

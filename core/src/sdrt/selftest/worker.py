@@ -19,32 +19,14 @@ register a backend that crashes on purpose).
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata as md
 import json
 import re
 import sys
 from typing import Any
 
-from ..plugins import Registry, get_registry
-
-
-def _registry(plugin_modules: list[str]) -> Registry:
-    reg = get_registry()
-    owners = md.packages_distributions() if plugin_modules else {}
-    for name in plugin_modules:
-        module = importlib.import_module(name)
-        dists = owners.get(name.split(".", 1)[0]) or [None]
-        version = _version(dists[0])
-        reg.register_plugin(module, name.rsplit(".", 1)[-1], distribution=dists[0], version=version)
-    return reg
-
-
-def _version(distribution: str | None) -> str | None:
-    try:
-        return md.version(distribution) if distribution else None
-    except md.PackageNotFoundError:
-        return None
+from ..child import emit, event_channel, plugin_registry
+from ..plugins import Registry
 
 
 def _requirement_versions(distribution: str | None) -> dict[str, str]:
@@ -108,19 +90,15 @@ def list_targets(reg: Registry, backends: list[str] | None, device: str | None,
     return {"targets": targets, "unavailable": unavailable}
 
 
-def _emit(kind: str, payload: str) -> None:
-    sys.stdout.write(f"@{kind} {payload}\n")
-    sys.stdout.flush()
-
-
 def check(reg: Registry, backend: str, device: str, quick: bool, groups: tuple[str, ...] = ()) -> None:
     from ..runtime import device_of
     from .checks import Plan, run_checks
 
     be = reg.backends[backend]
     dev = device_of(be, device)
-    run_checks(be, dev, Plan.make(quick, groups), emit=lambda c: _emit("check", json.dumps(c.to_json())),
-               announce=lambda name: _emit("start", name))
+    channel = event_channel()
+    run_checks(be, dev, Plan.make(quick, groups), emit=lambda c: emit(channel, "check", json.dumps(c.to_json())),
+               announce=lambda name: emit(channel, "start", name))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plugin-module", action="append", default=[])
     p.add_argument("--first-device", action="store_true", help="list: only each backend's first device")
     args = p.parse_args(argv)
-    reg = _registry(args.plugin_module)
+    reg = plugin_registry(args.plugin_module)
     if args.action == "list":
         print(json.dumps(list_targets(reg, args.backend or None, args.device, args.first_device)))
         return 0

@@ -13,6 +13,7 @@ from onnx.backend.base import BackendRep
 from ..backend import Backend, Device, Session
 from ..errors import UnsupportedGraph
 from ..graph import Graph
+from .report import UNSUPPORTED
 
 #: keyword arguments that onnx's runner passes to ``prepare`` and that are not compile options
 _RUNNER_KWARGS = {"rtol", "atol"}
@@ -63,7 +64,7 @@ def make_onnx_backend(backend: Backend, device: Device, **compile_options: Any) 
             try:
                 session = backend.compile(graph, None, cls.sdrt_device, **{**compile_options, **options})
             except UnsupportedGraph as exc:
-                raise unittest.SkipTest(f"unsupported: {exc}") from exc
+                raise unittest.SkipTest(f"{UNSUPPORTED}{exc}") from exc
             return SdrtBackendRep(session)
 
         @classmethod

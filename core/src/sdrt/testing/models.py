@@ -169,15 +169,18 @@ def _timestep_embedding(b: Builder, t: str, c0: int) -> str:
     return b.gemm(emb, "time_embedding.linear_2", 4 * c0, 4 * c0)
 
 
-def unet(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def unet(size: str = "bench", batch: int | str = 1) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``batch``: the batch axis of every input and the output; a name (``"batch"``) makes it dynamic,
+    as diffusers' and Optimum's exports are, so a pipeline can feed 2 rows (classifier-free guidance).
+    The feeds have the batch given, or 1 for a dynamic one."""
     cfg = SIZES["unet"][size]
     c0, lat, heads = cfg["c0"], cfg["latent"], cfg["heads"]
     chans = [c0, 2 * c0, 4 * c0, 4 * c0]
     cross = [True, True, True, False]  # CrossAttnDownBlock2D x3, DownBlock2D
     b = Builder("unet", seed=2)
-    sample = b.input("sample", TensorProto.FLOAT, [1, 4, lat, lat])
-    timestep = b.input("timestep", TensorProto.FLOAT, [1])
-    ctx = b.input("encoder_hidden_states", TensorProto.FLOAT, [1, CONTEXT_LEN, CONTEXT_DIM])
+    sample = b.input("sample", TensorProto.FLOAT, [batch, 4, lat, lat])
+    timestep = b.input("timestep", TensorProto.FLOAT, [batch])
+    ctx = b.input("encoder_hidden_states", TensorProto.FLOAT, [batch, CONTEXT_LEN, CONTEXT_DIM])
     temb = _timestep_embedding(b, timestep, c0)
     tdim = 4 * c0
     x = b.conv(sample, "conv_in", 4, c0, 3)
@@ -214,12 +217,13 @@ def unet(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     x = b.silu(b.group_norm(x, "conv_norm_out", cin, eps=1e-5), "conv_act")
     x = b.conv(x, "conv_out", cin, 4, 3)
     b.rename(x, "out_sample")
-    b.output("out_sample", shape=[1, 4, lat, lat])
+    b.output("out_sample", shape=[batch, 4, lat, lat])
+    n = batch if isinstance(batch, int) else 1
     rng = np.random.default_rng(200)
     feeds = {
-        "sample": rng.standard_normal((1, 4, lat, lat), dtype=np.float32),
-        "timestep": np.array([981.0], dtype=np.float32),
-        "encoder_hidden_states": rng.standard_normal((1, CONTEXT_LEN, CONTEXT_DIM), dtype=np.float32),
+        "sample": rng.standard_normal((n, 4, lat, lat), dtype=np.float32),
+        "timestep": np.full((n,), 981.0, dtype=np.float32),
+        "encoder_hidden_states": rng.standard_normal((n, CONTEXT_LEN, CONTEXT_DIM), dtype=np.float32),
     }
     return b.model(), feeds
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import unittest
 from collections import defaultdict
@@ -10,8 +11,10 @@ from typing import Any
 from onnx.backend.test.runner import Runner
 
 from ..backend import Backend, Device
+from ..errors import SdrtError
 from ..plugins import get_registry
 from ..runtime import device_of, select
+from . import isolation
 from .adapter import device_tag, make_onnx_backend
 from .cases import light_cases, node_cases, op_of_case, single_node_ops
 from .report import Summary, collect
@@ -96,11 +99,16 @@ class BackendTest:
             cases += light_cases()
         return cases
 
-    def build(self) -> tuple[_Runner, dict[str, str]]:
-        """onnx's runner with our patterns applied, and a map of test name -> op."""
+    def selected(self, names: set[str] | None = None) -> list[Any]:
+        """The cases the include patterns select (or, with ``names``, the cases of those test names)."""
         suffix = "_" + self.tag.lower()
-        cases = [c for c in self.cases()
-                 if not self._include or any(re.search(p, c.name + suffix) for p in self._include)]
+        if names is not None:
+            return [c for c in self.cases() if c.name + suffix in names]
+        return [c for c in self.cases()
+                if not self._include or any(re.search(p, c.name + suffix) for p in self._include)]
+
+    def runner(self, cases: list[Any]) -> _Runner:
+        """onnx's runner over ``cases`` with our tolerances, exclusions and xfails applied."""
         kwargs = {}
         for case in cases:
             for pattern, (rtol, atol) in self._tolerances.items():
@@ -112,16 +120,74 @@ class BackendTest:
             runner.exclude(pattern)
         for pattern in self._xfail:
             runner.xfail(pattern)
+        return runner
+
+    def build(self) -> tuple[_Runner, dict[str, str]]:
+        """onnx's runner with our patterns applied, and a map of test name -> op."""
+        suffix = "_" + self.tag.lower()
+        cases = self.selected()
         single = single_node_ops(cases)
-        ops = {f"{c.name}{suffix}": op_of_case(c, single) for c in cases}
-        return runner, ops
+        return self.runner(cases), {f"{c.name}{suffix}": op_of_case(c, single) for c in cases}
 
     @property
     def test_cases(self) -> dict[str, type[unittest.TestCase]]:
         """unittest classes to put in a test module's globals, as with onnx's own runner."""
         return self.build()[0].test_cases
 
-    def run(self, progress: Any = None) -> Summary:
-        """Run every selected test and return a per-op summary."""
+    def run(self, progress: Any = None, *, isolate: bool = False, plugin_modules: tuple[str, ...] = (),
+            timeout: float = isolation.TIMEOUT, batch: int = isolation.BATCH) -> Summary:
+        """Run every selected test and return a per-op summary.
+
+        ``isolate`` runs the tests in child processes, ``batch`` tests per
+        child: a test that kills its process (a C ``abort()`` or segfault in a
+        vendor library) or gives no answer for ``timeout`` seconds is recorded
+        as ``crashed`` (or ``timeout``), and a new child goes on with the next test. The
+        children find the backend by name among the installed plugins and
+        ``plugin_modules`` (importable modules to register as plugins), so
+        compile options must be JSON values. See ``isolation.py``.
+        """
         runner, ops = self.build()
+        if isolate:
+            return isolation.run(self, runner, ops, progress, plugin_modules=plugin_modules, timeout=timeout,
+                                 batch=batch)
         return collect(runner.test_suite, ops, self.backend.name, str(self.device), self._xfail, progress)
+
+    # -- the job of an isolated child ---------------------------------
+    def job(self, plugin_modules: tuple[str, ...] = ()) -> dict[str, Any]:
+        """What a child process needs to rebuild this suite (``from_job``), as JSON values."""
+        job = {"backend": self.backend.name, "device": self.device.id, "suites": list(self.suites),
+               "exclude": self._exclude, "xfail": self._xfail,
+               "tolerances": {p: list(t) for p, t in self._tolerances.items()},
+               "compile_options": self.compile_options, "plugin_modules": list(plugin_modules)}
+        try:
+            json.dumps(job)
+        except (TypeError, ValueError) as exc:
+            raise SdrtError(f"the compile options {sorted(self.compile_options)} cannot be sent to a child "
+                            f"process: {exc}", where="BackendTest.run(isolate=True)",
+                            fix="pass compile options that are JSON values (str, numbers, bool, lists, dicts), "
+                                "or run with isolate=False") from exc
+        return job
+
+    @classmethod
+    def from_job(cls, job: dict[str, Any]) -> BackendTest:
+        """The suite of ``job()``, in a child: the backend found by name, plugin modules registered first."""
+        from ..child import plugin_registry
+
+        reg = plugin_registry(job["plugin_modules"])
+        name = job["backend"]
+        if name not in reg.backends:
+            raise SdrtError(f"backend {name!r} is not registered in the child process "
+                            f"(registered: {', '.join(sorted(reg.backends)) or 'none'})",
+                            where="sdrt.testing isolated run",
+                            fix="install the backend's plugin, or name an importable module that registers it "
+                                "with plugin_modules=[...] (sdrt conformance --plugin-module MODULE)")
+        be = reg.backends[name]
+        suite = cls(be, device_of(be, job["device"]), suites=tuple(job["suites"]), use_backend_expectations=False,
+                    **job["compile_options"])
+        for pattern, reason in job["exclude"].items():
+            suite.exclude(pattern, reason)
+        for pattern, reason in job["xfail"].items():
+            suite.xfail(pattern, reason)
+        for pattern, (rtol, atol) in job["tolerances"].items():
+            suite.tolerance(pattern, rtol=rtol, atol=atol)
+        return suite

@@ -71,22 +71,49 @@ def ggml_lib() -> Any:
 
     Before the first import, unless the user set them: libgomp spins briefly at ggml's
     per-node barriers and then sleeps (``GOMP_SPINCOUNT=3000``; the measurements behind it
-    are in docs/ggml.md, "Measured choices"), and a failed GGML_ASSERT does not start gdb
-    (``GGML_NO_BACKTRACE``). The bindings come wrapped in ``guards.CheckedGgml``.
+    are in docs/ggml.md, "Measured choices"), a failed GGML_ASSERT does not start gdb
+    (``GGML_NO_BACKTRACE``), and ggml's Vulkan backend uses its float32 shader set
+    (``GGML_VK_DISABLE_F16``: the float16 set keeps float32 matmul tiles in float16;
+    ``SDRT_GGML_VULKAN_F16=1`` keeps it). ggml's own log lines (device discovery, warnings)
+    go to the ``sdrt.ggml.native`` logger instead of stderr. The bindings come wrapped in
+    ``guards.CheckedGgml``.
     """
     if "ggml" not in sys.modules:
         if "OMP_WAIT_POLICY" not in os.environ:
             os.environ.setdefault("GOMP_SPINCOUNT", "3000")
         os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+        if os.environ.get("SDRT_GGML_VULKAN_F16") != "1":
+            os.environ.setdefault("GGML_VK_DISABLE_F16", "1")
     global _CHECKED
     if _CHECKED is None:
         from ..guards import CheckedGgml
 
-        _CHECKED = CheckedGgml(import_tolerant("ggml"))
+        lib = import_tolerant("ggml")
+        _route_logs(lib)
+        _CHECKED = CheckedGgml(lib)
     return _CHECKED
 
 
 _CHECKED: Any = None
+_LOG_CALLBACK: Any = None  # the ctypes callback ggml holds: kept alive for the process
+
+
+def _route_logs(lib: Any) -> None:
+    """ggml's log (GGML_LOG_*) to the ``sdrt.ggml.native`` logger: a library prints nothing."""
+    global _LOG_CALLBACK
+    native = logging.getLogger("sdrt.ggml.native")
+    levels = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+
+    def forward(level: int, text: bytes | None, _user: Any) -> None:
+        line = (text or b"").decode(errors="replace").rstrip()
+        if line:  # GGML_LOG_LEVEL_CONT (5) continues a line: logged as DEBUG
+            native.log(levels.get(level, logging.DEBUG), "%s", line)
+
+    try:
+        _LOG_CALLBACK = lib.ggml_log_callback(forward)
+        lib.ggml_log_set(_LOG_CALLBACK, None)
+    except (AttributeError, TypeError) as exc:  # bindings without the log API: ggml keeps stderr
+        log.debug("ggml's log stays on stderr: %s", exc)
 
 
 def import_tolerant(module: str, tries: int = 16) -> Any:

@@ -1,0 +1,172 @@
+"""Work in a child process that may crash or hang: the parent side and the child side.
+
+``sdrt selftest`` (one child per backend) and the conformance kit's isolated
+runs (``sdrt conformance --isolate``: batches of test cases per child) both run
+vendor code that can kill its process (a C ``abort()``, a segfault) or never
+return. The child reports on a private copy of its stdout, one event a line
+(``@kind payload``), so the parent keeps everything that came before a crash
+and knows what the child was doing when it died. Whatever the child's libraries
+print goes to stderr, whose last lines the parent keeps for the report.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import importlib.metadata as md
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from typing import IO, Any
+
+from .plugins import Registry, get_registry
+
+#: lines of a child's stderr kept for the report
+STDERR_LINES = 40
+
+
+# -- the child side -----------------------------------------------------------
+def plugin_registry(plugin_modules: Sequence[str]) -> Registry:
+    """The registry, with each importable module of ``plugin_modules`` registered as a plugin too.
+
+    Lets a child find a backend that is not installed as an entry point (one
+    being written, or a test fixture).
+    """
+    reg = get_registry()
+    owners = md.packages_distributions() if plugin_modules else {}
+    for name in plugin_modules:
+        module = importlib.import_module(name)
+        dists = owners.get(name.split(".", 1)[0]) or [None]
+        reg.register_plugin(module, name.rsplit(".", 1)[-1], distribution=dists[0], version=_version(dists[0]))
+    return reg
+
+
+def _version(distribution: str | None) -> str | None:
+    try:
+        return md.version(distribution) if distribution else None
+    except md.PackageNotFoundError:
+        return None
+
+
+def event_channel() -> IO[str]:
+    """A private copy of stdout for events; fd 1 (and ``sys.stdout``) then go to stderr.
+
+    Vendor libraries that print on stdout, with or without a newline, cannot
+    garble the events.
+    """
+    channel = os.fdopen(os.dup(1), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return channel
+
+
+def emit(channel: IO[str], kind: str, payload: str = "") -> None:
+    channel.write(f"@{kind} {payload}\n")
+    channel.flush()
+
+
+# -- the parent side ----------------------------------------------------------
+def exit_text(code: int) -> str:
+    """``killed by SIGABRT`` or ``exit code 3``."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+class Child:
+    """A running child process that streams ``@kind payload`` events.
+
+    ``timeout`` seconds without a call to ``rearm`` (the start counts as one)
+    and the whole process group is killed; ``timed_out`` then says so.
+    ``stdin`` is written to the child and closed. Iterate ``events()``, then
+    call ``wait()`` for the exit code.
+    """
+
+    def __init__(self, cmd: Sequence[str], *, timeout: float, stdin: str | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        # glibc writes "free(): invalid pointer" and the like to stderr, not to a tty we cannot read
+        child_env = dict(os.environ if env is None else env, LIBC_FATAL_STDERR_="1")
+        self.timeout = timeout
+        self.timed_out = False
+        self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+        self.proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                     text=True, start_new_session=True, env=child_env)
+        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._reader.start()
+        self._timer: threading.Timer | None = None
+        self.rearm()
+        if stdin is not None:
+            threading.Thread(target=self._write_stdin, args=(stdin,), daemon=True).start()
+
+    def _write_stdin(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(text)
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):  # the child died before reading it; its exit code says why
+            pass
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._stderr.append(line.rstrip("\n"))
+
+    def rearm(self) -> None:
+        """Restart the clock: the child has ``timeout`` seconds from now."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = threading.Timer(self.timeout, self._kill)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _kill(self) -> None:
+        self.timed_out = True
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the child and whatever it started (its process group; on Windows the child alone)."""
+        try:
+            if hasattr(os, "killpg"):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:  # pragma: no cover - Windows
+                self.proc.kill()
+        except (ProcessLookupError, PermissionError):  # pragma: no cover - already gone
+            pass
+
+    def events(self) -> Iterator[tuple[str, str]]:
+        """``(kind, payload)`` for each event line, until the child closes stdout (exits or dies)."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("@"):
+                kind, _, payload = line[1:].rstrip("\n").partition(" ")
+                yield kind, payload
+
+    def wait(self) -> int:
+        code = self.proc.wait()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._reader.join(timeout=5)
+        return code
+
+    def stderr_tail(self, lines: int = 15) -> str:
+        return "\n".join(list(self._stderr)[-lines:])
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        self.wait()
