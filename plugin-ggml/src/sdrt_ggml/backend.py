@@ -17,7 +17,7 @@ log = logging.getLogger("sdrt.ggml")
 
 #: options ``compile`` accepts
 OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "transpose", "layouts", "pad_k", "flash_attn", "scheduler",
-           "accel")
+           "accel", "gemm")
 
 
 def _static_inputs(graph: Any) -> list[TensorInfo]:
@@ -34,6 +34,19 @@ def _static_inputs(graph: Any) -> list[TensorInfo]:
     return infos
 
 
+def _check_gemm_option(gemm: Any, device: Device) -> None:
+    """``gemm``: "auto" (the native GEMM on the CPU when it loaded), "native" (required), "ggml"."""
+    from . import native
+
+    if gemm not in ("auto", "native", "ggml"):
+        raise SdrtError(f"gemm={gemm!r} is not a GEMM choice of the ggml backend", where="sdrt.load(..., gemm=...)",
+                        fix="pass gemm='auto', 'native' or 'ggml'")
+    if gemm == "native" and device.kind == "cpu" and native.native() is None:
+        raise SdrtError(f"gemm='native' asked for, but sdrt-ggml's native kernels are not loaded: "
+                        f"{native.unavailable_reason()}", where="sdrt_ggml.native",
+                        fix="reinstall sdrt-ggml with a C compiler present, or pass gemm='auto'")
+
+
 class GgmlBackend(Backend):
     name = "ggml"
     api_version = (1, 0)
@@ -46,14 +59,16 @@ class GgmlBackend(Backend):
     def compile(self, graph: Any, weights: Any, device: Device, **options: Any) -> Session:
         from .session import GgmlSession
 
-        if device.kind == "cpu" and not device.properties.get("tinyblas", True):
-            log.warning("ggml-python was built without GGML_LLAMAFILE: float32 matmuls run about 4x slower; "
-                        "reinstall sdrt-ggml from source (pip install --force-reinstall --no-cache-dir ggml-python "
-                        "with CMAKE_ARGS=-DGGML_LLAMAFILE=on), see docs/ggml.md")
+        slow = not device.properties.get("native_gemm") and not device.properties.get("tinyblas", True)
+        if device.kind == "cpu" and slow and options.get("gemm") != "native":
+            log.warning("neither sdrt-ggml's own GEMM (not built or not loaded: see the log line of sdrt.ggml.native) "
+                        "nor ggml's tinyBLAS (GGML_LLAMAFILE) is here: float32 matmuls run about 4x slower; "
+                        "reinstall sdrt-ggml with a C compiler present, see plugin-ggml/README.md")
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",
                             where="sdrt.load(..., backend='ggml')", fix=f"valid options: {', '.join(OPTIONS)}")
+        _check_gemm_option(options.get("gemm", "auto"), device)
         check_graph(graph.model.graph.node, graph.name)  # before any long work
         if options.get("shapes"):
             graph = graph.with_shapes(dict(options["shapes"]))  # the core pins dims and checks them

@@ -8,6 +8,7 @@ from ggml_helpers import F, check, compile_ggml, make_model, rand, run_ggml
 from onnx import helper
 
 from sdrt.errors import InputError, ModelError, SdrtError, UnsupportedGraph
+from sdrt_ggml import native
 
 mk = helper.make_node
 
@@ -147,7 +148,8 @@ def test_scheduler_path_matches_and_profiles():
     check(model, feeds, scheduler=True)
     with compile_ggml(model, scheduler=True) as s:
         prof = time_ops(s, feeds)
-    assert "MUL_MAT" in prof and all(ms >= 0 and n >= 1 for ms, n in prof.values())
+    gemm = "sdrt_conv" if native.native() is not None else "MUL_MAT"  # the conv (the native implicit GEMM)
+    assert gemm in prof and all(ms >= 0 and n >= 1 for ms, n in prof.values())
 
 
 def test_constant_output_and_passthrough_output():
@@ -227,11 +229,11 @@ def test_window_conv_through_the_scheduler_and_with_new_weights():
     model = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
                        {"x": ((1, 16, 7, 5), F)}, {"y": (None, F)}, {"w": w, "b": b})
     feeds = {"x": rand(1, 16, 7, 5)}
-    check(model, feeds, scheduler=True)
+    check(model, feeds, scheduler=True, conv_impl="window")
     w2, b2 = rand(6, 16, 3, 3, seed=3), rand(6, seed=4)
     model2 = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
                         {"x": ((1, 16, 7, 5), F)}, {"y": (None, F)}, {"w": w2, "b": b2})
-    with compile_ggml(model) as s:
+    with compile_ggml(model, conv_impl="window") as s:
         assert s.impl_hits == {"conv window": 1}
         s.update_weights(_Weights({"w": w2, "b": b2}))
         np.testing.assert_allclose(s.run(feeds)["y"], run_ggml(model2, feeds)["y"], rtol=1e-5, atol=1e-5)
@@ -250,9 +252,9 @@ def test_conv_scratch_lives_only_while_its_conv_runs(scheduler):
     model = make_model(nodes, {"x": ((1, c, hw, hw), F)}, {"y": (None, F)},
                        {f"w{i}": rand(c, c, 3, 3, seed=i) / 12 for i in range(4)})  # 1/sqrt(fan-in): O(1) values
     feeds = {"x": rand(1, c, hw, hw)}
-    check(model, feeds, scheduler=scheduler)
+    check(model, feeds, scheduler=scheduler, conv_impl="window")
     scratch = 9 * c * (hw * (hw + 2)) * 4  # K * M floats, M = rows of the padded-width output
-    with compile_ggml(model, scheduler=scheduler) as s:
+    with compile_ggml(model, scheduler=scheduler, conv_impl="window") as s:
         assert s.impl_hits == {"conv window": 4}
         assert scratch < s.compute_bytes() < 2 * scratch
 
@@ -261,6 +263,11 @@ def test_cpu_device_says_whether_the_build_has_the_fast_gemm():
     import ggml
 
     cpu = next(d for d in _backend().devices() if d.kind == "cpu")
-    fast = bool(ggml.ggml_cpu_has_llamafile())
-    assert cpu.properties["tinyblas"] is fast
-    assert ("tinyBLAS GEMM" in cpu.name) is fast and ("slow build" in cpu.name) is not fast
+    tinyblas = bool(ggml.ggml_cpu_has_llamafile())
+    nat = native.native()
+    assert cpu.properties["tinyblas"] is tinyblas
+    assert cpu.properties["native_gemm"] == (nat.isa if nat else None)
+    if nat is not None:  # sdrt-ggml's own GEMM, whatever ggml-python was built with
+        assert f"sdrt GEMM ({nat.isa})" in cpu.name and "slow build" not in cpu.name
+    else:
+        assert ("tinyBLAS GEMM" in cpu.name) is tinyblas and ("slow build" in cpu.name) is not tinyblas

@@ -115,7 +115,7 @@ def test_placement_of_a_cpu_session():
     with compile_ggml(model) as s:
         place = s.placement()
     assert place == {"device_nodes": place["device_nodes"], "fallback_nodes": 0, "fallback_ops": {}, "splits": 1}
-    assert place["device_nodes"] > 10
+    assert place["device_nodes"] >= 8  # every op of the stack (the native convs are one node each)
 
 
 def test_ggml_log_goes_to_python_logging_not_stderr():

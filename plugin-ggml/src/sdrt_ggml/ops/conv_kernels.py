@@ -7,25 +7,32 @@ from typing import Any
 
 import numpy as np
 
+from .. import native
 from ._common import GTensor, ggml_lib
-from .conv_layout import channels_last
+from .conv_layout import channels_last, conv_gemm
 
 
-def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int, int, int, int], kp: int) -> GTensor:
+def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int, int, int, int], kp: int,
+                   w: np.ndarray | None = None) -> GTensor:
     """1x1 conv at batch 1 in both layouts from one column matrix (ggml computes the one used).
 
     The column matrix of a 1x1 conv is the input channels-last: taken as is when the
     producer made it, else one transpose copy. NCHW comes out of the product
-    one way round, channels-last the other.
+    one way round, channels-last the other (with the native GEMM: the same product, stored
+    transposed or not, from one packed kernel ``w``).
     """
     g = ggml_lib()
     _, oc, oh, ow = out_shape
     c = x.shape[1]
-    w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, kp, oc)
     if x.cl is not None:
         col = g.ggml_reshape_2d(lowering.ctx, x.cl, c, ow * oh)
     else:
         col = g.ggml_reshape_2d(lowering.ctx, channels_last(lowering, x.ptr), c, ow * oh)  # = im2col of a 1x1 conv
+    if w is not None and native.for_lowering(lowering) is not None:
+        nchw = g.ggml_reshape_4d(lowering.ctx, conv_gemm(lowering, col, w, (0, 1, 2, 3), "oihw"), ow, oh, oc, 1)
+        cl = g.ggml_reshape_4d(lowering.ctx, conv_gemm(lowering, col, w, (0, 1, 2, 3), "oihw", trans=False), oc, ow, oh, 1)
+        return GTensor(nchw, out_shape, cl=cl)
+    w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, kp, oc)
     if kp != c:
         col = g.ggml_pad(lowering.ctx, col, kp - c, 0, 0, 0)
     nchw = g.ggml_reshape_4d(lowering.ctx, g.ggml_mul_mat(lowering.ctx, col, w2), ow, oh, oc, 1)
@@ -56,7 +63,8 @@ def conv_depthwise(lowering: Any, x: GTensor, w: np.ndarray | GTensor, wt: GTens
 
 
 def conv_dense(lowering: Any, x: GTensor, wt: GTensor, strides: list[int], dil: list[int], ph: int, pw: int,
-                out_shape: tuple[int, int, int, int]) -> GTensor:
+               out_shape: tuple[int, int, int, int], w: np.ndarray | None = None) -> GTensor:
+    """im2col (ggml's) and one GEMM; ``w`` is the constant kernel when there is one."""
     g = ggml_lib()
     n, oc, oh, ow = out_shape
     if lowering.options.get("conv_impl", "auto") == "direct":
@@ -68,9 +76,19 @@ def conv_dense(lowering: Any, x: GTensor, wt: GTensor, strides: list[int], dil: 
     col2 = g.ggml_reshape_2d(lowering.ctx, col, kdim, ow * oh * n)
     w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, kdim, oc)
     impl = lowering.options.get("conv_impl", "auto")
-    if impl in ("im2col", "auto") and (ow * oh * n) % 4 and oc % 4 == 0:
+    nat = native.for_lowering(lowering)
+    if nat is not None and impl in ("im2col", "auto"):
+        if w is not None and w.shape[1] == wt.shape[1]:  # a constant kernel (not channel-padded): packed once
+            y = conv_gemm(lowering, col2, w, (0, 1, 2, 3), "oihw")
+        else:  # the kernel as B (N = OC, K) through a transposed view, packed per run
+            y = native.gemm_op(nat, g, lowering.ctx, col2, g.ggml_transpose(lowering.ctx, w2), m=ow * oh * n, n=oc,
+                               trans=True, state=native.lowering_state(lowering))
+        impl = "native"
+    elif impl in ("im2col", "auto") and (ow * oh * n) % 4 and oc % 4 == 0:
         impl = "im2col_nhwc"  # the GEMM's fast path needs its first operand's rows to be a multiple of 4
-    if impl == "im2col_nhwc":
+    if impl == "native":
+        pass
+    elif impl == "im2col_nhwc":
         y = g.ggml_mul_mat(lowering.ctx, w2, col2)  # ne: [OC, OW*OH*N]: channels-last, then one transpose copy
         y = g.ggml_cont(lowering.ctx, g.ggml_transpose(lowering.ctx, y))
     else:
@@ -79,4 +97,32 @@ def conv_dense(lowering: Any, x: GTensor, wt: GTensor, strides: list[int], dil: 
         return GTensor(g.ggml_reshape_4d(lowering.ctx, y, ow, oh, oc, 1), out_shape)
     y = g.ggml_reshape_4d(lowering.ctx, y, ow, oh, n, oc)
     y = g.ggml_cont(lowering.ctx, g.ggml_permute(lowering.ctx, y, 0, 1, 3, 2))
+    return GTensor(y, out_shape)
+
+
+def implicit_ok(lowering: Any, w: Any, group: int) -> bool:
+    """sdrt-ggml's implicit-GEMM conv (native/conv.c): group-1 convs with a constant kernel on the
+    CPU, when the native kernels loaded (op_conv asks after the pointwise route, which serves
+    stride-1 1x1 convs at batch 1 in both layouts)."""
+    impl = lowering.options.get("conv_impl", "auto")
+    return (impl in ("auto", "implicit") and group == 1 and isinstance(w, np.ndarray)
+            and native.for_lowering(lowering) is not None)
+
+
+def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: list[int], dil: list[int], ph: int,
+                  pw: int, out_shape: tuple[int, int, int, int]) -> GTensor:
+    """Conv straight from NCHW by the native implicit GEMM: the kernel's rows are A (row stride
+    padded where rows would alias in L1), the column matrix is packed panel by panel from the
+    input inside the op, the bias is added by the op. No copies, no scratch."""
+    g = ggml_lib()
+    nat = native.for_lowering(lowering)
+    lowering.used("conv implicit")
+    n, oc, oh, ow = out_shape
+    k = int(np.prod(w.shape[1:]))
+    ld = native.row_stride(k)
+    wt = lowering.const(w, transform=lambda a: np.pad(a.reshape(oc, k), [(0, 0), (0, ld - k)]), tag=f"rows{ld}")
+    params = lowering.const(np.array([w.shape[2], w.shape[3], *strides, *dil, ph, pw], np.int32))
+    b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
+    y = native.conv_op(nat, g, lowering.ctx, x.ptr, wt.ptr, params.ptr, native.lowering_state(lowering),
+                       b.ptr if b is not None else None, out_ne=(ow, oh, oc, n))
     return GTensor(y, out_shape)
