@@ -1,0 +1,275 @@
+/* float32 GEMM micro-kernels: C tile (mr x 32) = A rows (mr x K) . packed B panel (K x 32).
+ *
+ * Outer-product register tiles, as in BLIS and MLAS: for each k, the 32 B values of the
+ * panel are loaded once as vectors, each A value is broadcast once, and every accumulator
+ * gets one FMA. A is read in place (row stride lda, rows may overlap: the window conv),
+ * only B is packed. One kernel per tile height mr (1 .. mr_max), so the edge rows of a
+ * matrix need no padding; edge columns are masked (AVX-512) or go through a temporary tile.
+ *
+ *   AVX-512F        mr <= 14: 28 zmm accumulators, 2 for B; direct masked stores, or a
+ *                   16x16 in-register transpose for transposed output (conv, NCHW).
+ *   AVX2 + FMA      mr <= 6, the panel in two halves of 16: 12 ymm accumulators.
+ *   NEON (AArch64)  mr <= 6, two halves of 16: 24 q accumulators.
+ *   portable C      mr <= 4, loops the compiler vectorizes for the baseline ISA.
+ */
+#include "sdrt_native.h"
+
+#include <string.h>
+
+#if defined(__GNUC__) && !defined(__clang__)
+#define SDRT_UNROLL _Pragma("GCC unroll 16")
+#elif defined(__clang__)
+#define SDRT_UNROLL _Pragma("unroll")
+#else
+#define SDRT_UNROLL
+#endif
+
+/* ---- shared scalar tile store ------------------------------------------------------ */
+void sdrt_store_tile(const float *tile, int ld_tile, const sdrt_tile_out *o) {
+    const int m = o->m, n = o->n;
+    if (!o->trans) {
+        for (int i = 0; i < m; i++) {
+            float *c = o->c + i * o->ldc;
+            const float *t = tile + (ptrdiff_t)i * ld_tile;
+            if (o->bias)
+                for (int j = 0; j < n; j++)
+                    c[j] = t[j] + o->bias[j];
+            else
+                memcpy(c, t, (size_t)n * sizeof(float));
+        }
+    } else {
+        for (int j = 0; j < n; j++) {
+            float *c = o->c + j * o->ldc;
+            const float bj = o->bias ? o->bias[j] : 0.0f;
+            for (int i = 0; i < m; i++)
+                c[i] = tile[(ptrdiff_t)i * ld_tile + j] + bj;
+        }
+    }
+}
+
+/* ---- portable C ------------------------------------------------------------------- */
+SDRT_INLINE void kport(int MR, int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o) {
+    float acc[4][SDRT_NR];
+    memset(acc, 0, sizeof(acc));
+    for (int k = 0; k < K; k++) {
+        const float *bk = b + (ptrdiff_t)k * SDRT_NR;
+        for (int i = 0; i < MR; i++) {
+            const float ai = a[i * lda + k];
+            for (int j = 0; j < SDRT_NR; j++)
+                acc[i][j] += ai * bk[j];
+        }
+    }
+    sdrt_store_tile(&acc[0][0], SDRT_NR, o);
+}
+
+#define KPORT(MR) \
+    static void kport_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o) { \
+        kport(MR, K, a, lda, b, o); \
+    }
+KPORT(1)
+KPORT(2)
+KPORT(3)
+KPORT(4)
+
+static const sdrt_isa_kernels portable = {"portable", 4, {NULL, kport_1, kport_2, kport_3, kport_4}};
+
+const sdrt_isa_kernels *sdrt_kernels_portable(void) { return &portable; }
+
+/* ---- x86: AVX2 + FMA, AVX-512F ------------------------------------------------------ */
+#if defined(SDRT_X86) && (defined(__GNUC__) || defined(__clang__) || defined(_MSC_VER))
+#include <immintrin.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define INLINE_AVX512 static inline __attribute__((always_inline, target("avx512f,avx2,fma")))
+#else
+#define TARGET_AVX2
+#define TARGET_AVX512
+#define INLINE_AVX512 static __forceinline
+#endif
+
+#define K256(MR) \
+    static TARGET_AVX2 void k256_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o) { \
+        SDRT_ALIGN(32) float tile[MR * SDRT_NR]; \
+        for (int h = 0; h < 2 && h * 16 < o->n; h++) { \
+            __m256 c0[MR], c1[MR]; \
+            SDRT_UNROLL for (int i = 0; i < MR; i++) { \
+                c0[i] = _mm256_setzero_ps(); \
+                c1[i] = _mm256_setzero_ps(); \
+            } \
+            const float *bh = b + 16 * h; \
+            for (int k = 0; k < K; k++) { \
+                const __m256 b0 = _mm256_loadu_ps(bh + (ptrdiff_t)k * SDRT_NR); \
+                const __m256 b1 = _mm256_loadu_ps(bh + (ptrdiff_t)k * SDRT_NR + 8); \
+                SDRT_UNROLL for (int i = 0; i < MR; i++) { \
+                    const __m256 ai = _mm256_broadcast_ss(a + i * lda + k); \
+                    c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]); \
+                    c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]); \
+                } \
+            } \
+            SDRT_UNROLL for (int i = 0; i < MR; i++) { \
+                _mm256_store_ps(tile + i * SDRT_NR + 16 * h, c0[i]); \
+                _mm256_store_ps(tile + i * SDRT_NR + 16 * h + 8, c1[i]); \
+            } \
+        } \
+        sdrt_store_tile(tile, SDRT_NR, o); \
+    }
+K256(1)
+K256(2)
+K256(3)
+K256(4)
+K256(5)
+K256(6)
+
+static const sdrt_isa_kernels avx2 = {"avx2", 6, {NULL, k256_1, k256_2, k256_3, k256_4, k256_5, k256_6}};
+
+/* 16x16 transpose in registers: r[i] holds row i on entry, column i on return */
+INLINE_AVX512 void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    /* r[4g + c], 128-bit lane L: rows 4g..4g+3 of column 4L + c */
+    for (int c = 0; c < 4; c++) {
+        const __m512 u0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), u1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+        const __m512 u2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+        const __m512 u3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+        t[c] = _mm512_shuffle_f32x4(u0, u2, 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(u0, u2, 0xDD);
+        t[8 + c] = _mm512_shuffle_f32x4(u1, u3, 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(u1, u3, 0xDD);
+    }
+    for (int i = 0; i < 16; i++)
+        r[i] = t[i];
+}
+
+INLINE_AVX512 __mmask16 mask16(int n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u); }
+
+/* the accumulators of an mr x 32 tile (c0: columns 0-15, c1: 16-31) to their place in C */
+INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sdrt_tile_out *o) {
+    const __mmask16 m0 = mask16(o->n), m1 = mask16(o->n - 16);
+    if (!o->trans) {
+        __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+        if (o->bias) {
+            b0 = _mm512_maskz_loadu_ps(m0, o->bias);
+            b1 = _mm512_maskz_loadu_ps(m1, o->bias + 16);
+        }
+        for (int i = 0; i < MR && i < o->m; i++) {
+            float *c = o->c + i * o->ldc;
+            _mm512_mask_storeu_ps(c, m0, _mm512_add_ps(c0[i], b0));
+            if (m1)
+                _mm512_mask_storeu_ps(c + 16, m1, _mm512_add_ps(c1[i], b1));
+        }
+        return;
+    }
+    const __mmask16 rows = mask16(o->m);
+    for (int h = 0; h < 2 && 16 * h < o->n; h++) {
+        __m512 r[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = i < MR ? (h ? c1[i] : c0[i]) : _mm512_setzero_ps();
+        transpose16(r);
+        const int nh = o->n - 16 * h < 16 ? o->n - 16 * h : 16;
+        for (int j = 0; j < nh; j++) {
+            __m512 v = r[j];
+            if (o->bias)
+                v = _mm512_add_ps(v, _mm512_set1_ps(o->bias[16 * h + j]));
+            _mm512_mask_storeu_ps(o->c + (16 * h + j) * o->ldc, rows, v);
+        }
+    }
+}
+
+#define K512(MR) \
+    static TARGET_AVX512 void k512_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o) { \
+        __m512 c0[MR], c1[MR]; \
+        SDRT_UNROLL for (int i = 0; i < MR; i++) { \
+            c0[i] = _mm512_setzero_ps(); \
+            c1[i] = _mm512_setzero_ps(); \
+        } \
+        for (int k = 0; k < K; k++) { \
+            const __m512 b0 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
+            const __m512 b1 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 16); \
+            SDRT_UNROLL for (int i = 0; i < MR; i++) { \
+                const __m512 ai = _mm512_set1_ps(a[i * lda + k]); \
+                c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]); \
+                c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]); \
+            } \
+        } \
+        store512(c0, c1, MR, o); \
+    }
+K512(1)
+K512(2)
+K512(3)
+K512(4)
+K512(5)
+K512(6)
+K512(7)
+K512(8)
+K512(9)
+K512(10)
+K512(11)
+K512(12)
+K512(13)
+K512(14)
+
+static const sdrt_isa_kernels avx512 = {
+    "avx512", 14, {NULL, k512_1, k512_2, k512_3, k512_4, k512_5, k512_6, k512_7, k512_8, k512_9, k512_10, k512_11,
+                   k512_12, k512_13, k512_14}};
+
+const sdrt_isa_kernels *sdrt_kernels_avx2(void) { return sdrt_cpu_has(SDRT_ISA_AVX2) ? &avx2 : NULL; }
+const sdrt_isa_kernels *sdrt_kernels_avx512(void) { return sdrt_cpu_has(SDRT_ISA_AVX512) ? &avx512 : NULL; }
+#else
+const sdrt_isa_kernels *sdrt_kernels_avx2(void) { return NULL; }
+const sdrt_isa_kernels *sdrt_kernels_avx512(void) { return NULL; }
+#endif
+
+/* ---- AArch64 NEON ------------------------------------------------------------------- */
+#if defined(SDRT_ARM64)
+#include <arm_neon.h>
+
+#define KNEON(MR) \
+    static void kneon_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o) { \
+        float tile[MR * SDRT_NR]; \
+        for (int h = 0; h < 2 && h * 16 < o->n; h++) { \
+            float32x4_t c[MR][4]; \
+            SDRT_UNROLL for (int i = 0; i < MR; i++) \
+                for (int q = 0; q < 4; q++) c[i][q] = vdupq_n_f32(0.0f); \
+            const float *bh = b + 16 * h; \
+            for (int k = 0; k < K; k++) { \
+                const float *bk = bh + (ptrdiff_t)k * SDRT_NR; \
+                const float32x4_t b0 = vld1q_f32(bk), b1 = vld1q_f32(bk + 4), b2 = vld1q_f32(bk + 8), \
+                                  b3 = vld1q_f32(bk + 12); \
+                SDRT_UNROLL for (int i = 0; i < MR; i++) { \
+                    const float32x4_t ai = vdupq_n_f32(a[i * lda + k]); \
+                    c[i][0] = vfmaq_f32(c[i][0], b0, ai); \
+                    c[i][1] = vfmaq_f32(c[i][1], b1, ai); \
+                    c[i][2] = vfmaq_f32(c[i][2], b2, ai); \
+                    c[i][3] = vfmaq_f32(c[i][3], b3, ai); \
+                } \
+            } \
+            SDRT_UNROLL for (int i = 0; i < MR; i++) \
+                for (int q = 0; q < 4; q++) vst1q_f32(tile + i * SDRT_NR + 16 * h + 4 * q, c[i][q]); \
+        } \
+        sdrt_store_tile(tile, SDRT_NR, o); \
+    }
+KNEON(1)
+KNEON(2)
+KNEON(3)
+KNEON(4)
+KNEON(5)
+KNEON(6)
+
+static const sdrt_isa_kernels neon = {"neon", 6, {NULL, kneon_1, kneon_2, kneon_3, kneon_4, kneon_5, kneon_6}};
+const sdrt_isa_kernels *sdrt_kernels_neon(void) { return &neon; }
+#else
+const sdrt_isa_kernels *sdrt_kernels_neon(void) { return NULL; }
+#endif

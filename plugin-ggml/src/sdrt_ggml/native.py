@@ -1,0 +1,245 @@
+"""sdrt-ggml's own native kernels (``plugin-ggml/native/*.c``), as ggml custom ops.
+
+pip builds the C sources into ``sdrt_ggml/_native*.so`` (``.pyd`` on Windows) with the
+platform's C compiler (``plugin-ggml/setup.py``). This module loads that library with
+ctypes, tells it where ggml-python's ``ggml_tensor`` keeps ``ne``, ``nb``, ``data`` and
+``src`` (ggml-python installs no C headers), and checks that layout against ggml's own API
+and a small GEMM computed by ggml before any kernel is used. If the library is missing, fails
+to load or fails a check, ``native()`` returns None and logs why once; the lowerings then
+use ggml's own ops.
+
+Environment: ``SDRT_GGML_NATIVE=0`` turns the kernels off; ``SDRT_GGML_GEMM_ISA`` forces a
+GEMM kernel (``portable``, ``avx2``, ``avx512``, ``neon``) instead of the best one the CPU has.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("sdrt.ggml.native")
+
+#: ISA ids of the C library (``SDRT_ISA_*`` in native/sdrt_native.h)
+ISAS = {"portable": 0, "avx2": 1, "avx512": 2, "neon": 3}
+#: B panels are 32 columns wide for every ISA (``SDRT_NR``)
+NR = 32
+#: userdata flags of ``sdrt_gemm_op``
+_TRANS, _PACKED, _BIAS = 1, 2, 4
+
+
+@dataclass(frozen=True)
+class Native:
+    """The loaded library and the custom-op callbacks made from it (kept alive for the process)."""
+
+    lib: ctypes.CDLL
+    path: str
+    gemm_op: Any  # ggml_custom_op_t pointing at sdrt_gemm_op
+
+    @property
+    def isa(self) -> str:
+        return self.lib.sdrt_gemm_isa_name(self.lib.sdrt_gemm_active_isa()).decode()
+
+    def set_isa(self, name: str | None) -> str:
+        """Use the GEMM kernel ``name`` (None: the best this CPU has); returns the active one.
+        Raises ValueError when this build or CPU lacks it."""
+        isa = -1 if name is None else ISAS.get(name, -2)
+        if isa == -2 or self.lib.sdrt_gemm_set_isa(isa) < 0:
+            raise ValueError(f"GEMM kernel {name!r} is not available here (have: {', '.join(self.available_isas())})")
+        return self.isa
+
+    def available_isas(self) -> list[str]:
+        return [n for n, i in ISAS.items() if self.lib.sdrt_gemm_isa_available(i)]
+
+
+def library_path() -> Path | None:
+    """The compiled library inside the installed package, if pip built it."""
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        p = here / f"_native{suffix}"
+        if p.exists():
+            return p
+    return None
+
+
+_REASON: list[str] = []
+
+
+def unavailable_reason() -> str | None:
+    """Why the native kernels are not used (None when they are)."""
+    native()
+    return _REASON[0] if _REASON else None
+
+
+@functools.cache
+def native() -> Native | None:
+    """The native kernels, or None (the reason logged once, and kept for ``unavailable_reason``)."""
+    try:
+        n = _load()
+    except (OSError, AttributeError, ValueError, RuntimeError) as exc:  # a broken build or an unexpected ggml-python
+        n, why = None, f"{type(exc).__name__}: {exc}"
+    else:
+        why = "" if n is not None else _REASON.pop() if _REASON else "unknown"
+    if n is None:
+        _REASON.append(why)
+        log.warning("sdrt-ggml native kernels not used (%s); falling back to ggml's own matmul", why)
+    else:
+        log.info("sdrt-ggml native kernels loaded from %s (GEMM: %s)", n.path, n.isa)
+    return n
+
+
+def _fail(why: str) -> None:
+    _REASON.append(why)
+
+
+def _load() -> Native | None:
+    if os.environ.get("SDRT_GGML_NATIVE", "1").lower() in ("0", "off", "false", "no"):
+        _fail("SDRT_GGML_NATIVE=0")
+        return None
+    path = library_path()
+    if path is None:
+        _fail("the compiled library sdrt_ggml/_native is not installed: pip found no C compiler when it built "
+              "sdrt-ggml; install one (gcc/clang, or MSVC Build Tools) and reinstall sdrt-ggml")
+        return None
+    from .ops._common import ggml_lib
+
+    g = ggml_lib()
+    lib = ctypes.CDLL(str(path))
+    _declare(lib)
+    why = _check_layout(lib, g)
+    if why:
+        _fail(f"ggml-python's ggml_tensor layout does not match what the kernels read ({why}); "
+              f"ggml-python {_ggml_version()} is not a version sdrt-ggml was checked with")
+        return None
+    op = g.ggml_custom_op_t(ctypes.cast(lib.sdrt_gemm_op, ctypes.c_void_p).value)
+    n = Native(lib, str(path), op)
+    want = os.environ.get("SDRT_GGML_GEMM_ISA")
+    n.set_isa(want or None)
+    why = _self_test(n, g)
+    if why:
+        _fail(f"the GEMM kernel's self-test inside a ggml graph failed ({why})")
+        return None
+    return n
+
+
+def _ggml_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("ggml-python")
+    except metadata.PackageNotFoundError:
+        return "(unknown version)"
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    P, I, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_ssize_t  # noqa: N806, E741
+    lib.sdrt_set_tensor_layout.argtypes = [ctypes.c_size_t] * 4 + [I, ctypes.c_size_t]
+    lib.sdrt_set_tensor_layout.restype = I
+    lib.sdrt_probe_tensor.argtypes = [P, ctypes.POINTER(ctypes.c_int64)]
+    lib.sdrt_probe_tensor.restype = I
+    lib.sdrt_gemm_isa_available.argtypes = [I]
+    lib.sdrt_gemm_set_isa.argtypes = [I]
+    lib.sdrt_gemm_isa_name.argtypes = [I]
+    lib.sdrt_gemm_isa_name.restype = ctypes.c_char_p
+    lib.sdrt_gemm_active_isa.argtypes = []
+    lib.sdrt_gemm.argtypes = [I, I, I, I, P, S, P, S, S, I, P, P, S, I, I, I]
+    lib.sdrt_gemm.restype = I
+
+
+def _check_layout(lib: ctypes.CDLL, g: Any) -> str | None:
+    """Pass ggml-python's field offsets to the library, then check what it reads through them
+    against ggml's API on real tensors (reads stay inside the structure: no crash if wrong)."""
+    t = g.ggml_tensor
+    size = ctypes.sizeof(t)
+    if g.ggml_tensor_overhead() != size + g.GGML_OBJECT_SIZE:
+        return f"ggml_tensor_overhead() is {g.ggml_tensor_overhead()}, ctypes says {size} + {g.GGML_OBJECT_SIZE}"
+    if lib.sdrt_set_tensor_layout(t.ne.offset, t.nb.offset, t.data.offset, t.src.offset, g.GGML_MAX_SRC, size):
+        return "field offsets outside the structure"
+    ctx = g.ggml_init(g.ggml_init_params(mem_size=1 << 16, mem_buffer=None, no_alloc=False))
+    try:
+        a = g.ggml_new_tensor_4d(ctx, g.GGML_TYPE_F32, 3, 5, 7, 11)
+        b = g.ggml_new_tensor_4d(ctx, g.GGML_TYPE_F32, 3, 5, 7, 11)
+        c = g.ggml_add(ctx, a, b)
+        out = (ctypes.c_int64 * 12)()
+        lib.sdrt_probe_tensor(ctypes.cast(a, ctypes.c_void_p), out)
+        if list(out[:8]) != [3, 5, 7, 11, 4, 12, 60, 420]:
+            return f"ne/nb read as {list(out[:8])}"
+        if out[8] != (g.ggml_get_data(a) or 0):
+            return "data pointer"
+        lib.sdrt_probe_tensor(ctypes.cast(c, ctypes.c_void_p), out)
+        addr = [ctypes.cast(p, ctypes.c_void_p).value for p in (a, b)]
+        if [out[9], out[10], out[11]] != [addr[0], addr[1], 0]:
+            return "src pointers"
+    finally:
+        g.ggml_free(ctx)
+    return None
+
+
+def _self_test(n: Native, g: Any) -> str | None:
+    """A small GEMM (odd sizes, bias, both output orders) run by ggml's CPU graph compute."""
+    rng = np.random.default_rng(0)
+    m, nn, k = 19, 37, 23
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((nn, k)).astype(np.float32)
+    bias = rng.standard_normal(nn).astype(np.float32)
+    ctx = g.ggml_init(g.ggml_init_params(mem_size=1 << 20, mem_buffer=None, no_alloc=False))
+    try:
+        ta = _tensor(g, ctx, a)
+        tw = _tensor(g, ctx, pack_b(w))
+        tb = _tensor(g, ctx, bias)
+        outs = [gemm_op(n, g, ctx, ta, tw, tb, m=m, n=nn, trans=tr, packed=True) for tr in (False, True)]
+        gf = g.ggml_new_graph(ctx)
+        for o in outs:
+            g.ggml_build_forward_expand(gf, o)
+        g.ggml_graph_compute_with_ctx(ctx, gf, 2)
+        want = a @ w.T + bias
+        for o, tr in zip(outs, (False, True)):
+            got = np.ctypeslib.as_array(ctypes.cast(g.ggml_get_data(o), ctypes.POINTER(ctypes.c_float)),
+                                        shape=(nn, m) if tr else (m, nn))
+            got = got.T if tr else got
+            if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+                return f"max error {float(np.abs(got - want).max()):.3g} ({'transposed' if tr else 'row-major'} output)"
+    finally:
+        g.ggml_free(ctx)
+    return None
+
+
+def _tensor(g: Any, ctx: Any, arr: np.ndarray) -> Any:
+    arr = np.ascontiguousarray(arr, dtype=np.float32)
+    ne = list(reversed(arr.shape)) + [1] * (4 - arr.ndim)
+    t = g.ggml_new_tensor_4d(ctx, g.GGML_TYPE_F32, *ne)
+    ctypes.memmove(g.ggml_get_data(t), arr.ctypes.data, arr.nbytes)
+    return t
+
+
+def pack_b(w: np.ndarray) -> np.ndarray:
+    """B given as (..., N, K) rows (a weight as ggml_mul_mat takes it) -> panels (..., ceil(N/32), K, 32),
+    zero-padded columns; the layout ``sdrt_gemm_op`` reads with ``packed=True``."""
+    w = np.asarray(w, dtype=np.float32)
+    *lead, n, k = w.shape
+    p = -(-n // NR)
+    if p * NR != n:
+        w = np.concatenate([w, np.zeros((*lead, p * NR - n, k), np.float32)], axis=-2)
+    return np.ascontiguousarray(np.swapaxes(w.reshape(*lead, p, NR, k), -1, -2))
+
+
+def gemm_op(nat: Native, g: Any, ctx: Any, a: Any, b: Any, bias: Any = None, *, m: int, n: int, trans: bool = False,
+            packed: bool = False, batch: tuple[int, int] = (1, 1)) -> Any:
+    """The ggml tensor of ``A . B [+ bias]`` computed by ``sdrt_gemm_op`` (contract in native/gemm.c).
+
+    ``a``: ne (K, M, d2, d3), unit stride along K (rows may overlap). ``b``: packed panels
+    (``pack_b``) with ``packed=True``, else ne (N, K, e2, e3) with any strides. Output ne is
+    (N, M, d2, d3), or (M, N, d2, d3) with ``trans``."""
+    args = [a, b] + ([bias] if bias is not None else [])
+    arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
+    flags = (_TRANS if trans else 0) | (_PACKED if packed else 0) | (_BIAS if bias is not None else 0)
+    ne = (m, n) if trans else (n, m)
+    return g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], batch[0], batch[1], arr, len(args), nat.gemm_op,
+                            g.GGML_N_TASKS_MAX, ctypes.c_void_p(flags or None))
