@@ -84,6 +84,13 @@ def match_gelu(lowering: Any, node: Any) -> list[Value] | None:
             if not isinstance(xv, GTensor):
                 return None
             xv = cont(lowering, xv)
+            ops = _native(lowering, "gelu")
+            if ops is not None:
+                from .native_ops import gelu_erf
+
+                lowering.used("gelu native")
+                return [GTensor(gelu_erf(ops, ggml_lib(), lowering.ctx, xv.ptr), xv.shape)]
+            lowering.used("gelu ggml")
             return [GTensor(ggml_lib().ggml_gelu_erf(lowering.ctx, xv.ptr), xv.shape)]
     return None
 
@@ -175,6 +182,9 @@ def match_attention(lowering: Any, node: Any) -> list[Value] | None:
     if k.shape[-1] != d or v.shape[-2] != n_kv or q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         return None
     g = ggml_lib()
+    ops = _native(lowering, "attention")
+    if ops is not None:
+        return _native_attention(lowering, ops, q, k, v, mask, scale)
     mask_t = None
     if mask is not None:
         m16 = _mask_f16(mask, n_q, n_kv)
@@ -201,6 +211,47 @@ def match_attention(lowering: Any, node: Any) -> list[Value] | None:
     bh = q.shape[0]
     out = GTensor(y, (n_q, bh, dv))
     return [permute(lowering, out, [1, 0, 2])]
+
+
+def _native(lowering: Any, what: str) -> Any:
+    """sdrt-ggml's own kernel for ``what`` (option ``what``: "native", the default, or "ggml"),
+    when the graph runs on the CPU and the native library loaded; else None."""
+    if not lowering.on_cpu or lowering.options.get(what, "native") != "native":
+        return None
+    from .native_ops import native_ops
+
+    return native_ops()
+
+
+def _attention_out(lowering: Any, y: Any, q: GTensor, dv: int) -> list[Value]:
+    """The ONNX value of an attention result laid out as ggml_flash_attn_ext's: ne (Dv, H, n_q, B)."""
+    n_q = q.shape[-2]
+    if q.rank == 4:
+        out = GTensor(y, (q.shape[0], n_q, q.shape[1], dv))
+        return [permute(lowering, out, [0, 2, 1, 3])]
+    return [permute(lowering, GTensor(y, (n_q, q.shape[0], dv)), [1, 0, 2])]
+
+
+def _native_attention(lowering: Any, ops: Any, q: GTensor, k: GTensor, v: GTensor, mask: np.ndarray | None,
+                      scale: float) -> list[Value] | None:
+    """softmax(Q K^T s + mask) V by sdrt-ggml's kernel: Q, K and V are read through their strides
+    (no copies, no head-dim padding); the mask must be per (query, key)."""
+    from .native_ops import attention
+
+    n_q, n_kv = q.shape[-2], k.shape[-2]
+    mask_t = None
+    if mask is not None:
+        m = np.asarray(mask, dtype=np.float32)
+        if m.ndim > 2 and any(d != 1 for d in m.shape[:-2]):
+            return None
+        m2 = m.reshape(m.shape[-2:] if m.ndim >= 2 else (1,) + m.shape)
+        if m2.shape[0] not in (1, n_q) or m2.shape[1] not in (1, n_kv):
+            return None
+        m2 = np.ascontiguousarray(np.broadcast_to(m2, (m2.shape[0], n_kv)))
+        mask_t = lowering.const(m2, tag="attn_mask").ptr
+    lowering.used("attention native")
+    y = attention(ops, ggml_lib(), lowering.ctx, q.ptr, k.ptr, v.ptr, mask_t, scale)
+    return _attention_out(lowering, y, q, v.shape[-1])
 
 
 @rewrite("groupnorm", "Reshape")

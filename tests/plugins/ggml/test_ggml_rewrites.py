@@ -41,37 +41,47 @@ def attention_model(scale_style: str, mask: bool = False, rank: int = 4, d: int 
     return model, feeds
 
 
+@pytest.mark.parametrize("impl", ["native", "ggml"])
 @pytest.mark.parametrize("scale_style", ["qk", "scores"])
 @pytest.mark.parametrize("mask", [False, True])
 @pytest.mark.parametrize("rank", [3, 4])
-def test_attention_becomes_flash_attention(scale_style, mask, rank):
+def test_attention_becomes_one_kernel(scale_style, mask, rank, impl):
+    """impl "native": sdrt-ggml's attention kernel; "ggml": ggml_flash_attn_ext."""
     model, feeds = attention_model(scale_style, mask, rank)
-    on, off, hits, hits_off = _both(model, feeds)
-    assert hits.get("attention") == 1 and "attention" not in hits_off
-    np.testing.assert_allclose(on["y"], off["y"], rtol=1e-4, atol=1e-5)
-    check(model, feeds)
+    with compile_ggml(model, attention=impl) as on, compile_ggml(model, rewrites=()) as off:
+        hits, hits_off = on.rewrite_hits, off.rewrite_hits
+        assert hits.get("attention") == 1 and "attention" not in hits_off
+        assert on.impl_hits.get("attention native", 0) == (impl == "native")
+        np.testing.assert_allclose(on.run(feeds)["y"], off.run(feeds)["y"], rtol=1e-4, atol=1e-5)
+    check(model, feeds, attention=impl)
 
 
 @pytest.mark.parametrize("d", [8, 40])
 def test_attention_head_dims_padded_for_the_fast_kernel(d):
-    """Head dims that are not a multiple of 16 are zero-padded (and the output cropped)."""
+    """Head dims that are not a multiple of 16 are zero-padded for flash attention (and the
+    output cropped); the native kernel takes any head dim as it is."""
     model, feeds = attention_model("qk", mask=True, d=d, n=70)
     on, off, hits, _ = _both(model, feeds)
     assert hits.get("attention") == 1
     np.testing.assert_allclose(on["y"], off["y"], rtol=1e-4, atol=1e-5)
     check(model, feeds)
-    check(model, feeds, pad_k=False)
+    check(model, feeds, attention="ggml")
+    check(model, feeds, attention="ggml", pad_k=False)
 
 
-def test_attention_with_non_f16_mask_is_left_alone():
+def test_attention_with_non_f16_mask_is_left_alone_by_flash_attention():
+    """ggml's flash attention takes an f16 mask; the native kernel takes any float32 one."""
     model, feeds = attention_model("scores", mask=True)
     for init in model.graph.initializer:
         if init.name == "mask":
             from onnx import numpy_helper
 
             init.CopyFrom(numpy_helper.from_array(rand(10, 7) * 1e-3, "mask"))
-    with compile_ggml(model) as s:
+    with compile_ggml(model, attention="ggml") as s:
         assert "attention" not in s.rewrite_hits
+    check(model, feeds, attention="ggml")
+    with compile_ggml(model) as s:
+        assert s.rewrite_hits.get("attention") == 1 and s.impl_hits.get("attention native") == 1
     check(model, feeds)
 
 
@@ -105,12 +115,14 @@ def gelu_model(variant: int):
     return make_model(nodes, {"x": ((3, 40), F)}, {"y": (None, F)}, inits), {"x": rand(3, 40) * 3}
 
 
+@pytest.mark.parametrize("impl", ["native", "ggml"])
 @pytest.mark.parametrize("variant", [0, 1])
-def test_gelu_erf_pattern(variant):
+def test_gelu_erf_pattern(variant, impl):
     model, feeds = gelu_model(variant)
-    with compile_ggml(model) as s:
+    with compile_ggml(model, gelu=impl) as s:
         assert s.rewrite_hits.get("gelu") == 1
-    check(model, feeds)
+        assert s.impl_hits.get(f"gelu {impl}") == 1
+    check(model, feeds, gelu=impl)
 
 
 def test_silu_pattern():

@@ -1,0 +1,249 @@
+/* sdrt-ggml native kernels: attention and GELU (erf form) as ggml custom ops.
+ *
+ * sdrt_attention_op: softmax(Q K^T * scale + mask) V for every (batch, head), reading Q, K
+ *   and V through their strides (no copies before it), writing the [Dv, H, n_q, B] layout of
+ *   ggml_flash_attn_ext. Each thread takes a contiguous range of (head, 64-query block) tasks,
+ *   packs that head's K^T and V^T once into its scratch (keys padded to 32 with zeros), and
+ *   runs a 4-row micro-kernel: scores as 4 x 2-vector register tiles over the head dim, an
+ *   exp-and-sum pass, then the weighted sum of V as dot products over the keys.
+ * sdrt_gelu_erf_op: 0.5 x (1 + erf(x / sqrt 2)) [* g], vectorised (ggml's GELU_ERF calls
+ *   erff once per element).
+ *
+ * The bodies (simd_body.h) use GCC/Clang vector extensions and are compiled once per ISA
+ * (AVX-512, AVX2+FMA and the 4-wide SSE2/NEON baseline) with target pragmas, so the library
+ * builds with no -march flag and picks the widest one this CPU has at run time. Compilers
+ * without vector extensions (MSVC) get the scalar code at the end.
+ */
+#include "sdrt_ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define SDRT_VECEXT 1
+#endif
+
+#ifdef SDRT_VECEXT
+#define VW 4
+#define SFX(n) n##_v4
+#include "simd_body.h"
+#undef VW
+#undef SFX
+
+#if defined(SDRT_X86)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+#define VW 8
+#define SFX(n) n##_avx2
+#include "simd_body.h"
+#undef VW
+#undef SFX
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx2,fma,prefer-vector-width=512")
+#endif
+#define VW 16
+#define SFX(n) n##_avx512
+#include "simd_body.h"
+#undef VW
+#undef SFX
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif /* SDRT_X86 */
+#endif /* SDRT_VECEXT */
+
+/* ---- scalar code (every compiler) --------------------------------------------------- */
+static void attention_rows_scalar(const sdrt_attn_job *job, int R, const float *qs, const float *const *mask,
+                                  float *const *out) {
+    const int D = job->D, nk = job->nk, n_kv = job->n_kv;
+    for (int r = 0; r < R; r++) {
+        float *s = job->S;
+        float m = -INFINITY;
+        for (int k = 0; k < n_kv; k++) {
+            float acc = 0.0f;
+            for (int d = 0; d < D; d++)
+                acc += qs[r * D + d] * job->kt[(size_t)d * nk + k];
+            s[k] = acc + (mask ? mask[r][k] : 0.0f);
+            m = s[k] > m ? s[k] : m;
+        }
+        float sum = 0.0f;
+        for (int k = 0; k < n_kv; k++) {
+            s[k] = m == -INFINITY ? 0.0f : expf(s[k] - m);
+            sum += s[k];
+        }
+        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int dv = 0; dv < job->Dv; dv++) {
+            float acc = 0.0f;
+            for (int k = 0; k < n_kv; k++)
+                acc += s[k] * job->vt[(size_t)dv * nk + k];
+            out[r][dv] = acc * inv;
+        }
+    }
+}
+
+static void gelu_erf_scalar(int64_t n, const float *x, const float *g, float *y) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+        y[i] = g ? v * g[i] : v;
+    }
+}
+
+/* ---- dispatch ---------------------------------------------------------------------- */
+typedef struct {
+    sdrt_attn_rows_fn attn;
+    sdrt_gelu_fn gelu;
+} ops_table;
+
+static ops_table table_for(int isa) {
+    ops_table t = {attention_rows_scalar, gelu_erf_scalar};
+#ifdef SDRT_VECEXT
+#if defined(SDRT_X86)
+    if (isa == SDRT_ISA_AVX512) {
+        t.attn = attention_rows_avx512;
+        t.gelu = gelu_erf_avx512;
+    } else if (isa == SDRT_ISA_AVX2) {
+        t.attn = attention_rows_avx2;
+        t.gelu = gelu_erf_avx2;
+    } else
+#endif
+    {
+        (void)isa; /* the 4-wide baseline: SSE2 on x86-64, NEON on arm64 */
+        t.attn = attention_rows_v4;
+        t.gelu = gelu_erf_v4;
+    }
+#endif
+    return t;
+}
+
+static int ops_isa = SDRT_ISA_AUTO;
+static ops_table ops = {attention_rows_scalar, gelu_erf_scalar};
+
+/* Choose the kernels: an ISA id, or SDRT_ISA_AUTO for the widest this CPU runs.
+ * Returns the ISA chosen, or -1 (nothing changed) when this build or CPU lacks it.
+ * SDRT_ISA_COUNT selects the scalar code (the MSVC path) for tests. */
+SDRT_EXPORT int sdrt_ops_set_isa(int isa) {
+    if (isa == SDRT_ISA_COUNT) {
+        ops.attn = attention_rows_scalar;
+        ops.gelu = gelu_erf_scalar;
+        ops_isa = isa;
+        return isa;
+    }
+    if (isa == SDRT_ISA_AUTO) {
+        const int order[] = {SDRT_ISA_AVX512, SDRT_ISA_AVX2, SDRT_ISA_NEON, SDRT_ISA_PORTABLE};
+        for (int i = 0; i < 4; i++)
+            if (sdrt_ops_set_isa(order[i]) >= 0)
+                return order[i];
+        return -1;
+    }
+    if (isa < 0 || isa >= SDRT_ISA_COUNT || !sdrt_cpu_has(isa))
+        return -1;
+#if !defined(SDRT_X86) || !defined(SDRT_VECEXT)
+    if (isa == SDRT_ISA_AVX2 || isa == SDRT_ISA_AVX512)
+        return -1;
+#endif
+    ops = table_for(isa);
+    ops_isa = isa;
+    return isa;
+}
+
+SDRT_EXPORT int sdrt_ops_active_isa(void) { return ops_isa; }
+
+/* ---- the custom ops ---------------------------------------------------------------- */
+#define AT(v, i0, i1, i2, i3) \
+    (*(const float *)((v).data + (size_t)(i0) * (v).nb[0] + (size_t)(i1) * (v).nb[1] + (size_t)(i2) * (v).nb[2] + \
+                      (size_t)(i3) * (v).nb[3]))
+
+/* ggml custom op: dst [Dv, H, n_q, B] = attention(src0 Q [D, n_q, H, B], src1 K [D, n_kv, H, B],
+ * src2 V [Dv, n_kv, H, B], src3 optional float32 mask [n_kv, n_q or 1]); userdata: the float scale. */
+SDRT_EXPORT void sdrt_attention_op(void *dst, int ith, int nth, void *userdata) {
+    const float scale = *(const float *)userdata;
+    sdrt_view o = sdrt_tensor_view(dst);
+    sdrt_view q = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
+    sdrt_view k = sdrt_tensor_view(sdrt_tensor_src(dst, 1));
+    sdrt_view v = sdrt_tensor_view(sdrt_tensor_src(dst, 2));
+    const void *tm = sdrt_tensor_src(dst, 3);
+    sdrt_view m = tm ? sdrt_tensor_view(tm) : o;
+    const int D = (int)q.ne[0], n_q = (int)q.ne[1], H = (int)q.ne[2], B = (int)q.ne[3];
+    const int n_kv = (int)k.ne[1], Dv = (int)v.ne[0];
+    const int nk = (n_kv + SDRT_ATTN_KPAD - 1) / SDRT_ATTN_KPAD * SDRT_ATTN_KPAD;
+    const int nqb = (n_q + SDRT_ATTN_QB - 1) / SDRT_ATTN_QB;
+    const int64_t T = (int64_t)B * H * nqb;
+    const int64_t t0 = T * ith / nth, t1 = T * (ith + 1) / nth;
+    if (t0 >= t1)
+        return;
+    float *kt = malloc(sizeof(float) * ((size_t)(D + Dv + 4) * nk + 4 * (size_t)D));
+    if (!kt) { /* no scratch: this thread's rows become NaN rather than the process aborting */
+        for (int64_t t = t0; t < t1; t++) {
+            int bh = (int)(t / nqb), qb = (int)(t % nqb), b = bh / H, h = bh % H;
+            for (int row = qb * SDRT_ATTN_QB; row < n_q && row < (qb + 1) * SDRT_ATTN_QB; row++)
+                for (int dv = 0; dv < Dv; dv++)
+                    *(float *)(o.data + dv * o.nb[0] + h * o.nb[1] + row * o.nb[2] + b * o.nb[3]) = NAN;
+        }
+        return;
+    }
+    float *vt = kt + (size_t)D * nk, *S = vt + (size_t)Dv * nk, *qs = S + 4 * (size_t)nk;
+    sdrt_attn_job job = {D, Dv, nk, n_kv, kt, vt, S};
+    const sdrt_attn_rows_fn fn = ops.attn;
+    int last = -1;
+    for (int64_t t = t0; t < t1; t++) {
+        const int bh = (int)(t / nqb), qb = (int)(t % nqb), b = bh / H, h = bh % H;
+        if (bh != last) { /* pack this head's K^T and V^T, keys padded with zeros */
+            for (int d = 0; d < D; d++) {
+                float *row = kt + (size_t)d * nk;
+                for (int j = 0; j < n_kv; j++)
+                    row[j] = AT(k, d, j, h, b);
+                memset(row + n_kv, 0, sizeof(float) * (size_t)(nk - n_kv));
+            }
+            for (int d = 0; d < Dv; d++) {
+                float *row = vt + (size_t)d * nk;
+                for (int j = 0; j < n_kv; j++)
+                    row[j] = AT(v, d, j, h, b);
+                memset(row + n_kv, 0, sizeof(float) * (size_t)(nk - n_kv));
+            }
+            last = bh;
+        }
+        const int end = (qb + 1) * SDRT_ATTN_QB < n_q ? (qb + 1) * SDRT_ATTN_QB : n_q;
+        for (int row0 = qb * SDRT_ATTN_QB; row0 < end; row0 += 4) {
+            const int R = end - row0 < 4 ? end - row0 : 4;
+            const float *mrow[4];
+            float *out[4];
+            for (int r = 0; r < R; r++) {
+                const int row = row0 + r;
+                for (int d = 0; d < D; d++)
+                    qs[r * D + d] = AT(q, d, row, h, b) * scale;
+                if (tm)
+                    mrow[r] = (const float *)(m.data + (size_t)(m.ne[1] == 1 ? 0 : row) * m.nb[1]);
+                out[r] = (float *)(o.data + (size_t)h * o.nb[1] + (size_t)row * o.nb[2] + (size_t)b * o.nb[3]);
+            }
+            fn(&job, R, qs, tm ? mrow : NULL, out);
+        }
+    }
+    free(kt);
+}
+
+/* ggml custom op: dst = gelu_erf(src0) [* src1], all contiguous float32 of one shape. */
+SDRT_EXPORT void sdrt_gelu_erf_op(void *dst, int ith, int nth, void *userdata) {
+    (void)userdata;
+    sdrt_view o = sdrt_tensor_view(dst);
+    sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
+    const void *tg = sdrt_tensor_src(dst, 1);
+    const int64_t n = o.ne[0] * o.ne[1] * o.ne[2] * o.ne[3];
+    const int64_t per = ((n + nth - 1) / nth + 63) / 64 * 64; /* whole cache lines per thread */
+    const int64_t i0 = per * ith, i1 = i0 + per < n ? i0 + per : n;
+    if (i0 >= i1)
+        return;
+    const float *g = tg ? (const float *)sdrt_tensor_view(tg).data + i0 : NULL;
+    ops.gelu(i1 - i0, (const float *)x.data + i0, g, (float *)o.data + i0);
+}
