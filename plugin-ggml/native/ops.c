@@ -25,6 +25,12 @@
 #endif
 
 #ifdef SDRT_VECEXT
+/* ISO C mode (-std=c11) turns off a*b+c -> fma contraction; the kernels are written for it */
+#if defined(__clang__)
+#pragma clang fp contract(fast)
+#else
+#pragma GCC optimize("fp-contract=fast")
+#endif
 #define VW 4
 #define SFX(n) n##_v4
 #include "simd_body.h"
