@@ -27,6 +27,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "no rewrites": {"rewrites": ()},
     "no attention rewrite": {"rewrites": ("silu", "groupnorm")},
+    "attention by ggml (flash)": {"attention": "ggml"},
+    "gelu by ggml (erff)": {"gelu": "ggml"},
     "no groupnorm rewrite": {"rewrites": ("silu", "attention")},
     "no silu rewrite": {"rewrites": ("attention", "groupnorm")},
     "conv im2col_nhwc": {"conv_impl": "im2col_nhwc"},

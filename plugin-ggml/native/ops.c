@@ -239,17 +239,41 @@ SDRT_EXPORT void sdrt_attention_op(void *dst, int ith, int nth, void *userdata) 
     free(kt);
 }
 
-/* ggml custom op: dst = gelu_erf(src0) [* src1], all contiguous float32 of one shape. */
+/* ggml custom op: dst = gelu_erf(src0) [* src1]: float32 of one shape, dst dense; the sources
+ * need dense rows only (nb[0] = 4), so GEGLU's two halves of one projection are read in place. */
 SDRT_EXPORT void sdrt_gelu_erf_op(void *dst, int ith, int nth, void *userdata) {
     (void)userdata;
     sdrt_view o = sdrt_tensor_view(dst);
     sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
     const void *tg = sdrt_tensor_src(dst, 1);
-    const int64_t n = o.ne[0] * o.ne[1] * o.ne[2] * o.ne[3];
-    const int64_t per = ((n + nth - 1) / nth + 63) / 64 * 64; /* whole cache lines per thread */
-    const int64_t i0 = per * ith, i1 = i0 + per < n ? i0 + per : n;
-    if (i0 >= i1)
+    sdrt_view gv = tg ? sdrt_tensor_view(tg) : x;
+    const int64_t ne0 = o.ne[0], rows = o.ne[1] * o.ne[2] * o.ne[3];
+    const int dense = x.nb[1] == (size_t)ne0 * 4 && x.nb[2] == x.nb[1] * (size_t)x.ne[1] &&
+                      x.nb[3] == x.nb[2] * (size_t)x.ne[2] && gv.nb[1] == x.nb[1] && gv.nb[2] == x.nb[2] &&
+                      gv.nb[3] == x.nb[3];
+    if (dense || rows < nth) { /* one flat range (or row by row when rows are few) split in cache lines */
+        const int64_t n = dense ? ne0 * rows : ne0;
+        const int64_t per = ((n + nth - 1) / nth + 63) / 64 * 64;
+        const int64_t i0 = per * ith, i1 = i0 + per < n ? i0 + per : n;
+        if (i0 >= i1)
+            return;
+        for (int64_t r = 0; r < (dense ? 1 : rows); r++) {
+            const int64_t i1r = r % o.ne[1], i2 = r / o.ne[1] % o.ne[2], i3 = r / (o.ne[1] * o.ne[2]);
+            const size_t xo = (size_t)i1r * x.nb[1] + (size_t)i2 * x.nb[2] + (size_t)i3 * x.nb[3];
+            const size_t go = (size_t)i1r * gv.nb[1] + (size_t)i2 * gv.nb[2] + (size_t)i3 * gv.nb[3];
+            const size_t oo = (size_t)i1r * o.nb[1] + (size_t)i2 * o.nb[2] + (size_t)i3 * o.nb[3];
+            ops.gelu(i1 - i0, (const float *)(x.data + xo) + i0, tg ? (const float *)(gv.data + go) + i0 : NULL,
+                     (float *)(o.data + oo) + i0);
+        }
         return;
-    const float *g = tg ? (const float *)sdrt_tensor_view(tg).data + i0 : NULL;
-    ops.gelu(i1 - i0, (const float *)x.data + i0, g, (float *)o.data + i0);
+    }
+    const int64_t r0 = rows * ith / nth, r1 = rows * (ith + 1) / nth;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1r = r % o.ne[1], i2 = r / o.ne[1] % o.ne[2], i3 = r / (o.ne[1] * o.ne[2]);
+        const float *xr = (const float *)(x.data + (size_t)i1r * x.nb[1] + (size_t)i2 * x.nb[2] + (size_t)i3 * x.nb[3]);
+        const float *gr = tg ? (const float *)(gv.data + (size_t)i1r * gv.nb[1] + (size_t)i2 * gv.nb[2] +
+                                               (size_t)i3 * gv.nb[3])
+                             : NULL;
+        ops.gelu(ne0, xr, gr, (float *)(o.data + (size_t)i1r * o.nb[1] + (size_t)i2 * o.nb[2] + (size_t)i3 * o.nb[3]));
+    }
 }

@@ -109,7 +109,8 @@ def attention(ops: NativeOps, g: Any, ctx: Any, q: Any, k: Any, v: Any, mask: An
 
 
 def gelu_erf(ops: NativeOps, g: Any, ctx: Any, x: Any, gate: Any = None) -> Any:
-    """0.5 x (1 + erf(x / sqrt 2)) [* gate]; ``x`` (and ``gate``, same shape) dense float32."""
+    """0.5 x (1 + erf(x / sqrt 2)) [* gate]; ``x`` (and ``gate``, same shape) float32 with dense rows
+    (nb[0] = 4; the rows themselves may be strided, e.g. slices of one wider tensor). Result dense."""
     args = [x] + ([gate] if gate is not None else [])
     arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
     ne = x.contents.ne

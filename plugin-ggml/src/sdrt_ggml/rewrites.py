@@ -8,6 +8,7 @@ computes what the outputs depend on, so they cost nothing. An intermediate
 used elsewhere is still computed for that use, so a match is always correct.
 
 - ``gelu``: x * 0.5 * (1 + erf(x / sqrt 2)) -> ggml_gelu_erf (always on: ggml has no erf kernel)
+- ``geglu``: hidden * gelu(gate) -> one native kernel reading both (sliced) halves in place
 - ``silu``: x * sigmoid(x) -> ggml_silu, and x * sigmoid(1.702 x) (quick GELU) -> silu(1.702 x) / 1.702
 - ``attention``: softmax(Q K^T * s [+ mask]) V -> ggml_flash_attn_ext
 - ``groupnorm``: Reshape(N, G, -1) -> InstanceNormalization -> Reshape -> ggml_group_norm
@@ -26,7 +27,7 @@ Matcher = Callable[[Any, Any], "list[Value] | None"]
 #: anchor op type -> [(rewrite name, matcher)]
 REWRITES: dict[str, list[tuple[str, Matcher]]] = {}
 #: rewrites that can be switched off (``rewrites=`` option); gelu is needed for correctness
-OPTIONAL = ("silu", "attention", "groupnorm")
+OPTIONAL = ("silu", "attention", "groupnorm", "geglu")
 
 
 def rewrite(name: str, anchor: str) -> Callable[[Matcher], Matcher]:
@@ -70,8 +71,8 @@ def _erf_arg(lowering: Any, name: str) -> str | None:
     return None
 
 
-@rewrite("gelu", "Mul")
-def match_gelu(lowering: Any, node: Any) -> list[Value] | None:
+def _gelu_x(lowering: Any, node: Any) -> str | None:
+    """x when ``node`` (a Mul) ends x * 0.5 * (1 + erf(x / sqrt 2)), in either association order."""
     factors = _mul_factors(lowering, node.input[0]) + _mul_factors(lowering, node.input[1])
     consts = [f for f in factors if isinstance(lowering.values.get(f), np.ndarray)]
     runtime = [f for f in factors if f not in consts]
@@ -80,19 +81,56 @@ def match_gelu(lowering: Any, node: Any) -> list[Value] | None:
     for i in (0, 1):
         x = _erf_arg(lowering, runtime[i])
         if x is not None and x == runtime[1 - i]:
-            xv = lowering.values[x]
-            if not isinstance(xv, GTensor):
-                return None
-            xv = cont(lowering, xv)
-            ops = _native(lowering, "gelu")
-            if ops is not None:
-                from .native_ops import gelu_erf
-
-                lowering.used("gelu native")
-                return [GTensor(gelu_erf(ops, ggml_lib(), lowering.ctx, xv.ptr), xv.shape)]
-            lowering.used("gelu ggml")
-            return [GTensor(ggml_lib().ggml_gelu_erf(lowering.ctx, xv.ptr), xv.shape)]
+            return x
     return None
+
+
+@rewrite("gelu", "Mul")
+def match_gelu(lowering: Any, node: Any) -> list[Value] | None:
+    x = _gelu_x(lowering, node)
+    xv = lowering.values.get(x) if x is not None else None
+    if not isinstance(xv, GTensor):
+        return None
+    ops = _native(lowering, "gelu")
+    if ops is not None:
+        from .native_ops import gelu_erf
+
+        xv = _rows_dense(lowering, xv)
+        lowering.used("gelu native")
+        return [GTensor(gelu_erf(ops, ggml_lib(), lowering.ctx, xv.ptr), xv.shape)]
+    xv = cont(lowering, xv)
+    lowering.used("gelu ggml")
+    return [GTensor(ggml_lib().ggml_gelu_erf(lowering.ctx, xv.ptr), xv.shape)]
+
+
+@rewrite("geglu", "Mul")
+def match_geglu(lowering: Any, node: Any) -> list[Value] | None:
+    """hidden * gelu(gate) (diffusers' GEGLU: both halves of one projection, sliced) -> one native
+    kernel that reads both halves in place: no copies of the slices, no separate Mul."""
+    ops = _native(lowering, "gelu")
+    if ops is None:
+        return None
+    from .native_ops import gelu_erf
+
+    for i in (0, 1):
+        gl = lowering.producer(node.input[i])
+        if gl is None or gl.op_type != "Mul" or lowering.n_uses(node.input[i]) != 1:
+            continue
+        x = _gelu_x(lowering, gl)
+        xv, hv = lowering.values.get(x) if x else None, lowering.values.get(node.input[1 - i])
+        if not isinstance(xv, GTensor) or not isinstance(hv, GTensor) or xv.shape != hv.shape:
+            continue
+        if xv.dtype != "float32" or hv.dtype != "float32":
+            continue
+        xv, hv = _rows_dense(lowering, xv), _rows_dense(lowering, hv)
+        lowering.used("geglu native")
+        return [GTensor(gelu_erf(ops, ggml_lib(), lowering.ctx, xv.ptr, hv.ptr), xv.shape)]
+    return None
+
+
+def _rows_dense(lowering: Any, x: GTensor) -> GTensor:
+    """``x`` itself when its rows are dense (what the native elementwise kernels read), else a copy."""
+    return x if int(x.ptr.contents.nb[0]) == 4 else cont(lowering, x)
 
 
 @rewrite("silu", "Mul")

@@ -137,3 +137,24 @@ def test_isa_choice_is_checked():
     with pytest.raises(ValueError, match="not available"):
         ops.set_isa("sparc")
     assert ops.set_isa(None) in ops.available_isas()
+
+
+@pytest.mark.parametrize("rows,width", [(1, 37), (3, 16), (64, 40), (5, 1)])
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_gelu_reads_strided_rows(isa, rows, width, threads):
+    """GEGLU: x and the gate are the two halves of one (rows, 2*width) tensor, read in place."""
+    from sdrt_ggml.native_ops import gelu_erf, reference_gelu
+
+    ops = _ops()
+    both = (np.random.default_rng(rows).standard_normal((rows, 2 * width)) * 3).astype(np.float32)
+
+    def build(g, ctx, put):
+        t = put(both)
+        nb1 = t.contents.nb[1]
+        gate = g.ggml_view_2d(ctx, t, width, rows, nb1, 0)
+        x = g.ggml_view_2d(ctx, t, width, rows, nb1, width * 4)
+        return gelu_erf(ops, g, ctx, x, gate), (rows, width)
+
+    got = _run(build, threads)
+    want = reference_gelu(both[:, width:]) * both[:, :width]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)

@@ -150,3 +150,30 @@ def test_intermediate_used_elsewhere_stays_correct():
     model = make_model([mk("Sigmoid", ["x"], ["s"]), mk("Mul", ["x", "s"], ["y"])], {"x": ((3, 9), F)},
                        {"y": (None, F), "s": (None, F)})
     check(model, {"x": rand(3, 9)})
+
+
+def geglu_model(split: str):
+    """diffusers' GEGLU as torch exports it: proj(x).chunk(2, -1) -> hidden * gelu(gate)."""
+    inits = {"w": rand(24, 40) * 0.3, "b": rand(40, seed=1), "sqrt2": np.array(np.sqrt(2.0), np.float32),
+             "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)}
+    nodes = [mk("MatMul", ["x", "w"], ["p0"]), mk("Add", ["p0", "b"], ["p"])]
+    if split == "split":
+        nodes.append(mk("Split", ["p"], ["h", "g"], axis=-1, num_outputs=2))
+    else:
+        inits.update({"s0": np.array([0], np.int64), "s1": np.array([20], np.int64),
+                      "s2": np.array([40], np.int64), "ax": np.array([-1], np.int64)})
+        nodes += [mk("Slice", ["p", "s0", "s1", "ax"], ["h"]), mk("Slice", ["p", "s1", "s2", "ax"], ["g"])]
+    nodes += [mk("Div", ["g", "sqrt2"], ["d"]), mk("Erf", ["d"], ["e"]), mk("Add", ["e", "one"], ["a"]),
+              mk("Mul", ["g", "a"], ["m"]), mk("Mul", ["m", "half"], ["gelu"]), mk("Mul", ["h", "gelu"], ["y"])]
+    model = make_model(nodes, {"x": ((2, 9, 24), F)}, {"y": (None, F)}, inits, opset=18)
+    return model, {"x": rand(2, 9, 24) * 2}
+
+
+@pytest.mark.parametrize("split", ["split", "slice"])
+def test_geglu_reads_both_halves_in_place(split):
+    model, feeds = geglu_model(split)
+    on, off, hits, hits_off = _both(model, feeds)
+    assert hits.get("geglu") == 1 and "geglu" not in hits_off
+    np.testing.assert_allclose(on["y"], off["y"], rtol=1e-5, atol=1e-6)
+    check(model, feeds)
+    check(model, feeds, gelu="ggml")
