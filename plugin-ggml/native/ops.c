@@ -106,43 +106,81 @@ static void gelu_erf_scalar(int64_t n, const float *x, const float *g, float *y)
     }
 }
 
+static double sum_scalar(int64_t n, const float *x) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+static double sqdev_scalar(int64_t n, const float *x, float m) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)(x[i] - m) * (x[i] - m);
+    return s;
+}
+
+SDRT_INLINE float silu_scalar(float v) { return v / (1.0f + expf(-v < 88.0f ? -v : 88.0f)); }
+
+static void affine_row_scalar(int64_t n, const float *x, float a, float b, int silu, float *y) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i] * a + b;
+        y[i] = silu ? silu_scalar(v) : v;
+    }
+}
+
+static void affine_cl_scalar(int64_t hw, int C, const float *x, const float *a, const float *b, int silu, int64_t p0,
+                             int64_t p1, float *y) {
+    for (int64_t p = p0; p < p1; p++)
+        for (int c = 0; c < C; c++) {
+            float v = x[(size_t)c * hw + p] * a[c] + b[c];
+            y[(size_t)p * C + c] = silu ? silu_scalar(v) : v;
+        }
+}
+
 /* ---- dispatch ---------------------------------------------------------------------- */
 typedef struct {
     sdrt_attn_rows_fn attn;
     sdrt_gelu_fn gelu;
+    sdrt_sum_fn sum;
+    sdrt_sqdev_fn sqdev;
+    sdrt_affine_row_fn affine_row;
+    sdrt_affine_cl_fn affine_cl;
 } ops_table;
 
+#define SDRT_TABLE(s) {attention_rows_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s}
+
 static ops_table table_for(int isa) {
-    ops_table t = {attention_rows_scalar, gelu_erf_scalar};
+    ops_table t = SDRT_TABLE(scalar);
 #ifdef SDRT_VECEXT
 #if defined(SDRT_X86)
     if (isa == SDRT_ISA_AVX512) {
-        t.attn = attention_rows_avx512;
-        t.gelu = gelu_erf_avx512;
+        ops_table w = SDRT_TABLE(avx512);
+        t = w;
     } else if (isa == SDRT_ISA_AVX2) {
-        t.attn = attention_rows_avx2;
-        t.gelu = gelu_erf_avx2;
+        ops_table w = SDRT_TABLE(avx2);
+        t = w;
     } else
 #endif
     {
-        (void)isa; /* the 4-wide baseline: SSE2 on x86-64, NEON on arm64 */
-        t.attn = attention_rows_v4;
-        t.gelu = gelu_erf_v4;
+        ops_table w = SDRT_TABLE(v4); /* the 4-wide baseline: SSE2 on x86-64, NEON on arm64 */
+        (void)isa;
+        t = w;
     }
 #endif
     return t;
 }
 
 static int ops_isa = SDRT_ISA_AUTO;
-static ops_table ops = {attention_rows_scalar, gelu_erf_scalar};
+static ops_table ops = SDRT_TABLE(scalar);
 
 /* Choose the kernels: an ISA id, or SDRT_ISA_AUTO for the widest this CPU runs.
  * Returns the ISA chosen, or -1 (nothing changed) when this build or CPU lacks it.
  * SDRT_ISA_COUNT selects the scalar code (the MSVC path) for tests. */
 SDRT_EXPORT int sdrt_ops_set_isa(int isa) {
     if (isa == SDRT_ISA_COUNT) {
-        ops.attn = attention_rows_scalar;
-        ops.gelu = gelu_erf_scalar;
+        ops_table w = SDRT_TABLE(scalar);
+        ops = w;
         ops_isa = isa;
         return isa;
     }
@@ -276,4 +314,73 @@ SDRT_EXPORT void sdrt_gelu_erf_op(void *dst, int ith, int nth, void *userdata) {
                              : NULL;
         ops.gelu(ne0, xr, gr, (float *)(o.data + (size_t)i1r * o.nb[1] + (size_t)i2 * o.nb[2] + (size_t)i3 * o.nb[3]));
     }
+}
+
+/* ggml custom op: group statistics. src0 x ne (HW, C, N) dense; dst ne (2, G, N): mean and
+ * 1/sqrt(var + eps) of each group of C/G channels (two passes: mean, then squared deviations). */
+SDRT_EXPORT void sdrt_gn_stats_op(void *dst, int ith, int nth, void *userdata) {
+    const sdrt_gn_params *pr = (const sdrt_gn_params *)userdata;
+    sdrt_view o = sdrt_tensor_view(dst);
+    sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
+    const int G = pr->groups;
+    const int64_t hw = x.ne[0], C = x.ne[1], N = x.ne[2], per = hw * (C / G);
+    const int64_t T = N * G, t0 = T * ith / nth, t1 = T * (ith + 1) / nth;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *xs = (const float *)(x.data + (size_t)(t / G) * x.nb[2]) + (size_t)(t % G) * per;
+        const float mean = (float)(ops.sum(per, xs) / (double)per);
+        const double var = ops.sqdev(per, xs, mean) / (double)per;
+        float *out = (float *)(o.data + (size_t)(t / G) * o.nb[2] + (size_t)(t % G) * o.nb[1]);
+        out[0] = mean;
+        out[1] = (float)(1.0 / sqrt(var + pr->eps));
+    }
+}
+
+/* ggml custom op: y = act((x - mean) * rstd * gamma + beta). src0 x ne (HW, C, N) dense,
+ * src1 the stats (sdrt_gn_stats_op), src2 gamma and src3 beta (C floats each, or NULL).
+ * dst ne (HW, C, N), or with cl ne (C, HW) for N = 1 (what a channels-last conv reads). */
+SDRT_EXPORT void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata) {
+    const sdrt_gn_params *pr = (const sdrt_gn_params *)userdata;
+    sdrt_view o = sdrt_tensor_view(dst);
+    sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
+    sdrt_view st = sdrt_tensor_view(sdrt_tensor_src(dst, 1));
+    const void *tgam = sdrt_tensor_src(dst, 2), *tbet = sdrt_tensor_src(dst, 3);
+    const float *gam = tgam ? (const float *)sdrt_tensor_view(tgam).data : NULL;
+    const float *bet = tbet ? (const float *)sdrt_tensor_view(tbet).data : NULL;
+    const int G = pr->groups;
+    const int64_t hw = x.ne[0], C = x.ne[1], N = x.ne[2], cg = C / G;
+#define GN_COEF(n, c, a, b)                                                                          \
+    do {                                                                                           \
+        const float *s_ = (const float *)(st.data + (size_t)(n) * st.nb[2] + (size_t)((c) / cg) * st.nb[1]); \
+        const float g_ = gam ? gam[c] : 1.0f;                                                      \
+        (a) = s_[1] * g_;                                                                          \
+        (b) = (bet ? bet[c] : 0.0f) - s_[0] * (a);                                                 \
+    } while (0)
+    if (!pr->cl) {
+        const int64_t T = N * C, t0 = T * ith / nth, t1 = T * (ith + 1) / nth;
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t n = t / C, c = t % C;
+            float a, b;
+            GN_COEF(n, c, a, b);
+            ops.affine_row(hw, (const float *)(x.data + (size_t)n * x.nb[2] + (size_t)c * x.nb[1]), a, b, pr->silu,
+                           (float *)(o.data + (size_t)n * o.nb[2] + (size_t)c * o.nb[1]));
+        }
+        return;
+    }
+    /* channels-last: threads split the pixels in blocks of 16 */
+    const int64_t blocks = (hw + 15) / 16, b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
+    if (b0 >= b1)
+        return;
+    float *coef = malloc(sizeof(float) * 2 * (size_t)C);
+    if (!coef) {
+        for (int64_t p = b0 * 16; p < hw && p < b1 * 16; p++)
+            for (int64_t c = 0; c < C; c++)
+                ((float *)o.data)[(size_t)p * C + c] = NAN;
+        return;
+    }
+    for (int64_t c = 0; c < C; c++)
+        GN_COEF(0, c, coef[c], coef[C + c]);
+#undef GN_COEF
+    ops.affine_cl(hw, (int)C, (const float *)x.data, coef, coef + C, pr->silu, b0 * 16, b1 * 16 < hw ? b1 * 16 : hw,
+                  (float *)o.data);
+    free(coef);
 }

@@ -23,4 +23,18 @@ typedef void (*sdrt_attn_rows_fn)(const sdrt_attn_job *job, int R, const float *
 /* y[i] = gelu_erf(x[i]) (* g[i] when g is not NULL) */
 typedef void (*sdrt_gelu_fn)(int64_t n, const float *x, const float *g, float *y);
 
+/* userdata of the group-norm ops */
+typedef struct {
+    int32_t groups;
+    int32_t silu; /* apply x * sigmoid(x) after the affine */
+    int32_t cl;   /* write channels-last (ne (C, H*W), batch 1) instead of (H*W, C, N) */
+    float eps;
+} sdrt_gn_params;
+
+typedef double (*sdrt_sum_fn)(int64_t n, const float *x);
+typedef double (*sdrt_sqdev_fn)(int64_t n, const float *x, float m);
+typedef void (*sdrt_affine_row_fn)(int64_t n, const float *x, float a, float b, int silu, float *y);
+typedef void (*sdrt_affine_cl_fn)(int64_t hw, int C, const float *x, const float *a, const float *b, int silu,
+                                  int64_t p0, int64_t p1, float *y);
+
 #endif

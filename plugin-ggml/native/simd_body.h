@@ -197,6 +197,78 @@ static void SFX(gelu_erf)(int64_t n, const float *x, const float *g, float *y) {
     }
 }
 
+/* ---- group norm ------------------------------------------------------------------- */
+
+/* sum of x[0..n) */
+static double SFX(sum)(int64_t n, const float *x) {
+    VF acc = {0};
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW)
+        acc += SFX(ld)(x + i);
+    double s = SFX(hsum)(acc);
+    for (; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+/* sum of (x[i] - m)^2 */
+static double SFX(sqdev)(int64_t n, const float *x, float m) {
+    VF acc = {0}, mv = BCAST(m);
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) {
+        VF d = SFX(ld)(x + i) - mv;
+        acc += d * d;
+    }
+    double s = SFX(hsum)(acc);
+    for (; i < n; i++)
+        s += (double)(x[i] - m) * (x[i] - m);
+    return s;
+}
+
+/* x * sigmoid(x) = x / (1 + exp(-x)); exp's argument clamped at 88 (the result is then -0) */
+SDRT_INLINE VF SFX(silu)(VF v) {
+    VF e = -v;
+    VI big = e > BCAST(88.0f);
+    e = SFX(sel)(big, BCAST(88.0f), e);
+    return v / (1.0f + SFX(vexp)(e));
+}
+
+/* y[i] = act(x[i] * a + b) */
+static void SFX(affine_row)(int64_t n, const float *x, float a, float b, int silu, float *y) {
+    VF av = BCAST(a), bv = BCAST(b);
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) {
+        VF v = SFX(ld)(x + i) * av + bv;
+        SFX(st)(y + i, silu ? SFX(silu)(v) : v);
+    }
+    if (i < n) {
+        float xb[VW] = {0}, yb[VW];
+        memcpy(xb, x + i, (size_t)(n - i) * sizeof(float));
+        SFX(affine_row)(VW, xb, a, b, silu, yb);
+        memcpy(y + i, yb, (size_t)(n - i) * sizeof(float));
+    }
+}
+
+/* channels-last output: y[p * C + c] = act(x[c * hw + p] * a[c] + b[c]) for p in [p0, p1) */
+static void SFX(affine_cl)(int64_t hw, int C, const float *x, const float *a, const float *b, int silu, int64_t p0,
+                           int64_t p1, float *y) {
+    int64_t p = p0;
+    for (; p + VW <= p1; p += VW)
+        for (int c = 0; c < C; c++) {
+            VF v = SFX(ld)(x + (size_t)c * hw + p) * a[c] + b[c];
+            if (silu)
+                v = SFX(silu)(v);
+            float *out = y + (size_t)p * C + c;
+            for (int i = 0; i < VW; i++)
+                out[(size_t)i * C] = v[i];
+        }
+    for (; p < p1; p++)
+        for (int c = 0; c < C; c++) {
+            float v = x[(size_t)c * hw + p] * a[c] + b[c];
+            y[(size_t)p * C + c] = silu ? v / (1.0f + expf(-v < 88.0f ? -v : 88.0f)) : v;
+        }
+}
+
 #undef VF
 #undef VI
 #undef BCAST

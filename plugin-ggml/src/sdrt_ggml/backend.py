@@ -17,7 +17,7 @@ log = logging.getLogger("sdrt.ggml")
 
 #: options ``compile`` accepts
 OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "transpose", "layouts", "pad_k", "flash_attn", "scheduler",
-           "accel", "attention", "gelu")
+           "accel", "attention", "gelu", "groupnorm")
 
 
 def _static_inputs(graph: Any) -> list[TensorInfo]:

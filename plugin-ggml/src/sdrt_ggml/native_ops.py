@@ -37,6 +37,8 @@ class NativeOps:
     lib: ctypes.CDLL
     attention_op: Any
     gelu_op: Any
+    gn_stats_op: Any
+    gn_apply_op: Any
 
     def set_isa(self, name: str | None) -> str:
         """Use the kernel body ``name`` (None: the widest this CPU runs); returns the active one.
@@ -77,8 +79,9 @@ def native_ops() -> NativeOps | None:
         lib.sdrt_ops_set_isa.argtypes = [ctypes.c_int]
         lib.sdrt_ops_set_isa.restype = ctypes.c_int
         lib.sdrt_ops_active_isa.restype = ctypes.c_int
-        ops = NativeOps(lib, g.ggml_custom_op_t(ctypes.cast(lib.sdrt_attention_op, ctypes.c_void_p).value),
-                        g.ggml_custom_op_t(ctypes.cast(lib.sdrt_gelu_erf_op, ctypes.c_void_p).value))
+        ops = NativeOps(lib, *(g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value)
+                               for f in ("sdrt_attention_op", "sdrt_gelu_erf_op", "sdrt_gn_stats_op",
+                                         "sdrt_gn_apply_op")))
         ops.set_isa(os.environ.get("SDRT_GGML_OPS_ISA") or None)
         why = _self_test(ops, g)
     except (OSError, AttributeError, ValueError) as exc:
@@ -116,6 +119,57 @@ def gelu_erf(ops: NativeOps, g: Any, ctx: Any, x: Any, gate: Any = None) -> Any:
     ne = x.contents.ne
     return g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], ne[2], ne[3], arr, len(args), ops.gelu_op,
                             g.GGML_N_TASKS_MAX, None)
+
+
+class GnParams(ctypes.Structure):
+    """``sdrt_gn_params`` (native/sdrt_ops.h)."""
+
+    _fields_ = [("groups", ctypes.c_int32), ("silu", ctypes.c_int32), ("cl", ctypes.c_int32), ("eps", ctypes.c_float)]
+
+
+@functools.cache
+def _gn_arg(groups: int, silu: bool, cl: bool, eps: float) -> GnParams:
+    """The userdata of a group-norm op: one per distinct parameter set, alive for the process."""
+    return GnParams(groups, int(silu), int(cl), eps)
+
+
+def _ud(p: Any) -> ctypes.c_void_p:
+    return ctypes.cast(ctypes.pointer(p), ctypes.c_void_p)
+
+
+def gn_stats(ops: NativeOps, g: Any, ctx: Any, x: Any, groups: int, eps: float) -> Any:
+    """Mean and 1/sqrt(var + eps) per group: ``x`` dense float32 ne (HW, C, N) -> ne (2, G, N)."""
+    arr = (ctypes.POINTER(g.ggml_tensor) * 1)(x)
+    n = x.contents.ne[2]
+    return g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, 2, groups, n, 1, arr, 1, ops.gn_stats_op, g.GGML_N_TASKS_MAX,
+                            _ud(_gn_arg(groups, False, False, eps)))
+
+
+def gn_apply(ops: NativeOps, g: Any, ctx: Any, x: Any, stats: Any, gamma: Any, beta: Any, groups: int, *,
+             silu: bool, cl: bool) -> Any:
+    """act((x - mean) * rstd * gamma + beta) from ``gn_stats``; gamma/beta: C floats or None.
+    Result ne (HW, C, N), or channels-last ne (C, HW) with ``cl`` (N must be 1)."""
+    ne = x.contents.ne
+    # ggml_custom_4d takes a fixed source count: absent gamma/beta are passed as NULL sources
+    args = [x, stats, gamma, beta]
+    arr = (ctypes.POINTER(g.ggml_tensor) * 4)(*[a if a is not None else ctypes.POINTER(g.ggml_tensor)() for a in args])
+    shape = (ne[1], ne[0], 1, 1) if cl else (ne[0], ne[1], ne[2], 1)
+    return g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *shape, arr, 4, ops.gn_apply_op, g.GGML_N_TASKS_MAX,
+                            _ud(_gn_arg(groups, silu, cl, 0.0)))
+
+
+def reference_group_norm(x: np.ndarray, groups: int, eps: float, gamma: np.ndarray | None,
+                         beta: np.ndarray | None, silu: bool) -> np.ndarray:
+    """numpy: x (N, C, ...) -> the same shape."""
+    n, c = x.shape[:2]
+    xg = x.astype(np.float64).reshape(n, groups, -1)
+    y = ((xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + eps)).reshape(x.shape)
+    bshape = (1, c) + (1,) * (x.ndim - 2)
+    if gamma is not None:
+        y = y * gamma.reshape(bshape)
+    if beta is not None:
+        y = y + beta.reshape(bshape)
+    return y / (1 + np.exp(-y)) if silu else y
 
 
 def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,

@@ -11,17 +11,20 @@ used elsewhere is still computed for that use, so a match is always correct.
 - ``geglu``: hidden * gelu(gate) -> one native kernel reading both (sliced) halves in place
 - ``silu``: x * sigmoid(x) -> ggml_silu, and x * sigmoid(1.702 x) (quick GELU) -> silu(1.702 x) / 1.702
 - ``attention``: softmax(Q K^T * s [+ mask]) V -> ggml_flash_attn_ext
-- ``groupnorm``: Reshape(N, G, -1) -> InstanceNormalization -> Reshape -> ggml_group_norm
+- ``groupnorm``: Reshape(N, G, -1) -> InstanceNormalization -> Reshape -> sdrt-ggml's group norm
+  (statistics, then one pass that also applies the following per-channel Mul/Add and SiLU and
+  writes the channels-last twin a conv reads), or ggml_group_norm without the native library
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from .ops._common import GTensor, Value, aligned, attrs, cont, ggml_lib, pad_k, permute, scalar_of, want_pad
+from .ops._common import GTensor, Value, aligned, attrs, cont, ggml_lib, ne_of, pad_k, permute, scalar_of, want_pad
 
 Matcher = Callable[[Any, Any], "list[Value] | None"]
 #: anchor op type -> [(rewrite name, matcher)]
@@ -145,6 +148,9 @@ def match_silu(lowering: Any, node: Any) -> list[Value] | None:
         if not isinstance(x, GTensor) or x.dtype != "float32":
             continue
         if sig.input[0] == node.input[i]:
+            fused = _gn_silu(lowering, node, str(node.input[i]))
+            if fused is not None:
+                return fused
             x = cont(lowering, x)
             return [GTensor(g.ggml_silu(lowering.ctx, x.ptr), x.shape)]
         src, c = _unscale(lowering, sig.input[0])
@@ -323,4 +329,100 @@ def match_group_norm(lowering: Any, node: Any) -> list[Value] | None:
     if tuple(want) != x.shape:
         return None
     eps = float(attrs(inorm).get("epsilon", 1e-5))
+    ops = _native(lowering, "groupnorm")
+    if ops is not None:
+        stats_x = cont(lowering, x)
+        spec = GnSpec(stats_x, _gn_stats(lowering, ops, stats_x, groups, eps), groups)
+        return [_gn_emit(lowering, ops, spec, str(node.output[0]))]
     return [group_norm(lowering, x, groups, eps, None, None)]
+
+
+@dataclass(frozen=True)
+class GnSpec:
+    """A native group norm and what has been fused into it so far."""
+
+    x: GTensor  # the dense NCHW input
+    stats: Any  # the ggml tensor of (mean, rstd) per group
+    groups: int
+    gamma: Any = None  # ggml tensors of C floats
+    beta: Any = None
+    silu: bool = False
+
+
+def _gn_stats(lowering: Any, ops: Any, x: GTensor, groups: int, eps: float) -> Any:
+    from .native_ops import gn_stats
+
+    n, c = x.shape[0], x.shape[1]
+    x3 = ggml_lib().ggml_reshape_3d(lowering.ctx, x.ptr, x.size // (n * c), c, n)
+    return gn_stats(ops, ggml_lib(), lowering.ctx, x3, groups, eps)
+
+
+def _gn_emit(lowering: Any, ops: Any, spec: GnSpec, name: str) -> GTensor:
+    """The group norm ``spec`` as an ONNX value: NCHW, with a channels-last twin for batch 1
+    (ggml computes only the layouts that consumers read)."""
+    from .native_ops import gn_apply
+
+    g, ctx, x = ggml_lib(), lowering.ctx, spec.x
+    n, c = x.shape[0], x.shape[1]
+    hw = x.size // (n * c)
+    x3 = g.ggml_reshape_3d(ctx, x.ptr, hw, c, n)
+    y = gn_apply(ops, g, ctx, x3, spec.stats, spec.gamma, spec.beta, spec.groups, silu=spec.silu, cl=False)
+    out = GTensor(g.ggml_reshape_4d(ctx, y, *ne_of(x.shape)), x.shape)
+    if n == 1 and x.rank == 4:
+        ycl = gn_apply(ops, g, ctx, x3, spec.stats, spec.gamma, spec.beta, spec.groups, silu=spec.silu, cl=True)
+        out.cl = g.ggml_reshape_4d(ctx, ycl, c, x.shape[3], x.shape[2], 1)
+    lowering.gn_specs[name] = spec
+    lowering.used("groupnorm native" + (" +affine" if spec.gamma is not None or spec.beta is not None else "")
+                  + (" +silu" if spec.silu else ""))
+    return out
+
+
+def _gn_operand(lowering: Any, node: Any) -> tuple[GnSpec, np.ndarray] | None:
+    """(the native group norm, the per-channel constant) when ``node`` combines the two, and the
+    group norm's value is used only here."""
+    specs = getattr(lowering, "gn_specs", {})
+    for i in (0, 1):
+        spec = specs.get(node.input[i])
+        other = lowering.values.get(node.input[1 - i])
+        if spec is None or lowering.n_uses(node.input[i]) != 1 or not isinstance(other, np.ndarray):
+            continue
+        c, rank = spec.x.shape[1], spec.x.rank
+        if other.ndim > rank or other.dtype.kind != "f":
+            continue
+        shape = (1,) * (rank - other.ndim) + other.shape  # numpy broadcasting, right-aligned
+        if shape[1] == c and all(d == 1 for i, d in enumerate(shape) if i != 1):
+            return spec, other
+    return None
+
+
+@rewrite("groupnorm", "Mul")
+def match_gn_scale(lowering: Any, node: Any) -> list[Value] | None:
+    """native group norm * gamma (per channel) -> the same kernel with gamma."""
+    ops = _native(lowering, "groupnorm")
+    hit = _gn_operand(lowering, node) if ops is not None else None
+    if hit is None or hit[0].gamma is not None or hit[0].beta is not None or hit[0].silu:
+        return None
+    spec, gamma = hit
+    t = lowering.const(gamma, transform=lambda a: a.reshape(-1), tag="gn_gamma").ptr
+    return [_gn_emit(lowering, ops, replace(spec, gamma=t), str(node.output[0]))]
+
+
+@rewrite("groupnorm", "Add")
+def match_gn_shift(lowering: Any, node: Any) -> list[Value] | None:
+    """native group norm [* gamma] + beta (per channel) -> the same kernel with beta."""
+    ops = _native(lowering, "groupnorm")
+    hit = _gn_operand(lowering, node) if ops is not None else None
+    if hit is None or hit[0].beta is not None or hit[0].silu:
+        return None
+    spec, beta = hit
+    t = lowering.const(beta, transform=lambda a: a.reshape(-1), tag="gn_beta").ptr
+    return [_gn_emit(lowering, ops, replace(spec, beta=t), str(node.output[0]))]
+
+
+def _gn_silu(lowering: Any, node: Any, x_name: str) -> list[Value] | None:
+    """silu of a native group norm's value (its only consumers: the Sigmoid and this Mul)."""
+    spec = getattr(lowering, "gn_specs", {}).get(x_name)
+    ops = _native(lowering, "groupnorm")
+    if spec is None or ops is None or spec.silu or lowering.n_uses(x_name) != 2:
+        return None
+    return [_gn_emit(lowering, ops, replace(spec, silu=True), str(node.output[0]))]

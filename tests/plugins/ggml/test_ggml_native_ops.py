@@ -158,3 +158,45 @@ def test_gelu_reads_strided_rows(isa, rows, width, threads):
     got = _run(build, threads)
     want = reference_gelu(both[:, width:]) * both[:, :width]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("shape,groups", [((1, 1, 1, 1), 1), ((1, 6, 3, 5), 3), ((2, 32, 17, 13), 8),
+                                          ((1, 64, 31, 1), 32), ((3, 4, 1, 97), 2)])
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("silu", [False, True])
+def test_group_norm_matches_numpy(isa, shape, groups, threads, silu):
+    """Statistics, then the affine (+ SiLU) pass, in NCHW and (batch 1) channels-last."""
+    from sdrt_ggml.native_ops import gn_apply, gn_stats, reference_group_norm
+
+    ops = _ops()
+    n, c, h, w = shape
+    rng = np.random.default_rng(c * h + w)
+    x = (rng.standard_normal(shape) * 3 + 5).astype(np.float32)  # an offset mean: the variance needs two passes
+    gamma, beta = rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)
+    want = reference_group_norm(x, groups, 1e-5, gamma, beta, silu)
+    for cl in ([False, True] if n == 1 else [False]):
+        def build(g, ctx, put, cl=cl):
+            x3 = g.ggml_reshape_3d(ctx, put(x), h * w, c, n)
+            st = gn_stats(ops, g, ctx, x3, groups, 1e-5)
+            y = gn_apply(ops, g, ctx, x3, st, put(gamma), put(beta), groups, silu=silu, cl=cl)
+            return y, ((h * w, c) if cl else shape)
+
+        got = _run(build, threads)
+        if cl:
+            got = got.T.reshape(shape)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_group_norm_without_affine():
+    from sdrt_ggml.native_ops import gn_apply, gn_stats, reference_group_norm
+
+    ops = _ops()
+    x = np.random.default_rng(1).standard_normal((1, 8, 5, 5)).astype(np.float32)
+
+    def build(g, ctx, put):
+        x3 = g.ggml_reshape_3d(ctx, put(x), 25, 8, 1)
+        return gn_apply(ops, g, ctx, x3, gn_stats(ops, g, ctx, x3, 4, 1e-6), None, None, 4, silu=False,
+                        cl=False), x.shape
+
+    np.testing.assert_allclose(_run(build, 2), reference_group_norm(x, 4, 1e-6, None, None, False), rtol=1e-4,
+                               atol=1e-5)

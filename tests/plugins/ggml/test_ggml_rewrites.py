@@ -85,22 +85,45 @@ def test_attention_with_non_f16_mask_is_left_alone_by_flash_attention():
     check(model, feeds)
 
 
-def groupnorm_model(c=8, groups=4, hw=5):
+def groupnorm_model(c=8, groups=4, hw=5, n=2, silu=False, conv=False):
     nodes = [mk("Reshape", ["x", "gshape"], ["g"]),
              mk("InstanceNormalization", ["g", "ones", "zeros"], ["gn"], epsilon=1e-5),
              mk("Reshape", ["gn", "xshape"], ["r"]),
-             mk("Mul", ["r", "gamma"], ["m"]), mk("Add", ["m", "beta"], ["y"])]
-    inits = {"gshape": np.array([2, groups, -1], np.int64), "ones": np.ones(groups, np.float32),
-             "zeros": np.zeros(groups, np.float32), "xshape": np.array([2, c, hw, hw], np.int64),
+             mk("Mul", ["r", "gamma"], ["m"]), mk("Add", ["m", "beta"], ["a"])]
+    last = "a"
+    if silu:
+        nodes += [mk("Sigmoid", ["a"], ["sg"]), mk("Mul", ["a", "sg"], ["s"])]
+        last = "s"
+    inits = {"gshape": np.array([n, groups, -1], np.int64), "ones": np.ones(groups, np.float32),
+             "zeros": np.zeros(groups, np.float32), "xshape": np.array([n, c, hw, hw], np.int64),
              "gamma": rand(c, 1, 1), "beta": rand(c, 1, 1, seed=1)}
-    return make_model(nodes, {"x": ((2, c, hw, hw), F)}, {"y": (None, F)}, inits), {"x": rand(2, c, hw, hw)}
+    if conv:  # a 3x3 conv reads the channels-last twin
+        inits["w"] = rand(6, c, 3, 3, seed=2) * 0.2
+        nodes.append(mk("Conv", [last, "w"], ["y"], pads=[1, 1, 1, 1]))
+    else:
+        nodes.append(mk("Identity", [last], ["y"]))
+    x = rand(n, c, hw, hw) * 2 + 0.5
+    return make_model(nodes, {"x": ((n, c, hw, hw), F)}, {"y": (None, F)}, inits), {"x": x}
 
 
 def test_groupnorm_pattern_becomes_ggml_group_norm():
     model, feeds = groupnorm_model()
-    on, off, hits, hits_off = _both(model, feeds)
-    assert hits.get("groupnorm") == 1 and "groupnorm" not in hits_off
-    np.testing.assert_allclose(on["y"], off["y"], rtol=1e-4, atol=1e-5)
+    with compile_ggml(model, groupnorm="ggml") as on, compile_ggml(model, rewrites=()) as off:
+        assert on.rewrite_hits.get("groupnorm") == 1 and "groupnorm" not in off.rewrite_hits
+        np.testing.assert_allclose(on.run(feeds)["y"], off.run(feeds)["y"], rtol=1e-4, atol=1e-5)
+    check(model, feeds, groupnorm="ggml")
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("conv", [False, True])
+def test_groupnorm_native_fuses_affine_and_silu(n, silu, conv):
+    """Reshape/InstanceNorm/Reshape, then Mul(gamma), Add(beta) [and SiLU]: one native pass; with
+    batch 1 the conv after it reads the channels-last output the same kernel writes."""
+    model, feeds = groupnorm_model(c=12, groups=3, hw=7, n=n, silu=silu, conv=conv)
+    with compile_ggml(model) as on, compile_ggml(model, rewrites=()) as off:
+        assert ("groupnorm native +affine" + (" +silu" if silu else "")) in on.impl_hits
+        np.testing.assert_allclose(on.run(feeds)["y"], off.run(feeds)["y"], rtol=1e-4, atol=1e-5)
     check(model, feeds)
 
 
