@@ -29,6 +29,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no attention rewrite": {"rewrites": ("silu", "groupnorm")},
     "attention by ggml (flash)": {"attention": "ggml"},
     "gelu by ggml (erff)": {"gelu": "ggml"},
+    "groupnorm by ggml": {"groupnorm": "ggml"},
+    "no native kernels": {"attention": "ggml", "gelu": "ggml", "groupnorm": "ggml"},
     "no groupnorm rewrite": {"rewrites": ("silu", "attention")},
     "no silu rewrite": {"rewrites": ("attention", "groupnorm")},
     "conv im2col_nhwc": {"conv_impl": "im2col_nhwc"},
