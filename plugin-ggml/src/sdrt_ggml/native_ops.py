@@ -107,8 +107,8 @@ def attention(ops: NativeOps, g: Any, ctx: Any, q: Any, k: Any, v: Any, mask: An
     args = [q, k, v] + ([mask] if mask is not None else [])
     arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
     ud = ctypes.cast(ctypes.pointer(_scale_arg(float(scale))), ctypes.c_void_p)
-    return g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, vn[0], qn[2], qn[1], qn[3], arr, len(args), ops.attention_op,
-                            g.GGML_N_TASKS_MAX, ud)
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, vn[0], qn[2], qn[1], qn[3], arr, len(args),
+                                      ops.attention_op, g.GGML_N_TASKS_MAX, ud), "sdrt_attention")
 
 
 def gelu_erf(ops: NativeOps, g: Any, ctx: Any, x: Any, gate: Any = None) -> Any:
@@ -117,8 +117,8 @@ def gelu_erf(ops: NativeOps, g: Any, ctx: Any, x: Any, gate: Any = None) -> Any:
     args = [x] + ([gate] if gate is not None else [])
     arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
     ne = x.contents.ne
-    return g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], ne[2], ne[3], arr, len(args), ops.gelu_op,
-                            g.GGML_N_TASKS_MAX, None)
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], ne[2], ne[3], arr, len(args), ops.gelu_op,
+                                      g.GGML_N_TASKS_MAX, None), "sdrt_gelu")
 
 
 class GnParams(ctypes.Structure):
@@ -141,8 +141,8 @@ def gn_stats(ops: NativeOps, g: Any, ctx: Any, x: Any, groups: int, eps: float) 
     """Mean and 1/sqrt(var + eps) per group: ``x`` dense float32 ne (HW, C, N) -> ne (2, G, N)."""
     arr = (ctypes.POINTER(g.ggml_tensor) * 1)(x)
     n = x.contents.ne[2]
-    return g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, 2, groups, n, 1, arr, 1, ops.gn_stats_op, g.GGML_N_TASKS_MAX,
-                            _ud(_gn_arg(groups, False, False, eps)))
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, 2, groups, n, 1, arr, 1, ops.gn_stats_op,
+                                      g.GGML_N_TASKS_MAX, _ud(_gn_arg(groups, False, False, eps))), "sdrt_gn_stats")
 
 
 def gn_apply(ops: NativeOps, g: Any, ctx: Any, x: Any, stats: Any, gamma: Any, beta: Any, groups: int, *,
@@ -154,8 +154,13 @@ def gn_apply(ops: NativeOps, g: Any, ctx: Any, x: Any, stats: Any, gamma: Any, b
     args = [x, stats, gamma, beta]
     arr = (ctypes.POINTER(g.ggml_tensor) * 4)(*[a if a is not None else ctypes.POINTER(g.ggml_tensor)() for a in args])
     shape = (ne[1], ne[0], 1, 1) if cl else (ne[0], ne[1], ne[2], 1)
-    return g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *shape, arr, 4, ops.gn_apply_op, g.GGML_N_TASKS_MAX,
-                            _ud(_gn_arg(groups, silu, cl, 0.0)))
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *shape, arr, 4, ops.gn_apply_op, g.GGML_N_TASKS_MAX,
+                                      _ud(_gn_arg(groups, silu, cl, 0.0))), "sdrt_group_norm")
+
+
+def _named(g: Any, t: Any, name: str) -> Any:
+    g.ggml_set_name(t, name.encode())  # what op_timing's profiles call the op
+    return t
 
 
 def reference_group_norm(x: np.ndarray, groups: int, eps: float, gamma: np.ndarray | None,
