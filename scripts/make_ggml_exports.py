@@ -90,19 +90,19 @@ def _sd15_vae():
                 down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4)
 
 
-def build(name: str, out: Path) -> None:
+def make(name: str) -> tuple[torch.nn.Module, dict[str, np.ndarray], list[str]]:
+    """The torch module of export ``name`` (seeded random weights), its example inputs, its output names."""
     rng = np.random.default_rng(0)
-    path = out / f"{name}.onnx"
     feeds: dict[str, np.ndarray]
     if name.startswith("vae_decoder_") or name == "vae_sd15_decoder_32":
         side = int(name.rsplit("_", 1)[1])
         vae = _sd15_vae() if "sd15" in name else _vae()
         feeds = {"latent": rng.standard_normal((1, 4, side, side)).astype(np.float32)}
-        _export(_Decoder(vae), (torch.from_numpy(feeds["latent"]),), ["latent"], ["image"], path)
+        model, outs = _Decoder(vae), ["image"]
     elif name.startswith("vae_encoder_"):
         side = int(name.rsplit("_", 1)[1])
         feeds = {"image": rng.uniform(-1, 1, (1, 3, side, side)).astype(np.float32)}
-        _export(_Encoder(_vae()), (torch.from_numpy(feeds["image"]),), ["image"], ["latent"], path)
+        model, outs = _Encoder(_vae()), ["latent"]
     elif name in ("unet_sd15", "unet_sdxl"):
         from diffusers import UNet2DConditionModel
 
@@ -146,7 +146,7 @@ def build(name: str, out: Path) -> None:
                     return self.u(s, t, e).sample
 
             model = _SD(unet)
-        _export(model, tuple(torch.from_numpy(v) for v in feeds.values()), list(feeds), ["out_sample"], path)
+        outs = ["out_sample"]
     elif name in ("clip_vit_l14", "openclip_bigg"):
         from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
@@ -172,17 +172,22 @@ def build(name: str, out: Path) -> None:
                 first = o.text_embeds if big else o.pooler_output
                 return o.last_hidden_state, first, o.hidden_states[-2]
 
-        _export(_Text(enc), (torch.from_numpy(ids),), ["input_ids"], ["last_hidden_state", "pooled", "penultimate"],
-                path)
+        model, outs = _Text(enc), ["last_hidden_state", "pooled", "penultimate"]
     elif name in ("mobilenet_v2", "mobilenet_v3_small", "resnet50"):
         import torchvision
 
         torch.manual_seed(0)
         model = getattr(torchvision.models, name)(weights=None)
         feeds = {"input": rng.standard_normal((1, 3, 64, 64)).astype(np.float32)}
-        _export(model, (torch.from_numpy(feeds["input"]),), ["input"], ["logits"], path)
+        outs = ["logits"]
     else:
         raise SystemExit(f"unknown model {name!r}")
+    return model, feeds, outs
+
+
+def build(name: str, out: Path) -> None:
+    model, feeds, outs = make(name)
+    _export(model, tuple(torch.from_numpy(v) for v in feeds.values()), list(feeds), outs, out / f"{name}.onnx")
     np.savez(out / f"{name}.npz", **feeds)
 
 

@@ -21,7 +21,7 @@ def import_ggml() -> Any:
     """The ggml bindings, or ``BackendUnavailable`` saying how to install them."""
     try:
         return ggml_lib()
-    except (ImportError, OSError, RuntimeError) as exc:
+    except (ImportError, OSError, RuntimeError, AttributeError) as exc:
         raise BackendUnavailable(
             f"ggml-python cannot be imported: {exc}",
             where="import ggml",

@@ -9,6 +9,7 @@ ggml has at most 4 dimensions.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -21,6 +22,8 @@ import numpy as np
 from sdrt.errors import UnsupportedGraph
 
 from .. import guards
+
+log = logging.getLogger("sdrt.ggml")
 
 if TYPE_CHECKING:  # pragma: no cover
     from onnx import NodeProto
@@ -77,15 +80,66 @@ def ggml_lib() -> Any:
         os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     global _CHECKED
     if _CHECKED is None:
-        import ggml
-
         from ..guards import CheckedGgml
 
-        _CHECKED = CheckedGgml(ggml)
+        _CHECKED = CheckedGgml(import_tolerant("ggml"))
     return _CHECKED
 
 
 _CHECKED: Any = None
+
+
+def import_tolerant(module: str, tries: int = 16) -> Any:
+    """``import ggml``, tolerating functions that ggml-python declares but its own ggml lacks.
+
+    ggml-python 0.0.45 built with ``GGML_CUDA=ON`` declares ``ggml_backend_cuda_allreduce_tensor``,
+    which the ggml it bundles does not export, so its import fails with an ``AttributeError`` for
+    that one symbol and every CUDA user loses the backend. The import is retried with each symbol so
+    named bound to a function that raises when called (sdrt-ggml calls none of them), and the names
+    are logged. Only the named symbols are tolerated: ``hasattr(lib, ...)`` feature checks of
+    ggml-python see the library as it is.
+    """
+    import ctypes
+    import importlib
+    import re
+
+    absent: set[str] = set()
+    original = ctypes.CDLL.__getitem__
+
+    def tolerant(self: ctypes.CDLL, name: Any) -> Any:
+        try:
+            return original(self, name)
+        except AttributeError:
+            if name in absent:
+                return _absent_function(str(name))
+            raise
+
+    for _ in range(tries):
+        try:
+            ctypes.CDLL.__getitem__ = tolerant  # type: ignore[method-assign]
+            imported = importlib.import_module(module)
+            if absent:
+                log.warning("%s declares functions its library lacks (%s): they raise if called",
+                            module, ", ".join(sorted(absent)))
+            return imported
+        except AttributeError as exc:
+            found = re.findall(r"(\w+)'?\)?$", str(exc).strip())
+            if not found or found[-1] in absent:
+                raise
+            absent.add(found[-1])
+            for mod in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
+                del sys.modules[mod]
+        finally:
+            ctypes.CDLL.__getitem__ = original  # type: ignore[method-assign]
+    raise ImportError(f"{module} lacks too many of the functions it declares: {', '.join(sorted(absent))}")
+
+
+def _absent_function(name: str) -> Any:
+    def absent(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{name} is declared by the bindings but not exported by their library")
+
+    absent.__name__ = name
+    return absent
 
 
 def unsupported(node: NodeProto, why: str) -> UnsupportedGraph:

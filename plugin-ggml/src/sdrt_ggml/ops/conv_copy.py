@@ -45,10 +45,11 @@ def conv_taps(lowering: Any, x: GTensor, w: np.ndarray, ph: int, pw: int, out_sh
 
 
 def rowcopy_wanted(lowering: Any, taps: int) -> bool:
-    """The default for kxk convs at batch 1 that the window conv does not take (strided, dilated,
-    unaligned K, not on the CPU); 1x1 convs keep im2col (there it is a plain transpose)."""
+    """The default on the CPU for kxk convs at batch 1 that the window conv does not take (strided,
+    dilated, unaligned K); 1x1 convs keep im2col (there it is a plain transpose). Not on GPUs: their
+    ``ggml_set`` takes only a contiguous source (CUDA asserts it), and ggml's im2col runs there."""
     impl = lowering.options.get("conv_impl", "auto")
-    return impl == "rowcopy" or (impl == "auto" and taps > 1)
+    return impl == "rowcopy" or (impl == "auto" and taps > 1 and lowering.on_cpu)
 
 
 def conv_rowcopy(lowering: Any, x: GTensor, w: np.ndarray, strides: list[int], dil: list[int], ph: int, pw: int,
@@ -81,6 +82,8 @@ def conv_rowcopy(lowering: Any, x: GTensor, w: np.ndarray, strides: list[int], d
                 iy, ix = y0 * strides[0] + i * dil[0] - ph, x0 * strides[1] + j * dil[1] - pw
                 src = g.ggml_view_3d(lowering.ctx, xt, c, x1 - x0, y1 - y0, strides[1] * c * f, strides[0] * wd * c * f,
                                      (iy * wd + ix) * c * f)
+                if not lowering.on_cpu:  # a GPU's ggml_set takes only a contiguous source
+                    src = g.ggml_cont(lowering.ctx, src)
                 col = g.ggml_set_inplace(lowering.ctx, col, src, nb1, nb2, nb3, ((y0 * ow + x0) * k + tap * c) * f)
     col = clear_blocks(lowering, col, zeros)
     wt = lowering.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1)), tag="ohwi")
