@@ -63,10 +63,8 @@ def conformance(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Time every installed sdrt backend against raw onnxruntime and OpenVINO: `nox -s bench -- --models unet`."""
-    # ggml-python is built from source with llamafile's GEMM kernels, as `sdrt install` builds it;
-    # no cache, so that a wheel built without the flag is never reused
-    session.install("--no-cache-dir", "--no-binary", "ggml-python", "ggml-python>=0.0.45",
-                    env={"CMAKE_ARGS": "-DGGML_LLAMAFILE=ON"})
+    # a plain install: sdrt-ggml builds its own float32 GEMM (plugin-ggml/native), so ggml-python
+    # needs no build flags (docs/ggml.md, "The fast CPU build from pip")
     _install_sdrt(session, "onnxruntime>=1.17", "openvino>=2024.4", "platformdirs>=3")
     session.run("python", "-m", "bench", *session.posargs)
     # checkpoint swap / LoRA on-off against a fresh pipelines.load, peak RSS normal vs low-memory (issue 14)

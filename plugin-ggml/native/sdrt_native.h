@@ -68,10 +68,13 @@ typedef struct {
     int m;            /* valid rows (<= the kernel's MR) */
     int n;            /* valid columns (<= 32) */
     const float *bias; /* per column j, already offset to the panel; NULL for none */
+    int acc;           /* add to what C holds (a later block of K) instead of overwriting it */
 } sdrt_tile_out;
 
-/* C tile (mr x 32) = A rows (mr x K, a[i*lda + k]) . B panel (K x 32, packed b[k*32 + j]) */
-typedef void (*sdrt_kernel_fn)(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o);
+/* C tile (mr x 32) = A rows (mr x K, a[i*lda + k]) . B panel (K x 32, packed b[k*32 + j]).
+ * pf: the A rows the next call reads (same lda), prefetched into L1 while this one computes */
+typedef void (*sdrt_kernel_fn)(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o,
+                               const float *pf);
 
 typedef struct {
     const char *name;

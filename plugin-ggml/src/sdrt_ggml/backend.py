@@ -17,7 +17,7 @@ log = logging.getLogger("sdrt.ggml")
 
 #: options ``compile`` accepts
 OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "transpose", "layouts", "pad_k", "flash_attn", "scheduler",
-           "accel", "attention", "gelu", "groupnorm")
+           "accel", "gemm", "attention", "gelu", "groupnorm")
 
 
 def _static_inputs(graph: Any) -> list[TensorInfo]:
@@ -46,10 +46,11 @@ class GgmlBackend(Backend):
     def compile(self, graph: Any, weights: Any, device: Device, **options: Any) -> Session:
         from .session import GgmlSession
 
-        if device.kind == "cpu" and not device.properties.get("tinyblas", True):
-            log.warning("ggml-python was built without GGML_LLAMAFILE: float32 matmuls run about 4x slower; "
-                        "reinstall sdrt-ggml from source (pip install --force-reinstall --no-cache-dir ggml-python "
-                        "with CMAKE_ARGS=-DGGML_LLAMAFILE=on), see docs/ggml.md")
+        slow = not device.properties.get("native_gemm") and not device.properties.get("tinyblas", True)
+        if device.kind == "cpu" and slow and options.get("gemm") != "native":
+            log.warning("neither sdrt-ggml's own GEMM (not built or not loaded: see the log line of sdrt.ggml.native) "
+                        "nor ggml's tinyBLAS (GGML_LLAMAFILE) is here: float32 matmuls run about 4x slower; "
+                        "reinstall sdrt-ggml with a C compiler present, see plugin-ggml/README.md")
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",

@@ -46,14 +46,29 @@ def list_devices() -> list[Device]:
                                  "free_bytes": int(free.value)}
         description = lib.ggml_backend_dev_description(dev).decode()
         if kind == "cpu":
-            props["tinyblas"] = bool(lib.ggml_cpu_has_llamafile())
-            # what `sdrt info` prints: whether this ggml build has the fast float32 GEMM
-            description += ", tinyBLAS GEMM" if props["tinyblas"] else ", no tinyBLAS: slow build (see sdrt-ggml's README)"
+            description += _cpu_gemm(lib, props)
         out.append(Device(
             backend="ggml", id=name, name=description, kind=kind,
             memory_bytes=int(total.value) or None, properties=props,
         ))
     return out
+
+
+def _cpu_gemm(lib: Any, props: dict[str, Any]) -> str:
+    """What `sdrt info` prints after the CPU's name: which float32 GEMM the CPU device runs.
+
+    sdrt-ggml's own packed GEMM (built by pip with sdrt-ggml) when it loaded; else ggml's
+    mul_mat, fast only when ggml-python was built with llamafile's tinyBLAS (GGML_LLAMAFILE)."""
+    from . import native
+
+    props["tinyblas"] = bool(lib.ggml_cpu_has_llamafile())
+    nat = native.native()
+    props["native_gemm"] = nat.isa if nat is not None else None
+    if nat is not None:
+        return f", sdrt GEMM ({nat.isa})"
+    if props["tinyblas"]:
+        return ", tinyBLAS GEMM (sdrt GEMM not loaded: see the log)"
+    return ", no fast GEMM: slow build (see sdrt-ggml's README)"
 
 
 @dataclass

@@ -32,7 +32,7 @@ ISAS = {"portable": 0, "avx2": 1, "avx512": 2, "neon": 3}
 #: B panels are 32 columns wide for every ISA (``SDRT_NR``)
 NR = 32
 #: userdata flags of ``sdrt_gemm_op``
-_TRANS, _PACKED, _BIAS = 1, 2, 4
+_TRANS, _PACKED, _BIAS, _SHARED = 1, 2, 4, 8
 
 
 @dataclass(frozen=True)
@@ -82,32 +82,25 @@ def unavailable_reason() -> str | None:
 def native() -> Native | None:
     """The native kernels, or None (the reason logged once, and kept for ``unavailable_reason``)."""
     try:
-        n = _load()
+        n, why = _load()
     except (OSError, AttributeError, ValueError, RuntimeError) as exc:  # a broken build or an unexpected ggml-python
         n, why = None, f"{type(exc).__name__}: {exc}"
-    else:
-        why = "" if n is not None else _REASON.pop() if _REASON else "unknown"
+    _REASON[:] = [why] if n is None else []
     if n is None:
-        _REASON.append(why)
         log.warning("sdrt-ggml native kernels not used (%s); falling back to ggml's own matmul", why)
     else:
         log.info("sdrt-ggml native kernels loaded from %s (GEMM: %s)", n.path, n.isa)
     return n
 
 
-def _fail(why: str) -> None:
-    _REASON.append(why)
-
-
-def _load() -> Native | None:
+def _load() -> tuple[Native | None, str]:
+    """The checked kernels, or None and why not."""
     if os.environ.get("SDRT_GGML_NATIVE", "1").lower() in ("0", "off", "false", "no"):
-        _fail("SDRT_GGML_NATIVE=0")
-        return None
+        return None, "SDRT_GGML_NATIVE=0"
     path = library_path()
     if path is None:
-        _fail("the compiled library sdrt_ggml/_native is not installed: pip found no C compiler when it built "
-              "sdrt-ggml; install one (gcc/clang, or MSVC Build Tools) and reinstall sdrt-ggml")
-        return None
+        return None, ("the compiled library sdrt_ggml/_native is not installed: pip found no C compiler when it built "
+                      "sdrt-ggml; install one (gcc/clang, or MSVC Build Tools) and reinstall sdrt-ggml")
     from .ops._common import ggml_lib
 
     g = ggml_lib()
@@ -115,18 +108,19 @@ def _load() -> Native | None:
     _declare(lib)
     why = _check_layout(lib, g)
     if why:
-        _fail(f"ggml-python's ggml_tensor layout does not match what the kernels read ({why}); "
-              f"ggml-python {_ggml_version()} is not a version sdrt-ggml was checked with")
-        return None
+        return None, (f"ggml-python's ggml_tensor layout does not match what the kernels read ({why}); "
+                      f"ggml-python {_ggml_version()} is not a version sdrt-ggml was checked with")
     op = g.ggml_custom_op_t(ctypes.cast(lib.sdrt_gemm_op, ctypes.c_void_p).value)
     n = Native(lib, str(path), op)
     want = os.environ.get("SDRT_GGML_GEMM_ISA")
-    n.set_isa(want or None)
+    try:
+        n.set_isa(want or None)
+    except ValueError as exc:
+        log.warning("SDRT_GGML_GEMM_ISA=%s ignored: %s; using %s", want, exc, n.set_isa(None))
     why = _self_test(n, g)
     if why:
-        _fail(f"the GEMM kernel's self-test inside a ggml graph failed ({why})")
-        return None
-    return n
+        return None, f"the GEMM kernel's self-test inside a ggml graph failed ({why})"
+    return n, ""
 
 
 def _ggml_version() -> str:
@@ -194,7 +188,8 @@ def _self_test(n: Native, g: Any) -> str | None:
         ta = _tensor(g, ctx, a)
         tw = _tensor(g, ctx, pack_b(w))
         tb = _tensor(g, ctx, bias)
-        outs = [gemm_op(n, g, ctx, ta, tw, tb, m=m, n=nn, trans=tr, packed=True) for tr in (False, True)]
+        outs = [gemm_op(n, g, ctx, ta, tw, tb, m=m, n=nn, trans=tr, packed=True, state=state_tensor(g, ctx) if tr else None)
+                for tr in (False, True)]
         gf = g.ggml_new_graph(ctx)
         for o in outs:
             g.ggml_build_forward_expand(gf, o)
@@ -219,6 +214,17 @@ def _tensor(g: Any, ctx: Any, arr: np.ndarray) -> Any:
     return t
 
 
+def for_lowering(lowering: Any) -> Native | None:
+    """The native kernels when this lowering may use them: on the CPU device (custom ops run only
+    on ggml's CPU backend), unless the compile option ``gemm="ggml"`` asks for ggml's mul_mat."""
+    choice = lowering.options.get("gemm", "auto")
+    if choice not in ("auto", "native", "ggml"):
+        raise ValueError(f"gemm={choice!r}: expected 'auto', 'native' or 'ggml'")
+    if choice == "ggml" or not lowering.on_cpu:
+        return None
+    return native()
+
+
 def pack_b(w: np.ndarray) -> np.ndarray:
     """B given as (..., N, K) rows (a weight as ggml_mul_mat takes it) -> panels (..., ceil(N/32), K, 32),
     zero-padded columns; the layout ``sdrt_gemm_op`` reads with ``packed=True``."""
@@ -230,16 +236,33 @@ def pack_b(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.swapaxes(w.reshape(*lead, p, NR, k), -1, -2))
 
 
+def state_tensor(g: Any, ctx: Any) -> Any:
+    """Zeroed int32[4] for ``gemm_op(state=...)`` in a context that holds its own data."""
+    t = g.ggml_new_tensor_1d(ctx, g.GGML_TYPE_I32, 4)
+    ctypes.memset(g.ggml_get_data(t), 0, 16)
+    return t
+
+
+def lowering_state(lowering: Any) -> Any:
+    """A zeroed int32[4] weights tensor for one GEMM op of a lowering (its threads' work counter)."""
+    return lowering.const(np.zeros(4, np.int32)).ptr
+
+
 def gemm_op(nat: Native, g: Any, ctx: Any, a: Any, b: Any, bias: Any = None, *, m: int, n: int, trans: bool = False,
-            packed: bool = False, batch: tuple[int, int] = (1, 1)) -> Any:
+            packed: bool = False, batch: tuple[int, int] = (1, 1), state: Any = None) -> Any:
     """The ggml tensor of ``A . B [+ bias]`` computed by ``sdrt_gemm_op`` (contract in native/gemm.c).
 
     ``a``: ne (K, M, d2, d3), unit stride along K (rows may overlap). ``b``: packed panels
     (``pack_b``) with ``packed=True``, else ne (N, K, e2, e3) with any strides. Output ne is
-    (N, M, d2, d3), or (M, N, d2, d3) with ``trans``."""
-    args = [a, b] + ([bias] if bias is not None else [])
+    (N, M, d2, d3), or (M, N, d2, d3) with ``trans``. ``state``: a zeroed int32[4] tensor that
+    only this op uses; with it, the threads share out the work as they come (a thread held back
+    by a busy machine does not hold up the others), without it each takes a fixed share."""
+    args = [a, b] + ([bias] if bias is not None else []) + ([state] if state is not None else [])
     arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
     flags = (_TRANS if trans else 0) | (_PACKED if packed else 0) | (_BIAS if bias is not None else 0)
+    flags |= _SHARED if state is not None else 0
     ne = (m, n) if trans else (n, m)
-    return g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], batch[0], batch[1], arr, len(args), nat.gemm_op,
-                            g.GGML_N_TASKS_MAX, ctypes.c_void_p(flags or None))
+    out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], batch[0], batch[1], arr, len(args), nat.gemm_op,
+                           g.GGML_N_TASKS_MAX, ctypes.c_void_p(flags or None))
+    g.ggml_set_name(out, b"sdrt_gemm")  # what op_timing's profiles call it
+    return out

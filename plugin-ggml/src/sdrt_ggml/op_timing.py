@@ -34,6 +34,9 @@ def time_ops(session: Any, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[f
             return True
         now = time.perf_counter()
         desc = g.ggml_op_desc(t).decode()
+        if desc == "CUSTOM":  # sdrt-ggml's native kernels name their tensors (sdrt_gemm, ...)
+            name = (g.ggml_get_name(t) or b"").decode(errors="replace")
+            desc = name if name.startswith("sdrt_") else desc
         entry = totals.setdefault(desc, [0.0, 0])
         entry[0] += (now - last[0]) * 1e3
         entry[1] += 1

@@ -8,6 +8,7 @@ from ggml_helpers import F, check, compile_ggml, make_model, rand, run_ggml
 from onnx import helper
 
 from sdrt.errors import InputError, ModelError, SdrtError, UnsupportedGraph
+from sdrt_ggml import native
 
 mk = helper.make_node
 
@@ -147,7 +148,8 @@ def test_scheduler_path_matches_and_profiles():
     check(model, feeds, scheduler=True)
     with compile_ggml(model, scheduler=True) as s:
         prof = time_ops(s, feeds)
-    assert "MUL_MAT" in prof and all(ms >= 0 and n >= 1 for ms, n in prof.values())
+    gemm = "sdrt_gemm" if native.native() is not None else "MUL_MAT"  # the conv's GEMM
+    assert gemm in prof and all(ms >= 0 and n >= 1 for ms, n in prof.values())
 
 
 def test_constant_output_and_passthrough_output():
@@ -261,6 +263,11 @@ def test_cpu_device_says_whether_the_build_has_the_fast_gemm():
     import ggml
 
     cpu = next(d for d in _backend().devices() if d.kind == "cpu")
-    fast = bool(ggml.ggml_cpu_has_llamafile())
-    assert cpu.properties["tinyblas"] is fast
-    assert ("tinyBLAS GEMM" in cpu.name) is fast and ("slow build" in cpu.name) is not fast
+    tinyblas = bool(ggml.ggml_cpu_has_llamafile())
+    nat = native.native()
+    assert cpu.properties["tinyblas"] is tinyblas
+    assert cpu.properties["native_gemm"] == (nat.isa if nat else None)
+    if nat is not None:  # sdrt-ggml's own GEMM, whatever ggml-python was built with
+        assert f"sdrt GEMM ({nat.isa})" in cpu.name and "slow build" not in cpu.name
+    else:
+        assert ("tinyBLAS GEMM" in cpu.name) is tinyblas and ("slow build" in cpu.name) is not tinyblas

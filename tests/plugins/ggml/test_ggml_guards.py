@@ -78,7 +78,7 @@ def test_guard_errors_become_unsupported_graph_with_the_node(monkeypatch):
                    {"w": np.ones((3, 4), np.float32)})
     try:
         with pytest.raises(UnsupportedGraph) as err:
-            compile_ggml(m)
+            compile_ggml(m, gemm="ggml")  # the MatMul through ggml_mul_mat (the CPU default is the native GEMM)
         assert "mm1" in str(err.value) and "test refusal" in str(err.value)
     finally:
         monkeypatch.undo()

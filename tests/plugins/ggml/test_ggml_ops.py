@@ -7,6 +7,8 @@ import pytest
 from ggml_helpers import I64, F, check, compile_ggml, make_model, rand, run_ort
 from onnx import helper
 
+from sdrt_ggml import native
+
 mk = helper.make_node
 
 
@@ -173,13 +175,18 @@ def test_conv_window_takes_a_channels_last_input_and_repeated_runs():
 
 
 def test_conv_window_not_used_where_it_does_not_fit():
-    """Strided convs and unaligned K (5 channels x 9 taps) go to the row-copy conv."""
+    """Strided convs go to the row-copy conv; so does unaligned K (5 channels x 9 taps) with ggml's
+    mul_mat, whose fast path needs it aligned, but not with the native GEMM, which takes any K."""
     m = make_model([mk("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),
                     mk("Conv", ["h", "w2"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])],
                    {"x": ((1, 5, 8, 8), F)}, {"y": (None, F)}, {"w": rand(16, 5, 3, 3), "w2": rand(4, 16, 3, 3)})
     check(m, {"x": rand(1, 5, 8, 8)})
-    with compile_ggml(m, pad_k=False) as s:
+    check(m, {"x": rand(1, 5, 8, 8)}, gemm="ggml")
+    with compile_ggml(m, pad_k=False, gemm="ggml") as s:
         assert s.impl_hits == {"conv rowcopy": 2}
+    if native.native() is not None:
+        with compile_ggml(m, pad_k=False) as s:
+            assert s.impl_hits == {"conv window": 1, "conv rowcopy": 1}
 
 
 def test_conv_transpose():

@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import native
 from ._common import K_ALIGN, GTensor, Value, ggml_lib
-from .conv_layout import channels_last, clear_blocks, valid_range
+from .conv_layout import channels_last, clear_blocks, conv_gemm, valid_range
 
 
 def taps_ok(lowering: Any, w: Any, n: int, strides: list[int], dil: list[int], kh: int, kw: int) -> bool:
@@ -86,17 +87,17 @@ def conv_rowcopy(lowering: Any, x: GTensor, w: np.ndarray, strides: list[int], d
                     src = g.ggml_cont(lowering.ctx, src)
                 col = g.ggml_set_inplace(lowering.ctx, col, src, nb1, nb2, nb3, ((y0 * ow + x0) * k + tap * c) * f)
     col = clear_blocks(lowering, col, zeros)
-    wt = lowering.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(0, 2, 3, 1)), tag="ohwi")
-    w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, k, oc)
-    y = g.ggml_mul_mat(lowering.ctx, g.ggml_reshape_2d(lowering.ctx, col, k, ow * oh), w2)  # ne (OW*OH, OC)
+    y = conv_gemm(lowering, g.ggml_reshape_2d(lowering.ctx, col, k, ow * oh), w, (0, 2, 3, 1), "ohwi")  # ne (OW*OH, OC)
     return GTensor(g.ggml_reshape_4d(lowering.ctx, y, ow, oh, oc, 1), out_shape)
 
 
 def window_ok(lowering: Any, c: int, kh: int, kw: int, strides: list[int], dil: list[int]) -> bool:
-    """The default for stride-1 kxk convs on the CPU whose K (C*KH*KW) is aligned for the fast GEMM
-    (other backends may not take a GEMM operand with overlapping rows)."""
+    """The default for stride-1 kxk convs on the CPU (other backends may not take a GEMM operand with
+    overlapping rows); with ggml's mul_mat only when K (C*KH*KW) is aligned for its fast path, the
+    native GEMM takes any K."""
     impl = lowering.options.get("conv_impl", "auto")
-    fits = strides == [1, 1] and dil == [1, 1] and kh * kw > 1 and (c * kh * kw) % K_ALIGN == 0
+    k_ok = (c * kh * kw) % K_ALIGN == 0 or native.for_lowering(lowering) is not None
+    fits = strides == [1, 1] and dil == [1, 1] and kh * kw > 1 and k_ok
     return fits and lowering.on_cpu and impl in ("auto", "window")
 
 
@@ -141,8 +142,7 @@ def conv_window(lowering: Any, x: GTensor, w: np.ndarray, bias: Value | None, ph
         zeros.append((pw * slot, 1, 1, nb1, nb2, 0, ((oh - 1) * wp + pw + wd) * slot * f))
     buf = clear_blocks(lowering, buf, zeros)
     windows = g.ggml_view_2d(lowering.ctx, buf, k, m, nb1, 0)  # overlapping rows: the KH x KW windows
-    wt = lowering.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(0, 3, 2, 1)), tag="owhi")
-    y = g.ggml_mul_mat(lowering.ctx, windows, g.ggml_reshape_2d(lowering.ctx, wt.ptr, k, oc))  # ne (M, OC)
+    y = conv_gemm(lowering, windows, w, (0, 3, 2, 1), "owhi")  # ne (M, OC)
     crop = g.ggml_view_4d(lowering.ctx, y, ow, oh, oc, 1, wp * f, m * f, m * oc * f, 0)
     if bias is None:
         return GTensor(g.ggml_cont(lowering.ctx, crop), out_shape)

@@ -7,25 +7,32 @@ from typing import Any
 
 import numpy as np
 
+from .. import native
 from ._common import GTensor, ggml_lib
-from .conv_layout import channels_last
+from .conv_layout import channels_last, conv_gemm
 
 
-def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int, int, int, int], kp: int) -> GTensor:
+def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int, int, int, int], kp: int,
+                   w: np.ndarray | None = None) -> GTensor:
     """1x1 conv at batch 1 in both layouts from one column matrix (ggml computes the one used).
 
     The column matrix of a 1x1 conv is the input channels-last: taken as is when the
     producer made it, else one transpose copy. NCHW comes out of the product
-    one way round, channels-last the other.
+    one way round, channels-last the other (with the native GEMM: the same product, stored
+    transposed or not, from one packed kernel ``w``).
     """
     g = ggml_lib()
     _, oc, oh, ow = out_shape
     c = x.shape[1]
-    w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, kp, oc)
     if x.cl is not None:
         col = g.ggml_reshape_2d(lowering.ctx, x.cl, c, ow * oh)
     else:
         col = g.ggml_reshape_2d(lowering.ctx, channels_last(lowering, x.ptr), c, ow * oh)  # = im2col of a 1x1 conv
+    if w is not None and native.for_lowering(lowering) is not None:
+        nchw = g.ggml_reshape_4d(lowering.ctx, conv_gemm(lowering, col, w, (0, 1, 2, 3), "oihw"), ow, oh, oc, 1)
+        cl = g.ggml_reshape_4d(lowering.ctx, conv_gemm(lowering, col, w, (0, 1, 2, 3), "oihw", trans=False), oc, ow, oh, 1)
+        return GTensor(nchw, out_shape, cl=cl)
+    w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, kp, oc)
     if kp != c:
         col = g.ggml_pad(lowering.ctx, col, kp - c, 0, 0, 0)
     nchw = g.ggml_reshape_4d(lowering.ctx, g.ggml_mul_mat(lowering.ctx, col, w2), ow, oh, oc, 1)
@@ -56,7 +63,8 @@ def conv_depthwise(lowering: Any, x: GTensor, w: np.ndarray | GTensor, wt: GTens
 
 
 def conv_dense(lowering: Any, x: GTensor, wt: GTensor, strides: list[int], dil: list[int], ph: int, pw: int,
-                out_shape: tuple[int, int, int, int]) -> GTensor:
+               out_shape: tuple[int, int, int, int], w: np.ndarray | None = None) -> GTensor:
+    """im2col (ggml's) and one GEMM; ``w`` is the constant kernel when there is one."""
     g = ggml_lib()
     n, oc, oh, ow = out_shape
     if lowering.options.get("conv_impl", "auto") == "direct":
@@ -68,9 +76,19 @@ def conv_dense(lowering: Any, x: GTensor, wt: GTensor, strides: list[int], dil: 
     col2 = g.ggml_reshape_2d(lowering.ctx, col, kdim, ow * oh * n)
     w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, kdim, oc)
     impl = lowering.options.get("conv_impl", "auto")
-    if impl in ("im2col", "auto") and (ow * oh * n) % 4 and oc % 4 == 0:
+    nat = native.for_lowering(lowering)
+    if nat is not None and impl in ("im2col", "auto"):
+        if w is not None and w.shape[1] == wt.shape[1]:  # a constant kernel (not channel-padded): packed once
+            y = conv_gemm(lowering, col2, w, (0, 1, 2, 3), "oihw")
+        else:  # the kernel as B (N = OC, K) through a transposed view, packed per run
+            y = native.gemm_op(nat, g, lowering.ctx, col2, g.ggml_transpose(lowering.ctx, w2), m=ow * oh * n, n=oc,
+                               trans=True, state=native.lowering_state(lowering))
+        impl = "native"
+    elif impl in ("im2col", "auto") and (ow * oh * n) % 4 and oc % 4 == 0:
         impl = "im2col_nhwc"  # the GEMM's fast path needs its first operand's rows to be a multiple of 4
-    if impl == "im2col_nhwc":
+    if impl == "native":
+        pass
+    elif impl == "im2col_nhwc":
         y = g.ggml_mul_mat(lowering.ctx, w2, col2)  # ne: [OC, OW*OH*N]: channels-last, then one transpose copy
         y = g.ggml_cont(lowering.ctx, g.ggml_transpose(lowering.ctx, y))
     else:

@@ -1,4 +1,4 @@
-"""Layout helpers shared by the conv strategies: channels-last copies, zeroed blocks, valid ranges."""
+"""Helpers shared by the conv strategies: the conv GEMM, channels-last copies, zeroed blocks, valid ranges."""
 
 from __future__ import annotations
 
@@ -6,8 +6,32 @@ from typing import Any
 
 import numpy as np
 
+from .. import native
 from ._common import K_ALIGN, GTensor, ggml_lib
 from .op_shape import slice_axis
+
+
+def conv_gemm(lowering: Any, cols: Any, w: np.ndarray, order: tuple[int, int, int, int], tag: str, *,
+              trans: bool = True) -> Any:
+    """The GEMM of a conv: ``cols`` (ne (K, M): one row of K = C*KH*KW values per output pixel,
+    rows may overlap) times the kernel ``w`` (OC, C, KH, KW) laid out in ``order`` (the order of
+    each row of ``cols``). Returns ne (M, OC), pixels innermost (NCHW), or ne (OC, M) when not
+    ``trans`` (channels-last).
+
+    On the CPU it is the native GEMM with the kernel packed once at build time; elsewhere
+    ``ggml_mul_mat``."""
+    g = ggml_lib()
+    oc = int(w.shape[0])
+    k = int(np.prod(w.shape[1:]))
+    m = int(cols.contents.ne[1])
+    nat = native.for_lowering(lowering)
+    if nat is not None:
+        wp = lowering.const(w, transform=lambda a: native.pack_b(a.transpose(order).reshape(oc, k)), tag=f"{tag}P32")
+        return native.gemm_op(nat, g, lowering.ctx, cols, wp.ptr, m=m, n=oc, trans=trans, packed=True,
+                              state=native.lowering_state(lowering))
+    wt = lowering.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(order)), tag=tag)
+    w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, k, oc)
+    return g.ggml_mul_mat(lowering.ctx, cols, w2) if trans else g.ggml_mul_mat(lowering.ctx, w2, cols)
 
 
 def channels_last(lowering: Any, x: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import native
 from . import check, op
 from ._common import GTensor, Value, aligned, attrs, binary, cont, ggml_lib, reshape, want_pad
 from .conv_copy import conv_rowcopy, conv_taps, conv_window, rowcopy_wanted, taps_ok, window_ok
@@ -68,7 +69,8 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
     oc, icg, kh, kw = (int(d) for d in (w.shape if isinstance(w, np.ndarray) else w.shape))
     depthwise = group == c > 1 and icg == 1 and oc == c  # group 1 with one channel is a plain conv
     cp = c
-    if group == 1 and isinstance(w, np.ndarray) and kh * kw > 1 and want_pad(lowering, c * kh * kw):
+    nat = native.for_lowering(lowering)  # the native GEMM takes any K: no channel padding
+    if nat is None and group == 1 and isinstance(w, np.ndarray) and kh * kw > 1 and want_pad(lowering, c * kh * kw):
         # zero channels in input and kernel: same sums, aligned K. Only when the padded input
         # (copied by ggml's scalar pad) stays small against the im2col it feeds (not 1x1 convs)
         cp = aligned_channels(c, kh * kw)
@@ -89,11 +91,11 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
                  and ph == pw == 0 and lowering.options.get("layouts", True))
     if pointwise:
         kp = c
-        if want_pad(lowering, c) and oh * ow * c * oc >= 2_000_000:
+        if nat is None and want_pad(lowering, c) and oh * ow * c * oc >= 2_000_000:
             # aligned K for the fast GEMM, only for large products (docs/ggml.md, "Measured choices")
             kp = aligned(c)
             wt = lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, kp - c), (0, 0), (0, 0)]), tag=f"c{kp}")
-        y = conv_pointwise(lowering, x, wt, (n, oc, oh, ow), kp)
+        y = conv_pointwise(lowering, x, wt, (n, oc, oh, ow), kp, w)
     elif group == 1 and taps_ok(lowering, w, n, strides, dil, kh, kw):
         y = conv_taps(lowering, x, w, ph, pw, (n, oc, oh, ow))
     elif group == 1 and isinstance(w, np.ndarray) and n == 1 and window_ok(lowering, c, kh, kw, strides, dil):
@@ -104,7 +106,7 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
     elif group == 1:
         if cp != c:
             x = GTensor(g.ggml_pad(lowering.ctx, x.ptr, 0, 0, cp - c, 0), (n, cp, h, wd))
-        y = conv_dense(lowering, x, wt, strides, dil, ph, pw, (n, oc, oh, ow))
+        y = conv_dense(lowering, x, wt, strides, dil, ph, pw, (n, oc, oh, ow), w if isinstance(w, np.ndarray) else None)
     elif depthwise:
         y = conv_depthwise(lowering, x, w, wt, strides, dil, ph, pw, (n, oc, oh, ow))
     else:

@@ -1,6 +1,13 @@
-"""MatMul and Gemm through ggml_mul_mat.
+"""MatMul and Gemm: sdrt-ggml's packed GEMM on the CPU, ggml_mul_mat elsewhere.
 
-``ggml_mul_mat(a, b)`` computes ``b @ a^T`` over the two innermost ggml dims:
+On the CPU device (``native.for_lowering``), ``A @ B`` is one ``sdrt_gemm_op`` custom op
+(native/gemm.c): A is read in place (its rows K-contiguous), a constant B is packed into
+32-column panels once when the session is built (``native.pack_b``, through the weight's
+transform, so ``update_weights`` packs new weights the same way), a runtime B is read
+through its strides and packed per thread; Gemm's constant bias (times beta) is added by the
+kernel, and alpha is folded into a constant B. No K padding is needed.
+
+Otherwise ``ggml_mul_mat(a, b)`` computes ``b @ a^T`` over the two innermost ggml dims:
 with ``a`` of ONNX shape (N, K) and ``b`` of shape (M, K) it gives (M, N). So
 ``A @ B`` is ``ggml_mul_mat(B^T, A)``; a constant ``B`` is transposed once on
 upload, a runtime one through a view (free when it already is a transpose).
@@ -13,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import native
 from . import op
 from ._common import (
     GTensor,
@@ -24,6 +32,7 @@ from ._common import (
     cont,
     expand_to,
     ggml_lib,
+    ne_of,
     pad_k,
     permute,
     reshape,
@@ -49,6 +58,33 @@ def _pad_last(v: np.ndarray, pad: int) -> np.ndarray:
     return np.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, pad)])
 
 
+def k_rows(lowering: Any, a: GTensor) -> GTensor:
+    """``a`` with unit stride along its last (K) axis, as the native GEMM reads A; other strides stay."""
+    if int(a.ptr.contents.nb[0]) == 4:
+        return a
+    return cont(lowering, a)
+
+
+def native_matmul(lowering: Any, nat: Any, a: GTensor, b: Value, batch: tuple[int, ...]) -> GTensor:
+    """``a @ b`` (a: (..., M, K) runtime; b: (..., K, N)) by the native GEMM; batch dims broadcast."""
+    g = ggml_lib()
+    m, k = a.shape[-2], a.shape[-1]
+    if a.shape[:-2] != batch:
+        a = expand_to(lowering, a, batch + a.shape[-2:])
+    a = k_rows(lowering, a)
+    packed = isinstance(b, np.ndarray) and b.ndim == 2
+    if packed:
+        w = lowering.const(b, transform=lambda v: native.pack_b(np.swapaxes(v, -1, -2)), tag="P32")
+        n = int(np.shape(b)[-1])
+    else:
+        w = lowering.const(b) if isinstance(b, np.ndarray) else b  # ne (N, K, e2, e3), any strides
+        n = w.shape[-1]
+    d = ne_of(batch + (m, k))
+    out = native.gemm_op(nat, g, lowering.ctx, a.ptr, w.ptr, m=m, n=n, packed=packed, batch=(d[2], d[3]),
+                         state=native.lowering_state(lowering))
+    return GTensor(out, batch + (m, n))
+
+
 def matmul(lowering: Any, a: Value, b: Value) -> GTensor:
     """ONNX MatMul semantics (numpy matmul) for rank >= 1."""
     if isinstance(a, np.ndarray):
@@ -64,6 +100,14 @@ def matmul(lowering: Any, a: Value, b: Value) -> GTensor:
     m, n = a.shape[-2], bshape[-1]
     batch = broadcast_shape(a.shape[:-2], bshape[:-2])
     k = a.shape[-1]
+    nat = native.for_lowering(lowering)
+    if nat is not None and len(batch) <= 2 and a.dtype == "float32" and getattr(b, "dtype", "float32") == "float32":
+        out = native_matmul(lowering, nat, a, b, batch)
+        if squeeze_a:
+            out = reshape(lowering, out, batch + (n,))
+        if squeeze_b:
+            out = reshape(lowering, out, out.shape[:-1])
+        return out
     kp = aligned(k) if want_pad(lowering, k) else k
     if isinstance(b, np.ndarray) and kp != k:
         pad = kp - k
@@ -101,6 +145,9 @@ def op_gemm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     if at.get("transA", 0):
         a_ = a_.T if isinstance(a_, np.ndarray) else permute(lowering, a_, [1, 0])
     g = ggml_lib()
+    nat = native.for_lowering(lowering)
+    if nat is not None and isinstance(b_, np.ndarray):
+        return [_native_gemm(lowering, nat, a_, b_, c_, alpha, beta, bool(at.get("transB", 0)))]
     if at.get("transB", 0):
         a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
         k = a.shape[1]
@@ -123,3 +170,33 @@ def op_gemm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
             c = c.astype(np.float32)
         y = binary(lowering, "ggml_add", y, c, True)
     return [y]
+
+
+def _native_gemm(lowering: Any, nat: Any, a_: Value, b_: np.ndarray, c_: Value | None, alpha: float, beta: float,
+                 trans_b: bool) -> GTensor:
+    """Gemm with a constant B by the native GEMM: alpha folded into the packed B, a constant bias
+    of N values (times beta) added by the kernel; any other C is added after."""
+    g = ggml_lib()
+    a = k_rows(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
+    m, n = a.shape[0], int(b_.shape[0] if trans_b else b_.shape[1])
+
+    def pack(v: np.ndarray) -> np.ndarray:
+        v = v if trans_b else v.T
+        return native.pack_b(v * np.float32(alpha) if alpha != 1.0 else v)
+
+    w = lowering.const(b_, transform=pack, tag=f"P32{'t' if trans_b else ''}{alpha if alpha != 1.0 else ''}")
+    bias = None
+    if isinstance(c_, np.ndarray) and beta != 0.0 and c_.size == n and (c_.ndim == 1 or c_.shape == (1, n)):
+        bias = lowering.const(c_, transform=lambda v: (np.asarray(v, np.float32) * np.float32(beta)).reshape(-1),
+                              tag=f"bias{beta}")
+    out = native.gemm_op(nat, g, lowering.ctx, a.ptr, w.ptr, bias.ptr if bias is not None else None, m=m, n=n,
+                         packed=True, state=native.lowering_state(lowering))
+    y = GTensor(out, (m, n))
+    if c_ is not None and beta != 0.0 and bias is None:
+        c = c_ * np.float32(beta) if isinstance(c_, np.ndarray) and beta != 1.0 else c_
+        if isinstance(c, GTensor) and beta != 1.0:
+            c = GTensor(g.ggml_scale(lowering.ctx, cont(lowering, c).ptr, beta), c.shape)
+        if isinstance(c, np.ndarray):
+            c = c.astype(np.float32)
+        y = binary(lowering, "ggml_add", y, c, True)
+    return y

@@ -1,0 +1,254 @@
+"""sdrt-ggml's native packed GEMM (plugin-ggml/native): the kernel against numpy, inside ggml graphs
+with 1 to 4 threads, every ISA this CPU runs, the lowerings that use it, and its fallbacks."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import ggml
+import numpy as np
+import pytest
+from ggml_helpers import F, check, compile_ggml, make_model, rand
+from onnx import helper
+
+from sdrt_ggml import native
+
+mk = helper.make_node
+
+
+@pytest.fixture(scope="module")
+def nat():
+    n = native.native()
+    # the tests session builds sdrt-ggml with a C compiler: the kernels must be there, not skipped
+    assert n is not None, f"native kernels not loaded: {native.unavailable_reason()}"
+    yield n
+    n.set_isa(None)
+
+
+def _isas(n: native.Native) -> list[str]:
+    return n.available_isas()
+
+
+SHAPES = [  # M, N, K: ones, primes, non-multiples of the tiles (14 and 6 rows, 32 columns, 384 K)
+    (1, 1, 1), (1, 33, 7), (13, 1, 5), (2, 3, 1), (7, 31, 13), (14, 32, 16), (15, 33, 17), (29, 64, 129),
+    (37, 97, 389), (100, 5, 771), (6, 160, 1031), (3, 17, 3072),
+]
+
+
+def _gemm(nat, isa, a, m, n, k, wp, *, trans, bias, threads) -> np.ndarray:
+    """C = A . W^T + bias by the kernel with packed W, as ``threads`` shares (ith = 0 .. threads-1)."""
+    c = np.full((n, m) if trans else (m, n), np.nan, np.float32)
+    for ith in range(threads):
+        rc = nat.lib.sdrt_gemm(native.ISAS[isa], m, n, k, a.ctypes.data, k, wp.ctypes.data, native.NR, 1, 1,
+                               bias.ctypes.data, c.ctypes.data, c.shape[1], int(trans), ith, threads)
+        assert rc == 0
+    return c.T if trans else c
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_kernel_matches_numpy_on_odd_shapes(nat, m, n, k):
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    want = a.astype(np.float64) @ w.T.astype(np.float64)
+    wp = native.pack_b(w)
+    for isa in _isas(nat):
+        for trans in (False, True):
+            for threads in (1, 2, 3, 4):
+                got = _gemm(nat, isa, a, m, n, k, wp, trans=trans, bias=bias, threads=threads)
+                np.testing.assert_allclose(got, want + bias, rtol=1e-4, atol=1e-4 * np.sqrt(k),
+                                           err_msg=f"{isa} trans={trans} threads={threads}")
+
+
+@pytest.mark.parametrize("m,n,k", [(5, 7, 3), (29, 45, 130), (16, 33, 400)])
+def test_kernel_reads_strided_and_overlapping_rows_and_unpacked_b(nat, m, n, k):
+    """A rows further apart than K, and overlapping (the window conv); B as (K, N) rows or
+    K-contiguous columns (a transposed view), packed by the kernel per thread."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    buf = rng.standard_normal(m * (k + 9) + k).astype(np.float32)
+    for lda in (k + 9, max(1, k // 3)):  # padded rows, overlapping rows
+        a = np.lib.stride_tricks.as_strided(buf, shape=(m, k), strides=(lda * 4, 4))
+        want = a.astype(np.float64) @ w.T.astype(np.float64)
+        bkn = np.ascontiguousarray(w.T)  # (K, N): sbk = N, sbn = 1
+        for isa in _isas(nat):
+            for b, sbk, sbn in ((bkn, n, 1), (w, 1, k)):
+                for trans in (False, True):
+                    c = np.zeros((n, m) if trans else (m, n), np.float32)
+                    for ith in range(3):
+                        assert nat.lib.sdrt_gemm(native.ISAS[isa], m, n, k, buf.ctypes.data, lda, b.ctypes.data, sbk,
+                                                 sbn, 0, None, c.ctypes.data, c.shape[1], int(trans), ith, 3) == 0
+                    got = c.T if trans else c
+                    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.sqrt(k),
+                                               err_msg=f"{isa} lda={lda} sbn={sbn} trans={trans}")
+
+
+def _compute(tensors: list, threads: int, ctx) -> None:
+    gf = ggml.ggml_new_graph(ctx)
+    for t in tensors:
+        ggml.ggml_build_forward_expand(gf, t)
+    ggml.ggml_graph_compute_with_ctx(ctx, gf, threads)
+
+
+def _as_np(t, shape) -> np.ndarray:
+    return np.ctypeslib.as_array(ctypes.cast(ggml.ggml_get_data(t), ctypes.POINTER(ctypes.c_float)), shape=shape).copy()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_custom_op_in_a_ggml_graph_with_threads_and_batches(nat, threads):
+    """The op as the lowering emits it, split over ggml's own threads: packed weights with bias,
+    and a runtime B (a transposed view) broadcast over A's batch dims, as attention's matmuls."""
+    g = ggml.ggml_init(ggml.ggml_init_params(mem_size=64 << 20, mem_buffer=None, no_alloc=False))
+    try:
+        rng = np.random.default_rng(threads)
+        m, n, k = 53, 70, 45
+        a = rng.standard_normal((3, 2, m, k)).astype(np.float32)  # ONNX (d3, d2, M, K)
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        bias = rng.standard_normal(n).astype(np.float32)
+        bt = rng.standard_normal((3, 1, n, k)).astype(np.float32)  # B^T per d3, broadcast over d2
+        ta, tw, tb, tbt = (native._tensor(ggml, g, x) for x in (a, native.pack_b(w), bias, bt))
+        y1 = native.gemm_op(nat, ggml, g, ta, tw, tb, m=m, n=n, packed=True, batch=(2, 3))
+        y2 = native.gemm_op(nat, ggml, g, ta, tw, None, m=m, n=n, trans=True, packed=True, batch=(2, 3))
+        y3 = native.gemm_op(nat, ggml, g, ta, ggml.ggml_transpose(g, tbt), m=m, n=n, batch=(2, 3),
+                            state=native.state_tensor(ggml, g))
+        for isa in _isas(nat):
+            nat.set_isa(isa)
+            _compute([y1, y2, y3], threads, g)
+            np.testing.assert_allclose(_as_np(y1, (3, 2, m, n)), a @ w.T + bias, rtol=1e-4, atol=1e-4, err_msg=isa)
+            np.testing.assert_allclose(_as_np(y2, (3, 2, n, m)), np.swapaxes(a @ w.T, -1, -2), rtol=1e-4, atol=1e-4,
+                                       err_msg=isa)
+            np.testing.assert_allclose(_as_np(y3, (3, 2, m, n)), a @ np.swapaxes(bt, -1, -2), rtol=1e-4, atol=1e-4,
+                                       err_msg=isa)
+        # new data in the runtime B: the next run packs it again (the threads' packed copy is per run)
+        bt2 = bt * -0.5
+        ctypes.memmove(ggml.ggml_get_data(tbt), bt2.ctypes.data, bt2.nbytes)
+        _compute([y3], threads, g)
+        np.testing.assert_allclose(_as_np(y3, (3, 2, m, n)), a @ np.swapaxes(bt2, -1, -2), rtol=1e-4, atol=1e-4)
+    finally:
+        nat.set_isa(None)
+        ggml.ggml_free(g)
+
+
+def test_every_isa_can_be_forced_and_unknown_ones_are_refused(nat):
+    for isa in _isas(nat):
+        assert nat.set_isa(isa) == isa
+    with pytest.raises(ValueError, match="not available"):
+        nat.set_isa("sve9")
+    assert nat.set_isa(None) in _isas(nat)
+    assert "portable" in _isas(nat)
+
+
+def _run_child(code: str, **env: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+
+
+def test_isa_environment_variable_and_switching_off(nat):
+    code = "from sdrt_ggml import native; n = native.native(); print(n.isa if n else native.unavailable_reason())"
+    r = _run_child(code, SDRT_GGML_GEMM_ISA="portable")
+    assert r.stdout.strip() == "portable", r.stderr
+    r = _run_child(code, SDRT_GGML_NATIVE="0")
+    assert r.stdout.strip() == "SDRT_GGML_NATIVE=0", r.stderr
+    r = _run_child(code, SDRT_GGML_GEMM_ISA="sve9")  # unknown: a warning, and the best kernel
+    assert r.stdout.strip() == nat.available_isas()[-1] and "SDRT_GGML_GEMM_ISA=sve9 ignored" in r.stderr
+
+
+def test_a_layout_that_does_not_match_is_refused_not_guessed(nat):
+    """ggml-python's ctypes ggml_tensor with a field the C library does not have: the check says so."""
+
+    class Shifted(ctypes.Structure):
+        _fields_ = [("extra", ctypes.c_int64), *ggml.ggml_tensor._fields_]
+
+    class FakeGgml:
+        def __getattr__(self, name):
+            return getattr(ggml, name)
+
+    fake = FakeGgml()
+    fake.ggml_tensor = Shifted  # type: ignore[attr-defined]
+    try:
+        why = native._check_layout(nat.lib, fake)
+        assert why and "ggml_tensor_overhead" in why
+    finally:
+        assert native._check_layout(nat.lib, ggml) is None  # the real layout again
+
+
+def test_missing_library_falls_back_with_a_reason(monkeypatch):
+    monkeypatch.setattr(native, "library_path", lambda: None)
+    n, why = native._load()
+    assert n is None and "no C compiler" in why
+
+
+def _gemm_nodes(session) -> int:
+    g = session._graph
+    return sum(ggml.ggml_get_name(ggml.ggml_graph_node(g, i)) == b"sdrt_gemm" for i in range(ggml.ggml_graph_n_nodes(g)))
+
+
+def test_lowerings_route_matmul_gemm_and_convs_to_the_kernel(nat):
+    nodes = [mk("MatMul", ["x", "w"], ["h"]), mk("Gemm", ["h", "w2", "b2"], ["y"], transB=1, alpha=0.5, beta=2.0)]
+    m = make_model(nodes, {"x": ((5, 9), F)}, {"y": (None, F)}, {"w": rand(9, 11), "w2": rand(7, 11), "b2": rand(7)})
+    check(m, {"x": rand(5, 9)})
+    with compile_ggml(m) as s:
+        assert _gemm_nodes(s) == 2
+    with compile_ggml(m, gemm="ggml") as s:
+        assert _gemm_nodes(s) == 0
+    conv = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])], {"x": ((1, 3, 9, 7), F)},
+                      {"y": (None, F)}, {"w": rand(5, 3, 3, 3), "b": rand(5)})
+    check(conv, {"x": rand(1, 3, 9, 7)})
+    with compile_ggml(conv) as s:
+        assert _gemm_nodes(s) == 1 and s.impl_hits == {"conv window": 1}
+
+
+@pytest.mark.parametrize("impl", ["auto", "rowcopy", "im2col"])
+def test_conv_routes_on_the_kernel_match_onnxruntime(nat, impl):
+    nodes = [mk("Conv", ["x", "w", "b"], ["h"], pads=[1, 1, 1, 1]),
+             mk("Conv", ["h", "w2"], ["p"]),  # 1x1
+             mk("Conv", ["p", "w3"], ["q"], pads=[1, 0, 1, 0], strides=[2, 1]),
+             mk("Conv", ["q", "w4"], ["y"], group=2)]
+    m = make_model(nodes, {"x": ((2, 6, 11, 9), F)}, {"y": (None, F)},
+                   {"w": rand(8, 6, 3, 3), "b": rand(8), "w2": rand(12, 8, 1, 1), "w3": rand(6, 12, 3, 2),
+                    "w4": rand(4, 3, 2, 2)})
+    # outputs reach 1e3: float32 rounding of the sums is about 1e-4 absolute
+    check(m, {"x": rand(2, 6, 11, 9)}, atol=2e-3, conv_impl=impl)
+    m1 = make_model(nodes, {"x": ((1, 6, 11, 9), F)}, {"y": (None, F)},
+                    {"w": rand(8, 6, 3, 3), "b": rand(8), "w2": rand(12, 8, 1, 1), "w3": rand(6, 12, 3, 2),
+                     "w4": rand(4, 3, 2, 2)})
+    check(m1, {"x": rand(1, 6, 11, 9)}, atol=2e-3, conv_impl=impl)
+
+
+def test_batched_runtime_matmul_with_broadcast(nat):
+    m = make_model([mk("MatMul", ["a", "b"], ["y"])], {"a": ((2, 3, 5, 7), F), "b": ((3, 7, 4), F)}, {"y": (None, F)})
+    check(m, {"a": rand(2, 3, 5, 7), "b": rand(3, 7, 4)})
+    m = make_model([mk("MatMul", ["a", "b"], ["y"])], {"a": ((5, 7), F), "b": ((2, 7, 4), F)}, {"y": (None, F)})
+    check(m, {"a": rand(5, 7), "b": rand(2, 7, 4)})
+    m = make_model([mk("Transpose", ["b"], ["bt"], perm=[0, 2, 1]), mk("MatMul", ["a", "bt"], ["y"])],
+                   {"a": ((3, 5, 7), F), "b": ((3, 4, 7), F)}, {"y": (None, F)})
+    check(m, {"a": rand(3, 5, 7), "b": rand(3, 4, 7)})
+
+
+class _Weights:
+    """The part of sdrt.weights.Weights that a backend uses: bind(graph) -> name -> array."""
+
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def bind(self, graph):
+        return dict(self.arrays)
+
+
+def test_packed_weights_follow_update_weights(nat):
+    """update_weights packs new weights through the same transform (Gemm: alpha folded, bias times beta)."""
+    nodes = [mk("MatMul", ["x", "w"], ["h"]), mk("Gemm", ["h", "w2", "b2"], ["y"], transB=1, alpha=0.5, beta=2.0)]
+    inits = {"w": rand(9, 40), "w2": rand(33, 40), "b2": rand(33)}
+    new = {"w": rand(9, 40, seed=5), "w2": rand(33, 40, seed=6), "b2": rand(33, seed=7)}
+    m = make_model(nodes, {"x": ((5, 9), F)}, {"y": (None, F)}, inits)
+    m2 = make_model(nodes, {"x": ((5, 9), F)}, {"y": (None, F)}, new)
+    x = rand(5, 9)
+    want = check(m2, {"x": x})["y"]
+    with compile_ggml(m) as s:
+        assert _gemm_nodes(s) == 2
+        s.update_weights(_Weights(new))
+        np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
