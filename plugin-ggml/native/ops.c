@@ -122,18 +122,18 @@ static double sqdev_scalar(int64_t n, const float *x, float m) {
 
 SDRT_INLINE float silu_scalar(float v) { return v / (1.0f + expf(-v < 88.0f ? -v : 88.0f)); }
 
-static void affine_row_scalar(int64_t n, const float *x, float a, float b, int silu, float *y) {
+static void affine_row_scalar(int64_t n, const float *x, float m, float a, float b, int silu, float *y) {
     for (int64_t i = 0; i < n; i++) {
-        float v = x[i] * a + b;
+        float v = (x[i] - m) * a + b;
         y[i] = silu ? silu_scalar(v) : v;
     }
 }
 
-static void affine_cl_scalar(int64_t hw, int C, const float *x, const float *a, const float *b, int silu, int64_t p0,
-                             int64_t p1, float *y) {
+static void affine_cl_scalar(int64_t hw, int C, const float *x, const float *m, const float *a, const float *b,
+                             int silu, int64_t p0, int64_t p1, float *y) {
     for (int64_t p = p0; p < p1; p++)
         for (int c = 0; c < C; c++) {
-            float v = x[(size_t)c * hw + p] * a[c] + b[c];
+            float v = (x[(size_t)c * hw + p] - m[c]) * a[c] + b[c];
             y[(size_t)p * C + c] = silu ? silu_scalar(v) : v;
         }
 }
@@ -348,20 +348,20 @@ SDRT_EXPORT void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata) {
     const float *bet = tbet ? (const float *)sdrt_tensor_view(tbet).data : NULL;
     const int G = pr->groups;
     const int64_t hw = x.ne[0], C = x.ne[1], N = x.ne[2], cg = C / G;
-#define GN_COEF(n, c, a, b)                                                                          \
+#define GN_COEF(n, c, m, a, b)                                                                       \
     do {                                                                                           \
         const float *s_ = (const float *)(st.data + (size_t)(n) * st.nb[2] + (size_t)((c) / cg) * st.nb[1]); \
-        const float g_ = gam ? gam[c] : 1.0f;                                                      \
-        (a) = s_[1] * g_;                                                                          \
-        (b) = (bet ? bet[c] : 0.0f) - s_[0] * (a);                                                 \
+        (m) = s_[0];                                                                               \
+        (a) = s_[1] * (gam ? gam[c] : 1.0f);                                                       \
+        (b) = bet ? bet[c] : 0.0f;                                                                 \
     } while (0)
     if (!pr->cl) {
         const int64_t T = N * C, t0 = T * ith / nth, t1 = T * (ith + 1) / nth;
         for (int64_t t = t0; t < t1; t++) {
             const int64_t n = t / C, c = t % C;
-            float a, b;
-            GN_COEF(n, c, a, b);
-            ops.affine_row(hw, (const float *)(x.data + (size_t)n * x.nb[2] + (size_t)c * x.nb[1]), a, b, pr->silu,
+            float m, a, b;
+            GN_COEF(n, c, m, a, b);
+            ops.affine_row(hw, (const float *)(x.data + (size_t)n * x.nb[2] + (size_t)c * x.nb[1]), m, a, b, pr->silu,
                            (float *)(o.data + (size_t)n * o.nb[2] + (size_t)c * o.nb[1]));
         }
         return;
@@ -370,7 +370,7 @@ SDRT_EXPORT void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata) {
     const int64_t blocks = (hw + 15) / 16, b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
     if (b0 >= b1)
         return;
-    float *coef = malloc(sizeof(float) * 2 * (size_t)C);
+    float *coef = malloc(sizeof(float) * 3 * (size_t)C);
     if (!coef) {
         for (int64_t p = b0 * 16; p < hw && p < b1 * 16; p++)
             for (int64_t c = 0; c < C; c++)
@@ -378,9 +378,9 @@ SDRT_EXPORT void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata) {
         return;
     }
     for (int64_t c = 0; c < C; c++)
-        GN_COEF(0, c, coef[c], coef[C + c]);
+        GN_COEF(0, c, coef[c], coef[C + c], coef[2 * C + c]);
 #undef GN_COEF
-    ops.affine_cl(hw, (int)C, (const float *)x.data, coef, coef + C, pr->silu, b0 * 16, b1 * 16 < hw ? b1 * 16 : hw,
-                  (float *)o.data);
+    ops.affine_cl(hw, (int)C, (const float *)x.data, coef, coef + C, coef + 2 * C, pr->silu, b0 * 16,
+                  b1 * 16 < hw ? b1 * 16 : hw, (float *)o.data);
     free(coef);
 }

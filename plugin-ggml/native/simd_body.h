@@ -233,29 +233,29 @@ SDRT_INLINE VF SFX(silu)(VF v) {
     return v / (1.0f + SFX(vexp)(e));
 }
 
-/* y[i] = act(x[i] * a + b) */
-static void SFX(affine_row)(int64_t n, const float *x, float a, float b, int silu, float *y) {
-    VF av = BCAST(a), bv = BCAST(b);
+/* y[i] = act((x[i] - m) * a + b): the mean subtracted first, so a large mean costs no precision */
+static void SFX(affine_row)(int64_t n, const float *x, float m, float a, float b, int silu, float *y) {
+    VF mv = BCAST(m), av = BCAST(a), bv = BCAST(b);
     int64_t i = 0;
     for (; i + VW <= n; i += VW) {
-        VF v = SFX(ld)(x + i) * av + bv;
+        VF v = (SFX(ld)(x + i) - mv) * av + bv;
         SFX(st)(y + i, silu ? SFX(silu)(v) : v);
     }
     if (i < n) {
         float xb[VW] = {0}, yb[VW];
         memcpy(xb, x + i, (size_t)(n - i) * sizeof(float));
-        SFX(affine_row)(VW, xb, a, b, silu, yb);
+        SFX(affine_row)(VW, xb, m, a, b, silu, yb);
         memcpy(y + i, yb, (size_t)(n - i) * sizeof(float));
     }
 }
 
-/* channels-last output: y[p * C + c] = act(x[c * hw + p] * a[c] + b[c]) for p in [p0, p1) */
-static void SFX(affine_cl)(int64_t hw, int C, const float *x, const float *a, const float *b, int silu, int64_t p0,
-                           int64_t p1, float *y) {
+/* channels-last output: y[p * C + c] = act((x[c * hw + p] - m[c]) * a[c] + b[c]) for p in [p0, p1) */
+static void SFX(affine_cl)(int64_t hw, int C, const float *x, const float *m, const float *a, const float *b, int silu,
+                           int64_t p0, int64_t p1, float *y) {
     int64_t p = p0;
     for (; p + VW <= p1; p += VW)
         for (int c = 0; c < C; c++) {
-            VF v = SFX(ld)(x + (size_t)c * hw + p) * a[c] + b[c];
+            VF v = (SFX(ld)(x + (size_t)c * hw + p) - m[c]) * a[c] + b[c];
             if (silu)
                 v = SFX(silu)(v);
             float *out = y + (size_t)p * C + c;
@@ -264,7 +264,7 @@ static void SFX(affine_cl)(int64_t hw, int C, const float *x, const float *a, co
         }
     for (; p < p1; p++)
         for (int c = 0; c < C; c++) {
-            float v = x[(size_t)c * hw + p] * a[c] + b[c];
+            float v = (x[(size_t)c * hw + p] - m[c]) * a[c] + b[c];
             y[(size_t)p * C + c] = silu ? v / (1.0f + expf(-v < 88.0f ? -v : 88.0f)) : v;
         }
 }
