@@ -78,6 +78,8 @@ SDRT_EXPORT int sdrt_gemm_active_isa(void) {
     return active_isa;
 }
 
+const sdrt_isa_kernels *sdrt_active_kernels(void) { return kernels_of(sdrt_gemm_active_isa()); }
+
 /* ---- problem and packing ----------------------------------------------------------- */
 typedef struct {
     int M, N, K;

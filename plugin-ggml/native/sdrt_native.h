@@ -88,6 +88,8 @@ const sdrt_isa_kernels *sdrt_kernels_avx2(void);
 const sdrt_isa_kernels *sdrt_kernels_avx512(void);
 const sdrt_isa_kernels *sdrt_kernels_neon(void);
 int sdrt_cpu_has(int isa);
+/* the kernels of the ISA the custom ops use now (gemm.c) */
+const sdrt_isa_kernels *sdrt_active_kernels(void);
 
 /* the scalar tile store shared by kernels that compute into a temporary tile */
 void sdrt_store_tile(const float *tile, int ld_tile, const sdrt_tile_out *o);

@@ -34,6 +34,19 @@ def _static_inputs(graph: Any) -> list[TensorInfo]:
     return infos
 
 
+def _check_gemm_option(gemm: Any, device: Device) -> None:
+    """``gemm``: "auto" (the native GEMM on the CPU when it loaded), "native" (required), "ggml"."""
+    from . import native
+
+    if gemm not in ("auto", "native", "ggml"):
+        raise SdrtError(f"gemm={gemm!r} is not a GEMM choice of the ggml backend", where="sdrt.load(..., gemm=...)",
+                        fix="pass gemm='auto', 'native' or 'ggml'")
+    if gemm == "native" and device.kind == "cpu" and native.native() is None:
+        raise SdrtError(f"gemm='native' asked for, but sdrt-ggml's native kernels are not loaded: "
+                        f"{native.unavailable_reason()}", where="sdrt_ggml.native",
+                        fix="reinstall sdrt-ggml with a C compiler present, or pass gemm='auto'")
+
+
 class GgmlBackend(Backend):
     name = "ggml"
     api_version = (1, 0)
@@ -55,6 +68,7 @@ class GgmlBackend(Backend):
         if unknown:
             raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",
                             where="sdrt.load(..., backend='ggml')", fix=f"valid options: {', '.join(OPTIONS)}")
+        _check_gemm_option(options.get("gemm", "auto"), device)
         check_graph(graph.model.graph.node, graph.name)  # before any long work
         if options.get("shapes"):
             graph = graph.with_shapes(dict(options["shapes"]))  # the core pins dims and checks them

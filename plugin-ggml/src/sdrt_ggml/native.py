@@ -42,6 +42,7 @@ class Native:
     lib: ctypes.CDLL
     path: str
     gemm_op: Any  # ggml_custom_op_t pointing at sdrt_gemm_op
+    conv_op: Any  # ... at sdrt_conv_op
 
     @property
     def isa(self) -> str:
@@ -110,8 +111,8 @@ def _load() -> tuple[Native | None, str]:
     if why:
         return None, (f"ggml-python's ggml_tensor layout does not match what the kernels read ({why}); "
                       f"ggml-python {_ggml_version()} is not a version sdrt-ggml was checked with")
-    op = g.ggml_custom_op_t(ctypes.cast(lib.sdrt_gemm_op, ctypes.c_void_p).value)
-    n = Native(lib, str(path), op)
+    ops = [g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value) for f in ("sdrt_gemm_op", "sdrt_conv_op")]
+    n = Native(lib, str(path), *ops)
     want = os.environ.get("SDRT_GGML_GEMM_ISA")
     try:
         n.set_isa(want or None)
@@ -217,9 +218,7 @@ def _tensor(g: Any, ctx: Any, arr: np.ndarray) -> Any:
 def for_lowering(lowering: Any) -> Native | None:
     """The native kernels when this lowering may use them: on the CPU device (custom ops run only
     on ggml's CPU backend), unless the compile option ``gemm="ggml"`` asks for ggml's mul_mat."""
-    choice = lowering.options.get("gemm", "auto")
-    if choice not in ("auto", "native", "ggml"):
-        raise ValueError(f"gemm={choice!r}: expected 'auto', 'native' or 'ggml'")
+    choice = lowering.options.get("gemm", "auto")  # checked by GgmlBackend.compile
     if choice == "ggml" or not lowering.on_cpu:
         return None
     return native()
@@ -234,6 +233,31 @@ def pack_b(w: np.ndarray) -> np.ndarray:
     if p * NR != n:
         w = np.concatenate([w, np.zeros((*lead, p * NR - n, k), np.float32)], axis=-2)
     return np.ascontiguousarray(np.swapaxes(w.reshape(*lead, p, NR, k), -1, -2))
+
+
+def row_stride(k: int, rows: int = 14) -> int:
+    """Floats between rows of an A operand of K floats that the kernel reads in place: K, or K plus
+    a multiple of 16 when rows K apart would crowd into a few L1 sets (row strides near a
+    multiple of 4 KiB), as the GEMM driver's own copy does (native/gemm.c, a_aliases)."""
+    ld = k
+    while True:
+        sets = [(i * ld * 4 // 64) % 64 for i in range(rows)]
+        if max(sets.count(x) for x in sets) <= 4:
+            return ld
+        ld += 16
+
+
+def conv_op(nat: Native, g: Any, ctx: Any, x: Any, w: Any, params: Any, state: Any, bias: Any = None, *,
+            out_ne: tuple[int, int, int, int]) -> Any:
+    """The ggml tensor of a group-1 2-D conv by ``sdrt_conv_op`` (contract in native/conv.c):
+    ``x`` NCHW (ne (W, H, C, N), contiguous), ``w`` ne (ldw, OC) rows of the OIHW kernel,
+    ``params`` int32 [KH, KW, sh, sw, dh, dw, ph, pw], ``state`` a zeroed int32[4] of its own,
+    ``bias`` OC floats or None; ``out_ne`` (OW, OH, OC, N)."""
+    args = [x, w, params, state] + ([bias] if bias is not None else [])
+    arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
+    out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *out_ne, arr, len(args), nat.conv_op, g.GGML_N_TASKS_MAX, None)
+    g.ggml_set_name(out, b"sdrt_conv")
+    return out
 
 
 def state_tensor(g: Any, ctx: Any) -> Any:

@@ -148,7 +148,7 @@ def test_scheduler_path_matches_and_profiles():
     check(model, feeds, scheduler=True)
     with compile_ggml(model, scheduler=True) as s:
         prof = time_ops(s, feeds)
-    gemm = "sdrt_gemm" if native.native() is not None else "MUL_MAT"  # the conv's GEMM
+    gemm = "sdrt_conv" if native.native() is not None else "MUL_MAT"  # the conv (the native implicit GEMM)
     assert gemm in prof and all(ms >= 0 and n >= 1 for ms, n in prof.values())
 
 
@@ -229,11 +229,11 @@ def test_window_conv_through_the_scheduler_and_with_new_weights():
     model = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
                        {"x": ((1, 16, 7, 5), F)}, {"y": (None, F)}, {"w": w, "b": b})
     feeds = {"x": rand(1, 16, 7, 5)}
-    check(model, feeds, scheduler=True)
+    check(model, feeds, scheduler=True, conv_impl="window")
     w2, b2 = rand(6, 16, 3, 3, seed=3), rand(6, seed=4)
     model2 = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
                         {"x": ((1, 16, 7, 5), F)}, {"y": (None, F)}, {"w": w2, "b": b2})
-    with compile_ggml(model) as s:
+    with compile_ggml(model, conv_impl="window") as s:
         assert s.impl_hits == {"conv window": 1}
         s.update_weights(_Weights({"w": w2, "b": b2}))
         np.testing.assert_allclose(s.run(feeds)["y"], run_ggml(model2, feeds)["y"], rtol=1e-5, atol=1e-5)
@@ -252,9 +252,9 @@ def test_conv_scratch_lives_only_while_its_conv_runs(scheduler):
     model = make_model(nodes, {"x": ((1, c, hw, hw), F)}, {"y": (None, F)},
                        {f"w{i}": rand(c, c, 3, 3, seed=i) / 12 for i in range(4)})  # 1/sqrt(fan-in): O(1) values
     feeds = {"x": rand(1, c, hw, hw)}
-    check(model, feeds, scheduler=scheduler)
+    check(model, feeds, scheduler=scheduler, conv_impl="window")
     scratch = 9 * c * (hw * (hw + 2)) * 4  # K * M floats, M = rows of the padded-width output
-    with compile_ggml(model, scheduler=scheduler) as s:
+    with compile_ggml(model, scheduler=scheduler, conv_impl="window") as s:
         assert s.impl_hits == {"conv window": 4}
         assert scratch < s.compute_bytes() < 2 * scratch
 

@@ -182,9 +182,9 @@ def test_missing_library_falls_back_with_a_reason(monkeypatch):
     assert n is None and "no C compiler" in why
 
 
-def _gemm_nodes(session) -> int:
+def _gemm_nodes(session, name: bytes = b"sdrt_gemm") -> int:
     g = session._graph
-    return sum(ggml.ggml_get_name(ggml.ggml_graph_node(g, i)) == b"sdrt_gemm" for i in range(ggml.ggml_graph_n_nodes(g)))
+    return sum(ggml.ggml_get_name(ggml.ggml_graph_node(g, i)) == name for i in range(ggml.ggml_graph_n_nodes(g)))
 
 
 def test_lowerings_route_matmul_gemm_and_convs_to_the_kernel(nat):
@@ -198,11 +198,14 @@ def test_lowerings_route_matmul_gemm_and_convs_to_the_kernel(nat):
     conv = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])], {"x": ((1, 3, 9, 7), F)},
                       {"y": (None, F)}, {"w": rand(5, 3, 3, 3), "b": rand(5)})
     check(conv, {"x": rand(1, 3, 9, 7)})
-    with compile_ggml(conv) as s:
+    with compile_ggml(conv) as s:  # kxk: the implicit-GEMM conv straight from NCHW
+        assert _gemm_nodes(s, b"sdrt_conv") == 1 and s.impl_hits == {"conv implicit": 1}
+    check(conv, {"x": rand(1, 3, 9, 7)}, conv_impl="window")
+    with compile_ggml(conv, conv_impl="window") as s:
         assert _gemm_nodes(s) == 1 and s.impl_hits == {"conv window": 1}
 
 
-@pytest.mark.parametrize("impl", ["auto", "rowcopy", "im2col"])
+@pytest.mark.parametrize("impl", ["auto", "implicit", "window", "rowcopy", "im2col"])
 def test_conv_routes_on_the_kernel_match_onnxruntime(nat, impl):
     nodes = [mk("Conv", ["x", "w", "b"], ["h"], pads=[1, 1, 1, 1]),
              mk("Conv", ["h", "w2"], ["p"]),  # 1x1
@@ -252,3 +255,46 @@ def test_packed_weights_follow_update_weights(nat):
         assert _gemm_nodes(s) == 2
         s.update_weights(_Weights(new))
         np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("c,h,w,oc,kh,kw,attrs", [
+    (3, 9, 70, 5, 3, 3, {"pads": [1, 1, 1, 1]}),                       # rows of 70 px: the contiguous-run packing
+    (48, 11, 13, 17, 3, 3, {"pads": [1, 2, 0, 1]}),                    # asymmetric pads, K = 432 (two K blocks)
+    (8, 20, 40, 29, 3, 3, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # stride 2: the gathering packing
+    (6, 15, 37, 7, 3, 3, {"dilations": [2, 3], "pads": [2, 3, 2, 3]}),
+    (4, 5, 6, 3, 1, 1, {"strides": [2, 2]}),                           # strided 1x1
+    (5, 7, 33, 4, 5, 1, {"pads": [2, 0, 2, 0]}),
+])
+def test_implicit_conv_matches_onnxruntime(nat, c, h, w, oc, kh, kw, attrs):
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"], **attrs)]
+    for n in (1, 2):
+        m = make_model(nodes, {"x": ((n, c, h, w), F)}, {"y": (None, F)}, {"w": rand(oc, c, kh, kw) * 0.3, "b": rand(oc)})
+        check(m, {"x": rand(n, c, h, w)}, atol=1e-4)
+        with compile_ggml(m) as s:
+            assert s.impl_hits == {"conv implicit": 1}
+
+
+def test_implicit_conv_follows_update_weights(nat):
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])]
+    m = make_model(nodes, {"x": ((1, 4, 8, 9), F)}, {"y": (None, F)}, {"w": rand(6, 4, 3, 3), "b": rand(6)})
+    new = {"w": rand(6, 4, 3, 3, seed=2), "b": rand(6, seed=3)}
+    m2 = make_model(nodes, {"x": ((1, 4, 8, 9), F)}, {"y": (None, F)}, new)
+    x = rand(1, 4, 8, 9)
+    want = check(m2, {"x": x})["y"]
+    with compile_ggml(m) as s:
+        s.update_weights(_Weights(new))
+        np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_option_is_checked_at_compile(nat, monkeypatch):
+    from sdrt.errors import SdrtError
+
+    m = make_model([mk("MatMul", ["x", "w"], ["y"])], {"x": ((2, 3), F)}, {"y": (None, F)}, {"w": rand(3, 4)})
+    with pytest.raises(SdrtError, match="gemm='fast' is not a GEMM choice"):
+        compile_ggml(m, gemm="fast")
+    with compile_ggml(m, gemm="native") as s:
+        assert _gemm_nodes(s) == 1
+    monkeypatch.setattr(native, "native", lambda: None)
+    monkeypatch.setattr(native, "unavailable_reason", lambda: "SDRT_GGML_NATIVE=0")
+    with pytest.raises(SdrtError, match="native kernels are not loaded: SDRT_GGML_NATIVE=0"):
+        compile_ggml(m, gemm="native")

@@ -134,7 +134,8 @@ def test_conv_impls_match(impl, pads):
 @pytest.mark.parametrize("pads", [[1, 1, 1, 1], [0, 2, 0, 2], [2, 0, 1, 1]])
 @pytest.mark.parametrize("bias", [True, False])
 def test_conv_window(kernel, pads, bias):
-    """The overlapping-window conv (the CPU default for stride-1 kxk convs with aligned K):
+    """The overlapping-window conv (conv_impl="window"; the CPU default for stride-1 kxk convs before
+    the native implicit-GEMM conv, and with gemm="ggml" still, where K is aligned):
     every kernel shape, symmetric and asymmetric pads, with and without bias, against
     onnxruntime and against the row-copy conv; and it is the one that ran."""
     kh, kw = kernel
@@ -143,8 +144,8 @@ def test_conv_window(kernel, pads, bias):
     m = make_model([mk("Conv", ["x", "w", "b"] if bias else ["x", "w"], ["y"], pads=pads)],
                    {"x": ((1, c, 7, 9), F)}, {"y": (None, F)}, inits)
     feeds = {"x": rand(1, c, 7, 9)}
-    got = check(m, feeds)
-    with compile_ggml(m) as s, compile_ggml(m, conv_impl="rowcopy") as r:
+    got = check(m, feeds, conv_impl="window")
+    with compile_ggml(m, conv_impl="window") as s, compile_ggml(m, conv_impl="rowcopy") as r:
         assert s.impl_hits == {"conv window": 1} and r.impl_hits == {"conv rowcopy": 1}
         np.testing.assert_allclose(got["y"], r.run(feeds)["y"], rtol=1e-5, atol=1e-5)
 
@@ -157,7 +158,8 @@ def test_conv_window_edge_shapes(hw, kernel, pads):
     output rows read only padding); even kernels."""
     m = make_model([mk("Conv", ["x", "w", "b"], ["y"], pads=pads)], {"x": ((1, 16, *hw), F)}, {"y": (None, F)},
                    {"w": rand(5, 16, *kernel), "b": rand(5)})
-    check(m, {"x": rand(1, 16, *hw)})
+    check(m, {"x": rand(1, 16, *hw)}, conv_impl="window")
+    check(m, {"x": rand(1, 16, *hw)})  # the CPU default (the native implicit-GEMM conv where it loaded)
 
 
 def test_conv_window_takes_a_channels_last_input_and_repeated_runs():
@@ -167,7 +169,7 @@ def test_conv_window_takes_a_channels_last_input_and_repeated_runs():
                     mk("Conv", ["r", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])],
                    {"x": ((1, 8, 6, 6), F)}, {"y": (None, F)},
                    {"w1": rand(16, 8, 1, 1), "w2": rand(4, 16, 3, 3), "b2": rand(4)})
-    with compile_ggml(m) as s:
+    with compile_ggml(m, conv_impl="window") as s:
         assert s.impl_hits.get("conv window") == 1
         for seed in (1, 2):
             feeds = {"x": rand(1, 8, 6, 6, seed=seed)}
@@ -184,9 +186,11 @@ def test_conv_window_not_used_where_it_does_not_fit():
     check(m, {"x": rand(1, 5, 8, 8)}, gemm="ggml")
     with compile_ggml(m, pad_k=False, gemm="ggml") as s:
         assert s.impl_hits == {"conv rowcopy": 2}
-    if native.native() is not None:
+    if native.native() is not None:  # the CPU default: the implicit-GEMM conv for both
         with compile_ggml(m, pad_k=False) as s:
-            assert s.impl_hits == {"conv window": 1, "conv rowcopy": 1}
+            assert s.impl_hits == {"conv implicit": 2}
+        with compile_ggml(m, pad_k=False, conv_impl="window") as s:
+            assert s.impl_hits == {"conv window": 1}
 
 
 def test_conv_transpose():

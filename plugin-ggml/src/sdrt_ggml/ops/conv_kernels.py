@@ -98,3 +98,31 @@ def conv_dense(lowering: Any, x: GTensor, wt: GTensor, strides: list[int], dil: 
     y = g.ggml_reshape_4d(lowering.ctx, y, ow, oh, n, oc)
     y = g.ggml_cont(lowering.ctx, g.ggml_permute(lowering.ctx, y, 0, 1, 3, 2))
     return GTensor(y, out_shape)
+
+
+def implicit_ok(lowering: Any, w: Any, group: int) -> bool:
+    """sdrt-ggml's implicit-GEMM conv (native/conv.c): group-1 convs with a constant kernel on the
+    CPU, when the native kernels loaded (op_conv asks after the pointwise route, which serves
+    stride-1 1x1 convs at batch 1 in both layouts)."""
+    impl = lowering.options.get("conv_impl", "auto")
+    return (impl in ("auto", "implicit") and group == 1 and isinstance(w, np.ndarray)
+            and native.for_lowering(lowering) is not None)
+
+
+def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: list[int], dil: list[int], ph: int,
+                  pw: int, out_shape: tuple[int, int, int, int]) -> GTensor:
+    """Conv straight from NCHW by the native implicit GEMM: the kernel's rows are A (row stride
+    padded where rows would alias in L1), the column matrix is packed panel by panel from the
+    input inside the op, the bias is added by the op. No copies, no scratch."""
+    g = ggml_lib()
+    nat = native.for_lowering(lowering)
+    lowering.used("conv implicit")
+    n, oc, oh, ow = out_shape
+    k = int(np.prod(w.shape[1:]))
+    ld = native.row_stride(k)
+    wt = lowering.const(w, transform=lambda a: np.pad(a.reshape(oc, k), [(0, 0), (0, ld - k)]), tag=f"rows{ld}")
+    params = lowering.const(np.array([w.shape[2], w.shape[3], *strides, *dil, ph, pw], np.int32))
+    b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
+    y = native.conv_op(nat, g, lowering.ctx, x.ptr, wt.ptr, params.ptr, native.lowering_state(lowering),
+                       b.ptr if b is not None else None, out_ne=(ow, oh, oc, n))
+    return GTensor(y, out_shape)

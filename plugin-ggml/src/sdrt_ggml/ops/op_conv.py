@@ -19,7 +19,7 @@ from .. import native
 from . import check, op
 from ._common import GTensor, Value, aligned, attrs, binary, cont, ggml_lib, reshape, want_pad
 from .conv_copy import conv_rowcopy, conv_taps, conv_window, rowcopy_wanted, taps_ok, window_ok
-from .conv_kernels import conv_dense, conv_depthwise, conv_pointwise
+from .conv_kernels import conv_dense, conv_depthwise, conv_implicit, conv_pointwise, implicit_ok
 from .conv_layout import aligned_channels, channel_view
 
 
@@ -96,6 +96,10 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
             kp = aligned(c)
             wt = lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, kp - c), (0, 0), (0, 0)]), tag=f"c{kp}")
         y = conv_pointwise(lowering, x, wt, (n, oc, oh, ow), kp, w)
+    elif implicit_ok(lowering, w, group):
+        fused = isinstance(bias, np.ndarray)
+        y = conv_implicit(lowering, x, w, bias if fused else None, strides, dil, ph, pw, (n, oc, oh, ow))
+        bias = None if fused else bias
     elif group == 1 and taps_ok(lowering, w, n, strides, dil, kh, kw):
         y = conv_taps(lowering, x, w, ph, pw, (n, oc, oh, ow))
     elif group == 1 and isinstance(w, np.ndarray) and n == 1 and window_ok(lowering, c, kh, kw, strides, dil):
