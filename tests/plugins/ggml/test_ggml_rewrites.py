@@ -200,3 +200,12 @@ def test_geglu_reads_both_halves_in_place(split):
     np.testing.assert_allclose(on["y"], off["y"], rtol=1e-5, atol=1e-6)
     check(model, feeds)
     check(model, feeds, gelu="ggml")
+
+
+@pytest.mark.parametrize("key", ["attention", "gelu", "groupnorm"])
+def test_kernel_options_are_checked(key):
+    from sdrt.errors import SdrtError
+
+    model, _ = gelu_model(0)
+    with pytest.raises(SdrtError, match=f"{key}='flash' is not a choice"):
+        compile_ggml(model, **{key: "flash"})
