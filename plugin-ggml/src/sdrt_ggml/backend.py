@@ -17,7 +17,7 @@ log = logging.getLogger("sdrt.ggml")
 
 #: options ``compile`` accepts
 OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "transpose", "layouts", "pad_k", "flash_attn", "scheduler",
-           "accel", "gemm")
+           "accel", "gemm", "attention", "gelu", "groupnorm")
 
 
 def _static_inputs(graph: Any) -> list[TensorInfo]:
@@ -47,6 +47,16 @@ def _check_gemm_option(gemm: Any, device: Device) -> None:
                         fix="reinstall sdrt-ggml with a C compiler present, or pass gemm='auto'")
 
 
+def _check_kernel_options(options: dict[str, Any]) -> None:
+    """``attention``, ``gelu``, ``groupnorm``: "native" (sdrt-ggml's kernel where it loaded and the
+    graph runs on the CPU, else ggml's op) or "ggml" (ggml's op always)."""
+    for key in ("attention", "gelu", "groupnorm"):
+        value = options.get(key, "native")
+        if value not in ("native", "ggml"):
+            raise SdrtError(f"{key}={value!r} is not a choice of the ggml backend", where=f"sdrt.load(..., {key}=...)",
+                            fix=f"pass {key}='native' (sdrt-ggml's kernel where it loaded) or {key}='ggml'")
+
+
 class GgmlBackend(Backend):
     name = "ggml"
     api_version = (1, 0)
@@ -69,6 +79,7 @@ class GgmlBackend(Backend):
             raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",
                             where="sdrt.load(..., backend='ggml')", fix=f"valid options: {', '.join(OPTIONS)}")
         _check_gemm_option(options.get("gemm", "auto"), device)
+        _check_kernel_options(options)
         check_graph(graph.model.graph.node, graph.name)  # before any long work
         if options.get("shapes"):
             graph = graph.with_shapes(dict(options["shapes"]))  # the core pins dims and checks them

@@ -138,6 +138,8 @@ class Lowering:
         self.wctx = self._new_ctx((4 * n + len(self.inits) + 256) * g.ggml_tensor_overhead())
         self.out = Lowered(self.ctx, self.wctx, {}, {}, n_tensors=self._n_tensors)
         self.rewrite_hits = self.out.rewrite_hits
+        #: native group norms by ONNX value name, for the rewrites that fuse the next ops into them
+        self.gn_specs: dict[str, Any] = {}
         self.impl_hits = self.out.impl_hits
 
     @staticmethod

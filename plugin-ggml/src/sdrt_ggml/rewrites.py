@@ -8,25 +8,29 @@ computes what the outputs depend on, so they cost nothing. An intermediate
 used elsewhere is still computed for that use, so a match is always correct.
 
 - ``gelu``: x * 0.5 * (1 + erf(x / sqrt 2)) -> ggml_gelu_erf (always on: ggml has no erf kernel)
+- ``geglu``: hidden * gelu(gate) -> one native kernel reading both (sliced) halves in place
 - ``silu``: x * sigmoid(x) -> ggml_silu, and x * sigmoid(1.702 x) (quick GELU) -> silu(1.702 x) / 1.702
 - ``attention``: softmax(Q K^T * s [+ mask]) V -> ggml_flash_attn_ext
-- ``groupnorm``: Reshape(N, G, -1) -> InstanceNormalization -> Reshape -> ggml_group_norm
+- ``groupnorm``: Reshape(N, G, -1) -> InstanceNormalization -> Reshape -> sdrt-ggml's group norm
+  (statistics, then one pass that also applies the following per-channel Mul/Add and SiLU and
+  writes the channels-last twin a conv reads), or ggml_group_norm without the native library
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from .ops._common import GTensor, Value, aligned, attrs, cont, ggml_lib, pad_k, permute, scalar_of, want_pad
+from .ops._common import GTensor, Value, aligned, attrs, cont, ggml_lib, ne_of, pad_k, permute, scalar_of, want_pad
 
 Matcher = Callable[[Any, Any], "list[Value] | None"]
 #: anchor op type -> [(rewrite name, matcher)]
 REWRITES: dict[str, list[tuple[str, Matcher]]] = {}
 #: rewrites that can be switched off (``rewrites=`` option); gelu is needed for correctness
-OPTIONAL = ("silu", "attention", "groupnorm")
+OPTIONAL = ("silu", "attention", "groupnorm", "geglu")
 
 
 def rewrite(name: str, anchor: str) -> Callable[[Matcher], Matcher]:
@@ -70,8 +74,8 @@ def _erf_arg(lowering: Any, name: str) -> str | None:
     return None
 
 
-@rewrite("gelu", "Mul")
-def match_gelu(lowering: Any, node: Any) -> list[Value] | None:
+def _gelu_x(lowering: Any, node: Any) -> str | None:
+    """x when ``node`` (a Mul) ends x * 0.5 * (1 + erf(x / sqrt 2)), in either association order."""
     factors = _mul_factors(lowering, node.input[0]) + _mul_factors(lowering, node.input[1])
     consts = [f for f in factors if isinstance(lowering.values.get(f), np.ndarray)]
     runtime = [f for f in factors if f not in consts]
@@ -80,12 +84,56 @@ def match_gelu(lowering: Any, node: Any) -> list[Value] | None:
     for i in (0, 1):
         x = _erf_arg(lowering, runtime[i])
         if x is not None and x == runtime[1 - i]:
-            xv = lowering.values[x]
-            if not isinstance(xv, GTensor):
-                return None
-            xv = cont(lowering, xv)
-            return [GTensor(ggml_lib().ggml_gelu_erf(lowering.ctx, xv.ptr), xv.shape)]
+            return x
     return None
+
+
+@rewrite("gelu", "Mul")
+def match_gelu(lowering: Any, node: Any) -> list[Value] | None:
+    x = _gelu_x(lowering, node)
+    xv = lowering.values.get(x) if x is not None else None
+    if not isinstance(xv, GTensor):
+        return None
+    ops = _native(lowering, "gelu")
+    if ops is not None:
+        from .native_ops import gelu_erf
+
+        xv = _rows_dense(lowering, xv)
+        lowering.used("gelu native")
+        return [GTensor(gelu_erf(ops, ggml_lib(), lowering.ctx, xv.ptr), xv.shape)]
+    xv = cont(lowering, xv)
+    lowering.used("gelu ggml")
+    return [GTensor(ggml_lib().ggml_gelu_erf(lowering.ctx, xv.ptr), xv.shape)]
+
+
+@rewrite("geglu", "Mul")
+def match_geglu(lowering: Any, node: Any) -> list[Value] | None:
+    """hidden * gelu(gate) (diffusers' GEGLU: both halves of one projection, sliced) -> one native
+    kernel that reads both halves in place: no copies of the slices, no separate Mul."""
+    ops = _native(lowering, "gelu")
+    if ops is None:
+        return None
+    from .native_ops import gelu_erf
+
+    for i in (0, 1):
+        gl = lowering.producer(node.input[i])
+        if gl is None or gl.op_type != "Mul" or lowering.n_uses(node.input[i]) != 1:
+            continue
+        x = _gelu_x(lowering, gl)
+        xv, hv = lowering.values.get(x) if x else None, lowering.values.get(node.input[1 - i])
+        if not isinstance(xv, GTensor) or not isinstance(hv, GTensor) or xv.shape != hv.shape:
+            continue
+        if xv.dtype != "float32" or hv.dtype != "float32":
+            continue
+        xv, hv = _rows_dense(lowering, xv), _rows_dense(lowering, hv)
+        lowering.used("geglu native")
+        return [GTensor(gelu_erf(ops, ggml_lib(), lowering.ctx, xv.ptr, hv.ptr), xv.shape)]
+    return None
+
+
+def _rows_dense(lowering: Any, x: GTensor) -> GTensor:
+    """``x`` itself when its rows are dense (what the native elementwise kernels read), else a copy."""
+    return x if int(x.ptr.contents.nb[0]) == 4 else cont(lowering, x)
 
 
 @rewrite("silu", "Mul")
@@ -100,6 +148,9 @@ def match_silu(lowering: Any, node: Any) -> list[Value] | None:
         if not isinstance(x, GTensor) or x.dtype != "float32":
             continue
         if sig.input[0] == node.input[i]:
+            fused = _gn_silu(lowering, node, str(node.input[i]))
+            if fused is not None:
+                return fused
             x = cont(lowering, x)
             return [GTensor(g.ggml_silu(lowering.ctx, x.ptr), x.shape)]
         src, c = _unscale(lowering, sig.input[0])
@@ -175,6 +226,9 @@ def match_attention(lowering: Any, node: Any) -> list[Value] | None:
     if k.shape[-1] != d or v.shape[-2] != n_kv or q.shape[:-2] != k.shape[:-2] or q.shape[:-2] != v.shape[:-2]:
         return None
     g = ggml_lib()
+    ops = _native(lowering, "attention")
+    if ops is not None:
+        return _native_attention(lowering, ops, q, k, v, mask, scale)
     mask_t = None
     if mask is not None:
         m16 = _mask_f16(mask, n_q, n_kv)
@@ -201,6 +255,47 @@ def match_attention(lowering: Any, node: Any) -> list[Value] | None:
     bh = q.shape[0]
     out = GTensor(y, (n_q, bh, dv))
     return [permute(lowering, out, [1, 0, 2])]
+
+
+def _native(lowering: Any, what: str) -> Any:
+    """sdrt-ggml's own kernel for ``what`` (option ``what``: "native", the default, or "ggml"),
+    when the graph runs on the CPU and the native library loaded; else None."""
+    if not lowering.on_cpu or lowering.options.get(what, "native") != "native":
+        return None
+    from .native_ops import native_ops
+
+    return native_ops()
+
+
+def _attention_out(lowering: Any, y: Any, q: GTensor, dv: int) -> list[Value]:
+    """The ONNX value of an attention result laid out as ggml_flash_attn_ext's: ne (Dv, H, n_q, B)."""
+    n_q = q.shape[-2]
+    if q.rank == 4:
+        out = GTensor(y, (q.shape[0], n_q, q.shape[1], dv))
+        return [permute(lowering, out, [0, 2, 1, 3])]
+    return [permute(lowering, GTensor(y, (n_q, q.shape[0], dv)), [1, 0, 2])]
+
+
+def _native_attention(lowering: Any, ops: Any, q: GTensor, k: GTensor, v: GTensor, mask: np.ndarray | None,
+                      scale: float) -> list[Value] | None:
+    """softmax(Q K^T s + mask) V by sdrt-ggml's kernel: Q, K and V are read through their strides
+    (no copies, no head-dim padding); the mask must be per (query, key)."""
+    from .native_ops import attention
+
+    n_q, n_kv = q.shape[-2], k.shape[-2]
+    mask_t = None
+    if mask is not None:
+        m = np.asarray(mask, dtype=np.float32)
+        if m.ndim > 2 and any(d != 1 for d in m.shape[:-2]):
+            return None
+        m2 = m.reshape(m.shape[-2:] if m.ndim >= 2 else (1,) + m.shape)
+        if m2.shape[0] not in (1, n_q) or m2.shape[1] not in (1, n_kv):
+            return None
+        m2 = np.ascontiguousarray(np.broadcast_to(m2, (m2.shape[0], n_kv)))
+        mask_t = lowering.const(m2, tag="attn_mask").ptr
+    lowering.used("attention native")
+    y = attention(ops, ggml_lib(), lowering.ctx, q.ptr, k.ptr, v.ptr, mask_t, scale)
+    return _attention_out(lowering, y, q, v.shape[-1])
 
 
 @rewrite("groupnorm", "Reshape")
@@ -234,4 +329,100 @@ def match_group_norm(lowering: Any, node: Any) -> list[Value] | None:
     if tuple(want) != x.shape:
         return None
     eps = float(attrs(inorm).get("epsilon", 1e-5))
+    ops = _native(lowering, "groupnorm")
+    if ops is not None:
+        stats_x = cont(lowering, x)
+        spec = GnSpec(stats_x, _gn_stats(lowering, ops, stats_x, groups, eps), groups)
+        return [_gn_emit(lowering, ops, spec, str(node.output[0]))]
     return [group_norm(lowering, x, groups, eps, None, None)]
+
+
+@dataclass(frozen=True)
+class GnSpec:
+    """A native group norm and what has been fused into it so far."""
+
+    x: GTensor  # the dense NCHW input
+    stats: Any  # the ggml tensor of (mean, rstd) per group
+    groups: int
+    gamma: Any = None  # ggml tensors of C floats
+    beta: Any = None
+    silu: bool = False
+
+
+def _gn_stats(lowering: Any, ops: Any, x: GTensor, groups: int, eps: float) -> Any:
+    from .native_ops import gn_stats
+
+    n, c = x.shape[0], x.shape[1]
+    x3 = ggml_lib().ggml_reshape_3d(lowering.ctx, x.ptr, x.size // (n * c), c, n)
+    return gn_stats(ops, ggml_lib(), lowering.ctx, x3, groups, eps)
+
+
+def _gn_emit(lowering: Any, ops: Any, spec: GnSpec, name: str) -> GTensor:
+    """The group norm ``spec`` as an ONNX value: NCHW, with a channels-last twin for batch 1
+    (ggml computes only the layouts that consumers read)."""
+    from .native_ops import gn_apply
+
+    g, ctx, x = ggml_lib(), lowering.ctx, spec.x
+    n, c = x.shape[0], x.shape[1]
+    hw = x.size // (n * c)
+    x3 = g.ggml_reshape_3d(ctx, x.ptr, hw, c, n)
+    y = gn_apply(ops, g, ctx, x3, spec.stats, spec.gamma, spec.beta, spec.groups, silu=spec.silu, cl=False)
+    out = GTensor(g.ggml_reshape_4d(ctx, y, *ne_of(x.shape)), x.shape)
+    if n == 1 and x.rank == 4:
+        ycl = gn_apply(ops, g, ctx, x3, spec.stats, spec.gamma, spec.beta, spec.groups, silu=spec.silu, cl=True)
+        out.cl = g.ggml_reshape_4d(ctx, ycl, c, x.shape[3], x.shape[2], 1)
+    lowering.gn_specs[name] = spec
+    lowering.used("groupnorm native" + (" +affine" if spec.gamma is not None or spec.beta is not None else "")
+                  + (" +silu" if spec.silu else ""))
+    return out
+
+
+def _gn_operand(lowering: Any, node: Any) -> tuple[GnSpec, np.ndarray] | None:
+    """(the native group norm, the per-channel constant) when ``node`` combines the two, and the
+    group norm's value is used only here."""
+    specs = getattr(lowering, "gn_specs", {})
+    for i in (0, 1):
+        spec = specs.get(node.input[i])
+        other = lowering.values.get(node.input[1 - i])
+        if spec is None or lowering.n_uses(node.input[i]) != 1 or not isinstance(other, np.ndarray):
+            continue
+        c, rank = spec.x.shape[1], spec.x.rank
+        if other.ndim > rank or other.dtype.kind != "f":
+            continue
+        shape = (1,) * (rank - other.ndim) + other.shape  # numpy broadcasting, right-aligned
+        if shape[1] == c and all(d == 1 for i, d in enumerate(shape) if i != 1):
+            return spec, other
+    return None
+
+
+@rewrite("groupnorm", "Mul")
+def match_gn_scale(lowering: Any, node: Any) -> list[Value] | None:
+    """native group norm * gamma (per channel) -> the same kernel with gamma."""
+    ops = _native(lowering, "groupnorm")
+    hit = _gn_operand(lowering, node) if ops is not None else None
+    if hit is None or hit[0].gamma is not None or hit[0].beta is not None or hit[0].silu:
+        return None
+    spec, gamma = hit
+    t = lowering.const(gamma, transform=lambda a: a.reshape(-1), tag="gn_gamma").ptr
+    return [_gn_emit(lowering, ops, replace(spec, gamma=t), str(node.output[0]))]
+
+
+@rewrite("groupnorm", "Add")
+def match_gn_shift(lowering: Any, node: Any) -> list[Value] | None:
+    """native group norm [* gamma] + beta (per channel) -> the same kernel with beta."""
+    ops = _native(lowering, "groupnorm")
+    hit = _gn_operand(lowering, node) if ops is not None else None
+    if hit is None or hit[0].beta is not None or hit[0].silu:
+        return None
+    spec, beta = hit
+    t = lowering.const(beta, transform=lambda a: a.reshape(-1), tag="gn_beta").ptr
+    return [_gn_emit(lowering, ops, replace(spec, beta=t), str(node.output[0]))]
+
+
+def _gn_silu(lowering: Any, node: Any, x_name: str) -> list[Value] | None:
+    """silu of a native group norm's value (its only consumers: the Sigmoid and this Mul)."""
+    spec = getattr(lowering, "gn_specs", {}).get(x_name)
+    ops = _native(lowering, "groupnorm")
+    if spec is None or ops is None or spec.silu or lowering.n_uses(x_name) != 2:
+        return None
+    return [_gn_emit(lowering, ops, replace(spec, silu=True), str(node.output[0]))]

@@ -41,56 +41,89 @@ def attention_model(scale_style: str, mask: bool = False, rank: int = 4, d: int 
     return model, feeds
 
 
+@pytest.mark.parametrize("impl", ["native", "ggml"])
 @pytest.mark.parametrize("scale_style", ["qk", "scores"])
 @pytest.mark.parametrize("mask", [False, True])
 @pytest.mark.parametrize("rank", [3, 4])
-def test_attention_becomes_flash_attention(scale_style, mask, rank):
+def test_attention_becomes_one_kernel(scale_style, mask, rank, impl):
+    """impl "native": sdrt-ggml's attention kernel; "ggml": ggml_flash_attn_ext."""
     model, feeds = attention_model(scale_style, mask, rank)
-    on, off, hits, hits_off = _both(model, feeds)
-    assert hits.get("attention") == 1 and "attention" not in hits_off
-    np.testing.assert_allclose(on["y"], off["y"], rtol=1e-4, atol=1e-5)
-    check(model, feeds)
+    with compile_ggml(model, attention=impl) as on, compile_ggml(model, rewrites=()) as off:
+        hits, hits_off = on.rewrite_hits, off.rewrite_hits
+        assert hits.get("attention") == 1 and "attention" not in hits_off
+        assert on.impl_hits.get("attention native", 0) == (impl == "native")
+        np.testing.assert_allclose(on.run(feeds)["y"], off.run(feeds)["y"], rtol=1e-4, atol=1e-5)
+    check(model, feeds, attention=impl)
 
 
 @pytest.mark.parametrize("d", [8, 40])
 def test_attention_head_dims_padded_for_the_fast_kernel(d):
-    """Head dims that are not a multiple of 16 are zero-padded (and the output cropped)."""
+    """Head dims that are not a multiple of 16 are zero-padded for flash attention (and the
+    output cropped); the native kernel takes any head dim as it is."""
     model, feeds = attention_model("qk", mask=True, d=d, n=70)
     on, off, hits, _ = _both(model, feeds)
     assert hits.get("attention") == 1
     np.testing.assert_allclose(on["y"], off["y"], rtol=1e-4, atol=1e-5)
     check(model, feeds)
-    check(model, feeds, pad_k=False)
+    check(model, feeds, attention="ggml")
+    check(model, feeds, attention="ggml", pad_k=False)
 
 
-def test_attention_with_non_f16_mask_is_left_alone():
+def test_attention_with_non_f16_mask_is_left_alone_by_flash_attention():
+    """ggml's flash attention takes an f16 mask; the native kernel takes any float32 one."""
     model, feeds = attention_model("scores", mask=True)
     for init in model.graph.initializer:
         if init.name == "mask":
             from onnx import numpy_helper
 
             init.CopyFrom(numpy_helper.from_array(rand(10, 7) * 1e-3, "mask"))
-    with compile_ggml(model) as s:
+    with compile_ggml(model, attention="ggml") as s:
         assert "attention" not in s.rewrite_hits
+    check(model, feeds, attention="ggml")
+    with compile_ggml(model) as s:
+        assert s.rewrite_hits.get("attention") == 1 and s.impl_hits.get("attention native") == 1
     check(model, feeds)
 
 
-def groupnorm_model(c=8, groups=4, hw=5):
+def groupnorm_model(c=8, groups=4, hw=5, n=2, silu=False, conv=False):
     nodes = [mk("Reshape", ["x", "gshape"], ["g"]),
              mk("InstanceNormalization", ["g", "ones", "zeros"], ["gn"], epsilon=1e-5),
              mk("Reshape", ["gn", "xshape"], ["r"]),
-             mk("Mul", ["r", "gamma"], ["m"]), mk("Add", ["m", "beta"], ["y"])]
-    inits = {"gshape": np.array([2, groups, -1], np.int64), "ones": np.ones(groups, np.float32),
-             "zeros": np.zeros(groups, np.float32), "xshape": np.array([2, c, hw, hw], np.int64),
+             mk("Mul", ["r", "gamma"], ["m"]), mk("Add", ["m", "beta"], ["a"])]
+    last = "a"
+    if silu:
+        nodes += [mk("Sigmoid", ["a"], ["sg"]), mk("Mul", ["a", "sg"], ["s"])]
+        last = "s"
+    inits = {"gshape": np.array([n, groups, -1], np.int64), "ones": np.ones(groups, np.float32),
+             "zeros": np.zeros(groups, np.float32), "xshape": np.array([n, c, hw, hw], np.int64),
              "gamma": rand(c, 1, 1), "beta": rand(c, 1, 1, seed=1)}
-    return make_model(nodes, {"x": ((2, c, hw, hw), F)}, {"y": (None, F)}, inits), {"x": rand(2, c, hw, hw)}
+    if conv:  # a 3x3 conv reads the channels-last twin
+        inits["w"] = rand(6, c, 3, 3, seed=2) * 0.2
+        nodes.append(mk("Conv", [last, "w"], ["y"], pads=[1, 1, 1, 1]))
+    else:
+        nodes.append(mk("Identity", [last], ["y"]))
+    x = rand(n, c, hw, hw) * 2 + 0.5
+    return make_model(nodes, {"x": ((n, c, hw, hw), F)}, {"y": (None, F)}, inits), {"x": x}
 
 
 def test_groupnorm_pattern_becomes_ggml_group_norm():
     model, feeds = groupnorm_model()
-    on, off, hits, hits_off = _both(model, feeds)
-    assert hits.get("groupnorm") == 1 and "groupnorm" not in hits_off
-    np.testing.assert_allclose(on["y"], off["y"], rtol=1e-4, atol=1e-5)
+    with compile_ggml(model, groupnorm="ggml") as on, compile_ggml(model, rewrites=()) as off:
+        assert on.rewrite_hits.get("groupnorm") == 1 and "groupnorm" not in off.rewrite_hits
+        np.testing.assert_allclose(on.run(feeds)["y"], off.run(feeds)["y"], rtol=1e-4, atol=1e-5)
+    check(model, feeds, groupnorm="ggml")
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("conv", [False, True])
+def test_groupnorm_native_fuses_affine_and_silu(n, silu, conv):
+    """Reshape/InstanceNorm/Reshape, then Mul(gamma), Add(beta) [and SiLU]: one native pass; with
+    batch 1 the conv after it reads the channels-last output the same kernel writes."""
+    model, feeds = groupnorm_model(c=12, groups=3, hw=7, n=n, silu=silu, conv=conv)
+    with compile_ggml(model) as on, compile_ggml(model, rewrites=()) as off:
+        assert ("groupnorm native +affine" + (" +silu" if silu else "")) in on.impl_hits
+        np.testing.assert_allclose(on.run(feeds)["y"], off.run(feeds)["y"], rtol=1e-4, atol=1e-5)
     check(model, feeds)
 
 
@@ -105,12 +138,14 @@ def gelu_model(variant: int):
     return make_model(nodes, {"x": ((3, 40), F)}, {"y": (None, F)}, inits), {"x": rand(3, 40) * 3}
 
 
+@pytest.mark.parametrize("impl", ["native", "ggml"])
 @pytest.mark.parametrize("variant", [0, 1])
-def test_gelu_erf_pattern(variant):
+def test_gelu_erf_pattern(variant, impl):
     model, feeds = gelu_model(variant)
-    with compile_ggml(model) as s:
+    with compile_ggml(model, gelu=impl) as s:
         assert s.rewrite_hits.get("gelu") == 1
-    check(model, feeds)
+        assert s.impl_hits.get(f"gelu {impl}") == 1
+    check(model, feeds, gelu=impl)
 
 
 def test_silu_pattern():
@@ -138,3 +173,39 @@ def test_intermediate_used_elsewhere_stays_correct():
     model = make_model([mk("Sigmoid", ["x"], ["s"]), mk("Mul", ["x", "s"], ["y"])], {"x": ((3, 9), F)},
                        {"y": (None, F), "s": (None, F)})
     check(model, {"x": rand(3, 9)})
+
+
+def geglu_model(split: str):
+    """diffusers' GEGLU as torch exports it: proj(x).chunk(2, -1) -> hidden * gelu(gate)."""
+    inits = {"w": rand(24, 40) * 0.3, "b": rand(40, seed=1), "sqrt2": np.array(np.sqrt(2.0), np.float32),
+             "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)}
+    nodes = [mk("MatMul", ["x", "w"], ["p0"]), mk("Add", ["p0", "b"], ["p"])]
+    if split == "split":
+        nodes.append(mk("Split", ["p"], ["h", "g"], axis=-1, num_outputs=2))
+    else:
+        inits.update({"s0": np.array([0], np.int64), "s1": np.array([20], np.int64),
+                      "s2": np.array([40], np.int64), "ax": np.array([-1], np.int64)})
+        nodes += [mk("Slice", ["p", "s0", "s1", "ax"], ["h"]), mk("Slice", ["p", "s1", "s2", "ax"], ["g"])]
+    nodes += [mk("Div", ["g", "sqrt2"], ["d"]), mk("Erf", ["d"], ["e"]), mk("Add", ["e", "one"], ["a"]),
+              mk("Mul", ["g", "a"], ["m"]), mk("Mul", ["m", "half"], ["gelu"]), mk("Mul", ["h", "gelu"], ["y"])]
+    model = make_model(nodes, {"x": ((2, 9, 24), F)}, {"y": (None, F)}, inits, opset=18)
+    return model, {"x": rand(2, 9, 24) * 2}
+
+
+@pytest.mark.parametrize("split", ["split", "slice"])
+def test_geglu_reads_both_halves_in_place(split):
+    model, feeds = geglu_model(split)
+    on, off, hits, hits_off = _both(model, feeds)
+    assert hits.get("geglu") == 1 and "geglu" not in hits_off
+    np.testing.assert_allclose(on["y"], off["y"], rtol=1e-5, atol=1e-6)
+    check(model, feeds)
+    check(model, feeds, gelu="ggml")
+
+
+@pytest.mark.parametrize("key", ["attention", "gelu", "groupnorm"])
+def test_kernel_options_are_checked(key):
+    from sdrt.errors import SdrtError
+
+    model, _ = gelu_model(0)
+    with pytest.raises(SdrtError, match=f"{key}='flash' is not a choice"):
+        compile_ggml(model, **{key: "flash"})

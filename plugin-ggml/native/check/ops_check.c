@@ -1,0 +1,178 @@
+/* A C-only check of the attention, GELU and group-norm kernels (ops.c) against double-precision
+ * references, for builds that Python cannot load here: the AArch64 NEON bodies, cross-compiled
+ * and run under qemu-user (ops_check_arm64.sh). The ops read ggml tensors through the offsets
+ * given to sdrt_set_tensor_layout, so this passes a stand-in structure with the same fields.
+ * Every body this build and CPU have, odd shapes, a mask, strided K, threads 1 to 4.
+ * Exit status 1 on any mismatch. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int64_t ne[4];
+    size_t nb[4];
+    void *data;
+    void *src[10];
+} tensor;
+
+int sdrt_set_tensor_layout(size_t ne, size_t nb, size_t data, size_t src, int max_src, size_t size);
+int sdrt_ops_set_isa(int isa);
+void sdrt_attention_op(void *dst, int ith, int nth, void *userdata);
+void sdrt_gelu_erf_op(void *dst, int ith, int nth, void *userdata);
+void sdrt_gn_stats_op(void *dst, int ith, int nth, void *userdata);
+void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata);
+typedef struct {
+    int32_t groups, silu, cl;
+    float eps;
+} gn_params;
+
+static const char *NAMES[] = {"portable", "avx2", "avx512", "neon", "scalar"};
+
+static float rnd(void) { return 2.0f * ((float)rand() / (float)RAND_MAX - 0.5f); }
+
+static tensor dense(float *data, int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
+    tensor t;
+    memset(&t, 0, sizeof t);
+    t.ne[0] = n0, t.ne[1] = n1, t.ne[2] = n2, t.ne[3] = n3;
+    t.nb[0] = 4, t.nb[1] = 4 * n0, t.nb[2] = t.nb[1] * n1, t.nb[3] = t.nb[2] * n2;
+    t.data = data;
+    return t;
+}
+
+static void run(void (*op)(void *, int, int, void *), tensor *dst, void *ud, int nth) {
+    for (int ith = 0; ith < nth; ith++)
+        op(dst, ith, nth, ud);
+}
+
+static int check_attention(int H, int nq, int nkv, int D, int Dv, int nth) {
+    float *q = malloc(sizeof(float) * H * nq * D), *kt = malloc(sizeof(float) * H * nkv * D);
+    float *v = malloc(sizeof(float) * H * nkv * Dv), *m = malloc(sizeof(float) * nq * nkv);
+    float *o = malloc(sizeof(float) * H * nq * Dv);
+    for (int i = 0; i < H * nq * D; i++) q[i] = rnd();
+    for (int i = 0; i < H * nkv * D; i++) kt[i] = rnd();
+    for (int i = 0; i < H * nkv * Dv; i++) v[i] = rnd();
+    for (int i = 0; i < nq; i++)
+        for (int j = 0; j < nkv; j++) m[i * nkv + j] = j > i + nkv / 2 ? -INFINITY : 0.1f * rnd();
+    tensor tq = dense(q, D, nq, H, 1), tv = dense(v, Dv, nkv, H, 1), tm = dense(m, nkv, nq, 1, 1);
+    /* K given as K^T (nkv innermost) and read through a transposed view: ne (D, nkv), nb (4 * nkv, 4) */
+    tensor tk = dense(kt, nkv, D, H, 1);
+    tk.ne[0] = D, tk.ne[1] = nkv, tk.nb[0] = 4 * (size_t)nkv, tk.nb[1] = 4;
+    tensor to = dense(o, Dv, H, nq, 1);
+    to.src[0] = &tq, to.src[1] = &tk, to.src[2] = &tv, to.src[3] = &tm;
+    float scale = 1.0f / sqrtf((float)D);
+    run(sdrt_attention_op, &to, &scale, nth);
+    double maxerr = 0;
+    double *s = malloc(sizeof(double) * nkv);
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < nq; i++) {
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < nkv; j++) {
+                double acc = 0;
+                for (int d = 0; d < D; d++)
+                    acc += (double)q[(h * nq + i) * D + d] * kt[(h * D + d) * nkv + j];
+                s[j] = acc * scale + m[i * nkv + j];
+                mx = s[j] > mx ? s[j] : mx;
+            }
+            for (int j = 0; j < nkv; j++) sum += (s[j] = exp(s[j] - mx));
+            for (int d = 0; d < Dv; d++) {
+                double r = 0;
+                for (int j = 0; j < nkv; j++) r += s[j] * v[(h * nkv + j) * Dv + d];
+                double e = fabs(r / sum - o[(i * H + h) * Dv + d]);
+                maxerr = e > maxerr ? e : maxerr;
+            }
+        }
+    free(q), free(kt), free(v), free(m), free(o), free(s);
+    if (maxerr > 1e-5) {
+        printf("FAIL attention H=%d nq=%d nkv=%d D=%d Dv=%d threads=%d: max error %g\n", H, nq, nkv, D, Dv, nth, maxerr);
+        return 1;
+    }
+    return 0;
+}
+
+static int check_gelu(int n, int nth) {
+    float *x = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n);
+    for (int i = 0; i < n; i++) x[i] = 5 * rnd(), g[i] = rnd();
+    tensor tx = dense(x, n, 1, 1, 1), tg = dense(g, n, 1, 1, 1), ty = dense(y, n, 1, 1, 1);
+    ty.src[0] = &tx, ty.src[1] = &tg;
+    run(sdrt_gelu_erf_op, &ty, NULL, nth);
+    double maxerr = 0;
+    for (int i = 0; i < n; i++) {
+        double r = 0.5 * x[i] * (1 + erf(x[i] / sqrt(2.0))) * g[i], e = fabs(r - y[i]);
+        maxerr = e > maxerr ? e : maxerr;
+    }
+    free(x), free(g), free(y);
+    if (maxerr > 2e-6) {
+        printf("FAIL gelu n=%d threads=%d: max error %g\n", n, nth, maxerr);
+        return 1;
+    }
+    return 0;
+}
+
+static int check_group_norm(int C, int hw, int G, int silu, int cl, int nth) {
+    float *x = malloc(sizeof(float) * C * hw), *gam = malloc(sizeof(float) * C), *bet = malloc(sizeof(float) * C);
+    float st[2 * 64], *y = malloc(sizeof(float) * C * hw);
+    for (int i = 0; i < C * hw; i++) x[i] = 3 * rnd() + 4;
+    for (int c = 0; c < C; c++) gam[c] = rnd(), bet[c] = rnd();
+    tensor tx = dense(x, hw, C, 1, 1), ts = dense(st, 2, G, 1, 1), tgm = dense(gam, C, 1, 1, 1);
+    tensor tb = dense(bet, C, 1, 1, 1), ty = cl ? dense(y, C, hw, 1, 1) : dense(y, hw, C, 1, 1);
+    ts.src[0] = &tx;
+    gn_params p = {G, silu, cl, 1e-5f};
+    run(sdrt_gn_stats_op, &ts, &p, nth);
+    ty.src[0] = &tx, ty.src[1] = &ts, ty.src[2] = &tgm, ty.src[3] = &tb;
+    run(sdrt_gn_apply_op, &ty, &p, nth);
+    double maxerr = 0;
+    const int per = C / G * hw;
+    for (int g = 0; g < G; g++) {
+        double mean = 0, var = 0;
+        for (int i = 0; i < per; i++) mean += x[g * per + i];
+        mean /= per;
+        for (int i = 0; i < per; i++) var += (x[g * per + i] - mean) * (x[g * per + i] - mean);
+        var /= per;
+        for (int i = 0; i < per; i++) {
+            int c = (g * per + i) / hw, px = (g * per + i) % hw;
+            double r = (x[g * per + i] - mean) / sqrt(var + 1e-5) * gam[c] + bet[c];
+            if (silu) r = r / (1 + exp(-r));
+            double e = fabs(r - (cl ? y[px * C + c] : y[c * hw + px]));
+            maxerr = e > maxerr ? e : maxerr;
+        }
+    }
+    free(x), free(gam), free(bet), free(y);
+    if (maxerr > 1e-5) {
+        printf("FAIL group norm C=%d hw=%d G=%d silu=%d cl=%d threads=%d: max error %g\n", C, hw, G, silu, cl, nth,
+               maxerr);
+        return 1;
+    }
+    return 0;
+}
+
+int main(void) {
+    if (sdrt_set_tensor_layout(offsetof(tensor, ne), offsetof(tensor, nb), offsetof(tensor, data),
+                               offsetof(tensor, src), 10, sizeof(tensor))) {
+        printf("layout refused\n");
+        return 1;
+    }
+    static const int att[][5] = {{1, 1, 1, 1, 1}, {2, 3, 5, 7, 3}, {3, 13, 33, 8, 8}, {2, 67, 77, 40, 40},
+                                 {1, 130, 64, 80, 64}};
+    int fails = 0, runs = 0;
+    for (int isa = 0; isa < 5; isa++) {
+        if (sdrt_ops_set_isa(isa) < 0)
+            continue;
+        for (int nth = 1; nth <= 4; nth++) {
+            for (size_t s = 0; s < sizeof att / sizeof att[0]; s++, runs++)
+                fails += check_attention(att[s][0], att[s][1], att[s][2], att[s][3], att[s][4], nth);
+            for (int n = 1; n < 1100; n = n * 3 + 1, runs++)
+                fails += check_gelu(n, nth);
+            for (int silu = 0; silu < 2; silu++)
+                for (int cl = 0; cl < 2; cl++, runs += 2) {
+                    fails += check_group_norm(32, 37, 8, silu, cl, nth);
+                    fails += check_group_norm(6, 1, 3, silu, cl, nth);
+                }
+        }
+        printf("%s: checked\n", NAMES[isa]);
+    }
+    printf("%d runs, %d failures\n", runs, fails);
+    return fails != 0;
+}

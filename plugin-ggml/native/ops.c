@@ -1,0 +1,386 @@
+/* sdrt-ggml native kernels: attention and GELU (erf form) as ggml custom ops.
+ *
+ * sdrt_attention_op: softmax(Q K^T * scale + mask) V for every (batch, head), reading Q, K
+ *   and V through their strides (no copies before it), writing the [Dv, H, n_q, B] layout of
+ *   ggml_flash_attn_ext. Each thread takes a contiguous range of (head, 64-query block) tasks,
+ *   packs that head's K^T and V^T once into its scratch (keys padded to 32 with zeros), and
+ *   runs a 4-row micro-kernel: scores as 4 x 2-vector register tiles over the head dim, an
+ *   exp-and-sum pass, then the weighted sum of V as dot products over the keys.
+ * sdrt_gelu_erf_op: 0.5 x (1 + erf(x / sqrt 2)) [* g], vectorised (ggml's GELU_ERF calls
+ *   erff once per element).
+ *
+ * The bodies (simd_body.h) use GCC/Clang vector extensions and are compiled once per ISA
+ * (AVX-512, AVX2+FMA and the 4-wide SSE2/NEON baseline) with target pragmas, so the library
+ * builds with no -march flag and picks the widest one this CPU has at run time. Compilers
+ * without vector extensions (MSVC) get the scalar code at the end.
+ */
+#include "sdrt_ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define SDRT_VECEXT 1
+#endif
+
+#ifdef SDRT_VECEXT
+/* ISO C mode (-std=c11) turns off a*b+c -> fma contraction; the kernels are written for it */
+#if defined(__clang__)
+#pragma clang fp contract(fast)
+#else
+#pragma GCC optimize("fp-contract=fast")
+#endif
+#define VW 4
+#define SFX(n) n##_v4
+#include "simd_body.h"
+#undef VW
+#undef SFX
+
+#if defined(SDRT_X86)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+#define VW 8
+#define SFX(n) n##_avx2
+#include "simd_body.h"
+#undef VW
+#undef SFX
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx2,fma"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx2,fma,prefer-vector-width=512")
+#endif
+#define VW 16
+#define SFX(n) n##_avx512
+#include "simd_body.h"
+#undef VW
+#undef SFX
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif /* SDRT_X86 */
+#endif /* SDRT_VECEXT */
+
+/* ---- scalar code (every compiler) --------------------------------------------------- */
+static void attention_rows_scalar(const sdrt_attn_job *job, int R, const float *qs, const float *const *mask,
+                                  float *const *out) {
+    const int D = job->D, nk = job->nk, n_kv = job->n_kv;
+    for (int r = 0; r < R; r++) {
+        float *s = job->S;
+        float m = -INFINITY;
+        for (int k = 0; k < n_kv; k++) {
+            float acc = 0.0f;
+            for (int d = 0; d < D; d++)
+                acc += qs[r * D + d] * job->kt[(size_t)d * nk + k];
+            s[k] = acc + (mask ? mask[r][k] : 0.0f);
+            m = s[k] > m ? s[k] : m;
+        }
+        float sum = 0.0f;
+        for (int k = 0; k < n_kv; k++) {
+            s[k] = m == -INFINITY ? 0.0f : expf(s[k] - m);
+            sum += s[k];
+        }
+        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int dv = 0; dv < job->Dv; dv++) {
+            float acc = 0.0f;
+            for (int k = 0; k < n_kv; k++)
+                acc += s[k] * job->vt[(size_t)dv * nk + k];
+            out[r][dv] = acc * inv;
+        }
+    }
+}
+
+static void gelu_erf_scalar(int64_t n, const float *x, const float *g, float *y) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+        y[i] = g ? v * g[i] : v;
+    }
+}
+
+static double sum_scalar(int64_t n, const float *x) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += x[i];
+    return s;
+}
+
+static double sqdev_scalar(int64_t n, const float *x, float m) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)(x[i] - m) * (x[i] - m);
+    return s;
+}
+
+SDRT_INLINE float silu_scalar(float v) { return v / (1.0f + expf(-v < 88.0f ? -v : 88.0f)); }
+
+static void affine_row_scalar(int64_t n, const float *x, float m, float a, float b, int silu, float *y) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = (x[i] - m) * a + b;
+        y[i] = silu ? silu_scalar(v) : v;
+    }
+}
+
+static void affine_cl_scalar(int64_t hw, int C, const float *x, const float *m, const float *a, const float *b,
+                             int silu, int64_t p0, int64_t p1, float *y) {
+    for (int64_t p = p0; p < p1; p++)
+        for (int c = 0; c < C; c++) {
+            float v = (x[(size_t)c * hw + p] - m[c]) * a[c] + b[c];
+            y[(size_t)p * C + c] = silu ? silu_scalar(v) : v;
+        }
+}
+
+/* ---- dispatch ---------------------------------------------------------------------- */
+typedef struct {
+    sdrt_attn_rows_fn attn;
+    sdrt_gelu_fn gelu;
+    sdrt_sum_fn sum;
+    sdrt_sqdev_fn sqdev;
+    sdrt_affine_row_fn affine_row;
+    sdrt_affine_cl_fn affine_cl;
+} ops_table;
+
+#define SDRT_TABLE(s) {attention_rows_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s}
+
+static ops_table table_for(int isa) {
+    ops_table t = SDRT_TABLE(scalar);
+#ifdef SDRT_VECEXT
+#if defined(SDRT_X86)
+    if (isa == SDRT_ISA_AVX512) {
+        ops_table w = SDRT_TABLE(avx512);
+        t = w;
+    } else if (isa == SDRT_ISA_AVX2) {
+        ops_table w = SDRT_TABLE(avx2);
+        t = w;
+    } else
+#endif
+    {
+        ops_table w = SDRT_TABLE(v4); /* the 4-wide baseline: SSE2 on x86-64, NEON on arm64 */
+        (void)isa;
+        t = w;
+    }
+#endif
+    return t;
+}
+
+static int ops_isa = SDRT_ISA_AUTO;
+static ops_table ops = SDRT_TABLE(scalar);
+
+/* Choose the kernels: an ISA id, or SDRT_ISA_AUTO for the widest this CPU runs.
+ * Returns the ISA chosen, or -1 (nothing changed) when this build or CPU lacks it.
+ * SDRT_ISA_COUNT selects the scalar code (the MSVC path) for tests. */
+SDRT_EXPORT int sdrt_ops_set_isa(int isa) {
+    if (isa == SDRT_ISA_COUNT) {
+        ops_table w = SDRT_TABLE(scalar);
+        ops = w;
+        ops_isa = isa;
+        return isa;
+    }
+    if (isa == SDRT_ISA_AUTO) {
+        const int order[] = {SDRT_ISA_AVX512, SDRT_ISA_AVX2, SDRT_ISA_NEON, SDRT_ISA_PORTABLE};
+        for (int i = 0; i < 4; i++)
+            if (sdrt_ops_set_isa(order[i]) >= 0)
+                return order[i];
+        return -1;
+    }
+    if (isa < 0 || isa >= SDRT_ISA_COUNT || !sdrt_cpu_has(isa))
+        return -1;
+#if !defined(SDRT_X86) || !defined(SDRT_VECEXT)
+    if (isa == SDRT_ISA_AVX2 || isa == SDRT_ISA_AVX512)
+        return -1;
+#endif
+    ops = table_for(isa);
+    ops_isa = isa;
+    return isa;
+}
+
+SDRT_EXPORT int sdrt_ops_active_isa(void) { return ops_isa; }
+
+/* ---- the custom ops ---------------------------------------------------------------- */
+#define AT(v, i0, i1, i2, i3) \
+    (*(const float *)((v).data + (size_t)(i0) * (v).nb[0] + (size_t)(i1) * (v).nb[1] + (size_t)(i2) * (v).nb[2] + \
+                      (size_t)(i3) * (v).nb[3]))
+
+/* ggml custom op: dst [Dv, H, n_q, B] = attention(src0 Q [D, n_q, H, B], src1 K [D, n_kv, H, B],
+ * src2 V [Dv, n_kv, H, B], src3 optional float32 mask [n_kv, n_q or 1]); userdata: the float scale. */
+SDRT_EXPORT void sdrt_attention_op(void *dst, int ith, int nth, void *userdata) {
+    const float scale = *(const float *)userdata;
+    sdrt_view o = sdrt_tensor_view(dst);
+    sdrt_view q = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
+    sdrt_view k = sdrt_tensor_view(sdrt_tensor_src(dst, 1));
+    sdrt_view v = sdrt_tensor_view(sdrt_tensor_src(dst, 2));
+    const void *tm = sdrt_tensor_src(dst, 3);
+    sdrt_view m = tm ? sdrt_tensor_view(tm) : o;
+    const int D = (int)q.ne[0], n_q = (int)q.ne[1], H = (int)q.ne[2], B = (int)q.ne[3];
+    const int n_kv = (int)k.ne[1], Dv = (int)v.ne[0];
+    const int nk = (n_kv + SDRT_ATTN_KPAD - 1) / SDRT_ATTN_KPAD * SDRT_ATTN_KPAD;
+    const int nqb = (n_q + SDRT_ATTN_QB - 1) / SDRT_ATTN_QB;
+    const int64_t T = (int64_t)B * H * nqb;
+    const int64_t t0 = T * ith / nth, t1 = T * (ith + 1) / nth;
+    if (t0 >= t1)
+        return;
+    float *kt = malloc(sizeof(float) * ((size_t)(D + Dv + 4) * nk + 4 * (size_t)D));
+    if (!kt) { /* no scratch: this thread's rows become NaN rather than the process aborting */
+        for (int64_t t = t0; t < t1; t++) {
+            int bh = (int)(t / nqb), qb = (int)(t % nqb), b = bh / H, h = bh % H;
+            for (int row = qb * SDRT_ATTN_QB; row < n_q && row < (qb + 1) * SDRT_ATTN_QB; row++)
+                for (int dv = 0; dv < Dv; dv++)
+                    *(float *)(o.data + dv * o.nb[0] + h * o.nb[1] + row * o.nb[2] + b * o.nb[3]) = NAN;
+        }
+        return;
+    }
+    float *vt = kt + (size_t)D * nk, *S = vt + (size_t)Dv * nk, *qs = S + 4 * (size_t)nk;
+    sdrt_attn_job job = {D, Dv, nk, n_kv, kt, vt, S};
+    const sdrt_attn_rows_fn fn = ops.attn;
+    int last = -1;
+    for (int64_t t = t0; t < t1; t++) {
+        const int bh = (int)(t / nqb), qb = (int)(t % nqb), b = bh / H, h = bh % H;
+        if (bh != last) { /* pack this head's K^T and V^T, keys padded with zeros */
+            for (int d = 0; d < D; d++) {
+                float *row = kt + (size_t)d * nk;
+                for (int j = 0; j < n_kv; j++)
+                    row[j] = AT(k, d, j, h, b);
+                memset(row + n_kv, 0, sizeof(float) * (size_t)(nk - n_kv));
+            }
+            for (int d = 0; d < Dv; d++) {
+                float *row = vt + (size_t)d * nk;
+                for (int j = 0; j < n_kv; j++)
+                    row[j] = AT(v, d, j, h, b);
+                memset(row + n_kv, 0, sizeof(float) * (size_t)(nk - n_kv));
+            }
+            last = bh;
+        }
+        const int end = (qb + 1) * SDRT_ATTN_QB < n_q ? (qb + 1) * SDRT_ATTN_QB : n_q;
+        for (int row0 = qb * SDRT_ATTN_QB; row0 < end; row0 += 4) {
+            const int R = end - row0 < 4 ? end - row0 : 4;
+            const float *mrow[4];
+            float *out[4];
+            for (int r = 0; r < R; r++) {
+                const int row = row0 + r;
+                for (int d = 0; d < D; d++)
+                    qs[r * D + d] = AT(q, d, row, h, b) * scale;
+                if (tm)
+                    mrow[r] = (const float *)(m.data + (size_t)(m.ne[1] == 1 ? 0 : row) * m.nb[1]);
+                out[r] = (float *)(o.data + (size_t)h * o.nb[1] + (size_t)row * o.nb[2] + (size_t)b * o.nb[3]);
+            }
+            fn(&job, R, qs, tm ? mrow : NULL, out);
+        }
+    }
+    free(kt);
+}
+
+/* ggml custom op: dst = gelu_erf(src0) [* src1]: float32 of one shape, dst dense; the sources
+ * need dense rows only (nb[0] = 4), so GEGLU's two halves of one projection are read in place. */
+SDRT_EXPORT void sdrt_gelu_erf_op(void *dst, int ith, int nth, void *userdata) {
+    (void)userdata;
+    sdrt_view o = sdrt_tensor_view(dst);
+    sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
+    const void *tg = sdrt_tensor_src(dst, 1);
+    sdrt_view gv = tg ? sdrt_tensor_view(tg) : x;
+    const int64_t ne0 = o.ne[0], rows = o.ne[1] * o.ne[2] * o.ne[3];
+    const int dense = x.nb[1] == (size_t)ne0 * 4 && x.nb[2] == x.nb[1] * (size_t)x.ne[1] &&
+                      x.nb[3] == x.nb[2] * (size_t)x.ne[2] && gv.nb[1] == x.nb[1] && gv.nb[2] == x.nb[2] &&
+                      gv.nb[3] == x.nb[3];
+    if (dense || rows < nth) { /* one flat range (or row by row when rows are few) split in cache lines */
+        const int64_t n = dense ? ne0 * rows : ne0;
+        const int64_t per = ((n + nth - 1) / nth + 63) / 64 * 64;
+        const int64_t i0 = per * ith, i1 = i0 + per < n ? i0 + per : n;
+        if (i0 >= i1)
+            return;
+        for (int64_t r = 0; r < (dense ? 1 : rows); r++) {
+            const int64_t i1r = r % o.ne[1], i2 = r / o.ne[1] % o.ne[2], i3 = r / (o.ne[1] * o.ne[2]);
+            const size_t xo = (size_t)i1r * x.nb[1] + (size_t)i2 * x.nb[2] + (size_t)i3 * x.nb[3];
+            const size_t go = (size_t)i1r * gv.nb[1] + (size_t)i2 * gv.nb[2] + (size_t)i3 * gv.nb[3];
+            const size_t oo = (size_t)i1r * o.nb[1] + (size_t)i2 * o.nb[2] + (size_t)i3 * o.nb[3];
+            ops.gelu(i1 - i0, (const float *)(x.data + xo) + i0, tg ? (const float *)(gv.data + go) + i0 : NULL,
+                     (float *)(o.data + oo) + i0);
+        }
+        return;
+    }
+    const int64_t r0 = rows * ith / nth, r1 = rows * (ith + 1) / nth;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1r = r % o.ne[1], i2 = r / o.ne[1] % o.ne[2], i3 = r / (o.ne[1] * o.ne[2]);
+        const float *xr = (const float *)(x.data + (size_t)i1r * x.nb[1] + (size_t)i2 * x.nb[2] + (size_t)i3 * x.nb[3]);
+        const float *gr = tg ? (const float *)(gv.data + (size_t)i1r * gv.nb[1] + (size_t)i2 * gv.nb[2] +
+                                               (size_t)i3 * gv.nb[3])
+                             : NULL;
+        ops.gelu(ne0, xr, gr, (float *)(o.data + (size_t)i1r * o.nb[1] + (size_t)i2 * o.nb[2] + (size_t)i3 * o.nb[3]));
+    }
+}
+
+/* ggml custom op: group statistics. src0 x ne (HW, C, N) dense; dst ne (2, G, N): mean and
+ * 1/sqrt(var + eps) of each group of C/G channels (two passes: mean, then squared deviations). */
+SDRT_EXPORT void sdrt_gn_stats_op(void *dst, int ith, int nth, void *userdata) {
+    const sdrt_gn_params *pr = (const sdrt_gn_params *)userdata;
+    sdrt_view o = sdrt_tensor_view(dst);
+    sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
+    const int G = pr->groups;
+    const int64_t hw = x.ne[0], C = x.ne[1], N = x.ne[2], per = hw * (C / G);
+    const int64_t T = N * G, t0 = T * ith / nth, t1 = T * (ith + 1) / nth;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *xs = (const float *)(x.data + (size_t)(t / G) * x.nb[2]) + (size_t)(t % G) * per;
+        const float mean = (float)(ops.sum(per, xs) / (double)per);
+        const double var = ops.sqdev(per, xs, mean) / (double)per;
+        float *out = (float *)(o.data + (size_t)(t / G) * o.nb[2] + (size_t)(t % G) * o.nb[1]);
+        out[0] = mean;
+        out[1] = (float)(1.0 / sqrt(var + pr->eps));
+    }
+}
+
+/* ggml custom op: y = act((x - mean) * rstd * gamma + beta). src0 x ne (HW, C, N) dense,
+ * src1 the stats (sdrt_gn_stats_op), src2 gamma and src3 beta (C floats each, or NULL).
+ * dst ne (HW, C, N), or with cl ne (C, HW) for N = 1 (what a channels-last conv reads). */
+SDRT_EXPORT void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata) {
+    const sdrt_gn_params *pr = (const sdrt_gn_params *)userdata;
+    sdrt_view o = sdrt_tensor_view(dst);
+    sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
+    sdrt_view st = sdrt_tensor_view(sdrt_tensor_src(dst, 1));
+    const void *tgam = sdrt_tensor_src(dst, 2), *tbet = sdrt_tensor_src(dst, 3);
+    const float *gam = tgam ? (const float *)sdrt_tensor_view(tgam).data : NULL;
+    const float *bet = tbet ? (const float *)sdrt_tensor_view(tbet).data : NULL;
+    const int G = pr->groups;
+    const int64_t hw = x.ne[0], C = x.ne[1], N = x.ne[2], cg = C / G;
+#define GN_COEF(n, c, m, a, b)                                                                       \
+    do {                                                                                           \
+        const float *s_ = (const float *)(st.data + (size_t)(n) * st.nb[2] + (size_t)((c) / cg) * st.nb[1]); \
+        (m) = s_[0];                                                                               \
+        (a) = s_[1] * (gam ? gam[c] : 1.0f);                                                       \
+        (b) = bet ? bet[c] : 0.0f;                                                                 \
+    } while (0)
+    if (!pr->cl) {
+        const int64_t T = N * C, t0 = T * ith / nth, t1 = T * (ith + 1) / nth;
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t n = t / C, c = t % C;
+            float m, a, b;
+            GN_COEF(n, c, m, a, b);
+            ops.affine_row(hw, (const float *)(x.data + (size_t)n * x.nb[2] + (size_t)c * x.nb[1]), m, a, b, pr->silu,
+                           (float *)(o.data + (size_t)n * o.nb[2] + (size_t)c * o.nb[1]));
+        }
+        return;
+    }
+    /* channels-last: threads split the pixels in blocks of 16 */
+    const int64_t blocks = (hw + 15) / 16, b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
+    if (b0 >= b1)
+        return;
+    float *coef = malloc(sizeof(float) * 3 * (size_t)C);
+    if (!coef) {
+        for (int64_t p = b0 * 16; p < hw && p < b1 * 16; p++)
+            for (int64_t c = 0; c < C; c++)
+                ((float *)o.data)[(size_t)p * C + c] = NAN;
+        return;
+    }
+    for (int64_t c = 0; c < C; c++)
+        GN_COEF(0, c, coef[c], coef[C + c], coef[2 * C + c]);
+#undef GN_COEF
+    ops.affine_cl(hw, (int)C, (const float *)x.data, coef, coef + C, coef + 2 * C, pr->silu, b0 * 16,
+                  b1 * 16 < hw ? b1 * 16 : hw, (float *)o.data);
+    free(coef);
+}

@@ -1,0 +1,231 @@
+"""sdrt-ggml's native attention and GELU kernels (``plugin-ggml/native/ops.c``) as ggml custom ops.
+
+They live in the same compiled library as the GEMM (``native.native()`` loads it and checks
+ggml-python's tensor layout). Before first use they are checked once against numpy inside a
+ggml graph (odd sizes, a mask, strided K); if the library is missing or a check fails,
+``native_ops()`` returns None, logs why once, and the lowerings use ggml's own ops
+(``ggml_flash_attn_ext``, ``ggml_gelu_erf``).
+
+Environment: ``SDRT_GGML_OPS_ISA`` forces a kernel body (``portable``, ``avx2``, ``avx512``,
+``neon``, or ``scalar``: the plain C code that compilers without vector extensions get).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .native import ISAS, native
+
+log = logging.getLogger("sdrt.ggml.native")
+
+#: ``sdrt_ops_set_isa`` ids: the GEMM's, plus the scalar code (``SDRT_ISA_COUNT``)
+OPS_ISAS = {**ISAS, "scalar": 4}
+
+
+@dataclass(frozen=True)
+class NativeOps:
+    """The custom-op callbacks of the attention and GELU kernels (kept alive for the process)."""
+
+    lib: ctypes.CDLL
+    attention_op: Any
+    gelu_op: Any
+    gn_stats_op: Any
+    gn_apply_op: Any
+
+    def set_isa(self, name: str | None) -> str:
+        """Use the kernel body ``name`` (None: the widest this CPU runs); returns the active one.
+        Raises ValueError when this build or CPU lacks it."""
+        got = self.lib.sdrt_ops_set_isa(-1 if name is None else OPS_ISAS.get(name, -2))
+        if got < 0:
+            raise ValueError(f"kernel body {name!r} is not available here (have: {', '.join(self.available_isas())})")
+        return {v: k for k, v in OPS_ISAS.items()}[got]
+
+    def available_isas(self) -> list[str]:
+        active = self.lib.sdrt_ops_active_isa()
+        have = [n for n, i in OPS_ISAS.items() if self.lib.sdrt_ops_set_isa(i) >= 0]
+        self.lib.sdrt_ops_set_isa(active)
+        return have
+
+
+_REASON: list[str] = []
+
+
+def unavailable_reason() -> str | None:
+    """Why the attention and GELU kernels are not used (None when they are)."""
+    native_ops()
+    return _REASON[0] if _REASON else None
+
+
+@functools.cache
+def native_ops() -> NativeOps | None:
+    """The kernels, or None (the reason logged once)."""
+    nat = native()
+    if nat is None:
+        _REASON.append("the native library is not loaded (see the sdrt.ggml.native log)")
+        return None
+    try:
+        from .ops._common import ggml_lib
+
+        g = ggml_lib()
+        lib = nat.lib
+        lib.sdrt_ops_set_isa.argtypes = [ctypes.c_int]
+        lib.sdrt_ops_set_isa.restype = ctypes.c_int
+        lib.sdrt_ops_active_isa.restype = ctypes.c_int
+        ops = NativeOps(lib, *(g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value)
+                               for f in ("sdrt_attention_op", "sdrt_gelu_erf_op", "sdrt_gn_stats_op",
+                                         "sdrt_gn_apply_op")))
+        ops.set_isa(os.environ.get("SDRT_GGML_OPS_ISA") or None)
+        why = _self_test(ops, g)
+    except (OSError, AttributeError, ValueError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    if why:
+        _REASON.append(why)
+        log.warning("sdrt-ggml native attention/GELU kernels not used (%s); using ggml's own", why)
+        return None
+    return ops
+
+
+@functools.cache
+def _scale_arg(scale: float) -> ctypes.c_float:
+    """The userdata of an attention op: one float per distinct scale, alive for the process."""
+    return ctypes.c_float(scale)
+
+
+def attention(ops: NativeOps, g: Any, ctx: Any, q: Any, k: Any, v: Any, mask: Any, scale: float) -> Any:
+    """softmax(Q K^T * scale + mask) V. ``q`` ne (D, n_q, H, B), ``k`` ne (D, n_kv, H, B),
+    ``v`` ne (Dv, n_kv, H, B), any strides; ``mask`` None or float32 ne (n_kv, n_q or 1), dense
+    rows. Result ne (Dv, H, n_q, B), the layout of ``ggml_flash_attn_ext``."""
+    qn, vn = q.contents.ne, v.contents.ne
+    args = [q, k, v] + ([mask] if mask is not None else [])
+    arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
+    ud = ctypes.cast(ctypes.pointer(_scale_arg(float(scale))), ctypes.c_void_p)
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, vn[0], qn[2], qn[1], qn[3], arr, len(args),
+                                      ops.attention_op, g.GGML_N_TASKS_MAX, ud), "sdrt_attention")
+
+
+def gelu_erf(ops: NativeOps, g: Any, ctx: Any, x: Any, gate: Any = None) -> Any:
+    """0.5 x (1 + erf(x / sqrt 2)) [* gate]; ``x`` (and ``gate``, same shape) float32 with dense rows
+    (nb[0] = 4; the rows themselves may be strided, e.g. slices of one wider tensor). Result dense."""
+    args = [x] + ([gate] if gate is not None else [])
+    arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
+    ne = x.contents.ne
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], ne[2], ne[3], arr, len(args), ops.gelu_op,
+                                      g.GGML_N_TASKS_MAX, None), "sdrt_gelu")
+
+
+class GnParams(ctypes.Structure):
+    """``sdrt_gn_params`` (native/sdrt_ops.h)."""
+
+    _fields_ = [("groups", ctypes.c_int32), ("silu", ctypes.c_int32), ("cl", ctypes.c_int32), ("eps", ctypes.c_float)]
+
+
+@functools.cache
+def _gn_arg(groups: int, silu: bool, cl: bool, eps: float) -> GnParams:
+    """The userdata of a group-norm op: one per distinct parameter set, alive for the process."""
+    return GnParams(groups, int(silu), int(cl), eps)
+
+
+def _ud(p: Any) -> ctypes.c_void_p:
+    return ctypes.cast(ctypes.pointer(p), ctypes.c_void_p)
+
+
+def gn_stats(ops: NativeOps, g: Any, ctx: Any, x: Any, groups: int, eps: float) -> Any:
+    """Mean and 1/sqrt(var + eps) per group: ``x`` dense float32 ne (HW, C, N) -> ne (2, G, N)."""
+    arr = (ctypes.POINTER(g.ggml_tensor) * 1)(x)
+    n = x.contents.ne[2]
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, 2, groups, n, 1, arr, 1, ops.gn_stats_op,
+                                      g.GGML_N_TASKS_MAX, _ud(_gn_arg(groups, False, False, eps))), "sdrt_gn_stats")
+
+
+def gn_apply(ops: NativeOps, g: Any, ctx: Any, x: Any, stats: Any, gamma: Any, beta: Any, groups: int, *,
+             silu: bool, cl: bool) -> Any:
+    """act((x - mean) * rstd * gamma + beta) from ``gn_stats``; gamma/beta: C floats or None.
+    Result ne (HW, C, N), or channels-last ne (C, HW) with ``cl`` (N must be 1)."""
+    ne = x.contents.ne
+    # ggml_custom_4d takes a fixed source count: absent gamma/beta are passed as NULL sources
+    args = [x, stats, gamma, beta]
+    arr = (ctypes.POINTER(g.ggml_tensor) * 4)(*[a if a is not None else ctypes.POINTER(g.ggml_tensor)() for a in args])
+    shape = (ne[1], ne[0], 1, 1) if cl else (ne[0], ne[1], ne[2], 1)
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *shape, arr, 4, ops.gn_apply_op, g.GGML_N_TASKS_MAX,
+                                      _ud(_gn_arg(groups, silu, cl, 0.0))), "sdrt_group_norm")
+
+
+def _named(g: Any, t: Any, name: str) -> Any:
+    g.ggml_set_name(t, name.encode())  # what op_timing's profiles call the op
+    return t
+
+
+def reference_group_norm(x: np.ndarray, groups: int, eps: float, gamma: np.ndarray | None,
+                         beta: np.ndarray | None, silu: bool) -> np.ndarray:
+    """numpy: x (N, C, ...) -> the same shape."""
+    n, c = x.shape[:2]
+    xg = x.astype(np.float64).reshape(n, groups, -1)
+    y = ((xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + eps)).reshape(x.shape)
+    bshape = (1, c) + (1,) * (x.ndim - 2)
+    if gamma is not None:
+        y = y * gamma.reshape(bshape)
+    if beta is not None:
+        y = y + beta.reshape(bshape)
+    return y / (1 + np.exp(-y)) if silu else y
+
+
+def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+                        scale: float) -> np.ndarray:
+    """numpy: q (..., n_q, D), k (..., n_kv, D), v (..., n_kv, Dv) -> (..., n_q, Dv)."""
+    s = (q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2)) * scale
+    if mask is not None:
+        s = s + mask
+    s = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (s / s.sum(axis=-1, keepdims=True)) @ v.astype(np.float64)
+
+
+def reference_gelu(x: np.ndarray) -> np.ndarray:
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return 0.5 * x * (1.0 + erf(x.astype(np.float64) / math.sqrt(2.0)))
+
+
+def _self_test(ops: NativeOps, g: Any) -> str | None:
+    """Attention (odd sizes, a mask, K read through a transposed view) and GELU, by ggml's graph compute."""
+    from .native import _tensor
+
+    rng = np.random.default_rng(0)
+    b, h, n_q, n_kv, d, dv = 1, 3, 7, 37, 5, 9
+    q = rng.standard_normal((b, h, n_q, d)).astype(np.float32)
+    k = rng.standard_normal((b, h, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((b, h, n_kv, dv)).astype(np.float32)
+    mask = np.triu(np.full((n_q, n_kv), -np.inf, np.float32), 30)
+    x = rng.standard_normal(1000).astype(np.float32) * 4
+    ctx = g.ggml_init(g.ggml_init_params(mem_size=1 << 22, mem_buffer=None, no_alloc=False))
+    try:
+        tk = _tensor(g, ctx, np.ascontiguousarray(np.swapaxes(k, -1, -2)))  # K^T dense: read K through a view
+        kview = g.ggml_permute(ctx, tk, 1, 0, 2, 3)
+        y = attention(ops, g, ctx, _tensor(g, ctx, q), kview, _tensor(g, ctx, v), _tensor(g, ctx, mask), 0.7)
+        ge = gelu_erf(ops, g, ctx, _tensor(g, ctx, x))
+        gf = g.ggml_new_graph(ctx)
+        g.ggml_build_forward_expand(gf, y)
+        g.ggml_build_forward_expand(gf, ge)
+        g.ggml_graph_compute_with_ctx(ctx, gf, 2)
+        got = _array(g, y, (b, n_q, h, dv)).transpose(0, 2, 1, 3)
+        want = reference_attention(q, k, v, mask, 0.7)
+        if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+            return f"attention max error {float(np.abs(got - want).max()):.3g}"
+        gg, gw = _array(g, ge, x.shape), reference_gelu(x)
+        if not np.allclose(gg, gw, rtol=1e-4, atol=1e-6):
+            return f"GELU max error {float(np.abs(gg - gw).max()):.3g}"
+    finally:
+        g.ggml_free(ctx)
+    return None
+
+
+def _array(g: Any, t: Any, shape: tuple[int, ...]) -> np.ndarray:
+    n = int(np.prod(shape))
+    ptr = ctypes.cast(g.ggml_get_data(t), ctypes.POINTER(ctypes.c_float))
+    return np.ctypeslib.as_array(ptr, shape=(n,)).reshape(shape).copy()
