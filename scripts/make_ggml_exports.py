@@ -43,6 +43,8 @@ def _torchvision_shim() -> None:
 
     try:
         import torchvision  # noqa: F401
+    except ModuleNotFoundError:
+        return  # only the torchvision models need it
     except RuntimeError:
         for name in [m for m in sys.modules if m.startswith("torchvision")]:
             del sys.modules[name]

@@ -123,7 +123,7 @@ class Lowering:
         self._producer, self._uses = producers_and_uses(self.nodes, self.output_names)
         wanted = self.options.get("rewrites", "all")
         self.rewrites_on = set(OPTIONAL) if wanted == "all" else set(wanted or ())
-        self.rewrites_on.add("gelu")
+        self.rewrites_on.update(("gelu", "nan_guard"))  # needed for correctness
         self._rewrites = REWRITES
         self._init_ids = {id(a): n for n, a in self.inits.items()}
         self._const_cache: dict[tuple[int, str], GTensor] = {}
@@ -198,6 +198,15 @@ class Lowering:
     def producer(self, name: str) -> Any:
         """The node that produced ``name`` (None for inputs and initializers)."""
         return self._producer.get(name)
+
+    def _only_nan_guards(self, node: Any) -> bool:
+        """``node`` is an IsNaN whose every reader is a softmax NaN guard that cannot fire."""
+        from .rewrites import guarded_softmax
+
+        if node.op_type != "IsNaN" or node.output[0] in self.output_names:
+            return False
+        readers = [n for n in self.nodes if node.output[0] in n.input]
+        return bool(readers) and all(guarded_softmax(self, n) is not None for n in readers)
 
     def n_uses(self, name: str) -> int:
         return self._uses.get(name, 0)
@@ -274,7 +283,9 @@ class Lowering:
                     self.out.folded_inits.add(name)
             outs = fold_node(node, ins, self.opsets)  # type: ignore[arg-type]
         elif node.op_type in FOLD_ONLY and node.op_type not in REGISTRY:
-            raise unsupported(node, f"{node.op_type} on a runtime tensor (only constant inputs are supported)")
+            if not self._only_nan_guards(node):
+                raise unsupported(node, f"{node.op_type} on a runtime tensor (only constant inputs are supported)")
+            outs = [None]  # read only by Where guards that the nan_guard rewrite drops
         else:
             fn = REGISTRY.get(node.op_type)
             if fn is None:

@@ -189,11 +189,55 @@ def _mask_f16(mask: np.ndarray, n_q: int, n_kv: int) -> np.ndarray | None:
     return np.ascontiguousarray(np.where(finite, m, -np.inf).astype(np.float16))
 
 
+def guarded_softmax(lowering: Any, node: Any) -> str | None:
+    """S when ``node`` is ``Where(IsNaN(S), c, S)`` on S = Softmax(scores [+ constant mask]) and the mask
+    leaves every row at least one finite entry, so that no row of S can be NaN from the mask.
+
+    torch's export of scaled_dot_product_attention writes this guard (as transformers 5.17's CLIP does)
+    to zero the rows a mask hides entirely; ggml has no NaN test. With a constant mask that hides no
+    whole row the guard never fires, and S is its value."""
+    if node is None or node.op_type != "Where" or len(node.input) != 3:
+        return None
+    test, s_name = lowering.producer(node.input[0]), node.input[2]
+    if test is None or test.op_type != "IsNaN" or test.input[0] != s_name:
+        return None
+    sm = lowering.producer(s_name)
+    if sm is None or sm.op_type != "Softmax" or not _constant(lowering, node.input[1]):
+        return None
+    scores, _ = _unscale(lowering, sm.input[0])
+    add = lowering.producer(scores)
+    if add is not None and add.op_type == "Add":
+        for name in add.input:
+            mask = lowering.values.get(name)
+            if isinstance(mask, np.ndarray):
+                axis = int(attrs(sm).get("axis", -1))
+                if mask.ndim and not np.isfinite(mask).any(axis=axis).all():
+                    return None  # a row the mask hides entirely: the guard matters
+    return s_name
+
+
+def _constant(lowering: Any, name: str) -> bool:
+    """``name`` is a constant: folded already, an initializer, or a Constant node's (maybe not yet lowered)."""
+    made = lowering.producer(name)
+    return isinstance(lowering.values.get(name), np.ndarray) or name in lowering.inits or (
+        made is not None and made.op_type == "Constant")
+
+
+@rewrite("nan_guard", "Where")
+def match_nan_guard(lowering: Any, node: Any) -> list[Value] | None:
+    """Where(IsNaN(S), c, S) -> S for a softmax whose mask hides no whole row (see ``guarded_softmax``)."""
+    s_name = guarded_softmax(lowering, node)
+    return None if s_name is None else [lowering.values[s_name]]
+
+
 @rewrite("attention", "MatMul")
 def match_attention(lowering: Any, node: Any) -> list[Value] | None:
     if not lowering.supports_flash_attn:
         return None
     sm = lowering.producer(node.input[0])
+    guarded = guarded_softmax(lowering, sm)
+    if guarded is not None:  # attention written with torch's NaN guard after the softmax
+        sm = lowering.producer(guarded)
     v = lowering.values.get(node.input[1])
     if sm is None or sm.op_type != "Softmax" or not isinstance(v, GTensor) or v.rank not in (3, 4):
         return None

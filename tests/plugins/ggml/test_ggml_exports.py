@@ -5,6 +5,8 @@ The graphs in tests/data/ggml_exports were written by ``scripts/make_ggml_export
 32x32 and 64x64 latents, the SD 1.5 and SDXL UNet architectures and the CLIP ViT-L/14 and
 OpenCLIP bigG text encoders at small widths, and torchvision's MobileNetV2/V3 and ResNet-50.
 Their large float weights were left out; they are filled here with seeded random values.
+``clip_vit_l14_sdpa_nan_guard`` is the same CLIP export made with transformers 5.17, whose attention
+carries torch's SDPA NaN guard ``Where(IsNaN(softmax), 0, softmax)``.
 """
 
 from __future__ import annotations

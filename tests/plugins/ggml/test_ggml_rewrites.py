@@ -209,3 +209,31 @@ def test_kernel_options_are_checked(key):
     model, _ = gelu_model(0)
     with pytest.raises(SdrtError, match=f"{key}='flash' is not a choice"):
         compile_ggml(model, **{key: "flash"})
+
+
+def nan_guard_model(hide_a_row: bool):
+    """Softmax(x + mask) read through torch's SDPA NaN guard, Where(IsNaN(S), 0, S), then @ v."""
+    n, m = 5, 6
+    mask = np.triu(np.full((n, m), -np.inf, np.float32), 1)
+    if hide_a_row:
+        mask[2] = -np.inf  # row 2 is hidden entirely: its softmax is NaN and the guard zeroes it
+    nodes = [mk("Add", ["x", "mask"], ["xm"]), mk("Softmax", ["xm"], ["s"], axis=-1), mk("IsNaN", ["s"], ["nan"]),
+             mk("Where", ["nan", "zero", "s"], ["p"]), mk("MatMul", ["p", "v"], ["y"])]
+    inits = {"mask": mask, "zero": np.array(0.0, np.float32)}
+    model = make_model(nodes, {"x": ((2, n, m), F), "v": ((2, m, 4), F)}, {"y": (None, F)}, inits)
+    return model, {"x": rand(2, n, m), "v": rand(2, m, 4, seed=1)}
+
+
+def test_nan_guard_that_cannot_fire_is_dropped():
+    model, feeds = nan_guard_model(hide_a_row=False)
+    check(model, feeds)  # against onnxruntime
+    with compile_ggml(model) as session:
+        assert session.rewrite_hits.get("nan_guard", 0) + session.rewrite_hits.get("attention", 0) >= 1
+
+
+def test_nan_guard_on_a_hidden_row_is_refused():
+    from sdrt.errors import UnsupportedGraph
+
+    model, _ = nan_guard_model(hide_a_row=True)
+    with pytest.raises(UnsupportedGraph, match="IsNaN"):
+        compile_ggml(model).__enter__()
