@@ -20,6 +20,7 @@ import numpy as np
 from sdrt import Session, TensorInfo
 from sdrt.errors import InputError, SdrtError
 from sdrt.lowering import fold_node
+from sdrt.weights import same_values
 
 from .devices import DeviceHandles
 from .gpu import keep_matmuls_f32, weights_on_host
@@ -225,7 +226,7 @@ class GgmlSession(Session):
         """
         assert self._lo is not None
         old = self._spec.initializers
-        changed = {k: np.asarray(v) for k, v in arrays.items() if not _same(old.get(k), v)}
+        changed = {k: np.asarray(v) for k, v in arrays.items() if not same_values(old.get(k), v)}
         if not changed:
             return
         bound = {b.name for b in self._lo.bindings}
@@ -293,21 +294,6 @@ class GgmlSession(Session):
                 self._free()
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing useful to do
             pass
-
-
-def _same(old: np.ndarray | None, new: Any) -> bool:
-    """Whether ``new`` holds exactly the values of ``old`` (a few leading values first: cheap when not)."""
-    if old is None:
-        return False
-    new = np.asarray(new)
-    if new is old:
-        return True
-    if new.shape != old.shape or new.dtype != old.dtype:
-        return False
-    a, b = old.reshape(-1), new.reshape(-1)
-    if not np.array_equal(a[:256], b[:256]):
-        return False
-    return bool(np.array_equal(a, b))
 
 
 @functools.cache

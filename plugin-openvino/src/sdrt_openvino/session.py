@@ -19,6 +19,7 @@ import numpy as np
 
 from sdrt import Session
 from sdrt.errors import InputError, SdrtError
+from sdrt.weights import same_values
 
 from . import convert, swap
 from .errors import OpenVINOError, first_lines
@@ -212,7 +213,7 @@ class OpenVINOSession(Session):
         """
         start = time.perf_counter()
         assert self._conversion is not None  # the base class refuses a closed session
-        if all(_same(self._arrays.get(k), v) for k, v in arrays.items()):  # a pipeline rebinds whole parts
+        if all(same_values(self._arrays.get(k), v) for k, v in arrays.items()):  # a pipeline rebinds whole parts
             log.info("%s: the %d weights passed hold the values bound already; nothing to do", self._graph.name,
                      len(arrays))
             return
@@ -327,19 +328,6 @@ class OpenVINOSession(Session):
             self._rebinder = None
             self._weight_inputs = {}
         super().close()
-
-
-def _same(old: np.ndarray | None, new: np.ndarray) -> bool:
-    """Whether ``new`` holds exactly the values of ``old`` (a few leading values first: cheap when not)."""
-    if old is None:
-        return False
-    new = np.asarray(new)
-    if new is old:
-        return True
-    if new.shape != old.shape or new.dtype != old.dtype:
-        return False
-    a, b = old.reshape(-1), new.reshape(-1)
-    return bool(np.array_equal(a[:256], b[:256]) and np.array_equal(a, b))
 
 
 def _fits(port: Any, info: Any) -> bool:

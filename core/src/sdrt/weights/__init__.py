@@ -13,8 +13,8 @@ anonymous weights through a graph's nodes.
 from __future__ import annotations
 
 from .keymap import KeyMap
-from .resolve import resolve_weights
+from .resolve import resolve_weights, same_values
 from .store import CONVERT_HINT, PICKLE_SUFFIXES, BindReport, TensorRef, Weights, refuse_unsafe
 
 __all__ = ["CONVERT_HINT", "PICKLE_SUFFIXES", "BindReport", "KeyMap", "TensorRef", "Weights", "refuse_unsafe",
-           "resolve_weights"]
+           "resolve_weights", "same_values"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,3 +32,18 @@ def resolve_weights(graph: Graph, weights: Weights | None = None) -> dict[str, n
     names = graph.initializer_names
     own = graph.initializer_arrays([n for n in names if n not in given])
     return {name: np.asarray(given[name]) if name in given else own[name] for name in names}
+
+
+def same_values(old: np.ndarray | None, new: Any) -> bool:
+    """Whether ``new`` holds exactly the values of ``old`` (same shape and dtype); compares a few
+    leading values first, so a changed weight costs little. Backends use it in ``_update_weights``
+    to skip weights a caller passes again unchanged (a pipeline rebinds whole parts)."""
+    if old is None:
+        return False
+    new = np.asarray(new)
+    if new is old:
+        return True
+    if new.shape != old.shape or new.dtype != old.dtype:
+        return False
+    a, b = old.reshape(-1), new.reshape(-1)
+    return bool(np.array_equal(a[:256], b[:256]) and np.array_equal(a, b))
