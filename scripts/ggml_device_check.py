@@ -24,20 +24,13 @@ sys.path.insert(0, str(ROOT / "tests" / "plugins" / "ggml"))
 
 
 def check_model(name: str, device: object, tmp: Path, limit: float) -> dict[str, object]:
-    import numpy as np
     import onnx
-    import onnxruntime as ort
-    from test_ggml_exports import DATA, filled
+    from test_ggml_exports import range_error, reference
 
     from sdrt.graph import Graph
     from sdrt_ggml import GgmlBackend
 
-    model = filled(name)
-    path = tmp / f"{name}.onnx"
-    onnx.save(model, str(path))
-    feeds = dict(np.load(DATA / f"{name}.npz"))
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    want = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, feeds)))
+    path, feeds, want = reference(name, tmp)
     t0 = time.perf_counter()
     with GgmlBackend().compile(Graph(onnx.load(str(path))), None, device) as session:
         t1 = time.perf_counter()
@@ -46,10 +39,7 @@ def check_model(name: str, device: object, tmp: Path, limit: float) -> dict[str,
         session.run(feeds)  # the first run also builds the device's pipelines (shader compiles)
         t3 = time.perf_counter()
         placement = session.placement()
-    err = 0.0
-    for key, w in want.items():
-        scale = max(float(np.max(np.abs(w))), 1e-6)
-        err = max(err, float(np.max(np.abs(got[key].astype(np.float64) - w))) / scale)
+    err = max(range_error(got[key], w) for key, w in want.items())
     return {"model": name, "max_rel_error": err, "ok": err <= limit, "compile_s": round(t1 - t0, 2),
             "first_run_s": round(t2 - t1, 2), "run_s": round(t3 - t2, 3), "placement": placement}
 

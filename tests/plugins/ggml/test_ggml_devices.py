@@ -9,13 +9,12 @@ Mesa's lavapipe, a Vulkan driver that runs on the CPU.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
 from ggml_helpers import F, make_model, rand, run_ort
 from onnx import helper
+from test_ggml_exports import MODELS, range_error
 
 mk = helper.make_node
 
@@ -93,7 +92,7 @@ def _close(got: dict[str, np.ndarray], want: dict[str, np.ndarray], limit: float
     """Every output within ``limit`` of its range (max |want|) of onnxruntime's."""
     for k, w in want.items():
         assert got[k].shape == w.shape, (k, got[k].shape, w.shape)
-        err = float(np.max(np.abs(got[k].astype(np.float64) - w))) / max(float(np.max(np.abs(w))), 1e-6)
+        err = range_error(got[k], w)
         assert err <= limit, f"{k}: max error {err:.2e} of the output's range"
 
 
@@ -190,25 +189,16 @@ def test_a_weight_the_gpu_cannot_hold_stays_in_cpu_memory(device):
         assert place["fallback_ops"].get("MUL_MAT") == 1, place
 
 
-EXPORTS = Path(__file__).resolve().parents[2] / "data" / "ggml_exports"
-
-
 @needs_gpu
 @pytest.mark.parametrize("device", gpu_ids)
-@pytest.mark.parametrize("name", sorted(p.stem for p in EXPORTS.glob("*.onnx")))
+@pytest.mark.parametrize("name", MODELS)
 def test_real_exports_on_the_gpu(device, name, tmp_path):
     """The exports of issue 20 point 2 on each GPU device, within GPU_LIMIT of the output's range."""
-    import onnxruntime as ort
-    from test_ggml_exports import filled
+    from test_ggml_exports import reference
 
     from sdrt.graph import Graph
 
-    model = filled(name)
-    path = tmp_path / f"{name}.onnx"
-    onnx.save(model, str(path))
-    feeds = dict(np.load(EXPORTS / f"{name}.npz"))
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    want = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, feeds)))
+    path, feeds, want = reference(name, tmp_path)
     dev = next(d for d in _backend().devices() if d.id == device)
     with _backend().compile(Graph(onnx.load(str(path))), None, dev) as s:
         _close(s.run(feeds), want, GPU_LIMIT)

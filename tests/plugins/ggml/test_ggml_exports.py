@@ -48,18 +48,27 @@ def test_the_exports_are_all_there():
     assert all((DATA / f"{m}.onnx").stat().st_size < 3_000_000 for m in MODELS)
 
 
-@pytest.mark.parametrize("name", MODELS)
-def test_export_matches_onnxruntime(name, tmp_path):
+def reference(name: str, tmp: Path) -> tuple[Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Export ``name`` with its weights filled, written under ``tmp``; its example feeds; onnxruntime's outputs."""
     import onnxruntime as ort  # a test dependency of the tests session
-    model = filled(name)
-    path = tmp_path / f"{name}.onnx"
-    onnx.save(model, str(path))
+
+    path = tmp / f"{name}.onnx"
+    onnx.save(filled(name), str(path))
     feeds = dict(np.load(DATA / f"{name}.npz"))
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    want = dict(zip([o.name for o in ref.get_outputs()], ref.run(None, feeds)))
+    return path, feeds, dict(zip([o.name for o in ref.get_outputs()], ref.run(None, feeds)))
+
+
+def range_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| as a fraction of the output's range (max |want|)."""
+    return float(np.max(np.abs(got.astype(np.float64) - want))) / max(float(np.max(np.abs(want))), 1e-6)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_export_matches_onnxruntime(name, tmp_path):
+    path, feeds, want = reference(name, tmp_path)
     with compile_ggml(onnx.load(str(path))) as session:
         got = session.run(feeds)
     for key, w in want.items():
-        scale = max(float(np.max(np.abs(w))), 1e-6)
-        err = float(np.max(np.abs(got[key].astype(np.float64) - w))) / scale
+        err = range_error(got[key], w)
         assert err <= 1e-4, f"{name}:{key}: max error {err:.2e} of the output's range"
