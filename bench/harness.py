@@ -199,7 +199,7 @@ def bench_model(name: str, size: str, workdir: Path, backends: Sequence[str], *,
         contenders.append(("openvino-raw", "peer", lambda: openvino_runner(path, outputs, threads)))
     for be in backends:
         opts = dict((sdrt_options or {}).get(be, {}))
-        if threads and be == "openvino":
+        if threads and be in ("openvino", "ggml"):  # both take a `threads` compile option
             opts.setdefault("threads", threads)
         contenders.append((f"sdrt-{be}", "sdrt",
                            lambda be=be, opts=opts: sdrt_runner(sdrt_path, outputs, be, opts)))

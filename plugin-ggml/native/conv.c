@@ -17,8 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CONV_KC 384
-#define CONV_GROUP_BYTES (256 * 1024)
+/* bytes of L2 for a block of W's rows (mc x kc) and for a unit's packed panels (group x kc x 32) */
+#define CONV_A_BYTES (192 * 1024)
+#define CONV_GROUP_BYTES (192 * 1024)
 
 typedef struct {
     int N, C, H, W, OC, KH, KW, OH, OW;
@@ -26,21 +27,6 @@ typedef struct {
     int K;
     ptrdiff_t ldw; /* floats between rows of W (>= K) */
 } conv_shape;
-
-/* per-thread buffers: 0 the packed panels, 1 the row offsets of a panel */
-static SDRT_THREAD_LOCAL char *cv_raw;
-static SDRT_THREAD_LOCAL size_t cv_cap;
-
-static float *conv_buffer(size_t bytes) {
-    if (bytes > cv_cap) {
-        free(cv_raw);
-        cv_raw = (char *)malloc(bytes + 64);
-        cv_cap = cv_raw ? bytes : 0;
-        if (!cv_raw)
-            return NULL;
-    }
-    return (float *)(((uintptr_t)cv_raw + 63) & ~(uintptr_t)63);
-}
 
 /* Pack rows k0..k1-1 of the column matrix for output pixels p0 .. p0+31 (zeros past the end and
  * in the padding) as one panel [k][32]. The panel's pixels are cut into runs along output rows:
@@ -87,44 +73,36 @@ static void pack_conv_panel(const conv_shape *s, const float *x, int p0, int k0,
     }
 }
 
-/* one unit: panels [pan0, pan1) of batch item n, every output channel, all of K */
+/* one unit: panels [pan0, pan1) of batch item n, every output channel, all of K. For each block
+ * of K the unit's panels are packed once, then every block of output channels (an L2-sized block
+ * of W's rows) runs over them (sdrt_block: each panel slice stays in L1 over the W tiles). */
 static int conv_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const float *x, const float *w,
                      const float *bias, float *out, int pan0, int pan1) {
-    const int np = s->OH * s->OW, tiles = (s->OC + kk->mr_max - 1) / kk->mr_max;
-    const int kblocks = (s->K + CONV_KC - 1) / CONV_KC;
+    const int np = s->OH * s->OW;
+    const int kblocks = (s->K + kk->kc - 1) / kk->kc;
     const int kc_max = (s->K + kblocks - 1) / kblocks;
-    float *buf = conv_buffer((size_t)(pan1 - pan0) * kc_max * SDRT_NR * sizeof(float));
+    int mc = (int)(CONV_A_BYTES / ((size_t)kc_max * sizeof(float))) / kk->mr_max * kk->mr_max;
+    mc = mc < kk->mr_max ? kk->mr_max : mc;
+    const int mblocks = (s->OC + mc - 1) / mc;
+    float *buf = sdrt_thread_buffer(2, (size_t)(pan1 - pan0) * kc_max * SDRT_NR * sizeof(float));
     if (!buf)
         return -1;
-    if (bias) /* C starts as the bias, and every block of K adds to it */
-        for (int oc = 0; oc < s->OC; oc++) {
-            float *row = out + (ptrdiff_t)oc * np;
-            const int a = pan0 * SDRT_NR, b = pan1 * SDRT_NR < np ? pan1 * SDRT_NR : np;
-            for (int p = a; p < b; p++)
-                row[p] = bias[oc];
-        }
     for (int kb = 0; kb < kblocks; kb++) {
         const int k0 = (int)((long)kb * s->K / kblocks), k1 = (int)((long)(kb + 1) * s->K / kblocks);
+        const ptrdiff_t pstride = (ptrdiff_t)(k1 - k0) * SDRT_NR;
         for (int q = pan0; q < pan1; q++)
-            pack_conv_panel(s, x, q * SDRT_NR, k0, k1, buf + (ptrdiff_t)(q - pan0) * (k1 - k0) * SDRT_NR);
-        for (int t = 0; t < tiles; t++) {
-            const int m0 = (int)((long)t * s->OC / tiles), m1 = (int)((long)(t + 1) * s->OC / tiles);
-            const float *a = w + (ptrdiff_t)m0 * s->ldw + k0;
-            const int t_next = t + 1 < tiles ? t + 1 : t;
-            const float *a_next = w + (ptrdiff_t)((long)t_next * s->OC / tiles) * s->ldw + k0;
-            for (int q = pan0; q < pan1; q++) {
-                const int p0 = q * SDRT_NR;
-                sdrt_tile_out o;
-                o.c = out + (ptrdiff_t)m0 * np + p0;
-                o.ldc = np;
-                o.trans = 0;
-                o.m = m1 - m0;
-                o.n = np - p0 < SDRT_NR ? np - p0 : SDRT_NR;
-                o.bias = NULL;
-                o.acc = bias != NULL || kb > 0;
-                kk->kern[o.m](k1 - k0, a, s->ldw, buf + (ptrdiff_t)(q - pan0) * (k1 - k0) * SDRT_NR, &o,
-                              q + 1 < pan1 ? a : a_next);
-            }
+            pack_conv_panel(s, x, q * SDRT_NR, k0, k1, buf + (ptrdiff_t)(q - pan0) * pstride);
+        for (int mb = 0; mb < mblocks; mb++) {
+            const int m0 = (int)((long)mb * s->OC / mblocks), m1 = (int)((long)(mb + 1) * s->OC / mblocks);
+            sdrt_block_out o;
+            o.c = out + (ptrdiff_t)m0 * np + pan0 * SDRT_NR;
+            o.ldc = np;
+            o.trans = 0;
+            o.n = np - pan0 * SDRT_NR;
+            o.bias = NULL;
+            o.rbias = bias ? bias + m0 : NULL;
+            sdrt_block(kk, m1 - m0, k1 - k0, w + (ptrdiff_t)m0 * s->ldw + k0, s->ldw, buf, pstride, pan1 - pan0, &o,
+                       kb > 0);
         }
     }
     return 0;
@@ -180,7 +158,7 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     const int np = s.OH * s.OW, panels = (np + SDRT_NR - 1) / SDRT_NR;
     if (np <= 0 || s.OC <= 0 || s.K <= 0 || (int)Wt.ne[1] != s.OC)
         goto done;
-    const int kblocks = (s.K + CONV_KC - 1) / CONV_KC;
+    const int kblocks = (s.K + kk->kc - 1) / kk->kc;
     const size_t slice = (size_t)((s.K + kblocks - 1) / kblocks) * SDRT_NR * sizeof(float);
     int group = (int)(CONV_GROUP_BYTES / slice);
     group = group < 1 ? 1 : group > panels ? panels : group;

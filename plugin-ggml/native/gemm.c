@@ -5,26 +5,30 @@
  * A is read in place: K contiguous floats per row, any row stride (rows may overlap, as the
  * window conv's do). B is packed into panels of 32 columns, [panel][k][32]: constant weights
  * once when the session is built (Python does it, sdrt_ggml/native.py), runtime operands per
- * thread as the threads reach them. C is written row-major, or transposed (c[n*ldc + m]),
- * which gives a conv its NCHW output without a transpose copy.
+ * unit of work. C is written row-major, or transposed (c[n*ldc + m]).
  *
- * Threads: ggml calls the op on each of its nth threads with no barrier in between, so the
- * work is split statically. A unit is (batch, group of B panels, tile of A rows); a thread
- * takes a contiguous range of units, so it keeps one group of B panels (sized to stay in L2)
- * while it sweeps over A's row tiles, and each row tile (in L1) meets every panel of the
- * group before the next tile is read.
+ * Blocking (Goto / BLIS): K in blocks of kc (per ISA), M in blocks of mc rows (an A block of
+ * mc x kc floats stays in L2), N in groups of panels. A unit of work is (M block, panel group),
+ * all of K: for each K block, for each panel of the group, for each nr-column slice of it
+ * (in L1), every MR tile of the A block (from L2) runs the micro-kernel (sdrt_block). So the
+ * larger operand that a kernel call reads per k, the B slice, comes from L1, and the A tiles
+ * stream from L2.
+ *
+ * Threads: ggml calls the op on each of its nth threads with no barrier in between; the threads
+ * take units from a counter they share (the op's state tensor), so a thread the OS holds back
+ * does not hold the others at ggml's barrier after the op.
  */
 #include "sdrt_native.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef L2_PANEL_BYTES
-#define L2_PANEL_BYTES (384 * 1024)
+/* bytes of L2 for the A block (mc x kc floats) and for a unit's B panels (group x kc x 32) */
+#ifndef L2_A_BYTES
+#define L2_A_BYTES (192 * 1024)
 #endif
-/* the longest block of K per kernel call: mr_max rows of A (14 x 384 floats: 21 KB) stay in L1 */
-#ifndef KC_MAX
-#define KC_MAX 384
+#ifndef L2_B_BYTES
+#define L2_B_BYTES (192 * 1024)
 #endif
 
 /* ---- ISA dispatch ------------------------------------------------------------------ */
@@ -80,6 +84,52 @@ SDRT_EXPORT int sdrt_gemm_active_isa(void) {
 
 const sdrt_isa_kernels *sdrt_active_kernels(void) { return kernels_of(sdrt_gemm_active_isa()); }
 
+/* ---- per-thread scratch ---------------------------------------------------------------- */
+static SDRT_THREAD_LOCAL char *tl_raw[4];
+static SDRT_THREAD_LOCAL size_t tl_cap[4];
+
+float *sdrt_thread_buffer(int slot, size_t bytes) {
+    if (bytes > tl_cap[slot]) {
+        free(tl_raw[slot]);
+        tl_raw[slot] = (char *)malloc(bytes + 64);
+        tl_cap[slot] = tl_raw[slot] ? bytes : 0;
+        if (!tl_raw[slot])
+            return NULL;
+    }
+    return (float *)(((uintptr_t)tl_raw[slot] + 63) & ~(uintptr_t)63);
+}
+
+/* ---- the blocked product ---------------------------------------------------------------- */
+void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdiff_t lda, const float *b,
+                ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc) {
+    const int mr = kk->mr_max, nr = kk->nr;
+    const int tiles = (m + mr - 1) / mr;
+    for (int q = 0; q < panels; q++) {
+        for (int h = 0; h < SDRT_NR; h += nr) {
+            const int n0 = q * SDRT_NR + h;
+            if (n0 >= out->n)
+                return;
+            const float *bs = b + (ptrdiff_t)q * pstride + h;
+            sdrt_tile_out o;
+            o.ldc = out->ldc;
+            o.trans = out->trans;
+            o.n = out->n - n0 < nr ? out->n - n0 : nr;
+            o.bias = out->bias ? out->bias + n0 : NULL;
+            o.acc = acc;
+            for (int t = 0; t < tiles; t++) {
+                const int m0 = (int)((long)t * m / tiles), m1 = (int)((long)(t + 1) * m / tiles);
+                const int m2 = (int)((long)(t + 2) * m / tiles);
+                o.m = m1 - m0;
+                o.rbias = out->rbias ? out->rbias + m0 : NULL;
+                o.c = out->trans ? out->c + (ptrdiff_t)n0 * out->ldc + m0 : out->c + (ptrdiff_t)m0 * out->ldc + n0;
+                /* prefetch the next tile's rows (the first tile's for the last: the next slice's) */
+                const float *pf = t + 1 < tiles && m2 > m1 ? a + (ptrdiff_t)m1 * lda : a;
+                kk->kern[o.m](k, a + (ptrdiff_t)m0 * lda, lda, bs, &o, pf);
+            }
+        }
+    }
+}
+
 /* ---- problem and packing ----------------------------------------------------------- */
 typedef struct {
     int M, N, K;
@@ -116,24 +166,9 @@ static void pack_panel(const gemm2d *p, int n0, int k0, int k1, float *dst) {
             dst[(ptrdiff_t)(k - k0) * SDRT_NR + j] = 0.0f;
 }
 
-/* per-thread buffers (0: runtime-packed B panels, 1: copied A rows), kept for the thread's life */
-static SDRT_THREAD_LOCAL char *tl_raw[2];
-static SDRT_THREAD_LOCAL size_t tl_cap[2];
-
-static float *thread_buffer(int slot, size_t bytes) {
-    if (bytes > tl_cap[slot]) {
-        free(tl_raw[slot]);
-        tl_raw[slot] = (char *)malloc(bytes + 64);
-        tl_cap[slot] = tl_raw[slot] ? bytes : 0;
-        if (!tl_raw[slot])
-            return NULL;
-    }
-    return (float *)(((uintptr_t)tl_raw[slot] + 63) & ~(uintptr_t)63);
-}
-
 /* Whether the kernel's rows of A, lda floats apart, crowd into few L1 sets: with a row stride
  * near a multiple of 4 KiB (K = 1024, 2048, 3072...) the mr lines read at each k all map to
- * the same set of an 8-way L1 and evict each other. Such tiles are copied with a padded stride. */
+ * the same set of an 8-way L1 and evict each other. Such blocks are copied with a padded stride. */
 static int a_aliases(ptrdiff_t lda, int mr) {
     int count[64] = {0};
     for (int i = 0; i < mr; i++) {
@@ -145,90 +180,73 @@ static int a_aliases(ptrdiff_t lda, int mr) {
 }
 
 typedef struct {
-    int tiles_m, panels, group, groups, kblocks, copy_a;
+    int kblocks, tiles_m, mblocks, panels, group, groups, copy_a;
 } split;
 
-static split split_of(const gemm2d *p, int mr_max) {
+/* the blocking of one product for nth threads (see the top of this file) */
+static split split_of(const gemm2d *p, const sdrt_isa_kernels *kk, int nth, long batches) {
     split s;
-    s.tiles_m = (p->M + mr_max - 1) / mr_max;
+    s.kblocks = (p->K + kk->kc - 1) / kk->kc;
+    const int kc = (p->K + s.kblocks - 1) / s.kblocks;
+    s.tiles_m = (p->M + kk->mr_max - 1) / kk->mr_max;
+    int mc_tiles = (int)(L2_A_BYTES / ((size_t)kc * sizeof(float) * (size_t)kk->mr_max));
+    mc_tiles = mc_tiles < 1 ? 1 : mc_tiles;
+    s.mblocks = (s.tiles_m + mc_tiles - 1) / mc_tiles;
     s.panels = (p->N + SDRT_NR - 1) / SDRT_NR;
-    s.kblocks = (p->K + KC_MAX - 1) / KC_MAX;
-    const size_t panel_bytes = (size_t)p->K * SDRT_NR * sizeof(float);
-    int g = (int)(L2_PANEL_BYTES / (panel_bytes ? panel_bytes : 1));
+    int g = (int)(L2_B_BYTES / ((size_t)kc * SDRT_NR * sizeof(float)));
+    /* at least 4 units a thread where the panels allow it, for the shared counter to balance */
+    const int want = (int)(((long)s.panels * s.mblocks * batches) / (4L * (nth > 0 ? nth : 1)));
+    g = g > want ? want : g;
     s.group = g < 1 ? 1 : (g > s.panels ? s.panels : g);
     s.groups = (s.panels + s.group - 1) / s.group;
-    s.copy_a = a_aliases(p->lda, mr_max);
+    s.copy_a = a_aliases(p->lda, kk->mr_max);
     return s;
 }
 
-/* where a thread keeps the B panels it packed at run time, and for which (op call, batch, group).
- * An op call is its state tensor's address and an epoch that no other call in the process has
- * had: a state tensor freed with its session may come back at the same address in the next one,
- * with a fresh epoch of 0, so epoch 0 (an op's first run) is never reused from the cache, and
- * later epochs come from one process-wide counter. */
-typedef struct {
-    const void *owner;
-    int epoch;
-    long batch;
-    int group;
-} pack_key;
-static SDRT_THREAD_LOCAL pack_key tl_packed;
-
-/* One unit: the C tile of rows [m0, m1) and the panels of one group, over all of K in blocks
- * (each tile's slice of A, mr x KC floats, stays in L1 while it meets the group's panels; the
- * group's panels, K x 32 x group floats, stay in L2 while the thread's next tiles come). */
-static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s, long u, const pack_key *key) {
-    const int g = (int)(u / s->tiles_m), t = (int)(u % s->tiles_m);
-    const int m0 = (int)((long)t * p->M / s->tiles_m), m1 = (int)((long)(t + 1) * p->M / s->tiles_m);
+/* One unit: the rows of M block `mb` times the panels of group `g`, over all of K. */
+static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s, long u) {
+    const int mb = (int)(u / s->groups), g = (int)(u % s->groups);
+    const int t0 = (int)((long)mb * s->tiles_m / s->mblocks), t1 = (int)((long)(mb + 1) * s->tiles_m / s->mblocks);
+    const int m0 = (int)((long)t0 * p->M / s->tiles_m), m1 = (int)((long)t1 * p->M / s->tiles_m);
     const int pan0 = g * s->group, pan1 = pan0 + s->group < s->panels ? pan0 + s->group : s->panels;
-    const float *packed;
-    if (p->b_packed) {
-        packed = p->b + (ptrdiff_t)pan0 * p->K * SDRT_NR;
-    } else {
-        float *buf = thread_buffer(0, (size_t)(pan1 - pan0) * p->K * SDRT_NR * sizeof(float));
-        if (!buf)
-            return -1;
-        if (!key || key->epoch == 0 || tl_packed.owner != key->owner || tl_packed.epoch != key->epoch ||
-            tl_packed.batch != key->batch || tl_packed.group != g) {
-            for (int q = pan0; q < pan1; q++)
-                pack_panel(p, q * SDRT_NR, 0, p->K, buf + (ptrdiff_t)(q - pan0) * p->K * SDRT_NR);
-            tl_packed = key ? *key : (pack_key){NULL, 0, 0, -1};
-            tl_packed.group = key ? g : -1;
-        }
-        packed = buf;
-    }
-    /* the A rows of the next tile (likely this thread's or the other's next unit) */
-    const int t_next = t + 1 < s->tiles_m ? t + 1 : t;
-    const float *a_next = p->a + (ptrdiff_t)((long)t_next * p->M / s->tiles_m) * p->lda;
+    if (m1 <= m0)
+        return 0;
+    sdrt_block_out out;
+    out.ldc = p->ldc;
+    out.trans = p->trans;
+    out.n = p->N - pan0 * SDRT_NR;
+    out.bias = p->bias ? p->bias + pan0 * SDRT_NR : NULL;
+    out.rbias = NULL;
+    out.c = p->trans ? p->c + (ptrdiff_t)pan0 * SDRT_NR * p->ldc + m0 : p->c + (ptrdiff_t)m0 * p->ldc + pan0 * SDRT_NR;
     for (int kb = 0; kb < s->kblocks; kb++) {
         const int k0 = (int)((long)kb * p->K / s->kblocks), k1 = (int)((long)(kb + 1) * p->K / s->kblocks);
         const float *a = p->a + (ptrdiff_t)m0 * p->lda + k0;
         ptrdiff_t lda = p->lda;
-        const float *pf_last = kb + 1 < s->kblocks ? a + (k1 - k0) : a_next;
         if (s->copy_a) {
             const ptrdiff_t ld = ((k1 - k0 + 15) & ~15) + 16; /* 64 bytes past a multiple of 64 */
-            float *buf = thread_buffer(1, (size_t)(m1 - m0) * ld * sizeof(float));
+            float *buf = sdrt_thread_buffer(1, (size_t)(m1 - m0) * ld * sizeof(float));
             if (!buf)
                 return -1;
             for (int i = 0; i < m1 - m0; i++)
                 memcpy(buf + i * ld, a + i * p->lda, (size_t)(k1 - k0) * sizeof(float));
             a = buf;
             lda = ld;
-            pf_last = buf;
         }
-        for (int q = pan0; q < pan1; q++) {
-            const int n0 = q * SDRT_NR;
-            sdrt_tile_out o;
-            o.ldc = p->ldc;
-            o.trans = p->trans;
-            o.m = m1 - m0;
-            o.n = p->N - n0 < SDRT_NR ? p->N - n0 : SDRT_NR;
-            o.bias = p->bias ? p->bias + n0 : NULL;
-            o.acc = kb > 0;
-            o.c = p->trans ? p->c + (ptrdiff_t)n0 * p->ldc + m0 : p->c + (ptrdiff_t)m0 * p->ldc + n0;
-            kk->kern[o.m](k1 - k0, a, lda, packed + ((ptrdiff_t)(q - pan0) * p->K + k0) * SDRT_NR, &o,
-                          q + 1 < pan1 ? a : pf_last);
+        const float *b;
+        ptrdiff_t pstride;
+        if (p->b_packed) {
+            b = p->b + ((ptrdiff_t)pan0 * p->K + k0) * SDRT_NR;
+            pstride = (ptrdiff_t)p->K * SDRT_NR;
+        } else {
+            pstride = (ptrdiff_t)(k1 - k0) * SDRT_NR;
+            float *buf = sdrt_thread_buffer(0, (size_t)(pan1 - pan0) * pstride * sizeof(float));
+            if (!buf)
+                return -1;
+            for (int q = pan0; q < pan1; q++)
+                pack_panel(p, q * SDRT_NR, k0, k1, buf + (ptrdiff_t)(q - pan0) * pstride);
+            b = buf;
         }
+        sdrt_block(kk, m1 - m0, k1 - k0, a, lda, b, pstride, pan1 - pan0, &out, kb > 0);
     }
     return 0;
 }
@@ -247,10 +265,10 @@ static void run_2d(const gemm2d *p, const sdrt_isa_kernels *kk, int ith, int nth
         run_empty(p, ith, nth);
         return;
     }
-    const split s = split_of(p, kk->mr_max);
-    const long units = (long)s.groups * s.tiles_m;
+    const split s = split_of(p, kk, nth, 1);
+    const long units = (long)s.mblocks * s.groups;
     for (long u = units * ith / nth; u < units * (ith + 1) / nth; u++)
-        if (run_unit(p, kk, &s, u, NULL))
+        if (run_unit(p, kk, &s, u))
             return;
 }
 
@@ -283,8 +301,6 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
 #define ATOMIC_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_ACQ_REL)
 #define ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #endif
-
-static long epoch_source; /* the next epoch of an op call (see pack_key) */
 
 /* dst = A . B [+ bias] over ggml tensors, as ggml_custom_4d's callback.
  *   src[0] A:    ne (K, M, d2, d3), nb0 = 4 (rows may overlap)
@@ -349,9 +365,8 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
         }
         return;
     }
-    const split s = split_of(&p, kk->mr_max);
-    const long per = (long)s.groups * s.tiles_m, units = per * batches;
-    pack_key key = {state ? (const void *)state : dst, state ? state[2] : 0, -1, -1};
+    const split s = split_of(&p, kk, nth, batches);
+    const long per = (long)s.groups * s.mblocks, units = per * batches;
     long u = 0, u_end = units;
     if (!state) { /* a fixed share */
         u = units * ith / nth;
@@ -371,15 +386,12 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
             p.c = (float *)(C.data + i2 * C.nb[2] + i3 * C.nb[3]);
             bt_set = bt;
         }
-        key.batch = bt;
-        if (run_unit(&p, kk, &s, u % per, &key))
+        if (run_unit(&p, kk, &s, u % per))
             break;
         if (!state)
             u++;
     }
     if (state && ATOMIC_ADD(&state[1], 1) == nth - 1) {
-        /* a new epoch, unique in the process: runtime-packed B is stale */
-        ATOMIC_STORE(&state[2], (int32_t)(ATOMIC_ADD(&epoch_source, 1) % 2000000000 + 1));
         ATOMIC_STORE(&state[0], 0);
         ATOMIC_STORE(&state[1], 0);
     }

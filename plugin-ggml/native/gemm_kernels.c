@@ -1,16 +1,20 @@
-/* float32 GEMM micro-kernels: C tile (mr x 32) = A rows (mr x K) . packed B panel (K x 32).
+/* float32 GEMM micro-kernels: C tile (mr x NR) = A rows (mr x K) . B slice (K x NR) of a packed
+ * 32-column panel (row stride 32).
  *
- * Outer-product register tiles, as in BLIS and MLAS: for each k, the 32 B values of the
- * panel are loaded once as vectors, each A value is broadcast once, and every accumulator
- * gets one FMA. A is read in place (row stride lda, rows may overlap: the window conv),
- * only B is packed. One kernel per tile height mr (1 .. mr_max), so the edge rows of a
- * matrix need no padding; edge columns are masked (AVX-512) or go through a temporary tile.
+ * Outer-product register tiles, as in BLIS and MLAS: for each k, the NR B values are loaded once
+ * as vectors, each A value is broadcast once, and every accumulator gets one FMA. A is read in
+ * place (row stride lda, rows may overlap: the window conv), only B is packed. One kernel per tile
+ * height mr (1 .. mr_max), so the edge rows of a matrix need no padding; edge columns are masked.
+ * The epilogue adds a per-column or per-row bias, or (acc) what C holds.
  *
- *   AVX-512F        mr <= 14: 28 zmm accumulators, 2 for B; direct masked stores, or a
- *                   16x16 in-register transpose for transposed output (conv, NCHW).
- *   AVX2 + FMA      mr <= 6, the panel in two halves of 16: 12 ymm accumulators.
- *   NEON (AArch64)  mr <= 6, two halves of 16: 24 q accumulators.
- *   portable C      mr <= 4, loops the compiler vectorizes for the baseline ISA.
+ *   AVX-512F        mr <= 14, NR 32: 28 zmm accumulators, 2 for B; direct masked stores, or a
+ *                   16x16 in-register transpose for transposed output.
+ *   AVX2 + FMA      mr <= 6, NR 16: 12 ymm accumulators; direct masked stores.
+ *   NEON (AArch64)  mr <= 6, NR 16: 16 q accumulators.
+ *   portable C      mr <= 4, NR 32, loops the compiler vectorizes for the baseline ISA.
+ *
+ * NR and the K block (kc) of each ISA are in its table: the driver (gemm.c, sdrt_block) keeps a
+ * kc x NR slice of B in L1 while every A tile of a block meets it.
  */
 #include "sdrt_native.h"
 
@@ -34,10 +38,11 @@ void sdrt_store_tile(const float *tile, int ld_tile, const sdrt_tile_out *o) {
             if (o->acc)
                 for (int j = 0; j < n; j++)
                     c[j] += t[j];
-            else if (o->bias)
+            else if (o->bias || o->rbias) {
+                const float ri = o->rbias ? o->rbias[i] : 0.0f;
                 for (int j = 0; j < n; j++)
-                    c[j] = t[j] + o->bias[j];
-            else
+                    c[j] = t[j] + (o->bias ? o->bias[j] : 0.0f) + ri;
+            } else
                 memcpy(c, t, (size_t)n * sizeof(float));
         }
     } else {
@@ -49,7 +54,7 @@ void sdrt_store_tile(const float *tile, int ld_tile, const sdrt_tile_out *o) {
                     c[i] += tile[(ptrdiff_t)i * ld_tile + j];
             else
                 for (int i = 0; i < m; i++)
-                    c[i] = tile[(ptrdiff_t)i * ld_tile + j] + bj;
+                    c[i] = tile[(ptrdiff_t)i * ld_tile + j] + bj + (o->rbias ? o->rbias[i] : 0.0f);
         }
     }
 }
@@ -79,7 +84,7 @@ KPORT(2)
 KPORT(3)
 KPORT(4)
 
-static const sdrt_isa_kernels portable = {"portable", 4, {NULL, kport_1, kport_2, kport_3, kport_4}};
+static const sdrt_isa_kernels portable = {"portable", 4, 32, 256, {NULL, kport_1, kport_2, kport_3, kport_4}};
 
 const sdrt_isa_kernels *sdrt_kernels_portable(void) { return &portable; }
 
@@ -97,32 +102,78 @@ const sdrt_isa_kernels *sdrt_kernels_portable(void) { return &portable; }
 #define INLINE_AVX512 static __forceinline
 #endif
 
+/* lanes 0 .. n-1 of 8 (n clipped to 0..8) as a maskstore/maskload mask */
+static const int32_t mask_src[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+#define MASK8(n) _mm256_loadu_si256((const __m256i *)(mask_src + 8 - ((n) < 0 ? 0 : (n) > 8 ? 8 : (n))))
+
+/* one row's 8 columns to C (full vector, or masked at the edge): + C (acc), else + the bias */
+#define ST8(ptr, v, nv, add) \
+    do { \
+        float *p_ = (ptr); \
+        __m256 v_ = (v); \
+        if ((nv) >= 8) { \
+            v_ = _mm256_add_ps(v_, o->acc ? _mm256_loadu_ps(p_) : (add)); \
+            _mm256_storeu_ps(p_, v_); \
+        } else if ((nv) > 0) { \
+            const __m256i m_ = MASK8(nv); \
+            v_ = _mm256_add_ps(v_, o->acc ? _mm256_maskload_ps(p_, m_) : (add)); \
+            _mm256_maskstore_ps(p_, m_, v_); \
+        } \
+    } while (0)
+
+/* rows as named variables (not arrays: GCC kept array accumulators on the stack, with a store
+ * per FMA, at half speed); rows i >= MR are dead code */
+#define R256_DECL(i) __m256 c0_##i = _mm256_setzero_ps(), c1_##i = _mm256_setzero_ps();
+#define R256_STEP(i) \
+    if (mr_ > i) { \
+        const __m256 ai = _mm256_broadcast_ss(a + i * lda + k); \
+        c0_##i = _mm256_fmadd_ps(ai, b0, c0_##i); \
+        c1_##i = _mm256_fmadd_ps(ai, b1, c1_##i); \
+    }
+#define R256_PREFETCH(i) \
+    if (mr_ > i) \
+        _mm_prefetch((const char *)(pf + i * lda + k), _MM_HINT_T0);
+#define R256_STORE(i) \
+    if (mr_ > i && i < o->m) { \
+        float *cr = o->c + i * o->ldc; \
+        const __m256 ri = o->rbias && !o->acc ? _mm256_set1_ps(o->rbias[i]) : zero; \
+        ST8(cr, c0_##i, o->n, _mm256_add_ps(bv0, ri)); \
+        ST8(cr + 8, c1_##i, o->n - 8, _mm256_add_ps(bv1, ri)); \
+    }
+#define R256_TILE(i) \
+    if (mr_ > i) { \
+        _mm256_store_ps(tile + i * 16, c0_##i); \
+        _mm256_store_ps(tile + i * 16 + 8, c1_##i); \
+    }
+#define R256_ALL(X) X(0) X(1) X(2) X(3) X(4) X(5)
+
+/* 16 columns (12 accumulators); row-major C is written from the registers, transposed C through
+ * a tile */
 #define K256(MR) \
     static TARGET_AVX2 void k256_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
-        SDRT_ALIGN(32) float tile[MR * SDRT_NR]; \
-        (void)pf; \
-        for (int h = 0; h < 2 && h * 16 < o->n; h++) { \
-            __m256 c0[MR], c1[MR]; \
-            SDRT_UNROLL for (int i = 0; i < MR; i++) { \
-                c0[i] = _mm256_setzero_ps(); \
-                c1[i] = _mm256_setzero_ps(); \
+        enum { mr_ = MR }; \
+        R256_ALL(R256_DECL) \
+        for (int k = 0; k < K; k++) { \
+            const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
+            const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 8); \
+            if ((k & 15) == 0) { \
+                R256_ALL(R256_PREFETCH) \
             } \
-            const float *bh = b + 16 * h; \
-            for (int k = 0; k < K; k++) { \
-                const __m256 b0 = _mm256_loadu_ps(bh + (ptrdiff_t)k * SDRT_NR); \
-                const __m256 b1 = _mm256_loadu_ps(bh + (ptrdiff_t)k * SDRT_NR + 8); \
-                SDRT_UNROLL for (int i = 0; i < MR; i++) { \
-                    const __m256 ai = _mm256_broadcast_ss(a + i * lda + k); \
-                    c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]); \
-                    c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]); \
-                } \
-            } \
-            SDRT_UNROLL for (int i = 0; i < MR; i++) { \
-                _mm256_store_ps(tile + i * SDRT_NR + 16 * h, c0[i]); \
-                _mm256_store_ps(tile + i * SDRT_NR + 16 * h + 8, c1[i]); \
-            } \
+            R256_ALL(R256_STEP) \
         } \
-        sdrt_store_tile(tile, SDRT_NR, o); \
+        if (o->trans) { \
+            SDRT_ALIGN(32) float tile[MR * 16]; \
+            R256_ALL(R256_TILE) \
+            sdrt_store_tile(tile, 16, o); \
+            return; \
+        } \
+        const __m256 zero = _mm256_setzero_ps(); \
+        __m256 bv0 = zero, bv1 = zero; \
+        if (o->bias && !o->acc) { \
+            bv0 = _mm256_maskload_ps(o->bias, MASK8(o->n)); \
+            bv1 = _mm256_maskload_ps(o->bias + 8, MASK8(o->n - 8)); \
+        } \
+        R256_ALL(R256_STORE) \
     }
 K256(1)
 K256(2)
@@ -131,7 +182,7 @@ K256(4)
 K256(5)
 K256(6)
 
-static const sdrt_isa_kernels avx2 = {"avx2", 6, {NULL, k256_1, k256_2, k256_3, k256_4, k256_5, k256_6}};
+static const sdrt_isa_kernels avx2 = {"avx2", 6, 16, 384, {NULL, k256_1, k256_2, k256_3, k256_4, k256_5, k256_6}};
 
 /* 16x16 transpose in registers: r[i] holds row i on entry, column i on return */
 INLINE_AVX512 void transpose16(__m512 r[16]) {
@@ -175,13 +226,18 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
         }
         for (int i = 0; i < MR && i < o->m; i++) {
             float *c = o->c + i * o->ldc;
+            __m512 a0 = b0, a1 = b1;
             if (o->acc) {
-                b0 = _mm512_maskz_loadu_ps(m0, c);
-                b1 = _mm512_maskz_loadu_ps(m1, c + 16);
+                a0 = _mm512_maskz_loadu_ps(m0, c);
+                a1 = _mm512_maskz_loadu_ps(m1, c + 16);
+            } else if (o->rbias) {
+                const __m512 ri = _mm512_set1_ps(o->rbias[i]);
+                a0 = _mm512_add_ps(a0, ri);
+                a1 = _mm512_add_ps(a1, ri);
             }
-            _mm512_mask_storeu_ps(c, m0, _mm512_add_ps(c0[i], b0));
+            _mm512_mask_storeu_ps(c, m0, _mm512_add_ps(c0[i], a0));
             if (m1)
-                _mm512_mask_storeu_ps(c + 16, m1, _mm512_add_ps(c1[i], b1));
+                _mm512_mask_storeu_ps(c + 16, m1, _mm512_add_ps(c1[i], a1));
         }
         return;
     }
@@ -197,8 +253,12 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
             float *c = o->c + (16 * h + j) * o->ldc;
             if (o->acc)
                 v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rows, c));
-            else if (o->bias)
-                v = _mm512_add_ps(v, _mm512_set1_ps(o->bias[16 * h + j]));
+            else {
+                if (o->bias)
+                    v = _mm512_add_ps(v, _mm512_set1_ps(o->bias[16 * h + j]));
+                if (o->rbias)
+                    v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rows, o->rbias));
+            }
             _mm512_mask_storeu_ps(c, rows, v);
         }
     }
@@ -257,7 +317,7 @@ K512(13)
 K512(14)
 
 static const sdrt_isa_kernels avx512 = {
-    "avx512", 14, {NULL, k512_1, k512_2, k512_3, k512_4, k512_5, k512_6, k512_7, k512_8, k512_9, k512_10, k512_11,
+    "avx512", 14, 32, 256, {NULL, k512_1, k512_2, k512_3, k512_4, k512_5, k512_6, k512_7, k512_8, k512_9, k512_10, k512_11,
                    k512_12, k512_13, k512_14}};
 
 const sdrt_isa_kernels *sdrt_kernels_avx2(void) { return sdrt_cpu_has(SDRT_ISA_AVX2) ? &avx2 : NULL; }
@@ -273,29 +333,26 @@ const sdrt_isa_kernels *sdrt_kernels_avx512(void) { return NULL; }
 
 #define KNEON(MR) \
     static void kneon_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
-        float tile[MR * SDRT_NR]; \
+        float tile[MR * 16]; \
+        float32x4_t c[MR][4]; \
         (void)pf; \
-        for (int h = 0; h < 2 && h * 16 < o->n; h++) { \
-            float32x4_t c[MR][4]; \
-            SDRT_UNROLL for (int i = 0; i < MR; i++) \
-                for (int q = 0; q < 4; q++) c[i][q] = vdupq_n_f32(0.0f); \
-            const float *bh = b + 16 * h; \
-            for (int k = 0; k < K; k++) { \
-                const float *bk = bh + (ptrdiff_t)k * SDRT_NR; \
-                const float32x4_t b0 = vld1q_f32(bk), b1 = vld1q_f32(bk + 4), b2 = vld1q_f32(bk + 8), \
-                                  b3 = vld1q_f32(bk + 12); \
-                SDRT_UNROLL for (int i = 0; i < MR; i++) { \
-                    const float32x4_t ai = vdupq_n_f32(a[i * lda + k]); \
-                    c[i][0] = vfmaq_f32(c[i][0], b0, ai); \
-                    c[i][1] = vfmaq_f32(c[i][1], b1, ai); \
-                    c[i][2] = vfmaq_f32(c[i][2], b2, ai); \
-                    c[i][3] = vfmaq_f32(c[i][3], b3, ai); \
-                } \
+        SDRT_UNROLL for (int i = 0; i < MR; i++) \
+            for (int q = 0; q < 4; q++) c[i][q] = vdupq_n_f32(0.0f); \
+        for (int k = 0; k < K; k++) { \
+            const float *bk = b + (ptrdiff_t)k * SDRT_NR; \
+            const float32x4_t b0 = vld1q_f32(bk), b1 = vld1q_f32(bk + 4), b2 = vld1q_f32(bk + 8), \
+                              b3 = vld1q_f32(bk + 12); \
+            SDRT_UNROLL for (int i = 0; i < MR; i++) { \
+                const float32x4_t ai = vdupq_n_f32(a[i * lda + k]); \
+                c[i][0] = vfmaq_f32(c[i][0], b0, ai); \
+                c[i][1] = vfmaq_f32(c[i][1], b1, ai); \
+                c[i][2] = vfmaq_f32(c[i][2], b2, ai); \
+                c[i][3] = vfmaq_f32(c[i][3], b3, ai); \
             } \
-            SDRT_UNROLL for (int i = 0; i < MR; i++) \
-                for (int q = 0; q < 4; q++) vst1q_f32(tile + i * SDRT_NR + 16 * h + 4 * q, c[i][q]); \
         } \
-        sdrt_store_tile(tile, SDRT_NR, o); \
+        SDRT_UNROLL for (int i = 0; i < MR; i++) \
+            for (int q = 0; q < 4; q++) vst1q_f32(tile + i * 16 + 4 * q, c[i][q]); \
+        sdrt_store_tile(tile, 16, o); \
     }
 KNEON(1)
 KNEON(2)
@@ -304,7 +361,7 @@ KNEON(4)
 KNEON(5)
 KNEON(6)
 
-static const sdrt_isa_kernels neon = {"neon", 6, {NULL, kneon_1, kneon_2, kneon_3, kneon_4, kneon_5, kneon_6}};
+static const sdrt_isa_kernels neon = {"neon", 6, 16, 256, {NULL, kneon_1, kneon_2, kneon_3, kneon_4, kneon_5, kneon_6}};
 const sdrt_isa_kernels *sdrt_kernels_neon(void) { return &neon; }
 #else
 const sdrt_isa_kernels *sdrt_kernels_neon(void) { return NULL; }

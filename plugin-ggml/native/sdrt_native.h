@@ -65,20 +65,24 @@ typedef struct {
     float *c;
     ptrdiff_t ldc;
     int trans;
-    int m;            /* valid rows (<= the kernel's MR) */
-    int n;            /* valid columns (<= 32) */
-    const float *bias; /* per column j, already offset to the panel; NULL for none */
-    int acc;           /* add to what C holds (a later block of K) instead of overwriting it */
+    int m;              /* valid rows (<= the kernel's MR) */
+    int n;              /* valid columns (<= the kernel's NR) */
+    const float *bias;  /* per column j, already offset to the tile's first column; NULL for none */
+    const float *rbias; /* per row i, already offset to the tile's first row; NULL for none */
+    int acc;            /* add to what C holds (a later block of K) instead of overwriting it */
 } sdrt_tile_out;
 
-/* C tile (mr x 32) = A rows (mr x K, a[i*lda + k]) . B panel (K x 32, packed b[k*32 + j]).
- * pf: the A rows the next call reads (same lda), prefetched into L1 while this one computes */
+/* C tile (mr x NR) = A rows (mr x K, a[i*lda + k]) . B slice (K x NR, b[k*32 + j]: NR columns of a
+ * 32-column packed panel). pf: the A rows the next call reads (same lda), prefetched into L1 while
+ * this one computes */
 typedef void (*sdrt_kernel_fn)(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o,
                                const float *pf);
 
 typedef struct {
     const char *name;
     int mr_max;
+    int nr; /* columns per call (16 or 32): a 32-column panel takes 32 / nr calls */
+    int kc; /* longest block of K: a kc x nr slice of B (row stride 32) stays in L1 over the A tiles */
     sdrt_kernel_fn kern[17]; /* kern[mr] for mr in 1..mr_max */
 } sdrt_isa_kernels;
 
@@ -93,5 +97,26 @@ const sdrt_isa_kernels *sdrt_active_kernels(void);
 
 /* the scalar tile store shared by kernels that compute into a temporary tile */
 void sdrt_store_tile(const float *tile, int ld_tile, const sdrt_tile_out *o);
+
+/* ---- the blocked product over packed panels (gemm.c; the GEMM op and the conv use it) ------ */
+typedef struct {
+    float *c;           /* C at (row 0, column 0) of the block */
+    ptrdiff_t ldc;
+    int trans;          /* c[j*ldc + i] instead of c[i*ldc + j] */
+    int n;              /* valid columns from the first panel's column 0 */
+    const float *bias;  /* per column from column 0, or NULL */
+    const float *rbias; /* per row from row 0, or NULL */
+} sdrt_block_out;
+
+/* C[0:m, the panels' columns] (+)= A[0:m, 0:k] . B, B as `panels` packed slices of k x 32 floats,
+ * pstride floats apart. For each panel, for each nr-column slice of it, every MR tile of A meets
+ * the slice while it is in L1 (the A tiles stream from L2). acc: add to C (a later block of K);
+ * else C = product + bias. */
+void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdiff_t lda, const float *b,
+                ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc);
+
+/* a 64-byte aligned per-thread scratch buffer (slot 0..3), kept for the thread's life; NULL when
+ * out of memory */
+float *sdrt_thread_buffer(int slot, size_t bytes);
 
 #endif
