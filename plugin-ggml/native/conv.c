@@ -1,16 +1,26 @@
 /* 2-D convolution (group 1) straight from NCHW as an implicit GEMM, a ggml custom op.
  *
- *   out[n, oc, p] = sum_k W[oc, k] . X_n[k, p] (+ bias[oc]),   k = (c, i, j), p = (y, x)
+ *   out[n, oc, p] = act(sum_k W[oc, k] . X_n[k, p] + bias[oc] + rbias[n, oc] + res[n, oc, p]),
+ *   k = (c, i, j), p = (y, x)
  *
  * A is the kernel W itself (OC rows of K = C*KH*KW floats, OIHW order, read in place; Python
- * pads the row stride when rows would alias in L1). B, the column matrix, is never built:
- * each thread packs 32-pixel panels of it straight from the NCHW input (a run of 32 output
- * pixels of one tap reads a run of input pixels: contiguous at stride 1), one block of K
- * at a time, and the GEMM micro-kernels of gemm_kernels.c write C rows = output channels,
- * which is NCHW. No channels-last copy, no stacked input, no scratch tensor.
+ * pads the row stride when rows would alias in L1). The column matrix B is never built. Two
+ * routes, both writing C rows = output channels, which is NCHW:
  *
- * A unit of work is one group of pixel panels with every output channel, so a group is
- * packed once; the op's threads take units from a shared counter (as sdrt_gemm_op).
+ *   direct  (stride 1, output rows at least about one kernel width long): the input comes
+ *           padded (sdrt_pad_op, a node before this one), so row k of B for the output pixels
+ *           (oy, ox0 .. ox0+NR-1) is the contiguous run xp[c, oy + i dh, ox0 + j dw ...]: the
+ *           micro-kernels read it where it lies, through a table of K offsets (ikern). No
+ *           packing at all; a slice of NR pixels never crosses an output row, so C is stored
+ *           straight (masked at a row's end).
+ *   packed  (strides, narrow maps): each thread packs 32-pixel panels of B from the input, one
+ *           block of K at a time (a run of output pixels of one tap reads a run of one input
+ *           row: a copy at stride 1, a gather otherwise; clipped at the image's edges).
+ *
+ * The epilogue (sdrt_epilogue) adds the bias, a runtime per-channel bias (the UNet's time
+ * embedding), a residual (ResNet and MobileNet blocks) and an activation (ReLU, clip, hardswish)
+ * as the tile is stored. A unit of work is a group of pixel slices/panels of one batch item
+ * with every output channel; the op's threads take units from a shared counter (as the GEMM).
  */
 #include "sdrt_native.h"
 
@@ -28,70 +38,128 @@ typedef struct {
     ptrdiff_t ldw; /* floats between rows of W (>= K) */
 } conv_shape;
 
-/* Pack rows k0..k1-1 of the column matrix for output pixels p0 .. p0+31 (zeros past the end and
- * in the padding) as one panel [k][32]. The panel's pixels are cut into runs along output rows:
- * at stride 1, a run of one tap reads a contiguous run of one input row (a copy, clipped at the
- * row's ends); other strides gather. */
-static void pack_conv_panel(const conv_shape *s, const float *x, int p0, int k0, int k1, float *dst) {
+/* what every tile of one batch item adds on the way out */
+typedef struct {
+    const float *rbias; /* per output channel (the bias, plus the runtime one), or NULL */
+    const float *res;   /* the batch item's residual, NCHW, or NULL */
+    const sdrt_epilogue *ep;
+} conv_out;
+
+/* ---- the packed route ----------------------------------------------------------------- */
+/* the pixels of a panel along one output row: output row oy, columns ox0 .. ox0+len-1, at
+ * column q of the panel */
+typedef struct {
+    int oy, ox0, len, q;
+} pix_run;
+
+/* a row k of the column matrix: the input plane's offset and the tap's row and column shifts */
+typedef struct {
+    ptrdiff_t plane;
+    int di, dj;
+} conv_tap;
+
+/* the runs of the panel of output pixels p0 .. p0+31 (at most 33: rows of one pixel); returns the
+ * count, and the panel's valid width in *nv */
+static int panel_runs(const conv_shape *s, int p0, pix_run *runs, int *nv) {
     const int np = s->OH * s->OW;
-    const int nv = np - p0 < SDRT_NR ? np - p0 : SDRT_NR;
-    for (int k = k0; k < k1; k++) {
-        const int c = k / (s->KH * s->KW), r = k % (s->KH * s->KW), i = r / s->KW, j = r % s->KW;
-        float *d = dst + (ptrdiff_t)(k - k0) * SDRT_NR;
-        const float *plane = x + (ptrdiff_t)c * s->H * s->W;
-        int q = 0, y = p0 / s->OW, xo = p0 % s->OW;
-        while (q < nv) {
-            const int run = s->OW - xo < nv - q ? s->OW - xo : nv - q;
-            const int iy = y * s->sh + i * s->dh - s->ph, ix0 = xo * s->sw + j * s->dw - s->pw;
-            float *dr = d + q;
+    const int n = np - p0 < SDRT_NR ? np - p0 : SDRT_NR;
+    int count = 0, q = 0, y = p0 / s->OW, xo = p0 % s->OW;
+    while (q < n) {
+        const int len = s->OW - xo < n - q ? s->OW - xo : n - q;
+        runs[count++] = (pix_run){y, xo, len, q};
+        q += len;
+        xo = 0;
+        y++;
+    }
+    *nv = n;
+    return count;
+}
+
+/* len floats of an input row from column ix0 on, zeros outside the row's columns [0, W) */
+static inline void copy_clipped(float *dst, const float *row, int ix0, int len, int W) {
+    if (ix0 >= 0 && ix0 + len <= W) {
+        if (len == SDRT_NR)
+            memcpy(dst, row + ix0, SDRT_NR * sizeof(float)); /* a constant size: inlined moves */
+        else
+            memcpy(dst, row + ix0, (size_t)len * sizeof(float));
+        return;
+    }
+    const int lo = ix0 < 0 ? (-ix0 < len ? -ix0 : len) : 0; /* first pixel inside the row */
+    int hi = W - ix0 < len ? W - ix0 : len;                  /* one past the last */
+    hi = hi < lo ? lo : hi;
+    for (int t = 0; t < lo; t++)
+        dst[t] = 0.0f;
+    if (hi > lo)
+        memcpy(dst + lo, row + ix0 + lo, (size_t)(hi - lo) * sizeof(float));
+    for (int t = hi; t < len; t++)
+        dst[t] = 0.0f;
+}
+
+/* Pack rows k0..k1-1 of the column matrix (taps[0 .. nk)) for output pixels p0 .. p0+31 as one
+ * panel [k][32] (zero columns past the end). */
+static void pack_conv_panel(const conv_shape *s, const float *x, const conv_tap *taps, int p0, int nk,
+                            float *dst) {
+    pix_run runs[SDRT_NR + 1];
+    int nv;
+    const int nruns = panel_runs(s, p0, runs, &nv);
+    for (int kk = 0; kk < nk; kk++) {
+        const conv_tap t = taps[kk];
+        float *d = dst + (ptrdiff_t)kk * SDRT_NR;
+        for (int r = 0; r < nruns; r++) {
+            const pix_run run = runs[r];
+            const int iy = run.oy * s->sh + t.di, ix0 = run.ox0 * s->sw + t.dj;
+            float *dr = d + run.q;
             if (iy < 0 || iy >= s->H) {
-                memset(dr, 0, (size_t)run * sizeof(float));
-            } else if (s->sw == 1) {
-                const float *row = plane + (ptrdiff_t)iy * s->W;
-                const int lo = ix0 < 0 ? (-ix0 < run ? -ix0 : run) : 0; /* first pixel inside the row */
-                int hi = s->W - ix0 < run ? s->W - ix0 : run;           /* one past the last */
-                hi = hi < lo ? lo : hi;
-                if (lo > 0)
-                    memset(dr, 0, (size_t)lo * sizeof(float));
-                if (hi > lo)
-                    memcpy(dr + lo, row + ix0 + lo, (size_t)(hi - lo) * sizeof(float));
-                if (hi < run)
-                    memset(dr + hi, 0, (size_t)(run - hi) * sizeof(float));
+                memset(dr, 0, (size_t)run.len * sizeof(float));
+                continue;
+            }
+            const float *row = x + t.plane + (ptrdiff_t)iy * s->W;
+            if (s->sw == 1) {
+                copy_clipped(dr, row, ix0, run.len, s->W);
             } else {
-                const float *row = plane + (ptrdiff_t)iy * s->W;
-                for (int t = 0; t < run; t++) {
-                    const int ix = ix0 + t * s->sw;
-                    dr[t] = ix >= 0 && ix < s->W ? row[ix] : 0.0f;
+                for (int u = 0; u < run.len; u++) {
+                    const int ix = ix0 + u * s->sw;
+                    dr[u] = ix >= 0 && ix < s->W ? row[ix] : 0.0f;
                 }
             }
-            q += run;
-            xo = 0;
-            y++;
         }
         if (nv < SDRT_NR)
             memset(d + nv, 0, (size_t)(SDRT_NR - nv) * sizeof(float));
     }
 }
 
-/* one unit: panels [pan0, pan1) of batch item n, every output channel, all of K. For each block
- * of K the unit's panels are packed once, then every block of output channels (an L2-sized block
- * of W's rows) runs over them (sdrt_block: each panel slice stays in L1 over the W tiles). */
+/* rows of W per block (an L2-sized block of mc x kc floats), a multiple of the tile height */
+static int w_block_rows(const sdrt_isa_kernels *kk, int kc) {
+    int mc = (int)(CONV_A_BYTES / ((size_t)kc * sizeof(float))) / kk->mr_max * kk->mr_max;
+    return mc < kk->mr_max ? kk->mr_max : mc;
+}
+
+/* one unit of the packed route: panels [pan0, pan1) of one batch item, every output channel, all
+ * of K. For each block of K the unit's panels are packed once, then every block of output
+ * channels runs over them (sdrt_block: each panel slice stays in L1 over the W tiles). */
 static int conv_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const float *x, const float *w,
-                     const float *bias, float *out, int pan0, int pan1) {
+                     const conv_out *co, float *out, int pan0, int pan1) {
     const int np = s->OH * s->OW;
     const int kblocks = (s->K + kk->kc - 1) / kk->kc;
     const int kc_max = (s->K + kblocks - 1) / kblocks;
-    int mc = (int)(CONV_A_BYTES / ((size_t)kc_max * sizeof(float))) / kk->mr_max * kk->mr_max;
-    mc = mc < kk->mr_max ? kk->mr_max : mc;
-    const int mblocks = (s->OC + mc - 1) / mc;
+    const int mc = w_block_rows(kk, kc_max), mblocks = (s->OC + mc - 1) / mc;
     float *buf = sdrt_thread_buffer(2, (size_t)(pan1 - pan0) * kc_max * SDRT_NR * sizeof(float));
-    if (!buf)
+    conv_tap *taps = (conv_tap *)sdrt_thread_buffer(3, (size_t)kc_max * sizeof(conv_tap));
+    if (!buf || !taps)
         return -1;
+    const int khw = s->KH * s->KW;
     for (int kb = 0; kb < kblocks; kb++) {
         const int k0 = (int)((long)kb * s->K / kblocks), k1 = (int)((long)(kb + 1) * s->K / kblocks);
         const ptrdiff_t pstride = (ptrdiff_t)(k1 - k0) * SDRT_NR;
+        for (int k = k0, c = k0 / khw, r = k0 % khw; k < k1; k++) {
+            taps[k - k0] = (conv_tap){(ptrdiff_t)c * s->H * s->W, (r / s->KW) * s->dh - s->ph, (r % s->KW) * s->dw - s->pw};
+            if (++r == khw) {
+                r = 0;
+                c++;
+            }
+        }
         for (int q = pan0; q < pan1; q++)
-            pack_conv_panel(s, x, q * SDRT_NR, k0, k1, buf + (ptrdiff_t)(q - pan0) * pstride);
+            pack_conv_panel(s, x, taps, q * SDRT_NR, k1 - k0, buf + (ptrdiff_t)(q - pan0) * pstride);
         for (int mb = 0; mb < mblocks; mb++) {
             const int m0 = (int)((long)mb * s->OC / mblocks), m1 = (int)((long)(mb + 1) * s->OC / mblocks);
             sdrt_block_out o;
@@ -100,9 +168,82 @@ static int conv_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const floa
             o.trans = 0;
             o.n = np - pan0 * SDRT_NR;
             o.bias = NULL;
-            o.rbias = bias ? bias + m0 : NULL;
+            o.rbias = co->rbias ? co->rbias + m0 : NULL;
+            o.res = co->res ? co->res + (ptrdiff_t)m0 * np + pan0 * SDRT_NR : NULL;
+            o.ldres = np;
+            o.ep = co->ep;
             sdrt_block(kk, m1 - m0, k1 - k0, w + (ptrdiff_t)m0 * s->ldw + k0, s->ldw, buf, pstride, pan1 - pan0, &o,
-                       kb > 0);
+                       kb > 0, kb + 1 == kblocks);
+        }
+    }
+    return 0;
+}
+
+/* ---- the direct route ----------------------------------------------------------------- */
+/* The offsets of B's rows in the padded input (Hp x Wp planes): row k = (c, i, j) at
+ * c Hp Wp + i dh Wp + j dw. Kept per thread while the shape stays the same. */
+static SDRT_THREAD_LOCAL struct {
+    int K, KH, KW, dh, dw, Hp, Wp;
+} dir_key;
+
+static const int32_t *direct_offsets(const conv_shape *s, int Hp, int Wp) {
+    int32_t *off = (int32_t *)sdrt_thread_buffer(4, (size_t)s->K * sizeof(int32_t));
+    if (!off)
+        return NULL;
+    if (dir_key.K == s->K && dir_key.KH == s->KH && dir_key.KW == s->KW && dir_key.dh == s->dh &&
+        dir_key.dw == s->dw && dir_key.Hp == Hp && dir_key.Wp == Wp)
+        return off;
+    const int khw = s->KH * s->KW;
+    for (int k = 0; k < s->K; k++) {
+        const int c = k / khw, r = k % khw;
+        off[k] = (int32_t)((ptrdiff_t)c * Hp * Wp + (ptrdiff_t)(r / s->KW) * s->dh * Wp + (r % s->KW) * s->dw);
+    }
+    dir_key.K = s->K;
+    dir_key.KH = s->KH;
+    dir_key.KW = s->KW;
+    dir_key.dh = s->dh;
+    dir_key.dw = s->dw;
+    dir_key.Hp = Hp;
+    dir_key.Wp = Wp;
+    return off;
+}
+
+/* one unit of the direct route: slices [sl0, sl1) (spr slices of nr pixels per output row) of one
+ * batch item, every output channel, all of K; xp is the item's padded input */
+static int tune_kc(int kc) { static int v = -1; if (v < 0) { const char *e = getenv("SDRT_TUNE_KC"); v = e ? atoi(e) : 0; } return v > 0 ? v : kc; }
+static int direct_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const float *xp, int Wp,
+                       const int32_t *off, const float *w, const conv_out *co, float *out, int sl0, int sl1, int spr) {
+    const int np = s->OH * s->OW, nr = kk->nr, mr = kk->mr_max;
+    const int kblocks = (s->K + tune_kc(kk->kc) - 1) / tune_kc(kk->kc);
+    const int mc = w_block_rows(kk, (s->K + kblocks - 1) / kblocks), mblocks = (s->OC + mc - 1) / mc;
+    for (int kb = 0; kb < kblocks; kb++) {
+        const int k0 = (int)((long)kb * s->K / kblocks), k1 = (int)((long)(kb + 1) * s->K / kblocks);
+        for (int sl = sl0; sl < sl1; sl++) {
+            const int oy = sl / spr, ox0 = (sl % spr) * nr;
+            const float *b = xp + (ptrdiff_t)oy * Wp + ox0;
+            sdrt_tile_out o;
+            o.ldc = np;
+            o.trans = 0;
+            o.n = s->OW - ox0 < nr ? s->OW - ox0 : nr;
+            o.bias = NULL;
+            o.acc = kb > 0;
+            o.last = kb + 1 == kblocks;
+            o.ldres = np;
+            o.ep = co->ep;
+            for (int mb = 0; mb < mblocks; mb++) {
+                const int m0 = (int)((long)mb * s->OC / mblocks), m1 = (int)((long)(mb + 1) * s->OC / mblocks);
+                const int tiles = (m1 - m0 + mr - 1) / mr;
+                for (int t = 0; t < tiles; t++) {
+                    const int r0 = m0 + (int)((long)t * (m1 - m0) / tiles), r1 = m0 + (int)((long)(t + 1) * (m1 - m0) / tiles);
+                    const ptrdiff_t at = (ptrdiff_t)r0 * np + (ptrdiff_t)oy * s->OW + ox0;
+                    o.m = r1 - r0;
+                    o.c = out + at;
+                    o.rbias = co->rbias ? co->rbias + r0 : NULL;
+                    o.res = co->res ? co->res + at : NULL;
+                    const float *a = w + (ptrdiff_t)r0 * s->ldw + k0;
+                    kk->ikern[o.m](k1 - k0, a, s->ldw, b, off + k0, &o, t + 1 < tiles ? a + (ptrdiff_t)(r1 - r0) * s->ldw : a);
+                }
+            }
         }
     }
     return 0;
@@ -117,66 +258,147 @@ static int conv_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const floa
 #define CV_ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #endif
 
-/* dst = conv(x, W) [+ bias] as ggml_custom_4d's callback.
- *   src[0] x:      ne (W, H, C, N), contiguous (NCHW)
+/* params[] of sdrt_conv_op */
+enum { P_KH, P_KW, P_SH, P_SW, P_DH, P_DW, P_PH, P_PW, P_DIRECT, P_ACT, P_LO, P_HI, P_COUNT };
+
+/* dst = conv(x, W) with the epilogue, as ggml_custom_4d's callback.
+ *   src[0] x:      ne (W, H, C, N), contiguous (NCHW); with params[P_DIRECT] the padded input
+ *                  ne (Wp, Hp, C, N) of sdrt_pad_op (the pads already in it)
  *   src[1] W:      ne (ldw, OC), contiguous; the first K = C*KH*KW floats of a row are the kernel
  *                  of one output channel in (c, i, j) order
- *   src[2] params: int32 [KH, KW, sh, sw, dh, dw, ph, pw] (symmetric pads)
+ *   src[2] params: int32 [KH, KW, sh, sw, dh, dw, ph, pw, direct, act, lo, hi] (symmetric pads;
+ *                  lo and hi are the float bits of SDRT_ACT_CLIP's bounds)
  *   src[3] state:  int32[4] zeros, the threads' shared work counter
- *   src[4] bias:   OC floats (optional)
+ *   src[4] bias:   OC floats, or NULL
+ *   src[5] rbias:  a runtime per-channel bias, ne (OC, N) contiguous, or NULL
+ *   src[6] res:    a residual shaped as dst, contiguous, or NULL
  *   dst:           ne (OW, OH, OC, N), contiguous (NCHW) */
 SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     (void)ith;
     (void)userdata;
     const sdrt_isa_kernels *kk = sdrt_active_kernels();
     const void *tx = sdrt_tensor_src(dst, 0), *tw = sdrt_tensor_src(dst, 1), *tp = sdrt_tensor_src(dst, 2),
-               *ts = sdrt_tensor_src(dst, 3), *tb = sdrt_tensor_src(dst, 4);
+               *ts = sdrt_tensor_src(dst, 3), *tb = sdrt_tensor_src(dst, 4), *trb = sdrt_tensor_src(dst, 5),
+               *tres = sdrt_tensor_src(dst, 6);
     if (!kk || !tx || !tw || !tp || !ts)
         return;
     const sdrt_view X = sdrt_tensor_view(tx), Wt = sdrt_tensor_view(tw), O = sdrt_tensor_view(dst);
     const int32_t *pr = (const int32_t *)sdrt_tensor_view(tp).data;
     int32_t *state = (int32_t *)sdrt_tensor_view(ts).data;
+    /* an input padded for the direct route (pr[P_DIRECT]) holds its pads: either route reads it
+     * with no padding of its own. The direct route needs this ISA's offset kernels, stride 1, and
+     * rows wide enough for the last slice of each output row (Python sizes them for the ISA
+     * active when it lowered; the packed route serves any other case). */
+    const int padded = pr[P_DIRECT] != 0;
     conv_shape s;
-    s.W = (int)X.ne[0];
-    s.H = (int)X.ne[1];
     s.C = (int)X.ne[2];
     s.N = (int)X.ne[3];
     s.OW = (int)O.ne[0];
     s.OH = (int)O.ne[1];
     s.OC = (int)O.ne[2];
-    s.KH = pr[0];
-    s.KW = pr[1];
-    s.sh = pr[2];
-    s.sw = pr[3];
-    s.dh = pr[4];
-    s.dw = pr[5];
-    s.ph = pr[6];
-    s.pw = pr[7];
+    s.KH = pr[P_KH];
+    s.KW = pr[P_KW];
+    s.sh = pr[P_SH];
+    s.sw = pr[P_SW];
+    s.dh = pr[P_DH];
+    s.dw = pr[P_DW];
+    s.ph = padded ? 0 : pr[P_PH];
+    s.pw = padded ? 0 : pr[P_PW];
+    s.W = (int)X.ne[0];
+    s.H = (int)X.ne[1];
     s.K = s.C * s.KH * s.KW;
     s.ldw = (ptrdiff_t)(Wt.nb[1] / sizeof(float));
+    sdrt_epilogue ep = {pr[P_ACT], 0.0f, 0.0f};
+    memcpy(&ep.lo, pr + P_LO, sizeof(float));
+    memcpy(&ep.hi, pr + P_HI, sizeof(float));
     const float *bias = tb ? (const float *)sdrt_tensor_view(tb).data : NULL;
-    const int np = s.OH * s.OW, panels = (np + SDRT_NR - 1) / SDRT_NR;
+    const float *rb = trb ? (const float *)sdrt_tensor_view(trb).data : NULL;
+    const char *res = tres ? sdrt_tensor_view(tres).data : NULL;
+    const int np = s.OH * s.OW;
     if (np <= 0 || s.OC <= 0 || s.K <= 0 || (int)Wt.ne[1] != s.OC)
         goto done;
-    const int kblocks = (s.K + kk->kc - 1) / kk->kc;
-    const size_t slice = (size_t)((s.K + kblocks - 1) / kblocks) * SDRT_NR * sizeof(float);
-    int group = (int)(CONV_GROUP_BYTES / slice);
-    group = group < 1 ? 1 : group > panels ? panels : group;
-    const int groups = (panels + group - 1) / group;
+    const int nr = kk->nr, spr = (s.OW + nr - 1) / nr;
+    const int direct = padded && kk->ikern[1] != NULL && s.sh == 1 && s.sw == 1 &&
+                       s.W >= spr * nr + (s.KW - 1) * s.dw && s.H >= s.OH + (s.KH - 1) * s.dh;
+    /* the work: groups of pixel slices (direct) or panels (packed) of each batch item */
+    const int items = direct ? s.OH * spr : (np + SDRT_NR - 1) / SDRT_NR;
+    int group;
+    if (direct) {
+        group = items / (4 * (nth > 0 ? nth : 1));
+        group = group < 1 ? 1 : group > 16 ? 16 : group;
+    } else {
+        const int kblocks = (s.K + kk->kc - 1) / kk->kc;
+        group = (int)(CONV_GROUP_BYTES / ((size_t)((s.K + kblocks - 1) / kblocks) * SDRT_NR * sizeof(float)));
+        group = group < 1 ? 1 : group > items ? items : group;
+    }
+    const int groups = (items + group - 1) / group;
     const long units = (long)groups * s.N;
+    const int32_t *off = direct ? direct_offsets(&s, s.H, s.W) : NULL;
+    if (direct && !off)
+        goto done;
+    int n_set = -1;
+    conv_out co = {NULL, NULL, ep.act ? &ep : NULL};
     for (;;) {
         const long u = CV_ATOMIC_ADD(&state[0], 1);
         if (u >= units)
             break;
         const int n = (int)(u / groups), g = (int)(u % groups);
-        const int pan0 = g * group, pan1 = pan0 + group < panels ? pan0 + group : panels;
-        if (conv_unit(&s, kk, (const float *)(X.data + n * X.nb[3]), (const float *)Wt.data, bias,
-                      (float *)(O.data + n * O.nb[3]), pan0, pan1))
+        if (n != n_set) { /* this item's row biases: the constant bias plus the runtime one */
+            co.rbias = bias;
+            if (rb) {
+                float *comb = sdrt_thread_buffer(5, (size_t)s.OC * sizeof(float));
+                if (!comb)
+                    break;
+                for (int oc = 0; oc < s.OC; oc++)
+                    comb[oc] = rb[(ptrdiff_t)n * s.OC + oc] + (bias ? bias[oc] : 0.0f);
+                co.rbias = comb;
+            }
+            co.res = res ? (const float *)(res + n * O.nb[3]) : NULL;
+            n_set = n;
+        }
+        const int i0 = g * group, i1 = i0 + group < items ? i0 + group : items;
+        const float *xn = (const float *)(X.data + n * X.nb[3]);
+        float *on = (float *)(O.data + n * O.nb[3]);
+        const int rc = direct ? direct_unit(&s, kk, xn, s.W, off, (const float *)Wt.data, &co, on, i0, i1, spr)
+                              : conv_unit(&s, kk, xn, (const float *)Wt.data, &co, on, i0, i1);
+        if (rc)
             break;
     }
 done:
     if (CV_ATOMIC_ADD(&state[1], 1) == nth - 1) {
         CV_ATOMIC_STORE(&state[0], 0);
         CV_ATOMIC_STORE(&state[1], 0);
+    }
+}
+
+/* dst = src zero-padded: the padded input of a direct conv, as ggml_custom_4d's callback.
+ *   src[0] x:      ne (W, H, C, N), contiguous
+ *   src[1] params: int32 [top, left]
+ *   dst:           ne (Wp, Hp, C, N) with Wp >= W + left, Hp >= H + top: x at (top, left), zeros
+ *                  around it
+ * The threads take planes in turn. */
+SDRT_EXPORT void sdrt_pad_op(void *dst, int ith, int nth, void *userdata) {
+    (void)userdata;
+    const void *tx = sdrt_tensor_src(dst, 0), *tp = sdrt_tensor_src(dst, 1);
+    if (!tx || !tp)
+        return;
+    const sdrt_view X = sdrt_tensor_view(tx), D = sdrt_tensor_view(dst);
+    const int32_t *pr = (const int32_t *)sdrt_tensor_view(tp).data;
+    const int top = pr[0], left = pr[1];
+    const int W = (int)X.ne[0], H = (int)X.ne[1], Wp = (int)D.ne[0], Hp = (int)D.ne[1];
+    const long planes = (long)D.ne[2] * D.ne[3];
+    if (top < 0 || left < 0 || W + left > Wp || H + top > Hp || X.ne[2] * X.ne[3] != planes)
+        return;
+    for (long p = ith; p < planes; p += nth) {
+        const float *src = (const float *)(X.data + (p % X.ne[2]) * X.nb[2] + (p / X.ne[2]) * X.nb[3]);
+        float *d = (float *)(D.data + (p % D.ne[2]) * D.nb[2] + (p / D.ne[2]) * D.nb[3]);
+        memset(d, 0, (size_t)top * Wp * sizeof(float));
+        for (int y = 0; y < H; y++) {
+            float *row = d + (ptrdiff_t)(y + top) * Wp;
+            memset(row, 0, (size_t)left * sizeof(float));
+            memcpy(row + left, src + (ptrdiff_t)y * W, (size_t)W * sizeof(float));
+            memset(row + left + W, 0, (size_t)(Wp - left - W) * sizeof(float));
+        }
+        memset(d + (ptrdiff_t)(top + H) * Wp, 0, (size_t)(Hp - top - H) * Wp * sizeof(float));
     }
 }

@@ -76,6 +76,12 @@ SDRT_EXPORT const char *sdrt_gemm_isa_name(int isa) {
     return k ? k->name : "unavailable";
 }
 
+/* columns a kernel call of ISA ``isa`` computes (the direct conv's slice width), 0 if unavailable */
+SDRT_EXPORT int sdrt_gemm_isa_nr(int isa) {
+    const sdrt_isa_kernels *k = kernels_of(isa);
+    return k ? k->nr : 0;
+}
+
 SDRT_EXPORT int sdrt_gemm_active_isa(void) {
     if (active_isa == SDRT_ISA_AUTO)
         active_isa = best_isa();
@@ -85,8 +91,8 @@ SDRT_EXPORT int sdrt_gemm_active_isa(void) {
 const sdrt_isa_kernels *sdrt_active_kernels(void) { return kernels_of(sdrt_gemm_active_isa()); }
 
 /* ---- per-thread scratch ---------------------------------------------------------------- */
-static SDRT_THREAD_LOCAL char *tl_raw[4];
-static SDRT_THREAD_LOCAL size_t tl_cap[4];
+static SDRT_THREAD_LOCAL char *tl_raw[SDRT_THREAD_BUFFERS];
+static SDRT_THREAD_LOCAL size_t tl_cap[SDRT_THREAD_BUFFERS];
 
 float *sdrt_thread_buffer(int slot, size_t bytes) {
     if (bytes > tl_cap[slot]) {
@@ -101,7 +107,7 @@ float *sdrt_thread_buffer(int slot, size_t bytes) {
 
 /* ---- the blocked product ---------------------------------------------------------------- */
 void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdiff_t lda, const float *b,
-                ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc) {
+                ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last) {
     const int mr = kk->mr_max, nr = kk->nr;
     const int tiles = (m + mr - 1) / mr;
     for (int q = 0; q < panels; q++) {
@@ -116,12 +122,18 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
             o.n = out->n - n0 < nr ? out->n - n0 : nr;
             o.bias = out->bias ? out->bias + n0 : NULL;
             o.acc = acc;
+            o.last = last;
+            o.ldres = out->ldres;
+            o.ep = out->ep;
             for (int t = 0; t < tiles; t++) {
                 const int m0 = (int)((long)t * m / tiles), m1 = (int)((long)(t + 1) * m / tiles);
                 const int m2 = (int)((long)(t + 2) * m / tiles);
                 o.m = m1 - m0;
                 o.rbias = out->rbias ? out->rbias + m0 : NULL;
                 o.c = out->trans ? out->c + (ptrdiff_t)n0 * out->ldc + m0 : out->c + (ptrdiff_t)m0 * out->ldc + n0;
+                o.res = !out->res ? NULL
+                        : out->trans ? out->res + (ptrdiff_t)n0 * out->ldres + m0
+                                     : out->res + (ptrdiff_t)m0 * out->ldres + n0;
                 /* prefetch the next tile's rows (the first tile's for the last: the next slice's) */
                 const float *pf = t + 1 < tiles && m2 > m1 ? a + (ptrdiff_t)m1 * lda : a;
                 kk->kern[o.m](k, a + (ptrdiff_t)m0 * lda, lda, bs, &o, pf);
@@ -217,6 +229,9 @@ static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s,
     out.n = p->N - pan0 * SDRT_NR;
     out.bias = p->bias ? p->bias + pan0 * SDRT_NR : NULL;
     out.rbias = NULL;
+    out.res = NULL;
+    out.ldres = 0;
+    out.ep = NULL;
     out.c = p->trans ? p->c + (ptrdiff_t)pan0 * SDRT_NR * p->ldc + m0 : p->c + (ptrdiff_t)m0 * p->ldc + pan0 * SDRT_NR;
     for (int kb = 0; kb < s->kblocks; kb++) {
         const int k0 = (int)((long)kb * p->K / s->kblocks), k1 = (int)((long)(kb + 1) * p->K / s->kblocks);
@@ -246,7 +261,7 @@ static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s,
                 pack_panel(p, q * SDRT_NR, k0, k1, buf + (ptrdiff_t)(q - pan0) * pstride);
             b = buf;
         }
-        sdrt_block(kk, m1 - m0, k1 - k0, a, lda, b, pstride, pan1 - pan0, &out, kb > 0);
+        sdrt_block(kk, m1 - m0, k1 - k0, a, lda, b, pstride, pan1 - pan0, &out, kb > 0, kb + 1 == s->kblocks);
     }
     return 0;
 }

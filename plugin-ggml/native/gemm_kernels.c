@@ -1,16 +1,21 @@
-/* float32 GEMM micro-kernels: C tile (mr x NR) = A rows (mr x K) . B slice (K x NR) of a packed
- * 32-column panel (row stride 32).
+/* float32 GEMM micro-kernels: C tile (mr x NR) = A rows (mr x K) . B slice (K x NR).
  *
  * Outer-product register tiles, as in BLIS and MLAS: for each k, the NR B values are loaded once
  * as vectors, each A value is broadcast once, and every accumulator gets one FMA. A is read in
- * place (row stride lda, rows may overlap: the window conv), only B is packed. One kernel per tile
- * height mr (1 .. mr_max), so the edge rows of a matrix need no padding; edge columns are masked.
- * The epilogue adds a per-column or per-row bias, or (acc) what C holds.
+ * place (row stride lda, rows may overlap: the window conv). One kernel per tile height mr
+ * (1 .. mr_max), so the edge rows of a matrix need no padding; edge columns are masked.
+ *
+ * Two ways to find B's rows, one kernel family each:
+ *   kern   row k at b + 32 k: NR columns of a packed 32-column panel (GEMM, packed conv);
+ *   ikern  row k at b + off[k]: rows read where they lie (the direct conv: its padded input).
+ *
+ * The epilogue adds a per-column or per-row bias, or (acc) what C holds; with the last block of
+ * K it also adds a residual tile and applies an activation (sdrt_epilogue).
  *
  *   AVX-512F        mr <= 14, NR 32: 28 zmm accumulators, 2 for B; direct masked stores, or a
  *                   16x16 in-register transpose for transposed output.
  *   AVX2 + FMA      mr <= 6, NR 16: 12 ymm accumulators; direct masked stores.
- *   NEON (AArch64)  mr <= 6, NR 16: 16 q accumulators.
+ *   NEON (AArch64)  mr <= 6, NR 16: 16 q accumulators, stored through a tile.
  *   portable C      mr <= 4, NR 32, loops the compiler vectorizes for the baseline ISA.
  *
  * NR and the K block (kc) of each ISA are in its table: the driver (gemm.c, sdrt_block) keeps a
@@ -29,42 +34,31 @@
 #endif
 
 /* ---- shared scalar tile store ------------------------------------------------------ */
+/* C (+)= tile, with the biases, and with the last block of K the residual and the activation */
 void sdrt_store_tile(const float *tile, int ld_tile, const sdrt_tile_out *o) {
     const int m = o->m, n = o->n;
-    if (!o->trans) {
-        for (int i = 0; i < m; i++) {
-            float *c = o->c + i * o->ldc;
-            const float *t = tile + (ptrdiff_t)i * ld_tile;
-            if (o->acc)
-                for (int j = 0; j < n; j++)
-                    c[j] += t[j];
-            else if (o->bias || o->rbias) {
-                const float ri = o->rbias ? o->rbias[i] : 0.0f;
-                for (int j = 0; j < n; j++)
-                    c[j] = t[j] + (o->bias ? o->bias[j] : 0.0f) + ri;
-            } else
-                memcpy(c, t, (size_t)n * sizeof(float));
-        }
-    } else {
+    const sdrt_epilogue *ep = o->last ? o->ep : NULL;
+    const float *res = o->last ? o->res : NULL;
+    for (int i = 0; i < m; i++) {
+        const float ri = o->rbias && !o->acc ? o->rbias[i] : 0.0f;
         for (int j = 0; j < n; j++) {
-            float *c = o->c + j * o->ldc;
-            const float bj = o->bias ? o->bias[j] : 0.0f;
-            if (o->acc)
-                for (int i = 0; i < m; i++)
-                    c[i] += tile[(ptrdiff_t)i * ld_tile + j];
-            else
-                for (int i = 0; i < m; i++)
-                    c[i] = tile[(ptrdiff_t)i * ld_tile + j] + bj + (o->rbias ? o->rbias[i] : 0.0f);
+            float *c = o->trans ? o->c + j * o->ldc + i : o->c + i * o->ldc + j;
+            float v = tile[(ptrdiff_t)i * ld_tile + j];
+            v += o->acc ? *c : (o->bias ? o->bias[j] : 0.0f) + ri;
+            if (res)
+                v += o->trans ? res[j * o->ldres + i] : res[i * o->ldres + j];
+            *c = sdrt_act(ep, v);
         }
     }
 }
 
 /* ---- portable C ------------------------------------------------------------------- */
-SDRT_INLINE void kport(int MR, int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o) {
+SDRT_INLINE void kport(int MR, int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off,
+                       const sdrt_tile_out *o) {
     float acc[4][SDRT_NR];
     memset(acc, 0, sizeof(acc));
     for (int k = 0; k < K; k++) {
-        const float *bk = b + (ptrdiff_t)k * SDRT_NR;
+        const float *bk = off ? b + off[k] : b + (ptrdiff_t)k * SDRT_NR;
         for (int i = 0; i < MR; i++) {
             const float ai = a[i * lda + k];
             for (int j = 0; j < SDRT_NR; j++)
@@ -77,14 +71,20 @@ SDRT_INLINE void kport(int MR, int K, const float *a, ptrdiff_t lda, const float
 #define KPORT(MR) \
     static void kport_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
         (void)pf; \
-        kport(MR, K, a, lda, b, o); \
+        kport(MR, K, a, lda, b, NULL, o); \
+    } \
+    static void kporti_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off, \
+                            const sdrt_tile_out *o, const float *pf) { \
+        (void)pf; \
+        kport(MR, K, a, lda, b, off, o); \
     }
 KPORT(1)
 KPORT(2)
 KPORT(3)
 KPORT(4)
 
-static const sdrt_isa_kernels portable = {"portable", 4, 32, 256, {NULL, kport_1, kport_2, kport_3, kport_4}};
+static const sdrt_isa_kernels portable = {"portable", 4, 32, 256, {NULL, kport_1, kport_2, kport_3, kport_4},
+                                          {NULL, kporti_1, kporti_2, kporti_3, kporti_4}};
 
 const sdrt_isa_kernels *sdrt_kernels_portable(void) { return &portable; }
 
@@ -94,10 +94,12 @@ const sdrt_isa_kernels *sdrt_kernels_portable(void) { return &portable; }
 
 #if defined(__GNUC__) || defined(__clang__)
 #define TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define INLINE_AVX2 static inline __attribute__((always_inline, target("avx2,fma")))
 #define TARGET_AVX512 __attribute__((target("avx512f,avx2,fma")))
 #define INLINE_AVX512 static inline __attribute__((always_inline, target("avx512f,avx2,fma")))
 #else
 #define TARGET_AVX2
+#define INLINE_AVX2 static __forceinline
 #define TARGET_AVX512
 #define INLINE_AVX512 static __forceinline
 #endif
@@ -106,20 +108,53 @@ const sdrt_isa_kernels *sdrt_kernels_portable(void) { return &portable; }
 static const int32_t mask_src[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 #define MASK8(n) _mm256_loadu_si256((const __m256i *)(mask_src + 8 - ((n) < 0 ? 0 : (n) > 8 ? 8 : (n))))
 
-/* one row's 8 columns to C (full vector, or masked at the edge): + C (acc), else + the bias */
-#define ST8(ptr, v, nv, add) \
-    do { \
-        float *p_ = (ptr); \
-        __m256 v_ = (v); \
-        if ((nv) >= 8) { \
-            v_ = _mm256_add_ps(v_, o->acc ? _mm256_loadu_ps(p_) : (add)); \
-            _mm256_storeu_ps(p_, v_); \
-        } else if ((nv) > 0) { \
-            const __m256i m_ = MASK8(nv); \
-            v_ = _mm256_add_ps(v_, o->acc ? _mm256_maskload_ps(p_, m_) : (add)); \
-            _mm256_maskstore_ps(p_, m_, v_); \
-        } \
-    } while (0)
+/* the activation of an epilogue, as vectors */
+typedef struct {
+    int act;
+    __m256 lo, hi;
+} act256;
+
+INLINE_AVX2 act256 act256_of(const sdrt_tile_out *o) {
+    act256 e;
+    const sdrt_epilogue *ep = o->last ? o->ep : NULL;
+    e.act = ep ? ep->act : SDRT_ACT_NONE;
+    e.lo = _mm256_set1_ps(ep ? ep->lo : 0.0f);
+    e.hi = _mm256_set1_ps(ep ? ep->hi : 0.0f);
+    return e;
+}
+
+INLINE_AVX2 __m256 act256_apply(const act256 *e, __m256 v) {
+    switch (e->act) {
+    case SDRT_ACT_RELU:
+        return _mm256_max_ps(v, _mm256_setzero_ps());
+    case SDRT_ACT_CLIP:
+        return _mm256_min_ps(_mm256_max_ps(v, e->lo), e->hi);
+    case SDRT_ACT_HARDSWISH: {
+        const __m256 g = _mm256_fmadd_ps(v, _mm256_set1_ps(1.0f / 6.0f), _mm256_set1_ps(0.5f));
+        return _mm256_mul_ps(v, _mm256_min_ps(_mm256_max_ps(g, _mm256_setzero_ps()), _mm256_set1_ps(1.0f)));
+    }
+    default:
+        return v;
+    }
+}
+
+/* one row's 8 columns to C (full vector, or masked at the edge): + C (acc), else + the bias;
+ * then, with the last block of K, + the residual and the activation */
+INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, const sdrt_tile_out *o,
+                     const act256 *e) {
+    if (nv >= 8) {
+        v = _mm256_add_ps(v, o->acc ? _mm256_loadu_ps(p) : add);
+        if (res)
+            v = _mm256_add_ps(v, _mm256_loadu_ps(res));
+        _mm256_storeu_ps(p, act256_apply(e, v));
+    } else if (nv > 0) {
+        const __m256i m = MASK8(nv);
+        v = _mm256_add_ps(v, o->acc ? _mm256_maskload_ps(p, m) : add);
+        if (res)
+            v = _mm256_add_ps(v, _mm256_maskload_ps(res, m));
+        _mm256_maskstore_ps(p, m, act256_apply(e, v));
+    }
+}
 
 /* rows as named variables (not arrays: GCC kept array accumulators on the stack, with a store
  * per FMA, at half speed); rows i >= MR are dead code */
@@ -136,9 +171,10 @@ static const int32_t mask_src[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0,
 #define R256_STORE(i) \
     if (mr_ > i && i < o->m) { \
         float *cr = o->c + i * o->ldc; \
+        const float *rr = res ? res + i * o->ldres : NULL; \
         const __m256 ri = o->rbias && !o->acc ? _mm256_set1_ps(o->rbias[i]) : zero; \
-        ST8(cr, c0_##i, o->n, _mm256_add_ps(bv0, ri)); \
-        ST8(cr + 8, c1_##i, o->n - 8, _mm256_add_ps(bv1, ri)); \
+        st8(cr, rr, c0_##i, o->n, _mm256_add_ps(bv0, ri), o, &e); \
+        st8(cr + 8, rr ? rr + 8 : NULL, c1_##i, o->n - 8, _mm256_add_ps(bv1, ri), o, &e); \
     }
 #define R256_TILE(i) \
     if (mr_ > i) { \
@@ -147,8 +183,25 @@ static const int32_t mask_src[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0,
     }
 #define R256_ALL(X) X(0) X(1) X(2) X(3) X(4) X(5)
 
-/* 16 columns (12 accumulators); row-major C is written from the registers, transposed C through
- * a tile */
+/* the epilogue of a 16-column tile: row-major C from the registers, transposed C through a tile */
+#define R256_EPILOGUE \
+    if (o->trans) { \
+        SDRT_ALIGN(32) float tile[mr_ * 16]; \
+        R256_ALL(R256_TILE) \
+        sdrt_store_tile(tile, 16, o); \
+        return; \
+    } \
+    const __m256 zero = _mm256_setzero_ps(); \
+    __m256 bv0 = zero, bv1 = zero; \
+    if (o->bias && !o->acc) { \
+        bv0 = _mm256_maskload_ps(o->bias, MASK8(o->n)); \
+        bv1 = _mm256_maskload_ps(o->bias + 8, MASK8(o->n - 8)); \
+    } \
+    const act256 e = act256_of(o); \
+    const float *res = o->last ? o->res : NULL; \
+    R256_ALL(R256_STORE)
+
+/* 16 columns (12 accumulators), B rows packed (BROW(k) = b + 32 k) or by offsets */
 #define K256(MR) \
     static TARGET_AVX2 void k256_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
@@ -161,19 +214,22 @@ static const int32_t mask_src[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0,
             } \
             R256_ALL(R256_STEP) \
         } \
-        if (o->trans) { \
-            SDRT_ALIGN(32) float tile[MR * 16]; \
-            R256_ALL(R256_TILE) \
-            sdrt_store_tile(tile, 16, o); \
-            return; \
+        R256_EPILOGUE \
+    } \
+    static TARGET_AVX2 void k256i_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off, \
+                                       const sdrt_tile_out *o, const float *pf) { \
+        enum { mr_ = MR }; \
+        R256_ALL(R256_DECL) \
+        for (int k = 0; k < K; k++) { \
+            const float *bk = b + off[k]; \
+            const __m256 b0 = _mm256_loadu_ps(bk); \
+            const __m256 b1 = _mm256_loadu_ps(bk + 8); \
+            if ((k & 15) == 0) { \
+                R256_ALL(R256_PREFETCH) \
+            } \
+            R256_ALL(R256_STEP) \
         } \
-        const __m256 zero = _mm256_setzero_ps(); \
-        __m256 bv0 = zero, bv1 = zero; \
-        if (o->bias && !o->acc) { \
-            bv0 = _mm256_maskload_ps(o->bias, MASK8(o->n)); \
-            bv1 = _mm256_maskload_ps(o->bias + 8, MASK8(o->n - 8)); \
-        } \
-        R256_ALL(R256_STORE) \
+        R256_EPILOGUE \
     }
 K256(1)
 K256(2)
@@ -182,7 +238,8 @@ K256(4)
 K256(5)
 K256(6)
 
-static const sdrt_isa_kernels avx2 = {"avx2", 6, 16, 384, {NULL, k256_1, k256_2, k256_3, k256_4, k256_5, k256_6}};
+static const sdrt_isa_kernels avx2 = {"avx2", 6, 16, 384, {NULL, k256_1, k256_2, k256_3, k256_4, k256_5, k256_6},
+                                      {NULL, k256i_1, k256i_2, k256i_3, k256i_4, k256i_5, k256i_6}};
 
 /* 16x16 transpose in registers: r[i] holds row i on entry, column i on return */
 INLINE_AVX512 void transpose16(__m512 r[16]) {
@@ -215,9 +272,28 @@ INLINE_AVX512 void transpose16(__m512 r[16]) {
 
 INLINE_AVX512 __mmask16 mask16(int n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u); }
 
+INLINE_AVX512 __m512 act512(const sdrt_epilogue *ep, __m512 v) {
+    if (!ep)
+        return v;
+    switch (ep->act) {
+    case SDRT_ACT_RELU:
+        return _mm512_max_ps(v, _mm512_setzero_ps());
+    case SDRT_ACT_CLIP:
+        return _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(ep->lo)), _mm512_set1_ps(ep->hi));
+    case SDRT_ACT_HARDSWISH: {
+        const __m512 g = _mm512_fmadd_ps(v, _mm512_set1_ps(1.0f / 6.0f), _mm512_set1_ps(0.5f));
+        return _mm512_mul_ps(v, _mm512_min_ps(_mm512_max_ps(g, _mm512_setzero_ps()), _mm512_set1_ps(1.0f)));
+    }
+    default:
+        return v;
+    }
+}
+
 /* the accumulators of an mr x 32 tile (c0: columns 0-15, c1: 16-31) to their place in C */
 INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sdrt_tile_out *o) {
     const __mmask16 m0 = mask16(o->n), m1 = mask16(o->n - 16);
+    const sdrt_epilogue *ep = o->last ? o->ep : NULL;
+    const float *res = o->last ? o->res : NULL;
     if (!o->trans) {
         __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
         if (o->bias && !o->acc) {
@@ -235,9 +311,14 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
                 a0 = _mm512_add_ps(a0, ri);
                 a1 = _mm512_add_ps(a1, ri);
             }
-            _mm512_mask_storeu_ps(c, m0, _mm512_add_ps(c0[i], a0));
+            __m512 v0 = _mm512_add_ps(c0[i], a0), v1 = _mm512_add_ps(c1[i], a1);
+            if (res) {
+                v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, res + i * o->ldres));
+                v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, res + i * o->ldres + 16));
+            }
+            _mm512_mask_storeu_ps(c, m0, act512(ep, v0));
             if (m1)
-                _mm512_mask_storeu_ps(c + 16, m1, _mm512_add_ps(c1[i], a1));
+                _mm512_mask_storeu_ps(c + 16, m1, act512(ep, v1));
         }
         return;
     }
@@ -259,7 +340,9 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
                 if (o->rbias)
                     v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rows, o->rbias));
             }
-            _mm512_mask_storeu_ps(c, rows, v);
+            if (res)
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(rows, res + (16 * h + j) * o->ldres));
+            _mm512_mask_storeu_ps(c, rows, act512(ep, v));
         }
     }
 }
@@ -300,6 +383,23 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
         __m512 c0[MR], c1[MR]; \
         R512_ALL(R512_SAVE) \
         store512(c0, c1, MR, o); \
+    } \
+    static TARGET_AVX512 void k512i_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off, \
+                                         const sdrt_tile_out *o, const float *pf) { \
+        enum { mr_ = MR }; \
+        R512_ALL(R512_DECL) \
+        for (int k = 0; k < K; k++) { \
+            const float *bk = b + off[k]; \
+            const __m512 b0 = _mm512_loadu_ps(bk); \
+            const __m512 b1 = _mm512_loadu_ps(bk + 16); \
+            if ((k & 15) == 0) { \
+                R512_ALL(R512_PREFETCH) \
+            } \
+            R512_ALL(R512_STEP) \
+        } \
+        __m512 c0[MR], c1[MR]; \
+        R512_ALL(R512_SAVE) \
+        store512(c0, c1, MR, o); \
     }
 K512(1)
 K512(2)
@@ -317,8 +417,11 @@ K512(13)
 K512(14)
 
 static const sdrt_isa_kernels avx512 = {
-    "avx512", 14, 32, 256, {NULL, k512_1, k512_2, k512_3, k512_4, k512_5, k512_6, k512_7, k512_8, k512_9, k512_10, k512_11,
-                   k512_12, k512_13, k512_14}};
+    "avx512", 14, 32, 256,
+    {NULL, k512_1, k512_2, k512_3, k512_4, k512_5, k512_6, k512_7, k512_8, k512_9, k512_10, k512_11, k512_12,
+     k512_13, k512_14},
+    {NULL, k512i_1, k512i_2, k512i_3, k512i_4, k512i_5, k512i_6, k512i_7, k512i_8, k512i_9, k512i_10, k512i_11,
+     k512i_12, k512i_13, k512i_14}};
 
 const sdrt_isa_kernels *sdrt_kernels_avx2(void) { return sdrt_cpu_has(SDRT_ISA_AVX2) ? &avx2 : NULL; }
 const sdrt_isa_kernels *sdrt_kernels_avx512(void) { return sdrt_cpu_has(SDRT_ISA_AVX512) ? &avx512 : NULL; }
@@ -331,28 +434,39 @@ const sdrt_isa_kernels *sdrt_kernels_avx512(void) { return NULL; }
 #if defined(SDRT_ARM64)
 #include <arm_neon.h>
 
+SDRT_INLINE void kneon(int MR, int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off,
+                       const sdrt_tile_out *o) {
+    float tile[6 * 16];
+    float32x4_t c[6][4];
+    for (int i = 0; i < 6; i++)
+        for (int q = 0; q < 4; q++)
+            c[i][q] = vdupq_n_f32(0.0f);
+    for (int k = 0; k < K; k++) {
+        const float *bk = off ? b + off[k] : b + (ptrdiff_t)k * SDRT_NR;
+        const float32x4_t b0 = vld1q_f32(bk), b1 = vld1q_f32(bk + 4), b2 = vld1q_f32(bk + 8), b3 = vld1q_f32(bk + 12);
+        SDRT_UNROLL for (int i = 0; i < MR; i++) {
+            const float32x4_t ai = vdupq_n_f32(a[i * lda + k]);
+            c[i][0] = vfmaq_f32(c[i][0], b0, ai);
+            c[i][1] = vfmaq_f32(c[i][1], b1, ai);
+            c[i][2] = vfmaq_f32(c[i][2], b2, ai);
+            c[i][3] = vfmaq_f32(c[i][3], b3, ai);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int q = 0; q < 4; q++)
+            vst1q_f32(tile + i * 16 + 4 * q, c[i][q]);
+    sdrt_store_tile(tile, 16, o);
+}
+
 #define KNEON(MR) \
     static void kneon_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
-        float tile[MR * 16]; \
-        float32x4_t c[MR][4]; \
         (void)pf; \
-        SDRT_UNROLL for (int i = 0; i < MR; i++) \
-            for (int q = 0; q < 4; q++) c[i][q] = vdupq_n_f32(0.0f); \
-        for (int k = 0; k < K; k++) { \
-            const float *bk = b + (ptrdiff_t)k * SDRT_NR; \
-            const float32x4_t b0 = vld1q_f32(bk), b1 = vld1q_f32(bk + 4), b2 = vld1q_f32(bk + 8), \
-                              b3 = vld1q_f32(bk + 12); \
-            SDRT_UNROLL for (int i = 0; i < MR; i++) { \
-                const float32x4_t ai = vdupq_n_f32(a[i * lda + k]); \
-                c[i][0] = vfmaq_f32(c[i][0], b0, ai); \
-                c[i][1] = vfmaq_f32(c[i][1], b1, ai); \
-                c[i][2] = vfmaq_f32(c[i][2], b2, ai); \
-                c[i][3] = vfmaq_f32(c[i][3], b3, ai); \
-            } \
-        } \
-        SDRT_UNROLL for (int i = 0; i < MR; i++) \
-            for (int q = 0; q < 4; q++) vst1q_f32(tile + i * 16 + 4 * q, c[i][q]); \
-        sdrt_store_tile(tile, 16, o); \
+        kneon(MR, K, a, lda, b, NULL, o); \
+    } \
+    static void kneoni_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off, \
+                            const sdrt_tile_out *o, const float *pf) { \
+        (void)pf; \
+        kneon(MR, K, a, lda, b, off, o); \
     }
 KNEON(1)
 KNEON(2)
@@ -361,7 +475,8 @@ KNEON(4)
 KNEON(5)
 KNEON(6)
 
-static const sdrt_isa_kernels neon = {"neon", 6, 16, 256, {NULL, kneon_1, kneon_2, kneon_3, kneon_4, kneon_5, kneon_6}};
+static const sdrt_isa_kernels neon = {"neon", 6, 16, 256, {NULL, kneon_1, kneon_2, kneon_3, kneon_4, kneon_5, kneon_6},
+                                      {NULL, kneoni_1, kneoni_2, kneoni_3, kneoni_4, kneoni_5, kneoni_6}};
 const sdrt_isa_kernels *sdrt_kernels_neon(void) { return &neon; }
 #else
 const sdrt_isa_kernels *sdrt_kernels_neon(void) { return NULL; }

@@ -60,6 +60,14 @@ const void *sdrt_tensor_src(const void *tensor, int i);
  * on which kernel runs them. */
 #define SDRT_NR 32
 
+/* what a product's last block of K does to each value v (after the biases): v += res, then an
+ * activation */
+enum { SDRT_ACT_NONE = 0, SDRT_ACT_RELU = 1, SDRT_ACT_CLIP = 2, SDRT_ACT_HARDSWISH = 3 };
+typedef struct {
+    int act;         /* SDRT_ACT_* */
+    float lo, hi;    /* SDRT_ACT_CLIP's bounds */
+} sdrt_epilogue;
+
 /* where a tile's results go: c[i*ldc + j] (rows of M), or transposed c[j*ldc + i] */
 typedef struct {
     float *c;
@@ -70,7 +78,16 @@ typedef struct {
     const float *bias;  /* per column j, already offset to the tile's first column; NULL for none */
     const float *rbias; /* per row i, already offset to the tile's first row; NULL for none */
     int acc;            /* add to what C holds (a later block of K) instead of overwriting it */
+    int last;           /* the last block of K: apply res and ep */
+    const float *res;   /* residual, laid out as C (res[i*ldres + j], or transposed), or NULL */
+    ptrdiff_t ldres;
+    const sdrt_epilogue *ep; /* NULL: none */
 } sdrt_tile_out;
+
+/* the same with B rows found through offsets: row k of the B slice at b + off[k] (the direct
+ * conv reads them from its padded input) */
+typedef void (*sdrt_ikernel_fn)(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off,
+                                const sdrt_tile_out *o, const float *pf);
 
 /* C tile (mr x NR) = A rows (mr x K, a[i*lda + k]) . B slice (K x NR, b[k*32 + j]: NR columns of a
  * 32-column packed panel). pf: the A rows the next call reads (same lda), prefetched into L1 while
@@ -84,6 +101,7 @@ typedef struct {
     int nr; /* columns per call (16 or 32): a 32-column panel takes 32 / nr calls */
     int kc; /* longest block of K: a kc x nr slice of B (row stride 32) stays in L1 over the A tiles */
     sdrt_kernel_fn kern[17]; /* kern[mr] for mr in 1..mr_max */
+    sdrt_ikernel_fn ikern[17]; /* the same with B rows by offsets (NULL: this ISA has none) */
 } sdrt_isa_kernels;
 
 /* the kernel table of an ISA, or NULL when this build or this CPU lacks it */
@@ -106,6 +124,9 @@ typedef struct {
     int n;              /* valid columns from the first panel's column 0 */
     const float *bias;  /* per column from column 0, or NULL */
     const float *rbias; /* per row from row 0, or NULL */
+    const float *res;   /* residual at (row 0, column 0), laid out as C with ldres, or NULL */
+    ptrdiff_t ldres;
+    const sdrt_epilogue *ep; /* with the last block of K, or NULL */
 } sdrt_block_out;
 
 /* C[0:m, the panels' columns] (+)= A[0:m, 0:k] . B, B as `panels` packed slices of k x 32 floats,
@@ -113,10 +134,30 @@ typedef struct {
  * the slice while it is in L1 (the A tiles stream from L2). acc: add to C (a later block of K);
  * else C = product + bias. */
 void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdiff_t lda, const float *b,
-                ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc);
+                ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last);
 
-/* a 64-byte aligned per-thread scratch buffer (slot 0..3), kept for the thread's life; NULL when
- * out of memory */
+/* the scalar epilogue of one value (sdrt_store_tile and the scalar paths) */
+static inline float sdrt_act(const sdrt_epilogue *ep, float v) {
+    if (!ep)
+        return v;
+    switch (ep->act) {
+    case SDRT_ACT_RELU:
+        return v > 0.0f ? v : 0.0f;
+    case SDRT_ACT_CLIP:
+        return v < ep->lo ? ep->lo : v > ep->hi ? ep->hi : v;
+    case SDRT_ACT_HARDSWISH: {
+        const float g = v * (1.0f / 6.0f) + 0.5f;
+        return v * (g < 0.0f ? 0.0f : g > 1.0f ? 1.0f : g);
+    }
+    default:
+        return v;
+    }
+}
+
+/* a 64-byte aligned per-thread scratch buffer, kept for the thread's life; NULL when out of memory.
+ * Slots: 0 the GEMM's runtime B panels, 1 its copied A rows, 2 the conv's packed panels, 3 its
+ * taps, 4 the direct conv's row offsets, 5 a conv's combined row biases */
+#define SDRT_THREAD_BUFFERS 6
 float *sdrt_thread_buffer(int slot, size_t bytes);
 
 #endif

@@ -43,6 +43,7 @@ class Native:
     path: str
     gemm_op: Any  # ggml_custom_op_t pointing at sdrt_gemm_op
     conv_op: Any  # ... at sdrt_conv_op
+    pad_op: Any  # ... at sdrt_pad_op
 
     @property
     def isa(self) -> str:
@@ -55,6 +56,11 @@ class Native:
         if isa == -2 or self.lib.sdrt_gemm_set_isa(isa) < 0:
             raise ValueError(f"GEMM kernel {name!r} is not available here (have: {', '.join(self.available_isas())})")
         return self.isa
+
+    @property
+    def nr(self) -> int:
+        """Columns one kernel call of the active ISA computes (16 or 32): the direct conv's slice."""
+        return int(self.lib.sdrt_gemm_isa_nr(self.lib.sdrt_gemm_active_isa()))
 
     def available_isas(self) -> list[str]:
         return [n for n, i in ISAS.items() if self.lib.sdrt_gemm_isa_available(i)]
@@ -111,7 +117,7 @@ def _load() -> tuple[Native | None, str]:
     if why:
         return None, (f"ggml-python's ggml_tensor layout does not match what the kernels read ({why}); "
                       f"ggml-python {_ggml_version()} is not a version sdrt-ggml was checked with")
-    ops = [g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value) for f in ("sdrt_gemm_op", "sdrt_conv_op")]
+    ops = [g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value) for f in ("sdrt_gemm_op", "sdrt_conv_op", "sdrt_pad_op")]
     n = Native(lib, str(path), *ops)
     want = os.environ.get("SDRT_GGML_GEMM_ISA")
     try:
@@ -144,6 +150,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sdrt_gemm_isa_name.argtypes = [I]
     lib.sdrt_gemm_isa_name.restype = ctypes.c_char_p
     lib.sdrt_gemm_active_isa.argtypes = []
+    lib.sdrt_gemm_isa_nr.argtypes = [I]
+    lib.sdrt_gemm_isa_nr.restype = I
     lib.sdrt_gemm.argtypes = [I, I, I, I, P, S, P, S, S, I, P, P, S, I, I, I]
     lib.sdrt_gemm.restype = I
 
@@ -247,16 +255,40 @@ def row_stride(k: int, rows: int = 14) -> int:
         ld += 16
 
 
-def conv_op(nat: Native, g: Any, ctx: Any, x: Any, w: Any, params: Any, state: Any, bias: Any = None, *,
-            out_ne: tuple[int, int, int, int]) -> Any:
+#: activations the conv's epilogue applies (``SDRT_ACT_*`` in native/sdrt_native.h)
+ACTS = {"relu": 1, "clip": 2, "hardswish": 3}
+
+
+def conv_params(kh: int, kw: int, strides: Any, dil: Any, ph: int, pw: int, *, padded: bool = False,
+                act: str | None = None, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
+    """``sdrt_conv_op``'s int32 params: [KH, KW, sh, sw, dh, dw, ph, pw, padded, act, lo, hi], the
+    clip bounds as float32 bits."""
+    bounds = np.array([lo, hi], np.float32).view(np.int32)
+    return np.array([kh, kw, strides[0], strides[1], dil[0], dil[1], ph, pw, int(padded), ACTS.get(act or "", 0),
+                     bounds[0], bounds[1]], np.int32)
+
+
+def conv_op(nat: Native, g: Any, ctx: Any, x: Any, w: Any, params: Any, state: Any, bias: Any = None,
+            rbias: Any = None, res: Any = None, *, out_ne: tuple[int, int, int, int]) -> Any:
     """The ggml tensor of a group-1 2-D conv by ``sdrt_conv_op`` (contract in native/conv.c):
-    ``x`` NCHW (ne (W, H, C, N), contiguous), ``w`` ne (ldw, OC) rows of the OIHW kernel,
-    ``params`` int32 [KH, KW, sh, sw, dh, dw, ph, pw], ``state`` a zeroed int32[4] of its own,
-    ``bias`` OC floats or None; ``out_ne`` (OW, OH, OC, N)."""
-    args = [x, w, params, state] + ([bias] if bias is not None else [])
+    ``x`` NCHW (ne (W, H, C, N), contiguous; the ``pad_op`` output when params say padded),
+    ``w`` ne (ldw, OC) rows of the OIHW kernel, ``params`` from ``conv_params``, ``state`` a zeroed
+    int32[4] of its own, ``bias`` OC floats, ``rbias`` a runtime per-channel bias ne (OC, N),
+    ``res`` a residual shaped as the output (each None or a tensor); ``out_ne`` (OW, OH, OC, N)."""
+    null = ctypes.POINTER(g.ggml_tensor)()
+    args = [x, w, params, state, bias or null, rbias or null, res or null]
     arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
     out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *out_ne, arr, len(args), nat.conv_op, g.GGML_N_TASKS_MAX, None)
     g.ggml_set_name(out, b"sdrt_conv")
+    return out
+
+
+def pad_op(nat: Native, g: Any, ctx: Any, x: Any, params: Any, *, out_ne: tuple[int, int, int, int]) -> Any:
+    """``x`` (ne (W, H, C, N), contiguous) zero-padded into ne ``out_ne`` at (top, left) = ``params``
+    (int32[2]) by ``sdrt_pad_op``: the input of a direct conv."""
+    arr = (ctypes.POINTER(g.ggml_tensor) * 2)(x, params)
+    out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *out_ne, arr, 2, nat.pad_op, g.GGML_N_TASKS_MAX, None)
+    g.ggml_set_name(out, b"sdrt_pad")
     return out
 
 

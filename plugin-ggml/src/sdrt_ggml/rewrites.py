@@ -30,7 +30,7 @@ Matcher = Callable[[Any, Any], "list[Value] | None"]
 #: anchor op type -> [(rewrite name, matcher)]
 REWRITES: dict[str, list[tuple[str, Matcher]]] = {}
 #: rewrites that can be switched off (``rewrites=`` option); gelu is needed for correctness
-OPTIONAL = ("silu", "attention", "groupnorm", "geglu")
+OPTIONAL = ("silu", "attention", "groupnorm", "geglu", "conv_epilogue")
 
 
 def rewrite(name: str, anchor: str) -> Callable[[Matcher], Matcher]:

@@ -199,7 +199,7 @@ def test_lowerings_route_matmul_gemm_and_convs_to_the_kernel(nat):
                       {"y": (None, F)}, {"w": rand(5, 3, 3, 3), "b": rand(5)})
     check(conv, {"x": rand(1, 3, 9, 7)})
     with compile_ggml(conv) as s:  # kxk: the implicit-GEMM conv straight from NCHW
-        assert _gemm_nodes(s, b"sdrt_conv") == 1 and s.impl_hits == {"conv implicit": 1}
+        assert _gemm_nodes(s, b"sdrt_conv") == 1 and set(s.impl_hits) <= {"conv implicit", "conv direct"}
     check(conv, {"x": rand(1, 3, 9, 7)}, conv_impl="window")
     with compile_ggml(conv, conv_impl="window") as s:
         assert _gemm_nodes(s) == 1 and s.impl_hits == {"conv window": 1}
@@ -265,13 +265,54 @@ def test_packed_weights_follow_update_weights(nat):
     (4, 5, 6, 3, 1, 1, {"strides": [2, 2]}),                           # strided 1x1
     (5, 7, 33, 4, 5, 1, {"pads": [2, 0, 2, 0]}),
 ])
-def test_implicit_conv_matches_onnxruntime(nat, c, h, w, oc, kh, kw, attrs):
+@pytest.mark.parametrize("impl", ["implicit", "auto"])
+def test_implicit_conv_matches_onnxruntime(nat, c, h, w, oc, kh, kw, attrs, impl):
+    """Both routes of the native conv: columns packed inside the op (conv_impl="implicit"), and by
+    default, for stride-1 convs with rows wide enough, B read straight from a padded input."""
+    from sdrt_ggml.ops.conv_kernels import direct_ok
+
     nodes = [mk("Conv", ["x", "w", "b"], ["y"], **attrs)]
+    s = attrs.get("strides", [1, 1])
+    pads, dil = attrs.get("pads", [0, 0, 0, 0]), attrs.get("dilations", [1, 1])
+    ow = (w + pads[1] + pads[3] - dil[1] * (kw - 1) - 1) // s[1] + 1
+
+    class _L:  # what direct_ok reads of a lowering
+        options = {"conv_impl": impl}
+
+    route = "conv direct" if direct_ok(_L, nat, s, ow) else "conv implicit"
     for n in (1, 2):
         m = make_model(nodes, {"x": ((n, c, h, w), F)}, {"y": (None, F)}, {"w": rand(oc, c, kh, kw) * 0.3, "b": rand(oc)})
-        check(m, {"x": rand(n, c, h, w)}, atol=1e-4)
-        with compile_ggml(m) as s:
-            assert s.impl_hits == {"conv implicit": 1}
+        check(m, {"x": rand(n, c, h, w)}, atol=1e-4, conv_impl=impl)
+        with compile_ggml(m, conv_impl=impl) as sess:
+            assert sess.impl_hits == {route: 1}
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2", "avx512", "neon"])
+@pytest.mark.parametrize("c,h,w,oc,kh,kw,pads,dil", [
+    (3, 9, 70, 5, 3, 3, [1, 1], [1, 1]),      # several slices a row, the last one partial
+    (48, 6, 33, 17, 3, 3, [1, 1], [1, 1]),    # K = 432: two K blocks; 17 rows: tiles of 5 and 6
+    (6, 15, 37, 7, 3, 3, [2, 3], [2, 3]),     # dilations
+    (5, 7, 40, 4, 5, 1, [2, 0], [1, 1]),      # a tall kernel, no width padding
+    (16, 4, 32, 9, 1, 1, [0, 0], [1, 1]),     # 1x1 whose rows fill whole calls: no pad op
+])
+def test_direct_conv_route_on_every_isa(nat, isa, c, h, w, oc, kh, kw, pads, dil):
+    """The direct route (B rows read through offsets from the padded input) against onnxruntime, with
+    each ISA's offset kernels and slice width (16 on AVX2, 32 on AVX-512 and the portable C)."""
+    if isa not in nat.available_isas():
+        pytest.skip(f"{isa} kernels: not on this CPU or build")
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"], pads=[pads[0], pads[1], pads[0], pads[1]], dilations=dil)]
+    try:
+        nat.set_isa(isa)
+        for n in (1, 2):
+            m = make_model(nodes, {"x": ((n, c, h, w), F)}, {"y": (None, F)},
+                           {"w": rand(oc, c, kh, kw) * 0.3, "b": rand(oc)})
+            with compile_ggml(m) as s:
+                hits = dict(s.impl_hits)
+            check(m, {"x": rand(n, c, h, w)}, atol=1e-4)
+            ow = w + 2 * pads[1] - dil[1] * (kw - 1)
+            assert hits == {"conv direct" if ow * 4 >= 3 * nat.nr else "conv implicit": 1}
+    finally:
+        nat.set_isa(None)
 
 
 def test_implicit_conv_follows_update_weights(nat):

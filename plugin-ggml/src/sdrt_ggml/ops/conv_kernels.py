@@ -3,6 +3,8 @@ and the depthwise kernel."""
 
 from __future__ import annotations
 
+import ctypes
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -109,20 +111,82 @@ def implicit_ok(lowering: Any, w: Any, group: int) -> bool:
             and native.for_lowering(lowering) is not None)
 
 
+def direct_ok(lowering: Any, nat: Any, strides: list[int], ow: int) -> bool:
+    """The direct route of the native conv (no packing: B read from a padded input) for a stride-1
+    conv whose output rows fill most of a kernel call's columns (16 with AVX2, 32 with AVX-512);
+    narrower maps and strided convs pack their columns instead, as does ``conv_impl="implicit"``."""
+    return (lowering.options.get("conv_impl", "auto") != "implicit" and list(strides) == [1, 1]
+            and ow * 4 >= 3 * nat.nr)
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A native conv as emitted, and what its epilogue does: the fusion rewrites (rewrites_conv.py)
+    emit it again with a runtime per-channel bias, a residual or an activation added."""
+
+    src: Any  # the input the op reads (padded for the direct route)
+    wt: Any  # W rows
+    geometry: tuple[int, int, tuple[int, ...], tuple[int, ...], int, int, bool]  # kh, kw, strides, dil, ph, pw, padded
+    out_shape: tuple[int, int, int, int]
+    bias: Any = None  # constant, OC floats
+    rbias: Any = None  # runtime, ne (OC, N)
+    res: Any = None  # runtime, shaped as the output, contiguous
+    act: str | None = None
+    lo: float = 0.0
+    hi: float = 0.0
+
+
+def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
+    """The conv op of ``spec``; remembered so that a following node can fuse into its epilogue."""
+    g = ggml_lib()
+    nat = native.for_lowering(lowering)
+    kh, kw, strides, dil, ph, pw, padded = spec.geometry
+    n, oc, oh, ow = spec.out_shape
+    params = lowering.const(native.conv_params(kh, kw, strides, dil, ph, pw, padded=padded, act=spec.act, lo=spec.lo,
+                                               hi=spec.hi))
+    y = native.conv_op(nat, g, lowering.ctx, spec.src, spec.wt, params.ptr, native.lowering_state(lowering), spec.bias,
+                       spec.rbias, spec.res, out_ne=(ow, oh, oc, n))
+    lowering.conv_specs[ctypes.cast(y, ctypes.c_void_p).value] = spec
+    return GTensor(y, spec.out_shape)
+
+
+def conv_spec_of(lowering: Any, v: Any) -> ConvSpec | None:
+    """The spec of a native conv's value (None for any other value)."""
+    if not isinstance(v, GTensor):
+        return None
+    return lowering.conv_specs.get(ctypes.cast(v.ptr, ctypes.c_void_p).value)
+
+
 def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: list[int], dil: list[int], ph: int,
                   pw: int, out_shape: tuple[int, int, int, int]) -> GTensor:
     """Conv straight from NCHW by the native implicit GEMM: the kernel's rows are A (row stride
-    padded where rows would alias in L1), the column matrix is packed panel by panel from the
-    input inside the op, the bias is added by the op. No copies, no scratch."""
+    padded where rows would alias in L1), the bias is added by the op. Stride-1 convs with rows
+    wide enough read B where it lies in a zero-padded copy of the input (the pad op; none when the
+    rows already fill whole kernel calls and need no pads); the others pack B panel by panel inside
+    the op. No channels-last copy, no scratch."""
     g = ggml_lib()
     nat = native.for_lowering(lowering)
-    lowering.used("conv implicit")
     n, oc, oh, ow = out_shape
+    _, c, h, wd = x.shape
+    kh, kw = int(w.shape[2]), int(w.shape[3])
     k = int(np.prod(w.shape[1:]))
     ld = native.row_stride(k)
     wt = lowering.const(w, transform=lambda a: np.pad(a.reshape(oc, k), [(0, 0), (0, ld - k)]), tag=f"rows{ld}")
-    params = lowering.const(np.array([w.shape[2], w.shape[3], *strides, *dil, ph, pw], np.int32))
     b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
-    y = native.conv_op(nat, g, lowering.ctx, x.ptr, wt.ptr, params.ptr, native.lowering_state(lowering),
-                       b.ptr if b is not None else None, out_ne=(ow, oh, oc, n))
-    return GTensor(y, out_shape)
+    src = x.ptr
+    padded = direct_ok(lowering, nat, strides, ow)
+    if padded and kh == kw == 1 and ph == pw == 0 and ow % nat.nr:
+        padded = False  # the pad op would only copy the input, as packing it does
+    if padded:
+        nr = nat.nr
+        wp = max(wd + 2 * pw, -(-ow // nr) * nr + (kw - 1) * dil[1])
+        hp = h + 2 * ph
+        if (wp, hp) != (wd, h):
+            top_left = lowering.const(np.array([ph, pw], np.int32))
+            src = native.pad_op(nat, g, lowering.ctx, x.ptr, top_left.ptr, out_ne=(wp, hp, c, n))
+        lowering.used("conv direct")
+    else:
+        lowering.used("conv implicit")
+    spec = ConvSpec(src, wt.ptr, (kh, kw, tuple(strides), tuple(dil), ph, pw, padded), out_shape,
+                    bias=b.ptr if b is not None else None)
+    return conv_emit(lowering, spec)

@@ -87,8 +87,11 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
     oh = (h + 2 * ph - dil[0] * (kh - 1) - 1) // strides[0] + 1
     ow = (wd + 2 * pw - dil[1] * (kw - 1) - 1) // strides[1] + 1
     x = cont(lowering, x)
+    # a 1x1 conv as one GEMM over the channels-last input, in both layouts: where a producer made
+    # that input for free (x.cl), or without the native conv, which takes NCHW as it is
     pointwise = (group == 1 and isinstance(w, np.ndarray) and n == 1 and kh == kw == 1 and strides == [1, 1]
-                 and ph == pw == 0 and lowering.options.get("layouts", True))
+                 and ph == pw == 0 and lowering.options.get("layouts", True)
+                 and (x.cl is not None or not implicit_ok(lowering, w, group)))
     if pointwise:
         kp = c
         if nat is None and want_pad(lowering, c) and oh * ow * c * oc >= 2_000_000:

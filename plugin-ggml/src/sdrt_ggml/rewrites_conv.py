@@ -1,0 +1,85 @@
+"""Fusions into the native conv's epilogue (``conv_epilogue``), matched while lowering.
+
+A native conv (``ops.conv_kernels.conv_emit``) stores each tile with its bias added; these
+rewrites let it also add what the next node adds and apply what the next node applies, so that
+the node itself emits nothing and the conv's output is written once:
+
+- ``Add`` of a runtime per-channel bias (N, C, 1, 1): the UNet ResNet's time embedding;
+- ``Add`` of a runtime tensor shaped as the conv's output: a residual (ResNet, MobileNet blocks);
+- ``Relu``, ``Clip`` (constant bounds, ReLU6), ``HardSwish``: the activation, last.
+
+The conv's value must have no other reader, and nothing is fused after the activation. The conv
+is emitted again with the larger epilogue; the earlier op is left unreferenced, so ggml never
+computes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from .ops._common import GTensor, Value, attrs, cont, ggml_lib, scalar_of
+from .ops.conv_kernels import ConvSpec, conv_emit, conv_spec_of
+from .rewrites import rewrite
+
+
+def _fusable(lowering: Any, name: str) -> ConvSpec | None:
+    """The spec of the native conv that produced ``name``, when its epilogue can take more."""
+    spec = conv_spec_of(lowering, lowering.values.get(name))
+    if spec is None or spec.act is not None or lowering.n_uses(name) != 1 or name in lowering.output_names:
+        return None
+    return spec
+
+
+@rewrite("conv_epilogue", "Add")
+def match_conv_add(lowering: Any, node: Any) -> list[Value] | None:
+    g = ggml_lib()
+    for i in (0, 1):
+        spec = _fusable(lowering, node.input[i])
+        other = lowering.values.get(node.input[1 - i])
+        if spec is None or not isinstance(other, GTensor) or other.dtype != "float32":
+            continue
+        n, oc, oh, ow = spec.out_shape
+        if other.shape == spec.out_shape and spec.res is None:
+            return [conv_emit(lowering, replace(spec, res=cont(lowering, other).ptr))]
+        per_channel = (1,) * (4 - other.rank) + other.shape if other.rank <= 4 else None
+        if per_channel in ((n, oc, 1, 1), (1, oc, 1, 1)) and spec.rbias is None and spec.res is None:
+            if per_channel[0] != n:  # one bias for every batch item: the op reads (OC, N)
+                if n != 1:
+                    continue
+            rb = g.ggml_reshape_2d(lowering.ctx, cont(lowering, other).ptr, oc, n)
+            return [conv_emit(lowering, replace(spec, rbias=rb))]
+    return None
+
+
+def _act(lowering: Any, node: Any, act: str, lo: float = 0.0, hi: float = 0.0) -> list[Value] | None:
+    spec = _fusable(lowering, node.input[0])
+    if spec is None:
+        return None
+    return [conv_emit(lowering, replace(spec, act=act, lo=lo, hi=hi))]
+
+
+@rewrite("conv_epilogue", "Relu")
+def match_conv_relu(lowering: Any, node: Any) -> list[Value] | None:
+    return _act(lowering, node, "relu")
+
+
+@rewrite("conv_epilogue", "HardSwish")
+def match_conv_hardswish(lowering: Any, node: Any) -> list[Value] | None:
+    return _act(lowering, node, "hardswish")
+
+
+@rewrite("conv_epilogue", "Clip")
+def match_conv_clip(lowering: Any, node: Any) -> list[Value] | None:
+    a = attrs(node)
+    lo, hi = a.get("min", -np.inf), a.get("max", np.inf)  # opset < 11
+    if len(node.input) > 1 and node.input[1]:
+        lo = scalar_of(lowering.values.get(node.input[1]))
+    if len(node.input) > 2 and node.input[2]:
+        hi = scalar_of(lowering.values.get(node.input[2]))
+    if lo is None or hi is None:
+        return None  # bounds computed at run time
+    f32 = np.finfo(np.float32)
+    return _act(lowering, node, "clip", float(max(lo, f32.min)), float(min(hi, f32.max)))
