@@ -16,6 +16,8 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).parent
 SOURCES = sorted(str(p.relative_to(HERE)).replace("\\", "/") for p in (HERE / "native").glob("*.c"))
+#: every header: a change to one rebuilds the library (the kernel bodies live in simd_body.h)
+HEADERS = sorted(str(p.relative_to(HERE)).replace("\\", "/") for p in (HERE / "native").glob("*.h"))
 
 
 class BuildNative(build_ext):
@@ -33,7 +35,7 @@ class BuildNative(build_ext):
 
 
 setup(
-    ext_modules=[Extension("sdrt_ggml._native", sources=SOURCES, include_dirs=["native"], depends=["native/sdrt_native.h"],
+    ext_modules=[Extension("sdrt_ggml._native", sources=SOURCES, include_dirs=["native"], depends=HEADERS,
                            optional=True)],
     cmdclass={"build_ext": BuildNative},
 )

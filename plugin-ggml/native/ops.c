@@ -71,16 +71,17 @@
 #endif /* SDRT_VECEXT */
 
 /* ---- scalar code (every compiler) --------------------------------------------------- */
-static void attention_rows_scalar(const sdrt_attn_job *job, int R, const float *qs, const float *const *mask,
-                                  float *const *out) {
+static void attend_scalar(const sdrt_attn_job *job, int rows, const float *qs, const float *const *mask,
+                          float *const *out, float *work) {
     const int D = job->D, nk = job->nk, n_kv = job->n_kv;
-    for (int r = 0; r < R; r++) {
-        float *s = job->S;
+    float *s = work;
+    for (int r = 0; r < rows; r++) {
         float m = -INFINITY;
         for (int k = 0; k < n_kv; k++) {
+            const int j0 = k / job->kb * job->kb, kb = nk - j0 < job->kb ? nk - j0 : job->kb;
             float acc = 0.0f;
             for (int d = 0; d < D; d++)
-                acc += qs[r * D + d] * job->kt[(size_t)d * nk + k];
+                acc += qs[(size_t)r * D + d] * job->kt[(size_t)j0 * D + (size_t)d * kb + (k - j0)];
             s[k] = acc + (mask ? mask[r][k] : 0.0f);
             m = s[k] > m ? s[k] : m;
         }
@@ -93,7 +94,7 @@ static void attention_rows_scalar(const sdrt_attn_job *job, int R, const float *
         for (int dv = 0; dv < job->Dv; dv++) {
             float acc = 0.0f;
             for (int k = 0; k < n_kv; k++)
-                acc += s[k] * job->vt[(size_t)dv * nk + k];
+                acc += s[k] * job->v[(size_t)k * job->dvp + dv];
             out[r][dv] = acc * inv;
         }
     }
@@ -140,7 +141,7 @@ static void affine_cl_scalar(int64_t hw, int C, const float *x, const float *m, 
 
 /* ---- dispatch ---------------------------------------------------------------------- */
 typedef struct {
-    sdrt_attn_rows_fn attn;
+    sdrt_attn_fn attn;
     sdrt_gelu_fn gelu;
     sdrt_sum_fn sum;
     sdrt_sqdev_fn sqdev;
@@ -148,7 +149,7 @@ typedef struct {
     sdrt_affine_cl_fn affine_cl;
 } ops_table;
 
-#define SDRT_TABLE(s) {attention_rows_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s}
+#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s}
 
 static ops_table table_for(int isa) {
     ops_table t = SDRT_TABLE(scalar);
@@ -209,8 +210,21 @@ SDRT_EXPORT int sdrt_ops_active_isa(void) { return ops_isa; }
     (*(const float *)((v).data + (size_t)(i0) * (v).nb[0] + (size_t)(i1) * (v).nb[1] + (size_t)(i2) * (v).nb[2] + \
                       (size_t)(i3) * (v).nb[3]))
 
+/* floats per vector of the active kernel body (the scalar code takes 4, its padding is harmless) */
+static int ops_vw(void) { return ops_isa == SDRT_ISA_AVX512 ? 16 : ops_isa == SDRT_ISA_AVX2 ? 8 : 4; }
+
+/* keys per block: the block's K^T and V (D + dvp floats a key) within 32 KB (L1 holds most of it); a multiple of
+ * `pad` (two vectors) */
+static int attn_key_block(int D, int dvp, int nk, int pad) {
+    int kb = 8192 / (D + dvp) / pad * pad;
+    kb = kb < pad ? pad : kb > 512 ? 512 : kb;
+    return kb > nk ? nk : kb;
+}
+
 /* ggml custom op: dst [Dv, H, n_q, B] = attention(src0 Q [D, n_q, H, B], src1 K [D, n_kv, H, B],
- * src2 V [Dv, n_kv, H, B], src3 optional float32 mask [n_kv, n_q or 1]); userdata: the float scale. */
+ * src2 V [Dv, n_kv, H, B], src3 optional float32 mask [n_kv, n_q or 1]); userdata: the float scale.
+ * A task is (batch, head, block of query rows); each thread packs a head's K^T and V once for its
+ * run of tasks, then runs the ISA's flash-attention body (simd_body.h, attend) over the block. */
 SDRT_EXPORT void sdrt_attention_op(void *dst, int ith, int nth, void *userdata) {
     const float scale = *(const float *)userdata;
     sdrt_view o = sdrt_tensor_view(dst);
@@ -221,58 +235,78 @@ SDRT_EXPORT void sdrt_attention_op(void *dst, int ith, int nth, void *userdata) 
     sdrt_view m = tm ? sdrt_tensor_view(tm) : o;
     const int D = (int)q.ne[0], n_q = (int)q.ne[1], H = (int)q.ne[2], B = (int)q.ne[3];
     const int n_kv = (int)k.ne[1], Dv = (int)v.ne[0];
-    const int nk = (n_kv + SDRT_ATTN_KPAD - 1) / SDRT_ATTN_KPAD * SDRT_ATTN_KPAD;
-    const int nqb = (n_q + SDRT_ATTN_QB - 1) / SDRT_ATTN_QB;
+    const int vw = ops_vw(), kpad = 2 * vw;
+    const int nk = (n_kv + kpad - 1) / kpad * kpad;
+    const int dvp = (Dv + vw - 1) / vw * vw;
+    const int QB = dvp <= 64 ? 32 : 16; /* query rows per task: their accumulators stay in L1 */
+    const int nqb = (n_q + QB - 1) / QB;
     const int64_t T = (int64_t)B * H * nqb;
     const int64_t t0 = T * ith / nth, t1 = T * (ith + 1) / nth;
     if (t0 >= t1)
         return;
-    float *kt = malloc(sizeof(float) * ((size_t)(D + Dv + 4) * nk + 4 * (size_t)D));
+    sdrt_attn_job job = {D, Dv, dvp, nk, n_kv, attn_key_block(D, dvp, nk, kpad), NULL, NULL};
+    const size_t work = sdrt_attn_work_floats(&job, QB) > (size_t)nk ? sdrt_attn_work_floats(&job, QB) : (size_t)nk;
+    float *kt = malloc(sizeof(float) * ((size_t)D * nk + (size_t)nk * dvp + (size_t)QB * D + work + 16));
     if (!kt) { /* no scratch: this thread's rows become NaN rather than the process aborting */
         for (int64_t t = t0; t < t1; t++) {
             int bh = (int)(t / nqb), qb = (int)(t % nqb), b = bh / H, h = bh % H;
-            for (int row = qb * SDRT_ATTN_QB; row < n_q && row < (qb + 1) * SDRT_ATTN_QB; row++)
+            for (int row = qb * QB; row < n_q && row < (qb + 1) * QB; row++)
                 for (int dv = 0; dv < Dv; dv++)
                     *(float *)(o.data + dv * o.nb[0] + h * o.nb[1] + row * o.nb[2] + b * o.nb[3]) = NAN;
         }
         return;
     }
-    float *vt = kt + (size_t)D * nk, *S = vt + (size_t)Dv * nk, *qs = S + 4 * (size_t)nk;
-    sdrt_attn_job job = {D, Dv, nk, n_kv, kt, vt, S};
-    const sdrt_attn_rows_fn fn = ops.attn;
+    float *vp = kt + (size_t)D * nk, *qs = vp + (size_t)nk * dvp, *wk = qs + (size_t)QB * D;
+    job.kt = kt;
+    job.v = vp;
+    const sdrt_attn_fn fn = ops.attn;
+    const float *mrow[64];
+    float *out[64];
     int last = -1;
     for (int64_t t = t0; t < t1; t++) {
         const int bh = (int)(t / nqb), qb = (int)(t % nqb), b = bh / H, h = bh % H;
-        if (bh != last) { /* pack this head's K^T and V^T, keys padded with zeros */
-            for (int d = 0; d < D; d++) {
-                float *row = kt + (size_t)d * nk;
-                for (int j = 0; j < n_kv; j++)
-                    row[j] = AT(k, d, j, h, b);
-                memset(row + n_kv, 0, sizeof(float) * (size_t)(nk - n_kv));
+        if (bh != last) { /* pack this head's K^T (in key blocks) and V, keys padded with zeros */
+            const char *kh = k.data + (size_t)h * k.nb[2] + (size_t)b * k.nb[3];
+            for (int j0 = 0; j0 < nk; j0 += job.kb) {
+                const int kb = nk - j0 < job.kb ? nk - j0 : job.kb;
+                float *blk = kt + (size_t)j0 * D;
+                for (int j = 0; j < kb; j++) {
+                    if (j0 + j >= n_kv) {
+                        for (int d = 0; d < D; d++)
+                            blk[(size_t)d * kb + j] = 0.0f;
+                        continue;
+                    }
+                    const char *kr = kh + (size_t)(j0 + j) * k.nb[1];
+                    for (int d = 0; d < D; d++)
+                        blk[(size_t)d * kb + j] = *(const float *)(kr + (size_t)d * k.nb[0]);
+                }
             }
-            for (int d = 0; d < Dv; d++) {
-                float *row = vt + (size_t)d * nk;
-                for (int j = 0; j < n_kv; j++)
-                    row[j] = AT(v, d, j, h, b);
-                memset(row + n_kv, 0, sizeof(float) * (size_t)(nk - n_kv));
+            const char *vh = v.data + (size_t)h * v.nb[2] + (size_t)b * v.nb[3];
+            for (int j = 0; j < nk; j++) {
+                float *row = vp + (size_t)j * dvp;
+                const char *vr = vh + (size_t)j * v.nb[1];
+                if (j >= n_kv)
+                    memset(row, 0, sizeof(float) * (size_t)Dv);
+                else if (v.nb[0] == sizeof(float))
+                    memcpy(row, vr, sizeof(float) * (size_t)Dv);
+                else
+                    for (int d = 0; d < Dv; d++)
+                        row[d] = *(const float *)(vr + (size_t)d * v.nb[0]);
+                memset(row + Dv, 0, sizeof(float) * (size_t)(dvp - Dv));
             }
             last = bh;
         }
-        const int end = (qb + 1) * SDRT_ATTN_QB < n_q ? (qb + 1) * SDRT_ATTN_QB : n_q;
-        for (int row0 = qb * SDRT_ATTN_QB; row0 < end; row0 += 4) {
-            const int R = end - row0 < 4 ? end - row0 : 4;
-            const float *mrow[4];
-            float *out[4];
-            for (int r = 0; r < R; r++) {
-                const int row = row0 + r;
-                for (int d = 0; d < D; d++)
-                    qs[r * D + d] = AT(q, d, row, h, b) * scale;
-                if (tm)
-                    mrow[r] = (const float *)(m.data + (size_t)(m.ne[1] == 1 ? 0 : row) * m.nb[1]);
-                out[r] = (float *)(o.data + (size_t)h * o.nb[1] + (size_t)row * o.nb[2] + (size_t)b * o.nb[3]);
-            }
-            fn(&job, R, qs, tm ? mrow : NULL, out);
+        const int row0 = qb * QB, rows = n_q - row0 < QB ? n_q - row0 : QB;
+        for (int r = 0; r < rows; r++) {
+            const int row = row0 + r;
+            const char *qr = q.data + (size_t)row * q.nb[1] + (size_t)h * q.nb[2] + (size_t)b * q.nb[3];
+            for (int d = 0; d < D; d++)
+                qs[(size_t)r * D + d] = *(const float *)(qr + (size_t)d * q.nb[0]) * scale;
+            if (tm)
+                mrow[r] = (const float *)(m.data + (size_t)(m.ne[1] == 1 ? 0 : row) * m.nb[1]);
+            out[r] = (float *)(o.data + (size_t)h * o.nb[1] + (size_t)row * o.nb[2] + (size_t)b * o.nb[3]);
         }
+        fn(&job, rows, qs, tm ? mrow : NULL, out, wk);
     }
     free(kt);
 }

@@ -4,22 +4,26 @@
 
 #include "sdrt_native.h"
 
-/* keys padded to a multiple of this (two vectors of the widest ISA) */
-#define SDRT_ATTN_KPAD 32
-/* query rows per task (a multiple of the 4-row micro-kernel) */
-#define SDRT_ATTN_QB 64
 
 /* one head's packed operands, in a thread's scratch */
 typedef struct {
-    int D, Dv, nk, n_kv;
-    const float *kt; /* D x nk: K transposed, columns past n_kv zero */
-    const float *vt; /* Dv x nk: V transposed, columns past n_kv zero */
-    float *S;        /* 4 x nk scores */
+    int D, Dv, dvp; /* head widths; dvp: Dv padded to a multiple of the kernel's vector */
+    int nk, n_kv;   /* keys padded to a multiple of two vectors, and real */
+    int kb;         /* keys per block (a multiple of two vectors): K^T and V of a block stay in L1 */
+    const float *kt; /* K transposed in key blocks: block j at kt + j kb D is D x kb, columns past n_kv
+                      * zero (blocks, not one D x nk matrix: rows nk floats apart shared L1 sets) */
+    const float *v;  /* nk x dvp: V, columns past Dv and rows past n_kv zero */
 } sdrt_attn_job;
 
-/* up to 4 query rows: out[r][0..Dv) = softmax(qs[r] K^T + mask[r]) V (qs already scaled) */
-typedef void (*sdrt_attn_rows_fn)(const sdrt_attn_job *job, int R, const float *qs, const float *const *mask,
-                                  float *const *out);
+/* floats of scratch that an attention of `rows` query rows needs (sdrt_attn_fn's work) */
+static inline size_t sdrt_attn_work_floats(const sdrt_attn_job *job, int rows) {
+    return 4 * (size_t)job->kb + (size_t)rows * job->dvp + 2 * (size_t)rows;
+}
+
+/* out[r][0..Dv) = softmax(qs[r] K^T + mask[r]) V for `rows` query rows of one head (qs scaled,
+ * rows x D; mask[r] the row's n_kv mask values or NULL) */
+typedef void (*sdrt_attn_fn)(const sdrt_attn_job *job, int rows, const float *qs, const float *const *mask,
+                             float *const *out, float *work);
 /* y[i] = gelu_erf(x[i]) (* g[i] when g is not NULL) */
 typedef void (*sdrt_gelu_fn)(int64_t n, const float *x, const float *g, float *y);
 

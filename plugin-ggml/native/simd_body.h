@@ -50,117 +50,188 @@ SDRT_INLINE VF SFX(vexp)(VF x) {
     return (VF)(bits & ~under);
 }
 
+/* exp(x) for x <= 0, the softmax's: the argument clamped at -87.3 instead of masked (exp(-87.3)
+ * is 1e-38, as good as the 0 it stands for next to the row's maximum, which is 1), one FMA-based
+ * reduction step (the error it leaves grows with |n|, where exp is tiny anyway) and a degree-5
+ * polynomial: relative error about 2e-7 where exp > 1e-6, at 11 vector operations. */
+SDRT_INLINE VF SFX(vexp_neg)(VF x) {
+    const VF lo = BCAST(-87.3f);
+    x = SFX(sel)(x < lo, lo, x);
+    const VF magic = BCAST(12582912.0f);
+    VF m = x * 1.44269504088896341f + magic;
+    VF n = m - magic;
+    VI ni = (VI)m - (VI)magic;
+    VF r = x - n * 0.6931471805599453f;
+    VF p = BCAST(1.3981999e-3f);
+    p = p * r + 8.3334519e-3f;
+    p = p * r + 4.1665795e-2f;
+    p = p * r + 1.6666665e-1f;
+    p = p * r + 5.0000001e-1f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    return (VF)((VI)p + (ni << 23));
+}
+
 /* ---- attention ---------------------------------------------------------------------- */
 
-/* S[r][0..nk) = qs[r] . kt[., k] + mask[r][k] for r < R (R <= 4); kt is D x nk (nk a
- * multiple of 2*VW), column k of S past n_kv gets -inf */
-SDRT_INLINE void SFX(scores)(int R, int D, int nk, int n_kv, const float *qs, const float *kt,
-                             const float *const *mask, float *S) {
-    for (int k0 = 0; k0 < nk; k0 += 2 * VW) {
+/* S[r][0..kb) = qs[r] . kt[., k] + mask[r][k] for r < R (R <= 4), kt with row stride ld (kb a
+ * multiple of 2*VW); columns from `valid` on get -inf. Returns each row's maximum in mx[r].
+ * (Scalar * vector products, not BCAST: GCC then broadcasts straight from memory.) */
+SDRT_INLINE void SFX(scores)(int R, int D, int kb, int ld, int valid, const float *qs, const float *kt,
+                             const float *const *mask, int moff, float *S, int Sld, float *mx) {
+    const float *q0 = qs, *q1 = qs + D, *q2 = qs + 2 * D, *q3 = qs + 3 * D;
+    for (int k0 = 0; k0 < kb; k0 += 2 * VW) {
         VF a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
         const float *kp = kt + k0;
         if (R == 4) {
-            for (int d = 0; d < D; d++, kp += nk) {
-                VF k0v = SFX(ld)(kp), k1v = SFX(ld)(kp + VW);
-                VF c0 = BCAST(qs[d]), c1 = BCAST(qs[D + d]), c2 = BCAST(qs[2 * D + d]), c3 = BCAST(qs[3 * D + d]);
-                a00 += c0 * k0v; a01 += c0 * k1v;
-                a10 += c1 * k0v; a11 += c1 * k1v;
-                a20 += c2 * k0v; a21 += c2 * k1v;
-                a30 += c3 * k0v; a31 += c3 * k1v;
+            for (int d = 0; d < D; d++, kp += ld) {
+                const VF k0v = SFX(ld)(kp), k1v = SFX(ld)(kp + VW);
+                a00 += k0v * q0[d]; a01 += k1v * q0[d];
+                a10 += k0v * q1[d]; a11 += k1v * q1[d];
+                a20 += k0v * q2[d]; a21 += k1v * q2[d];
+                a30 += k0v * q3[d]; a31 += k1v * q3[d];
             }
         } else {
-            for (int d = 0; d < D; d++, kp += nk) {
-                VF k0v = SFX(ld)(kp), k1v = SFX(ld)(kp + VW);
-                VF c0 = BCAST(qs[d]);
-                a00 += c0 * k0v; a01 += c0 * k1v;
-                if (R > 1) { VF c1 = BCAST(qs[D + d]); a10 += c1 * k0v; a11 += c1 * k1v; }
-                if (R > 2) { VF c2 = BCAST(qs[2 * D + d]); a20 += c2 * k0v; a21 += c2 * k1v; }
+            for (int d = 0; d < D; d++, kp += ld) {
+                const VF k0v = SFX(ld)(kp), k1v = SFX(ld)(kp + VW);
+                a00 += k0v * q0[d]; a01 += k1v * q0[d];
+                if (R > 1) { a10 += k0v * q1[d]; a11 += k1v * q1[d]; }
+                if (R > 2) { a20 += k0v * q2[d]; a21 += k1v * q2[d]; }
             }
         }
-        VF acc[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
-        for (int r = 0; r < R; r++) {
-            float *s = S + (size_t)r * nk + k0;
-            SFX(st)(s, acc[r][0]);
-            SFX(st)(s + VW, acc[r][1]);
-            int end = n_kv - k0 < 2 * VW ? n_kv - k0 : 2 * VW;
-            if (mask)
-                for (int j = 0; j < end; j++)
-                    s[j] += mask[r][k0 + j];
-            for (int j = end < 0 ? 0 : end; j < 2 * VW; j++)
-                s[j] = -INFINITY;
-        }
+        SFX(st)(S + k0, a00);
+        SFX(st)(S + k0 + VW, a01);
+        if (R > 1) { SFX(st)(S + Sld + k0, a10); SFX(st)(S + Sld + k0 + VW, a11); }
+        if (R > 2) { SFX(st)(S + 2 * Sld + k0, a20); SFX(st)(S + 2 * Sld + k0 + VW, a21); }
+        if (R > 3) { SFX(st)(S + 3 * Sld + k0, a30); SFX(st)(S + 3 * Sld + k0 + VW, a31); }
     }
-}
-
-/* softmax of each of R rows in place (unnormalised: returns 1/sum in inv[r]) */
-SDRT_INLINE void SFX(softmax_rows)(int R, int nk, float *S, float *inv) {
     for (int r = 0; r < R; r++) {
-        float *s = S + (size_t)r * nk;
-        VF mx = BCAST(-INFINITY);
-        for (int k = 0; k < nk; k += VW) {
-            VF v = SFX(ld)(s + k);
-            mx = SFX(sel)(v > mx, v, mx);
+        float *s = S + (size_t)r * Sld;
+        if (mask)
+            for (int j = 0; j < valid && j < kb; j++)
+                s[j] += mask[r][moff + j];
+        for (int j = valid < 0 ? 0 : valid; j < kb; j++)
+            s[j] = -INFINITY;
+        VF m = SFX(ld)(s);
+        for (int k = VW; k < kb; k += VW) {
+            const VF v = SFX(ld)(s + k);
+            m = SFX(sel)(v > m, v, m);
         }
-        float m = -INFINITY;
+        float best = -INFINITY;
         for (int i = 0; i < VW; i++)
-            m = mx[i] > m ? mx[i] : m;
-        if (m == -INFINITY) { /* every key masked: the row's output is 0 */
-            memset(s, 0, (size_t)nk * sizeof(float));
-            inv[r] = 0.0f;
-            continue;
-        }
-        VF sum = {0};
-        VF mv = BCAST(m);
-        for (int k = 0; k < nk; k += VW) {
-            VF e = SFX(vexp)(SFX(ld)(s + k) - mv);
-            SFX(st)(s + k, e);
-            sum += e;
-        }
-        inv[r] = 1.0f / SFX(hsum)(sum);
+            best = m[i] > best ? m[i] : best;
+        mx[r] = best;
     }
 }
 
-/* out[r][dv] = inv[r] * P[r] . vt[dv] for r < R, dv < Dv; vt is Dv x nk */
-SDRT_INLINE void SFX(weighted)(int R, int Dv, int nk, const float *P, const float *vt, const float *inv,
-                               float *const *out) {
-    int dv = 0;
-    for (; dv + 2 <= Dv; dv += 2) {
-        const float *v0 = vt + (size_t)dv * nk, *v1 = v0 + nk;
-        VF acc[4][2] = {{{0}}};
-        for (int k = 0; k < nk; k += VW) {
-            VF x0 = SFX(ld)(v0 + k), x1 = SFX(ld)(v1 + k);
-            for (int r = 0; r < 4; r++) {
-                if (r < R) {
-                    VF p = SFX(ld)(P + (size_t)r * nk + k);
-                    acc[r][0] += p * x0;
-                    acc[r][1] += p * x1;
+/* acc[r][c0 .. c0 + NV*VW) = acc * alpha[r] + P[r] . v[., same columns] over kb keys, for 4 rows;
+ * the accumulators live in registers (named, not arrays, so that they stay there) */
+#define SFX_PV(NV) \
+    SDRT_INLINE void SFX(pv4_##NV)(int kb, const float *P, int Pld, const float *v, int vld, float *acc, int ald, \
+                                   const float *alpha) { \
+        VF x00 = {0}, x01 = {0}, x02 = {0}, x10 = {0}, x11 = {0}, x12 = {0}; \
+        VF x20 = {0}, x21 = {0}, x22 = {0}, x30 = {0}, x31 = {0}, x32 = {0}; \
+        const float al0 = alpha[0], al1 = alpha[1], al2 = alpha[2], al3 = alpha[3]; \
+        x00 = SFX(ld)(acc) * al0; x10 = SFX(ld)(acc + ald) * al1; \
+        x20 = SFX(ld)(acc + 2 * ald) * al2; x30 = SFX(ld)(acc + 3 * ald) * al3; \
+        if (NV > 1) { x01 = SFX(ld)(acc + VW) * al0; x11 = SFX(ld)(acc + ald + VW) * al1; \
+                      x21 = SFX(ld)(acc + 2 * ald + VW) * al2; x31 = SFX(ld)(acc + 3 * ald + VW) * al3; } \
+        if (NV > 2) { x02 = SFX(ld)(acc + 2 * VW) * al0; x12 = SFX(ld)(acc + ald + 2 * VW) * al1; \
+                      x22 = SFX(ld)(acc + 2 * ald + 2 * VW) * al2; x32 = SFX(ld)(acc + 3 * ald + 2 * VW) * al3; } \
+        for (int k = 0; k < kb; k++) { \
+            const float *vk = v + (size_t)k * vld; \
+            const VF v0 = SFX(ld)(vk); \
+            const float p0 = P[k], p1 = P[Pld + k], p2 = P[2 * Pld + k], p3 = P[3 * Pld + k]; \
+            x00 += v0 * p0; x10 += v0 * p1; x20 += v0 * p2; x30 += v0 * p3; \
+            if (NV > 1) { const VF v1 = SFX(ld)(vk + VW); x01 += v1 * p0; x11 += v1 * p1; x21 += v1 * p2; x31 += v1 * p3; } \
+            if (NV > 2) { const VF v2 = SFX(ld)(vk + 2 * VW); x02 += v2 * p0; x12 += v2 * p1; x22 += v2 * p2; x32 += v2 * p3; } \
+        } \
+        SFX(st)(acc, x00); SFX(st)(acc + ald, x10); SFX(st)(acc + 2 * ald, x20); SFX(st)(acc + 3 * ald, x30); \
+        if (NV > 1) { SFX(st)(acc + VW, x01); SFX(st)(acc + ald + VW, x11); \
+                      SFX(st)(acc + 2 * ald + VW, x21); SFX(st)(acc + 3 * ald + VW, x31); } \
+        if (NV > 2) { SFX(st)(acc + 2 * VW, x02); SFX(st)(acc + ald + 2 * VW, x12); \
+                      SFX(st)(acc + 2 * ald + 2 * VW, x22); SFX(st)(acc + 3 * ald + 2 * VW, x32); } \
+    }
+SFX_PV(1)
+SFX_PV(2)
+SFX_PV(3)
+#undef SFX_PV
+
+/* the same for R < 4 rows, one vector of columns at a time */
+SDRT_INLINE void SFX(pv_rows)(int R, int kb, const float *P, int Pld, const float *v, int vld, float *acc, int ald,
+                              int dvp, const float *alpha) {
+    for (int c = 0; c < dvp; c += VW)
+        for (int r = 0; r < R; r++) {
+            VF x = SFX(ld)(acc + (size_t)r * ald + c) * alpha[r];
+            const float *pr = P + (size_t)r * Pld;
+            for (int k = 0; k < kb; k++)
+                x += SFX(ld)(v + (size_t)k * vld + c) * pr[k];
+            SFX(st)(acc + (size_t)r * ald + c, x);
+        }
+}
+
+/* Attention of `rows` query rows of one head (flash attention's online softmax): keys in blocks
+ * of job->kb; for each block and each group of 4 rows, the scores (with each row's block maximum),
+ * exp against the running maximum, and the weighted sum of V added to the rows' accumulators after
+ * rescaling them to the new maximum. The key block's K^T and V stay in L1 over the rows.
+ * qs: the rows' scaled queries (rows x D); work: scratch of sdrt_attn_work_floats(job, rows). */
+static void SFX(attend)(const sdrt_attn_job *job, int rows, const float *qs, const float *const *mask,
+                        float *const *out, float *work) {
+    const int D = job->D, Dv = job->Dv, dvp = job->dvp, nk = job->nk, n_kv = job->n_kv, KB = job->kb;
+    float *S = work, *acc = S + 4 * (size_t)KB, *mrow = acc + (size_t)rows * dvp, *lrow = mrow + rows;
+    memset(acc, 0, sizeof(float) * (size_t)rows * dvp);
+    for (int r = 0; r < rows; r++) {
+        mrow[r] = -INFINITY;
+        lrow[r] = 0.0f;
+    }
+    for (int k0 = 0; k0 < n_kv; k0 += KB) {
+        const int kb = nk - k0 < KB ? nk - k0 : KB; /* nk and KB are multiples of 2 VW */
+        for (int r0 = 0; r0 < rows; r0 += 4) {
+            const int R = rows - r0 < 4 ? rows - r0 : 4;
+            float bmax[4], alpha[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+            SFX(scores)(R, D, kb, kb, n_kv - k0, qs + (size_t)r0 * D, job->kt + (size_t)k0 * D, mask ? mask + r0 : NULL,
+                        k0, S, KB, bmax);
+            for (int r = 0; r < R; r++) {
+                float *s = S + (size_t)r * KB;
+                const float mold = mrow[r0 + r], mnew = bmax[r] > mold ? bmax[r] : mold;
+                if (mnew == -INFINITY) { /* every key so far masked: nothing to add yet */
+                    memset(s, 0, sizeof(float) * (size_t)kb);
+                    continue;
                 }
+                alpha[r] = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+                const VF mv = BCAST(mnew);
+                VF sum = {0};
+                for (int k = 0; k < kb; k += VW) {
+                    VF e = SFX(vexp_neg)(SFX(ld)(s + k) - mv);
+                    SFX(st)(s + k, e);
+                    sum += e;
+                }
+                lrow[r0 + r] = lrow[r0 + r] * alpha[r] + SFX(hsum)(sum);
+                mrow[r0 + r] = mnew;
+            }
+            const float *vb = job->v + (size_t)k0 * dvp;
+            float *ab = acc + (size_t)r0 * dvp;
+            if (R == 4) {
+                /* 3 vectors a chunk (12 accumulators) where there are 32 vector registers; with 16,
+                 * 2 (8 accumulators, 2 of V, 4 broadcasts): GCC spilled one accumulator of the 3 */
+                int c = 0;
+                if (VW == 16)
+                    for (; c + 3 * VW <= dvp; c += 3 * VW)
+                        SFX(pv4_3)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
+                for (; c + 2 * VW <= dvp; c += 2 * VW)
+                    SFX(pv4_2)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
+                if (c + VW <= dvp)
+                    SFX(pv4_1)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
+            } else {
+                SFX(pv_rows)(R, kb, S, KB, vb, dvp, ab, dvp, dvp, alpha);
             }
         }
-        for (int r = 0; r < R; r++) {
-            out[r][dv] = SFX(hsum)(acc[r][0]) * inv[r];
-            out[r][dv + 1] = SFX(hsum)(acc[r][1]) * inv[r];
-        }
     }
-    for (; dv < Dv; dv++) {
-        const float *v0 = vt + (size_t)dv * nk;
-        VF acc[4] = {{0}};
-        for (int k = 0; k < nk; k += VW) {
-            VF x0 = SFX(ld)(v0 + k);
-            for (int r = 0; r < R; r++)
-                acc[r] += SFX(ld)(P + (size_t)r * nk + k) * x0;
-        }
-        for (int r = 0; r < R; r++)
-            out[r][dv] = SFX(hsum)(acc[r]) * inv[r];
+    for (int r = 0; r < rows; r++) {
+        const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f; /* every key masked: 0 */
+        for (int d = 0; d < Dv; d++)
+            out[r][d] = acc[(size_t)r * dvp + d] * inv;
     }
-}
-
-static void SFX(attention_rows)(const sdrt_attn_job *job, int R, const float *qs, const float *const *mask,
-                                float *const *out) {
-    SFX(scores)(R, job->D, job->nk, job->n_kv, qs, job->kt, mask, job->S);
-    float inv[4];
-    SFX(softmax_rows)(R, job->nk, job->S, inv);
-    SFX(weighted)(R, job->Dv, job->nk, job->S, job->vt, inv, out);
 }
 
 /* ---- GELU (erf form) ---------------------------------------------------------------- */
