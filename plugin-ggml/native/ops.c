@@ -139,6 +139,23 @@ static void affine_cl_scalar(int64_t hw, int C, const float *x, const float *m, 
         }
 }
 
+static void dw_taps_scalar(int nq, int nt, const float *const *taps, const float *w, float bias,
+                           const sdrt_epilogue *ep, float *out) {
+    for (int q = 0; q < nq; q++) {
+        float acc = bias;
+        for (int t = 0; t < nt; t++)
+            acc += taps[t][q] * w[t];
+        out[q] = sdrt_act(ep, acc);
+    }
+}
+
+static void dw_split2_scalar(int n, const float *src, float *even, float *odd) {
+    for (int t = 0; t < n; t++) {
+        even[t] = src[2 * t];
+        odd[t] = src[2 * t + 1];
+    }
+}
+
 /* ---- dispatch ---------------------------------------------------------------------- */
 typedef struct {
     sdrt_attn_fn attn;
@@ -147,9 +164,11 @@ typedef struct {
     sdrt_sqdev_fn sqdev;
     sdrt_affine_row_fn affine_row;
     sdrt_affine_cl_fn affine_cl;
+    sdrt_dw_taps_fn dw_taps;
+    sdrt_split2_fn split2;
 } ops_table;
 
-#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s}
+#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s, dw_taps_##s, dw_split2_##s}
 
 static ops_table table_for(int isa) {
     ops_table t = SDRT_TABLE(scalar);
@@ -204,6 +223,18 @@ SDRT_EXPORT int sdrt_ops_set_isa(int isa) {
 }
 
 SDRT_EXPORT int sdrt_ops_active_isa(void) { return ops_isa; }
+
+sdrt_split2_fn sdrt_ops_split2(void) {
+    if (ops_isa == SDRT_ISA_AUTO)
+        sdrt_ops_set_isa(SDRT_ISA_AUTO);
+    return ops.split2;
+}
+
+sdrt_dw_taps_fn sdrt_ops_dw_taps(void) {
+    if (ops_isa == SDRT_ISA_AUTO)
+        sdrt_ops_set_isa(SDRT_ISA_AUTO);
+    return ops.dw_taps;
+}
 
 /* ---- the custom ops ---------------------------------------------------------------- */
 #define AT(v, i0, i1, i2, i3) \

@@ -41,4 +41,13 @@ typedef void (*sdrt_affine_row_fn)(int64_t n, const float *x, float m, float a, 
 typedef void (*sdrt_affine_cl_fn)(int64_t hw, int C, const float *x, const float *m, const float *a, const float *b,
                                   int silu, int64_t p0, int64_t p1, float *y);
 
+/* a depthwise conv's outputs along one run of positions (simd_dw.h) */
+typedef void (*sdrt_dw_taps_fn)(int nq, int nt, const float *const *taps, const float *w, float bias,
+                                const sdrt_epilogue *ep, float *out);
+/* even[t] = src[2t], odd[t] = src[2t + 1] for t < n (simd_dw.h) */
+typedef void (*sdrt_split2_fn)(int n, const float *src, float *even, float *odd);
+/* the active ISA's (ops.c) */
+sdrt_dw_taps_fn sdrt_ops_dw_taps(void);
+sdrt_split2_fn sdrt_ops_split2(void);
+
 #endif

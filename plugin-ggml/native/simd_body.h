@@ -340,6 +340,8 @@ static void SFX(affine_cl)(int64_t hw, int C, const float *x, const float *m, co
         }
 }
 
+#include "simd_dw.h"
+
 #undef VF
 #undef VI
 #undef BCAST

@@ -39,6 +39,7 @@ class NativeOps:
     gelu_op: Any
     gn_stats_op: Any
     gn_apply_op: Any
+    dwconv_op: Any
 
     def set_isa(self, name: str | None) -> str:
         """Use the kernel body ``name`` (None: the widest this CPU runs); returns the active one.
@@ -81,7 +82,7 @@ def native_ops() -> NativeOps | None:
         lib.sdrt_ops_active_isa.restype = ctypes.c_int
         ops = NativeOps(lib, *(g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value)
                                for f in ("sdrt_attention_op", "sdrt_gelu_erf_op", "sdrt_gn_stats_op",
-                                         "sdrt_gn_apply_op")))
+                                         "sdrt_gn_apply_op", "sdrt_dwconv_op")))
         ops.set_isa(os.environ.get("SDRT_GGML_OPS_ISA") or None)
         why = _self_test(ops, g)
     except (OSError, AttributeError, ValueError) as exc:
@@ -156,6 +157,27 @@ def gn_apply(ops: NativeOps, g: Any, ctx: Any, x: Any, stats: Any, gamma: Any, b
     shape = (ne[1], ne[0], 1, 1) if cl else (ne[0], ne[1], ne[2], 1)
     return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *shape, arr, 4, ops.gn_apply_op, g.GGML_N_TASKS_MAX,
                                       _ud(_gn_arg(groups, silu, cl, 0.0))), "sdrt_group_norm")
+
+
+def dwconv(ops: NativeOps, g: Any, ctx: Any, x: Any, w: Any, params: Any, bias: Any, *,
+           out_ne: tuple[int, int, int, int]) -> Any:
+    """Depthwise conv by ``sdrt_dwconv_op`` (contract in native/dwconv.c): ``x`` NCHW ne (W, H, C, N)
+    contiguous, ``w`` ne (KH*KW, C), ``params`` int32 [KH, KW, sh, sw, dh, dw, ph, pw, act, lo, hi]
+    (``dw_params``), ``bias`` C floats or None; ``out_ne`` (OW, OH, C, N)."""
+    args = [x, w, params, bias if bias is not None else ctypes.POINTER(g.ggml_tensor)()]
+    arr = (ctypes.POINTER(g.ggml_tensor) * 4)(*args)
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *out_ne, arr, 4, ops.dwconv_op, g.GGML_N_TASKS_MAX, None),
+                  "sdrt_dwconv")
+
+
+def dw_params(kh: int, kw: int, strides: Any, dil: Any, ph: int, pw: int, *, act: str | None = None, lo: float = 0.0,
+              hi: float = 0.0) -> np.ndarray:
+    """``sdrt_dwconv_op``'s int32 params (the clip bounds as float32 bits)."""
+    from .native import ACTS
+
+    bounds = np.array([lo, hi], np.float32).view(np.int32)
+    return np.array([kh, kw, strides[0], strides[1], dil[0], dil[1], ph, pw, ACTS.get(act or "", 0), bounds[0],
+                     bounds[1]], np.int32)
 
 
 def _named(g: Any, t: Any, name: str) -> Any:

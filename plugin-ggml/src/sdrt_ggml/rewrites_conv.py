@@ -6,7 +6,8 @@ the node itself emits nothing and the conv's output is written once:
 
 - ``Add`` of a runtime per-channel bias (N, C, 1, 1): the UNet ResNet's time embedding;
 - ``Add`` of a runtime tensor shaped as the conv's output: a residual (ResNet, MobileNet blocks);
-- ``Relu``, ``Clip`` (constant bounds, ReLU6), ``HardSwish``: the activation, last.
+- ``Relu``, ``Clip`` (constant bounds, ReLU6), ``HardSwish``: the activation, last (also into the
+  native depthwise conv, which takes no additions).
 
 The conv's value must have no other reader, and nothing is fused after the activation. The conv
 is emitted again with the larger epilogue; the earlier op is left unreferenced, so ggml never
@@ -39,7 +40,7 @@ def match_conv_add(lowering: Any, node: Any) -> list[Value] | None:
     for i in (0, 1):
         spec = _fusable(lowering, node.input[i])
         other = lowering.values.get(node.input[1 - i])
-        if spec is None or not isinstance(other, GTensor) or other.dtype != "float32":
+        if spec is None or spec.depthwise or not isinstance(other, GTensor) or other.dtype != "float32":
             continue
         n, oc, oh, ow = spec.out_shape
         if other.shape == spec.out_shape and spec.res is None:

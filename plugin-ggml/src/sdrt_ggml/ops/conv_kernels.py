@@ -42,16 +42,38 @@ def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int,
     return GTensor(nchw, out_shape, cl=cl)
 
 
-def conv_depthwise(lowering: Any, x: GTensor, w: np.ndarray | GTensor, wt: GTensor | None, strides: list[int], dil: list[int], ph: int, pw: int,
-                    out_shape: tuple[int, int, int, int]) -> GTensor:
-    """Depthwise conv. ggml's kernel is vectorized over channels only when channels are the
-    innermost dim in memory, so the input is laid out channels-last first (one copy) and
-    the result copied back to NCHW, unless ``dw_layout="nchw"``."""
+def dw_native_ok(lowering: Any, w: Any, strides: list[int]) -> bool:
+    """sdrt-ggml's depthwise kernel (native/dwconv.c): constant taps (at most 16 rows), horizontal
+    stride 1 or 2, on the CPU with the native kernels loaded, unless ``dw_layout`` asks for ggml's."""
+    if not isinstance(w, np.ndarray) or strides[1] not in (1, 2) or w.shape[2] > 16 or not lowering.on_cpu:
+        return False
+    if lowering.options.get("dw_layout", "native") != "native":
+        return False
+    from ..native_ops import native_ops
+
+    return native_ops() is not None
+
+
+def conv_depthwise(lowering: Any, x: GTensor, w: np.ndarray | GTensor, wt: GTensor | None, strides: list[int],
+                   dil: list[int], ph: int, pw: int, out_shape: tuple[int, int, int, int], bias: Any = None) -> GTensor:
+    """Depthwise conv: sdrt-ggml's NCHW kernel (bias added, activations fused by rewrites_conv), or
+    ggml's, which is vectorized over channels only when channels are the innermost dim in memory:
+    then the input is laid out channels-last first (one copy) and the result copied back to NCHW,
+    unless ``dw_layout="nchw"``."""
     g = ggml_lib()
+    if dw_native_ok(lowering, w, strides):
+        n, c, oh, ow = out_shape
+        kh, kw = int(w.shape[2]), int(w.shape[3])
+        wt_taps = lowering.const(w, transform=lambda a: a.reshape(a.shape[0], -1), tag="dw_taps")
+        b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
+        lowering.used("conv depthwise native")
+        spec = ConvSpec(x.ptr, wt_taps.ptr, (kh, kw, tuple(strides), tuple(dil), ph, pw, False), out_shape,
+                        bias=b.ptr if b is not None else None, depthwise=True)
+        return conv_emit(lowering, spec)
     args = (strides[1], strides[0], pw, ph, dil[1], dil[0])
     # ggml's channels-last kernel needs strides nb[1] > nb[0] > nb[2] (W > 1 and C > 1), else it aborts
     cl_ok = x.shape[1] > 1 and x.shape[3] > 1
-    if lowering.options.get("dw_layout", "nhwc") == "nchw" or not isinstance(w, np.ndarray) or not cl_ok:
+    if lowering.options.get("dw_layout", "native") == "nchw" or not isinstance(w, np.ndarray) or not cl_ok:
         wt = wt or lowering.const(w)
         return GTensor(g.ggml_conv_2d_dw_direct(lowering.ctx, wt.ptr, x.ptr, *args), out_shape)
     # kernel as (KH, KW, 1, C) memory, viewed with ne (KW, KH, 1, C): channels innermost
@@ -122,10 +144,11 @@ def direct_ok(lowering: Any, nat: Any, strides: list[int], ow: int) -> bool:
 @dataclass(frozen=True)
 class ConvSpec:
     """A native conv as emitted, and what its epilogue does: the fusion rewrites (rewrites_conv.py)
-    emit it again with a runtime per-channel bias, a residual or an activation added."""
+    emit it again with a runtime per-channel bias, a residual or an activation added. ``depthwise``:
+    the native depthwise conv (activation only)."""
 
     src: Any  # the input the op reads (padded for the direct route)
-    wt: Any  # W rows
+    wt: Any  # W rows (depthwise: the taps of each channel)
     geometry: tuple[int, int, tuple[int, ...], tuple[int, ...], int, int, bool]  # kh, kw, strides, dil, ph, pw, padded
     out_shape: tuple[int, int, int, int]
     bias: Any = None  # constant, OC floats
@@ -134,18 +157,25 @@ class ConvSpec:
     act: str | None = None
     lo: float = 0.0
     hi: float = 0.0
+    depthwise: bool = False
 
 
 def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
     """The conv op of ``spec``; remembered so that a following node can fuse into its epilogue."""
     g = ggml_lib()
-    nat = native.for_lowering(lowering)
     kh, kw, strides, dil, ph, pw, padded = spec.geometry
     n, oc, oh, ow = spec.out_shape
-    params = lowering.const(native.conv_params(kh, kw, strides, dil, ph, pw, padded=padded, act=spec.act, lo=spec.lo,
-                                               hi=spec.hi))
-    y = native.conv_op(nat, g, lowering.ctx, spec.src, spec.wt, params.ptr, native.lowering_state(lowering), spec.bias,
-                       spec.rbias, spec.res, out_ne=(ow, oh, oc, n))
+    if spec.depthwise:
+        from ..native_ops import dw_params, dwconv, native_ops
+
+        params = lowering.const(dw_params(kh, kw, strides, dil, ph, pw, act=spec.act, lo=spec.lo, hi=spec.hi))
+        y = dwconv(native_ops(), g, lowering.ctx, spec.src, spec.wt, params.ptr, spec.bias, out_ne=(ow, oh, oc, n))
+    else:
+        nat = native.for_lowering(lowering)
+        params = lowering.const(native.conv_params(kh, kw, strides, dil, ph, pw, padded=padded, act=spec.act,
+                                                   lo=spec.lo, hi=spec.hi))
+        y = native.conv_op(nat, g, lowering.ctx, spec.src, spec.wt, params.ptr, native.lowering_state(lowering),
+                           spec.bias, spec.rbias, spec.res, out_ne=(ow, oh, oc, n))
     lowering.conv_specs[ctypes.cast(y, ctypes.c_void_p).value] = spec
     return GTensor(y, spec.out_shape)
 

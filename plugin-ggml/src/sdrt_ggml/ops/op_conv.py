@@ -19,7 +19,7 @@ from .. import native
 from . import check, op
 from ._common import GTensor, Value, aligned, attrs, binary, cont, ggml_lib, reshape, want_pad
 from .conv_copy import conv_rowcopy, conv_taps, conv_window, rowcopy_wanted, taps_ok, window_ok
-from .conv_kernels import conv_dense, conv_depthwise, conv_implicit, conv_pointwise, implicit_ok
+from .conv_kernels import conv_dense, conv_depthwise, conv_implicit, conv_pointwise, dw_native_ok, implicit_ok
 from .conv_layout import aligned_channels, channel_view
 
 
@@ -115,7 +115,9 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
             x = GTensor(g.ggml_pad(lowering.ctx, x.ptr, 0, 0, cp - c, 0), (n, cp, h, wd))
         y = conv_dense(lowering, x, wt, strides, dil, ph, pw, (n, oc, oh, ow), w if isinstance(w, np.ndarray) else None)
     elif depthwise:
-        y = conv_depthwise(lowering, x, w, wt, strides, dil, ph, pw, (n, oc, oh, ow))
+        fused = isinstance(bias, np.ndarray) and dw_native_ok(lowering, w, strides)
+        y = conv_depthwise(lowering, x, w, wt, strides, dil, ph, pw, (n, oc, oh, ow), bias if fused else None)
+        bias = None if fused else bias
     else:
         ocg = oc // group
         parts = []
