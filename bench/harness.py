@@ -130,25 +130,65 @@ def sdrt_backends(include_reference: bool = False, only: Sequence[str] | None = 
 
 
 # ---------------------------------------------------------------------------
-def model_file(name: str, size: str, workdir: Path) -> tuple[Path, Feeds, list[str]]:
-    """Build model ``name`` once per source version; return its path, inputs and output names."""
+#: a model whose initializers hold more than this many bytes is written with ONNX external data
+#: (one ``<name>.onnx.data`` file beside the ``.onnx``): protobuf cannot serialize a message above
+#: 2 GB, and the full-size UNet holds ~3.4 GB of float32 weights
+EXTERNAL_DATA_ABOVE = int(1.5 * 2**30)
+
+
+def model_file(name: str, size: str, workdir: Path, *,
+               external_above: int = EXTERNAL_DATA_ABOVE) -> tuple[Path, Feeds, list[str]]:
+    """Build model ``name`` once per source version; return its path, inputs and output names.
+
+    Models with more than ``external_above`` bytes of initializers keep their weights in
+    ``<path>.data`` (ONNX external data, which onnxruntime, OpenVINO and ``sdrt.Graph.load``
+    read from the model's folder). Every file is written under a temporary folder and moved
+    into place, the weights before the ``.onnx`` that refers to them.
+    """
+    import onnx
+
     src = Path(models.__file__).read_bytes() + Path(models.__file__).with_name("builder.py").read_bytes()
     tag = hashlib.sha256(src + size.encode()).hexdigest()[:10]
     path = workdir / f"{name}-{size}-{tag}.onnx"
     feeds_path = path.with_suffix(".npz")
     if path.exists() and feeds_path.exists():
-        import onnx
-
-        outputs = [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
-        with np.load(feeds_path) as data:
-            return path, {k: data[k] for k in data.files}, outputs
+        proto = onnx.load(str(path), load_external_data=False)
+        if _external_files_present(proto, path.parent):
+            with np.load(feeds_path) as data:
+                return path, {k: data[k] for k in data.files}, [o.name for o in proto.graph.output]
+        log.warning("%s: its external-data file is missing; building it again", path)
     model, feeds = models.build(name, size)
+    outputs = [o.name for o in model.graph.output]
     workdir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(model.SerializeToString())
-    os.replace(tmp, path)
-    np.savez(feeds_path, **feeds)
-    return path, feeds, [o.name for o in model.graph.output]
+    tmpdir = workdir / f".build-{path.stem}-{os.getpid()}"
+    tmpdir.mkdir()
+    try:
+        external = sum(t.ByteSize() for t in model.graph.initializer) > external_above
+        if external:
+            data_name = path.name + ".data"
+            log.info("%s: writing the weights as external data (%s)", path.name, data_name)
+            # writes each initializer's bytes to the data file and drops them from ``model``, so the
+            # weights are held once, not twice, while the small .onnx is serialized
+            onnx.save_model(model, str(tmpdir / path.name), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+            os.replace(tmpdir / data_name, path.parent / data_name)
+        else:
+            (tmpdir / path.name).write_bytes(model.SerializeToString())
+        del model
+        np.savez(tmpdir / feeds_path.name, **feeds)
+        os.replace(tmpdir / path.name, path)
+        os.replace(tmpdir / feeds_path.name, feeds_path)
+    finally:
+        for leftover in tmpdir.glob("*"):
+            leftover.unlink()
+        tmpdir.rmdir()
+    return path, feeds, outputs
+
+
+def _external_files_present(model: Any, folder: Path) -> bool:
+    """Whether every external-data file that ``model``'s initializers name exists in ``folder``."""
+    locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    return all((folder / loc).is_file() for loc in locations)
 
 
 def stripped_file(path: Path) -> Path | None:
