@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import platform
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -171,6 +172,7 @@ def model_file(name: str, size: str, workdir: Path, *,
             # weights are held once, not twice, while the small .onnx is serialized
             onnx.save_model(model, str(tmpdir / path.name), save_as_external_data=True,
                             all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+            shutil.copymode(tmpdir / path.name, tmpdir / data_name)  # onnx creates it 0600; match the .onnx
             os.replace(tmpdir / data_name, path.parent / data_name)
         else:
             (tmpdir / path.name).write_bytes(model.SerializeToString())

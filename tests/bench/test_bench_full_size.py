@@ -35,6 +35,7 @@ def test_large_models_are_written_with_one_external_data_file(external_unet):
     proto = onnx.load(str(path), load_external_data=False)
     locations = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
     assert locations == {data.name}  # relative, and the final name: valid after the move out of the build folder
+    assert data.stat().st_mode == path.stat().st_mode
     assert path.stat().st_size < inline_path.stat().st_size < data.stat().st_size + path.stat().st_size
     assert outputs == [o.name for o in proto.graph.output]
     assert not onnx.load(str(inline_path), load_external_data=False).graph.initializer[0].external_data
