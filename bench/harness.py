@@ -45,6 +45,7 @@ class Result:
     model: str
     runner: str
     kind: str  # "peer" or "sdrt"
+    size: str = "bench"  # the size the model was built at (sdrt.testing.models.SIZES)
     median_ms: float | None = None
     min_ms: float | None = None
     p10_ms: float | None = None
@@ -250,7 +251,7 @@ def bench_model(name: str, size: str, workdir: Path, backends: Sequence[str], *,
     ready: list[tuple[Result, RunFn]] = []
     reference: list[np.ndarray] | None = None
     for runner, kind, prepare in contenders:
-        res = Result(name, runner, kind)
+        res = Result(name, runner, kind, size)
         results.append(res)
         try:
             t0 = time.perf_counter()
@@ -270,12 +271,13 @@ def bench_model(name: str, size: str, workdir: Path, backends: Sequence[str], *,
 
     if not ready:
         return results
-    # estimate a run's cost to pick the number of rounds
-    t0 = time.perf_counter()
-    for _, fn in ready:
-        fn(feeds)
-    per_round = time.perf_counter() - t0
-    n = rounds or int(min(1000, max(10, min_seconds / max(per_round, 1e-6))))
+    n = rounds
+    if not n:  # estimate a run's cost to pick the number of rounds (skipped when given: full-size runs take seconds)
+        t0 = time.perf_counter()
+        for _, fn in ready:
+            fn(feeds)
+        per_round = time.perf_counter() - t0
+        n = int(min(1000, max(10, min_seconds / max(per_round, 1e-6))))
     for r in range(n):
         shift = r % len(ready)
         for res, fn in ready[shift:] + ready[:shift]:
@@ -326,24 +328,30 @@ def environment() -> dict[str, Any]:
     return info
 
 
+def label(r: Result) -> str:
+    """The model column: the name, with ``@size`` for rows not at the default bench size."""
+    return r.model if r.size == "bench" else f"{r.model}@{r.size}"
+
+
 def render(results: Sequence[Result]) -> str:
     paired = next((r.paired_with for r in results if r.paired_with), None) or "-"
-    head = f"{'model':<14} {'runner':<18} {'median ms':>10} {'min ms':>9} {'p10-p90 ms':>17} {'runs':>5} " \
+    w = max([14, *(len(label(r)) for r in results)])
+    head = f"{'model':<{w}} {'runner':<18} {'median ms':>10} {'min ms':>9} {'p10-p90 ms':>17} {'runs':>5} " \
            f"{'vs best peer':>12} {'paired vs ' + paired:>24} {'max rel err':>12}"
     lines = [head, "-" * len(head)]
     last = None
     for r in results:
-        if last is not None and r.model != last:
+        if last is not None and label(r) != last:
             lines.append("")
-        last = r.model
+        last = label(r)
         if r.error:
-            lines.append(f"{r.model:<14} {r.runner:<18} {'failed: ' + r.error}")
+            lines.append(f"{last:<{w}} {r.runner:<18} {'failed: ' + r.error}")
             continue
         spread = f"{r.p10_ms:.2f}-{r.p90_ms:.2f}" if r.p10_ms is not None else ""
         ratio = f"{r.ratio_to_best_peer:.3f}x" if r.ratio_to_best_peer else "-"
         err = f"{r.max_rel_err:.2e}" if r.max_rel_err is not None else "-"
         pair = f"{r.paired_ratio:.3f}x" if r.paired_ratio is not None else "-"
-        lines.append(f"{r.model:<14} {r.runner:<18} {r.median_ms:>10.2f} {r.min_ms:>9.2f} {spread:>17} {r.runs:>5} "
+        lines.append(f"{last:<{w}} {r.runner:<18} {r.median_ms:>10.2f} {r.min_ms:>9.2f} {spread:>17} {r.runs:>5} "
                      f"{ratio:>12} {pair:>24} {err:>12}")
     return "\n".join(lines)
 

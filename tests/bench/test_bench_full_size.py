@@ -1,5 +1,5 @@
-"""The full-size models: above protobuf's 2 GB limit they are written with external data that every
-reader loads.
+"""The full-size rows: models above protobuf's 2 GB limit are written with external data that every
+reader loads, and `python -m bench` times the full-size models after the bench-size ones.
 
 The full-size UNet (~3.4 GB) is far too big for the test suite, so the external-data path is forced
 on the tiny UNet (``external_above=0``), and sdrt's mapped route for models above 2 GiB is forced by
@@ -7,6 +7,8 @@ lowering ``sdrt.graph.graph.MAX_INLINE_BYTES``.
 """
 
 from __future__ import annotations
+
+import json
 
 import onnx
 import pytest
@@ -92,3 +94,14 @@ def test_a_cached_model_is_reused_unless_its_data_file_is_gone(tmp_path, monkeyp
     assert again == path and path.with_name(path.name + ".data").exists() is False  # rebuilt, inline this time
     assert _ort_outputs(path, feeds, None)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".build-")]
+
+
+def test_rows_at_full_size_are_labelled_in_the_table_and_the_json():
+    rows = [harness.Result("unet", "onnxruntime", "peer", median_ms=80.0, min_ms=79.0, p10_ms=79.0, p90_ms=81.0,
+                           runs=3),
+            harness.Result("unet", "onnxruntime", "peer", "full", median_ms=9000.0, min_ms=8900.0, p10_ms=8900.0,
+                           p90_ms=9100.0, runs=3)]
+    lines = harness.render(rows).splitlines()
+    assert lines[2].startswith("unet ") and lines[4].startswith("unet@full ")
+    data = json.loads(json.dumps(harness.to_json(rows, {})))
+    assert [r["size"] for r in data["results"]] == ["bench", "full"]
