@@ -13,6 +13,7 @@ import json
 import onnx
 import pytest
 
+import bench.__main__ as bench_main
 from bench import harness
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is needed to run the bench models")
@@ -105,3 +106,46 @@ def test_rows_at_full_size_are_labelled_in_the_table_and_the_json():
     assert lines[2].startswith("unet ") and lines[4].startswith("unet@full ")
     data = json.loads(json.dumps(harness.to_json(rows, {})))
     assert [r["size"] for r in data["results"]] == ["bench", "full"]
+
+
+@pytest.fixture
+def planned(monkeypatch, tmp_path):
+    """Run `python -m bench` with bench_model faked; returns the (model, size, rounds, warmup) it was asked for."""
+    calls = []
+
+    def fake_bench_model(name, size, workdir, backends, *, rounds, min_seconds, warmup, **kw):
+        calls.append((name, size, rounds, warmup))
+        return [harness.Result(name, "onnxruntime", "peer", size, median_ms=1.0, min_ms=1.0, p10_ms=1.0,
+                               p90_ms=1.0, runs=rounds or 1)]
+
+    monkeypatch.setattr(harness, "bench_model", fake_bench_model)
+    monkeypatch.setattr(harness, "sdrt_backends", lambda *a, **k: [])
+
+    def run(*argv):
+        calls.clear()
+        out = tmp_path / "results.json"
+        assert bench_main.main([*argv, "--no-pipeline", "--workdir", str(tmp_path), "--json", str(out)]) == 0
+        return list(calls), json.loads(out.read_text())
+
+    return run
+
+
+def test_the_default_run_adds_the_full_size_vae_decoder_and_unet(planned):
+    calls, data = planned()
+    bench_size = [c for c in calls if c[1] == "bench"]
+    assert [c[0] for c in bench_size] == list(harness.models.MODELS)
+    assert calls[len(bench_size):] == [("vae_decoder", "full", 3, 1), ("unet", "full", 3, 1)]
+    assert [r["size"] for r in data["results"]].count("full") == 2
+    assert data["config"]["full_models"] == ["vae_decoder", "unet"]
+
+
+def test_full_size_rows_follow_the_options(planned):
+    assert planned("--models", "unet,mobilenet_v2")[0][-1] == ("unet", "full", 3, 1)
+    assert all(c[1] == "bench" for c in planned("--models", "mobilenet_v2")[0])
+    assert all(c[1] == "bench" for c in planned("--no-full")[0])
+    assert all(c[1] == "tiny" for c in planned("--size", "tiny")[0])
+    assert [c[1] for c in planned("--size", "full", "--models", "unet")[0]] == ["full"]
+    calls, _ = planned("--models", "mobilenet_v2", "--full-models", "unet", "--full-rounds", "5", "--full-warmup", "0")
+    assert calls == [("mobilenet_v2", "bench", None, 3), ("unet", "full", 5, 0)]
+    with pytest.raises(SystemExit):
+        planned("--full-models", "resnet")
