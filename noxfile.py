@@ -62,11 +62,14 @@ def conformance(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Time every installed sdrt backend against raw onnxruntime and OpenVINO: `nox -s bench -- --models unet`."""
+    """Time every installed sdrt backend against raw onnxruntime and OpenVINO: `nox -s bench -- --models unet`.
+
+    With no arguments: every model at bench size, then the VAE decoder and the UNet at full (SD 1.x)
+    size with 3 timed rounds each (`--no-full` skips those; bench/README.md says how long they take)."""
     # a plain install: sdrt-ggml builds its own float32 GEMM (plugin-ggml/native), so ggml-python
     # needs no build flags (docs/ggml.md, "The fast CPU build from pip")
     _install_sdrt(session, "onnxruntime>=1.17", "openvino>=2024.4", "platformdirs>=3")
-    session.run("python", "-m", "bench", *session.posargs)
+    session.run("python", "-m", "bench", *session.posargs)  # the full-size rows come from bench's defaults
     # checkpoint swap / LoRA on-off against a fresh pipelines.load, peak RSS normal vs low-memory (issue 14)
     session.run("python", "-m", "bench.checkpoint_swap")
 

@@ -1,6 +1,8 @@
 """``python -m bench``: time the installed sdrt backends against raw onnxruntime and raw OpenVINO.
 
-    python -m bench                          # every model at bench size, every sdrt backend but reference
+    python -m bench                          # every model at bench size, then vae_decoder and unet at full size
+    python -m bench --no-full                # bench size only
+    python -m bench --full-models unet --full-rounds 5
     python -m bench --models unet,vae_decoder --rounds 30
     python -m bench --backends openvino,ggml --option openvino:precision=bf16
     python -m bench --size tiny --include-reference
@@ -18,6 +20,9 @@ from typing import Any
 from sdrt.testing import models
 
 from . import harness, pipeline
+
+#: the models timed at full size too by default: the two whose bench size shrinks the real one
+FULL_MODELS = ("vae_decoder", "unet")
 
 
 def _parse_options(specs: list[str]) -> dict[str, dict[str, Any]]:
@@ -62,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=None, help="where built models are kept")
     p.add_argument("--json", type=Path, default=Path("bench-results.json"), help="where to write the results")
     p.add_argument("--no-pipeline", action="store_true", help="skip the pipeline row (bench/pipeline.py)")
+    p.add_argument("--full-models", default=None,
+                   help="after the --size models, also time these at size full (default: those of "
+                        f"{','.join(FULL_MODELS)} in --models, when --size is bench)")
+    p.add_argument("--full-rounds", type=int, default=3, help="timed rounds per full-size model (default 3)")
+    p.add_argument("--full-warmup", type=int, default=1, help="warmup runs per full-size contender (default 1)")
+    p.add_argument("--no-full", action="store_true", help="skip the full-size rows")
     p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -77,25 +88,44 @@ def main(argv: list[str] | None = None) -> int:
     options.setdefault("openvino", {}).setdefault("device", "CPU")  # the peers run on CPU too
     peers = [x for x in args.peers.split(",") if x]
     workdir = args.workdir or _default_workdir()
-    print(f"sdrt backends: {', '.join(backends) or 'none'}; peers: {', '.join(peers)}; size {args.size}",
+    full = _full_models(args, names)
+    unknown = [m for m in full if m not in models.MODELS]
+    if unknown:
+        p.error(f"unknown --full-models {unknown}; known: {', '.join(models.MODELS)}")
+    if full and args.full_rounds < 1:
+        p.error("--full-rounds must be at least 1")
+    print(f"sdrt backends: {', '.join(backends) or 'none'}; peers: {', '.join(peers)}; size {args.size}"
+          + (f", then {', '.join(full)} at size full" if full else ""),
           flush=True)
 
+    # the --size models with the usual budget, then the full-size ones with a few fixed rounds
+    plan = [(name, args.size, args.rounds, args.min_seconds, args.warmup) for name in names]
+    plan += [(name, "full", args.full_rounds, 0.0, args.full_warmup) for name in full]
     results: list[harness.Result] = []
-    for name in names:
-        print(f"[{name}] building and timing ...", flush=True)
-        rows = harness.bench_model(name, args.size, workdir, backends, rounds=args.rounds,
-                                   min_seconds=args.min_seconds, warmup=args.warmup, threads=args.threads,
-                                   peers=peers, sdrt_options=options, pair_with=args.pair_with,
-                                   sdrt_input=args.sdrt_input)
+    for name, size, rounds, min_seconds, warmup in plan:
+        print(f"[{name}{'' if size == args.size else '@' + size}] building and timing ...", flush=True)
+        rows = harness.bench_model(name, size, workdir, backends, rounds=rounds, min_seconds=min_seconds,
+                                   warmup=warmup, threads=args.threads, peers=peers, sdrt_options=options,
+                                   pair_with=args.pair_with, sdrt_input=args.sdrt_input)
         results.extend(rows)
         print(harness.render(rows), flush=True)
     print("\n" + harness.render(results))
     pipeline_rows = [] if args.no_pipeline else pipeline.report(backends, workdir, args.size)
     config = {"models": names, "size": args.size, "sdrt_input": args.sdrt_input, "backends": backends, "peers": peers, "rounds": args.rounds,
-              "min_seconds": args.min_seconds, "threads": args.threads, "options": options}
+              "min_seconds": args.min_seconds, "threads": args.threads, "options": options,
+              "full_models": full, "full_rounds": args.full_rounds, "full_warmup": args.full_warmup}
     args.json.write_text(json.dumps({**harness.to_json(results, config), "pipeline": pipeline_rows}, indent=1))
     print(f"wrote {args.json}")
     return 0
+
+
+def _full_models(args: argparse.Namespace, names: list[str]) -> list[str]:
+    """The models to time at full size after the --size ones: none with --no-full or --size full."""
+    if args.no_full or args.size == "full":
+        return []
+    if args.full_models is not None:
+        return [m for m in args.full_models.split(",") if m]
+    return [m for m in FULL_MODELS if m in names] if args.size == "bench" else []
 
 
 def _default_workdir() -> Path:

@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import platform
+import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +45,7 @@ class Result:
     model: str
     runner: str
     kind: str  # "peer" or "sdrt"
+    size: str = "bench"  # the size the model was built at (sdrt.testing.models.SIZES)
     median_ms: float | None = None
     min_ms: float | None = None
     p10_ms: float | None = None
@@ -130,25 +132,66 @@ def sdrt_backends(include_reference: bool = False, only: Sequence[str] | None = 
 
 
 # ---------------------------------------------------------------------------
-def model_file(name: str, size: str, workdir: Path) -> tuple[Path, Feeds, list[str]]:
-    """Build model ``name`` once per source version; return its path, inputs and output names."""
+#: a model whose initializers hold more than this many bytes is written with ONNX external data
+#: (one ``<name>.onnx.data`` file beside the ``.onnx``): protobuf cannot serialize a message above
+#: 2 GB, and the full-size UNet holds ~3.4 GB of float32 weights
+EXTERNAL_DATA_ABOVE = int(1.5 * 2**30)
+
+
+def model_file(name: str, size: str, workdir: Path, *,
+               external_above: int = EXTERNAL_DATA_ABOVE) -> tuple[Path, Feeds, list[str]]:
+    """Build model ``name`` once per source version; return its path, inputs and output names.
+
+    Models with more than ``external_above`` bytes of initializers keep their weights in
+    ``<path>.data`` (ONNX external data, which onnxruntime, OpenVINO and ``sdrt.Graph.load``
+    read from the model's folder). Every file is written under a temporary folder and moved
+    into place, the weights before the ``.onnx`` that refers to them.
+    """
+    import onnx
+
     src = Path(models.__file__).read_bytes() + Path(models.__file__).with_name("builder.py").read_bytes()
     tag = hashlib.sha256(src + size.encode()).hexdigest()[:10]
     path = workdir / f"{name}-{size}-{tag}.onnx"
     feeds_path = path.with_suffix(".npz")
     if path.exists() and feeds_path.exists():
-        import onnx
-
-        outputs = [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
-        with np.load(feeds_path) as data:
-            return path, {k: data[k] for k in data.files}, outputs
+        proto = onnx.load(str(path), load_external_data=False)
+        if _external_files_present(proto, path.parent):
+            with np.load(feeds_path) as data:
+                return path, {k: data[k] for k in data.files}, [o.name for o in proto.graph.output]
+        log.warning("%s: its external-data file is missing; building it again", path)
     model, feeds = models.build(name, size)
+    outputs = [o.name for o in model.graph.output]
     workdir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(model.SerializeToString())
-    os.replace(tmp, path)
-    np.savez(feeds_path, **feeds)
-    return path, feeds, [o.name for o in model.graph.output]
+    tmpdir = workdir / f".build-{path.stem}-{os.getpid()}"
+    tmpdir.mkdir()
+    try:
+        external = sum(t.ByteSize() for t in model.graph.initializer) > external_above
+        if external:
+            data_name = path.name + ".data"
+            log.info("%s: writing the weights as external data (%s)", path.name, data_name)
+            # writes each initializer's bytes to the data file and drops them from ``model``, so the
+            # weights are held once, not twice, while the small .onnx is serialized
+            onnx.save_model(model, str(tmpdir / path.name), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+            shutil.copymode(tmpdir / path.name, tmpdir / data_name)  # onnx creates it 0600; match the .onnx
+            os.replace(tmpdir / data_name, path.parent / data_name)
+        else:
+            (tmpdir / path.name).write_bytes(model.SerializeToString())
+        del model
+        np.savez(tmpdir / feeds_path.name, **feeds)
+        os.replace(tmpdir / path.name, path)
+        os.replace(tmpdir / feeds_path.name, feeds_path)
+    finally:
+        for leftover in tmpdir.glob("*"):
+            leftover.unlink()
+        tmpdir.rmdir()
+    return path, feeds, outputs
+
+
+def _external_files_present(model: Any, folder: Path) -> bool:
+    """Whether every external-data file that ``model``'s initializers name exists in ``folder``."""
+    locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    return all((folder / loc).is_file() for loc in locations)
 
 
 def stripped_file(path: Path) -> Path | None:
@@ -208,7 +251,7 @@ def bench_model(name: str, size: str, workdir: Path, backends: Sequence[str], *,
     ready: list[tuple[Result, RunFn]] = []
     reference: list[np.ndarray] | None = None
     for runner, kind, prepare in contenders:
-        res = Result(name, runner, kind)
+        res = Result(name, runner, kind, size)
         results.append(res)
         try:
             t0 = time.perf_counter()
@@ -228,12 +271,13 @@ def bench_model(name: str, size: str, workdir: Path, backends: Sequence[str], *,
 
     if not ready:
         return results
-    # estimate a run's cost to pick the number of rounds
-    t0 = time.perf_counter()
-    for _, fn in ready:
-        fn(feeds)
-    per_round = time.perf_counter() - t0
-    n = rounds or int(min(1000, max(10, min_seconds / max(per_round, 1e-6))))
+    n = rounds
+    if not n:  # estimate a run's cost to pick the number of rounds (skipped when given: full-size runs take seconds)
+        t0 = time.perf_counter()
+        for _, fn in ready:
+            fn(feeds)
+        per_round = time.perf_counter() - t0
+        n = int(min(1000, max(10, min_seconds / max(per_round, 1e-6))))
     for r in range(n):
         shift = r % len(ready)
         for res, fn in ready[shift:] + ready[:shift]:
@@ -284,24 +328,30 @@ def environment() -> dict[str, Any]:
     return info
 
 
+def label(r: Result) -> str:
+    """The model column: the name, with ``@size`` for rows not at the default bench size."""
+    return r.model if r.size == "bench" else f"{r.model}@{r.size}"
+
+
 def render(results: Sequence[Result]) -> str:
     paired = next((r.paired_with for r in results if r.paired_with), None) or "-"
-    head = f"{'model':<14} {'runner':<18} {'median ms':>10} {'min ms':>9} {'p10-p90 ms':>17} {'runs':>5} " \
+    w = max([14, *(len(label(r)) for r in results)])
+    head = f"{'model':<{w}} {'runner':<18} {'median ms':>10} {'min ms':>9} {'p10-p90 ms':>17} {'runs':>5} " \
            f"{'vs best peer':>12} {'paired vs ' + paired:>24} {'max rel err':>12}"
     lines = [head, "-" * len(head)]
     last = None
     for r in results:
-        if last is not None and r.model != last:
+        if last is not None and label(r) != last:
             lines.append("")
-        last = r.model
+        last = label(r)
         if r.error:
-            lines.append(f"{r.model:<14} {r.runner:<18} {'failed: ' + r.error}")
+            lines.append(f"{last:<{w}} {r.runner:<18} {'failed: ' + r.error}")
             continue
         spread = f"{r.p10_ms:.2f}-{r.p90_ms:.2f}" if r.p10_ms is not None else ""
         ratio = f"{r.ratio_to_best_peer:.3f}x" if r.ratio_to_best_peer else "-"
         err = f"{r.max_rel_err:.2e}" if r.max_rel_err is not None else "-"
         pair = f"{r.paired_ratio:.3f}x" if r.paired_ratio is not None else "-"
-        lines.append(f"{r.model:<14} {r.runner:<18} {r.median_ms:>10.2f} {r.min_ms:>9.2f} {spread:>17} {r.runs:>5} "
+        lines.append(f"{last:<{w}} {r.runner:<18} {r.median_ms:>10.2f} {r.min_ms:>9.2f} {spread:>17} {r.runs:>5} "
                      f"{ratio:>12} {pair:>24} {err:>12}")
     return "\n".join(lines)
 
