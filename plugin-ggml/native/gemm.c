@@ -154,6 +154,8 @@ typedef struct {
     float *c;
     ptrdiff_t ldc;
     int trans;
+    const float *res; /* a residual laid out as C (row stride ldres), added with the last block of K */
+    ptrdiff_t ldres;
 } gemm2d;
 
 /* columns n0 .. n0+31 of B, rows k0 .. k1-1, as one panel [k][32] (zero columns past N) */
@@ -229,10 +231,12 @@ static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s,
     out.n = p->N - pan0 * SDRT_NR;
     out.bias = p->bias ? p->bias + pan0 * SDRT_NR : NULL;
     out.rbias = NULL;
-    out.res = NULL;
-    out.ldres = 0;
+    out.ldres = p->ldres;
     out.ep = NULL;
     out.c = p->trans ? p->c + (ptrdiff_t)pan0 * SDRT_NR * p->ldc + m0 : p->c + (ptrdiff_t)m0 * p->ldc + pan0 * SDRT_NR;
+    out.res = !p->res ? NULL
+              : p->trans ? p->res + (ptrdiff_t)pan0 * SDRT_NR * p->ldres + m0
+                         : p->res + (ptrdiff_t)m0 * p->ldres + pan0 * SDRT_NR;
     for (int kb = 0; kb < s->kblocks; kb++) {
         const int k0 = (int)((long)kb * p->K / s->kblocks), k1 = (int)((long)(kb + 1) * p->K / s->kblocks);
         const float *a = p->a + (ptrdiff_t)m0 * p->lda + k0;
@@ -296,7 +300,7 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
     const sdrt_isa_kernels *kk = kernels_of(isa == SDRT_ISA_AUTO ? sdrt_gemm_active_isa() : isa);
     if (!kk || nth < 1 || ith < 0 || ith >= nth)
         return -1;
-    gemm2d p = {M, N, K, a, lda, b, sbk, sbn, b_packed, bias, c, ldc, trans};
+    gemm2d p = {M, N, K, a, lda, b, sbk, sbn, b_packed, bias, c, ldc, trans, NULL, 0};
     run_2d(&p, kk, ith, nth);
     return 0;
 }
@@ -307,6 +311,7 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
 #define OP_PACKED 2u
 #define OP_BIAS 4u
 #define OP_SHARED 8u
+#define OP_RES 16u
 
 #if defined(_MSC_VER)
 #include <intrin.h>
@@ -322,6 +327,8 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
  *   src[1] B:    packed: ne (32, K, panels, 1), contiguous; else ne (N, K, e2, e3), any strides,
  *                broadcast over A's batch dims (d2 % e2 == 0, d3 % e3 == 0), as ggml_mul_mat does
  *   src[2] bias: ne0 = N, contiguous (with OP_BIAS)
+ *   next src     a residual shaped and laid out as dst, any row stride (with OP_RES): added to the
+ *                product (after the bias)
  *   next src     int32[4] zeros, shared by the op's threads (with OP_SHARED): a work counter
  *   dst:         ne (N, M, d2, d3), or with OP_TRANS ne (M, N, d2, d3); rows of dst may be padded
  *
@@ -348,6 +355,12 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
             return;
         bias = (const float *)sdrt_tensor_view(tbias).data;
     }
+    const void *tres = NULL;
+    if (flags & OP_RES) {
+        tres = sdrt_tensor_src(dst, next_src++);
+        if (!tres)
+            return;
+    }
     int32_t *state = NULL;
     if (flags & OP_SHARED) {
         const void *tstate = sdrt_tensor_src(dst, next_src++);
@@ -370,6 +383,9 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
     p.bias = bias;
     p.ldc = (ptrdiff_t)(C.nb[1] / sizeof(float));
     p.trans = trans;
+    p.res = NULL;
+    const sdrt_view R = tres ? sdrt_tensor_view(tres) : C;
+    p.ldres = (ptrdiff_t)(R.nb[1] / sizeof(float));
     const long batches = d2 * d3;
     if (M <= 0 || N <= 0)
         return;
@@ -399,6 +415,7 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
             p.a = (const float *)(A.data + i2 * A.nb[2] + i3 * A.nb[3]);
             p.b = (const float *)(B.data + (i2 / (d2 / e2)) * B.nb[2] + (i3 / (d3 / e3)) * B.nb[3]);
             p.c = (float *)(C.data + i2 * C.nb[2] + i3 * C.nb[3]);
+            p.res = tres ? (const float *)(R.data + i2 * R.nb[2] + i3 * R.nb[3]) : NULL;
             bt_set = bt;
         }
         if (run_unit(&p, kk, &s, u % per))

@@ -24,7 +24,7 @@ from sdrt.lowering import fold_node, producers_and_uses
 from .ops import FOLD_ONLY, REGISTRY, load_all
 from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported
 from .rewrites import OPTIONAL, REWRITES
-from . import rewrites_conv  # noqa: F401  (registers the conv epilogue fusions)
+from . import rewrites_epilogue  # noqa: F401  (registers the conv and GEMM epilogue fusions)
 
 log = logging.getLogger("sdrt.ggml.lower")
 
@@ -141,8 +141,10 @@ class Lowering:
         self.rewrite_hits = self.out.rewrite_hits
         #: native group norms by ONNX value name, for the rewrites that fuse the next ops into them
         self.gn_specs: dict[str, Any] = {}
-        #: native convs by the address of their ggml tensor, for the epilogue fusions (rewrites_conv.py)
+        #: native convs and GEMMs by the address of their ggml tensor, for the epilogue fusions
+        #: (rewrites_epilogue.py)
         self.conv_specs: dict[int, Any] = {}
+        self.gemm_specs: dict[int, Any] = {}
         self.impl_hits = self.out.impl_hits
 
     @staticmethod

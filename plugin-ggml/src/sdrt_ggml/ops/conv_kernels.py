@@ -56,7 +56,7 @@ def dw_native_ok(lowering: Any, w: Any, strides: list[int]) -> bool:
 
 def conv_depthwise(lowering: Any, x: GTensor, w: np.ndarray | GTensor, wt: GTensor | None, strides: list[int],
                    dil: list[int], ph: int, pw: int, out_shape: tuple[int, int, int, int], bias: Any = None) -> GTensor:
-    """Depthwise conv: sdrt-ggml's NCHW kernel (bias added, activations fused by rewrites_conv), or
+    """Depthwise conv: sdrt-ggml's NCHW kernel (bias added, activations fused by rewrites_epilogue), or
     ggml's, which is vectorized over channels only when channels are the innermost dim in memory:
     then the input is laid out channels-last first (one copy) and the result copied back to NCHW,
     unless ``dw_layout="nchw"``."""
@@ -143,7 +143,7 @@ def direct_ok(lowering: Any, nat: Any, strides: list[int], ow: int) -> bool:
 
 @dataclass(frozen=True)
 class ConvSpec:
-    """A native conv as emitted, and what its epilogue does: the fusion rewrites (rewrites_conv.py)
+    """A native conv as emitted, and what its epilogue does: the fusion rewrites (rewrites_epilogue.py)
     emit it again with a runtime per-channel bias, a residual or an activation added. ``depthwise``:
     the native depthwise conv (activation only)."""
 

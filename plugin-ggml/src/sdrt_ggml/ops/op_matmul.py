@@ -16,6 +16,8 @@ ggml broadcasts ``a`` over the batch dims of ``b``, not the other way.
 
 from __future__ import annotations
 
+import ctypes
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,10 +67,41 @@ def k_rows(lowering: Any, a: GTensor) -> GTensor:
     return cont(lowering, a)
 
 
+@dataclass(frozen=True)
+class GemmSpec:
+    """A native GEMM as emitted: the epilogue fusions (rewrites_epilogue.py) emit it again with a
+    constant bias or a residual added."""
+
+    a: Any  # ggml tensors
+    w: Any
+    m: int
+    n: int
+    packed: bool
+    batch: tuple[int, ...]
+    bias: Any = None
+    res: Any = None
+
+
+def gemm_emit(lowering: Any, spec: GemmSpec) -> GTensor:
+    """The GEMM op of ``spec``; remembered so that a following Add can fuse into its epilogue."""
+    d = ne_of(spec.batch + (spec.m, 1))
+    out = native.gemm_op(native.for_lowering(lowering), ggml_lib(), lowering.ctx, spec.a, spec.w, spec.bias,
+                         m=spec.m, n=spec.n, packed=spec.packed, batch=(d[2], d[3]),
+                         state=native.lowering_state(lowering), res=spec.res)
+    lowering.gemm_specs[ctypes.cast(out, ctypes.c_void_p).value] = spec
+    return GTensor(out, spec.batch + (spec.m, spec.n))
+
+
+def gemm_spec_of(lowering: Any, v: Any) -> GemmSpec | None:
+    """The spec of a native GEMM's value (None for any other value)."""
+    if not isinstance(v, GTensor):
+        return None
+    return lowering.gemm_specs.get(ctypes.cast(v.ptr, ctypes.c_void_p).value)
+
+
 def native_matmul(lowering: Any, nat: Any, a: GTensor, b: Value, batch: tuple[int, ...]) -> GTensor:
     """``a @ b`` (a: (..., M, K) runtime; b: (..., K, N)) by the native GEMM; batch dims broadcast."""
-    g = ggml_lib()
-    m, k = a.shape[-2], a.shape[-1]
+    m = a.shape[-2]
     if a.shape[:-2] != batch:
         a = expand_to(lowering, a, batch + a.shape[-2:])
     a = k_rows(lowering, a)
@@ -79,10 +112,7 @@ def native_matmul(lowering: Any, nat: Any, a: GTensor, b: Value, batch: tuple[in
     else:
         w = lowering.const(b) if isinstance(b, np.ndarray) else b  # ne (N, K, e2, e3), any strides
         n = w.shape[-1]
-    d = ne_of(batch + (m, k))
-    out = native.gemm_op(nat, g, lowering.ctx, a.ptr, w.ptr, m=m, n=n, packed=packed, batch=(d[2], d[3]),
-                         state=native.lowering_state(lowering))
-    return GTensor(out, batch + (m, n))
+    return gemm_emit(lowering, GemmSpec(a.ptr, w.ptr, m, n, packed, batch))
 
 
 def matmul(lowering: Any, a: Value, b: Value) -> GTensor:

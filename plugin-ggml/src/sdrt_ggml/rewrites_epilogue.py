@@ -1,16 +1,18 @@
-"""Fusions into the native conv's epilogue (``conv_epilogue``), matched while lowering.
+"""Fusions into the native conv's and GEMM's epilogues (``conv_epilogue``), matched while lowering.
 
-A native conv (``ops.conv_kernels.conv_emit``) stores each tile with its bias added; these
-rewrites let it also add what the next node adds and apply what the next node applies, so that
-the node itself emits nothing and the conv's output is written once:
+A native conv (``ops.conv_kernels.conv_emit``) or GEMM (``ops.op_matmul.gemm_emit``) stores each
+tile with its bias added; these rewrites let it also add what the next node adds and apply what
+the next node applies, so that the node itself emits nothing and the output is written once:
 
-- ``Add`` of a runtime per-channel bias (N, C, 1, 1): the UNet ResNet's time embedding;
-- ``Add`` of a runtime tensor shaped as the conv's output: a residual (ResNet, MobileNet blocks);
+- ``Add`` of a runtime per-channel bias (N, C, 1, 1) to a conv: the UNet ResNet's time embedding;
+- ``Add`` of a constant of N values to a GEMM: a Linear layer's bias (MatMul + Add);
+- ``Add`` of a runtime tensor shaped as the output: a residual (ResNet, transformer, MobileNet
+  blocks);
 - ``Relu``, ``Clip`` (constant bounds, ReLU6), ``HardSwish``: the activation, last (also into the
   native depthwise conv, which takes no additions).
 
-The conv's value must have no other reader, and nothing is fused after the activation. The conv
-is emitted again with the larger epilogue; the earlier op is left unreferenced, so ggml never
+The value must have no other reader, and nothing is fused after the activation. The op is
+emitted again with the larger epilogue; the earlier one is left unreferenced, so ggml never
 computes it.
 """
 
@@ -23,6 +25,7 @@ import numpy as np
 
 from .ops._common import GTensor, Value, attrs, cont, ggml_lib, scalar_of
 from .ops.conv_kernels import ConvSpec, conv_emit, conv_spec_of
+from .ops.op_matmul import gemm_emit, gemm_spec_of
 from .rewrites import rewrite
 
 
@@ -34,8 +37,29 @@ def _fusable(lowering: Any, name: str) -> ConvSpec | None:
     return spec
 
 
+def _gemm_add(lowering: Any, node: Any) -> list[Value] | None:
+    """MatMul + Add: a constant bias of N values (before any residual), or a residual."""
+    for i in (0, 1):
+        name = node.input[i]
+        spec = gemm_spec_of(lowering, lowering.values.get(name))
+        if spec is None or lowering.n_uses(name) != 1 or name in lowering.output_names:
+            continue
+        other = lowering.values.get(node.input[1 - i])
+        out_shape = spec.batch + (spec.m, spec.n)
+        if isinstance(other, np.ndarray) and other.dtype.kind == "f" and spec.bias is None and spec.res is None:
+            if other.size == spec.n and other.shape[-1:] == (spec.n,) and len(other.shape) <= len(out_shape):
+                b = lowering.const(other, transform=lambda v: np.asarray(v, np.float32).reshape(-1), tag="gemm_bias")
+                return [gemm_emit(lowering, replace(spec, bias=b.ptr))]
+        if isinstance(other, GTensor) and other.dtype == "float32" and other.shape == out_shape and spec.res is None:
+            return [gemm_emit(lowering, replace(spec, res=cont(lowering, other).ptr))]
+    return None
+
+
 @rewrite("conv_epilogue", "Add")
 def match_conv_add(lowering: Any, node: Any) -> list[Value] | None:
+    fused = _gemm_add(lowering, node)
+    if fused is not None:
+        return fused
     g = ggml_lib()
     for i in (0, 1):
         spec = _fusable(lowering, node.input[i])
