@@ -210,11 +210,10 @@ static const int32_t *direct_offsets(const conv_shape *s, int Hp, int Wp) {
 
 /* one unit of the direct route: slices [sl0, sl1) (spr slices of nr pixels per output row) of one
  * batch item, every output channel, all of K; xp is the item's padded input */
-static int tune_kc(int kc) { static int v = -1; if (v < 0) { const char *e = getenv("SDRT_TUNE_KC"); v = e ? atoi(e) : 0; } return v > 0 ? v : kc; }
 static int direct_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const float *xp, int Wp,
                        const int32_t *off, const float *w, const conv_out *co, float *out, int sl0, int sl1, int spr) {
     const int np = s->OH * s->OW, nr = kk->nr, mr = kk->mr_max;
-    const int kblocks = (s->K + tune_kc(kk->kc) - 1) / tune_kc(kk->kc);
+    const int kblocks = (s->K + kk->kc - 1) / kk->kc;
     const int mc = w_block_rows(kk, (s->K + kblocks - 1) / kblocks), mblocks = (s->OC + mc - 1) / mc;
     for (int kb = 0; kb < kblocks; kb++) {
         const int k0 = (int)((long)kb * s->K / kblocks), k1 = (int)((long)(kb + 1) * s->K / kblocks);
@@ -329,6 +328,8 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     } else {
         const int kblocks = (s.K + kk->kc - 1) / kk->kc;
         group = (int)(CONV_GROUP_BYTES / ((size_t)((s.K + kblocks - 1) / kblocks) * SDRT_NR * sizeof(float)));
+        const int most = items / (2 * (nth > 0 ? nth : 1)); /* at least two units a thread */
+        group = group > most ? most : group;
         group = group < 1 ? 1 : group > items ? items : group;
     }
     const int groups = (items + group - 1) / group;

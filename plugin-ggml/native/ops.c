@@ -420,6 +420,29 @@ SDRT_EXPORT void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata) {
         (a) = s_[1] * (gam ? gam[c] : 1.0f);                                                       \
         (b) = bet ? bet[c] : 0.0f;                                                                 \
     } while (0)
+    if (pr->pad) { /* each plane's rows into a zero-padded plane of dst */
+        const int64_t W = pr->W, H = W > 0 ? hw / W : 0, Wp = o.ne[0], Hp = o.ne[1];
+        if (W <= 0 || H * W != hw || pr->top + H > Hp || pr->left + W > Wp)
+            return;
+        const int64_t T = N * C, t0 = T * ith / nth, t1 = T * (ith + 1) / nth;
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t n = t / C, c = t % C;
+            float m, a, b;
+            GN_COEF(n, c, m, a, b);
+            const float *xs = (const float *)(x.data + (size_t)n * x.nb[2] + (size_t)c * x.nb[1]);
+            float *d = (float *)(o.data + (size_t)n * o.nb[3] + (size_t)c * o.nb[2]);
+            memset(d, 0, sizeof(float) * (size_t)(pr->top * Wp + pr->left));
+            for (int64_t y = 0; y < H; y++) {
+                float *row = d + (size_t)(pr->top + y) * Wp + pr->left;
+                ops.affine_row(W, xs + (size_t)y * W, m, a, b, pr->silu, row);
+                /* the right pad of this row and the left pad of the next */
+                memset(row + W, 0, sizeof(float) * (size_t)(y + 1 < H ? Wp - W : Wp - W - pr->left));
+            }
+            const int64_t done = (pr->top + H) * Wp;
+            memset(d + done, 0, sizeof(float) * (size_t)(Hp * Wp - done));
+        }
+        return;
+    }
     if (!pr->cl) {
         const int64_t T = N * C, t0 = T * ith / nth, t1 = T * (ith + 1) / nth;
         for (int64_t t = t0; t < t1; t++) {

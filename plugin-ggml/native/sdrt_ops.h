@@ -33,6 +33,9 @@ typedef struct {
     int32_t silu; /* apply x * sigmoid(x) after the affine */
     int32_t cl;   /* write channels-last (ne (C, H*W), batch 1) instead of (H*W, C, N) */
     float eps;
+    /* pad > 0: write each plane's W-wide rows at (top, left) of a zero-padded ne (Wp, Hp, C, N)
+     * output, the input a direct conv reads (no pad op after the group norm) */
+    int32_t pad, W, top, left;
 } sdrt_gn_params;
 
 typedef double (*sdrt_sum_fn)(int64_t n, const float *x);

@@ -125,13 +125,16 @@ def gelu_erf(ops: NativeOps, g: Any, ctx: Any, x: Any, gate: Any = None) -> Any:
 class GnParams(ctypes.Structure):
     """``sdrt_gn_params`` (native/sdrt_ops.h)."""
 
-    _fields_ = [("groups", ctypes.c_int32), ("silu", ctypes.c_int32), ("cl", ctypes.c_int32), ("eps", ctypes.c_float)]
+    _fields_ = [("groups", ctypes.c_int32), ("silu", ctypes.c_int32), ("cl", ctypes.c_int32), ("eps", ctypes.c_float),
+                ("pad", ctypes.c_int32), ("W", ctypes.c_int32), ("top", ctypes.c_int32), ("left", ctypes.c_int32)]
 
 
 @functools.cache
-def _gn_arg(groups: int, silu: bool, cl: bool, eps: float) -> GnParams:
-    """The userdata of a group-norm op: one per distinct parameter set, alive for the process."""
-    return GnParams(groups, int(silu), int(cl), eps)
+def _gn_arg(groups: int, silu: bool, cl: bool, eps: float, pad: tuple[int, int, int] | None = None) -> GnParams:
+    """The userdata of a group-norm op: one per distinct parameter set, alive for the process.
+    ``pad``: (W, top, left) of a padded output."""
+    w, top, left = pad or (0, 0, 0)
+    return GnParams(groups, int(silu), int(cl), eps, int(pad is not None), w, top, left)
 
 
 def _ud(p: Any) -> ctypes.c_void_p:
@@ -147,16 +150,22 @@ def gn_stats(ops: NativeOps, g: Any, ctx: Any, x: Any, groups: int, eps: float) 
 
 
 def gn_apply(ops: NativeOps, g: Any, ctx: Any, x: Any, stats: Any, gamma: Any, beta: Any, groups: int, *,
-             silu: bool, cl: bool) -> Any:
+             silu: bool, cl: bool, pad: tuple[int, int, int, int, int] | None = None) -> Any:
     """act((x - mean) * rstd * gamma + beta) from ``gn_stats``; gamma/beta: C floats or None.
-    Result ne (HW, C, N), or channels-last ne (C, HW) with ``cl`` (N must be 1)."""
+    Result ne (HW, C, N), or channels-last ne (C, HW) with ``cl`` (N must be 1), or with ``pad`` =
+    (W, top, left, Wp, Hp) each plane's W-wide rows at (top, left) of zero-padded ne (Wp, Hp, C, N):
+    the input of a direct conv."""
     ne = x.contents.ne
     # ggml_custom_4d takes a fixed source count: absent gamma/beta are passed as NULL sources
     args = [x, stats, gamma, beta]
     arr = (ctypes.POINTER(g.ggml_tensor) * 4)(*[a if a is not None else ctypes.POINTER(g.ggml_tensor)() for a in args])
-    shape = (ne[1], ne[0], 1, 1) if cl else (ne[0], ne[1], ne[2], 1)
+    if pad is not None:
+        shape = (pad[3], pad[4], ne[1], ne[2])
+    else:
+        shape = (ne[1], ne[0], 1, 1) if cl else (ne[0], ne[1], ne[2], 1)
+    ud = _gn_arg(groups, silu, cl and pad is None, 0.0, None if pad is None else tuple(pad[:3]))
     return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *shape, arr, 4, ops.gn_apply_op, g.GGML_N_TASKS_MAX,
-                                      _ud(_gn_arg(groups, silu, cl, 0.0))), "sdrt_group_norm")
+                                      _ud(ud)), "sdrt_group_norm")
 
 
 def dwconv(ops: NativeOps, g: Any, ctx: Any, x: Any, w: Any, params: Any, bias: Any, *,

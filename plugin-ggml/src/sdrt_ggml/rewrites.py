@@ -412,6 +412,10 @@ def _gn_emit(lowering: Any, ops: Any, spec: GnSpec, name: str) -> GTensor:
     x3 = g.ggml_reshape_3d(ctx, x.ptr, hw, c, n)
     y = gn_apply(ops, g, ctx, x3, spec.stats, spec.gamma, spec.beta, spec.groups, silu=spec.silu, cl=False)
     out = GTensor(g.ggml_reshape_4d(ctx, y, *ne_of(x.shape)), x.shape)
+    if x.rank == 4:  # a direct conv next reads the values zero-padded: written so, not copied after
+        out.padded = lambda top, left, wp, hp: gn_apply(ops, g, ctx, x3, spec.stats, spec.gamma, spec.beta, spec.groups,
+                                                        silu=spec.silu, cl=False,
+                                                        pad=(x.shape[3], top, left, wp, hp))
     if n == 1 and x.rank == 4:
         ycl = gn_apply(ops, g, ctx, x3, spec.stats, spec.gamma, spec.beta, spec.groups, silu=spec.silu, cl=True)
         out.cl = g.ggml_reshape_4d(ctx, ycl, c, x.shape[3], x.shape[2], 1)

@@ -279,7 +279,7 @@ def test_implicit_conv_matches_onnxruntime(nat, c, h, w, oc, kh, kw, attrs, impl
     class _L:  # what direct_ok reads of a lowering
         options = {"conv_impl": impl}
 
-    route = "conv direct" if direct_ok(_L, nat, s, ow) else "conv implicit"
+    route = "conv direct" if direct_ok(_L, nat, s, ow, oc) else "conv implicit"
     for n in (1, 2):
         m = make_model(nodes, {"x": ((n, c, h, w), F)}, {"y": (None, F)}, {"w": rand(oc, c, kh, kw) * 0.3, "b": rand(oc)})
         check(m, {"x": rand(n, c, h, w)}, atol=1e-4, conv_impl=impl)

@@ -43,6 +43,10 @@ class GTensor:
     #: the same (N=1, C, H, W) values laid out channels-last (ggml ne (C, W, H, 1), contiguous),
     #: when an op produced it for free; ggml computes whichever layout a consumer uses
     cl: Any = None
+    #: for an (N, C, H, W) value whose producer can write it zero-padded (the native group norm):
+    #: ``padded(top, left, Wp, Hp)`` -> a ggml tensor ne (Wp, Hp, C, N) with the values at
+    #: (top, left), what a direct conv reads; None otherwise
+    padded: Any = None
 
     @property
     def rank(self) -> int:

@@ -133,12 +133,20 @@ def implicit_ok(lowering: Any, w: Any, group: int) -> bool:
             and native.for_lowering(lowering) is not None)
 
 
-def direct_ok(lowering: Any, nat: Any, strides: list[int], ow: int) -> bool:
+#: output channels above which the packed route wins: packing a column costs a copy per K row,
+#: which about 4 x OC cycles of products use up, while the direct route's B rows come unaligned from
+#: C planes (measured, 1 thread, 3x3: direct 12% faster at OC 32, 7% at 64, even at 128, packed 5-15%
+#: faster at 256 and 512; docs/ggml.md, "Measured choices")
+DIRECT_MAX_OC = 128
+
+
+def direct_ok(lowering: Any, nat: Any, strides: list[int], ow: int, oc: int) -> bool:
     """The direct route of the native conv (no packing: B read from a padded input) for a stride-1
-    conv whose output rows fill most of a kernel call's columns (16 with AVX2, 32 with AVX-512);
-    narrower maps and strided convs pack their columns instead, as does ``conv_impl="implicit"``."""
+    conv with at most DIRECT_MAX_OC output channels whose output rows fill most of a kernel call's
+    columns (16 with AVX2, 32 with AVX-512); the others pack their columns, as every conv does
+    with ``conv_impl="implicit"``."""
     return (lowering.options.get("conv_impl", "auto") != "implicit" and list(strides) == [1, 1]
-            and ow * 4 >= 3 * nat.nr)
+            and ow * 4 >= 3 * nat.nr and oc <= DIRECT_MAX_OC)
 
 
 @dataclass(frozen=True)
@@ -204,14 +212,17 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     wt = lowering.const(w, transform=lambda a: np.pad(a.reshape(oc, k), [(0, 0), (0, ld - k)]), tag=f"rows{ld}")
     b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
     src = x.ptr
-    padded = direct_ok(lowering, nat, strides, ow)
+    padded = direct_ok(lowering, nat, strides, ow, oc)
     if padded and kh == kw == 1 and ph == pw == 0 and ow % nat.nr:
         padded = False  # the pad op would only copy the input, as packing it does
     if padded:
         nr = nat.nr
         wp = max(wd + 2 * pw, -(-ow // nr) * nr + (kw - 1) * dil[1])
         hp = h + 2 * ph
-        if (wp, hp) != (wd, h):
+        if (wp, hp) != (wd, h) and x.padded is not None:  # the producer writes it padded
+            src = x.padded(ph, pw, wp, hp)
+            lowering.used("conv input padded by its producer")
+        elif (wp, hp) != (wd, h):
             top_left = lowering.const(np.array([ph, pw], np.int32))
             src = native.pad_op(nat, g, lowering.ctx, x.ptr, top_left.ptr, out_ne=(wp, hp, c, n))
         lowering.used("conv direct")

@@ -1,0 +1,168 @@
+"""The native conv's and GEMM's epilogue fusions (rewrites_epilogue.py), the native depthwise conv
+and the group norm written padded for a direct conv: each against onnxruntime, with the fusion
+checked to have happened (and the fused node to emit nothing), on odd shapes and 1 to 4 threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ggml_helpers import F, check, compile_ggml, make_model, rand
+from onnx import helper
+
+from sdrt_ggml import native
+from sdrt_ggml.native_ops import native_ops
+
+mk = helper.make_node
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    # the tests session builds sdrt-ggml with a C compiler: the kernels must be there, not skipped
+    assert native.native() is not None, native.unavailable_reason()
+    assert native_ops() is not None
+
+
+def _ops(session) -> dict[str, int]:
+    """{ggml op (a custom op by its name): count} of a compiled session's graph."""
+    from sdrt_ggml.ops._common import ggml_lib
+
+    g = ggml_lib()
+    out: dict[str, int] = {}
+    for i in range(g.ggml_graph_n_nodes(session._graph)):
+        node = g.ggml_graph_node(session._graph, i)
+        name = g.ggml_op_desc(node).decode()
+        if name == "CUSTOM":
+            name = (g.ggml_get_name(node) or b"").decode()
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+ACTS = {
+    "Relu": lambda y: [mk("Relu", [y], ["out"])],
+    "Clip": lambda y: [mk("Clip", [y, "lo", "hi"], ["out"])],
+    "HardSwish": lambda y: [mk("HardSwish", [y], ["out"])],
+}
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("impl", ["auto", "implicit"])
+@pytest.mark.parametrize("c,hw,oc,k", [(5, (9, 37), 7, 3), (16, (6, 16), 13, 1), (3, (1, 1), 2, 3), (40, (8, 33), 33, 3)])
+def test_conv_residual_and_activation_fuse(threads, impl, c, hw, oc, k):
+    """Conv -> Add(residual) -> Relu/Clip/HardSwish: one conv op, no ADD, no activation op."""
+    for act, tail in ACTS.items():
+        nodes = [mk("Conv", ["x", "w", "b"], ["y"], pads=[k // 2] * 4), mk("Add", ["r", "y"], ["z"]), *tail("z")]
+        inits = {"w": rand(oc, c, k, k) * 0.3, "b": rand(oc), "lo": np.array(-0.5, np.float32),
+                 "hi": np.array(0.7, np.float32)}
+        m = make_model(nodes, {"x": ((2, c, *hw), F), "r": ((2, oc, *hw), F)}, {"out": (None, F)}, inits)
+        check(m, {"x": rand(2, c, *hw), "r": rand(2, oc, *hw, seed=4)}, atol=1e-4, threads=threads, conv_impl=impl)
+        with compile_ggml(m, threads=threads, conv_impl=impl) as s:
+            assert s.rewrite_hits.get("conv_epilogue") == 2, (act, s.rewrite_hits)
+            ops = _ops(s)
+            assert ops.get("sdrt_conv") == 1 and "ADD" not in ops and "RELU" not in ops and "CLAMP" not in ops, ops
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_runtime_channel_bias_fuses(threads):
+    """Conv + Add of a runtime (N, C, 1, 1) tensor (the UNet's time embedding) -> the conv's row bias."""
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1]), mk("Add", ["y", "t"], ["out"])]
+    m = make_model(nodes, {"x": ((2, 6, 5, 19), F), "t": ((2, 11, 1, 1), F)}, {"out": (None, F)},
+                   {"w": rand(11, 6, 3, 3), "b": rand(11)})
+    check(m, {"x": rand(2, 6, 5, 19), "t": rand(2, 11, 1, 1, seed=3)}, atol=1e-4, threads=threads)
+    with compile_ggml(m, threads=threads) as s:
+        assert s.rewrite_hits.get("conv_epilogue") == 1 and "ADD" not in _ops(s)
+
+
+def test_conv_output_read_twice_is_not_fused():
+    """A conv output with a second reader keeps its own value: the Add is a separate op."""
+    nodes = [mk("Conv", ["x", "w"], ["y"]), mk("Add", ["y", "r"], ["z"]), mk("Relu", ["y"], ["u"])]
+    m = make_model(nodes, {"x": ((1, 4, 5, 6), F), "r": ((1, 3, 5, 6), F)}, {"z": (None, F), "u": (None, F)},
+                   {"w": rand(3, 4, 1, 1)})
+    check(m, {"x": rand(1, 4, 5, 6), "r": rand(1, 3, 5, 6)}, atol=1e-4)
+    with compile_ggml(m) as s:
+        assert "conv_epilogue" not in s.rewrite_hits
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("m_,k,n", [(1, 1, 1), (7, 5, 33), (77, 300, 40), (3, 64, 129)])
+def test_gemm_bias_and_residual_fuse(threads, m_, k, n):
+    """MatMul + Add(bias) + Add(residual), as transformers export a Linear layer and its skip."""
+    nodes = [mk("MatMul", ["x", "w"], ["y"]), mk("Add", ["y", "b"], ["z"]), mk("Add", ["r", "z"], ["out"])]
+    model = make_model(nodes, {"x": ((2, m_, k), F), "r": ((2, m_, n), F)}, {"out": (None, F)},
+                       {"w": rand(k, n) * 0.3, "b": rand(n)})
+    check(model, {"x": rand(2, m_, k), "r": rand(2, m_, n, seed=5)}, atol=1e-4, threads=threads)
+    with compile_ggml(model, threads=threads) as s:
+        assert s.rewrite_hits.get("conv_epilogue") == 2 and "ADD" not in _ops(s)
+
+
+def test_gemm_bias_after_a_residual_is_not_fused():
+    """Only a bias before any residual is taken (the kernel adds it first); later ones stay Adds."""
+    nodes = [mk("MatMul", ["x", "w"], ["y"]), mk("Add", ["y", "r"], ["z"]), mk("Add", ["z", "b"], ["out"])]
+    model = make_model(nodes, {"x": ((3, 4), F), "r": ((3, 5), F)}, {"out": (None, F)}, {"w": rand(4, 5), "b": rand(5)})
+    check(model, {"x": rand(3, 4), "r": rand(3, 5)}, atol=1e-5)
+    with compile_ggml(model) as s:
+        assert s.rewrite_hits.get("conv_epilogue") == 1
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2", "avx512", "neon", "scalar"])
+@pytest.mark.parametrize("c,hw,k,strides,dil", [
+    (5, (9, 70), (3, 3), (1, 1), (1, 1)),    # wide rows: the whole padded plane as one run
+    (3, (7, 7), (3, 3), (2, 2), (1, 1)),     # stride 2: even/odd phases
+    (4, (14, 13), (5, 5), (1, 1), (1, 1)),   # 5x5 (MobileNetV3)
+    (2, (11, 12), (3, 3), (2, 1), (1, 1)),   # vertical stride only
+    (3, (9, 17), (3, 3), (1, 1), (2, 2)),    # dilation
+    (2, (1, 1), (3, 3), (1, 1), (1, 1)),     # a one-pixel plane
+    (2, (10, 33), (1, 7), (1, 2), (1, 1)),   # a wide kernel at stride 2
+])
+def test_native_depthwise_conv(isa, c, hw, k, strides, dil):
+    """sdrt-ggml's NCHW depthwise conv with its fused activation, every kernel body this CPU runs,
+    1 to 4 threads, batch 2."""
+    ops = native_ops()
+    if isa not in ops.available_isas():
+        pytest.skip(f"{isa} kernel body: not on this CPU or build")
+    pads = [k[0] // 2 * dil[0], k[1] // 2 * dil[1]] * 2
+    try:
+        ops.set_isa(isa)
+        for act, tail in ACTS.items():
+            nodes = [mk("Conv", ["x", "w", "b"], ["y"], group=c, pads=pads, strides=list(strides),
+                        dilations=list(dil)), *tail("y")]
+            inits = {"w": rand(c, 1, *k), "b": rand(c), "lo": np.array(-0.5, np.float32), "hi": np.array(0.7, np.float32)}
+            m = make_model(nodes, {"x": ((2, c, *hw), F)}, {"out": (None, F)}, inits)
+            for threads in (1, 2, 3, 4):
+                check(m, {"x": rand(2, c, *hw)}, atol=1e-5, threads=threads)
+            with compile_ggml(m) as s:
+                assert s.impl_hits.get("conv depthwise native") == 1 and s.rewrite_hits.get("conv_epilogue") == 1, act
+                assert _ops(s).get("sdrt_dwconv") == 1
+    finally:
+        ops.set_isa(None)
+
+
+def test_depthwise_layout_option_keeps_ggmls_kernel():
+    nodes = [mk("Conv", ["x", "w"], ["y"], group=4, pads=[1, 1, 1, 1])]
+    m = make_model(nodes, {"x": ((1, 4, 6, 7), F)}, {"y": (None, F)}, {"w": rand(4, 1, 3, 3)})
+    for layout in ("nhwc", "nchw"):
+        check(m, {"x": rand(1, 4, 6, 7)}, atol=1e-5, dw_layout=layout)
+        with compile_ggml(m, dw_layout=layout) as s:
+            assert "conv depthwise native" not in s.impl_hits and "sdrt_dwconv" not in _ops(s)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_group_norm_writes_the_direct_convs_padded_input(threads):
+    """GroupNorm + SiLU -> 3x3 conv: the group norm writes its output zero-padded for the conv's
+    direct route; no pad op, same values."""
+    c, h, w = 8, 6, 40
+    nodes = [
+        mk("Reshape", ["x", "gshape"], ["g0"]),
+        mk("InstanceNormalization", ["g0", "ones", "zeros"], ["g1"], epsilon=1e-5),
+        mk("Reshape", ["g1", "xshape"], ["g2"]),
+        mk("Mul", ["g2", "gamma"], ["g3"]), mk("Add", ["g3", "beta"], ["g4"]),
+        mk("Sigmoid", ["g4"], ["sg"]), mk("Mul", ["g4", "sg"], ["act"]),
+        mk("Conv", ["act", "w", "b"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    inits = {"gshape": np.array([1, 4, -1], np.int64), "xshape": np.array([1, c, h, w], np.int64),
+             "ones": np.ones(4, np.float32), "zeros": np.zeros(4, np.float32),
+             "gamma": rand(c, 1, 1), "beta": rand(c, 1, 1, seed=2), "w": rand(5, c, 3, 3) * 0.3, "b": rand(5)}
+    m = make_model(nodes, {"x": ((1, c, h, w), F)}, {"y": (None, F)}, inits)
+    check(m, {"x": rand(1, c, h, w) * 3 + 1}, atol=1e-4, threads=threads)
+    with compile_ggml(m, threads=threads) as s:
+        assert s.impl_hits.get("conv input padded by its producer") == 1, s.impl_hits
+        assert "sdrt_pad" not in _ops(s)
