@@ -206,12 +206,18 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
     static TARGET_AVX2 void k256_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
         R256_ALL(R256_DECL) \
-        for (int k = 0; k < K; k++) { \
+        int k = 0; \
+        for (; k + 16 <= K;) { /* the next tile's A rows prefetched once per 16 k, no test per k */ \
+            R256_ALL(R256_PREFETCH) \
+            for (const int k1 = k + 16; k < k1; k++) { \
+                const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
+                const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 8); \
+                R256_ALL(R256_STEP) \
+            } \
+        } \
+        for (; k < K; k++) { \
             const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
             const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 8); \
-            if ((k & 15) == 0) { \
-                R256_ALL(R256_PREFETCH) \
-            } \
             R256_ALL(R256_STEP) \
         } \
         R256_EPILOGUE \

@@ -156,6 +156,44 @@ static void dw_split2_scalar(int n, const float *src, float *even, float *odd) {
     }
 }
 
+static void wino_in_scalar(int n, const float *const *e, const float *const *o, float *dst, ptrdiff_t ld) {
+    for (int j = 0; j < n; j++) {
+        float u[4][4];
+        for (int r = 0; r < 4; r++) {
+            u[r][0] = e[r][j] - e[r][j + 1];
+            u[r][1] = o[r][j] + e[r][j + 1];
+            u[r][2] = e[r][j + 1] - o[r][j];
+            u[r][3] = o[r][j] - o[r][j + 1];
+        }
+        for (int c = 0; c < 4; c++) {
+            dst[(0 + c) * ld + j] = u[0][c] - u[2][c];
+            dst[(4 + c) * ld + j] = u[1][c] + u[2][c];
+            dst[(8 + c) * ld + j] = u[2][c] - u[1][c];
+            dst[(12 + c) * ld + j] = u[1][c] - u[3][c];
+        }
+    }
+}
+
+static void wino_out_scalar(int n, int cols, const float *m, ptrdiff_t ld, float bias, const float *res0,
+                            const float *res1, const sdrt_epilogue *ep, float *row0, float *row1) {
+    for (int j = 0; j < n; j++) {
+        float s0[4], s1[4];
+        for (int r = 0; r < 4; r++) {
+            s0[r] = m[(4 * r) * ld + j] + m[(4 * r + 1) * ld + j] + m[(4 * r + 2) * ld + j];
+            s1[r] = m[(4 * r + 1) * ld + j] - m[(4 * r + 2) * ld + j] - m[(4 * r + 3) * ld + j];
+        }
+        const float y[2][2] = {{s0[0] + s0[1] + s0[2], s1[0] + s1[1] + s1[2]},
+                               {s0[1] - s0[2] - s0[3], s1[1] - s1[2] - s1[3]}};
+        for (int h = 0; h < 2; h++)
+            for (int c = 0; c < 2 && 2 * j + c < cols; c++) {
+                float *row = h ? row1 : row0;
+                const float *res = h ? res1 : res0;
+                if (row)
+                    row[2 * j + c] = sdrt_act(ep, y[h][c] + bias + (res ? res[2 * j + c] : 0.0f));
+            }
+    }
+}
+
 /* ---- dispatch ---------------------------------------------------------------------- */
 typedef struct {
     sdrt_attn_fn attn;
@@ -166,9 +204,11 @@ typedef struct {
     sdrt_affine_cl_fn affine_cl;
     sdrt_dw_taps_fn dw_taps;
     sdrt_split2_fn split2;
+    sdrt_wino_in_fn wino_in;
+    sdrt_wino_out_fn wino_out;
 } ops_table;
 
-#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s, dw_taps_##s, dw_split2_##s}
+#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s, dw_taps_##s, dw_split2_##s, wino_in_##s, wino_out_##s}
 
 static ops_table table_for(int isa) {
     ops_table t = SDRT_TABLE(scalar);
@@ -223,6 +263,18 @@ SDRT_EXPORT int sdrt_ops_set_isa(int isa) {
 }
 
 SDRT_EXPORT int sdrt_ops_active_isa(void) { return ops_isa; }
+
+sdrt_wino_in_fn sdrt_ops_wino_in(void) {
+    if (ops_isa == SDRT_ISA_AUTO)
+        sdrt_ops_set_isa(SDRT_ISA_AUTO);
+    return ops.wino_in;
+}
+
+sdrt_wino_out_fn sdrt_ops_wino_out(void) {
+    if (ops_isa == SDRT_ISA_AUTO)
+        sdrt_ops_set_isa(SDRT_ISA_AUTO);
+    return ops.wino_out;
+}
 
 sdrt_split2_fn sdrt_ops_split2(void) {
     if (ops_isa == SDRT_ISA_AUTO)

@@ -155,9 +155,12 @@ static inline float sdrt_act(const sdrt_epilogue *ep, float v) {
 }
 
 /* a 64-byte aligned per-thread scratch buffer, kept for the thread's life; NULL when out of memory.
- * Slots: 0 the GEMM's runtime B panels, 1 its copied A rows, 2 the conv's packed panels, 3 its
- * taps, 4 the direct conv's row offsets, 5 a conv's combined row biases */
-#define SDRT_THREAD_BUFFERS 6
+ * Slots: 0 the GEMM's runtime B panels, 1 its copied A rows, 2 packed panels (the conv's columns,
+ * the Winograd conv's transformed input), 3 small scratch (the conv's taps, the depthwise conv's
+ * padded plane, the Winograd conv's row biases), 4 the direct conv's row offsets, which stay valid
+ * from one call to the next (no other op may use slot 4), 5 the conv's row biases, 6 the Winograd
+ * conv's products, 7 its split input rows */
+#define SDRT_THREAD_BUFFERS 8
 float *sdrt_thread_buffer(int slot, size_t bytes);
 
 #endif

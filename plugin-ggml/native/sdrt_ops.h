@@ -49,8 +49,14 @@ typedef void (*sdrt_dw_taps_fn)(int nq, int nt, const float *const *taps, const 
                                 const sdrt_epilogue *ep, float *out);
 /* even[t] = src[2t], odd[t] = src[2t + 1] for t < n (simd_dw.h) */
 typedef void (*sdrt_split2_fn)(int n, const float *src, float *even, float *odd);
+/* Winograd F(2x2, 3x3) transforms along a row of tiles (simd_wino.h) */
+typedef void (*sdrt_wino_in_fn)(int n, const float *const *e, const float *const *o, float *dst, ptrdiff_t ld);
+typedef void (*sdrt_wino_out_fn)(int n, int cols, const float *m, ptrdiff_t ld, float bias, const float *res0,
+                                 const float *res1, const sdrt_epilogue *ep, float *row0, float *row1);
 /* the active ISA's (ops.c) */
 sdrt_dw_taps_fn sdrt_ops_dw_taps(void);
 sdrt_split2_fn sdrt_ops_split2(void);
+sdrt_wino_in_fn sdrt_ops_wino_in(void);
+sdrt_wino_out_fn sdrt_ops_wino_out(void);
 
 #endif

@@ -341,6 +341,7 @@ static void SFX(affine_cl)(int64_t hw, int C, const float *x, const float *m, co
 }
 
 #include "simd_dw.h"
+#include "simd_wino.h"
 
 #undef VF
 #undef VI

@@ -5,8 +5,8 @@
  * structure with the same fields (as ops_check.c does).
  *
  * Both routes of the implicit-GEMM conv (columns packed inside the op; B read from an input
- * padded by sdrt_pad_op) with the whole epilogue (bias, a runtime per-channel bias, a residual,
- * each activation), the depthwise conv (strides 1 and 2, dilations, 3x3 and other kernels), on
+ * padded by sdrt_pad_op) and the Winograd F(2x2, 3x3) conv, with the whole epilogue (bias, a runtime
+ * per-channel bias, a residual, each activation), the depthwise conv (strides 1 and 2, dilations, 3x3 and other kernels), on
  * odd shapes, with 1 to 4 threads (called one after another, as ggml's threads may run), for
  * every ISA this build and CPU have. Exit status 1 on any mismatch. */
 #include <math.h>
@@ -31,6 +31,7 @@ int sdrt_ops_set_isa(int isa);
 void sdrt_conv_op(void *dst, int ith, int nth, void *userdata);
 void sdrt_pad_op(void *dst, int ith, int nth, void *userdata);
 void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata);
+void sdrt_winograd_op(void *dst, int ith, int nth, void *userdata);
 
 enum { ACT_NONE, ACT_RELU, ACT_CLIP, ACT_HARDSWISH };
 
@@ -132,6 +133,66 @@ static int check_conv(int N, int C, int H, int W, int OC, int KH, int KW, int s,
     return 0;
 }
 
+/* the Winograd F(2x2, 3x3) conv op (3x3, stride 1, pad p) against a direct double sum, with the epilogue */
+static int check_winograd(int N, int C, int H, int W, int OC, int p, int a, int nth) {
+    static const double G[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 0, 1}};
+    const int OH = H + 2 * p - 2, OW = W + 2 * p - 2, TH = (OH + 1) / 2, TW = (OW + 1) / 2;
+    const int Hp = H + 2 * p > 2 * TH + 2 ? H + 2 * p : 2 * TH + 2, Wp = W + 2 * p > 2 * TW + 2 ? W + 2 * p : 2 * TW + 2;
+    const int ldu = C + 1;
+    float *x = malloc(sizeof(float) * N * C * H * W), *w = malloc(sizeof(float) * OC * C * 9);
+    float *u = calloc((size_t)16 * OC * ldu, sizeof(float)), *xp = malloc(sizeof(float) * N * C * Hp * Wp);
+    float *b = malloc(sizeof(float) * OC), *rb = malloc(sizeof(float) * OC * N);
+    float *res = malloc(sizeof(float) * N * OC * OH * OW), *y = malloc(sizeof(float) * N * OC * OH * OW);
+    for (int i = 0; i < N * C * H * W; i++) x[i] = rnd();
+    for (int i = 0; i < OC * C * 9; i++) w[i] = rnd() * 0.3f;
+    for (int i = 0; i < OC; i++) b[i] = rnd();
+    for (int i = 0; i < OC * N; i++) rb[i] = rnd();
+    for (int i = 0; i < N * OC * OH * OW; i++) res[i] = rnd();
+    for (int oc = 0; oc < OC; oc++) /* U = G g G^T */
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < 4; i++)
+                for (int l = 0; l < 4; l++) {
+                    double acc = 0;
+                    for (int j = 0; j < 3; j++)
+                        for (int k = 0; k < 3; k++) acc += G[i][j] * w[((oc * C + c) * 3 + j) * 3 + k] * G[l][k];
+                    u[((size_t)(i * 4 + l) * OC + oc) * ldu + c] = (float)acc;
+                }
+    int32_t tl[2] = {p, p}, st[4] = {0, 0, 0, 0}, pr[5] = {p, p, a, fbits(-0.5f), fbits(0.7f)};
+    tensor tx = dense(x, W, H, C, N), txp = dense(xp, Wp, Hp, C, N), ttl = dense(tl, 2, 1, 1, 1);
+    tensor tu = dense(u, ldu, OC, 16, 1), tp = dense(pr, 5, 1, 1, 1), ts = dense(st, 4, 1, 1, 1);
+    tensor tb = dense(b, OC, 1, 1, 1), trb = dense(rb, OC, N, 1, 1), tres = dense(res, OW, OH, OC, N);
+    tensor ty = dense(y, OW, OH, OC, N);
+    txp.src[0] = &tx, txp.src[1] = &ttl;
+    run(sdrt_pad_op, &txp, nth);
+    ty.src[0] = &txp, ty.src[1] = &tu, ty.src[2] = &tp, ty.src[3] = &ts, ty.src[4] = &tb, ty.src[5] = &trb;
+    ty.src[6] = &tres;
+    run(sdrt_winograd_op, &ty, nth);
+    double maxerr = 0;
+    for (int n = 0; n < N; n++)
+        for (int oc = 0; oc < OC; oc++)
+            for (int oy = 0; oy < OH; oy++)
+                for (int ox = 0; ox < OW; ox++) {
+                    const size_t at = ((size_t)(n * OC + oc) * OH + oy) * OW + ox;
+                    double r = b[oc] + rb[n * OC + oc] + res[at];
+                    for (int c = 0; c < C; c++)
+                        for (int i = 0; i < 3; i++)
+                            for (int j = 0; j < 3; j++) {
+                                int iy = oy + i - p, ix = ox + j - p;
+                                if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                                    r += (double)w[((oc * C + c) * 3 + i) * 3 + j] * x[((n * C + c) * H + iy) * W + ix];
+                            }
+                    const double e = fabs(act(a, r) - y[at]);
+                    maxerr = e > maxerr ? e : maxerr;
+                }
+    free(x), free(w), free(u), free(xp), free(b), free(rb), free(res), free(y);
+    if (maxerr > 1e-4) {
+        printf("FAIL winograd N=%d C=%d %dx%d OC=%d p=%d act=%d threads=%d: max error %g\n", N, C, H, W, OC, p, a, nth,
+               maxerr);
+        return 1;
+    }
+    return 0;
+}
+
 /* the depthwise conv op against a direct double sum */
 static int check_dw(int N, int C, int H, int W, int KH, int KW, int sh, int sw, int d, int p, int a, int nth) {
     const int OH = (H + 2 * p - d * (KH - 1) - 1) / sh + 1, OW = (W + 2 * p - d * (KW - 1) - 1) / sw + 1;
@@ -200,6 +261,17 @@ int main(void) {
                         fails += check_conv(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], direct, a,
                                             a == 0 ? 1 : a == 1 ? 7 : a == 2 ? 2 : 5, nr, nth);
                 }
+        /* N, C, H, W, OC, pad */
+        static const int winos[][6] = {{1, 3, 9, 70, 5, 1}, {2, 40, 7, 9, 35, 1}, {1, 3, 1, 1, 2, 1},
+                                       {1, 17, 12, 33, 9, 0}, {1, 400, 4, 4, 8, 1}};
+        for (int nth = 1; nth <= 4; nth++)
+            for (size_t i = 0; i < sizeof winos / sizeof winos[0]; i++)
+                for (int a = 0; a < 4; a++, runs++) {
+                    const int *c = winos[i];
+                    sdrt_ops_set_isa(isa == 2 ? 2 : isa == 1 ? 1 : isa == 3 ? 3 : 0);
+                    fails += check_winograd(c[0], c[1], c[2], c[3], c[4], c[5], a, nth);
+                }
+        sdrt_ops_set_isa(-1);
         printf("conv %s: checked\n", sdrt_gemm_isa_name(isa));
     }
     static const char *OPS[] = {"portable", "avx2", "avx512", "neon", "scalar"};

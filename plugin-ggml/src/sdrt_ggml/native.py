@@ -44,6 +44,7 @@ class Native:
     gemm_op: Any  # ggml_custom_op_t pointing at sdrt_gemm_op
     conv_op: Any  # ... at sdrt_conv_op
     pad_op: Any  # ... at sdrt_pad_op
+    winograd_op: Any  # ... at sdrt_winograd_op
 
     @property
     def isa(self) -> str:
@@ -117,7 +118,8 @@ def _load() -> tuple[Native | None, str]:
     if why:
         return None, (f"ggml-python's ggml_tensor layout does not match what the kernels read ({why}); "
                       f"ggml-python {_ggml_version()} is not a version sdrt-ggml was checked with")
-    ops = [g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value) for f in ("sdrt_gemm_op", "sdrt_conv_op", "sdrt_pad_op")]
+    ops = [g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value) for f in ("sdrt_gemm_op", "sdrt_conv_op", "sdrt_pad_op",
+                                                                                  "sdrt_winograd_op")]
     n = Native(lib, str(path), *ops)
     want = os.environ.get("SDRT_GGML_GEMM_ISA")
     try:
@@ -280,6 +282,38 @@ def conv_op(nat: Native, g: Any, ctx: Any, x: Any, w: Any, params: Any, state: A
     arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
     out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *out_ne, arr, len(args), nat.conv_op, g.GGML_N_TASKS_MAX, None)
     g.ggml_set_name(out, b"sdrt_conv")
+    return out
+
+
+#: Winograd F(2x2, 3x3): the kernel transform G and the tile transforms (native/simd_wino.h)
+WINO_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
+
+
+def winograd_weights(w: np.ndarray, ld: int) -> np.ndarray:
+    """A 3x3 kernel (OC, C, 3, 3) as the 16 matrices U[k] = (G g G^T)[k // 4, k % 4], (16, OC, ld) with rows
+    zero-padded to ``ld`` floats: what ``sdrt_winograd_op`` multiplies the transformed input by."""
+    oc, c = w.shape[:2]
+    u = np.einsum("ij,ocjk,lk->iloc", WINO_G, np.asarray(w, np.float64), WINO_G)  # (4, 4, OC, C)
+    out = np.zeros((16, oc, ld), np.float32)
+    out[:, :, :c] = u.reshape(16, oc, c)
+    return out
+
+
+def winograd_params(top: int, left: int, *, act: str | None = None, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
+    """``sdrt_winograd_op``'s int32 params [top, left, act, lo, hi] (the clip bounds as float32 bits)."""
+    bounds = np.array([lo, hi], np.float32).view(np.int32)
+    return np.array([top, left, ACTS.get(act or "", 0), bounds[0], bounds[1]], np.int32)
+
+
+def winograd_op(nat: Native, g: Any, ctx: Any, xp: Any, u: Any, params: Any, state: Any, bias: Any = None,
+                rbias: Any = None, res: Any = None, *, out_ne: tuple[int, int, int, int]) -> Any:
+    """A 3x3 stride-1 conv by ``sdrt_winograd_op`` (contract in native/winograd.c): ``xp`` the padded
+    input, ``u`` ne (ld, OC, 16) from ``winograd_weights``, the rest as ``conv_op``."""
+    null = ctypes.POINTER(g.ggml_tensor)()
+    args = [xp, u, params, state, bias or null, rbias or null, res or null]
+    arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
+    out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *out_ne, arr, len(args), nat.winograd_op, g.GGML_N_TASKS_MAX, None)
+    g.ggml_set_name(out, b"sdrt_winograd")
     return out
 
 

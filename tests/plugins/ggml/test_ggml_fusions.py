@@ -58,7 +58,8 @@ def test_conv_residual_and_activation_fuse(threads, impl, c, hw, oc, k):
         with compile_ggml(m, threads=threads, conv_impl=impl) as s:
             assert s.rewrite_hits.get("conv_epilogue") == 2, (act, s.rewrite_hits)
             ops = _ops(s)
-            assert ops.get("sdrt_conv") == 1 and "ADD" not in ops and "RELU" not in ops and "CLAMP" not in ops, ops
+            convs = ops.get("sdrt_conv", 0) + ops.get("sdrt_winograd", 0)
+            assert convs == 1 and "ADD" not in ops and "RELU" not in ops and "CLAMP" not in ops, ops
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -166,3 +167,67 @@ def test_group_norm_writes_the_direct_convs_padded_input(threads):
     with compile_ggml(m, threads=threads) as s:
         assert s.impl_hits.get("conv input padded by its producer") == 1, s.impl_hits
         assert "sdrt_pad" not in _ops(s)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("n,c,hw,oc,pads", [
+    (1, 32, (8, 33), 32, [1, 1, 1, 1]),     # odd width: the last tile column half outside
+    (2, 40, (7, 9), 35, [1, 1, 1, 1]),      # odd height and width, batch 2, 35 = 5 tiles of 6 + 5
+    (1, 3, (1, 1), 2, [1, 1, 1, 1]),        # one pixel
+    (1, 17, (12, 70), 9, [0, 0, 0, 0]),     # no padding ("valid")
+    (1, 64, (5, 6), 70, [1, 2, 0, 1]),      # asymmetric pads (padded before the op)
+    (1, 400, (4, 4), 8, [1, 1, 1, 1]),      # C = 400: two blocks of K in the 16 products
+])
+def test_winograd_conv_matches_onnxruntime(threads, n, c, hw, oc, pads):
+    """Winograd F(2x2, 3x3) (conv_impl="winograd" forces it at any channel count) against onnxruntime,
+    with the epilogue: bias, a runtime per-channel bias, a residual, ReLU."""
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"], pads=pads), mk("Add", ["y", "t"], ["y2"]), mk("Add", ["r", "y2"], ["z"]),
+             mk("Relu", ["z"], ["out"])]
+    oh, ow = hw[0] + pads[0] + pads[2] - 2, hw[1] + pads[1] + pads[3] - 2
+    m = make_model(nodes, {"x": ((n, c, *hw), F), "t": ((n, oc, 1, 1), F), "r": ((n, oc, oh, ow), F)},
+                   {"out": (None, F)}, {"w": rand(oc, c, 3, 3) * (3 / c) ** 0.5, "b": rand(oc)})
+    feeds = {"x": rand(n, c, *hw), "t": rand(n, oc, 1, 1, seed=2), "r": rand(n, oc, oh, ow, seed=3)}
+    check(m, feeds, rtol=1e-4, atol=2e-5, threads=threads, conv_impl="winograd")
+    with compile_ggml(m, conv_impl="winograd") as s:
+        # a 1x1 output takes the per-channel bias as its residual: the second Add (and the Relu after it) stay
+        fused = 1 if oh * ow == 1 else 3
+        assert s.impl_hits.get("conv winograd") == 1 and s.rewrite_hits.get("conv_epilogue") == fused, s.rewrite_hits
+        assert _ops(s).get("sdrt_winograd") == 1
+
+
+def test_winograd_is_the_default_for_wide_3x3_convs_only():
+    from sdrt_ggml.ops.conv_kernels import WINOGRAD_MIN_C, WINOGRAD_MIN_OC
+
+    def hits(c, oc, **opts):
+        m = make_model([mk("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": ((1, c, 6, 40), F)}, {"y": (None, F)},
+                       {"w": rand(oc, c, 3, 3)})
+        with compile_ggml(m, **opts) as s:
+            return s.impl_hits
+
+    assert "conv winograd" in hits(WINOGRAD_MIN_C, WINOGRAD_MIN_OC)
+    assert "conv winograd" not in hits(WINOGRAD_MIN_C - 1, WINOGRAD_MIN_OC)
+    assert "conv winograd" not in hits(WINOGRAD_MIN_C, WINOGRAD_MIN_OC, conv_impl="implicit")
+
+
+class _Weights:
+    """The part of sdrt.weights.Weights that a backend uses: bind(graph) -> name -> array."""
+
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def bind(self, graph):
+        return dict(self.arrays)
+
+
+def test_winograd_follows_update_weights():
+    """The 16 transformed kernels come from the weight through its transform: new weights, new U."""
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])]
+    m = make_model(nodes, {"x": ((1, 32, 6, 20), F)}, {"y": (None, F)}, {"w": rand(32, 32, 3, 3), "b": rand(32)})
+    new = {"w": rand(32, 32, 3, 3, seed=7), "b": rand(32, seed=8)}
+    m2 = make_model(nodes, {"x": ((1, 32, 6, 20), F)}, {"y": (None, F)}, new)
+    x = rand(1, 32, 6, 20)
+    want = check(m2, {"x": x}, atol=1e-4)["y"]
+    with compile_ggml(m) as s:
+        assert s.impl_hits.get("conv winograd") == 1
+        s.update_weights(_Weights(new))
+        np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)

@@ -129,7 +129,7 @@ def implicit_ok(lowering: Any, w: Any, group: int) -> bool:
     CPU, when the native kernels loaded (op_conv asks after the pointwise route, which serves
     stride-1 1x1 convs at batch 1 in both layouts)."""
     impl = lowering.options.get("conv_impl", "auto")
-    return (impl in ("auto", "implicit") and group == 1 and isinstance(w, np.ndarray)
+    return (impl in ("auto", "implicit", "igemm", "winograd") and group == 1 and isinstance(w, np.ndarray)
             and native.for_lowering(lowering) is not None)
 
 
@@ -166,6 +166,7 @@ class ConvSpec:
     lo: float = 0.0
     hi: float = 0.0
     depthwise: bool = False
+    winograd: bool = False  # src padded for the Winograd conv; geometry's ph, pw: where the image sits in it
 
 
 def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
@@ -173,7 +174,12 @@ def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
     g = ggml_lib()
     kh, kw, strides, dil, ph, pw, padded = spec.geometry
     n, oc, oh, ow = spec.out_shape
-    if spec.depthwise:
+    if spec.winograd:
+        nat = native.for_lowering(lowering)
+        params = lowering.const(native.winograd_params(ph, pw, act=spec.act, lo=spec.lo, hi=spec.hi))
+        y = native.winograd_op(nat, g, lowering.ctx, spec.src, spec.wt, params.ptr, native.lowering_state(lowering),
+                               spec.bias, spec.rbias, spec.res, out_ne=(ow, oh, oc, n))
+    elif spec.depthwise:
         from ..native_ops import dw_params, dwconv, native_ops
 
         params = lowering.const(dw_params(kh, kw, strides, dil, ph, pw, act=spec.act, lo=spec.lo, hi=spec.hi))
@@ -193,6 +199,53 @@ def conv_spec_of(lowering: Any, v: Any) -> ConvSpec | None:
     if not isinstance(v, GTensor):
         return None
     return lowering.conv_specs.get(ctypes.cast(v.ptr, ctypes.c_void_p).value)
+
+
+#: the smallest channel counts at which the Winograd conv beats the implicit GEMM (measured, docs/ggml.md)
+WINOGRAD_MIN_C = 32
+WINOGRAD_MIN_OC = 32
+
+
+def winograd_ok(lowering: Any, w: Any, strides: list[int], dil: list[int]) -> bool:
+    """Winograd F(2x2, 3x3) (native/winograd.c) for 3x3 stride-1 convs with enough channels on both
+    sides, unless ``conv_impl`` names another route (``"winograd"`` forces it for any channel count)."""
+    impl = lowering.options.get("conv_impl", "auto")
+    if impl not in ("auto", "winograd") or not isinstance(w, np.ndarray) or w.shape[2:] != (3, 3):
+        return False
+    if list(strides) != [1, 1] or list(dil) != [1, 1] or native.for_lowering(lowering) is None:
+        return False
+    return impl == "winograd" or (w.shape[1] >= WINOGRAD_MIN_C and w.shape[0] >= WINOGRAD_MIN_OC)
+
+
+def padded_input(lowering: Any, x: GTensor, ph: int, pw: int, wp: int, hp: int) -> Any:
+    """``x`` zero-padded to ne (wp, hp, C, N) with the image at (ph, pw): written so by its producer
+    where it can (a group norm), else by the pad op; ``x`` itself when no padding is needed."""
+    n, c, h, wd = x.shape
+    if (wp, hp) == (wd, h):
+        return x.ptr
+    if x.padded is not None:
+        lowering.used("conv input padded by its producer")
+        return x.padded(ph, pw, wp, hp)
+    nat = native.for_lowering(lowering)
+    top_left = lowering.const(np.array([ph, pw], np.int32))
+    return native.pad_op(nat, ggml_lib(), lowering.ctx, x.ptr, top_left.ptr, out_ne=(wp, hp, c, n))
+
+
+def conv_winograd(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, ph: int, pw: int,
+                  out_shape: tuple[int, int, int, int]) -> GTensor:
+    """A 3x3 stride-1 conv by Winograd F(2x2, 3x3): the kernel transformed once into 16 matrices,
+    the input zero-padded (by its producer where it can), the bias added by the op."""
+    n, oc, oh, ow = out_shape
+    _, c, h, wd = x.shape
+    ld = native.row_stride(c)
+    u = lowering.const(w, transform=lambda a: native.winograd_weights(a, ld), tag=f"wino{ld}")
+    b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
+    th, tw = -(-oh // 2), -(-ow // 2)
+    src = padded_input(lowering, x, ph, pw, max(wd + 2 * pw, 2 * tw + 2), max(h + 2 * ph, 2 * th + 2))
+    lowering.used("conv winograd")
+    spec = ConvSpec(src, u.ptr, (3, 3, (1, 1), (1, 1), ph, pw, True), out_shape,
+                    bias=b.ptr if b is not None else None, winograd=True)
+    return conv_emit(lowering, spec)
 
 
 def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: list[int], dil: list[int], ph: int,
@@ -217,14 +270,7 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
         padded = False  # the pad op would only copy the input, as packing it does
     if padded:
         nr = nat.nr
-        wp = max(wd + 2 * pw, -(-ow // nr) * nr + (kw - 1) * dil[1])
-        hp = h + 2 * ph
-        if (wp, hp) != (wd, h) and x.padded is not None:  # the producer writes it padded
-            src = x.padded(ph, pw, wp, hp)
-            lowering.used("conv input padded by its producer")
-        elif (wp, hp) != (wd, h):
-            top_left = lowering.const(np.array([ph, pw], np.int32))
-            src = native.pad_op(nat, g, lowering.ctx, x.ptr, top_left.ptr, out_ne=(wp, hp, c, n))
+        src = padded_input(lowering, x, ph, pw, max(wd + 2 * pw, -(-ow // nr) * nr + (kw - 1) * dil[1]), h + 2 * ph)
         lowering.used("conv direct")
     else:
         lowering.used("conv implicit")

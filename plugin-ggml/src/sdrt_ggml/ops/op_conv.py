@@ -19,7 +19,16 @@ from .. import native
 from . import check, op
 from ._common import GTensor, Value, aligned, attrs, binary, cont, ggml_lib, reshape, want_pad
 from .conv_copy import conv_rowcopy, conv_taps, conv_window, rowcopy_wanted, taps_ok, window_ok
-from .conv_kernels import conv_dense, conv_depthwise, conv_implicit, conv_pointwise, dw_native_ok, implicit_ok
+from .conv_kernels import (
+    conv_dense,
+    conv_depthwise,
+    conv_implicit,
+    conv_pointwise,
+    conv_winograd,
+    dw_native_ok,
+    implicit_ok,
+    winograd_ok,
+)
 from .conv_layout import aligned_channels, channel_view
 
 
@@ -99,6 +108,10 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
             kp = aligned(c)
             wt = lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, kp - c), (0, 0), (0, 0)]), tag=f"c{kp}")
         y = conv_pointwise(lowering, x, wt, (n, oc, oh, ow), kp, w)
+    elif implicit_ok(lowering, w, group) and winograd_ok(lowering, w, strides, dil):
+        fused = isinstance(bias, np.ndarray)
+        y = conv_winograd(lowering, x, w, bias if fused else None, ph, pw, (n, oc, oh, ow))
+        bias = None if fused else bias
     elif implicit_ok(lowering, w, group):
         fused = isinstance(bias, np.ndarray)
         y = conv_implicit(lowering, x, w, bias if fused else None, strides, dil, ph, pw, (n, oc, oh, ow))
