@@ -172,6 +172,7 @@ static int conv_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const floa
             o.res = co->res ? co->res + (ptrdiff_t)m0 * np + pan0 * SDRT_NR : NULL;
             o.ldres = np;
             o.ep = co->ep;
+            o.prefetch_b = 0; /* the panels were just packed: in L2 */
             sdrt_block(kk, m1 - m0, k1 - k0, w + (ptrdiff_t)m0 * s->ldw + k0, s->ldw, buf, pstride, pan1 - pan0, &o,
                        kb > 0, kb + 1 == kblocks);
         }

@@ -30,6 +30,9 @@
 #ifndef L2_B_BYTES
 #define L2_B_BYTES (192 * 1024)
 #endif
+/* a packed B (weights) above this is likely read from memory on every run (a model holds many, and
+ * each was last read one run ago): its panels are prefetched */
+#define PREFETCH_B_BYTES (512 * 1024)
 
 /* ---- ISA dispatch ------------------------------------------------------------------ */
 static const sdrt_isa_kernels *kernels_of(int isa) {
@@ -90,6 +93,15 @@ SDRT_EXPORT int sdrt_gemm_active_isa(void) {
 
 const sdrt_isa_kernels *sdrt_active_kernels(void) { return kernels_of(sdrt_gemm_active_isa()); }
 
+#if defined(__GNUC__) || defined(__clang__)
+#define SDRT_PREFETCH_L2(p) __builtin_prefetch((p), 0, 2)
+#elif defined(_MSC_VER) && defined(SDRT_X86)
+#include <xmmintrin.h>
+#define SDRT_PREFETCH_L2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
+#else
+#define SDRT_PREFETCH_L2(p) ((void)(p))
+#endif
+
 /* ---- per-thread scratch ---------------------------------------------------------------- */
 static SDRT_THREAD_LOCAL char *tl_raw[SDRT_THREAD_BUFFERS];
 static SDRT_THREAD_LOCAL size_t tl_cap[SDRT_THREAD_BUFFERS];
@@ -125,9 +137,19 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
             o.last = last;
             o.ldres = out->ldres;
             o.ep = out->ep;
+            /* the next panel's rows, a share of them prefetched into L2 before each kernel call:
+             * B from memory (weights far larger than the caches, at small M) streams while the tiles
+             * compute, instead of stalling the first tile of each slice */
+            const float *next = out->prefetch_b && q + 1 < panels ? b + (ptrdiff_t)(q + 1) * pstride : NULL;
+            const long calls = (long)tiles * (SDRT_NR / nr), call0 = (long)tiles * (h / nr);
             for (int t = 0; t < tiles; t++) {
                 const int m0 = (int)((long)t * m / tiles), m1 = (int)((long)(t + 1) * m / tiles);
                 const int m2 = (int)((long)(t + 2) * m / tiles);
+                if (next) /* this call's share of the next panel's rows, both cache lines of each */
+                    for (int r = (int)((call0 + t) * k / calls), r1 = (int)((call0 + t + 1) * k / calls); r < r1; r++) {
+                        SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_NR);
+                        SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_NR + 16);
+                    }
                 o.m = m1 - m0;
                 o.rbias = out->rbias ? out->rbias + m0 : NULL;
                 o.c = out->trans ? out->c + (ptrdiff_t)n0 * out->ldc + m0 : out->c + (ptrdiff_t)m0 * out->ldc + n0;
@@ -231,6 +253,8 @@ static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s,
     out.n = p->N - pan0 * SDRT_NR;
     out.bias = p->bias ? p->bias + pan0 * SDRT_NR : NULL;
     out.rbias = NULL;
+    /* weights come from memory on each run: prefetch them (not a B packed into L2 here) */
+    out.prefetch_b = p->b_packed && (size_t)p->K * p->N * sizeof(float) > PREFETCH_B_BYTES;
     out.ldres = p->ldres;
     out.ep = NULL;
     out.c = p->trans ? p->c + (ptrdiff_t)pan0 * SDRT_NR * p->ldc + m0 : p->c + (ptrdiff_t)m0 * p->ldc + pan0 * SDRT_NR;

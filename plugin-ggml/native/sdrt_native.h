@@ -127,6 +127,7 @@ typedef struct {
     const float *res;   /* residual at (row 0, column 0), laid out as C with ldres, or NULL */
     ptrdiff_t ldres;
     const sdrt_epilogue *ep; /* with the last block of K, or NULL */
+    int prefetch_b;     /* B streams from memory: prefetch each next slice into L2 while the tiles compute */
 } sdrt_block_out;
 
 /* C[0:m, the panels' columns] (+)= A[0:m, 0:k] . B, B as `panels` packed slices of k x 32 floats,
