@@ -233,6 +233,12 @@ static split split_of(const gemm2d *p, const sdrt_isa_kernels *kk, int nth, long
     /* at least 4 units a thread where the panels allow it, for the shared counter to balance */
     const int want = (int)(((long)s.panels * s.mblocks * batches) / (4L * (nth > 0 ? nth : 1)));
     g = g > want ? want : g;
+    if (s.mblocks == 1 && batches == 1) {
+        /* one block of A rows: each B slice meets every A tile as soon as it is read, so the group
+         * need not stay in L2; fewer, larger units read (or copy) A fewer times. Two a thread. */
+        const int per = (s.panels + 2 * nth - 1) / (2 * (nth > 0 ? nth : 1));
+        g = per > g ? per : g;
+    }
     s.group = g < 1 ? 1 : (g > s.panels ? s.panels : g);
     s.groups = (s.panels + s.group - 1) / s.group;
     s.copy_a = a_aliases(p->lda, kk->mr_max);
