@@ -178,6 +178,7 @@ typedef struct {
     int trans;
     const float *res; /* a residual laid out as C (row stride ldres), added with the last block of K */
     ptrdiff_t ldres;
+    const sdrt_epilogue *ep; /* an activation after it, or NULL */
 } gemm2d;
 
 /* columns n0 .. n0+31 of B, rows k0 .. k1-1, as one panel [k][32] (zero columns past N) */
@@ -262,7 +263,7 @@ static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s,
     /* weights come from memory on each run: prefetch them (not a B packed into L2 here) */
     out.prefetch_b = p->b_packed && (size_t)p->K * p->N * sizeof(float) > PREFETCH_B_BYTES;
     out.ldres = p->ldres;
-    out.ep = NULL;
+    out.ep = p->ep;
     out.c = p->trans ? p->c + (ptrdiff_t)pan0 * SDRT_NR * p->ldc + m0 : p->c + (ptrdiff_t)m0 * p->ldc + pan0 * SDRT_NR;
     out.res = !p->res ? NULL
               : p->trans ? p->res + (ptrdiff_t)pan0 * SDRT_NR * p->ldres + m0
@@ -330,7 +331,7 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
     const sdrt_isa_kernels *kk = kernels_of(isa == SDRT_ISA_AUTO ? sdrt_gemm_active_isa() : isa);
     if (!kk || nth < 1 || ith < 0 || ith >= nth)
         return -1;
-    gemm2d p = {M, N, K, a, lda, b, sbk, sbn, b_packed, bias, c, ldc, trans, NULL, 0};
+    gemm2d p = {M, N, K, a, lda, b, sbk, sbn, b_packed, bias, c, ldc, trans, NULL, 0, NULL};
     run_2d(&p, kk, ith, nth);
     return 0;
 }
@@ -342,6 +343,7 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
 #define OP_BIAS 4u
 #define OP_SHARED 8u
 #define OP_RES 16u
+#define OP_ACT 32u
 
 #if defined(_MSC_VER)
 #include <intrin.h>
@@ -359,6 +361,8 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
  *   src[2] bias: ne0 = N, contiguous (with OP_BIAS)
  *   next src     a residual shaped and laid out as dst, any row stride (with OP_RES): added to the
  *                product (after the bias)
+ *   next src     int32[3] [act, lo, hi] (with OP_ACT): an activation (sdrt_epilogue; lo, hi as float
+ *                bits) applied last
  *   next src     int32[4] zeros, shared by the op's threads (with OP_SHARED): a work counter
  *   dst:         ne (N, M, d2, d3), or with OP_TRANS ne (M, N, d2, d3); rows of dst may be padded
  *
@@ -391,6 +395,16 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
         if (!tres)
             return;
     }
+    sdrt_epilogue ep = {SDRT_ACT_NONE, 0.0f, 0.0f};
+    if (flags & OP_ACT) {
+        const void *tact = sdrt_tensor_src(dst, next_src++);
+        if (!tact)
+            return;
+        const int32_t *a = (const int32_t *)sdrt_tensor_view(tact).data;
+        ep.act = a[0];
+        memcpy(&ep.lo, a + 1, sizeof(float));
+        memcpy(&ep.hi, a + 2, sizeof(float));
+    }
     int32_t *state = NULL;
     if (flags & OP_SHARED) {
         const void *tstate = sdrt_tensor_src(dst, next_src++);
@@ -414,6 +428,7 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
     p.ldc = (ptrdiff_t)(C.nb[1] / sizeof(float));
     p.trans = trans;
     p.res = NULL;
+    p.ep = ep.act ? &ep : NULL;
     const sdrt_view R = tres ? sdrt_tensor_view(tres) : C;
     p.ldres = (ptrdiff_t)(R.nb[1] / sizeof(float));
     const long batches = d2 * d3;

@@ -123,6 +123,26 @@ INLINE_AVX2 act256 act256_of(const sdrt_tile_out *o) {
     return e;
 }
 
+/* exp(x) for x <= 88 (below -87.3: ~1e-38): Cody-Waite reduction, degree-6 polynomial (relative
+ * error below 2e-7, as the ops' vexp), 2^n through the exponent bits */
+INLINE_AVX2 __m256 exp256(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    const __m256 m = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic);
+    const __m256 n = _mm256_sub_ps(m, magic);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i ni = _mm256_sub_epi32(_mm256_castps_si256(m), _mm256_castps_si256(magic));
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(ni, 23)));
+}
+
 INLINE_AVX2 __m256 act256_apply(const act256 *e, __m256 v) {
     switch (e->act) {
     case SDRT_ACT_RELU:
@@ -132,6 +152,10 @@ INLINE_AVX2 __m256 act256_apply(const act256 *e, __m256 v) {
     case SDRT_ACT_HARDSWISH: {
         const __m256 g = _mm256_fmadd_ps(v, _mm256_set1_ps(1.0f / 6.0f), _mm256_set1_ps(0.5f));
         return _mm256_mul_ps(v, _mm256_min_ps(_mm256_max_ps(g, _mm256_setzero_ps()), _mm256_set1_ps(1.0f)));
+    }
+    case SDRT_ACT_SILU: { /* v / (1 + exp(-lo v)), exp's argument clamped at 88 */
+        const __m256 z = _mm256_min_ps(_mm256_mul_ps(v, _mm256_sub_ps(_mm256_setzero_ps(), e->lo)), _mm256_set1_ps(88.0f));
+        return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(z)));
     }
     default:
         return v;
@@ -278,6 +302,24 @@ INLINE_AVX512 void transpose16(__m512 r[16]) {
 
 INLINE_AVX512 __mmask16 mask16(int n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u); }
 
+INLINE_AVX512 __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512 m = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic);
+    const __m512 n = _mm512_sub_ps(m, magic);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    const __m512i ni = _mm512_sub_epi32(_mm512_castps_si512(m), _mm512_castps_si512(magic));
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(ni, 23)));
+}
+
 INLINE_AVX512 __m512 act512(const sdrt_epilogue *ep, __m512 v) {
     if (!ep)
         return v;
@@ -289,6 +331,10 @@ INLINE_AVX512 __m512 act512(const sdrt_epilogue *ep, __m512 v) {
     case SDRT_ACT_HARDSWISH: {
         const __m512 g = _mm512_fmadd_ps(v, _mm512_set1_ps(1.0f / 6.0f), _mm512_set1_ps(0.5f));
         return _mm512_mul_ps(v, _mm512_min_ps(_mm512_max_ps(g, _mm512_setzero_ps()), _mm512_set1_ps(1.0f)));
+    }
+    case SDRT_ACT_SILU: {
+        const __m512 z = _mm512_min_ps(_mm512_mul_ps(v, _mm512_set1_ps(-ep->lo)), _mm512_set1_ps(88.0f));
+        return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(z)));
     }
     default:
         return v;

@@ -14,6 +14,7 @@
 #ifndef SDRT_NATIVE_H
 #define SDRT_NATIVE_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -62,10 +63,10 @@ const void *sdrt_tensor_src(const void *tensor, int i);
 
 /* what a product's last block of K does to each value v (after the biases): v += res, then an
  * activation */
-enum { SDRT_ACT_NONE = 0, SDRT_ACT_RELU = 1, SDRT_ACT_CLIP = 2, SDRT_ACT_HARDSWISH = 3 };
+enum { SDRT_ACT_NONE = 0, SDRT_ACT_RELU = 1, SDRT_ACT_CLIP = 2, SDRT_ACT_HARDSWISH = 3, SDRT_ACT_SILU = 4 };
 typedef struct {
     int act;         /* SDRT_ACT_* */
-    float lo, hi;    /* SDRT_ACT_CLIP's bounds */
+    float lo, hi;    /* SDRT_ACT_CLIP's bounds; SDRT_ACT_SILU: v sigmoid(lo v) (lo = 1.702: CLIP's quick GELU) */
 } sdrt_epilogue;
 
 /* where a tile's results go: c[i*ldc + j] (rows of M), or transposed c[j*ldc + i] */
@@ -149,6 +150,10 @@ static inline float sdrt_act(const sdrt_epilogue *ep, float v) {
     case SDRT_ACT_HARDSWISH: {
         const float g = v * (1.0f / 6.0f) + 0.5f;
         return v * (g < 0.0f ? 0.0f : g > 1.0f ? 1.0f : g);
+    }
+    case SDRT_ACT_SILU: {
+        const float z = -ep->lo * v;
+        return v / (1.0f + expf(z < 88.0f ? z : 88.0f));
     }
     default:
         return v;

@@ -32,7 +32,7 @@ ISAS = {"portable": 0, "avx2": 1, "avx512": 2, "neon": 3}
 #: B panels are 32 columns wide for every ISA (``SDRT_NR``)
 NR = 32
 #: userdata flags of ``sdrt_gemm_op``
-_TRANS, _PACKED, _BIAS, _SHARED, _RES = 1, 2, 4, 8, 16
+_TRANS, _PACKED, _BIAS, _SHARED, _RES, _ACT = 1, 2, 4, 8, 16, 32
 
 
 @dataclass(frozen=True)
@@ -258,7 +258,7 @@ def row_stride(k: int, rows: int = 14) -> int:
 
 
 #: activations the conv's epilogue applies (``SDRT_ACT_*`` in native/sdrt_native.h)
-ACTS = {"relu": 1, "clip": 2, "hardswish": 3}
+ACTS = {"relu": 1, "clip": 2, "hardswish": 3, "silu": 4}
 
 
 def conv_params(kh: int, kw: int, strides: Any, dil: Any, ph: int, pw: int, *, padded: bool = False,
@@ -338,21 +338,28 @@ def lowering_state(lowering: Any) -> Any:
     return lowering.const(np.zeros(4, np.int32)).ptr
 
 
+def act_params(act: str | None, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
+    """An epilogue's activation as int32 [act, lo, hi] (the floats as bits): ``gemm_op``'s ``act``."""
+    bounds = np.array([lo, hi], np.float32).view(np.int32)
+    return np.array([ACTS.get(act or "", 0), bounds[0], bounds[1]], np.int32)
+
+
 def gemm_op(nat: Native, g: Any, ctx: Any, a: Any, b: Any, bias: Any = None, *, m: int, n: int, trans: bool = False,
-            packed: bool = False, batch: tuple[int, int] = (1, 1), state: Any = None, res: Any = None) -> Any:
+            packed: bool = False, batch: tuple[int, int] = (1, 1), state: Any = None, res: Any = None,
+            act: Any = None) -> Any:
     """The ggml tensor of ``A . B [+ bias]`` computed by ``sdrt_gemm_op`` (contract in native/gemm.c).
 
     ``a``: ne (K, M, d2, d3), unit stride along K (rows may overlap). ``b``: packed panels
     (``pack_b``) with ``packed=True``, else ne (N, K, e2, e3) with any strides. Output ne is
     (N, M, d2, d3), or (M, N, d2, d3) with ``trans``; ``res``, a tensor shaped as the output, is
-    added to it (after ``bias``, N floats). ``state``: a zeroed int32[4] tensor that
+    added to it (after ``bias``, N floats), then ``act`` (an ``act_params`` tensor) applied. ``state``: a zeroed int32[4] tensor that
     only this op uses; with it, the threads share out the work as they come (a thread held back
     by a busy machine does not hold up the others), without it each takes a fixed share."""
     args = [a, b] + ([bias] if bias is not None else []) + ([res] if res is not None else [])
-    args += [state] if state is not None else []
+    args += ([act] if act is not None else []) + ([state] if state is not None else [])
     arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
     flags = (_TRANS if trans else 0) | (_PACKED if packed else 0) | (_BIAS if bias is not None else 0)
-    flags |= (_SHARED if state is not None else 0) | (_RES if res is not None else 0)
+    flags |= (_SHARED if state is not None else 0) | (_RES if res is not None else 0) | (_ACT if act is not None else 0)
     ne = (m, n) if trans else (n, m)
     out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], batch[0], batch[1], arr, len(args), nat.gemm_op,
                            g.GGML_N_TASKS_MAX, ctypes.c_void_p(flags or None))

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .ops._common import GTensor, Value, aligned, attrs, cont, ggml_lib, ne_of, pad_k, permute, scalar_of, want_pad
+from .ops.op_matmul import fuse_gemm_silu
 
 Matcher = Callable[[Any, Any], "list[Value] | None"]
 #: anchor op type -> [(rewrite name, matcher)]
@@ -151,10 +152,17 @@ def match_silu(lowering: Any, node: Any) -> list[Value] | None:
             fused = _gn_silu(lowering, node, str(node.input[i]))
             if fused is not None:
                 return fused
+            gemm = fuse_gemm_silu(lowering, str(node.input[i]), 2, 1.0)
+            if gemm is not None:
+                return [gemm]
             x = cont(lowering, x)
             return [GTensor(g.ggml_silu(lowering.ctx, x.ptr), x.shape)]
         src, c = _unscale(lowering, sig.input[0])
         if src == node.input[i] and c not in (0.0, 1.0):
+            # the scaled product c x has its own reader (the Sigmoid's input): x is read by it and the Mul
+            gemm = fuse_gemm_silu(lowering, str(node.input[i]), 2, c)
+            if gemm is not None:
+                return [gemm]
             x = cont(lowering, x)
             y = g.ggml_silu(lowering.ctx, g.ggml_scale(lowering.ctx, x.ptr, c))
             return [GTensor(g.ggml_scale(lowering.ctx, y, 1.0 / c), x.shape)]

@@ -80,14 +80,17 @@ class GemmSpec:
     batch: tuple[int, ...]
     bias: Any = None
     res: Any = None
+    act: str | None = None
+    act_arg: float = 0.0
 
 
 def gemm_emit(lowering: Any, spec: GemmSpec) -> GTensor:
     """The GEMM op of ``spec``; remembered so that a following Add can fuse into its epilogue."""
     d = ne_of(spec.batch + (spec.m, 1))
+    act = lowering.const(native.act_params(spec.act, spec.act_arg)).ptr if spec.act else None
     out = native.gemm_op(native.for_lowering(lowering), ggml_lib(), lowering.ctx, spec.a, spec.w, spec.bias,
                          m=spec.m, n=spec.n, packed=spec.packed, batch=(d[2], d[3]),
-                         state=native.lowering_state(lowering), res=spec.res)
+                         state=native.lowering_state(lowering), res=spec.res, act=act)
     lowering.gemm_specs[ctypes.cast(out, ctypes.c_void_p).value] = spec
     return GTensor(out, spec.batch + (spec.m, spec.n))
 
@@ -97,6 +100,20 @@ def gemm_spec_of(lowering: Any, v: Any) -> GemmSpec | None:
     if not isinstance(v, GTensor):
         return None
     return lowering.gemm_specs.get(ctypes.cast(v.ptr, ctypes.c_void_p).value)
+
+
+def fuse_gemm_silu(lowering: Any, name: str, uses: int, c: float) -> GTensor | None:
+    """``x * sigmoid(c x)`` of the native GEMM that produced ``name`` (read only by the Sigmoid and the
+    Mul: ``uses`` readers) as that GEMM with the activation in its epilogue; None when it cannot."""
+    from dataclasses import replace
+
+    spec = gemm_spec_of(lowering, lowering.values.get(name))
+    if spec is None or spec.act or lowering.n_uses(name) != uses or name in lowering.output_names:
+        return None
+    if "conv_epilogue" not in lowering.rewrites_on:
+        return None
+    lowering.rewrite_hits["conv_epilogue"] = lowering.rewrite_hits.get("conv_epilogue", 0) + 1
+    return gemm_emit(lowering, replace(spec, act="silu", act_arg=float(c)))
 
 
 def native_matmul(lowering: Any, nat: Any, a: GTensor, b: Value, batch: tuple[int, ...]) -> GTensor:
