@@ -72,6 +72,32 @@ SDRT_INLINE VF SFX(vexp_neg)(VF x) {
     return (VF)((VI)p + (ni << 23));
 }
 
+/* an epilogue's activation (sdrt_epilogue) of a vector; ep NULL: none */
+SDRT_INLINE VF SFX(vact)(const sdrt_epilogue *ep, VF v) {
+    if (!ep)
+        return v;
+    switch (ep->act) {
+    case SDRT_ACT_RELU:
+        return SFX(sel)(v > BCAST(0.0f), v, BCAST(0.0f));
+    case SDRT_ACT_CLIP:
+        v = SFX(sel)(v < BCAST(ep->lo), BCAST(ep->lo), v);
+        return SFX(sel)(v > BCAST(ep->hi), BCAST(ep->hi), v);
+    case SDRT_ACT_HARDSWISH: {
+        VF g = v * (1.0f / 6.0f) + 0.5f;
+        g = SFX(sel)(g < BCAST(0.0f), BCAST(0.0f), g);
+        g = SFX(sel)(g > BCAST(1.0f), BCAST(1.0f), g);
+        return v * g;
+    }
+    case SDRT_ACT_SILU: { /* v sigmoid(lo v), exp's argument clamped at 88 */
+        VF z = v * -ep->lo;
+        z = SFX(sel)(z > BCAST(88.0f), BCAST(88.0f), z);
+        return v / (1.0f + SFX(vexp)(z));
+    }
+    default:
+        return v;
+    }
+}
+
 /* ---- attention ---------------------------------------------------------------------- */
 
 /* S[r][0..kb) = qs[r] . kt[., k] + mask[r][k] for r < R (R <= 4), kt with row stride ld (kb a

@@ -24,26 +24,7 @@ static void SFX(dw_taps)(int nq, int nt, const float *const *taps, const float *
             for (int t = 0; t < nt; t++)
                 acc += SFX(ld)(taps[t] + q) * w[t];
         }
-        if (ep) {
-            switch (ep->act) {
-            case SDRT_ACT_RELU:
-                acc = SFX(sel)(acc > BCAST(0.0f), acc, BCAST(0.0f));
-                break;
-            case SDRT_ACT_CLIP:
-                acc = SFX(sel)(acc < BCAST(ep->lo), BCAST(ep->lo), acc);
-                acc = SFX(sel)(acc > BCAST(ep->hi), BCAST(ep->hi), acc);
-                break;
-            case SDRT_ACT_HARDSWISH: {
-                VF g = acc * (1.0f / 6.0f) + 0.5f;
-                g = SFX(sel)(g < BCAST(0.0f), BCAST(0.0f), g);
-                g = SFX(sel)(g > BCAST(1.0f), BCAST(1.0f), g);
-                acc = acc * g;
-                break;
-            }
-            default:
-                break;
-            }
-        }
+        acc = SFX(vact)(ep, acc);
         if (q + VW <= nq) {
             SFX(st)(out + q, acc);
         } else {

@@ -79,26 +79,7 @@ static void SFX(wino_out)(int n, int cols, const float *m, ptrdiff_t ld, float b
                             v[t] += res[c0 + q + t];
                     }
                 }
-                if (ep) {
-                    switch (ep->act) {
-                    case SDRT_ACT_RELU:
-                        v = SFX(sel)(v > BCAST(0.0f), v, BCAST(0.0f));
-                        break;
-                    case SDRT_ACT_CLIP:
-                        v = SFX(sel)(v < BCAST(ep->lo), BCAST(ep->lo), v);
-                        v = SFX(sel)(v > BCAST(ep->hi), BCAST(ep->hi), v);
-                        break;
-                    case SDRT_ACT_HARDSWISH: {
-                        VF g = v * (1.0f / 6.0f) + 0.5f;
-                        g = SFX(sel)(g < BCAST(0.0f), BCAST(0.0f), g);
-                        g = SFX(sel)(g > BCAST(1.0f), BCAST(1.0f), g);
-                        v = v * g;
-                        break;
-                    }
-                    default:
-                        break;
-                    }
-                }
+                v = SFX(vact)(ep, v);
                 if (q + VW <= nc) {
                     SFX(st)(row + c0 + q, v);
                 } else {

@@ -33,7 +33,7 @@ void sdrt_pad_op(void *dst, int ith, int nth, void *userdata);
 void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata);
 void sdrt_winograd_op(void *dst, int ith, int nth, void *userdata);
 
-enum { ACT_NONE, ACT_RELU, ACT_CLIP, ACT_HARDSWISH };
+enum { ACT_NONE, ACT_RELU, ACT_CLIP, ACT_HARDSWISH, ACT_SILU };
 
 static float rnd(void) { return 2.0f * ((float)rand() / (float)RAND_MAX - 0.5f); }
 
@@ -61,6 +61,8 @@ static double act(int a, double v) {
         double g = v / 6 + 0.5;
         return v * (g < 0 ? 0 : g > 1 ? 1 : g);
     }
+    case ACT_SILU: /* v sigmoid(lo v), lo = -0.5 here */
+        return v / (1 + exp(0.5 * v));
     default:
         return v;
     }
@@ -257,16 +259,16 @@ int main(void) {
                     const int *c = convs[i];
                     if (direct && c[7] != 1)
                         continue;
-                    for (int a = 0; a < 4; a++, runs++)
+                    for (int a = 0; a < 5; a++, runs++)
                         fails += check_conv(c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], direct, a,
-                                            a == 0 ? 1 : a == 1 ? 7 : a == 2 ? 2 : 5, nr, nth);
+                                            a == 0 ? 1 : a == 1 ? 7 : a == 2 ? 2 : a == 3 ? 5 : 4, nr, nth);
                 }
         /* N, C, H, W, OC, pad */
         static const int winos[][6] = {{1, 3, 9, 70, 5, 1}, {2, 40, 7, 9, 35, 1}, {1, 3, 1, 1, 2, 1},
                                        {1, 17, 12, 33, 9, 0}, {1, 400, 4, 4, 8, 1}};
         for (int nth = 1; nth <= 4; nth++)
             for (size_t i = 0; i < sizeof winos / sizeof winos[0]; i++)
-                for (int a = 0; a < 4; a++, runs++) {
+                for (int a = 0; a < 5; a++, runs++) {
                     const int *c = winos[i];
                     sdrt_ops_set_isa(isa == 2 ? 2 : isa == 1 ? 1 : isa == 3 ? 3 : 0);
                     fails += check_winograd(c[0], c[1], c[2], c[3], c[4], c[5], a, nth);

@@ -231,3 +231,22 @@ def test_winograd_follows_update_weights():
         assert s.impl_hits.get("conv winograd") == 1
         s.update_weights(_Weights(new))
         np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("c", [1.0, 1.702])
+def test_gemm_silu_fuses(threads, c):
+    """MatMul + bias, then x * sigmoid(c x) (SiLU; CLIP's quick GELU at c = 1.702): one GEMM, its
+    epilogue applying the activation (exp vectorised in the kernels)."""
+    if c == 1.0:
+        tail = [mk("Sigmoid", ["z"], ["s"]), mk("Mul", ["z", "s"], ["out"])]
+    else:
+        tail = [mk("Mul", ["z", "cst"], ["zc"]), mk("Sigmoid", ["zc"], ["s"]), mk("Mul", ["z", "s"], ["out"])]
+    nodes = [mk("MatMul", ["x", "w"], ["y"]), mk("Add", ["y", "b"], ["z"]), *tail]
+    model = make_model(nodes, {"x": ((2, 13, 40), F)}, {"out": (None, F)},
+                       {"w": rand(40, 70) * 2, "b": rand(70), "cst": np.array(c, np.float32)})
+    check(model, {"x": rand(2, 13, 40) * 3}, rtol=1e-4, atol=1e-5, threads=threads)
+    with compile_ggml(model, threads=threads) as s:
+        assert s.rewrite_hits.get("conv_epilogue") == 2, s.rewrite_hits
+        ops = _ops(s)
+        assert "SILU" not in ops and "SCALE" not in ops and ops.get("sdrt_gemm") == 1, ops
