@@ -38,11 +38,12 @@ typedef struct {
     ptrdiff_t ldw; /* floats between rows of W (>= K) */
 } conv_shape;
 
-/* what every tile of one batch item adds on the way out */
+/* what every tile of one batch item adds on the way out (and the scale its input channels get) */
 typedef struct {
     const float *rbias; /* per output channel (the bias, plus the runtime one), or NULL */
     const float *res;   /* the batch item's residual, NCHW, or NULL */
     const sdrt_epilogue *ep;
+    const float *cscale; /* per input channel, applied as the columns are packed, or NULL */
 } conv_out;
 
 /* ---- the packed route ----------------------------------------------------------------- */
@@ -98,7 +99,7 @@ static inline void copy_clipped(float *dst, const float *row, int ix0, int len, 
 /* Pack rows k0..k1-1 of the column matrix (taps[0 .. nk)) for output pixels p0 .. p0+31 as one
  * panel [k][32] (zero columns past the end). */
 static void pack_conv_panel(const conv_shape *s, const float *x, const conv_tap *taps, int p0, int nk,
-                            float *dst) {
+                            const float *cscale, int k0, float *dst) {
     pix_run runs[SDRT_NR + 1];
     int nv;
     const int nruns = panel_runs(s, p0, runs, &nv);
@@ -125,6 +126,11 @@ static void pack_conv_panel(const conv_shape *s, const float *x, const conv_tap 
         }
         if (nv < SDRT_NR)
             memset(d + nv, 0, (size_t)(SDRT_NR - nv) * sizeof(float));
+        if (cscale) { /* the input channel's runtime scale (a squeeze-excitation gate) */
+            const float sc = cscale[(k0 + kk) / (s->KH * s->KW)];
+            for (int j = 0; j < nv; j++)
+                d[j] *= sc;
+        }
     }
 }
 
@@ -159,7 +165,7 @@ static int conv_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const floa
             }
         }
         for (int q = pan0; q < pan1; q++)
-            pack_conv_panel(s, x, taps, q * SDRT_NR, k1 - k0, buf + (ptrdiff_t)(q - pan0) * pstride);
+            pack_conv_panel(s, x, taps, q * SDRT_NR, k1 - k0, co->cscale, k0, buf + (ptrdiff_t)(q - pan0) * pstride);
         for (int mb = 0; mb < mblocks; mb++) {
             const int m0 = (int)((long)mb * s->OC / mblocks), m1 = (int)((long)(mb + 1) * s->OC / mblocks);
             sdrt_block_out o;
@@ -272,6 +278,8 @@ enum { P_KH, P_KW, P_SH, P_SW, P_DH, P_DW, P_PH, P_PW, P_DIRECT, P_ACT, P_LO, P_
  *   src[4] bias:   OC floats, or NULL
  *   src[5] rbias:  a runtime per-channel bias, ne (OC, N) contiguous, or NULL
  *   src[6] res:    a residual shaped as dst, contiguous, or NULL
+ *   src[7] cscale: a runtime scale per input channel, ne (C, N) contiguous, or NULL (the packed route
+ *                  multiplies each column as it packs it: a squeeze-excitation gate before the conv)
  *   dst:           ne (OW, OH, OC, N), contiguous (NCHW) */
 SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     (void)ith;
@@ -279,10 +287,11 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     const sdrt_isa_kernels *kk = sdrt_active_kernels();
     const void *tx = sdrt_tensor_src(dst, 0), *tw = sdrt_tensor_src(dst, 1), *tp = sdrt_tensor_src(dst, 2),
                *ts = sdrt_tensor_src(dst, 3), *tb = sdrt_tensor_src(dst, 4), *trb = sdrt_tensor_src(dst, 5),
-               *tres = sdrt_tensor_src(dst, 6);
+               *tres = sdrt_tensor_src(dst, 6), *tcs = sdrt_tensor_src(dst, 7);
     if (!kk || !tx || !tw || !tp || !ts)
         return;
     const sdrt_view X = sdrt_tensor_view(tx), Wt = sdrt_tensor_view(tw), O = sdrt_tensor_view(dst);
+    const float *cs = tcs ? (const float *)sdrt_tensor_view(tcs).data : NULL;
     const int32_t *pr = (const int32_t *)sdrt_tensor_view(tp).data;
     int32_t *state = (int32_t *)sdrt_tensor_view(ts).data;
     /* an input padded for the direct route (pr[P_DIRECT]) holds its pads: either route reads it
@@ -318,7 +327,7 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     if (np <= 0 || s.OC <= 0 || s.K <= 0 || (int)Wt.ne[1] != s.OC)
         goto done;
     const int nr = kk->nr, spr = (s.OW + nr - 1) / nr;
-    const int direct = padded && kk->ikern[1] != NULL && s.sh == 1 && s.sw == 1 &&
+    const int direct = padded && !cs && kk->ikern[1] != NULL && s.sh == 1 && s.sw == 1 &&
                        s.W >= spr * nr + (s.KW - 1) * s.dw && s.H >= s.OH + (s.KH - 1) * s.dh;
     /* the work: groups of pixel slices (direct) or panels (packed) of each batch item */
     const int items = direct ? s.OH * spr : (np + SDRT_NR - 1) / SDRT_NR;
@@ -339,7 +348,7 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     if (direct && !off)
         goto done;
     int n_set = -1;
-    conv_out co = {NULL, NULL, ep.act ? &ep : NULL};
+    conv_out co = {NULL, NULL, ep.act ? &ep : NULL, NULL};
     for (;;) {
         const long u = CV_ATOMIC_ADD(&state[0], 1);
         if (u >= units)
@@ -356,6 +365,7 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
                 co.rbias = comb;
             }
             co.res = res ? (const float *)(res + n * O.nb[3]) : NULL;
+            co.cscale = cs ? cs + (ptrdiff_t)n * s.C : NULL;
             n_set = n;
         }
         const int i0 = g * group, i1 = i0 + group < items ? i0 + group : items;

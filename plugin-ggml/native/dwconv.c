@@ -4,13 +4,14 @@
  *
  * ggml's own depthwise kernel is vectorised only over channels, so the lowering used to lay the
  * input out channels-last and the result back (two copies per conv: MobileNets have dozens).
- * Here the outputs are one vector loop (simd_dw.h, per ISA): each input plane is copied once into a
- * zero-padded buffer, and at stride 1 the whole plane is one run (output position q = oy Wp + ox
- * over the padded width Wp; the few columns past a row's output are computed and dropped), so
- * every tap is a contiguous, unconditional vector load; at stride 2 the padded rows are split into
- * even and odd phases and each output row is one run.
- * The bias and the activation (ReLU, clip, hardswish: sdrt_epilogue) are applied as the row is
- * stored. The threads take channel planes in turn.
+ * Here the outputs are one vector loop (simd_dw.h, per ISA) over the whole plane: each input plane is
+ * copied once into zero-padded phase planes, one per (row, column) residue of the strides (one
+ * plane at stride 1, four at stride 2), so that output position q = oy Wq + ox reads tap (i, j) at
+ * a fixed offset of its phase plane: every tap is a contiguous, unconditional vector load, and the
+ * few columns past a row's output (ox >= OW) are computed and dropped. The pads are zeroed once
+ * per call (each plane rewrites only the image's positions). The bias and the activation (ReLU,
+ * clip, hardswish, SiLU: sdrt_epilogue) are applied as the outputs are stored. The threads take
+ * channel planes in turn.
  */
 #include "sdrt_ops.h"
 
@@ -22,7 +23,7 @@ enum { DW_KH, DW_KW, DW_SH, DW_SW, DW_DH, DW_DW, DW_PH, DW_PW, DW_ACT, DW_LO, DW
 /* dst = depthwise conv(x, W) + bias, then the activation, as ggml_custom_4d's callback.
  *   src[0] x:      ne (W, H, C, N), contiguous
  *   src[1] W:      ne (KH*KW, C), contiguous: the taps of one channel in (i, j) order
- *   src[2] params: int32 [KH, KW, sh, sw, dh, dw, ph, pw, act, lo, hi] (lo, hi: float bits; sw 1 or 2)
+ *   src[2] params: int32 [KH, KW, sh, sw, dh, dw, ph, pw, act, lo, hi] (lo, hi: float bits; strides 1 to 4)
  *   src[3] bias:   C floats, or NULL
  *   dst:           ne (OW, OH, C, N), contiguous */
 SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
@@ -41,68 +42,60 @@ SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
     sdrt_epilogue ep = {pr[DW_ACT], 0.0f, 0.0f};
     memcpy(&ep.lo, pr + DW_LO, sizeof(float));
     memcpy(&ep.hi, pr + DW_HI, sizeof(float));
-    if (KH < 1 || KW < 1 || KH * KW > 256 || (sw != 1 && sw != 2) || sh < 1 || (int)O.ne[2] != C ||
-        (int)Wt.ne[1] != C || (int)Wt.ne[0] != KH * KW)
-        return;
-    const sdrt_dw_taps_fn taps_fn = sdrt_ops_dw_taps();
+    if (KH < 1 || KW < 1 || KH * KW > 256 || sw < 1 || sw > 4 || sh < 1 || sh > 4 || (int)O.ne[2] != C ||
+        (int)Wt.ne[1] != C || (int)Wt.ne[0] != KH * KW || ph < 0 || pw < 0 || dh < 1 || dw < 1 || OH < 1 || OW < 1 ||
+        (OH - 1) * sh + (KH - 1) * dh >= H + 2 * ph || (OW - 1) * sw + (KW - 1) * dw >= W + 2 * pw)
+        return; /* the taps of the last output would reach past the padded input */
+    const sdrt_dw_flat_fn flat_fn = sdrt_ops_dw_flat();
+    const sdrt_dw_3x3_fn k3x3 = sdrt_ops_dw_3x3();
     const sdrt_split2_fn split2 = sdrt_ops_split2();
+    /* 3x3 at stride 1: four output rows a call (dw_3x3), so four rows of slack */
+    const int is3x3 = KH == 3 && KW == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1;
     const int nt = KH * KW, Hp = H + 2 * ph, Wp = W + 2 * pw;
-    /* stride 1: the whole padded plane (Hp rows of Wp) as one run of positions, q = oy Wp + ox (the
-     * columns ox >= OW computed and dropped); otherwise row by row, each padded row split into sw
-     * phases of plen floats. Each buffer reaches past its end for the last vector (16 floats). */
-    const int flat = sh == 1 && sw == 1;
-    const int plen = flat ? Wp : (Wp + sw - 1) / sw + (KW * dw) / sw + 17;
-    const size_t plane = (size_t)Hp * sw * plen + (size_t)KW * dw + 32;
-    float *buf = sdrt_thread_buffer(3, (plane + (flat ? (size_t)OH * Wp + 16 : 2 * (size_t)plen + 32)) * sizeof(float));
+    /* sh x sw phase planes of Hq rows of Wq floats: padded row r, column x lie in plane
+     * (r % sh, x % sw) at (r / sh, x / sw); tap (i, j) of output (oy, ox) is at (oy, ox) plus the
+     * tap's shift in its plane */
+    const int Hq = (Hp + sh - 1) / sh, Wq = (Wp + sw - 1) / sw, nq = OH * Wq;
+    const size_t psize = (size_t)Hq * Wq, slack = (size_t)KW * dw + 4 * 16 + (is3x3 ? 4 * (size_t)Wq : 0);
+    const size_t planes = (size_t)sh * sw * psize + slack, outs = (size_t)nq + 4 * 16 + (is3x3 ? 4 * (size_t)Wq : 0);
+    float *buf = sdrt_thread_buffer(3, (planes + outs) * sizeof(float) + (size_t)nt * sizeof(int32_t));
     if (!buf)
         return;
-    float *tmp = buf + plane; /* flat: the outputs with their dropped columns */
-    float *row = tmp;         /* stride 2: one padded row before its split */
-    const float *taps[256];
+    float *tmp = buf + planes; /* the outputs with their dropped columns */
+    int32_t *off = (int32_t *)(tmp + outs);
+    for (int i = 0; i < KH; i++)
+        for (int j = 0; j < KW; j++) {
+            const int r = i * dh, x = j * dw;
+            off[i * KW + j] = (int32_t)(((size_t)(r % sh) * sw + x % sw) * psize + (size_t)(r / sh) * Wq + x / sw);
+        }
+    memset(buf, 0, planes * sizeof(float));
+    const sdrt_epilogue *epp = ep.act ? &ep : NULL;
     for (long pl = ith; pl < (long)N * C; pl += nth) {
         const int n = (int)(pl / C), c = (int)(pl % C);
         const float *xp = (const float *)(X.data + (size_t)n * X.nb[3] + (size_t)c * X.nb[2]);
         float *op = (float *)(O.data + (size_t)n * O.nb[3] + (size_t)c * O.nb[2]);
         const float *wc = (const float *)(Wt.data + (size_t)c * Wt.nb[1]);
-        const float b = bias ? bias[c] : 0.0f;
-        for (int y = 0; y < Hp; y++) {
-            const int iy = y - ph;
-            for (int p = 0; p < sw; p++) {
-                float *d = buf + ((size_t)y * sw + p) * plen;
-                if (iy < 0 || iy >= H) {
-                    memset(d, 0, (size_t)plen * sizeof(float));
-                    continue;
-                }
-                const float *src = xp + (size_t)iy * W;
-                if (sw == 1) {
-                    memset(d, 0, (size_t)pw * sizeof(float));
-                    memcpy(d + pw, src, (size_t)W * sizeof(float));
-                    memset(d + pw + W, 0, (size_t)(plen - pw - W) * sizeof(float));
-                } else if (p == 0) { /* the padded row in `row`, then its even and odd phases */
-                    memset(row, 0, (size_t)pw * sizeof(float));
-                    memcpy(row + pw, src, (size_t)W * sizeof(float));
-                    memset(row + pw + W, 0, (size_t)(2 * plen + 32 - pw - W) * sizeof(float));
-                    split2(plen, row, d, d + plen);
-                }
+        for (int y = 0; y < H; y++) { /* the image's positions; the pads stay zero */
+            const int r = y + ph;
+            float *prow = buf + (size_t)(r % sh) * sw * psize + (size_t)(r / sh) * Wq;
+            const float *src = xp + (size_t)y * W;
+            if (sw == 1) {
+                memcpy(prow + pw, src, (size_t)W * sizeof(float));
+            } else if (sw == 2) { /* even x to the plane of pw's parity, odd x to the other */
+                float *ev = prow + (size_t)(pw % 2) * psize + pw / 2, *od = prow + (size_t)((pw + 1) % 2) * psize + (pw + 1) / 2;
+                split2(W / 2, src, ev, od);
+                if (W % 2)
+                    ev[W / 2] = src[W - 1];
+            } else {
+                for (int x = 0; x < W; x++)
+                    prow[(size_t)((x + pw) % sw) * psize + (x + pw) / sw] = src[x];
             }
         }
-        memset(buf + (size_t)Hp * sw * plen, 0, ((size_t)KW * dw + 32) * sizeof(float));
-        if (flat) {
-            for (int i = 0; i < KH; i++)
-                for (int j = 0; j < KW; j++)
-                    taps[i * KW + j] = buf + (size_t)i * dh * Wp + (size_t)j * dw;
-            taps_fn(OH * Wp, nt, taps, wc, b, ep.act ? &ep : NULL, tmp);
-            for (int oy = 0; oy < OH; oy++)
-                memcpy(op + (size_t)oy * OW, tmp + (size_t)oy * Wp, (size_t)OW * sizeof(float));
-            continue;
-        }
-        for (int oy = 0; oy < OH; oy++) {
-            for (int i = 0; i < KH; i++)
-                for (int j = 0; j < KW; j++) {
-                    const int t = j * dw;
-                    taps[i * KW + j] = buf + ((size_t)(oy * sh + i * dh) * sw + t % sw) * plen + t / sw;
-                }
-            taps_fn(OW, nt, taps, wc, b, ep.act ? &ep : NULL, op + (size_t)oy * OW);
-        }
+        if (is3x3)
+            k3x3(OH, Wq, buf, wc, bias ? bias[c] : 0.0f, epp, tmp);
+        else
+            flat_fn(nq, nt, buf, off, wc, bias ? bias[c] : 0.0f, epp, tmp);
+        for (int oy = 0; oy < OH; oy++)
+            memcpy(op + (size_t)oy * OW, tmp + (size_t)oy * Wq, (size_t)OW * sizeof(float));
     }
 }

@@ -139,14 +139,26 @@ static void affine_cl_scalar(int64_t hw, int C, const float *x, const float *m, 
         }
 }
 
-static void dw_taps_scalar(int nq, int nt, const float *const *taps, const float *w, float bias,
+static void dw_flat_scalar(int nq, int nt, const float *base, const int32_t *off, const float *w, float bias,
                            const sdrt_epilogue *ep, float *out) {
     for (int q = 0; q < nq; q++) {
         float acc = bias;
         for (int t = 0; t < nt; t++)
-            acc += taps[t][q] * w[t];
+            acc += base[off[t] + q] * w[t];
         out[q] = sdrt_act(ep, acc);
     }
+}
+
+static void dw_3x3_scalar(int rows, int Wq, const float *P, const float *w, float bias, const sdrt_epilogue *ep,
+                          float *out) {
+    for (int oy = 0; oy < rows; oy++)
+        for (int x = 0; x < Wq; x++) {
+            float acc = bias;
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 3; j++)
+                    acc += P[(ptrdiff_t)(oy + i) * Wq + x + j] * w[3 * i + j];
+            out[(ptrdiff_t)oy * Wq + x] = sdrt_act(ep, acc);
+        }
 }
 
 static void dw_split2_scalar(int n, const float *src, float *even, float *odd) {
@@ -202,13 +214,14 @@ typedef struct {
     sdrt_sqdev_fn sqdev;
     sdrt_affine_row_fn affine_row;
     sdrt_affine_cl_fn affine_cl;
-    sdrt_dw_taps_fn dw_taps;
+    sdrt_dw_flat_fn dw_flat;
+    sdrt_dw_3x3_fn dw_3x3;
     sdrt_split2_fn split2;
     sdrt_wino_in_fn wino_in;
     sdrt_wino_out_fn wino_out;
 } ops_table;
 
-#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s, dw_taps_##s, dw_split2_##s, wino_in_##s, wino_out_##s}
+#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s, dw_flat_##s, dw_3x3_##s, dw_split2_##s, wino_in_##s, wino_out_##s}
 
 static ops_table table_for(int isa) {
     ops_table t = SDRT_TABLE(scalar);
@@ -282,10 +295,16 @@ sdrt_split2_fn sdrt_ops_split2(void) {
     return ops.split2;
 }
 
-sdrt_dw_taps_fn sdrt_ops_dw_taps(void) {
+sdrt_dw_3x3_fn sdrt_ops_dw_3x3(void) {
     if (ops_isa == SDRT_ISA_AUTO)
         sdrt_ops_set_isa(SDRT_ISA_AUTO);
-    return ops.dw_taps;
+    return ops.dw_3x3;
+}
+
+sdrt_dw_flat_fn sdrt_ops_dw_flat(void) {
+    if (ops_isa == SDRT_ISA_AUTO)
+        sdrt_ops_set_isa(SDRT_ISA_AUTO);
+    return ops.dw_flat;
 }
 
 /* ---- the custom ops ---------------------------------------------------------------- */
@@ -523,4 +542,20 @@ SDRT_EXPORT void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata) {
     ops.affine_cl(hw, (int)C, (const float *)x.data, coef, coef + C, coef + 2 * C, pr->silu, b0 * 16,
                   b1 * 16 < hw ? b1 * 16 : hw, (float *)o.data);
     free(coef);
+}
+
+/* ggml custom op: dst[r] = the mean of row r of src0 (ne0 floats, dense rows; any number of rows):
+ * global average pooling and ReduceMean over the innermost dims. Threads take rows in turn. */
+SDRT_EXPORT void sdrt_rowmean_op(void *dst, int ith, int nth, void *userdata) {
+    (void)userdata;
+    sdrt_view o = sdrt_tensor_view(dst);
+    sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
+    const int64_t n = x.ne[0], rows = x.ne[1] * x.ne[2] * x.ne[3];
+    if (n <= 0 || x.nb[0] != sizeof(float))
+        return;
+    for (int64_t r = ith; r < rows; r += nth) {
+        const int64_t i1 = r % x.ne[1], i2 = r / x.ne[1] % x.ne[2], i3 = r / (x.ne[1] * x.ne[2]);
+        const float *xr = (const float *)(x.data + (size_t)i1 * x.nb[1] + (size_t)i2 * x.nb[2] + (size_t)i3 * x.nb[3]);
+        ((float *)o.data)[r] = (float)(ops.sum(n, xr) / (double)n);
+    }
 }

@@ -44,9 +44,12 @@ typedef void (*sdrt_affine_row_fn)(int64_t n, const float *x, float m, float a, 
 typedef void (*sdrt_affine_cl_fn)(int64_t hw, int C, const float *x, const float *m, const float *a, const float *b,
                                   int silu, int64_t p0, int64_t p1, float *y);
 
-/* a depthwise conv's outputs along one run of positions (simd_dw.h) */
-typedef void (*sdrt_dw_taps_fn)(int nq, int nt, const float *const *taps, const float *w, float bias,
+/* a depthwise conv's outputs along one run of positions in its padded planes (simd_dw.h) */
+typedef void (*sdrt_dw_flat_fn)(int nq, int nt, const float *base, const int32_t *off, const float *w, float bias,
                                 const sdrt_epilogue *ep, float *out);
+/* a 3x3 stride-1 depthwise conv over one padded plane, four output rows at a time (simd_dw.h) */
+typedef void (*sdrt_dw_3x3_fn)(int rows, int Wq, const float *P, const float *w, float bias, const sdrt_epilogue *ep,
+                               float *out);
 /* even[t] = src[2t], odd[t] = src[2t + 1] for t < n (simd_dw.h) */
 typedef void (*sdrt_split2_fn)(int n, const float *src, float *even, float *odd);
 /* Winograd F(2x2, 3x3) transforms along a row of tiles (simd_wino.h) */
@@ -54,7 +57,8 @@ typedef void (*sdrt_wino_in_fn)(int n, const float *const *e, const float *const
 typedef void (*sdrt_wino_out_fn)(int n, int cols, const float *m, ptrdiff_t ld, float bias, const float *res0,
                                  const float *res1, const sdrt_epilogue *ep, float *row0, float *row1);
 /* the active ISA's (ops.c) */
-sdrt_dw_taps_fn sdrt_ops_dw_taps(void);
+sdrt_dw_flat_fn sdrt_ops_dw_flat(void);
+sdrt_dw_3x3_fn sdrt_ops_dw_3x3(void);
 sdrt_split2_fn sdrt_ops_split2(void);
 sdrt_wino_in_fn sdrt_ops_wino_in(void);
 sdrt_wino_out_fn sdrt_ops_wino_out(void);

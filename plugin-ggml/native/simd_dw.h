@@ -1,41 +1,76 @@
-/* sdrt-ggml native kernels: one ISA's depthwise-conv row, included by simd_body.h (same VW, SFX). */
+/* sdrt-ggml native kernels: one ISA's depthwise-conv run, included by simd_body.h (same VW, SFX). */
 
-/* Depthwise conv over output positions q in [0, nq), vectorised along q:
- *   out[q] = act(bias + sum_t w[t] . taps[t][q]),  t < nt,
- * where taps[t] points at the input element that tap t reads for q = 0, and tap t reads
- * consecutive elements for consecutive q: one output row with its taps in zero-padded row
- * buffers (a stride-2 conv's taps in even/odd phase buffers), or, for small stride-1 maps, the
- * whole plane at once, q running over a zero-padded plane's rows (the columns past a row's
- * output are computed and dropped by the caller). The buffers reach VW floats past nq, so every
- * vector load stays inside. 3x3 kernels keep their 9 taps in registers. */
-static void SFX(dw_taps)(int nq, int nt, const float *const *taps, const float *w, float bias,
+/* Depthwise conv over a run of output positions q in [0, nq), vectorised along q:
+ *   out[q] = act(bias + sum_t w[t] . base[off[t] + q]),  t < nt.
+ * The positions run over the zero-padded (phase) planes of one channel (dwconv.c), so each tap is
+ * a contiguous, unconditional vector load. Four vectors of q at a time keep four independent
+ * accumulator chains (one chain would wait on the multiply-add latency at every tap); nq is
+ * rounded up to a vector: out and the planes reach VW floats past the run. */
+static void SFX(dw_flat)(int nq, int nt, const float *base, const int32_t *off, const float *w, float bias,
                          const sdrt_epilogue *ep, float *out) {
-    const int k9 = nt == 9;
-    const VF w0 = BCAST(w[0]), w1 = BCAST(k9 ? w[1] : 0.0f), w2 = BCAST(k9 ? w[2] : 0.0f);
-    const VF w3 = BCAST(k9 ? w[3] : 0.0f), w4 = BCAST(k9 ? w[4] : 0.0f), w5 = BCAST(k9 ? w[5] : 0.0f);
-    const VF w6 = BCAST(k9 ? w[6] : 0.0f), w7 = BCAST(k9 ? w[7] : 0.0f), w8 = BCAST(k9 ? w[8] : 0.0f);
-    for (int q = 0; q < nq; q += VW) {
+    int q = 0;
+    for (; q + 4 * VW <= nq; q += 4 * VW) {
+        VF a0 = BCAST(bias), a1 = a0, a2 = a0, a3 = a0;
+        for (int t = 0; t < nt; t++) {
+            const float *p = base + off[t] + q;
+            const VF wt = BCAST(w[t]);
+            a0 += SFX(ld)(p) * wt;
+            a1 += SFX(ld)(p + VW) * wt;
+            a2 += SFX(ld)(p + 2 * VW) * wt;
+            a3 += SFX(ld)(p + 3 * VW) * wt;
+        }
+        SFX(st)(out + q, SFX(vact)(ep, a0));
+        SFX(st)(out + q + VW, SFX(vact)(ep, a1));
+        SFX(st)(out + q + 2 * VW, SFX(vact)(ep, a2));
+        SFX(st)(out + q + 3 * VW, SFX(vact)(ep, a3));
+    }
+    for (; q < nq; q += VW) {
         VF acc = BCAST(bias);
-        if (k9) {
-            acc += SFX(ld)(taps[0] + q) * w0 + SFX(ld)(taps[1] + q) * w1 + SFX(ld)(taps[2] + q) * w2;
-            acc += SFX(ld)(taps[3] + q) * w3 + SFX(ld)(taps[4] + q) * w4 + SFX(ld)(taps[5] + q) * w5;
-            acc += SFX(ld)(taps[6] + q) * w6 + SFX(ld)(taps[7] + q) * w7 + SFX(ld)(taps[8] + q) * w8;
-        } else {
-            for (int t = 0; t < nt; t++)
-                acc += SFX(ld)(taps[t] + q) * w[t];
-        }
-        acc = SFX(vact)(ep, acc);
-        if (q + VW <= nq) {
-            SFX(st)(out + q, acc);
-        } else {
-            for (int u = 0; q + u < nq; u++)
-                out[q + u] = acc[u];
-        }
+        for (int t = 0; t < nt; t++)
+            acc += SFX(ld)(base + off[t] + q) * w[t];
+        SFX(st)(out + q, SFX(vact)(ep, acc));
     }
 }
 
-/* even[t] = src[2 t], odd[t] = src[2 t + 1] for t < n (src holds 2 n floats, plus up to 2 VW - 1
- * more that may be read): a stride-2 depthwise conv's padded row split into its two phases */
+/* A 3x3 stride-1 depthwise conv over one padded plane (Wq floats a row), four output rows at a
+ * time: out[oy Wq + x] = act(bias + sum_{i,j} w[3 i + j] . P[(oy + i) Wq + x + j]) for oy < rows
+ * (rounded up to four: P and out reach four rows and a vector past), x < Wq. The nine weights
+ * stay in registers and each loaded input vector serves every output row that reads it: 18 loads
+ * for 36 multiply-adds, where one row at a time takes one load per multiply-add. */
+static void SFX(dw_3x3)(int rows, int Wq, const float *P, const float *w, float bias, const sdrt_epilogue *ep,
+                        float *out) {
+    const VF w0 = BCAST(w[0]), w1 = BCAST(w[1]), w2 = BCAST(w[2]), w3 = BCAST(w[3]), w4 = BCAST(w[4]);
+    const VF w5 = BCAST(w[5]), w6 = BCAST(w[6]), w7 = BCAST(w[7]), w8 = BCAST(w[8]);
+    for (int oy = 0; oy < rows; oy += 4)
+        for (int x = 0; x < Wq; x += VW) {
+            const float *p = P + (ptrdiff_t)oy * Wq + x;
+            VF a0 = BCAST(bias), a1 = a0, a2 = a0, a3 = a0, v;
+#define SDRT_DW_ROW(r, A, B, C) /* input row r: row oy+r-i of the output takes tap row i */ \
+    v = SFX(ld)(p + (ptrdiff_t)(r) * Wq);                                                 \
+    A;                                                                                     \
+    v = SFX(ld)(p + (ptrdiff_t)(r) * Wq + 1);                                             \
+    B;                                                                                     \
+    v = SFX(ld)(p + (ptrdiff_t)(r) * Wq + 2);                                             \
+    C;
+            SDRT_DW_ROW(0, a0 += v * w0, a0 += v * w1, a0 += v * w2)
+            SDRT_DW_ROW(1, (a0 += v * w3, a1 += v * w0), (a0 += v * w4, a1 += v * w1), (a0 += v * w5, a1 += v * w2))
+            SDRT_DW_ROW(2, (a0 += v * w6, a1 += v * w3, a2 += v * w0), (a0 += v * w7, a1 += v * w4, a2 += v * w1),
+                        (a0 += v * w8, a1 += v * w5, a2 += v * w2))
+            SDRT_DW_ROW(3, (a1 += v * w6, a2 += v * w3, a3 += v * w0), (a1 += v * w7, a2 += v * w4, a3 += v * w1),
+                        (a1 += v * w8, a2 += v * w5, a3 += v * w2))
+            SDRT_DW_ROW(4, (a2 += v * w6, a3 += v * w3), (a2 += v * w7, a3 += v * w4), (a2 += v * w8, a3 += v * w5))
+            SDRT_DW_ROW(5, a3 += v * w6, a3 += v * w7, a3 += v * w8)
+#undef SDRT_DW_ROW
+            float *o = out + (ptrdiff_t)oy * Wq + x;
+            SFX(st)(o, SFX(vact)(ep, a0));
+            SFX(st)(o + Wq, SFX(vact)(ep, a1));
+            SFX(st)(o + 2 * (ptrdiff_t)Wq, SFX(vact)(ep, a2));
+            SFX(st)(o + 3 * (ptrdiff_t)Wq, SFX(vact)(ep, a3));
+        }
+}
+
+/* even[t] = src[2 t], odd[t] = src[2 t + 1] for t < n (no read past src[2 n - 1]): a row split
+ * into its two column phases (a stride-2 depthwise conv's input, Winograd's tiles) */
 #if defined(__clang__)
 #if VW == 4
 #define SDRT_EVENS 0, 2, 4, 6
@@ -75,6 +110,7 @@ static void SFX(dw_split2)(int n, const float *src, float *even, float *odd) {
         odd[t] = src[2 * t + 1];
     }
 }
+
 #undef SDRT_PICK
 #if defined(__clang__)
 #undef SDRT_EVENS

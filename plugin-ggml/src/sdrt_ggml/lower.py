@@ -21,10 +21,10 @@ import numpy as np
 from sdrt.errors import UnsupportedGraph
 from sdrt.lowering import fold_node, producers_and_uses
 
+from . import rewrites_epilogue  # noqa: F401  (registers the conv and GEMM epilogue fusions)
 from .ops import FOLD_ONLY, REGISTRY, load_all
 from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported
 from .rewrites import OPTIONAL, REWRITES
-from . import rewrites_epilogue  # noqa: F401  (registers the conv and GEMM epilogue fusions)
 
 log = logging.getLogger("sdrt.ggml.lower")
 

@@ -271,14 +271,15 @@ def conv_params(kh: int, kw: int, strides: Any, dil: Any, ph: int, pw: int, *, p
 
 
 def conv_op(nat: Native, g: Any, ctx: Any, x: Any, w: Any, params: Any, state: Any, bias: Any = None,
-            rbias: Any = None, res: Any = None, *, out_ne: tuple[int, int, int, int]) -> Any:
+            rbias: Any = None, res: Any = None, cscale: Any = None, *, out_ne: tuple[int, int, int, int]) -> Any:
     """The ggml tensor of a group-1 2-D conv by ``sdrt_conv_op`` (contract in native/conv.c):
     ``x`` NCHW (ne (W, H, C, N), contiguous; the ``pad_op`` output when params say padded),
     ``w`` ne (ldw, OC) rows of the OIHW kernel, ``params`` from ``conv_params``, ``state`` a zeroed
     int32[4] of its own, ``bias`` OC floats, ``rbias`` a runtime per-channel bias ne (OC, N),
-    ``res`` a residual shaped as the output (each None or a tensor); ``out_ne`` (OW, OH, OC, N)."""
+    ``res`` a residual shaped as the output, ``cscale`` a runtime scale per input channel ne (C, N)
+    (each None or a tensor); ``out_ne`` (OW, OH, OC, N)."""
     null = ctypes.POINTER(g.ggml_tensor)()
-    args = [x, w, params, state, bias or null, rbias or null, res or null]
+    args = [x, w, params, state, bias or null, rbias or null, res or null, cscale or null]
     arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
     out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *out_ne, arr, len(args), nat.conv_op, g.GGML_N_TASKS_MAX, None)
     g.ggml_set_name(out, b"sdrt_conv")

@@ -40,6 +40,7 @@ class NativeOps:
     gn_stats_op: Any
     gn_apply_op: Any
     dwconv_op: Any
+    rowmean_op: Any
 
     def set_isa(self, name: str | None) -> str:
         """Use the kernel body ``name`` (None: the widest this CPU runs); returns the active one.
@@ -82,7 +83,7 @@ def native_ops() -> NativeOps | None:
         lib.sdrt_ops_active_isa.restype = ctypes.c_int
         ops = NativeOps(lib, *(g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value)
                                for f in ("sdrt_attention_op", "sdrt_gelu_erf_op", "sdrt_gn_stats_op",
-                                         "sdrt_gn_apply_op", "sdrt_dwconv_op")))
+                                         "sdrt_gn_apply_op", "sdrt_dwconv_op", "sdrt_rowmean_op")))
         ops.set_isa(os.environ.get("SDRT_GGML_OPS_ISA") or None)
         why = _self_test(ops, g)
     except (OSError, AttributeError, ValueError) as exc:
@@ -166,6 +167,15 @@ def gn_apply(ops: NativeOps, g: Any, ctx: Any, x: Any, stats: Any, gamma: Any, b
     ud = _gn_arg(groups, silu, cl and pad is None, 0.0, None if pad is None else tuple(pad[:3]))
     return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *shape, arr, 4, ops.gn_apply_op, g.GGML_N_TASKS_MAX,
                                       _ud(ud)), "sdrt_group_norm")
+
+
+def rowmean(ops: NativeOps, g: Any, ctx: Any, x: Any) -> Any:
+    """The mean of each row of ``x`` (ne (n, r1, r2, r3), dense rows): ne (1, r1, r2, r3). ggml's mean op
+    runs on one thread with a scalar loop; global average pooling calls it on every channel."""
+    ne = x.contents.ne
+    arr = (ctypes.POINTER(g.ggml_tensor) * 1)(x)
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, 1, ne[1], ne[2], ne[3], arr, 1, ops.rowmean_op,
+                                      g.GGML_N_TASKS_MAX, None), "sdrt_rowmean")
 
 
 def dwconv(ops: NativeOps, g: Any, ctx: Any, x: Any, w: Any, params: Any, bias: Any, *,

@@ -108,3 +108,31 @@ def match_conv_clip(lowering: Any, node: Any) -> list[Value] | None:
         return None  # bounds computed at run time
     f32 = np.finfo(np.float32)
     return _act(lowering, node, "clip", float(max(lo, f32.min)), float(min(hi, f32.max)))
+
+
+@rewrite("conv_epilogue", "Conv")
+def match_conv_channel_scale(lowering: Any, node: Any) -> list[Value] | None:
+    """Conv(x * s), s a runtime (N, C, 1, 1) gate (MobileNetV3's squeeze-excitation): the native
+    implicit GEMM scales each column as it packs it, so the Mul (and its broadcast) emit nothing."""
+    from .ops.op_conv import _conv_params, conv2d
+
+    mul = lowering.producer(node.input[0])
+    w = lowering.values.get(node.input[1])
+    if mul is None or mul.op_type != "Mul" or lowering.n_uses(node.input[0]) != 1 or not isinstance(w, np.ndarray):
+        return None
+    if w.ndim != 4 or int(attrs(node).get("group", 1)) != 1:
+        return None
+    for i in (0, 1):
+        x0, s = lowering.values.get(mul.input[i]), lowering.values.get(mul.input[1 - i])
+        if not isinstance(x0, GTensor) or not isinstance(s, GTensor) or x0.rank != 4 or s.rank != 4:
+            continue
+        n, c = x0.shape[:2]
+        if x0.dtype != "float32" or s.dtype != "float32" or s.shape not in ((n, c, 1, 1), (1, c, 1, 1)) or (
+                s.shape[0] != n and n != 1):
+            continue
+        bias = lowering.values.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        strides, dil, pads = _conv_params(node, 2, w.shape[2:], x0.shape[2:])
+        gate = ggml_lib().ggml_reshape_2d(lowering.ctx, cont(lowering, s).ptr, c, n)
+        y = conv2d(lowering, x0, w, bias, strides, dil, [pads[0], pads[1], pads[2], pads[3]], 1, cscale=gate)
+        return None if y is None else [y]
+    return None

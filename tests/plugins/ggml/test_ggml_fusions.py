@@ -113,6 +113,10 @@ def test_gemm_bias_after_a_residual_is_not_fused():
     (3, (9, 17), (3, 3), (1, 1), (2, 2)),    # dilation
     (2, (1, 1), (3, 3), (1, 1), (1, 1)),     # a one-pixel plane
     (2, (10, 33), (1, 7), (1, 2), (1, 1)),   # a wide kernel at stride 2
+    (3, (13, 12), (3, 3), (1, 1), (1, 1)),   # 3x3, four output rows a call: 13 rows leave one
+    (2, (17, 23), (5, 5), (2, 2), (1, 1)),   # 5x5 at stride 2, odd pad: phase planes swap parity
+    (2, (16, 19), (3, 3), (3, 3), (1, 1)),   # stride 3: nine phase planes
+    (2, (15, 14), (3, 5), (2, 2), (2, 1)),   # stride and dilation together
 ])
 def test_native_depthwise_conv(isa, c, hw, k, strides, dil):
     """sdrt-ggml's NCHW depthwise conv with its fused activation, every kernel body this CPU runs,
@@ -250,3 +254,35 @@ def test_gemm_silu_fuses(threads, c):
         assert s.rewrite_hits.get("conv_epilogue") == 2, s.rewrite_hits
         ops = _ops(s)
         assert "SILU" not in ops and "SCALE" not in ops and ops.get("sdrt_gemm") == 1, ops
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("k,pads", [(1, [0, 0, 0, 0]), (3, [1, 1, 1, 1])])
+def test_squeeze_excitation_gate_fuses_into_the_conv(threads, k, pads):
+    """MobileNetV3's squeeze-excitation: global average pool (the native row mean), two 1x1 convs,
+    a hard sigmoid, then x * gate into a conv: the conv scales its input channels as it packs them,
+    no Mul op, no broadcast."""
+    n, c, h, w = 2, 12, 9, 11
+    nodes = [mk("GlobalAveragePool", ["x"], ["p"]), mk("Conv", ["p", "w1", "b1"], ["q"]), mk("Relu", ["q"], ["q2"]),
+             mk("Conv", ["q2", "w2", "b2"], ["r"]), mk("HardSigmoid", ["r"], ["gate"], alpha=1 / 6, beta=0.5),
+             mk("Mul", ["x", "gate"], ["xs"]), mk("Conv", ["xs", "w3", "b3"], ["out"], pads=pads)]
+    inits = {"w1": rand(4, c, 1, 1), "b1": rand(4), "w2": rand(c, 4, 1, 1), "b2": rand(c, seed=2),
+             "w3": rand(7, c, k, k) * 0.3, "b3": rand(7, seed=3)}
+    m = make_model(nodes, {"x": ((n, c, h, w), F)}, {"out": (None, F)}, inits)
+    check(m, {"x": rand(n, c, h, w) * 2}, rtol=1e-4, atol=1e-5, threads=threads)
+    with compile_ggml(m, threads=threads) as s:
+        ops = _ops(s)
+        assert "MUL" not in ops and ops.get("sdrt_rowmean") == 1 and "MEAN" not in ops, ops
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+def test_mean_reductions_use_the_native_row_mean(threads):
+    """GlobalAveragePool and ReduceMean over trailing axes: sdrt_rowmean, odd row lengths."""
+    nodes = [mk("GlobalAveragePool", ["x"], ["g"]), mk("ReduceMean", ["x"], ["r"], axes=[2, 3], keepdims=0),
+             mk("ReduceMean", ["t"], ["u"], axes=[-1])]
+    m = make_model(nodes, {"x": ((2, 5, 7, 9), F), "t": ((3, 4, 37), F)},
+                   {"g": (None, F), "r": (None, F), "u": (None, F)}, opset=17)
+    check(m, {"x": rand(2, 5, 7, 9) + 3, "t": rand(3, 4, 37, seed=2)}, rtol=1e-5, atol=1e-6, threads=threads)
+    with compile_ggml(m, threads=threads) as s:
+        ops = _ops(s)
+        assert ops.get("sdrt_rowmean") == 3 and "MEAN" not in ops, ops

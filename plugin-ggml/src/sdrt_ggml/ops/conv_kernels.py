@@ -43,9 +43,10 @@ def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int,
 
 
 def dw_native_ok(lowering: Any, w: Any, strides: list[int]) -> bool:
-    """sdrt-ggml's depthwise kernel (native/dwconv.c): constant taps (at most 16 rows), horizontal
-    stride 1 or 2, on the CPU with the native kernels loaded, unless ``dw_layout`` asks for ggml's."""
-    if not isinstance(w, np.ndarray) or strides[1] not in (1, 2) or w.shape[2] > 16 or not lowering.on_cpu:
+    """sdrt-ggml's depthwise kernel (native/dwconv.c): constant taps (at most 16 rows), strides 1 to 4,
+    on the CPU with the native kernels loaded, unless ``dw_layout`` asks for ggml's."""
+    if (not isinstance(w, np.ndarray) or not all(1 <= s <= 4 for s in strides) or w.shape[2] > 16
+            or w.shape[2] * w.shape[3] > 256 or not lowering.on_cpu):
         return False
     if lowering.options.get("dw_layout", "native") != "native":
         return False
@@ -167,6 +168,7 @@ class ConvSpec:
     hi: float = 0.0
     depthwise: bool = False
     winograd: bool = False  # src padded for the Winograd conv; geometry's ph, pw: where the image sits in it
+    cscale: Any = None  # runtime, ne (C, N): the input channels' scale (the packed route applies it)
 
 
 def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
@@ -189,7 +191,7 @@ def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
         params = lowering.const(native.conv_params(kh, kw, strides, dil, ph, pw, padded=padded, act=spec.act,
                                                    lo=spec.lo, hi=spec.hi))
         y = native.conv_op(nat, g, lowering.ctx, spec.src, spec.wt, params.ptr, native.lowering_state(lowering),
-                           spec.bias, spec.rbias, spec.res, out_ne=(ow, oh, oc, n))
+                           spec.bias, spec.rbias, spec.res, spec.cscale, out_ne=(ow, oh, oc, n))
     lowering.conv_specs[ctypes.cast(y, ctypes.c_void_p).value] = spec
     return GTensor(y, spec.out_shape)
 
@@ -249,13 +251,12 @@ def conv_winograd(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, ph: int, 
 
 
 def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: list[int], dil: list[int], ph: int,
-                  pw: int, out_shape: tuple[int, int, int, int]) -> GTensor:
+                  pw: int, out_shape: tuple[int, int, int, int], cscale: Any = None) -> GTensor:
     """Conv straight from NCHW by the native implicit GEMM: the kernel's rows are A (row stride
     padded where rows would alias in L1), the bias is added by the op. Stride-1 convs with rows
     wide enough read B where it lies in a zero-padded copy of the input (the pad op; none when the
     rows already fill whole kernel calls and need no pads); the others pack B panel by panel inside
     the op. No channels-last copy, no scratch."""
-    g = ggml_lib()
     nat = native.for_lowering(lowering)
     n, oc, oh, ow = out_shape
     _, c, h, wd = x.shape
@@ -265,7 +266,7 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     wt = lowering.const(w, transform=lambda a: np.pad(a.reshape(oc, k), [(0, 0), (0, ld - k)]), tag=f"rows{ld}")
     b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
     src = x.ptr
-    padded = direct_ok(lowering, nat, strides, ow, oc)
+    padded = direct_ok(lowering, nat, strides, ow, oc) and cscale is None  # the packed route scales channels
     if padded and kh == kw == 1 and ph == pw == 0 and ow % nat.nr:
         padded = False  # the pad op would only copy the input, as packing it does
     if padded:
@@ -275,5 +276,5 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     else:
         lowering.used("conv implicit")
     spec = ConvSpec(src, wt.ptr, (kh, kw, tuple(strides), tuple(dil), ph, pw, padded), out_shape,
-                    bias=b.ptr if b is not None else None)
+                    bias=b.ptr if b is not None else None, cscale=cscale)
     return conv_emit(lowering, spec)

@@ -71,7 +71,9 @@ def _pad_input(lowering: Any, x: GTensor, pads: list[int]) -> tuple[GTensor, int
 
 
 def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | None, strides: list[int], dil: list[int],
-           pads: list[int], group: int) -> GTensor:
+           pads: list[int], group: int, cscale: Any = None) -> GTensor | None:
+    """The conv; with ``cscale`` (a runtime scale per input channel, ne (C, N)) only through the native
+    implicit GEMM, which applies it as it packs its columns: None when that route does not take it."""
     g = ggml_lib()
     x, ph, pw = _pad_input(lowering, x, pads)
     n, c, h, wd = x.shape
@@ -101,7 +103,13 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
     pointwise = (group == 1 and isinstance(w, np.ndarray) and n == 1 and kh == kw == 1 and strides == [1, 1]
                  and ph == pw == 0 and lowering.options.get("layouts", True)
                  and (x.cl is not None or not implicit_ok(lowering, w, group)))
-    if pointwise:
+    if cscale is not None:
+        if not implicit_ok(lowering, w, group) or lowering.options.get("conv_impl", "auto") == "winograd":
+            return None
+        fused = isinstance(bias, np.ndarray)
+        y = conv_implicit(lowering, x, w, bias if fused else None, strides, dil, ph, pw, (n, oc, oh, ow), cscale)
+        bias = None if fused else bias
+    elif pointwise:
         kp = c
         if nat is None and want_pad(lowering, c) and oh * ow * c * oc >= 2_000_000:
             # aligned K for the fast GEMM, only for large products (docs/ggml.md, "Measured choices")

@@ -35,7 +35,8 @@ def _reduce(lowering: Any, node: Any, inputs: list[Value], fn: str) -> list[Valu
     outer = math.prod(x.shape[i] for i in rest)
     inner = math.prod(x.shape[i] for i in red)
     y = reshape(lowering, cont(lowering, y), (outer, inner))
-    r = GTensor(getattr(ggml_lib(), fn)(lowering.ctx, y.ptr), (outer, 1))
+    r = GTensor(_mean(lowering, y.ptr) if fn == "ggml_mean" else getattr(ggml_lib(), fn)(lowering.ctx, y.ptr),
+                (outer, 1))
     if keep:
         shape = tuple(1 if i in red else d for i, d in enumerate(x.shape))
     else:
@@ -59,5 +60,17 @@ def op_global_average_pool(lowering: Any, node: Any, inputs: list[Value]) -> lis
     assert isinstance(x, GTensor)
     n, c = x.shape[0], x.shape[1]
     y = reshape(lowering, x, (n * c, math.prod(x.shape[2:])))
-    r = GTensor(ggml_lib().ggml_mean(lowering.ctx, y.ptr), (n * c, 1))
+    r = GTensor(_mean(lowering, y.ptr), (n * c, 1))
     return [reshape(lowering, r, (n, c) + (1,) * (x.rank - 2))]
+
+
+def _mean(lowering: Any, rows: Any) -> Any:
+    """The mean of each row (ne0 floats): sdrt-ggml's multithreaded, vectorised op on the CPU when the
+    native kernels loaded, else ggml_mean."""
+    if lowering.on_cpu:
+        from ..native_ops import native_ops, rowmean
+
+        ops = native_ops()
+        if ops is not None:
+            return rowmean(ops, ggml_lib(), lowering.ctx, rows)
+    return ggml_lib().ggml_mean(lowering.ctx, rows)
