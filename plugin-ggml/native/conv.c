@@ -22,7 +22,7 @@
  * as the tile is stored. A unit of work is a group of pixel slices/panels of one batch item
  * with every output channel; the op's threads take units from a shared counter (as the GEMM).
  */
-#include "sdrt_native.h"
+#include "sdrt_ops.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +96,28 @@ static inline void copy_clipped(float *dst, const float *row, int ix0, int len, 
         dst[t] = 0.0f;
 }
 
+/* dst[u] = row[ix0 + u sw] for u < len, zeros outside the row's columns [0, W): the pixels inside
+ * copied without a test each (stride 2, the common one, a loop the compiler vectorises) */
+static inline void copy_strided(float *dst, const float *row, int ix0, int len, int sw, int W) {
+    int u0 = ix0 >= 0 ? 0 : (-ix0 + sw - 1) / sw;         /* the first pixel inside */
+    int u1 = ix0 <= W - 1 ? (W - 1 - ix0) / sw + 1 : 0;   /* one past the last */
+    u0 = u0 < len ? u0 : len;
+    u1 = u1 < len ? u1 : len;
+    u1 = u1 < u0 ? u0 : u1;
+    for (int u = 0; u < u0; u++)
+        dst[u] = 0.0f;
+    const float *src = row + ix0;
+    if (sw == 2) {
+        for (int u = u0; u < u1; u++)
+            dst[u] = src[2 * u];
+    } else {
+        for (int u = u0; u < u1; u++)
+            dst[u] = src[u * sw];
+    }
+    for (int u = u1; u < len; u++)
+        dst[u] = 0.0f;
+}
+
 /* Pack rows k0..k1-1 of the column matrix (taps[0 .. nk)) for output pixels p0 .. p0+31 as one
  * panel [k][32] (zero columns past the end). */
 static void pack_conv_panel(const conv_shape *s, const float *x, const conv_tap *taps, int p0, int nk,
@@ -118,10 +140,7 @@ static void pack_conv_panel(const conv_shape *s, const float *x, const conv_tap 
             if (s->sw == 1) {
                 copy_clipped(dr, row, ix0, run.len, s->W);
             } else {
-                for (int u = 0; u < run.len; u++) {
-                    const int ix = ix0 + u * s->sw;
-                    dr[u] = ix >= 0 && ix < s->W ? row[ix] : 0.0f;
-                }
+                copy_strided(dr, row, ix0, run.len, s->sw, s->W);
             }
         }
         if (nv < SDRT_NR)
@@ -239,8 +258,10 @@ static int direct_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const fl
             for (int mb = 0; mb < mblocks; mb++) {
                 const int m0 = (int)((long)mb * s->OC / mblocks), m1 = (int)((long)(mb + 1) * s->OC / mblocks);
                 const int tiles = (m1 - m0 + mr - 1) / mr;
-                for (int t = 0; t < tiles; t++) {
-                    const int r0 = m0 + (int)((long)t * (m1 - m0) / tiles), r1 = m0 + (int)((long)(t + 1) * (m1 - m0) / tiles);
+                sdrt_split ts = sdrt_split_of(m1 - m0, tiles);
+                for (int t = 0, r1 = m0; t < tiles; t++) {
+                    const int r0 = r1;
+                    r1 = m0 + sdrt_split_next(&ts);
                     const ptrdiff_t at = (ptrdiff_t)r0 * np + (ptrdiff_t)oy * s->OW + ox0;
                     o.m = r1 - r0;
                     o.c = out + at;
@@ -252,6 +273,27 @@ static int direct_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const fl
             }
         }
     }
+    return 0;
+}
+
+/* ---- one pixel: a matrix-vector product ----------------------------------------------- */
+/* one unit of a 1x1 conv of a 1x1 map (a squeeze-excitation's): output channels [r0, r1) of one
+ * batch item as dot products of W's rows with the item's C inputs, then the epilogue. The panel
+ * routes would compute 16 or 32 columns for the one pixel. */
+static int vector_unit(const conv_shape *s, const float *xn, const float *w, const conv_out *co, float *on, int r0,
+                       int r1) {
+    const float *xv = xn;
+    if (co->cscale) {
+        float *xs = sdrt_thread_buffer(2, (size_t)s->C * sizeof(float));
+        if (!xs)
+            return -1;
+        for (int c = 0; c < s->C; c++)
+            xs[c] = xn[c] * co->cscale[c];
+        xv = xs;
+    }
+    sdrt_ops_dot_rows()(r1 - r0, s->K, w + (ptrdiff_t)r0 * s->ldw, s->ldw, xv, on + r0);
+    for (int oc = r0; oc < r1; oc++)
+        on[oc] = sdrt_act(co->ep, on[oc] + (co->rbias ? co->rbias[oc] : 0.0f) + (co->res ? co->res[oc] : 0.0f));
     return 0;
 }
 
@@ -320,6 +362,13 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     sdrt_epilogue ep = {pr[P_ACT], 0.0f, 0.0f};
     memcpy(&ep.lo, pr + P_LO, sizeof(float));
     memcpy(&ep.hi, pr + P_HI, sizeof(float));
+    if (s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 && s.OH == s.H && s.OW == s.W) {
+        /* a pointwise conv: the whole plane is one row, so that panels and slices run across the
+         * image's rows (a 32-pixel panel of a 14-wide map was three copies a K row) */
+        s.W *= s.H;
+        s.OW = s.W;
+        s.H = s.OH = 1;
+    }
     const float *bias = tb ? (const float *)sdrt_tensor_view(tb).data : NULL;
     const float *rb = trb ? (const float *)sdrt_tensor_view(trb).data : NULL;
     const char *res = tres ? sdrt_tensor_view(tres).data : NULL;
@@ -329,10 +378,15 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     const int nr = kk->nr, spr = (s.OW + nr - 1) / nr;
     const int direct = padded && !cs && kk->ikern[1] != NULL && s.sh == 1 && s.sw == 1 &&
                        s.W >= spr * nr + (s.KW - 1) * s.dw && s.H >= s.OH + (s.KH - 1) * s.dh;
+    /* one pixel in, one out, a 1x1 kernel: dot products, in blocks of output channels */
+    const int vector = s.KH == 1 && s.KW == 1 && s.H == 1 && s.W == 1 && np == 1;
     /* the work: groups of pixel slices (direct) or panels (packed) of each batch item */
-    const int items = direct ? s.OH * spr : (np + SDRT_NR - 1) / SDRT_NR;
+    const int items = vector ? s.OC : direct ? s.OH * spr : (np + SDRT_NR - 1) / SDRT_NR;
     int group;
-    if (direct) {
+    if (vector) {
+        group = (s.OC / (4 * (nth > 0 ? nth : 1)) + 3) / 4 * 4;
+        group = group < 16 ? 16 : group;
+    } else if (direct) {
         group = items / (4 * (nth > 0 ? nth : 1));
         group = group < 1 ? 1 : group > 16 ? 16 : group;
     } else {
@@ -371,7 +425,8 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
         const int i0 = g * group, i1 = i0 + group < items ? i0 + group : items;
         const float *xn = (const float *)(X.data + n * X.nb[3]);
         float *on = (float *)(O.data + n * O.nb[3]);
-        const int rc = direct ? direct_unit(&s, kk, xn, s.W, off, (const float *)Wt.data, &co, on, i0, i1, spr)
+        const int rc = vector ? vector_unit(&s, xn, (const float *)Wt.data, &co, on, i0, i1)
+                       : direct ? direct_unit(&s, kk, xn, s.W, off, (const float *)Wt.data, &co, on, i0, i1, spr)
                               : conv_unit(&s, kk, xn, (const float *)Wt.data, &co, on, i0, i1);
         if (rc)
             break;

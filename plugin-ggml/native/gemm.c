@@ -93,15 +93,6 @@ SDRT_EXPORT int sdrt_gemm_active_isa(void) {
 
 const sdrt_isa_kernels *sdrt_active_kernels(void) { return kernels_of(sdrt_gemm_active_isa()); }
 
-#if defined(__GNUC__) || defined(__clang__)
-#define SDRT_PREFETCH_L2(p) __builtin_prefetch((p), 0, 2)
-#elif defined(_MSC_VER) && defined(SDRT_X86)
-#include <xmmintrin.h>
-#define SDRT_PREFETCH_L2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
-#else
-#define SDRT_PREFETCH_L2(p) ((void)(p))
-#endif
-
 /* ---- per-thread scratch ---------------------------------------------------------------- */
 static SDRT_THREAD_LOCAL char *tl_raw[SDRT_THREAD_BUFFERS];
 static SDRT_THREAD_LOCAL size_t tl_cap[SDRT_THREAD_BUFFERS];
@@ -142,9 +133,12 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
              * compute, instead of stalling the first tile of each slice */
             const float *next = out->prefetch_b && q + 1 < panels ? b + (ptrdiff_t)(q + 1) * pstride : NULL;
             const long calls = (long)tiles * (SDRT_NR / nr), call0 = (long)tiles * (h / nr);
+            sdrt_split ts = sdrt_split_of(m, tiles);
+            int m1 = 0, m2 = sdrt_split_next(&ts);
             for (int t = 0; t < tiles; t++) {
-                const int m0 = (int)((long)t * m / tiles), m1 = (int)((long)(t + 1) * m / tiles);
-                const int m2 = (int)((long)(t + 2) * m / tiles);
+                const int m0 = m1;
+                m1 = m2;
+                m2 = t + 1 < tiles ? sdrt_split_next(&ts) : m1;
                 if (next) /* this call's share of the next panel's rows, both cache lines of each */
                     for (int r = (int)((call0 + t) * k / calls), r1 = (int)((call0 + t + 1) * k / calls); r < r1; r++) {
                         SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_NR);

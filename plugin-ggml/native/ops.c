@@ -161,6 +161,15 @@ static void dw_3x3_scalar(int rows, int Wq, const float *P, const float *w, floa
         }
 }
 
+static void dot_rows_scalar(int rows, int K, const float *w, ptrdiff_t ldw, const float *x, float *y) {
+    for (int r = 0; r < rows; r++) {
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++)
+            sum += w[(ptrdiff_t)r * ldw + k] * x[k];
+        y[r] = sum;
+    }
+}
+
 static void dw_split2_scalar(int n, const float *src, float *even, float *odd) {
     for (int t = 0; t < n; t++) {
         even[t] = src[2 * t];
@@ -219,9 +228,10 @@ typedef struct {
     sdrt_split2_fn split2;
     sdrt_wino_in_fn wino_in;
     sdrt_wino_out_fn wino_out;
+    sdrt_dot_rows_fn dot_rows;
 } ops_table;
 
-#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s, dw_flat_##s, dw_3x3_##s, dw_split2_##s, wino_in_##s, wino_out_##s}
+#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s, dw_flat_##s, dw_3x3_##s, dw_split2_##s, wino_in_##s, wino_out_##s, dot_rows_##s}
 
 static ops_table table_for(int isa) {
     ops_table t = SDRT_TABLE(scalar);
@@ -293,6 +303,12 @@ sdrt_split2_fn sdrt_ops_split2(void) {
     if (ops_isa == SDRT_ISA_AUTO)
         sdrt_ops_set_isa(SDRT_ISA_AUTO);
     return ops.split2;
+}
+
+sdrt_dot_rows_fn sdrt_ops_dot_rows(void) {
+    if (ops_isa == SDRT_ISA_AUTO)
+        sdrt_ops_set_isa(SDRT_ISA_AUTO);
+    return ops.dot_rows;
 }
 
 sdrt_dw_3x3_fn sdrt_ops_dw_3x3(void) {

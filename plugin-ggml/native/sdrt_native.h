@@ -167,6 +167,36 @@ static inline float sdrt_act(const sdrt_epilogue *ep, float v) {
  * from one call to the next (no other op may use slot 4), 5 the conv's row biases, 6 the Winograd
  * conv's products, 7 its split input rows */
 #define SDRT_THREAD_BUFFERS 8
+/* The bounds floor(t n / parts) of n split into `parts` near-equal parts, t = 0, 1, ...: one step
+ * per part without a division (a 64-bit division per tile cost as much as a small-K tile's work). */
+typedef struct {
+    int q, r, parts, acc, at;
+} sdrt_split;
+static inline sdrt_split sdrt_split_of(int n, int parts) {
+    sdrt_split s = {n / parts, n % parts, parts, 0, 0};
+    return s;
+}
+/* the next bound: floor((t + 1) n / parts) after floor(t n / parts) */
+static inline int sdrt_split_next(sdrt_split *s) {
+    s->acc += s->r;
+    s->at += s->q;
+    if (s->acc >= s->parts) {
+        s->acc -= s->parts;
+        s->at++;
+    }
+    return s->at;
+}
+
+/* prefetch the cache line at p into L2 (a hint: nothing where the compiler has no intrinsic) */
+#if defined(__GNUC__) || defined(__clang__)
+#define SDRT_PREFETCH_L2(p) __builtin_prefetch((p), 0, 2)
+#elif defined(_MSC_VER) && defined(SDRT_X86)
+#include <xmmintrin.h>
+#define SDRT_PREFETCH_L2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
+#else
+#define SDRT_PREFETCH_L2(p) ((void)(p))
+#endif
+
 float *sdrt_thread_buffer(int slot, size_t bytes);
 
 #endif

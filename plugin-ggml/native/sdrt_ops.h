@@ -56,9 +56,12 @@ typedef void (*sdrt_split2_fn)(int n, const float *src, float *even, float *odd)
 typedef void (*sdrt_wino_in_fn)(int n, const float *const *e, const float *const *o, float *dst, ptrdiff_t ld);
 typedef void (*sdrt_wino_out_fn)(int n, int cols, const float *m, ptrdiff_t ld, float bias, const float *res0,
                                  const float *res1, const sdrt_epilogue *ep, float *row0, float *row1);
+/* y[r] = w[r ldw ..] . x for r < rows, K floats each: a matrix-vector product (simd_body.h) */
+typedef void (*sdrt_dot_rows_fn)(int rows, int K, const float *w, ptrdiff_t ldw, const float *x, float *y);
 /* the active ISA's (ops.c) */
 sdrt_dw_flat_fn sdrt_ops_dw_flat(void);
 sdrt_dw_3x3_fn sdrt_ops_dw_3x3(void);
+sdrt_dot_rows_fn sdrt_ops_dot_rows(void);
 sdrt_split2_fn sdrt_ops_split2(void);
 sdrt_wino_in_fn sdrt_ops_wino_in(void);
 sdrt_wino_out_fn sdrt_ops_wino_out(void);

@@ -27,6 +27,46 @@ SDRT_INLINE float SFX(hsum)(VF v) {
     return s;
 }
 
+/* y[r] = w[r ldw ..] . x for r < rows (K floats each): a matrix-vector product, four rows at a time
+ * so that each vector of x is loaded once for four rows' products (memory-bound: w streams) */
+static void SFX(dot_rows)(int rows, int K, const float *w, ptrdiff_t ldw, const float *x, float *y) {
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        const float *w0 = w + (ptrdiff_t)r * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        VF a0 = BCAST(0.0f), a1 = a0, a2 = a0, a3 = a0;
+        int k = 0;
+        for (; k + VW <= K; k += VW) {
+            const VF xv = SFX(ld)(x + k);
+            a0 += SFX(ld)(w0 + k) * xv;
+            a1 += SFX(ld)(w1 + k) * xv;
+            a2 += SFX(ld)(w2 + k) * xv;
+            a3 += SFX(ld)(w3 + k) * xv;
+        }
+        float s0 = SFX(hsum)(a0), s1 = SFX(hsum)(a1), s2 = SFX(hsum)(a2), s3 = SFX(hsum)(a3);
+        for (; k < K; k++) {
+            s0 += w0[k] * x[k];
+            s1 += w1[k] * x[k];
+            s2 += w2[k] * x[k];
+            s3 += w3[k] * x[k];
+        }
+        y[r] = s0;
+        y[r + 1] = s1;
+        y[r + 2] = s2;
+        y[r + 3] = s3;
+    }
+    for (; r < rows; r++) {
+        const float *wr = w + (ptrdiff_t)r * ldw;
+        VF a = BCAST(0.0f);
+        int k = 0;
+        for (; k + VW <= K; k += VW)
+            a += SFX(ld)(wr + k) * SFX(ld)(x + k);
+        float sum = SFX(hsum)(a);
+        for (; k < K; k++)
+            sum += wr[k] * x[k];
+        y[r] = sum;
+    }
+}
+
 /* exp(x) for x <= 88: Cody-Waite reduction by ln 2, a degree-6 polynomial on |r| <= ln2/2
  * (relative error below 2e-7), 2^n through the exponent bits; below -87.3 (and -inf) it is 0. */
 SDRT_INLINE VF SFX(vexp)(VF x) {

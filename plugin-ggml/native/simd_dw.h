@@ -71,32 +71,31 @@ static void SFX(dw_3x3)(int rows, int Wq, const float *P, const float *w, float 
 
 /* even[t] = src[2 t], odd[t] = src[2 t + 1] for t < n (no read past src[2 n - 1]): a row split
  * into its two column phases (a stride-2 depthwise conv's input, Winograd's tiles) */
-#if defined(__clang__)
-#if VW == 4
+/* With 8-float vectors a two-source shuffle across the halves is three or four permutes; two steps
+ * are cheaper: pick within each 128-bit half (one shufps), then order the 64-bit pairs (one
+ * permpd): [a0 a2 b0 b2 | a4 a6 b4 b6] -> [a0 a2 a4 a6 b0 b2 b4 b6]. */
+#if VW == 8
+#define SDRT_EVENS 0, 2, 8, 10, 4, 6, 12, 14
+#define SDRT_ODDS 1, 3, 9, 11, 5, 7, 13, 15
+#define SDRT_PAIRS 0, 1, 4, 5, 2, 3, 6, 7
+#elif VW == 4
 #define SDRT_EVENS 0, 2, 4, 6
 #define SDRT_ODDS 1, 3, 5, 7
-#elif VW == 8
-#define SDRT_EVENS 0, 2, 4, 6, 8, 10, 12, 14
-#define SDRT_ODDS 1, 3, 5, 7, 9, 11, 13, 15
 #else
 #define SDRT_EVENS 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30
 #define SDRT_ODDS 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31
 #endif
-#define SDRT_PICK(a, b, IDX) __builtin_shufflevector((a), (b), IDX)
+#if defined(__clang__)
+#define SDRT_SHUF2(a, b, ...) __builtin_shufflevector((a), (b), __VA_ARGS__)
+#define SDRT_SHUF1(a, ...) __builtin_shufflevector((a), (a), __VA_ARGS__)
 #else
-#define SDRT_PICK(a, b, IDX) __builtin_shuffle((a), (b), SFX(IDX##_v)())
-SDRT_INLINE VI SFX(SDRT_EVENS_v)(void) {
-    VI v;
-    for (int i = 0; i < VW; i++)
-        v[i] = 2 * i;
-    return v;
-}
-SDRT_INLINE VI SFX(SDRT_ODDS_v)(void) {
-    VI v;
-    for (int i = 0; i < VW; i++)
-        v[i] = 2 * i + 1;
-    return v;
-}
+#define SDRT_SHUF2(a, b, ...) __builtin_shuffle((a), (b), (VI){__VA_ARGS__})
+#define SDRT_SHUF1(a, ...) __builtin_shuffle((a), (VI){__VA_ARGS__})
+#endif
+#if VW == 8
+#define SDRT_PICK(a, b, IDX) SDRT_SHUF1(SDRT_SHUF2(a, b, IDX), SDRT_PAIRS)
+#else
+#define SDRT_PICK(a, b, IDX) SDRT_SHUF2(a, b, IDX)
 #endif
 static void SFX(dw_split2)(int n, const float *src, float *even, float *odd) {
     int t = 0;
@@ -112,7 +111,10 @@ static void SFX(dw_split2)(int n, const float *src, float *even, float *odd) {
 }
 
 #undef SDRT_PICK
-#if defined(__clang__)
+#undef SDRT_SHUF1
+#undef SDRT_SHUF2
 #undef SDRT_EVENS
 #undef SDRT_ODDS
+#if VW == 8
+#undef SDRT_PAIRS
 #endif

@@ -266,10 +266,14 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     wt = lowering.const(w, transform=lambda a: np.pad(a.reshape(oc, k), [(0, 0), (0, ld - k)]), tag=f"rows{ld}")
     b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
     src = x.ptr
-    padded = direct_ok(lowering, nat, strides, ow, oc) and cscale is None  # the packed route scales channels
-    if padded and kh == kw == 1 and ph == pw == 0 and ow % nat.nr:
-        padded = False  # the pad op would only copy the input, as packing it does
-    if padded:
+    pointwise = kh == kw == 1 and ph == pw == 0 and list(strides) == [1, 1]
+    # a pointwise conv runs its plane as one row (native/conv.c): slices of it need no pads
+    padded = direct_ok(lowering, nat, strides, oh * ow if pointwise else ow, oc) and cscale is None
+    if padded and pointwise and (oh * ow) % nat.nr:
+        padded = False  # the last slice would need a pad op that only copies the input, as packing it does
+    if padded and pointwise:
+        lowering.used("conv direct")
+    elif padded:
         nr = nat.nr
         src = padded_input(lowering, x, ph, pw, max(wd + 2 * pw, -(-ow // nr) * nr + (kw - 1) * dil[1]), h + 2 * ph)
         lowering.used("conv direct")
