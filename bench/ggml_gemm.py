@@ -1,24 +1,30 @@
-"""Why sdrt-ggml is slower on the CPU: ggml's float32 kernels against their peers, one op at a time.
+"""Why sdrt-ggml is slower on the CPU: its kernels against their peers, one op at a time.
 
     python -m bench.ggml_gemm                 # 2 threads (all cores), every section
     python -m bench.ggml_gemm --threads 1
     python -m bench.ggml_gemm --sections models --rounds 15    # whole models, before/after the native GEMM
 
-Sections (each prints GFLOPS or milliseconds, the best of ``--rounds``: the least disturbed
-run, since one op takes milliseconds and the machine may be shared; each contender starts
-after a short pause, so that the threads of the one before (OpenBLAS's keep spinning after
-a call) have gone to sleep):
+Sections (``gemm`` and ``conv`` time each contender in interleaved rounds, so that all see the
+same machine load, and report the median over rounds of each round's best of 3 calls; each
+contender starts after a short pause, so that the threads of the one before (OpenBLAS's keep
+spinning after a call) have gone to sleep):
 
-- ``gemm``: the GEMM shapes the bench models run, as sdrt-ggml's native packed GEMM (the
-  custom op the lowering emits on the CPU), ggml ``mul_mat`` (llamafile tinyBLAS when
-  ggml-python was built with it), onnxruntime ``MatMul`` (MLAS) and numpy ``@``, timed in
-  interleaved rounds so that all see the same machine load; ``sdrt/ort`` is the median of
-  the per-round time ratios (above 1: the native GEMM is faster).
-- ``conv``: the VAE's 3x3 conv sizes as sdrt-ggml's window conv (one ``mul_mat``
-  over overlapping rows of a row-stacked input), as ggml ``mul_mat`` over a ready
-  im2col matrix, as numpy (the im2col copy plus its BLAS GEMM), which is what a
-  numpy-backed custom op inside the ggml graph would cost, and as the window conv's
-  GEMM on the native kernel (``sdrt window``).
+- ``gemm``: one-node ONNX models ``MatMul(a[M, K], w[K, N])`` with a constant ``w``, at the
+  GEMM shapes of the CLIP text encoder and of the SD UNet (bench and full size), through
+  ``sdrt.load(..., backend="ggml")`` (what the lowering emits: the native packed GEMM on the
+  CPU) and an onnxruntime session (MLAS) with the same thread count; beside them ggml
+  ``mul_mat`` on the same operands (llamafile tinyBLAS when ggml-python was built with it)
+  and numpy ``a @ w`` (OpenBLAS, with its own thread count: it ignores ``--threads``).
+  GFLOPS count 2*M*K*N; ``sdrt/ort`` is the median of the per-round ratios ort time / sdrt
+  time (above 1: sdrt is faster); the sdrt output is checked against onnxruntime's. Both time
+  the op's compute: sdrt's lowered graph without feeding and fetching, onnxruntime with an IO
+  binding into a preallocated output.
+- ``conv``: one-node ONNX models ``Conv(x[1, C, H, W], w[OC, C, 3, 3], b)``, pad 1, at the
+  bench VAE's and UNet's 3x3 conv sizes and two full-size ones, through sdrt-ggml and
+  onnxruntime as above: milliseconds, effective GFLOPS (direct-conv flops, 2*OC*H*W*C*9,
+  also for Winograd, which does fewer), ``sdrt/ort``, the error against onnxruntime, and the
+  route the lowering chose for the conv (the session's ``impl_hits``: direct, implicit GEMM
+  or Winograd).
 - ``attention``: ggml flash attention against scores by ``ggml_out_prod`` or
   ``mul_mat`` followed by softmax and ``mul_mat``, at the bench UNet's head sizes.
 - ``models`` (not in the default set; ``--sections models --models unet --size full``): whole
@@ -29,6 +35,7 @@ a call) have gone to sleep):
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import time
 from collections.abc import Callable
@@ -36,14 +43,30 @@ from typing import Any
 
 import numpy as np
 
-GEMMS = [  # K, M (output features), N (rows / pixels), what; conv GEMMs put the pixels first, as the lowering does
-    (288, 32, 16384, "VAE 3x3 conv, 32 ch, 128x128"),
-    (1152, 128, 1024, "VAE 3x3 conv, 128 ch, 32x32"),
-    (768, 768, 77, "CLIP projection"),
-    (3072, 768, 77, "CLIP MLP down"),
+GEMMS = [  # M (rows), K, N (output features), what: MatMul(a[M, K], w[K, N]) with w constant
+    (77, 768, 768, "CLIP attention projection"),
+    (77, 768, 3072, "CLIP MLP up"),
+    (77, 3072, 768, "CLIP MLP down"),
+    (1024, 64, 64, "bench UNet attention projection, 32x32"),
+    (1024, 64, 512, "bench UNet GEGLU up, 32x32"),
+    (256, 128, 1024, "bench UNet GEGLU up, 16x16"),
+    (64, 256, 2048, "bench UNet GEGLU up, 8x8"),
+    (4096, 320, 320, "SD1.5 UNet attention projection, 64x64"),
+    (4096, 320, 2560, "SD1.5 UNet GEGLU up, 64x64"),
+    (4096, 1280, 320, "SD1.5 UNet FF down, 64x64"),
+    (1024, 640, 640, "SD1.5 UNet attention projection, 32x32"),
 ]
-PIXELS_FIRST = 1000  # N above which the operands go in conv order
-CONVS = [(32, 128, 32), (64, 64, 64), (128, 32, 128), (128, 16, 128)]  # C, H=W, OC (3x3, pad 1)
+CONVS = [  # C, H=W, OC, what: Conv(x[1, C, H, W], w[OC, C, 3, 3], b[OC]), pad 1
+    (32, 128, 32, "bench VAE, 128x128"),
+    (64, 128, 64, "bench VAE, 128x128"),
+    (128, 64, 128, "bench VAE, 64x64"),
+    (128, 32, 128, "bench VAE, 32x32"),
+    (256, 8, 256, "bench UNet, 8x8"),
+    (128, 16, 128, "bench UNet, 16x16"),
+    (64, 32, 64, "bench UNet, 32x32"),
+    (512, 64, 512, "SD1.5 VAE, 64x64"),
+    (320, 64, 320, "SD1.5 UNet, 64x64"),
+]
 ATTENTION = [(1024, 1024, 8, 8), (256, 256, 16, 8), (1024, 77, 8, 8)]  # Nq, Nk, head dim, heads
 
 
@@ -88,41 +111,65 @@ class _Ggml:
         self.g.ggml_free(self.ctx)
 
 
-def _ort_matmul(k: int, m: int, n: int, threads: int) -> Callable[[], Any]:
+def _onnx_model(node: Any, x_name: str, x_shape: tuple[int, ...], inits: dict[str, np.ndarray]) -> bytes:
+    """A one-node ONNX model (opset 17) with one float input and constant initializers."""
     import onnx
-    import onnxruntime as ort
     from onnx import helper, numpy_helper
 
-    w = np.random.default_rng(0).standard_normal((k, m)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["c"])], "mm",
-                              [helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [n, k])],
-                              [helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [n, m])],
-                              [numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    graph = helper.make_graph([node], "op", [helper.make_tensor_value_info(x_name, onnx.TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def _ort_session(model: bytes, threads: int) -> Any:
+    import onnxruntime as ort
+
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    a = np.random.default_rng(1).standard_normal((n, k)).astype(np.float32)
-    return lambda: sess.run(None, {"a": a})
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
-def _native_gemm(gm: _Ggml, k: int, m: int, n: int) -> Any:
-    """sdrt-ggml's packed GEMM as the lowering emits it: conv (pixels as A, output NCHW: stored
-    transposed) or MatMul (activations as A); the weights packed once, as at session build."""
-    from sdrt_ggml import native
+def _sdrt_session(model: bytes, threads: int) -> Any:
+    import sdrt
 
-    nat = native.native()
-    if nat is None:
-        return None
-    w = np.random.default_rng(2).standard_normal((m, k)).astype(np.float32)
-    wp = native.pack_b(w)
-    tw = gm.tensor(*reversed(wp.shape))
-    from ggml.utils import to_numpy
+    return sdrt.load(model, backend="ggml", threads=threads)
 
-    to_numpy(tw)[...] = wp
-    return native.gemm_op(nat, gm.g, gm.ctx, gm.tensor(k, n), tw, m=n, n=m, trans=n > PIXELS_FIRST, packed=True,
-                          state=native.state_tensor(gm.g, gm.ctx))
+
+def _compute_runners(ours: Any, ort: Any, feeds: dict[str, np.ndarray], out_name: str,
+                     out_shape: tuple[int, ...]) -> dict[str, Callable[[], Any]]:
+    """The op's compute alone on both sides: sdrt-ggml's graph on the inputs its last run set (no
+    feeding, no copy out), onnxruntime through an IO binding into a preallocated output (its run
+    without allocating the result). Session IO would otherwise weigh on the small shapes."""
+    binding = ort.io_binding()
+    for name, arr in feeds.items():
+        binding.bind_cpu_input(name, arr)
+    out = np.empty(out_shape, np.float32)
+    binding.bind_output(out_name, "cpu", 0, np.float32, list(out_shape), out.ctypes.data)
+    ours.run(feeds)
+    return {"sdrt": ours._compute, "ort": lambda: ort.run_with_iobinding(binding), "_keep": lambda: out}
+
+
+def _openblas_threads() -> str:
+    """The thread count of the OpenBLAS that numpy calls ('?' where it cannot be found)."""
+    np.ones((2, 2), np.float32) @ np.ones((2, 2), np.float32)  # loads the library
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if "openblas" in line.lower() and "/" in line}
+    except OSError:
+        return "?"
+    for path in sorted(libs):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for sym in ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                    "openblas_get_num_threads64_", "openblas_get_num_threads"):
+            fn = getattr(lib, sym, None)
+            if fn is not None:
+                return str(fn())
+    return "?"
 
 
 def _paired(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
@@ -142,59 +189,81 @@ def _paired(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[fl
     return times
 
 
+def _ratio(times: dict[str, list[float]]) -> float:
+    """The median over rounds of ort time / sdrt time (above 1: sdrt is faster)."""
+    return float(np.median(np.array(times["ort"]) / np.array(times["sdrt"])))
+
+
 def gemm(threads: int, rounds: int) -> None:
-    print(f"\ngemm: GFLOPS (median of {rounds} interleaved rounds, each the best of 3 calls), {threads} threads, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'K x M x N':>18s} {'sdrt':>7s} {'ggml':>7s} {'ort':>7s} {'numpy':>7s} {'sdrt/ort':>9s}  what")
-    for k, m, n, what in GEMMS:
+    from onnx import helper
+
+    from sdrt_ggml import native
+
+    from .harness import max_rel_err
+
+    sdrt_is = "the native packed GEMM" if native.native() is not None else "ggml mul_mat: no native library"
+    print(f"\ngemm: GFLOPS (2*M*K*N; median of {rounds} interleaved rounds, each the best of 3 calls), "
+          f"MatMul(a[M,K], w[K,N] constant), {threads} threads, load average {os.getloadavg()[0]:.1f}")
+    print(f"  sdrt: sdrt.load(backend='ggml') ({sdrt_is}), its graph computed without session IO; ort: onnxruntime "
+          f"(MLAS) run with an IO binding; ggml mm: ggml_mul_mat; "
+          f"numpy: a @ w on OpenBLAS with its own {_openblas_threads()} threads (ignores --threads); "
+          f"err: max |sdrt - ort| / max |ort|")
+    print(f"{'M x K x N':>18s} {'sdrt':>7s} {'ort':>7s} {'ggml mm':>8s} {'numpy':>7s} {'sdrt/ort':>9s} {'err':>8s}  what")
+    for m, k, n, what in GEMMS:
+        rng = np.random.default_rng(m * 7 + k * 3 + n)
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        w = rng.standard_normal((k, n), dtype=np.float32)
+        model = _onnx_model(helper.make_node("MatMul", ["a", "w"], ["c"]), "a", (m, k), {"w": w})
+        ours, ort = _sdrt_session(model, threads), _ort_session(model, threads)
+        feeds = {"a": a}
+        err = max_rel_err([ours.run(feeds)["c"]], ort.run(None, feeds))
         gm = _Ggml(threads)
-        x, w = gm.tensor(k, n), gm.tensor(k, m)
-        # the lowering's operand order: conv (pixels, weights), MatMul (weights^T, activations)
-        out = gm.g.ggml_mul_mat(gm.ctx, x, w) if n > PIXELS_FIRST else gm.g.ggml_mul_mat(gm.ctx, w, x)
-        fns: dict[str, Callable[[], Any]] = {"ggml": gm.runner(out)}
-        ours = _native_gemm(gm, k, m, n)
-        if ours is not None:
-            fns["sdrt"] = gm.runner(ours)
-        fns["ort"] = _ort_matmul(k, m, n, threads)
-        a, wn = np.ones((n, k), np.float32), np.ones((k, m), np.float32)
-        fns["numpy"] = lambda a=a, wn=wn: a @ wn
+        mm = gm.g.ggml_mul_mat(gm.ctx, gm.tensor(k, n), gm.tensor(k, m))  # ne (K, N) w^T, (K, M) a: out ne (N, M)
+        fns = _compute_runners(ours, ort, feeds, "c", (m, n))
+        keep = fns.pop("_keep")
+        fns.update({"ggml": gm.runner(mm), "numpy": lambda a=a, w=w: a @ w})
         times = _paired(fns, rounds)
+        del keep
+        ours.close()
         gm.close()
-        gf = 2 * k * m * n / 1e6
+        gf = 2 * m * k * n / 1e6
         med = {name: gf / float(np.median(t)) for name, t in times.items()}
-        ratio = float(np.median(np.array(times["ort"]) / np.array(times["sdrt"]))) if "sdrt" in times else float("nan")
-        print(f"{f'{k} x {m} x {n}':>18s} {med.get('sdrt', float('nan')):7.0f} {med['ggml']:7.0f} {med['ort']:7.0f} "
-              f"{med['numpy']:7.0f} {ratio:9.2f}  {what}")
+        print(f"{f'{m} x {k} x {n}':>18s} {med['sdrt']:7.0f} {med['ort']:7.0f} {med['ggml']:8.0f} "
+              f"{med['numpy']:7.0f} {_ratio(times):9.2f} {err:8.1e}  {what}", flush=True)
 
 
 def conv(threads: int, rounds: int) -> None:
-    from numpy.lib.stride_tricks import as_strided
+    from onnx import helper
 
-    print(f"\nconv (3x3, pad 1): ms, {threads} threads")
-    print(f"{'C x HW x OC':>16s} {'window':>8s} {'im2col mm':>10s} {'numpy':>8s} {'sdrt window':>12s}")
-    for c, hw, oc in CONVS:
-        wp, k = hw + 2, 9 * c
-        m = -(-(hw * wp) // 16) * 16
-        gm = _Ggml(threads)
-        stacked = gm.tensor(k * m)  # ggml sizes views as if contiguous: K*M floats
-        windows = gm.g.ggml_view_2d(gm.ctx, stacked, k, m, 3 * c * 4, 0)
-        window_ms = gm.timer(gm.g.ggml_mul_mat(gm.ctx, windows, gm.tensor(k, oc)), rounds)
-        im2col_ms = gm.timer(gm.g.ggml_mul_mat(gm.ctx, gm.tensor(k, hw * hw), gm.tensor(k, oc)), rounds)
-        native_ms = float("nan")
-        from sdrt_ggml import native
+    from .harness import max_rel_err
 
-        nat = native.native()
-        if nat is not None:
-            tw = gm.tensor(native.NR, k, -(-oc // native.NR))
-            y = native.gemm_op(nat, gm.g, gm.ctx, windows, tw, m=m, n=oc, trans=True, packed=True,
-                               state=native.state_tensor(gm.g, gm.ctx))
-            native_ms = gm.timer(y, rounds)
-        gm.close()
-        buf = np.ones(hw * wp * 3 * c + k, np.float32)
-        view = as_strided(buf, shape=(hw * wp, k), strides=(3 * c * 4, 4))
-        w = np.ones((k, oc), np.float32)
-        np_ms = _best_ms(lambda view=view, w=w: np.ascontiguousarray(view) @ w, rounds)
-        print(f"{f'{c} x {hw} x {oc}':>16s} {window_ms:8.2f} {im2col_ms:10.2f} {np_ms:8.2f} {native_ms:12.2f}")
+    print(f"\nconv (3x3, pad 1, bias): ms and effective GFLOPS (direct-conv flops 2*OC*H*W*C*9, also for Winograd, "
+          f"which does fewer), median of {rounds} interleaved rounds, each the best of 3 calls, {threads} threads, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print("  sdrt: sdrt.load(backend='ggml'), its graph computed without session IO; ort: onnxruntime (MLAS) run with "
+          "an IO binding; err: max |sdrt - ort| / max |ort|; route: the lowering's choice (impl_hits)")
+    print(f"{'C x HW x OC':>16s} {'sdrt ms':>8s} {'ort ms':>8s} {'sdrt GF':>8s} {'ort GF':>7s} {'sdrt/ort':>9s} "
+          f"{'err':>8s}  {'route':18s} what")
+    for c, hw, oc, what in CONVS:
+        rng = np.random.default_rng(c * 7 + hw * 3 + oc)
+        x = rng.standard_normal((1, c, hw, hw), dtype=np.float32)
+        w = rng.standard_normal((oc, c, 3, 3), dtype=np.float32) / np.float32(np.sqrt(9 * c))
+        b = rng.standard_normal(oc, dtype=np.float32)
+        node = helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+        model = _onnx_model(node, "x", (1, c, hw, hw), {"w": w, "b": b})
+        ours, ort = _sdrt_session(model, threads), _ort_session(model, threads)
+        feeds = {"x": x}
+        err = max_rel_err([ours.run(feeds)["y"]], ort.run(None, feeds))
+        route = ",".join(sorted(k.removeprefix("conv ") for k in ours.impl_hits if k.startswith("conv"))) or "ggml"
+        fns = _compute_runners(ours, ort, feeds, "y", (1, oc, hw, hw))
+        keep = fns.pop("_keep")
+        times = _paired(fns, rounds)
+        del keep
+        ours.close()
+        ms = {name: float(np.median(t)) for name, t in times.items()}
+        gf = 2 * oc * hw * hw * c * 9 / 1e6
+        print(f"{f'{c} x {hw} x {oc}':>16s} {ms['sdrt']:8.2f} {ms['ort']:8.2f} {gf / ms['sdrt']:8.0f} "
+              f"{gf / ms['ort']:7.0f} {_ratio(times):9.2f} {err:8.1e}  {route:18s} {what}", flush=True)
 
 
 def attention(threads: int, rounds: int) -> None:

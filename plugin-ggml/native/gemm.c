@@ -33,6 +33,10 @@
 /* a packed B (weights) above this is likely read from memory on every run (a model holds many, and
  * each was last read one run ago): its panels are prefetched */
 #define PREFETCH_B_BYTES (512 * 1024)
+/* K blocks up to this run many slices a kernel call where the ISA has such kernels (sdrt_block) */
+#ifndef MKERN_MAX_K
+#define MKERN_MAX_K 128
+#endif
 
 /* ---- ISA dispatch ------------------------------------------------------------------ */
 static const sdrt_isa_kernels *kernels_of(int isa) {
@@ -113,6 +117,34 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
                 ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last) {
     const int mr = kk->mr_max, nr = kk->nr;
     const int tiles = (m + mr - 1) / mr;
+    if (k <= MKERN_MAX_K && kk->mkern[1] && !out->prefetch_b) {
+        /* small K: each A tile meets every slice of the panels in one call (the panels, k x 32
+         * floats each, stay in L1 or L2), so a call's fixed cost (zeroing, the epilogue's set-up,
+         * the call) is paid once a tile instead of once a slice */
+        const int cols = panels * SDRT_NR < out->n ? panels * SDRT_NR : out->n;
+        const int slices = (cols + nr - 1) / nr;
+        sdrt_tile_out o;
+        o.ldc = out->ldc;
+        o.trans = out->trans;
+        o.n = cols;
+        o.bias = out->bias;
+        o.acc = acc;
+        o.last = last;
+        o.ldres = out->ldres;
+        o.ep = out->ep;
+        sdrt_split ts = sdrt_split_of(m, tiles);
+        for (int t = 0, m1 = 0; t < tiles; t++) {
+            const int m0 = m1;
+            m1 = sdrt_split_next(&ts);
+            o.m = m1 - m0;
+            o.rbias = out->rbias ? out->rbias + m0 : NULL;
+            o.c = out->trans ? out->c + m0 : out->c + (ptrdiff_t)m0 * out->ldc;
+            o.res = !out->res ? NULL : out->trans ? out->res + m0 : out->res + (ptrdiff_t)m0 * out->ldres;
+            const float *pf = t + 1 < tiles ? a + (ptrdiff_t)m1 * lda : a;
+            kk->mkern[o.m](k, a + (ptrdiff_t)m0 * lda, lda, b, pstride, slices, &o, pf);
+        }
+        return;
+    }
     for (int q = 0; q < panels; q++) {
         for (int h = 0; h < SDRT_NR; h += nr) {
             const int n0 = q * SDRT_NR + h;

@@ -84,7 +84,8 @@ KPORT(3)
 KPORT(4)
 
 static const sdrt_isa_kernels portable = {"portable", 4, 32, 256, {NULL, kport_1, kport_2, kport_3, kport_4},
-                                          {NULL, kporti_1, kporti_2, kporti_3, kporti_4}};
+                                          {NULL, kporti_1, kporti_2, kporti_3, kporti_4},
+                                          {NULL}};
 
 const sdrt_isa_kernels *sdrt_kernels_portable(void) { return &portable; }
 
@@ -215,6 +216,10 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
         sdrt_store_tile(tile, 16, o); \
         return; \
     } \
+    R256_EPILOGUE_ROWS
+
+/* the row-major epilogue alone */
+#define R256_EPILOGUE_ROWS \
     const __m256 zero = _mm256_setzero_ps(); \
     __m256 bv0 = zero, bv1 = zero; \
     if (o->bias && !o->acc) { \
@@ -246,6 +251,46 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
         } \
         R256_EPILOGUE \
     } \
+    static TARGET_AVX2 void k256m_##MR(int K, const float *a, ptrdiff_t lda, const float *bp, ptrdiff_t pstride, \
+                                       int slices, const sdrt_tile_out *o_, const float *pf) { \
+        enum { mr_ = MR }; \
+        sdrt_tile_out ol = *o_; \
+        const sdrt_tile_out *o = &ol; \
+        const ptrdiff_t cstep = ol.trans ? 16 * ol.ldc : 16, rstep = ol.trans ? 16 * ol.ldres : 16; \
+        for (int sl = 0; sl < slices && ol.n > 0; sl++) { \
+            const float *b = bp + (ptrdiff_t)(sl >> 1) * pstride + (sl & 1) * 16; \
+            R256_ALL(R256_DECL) \
+            int k = 0; \
+            for (; k + 16 <= K;) { \
+                if (sl == 0) { \
+                    R256_ALL(R256_PREFETCH) \
+                } \
+                for (const int k1 = k + 16; k < k1; k++) { \
+                    const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
+                    const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 8); \
+                    R256_ALL(R256_STEP) \
+                } \
+            } \
+            for (; k < K; k++) { \
+                const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
+                const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 8); \
+                R256_ALL(R256_STEP) \
+            } \
+            const int left = ol.n; \
+            ol.n = left < 16 ? left : 16; \
+            if (ol.trans) { \
+                SDRT_ALIGN(32) float tile[mr_ * 16]; \
+                R256_ALL(R256_TILE) \
+                sdrt_store_tile(tile, 16, o); \
+            } else { \
+                R256_EPILOGUE_ROWS \
+            } \
+            ol.n = left - 16; \
+            ol.c += cstep; \
+            ol.res = ol.res ? ol.res + rstep : NULL; \
+            ol.bias = ol.bias ? ol.bias + 16 : NULL; \
+        } \
+    } \
     static TARGET_AVX2 void k256i_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off, \
                                        const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
@@ -269,7 +314,8 @@ K256(5)
 K256(6)
 
 static const sdrt_isa_kernels avx2 = {"avx2", 6, 16, 384, {NULL, k256_1, k256_2, k256_3, k256_4, k256_5, k256_6},
-                                      {NULL, k256i_1, k256i_2, k256i_3, k256i_4, k256i_5, k256i_6}};
+                                      {NULL, k256i_1, k256i_2, k256i_3, k256i_4, k256i_5, k256i_6},
+                                      {NULL, k256m_1, k256m_2, k256m_3, k256m_4, k256m_5, k256m_6}};
 
 /* 16x16 transpose in registers: r[i] holds row i on entry, column i on return */
 INLINE_AVX512 void transpose16(__m512 r[16]) {
@@ -473,7 +519,8 @@ static const sdrt_isa_kernels avx512 = {
     {NULL, k512_1, k512_2, k512_3, k512_4, k512_5, k512_6, k512_7, k512_8, k512_9, k512_10, k512_11, k512_12,
      k512_13, k512_14},
     {NULL, k512i_1, k512i_2, k512i_3, k512i_4, k512i_5, k512i_6, k512i_7, k512i_8, k512i_9, k512i_10, k512i_11,
-     k512i_12, k512i_13, k512i_14}};
+     k512i_12, k512i_13, k512i_14},
+    {NULL}};
 
 const sdrt_isa_kernels *sdrt_kernels_avx2(void) { return sdrt_cpu_has(SDRT_ISA_AVX2) ? &avx2 : NULL; }
 const sdrt_isa_kernels *sdrt_kernels_avx512(void) { return sdrt_cpu_has(SDRT_ISA_AVX512) ? &avx512 : NULL; }
@@ -528,7 +575,8 @@ KNEON(5)
 KNEON(6)
 
 static const sdrt_isa_kernels neon = {"neon", 6, 16, 256, {NULL, kneon_1, kneon_2, kneon_3, kneon_4, kneon_5, kneon_6},
-                                      {NULL, kneoni_1, kneoni_2, kneoni_3, kneoni_4, kneoni_5, kneoni_6}};
+                                      {NULL, kneoni_1, kneoni_2, kneoni_3, kneoni_4, kneoni_5, kneoni_6},
+                                      {NULL}};
 const sdrt_isa_kernels *sdrt_kernels_neon(void) { return &neon; }
 #else
 const sdrt_isa_kernels *sdrt_kernels_neon(void) { return NULL; }

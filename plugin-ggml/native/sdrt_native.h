@@ -96,6 +96,13 @@ typedef void (*sdrt_ikernel_fn)(int K, const float *a, ptrdiff_t lda, const floa
 typedef void (*sdrt_kernel_fn)(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o,
                                const float *pf);
 
+/* `slices` C tiles in one call: the nr-column slices j = 0, 1, ... of consecutive packed panels
+ * (slice j at b + (j nr / 32) pstride + j nr % 32), all against the same A rows; o describes
+ * slice 0 (c, res and bias advance by nr columns a slice; n counts the valid columns from slice
+ * 0). For small K, where a call's fixed cost is a large share of its K products. */
+typedef void (*sdrt_mkernel_fn)(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t pstride, int slices,
+                                const sdrt_tile_out *o, const float *pf);
+
 typedef struct {
     const char *name;
     int mr_max;
@@ -103,6 +110,7 @@ typedef struct {
     int kc; /* longest block of K: a kc x nr slice of B (row stride 32) stays in L1 over the A tiles */
     sdrt_kernel_fn kern[17]; /* kern[mr] for mr in 1..mr_max */
     sdrt_ikernel_fn ikern[17]; /* the same with B rows by offsets (NULL: this ISA has none) */
+    sdrt_mkernel_fn mkern[17]; /* many slices a call (NULL: this ISA has none) */
 } sdrt_isa_kernels;
 
 /* the kernel table of an ISA, or NULL when this build or this CPU lacks it */

@@ -109,19 +109,27 @@ def test_update_weights_bench_agrees_with_a_reload(registry, tmp_path, monkeypat
     assert r["update_s"] > 0 and r["reload_s"] > 0 and r["reload_cached_s"] > 0
 
 
-def test_ggml_kernel_microbenchmark_runs(monkeypatch, capsys):
+def test_ggml_kernel_microbenchmark_runs(registry, monkeypatch, capsys):
     """bench.ggml_gemm times each kernel against its peers; at tiny shapes every section runs."""
     pytest.importorskip("ggml", reason="ggml-python (sdrt-ggml's dependency) is not installed")
+    import sdrt_ggml
     from bench import ggml_gemm
 
-    monkeypatch.setattr(ggml_gemm, "GEMMS", [(32, 16, 64, "tiny")])
-    monkeypatch.setattr(ggml_gemm, "CONVS", [(16, 8, 16)])
+    registry.register_plugin(sdrt_ggml, "ggml")  # the gemm and conv sections load through sdrt.load
+
+    monkeypatch.setattr(ggml_gemm, "GEMMS", [(64, 32, 16, "tiny matmul")])  # M, K, N
+    monkeypatch.setattr(ggml_gemm, "CONVS", [(16, 8, 16, "tiny conv"), (32, 8, 32, "tiny winograd")])  # C, HW, OC
     monkeypatch.setattr(ggml_gemm, "ATTENTION", [(32, 16, 8, 2)])
     monkeypatch.setattr(ggml_gemm.time, "sleep", lambda s: None)
     assert ggml_gemm.main(["--threads", "1", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
-    assert "gemm: GFLOPS" in out and "conv (3x3, pad 1)" in out and "attention (float32)" in out
-    assert "32 x 16 x 64" in out and "16 x 8 x 16" in out and "32 x 16 x 8 x 2" in out
+    assert "gemm: GFLOPS" in out and "conv (3x3, pad 1" in out and "attention (float32)" in out
+    assert "64 x 32 x 16" in out and "16 x 8 x 16" in out and "32 x 16 x 8 x 2" in out
+    rows = {what: next(line.split() for line in out.splitlines() if line.endswith(what))
+            for what in ("tiny matmul", "tiny conv", "tiny winograd")}
+    assert rows["tiny conv"][-3] in ("direct", "implicit") and rows["tiny winograd"][-3] == "winograd"
+    # sdrt agrees with onnxruntime (the error column: before the words, and before the route for convs)
+    assert max(float(rows["tiny matmul"][-3]), float(rows["tiny conv"][-4]), float(rows["tiny winograd"][-4])) < 1e-4
 
 
 def test_unet_batch_axis_can_be_dynamic_with_rows_kept_apart():

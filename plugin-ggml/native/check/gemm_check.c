@@ -61,7 +61,8 @@ static int check(int isa, int M, int N, int K) {
 
 int main(void) {
     static const int shapes[][3] = {{1, 1, 1}, {7, 31, 13}, {14, 32, 16}, {15, 33, 17},
-                                    {37, 97, 389}, {6, 160, 1031}, {3, 17, 3072}};
+                                    {37, 97, 389}, {6, 160, 1031}, {3, 17, 3072}, {23, 100, 64}, {13, 70, 128},
+                                    {8, 45, 129}};
     int fails = 0, runs = 0;
     printf("best ISA here: %s\n", sdrt_gemm_isa_name(sdrt_gemm_set_isa(-1)));
     for (int isa = 0; isa < 4; isa++) {

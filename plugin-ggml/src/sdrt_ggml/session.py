@@ -178,13 +178,7 @@ class GgmlSession(Session):
                 arr = _checked_indices(name, arr, self._lo.index_checks[name])
             arr = np.ascontiguousarray(arr, dtype=np.int32 if t.dtype == "int32" else np.float32)
             g.ggml_backend_tensor_set(t.ptr, arr.ctypes.data, 0, arr.nbytes)
-        if self._sched is not None:
-            status = g.ggml_backend_sched_graph_compute(self._sched, self._graph)
-        else:
-            status = g.ggml_backend_graph_compute(self._device.backend, self._graph)
-        if status != g.GGML_STATUS_SUCCESS:
-            raise SdrtError(f"ggml graph compute failed with status {status}", where=self._where,
-                            fix="check free memory; run with device='CPU' to compare")
+        self._compute()
         out: dict[str, np.ndarray] = {}
         for info in self.outputs:
             v = self._lo.outputs[info.name]
@@ -199,6 +193,18 @@ class GgmlSession(Session):
             want = info.dtype if info.dtype not in ("undefined", "non-tensor") else arr.dtype.name
             out[info.name] = arr.astype(want, copy=False)
         return out
+
+    def _compute(self) -> None:
+        """Compute the graph on the inputs last set (no feeding, no fetching: bench.ggml_gemm times
+        the kernels with it)."""
+        g = ggml_lib()
+        if self._sched is not None:
+            status = g.ggml_backend_sched_graph_compute(self._sched, self._graph)
+        else:
+            status = g.ggml_backend_graph_compute(self._device.backend, self._graph)
+        if status != g.GGML_STATUS_SUCCESS:
+            raise SdrtError(f"ggml graph compute failed with status {status}", where=self._where,
+                            fix="check free memory; run with device='CPU' to compare")
 
     def _host_values(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the host part of the graph (integer work on integer inputs) on these feeds."""
