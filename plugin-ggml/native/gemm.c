@@ -146,6 +146,13 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
         return;
     }
     for (int q = 0; q < panels; q++) {
+        /* the next panel's rows, a share of them prefetched into L2 before each kernel call: B from
+         * memory (weights far larger than the caches, at small M) streams while the tiles compute,
+         * instead of stalling the first tile of each slice. The shares' bounds step without a
+         * division */
+        const float *next = out->prefetch_b && q + 1 < panels ? b + (ptrdiff_t)(q + 1) * pstride : NULL;
+        sdrt_split rows = sdrt_split_of(k, tiles * (SDRT_NR / nr));
+        int r0 = 0;
         for (int h = 0; h < SDRT_NR; h += nr) {
             const int n0 = q * SDRT_NR + h;
             if (n0 >= out->n)
@@ -160,22 +167,20 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
             o.last = last;
             o.ldres = out->ldres;
             o.ep = out->ep;
-            /* the next panel's rows, a share of them prefetched into L2 before each kernel call:
-             * B from memory (weights far larger than the caches, at small M) streams while the tiles
-             * compute, instead of stalling the first tile of each slice */
-            const float *next = out->prefetch_b && q + 1 < panels ? b + (ptrdiff_t)(q + 1) * pstride : NULL;
-            const long calls = (long)tiles * (SDRT_NR / nr), call0 = (long)tiles * (h / nr);
             sdrt_split ts = sdrt_split_of(m, tiles);
             int m1 = 0, m2 = sdrt_split_next(&ts);
             for (int t = 0; t < tiles; t++) {
                 const int m0 = m1;
                 m1 = m2;
                 m2 = t + 1 < tiles ? sdrt_split_next(&ts) : m1;
-                if (next) /* this call's share of the next panel's rows, both cache lines of each */
-                    for (int r = (int)((call0 + t) * k / calls), r1 = (int)((call0 + t + 1) * k / calls); r < r1; r++) {
+                if (next) { /* this call's share of the next panel's rows, both cache lines of each */
+                    const int r1 = sdrt_split_next(&rows);
+                    for (int r = r0; r < r1; r++) {
                         SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_NR);
                         SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_NR + 16);
                     }
+                    r0 = r1;
+                }
                 o.m = m1 - m0;
                 o.rbias = out->rbias ? out->rbias + m0 : NULL;
                 o.c = out->trans ? out->c + (ptrdiff_t)n0 * out->ldc + m0 : out->c + (ptrdiff_t)m0 * out->ldc + n0;

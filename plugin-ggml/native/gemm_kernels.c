@@ -424,10 +424,9 @@ INLINE_AVX512 __m512 exp512(__m512 x) {
     return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(ni, 23)));
 }
 
-INLINE_AVX512 __m512 act512(const sdrt_epilogue *ep, __m512 v) {
-    if (!ep)
-        return v;
-    switch (ep->act) {
+/* activation `act` with ep's bounds (a constant act folds to one case) */
+INLINE_AVX512 __m512 act512_k(int act, const sdrt_epilogue *ep, __m512 v) {
+    switch (act) {
     case SDRT_ACT_RELU:
         return _mm512_max_ps(v, _mm512_setzero_ps());
     case SDRT_ACT_CLIP:
@@ -445,11 +444,66 @@ INLINE_AVX512 __m512 act512(const sdrt_epilogue *ep, __m512 v) {
     }
 }
 
+INLINE_AVX512 __m512 act512(const sdrt_epilogue *ep, __m512 v) { return ep ? act512_k(ep->act, ep, v) : v; }
+
+/* the rows of a full-width (32-column) row-major tile: + C (a later block of K) or + the biases,
+ * then + the residual and activation `act` (a constant in each call below). The general store's
+ * tests and masks per row cost as much as several k steps a call (measured on AVX2, whose kernels
+ * have the same short path) */
+INLINE_AVX512 void store512_full(const __m512 *c0, const __m512 *c1, int MR, const sdrt_tile_out *o, int act,
+                                 const sdrt_epilogue *ep, const float *res) {
+    const int acc = o->acc;
+    __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+    if (o->bias && !acc) {
+        b0 = _mm512_loadu_ps(o->bias);
+        b1 = _mm512_loadu_ps(o->bias + 16);
+    }
+    static const float zeros[16] = {0.0f};
+    const float *rb = o->rbias && !acc ? o->rbias : zeros;
+    for (int i = 0; i < MR && i < o->m; i++) {
+        float *c = o->c + i * o->ldc;
+        __m512 v0, v1;
+        if (acc) {
+            v0 = _mm512_add_ps(c0[i], _mm512_loadu_ps(c));
+            v1 = _mm512_add_ps(c1[i], _mm512_loadu_ps(c + 16));
+        } else {
+            const __m512 ri = _mm512_set1_ps(rb[i]);
+            v0 = _mm512_add_ps(c0[i], _mm512_add_ps(b0, ri));
+            v1 = _mm512_add_ps(c1[i], _mm512_add_ps(b1, ri));
+        }
+        if (res) {
+            v0 = _mm512_add_ps(v0, _mm512_loadu_ps(res + i * o->ldres));
+            v1 = _mm512_add_ps(v1, _mm512_loadu_ps(res + i * o->ldres + 16));
+        }
+        _mm512_storeu_ps(c, act512_k(act, ep, v0));
+        _mm512_storeu_ps(c + 16, act512_k(act, ep, v1));
+    }
+}
+
 /* the accumulators of an mr x 32 tile (c0: columns 0-15, c1: 16-31) to their place in C */
 INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sdrt_tile_out *o) {
     const __mmask16 m0 = mask16(o->n), m1 = mask16(o->n - 16);
     const sdrt_epilogue *ep = o->last ? o->ep : NULL;
     const float *res = o->last ? o->res : NULL;
+    if (!o->trans && o->n >= 32) {
+        switch (ep ? ep->act : SDRT_ACT_NONE) {
+        case SDRT_ACT_RELU:
+            store512_full(c0, c1, MR, o, SDRT_ACT_RELU, ep, res);
+            return;
+        case SDRT_ACT_CLIP:
+            store512_full(c0, c1, MR, o, SDRT_ACT_CLIP, ep, res);
+            return;
+        case SDRT_ACT_HARDSWISH:
+            store512_full(c0, c1, MR, o, SDRT_ACT_HARDSWISH, ep, res);
+            return;
+        case SDRT_ACT_SILU:
+            store512_full(c0, c1, MR, o, SDRT_ACT_SILU, ep, res);
+            return;
+        default:
+            store512_full(c0, c1, MR, o, SDRT_ACT_NONE, ep, res);
+            return;
+        }
+    }
     if (!o->trans) {
         __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
         if (o->bias && !o->acc) {
