@@ -12,6 +12,7 @@ import base64
 import hashlib
 import importlib.metadata as md
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -284,3 +285,34 @@ def test_install_with_uv(env):
     make_wheel(links, "sdrt-openvino", "0.1.0")
     result = install("openvino", use_uv=True, python=python, extra_args=source(links), hw=CPU_ONLY)
     assert result.added == {"sdrt-openvino": "0.1.0"}
+
+
+# -- a source build without a compiler ---------------------------------------
+
+NO_COMPILER_LOG = Path(__file__).parent / "data" / "pip_no_compiler.txt"
+
+
+def test_a_build_without_a_compiler_says_what_to_install(monkeypatch):
+    """pip's real output when ggml-python's CMake build finds no C compiler (captured with
+    CC/CXX pointing at a missing file; scripts/capture_no_compiler.sh): one line that names the fix."""
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    lines = NO_COMPILER_LOG.read_text().splitlines()
+    p = plan("ggml", build="cpu", hw=CPU_ONLY)
+    fix = installer._fix_for(p, lines)
+    assert "needs a C/C++ compiler" in fix and "build-essential" in fix and "xcode-select --install" in fix
+    assert fix.endswith(p.command) and "\n" not in fix
+    assert "ggml-python" in installer._pip_error(lines)
+
+
+def test_the_compiler_line_survives_a_long_build_log():
+    """The CMake line that names the missing compiler comes long before pip's last lines."""
+    script = "print('CMake Error: CMAKE_C_COMPILER: /x/cc is not a full path to an existing compiler tool.')\n" \
+             "for i in range(500): print('log line', i)\n"
+    rc, lines = installer._run([sys.executable, "-c", script], dict(os.environ), None)
+    assert rc == 0 and "not a full path to an existing compiler tool" in lines[0] and lines[-1] == "log line 499"
+    assert len(lines) == 61
+
+
+def test_other_build_failures_keep_the_generic_fix():
+    p = plan("ggml", build="cpu", hw=CPU_ONLY)
+    assert "needs a C/C++ compiler" not in installer._fix_for(p, ["ERROR: Failed building wheel for ggml-python"])

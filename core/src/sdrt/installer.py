@@ -258,9 +258,21 @@ def _dry_run_argv(p: InstallPlan) -> list[str]:
     return [*p.argv, "--dry-run", "--quiet"]
 
 
+#: what a source build without a working C/C++ compiler prints (CMake, setuptools, MSVC, Xcode)
+_NO_COMPILER = ("No CMAKE_C_COMPILER could be found", "No CMAKE_CXX_COMPILER could be found",
+                "CMAKE_C_COMPILER not set", "CMAKE_CXX_COMPILER not set",
+                "Could not find the compiler specified in the environment variable",
+                "Could not find compiler set in environment variable",
+                "is not a full path to an existing compiler tool", "is not able to compile a simple test program",
+                "Microsoft Visual C++ 14.0 or greater is required", "xcrun: error: invalid active developer path",
+                "command 'gcc' failed", "command 'cc' failed", "gcc: not found", "cc: not found")
+
+
 def _run(argv: list[str], env: dict[str, str], echo: TextIO | None) -> tuple[int, list[str]]:
-    """Run a command, streaming to ``echo``; return the exit code and its last lines."""
+    """Run a command, streaming to ``echo``; return the exit code and its last lines (after any line
+    that says a compiler is missing, which a long build log would push out of the tail)."""
     tail: deque[str] = deque(maxlen=60)
+    marks: list[str] = []
     try:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace")
@@ -269,10 +281,12 @@ def _run(argv: list[str], env: dict[str, str], echo: TextIO | None) -> tuple[int
     assert proc.stdout is not None
     for line in proc.stdout:
         tail.append(line.rstrip("\n"))
+        if len(marks) < 3 and any(marker in line for marker in _NO_COMPILER):
+            marks.append(line.rstrip("\n"))
         if echo is not None:
             echo.write(line)
             echo.flush()
-    return proc.wait(), list(tail)
+    return proc.wait(), [m for m in marks if m not in tail] + list(tail)
 
 
 def _pip_error(lines: list[str]) -> str:
@@ -283,6 +297,11 @@ def _pip_error(lines: list[str]) -> str:
 
 def _fix_for(p: InstallPlan, lines: list[str]) -> str:
     text = "\n".join(lines)
+    if any(marker in text for marker in _NO_COMPILER):
+        return ("this build needs a C/C++ compiler (ggml-python builds ggml from source): install one (Debian/Ubuntu: "
+                "apt install build-essential; Fedora: dnf install gcc-c++; macOS: xcode-select --install; Windows: "
+                "Visual Studio Build Tools with 'Desktop development with C++') and run the same command again: "
+                f"{p.command}")
     if "No matching distribution" in text or "not found in the package registry" in text:
         return (f"check that {p.distribution} is published for this platform and Python {sys.version_info[0]}."
                 f"{sys.version_info[1]}, or pass --find-links/--index-url pointing at where it is")
