@@ -293,10 +293,10 @@ NO_COMPILER_LOG = Path(__file__).parent / "data" / "pip_no_compiler.txt"
 
 
 def test_a_build_without_a_compiler_says_what_to_install(monkeypatch):
-    """pip's real output when ggml-python's CMake build finds no C compiler (captured with
-    CC/CXX pointing at a missing file; scripts/capture_no_compiler.sh): one line that names the fix."""
+    """pip's real output when ggml-python's CMake build finds no C compiler (captured with no
+    compiler on PATH: scripts/capture_no_compiler.sh): one line that names the fix."""
     monkeypatch.delenv("CMAKE_ARGS", raising=False)
-    lines = NO_COMPILER_LOG.read_text().splitlines()
+    lines = NO_COMPILER_LOG.read_text(encoding="utf-8").splitlines()
     p = plan("ggml", build="cpu", hw=CPU_ONLY)
     fix = installer._fix_for(p, lines)
     assert "needs a C/C++ compiler" in fix and "build-essential" in fix and "xcode-select --install" in fix
