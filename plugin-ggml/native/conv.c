@@ -297,15 +297,6 @@ static int vector_unit(const conv_shape *s, const float *xn, const float *w, con
     return 0;
 }
 
-#if defined(_MSC_VER)
-#include <intrin.h>
-#define CV_ATOMIC_ADD(p, v) _InterlockedExchangeAdd((volatile long *)(p), (long)(v))
-#define CV_ATOMIC_STORE(p, v) _InterlockedExchange((volatile long *)(p), (long)(v))
-#else
-#define CV_ATOMIC_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_ACQ_REL)
-#define CV_ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#endif
-
 /* params[] of sdrt_conv_op */
 enum { P_KH, P_KW, P_SH, P_SW, P_DH, P_DW, P_PH, P_PW, P_DIRECT, P_ACT, P_LO, P_HI, P_COUNT };
 
@@ -404,20 +395,14 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     int n_set = -1;
     conv_out co = {NULL, NULL, ep.act ? &ep : NULL, NULL};
     for (;;) {
-        const long u = CV_ATOMIC_ADD(&state[0], 1);
+        const long u = sdrt_work_take(state);
         if (u >= units)
             break;
         const int n = (int)(u / groups), g = (int)(u % groups);
         if (n != n_set) { /* this item's row biases: the constant bias plus the runtime one */
-            co.rbias = bias;
-            if (rb) {
-                float *comb = sdrt_thread_buffer(5, (size_t)s.OC * sizeof(float));
-                if (!comb)
-                    break;
-                for (int oc = 0; oc < s.OC; oc++)
-                    comb[oc] = rb[(ptrdiff_t)n * s.OC + oc] + (bias ? bias[oc] : 0.0f);
-                co.rbias = comb;
-            }
+            co.rbias = rb ? sdrt_item_row_bias(5, rb, bias, n, s.OC) : bias;
+            if (rb && !co.rbias)
+                break;
             co.res = res ? (const float *)(res + n * O.nb[3]) : NULL;
             co.cscale = cs ? cs + (ptrdiff_t)n * s.C : NULL;
             n_set = n;
@@ -432,10 +417,7 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
             break;
     }
 done:
-    if (CV_ATOMIC_ADD(&state[1], 1) == nth - 1) {
-        CV_ATOMIC_STORE(&state[0], 0);
-        CV_ATOMIC_STORE(&state[1], 0);
-    }
+    sdrt_work_done(state, nth);
 }
 
 /* dst = src zero-padded: the padded input of a direct conv, as ggml_custom_4d's callback.

@@ -376,15 +376,6 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
 #define OP_RES 16u
 #define OP_ACT 32u
 
-#if defined(_MSC_VER)
-#include <intrin.h>
-#define ATOMIC_ADD(p, v) _InterlockedExchangeAdd((volatile long *)(p), (long)(v))
-#define ATOMIC_STORE(p, v) _InterlockedExchange((volatile long *)(p), (long)(v))
-#else
-#define ATOMIC_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_ACQ_REL)
-#define ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#endif
-
 /* dst = A . B [+ bias] over ggml tensors, as ggml_custom_4d's callback.
  *   src[0] A:    ne (K, M, d2, d3), nb0 = 4 (rows may overlap)
  *   src[1] B:    packed: ne (32, K, panels, 1), contiguous; else ne (N, K, e2, e3), any strides,
@@ -482,7 +473,7 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
     long bt_set = -1;
     for (;;) {
         if (state)
-            u = ATOMIC_ADD(&state[0], 1);
+            u = sdrt_work_take(state);
         if (u >= u_end)
             break;
         const long bt = u / per;
@@ -499,8 +490,6 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
         if (!state)
             u++;
     }
-    if (state && ATOMIC_ADD(&state[1], 1) == nth - 1) {
-        ATOMIC_STORE(&state[0], 0);
-        ATOMIC_STORE(&state[1], 0);
-    }
+    if (state)
+        sdrt_work_done(state, nth);
 }

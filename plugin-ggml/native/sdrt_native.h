@@ -207,4 +207,39 @@ static inline int sdrt_split_next(sdrt_split *s) {
 
 float *sdrt_thread_buffer(int slot, size_t bytes);
 
+/* The row biases of batch item n of a conv: the constant bias (OC floats, or NULL) plus the runtime
+ * per-channel one (rb, OC floats an item), in thread buffer `slot`; NULL when out of memory. */
+static inline const float *sdrt_item_row_bias(int slot, const float *rb, const float *bias, int n, int oc) {
+    float *comb = sdrt_thread_buffer(slot, (size_t)oc * sizeof(float));
+    if (comb)
+        for (int i = 0; i < oc; i++)
+            comb[i] = rb[(ptrdiff_t)n * oc + i] + (bias ? bias[i] : 0.0f);
+    return comb;
+}
+
+/* ---- the ops' shared work counter --------------------------------------------------------------
+ * An op's int32[4] state tensor, zeros at first: its threads take units from state[0] as they come
+ * (a thread that the OS holds back does not hold the others at ggml's barrier after the op), and
+ * the last thread to finish resets both counters for the next run (ggml runs the next node only
+ * after every thread has returned from this one). */
+#if defined(_MSC_VER)
+#include <intrin.h>
+#define SDRT_ATOMIC_ADD(p, v) _InterlockedExchangeAdd((volatile long *)(p), (long)(v))
+#define SDRT_ATOMIC_STORE(p, v) _InterlockedExchange((volatile long *)(p), (long)(v))
+#else
+#define SDRT_ATOMIC_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_ACQ_REL)
+#define SDRT_ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#endif
+
+/* the next unit of work for this thread */
+static inline long sdrt_work_take(int32_t *state) { return SDRT_ATOMIC_ADD(&state[0], 1); }
+
+/* this thread is done with the op: the last one out resets the counter */
+static inline void sdrt_work_done(int32_t *state, int nth) {
+    if (SDRT_ATOMIC_ADD(&state[1], 1) == nth - 1) {
+        SDRT_ATOMIC_STORE(&state[0], 0);
+        SDRT_ATOMIC_STORE(&state[1], 0);
+    }
+}
+
 #endif

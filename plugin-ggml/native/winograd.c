@@ -25,15 +25,6 @@
 /* bytes of a unit's V and M together (per thread): L2/L3 */
 #define WINO_UNIT_BYTES (2 * 1024 * 1024)
 
-#if defined(_MSC_VER)
-#include <intrin.h>
-#define WG_ATOMIC_ADD(p, v) _InterlockedExchangeAdd((volatile long *)(p), (long)(v))
-#define WG_ATOMIC_STORE(p, v) _InterlockedExchange((volatile long *)(p), (long)(v))
-#else
-#define WG_ATOMIC_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_ACQ_REL)
-#define WG_ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
-#endif
-
 typedef struct {
     int C, OC, OH, OW, TH, TW, Wp, Hp, top, left;
     ptrdiff_t ldu; /* floats between rows of a U matrix (>= C) */
@@ -169,17 +160,14 @@ SDRT_EXPORT void sdrt_winograd_op(void *dst, int ith, int nth, void *userdata) {
         int n_set = -1;
         const float *rbias = bias;
         for (;;) {
-            const long uidx = WG_ATOMIC_ADD(&state[0], 1);
+            const long uidx = sdrt_work_take(state);
             if (uidx >= units)
                 break;
             const int n = (int)(uidx / groups), g = (int)(uidx % groups);
             if (n != n_set && rb) { /* this item's row biases: the constant bias plus the runtime one */
-                float *comb = sdrt_thread_buffer(3, (size_t)s.OC * sizeof(float));
-                if (!comb)
+                rbias = sdrt_item_row_bias(3, rb, bias, n, s.OC);
+                if (!rbias)
                     break;
-                for (int oc = 0; oc < s.OC; oc++)
-                    comb[oc] = rb[(ptrdiff_t)n * s.OC + oc] + (bias ? bias[oc] : 0.0f);
-                rbias = comb;
                 n_set = n;
             }
             const int t0 = g * G, t1 = t0 + G < tiles ? t0 + G : tiles;
@@ -190,8 +178,5 @@ SDRT_EXPORT void sdrt_winograd_op(void *dst, int ith, int nth, void *userdata) {
         }
     }
 done:
-    if (WG_ATOMIC_ADD(&state[1], 1) == nth - 1) {
-        WG_ATOMIC_STORE(&state[0], 0);
-        WG_ATOMIC_STORE(&state[1], 0);
-    }
+    sdrt_work_done(state, nth);
 }
