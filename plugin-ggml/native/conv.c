@@ -59,18 +59,23 @@ typedef struct {
     int di, dj;
 } conv_tap;
 
-/* the runs of the panel of output pixels p0 .. p0+31 (at most 33: rows of one pixel); returns the
- * count, and the panel's valid width in *nv */
+/* the runs of the panel of output pixels p0 .. p0+31, each within one half of the panel (at most
+ * 34: rows of one pixel, and one more where a row crosses the halves); returns the count, and the
+ * panel's valid width in *nv */
 static int panel_runs(const conv_shape *s, int p0, pix_run *runs, int *nv) {
     const int np = s->OH * s->OW;
     const int n = np - p0 < SDRT_NR ? np - p0 : SDRT_NR;
     int count = 0, q = 0, y = p0 / s->OW, xo = p0 % s->OW;
     while (q < n) {
-        const int len = s->OW - xo < n - q ? s->OW - xo : n - q;
+        const int end = q < SDRT_HALF && n > SDRT_HALF ? SDRT_HALF : n; /* this half's end */
+        const int len = s->OW - xo < end - q ? s->OW - xo : end - q;
         runs[count++] = (pix_run){y, xo, len, q};
         q += len;
-        xo = 0;
-        y++;
+        xo += len;
+        if (xo == s->OW) {
+            xo = 0;
+            y++;
+        }
     }
     *nv = n;
     return count;
@@ -79,8 +84,8 @@ static int panel_runs(const conv_shape *s, int p0, pix_run *runs, int *nv) {
 /* len floats of an input row from column ix0 on, zeros outside the row's columns [0, W) */
 static inline void copy_clipped(float *dst, const float *row, int ix0, int len, int W) {
     if (ix0 >= 0 && ix0 + len <= W) {
-        if (len == SDRT_NR)
-            memcpy(dst, row + ix0, SDRT_NR * sizeof(float)); /* a constant size: inlined moves */
+        if (len == SDRT_HALF)
+            memcpy(dst, row + ix0, SDRT_HALF * sizeof(float)); /* a constant size: inlined moves */
         else
             memcpy(dst, row + ix0, (size_t)len * sizeof(float));
         return;
@@ -96,20 +101,40 @@ static inline void copy_clipped(float *dst, const float *row, int ix0, int len, 
         dst[t] = 0.0f;
 }
 
-/* dst[u] = row[ix0 + u sw] for u < len, zeros outside the row's columns [0, W): the pixels inside
- * copied without a test each (stride 2, the common one, a loop the compiler vectorises) */
-static inline void copy_strided(float *dst, const float *row, int ix0, int len, int sw, int W) {
-    int u0 = ix0 >= 0 ? 0 : (-ix0 + sw - 1) / sw;         /* the first pixel inside */
-    int u1 = ix0 <= W - 1 ? (W - 1 - ix0) / sw + 1 : 0;   /* one past the last */
-    u0 = u0 < len ? u0 : len;
-    u1 = u1 < len ? u1 : len;
-    u1 = u1 < u0 ? u0 : u1;
+/* the pixels u of a run of len, dst[u] = row[ix0 + u sw], that lie inside the row's columns [0, W):
+ * u0 <= u < u1 */
+static inline void strided_bounds(int ix0, int len, int sw, int W, int *u0, int *u1) {
+    if (ix0 >= 0 && ix0 + (len - 1) * sw <= W - 1) { /* all inside (most runs): no division */
+        *u0 = 0;
+        *u1 = len;
+        return;
+    }
+    int a = ix0 >= 0 ? 0 : (-ix0 + sw - 1) / sw;       /* the first pixel inside */
+    int b = ix0 <= W - 1 ? (W - 1 - ix0) / sw + 1 : 0; /* one past the last */
+    a = a < len ? a : len;
+    b = b < len ? b : len;
+    *u0 = a;
+    *u1 = b < a ? a : b;
+}
+
+/* dst[u] = src[u sw] for u0 <= u < u1, zeros for the other u < len (stride 2, the common one, a loop
+ * the compiler vectorises) */
+static inline void strided_fill(float *restrict dst, const float *restrict src, int u0, int u1, int len, int sw) {
+    if (sw == 2 && len == SDRT_HALF && u0 <= 0 && u1 >= SDRT_HALF) { /* a whole half: a fixed loop */
+        for (int u = 0; u < SDRT_HALF; u++)
+            dst[u] = src[2 * u];
+        return;
+    }
+    u0 = u0 < 0 ? 0 : u0 > len ? len : u0;
+    u1 = u1 < u0 ? u0 : u1 > len ? len : u1;
     for (int u = 0; u < u0; u++)
         dst[u] = 0.0f;
-    const float *src = row + ix0;
     if (sw == 2) {
-        for (int u = u0; u < u1; u++)
-            dst[u] = src[2 * u];
+        const int n = u1 - u0;
+        float *restrict d = dst + u0;
+        const float *restrict p = src + 2 * u0;
+        for (int u = 0; u < n; u++)
+            d[u] = p[2 * u];
     } else {
         for (int u = u0; u < u1; u++)
             dst[u] = src[u * sw];
@@ -118,20 +143,50 @@ static inline void copy_strided(float *dst, const float *row, int ix0, int len, 
         dst[u] = 0.0f;
 }
 
+/* dst[u] = row[ix0 + u sw] for u < len, zeros outside the row's columns [0, W): the pixels inside
+ * copied without a test each */
+static inline void copy_strided(float *dst, const float *row, int ix0, int len, int sw, int W) {
+    int u0, u1;
+    strided_bounds(ix0, len, sw, W, &u0, &u1);
+    strided_fill(dst, row + ix0, u0, u1, len, sw);
+}
+
 /* Pack rows k0..k1-1 of the column matrix (taps[0 .. nk)) for output pixels p0 .. p0+31 as one
- * panel [k][32] (zero columns past the end). */
+ * packed panel of nk rows (zero columns past the end). */
 static void pack_conv_panel(const conv_shape *s, const float *x, const conv_tap *taps, int p0, int nk,
                             const float *cscale, int k0, float *dst) {
-    pix_run runs[SDRT_NR + 1];
+    pix_run runs[SDRT_NR + 2];
     int nv;
     const int nruns = panel_runs(s, p0, runs, &nv);
+    const int nv0 = nv < SDRT_HALF ? nv : SDRT_HALF, nv1 = nv - nv0; /* valid columns of each half */
+    /* 32 pixels of one output row (most panels; a pointwise conv's, nearly all): each K row is one
+     * run of the input row, copied as two halves without the runs' loop (a strided run's bounds,
+     * two divisions, found once) */
+    const int one_run = nruns == 2 && nv == SDRT_NR && runs[1].oy == runs[0].oy;
     for (int kk = 0; kk < nk; kk++) {
         const conv_tap t = taps[kk];
-        float *d = dst + (ptrdiff_t)kk * SDRT_NR;
-        for (int r = 0; r < nruns; r++) {
+        float *d0 = dst + sdrt_panel_at(nk, kk, 0), *d1 = dst + sdrt_panel_at(nk, kk, SDRT_HALF);
+        if (one_run) {
+            const int iy = runs[0].oy * s->sh + t.di, ix0 = runs[0].ox0 * s->sw + t.dj;
+            if (iy < 0 || iy >= s->H) {
+                memset(d0, 0, SDRT_HALF * sizeof(float));
+                memset(d1, 0, SDRT_HALF * sizeof(float));
+            } else if (s->sw == 1) {
+                const float *row = x + t.plane + (ptrdiff_t)iy * s->W;
+                copy_clipped(d0, row, ix0, SDRT_HALF, s->W);
+                copy_clipped(d1, row, ix0 + SDRT_HALF, SDRT_HALF, s->W);
+            } else {
+                const float *src = x + t.plane + (ptrdiff_t)iy * s->W + ix0;
+                int u0, u1;
+                strided_bounds(ix0, SDRT_NR, s->sw, s->W, &u0, &u1);
+                strided_fill(d0, src, u0, u1, SDRT_HALF, s->sw);
+                strided_fill(d1, src + SDRT_HALF * s->sw, u0 - SDRT_HALF, u1 - SDRT_HALF, SDRT_HALF, s->sw);
+            }
+        }
+        for (int r = 0; r < (one_run ? 0 : nruns); r++) {
             const pix_run run = runs[r];
             const int iy = run.oy * s->sh + t.di, ix0 = run.ox0 * s->sw + t.dj;
-            float *dr = d + run.q;
+            float *dr = run.q < SDRT_HALF ? d0 + run.q : d1 + (run.q - SDRT_HALF);
             if (iy < 0 || iy >= s->H) {
                 memset(dr, 0, (size_t)run.len * sizeof(float));
                 continue;
@@ -143,12 +198,16 @@ static void pack_conv_panel(const conv_shape *s, const float *x, const conv_tap 
                 copy_strided(dr, row, ix0, run.len, s->sw, s->W);
             }
         }
-        if (nv < SDRT_NR)
-            memset(d + nv, 0, (size_t)(SDRT_NR - nv) * sizeof(float));
+        if (nv0 < SDRT_HALF)
+            memset(d0 + nv0, 0, (size_t)(SDRT_HALF - nv0) * sizeof(float));
+        if (nv1 < SDRT_HALF)
+            memset(d1 + nv1, 0, (size_t)(SDRT_HALF - nv1) * sizeof(float));
         if (cscale) { /* the input channel's runtime scale (a squeeze-excitation gate) */
             const float sc = cscale[(k0 + kk) / (s->KH * s->KW)];
-            for (int j = 0; j < nv; j++)
-                d[j] *= sc;
+            for (int j = 0; j < nv0; j++)
+                d0[j] *= sc;
+            for (int j = 0; j < nv1; j++)
+                d1[j] *= sc;
         }
     }
 }

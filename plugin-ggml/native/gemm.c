@@ -3,7 +3,8 @@
  *   C (M x N) = A (M x K) . B (K x N) [+ bias (N)]
  *
  * A is read in place: K contiguous floats per row, any row stride (rows may overlap, as the
- * window conv's do). B is packed into panels of 32 columns, [panel][k][32]: constant weights
+ * window conv's do). B is packed into panels of 32 columns, [panel][half][k][16] (sdrt_native.h,
+ * SDRT_HALF): constant weights
  * once when the session is built (Python does it, sdrt_ggml/native.py), runtime operands per
  * unit of work. C is written row-major, or transposed (c[n*ldc + m]).
  *
@@ -23,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* bytes of L2 for the A block (mc x kc floats) and for a unit's B panels (group x kc x 32) */
+/* bytes of L2 for the A block (mc x kc floats) and for a unit's B panels (group x kc x 32 floats) */
 #ifndef L2_A_BYTES
 #define L2_A_BYTES (192 * 1024)
 #endif
@@ -145,6 +146,7 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
         }
         return;
     }
+    const ptrdiff_t half = pstride / 2;
     for (int q = 0; q < panels; q++) {
         /* the next panel's rows, a share of them prefetched into L2 before each kernel call: B from
          * memory (weights far larger than the caches, at small M) streams while the tiles compute,
@@ -157,7 +159,7 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
             const int n0 = q * SDRT_NR + h;
             if (n0 >= out->n)
                 return;
-            const float *bs = b + (ptrdiff_t)q * pstride + h;
+            const float *bs = b + (ptrdiff_t)q * pstride + (h ? half : 0);
             sdrt_tile_out o;
             o.ldc = out->ldc;
             o.trans = out->trans;
@@ -173,11 +175,11 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
                 const int m0 = m1;
                 m1 = m2;
                 m2 = t + 1 < tiles ? sdrt_split_next(&ts) : m1;
-                if (next) { /* this call's share of the next panel's rows, both cache lines of each */
+                if (next) { /* this call's share of the next panel's rows: a cache line in each half */
                     const int r1 = sdrt_split_next(&rows);
                     for (int r = r0; r < r1; r++) {
-                        SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_NR);
-                        SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_NR + 16);
+                        SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_HALF);
+                        SDRT_PREFETCH_L2(next + half + (ptrdiff_t)r * SDRT_HALF);
                     }
                     r0 = r1;
                 }
@@ -189,7 +191,7 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
                                      : out->res + (ptrdiff_t)m0 * out->ldres + n0;
                 /* prefetch the next tile's rows (the first tile's for the last: the next slice's) */
                 const float *pf = t + 1 < tiles && m2 > m1 ? a + (ptrdiff_t)m1 * lda : a;
-                kk->kern[o.m](k, a + (ptrdiff_t)m0 * lda, lda, bs, &o, pf);
+                kk->kern[o.m](k, a + (ptrdiff_t)m0 * lda, lda, bs, half, &o, pf);
             }
         }
     }
@@ -200,7 +202,7 @@ typedef struct {
     int M, N, K;
     const float *a;
     ptrdiff_t lda;
-    const float *b; /* unpacked: b[k*sbk + n*sbn]; packed: panels [p][k][32] */
+    const float *b; /* unpacked: b[k*sbk + n*sbn]; packed: panels [p][half][K][16] */
     ptrdiff_t sbk, sbn;
     int b_packed;
     const float *bias;
@@ -212,26 +214,28 @@ typedef struct {
     const sdrt_epilogue *ep; /* an activation after it, or NULL */
 } gemm2d;
 
-/* columns n0 .. n0+31 of B, rows k0 .. k1-1, as one panel [k][32] (zero columns past N) */
+/* columns n0 .. n0+31 of B, rows k0 .. k1-1, as one packed panel (zero columns past N) */
 static void pack_panel(const gemm2d *p, int n0, int k0, int k1, float *dst) {
-    const int nv = p->N - n0 < SDRT_NR ? p->N - n0 : SDRT_NR;
-    if (p->sbn == 1) {
-        for (int k = k0; k < k1; k++) {
-            float *d = dst + (ptrdiff_t)(k - k0) * SDRT_NR;
-            memcpy(d, p->b + k * p->sbk + n0, (size_t)nv * sizeof(float));
-            if (nv < SDRT_NR)
-                memset(d + nv, 0, (size_t)(SDRT_NR - nv) * sizeof(float));
+    const int nv = p->N - n0 < SDRT_NR ? p->N - n0 : SDRT_NR, rows = k1 - k0;
+    for (int h = 0; h < SDRT_NR; h += SDRT_HALF) {
+        const int nh = nv - h < 0 ? 0 : nv - h > SDRT_HALF ? SDRT_HALF : nv - h; /* valid columns of the half */
+        float *d = dst + sdrt_panel_at(rows, 0, h);
+        if (p->sbn == 1) {
+            for (int k = k0; k < k1; k++, d += SDRT_HALF) {
+                memcpy(d, p->b + k * p->sbk + n0 + h, (size_t)nh * sizeof(float));
+                memset(d + nh, 0, (size_t)(SDRT_HALF - nh) * sizeof(float));
+            }
+            continue;
         }
-        return;
+        for (int j = 0; j < nh; j++) {
+            const float *src = p->b + (ptrdiff_t)(n0 + h + j) * p->sbn;
+            for (int k = k0; k < k1; k++)
+                d[(ptrdiff_t)(k - k0) * SDRT_HALF + j] = src[k * p->sbk];
+        }
+        for (int j = nh; j < SDRT_HALF; j++)
+            for (int k = 0; k < rows; k++)
+                d[(ptrdiff_t)k * SDRT_HALF + j] = 0.0f;
     }
-    for (int j = 0; j < nv; j++) {
-        const float *src = p->b + (ptrdiff_t)(n0 + j) * p->sbn;
-        for (int k = k0; k < k1; k++)
-            dst[(ptrdiff_t)(k - k0) * SDRT_NR + j] = src[k * p->sbk];
-    }
-    for (int j = nv; j < SDRT_NR; j++)
-        for (int k = k0; k < k1; k++)
-            dst[(ptrdiff_t)(k - k0) * SDRT_NR + j] = 0.0f;
 }
 
 /* Whether the kernel's rows of A, lda floats apart, crowd into few L1 sets: with a row stride
@@ -316,7 +320,7 @@ static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s,
         const float *b;
         ptrdiff_t pstride;
         if (p->b_packed) {
-            b = p->b + ((ptrdiff_t)pan0 * p->K + k0) * SDRT_NR;
+            b = p->b + (ptrdiff_t)pan0 * p->K * SDRT_NR + (ptrdiff_t)k0 * SDRT_HALF;
             pstride = (ptrdiff_t)p->K * SDRT_NR;
         } else {
             pstride = (ptrdiff_t)(k1 - k0) * SDRT_NR;
@@ -354,7 +358,7 @@ static void run_2d(const gemm2d *p, const sdrt_isa_kernels *kk, int ith, int nth
 }
 
 /* Direct entry (tests, benchmarks): one thread's share (ith of nth) of C = A . B [+ bias].
- * isa -1 uses the active ISA. b_packed: b holds ceil(N/32) panels [p][k][32]. Returns 0, or -1
+ * isa -1 uses the active ISA. b_packed: b holds ceil(N/32) panels [p][half][K][16]. Returns 0, or -1
  * when the ISA is not available here. */
 SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t sbk,
                           ptrdiff_t sbn, int b_packed, const float *bias, float *c, ptrdiff_t ldc, int trans, int ith,
@@ -378,7 +382,7 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
 
 /* dst = A . B [+ bias] over ggml tensors, as ggml_custom_4d's callback.
  *   src[0] A:    ne (K, M, d2, d3), nb0 = 4 (rows may overlap)
- *   src[1] B:    packed: ne (32, K, panels, 1), contiguous; else ne (N, K, e2, e3), any strides,
+ *   src[1] B:    packed: panels [p][half][K][16] (ne (16, K, 2, panels)), contiguous; else ne (N, K, e2, e3), any strides,
  *                broadcast over A's batch dims (d2 % e2 == 0, d3 % e3 == 0), as ggml_mul_mat does
  *   src[2] bias: ne0 = N, contiguous (with OP_BIAS)
  *   next src     a residual shaped and laid out as dst, any row stride (with OP_RES): added to the

@@ -6,7 +6,8 @@
  * (1 .. mr_max), so the edge rows of a matrix need no padding; edge columns are masked.
  *
  * Two ways to find B's rows, one kernel family each:
- *   kern   row k at b + 32 k: NR columns of a packed 32-column panel (GEMM, packed conv);
+ *   kern   row k of a packed panel's half at b + 16 k, and (NR 32) of its second half at b + bh + 16 k
+ *          (GEMM, packed conv, Winograd);
  *   ikern  row k at b + off[k]: rows read where they lie (the direct conv: its padded input).
  *
  * The epilogue adds a per-column or per-row bias, or (acc) what C holds; with the last block of
@@ -53,30 +54,35 @@ void sdrt_store_tile(const float *tile, int ld_tile, const sdrt_tile_out *o) {
 }
 
 /* ---- portable C ------------------------------------------------------------------- */
-SDRT_INLINE void kport(int MR, int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off,
+/* B row k: columns 0-15 at lo, 16-31 at hi (packed: the panel's two halves; by offsets: one row) */
+SDRT_INLINE void kport(int MR, int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, const int32_t *off,
                        const sdrt_tile_out *o) {
     float acc[4][SDRT_NR];
     memset(acc, 0, sizeof(acc));
     for (int k = 0; k < K; k++) {
-        const float *bk = off ? b + off[k] : b + (ptrdiff_t)k * SDRT_NR;
+        const float *lo = off ? b + off[k] : b + (ptrdiff_t)k * SDRT_HALF;
+        const float *hi = off ? lo + SDRT_HALF : lo + bh;
         for (int i = 0; i < MR; i++) {
             const float ai = a[i * lda + k];
-            for (int j = 0; j < SDRT_NR; j++)
-                acc[i][j] += ai * bk[j];
+            for (int j = 0; j < SDRT_HALF; j++) {
+                acc[i][j] += ai * lo[j];
+                acc[i][SDRT_HALF + j] += ai * hi[j];
+            }
         }
     }
     sdrt_store_tile(&acc[0][0], SDRT_NR, o);
 }
 
 #define KPORT(MR) \
-    static void kport_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
+    static void kport_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, const sdrt_tile_out *o, \
+                           const float *pf) { \
         (void)pf; \
-        kport(MR, K, a, lda, b, NULL, o); \
+        kport(MR, K, a, lda, b, bh, NULL, o); \
     } \
     static void kporti_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off, \
                             const sdrt_tile_out *o, const float *pf) { \
         (void)pf; \
-        kport(MR, K, a, lda, b, off, o); \
+        kport(MR, K, a, lda, b, 0, off, o); \
     }
 KPORT(1)
 KPORT(2)
@@ -288,23 +294,25 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
     const float *res = o->last ? o->res : NULL; \
     R256_ALL(R256_STORE)
 
-/* 16 columns (12 accumulators), B rows packed (BROW(k) = b + 32 k) or by offsets */
+/* 16 columns (12 accumulators), B rows packed (one half of a panel: row k at b + 16 k) or by offsets */
 #define K256(MR) \
-    static TARGET_AVX2 void k256_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
+    static TARGET_AVX2 void k256_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
+                                      const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
+        (void)bh; \
         R256_ALL(R256_DECL) \
         int k = 0; \
         for (; k + 16 <= K;) { /* the next tile's A rows prefetched once per 16 k, no test per k */ \
             R256_ALL(R256_PREFETCH) \
             for (const int k1 = k + 16; k < k1; k++) { \
-                const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
-                const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 8); \
+                const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
+                const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF + 8); \
                 R256_ALL(R256_STEP) \
             } \
         } \
         for (; k < K; k++) { \
-            const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
-            const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 8); \
+            const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
+            const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF + 8); \
             R256_ALL(R256_STEP) \
         } \
         R256_EPILOGUE \
@@ -316,7 +324,7 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
         const sdrt_tile_out *o = &ol; \
         const ptrdiff_t cstep = ol.trans ? 16 * ol.ldc : 16, rstep = ol.trans ? 16 * ol.ldres : 16; \
         for (int sl = 0; sl < slices && ol.n > 0; sl++) { \
-            const float *b = bp + (ptrdiff_t)(sl >> 1) * pstride + (sl & 1) * 16; \
+            const float *b = bp + (ptrdiff_t)(sl >> 1) * pstride + (sl & 1) * (pstride / 2); \
             R256_ALL(R256_DECL) \
             int k = 0; \
             for (; k + 16 <= K;) { \
@@ -324,14 +332,14 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
                     R256_ALL(R256_PREFETCH) \
                 } \
                 for (const int k1 = k + 16; k < k1; k++) { \
-                    const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
-                    const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 8); \
+                    const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
+                    const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF + 8); \
                     R256_ALL(R256_STEP) \
                 } \
             } \
             for (; k < K; k++) { \
-                const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
-                const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 8); \
+                const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
+                const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF + 8); \
                 R256_ALL(R256_STEP) \
             } \
             const int left = ol.n; \
@@ -579,12 +587,13 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
 #define R512_ALL(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
 
 #define K512(MR) \
-    static TARGET_AVX512 void k512_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
+    static TARGET_AVX512 void k512_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
+                                        const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
         R512_ALL(R512_DECL) \
         for (int k = 0; k < K; k++) { \
-            const __m512 b0 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_NR); \
-            const __m512 b1 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_NR + 16); \
+            const __m512 b0 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
+            const __m512 b1 = _mm512_loadu_ps(b + bh + (ptrdiff_t)k * SDRT_HALF); \
             if ((k & 15) == 0) { \
                 R512_ALL(R512_PREFETCH) \
             } \
@@ -653,7 +662,7 @@ SDRT_INLINE void kneon(int MR, int K, const float *a, ptrdiff_t lda, const float
         for (int q = 0; q < 4; q++)
             c[i][q] = vdupq_n_f32(0.0f);
     for (int k = 0; k < K; k++) {
-        const float *bk = off ? b + off[k] : b + (ptrdiff_t)k * SDRT_NR;
+        const float *bk = off ? b + off[k] : b + (ptrdiff_t)k * SDRT_HALF;
         const float32x4_t b0 = vld1q_f32(bk), b1 = vld1q_f32(bk + 4), b2 = vld1q_f32(bk + 8), b3 = vld1q_f32(bk + 12);
         SDRT_UNROLL for (int i = 0; i < MR; i++) {
             const float32x4_t ai = vdupq_n_f32(a[i * lda + k]);
@@ -670,8 +679,10 @@ SDRT_INLINE void kneon(int MR, int K, const float *a, ptrdiff_t lda, const float
 }
 
 #define KNEON(MR) \
-    static void kneon_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const sdrt_tile_out *o, const float *pf) { \
+    static void kneon_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, const sdrt_tile_out *o, \
+                           const float *pf) { \
         (void)pf; \
+        (void)bh; \
         kneon(MR, K, a, lda, b, NULL, o); \
     } \
     static void kneoni_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off, \

@@ -44,8 +44,9 @@ static int wino_unit(const wino_shape *s, const sdrt_isa_kernels *kk, const floa
     const sdrt_wino_out_fn wino_out = sdrt_ops_wino_out();
     const sdrt_split2_fn split2 = sdrt_ops_split2();
     const int ew = s->TW + 32; /* floats of one split row buffer */
-    /* 1. V into packed panels: V[k] of tile j of channel c at v + k ldv + (j / 32) C 32 + c 32 + j % 32.
-     * Runs of tiles along one tile row that stay inside one panel. */
+    /* 1. V into packed panels (C rows each): V[k] of tile j of channel c at
+     * v + k ldv + (j / 32) C 32 + sdrt_panel_at(C, c, j % 32). Runs of tiles along one tile row that
+     * stay inside one panel, split once more where they cross its halves. */
     for (int c = 0; c < s->C; c++) {
         const float *plane = xp + (size_t)c * s->Hp * s->Wp;
         for (int t = t0; t < t1;) {
@@ -60,7 +61,14 @@ static int wino_unit(const wino_shape *s, const sdrt_isa_kernels *kk, const floa
                 e[r] = er;
                 o[r] = orow;
             }
-            wino_in(n, e, o, v + (size_t)(j / SDRT_NR) * s->C * SDRT_NR + (size_t)c * SDRT_NR + j % SDRT_NR, ldv);
+            float *dst = v + (size_t)(j / SDRT_NR) * s->C * SDRT_NR;
+            for (int i = 0; i < n;) { /* the run's part in each half */
+                const int jj = (j + i) % SDRT_NR, part = n - i < SDRT_HALF - jj % SDRT_HALF ? n - i : SDRT_HALF - jj % SDRT_HALF;
+                const float *ei[4] = {e[0] + i, e[1] + i, e[2] + i, e[3] + i};
+                const float *oi[4] = {o[0] + i, o[1] + i, o[2] + i, o[3] + i};
+                wino_in(part, ei, oi, dst + sdrt_panel_at(s->C, c, jj), ldv);
+                i += part;
+            }
             t += n;
         }
     }
@@ -75,7 +83,7 @@ static int wino_unit(const wino_shape *s, const sdrt_isa_kernels *kk, const floa
             o.ldc = G;
             o.n = nt;
             sdrt_block(kk, s->OC, c1 - c0, u + ((size_t)k * s->OC) * s->ldu + c0, s->ldu,
-                       v + (size_t)k * ldv + (size_t)c0 * SDRT_NR, (ptrdiff_t)s->C * SDRT_NR, P, &o, kb > 0,
+                       v + (size_t)k * ldv + (size_t)c0 * SDRT_HALF, (ptrdiff_t)s->C * SDRT_NR, P, &o, kb > 0,
                        kb + 1 == kblocks);
         }
     }

@@ -24,7 +24,7 @@ const char *sdrt_gemm_isa_name(int isa);
 static float rnd(void) { return (float)rand() / (float)RAND_MAX - 0.5f; }
 
 /* random A (M x K), W (N x K: B's columns as rows) and bias (N), and B packed from W in panels of
- * 32 columns, [panel][k][32] */
+ * 32 columns, [panel][half][k][16] */
 typedef struct {
     float *a, *w, *bp, *bias;
 } operands;
@@ -41,7 +41,7 @@ static operands operands_of(int M, int N, int K) {
         o.bias[j] = rnd();
     for (int n = 0; n < N; n++)
         for (int k = 0; k < K; k++)
-            o.bp[(size_t)(n / 32) * K * 32 + (size_t)k * 32 + n % 32] = o.w[n * K + k];
+            o.bp[(size_t)(n / 32) * K * 32 + (size_t)(n % 32 / 16) * K * 16 + (size_t)k * 16 + n % 16] = o.w[n * K + k];
     return o;
 }
 

@@ -235,14 +235,15 @@ def for_lowering(lowering: Any) -> Native | None:
 
 
 def pack_b(w: np.ndarray) -> np.ndarray:
-    """B given as (..., N, K) rows (a weight as ggml_mul_mat takes it) -> panels (..., ceil(N/32), K, 32),
-    zero-padded columns; the layout ``sdrt_gemm_op`` reads with ``packed=True``."""
+    """B given as (..., N, K) rows (a weight as ggml_mul_mat takes it) -> panels of 32 columns, each as
+    two halves of 16: (..., ceil(N/32), 2, K, 16), zero-padded columns; the layout ``sdrt_gemm_op``
+    reads with ``packed=True`` (``SDRT_HALF`` in native/sdrt_native.h says why)."""
     w = np.asarray(w, dtype=np.float32)
     *lead, n, k = w.shape
     p = -(-n // NR)
     if p * NR != n:
         w = np.concatenate([w, np.zeros((*lead, p * NR - n, k), np.float32)], axis=-2)
-    return np.ascontiguousarray(np.swapaxes(w.reshape(*lead, p, NR, k), -1, -2))
+    return np.ascontiguousarray(np.swapaxes(w.reshape(*lead, p, 2, NR // 2, k), -1, -2))
 
 
 def row_stride(k: int, rows: int = 14) -> int:
