@@ -130,6 +130,11 @@ static void affine_row_scalar(int64_t n, const float *x, float m, float a, float
     }
 }
 
+static void ln_row_scalar(int64_t n, const float *x, float m, float a, const float *g, const float *b, float *y) {
+    for (int64_t i = 0; i < n; i++)
+        y[i] = (x[i] - m) * a * g[i] + b[i];
+}
+
 static void affine_cl_scalar(int64_t hw, int C, const float *x, const float *m, const float *a, const float *b,
                              int silu, int64_t p0, int64_t p1, float *y) {
     for (int64_t p = p0; p < p1; p++)
@@ -222,6 +227,7 @@ typedef struct {
     sdrt_sum_fn sum;
     sdrt_sqdev_fn sqdev;
     sdrt_affine_row_fn affine_row;
+    sdrt_ln_row_fn ln_row;
     sdrt_affine_cl_fn affine_cl;
     sdrt_dw_flat_fn dw_flat;
     sdrt_dw_3x3_fn dw_3x3;
@@ -231,7 +237,7 @@ typedef struct {
     sdrt_dot_rows_fn dot_rows;
 } ops_table;
 
-#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, affine_cl_##s, dw_flat_##s, dw_3x3_##s, dw_split2_##s, wino_in_##s, wino_out_##s, dot_rows_##s}
+#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, ln_row_##s, affine_cl_##s, dw_flat_##s, dw_3x3_##s, dw_split2_##s, wino_in_##s, wino_out_##s, dot_rows_##s}
 
 static ops_table table_for(int isa) {
     ops_table t = SDRT_TABLE(scalar);
@@ -558,6 +564,29 @@ SDRT_EXPORT void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata) {
     ops.affine_cl(hw, (int)C, (const float *)x.data, coef, coef + C, coef + 2 * C, pr->silu, b0 * 16,
                   b1 * 16 < hw ? b1 * 16 : hw, (float *)o.data);
     free(coef);
+}
+
+/* ggml custom op: a layer norm over the rows of src0 (ne0 floats each, dense rows, any row strides):
+ * y = (x - mean) / sqrt(var + eps) * gamma + beta, the mean and variance of each row in two passes
+ * (as the group norm's). src1 gamma and src2 beta: ne0 floats each; userdata: the float eps. dst is
+ * shaped as src0, dense. Threads take contiguous runs of rows. */
+SDRT_EXPORT void sdrt_layer_norm_op(void *dst, int ith, int nth, void *userdata) {
+    const float eps = *(const float *)userdata;
+    sdrt_view o = sdrt_tensor_view(dst);
+    sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
+    const float *g = (const float *)sdrt_tensor_view(sdrt_tensor_src(dst, 1)).data;
+    const float *b = (const float *)sdrt_tensor_view(sdrt_tensor_src(dst, 2)).data;
+    const int64_t n = x.ne[0], rows = x.ne[1] * x.ne[2] * x.ne[3];
+    if (n <= 0 || x.nb[0] != sizeof(float))
+        return;
+    for (int64_t r = rows * ith / nth; r < rows * (ith + 1) / nth; r++) {
+        const int64_t i1 = r % x.ne[1], i2 = r / x.ne[1] % x.ne[2], i3 = r / (x.ne[1] * x.ne[2]);
+        const float *xr = (const float *)(x.data + (size_t)i1 * x.nb[1] + (size_t)i2 * x.nb[2] + (size_t)i3 * x.nb[3]);
+        float *yr = (float *)(o.data + (size_t)i1 * o.nb[1] + (size_t)i2 * o.nb[2] + (size_t)i3 * o.nb[3]);
+        const float mean = (float)(ops.sum(n, xr) / (double)n);
+        const double var = ops.sqdev(n, xr, mean) / (double)n;
+        ops.ln_row(n, xr, mean, (float)(1.0 / sqrt(var + eps)), g, b, yr);
+    }
 }
 
 /* ggml custom op: dst[r] = the mean of row r of src0 (ne0 floats, dense rows; any number of rows):

@@ -41,6 +41,7 @@ typedef struct {
 typedef double (*sdrt_sum_fn)(int64_t n, const float *x);
 typedef double (*sdrt_sqdev_fn)(int64_t n, const float *x, float m);
 typedef void (*sdrt_affine_row_fn)(int64_t n, const float *x, float m, float a, float b, int silu, float *y);
+typedef void (*sdrt_ln_row_fn)(int64_t n, const float *x, float m, float a, const float *g, const float *b, float *y);
 typedef void (*sdrt_affine_cl_fn)(int64_t hw, int C, const float *x, const float *m, const float *a, const float *b,
                                   int silu, int64_t p0, int64_t p1, float *y);
 

@@ -386,6 +386,16 @@ static void SFX(affine_row)(int64_t n, const float *x, float m, float a, float b
     }
 }
 
+/* a layer norm's row: y[i] = (x[i] - m) * a * g[i] + b[i] (g, b: the scale and bias, n floats each) */
+static void SFX(ln_row)(int64_t n, const float *x, float m, float a, const float *g, const float *b, float *y) {
+    VF mv = BCAST(m), av = BCAST(a);
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW)
+        SFX(st)(y + i, (SFX(ld)(x + i) - mv) * av * SFX(ld)(g + i) + SFX(ld)(b + i));
+    for (; i < n; i++)
+        y[i] = (x[i] - m) * a * g[i] + b[i];
+}
+
 /* channels-last output: y[p * C + c] = act((x[c * hw + p] - m[c]) * a[c] + b[c]) for p in [p0, p1) */
 static void SFX(affine_cl)(int64_t hw, int C, const float *x, const float *m, const float *a, const float *b, int silu,
                            int64_t p0, int64_t p1, float *y) {

@@ -1,4 +1,4 @@
-/* A C-only check of the attention, GELU and group-norm kernels (ops.c) against double-precision
+/* A C-only check of the attention, GELU, group-norm and layer-norm kernels (ops.c) against double-precision
  * references, for builds that Python cannot load here: the AArch64 NEON bodies, cross-compiled
  * and run under qemu-user (ops_check_arm64.sh). The ops read ggml tensors through the offsets
  * given to sdrt_set_tensor_layout, so this passes a stand-in structure with the same fields.
@@ -18,6 +18,7 @@ void sdrt_attention_op(void *dst, int ith, int nth, void *userdata);
 void sdrt_gelu_erf_op(void *dst, int ith, int nth, void *userdata);
 void sdrt_gn_stats_op(void *dst, int ith, int nth, void *userdata);
 void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata);
+void sdrt_layer_norm_op(void *dst, int ith, int nth, void *userdata);
 typedef struct {
     int32_t groups, silu, cl;
     float eps;
@@ -136,6 +137,41 @@ static int check_group_norm(int C, int hw, int G, int silu, int cl, int nth) {
     return 0;
 }
 
+/* the layer norm over `rows` rows of n floats, rows ldx floats apart (a strided view), mean far from 0 */
+static int check_layer_norm(int rows, int n, int ldx, int nth) {
+    float *x = malloc(sizeof(float) * rows * ldx), *g = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+    float *y = malloc(sizeof(float) * rows * n), eps = 1e-5f;
+    for (int i = 0; i < rows * ldx; i++) x[i] = 3 * rnd() + 40;
+    for (int j = 0; j < n; j++) g[j] = rnd(), b[j] = rnd();
+    tensor tx = dense(x, n, rows, 1, 1), tg = dense(g, n, 1, 1, 1), tb = dense(b, n, 1, 1, 1), ty = dense(y, n, rows, 1, 1);
+    tx.nb[1] = sizeof(float) * (size_t)ldx, tx.nb[2] = tx.nb[3] = tx.nb[1] * (size_t)rows;
+    ty.src[0] = &tx, ty.src[1] = &tg, ty.src[2] = &tb;
+    run(sdrt_layer_norm_op, &ty, &eps, nth);
+    double maxerr = 0;
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * ldx;
+        double mean = 0, var = 0;
+        for (int j = 0; j < n; j++) mean += xr[j];
+        mean /= n;
+        for (int j = 0; j < n; j++) var += (xr[j] - mean) * (xr[j] - mean);
+        var /= n;
+        for (int j = 0; j < n; j++) {
+            const double want = (xr[j] - mean) / sqrt(var + eps) * g[j] + b[j];
+            /* float32 rounding of x and the mean, scaled by 1/std */
+            const double tol = 1e-5 + 4 * 6e-8 * (fabs(xr[j]) + fabs(mean)) / sqrt(var + eps) * fabs(g[j]);
+            const double e = fabs(want - y[(size_t)r * n + j]) / tol * 1e-5;
+            maxerr = e > maxerr || e != e ? e : maxerr;
+        }
+    }
+    free(x), free(g), free(b), free(y);
+    if (!(maxerr <= 1e-5)) {
+        printf("FAIL layer norm rows=%d n=%d ldx=%d threads=%d: max error %g (in units of the tolerance x 1e-5)\n", rows,
+               n, ldx, nth, maxerr);
+        return 1;
+    }
+    return 0;
+}
+
 /* the group norm written zero-padded (a direct conv's input): W-wide rows at (top, left) of Wp x Hp */
 static int check_group_norm_padded(int C, int H, int W, int G, int top, int left, int Wp, int Hp, int nth) {
     float *x = malloc(sizeof(float) * C * H * W), st[2 * 64], *y = malloc(sizeof(float) * C * Hp * Wp);
@@ -200,6 +236,11 @@ int main(void) {
             fails += check_group_norm_padded(6, 1, 1, 3, 2, 3, 9, 5, nth);
             fails += check_group_norm_padded(4, 9, 33, 2, 0, 0, 48, 9, nth);
             runs += 3;
+            fails += check_layer_norm(7, 37, 37, nth);
+            fails += check_layer_norm(77, 768, 768, nth);
+            fails += check_layer_norm(3, 1, 5, nth);
+            fails += check_layer_norm(5, 20, 29, nth);
+            runs += 4;
         }
         printf("%s: checked\n", NAMES[isa]);
     }

@@ -41,6 +41,7 @@ class NativeOps:
     gn_apply_op: Any
     dwconv_op: Any
     rowmean_op: Any
+    layer_norm_op: Any
 
     def set_isa(self, name: str | None) -> str:
         """Use the kernel body ``name`` (None: the widest this CPU runs); returns the active one.
@@ -83,7 +84,8 @@ def native_ops() -> NativeOps | None:
         lib.sdrt_ops_active_isa.restype = ctypes.c_int
         ops = NativeOps(lib, *(g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value)
                                for f in ("sdrt_attention_op", "sdrt_gelu_erf_op", "sdrt_gn_stats_op",
-                                         "sdrt_gn_apply_op", "sdrt_dwconv_op", "sdrt_rowmean_op")))
+                                         "sdrt_gn_apply_op", "sdrt_dwconv_op", "sdrt_rowmean_op",
+                                         "sdrt_layer_norm_op")))
         ops.set_isa(os.environ.get("SDRT_GGML_OPS_ISA") or None)
         why = _self_test(ops, g)
     except (OSError, AttributeError, ValueError) as exc:
@@ -97,7 +99,8 @@ def native_ops() -> NativeOps | None:
 
 @functools.cache
 def _scale_arg(scale: float) -> ctypes.c_float:
-    """The userdata of an attention op: one float per distinct scale, alive for the process."""
+    """The userdata of an attention op (its scale) or a layer norm (its eps): one float per distinct
+    value, alive for the process."""
     return ctypes.c_float(scale)
 
 
@@ -178,6 +181,17 @@ def rowmean(ops: NativeOps, g: Any, ctx: Any, x: Any) -> Any:
                                       g.GGML_N_TASKS_MAX, None), "sdrt_rowmean")
 
 
+def layer_norm(ops: NativeOps, g: Any, ctx: Any, x: Any, gamma: Any, beta: Any, eps: float) -> Any:
+    """(x - mean) / sqrt(var + eps) * gamma + beta over each row of ``x`` (ne0 floats, dense rows, any
+    row strides); ``gamma`` and ``beta`` dense, ne0 floats each. Result shaped as ``x``, dense. ggml's
+    norm is a scalar loop, and the scale and bias are two more ops."""
+    ne = x.contents.ne
+    arr = (ctypes.POINTER(g.ggml_tensor) * 3)(x, gamma, beta)
+    ud = ctypes.cast(ctypes.pointer(_scale_arg(float(eps))), ctypes.c_void_p)
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], ne[2], ne[3], arr, 3, ops.layer_norm_op,
+                                      g.GGML_N_TASKS_MAX, ud), "sdrt_layer_norm")
+
+
 def dwconv(ops: NativeOps, g: Any, ctx: Any, x: Any, w: Any, params: Any, bias: Any, *,
            out_ne: tuple[int, int, int, int]) -> Any:
     """Depthwise conv by ``sdrt_dwconv_op`` (contract in native/dwconv.c): ``x`` NCHW ne (W, H, C, N)
@@ -233,8 +247,16 @@ def reference_gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + erf(x.astype(np.float64) / math.sqrt(2.0)))
 
 
+def reference_layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
+    """numpy: normalise over the last axis."""
+    x64 = x.astype(np.float64)
+    m = x64.mean(-1, keepdims=True)
+    return (x64 - m) / np.sqrt(((x64 - m) ** 2).mean(-1, keepdims=True) + eps) * gamma + beta
+
+
 def _self_test(ops: NativeOps, g: Any) -> str | None:
-    """Attention (odd sizes, a mask, K read through a transposed view) and GELU, by ggml's graph compute."""
+    """Attention (odd sizes, a mask, K read through a transposed view), GELU and the layer norm (a
+    large mean, an odd width), by ggml's graph compute."""
     from .native import _tensor
 
     rng = np.random.default_rng(0)
@@ -244,15 +266,18 @@ def _self_test(ops: NativeOps, g: Any) -> str | None:
     v = rng.standard_normal((b, h, n_kv, dv)).astype(np.float32)
     mask = np.triu(np.full((n_q, n_kv), -np.inf, np.float32), 30)
     x = rng.standard_normal(1000).astype(np.float32) * 4
+    xl = (rng.standard_normal((5, 37)) * 3 + 100).astype(np.float32)
+    gam, bet = rng.standard_normal(37).astype(np.float32), rng.standard_normal(37).astype(np.float32)
     ctx = g.ggml_init(g.ggml_init_params(mem_size=1 << 22, mem_buffer=None, no_alloc=False))
     try:
         tk = _tensor(g, ctx, np.ascontiguousarray(np.swapaxes(k, -1, -2)))  # K^T dense: read K through a view
         kview = g.ggml_permute(ctx, tk, 1, 0, 2, 3)
         y = attention(ops, g, ctx, _tensor(g, ctx, q), kview, _tensor(g, ctx, v), _tensor(g, ctx, mask), 0.7)
         ge = gelu_erf(ops, g, ctx, _tensor(g, ctx, x))
+        ln = layer_norm(ops, g, ctx, _tensor(g, ctx, xl), _tensor(g, ctx, gam), _tensor(g, ctx, bet), 1e-5)
         gf = g.ggml_new_graph(ctx)
-        g.ggml_build_forward_expand(gf, y)
-        g.ggml_build_forward_expand(gf, ge)
+        for t in (y, ge, ln):
+            g.ggml_build_forward_expand(gf, t)
         g.ggml_graph_compute_with_ctx(ctx, gf, 2)
         got = _array(g, y, (b, n_q, h, dv)).transpose(0, 2, 1, 3)
         want = reference_attention(q, k, v, mask, 0.7)
@@ -261,6 +286,9 @@ def _self_test(ops: NativeOps, g: Any) -> str | None:
         gg, gw = _array(g, ge, x.shape), reference_gelu(x)
         if not np.allclose(gg, gw, rtol=1e-4, atol=1e-6):
             return f"GELU max error {float(np.abs(gg - gw).max()):.3g}"
+        lg, lw = _array(g, ln, xl.shape), reference_layer_norm(xl, gam, bet, 1e-5)
+        if not np.allclose(lg, lw, rtol=1e-4, atol=1e-5):
+            return f"layer norm max error {float(np.abs(lg - lw).max()):.3g}"
     finally:
         g.ggml_free(ctx)
     return None

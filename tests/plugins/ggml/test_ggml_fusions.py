@@ -286,3 +286,34 @@ def test_mean_reductions_use_the_native_row_mean(threads):
     with compile_ggml(m, threads=threads) as s:
         ops = _ops(s)
         assert ops.get("sdrt_rowmean") == 3 and "MEAN" not in ops, ops
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape,axis,bias", [
+    ((2, 7, 37), -1, True),      # odd width (a vector tail), rows split over the threads
+    ((1, 77, 768), -1, True),    # the CLIP text encoder's
+    ((3, 5, 4, 9), -2, True),    # normalised over two dims: per-element scale of 36
+    ((4, 33), -1, False),        # no bias input
+])
+def test_layer_norm_is_one_native_op(threads, shape, axis, bias):
+    """LayerNormalization with constant scale and bias is sdrt_layer_norm (no NORM, MUL, ADD), against
+    onnxruntime, with a mean far from zero (the two-pass variance keeps the precision)."""
+    ns = shape[axis:]
+    inputs = ["x", "s", "b"] if bias else ["x", "s"]
+    inits = {"s": rand(*ns), **({"b": rand(*ns, seed=1)} if bias else {})}
+    m = make_model([mk("LayerNormalization", inputs, ["y"], axis=axis, epsilon=1e-5)], {"x": (shape, F)},
+                   {"y": (None, F)}, inits)
+    check(m, {"x": rand(*shape) * 3 + 50}, rtol=1e-4, atol=1e-5, threads=threads)
+    with compile_ggml(m, threads=threads) as s:
+        ops = _ops(s)
+        assert ops.get("sdrt_layer_norm") == 1 and not {"NORM", "MUL", "ADD"} & set(ops), ops
+
+
+def test_layer_norm_with_a_runtime_scale_keeps_ggml_norm():
+    """A scale that is a graph input (not a constant) takes ggml_norm, then the multiply and add."""
+    m = make_model([mk("LayerNormalization", ["x", "s", "b"], ["y"], epsilon=1e-5)],
+                   {"x": ((3, 10), F), "s": ((10,), F)}, {"y": (None, F)}, {"b": rand(10, seed=1)})
+    check(m, {"x": rand(3, 10), "s": rand(10, seed=2)})
+    with compile_ggml(m) as s:
+        ops = _ops(s)
+        assert "sdrt_layer_norm" not in ops and ops.get("NORM") == 1, ops

@@ -40,9 +40,32 @@ def op_layer_norm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     eps = float(a.get("epsilon", 1e-5))
     rows, cols = math.prod(x.shape[:axis]), math.prod(x.shape[axis:])
     x2 = reshape(lowering, x, (rows, cols))
-    y = GTensor(ggml_lib().ggml_norm(lowering.ctx, x2.ptr, eps), (rows, cols))
-    y = affine(lowering, y, inputs[1], inputs[2] if len(inputs) > 2 else None, (1, cols))
+    scale, bias = inputs[1], inputs[2] if len(inputs) > 2 else None
+    y = _native_layer_norm(lowering, x2, scale, bias, x.shape[axis:], eps)
+    if y is None:
+        y = GTensor(ggml_lib().ggml_norm(lowering.ctx, x2.ptr, eps), (rows, cols))
+        y = affine(lowering, y, scale, bias, (1, cols))
     return [reshape(lowering, y, x.shape)]
+
+
+def _native_layer_norm(lowering: Any, x2: GTensor, scale: Value, bias: Value | None, norm_shape: tuple[int, ...],
+                       eps: float) -> GTensor | None:
+    """The layer norm, scale and bias in one native op (native/ops.c) on the CPU when the native kernels
+    loaded and the scale and bias are constants; None otherwise (ggml_norm, then a multiply and an add)."""
+    if not lowering.on_cpu or not isinstance(scale, np.ndarray) or not (bias is None or isinstance(bias, np.ndarray)):
+        return None
+    from ..native_ops import layer_norm, native_ops
+
+    ops = native_ops()
+    if ops is None:
+        return None
+
+    def per_column(v: np.ndarray) -> np.ndarray:  # broadcast over the normalised dims, one value a column
+        return np.ascontiguousarray(np.broadcast_to(np.asarray(v, np.float32), norm_shape).reshape(-1))
+
+    g = lowering.const(scale, transform=per_column, tag="ln")
+    b = lowering.const(bias if bias is not None else np.zeros(1, np.float32), transform=per_column, tag="ln")
+    return GTensor(layer_norm(ops, ggml_lib(), lowering.ctx, x2.ptr, g.ptr, b.ptr, eps), x2.shape)
 
 
 def group_norm(lowering: Any, x: GTensor, groups: int, eps: float, scale: Value | None, bias: Value | None) -> GTensor:
