@@ -119,7 +119,8 @@ static inline void strided_bounds(int ix0, int len, int sw, int W, int *u0, int 
 
 /* dst[u] = src[u sw] for u0 <= u < u1, zeros for the other u < len (stride 2, the common one, a loop
  * the compiler vectorises) */
-static inline void strided_fill(float *restrict dst, const float *restrict src, int u0, int u1, int len, int sw) {
+static inline void strided_fill(float *SDRT_RESTRICT dst, const float *SDRT_RESTRICT src, int u0, int u1, int len,
+                                int sw) {
     if (sw == 2 && len == SDRT_HALF && u0 <= 0 && u1 >= SDRT_HALF) { /* a whole half: a fixed loop */
         for (int u = 0; u < SDRT_HALF; u++)
             dst[u] = src[2 * u];
@@ -131,8 +132,8 @@ static inline void strided_fill(float *restrict dst, const float *restrict src, 
         dst[u] = 0.0f;
     if (sw == 2) {
         const int n = u1 - u0;
-        float *restrict d = dst + u0;
-        const float *restrict p = src + 2 * u0;
+        float *SDRT_RESTRICT d = dst + u0;
+        const float *SDRT_RESTRICT p = src + 2 * u0;
         for (int u = 0; u < n; u++)
             d[u] = p[2 * u];
     } else {

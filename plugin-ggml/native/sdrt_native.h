@@ -25,10 +25,12 @@
 #endif
 
 #if defined(_MSC_VER)
+#define SDRT_RESTRICT __restrict
 #define SDRT_ALIGN(n) __declspec(align(n))
 #define SDRT_THREAD_LOCAL __declspec(thread)
 #define SDRT_INLINE static __forceinline
 #else
+#define SDRT_RESTRICT restrict
 #define SDRT_ALIGN(n) __attribute__((aligned(n)))
 #define SDRT_THREAD_LOCAL _Thread_local
 #define SDRT_INLINE static inline __attribute__((always_inline))
