@@ -330,6 +330,21 @@ sdrt_dw_flat_fn sdrt_ops_dw_flat(void) {
 }
 
 /* ---- the custom ops ---------------------------------------------------------------- */
+/* row r of a tensor of ne (n0, ne[1], ne[2], ne[3]), counted over dims 1-3, as its indices */
+typedef struct {
+    int64_t i1, i2, i3;
+} row_ix;
+
+static inline row_ix row_ix_of(const int64_t *ne, int64_t r) {
+    row_ix ix = {r % ne[1], r / ne[1] % ne[2], r / (ne[1] * ne[2])};
+    return ix;
+}
+
+/* the first float of that row in view v (any strides) */
+static inline float *row_at(sdrt_view v, row_ix ix) {
+    return (float *)(v.data + (size_t)ix.i1 * v.nb[1] + (size_t)ix.i2 * v.nb[2] + (size_t)ix.i3 * v.nb[3]);
+}
+
 #define AT(v, i0, i1, i2, i3) \
     (*(const float *)((v).data + (size_t)(i0) * (v).nb[0] + (size_t)(i1) * (v).nb[1] + (size_t)(i2) * (v).nb[2] + \
                       (size_t)(i3) * (v).nb[3]))
@@ -454,23 +469,15 @@ SDRT_EXPORT void sdrt_gelu_erf_op(void *dst, int ith, int nth, void *userdata) {
         if (i0 >= i1)
             return;
         for (int64_t r = 0; r < (dense ? 1 : rows); r++) {
-            const int64_t i1r = r % o.ne[1], i2 = r / o.ne[1] % o.ne[2], i3 = r / (o.ne[1] * o.ne[2]);
-            const size_t xo = (size_t)i1r * x.nb[1] + (size_t)i2 * x.nb[2] + (size_t)i3 * x.nb[3];
-            const size_t go = (size_t)i1r * gv.nb[1] + (size_t)i2 * gv.nb[2] + (size_t)i3 * gv.nb[3];
-            const size_t oo = (size_t)i1r * o.nb[1] + (size_t)i2 * o.nb[2] + (size_t)i3 * o.nb[3];
-            ops.gelu(i1 - i0, (const float *)(x.data + xo) + i0, tg ? (const float *)(gv.data + go) + i0 : NULL,
-                     (float *)(o.data + oo) + i0);
+            const row_ix ix = row_ix_of(o.ne, r);
+            ops.gelu(i1 - i0, row_at(x, ix) + i0, tg ? row_at(gv, ix) + i0 : NULL, row_at(o, ix) + i0);
         }
         return;
     }
     const int64_t r0 = rows * ith / nth, r1 = rows * (ith + 1) / nth;
     for (int64_t r = r0; r < r1; r++) {
-        const int64_t i1r = r % o.ne[1], i2 = r / o.ne[1] % o.ne[2], i3 = r / (o.ne[1] * o.ne[2]);
-        const float *xr = (const float *)(x.data + (size_t)i1r * x.nb[1] + (size_t)i2 * x.nb[2] + (size_t)i3 * x.nb[3]);
-        const float *gr = tg ? (const float *)(gv.data + (size_t)i1r * gv.nb[1] + (size_t)i2 * gv.nb[2] +
-                                               (size_t)i3 * gv.nb[3])
-                             : NULL;
-        ops.gelu(ne0, xr, gr, (float *)(o.data + (size_t)i1r * o.nb[1] + (size_t)i2 * o.nb[2] + (size_t)i3 * o.nb[3]));
+        const row_ix ix = row_ix_of(o.ne, r);
+        ops.gelu(ne0, row_at(x, ix), tg ? row_at(gv, ix) : NULL, row_at(o, ix));
     }
 }
 
@@ -580,9 +587,9 @@ SDRT_EXPORT void sdrt_layer_norm_op(void *dst, int ith, int nth, void *userdata)
     if (n <= 0 || x.nb[0] != sizeof(float))
         return;
     for (int64_t r = rows * ith / nth; r < rows * (ith + 1) / nth; r++) {
-        const int64_t i1 = r % x.ne[1], i2 = r / x.ne[1] % x.ne[2], i3 = r / (x.ne[1] * x.ne[2]);
-        const float *xr = (const float *)(x.data + (size_t)i1 * x.nb[1] + (size_t)i2 * x.nb[2] + (size_t)i3 * x.nb[3]);
-        float *yr = (float *)(o.data + (size_t)i1 * o.nb[1] + (size_t)i2 * o.nb[2] + (size_t)i3 * o.nb[3]);
+        const row_ix ix = row_ix_of(x.ne, r);
+        const float *xr = row_at(x, ix);
+        float *yr = row_at(o, ix);
         const float mean = (float)(ops.sum(n, xr) / (double)n);
         const double var = ops.sqdev(n, xr, mean) / (double)n;
         ops.ln_row(n, xr, mean, (float)(1.0 / sqrt(var + eps)), g, b, yr);
@@ -598,9 +605,6 @@ SDRT_EXPORT void sdrt_rowmean_op(void *dst, int ith, int nth, void *userdata) {
     const int64_t n = x.ne[0], rows = x.ne[1] * x.ne[2] * x.ne[3];
     if (n <= 0 || x.nb[0] != sizeof(float))
         return;
-    for (int64_t r = ith; r < rows; r += nth) {
-        const int64_t i1 = r % x.ne[1], i2 = r / x.ne[1] % x.ne[2], i3 = r / (x.ne[1] * x.ne[2]);
-        const float *xr = (const float *)(x.data + (size_t)i1 * x.nb[1] + (size_t)i2 * x.nb[2] + (size_t)i3 * x.nb[3]);
-        ((float *)o.data)[r] = (float)(ops.sum(n, xr) / (double)n);
-    }
+    for (int64_t r = ith; r < rows; r += nth)
+        ((float *)o.data)[r] = (float)(ops.sum(n, row_at(x, row_ix_of(x.ne, r))) / (double)n);
 }
