@@ -382,7 +382,8 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
 
 /* dst = A . B [+ bias] over ggml tensors, as ggml_custom_4d's callback.
  *   src[0] A:    ne (K, M, d2, d3), nb0 = 4 (rows may overlap)
- *   src[1] B:    packed: panels [p][half][K][16] (ne (16, K, 2, panels)), contiguous; else ne (N, K, e2, e3), any strides,
+ *   src[1] B:    packed: panels [p][half][K][16] (ne (16, K, 2, panels)), contiguous; else
+ *                ne (N, K, e2, e3), any strides,
  *                broadcast over A's batch dims (d2 % e2 == 0, d3 % e3 == 0), as ggml_mul_mat does
  *   src[2] bias: ne0 = N, contiguous (with OP_BIAS)
  *   next src     a residual shaped and laid out as dst, any row stride (with OP_RES): added to the

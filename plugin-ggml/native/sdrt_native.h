@@ -153,8 +153,9 @@ typedef struct {
 
 /* C[0:m, the panels' columns] (+)= A[0:m, 0:k] . B, B as k rows of `panels` packed panels,
  * pstride floats apart, each with its second half pstride / 2 floats after its first (the rows may
- * be a block of K of larger panels: b then points at row k0 of the first half). For each panel, for each nr-column slice of it, every MR tile of A meets
- * the slice while it is in L1 (the A tiles stream from L2). acc: add to C (a later block of K);
+ * be a block of K of larger panels: b then points at row k0 of the first half). For each panel,
+ * for each nr-column slice of it, every MR tile of A meets the slice while it is in L1 (the A
+ * tiles stream from L2). acc: add to C (a later block of K);
  * else C = product + bias. */
 void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdiff_t lda, const float *b,
                 ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last);

@@ -63,7 +63,8 @@ static int wino_unit(const wino_shape *s, const sdrt_isa_kernels *kk, const floa
             }
             float *dst = v + (size_t)(j / SDRT_NR) * s->C * SDRT_NR;
             for (int i = 0; i < n;) { /* the run's part in each half */
-                const int jj = (j + i) % SDRT_NR, part = n - i < SDRT_HALF - jj % SDRT_HALF ? n - i : SDRT_HALF - jj % SDRT_HALF;
+                const int jj = (j + i) % SDRT_NR, room = SDRT_HALF - jj % SDRT_HALF; /* left in this half */
+                const int part = n - i < room ? n - i : room;
                 const float *ei[4] = {e[0] + i, e[1] + i, e[2] + i, e[3] + i};
                 const float *oi[4] = {o[0] + i, o[1] + i, o[2] + i, o[3] + i};
                 wino_in(part, ei, oi, dst + sdrt_panel_at(s->C, c, jj), ldv);

@@ -143,7 +143,8 @@ static int check_layer_norm(int rows, int n, int ldx, int nth) {
     float *y = malloc(sizeof(float) * rows * n), eps = 1e-5f;
     for (int i = 0; i < rows * ldx; i++) x[i] = 3 * rnd() + 40;
     for (int j = 0; j < n; j++) g[j] = rnd(), b[j] = rnd();
-    tensor tx = dense(x, n, rows, 1, 1), tg = dense(g, n, 1, 1, 1), tb = dense(b, n, 1, 1, 1), ty = dense(y, n, rows, 1, 1);
+    tensor tx = dense(x, n, rows, 1, 1), tg = dense(g, n, 1, 1, 1), tb = dense(b, n, 1, 1, 1);
+    tensor ty = dense(y, n, rows, 1, 1);
     tx.nb[1] = sizeof(float) * (size_t)ldx, tx.nb[2] = tx.nb[3] = tx.nb[1] * (size_t)rows;
     ty.src[0] = &tx, ty.src[1] = &tg, ty.src[2] = &tb;
     run(sdrt_layer_norm_op, &ty, &eps, nth);
