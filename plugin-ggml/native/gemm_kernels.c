@@ -115,7 +115,7 @@ const sdrt_isa_kernels *sdrt_kernels_portable(void) { return &portable; }
 static const int32_t mask_src[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 #define MASK8(n) _mm256_loadu_si256((const __m256i *)(mask_src + 8 - ((n) < 0 ? 0 : (n) > 8 ? 8 : (n))))
 
-/* a row bias of zeros, for tiles without one */
+/* a row bias of zeros, for tiles without one (AVX2 and AVX-512) */
 static const float zero_rows[16] = {0.0f};
 
 /* the activation of an epilogue, as vectors */
@@ -466,8 +466,7 @@ INLINE_AVX512 void store512_full(const __m512 *c0, const __m512 *c1, int MR, con
         b0 = _mm512_loadu_ps(o->bias);
         b1 = _mm512_loadu_ps(o->bias + 16);
     }
-    static const float zeros[16] = {0.0f};
-    const float *rb = o->rbias && !acc ? o->rbias : zeros;
+    const float *rb = o->rbias && !acc ? o->rbias : zero_rows;
     for (int i = 0; i < MR && i < o->m; i++) {
         float *c = o->c + i * o->ldc;
         __m512 v0, v1;
