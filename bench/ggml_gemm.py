@@ -7,7 +7,8 @@
 Sections (``gemm`` and ``conv`` time each contender in interleaved rounds, so that all see the
 same machine load, and report the median over rounds of each round's best of 3 calls; each
 contender starts after a short pause, so that the threads of the one before (OpenBLAS's keep
-spinning after a call) have gone to sleep):
+spinning after a call) have gone to sleep, and then runs ``--warmup-ms`` (30) of untimed calls,
+so that the cores are awake again when the timed calls start):
 
 - ``gemm``: one-node ONNX models ``MatMul(a[M, K], w[K, N])`` with a constant ``w``, at the
   GEMM shapes of the CLIP text encoder and of the SD UNet (bench and full size), through
@@ -172,14 +173,25 @@ def _openblas_threads() -> str:
     return "?"
 
 
-def _paired(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Interleaved rounds: each round times every contender (best of 3 calls) in turn, after a pause."""
+def _paired(fns: dict[str, Callable[[], Any]], rounds: int, warmup_ms: float = 30.0) -> dict[str, list[float]]:
+    """Interleaved rounds: each round times every contender (best of 3 calls) in turn, after a pause
+    and then ``warmup_ms`` of untimed calls of the same contender.
+
+    The warm-up is there because the pause idles both cores, and this VM's cores run the next
+    millisecond or so slowly (a 2 ms GEMM on one thread: 3.2 ms right after a 20 ms sleep, 2.1 ms
+    back to back). Without it the small shapes timed the cores' wake-up, not the kernels, and
+    unevenly: onnxruntime's caller thread can take every tile itself while its worker wakes, where a
+    ggml graph waits at its barriers for both threads (docs/ggml.md, "The GEMM bench's warm-up").
+    """
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             time.sleep(0.2)  # let the threads of the one before (OpenBLAS's spin) go to sleep
+            t_warm = time.perf_counter() + warmup_ms / 1e3
+            while time.perf_counter() < t_warm:
+                fn()
             best = float("inf")
             for _ in range(3):
                 t0 = time.perf_counter()
@@ -194,7 +206,7 @@ def _ratio(times: dict[str, list[float]]) -> float:
     return float(np.median(np.array(times["ort"]) / np.array(times["sdrt"])))
 
 
-def gemm(threads: int, rounds: int) -> None:
+def gemm(threads: int, rounds: int, warmup_ms: float = 30.0) -> None:
     from onnx import helper
 
     from sdrt_ggml import native
@@ -202,8 +214,8 @@ def gemm(threads: int, rounds: int) -> None:
     from .harness import max_rel_err
 
     sdrt_is = "the native packed GEMM" if native.native() is not None else "ggml mul_mat: no native library"
-    print(f"\ngemm: GFLOPS (2*M*K*N; median of {rounds} interleaved rounds, each the best of 3 calls), "
-          f"MatMul(a[M,K], w[K,N] constant), {threads} threads, load average {os.getloadavg()[0]:.1f}")
+    print(f"\ngemm: GFLOPS (2*M*K*N; median of {rounds} interleaved rounds, each the best of 3 calls after "
+          f"{warmup_ms:g} ms of untimed ones), MatMul(a[M,K], w[K,N] constant), {threads} threads, load average {os.getloadavg()[0]:.1f}")
     print(f"  sdrt: sdrt.load(backend='ggml') ({sdrt_is}), its graph computed without session IO; ort: onnxruntime "
           f"(MLAS) run with an IO binding; ggml mm: ggml_mul_mat; "
           f"numpy: a @ w on OpenBLAS with its own {_openblas_threads()} threads (ignores --threads); "
@@ -222,7 +234,7 @@ def gemm(threads: int, rounds: int) -> None:
         fns = _compute_runners(ours, ort, feeds, "c", (m, n))
         keep = fns.pop("_keep")
         fns.update({"ggml": gm.runner(mm), "numpy": lambda a=a, w=w: a @ w})
-        times = _paired(fns, rounds)
+        times = _paired(fns, rounds, warmup_ms)
         del keep
         ours.close()
         gm.close()
@@ -232,13 +244,14 @@ def gemm(threads: int, rounds: int) -> None:
               f"{med['numpy']:7.0f} {_ratio(times):9.2f} {err:8.1e}  {what}", flush=True)
 
 
-def conv(threads: int, rounds: int) -> None:
+def conv(threads: int, rounds: int, warmup_ms: float = 30.0) -> None:
     from onnx import helper
 
     from .harness import max_rel_err
 
     print(f"\nconv (3x3, pad 1, bias): ms and effective GFLOPS (direct-conv flops 2*OC*H*W*C*9, also for Winograd, "
-          f"which does fewer), median of {rounds} interleaved rounds, each the best of 3 calls, {threads} threads, "
+          f"which does fewer), median of {rounds} interleaved rounds, each the best of 3 calls after {warmup_ms:g} ms of untimed "
+          f"ones, {threads} threads, "
           f"load average {os.getloadavg()[0]:.1f}")
     print("  sdrt: sdrt.load(backend='ggml'), its graph computed without session IO; ort: onnxruntime (MLAS) run with "
           "an IO binding; err: max |sdrt - ort| / max |ort|; route: the lowering's choice (impl_hits)")
@@ -257,7 +270,7 @@ def conv(threads: int, rounds: int) -> None:
         route = ",".join(sorted(k.removeprefix("conv ") for k in ours.impl_hits if k.startswith("conv"))) or "ggml"
         fns = _compute_runners(ours, ort, feeds, "y", (1, oc, hw, hw))
         keep = fns.pop("_keep")
-        times = _paired(fns, rounds)
+        times = _paired(fns, rounds, warmup_ms)
         del keep
         ours.close()
         ms = {name: float(np.median(t)) for name, t in times.items()}
@@ -335,12 +348,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--sections", default="gemm,conv,attention")
+    p.add_argument("--warmup-ms", type=float, default=30.0,
+                   help="gemm, conv: untimed calls of each contender before its timed ones (0: none)")
     p.add_argument("--models", default=MODEL_NAMES, help="for the models section")
     p.add_argument("--size", default="bench", choices=["tiny", "bench", "full"], help="for the models section")
     args = p.parse_args(argv)
     for name in args.sections.split(","):
         if name == "models":
             models(args.threads, args.rounds, args.models, args.size)
+        elif name in ("gemm", "conv"):
+            SECTIONS[name](args.threads, args.rounds, args.warmup_ms)
         else:
             SECTIONS[name](args.threads, args.rounds)
     return 0
