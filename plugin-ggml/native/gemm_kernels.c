@@ -202,6 +202,11 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
         c0_##i = _mm256_fmadd_ps(ai, b0, c0_##i); \
         c1_##i = _mm256_fmadd_ps(ai, b1, c1_##i); \
     }
+/* the same for a slice whose valid columns all lie in its first 8 (o->n <= 8: the last slice of
+ * a 49-pixel map, 3 x 16 + 1): half the multiply-adds; c1 stays zero and is never stored */
+#define R256_STEP_HALF(i) \
+    if (mr_ > i) \
+        c0_##i = _mm256_fmadd_ps(_mm256_broadcast_ss(a + i * lda + k), b0, c0_##i);
 #define R256_PREFETCH(i) \
     if (mr_ > i) \
         _mm_prefetch((const char *)(pf + i * lda + k), _MM_HINT_T0);
@@ -294,6 +299,39 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
     const float *res = o->last ? o->res : NULL; \
     R256_ALL(R256_STORE)
 
+/* the k loop over a packed half-panel (row k at b + 16 k) with STEP per row of A; PF (the next
+ * tile's A rows prefetched) once per 16 k, no test per k. b1 goes unused (and unloaded) in the
+ * half-width STEP. */
+#define R256_KLOOP(STEP, PF) \
+    int k = 0; \
+    for (; k + 16 <= K;) { \
+        PF \
+        for (const int k1 = k + 16; k < k1; k++) { \
+            const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
+            const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF + 8); \
+            (void)b1; \
+            R256_ALL(STEP) \
+        } \
+    } \
+    for (; k < K; k++) { \
+        const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
+        const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF + 8); \
+        (void)b1; \
+        R256_ALL(STEP) \
+    }
+/* the same with B's rows by offsets (row k at b + off[k]) */
+#define R256_ILOOP(STEP) \
+    for (int k = 0; k < K; k++) { \
+        const float *bk = b + off[k]; \
+        const __m256 b0 = _mm256_loadu_ps(bk); \
+        const __m256 b1 = _mm256_loadu_ps(bk + 8); \
+        (void)b1; \
+        if ((k & 15) == 0) { \
+            R256_ALL(R256_PREFETCH) \
+        } \
+        R256_ALL(STEP) \
+    }
+
 /* 16 columns (12 accumulators), B rows packed (one half of a panel: row k at b + 16 k) or by offsets */
 #define K256(MR) \
     static TARGET_AVX2 void k256_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
@@ -301,19 +339,10 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
         enum { mr_ = MR }; \
         (void)bh; \
         R256_ALL(R256_DECL) \
-        int k = 0; \
-        for (; k + 16 <= K;) { /* the next tile's A rows prefetched once per 16 k, no test per k */ \
-            R256_ALL(R256_PREFETCH) \
-            for (const int k1 = k + 16; k < k1; k++) { \
-                const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
-                const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF + 8); \
-                R256_ALL(R256_STEP) \
-            } \
-        } \
-        for (; k < K; k++) { \
-            const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
-            const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF + 8); \
-            R256_ALL(R256_STEP) \
+        if (o->n <= 8) { \
+            R256_KLOOP(R256_STEP_HALF, R256_ALL(R256_PREFETCH)) \
+        } else { \
+            R256_KLOOP(R256_STEP, R256_ALL(R256_PREFETCH)) \
         } \
         R256_EPILOGUE \
     } \
@@ -326,21 +355,10 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
         for (int sl = 0; sl < slices && ol.n > 0; sl++) { \
             const float *b = bp + (ptrdiff_t)(sl >> 1) * pstride + (sl & 1) * (pstride / 2); \
             R256_ALL(R256_DECL) \
-            int k = 0; \
-            for (; k + 16 <= K;) { \
-                if (sl == 0) { \
-                    R256_ALL(R256_PREFETCH) \
-                } \
-                for (const int k1 = k + 16; k < k1; k++) { \
-                    const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
-                    const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF + 8); \
-                    R256_ALL(R256_STEP) \
-                } \
-            } \
-            for (; k < K; k++) { \
-                const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
-                const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF + 8); \
-                R256_ALL(R256_STEP) \
+            if (ol.n <= 8) { \
+                R256_KLOOP(R256_STEP_HALF, if (sl == 0) { R256_ALL(R256_PREFETCH) }) \
+            } else { \
+                R256_KLOOP(R256_STEP, if (sl == 0) { R256_ALL(R256_PREFETCH) }) \
             } \
             const int left = ol.n; \
             ol.n = left < 16 ? left : 16; \
@@ -361,14 +379,10 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
                                        const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
         R256_ALL(R256_DECL) \
-        for (int k = 0; k < K; k++) { \
-            const float *bk = b + off[k]; \
-            const __m256 b0 = _mm256_loadu_ps(bk); \
-            const __m256 b1 = _mm256_loadu_ps(bk + 8); \
-            if ((k & 15) == 0) { \
-                R256_ALL(R256_PREFETCH) \
-            } \
-            R256_ALL(R256_STEP) \
+        if (o->n <= 8) { \
+            R256_ILOOP(R256_STEP_HALF) \
+        } else { \
+            R256_ILOOP(R256_STEP) \
         } \
         R256_EPILOGUE \
     }
