@@ -215,7 +215,8 @@ def gemm(threads: int, rounds: int, warmup_ms: float = 30.0) -> None:
 
     sdrt_is = "the native packed GEMM" if native.native() is not None else "ggml mul_mat: no native library"
     print(f"\ngemm: GFLOPS (2*M*K*N; median of {rounds} interleaved rounds, each the best of 3 calls after "
-          f"{warmup_ms:g} ms of untimed ones), MatMul(a[M,K], w[K,N] constant), {threads} threads, load average {os.getloadavg()[0]:.1f}")
+          f"{warmup_ms:g} ms of untimed ones), MatMul(a[M,K], w[K,N] constant), {threads} threads, "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(f"  sdrt: sdrt.load(backend='ggml') ({sdrt_is}), its graph computed without session IO; ort: onnxruntime "
           f"(MLAS) run with an IO binding; ggml mm: ggml_mul_mat; "
           f"numpy: a @ w on OpenBLAS with its own {_openblas_threads()} threads (ignores --threads); "
@@ -250,9 +251,8 @@ def conv(threads: int, rounds: int, warmup_ms: float = 30.0) -> None:
     from .harness import max_rel_err
 
     print(f"\nconv (3x3, pad 1, bias): ms and effective GFLOPS (direct-conv flops 2*OC*H*W*C*9, also for Winograd, "
-          f"which does fewer), median of {rounds} interleaved rounds, each the best of 3 calls after {warmup_ms:g} ms of untimed "
-          f"ones, {threads} threads, "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"which does fewer), median of {rounds} interleaved rounds, each the best of 3 calls after "
+          f"{warmup_ms:g} ms of untimed ones, {threads} threads, load average {os.getloadavg()[0]:.1f}")
     print("  sdrt: sdrt.load(backend='ggml'), its graph computed without session IO; ort: onnxruntime (MLAS) run with "
           "an IO binding; err: max |sdrt - ort| / max |ort|; route: the lowering's choice (impl_hits)")
     print(f"{'C x HW x OC':>16s} {'sdrt ms':>8s} {'ort ms':>8s} {'sdrt GF':>8s} {'ort GF':>7s} {'sdrt/ort':>9s} "
