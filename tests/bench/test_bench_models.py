@@ -125,6 +125,7 @@ def test_ggml_kernel_microbenchmark_runs(registry, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "gemm: GFLOPS" in out and "conv (3x3, pad 1" in out and "attention (float32)" in out
     assert "64 x 32 x 16" in out and "16 x 8 x 16" in out and "32 x 16 x 8 x 2" in out
+    assert out.count("after 30 ms of untimed ones") == 2  # each contender warms up before its timed calls
     rows = {what: next(line.split() for line in out.splitlines() if line.endswith(what))
             for what in ("tiny matmul", "tiny conv", "tiny winograd")}
     assert rows["tiny conv"][-3] in ("direct", "implicit") and rows["tiny winograd"][-3] == "winograd"
