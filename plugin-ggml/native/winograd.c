@@ -14,9 +14,12 @@
  * so the results stay within a few float32 roundings of a direct conv's.
  *
  * A unit of work is a group of tiles (whole panels of 32) of one batch item, every channel: its
- * V and M fit the L2/L3 budget below, and the U matrices stream through once per unit. The op's
- * threads take units from a shared counter. The input comes zero-padded (sdrt_pad_op or a group
- * norm that writes it so), with room for the last tile row and column.
+ * V and M fit the L2/L3 budget below, and the U matrices stream through once per unit. A small map
+ * has fewer such groups than the threads need (an 8x8 map is 16 tiles, one group): then each group
+ * is split further by blocks of output channels, each unit computing the group's V again (a few
+ * percent of its work) and its own rows of M. The op's threads take units from a shared counter.
+ * The input comes zero-padded (sdrt_pad_op or a group norm that writes it so), with room for the
+ * last tile row and column.
  */
 #include "sdrt_ops.h"
 
@@ -30,13 +33,15 @@ typedef struct {
     ptrdiff_t ldu; /* floats between rows of a U matrix (>= C) */
 } wino_shape;
 
-/* one unit: tiles [t0, t1) of the batch item's padded input xp into out (NCHW) */
+/* one unit: tiles [t0, t1) of the batch item's padded input xp, output channels [oc0, oc1), into
+ * out (NCHW) */
 static int wino_unit(const wino_shape *s, const sdrt_isa_kernels *kk, const float *xp, const float *u,
-                     const float *rbias, const float *res, const sdrt_epilogue *ep, float *out, int t0, int t1) {
-    const int nt = t1 - t0, P = (nt + SDRT_NR - 1) / SDRT_NR, G = P * SDRT_NR;
+                     const float *rbias, const float *res, const sdrt_epilogue *ep, float *out, int t0, int t1,
+                     int oc0, int oc1) {
+    const int nt = t1 - t0, P = (nt + SDRT_NR - 1) / SDRT_NR, G = P * SDRT_NR, noc = oc1 - oc0;
     const ptrdiff_t ldv = (ptrdiff_t)P * s->C * SDRT_NR; /* floats between V[k] and V[k+1] */
     float *v = sdrt_thread_buffer(2, (size_t)16 * ldv * sizeof(float));
-    float *m = sdrt_thread_buffer(6, ((size_t)16 * s->OC * G + 64) * sizeof(float)); /* + the last vector's reach */
+    float *m = sdrt_thread_buffer(6, ((size_t)16 * noc * G + 64) * sizeof(float)); /* + the last vector's reach */
     float *split = sdrt_thread_buffer(7, (size_t)8 * (s->TW + 32) * sizeof(float));
     if (!v || !m || !split)
         return -1;
@@ -73,25 +78,25 @@ static int wino_unit(const wino_shape *s, const sdrt_isa_kernels *kk, const floa
             t += n;
         }
     }
-    /* 2. the 16 products M[k] (OC x G) = U[k] (OC x C) V[k] (C x G), in blocks of C */
+    /* 2. the 16 products M[k] (noc x G) = U[k] (rows oc0 .. oc1 - 1, C) V[k] (C x G), in blocks of C */
     const int kblocks = (s->C + kk->kc - 1) / kk->kc;
     for (int k = 0; k < 16; k++) {
         for (int kb = 0; kb < kblocks; kb++) {
             const int c0 = (int)((long)kb * s->C / kblocks), c1 = (int)((long)(kb + 1) * s->C / kblocks);
             sdrt_block_out o;
             memset(&o, 0, sizeof o);
-            o.c = m + (size_t)k * s->OC * G;
+            o.c = m + (size_t)k * noc * G;
             o.ldc = G;
             o.n = nt;
-            sdrt_block(kk, s->OC, c1 - c0, u + ((size_t)k * s->OC) * s->ldu + c0, s->ldu,
+            sdrt_block(kk, noc, c1 - c0, u + ((size_t)k * s->OC + oc0) * s->ldu + c0, s->ldu,
                        v + (size_t)k * ldv + (size_t)c0 * SDRT_HALF, (ptrdiff_t)s->C * SDRT_NR, P, &o, kb > 0,
                        kb + 1 == kblocks);
         }
     }
     /* 3. Y = A^T M A per output channel and tile row, with the epilogue, into NCHW */
-    const ptrdiff_t ldm = (ptrdiff_t)s->OC * G;
+    const ptrdiff_t ldm = (ptrdiff_t)noc * G;
     const size_t np = (size_t)s->OH * s->OW;
-    for (int oc = 0; oc < s->OC; oc++) {
+    for (int oc = oc0; oc < oc1; oc++) {
         const float b = rbias ? rbias[oc] : 0.0f;
         for (int t = t0; t < t1;) {
             const int ty = t / s->TW, tx = t % s->TW;
@@ -102,7 +107,7 @@ static int wino_unit(const wino_shape *s, const sdrt_isa_kernels *kk, const floa
             float *row1 = oy + 1 < s->OH ? row0 + s->OW : NULL;
             const float *r0 = res ? res + (size_t)oc * np + (size_t)oy * s->OW + ox : NULL;
             const float *r1 = res && row1 ? r0 + s->OW : NULL;
-            wino_out(n, cols, m + (size_t)oc * G + (t - t0), ldm, b, r0, r1, ep, row0, row1);
+            wino_out(n, cols, m + (size_t)(oc - oc0) * G + (t - t0), ldm, b, r0, r1, ep, row0, row1);
             t += n;
         }
     }
@@ -165,14 +170,22 @@ SDRT_EXPORT void sdrt_winograd_op(void *dst, int ith, int nth, void *userdata) {
         panels = panels > most ? most : panels;
         panels = panels < 1 ? 1 : panels > 8 ? 8 : panels;
         const int G = panels * SDRT_NR, groups = (tiles + G - 1) / G;
-        const long units = (long)groups * N;
+        /* blocks of output channels where the tile groups are too few for two units a thread (a
+         * whole 8x8 map ran on one thread, 1.2-2.4 ms, the other waiting at ggml's barrier) */
+        const long tg = (long)groups * N;
+        int ocb = nth > 1 && tg < 2L * nth ? (int)((2L * nth + tg - 1) / tg) : 1;
+        const int mr = kk->mr_max, rows = (s.OC + mr - 1) / mr; /* blocks of whole MR tiles */
+        ocb = ocb > rows ? rows : ocb;
+        const long units = tg * ocb;
         int n_set = -1;
         const float *rbias = bias;
         for (;;) {
             const long uidx = sdrt_work_take(state);
             if (uidx >= units)
                 break;
-            const int n = (int)(uidx / groups), g = (int)(uidx % groups);
+            const int b = (int)(uidx % ocb), n = (int)(uidx / ocb / groups), g = (int)(uidx / ocb % groups);
+            const int oc0 = (int)((long)b * rows / ocb) * mr, oc1b = (int)((long)(b + 1) * rows / ocb) * mr;
+            const int oc1 = oc1b < s.OC ? oc1b : s.OC;
             if (n != n_set && rb) { /* this item's row biases: the constant bias plus the runtime one */
                 rbias = sdrt_item_row_bias(3, rb, bias, n, s.OC);
                 if (!rbias)
@@ -182,7 +195,7 @@ SDRT_EXPORT void sdrt_winograd_op(void *dst, int ith, int nth, void *userdata) {
             const int t0 = g * G, t1 = t0 + G < tiles ? t0 + G : tiles;
             if (wino_unit(&s, kk, (const float *)(X.data + (size_t)n * X.nb[3]), (const float *)U.data, rbias,
                           res ? (const float *)(res + (size_t)n * R.nb[3]) : NULL, ep.act ? &ep : NULL,
-                          (float *)(O.data + (size_t)n * O.nb[3]), t0, t1))
+                          (float *)(O.data + (size_t)n * O.nb[3]), t0, t1, oc0, oc1))
                 break;
         }
     }

@@ -238,7 +238,8 @@ int main(void) {
                 }
         /* N, C, H, W, OC, pad */
         static const int winos[][6] = {{1, 3, 9, 70, 5, 1}, {2, 40, 7, 9, 35, 1}, {1, 3, 1, 1, 2, 1},
-                                       {1, 17, 12, 33, 9, 0}, {1, 400, 4, 4, 8, 1}};
+                                       {1, 17, 12, 33, 9, 0}, {1, 400, 4, 4, 8, 1},
+                                       {1, 24, 8, 8, 70, 1}}; /* one tile group: split by output channels */
         for (int nth = 1; nth <= 4; nth++)
             for (size_t i = 0; i < sizeof winos / sizeof winos[0]; i++)
                 for (int a = 0; a < 5; a++, runs++) {
