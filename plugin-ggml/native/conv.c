@@ -183,20 +183,21 @@ static void pack_conv_panel(const conv_shape *s, const float *x, const conv_tap 
                 strided_fill(d0, src, u0, u1, SDRT_HALF, s->sw);
                 strided_fill(d1, src + SDRT_HALF * s->sw, u0 - SDRT_HALF, u1 - SDRT_HALF, SDRT_HALF, s->sw);
             }
-        }
-        for (int r = 0; r < (one_run ? 0 : nruns); r++) {
-            const pix_run run = runs[r];
-            const int iy = run.oy * s->sh + t.di, ix0 = run.ox0 * s->sw + t.dj;
-            float *dr = run.q < SDRT_HALF ? d0 + run.q : d1 + (run.q - SDRT_HALF);
-            if (iy < 0 || iy >= s->H) {
-                memset(dr, 0, (size_t)run.len * sizeof(float));
-                continue;
-            }
-            const float *row = x + t.plane + (ptrdiff_t)iy * s->W;
-            if (s->sw == 1) {
-                copy_clipped(dr, row, ix0, run.len, s->W);
-            } else {
-                copy_strided(dr, row, ix0, run.len, s->sw, s->W);
+        } else {
+            for (int r = 0; r < nruns; r++) {
+                const pix_run run = runs[r];
+                const int iy = run.oy * s->sh + t.di, ix0 = run.ox0 * s->sw + t.dj;
+                float *dr = run.q < SDRT_HALF ? d0 + run.q : d1 + (run.q - SDRT_HALF);
+                if (iy < 0 || iy >= s->H) {
+                    memset(dr, 0, (size_t)run.len * sizeof(float));
+                    continue;
+                }
+                const float *row = x + t.plane + (ptrdiff_t)iy * s->W;
+                if (s->sw == 1) {
+                    copy_clipped(dr, row, ix0, run.len, s->W);
+                } else {
+                    copy_strided(dr, row, ix0, run.len, s->sw, s->W);
+                }
             }
         }
         if (nv0 < SDRT_HALF)
