@@ -376,6 +376,7 @@ enum { P_KH, P_KW, P_SH, P_SW, P_DH, P_DW, P_PH, P_PW, P_DIRECT, P_ACT, P_LO, P_
  *                  multiplies each column as it packs it: a squeeze-excitation gate before the conv)
  *   dst:           ne (OW, OH, OC, N), contiguous (NCHW) */
 SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
+    SDRT_POOLED(sdrt_conv_op);
     (void)ith;
     (void)userdata;
     const sdrt_isa_kernels *kk = sdrt_active_kernels();
@@ -488,6 +489,7 @@ done:
  *                  around it
  * The threads take planes in turn. */
 SDRT_EXPORT void sdrt_pad_op(void *dst, int ith, int nth, void *userdata) {
+    SDRT_POOLED(sdrt_pad_op);
     (void)userdata;
     const void *tx = sdrt_tensor_src(dst, 0), *tp = sdrt_tensor_src(dst, 1);
     if (!tx || !tp)

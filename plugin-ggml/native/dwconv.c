@@ -52,6 +52,7 @@ enum { DW_KH, DW_KW, DW_SH, DW_SW, DW_DH, DW_DW, DW_PH, DW_PW, DW_ACT, DW_LO, DW
  *   src[3] bias:   C floats, or NULL
  *   dst:           ne (OW, OH, C, N), contiguous */
 SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
+    SDRT_POOLED(sdrt_dwconv_op);
     (void)userdata;
     const void *tx = sdrt_tensor_src(dst, 0), *tw = sdrt_tensor_src(dst, 1), *tp = sdrt_tensor_src(dst, 2),
                *tb = sdrt_tensor_src(dst, 3);

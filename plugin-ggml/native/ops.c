@@ -365,6 +365,7 @@ static int attn_key_block(int D, int dvp, int nk, int pad) {
  * A task is (batch, head, block of query rows); each thread packs a head's K^T and V once for its
  * run of tasks, then runs the ISA's flash-attention body (simd_body.h, attend) over the block. */
 SDRT_EXPORT void sdrt_attention_op(void *dst, int ith, int nth, void *userdata) {
+    SDRT_POOLED(sdrt_attention_op);
     const float scale = *(const float *)userdata;
     sdrt_view o = sdrt_tensor_view(dst);
     sdrt_view q = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
@@ -453,6 +454,7 @@ SDRT_EXPORT void sdrt_attention_op(void *dst, int ith, int nth, void *userdata) 
 /* ggml custom op: dst = gelu_erf(src0) [* src1]: float32 of one shape, dst dense; the sources
  * need dense rows only (nb[0] = 4), so GEGLU's two halves of one projection are read in place. */
 SDRT_EXPORT void sdrt_gelu_erf_op(void *dst, int ith, int nth, void *userdata) {
+    SDRT_POOLED(sdrt_gelu_erf_op);
     (void)userdata;
     sdrt_view o = sdrt_tensor_view(dst);
     sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
@@ -484,6 +486,7 @@ SDRT_EXPORT void sdrt_gelu_erf_op(void *dst, int ith, int nth, void *userdata) {
 /* ggml custom op: group statistics. src0 x ne (HW, C, N) dense; dst ne (2, G, N): mean and
  * 1/sqrt(var + eps) of each group of C/G channels (two passes: mean, then squared deviations). */
 SDRT_EXPORT void sdrt_gn_stats_op(void *dst, int ith, int nth, void *userdata) {
+    SDRT_POOLED(sdrt_gn_stats_op);
     const sdrt_gn_params *pr = (const sdrt_gn_params *)userdata;
     sdrt_view o = sdrt_tensor_view(dst);
     sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
@@ -504,6 +507,7 @@ SDRT_EXPORT void sdrt_gn_stats_op(void *dst, int ith, int nth, void *userdata) {
  * src1 the stats (sdrt_gn_stats_op), src2 gamma and src3 beta (C floats each, or NULL).
  * dst ne (HW, C, N), or with cl ne (C, HW) for N = 1 (what a channels-last conv reads). */
 SDRT_EXPORT void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata) {
+    SDRT_POOLED(sdrt_gn_apply_op);
     const sdrt_gn_params *pr = (const sdrt_gn_params *)userdata;
     sdrt_view o = sdrt_tensor_view(dst);
     sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
@@ -578,6 +582,7 @@ SDRT_EXPORT void sdrt_gn_apply_op(void *dst, int ith, int nth, void *userdata) {
  * (as the group norm's). src1 gamma and src2 beta: ne0 floats each; userdata: the float eps. dst is
  * shaped as src0, dense. Threads take contiguous runs of rows. */
 SDRT_EXPORT void sdrt_layer_norm_op(void *dst, int ith, int nth, void *userdata) {
+    SDRT_POOLED(sdrt_layer_norm_op);
     const float eps = *(const float *)userdata;
     sdrt_view o = sdrt_tensor_view(dst);
     sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
@@ -599,6 +604,7 @@ SDRT_EXPORT void sdrt_layer_norm_op(void *dst, int ith, int nth, void *userdata)
 /* ggml custom op: dst[r] = the mean of row r of src0 (ne0 floats, dense rows; any number of rows):
  * global average pooling and ReduceMean over the innermost dims. Threads take rows in turn. */
 SDRT_EXPORT void sdrt_rowmean_op(void *dst, int ith, int nth, void *userdata) {
+    SDRT_POOLED(sdrt_rowmean_op);
     (void)userdata;
     sdrt_view o = sdrt_tensor_view(dst);
     sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));

@@ -58,6 +58,25 @@ typedef struct {
 sdrt_view sdrt_tensor_view(const void *tensor);
 const void *sdrt_tensor_src(const void *tensor, int i);
 
+/* ---- the ops' thread pool (pool.c) ------------------------------------------------------------ */
+typedef void (*sdrt_op_fn)(void *dst, int ith, int nth, void *userdata);
+/* the calling thread's width (0 inside the pool's workers) */
+int sdrt_pool_width(void);
+/* fn(dst, i, width, userdata) for every i < width, on the pool and the calling thread */
+void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int width);
+/* An op's first line: where ggml calls it on one thread (nth 1) and the calling thread has a width
+ * above one (sdrt_pool_set_width), the op's tasks run on the pool instead, and the op returns. */
+#define SDRT_POOLED(fn)                                                                                \
+    do {                                                                                               \
+        if (nth == 1) {                                                                                \
+            const int pool_w_ = sdrt_pool_width();                                                     \
+            if (pool_w_ > 1) {                                                                         \
+                sdrt_pool_run((fn), dst, userdata, pool_w_);                                           \
+                return;                                                                                \
+            }                                                                                          \
+        }                                                                                              \
+    } while (0)
+
 /* ---- GEMM (gemm.c, gemm_kernels.c) ------------------------------------------------- */
 /* B panels are always NR = 32 columns wide, for every ISA, so packed weights do not depend
  * on which kernel runs them. A panel of k rows holds its columns as two halves of 16, one after

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Build the C checks of sdrt-ggml's native kernels and run them: gemm_check.c (the GEMM
 # micro-kernels), ops_check.c (attention, GELU, group norm), conv_check.c (both conv routes with
-# their epilogue, the depthwise conv, the padded group-norm output). Each checks every ISA that the
+# their epilogue, the depthwise conv, the padded group-norm output), pool_check.c (the ops' thread
+# pool: every task once, sleeping workers, two submitting threads). Each checks every ISA that the
 # build and the CPU have against double-precision references; exit status 1 on any mismatch.
 #   sh run.sh            # the host's compiler ($CC, default cc): e.g. AVX-512 on a machine with it
 #   sh run.sh arm64      # cross-compiled for AArch64 and run under qemu-user: the NEON kernels
@@ -19,9 +20,9 @@ else
     flags=
     runner=
 fi
-for check in gemm_check ops_check conv_check; do
+for check in gemm_check ops_check conv_check pool_check; do
     # shellcheck disable=SC2086
-    $cc -O3 -std=gnu11 -Wall -Wextra $flags -I"$here/.." -o "$out/$check" "$here/$check.c" "$here"/../*.c -lm
+    $cc -O3 -std=gnu11 -Wall -Wextra -pthread $flags -I"$here/.." -o "$out/$check" "$here/$check.c" "$here"/../*.c -lm
     echo "== $check"
     $runner "$out/$check"
 done

@@ -17,7 +17,7 @@ log = logging.getLogger("sdrt.ggml")
 
 #: options ``compile`` accepts
 OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "transpose", "layouts", "pad_k", "flash_attn", "scheduler",
-           "accel", "gemm", "attention", "gelu", "groupnorm")
+           "accel", "gemm", "attention", "gelu", "groupnorm", "pool")
 
 
 def _static_inputs(graph: Any) -> list[TensorInfo]:
@@ -55,6 +55,11 @@ def _check_kernel_options(options: dict[str, Any]) -> None:
         if value not in ("native", "ggml"):
             raise SdrtError(f"{key}={value!r} is not a choice of the ggml backend", where=f"sdrt.load(..., {key}=...)",
                             fix=f"pass {key}='native' (sdrt-ggml's kernel where it loaded) or {key}='ggml'")
+    pool = options.get("pool", "auto")
+    if pool not in ("auto", True, False):
+        raise SdrtError(f"pool={pool!r} is not a choice of the ggml backend", where="sdrt.load(..., pool=...)",
+                        fix="pass pool='auto' (sdrt-ggml's thread pool where the graph allows), True or False "
+                            "(ggml's threads)")
 
 
 class GgmlBackend(Backend):
@@ -105,7 +110,8 @@ class GgmlBackend(Backend):
             raise
         try:
             return GgmlSession(inputs, graph.outputs, graph=graph, spec=spec, lowered=lowered, device=handles,
-                               scheduler=bool(options.get("scheduler")), where=graph.name)
+                               scheduler=bool(options.get("scheduler")), where=graph.name, threads=threads,
+                               pool=options.get("pool", "auto"))
         except BaseException:
             free_lowered(lowered)  # the session freed what it had started to allocate
             handles.free()

@@ -156,6 +156,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sdrt_gemm_isa_nr.restype = I
     lib.sdrt_gemm.argtypes = [I, I, I, I, P, S, P, S, S, I, P, P, S, I, I, I]
     lib.sdrt_gemm.restype = I
+    lib.sdrt_pool_set_width.argtypes = [I]
+    lib.sdrt_pool_set_width.restype = None
+    lib.sdrt_pool_workers.argtypes = []
+    lib.sdrt_pool_workers.restype = I
 
 
 def _check_layout(lib: ctypes.CDLL, g: Any) -> str | None:
@@ -232,6 +236,31 @@ def for_lowering(lowering: Any) -> Native | None:
     if choice == "ggml" or not lowering.on_cpu:
         return None
     return native()
+
+
+#: ggml ops whose work ggml's own threads must share: a graph with one of them is computed on ggml's
+#: threads, not on the ops' pool (``pool_width``)
+_GGML_THREADED = ("MUL_MAT", "MUL_MAT_ID", "OUT_PROD", "FLASH_ATTN_EXT", "IM2COL", "CONV_2D", "CONV_2D_DW",
+                  "CONV_TRANSPOSE_1D", "CONV_TRANSPOSE_2D", "POOL_2D")
+
+
+def pool_width(g: Any, graph: Any, threads: int, choice: Any = "auto") -> int:
+    """The width of the ops' thread pool (native/pool.c) for a CPU graph, 0 for none.
+
+    With a width, ggml computes the graph on one thread (no barrier after every node) and each
+    sdrt op spreads over the pool, whose caller never waits for a thread that has not started:
+    a core taken by another program then costs its share of the work, not a stall of the whole
+    graph at ggml's next barrier. ggml's own ops run on that one thread, so ``choice`` "auto"
+    keeps ggml's threads for a graph with one of the heavy ones (``gemm="ggml"``, ggml's
+    convolutions or flash attention); True uses the pool regardless, False never."""
+    if choice is False or threads < 2 or native() is None:
+        return 0
+    if choice == "auto":
+        heavy = {getattr(g, f"GGML_OP_{name}", -1) for name in _GGML_THREADED}
+        for i in range(int(g.ggml_graph_n_nodes(graph))):
+            if g.ggml_graph_node(graph, i).contents.op in heavy:
+                return 0
+    return threads
 
 
 def pack_b(w: np.ndarray) -> np.ndarray:

@@ -22,6 +22,7 @@ from sdrt.errors import InputError, SdrtError
 from sdrt.lowering import fold_node
 from sdrt.weights import same_values
 
+from . import native
 from .devices import DeviceHandles
 from .gpu import keep_matmuls_f32, weights_on_host
 from .lower import Lowered, LoweringSpec, ctypes_addr, free_lowered, lower_graph
@@ -44,6 +45,8 @@ class GgmlSession(Session):
         device: DeviceHandles,
         scheduler: bool = False,
         where: str = "<graph>",
+        threads: int = 1,
+        pool: Any = "auto",
     ) -> None:
         super().__init__(inputs, outputs, graph=graph)
         self._spec = spec
@@ -55,6 +58,9 @@ class GgmlSession(Session):
         self._wbuf: Any = None
         self._hostbuf: Any = None  # weights a GPU device cannot hold, in CPU memory
         self._lo: Lowered | None = lowered
+        self._threads = threads
+        self._pool_choice = pool
+        self.pool_width = 0  # the ops' thread pool's width (native/pool.c), 0: ggml's threads
         try:
             self._build(lowered)
         except BaseException:
@@ -88,6 +94,7 @@ class GgmlSession(Session):
                 self._out_tensors[name] = v
         self._alloc_weights(lo)
         self._alloc_graph()
+        self._set_threads()
         log.info("lowered %s: %d ggml nodes, %d weight tensors, rewrites %s", self._where,
                  g.ggml_graph_n_nodes(self._graph), len(lo.bindings), lo.rewrite_hits)
 
@@ -131,6 +138,16 @@ class GgmlSession(Session):
             raise SdrtError("could not allocate memory for the graph's intermediate tensors",
                             where=f"ggml device {self._device.name}",
                             fix="free memory, use smaller input shapes, or another device")
+
+    def _set_threads(self) -> None:
+        """Who runs the graph's work: the ops' pool, with ggml on one thread, or ggml's threads
+        (``native.pool_width``). The pool is for the CPU alone (sdrt's ops run only there)."""
+        g = ggml_lib()
+        dev = self._device
+        if not dev.is_cpu or dev.accel:
+            return
+        self.pool_width = native.pool_width(g, self._graph, self._threads, self._pool_choice)
+        g.ggml_backend_cpu_set_n_threads(dev.backend, 1 if self.pool_width else self._threads)
 
     def compute_bytes(self) -> int:
         """Bytes of the buffers ggml's allocator placed the graph's intermediate tensors in
@@ -198,6 +215,10 @@ class GgmlSession(Session):
         """Compute the graph on the inputs last set (no feeding, no fetching: bench.ggml_gemm times
         the kernels with it)."""
         g = ggml_lib()
+        if self.pool_width:
+            nat = native.native()
+            assert nat is not None
+            nat.lib.sdrt_pool_set_width(self.pool_width)  # this thread's width: ops spread over the pool
         if self._sched is not None:
             status = g.ggml_backend_sched_graph_compute(self._sched, self._graph)
         else:

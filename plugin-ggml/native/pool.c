@@ -1,0 +1,283 @@
+/* The ops' own thread pool: the caller never waits for a thread that has not started.
+ *
+ * ggml's CPU backend runs a graph on n threads with a barrier after every node, so each node
+ * waits for the slowest thread to arrive. Where another program holds one of the cores (a
+ * desktop's browser, a shared VM's neighbour) a worker that slept at that barrier waits for the
+ * OS to give its core back, and the whole graph waits with it: measured on a 2-core VM, the
+ * bench UNet ran 1.1-1.3x onnxruntime's time with a busy loop on one core, where onnxruntime
+ * lost 5-8% (docs/ggml.md, "The ops' own thread pool").
+ *
+ * So a session whose graph is all sdrt ops (and ggml's cheap ones) is computed by ggml on ONE
+ * thread, and each sdrt op spreads itself over this pool, the way onnxruntime's parallel-for
+ * does: the op's nth tasks go to whoever takes them, the caller first; a worker that is awake
+ * takes tasks too, and the caller waits only for tasks that a worker has started. A worker held
+ * back by the OS costs its share of the work, never a wait.
+ *
+ *   sdrt_pool_set_width(n)   the calling thread's width: its ops' task count (0 or 1: none)
+ *   SDRT_POOLED(fn)          the first line of an op: with ggml on one thread and a width above
+ *                            one, it runs fn's tasks on the pool and returns
+ *
+ * Workers spin on the job word for SDRT_GGML_SPIN_US microseconds (default 200: the gaps
+ * between ops inside one graph), then sleep on a condition variable until the next job. Only one
+ * job runs at a time: a second caller (another Python thread's session) runs its op inline.
+ */
+#if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include "sdrt_native.h"
+
+#include <stdlib.h>
+
+#if defined(_WIN32)
+#include <windows.h>
+#else
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+#endif
+#if defined(SDRT_X86) && !defined(_MSC_VER)
+#include <immintrin.h>
+#endif
+
+#define MAX_WORKERS 255
+
+/* ---- atomics (seq_cst: the job word and the counters pair up as in Dekker's algorithm) ------ */
+#if defined(_MSC_VER)
+#include <intrin.h>
+#define A_LOAD64(p) _InterlockedOr64((volatile __int64 *)(p), 0)
+#define A_STORE64(p, v) _InterlockedExchange64((volatile __int64 *)(p), (__int64)(v))
+#define A_LOAD(p) _InterlockedOr((volatile long *)(p), 0)
+#define A_ADD(p, v) _InterlockedExchangeAdd((volatile long *)(p), (long)(v))
+#define A_STORE(p, v) _InterlockedExchange((volatile long *)(p), (long)(v))
+#define A_CAS(p, old, new) (_InterlockedCompareExchange((volatile long *)(p), (long)(new), (long)(old)) == (long)(old))
+#else
+#define A_LOAD64(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define A_STORE64(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+#define A_LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define A_ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_SEQ_CST)
+#define A_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+#define A_CAS(p, old, new) __atomic_compare_exchange_n((p), &(long){(old)}, (new), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
+#endif
+
+static void cpu_relax(void) {
+#if defined(SDRT_X86) && defined(_MSC_VER)
+    _mm_pause();
+#elif defined(SDRT_X86)
+    _mm_pause();
+#elif defined(SDRT_ARM64) && defined(_MSC_VER)
+    __yield();
+#elif defined(SDRT_ARM64)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* ---- the platform: a monotonic clock, a mutex and condition variable, a thread ---------------- */
+#if defined(_WIN32)
+typedef SRWLOCK pool_mutex;
+typedef CONDITION_VARIABLE pool_cond;
+static int64_t now_ns(void) {
+    LARGE_INTEGER f, c;
+    QueryPerformanceFrequency(&f);
+    QueryPerformanceCounter(&c);
+    return (int64_t)((double)c.QuadPart * 1e9 / (double)f.QuadPart);
+}
+static void mutex_init(pool_mutex *m) { InitializeSRWLock(m); }
+static void mutex_lock(pool_mutex *m) { AcquireSRWLockExclusive(m); }
+static int mutex_trylock(pool_mutex *m) { return TryAcquireSRWLockExclusive(m) ? 0 : 1; }
+static void mutex_unlock(pool_mutex *m) { ReleaseSRWLockExclusive(m); }
+static void cond_init(pool_cond *c) { InitializeConditionVariable(c); }
+static void cond_wait(pool_cond *c, pool_mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
+static void cond_broadcast(pool_cond *c) { WakeAllConditionVariable(c); }
+static long process_id(void) { return (long)GetCurrentProcessId(); }
+static DWORD WINAPI worker_main_win(LPVOID arg);
+static int start_thread(void) {
+    /* the stack size that Linux gives its threads, as ggml's own workers have there */
+    HANDLE h = CreateThread(NULL, 8u << 20, worker_main_win, NULL, STACK_SIZE_PARAM_IS_A_RESERVATION, NULL);
+    if (!h)
+        return -1;
+    CloseHandle(h);
+    return 0;
+}
+#else
+typedef pthread_mutex_t pool_mutex;
+typedef pthread_cond_t pool_cond;
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+static void mutex_init(pool_mutex *m) { pthread_mutex_init(m, NULL); }
+static void mutex_lock(pool_mutex *m) { pthread_mutex_lock(m); }
+static int mutex_trylock(pool_mutex *m) { return pthread_mutex_trylock(m); }
+static void mutex_unlock(pool_mutex *m) { pthread_mutex_unlock(m); }
+static void cond_init(pool_cond *c) { pthread_cond_init(c, NULL); }
+static void cond_wait(pool_cond *c, pool_mutex *m) { pthread_cond_wait(c, m); }
+static void cond_broadcast(pool_cond *c) { pthread_cond_broadcast(c); }
+static long process_id(void) { return (long)getpid(); }
+static void *worker_main(void *arg);
+static int start_thread(void) {
+    pthread_attr_t attr;
+    pthread_t t;
+    if (pthread_attr_init(&attr))
+        return -1;
+    pthread_attr_setstacksize(&attr, 8u << 20); /* macOS gives a thread 512 KiB otherwise */
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    const int rc = pthread_create(&t, &attr, worker_main, NULL);
+    pthread_attr_destroy(&attr);
+    return rc ? -1 : 0;
+}
+#endif
+
+/* ---- the pool -------------------------------------------------------------------------------- */
+static struct {
+    /* the job word, rising: odd while a job is open. A job is published by storing the next odd
+     * value, after its fields below; closed (the next even value) once the caller has found no
+     * task left. */
+    volatile int64_t job;
+    sdrt_op_fn fn;
+    void *dst, *userdata;
+    long ntasks;
+    volatile long next;     /* the next task to take */
+    volatile long active;   /* workers inside the open job */
+    volatile long sleepers; /* workers asleep on `wake` (or about to be) */
+    volatile long workers;  /* workers started */
+    volatile long init;     /* 0: not yet; 1: being set up; 2: ready */
+    long pid;               /* the process that started the workers (a forked child has none) */
+    int64_t spin_ns;
+    pool_mutex submit;      /* one job at a time */
+    pool_mutex lock;        /* with `wake`: the sleepers */
+    pool_cond wake;
+} P;
+
+static SDRT_THREAD_LOCAL int tl_width;  /* the calling thread's width (0: its ops run as ggml calls them) */
+static SDRT_THREAD_LOCAL int tl_worker; /* this thread is one of the pool's workers */
+
+SDRT_EXPORT void sdrt_pool_set_width(int width) { tl_width = width < 0 ? 0 : width; }
+int sdrt_pool_width(void) { return tl_worker ? 0 : tl_width; }
+SDRT_EXPORT int sdrt_pool_workers(void) { return (int)A_LOAD(&P.workers); }
+
+/* run the open job `job`'s tasks until none is left */
+static void take_tasks(void) {
+    for (;;) {
+        const long i = A_ADD(&P.next, 1);
+        if (i >= P.ntasks)
+            return;
+        P.fn(P.dst, (int)i, (int)P.ntasks, P.userdata);
+    }
+}
+
+/* wait until the job word differs from `seen`: spin for spin_ns, then sleep */
+static int64_t wait_change(int64_t seen) {
+    const int64_t until = now_ns() + P.spin_ns;
+    for (unsigned n = 1;; n++) {
+        const int64_t j = A_LOAD64(&P.job);
+        if (j != seen)
+            return j;
+        cpu_relax();
+        if ((n & 63) == 0 && now_ns() > until)
+            break;
+    }
+    mutex_lock(&P.lock);
+    A_ADD(&P.sleepers, 1);
+    int64_t j;
+    while ((j = A_LOAD64(&P.job)) == seen)
+        cond_wait(&P.wake, &P.lock);
+    A_ADD(&P.sleepers, -1);
+    mutex_unlock(&P.lock);
+    return j;
+}
+
+static void worker_loop(void) {
+    tl_worker = 1;
+    int64_t seen = A_LOAD64(&P.job);
+    for (;;) {
+        const int64_t j = wait_change(seen);
+        seen = j;
+        if (!(j & 1))
+            continue; /* a job closed: wait for the next */
+        A_ADD(&P.active, 1);
+        if (A_LOAD64(&P.job) == j) /* still open: the caller will wait for this worker */
+            take_tasks();
+        A_ADD(&P.active, -1);
+    }
+}
+
+#if defined(_WIN32)
+static DWORD WINAPI worker_main_win(LPVOID arg) {
+    (void)arg;
+    worker_loop();
+    return 0;
+}
+#else
+static void *worker_main(void *arg) {
+    (void)arg;
+    worker_loop();
+    return NULL;
+}
+#endif
+
+static void pool_init(void) {
+    if (A_LOAD(&P.init) == 2)
+        return;
+    if (A_CAS(&P.init, 0, 1)) {
+        mutex_init(&P.submit);
+        mutex_init(&P.lock);
+        cond_init(&P.wake);
+        const char *env = getenv("SDRT_GGML_SPIN_US");
+        const long us = env ? strtol(env, NULL, 10) : 200;
+        P.spin_ns = (int64_t)(us < 0 ? 0 : us) * 1000;
+        P.pid = process_id();
+        A_STORE(&P.init, 2);
+    }
+    while (A_LOAD(&P.init) != 2)
+        cpu_relax();
+}
+
+/* at least n workers (fewer if the OS refuses threads); call with `submit` held */
+static void grow(long n) {
+    if (n > MAX_WORKERS)
+        n = MAX_WORKERS;
+    const long pid = process_id();
+    if (pid != P.pid) { /* a forked child: the parent's workers do not exist here */
+        P.pid = pid;
+        A_STORE(&P.workers, 0);
+        A_STORE(&P.sleepers, 0);
+        A_STORE(&P.active, 0);
+        mutex_init(&P.lock);
+        cond_init(&P.wake);
+    }
+    while (A_LOAD(&P.workers) < n) {
+        if (start_thread())
+            return;
+        A_ADD(&P.workers, 1);
+    }
+}
+
+void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int width) {
+    pool_init();
+    if (width <= 1 || mutex_trylock(&P.submit)) { /* one task, or another thread's job is running */
+        const int w = tl_width;
+        tl_width = 0; /* fn's SDRT_POOLED must not come back here */
+        fn(dst, 0, 1, userdata);
+        tl_width = w;
+        return;
+    }
+    grow(width - 1);
+    P.fn = fn;
+    P.dst = dst;
+    P.userdata = userdata;
+    P.ntasks = width;
+    A_STORE(&P.next, 0);
+    const int64_t j = A_LOAD64(&P.job) + 1; /* closed values are even: the next one, open */
+    A_STORE64(&P.job, j);
+    if (A_LOAD(&P.sleepers) > 0) {
+        mutex_lock(&P.lock);
+        cond_broadcast(&P.wake);
+        mutex_unlock(&P.lock);
+    }
+    take_tasks();
+    A_STORE64(&P.job, j + 1); /* closed: a worker that comes now leaves the job alone */
+    while (A_LOAD(&P.active) > 0)
+        cpu_relax(); /* only workers that took the job before it closed */
+    mutex_unlock(&P.submit);
+}
