@@ -42,6 +42,9 @@ class NativeOps:
     dwconv_op: Any
     rowmean_op: Any
     layer_norm_op: Any
+    copy_op: Any
+    concat_op: Any
+    upscale_op: Any
 
     def set_isa(self, name: str | None) -> str:
         """Use the kernel body ``name`` (None: the widest this CPU runs); returns the active one.
@@ -85,7 +88,8 @@ def native_ops() -> NativeOps | None:
         ops = NativeOps(lib, *(g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value)
                                for f in ("sdrt_attention_op", "sdrt_gelu_erf_op", "sdrt_gn_stats_op",
                                          "sdrt_gn_apply_op", "sdrt_dwconv_op", "sdrt_rowmean_op",
-                                         "sdrt_layer_norm_op")))
+                                         "sdrt_layer_norm_op", "sdrt_copy_op", "sdrt_concat_op",
+                                         "sdrt_upscale_op")))
         ops.set_isa(os.environ.get("SDRT_GGML_OPS_ISA") or None)
         why = _self_test(ops, g)
     except (OSError, AttributeError, ValueError) as exc:
@@ -192,6 +196,32 @@ def layer_norm(ops: NativeOps, g: Any, ctx: Any, x: Any, gamma: Any, beta: Any, 
                                       g.GGML_N_TASKS_MAX, ud), "sdrt_layer_norm")
 
 
+def copy(ops: NativeOps, g: Any, ctx: Any, x: Any) -> Any:
+    """``x`` (float32, any strides: a permuted or sliced view) copied dense, as ``ggml_cont`` does
+    (native/copy.c: rows, or tiles transposed where the source's dense dim is not its first)."""
+    ne = x.contents.ne
+    arr = (ctypes.POINTER(g.ggml_tensor) * 1)(x)
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], ne[2], ne[3], arr, 1, ops.copy_op,
+                                      g.GGML_N_TASKS_MAX, None), "sdrt_copy")
+
+
+def concat(ops: NativeOps, g: Any, ctx: Any, a: Any, b: Any, dim: int) -> Any:
+    """``a`` and ``b`` (float32, any strides, equal outside ggml dim ``dim``) joined along it, dense."""
+    ne = list(a.contents.ne)
+    ne[dim] += b.contents.ne[dim]
+    arr = (ctypes.POINTER(g.ggml_tensor) * 2)(a, b)
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *ne, arr, 2, ops.concat_op, g.GGML_N_TASKS_MAX,
+                                      ctypes.c_void_p(dim or None)), "sdrt_concat")
+
+
+def upscale(ops: NativeOps, g: Any, ctx: Any, x: Any, ne: tuple[int, int, int, int]) -> Any:
+    """``x`` (float32, dense rows) upscaled to ``ne`` by nearest neighbour, as ggml's nearest mode:
+    whole factors along ne0 and ne1, ne2 and ne3 unchanged."""
+    arr = (ctypes.POINTER(g.ggml_tensor) * 1)(x)
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *ne, arr, 1, ops.upscale_op, g.GGML_N_TASKS_MAX, None),
+                  "sdrt_upscale")
+
+
 def dwconv(ops: NativeOps, g: Any, ctx: Any, x: Any, w: Any, params: Any, bias: Any, *,
            out_ne: tuple[int, int, int, int]) -> Any:
     """Depthwise conv by ``sdrt_dwconv_op`` (contract in native/dwconv.c): ``x`` NCHW ne (W, H, C, N)
@@ -275,8 +305,11 @@ def _self_test(ops: NativeOps, g: Any) -> str | None:
         y = attention(ops, g, ctx, _tensor(g, ctx, q), kview, _tensor(g, ctx, v), _tensor(g, ctx, mask), 0.7)
         ge = gelu_erf(ops, g, ctx, _tensor(g, ctx, x))
         ln = layer_norm(ops, g, ctx, _tensor(g, ctx, xl), _tensor(g, ctx, gam), _tensor(g, ctx, bet), 1e-5)
+        cp = copy(ops, g, ctx, g.ggml_permute(ctx, _tensor(g, ctx, v), 1, 0, 2, 3))  # (b, h, dv, n_kv) dense
+        cat = concat(ops, g, ctx, _tensor(g, ctx, k), _tensor(g, ctx, v), 0)  # (b, h, n_kv, d + dv)
+        up = upscale(ops, g, ctx, _tensor(g, ctx, xl), (37 * 2, 5 * 3, 1, 1))
         gf = g.ggml_new_graph(ctx)
-        for t in (y, ge, ln):
+        for t in (y, ge, ln, cp, cat, up):
             g.ggml_build_forward_expand(gf, t)
         g.ggml_graph_compute_with_ctx(ctx, gf, 2)
         got = _array(g, y, (b, n_q, h, dv)).transpose(0, 2, 1, 3)
@@ -289,6 +322,12 @@ def _self_test(ops: NativeOps, g: Any) -> str | None:
         lg, lw = _array(g, ln, xl.shape), reference_layer_norm(xl, gam, bet, 1e-5)
         if not np.allclose(lg, lw, rtol=1e-4, atol=1e-5):
             return f"layer norm max error {float(np.abs(lg - lw).max()):.3g}"
+        if not np.array_equal(_array(g, cp, (b, h, dv, n_kv)), np.swapaxes(v, -1, -2)):
+            return "the transposed copy differs"
+        if not np.array_equal(_array(g, cat, (b, h, n_kv, d + dv)), np.concatenate([k, v], -1)):
+            return "the concatenation differs"
+        if not np.array_equal(_array(g, up, (15, 74)), xl.repeat(3, 0).repeat(2, 1)):
+            return "the nearest upscale differs"
     finally:
         g.ggml_free(ctx)
     return None

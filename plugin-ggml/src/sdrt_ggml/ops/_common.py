@@ -226,7 +226,36 @@ def cont(lowering: Lowering, x: GTensor) -> GTensor:
     lib = ggml_lib()
     if guards.is_contiguous(x.ptr):
         return GTensor(lib.ggml_reshape_4d(lowering.ctx, x.ptr, *guards.ne(x.ptr)), x.shape, x.dtype)
-    return GTensor(lib.ggml_cont(lowering.ctx, x.ptr), x.shape, x.dtype)
+    return GTensor(dense_copy(lowering, x.ptr), x.shape, x.dtype)
+
+
+def dense_copy(lowering: Lowering, x: Any) -> Any:
+    """A dense copy of the ggml tensor ``x``: sdrt's copy op (native/copy.c) for a float32 on the
+    CPU where the native kernels loaded (it runs on the ops' pool, and transposes in tiles), else
+    ``ggml_cont``."""
+    lib = ggml_lib()
+    if lowering.on_cpu and x.contents.type == lib.GGML_TYPE_F32:
+        from ..native_ops import copy, native_ops
+
+        ops = native_ops()
+        if ops is not None:
+            return copy(ops, lib, lowering.ctx, x)
+    return lib.ggml_cont(lowering.ctx, x)
+
+
+def concat_ptr(lowering: Lowering, a: Any, b: Any, dim: int) -> Any:
+    """``a`` and ``b`` joined along ggml dim ``dim``: sdrt's concat op (native/copy.c, whole rows, on the
+    ops' pool) for float32 on the CPU where the native kernels loaded, else ``ggml_concat``."""
+    lib = ggml_lib()
+    f32 = lib.GGML_TYPE_F32
+    same = all(a.contents.ne[i] == b.contents.ne[i] for i in range(4) if i != dim)  # else ggml's guard says why
+    if lowering.on_cpu and a.contents.type == f32 and b.contents.type == f32 and same and 0 <= dim < 4:
+        from ..native_ops import concat, native_ops
+
+        ops = native_ops()
+        if ops is not None:
+            return concat(ops, lib, lowering.ctx, a, b, dim)
+    return lib.ggml_concat(lowering.ctx, a, b, dim)
 
 
 def reshape(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import native
-from ._common import K_ALIGN, GTensor, Value, ggml_lib
+from ._common import K_ALIGN, GTensor, Value, dense_copy, ggml_lib
 from .conv_layout import channels_last, clear_blocks, conv_gemm, valid_range
 
 
@@ -31,7 +31,7 @@ def conv_taps(lowering: Any, x: GTensor, w: np.ndarray, ph: int, pw: int, out_sh
     kh, kw = w.shape[2], w.shape[3]
     wp = wd + 2 * pw  # padded below by one spare row: the last taps read past the bottom edge
     xp = g.ggml_pad_ext(lowering.ctx, x.ptr, pw, pw, ph, ph + 1, 0, 0, 0, 0)  # ne (Wp, Hp, C, 1)
-    xt = g.ggml_cont(lowering.ctx, g.ggml_permute(lowering.ctx, xp, 1, 2, 0, 3))  # ne (C, Wp, Hp, 1): channels-last
+    xt = dense_copy(lowering, g.ggml_permute(lowering.ctx, xp, 1, 2, 0, 3))  # ne (C, Wp, Hp, 1): channels-last
     rows = oh * wp
     acc = None
     for i in range(kh):
@@ -41,7 +41,7 @@ def conv_taps(lowering: Any, x: GTensor, w: np.ndarray, ph: int, pw: int, out_sh
             y = g.ggml_mul_mat(lowering.ctx, wk.ptr, view)  # ne (OC, OH*Wp)
             acc = y if acc is None else g.ggml_add(lowering.ctx, acc, y)
     full = g.ggml_view_3d(lowering.ctx, acc, oc, ow, oh, oc * 4, wp * oc * 4, 0)  # crop the padded columns
-    out = g.ggml_cont(lowering.ctx, g.ggml_permute(lowering.ctx, full, 2, 0, 1, 3))  # ne (OW, OH, OC)
+    out = dense_copy(lowering, g.ggml_permute(lowering.ctx, full, 2, 0, 1, 3))  # ne (OW, OH, OC)
     return GTensor(g.ggml_reshape_4d(lowering.ctx, out, ow, oh, oc, 1), out_shape)
 
 
@@ -145,7 +145,7 @@ def conv_window(lowering: Any, x: GTensor, w: np.ndarray, bias: Value | None, ph
     y = conv_gemm(lowering, windows, w, (0, 3, 2, 1), "owhi")  # ne (M, OC)
     crop = g.ggml_view_4d(lowering.ctx, y, ow, oh, oc, 1, wp * f, m * f, m * oc * f, 0)
     if bias is None:
-        return GTensor(g.ggml_cont(lowering.ctx, crop), out_shape)
+        return GTensor(dense_copy(lowering, crop), out_shape)
     b = lowering.const(bias) if isinstance(bias, np.ndarray) else bias
     rows = g.ggml_repeat_4d(lowering.ctx, g.ggml_reshape_4d(lowering.ctx, b.ptr, 1, 1, oc, 1), ow, 1, oc, 1)
     return GTensor(g.ggml_add(lowering.ctx, crop, rows), out_shape)  # bias rows broadcast; the add also crops

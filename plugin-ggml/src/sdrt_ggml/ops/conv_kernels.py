@@ -10,18 +10,19 @@ from typing import Any
 import numpy as np
 
 from .. import native
-from ._common import GTensor, ggml_lib
+from ._common import GTensor, dense_copy, ggml_lib
 from .conv_layout import channels_last, conv_gemm
 
 
 def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int, int, int, int], kp: int,
-                   w: np.ndarray | None = None) -> GTensor:
+                   w: np.ndarray | None = None, bias: np.ndarray | None = None) -> GTensor:
     """1x1 conv at batch 1 in both layouts from one column matrix (ggml computes the one used).
 
     The column matrix of a 1x1 conv is the input channels-last: taken as is when the
     producer made it, else one transpose copy. NCHW comes out of the product
     one way round, channels-last the other (with the native GEMM: the same product, stored
-    transposed or not, from one packed kernel ``w``).
+    transposed or not, from one packed kernel ``w``, both adding the constant ``bias`` as they store;
+    ``bias`` is for the native GEMM only).
     """
     g = ggml_lib()
     _, oc, oh, ow = out_shape
@@ -31,9 +32,11 @@ def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int,
     else:
         col = g.ggml_reshape_2d(lowering.ctx, channels_last(lowering, x.ptr), c, ow * oh)  # = im2col of a 1x1 conv
     if w is not None and native.for_lowering(lowering) is not None:
-        nchw = g.ggml_reshape_4d(lowering.ctx, conv_gemm(lowering, col, w, (0, 1, 2, 3), "oihw"), ow, oh, oc, 1)
-        cl = g.ggml_reshape_4d(lowering.ctx, conv_gemm(lowering, col, w, (0, 1, 2, 3), "oihw", trans=False), oc, ow, oh, 1)
+        nchw = g.ggml_reshape_4d(lowering.ctx, conv_gemm(lowering, col, w, (0, 1, 2, 3), "oihw", bias=bias), ow, oh, oc, 1)
+        cl = g.ggml_reshape_4d(lowering.ctx, conv_gemm(lowering, col, w, (0, 1, 2, 3), "oihw", trans=False, bias=bias),
+                               oc, ow, oh, 1)
         return GTensor(nchw, out_shape, cl=cl)
+    assert bias is None, "ggml_mul_mat adds no bias"
     w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, kp, oc)
     if kp != c:
         col = g.ggml_pad(lowering.ctx, col, kp - c, 0, 0, 0)
@@ -84,7 +87,7 @@ def conv_depthwise(lowering: Any, x: GTensor, w: np.ndarray | GTensor, wt: GTens
     xv = g.ggml_permute(lowering.ctx, xc, 2, 0, 1, 3)  # ne (W, H, C, N) over channels-last memory
     y = g.ggml_conv_2d_dw_direct(lowering.ctx, kv, xv, *args)
     cl = g.ggml_permute(lowering.ctx, y, 1, 2, 0, 3) if out_shape[0] == 1 and lowering.options.get("layouts", True) else None
-    return GTensor(g.ggml_cont(lowering.ctx, y), out_shape, cl=cl)
+    return GTensor(dense_copy(lowering, y), out_shape, cl=cl)
 
 
 def conv_dense(lowering: Any, x: GTensor, wt: GTensor, strides: list[int], dil: list[int], ph: int, pw: int,
@@ -115,13 +118,13 @@ def conv_dense(lowering: Any, x: GTensor, wt: GTensor, strides: list[int], dil: 
         pass
     elif impl == "im2col_nhwc":
         y = g.ggml_mul_mat(lowering.ctx, w2, col2)  # ne: [OC, OW*OH*N]: channels-last, then one transpose copy
-        y = g.ggml_cont(lowering.ctx, g.ggml_transpose(lowering.ctx, y))
+        y = dense_copy(lowering, g.ggml_transpose(lowering.ctx, y))
     else:
         y = g.ggml_mul_mat(lowering.ctx, col2, w2)  # ne: [OW*OH*N, OC]
     if n == 1:
         return GTensor(g.ggml_reshape_4d(lowering.ctx, y, ow, oh, oc, 1), out_shape)
     y = g.ggml_reshape_4d(lowering.ctx, y, ow, oh, n, oc)
-    y = g.ggml_cont(lowering.ctx, g.ggml_permute(lowering.ctx, y, 0, 1, 3, 2))
+    y = dense_copy(lowering, g.ggml_permute(lowering.ctx, y, 0, 1, 3, 2))
     return GTensor(y, out_shape)
 
 

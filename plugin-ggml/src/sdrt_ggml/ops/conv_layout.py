@@ -7,19 +7,19 @@ from typing import Any
 import numpy as np
 
 from .. import native
-from ._common import K_ALIGN, GTensor, ggml_lib
+from ._common import K_ALIGN, GTensor, dense_copy, ggml_lib
 from .op_shape import slice_axis
 
 
 def conv_gemm(lowering: Any, cols: Any, w: np.ndarray, order: tuple[int, int, int, int], tag: str, *,
-              trans: bool = True) -> Any:
+              trans: bool = True, bias: np.ndarray | None = None) -> Any:
     """The GEMM of a conv: ``cols`` (ne (K, M): one row of K = C*KH*KW values per output pixel,
     rows may overlap) times the kernel ``w`` (OC, C, KH, KW) laid out in ``order`` (the order of
     each row of ``cols``). Returns ne (M, OC), pixels innermost (NCHW), or ne (OC, M) when not
     ``trans`` (channels-last).
 
-    On the CPU it is the native GEMM with the kernel packed once at build time; elsewhere
-    ``ggml_mul_mat``."""
+    On the CPU it is the native GEMM with the kernel packed once at build time, adding the constant
+    ``bias`` (OC floats) as it stores; elsewhere ``ggml_mul_mat`` (no ``bias`` there)."""
     g = ggml_lib()
     oc = int(w.shape[0])
     k = int(np.prod(w.shape[1:]))
@@ -27,8 +27,10 @@ def conv_gemm(lowering: Any, cols: Any, w: np.ndarray, order: tuple[int, int, in
     nat = native.for_lowering(lowering)
     if nat is not None:
         wp = lowering.const(w, transform=lambda a: native.pack_b(a.transpose(order).reshape(oc, k)), tag=f"{tag}P32")
-        return native.gemm_op(nat, g, lowering.ctx, cols, wp.ptr, m=m, n=oc, trans=trans, packed=True,
+        b = None if bias is None else lowering.const(np.asarray(bias, np.float32).reshape(-1)).ptr
+        return native.gemm_op(nat, g, lowering.ctx, cols, wp.ptr, b, m=m, n=oc, trans=trans, packed=True,
                               state=native.lowering_state(lowering))
+    assert bias is None, "ggml_mul_mat adds no bias"
     wt = lowering.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(order)), tag=tag)
     w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, k, oc)
     return g.ggml_mul_mat(lowering.ctx, cols, w2) if trans else g.ggml_mul_mat(lowering.ctx, w2, cols)
@@ -44,7 +46,7 @@ def channels_last(lowering: Any, x: Any) -> Any:
     """
     g = ggml_lib()
     if lowering.options.get("transpose", "cont") != "write":
-        return g.ggml_cont(lowering.ctx, g.ggml_permute(lowering.ctx, x, 1, 2, 0, 3))
+        return dense_copy(lowering, g.ggml_permute(lowering.ctx, x, 1, 2, 0, 3))
     ne = x.contents.ne
     target = lowering.scratch([ne[2], ne[0], ne[1], ne[3]], after=x)
     done = g.ggml_cpy(lowering.ctx, x, g.ggml_permute(lowering.ctx, target, 2, 0, 1, 3))

@@ -115,7 +115,9 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
             # aligned K for the fast GEMM, only for large products (docs/ggml.md, "Measured choices")
             kp = aligned(c)
             wt = lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, kp - c), (0, 0), (0, 0)]), tag=f"c{kp}")
-        y = conv_pointwise(lowering, x, wt, (n, oc, oh, ow), kp, w)
+        fused = isinstance(bias, np.ndarray) and nat is not None  # the native GEMM adds it as it stores
+        y = conv_pointwise(lowering, x, wt, (n, oc, oh, ow), kp, w, bias if fused else None)
+        bias = None if fused else bias
     elif implicit_ok(lowering, w, group) and winograd_ok(lowering, w, strides, dil):
         fused = isinstance(bias, np.ndarray)
         y = conv_winograd(lowering, x, w, bias if fused else None, ph, pw, (n, oc, oh, ow))

@@ -67,4 +67,12 @@ def op_resize(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
         if a.get("coordinate_transformation_mode", "half_pixel") == "align_corners":
             mode |= g.GGML_SCALE_FLAG_ALIGN_CORNERS
     x = cont(lowering, x)
-    return [GTensor(g.ggml_interpolate(lowering.ctx, x.ptr, *ne_of(out), mode), out)]
+    ne, xne = ne_of(out), ne_of(x.shape)
+    if (mode == g.GGML_SCALE_MODE_NEAREST and lowering.on_cpu and x.dtype == "float32" and ne[2:] == xne[2:]
+            and ne[0] % xne[0] == 0 and ne[1] % xne[1] == 0):
+        from ..native_ops import native_ops, upscale
+
+        ops = native_ops()
+        if ops is not None:  # whole factors: sdrt's row copies (native/copy.c), on the ops' pool
+            return [GTensor(upscale(ops, g, lowering.ctx, x.ptr, tuple(ne)), out)]
+    return [GTensor(g.ggml_interpolate(lowering.ctx, x.ptr, *ne, mode), out)]

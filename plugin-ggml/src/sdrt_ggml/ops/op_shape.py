@@ -13,7 +13,20 @@ import numpy as np
 
 from .. import guards
 from . import op
-from ._common import GTensor, Value, attrs, cont, expand_to, gdim, ggml_lib, ne_of, norm_axis, permute, reshape
+from ._common import (
+    GTensor,
+    Value,
+    attrs,
+    concat_ptr,
+    cont,
+    expand_to,
+    gdim,
+    ggml_lib,
+    ne_of,
+    norm_axis,
+    permute,
+    reshape,
+)
 
 
 def _ints(v: Value | None, node: Any, what: str) -> list[int] | None:
@@ -197,11 +210,10 @@ def op_concat(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
             and (not isinstance(v, GTensor) or v.size)]
     rank = vals[0].rank if isinstance(vals[0], GTensor) else np.ndim(vals[0])
     axis = norm_axis(int(attrs(node)["axis"]), rank)
-    g = ggml_lib()
     parts = [cont(lowering, lowering.const(v) if isinstance(v, np.ndarray) else v) for v in vals]
     y = parts[0]
     for p in parts[1:]:
         shape = list(y.shape)
         shape[axis] += p.shape[axis]
-        y = GTensor(g.ggml_concat(lowering.ctx, y.ptr, p.ptr, gdim(axis, rank)), tuple(shape), y.dtype)
+        y = GTensor(concat_ptr(lowering, y.ptr, p.ptr, gdim(axis, rank)), tuple(shape), y.dtype)
     return [y]
