@@ -27,7 +27,9 @@ class BuildNative(build_ext):
         msvc = self.compiler.compiler_type == "msvc"
         for ext in self.extensions:
             # per-function target attributes and runtime dispatch pick the ISA: no -march here
-            ext.extra_compile_args = ["/O2", "/std:c11"] if msvc else ["-O3", "-std=c11", "-fvisibility=hidden"]
+            ext.extra_compile_args = ["/O2", "/std:c11"] if msvc else ["-O3", "-std=c11", "-fvisibility=hidden", "-pthread"]
+            # the ops' thread pool (native/pool.c): POSIX threads, in libc itself only from glibc 2.34
+            ext.extra_link_args = [] if msvc else ["-pthread"]
         super().build_extensions()
 
     def get_export_symbols(self, ext: Extension) -> list[str]:
