@@ -246,16 +246,37 @@ static void SFX(attend)(const sdrt_attn_job *job, int rows, const float *qs, con
     const int D = job->D, Dv = job->Dv, dvp = job->dvp, nk = job->nk, n_kv = job->n_kv, KB = job->kb;
     float *S = work, *acc = S + 4 * (size_t)KB, *mrow = acc + (size_t)rows * dvp, *lrow = mrow + rows;
     memset(acc, 0, sizeof(float) * (size_t)rows * dvp);
+    /* the keys each group of 4 rows reads: all, but where the mask ends a row with keys it masks
+     * out (-inf, or below -1e30 like a causal mask's float32 min), only up to the row's last key it
+     * keeps. The keys left out would add exp(-huge) = 0 exactly. A row that masks every key keeps
+     * them all: softmax over equal scores, as onnxruntime computes it. */
+    int glive[16]; /* rows <= 64 */
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        int g = 0;
+        for (int r = r0; r < rows && r < r0 + 4; r++) {
+            int j = n_kv;
+            if (mask)
+                while (j > 0 && mask[r][j - 1] <= -1e30f)
+                    j--;
+            j = j == 0 ? n_kv : j;
+            g = j > g ? j : g;
+        }
+        glive[r0 / 4] = g;
+    }
     for (int r = 0; r < rows; r++) {
         mrow[r] = -INFINITY;
         lrow[r] = 0.0f;
     }
     for (int k0 = 0; k0 < n_kv; k0 += KB) {
-        const int kb = nk - k0 < KB ? nk - k0 : KB; /* nk and KB are multiples of 2 VW */
+        const int kbb = nk - k0 < KB ? nk - k0 : KB; /* nk and KB are multiples of 2 VW */
         for (int r0 = 0; r0 < rows; r0 += 4) {
             const int R = rows - r0 < 4 ? rows - r0 : 4;
+            const int live = (glive[r0 / 4] - k0 + 2 * VW - 1) / (2 * VW) * (2 * VW);
+            if (live <= 0)
+                continue; /* every key of this block masked out for these rows */
+            const int kb = live < kbb ? live : kbb;
             float bmax[4], alpha[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-            SFX(scores)(R, D, kb, kb, n_kv - k0, qs + (size_t)r0 * D, job->kt + (size_t)k0 * D, mask ? mask + r0 : NULL,
+            SFX(scores)(R, D, kb, kbb, n_kv - k0, qs + (size_t)r0 * D, job->kt + (size_t)k0 * D, mask ? mask + r0 : NULL,
                         k0, S, KB, bmax);
             for (int r = 0; r < R; r++) {
                 float *s = S + (size_t)r * KB;

@@ -95,6 +95,27 @@ def test_attention_matches_numpy(isa, shape, threads):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_attention_skips_the_keys_a_causal_mask_drops(isa, threads):
+    """CLIP's causal mask (float32 min above the diagonal, as the text encoder exports it): the kernel
+    reads each 4-row group's keys only up to its last kept one. The result matches numpy, also for
+    a row that masks every key (equal scores: uniform weights, as onnxruntime gives) and a row
+    whose masked keys are not all trailing."""
+    from sdrt_ggml.native_ops import attention, reference_attention
+
+    ops = _ops()
+    b, h, n, d = 1, 3, 77, 64
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((b, h, n, d)).astype(np.float32) for _ in range(3))
+    lo = np.finfo(np.float32).min
+    mask = np.triu(np.full((n, n), lo, np.float32), 1)
+    mask[40] = lo  # every key masked
+    mask[50, 10:20] = lo  # masked keys in the middle, then kept ones
+    got = _run(lambda g, ctx, put: (attention(ops, g, ctx, put(q), put(k), put(v), put(mask), 0.125), (b, n, h, d)),
+               threads).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(got, reference_attention(q, k, v, mask, 0.125), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_attention_without_mask_and_fully_masked_rows(isa, threads):
     """No mask; and a row whose every key is masked gives zeros (not NaN)."""
