@@ -7,7 +7,9 @@
 For each model the session is compiled (``scheduler=True`` when profiling) and the
 computed ggml graph is walked after lowering: every node whose op only moves data
 (``CONT``, ``CPY``, ``SET``, ``DUP``, and ``CONCAT``/``PAD``/``REPEAT``, which write a
-new tensor from parts of others) is counted with the bytes it writes. With
+new tensor from parts of others; and sdrt-ggml's own ``sdrt_copy``, ``sdrt_concat`` and
+``sdrt_upscale`` ops, which replace ggml's ``CONT``, ``CONCAT`` and ``UPSCALE`` on the CPU) is
+counted with the bytes it writes. With
 ``--profile`` each op's share of the run comes from ``sdrt_ggml.op_timing.time_ops``
 (the sum over ``--runs`` runs; the per-node callback adds a little to every node, so
 this ranks ops rather than timing the whole graph).
@@ -26,9 +28,9 @@ from . import harness
 from .__main__ import _default_workdir, _parse_options
 
 #: ops that only copy: their whole output is written from data already in memory
-COPY_OPS = ("CONT", "CPY", "SET", "DUP")
+COPY_OPS = ("CONT", "CPY", "SET", "DUP", "sdrt_copy")
 #: ops that assemble a new tensor from parts (also pure data movement)
-ASSEMBLY_OPS = ("CONCAT", "PAD", "REPEAT")
+ASSEMBLY_OPS = ("CONCAT", "PAD", "REPEAT", "sdrt_concat", "sdrt_upscale")
 
 
 def graph_copies(session: Any) -> dict[str, tuple[int, int]]:
@@ -41,6 +43,8 @@ def graph_copies(session: Any) -> dict[str, tuple[int, int]]:
     for i in range(g.ggml_graph_n_nodes(graph)):
         node = g.ggml_graph_node(graph, i)
         op = g.ggml_op_name(node.contents.op).decode()
+        if op == "CUSTOM":  # sdrt-ggml's ops go by their tensor's name
+            op = (g.ggml_get_name(node) or b"").decode()
         if op in COPY_OPS + ASSEMBLY_OPS:
             entry = out.setdefault(op, [0, 0])
             entry[0] += 1
