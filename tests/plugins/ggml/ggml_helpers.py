@@ -66,3 +66,39 @@ def rand(*shape: int, seed: int = 0) -> np.ndarray:
 
 F = TensorProto.FLOAT
 I64 = TensorProto.INT64
+
+
+def run_native_graph(build: Any, threads: int, via: str = "ggml") -> np.ndarray:
+    """Build tensors with ``build(g, ctx, put)`` (returning the output tensor and its numpy shape), compute
+    it on ``threads`` threads and return the output: on ggml's own threads (``via="ggml"``), or with
+    ggml on one thread and sdrt-ggml's ops spread over their pool (``via="pool"``, as a session runs)."""
+    import ctypes
+
+    from sdrt_ggml.native import native
+    from sdrt_ggml.ops._common import ggml_lib
+
+    g = ggml_lib()
+    ctx = g.ggml_init(g.ggml_init_params(mem_size=64 << 20, mem_buffer=None, no_alloc=False))
+
+    def put(arr):
+        arr = np.ascontiguousarray(arr, np.float32)
+        t = g.ggml_new_tensor_4d(ctx, g.GGML_TYPE_F32, *(list(reversed(arr.shape)) + [1] * (4 - arr.ndim)))
+        ctypes.memmove(g.ggml_get_data(t), arr.ctypes.data, arr.nbytes)
+        return t
+
+    lib = native().lib if via == "pool" else None
+    try:
+        out, shape = build(g, ctx, put)
+        gf = g.ggml_new_graph(ctx)
+        g.ggml_build_forward_expand(gf, out)
+        if lib is not None:
+            lib.sdrt_pool_set_width(threads)
+        try:
+            g.ggml_graph_compute_with_ctx(ctx, gf, 1 if lib is not None else threads)
+        finally:
+            if lib is not None:
+                lib.sdrt_pool_set_width(0)
+        ptr = ctypes.cast(g.ggml_get_data(out), ctypes.POINTER(ctypes.c_float))
+        return np.ctypeslib.as_array(ptr, shape=(int(np.prod(shape)),)).reshape(shape).copy()
+    finally:
+        g.ggml_free(ctx)

@@ -5,10 +5,9 @@ kernel body this build and CPU have (AVX-512, AVX2, the 4-wide baseline, scalar)
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
+from ggml_helpers import run_native_graph
 
 
 def _ops():
@@ -36,28 +35,8 @@ def isa(request):
 
 
 def _run(build, threads):
-    """Build tensors with ``build(g, ctx, put)``, compute its output on ``threads`` threads, return it."""
-    from sdrt_ggml.ops._common import ggml_lib
-
-    g = ggml_lib()
-    ctx = g.ggml_init(g.ggml_init_params(mem_size=64 << 20, mem_buffer=None, no_alloc=False))
-
-    def put(arr):
-        arr = np.ascontiguousarray(arr, np.float32)
-        ne = list(reversed(arr.shape)) + [1] * (4 - arr.ndim)
-        t = g.ggml_new_tensor_4d(ctx, g.GGML_TYPE_F32, *ne)
-        ctypes.memmove(g.ggml_get_data(t), arr.ctypes.data, arr.nbytes)
-        return t
-
-    try:
-        out, shape = build(g, ctx, put)
-        gf = g.ggml_new_graph(ctx)
-        g.ggml_build_forward_expand(gf, out)
-        g.ggml_graph_compute_with_ctx(ctx, gf, threads)
-        ptr = ctypes.cast(g.ggml_get_data(out), ctypes.POINTER(ctypes.c_float))
-        return np.ctypeslib.as_array(ptr, shape=(int(np.prod(shape)),)).reshape(shape).copy()
-    finally:
-        g.ggml_free(ctx)
+    """Build tensors with ``build(g, ctx, put)``, compute its output on ``threads`` of ggml's threads, return it."""
+    return run_native_graph(build, threads)
 
 
 SHAPES = [  # b, h, n_q, n_kv, d, dv

@@ -4,7 +4,6 @@ through the pool; which sessions use the pool; concurrent sessions; a forked chi
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import sys
 import threading
@@ -12,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ggml_helpers import compile_ggml
+from ggml_helpers import compile_ggml, run_native_graph
 from onnx import TensorProto, helper
 
 from sdrt.errors import SdrtError
@@ -28,33 +27,8 @@ def _ops():
 
 
 def _run(build, threads: int, via: str) -> np.ndarray:
-    """Compute ``build(g, ctx, put)``'s output on ``threads`` threads: ggml's own (``via="ggml"``), or
-    ggml on one thread with the ops spread over the pool (``via="pool"``, as a session does)."""
-    from sdrt_ggml.ops._common import ggml_lib
-
-    ops = _ops()
-    g = ggml_lib()
-    ctx = g.ggml_init(g.ggml_init_params(mem_size=64 << 20, mem_buffer=None, no_alloc=False))
-
-    def put(arr):
-        arr = np.ascontiguousarray(arr, np.float32)
-        t = g.ggml_new_tensor_4d(ctx, g.GGML_TYPE_F32, *(list(reversed(arr.shape)) + [1] * (4 - arr.ndim)))
-        ctypes.memmove(g.ggml_get_data(t), arr.ctypes.data, arr.nbytes)
-        return t
-
-    try:
-        out, shape = build(g, ctx, put)
-        gf = g.ggml_new_graph(ctx)
-        g.ggml_build_forward_expand(gf, out)
-        ops.lib.sdrt_pool_set_width(threads if via == "pool" else 0)
-        try:
-            g.ggml_graph_compute_with_ctx(ctx, gf, 1 if via == "pool" else threads)
-        finally:
-            ops.lib.sdrt_pool_set_width(0)
-        ptr = ctypes.cast(g.ggml_get_data(out), ctypes.POINTER(ctypes.c_float))
-        return np.ctypeslib.as_array(ptr, shape=(int(np.prod(shape)),)).reshape(shape).copy()
-    finally:
-        g.ggml_free(ctx)
+    _ops()
+    return run_native_graph(build, threads, via)
 
 
 THREADS = [1, 2, 3, 4]
