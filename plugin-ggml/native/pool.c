@@ -142,6 +142,7 @@ static struct {
     volatile long sleepers; /* workers asleep on `wake` (or about to be) */
     volatile long workers;  /* workers started */
     volatile long init;     /* 0: not yet; 1: being set up; 2: ready */
+    volatile long jobs;     /* jobs run on the pool so far (sdrt_pool_jobs: tests) */
     long pid;               /* the process that started the workers (a forked child has none) */
     int64_t spin_ns;
     pool_mutex submit;      /* one job at a time */
@@ -155,6 +156,7 @@ static SDRT_THREAD_LOCAL int tl_worker; /* this thread is one of the pool's work
 SDRT_EXPORT void sdrt_pool_set_width(int width) { tl_width = width < 0 ? 0 : width; }
 int sdrt_pool_width(void) { return tl_worker ? 0 : tl_width; }
 SDRT_EXPORT int sdrt_pool_workers(void) { return (int)A_LOAD(&P.workers); }
+SDRT_EXPORT long sdrt_pool_jobs(void) { return A_LOAD(&P.jobs); }
 
 /* run the open job `job`'s tasks until none is left */
 static void take_tasks(void) {
@@ -263,6 +265,7 @@ void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int width) {
         return;
     }
     grow(width - 1);
+    A_ADD(&P.jobs, 1);
     P.fn = fn;
     P.dst = dst;
     P.userdata = userdata;

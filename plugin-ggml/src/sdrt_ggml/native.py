@@ -160,6 +160,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sdrt_pool_set_width.restype = None
     lib.sdrt_pool_workers.argtypes = []
     lib.sdrt_pool_workers.restype = I
+    lib.sdrt_pool_jobs.argtypes = []
+    lib.sdrt_pool_jobs.restype = ctypes.c_long
 
 
 def _check_layout(lib: ctypes.CDLL, g: Any) -> str | None:

@@ -215,10 +215,9 @@ class GgmlSession(Session):
         """Compute the graph on the inputs last set (no feeding, no fetching: bench.ggml_gemm times
         the kernels with it)."""
         g = ggml_lib()
-        if self.pool_width:
-            nat = native.native()
-            assert nat is not None
-            nat.lib.sdrt_pool_set_width(self.pool_width)  # this thread's width: ops spread over the pool
+        nat = native.native() if self._device.is_cpu else None
+        if nat is not None:  # this thread's width (0: ggml's threads), whatever session ran on it before
+            nat.lib.sdrt_pool_set_width(self.pool_width)
         if self._sched is not None:
             status = g.ggml_backend_sched_graph_compute(self._sched, self._graph)
         else:

@@ -158,6 +158,27 @@ def test_pool_choice():
         compile_ggml(model, pool="fast")
 
 
+def test_a_one_thread_session_after_a_pooled_one_stays_on_one_thread():
+    """The width belongs to the calling thread: each session sets its own before it computes, so a
+    session of one thread run after a pooled one on the same thread does not inherit the pool."""
+    _ops()
+    from sdrt_ggml.native_ops import native_ops
+
+    lib = native_ops().lib
+    model, feeds, want = _model()
+    pooled, single = compile_ggml(model, threads=2), compile_ggml(model, threads=1)
+    before = lib.sdrt_pool_jobs()
+    pooled.run(feeds)
+    assert lib.sdrt_pool_jobs() - before == 4  # its four ops, each one job
+    lib.sdrt_pool_set_width(7)  # what an earlier caller on this thread left behind
+    before = lib.sdrt_pool_jobs()
+    np.testing.assert_allclose(single.run(feeds)["y"], want, rtol=1e-4, atol=1e-4)
+    assert lib.sdrt_pool_jobs() == before
+    lib.sdrt_pool_set_width(0)
+    pooled.close()
+    single.close()
+
+
 def test_sessions_in_two_python_threads_at_once():
     """One job holds the pool at a time: the other thread's ops run inline, and both stay right."""
     _ops()

@@ -69,7 +69,7 @@ def op_resize(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = cont(lowering, x)
     ne, xne = ne_of(out), ne_of(x.shape)
     if (mode == g.GGML_SCALE_MODE_NEAREST and lowering.on_cpu and x.dtype == "float32" and ne[2:] == xne[2:]
-            and ne[0] % xne[0] == 0 and ne[1] % xne[1] == 0):
+            and min(xne) > 0 and ne[0] % xne[0] == 0 and ne[1] % xne[1] == 0):
         from ..native_ops import native_ops, upscale
 
         ops = native_ops()
