@@ -21,20 +21,21 @@
 
 #define TILE 16
 
-/* rows (i1, i2, i3) of dst, [r0, r1), copied from src with source element stride s0 (floats) */
+/* n floats, the source's `stride` floats apart */
+static inline void copy_strided(float *out, const float *in, int64_t n, size_t stride) {
+    if (stride == 1) {
+        memcpy(out, in, (size_t)n * sizeof(float));
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            out[i] = in[i * stride];
+    }
+}
+
+/* rows [r0, r1) of dst (counted over dims 1-3) copied from the same rows of src */
 static void copy_rows(const sdrt_view *d, const sdrt_view *s, int64_t r0, int64_t r1) {
-    const int64_t n0 = d->ne[0], n1 = d->ne[1], n2 = d->ne[2];
-    const size_t s0 = s->nb[0] / sizeof(float);
     for (int64_t r = r0; r < r1; r++) {
-        const int64_t i1 = r % n1, i2 = (r / n1) % n2, i3 = r / (n1 * n2);
-        float *out = (float *)(d->data + i1 * d->nb[1] + i2 * d->nb[2] + i3 * d->nb[3]);
-        const float *in = (const float *)(s->data + i1 * s->nb[1] + i2 * s->nb[2] + i3 * s->nb[3]);
-        if (s0 == 1) {
-            memcpy(out, in, (size_t)n0 * sizeof(float));
-        } else {
-            for (int64_t i0 = 0; i0 < n0; i0++)
-                out[i0] = in[i0 * s0];
-        }
+        const row_ix ix = row_ix_of(d->ne, r);
+        copy_strided(row_at(*d, ix), row_at(*s, ix), d->ne[0], s->nb[0] / sizeof(float));
     }
 }
 
@@ -85,21 +86,6 @@ SDRT_EXPORT void sdrt_copy_op(void *dst, int ith, int nth, void *userdata) {
     copy_tiles(&d, &s, u, tiles * ith / nth, tiles * (ith + 1) / nth);
 }
 
-/* the float32 row (i1, i2, i3) of a view */
-static inline float *row_at(const sdrt_view *v, int64_t i1, int64_t i2, int64_t i3) {
-    return (float *)(v->data + i1 * v->nb[1] + i2 * v->nb[2] + i3 * v->nb[3]);
-}
-
-/* n floats, the source's `stride` floats apart */
-static inline void copy_strided(float *out, const float *in, int64_t n, size_t stride) {
-    if (stride == 1) {
-        memcpy(out, in, (size_t)n * sizeof(float));
-    } else {
-        for (int64_t i = 0; i < n; i++)
-            out[i] = in[i * stride];
-    }
-}
-
 /* dst = src0 and src1 joined along dim `(intptr_t)userdata` (0-3); each float32, any strides; dst
  * dense. The dims other than `dim` are equal (the lowering checks). Threads take rows of dst. */
 SDRT_EXPORT void sdrt_concat_op(void *dst, int ith, int nth, void *userdata) {
@@ -107,21 +93,22 @@ SDRT_EXPORT void sdrt_concat_op(void *dst, int ith, int nth, void *userdata) {
     const int dim = (int)(intptr_t)userdata;
     const sdrt_view d = sdrt_tensor_view(dst), a = sdrt_tensor_view(sdrt_tensor_src(dst, 0)),
                     b = sdrt_tensor_view(sdrt_tensor_src(dst, 1));
-    const int64_t n1 = d.ne[1], n2 = d.ne[2], rows = d.ne[1] * d.ne[2] * d.ne[3];
+    const int64_t rows = d.ne[1] * d.ne[2] * d.ne[3];
     for (int64_t r = rows * ith / nth; r < rows * (ith + 1) / nth; r++) {
-        int64_t i[4] = {0, r % n1, (r / n1) % n2, r / (n1 * n2)};
-        float *out = row_at(&d, i[1], i[2], i[3]);
+        row_ix ix = row_ix_of(d.ne, r);
+        float *out = row_at(d, ix);
         if (dim == 0) {
-            copy_strided(out, row_at(&a, i[1], i[2], i[3]), a.ne[0], a.nb[0] / sizeof(float));
-            copy_strided(out + a.ne[0], row_at(&b, i[1], i[2], i[3]), b.ne[0], b.nb[0] / sizeof(float));
+            copy_strided(out, row_at(a, ix), a.ne[0], a.nb[0] / sizeof(float));
+            copy_strided(out + a.ne[0], row_at(b, ix), b.ne[0], b.nb[0] / sizeof(float));
             continue;
         }
+        int64_t *at = dim == 1 ? &ix.i1 : dim == 2 ? &ix.i2 : &ix.i3; /* the index along dim */
         const sdrt_view *s = &a;
-        if (i[dim] >= a.ne[dim]) {
-            i[dim] -= a.ne[dim];
+        if (*at >= a.ne[dim]) {
+            *at -= a.ne[dim];
             s = &b;
         }
-        copy_strided(out, row_at(s, i[1], i[2], i[3]), d.ne[0], s->nb[0] / sizeof(float));
+        copy_strided(out, row_at(*s, ix), d.ne[0], s->nb[0] / sizeof(float));
     }
 }
 
@@ -133,11 +120,12 @@ SDRT_EXPORT void sdrt_upscale_op(void *dst, int ith, int nth, void *userdata) {
     (void)userdata;
     const sdrt_view d = sdrt_tensor_view(dst), s = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
     const int64_t f0 = d.ne[0] / s.ne[0], f1 = d.ne[1] / s.ne[1];
-    const int64_t n1 = d.ne[1], n2 = d.ne[2], rows = d.ne[1] * d.ne[2] * d.ne[3];
+    const int64_t rows = d.ne[1] * d.ne[2] * d.ne[3];
     for (int64_t r = rows * ith / nth; r < rows * (ith + 1) / nth; r++) {
-        const int64_t i1 = r % n1, i2 = (r / n1) % n2, i3 = r / (n1 * n2);
-        float *out = row_at(&d, i1, i2, i3);
-        const float *in = row_at(&s, i1 / f1, i2, i3);
+        row_ix ix = row_ix_of(d.ne, r);
+        float *out = row_at(d, ix);
+        ix.i1 /= f1; /* the source row */
+        const float *in = row_at(s, ix);
         if (f0 == 2) {
             for (int64_t x = 0; x < s.ne[0]; x++)
                 out[2 * x] = out[2 * x + 1] = in[x];

@@ -330,21 +330,6 @@ sdrt_dw_flat_fn sdrt_ops_dw_flat(void) {
 }
 
 /* ---- the custom ops ---------------------------------------------------------------- */
-/* row r of a tensor of ne (n0, ne[1], ne[2], ne[3]), counted over dims 1-3, as its indices */
-typedef struct {
-    int64_t i1, i2, i3;
-} row_ix;
-
-static inline row_ix row_ix_of(const int64_t *ne, int64_t r) {
-    row_ix ix = {r % ne[1], r / ne[1] % ne[2], r / (ne[1] * ne[2])};
-    return ix;
-}
-
-/* the first float of that row in view v (any strides) */
-static inline float *row_at(sdrt_view v, row_ix ix) {
-    return (float *)(v.data + (size_t)ix.i1 * v.nb[1] + (size_t)ix.i2 * v.nb[2] + (size_t)ix.i3 * v.nb[3]);
-}
-
 #define AT(v, i0, i1, i2, i3) \
     (*(const float *)((v).data + (size_t)(i0) * (v).nb[0] + (size_t)(i1) * (v).nb[1] + (size_t)(i2) * (v).nb[2] + \
                       (size_t)(i3) * (v).nb[3]))

@@ -58,6 +58,21 @@ typedef struct {
 sdrt_view sdrt_tensor_view(const void *tensor);
 const void *sdrt_tensor_src(const void *tensor, int i);
 
+/* row r of a tensor of ne (n0, ne[1], ne[2], ne[3]), counted over dims 1-3, as its indices */
+typedef struct {
+    int64_t i1, i2, i3;
+} row_ix;
+
+static inline row_ix row_ix_of(const int64_t *ne, int64_t r) {
+    row_ix ix = {r % ne[1], r / ne[1] % ne[2], r / (ne[1] * ne[2])};
+    return ix;
+}
+
+/* the first float of that row in view v (any strides) */
+static inline float *row_at(sdrt_view v, row_ix ix) {
+    return (float *)(v.data + (size_t)ix.i1 * v.nb[1] + (size_t)ix.i2 * v.nb[2] + (size_t)ix.i3 * v.nb[3]);
+}
+
 /* ---- the ops' thread pool (pool.c) ------------------------------------------------------------ */
 typedef void (*sdrt_op_fn)(void *dst, int ith, int nth, void *userdata);
 /* the calling thread's width (0 inside the pool's workers) */
