@@ -29,8 +29,10 @@ What it records:
   matching eps-prediction model; ComfyUI's euler_ancestral in float32 with its
   own seeded CPU noise.
 - ``samplers_eta.npz``: k-diffusion's ancestral and SDE samplers with eta
-  and s_noise other than 0 and 1 (``ETA_CASES``), on the same model and noise
-  list; written alone by ``--eta-only`` (needs k-diffusion, not ComfyUI).
+  and s_noise other than 0 and 1 (``ETA_CASES``), and its Euler, Heun and
+  DPM2 with churn (``s_churn``) and s_noise other than 1 (``CHURN_CASES``; their
+  ``torch.randn_like`` draws come from the same noise list), on the same model;
+  written alone by ``--eta-only`` (needs k-diffusion, not ComfyUI).
 
 Run it with the venv that has torch; nothing in sdrt imports torch.
 """
@@ -398,6 +400,23 @@ ETA_SAMPLERS = ["euler_ancestral", "dpm_2_ancestral", "dpmpp_2s_ancestral", "dpm
 ETA_CASES = [(0.5, 1.0), (0.5, 0.7), (0.25, 1.3), (1.0, 0.8)]
 
 
+CHURN_SAMPLERS = ["euler", "heun", "dpm_2"]
+CHURN_CASES = [(2.0, 0.7), (0.5, 1.3)]
+
+
+class _ListRandnTorch:
+    """torch, except that randn_like returns the next array of a noise list (k-diffusion's churn draws)."""
+
+    def __init__(self, arrays: np.ndarray) -> None:
+        self.noise = ListNoise(arrays)
+
+    def randn_like(self, x, **kw):  # noqa: ANN001, ANN003, ANN201
+        return self.noise(0.0, 0.0).to(x.dtype)
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(torch, name)
+
+
 def eta_key(name: str, eta: float, s_noise: float, sname: str) -> str:
     return f"{name}_eta{eta:g}_snoise{s_noise:g}_{sname}"
 
@@ -420,6 +439,19 @@ def gen_samplers_eta(out: Path, kd) -> None:  # noqa: ANN001
             key = eta_key(name, eta, s_noise, "karras10")
             data[f"kd_{key}"] = y.double().numpy()
             data[f"kdcalls_{key}"] = np.array(noise.calls, dtype=np.float64).reshape(-1, 2)
+    for name in CHURN_SAMPLERS:
+        for s_churn, s_noise in CHURN_CASES:
+            fake = _ListRandnTorch(noise_list(64))
+            kd.torch = fake
+            try:
+                with torch.no_grad():
+                    y = getattr(kd, "sample_" + name)(ve_denoiser(mu), x.clone(), sig.clone(), extra_args={},
+                                                      disable=True, s_churn=s_churn, s_noise=s_noise)
+            finally:
+                kd.torch = torch
+            key = f"{name}_churn{s_churn:g}_snoise{s_noise:g}_karras10"
+            data[f"kd_{key}"] = y.double().numpy()
+            data[f"kddraws_{key}"] = np.array(len(fake.noise.calls))
     np.savez_compressed(out / "samplers_eta.npz", **data)
     print("samplers_eta:", len(data), "arrays")
 

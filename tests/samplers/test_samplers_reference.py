@@ -72,6 +72,21 @@ def test_eta_and_s_noise_match_k_diffusion(name, eta, s_noise):
     check(ref, f"kd_{key}", f"kdcalls_{key}", out, calls)
 
 
+@pytest.mark.parametrize("s_churn,s_noise", [(2.0, 0.7), (0.5, 1.3)])
+@pytest.mark.parametrize("name", ["euler", "heun", "dpm_2"])
+def test_churn_with_s_noise_matches_k_diffusion(name, s_churn, s_noise):
+    """Karras' churn with s_noise other than 1; k-diffusion's randn_like draws were the same noise list."""
+    ref = load("samplers_eta")
+    sigmas = ref["sigmas_karras10"]
+    noise = ListNoise(noise_list(64))
+    out = S.get_sampler(name)(GaussianVE(), start_noise() * sigmas[0], sigmas, s_churn=s_churn, s_noise=s_noise,
+                              noise_sampler=noise)
+    key = f"{name}_churn{s_churn:g}_snoise{s_noise:g}_karras10"
+    assert len(noise.calls) == int(ref[f"kddraws_{key}"])
+    err = rel_err(out, ref[f"kd_{key}"])
+    assert err <= TOL, f"{key}: relative error {err:.3g}"
+
+
 def test_eta_cases_cover_every_sampler_with_eta():
     """Every registered sampler that takes eta and s_noise (bar the DDIM family, checked against diffusers)
     has reference cases here."""
