@@ -290,14 +290,23 @@ class T5Tokenizer:
     # -- construction -----------------------------------------------------------------------------------------
 
     @classmethod
-    def from_folder(cls, path: str | os.PathLike[str]) -> T5Tokenizer:
+    def from_folder(cls, path: str | os.PathLike[str], *, transformers: int = 4) -> T5Tokenizer:
         """Read a diffusers T5 tokenizer folder: ``tokenizer.json`` and/or ``spiece.model``, and, when present,
         ``tokenizer_config.json`` and ``special_tokens_map.json`` (which overrides it, as in transformers).
 
-        ``tokenizer.json.gz`` is read when the plain file is absent. As ``T5TokenizerFast`` does, a
-        ``tokenizer_config.json`` that sets ``add_prefix_space`` (or ``from_slow``) makes the tokenizer
-        from ``spiece.model`` rather than ``tokenizer.json``.
+        ``tokenizer.json.gz`` is read when the plain file is absent. ``transformers`` is the major
+        version of transformers whose ``T5TokenizerFast`` to follow:
+
+        - 4 (the default; diffusers' references in this project): the folder's ``tokenizer.json``
+          as it is, but, as 4.x does, a ``tokenizer_config.json`` that sets ``add_prefix_space``
+          (or ``from_slow``) builds the tokenizer from ``spiece.model`` with transformers' converter;
+        - 5: 5.x's ``T5Tokenizer``, which rebuilds every T5 tokenizer the same way from the
+          vocabulary and the charsmap (charsmap, whitespace split, ``Metaspace``), whatever the folder's
+          ``tokenizer.json`` says.
         """
+        if transformers not in (4, 5):
+            raise TokenizerError(f"transformers is {transformers!r}", where="T5Tokenizer.from_folder(transformers=...)",
+                                 fix="pass 4 or 5, the major version of transformers whose ids to give")
         folder = Path(path)
         if not folder.is_dir():
             raise TokenizerError("the tokenizer folder does not exist", where=str(folder),
@@ -311,19 +320,22 @@ class T5Tokenizer:
         json_file = next((f for f in (folder / "tokenizer.json", folder / "tokenizer.json.gz") if f.is_file()), None)
         spiece = folder / "spiece.model"
         from_slow = settings.get("add_prefix_space") is not None or bool(settings.get("from_slow"))
+        if transformers == 5:
+            from_slow = False
         if json_file is not None and not (from_slow and spiece.is_file()):
             if from_slow:
                 log.warning("%s asks for the tokenizer to be built from spiece.model, which is missing; reading %s",
                             folder, json_file.name)
-            return cls._from_tokenizer_json(json_file, settings, str(folder))
+            return cls._from_tokenizer_json(json_file, settings, str(folder), transformers5=transformers == 5)
         if spiece.is_file():
-            return cls._from_spiece(spiece, settings, str(folder))
+            return cls._from_spiece(spiece, settings, str(folder), transformers5=transformers == 5)
         raise TokenizerError("the tokenizer folder has neither tokenizer.json nor spiece.model", where=str(folder),
                              fix="point at the model's T5 tokenizer folder (tokenizer_2/ for Flux, tokenizer_3/ for"
                                  " SD3, tokenizer/ for Chroma)")
 
     @classmethod
-    def _from_tokenizer_json(cls, file: Path, settings: Mapping[str, Any], folder: str) -> T5Tokenizer:
+    def _from_tokenizer_json(cls, file: Path, settings: Mapping[str, Any], folder: str, *,
+                             transformers5: bool = False) -> T5Tokenizer:
         where = str(file)
         try:
             data = json.loads(_read_text(file))
@@ -358,6 +370,9 @@ class T5Tokenizer:
                                          bool(entry.get("special"))))
         added = _with_config_tokens(added, settings, model, where)
         ids = {t.content: t.id for t in added}
+        if transformers5:
+            normalizers = [step for step in _normalizer(data.get("normalizer"), where) if isinstance(step, Precompiled)]
+            return cls._transformers5(model, normalizers[:1], added, settings, folder)
         prefix, suffix = _template(data.get("post_processor"), ids, where)
         return cls(model, normalizers=_normalizer(data.get("normalizer"), where),
                    pre_tokenizers=_pre_tokenizer(data.get("pre_tokenizer"), where), added_tokens=added,
@@ -365,7 +380,20 @@ class T5Tokenizer:
                    **_special_names(settings, folder))
 
     @classmethod
-    def _from_spiece(cls, file: Path, settings: Mapping[str, Any], folder: str) -> T5Tokenizer:
+    def _transformers5(cls, model: Unigram, normalizers: list[Callable[[str], str]], added: list[_AddedToken],
+                       settings: Mapping[str, Any], folder: str) -> T5Tokenizer:
+        """transformers 5's ``T5Tokenizer``: the charsmap alone, whitespace split, ``Metaspace`` always, ``$A </s>``."""
+        names = _special_names(settings, folder)
+        eos = names.get("eos_token", "</s>")
+        eos_id = next((t.id for t in added if t.content == eos), model.token_to_id(eos))
+        return cls(model, normalizers=normalizers,
+                   pre_tokenizers=[_whitespace_split, _Metaspace(_METASPACE, "always", True)], added_tokens=added,
+                   suffix=[] if eos_id is None else [eos_id], max_length=_max_length(settings, folder),
+                   source=folder, **names)
+
+    @classmethod
+    def _from_spiece(cls, file: Path, settings: Mapping[str, Any], folder: str, *,
+                     transformers5: bool = False) -> T5Tokenizer:
         """As transformers' ``T5Converter`` builds ``T5TokenizerFast`` from the slow tokenizer's ``spiece.model``."""
         where = str(file)
         try:
@@ -393,11 +421,13 @@ class T5Tokenizer:
         steps: list[Callable[[str], str]] = []
         if proto.charsmap:
             steps.append(Precompiled(proto.charsmap, source=where))
+        added = _with_config_tokens([], settings, model, where)
+        if transformers5:
+            return cls._transformers5(model, steps, added, settings, folder)
         steps += [_strip(False, True), lambda text: _SPACE_RUN.sub(_METASPACE, text)]
         add_prefix_space = settings.get("add_prefix_space", True)
         legacy = settings.get("legacy", True)
         prepend = ("always" if legacy is not False else "first") if add_prefix_space is not False else "never"
-        added = _with_config_tokens([], settings, model, where)
         eos = _token_content(settings.get("eos_token")) or "</s>"
         eos_id = next((t.id for t in added if t.content == eos), model.token_to_id(eos))
         return cls(model, normalizers=steps, pre_tokenizers=[_Metaspace(_METASPACE, prepend, True)],

@@ -121,10 +121,9 @@ class Unigram:
         self.unk_id = unk_id
         self.byte_fallback = byte_fallback
         self._ids: dict[str, int] = {piece: i for i, piece in enumerate(self.pieces)}
-        self._prefixes: set[str] = set()
-        for piece in self._ids:
-            for n in range(1, len(piece) + 1):
-                self._prefixes.add(piece[:n])
+        #: every prefix of every piece: the Viterbi loop stops extending a candidate when it leaves this set
+        self._prefixes: set[str] = {piece[:n] for piece in self._ids for n in range(1, len(piece))}
+        self._prefixes.update(self._ids)
         self._max_len = max(len(piece) for piece in self._ids)
         self._unk_score = min(self.scores) - _UNK_PENALTY
         self._cache: dict[str, list[int]] = {}
