@@ -10,7 +10,8 @@ mixed with ASCII words, and counts the texts on which the ids differ::
     PYTHONPATH=core/src /work/refvenv/bin/python scripts/check_t5_fuzz.py --count 20000
 
 Both configurations of tests/data/t5-tokenizer are checked (tokenizer.json, and
-FLUX's, which converts from spiece.model).
+FLUX's, which converts from spiece.model), following the installed transformers' major version
+(4 in the refvenv; a venv with transformers 5, sdrt's dependencies and ``PYTHONPATH=core/src`` runs 5).
 """
 
 from __future__ import annotations
@@ -60,10 +61,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     sys.modules.setdefault("torchvision", None)  # the refvenv's torchvision does not match its torch
+    import transformers
     from transformers import T5TokenizerFast
 
     from sdrt.text import T5Tokenizer
 
+    major = int(transformers.__version__.split(".")[0])
+    print(f"transformers {transformers.__version__}: sdrt's T5Tokenizer(transformers={major})")
     rng = random.Random(args.seed)
     texts = [random_text(rng) for _ in range(args.count)]
     texts = [t.encode("utf-8", errors="ignore").decode("utf-8") for t in texts]  # no lone surrogates
@@ -79,7 +83,7 @@ def main() -> None:
             shutil.copy((DATA / "flux" if config == "flux" else DATA) / "tokenizer_config.json",
                         folder / "tokenizer_config.json")
             fast = T5TokenizerFast.from_pretrained(folder)
-            ours = T5Tokenizer.from_folder(folder)
+            ours = T5Tokenizer.from_folder(folder, transformers=major)
             wrong = [t for t in texts if ours.encode(t) != fast(t, add_special_tokens=False)["input_ids"]]
             print(f"{config}: {len(texts) - len(wrong)} of {len(texts)} random texts agree")
             for t in wrong[:10]:

@@ -25,7 +25,8 @@ What it writes, under ``tests/data/t5-tokenizer/``:
   Chroma (512) call it (``padding="max_length"``, ``truncation=True``), with
   and without special tokens; the slow ``T5Tokenizer``'s ids (for information);
   and the attention mask diffusers' ``ChromaPipeline._get_t5_prompt_embeds``
-  hands the transformer, for a batch of prompts.
+  hands the transformer, for a batch of prompts; and the bare ids of a folder
+  with ``spiece.model`` alone (``spiece``), which transformers also converts.
 
 Run it with /work/refvenv (transformers 4.x, tokenizers, sentencepiece, protobuf,
 torch and diffusers for the Chroma mask)::
@@ -237,9 +238,7 @@ def main() -> None:
         raw = extract_tokenizer_json(sdist)
     tok = json.loads(raw)
 
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    (OUT / "flux").mkdir(parents=True)
+    (OUT / "flux").mkdir(parents=True, exist_ok=True)  # reference_ids_tf5.json.gz (make_t5_refs_tf5.py) stays
     with gzip.GzipFile(OUT / "tokenizer.json.gz", "wb", mtime=0) as f:
         f.write(raw)
     (OUT / "spiece.model").write_bytes(build_spiece_model(tok))
@@ -268,6 +267,12 @@ def main() -> None:
         slow = T5Tokenizer.from_pretrained(flux_dir)
         result["json"] = fast_rows(fast, texts)
         result["flux"] = fast_rows(converted, texts)
+        only_spiece = Path(tmp) / "spiece"
+        only_spiece.mkdir()
+        for name in ("spiece.model", "special_tokens_map.json", "tokenizer_config.json"):
+            shutil.copy(OUT / name, only_spiece / name)
+        from_spiece = T5TokenizerFast.from_pretrained(only_spiece)
+        result["spiece"] = {"ids": [from_spiece(t, add_special_tokens=False)["input_ids"] for t in texts]}
         result["slow_ids"] = [slow(t, add_special_tokens=False)["input_ids"] for t in texts]
         batch = [texts[0], "", "a cat", texts[-20], " ".join(["long"] * 600), "猫 " * 3]
         result["chroma"] = {"texts": batch, "mask": chroma_masks(plain, batch)}

@@ -44,10 +44,16 @@ def _folder(root: Path, config: str, files=("tokenizer.json.gz", "spiece.model",
 @pytest.fixture(scope="module")
 def toks(tmp_path_factory) -> dict[str, T5Tokenizer]:
     root = tmp_path_factory.mktemp("t5")
-    return {config: T5Tokenizer.from_folder(_folder(root, config)) for config in CONFIGS}
+    found = {config: T5Tokenizer.from_folder(_folder(root, config)) for config in CONFIGS}
+    spiece = root / "spiece"
+    spiece.mkdir()
+    for name in ("spiece.model", "special_tokens_map.json", "tokenizer_config.json"):
+        shutil.copy(T5_DIR / name, spiece / name)
+    found["spiece"] = T5Tokenizer.from_folder(spiece)  # spiece.model alone: transformers converts it
+    return found
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", [*CONFIGS, "spiece"])
 def test_ids_equal_t5tokenizerfast_on_the_whole_corpus(config, reference, toks):
     tok, texts = toks[config], reference["texts"]
     agree = sum(tok.encode(t) == ids for t, ids in zip(texts, reference[config]["ids"]))
@@ -139,10 +145,8 @@ def test_truncation_keeps_the_end_token_and_padding_longest(toks):
 
 def test_folder_variants(tmp_path, toks, caplog):
     texts = ["a cat  ", "café 猫 </s>  x ", "  leading"]
-    # only spiece.model: transformers converts from the slow tokenizer; the flux config does the same
-    slow_only = _folder(tmp_path, "json", files=("spiece.model",))
-    tok = T5Tokenizer.from_folder(slow_only)
-    assert [tok.encode(t) for t in texts] == [toks["flux"].encode(t) for t in texts]
+    # only spiece.model: transformers converts from the slow tokenizer, as with the flux config
+    assert [toks["spiece"].encode(t) for t in texts] == [toks["flux"].encode(t) for t in texts]
     # the flux config without spiece.model reads tokenizer.json, and says so
     no_spiece = _folder(tmp_path, "flux", files=("tokenizer.json.gz",))
     with caplog.at_level(logging.WARNING, logger="sdrt.text.t5"):
