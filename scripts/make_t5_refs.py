@@ -26,7 +26,8 @@ What it writes, under ``tests/data/t5-tokenizer/``:
   and without special tokens; the slow ``T5Tokenizer``'s ids (for information);
   and the attention mask diffusers' ``ChromaPipeline._get_t5_prompt_embeds``
   hands the transformer, for a batch of prompts; and the bare ids of a folder
-  with ``spiece.model`` alone (``spiece``), which transformers also converts.
+  with ``spiece.model`` alone (``spiece``), which transformers also converts, and
+  of three more configurations (``variants``: the converter's other prefix schemes).
 
 Run it with /work/refvenv (transformers 4.x, tokenizers, sentencepiece, protobuf,
 torch and diffusers for the Chroma mask)::
@@ -56,6 +57,11 @@ OUT = ROOT / "tests" / "data" / "t5-tokenizer"
 SDIST = "stable-diffusion-cpp-python==0.4.7"
 HEADER = "src/tokenizers/vocab/clip_t5.hpp"
 LENGTHS = (256, 512)
+VARIANTS = {
+    "first": {"add_prefix_space": True, "legacy": False},
+    "never": {"add_prefix_space": False, "legacy": True},
+    "from_slow": {"from_slow": True},
+}
 
 
 def extract_tokenizer_json(sdist: Path) -> bytes:
@@ -273,6 +279,21 @@ def main() -> None:
             shutil.copy(OUT / name, only_spiece / name)
         from_spiece = T5TokenizerFast.from_pretrained(only_spiece)
         result["spiece"] = {"ids": [from_spiece(t, add_special_tokens=False)["input_ids"] for t in texts]}
+        # the other prefix schemes of the converter (legacy=False: "first"; add_prefix_space false or
+        # from_slow with a tokenizer.json: "never"): bare ids
+        variants: dict[str, dict] = {}
+        for name, overrides in VARIANTS.items():
+            folder = Path(tmp) / name
+            folder.mkdir()
+            for file in ("spiece.model", "special_tokens_map.json"):
+                shutil.copy(OUT / file, folder / file)
+            (folder / "tokenizer.json").write_bytes(raw)
+            (folder / "tokenizer_config.json").write_text(json.dumps({**base, **overrides}), encoding="utf-8")
+            tok_variant = T5TokenizerFast.from_pretrained(folder)
+            scheme = json.loads(tok_variant.backend_tokenizer.to_str())["pre_tokenizer"]["prepend_scheme"]
+            variants[name] = {"config": overrides, "prepend_scheme": scheme,
+                              "ids": [tok_variant(t, add_special_tokens=False)["input_ids"] for t in texts]}
+        result["variants"] = variants
         result["slow_ids"] = [slow(t, add_special_tokens=False)["input_ids"] for t in texts]
         batch = [texts[0], "", "a cat", texts[-20], " ".join(["long"] * 600), "猫 " * 3]
         result["chroma"] = {"texts": batch, "mask": chroma_masks(plain, batch)}

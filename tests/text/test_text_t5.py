@@ -75,6 +75,18 @@ def test_padded_ids_and_mask_as_the_pipelines_call_it(config, case, reference, t
     assert mask.tolist() == want["attention_mask"]
 
 
+@pytest.mark.parametrize("variant", ["first", "never", "from_slow"])
+def test_the_converters_other_prefix_schemes(variant, reference, tmp_path):
+    # tokenizer_config.json with legacy=False, add_prefix_space=False or from_slow: other Metaspace schemes
+    case = reference["variants"][variant]
+    folder = _folder(tmp_path, "json")
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, **case["config"]}), encoding="utf-8")
+    tok = T5Tokenizer.from_folder(folder)
+    agree = sum(tok.encode(t) == ids for t, ids in zip(reference["texts"], case["ids"]))
+    assert agree == len(reference["texts"]), (case["prepend_scheme"], agree)
+
+
 @pytest.fixture(scope="module")
 def reference5() -> dict:
     return json.loads(gzip.decompress((T5_DIR / "reference_ids_tf5.json.gz").read_bytes()))

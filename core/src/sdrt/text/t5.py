@@ -328,6 +328,10 @@ class T5Tokenizer:
                             folder, json_file.name)
             return cls._from_tokenizer_json(json_file, settings, str(folder), transformers5=transformers == 5)
         if spiece.is_file():
+            if json_file is not None and settings.get("add_prefix_space") is None:
+                # "from_slow" with a tokenizer.json: 4.x builds the slow tokenizer with add_prefix_space=None,
+                # which its converter reads as "never" (without tokenizer.json the slow default, True, holds)
+                settings["add_prefix_space"] = False
             return cls._from_spiece(spiece, settings, str(folder), transformers5=transformers == 5)
         raise TokenizerError("the tokenizer folder has neither tokenizer.json nor spiece.model", where=str(folder),
                              fix="point at the model's T5 tokenizer folder (tokenizer_2/ for Flux, tokenizer_3/ for"
