@@ -65,11 +65,6 @@ class _AddedToken(NamedTuple):
     special: bool
 
 
-class _Segment(NamedTuple):
-    text: str
-    start: int  # offset in the original text (0 for the first part)
-
-
 # -- the steps of a tokenizers pipeline ---------------------------------------------------------------------------
 
 
