@@ -91,7 +91,10 @@ def project(latent: np.ndarray, fmt: str, *, upscale: int = 1) -> np.ndarray:
                          f"{factors.shape[0]} channels", where="sdrt.pipelines.preview.project",
                          fix="pass the latent format of the model that made the latent")
     c, h, w = x.shape
-    rgb = (factors.T @ x.reshape(c, h * w).astype(np.float32, copy=False)).T.reshape(h, w, 3) + bias
+    # einsum's own single-threaded loop, not BLAS: a BLAS call for this thin product is slow in one
+    # orientation and, right after a backend's step, waits for threads the backend still holds
+    rgb = np.einsum("cn,cr->nr", x.reshape(c, h * w).astype(np.float32, copy=False), factors,
+                    optimize=False).reshape(h, w, 3) + bias
     out = to_uint8(rgb)
     if upscale > 1:
         out = out.repeat(upscale, axis=0).repeat(upscale, axis=1)
