@@ -12,8 +12,8 @@ image's seed, in the shape ``(C, H / 8, W / 8)``, then stacks the images
 - variation seeds: the noise of ``seed`` and of ``subseed`` mixed by A1111's
   ``slerp`` with ``subseed_strength``;
 - "resize seed from": the noise is drawn at another size and pasted centred;
-- ``eta_noise_seed_delta`` (ENSD): later draws (ancestral and SDE noise) come
-  from generators seeded with ``seed + ENSD``;
+- ``eta_noise_seed_delta`` (ENSD): later draws (ancestral noise) come from
+  generators seeded with ``seed + ENSD``;
 - ``resolve_seed(-1)`` picks a random seed the way A1111 does; write the seed it
   returns into the infotext.
 """
@@ -118,7 +118,7 @@ class ImageNoise:
     A1111's "Resize seed from" ``(width, height)`` in pixels (``(0, 0)`` for off),
     ``latent_factor`` the VAE's downscale (8). ``first()`` returns the
     ``(B, C, H, W)`` initial noise; each later ``next()`` the noise an ancestral
-    or SDE step draws (A1111 routes ``torch.randn_like`` there).
+    step draws (A1111 routes ``torch.randn_like`` there).
     """
 
     def __init__(self, shape: Sequence[int], seeds: Sequence[int], *, subseeds: Sequence[int] | None = None,
@@ -189,7 +189,7 @@ class ImageNoise:
         return np.stack([g.randn(self.shape) for g in self.generators]).astype(np.float32)
 
     def noise_sampler(self):
-        """A ``noise_sampler(sigma, sigma_next)`` for ancestral/SDE samplers that draws ``next()``."""
+        """A ``noise_sampler(sigma, sigma_next)`` for ancestral samplers that draws ``next()``."""
         def sample(sigma: float, sigma_next: float) -> np.ndarray:
             return self.next()
         return sample
