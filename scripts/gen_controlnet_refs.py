@@ -21,7 +21,9 @@ References: diffusers' ``StableDiffusionControlNetPipeline`` / ``StableDiffusion
 (guess mode off) with ``torch.Generator("cpu").manual_seed(seed)`` and Euler: two conditioning scales,
 a ``control_guidance_start``/``end`` window, and two ControlNets at once (``MultiControlNetModel``).
 ``refs.json`` lists the cases, ``refs.npz`` the uint8 images and control images. ``parts.npz`` holds
-fixed feeds and the torch outputs of each exported part, to check every backend part by part.
+fixed feeds and the torch outputs of each exported part, to check every backend part by part. Each case
+is also replayed with the exported ControlNets and UNet on onnxruntime (``replay_with_onnx``); the
+script fails if that image is more than 2 levels from diffusers'.
 """
 
 from __future__ import annotations
@@ -225,6 +227,59 @@ def run_case(pipe, nets: dict[str, ControlNetModel], case: dict, images: dict[st
     return (result.images * 255).round().astype(np.uint8)
 
 
+def replay_with_onnx(pipe, folder: Path, case: dict, images: dict[str, np.ndarray]) -> np.ndarray:
+    """The case again, the ControlNets and UNet run from the exported ONNX files by onnxruntime.
+
+    Everything else stays diffusers' (prompt encoding, initial noise, Euler steps, VAE), so a match shows
+    that the exported parts and the algorithm docs/toolbox.md gives (CFG batch for both nets, the
+    start/end window rule, residuals summed over nets) reproduce diffusers' images.
+    """
+    import onnxruntime as ort
+
+    xl = isinstance(pipe, G.StableDiffusionXLPipeline)
+    sess = {n: ort.InferenceSession(str(folder / n / "model.onnx"), providers=["CPUExecutionProvider"])
+            for n in (*case["controlnets"], "unet")}
+    sched = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+    sched.set_timesteps(case["steps"])
+    with torch.no_grad():
+        if xl:
+            pe, npe, pooled, npooled = pipe.encode_prompt(case["prompt"], negative_prompt=case["negative_prompt"],
+                                                          do_classifier_free_guidance=True)
+            extra = {"text_embeds": torch.cat([npooled, pooled]).numpy(),
+                     "time_ids": np.array([[SIZE, SIZE, 0, 0, SIZE, SIZE]] * 2, np.float32)}
+        else:
+            pe, npe = pipe.encode_prompt(case["prompt"], "cpu", 1, True, negative_prompt=case["negative_prompt"])
+            extra = {}
+        hidden = torch.cat([npe, pe]).numpy()
+        g = torch.Generator("cpu").manual_seed(case["seed"])
+        lat = SIZE // 8
+        latents = torch.randn((1, 4, lat, lat), generator=g) * sched.init_noise_sigma
+        conds = [np.repeat(images[k].astype(np.float32).transpose(2, 0, 1)[None] / 255.0, 2, axis=0)
+                 for k in case["control_images"]]
+        n = len(sched.timesteps)
+        for i, t in enumerate(sched.timesteps):
+            x_in = sched.scale_model_input(torch.cat([latents] * 2), t).numpy()
+            ts = np.array(float(t), np.float32) if xl else np.full((2,), float(t), np.float32)
+            total = None
+            for net, cond, scale, start, end in zip(case["controlnets"], conds, case["scale"], case["start"],
+                                                    case["end"]):
+                keep = 0.0 if (i / n < start or (i + 1) / n > end) else 1.0
+                feeds = {"sample": x_in, "timestep": ts, "encoder_hidden_states": hidden,
+                         "controlnet_cond": cond, "conditioning_scale": np.array(scale * keep, np.float32), **extra}
+                outs = sess[net].run(None, feeds)
+                total = outs if total is None else [a + b for a, b in zip(total, outs)]
+            assert total is not None
+            feeds = {"sample": x_in, "timestep": ts, "encoder_hidden_states": hidden, **extra}
+            feeds.update({f"down_block_additional_residual_{j}": r for j, r in enumerate(total[:-1])})
+            feeds["mid_block_additional_residual"] = total[-1]
+            noise = torch.from_numpy(sess["unet"].run(None, feeds)[0])
+            u, c = noise.chunk(2)
+            latents = sched.step(u + case["cfg"] * (c - u), t, latents).prev_sample
+        image = pipe.vae.decode(latents / pipe.vae.config.scaling_factor, return_dict=False)[0]
+    image = (image / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 1).numpy()
+    return (image * 255).round().astype(np.uint8)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     images = {"edges": control_edges(), "scribble": control_scribble()}
@@ -242,7 +297,12 @@ def main() -> None:
         cases = cases_for(kind)
         for case in cases:
             refs[case["name"]] = run_case(pipe, nets, case, images)
-            print(kind, case["name"], refs[case["name"]].shape, float(refs[case["name"]].std()))
+            replay = replay_with_onnx(pipe, folder, case, images)
+            diff = int(np.abs(replay.astype(int) - refs[case["name"]]).max())
+            print(kind, case["name"], refs[case["name"]].shape, "std", round(float(refs[case["name"]].std()), 1),
+                  "| ONNX-part replay max diff", diff)
+            assert diff <= 2, f"{kind} {case['name']}: the ONNX parts give an image {diff} levels away"
+
         # the scale changes the image, so the references can tell a scale from another
         a, b = refs[cases[0]["name"]].astype(int), refs[cases[1]["name"]].astype(int)
         print(kind, "scale 1.0 vs 0.5: max diff", int(np.abs(a - b).max()))
