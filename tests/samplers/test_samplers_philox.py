@@ -54,11 +54,43 @@ def test_gpu_randn_matches_recorded_cuda_values_over_successive_draws():
         gen = CudaGenerator(case["seed"])
         for draw in case["draws"]:
             ours = gen.randn(tuple(draw["shape"])).reshape(-1).astype(np.float64)
+            if "index" in draw:
+                ours = ours[draw["index"]]
             ref = np.array(draw["values"])
             tol = 0.5 * 10.0 ** -draw["decimals"] + 1e-6  # printed rounding + a few float32 ulps
             assert np.abs(ours - ref).max() <= tol, case["source"]
             checked += ref.size
-    assert checked == 80 + 10 + 80 + 12
+    assert checked == 80 + 10 + 80 + 12 + 24 + 36
+
+
+def _rand_sums():
+    return json.loads(DATA.read_text())["rand_sums"]
+
+
+def test_gpu_rand_reproduces_three_gpus_prints_of_one_large_draw():
+    """Triton's vector-add tutorial printed on three GPUs: the same head, three tails; one thread count gives each."""
+    d = _rand_sums()
+    for p in d["prints"]:
+        g = CudaGenerator(d["seed"], cuda_threads=p["cuda_threads"])
+        total = g.rand(d["size"]).astype(np.float64) + g.rand(d["size"])
+        assert np.abs(total[:3] - d["head"]).max() <= 0.5e-4 + 1e-6, p["source"]
+        assert np.abs(total[-3:] - p["tail"]).max() <= 0.5e-4 + 1e-6, p["source"]
+
+
+def test_the_tails_tell_gpus_apart():
+    # other common thread counts reproduce none of the GPU-specific tails, so the match above is no accident
+    d = _rand_sums()
+    special = [p["tail"] for p in d["prints"] if p["cuda_threads"] is not None]
+    for sms, per_sm in [(40, 1024), (46, 1536), (38, 1536), (58, 1536), (46, 1024), (28, 2048), (34, 1536)]:
+        g = CudaGenerator(d["seed"], cuda_threads=cuda_thread_capacity(sms, per_sm))
+        tail = (g.rand(d["size"]).astype(np.float64) + g.rand(d["size"]))[-3:]
+        assert not any(np.abs(tail - t).max() <= 1e-4 for t in special), (sms, per_sm)
+
+
+def test_rand_is_in_the_half_open_unit_interval():
+    x = CudaGenerator(3).rand((4, 64, 64))
+    assert x.dtype == np.float32 and 0.0 <= x.min() and x.max() < 1.0
+    assert abs(float(x.mean()) - 0.5) < 0.01
 
 
 def test_nv_first_draw_matches_recorded_cuda_values():

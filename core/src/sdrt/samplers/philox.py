@@ -20,6 +20,9 @@
 - after a draw the generator's offset moves on by 4 per round, so successive
   draws from one generator match successive torch draws.
 
+``CudaGenerator.rand`` is ``torch.rand`` on the same layout (``curand_uniform4``), which
+recorded prints from three GPUs check (tests/samplers/data/cuda_randn_recorded.json).
+
 The uniforms are ``x * 2**-32 + 2**-33`` in float32 with one rounding (nvcc fuses
 the multiply-add); ``log``, ``sin`` and ``cos`` are correctly rounded here, while
 the GPU uses its own float32 ``logf`` and the ``__sincosf`` intrinsic, so single
@@ -35,7 +38,7 @@ the GPU's noise to within float32 rounding.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -141,9 +144,10 @@ class CudaGenerator:
         self.cuda_threads = None if cuda_threads is None else int(cuda_threads)
         self.offset = 0  # in 32-bit outputs, as torch's philox offset
 
-    def randn(self, shape: int | Sequence[int]) -> np.ndarray:
-        """Standard normal float32 noise, like ``torch.randn(shape, device="cuda", generator=self)``."""
-        dims = _shape(shape, "sdrt.samplers.CudaGenerator.randn")
+    def _fill(self, shape: int | Sequence[int], where: str,
+              values: Callable[[np.ndarray, int], list[np.ndarray]]) -> np.ndarray:
+        """torch's grid-stride layout: ``values(blocks, k)`` turns (4, T) Philox words into the first k outputs."""
+        dims = _shape(shape, where)
         n = math.prod(dims)
         if n == 0:
             return np.empty(dims, np.float32)
@@ -157,23 +161,37 @@ class CudaGenerator:
         base = self.offset // 4
         for r in range(rounds):
             lo = r * 4 * stride
-            if lo >= n:
-                break
-            # Threads whose four outputs all fall past the end need no block.
-            live = threads[: min(stride, n - lo)] if n - lo < stride else threads
-            g = _blocks(self.seed, base + r, live)
-            s1, c1 = _box_muller_cuda(g[0], g[1])
-            parts = [s1, c1]
-            if n - lo > 2 * stride:
-                s2, c2 = _box_muller_cuda(g[2], g[3])
-                parts += [s2, c2]
+            left = n - lo
+            # threads whose outputs all fall past the end need no block
+            live = threads[:left] if left < stride else threads
+            parts = values(_blocks(self.seed, base + r, live), min(4, -(-left // stride)))
             for ii, part in enumerate(parts):
                 start = lo + ii * stride
-                if start >= n:
-                    break
                 out[start:start + part.size] = part
         self.offset += rounds * 4
         return out[:n].reshape(dims)
+
+    def randn(self, shape: int | Sequence[int]) -> np.ndarray:
+        """Standard normal float32 noise, like ``torch.randn(shape, device="cuda", generator=self)``."""
+        def normals(g: np.ndarray, k: int) -> list[np.ndarray]:
+            s1, c1 = _box_muller_cuda(g[0], g[1])
+            if k <= 2:
+                return [s1, c1][:k]
+            s2, c2 = _box_muller_cuda(g[2], g[3])
+            return [s1, c1, s2, c2][:k]
+
+        return self._fill(shape, "sdrt.samplers.CudaGenerator.randn", normals)
+
+    def rand(self, shape: int | Sequence[int]) -> np.ndarray:
+        """Uniform float32 noise in [0, 1), like ``torch.rand(shape, device="cuda", generator=self)``."""
+        def uniforms(g: np.ndarray, k: int) -> list[np.ndarray]:
+            out = []
+            for word in g[:k]:
+                u = _fma(word.astype(np.float32), _INV32, np.float32(_INV32 / np.float32(2)))
+                out.append(np.where(u == np.float32(1.0), np.float32(0.0), u))  # torch maps (0, 1] to [0, 1)
+            return out
+
+        return self._fill(shape, "sdrt.samplers.CudaGenerator.rand", uniforms)
 
 
 class NvGenerator:
