@@ -9,7 +9,7 @@ import pytest
 from pipeline_helpers import register
 
 from sdrt.errors import InputError
-from sdrt.pipelines.preview import LATENT_RGB, TaesdPreview, latent_rgb, project, to_uint8
+from sdrt.pipelines.preview import LATENT_RGB, TaesdPreview, fit_latent_rgb, latent_rgb, project, to_uint8
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "preview"
 FOLDERS = ["tiny-taesd", "tiny-taesd-16ch"]
@@ -76,3 +76,21 @@ def test_taesd_preview_equals_diffusers_autoencoder_tiny(folder, backend):
             # the same float32 decode through other kernels: a value on a truncation boundary may move by one
             assert diff.max() <= 1 and (diff > 0).mean() < 0.01, (folder, backend, i, diff.max())
     assert prev.scaling_factor == (1.0 if folder == "tiny-taesd" else pytest.approx(0.3611))
+
+
+def test_fit_recovers_known_factors_and_projects_with_them():
+    rng = np.random.default_rng(5)
+    f_true = rng.standard_normal((4, 3)).astype(np.float32) * 0.2
+    b_true = np.array([0.1, -0.05, 0.02], np.float32)
+    z = rng.standard_normal((6, 4, 8, 8)).astype(np.float32)
+    # images whose 8x8 cells are exactly the linear map of the latent pixel (in [-1, 1] -> 0..255)
+    v = np.einsum("nchw,cr->nhwr", z, f_true) + b_true
+    images = np.clip(np.rint((v + 1) * 127.5), 0, 255).astype(np.uint8).repeat(8, axis=1).repeat(8, axis=2)
+    f, b = fit_latent_rgb(z, images)
+    assert np.abs(f - f_true).max() < 0.01 and np.abs(b - b_true).max() < 0.01
+    out = project(z[0], factors=f, bias=b)
+    assert np.abs(out.astype(int) - images[0, ::8, ::8]).max() <= 3
+    with pytest.raises(InputError):
+        fit_latent_rgb(z, images[:, :60])
+    with pytest.raises(InputError):
+        project(z[0])

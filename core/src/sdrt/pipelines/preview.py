@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["LATENT_RGB", "TaesdPreview", "latent_rgb", "project", "to_uint8"]
+__all__ = ["LATENT_RGB", "TaesdPreview", "fit_latent_rgb", "latent_rgb", "project", "to_uint8"]
 
 #: (factors (C, 3), bias (3,)) per latent format, from ComfyUI's comfy/latent_formats.py (data).
 LATENT_RGB: dict[str, tuple[tuple[tuple[float, float, float], ...], tuple[float, float, float]]] = {
@@ -82,10 +82,48 @@ def to_uint8(image: np.ndarray) -> np.ndarray:
     return (np.clip((image + np.float32(1)) * np.float32(0.5), 0, 1) * np.float32(255)).astype(np.uint8)
 
 
-def project(latent: np.ndarray, fmt: str, *, upscale: int = 1) -> np.ndarray:
-    """The cheap linear preview of one latent: ``(h * upscale, w * upscale, 3)`` uint8."""
+def fit_latent_rgb(latents: np.ndarray, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares latent-to-RGB factors for a VAE without published ones (how such factors are made).
+
+    ``latents``: ``(N, C, h, w)`` as the sampler holds them; ``images``: their decoded ``(N, H, W, 3)``
+    uint8 images, ``H = f h`` and ``W = f w``. Each image is averaged over ``f x f`` cells and mapped to
+    [-1, 1]; returns float32 ``factors (C, 3)`` and ``bias (3,)`` for ``project(..., factors=, bias=)``.
+    """
+    z = np.asarray(latents, np.float64)
+    im = np.asarray(images)
+    where = "sdrt.pipelines.preview.fit_latent_rgb"
+    if z.ndim != 4 or im.ndim != 4 or im.shape[3] != 3 or z.shape[0] != im.shape[0] \
+            or im.shape[1] % z.shape[2] or im.shape[2] % z.shape[3] \
+            or im.shape[1] // z.shape[2] != im.shape[2] // z.shape[3]:
+        raise InputError(f"latents {z.shape} and images {im.shape} do not pair up", where=where,
+                         fix="pass (N, C, h, w) latents and their (N, f*h, f*w, 3) decoded images")
+    n, c, h, w = z.shape
+    f = im.shape[1] // h
+    target = im.astype(np.float64).reshape(n, h, f, w, f, 3).mean(axis=(2, 4)) / 127.5 - 1.0
+    a = np.concatenate([z.transpose(0, 2, 3, 1).reshape(-1, c), np.ones((n * h * w, 1))], axis=1)
+    sol, *_ = np.linalg.lstsq(a, target.reshape(-1, 3), rcond=None)
+    return sol[:c].astype(np.float32), sol[c].astype(np.float32)
+
+
+def project(latent: np.ndarray, fmt: str | None = None, *, upscale: int = 1, factors: np.ndarray | None = None,
+            bias: np.ndarray | None = None) -> np.ndarray:
+    """The cheap linear preview of one latent: ``(h * upscale, w * upscale, 3)`` uint8.
+
+    ``fmt`` names published factors; or pass your own ``factors`` ``(C, 3)`` and ``bias`` ``(3,)``.
+    """
     x = _latent(latent, "sdrt.pipelines.preview.project")
-    factors, bias = latent_rgb(fmt)
+    if factors is not None:
+        factors = np.asarray(factors, np.float32)
+        bias = np.zeros(3, np.float32) if bias is None else np.asarray(bias, np.float32)
+        fmt = fmt or "given"
+        if factors.ndim != 2 or factors.shape[1] != 3 or bias.shape != (3,):
+            raise InputError(f"factors {factors.shape} and bias {bias.shape}", where="sdrt.pipelines.preview.project",
+                             fix="pass factors of shape (C, 3) and a bias of shape (3,)")
+    elif fmt is None:
+        raise InputError("no latent format given", where="sdrt.pipelines.preview.project",
+                         fix=f"pass fmt= (one of {', '.join(LATENT_RGB)}) or factors=")
+    else:
+        factors, bias = latent_rgb(fmt)
     if x.shape[0] != factors.shape[0]:
         raise InputError(f"a {x.shape[0]}-channel latent given to the {fmt} preview, which takes "
                          f"{factors.shape[0]} channels", where="sdrt.pipelines.preview.project",
