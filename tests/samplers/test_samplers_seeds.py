@@ -15,6 +15,7 @@ from sdrt.samplers import (
     randn_nv,
     resolve_seed,
     rng_infotext,
+    seed_infotext,
     slerp,
 )
 
@@ -127,3 +128,14 @@ def test_bad_arguments_raise_sampler_error(kwargs):
     args.update(kwargs)
     with pytest.raises(SamplerError):
         ImageNoise(args.pop("shape"), args.pop("seeds"), **args).first()
+
+
+def test_seed_infotext_fields_as_a1111_writes_them():
+    assert seed_infotext(5) == {"Seed": 5}
+    assert seed_infotext(5, subseed=9, subseed_strength=0.25, seed_resize_from=(512, 768), rng="cpu") == {
+        "Seed": 5, "Variation seed": 9, "Variation seed strength": 0.25, "Seed resize from": "512x768", "RNG": "CPU"}
+    assert seed_infotext(5, subseed=9) == {"Seed": 5}  # no strength: no variation fields
+    assert "ENSD" not in seed_infotext(5, eta_noise_seed_delta=31337)
+    assert seed_infotext(5, eta_noise_seed_delta=31337, uses_eta_noise=True)["ENSD"] == 31337
+    with pytest.raises(SamplerError):
+        seed_infotext(5, subseed_strength=0.5)

@@ -51,10 +51,20 @@ from .schedules import (
     sgm_uniform,
     simple,
 )
-from .seeds import RNG_SOURCES, ImageNoise, batch_seeds, make_generator, resolve_seed, rng_infotext, slerp
+from .seeds import (
+    RNG_SOURCES,
+    ImageNoise,
+    batch_seeds,
+    make_generator,
+    resolve_seed,
+    rng_infotext,
+    seed_infotext,
+    slerp,
+)
 from .unipc import uni_pc, uni_pc_bh2
 
 __all__ = [
+    "seed_infotext",
     "slerp",
     "rng_infotext",
     "resolve_seed",

@@ -36,6 +36,7 @@ __all__ = [
     "make_generator",
     "resolve_seed",
     "rng_infotext",
+    "seed_infotext",
     "slerp",
 ]
 
@@ -82,6 +83,30 @@ def rng_infotext(rng: str) -> dict[str, str]:
     """The infotext field for ``rng``: A1111 writes ``RNG: CPU`` / ``RNG: NV`` and leaves its default GPU out."""
     kind = _rng(rng, "sdrt.samplers.rng_infotext")
     return {} if kind == "gpu" else {"RNG": _INFOTEXT[kind]}
+
+
+def seed_infotext(seed: int, *, subseed: int | None = None, subseed_strength: float = 0.0,
+                  seed_resize_from: tuple[int, int] = (0, 0), rng: str = "gpu",
+                  eta_noise_seed_delta: int = 0, uses_eta_noise: bool = False) -> dict[str, object]:
+    """One image's seed fields of A1111's infotext, named and left out as A1111's ``create_infotext`` does.
+
+    ``seed``/``subseed`` are that image's (from ``batch_seeds``), after ``resolve_seed``. ``ENSD`` is
+    written only for samplers that draw noise after the first step (``uses_eta_noise``) and a delta set.
+    """
+    fields: dict[str, object] = {"Seed": int(seed)}
+    if subseed_strength != 0:
+        if subseed is None:
+            raise SamplerError("a variation strength without a variation seed", where="sdrt.samplers.seed_infotext",
+                               fix="pass subseed= (after resolve_seed) or subseed_strength=0")
+        fields["Variation seed"] = int(subseed)
+        fields["Variation seed strength"] = float(subseed_strength)
+    w, h = (int(v) for v in seed_resize_from)
+    if w > 0 and h > 0:
+        fields["Seed resize from"] = f"{w}x{h}"
+    if uses_eta_noise and eta_noise_seed_delta:
+        fields["ENSD"] = int(eta_noise_seed_delta)
+    fields.update(rng_infotext(rng))
+    return fields
 
 
 def slerp(val: float, low: np.ndarray, high: np.ndarray) -> np.ndarray:
