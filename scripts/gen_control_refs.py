@@ -48,6 +48,18 @@ def main() -> None:
             out[f"resize/{name}/cubic/200x150"] = cv2.resize(img, (200, 150), interpolation=cv2.INTER_CUBIC)
             out[f"resize/{name}/nearest/77x51"] = cv2.resize(img, (77, 51), interpolation=cv2.INTER_NEAREST)
             out[f"resize/{name}/nearest/150x130"] = cv2.resize(img, (150, 130), interpolation=cv2.INTER_NEAREST)
+    # a thick black-and-white map resized as sd-webui-controlnet does for binary maps: cv2.resize, the mean of
+    # the channels, then OpenCV's Otsu threshold (binary maps whose edges are one pixel wide also get thinned
+    # there, which sdrt does not do: this map is thick on purpose)
+    shapes = images()["shapes"]
+    binary = np.where(shapes.min(axis=2) > 100, 255, 0).astype(np.uint8)
+    binary = np.repeat(binary[:, :, None], 3, axis=2)
+    out["image/binary"] = binary
+    for (w, h), interp in (((50, 38), cv2.INTER_AREA), ((200, 155), cv2.INTER_CUBIC)):
+        y = cv2.resize(binary, (w, h), interpolation=interp)
+        gray = np.mean(y.astype(np.float32), axis=2).clip(0, 255).astype(np.uint8)
+        _, y = cv2.threshold(gray, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
+        out[f"binary/{w}x{h}"] = np.stack([y] * 3, axis=2)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(OUT, **out)
     print(OUT, OUT.stat().st_size, "bytes,", len(out), "arrays; OpenCV", cv2.__version__)

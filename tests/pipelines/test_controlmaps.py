@@ -130,3 +130,12 @@ def test_bad_arguments_raise_input_error():
         resize_control(img, 0, 8)
     with pytest.raises(InputError):
         canny(img, -1, 10)
+
+
+@pytest.mark.parametrize("size", ["50x38", "200x155"])
+def test_binary_maps_are_rebinarized_with_otsu_as_opencv_does(size):
+    """A thick black-and-white map, shrunk (area) and enlarged (bicubic), then Otsu: equal to cv2's, every pixel."""
+    refs = _refs()
+    w, h = (int(v) for v in size.split("x"))
+    ours = resize_control(refs["image/binary"], w, h, "Just Resize")
+    assert np.array_equal(ours, refs[f"binary/{size}"])
