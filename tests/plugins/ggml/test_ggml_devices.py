@@ -110,6 +110,7 @@ def test_gpu_lowering_uses_no_cpu_only_route_and_matches_onnxruntime():
 def test_placement_of_a_cpu_session():
     """Every node runs on the CPU device, and each op of the stack is one kernel on every ISA."""
     from ggml_helpers import compile_ggml
+
     from sdrt_ggml.native_ops import native_ops
 
     model, feeds = _conv_stack()
