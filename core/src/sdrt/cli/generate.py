@@ -108,10 +108,10 @@ def run(args: argparse.Namespace) -> int:
     from ..pipelines.save import save_image
     from ..runtime import select
 
-    backend, device = select(args.backend, args.device)
-    print(f"backend {backend.name} on {device.id}" + (f" ({device.name})" if device.name else ""), file=sys.stderr)
     pipe = pipelines.load(folder, backend=args.backend, device=args.device,
                           **generate_weights.pipeline_options(custom))
+    backend, device = select(args.backend, args.device)
+    print(f"backend {backend.name} on {device.id}" + (f" ({device.name})" if device.name else ""), file=sys.stderr)
     bar = ProgressBar()
     try:
         generate_weights.apply(pipe, custom, (prompt, args.negative))

@@ -203,7 +203,7 @@ def output_target(path: str | os.PathLike[str], arg: str = "path") -> Path:
                        where=where, fix="give a file name, such as " + str(Path(text) / "out.png" if
                                                                           stat.S_ISDIR(mode) else "out.png"))
     if not target.parent.is_dir():
-        raise PngError(f"the folder of {text} does not exist", where=where,
+        raise PngError(f"the output folder does not exist: {target.parent}", where=where,
                        fix=f"create it first (mkdir -p {target.parent}) or write somewhere else")
     return target
 
