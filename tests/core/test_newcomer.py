@@ -129,6 +129,8 @@ def test_jpeg_and_webp_follow_the_suffix_with_a1111_user_comment(tmp_path, regis
     assert out.read_bytes().startswith(magic)
     with pil.open(out) as img:  # read back by Pillow, not by sdrt: UserComment as A1111/piexif write it
         raw = img.getexif().get_ifd(0x8769)[0x9286]
+        block = img.info["exif"]
+    assert b"\x92\x86\x00\x07" in block  # typed UNDEFINED (7), as piexif, A1111's reader, needs it
     assert raw[:8] == b"UNICODE\0"
     text = raw[8:].decode("utf-16-be")
     assert text.startswith("a red circle, top left\nSteps: 1, Sampler: Euler") and "Seed: 1" in text

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +72,20 @@ def encode_image(image: Any, fmt: str | None, parameters: str | None = None) -> 
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
         raise PngError(f"the image has shape {pixels.shape} and dtype {pixels.dtype}, not HxWx3 uint8",
                        where="save_image", fix="pass one RGB image as a uint8 array")
-    exif = Image.Exif()
-    if parameters:
-        exif.get_ifd(EXIF_IFD)[USER_COMMENT] = user_comment(parameters)
     buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format=fmt, quality=QUALITY, exif=exif.tobytes())
+    Image.fromarray(pixels).save(buf, format=fmt, quality=QUALITY, exif=exif_block(parameters) if parameters else b"")
     return buf.getvalue()
+
+
+def exif_block(text: str) -> bytes:
+    """An EXIF block (``Exif\\0\\0`` and a big-endian TIFF) holding only ``UserComment`` = ``text``, typed
+    UNDEFINED as the EXIF standard says (Pillow would type raw bytes BYTE, which piexif, and so A1111,
+    cannot read back): IFD0 points to the Exif IFD, whose one entry points to the comment."""
+    comment = user_comment(text)
+    ifd0 = struct.pack(">H", 1) + struct.pack(">HHII", EXIF_IFD, 4, 1, 8 + 18) + struct.pack(">I", 0)
+    exif_ifd = struct.pack(">H", 1) + struct.pack(">HHII", USER_COMMENT, 7, len(comment), 8 + 18 + 18)
+    exif_ifd += struct.pack(">I", 0)
+    return b"Exif\0\0" + b"MM\0*" + struct.pack(">I", 8) + ifd0 + exif_ifd + comment
 
 
 def save_image(path: str | os.PathLike[str], image: Any, parameters: str | None = None) -> Path:
@@ -102,5 +111,5 @@ def read_user_comment(path: str | os.PathLike[str]) -> str | None:
     return body.decode("ascii" if code == b"ASCII\0\0\0" else "latin-1", errors="replace")
 
 
-__all__ = ["FORMATS", "check_output", "encode_image", "image_format", "read_user_comment", "save_image",
-           "user_comment"]
+__all__ = ["FORMATS", "check_output", "encode_image", "exif_block", "image_format", "read_user_comment",
+           "save_image", "user_comment"]
