@@ -253,3 +253,11 @@ def test_the_self_test_says_what_unsupported_means():
     text = _figure({"group": "conformance", "figures": {"totals": {"passed": 900, "failed": 0, "unsupported": 158,
                                                                    "skipped": 3, "xfail": 1}}})
     assert "158 unsupported (" in text and "not failures" in text and "refused up front" in text
+
+
+@pytest.mark.parametrize("command", [["demo"], ["run", "model.onnx", "-i", "x=x.npy"]])
+def test_demo_and_run_refuse_a_fifo_output_too(tmp_path, capsys, command):
+    fifo = _fifo(tmp_path / "out.png" if command[0] == "demo" else tmp_path / "out.npz")
+    assert main([*command, "--backend", "nosuch", "-o", str(fifo)]) == 1
+    assert "is a FIFO (named pipe), not a regular file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
