@@ -37,13 +37,13 @@ def image_format(path: str | os.PathLike[str], arg: str = "path") -> str | None:
     return FORMATS[suffix]
 
 
-def _pillow() -> Any:
+def _pillow(arg: str = "path") -> Any:
     from .images import PILLOW_HINT
 
     try:
         from PIL import Image
     except ImportError as exc:
-        raise PngError("writing JPEG or WebP needs Pillow, which is not installed", where="Pillow",
+        raise PngError("writing JPEG or WebP needs Pillow, which is not installed", where=f"{{@{arg}}}",
                        fix=PILLOW_HINT + ", or write a .png") from exc
     return Image
 
@@ -52,7 +52,7 @@ def check_output(path: str | os.PathLike[str], arg: str = "path") -> Path:
     """Everything that could stop :func:`save_image` from writing ``path``, checked now: the suffix,
     Pillow for JPEG/WebP, and the target (a regular file or a new one, see ``output_target``)."""
     if image_format(path, arg) is not None:
-        _pillow()
+        _pillow(arg)
     return output_target(path, arg)
 
 
