@@ -316,3 +316,21 @@ def test_the_compiler_line_survives_a_long_build_log():
 def test_other_build_failures_keep_the_generic_fix():
     p = plan("ggml", build="cpu", hw=CPU_ONLY)
     assert "needs a C/C++ compiler" not in installer._fix_for(p, ["ERROR: Failed building wheel for ggml-python"])
+
+
+def test_a_core_copied_from_a_checkout_installs_plugins_from_that_checkout(monkeypatch, tmp_path):
+    """``pip install ./core`` (no -e, as the Quick start does) records the folder in direct_url.json:
+    ``sdrt install`` then installs ``plugin-<name>/`` of that checkout, without -e (issue 31)."""
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "pyproject.toml").write_text("[project]\nname = 'sdrt'\n")
+    (tmp_path / "plugin-openvino").mkdir()
+    (tmp_path / "plugin-openvino" / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    record = {"url": (tmp_path / "core").as_uri(), "dir_info": {}}
+    assert installer.checkout_of(record) == (tmp_path, False)
+    assert installer.checkout_of({**record, "dir_info": {"editable": True}}) == (tmp_path, True)
+    assert installer.checkout_of({"url": "https://example.org/sdrt.whl", "archive_info": {}}) == (None, False)
+    assert installer.checkout_of({"url": (tmp_path / "gone" / "core").as_uri(), "dir_info": {}}) == (None, False)
+    monkeypatch.setattr(installer, "CHECKOUT", tmp_path)
+    monkeypatch.setattr(installer, "CHECKOUT_EDITABLE", False)
+    p = plan("openvino", hw=RTX)
+    assert p.argv[-1] == str(tmp_path / "plugin-openvino") and "-e" not in p.argv

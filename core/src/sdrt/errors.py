@@ -7,9 +7,33 @@ about it. Build errors with those three parts so that no message forgets one::
 
 An exception from inside a vendor library is wrapped in one of these (keep the
 original as ``__cause__`` with ``raise ... from exc``), never passed through.
+
+A message that names an argument of the API writes it as ``{@name}`` (or ``{@name=}``), and a
+``where`` that is an argument is its bare name::
+
+    raise InputError("a mask needs an init image", where="mask", fix="pass {@init_image=} too")
+
+``str(exc)`` speaks the API (``Where: mask. What to do: pass init_image= too.``); a tool that
+takes the arguments under other names renders the same error in its own words with
+``exc.render(names)`` (the ``sdrt`` command: ``Where: --mask. What to do: pass --init-image too.``).
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+_ARG = re.compile(r"\{@([A-Za-z_][A-Za-z0-9_]*)(=?)\}")
+
+
+def _render(text: str, names: Mapping[str, str] | None) -> str:
+    def one(m: re.Match[str]) -> str:
+        name, eq = m.group(1), m.group(2)
+        if names is not None and name in names:
+            return names[name]
+        return name + eq
+
+    return _ARG.sub(one, text)
 
 
 class SdrtError(Exception):
@@ -21,13 +45,19 @@ class SdrtError(Exception):
         self.fix = fix
         super().__init__(self._format())
 
-    def _format(self) -> str:
-        parts = [self.what.rstrip(".") + "."]
+    def _format(self, names: Mapping[str, str] | None = None) -> str:
+        parts = [_render(self.what.rstrip("."), names) + "."]
         if self.where:
-            parts.append(f"Where: {self.where}.")
+            where = names.get(self.where, self.where) if names is not None else self.where
+            parts.append(f"Where: {_render(where, names)}.")
         if self.fix:
-            parts.append(f"What to do: {self.fix.rstrip('.')}.")
+            parts.append(f"What to do: {_render(self.fix.rstrip('.'), names)}.")
         return " ".join(parts)
+
+    def render(self, names: Mapping[str, str] | None = None) -> str:
+        """The message with each argument named as ``names`` maps it (``{"init_image": "--init-image"}``);
+        arguments ``names`` does not hold keep their API names. ``str(exc)`` is ``exc.render()``."""
+        return self._format(names)
 
 
 class ModelError(SdrtError):

@@ -7,9 +7,12 @@ the install with ``--dry-run``; if the real install still fails, every
 distribution it added is removed and every one it changed is put back to the
 version it had, and the error says what pip said.
 
-When sdrt runs from a source checkout (``core/`` beside ``plugin-<name>/``
-folders), the plugin is installed from its folder in that checkout, editable,
-instead of from a package index: nothing is published for a checkout.
+When sdrt comes from a source checkout (``core/`` beside ``plugin-<name>/``
+folders), the plugin is installed from its folder in that checkout instead of
+from a package index (nothing is published for a checkout): editable when the
+core runs from there (``pip install -e ./core``), a plain install when the core
+was copied from there (``pip install ./core``, found through pip's
+``direct_url.json``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 from . import hardware
 from .errors import InstallError
@@ -124,21 +129,44 @@ def plan(plugin: str | None = None, *, build: str | None = None, use_uv: bool = 
         if uv is None:
             raise InstallError("--uv was given but the uv command is not on PATH", where="sdrt install --uv",
                                fix="install uv (pip install uv), or leave out --uv to use pip")
-        argv = [uv, "pip", "install", "--python", target, *(["-e"] if folder else []), req, *extra]
+        argv = [uv, "pip", "install", "--python", target, *(["-e"] if folder and CHECKOUT_EDITABLE else []), req,
+                *extra]
     else:
-        argv = [*_pip(target), "install", *(["-e"] if folder else []), req, *extra]
+        argv = [*_pip(target), "install", *(["-e"] if folder and CHECKOUT_EDITABLE else []), req, *extra]
     return InstallPlan(plugin=plugin, distribution=dist, requirement=req, reason=reason, argv=argv, env=env,
                        build=build if plugin == "ggml" else None, python=target, tool="uv" if use_uv else "pip")
 
 
-def _checkout() -> Path | None:
-    """The source checkout this sdrt runs from (this file is its ``core/src/sdrt/installer.py``), or None."""
+def _checkout() -> tuple[Path | None, bool]:
+    """(the source checkout sdrt comes from, whether it runs from there): an editable install runs
+    from its checkout (this file is its ``core/src/sdrt/installer.py``); a plain ``pip install ./core``
+    is a copy, whose source folder pip records in ``direct_url.json`` (PEP 610). (None, False) for a
+    wheel from an index, or a folder that is gone."""
     root = Path(__file__).resolve().parents[3]
-    return root if (root / "core" / "pyproject.toml").is_file() else None
+    if (root / "core" / "pyproject.toml").is_file():
+        return root, True
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        record = json.loads(distribution("sdrt").read_text("direct_url.json") or "{}")
+    except (PackageNotFoundError, ValueError, OSError):
+        return None, False
+    return checkout_of(record)
 
 
-#: the source checkout sdrt runs from (an editable install); None for an installed wheel
-CHECKOUT: Path | None = _checkout()
+def checkout_of(record: dict) -> tuple[Path | None, bool]:
+    """(the checkout, editable) that a ``direct_url.json`` record of the core points at, or (None, False)."""
+    url = str(record.get("url", ""))
+    if not url.startswith("file://") or not isinstance(record.get("dir_info"), dict):
+        return None, False
+    core = Path(url2pathname(urlparse(url).path))
+    if core.name == "core" and (core.parent / "core" / "pyproject.toml").is_file():
+        return core.parent, bool(record["dir_info"].get("editable"))
+    return None, False
+
+
+#: the source checkout sdrt was installed from (editable or not); None for a wheel from an index
+CHECKOUT, CHECKOUT_EDITABLE = _checkout()
 
 
 def source_folder(plugin: str) -> Path | None:

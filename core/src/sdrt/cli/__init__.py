@@ -24,8 +24,18 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = importlib.import_module(f".{name}", __name__)
         p = module.add_parser(sub)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _names={**flag_names(p), **getattr(module, "API_NAMES", {})})
     return parser
+
+
+def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """{API argument name: the flag that sets it} for a subcommand's options (``init_image`` ->
+    ``--init-image``), so that an error raised with argument names speaks in flags on the command line."""
+    names = {}
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            names[action.dest] = max(action.option_strings, key=len)
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except SdrtError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except SdrtError as exc:  # in the command's words: flags, not the API's argument names
+        print(f"error: {exc.render(getattr(args, '_names', None))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit status for SIGINT
         print("interrupted", file=sys.stderr)

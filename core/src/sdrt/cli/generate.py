@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, ModelNotFoundError
 from . import generate_weights
 
+#: the API's argument names that are not the dest of a flag of the same name (``sdrt.cli.flag_names``)
+API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "FOLDER", "path": "--output",
+             "loras": "--lora", "scale": "the scale of --lora FILE:SCALE"}
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "generate", help="generate images from a prompt with a Stable Diffusion model folder",
+        usage="sdrt generate [FOLDER] PROMPT [options]",
         description="Generate an image. FOLDER is a diffusers/Optimum ONNX model folder; without it, the tiny "
-                    "model that ships with sdrt is used.",
+                    "model that ships with sdrt is used. One prompt a run: quote it.",
     )
     p.add_argument("args", nargs="+", metavar="[FOLDER] PROMPT", help="model folder (optional) and the prompt")
     p.add_argument("--negative", "-n", default="", help="negative prompt")
@@ -25,7 +31,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random when not given")
     p.add_argument("--width", type=int, default=None, help="a multiple of 8 (default: the model's size)")
     p.add_argument("--height", type=int, default=None, help="a multiple of 8 (default: the model's size)")
-    p.add_argument("--init-image", default=None, help="img2img / inpainting source (PNG/JPEG; needs sdrt[images])")
+    p.add_argument("--init-image", default=None, help="img2img / inpainting source (PNG/JPEG; needs Pillow)")
     p.add_argument("--strength", type=float, default=None, help="img2img denoising strength (default 0.75)")
     p.add_argument("--mask", default=None, help="inpainting mask, white = repaint (needs --init-image)")
     p.add_argument("--batch", type=int, default=1, help="images per run")
@@ -33,7 +39,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--clip-skip", type=int, default=1)
     p.add_argument("--backend", default="auto")
     p.add_argument("--device", default=None)
-    p.add_argument("-o", "--output", default="sdrt-out.png", help="PNG path; with several images, -1, -2, ... are added")
+    p.add_argument("-o", "--output", default="sdrt-out.png",
+                   help="image file: .png, or .jpg/.jpeg/.webp (needs Pillow), or - for a PNG on standard output; "
+                   "with several images, -1, -2, ... are added")
     generate_weights.add_arguments(p)
     return p
 
@@ -44,23 +52,52 @@ def _outputs(path: Path, n: int) -> list[Path]:
     return [path.with_name(f"{path.stem}-{i + 1}{path.suffix or '.png'}") for i in range(n)]
 
 
+def _split_args(words: list[str]) -> tuple[str | None, str]:
+    """(folder, prompt) of ``[FOLDER] PROMPT``; a lone model folder is a forgotten prompt, not a prompt."""
+    if len(words) > 2:
+        raise InputError(f"expected [FOLDER] PROMPT, got {len(words)} words", where="sdrt generate",
+                         fix='quote the prompt: sdrt generate FOLDER "a red fox in snow"')
+    if len(words) == 2:
+        return words[0], words[1]
+    lone = Path(words[0])
+    if lone.is_dir() and ((lone / "model_index.json").is_file() or (lone / "unet").is_dir()):
+        raise InputError(f"{words[0]} is a model folder, and no prompt follows it", where="PROMPT",
+                         fix=f'give the prompt after the folder: sdrt generate {words[0]} "a red fox in the snow"')
+    return None, words[0]
+
+
+def _check_outputs(args: argparse.Namespace, n_images: int) -> list[Path] | None:
+    """The files to write (None: standard output), every one checked before any model loads."""
+    from ..pipelines.save import check_output
+
+    if args.output == "-":
+        if n_images > 1:
+            raise InputError(f"-o - writes one PNG to standard output, and this run makes {n_images} images",
+                             where="--output", fix="write them to files (-o out.png), or use --batch 1 --batch-count 1")
+        if sys.stdout.isatty():
+            raise InputError("-o - writes PNG bytes to standard output, which is a terminal", where="--output",
+                             fix="pipe it (sdrt generate ... -o - | display), or write a file")
+        return None
+    if not args.output:
+        check_output(args.output, "output")  # refuses the empty name
+    paths = _outputs(Path(args.output), n_images)
+    for path in paths:
+        check_output(path, "output")
+    return paths
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import pipelines
     from ..pipelines.pipeline import validate
 
-    if len(args.args) > 2:
-        raise InputError(f"expected [FOLDER] PROMPT, got {len(args.args)} words", where="sdrt generate",
-                         fix='quote the prompt: sdrt generate FOLDER "a red fox in snow"')
-    folder, prompt = (args.args[0], args.args[1]) if len(args.args) == 2 else (None, args.args[0])
+    folder, prompt = _split_args(args.args)
     options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, schedule=args.schedule, seed=args.seed,
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
                    mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip)
     settings = validate(prompt, args.negative, **options)  # before any model loads
     custom = generate_weights.check(args)
     options["seed"] = settings.seed
-    out = Path(args.output)
-    if not out.parent.is_dir():
-        raise InputError("the output folder does not exist", where=str(out.parent), fix="create it, or pick another -o")
+    outputs = _check_outputs(args, args.batch * args.batch_count)
     if folder is None:
         folder = pipelines.DEMO_MODEL
         if not (folder / "model_index.json").is_file():
@@ -68,17 +105,28 @@ def run(args: argparse.Namespace) -> int:
                                      fix="reinstall sdrt, or pass a model folder")
     from ..pipelines.png import format_parameters, write_png
     from ..pipelines.progress import ProgressBar
+    from ..pipelines.save import save_image
+    from ..runtime import select
 
     pipe = pipelines.load(folder, backend=args.backend, device=args.device,
                           **generate_weights.pipeline_options(custom))
+    backend, device = select(args.backend, args.device)
+    print(f"backend {backend.name} on {device.id}" + (f" ({device.name})" if device.name else ""), file=sys.stderr)
     bar = ProgressBar()
     try:
-        generate_weights.apply(pipe, custom)
+        generate_weights.apply(pipe, custom, (prompt, args.negative))
         gen = pipe.generate(prompt, args.negative, callback=bar, **options)
     finally:
         bar.close()
         pipe.close()
-    for path, image, info in zip(_outputs(out, len(gen.images)), gen.images, gen.settings):
-        write_png(path, image, format_parameters(gen.prompt, gen.negative_prompt, info))
-        print(f"wrote {path} (seed {info['Seed']})")
+    for i, (image, info) in enumerate(zip(gen.images, gen.settings)):
+        text = format_parameters(gen.prompt, gen.negative_prompt, info)
+        if outputs is None:
+            write_png(sys.stdout.buffer, image, text)
+            sys.stdout.buffer.flush()
+            print(f"wrote the PNG to standard output (seed {info['Seed']})", file=sys.stderr)
+        else:
+            save_image(outputs[i], image, text)
+            through = f" (through the symlink, to {outputs[i].resolve()})" if outputs[i].is_symlink() else ""
+            print(f"wrote {outputs[i]}{through} (seed {info['Seed']})")
     return 0

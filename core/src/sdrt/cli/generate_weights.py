@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ class WeightArgs:
     loras: list[tuple[Path, float]] = field(default_factory=list)
     lora_dir: Path | None = None
     embeddings: list[Path] = field(default_factory=list)
+    #: the .safetensors files of --embedding-dir: each one that cannot be used is skipped with a warning
+    found_embeddings: list[Path] = field(default_factory=list)
     low_memory: bool | None = None
     vae_tile: int | None = None
 
@@ -52,15 +55,22 @@ def _existing(value: str, what: str, flag: str, *, folder: bool = False) -> Path
 
 
 def parse_lora(spec: str) -> tuple[Path, float]:
-    """``FILE`` or ``FILE:SCALE`` (a Windows drive letter's colon is not a scale)."""
+    """``FILE`` or ``FILE:SCALE`` (a Windows drive letter's colon is not a scale); the scale must be a
+    finite number of sane size (``check_lora_scale``)."""
+    from ..pipelines.weights import check_lora_scale
+
     path, scale = spec, 1.0
     head, sep, tail = spec.rpartition(":")
-    if sep and head and not tail.startswith(("\\", "/")):
+    if sep and head and not tail.startswith(("\\", "/")) and not Path(spec).exists():
         try:
             scale = float(tail)
-            path = head
         except ValueError:
-            pass
+            if Path(head).is_file():  # the file is there: the scale is what is wrong
+                raise InputError(f"the LoRA scale {tail!r} is not a number", where=f"--lora {spec}",
+                                 fix=f"write FILE:SCALE with a number, e.g. --lora {head}:0.8") from None
+        else:
+            path = head
+            check_lora_scale(scale, Path(head).stem, where=f"--lora {spec}")
     return _existing(path, "LoRA file", "--lora"), scale
 
 
@@ -77,7 +87,7 @@ def check(args: argparse.Namespace) -> WeightArgs:
         d = _existing(args.embedding_dir, "embedding folder", "--embedding-dir", folder=True)
         for f in sorted(d.iterdir()):
             if f.suffix.lower() == ".safetensors":
-                out.embeddings.append(f)
+                out.found_embeddings.append(f)
             elif f.suffix.lower() in (".pt", ".bin"):
                 log.warning("skipping %s: pickle embeddings are not loaded (convert it to .safetensors)", f.name)
     if out.vae_tile is not None and out.vae_tile < 8:
@@ -89,8 +99,14 @@ def pipeline_options(w: WeightArgs) -> dict[str, Any]:
     return {"low_memory": w.low_memory, "vae_tile": w.vae_tile}
 
 
-def apply(pipe: Any, w: WeightArgs) -> None:
-    """Bind the checkpoint, LoRAs and embeddings to a loaded pipeline."""
+def apply(pipe: Any, w: WeightArgs, prompts: tuple[str, str | None] = ("", None)) -> None:
+    """Bind the checkpoint, LoRAs and embeddings to a loaded pipeline.
+
+    An embedding of ``--embedding-dir`` that cannot be used (a broken file, another model family's)
+    is skipped with a warning, as A1111 does, unless one of ``prompts`` uses its trigger word: then
+    its error stands."""
+    from ..errors import SdrtError
+
     if w.weights is not None:
         pipe.load_weights(w.weights)
     if w.lora_dir is not None:
@@ -99,3 +115,11 @@ def apply(pipe: Any, w: WeightArgs) -> None:
         pipe.set_loras(w.loras)
     if w.embeddings:
         pipe.add_embedding(*w.embeddings)
+    text = " ".join(p for p in prompts if p)
+    for f in w.found_embeddings:
+        try:
+            pipe.add_embedding(f)
+        except SdrtError as exc:
+            if re.search(rf"(?<![\w]){re.escape(f.stem)}(?![\w])", text, flags=re.IGNORECASE):
+                raise
+            log.warning("skipping embedding %s (no prompt uses %r): %s", f, f.stem, exc)

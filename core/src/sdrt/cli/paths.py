@@ -22,4 +22,7 @@ def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
     if not path.parent.is_dir():
         raise InputError(f"the folder of {option} {arg!r} does not exist", where=str(path.parent),
                          fix=f"create it first (mkdir -p {path.parent}) or write somewhere else")
+    from ..pipelines.png import output_target
+
+    output_target(path, "output")  # a regular file or none: never a device, FIFO or socket
     return path

@@ -1,7 +1,8 @@
 """Images in and out: HxWx3 uint8 numpy arrays; Pillow images and image files when Pillow is installed.
 
-Pillow is not a core dependency (22 MB of the 200 MB budget): ``pip install sdrt[images]`` adds it,
-for reading JPEG/PNG inputs from paths and for passing ``PIL.Image`` objects. Numpy arrays always
+Pillow is not a core dependency (22 MB of the 200 MB budget): ``pip install pillow`` adds it (from a
+checkout, ``pip install './core[images]'`` does the same), for reading JPEG/PNG inputs from paths,
+writing JPEG/WebP outputs and passing ``PIL.Image`` objects. Numpy arrays always
 work, and PNG output needs no Pillow (``sdrt.pipelines.png``).
 """
 
@@ -17,6 +18,9 @@ from ..errors import InputError
 
 ImageLike = Any  # np.ndarray | PIL.Image.Image | str | os.PathLike
 
+#: how to get Pillow: the core's ``images`` extra is not on PyPI yet, the package is
+PILLOW_HINT = "install Pillow: pip install pillow (from a checkout of sdrt: pip install './core[images]')"
+
 
 def _open_file(path: Path, what: str) -> np.ndarray:
     if not path.is_file():
@@ -25,7 +29,7 @@ def _open_file(path: Path, what: str) -> np.ndarray:
         from PIL import Image
     except ImportError as exc:
         raise InputError(f"reading the {what} from a file needs Pillow, which is not installed", where=str(path),
-                         fix="pip install 'sdrt[images]' (or pillow), or pass a numpy array") from exc
+                         fix=PILLOW_HINT) from exc
     try:
         with Image.open(path) as img:
             img.load()

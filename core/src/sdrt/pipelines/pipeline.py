@@ -118,11 +118,11 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise InputError(f"seed must be an integer, got {seed!r}", where="seed", fix="pass an integer, or none")
     if mask is not None and init_image is None:
-        raise InputError("a mask needs an init image", where="mask", fix="pass init_image= too")
+        raise InputError("a mask needs an init image", where="mask", fix="pass {@init_image=} too")
     if strength is not None:
         if init_image is None:
             raise InputError("strength applies only with an init image", where="strength",
-                             fix="pass init_image=, or leave strength unset")
+                             fix="pass {@init_image=}, or leave {@strength} unset")
         if not isinstance(strength, (int, float, np.floating)) or not 0 < strength <= 1:
             raise InputError(f"strength must be in (0, 1], got {strength!r}", where="strength", fix="use e.g. 0.75")
     if init_image is not None:
@@ -426,7 +426,7 @@ class Pipeline:
         nine = len(unet_in) == 4 and unet_in[1] == 9
         if nine and mask is None:
             raise InputError("this is an inpainting UNet (9 input channels): it needs an init image and a mask",
-                             where=str(self.unet.path), fix="pass init_image= and mask=, or use an ordinary model")
+                             where=str(self.unet.path), fix="pass {@init_image=} and {@mask=}, or use an ordinary model")
         extra = None
         image_latents = None
         full = s.strength is None or s.strength == 1.0

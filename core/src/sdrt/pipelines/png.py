@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import tempfile
 import zlib
@@ -146,27 +147,91 @@ def write_png(
     """Write ``image`` as PNG with A1111's ``parameters`` chunk and any ``extra`` text chunks.
 
     A path is written atomically (a temporary file in the same folder, then a
-    rename) and returned; a binary file object is written to, and its ``name``
-    is returned as a Path when it has one (else None).
+    rename) and returned; it must name a regular file or a new one (see
+    :func:`output_target`: a folder, device, FIFO or socket is refused, a symlink
+    is written through to its target). A binary file object is written to, and
+    its ``name`` is returned as a Path when it has one (else None).
     """
+    if not hasattr(path_or_file, "write"):
+        output_target(path_or_file)  # type: ignore[arg-type]
     data = encode_png(image, parameters, extra)
     if hasattr(path_or_file, "write"):
         path_or_file.write(data)  # type: ignore[union-attr]
         name = getattr(path_or_file, "name", None)
         return Path(name) if isinstance(name, str) else None
-    path = Path(path_or_file)  # type: ignore[arg-type]
+    return write_file(path_or_file, data)  # type: ignore[arg-type]
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str | None:
+    """What a non-regular file is, in words; None for a regular file."""
+    return next((word for test, word in _KINDS if test(mode)), None if stat.S_ISREG(mode) else "not a regular file")
+
+
+def output_target(path: str | os.PathLike[str], arg: str = "path") -> Path:
+    """The regular file that writing an image to ``path`` replaces (or creates); refuses every other target.
+
+    A path that exists must be a regular file: a folder, device, FIFO or socket is refused, since
+    writing replaces the file by renaming a new one over it. A symlink is written through to its
+    target, as ``cp`` does: the link stays and its target gets the image; a dangling symlink, or
+    one to a non-regular file, is refused. ``arg`` names the argument in the error (``{@arg}``).
+    """
+    where = f"{{@{arg}}}"
+    text = os.fspath(path)
+    if not text:
+        raise PngError("the output path is empty", where=where, fix="name a file, such as out.png")
+    target = Path(text)
+    if target.is_symlink():
+        real = Path(os.path.realpath(target))
+        if not real.exists():
+            raise PngError(f"{text} is a symlink to {real}, which does not exist, and images are not written "
+                           "through a dangling symlink (as cp does not)", where=where,
+                           fix="create the target, remove the link, or pick another file name")
+        target = real
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise PngError(f"cannot look at {text} ({exc.strerror or exc})", where=where, fix="pick another file") from exc
+    if mode is not None and _kind(mode):
+        shown = text if target == Path(text) else f"{text} (a symlink to {target})"
+        raise PngError(f"{shown} is {_kind(mode)}, not a regular file; images are written only to regular files",
+                       where=where, fix="give a file name, such as " + str(Path(text) / "out.png" if
+                                                                          stat.S_ISDIR(mode) else "out.png"))
+    if not target.parent.is_dir():
+        raise PngError(f"the output folder does not exist: {target.parent}", where=where,
+                       fix=f"create it first (mkdir -p {target.parent}) or write somewhere else")
+    return target
+
+
+def write_file(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to the regular file ``path`` atomically (a temporary file, then a rename over
+    :func:`output_target`'s target, which is checked again right before the rename); returns ``path``."""
+    path = Path(path)
+    target = output_target(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
             os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; an image gets the user's usual mode
-            os.replace(tmp, path)
+            try:  # nothing but a regular file (or nothing) is ever renamed over
+                mode: int | None = os.lstat(target).st_mode
+            except FileNotFoundError:
+                mode = None
+            if mode is not None and _kind(mode):
+                raise PngError(f"{target} became {_kind(mode)} while the image was written; not replaced",
+                               where=str(path), fix="pick another file name")
+            os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
     except OSError as exc:
-        raise PngError(f"cannot write the PNG ({exc.strerror or exc})", where=str(path),
+        raise PngError(f"cannot write the image ({exc.strerror or exc})", where=str(path),
                        fix="check that the folder exists and is writable") from exc
     return path
 
@@ -249,9 +314,11 @@ __all__ = [
     "PngError",
     "encode_png",
     "format_parameters",
+    "output_target",
     "quote",
     "read_parameters",
     "read_text_chunks",
+    "write_file",
     "write_png",
 ]
 

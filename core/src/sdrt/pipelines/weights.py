@@ -41,6 +41,23 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sdrt.pipelines.weights")
 
 RESERVED_ROWS = 16
+#: the largest LoRA scale taken (A1111 users pass -2 to 2; far past this the merged weights are noise or overflow)
+MAX_LORA_SCALE = 100.0
+
+
+def check_lora_scale(scale: object, name: str, where: str = "{@loras}") -> float:
+    """A LoRA's scale as a float: a finite number with ``|scale| <= MAX_LORA_SCALE``, else ``WeightsError``
+    (before any merge, so that a bad scale is not blamed on the file or on the sampler)."""
+    try:
+        value = float(scale)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise WeightsError(f"the scale of LoRA {name!r} is {scale!r}, not a number", where=where,
+                           fix="use a number such as 0.8") from None
+    if not np.isfinite(value) or abs(value) > MAX_LORA_SCALE:
+        raise WeightsError(f"the scale of LoRA {name!r} is {scale!r}; a scale must be a finite number between "
+                           f"-{MAX_LORA_SCALE:g} and {MAX_LORA_SCALE:g}", where=where,
+                           fix="use a scale such as 0.8 (LoRAs are made for about 0 to 1.5)")
+    return value
 #: part -> (kohya prefixes, PEFT prefixes, embedding vector key)
 _LORA_ROUTES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "unet": (("lora_unet_",), ("unet.", "base_model.model.", "transformer.")),
@@ -137,6 +154,8 @@ class WeightState:
         for text in (prompt, negative_prompt):
             if isinstance(text, str) and "<" in text:
                 text, tags = self.resolve_prompt(text)
+                for name, w in tags:
+                    check_lora_scale(w, name, where=f"<lora:{name}:{w}> in {{@prompt}}")
                 wanted += [(self.lora_file(name), w) for name, w in tags]
             out.append(text)
         current = [((a.path or a.lora.source), a.scale) for a in self.loras]
@@ -148,6 +167,8 @@ class WeightState:
     def _activate(self, loras: Sequence[tuple[Lora | str | os.PathLike[str], float]]) -> list[ActiveLora]:
         active = []
         for item, scale in loras:
+            source = item if isinstance(item, (str, os.PathLike)) else item.source
+            scale = check_lora_scale(scale, Path(source).stem)
             if isinstance(item, (str, os.PathLike)):
                 lora = self.lora(item)
                 active.append(ActiveLora(lora, float(scale), Path(item).stem, Path(item)))
@@ -207,7 +228,13 @@ class WeightState:
             graph = parts[part].graph
             base = self._weights(part, self.base.get(part, {}))
             targets = _targets(graph, [key for lora, _ in pairs for key in lora.layers], part)
-            m = merge(base, pairs, graph=graph, targets=targets, strict=True)
+            try:
+                m = merge(base, pairs, graph=graph, targets=targets, strict=True)
+            except WeightsError as exc:  # merge's fix speaks of merge's own arguments; a pipeline has none
+                if getattr(exc, "report", None) is None:
+                    raise
+                raise WeightsError(exc.what, where=exc.where, fix="use a LoRA made for this model: each of its "
+                                   "layers must match a weight of the model, in name and shape") from exc
             out[part] = {name: m[name] for name in m.originals}
         return out
 

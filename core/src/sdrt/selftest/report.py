@@ -124,7 +124,9 @@ def _figure(check: dict[str, Any]) -> str:
     group = check["group"]
     if group == "conformance" and "totals" in f:
         t = f["totals"]
-        unsupported = f"{t['unsupported']} unsupported, " if "unsupported" in t else ""  # reports since issue 18
+        unsupported = (f"{t['unsupported']} unsupported (ONNX ops or attribute values this backend does not "
+                       "implement: a model that uses one is refused up front with an error naming it, never run "
+                       "wrong; not failures), " if t.get("unsupported") else "")  # reports since issue 18
         return f"{t['passed']} passed, {t['failed']} failed, {unsupported}{t['skipped']} skipped, {t['xfail']} xfail"
     if group == "accuracy" and "rel_err" in f:
         return f"rel err {f['rel_err']:.1e} (limit {f['tolerance']:.0e}, vs {f['against']})"
