@@ -33,6 +33,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--clip-skip", type=int, default=1)
     p.add_argument("--backend", default="auto")
     p.add_argument("--device", default=None)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the run plan (every part, its input shapes and dtypes, its calls) and stop: "
+                        "nothing compiles or runs and no weights load")
     p.add_argument("-o", "--output", default="sdrt-out.png", help="PNG path; with several images, -1, -2, ... are added")
     generate_weights.add_arguments(p)
     return p
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     custom = generate_weights.check(args)
     options["seed"] = settings.seed
     out = Path(args.output)
-    if not out.parent.is_dir():
+    if not args.dry_run and not out.parent.is_dir():
         raise InputError("the output folder does not exist", where=str(out.parent), fix="create it, or pick another -o")
     if folder is None:
         folder = pipelines.DEMO_MODEL
@@ -71,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
 
     pipe = pipelines.load(folder, backend=args.backend, device=args.device,
                           **generate_weights.pipeline_options(custom))
+    if args.dry_run:  # the folder's own graphs: a checkpoint or LoRA changes values, not shapes or calls
+        print(pipe.plan(prompt, args.negative, **options).format())
+        return 0
     bar = ProgressBar()
     try:
         generate_weights.apply(pipe, custom)

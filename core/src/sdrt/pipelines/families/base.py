@@ -100,14 +100,13 @@ class Family:
     @property
     def scaling(self) -> tuple[float, float]:
         """The VAE's (scale, shift): the folder's config when it sets them, else the family's."""
-        scale, shift = self.vae_scale, self.vae_shift
+        found: dict[str, float] = {}
         for part in ("vae_decoder", "vae_encoder"):
-            config = self.folder.configs.get(part, {})
-            if isinstance(config.get("scaling_factor"), (int, float)):
-                scale = float(config["scaling_factor"])
-                shift = float(config.get("shift_factor") or 0.0)
-                break
-        return scale, shift
+            for key in ("scaling_factor", "shift_factor"):
+                value = self.folder.configs.get(part, {}).get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    found.setdefault(key, float(value))
+        return found.get("scaling_factor", self.vae_scale), found.get("shift_factor", self.vae_shift)
 
     def latent_shape(self, batch: int, height: int, width: int) -> tuple[int, ...]:
         return (batch, self.latent_channels, height // self.vae_factor, width // self.vae_factor)

@@ -43,7 +43,7 @@ def _signature(part: Part) -> str:
 
 def _fail(family: Family, part: Part, role: str, wanted: str) -> ModelError:
     kind = looks_like(part.inputs, part.outputs)
-    return ModelError(f"the {part.name} part is not the {role} a {family.label} model needs: it looks like {kind} "
+    return ModelError(f"the {part.name} part is not a {role} for {family.label}: it looks like {kind} "
                       f"({_signature(part)}); {wanted}", where=str(part.path),
                       fix=f"put the {role}'s model.onnx in {part.name}/ (diffusers/Optimum export names)")
 
