@@ -143,7 +143,7 @@ class Pipeline:
 
     def _limit(self, cond: Conditioning, where: str) -> Conditioning:
         """A prompt longer than a UNet exported for a fixed token count, said in tokens (not shapes)."""
-        declared = self.denoiser.inputs.get("encoder_hidden_states")
+        declared = self.denoiser.inputs.get(self.family.text_input)
         fixed = declared.shape[1] if declared is not None and len(declared.shape) == 3 else None
         if isinstance(fixed, int) and cond.hidden.shape[1] > fixed:
             what = "prompt" if where == "prompt" else "negative prompt"
@@ -330,7 +330,7 @@ class Pipeline:
 
     def _check_size(self, s: Settings) -> None:
         """A size the denoiser was not exported for, said in pixels (not as a shape it cannot be pinned to)."""
-        shape = self.denoiser.inputs["sample"].shape
+        shape = self.denoiser.inputs[self.family.sample_input].shape
         f = self.family.vae_factor
         fixed = [d if isinstance(d, int) and d > 0 else None for d in shape[2:]]
         if (fixed[0] is not None and fixed[0] * f != s.height) or (fixed[1] is not None and fixed[1] * f != s.width):
@@ -373,7 +373,7 @@ class Pipeline:
         ms = self.family.model_sampling(s.width, s.height)
         loop = self._loop(s, ms, generator, seed)
         shape = self.family.latent_shape(s.batch, s.height, s.width)
-        unet_in = self.denoiser.inputs["sample"].shape
+        unet_in = self.denoiser.inputs[self.family.sample_input].shape
         nine = len(unet_in) == 4 and unet_in[1] == self.family.latent_channels + self.family.inpaint_channels
         if nine and mask is None:
             what = "UNet" if self.denoiser.name == "unet" else self.denoiser.name

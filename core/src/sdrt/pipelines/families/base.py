@@ -74,6 +74,10 @@ class Family:
     guidance: ClassVar[str] = "cfg"
     #: the empty negative prompt is all zeros unless model_index.json says otherwise (SDXL)
     zeros_for_empty_negative: ClassVar[bool] = False
+    #: the denoiser's latent input, text input and output (SD3/Flux exports: hidden_states, ..., out_hidden_states)
+    sample_input: ClassVar[str] = "sample"
+    text_input: ClassVar[str] = "encoder_hidden_states"
+    output: ClassVar[str] = "out_sample"
     #: input name -> rank the denoiser must take; ``timestep`` may be a scalar or [batch]
     model_inputs: ClassVar[dict[str, int]] = {"sample": 4, "timestep": 1, "encoder_hidden_states": 3}
     #: a sample input with this many channels more than the latent is an inpainting model (mask + masked image)
@@ -123,7 +127,9 @@ class Family:
 
     def cond_feeds(self, cond: Conditioning, rows: int) -> dict[str, np.ndarray]:
         """The model inputs one conditioning gives, repeated for ``rows`` images."""
-        return {"encoder_hidden_states": np.repeat(cond.hidden, rows, axis=0)}
+        feeds = {self.text_input: np.repeat(cond.hidden, rows, axis=0)}
+        feeds.update({k: np.repeat(v, rows, axis=0) for k, v in cond.extra.items()})  # e.g. an attention mask
+        return feeds
 
     # ------------------------------------------------------------------ sampling
     def model_sampling(self, width: int, height: int) -> Any:
@@ -140,9 +146,9 @@ class Family:
             extra = call.extra
 
             def inpaint(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-                sample = feeds["sample"]
+                sample = feeds[self.sample_input]
                 rows = np.concatenate([extra] * (sample.shape[0] // extra.shape[0]), axis=0)
-                return {"sample": np.concatenate([sample, rows], axis=1)}
+                return {self.sample_input: np.concatenate([sample, rows], axis=1)}
 
             hooks.append(inpaint)
         return hooks
@@ -156,8 +162,9 @@ class Family:
         from ...samplers import CFGDenoiser, Denoiser
 
         outputs = part.outputs
-        model = Denoiser(self.session(part), model_sampling, output_name="out_sample" if "out_sample" in outputs
-                         else None, hooks=[*self.hooks(call), *call.hooks])
+        model = Denoiser(self.session(part), model_sampling, sample_name=self.sample_input, cond_name=self.text_input,
+                         output_name=self.output if self.output in outputs else None,
+                         hooks=[*self.hooks(call), *call.hooks])
         cond = self.cond_feeds(call.cond, call.batch)
         uncond = self.cond_feeds(call.uncond, call.batch) if call.uncond is not None else None
         return CFGDenoiser(model, cond, uncond, call.cfg if self.guidance == "cfg" else 1.0, batched=True)

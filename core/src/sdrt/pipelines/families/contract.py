@@ -92,7 +92,7 @@ def _check_denoiser(family: Family, part: Part) -> None:
         if got != rank and not (n == "timestep" and got == 0):
             raise ModelError(f"the {part.name} input {n} has rank {got} and {family.label} feeds rank {rank}",
                              where=str(part.path), fix="export the model with the diffusers input shapes")
-    channels = _static(inputs["sample"].shape[1])
+    channels = _static(inputs[family.sample_input].shape[1])
     allowed = (family.latent_channels, family.latent_channels + family.inpaint_channels)
     if channels is not None and channels not in allowed:
         raise ModelError(f"the {part.name} takes {channels}-channel samples and a {family.label} model feeds "

@@ -41,6 +41,6 @@ class SDXL(Family):
         ids = np.array([call.height, call.width, 0, 0, call.height, call.width], dtype=np.float32)
 
         def time_ids(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            return {"time_ids": np.tile(ids, (feeds["sample"].shape[0], 1))}
+            return {"time_ids": np.tile(ids, (feeds[self.sample_input].shape[0], 1))}
 
         return [*super().hooks(call), time_ids]
