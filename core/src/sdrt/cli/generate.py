@@ -60,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
                    mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip)
     settings = validate(prompt, args.negative, **options)  # before any model loads
     custom = generate_weights.check(args)
-    options["seed"] = settings.seed
     out = Path(args.output)
     if not args.dry_run and not out.parent.is_dir():
         raise InputError("the output folder does not exist", where=str(out.parent), fix="create it, or pick another -o")
@@ -75,12 +74,12 @@ def run(args: argparse.Namespace) -> int:
     pipe = pipelines.load(folder, backend=args.backend, device=args.device,
                           **generate_weights.pipeline_options(custom))
     if args.dry_run:  # the folder's own graphs: a checkpoint or LoRA changes values, not shapes or calls
-        print(pipe.plan(prompt, args.negative, **options).format())
+        print(pipe.plan(settings).format())
         return 0
     bar = ProgressBar()
     try:
         generate_weights.apply(pipe, custom)
-        gen = pipe.generate(prompt, args.negative, callback=bar, **options)
+        gen = pipe.generate(settings, callback=bar)  # checked once, above, before the model loaded
     finally:
         bar.close()
         pipe.close()
