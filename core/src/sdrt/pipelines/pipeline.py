@@ -148,10 +148,11 @@ class Pipeline:
         fixed = declared.shape[1] if declared is not None and len(declared.shape) == 3 else None
         if isinstance(fixed, int) and cond.hidden.shape[1] > fixed:
             what = "prompt" if where == "prompt" else "negative prompt"
-            raise InputError(f"the {what} needs {cond.chunks} chunks of 75 tokens and this model takes "
-                             f"{fixed - 2} tokens at most (its {self.denoiser.name} is exported for {fixed})",
-                             where=where, fix=f"shorten the {what} to {fixed - 2} CLIP tokens (roughly "
-                             f"{(fixed - 2) * 3 // 4} words), or use a model exported with a dynamic sequence axis")
+            per, most = cond.chunk - 2, fixed // cond.chunk * (cond.chunk - 2)  # a chunk's start and end tokens
+            raise InputError(f"the {what} needs {cond.chunks} chunks of {per} tokens and this model takes {most} "
+                             f"tokens at most (its {self.denoiser.name} is exported for {fixed})", where=where,
+                             fix=f"shorten the {what} to {most} tokens (roughly {most * 3 // 4} words), or use a "
+                             "model exported with a dynamic sequence axis")
         return cond
 
     # ------------------------------------------------------------------ weights (sdrt.pipelines.weights)
