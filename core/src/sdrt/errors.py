@@ -134,6 +134,7 @@ __all__ = [
     "HardwareError",
     "InputError",
     "InstallError",
+    "Interrupted",
     "ModelError",
     "ModelNotFoundError",
     "NoDeviceError",
@@ -145,3 +146,15 @@ __all__ = [
     "UnsupportedGraph",
     "WeightsError",
 ]
+
+
+class Interrupted(SdrtError):
+    """A generation stopped on request: ``Pipeline.interrupt()`` or a step callback that returned False.
+
+    ``step`` is the last step that finished and ``total`` the steps the run had; nothing is returned.
+    """
+
+    def __init__(self, what: str, *, step: int = 0, total: int = 0, where: str | None = None,
+                 fix: str | None = None) -> None:
+        self.step, self.total = step, total
+        super().__init__(what, where=where, fix=fix)

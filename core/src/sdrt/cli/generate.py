@@ -39,6 +39,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--clip-skip", type=int, default=1)
     p.add_argument("--backend", default="auto")
     p.add_argument("--device", default=None)
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the run plan (every part, its input shapes and dtypes, its calls) and stop: "
+                        "nothing compiles or runs and no weights load")
     p.add_argument("-o", "--output", default="sdrt-out.png",
                    help="image file: .png, or .jpg/.jpeg/.webp (needs Pillow), or - for a PNG on standard output; "
                    "with several images, -1, -2, ... are added")
@@ -96,8 +99,7 @@ def run(args: argparse.Namespace) -> int:
                    mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip)
     settings = validate(prompt, args.negative, **options)  # before any model loads
     custom = generate_weights.check(args)
-    options["seed"] = settings.seed
-    outputs = _check_outputs(args, args.batch * args.batch_count)
+    outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)
     if folder is None:
         folder = pipelines.DEMO_MODEL
         if not (folder / "model_index.json").is_file():
@@ -110,12 +112,15 @@ def run(args: argparse.Namespace) -> int:
 
     pipe = pipelines.load(folder, backend=args.backend, device=args.device,
                           **generate_weights.pipeline_options(custom))
+    if args.dry_run:  # the folder's own graphs: a checkpoint or LoRA changes values, not shapes or calls
+        print(pipe.plan(settings).format())
+        return 0
     backend, device = select(args.backend, args.device)
     print(f"backend {backend.name} on {device.id}" + (f" ({device.name})" if device.name else ""), file=sys.stderr)
     bar = ProgressBar()
     try:
         generate_weights.apply(pipe, custom, (prompt, args.negative))
-        gen = pipe.generate(prompt, args.negative, callback=bar, **options)
+        gen = pipe.generate(settings, callback=bar)  # checked once, above, before the model loaded
     finally:
         bar.close()
         pipe.close()

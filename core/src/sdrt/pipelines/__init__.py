@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from .folder import ModelFolder
     from .pipeline import Generation, Pipeline, load, validate
+    from .plan import RunPlan
+    from .settings import Settings
 
 #: the embedded default model folder (Optimum layout) that ``sdrt generate`` uses without a folder
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "data" / "demo-sd"
 
 _LAZY = {"load": "pipeline", "Pipeline": "pipeline", "Generation": "pipeline", "validate": "pipeline",
-         "ModelFolder": "folder"}
+         "ModelFolder": "folder", "Settings": "settings", "RunPlan": "plan"}
 
 
 def __getattr__(name: str) -> Any:
@@ -36,4 +38,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'sdrt.pipelines' has no attribute {name!r}")
 
 
-__all__ = ["DEMO_MODEL", "Generation", "ModelFolder", "Pipeline", "load", "validate"]
+__all__ = ["DEMO_MODEL", "Generation", "ModelFolder", "Pipeline", "RunPlan", "Settings", "load", "validate"]

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelError, ModelNotFoundError
+from ..errors import InputError, ModelError, ModelNotFoundError
+from .families import detect, registered
 
 log = logging.getLogger("sdrt.pipelines.folder")
 
-#: the parts a folder may hold (Optimum's names); ``vae_encoder`` is needed only for img2img and inpainting
-PART_NAMES = ("text_encoder", "text_encoder_2", "unet", "vae_encoder", "vae_decoder")
+#: the parts a folder may hold (Optimum's names): every registered family's (sdrt.pipelines.families)
+PART_NAMES = ("text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "vae_encoder", "vae_decoder")
 
 #: SD's scheduler when a folder has no scheduler/scheduler_config.json (the SD 1.5 release config)
 DEFAULT_SCHEDULER: dict[str, Any] = {
@@ -44,7 +45,8 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 class ModelFolder:
     """What a model folder holds. Build one with :meth:`ModelFolder.open`.
 
-    - ``family``: ``"sd1"``, ``"sd2"`` or ``"sdxl"``.
+    - ``family``: the family's name (``"sd1"``, ``"sd2"``, ``"sdxl"``); ``family_class`` the
+      :class:`sdrt.pipelines.families.Family` that declares it.
     - ``parts``: part name -> its ``model.onnx``; ``configs``: part name -> its ``config.json`` (or ``{}``).
     - ``tokenizers``: ``tokenizer`` (and ``tokenizer_2`` for SDXL) folders.
     - ``scheduler``: ``scheduler/scheduler_config.json`` (SD's defaults when absent).
@@ -57,10 +59,15 @@ class ModelFolder:
     configs: dict[str, dict[str, Any]]
     tokenizers: dict[str, Path]
     scheduler: dict[str, Any] = field(default_factory=dict)
+    family_class: Any = None
 
     @property
     def prediction(self) -> str:
-        """``"eps"`` or ``"v"``, from the scheduler config's ``prediction_type``."""
+        """``"eps"`` or ``"v"``, from the scheduler config's ``prediction_type``; ``"flow"`` for a flow scheduler."""
+        from .scheduling import FLOW_SCHEDULERS
+
+        if self.scheduler.get("_class_name") in FLOW_SCHEDULERS:
+            return "flow"
         kind = str(self.scheduler.get("prediction_type", "epsilon"))
         if kind == "epsilon":
             return "eps"
@@ -79,15 +86,11 @@ class ModelFolder:
 
     @property
     def vae_scaling_factor(self) -> float:
-        for part in ("vae_decoder", "vae_encoder"):
-            value = self.configs.get(part, {}).get("scaling_factor")
-            if isinstance(value, (int, float)):
-                return float(value)
-        return 0.13025 if self.is_xl else 0.18215
+        return self.family_class(self).scaling[0]
 
     @property
     def force_zeros_for_empty_prompt(self) -> bool:
-        return bool(self.index.get("force_zeros_for_empty_prompt", self.is_xl))
+        return bool(self.index.get("force_zeros_for_empty_prompt", self.family_class.zeros_for_empty_negative))
 
     def part_file(self, part: str) -> Path:
         """The part's ``model.onnx``; ``ModelError`` naming the part when the folder has none."""
@@ -102,6 +105,9 @@ class ModelFolder:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> ModelFolder:
+        if not isinstance(path, (str, os.PathLike)):
+            raise InputError(f"the model folder must be a path, got {type(path).__name__}", where="folder",
+                             fix="pass the model folder's path, e.g. pipelines.load('path/to/sd15-onnx')")
         root = Path(path)
         if not root.is_dir():
             if root.suffix == ".onnx" or root.is_file():
@@ -112,7 +118,8 @@ class ModelFolder:
         index = _read_json(index_path, "model_index.json") if index_path.is_file() else {}
         parts: dict[str, Path] = {}
         configs: dict[str, dict[str, Any]] = {}
-        for part in PART_NAMES:
+        names = dict.fromkeys([*PART_NAMES, *(p for f in registered().values() for p in f.parts)])
+        for part in names:
             model = root / part / "model.onnx"
             if model.is_file():
                 parts[part] = model
@@ -121,9 +128,8 @@ class ModelFolder:
             elif (root / part).is_dir():
                 raise ModelNotFoundError(f"the {part} folder has no model.onnx", where=str(model),
                                          fix="export that part to ONNX again (Optimum's layout: PART/model.onnx)")
-        xl = "text_encoder_2" in parts or "XL" in str(index.get("_class_name", ""))
-        required = ["unet", "text_encoder", "vae_decoder"] + (["text_encoder_2"] if xl else [])
-        missing = [p for p in required if p not in parts]
+        fam = detect(index, set(parts), configs, root) or registered()["sd1"]
+        missing = [p for p in fam.parts if p not in parts and p not in fam.optional]
         if missing:
             what = "no model_index.json and " if not index else ""
             raise ModelNotFoundError(
@@ -132,7 +138,7 @@ class ModelFolder:
                 fix="export every part (optimum-cli export onnx --model ID FOLDER), or point at the right folder",
             )
         tokenizers: dict[str, Path] = {}
-        for tok in ("tokenizer", "tokenizer_2") if xl else ("tokenizer",):
+        for tok in dict.fromkeys(e.tokenizer for e in fam.encoders):
             folder = root / tok
             if not all((folder / f).is_file() or (folder / f"{f}.gz").is_file() for f in ("vocab.json", "merges.txt")):
                 raise ModelNotFoundError(f"the model folder's {tok} has no vocab.json and merges.txt",
@@ -144,23 +150,9 @@ class ModelFolder:
         else:
             log.warning("%s has no scheduler/scheduler_config.json; using SD's release schedule", root)
             scheduler = dict(DEFAULT_SCHEDULER)
-        family = "sdxl" if xl else _sd_family(configs.get("text_encoder", {}), tokenizers["tokenizer"])
-        folder = cls(root, index, family, parts, configs, tokenizers, scheduler)
+        family = fam.name
+        folder = cls(root, index, family, parts, configs, tokenizers, scheduler, fam)
         folder.prediction  # noqa: B018 - validates prediction_type now, before any model loads
         log.info("%s: %s (%s-prediction), parts %s", root, family, folder.prediction, ", ".join(parts))
         return folder
 
-
-def _sd_family(text_config: dict[str, Any], tokenizer: Path) -> str:
-    """SD 2.x uses OpenCLIP ViT-H (gelu, 1024 wide) and pads with '!'; SD 1.x uses CLIP ViT-L (quick_gelu)."""
-    if text_config.get("hidden_size") == 1024 or text_config.get("hidden_act") == "gelu":
-        return "sd2"
-    special = tokenizer / "special_tokens_map.json"
-    if special.is_file():
-        try:
-            pad = json.loads(special.read_text(encoding="utf-8")).get("pad_token")
-        except (OSError, ValueError, AttributeError):
-            pad = None
-        if pad == "!" or (isinstance(pad, dict) and pad.get("content") == "!"):
-            return "sd2"
-    return "sd1"

@@ -9,8 +9,12 @@ noise from the pipeline's generator after the initial latents. Each loop here fo
 
 A loop object owns its latent space: ``start`` makes the first latent from noise (and an image latent
 for img2img), ``add_noise`` is the scheduler's ``add_noise`` at a step index (inpainting's masked
-blend), ``run`` walks the steps. ``model(model_input, timestep) -> output`` is the guided UNet output
-(eps or v).
+blend), ``run`` walks the steps. Every loop denoises through an ``sdrt.samplers`` denoiser (the
+pipeline's ``CFGDenoiser`` around a ``Denoiser`` with the model's own model sampling): the diffusers-form
+loops call ``denoiser.predict(model_input, timestep)`` (the guided raw output, eps or v) and step in
+their scheduler's arithmetic; ``KLoop`` calls ``denoiser(x, sigma)`` (the denoised estimate), and its
+start, re-noising and inpainting blend follow the model sampling's ``noise_scaling`` (VE for eps/v
+models, ``(1 - sigma) x0 + sigma noise`` for flow models).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import numpy as np
 
 from .scheduling import FolderSchedule, Plan
 
-Model = Callable[[np.ndarray, float], np.ndarray]
+Model = Any  # an sdrt.samplers denoiser: predict(x_in, timestep) -> raw output; (x, sigma) -> denoised
 StepHook = Callable[[int, np.ndarray], np.ndarray]  # (index of the next step, latent) -> latent; after every step
 F32 = np.float32
 
@@ -71,7 +75,7 @@ class EulerLoop(_SchedulerLoop):
         p, v = self.plan, self.ms.prediction == "v"
         for i in range(p.steps):
             sigma, nxt = F32(p.sigmas[i]), F32(p.sigmas[i + 1])
-            out = model(x / ((sigma * sigma + F32(1)) ** F32(0.5)), p.timesteps[i])
+            out = model.predict(x / ((sigma * sigma + F32(1)) ** F32(0.5)), p.timesteps[i])
             if v:
                 x0 = out * (-sigma / (sigma * sigma + F32(1)) ** F32(0.5)) + x / (sigma * sigma + F32(1))
             else:
@@ -115,7 +119,7 @@ class DPMSolverLoop(_SchedulerLoop):
         lower_nums = 0
         for j in range(p.steps):
             i = j + self.offset  # diffusers' step_index counts from the full schedule's start
-            out = model(x, p.timesteps[j])
+            out = model.predict(x, p.timesteps[j])
             alpha_s, sigma_s = self._alpha_sigma(p.sigmas[j])
             x0 = alpha_s * x - sigma_s * out if v else (x - sigma_s * out) / alpha_s
             outputs = [*outputs[-1:], x0]
@@ -156,7 +160,7 @@ class DDIMLoop(_SchedulerLoop):
         assert p.prev_timesteps is not None
         for i in range(p.steps):
             t = int(p.timesteps[i])
-            out = model(x, float(t))
+            out = model.predict(x, float(t))
             a_t, a_prev = self.ms.ddim_alpha(t), self.ms.ddim_alpha(p.prev_timesteps[i])
             b_t = F32(1) - a_t
             if v:
@@ -178,7 +182,7 @@ class KLoop:
     pass ``inpaint=(mask, image_latent, noise)`` to ``run``.
     """
 
-    def __init__(self, ms: FolderSchedule, sigmas: list[float], sampler: Callable[..., np.ndarray],
+    def __init__(self, ms: Any, sigmas: list[float], sampler: Callable[..., np.ndarray],
                  options: dict[str, Any], *, seed: int, generator: Any) -> None:
         self.ms, self.sigmas, self.sampler, self.options = ms, sigmas, sampler, options
         self.seed, self.generator = seed, generator
@@ -188,10 +192,10 @@ class KLoop:
         return len(self.sigmas) - 1
 
     def start(self, noise: np.ndarray, image: np.ndarray | None = None) -> np.ndarray:
-        return noise * F32(self.sigmas[0]) if image is None else self.add_noise(image, noise, 0)
+        return self.add_noise(image, noise, 0)
 
-    def add_noise(self, image: np.ndarray, noise: np.ndarray, index: int) -> np.ndarray:
-        return image + noise * F32(self.sigmas[index])
+    def add_noise(self, image: np.ndarray | None, noise: np.ndarray, index: int) -> np.ndarray:
+        return self.ms.noise_scaling(F32(self.sigmas[index]), noise, image)
 
     def run(self, model: Model, x: np.ndarray, *, inpaint: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
             callback: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
@@ -200,13 +204,13 @@ class KLoop:
         def denoiser(x: np.ndarray, sigma: float, **_: Any) -> np.ndarray:
             if inpaint is not None:
                 mask, image, noise = inpaint
-                x = x * mask + (image + noise * F32(sigma)) * (F32(1) - mask)
-            t = float(ms.timestep(sigma))
-            out = model(ms.scale_input(x, sigma).astype(np.float32), t)
-            den = ms.denoised(x, sigma, out).astype(np.float32, copy=False)
+                x = x * mask + ms.noise_scaling(F32(sigma), noise, image) * (F32(1) - mask)
+            den = model(x, sigma).astype(np.float32, copy=False)
             if inpaint is not None:
                 den = den * inpaint[0] + inpaint[1] * (F32(1) - inpaint[0])
             return den
+
+        denoiser.model_sampling = ms  # type: ignore[attr-defined]  # flow-aware samplers read it
 
         def noise_sampler(sigma: float, sigma_next: float) -> np.ndarray:
             return self.generator.randn(x.shape)

@@ -7,6 +7,7 @@ per shape; ``update_weights`` reaches every cached session and every later one.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("sdrt.pipelines.parts")
 
+_ORDER = itertools.count()
 ShapeKey = tuple[tuple[tuple[str, tuple[int, ...]], ...], tuple[str, ...]]
 
 
@@ -43,6 +45,14 @@ class Part:
         #: leave external initializer data mapped from disk (set by low-memory mode)
         self.lazy_external = False
         self._graph: Graph | None = None
+        #: a dry run (``Pipeline.plan``): ``run`` records its calls here and returns zeros, compiling nothing
+        self.record: list[tuple[dict[str, tuple[tuple[int, ...], str]], tuple[str, ...]]] | None = None
+
+    def dry(self) -> Part:
+        """A recording twin: same graph and paths, no sessions; its ``run`` only records and returns zeros."""
+        twin = Part(self.name, self.path, backend=self.backend, device=self.device, options=self.options)
+        twin._graph, twin.lazy_external, twin.record = self._graph, True, []
+        return twin
 
     def __repr__(self) -> str:
         return f"Part({self.name!r}, {str(self.path)!r}, {len(self.sessions)} session(s))"
@@ -133,7 +143,28 @@ class Part:
                 raise ModelError(f"the {self.name} graph has no input {name!r}", where=str(self.path),
                                  fix=f"export it with the diffusers/Optimum names (it has: {', '.join(inputs)})")
             cast[name] = np.asarray(value, dtype=np.dtype(info.dtype), order="C")  # keeps 0-d arrays 0-d
+        if self.record is not None:
+            return self._dry_run(cast, outputs)
         return self.session({k: v.shape for k, v in cast.items()}, outputs).run(cast)
+
+    def _dry_run(self, cast: dict[str, np.ndarray], outputs: tuple[str, ...]) -> dict[str, np.ndarray]:
+        """Record the call; zeros in the shapes the graph infers for these inputs (nothing compiles or runs)."""
+        assert self.record is not None
+        if not self.record:
+            self.first_use = next(_ORDER)  # the plan lists parts in the order they first run
+        self.record.append(({k: (tuple(v.shape), str(v.dtype)) for k, v in cast.items()}, tuple(outputs)))
+        dims = {k: tuple(v.shape) for k, v in cast.items()}
+        key = tuple(sorted(dims.items()))
+        cache = self.__dict__.setdefault("_dry_shapes", {})
+        if key not in cache:
+            cache[key] = {t.name: t for t in self.graph.with_shapes(dims).outputs}
+        out = {}
+        for name, info in cache[key].items():
+            if outputs and name not in outputs:
+                continue
+            shape = tuple(int(d) if isinstance(d, int) else 1 for d in info.shape)
+            out[name] = np.zeros(shape, dtype=np.dtype(info.dtype))
+        return out
 
     def update_weights(self, weights: Weights) -> None:
         """New values for some or all of the part's weights, in every compiled session now and every later one.

@@ -1,7 +1,15 @@
-"""The Stable Diffusion pipeline: prompt (+ init image, mask) -> images, on any backend.
+"""The generic pipeline: prompt (+ init image, mask) -> images, on any backend, for any model family.
 
 Data flow: model folder -> ``Part`` graphs -> ``sdrt.load`` sessions (one per static shape)
--> text encoder(s) -> sampling loop around the UNet -> VAE decoder -> HxWx3 uint8 images.
+-> the family's conditioner -> sampling loop around the family's denoiser call -> VAE decoder
+-> HxWx3 uint8 images. What differs between SD 1.x, 2.x and SDXL lives in
+:mod:`sdrt.pipelines.families`; this module owns the loop, validation, seeds, batching, callbacks,
+interruption, the run plan (:meth:`Pipeline.plan`) and the PNG settings.
+
+Threads: one pipeline runs one job at a time. ``generate``, ``__call__`` and ``plan`` hold the
+pipeline's lock, so a second thread waits for the first job to end; ``interrupt()`` may be called
+from any thread and stops the running job after its current step with ``sdrt.errors.Interrupted``
+(a step callback that returns ``False`` does the same). Nothing is returned from a stopped job.
 
 Seeds follow diffusers: one ``torch.Generator("cpu").manual_seed(seed)`` stream per run (reproduced
 by ``sdrt.samplers.TorchGenerator``) draws, in diffusers' order, the VAE encoder's sample (img2img,
@@ -13,27 +21,27 @@ the folder's sigma table.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
 import os
-import secrets
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, ModelError, SdrtError
+from ..errors import InputError, Interrupted, ModelError, SdrtError
+from .families import ModelCall
 from .folder import ModelFolder
-from .images import ImageLike, check_path, from_nchw, to_mask, to_nchw, to_rgb
+from .images import from_nchw, to_mask, to_nchw, to_rgb
 from .parts import Part
-from .prompts import Conditioning, PromptEncoder, TextEncoder
-from .scheduling import FolderSchedule
+from .prompts import Conditioning, PromptEncoder
+from .settings import Generation, Settings, check_keywords, validate
 from .weights import WeightState
 
 log = logging.getLogger("sdrt.pipelines")
 
-Callback = Callable[[int, int, np.ndarray], None]  # (step, total, latents)
+Callback = Callable[[int, int, np.ndarray], "bool | None"]  # (step, total, latents); False stops the run
 
 #: samplers whose diffusers scheduler the pipeline follows exactly: (sampler, schedule) -> loop kind
 _DIFFUSERS_FORM = {
@@ -44,110 +52,18 @@ _DIFFUSERS_FORM = {
 }
 
 
-@dataclass
-class Settings:
-    """Checked generation settings (``validate`` builds them before any model loads)."""
-
-    prompt: str
-    negative_prompt: str
-    steps: int
-    cfg: float
-    sampler: str
-    choice: Any
-    seed: int
-    width: int | None
-    height: int | None
-    strength: float | None
-    batch: int
-    batch_count: int
-    clip_skip: int
-    init_image: ImageLike | None = None
-    mask: ImageLike | None = None
-
-    @property
-    def mode(self) -> str:
-        return "inpaint" if self.mask is not None else "img2img" if self.init_image is not None else "txt2img"
-
-
-@dataclass
-class Generation:
-    """What one call made: the images, the seed of each, and A1111-style settings for each image."""
-
-    images: list[np.ndarray]
-    seeds: list[int]
-    settings: list[dict[str, object]] = field(default_factory=list)
-    prompt: str = ""
-    negative_prompt: str = ""
-
-
-def _int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise InputError(f"{name} must be an integer >= {low}, got {value!r}", where=name, fix=f"pass {name}={low} or more")
-    return int(value)
-
-
-def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, cfg: float = 7.0,
-             sampler: str = "DPM++ 2M Karras", schedule: str | None = None, seed: int | None = None,
-             width: int | None = None, height: int | None = None, init_image: ImageLike | None = None,
-             strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
-             clip_skip: int = 1) -> Settings:
-    """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads."""
-    from ..samplers import resolve
-
-    if not isinstance(prompt, str):
-        raise InputError(f"the prompt must be a string, got {type(prompt).__name__}", where="prompt",
-                         fix="pass the prompt text")
-    if negative_prompt is not None and not isinstance(negative_prompt, str):
-        raise InputError(f"the negative prompt must be a string, got {type(negative_prompt).__name__}",
-                         where="negative_prompt", fix="pass text or leave it empty")
-    for name, value in (("width", width), ("height", height)):
-        if value is not None:
-            _int(name, value, 8)
-            if value % 8:
-                raise InputError(f"{name} {value} is not a multiple of 8", where=name,
-                                 fix=f"use {value - value % 8} or {value - value % 8 + 8}")
-    steps = _int("steps", steps, 1)
-    batch = _int("batch", batch, 1)
-    batch_count = _int("batch_count", batch_count, 1)
-    clip_skip = _int("clip_skip", clip_skip, 1)
-    if not isinstance(cfg, (int, float, np.floating)) or isinstance(cfg, bool) or not math.isfinite(cfg) or cfg < 0:
-        raise InputError(f"cfg must be a finite number >= 0, got {cfg!r}", where="cfg", fix="use e.g. 7")
-    choice = resolve(sampler, schedule)  # A1111 label ("DPM++ 2M Karras") or ComfyUI names ("dpmpp_2m", "karras")
-    if seed is None:
-        seed = secrets.randbits(32)
-    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise InputError(f"seed must be an integer, got {seed!r}", where="seed", fix="pass an integer, or none")
-    if mask is not None and init_image is None:
-        raise InputError("a mask needs an init image", where="mask", fix="pass {@init_image=} too")
-    if strength is not None:
-        if init_image is None:
-            raise InputError("strength applies only with an init image", where="strength",
-                             fix="pass {@init_image=}, or leave {@strength} unset")
-        if not isinstance(strength, (int, float, np.floating)) or not 0 < strength <= 1:
-            raise InputError(f"strength must be in (0, 1], got {strength!r}", where="strength", fix="use e.g. 0.75")
-    if init_image is not None:
-        check_path(init_image, "init image")
-        strength = float(strength if strength is not None else (1.0 if mask is not None else 0.75))
-        if min(int(steps * strength), steps) < 1:
-            raise InputError(f"strength {strength} of {steps} steps leaves no step to run", where="strength",
-                             fix=f"raise the strength to at least {1 / steps:.3g} or the steps")
-    if mask is not None:
-        check_path(mask, "mask")
-    return Settings(prompt, negative_prompt or "", steps, float(cfg), sampler, choice, int(seed), width, height,
-                    strength, batch, batch_count, clip_skip, init_image, mask)
-
-
 class Pipeline:
     """A model folder ready to generate. Build one with :func:`sdrt.pipelines.load`.
 
-    The parts are reachable as ``text_encoder``, ``text_encoder_2`` (SDXL), ``unet``,
-    ``vae_encoder`` (None without one) and ``vae_decoder``: each a :class:`Part` with its
-    ``graph``, its compiled ``sessions`` and ``update_weights``.
+    ``family`` is the folder's :class:`sdrt.pipelines.families.Family`. The parts are reachable as
+    ``text_encoder``, ``text_encoder_2`` (SDXL), ``unet``, ``vae_encoder`` (None without one) and
+    ``vae_decoder``: each a :class:`Part` with its ``graph``, its compiled ``sessions`` and ``update_weights``.
     """
 
     def __init__(self, folder: ModelFolder, *, backend: str = "auto", device: Any = None,
                  low_memory: bool | None = False, vae_tile: int | None = None, **options: Any) -> None:
         self.folder = folder
+        self.family = folder.family_class(folder)
         #: keep only the running part loaded (None: decide from the device's reported memory)
         self.low_memory = low_memory
         #: decode/encode the VAE by tiles of this many latent pixels (None: whole images)
@@ -155,30 +71,39 @@ class Pipeline:
         self.backend = backend
         self.device = device
         self.options = options
-
-        def part(name: str) -> Part:
-            return Part(name, folder.part_file(name), backend=backend, device=device, options=options)
-
-        self.text_encoder = part("text_encoder")
-        self.text_encoder_2 = part("text_encoder_2") if folder.is_xl else None
-        self.unet = part("unet")
-        self.vae_decoder = part("vae_decoder")
-        self.vae_encoder = part("vae_encoder") if "vae_encoder" in folder.parts else None
-        self.schedule = FolderSchedule.from_config(folder.scheduler, str(folder.path / "scheduler"))
+        self._parts = {name: Part(name, folder.part_file(name), backend=backend, device=device, options=options)
+                       for name in self.family.parts if name in folder.parts}
+        self.schedule = self.family.model_sampling(self.default_size, self.default_size)
         self._prompts: PromptEncoder | None = None
+        self._tokenizers: dict[str, Any] | None = None
         self._weight_state: WeightState | None = None
+        self._checked = False
+        self._dry = False
+        self._lock = threading.Lock()  # one job at a time
+        self._state = threading.Lock()  # guards _running / _stop for interrupt()
+        self._stop = threading.Event()
+        self._running = False
 
     def __repr__(self) -> str:
         return f"Pipeline({str(self.folder.path)!r}, {self.folder.family}, backend={self.backend!r})"
 
+    text_encoder = property(lambda self: self._parts.get("text_encoder"))
+    text_encoder_2 = property(lambda self: self._parts.get("text_encoder_2"))
+    unet = property(lambda self: self._parts.get("unet"))
+    vae_encoder = property(lambda self: self._parts.get("vae_encoder"))
+    vae_decoder = property(lambda self: self._parts.get("vae_decoder"))
+
     @property
     def parts(self) -> dict[str, Part]:
-        found = {"text_encoder": self.text_encoder, "text_encoder_2": self.text_encoder_2, "unet": self.unet,
-                 "vae_encoder": self.vae_encoder, "vae_decoder": self.vae_decoder}
-        return {k: v for k, v in found.items() if v is not None}
+        return dict(self._parts)
+
+    @property
+    def denoiser(self) -> Part:
+        """The family's denoising part (``unet``; ``transformer`` for DiT families)."""
+        return self._parts[self.family.denoiser_part]
 
     def close(self) -> None:
-        for p in self.parts.values():
+        for p in self._parts.values():
             p.close()
 
     def __enter__(self) -> Pipeline:
@@ -191,30 +116,44 @@ class Pipeline:
     @property
     def prompts(self) -> PromptEncoder:
         if self._prompts is None:
-            from ..text import CLIPTokenizer
+            if self._tokenizers is None:
+                from ..text import CLIPTokenizer
 
-            tok = CLIPTokenizer.from_folder(self.folder.tokenizers["tokenizer"])
-            if self.text_encoder_2 is not None:
-                tok2 = CLIPTokenizer.from_folder(self.folder.tokenizers["tokenizer_2"])
-                encoders = [TextEncoder(tok, self.text_encoder, penultimate=True),
-                            TextEncoder(tok2, self.text_encoder_2, penultimate=True, pooled_output="text_embeds")]
-            else:
-                encoders = [TextEncoder(tok, self.text_encoder)]
-            self._prompts = PromptEncoder(encoders)
+                self._tokenizers = {k: CLIPTokenizer.from_folder(v) for k, v in self.folder.tokenizers.items()}
+            self._prompts = self.family.conditioner(self._parts, self._tokenizers)
         return self._prompts
 
     def _conditioning(self, s: Settings) -> tuple[Conditioning, Conditioning | None]:
-        cond = self.prompts.encode(s.prompt, s.clip_skip)
-        if s.cfg == 1.0:
+        cond = self._limit(self.prompts.encode(s.prompt, s.clip_skip), "prompt")
+        if s.cfg == 1.0 or self.family.guidance != "cfg":
             return cond, None
-        if self.folder.is_xl and self.folder.force_zeros_for_empty_prompt and not s.negative_prompt:
+        if self.folder.force_zeros_for_empty_prompt and not s.negative_prompt:
             uncond = self.prompts.zeros_like(cond)
         else:
-            uncond = self.prompts.encode(s.negative_prompt, s.clip_skip)
+            try:
+                uncond = self._limit(self.prompts.encode(s.negative_prompt, s.clip_skip), "negative_prompt")
+            except InputError as exc:  # the text side speaks of "the prompt": say which one
+                if exc.where != "prompt":
+                    raise
+                raise InputError(exc.what.replace("the prompt", "the negative prompt"), where="negative_prompt",
+                                 fix=exc.fix) from None
             chunks = max(cond.chunks, uncond.chunks)
             cond = self.prompts.pad_to(cond, chunks, s.clip_skip)
             uncond = self.prompts.pad_to(uncond, chunks, s.clip_skip)
         return cond, uncond
+
+    def _limit(self, cond: Conditioning, where: str) -> Conditioning:
+        """A prompt longer than a UNet exported for a fixed token count, said in tokens (not shapes)."""
+        declared = self.denoiser.inputs.get(self.family.text_input)
+        fixed = declared.shape[1] if declared is not None and len(declared.shape) == 3 else None
+        if isinstance(fixed, int) and cond.hidden.shape[1] > fixed:
+            what = "prompt" if where == "prompt" else "negative prompt"
+            per, most = cond.chunk - 2, fixed // cond.chunk * (cond.chunk - 2)  # a chunk's start and end tokens
+            raise InputError(f"the {what} needs {cond.chunks} chunks of {per} tokens and this model takes {most} "
+                             f"tokens at most (its {self.denoiser.name} is exported for {fixed})", where=where,
+                             fix=f"shorten the {what} to {most} tokens (roughly {most * 3 // 4} words), or use a "
+                             "model exported with a dynamic sequence axis")
+        return cond
 
     # ------------------------------------------------------------------ weights (sdrt.pipelines.weights)
     @property
@@ -242,10 +181,11 @@ class Pipeline:
 
     # ------------------------------------------------------------------ VAE
     def _encode_image(self, image: np.ndarray, generator: Any) -> np.ndarray:
-        """diffusers' ``retrieve_latents(vae.encode(image), generator)`` times the scaling factor."""
+        """diffusers' ``retrieve_latents(vae.encode(image), generator)``, shifted and scaled as the family says."""
         if self.vae_encoder is None:
             self.folder.part_file("vae_encoder")  # raises, naming the part
             raise AssertionError  # pragma: no cover
+        c = self.family.latent_channels
         outs = self.vae_encoder.outputs
         name = next((n for n in ("latent_parameters", "latent_sample", "latent_dist") if n in outs), next(iter(outs)))
         tile = self.vae_tile * 8 if self.vae_tile else None
@@ -255,22 +195,28 @@ class Pipeline:
             enc = self.vae_encoder
             out = encode_tiled(lambda t: np.asarray(enc.run({"sample": t})[name], dtype=np.float32), image,
                                tile=tile, overlap=max(tile // 4 // 8 * 8, 8), channels=int(
-                                   enc.outputs[name].shape[1]) if isinstance(enc.outputs[name].shape[1], int) else 8)
+                                   enc.outputs[name].shape[1]) if isinstance(enc.outputs[name].shape[1], int) else 2 * c)
         else:
             out = np.asarray(self.vae_encoder.run({"sample": image})[name], dtype=np.float32)
-        if out.shape[1] == 8:  # mean and log-variance: sample as DiagonalGaussianDistribution.sample does
-            mean, logvar = out[:, :4], np.clip(out[:, 4:], -30.0, 20.0)
+        if out.shape[1] == 2 * c:  # mean and log-variance: sample as DiagonalGaussianDistribution.sample does
+            mean, logvar = out[:, :c], np.clip(out[:, c:], -30.0, 20.0)
             latent = mean + np.exp(np.float32(0.5) * logvar) * generator.randn(mean.shape)
-        elif out.shape[1] == 4:  # an export that samples (or returns the mean) itself
+        elif out.shape[1] == c:  # an export that samples (or returns the mean) itself
             generator.randn(out.shape)  # keep the stream where diffusers has it
             latent = out
         else:
-            raise ModelError(f"the vae_encoder output {name!r} has {out.shape[1]} channels, not 8 or 4",
+            raise ModelError(f"the vae_encoder output {name!r} has {out.shape[1]} channels, not {2 * c} or {c}",
                              where=str(self.vae_encoder.path), fix="export the VAE encoder's latent parameters")
-        return (latent * np.float32(self.folder.vae_scaling_factor)).astype(np.float32)
+        scale, shift = self.family.scaling
+        if shift:
+            latent = latent - np.float32(shift)
+        return (latent * np.float32(scale)).astype(np.float32)
 
     def _decode(self, latents: np.ndarray) -> list[np.ndarray]:
-        z = (latents / np.float32(self.folder.vae_scaling_factor)).astype(np.float32)
+        scale, shift = self.family.scaling
+        z = (latents / np.float32(scale)).astype(np.float32)
+        if shift:
+            z = (z + np.float32(shift)).astype(np.float32)
 
         def decode(t: np.ndarray) -> np.ndarray:
             out = self.vae_decoder.run({"latent_sample": t})
@@ -282,69 +228,15 @@ class Pipeline:
             return from_nchw(decode_tiled(decode, z, tile=self.vae_tile, overlap=max(self.vae_tile // 4, 1)))
         return from_nchw(decode(z))
 
-    # ------------------------------------------------------------------ UNet
-    def _unet_model(self, s: Settings, cond: Conditioning, uncond: Conditioning | None, batch: int,
-                    extra: np.ndarray | None) -> Callable[[np.ndarray, float], np.ndarray]:
-        unet = self.unet
-        inputs = unet.inputs
-        ts_info = unet.input("timestep")
-        ts_dtype = np.dtype(ts_info.dtype)
-        guided = uncond is not None
-        conds = [uncond, cond] if guided else [cond]
-        hidden = np.concatenate([np.repeat(c.hidden, batch, axis=0) for c in conds], axis=0)  # type: ignore[union-attr]
-        feeds: dict[str, np.ndarray] = {"encoder_hidden_states": hidden}
-        n = hidden.shape[0]
-        declared = unet.input("encoder_hidden_states").shape
-        if len(declared) == 3 and isinstance(declared[1], int) and declared[1] != hidden.shape[1]:
-            raise ModelError(
-                f"the prompt makes {hidden.shape[1]} tokens ({hidden.shape[1] // 77} chunks of 77) and the UNet's "
-                f"encoder_hidden_states takes exactly {declared[1]}", where=str(unet.path),
-                fix="shorten the prompt to 75 tokens, or export the UNet with a dynamic sequence axis",
-            )
-        if self.folder.is_xl:
-            for name in ("text_embeds", "time_ids"):
-                unet.input(name)
-            pooled = [c.pooled for c in conds]  # type: ignore[union-attr]
-            if any(p is None for p in pooled):
-                raise ModelError("SDXL needs the pooled text_embeds of text_encoder_2", where="text_encoder_2",
-                                 fix="export text_encoder_2 with its text_embeds output")
-            feeds["text_embeds"] = np.concatenate([np.repeat(p, batch, axis=0) for p in pooled], axis=0)
-            ids = np.array([s.height, s.width, 0, 0, s.height, s.width], dtype=np.float32)
-            feeds["time_ids"] = np.tile(ids, (n, 1)).astype(np.dtype(inputs["time_ids"].dtype))
-        if extra is not None:
-            extra = np.concatenate([extra] * (2 if guided else 1), axis=0)
-        channels = inputs["sample"].shape[1] if len(inputs["sample"].shape) == 4 else None
-        scale = np.float32(s.cfg)
-
-        def model(x_in: np.ndarray, t: float) -> np.ndarray:
-            sample = np.concatenate([x_in, x_in], axis=0) if guided else x_in
-            if extra is not None:
-                sample = np.concatenate([sample, extra], axis=1)
-            if isinstance(channels, int) and sample.shape[1] != channels:
-                raise ModelError(f"the UNet takes {channels} input channels and the pipeline feeds {sample.shape[1]}",
-                                 where=str(unet.path), fix="use an inpainting UNet (9 channels) only with a mask")
-            tv = np.rint(t) if ts_dtype.kind in "iu" else t
-            if len(ts_info.shape) == 0:
-                timestep = np.asarray(tv, dtype=ts_dtype).reshape(())
-            else:
-                timestep = np.full((sample.shape[0],), tv, dtype=ts_dtype)
-            out = unet.run({**feeds, "sample": sample, "timestep": timestep})
-            pred = np.asarray(out.get("out_sample", next(iter(out.values()))), dtype=np.float32)
-            if not guided:
-                return pred
-            u, c = pred[:batch], pred[batch:]
-            return u + scale * (c - u)
-
-        return model
-
     # ------------------------------------------------------------------ sampling setup
-    def _loop(self, s: Settings, generator: Any, seed: int) -> Any:
+    def _loop(self, s: Settings, ms: Any, generator: Any, seed: int) -> Any:
         """The sampling loop for this sampler, from its first step (img2img's strength)."""
         from ..samplers import get_sampler, get_sigmas
         from .loops import DDIMLoop, DPMSolverLoop, EulerLoop, KLoop
+        from .scheduling import FolderSchedule
 
-        ms = self.schedule
-        kind = _DIFFUSERS_FORM.get((s.choice.sampler, s.choice.schedule))
+        # diffusers' own scheduler arithmetic for the DDPM-trained families; k-diffusion's form otherwise
+        kind = _DIFFUSERS_FORM.get((s.choice.sampler, s.choice.schedule)) if isinstance(ms, FolderSchedule) else None
         start = 0  # diffusers' get_timesteps: run the last int(steps * strength) steps
         if s.strength is not None:
             start = max(s.steps - min(int(s.steps * s.strength), s.steps), 0)
@@ -365,25 +257,76 @@ class Pipeline:
         """Generate; returns HxWx3 uint8 images (``batch * batch_count`` of them). See :meth:`generate`."""
         return self.generate(prompt, negative_prompt, **kwargs).images
 
-    def generate(self, prompt: str, negative_prompt: str | None = "", *, callback: Callback | None = None,
-                 **kwargs: Any) -> Generation:
+    def generate(self, prompt: str | Settings, negative_prompt: str | None = "", *,
+                 callback: Callback | None = None, **kwargs: Any) -> Generation:
         """txt2img, img2img (``init_image``, ``strength``) or inpainting (``mask`` too).
 
         Keywords: ``steps=20, cfg=7.0, sampler="DPM++ 2M Karras", schedule=None (a ComfyUI scheduler or
         A1111 schedule label, for sampler names without one), seed=None (random), width, height
         (default: the init image's size, else the model's), init_image, strength (0.75; 1.0 with a
         mask), mask (white = repaint), batch=1, batch_count=1, clip_skip=1``. ``callback(step, total,
-        latents)`` is called after every step.
+        latents)`` is called after every step; returning ``False`` stops the run (``sdrt.errors.Interrupted``).
+        One job runs at a time per pipeline; :meth:`interrupt` stops it from another thread. ``prompt`` may
+        also be the ``Settings`` of :func:`sdrt.pipelines.validate` (checked once, before any model loaded).
         """
-        original = prompt
-        if self._weight_state is not None or (isinstance(prompt, str) and "<lora:" in prompt):
+        check_keywords(kwargs)
+        if callback is not None and not callable(callback):
+            raise InputError(f"callback must be a function (step, total, latents), got {type(callback).__name__}",
+                             where="callback", fix="pass a function, or leave callback unset")
+        with self._lock:
+            with self._state:
+                self._stop.clear()
+                self._running = True
+            try:
+                return self._generate(prompt, negative_prompt, callback, kwargs)
+            finally:
+                with self._state:
+                    self._running = False
+                    self._stop.clear()
+
+    def interrupt(self) -> None:
+        """Stop the running job after its current step (it raises ``sdrt.errors.Interrupted``); safe from any
+        thread; does nothing when no job runs (a later job is not affected)."""
+        with self._state:
+            if self._running:
+                self._stop.set()
+
+    def _check_stop(self, step: int, total: int) -> None:
+        if self._stop.is_set():
+            raise Interrupted(f"the generation was interrupted after step {step} of {total}", step=step, total=total,
+                              where="Pipeline.interrupt()", fix="generate again to run a new job")
+
+    def _prepare(self, prompt: str | Settings, negative_prompt: str | None,
+                 kwargs: dict[str, Any]) -> tuple[Settings, Any, Any]:
+        """Settings checked once, the init image and mask read, the size settled, the family contract checked.
+
+        ``prompt`` may be the ``Settings`` that :func:`validate` already made (the CLI checks them before
+        any model loads): they are used as they are, not checked again."""
+        given = prompt if isinstance(prompt, Settings) else None
+        if given is not None:
+            if kwargs:
+                raise InputError("settings and keyword arguments were both given", where=", ".join(kwargs),
+                                 fix="pass either validate(...)'s Settings or the keyword arguments")
+            prompt, negative_prompt = given.prompt, given.negative_prompt
+        if self._dry:
+            from ..text import extract_loras  # the plan names no LoRA file, and reads none
+
+            prompt = extract_loras(prompt)[0] if isinstance(prompt, str) else prompt
+            if isinstance(negative_prompt, str):
+                negative_prompt = extract_loras(negative_prompt)[0]
+        elif self._weight_state is not None or (isinstance(prompt, str) and "<lora:" in prompt):
             prompt, negative_prompt = self.weights.prepare(prompt, negative_prompt)  # type: ignore[arg-type]
-        s = validate(prompt, negative_prompt, **kwargs)
-        _ = self.is_low_memory  # decided (and the parts told) before any part loads
+        if given is not None:
+            s = dataclasses.replace(given, prompt=prompt, negative_prompt=negative_prompt or "")
+        else:
+            s = validate(prompt, negative_prompt, **kwargs)
         init = mask = None
         if s.init_image is not None:
             init = to_rgb(s.init_image, "init image")
             h, w = init.shape[:2]
+            if w < 8 or h < 8:
+                raise InputError(f"the init image is {w}x{h}, smaller than the smallest image (8x8)",
+                                 where="init_image", fix="use an image of at least 8x8 pixels, a multiple of 8")
             if (s.width or w) != w or (s.height or h) != h:
                 raise InputError(f"the init image is {w}x{h}, the requested size {s.width or w}x{s.height or h}",
                                  where="init_image", fix="resize the image first, or leave width and height unset")
@@ -395,23 +338,46 @@ class Pipeline:
                 mask = to_mask(s.mask, h, w)
         s.width = s.width or self.default_size
         s.height = s.height or self.default_size
+        if not self._checked:
+            self.family.check(self._parts)
+            self._checked = True
+        self._check_size(s)
+        return s, init, mask
+
+    def _check_size(self, s: Settings) -> None:
+        """A size the denoiser was not exported for, said in pixels (not as a shape it cannot be pinned to)."""
+        shape = self.denoiser.inputs[self.family.sample_input].shape
+        f = self.family.vae_factor
+        fixed = [d if isinstance(d, int) and d > 0 else None for d in shape[2:]]
+        if (fixed[0] is not None and fixed[0] * f != s.height) or (fixed[1] is not None and fixed[1] * f != s.width):
+            h, w = (fixed[0] * f if fixed[0] else s.height), (fixed[1] * f if fixed[1] else s.width)
+            raise InputError(f"this model makes {w}x{h} images only (its {self.denoiser.name} is exported for that "
+                             f"size) and {s.width}x{s.height} was asked", where="width" if w != s.width else "height",
+                             fix=f"pass width={w} and height={h}, or leave them unset")
+
+    def _generate(self, prompt: str, negative_prompt: str | None, callback: Callback | None,
+                  kwargs: dict[str, Any]) -> Generation:
+        original = prompt.prompt if isinstance(prompt, Settings) else prompt
+        s, init, mask = self._prepare(prompt, negative_prompt, kwargs)
+        self._settings = s  # the last job's checked settings (the run plan reads them)
+        _ = self.is_low_memory  # decided (and the parts told) before any part loads
         cond, uncond = self._conditioning(s)
-        self._release("text_encoder", "text_encoder_2")
+        self._release(*self.family.text_parts)
         images: list[np.ndarray] = []
         seeds: list[int] = []
         for k in range(s.batch_count):
             seed = s.seed + k * s.batch
             images += self._run(s, seed, cond, uncond, init, mask, callback)
             seeds += [seed] * s.batch
-        infos = [self._infotext(s, seed, i % s.batch) for i, seed in enumerate(seeds)]
+        infos = [] if self._dry else [self._infotext(s, seed, i % s.batch) for i, seed in enumerate(seeds)]
         return Generation(images, seeds, infos, original, s.negative_prompt)
 
     @property
     def default_size(self) -> int:
-        size = self.folder.configs.get("unet", {}).get("sample_size")
+        size = self.folder.configs.get(self.family.denoiser_part, {}).get("sample_size")
         if isinstance(size, int) and size > 0:
-            return size * 8
-        return {"sdxl": 1024, "sd2": 768}.get(self.folder.family, 512)
+            return size * self.family.vae_factor
+        return self.family.default_size
 
     def _run(self, s: Settings, seed: int, cond: Conditioning, uncond: Conditioning | None,
              init: np.ndarray | None, mask: np.ndarray | None, callback: Callback | None) -> list[np.ndarray]:
@@ -420,16 +386,20 @@ class Pipeline:
 
         assert s.width is not None and s.height is not None
         generator = TorchGenerator(seed)
-        loop = self._loop(s, generator, seed)
-        shape = (s.batch, 4, s.height // 8, s.width // 8)
-        unet_in = self.unet.inputs["sample"].shape
-        nine = len(unet_in) == 4 and unet_in[1] == 9
+        ms = self.family.model_sampling(s.width, s.height)
+        loop = self._loop(s, ms, generator, seed)
+        shape = self.family.latent_shape(s.batch, s.height, s.width)
+        unet_in = self.denoiser.inputs[self.family.sample_input].shape
+        nine = len(unet_in) == 4 and unet_in[1] == self.family.latent_channels + self.family.inpaint_channels
         if nine and mask is None:
-            raise InputError("this is an inpainting UNet (9 input channels): it needs an init image and a mask",
-                             where=str(self.unet.path), fix="pass {@init_image=} and {@mask=}, or use an ordinary model")
+            what = "UNet" if self.denoiser.name == "unet" else self.denoiser.name
+            raise InputError(f"this is an inpainting {what} ({unet_in[1]} input channels): it needs an "
+                             "init image and a mask", where="mask", fix="pass {@init_image=} and {@mask=}, or use an "
+                             "ordinary model")
         extra = None
         image_latents = None
         full = s.strength is None or s.strength == 1.0
+        lh, lw = shape[2], shape[3]
         if s.mode == "img2img":
             assert init is not None
             image_latents = np.repeat(self._encode_image(to_nchw(init), generator), s.batch, axis=0)
@@ -443,19 +413,23 @@ class Pipeline:
             x = loop.start(noise, None if full else image_latents)
             masked = to_nchw(init) * (mask < 0.5)[None, None]
             masked_latents = np.repeat(self._encode_image(masked.astype(np.float32), generator), s.batch, axis=0)
-            mask_lat = np.repeat(_nearest(mask, s.height // 8, s.width // 8)[None, None], s.batch, axis=0)
+            mask_lat = np.repeat(_nearest(mask, lh, lw)[None, None], s.batch, axis=0)
             if nine:
                 extra = np.concatenate([mask_lat, masked_latents], axis=1).astype(np.float32)
         else:
             noise = generator.randn(shape)
             x = loop.start(noise)
-        model = self._unet_model(s, cond, uncond, s.batch, extra)
+        call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra)
+        model = self.family.denoiser(self.denoiser, ms, call)
         total = loop.steps
 
         def on_step(i: int, latents: np.ndarray) -> None:
-            if callback is not None:
-                callback(i + 1, total, latents)
+            if callback is not None and callback(i + 1, total, latents) is False:
+                raise Interrupted(f"the step callback stopped the generation after step {i + 1} of {total}",
+                                  step=i + 1, total=total, where="callback", fix="return None or True to go on")
+            self._check_stop(i + 1, total)
 
+        self._check_stop(0, total)
         if s.mode == "inpaint" and not nine:
             assert image_latents is not None
             if not isinstance(loop, KLoop):  # diffusers-form loops blend after each step, as diffusers does
@@ -469,13 +443,25 @@ class Pipeline:
                 x = loop.run(model, x, inpaint=(mask_lat, image_latents, noise), callback=on_step)
         else:
             x = loop.run(model, x, callback=on_step)
-        self._release("unet", "vae_encoder")
+        self._release(self.denoiser.name, "vae_encoder")
         if not np.isfinite(x).all():
-            raise SdrtError("the sampler produced NaN or infinite latents", where=f"{self.unet.path} on {self.backend}",
+            raise SdrtError("the sampler produced NaN or infinite latents",
+                            where=f"{self.denoiser.path} on {self.backend}",
                             fix="try another backend or sampler; report it with the command you ran")
         images = self._decode(x)
         self._release("vae_decoder")
         return images
+
+    # ------------------------------------------------------------------ the run plan (sdrt.pipelines.plan)
+    def plan(self, prompt: str | Settings, negative_prompt: str | None = "", **kwargs: Any) -> Any:
+        """What :meth:`generate` with these arguments would run: every part, its input shapes and dtypes, and
+        its calls. Computed by running this pipeline's own code on recording parts that compile and run
+        nothing (zeros come back), so it is what runs; no weights are read into a backend."""
+        from .plan import dry_run
+
+        check_keywords(kwargs)
+        with self._lock:
+            return dry_run(self, prompt, negative_prompt, kwargs)
 
     # ------------------------------------------------------------------ low memory (sdrt.pipelines.lowmem)
     @property
@@ -485,9 +471,9 @@ class Pipeline:
             from .lowmem import auto_low_memory, model_bytes
 
             _, dev = select(self.backend, self.device)
-            self.low_memory = auto_low_memory(dev.memory_bytes, model_bytes(p.path for p in self.parts.values()))
+            self.low_memory = auto_low_memory(dev.memory_bytes, model_bytes(p.path for p in self._parts.values()))
         if self.low_memory:
-            for part in self.parts.values():
+            for part in self._parts.values():
                 part.lazy_external = True  # external data stays mapped from disk, never read in
         return bool(self.low_memory)
 
@@ -496,7 +482,7 @@ class Pipeline:
             from .lowmem import release
 
             keep = self._weight_state._originals if self._weight_state is not None else {}
-            release((self.parts.get(n) for n in names), keep_graph=keep)
+            release((self._parts.get(n) for n in names), keep_graph=keep)
 
     # ------------------------------------------------------------------ metadata
     def _infotext(self, s: Settings, seed: int, position: int) -> dict[str, object]:
@@ -521,12 +507,12 @@ class Pipeline:
 
     @property
     def model_hash(self) -> str:
-        """First 10 hex digits of the SHA-256 of the UNet's ``model.onnx`` (not its external data, for speed)."""
+        """First 10 hex digits of the SHA-256 of the denoiser's ``model.onnx`` (not its external data, for speed)."""
         if not hasattr(self, "_hash"):
             import hashlib
 
             h = hashlib.sha256()
-            with open(self.unet.path, "rb") as f:
+            with open(self.denoiser.path, "rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
                     h.update(block)
             self._hash = h.hexdigest()[:10]

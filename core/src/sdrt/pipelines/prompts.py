@@ -12,7 +12,7 @@ With no weights other than 1 and a prompt within 75 tokens this is exactly diffu
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,14 +28,18 @@ log = logging.getLogger("sdrt.pipelines.prompts")
 
 @dataclass
 class Conditioning:
-    """``hidden``: [1, 77 * chunks, D]; ``pooled``: [1, P] (SDXL) or None."""
+    """``hidden``: [1, 77 * chunks, D]; ``pooled``: [1, P] (SDXL) or None; ``extra``: more per-prompt model
+    inputs a conditioner makes (a T5 attention mask, say), fed as they are named."""
 
     hidden: np.ndarray
     pooled: np.ndarray | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+    #: tokens per chunk (CLIP: 77, with its start and end tokens)
+    chunk: int = 77
 
     @property
     def chunks(self) -> int:
-        return self.hidden.shape[1] // 77
+        return self.hidden.shape[1] // self.chunk
 
 
 class TextEncoder:

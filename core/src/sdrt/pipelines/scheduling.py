@@ -237,3 +237,48 @@ class FolderSchedule(DiscreteSchedule):
     def ddim_sigma(self, t: int) -> float:
         a = self.ddim_alpha(t)
         return float(np.sqrt((np.float32(1.0) - a) / a))
+
+
+#: diffusers' schedulers of DDPM-trained (eps / v) models: one discrete model sampling, read by ``FolderSchedule``
+DISCRETE_SCHEDULERS = frozenset({
+    "PNDMScheduler", "DDIMScheduler", "DDPMScheduler", "EulerDiscreteScheduler", "EulerAncestralDiscreteScheduler",
+    "DPMSolverMultistepScheduler", "DPMSolverSinglestepScheduler", "DPMSolverSDEScheduler", "LMSDiscreteScheduler",
+    "HeunDiscreteScheduler", "KDPM2DiscreteScheduler", "KDPM2AncestralDiscreteScheduler", "UniPCMultistepScheduler",
+    "DEISMultistepScheduler", "LCMScheduler", "TCDScheduler",
+})
+#: rectified-flow schedulers (SD3, Flux, Chroma): velocity prediction with a shift
+FLOW_SCHEDULERS = frozenset({"FlowMatchEulerDiscreteScheduler", "FlowMatchHeunDiscreteScheduler"})
+
+
+def model_sampling(config: dict[str, Any], where: str = "scheduler_config.json", *, shift: float | None = None,
+                   multiplier: float | None = None, width: int | None = None, height: int | None = None) -> Any:
+    """The model sampling a folder's ``scheduler_config.json`` describes, chosen by its ``_class_name``.
+
+    DDPM-trained schedulers give a :class:`FolderSchedule` (eps or v); flow-matching schedulers give a
+    ``FlowSchedule`` with the config's ``shift`` (or ``shift=`` when the family fixes one), and, with
+    ``use_dynamic_shifting``, Flux's resolution-dependent ``mu`` for ``width`` x ``height``. A folder
+    without a class name is read as a DDPM scheduler (the older exports). ``multiplier`` maps sigma to
+    the timestep the network takes (``num_train_timesteps`` by default, as SD3; Flux takes sigma: 1).
+    """
+    from ..samplers.model_sampling import FlowSchedule, flux_mu
+
+    name = str(config.get("_class_name") or "PNDMScheduler")
+    if name in DISCRETE_SCHEDULERS:
+        return FolderSchedule.from_config(config, where)
+    if name in FLOW_SCHEDULERS:
+        n = int(config.get("num_train_timesteps", 1000))
+        mult = float(n if multiplier is None else multiplier)
+        if config.get("use_dynamic_shifting"):
+            if width is None or height is None:
+                raise ModelError("a dynamically shifted flow schedule needs the image size", where=where,
+                                 fix="pass width= and height=")
+            mu = flux_mu(width, height, base_shift=float(config.get("base_shift", 0.5)),
+                         max_shift=float(config.get("max_shift", 1.15)),
+                         base_seq_len=int(config.get("base_image_seq_len", 256)),
+                         max_seq_len=int(config.get("max_image_seq_len", 4096)))
+            return FlowSchedule(mu=mu, multiplier=mult, num_timesteps=n)
+        value = float(shift if shift is not None else config.get("shift", 1.0))
+        return FlowSchedule(shift=value, multiplier=mult, num_timesteps=n)
+    raise ModelError(f"the scheduler {name!r} is not supported", where=where,
+                     fix="use a folder whose scheduler_config.json names one of diffusers' schedulers: "
+                         + ", ".join(sorted(DISCRETE_SCHEDULERS | FLOW_SCHEDULERS)))

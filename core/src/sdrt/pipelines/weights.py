@@ -249,7 +249,17 @@ class WeightState:
         if not new:
             return []
         encoders = [n for n in ("text_encoder", "text_encoder_2") if n in self._parts()]
+        keys = {_EMB_KEYS[n] for n in encoders}
+        label = self.pipe.family.label
         for e in new:  # check widths first: nothing changes for an embedding of another family
+            other = sorted(set(e.vectors) - keys)
+            if other:  # an SDXL embedding (clip_l + clip_g) on SD 1.x would use its clip_l half silently
+                raise WeightsError(
+                    f"embedding {e.name!r} is made for a model with the text encoders "
+                    + ", ".join(f"{k} {list(a.shape)}" for k, a in e.vectors.items())
+                    + f", and this {label} model has only {', '.join(sorted(keys))}", where=e.source,
+                    fix=f"use an embedding made for {label} (SD 1.x/2.x: emb_params [n, width]; SDXL: clip_l and "
+                    "clip_g)")
             for n in encoders:
                 v = e.for_encoder(_EMB_KEYS[n])
                 width = _table_width(self._graph(n))

@@ -8,11 +8,19 @@ classifier-free guidance and skips the unconditional pass at scale 1.
 
 Input names differ between exports, so they are arguments: by default the
 diffusers/optimum names ``sample``, ``timestep`` and ``encoder_hidden_states``.
+
+Two views of one call: ``denoiser(x, sigma)`` is k-diffusion's (a latent at
+sigma in, the denoised estimate out), and ``denoiser.predict(x_in, timestep)``
+is a scheduler's (the already scaled input and the timestep in, the raw network
+output out), for loops that step in diffusers' own arithmetic. A conditioning
+may be one array (fed as ``cond_name``) or a mapping of several inputs (hidden
+states and a pooled embedding, say). ``hooks`` add inputs computed per call
+from the feeds so far (a family's extra inputs, ControlNet residuals).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,12 +40,15 @@ class Denoiser:
       declared dtype for that input, else float32).
     - ``feeds``: constant extra inputs (e.g. SDXL's ``text_embeds``, ``time_ids``).
     - ``quantize``: feed the nearest integer timestep instead of an interpolated one.
+    - ``hooks``: callables ``hook(feeds) -> more feeds`` run in order before every call
+      (they see the sample, timestep and conditioning; what they return is added or replaces).
     """
 
     def __init__(self, session: Any, model_sampling: Any, *, sample_name: str = "sample",
                  timestep_name: str = "timestep", cond_name: str | None = "encoder_hidden_states",
                  output_name: str | None = None, timestep_dtype: Any = None,
-                 feeds: Mapping[str, np.ndarray] | None = None, quantize: bool = False) -> None:
+                 feeds: Mapping[str, np.ndarray] | None = None, quantize: bool = False,
+                 hooks: Sequence[Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]] = ()) -> None:
         self.session = session
         self.model_sampling = model_sampling
         self.sample_name = sample_name
@@ -46,7 +57,9 @@ class Denoiser:
         self.output_name = output_name
         self.feeds = dict(feeds or {})
         self.quantize = quantize
-        declared = {info.name: info for info in getattr(session, "inputs", [])}
+        self.hooks = list(hooks)
+        infos = getattr(session, "inputs", [])
+        declared = {info.name: info for info in (infos.values() if isinstance(infos, Mapping) else infos)}
         missing = [n for n in (sample_name, timestep_name, cond_name) if n and declared and n not in declared]
         if missing:
             raise SamplerError(
@@ -64,8 +77,8 @@ class Denoiser:
         #: the sample is fed in the session's declared dtype (samplers work in float64 or float32)
         self._sample_dtype = _float_dtype(sample_info.dtype) if sample_info is not None else None
 
-    def _timestep(self, sigma: float, batch: int) -> np.ndarray:
-        t = np.asarray(self.model_sampling.timestep(sigma, quantize=self.quantize), dtype=np.float64)
+    def _timestep(self, timestep: float, batch: int) -> np.ndarray:
+        t = np.asarray(timestep, dtype=np.float64)
         if self.timestep_dtype.kind in "iu":
             t = np.rint(t)
         shape = self._timestep_shape
@@ -73,21 +86,30 @@ class Denoiser:
             return t.astype(self.timestep_dtype).reshape(())
         return np.full((batch,), float(t), dtype=self.timestep_dtype)
 
-    def __call__(self, x: np.ndarray, sigma: float, *, cond: np.ndarray | None = None,
-                 **feeds: np.ndarray) -> np.ndarray:
-        sigma = float(np.asarray(sigma).reshape(-1)[0])
-        ms = self.model_sampling
+    def predict(self, x_in: np.ndarray, timestep: float, *, cond: Any = None, **feeds: np.ndarray) -> np.ndarray:
+        """One network call on an input already scaled for the model, at ``timestep``: its raw output."""
         inputs: dict[str, np.ndarray] = dict(self.feeds)
         inputs.update(feeds)
-        inputs[self.sample_name] = np.ascontiguousarray(ms.scale_input(x, sigma), dtype=self._sample_dtype or x.dtype)
-        inputs[self.timestep_name] = self._timestep(sigma, x.shape[0])
-        if self.cond_name is not None:
+        inputs[self.sample_name] = np.ascontiguousarray(x_in, dtype=self._sample_dtype or x_in.dtype)
+        inputs[self.timestep_name] = self._timestep(timestep, x_in.shape[0])
+        if isinstance(cond, Mapping):
+            inputs.update(cond)
+        elif self.cond_name is not None:
             if cond is None:
                 raise SamplerError("no conditioning given", where=f"Denoiser input {self.cond_name!r}",
                                    fix="pass cond= (the text encoder's hidden states), or cond_name=None")
             inputs[self.cond_name] = cond
+        for hook in self.hooks:
+            inputs.update(hook(inputs))
         outputs = self.session.run(inputs)
-        out = outputs[self.output_name] if self.output_name else next(iter(outputs.values()))
+        out = np.asarray(outputs[self.output_name] if self.output_name else next(iter(outputs.values())))
+        return out.astype(np.float32) if out.dtype.kind == "f" and out.dtype.itemsize < 4 else out
+
+    def __call__(self, x: np.ndarray, sigma: float, *, cond: Any = None, **feeds: np.ndarray) -> np.ndarray:
+        sigma = float(np.asarray(sigma).reshape(-1)[0])
+        ms = self.model_sampling
+        t = ms.timestep(sigma, quantize=self.quantize)
+        out = self.predict(ms.scale_input(x, sigma), float(t), cond=cond, **feeds)
         return ms.denoised(x, sigma, np.asarray(out, dtype=x.dtype)).astype(x.dtype, copy=False)
 
 
@@ -95,27 +117,67 @@ class CFGDenoiser:
     """Classifier-free guidance: ``uncond + scale * (cond - uncond)``, one pass when ``scale == 1``.
 
     ``model`` is a denoiser taking ``cond=``; ``cond``/``uncond`` are the
-    positive and negative conditionings. The guidance is applied to the
-    denoised estimates, which equals guiding eps, v or velocity since each
-    denoised estimate is affine in the network output with the same coefficients.
+    positive and negative conditionings (arrays, or mappings of several inputs).
+    By default the guidance is applied to the denoised estimates, which equals
+    guiding eps, v or velocity since each denoised estimate is affine in the
+    network output with the same coefficients.
+
+    ``batched=True`` runs both conditionings in one call (rows ``[uncond, cond]``
+    stacked on the batch axis, as diffusers does) and guides the raw network
+    output, then turns it into the denoised estimate; ``predict(x_in, timestep)``
+    gives that guided raw output to loops that step in a scheduler's own form.
     """
 
-    def __init__(self, model: Any, cond: np.ndarray, uncond: np.ndarray | None, scale: float) -> None:
+    def __init__(self, model: Any, cond: Any, uncond: Any, scale: float, *, batched: bool = False) -> None:
         self.model = model
         self.cond = cond
         self.uncond = uncond
         self.scale = float(scale)
+        self.batched = batched
         self.model_sampling = getattr(model, "model_sampling", None)
         self.calls = 0
 
+    @property
+    def guided(self) -> bool:
+        return self.scale != 1.0 and self.uncond is not None
+
+    def predict(self, x_in: np.ndarray, timestep: float, **kwargs: Any) -> np.ndarray:
+        """The guided raw network output for an input already scaled for the model."""
+        if not self.guided:
+            self.calls += 1
+            return self.model.predict(x_in, timestep, cond=self.cond, **kwargs)
+        if self.batched:
+            n = x_in.shape[0]
+            out = self.model.predict(np.concatenate([x_in, x_in], axis=0), timestep,
+                                     cond=_stack(self.uncond, self.cond), **kwargs)
+            self.calls += 2
+            negative, positive = out[:n], out[n:]
+        else:
+            positive = self.model.predict(x_in, timestep, cond=self.cond, **kwargs)
+            negative = self.model.predict(x_in, timestep, cond=self.uncond, **kwargs)
+            self.calls += 2
+        return negative + self.scale * (positive - negative)
+
     def __call__(self, x: np.ndarray, sigma: float, **kwargs: Any) -> np.ndarray:
+        if self.batched and self.guided:
+            ms = self.model_sampling
+            sigma = float(np.asarray(sigma).reshape(-1)[0])
+            t = ms.timestep(sigma, quantize=getattr(self.model, "quantize", False))
+            return ms.denoised(x, sigma, self.predict(ms.scale_input(x, sigma), float(t), **kwargs))
         positive = self.model(x, sigma, cond=self.cond, **kwargs)
         self.calls += 1
-        if self.scale == 1.0 or self.uncond is None:
+        if not self.guided:
             return positive
         negative = self.model(x, sigma, cond=self.uncond, **kwargs)
         self.calls += 1
         return negative + (positive - negative) * self.scale
+
+
+def _stack(first: Any, second: Any) -> Any:
+    """Two conditionings as one batch: ``first``'s rows, then ``second``'s (per input for mappings)."""
+    if isinstance(first, Mapping):
+        return {k: np.concatenate([first[k], second[k]], axis=0) for k in first}
+    return np.concatenate([first, second], axis=0)
 
 
 def _float_dtype(name: str) -> np.dtype | None:

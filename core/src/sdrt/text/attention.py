@@ -6,7 +6,9 @@ by 1.1, ``(x:w)`` multiplies it by ``w``; brackets nest; a bracket left open
 applies to the end of the prompt; an unmatched closing bracket is text;
 ``\\(``, ``\\)``, ``\\[``, ``\\]`` and ``\\\\`` are literal characters; ``BREAK``
 (a whole word, in capitals) becomes the entry ``("BREAK", -1.0)``; runs of equal
-weight are merged. Prompt syntax never raises.
+weight are merged. Prompt syntax never raises; a weight that is not a finite number
+within ``MAX_WEIGHT`` (``(red:1e40)``, or some 75 nested brackets) does, naming the
+piece of the prompt: it would overflow the float32 hidden states into NaN.
 
 The one difference: A1111 raises ``ValueError`` on a weight such as ``(x:1.2.3)``
 or ``(x:.)``; here such a weight is text, so the ``)`` closes the bracket with 1.1.
@@ -14,11 +16,16 @@ or ``(x:.)``; here such a weight is text, so the ``)`` closes the bracket with 1
 
 from __future__ import annotations
 
+import math
 import re
+
+from ..errors import InputError
 
 #: the ``("BREAK", -1.0)`` entry that starts a new 75-token chunk
 BREAK = ("BREAK", -1.0)
 
+#: the largest emphasis weight (in magnitude) accepted; A1111's useful range is about 0..2
+MAX_WEIGHT = 1000.0
 _ROUND = 1.1
 _SQUARE = 1 / 1.1
 
@@ -84,4 +91,10 @@ def parse_prompt(text: str) -> list[tuple[str, float]]:
             merged[-1][0] += run[0]
         else:
             merged.append(run)
+    for t, w in merged:
+        if [t, w] != list(BREAK) and not (math.isfinite(w) and abs(w) <= MAX_WEIGHT):
+            piece = t.strip() or t
+            raise InputError(f"the emphasis weight {w:.3g} of {piece[:40]!r} is out of range: a weight must be a "
+                             f"finite number between -{MAX_WEIGHT:g} and {MAX_WEIGHT:g}", where="prompt",
+                             fix="use a weight such as (word:1.2), and fewer nested brackets")
     return [(t, w) for t, w in merged]

@@ -1,0 +1,180 @@
+"""What a model family is: its parts and roles, text -> conditioning, latents, model sampling, the model call.
+
+A family declares only what differs between Stable Diffusion 1.x, 2.x, SDXL (and later SD3, Flux, ...);
+the generic pipeline (:mod:`sdrt.pipelines.pipeline`) owns the loop, validation, seeds, batching,
+callbacks, the run plan and the PNG. A subclass sets the class attributes and overrides the few
+methods whose default does not fit; see docs/pipelines.md, "Adding a family".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..folder import ModelFolder
+    from ..parts import Part
+    from ..prompts import Conditioning
+
+#: ``hook(feeds) -> more feeds``, run before every denoiser call (sdrt.samplers.Denoiser's ``hooks``)
+Hook = Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """One text encoder of a family: its part, tokenizer, kind (``clip``: A1111's 77-token chunks) and use."""
+
+    part: str
+    tokenizer: str
+    kind: str = "clip"
+    penultimate: bool = False  # read hidden_states[-2] without the final norm (SDXL)
+    pooled: str | None = None  # the pooled output the family feeds the model (SDXL's text_embeds)
+    embedding_key: str = "clip_l"  # the textual-inversion vectors for this encoder
+
+
+@dataclass
+class ModelCall:
+    """The generic per-run context a family builds its denoiser call from.
+
+    ``extra``: channels concatenated to the sample (an inpainting UNet's mask and masked image);
+    ``hooks``: more inputs per call, appended by add-ons (ControlNet residuals) after the family's own.
+    """
+
+    width: int
+    height: int
+    batch: int
+    cfg: float
+    cond: Conditioning
+    uncond: Conditioning | None
+    extra: np.ndarray | None = None
+    hooks: list[Hook] = field(default_factory=list)
+
+
+class Family:
+    """The base every family extends. Class attributes are the declarations; methods have SD's defaults."""
+
+    name: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    #: ``model_index.json`` ``_class_name`` values that name this family
+    class_names: ClassVar[tuple[str, ...]] = ()
+    #: part folder -> role (``text``, ``denoiser``, ``vae_decoder``, ``vae_encoder``)
+    parts: ClassVar[dict[str, str]] = {}
+    optional: ClassVar[tuple[str, ...]] = ("vae_encoder",)
+    encoders: ClassVar[tuple[Encoder, ...]] = ()
+    latent_channels: ClassVar[int] = 4
+    vae_factor: ClassVar[int] = 8
+    vae_scale: ClassVar[float] = 0.18215
+    vae_shift: ClassVar[float] = 0.0
+    default_size: ClassVar[int] = 512
+    #: ``cfg`` (a negative pass, guided) or ``distilled`` (one pass, the scale fed as a model input)
+    guidance: ClassVar[str] = "cfg"
+    #: the empty negative prompt is all zeros unless model_index.json says otherwise (SDXL)
+    zeros_for_empty_negative: ClassVar[bool] = False
+    #: the denoiser's latent input, text input and output (SD3/Flux exports: hidden_states, ..., out_hidden_states)
+    sample_input: ClassVar[str] = "sample"
+    text_input: ClassVar[str] = "encoder_hidden_states"
+    output: ClassVar[str] = "out_sample"
+    #: input name -> rank the denoiser must take; ``timestep`` may be a scalar or [batch]
+    model_inputs: ClassVar[dict[str, int]] = {"sample": 4, "timestep": 1, "encoder_hidden_states": 3}
+    #: a sample input with this many channels more than the latent is an inpainting model (mask + masked image)
+    inpaint_channels: ClassVar[int] = 5
+
+    def __init__(self, folder: ModelFolder) -> None:
+        self.folder = folder
+
+    # ------------------------------------------------------------------ detection
+    @classmethod
+    def matches(cls, parts: set[str], configs: Mapping[str, Mapping[str, Any]], tokenizers: Path) -> bool:
+        """Whether a folder without (or with an unknown) ``_class_name`` is of this family, from its parts."""
+        return False
+
+    @property
+    def denoiser_part(self) -> str:
+        return next(p for p, role in self.parts.items() if role == "denoiser")
+
+    @property
+    def text_parts(self) -> list[str]:
+        return [e.part for e in self.encoders]
+
+    # ------------------------------------------------------------------ VAE
+    @property
+    def scaling(self) -> tuple[float, float]:
+        """The VAE's (scale, shift): the folder's config when it sets them, else the family's."""
+        found: dict[str, float] = {}
+        for part in ("vae_decoder", "vae_encoder"):
+            for key in ("scaling_factor", "shift_factor"):
+                value = self.folder.configs.get(part, {}).get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    found.setdefault(key, float(value))
+        return found.get("scaling_factor", self.vae_scale), found.get("shift_factor", self.vae_shift)
+
+    def latent_shape(self, batch: int, height: int, width: int) -> tuple[int, ...]:
+        return (batch, self.latent_channels, height // self.vae_factor, width // self.vae_factor)
+
+    # ------------------------------------------------------------------ text
+    def conditioner(self, parts: Mapping[str, Part], tokenizers: Mapping[str, Any]) -> Any:
+        """The shared conditioner for this family's encoders (CLIP: A1111's chunks; :mod:`..prompts`)."""
+        from ..prompts import PromptEncoder, TextEncoder
+
+        if any(e.kind != "clip" for e in self.encoders):
+            raise NotImplementedError(f"{self.name}: only CLIP encoders have a shared conditioner yet")
+        return PromptEncoder([TextEncoder(tokenizers[e.tokenizer], parts[e.part], penultimate=e.penultimate,
+                                          pooled_output=e.pooled) for e in self.encoders])
+
+    def cond_feeds(self, cond: Conditioning, rows: int) -> dict[str, np.ndarray]:
+        """The model inputs one conditioning gives, repeated for ``rows`` images."""
+        feeds = {self.text_input: np.repeat(cond.hidden, rows, axis=0)}
+        feeds.update({k: np.repeat(v, rows, axis=0) for k, v in cond.extra.items()})  # e.g. an attention mask
+        return feeds
+
+    # ------------------------------------------------------------------ sampling
+    def model_sampling(self, width: int, height: int) -> Any:
+        """eps / v from the scheduler config (by its ``_class_name``); a flow family fixes its shift here."""
+        from ..scheduling import model_sampling
+
+        return model_sampling(self.folder.scheduler, str(self.folder.path / "scheduler"), width=width, height=height)
+
+    # ------------------------------------------------------------------ the model call
+    def hooks(self, call: ModelCall) -> list[Hook]:
+        """The family's per-call inputs beyond sample, timestep and conditioning."""
+        hooks: list[Hook] = []
+        if call.extra is not None:
+            extra = call.extra
+
+            def inpaint(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                sample = feeds[self.sample_input]
+                rows = np.concatenate([extra] * (sample.shape[0] // extra.shape[0]), axis=0)
+                return {self.sample_input: np.concatenate([sample, rows], axis=1)}
+
+            hooks.append(inpaint)
+        return hooks
+
+    def session(self, part: Part) -> Any:
+        """What the denoiser runs: the part itself; a family that packs latents (Flux) wraps it here."""
+        return part
+
+    def denoiser(self, part: Part, model_sampling: Any, call: ModelCall) -> Any:
+        """The guided denoiser the loop calls: ``sdrt.samplers.CFGDenoiser`` around a ``Denoiser``."""
+        from ...samplers import CFGDenoiser, Denoiser
+
+        outputs = part.outputs
+        model = Denoiser(self.session(part), model_sampling, sample_name=self.sample_input, cond_name=self.text_input,
+                         output_name=self.output if self.output in outputs else None,
+                         hooks=[*self.hooks(call), *call.hooks])
+        cond = self.cond_feeds(call.cond, call.batch)
+        uncond = self.cond_feeds(call.uncond, call.batch) if call.uncond is not None else None
+        return CFGDenoiser(model, cond, uncond, call.cfg if self.guidance == "cfg" else 1.0, batched=True)
+
+    # ------------------------------------------------------------------ the contract
+    def check(self, parts: Mapping[str, Part]) -> None:
+        """Each part's inputs and outputs against what this family feeds and reads; ModelError naming it."""
+        from .contract import check_family
+
+        check_family(self, parts)
+
+    def __repr__(self) -> str:
+        return f"<family {self.name}: {self.label}>"

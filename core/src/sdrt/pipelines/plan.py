@@ -1,0 +1,120 @@
+"""The run plan as data: what ``Pipeline.generate`` would run for given settings, computed by running it dry.
+
+``dry_run`` runs the pipeline's own code (validation, conditioning, the sampling loop, the VAE) on
+recording twins of its parts (:meth:`sdrt.pipelines.parts.Part.dry`): each call is recorded with its
+input shapes and dtypes, and zeros in the shapes the graph infers come back. Nothing compiles, no
+backend session opens and no weights are read into one, so the plan is cheap and it cannot drift from
+what runs: a sampler that calls the model twice per step, CFG rows, tiles and prompt chunks all show
+as they happen. This is the input for cost and memory planning; ``sdrt generate --dry-run`` prints it.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .pipeline import Pipeline
+
+Signature = tuple[tuple[str, tuple[int, ...], str], ...]  # (input, shape, dtype) for every input of one call
+
+
+@dataclass
+class PartPlan:
+    """One part's calls: ``calls`` in the whole run, each distinct input signature with its count."""
+
+    part: str
+    role: str
+    path: str
+    calls: int
+    signatures: list[tuple[Signature, int]]
+    outputs: tuple[str, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        """The largest batch (first dimension of the first input) of one call."""
+        return max((sig[0][1][0] if sig and sig[0][1] else 1) for sig, _ in self.signatures)
+
+
+@dataclass
+class RunPlan:
+    """Every part that runs for these settings, in order of first use, with shapes, dtypes and call counts."""
+
+    family: str
+    label: str
+    mode: str
+    width: int
+    height: int
+    images: int
+    batch: int
+    batch_count: int
+    steps: int
+    sampler: str
+    model_sampling: str
+    guidance: str
+    cfg: float
+    latent: tuple[int, ...]
+    parts: list[PartPlan] = field(default_factory=list)
+
+    def part(self, name: str) -> PartPlan | None:
+        return next((p for p in self.parts if p.part == name), None)
+
+    def per_image(self, name: str) -> float:
+        """Model evaluations per image: calls x rows, divided by the images the run makes."""
+        p = self.part(name)
+        return 0.0 if p is None else sum(sig[0][1][0] * n for sig, n in p.signatures if sig and sig[0][1]) / self.images
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format(self) -> str:
+        lines = [f"{self.label} ({self.family}), {self.mode}, {self.width}x{self.height}, {self.images} image(s) "
+                 f"({self.batch_count} x batch {self.batch}); latent {list(self.latent)}",
+                 f"sampler {self.sampler}, {self.steps} step(s), model sampling {self.model_sampling}, "
+                 f"guidance {self.guidance} (cfg {self.cfg:g})"]
+        for p in self.parts:
+            lines.append(f"  {p.part} ({p.role}): {p.calls} call(s), {self.per_image(p.part):g} row(s) per image"
+                         f"  [{p.path}]")
+            for sig, n in p.signatures:
+                shapes = ", ".join(f"{name} {list(shape)} {dtype}" for name, shape, dtype in sig)
+                lines.append(f"    {n} x ({shapes})")
+        return "\n".join(lines)
+
+
+def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: dict[str, Any]) -> RunPlan:
+    """Run ``pipe.generate`` on recording twins of its parts and collect the calls (see the module doc)."""
+    from .names import sampler_labels
+
+    dry = copy.copy(pipe)
+    dry._parts = {name: part.dry() for name, part in pipe._parts.items()}
+    dry._prompts = None
+    dry._weight_state = None
+    dry.low_memory = False
+    dry._dry = True
+    dry._lock, dry._state, dry._stop = threading.Lock(), threading.Lock(), threading.Event()
+    steps: list[int] = []
+    dry._generate(prompt, negative_prompt, lambda i, n, x: steps.append(n) if i == 1 else None, kwargs)
+    s = dry._settings
+    parts = []
+    order = sorted(dry._parts.items(), key=lambda kv: getattr(kv[1], "first_use", 1 << 62))
+    for name, part in order:
+        if not part.record:
+            continue
+        counts = Counter(tuple((k, shape, dtype) for k, (shape, dtype) in sorted(feeds.items()))
+                         for feeds, _ in part.record)
+        outputs = tuple(dict.fromkeys(o for _, outs in part.record for o in outs))
+        parts.append(PartPlan(name, pipe.family.parts.get(name, "?"), str(part.path), len(part.record),
+                              sorted(counts.items(), key=lambda kv: -kv[1]), outputs))
+    ms = pipe.family.model_sampling(s.width, s.height)
+    kind = getattr(ms, "prediction", "?")
+    if getattr(ms, "kind", "") == "flow":
+        kind = f"flow (shift {ms.shift:g})" if ms.mu is None else f"flow (mu {ms.mu:.3f})"
+    label = " ".join(x for x in sampler_labels(s.choice) if x)
+    guidance = pipe.family.guidance if (s.cfg != 1.0 or pipe.family.guidance != "cfg") else "none (cfg 1)"
+    return RunPlan(pipe.family.name, pipe.family.label, s.mode, s.width, s.height, s.batch * s.batch_count, s.batch,
+                   s.batch_count, steps[0] if steps else 0, label, kind, guidance, s.cfg,
+                   pipe.family.latent_shape(s.batch, s.height, s.width), parts)
+

@@ -1,0 +1,123 @@
+"""Generation settings: every argument checked once, before any model loads, with errors in argument names."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from .images import ImageLike, check_path
+
+
+@dataclass
+class Settings:
+    """Checked generation settings (``validate`` builds them before any model loads)."""
+
+    prompt: str
+    negative_prompt: str
+    steps: int
+    cfg: float
+    sampler: str
+    choice: Any
+    seed: int
+    width: int | None
+    height: int | None
+    strength: float | None
+    batch: int
+    batch_count: int
+    clip_skip: int
+    init_image: ImageLike | None = None
+    mask: ImageLike | None = None
+
+    @property
+    def mode(self) -> str:
+        return "inpaint" if self.mask is not None else "img2img" if self.init_image is not None else "txt2img"
+
+
+@dataclass
+class Generation:
+    """What one call made: the images, the seed of each, and A1111-style settings for each image."""
+
+    images: list[np.ndarray]
+    seeds: list[int]
+    settings: list[dict[str, object]] = field(default_factory=list)
+    prompt: str = ""
+    negative_prompt: str = ""
+
+
+def _int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise InputError(f"{name} must be an integer >= {low}, got {value!r}", where=name, fix=f"pass {name}={low} or more")
+    return int(value)
+
+
+def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, cfg: float = 7.0,
+             sampler: str = "DPM++ 2M Karras", schedule: str | None = None, seed: int | None = None,
+             width: int | None = None, height: int | None = None, init_image: ImageLike | None = None,
+             strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
+             clip_skip: int = 1) -> Settings:
+    """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads."""
+    from ..samplers import resolve
+
+    if not isinstance(prompt, str):
+        raise InputError(f"the prompt must be a string, got {type(prompt).__name__}", where="prompt",
+                         fix="pass the prompt text")
+    if negative_prompt is not None and not isinstance(negative_prompt, str):
+        raise InputError(f"the negative prompt must be a string, got {type(negative_prompt).__name__}",
+                         where="negative_prompt", fix="pass text or leave it empty")
+    for name, value in (("width", width), ("height", height)):
+        if value is not None:
+            _int(name, value, 8)
+            if value % 8:
+                raise InputError(f"{name} {value} is not a multiple of 8", where=name,
+                                 fix=f"use {value - value % 8} or {value - value % 8 + 8}")
+    steps = _int("steps", steps, 1)
+    batch = _int("batch", batch, 1)
+    batch_count = _int("batch_count", batch_count, 1)
+    clip_skip = _int("clip_skip", clip_skip, 1)
+    if not isinstance(cfg, (int, float, np.floating)) or isinstance(cfg, bool) or not math.isfinite(cfg) or cfg < 0:
+        raise InputError(f"cfg must be a finite number >= 0, got {cfg!r}", where="cfg", fix="use e.g. 7")
+    choice = resolve(sampler, schedule)  # A1111 label ("DPM++ 2M Karras") or ComfyUI names ("dpmpp_2m", "karras")
+    if seed is None:
+        seed = secrets.randbits(32)
+    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise InputError(f"seed must be an integer, got {seed!r}", where="seed", fix="pass an integer, or none")
+    if mask is not None and init_image is None:
+        raise InputError("a mask needs an init image", where="mask", fix="pass {@init_image=} too")
+    if strength is not None:
+        if init_image is None:
+            raise InputError("strength applies only with an init image", where="strength",
+                             fix="pass {@init_image=}, or leave {@strength} unset")
+        if not isinstance(strength, (int, float, np.floating)) or not 0 < strength <= 1:
+            raise InputError(f"strength must be in (0, 1], got {strength!r}", where="strength", fix="use e.g. 0.75")
+    if init_image is not None:
+        check_path(init_image, "init image")
+        strength = float(strength if strength is not None else (1.0 if mask is not None else 0.75))
+        if min(int(steps * strength), steps) < 1:
+            raise InputError(f"strength {strength} of {steps} steps leaves no step to run", where="strength",
+                             fix=f"raise the strength to at least {1 / steps:.3g} or the steps")
+    if mask is not None:
+        check_path(mask, "mask")
+    return Settings(prompt, negative_prompt or "", steps, float(cfg), sampler, choice, int(seed), width, height,
+                    strength, batch, batch_count, clip_skip, init_image, mask)
+
+
+#: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
+KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
+            "batch", "batch_count", "clip_skip")
+
+
+def check_keywords(kwargs: dict[str, Any]) -> None:
+    """Unknown keyword arguments fail by name (not as a TypeError from an inner function)."""
+    import difflib
+
+    for key in kwargs:
+        if key not in KEYWORDS:
+            close = difflib.get_close_matches(key, KEYWORDS, n=1)
+            raise InputError(f"unknown argument {key!r}", where=key,
+                             fix=(f"did you mean {close[0]}? " if close else "") + "the arguments are "
+                             + ", ".join(KEYWORDS) + ", callback")
