@@ -30,6 +30,8 @@ def load(
     """
     be, dev = select(backend, device)  # before any file I/O: a wrong name fails fast
     graph = model if isinstance(model, Graph) else Graph.load(model)
+    if backend == "auto" and not isinstance(device, Device):
+        be, dev = _auto(get_registry(), device if isinstance(device, str) else None, graph=graph, quiet=True)
     bound = _open_weights(weights)
     log.info("compiling %s on %s", graph.name, dev)
     return be.compile(graph, bound, dev, **options)
@@ -128,7 +130,11 @@ def _pick_device(be: Backend, devices: list[Device], wanted: str | Device | None
     )
 
 
-def _auto(reg: Registry, device: str | None) -> tuple[Backend, Device]:
+def _auto(reg: Registry, device: str | None, graph: Graph | None = None, quiet: bool = False
+          ) -> tuple[Backend, Device]:
+    """The fixed priority's choice, unless the cost model is calibrated here for two or more of the
+    candidates (``sdrt selftest --calibrate``): then the one it predicts fastest for ``graph`` (or, without
+    a graph, for an SD UNet's mix of op classes)."""
     candidates: list[tuple[Backend, list[Device]]] = []
     reasons: list[str] = []
     for be in sorted(reg.backends.values(), key=lambda b: (-b.priority, b.name)):
@@ -156,10 +162,31 @@ def _auto(reg: Registry, device: str | None) -> tuple[Backend, Device]:
             where="; ".join(reasons + broken) or "no backend plugins are installed",
             fix="run `sdrt info` to see what was detected and which plugin to install (`sdrt install`)",
         )
+    planned = _by_plan(candidates, graph)
+    if planned is not None:
+        be, dev, why = planned
+        log.info("auto-selected backend %s on %s: %s", be.name, dev, why)
+        return be, dev
     be, devs = candidates[0]
     passed = [b.name for b, _ in candidates[1:]]
+    if quiet:
+        return be, devs[0]
     log.info(
         "auto-selected backend %s on %s: highest priority (%d) among backends with a device%s",
         be.name, devs[0], be.priority, f"; passed over: {', '.join(passed)}" if passed else "",
     )
     return be, devs[0]
+
+
+def _by_plan(candidates: list[tuple[Backend, list[Device]]], graph: Graph | None) -> tuple[Backend, Device, str] | None:
+    """(backend, device, why) from the calibrated cost model, or None when fewer than two candidates
+    are calibrated on this machine or the prediction fails (the fixed priority then decides)."""
+    if len(candidates) < 2:
+        return None
+    try:
+        from .cost import choose
+
+        return choose.by_prediction([(b, ds[0]) for b, ds in candidates], graph)
+    except Exception as exc:  # noqa: BLE001 - the plan is advice: the fixed priority stays in charge
+        log.debug("the cost model could not rank the backends (%s); using the fixed priority", exc)
+        return None

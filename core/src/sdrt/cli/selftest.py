@@ -20,7 +20,65 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="stop a backend that takes longer than this (default: 300 quick, 3600 full)")
     p.add_argument("--plugin-module", action="append", default=[], metavar="MODULE",
                    help="also register this importable module as a plugin (test a backend before packaging it)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="instead of the checks: time each op class on each installed backend here and store the "
+                        "cost model's factors (used by `sdrt plan` and backend=\"auto\"); the report carries them")
+    p.add_argument("--repeats", type=int, default=9,
+                   help="timed runs per calibration case (the median of each 3 runs' best is kept; default 9)")
     return p
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from ..cost import calibrate
+    from ..cost.devices import this_cpu
+    from ..cost.model import save_calibration
+    from ..errors import SdrtError
+    from ..plugins import get_registry
+    from ..runtime import select
+
+    if args.repeats < 1:
+        raise SdrtError(f"--repeats must be at least 1, got {args.repeats}", where="sdrt selftest --repeats",
+                        fix="pass e.g. --repeats 7")
+    reg = get_registry()
+    names = args.backend or sorted(reg.backends)
+    cpu = this_cpu()
+    entries = {}
+    measured = {}
+    for name in names:
+        try:
+            be, dev = select(name, args.device)
+        except SdrtError as exc:
+            print(f"{name}: not calibrated: {exc}", file=sys.stderr)
+            continue
+        if dev.kind != "cpu":
+            print(f"{name}: not calibrated: its device {dev.id} is a {dev.kind}; calibration covers CPUs today",
+                  file=sys.stderr)
+            continue
+        if name == "reference":
+            continue
+        factors, rows = calibrate.calibrate(name, device=cpu, repeats=args.repeats,
+                                            progress=lambda m: print(m, file=sys.stderr) if sys.stderr.isatty() else None)
+        entries[f"{name}/cpu/fp32"] = factors
+        measured[name] = rows
+        eff = ", ".join(f"{k} {v:.2f}" for k, v in factors.efficiency.items())
+        over = ", ".join(f"{k} {1e6 * v:.0f}" for k, v in factors.overhead_s.items())
+        print(f"{name} on {dev.id}: efficiency {eff}; fixed us/node {over}; memory = {factors.weight_factor:.2f} x weights"
+              f" + {factors.activation_factor:.2f} x activations + {factors.base_bytes / 2**20:.0f} MiB;"
+              f" bandwidth {factors.bandwidth_bytes_per_s / 1e9:.1f} GB/s")
+    if not entries:
+        print("nothing calibrated: no installed backend offers this machine's CPU", file=sys.stderr)
+        return 1
+    path = save_calibration(entries, cpu.to_dict())
+    print(f"stored in {path}")
+    if args.report:
+        from ..selftest.report import assemble, write
+
+        report = assemble([], [], quick=True)
+        report["mode"] = "calibrate"
+        report["calibration_measurements"] = measured
+        out, md = write(report, args.report)
+        print(f"wrote {out} and {md}")
+    return 0
 
 
 class _Bar:
@@ -53,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
                         fix="pass a name like report.json (the Markdown goes beside it as report.md)")
     if args.report:
         _check_folder(args.report)
+    if args.calibrate:
+        return _calibrate(args)
     report = selftest(args.backend or None, args.device, quick=args.quick, only=args.only, timeout=args.timeout,
                       plugin_modules=args.plugin_module, progress=_Bar())
     print(render_text(report))

@@ -101,8 +101,17 @@ def assemble(results: list[dict[str, Any]], unavailable: list[dict[str, str]], *
         "unavailable": unavailable,
         "passed": bool(results) and all(r["status"] == "passed" for r in results),
         "command": " ".join(["sdrt", "selftest", *sys.argv[2:]]) if sys.argv[1:2] == ["selftest"] else None,
+        "calibration": _calibration(),
     }
     return scrub(report)
+
+
+def _calibration() -> dict[str, Any]:
+    """The cost model's factors fitted here (``sdrt selftest --calibrate``), so that reports from users'
+    machines can grow the device library; empty when this machine was never calibrated."""
+    from ..cost.model import load_calibration
+
+    return load_calibration()
 
 
 def write(report: dict[str, Any], path: str | os.PathLike[str]) -> tuple[Path, Path]:

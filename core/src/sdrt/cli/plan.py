@@ -1,0 +1,71 @@
+"""``sdrt plan``: predict each part's time and the peak memory of a model on a device, and the plan
+(backend, precision, offload) sdrt would pick there, with the runner-up."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("plan", help="predict time per image and peak memory of a model on a device, and the plan "
+                                    "(backend, precision, offload) to use")
+    p.add_argument("model", help="a model folder (diffusers/Optimum ONNX layout) or one .onnx file")
+    p.add_argument("--device", default="cpu",
+                   help='a device of the library ("RTX 3060 12GB", "Arc A770", "Apple M2"), or "cpu" for this '
+                        "machine's CPU (default); --list-devices lists them")
+    p.add_argument("--backend", action="append", default=[], help="consider only this backend; repeatable")
+    p.add_argument("--precision", action="append", default=[],
+                   help="consider only this precision (fp32, fp16, bf16, int8, q8_0, q4_0, ...); repeatable")
+    p.add_argument("--memory", default=None, metavar="SIZE",
+                   help="memory budget, e.g. 8G (default: 90%% of the device's memory, 70%% if shared)")
+    p.add_argument("--width", type=int, default=None, help="image width (default 512; SDXL, Flux: 1024)")
+    p.add_argument("--height", type=int, default=None, help="image height (default as --width)")
+    p.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--list-devices", action="store_true", help="list the device library and exit")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cost import devices
+    from ..cost.planner import make_plan, parse_memory
+    from ..errors import SdrtError
+
+    if args.list_devices:
+        for d in (devices.this_cpu(), *devices.library()):
+            print(f"{d.name:<36} {d.kind:<5} {d.memory_bytes / 2**30:6.0f} GiB  {d.bandwidth_bytes_per_s / 1e9:6.0f} GB/s  "
+                  + "  ".join(f"{k} {v / 1e12:.1f}T" for k, v in d.peak_flops.items()))
+        return 0
+    for flag, v in (("--width", args.width), ("--height", args.height), ("--steps", args.steps)):
+        if v is not None and v <= 0:
+            raise SdrtError(f"{flag} must be a positive number, got {v}", where=f"sdrt plan {flag}",
+                            fix=f"pass e.g. {flag} 512" if flag != "--steps" else "pass e.g. --steps 20")
+    precisions = [x for p in args.precision for x in p.split(",") if x]
+    from ..cost.nodes import PRECISIONS
+    bad = [p for p in precisions if p not in PRECISIONS]
+    if bad:
+        raise SdrtError(f"unknown precision {bad[0]!r}", where="sdrt plan --precision",
+                        fix=f"use some of: {', '.join(PRECISIONS)}")
+    memory = parse_memory(args.memory) if args.memory else None
+    device = devices.find(args.device)
+    width = args.width or args.height or _default_size(args.model)
+    height = args.height or width
+    plan = make_plan(args.model, device, backends=args.backend or None, precisions=precisions or None,
+                     memory=memory, width=width, height=height, steps=args.steps)
+    print(json.dumps(plan.to_dict(), indent=1) if args.json else plan.format())
+    return 0
+
+
+def _default_size(model: str) -> int:
+    """512, or 1024 for a folder whose model_index names an SDXL, SD3 or Flux pipeline."""
+    import json as _json
+    from pathlib import Path
+
+    index = Path(model) / "model_index.json"
+    try:
+        name = _json.loads(index.read_text()).get("_class_name", "")
+    except (OSError, ValueError, AttributeError):
+        return 512
+    return 1024 if any(k in name for k in ("XL", "StableDiffusion3", "Flux", "Chroma")) else 512

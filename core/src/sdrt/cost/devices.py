@@ -1,0 +1,142 @@
+"""Devices as data: the library of device specs in ``sdrt/data/devices.json`` and this machine's CPU.
+
+An entry holds peak dense FLOP/s per precision, memory bandwidth and size, what kind of device it
+is (``gpu``, ``igpu``, ``npu``, ``cpu``), for CPUs the ISA and core count, and where its figures come
+from (``source``, ``derived``, ``checked``); ``scripts/make_device_library.py`` writes the file.
+``this_cpu()`` describes the CPU that ``sdrt.hardware.detect()`` finds, with derived figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from ..errors import SdrtError
+
+#: precisions that compute at another precision's rate (weights dequantize to fp16 on the fly)
+COMPUTE_AS = {"q8_0": "fp16", "q5_0": "fp16", "q4_0": "fp16", "q4_k": "fp16", "nf4": "fp16", "fp8": "fp8"}
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    vendor: str
+    kind: str  # gpu, igpu, npu, cpu
+    memory_bytes: int
+    bandwidth_bytes_per_s: float
+    peak_flops: dict[str, float]
+    source: str = ""
+    derived: str = ""
+    checked: Any = False
+    shared_memory: bool = False
+    cores: int = 0
+    isa: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def peak(self, precision: str) -> float:
+        """Peak dense FLOP/s at ``precision``: its own figure, else the rate it computes at, else fp32's."""
+        for p in (precision, COMPUTE_AS.get(precision, precision), "fp16" if precision != "fp32" else "fp32",
+                  "fp32"):
+            if p in self.peak_flops:
+                return self.peak_flops[p]
+        return max(self.peak_flops.values())
+
+    def supports(self, precision: str) -> bool:
+        """Whether the device computes ``precision`` at a rate of its own (or dequantizes it to one it has)."""
+        return precision == "fp32" or precision in self.peak_flops or COMPUTE_AS.get(precision) in self.peak_flops \
+            or (precision.startswith("q") and self.kind == "cpu")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "vendor": self.vendor, "kind": self.kind, "memory_bytes": self.memory_bytes,
+                "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "peak_flops": self.peak_flops,
+                "cores": self.cores, "isa": list(self.isa), "source": self.source, "derived": self.derived}
+
+
+def _spec(e: dict[str, Any]) -> DeviceSpec:
+    known = {"name", "vendor", "kind", "memory_bytes", "bandwidth_bytes_per_s", "peak_flops", "source", "derived",
+             "checked", "shared_memory", "cores", "isa"}
+    return DeviceSpec(e["name"], e["vendor"], e["kind"], int(e["memory_bytes"]), float(e["bandwidth_bytes_per_s"]),
+                      {k: float(v) for k, v in e["peak_flops"].items()}, e.get("source", ""), e.get("derived", ""),
+                      e.get("checked", False), bool(e.get("shared_memory", False)), int(e.get("cores", 0)),
+                      tuple(e.get("isa", ())), {k: v for k, v in e.items() if k not in known})
+
+
+@lru_cache(maxsize=1)
+def library() -> tuple[DeviceSpec, ...]:
+    """Every device of the shipped library."""
+    text = resources.files("sdrt").joinpath("data/devices.json").read_text()
+    return tuple(_spec(e) for e in json.loads(text)["devices"])
+
+
+def _norm(s: str) -> str:
+    return "".join(c for c in s.lower() if c.isalnum())
+
+
+def find(name: str) -> DeviceSpec:
+    """The library device named ``name`` (case, spaces and punctuation ignored; a unique part of a name
+    will do, e.g. "rtx 3060 12gb"), or ``this_cpu()`` for "cpu"/"this"."""
+    if _norm(name) in ("cpu", "this", "thiscpu", "host"):
+        return this_cpu()
+    want = _norm(name)
+    devs = library()
+    exact = [d for d in devs if _norm(d.name) == want]
+    if exact:
+        return exact[0]
+    hits = [d for d in devs if want in _norm(d.name)]
+    if len(hits) == 1:
+        return hits[0]
+    close = hits or [d for d in devs if any(w and w in _norm(d.name) for w in name.lower().split()[-1:])]
+    raise SdrtError(f"no single library device matches {name!r}" + (f" ({len(hits)} do)" if hits else ""),
+                    where="the device library (sdrt/data/devices.json)",
+                    fix="name one of: " + ", ".join(d.name for d in (close or devs)[:12])
+                    + ("" if close else ", ...") + "; or 'cpu' for this machine's CPU")
+
+
+def _clock_ghz() -> float:
+    try:
+        with open("/proc/cpuinfo") as f:
+            mhz = [float(line.split(":")[1]) for line in f if line.lower().startswith("cpu mhz")]
+        if mhz:
+            return max(mhz) / 1000
+    except (OSError, ValueError):
+        pass
+    return 3.0
+
+
+def _memory_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2**30
+
+
+@lru_cache(maxsize=1)
+def this_cpu() -> DeviceSpec:
+    """This machine's CPU as a library entry, from ``sdrt.hardware.detect()``: peak FP32 = cores x clock x
+    FLOPs per cycle for its widest FMA (AVX-512: 64, AVX2+FMA: 32, else 16); bf16 twice that with
+    AVX512_BF16, 16 x with AMX; bandwidth a nominal 12 GB/s per core (capped at 100 GB/s), which
+    ``sdrt selftest --calibrate`` replaces by what it measures."""
+    from ..hardware import detect
+
+    cpu = detect().cpu
+    feats = set(cpu.features)
+    per_cycle = 64 if "avx512f" in feats else 32 if {"avx2", "fma"} <= feats else 16
+    cores = max(1, int(cpu.cores or os.cpu_count() or 1))
+    ghz = _clock_ghz()
+    fp32 = cores * ghz * 1e9 * per_cycle
+    peaks = {"fp32": fp32}
+    if "amx_bf16" in feats:
+        peaks["bf16"] = 16 * fp32
+    elif "avx512_bf16" in feats:
+        peaks["bf16"] = 2 * fp32
+    if "avx512_vnni" in feats or "avx_vnni" in feats:
+        peaks["int8"] = 4 * fp32
+    bw = min(100e9, 12e9 * cores)
+    return DeviceSpec(f"this CPU ({cpu.model or cpu.vendor}, {cores} cores)", cpu.vendor or "?", "cpu", _memory_bytes(),
+                      bw, peaks, "sdrt.hardware.detect() on this machine",
+                      f"{cores} cores x {ghz:.2f} GHz x {per_cycle} FP32 FLOPs/cycle", False, True, cores,
+                      tuple(sorted(feats)))

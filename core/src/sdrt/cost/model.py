@@ -1,0 +1,154 @@
+"""The time and memory model: a roofline per op class, with efficiency factors that measurements fit.
+
+A node of class ``c`` takes ``overhead[c] + max(flops / peak, bytes / bandwidth) / efficiency[c]``
+seconds on a device, where ``peak`` is the device's dense FLOP/s at the precision. A part's peak memory
+is ``weight_factor * weights + activation_factor * peak live activations + base``. The factors belong
+to a (backend, device kind, precision) triple. ``sdrt selftest --calibrate`` fits them on this machine
+(``sdrt.cost.calibrate``) and stores them in sdrt's cache folder (``calibration/calibration.json``); where
+no calibration exists, the defaults below (round figures for well-tuned vendor kernels) stand in and
+the plan says it is uncalibrated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .devices import DeviceSpec
+from .nodes import GraphCost
+
+log = logging.getLogger("sdrt.cost")
+
+TIME_CLASSES = ("matmul", "conv", "attention", "norm", "elementwise", "data")
+
+
+@dataclass
+class Factors:
+    """Efficiency per op class (fraction of the roofline reached), fixed cost per node (s), memory factors."""
+
+    efficiency: dict[str, float]
+    overhead_s: dict[str, float]
+    weight_factor: float = 1.0
+    activation_factor: float = 1.0
+    base_bytes: float = 0.0
+    calibrated: bool = False
+    bandwidth_bytes_per_s: float | None = None  # measured, for CPUs
+    source: str = "defaults"
+    fit: dict[str, Any] = field(default_factory=dict)
+    #: attention runs as one fused kernel (flash attention: the scores never reach memory), so its
+    #: matmuls and softmax cost their FLOPs only; calibrated CPU factors measure the backend as it is
+    fused_attention: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Factors:
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+#: round default efficiencies per device kind, used until calibrated
+DEFAULTS: dict[str, Factors] = {
+    "gpu": Factors({"matmul": 0.6, "conv": 0.5, "attention": 0.35, "norm": 0.6, "elementwise": 0.7, "data": 0.6},
+                   {c: 8e-6 for c in TIME_CLASSES}, 1.0, 1.0, 400 * 2**20, fused_attention=True),
+    "igpu": Factors({"matmul": 0.45, "conv": 0.4, "attention": 0.25, "norm": 0.5, "elementwise": 0.6, "data": 0.5},
+                    {c: 15e-6 for c in TIME_CLASSES}, 1.0, 1.0, 300 * 2**20, fused_attention=True),
+    "npu": Factors({"matmul": 0.35, "conv": 0.35, "attention": 0.15, "norm": 0.3, "elementwise": 0.4, "data": 0.3},
+                   {c: 30e-6 for c in TIME_CLASSES}, 1.0, 1.0, 200 * 2**20),
+    "cpu": Factors({"matmul": 0.5, "conv": 0.4, "attention": 0.3, "norm": 0.4, "elementwise": 0.5, "data": 0.4},
+                   {c: 5e-6 for c in TIME_CLASSES}, 1.0, 1.0, 150 * 2**20),
+}
+
+
+def calibration_path() -> Path:
+    from ..cache import cache_dir
+
+    return cache_dir("calibration") / "calibration.json"
+
+
+def _key(backend: str, kind: str, precision: str) -> str:
+    return f"{backend}/{kind}/{precision}"
+
+
+def load_calibration(path: Path | None = None) -> dict[str, Any]:
+    """The stored calibration: ``{"entries": {"backend/kind/precision": Factors dict}, "device": ...}``."""
+    p = path or calibration_path()
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        return {"entries": {}}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring the unreadable calibration %s: %s", p, exc)
+        return {"entries": {}}
+    return data if isinstance(data.get("entries"), dict) else {"entries": {}}
+
+
+def save_calibration(entries: dict[str, Factors], device: dict[str, Any], path: Path | None = None) -> Path:
+    """Merge ``entries`` into the stored calibration (atomically) and return its path."""
+    p = path or calibration_path()
+    data = load_calibration(p)
+    data["entries"].update({k: f.to_dict() for k, f in entries.items()})
+    data["device"] = device
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, p)
+    return p
+
+
+def factors_for(backend: str, device: DeviceSpec, precision: str, calibration: dict[str, Any] | None = None
+                ) -> Factors:
+    """The factors for (backend, device kind, precision): calibrated ones for this machine's CPU when
+    stored (any precision of the backend if not this one), else the device kind's defaults."""
+    cal = calibration if calibration is not None else load_calibration()
+    entries = cal.get("entries", {})
+    if device.source.startswith("sdrt.hardware.detect"):  # calibration describes this machine only
+        for key in (_key(backend, device.kind, precision), _key(backend, device.kind, "fp32")):
+            if key in entries:
+                return Factors.from_dict(entries[key])
+    return DEFAULTS.get(device.kind, DEFAULTS["gpu"])
+
+
+def is_calibrated(backend: str, kind: str = "cpu", calibration: dict[str, Any] | None = None) -> bool:
+    cal = calibration if calibration is not None else load_calibration()
+    return any(k.startswith(f"{backend}/{kind}/") for k in cal.get("entries", {}))
+
+
+def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, precision: str, f: Factors) -> float:
+    if op_class == "view":
+        return 0.0
+    if op_class == "attention" and f.fused_attention:
+        nbytes = 0.0
+    bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
+    roof = max(flops / device.peak(precision), nbytes / bw)
+    return f.overhead_s.get(op_class, 0.0) + roof / max(f.efficiency.get(op_class, 0.5), 1e-3)
+
+
+@dataclass
+class Prediction:
+    ms: float
+    peak_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    by_class_ms: dict[str, float]
+    calibrated: bool
+
+
+def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, factors: Factors | None = None
+            ) -> Prediction:
+    """Predicted time of one call and peak memory of one part (its ``GraphCost``) on ``device``."""
+    f = factors or factors_for(backend, device, precision)
+    by: dict[str, float] = {}
+    for n in cost.nodes:
+        if n.op_class == "view":
+            continue
+        by[n.op_class] = by.get(n.op_class, 0.0) + node_time_s(n.op_class, n.flops, n.bytes, device, precision, f)
+    ms = 1000 * sum(by.values())
+    peak = f.weight_factor * cost.weight_bytes + f.activation_factor * cost.peak_activation_bytes + f.base_bytes
+    return Prediction(ms, peak, cost.weight_bytes, cost.peak_activation_bytes,
+                      {k: 1000 * v for k, v in sorted(by.items(), key=lambda kv: -kv[1])}, f.calibrated)

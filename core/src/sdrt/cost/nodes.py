@@ -1,0 +1,290 @@
+"""Costs of every node of an ONNX graph at given shapes: FLOPs, bytes read and written, weight bytes, op class.
+
+``graph_costs(graph, shapes, precision)`` pins the shapes (``Graph.with_shapes``), infers every
+intermediate, and walks the nodes. Counting rules, per node:
+
+- **FLOPs** count a multiply-add as 2. Conv: ``2 * prod(out) * Cin/groups * prod(kernel)``; MatMul:
+  ``2 * prod(out) * K``; Gemm: ``2 * M * N * K``; Softmax 5 per element (max, sub, exp, sum, div);
+  normalisations 8 per element; elementwise ops 1 per output element; data movement 0.
+- **Bytes read** are the sizes of the inputs (weights at the chosen precision, activations at the
+  compute dtype); **bytes written** the size of the outputs. Views (Reshape, Squeeze, Unsqueeze,
+  Flatten, Identity) and shape ops move nothing: 0 and 0.
+- **Weight bytes**: initializers (and Constant outputs) that a node reads. Matrices and kernels of
+  matmul/conv nodes (2-D and up) take the precision's size per element (``q4_0`` 18 bytes per 32);
+  everything else (biases, norm scales, small constants) stays at the compute dtype.
+- **Op class**: ``matmul`` (MatMul/Gemm with a weight operand), ``conv``, ``attention`` (MatMul of two
+  activations, as QK^T and PV are, and Softmax), ``norm`` (Group/Instance/Layer/Batch/RMS
+  normalisation and reductions), ``elementwise``, ``data`` (transposes, concats, slices, gathers,
+  resizes, pads) and ``view`` (free).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import SdrtError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..graph import Graph
+
+CLASSES = ("matmul", "conv", "attention", "norm", "elementwise", "data", "view")
+
+#: bytes per weight element of a matmul/conv matrix at each precision (block formats: bytes per block / block)
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "q8_0": 34 / 32,
+                "q5_0": 22 / 32, "q4_0": 18 / 32, "q4_k": 144 / 256, "nf4": 0.5 + 2 / 64}
+#: bytes per activation element at each precision (the compute dtype; quantized formats compute in fp16)
+ACT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 2, "int8": 2, "q8_0": 2, "q5_0": 2, "q4_0": 2, "q4_k": 2,
+             "nf4": 2}
+PRECISIONS = tuple(WEIGHT_BYTES)
+
+_VIEW = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant", "ConstantOfShape",
+         "Range", "EyeLike"}
+_DATA = {"Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Resize", "Upsample",
+         "Expand", "Pad", "Tile", "DepthToSpace", "SpaceToDepth", "ScatterND", "ScatterElements", "Cast",
+         "CastLike", "Trilu", "OneHot", "NonZero", "TopK"}
+_NORM = {"GroupNormalization", "InstanceNormalization", "LayerNormalization", "BatchNormalization",
+         "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "LpNormalization",
+         "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare",
+         "ReduceLogSumExp", "MeanVarianceNormalization"}
+_NORM_FLOPS = 8
+_ACT_HEAVY = {"Erf": 8, "Exp": 4, "Log": 4, "Tanh": 8, "Sigmoid": 4, "Gelu": 10, "Softplus": 6, "Mish": 10,
+              "HardSigmoid": 2, "HardSwish": 3, "Sin": 8, "Cos": 8, "Pow": 4, "Sqrt": 2, "Reciprocal": 1}
+
+
+@dataclass
+class NodeCost:
+    """One node's cost at pinned shapes."""
+
+    name: str
+    op: str
+    op_class: str
+    flops: float
+    bytes_read: float
+    bytes_written: float
+    weight_bytes: float
+
+    @property
+    def bytes(self) -> float:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass
+class GraphCost:
+    """Every node's cost, and what a memory plan needs: the weights and the activations' peak."""
+
+    name: str
+    precision: str
+    nodes: list[NodeCost]
+    weight_bytes: float  # every initializer once, at the precision
+    peak_activation_bytes: float  # largest sum of live activations over the node order
+    io_bytes: float  # graph inputs and outputs
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)  # values whose shape inference could not tell (counted 0)
+
+    def by_class(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for n in self.nodes:
+            c = out.setdefault(n.op_class, {"nodes": 0, "flops": 0.0, "bytes": 0.0})
+            c["nodes"] += 1
+            c["flops"] += n.flops
+            c["bytes"] += n.bytes
+        return out
+
+    @property
+    def flops(self) -> float:
+        return sum(n.flops for n in self.nodes)
+
+
+def _prod(shape: Sequence[int]) -> int:
+    return int(math.prod(shape)) if shape else 1
+
+
+def _elem_size(dtype: str, act: int) -> int:
+    """Bytes of one element of an activation: floats at the compute dtype, others at their own size."""
+    if dtype in ("float32", "float16", "bfloat16", "float64"):
+        return act
+    return {"int64": 8, "int32": 4, "bool": 1, "int8": 1, "uint8": 1, "int16": 2}.get(dtype, 4)
+
+
+def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None = None, precision: str = "fp32",
+                *, inferred: bool = False) -> GraphCost:
+    """The cost of every node of ``graph`` with inputs pinned to ``shapes`` (see the module doc).
+    ``inferred=True`` says ``graph`` came from ``with_shapes`` already (costing it at several precisions)."""
+    if precision not in WEIGHT_BYTES:
+        raise SdrtError(f"unknown precision {precision!r}", where="sdrt.cost.graph_costs(precision=...)",
+                        fix=f"use one of: {', '.join(PRECISIONS)}")
+    g = graph if inferred else graph.with_shapes(dict(shapes or {})) if shapes else graph.with_shapes()
+    infos = g.value_infos()
+    model = g.model
+    act = ACT_BYTES[precision]
+    inits = {t.name: tuple(int(d) for d in t.dims) for t in model.graph.initializer}
+    consts: dict[str, tuple[int, ...]] = {}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output:
+            for a in n.attribute:
+                if a.name == "value":
+                    consts[n.output[0]] = tuple(int(d) for d in a.t.dims)
+
+    def shape(name: str) -> tuple[int, ...] | None:
+        if name in inits:
+            return inits[name]
+        if name in consts:
+            return consts[name]
+        info = infos.get(name)
+        if info is None or any(not isinstance(d, int) for d in info.shape):
+            return None
+        return tuple(info.shape)
+
+    def dtype(name: str) -> str:
+        info = infos.get(name)
+        return info.dtype if info is not None else "float32"
+
+    dyn = [str(i) for i in g.inputs if any(not isinstance(d, int) for d in i.shape)]
+    if dyn:
+        raise SdrtError(f"inputs of {graph.name} keep dynamic dims: {', '.join(dyn)}",
+                        where="sdrt.cost.graph_costs", fix="pin every dynamic input's shape")
+    unknown = [o for n in model.graph.node if n.op_type not in _VIEW for o in n.output if o and shape(o) is None]
+    weight_elem: dict[str, float] = {}  # initializer -> bytes per element, as its heaviest user reads it
+    origin: dict[str, set[str]] = {name: {name} for name in inits}  # constant value -> initializers it comes from
+    for name in consts:
+        origin[name] = set()
+    nodes: list[NodeCost] = []
+    for n in model.graph.node:
+        ins = [i for i in n.input if i]
+        out_shapes = [shape(o) or () for o in n.output if o]
+        op = n.op_type
+        if n.op_type != "Constant" and all(i in origin for i in ins):  # folds at compile time: free
+            for o in n.output:
+                if o:
+                    origin[o] = set().union(*(origin[i] for i in ins)) if ins else set()
+                    consts.setdefault(o, shape(o) or ())
+            continue
+        cls = _op_class(n, origin, {})
+        w_read = 0.0
+        a_read = 0.0
+        for idx, i in enumerate(ins):
+            s = shape(i)
+            if s is None:
+                continue
+            if i in inits or i in consts:
+                quantizable = cls in ("matmul", "conv") and len(s) >= 2 and idx == 1
+                per = WEIGHT_BYTES[precision] if quantizable else act
+                for src in origin.get(i, ()):
+                    weight_elem[src] = max(weight_elem.get(src, 0.0), per)
+                if cls not in ("view",):
+                    w_read += _prod(s) * per
+            elif cls != "view":
+                a_read += _prod(s) * _elem_size(dtype(i), act)
+        written = 0.0 if cls == "view" else sum(_prod(s) * _elem_size(dtype(o), act)
+                                                  for o, s in zip([o for o in n.output if o], out_shapes))
+        flops = _flops(n, cls, [shape(i) for i in ins], out_shapes)
+        nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
+                              w_read))
+    weight_bytes = sum(_prod(s) * weight_elem.get(name, act) for name, s in inits.items())
+    peak = _peak_activations(model, shape, dtype, act, set(inits) | set(consts))
+    io = sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act)
+             for v in list(model.graph.input) + list(model.graph.output) if v.name not in inits)
+    pinned = {i.name: tuple(i.shape) for i in g.inputs}
+    return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown)
+
+
+def _op_class(n: Any, inits: Mapping[str, Any], consts: Mapping[str, Any]) -> str:
+    op = n.op_type
+    if n.domain not in ("", "ai.onnx"):
+        if op in ("Attention", "MultiHeadAttention", "GroupQueryAttention"):
+            return "attention"
+        if "Norm" in op:
+            return "norm"
+        if op in ("MatMulNBits", "QMoE", "FusedMatMul"):
+            return "matmul"
+        if op in ("NhwcConv", "FusedConv", "QLinearConv"):
+            return "conv"
+        return "elementwise"
+    if op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv"):
+        return "conv"
+    if op in ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "Einsum"):
+        weights = [i for i in n.input[:2] if i in inits or i in consts]
+        return "matmul" if weights else "attention"
+    if op in ("Softmax", "LogSoftmax", "Attention"):
+        return "attention"
+    if op in _NORM:
+        return "norm"
+    if op in _VIEW:
+        return "view"
+    if op in _DATA:
+        return "data"
+    return "elementwise"
+
+
+def _flops(n: Any, cls: str, ins: list[tuple[int, ...] | None], outs: list[tuple[int, ...]]) -> float:
+    op = n.op_type
+    out = outs[0] if outs else ()
+    if op in ("Conv", "ConvInteger", "QLinearConv") and ins[1] is not None:
+        w = ins[1]
+        return 2.0 * _prod(out) * _prod(w[1:])
+    if op == "ConvTranspose" and ins[1] is not None and ins[0] is not None:
+        w = ins[1]  # (Cin, Cout/groups, k...): every input element scatters into Cout/g * prod(k) outputs
+        return 2.0 * _prod(ins[0]) * _prod(w[1:])
+    if op in ("MatMul", "MatMulInteger", "QLinearMatMul") and ins[0] is not None:
+        k = ins[0][-1] if ins[0] else 1
+        return 2.0 * _prod(out) * k
+    if op == "Gemm" and ins[0] is not None:
+        trans_a = next((a.i for a in n.attribute if a.name == "transA"), 0)
+        k = ins[0][0] if trans_a else ins[0][-1]
+        return 2.0 * _prod(out) * k + (_prod(out) if len(ins) > 2 else 0)
+    if op in ("Softmax", "LogSoftmax"):
+        return 5.0 * _prod(out)
+    if cls == "norm":
+        src = ins[0] if ins and ins[0] is not None else out
+        return float(_NORM_FLOPS * _prod(src)) if "Normalization" in op else float(_prod(src))
+    if cls == "attention":  # Einsum of activations, com.microsoft.Attention: shapes say too little
+        return 2.0 * _prod(out) * (ins[0][-1] if ins and ins[0] else 1)
+    if cls == "elementwise":
+        return float(_ACT_HEAVY.get(op, 1) * _prod(out))
+    return 0.0
+
+
+def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: set[str]) -> float:
+    """The largest total size of activations alive at once, running the nodes in file order. A value is
+    alive from the node that writes it to the last node that reads it; views alias their input."""
+    nodes = list(model.graph.node)
+    alias: dict[str, str] = {}
+    for n in nodes:
+        if n.op_type in ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity") and n.input and n.output:
+            src = n.input[0]
+            alias[n.output[0]] = alias.get(src, src)
+    last: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for x in n.input:
+            if x:
+                last[alias.get(x, x)] = i
+    outputs = {alias.get(o.name, o.name) for o in model.graph.output}
+    for o in outputs:
+        last[o] = len(nodes)
+    size: dict[str, float] = {}
+    live = 0.0
+    for v in model.graph.input:
+        if v.name not in constant and (s := shape(v.name)) is not None:
+            size[v.name] = _prod(s) * _elem_size(dtype(v.name), act)
+            live += size[v.name]
+            last.setdefault(v.name, -1)
+    peak = live
+    for i, n in enumerate(nodes):
+        if n.op_type in _VIEW:
+            continue
+        for o in n.output:
+            if o and o not in alias and (s := shape(o)) is not None and o not in constant:
+                size[o] = _prod(s) * _elem_size(dtype(o), act)
+                live += size[o]
+                last.setdefault(o, i)
+        peak = max(peak, live)
+        for x in set(alias.get(x, x) for x in n.input if x):
+            if last.get(x) == i and x in size and x not in outputs:
+                live -= size.pop(x)
+        for o in n.output:  # written but never read
+            if o in size and last.get(o, i) <= i and o not in outputs:
+                live -= size.pop(o)
+    return peak

@@ -1,0 +1,319 @@
+"""Plans: which backend, precision and offload a model would run with on a device, and how fast.
+
+``plan_parts`` turns a model into parts with shapes: a pipeline folder through its run plan
+(``Pipeline.plan``: every part, its call signatures and counts), a single ``.onnx`` as one part named
+after the file. ``make_plan`` costs every part (``sdrt.cost.nodes``), predicts each candidate (backend,
+precision, offload) on the device (``sdrt.cost.model``), and picks, among the candidates whose peak
+memory fits the budget, the best by quality tier (full precision, then 8-bit, then 4-bit) and then by
+predicted time per image; the next one is the runner-up.
+
+Offload kinds: ``none`` keeps every part resident; ``parts`` keeps one part resident at a time (as
+``Pipeline(low_memory=True)`` does) and loads each part's weights once per image; ``stream`` (discrete
+GPUs) keeps weights in host memory and streams each call's weights over PCIe.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SdrtError
+from .devices import DeviceSpec
+from .model import Factors, factors_for, load_calibration, predict
+from .nodes import GraphCost, graph_costs
+
+log = logging.getLogger("sdrt.cost")
+
+#: which precisions each backend can run (its plugin's vocabulary)
+BACKEND_PRECISIONS = {
+    "trt": ("fp32", "fp16", "bf16", "fp8", "int8"),
+    "migraphx": ("fp32", "fp16", "int8"),
+    "openvino": ("fp32", "fp16", "bf16", "int8"),
+    "coreml": ("fp32", "fp16"),
+    "ggml": ("fp32", "fp16", "q8_0", "q4_0"),
+}
+TIER = {"fp32": 0, "fp16": 0, "bf16": 0, "fp8": 1, "int8": 1, "q8_0": 1, "q5_0": 2, "q4_0": 2, "q4_k": 2, "nf4": 2}
+PCIE_BYTES_PER_S = 12e9  # PCIe 4.0 x16, as achieved
+DISK_BYTES_PER_S = 2e9  # NVMe read of a part's weights
+
+
+def backends_for(device: DeviceSpec) -> list[str]:
+    """The sdrt backends that can run on a device of this vendor and kind."""
+    if device.kind == "cpu":
+        return ["openvino", "ggml"] if device.vendor in ("intel", "amd") else ["ggml"]
+    return {"nvidia": ["trt", "ggml"], "amd": ["migraphx", "ggml"] if device.kind != "npu" else [],
+            "intel": ["openvino", "ggml"] if device.kind != "npu" else ["openvino"],
+            "apple": ["coreml", "ggml"]}.get(device.vendor, ["ggml"])
+
+
+def precisions_for(backend: str, device: DeviceSpec) -> list[str]:
+    """The precisions worth planning for ``backend`` on ``device``: the backend's vocabulary, less what the
+    device has no rate for. On CPUs, OpenVINO computes fp16 weights in fp32 and bf16 only pays with AMX."""
+    out = [p for p in BACKEND_PRECISIONS.get(backend, ("fp32", "fp16")) if device.supports(p)]
+    if device.kind == "cpu":
+        keep = {"fp32", "q8_0", "q4_0"} | ({"bf16", "int8"} if "amx_bf16" in device.isa else set())
+        out = [p for p in out if p in keep] or ["fp32"]
+    return out
+
+
+@dataclass
+class PartCalls:
+    """One part of a model: its graph, and each distinct input signature with its calls per image."""
+
+    name: str
+    path: Path
+    signatures: list[tuple[dict[str, tuple[int, ...]], float]]  # (shapes, calls per image)
+
+    @property
+    def calls(self) -> float:
+        return sum(n for _, n in self.signatures)
+
+
+@dataclass
+class PartCost:
+    name: str
+    calls: float
+    costs: list[tuple[GraphCost, float]]  # per signature: cost, calls per image
+
+
+@dataclass
+class Candidate:
+    backend: str
+    precision: str
+    offload: str
+    fits: bool
+    ms_per_image: float
+    peak_bytes: float
+    parts: list[dict[str, Any]]
+    calibrated: bool
+
+    def label(self) -> str:
+        return f"{self.backend}, {self.precision}, offload {self.offload}"
+
+
+@dataclass
+class Plan:
+    model: str
+    device: DeviceSpec
+    budget_bytes: float
+    width: int
+    height: int
+    steps: int
+    chosen: Candidate | None
+    runner_up: Candidate | None
+    candidates: list[Candidate] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.chosen or (min(self.candidates, key=lambda x: x.peak_bytes) if self.candidates else None)
+        return {
+            "model": self.model, "device": self.device.name, "device_kind": self.device.kind,
+            "memory_budget_bytes": int(self.budget_bytes), "width": self.width, "height": self.height,
+            "steps": self.steps,
+            "parts": c.parts if c else [],
+            "predicted_ms_per_image": c.ms_per_image if c else None,
+            "predicted_peak_bytes": int(c.peak_bytes) if c else None,
+            "fits": bool(self.chosen is not None),
+            "plan": _cand(self.chosen),
+            "runner_up": _cand(self.runner_up),
+            "calibrated": bool(c and c.calibrated),
+            "candidates": [_cand(x) for x in self.candidates],
+        }
+
+    def format(self) -> str:
+        d = self.to_dict()
+        gib = 2**30
+        lines = [f"{self.model} on {self.device.name} ({self.device.kind}, {self.device.memory_bytes / gib:.0f} GiB"
+                 f"{', shared' if self.device.shared_memory else ''}), budget {self.budget_bytes / gib:.1f} GiB, "
+                 f"{self.width}x{self.height}, {self.steps} steps"
+                 + ("" if d["calibrated"] else "  [uncalibrated: default efficiencies]")]
+        if not self.chosen:
+            lines.append("  does NOT fit under any plan; the smallest:")
+        c = self.chosen or (min(self.candidates, key=lambda x: x.peak_bytes) if self.candidates else None)
+        if c is None:
+            return "\n".join(lines + ["  no backend can run on this device"])
+        lines.append(f"  plan: {c.label()}: {c.ms_per_image / 1000:.2f} s per image, peak "
+                     f"{c.peak_bytes / gib:.2f} GiB" + ("" if self.chosen else "  (too big)"))
+        for p in c.parts:
+            lines.append(f"    {p['name']:<16} {p['calls']:>6g} call(s) x {p['predicted_ms_per_call']:>10.1f} ms"
+                         f" = {p['predicted_ms_per_image'] / 1000:>8.2f} s   peak {p['predicted_peak_bytes'] / gib:6.2f} GiB"
+                         f"  (weights {p['weight_bytes'] / gib:.2f} GiB)")
+        if self.runner_up:
+            r = self.runner_up
+            lines.append(f"  runner-up: {r.label()}: {r.ms_per_image / 1000:.2f} s per image, peak "
+                         f"{r.peak_bytes / gib:.2f} GiB")
+        return "\n".join(lines)
+
+
+def _cand(c: Candidate | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    return {"backend": c.backend, "precision": c.precision, "offload": c.offload, "fits": c.fits,
+            "predicted_ms_per_image": c.ms_per_image, "predicted_peak_bytes": int(c.peak_bytes)}
+
+
+# ---------------------------------------------------------------------------- parts
+def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> dict[str, tuple[int, ...]]:
+    """Shapes for a lone graph's dynamic inputs: batch ``batch``; 4-D image-like inputs at the latent
+    (width/8) or pixel size by their channels; token sequences 77 long; anything else 1."""
+    out: dict[str, tuple[int, ...]] = {}
+    for i in graph.inputs:
+        dims = list(i.shape)
+        if all(isinstance(d, int) for d in dims):
+            continue
+        for k, d in enumerate(dims):
+            if isinstance(d, int):
+                continue
+            if k == 0:
+                dims[k] = batch
+            elif len(dims) == 4 and k >= 2:
+                ch = dims[1] if isinstance(dims[1], int) else 4
+                scale = 1 if ch == 3 else 8
+                dims[k] = (height if k == 2 else width) // scale
+            elif len(dims) in (2, 3) and k == 1:
+                dims[k] = 77
+            else:
+                dims[k] = 1
+        out[i.name] = tuple(int(d) for d in dims)
+    return out
+
+
+def plan_parts(model: str | Path, *, width: int = 512, height: int = 512, steps: int = 20, cfg: float | None = None,
+               batch: int = 1) -> tuple[str, list[PartCalls]]:
+    """The parts of ``model`` (a pipeline folder or one ``.onnx``) with their shapes and calls per image."""
+    path = Path(model)
+    if path.is_dir():
+        from .. import pipelines
+
+        pipe = pipelines.load(path)
+        try:
+            kw: dict[str, Any] = {"width": width, "height": height, "steps": steps, "batch": batch}
+            if cfg is not None:
+                kw["cfg"] = cfg
+            rp = pipe.plan("a photograph of an astronaut riding a horse", "", **kw)
+        finally:
+            pipe.close()
+        parts = []
+        for p in rp.parts:
+            sigs = [({name: tuple(shape) for name, shape, _ in sig}, n / rp.images) for sig, n in p.signatures]
+            parts.append(PartCalls(p.part, Path(p.path), sigs))
+        return f"{rp.label} ({path.name})", parts
+    if path.suffix.lower() != ".onnx" or not path.is_file():
+        raise SdrtError(f"{str(path)!r} is neither a model folder nor an .onnx file", where="sdrt plan MODEL",
+                        fix="pass a diffusers/Optimum ONNX folder or one .onnx file")
+    from ..graph import Graph
+
+    g = Graph.load(path, load_external=False)
+    return path.name, [PartCalls(path.stem, path, [(single_file_shapes(g, width, height, batch), 1.0)])]
+
+
+def cost_parts(parts: Sequence[PartCalls], precision: str, pinned: dict[Any, Any] | None = None) -> list[PartCost]:
+    """Each part's cost per signature at ``precision``; ``pinned`` caches the shape-inferred graphs."""
+    from ..graph import Graph
+
+    pinned = {} if pinned is None else pinned
+    out = []
+    for p in parts:
+        costs = []
+        for shapes, n in p.signatures:
+            key = (str(p.path), tuple(sorted(shapes.items())))
+            if key not in pinned:
+                pinned[key] = Graph.load(p.path, load_external=False).with_shapes(shapes)
+            costs.append((graph_costs(pinned[key], None, precision, inferred=True), n))
+        out.append(PartCost(p.name, p.calls, costs))
+    return out
+
+
+# ---------------------------------------------------------------------------- choosing
+def budget_for(device: DeviceSpec, memory: float | None) -> float:
+    """The memory a plan may use: ``memory`` if given (capped at the device's), else 90% of a discrete
+    device's memory or 70% of shared memory (the OS and apps keep the rest)."""
+    usable = device.memory_bytes * (0.7 if device.shared_memory else 0.9)
+    return min(float(memory), float(device.memory_bytes)) if memory else usable
+
+
+def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precision: str, offload: str,
+             budget: float, factors: Factors | None = None, calibration: dict[str, Any] | None = None) -> Candidate:
+    f = factors or factors_for(backend, device, precision, calibration)
+    parts = []
+    total_ms = 0.0
+    weights_sum = 0.0
+    for pc in costs:
+        ms_img = 0.0
+        peak_part = 0.0
+        ms_call = 0.0
+        w = 0.0
+        a = 0.0
+        for cost, n in pc.costs:
+            pr = predict(cost, device, backend, precision, f)
+            ms_img += pr.ms * n
+            ms_call = max(ms_call, pr.ms)
+            w = max(w, pr.weight_bytes)
+            a = max(a, pr.activation_bytes)
+            peak_part = max(peak_part, pr.peak_bytes)
+        load_ms = 0.0
+        if offload == "parts":
+            load_ms = 1000 * w / DISK_BYTES_PER_S
+        elif offload == "stream":
+            load_ms = 1000 * w / PCIE_BYTES_PER_S * pc.calls
+        parts.append({"name": pc.name, "calls": pc.calls, "predicted_ms_per_call": ms_call,
+                      "predicted_ms_per_image": ms_img + load_ms, "predicted_peak_bytes": peak_part,
+                      "weight_bytes": w, "activation_bytes": a, "load_ms_per_image": load_ms})
+        total_ms += ms_img + load_ms
+        weights_sum += w
+    wf, af, base = f.weight_factor, f.activation_factor, f.base_bytes
+    if offload == "none":
+        peak = wf * weights_sum + af * max((p["activation_bytes"] for p in parts), default=0) + base
+    elif offload == "parts":
+        peak = max((p["predicted_peak_bytes"] for p in parts), default=0.0)
+    else:  # stream: activations plus two blocks' weights in flight (a block ~ 1/20 of the largest part)
+        peak = max((af * p["activation_bytes"] + 2 * wf * p["weight_bytes"] / 20 for p in parts), default=0) + base
+    return Candidate(backend, precision, offload, peak <= budget, total_ms, peak, parts, f.calibrated)
+
+
+def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] | None = None,
+              precisions: Sequence[str] | None = None, memory: float | None = None, width: int = 512,
+              height: int = 512, steps: int = 20, offloads: Sequence[str] | None = None) -> Plan:
+    """Cost ``model`` on ``device`` for every candidate and pick one (see the module doc)."""
+    label, parts = plan_parts(model, width=width, height=height, steps=steps)
+    budget = budget_for(device, memory)
+    bes = list(backends) if backends else backends_for(device)
+    if not bes:
+        raise SdrtError(f"no sdrt backend runs on {device.name}", where="sdrt plan --device",
+                        fix="pick a GPU or CPU from the library")
+    calibration = load_calibration()
+    cache: dict[str, list[PartCost]] = {}
+    pinned: dict[Any, Any] = {}
+    cands: list[Candidate] = []
+    for be in bes:
+        for prec in (precisions or precisions_for(be, device)):
+            if prec not in cache:
+                cache[prec] = cost_parts(parts, prec, pinned)
+            kinds = offloads or (("none", "parts", "stream") if device.kind == "gpu" else ("none", "parts"))
+            for off in kinds:
+                cands.append(evaluate(cache[prec], device, be, prec, off, budget, calibration=calibration))
+    rank = {"none": 0, "parts": 1, "stream": 2}
+    order = sorted((c for c in cands if c.fits),
+                   key=lambda c: (TIER.get(c.precision, 1), round(c.ms_per_image, 3), rank.get(c.offload, 3)))
+    chosen = order[0] if order else None
+    runner = next((c for c in order[1:] if chosen and (c.backend, c.offload) != (chosen.backend, chosen.offload)
+                   or abs(c.ms_per_image - chosen.ms_per_image) > 0.01 * chosen.ms_per_image), None)
+    cands.sort(key=lambda c: (not c.fits, TIER.get(c.precision, 1), c.ms_per_image))
+    return Plan(label, device, budget, width, height, steps, chosen, runner, cands)
+
+
+def parse_memory(text: str) -> float:
+    """``"8G"``, ``"8GiB"``, ``"512M"``, ``"12GB"`` or bytes -> bytes (binary units)."""
+    s = text.strip().lower().replace(" ", "").removesuffix("b").removesuffix("i")
+    mult = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    try:
+        value = float(s[:-1]) * mult[s[-1]] if s and s[-1] in mult else float(s)
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise SdrtError(f"cannot read the memory size {text!r}", where="sdrt plan --memory",
+                        fix="pass a size like 8G, 12GiB or 6144M")
+    return value

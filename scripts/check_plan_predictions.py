@@ -1,0 +1,112 @@
+"""Predicted against measured time per call and peak memory, on this machine, for each bench model and
+for the parts of SD 1.x and SDXL pipelines at two sizes (docs/plan.md records the figures).
+
+Run after `sdrt selftest --calibrate`:
+
+    python scripts/check_plan_predictions.py [--backend openvino --backend ggml] [--repeats 7] [--json out.json]
+
+Each measurement compiles the part in a child process (sdrt.cost.calibrate.measure), runs it
+``repeats`` times after two warm-ups and keeps the median over groups of 3 runs of each group's best
+(as the calibration does; the plain median is printed too); its peak memory is the child's peak
+resident memory over what it held after imports. The machine may be shared: the medians say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def feeds_for(graph, shapes):
+    rng = np.random.default_rng(0)
+    out = {}
+    for i in graph.inputs:
+        shape = shapes.get(i.name) or tuple(i.shape)
+        if i.dtype.startswith("int"):
+            out[i.name] = np.full(shape, 7, dtype=i.dtype)
+        elif "timestep" in i.name:
+            out[i.name] = np.full(shape, 500, dtype=i.dtype)
+        else:
+            out[i.name] = rng.standard_normal(shape).astype(i.dtype)
+    return out
+
+
+def cases(workdir: Path):
+    """(label, path, shapes, calls per image or None) for each bench model and pipeline part."""
+    from sdrt.cost.planner import plan_parts
+    from sdrt.testing import models
+
+    for name in models.MODELS:
+        model, feeds = models.build(name, "bench")
+        path = workdir / f"{name}-bench.onnx"
+        path.write_bytes(model.SerializeToString())
+        yield "bench", name, path, {k: v.shape for k, v in feeds.items()}, None
+    from bench.pipeline import build_folder
+
+    bench_folder = build_folder(workdir, "bench")
+    for label, folder, sizes in [("SD 1.x tiny", ROOT / "tests/data/pipelines/tiny-sd15", [64]),
+                                 ("SD 1.x bench", bench_folder, [256]),
+                                 ("SDXL tiny-dyn", ROOT / "tests/data/pipelines/tiny-sdxl-dyn", [64, 128])]:
+        for size in sizes:
+            _, parts = plan_parts(folder, width=size, height=size, steps=4)
+            for p in parts:
+                shapes, _ = max(p.signatures, key=lambda s: s[1])
+                yield f"{label} {size}px", p.name, p.path, shapes, p.calls
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", action="append", default=[])
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    from sdrt.cost.calibrate import measure
+    from sdrt.cost.devices import this_cpu
+    from sdrt.cost.model import factors_for, load_calibration, predict
+    from sdrt.cost.nodes import graph_costs
+    from sdrt.graph import Graph
+
+    cpu = this_cpu()
+    cal = load_calibration()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sdrt-check-plan-") as tmp:
+        for group, name, path, shapes, calls in cases(Path(tmp)):
+            g = Graph.load(path)
+            cost = graph_costs(g, shapes)
+            feeds = feeds_for(g, shapes)
+            for be in args.backend or ["openvino", "ggml"]:
+                pr = predict(cost, cpu, be, "fp32", factors_for(be, cpu, "fp32", cal))
+                try:
+                    m = measure(path, feeds, be, repeats=args.repeats)
+                except Exception as exc:  # noqa: BLE001 - report it, keep going
+                    rows.append({"group": group, "part": name, "backend": be, "error": str(exc)[-300:]})
+                    print(f"{group:<18} {name:<16} {be:<9} ERROR {str(exc)[-200:]}", flush=True)
+                    continue
+                r = {"group": group, "part": name, "backend": be, "calls_per_image": calls,
+                     "predicted_ms": pr.ms, "measured_ms": m["median_ms"], "min_ms": min(m["times_ms"]),
+                     "robust_ms": m["robust_ms"], "time_ratio": pr.ms / m["robust_ms"], "median_ratio": pr.ms / m["median_ms"], "predicted_peak": pr.peak_bytes,
+                     "measured_peak": m["peak_bytes"], "peak_ratio": pr.peak_bytes / max(m["peak_bytes"], 1),
+                     "gflop": cost.flops / 1e9}
+                rows.append(r)
+                print(f"{group:<18} {name:<16} {be:<9} pred {pr.ms:9.2f} ms  meas {m['median_ms']:9.2f} ms "
+                      f"(robust {r['robust_ms']:8.2f})  x{r['time_ratio']:.2f}   peak pred {pr.peak_bytes / 2**20:7.0f} MiB "
+                      f"meas {m['peak_bytes'] / 2**20:7.0f} MiB  x{r['peak_ratio']:.2f}", flush=True)
+    ok_t = [r for r in rows if "time_ratio" in r and 0.7 <= r["time_ratio"] <= 1.3]
+    ok_m = [r for r in rows if "peak_ratio" in r and 0.85 <= r["peak_ratio"] <= 1.15]
+    n = sum(1 for r in rows if "time_ratio" in r)
+    print(f"time within +-30%: {len(ok_t)}/{n}; peak memory within +-15%: {len(ok_m)}/{n}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Per-node costs against hand-computed values."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from sdrt.cost.nodes import WEIGHT_BYTES, graph_costs
+from sdrt.errors import SdrtError
+from sdrt.graph import Graph
+
+
+def _graph(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "t", inputs, outputs, list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return Graph.load(m.SerializeToString())
+
+
+def _w(name, shape):
+    return numpy_helper.from_array(np.zeros(shape, np.float32), name)
+
+
+F = TensorProto.FLOAT
+
+
+def test_conv_flops_bytes_and_weights():
+    # 3x3 conv, 16 -> 32 channels, 20x20 input, pad 1, bias: out 1x32x20x20
+    g = _graph([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+               [helper.make_tensor_value_info("x", F, [1, 16, 20, 20])], [helper.make_tensor_value_info("y", F, None)],
+               [_w("w", (32, 16, 3, 3)), _w("b", (32,))])
+    c = graph_costs(g)
+    (n,) = c.nodes
+    assert n.op_class == "conv"
+    assert n.flops == 2 * (32 * 20 * 20) * (16 * 9)  # 2 x outputs x (Cin x kh x kw)
+    assert n.bytes_read == 4 * (16 * 400) + 4 * (32 * 16 * 9) + 4 * 32
+    assert n.bytes_written == 4 * 32 * 400
+    assert c.weight_bytes == 4 * (32 * 16 * 9 + 32)
+    # at fp16 the kernel and activations halve; q4_0: 18 bytes per 32 kernel values, the bias stays fp16
+    h = graph_costs(g, precision="fp16")
+    assert h.weight_bytes == 2 * (32 * 16 * 9 + 32)
+    q = graph_costs(g, precision="q4_0")
+    assert q.weight_bytes == pytest.approx(32 * 16 * 9 * 18 / 32 + 2 * 32)
+
+
+def test_grouped_conv_counts_per_group():
+    g = _graph([helper.make_node("Conv", ["x", "w"], ["y"], group=8, pads=[1, 1, 1, 1])],
+               [helper.make_tensor_value_info("x", F, [1, 8, 10, 10])], [helper.make_tensor_value_info("y", F, None)],
+               [_w("w", (8, 1, 3, 3))])
+    assert graph_costs(g).nodes[0].flops == 2 * 8 * 100 * 9  # depthwise: 9 MACs per output
+
+
+def test_matmul_and_gemm():
+    g = _graph([helper.make_node("MatMul", ["x", "w"], ["h"]),
+                helper.make_node("Reshape", ["h", "shape"], ["h2"]),
+                helper.make_node("Gemm", ["h2", "w2", "b2"], ["y"], transB=1)],
+               [helper.make_tensor_value_info("x", F, [2, 77, 64])], [helper.make_tensor_value_info("y", F, None)],
+               [_w("w", (64, 128)), _w("w2", (10, 128)), _w("b2", (10,)),
+                numpy_helper.from_array(np.array([154, 128], np.int64), "shape")])
+    c = graph_costs(g)
+    mm, reshape, gemm = c.nodes
+    assert (mm.op_class, gemm.op_class, reshape.op_class) == ("matmul", "matmul", "view")
+    assert mm.flops == 2 * 2 * 77 * 128 * 64
+    assert gemm.flops == 2 * 154 * 10 * 128 + 154 * 10  # plus the bias add
+    assert reshape.bytes_read == reshape.bytes_written == 0
+
+
+def test_attention_pattern_and_liveness():
+    """softmax(Q K^T * s) V with Q, K, V activations: both matmuls are attention, not weights."""
+    b, s, d = 4, 64, 32
+    g = _graph([helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+                helper.make_node("MatMul", ["q", "kt"], ["sc"]),
+                helper.make_node("Mul", ["sc", "scale"], ["ss"]),
+                helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+                helper.make_node("MatMul", ["p", "v"], ["o"])],
+               [helper.make_tensor_value_info(n, F, [b, s, d]) for n in "qkv"],
+               [helper.make_tensor_value_info("o", F, None)],
+               [numpy_helper.from_array(np.array(0.1, np.float32), "scale")])
+    c = graph_costs(g)
+    by = {n.op: n for n in c.nodes}
+    classes = [n.op_class for n in c.nodes]
+    assert classes == ["data", "attention", "elementwise", "attention", "attention"]
+    assert c.nodes[1].flops == 2 * b * s * s * d  # QK^T
+    assert c.nodes[4].flops == 2 * b * s * d * s  # PV
+    assert by["Softmax"].flops == 5 * b * s * s
+    assert c.weight_bytes == 4  # the scale only
+    # by hand, in node order (q, k, v alive at the start; a value dies after its last reader):
+    # Transpose: q k v kt = 4 x bsd, then k dies; QK^T: q kt v sc = 3 bsd + bss, then q, kt die;
+    # Mul: v sc ss = bsd + 2 bss; Softmax: v ss p = bsd + 2 bss; PV: v p o = 2 bsd + bss
+    bsd, bss = b * s * d, b * s * s
+    assert c.peak_activation_bytes == 4 * max(4 * bsd, 3 * bsd + bss, bsd + 2 * bss, 2 * bsd + bss)
+
+
+def test_graph_that_folds_its_weights_counts_them_as_weights():
+    """torch's dynamo exporter writes Linear as MatMul(x, Transpose(W)): still a weight matmul."""
+    g = _graph([helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]), helper.make_node("MatMul", ["x", "wt"], ["y"])],
+               [helper.make_tensor_value_info("x", F, [1, 8, 16])], [helper.make_tensor_value_info("y", F, None)],
+               [_w("w", (24, 16))])
+    c = graph_costs(g, precision="q8_0")
+    (mm,) = c.nodes  # the Transpose folds at compile time: no node
+    assert mm.op_class == "matmul" and mm.flops == 2 * 8 * 24 * 16
+    assert c.weight_bytes == pytest.approx(24 * 16 * WEIGHT_BYTES["q8_0"])
+
+
+def test_sd_unet_macs_match_an_independent_count():
+    """The bench SD 1.x UNet: Conv/MatMul/Gemm FLOPs equal 2 x the multiply-adds that onnx's own shape
+    inference gives (counted here independently), and its weights are its parameters x 4 bytes."""
+    from onnx import shape_inference
+
+    from sdrt.testing import models
+
+    model, feeds = models.build("unet", "tiny")
+    m = shape_inference.infer_shapes(model, data_prop=True)
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+              for vi in [*m.graph.input, *m.graph.value_info, *m.graph.output]}
+    shapes.update({t.name: list(t.dims) for t in m.graph.initializer})
+    macs = 0
+    for n in m.graph.node:
+        if n.op_type == "Conv":
+            macs += int(np.prod(shapes[n.output[0]])) * int(np.prod(shapes[n.input[1]][1:]))
+        elif n.op_type in ("MatMul", "Gemm"):
+            macs += int(np.prod(shapes[n.output[0]])) * shapes[n.input[0]][-1]
+    c = graph_costs(Graph.load(model.SerializeToString()), {k: v.shape for k, v in feeds.items()})
+    counted = sum(n.flops for n in c.nodes if n.op in ("Conv", "MatMul", "Gemm"))
+    gemm_bias = sum(n.flops - 2 * (n.flops // 2) for n in c.nodes if n.op == "Gemm")
+    assert counted - gemm_bias == pytest.approx(2 * macs, rel=1e-3)
+    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+    assert c.weight_bytes == 4 * params
+    assert {n.op_class for n in c.nodes} >= {"conv", "matmul", "attention", "norm", "elementwise", "data"}
+
+
+def test_sd15_unet_full_size_flops():
+    """SD 1.x's UNet at 512x512 (64x64 latents), built without weights: about 400 G multiply-adds per row,
+    the figure the SD 1.5 literature gives (e.g. the SnapFusion and MobileDiffusion papers' ~0.4 TMACs)."""
+    from unittest import mock
+
+    from sdrt.testing import models
+    from sdrt.testing.builder import Builder
+
+    class ShapeOnly(Builder):
+        def param(self, name, shape, std=None, fill=None):
+            self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+            return name
+
+        def _shift_param(self, name, offset):
+            pass
+
+    with mock.patch.object(models, "Builder", ShapeOnly):
+        model, _ = models.unet("full")
+    g = Graph.load(model.SerializeToString())
+    shapes = {i.name: tuple(d if isinstance(d, int) else 1 for d in i.shape) for i in g.inputs}
+    c = graph_costs(g, shapes)
+    gmacs = sum(n.flops for n in c.nodes if n.op_class in ("conv", "matmul", "attention") and n.op != "Softmax") / 2e9
+    assert 330 < gmacs < 440
+
+
+def test_dynamic_inputs_must_be_pinned():
+    g = _graph([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", F, ["n", 4])],
+               [helper.make_tensor_value_info("y", F, None)])
+    with pytest.raises(SdrtError, match="dynamic dims"):
+        graph_costs(g)
+    assert graph_costs(g, {"x": (3, 4)}).nodes[0].flops == 12
+    with pytest.raises(SdrtError, match="unknown precision"):
+        graph_costs(g, {"x": (3, 4)}, precision="fp12")
+
+
+def test_onnx_is_imported():  # keeps the import used for readers
+    assert onnx.__version__
