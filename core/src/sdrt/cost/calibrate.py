@@ -4,8 +4,9 @@ For every op class, a chain of nodes of that class is built at two sizes (onnx.h
 shapes) and run through ``sdrt.load`` on the backend, each in a child process (so that its peak
 resident memory can be read, and a crash costs nothing), ``repeats`` times after a warm-up; the
 median time per call is kept. Times are ``robust_ms``: the median over groups of three runs of each group's best (the machine may
-be shared). Per class the measured time per node is fitted as
-``overhead + roofline / efficiency`` through the two sizes; memory as
+be shared). Per node, time is fitted as
+``overhead + roofline / efficiency``: one overhead per backend (what the small cases leave unexplained,
+their median), one efficiency per class (from its large case); memory as
 ``weight_factor * weights + activation_factor * activations + base`` by least squares over all of
 the graphs. The CPU's memory bandwidth is measured too (a large numpy copy), as the roofline's
 bandwidth. ``sdrt selftest --calibrate`` calls ``calibrate`` and stores the result.
@@ -254,12 +255,13 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
             path.write_bytes(model.SerializeToString())
             cost = graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()})
             counted = [n for n in cost.nodes if n.op_class == (op_class if op_class != "weights" else "matmul")]
-            roof = sum(node_time_s(n.op_class, n.flops, n.bytes, dev_bw, "fp32", unit) for n in cost.nodes)
+            timed = [n for n in cost.nodes if n.op_class != "view" and not n.fused]
+            roof = sum(node_time_s(n.op_class, n.flops, n.bytes, dev_bw, "fp32", unit) for n in timed)
             if progress:
                 progress(f"{backend}: {model.graph.name}")
             m = measure(path, feeds, backend, repeats=repeats)
             rows.append({"case": model.graph.name, "class": op_class, "size": size, "nodes": len(counted),
-                         "all_nodes": sum(1 for n in cost.nodes if n.op_class != "view"), "roofline_ms": 1000 * roof,
+                         "all_nodes": len(timed), "roofline_ms": 1000 * roof,
                          "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"], "peak_bytes": m["peak_bytes"],
                          "weight_bytes": cost.weight_bytes, "activation_bytes": cost.peak_activation_bytes,
                          "flops": cost.flops})
@@ -271,21 +273,23 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
     memory: least squares of ``peak = a * weights + b * activations + c`` over every case."""
     eff: dict[str, float] = {}
     over: dict[str, float] = {}
-    for c in TIME_CLASSES:
-        pts = sorted(((r["roofline_ms"] / r["all_nodes"], r["robust_ms"] / r["all_nodes"]) for r in rows
-                      if r["class"] == c), key=lambda p: p[0])
-        if len(pts) < 2:
-            continue
-        (r0, t0), (r1, t1) = pts[0], pts[-1]
-        inv = (t1 - t0) / (r1 - r0) if r1 > r0 else 0.0
-        o = t0 - r0 * inv
-        if inv <= 0 or o < 0:  # noise: fall back to a line through the origin
-            inv, o = (t0 + t1) / (r0 + r1), 0.0
-        eff[c] = 1.0 / inv
+    per_class = {c: sorted(((r["roofline_ms"], r["robust_ms"], r["all_nodes"]) for r in rows if r["class"] == c))
+                 for c in TIME_CLASSES}
+    per_class = {c: pts for c, pts in per_class.items() if pts}
+    # 1. efficiency from each class's large case alone; 2. one fixed cost per node for the backend, the median of
+    #    what each small case leaves unexplained; 3. efficiencies again with that fixed cost taken out
+    first = {c: pts[-1][0] / pts[-1][1] for c, pts in per_class.items()}
+    o = 0.0
+    for _ in range(20):  # steps 2 and 3 to a fixed point
+        left = [(pts[0][1] - pts[0][0] / first[c]) / pts[0][2] for c, pts in per_class.items() if len(pts) > 1]
+        o = max(0.0, float(np.median(left))) if left else 0.0
+        first = {c: pts[-1][0] / max(pts[-1][1] - pts[-1][2] * o, 0.25 * pts[-1][1]) for c, pts in per_class.items()}
+    for c in per_class:
+        eff[c] = first[c]
         over[c] = o / 1000.0
     a = np.array([[r["weight_bytes"], r["activation_bytes"], 1.0] for r in rows])
     y = np.array([float(r["peak_bytes"]) for r in rows])
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
     wf, af, base = (float(max(v, 0.0)) for v in coef)
     return Factors(eff, over, wf, af, base, True, bandwidth, f"sdrt selftest --calibrate ({backend})",
-                   {"cases": [{k: r[k] for k in ("case", "robust_ms", "median_ms", "roofline_ms", "peak_bytes")} for r in rows]})
+                   {"cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "roofline_ms", "peak_bytes")} for r in rows]})

@@ -1,7 +1,7 @@
 """The time and memory model: a roofline per op class, with efficiency factors that measurements fit.
 
 A node of class ``c`` takes ``overhead[c] + max(flops / peak, bytes / bandwidth) / efficiency[c]``
-seconds on a device, where ``peak`` is the device's dense FLOP/s at the precision. A part's peak memory
+seconds on a device (a fused elementwise epilogue: ``flops / peak``), where ``peak`` is the device's dense FLOP/s at the precision. A part's peak memory
 is ``weight_factor * weights + activation_factor * peak live activations + base``. The factors belong
 to a (backend, device kind, precision) triple. ``sdrt selftest --calibrate`` fits them on this machine
 (``sdrt.cost.calibrate``) and stores them in sdrt's cache folder (``calibration/calibration.json``); where
@@ -119,9 +119,12 @@ def is_calibrated(backend: str, kind: str = "cpu", calibration: dict[str, Any] |
     return any(k.startswith(f"{backend}/{kind}/") for k in cal.get("entries", {}))
 
 
-def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, precision: str, f: Factors) -> float:
+def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, precision: str, f: Factors,
+                fused: bool = False) -> float:
     if op_class == "view":
         return 0.0
+    if fused:  # an epilogue: its arithmetic only, at the device's peak
+        return flops / device.peak(precision)
     if op_class == "attention" and f.fused_attention:
         nbytes = 0.0
     bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
@@ -147,7 +150,8 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     for n in cost.nodes:
         if n.op_class == "view":
             continue
-        by[n.op_class] = by.get(n.op_class, 0.0) + node_time_s(n.op_class, n.flops, n.bytes, device, precision, f)
+        by[n.op_class] = by.get(n.op_class, 0.0) + node_time_s(n.op_class, n.flops, n.bytes, device, precision, f,
+                                                                 n.fused)
     ms = 1000 * sum(by.values())
     peak = f.weight_factor * cost.weight_bytes + f.activation_factor * cost.peak_activation_bytes + f.base_bytes
     return Prediction(ms, peak, cost.weight_bytes, cost.peak_activation_bytes,

@@ -12,6 +12,9 @@ intermediate, and walks the nodes. Counting rules, per node:
 - **Weight bytes**: initializers (and Constant outputs) that a node reads. Matrices and kernels of
   matmul/conv nodes (2-D and up) take the precision's size per element (``q4_0`` 18 bytes per 32);
   everything else (biases, norm scales, small constants) stays at the compute dtype.
+- **Fused**: an elementwise node whose input comes from a conv, matmul, normalisation, attention or
+  elementwise node, as that value's only reader, is an epilogue that compilers fuse (bias, activation,
+  residual add): ``fused`` is set and the model charges it no memory traffic.
 - **Op class**: ``matmul`` (MatMul/Gemm with a weight operand), ``conv``, ``attention`` (MatMul of two
   activations, as QK^T and PV are, and Softmax), ``norm`` (Group/Instance/Layer/Batch/RMS
   normalisation and reductions), ``elementwise``, ``data`` (transposes, concats, slices, gathers,
@@ -50,6 +53,8 @@ _NORM = {"GroupNormalization", "InstanceNormalization", "LayerNormalization", "B
          "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare",
          "ReduceLogSumExp", "MeanVarianceNormalization"}
 _NORM_FLOPS = 8
+#: an elementwise node fuses into the node that writes its input when it is that value's only reader
+_FUSES_INTO = {"conv", "matmul", "norm", "attention", "elementwise"}
 _ACT_HEAVY = {"Erf": 8, "Exp": 4, "Log": 4, "Tanh": 8, "Sigmoid": 4, "Gelu": 10, "Softplus": 6, "Mish": 10,
               "HardSigmoid": 2, "HardSwish": 3, "Sin": 8, "Cos": 8, "Pow": 4, "Sqrt": 2, "Reciprocal": 1}
 
@@ -65,6 +70,7 @@ class NodeCost:
     bytes_read: float
     bytes_written: float
     weight_bytes: float
+    fused: bool = False  # an elementwise epilogue of the node that writes its input: no trip to memory
 
     @property
     def bytes(self) -> float:
@@ -152,6 +158,14 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     for name in consts:
         origin[name] = set()
     nodes: list[NodeCost] = []
+    readers: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            if i:
+                readers[i] = readers.get(i, 0) + 1
+    for o in model.graph.output:
+        readers[o.name] = readers.get(o.name, 0) + 1
+    writer_class: dict[str, str] = {}
     for n in model.graph.node:
         ins = [i for i in n.input if i]
         out_shapes = [shape(o) or () for o in n.output if o]
@@ -181,8 +195,12 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
         written = 0.0 if cls == "view" else sum(_prod(s) * _elem_size(dtype(o), act)
                                                   for o, s in zip([o for o in n.output if o], out_shapes))
         flops = _flops(n, cls, [shape(i) for i in ins], out_shapes)
+        fused = cls == "elementwise" and any(
+            writer_class.get(i) in _FUSES_INTO and readers.get(i, 0) == 1 for i in ins if i not in origin)
+        for o in n.output:
+            writer_class[o] = cls
         nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
-                              w_read))
+                              w_read, fused))
     weight_bytes = sum(_prod(s) * weight_elem.get(name, act) for name, s in inits.items())
     peak = _peak_activations(model, shape, dtype, act, set(inits) | set(consts))
     io = sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act)

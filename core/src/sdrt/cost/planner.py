@@ -186,9 +186,10 @@ def plan_parts(model: str | Path, *, width: int = 512, height: int = 512, steps:
     """The parts of ``model`` (a pipeline folder or one ``.onnx``) with their shapes and calls per image."""
     path = Path(model)
     if path.is_dir():
-        from .. import pipelines
+        from ..pipelines.folder import ModelFolder
+        from ..pipelines.pipeline import Pipeline
 
-        pipe = pipelines.load(path)
+        pipe = Pipeline(ModelFolder.open(path), backend="auto", device=None)  # dry: nothing compiles
         try:
             kw: dict[str, Any] = {"width": width, "height": height, "steps": steps, "batch": batch}
             if cfg is not None:

@@ -1,0 +1,150 @@
+"""`sdrt plan` and the planner, on the tiny pipeline folders and single graphs; backend="auto" with a calibration."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import onnx
+import pytest
+
+from sdrt.cli import main
+from sdrt.cost import devices
+from sdrt.cost.model import Factors, save_calibration
+from sdrt.cost.planner import make_plan, parse_memory
+from sdrt.errors import SdrtError
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _run_json(capsys, *argv):
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_folder_plan_json_follows_the_run_plan(capsys):
+    d = _run_json(capsys, str(DATA / "tiny-sd15"), "--width", "64", "--steps", "5", "--device", "RTX 3060 12GB")
+    names = [p["name"] for p in d["parts"]]
+    assert names == ["text_encoder", "unet", "vae_decoder"]
+    calls = {p["name"]: p["calls"] for p in d["parts"]}
+    assert calls == {"text_encoder": 2, "unet": 5, "vae_decoder": 1}  # prompt + negative, one call per step (CFG rows)
+    for p in d["parts"]:
+        assert p["predicted_ms_per_call"] > 0 and p["predicted_peak_bytes"] > 0
+    assert d["predicted_ms_per_image"] == pytest.approx(sum(p["predicted_ms_per_image"] for p in d["parts"]))
+    assert d["fits"] is True and d["plan"]["backend"] in ("trt", "ggml") and d["plan"]["precision"] == "fp16"
+    assert d["runner_up"] is not None and d["calibrated"] is False
+
+
+def test_single_onnx_is_one_part_named_after_the_file(capsys):
+    path = DATA / "tiny-sd15" / "vae_decoder" / "model.onnx"
+    d = _run_json(capsys, str(path), "--device", "cpu")
+    assert [p["name"] for p in d["parts"]] == ["model"] and d["parts"][0]["calls"] == 1
+
+
+def _weight_free_graph(path: Path, layers: int = 6, width: int = 8192) -> Path:
+    """A weight-free graph (as ``sdrt strip`` writes, its weights file absent) with ``layers`` MatMuls of
+    ``width`` x ``width``: 1.5 GiB of fp32 weights, described and never allocated."""
+    from onnx import TensorProto, helper
+
+    from sdrt.graph import STRIPPED_KEY
+
+    inits, nodes, x = [], [], "x"
+    for i in range(layers):
+        t = onnx.TensorProto(name=f"w{i}", data_type=TensorProto.FLOAT, dims=[width, width])
+        t.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", "weights.safetensors"), ("offset", str(i * width * width * 4)),
+                     ("length", str(width * width * 4))):
+            t.external_data.add(key=k, value=v)
+        inits.append(t)
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"y{i}"]))
+        x = f"y{i}"
+    g = helper.make_graph(nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 77, width])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    m.metadata_props.add(key=STRIPPED_KEY, value="weights.safetensors")
+    path.write_bytes(m.SerializeToString())
+    return path
+
+
+def test_memory_budget_changes_the_plan(tmp_path):
+    gpu = devices.find("RTX 3060 12GB")
+    model = _weight_free_graph(tmp_path / "big.onnx")
+    roomy = make_plan(model, gpu)
+    assert roomy.chosen.offload == "none" and roomy.chosen.precision in ("fp16", "bf16")
+    assert roomy.chosen.parts[0]["weight_bytes"] == 6 * 8192 * 8192 * 2
+    tight = make_plan(model, gpu, memory=roomy.chosen.peak_bytes * 0.8)
+    assert tight.chosen is not None and tight.chosen.peak_bytes <= roomy.chosen.peak_bytes * 0.8
+    assert (tight.chosen.offload, tight.chosen.precision) != (roomy.chosen.offload, roomy.chosen.precision)
+    assert tight.chosen.ms_per_image > roomy.chosen.ms_per_image  # streaming or quantizing costs time
+    none = make_plan(model, gpu, memory=64 * 2**20)
+    assert none.chosen is None and none.to_dict()["fits"] is False
+
+
+def test_sizes_scale_the_unet_time():
+    cpu = devices.find("cpu")
+    small = make_plan(DATA / "tiny-sdxl-dyn", cpu, width=64, height=64, steps=2, backends=["openvino"])
+    big = make_plan(DATA / "tiny-sdxl-dyn", cpu, width=128, height=128, steps=2, backends=["openvino"])
+    ms = {p["name"]: p["predicted_ms_per_call"] for p in small.chosen.parts}
+    ms2 = {p["name"]: p["predicted_ms_per_call"] for p in big.chosen.parts}
+    assert ms2["unet"] > ms["unet"] and ms2["text_encoder"] == pytest.approx(ms["text_encoder"])
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--memory", "lots"], "--memory"),
+    (["--device", "Voodoo 2"], "no single library device"),
+    (["--precision", "fp12"], "unknown precision"),
+    (["--width", "0"], "--width"),
+])
+def test_bad_flags_are_one_line_errors(capsys, argv, match):
+    assert main(["plan", str(DATA / "tiny-sd15"), *argv]) == 1
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_not_a_model(capsys, tmp_path):
+    (tmp_path / "x.txt").write_text("hi")
+    assert main(["plan", str(tmp_path / "x.txt")]) == 1
+    assert "neither a model folder nor an .onnx file" in capsys.readouterr().err
+
+
+def test_parse_memory():
+    assert parse_memory("8G") == 8 * 2**30 == parse_memory("8GiB") == parse_memory("8gb")
+    assert parse_memory("512M") == 512 * 2**20
+    with pytest.raises(SdrtError):
+        parse_memory("-1G")
+
+
+def test_list_devices(capsys):
+    assert main(["plan", "x", "--list-devices"]) == 0
+    assert "RTX 4090 24GB" in capsys.readouterr().out
+
+
+def test_auto_backend_follows_a_calibration(caplog, registry):
+    """With both CPU backends calibrated, backend="auto" takes the one the model predicts faster, and says why;
+    with nothing calibrated, the fixed priority decides."""
+    from sdrt.runtime import _auto
+
+    reg = registry
+    for name in ("openvino", "ggml"):
+        mod = pytest.importorskip(f"sdrt_{name}", reason=f"needs the {name} plugin installed")
+        reg.register_plugin(mod, name, distribution=f"sdrt-{name}")
+    if not {"openvino", "ggml"} <= set(reg.backends):
+        pytest.skip("the openvino and ggml plugins did not register here")
+    fixed, _ = _auto(reg, None)
+    other = "ggml" if fixed.name == "openvino" else "openvino"
+    cpu = devices.this_cpu()
+    slow = Factors({c: 0.01 for c in ("matmul", "conv", "attention", "norm", "elementwise", "data")},
+                   {c: 1e-3 for c in ("matmul", "conv", "attention", "norm", "elementwise", "data")}, calibrated=True)
+    quick = Factors({c: 0.9 for c in slow.efficiency}, {c: 0.0 for c in slow.efficiency}, calibrated=True)
+    save_calibration({f"{fixed.name}/cpu/fp32": slow, f"{other}/cpu/fp32": quick}, cpu.to_dict())
+    with caplog.at_level(logging.INFO, logger="sdrt.runtime"):
+        be, dev = _auto(reg, None)
+    assert be.name == other and dev.kind == "cpu"
+    assert "calibrated cost model predicts" in caplog.text and f"fixed priority would pick {fixed.name}" in caplog.text
