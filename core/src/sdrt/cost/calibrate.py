@@ -273,7 +273,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
     memory: least squares of ``peak = a * weights + b * activations + c`` over every case."""
     eff: dict[str, float] = {}
     over: dict[str, float] = {}
-    per_class = {c: sorted(((r["roofline_ms"], r["robust_ms"], r["all_nodes"]) for r in rows if r["class"] == c))
+    per_class = {c: sorted((r["roofline_ms"], r["robust_ms"], r["all_nodes"]) for r in rows if r["class"] == c)
                  for c in TIME_CLASSES}
     per_class = {c: pts for c, pts in per_class.items() if pts}
     # 1. efficiency from each class's large case alone; 2. one fixed cost per node for the backend, the median of
