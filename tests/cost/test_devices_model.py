@@ -77,6 +77,7 @@ def test_fit_recovers_known_factors():
             i += 1
             w, a = 1e6 * i, 2e6 * ((7 * i) % 5 + 1)
             rows.append({"class": cls, "size": size, "all_nodes": nodes, "roofline_ms": roof,
+                         "roofline_by_class_ms": {cls: roof},
                          "robust_ms": nodes * 0.05 + roof / (0.2 if cls == "attention" else 0.4), "weight_bytes": w,
                          "activation_bytes": a, "peak_bytes": 3 * w + 0.5 * a + 4e8})
     f = fit(rows, 20e9, "test")

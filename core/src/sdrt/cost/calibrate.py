@@ -4,9 +4,9 @@ For every op class, a chain of nodes of that class is built at two sizes (onnx.h
 shapes) and run through ``sdrt.load`` on the backend, each in a child process (so that its peak
 resident memory can be read, and a crash costs nothing), ``repeats`` times after a warm-up; the
 median time per call is kept. Times are ``robust_ms``: the median over groups of three runs of each group's best (the machine may
-be shared). Per node, time is fitted as
-``overhead + roofline / efficiency``: one overhead per backend (what the small cases leave unexplained,
-their median), one efficiency per class (from its large case); memory as
+be shared). Time is fitted as
+``nodes x overhead + sum over classes of roofline / efficiency`` over every case at once (non-negative
+least squares on relative errors): one overhead per backend, one efficiency per class; memory as
 ``weight_factor * weights + activation_factor * activations + base`` by least squares over all of
 the graphs. The CPU's memory bandwidth is measured too (a large numpy copy), as the roofline's
 bandwidth. ``sdrt selftest --calibrate`` calls ``calibrate`` and stores the result.
@@ -256,37 +256,53 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
             cost = graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()})
             counted = [n for n in cost.nodes if n.op_class == (op_class if op_class != "weights" else "matmul")]
             timed = [n for n in cost.nodes if n.op_class != "view" and not n.fused]
-            roof = sum(node_time_s(n.op_class, n.flops, n.bytes, dev_bw, "fp32", unit) for n in timed)
+            by_class: dict[str, float] = {}
+            for n in timed:
+                by_class[n.op_class] = by_class.get(n.op_class, 0.0) + 1000 * node_time_s(
+                    n.op_class, n.flops, n.bytes, dev_bw, "fp32", unit)
+            roof = sum(by_class.values()) / 1000
             if progress:
                 progress(f"{backend}: {model.graph.name}")
             m = measure(path, feeds, backend, repeats=repeats)
             rows.append({"case": model.graph.name, "class": op_class, "size": size, "nodes": len(counted),
-                         "all_nodes": len(timed), "roofline_ms": 1000 * roof,
+                         "all_nodes": len(timed), "roofline_ms": 1000 * roof, "roofline_by_class_ms": by_class,
                          "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"], "peak_bytes": m["peak_bytes"],
                          "weight_bytes": cost.weight_bytes, "activation_bytes": cost.peak_activation_bytes,
                          "flops": cost.flops})
     return fit(rows, bw, backend), rows
 
 
+def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with non-negative coefficients (an active set, dropping the most negative each round)."""
+    free = list(range(a.shape[1]))
+    x = np.zeros(a.shape[1])
+    while free:
+        sol, *_ = np.linalg.lstsq(a[:, free], y, rcond=None)
+        if (sol >= 0).all():
+            x[free] = sol
+            break
+        free.pop(int(np.argmin(sol)))
+    return x
+
+
+def _fit_times(rows: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Every case at once: ``time = sum over classes of roofline_c / efficiency_c + nodes x overhead``,
+    linear in 1/efficiency and the overhead, fitted with non-negative coefficients, each case weighted by
+    1/time (relative errors count alike, large case or small)."""
+    timed = [r for r in rows if r.get("roofline_by_class_ms") and r["robust_ms"] > 0]
+    classes = [c for c in TIME_CLASSES if any(r["roofline_by_class_ms"].get(c) for r in timed)]
+    a = np.array([[r["roofline_by_class_ms"].get(c, 0.0) for c in classes] + [r["all_nodes"]] for r in timed])
+    y = np.array([r["robust_ms"] for r in timed])
+    x = _nnls(a / y[:, None], np.ones(len(y)))
+    o = float(x[-1]) / 1000.0  # ms -> s per node
+    eff = {c: (1.0 / x[i] if x[i] > 1e-9 else 10.0) for i, c in enumerate(classes)}
+    return eff, {c: o for c in classes}
+
+
 def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
     """Per class: ``t_node = overhead + roofline_node / efficiency`` through the small and large case;
     memory: least squares of ``peak = a * weights + b * activations + c`` over every case."""
-    eff: dict[str, float] = {}
-    over: dict[str, float] = {}
-    per_class = {c: sorted((r["roofline_ms"], r["robust_ms"], r["all_nodes"]) for r in rows if r["class"] == c)
-                 for c in TIME_CLASSES}
-    per_class = {c: pts for c, pts in per_class.items() if pts}
-    # 1. efficiency from each class's large case alone; 2. one fixed cost per node for the backend, the median of
-    #    what each small case leaves unexplained; 3. efficiencies again with that fixed cost taken out
-    first = {c: pts[-1][0] / pts[-1][1] for c, pts in per_class.items()}
-    o = 0.0
-    for _ in range(20):  # steps 2 and 3 to a fixed point
-        left = [(pts[0][1] - pts[0][0] / first[c]) / pts[0][2] for c, pts in per_class.items() if len(pts) > 1]
-        o = max(0.0, float(np.median(left))) if left else 0.0
-        first = {c: pts[-1][0] / max(pts[-1][1] - pts[-1][2] * o, 0.25 * pts[-1][1]) for c, pts in per_class.items()}
-    for c in per_class:
-        eff[c] = first[c]
-        over[c] = o / 1000.0
+    eff, over = _fit_times(rows)
     a = np.array([[r["weight_bytes"], r["activation_bytes"], 1.0] for r in rows])
     y = np.array([float(r["peak_bytes"]) for r in rows])
     coef, *_ = np.linalg.lstsq(a, y, rcond=None)
