@@ -76,14 +76,16 @@ def test_fit_recovers_known_factors():
             nodes = 8
             i += 1
             w, a = 1e6 * i, 2e6 * ((7 * i) % 5 + 1)
+            moved = 0.3 * roof * (1 + (i % 3))  # ms at the measured bandwidth, fitted at efficiency 0.5
             rows.append({"class": cls, "size": size, "all_nodes": nodes, "roofline_ms": roof,
-                         "roofline_by_class_ms": {cls: roof},
-                         "robust_ms": nodes * 0.05 + roof / (0.2 if cls == "attention" else 0.4), "weight_bytes": w,
+                         "flops_ms_by_class": {cls: roof}, "bytes_ms": moved,
+                         "robust_ms": nodes * 0.05 + roof / (0.2 if cls == "attention" else 0.4) + moved / 0.5, "weight_bytes": w,
                          "activation_bytes": a, "peak_bytes": 3 * w + 0.5 * a + 4e8})
     f = fit(rows, 20e9, "test")
     assert f.efficiency["conv"] == pytest.approx(0.4, rel=0.05)
     assert f.efficiency["attention"] == pytest.approx(0.2, rel=0.05)
     assert f.overhead_s["conv"] == pytest.approx(50e-6, rel=0.05)
+    assert f.bandwidth_efficiency == pytest.approx(0.5, rel=0.05) and f.additive
     assert (f.weight_factor, f.activation_factor) == (pytest.approx(3.0), pytest.approx(0.5))
     assert f.base_bytes == pytest.approx(4e8)
 

@@ -64,7 +64,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         over = ", ".join(f"{k} {1e6 * v:.0f}" for k, v in factors.overhead_s.items())
         print(f"{name} on {dev.id}: efficiency {eff}; fixed us/node {over}; memory = {factors.weight_factor:.2f} x weights"
               f" + {factors.activation_factor:.2f} x activations + {factors.base_bytes / 2**20:.0f} MiB;"
-              f" bandwidth {factors.bandwidth_bytes_per_s / 1e9:.1f} GB/s")
+              f" bandwidth {factors.bandwidth_bytes_per_s / 1e9:.1f} GB/s x {factors.bandwidth_efficiency:.2f}")
     if not entries:
         print("nothing calibrated: no installed backend offers this machine's CPU", file=sys.stderr)
         return 1

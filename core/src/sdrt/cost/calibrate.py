@@ -257,15 +257,20 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
             counted = [n for n in cost.nodes if n.op_class == (op_class if op_class != "weights" else "matmul")]
             timed = [n for n in cost.nodes if n.op_class != "view" and not n.fused]
             by_class: dict[str, float] = {}
+            flops_ms: dict[str, float] = {}
+            bytes_ms = 0.0
             for n in timed:
                 by_class[n.op_class] = by_class.get(n.op_class, 0.0) + 1000 * node_time_s(
                     n.op_class, n.flops, n.bytes, dev_bw, "fp32", unit)
+                flops_ms[n.op_class] = flops_ms.get(n.op_class, 0.0) + 1000 * n.flops / dev_bw.peak("fp32")
+                bytes_ms += 1000 * n.bytes / bw
             roof = sum(by_class.values()) / 1000
             if progress:
                 progress(f"{backend}: {model.graph.name}")
             m = measure(path, feeds, backend, repeats=repeats)
             rows.append({"case": model.graph.name, "class": op_class, "size": size, "nodes": len(counted),
                          "all_nodes": len(timed), "roofline_ms": 1000 * roof, "roofline_by_class_ms": by_class,
+                         "flops_ms_by_class": flops_ms, "bytes_ms": bytes_ms,
                          "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"], "peak_bytes": m["peak_bytes"],
                          "weight_bytes": cost.weight_bytes, "activation_bytes": cost.peak_activation_bytes,
                          "flops": cost.flops})
@@ -285,27 +290,32 @@ def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return x
 
 
-def _fit_times(rows: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
-    """Every case at once: ``time = sum over classes of roofline_c / efficiency_c + nodes x overhead``,
-    linear in 1/efficiency and the overhead, fitted with non-negative coefficients, each case weighted by
-    1/time (relative errors count alike, large case or small)."""
-    timed = [r for r in rows if r.get("roofline_by_class_ms") and r["robust_ms"] > 0]
-    classes = [c for c in TIME_CLASSES if any(r["roofline_by_class_ms"].get(c) for r in timed)]
-    a = np.array([[r["roofline_by_class_ms"].get(c, 0.0) for c in classes] + [r["all_nodes"]] for r in timed])
+def _fit_times(rows: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float], float]:
+    """Every case at once, with an additive roofline: ``time = sum over classes of flops_time_c / efficiency_c
+    + bytes_time / bandwidth_efficiency + nodes x overhead`` (flops_time at the nominal peak, bytes_time at
+    the measured bandwidth), linear in the inverses, fitted with non-negative coefficients, each case
+    weighted by 1/time (relative errors count alike, large case or small)."""
+    timed = [r for r in rows if r.get("flops_ms_by_class") is not None and r["robust_ms"] > 0]
+    classes = [c for c in TIME_CLASSES if any(r["flops_ms_by_class"].get(c) for r in timed)]
+    a = np.array([[r["flops_ms_by_class"].get(c, 0.0) for c in classes] + [r["bytes_ms"], r["all_nodes"]]
+                  for r in timed])
     y = np.array([r["robust_ms"] for r in timed])
     x = _nnls(a / y[:, None], np.ones(len(y)))
     o = float(x[-1]) / 1000.0  # ms -> s per node
     eff = {c: (1.0 / x[i] if x[i] > 1e-9 else 10.0) for i, c in enumerate(classes)}
-    return eff, {c: o for c in classes}
+    bw_eff = 1.0 / x[-2] if x[-2] > 1e-9 else 10.0
+    return eff, {c: o for c in TIME_CLASSES}, bw_eff
 
 
 def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
     """Per class: ``t_node = overhead + roofline_node / efficiency`` through the small and large case;
     memory: least squares of ``peak = a * weights + b * activations + c`` over every case."""
-    eff, over = _fit_times(rows)
+    eff, over, bw_eff = _fit_times(rows)
     a = np.array([[r["weight_bytes"], r["activation_bytes"], 1.0] for r in rows])
-    y = np.array([float(r["peak_bytes"]) for r in rows])
-    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-    wf, af, base = (float(max(v, 0.0)) for v in coef)
+    y = np.array([max(float(r["peak_bytes"]), 1.0) for r in rows])
+    wf, af, base = (float(v) for v in _nnls(a / y[:, None], np.ones(len(y))))  # relative errors
     return Factors(eff, over, wf, af, base, True, bandwidth, f"sdrt selftest --calibrate ({backend})",
-                   {"cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "roofline_ms", "peak_bytes")} for r in rows]})
+                   additive=True, bandwidth_efficiency=bw_eff,
+                   fit={"bandwidth_efficiency": bw_eff,
+                        "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "roofline_ms", "peak_bytes")}
+                                  for r in rows]})

@@ -42,6 +42,11 @@ class Factors:
     #: attention runs as one fused kernel (flash attention: the scores never reach memory), so its
     #: matmuls and softmax cost their FLOPs only; calibrated CPU factors measure the backend as it is
     fused_attention: bool = False
+    #: calibrated factors add the compute and memory terms (``flops / (peak x efficiency[c]) + bytes /
+    #: (bandwidth x bandwidth_efficiency)``), as a CPU that streams weights from memory while it computes
+    #: does; the defaults take the larger of the two (the classic roofline)
+    additive: bool = False
+    bandwidth_efficiency: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,6 +133,10 @@ def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, 
     if op_class == "attention" and f.fused_attention:
         nbytes = 0.0
     bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
+    if f.additive:
+        eff = max(f.efficiency.get(op_class, 0.5), 1e-3)
+        return (f.overhead_s.get(op_class, 0.0) + flops / (device.peak(precision) * eff)
+                + nbytes / (bw * max(f.bandwidth_efficiency, 1e-3)))
     roof = max(flops / device.peak(precision), nbytes / bw)
     return f.overhead_s.get(op_class, 0.0) + roof / max(f.efficiency.get(op_class, 0.5), 1e-3)
 

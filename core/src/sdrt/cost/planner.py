@@ -158,7 +158,9 @@ def _cand(c: Candidate | None) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------- parts
 def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> dict[str, tuple[int, ...]]:
     """Shapes for a lone graph's dynamic inputs: batch ``batch``; 4-D image-like inputs at the latent
-    (width/8) or pixel size by their channels; token sequences 77 long; anything else 1."""
+    (width/8) or pixel size by their channels; a dim named for image tokens (``img``) at a DiT's packed
+    latent length (width/16 x height/16), one named for T5 text (``txt``) 512 long; other token
+    sequences 77 long; anything else 1."""
     out: dict[str, tuple[int, ...]] = {}
     for i in graph.inputs:
         dims = list(i.shape)
@@ -167,8 +169,13 @@ def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> d
         for k, d in enumerate(dims):
             if isinstance(d, int):
                 continue
+            name = str(d).lower()
             if k == 0:
                 dims[k] = batch
+            elif "img" in name or "image" in name:
+                dims[k] = (height // 16) * (width // 16)
+            elif "txt" in name:
+                dims[k] = 512
             elif len(dims) == 4 and k >= 2:
                 ch = dims[1] if isinstance(dims[1], int) else 4
                 scale = 1 if ch == 3 else 8
@@ -256,6 +263,8 @@ def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precis
             a = max(a, pr.activation_bytes)
             peak_part = max(peak_part, pr.peak_bytes)
         load_ms = 0.0
+        if offload == "stream":  # resident: activations and two blocks' weights in flight
+            peak_part = f.activation_factor * a + 2 * f.weight_factor * w / 20 + f.base_bytes
         if offload == "parts":
             load_ms = 1000 * w / DISK_BYTES_PER_S
         elif offload == "stream":
@@ -271,7 +280,7 @@ def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precis
     elif offload == "parts":
         peak = max((p["predicted_peak_bytes"] for p in parts), default=0.0)
     else:  # stream: activations plus two blocks' weights in flight (a block ~ 1/20 of the largest part)
-        peak = max((af * p["activation_bytes"] + 2 * wf * p["weight_bytes"] / 20 for p in parts), default=0) + base
+        peak = max((p["predicted_peak_bytes"] for p in parts), default=0.0)
     return Candidate(backend, precision, offload, peak <= budget, total_ms, peak, parts, f.calibrated)
 
 
