@@ -5,7 +5,9 @@ efficiency factors measurements fit, and the planner that picks backend, precisi
 - ``devices``: the device library (``sdrt/data/devices.json``) and this machine's CPU;
 - ``model``: the roofline per op class, the efficiency factors and their stored calibration;
 - ``calibrate``: timing the op classes on a backend here (``sdrt selftest --calibrate``);
-- ``planner``: parts from a run plan, candidates, the choice (``sdrt plan``).
+- ``shapes``: input shapes for a lone graph with dynamic dims;
+- ``planner``: parts from a run plan, candidates, the choice (``sdrt plan``);
+- ``choose``: ``backend="auto"`` by predicted time (``sdrt.runtime``).
 
 Imports point down this list, except that ``planner`` and ``calibrate`` both use ``model``.
 """

@@ -31,7 +31,7 @@ def _mix_cost() -> GraphCost:
 def _graph_cost(graph: Graph | None) -> GraphCost:
     if graph is None:
         return _mix_cost()
-    from .planner import single_file_shapes
+    from .shapes import single_file_shapes
 
     try:
         return graph_costs(graph, single_file_shapes(graph, 512, 512) or None)

@@ -25,6 +25,7 @@ from ..errors import SdrtError
 from .devices import DeviceSpec
 from .model import Factors, factors_for, load_calibration, predict
 from .nodes import GraphCost, graph_costs
+from .shapes import single_file_shapes
 
 log = logging.getLogger("sdrt.cost")
 
@@ -156,38 +157,6 @@ def _cand(c: Candidate | None) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------------- parts
-def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> dict[str, tuple[int, ...]]:
-    """Shapes for a lone graph's dynamic inputs: batch ``batch``; 4-D image-like inputs at the latent
-    (width/8) or pixel size by their channels; a dim named for image tokens (``img``) at a DiT's packed
-    latent length (width/16 x height/16), one named for T5 text (``txt``) 512 long; other token
-    sequences 77 long; anything else 1."""
-    out: dict[str, tuple[int, ...]] = {}
-    for i in graph.inputs:
-        dims = list(i.shape)
-        if all(isinstance(d, int) for d in dims):
-            continue
-        for k, d in enumerate(dims):
-            if isinstance(d, int):
-                continue
-            name = str(d).lower()
-            if k == 0:
-                dims[k] = batch
-            elif "img" in name or "image" in name:
-                dims[k] = (height // 16) * (width // 16)
-            elif "txt" in name:
-                dims[k] = 512
-            elif len(dims) == 4 and k >= 2:
-                ch = dims[1] if isinstance(dims[1], int) else 4
-                scale = 1 if ch == 3 else 8
-                dims[k] = (height if k == 2 else width) // scale
-            elif len(dims) in (2, 3) and k == 1:
-                dims[k] = 77
-            else:
-                dims[k] = 1
-        out[i.name] = tuple(int(d) for d in dims)
-    return out
-
-
 def plan_parts(model: str | Path, *, width: int = 512, height: int = 512, steps: int = 20, cfg: float | None = None,
                batch: int = 1) -> tuple[str, list[PartCalls]]:
     """The parts of ``model`` (a pipeline folder or one ``.onnx``) with their shapes and calls per image."""
