@@ -168,3 +168,12 @@ def test_dynamic_inputs_must_be_pinned():
 
 def test_onnx_is_imported():  # keeps the import used for readers
     assert onnx.__version__
+
+
+def test_embedding_lookup_reads_only_the_rows_taken():
+    g = _graph([helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)],
+               [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 77])],
+               [helper.make_tensor_value_info("y", F, None)], [_w("table", (1000, 64))])
+    c = graph_costs(g)
+    assert c.nodes[0].weight_bytes == 4 * 77 * 64  # 77 rows read
+    assert c.weight_bytes == 4 * 1000 * 64  # the whole table stays resident

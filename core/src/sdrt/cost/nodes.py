@@ -192,6 +192,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                     w_read += _prod(s) * per
             elif cls != "view":
                 a_read += _prod(s) * _elem_size(dtype(i), act)
+        if op in ("Gather", "GatherElements", "GatherND") and ins and ins[0] in origin:  # a lookup reads the rows taken
+            w_read = min(w_read, _prod(out_shapes[0]) * act if out_shapes else 0.0)
         written = 0.0 if cls == "view" else sum(_prod(s) * _elem_size(dtype(o), act)
                                                   for o, s in zip([o for o in n.output if o], out_shapes))
         flops = _flops(n, cls, [shape(i) for i in ins], out_shapes)
