@@ -67,6 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", action="append", default=[])
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--json")
+    ap.add_argument("--group", action="append", default=[], help="only cases whose group starts with this")
     args = ap.parse_args(argv)
     from sdrt.cost.calibrate import measure
     from sdrt.cost.devices import this_cpu
@@ -79,13 +80,17 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="sdrt-check-plan-") as tmp:
         for group, name, path, shapes, calls in cases(Path(tmp)):
+            if args.group and not any(group.startswith(x) for x in args.group):
+                continue
             g = Graph.load(path)
+            dynamic = any(not isinstance(d, int) for i in g.inputs for d in i.shape)
+            options = {"shapes": {k: tuple(int(x) for x in v) for k, v in shapes.items()}} if dynamic else {}
             cost = graph_costs(g, shapes)
             feeds = feeds_for(g, shapes)
             for be in args.backend or ["openvino", "ggml"]:
                 pr = predict(cost, cpu, be, "fp32", factors_for(be, cpu, "fp32", cal))
                 try:
-                    m = measure(path, feeds, be, repeats=args.repeats)
+                    m = measure(path, feeds, be, repeats=args.repeats, options=options if be == "ggml" else {})
                 except Exception as exc:  # noqa: BLE001 - report it, keep going
                     rows.append({"group": group, "part": name, "backend": be, "error": str(exc)[-300:]})
                     print(f"{group:<18} {name:<16} {be:<9} ERROR {str(exc)[-200:]}", flush=True)
