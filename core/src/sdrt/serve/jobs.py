@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, SamplerError, SdrtError, WeightsError
+from ..errors import InputError, ModelError, SamplerError, SdrtError, WeightsError
 from .errors import ApiError
 from .registry import ModelEntry
 from .spec import PipelineSpec
@@ -91,10 +91,21 @@ class Job:
         return max(elapsed / self.progress - elapsed, 0.0)
 
 
+class _Generating(Exception):
+    """Wraps what ``Pipeline.generate`` raised on a loaded model: the request asked for something
+    this model cannot do (a size its fixed-shape graph refuses, a prompt too long, a LoRA of
+    another family), so the client gets a 400."""
+
+
 def _public_error(exc: BaseException) -> ApiError:
     """The HTTP error a failed job ends in: 400 for what the request asked wrongly, else 500."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, _Generating) and isinstance(exc.__cause__, (InputError, SamplerError, WeightsError,
+                                                                   ModelError)):
+        return ApiError(400, f"the model {exc.args[0]} refused the request: {exc.__cause__}")
+    if isinstance(exc, _Generating) and exc.__cause__ is not None:
+        exc = exc.__cause__
     if isinstance(exc, (InputError, SamplerError, WeightsError)):
         return ApiError(400, str(exc))
     if isinstance(exc, SdrtError):
@@ -140,7 +151,9 @@ class Worker(threading.Thread):
             except BaseException as exc:  # noqa: BLE001 - a failed job must never end the worker
                 err = _public_error(exc)
                 if err.status >= 500:
-                    log.exception("job %s failed on %s", job.id, self.label)
+                    log.error("job %s failed on %s", job.id, self.label, exc_info=exc)
+                else:
+                    log.info("job %s refused: %s", job.id, err.message)
                 job.state = "failed"
                 job.finished = time.time()
                 if not job.future.done():
@@ -172,9 +185,12 @@ class Worker(threading.Thread):
                     break
                 job.iteration, job.step = k, 0
                 job.skip.clear()
-                gen = generate_until_stopped(pipe, lambda: job.interrupt.is_set() or job.skip.is_set(), on_step,
-                                             w.prompt, w.negative, seed=w.seed + k * w.batch, batch_count=1,
-                                             **w.kwargs)
+                try:
+                    gen = generate_until_stopped(pipe, lambda: job.interrupt.is_set() or job.skip.is_set(),
+                                                 on_step, w.prompt, w.negative, seed=w.seed + k * w.batch,
+                                                 batch_count=1, **w.kwargs)
+                except SdrtError as exc:
+                    raise _Generating(w.model.name) from exc
                 if gen is None:
                     if job.interrupt.is_set():
                         result.interrupted = True
