@@ -42,6 +42,17 @@ _NOT_HONOURED: list[tuple[str, tuple[Any, ...], str]] = [
     ("initial_noise_multiplier", (1, 1.0), "the initial noise multiplier is fixed at 1"),
     ("distilled_cfg_scale", (3.5,), "distilled guidance (Flux) does not apply to these models"),
 ]
+#: A1111's request fields (txt2img and img2img); ``parameters`` echoes only these, never a client's own
+#: extra fields (SillyTavern forwards its ``url`` and ``auth`` in the body)
+_KNOWN = frozenset("""prompt negative_prompt styles seed subseed subseed_strength seed_resize_from_h seed_resize_from_w
+sampler_name scheduler batch_size n_iter steps cfg_scale distilled_cfg_scale width height restore_faces tiling
+do_not_save_samples do_not_save_grid eta denoising_strength s_min_uncond s_churn s_tmax s_tmin s_noise
+override_settings override_settings_restore_afterwards refiner_checkpoint refiner_switch_at disable_extra_networks
+firstpass_image comments enable_hr firstphase_width firstphase_height hr_scale hr_upscaler hr_second_pass_steps
+hr_resize_x hr_resize_y hr_checkpoint_name hr_sampler_name hr_scheduler hr_prompt hr_negative_prompt force_task_id
+sampler_index script_name script_args send_images save_images alwayson_scripts infotext resize_mode image_cfg_scale
+mask_blur mask_blur_x mask_blur_y inpainting_fill inpaint_full_res inpaint_full_res_padding inpainting_mask_invert
+initial_noise_multiplier latent_mask include_init_images""".split())
 #: override_settings keys that sdrt reads; any other is named as not honoured
 _OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae"}
 
@@ -123,7 +134,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
         raise ApiError(400, exc.what, field=exc.where) from None
-    params = {k: v for k, v in body.items() if k not in ("init_images", "mask")}
+    params = {k: v for k, v in body.items() if k in _KNOWN}
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter)
     return Request(work, mode, not_honoured, task_id, send_images, params)
 
