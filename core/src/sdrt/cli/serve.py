@@ -25,6 +25,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--models", default=None, metavar="DIR",
                    help="folder of model folders (diffusers/Optimum ONNX); default: the embedded demo model")
     p.add_argument("--default-model", default=None, metavar="NAME", help="model used until a client picks one")
+    p.add_argument("--checkpoint-base", default=None, metavar="NAME",
+                   help="the model folder that .safetensors checkpoints in --models bind onto (default: the first)")
     p.add_argument("--lora-dir", default=None, metavar="DIR", help="where <lora:name:w> finds name.safetensors")
     p.add_argument("--embedding-dir", default=None, metavar="DIR", help="textual-inversion embeddings to load")
     p.add_argument("--backend", default="auto")
@@ -82,7 +84,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
                        embedding_dir=_folder(args.embedding_dir, "--embedding-dir"), backend=args.backend,
                        devices=tuple(args.device) if args.device else (None,), auth=auth, tokens=tokens,
                        limits=limits, keep_models=args.keep_models, low_memory=args.low_memory or False,
-                       default_model=args.default_model)
+                       default_model=args.default_model, checkpoint_base=args.checkpoint_base)
 
 
 def _loopback(host: str) -> bool:

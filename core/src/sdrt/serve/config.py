@@ -25,7 +25,8 @@ class ServeConfig:
     """Everything ``create_app`` needs; plain data, so it pickles (the Ray replicas get a copy).
 
     ``models``: a folder of model folders (diffusers/Optimum ONNX layout), each served under its
-    folder name; None serves the embedded demo model. ``devices``: one worker each (a device id as
+    folder name, and of single-file ``.safetensors`` checkpoints, served under their file name and
+    bound onto ``checkpoint_base`` (a folder name; default the first); None serves the embedded demo model. ``devices``: one worker each (a device id as
     ``sdrt.load`` takes it, e.g. ``"CPU"``, ``"openvino:CPU"``, ``"cuda:0"``; None: the backend's default).
     ``auth``: ``("user", "pass")`` pairs for HTTP basic; ``tokens``: bearer tokens. No auth when both are empty.
     """
@@ -41,6 +42,7 @@ class ServeConfig:
     keep_models: int = 2          # pipelines each worker keeps warm
     low_memory: bool | None = False
     default_model: str | None = None
+    checkpoint_base: str | None = None  # the model folder that .safetensors checkpoints bind onto
 
 
 __all__ = ["Limits", "ServeConfig"]

@@ -129,11 +129,14 @@ class Worker(threading.Thread):
         self.done = 0
 
     def pipeline(self, model: ModelEntry) -> Any:
-        key = str(model.path)
+        key = model.key
         if key in self.pipes:
             self.pipes.move_to_end(key)
             return self.pipes[key]
-        pipe = self.spec_for(model, self.device).build()
+        try:
+            pipe = self.spec_for(model, self.device).build()
+        except WeightsError as exc:  # a checkpoint of another architecture than its base folder
+            raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}") from exc
         self.pipes[key] = pipe
         while len(self.pipes) > self.keep:
             _, old = self.pipes.popitem(last=False)

@@ -21,18 +21,32 @@ log = logging.getLogger("sdrt.serve.registry")
 
 @dataclass(frozen=True)
 class ModelEntry:
+    """A servable model: an ONNX model folder, or a single-file checkpoint (``weights``) bound onto
+    the ONNX folder ``path`` of its architecture."""
+
     name: str
     path: Path
     hash: str
+    weights: Path | None = None
 
     @property
     def title(self) -> str:
         """A1111's checkpoint title: ``"name [shorthash]"``."""
         return f"{self.name} [{self.hash}]"
 
+    @property
+    def model_name(self) -> str:
+        """A1111's ``model_name``: a checkpoint's file name without its extension."""
+        return self.weights.stem if self.weights is not None else self.name
+
+    @property
+    def key(self) -> str:
+        return str(self.weights or self.path)
+
 
 def _short_hash(unet: Path) -> str:
-    """First 10 hex digits of the SHA-256 of the UNet's ``model.onnx``: the pipeline's ``Model hash``."""
+    """First 10 hex digits of a file's SHA-256: the UNet's ``model.onnx`` for a folder (the pipeline's
+    ``Model hash``), the file itself for a checkpoint (A1111's short hash)."""
     h = hashlib.sha256()
     with open(unet, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -43,8 +57,10 @@ def _short_hash(unet: Path) -> str:
 class Registry:
     """What the server can load. ``models=None`` serves the embedded demo model only."""
 
-    def __init__(self, models: Path | None, lora_dir: Path | None = None, embedding_dir: Path | None = None) -> None:
+    def __init__(self, models: Path | None, lora_dir: Path | None = None, embedding_dir: Path | None = None,
+                 checkpoint_base: str | None = None) -> None:
         self.models_dir = models
+        self.checkpoint_base = checkpoint_base
         self.lora_dir = lora_dir
         self.embedding_dir = embedding_dir
         self._lock = threading.Lock()
@@ -60,18 +76,30 @@ class Registry:
             return [DEMO_MODEL]
         return sorted(p for p in self.models_dir.iterdir() if (p / "model_index.json").is_file())
 
+    def _hash(self, path: Path) -> str:
+        key = (path, path.stat().st_mtime)
+        if key not in self._hashes:
+            self._hashes[key] = _short_hash(path)
+        return self._hashes[key]
+
     def refresh(self) -> None:
-        """Read the models folder again (A1111's ``/refresh-checkpoints``)."""
+        """Read the models folder again (A1111's ``/refresh-checkpoints``): ONNX model folders, then
+        the ``.safetensors`` checkpoints beside them, each bound onto ``checkpoint_base`` (default:
+        the first folder)."""
         found: dict[str, ModelEntry] = {}
         for folder in self._folders():
             unet = folder / "unet" / "model.onnx"
             if not unet.is_file():
                 log.warning("skipping %s: it has no unet/model.onnx", folder)
                 continue
-            key = (unet, unet.stat().st_mtime)
-            if key not in self._hashes:
-                self._hashes[key] = _short_hash(unet)
-            found[folder.name] = ModelEntry(folder.name, folder, self._hashes[key])
+            found[folder.name] = ModelEntry(folder.name, folder, self._hash(unet))
+        if self.models_dir is not None and found:
+            base = found.get(self.checkpoint_base or "") or next(iter(found.values()))
+            if self.checkpoint_base and self.checkpoint_base not in found:
+                log.warning("--checkpoint-base %s is not a model folder here; using %s", self.checkpoint_base, base.name)
+            for f in sorted(self.models_dir.glob("*.safetensors")):
+                if f.is_file() and f.name not in found:
+                    found[f.name] = ModelEntry(f.name, base.path, self._hash(f), weights=f)
         with self._lock:
             self._models = found
 
@@ -89,11 +117,11 @@ class Registry:
             models = dict(self._models)
         text = name.strip()
         for entry in models.values():
-            if text in (entry.name, entry.title):
+            if text in (entry.name, entry.title, entry.model_name):
                 return entry
-        bare = text.split(" [", 1)[0].strip()
+        bare = text.split(" [", 1)[0].strip().casefold()
         for entry in models.values():
-            if bare.casefold() in (entry.name.casefold(), entry.title.casefold()):
+            if bare in (entry.name.casefold(), entry.title.casefold(), entry.model_name.casefold()):
                 return entry
         choices = ", ".join(e.title for e in models.values()) or "none"
         raise ApiError(400, f"no model named {name[:200]!r}; this server has: {choices}", field=field)

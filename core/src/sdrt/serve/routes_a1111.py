@@ -41,7 +41,7 @@ async def img2img(request: Request) -> JSONResponse:
 
 
 async def sd_models(request: Request) -> JSONResponse:
-    return JSONResponse([{"title": m.title, "model_name": m.name, "hash": m.hash, "sha256": None,
+    return JSONResponse([{"title": m.title, "model_name": m.model_name, "hash": m.hash, "sha256": None,
                           "filename": m.name, "config": None} for m in _state(request).registry.models])
 
 

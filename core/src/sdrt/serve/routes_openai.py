@@ -100,7 +100,7 @@ async def generations(request: Request) -> JSONResponse:
 
 async def models(request: Request) -> JSONResponse:
     st: ServerState = request.app.state.sdrt
-    return JSONResponse({"object": "list", "data": [{"id": m.name, "object": "model", "created": 0,
+    return JSONResponse({"object": "list", "data": [{"id": m.model_name, "object": "model", "created": 0,
                                                      "owned_by": "sdrt"} for m in st.registry.models]})
 
 

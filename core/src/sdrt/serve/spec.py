@@ -17,7 +17,8 @@ _BUILD_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class PipelineSpec:
-    """``folder`` + ``backend`` + ``device`` (+ the LoRA folder and the embeddings to load)."""
+    """``folder`` + ``backend`` + ``device`` (+ a single-file checkpoint bound onto the folder, the
+    LoRA folder and the embeddings to load)."""
 
     folder: Path
     backend: str = "auto"
@@ -25,6 +26,7 @@ class PipelineSpec:
     lora_dir: Path | None = None
     embeddings: tuple[Path, ...] = ()
     low_memory: bool | None = False
+    weights: Path | None = None
 
     def build(self) -> Any:
         """A ready ``sdrt.pipelines.Pipeline`` (its parts compile on first use)."""
@@ -32,6 +34,8 @@ class PipelineSpec:
 
         with _BUILD_LOCK:
             pipe = pipelines.load(self.folder, backend=self.backend, device=self.device, low_memory=self.low_memory)
+            if self.weights is not None:
+                pipe.load_weights(self.weights)  # refused, naming the family, when it does not fit the folder
             if self.lora_dir is not None:
                 pipe.weights.lora_dir = self.lora_dir
             if self.embeddings:

@@ -19,7 +19,7 @@ class ServerState:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.limits = config.limits
-        self.registry = Registry(config.models, config.lora_dir, config.embedding_dir)
+        self.registry = Registry(config.models, config.lora_dir, config.embedding_dir, config.checkpoint_base)
         self._lock = threading.Lock()
         first = self.registry.model(config.default_model, "--default-model") if config.default_model else None
         self._options: dict[str, Any] = {"samples_format": "png", "CLIP_stop_at_last_layers": 1,
@@ -34,7 +34,7 @@ class ServerState:
 
     def spec_for(self, model: ModelEntry, device: str | None) -> PipelineSpec:
         return PipelineSpec(model.path, self.config.backend, device, self.config.lora_dir,
-                            tuple(self.registry.embeddings.values()), self.config.low_memory)
+                            tuple(self.registry.embeddings.values()), self.config.low_memory, model.weights)
 
     # ---------------------------------------------------------------- A1111 options
     def options(self) -> dict[str, Any]:
