@@ -1,5 +1,7 @@
-"""The Ray Serve deployment on a local single-node Ray cluster, answering the same webuiapi calls
-(txt2img, img2img, options, progress, interrupt). Skipped without Ray; ``nox -s serve_ray`` runs it."""
+"""The Ray Serve deployment on a local single-node Ray cluster (two replicas), answering the same
+webuiapi calls (txt2img, img2img, options, progress, interrupt) as one server: a model switch, a
+progress query and an interrupt reach every replica, whichever one Ray's proxy hands the request to.
+Skipped without Ray; ``nox -s serve_ray`` runs it."""
 
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ def ray_url(models_dir):
              runtime_env={"env_vars": {"SDRT_LOAD_ENTRY_POINTS": "1"}})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(deployment(ServeConfig(models=models_dir, backend="openvino", devices=("CPU",))),
-                  name="sdrt", route_prefix="/")
+        serve.run(deployment(ServeConfig(models=models_dir, backend="openvino", devices=("CPU",)), replicas=2,
+                             cpus_per_replica=0.5), name="sdrt", route_prefix="/")
         yield port
     finally:
         serve.shutdown()
@@ -43,9 +45,16 @@ def test_ray_deployment_answers_webuiapi(ray_url) -> None:
     src = Image.new("RGB", (64, 64), (20, 40, 200))
     r = api.img2img(images=[src], prompt="a red circle", seed=3, width=64, height=64, denoising_strength=0.5)
     assert r.images[0].size == (64, 64) and r.info["denoising_strength"] == 0.5
-    api.util_set_model("demo-b")
-    assert api.util_get_current_model().startswith("demo-b")
-    assert api.txt2img(prompt="x", seed=1, width=64, height=64).info["sd_model_name"] == "demo-b"
+    hosts = set()
+    for _ in range(24):  # Ray's proxy spreads requests over both replicas
+        hosts.add(api.txt2img(prompt="x", seed=1, width=64, height=64, steps=2).info["sdrt_host"])
+        if len(hosts) == 2:
+            break
+    assert len(hosts) == 2, hosts
+    api.util_set_model("demo-b")  # answered by one replica, seen by both
+    for _ in range(6):
+        assert api.util_get_current_model().startswith("demo-b")
+        assert api.txt2img(prompt="x", seed=1, width=64, height=64, steps=2).info["sd_model_name"] == "demo-b"
     out: dict = {}
     t = threading.Thread(target=lambda: out.update(r=api.txt2img(prompt="a blue square", seed=1, width=64, height=64,
                                                                  steps=150, n_iter=32)))
@@ -59,6 +68,9 @@ def test_ray_deployment_answers_webuiapi(ray_url) -> None:
             break
         time.sleep(0.05)
     assert seen is not None and seen["state"]["sampling_steps"] == 150
+    time.sleep(0.5)  # the running replica has reported to the shared state
+    for _ in range(6):  # whichever replica answers knows the job
+        assert api.get_progress()["state"]["job_count"] == 1
     api.interrupt()
     t.join(timeout=120)
     assert out["r"].info["sdrt_interrupted"] is True and len(out["r"].images) < 32

@@ -73,8 +73,9 @@ async def _status(request: Request) -> JSONResponse:
                          "submitted": st.queue.submitted, "workers": workers})
 
 
-def create_app(config: ServeConfig | None = None) -> Starlette:
-    """An ASGI app serving ``config`` (default: the demo model on the default device)."""
+def create_app(config: ServeConfig | None = None, cluster: Any = None) -> Starlette:
+    """An ASGI app serving ``config`` (default: the demo model on the default device); ``cluster``
+    shares options, interrupts and progress with other replicas (the Ray deployment gives one)."""
     from . import routes_a1111, routes_openai
 
     config = config or ServeConfig()
@@ -86,7 +87,7 @@ def create_app(config: ServeConfig | None = None) -> Starlette:
         finally:
             state.close()
 
-    state = ServerState(config)
+    state = ServerState(config, cluster)
     routes = [*routes_a1111.ROUTES, *routes_openai.ROUTES, Route("/sdrt/status", _status, methods=["GET"])]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import socket
 import time
 from typing import Any
 
@@ -46,7 +48,8 @@ def info(work: Work, result: Result, texts: list[str], not_honoured: list[str], 
         "is_using_inpainting_conditioning": False, "version": _version(),
         # sdrt's own: what the request asked that was not done, and how the job ran
         "sdrt_not_honoured": not_honoured, "sdrt_interrupted": result.interrupted,
-        "sdrt_skipped_runs": result.skipped, "sdrt_worker": result.worker, "sdrt_task_id": job_id,
+        "sdrt_skipped_runs": result.skipped, "sdrt_worker": result.worker,
+        "sdrt_host": f"{socket.gethostname()}:{os.getpid()}", "sdrt_task_id": job_id,
         "sdrt_seconds": round(result.seconds, 3),
     }
 

@@ -24,7 +24,8 @@ def _state(request: Request) -> ServerState:
 async def _generate(request: Request, mode: str) -> JSONResponse:
     st = _state(request)
     body = await read_json(request, st.limits.max_body_bytes)
-    req = await run_in_threadpool(a1111.parse, body, mode, st.registry, st.limits, st.options())
+    options = await run_in_threadpool(st.options)
+    req = await run_in_threadpool(a1111.parse, body, mode, st.registry, st.limits, options)
     job = st.queue.submit(req.work, req.task_id)
     result = await asyncio.wrap_future(job.future)
     payload = await run_in_threadpool(responses.a1111, req.work, result, req.params, req.not_honoured, job.id,
@@ -94,27 +95,28 @@ async def options(request: Request) -> JSONResponse:
         body = await read_json(request, st.limits.max_body_bytes)
         await run_in_threadpool(st.set_options, body)
         return JSONResponse(None)
-    return JSONResponse(st.options())
+    return JSONResponse(await run_in_threadpool(st.options))
 
 
 async def progress(request: Request) -> JSONResponse:
     st = _state(request)
     skip_image = request.query_params.get("skip_current_image", "false").lower() in ("true", "1")
-    running = st.queue.running()
-    queued = st.queue.queued()
+    local = st.queue.running()
+    report = st.progress_report()
+    others = await run_in_threadpool(st.cluster.others_progress) if st.cluster is not None else []
+    running = report["running"] + [j for o in others for j in o["running"]]
+    queued = report["queued"] + sum(o["queued"] for o in others)
     job = running[0] if running else None
-    state = {"skipped": bool(job and job.skip.is_set()), "interrupted": bool(job and job.interrupt.is_set()),
-             "stopping_generation": False, "job": job.id if job else "", "job_count": len(running) + queued,
-             "job_timestamp": "0", "job_no": job.iteration if job else 0,
-             "sampling_step": job.step if job else 0, "sampling_steps": job.total if job else 0,
-             "running": [{"id": j.id, "worker": j.worker, "progress": round(j.progress, 4)} for j in running],
-             "queued": queued}
+    state = {"skipped": bool(job and job["skipped"]), "interrupted": bool(job and job["interrupted"]),
+             "stopping_generation": False, "job": job["id"] if job else "", "job_count": len(running) + queued,
+             "job_timestamp": "0", "job_no": job["iteration"] if job else 0,
+             "sampling_step": job["step"] if job else 0, "sampling_steps": job["total"] if job else 0,
+             "running": [{k: j[k] for k in ("id", "worker", "progress")} for j in running], "queued": queued}
     image = None
-    if job is not None and not skip_image:
-        image = await run_in_threadpool(responses.preview_b64, job.latents)
-    return JSONResponse({"progress": round(job.progress, 4) if job else 0.0,
-                         "eta_relative": round(job.eta, 3) if job else 0.0, "state": state,
-                         "current_image": image, "textinfo": None})
+    if local and job is not None and job["id"] == local[0].id and not skip_image:
+        image = await run_in_threadpool(responses.preview_b64, local[0].latents)
+    return JSONResponse({"progress": job["progress"] if job else 0.0, "eta_relative": job["eta"] if job else 0.0,
+                         "state": state, "current_image": image, "textinfo": None})
 
 
 async def internal_progress(request: Request) -> JSONResponse:
@@ -139,11 +141,11 @@ async def internal_progress(request: Request) -> JSONResponse:
 
 
 async def interrupt(request: Request) -> JSONResponse:
-    return JSONResponse({"interrupted": _state(request).queue.interrupt()})
+    return JSONResponse({"interrupted": await run_in_threadpool(_state(request).interrupt)})
 
 
 async def skip(request: Request) -> JSONResponse:
-    return JSONResponse({"skipped": _state(request).queue.skip()})
+    return JSONResponse({"skipped": await run_in_threadpool(_state(request).skip)})
 
 
 async def refresh(request: Request) -> JSONResponse:

@@ -1,9 +1,14 @@
-"""What one server holds: its config, the registry, the job queue and A1111's options."""
+"""What one server holds: its config, the registry, the job queue and A1111's options.
+
+A1111's options, interrupts and skips are server-wide. On one machine they live here; in the Ray
+deployment every replica is given a :class:`Cluster` (``sdrt.serve.ray_app``) that shares them with
+the other replicas, so a model switch, an interrupt or a progress query reaches the whole deployment.
+"""
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 from .config import ServeConfig
 from .errors import ApiError
@@ -12,21 +17,35 @@ from .registry import ModelEntry, Registry
 from .spec import PipelineSpec
 
 #: options a client may store and read back (Easy Diffusion sets a few); bounded so a client cannot grow them
-_MAX_OPTIONS = 256
+MAX_OPTIONS = 256
+
+
+class Cluster(Protocol):
+    """What a replica shares with the others (the Ray deployment's shared-state actor)."""
+
+    def get_options(self) -> dict[str, Any]: ...
+    def update_options(self, updates: dict[str, Any]) -> None: ...
+    def interrupt(self) -> None: ...
+    def skip(self) -> None: ...
+    def others_progress(self) -> list[dict[str, Any]]: ...
+    def attach(self, state: ServerState) -> None: ...
 
 
 class ServerState:
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, cluster: Cluster | None = None) -> None:
         self.config = config
         self.limits = config.limits
         self.registry = Registry(config.models, config.lora_dir, config.embedding_dir, config.checkpoint_base)
         self._lock = threading.Lock()
         first = self.registry.model(config.default_model, "--default-model") if config.default_model else None
+        first = first or self._first()
         self._options: dict[str, Any] = {"samples_format": "png", "CLIP_stop_at_last_layers": 1,
-                                         "sd_model_checkpoint": (first or self._first()).title if (
-                                             first or self.registry.models) else None}
+                                         "sd_model_checkpoint": first.title if first else None}
+        self.cluster = cluster
         self.queue = JobQueue(config.devices, self.spec_for, keep=config.keep_models,
                               max_queue=config.limits.max_queue)
+        if cluster is not None:
+            cluster.attach(self)
 
     def _first(self) -> ModelEntry | None:
         models = self.registry.models
@@ -37,14 +56,16 @@ class ServerState:
                             tuple(self.registry.embeddings.values()), self.config.low_memory, model.weights)
 
     # ---------------------------------------------------------------- A1111 options
-    def options(self) -> dict[str, Any]:
+    def default_options(self) -> dict[str, Any]:
         with self._lock:
-            out = dict(self._options)
+            return dict(self._options)
+
+    def options(self) -> dict[str, Any]:
+        out = self.cluster.get_options() if self.cluster is not None else self.default_options()
         current = out.get("sd_model_checkpoint")
         if current:
             try:
-                entry = self.registry.model(current)
-                out["sd_checkpoint_hash"] = entry.hash
+                out["sd_checkpoint_hash"] = self.registry.model(current).hash
             except ApiError:
                 pass
         return out
@@ -61,20 +82,42 @@ class ServerState:
         if clip is not None:
             updates["CLIP_stop_at_last_layers"] = clip
         for key, value in body.items():
-            if key in ("sd_model_checkpoint", "CLIP_stop_at_last_layers"):
+            if key in ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_checkpoint_hash"):
                 continue
             if not isinstance(key, str) or len(key) > 100:
                 raise ApiError(400, "option names are strings of at most 100 characters", field=str(key)[:100])
             if not isinstance(value, (str, int, float, bool, list, type(None))) or len(str(value)) > 10000:
                 raise ApiError(422, f"option {key} must be a short string, number, boolean or list", field=key)
             updates[key] = value
+        if self.cluster is not None:
+            self.cluster.update_options(updates)
+            return
         with self._lock:
-            if len(set(self._options) | set(updates)) > _MAX_OPTIONS:
-                raise ApiError(400, f"this server stores at most {_MAX_OPTIONS} options")
+            if len(set(self._options) | set(updates)) > MAX_OPTIONS:
+                raise ApiError(400, f"this server stores at most {MAX_OPTIONS} options")
             self._options.update(updates)
+
+    # ---------------------------------------------------------------- control
+    def interrupt(self) -> int:
+        if self.cluster is not None:
+            self.cluster.interrupt()
+        return self.queue.interrupt()
+
+    def skip(self) -> int:
+        if self.cluster is not None:
+            self.cluster.skip()
+        return self.queue.skip()
+
+    def progress_report(self) -> dict[str, Any]:
+        """This server's running and queued jobs, as a replica reports them to the others."""
+        return {"queued": self.queue.queued(),
+                "running": [{"id": j.id, "worker": j.worker, "progress": round(j.progress, 4), "eta": round(j.eta, 3),
+                             "iteration": j.iteration, "step": j.step, "total": j.total,
+                             "skipped": j.skip.is_set(), "interrupted": j.interrupt.is_set()}
+                            for j in self.queue.running()]}
 
     def close(self) -> None:
         self.queue.close()
 
 
-__all__ = ["ServerState"]
+__all__ = ["Cluster", "MAX_OPTIONS", "ServerState"]
