@@ -57,9 +57,10 @@ def _load(url: str, n: int) -> dict:
 
 @pytest.mark.parametrize("devices", [("CPU",), ("CPU", "CPU")], ids=["1 worker", "2 workers"])
 def test_concurrent_txt2img(models_dir, devices) -> None:
-    from sdrt.serve import ServeConfig
+    from sdrt.serve import Limits, ServeConfig
 
-    with live_server(ServeConfig(models=models_dir, backend="openvino", devices=devices)) as url:
+    config = ServeConfig(models=models_dir, backend="openvino", devices=devices, limits=Limits(max_queue=N + 8))
+    with live_server(config) as url:
         with httpx.Client(base_url=url, timeout=120) as c:  # warm every worker's pipeline first
             for _ in devices:
                 c.post("/sdapi/v1/txt2img", json={"prompt": "warm up", "width": 64, "height": 64, "steps": 2})

@@ -46,6 +46,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--low-memory", action="store_true", default=False, help="keep only the running part loaded")
     p.add_argument("--ray", action="store_true",
                    help="run as a Ray Serve deployment (one replica per --device; needs sdrt[ray])")
+    p.add_argument("--ray-gpus", type=float, default=0.0, metavar="N",
+                   help="GPUs Ray gives each replica (1: one GPU each, seen by the replica as device 0)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="join this Ray cluster (default: start a local one, or $RAY_ADDRESS)")
     return p
@@ -104,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         from ..serve.ray_app import run_ray
 
-        return run_ray(config, host=args.host, port=args.port, address=args.ray_address)
+        return run_ray(config, host=args.host, port=args.port, address=args.ray_address,
+                       gpus_per_replica=args.ray_gpus)
     try:
         import uvicorn
     except ImportError:
