@@ -1,5 +1,6 @@
 """The serve tests: a real uvicorn server on a free localhost port, serving copies of the demo
-model on OpenVINO. Skipped with the reason when the serve extra (starlette, uvicorn) is not installed.
+model on OpenVINO. The tests that need a server are skipped, with the reason, when the serve extra
+(starlette, uvicorn) is not installed (serve_helpers.needs_server).
 """
 
 from __future__ import annotations
@@ -9,13 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from serve_helpers import live_server
 
-pytest.importorskip("starlette", reason="sdrt serve needs starlette: pip install 'sdrt[serve]'")
-pytest.importorskip("uvicorn", reason="sdrt serve needs uvicorn: pip install 'sdrt[serve]'")
-
-from serve_helpers import live_server  # noqa: E402
-
-from sdrt import pipelines, plugins  # noqa: E402
+from sdrt import pipelines, plugins
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 import threading
 import time
@@ -9,7 +10,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 DATA = Path(__file__).parent / "data"
+
+_MISSING = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
+#: for tests that run a server: skipped, with the reason, without the serve extra
+needs_server = pytest.mark.skipif(bool(_MISSING), reason=f"sdrt serve needs {' and '.join(_MISSING)}: "
+                                                         "pip install 'sdrt[serve]'")
 
 
 def free_port() -> int:

@@ -7,8 +7,9 @@ import base64
 import io
 
 import pytest
-from serve_helpers import live_server
+from serve_helpers import live_server, needs_server
 
+pytestmark = needs_server
 httpx = pytest.importorskip("httpx", reason="httpx is a test dependency: pip install httpx")
 Image = pytest.importorskip("PIL.Image", reason="building test images needs Pillow")
 

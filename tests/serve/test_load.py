@@ -12,8 +12,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from serve_helpers import live_server
+from serve_helpers import live_server, needs_server
 
+pytestmark = needs_server
 httpx = pytest.importorskip("httpx", reason="httpx is a test dependency: pip install httpx")
 
 N = int(os.environ.get("SDRT_SERVE_LOAD_N", "24"))

@@ -9,8 +9,9 @@ import threading
 import time
 
 import pytest
-from serve_helpers import free_port
+from serve_helpers import free_port, needs_server
 
+pytestmark = needs_server
 ray = pytest.importorskip("ray", reason="the Ray deployment needs Ray Serve: pip install 'sdrt[ray]' (nox -s serve_ray)")
 pytest.importorskip("ray.serve", reason="the Ray deployment needs Ray Serve: pip install 'ray[serve]'")
 webuiapi = pytest.importorskip("webuiapi", reason="the webuiapi client is a test dependency: pip install webuiapi")

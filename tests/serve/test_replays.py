@@ -13,8 +13,9 @@ import time
 import uuid
 
 import pytest
-from serve_helpers import DATA, live_server
+from serve_helpers import DATA, live_server, needs_server
 
+pytestmark = needs_server
 httpx = pytest.importorskip("httpx", reason="httpx is a test dependency: pip install httpx")
 sd_parsers = pytest.importorskip("sd_parsers", reason="sd-parsers is a test dependency: pip install sd-parsers")
 Image = pytest.importorskip("PIL.Image", reason="reading the PNGs needs Pillow")

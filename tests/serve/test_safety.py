@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 
 import pytest
-from serve_helpers import live_server
+from serve_helpers import live_server, needs_server
 
 from sdrt.errors import InputError
 
@@ -79,6 +79,7 @@ def test_names_resolve_only_inside_the_folders(models_dir, tmp_path) -> None:
             reg.check_loras([name])
 
 
+@needs_server
 def test_auth_on_every_route(models_dir) -> None:
     from sdrt.serve import ServeConfig
 

@@ -9,7 +9,9 @@ import time
 
 import numpy as np
 import pytest
+from serve_helpers import needs_server
 
+pytestmark = needs_server
 webuiapi = pytest.importorskip("webuiapi", reason="the webuiapi client is a test dependency: pip install webuiapi")
 sd_parsers = pytest.importorskip("sd_parsers", reason="sd-parsers is a test dependency: pip install sd-parsers")
 Image = pytest.importorskip("PIL.Image", reason="webuiapi needs Pillow")

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_helpers import live_server
+from serve_helpers import live_server, needs_server
 
+pytestmark = needs_server
 httpx = pytest.importorskip("httpx", reason="httpx is a test dependency: pip install httpx")
 Image = pytest.importorskip("PIL.Image", reason="reading the PNGs needs Pillow")
 
