@@ -53,7 +53,7 @@ def serve_ray(session: nox.Session) -> None:
     """`sdrt serve` as a Ray Serve deployment on a local single-node Ray cluster (not in CI: Ray
     installs about 450 MB): the webuiapi client's txt2img, img2img, options, progress and interrupt."""
     _install_sdrt(session, *TEST_DEPS, "ray[serve]>=2.9")
-    session.run("pytest", "-q", "-ra", *(session.posargs or ["tests/serve/test_ray.py"]))
+    session.run("pytest", "-q", "-ra", *(session.posargs or ["tests/serve/test_serve_ray.py"]))
 
 
 @nox.session
