@@ -96,3 +96,21 @@ def test_auth_on_every_route(models_dir) -> None:
         assert c.get("/v1/models", headers={"Authorization": "Bearer tok"}).status_code == 200
         assert c.get("/v1/models", headers={"Authorization": "Bearer nope"}).json()["error"]["type"] == \
             "invalid_request_error"
+        # no CORS unless asked: a browser page elsewhere gets no Access-Control-Allow-Origin
+        r = c.get("/sdapi/v1/options", headers={"Origin": "http://evil.example", "Authorization": "Bearer tok"})
+        assert "access-control-allow-origin" not in r.headers
+
+
+@needs_server
+def test_cors_allow_origins(models_dir) -> None:
+    from sdrt.serve import ServeConfig
+
+    config = ServeConfig(models=models_dir, backend="openvino", tokens=("tok",), cors_origins=("http://app.local",))
+    with live_server(config) as url, httpx.Client(base_url=url, timeout=60) as c:
+        pre = c.options("/sdapi/v1/txt2img", headers={"Origin": "http://app.local", "Access-Control-Request-Method":
+                                                      "POST", "Access-Control-Request-Headers": "authorization"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://app.local"
+        r = c.get("/sdapi/v1/options", headers={"Origin": "http://app.local", "Authorization": "Bearer tok"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://app.local"
+        other = c.get("/sdapi/v1/options", headers={"Origin": "http://evil.example", "Authorization": "Bearer tok"})
+        assert "access-control-allow-origin" not in other.headers

@@ -36,6 +36,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="HTTP basic auth, A1111's flag (also $SDRT_API_AUTH)")
     p.add_argument("--api-token", action="append", default=None, metavar="TOKEN",
                    help="accept 'Authorization: Bearer TOKEN' (repeatable; also $SDRT_API_TOKEN)")
+    p.add_argument("--cors-allow-origins", default=None, metavar="ORIGIN[,ORIGIN]",
+                   help="browser origins allowed to call the API (A1111's flag; default: none)")
     p.add_argument("--max-size", type=int, default=2048, help="largest width and height (default 2048)")
     p.add_argument("--max-steps", type=int, default=150)
     p.add_argument("--max-batch", type=int, default=8, help="largest batch_size (default 8)")
@@ -86,7 +88,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
                        embedding_dir=_folder(args.embedding_dir, "--embedding-dir"), backend=args.backend,
                        devices=tuple(args.device) if args.device else (None,), auth=auth, tokens=tokens,
                        limits=limits, keep_models=args.keep_models, low_memory=args.low_memory or False,
-                       default_model=args.default_model, checkpoint_base=args.checkpoint_base)
+                       default_model=args.default_model, checkpoint_base=args.checkpoint_base,
+                       cors_origins=tuple(o.strip() for o in (args.cors_allow_origins or "").split(",") if o.strip()))
 
 
 def _loopback(host: str) -> bool:

@@ -93,6 +93,11 @@ def create_app(config: ServeConfig | None = None, cluster: Any = None) -> Starle
                     exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
     app.state.sdrt = state
     app.add_middleware(AuthMiddleware, config=config)
+    if config.cors_origins:  # outermost: a browser's preflight is answered before auth asks for credentials
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], allow_credentials=True)
     return app
 
 

@@ -43,6 +43,7 @@ class ServeConfig:
     low_memory: bool | None = False
     default_model: str | None = None
     checkpoint_base: str | None = None  # the model folder that .safetensors checkpoints bind onto
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (A1111's --cors-allow-origins)
 
 
 __all__ = ["Limits", "ServeConfig"]
