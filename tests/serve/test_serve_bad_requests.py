@@ -77,6 +77,8 @@ def _cases():
         ("OpenAI: n 0", "POST", oai, {"prompt": "x", "n": 0}, 400, "n must be at least 1"),
         ("OpenAI: unknown response_format", "POST", oai, {"prompt": "x", "response_format": "jpeg"}, 400,
          "response_format must be"),
+        ("OpenAI: LoRA path in the prompt", "POST", oai, {"prompt": "x <lora:/etc/x:1>"}, 400,
+         "not a LoRA of this server"),
         ("OpenAI: unknown model", "POST", oai, {"prompt": "x", "model": "dall-e-3"}, 400, "no model named 'dall-e-3'"),
         ("progress body not an object", "POST", "/internal/progress", "task", 422, "JSON object"),
     ]

@@ -50,6 +50,10 @@ def test_cli_defaults_and_flags(tmp_path) -> None:
     assert config.devices == ("CPU", "CPU") and config.auth == (("u", "p"),) and config.tokens == ("t",)
     assert config.limits.max_width == 1024 and config.limits.max_steps == 50
     assert config.limits.max_body_bytes == 4 * 2**20
+    from sdrt.serve.state import ServerState
+
+    with pytest.raises(InputError, match="no model named 'nope'"):
+        ServerState(config_from_args(build_parser().parse_args(["serve", "--default-model", "nope"])))
     for argv, words in ((["--models", str(tmp_path / "none")], "is not a folder"),
                         (["--max-steps", "0"], "--max-steps 0 is below 1"),
                         (["--api-auth", "nocolon"], "user:password"),

@@ -41,7 +41,10 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
         raise ApiError(400, "prompt is required", field="prompt")
     prompt = get_str(body, "prompt", "", max_len=limits.max_prompt_chars)
     negative = get_str(body, "negative_prompt", "", max_len=limits.max_prompt_chars)
-    st.registry.check_loras([], "prompt")
+    from ..text import extract_loras
+
+    for key, text in (("prompt", prompt), ("negative_prompt", negative)):
+        st.registry.check_loras([name for name, _ in extract_loras(text)[1]], key)
     name = get_str(body, "model", None, max_len=300)
     model = st.registry.model(name, "model") if name else st.registry.model(st.options()["sd_model_checkpoint"])
     n = get_int(body, "n", 1, 1, min(limits.max_images, limits.max_batch))

@@ -7,6 +7,7 @@ the other replicas, so a model switch, an interrupt or a progress query reaches 
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Protocol
 
@@ -15,6 +16,8 @@ from .errors import ApiError
 from .jobs import JobQueue
 from .registry import ModelEntry, Registry
 from .spec import PipelineSpec
+
+log = logging.getLogger("sdrt.serve")
 
 #: options a client may store and read back (Easy Diffusion sets a few); bounded so a client cannot grow them
 MAX_OPTIONS = 256
@@ -37,8 +40,9 @@ class ServerState:
         self.limits = config.limits
         self.registry = Registry(config.models, config.lora_dir, config.embedding_dir, config.checkpoint_base)
         self._lock = threading.Lock()
-        first = self.registry.model(config.default_model, "--default-model") if config.default_model else None
-        first = first or self._first()
+        first = self._named(config.default_model) if config.default_model else self._first()
+        if first is None:
+            log.warning("no model to serve in %s: put model folders (with model_index.json) there", config.models)
         self._options: dict[str, Any] = {"samples_format": "png", "CLIP_stop_at_last_layers": 1,
                                          "sd_model_checkpoint": first.title if first else None}
         self.cluster = cluster
@@ -46,6 +50,14 @@ class ServerState:
                               max_queue=config.limits.max_queue)
         if cluster is not None:
             cluster.attach(self)
+
+    def _named(self, name: str) -> ModelEntry:
+        from ..errors import InputError
+
+        try:
+            return self.registry.model(name, "--default-model")
+        except ApiError as exc:
+            raise InputError(exc.message, where="--default-model", fix="pass a model folder's name") from None
 
     def _first(self) -> ModelEntry | None:
         models = self.registry.models
