@@ -6,12 +6,14 @@ Needs the ``serve`` extra (Starlette, uvicorn, Pillow for init images): ``pip in
     from sdrt.serve import ServeConfig, create_app
     app = create_app(ServeConfig(devices=["CPU"]))      # an ASGI app; ``sdrt serve`` runs it with uvicorn
 
-Modules, one job each: ``config`` (settings, limits), ``auth`` (HTTP basic / bearer token),
-``registry`` (model, LoRA and embedding names, resolved only inside the configured folders),
-``spec`` (the picklable pipeline spec), ``stopping`` (how a running job is stopped),
-``jobs`` (queue, workers, progress), ``a1111`` (request parsing for ``/sdapi/v1``),
-``responses`` (PNG, infotext and A1111's response fields), ``routes_a1111`` and ``routes_openai``
-(the HTTP routes), ``app`` (the Starlette app), ``ray_app`` (the Ray Serve deployment).
+Modules, one job each: ``config`` (settings, limits), ``errors`` (``ApiError``: status + message),
+``auth`` (HTTP basic / bearer token), ``registry`` (model, LoRA and embedding names, resolved only
+inside the configured folders), ``spec`` (the picklable pipeline spec), ``stopping`` (how a running
+job is stopped), ``jobs`` (queue, workers, progress), ``state`` (one server's registry, queue and
+options), ``fields`` (typed reads of JSON fields), ``b64images`` (base64 init images and masks),
+``a1111`` (request parsing for ``/sdapi/v1``), ``responses`` (PNG, infotext and A1111's response
+fields), ``http`` (body limits, error bodies), ``routes_a1111`` and ``routes_openai`` (the HTTP
+routes), ``app`` (the Starlette app, auth and CORS), ``ray_app`` (the Ray Serve deployment).
 See docs/serve.md.
 """
 
