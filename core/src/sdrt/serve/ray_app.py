@@ -199,6 +199,10 @@ def run_ray(config: ServeConfig, *, host: str, port: int, address: str | None = 
         pass
     finally:
         serve.shutdown()
+        try:  # the shared-state actor is detached (it outlives a replica); it goes with the deployment
+            ray.kill(ray.get_actor("sdrt-shared-sdrt"))
+        except ValueError:
+            pass
         ray.shutdown()
     return 0
 
