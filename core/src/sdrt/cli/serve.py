@@ -103,6 +103,11 @@ def _loopback(host: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
+    if not args.ray:  # a wrong backend or device fails now, not at the first request (Ray replicas check their own)
+        from ..runtime import select
+
+        for device in config.devices:
+            select(config.backend, device)
     if not _loopback(args.host) and not (config.auth or config.tokens):
         log.warning("serving on %s with no --api-auth or --api-token: anyone who can reach this port can use it",
                     args.host)
