@@ -114,6 +114,7 @@ def test_bad_requests_are_4xx_and_the_server_keeps_serving(small_server) -> None
 
 def test_queue_full_is_503(models_dir) -> None:
     import threading
+    import time
 
     from sdrt.serve import Limits, ServeConfig
 
@@ -131,8 +132,9 @@ def test_queue_full_is_503(models_dir) -> None:
             r = client.post("/sdapi/v1/txt2img", json=OK)
             assert r.status_code == 503 and "queue is full" in r.json()["detail"]
             assert r.headers["retry-after"] == "2"
-            client.post("/sdapi/v1/interrupt")
-            for t in threads:
-                client.post("/sdapi/v1/interrupt")
-                t.join(timeout=120)
+            for t in threads:  # interrupt each long job once it runs
+                deadline = time.time() + 120
+                while t.is_alive() and time.time() < deadline:
+                    client.post("/sdapi/v1/interrupt")
+                    t.join(timeout=0.2)
             assert client.post("/sdapi/v1/txt2img", json=OK).status_code == 200

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import b64images
 from .config import Limits
-from .errors import ApiError
+from .errors import ApiError, from_pipeline
 from .fields import get_bool, get_dict, get_float, get_int, get_list, get_str
 from .jobs import Work
 from .registry import Registry
@@ -133,7 +133,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     try:  # the pipeline's own checks (sampler and schedule names, sizes, strength), before any model loads
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
-        raise ApiError(400, exc.what, field=exc.where) from None
+        raise from_pipeline(exc) from None
     params = {k: v for k, v in body.items() if k in _KNOWN}
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter)
     return Request(work, mode, not_honoured, task_id, send_images, params)

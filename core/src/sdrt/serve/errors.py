@@ -13,4 +13,21 @@ class ApiError(Exception):
         self.field = field
 
 
-__all__ = ["ApiError"]
+#: the pipeline's argument names -> A1111's request fields
+_FIELDS = {"strength": "denoising_strength", "cfg": "cfg_scale", "batch": "batch_size", "clip_skip":
+           "CLIP_stop_at_last_layers", "negative_prompt": "negative_prompt", "init_image": "init_images"}
+
+
+def from_pipeline(exc: Exception) -> ApiError:
+    """A 400 from the pipeline's own check (``sdrt.pipelines.validate``): what was wrong and what to do,
+    with the field named as the request names it."""
+    what = getattr(exc, "what", str(exc))
+    fix = getattr(exc, "fix", None)
+    where = getattr(exc, "where", None) or ""
+    if where == "sdrt.samplers.resolve":
+        where = "scheduler" if "schedule" in what and "sampler" not in what else "sampler_name"
+    field = _FIELDS.get(where, where) or None
+    return ApiError(400, f"{what}; {fix}" if fix else what, field=field)
+
+
+__all__ = ["ApiError", "from_pipeline"]

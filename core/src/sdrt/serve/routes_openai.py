@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from . import responses
-from .errors import ApiError
+from .errors import ApiError, from_pipeline
 from .fields import get_float, get_int, get_str
 from .http import read_json
 from .jobs import Work
@@ -76,7 +76,7 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     try:
         validate(prompt, negative, seed=seed, **kwargs)
     except SdrtError as exc:
-        raise ApiError(400, exc.what, field=exc.where) from None
+        raise from_pipeline(exc) from None
     return Work(model, prompt, negative, kwargs, seed, n, 1), ignored, fmt
 
 
