@@ -173,6 +173,7 @@ class Worker(threading.Thread):
         job.state = "running"
         job.started = time.time()
         job.worker = self.label
+        self.jobs.changed()
         result = Result([], [], [], w.prompt, w.negative, worker=self.label)
         if job.interrupt.is_set():
             result.interrupted = True
@@ -222,6 +223,8 @@ class JobQueue:
         self.active: dict[str, Job] = {}
         self.recent: collections.OrderedDict[str, Job] = collections.OrderedDict()
         self.submitted = 0
+        #: called (from a worker thread) when a job starts or ends; the Ray replicas report then
+        self.on_change: Callable[[], None] | None = None
         labels = [str(d) if d is not None else "default" for d in devices]
         names = [f"{i}:{label}" for i, label in enumerate(labels)]
         self.workers = [Worker(n, d, self, spec_for, keep) for n, d in zip(names, devices)]
@@ -251,6 +254,14 @@ class JobQueue:
             self.recent[job.id] = job
             while len(self.recent) > 512:
                 self.recent.popitem(last=False)
+        self.changed()
+
+    def changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception as exc:  # noqa: BLE001 - reporting must never fail a job
+                log.warning("progress report failed: %s", exc)
 
     # ---------------------------------------------------------------- control
     def running(self) -> list[Job]:

@@ -27,6 +27,7 @@ log = logging.getLogger("sdrt.serve.ray")
 
 #: how often a replica reads the shared interrupt/skip counters and reports its progress
 POLL_SECONDS = 0.2
+STALE_SECONDS = 10.0
 
 
 class SharedState:
@@ -64,7 +65,8 @@ class SharedState:
 
     def progress(self, replica: str) -> list[dict[str, Any]]:
         now = time.time()
-        return [r for name, (t, r) in self.reports.items() if name != replica and now - t < 5 * POLL_SECONDS + 1]
+        # a live replica reports every POLL_SECONDS; one silent for STALE_SECONDS is gone (or hung)
+        return [r for name, (t, r) in self.reports.items() if name != replica and now - t < STALE_SECONDS]
 
 
 class RayCluster:
@@ -103,7 +105,12 @@ class RayCluster:
 
     def attach(self, state: Any) -> None:
         self._state = state
+        state.queue.on_change = self.push
         threading.Thread(target=self._loop, name="sdrt-serve-cluster", daemon=True).start()
+
+    def push(self) -> None:
+        """Report now (a job started or ended), without waiting: Ray runs one caller's actor calls in order."""
+        self.actor.poll.remote(self.replica, self._state.progress_report())
 
     def _loop(self) -> None:
         while True:

@@ -104,7 +104,7 @@ async def progress(request: Request) -> JSONResponse:
     local = st.queue.running()
     report = st.progress_report()
     others = await run_in_threadpool(st.cluster.others_progress) if st.cluster is not None else []
-    running = report["running"] + [j for o in others for j in o["running"]]
+    running = report["running"] + [j for o in others for j in o["running"] if j["progress"] < 1.0]
     queued = report["queued"] + sum(o["queued"] for o in others)
     job = running[0] if running else None
     state = {"skipped": bool(job and job["skipped"]), "interrupted": bool(job and job["interrupted"]),

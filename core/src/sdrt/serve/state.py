@@ -126,7 +126,7 @@ class ServerState:
                 "running": [{"id": j.id, "worker": j.worker, "progress": round(j.progress, 4), "eta": round(j.eta, 3),
                              "iteration": j.iteration, "step": j.step, "total": j.total,
                              "skipped": j.skip.is_set(), "interrupted": j.interrupt.is_set()}
-                            for j in self.queue.running()]}
+                            for j in self.queue.running() if j.state == "running"]}
 
     def close(self) -> None:
         self.queue.close()
