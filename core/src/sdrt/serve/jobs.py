@@ -290,8 +290,9 @@ class JobQueue:
         return len(jobs)
 
     def close(self) -> None:
+        """Stop: queued and running jobs end at once (answered as interrupted), then the workers."""
         with self._lock:
-            pending = [j for j in self.active.values() if j.state == "queued"]
+            pending = list(self.active.values())
         for j in pending:
             j.interrupt.set()
         for _ in self.workers:
