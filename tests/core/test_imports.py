@@ -120,6 +120,8 @@ def test_the_check_sees_a_cycle_hidden_in_a_function(tmp_path):
     ("sdrt.hardware", {"sdrt.installer", "sdrt.cli", "sdrt.runtime"}),  # tools point down
     ("sdrt.graph", {"sdrt.backend", "sdrt.runtime", "sdrt.plugins"}),
     ("sdrt.weights", {"sdrt.backend", "sdrt.runtime", "sdrt.plugins"}),
+    ("sdrt.pipelines", {"sdrt.serve", "sdrt.cli"}),                # the server sits on the pipelines
+    ("sdrt.serve", {"sdrt.cli"}),
 ])
 def test_layers_point_down(module, forbidden):
     edges = module_imports(CORE)
