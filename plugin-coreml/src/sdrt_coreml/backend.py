@@ -67,7 +67,7 @@ def unavailable_reason() -> str | None:
 
 class CoreMLBackend(Backend):
     name = "coreml"
-    api_version = (1, 0)
+    api_version = (1, 1)
     priority = 60  # on a Mac the vendor's own runtime beats ggml's Metal path (10)
     conformance: ClassVar[Mapping[str, Any]] = {}
     #: what ``sdrt selftest`` measures: fp16 (Core ML's own compute precision, the default) and fp32

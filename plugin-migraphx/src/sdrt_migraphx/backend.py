@@ -38,7 +38,7 @@ UNCACHEABLE = frozenset({"Scan", "Loop"})
 
 class MIGraphXBackend(Backend):
     name = "migraphx"
-    api_version = (1, 0)
+    api_version = (1, 1)
     priority = 70  # above OpenVINO (50) and ggml (10): on a supported Radeon/Instinct GPU, MIGraphX is the fast path
     conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE  # MIGraphX's own failures, checked on raw MIGraphX
 

@@ -118,7 +118,7 @@ def _kind(device_id: str) -> str:
 
 class OpenVINOBackend(Backend):
     name = "openvino"
-    api_version = (1, 0)
+    api_version = (1, 1)
     priority = 50  # above the reference backend (0)
     conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {

@@ -44,7 +44,7 @@ def trt_version() -> str:
 
 class TrtBackend(Backend):
     name = "trt"
-    api_version = (1, 0)
+    api_version = (1, 1)
     priority = 100  # the fastest runtime on the GPUs it supports
     conformance: ClassVar[Mapping[str, Any]] = {}
     #: what ``sdrt selftest`` measures: each precision's compile options, and the default one
