@@ -165,7 +165,7 @@ def test_precision_the_device_lacks_is_reported(ov_registry, cpu, caplog):
     if "FP16" in cpu.properties["capabilities"]:
         pytest.skip("this CPU runs f16 natively")
     caplog.set_level(logging.WARNING, logger="sdrt.openvino")
-    session = sdrt.load(conv_model().SerializeToString(), backend="openvino", device="CPU", precision="f16")
+    session = sdrt.load(conv_model().SerializeToString(), backend="openvino", device="CPU", precision="fp16")
     assert session.property("INFERENCE_PRECISION_HINT").get_type_name() != "f16"
     assert any("where f16 was asked" in r.getMessage() for r in caplog.records)
 
