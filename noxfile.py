@@ -37,7 +37,10 @@ def _install_sdrt(session: nox.Session, *extra: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Install the core, the reference backend and the installable plugins; run pytest."""
+    """ruff over the repository first (as the lint session), then install the core, the reference backend and the
+    installable plugins and run pytest: the README's test command, and what .ci/run runs."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
     _install_sdrt(session, *TEST_DEPS)
     # the plugins installed here must import and run: tests/core/test_required_plugins.py fails otherwise
     required = ",".join(p.removeprefix("plugin-") for p in INSTALLABLE_PLUGINS

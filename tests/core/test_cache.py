@@ -267,3 +267,20 @@ def test_keying_a_10_gb_safetensors_reads_no_tensor_and_takes_under_50_ms(tmp_pa
         best = min(best, time.perf_counter() - t0)
     print(f"keyed a {path.stat().st_size / 1e9:.1f} GB safetensors ({count} tensors) in {best * 1e3:.1f} ms")
     assert len(ident) == 64 and best < 0.05
+
+
+def test_the_cache_command_lists_prunes_and_clears(tmp_path, capsys):
+    from sdrt.cli import main
+
+    cache = CompileCache("openvino", tmp_path)
+    for i in range(3):
+        put(cache, f"{i:02d}" * 32, bytes(1 << 20))
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("openvino ") == 3 and "3 entries, 3.0 MiB" in out and "model=m" in out
+    assert main(["cache", "prune", "--max-size", "2.5M", "--cache-dir", str(tmp_path)]) == 0
+    assert "evicted 1 entries" in capsys.readouterr().out and len(cache.entries()) == 2
+    assert main(["cache", "prune", "--max-size", "lots", "--cache-dir", str(tmp_path)]) == 1
+    assert "not a size" in capsys.readouterr().err
+    assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
+    assert "removed 2 entries" in capsys.readouterr().out and cache.entries() == []
