@@ -14,9 +14,10 @@ The base classes own the shared work, as templates that call a backend's hooks:
   (``sdrt.cache.identity``: where each weight comes from, nothing read) and
   looks it up. On a hit the backend loads the entry (``_load``) and no weight is
   resolved. On a miss it resolves every initializer's final array
-  (``resolve_weights``), calls ``_compile(graph, arrays, device, opts)`` and
-  stores what ``_save`` writes (``sdrt.cache.CompileCache``: atomic, checksummed,
-  size-capped, shared by every backend).
+  (``resolve_weights``), calls ``_compile(graph, arrays, device, opts)``,
+  stores what ``_save`` writes (``sdrt.cache.CompileCache``: atomic,
+  checksummed, size-capped, shared by every backend) and returns ``_open``'s
+  session.
 - ``Session.run`` checks the feeds against ``Session.inputs``, then calls ``_run``.
 - ``Session.update_weights`` checks that the session is open, resolves and
   validates the weights against the session's graph (one ``WeightsError``
@@ -24,7 +25,8 @@ The base classes own the shared work, as templates that call a backend's hooks:
 
 A backend writes ``devices``, ``_compile``, ``Session._run`` and, optionally,
 ``parse_options``, ``_prepare``, ``Session._update_weights``, and for the
-compile cache ``_cache_parts``, ``_save`` and ``_load``.
+compile cache ``_cache_parts``, ``_save`` and ``_load`` (``_open`` when what
+``_compile`` returns must be stored before a session opens it).
 
 This module imports neither ``sdrt.graph`` nor the weights store at run time: it
 speaks to them through the objects a backend is handed, and through
@@ -41,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import InputError, NoDeviceError, SdrtError, WeightsError
+from .errors import InputError, NoDeviceError, SdrtError, UnusableEntry, WeightsError
 from .tensors import NON_TENSOR, Dim, TensorInfo, shape_str
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -228,7 +230,11 @@ class Backend(ABC):
                 if entry is not None:
                     try:
                         session = self._load(entry, graph, weights, device, opts)
-                    except Exception as exc:  # noqa: BLE001 - any load failure means: rebuild
+                    except SdrtError as exc:
+                        if not isinstance(exc, UnusableEntry):
+                            raise  # about this machine or this call (no driver, no memory), not about the entry
+                        cache.discard(key, f"{self.name} could not load it ({exc.what})")
+                    except Exception as exc:  # noqa: BLE001 - a vendor's failure to import the entry: rebuild
                         first = str(exc).splitlines()[0][:200] if str(exc) else repr(exc)
                         cache.discard(key, f"{self.name} could not load it ({first})")
                     else:
@@ -236,13 +242,14 @@ class Backend(ABC):
                         return session
         from .weights.resolve import resolve_weights  # the contract's one function of the weights layer
 
-        session = self._compile(graph, resolve_weights(graph, weights), device, opts)
+        compiled = self._compile(graph, resolve_weights(graph, weights), device, opts)
+        stored = None
         if key is not None and cache is not None:
             meta = {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)}
-            stored = cache.store(key, lambda folder: self._save(session, folder), meta)
+            stored = cache.store(key, lambda folder: self._save(compiled, folder), meta)
             log.info("compiled %s on %s (compile cache %s: %s)", graph.name, device.id, key[:12],
                      "stored" if stored is not None else "not stored")
-        return session
+        return self._open(compiled, stored)
 
     def parse_options(self, options: Mapping[str, Any], device: Device) -> Any:
         """Check ``sdrt.load(..., **options)`` (less ``cache``/``cache_dir`` for a caching backend) and
@@ -258,8 +265,9 @@ class Backend(ABC):
         graph to compile (pinned shapes, say). Runs before the cache lookup and any long work."""
         return graph
 
-    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device, opts: Any) -> Session:
-        """Compile ``graph`` with ``arrays`` (``{initializer name: final array}``) into a Session."""
+    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device, opts: Any) -> Any:
+        """Compile ``graph`` with ``arrays`` (``{initializer name: final array}``) into a Session, or into what
+        ``_save`` stores and ``_open`` makes a Session of (a backend that must store before it opens)."""
         raise SdrtError(f"backend {self.name!r} implements neither _compile nor compile",
                         where=f"{type(self).__name__}._compile",
                         fix="write _compile(graph, arrays, device, opts) (see plugins/README.md)")
@@ -278,14 +286,20 @@ class Backend(ABC):
         """What ``sdrt cache list`` shows of an entry besides the model and the device (JSON values)."""
         return {}
 
-    def _save(self, session: Session, folder: Path) -> bool:
-        """Write what ``session`` compiled into ``folder`` (files of the backend's own format); return
+    def _save(self, compiled: Any, folder: Path) -> bool:
+        """Write what ``_compile`` returned into ``folder`` (files of the backend's own format); return
         False to leave this result out of the cache."""
         return False
 
+    def _open(self, compiled: Any, entry: Entry | None) -> Session:
+        """The Session of what ``_compile`` returned, once ``_save`` stored it as ``entry`` (None: not cached).
+        By default ``_compile`` returns the Session itself."""
+        return compiled
+
     def _load(self, entry: Entry, graph: Graph, weights: Weights | None, device: Device, opts: Any) -> Session:
         """A Session from a cache entry (``entry.file(name)``: the paths ``_save`` wrote; load or map them,
-        do not read them into Python first). Raise anything to have the entry discarded and rebuilt.
+        do not read them into Python first). A vendor's exception or ``UnusableEntry`` discards the entry and
+        compiles again; another ``SdrtError`` (no driver, say) goes to the caller.
         Weights are not resolved on a hit: resolve them when the session first needs them."""
         raise SdrtError(f"backend {self.name!r} cannot load compile cache entries", where=str(entry.path),
                         fix="write _load, or leave _cache_parts returning None")

@@ -42,6 +42,11 @@ class WeightsError(SdrtError):
     """Weights are missing, unsafe, malformed or do not fit the graph."""
 
 
+class UnusableEntry(SdrtError):
+    """A compile cache entry that a backend cannot load (built by another driver, say): it is discarded and the
+    graph compiled again. Backends raise it from ``Backend._load``."""
+
+
 class UnsupportedGraph(SdrtError):
     """A backend cannot run this graph. ``unsupported`` maps op type -> node names."""
 
@@ -113,5 +118,6 @@ __all__ = [
     "SdrtError",
     "UnknownBackendError",
     "UnsupportedGraph",
+    "UnusableEntry",
     "WeightsError",
 ]

@@ -9,10 +9,12 @@ Keys are SHA-256 over length-prefixed parts, so ``("ab", "c")`` and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import struct
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -72,3 +74,23 @@ def file_digest(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes | memoryview]) -> Path:
+    """Write ``chunks`` to ``path`` through a temporary file in the same folder, synced and renamed over
+    ``path``: a reader in another process sees the old file or the new one, never half of one. Raises OSError."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:24]}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return target

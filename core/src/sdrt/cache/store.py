@@ -84,18 +84,7 @@ def _stamp(st: os.stat_result) -> list[int]:
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Write ``data`` as JSON through a temporary file and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    paths.write_atomic(path, [json.dumps(data, sort_keys=True).encode()])
 
 
 def _read_manifest(folder: Path) -> dict[str, Any]:
@@ -135,6 +124,11 @@ class CompileCache:
         self.dir = self.compiled / backend
         self.max_bytes = paths.max_bytes() if max_bytes is None else max_bytes
 
+    @classmethod
+    def of(cls, entry: Entry) -> CompileCache:
+        """The cache ``entry`` belongs to."""
+        return cls(entry.backend, entry.path.parents[2])
+
     def path(self, key: str) -> Path:
         return self.dir / key
 
@@ -142,11 +136,12 @@ class CompileCache:
     def lookup(self, key: str) -> Entry | None:
         """The entry stored under ``key`` with every file checked, or None (a damaged entry is discarded)."""
         folder = self.path(key)
+        if not folder.is_dir():
+            return None
         try:
             data = _read_manifest(folder)
         except FileNotFoundError:
-            if folder.is_dir():
-                self.discard(key, "it has no manifest")
+            self.discard(key, "it has no manifest")
             return None
         except (OSError, ValueError) as exc:
             self.discard(key, f"its manifest is unreadable ({exc})")
