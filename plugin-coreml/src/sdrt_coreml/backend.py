@@ -31,8 +31,8 @@ from sdrt.errors import ModelError, NoDeviceError, SdrtError
 from . import package
 from .errors import CoreMLError, ct, first_line
 from .lower import Lowering
+from .ops import TABLE
 from .options import TARGETS, Options, parse_options
-from .support import check_graph
 
 if TYPE_CHECKING:  # pragma: no cover
     from sdrt.cache import Entry
@@ -164,7 +164,8 @@ class CoreMLBackend(Backend):
     # -- the shared work -------------------------------------------------
     def _static(self, graph: Graph, opts: Options) -> Graph:
         """Fail early on unsupported ops, then pin shapes and fold constants."""
-        check_graph(graph.model.graph.node, graph.name)
+        TABLE.check_graph(graph.model.graph.node, graph.name, "the coreml backend cannot lower this graph to a Core ML "
+                          "program", "openvino, ggml, reference")
         static = graph.with_shapes(dict(opts.shapes)) if opts.shapes else graph
         for info in static.inputs:
             if not info.is_static:

@@ -11,7 +11,7 @@ from sdrt.errors import ModelError, SdrtError
 
 from .devices import list_devices, open_device, supports_flash_attn
 from .lower import LoweringSpec, free_lowered, lower_graph
-from .support import check_graph
+from .ops import TABLE
 
 log = logging.getLogger("sdrt.ggml")
 
@@ -88,7 +88,8 @@ class GgmlBackend(Backend):
         return dict(options)
 
     def _prepare(self, graph: Any, device: Device, opts: dict[str, Any]) -> Any:
-        check_graph(graph.model.graph.node, graph.name)  # before any long work
+        TABLE.check_graph(graph.model.graph.node, graph.name, "the ggml backend cannot run this graph",
+                          "openvino, reference")  # before any long work
         if opts.get("shapes"):
             graph = graph.with_shapes(dict(opts["shapes"]))  # the core pins dims and checks them
         _static_inputs(graph)

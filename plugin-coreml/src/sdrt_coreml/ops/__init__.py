@@ -26,11 +26,7 @@ _MODULES = (
 
 #: the table every ``op_*`` module registers on (``sdrt.lowering.OpTable``)
 TABLE = OpTable(__name__, _MODULES, FOLD_ONLY)
-REGISTRY = TABLE.registry
-CHECKS = TABLE.checks
-op = TABLE.op
-check = TABLE.check
-load_all = TABLE.load_all
-supported_ops = TABLE.supported_ops
+REGISTRY, CHECKS, op, check, load_all, supported_ops = (TABLE.registry, TABLE.checks, TABLE.op, TABLE.check,
+                                                        TABLE.load_all, TABLE.supported_ops)
 
 __all__ = ["CHECKS", "FOLD_ONLY", "REGISTRY", "TABLE", "Check", "Lowering", "check", "load_all", "op", "supported_ops"]
