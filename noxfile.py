@@ -37,8 +37,9 @@ def _install_sdrt(session: nox.Session, *extra: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """ruff over the repository first (as the lint session), then install the core, the reference backend and the
-    installable plugins and run pytest: the README's test command, and what .ci/run runs."""
+    """ruff, then pytest with the core, the reference backend and the installable plugins (README; .ci/run).
+
+    ruff runs first, as in the lint session, so the README's one test command checks both."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", ".")
     _install_sdrt(session, *TEST_DEPS)

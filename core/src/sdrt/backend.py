@@ -190,7 +190,7 @@ class Backend(ABC):
     #: "tolerances": {regex: (rtol, atol)}}``; regexes match test names.
     conformance: ClassVar[Mapping[str, Any]] = {}
     #: the precisions this backend can compile at, each with the compile options that ask for it,
-    #: e.g. ``{"fp32": {"precision": "f32"}, "bf16": {"precision": "bf16"}}``; ``sdrt selftest``
+    #: e.g. ``{"fp32": {"precision": "fp32"}, "bf16": {"precision": "bf16"}}``; ``sdrt selftest``
     #: measures accuracy at ``fp32`` and at ``default_precision`` (what no options give)
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     default_precision: ClassVar[str] = "fp32"

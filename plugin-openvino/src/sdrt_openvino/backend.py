@@ -264,7 +264,7 @@ class OpenVINOBackend(Backend):
     def _compile_error(exc: RuntimeError, graph: Graph, device: Device, opts: Options) -> OpenVINOError:
         return OpenVINOError(f"OpenVINO could not compile the model for {device.id}: {first_lines(exc)}",
                              where=f"{graph.name} with {opts.key()}",
-                             fix="try device='CPU' or precision='f32'; run with -vv for OpenVINO's full message")
+                             fix="try device='CPU' or precision='fp32'; run with -vv for OpenVINO's full message")
 
     @staticmethod
     def _check_precision(compiled: Any, opts: Options, device: Device) -> None:
