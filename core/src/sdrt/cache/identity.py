@@ -72,8 +72,8 @@ def weights_identity(graph: Graph, weights: Weights | None = None) -> str:
             h.update(f"{ref.dtype.str}|{tuple(ref.shape)}|as={converted}|".encode())
             origin = getattr(ref, "origin", None)
             ident = files(origin[0]) if origin is not None else None
-            if ident is not None:
-                h.update(f"file|{ident}|{origin[1]}|{origin[2]}".encode())
+            if ident is not None:  # origin: (path, offset, length[, how the array is derived from the bytes])
+                h.update(f"file|{ident}|{'|'.join(str(o) for o in origin[1:])}".encode())
             else:
                 _content(h, weights[t.name])
             continue

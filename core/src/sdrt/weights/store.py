@@ -58,9 +58,10 @@ class TensorRef:
     shape: tuple[int, ...]
     source: str
     load: Callable[[], np.ndarray] = field(repr=False, compare=False)
-    #: where the bytes are when they are in a file: ``(path, byte offset, byte length)``; None for arrays
-    #: in memory. The compile cache keys a file's tensors by this, without reading them.
-    origin: tuple[str, int, int] | None = None
+    #: where the bytes are when they are in a file: ``(path, byte offset, byte length)``, and optionally a
+    #: fourth item saying how the array is derived from those bytes (a checkpoint's transpose, say); None
+    #: for arrays in memory. The compile cache keys a file's tensors by this, without reading them.
+    origin: tuple[Any, ...] | None = None
 
 
 def _float_kind(dt: np.dtype) -> bool:
