@@ -53,6 +53,11 @@ MANIFEST = "sdrt-entry.json"
 FORMAT = 1
 #: a temporary folder this much older than now was left by a writer that died mid-write
 STALE_TMP_S = 6 * 3600
+#: how often one process sweeps and prunes the whole cache after a store (each pass reads every manifest, so
+#: a run that stores thousands of tiny entries, the conformance kit, must not pay it every time); a store
+#: of an entry above 1% of the cap prunes at once
+MAINTAIN_EVERY_S = 60.0
+_last_maintained: dict[Path, float] = {}
 #: the folders where the compile caches of sdrt 0.1's plugins lived (one file per entry); ``clear`` removes them
 LEGACY = ("openvino", "trt", "coreml", "migraphx")
 
@@ -188,7 +193,6 @@ class CompileCache:
         final = self.path(key)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self.sweep()
             tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.dir))
             if write(tmp) is False:
                 return None
@@ -221,8 +225,17 @@ class CompileCache:
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-        self.prune(keep={final})
+        self._maintain(entry)
         return entry
+
+    def _maintain(self, stored: Entry) -> None:
+        """Sweep leftovers and prune to the cap, when due (see ``MAINTAIN_EVERY_S``)."""
+        now = time.monotonic()
+        due = now - _last_maintained.get(self.compiled, -MAINTAIN_EVERY_S) >= MAINTAIN_EVERY_S
+        if due or stored.size * 100 > self.max_bytes:
+            _last_maintained[self.compiled] = now
+            self.sweep()
+            self.prune(keep={stored.path})
 
     def discard(self, key: str, reason: str) -> None:
         """Remove the entry of ``key`` (damaged, or its backend cannot load it), saying why."""
