@@ -76,6 +76,42 @@ def _uncacheable(compiled: Any) -> list[str]:
     return [f"{layer}: {UNCACHEABLE_LAYERS[layer]}" for layer in sorted(layers & set(UNCACHEABLE_LAYERS))]
 
 
+def release_read_pages(blob: np.memmap) -> bool:
+    """Drop from this process the pages of the blob's map that OpenVINO only read while importing.
+
+    OpenVINO's CPU plugin copies (repacks) nearly every constant at import and reads only a few in
+    place from the tensor it was given, so after an import most of the map is resident for nothing
+    (full-size UNet: 3.3 of 3.4 GB). ``MADV_DONTNEED`` on a private map whose pages were never written
+    only unmaps them: they stay in the page cache and fault back in from the file if read again. Done
+    only when ``/proc/self/smaps`` shows no page of the map copied on write (``Anonymous``), since
+    dropping a written page would lose the write; True when done.
+    """
+    import mmap
+
+    advise = getattr(blob._mmap, "madvise", None)  # type: ignore[attr-defined]
+    if advise is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    start = blob.__array_interface__["data"][0] - int(blob.offset)
+    end = start + len(blob._mmap)  # type: ignore[attr-defined]
+    covered, written, inside = 0, 0, False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(" ", 1)[0]
+                if "-" in head and ":" not in head:
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo < end and hi > start
+                    covered += (min(hi, end) - max(lo, start)) if inside else 0
+                elif inside and line.startswith("Anonymous:"):
+                    written += int(line.split()[1])
+    except (OSError, ValueError):
+        return False
+    if covered != end - start or written:
+        return False
+    advise(mmap.MADV_DONTNEED)
+    return True
+
+
 def _kind(device_id: str) -> str:
     head = device_id.split(".")[0].upper()
     return {"CPU": "cpu", "GPU": "gpu", "NPU": "npu"}.get(head, "gpu")
@@ -242,7 +278,8 @@ class OpenVINOBackend(Backend):
                 raise self._compile_error(exc, graph, device, opts) from exc
 
         session = self._session(graph, lambda: resolve_weights(graph, weights), lazy, compiled, compile_, device, opts)
-        session.blob = blob  # OpenVINO may read constants from the map for as long as the model lives
+        session.blob = blob  # OpenVINO reads some constants from the map for as long as the model lives
+        release_read_pages(blob)
         return session
 
     def _check_inputs(self, graph: Graph) -> None:

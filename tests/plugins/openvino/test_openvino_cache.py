@@ -256,3 +256,19 @@ def test_temporary_files_of_killed_writers_are_swept(ov_registry, tmp_path):
     sdrt.load(conv_model().SerializeToString(), backend="openvino").run({"x": X})  # a miss: writes an entry
     assert not old.exists() and fresh.exists()
     assert len(_entries(tmp_path)) == 1
+
+
+def test_pages_read_only_at_import_are_released_unless_written(tmp_path):
+    """The blob map's pages go out of the process after an import, but never once a page was written."""
+    from sdrt_openvino.backend import release_read_pages
+
+    path = tmp_path / "blob"
+    path.write_bytes(bytes(range(256)) * 4096)
+    clean = np.memmap(path, dtype=np.uint8, mode="c")
+    assert int(clean.sum()) > 0  # every page read
+    assert release_read_pages(clean) is True
+    assert clean[:256].tolist() == list(range(256))  # faulted back in from the file
+    written = np.memmap(path, dtype=np.uint8, mode="c")
+    written[5] = 0
+    assert release_read_pages(written) is False and written[5] == 0
+    assert path.read_bytes()[5] == 5  # a private map never writes the file
