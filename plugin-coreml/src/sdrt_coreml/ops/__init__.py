@@ -5,7 +5,7 @@ lowering has the signature ``fn(lw, node, inputs) -> list[Value]``: ``inputs``
 holds a MIL ``Var`` (a runtime value), a numpy array (a compile-time constant)
 or None for an omitted optional input. An optional ``@check("OpType")`` inspects
 a node before any lowering and returns a reason when its attributes are not
-supported; ``support.check_graph`` collects every reason at once.
+supported; ``TABLE.check_graph`` (``sdrt.lowering``) collects every reason at once.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ lowering has the signature ``fn(lowering, node, inputs) -> list[Value]`` where
 ``inputs`` holds a runtime tensor (``T``), a numpy constant, or None for an
 omitted optional input. An optional ``@check("OpType")`` function inspects a
 node before any lowering and returns a reason when an attribute combination is
-not supported (``support.check_graph`` collects them all).
+not supported (``TABLE.check_graph``, ``sdrt.lowering``, collects them all).
 """
 
 from __future__ import annotations
