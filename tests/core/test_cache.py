@@ -284,3 +284,80 @@ def test_the_cache_command_lists_prunes_and_clears(tmp_path, capsys):
     assert "not a size" in capsys.readouterr().err
     assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
     assert "removed 2 entries" in capsys.readouterr().out and cache.entries() == []
+
+
+# -- Backend.compile, the template ---------------------------------------------------
+
+
+class _Counting:
+    """A backend that caches: it 'compiles' by summing the weights, stores the sum, loads it back."""
+
+    def __init__(self):
+        from sdrt import Backend, Device, Session
+
+        outer = self
+
+        class S(Session):
+            def __init__(self, graph, value):
+                super().__init__(graph.inputs, graph.outputs, graph=graph)
+                self.value = value
+
+            def _run(self, feeds):
+                return {}
+
+        class B(Backend):
+            name = "counting"
+            caches = True
+
+            def devices(self):
+                return [Device("counting", "CPU")]
+
+            def _cache_parts(self, graph, device, opts):
+                return ["v1"]
+
+            def _compile(self, graph, arrays, device, opts):
+                outer.compiles += 1
+                return S(graph, float(sum(a.sum() for a in arrays.values())))
+
+            def _save(self, session, folder):
+                (folder / "value.txt").write_text(repr(session.value))
+                return True
+
+            def _load(self, entry, graph, weights, device, opts):
+                outer.loads += 1
+                if outer.fail_load is not None:
+                    raise outer.fail_load
+                return S(graph, float(entry.file("value.txt").read_text()))
+
+        self.backend, self.device, self.compiles, self.loads, self.fail_load = B(), Device("counting", "CPU"), 0, 0, None
+
+
+def test_the_compile_template_keys_looks_up_compiles_stores_and_loads(tmp_path, monkeypatch):
+    import sdrt.weights.resolve as resolve_mod
+    from sdrt.errors import UnusableEntry
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    c = _Counting()
+    graph = _matmul_graph(np.ones(16))
+    assert c.backend.compile(graph, None, c.device).value == 16 and (c.compiles, c.loads) == (1, 0)
+    real = resolve_mod.resolve_weights
+    monkeypatch.setattr(resolve_mod, "resolve_weights", lambda *a: pytest.fail("resolved on a hit"))
+    assert c.backend.compile(graph, None, c.device).value == 16 and (c.compiles, c.loads) == (1, 1)
+    monkeypatch.setattr(resolve_mod, "resolve_weights", real)
+    c.fail_load = RuntimeError("vendor: bad blob")  # the vendor cannot load it: discarded, compiled again
+    assert c.backend.compile(graph, None, c.device).value == 16 and c.compiles == 2
+    c.fail_load = UnusableEntry("built by another driver")
+    assert c.backend.compile(graph, None, c.device).value == 16 and c.compiles == 3
+    c.fail_load = SdrtError("no driver here", fix="install it")  # not the entry's fault: to the caller
+    with pytest.raises(SdrtError, match="no driver here"):
+        c.backend.compile(graph, None, c.device)
+    c.fail_load = None
+    assert c.backend.compile(graph, None, c.device, cache=False).value == 16 and c.compiles == 4
+    c.backend.compile(graph, None, c.device, cache_dir=str(tmp_path / "other"))
+    assert c.compiles == 5 and len(CompileCache("counting", tmp_path / "other").entries()) == 1
+    with pytest.raises(SdrtError, match="cache must be True or False"):
+        c.backend.compile(graph, None, c.device, cache="yes")
+    with pytest.raises(SdrtError, match="takes no options"):
+        c.backend.compile(graph, None, c.device, turbo=True)
+    (entry,) = CompileCache("counting", tmp_path).entries()
+    assert entry.meta == {"model": graph.name, "device": "CPU"}
