@@ -361,3 +361,15 @@ def test_the_compile_template_keys_looks_up_compiles_stores_and_loads(tmp_path, 
         c.backend.compile(graph, None, c.device, turbo=True)
     (entry,) = CompileCache("counting", tmp_path).entries()
     assert entry.meta == {"model": graph.name, "device": "CPU"}
+
+
+def test_the_same_values_in_memory_have_one_identity_wherever_they_come_from():
+    """The graph's own inline data and the same arrays given as weights key alike (switching back to a
+    graph's own weights after an update finds the entry compiled first)."""
+    from sdrt.weights import Weights
+
+    graph = _matmul_graph(np.arange(16))
+    own = weights_identity(graph)
+    assert weights_identity(graph, Weights.from_arrays(graph.initializer_arrays())) == own
+    assert weights_identity(graph, Weights.from_graph(graph)) == own
+    assert weights_identity(graph, Weights.from_arrays({"w": np.zeros((4, 4), np.float32)})) != own

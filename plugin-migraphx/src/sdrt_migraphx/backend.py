@@ -28,7 +28,7 @@ from .program import Builder
 from .session import MIGraphXSession
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sdrt.cache import Entry
+    from sdrt.cache import CompileCache, Entry
     from sdrt.graph import Graph
     from sdrt.hardware import Hardware
     from sdrt.weights import Weights
@@ -124,14 +124,46 @@ class MIGraphXBackend(Backend):
                     "then gpu:0")
         return graph
 
-    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device, opts: Options) -> Session:
+    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device,
+                 opts: Options) -> tuple[MIGraphXSession, Any]:
+        program = Builder(module.load(), graph, self._target(device), opts, None).build(arrays)
+        session = MIGraphXSession(graph, program, arrays, self._updater(graph, device, opts, None),
+                                  f"{graph.name} on migraphx:{device.id}")
+        return session, (lambda cache: self._updater(graph, device, opts, cache))
+
+    def _open(self, compiled: tuple[MIGraphXSession, Any], entry: Entry | None) -> Session:
+        """The session; its weight updates go through the compile cache its program was stored in."""
+        session, updater = compiled
+        if entry is not None:
+            from sdrt.cache import CompileCache
+
+            session._compile = updater(CompileCache.of(entry))
+        return session
+
+    def _updater(self, graph: Graph, device: Device, opts: Options, cache: CompileCache | None) -> Any:
+        """``update_weights``' compile: a program is compiled again for new weights (MIGraphX folds them into
+        literals), through ``cache`` when given, so that weights used before are one ``migraphx.load``."""
         builder = Builder(module.load(), graph, self._target(device), opts, None)
+        parts = self._cache_parts(graph, device, opts) if cache is not None else None
 
-        def compile_arrays(arrs: Mapping[str, np.ndarray]) -> tuple[Any, bool]:  # update_weights compiles again
-            return builder.build(arrs), False
+        def compile_arrays(arrs: Mapping[str, np.ndarray]) -> tuple[Any, bool]:
+            if cache is None or parts is None:
+                return builder.build(arrs), False
+            from sdrt.weights import Weights
 
-        return MIGraphXSession(graph, builder.build(arrays), arrays, compile_arrays,
-                               f"{graph.name} on migraphx:{device.id}")
+            key = self.cache_key(graph, Weights.from_arrays(dict(arrs)), parts)
+            entry = cache.lookup(key)
+            if entry is not None:
+                try:
+                    return module.load().load(str(entry.file(PROGRAM))), True
+                except Exception as exc:  # noqa: BLE001 - MIGraphX cannot read it: compile again
+                    cache.discard(key, f"migraphx could not load it ({str(exc).splitlines()[0][:200]})")
+            program = builder.build(arrs)
+            cache.store(key, lambda folder: module.load().save(program, str(folder / PROGRAM)),
+                        {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)})
+            return program, False
+
+        return compile_arrays
 
     # -- the compile cache -----------------------------------------------
     def _cache_parts(self, graph: Graph, device: Device, opts: Options) -> list[str] | None:
@@ -152,14 +184,15 @@ class MIGraphXBackend(Backend):
     def _cache_meta(self, graph: Graph, device: Device, opts: Options) -> dict[str, Any]:
         return {"precision": opts.precision}
 
-    def _save(self, session: Session, folder: Path) -> bool:
-        module.load().save(session._program, str(folder / PROGRAM))  # type: ignore[attr-defined]
+    def _save(self, compiled: tuple[MIGraphXSession, Any], folder: Path) -> bool:
+        module.load().save(compiled[0]._program, str(folder / PROGRAM))
         return True
 
     def _load(self, entry: Entry, graph: Graph, weights: Weights | None, device: Device, opts: Options) -> Session:
         from sdrt import resolve_weights
+        from sdrt.cache import CompileCache
 
         program = module.load().load(str(entry.file(PROGRAM)))
-        builder = Builder(module.load(), graph, self._target(device), opts, None)
         return MIGraphXSession(graph, program, resolve_weights(graph, weights),
-                               lambda arrs: (builder.build(arrs), False), f"{graph.name} on migraphx:{device.id}")
+                               self._updater(graph, device, opts, CompileCache.of(entry)),
+                               f"{graph.name} on migraphx:{device.id}")

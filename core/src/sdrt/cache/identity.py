@@ -60,32 +60,32 @@ def _content(h: Any, arr: Any) -> None:
 
 def weights_identity(graph: Graph, weights: Weights | None = None) -> str:
     """SHA-256 over every initializer's name and identity, as ``resolve_weights`` would resolve it
-    (``weights`` overriding the graph's own data), without resolving any."""
+    (``weights`` overriding the graph's own data), without resolving any. The same values held in
+    memory have the same identity wherever they come from (the graph's own data or ``weights``)."""
     h = hashlib.sha256()
     files = _Files()
     external = graph.external_refs
+    infos = graph.initializer_info()
     converted = None if weights is None or weights.dtype is None else weights.dtype.name
     for t in sorted(graph.model.graph.initializer, key=lambda t: t.name):
-        h.update(f"\n{t.name}|".encode())
-        if weights is not None and t.name in weights:
-            ref = weights.ref(t.name)
-            h.update(f"{ref.dtype.str}|{tuple(ref.shape)}|as={converted}|".encode())
-            origin = getattr(ref, "origin", None)
-            ident = files(origin[0]) if origin is not None else None
-            if ident is not None:  # origin: (path, offset, length[, how the array is derived from the bytes])
-                h.update(f"file|{ident}|{'|'.join(str(o) for o in origin[1:])}".encode())
-            else:
-                _content(h, weights[t.name])
-            continue
-        h.update(f"graph|{t.data_type}|{tuple(t.dims)}|".encode())
-        ext = external.get(t.name)
-        ident = files(ext.path) if ext is not None else None
-        if ident is not None:
-            h.update(f"file|{ident}|{ext.offset}|{ext.length}".encode())  # type: ignore[union-attr]
-        elif t.name in external:  # a stripped graph whose weights file is absent: resolve_weights will say so
-            h.update(b"absent")
+        given = weights is not None and t.name in weights
+        if given:
+            ref = weights.ref(t.name)  # type: ignore[union-attr]
+            dtype, shape, origin = ref.dtype.name, tuple(ref.shape), getattr(ref, "origin", None)
+            as_ = converted
         else:
-            h.update(t.SerializeToString())  # data inside the .onnx file: its bytes are in memory already
+            if t.name in external and external[t.name] is None:  # a stripped graph without its weights file:
+                h.update(f"\n{t.name}|absent".encode())      # resolve_weights says so
+                continue
+            ext = external.get(t.name)
+            dtype, shape, as_ = infos[t.name].dtype, tuple(infos[t.name].shape), None
+            origin = (ext.path, ext.offset, ext.length) if ext is not None else None
+        h.update(f"\n{t.name}|{dtype}|{shape}|as={as_}|".encode())
+        ident = files(origin[0]) if origin is not None else None
+        if ident is not None:  # origin: (path, offset, length[, how the array is derived from the bytes])
+            h.update(f"file|{ident}|{'|'.join(str(o) for o in origin[1:])}".encode())
+        else:  # in memory: weights' arrays, or data inside the .onnx file
+            _content(h, weights[t.name] if given else graph.tensor_array(t))  # type: ignore[index]
     return h.hexdigest()
 
 
