@@ -278,6 +278,10 @@ def test_the_cache_command_lists_prunes_and_clears(tmp_path, capsys):
     assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count("openvino ") == 3 and "3 entries, 3.0 MiB" in out and "model=m" in out
+    (tmp_path / "trt").mkdir()
+    (tmp_path / "trt" / "old.engine").write_bytes(bytes(2048))
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
+    assert "also 2.0 KiB in the cache folders of sdrt 0.1 (trt)" in capsys.readouterr().out
     assert main(["cache", "prune", "--max-size", "2.5M", "--cache-dir", str(tmp_path)]) == 0
     assert "evicted 1 entries" in capsys.readouterr().out and len(cache.entries()) == 2
     assert main(["cache", "prune", "--max-size", "lots", "--cache-dir", str(tmp_path)]) == 1

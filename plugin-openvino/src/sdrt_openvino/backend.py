@@ -245,7 +245,10 @@ class OpenVINOBackend(Backend):
                 PLUGIN_VERSION, CACHE_FORMAT, opts.key()]
 
     def _cache_meta(self, graph: Graph, device: Device, opts: Options) -> dict[str, Any]:
-        return {"precision": opts.precision, "openvino": self.version()}
+        from .options import PRECISIONS
+
+        return {"precision": {hint: name for name, hint in PRECISIONS.items()}[opts.precision],
+                "openvino": self.version()}
 
     def _save(self, session: Session, folder: Path) -> bool:
         compiled = session.compiled  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -27,8 +28,13 @@ def _size(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def _tree_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
 def run(args: argparse.Namespace) -> int:
     from ..cache import CompileCache, parse_size
+    from ..cache.store import LEGACY
     from ..errors import SdrtError
 
     cache = CompileCache(args.backend or "-", args.cache_dir)
@@ -41,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
                   f"{meta}")
         print(f"{len(entries)} entries, {_size(sum(e.size for e in entries))} in {cache.compiled} "
               f"(cap {_size(cache.max_bytes)})")
+        legacy = {name: _tree_size(cache.root / name) for name in LEGACY if (cache.root / name).is_dir()}
+        if legacy and not args.backend:
+            print(f"also {_size(sum(legacy.values()))} in the cache folders of sdrt 0.1 ({', '.join(legacy)}), "
+                  "which nothing reads any more: sdrt cache clear removes them")
         return 0
     if args.action == "clear":
         n = cache.clear(args.backend)
