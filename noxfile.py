@@ -40,7 +40,11 @@ def _install_sdrt(session: nox.Session, *extra: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Install the core, the reference backend and the installable plugins; run pytest."""
+    """ruff, then pytest with the core, the reference backend and the installable plugins (README; .ci/run).
+
+    ruff runs first, as in the lint session, so the README's one test command checks both."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
     _install_sdrt(session, *TEST_DEPS)
     # the plugins installed here must import and run: tests/core/test_required_plugins.py fails otherwise
     required = ",".join(p.removeprefix("plugin-") for p in INSTALLABLE_PLUGINS

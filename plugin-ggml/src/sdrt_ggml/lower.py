@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from sdrt.errors import UnsupportedGraph
-from sdrt.lowering import fold_node, producers_and_uses
+from sdrt.lowering import fold_node, node_inputs, producers_and_uses
 
 from . import rewrites_epilogue  # noqa: F401  (registers the conv and GEMM epilogue fusions)
 from .ops import FOLD_ONLY, REGISTRY, load_all
@@ -258,19 +258,7 @@ class Lowering:
         return self.out
 
     def _lower_node(self, node: Any) -> None:
-        ins: list[Value | None] = []
-        for n in node.input:
-            if not n:
-                ins.append(None)
-                continue
-            if n not in self.values:
-                raise UnsupportedGraph(
-                    f"input {n!r} of node {node.name!r} is not produced before it (the graph is not sorted, "
-                    "or uses a subgraph value)",
-                    unsupported={node.op_type: [node.name or node.op_type]},
-                    where=f"node {node.name!r}", fix="sort the graph topologically (onnx.utils) or re-export it",
-                )
-            ins.append(self.values[n])
+        ins = node_inputs(node, self.values)
         present = [v for v in ins if v is not None]
         if node.op_type in ("Shape", "Size") and isinstance(ins[0], HostValue):
             # a host value's shape is static: a constant, not run-time host work
