@@ -56,7 +56,6 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from diffusers import (  # noqa: E402
     AutoencoderKL,
     ChromaPipeline,
@@ -458,8 +457,6 @@ def export(pipe, kind: str, out: Path) -> None:
                     {"input_ids": bs, "text_embeds": b, **{n: bs for n in outs[1:]}})
             _check_export(path, _ClipProj(enc), {"input_ids": clip_ids(77)})
             shutil.copy(tmp / name / "config.json", out / name / "config.json")
-    else:
-        pass
     if kind.startswith("flux"):
         path = out / "text_encoder" / "model.onnx"
         _export(_Clip(pipe.text_encoder), (ids,), path, ["input_ids"], ["last_hidden_state", "pooler_output"],
@@ -569,13 +566,10 @@ def export(pipe, kind: str, out: Path) -> None:
 
 def check_chroma_mask_path(tr, feeds: dict[str, np.ndarray]) -> None:
     """The exported processor against diffusers' own processor given a boolean mask (torch SDPA)."""
-    from diffusers.models.transformers.transformer_chroma import ChromaTransformer2DModel as _C  # noqa: F401
-
     t = {k: torch.from_numpy(v) for k, v in feeds.items()}
     with torch.no_grad():
         mine = _Chroma(tr)(*[t[n] for n in ("hidden_states", "encoder_hidden_states", "timestep", "txt_ids",
                                             "img_ids", "attention_mask")])
-        tr.set_default_attn_processor() if hasattr(tr, "set_default_attn_processor") else None
         from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 
         tr.set_attn_processor(FluxAttnProcessor())
