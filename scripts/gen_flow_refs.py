@@ -128,6 +128,7 @@ def t5_corpus(n: int, seed: int) -> list[str]:
     out = []
     for i in range(n):
         words = [rng.choice(_WORDS) for _ in range(rng.randint(3, 30))]
+        words = [w.capitalize() if rng.random() < 0.15 else w.upper() if rng.random() < 0.03 else w for w in words]
         if i % 7 == 0:
             words.insert(rng.randrange(len(words)), str(rng.randint(0, 100000)))
         if i % 5 == 0:
@@ -142,13 +143,16 @@ def write_t5_tokenizer(folder: Path) -> T5TokenizerFast:
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(t5_corpus(4000, 0) * 2), model_writer=model, vocab_size=T5_VOCAB,
-        model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, character_coverage=0.9995,
+        model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, character_coverage=1.0,
         normalization_rule_name="nmt_nfkc", hard_vocab_limit=False, minloglevel=2,
     )
     work = Path(tempfile.mkdtemp())
     (work / "spiece.model").write_bytes(model.getvalue())
-    tok = T5TokenizerFast(vocab_file=str(work / "spiece.model"), extra_ids=100, legacy=True, from_slow=True,
-                          model_max_length=512)
+    # legacy=True with add_prefix_space=True: the released T5 tokenizers' behaviour (Metaspace prepend "always",
+    # the same pieces as sentencepiece itself gives); without add_prefix_space transformers 4.57 writes
+    # prepend_scheme "never" and the first word loses its "▁".
+    tok = T5TokenizerFast(vocab_file=str(work / "spiece.model"), extra_ids=100, legacy=True, add_prefix_space=True,
+                          from_slow=True, model_max_length=512)
     tok.save_pretrained(folder)
     return T5TokenizerFast.from_pretrained(folder)
 
@@ -193,14 +197,15 @@ def build(kind: str):
         tok2 = write_tokenizer(work / "tokenizer_2", "!")
         tok3 = write_t5_tokenizer(work / "tokenizer_3")
         dirs = {"tokenizer": work / "tokenizer", "tokenizer_2": work / "tokenizer_2", "tokenizer_3": work / "tokenizer_3"}
-        te = CLIPTextModelWithProjection(clip_config(tok, 32)).eval()
-        te2 = CLIPTextModelWithProjection(clip_config(tok2, 48, "gelu")).eval()
+        # CLIP-L and CLIP-G widths add up to less than T5's (as 768 + 1280 < 4096), so SD3's zero padding is real
+        te = CLIPTextModelWithProjection(clip_config(tok, 16)).eval()
+        te2 = CLIPTextModelWithProjection(clip_config(tok2, 32, "gelu")).eval()
         te3 = t5_encoder(tok3, 3)
         scale_weights(te, 1)
         scale_weights(te2, 2)
         tr = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=16, num_layers=2, attention_head_dim=8,
                                    num_attention_heads=4, joint_attention_dim=T5_WIDTH, caption_projection_dim=32,
-                                   pooled_projection_dim=32 + 48, out_channels=16, pos_embed_max_size=16,
+                                   pooled_projection_dim=16 + 32, out_channels=16, pos_embed_max_size=16,
                                    dual_attention_layers=(0,), qk_norm="rms_norm").eval()
         scale_weights(tr, 4)
         vae = flow_vae(1.5305, 0.0609, 5)
@@ -485,7 +490,7 @@ def export(pipe, kind: str, out: Path) -> None:
     path = out / "transformer" / "model.onnx"
     f32 = np.float32
     if kind == "sd3":
-        args = (torch.randn(1, 16, 8, 8), torch.randn(1, 20, T5_WIDTH), torch.randn(1, 80), torch.tensor([500.0]))
+        args = (torch.randn(1, 16, 8, 8), torch.randn(1, 20, T5_WIDTH), torch.randn(1, 48), torch.tensor([500.0]))
         names = ["hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"]
         dyn = {"hidden_states": {0: "batch_size", 2: "height", 3: "width"}, "encoder_hidden_states": bs,
                "pooled_projections": b, "timestep": {0: "step"},
@@ -493,7 +498,7 @@ def export(pipe, kind: str, out: Path) -> None:
         _export(_SD3(tr), args, path, names, ["out_hidden_states"], dyn, external=True)
         _check_export(path, _SD3(tr), {"hidden_states": rng.standard_normal((2, 16, 8, 12)).astype(f32),
                                        "encoder_hidden_states": rng.standard_normal((2, 41, T5_WIDTH)).astype(f32),
-                                       "pooled_projections": rng.standard_normal((2, 80)).astype(f32),
+                                       "pooled_projections": rng.standard_normal((2, 48)).astype(f32),
                                        "timestep": np.array([700.0, 700.0], f32)})
     else:
         img = torch.randn(1, 16, 64)
@@ -817,9 +822,13 @@ def flow_schedule_tables() -> list[dict]:
 
 
 def t5_agreement(tok: T5TokenizerFast) -> dict:
-    corpus = t5_corpus(300, 7) + [" ".join(t5_corpus(60, 8))[:3000], "1234567890 3.14159 2,718",
+    corpus = t5_corpus(300, 7) + [" ".join(t5_corpus(60, 8))[:3000], " ".join(t5_corpus(120, 9)), "1234567890 3.14159 2,718",
                                   "Ünïcödé àccents ñ ç ø å", "日本語のテキストと中文文本", "", "   ", "a" * 300]
-    return {"corpus": corpus, "ids": [tok(t).input_ids for t in corpus]}
+    long = [t for t in corpus if len(tok(t).input_ids) > 256][:3]
+    return {"tokenizer": "T5TokenizerFast", "corpus": corpus, "ids": [tok(t).input_ids for t in corpus],
+            "padded": [{"text": t, "max_length": n,
+                        "ids": tok(t, padding="max_length", max_length=n, truncation=True).input_ids}
+                       for t in long + [corpus[0]] for n in (256, 512)]}
 
 
 def main() -> None:
