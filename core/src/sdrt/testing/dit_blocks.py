@@ -6,7 +6,7 @@ Each follows diffusers' module (``FluxTransformerBlock``, ``FluxSingleTransforme
 (checked against the tiny diffusers exports under tests/data/pipelines): AdaLayerNormZero as SiLU, Gemm,
 Split and LayerNormalization without affine, RMSNorm as Pow/ReduceMean/Add/Sqrt/Div/Mul, the rotary embedding
 as strided Slices, Neg, Unsqueeze, Concat and Reshape, attention as MatMul/Softmax/MatMul, GELU (tanh) as its
-Pow/Tanh polynomial. The rotary cos/sin tables (``[text + image, head_dim]``) are inputs, as the full
+Mul/Tanh polynomial. The rotary cos/sin tables (``[text + image, head_dim]``) are inputs, as the full
 transformer computes them once per run from ``img_ids``/``txt_ids``.
 
 Sizes: ``bench`` is the real width and token count (Flux: 3072 wide, 24 heads, 4096 image + 512 text tokens,
@@ -108,13 +108,14 @@ def _sdpa(b: Builder, q: str, k: str, v: str, name: str, heads: int, hd: int) ->
 
 
 def _gelu_tanh(b: Builder, x: str, name: str) -> str:
-    """GELU(approximate='tanh'): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    cube = b.op("Pow", [x, b.const(3.0, F32)], name=f"/{name}/Pow")
-    inner = b.op("Add", [x, b.op("Mul", [cube, b.const(0.044715, F32)], name=f"/{name}/Mul")], name=f"/{name}/Add")
-    t = b.op("Tanh", [b.op("Mul", [inner, b.const(math.sqrt(2 / math.pi), F32)], name=f"/{name}/Mul_1")],
+    """GELU(approximate='tanh'), 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in torch's opset-17 order:
+    the cube as x * (x * x), constants first."""
+    cube = b.op("Mul", [x, b.op("Mul", [x, x], name=f"/{name}/Mul")], name=f"/{name}/Mul_1")
+    inner = b.op("Add", [x, b.op("Mul", [b.const(0.044715, F32), cube], name=f"/{name}/Mul_2")], name=f"/{name}/Add")
+    t = b.op("Tanh", [b.op("Mul", [b.const(math.sqrt(2 / math.pi), F32), inner], name=f"/{name}/Mul_3")],
              name=f"/{name}/Tanh")
-    half = b.op("Mul", [x, b.const(0.5, F32)], name=f"/{name}/Mul_2")
-    return b.op("Mul", [half, b.op("Add", [t, b.const(1.0, F32)], name=f"/{name}/Add_1")], name=f"/{name}/Mul_3")
+    gate = b.op("Mul", [x, b.op("Add", [b.const(1.0, F32), t], name=f"/{name}/Add_1")], name=f"/{name}/Mul_4")
+    return b.op("Mul", [b.const(0.5, F32), gate], name=f"/{name}/Mul_5")
 
 
 def _ff(b: Builder, x: str, name: str, dim: int) -> str:
