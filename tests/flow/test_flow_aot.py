@@ -7,7 +7,7 @@ the op list of its ONNX parser, which every flow part passes. Chroma's transform
 from __future__ import annotations
 
 import pytest
-from conftest import KINDS, folder
+from flow_helpers import KINDS, folder
 from test_flow_backends import T5, _parts, feeds_for
 
 from sdrt.errors import UnsupportedGraph

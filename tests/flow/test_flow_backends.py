@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import KINDS, cases, folder, refs, register
+from flow_helpers import KINDS, cases, folder, refs, register
 
 import sdrt
 

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import DATA, KINDS, cases, folder, refs
+from flow_helpers import DATA, KINDS, cases, folder, refs
 
 from sdrt.errors import SamplerError
 from sdrt.samplers.flowmatch import (
