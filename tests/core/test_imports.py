@@ -136,8 +136,10 @@ def test_layers_point_down(module, forbidden):
     assert bad == []
 
 
-PLUGINS = sorted(p for p in (CORE.parents[2] / "plugins" / "template" / "src").glob("sdrt_*")) + sorted(
-    p for p in CORE.parents[2].glob("plugin-*/src/sdrt_*") if p.is_dir())
+# packages only: an install from the folder leaves build metadata (sdrt_x.egg-info) beside them
+PLUGINS = sorted(p for p in (CORE.parents[2] / "plugins" / "template" / "src").glob("sdrt_*")
+                 if (p / "__init__.py").is_file()) + sorted(
+    p for p in CORE.parents[2].glob("plugin-*/src/sdrt_*") if (p / "__init__.py").is_file())
 
 
 def test_every_plugin_is_checked():
