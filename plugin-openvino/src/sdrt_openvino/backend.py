@@ -120,6 +120,9 @@ class OpenVINOBackend(Backend):
     name = "openvino"
     api_version = (1, 0)
     priority = 50  # above the reference backend (0)
+    #: stored weight types kept compressed: the ONNX reader turns DequantizeLinear into OpenVINO's
+    #: decompression pattern (Convert, Multiply) and the CPU plugin keeps i8/i4/f8 constants in the runtime model
+    quantized_weights = frozenset({"int8", "int4", "float8_e4m3fn"})
     conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "fp32": {"precision": "f32"}, "fp16": {"precision": "f16"}, "bf16": {"precision": "bf16"}}
@@ -202,6 +205,8 @@ class OpenVINOBackend(Backend):
         core = self.core
         arrays = resolve_weights(graph, weights)  # checks the weights before any long work
         props = opts.properties()
+        if opts.precision == "f32" and device.id.startswith("CPU"):  # exact: no int8 activations for i8/i4 weights
+            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         lazy = _LazyConversion(core, graph, arrays)
 
         def compile_(model: ov.Model | None = None) -> Any:

@@ -11,7 +11,7 @@ import sys
 from ..errors import SdrtError
 
 #: subcommand modules, in the order ``sdrt --help`` lists them
-COMMANDS = ["info", "generate", "run", "compile", "conformance", "selftest", "strip", "demo", "install"]
+COMMANDS = ["info", "generate", "run", "compile", "conformance", "selftest", "strip", "quantize", "demo", "install"]
 
 
 def build_parser() -> argparse.ArgumentParser:
