@@ -125,8 +125,13 @@ class Weights(Mapping[str, np.ndarray]):
         """Open one or several ``.safetensors`` files (or a folder of them) lazily.
 
         ``mapping`` renames checkpoint keys to initializer names: a
-        ``KeyMap``, a dict (explicit map) or a callable.
+        ``KeyMap``, a dict (explicit map) or a callable. A single ``.gguf`` file opens as
+        ``GGUFWeights`` (``sdrt.weights.gguf``).
         """
+        if isinstance(paths, (str, os.PathLike)) and str(paths).lower().endswith(".gguf"):
+            from .gguf import open_gguf
+
+            return open_gguf(paths, mapping)
         files = _expand(paths)
         raw: dict[str, TensorRef] = {}
         dups: list[str] = []
