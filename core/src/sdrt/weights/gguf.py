@@ -155,8 +155,8 @@ def open_gguf(path: str | os.PathLike[str], mapping: keymap.MappingLike = None) 
         raw[t.name] = lambda d=data: d
         if tname in _PLAIN:
             dt = _np_dtype(_PLAIN[tname])
-            load = (lambda d=data, dt=dt, s=shape: np.asarray(d).view(dt).reshape(s))
-            refs[t.name] = TensorRef(t.name, dt, shape, str(p), load)
+            refs[t.name] = TensorRef(t.name, dt, shape, str(p),
+                                     lambda d=data, dt=dt, s=shape: np.asarray(d).view(dt).reshape(s))
             continue
         if not _can_dequantize(quants, qtype, gguf):
             bad.setdefault(tname, []).append(t.name)
