@@ -117,11 +117,11 @@ def test_openvino_keeps_weights_compressed_and_exact(backends, unet, unet_feeds,
     assert {"int8": "i8", "int4-16": "i4", "fp8": "f8e4m3"}[scheme] in kinds
 
 
-def test_ggml_gets_weights_dequantized_at_load(backends, unet, unet_feeds):
+def test_ggml_gets_fp8_weights_dequantized_at_load(backends, unet, unet_feeds):
     if "ggml" not in backends.backends:
         pytest.skip("sdrt-ggml is not installed")
-    ref = sdrt.load(unet, backend="reference", quantize="int8").run(unet_feeds)
-    s = sdrt.load(unet, backend="ggml", quantize="int8", shapes={"batch": 1, "sequence": 7})
+    ref = sdrt.load(unet, backend="reference", quantize="fp8").run(unet_feeds)
+    s = sdrt.load(unet, backend="ggml", quantize="fp8", shapes={"batch": 1, "sequence": 7})
     for k, v in s.run(unet_feeds).items():
         np.testing.assert_allclose(v, ref[k], atol=2e-5, rtol=1e-5)
 
