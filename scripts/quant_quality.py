@@ -92,10 +92,10 @@ def part_rows(backends: list[str], rounds: int) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("unet", "text_encoder"):
             model, feeds = build(name, "bench")
+            size = sum(int(np.prod(t.dims)) * 4 for t in model.graph.initializer if t.data_type == 1)
             path = Path(tmp) / f"{name}.onnx"
             onnx.save_model(model, str(path), save_as_external_data=True, location=f"{name}.onnx_data")
             graph = Graph.load(path)
-            size = sum(t.ByteSize() for t in model.graph.initializer)
             for be in backends:
                 base = None
                 for prec in ("fp32", "int8", "int4", "fp8"):
@@ -115,6 +115,37 @@ def part_rows(backends: list[str], rounds: int) -> list[str]:
     return rows
 
 
+def gguf_rows() -> list[str]:
+    """Each GGUF type written with gguf's writer and read by sdrt: bits per weight, relative RMS error
+    against the float32 values written, and the largest difference between sdrt's values (gguf's
+    dequantizer) and ggml's own C ``to_float`` on the same bytes."""
+    import sys
+
+    import gguf
+
+    sys.path.insert(0, str(ROOT / "tests" / "gguf"))
+    from gguf_files import GGML_QUANTIZED, NUMPY_QUANTIZED, PLAIN, SHAPE, encode, ggml_dequantize, values, write
+
+    from sdrt.weights import Weights
+
+    rows = []
+    x = values()
+    with tempfile.TemporaryDirectory() as tmp:
+        for t in PLAIN[:3] + NUMPY_QUANTIZED + GGML_QUANTIZED:
+            data = encode(t, x)
+            w = Weights.open(write(Path(tmp) / f"{t}.gguf", {"w": (t, data, SHAPE)}))
+            got = np.asarray(w["w"], np.float32)
+            rms = float(np.sqrt(np.mean((got - x) ** 2) / np.mean(x ** 2)))
+            if t in PLAIN:
+                diff = "(plain)"
+            else:
+                diff = f"{float(np.abs(got.reshape(-1) - ggml_dequantize(data, t, x.size)).max()):.1e}"
+            bits = 8 * data.nbytes / x.size
+            rows.append(f"| {t} | {bits:.2f} | {rms:.2e} | {diff} |")
+    del gguf
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--backends", default="openvino,ggml")
@@ -127,7 +158,9 @@ def main() -> None:
     lines = ["| pipeline | backend | weights | PSNR vs fp32 | UNet rel. error | ms / step |",
              "|---|---|---|---|---|---|", *image_rows(backends, args.steps), "",
              "| part | backend | weights | rel. error vs fp32 | ms / run |", "|---|---|---|---|---|",
-             *part_rows(backends, args.rounds)]
+             *part_rows(backends, args.rounds), "",
+             "| GGUF type | bits/weight | rel. RMS error vs float32 | max abs diff gguf vs ggml C |",
+             "|---|---|---|---|", *gguf_rows()]
     text = "\n".join(lines)
     print(text)
     if args.out:
