@@ -63,3 +63,25 @@ def test_unet_only_gguf_binds_by_name_and_runs(tmp_path, inputs, qtype):
     worst = max(float(np.abs(arrays[k] - exact[k]).max() / max(np.abs(exact[k]).max(), 1e-9)) for k in arrays)
     assert worst <= {"Q8_0": 0.01, "Q4_0": 0.15}[qtype]
     assert 0 < err <= {"Q8_0": 0.01, "Q4_0": 0.1}[qtype], err
+
+
+@pytest.mark.needs_backend("openvino")
+def test_pipeline_load_weights_takes_a_gguf_checkpoint(tmp_path):
+    from ckpt_data import PIPE_FOLDER
+
+    from sdrt import pipelines
+
+    src = Weights.open(DATA / "pipe-sd15" / "custom.safetensors")  # a full LDM checkpoint: all three models
+    path = tmp_path / "custom-Q8_0.gguf"
+    kinds = _write_gguf(path, {k: src[k] for k in src}, "Q8_0")
+    assert list(kinds.values()).count("Q8_0") >= 20
+    pipe = pipelines.load(PIPE_FOLDER, backend="openvino")
+    try:
+        pipe.load_weights(DATA / "pipe-sd15" / "custom.safetensors")
+        a = pipe("a cat", steps=2, seed=3)[0]
+        pipe.load_weights(path)
+        b = pipe("a cat", steps=2, seed=3)[0]
+    finally:
+        pipe.close()
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    assert 0 < mse and 10 * np.log10(255.0 ** 2 / mse) > 35  # Q8_0 of the same checkpoint: close, not equal
