@@ -142,3 +142,30 @@ def test_cli_quantize_writes_a_loadable_model(registry, unet_path, tmp_path, cap
     assert main(["quantize", str(UNET), "--to", "int9", "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert "unknown weight quantization 'int9'" in err and "--to int8" in err and "Traceback" not in err
+
+
+def test_pipeline_quantizes_unet_and_text_encoder_not_the_vae(backends, unet_path):
+    DATA = unet_path.parents[2]  # noqa: N806
+    if "openvino" not in backends.backends:
+        pytest.skip("sdrt-openvino is not installed")
+    from sdrt import pipelines
+
+    images = {}
+    for q in (None, "int8"):
+        pipe = pipelines.load(DATA / "tiny-sd15", backend="openvino", **({"quantize": q} if q else {}))
+        try:
+            images[q] = pipe("a red cube", steps=3, seed=1)[0]
+            if q:
+                assert pipe.unet.options["quantize"] == "int8" and pipe.text_encoder.options["quantize"] == "int8"
+                assert "quantize" not in pipe.vae_decoder.options
+        finally:
+            pipe.close()
+    mse = np.mean((images[None].astype(np.float64) - images["int8"].astype(np.float64)) ** 2)
+    assert 0 < mse and 10 * np.log10(255.0 ** 2 / mse) > 35
+
+
+def test_info_says_what_each_backend_does(registry, capsys):
+    from sdrt.cli import main
+
+    assert main(["info"]) == 0
+    assert "quantized weights: int8 native; int4 native; fp8 native" in capsys.readouterr().out
