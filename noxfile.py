@@ -18,7 +18,10 @@ CORE = str(ROOT / "core")
 REFERENCE = str(ROOT / "plugins" / "template")
 TEST_DEPS = ["pytest>=8", "setuptools>=70.1", "hypothesis>=6.100", "onnxruntime>=1.17", "safetensors>=0.4",
              # reads back the PNGs that sdrt.pipelines.png writes (the core itself does not need Pillow)
-             "pillow>=10"]
+             "pillow>=10",
+             # `sdrt serve` (the serve extra) and the clients its tests drive: an A1111 API client,
+             # an HTTP client, and a reader of A1111/ComfyUI PNG metadata (tests/serve, about a minute)
+             "starlette>=0.37", "uvicorn>=0.29", "httpx>=0.25", "webuiapi>=0.9", "sd-parsers>=0.5"]
 
 #: vendor plugin folders whose vendor package installs from PyPI on a plain
 #: Linux x86-64 machine; the test session installs each one that exists.
@@ -37,12 +40,24 @@ def _install_sdrt(session: nox.Session, *extra: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Install the core, the reference backend and the installable plugins; run pytest."""
+    """ruff, then pytest with the core, the reference backend and the installable plugins (README; .ci/run).
+
+    ruff runs first, as in the lint session, so the README's one test command checks both."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
     _install_sdrt(session, *TEST_DEPS)
     # the plugins installed here must import and run: tests/core/test_required_plugins.py fails otherwise
     required = ",".join(p.removeprefix("plugin-") for p in INSTALLABLE_PLUGINS
                         if (ROOT / p / "pyproject.toml").exists() and p not in NO_DEVICE_HERE)
     session.run("pytest", "-q", "-ra", *(session.posargs or ["tests"]), env={"SDRT_REQUIRE_PLUGINS": required})
+
+
+@nox.session
+def serve_ray(session: nox.Session) -> None:
+    """`sdrt serve` as a Ray Serve deployment on a local single-node Ray cluster (not in CI: Ray
+    installs about 450 MB): the webuiapi client's txt2img, img2img, options, progress and interrupt."""
+    _install_sdrt(session, *TEST_DEPS, "ray[serve]>=2.9")
+    session.run("pytest", "-q", "-ra", *(session.posargs or ["tests/serve/test_serve_ray.py"]))
 
 
 @nox.session

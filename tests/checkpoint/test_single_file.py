@@ -191,3 +191,17 @@ def test_pickle_checkpoint_is_refused(tmp_path):
     p.write_bytes(b"\x80\x04\x95")
     with pytest.raises(WeightsError, match="pickle"):
         Checkpoint.open(p)
+
+
+def test_a_checkpoint_is_keyed_for_the_compile_cache_without_reading_it(sd1, monkeypatch):
+    """Lazy checkpoint weights carry where their bytes are and how they are derived: keying reads none."""
+    from sdrt.cache.identity import weights_identity
+    from sdrt.checkpoint import single_file
+
+    graph = Graph.load(DATA / "sd1" / "unet" / "model.onnx")
+    refs = sd1.lazy({"unet": graph})["unet"]
+    assert all(r.origin is not None and r.origin[0] == str(sd1.path) for r in refs.values())
+    first = weights_identity(graph, Weights(refs))
+    monkeypatch.setattr(single_file.Checkpoint, "_fitted", lambda self, pl: pytest.fail("a tensor was read"))
+    assert weights_identity(graph, Weights(sd1.lazy({"unet": graph})["unet"])) == first
+    assert weights_identity(graph, Weights.from_graph(graph)) != first  # the export's own weights

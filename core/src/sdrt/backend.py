@@ -5,21 +5,37 @@ Data flows one way::
     file -> Graph (+ Weights) -> Backend.compile(graph, weights, device, **options)
          -> Session.run(feeds) -> outputs
 
-The base classes own the shared work. ``Session.run`` checks the feeds against
-``Session.inputs``, then calls ``Session._run``. ``Session.update_weights``
-checks that the session is open, resolves and validates the weights against
-the session's graph (one ``WeightsError`` listing every problem), then calls
-``Session._update_weights(arrays)``. In ``compile`` a backend gets the final
-``{initializer name: array}`` from ``sdrt.resolve_weights(graph, weights)``
-and never merges weights itself. A backend writes only ``devices``,
-``compile``, ``_run`` and, optionally, ``_update_weights``.
+The base classes own the shared work, as templates that call a backend's hooks:
 
-This module imports neither ``sdrt.graph`` nor ``sdrt.weights`` at run time:
-it speaks to them only through the objects a backend is handed.
+- ``Backend.compile`` checks the device, takes the compile cache's options
+  (``cache=``, ``cache_dir=``), has the backend check its own options
+  (``parse_options``) and the graph (``_prepare``: refuse before any long
+  work), makes the cache key from the graph's and the weights' *identity*
+  (``sdrt.cache.identity``: where each weight comes from, nothing read) and
+  looks it up. On a hit the backend loads the entry (``_load``) and no weight is
+  resolved. On a miss it resolves every initializer's final array
+  (``resolve_weights``), calls ``_compile(graph, arrays, device, opts)``,
+  stores what ``_save`` writes (``sdrt.cache.CompileCache``: atomic,
+  checksummed, size-capped, shared by every backend) and returns ``_open``'s
+  session.
+- ``Session.run`` checks the feeds against ``Session.inputs``, then calls ``_run``.
+- ``Session.update_weights`` checks that the session is open, resolves and
+  validates the weights against the session's graph (one ``WeightsError``
+  listing every problem), then calls ``_update_weights(arrays)``.
+
+A backend writes ``devices``, ``_compile``, ``Session._run`` and, optionally,
+``parse_options``, ``_prepare``, ``Session._update_weights``, and for the
+compile cache ``_cache_parts``, ``_save`` and ``_load`` (``_open`` when what
+``_compile`` returns must be stored before a session opens it).
+
+This module imports neither ``sdrt.graph`` nor the weights store at run time: it
+speaks to them through the objects a backend is handed, and through
+``sdrt.weights.resolve`` (``resolve_weights``), the one function of the contract.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -27,18 +43,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import InputError, SdrtError, WeightsError
+from .errors import InputError, NoDeviceError, SdrtError, UnusableEntry, WeightsError
 from .tensors import NON_TENSOR, Dim, TensorInfo, shape_str
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
+    from .cache import CompileCache, Entry
     from .graph import Graph
     from .weights import Weights
 
 #: The plugin API this core speaks, as (major, minor). A plugin built for
 #: (M, m) is accepted when M equals the core's major and m <= the core's minor.
-API_VERSION: tuple[int, int] = (1, 0)
+#: 1.1: ``Backend.compile`` is the core's template (``_compile``, ``parse_options``, ``_prepare``, and the
+#: compile cache's ``_cache_parts``/``_save``/``_load``); a 1.0 plugin that overrides ``compile`` still runs.
+API_VERSION: tuple[int, int] = (1, 1)
 
 
 @dataclass(frozen=True)
@@ -171,7 +190,7 @@ class Backend(ABC):
     #: "tolerances": {regex: (rtol, atol)}}``; regexes match test names.
     conformance: ClassVar[Mapping[str, Any]] = {}
     #: the precisions this backend can compile at, each with the compile options that ask for it,
-    #: e.g. ``{"fp32": {"precision": "f32"}, "bf16": {"precision": "bf16"}}``; ``sdrt selftest``
+    #: e.g. ``{"fp32": {"precision": "fp32"}, "bf16": {"precision": "bf16"}}``; ``sdrt selftest``
     #: measures accuracy at ``fp32`` and at ``default_precision`` (what no options give)
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     default_precision: ClassVar[str] = "fp32"
@@ -180,14 +199,143 @@ class Backend(ABC):
     def devices(self) -> list[Device]:
         """What this backend can run on, here and now. An empty list means: nothing."""
 
-    @abstractmethod
+    #: whether ``compile`` keeps this backend's results in the compile cache (``sdrt.cache``). A backend
+    #: that sets it writes ``_cache_parts``, ``_save`` and ``_load``; the ``cache=`` and ``cache_dir=``
+    #: options are then the core's.
+    caches: ClassVar[bool] = False
+
+    # -- compiling: the template ---------------------------------------------
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
         """Compile ``graph`` for ``device`` and return a Session built with ``graph=``.
 
-        Raise ``UnsupportedGraph`` before any long work. Take the weights from
-        ``sdrt.resolve_weights(graph, weights)``: every initializer's final array
-        (the graph's own data, a stripped graph's mapped file, ``weights`` overriding).
+        The steps: check the device; parse the options; ``_prepare`` the graph (refusing what the
+        backend cannot run before any long work); key the compile cache from the graph's and the
+        weights' identity and look it up (a hit is ``_load``-ed, with no weight resolved); else
+        resolve every initializer's final array, ``_compile``, and store what ``_save`` writes.
         """
+        if device.backend != self.name:
+            raise NoDeviceError(f"device {device} belongs to backend {device.backend!r}",
+                                where=f"{self.name}.compile",
+                                fix=f"pass one of the devices of backend {self.name!r} (sdrt info lists them)")
+        cache, rest = self._cache_options(options)
+        opts = self.parse_options(rest, device)
+        graph = self._prepare(graph, device, opts)
+        log = logging.getLogger(f"sdrt.{self.name}")
+        key = None
+        if cache is not None:
+            parts = self._cache_parts(graph, device, opts)
+            if parts is not None:
+                key = self.cache_key(graph, weights, parts, with_weights=self._weights_in_key(opts))
+                entry = cache.lookup(key)
+                if entry is not None:
+                    try:
+                        session = self._load(entry, graph, weights, device, opts)
+                    except SdrtError as exc:
+                        if not isinstance(exc, UnusableEntry):
+                            raise  # about this machine or this call (no driver, no memory), not about the entry
+                        cache.discard(key, f"{self.name} could not load it ({exc.what})")
+                    except Exception as exc:  # noqa: BLE001 - a vendor's failure to import the entry: rebuild
+                        first = str(exc).splitlines()[0][:200] if str(exc) else repr(exc)
+                        cache.discard(key, f"{self.name} could not load it ({first})")
+                    else:
+                        log.info("loaded %s on %s from the compile cache (%s)", graph.name, device.id, key[:12])
+                        return session
+        from .weights.resolve import resolve_weights  # the contract's one function of the weights layer
+
+        compiled = self._compile(graph, resolve_weights(graph, weights), device, opts)
+        stored = None
+        if key is not None and cache is not None:
+            meta = {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)}
+            stored = cache.store(key, lambda folder: self._save(compiled, folder), meta)
+            log.info("compiled %s on %s (compile cache %s: %s)", graph.name, device.id, key[:12],
+                     "stored" if stored is not None else "not stored")
+        return self._open(compiled, stored)
+
+    def parse_options(self, options: Mapping[str, Any], device: Device) -> Any:
+        """Check ``sdrt.load(..., **options)`` (less ``cache``/``cache_dir`` for a caching backend) and
+        return what ``_prepare``, ``_compile`` and the cache hooks get as ``opts``. By default: no options."""
+        if options:
+            raise SdrtError(f"unknown options for the {self.name} backend: {', '.join(sorted(options))}",
+                            where=f"sdrt.load(..., backend={self.name!r})",
+                            fix=f"the {self.name} backend takes no options; remove them")
+        return None
+
+    def _prepare(self, graph: Graph, device: Device, opts: Any) -> Graph:
+        """Refuse a graph this backend cannot run (``UnsupportedGraph``, every op at once) and return the
+        graph to compile (pinned shapes, say). Runs before the cache lookup and any long work."""
+        return graph
+
+    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device, opts: Any) -> Any:
+        """Compile ``graph`` with ``arrays`` (``{initializer name: final array}``) into a Session, or into what
+        ``_save`` stores and ``_open`` makes a Session of (a backend that must store before it opens)."""
+        raise SdrtError(f"backend {self.name!r} implements neither _compile nor compile",
+                        where=f"{type(self).__name__}._compile",
+                        fix="write _compile(graph, arrays, device, opts) (see plugins/README.md)")
+
+    # -- the compile cache's hooks ----------------------------------------------
+    def _cache_parts(self, graph: Graph, device: Device, opts: Any) -> list[str] | None:
+        """What besides the graph and the weights changes the compiled result: the vendor's and the
+        plugin's versions, the device, the options. None: do not cache this compile."""
+        return None
+
+    def _weights_in_key(self, opts: Any) -> bool:
+        """False when the compiled result does not depend on the weights' values (a refittable engine)."""
+        return True
+
+    def _cache_meta(self, graph: Graph, device: Device, opts: Any) -> dict[str, Any]:
+        """What ``sdrt cache list`` shows of an entry besides the model and the device (JSON values)."""
+        return {}
+
+    def _save(self, compiled: Any, folder: Path) -> bool:
+        """Write what ``_compile`` returned into ``folder`` (files of the backend's own format); return
+        False to leave this result out of the cache."""
+        return False
+
+    def _open(self, compiled: Any, entry: Entry | None) -> Session:
+        """The Session of what ``_compile`` returned, once ``_save`` stored it as ``entry`` (None: not cached).
+        By default ``_compile`` returns the Session itself."""
+        return compiled
+
+    def _load(self, entry: Entry, graph: Graph, weights: Weights | None, device: Device, opts: Any) -> Session:
+        """A Session from a cache entry (``entry.file(name)``: the paths ``_save`` wrote; load or map them,
+        do not read them into Python first). A vendor's exception or ``UnusableEntry`` discards the entry and
+        compiles again; another ``SdrtError`` (no driver, say) goes to the caller.
+        Weights are not resolved on a hit: resolve them when the session first needs them."""
+        raise SdrtError(f"backend {self.name!r} cannot load compile cache entries", where=str(entry.path),
+                        fix="write _load, or leave _cache_parts returning None")
+
+    def cache_key(self, graph: Graph, weights: Weights | None, parts: Sequence[str], *,
+                  with_weights: bool = True) -> str:
+        """The compile cache key: this backend, the graph's identity, the weights' identity (from where
+        each weight comes from, nothing read; see ``sdrt.cache.identity``), and ``parts``. Without
+        ``with_weights`` only the initializers' names, dtypes and shapes count."""
+        from .cache import make_key
+        from .cache.identity import graph_identity, weights_identity
+
+        weights_part = weights_identity(graph, weights) if with_weights else str(
+            sorted((i.name, i.dtype, tuple(i.shape)) for i in graph.initializer_info().values()))
+        return make_key([f"sdrt-compile/{self.name}", f"api={API_VERSION[0]}", graph_identity(graph),
+                         weights_part, *parts])
+
+    def _cache_options(self, options: Mapping[str, Any]) -> tuple[CompileCache | None, dict[str, Any]]:
+        """The compile cache ``cache=``/``cache_dir=`` ask for (None: off), and the other options."""
+        rest = dict(options)
+        if not self.caches:
+            return None, rest
+        where = f"sdrt.load(..., backend={self.name!r})"
+        use = rest.pop("cache", True)
+        folder = rest.pop("cache_dir", None)
+        if not isinstance(use, bool):
+            raise SdrtError(f"cache must be True or False, got {use!r}", where=where,
+                            fix="pass cache=False to skip the compile cache")
+        if folder is not None and not isinstance(folder, (str, os.PathLike)):
+            raise SdrtError(f"cache_dir must be a folder path, got {folder!r}", where=where,
+                            fix="pass a folder, or leave cache_dir unset for $SDRT_CACHE_DIR or the user cache")
+        if not use:
+            return None, rest
+        from .cache import CompileCache
+
+        return CompileCache(self.name, folder), rest
 
     # -- ahead-of-time builds (optional) ------------------------------------
     def targets(self) -> list[str]:

@@ -72,6 +72,11 @@ class WeightsError(SdrtError):
     """Weights are missing, unsafe, malformed or do not fit the graph."""
 
 
+class UnusableEntry(SdrtError):
+    """A compile cache entry that a backend cannot load (built by another driver, say): it is discarded and the
+    graph compiled again. Backends raise it from ``Backend._load``."""
+
+
 class UnsupportedGraph(SdrtError):
     """A backend cannot run this graph. ``unsupported`` maps op type -> node names."""
 
@@ -144,6 +149,7 @@ __all__ = [
     "SdrtError",
     "UnknownBackendError",
     "UnsupportedGraph",
+    "UnusableEntry",
     "WeightsError",
 ]
 

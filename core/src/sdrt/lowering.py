@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import UnsupportedGraph
+
 Lowering = Callable[..., list[Any]]
 Check = Callable[[Any], "str | None"]
 
@@ -68,6 +70,16 @@ class OpTable:
         self.load_all()
         return set(self.registry) | self.fold_only
 
+    def check_graph(self, nodes: Iterable[Any], where: str, what: str, others: str) -> None:
+        """Raise ``UnsupportedGraph`` (``what``: "the ggml backend cannot run this graph") listing every
+        unsupported op and attribute combination; ``others`` names the backends to use instead."""
+        found = self.unsupported_nodes(nodes)
+        if found:
+            raise UnsupportedGraph(
+                what, unsupported=found, where=where,
+                fix=f"run it on another backend ({others}), or re-export the model without these ops; "
+                    f"ops that work only on constants: {', '.join(sorted(self.fold_only)[:6])}, ...")
+
     def unsupported_nodes(self, nodes: Iterable[Any]) -> dict[str, list[str]]:
         """Op type (with the reason for attribute problems) -> names of the nodes that use it."""
         ops = self.supported_ops()
@@ -86,6 +98,48 @@ class OpTable:
             if key is not None:
                 found.setdefault(key, []).append(name)
         return found
+
+
+def unsorted_input(node: Any, name: str) -> Exception:
+    """The error for a node input that no earlier node produced (an unsorted graph, a subgraph value)."""
+    return UnsupportedGraph(
+        f"input {name!r} of node {node.name!r} is not produced before it (the graph is not sorted, or uses "
+        "a subgraph value)", unsupported={node.op_type: [node.name or node.op_type]},
+        where=f"node {node.name!r}", fix="sort the graph topologically (onnx.utils) or re-export it")
+
+
+def node_inputs(node: Any, values: dict[str, Any]) -> list[Any]:
+    """The values of ``node``'s inputs (None for an omitted optional input), or ``unsorted_input``'s error."""
+    ins: list[Any] = []
+    for n in node.input:
+        if not n:
+            ins.append(None)
+        elif n in values:
+            ins.append(values[n])
+        else:
+            raise unsorted_input(node, n)
+    return ins
+
+
+def check_batch_norm(node: Any) -> str | None:
+    """Only inference BatchNormalization is lowered: no training mode, no running-statistics outputs."""
+    training = next((a.i for a in node.attribute if a.name == "training_mode"), 0)
+    if training or (len(node.output) > 1 and any(node.output[1:])):
+        return "BatchNormalization in training mode"
+    return None
+
+
+def check_layer_norm(node: Any) -> str | None:
+    """LayerNormalization's optional Mean/InvStdDev outputs are not lowered by any backend."""
+    if len(node.output) > 1 and any(node.output[1:]):
+        return "LayerNormalization with Mean/InvStdDev outputs"
+    return None
+
+
+def check_gelu(node: Any) -> str | None:
+    """Gelu's ``approximate`` must be ``none`` or ``tanh``."""
+    approx = next((a.s.decode() for a in node.attribute if a.name == "approximate"), "none")
+    return None if approx in ("none", "tanh") else f"approximate={approx!r}"
 
 
 def producers_and_uses(nodes: Iterable[Any], outputs: Iterable[str], *,

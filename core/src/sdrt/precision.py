@@ -24,6 +24,13 @@ residual adds) runs in the half type, with ``Cast`` nodes at each boundary.
 Float32 initializers feeding half nodes are stored in the half type, finite
 values clipped to its range. Graph inputs and outputs keep float32 by default
 (``keep_io_types``), so callers feed and read the same arrays as before.
+
+The precision vocabulary lives here too: ``PRECISIONS`` names every precision a
+backend may offer (``fp32``, ``fp16``, ``bf16``, ``int8``, ``int4``, ``fp8``) with
+the aliases users write (``f32``, ``float32``, ``half``, ``bfloat16``, ...), and
+``precision_name`` turns a user's value into the canonical name, or one
+``PrecisionError`` listing the names a backend accepts. Every backend's
+``precision=`` option goes through it.
 """
 
 from __future__ import annotations
@@ -66,8 +73,39 @@ _CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
 #: metadata key recording the transform on the written graph
 PRECISION_KEY = "sdrt.precision"
 
-HALF_TYPES = {"float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
-              "bfloat16": "bfloat16", "bf16": "bfloat16"}
+#: canonical precision name -> its aliases (lower case); the one table of precision names in sdrt
+PRECISIONS: dict[str, tuple[str, ...]] = {
+    "fp32": ("f32", "float32", "float", "single", "full"),
+    "fp16": ("f16", "float16", "half"),
+    "bf16": ("bfloat16", "brain_float16"),
+    "int8": ("i8", "qint8", "w8a8"),
+    "int4": ("i4", "qint4", "w4"),
+    "fp8": ("f8", "float8", "float8_e4m3fn", "e4m3", "fp8_e4m3"),
+}
+_ALIASES = {alias: name for name, aliases in PRECISIONS.items() for alias in (name, *aliases)}
+#: canonical precision -> numpy / ONNX dtype name of the half types
+_HALF_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+class PrecisionError(SdrtError):
+    """A precision value that is not one of the names a backend accepts."""
+
+
+def precision_name(value: object, accepted: Iterable[str] = tuple(PRECISIONS), *,
+                   where: str = "precision=") -> str:
+    """The canonical name (``"fp16"``) of ``value`` (``"half"``, ``"float16"``, ``"FP16"``), checked against
+    ``accepted``; raises one ``PrecisionError`` listing the accepted names and their aliases."""
+    allowed = list(accepted)
+    name = _ALIASES.get(str(value).strip().lower()) if isinstance(value, str) else None
+    if name is None or name not in allowed:
+        spelled = "; ".join(f"{n} ({', '.join(PRECISIONS[n][:3])})" for n in allowed)
+        known = "" if name is None else f" ({name} is a precision this backend does not offer)"
+        raise PrecisionError(f"precision {value!r} is not one this backend accepts{known}", where=where,
+                             fix=f"pass one of: {spelled}")
+    return name
+
+
+HALF_TYPES = {alias: _HALF_DTYPES[name] for alias, name in _ALIASES.items() if name in _HALF_DTYPES}
 
 
 def to_half(graph: Graph, dtype: str = "float16", *, keep_float32: Iterable[str] | None = None,
@@ -349,4 +387,5 @@ def half_array(arr: np.ndarray, dtype: str = "float16") -> np.ndarray:
     return a.astype(np.float16)
 
 
-__all__ = ["HALF_TYPES", "KEEP_FLOAT32_OPS", "KEEP_NODES", "PRECISION_KEY", "half_array", "plan", "to_half"]
+__all__ = ["HALF_TYPES", "KEEP_FLOAT32_OPS", "KEEP_NODES", "PRECISIONS", "PRECISION_KEY", "PrecisionError", "half_array",
+           "plan", "precision_name", "to_half"]

@@ -6,18 +6,18 @@ package file for Macs, on any OS):
     graph -> fail early (every unsupported op at once) -> pin shapes -> fold constants
           -> lower to MIL -> coremltools converts (fp16 by default) -> .mlpackage
 
-``compile`` keeps packages in the user cache (``cache.py``); on a cache hit no
-lowering happens at all.
+``compile`` is the core's template (``sdrt.backend``): packages are kept in the
+core's compile cache (``sdrt.cache``), one entry holding ``model.mlpackage``;
+on a cache hit no lowering happens at all. One package serves every compute
+unit, so the compute unit is not part of the key.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import platform
 import shutil
-import struct
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,21 +28,23 @@ import numpy as np
 from sdrt import Backend, Device, Session, TensorInfo, resolve_weights
 from sdrt.errors import ModelError, NoDeviceError, SdrtError
 
-from . import cache as cache_mod
 from . import package
 from .errors import CoreMLError, ct, first_line
 from .lower import Lowering
+from .ops import TABLE
 from .options import TARGETS, Options, parse_options
-from .support import check_graph
 
 if TYPE_CHECKING:  # pragma: no cover
+    from sdrt.cache import Entry
     from sdrt.graph import Graph
     from sdrt.weights import Weights
 
 log = logging.getLogger("sdrt.coreml")
 
 PLUGIN_VERSION = "0.1.0"
-CACHE_FORMAT = "1"  # bump to orphan every older cache entry
+CACHE_FORMAT = "2"  # bump to orphan every older cache entry
+#: the folder a cache entry (and a private build) holds
+PACKAGE = "model.mlpackage"
 
 #: device id -> (Core ML compute unit, kind, description)
 COMPUTE_UNITS: dict[str, tuple[str, str, str]] = {
@@ -67,13 +69,14 @@ def unavailable_reason() -> str | None:
 
 class CoreMLBackend(Backend):
     name = "coreml"
-    api_version = (1, 0)
+    api_version = (1, 1)
     priority = 60  # on a Mac the vendor's own runtime beats ggml's Metal path (10)
     conformance: ClassVar[Mapping[str, Any]] = {}
     #: what ``sdrt selftest`` measures: fp16 (Core ML's own compute precision, the default) and fp32
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {"fp16": {"precision": "fp16"},
                                                              "fp32": {"precision": "fp32"}}
     default_precision: ClassVar[str] = "fp16"
+    caches = True
 
     # -- devices -------------------------------------------------------
     def devices(self) -> list[Device]:
@@ -90,42 +93,50 @@ class CoreMLBackend(Backend):
         """The deployment targets ``build`` accepts: the oldest OS a package must load on."""
         return list(TARGETS)
 
-    # -- compiling -----------------------------------------------------
-    def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
+    # -- compiling: the hooks of the core's Backend.compile -------------------
+    def parse_options(self, options: Any, device: Device) -> Options:
         opts = parse_options(options)
-        if device.backend != self.name or device.id not in COMPUTE_UNITS:
+        if device.id not in COMPUTE_UNITS:
             raise NoDeviceError(f"device {device} is not a Core ML compute unit", where="coreml.compile",
                                 fix=f"pass one of {', '.join(COMPUTE_UNITS)} (sdrt info lists them)")
         reason = unavailable_reason()
         if reason is not None:
             raise NoDeviceError(f"cannot run Core ML here: {reason}", where="coreml.compile",
                                 fix="build a package with `sdrt compile` and run it on a Mac")
-        static, arrays = self._prepare(graph, weights, opts)
+        return opts
+
+    def _prepare(self, graph: Graph, device: Device, opts: Options) -> Graph:
+        return self._static(graph, opts)
+
+    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device, opts: Options) -> Session:
         from .session import CoreMLSession
 
-        if not opts.cache:
-            tmp = Path(tempfile.mkdtemp(prefix="sdrt-coreml-"))
-            try:
-                built = self._build(static, arrays, opts, tmp / cache_mod.PACKAGE)
-                return CoreMLSession(graph, built, device, private_dir=tmp, arrays=arrays,
-                                     rebuild=lambda a, out: self._build(static, a, opts, out))
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-        store = cache_mod.PackageCache(opts.cache_dir / "coreml" if opts.cache_dir else cache_mod.default_dir())
-        key = self._cache_key(static, arrays, opts)
-
-        def build(out: Path) -> None:
-            self._build(static, arrays, opts, out)
-
+        tmp = Path(tempfile.mkdtemp(prefix="sdrt-coreml-"))
         try:
-            pkg, hit = store.get_or_build(key, build)
-        except OSError as exc:
-            log.warning("package cache unusable (%s); building without it", exc)
-            return self.compile(graph, weights, device, **{**options, "cache": False})
-        log.info("%s %s (cache %s)", "loaded" if hit else "built", graph.name, key[:12])
-        return CoreMLSession(graph, package.load(pkg), device, private_dir=None, arrays=arrays,
-                             rebuild=lambda a, out: self._build(static, a, opts, out))
+            built = self._build(graph, arrays, opts, tmp / PACKAGE)
+            return CoreMLSession(graph, built, device, private_dir=tmp, arrays=arrays,
+                                 rebuild=lambda a, out: self._build(graph, a, opts, out))
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    # -- the compile cache -----------------------------------------------
+    def _cache_parts(self, graph: Graph, device: Device, opts: Options) -> list[str] | None:
+        return [ct().__version__, PLUGIN_VERSION, CACHE_FORMAT, opts.key()]
+
+    def _cache_meta(self, graph: Graph, device: Device, opts: Options) -> dict[str, Any]:
+        return {"precision": opts.precision, "target": opts.target}
+
+    def _save(self, session: Session, folder: Path) -> bool:
+        shutil.copytree(session._built.path, folder / PACKAGE)  # type: ignore[attr-defined]
+        return True
+
+    def _load(self, entry: Entry, graph: Graph, weights: Weights | None, device: Device, opts: Options) -> Session:
+        from .session import CoreMLSession
+
+        return CoreMLSession(graph, package.load(entry.file(PACKAGE)), device, private_dir=None,
+                             arrays=resolve_weights(graph, weights),
+                             rebuild=lambda a, out: self._build(graph, a, opts, out))
 
     def build(self, graph: Graph, weights: Weights | None, target: str | None, path: str | os.PathLike[str],
               **options: Any) -> Path:
@@ -139,7 +150,8 @@ class CoreMLBackend(Backend):
                             fix="name the output MODEL.mlpackage (Core ML packages are folders with that suffix)")
         if out.exists():
             raise SdrtError("the output already exists", where=str(out), fix="remove it or pick another name")
-        static, arrays = self._prepare(graph, weights, opts)
+        static = self._static(graph, opts)
+        arrays = resolve_weights(static, weights)
         tmp = out.with_name(f".{out.stem}.tmp.mlpackage")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
@@ -150,9 +162,10 @@ class CoreMLBackend(Backend):
         return out
 
     # -- the shared work -------------------------------------------------
-    def _prepare(self, graph: Graph, weights: Weights | None, opts: Options) -> tuple[Graph, dict[str, np.ndarray]]:
-        """Fail early on unsupported ops, then pin shapes, fold constants and resolve the weights."""
-        check_graph(graph.model.graph.node, graph.name)
+    def _static(self, graph: Graph, opts: Options) -> Graph:
+        """Fail early on unsupported ops, then pin shapes and fold constants."""
+        TABLE.check_graph(graph.model.graph.node, graph.name, "the coreml backend cannot lower this graph to a Core ML "
+                          "program", "openvino, ggml, reference")
         static = graph.with_shapes(dict(opts.shapes)) if opts.shapes else graph
         for info in static.inputs:
             if not info.is_static:
@@ -163,8 +176,7 @@ class CoreMLBackend(Backend):
                 )
         if not opts.shapes:
             static = static.with_shapes()
-        static = static.fold_constants()
-        return static, resolve_weights(static, weights)
+        return static.fold_constants()
 
     def _build(self, graph: Graph, arrays: Mapping[str, np.ndarray], opts: Options, out: Path) -> package.Built:
         import time
@@ -181,16 +193,6 @@ class CoreMLBackend(Backend):
                               fix="check the folder is writable and has space") from exc
         built.seconds["lower"] = t1 - t0
         return built
-
-    def _cache_key(self, graph: Graph, arrays: Mapping[str, np.ndarray], opts: Options) -> str:
-        h = hashlib.sha256()
-        h.update(graph.model_without(graph.initializer_names).SerializeToString())
-        for name in sorted(arrays):
-            arr = np.ascontiguousarray(arrays[name])
-            h.update(f"{name}|{arr.dtype.str}|{arr.shape}".encode())
-            h.update(struct.pack("<Q", arr.nbytes))
-            h.update(arr.reshape(-1).view(np.uint8))
-        return cache_mod.make_key([h.hexdigest(), ct().__version__, PLUGIN_VERSION, CACHE_FORMAT, opts.key()])
 
 
 def _outputs(graph: Graph) -> list[TensorInfo]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from sdrt.errors import UnsupportedGraph
-from sdrt.lowering import fold_node, producers_and_uses
+from sdrt.lowering import fold_node, node_inputs, producers_and_uses
 
 from .ops import FOLD_ONLY, REGISTRY, load_all
 from .ops import op_attention as attention
@@ -186,17 +186,7 @@ class Lowering:
         return fixed
 
     def _lower_node(self, node: Any) -> None:
-        ins: list[Any] = []
-        for n in node.input:
-            if not n:
-                ins.append(None)
-                continue
-            if n not in self.values:
-                raise UnsupportedGraph(
-                    f"input {n!r} of node {node.name!r} is not produced before it (the graph is not sorted, or uses "
-                    "a subgraph value)", unsupported={node.op_type: [node.name or node.op_type]},
-                    where=f"node {node.name!r}", fix="sort the graph topologically (onnx.utils) or re-export it")
-            ins.append(self.values[n])
+        ins = node_inputs(node, self.values)
         present = [v for v in ins if v is not None]
         if all(isinstance(v, np.ndarray) for v in present):
             outs = fold_node(node, ins, self.opsets)

@@ -14,15 +14,17 @@ from __future__ import annotations
 import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from sdrt.precision import precision_name
 
 from .errors import OptionError
 
 #: deployment target -> MIL opset (iOS15 = 15 ...): ct.target has the same names
 TARGETS: dict[str, int] = {"macOS13": 16, "macOS14": 17, "macOS15": 18, "iOS16": 16, "iOS17": 17, "iOS18": 18}
-PRECISIONS = {"fp16": "fp16", "float16": "fp16", "f16": "fp16", "fp32": "fp32", "float32": "fp32", "f32": "fp32"}
-KNOWN = ("precision", "target", "shapes", "cache", "cache_dir")
+#: the precisions of sdrt's vocabulary (``sdrt.precision.PRECISIONS``) Core ML packages compute in
+PRECISIONS = ("fp16", "fp32")
+KNOWN = ("precision", "target", "shapes")
 #: the target of packages built on a machine that is not a Mac (or on a Mac older than macOS 13)
 DEFAULT_TARGET = "macOS14"
 
@@ -43,8 +45,6 @@ class Options:
     precision: str = "fp16"
     target: str = DEFAULT_TARGET
     shapes: Mapping[str, Any] | None = None
-    cache: bool = True
-    cache_dir: Path | None = None
 
     @property
     def opset(self) -> int:
@@ -65,10 +65,8 @@ def parse_options(options: Mapping[str, Any], where: str = "sdrt.load(..., backe
     if unknown:
         raise OptionError(f"unknown options for the coreml backend: {', '.join(unknown)}", where=where,
                           fix=f"use only {', '.join(KNOWN)}")
-    precision = str(options.get("precision", "fp16")).lower()
-    if precision not in PRECISIONS:
-        raise OptionError(f"precision {options['precision']!r} is not fp16 or fp32", where=where,
-                          fix="pass precision='fp16' (the default; runs on every compute unit) or 'fp32'")
+    precision = precision_name(options.get("precision", "fp16"), PRECISIONS,
+                               where=f"{where} precision= (default fp16: runs on every compute unit)")
     target = options.get("target") or host_target()
     match = {t.lower(): t for t in TARGETS}.get(str(target).lower())
     if match is None:
@@ -78,9 +76,4 @@ def parse_options(options: Mapping[str, Any], where: str = "sdrt.load(..., backe
     if shapes is not None and not isinstance(shapes, Mapping):
         raise OptionError(f"shapes must map input or dim names to sizes, got {type(shapes).__name__}", where=where,
                           fix="pass shapes={'sample': (2, 4, 64, 64)} or shapes={'batch': 2}")
-    cache = options.get("cache", True)
-    if not isinstance(cache, bool):
-        raise OptionError(f"cache must be True or False, got {cache!r}", where=where,
-                          fix="pass cache=False to skip the package cache")
-    cache_dir = options.get("cache_dir")
-    return Options(PRECISIONS[precision], match, shapes, cache, Path(cache_dir) if cache_dir is not None else None)
+    return Options(precision, match, shapes)

@@ -6,12 +6,12 @@ import logging
 import os
 from typing import Any
 
-from sdrt import Backend, Device, Session, TensorInfo, resolve_weights
+from sdrt import Backend, Device, Session, TensorInfo
 from sdrt.errors import ModelError, SdrtError
 
 from .devices import list_devices, open_device, supports_flash_attn
 from .lower import LoweringSpec, free_lowered, lower_graph
-from .support import check_graph
+from .ops import TABLE
 
 log = logging.getLogger("sdrt.ggml")
 
@@ -64,7 +64,7 @@ def _check_kernel_options(options: dict[str, Any]) -> None:
 
 class GgmlBackend(Backend):
     name = "ggml"
-    api_version = (1, 0)
+    api_version = (1, 1)
     priority = 10
     #: stored weight types run natively: matmul weights as ggml's Q8_0 / Q4_0 blocks (quant.py); conv
     #: weights of those types are dequantized while lowering. fp8 (no ggml type) is dequantized at load.
@@ -74,9 +74,9 @@ class GgmlBackend(Backend):
     def devices(self) -> list[Device]:
         return list_devices()
 
-    def compile(self, graph: Any, weights: Any, device: Device, **options: Any) -> Session:
-        from .session import GgmlSession
-
+    # ``compile`` is the core's template: parse_options, _prepare, resolve the weights, _compile
+    # (ggml lowers in seconds and keeps no compile cache)
+    def parse_options(self, options: Any, device: Device) -> dict[str, Any]:
         slow = not device.properties.get("native_gemm") and not device.properties.get("tinyblas", True)
         if device.kind == "cpu" and slow and options.get("gemm") != "native":
             log.warning("neither sdrt-ggml's own GEMM (not built or not loaded: see the log line of sdrt.ggml.native) "
@@ -87,23 +87,32 @@ class GgmlBackend(Backend):
             raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",
                             where="sdrt.load(..., backend='ggml')", fix=f"valid options: {', '.join(OPTIONS)}")
         _check_gemm_option(options.get("gemm", "auto"), device)
-        _check_kernel_options(options)
-        check_graph(graph.model.graph.node, graph.name)  # before any long work
-        if options.get("shapes"):
-            graph = graph.with_shapes(dict(options["shapes"]))  # the core pins dims and checks them
+        _check_kernel_options(dict(options))
+        return dict(options)
+
+    def _prepare(self, graph: Any, device: Device, opts: dict[str, Any]) -> Any:
+        TABLE.check_graph(graph.model.graph.node, graph.name, "the ggml backend cannot run this graph",
+                          "openvino, reference")  # before any long work
+        if opts.get("shapes"):
+            graph = graph.with_shapes(dict(opts["shapes"]))  # the core pins dims and checks them
+        _static_inputs(graph)
+        return graph
+
+    def _compile(self, graph: Any, arrays: dict[str, Any], device: Device, opts: dict[str, Any]) -> Session:
+        from .session import GgmlSession
+
         model = graph.model
         inputs = _static_inputs(graph)
-        arrays = resolve_weights(graph, weights)
-        threads = int(options.get("threads") or os.cpu_count() or 1)
-        handles = open_device(device.id, threads, accel=bool(options.get("accel", False)))
+        threads = int(opts.get("threads") or os.cpu_count() or 1)
+        handles = open_device(device.id, threads, accel=bool(opts.get("accel", False)))
         try:
-            flash = options.get("flash_attn")
+            flash = opts.get("flash_attn")
             spec = LoweringSpec(
                 nodes=list(model.graph.node), initializers=dict(arrays),
                 input_infos=[(i.name, tuple(int(d) for d in i.shape), i.dtype) for i in inputs],  # type: ignore[arg-type]
                 output_names=[o.name for o in graph.outputs],
                 opsets={o.domain or "": int(o.version) for o in model.opset_import},
-                options=dict(options),
+                options=dict(opts),
                 supports_flash_attn=supports_flash_attn(handles) if flash is None else bool(flash),
                 on_cpu=handles.is_cpu,
             )
@@ -113,8 +122,8 @@ class GgmlBackend(Backend):
             raise
         try:
             return GgmlSession(inputs, graph.outputs, graph=graph, spec=spec, lowered=lowered, device=handles,
-                               scheduler=bool(options.get("scheduler")), where=graph.name, threads=threads,
-                               pool=options.get("pool", "auto"))
+                               scheduler=bool(opts.get("scheduler")), where=graph.name, threads=threads,
+                               pool=opts.get("pool", "auto"))
         except BaseException:
             free_lowered(lowered)  # the session freed what it had started to allocate
             handles.free()

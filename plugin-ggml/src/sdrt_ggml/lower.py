@@ -19,20 +19,22 @@ from typing import Any
 import numpy as np
 
 from sdrt.errors import UnsupportedGraph
-from sdrt.lowering import fold_node, producers_and_uses
+from sdrt.lowering import fold_node, node_inputs, producers_and_uses
 
 from . import (
     quant,
     rewrites_epilogue,  # noqa: F401  (registers the conv and GEMM epilogue fusions)
 )
 from .ops import FOLD_ONLY, REGISTRY, load_all
-from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported
+from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported, wide
 from .rewrites import OPTIONAL, REWRITES
 
 log = logging.getLogger("sdrt.ggml.lower")
 
 #: small integer and bool inputs are carried exactly in float32 tensors, through layout ops only
 CARRIED = {"bool", "int8", "uint8", "int16", "uint16"}
+#: ops that may read a value of more than four dims (``ops._common.wide``): they only reshape or permute it
+WIDE_OPS = {"Reshape", "Flatten", "Transpose", "Einsum", "Identity"}
 _INPUT_DTYPES = {"float32", "float16", "float64", "int64", "int32"} | CARRIED
 #: ops that only move data: they accept carried integer tensors
 LAYOUT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile", "Concat", "Slice",
@@ -95,7 +97,7 @@ def ctypes_addr(p: Any) -> int:
 
 
 #: lowerings that take host values (H) as they are instead of as materialized tensors
-_HOST_AWARE = {"GatherND"}
+_HOST_AWARE = {"GatherND", "Where"}
 
 
 class Lowering:
@@ -278,26 +280,21 @@ class Lowering:
         return self.out
 
     def _lower_node(self, node: Any) -> None:
-        ins: list[Value | None] = []
-        for n in node.input:
-            if not n:
-                ins.append(None)
-                continue
-            if n not in self.values:
-                raise UnsupportedGraph(
-                    f"input {n!r} of node {node.name!r} is not produced before it (the graph is not sorted, "
-                    "or uses a subgraph value)",
-                    unsupported={node.op_type: [node.name or node.op_type]},
-                    where=f"node {node.name!r}", fix="sort the graph topologically (onnx.utils) or re-export it",
-                )
-            ins.append(self.values[n])
+        ins = node_inputs(node, self.values)
         present = [v for v in ins if v is not None]
         if node.op_type in ("Shape", "Size") and isinstance(ins[0], HostValue):
             # a host value's shape is static: a constant, not run-time host work
             ins = [ins[0].example]
             present = ins
+        elif node.op_type in ("Shape", "Size") and isinstance(ins[0], GTensor):
+            # so is every ggml tensor's (an integer graph input's too: its shape is pinned), so that what is
+            # computed from it (a ConstantOfShape, a Range of the sequence length) folds to constants
+            ins = [np.broadcast_to(np.zeros((), np.int32), ins[0].shape)]
+            present = ins
         if self._host_node(node, ins):
             return
+        if node.op_type not in WIDE_OPS and any(isinstance(v, GTensor) and wide(v) for v in present):
+            raise unsupported(node, f"{node.op_type} on a tensor of more than 4 dimensions")
         if any(isinstance(v, HostValue) for v in present) and node.op_type not in _HOST_AWARE:
             ins = [self._materialize(v) if isinstance(v, HostValue) else v for v in ins]
             present = [v for v in ins if v is not None]
@@ -336,7 +333,8 @@ class Lowering:
     def _host_capable(self, v: Value | None) -> bool:
         if isinstance(v, HostValue):
             return True
-        return isinstance(v, GTensor) and v.dtype == "int32" and self.input_name_of(v) in self.out.inputs
+        return (isinstance(v, GTensor) and (v.dtype == "int32" or v.dtype in CARRIED)
+                and self.input_name_of(v) in self.out.inputs)
 
     def _host_example(self, v: Any) -> Any:
         if isinstance(v, HostValue):

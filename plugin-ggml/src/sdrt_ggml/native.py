@@ -109,7 +109,7 @@ def _load() -> tuple[Native | None, str]:
     if path is None:
         return None, ("the compiled library sdrt_ggml/_native is not installed: pip found no C compiler when it built "
                       "sdrt-ggml; install one (gcc/clang, or MSVC Build Tools) and reinstall sdrt-ggml")
-    from .ops._common import ggml_lib
+    from .bindings import ggml_lib
 
     g = ggml_lib()
     lib = ctypes.CDLL(str(path))

@@ -78,7 +78,7 @@ def native_ops() -> NativeOps | None:
         _REASON.append("the native library is not loaded (see the sdrt.ggml.native log)")
         return None
     try:
-        from .ops._common import ggml_lib
+        from .bindings import ggml_lib
 
         g = ggml_lib()
         lib = nat.lib

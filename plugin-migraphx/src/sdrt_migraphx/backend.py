@@ -1,10 +1,18 @@
-"""``MIGraphXBackend``: AMD GPUs (and MIGraphX's cpu/ref targets), compiled through the ``.mxr`` program cache."""
+"""``MIGraphXBackend``: AMD GPUs (and MIGraphX's cpu/ref targets); programs kept in the core's compile cache.
+
+What is MIGraphX's own here: checking and building the program (``program``) and
+the cache entry's content, one ``program.mxr`` exactly as ``migraphx.save``
+writes it (``migraphx-driver`` and ``migraphx.load`` read it as is). The key,
+the checksums, atomic writes, discarding a bad entry and the size cap are the
+core's (``sdrt.cache``).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -12,16 +20,15 @@ import numpy as np
 from sdrt import Backend, Device, Session
 from sdrt.errors import BackendUnavailable, NoDeviceError
 
-from . import cache as cache_mod
 from . import devices as devices_mod
 from . import module, ops
 from .conformance import CONFORMANCE
-from .identity import graph_digest, weights_digest
 from .options import Options, parse_options
 from .program import Builder
 from .session import MIGraphXSession
 
 if TYPE_CHECKING:  # pragma: no cover
+    from sdrt.cache import CompileCache, Entry
     from sdrt.graph import Graph
     from sdrt.hardware import Hardware
     from sdrt.weights import Weights
@@ -29,7 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sdrt.migraphx")
 
 PLUGIN_VERSION = "0.1.0"
-CACHE_FORMAT = "1"  # bump to orphan every older cache entry
+CACHE_FORMAT = "2"  # bump to orphan every older cache entry
+#: the file of a cache entry
+PROGRAM = "program.mxr"
 #: ops whose programs are compiled every time: MIGraphX 2.16 saves a program with a Scan to .mxr, but the
 #: program loaded back takes its loop-state parameters in the wrong places ("Incorrect shape {int64_type,
 #: {1}, {0}} for parameter: state_var0"); Loop keeps its state the same way
@@ -38,9 +47,10 @@ UNCACHEABLE = frozenset({"Scan", "Loop"})
 
 class MIGraphXBackend(Backend):
     name = "migraphx"
-    api_version = (1, 0)
+    api_version = (1, 1)
     priority = 70  # above OpenVINO (50) and ggml (10): on a supported Radeon/Instinct GPU, MIGraphX is the fast path
     conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE  # MIGraphX's own failures, checked on raw MIGraphX
+    caches = True
 
     def __init__(self) -> None:
         self._warned: set[str] = set()
@@ -91,54 +101,98 @@ class MIGraphXBackend(Backend):
     def version() -> str:
         return module.version(module.load())
 
-    # -- compiling -----------------------------------------------------
-    def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
-        if device.backend != self.name:
-            raise NoDeviceError(f"device {device} belongs to backend {device.backend!r}", where="migraphx.compile",
-                                fix="pass one of the devices of backend 'migraphx' (sdrt info lists them)")
-        target = str(device.properties.get("target", device.id))
-        opts = parse_options(options, gpu=target == "gpu")
+    # -- compiling: the hooks of the core's Backend.compile -------------------
+    @staticmethod
+    def _target(device: Device) -> str:
+        return str(device.properties.get("target", device.id))
+
+    def parse_options(self, options: Mapping[str, Any], device: Device) -> Options:
+        return parse_options(options, gpu=self._target(device) == "gpu")
+
+    def _prepare(self, graph: Graph, device: Device, opts: Options) -> Graph:
         try:
             mod = module.load()
         except BackendUnavailable:
             ops.check(graph, None)  # a graph MIGraphX could not run is said so even where MIGraphX is missing
             raise
         ops.check(graph, mod)  # before any long work
-        builder = Builder(mod, graph, target, opts, opts.cache_dir / "migraphx" if opts.cache_dir else None)
-        if target == "gpu" and device.properties.get("hip_index", 0) != 0:
+        if self._target(device) == "gpu" and device.properties.get("hip_index", 0) != 0:
             raise NoDeviceError(
                 f"MIGraphX's Python API compiles for the current HIP device only, and {device.id} is not it",
                 where=f"{device} ({device.properties.get('bus_id') or 'bus unknown'})",
                 fix=f"start the process with HIP_VISIBLE_DEVICES={device.properties['hip_index']}: that GPU is "
                     "then gpu:0")
-        import sdrt
+        return graph
 
-        arrays = sdrt.resolve_weights(graph, weights)
-        where = f"{graph.name} on migraphx:{device.id}"
-        graph_key = graph_digest(graph)
-        loops = sorted({op for op, _ in ops.nodes(graph.model.graph)} & UNCACHEABLE)
-        if loops and opts.cache:
-            log.info("%s: not using the program cache for a graph with %s (MIGraphX's .mxr round trip mixes up "
-                     "their state parameters)", where, ", ".join(loops))
+    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device,
+                 opts: Options) -> tuple[MIGraphXSession, Any]:
+        program = Builder(module.load(), graph, self._target(device), opts, None).build(arrays)
+        session = MIGraphXSession(graph, program, arrays, self._updater(graph, device, opts, None),
+                                  f"{graph.name} on migraphx:{device.id}")
+        return session, (lambda cache: self._updater(graph, device, opts, cache))
+
+    def _open(self, compiled: tuple[MIGraphXSession, Any], entry: Entry | None) -> Session:
+        """The session; its weight updates go through the compile cache its program was stored in."""
+        session, updater = compiled
+        if entry is not None:
+            from sdrt.cache import CompileCache
+
+            session._compile = updater(CompileCache.of(entry))
+        return session
+
+    def _updater(self, graph: Graph, device: Device, opts: Options, cache: CompileCache | None) -> Any:
+        """``update_weights``' compile: a program is compiled again for new weights (MIGraphX folds them into
+        literals), through ``cache`` when given, so that weights used before are one ``migraphx.load``."""
+        builder = Builder(module.load(), graph, self._target(device), opts, None)
+        parts = self._cache_parts(graph, device, opts) if cache is not None else None
 
         def compile_arrays(arrs: Mapping[str, np.ndarray]) -> tuple[Any, bool]:
-            if not opts.cache or loops:
+            if cache is None or parts is None:
                 return builder.build(arrs), False
-            store = cache_mod.ProgramCache(opts.cache_dir / "migraphx" if opts.cache_dir else cache_mod.default_dir())
-            key = self.cache_key(graph_key, weights_digest(arrs), device, module.version(mod), opts)
-            program, hit = store.get_or_compile(
-                key, load=lambda p: mod.load(str(p)), compile_=lambda: builder.build(arrs),
-                save=lambda prog, p: mod.save(prog, str(p)))
-            log.info("%s %s (cache %s)", "loaded" if hit else "compiled", where, key[:12])
-            return program, hit
+            from sdrt.weights import Weights
 
-        program, _ = compile_arrays(arrays)
-        return MIGraphXSession(graph, program, arrays, compile_arrays, where)
+            key = self.cache_key(graph, Weights.from_arrays(dict(arrs)), parts)
+            entry = cache.lookup(key)
+            if entry is not None:
+                try:
+                    return module.load().load(str(entry.file(PROGRAM))), True
+                except Exception as exc:  # noqa: BLE001 - MIGraphX cannot read it: compile again
+                    cache.discard(key, f"migraphx could not load it ({str(exc).splitlines()[0][:200]})")
+            program = builder.build(arrs)
+            cache.store(key, lambda folder: module.load().save(program, str(folder / PROGRAM)),
+                        {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)})
+            return program, False
+
+        return compile_arrays
+
+    # -- the compile cache -----------------------------------------------
+    def _cache_parts(self, graph: Graph, device: Device, opts: Options) -> list[str] | None:
+        loops = sorted({op for op, _ in ops.nodes(graph.model.graph)} & UNCACHEABLE)
+        if loops:
+            log.info("%s: not using the compile cache for a graph with %s (MIGraphX's .mxr round trip mixes up "
+                     "their state parameters)", graph.name, ", ".join(loops))
+            return None
+        return self.cache_parts(device, module.version(module.load()), opts)
 
     @staticmethod
-    def cache_key(graph_key: str, weights_key: str, device: Device, migraphx_version: str, opts: Options) -> str:
-        """The program cache key: graph, weights identity, target and gfx target, versions, options."""
+    def cache_parts(device: Device, migraphx_version: str, opts: Options) -> list[str]:
+        """What besides the graph and the weights keys a program: target and gfx target, versions, options."""
         target = str(device.properties.get("target", device.id))
         gfx = str(device.properties.get("gfx_target", "")) if target == "gpu" else ""
-        return cache_mod.make_key([graph_key, weights_key, target, gfx, migraphx_version, PLUGIN_VERSION,
-                                   CACHE_FORMAT, opts.key()])
+        return [target, gfx, migraphx_version, PLUGIN_VERSION, CACHE_FORMAT, opts.key()]
+
+    def _cache_meta(self, graph: Graph, device: Device, opts: Options) -> dict[str, Any]:
+        return {"precision": opts.precision}
+
+    def _save(self, compiled: tuple[MIGraphXSession, Any], folder: Path) -> bool:
+        module.load().save(compiled[0]._program, str(folder / PROGRAM))
+        return True
+
+    def _load(self, entry: Entry, graph: Graph, weights: Weights | None, device: Device, opts: Options) -> Session:
+        from sdrt import resolve_weights
+        from sdrt.cache import CompileCache
+
+        program = module.load().load(str(entry.file(PROGRAM)))
+        return MIGraphXSession(graph, program, resolve_weights(graph, weights),
+                               self._updater(graph, device, opts, CompileCache.of(entry)),
+                               f"{graph.name} on migraphx:{device.id}")

@@ -1,22 +1,27 @@
-"""``OpenVINOBackend``: devices from OpenVINO's own list, compile through the compiled-model cache."""
+"""``OpenVINOBackend``: devices from OpenVINO's own list; compiled models kept in the core's compile cache.
+
+What is OpenVINO's own here: converting the graph (``convert``), compiling it,
+and the cache entry's content, one file ``model.blob`` written by
+``CompiledModel.export_model``. A cache hit maps that file (copy-on-write, so
+nothing is read into Python or written back) and hands the map to
+``Core.import_model`` as an ``ov.Tensor``: the pages come from the page cache,
+and the weights are neither resolved nor converted until ``update_weights``.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import struct
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from sdrt import Backend, Device, Session, resolve_weights
-from sdrt.errors import BackendUnavailable, NoDeviceError, UnsupportedGraph
+from sdrt import Backend, Device, Session
+from sdrt.errors import BackendUnavailable, UnsupportedGraph
 from sdrt.tensors import NON_TENSOR
 
-from . import cache as cache_mod
 from . import convert, swap
 from .conformance import CONFORMANCE
 from .errors import OpenVINOError, first_lines
@@ -26,13 +31,16 @@ from .session import OpenVINOSession
 if TYPE_CHECKING:  # pragma: no cover
     import openvino as ov
 
+    from sdrt.cache import Entry
     from sdrt.graph import Graph
     from sdrt.weights import Weights
 
 log = logging.getLogger("sdrt.openvino")
 
 PLUGIN_VERSION = "0.1.0"
-CACHE_FORMAT = "2"  # bump to orphan every older cache entry
+CACHE_FORMAT = "3"  # bump to orphan every older cache entry
+#: the file of a cache entry: the compiled model as ``CompiledModel.export_model`` writes it
+BLOB = "model.blob"
 
 #: runtime layers whose compiled blob does not survive export + import on OpenVINO's CPU plugin:
 #: a model holding one is compiled every time instead of cached. Measured by running the ONNX
@@ -46,69 +54,62 @@ _KIND_ORDER = {"gpu": 0, "cpu": 1, "npu": 2, "auto": 3}
 class _LazyConversion:
     """The ``ov.Model`` of a graph, converted on first use: a cache hit needs none until update_weights."""
 
-    def __init__(self, core: Any, graph: Graph, arrays: Mapping[str, np.ndarray]) -> None:
-        self._args: tuple[Any, Graph, Mapping[str, np.ndarray]] | None = (core, graph, arrays)
+    def __init__(self, core: Any, graph: Graph, arrays: Callable[[], Mapping[str, np.ndarray]]) -> None:
+        self._args: tuple[Any, Graph, Callable[[], Mapping[str, np.ndarray]]] | None = (core, graph, arrays)
         self._done: convert.Converted | None = None
 
     def __call__(self) -> convert.Converted:
         if self._done is None:
             assert self._args is not None
-            self._done = convert.read(*self._args)
+            core, graph, arrays = self._args
+            self._done = convert.read(core, graph, arrays())
             self._args = None
         return self._done
 
 
-def _sample(arr: np.ndarray, chunk: int = 256, count: int = 16) -> bytes:
-    """The first, last and ``count`` evenly spaced ``chunk``-byte pieces of an array's bytes."""
-    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    n = flat.size
-    if n <= chunk * (count + 2):
-        return flat.tobytes()
-    starts = [0, n - chunk] + [int(i * (n - chunk) / count) for i in range(1, count)]
-    return b"".join(flat[s:s + chunk].tobytes() for s in starts)
-
-
-def _weight_files(graph: Graph, weights: Weights | None, arrays: Mapping[str, np.ndarray]) -> dict[str, str]:
-    """``{initializer name: identity of the file it is read from}`` for weights that come from files."""
-    stats: dict[str, str] = {}
-
-    def identity(path: str, where: str) -> str | None:
-        if path not in stats:
-            try:
-                st = os.stat(path)
-            except OSError:
-                return None
-            stats[path] = f"{os.path.realpath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
-        return f"{stats[path]}|{where}"
-
-    out: dict[str, str] = {}
-    own = {t.name: t for t in graph.model.graph.initializer}
-    for name in arrays:
-        ident = None
-        if weights is not None and name in weights:
-            ref = weights.ref(name)
-            if weights.dtype is None and os.path.isfile(ref.source):
-                ident = identity(ref.source, name)
-        elif name in own and graph.base_dir is not None:
-            info = {e.key: e.value for e in own[name].external_data}
-            if "location" in info:
-                ident = identity(str(graph.base_dir / info["location"]),
-                                 f"{info.get('offset', 0)}+{info.get('length', '')}")
-        if ident is not None:
-            out[name] = ident
-    return out
-
-
-def _export(compiled: Any) -> bytes:
-    """The compiled model as a blob, or an error for models that must not be cached."""
+def _uncacheable(compiled: Any) -> list[str]:
+    """Why a compiled model must not be cached (its blob breaks on import), or nothing."""
     try:
         layers = {str(op.get_rt_info()["layerType"].astype(str)) for op in compiled.get_runtime_model().get_ops()}
     except (RuntimeError, KeyError):  # devices without a runtime model of layer types (AUTO)
         layers = set()
-    bad = sorted(layers & set(UNCACHEABLE_LAYERS))
-    if bad:
-        raise RuntimeError("; ".join(f"{layer}: {UNCACHEABLE_LAYERS[layer]}" for layer in bad))
-    return bytes(compiled.export_model().getvalue())
+    return [f"{layer}: {UNCACHEABLE_LAYERS[layer]}" for layer in sorted(layers & set(UNCACHEABLE_LAYERS))]
+
+
+def release_read_pages(blob: np.memmap) -> bool:
+    """Drop from this process the pages of the blob's map that OpenVINO only read while importing.
+
+    OpenVINO's CPU plugin copies (repacks) nearly every constant at import and reads only a few in
+    place from the tensor it was given, so after an import most of the map is resident for nothing
+    (full-size UNet: 3.3 of 3.4 GB). ``MADV_DONTNEED`` on a private map whose pages were never written
+    only unmaps them: they stay in the page cache and fault back in from the file if read again. Done
+    only when ``/proc/self/smaps`` shows no page of the map copied on write (``Anonymous``), since
+    dropping a written page would lose the write; True when done.
+    """
+    import mmap
+
+    advise = getattr(blob._mmap, "madvise", None)  # type: ignore[attr-defined]
+    if advise is None or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    start = blob.__array_interface__["data"][0] - int(blob.offset)
+    end = start + len(blob._mmap)  # type: ignore[attr-defined]
+    covered, written, inside = 0, 0, False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(" ", 1)[0]
+                if "-" in head and ":" not in head:
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo < end and hi > start
+                    covered += (min(hi, end) - max(lo, start)) if inside else 0
+                elif inside and line.startswith("Anonymous:"):
+                    written += int(line.split()[1])
+    except (OSError, ValueError):
+        return False
+    if covered != end - start or written:
+        return False
+    advise(mmap.MADV_DONTNEED)
+    return True
 
 
 def _kind(device_id: str) -> str:
@@ -118,14 +119,15 @@ def _kind(device_id: str) -> str:
 
 class OpenVINOBackend(Backend):
     name = "openvino"
-    api_version = (1, 0)
+    api_version = (1, 1)
     priority = 50  # above the reference backend (0)
     #: stored weight types kept compressed: the ONNX reader turns DequantizeLinear into OpenVINO's
     #: decompression pattern (Convert, Multiply) and the CPU plugin keeps i8/i4/f8 constants in the runtime model
     quantized_weights = frozenset({"int8", "int4", "float8_e4m3fn"})
     conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
-        "fp32": {"precision": "f32"}, "fp16": {"precision": "f16"}, "bf16": {"precision": "bf16"}}
+        "fp32": {"precision": "fp32"}, "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}}
+    caches = True
 
     def __init__(self) -> None:
         self._core: ov.Core | None = None
@@ -195,19 +197,20 @@ class OpenVINOBackend(Backend):
         return Device(backend=self.name, id=dev_id, name=str(prop("FULL_DEVICE_NAME", dev_id)), kind=kind,
                       memory_bytes=int(memory) if memory else None, properties=props)
 
-    # -- compiling -----------------------------------------------------
-    def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
-        opts = parse_options(options)
-        if device.backend != self.name:
-            raise NoDeviceError(f"device {device} belongs to backend {device.backend!r}", where="openvino.compile",
-                                fix="pass one of the devices of backend 'openvino'")
+    # -- compiling: the hooks of the core's Backend.compile -------------------
+    def parse_options(self, options: Mapping[str, Any], device: Device) -> Options:
+        return parse_options(options)
+
+    def _prepare(self, graph: Graph, device: Device, opts: Options) -> Graph:
         self._check_inputs(graph)
+        return graph
+
+    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device, opts: Options) -> Session:
         core = self.core
-        arrays = resolve_weights(graph, weights)  # checks the weights before any long work
         props = opts.properties()
         if opts.precision == "f32" and device.id.startswith("CPU"):  # exact: no int8 activations for i8/i4 weights
             props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
-        lazy = _LazyConversion(core, graph, arrays)
+        lazy = _LazyConversion(core, graph, lambda: arrays)
 
         def compile_(model: ov.Model | None = None) -> Any:
             model = model if model is not None else lazy().model  # converting raises UnsupportedGraph first
@@ -217,7 +220,7 @@ class OpenVINOBackend(Backend):
                 raise self._compile_error(exc, graph, device, opts) from exc
 
         rebinder = None
-        if opts.swappable is True:  # the form a swap imports (no compile cache: its blob needs a weights file)
+        if opts.swappable is True:  # the form a swap imports (not cached: its blob needs a weights file)
             lazy()  # converting raises UnsupportedGraph first
             try:
                 compiled, rebinder, views = swap.build(core, graph, arrays, device.id, props)
@@ -227,19 +230,65 @@ class OpenVINOBackend(Backend):
                 compiled = compile_()
             except RuntimeError as exc:
                 raise self._compile_error(exc, graph, device, opts) from exc
-        elif not opts.cache:
-            compiled = compile_()
         else:
-            store = cache_mod.CompiledCache(opts.cache_dir / "openvino" if opts.cache_dir else cache_mod.default_dir())
-            key = self._cache_key(graph, weights, arrays, device, opts)
-            compiled, hit = store.get_or_compile(
-                key, load=lambda blob: core.import_model(blob, device.id, props), compile_=compile_,
-                export=_export)
-            log.info("%s %s on %s (cache %s)", "loaded" if hit else "compiled", graph.name, device.id, key[:12])
+            compiled = compile_()
+        return self._session(graph, arrays, lazy, compiled, compile_, device, opts, rebinder)
+
+    def _session(self, graph: Graph, arrays: Any, lazy: Any, compiled: Any, compile_: Any, device: Device,
+                 opts: Options, rebinder: swap.Rebinder | None = None) -> OpenVINOSession:
         self._check_precision(compiled, opts, device)
+        core = self.core
         return OpenVINOSession(graph, arrays, lazy, compiled, compile_, lambda a: convert.read(core, graph, a),
-                               device.id, core=core if opts.swappable is not False else None, props=props,
-                               rebinder=rebinder)
+                               device.id, core=core if opts.swappable is not False else None,
+                               props=opts.properties(), rebinder=rebinder)
+
+    # -- the compile cache -----------------------------------------------
+    def _cache_parts(self, graph: Graph, device: Device, opts: Options) -> list[str] | None:
+        if opts.swappable is True:
+            return None
+        return [device.id, device.name, str(device.properties.get("architecture", "")), self.version(),
+                PLUGIN_VERSION, CACHE_FORMAT, opts.key()]
+
+    def _cache_meta(self, graph: Graph, device: Device, opts: Options) -> dict[str, Any]:
+        from .options import PRECISIONS
+
+        return {"precision": {hint: name for name, hint in PRECISIONS.items()}[opts.precision],
+                "openvino": self.version()}
+
+    def _save(self, session: Session, folder: Path) -> bool:
+        compiled = session.compiled  # type: ignore[attr-defined]
+        why = _uncacheable(compiled)
+        if why:
+            log.info("not caching: %s", "; ".join(why))
+            return False
+        stream = compiled.export_model()
+        with open(folder / BLOB, "wb") as f:
+            f.write(stream.getbuffer())  # the export's own buffer, not a copy of it
+        return True
+
+    def _load(self, entry: Entry, graph: Graph, weights: Weights | None, device: Device, opts: Options) -> Session:
+        """Import the entry's blob from a copy-on-write map of the file: no read into Python, no copy;
+        the weights are resolved only when the session first needs them (``update_weights``)."""
+        import openvino as ov
+
+        from sdrt import resolve_weights
+
+        core = self.core
+        blob = np.memmap(entry.file(BLOB), dtype=np.uint8, mode="c")
+        compiled = core.import_model(ov.Tensor(blob, shared_memory=True), device.id, opts.properties())
+        lazy = _LazyConversion(core, graph, lambda: session._arrays)  # the session's own, resolved once
+
+        def compile_(model: ov.Model | None = None) -> Any:
+            model = model if model is not None else lazy().model
+            try:
+                return core.compile_model(model, device.id, opts.properties())
+            except RuntimeError as exc:
+                raise self._compile_error(exc, graph, device, opts) from exc
+
+        session = self._session(graph, lambda: resolve_weights(graph, weights), lazy, compiled, compile_, device, opts)
+        session.blob = blob  # OpenVINO reads some constants from the map for as long as the model lives
+        release_read_pages(blob)
+        return session
 
     def _check_inputs(self, graph: Graph) -> None:
         """Refuse inputs and outputs that cannot cross OpenVINO's Python API, before any work."""
@@ -256,37 +305,11 @@ class OpenVINOBackend(Backend):
                                    fix="use the reference backend for graphs with sequence, string or 4-bit inputs "
                                        "and outputs")
 
-    def _cache_key(self, graph: Graph, weights: Weights | None, arrays: Mapping[str, np.ndarray], device: Device,
-                   opts: Options) -> str:
-        """SHA-256 over the graph, the weights, the device, the versions and the options.
-
-        A weight read from a file is keyed by that file's identity (path, size, mtime, inode), the
-        tensor's name, dtype and shape and a few sampled bytes, so that a cache hit never reads
-        gigabytes of weights; a weight held in memory is keyed by all its bytes.
-        """
-        h = hashlib.sha256()  # the graph without its initializers, then each resolved weight (every initializer)
-        h.update(graph.model_without(graph.initializer_names).SerializeToString())
-        files = _weight_files(graph, weights, arrays)
-        for name in sorted(arrays):
-            arr = arrays[name]
-            h.update(f"{name}|{arr.dtype.str}|{arr.shape}".encode())
-            if name in files:  # the file's identity, plus a few sampled bytes that tell its tensors apart
-                h.update(files[name].encode())
-                h.update(_sample(arr))
-                continue
-            arr = np.ascontiguousarray(arr)
-            h.update(struct.pack("<Q", arr.nbytes))
-            h.update(arr.reshape(-1).view(np.uint8))
-        return cache_mod.make_key([
-            h.hexdigest(), device.id, device.name, str(device.properties.get("architecture", "")),
-            self.version(), PLUGIN_VERSION, CACHE_FORMAT, opts.key(),
-        ])
-
     @staticmethod
     def _compile_error(exc: RuntimeError, graph: Graph, device: Device, opts: Options) -> OpenVINOError:
         return OpenVINOError(f"OpenVINO could not compile the model for {device.id}: {first_lines(exc)}",
                              where=f"{graph.name} with {opts.key()}",
-                             fix="try device='CPU' or precision='f32'; run with -vv for OpenVINO's full message")
+                             fix="try device='CPU' or precision='fp32'; run with -vv for OpenVINO's full message")
 
     @staticmethod
     def _check_precision(compiled: Any, opts: Options, device: Device) -> None:

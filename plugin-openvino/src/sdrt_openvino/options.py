@@ -1,10 +1,11 @@
 """Compile options of the OpenVINO backend, checked and turned into OpenVINO properties.
 
-``precision`` defaults to ``"f32"`` on purpose: OpenVINO's CPU plugin picks
+``precision`` (a name of sdrt's one precision vocabulary, ``sdrt.precision.PRECISIONS``: ``fp32``,
+``fp16``, ``bf16`` and their aliases) defaults to ``"fp32"`` on purpose: OpenVINO's CPU plugin picks
 bf16 by itself on CPUs with AVX512-BF16 or AMX (this machine's EPYC included),
 which costs about 1e-2 relative accuracy. sdrt promises outputs within 1e-4 of
-onnxruntime at f32, so f32 is the default; ask for ``"bf16"`` or ``"f16"`` to
-trade accuracy for speed.
+onnxruntime at f32, so fp32 is the default; ask for ``"bf16"`` or ``"fp16"`` to
+trade accuracy for speed. The compile cache's ``cache`` and ``cache_dir`` are the core's options.
 """
 
 from __future__ import annotations
@@ -12,16 +13,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sdrt.errors import SdrtError
+from sdrt.precision import precision_name
 
-PRECISIONS = {"f32": "f32", "fp32": "f32", "float32": "f32",
-              "f16": "f16", "fp16": "f16", "float16": "f16",
-              "bf16": "bf16", "bfloat16": "bf16"}
+#: sdrt's precision name -> OpenVINO's INFERENCE_PRECISION_HINT
+PRECISIONS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT", "cumulative_throughput": "CUMULATIVE_THROUGHPUT"}
-KNOWN = ("precision", "performance_hint", "threads", "cache", "cache_dir", "swappable")
+KNOWN = ("precision", "performance_hint", "threads", "swappable")
 
 
 class OptionError(SdrtError):
@@ -33,8 +33,6 @@ class Options:
     precision: str = "f32"
     performance_hint: str = "latency"
     threads: int | None = None
-    cache: bool = True
-    cache_dir: Path | None = None
     #: the form whose weights a swap rebinds by import (swap.py): None compiles it at the first swap,
     #: True at once, False never (every swap compiles; the weights are not held a second time)
     swappable: bool | None = None
@@ -61,10 +59,8 @@ def parse_options(options: Mapping[str, Any]) -> Options:
     if unknown:
         raise OptionError(f"unknown options for the openvino backend: {', '.join(unknown)}", where=where,
                           fix=f"use only {', '.join(KNOWN)}")
-    precision = str(options.get("precision", "f32")).lower()
-    if precision not in PRECISIONS:
-        raise OptionError(f"precision {options['precision']!r} is not one of f32, f16, bf16", where=where,
-                          fix="pass precision='f32' (exact, the default), 'f16' or 'bf16'")
+    precision = PRECISIONS[precision_name(options.get("precision", "fp32"), PRECISIONS,
+                                          where=f"{where} precision=")]
     hint = str(options.get("performance_hint", "latency")).lower()
     if hint not in HINTS:
         raise OptionError(f"performance_hint {options['performance_hint']!r} is not one of {', '.join(HINTS)}",
@@ -73,15 +69,9 @@ def parse_options(options: Mapping[str, Any]) -> Options:
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise OptionError(f"threads must be a positive int, got {threads!r}", where=where,
                           fix=f"pass threads=1..{os.cpu_count() or 1}, or leave it unset to let OpenVINO choose")
-    cache = options.get("cache", True)
-    if not isinstance(cache, bool):
-        raise OptionError(f"cache must be True or False, got {cache!r}", where=where,
-                          fix="pass cache=False to skip the compiled-model cache")
-    cache_dir = options.get("cache_dir")
     swappable = options.get("swappable")
     if swappable is not None and not isinstance(swappable, bool):
         raise OptionError(f"swappable must be None, True or False, got {swappable!r}", where=where,
                           fix="pass swappable=True to compile at once in the form weight swaps import, False to "
                               "compile on every swap, or leave it unset")
-    return Options(PRECISIONS[precision], hint, threads, cache, Path(cache_dir) if cache_dir is not None else None,
-                   swappable)
+    return Options(precision, hint, threads, swappable)

@@ -41,7 +41,8 @@ _RAW_TYPES: dict[str, tuple[str, type]] = {
 
 
 class OpenVINOSession(Session):
-    def __init__(self, graph: Graph, arrays: Mapping[str, np.ndarray], converted: Callable[[], convert.Converted],
+    def __init__(self, graph: Graph, arrays: Mapping[str, np.ndarray] | Callable[[], Mapping[str, np.ndarray]],
+                 converted: Callable[[], convert.Converted],
                  compiled: Any, recompile: Callable[[ov.Model], Any],
                  reconvert: Callable[[dict[str, np.ndarray]], Any], device_id: str, *,
                  core: Any = None, props: Mapping[str, Any] | None = None,
@@ -53,8 +54,12 @@ class OpenVINOSession(Session):
         self._converted: convert.Converted | None = None
         self._recompile = recompile
         self._reconvert = reconvert
-        #: every initializer's current array (from resolve_weights, then each update_weights)
-        self._arrays: dict[str, np.ndarray] = dict(arrays)
+        #: every initializer's current array (from resolve_weights, then each update_weights); a session
+        #: loaded from the compile cache gets a callable and resolves them only when it first needs them
+        self._pending = arrays if callable(arrays) else None
+        self._current: dict[str, np.ndarray] | None = None if callable(arrays) else dict(arrays)
+        #: what the compiled model was imported from (a map of the cache entry's blob), kept alive with it
+        self.blob: Any = None
         self._device_id = device_id
         self._core = core
         self._props = dict(props or {})
@@ -69,6 +74,22 @@ class OpenVINOSession(Session):
         self._bind(compiled, rebinder.input_arrays(self._arrays) if rebinder is not None else None)
         if rebinder is not None:
             self._drop_conversion()
+
+    @property
+    def _arrays(self) -> dict[str, np.ndarray]:
+        if self._current is None:
+            self._current = dict(self._pending()) if self._pending is not None else {}
+            self._pending = None
+        return self._current
+
+    @_arrays.setter
+    def _arrays(self, value: dict[str, np.ndarray]) -> None:
+        self._current, self._pending = value, None
+
+    @property
+    def compiled(self) -> Any:
+        """The ``ov.CompiledModel`` this session runs."""
+        return self._compiled
 
     def _drop_conversion(self) -> None:
         """A swappable session needs no converted ``ov.Model`` (whose constants hold the first weights)."""
@@ -327,6 +348,7 @@ class OpenVINOSession(Session):
             self._arrays = {}
             self._rebinder = None
             self._weight_inputs = {}
+            self.blob = None
         super().close()
 
 

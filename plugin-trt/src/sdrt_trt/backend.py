@@ -1,26 +1,36 @@
-"""``TrtBackend``: NVIDIA RTX GPUs through TensorRT-RTX; engines cached, or built ahead of time for any target."""
+"""``TrtBackend``: NVIDIA RTX GPUs through TensorRT-RTX; engines kept in the core's compile cache, or built ahead
+of time for any target (``sdrt compile``, ``enginefile``).
+
+What is TensorRT-RTX's own here: preparing the graph (``prepare``), building the
+engine (``build``), the engine files ``sdrt compile`` writes, and a cache
+entry's content, ``engine.bin`` as TensorRT-RTX serializes it (mapped, not read,
+on a hit), with its JIT runtime cache kept in an entry of its own beside it.
+"""
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from sdrt import Backend, Device, Session
-from sdrt.errors import BackendUnavailable, NoDeviceError
+from sdrt.errors import BackendUnavailable, NoDeviceError, UnusableEntry
 
-from . import cache as cache_mod
+from . import enginefile
 from .errors import TrtError
 from .options import OptionError, Options, parse_options
-from .prepare import Prepared, prepare, resolve
+from .prepare import Prepared, prepare
 from .targets import DevicePlan, check_target, plan_devices, target_names
 
 if TYPE_CHECKING:  # pragma: no cover
+    from sdrt.cache import Entry
     from sdrt.graph import Graph
     from sdrt.weights import Weights
 
@@ -28,6 +38,21 @@ log = logging.getLogger("sdrt.trt")
 
 PLUGIN_VERSION = "0.1.0"
 ENGINE_FORMAT = 1  # bump to orphan every older cache entry and refuse older engine files
+#: the file of a compile cache entry: the engine as TensorRT-RTX serialized it
+ENGINE = "engine.bin"
+
+
+@dataclass
+class _Built:
+    """An engine built (or read from an engine file) and what its session needs."""
+
+    graph: Graph
+    engine: bytes
+    meta: dict[str, Any]
+    prepared: Prepared
+    device: Device
+    arrays: dict[str, np.ndarray]
+    rebuild: Any
 
 
 def trt_version() -> str:
@@ -44,13 +69,14 @@ def trt_version() -> str:
 
 class TrtBackend(Backend):
     name = "trt"
-    api_version = (1, 0)
+    api_version = (1, 1)
     priority = 100  # the fastest runtime on the GPUs it supports
     conformance: ClassVar[Mapping[str, Any]] = {}
     #: what ``sdrt selftest`` measures: each precision's compile options, and the default one
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}, "fp32": {"precision": "fp32"}}
     default_precision: ClassVar[str] = "fp16"
+    caches = True
 
     def __init__(self) -> None:
         self._plan: DevicePlan | None = None
@@ -97,16 +123,11 @@ class TrtBackend(Backend):
         refit = self._refit_mode(opts, gpu_here=bool(self._cuda_devices()))
         prepared = prepare(graph, weights, opts)
         engine, _ = self._build(prepared, name, refit)
-        return cache_mod.write_engine(out, self._meta(prepared, name, refit, opts), engine)
+        return enginefile.write_engine(out, self._meta(prepared, name, refit, opts), engine)
 
-    # -- compiling -----------------------------------------------------
-    def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
-        from .session import TrtSession
-
+    # -- compiling: the hooks of the core's Backend.compile -------------------
+    def parse_options(self, options: Mapping[str, Any], device: Device) -> Options:
         opts = parse_options(options)
-        if device.backend != self.name:
-            raise NoDeviceError(f"device {device} belongs to backend {device.backend!r}", where="trt.compile",
-                                fix="pass one of the devices of backend 'trt'")
         target = str(device.properties.get("target", ""))
         if target not in self.targets():
             raise NoDeviceError(f"device {device} has no TensorRT-RTX target (properties: target={target!r})",
@@ -114,41 +135,90 @@ class TrtBackend(Backend):
         if opts.precision == "bf16" and not device.properties.get("bf16"):
             raise OptionError(f"{device.name} (compute {device.properties.get('compute_capability')}) has no bf16",
                               where="sdrt.load(..., backend='trt')", fix="use precision='fp16'")
-        refit = self._refit_mode(opts, gpu_here=True)
-        file_meta: dict[str, Any] | None = None
+        return opts
+
+    def _prepare(self, graph: Graph, device: Device, opts: Options) -> Graph:
         if opts.engine is not None:  # refuse a missing or corrupt file before any work
-            file_meta, engine_file = cache_mod.read_engine(opts.engine)
+            enginefile.read_engine(opts.engine)
+        return graph
+
+    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device, opts: Options) -> _Built:
+        """Build the engine (or take the engine file's): stored in the compile cache before a session opens it."""
+        target = str(device.properties["target"])
+        refit = self._refit_mode(opts, gpu_here=True)
+        if opts.engine is not None:
+            file_meta, engine = enginefile.read_engine(opts.engine)
             if opts.refit == "auto":
                 refit = str(file_meta.get("refit", "none"))
-        sources = resolve(graph, weights)
-        prepared = prepare(graph, weights, opts)
-        meta = self._meta(prepared, target, refit, opts)
-
-        def rebuild(arrays: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, Any], Prepared]:
-            from sdrt.weights import Weights
-
-            again = prepare(graph, Weights.from_arrays(dict(arrays)), opts)
-            blob, _ = self._build(again, target, refit)
-            return blob, self._meta(again, target, refit, opts), again
-
-        store = key = None
-        if opts.engine is not None and file_meta is not None:
+            prepared = prepare(graph, None, opts, arrays)
+            meta = self._meta(prepared, target, refit, opts)
             self._check_file(opts.engine, file_meta, meta)
-            engine = engine_file
         else:
-            engine = None
-            if opts.cache:
-                store = cache_mod.EngineCache(opts.cache_dir / "trt" if opts.cache_dir else cache_mod.default_dir())
-                key = self.cache_key(meta)
-                hit = store.get(key)
-                if hit is not None and self._same_build(hit[0], meta):
-                    engine = hit[1]
-                    log.info("engine cache hit for %s (%s)", graph.name, key[:12])
-            if engine is None:
-                engine, _ = self._build(prepared, target, refit)
-                if store is not None and key is not None:
-                    store.put(key, meta, engine)
-        return TrtSession(graph, engine, meta, prepared, device, sources, rebuild, store, key)
+            prepared = prepare(graph, None, opts, arrays)
+            meta = self._meta(prepared, target, refit, opts, digests=False)
+            engine, _ = self._build(prepared, target, refit)
+        return _Built(graph, engine, meta, prepared, device, arrays, self._rebuilder(graph, target, refit, opts))
+
+    def _open(self, compiled: _Built, entry: Entry | None) -> Session:
+        from sdrt.cache import CompileCache
+
+        from .session import RuntimeCache, TrtSession
+
+        b = compiled
+        return TrtSession(b.graph, b.engine, b.meta, b.prepared, b.device, b.arrays, b.rebuild,
+                          RuntimeCache(CompileCache.of(entry), entry.key) if entry is not None else None)
+
+    def _rebuilder(self, graph: Graph, target: str, refit: str, opts: Options) -> Any:
+        def rebuild(arrays: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, Any], Prepared]:
+            again = prepare(graph, None, opts, arrays)
+            blob, _ = self._build(again, target, refit)
+            return blob, self._meta(again, target, refit, opts, digests=False), again
+
+        return rebuild
+
+    # -- the compile cache -----------------------------------------------
+    def _cache_parts(self, graph: Graph, device: Device, opts: Options) -> list[str] | None:
+        if opts.engine is not None:
+            return None
+        refit = self._refit_mode(opts, gpu_here=True)
+        return [f"format={ENGINE_FORMAT}", f"plugin={PLUGIN_VERSION}", f"tensorrt_rtx={trt_version()}",
+                f"target={device.properties['target']}", f"options={opts.key(refit)}",
+                f"shapes={sorted((str(k), str(v)) for k, v in opts.shapes.items())}"]
+
+    def _weights_in_key(self, opts: Options) -> bool:
+        # a refit='full' engine takes any weights of these shapes: its identity does not depend on them
+        return self._refit_mode(opts, gpu_here=True) != "full"
+
+    def _cache_meta(self, graph: Graph, device: Device, opts: Options) -> dict[str, Any]:
+        return {"target": str(device.properties["target"]), "precision": opts.precision,
+                "refit": self._refit_mode(opts, gpu_here=True)}
+
+    def _save(self, compiled: _Built, folder: Path) -> bool:
+        (folder / ENGINE).write_bytes(compiled.engine)
+        return True
+
+    def _load(self, entry: Entry, graph: Graph, weights: Weights | None, device: Device, opts: Options) -> Session:
+        """The engine mapped from the entry (read-only, not read into Python); the weights resolved, since a
+        weight-stripped engine is refit with them before it runs."""
+        from sdrt import resolve_weights
+        from sdrt.cache import CompileCache
+
+        from .session import RuntimeCache, TrtSession
+
+        target, refit = str(device.properties["target"]), self._refit_mode(opts, gpu_here=True)
+        arrays = resolve_weights(graph, weights)
+        prepared = prepare(graph, None, opts, arrays)
+        with open(entry.file(ENGINE), "rb") as f:
+            engine = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        log.info("engine cache hit for %s (%s)", graph.name, entry.key[:12])
+        try:
+            return TrtSession(graph, engine, self._meta(prepared, target, refit, opts, digests=False), prepared,
+                              device, arrays, self._rebuilder(graph, target, refit, opts),
+                              RuntimeCache(CompileCache.of(entry), entry.key))
+        except TrtError as exc:
+            if exc.what.startswith("TensorRT-RTX cannot load the engine"):  # another driver or GPU built it
+                raise UnusableEntry(exc.what, where=str(entry.path)) from exc
+            raise
 
     # -- helpers -------------------------------------------------------
     @staticmethod
@@ -169,26 +239,17 @@ class TrtBackend(Backend):
         return build_engine(prepared, target, refit)
 
     @staticmethod
-    def _meta(prepared: Prepared, target: str, refit: str, opts: Options) -> dict[str, Any]:
-        """What an engine was built from: enough to key the cache and to check an engine file against a graph."""
+    def _meta(prepared: Prepared, target: str, refit: str, opts: Options, *, digests: bool = True) -> dict[str, Any]:
+        """What an engine was built from: enough to check an engine file against a graph (``digests``: with
+        the digest of every weight byte, which only engine files need)."""
         g = prepared.graph
         return {
             "format": ENGINE_FORMAT, "plugin": PLUGIN_VERSION, "tensorrt_rtx": trt_version(), "target": target,
             "graph": prepared.graph_digest, "refit": refit, "options": opts.key(refit),
             # a refit='full' engine takes any weights of these shapes: its identity does not depend on them
-            "weights": None if refit == "full" else prepared.weights_digest,
+            "weights": None if refit == "full" or not digests else prepared.weights_digest,
             "model": g.name, "inputs": [str(i) for i in g.inputs], "outputs": [str(o) for o in g.outputs],
         }
-
-    @staticmethod
-    def cache_key(meta: Mapping[str, Any]) -> str:
-        parts = ("format", "plugin", "tensorrt_rtx", "target", "graph", "refit", "options", "weights")
-        return cache_mod.make_key(f"{p}={meta.get(p)}" for p in parts)
-
-    @staticmethod
-    def _same_build(found: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
-        keys = ("format", "tensorrt_rtx", "target", "graph", "refit", "options", "weights")
-        return all(found.get(k) == want.get(k) for k in keys)
 
     @staticmethod
     def _check_file(path: Path, meta: Mapping[str, Any], want: Mapping[str, Any]) -> None:

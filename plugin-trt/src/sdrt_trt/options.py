@@ -12,7 +12,7 @@
   ``"identical"`` a stripped engine refit only with the weights it was built from (small engine files);
   ``"none"`` an engine holding its weights. ``"auto"`` is ``"full"`` where a CUDA GPU is present and
   ``"none"`` where none is (TensorRT-RTX builds refittable engines only on a machine with a GPU).
-- ``cache`` (default True) and ``cache_dir``: the engine cache (``$SDRT_CACHE_DIR/trt`` or the user cache).
+- ``cache`` (default True) and ``cache_dir``: the core's compile cache (``$SDRT_CACHE_DIR/compiled/trt``).
 - ``engine``: a file written by ``sdrt compile``, used instead of building.
 """
 
@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from sdrt.errors import SdrtError
+from sdrt.precision import precision_name
 
-PRECISIONS = {"fp16": "fp16", "f16": "fp16", "float16": "fp16", "half": "fp16",
-              "bf16": "bf16", "bfloat16": "bf16",
-              "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
+#: the precisions of sdrt's vocabulary (``sdrt.precision.PRECISIONS``) TensorRT-RTX builds at
+PRECISIONS = ("fp16", "bf16", "fp32")
 REFIT = ("auto", "full", "identical", "none")
-KNOWN = ("precision", "shapes", "profiles", "refit", "cache", "cache_dir", "engine")
+KNOWN = ("precision", "shapes", "profiles", "refit", "engine")
 
 
 class OptionError(SdrtError):
@@ -42,8 +42,6 @@ class Options:
     shapes: Mapping[str, Any] = field(default_factory=dict)
     profiles: Mapping[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
     refit: str = "auto"
-    cache: bool = True
-    cache_dir: Path | None = None
     engine: Path | None = None
 
     def key(self, refit: str) -> str:
@@ -65,10 +63,7 @@ def parse_options(options: Mapping[str, Any], where: str = "sdrt.load(..., backe
     if unknown:
         raise OptionError(f"unknown options for the trt backend: {', '.join(unknown)}", where=where,
                           fix=f"use only {', '.join(KNOWN)}")
-    precision = PRECISIONS.get(str(options.get("precision", "fp16")).lower())
-    if precision is None:
-        raise OptionError(f"precision {options['precision']!r} is not one of fp16, bf16, fp32", where=where,
-                          fix="pass precision='fp16' (the default), 'bf16' or 'fp32'")
+    precision = precision_name(options.get("precision", "fp16"), PRECISIONS, where=f"{where} precision=")
     shapes = options.get("shapes") or {}
     if not isinstance(shapes, Mapping):
         raise OptionError(f"shapes must be a dict, got {type(shapes).__name__}", where=where,
@@ -93,11 +88,5 @@ def parse_options(options: Mapping[str, Any], where: str = "sdrt.load(..., backe
     if refit not in REFIT:
         raise OptionError(f"refit {options['refit']!r} is not one of {', '.join(REFIT)}", where=where,
                           fix="pass refit='full' (refit with any weights), 'identical', 'none', or leave it 'auto'")
-    cache = options.get("cache", True)
-    if not isinstance(cache, bool):
-        raise OptionError(f"cache must be True or False, got {cache!r}", where=where,
-                          fix="pass cache=False to skip the engine cache")
-    cache_dir = options.get("cache_dir")
     engine = options.get("engine")
-    return Options(precision, dict(shapes), profiles, refit, cache,
-                   Path(cache_dir) if cache_dir is not None else None, Path(engine) if engine is not None else None)
+    return Options(precision, dict(shapes), profiles, refit, Path(engine) if engine is not None else None)

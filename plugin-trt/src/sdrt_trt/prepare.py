@@ -3,6 +3,7 @@ precision applied, and every node known to crash the builder refused."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import struct
@@ -32,10 +33,14 @@ class Prepared:
     graph: Graph
     #: sha256 of the graph without its weight data, after pinning and precision
     graph_digest: str
-    #: blake2b of every initializer's bytes, in name order
-    weights_digest: str
     #: dynamic input name -> (min, opt, max) shapes
     profiles: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+
+    @functools.cached_property
+    def weights_digest(self) -> str:
+        """blake2b of every initializer's bytes, in name order: what an engine file that holds its weights
+        is checked against (computed only for engine files; the compile cache keys weights by identity)."""
+        return _weights_digest(self.graph)
 
     def weight_arrays(self) -> dict[str, np.ndarray]:
         """Every initializer in the type the engine holds it (what a stripped engine is refit with)."""
@@ -115,17 +120,19 @@ def _profiles(graph: Graph, opts: Options) -> dict[str, tuple[tuple[int, ...], t
     return out
 
 
-def prepare(graph: Graph, weights: Weights | None, opts: Options) -> Prepared:
-    """Resolve the weights into the graph, pin its shapes, convert its precision, refuse known crashes."""
+def prepare(graph: Graph, weights: Weights | None, opts: Options,
+            arrays: Mapping[str, np.ndarray] | None = None) -> Prepared:
+    """Resolve the weights into the graph (or take ``arrays``, resolved already), pin its shapes, convert its
+    precision, refuse known crashes."""
     from sdrt.precision import to_half
 
     check_known_crashes(graph)
-    g = _baked(graph, resolve(graph, weights))
+    g = _baked(graph, resolve(graph, weights) if arrays is None else arrays)
     if opts.shapes:
         g = g.with_shapes(dict(opts.shapes))
     profiles = _profiles(g, opts)
     if opts.precision in _HALF:
         g = to_half(g, _HALF[opts.precision])
-    return Prepared(g, _digest(g), _weights_digest(g), profiles)
+    return Prepared(g, _digest(g), profiles)
 
 

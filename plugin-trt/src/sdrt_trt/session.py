@@ -16,7 +16,6 @@ import numpy as np
 from sdrt import Device, Session
 
 from . import cuda
-from .cache import EngineCache
 from .errors import TrtError, make_logger
 from .prepare import Prepared
 
@@ -38,17 +37,40 @@ def _trt_weights(arr: np.ndarray) -> Any:
     return trt.Weights(arr)
 
 
+class RuntimeCache:
+    """TensorRT-RTX's JIT runtime cache of one engine, kept in the core's compile cache beside the engine's
+    entry (its own entry, keyed from the engine's key), replaced whenever a session saves it."""
+
+    FILE = "runtime.cache"
+
+    def __init__(self, cache: Any, engine_key: str) -> None:
+        from sdrt.cache import make_key
+
+        self.cache, self.key = cache, make_key([engine_key, "tensorrt-rtx runtime cache"])
+
+    def get(self) -> bytes | None:
+        entry = self.cache.lookup(self.key)
+        return entry.file(self.FILE).read_bytes() if entry is not None else None
+
+    def put(self, blob: bytes) -> None:
+        self.cache.store(self.key, lambda folder: (folder / self.FILE).write_bytes(blob), {"kind": "runtime-cache"},
+                         replace=True)
+
+    def discard(self, reason: str) -> None:
+        self.cache.discard(self.key, reason)
+
+
 class TrtSession(Session):
-    def __init__(self, graph: Graph, engine: bytes, meta: dict[str, Any], prepared: Prepared, device: Device,
-                 source_arrays: Mapping[str, np.ndarray], rebuild: Rebuild, cache: EngineCache | None,
-                 key: str | None) -> None:
+    def __init__(self, graph: Graph, engine: Any, meta: dict[str, Any], prepared: Prepared, device: Device,
+                 source_arrays: Mapping[str, np.ndarray], rebuild: Rebuild,
+                 runtime_cache: RuntimeCache | None = None) -> None:
         super().__init__(graph.inputs, graph.outputs, graph=graph)
         self.graph: Graph = graph
         self.device = device
         self._ordinal = int(device.id.split(":")[-1])
         self._rebuild = rebuild
         self._sources = dict(source_arrays)  # the resolved weights in the graph's own dtypes (mostly mapped views)
-        self._cache, self._key = cache, key
+        self._rtcache = runtime_cache
         self._logger = make_logger()
         self._buffers: dict[str, cuda.Buffer] = {}
         self._stream: cuda.Stream | None = None
@@ -60,7 +82,7 @@ class TrtSession(Session):
         self._load(engine, meta, prepared)
 
     # -- loading -------------------------------------------------------
-    def _load(self, engine_bytes: bytes, meta: dict[str, Any], prepared: Prepared) -> None:
+    def _load(self, engine_bytes: Any, meta: dict[str, Any], prepared: Prepared) -> None:
         import tensorrt_rtx as trt
 
         self._release_engine()
@@ -77,10 +99,10 @@ class TrtSession(Session):
             self._refit(prepared.weight_arrays(), everything=True)
         config = engine.create_runtime_config()
         self._runtime_cache = config.create_runtime_cache()
-        if self._cache is not None and self._key is not None:
-            entry = self._cache.get(self._key, "rtcache")
-            if entry is not None and not self._runtime_cache.deserialize(entry[1]):
-                self._cache.discard(self._key, "TensorRT-RTX rejects it (another GPU, driver or version)", "rtcache")
+        if self._rtcache is not None:
+            blob = self._rtcache.get()
+            if blob is not None and not self._runtime_cache.deserialize(blob):
+                self._rtcache.discard("TensorRT-RTX rejects it (another GPU, driver or version)")
         config.set_runtime_cache(self._runtime_cache)
         self._context = engine.create_execution_context(config)
         if self._context is None:
@@ -180,16 +202,16 @@ class TrtSession(Session):
                     self.graph.name, why)
         engine, meta, prepared = self._rebuild(self._sources)
         self._release_engine()  # saves the old engine's runtime cache under the old engine's key
-        self._key = None  # the rebuilt engine is not the cached one: its runtime cache is not kept
+        self._rtcache = None  # the rebuilt engine is not the cached one: its runtime cache is not kept
         self._load(engine, meta, prepared)
 
     # -- closing -------------------------------------------------------
     def _release_engine(self) -> None:
-        if self._runtime_cache is not None and self._cache is not None and self._key is not None:
+        if self._runtime_cache is not None and self._rtcache is not None:
             try:
                 blob = self._runtime_cache.serialize()
                 if blob is not None and len(blob):
-                    self._cache.put(self._key, {"kind": "runtime-cache"}, bytes(blob), "rtcache")
+                    self._rtcache.put(bytes(blob))
             except Exception as exc:  # noqa: BLE001 - the runtime cache is optional
                 log.warning("cannot save TensorRT-RTX's runtime cache: %s", exc)
         self._context = None

@@ -17,7 +17,6 @@ from sdrt import Device
 from sdrt.errors import ModelError, NoDeviceError, SdrtError, UnsupportedGraph
 from sdrt_coreml import package
 from sdrt_coreml.backend import unavailable_reason
-from sdrt_coreml.errors import OptionError
 from sdrt_coreml.options import parse_options
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
@@ -49,8 +48,10 @@ def test_compile_off_macos_says_to_build_instead(backend):
 
 
 def test_compile_refuses_a_foreign_device(backend):
-    with pytest.raises(NoDeviceError, match="not a Core ML compute unit"):
+    with pytest.raises(NoDeviceError, match="belongs to backend 'openvino'"):
         backend.compile(graph_of(_relu_model()), None, Device("openvino", "CPU"))
+    with pytest.raises(NoDeviceError, match="not a Core ML compute unit"):
+        backend.compile(graph_of(_relu_model()), None, Device("coreml", "TPU"))
 
 
 @pytest.mark.skipif(not ON_MAC, reason="Core ML runs models only on macOS; this machine is "
@@ -122,19 +123,23 @@ def test_dynamic_input_needs_shapes_then_builds(backend, tmp_path):
 # -- options ----------------------------------------------------------------
 @pytest.mark.parametrize(("options", "match"), [
     ({"threads": 2}, "unknown options.*threads"),
-    ({"precision": "int8"}, "precision 'int8' is not fp16 or fp32"),
+    ({"precision": "int8"}, "precision 'int8' is not one this backend accepts.*fp16 \\(f16, float16, half\\)"),
     ({"target": "macOS12"}, "target 'macOS12'.*macOS13, macOS14, macOS15"),
-    ({"cache": "yes"}, "cache must be True or False"),
     ({"shapes": [1, 2]}, "shapes must map"),
 ])
 def test_bad_options(options, match):
-    with pytest.raises(OptionError, match=match):
+    with pytest.raises(SdrtError, match=match):
         parse_options(options)
+
+
+def test_the_cache_options_are_the_cores(backend):
+    with pytest.raises(SdrtError, match="cache must be True or False"):
+        backend.compile(graph_of(_relu_model()), None, Device("coreml", "ALL", kind="auto"), cache="yes")
 
 
 def test_options_defaults_and_aliases():
     o = parse_options({})
-    assert o.precision == "fp16" and o.cache
+    assert o.precision == "fp16"
     assert (o.target == "macOS14") if not ON_MAC else o.target in ("macOS13", "macOS14", "macOS15")
     o = parse_options({"precision": "float32", "target": "ios18"})
     assert (o.precision, o.target, o.opset, o.sdpa) == ("fp32", "iOS18", 18, True)

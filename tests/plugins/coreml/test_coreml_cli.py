@@ -48,7 +48,7 @@ def test_compile_writes_a_package_that_evaluates_like_onnxruntime(coreml_registr
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--target", "macOS12"], "target 'macOS12' is not a Core ML deployment target"),
-    (["--target", "macOS14", "--option", "precision=int4"], "precision 'int4' is not fp16 or fp32"),
+    (["--target", "macOS14", "--option", "precision=int4"], "precision 'int4' is not one this backend accepts"),
     (["--target", "macOS14"], "dynamic dimensions"),
 ])
 def test_errors_are_one_line(coreml_registry, model_path, tmp_path, capsys, extra, message):

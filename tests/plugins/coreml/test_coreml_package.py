@@ -12,6 +12,7 @@ from coreml_helpers import graph_of, make_model, run_ort
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
+import sdrt
 from sdrt_coreml import package
 from sdrt_coreml.backend import CoreMLBackend
 from sdrt_coreml.errors import CoreMLError
@@ -113,7 +114,8 @@ def test_update_lowers_again_when_a_folded_initializer_changes(tmp_path):
     new = {"c1": inits["c1"] * 3, "w": inits["w"] * 2, "c2": inits["c2"]}
     assert plan_update(built, new) == ["c1"]
     opts = parse_options({"precision": "fp32"})
-    static, arrays = be._prepare(graph_of(model), None, opts)
+    static = be._static(graph_of(model), opts)
+    arrays = sdrt.resolve_weights(static)
     calls = []
 
     def rebuild(out):

@@ -144,12 +144,12 @@ def test_ggml_log_goes_to_python_logging_not_stderr():
     """ggml's log (the Vulkan backend's device list, for one) is routed to ``sdrt.ggml.native``."""
     import ctypes
 
-    from sdrt_ggml.ops import _common
+    from sdrt_ggml import bindings
 
-    lib = _common.ggml_lib()
+    lib = bindings.ggml_lib()
     cb, user = lib.ggml_log_callback(), ctypes.c_void_p()
     lib.ggml_log_get(ctypes.byref(cb), ctypes.byref(user))
-    assert ctypes.cast(cb, ctypes.c_void_p).value == ctypes.cast(_common._LOG_CALLBACK, ctypes.c_void_p).value
+    assert ctypes.cast(cb, ctypes.c_void_p).value == ctypes.cast(bindings._LOG_CALLBACK, ctypes.c_void_p).value
 
 
 # -- real GPU devices -----------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def test_the_second_compile_loads_the_cached_program(backend, ref, tmp_path, cap
         second = backend.compile(graph, None, ref, cache_dir=tmp_path)
     messages = [r.getMessage() for r in caplog.records if r.name == "sdrt.migraphx"]
     assert any(m.startswith("compiled ") for m in messages) and any(m.startswith("loaded ") for m in messages)
-    assert len(list((tmp_path / "migraphx").glob("*.mxr"))) == 1
+    assert len(list((tmp_path / "compiled" / "migraphx").glob("*/program.mxr"))) == 1
     np.testing.assert_allclose(second.run({"x": XM})["y"], ort_run(mlp_model(), {"x": XM})[0], rtol=1e-5,
                                atol=1e-5)
 
@@ -63,7 +63,7 @@ def test_the_second_compile_loads_the_cached_program(backend, ref, tmp_path, cap
 def test_a_corrupted_cache_entry_is_compiled_again(backend, ref, tmp_path):
     graph = graph_of(conv_model())
     backend.compile(graph, None, ref, cache_dir=tmp_path)
-    (entry,) = (tmp_path / "migraphx").glob("*.mxr")
+    (entry,) = (tmp_path / "compiled" / "migraphx").glob("*/program.mxr")
     data = bytearray(entry.read_bytes())
     data[len(data) // 2] ^= 0xFF
     entry.write_bytes(bytes(data))

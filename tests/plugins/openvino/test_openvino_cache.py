@@ -1,4 +1,5 @@
-"""The compiled-model cache: hits, misses on any key change, atomic entries, and corrupted entries rebuilt."""
+"""OpenVINO through the core's compile cache: hits, misses on any key change, atomic entries, corrupted
+entries rebuilt, and a hit that maps the blob instead of reading it."""
 
 from __future__ import annotations
 
@@ -16,8 +17,15 @@ import sdrt
 X = np.random.default_rng(11).standard_normal((1, 3, 8, 8), dtype=np.float32)
 
 
-def _entries(tmp_path):
-    return sorted((tmp_path / "cache" / "openvino").glob("*.ovblob"))
+def _entries(tmp_path, root="cache"):
+    found = (tmp_path / root / "compiled" / "openvino").glob("*/model.blob")
+    return sorted(p for p in found if not p.parent.name.startswith("."))
+
+
+def _lookup(entry):
+    from sdrt.cache import CompileCache
+
+    return CompileCache("openvino", entry.parents[3]).lookup(entry.parent.name)
 
 
 def _load(**options):
@@ -32,7 +40,7 @@ def test_second_load_imports_from_the_cache(ov_registry, tmp_path, caplog):
     second = _load().run({"x": X})["y"]
     assert any("loaded" in r.getMessage() and "cache" in r.getMessage() for r in caplog.records)
     np.testing.assert_array_equal(first, second)
-    assert not list((tmp_path / "cache" / "openvino").glob("*.tmp")), "no temporary file may stay behind"
+    assert not list((tmp_path / "cache" / "compiled" / "openvino").glob(".*")), "no temporary folder may stay behind"
 
 
 def test_key_changes_with_options_weights_and_graph(ov_registry, tmp_path):
@@ -47,16 +55,14 @@ def test_cache_can_be_turned_off_or_moved(ov_registry, tmp_path):
     _load(cache=False)
     assert _entries(tmp_path) == []
     _load(cache_dir=str(tmp_path / "elsewhere"))
-    assert len(list((tmp_path / "elsewhere" / "openvino").glob("*.ovblob"))) == 1
+    assert len(_entries(tmp_path, "elsewhere")) == 1
 
 
 @pytest.mark.parametrize("damage", ["flip_payload_bytes", "truncate", "garbage_with_valid_checksum", "empty"])
 def test_corrupted_cache_entry_is_rebuilt(ov_registry, tmp_path, caplog, damage):
     """Corrupt a real cache file on disk; the next load warns, recompiles, runs right and rewrites the entry."""
     import hashlib
-    import struct
-
-    from sdrt_openvino import cache
+    import json
 
     expected = ort_run(conv_model(), {"x": X})[0]
     _load()
@@ -67,28 +73,73 @@ def test_corrupted_cache_entry_is_rebuilt(ov_registry, tmp_path, caplog, damage)
         data[mid:mid + 16] = bytes(b ^ 0xFF for b in data[mid:mid + 16])
     elif damage == "truncate":
         data = data[: len(data) // 3]
-    elif damage == "garbage_with_valid_checksum":  # passes our checksum, so OpenVINO's import must fail
-        blob = b"not an OpenVINO blob" * 50
-        data = bytearray(struct.pack("<8s32sQ", cache.MAGIC, hashlib.sha256(blob).digest(), len(blob)) + blob)
+    elif damage == "garbage_with_valid_checksum":  # passes the cache's checksum, so OpenVINO's import must fail
+        data = bytearray(b"not an OpenVINO blob" * 50)
     else:
         data = bytearray()
     entry.write_bytes(bytes(data))
+    if damage == "garbage_with_valid_checksum":
+        manifest = entry.parent / "sdrt-entry.json"
+        info = json.loads(manifest.read_text())
+        info["files"]["model.blob"].update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        manifest.write_text(json.dumps(info))
 
-    caplog.set_level(logging.WARNING, logger="sdrt.openvino")
+    caplog.set_level(logging.WARNING, logger="sdrt")
     out = _load().run({"x": X})["y"]
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
-    assert any("corrupt" in r.getMessage() for r in caplog.records)
+    assert any("unusable" in r.getMessage() for r in caplog.records)
     # the entry was rewritten whole and now reads back clean
-    assert cache.CompiledCache(entry.parent).read(entry.stem) is not None
+    assert _lookup(entry) is not None
     caplog.clear()
     _load()
-    assert not any("corrupt" in r.getMessage() for r in caplog.records)
+    assert not any("unusable" in r.getMessage() for r in caplog.records)
+
+
+def test_a_cache_hit_maps_the_blob_and_resolves_no_weight(ov_registry, tmp_path, monkeypatch):
+    """On a hit the blob is handed to OpenVINO as a map of the file (never read into Python), and the
+    weights are neither resolved nor hashed before the session needs them."""
+    import builtins
+
+    import sdrt.weights.resolve as resolve_mod
+
+    model_path = tmp_path / "conv.onnx"
+    model_path.write_bytes(conv_model().SerializeToString())
+    sdrt.Graph.load(model_path).strip(tmp_path / "s.onnx")
+    first = sdrt.load(tmp_path / "s.onnx", backend="openvino").run({"x": X})["y"]
+    (entry,) = _entries(tmp_path)
+    calls = []
+    monkeypatch.setattr(resolve_mod, "resolve_weights", lambda *a, **k: calls.append(a) or {})
+    real_open = builtins.open
+
+    class NoRead:  # the blob's file object: mapping it is allowed, reading it into Python is not
+        def __init__(self, f):
+            self._f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+        def __getattr__(self, name):
+            assert not name.startswith("read"), "the blob was read into Python"
+            return getattr(self._f, name)
+
+    def no_blob_read(file, *args, **kwargs):
+        f = real_open(file, *args, **kwargs)
+        return NoRead(f) if str(file) == str(entry) else f
+
+    monkeypatch.setattr(builtins, "open", no_blob_read)
+    session = sdrt.load(tmp_path / "s.onnx", backend="openvino")
+    assert calls == []
+    assert session.blob is not None and str(session.blob.filename) == str(entry)
+    np.testing.assert_array_equal(session.run({"x": X})["y"], first)
 
 
 def test_unwritable_cache_dir_only_logs(ov_registry, tmp_path, caplog):
     blocker = tmp_path / "file-not-dir"
     blocker.write_text("x")
-    caplog.set_level(logging.WARNING, logger="sdrt.openvino")
+    caplog.set_level(logging.WARNING, logger="sdrt.cache")
     out = _load(cache_dir=str(blocker)).run({"x": X})["y"]
     assert out.shape == (1, 4, 8, 8)
     assert any("cannot write cache entry" in r.getMessage() for r in caplog.records)
@@ -114,9 +165,7 @@ def test_processes_compiling_at_once_share_the_cache_safely(ov_registry, tmp_pat
     assert all(p.returncode == 0 for p in procs), [r[1][-500:] for r in results]
     assert len({r[0].strip() for r in results}) == 1
     (entry,) = _entries(tmp_path)
-    from sdrt_openvino import cache
-
-    assert cache.CompiledCache(entry.parent).read(entry.stem) is not None
+    assert _lookup(entry) is not None
 
 
 def test_models_whose_blob_breaks_on_import_are_not_cached(ov_registry, tmp_path):
@@ -192,17 +241,34 @@ def test_weight_files_are_keyed_by_identity_and_content(ov_registry, tmp_path):
 
 
 def test_temporary_files_of_killed_writers_are_swept(ov_registry, tmp_path):
-    """A process killed mid-write leaves '.<key>.<rand>.tmp'; the next write removes old ones only."""
+    """A process killed mid-write leaves '.<key>.<rand>.tmp/'; the next write removes old ones only."""
     import os
     import time
 
-    root = tmp_path / "cache" / "openvino"
+    root = tmp_path / "cache" / "compiled" / "openvino"
     root.mkdir(parents=True)
     old, fresh = root / ".0123456789abcdef.x1.tmp", root / ".fedcba9876543210.x2.tmp"
     for f in (old, fresh):
-        f.write_bytes(b"\0" * 1024)
+        f.mkdir()
+        (f / "model.blob").write_bytes(b"\0" * 1024)
     week_ago = time.time() - 7 * 24 * 3600
     os.utime(old, (week_ago, week_ago))
     sdrt.load(conv_model().SerializeToString(), backend="openvino").run({"x": X})  # a miss: writes an entry
     assert not old.exists() and fresh.exists()
-    assert len(list(root.glob("*.ovblob"))) == 1
+    assert len(_entries(tmp_path)) == 1
+
+
+def test_pages_read_only_at_import_are_released_unless_written(tmp_path):
+    """The blob map's pages go out of the process after an import, but never once a page was written."""
+    from sdrt_openvino.backend import release_read_pages
+
+    path = tmp_path / "blob"
+    path.write_bytes(bytes(range(256)) * 4096)
+    clean = np.memmap(path, dtype=np.uint8, mode="c")
+    assert int(clean.sum()) > 0  # every page read
+    assert release_read_pages(clean) is True
+    assert clean[:256].tolist() == list(range(256))  # faulted back in from the file
+    written = np.memmap(path, dtype=np.uint8, mode="c")
+    written[5] = 0
+    assert release_read_pages(written) is False and written[5] == 0
+    assert path.read_bytes()[5] == 5  # a private map never writes the file

@@ -1,4 +1,5 @@
-"""The engine cache and engine files: atomic, checksummed, keyed; a hit skips the build, a corrupt entry rebuilds.
+"""Engines in the core's compile cache, and engine files: keyed, checksummed; a hit skips the build, a corrupt
+entry rebuilds.
 
 ``compile`` runs here up to the point where it needs CUDA (no driver on this machine): the engine is
 built or taken from the cache for real, and the session then fails with a clear ``TrtError``.
@@ -14,15 +15,16 @@ from bench.models import build
 from sdrt import Device
 from sdrt.errors import NoDeviceError, SdrtError
 from sdrt.graph import Graph
-from sdrt_trt.cache import CorruptEngine, EngineCache, pack, read_engine, unpack, write_engine
+from sdrt_trt.enginefile import CorruptEngine, pack, read_engine, unpack, write_engine
 from sdrt_trt.errors import TrtError
 
 RTX3060 = Device(backend="trt", id="cuda:0", name="NVIDIA GeForce RTX 3060", kind="gpu",
                  properties={"target": "sm86", "compute_capability": "8.6", "bf16": True})
 
 
-def _entries(tmp_path, kind: str = "engine"):  # type: ignore[no-untyped-def]
-    return sorted((tmp_path / "cache" / "trt").glob(f"*.{kind}"))
+def _entries(tmp_path):  # type: ignore[no-untyped-def]
+    found = (tmp_path / "cache" / "compiled" / "trt").glob("*/engine.bin")
+    return sorted(p for p in found if not p.parent.name.startswith("."))
 
 
 def _compile_until_cuda(backend, graph: Graph, **options) -> None:  # type: ignore[no-untyped-def]
@@ -55,6 +57,7 @@ def test_cache_miss_build_then_hit(backend, tmp_path, caplog) -> None:  # type: 
     stamp = entry.stat().st_mtime_ns
     _compile_until_cuda(backend, graph)
     assert any("engine cache hit" in r.message for r in caplog.records)
+    assert any("loaded mobilenet_v2" in r.message and "compile cache" in r.message for r in caplog.records) is False
     assert not any("built " in r.message for r in caplog.records)
     assert entry.stat().st_mtime_ns == stamp
 
@@ -66,12 +69,14 @@ def test_corrupted_entry_is_removed_and_rebuilt(backend, tmp_path, caplog) -> No
     data = bytearray(entry.read_bytes())
     data[len(data) // 2] ^= 0xFF
     entry.write_bytes(bytes(data))
-    caplog.set_level(logging.INFO, logger="sdrt.trt")
+    caplog.set_level(logging.INFO, logger="sdrt")
     _compile_until_cuda(backend, graph)
     assert any("checksum mismatch" in r.message and "removing it" in r.message for r in caplog.records)
     assert any("built mobilenet_v2" in r.message for r in caplog.records)
-    meta, engine = unpack(entry.read_bytes())  # rewritten whole
-    assert meta["target"] == "sm86" and len(engine) > 1_000_000
+    from sdrt.cache import CompileCache
+
+    hit = CompileCache("trt", tmp_path / "cache").lookup(entry.parent.name)  # rewritten whole
+    assert hit is not None and hit.meta["target"] == "sm86" and hit.file("engine.bin").stat().st_size > 1_000_000
 
 
 def test_key_follows_options_and_weights(backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -84,12 +89,19 @@ def test_key_follows_options_and_weights(backend, tmp_path) -> None:  # type: ig
 
 
 def test_cache_key_parts(backend) -> None:  # type: ignore[no-untyped-def]
-    base = {"format": 1, "plugin": "0.1.0", "tensorrt_rtx": "1.7.1.116", "target": "sm86", "graph": "g",
-            "refit": "none", "options": "o", "weights": "w"}
-    key = backend.cache_key(base)
-    for part, other in [("target", "sm89"), ("tensorrt_rtx", "1.8.0"), ("graph", "h"), ("weights", "v"),
-                        ("options", "p"), ("refit", "full")]:
-        assert backend.cache_key({**base, part: other}) != key, part
+    graph = Graph(build("mobilenet_v2", "tiny")[0])
+
+    def key(device=RTX3060, **options):  # type: ignore[no-untyped-def]
+        opts = backend.parse_options(options, device)
+        return backend.cache_key(graph, None, backend._cache_parts(graph, device, opts),
+                                 with_weights=backend._weights_in_key(opts))
+
+    ada = Device(backend="trt", id="cuda:0", properties={"target": "sm89", "bf16": True})
+    base = key()
+    variants = [key(device=ada), key(precision="fp32"), key(refit="none"), key(shapes={"batch": 2}),
+                key(profiles={"x": [[1, 3, 32, 32], [1, 3, 32, 32], [1, 3, 32, 32]]})]
+    assert len({base, *variants}) == len(variants) + 1
+    assert backend._cache_parts(graph, RTX3060, backend.parse_options({"engine": "x.engine"}, RTX3060)) is None
 
 
 def test_unwritable_cache_is_not_fatal(backend, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
@@ -139,12 +151,3 @@ def test_bf16_needs_ampere(backend) -> None:  # type: ignore[no-untyped-def]
                                                                                 "compute_capability": "7.5"})
     with pytest.raises(SdrtError, match="RTX 2060 \\(compute 7.5\\) has no bf16"):
         backend.compile(Graph(build("mobilenet_v2", "tiny")[0]), None, turing, precision="bf16")
-
-
-def test_engine_cache_class(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    store = EngineCache(tmp_path)
-    assert store.get("k") is None
-    store.put("k", {"a": 1}, b"xyz")
-    store.put("k", {"kind": "runtime-cache"}, b"rt", "rtcache")
-    assert store.get("k") == ({"a": 1}, b"xyz") and store.get("k", "rtcache") == ({"kind": "runtime-cache"}, b"rt")
-    assert not list(tmp_path.glob("*.tmp")), "no temporary file is left behind"

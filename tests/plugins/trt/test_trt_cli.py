@@ -6,7 +6,7 @@ import pytest
 
 from bench.models import build
 from sdrt.cli import main
-from sdrt_trt.cache import read_engine
+from sdrt_trt.enginefile import read_engine
 
 
 @pytest.fixture

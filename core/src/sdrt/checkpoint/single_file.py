@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -181,9 +181,16 @@ class Checkpoint:
         out: dict[str, dict[str, TensorRef]] = {}
         for part, items in plan.items():
             out[part] = {init: TensorRef(init, _np_dtype(pl.slot.dtype), pl.slot.shape, str(self.path),
-                                         (lambda pl=pl: self._fitted(pl)))
+                                         (lambda pl=pl: self._fitted(pl)), self._origin(pl))
                          for init, pl in items.items()}
         return out
+
+    def _origin(self, pl: Planned) -> tuple[Any, ...] | None:
+        """Where a planned tensor's bytes are and how it is derived from them: the compile cache keys
+        a checkpoint's weights by this instead of reading them."""
+        origin = self.weights.ref(pl.source.key).origin
+        how = f"checkpoint {pl.source.op} {pl.slot.layout} {pl.slot.dtype}"
+        return None if origin is None else (*origin[:3], how)
 
     def _fitted(self, pl: Planned) -> np.ndarray:
         with np.errstate(over="ignore"):

@@ -11,7 +11,8 @@ import sys
 from ..errors import SdrtError
 
 #: subcommand modules, in the order ``sdrt --help`` lists them
-COMMANDS = ["info", "generate", "run", "compile", "conformance", "selftest", "strip", "quantize", "demo", "install"]
+COMMANDS = ["info", "generate", "run", "compile", "cache", "conformance", "selftest", "strip", "quantize", "demo",
+            "install", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -60,6 +60,10 @@ class TensorRef:
     shape: tuple[int, ...]
     source: str
     load: Callable[[], np.ndarray] = field(repr=False, compare=False)
+    #: where the bytes are when they are in a file: ``(path, byte offset, byte length)``, and optionally a
+    #: fourth item saying how the array is derived from those bytes (a checkpoint's transpose, say); None
+    #: for arrays in memory. The compile cache keys a file's tensors by this, without reading them.
+    origin: tuple[Any, ...] | None = None
 
 
 def _float_kind(dt: np.dtype) -> bool:
@@ -140,7 +144,7 @@ class Weights(Mapping[str, np.ndarray]):
             for name, e in entries.items():
                 if name in raw:
                     dups.append(f"{name!r} ({raw[name].source} and {path})")
-                raw[name] = TensorRef(name, e.dtype, e.shape, str(path), _mapper(path, e))
+                raw[name] = TensorRef(name, e.dtype, e.shape, str(path), _mapper(path, e), (str(path), e.begin, e.length))
         if dups:
             raise WeightsError(f"the same tensor name is in several files: {', '.join(dups)}",
                                where="Weights.open", fix="open the files separately, or drop duplicates")
@@ -163,8 +167,10 @@ class Weights(Mapping[str, np.ndarray]):
         refs = {}
         for t in graph.model.graph.initializer:
             info = infos[t.name]
+            ext = graph.external_refs.get(t.name)
+            origin = (str(ext.path), ext.offset, ext.length) if ext is not None else None
             refs[t.name] = TensorRef(t.name, _as_dtype(info.dtype), tuple(int(d) for d in t.dims), graph.name,
-                                     (lambda t=t: graph.tensor_array(t)))
+                                     (lambda t=t: graph.tensor_array(t)), origin)
         return cls(refs)
 
     # -- access ------------------------------------------------------------
@@ -292,7 +298,8 @@ def _remap(refs: Mapping[str, TensorRef], mapping: keymap.MappingLike, where: st
     if mapping is None:
         return dict(refs)
     targets = keymap.apply(refs, mapping, where)
-    return {t: TensorRef(t, refs[k].dtype, refs[k].shape, refs[k].source, refs[k].load) for t, k in targets.items()}
+    return {t: TensorRef(t, refs[k].dtype, refs[k].shape, refs[k].source, refs[k].load, refs[k].origin)
+            for t, k in targets.items()}
 
 
 def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:

@@ -5,7 +5,7 @@ lowering has the signature ``fn(lw, node, inputs) -> list[Value]``: ``inputs``
 holds a MIL ``Var`` (a runtime value), a numpy array (a compile-time constant)
 or None for an omitted optional input. An optional ``@check("OpType")`` inspects
 a node before any lowering and returns a reason when its attributes are not
-supported; ``support.check_graph`` collects every reason at once.
+supported; ``TABLE.check_graph`` (``sdrt.lowering``) collects every reason at once.
 """
 
 from __future__ import annotations
@@ -26,11 +26,7 @@ _MODULES = (
 
 #: the table every ``op_*`` module registers on (``sdrt.lowering.OpTable``)
 TABLE = OpTable(__name__, _MODULES, FOLD_ONLY)
-REGISTRY = TABLE.registry
-CHECKS = TABLE.checks
-op = TABLE.op
-check = TABLE.check
-load_all = TABLE.load_all
-supported_ops = TABLE.supported_ops
+REGISTRY, CHECKS, op, check, load_all, supported_ops = (TABLE.registry, TABLE.checks, TABLE.op, TABLE.check,
+                                                        TABLE.load_all, TABLE.supported_ops)
 
 __all__ = ["CHECKS", "FOLD_ONLY", "REGISTRY", "TABLE", "Check", "Lowering", "check", "load_all", "op", "supported_ops"]

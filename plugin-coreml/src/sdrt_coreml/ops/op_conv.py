@@ -16,6 +16,14 @@ def check_conv(node: Any) -> str | None:
     return None if pad in ("NOTSET", *_AUTO) else f"auto_pad={pad}"
 
 
+def pad_kwargs(a: dict[str, Any], spatial: int) -> dict[str, Any]:
+    """MIL's ``pad_type`` (and ``pad``) for an ONNX conv's or pool's ``auto_pad`` and ``pads``."""
+    auto = a.get("auto_pad", "NOTSET")
+    if auto in _AUTO:
+        return {"pad_type": _AUTO[auto]}
+    return {"pad_type": "custom", "pad": mil_pads(list(a.get("pads", [])), spatial)}
+
+
 def mil_pads(onnx_pads: list[int], spatial: int) -> list[int]:
     """ONNX [b1, b2, ..., e1, e2, ...] -> MIL [b1, e1, b2, e2, ...]."""
     pads = list(onnx_pads) or [0] * (2 * spatial)
@@ -38,12 +46,7 @@ def op_conv(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     }
     if len(shape(wv)) != spatial + 2:
         raise ValueError(f"weight of rank {len(shape(wv))} for a {spatial}-D conv")
-    auto = a.get("auto_pad", "NOTSET")
-    if auto in _AUTO:
-        kw["pad_type"] = _AUTO[auto]
-    else:
-        kw["pad_type"] = "custom"
-        kw["pad"] = mil_pads(list(a.get("pads", [])), spatial)
+    kw.update(pad_kwargs(a, spatial))
     if b is not None:
         kw["bias"] = var(lw, b, like=xv)
     return [mb().conv(**kw)]

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from sdrt.lowering import check_batch_norm, check_layer_norm
+
 from . import check, op
 from ._common import Value, attrs, mb, norm_axis, np_dtype, rank, shape, var
 
@@ -60,11 +62,7 @@ def op_group_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     return [group_norm(lw, x, groups, float(a.get("epsilon", 1e-5)), scale, bias)]
 
 
-@check("LayerNormalization")
-def check_layer_norm(node: Any) -> str | None:
-    if len(node.output) > 1 and any(node.output[1:]):
-        return "LayerNormalization with Mean/InvStdDev outputs"
-    return None
+check("LayerNormalization")(check_layer_norm)
 
 
 @op("LayerNormalization")
@@ -88,11 +86,7 @@ def op_layer_norm(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     return [affine(lw, y, scale, bias, norm_shape)]
 
 
-@check("BatchNormalization")
-def check_batch_norm(node: Any) -> str | None:
-    if attrs(node).get("training_mode", 0) or (len(node.output) > 1 and any(node.output[1:])):
-        return "BatchNormalization in training mode"
-    return None
+check("BatchNormalization")(check_batch_norm)
 
 
 @op("BatchNormalization")

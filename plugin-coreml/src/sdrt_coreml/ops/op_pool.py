@@ -6,7 +6,7 @@ from typing import Any
 
 from . import check, op
 from ._common import Value, attrs, mb, rank, var
-from .op_conv import _AUTO, mil_pads
+from .op_conv import _AUTO, pad_kwargs
 
 
 @check("MaxPool", "AveragePool")
@@ -28,12 +28,7 @@ def op_pool(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     spatial = rank(x) - 2
     kw: dict[str, Any] = {"x": x, "kernel_sizes": list(a["kernel_shape"]),
                           "strides": list(a.get("strides", [1] * spatial)), "ceil_mode": bool(a.get("ceil_mode", 0))}
-    auto = a.get("auto_pad", "NOTSET")
-    if auto in _AUTO:
-        kw["pad_type"] = _AUTO[auto]
-    else:
-        kw["pad_type"] = "custom"
-        kw["pad"] = mil_pads(list(a.get("pads", [])), spatial)
+    kw.update(pad_kwargs(a, spatial))
     if node.op_type == "AveragePool":
         return [mb().avg_pool(exclude_padding_from_average=not a.get("count_include_pad", 0), **kw)]
     return [mb().max_pool(**kw)]

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from sdrt.lowering import check_gelu
+
 from . import check, op
 from ._common import Value, attrs, mb, norm_axis, np_dtype, rank, var
 
@@ -85,10 +87,7 @@ def op_hard_swish(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     return [mb().mul(x=x, y=mb().sigmoid_hard(x=x, alpha=1.0 / 6, beta=0.5))]
 
 
-@check("Gelu")
-def check_gelu(node: Any) -> str | None:
-    approx = attrs(node).get("approximate", "none")
-    return None if approx in ("none", "tanh") else f"approximate={approx!r}"
+check("Gelu")(check_gelu)
 
 
 @op("Gelu")

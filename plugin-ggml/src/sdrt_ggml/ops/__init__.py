@@ -5,7 +5,7 @@ lowering has the signature ``fn(lowering, node, inputs) -> list[Value]`` where
 ``inputs`` holds a runtime tensor (``T``), a numpy constant, or None for an
 omitted optional input. An optional ``@check("OpType")`` function inspects a
 node before any lowering and returns a reason when an attribute combination is
-not supported (``support.check_graph`` collects them all).
+not supported (``TABLE.check_graph``, ``sdrt.lowering``, collects them all).
 """
 
 from __future__ import annotations
@@ -23,16 +23,12 @@ FOLD_ONLY: set[str] = {
 
 _MODULES = (
     "op_elementwise", "op_unary", "op_matmul", "op_conv", "op_norm", "op_softmax", "op_shape",
-    "op_gather", "op_resize", "op_reduce", "op_pool", "op_pad",
+    "op_gather", "op_resize", "op_reduce", "op_pool", "op_pad", "op_einsum",
 )
 
 #: the table every ``op_*`` module registers on (``sdrt.lowering.OpTable``)
 TABLE = OpTable(__name__, _MODULES, FOLD_ONLY)
-REGISTRY = TABLE.registry
-CHECKS = TABLE.checks
-op = TABLE.op
-check = TABLE.check
-load_all = TABLE.load_all
-supported_ops = TABLE.supported_ops
+REGISTRY, CHECKS, op, check, load_all, supported_ops = (TABLE.registry, TABLE.checks, TABLE.op, TABLE.check,
+                                                        TABLE.load_all, TABLE.supported_ops)
 
 __all__ = ["CHECKS", "FOLD_ONLY", "REGISTRY", "TABLE", "Check", "Lowering", "check", "load_all", "op", "supported_ops"]

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,6 +20,7 @@ import numpy as np
 from sdrt.errors import UnsupportedGraph
 
 from .. import guards
+from ..bindings import ggml_lib, import_tolerant  # noqa: F401 - the ops reach the bindings through here
 
 log = logging.getLogger("sdrt.ggml")
 
@@ -68,109 +67,6 @@ class HostValue:
 
 
 Value = GTensor | np.ndarray | HostValue
-
-
-def ggml_lib() -> Any:
-    """The ggml bindings module (imported lazily).
-
-    Before the first import, unless the user set them: libgomp spins briefly at ggml's
-    per-node barriers and then sleeps (``GOMP_SPINCOUNT=3000``; the measurements behind it
-    are in docs/ggml.md, "Measured choices"), a failed GGML_ASSERT does not start gdb
-    (``GGML_NO_BACKTRACE``), and ggml's Vulkan backend uses its float32 shader set
-    (``GGML_VK_DISABLE_F16``: the float16 set keeps float32 matmul tiles in float16;
-    ``SDRT_GGML_VULKAN_F16=1`` keeps it). ggml's own log lines (device discovery, warnings)
-    go to the ``sdrt.ggml.native`` logger instead of stderr. The bindings come wrapped in
-    ``guards.CheckedGgml``.
-    """
-    if "ggml" not in sys.modules:
-        if "OMP_WAIT_POLICY" not in os.environ:
-            os.environ.setdefault("GOMP_SPINCOUNT", "3000")
-        os.environ.setdefault("GGML_NO_BACKTRACE", "1")
-        if os.environ.get("SDRT_GGML_VULKAN_F16") != "1":
-            os.environ.setdefault("GGML_VK_DISABLE_F16", "1")
-    global _CHECKED
-    if _CHECKED is None:
-        from ..guards import CheckedGgml
-
-        lib = import_tolerant("ggml")
-        _route_logs(lib)
-        _CHECKED = CheckedGgml(lib)
-    return _CHECKED
-
-
-_CHECKED: Any = None
-_LOG_CALLBACK: Any = None  # the ctypes callback ggml holds: kept alive for the process
-
-
-def _route_logs(lib: Any) -> None:
-    """ggml's log (GGML_LOG_*) to the ``sdrt.ggml.native`` logger: a library prints nothing."""
-    global _LOG_CALLBACK
-    native = logging.getLogger("sdrt.ggml.native")
-    levels = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
-
-    def forward(level: int, text: bytes | None, _user: Any) -> None:
-        line = (text or b"").decode(errors="replace").rstrip()
-        if line:  # GGML_LOG_LEVEL_CONT (5) continues a line: logged as DEBUG
-            native.log(levels.get(level, logging.DEBUG), "%s", line)
-
-    try:
-        _LOG_CALLBACK = lib.ggml_log_callback(forward)
-        lib.ggml_log_set(_LOG_CALLBACK, None)
-    except (AttributeError, TypeError) as exc:  # bindings without the log API: ggml keeps stderr
-        log.debug("ggml's log stays on stderr: %s", exc)
-
-
-def import_tolerant(module: str, tries: int = 16) -> Any:
-    """``import ggml``, tolerating functions that ggml-python declares but its own ggml lacks.
-
-    ggml-python 0.0.45 built with ``GGML_CUDA=ON`` declares ``ggml_backend_cuda_allreduce_tensor``,
-    which the ggml it bundles does not export, so its import fails with an ``AttributeError`` for
-    that one symbol and every CUDA user loses the backend. The import is retried with each symbol so
-    named bound to a function that raises when called (sdrt-ggml calls none of them), and the names
-    are logged. Only the named symbols are tolerated: ``hasattr(lib, ...)`` feature checks of
-    ggml-python see the library as it is.
-    """
-    import ctypes
-    import importlib
-    import re
-
-    absent: set[str] = set()
-    original = ctypes.CDLL.__getitem__
-
-    def tolerant(self: ctypes.CDLL, name: Any) -> Any:
-        try:
-            return original(self, name)
-        except AttributeError:
-            if name in absent:
-                return _absent_function(str(name))
-            raise
-
-    for _ in range(tries):
-        try:
-            ctypes.CDLL.__getitem__ = tolerant  # type: ignore[method-assign]
-            imported = importlib.import_module(module)
-            if absent:
-                log.warning("%s declares functions its library lacks (%s): they raise if called",
-                            module, ", ".join(sorted(absent)))
-            return imported
-        except AttributeError as exc:
-            found = re.findall(r"(\w+)'?\)?$", str(exc).strip())
-            if not found or found[-1] in absent:
-                raise
-            absent.add(found[-1])
-            for mod in [m for m in sys.modules if m == module or m.startswith(module + ".")]:
-                del sys.modules[mod]
-        finally:
-            ctypes.CDLL.__getitem__ = original  # type: ignore[method-assign]
-    raise ImportError(f"{module} lacks too many of the functions it declares: {', '.join(sorted(absent))}")
-
-
-def _absent_function(name: str) -> Any:
-    def absent(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{name} is declared by the bindings but not exported by their library")
-
-    absent.__name__ = name
-    return absent
 
 
 def unsupported(node: NodeProto, why: str) -> UnsupportedGraph:
@@ -258,6 +154,21 @@ def concat_ptr(lowering: Lowering, a: Any, b: Any, dim: int) -> Any:
     return lib.ggml_concat(lowering.ctx, a, b, dim)
 
 
+def ne_merged(shape: Sequence[int]) -> list[int]:
+    """ggml ne of an ONNX shape, with the dims past ggml's four merged into the outermost one: the dense
+    storage of a wide-rank value (``wide``) that only reshapes and permutations read."""
+    if len(shape) <= MAX_DIMS:
+        return ne_of(shape)
+    lead = math.prod(int(d) for d in shape[: len(shape) - MAX_DIMS + 1])
+    return ne_of((lead, *shape[len(shape) - MAX_DIMS + 1 :]))
+
+
+def wide(x: GTensor) -> bool:
+    """A value of more than four dims (not all leading ones): stored dense with merged outer dims; only
+    Reshape, Flatten, Transpose and a permuting Einsum may read it (``lower.WIDE_OPS``)."""
+    return x.rank > MAX_DIMS and any(d != 1 for d in x.shape[: x.rank - MAX_DIMS])
+
+
 def reshape(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:
     shape = tuple(int(d) for d in shape)
     if -1 in shape:
@@ -268,8 +179,26 @@ def reshape(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:
     if shape == x.shape and is_contiguous(x):
         return x
     x = cont(lowering, x)
-    ne = ne_of(shape)
+    ne = ne_merged(shape)
     return GTensor(ggml_lib().ggml_reshape_4d(lowering.ctx, x.ptr, *ne), shape, x.dtype)
+
+
+def _permute_wide(lowering: Lowering, x: GTensor, perm: list[int]) -> GTensor:
+    """A permutation of more than four dims, as moves of one axis at a time: moving axis ``i`` to ``j < i``
+    is the rank-4 swap (A, B, C, D) -> (A, C, B, D) of the merged groups before ``j``, ``j..i``, ``i`` and
+    after ``i``; each move makes one dense copy."""
+    order = list(range(x.rank))  # order[k]: the input axis now at position k
+    shape = list(x.shape)
+    for j, want in enumerate(perm):
+        i = order.index(want)
+        if i == j:
+            continue
+        a, b, c, d = (math.prod(shape[:j]), math.prod(shape[j:i]), shape[i], math.prod(shape[i + 1 :]))
+        x = reshape(lowering, x, (a, b, c, d))
+        x = cont(lowering, permute(lowering, x, (0, 2, 1, 3)))
+        order.insert(j, order.pop(i))
+        shape.insert(j, shape.pop(i))
+    return reshape(lowering, x, tuple(shape))
 
 
 def permute(lowering: Lowering, x: GTensor, perm: Sequence[int]) -> GTensor:
@@ -279,7 +208,7 @@ def permute(lowering: Lowering, x: GTensor, perm: Sequence[int]) -> GTensor:
     if perm == list(range(r)):
         return x
     if r > MAX_DIMS:
-        raise ValueError("transpose of a tensor with more than 4 dimensions")
+        return _permute_wide(lowering, x, perm)
     axes = list(range(MAX_DIMS))
     for j, p in enumerate(perm):
         axes[r - 1 - p] = r - 1 - j

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from sdrt.lowering import check_batch_norm, check_layer_norm
+
 from . import check, op
 from ._common import GTensor, Value, attrs, binary, ggml_lib, norm_axis, reshape
 
@@ -24,11 +26,7 @@ def affine(lowering: Any, y: GTensor, scale: Value | None, bias: Value | None, s
     return y
 
 
-@check("LayerNormalization")
-def check_layer_norm(node: Any) -> str | None:
-    if len(node.output) > 1 and any(node.output[1:]):
-        return "LayerNormalization with Mean/InvStdDev outputs"
-    return None
+check("LayerNormalization")(check_layer_norm)
 
 
 @op("LayerNormalization")
@@ -108,11 +106,7 @@ def op_instance_norm(lowering: Any, node: Any, inputs: list[Value]) -> list[Valu
     return [reshape(lowering, y, x.shape)]
 
 
-@check("BatchNormalization")
-def check_batch_norm(node: Any) -> str | None:
-    if attrs(node).get("training_mode", 0) or (len(node.output) > 1 and any(node.output[1:])):
-        return "BatchNormalization in training mode"
-    return None
+check("BatchNormalization")(check_batch_norm)
 
 
 @op("BatchNormalization")

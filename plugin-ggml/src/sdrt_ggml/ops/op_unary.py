@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from sdrt.lowering import check_gelu
+
 from . import check, op
 from ._common import GTensor, Value, attrs, binary, cont, ggml_lib, scalar_of
 
@@ -93,10 +95,7 @@ def op_elu(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     return [GTensor(ggml_lib().ggml_elu(lowering.ctx, x.ptr), x.shape)]
 
 
-@check("Gelu")
-def check_gelu(node: Any) -> str | None:
-    approx = attrs(node).get("approximate", "none")
-    return None if approx in ("none", "tanh") else f"Gelu approximate={approx!r}"
+check("Gelu")(check_gelu)
 
 
 @op("Gelu")

@@ -13,7 +13,7 @@ from .backend import ReferenceBackend
 
 #: The sdrt plugin API this package was built for. sdrt refuses to load a
 #: plugin whose major differs from its own, or whose minor is newer.
-SDRT_API_VERSION = (1, 0)
+SDRT_API_VERSION = (1, 1)
 
 
 @sdrt.hookimpl

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from sdrt import Backend, Device, Session, resolve_weights
+from sdrt import Backend, Device, Session
 from sdrt.errors import ModelError, SdrtError
 from sdrt.graph import Graph
 
@@ -50,7 +50,7 @@ class ReferenceSession(Session):
 
 class ReferenceBackend(Backend):
     name = "reference"
-    api_version = (1, 0)
+    api_version = (1, 1)
     priority = 0  # lowest: any real backend wins an automatic choice
     #: stored weight types run as they are (onnx.reference evaluates DequantizeLinear exactly)
     quantized_weights = frozenset({"int8", "int4", "float8_e4m3fn"})
@@ -72,11 +72,7 @@ class ReferenceBackend(Backend):
     def devices(self) -> list[Device]:
         return [DEVICE]
 
-    def compile(self, graph: Graph, weights: Any, device: Device, **options: Any) -> Session:
-        if options:
-            raise SdrtError(
-                f"unknown options for the reference backend: {', '.join(sorted(options))}",
-                where="sdrt.load(..., backend='reference')",
-                fix="the reference backend takes no options; remove them",
-            )
-        return ReferenceSession(graph, resolve_weights(graph, weights))
+    # ``compile`` is the core's template: it checks the device, refuses options (this backend takes
+    # none: ``Backend.parse_options``), resolves the weights and calls ``_compile``.
+    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device, opts: Any) -> Session:
+        return ReferenceSession(graph, arrays)

@@ -1,0 +1,96 @@
+"""Where sdrt's caches live, how big the compile cache may grow, and how keys and checksums are made.
+
+Every cache lives under one root: ``$SDRT_CACHE_DIR`` if set, else the user
+cache dir's ``sdrt`` folder. The compile cache takes ``<root>/compiled``; other
+caches (the ONNX node-test data) take a folder of their own (``cache_dir(name)``).
+Keys are SHA-256 over length-prefixed parts, so ``("ab", "c")`` and
+``("a", "bc")`` never collide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import struct
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..errors import SdrtError
+
+#: the compile cache's size cap when ``$SDRT_CACHE_MAX_SIZE`` is unset
+DEFAULT_MAX_BYTES = 32 << 30
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def cache_root() -> Path:
+    """``$SDRT_CACHE_DIR`` if set, else ``<user cache dir>/sdrt``."""
+    env = os.environ.get("SDRT_CACHE_DIR")
+    if env:
+        return Path(env)
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("sdrt"))
+
+
+def cache_dir(name: str) -> Path:
+    """The folder of one cache (the compiled models, the node-test data) under ``cache_root()``."""
+    return cache_root() / name
+
+
+def parse_size(text: str | int, where: str = "SDRT_CACHE_MAX_SIZE") -> int:
+    """Bytes in ``"20G"``, ``"500M"``, ``"1.5T"``, ``"4096"`` (binary units; ``GiB``/``GB`` read the same)."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
+    if m is None:
+        raise SdrtError(f"cache size {text!r} is not a size", where=where,
+                        fix="write a number of bytes with an optional unit: 20G, 500M, 1.5T")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def max_bytes() -> int:
+    """The compile cache's size cap: ``$SDRT_CACHE_MAX_SIZE`` (``20G``), else ``DEFAULT_MAX_BYTES``."""
+    env = os.environ.get("SDRT_CACHE_MAX_SIZE")
+    return parse_size(env) if env else DEFAULT_MAX_BYTES
+
+
+def make_key(parts: Iterable[bytes | str]) -> str:
+    """SHA-256 hex digest over length-prefixed parts."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(struct.pack("<Q", len(data)))
+        h.update(data)
+    return h.hexdigest()
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """SHA-256 hex digest of a file, streamed in 4 MiB blocks (never the whole file in memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes | memoryview]) -> Path:
+    """Write ``chunks`` to ``path`` through a temporary file in the same folder, synced and renamed over
+    ``path``: a reader in another process sees the old file or the new one, never half of one. Raises OSError."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:24]}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return target

@@ -1,0 +1,315 @@
+"""The compile cache: what a backend compiled, stored once per key and found again.
+
+Layout: ``<root>/compiled/<backend>/<key>/`` is one entry. It holds the files the
+backend wrote (an OpenVINO blob, a TensorRT engine, a Core ML package folder, a
+MIGraphX program) and ``sdrt-entry.json``: the key, what the entry was built
+from (``meta``), and for every file its size, SHA-256 and a stamp (size, mtime,
+ctime, inode).
+
+- **Atomic, concurrent writers safe.** An entry is built in a temporary folder
+  beside it and renamed into place; readers in other processes see a whole
+  entry or none. When two processes store the same key, the first rename wins
+  and the other drops its copy.
+- **Checksums, verified cheaply.** The SHA-256 of each file is computed once,
+  when the entry is written. A lookup compares each file's stamp with the one
+  recorded: when they agree the file has not been touched since it was hashed
+  (ctime cannot be set back by any program) and nothing is read. When they
+  differ (the file was written to, copied, restored from a backup), the file is
+  hashed again, streamed from disk, and its stamp renewed when the hash still
+  matches. A file whose size or hash is wrong discards the whole entry. A hit
+  therefore costs a few ``stat`` calls, and the backend gets a *path* to load or
+  map, never the bytes read into Python first.
+- **A corrupt entry is discarded and rebuilt.** A bad manifest, a missing or
+  changed file, or a backend that cannot load the entry (``discard``) removes
+  the entry (renamed aside, then deleted); the next compile writes it again.
+- **Size cap, least recently used first.** Every lookup that hits touches the
+  manifest's mtime (the entry's last use); after every store, entries are
+  evicted oldest use first until the whole compile cache is under the cap
+  (``$SDRT_CACHE_MAX_SIZE``, default 32 GiB). ``sdrt cache prune`` does the same
+  on demand, ``sdrt cache list`` and ``sdrt cache clear`` show and empty it.
+
+Failures to read or write the cache are logged, never raised: the cache is optional.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import paths
+
+log = logging.getLogger("sdrt.cache")
+
+MANIFEST = "sdrt-entry.json"
+FORMAT = 1
+#: a temporary folder this much older than now was left by a writer that died mid-write
+STALE_TMP_S = 6 * 3600
+#: how often one process sweeps and prunes the whole cache after a store (each pass reads every manifest, so
+#: a run that stores thousands of tiny entries, the conformance kit, must not pay it every time); a store
+#: of an entry above 1% of the cap prunes at once
+MAINTAIN_EVERY_S = 60.0
+_last_maintained: dict[Path, float] = {}
+#: the folders where the compile caches of sdrt 0.1's plugins lived (one file per entry); ``clear`` removes them
+LEGACY = ("openvino", "trt", "coreml", "migraphx")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored compile result: its folder, key and what it was built from."""
+
+    path: Path
+    key: str
+    backend: str
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    #: relative path -> size in bytes, for every payload file
+    files: Mapping[str, int] = field(default_factory=dict)
+    created: float = 0.0
+    last_used: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return sum(self.files.values())
+
+    def file(self, name: str) -> Path:
+        """A payload file of this entry (what the backend wrote as ``name``)."""
+        return self.path / name
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    paths.write_atomic(path, [json.dumps(data, sort_keys=True).encode()])
+
+
+def _read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest of an entry folder; raises OSError or ValueError when it is absent or unreadable."""
+    data = json.loads((folder / MANIFEST).read_text())
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), dict):
+        raise ValueError("not an sdrt cache manifest of this format")
+    return data
+
+
+def _entry(folder: Path, data: Mapping[str, Any], last_used: float) -> Entry:
+    return Entry(folder, str(data.get("key", folder.name)), str(data.get("backend", folder.parent.name)),
+                 dict(data.get("meta") or {}), {k: int(v["size"]) for k, v in data["files"].items()},
+                 float(data.get("created", 0.0)), last_used)
+
+
+def _remove_tree(path: Path) -> None:
+    """Take ``path`` out of readers' sight at once (a rename), then delete it."""
+    trash = path.with_name(f".{path.name[:16]}.{os.getpid()}.{time.monotonic_ns()}.trash")
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return
+    except OSError:
+        trash = path
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+class CompileCache:
+    """The compile cache of one backend, under ``root/compiled/<backend>`` (``root``: ``cache_root()``)."""
+
+    def __init__(self, backend: str, root: str | os.PathLike[str] | None = None, *,
+                 max_bytes: int | None = None) -> None:
+        self.backend = backend
+        self.root = Path(root) if root is not None else paths.cache_root()
+        self.compiled = self.root / "compiled"
+        self.dir = self.compiled / backend
+        self.max_bytes = paths.max_bytes() if max_bytes is None else max_bytes
+
+    @classmethod
+    def of(cls, entry: Entry) -> CompileCache:
+        """The cache ``entry`` belongs to."""
+        return cls(entry.backend, entry.path.parents[2])
+
+    def path(self, key: str) -> Path:
+        return self.dir / key
+
+    # -- reading -------------------------------------------------------
+    def lookup(self, key: str) -> Entry | None:
+        """The entry stored under ``key`` with every file checked, or None (a damaged entry is discarded)."""
+        folder = self.path(key)
+        if not folder.is_dir():
+            return None
+        try:
+            data = _read_manifest(folder)
+        except FileNotFoundError:
+            self.discard(key, "it has no manifest")
+            return None
+        except (OSError, ValueError) as exc:
+            self.discard(key, f"its manifest is unreadable ({exc})")
+            return None
+        renewed = False
+        for rel, rec in data["files"].items():
+            try:
+                st = os.stat(folder / rel)
+            except OSError:
+                self.discard(key, f"its file {rel} is missing")
+                return None
+            if st.st_size != rec.get("size"):
+                self.discard(key, f"{rel} has {st.st_size} bytes where {rec.get('size')} were written")
+                return None
+            if _stamp(st) == rec.get("stamp"):
+                continue  # untouched since it was hashed
+            try:
+                digest = paths.file_digest(folder / rel)
+            except OSError as exc:
+                log.warning("cannot read cache file %s (%s); compiling instead", folder / rel, exc)
+                return None
+            if digest != rec.get("sha256"):
+                self.discard(key, f"checksum mismatch in {rel}")
+                return None
+            rec["stamp"] = _stamp(os.stat(folder / rel))
+            renewed = True
+        if renewed:  # hashed again and still whole: later lookups trust the new stamp
+            with contextlib.suppress(OSError):
+                _write_json(folder / MANIFEST, data)
+        now = time.time()
+        with contextlib.suppress(OSError):
+            os.utime(folder / MANIFEST, (now, now))  # its last use, for least-recently-used eviction
+        return _entry(folder, data, now)
+
+    # -- writing -------------------------------------------------------
+    def store(self, key: str, write: Callable[[Path], Any], meta: Mapping[str, Any] | None = None, *,
+              replace: bool = False) -> Entry | None:
+        """Store what ``write(folder)`` puts in ``folder`` under ``key``, atomically.
+
+        ``write`` returning ``False`` means: nothing to cache. When another process stored the key
+        first its entry is kept, unless ``replace``. Errors are logged and give None.
+        """
+        tmp: Path | None = None
+        final = self.path(key)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.dir))
+            if write(tmp) is False:
+                return None
+            files: dict[str, Any] = {}
+            for p in sorted(tmp.rglob("*")):
+                if p.is_file():
+                    with open(p, "rb") as f:
+                        os.fsync(f.fileno())
+                    files[p.relative_to(tmp).as_posix()] = {"size": p.stat().st_size,
+                                                            "sha256": paths.file_digest(p),
+                                                            "stamp": _stamp(p.stat())}
+            data = {"format": FORMAT, "key": key, "backend": self.backend, "created": time.time(),
+                    "meta": dict(meta or {}), "files": files}
+            _write_json(tmp / MANIFEST, data)
+            if replace and final.exists():
+                _remove_tree(final)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not final.is_dir():
+                    raise
+                log.info("cache entry %s appeared while this process compiled it; keeping that one", key[:12])
+                return self.lookup(key)
+            tmp = None
+            log.info("cached %s entry %s (%d bytes)", self.backend, final, sum(f["size"] for f in files.values()))
+            entry = _entry(final, data, time.time())
+        except Exception as exc:  # noqa: BLE001 - the cache is optional: a vendor's export error or a full disk
+            log.warning("cannot write cache entry %s (%s); going on without it", final, exc)
+            return None
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        self._maintain(entry)
+        return entry
+
+    def _maintain(self, stored: Entry) -> None:
+        """Sweep leftovers and prune to the cap, when due (see ``MAINTAIN_EVERY_S``)."""
+        now = time.monotonic()
+        due = now - _last_maintained.get(self.compiled, -MAINTAIN_EVERY_S) >= MAINTAIN_EVERY_S
+        if due or stored.size * 100 > self.max_bytes:
+            _last_maintained[self.compiled] = now
+            self.sweep()
+            self.prune(keep={stored.path})
+
+    def discard(self, key: str, reason: str) -> None:
+        """Remove the entry of ``key`` (damaged, or its backend cannot load it), saying why."""
+        log.warning("cache entry %s is unusable (%s); removing it and compiling again", self.path(key), reason)
+        _remove_tree(self.path(key))
+
+    # -- the whole cache -------------------------------------------------
+    def entries(self, backend: str | None = None) -> list[Entry]:
+        """Every readable entry of the compile cache (all backends, or one), least recently used first."""
+        out = []
+        folders = [self.compiled / backend] if backend else _dirs(self.compiled)
+        for bdir in folders:
+            for folder in _dirs(bdir):
+                try:
+                    data = _read_manifest(folder)
+                    used = (folder / MANIFEST).stat().st_mtime
+                except (OSError, ValueError):
+                    continue
+                out.append(_entry(folder, data, used))
+        return sorted(out, key=lambda e: e.last_used)
+
+    def sweep(self, max_age_s: float = STALE_TMP_S) -> list[Path]:
+        """Remove what killed writers left: temporary folders older than ``max_age_s``, half-deleted
+        entries, and entry folders without a readable manifest older than ``max_age_s``."""
+        removed = []
+        cutoff = time.time() - max_age_s
+        for bdir in _dirs(self.compiled, hidden=True):
+            for p in _dirs(bdir, hidden=True):
+                try:
+                    old = p.stat().st_mtime < cutoff
+                except OSError:
+                    continue
+                broken = not p.name.startswith(".") and not (p / MANIFEST).is_file()
+                if p.name.endswith(".trash") or (old and (p.name.endswith(".tmp") or broken)):
+                    shutil.rmtree(p, ignore_errors=True)
+                    removed.append(p)
+        if removed:
+            log.info("removed %d leftovers of interrupted cache writes in %s", len(removed), self.compiled)
+        return removed
+
+    def prune(self, max_bytes: int | None = None, keep: Iterable[Path] = ()) -> list[Entry]:
+        """Evict least recently used entries until the compile cache holds at most ``max_bytes``
+        (default: this cache's cap); entries in ``keep`` stay. Returns the evicted entries."""
+        cap = self.max_bytes if max_bytes is None else max_bytes
+        kept = set(keep)
+        entries = self.entries()
+        total = sum(e.size for e in entries)
+        evicted = []
+        for e in entries:
+            if total <= cap:
+                break
+            if e.path in kept:
+                continue
+            _remove_tree(e.path)
+            total -= e.size
+            evicted.append(e)
+        if evicted:
+            log.info("evicted %d least recently used cache entries (%d bytes) to stay under %d bytes",
+                     len(evicted), sum(e.size for e in evicted), cap)
+        return evicted
+
+    def clear(self, backend: str | None = None) -> int:
+        """Remove every entry (of one backend, or all, with the legacy caches); returns how many."""
+        entries = self.entries(backend)
+        for e in entries:
+            _remove_tree(e.path)
+        targets = [self.compiled / backend] if backend else [self.compiled, *(self.root / n for n in LEGACY)]
+        for t in targets:
+            shutil.rmtree(t, ignore_errors=True)
+        return len(entries)
+
+
+def _dirs(folder: Path, hidden: bool = False) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_dir() and (hidden or not p.name.startswith(".")))
+    except OSError:
+        return []

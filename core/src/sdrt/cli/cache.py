@@ -1,0 +1,68 @@
+"""``sdrt cache list|clear|prune``: what the compile cache holds, and emptying or shrinking it."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("cache", help="list, clear or prune the compile cache ($SDRT_CACHE_DIR/compiled)")
+    p.add_argument("action", choices=["list", "clear", "prune"],
+                   help="list: every entry, least recently used first; clear: remove every entry; "
+                        "prune: evict least recently used entries down to --max-size")
+    p.add_argument("--backend", default=None, help="only this backend's entries (list, clear)")
+    p.add_argument("--max-size", default=None,
+                   help="prune: the size to shrink to, e.g. 10G (default: $SDRT_CACHE_MAX_SIZE or 32G)")
+    p.add_argument("--cache-dir", default=None, help="the cache root (default: $SDRT_CACHE_DIR or the user cache)")
+    return p
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _tree_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cache import CompileCache, parse_size
+    from ..cache.store import LEGACY
+    from ..errors import SdrtError
+
+    cache = CompileCache(args.backend or "-", args.cache_dir)
+    if args.action == "list":
+        entries = cache.entries(args.backend)
+        now = time.time()
+        for e in entries:
+            meta = " ".join(f"{k}={v}" for k, v in sorted(e.meta.items()))
+            print(f"{e.backend:<9} {e.key[:12]}  {_size(e.size):>10}  used {(now - e.last_used) / 3600:6.1f} h ago  "
+                  f"{meta}")
+        print(f"{len(entries)} entries, {_size(sum(e.size for e in entries))} in {cache.compiled} "
+              f"(cap {_size(cache.max_bytes)})")
+        legacy = {name: _tree_size(cache.root / name) for name in LEGACY if (cache.root / name).is_dir()}
+        if legacy and not args.backend:
+            print(f"also {_size(sum(legacy.values()))} in the cache folders of sdrt 0.1 ({', '.join(legacy)}), "
+                  "which nothing reads any more: sdrt cache clear removes them")
+        return 0
+    if args.action == "clear":
+        n = cache.clear(args.backend)
+        print(f"removed {n} entries from {cache.compiled}")
+        return 0
+    if args.backend:
+        raise SdrtError("prune works on the whole compile cache (one size cap for every backend)",
+                        where="sdrt cache prune --backend", fix="drop --backend, or use sdrt cache clear --backend")
+    cap = parse_size(args.max_size, "sdrt cache prune --max-size") if args.max_size else None
+    cache.sweep()
+    evicted = cache.prune(cap)
+    left = cache.entries()
+    print(f"evicted {len(evicted)} entries ({_size(sum(e.size for e in evicted))}); {len(left)} left, "
+          f"{_size(sum(e.size for e in left))}")
+    return 0

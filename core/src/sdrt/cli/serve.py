@@ -1,0 +1,130 @@
+"""``sdrt serve``: AUTOMATIC1111's and OpenAI's image APIs over HTTP (needs ``sdrt[serve]``)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+log = logging.getLogger("sdrt.cli")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "serve", help="serve AUTOMATIC1111's /sdapi/v1 and OpenAI's /v1/images API over HTTP",
+        description="Serve image generation over HTTP: AUTOMATIC1111's API (/sdapi/v1/txt2img, img2img, options, "
+                    "progress, interrupt, ...) and OpenAI's /v1/images/generations. One worker per --device. "
+                    "Needs the serve extra: pip install 'sdrt[serve]'. See docs/serve.md.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--models", default=None, metavar="DIR",
+                   help="folder of model folders (diffusers/Optimum ONNX); default: the embedded demo model")
+    p.add_argument("--default-model", default=None, metavar="NAME", help="model used until a client picks one")
+    p.add_argument("--checkpoint-base", default=None, metavar="NAME",
+                   help="the model folder that .safetensors checkpoints in --models bind onto (default: the first)")
+    p.add_argument("--lora-dir", default=None, metavar="DIR", help="where <lora:name:w> finds name.safetensors")
+    p.add_argument("--embedding-dir", default=None, metavar="DIR", help="textual-inversion embeddings to load")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--device", action="append", default=None, metavar="D",
+                   help="one worker per --device (repeatable; the same device twice runs two workers on it)")
+    p.add_argument("--api-auth", default=None, metavar="USER:PASS[,USER:PASS]",
+                   help="HTTP basic auth, A1111's flag (also $SDRT_API_AUTH)")
+    p.add_argument("--api-token", action="append", default=None, metavar="TOKEN",
+                   help="accept 'Authorization: Bearer TOKEN' (repeatable; also $SDRT_API_TOKEN)")
+    p.add_argument("--cors-allow-origins", default=None, metavar="ORIGIN[,ORIGIN]",
+                   help="browser origins allowed to call the API (A1111's flag; default: none)")
+    p.add_argument("--max-size", type=int, default=2048, help="largest width and height (default 2048)")
+    p.add_argument("--max-steps", type=int, default=150)
+    p.add_argument("--max-batch", type=int, default=8, help="largest batch_size (default 8)")
+    p.add_argument("--max-images", type=int, default=32, help="largest batch_size x n_iter (default 32)")
+    p.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body (default 32 MB)")
+    p.add_argument("--max-queue", type=int, default=64, help="queued jobs before new ones get 503 (default 64)")
+    p.add_argument("--keep-models", type=int, default=2, help="pipelines each worker keeps loaded (default 2)")
+    p.add_argument("--low-memory", action="store_true", default=False, help="keep only the running part loaded")
+    p.add_argument("--ray", action="store_true",
+                   help="run as a Ray Serve deployment (one replica per --device; needs sdrt[ray])")
+    p.add_argument("--ray-gpus", type=float, default=0.0, metavar="N",
+                   help="GPUs Ray gives each replica (1: one GPU each, seen by the replica as device 0)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="join this Ray cluster (default: start a local one, or $RAY_ADDRESS)")
+    return p
+
+
+def _folder(value: str | None, flag: str) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if not path.is_dir():
+        raise InputError(f"{flag} {value} is not a folder", where=flag, fix="give an existing folder")
+    return path.resolve()
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from ..serve.auth import parse_api_auth
+    from ..serve.config import Limits, ServeConfig
+
+    for flag, value, low in (("--port", args.port, 0), ("--max-size", args.max_size, 8), ("--max-steps", args.max_steps, 1),
+                             ("--max-batch", args.max_batch, 1), ("--max-images", args.max_images, 1),
+                             ("--max-queue", args.max_queue, 1), ("--keep-models", args.keep_models, 1)):
+        if value < low:
+            raise InputError(f"{flag} {value} is below {low}", where=flag, fix=f"pass {low} or more")
+    if not 0 < args.max_body_mb <= 4096:
+        raise InputError(f"--max-body-mb {args.max_body_mb} is out of range", where="--max-body-mb",
+                         fix="pass a size in MB between 0 and 4096")
+    auth_text = args.api_auth or os.environ.get("SDRT_API_AUTH")
+    auth = parse_api_auth(auth_text) if auth_text else ()
+    tokens = tuple(args.api_token or ([os.environ["SDRT_API_TOKEN"]] if os.environ.get("SDRT_API_TOKEN") else []))
+    if any(not t.strip() for t in tokens):
+        raise InputError("an empty --api-token would let anyone in", where="--api-token", fix="give a long random token")
+    limits = Limits(max_width=args.max_size, max_height=args.max_size, max_steps=args.max_steps,
+                    max_batch=args.max_batch, max_images=max(args.max_images, args.max_batch),
+                    max_body_bytes=int(args.max_body_mb * 2**20), max_queue=args.max_queue)
+    return ServeConfig(models=_folder(args.models, "--models"), lora_dir=_folder(args.lora_dir, "--lora-dir"),
+                       embedding_dir=_folder(args.embedding_dir, "--embedding-dir"), backend=args.backend,
+                       devices=tuple(args.device) if args.device else (None,), auth=auth, tokens=tokens,
+                       limits=limits, keep_models=args.keep_models, low_memory=args.low_memory or False,
+                       default_model=args.default_model, checkpoint_base=args.checkpoint_base,
+                       cors_origins=tuple(o.strip() for o in (args.cors_allow_origins or "").split(",") if o.strip()))
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if not args.ray:  # a wrong backend or device fails now, not at the first request (Ray replicas check their own)
+        from ..runtime import select
+
+        for device in config.devices:
+            select(config.backend, device)
+    if not _loopback(args.host) and not (config.auth or config.tokens):
+        log.warning("serving on %s with no --api-auth or --api-token: anyone who can reach this port can use it",
+                    args.host)
+    if args.ray:
+        from ..serve.ray_app import run_ray
+
+        return run_ray(config, host=args.host, port=args.port, address=args.ray_address,
+                       gpus_per_replica=args.ray_gpus)
+    try:
+        import uvicorn
+    except ImportError:
+        raise InputError("sdrt serve needs uvicorn and starlette", where="sdrt serve",
+                         fix="pip install 'sdrt[serve]'") from None
+    from ..serve.app import create_app
+
+    app = create_app(config)
+    print(f"sdrt serve: http://{args.host}:{args.port} (A1111 /sdapi/v1, OpenAI /v1/images/generations); "
+          f"{len(config.devices)} worker(s); Ctrl-C stops", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if not args.verbose else "info")
+    return 0

@@ -1,0 +1,190 @@
+"""AUTOMATIC1111's ``/sdapi/v1/txt2img`` and ``/img2img`` request bodies -> a checked :class:`Work`.
+
+Field names and defaults follow A1111's API models (modules/api/models.py, built from
+``StableDiffusionProcessingTxt2Img``/``Img2Img``). Unknown fields are ignored, as A1111 ignores them;
+known fields sdrt cannot honour (hires. fix, face restoration, tiling, variation seeds, scripts, ...)
+are listed in the response's ``info`` under ``sdrt_not_honoured`` when a request sets them.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import b64images
+from .config import Limits
+from .errors import ApiError, from_pipeline
+from .fields import get_bool, get_dict, get_float, get_int, get_list, get_str
+from .jobs import Work
+from .registry import Registry
+
+#: (field, value A1111 treats as "off", why sdrt does not honour it)
+_NOT_HONOURED: list[tuple[str, tuple[Any, ...], str]] = [
+    ("enable_hr", (False,), "hires. fix is not supported; the image is made at width x height"),
+    ("restore_faces", (False,), "face restoration is not part of sdrt"),
+    ("tiling", (False,), "seamless tiling is not supported"),
+    ("subseed_strength", (0, 0.0), "variation seeds are not supported"),
+    ("seed_resize_from_h", (0, -1), "seed resize is not supported"),
+    ("seed_resize_from_w", (0, -1), "seed resize is not supported"),
+    ("styles", ([],), "saved prompt styles are not supported"),
+    ("script_name", ("",), "A1111 scripts are not supported"),
+    ("alwayson_scripts", ({},), "A1111 extensions (ControlNet, ADetailer, ...) are not supported"),
+    ("refiner_checkpoint", ("",), "refiner models are not supported"),
+    ("s_churn", (0, 0.0), "sampler churn is not supported"),
+    ("s_noise", (1, 1.0), "sampler noise scale is fixed at 1"),
+    ("s_tmin", (0, 0.0), "sampler tmin is not supported"),
+    ("s_tmax", (0, 0.0, float("inf")), "sampler tmax is not supported"),
+    ("s_min_uncond", (0, 0.0), "negative-guidance minimum sigma is not supported"),
+    ("infotext", ("",), "infotext parameters are not read; pass the fields themselves"),
+    ("firstpass_image", ("",), "hires. fix first-pass images are not supported"),
+    ("image_cfg_scale", (1.5, 0, 0.0, 1.0), "instruct-pix2pix image guidance is not supported"),
+    ("initial_noise_multiplier", (1, 1.0), "the initial noise multiplier is fixed at 1"),
+    ("distilled_cfg_scale", (3.5,), "distilled guidance (Flux) does not apply to these models"),
+]
+#: A1111's request fields (txt2img and img2img); ``parameters`` echoes only these, never a client's own
+#: extra fields (SillyTavern forwards its ``url`` and ``auth`` in the body)
+_KNOWN = frozenset("""prompt negative_prompt styles seed subseed subseed_strength seed_resize_from_h seed_resize_from_w
+sampler_name scheduler batch_size n_iter steps cfg_scale distilled_cfg_scale width height restore_faces tiling
+do_not_save_samples do_not_save_grid eta denoising_strength s_min_uncond s_churn s_tmax s_tmin s_noise
+override_settings override_settings_restore_afterwards refiner_checkpoint refiner_switch_at disable_extra_networks
+firstpass_image comments enable_hr firstphase_width firstphase_height hr_scale hr_upscaler hr_second_pass_steps
+hr_resize_x hr_resize_y hr_checkpoint_name hr_sampler_name hr_scheduler hr_prompt hr_negative_prompt force_task_id
+sampler_index script_name script_args send_images save_images alwayson_scripts infotext resize_mode image_cfg_scale
+mask_blur mask_blur_x mask_blur_y inpainting_fill inpaint_full_res inpaint_full_res_padding inpainting_mask_invert
+initial_noise_multiplier latent_mask include_init_images""".split())
+#: override_settings keys that sdrt reads; any other is named as not honoured
+_OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae"}
+
+
+@dataclass
+class Request:
+    work: Work
+    mode: str
+    not_honoured: list[str] = field(default_factory=list)
+    task_id: str | None = None
+    send_images: bool = True
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def _not_honoured(body: dict[str, Any]) -> list[str]:
+    out = []
+    for key, off, why in _NOT_HONOURED:
+        if key in body and body[key] is not None and body[key] not in off:
+            out.append(f"{key}: {why}")
+    return out
+
+
+def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dict[str, Any]) -> Request:
+    """Check a txt2img (``mode="txt2img"``) or img2img body; raises ``ApiError`` naming the field."""
+    from ..errors import SdrtError
+    from ..pipelines import validate
+    from ..text import extract_loras
+
+    if not isinstance(body, dict):
+        raise ApiError(422, f"the request body must be a JSON object, got {type(body).__name__}")
+    prompt = get_str(body, "prompt", "", max_len=limits.max_prompt_chars)
+    negative = get_str(body, "negative_prompt", "", max_len=limits.max_prompt_chars)
+    for key, text in (("prompt", prompt), ("negative_prompt", negative)):
+        registry.check_loras([name for name, _ in extract_loras(text)[1]], key)
+    steps = get_int(body, "steps", 20, 1, limits.max_steps)
+    cfg = get_float(body, "cfg_scale", 7.0, 0.0, 100.0)
+    sampler = get_str(body, "sampler_name", None) or get_str(body, "sampler_index", None) or "Euler"
+    scheduler = get_str(body, "scheduler", None)
+    if scheduler is not None and scheduler.strip().casefold() in ("", "automatic"):
+        scheduler = None
+    batch = get_int(body, "batch_size", 1, 1, limits.max_batch)
+    n_iter = get_int(body, "n_iter", 1, 1, limits.max_images)
+    if batch * n_iter > limits.max_images:
+        raise ApiError(400, f"batch_size x n_iter is {batch * n_iter} images, above this server's limit of "
+                            f"{limits.max_images}", field="n_iter")
+    width = get_int(body, "width", None, 8, limits.max_width)
+    height = get_int(body, "height", None, 8, limits.max_height)
+    seed = get_int(body, "seed", -1, -1, 2**32 - 1)
+    if seed == -1:
+        seed = secrets.randbelow(2**32 - limits.max_images)
+    elif seed + batch * n_iter > 2**32:
+        raise ApiError(400, f"seed {seed} leaves no room for {batch * n_iter} consecutive seeds below 2**32",
+                       field="seed")
+    overrides = get_dict(body, "override_settings")
+    model_name = overrides.get("sd_model_checkpoint") or options.get("sd_model_checkpoint")
+    model = registry.model(model_name, "override_settings.sd_model_checkpoint") if model_name else registry.default
+    clip_skip = get_int(overrides, "CLIP_stop_at_last_layers", None, 1, 12)
+    if clip_skip is None:
+        clip_skip = int(options.get("CLIP_stop_at_last_layers") or 1)
+    not_honoured = _not_honoured(body)
+    not_honoured += [f"override_settings.{k}: not an option sdrt reads" for k in overrides if k not in _OVERRIDES]
+    vae = overrides.get("sd_vae")
+    if vae not in (None, "", "Automatic", "None"):
+        not_honoured.append("override_settings.sd_vae: the model folder's own VAE is used")
+    send_images = get_bool(body, "send_images", True)
+    task_id = get_str(body, "force_task_id", None, max_len=200)
+    for key in ("save_images", "do_not_save_samples", "do_not_save_grid", "override_settings_restore_afterwards",
+                "disable_extra_networks"):
+        get_bool(body, key, None)  # type-checked; sdrt never saves images on the server
+    for key in ("styles", "script_args"):
+        get_list(body, key)
+    get_dict(body, "alwayson_scripts")
+
+    kwargs: dict[str, Any] = dict(steps=steps, cfg=cfg, sampler=sampler, schedule=scheduler, width=width,
+                                  height=height, batch=batch, clip_skip=clip_skip)
+    if mode == "img2img":
+        _img2img(body, kwargs, limits, not_honoured)
+    try:  # the pipeline's own checks (sampler and schedule names, sizes, strength), before any model loads
+        validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
+    except SdrtError as exc:
+        raise from_pipeline(exc) from None
+    params = {k: v for k, v in body.items() if k in _KNOWN}
+    work = Work(model, prompt, negative, kwargs, seed, batch, n_iter)
+    return Request(work, mode, not_honoured, task_id, send_images, params)
+
+
+def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str]) -> None:
+    images = get_list(body, "init_images")
+    if not images:
+        raise ApiError(400, "img2img needs init_images: a list with one base64 PNG or JPEG", field="init_images")
+    if len(images) > 1:
+        not_honoured.append(f"init_images: {len(images)} given, the first one is used for every image")
+    max_pixels = limits.max_width * limits.max_height * 4
+    img = b64images.decode(images[0], "init_images[0]", max_pixels)
+    resize_mode = get_int(body, "resize_mode", 0, 0, 3)
+    if resize_mode == 3:
+        not_honoured.append("resize_mode: 3 (latent upscale) runs as 0 (just resize)")
+        resize_mode = 0
+    width = kwargs["width"] or img.width - img.width % 8
+    height = kwargs["height"] or img.height - img.height % 8
+    if width < 8 or height < 8:
+        raise ApiError(400, f"init_images[0] is {img.width}x{img.height}, too small for an 8x8 image",
+                       field="init_images")
+    kwargs["width"], kwargs["height"] = width, height
+    kwargs["init_image"] = b64images.rgb_array(b64images.fit(img, width, height, resize_mode))
+    kwargs["strength"] = get_float(body, "denoising_strength", 0.75, 0.0, 1.0, low_open=True)
+    mask = body.get("mask")
+    if mask is not None and mask != "":
+        m = b64images.decode(mask, "mask", max_pixels)
+        blur = get_int(body, "mask_blur", None, 0, 64)
+        if blur is None:
+            blur = max(get_int(body, "mask_blur_x", 4, 0, 64), get_int(body, "mask_blur_y", 4, 0, 64))
+        invert = get_int(body, "inpainting_mask_invert", 0, 0, 1) == 1
+        kwargs["mask"] = b64images.mask_array(b64images.fit(m, width, height, resize_mode), blur, invert)
+        fill = get_int(body, "inpainting_fill", 1, 0, 3)
+        if fill == 0:
+            _fill_masked(kwargs)
+        elif fill in (2, 3):
+            not_honoured.append(f"inpainting_fill: {fill} ({'latent noise' if fill == 2 else 'latent nothing'}) "
+                                "runs as 1 (original)")
+        if get_bool(body, "inpaint_full_res", False):
+            not_honoured.append("inpaint_full_res: 'only masked' inpainting runs on the whole picture")
+
+
+def _fill_masked(kwargs: dict[str, Any]) -> None:
+    """inpainting_fill 0 ("fill"): the area to repaint starts as the mean colour of the rest."""
+    image, mask = kwargs["init_image"], kwargs["mask"] >= 128
+    keep = image[~mask]
+    if keep.size and mask.any():
+        image = image.copy()
+        image[mask] = keep.reshape(-1, 3).mean(axis=0).round().astype(image.dtype)
+        kwargs["init_image"] = image
+
+
+__all__ = ["Request", "parse"]

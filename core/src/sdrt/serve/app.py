@@ -1,0 +1,104 @@
+"""The Starlette app: routes, auth, body limits, and errors that are always JSON and never end the server."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from .auth import allowed
+from .config import ServeConfig
+from .errors import ApiError
+from .http import error_response
+from .state import ServerState
+
+log = logging.getLogger("sdrt.serve")
+
+
+class AuthMiddleware:
+    """Every route needs a configured user (HTTP basic) or token (bearer) when any is configured."""
+
+    def __init__(self, app: ASGIApp, config: ServeConfig) -> None:
+        self.app = app
+        self.users = config.auth
+        self.tokens = config.tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (self.users or self.tokens):
+            header = None
+            for key, value in scope.get("headers", []):
+                if key == b"authorization":
+                    header = value.decode("latin-1")
+            if not allowed(header, self.users, self.tokens):
+                challenge = 'Basic realm="sdrt"' if self.users else 'Bearer realm="sdrt"'
+                response = error_response(scope.get("path", ""), 401, "authentication required: HTTP basic with a "
+                                          "user from --api-auth, or 'Authorization: Bearer TOKEN' with an --api-token",
+                                          headers={"WWW-Authenticate": challenge})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    headers = {"Retry-After": "2"} if exc.status == 503 else None
+    return error_response(request.url.path, exc.status, exc.message, exc.field, headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+    return error_response(request.url.path, exc.status_code, message.get(exc.status_code, str(exc.detail)),
+                          headers=dict(exc.headers or {}))
+
+
+async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error on %s", request.url.path)
+    return error_response(request.url.path, 500, f"internal error ({type(exc).__name__}); the server logged it and "
+                                                 "keeps serving")
+
+
+async def _status(request: Request) -> JSONResponse:
+    st: ServerState = request.app.state.sdrt
+    workers = [{"name": w.label, "device": w.device, "jobs_done": w.done, "models_loaded": len(w.pipes),
+                "busy": w.current is not None} for w in st.queue.workers]
+    return JSONResponse({"queued": st.queue.queued(), "running": len(st.queue.running()),
+                         "submitted": st.queue.submitted, "workers": workers})
+
+
+def create_app(config: ServeConfig | None = None, cluster: Any = None) -> Starlette:
+    """An ASGI app serving ``config`` (default: the demo model on the default device); ``cluster``
+    shares options, interrupts and progress with other replicas (the Ray deployment gives one)."""
+    from . import routes_a1111, routes_openai
+
+    config = config or ServeConfig()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        try:
+            yield
+        finally:
+            state.close()
+
+    state = ServerState(config, cluster)
+    routes = [*routes_a1111.ROUTES, *routes_openai.ROUTES, Route("/sdrt/status", _status, methods=["GET"])]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
+    app.state.sdrt = state
+    app.add_middleware(AuthMiddleware, config=config)
+    if config.cors_origins:  # outermost: a browser's preflight is answered before auth asks for credentials
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], allow_credentials=True)
+    return app
+
+
+__all__ = ["create_app"]

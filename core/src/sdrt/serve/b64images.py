@@ -1,0 +1,90 @@
+"""Base64 images in requests (A1111's ``init_images`` and ``mask``, with or without a ``data:`` prefix),
+decoded with Pillow under a pixel limit, and fitted to the requested size as A1111's resize modes do."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from typing import Any
+
+import numpy as np
+
+from .errors import ApiError
+
+
+def decode(text: Any, field: str, max_pixels: int) -> Any:
+    """A Pillow image from a base64 string; 422/400 naming ``field`` for anything else."""
+    if not isinstance(text, str):
+        raise ApiError(422, f"{field} must be a base64-encoded PNG or JPEG string", field=field)
+    if text.startswith("data:"):
+        text = text.split(",", 1)[-1]
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, f"{field} is not valid base64", field=field) from None
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ApiError(501, "reading init images needs Pillow on the server: pip install 'sdrt[serve]'",
+                       field=field) from None
+    try:
+        img = Image.open(io.BytesIO(raw))
+        w, h = img.size
+        if w * h > max_pixels:
+            raise ApiError(400, f"{field} is {w}x{h}, above this server's limit of {max_pixels} pixels", field=field)
+        img.load()
+    except ApiError:
+        raise
+    except (OSError, ValueError, Image.DecompressionBombError, SyntaxError) as exc:
+        raise ApiError(400, f"{field} is not a readable image ({type(exc).__name__})", field=field) from None
+    return img
+
+
+def fit(img: Any, width: int, height: int, mode: int) -> Any:
+    """A1111's resize modes: 0 just resize, 1 crop and resize (cover, centre crop), 2 resize and fill
+    (contain, edges stretched into the bars)."""
+    from PIL import Image
+
+    if img.size == (width, height):
+        return img
+    if mode == 0:
+        return img.resize((width, height), Image.LANCZOS)
+    ratio_w, ratio_h = width / img.width, height / img.height
+    if mode == 1:
+        scale = max(ratio_w, ratio_h)
+        w, h = max(round(img.width * scale), width), max(round(img.height * scale), height)
+        big = img.resize((w, h), Image.LANCZOS)
+        left, top = (w - width) // 2, (h - height) // 2
+        return big.crop((left, top, left + width, top + height))
+    scale = min(ratio_w, ratio_h)
+    w, h = max(round(img.width * scale), 1), max(round(img.height * scale), 1)
+    small = img.resize((w, h), Image.LANCZOS)
+    out = small.resize((width, height), Image.NEAREST)  # edge colours in the bars, then the picture on top
+    out.paste(small, ((width - w) // 2, (height - h) // 2))
+    return out
+
+
+def rgb_array(img: Any) -> np.ndarray:
+    if img.mode in ("RGBA", "LA", "P"):
+        img = img.convert("RGBA")
+        background = img.copy()
+        background.paste((255, 255, 255, 255), (0, 0, *img.size))
+        background.alpha_composite(img)
+        img = background
+    return np.ascontiguousarray(np.asarray(img.convert("RGB"), dtype=np.uint8))
+
+
+def mask_array(img: Any, blur: int, invert: bool) -> np.ndarray:
+    """HxW uint8, white = repaint: A1111 takes the alpha channel of an RGBA mask, else its grey levels."""
+    from PIL import ImageFilter, ImageOps
+
+    gray = img.getchannel("A") if img.mode == "RGBA" else img.convert("L")
+    if invert:
+        gray = ImageOps.invert(gray)
+    if blur > 0:
+        gray = gray.filter(ImageFilter.GaussianBlur(blur))
+    return np.asarray(gray, dtype=np.uint8)
+
+
+__all__ = ["decode", "fit", "mask_array", "rgb_array"]

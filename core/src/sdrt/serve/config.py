@@ -1,0 +1,49 @@
+"""What the server is told at start: folders, backend, devices, auth and the request limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-request limits; a request over one gets a 4xx naming the field and the limit."""
+
+    max_width: int = 2048
+    max_height: int = 2048
+    max_steps: int = 150
+    max_batch: int = 8            # batch_size (images per run)
+    max_images: int = 32          # batch_size * n_iter
+    max_body_bytes: int = 32 * 2**20
+    max_prompt_chars: int = 20000
+    max_queue: int = 64           # queued jobs before new ones get 503
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything ``create_app`` needs; plain data, so it pickles (the Ray replicas get a copy).
+
+    ``models``: a folder of model folders (diffusers/Optimum ONNX layout), each served under its
+    folder name, and of single-file ``.safetensors`` checkpoints, served under their file name and
+    bound onto ``checkpoint_base`` (a folder name; default the first); None serves the embedded demo model. ``devices``: one worker each (a device id as
+    ``sdrt.load`` takes it, e.g. ``"CPU"``, ``"openvino:CPU"``, ``"cuda:0"``; None: the backend's default).
+    ``auth``: ``("user", "pass")`` pairs for HTTP basic; ``tokens``: bearer tokens. No auth when both are empty.
+    """
+
+    models: Path | None = None
+    lora_dir: Path | None = None
+    embedding_dir: Path | None = None
+    backend: str = "auto"
+    devices: tuple[str | None, ...] = (None,)
+    auth: tuple[tuple[str, str], ...] = ()
+    tokens: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+    keep_models: int = 2          # pipelines each worker keeps warm
+    low_memory: bool | None = False
+    default_model: str | None = None
+    checkpoint_base: str | None = None  # the model folder that .safetensors checkpoints bind onto
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (A1111's --cors-allow-origins)
+
+
+__all__ = ["Limits", "ServeConfig"]

@@ -1,0 +1,33 @@
+"""The one error a request can end in: an HTTP status, a one-line message, and the field at fault."""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """A request the server refuses (4xx) or cannot serve now (503). ``field`` names the request field."""
+
+    def __init__(self, status: int, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+
+
+#: the pipeline's argument names -> A1111's request fields
+_FIELDS = {"strength": "denoising_strength", "cfg": "cfg_scale", "batch": "batch_size", "clip_skip":
+           "CLIP_stop_at_last_layers", "negative_prompt": "negative_prompt", "init_image": "init_images"}
+
+
+def from_pipeline(exc: Exception) -> ApiError:
+    """A 400 from the pipeline's own check (``sdrt.pipelines.validate``): what was wrong and what to do,
+    with the field named as the request names it."""
+    what = getattr(exc, "what", str(exc))
+    fix = getattr(exc, "fix", None)
+    where = getattr(exc, "where", None) or ""
+    if where == "sdrt.samplers.resolve":
+        where = "scheduler" if "schedule" in what and "sampler" not in what else "sampler_name"
+    field = _FIELDS.get(where, where) or None
+    return ApiError(400, f"{what}; {fix}" if fix else what, field=field)
+
+
+__all__ = ["ApiError", "from_pipeline"]

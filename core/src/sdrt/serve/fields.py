@@ -1,0 +1,93 @@
+"""Typed reads of JSON request fields: a wrong type is a 422 and a value out of range a 400,
+each naming the field. ``null`` means the field's default, as in A1111's pydantic models."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import ApiError
+
+_MISSING = object()
+
+
+def _kind(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def get_int(body: dict[str, Any], key: str, default: Any, low: int | None = None, high: int | None = None,
+            *, why: str = "") -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(422, f"{key} must be an integer, got {_kind(value)} ({str(value)[:40]!r})", field=key)
+    if low is not None and value < low:
+        raise ApiError(400, f"{key} must be at least {low}, got {value}", field=key)
+    if high is not None and value > high:
+        raise ApiError(400, f"{key} is {value}, above this server's limit of {high}{why}", field=key)
+    return value
+
+
+def get_float(body: dict[str, Any], key: str, default: Any, low: float | None = None, high: float | None = None,
+              *, low_open: bool = False) -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ApiError(422, f"{key} must be a number, got {_kind(value)} ({str(value)[:40]!r})", field=key)
+    value = float(value)
+    if not math.isfinite(value):
+        raise ApiError(400, f"{key} must be a finite number", field=key)
+    if low is not None and (value < low or (low_open and value == low)):
+        raise ApiError(400, f"{key} must be {'above' if low_open else 'at least'} {low:g}, got {value:g}", field=key)
+    if high is not None and value > high:
+        raise ApiError(400, f"{key} must be at most {high:g}, got {value:g}", field=key)
+    return value
+
+
+def get_str(body: dict[str, Any], key: str, default: Any, *, max_len: int | None = None) -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise ApiError(422, f"{key} must be a string, got {_kind(value)}", field=key)
+    if max_len is not None and len(value) > max_len:
+        raise ApiError(400, f"{key} has {len(value)} characters, above this server's limit of {max_len}", field=key)
+    return value
+
+
+def get_bool(body: dict[str, Any], key: str, default: Any) -> Any:
+    """JSON booleans, and 0/1 (Easy Diffusion sends ``"inpaint_full_res": 0``; pydantic takes it)."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ApiError(422, f"{key} must be true or false, got {_kind(value)} ({str(value)[:40]!r})", field=key)
+
+
+def get_dict(body: dict[str, Any], key: str) -> dict[str, Any]:
+    value = body.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ApiError(422, f"{key} must be an object, got {_kind(value)}", field=key)
+    return value
+
+
+def get_list(body: dict[str, Any], key: str) -> list[Any]:
+    value = body.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ApiError(422, f"{key} must be a list, got {_kind(value)}", field=key)
+    return value
+
+
+__all__ = ["get_bool", "get_dict", "get_float", "get_int", "get_list", "get_str"]

@@ -1,0 +1,63 @@
+"""Request plumbing shared by the routes: the JSON body under a size limit, and error responses."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from .errors import ApiError
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> Any:
+    """The parsed body; 413 over ``max_bytes`` (checked before and while reading), 400 for bad JSON."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise ApiError(400, "the Content-Length header is not a number")
+        if int(length) > max_bytes:
+            raise ApiError(413, f"the request body is {int(length)} bytes, above this server's limit of {max_bytes}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise ApiError(413, f"the request body is over this server's limit of {max_bytes} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        if empty is not None:
+            return empty
+        raise ApiError(400, "the request body is empty; send a JSON object")
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise ApiError(400, "the request body is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"the request body is not valid JSON ({exc.msg} at line {exc.lineno} column "
+                            f"{exc.colno})") from None
+    except ValueError as exc:
+        raise ApiError(400, f"the request body is not valid JSON ({exc})") from None
+
+
+def error_response(request_path: str, status: int, message: str, field: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    """OpenAI's error shape under ``/v1/``; elsewhere A1111's (``detail``), with ``message`` and ``field``."""
+    if request_path.startswith("/v1/"):
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": field, "code": None}}
+    else:
+        body = {"error": _names.get(status, "Error"), "detail": message, "message": message, "field": field}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+_names = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
+          413: "PayloadTooLarge", 415: "UnsupportedMediaType", 422: "UnprocessableEntity", 500: "InternalError",
+          501: "NotImplemented", 503: "ServiceUnavailable"}
+
+__all__ = ["error_response", "read_json"]

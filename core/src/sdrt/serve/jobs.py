@@ -1,0 +1,304 @@
+"""The job queue and its workers: one thread per device, each keeping its pipelines warm.
+
+A job is one A1111/OpenAI request: ``n_iter`` runs of ``batch`` images. Workers take jobs in
+arrival order from one shared queue, so several devices share the load. Each worker builds its
+own pipeline per model (from a :class:`PipelineSpec`) the first time a job asks for it and keeps
+the ``keep`` most recent ones; a pipeline is only ever used by the worker that built it.
+Progress is kept per job; an interrupt ends the running job at its next step, a skip ends the
+current run of a job and goes on with the next.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, ModelError, SamplerError, SdrtError, WeightsError
+from .errors import ApiError
+from .registry import ModelEntry
+from .spec import PipelineSpec
+from .stopping import generate_until_stopped
+
+log = logging.getLogger("sdrt.serve.jobs")
+
+
+@dataclass
+class Work:
+    """What to generate: the pipeline keywords of one run, and how many runs."""
+
+    model: ModelEntry
+    prompt: str
+    negative: str
+    kwargs: dict[str, Any]       # steps, cfg, sampler, schedule, width, height, batch, clip_skip, init_image, ...
+    seed: int
+    batch: int = 1
+    n_iter: int = 1
+
+
+@dataclass
+class Result:
+    images: list[np.ndarray]
+    settings: list[dict[str, object]]
+    seeds: list[int]
+    prompt: str
+    negative: str
+    interrupted: bool = False
+    skipped: int = 0
+    worker: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Job:
+    work: Work
+    id: str = field(default_factory=lambda: f"task({uuid.uuid4().hex[:15]})")
+    future: Future = field(default_factory=Future)
+    state: str = "queued"           # queued, running, done, failed, interrupted
+    submitted: float = field(default_factory=time.time)
+    started: float | None = None
+    finished: float | None = None
+    iteration: int = 0
+    step: int = 0
+    total: int = 0
+    latents: np.ndarray | None = None
+    worker: str = ""
+    interrupt: threading.Event = field(default_factory=threading.Event)
+    skip: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def progress(self) -> float:
+        if self.state in ("done", "failed", "interrupted"):
+            return 1.0
+        if self.total == 0:
+            return 0.0
+        return min((self.iteration + self.step / self.total) / max(self.work.n_iter, 1), 1.0)
+
+    @property
+    def eta(self) -> float:
+        if self.started is None or self.progress <= 0:
+            return 0.0
+        elapsed = time.time() - self.started
+        return max(elapsed / self.progress - elapsed, 0.0)
+
+
+class _Generating(Exception):
+    """Wraps what ``Pipeline.generate`` raised on a loaded model: the request asked for something
+    this model cannot do (a size its fixed-shape graph refuses, a prompt too long, a LoRA of
+    another family), so the client gets a 400."""
+
+
+def _public_error(exc: BaseException) -> ApiError:
+    """The HTTP error a failed job ends in: 400 for what the request asked wrongly, else 500."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, _Generating) and isinstance(exc.__cause__, (InputError, SamplerError, WeightsError,
+                                                                   ModelError)):
+        return ApiError(400, f"the model {exc.args[0]} refused the request: {exc.__cause__}")
+    if isinstance(exc, _Generating) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    if isinstance(exc, (InputError, SamplerError, WeightsError)):
+        return ApiError(400, str(exc))
+    if isinstance(exc, SdrtError):
+        return ApiError(500, str(exc))
+    return ApiError(500, f"internal error ({type(exc).__name__}: {exc}); the server logged it and keeps serving")
+
+
+class Worker(threading.Thread):
+    """Runs jobs from ``jobs`` on one device; ``spec_for(model, device)`` says how to build a pipeline."""
+
+    def __init__(self, name: str, device: str | None, jobs: JobQueue,
+                 spec_for: Callable[[ModelEntry, str | None], PipelineSpec], keep: int = 2) -> None:
+        super().__init__(name=f"sdrt-serve-{name}", daemon=True)
+        self.label = name
+        self.device = device
+        self.jobs = jobs
+        self.spec_for = spec_for
+        self.keep = max(keep, 1)
+        self.pipes: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self.current: Job | None = None
+        self.done = 0
+
+    def pipeline(self, model: ModelEntry) -> Any:
+        key = model.key
+        if key in self.pipes:
+            self.pipes.move_to_end(key)
+            return self.pipes[key]
+        try:
+            pipe = self.spec_for(model, self.device).build()
+        except WeightsError as exc:  # a checkpoint of another architecture than its base folder
+            raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}") from exc
+        self.pipes[key] = pipe
+        while len(self.pipes) > self.keep:
+            _, old = self.pipes.popitem(last=False)
+            old.close()
+        return pipe
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.next()
+            if job is None:
+                break
+            self.current = job
+            try:
+                self._run(job)
+            except BaseException as exc:  # noqa: BLE001 - a failed job must never end the worker
+                err = _public_error(exc)
+                if err.status >= 500:
+                    log.error("job %s failed on %s", job.id, self.label, exc_info=exc)
+                else:
+                    log.info("job %s refused: %s", job.id, err.message)
+                job.state = "failed"
+                job.finished = time.time()
+                if not job.future.done():
+                    job.future.set_exception(err)
+            finally:
+                self.current = None
+                self.done += 1
+                self.jobs.finished(job)
+        for pipe in self.pipes.values():
+            pipe.close()
+
+    def _run(self, job: Job) -> None:
+        w = job.work
+        job.state = "running"
+        job.started = time.time()
+        job.worker = self.label
+        self.jobs.changed()
+        result = Result([], [], [], w.prompt, w.negative, worker=self.label)
+        if job.interrupt.is_set():
+            result.interrupted = True
+        else:
+            pipe = self.pipeline(w.model)
+
+            def on_step(step: int, total: int, latents: np.ndarray) -> None:
+                job.step, job.total, job.latents = step, total, latents
+
+            for k in range(w.n_iter):
+                if job.interrupt.is_set():
+                    result.interrupted = True
+                    break
+                job.iteration, job.step = k, 0
+                job.skip.clear()
+                try:
+                    gen = generate_until_stopped(pipe, lambda: job.interrupt.is_set() or job.skip.is_set(),
+                                                 on_step, w.prompt, w.negative, seed=w.seed + k * w.batch,
+                                                 batch_count=1, **w.kwargs)
+                except SdrtError as exc:
+                    raise _Generating(w.model.name) from exc
+                if gen is None:
+                    if job.interrupt.is_set():
+                        result.interrupted = True
+                        break
+                    result.skipped += 1
+                    continue
+                result.images += gen.images
+                result.settings += gen.settings
+                result.seeds += gen.seeds
+                result.prompt, result.negative = gen.prompt, gen.negative_prompt
+        job.finished = time.time()
+        result.seconds = job.finished - job.started
+        job.state = "interrupted" if result.interrupted else "done"
+        job.latents = None
+        job.future.set_result(result)
+
+
+class JobQueue:
+    """The queue, its workers, and what ``/progress`` reports."""
+
+    def __init__(self, devices: tuple[str | None, ...], spec_for: Callable[[ModelEntry, str | None], PipelineSpec],
+                 *, keep: int = 2, max_queue: int = 64) -> None:
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self.max_queue = max_queue
+        self.active: dict[str, Job] = {}
+        self.recent: collections.OrderedDict[str, Job] = collections.OrderedDict()
+        self.submitted = 0
+        #: called (from a worker thread) when a job starts or ends; the Ray replicas report then
+        self.on_change: Callable[[], None] | None = None
+        labels = [str(d) if d is not None else "default" for d in devices]
+        names = [f"{i}:{label}" for i, label in enumerate(labels)]
+        self.workers = [Worker(n, d, self, spec_for, keep) for n, d in zip(names, devices)]
+        for w in self.workers:
+            w.start()
+
+    # ---------------------------------------------------------------- submitting
+    def submit(self, work: Work, job_id: str | None = None) -> Job:
+        job = Job(work) if not job_id else Job(work, id=job_id)
+        with self._lock:
+            waiting = sum(1 for j in self.active.values() if j.state == "queued")
+            if waiting >= self.max_queue:
+                raise ApiError(503, f"the queue is full ({waiting} jobs waiting); try again shortly")
+            if job.id in self.active:
+                raise ApiError(409, f"a job with id {job.id!r} is already queued or running", field="force_task_id")
+            self.active[job.id] = job
+            self.submitted += 1
+        self._queue.put(job)
+        return job
+
+    def next(self) -> Job | None:
+        return self._queue.get()
+
+    def finished(self, job: Job) -> None:
+        with self._lock:
+            self.active.pop(job.id, None)
+            self.recent[job.id] = job
+            while len(self.recent) > 512:
+                self.recent.popitem(last=False)
+        self.changed()
+
+    def changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception as exc:  # noqa: BLE001 - reporting must never fail a job
+                log.warning("progress report failed: %s", exc)
+
+    # ---------------------------------------------------------------- control
+    def running(self) -> list[Job]:
+        with self._lock:
+            return sorted((j for j in self.active.values() if j.state == "running"), key=lambda j: j.started or 0)
+
+    def queued(self) -> int:
+        with self._lock:
+            return sum(1 for j in self.active.values() if j.state == "queued")
+
+    def find(self, job_id: str) -> Job | None:
+        with self._lock:
+            return self.active.get(job_id) or self.recent.get(job_id)
+
+    def interrupt(self) -> int:
+        """Stop every running job at its next step (A1111 has one; here each device may run one)."""
+        jobs = self.running()
+        for j in jobs:
+            j.interrupt.set()
+        return len(jobs)
+
+    def skip(self) -> int:
+        jobs = self.running()
+        for j in jobs:
+            j.skip.set()
+        return len(jobs)
+
+    def close(self) -> None:
+        """Stop: queued and running jobs end at once (answered as interrupted), then the workers."""
+        with self._lock:
+            pending = list(self.active.values())
+        for j in pending:
+            j.interrupt.set()
+        for _ in self.workers:
+            self._queue.put(None)
+        for w in self.workers:
+            w.join(timeout=60)
+
+
+__all__ = ["Job", "JobQueue", "Result", "Work", "Worker"]

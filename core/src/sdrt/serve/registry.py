@@ -1,0 +1,163 @@
+"""Model, LoRA and embedding names, resolved only inside the configured folders.
+
+A request names things; it never gives a path. Every name is looked up in a listing of the
+configured folder (exact name, A1111 title ``"name [hash]"``, or the name without case), so
+``../x``, absolute paths and anything not listed are refused before the filesystem is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ApiError
+
+log = logging.getLogger("sdrt.serve.registry")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A servable model: an ONNX model folder, or a single-file checkpoint (``weights``) bound onto
+    the ONNX folder ``path`` of its architecture."""
+
+    name: str
+    path: Path
+    hash: str
+    weights: Path | None = None
+
+    @property
+    def title(self) -> str:
+        """A1111's checkpoint title: ``"name [shorthash]"``."""
+        return f"{self.name} [{self.hash}]"
+
+    @property
+    def model_name(self) -> str:
+        """A1111's ``model_name``: a checkpoint's file name without its extension."""
+        return self.weights.stem if self.weights is not None else self.name
+
+    @property
+    def key(self) -> str:
+        return str(self.weights or self.path)
+
+
+def _short_hash(unet: Path) -> str:
+    """First 10 hex digits of a file's SHA-256: the UNet's ``model.onnx`` for a folder (the pipeline's
+    ``Model hash``), the file itself for a checkpoint (A1111's short hash)."""
+    h = hashlib.sha256()
+    with open(unet, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:10]
+
+
+class Registry:
+    """What the server can load. ``models=None`` serves the embedded demo model only."""
+
+    def __init__(self, models: Path | None, lora_dir: Path | None = None, embedding_dir: Path | None = None,
+                 checkpoint_base: str | None = None) -> None:
+        self.models_dir = models
+        self.checkpoint_base = checkpoint_base
+        self.lora_dir = lora_dir
+        self.embedding_dir = embedding_dir
+        self._lock = threading.Lock()
+        self._hashes: dict[tuple[Path, float], str] = {}
+        self._models: dict[str, ModelEntry] = {}
+        self.refresh()
+
+    # ---------------------------------------------------------------- models
+    def _folders(self) -> list[Path]:
+        if self.models_dir is None:
+            from ..pipelines import DEMO_MODEL
+
+            return [DEMO_MODEL]
+        return sorted(p for p in self.models_dir.iterdir() if (p / "model_index.json").is_file())
+
+    def _hash(self, path: Path) -> str:
+        key = (path, path.stat().st_mtime)
+        if key not in self._hashes:
+            self._hashes[key] = _short_hash(path)
+        return self._hashes[key]
+
+    def refresh(self) -> None:
+        """Read the models folder again (A1111's ``/refresh-checkpoints``): ONNX model folders, then
+        the ``.safetensors`` checkpoints beside them, each bound onto ``checkpoint_base`` (default:
+        the first folder)."""
+        found: dict[str, ModelEntry] = {}
+        for folder in self._folders():
+            unet = folder / "unet" / "model.onnx"
+            if not unet.is_file():
+                log.warning("skipping %s: it has no unet/model.onnx", folder)
+                continue
+            found[folder.name] = ModelEntry(folder.name, folder, self._hash(unet))
+        if self.models_dir is not None and found:
+            base = found.get(self.checkpoint_base or "") or next(iter(found.values()))
+            if self.checkpoint_base and self.checkpoint_base not in found:
+                log.warning("--checkpoint-base %s is not a model folder here; using %s", self.checkpoint_base, base.name)
+            for f in sorted(self.models_dir.glob("*.safetensors")):
+                if f.is_file() and f.name not in found:
+                    found[f.name] = ModelEntry(f.name, base.path, self._hash(f), weights=f)
+        with self._lock:
+            self._models = found
+
+    @property
+    def models(self) -> list[ModelEntry]:
+        with self._lock:
+            return list(self._models.values())
+
+    def model(self, name: Any, field: str = "sd_model_checkpoint") -> ModelEntry:
+        """The entry a request's model name means; 400 naming the choices when none matches."""
+        if not isinstance(name, str):
+            raise ApiError(422, f"{field} must be a string (a model name from /sdapi/v1/sd-models), "
+                                f"got {type(name).__name__}", field=field)
+        with self._lock:
+            models = dict(self._models)
+        text = name.strip()
+        for entry in models.values():
+            if text in (entry.name, entry.title, entry.model_name):
+                return entry
+        bare = text.split(" [", 1)[0].strip().casefold()
+        for entry in models.values():
+            if bare in (entry.name.casefold(), entry.title.casefold(), entry.model_name.casefold()):
+                return entry
+        choices = ", ".join(e.title for e in models.values()) or "none"
+        raise ApiError(400, f"no model named {name[:200]!r}; this server has: {choices}", field=field)
+
+    @property
+    def default(self) -> ModelEntry:
+        models = self.models
+        if not models:
+            raise ApiError(503, f"the models folder {self.models_dir} holds no model folder "
+                                "(a diffusers/Optimum ONNX folder with model_index.json)")
+        return models[0]
+
+    # ---------------------------------------------------------------- LoRAs and embeddings
+    @staticmethod
+    def _files(folder: Path | None) -> dict[str, Path]:
+        if folder is None or not folder.is_dir():
+            return {}
+        return {p.stem: p for p in sorted(folder.iterdir()) if p.suffix.lower() == ".safetensors" and p.is_file()}
+
+    @property
+    def loras(self) -> dict[str, Path]:
+        return self._files(self.lora_dir)
+
+    @property
+    def embeddings(self) -> dict[str, Path]:
+        return self._files(self.embedding_dir)
+
+    def check_loras(self, names: list[str], field: str = "prompt") -> None:
+        """Every ``<lora:NAME:w>`` of a prompt must be a listed LoRA (no path reaches the pipeline)."""
+        have = self.loras
+        for name in names:
+            if name not in have:
+                listing = ", ".join(sorted(have)[:20]) or "none"
+                where = "no LoRA folder is configured (--lora-dir)" if self.lora_dir is None else f"LoRAs here: {listing}"
+                raise ApiError(400, f"the prompt asks for <lora:{name[:100]}:...>, which is not a LoRA of this "
+                                    f"server; {where}", field=field)
+
+
+__all__ = ["ModelEntry", "Registry"]

@@ -1,0 +1,196 @@
+"""AUTOMATIC1111's routes (``/sdapi/v1/...``, and the two ``/internal`` ones Easy Diffusion calls)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from . import a1111, responses
+from .errors import ApiError
+from .fields import get_bool, get_str
+from .http import read_json
+from .state import ServerState
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.sdrt
+
+
+async def _generate(request: Request, mode: str) -> JSONResponse:
+    st = _state(request)
+    body = await read_json(request, st.limits.max_body_bytes)
+    options = await run_in_threadpool(st.options)
+    req = await run_in_threadpool(a1111.parse, body, mode, st.registry, st.limits, options)
+    job = st.queue.submit(req.work, req.task_id)
+    result = await asyncio.wrap_future(job.future)
+    payload = await run_in_threadpool(responses.a1111, req.work, result, req.params, req.not_honoured, job.id,
+                                      req.send_images)
+    return JSONResponse(payload)
+
+
+async def txt2img(request: Request) -> JSONResponse:
+    return await _generate(request, "txt2img")
+
+
+async def img2img(request: Request) -> JSONResponse:
+    return await _generate(request, "img2img")
+
+
+async def sd_models(request: Request) -> JSONResponse:
+    return JSONResponse([{"title": m.title, "model_name": m.model_name, "hash": m.hash, "sha256": None,
+                          "filename": m.name, "config": None} for m in _state(request).registry.models])
+
+
+async def samplers(request: Request) -> JSONResponse:
+    from ..samplers.names import A1111_SAMPLERS
+
+    return JSONResponse([{"name": label, "aliases": [name], "options": {"scheduler": schedule}}
+                         for label, (name, schedule, _d, _o) in A1111_SAMPLERS.items()])
+
+
+async def schedulers(request: Request) -> JSONResponse:
+    from ..samplers.names import A1111_SCHEDULES
+
+    seen: dict[str, str] = {"automatic": "Automatic"}
+    for label in A1111_SCHEDULES:
+        seen.setdefault(label.lower().replace(" ", "_"), label)
+    return JSONResponse([{"name": name, "label": label, "aliases": None, "default_rho": None,
+                          "need_inner_model": None} for name, label in seen.items()])
+
+
+async def loras(request: Request) -> JSONResponse:
+    return JSONResponse([{"name": name, "alias": name, "path": path.name, "metadata": {}}
+                         for name, path in _state(request).registry.loras.items()])
+
+
+async def embeddings(request: Request) -> JSONResponse:
+    from ..checkpoint import load_embedding
+
+    def listing() -> dict[str, Any]:
+        loaded: dict[str, Any] = {}
+        skipped: dict[str, Any] = {}
+        for name, path in _state(request).registry.embeddings.items():
+            try:
+                e = load_embedding(path)
+            except Exception:  # noqa: BLE001 - an unreadable file is listed as skipped
+                skipped[name] = {"step": None, "sd_checkpoint": None, "sd_checkpoint_name": None, "shape": 0,
+                                 "vectors": 0}
+                continue
+            v = next(iter(e.vectors.values()))
+            loaded[name] = {"step": None, "sd_checkpoint": None, "sd_checkpoint_name": None,
+                            "shape": int(v.shape[1]), "vectors": int(v.shape[0])}
+        return {"loaded": loaded, "skipped": skipped}
+
+    return JSONResponse(await run_in_threadpool(listing))
+
+
+async def options(request: Request) -> JSONResponse:
+    st = _state(request)
+    if request.method == "POST":
+        body = await read_json(request, st.limits.max_body_bytes)
+        await run_in_threadpool(st.set_options, body)
+        return JSONResponse(None)
+    return JSONResponse(await run_in_threadpool(st.options))
+
+
+async def progress(request: Request) -> JSONResponse:
+    st = _state(request)
+    skip_image = request.query_params.get("skip_current_image", "false").lower() in ("true", "1")
+    local = st.queue.running()
+    report = st.progress_report()
+    others = await run_in_threadpool(st.cluster.others_progress) if st.cluster is not None else []
+    running = report["running"] + [j for o in others for j in o["running"] if j["progress"] < 1.0]
+    queued = report["queued"] + sum(o["queued"] for o in others)
+    job = running[0] if running else None
+    state = {"skipped": bool(job and job["skipped"]), "interrupted": bool(job and job["interrupted"]),
+             "stopping_generation": False, "job": job["id"] if job else "", "job_count": len(running) + queued,
+             "job_timestamp": "0", "job_no": job["iteration"] if job else 0,
+             "sampling_step": job["step"] if job else 0, "sampling_steps": job["total"] if job else 0,
+             "running": [{k: j[k] for k in ("id", "worker", "progress")} for j in running], "queued": queued}
+    image = None
+    if local and job is not None and job["id"] == local[0].id and not skip_image:
+        image = await run_in_threadpool(responses.preview_b64, local[0].latents)
+    return JSONResponse({"progress": job["progress"] if job else 0.0, "eta_relative": job["eta"] if job else 0.0,
+                         "state": state, "current_image": image, "textinfo": None})
+
+
+async def internal_progress(request: Request) -> JSONResponse:
+    """A1111's ``/internal/progress`` (what Easy Diffusion polls): the progress of one task id."""
+    st = _state(request)
+    body = await read_json(request, st.limits.max_body_bytes)
+    if not isinstance(body, dict):
+        raise ApiError(422, "the body must be a JSON object with id_task")
+    task = get_str(body, "id_task", None, max_len=200)
+    live = get_bool(body, "live_preview", False)
+    job = st.queue.find(task) if task else None
+    if job is None:
+        return JSONResponse({"active": False, "queued": False, "completed": False, "progress": None, "eta": None,
+                             "live_preview": None, "id_live_preview": -1, "textinfo": "Waiting..."})
+    done = job.state in ("done", "failed", "interrupted")
+    preview = await run_in_threadpool(responses.preview_b64, job.latents) if live and not done else None
+    return JSONResponse({"active": job.state == "running", "queued": job.state == "queued", "completed": done,
+                         "progress": None if job.state == "queued" else round(job.progress, 4),
+                         "eta": round(job.eta, 3) if job.state == "running" else None,
+                         "live_preview": preview, "id_live_preview": job.step if preview else -1,
+                         "textinfo": job.state})
+
+
+async def interrupt(request: Request) -> JSONResponse:
+    return JSONResponse({"interrupted": await run_in_threadpool(_state(request).interrupt)})
+
+
+async def skip(request: Request) -> JSONResponse:
+    return JSONResponse({"skipped": await run_in_threadpool(_state(request).skip)})
+
+
+async def refresh(request: Request) -> JSONResponse:
+    await run_in_threadpool(_state(request).registry.refresh)
+    return JSONResponse(None)
+
+
+async def ping(request: Request) -> JSONResponse:
+    return JSONResponse({})
+
+
+def _empty(value: Any) -> Any:
+    async def route(request: Request) -> JSONResponse:
+        return JSONResponse(value)
+
+    return route
+
+
+ROUTES = [
+    Route("/sdapi/v1/txt2img", txt2img, methods=["POST"]),
+    Route("/sdapi/v1/img2img", img2img, methods=["POST"]),
+    Route("/sdapi/v1/sd-models", sd_models, methods=["GET"]),
+    Route("/sdapi/v1/samplers", samplers, methods=["GET"]),
+    Route("/sdapi/v1/schedulers", schedulers, methods=["GET"]),
+    Route("/sdapi/v1/loras", loras, methods=["GET"]),
+    Route("/sdapi/v1/embeddings", embeddings, methods=["GET"]),
+    Route("/sdapi/v1/options", options, methods=["GET", "POST"]),
+    Route("/sdapi/v1/progress", progress, methods=["GET"]),
+    Route("/sdapi/v1/interrupt", interrupt, methods=["POST"]),
+    Route("/sdapi/v1/skip", skip, methods=["POST"]),
+    Route("/sdapi/v1/refresh-checkpoints", refresh, methods=["POST"]),
+    Route("/sdapi/v1/refresh-loras", refresh, methods=["POST"]),
+    # lists clients read at start-up; sdrt has none of these
+    Route("/sdapi/v1/upscalers", _empty([{"name": "None", "model_name": None, "model_path": None, "model_url": None,
+                                           "scale": 4}]), methods=["GET"]),
+    Route("/sdapi/v1/latent-upscale-modes", _empty([]), methods=["GET"]),
+    Route("/sdapi/v1/sd-vae", _empty([]), methods=["GET"]),
+    Route("/sdapi/v1/sd-modules", _empty([]), methods=["GET"]),
+    Route("/sdapi/v1/hypernetworks", _empty([]), methods=["GET"]),
+    Route("/sdapi/v1/face-restorers", _empty([]), methods=["GET"]),
+    Route("/sdapi/v1/prompt-styles", _empty([]), methods=["GET"]),
+    Route("/sdapi/v1/scripts", _empty({"txt2img": [], "img2img": []}), methods=["GET"]),
+    Route("/sdapi/v1/cmd-flags", _empty({}), methods=["GET"]),
+    Route("/internal/ping", ping, methods=["GET"]),
+    Route("/internal/progress", internal_progress, methods=["POST"]),
+]
+
+__all__ = ["ROUTES"]

@@ -1,0 +1,115 @@
+"""OpenAI's images API: ``POST /v1/images/generations`` (and ``GET /v1/models``).
+
+Fields: ``prompt`` (required), ``model`` (a model of this server; empty: the current one), ``n``,
+``size`` (``"WxH"`` or ``"auto"``), ``response_format`` (``b64_json``, the default here; ``url``
+gives a ``data:image/png;base64,`` URL: the server keeps no files). ``quality``, ``style``,
+``user``, ``background`` and ``moderation`` are accepted and named under ``sdrt_not_honoured``.
+Beyond OpenAI: ``negative_prompt``, ``steps``, ``seed``, ``cfg_scale``, ``sampler_name``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from . import responses
+from .errors import ApiError, from_pipeline
+from .fields import get_float, get_int, get_str
+from .http import read_json
+from .jobs import Work
+from .state import ServerState
+
+_SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+
+
+def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
+    from ..errors import SdrtError
+    from ..pipelines import validate
+
+    limits = st.limits
+    if not isinstance(body, dict):
+        raise ApiError(422, f"the request body must be a JSON object, got {type(body).__name__}")
+    if body.get("prompt") is None:
+        raise ApiError(400, "prompt is required", field="prompt")
+    prompt = get_str(body, "prompt", "", max_len=limits.max_prompt_chars)
+    negative = get_str(body, "negative_prompt", "", max_len=limits.max_prompt_chars)
+    from ..text import extract_loras
+
+    for key, text in (("prompt", prompt), ("negative_prompt", negative)):
+        st.registry.check_loras([name for name, _ in extract_loras(text)[1]], key)
+    name = get_str(body, "model", None, max_len=300)
+    model = st.registry.model(name, "model") if name else st.registry.model(st.options()["sd_model_checkpoint"])
+    n = get_int(body, "n", 1, 1, min(limits.max_images, limits.max_batch))
+    size = get_str(body, "size", None, max_len=20)
+    width = height = None
+    if size not in (None, "", "auto"):
+        m = _SIZE.match(size)
+        if not m:
+            raise ApiError(400, f"size must be WIDTHxHEIGHT (e.g. 512x512) or auto, got {size!r}", field="size")
+        width, height = int(m.group(1)), int(m.group(2))
+        if width > limits.max_width or height > limits.max_height:
+            raise ApiError(400, f"size {size} is above this server's limit of {limits.max_width}x{limits.max_height}",
+                           field="size")
+    fmt = get_str(body, "response_format", "b64_json")
+    if fmt not in ("b64_json", "url"):
+        raise ApiError(400, f"response_format must be b64_json or url, got {fmt!r}", field="response_format")
+    output = get_str(body, "output_format", "png")
+    if output != "png":
+        raise ApiError(400, f"output_format {output!r} is not supported; this server writes png", field="output_format")
+    steps = get_int(body, "steps", 20, 1, limits.max_steps)
+    cfg = get_float(body, "cfg_scale", 7.0, 0.0, 100.0)
+    sampler = get_str(body, "sampler_name", "Euler", max_len=100)
+    seed = get_int(body, "seed", -1, -1, 2**32 - 1 - n)
+    if seed == -1:
+        seed = secrets.randbelow(2**32 - limits.max_images)
+    ignored = [f"{k}: not used by Stable Diffusion models" for k in ("quality", "style", "user", "background",
+                                                                     "moderation") if body.get(k) is not None]
+    kwargs: dict[str, Any] = dict(steps=steps, cfg=cfg, sampler=sampler, width=width, height=height, batch=n)
+    try:
+        validate(prompt, negative, seed=seed, **kwargs)
+    except SdrtError as exc:
+        raise from_pipeline(exc) from None
+    return Work(model, prompt, negative, kwargs, seed, n, 1), ignored, fmt
+
+
+async def generations(request: Request) -> JSONResponse:
+    st: ServerState = request.app.state.sdrt
+    body = await read_json(request, st.limits.max_body_bytes)
+    work, ignored, fmt = await run_in_threadpool(parse, body, st)
+    job = st.queue.submit(work)
+    result = await asyncio.wrap_future(job.future)
+
+    def render() -> dict[str, Any]:
+        texts = responses.infotexts(result)
+        data = []
+        for b64 in responses.png_b64(result.images, texts):
+            item = {"b64_json": b64} if fmt == "b64_json" else {"url": f"data:image/png;base64,{b64}"}
+            item["revised_prompt"] = result.prompt
+            data.append(item)
+        return {"created": int(time.time()), "data": data, "output_format": "png",
+                "size": f"{work.kwargs.get('width') or ''}x{work.kwargs.get('height') or ''}".strip("x") or "auto",
+                "sdrt_not_honoured": ignored, "sdrt_interrupted": result.interrupted}
+
+    return JSONResponse(await run_in_threadpool(render))
+
+
+async def models(request: Request) -> JSONResponse:
+    st: ServerState = request.app.state.sdrt
+    return JSONResponse({"object": "list", "data": [{"id": m.model_name, "object": "model", "created": 0,
+                                                     "owned_by": "sdrt"} for m in st.registry.models]})
+
+
+ROUTES = [
+    Route("/v1/images/generations", generations, methods=["POST"]),
+    Route("/v1/models", models, methods=["GET"]),
+]
+
+__all__ = ["ROUTES", "parse"]

@@ -1,0 +1,135 @@
+"""What one server holds: its config, the registry, the job queue and A1111's options.
+
+A1111's options, interrupts and skips are server-wide. On one machine they live here; in the Ray
+deployment every replica is given a :class:`Cluster` (``sdrt.serve.ray_app``) that shares them with
+the other replicas, so a model switch, an interrupt or a progress query reaches the whole deployment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Protocol
+
+from .config import ServeConfig
+from .errors import ApiError
+from .jobs import JobQueue
+from .registry import ModelEntry, Registry
+from .spec import PipelineSpec
+
+log = logging.getLogger("sdrt.serve")
+
+#: options a client may store and read back (Easy Diffusion sets a few); bounded so a client cannot grow them
+MAX_OPTIONS = 256
+
+
+class Cluster(Protocol):
+    """What a replica shares with the others (the Ray deployment's shared-state actor)."""
+
+    def get_options(self) -> dict[str, Any]: ...
+    def update_options(self, updates: dict[str, Any]) -> None: ...
+    def interrupt(self) -> None: ...
+    def skip(self) -> None: ...
+    def others_progress(self) -> list[dict[str, Any]]: ...
+    def attach(self, state: ServerState) -> None: ...
+
+
+class ServerState:
+    def __init__(self, config: ServeConfig, cluster: Cluster | None = None) -> None:
+        self.config = config
+        self.limits = config.limits
+        self.registry = Registry(config.models, config.lora_dir, config.embedding_dir, config.checkpoint_base)
+        self._lock = threading.Lock()
+        first = self._named(config.default_model) if config.default_model else self._first()
+        if first is None:
+            log.warning("no model to serve in %s: put model folders (with model_index.json) there", config.models)
+        self._options: dict[str, Any] = {"samples_format": "png", "CLIP_stop_at_last_layers": 1,
+                                         "sd_model_checkpoint": first.title if first else None}
+        self.cluster = cluster
+        self.queue = JobQueue(config.devices, self.spec_for, keep=config.keep_models,
+                              max_queue=config.limits.max_queue)
+        if cluster is not None:
+            cluster.attach(self)
+
+    def _named(self, name: str) -> ModelEntry:
+        from ..errors import InputError
+
+        try:
+            return self.registry.model(name, "--default-model")
+        except ApiError as exc:
+            raise InputError(exc.message, where="--default-model", fix="pass a model folder's name") from None
+
+    def _first(self) -> ModelEntry | None:
+        models = self.registry.models
+        return models[0] if models else None
+
+    def spec_for(self, model: ModelEntry, device: str | None) -> PipelineSpec:
+        return PipelineSpec(model.path, self.config.backend, device, self.config.lora_dir,
+                            tuple(self.registry.embeddings.values()), self.config.low_memory, model.weights)
+
+    # ---------------------------------------------------------------- A1111 options
+    def default_options(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._options)
+
+    def options(self) -> dict[str, Any]:
+        out = self.cluster.get_options() if self.cluster is not None else self.default_options()
+        current = out.get("sd_model_checkpoint")
+        if current:
+            try:
+                out["sd_checkpoint_hash"] = self.registry.model(current).hash
+            except ApiError:
+                pass
+        return out
+
+    def set_options(self, body: Any) -> None:
+        from .fields import get_int
+
+        if not isinstance(body, dict):
+            raise ApiError(422, "the options body must be a JSON object of option names to values")
+        updates: dict[str, Any] = {}
+        if body.get("sd_model_checkpoint") is not None:
+            updates["sd_model_checkpoint"] = self.registry.model(body["sd_model_checkpoint"]).title
+        clip = get_int(body, "CLIP_stop_at_last_layers", None, 1, 12)
+        if clip is not None:
+            updates["CLIP_stop_at_last_layers"] = clip
+        for key, value in body.items():
+            if key in ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_checkpoint_hash"):
+                continue
+            if not isinstance(key, str) or len(key) > 100:
+                raise ApiError(400, "option names are strings of at most 100 characters", field=str(key)[:100])
+            if not isinstance(value, (str, int, float, bool, list, type(None))) or len(str(value)) > 10000:
+                raise ApiError(422, f"option {key} must be a short string, number, boolean or list", field=key)
+            updates[key] = value
+        if self.cluster is not None:
+            self.cluster.update_options(updates)
+            return
+        with self._lock:
+            if len(set(self._options) | set(updates)) > MAX_OPTIONS:
+                raise ApiError(400, f"this server stores at most {MAX_OPTIONS} options")
+            self._options.update(updates)
+
+    # ---------------------------------------------------------------- control
+    def interrupt(self) -> int:
+        if self.cluster is not None:
+            self.cluster.interrupt()
+        return self.queue.interrupt()
+
+    def skip(self) -> int:
+        if self.cluster is not None:
+            self.cluster.skip()
+        return self.queue.skip()
+
+    def progress_report(self) -> dict[str, Any]:
+        """This server's running and queued jobs, as a replica reports them to the others."""
+        return {"queued": self.queue.queued(),
+                "running": [{"id": j.id, "worker": j.worker, "progress": round(j.progress, 4), "eta": round(j.eta, 3),
+                             "iteration": j.iteration, "step": j.step, "total": j.total,
+                             "skipped": j.skip.is_set(), "interrupted": j.interrupt.is_set()}
+                            for j in self.queue.running() if j.state == "running"]}
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+__all__ = ["Cluster", "MAX_OPTIONS", "ServerState"]

@@ -1,0 +1,379 @@
+"""The core's compile cache (``sdrt.cache``): atomic checksummed entries, cheap verification, corrupt
+entries discarded, two processes writing at once, the size cap with least-recently-used eviction, and the
+weights identity that keys it (a 10 GB safetensors keyed without reading it)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import sdrt
+from sdrt.cache import CompileCache, cache_root, make_key, max_bytes, parse_size
+from sdrt.cache.identity import graph_identity, weights_identity
+from sdrt.errors import SdrtError
+
+KEY = "ab" * 32
+
+
+def put(cache, key, data: bytes, name="payload.bin"):
+    return cache.store(key, lambda folder: (folder / name).write_bytes(data), {"model": "m"})
+
+
+def test_miss_then_hit_gives_the_stored_file(tmp_path):
+    cache = CompileCache("demo", tmp_path)
+    assert cache.lookup(KEY) is None
+    entry = put(cache, KEY, b"compiled bytes")
+    assert entry is not None and entry.size == len(b"compiled bytes") and entry.meta == {"model": "m"}
+    hit = cache.lookup(KEY)
+    assert hit is not None and hit.file("payload.bin").read_bytes() == b"compiled bytes"
+    assert hit.path == tmp_path / "compiled" / "demo" / KEY
+    assert not [p for p in hit.path.parent.iterdir() if p.name.startswith(".")], "no temporary folder stays"
+
+
+def test_a_hit_reads_no_payload_byte_when_the_file_is_untouched(tmp_path, monkeypatch):
+    cache = CompileCache("demo", tmp_path)
+    put(cache, KEY, b"x" * 100_000)
+    from sdrt.cache import paths
+
+    monkeypatch.setattr(paths, "file_digest", lambda p: pytest.fail(f"{p} was hashed on a clean hit"))
+    assert cache.lookup(KEY) is not None
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "remove", "manifest"])
+def test_a_damaged_entry_is_discarded(tmp_path, caplog, damage):
+    cache = CompileCache("demo", tmp_path)
+    entry = put(cache, KEY, b"good program bytes")
+    f = entry.file("payload.bin")
+    if damage == "flip":  # same size, one byte changed: the stamp differs, so the file is hashed again
+        f.write_bytes(b"good progrAm bytes")
+    elif damage == "truncate":
+        with open(f, "r+b") as fh:
+            fh.truncate(4)
+    elif damage == "remove":
+        f.unlink()
+    else:
+        (entry.path / "sdrt-entry.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, "sdrt.cache"):
+        assert cache.lookup(KEY) is None
+    assert "unusable" in caplog.text and not entry.path.exists()
+    assert put(cache, KEY, b"good program bytes") is not None and cache.lookup(KEY) is not None  # rebuilt
+
+
+def test_a_copied_but_intact_file_is_hashed_once_then_trusted_again(tmp_path, monkeypatch):
+    cache = CompileCache("demo", tmp_path)
+    entry = put(cache, KEY, b"abc" * 1000)
+    f = entry.file("payload.bin")
+    f.write_bytes(f.read_bytes())  # rewritten with the same bytes: new mtime and ctime
+    assert cache.lookup(KEY) is not None
+    from sdrt.cache import paths
+
+    monkeypatch.setattr(paths, "file_digest", lambda p: pytest.fail("hashed twice"))
+    assert cache.lookup(KEY) is not None
+
+
+def test_a_failing_writer_leaves_nothing_and_false_caches_nothing(tmp_path, caplog):
+    cache = CompileCache("demo", tmp_path)
+
+    def broken(folder):
+        (folder / "half").write_bytes(b"half")
+        raise RuntimeError("disk full")
+
+    with caplog.at_level(logging.WARNING, "sdrt.cache"):
+        assert cache.store(KEY, broken) is None
+    assert "disk full" in caplog.text
+    assert cache.store(KEY, lambda folder: False) is None
+    assert list((tmp_path / "compiled" / "demo").iterdir()) == []
+
+
+def test_an_unwritable_cache_folder_is_logged_not_raised(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with caplog.at_level(logging.WARNING, "sdrt.cache"):
+        assert put(CompileCache("demo", blocker), KEY, b"p") is None
+    assert "going on without it" in caplog.text
+
+
+def test_store_keeps_the_first_entry_unless_asked_to_replace(tmp_path):
+    cache = CompileCache("demo", tmp_path)
+    put(cache, KEY, b"one")
+    put(cache, KEY, b"two")
+    assert cache.lookup(KEY).file("payload.bin").read_bytes() == b"one"
+    cache.store(KEY, lambda d: (d / "payload.bin").write_bytes(b"two"), replace=True)
+    assert cache.lookup(KEY).file("payload.bin").read_bytes() == b"two"
+
+
+def test_two_processes_storing_one_key_at_once_leave_one_whole_entry(tmp_path):
+    """Two writers race on one key with 8 MB payloads; both finish, one whole entry remains."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        from sdrt.cache import CompileCache
+        cache = CompileCache("demo", {str(tmp_path)!r})
+        start = float(sys.argv[1])
+        def write(folder):
+            while time.time() < start:
+                time.sleep(0.001)
+            for i in range(8):
+                with open(folder / "payload.bin", "ab") as f:
+                    f.write(bytes([int(sys.argv[2])]) * (1 << 20))
+        entry = cache.store({KEY!r}, write)
+        print(entry is not None and cache.lookup({KEY!r}) is not None)
+    """)
+    start = time.time() + 1.5
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(start), str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in (1, 2)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [r[1][-800:] for r in results]
+    assert [r[0].strip() for r in results] == ["True", "True"]
+    folder = tmp_path / "compiled" / "demo"
+    assert [p.name for p in folder.iterdir()] == [KEY]
+    data = (folder / KEY / "payload.bin").read_bytes()
+    assert len(data) == 8 << 20 and len(set(data)) == 1  # one writer's bytes, whole
+    assert CompileCache("demo", tmp_path).lookup(KEY) is not None
+
+
+def test_the_size_cap_evicts_the_least_recently_used_entries(tmp_path):
+    cache = CompileCache("demo", tmp_path, max_bytes=3000)
+    keys = [f"{i:02d}" * 32 for i in range(3)]
+    for i, k in enumerate(keys):
+        put(cache, k, bytes(1000))
+        t = time.time() - 100 + i
+        os.utime(cache.path(k) / "sdrt-entry.json", (t, t))
+    assert cache.lookup(keys[0]) is not None  # used now: the most recent
+    other = CompileCache("other", tmp_path, max_bytes=3000)  # one cap over every backend's entries
+    put(other, "ff" * 32, bytes(1500))
+    left = {e.key for e in cache.entries()}
+    assert left == {keys[0], "ff" * 32}, "the two least recently used entries go, the new one stays"
+    assert [e.key for e in cache.prune(max_bytes=0, keep={cache.path(keys[0])})] == ["ff" * 32]
+
+
+def test_sweep_removes_old_leftovers_of_killed_writers_only(tmp_path):
+    cache = CompileCache("demo", tmp_path)
+    cache.dir.mkdir(parents=True)
+    old, fresh, broken = cache.dir / ".aa.x.tmp", cache.dir / ".bb.y.tmp", cache.dir / ("cd" * 32)
+    for d in (old, fresh, broken):
+        d.mkdir()
+    week_ago = time.time() - 7 * 24 * 3600
+    os.utime(old, (week_ago, week_ago))
+    os.utime(broken, (week_ago, week_ago))
+    cache.sweep()
+    assert not old.exists() and fresh.exists() and not broken.exists()
+
+
+def test_clear_and_entries(tmp_path):
+    a, b = CompileCache("a", tmp_path), CompileCache("b", tmp_path)
+    put(a, KEY, b"1")
+    put(b, KEY, b"22")
+    (tmp_path / "openvino").mkdir()  # the cache folder of sdrt 0.1's OpenVINO plugin
+    assert {(e.backend, e.size) for e in a.entries()} == {("a", 1), ("b", 2)}
+    assert a.clear("a") == 1 and [e.backend for e in a.entries()] == ["b"]
+    assert a.clear() == 1 and a.entries() == [] and not (tmp_path / "openvino").exists()
+
+
+def test_cache_root_size_cap_and_keys(monkeypatch, tmp_path):
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    assert cache_root() == tmp_path and CompileCache("x").dir == tmp_path / "compiled" / "x"
+    monkeypatch.setenv("SDRT_CACHE_MAX_SIZE", "1.5G")
+    assert max_bytes() == int(1.5 * 2**30)
+    assert parse_size("500M") == 500 << 20 and parse_size("20GiB") == 20 << 30 and parse_size("4096") == 4096
+    with pytest.raises(SdrtError, match="not a size"):
+        parse_size("lots")
+    assert make_key(["ab", "c"]) != make_key(["a", "bc"]) and make_key([b"x"]) == make_key(["x"])
+
+
+# -- the weights identity --------------------------------------------------------
+
+
+def _matmul_graph(data=None):
+    from onnx import TensorProto, helper
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], np.zeros(16) if data is None else data)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w])
+    return sdrt.Graph.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+
+
+def test_identity_of_files_comes_from_where_the_tensors_are(tmp_path):
+    from sdrt.weights import Weights
+
+    graph = _matmul_graph()
+    eye = np.eye(4, dtype=np.float32)
+    Weights.from_arrays({"w": eye, "v": 2 * eye}).save(tmp_path / "a.safetensors")
+    first = weights_identity(graph, Weights.open(tmp_path / "a.safetensors"))
+    assert weights_identity(graph, Weights.open(tmp_path / "a.safetensors")) == first
+    swapped = Weights.open(tmp_path / "a.safetensors", mapping={"v": "w", "w": "v"})
+    assert weights_identity(graph, swapped) != first  # another tensor of the same file
+    assert weights_identity(graph, Weights.open(tmp_path / "a.safetensors", dtype="float16")) != first
+    assert weights_identity(graph, Weights.from_arrays({"w": eye})) != first  # in memory: keyed by content
+    assert weights_identity(graph, Weights.from_arrays({"w": eye})) == weights_identity(
+        graph, Weights.from_arrays({"w": eye.copy()}))
+    os.utime(tmp_path / "a.safetensors", ns=(1, 1))  # same bytes, touched file: a new identity
+    assert weights_identity(graph, Weights.open(tmp_path / "a.safetensors")) != first
+
+
+def test_identity_of_the_graphs_own_data(tmp_path):
+    a, b = _matmul_graph(), _matmul_graph(np.ones(16))
+    assert graph_identity(a) == graph_identity(b)  # structure only
+    assert weights_identity(a) != weights_identity(b)  # inline data: its bytes
+    path = tmp_path / "mm.onnx"
+    path.write_bytes(b.model.SerializeToString())
+    b.strip(tmp_path / "s.onnx")
+    stripped = sdrt.Graph.load(tmp_path / "s.onnx")
+    ident = weights_identity(stripped)
+    assert ident == weights_identity(sdrt.Graph.load(tmp_path / "s.onnx"))
+    os.utime(tmp_path / "s.safetensors", ns=(1, 1))
+    assert weights_identity(sdrt.Graph.load(tmp_path / "s.onnx")) != ident
+
+
+def test_keying_a_10_gb_safetensors_reads_no_tensor_and_takes_under_50_ms(tmp_path):
+    """A sparse 10 GB file (header, then a hole) with SD-XL-like tensor count: keyed from the header alone."""
+    from onnx import TensorProto, helper
+
+    count, each = 1000, 10 * 2**30 // 1000 // 4 * 4
+    names = [f"t{i}" for i in range(count)]
+    header = {n: {"dtype": "F32", "shape": [each // 4], "data_offsets": [i * each, (i + 1) * each]}
+              for i, n in enumerate(names)}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path = tmp_path / "big.safetensors"
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + count * each)
+    assert path.stat().st_size > 10 * 10**9
+    inits = []
+    for n in names:  # declared only: the weights come from the file
+        t = TensorProto(name=n, data_type=TensorProto.FLOAT)
+        t.dims.append(each // 4)
+        inits.append(t)
+    nodes = [helper.make_node("Identity", [names[0]], ["y"])]
+    g = helper.make_graph(nodes, "big", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [each // 4])],
+                          inits)
+    graph = sdrt.Graph(helper.make_model(g))
+    from sdrt.weights import Weights
+
+    weights = Weights.open(path)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        ident = make_key([graph_identity(graph), weights_identity(graph, weights)])
+        best = min(best, time.perf_counter() - t0)
+    print(f"keyed a {path.stat().st_size / 1e9:.1f} GB safetensors ({count} tensors) in {best * 1e3:.1f} ms")
+    assert len(ident) == 64 and best < 0.05
+
+
+def test_the_cache_command_lists_prunes_and_clears(tmp_path, capsys):
+    from sdrt.cli import main
+
+    cache = CompileCache("openvino", tmp_path)
+    for i in range(3):
+        put(cache, f"{i:02d}" * 32, bytes(1 << 20))
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("openvino ") == 3 and "3 entries, 3.0 MiB" in out and "model=m" in out
+    (tmp_path / "trt").mkdir()
+    (tmp_path / "trt" / "old.engine").write_bytes(bytes(2048))
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
+    assert "also 2.0 KiB in the cache folders of sdrt 0.1 (trt)" in capsys.readouterr().out
+    assert main(["cache", "prune", "--max-size", "2.5M", "--cache-dir", str(tmp_path)]) == 0
+    assert "evicted 1 entries" in capsys.readouterr().out and len(cache.entries()) == 2
+    assert main(["cache", "prune", "--max-size", "lots", "--cache-dir", str(tmp_path)]) == 1
+    assert "not a size" in capsys.readouterr().err
+    assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
+    assert "removed 2 entries" in capsys.readouterr().out and cache.entries() == []
+
+
+# -- Backend.compile, the template ---------------------------------------------------
+
+
+class _Counting:
+    """A backend that caches: it 'compiles' by summing the weights, stores the sum, loads it back."""
+
+    def __init__(self):
+        from sdrt import Backend, Device, Session
+
+        outer = self
+
+        class S(Session):
+            def __init__(self, graph, value):
+                super().__init__(graph.inputs, graph.outputs, graph=graph)
+                self.value = value
+
+            def _run(self, feeds):
+                return {}
+
+        class B(Backend):
+            name = "counting"
+            caches = True
+
+            def devices(self):
+                return [Device("counting", "CPU")]
+
+            def _cache_parts(self, graph, device, opts):
+                return ["v1"]
+
+            def _compile(self, graph, arrays, device, opts):
+                outer.compiles += 1
+                return S(graph, float(sum(a.sum() for a in arrays.values())))
+
+            def _save(self, session, folder):
+                (folder / "value.txt").write_text(repr(session.value))
+                return True
+
+            def _load(self, entry, graph, weights, device, opts):
+                outer.loads += 1
+                if outer.fail_load is not None:
+                    raise outer.fail_load
+                return S(graph, float(entry.file("value.txt").read_text()))
+
+        self.backend, self.device, self.compiles, self.loads, self.fail_load = B(), Device("counting", "CPU"), 0, 0, None
+
+
+def test_the_compile_template_keys_looks_up_compiles_stores_and_loads(tmp_path, monkeypatch):
+    import sdrt.weights.resolve as resolve_mod
+    from sdrt.errors import UnusableEntry
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    c = _Counting()
+    graph = _matmul_graph(np.ones(16))
+    assert c.backend.compile(graph, None, c.device).value == 16 and (c.compiles, c.loads) == (1, 0)
+    real = resolve_mod.resolve_weights
+    monkeypatch.setattr(resolve_mod, "resolve_weights", lambda *a: pytest.fail("resolved on a hit"))
+    assert c.backend.compile(graph, None, c.device).value == 16 and (c.compiles, c.loads) == (1, 1)
+    monkeypatch.setattr(resolve_mod, "resolve_weights", real)
+    c.fail_load = RuntimeError("vendor: bad blob")  # the vendor cannot load it: discarded, compiled again
+    assert c.backend.compile(graph, None, c.device).value == 16 and c.compiles == 2
+    c.fail_load = UnusableEntry("built by another driver")
+    assert c.backend.compile(graph, None, c.device).value == 16 and c.compiles == 3
+    c.fail_load = SdrtError("no driver here", fix="install it")  # not the entry's fault: to the caller
+    with pytest.raises(SdrtError, match="no driver here"):
+        c.backend.compile(graph, None, c.device)
+    c.fail_load = None
+    assert c.backend.compile(graph, None, c.device, cache=False).value == 16 and c.compiles == 4
+    c.backend.compile(graph, None, c.device, cache_dir=str(tmp_path / "other"))
+    assert c.compiles == 5 and len(CompileCache("counting", tmp_path / "other").entries()) == 1
+    with pytest.raises(SdrtError, match="cache must be True or False"):
+        c.backend.compile(graph, None, c.device, cache="yes")
+    with pytest.raises(SdrtError, match="takes no options"):
+        c.backend.compile(graph, None, c.device, turbo=True)
+    (entry,) = CompileCache("counting", tmp_path).entries()
+    assert entry.meta == {"model": graph.name, "device": "CPU"}
+
+
+def test_the_same_values_in_memory_have_one_identity_wherever_they_come_from():
+    """The graph's own inline data and the same arrays given as weights key alike (switching back to a
+    graph's own weights after an update finds the entry compiled first)."""
+    from sdrt.weights import Weights
+
+    graph = _matmul_graph(np.arange(16))
+    own = weights_identity(graph)
+    assert weights_identity(graph, Weights.from_arrays(graph.initializer_arrays())) == own
+    assert weights_identity(graph, Weights.from_graph(graph)) == own
+    assert weights_identity(graph, Weights.from_arrays({"w": np.zeros((4, 4), np.float32)})) != own

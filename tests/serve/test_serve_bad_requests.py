@@ -1,0 +1,140 @@
+"""Bad requests get a 4xx with a message naming what was wrong, never a 500, and the server keeps
+serving. Run with ``-s`` to print the list (kind, status, message)."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import pytest
+from serve_helpers import live_server, needs_server
+
+pytestmark = needs_server
+httpx = pytest.importorskip("httpx", reason="httpx is a test dependency: pip install httpx")
+Image = pytest.importorskip("PIL.Image", reason="building test images needs Pillow")
+
+OK = {"prompt": "a red circle", "width": 64, "height": 64, "steps": 4, "seed": 1}
+
+
+def _png(img) -> str:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _cases():
+    tiny = _png(Image.new("RGB", (64, 64), (1, 2, 3)))
+    huge = _png(Image.new("1", (8200, 8200)))  # 67 Mpixels in a few KB of PNG
+    t2i, i2i, oai = "/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/v1/images/generations"
+    # (kind, method, path, json body or raw bytes, status, words the message must hold)
+    return [
+        ("malformed JSON", "POST", t2i, b'{"prompt": "x",', 400, "not valid JSON"),
+        ("NaN literal", "POST", t2i, b'{"prompt": "x", "cfg_scale": NaN}', 400, "NaN is not a JSON number"),
+        ("empty body", "POST", t2i, b"", 400, "empty"),
+        ("body not UTF-8", "POST", t2i, b'{"prompt": "\xff\xfe"}', 400, "not UTF-8"),
+        ("JSON array, not object", "POST", t2i, [1, 2], 422, "must be a JSON object"),
+        ("steps as a string", "POST", t2i, {**OK, "steps": "many"}, 422, "steps must be an integer"),
+        ("steps 0", "POST", t2i, {**OK, "steps": 0}, 400, "steps must be at least 1"),
+        ("steps over the limit", "POST", t2i, {**OK, "steps": 10000}, 400, "limit of 150"),
+        ("width over the limit", "POST", t2i, {**OK, "width": 4096}, 400, "width is 4096, above"),
+        ("width not a multiple of 8", "POST", t2i, {**OK, "width": 100}, 400, "not a multiple of 8"),
+        ("negative height", "POST", t2i, {**OK, "height": -8}, 400, "height must be at least 8"),
+        ("batch_size over the limit", "POST", t2i, {**OK, "batch_size": 100}, 400, "batch_size is 100"),
+        ("too many images", "POST", t2i, {**OK, "batch_size": 8, "n_iter": 8}, 400, "64 images"),
+        ("cfg_scale as a string", "POST", t2i, {**OK, "cfg_scale": "high"}, 422, "cfg_scale must be a number"),
+        ("sampler_name as a number", "POST", t2i, {**OK, "sampler_name": 7}, 422, "sampler_name must be a string"),
+        ("unknown sampler", "POST", t2i, {**OK, "sampler_name": "Bogus Sampler"}, 400, "Bogus Sampler"),
+        ("unknown scheduler", "POST", t2i, {**OK, "scheduler": "zigzag"}, 400, "zigzag"),
+        ("seed as a string", "POST", t2i, {**OK, "seed": "lucky"}, 422, "seed must be an integer"),
+        ("seed out of range", "POST", t2i, {**OK, "seed": 2**40}, 400, "seed is"),
+        ("prompt too long", "POST", t2i, {**OK, "prompt": "a " * 20000}, 400, "prompt has 40000 characters"),
+        ("model path in override_settings", "POST", t2i,
+         {**OK, "override_settings": {"sd_model_checkpoint": "../../etc/passwd"}}, 400, "no model named"),
+        ("override_settings not an object", "POST", t2i, {**OK, "override_settings": "fast"}, 422,
+         "override_settings must be an object"),
+        ("LoRA path in the prompt", "POST", t2i, {**OK, "prompt": "x <lora:../../secret:1>"}, 400,
+         "not a LoRA of this server"),
+        ("size the model cannot take", "POST", t2i, {**OK, "width": 128, "height": 128}, 400,
+         "the model demo-a refused the request"),
+        ("img2img without init_images", "POST", i2i, OK, 400, "img2img needs init_images"),
+        ("init image not base64", "POST", i2i, {**OK, "init_images": ["%%%not base64%%%"]}, 400, "not valid base64"),
+        ("init image not an image", "POST", i2i, {**OK, "init_images": [base64.b64encode(b"hello").decode()]}, 400,
+         "not a readable image"),
+        ("init image over the pixel limit", "POST", i2i, {**OK, "init_images": [huge]}, 400, "8200x8200, above"),
+        ("denoising_strength 0", "POST", i2i, {**OK, "init_images": [tiny], "denoising_strength": 0}, 400,
+         "denoising_strength must be above 0"),
+        ("denoising_strength 1.5", "POST", i2i, {**OK, "init_images": [tiny], "denoising_strength": 1.5}, 400,
+         "at most 1"),
+        ("mask not base64", "POST", i2i, {**OK, "init_images": [tiny], "mask": "???"}, 400, "mask is not valid base64"),
+        ("body over the size limit", "POST", t2i, {**OK, "comments": {"x": "y" * (2 * 2**20)}}, 413, "limit of"),
+        ("unknown model in options", "POST", "/sdapi/v1/options", {"sd_model_checkpoint": "/etc/passwd"}, 400,
+         "no model named '/etc/passwd'"),
+        ("options not an object", "POST", "/sdapi/v1/options", ["x"], 422, "must be a JSON object"),
+        ("wrong method", "GET", t2i, None, 405, "GET is not allowed"),
+        ("unknown route", "GET", "/sdapi/v1/nothing-here", None, 404, "no route"),
+        ("OpenAI: no prompt", "POST", oai, {"n": 1}, 400, "prompt is required"),
+        ("OpenAI: bad size", "POST", oai, {"prompt": "x", "size": "huge"}, 400, "size must be WIDTHxHEIGHT"),
+        ("OpenAI: n 0", "POST", oai, {"prompt": "x", "n": 0}, 400, "n must be at least 1"),
+        ("OpenAI: unknown response_format", "POST", oai, {"prompt": "x", "response_format": "jpeg"}, 400,
+         "response_format must be"),
+        ("OpenAI: LoRA path in the prompt", "POST", oai, {"prompt": "x <lora:/etc/x:1>"}, 400,
+         "not a LoRA of this server"),
+        ("OpenAI: unknown model", "POST", oai, {"prompt": "x", "model": "dall-e-3"}, 400, "no model named 'dall-e-3'"),
+        ("progress body not an object", "POST", "/internal/progress", "task", 422, "JSON object"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def small_server(models_dir):
+    from sdrt.serve import Limits, ServeConfig
+
+    with live_server(ServeConfig(models=models_dir, backend="openvino", limits=Limits(max_body_bytes=2**20))) as url:
+        yield url
+
+
+def test_bad_requests_are_4xx_and_the_server_keeps_serving(small_server) -> None:
+    cases = _cases()
+    assert len(cases) >= 20
+    rows = []
+    with httpx.Client(base_url=small_server, timeout=60) as client:
+        for kind, method, path, body, status, words in cases:
+            if isinstance(body, bytes):
+                r = client.request(method, path, content=body, headers={"content-type": "application/json"})
+            else:
+                r = client.request(method, path, json=body)
+            data = r.json()
+            message = data["error"]["message"] if path.startswith("/v1/") else data["detail"]
+            rows.append(f"{kind:34s} {r.status_code}  {message[:150]}")
+            assert r.status_code == status, (kind, r.status_code, message)
+            assert words in message, (kind, message)
+        ok = client.post("/sdapi/v1/txt2img", json=OK)
+        assert ok.status_code == 200 and len(ok.json()["images"]) == 1
+    print("\n" + "\n".join(rows) + f"\nthen a good txt2img: {ok.status_code}")
+
+
+def test_queue_full_is_503(models_dir) -> None:
+    import threading
+    import time
+
+    from sdrt.serve import Limits, ServeConfig
+
+    with live_server(ServeConfig(models=models_dir, backend="openvino", limits=Limits(max_queue=1))) as url:
+        with httpx.Client(base_url=url, timeout=120) as client:
+            long = {**OK, "steps": 150, "n_iter": 32}
+            threads = [threading.Thread(target=client.post, args=("/sdapi/v1/txt2img",), kwargs={"json": long})
+                       for _ in range(2)]
+            threads[0].start()
+            while client.get("/sdrt/status").json()["running"] < 1:  # the one worker is busy
+                pass
+            threads[1].start()
+            while client.get("/sdrt/status").json()["queued"] < 1:  # and one job waits
+                pass
+            r = client.post("/sdapi/v1/txt2img", json=OK)
+            assert r.status_code == 503 and "queue is full" in r.json()["detail"]
+            assert r.headers["retry-after"] == "2"
+            for t in threads:  # interrupt each long job once it runs
+                deadline = time.time() + 120
+                while t.is_alive() and time.time() < deadline:
+                    client.post("/sdapi/v1/interrupt")
+                    t.join(timeout=0.2)
+            assert client.post("/sdapi/v1/txt2img", json=OK).status_code == 200
