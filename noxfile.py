@@ -21,7 +21,9 @@ TEST_DEPS = ["pytest>=8", "setuptools>=70.1", "hypothesis>=6.100", "onnxruntime>
              "pillow>=10",
              # `sdrt serve` (the serve extra) and the clients its tests drive: an A1111 API client,
              # an HTTP client, and a reader of A1111/ComfyUI PNG metadata (tests/serve, about a minute)
-             "starlette>=0.37", "uvicorn>=0.29", "httpx>=0.25", "webuiapi>=0.9", "sd-parsers>=0.5"]
+             "starlette>=0.37", "uvicorn>=0.29", "httpx>=0.25", "webuiapi>=0.9", "sd-parsers>=0.5",
+             # GGUF files (the gguf extra): tests/gguf reads every quantized type against gguf's own dequantizer
+             "gguf>=0.10"]
 
 #: vendor plugin folders whose vendor package installs from PyPI on a plain
 #: Linux x86-64 machine; the test session installs each one that exists.

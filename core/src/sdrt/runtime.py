@@ -20,9 +20,15 @@ def load(
     weights: str | os.PathLike[str] | list[str | os.PathLike[str]] | Weights | None = None,
     backend: str = "auto",
     device: str | Device | None = None,
+    *,
+    quantize: str | None = None,
     **options: Any,
 ) -> Session:
     """Compile ``model`` and return a ready ``Session``.
+
+    ``quantize="int8" | "int4" | "int4-64" | "fp8"`` stores the matmul and conv weights in that type
+    (``sdrt.quantization``; quantized once, then read from the cache). A backend that cannot run a
+    graph's quantized weights natively gets them dequantized to float32 at load.
 
     ``backend="auto"`` picks, by priority, among the backends that offer a
     device here and logs its choice. An explicit ``backend`` or ``device`` that
@@ -33,8 +39,31 @@ def load(
     if backend == "auto" and not isinstance(device, Device):
         be, dev = _auto(get_registry(), device if isinstance(device, str) else None, graph=graph, quiet=True)
     bound = _open_weights(weights)
+    if quantize is not None or "DequantizeLinear" in graph.op_counts():
+        from . import quantization
+
+        if quantize is not None:
+            if bound is not None:  # the quantized graph holds the weights; bind them first
+                from .weights import resolve_weights
+
+                graph = Graph(_with_arrays(graph, resolve_weights(graph, bound)), graph.path, base_dir=graph.base_dir)
+                bound = None
+            graph = quantization.cached(graph, quantize)
+        graph = quantization.for_backend(graph, be)
     log.info("compiling %s on %s", graph.name, dev)
     return be.compile(graph, bound, dev, **options)
+
+
+def _with_arrays(graph: Graph, arrays: dict[str, Any]) -> Any:
+    """``graph.model`` with the initializers named in ``arrays`` holding those values."""
+    from onnx import numpy_helper
+
+    from .graph.protos import copy_model
+
+    m = copy_model(graph.model, initializers=False)
+    for t in graph.model.graph.initializer:
+        m.graph.initializer.append(numpy_helper.from_array(arrays[t.name], t.name) if t.name in arrays else t)
+    return m
 
 
 def _open_weights(weights: Any) -> Weights | None:

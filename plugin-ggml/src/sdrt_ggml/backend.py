@@ -66,6 +66,9 @@ class GgmlBackend(Backend):
     name = "ggml"
     api_version = (1, 1)
     priority = 10
+    #: stored weight types run natively: matmul weights as ggml's Q8_0 / Q4_0 blocks (quant.py); conv
+    #: weights of those types are dequantized while lowering. fp8 (no ggml type) is dequantized at load.
+    quantized_weights = frozenset({"int8", "int4"})
     conformance: dict[str, Any] = {}
 
     def devices(self) -> list[Device]:

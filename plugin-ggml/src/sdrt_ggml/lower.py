@@ -21,7 +21,10 @@ import numpy as np
 from sdrt.errors import UnsupportedGraph
 from sdrt.lowering import fold_node, node_inputs, producers_and_uses
 
-from . import rewrites_epilogue  # noqa: F401  (registers the conv and GEMM epilogue fusions)
+from . import (
+    quant,
+    rewrites_epilogue,  # noqa: F401  (registers the conv and GEMM epilogue fusions)
+)
 from .ops import FOLD_ONLY, REGISTRY, load_all
 from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported, wide
 from .rewrites import OPTIONAL, REWRITES
@@ -182,6 +185,23 @@ class Lowering:
         self._const_cache[key] = value
         return value
 
+    def const_blocks(self, arr: np.ndarray, kind: str, rows: np.ndarray, k: int) -> GTensor:
+        """A weights-buffer tensor of ggml block type ``kind`` (``"Q8_0"``...) holding ``rows`` (N rows of
+        K values' blocks): ggml_mul_mat's first operand, shape (N, K)."""
+        key = (id(arr), f"blocks{kind}")
+        if key in self._const_cache:
+            return self._const_cache[key]
+        g = ggml_lib()
+        n = int(rows.shape[0])
+        t = g.ggml_new_tensor_2d(self.wctx, getattr(g, f"GGML_TYPE_{kind}"), k, n)
+        assert g.ggml_nbytes(t) == rows.nbytes, (kind, rows.shape)
+        self.out.pending.append((t, rows))
+        self._keep.append(arr)
+        self.used(f"mul_mat_{kind}")
+        value = GTensor(t, (n, k))
+        self._const_cache[key] = value
+        return value
+
     def used(self, impl: str) -> None:
         self.impl_hits[impl] = self.impl_hits.get(impl, 0) + 1
 
@@ -284,6 +304,8 @@ class Lowering:
                 if name is not None:
                     self.out.folded_inits.add(name)
             outs = fold_node(node, ins, self.opsets)  # type: ignore[arg-type]
+            if node.op_type == "DequantizeLinear":  # a quantized weight: ggml's matmuls may take its blocks
+                outs = [quant.tag(outs[0], node, ins)]
         elif node.op_type in FOLD_ONLY and node.op_type not in REGISTRY:
             if not self._only_nan_guards(node):
                 raise unsupported(node, f"{node.op_type} on a runtime tensor (only constant inputs are supported)")

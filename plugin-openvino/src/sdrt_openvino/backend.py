@@ -121,6 +121,9 @@ class OpenVINOBackend(Backend):
     name = "openvino"
     api_version = (1, 1)
     priority = 50  # above the reference backend (0)
+    #: stored weight types kept compressed: the ONNX reader turns DequantizeLinear into OpenVINO's
+    #: decompression pattern (Convert, Multiply) and the CPU plugin keeps i8/i4/f8 constants in the runtime model
+    quantized_weights = frozenset({"int8", "int4", "float8_e4m3fn"})
     conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "fp32": {"precision": "fp32"}, "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}}
@@ -205,6 +208,8 @@ class OpenVINOBackend(Backend):
     def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device, opts: Options) -> Session:
         core = self.core
         props = opts.properties()
+        if opts.precision == "f32" and device.id.startswith("CPU"):  # exact: no int8 activations for i8/i4 weights
+            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         lazy = _LazyConversion(core, graph, lambda: arrays)
 
         def compile_(model: ov.Model | None = None) -> Any:

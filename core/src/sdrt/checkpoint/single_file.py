@@ -70,7 +70,7 @@ class Checkpoint:
         p = Path(path)
         if p.is_dir():
             return cls._open_folder(p)
-        w = Weights.open(p)
+        w = _unet_only(Weights.open(p))  # a .gguf opens as GGUFWeights: its tensors are dequantized on use
         shapes = {k: w.ref(k).shape for k in w}
         family = families.detect(shapes)
         conv = ldm.convert(w)
@@ -240,3 +240,16 @@ def _droppable(canon: str, pmap: Mapping[str, Slot]) -> bool:
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     return Checkpoint.open(path)
+
+
+_LDM_UNET_KEYS = ("input_blocks.", "middle_block.", "output_blocks.", "time_embed.")
+
+
+def _unet_only(w: Weights) -> Weights:
+    """A UNet-only file in the LDM layout without its ``model.diffusion_model.`` prefix (city96's GGUF
+    conversions of SD 1.x/SDXL, stable-diffusion.cpp's UNet files) read as if the prefix were there."""
+    keys = list(w)
+    if any(k.startswith(ldm.UNET_PREFIX) for k in keys) or not any(k.startswith(_LDM_UNET_KEYS) for k in keys):
+        return w
+    return w.renamed(lambda k: ldm.UNET_PREFIX + k if k.startswith(_LDM_UNET_KEYS) or k.startswith("out.")
+                     or k.startswith("label_emb.") else k)

@@ -11,8 +11,8 @@ import sys
 from ..errors import SdrtError
 
 #: subcommand modules, in the order ``sdrt --help`` lists them
-COMMANDS = ["info", "generate", "plan", "run", "compile", "cache", "conformance", "selftest", "strip", "demo",
-            "install", "serve"]
+COMMANDS = ["info", "generate", "plan", "run", "compile", "cache", "conformance", "selftest", "strip", "quantize",
+            "demo", "install", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -79,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
     if args.shape:
         options["shapes"] = parse_shapes(args.shape)
     graph = Graph.load(args.model)
+    if "DequantizeLinear" in graph.op_counts():  # quantized weights: as sdrt.load gives them to this backend
+        from ..quantization import for_backend
+
+        graph = for_backend(graph, backend)
     weights = _open_weights(args.weights)
     start = time.perf_counter()
     path = Path(backend.build(graph, weights, args.target, args.output, **options))

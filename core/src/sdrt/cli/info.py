@@ -29,7 +29,10 @@ def collect() -> dict[str, Any]:
                 dev_error = None
             except Exception as exc:  # noqa: BLE001 - report, never crash info
                 devices, dev_error = [], repr(exc)
-            backends.append({"name": name, "priority": be.priority, "devices": devices, "error": dev_error})
+            from ..quantization import describe
+
+            backends.append({"name": name, "priority": be.priority, "devices": devices, "error": dev_error,
+                             "quantized_weights": describe(be)})
         plugins.append({
             "name": rec.name, "distribution": rec.distribution, "version": rec.version,
             "state": rec.state, "error": rec.error, "backends": backends,
@@ -53,6 +56,8 @@ def render(info: dict[str, Any]) -> str:
             lines.append(f"    error: {p['error']}")
         for b in p["backends"]:
             lines.append(f"    backend {b['name']} (priority {b['priority']})")
+            if b.get("quantized_weights"):
+                lines.append(f"      quantized weights: {b['quantized_weights']}")
             if b["error"]:
                 lines.append(f"      devices: error {b['error']}")
             for d in b["devices"]:

@@ -71,7 +71,12 @@ class Pipeline:
         self.backend = backend
         self.device = device
         self.options = options
-        self._parts = {name: Part(name, folder.part_file(name), backend=backend, device=device, options=options)
+        #: ``quantize="int8" | "int4" | "fp8"``: the weights of these parts only (the VAE stays float: it
+        #: writes the pixels, and it is a small share of the bytes); ``sdrt.quantization``
+        self.quantize = options.pop("quantize", None)
+        self._parts = {name: Part(name, folder.part_file(name), backend=backend, device=device,
+                                  options={**options, "quantize": self.quantize}
+                                  if self.quantize and not name.startswith("vae") else options)
                        for name in self.family.parts if name in folder.parts}
         self.schedule = self.family.model_sampling(self.default_size, self.default_size)
         self._prompts: PromptEncoder | None = None

@@ -4,6 +4,7 @@
 - ``keymap``: rules that rename checkpoint keys to initializer names;
 - ``store``: ``Weights``, named tensors read on access, and ``bind`` (checking them against a graph);
 - ``resolve``: ``resolve_weights``, every initializer's final array for a backend;
+- ``gguf``: GGUF files (the optional ``gguf`` package) as ``GGUFWeights``;
 - ``lora``: merging LoRA adapters (imported on first use: ``sdrt.lora`` or ``sdrt.weights.lora``).
 
 Nothing here imports ``sdrt.graph`` at run time except ``lora``, which finds
@@ -14,7 +15,10 @@ from __future__ import annotations
 
 from .keymap import KeyMap
 from .resolve import resolve_weights, same_values
-from .store import CONVERT_HINT, PICKLE_SUFFIXES, BindReport, TensorRef, Weights, refuse_unsafe
+from .store import CONVERT_HINT, OPENERS, PICKLE_SUFFIXES, BindReport, TensorRef, Weights, refuse_unsafe
+
+OPENERS[".gguf"] = lambda path, mapping=None: __import__("sdrt.weights.gguf", fromlist=["open_gguf"]).open_gguf(
+    path, mapping)  # imported on first use: the gguf reader is optional
 
 __all__ = ["CONVERT_HINT", "PICKLE_SUFFIXES", "BindReport", "KeyMap", "TensorRef", "Weights", "refuse_unsafe",
            "resolve_weights", "same_values"]

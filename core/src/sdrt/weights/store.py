@@ -47,6 +47,8 @@ CONVERT_HINT = (
 )
 
 PathLike = str | os.PathLike[str]
+#: readers of other file formats by suffix (``sdrt.weights`` registers ``.gguf``: ``weights.gguf.open_gguf``)
+OPENERS: dict[str, Callable[..., Weights]] = {}
 
 
 @dataclass(frozen=True)
@@ -129,8 +131,11 @@ class Weights(Mapping[str, np.ndarray]):
         """Open one or several ``.safetensors`` files (or a folder of them) lazily.
 
         ``mapping`` renames checkpoint keys to initializer names: a
-        ``KeyMap``, a dict (explicit map) or a callable.
+        ``KeyMap``, a dict (explicit map) or a callable. A single ``.gguf`` file opens as
+        ``GGUFWeights`` (``sdrt.weights.gguf``).
         """
+        if isinstance(paths, (str, os.PathLike)) and str(paths).lower().endswith(".gguf") and ".gguf" in OPENERS:
+            return OPENERS[".gguf"](paths, mapping)
         files = _expand(paths)
         raw: dict[str, TensorRef] = {}
         dups: list[str] = []

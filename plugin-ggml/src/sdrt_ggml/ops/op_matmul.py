@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import native
+from .. import native, quant
 from . import op
 from ._common import (
     GTensor,
@@ -147,6 +147,15 @@ def matmul(lowering: Any, a: Value, b: Value) -> GTensor:
     m, n = a.shape[-2], bshape[-1]
     batch = broadcast_shape(a.shape[:-2], bshape[:-2])
     k = a.shape[-1]
+    qb = quant.blocks(b, 0) if isinstance(b, np.ndarray) and b.ndim == 2 and len(batch) <= 2 else None
+    if qb is not None and a.dtype == "float32":  # a quantized weight: ggml's own block matmul
+        w = lowering.const_blocks(b, qb[0], qb[1], k)
+        out = GTensor(ggml_lib().ggml_mul_mat(lowering.ctx, w.ptr, cont(lowering, a).ptr), batch + (m, n))
+        if squeeze_a:
+            out = reshape(lowering, out, batch + (n,))
+        if squeeze_b:
+            out = reshape(lowering, out, out.shape[:-1])
+        return out
     nat = native.for_lowering(lowering)
     if nat is not None and len(batch) <= 2 and a.dtype == "float32" and getattr(b, "dtype", "float32") == "float32":
         out = native_matmul(lowering, nat, a, b, batch)
@@ -193,9 +202,15 @@ def op_gemm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
         a_ = a_.T if isinstance(a_, np.ndarray) else permute(lowering, a_, [1, 0])
     g = ggml_lib()
     nat = native.for_lowering(lowering)
-    if nat is not None and isinstance(b_, np.ndarray):
-        return [_native_gemm(lowering, nat, a_, b_, c_, alpha, beta, bool(at.get("transB", 0)))]
-    if at.get("transB", 0):
+    trans_b = bool(at.get("transB", 0))
+    qb = quant.blocks(b_, 1 if trans_b else 0) if isinstance(b_, np.ndarray) and b_.ndim == 2 else None
+    if qb is not None:  # a quantized weight: ggml's own block matmul
+        a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
+        w = lowering.const_blocks(b_, qb[0], qb[1], a.shape[1])
+        y = GTensor(g.ggml_mul_mat(lowering.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
+    elif nat is not None and isinstance(b_, np.ndarray):
+        return [_native_gemm(lowering, nat, a_, b_, c_, alpha, beta, trans_b)]
+    elif at.get("transB", 0):
         a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
         k = a.shape[1]
         kp = aligned(k) if want_pad(lowering, k) else k

@@ -52,6 +52,8 @@ class ReferenceBackend(Backend):
     name = "reference"
     api_version = (1, 1)
     priority = 0  # lowest: any real backend wins an automatic choice
+    #: stored weight types run as they are (onnx.reference evaluates DequantizeLinear exactly)
+    quantized_weights = frozenset({"int8", "int4", "float8_e4m3fn"})
     # What `sdrt conformance reference` should expect: limits of onnx.reference itself.
     conformance = {
         "xfail": {

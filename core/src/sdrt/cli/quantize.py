@@ -1,0 +1,48 @@
+"""``sdrt quantize MODEL.onnx --to int8|int4|fp8 [--block-size 32] [-o OUT.onnx]``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("quantize", help="store a model's matmul and conv weights as int8, int4 or fp8")
+    p.add_argument("model", help="path to an .onnx file (external data is read from its folder)")
+    p.add_argument("--to", required=True, help="int8 (per output channel), int4 (in blocks) or fp8")
+    p.add_argument("--block-size", type=int, default=32, help="int4 block size: 32, 64 or 128 (default 32)")
+    p.add_argument("-o", "--output", default=None, help="the graph to write (default: MODEL.int8.onnx next to MODEL)")
+    p.add_argument("--plan", action="store_true", help="list which weights would be quantized and which kept, "
+                                                       "and why; write nothing")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import quantization as q
+    from ..errors import SdrtError
+    from ..graph import Graph
+
+    scheme = q.scheme_of(args.to, where="sdrt quantize", arg="--to")
+    src = Path(args.model)
+    out = Path(args.output) if args.output else src.with_name(f"{src.stem}.{scheme}.onnx")
+    if out.resolve() == src.resolve():
+        raise SdrtError("the output would overwrite the model", where=str(out), fix="pass another -o path")
+    graph = Graph.load(src)
+    if args.plan:
+        for reason, names in q.plan(graph, scheme, block_size=args.block_size).items():
+            print(f"{reason}: {len(names)}")
+            for n in names:
+                print(f"  {n}")
+        return 0
+    result = q.quantize(graph, scheme, block_size=args.block_size)
+    q.save(result, out)
+    written = sum(p.stat().st_size for p in out.parent.glob(out.name + "*"))
+    original = src.stat().st_size + sum(
+        p.stat().st_size for p in {r.path for r in graph.external_refs.values() if r is not None})
+    if not graph.external_refs:
+        data = src.with_name(src.name + "_data")
+        original += data.stat().st_size if data.is_file() else 0
+    print(f"{out}  {written:,} bytes ({len(q.quantized_weights(result))} weights as {scheme}; "
+          f"the float32 model: {original:,} bytes)")
+    return 0

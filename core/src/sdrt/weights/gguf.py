@@ -1,0 +1,206 @@
+"""GGUF files (llama.cpp / ggml's format; city96's Flux, SD 3.5 and SDXL conversions, stable-diffusion.cpp's
+own files) as ``Weights``: ``open_gguf(path)`` or ``Weights.open("model.gguf")``.
+
+The file is read with the maintained ``gguf`` package (``pip install gguf``, or ``sdrt[gguf]``): its
+reader maps the file, so nothing is read until a tensor is asked for. Tensor names are kept as the
+file has them (city96's conversions keep the original checkpoint's names), so the checkpoint key
+maps bind them onto graphs like a ``.safetensors`` of the same model.
+
+Each tensor keeps its stored type (``GGUFWeights.ggml_type(name)``, ``GGUFWeights.raw(name)``) for a
+backend that runs ggml's quantized types itself. Read as an array it is converted for the others:
+
+- F32, F16, BF16, F64, I8..I64: zero-copy views of the mapped file (BF16 as ``ml_dtypes.bfloat16``);
+- every quantized type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, the IQ and TQ types, MXFP4, NVFP4):
+  dequantized to float32 by ``gguf.quants.dequantize``, block by block on access;
+- a type with no dequantizer (Q8_1, Q8_K: ggml's internal activation types, never in model files; types
+  newer than the installed ``gguf``): a ``WeightsError`` naming the tensor and type, on open.
+
+GGUF stores dimensions innermost first (ggml's ``ne``); shapes here are numpy's (outermost first).
+ComfyUI-GGUF records shapes of more than 4 dims as ``comfy.gguf.orig_shape.<name>``; those are applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import WeightsError
+from . import keymap
+from .store import TensorRef, Weights
+
+log = logging.getLogger("sdrt.weights.gguf")
+
+#: plain (not block-quantized) GGUF types -> numpy dtype names
+_PLAIN = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
+          "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64"}
+INSTALL_HINT = "install the gguf reader: `pip install gguf` (or `pip install sdrt[gguf]`)"
+
+
+def _gguf() -> Any:
+    try:
+        import gguf
+    except ImportError as exc:
+        raise WeightsError("reading .gguf files needs the `gguf` package, which is not installed",
+                           where="Weights.open", fix=INSTALL_HINT) from exc
+    return gguf
+
+
+def is_gguf(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a GGUF file (by its magic, else by its suffix)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return p.suffix.lower() == ".gguf"
+
+
+def dequantizable(type_name: str) -> bool:
+    """Whether tensors of GGUF type ``type_name`` can be read as arrays here."""
+    if type_name in _PLAIN:
+        return True
+    gguf = _gguf()
+    t = getattr(gguf.GGMLQuantizationType, type_name, None)
+    if t is None:
+        return False
+    from gguf import quants
+
+    block, size = gguf.GGML_QUANT_SIZES[t]
+    try:
+        quants.dequantize(np.zeros((1, size), np.uint8), t)
+    except NotImplementedError:
+        return False
+    return True
+
+
+class GGUFWeights(Weights):
+    """``Weights`` over one GGUF file; also gives each tensor's stored ggml type and raw blocks."""
+
+    def __init__(self, refs: dict[str, TensorRef], *, types: dict[str, str], raw: dict[str, Callable[[], Any]],
+                 metadata: dict[str, Any], sources: list[Path]) -> None:
+        super().__init__(refs, sources=sources)
+        self._types = types
+        self._raw = raw
+        #: the file's key-value metadata (general.architecture, ...), scalars and strings only
+        self.metadata = metadata
+
+    def ggml_type(self, name: str) -> str:
+        """The stored type of tensor ``name``: ``"Q4_K"``, ``"F16"``..."""
+        if name not in self._types:
+            raise WeightsError(f"no tensor named {name!r}", where=self._where(), fix="see list(weights)")
+        return self._types[name]
+
+    def raw(self, name: str) -> tuple[str, np.ndarray, tuple[int, ...]]:
+        """(type, the stored bytes or values as the file maps them, numpy shape) of tensor ``name``:
+        what a ggml backend uploads as it is."""
+        return self.ggml_type(name), self._raw[name](), self.ref(name).shape
+
+    def types(self) -> dict[str, int]:
+        """How many tensors of each stored type."""
+        out: dict[str, int] = {}
+        for t in self._types.values():
+            out[t] = out.get(t, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    def renamed(self, mapping: keymap.MappingLike) -> GGUFWeights:
+        targets = keymap.apply(self._refs, mapping, self._where())
+        refs = {}
+        for t, k in targets.items():
+            r = self._refs[k]
+            refs[t] = TensorRef(t, r.dtype, r.shape, r.source, r.load)
+        return GGUFWeights(refs, types={t: self._types[k] for t, k in targets.items()},
+                           raw={t: self._raw[k] for t, k in targets.items()}, metadata=self.metadata,
+                           sources=self.sources)
+
+
+def open_gguf(path: str | os.PathLike[str], mapping: keymap.MappingLike = None) -> GGUFWeights:
+    """Open a GGUF file lazily (its tensors are mapped, converted on access)."""
+    gguf = _gguf()
+    from gguf import quants
+
+    p = Path(path)
+    if not p.is_file():
+        raise WeightsError("the weights file does not exist", where=str(p), fix="check the path")
+    try:
+        reader = gguf.GGUFReader(p, "r")
+    except Exception as exc:  # noqa: BLE001 - the reader raises ValueError, struct.error, OSError...
+        raise WeightsError(f"not a readable GGUF file ({type(exc).__name__}: {str(exc)[:200]})", where=str(p),
+                           fix="check the download; re-convert the model to GGUF") from exc
+    meta: dict[str, Any] = {}
+    orig_shapes: dict[str, tuple[int, ...]] = {}
+    for key, field in reader.fields.items():
+        try:
+            value = field.contents()
+        except Exception:  # noqa: BLE001 - odd or nested fields: not needed here
+            continue
+        if key.startswith("comfy.gguf.orig_shape."):
+            orig_shapes[key[len("comfy.gguf.orig_shape."):]] = tuple(int(v) for v in value)
+        elif isinstance(value, (str, int, float, bool)):
+            meta[key] = value
+    refs: dict[str, TensorRef] = {}
+    types: dict[str, str] = {}
+    raw: dict[str, Callable[[], Any]] = {}
+    bad: dict[str, list[str]] = {}
+    for t in reader.tensors:
+        qtype = gguf.GGMLQuantizationType(int(t.tensor_type))
+        tname = qtype.name
+        shape = orig_shapes.get(t.name, tuple(int(d) for d in reversed([int(x) for x in t.shape])))
+        data = t.data
+        types[t.name] = tname
+        raw[t.name] = lambda d=data: d
+        if tname in _PLAIN:
+            dt = _np_dtype(_PLAIN[tname])
+            refs[t.name] = TensorRef(t.name, dt, shape, str(p),
+                                     lambda d=data, dt=dt, s=shape: np.asarray(d).view(dt).reshape(s))
+            continue
+        if not _can_dequantize(quants, qtype, gguf):
+            bad.setdefault(tname, []).append(t.name)
+            continue
+        refs[t.name] = TensorRef(t.name, np.dtype(np.float32), shape, str(p),
+                                 (lambda d=data, q=qtype, s=shape: quants.dequantize(d, q).reshape(s)))
+    if bad:
+        what = "; ".join(f"{k} ({len(v)} tensors, e.g. {v[0]})" for k, v in bad.items())
+        raise WeightsError(f"this GGUF file stores tensors in types that no installed reader or backend can take: "
+                           f"{what}", where=str(p),
+                           fix="upgrade the gguf package (`pip install -U gguf`), or use a conversion to "
+                               "Q8_0, Q5_K or Q4_K, which every backend reads")
+    log.info("%s: %d tensors (%s)", p.name, len(refs), ", ".join(f"{k} {v}" for k, v in _count(types).items()))
+    weights = GGUFWeights(refs, types=types, raw=raw, metadata=meta, sources=[p])
+    return weights if mapping is None else weights.renamed(mapping)
+
+
+def _count(types: dict[str, str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in types.values():
+        out[t] = out.get(t, 0) + 1
+    return out
+
+
+_DEQ_OK: dict[int, bool] = {}
+
+
+def _can_dequantize(quants: Any, qtype: Any, gguf: Any) -> bool:
+    if int(qtype) not in _DEQ_OK:
+        _, size = gguf.GGML_QUANT_SIZES[qtype]
+        try:
+            quants.dequantize(np.zeros((1, size), np.uint8), qtype)
+            _DEQ_OK[int(qtype)] = True
+        except NotImplementedError:
+            _DEQ_OK[int(qtype)] = False
+    return _DEQ_OK[int(qtype)]
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+__all__ = ["GGUFWeights", "dequantizable", "is_gguf", "open_gguf"]

@@ -1,0 +1,64 @@
+"""ggml runs int8/int4 matmul weights as its own Q8_0/Q4_0 blocks: the packing is exact (checked with
+ggml's C dequantizer), and a quantized UNet runs through ggml's quantized matmuls."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import sdrt
+from sdrt import quantization as Q
+
+ggml = pytest.importorskip("ggml", reason="ggml-python is not installed")
+quant = pytest.importorskip("sdrt_ggml.quant", reason="sdrt-ggml is not installed")
+
+
+def _ggml_to_float(kind: str, rows: np.ndarray, n: int, k: int) -> np.ndarray:
+    t = getattr(ggml, f"GGML_TYPE_{kind}")
+    out = np.zeros(n * k, np.float32)
+    src = np.ascontiguousarray(rows)
+    ggml.ggml_get_type_traits(t).contents.to_float(src.ctypes.data_as(ctypes.c_void_p),
+                                                   out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n * k)
+    return out.reshape(n, k)
+
+
+class _Node:
+    def __init__(self, **attrs):
+        self.attribute = [type("A", (), {"name": k, "i": v})() for k, v in attrs.items()]
+
+
+@pytest.mark.parametrize("scheme,block,trans", [("int8", 0, False), ("int8", 0, True), ("int4", 32, False),
+                                                ("int4", 64, False), ("int4", 128, True)])
+def test_blocks_hold_the_dequantized_values_exactly(scheme, block, trans):
+    k, n = 256, 24
+    w = np.random.default_rng(3).standard_normal((n, k) if trans else (k, n)).astype(np.float32)
+    k_axis, n_axis = (1, 0) if trans else (0, 1)
+    q, s = Q.quantize_array(w, scheme, axis=n_axis, red=k_axis, block_size=block or 32)
+    axis = k_axis if block else n_axis
+    values = Q.dequantize_array(q, s, axis, block)
+    tagged = quant.tag(values, _Node(axis=axis, **({"block_size": block} if block else {})), [q, s])
+    kind, rows = quant.blocks(tagged, k_axis)
+    assert kind == {"int8": "Q8_0", "int4": "Q4_0"}[scheme]
+    got = _ggml_to_float(kind, rows, n, k)
+    np.testing.assert_array_equal(got, values if trans else values.T)
+
+
+def test_what_does_not_map_stays_float():
+    q, s = Q.quantize_array(np.ones((48, 8), np.float32), "int4", axis=1, red=0, block_size=16)
+    values = Q.dequantize_array(q, s, 0, 16)
+    assert quant.blocks(quant.tag(values, _Node(axis=0, block_size=16), [q, s]), 0) is None  # blocks of 16
+    assert quant.blocks(values, 0) is None  # a plain float weight
+
+
+@pytest.mark.parametrize("scheme,kind", [("int8", "mul_mat_Q8_0"), ("int4", "mul_mat_Q4_0")])
+def test_quantized_unet_runs_on_ggml_block_matmuls(backends, unet, unet_feeds, scheme, kind):
+    if "ggml" not in backends.backends:
+        pytest.skip("sdrt-ggml is not installed")
+    ref = sdrt.load(unet, backend="reference", quantize=scheme).run(unet_feeds)
+    s = sdrt.load(unet, backend="ggml", quantize=scheme, shapes={"batch": 1, "sequence": 7})
+    assert s.impl_hits.get(kind, 0) >= 10
+    for name, v in s.run(unet_feeds).items():
+        # ggml quantizes the activations to 8-bit blocks for these matmuls (as llama.cpp does)
+        assert np.abs(v - ref[name]).max() <= 3e-2 * np.abs(ref[name]).max()

@@ -1,0 +1,171 @@
+"""Weight-only quantization (sdrt.quantization): standard ONNX, run exactly by the reference backend,
+checked against onnxruntime, natively on OpenVINO, dequantized at load elsewhere."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sdrt
+from sdrt import quantization as Q
+from sdrt.errors import ModelError, SdrtError
+
+SCHEMES = [("int8", 32), ("int4", 16), ("fp8", 32)]
+
+
+def _ort(model, feeds):
+    ort = pytest.importorskip("onnxruntime")
+    so = ort.SessionOptions()
+    # no fusions: onnxruntime's fused MatMulNBits may quantize activations, which is not what ONNX specifies
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("scheme", ["int8", "fp8"])
+def test_per_channel_round_trip_error_is_below_half_a_step(scheme):
+    w = np.random.default_rng(1).standard_normal((64, 48)).astype(np.float32)
+    q, s = Q.quantize_array(w, scheme, axis=1, red=0)
+    assert q.dtype.name == ("int8" if scheme == "int8" else "float8_e4m3fn") and s.shape == (48,)
+    back = Q.dequantize_array(q, s, axis=1)
+    err = np.abs(back - w) / s[None, :]
+    # int8: half a step of the scale; e4m3 has 3 mantissa bits: half of 2**-3 relative, times the value
+    bound = 0.5 + 1e-4 if scheme == "int8" else np.abs(w) / s[None, :] * 2.0 ** -4 + 2.0 ** -9 + 1e-4
+    assert np.all(err <= bound)
+    assert np.array_equal(s, s.astype(np.float16).astype(np.float32))  # fp16-exact scales (ggml blocks)
+
+
+def test_int4_blocks_run_along_the_reduction_axis():
+    w = np.random.default_rng(2).standard_normal((128, 8)).astype(np.float32)
+    w[:32, 0] *= 100  # one loud block must not coarsen the others
+    q, s = Q.quantize_array(w, "int4", axis=1, red=0, block_size=32)
+    assert q.dtype.name == "int4" and s.shape == (4, 8)
+    back = Q.dequantize_array(q, s, axis=0, block_size=32)
+    # the chosen clip ratio never does worse than mapping each block's largest value to 7
+    plain = np.max(np.abs(w.reshape(4, 32, 8)), axis=1) / 7.0
+    naive = np.clip(np.rint(w / np.repeat(plain, 32, axis=0)), -8, 7) * np.repeat(plain, 32, axis=0)
+    err, err_naive = ((back - w) ** 2).reshape(4, 32, 8).sum(1), ((naive - w) ** 2).reshape(4, 32, 8).sum(1)
+    assert np.all(err <= err_naive * 1.01 + 1e-9) and err.sum() < err_naive.sum()
+    assert s[0, 0] > 20 * s[1, 0]
+
+
+@pytest.mark.parametrize("scheme,block", SCHEMES)
+def test_reference_matches_onnxruntime_and_dequantize(registry, unet, unet_feeds, scheme, block):
+    q = Q.quantize(unet, scheme, block_size=block)
+    assert "DequantizeLinear" in q.op_counts() and q.opset >= Q.MIN_OPSET[scheme]
+    found = Q.quantized_weights(q)
+    assert found and {v["dtype"] for v in found.values()} == {Q._TYPE_OF[scheme]}
+    ref = sdrt.load(q, backend="reference").run(unet_feeds)
+    (name, out), = ref.items()
+    np.testing.assert_allclose(out, _ort(q.model, unet_feeds), atol=1e-5, rtol=1e-5)
+    folded = Q.dequantize(q)
+    assert "DequantizeLinear" not in folded.op_counts()
+    np.testing.assert_allclose(_ort(folded.model, unet_feeds), out, atol=1e-5, rtol=1e-5)
+    base = _ort(unet.model, unet_feeds)
+    rel = np.abs(out - base).max() / np.abs(base).max()
+    assert 0 < rel < {"int8": 0.1, "int4": 0.5, "fp8": 0.3}[scheme]
+
+
+def test_first_last_layers_and_embeddings_stay_float(unet):
+    p = Q.plan(unet, "int8")
+    kept = p["first/last layer or embedding (KEEP_LAYERS)"]
+    assert {"unet.conv_in.weight", "unet.conv_out.weight", "unet.time_embedding.linear_1.weight"} <= set(kept)
+    q = Q.quantize(unet, "int8")
+    dtypes = {t.name: t.data_type for t in q.model.graph.initializer}
+    from onnx import TensorProto
+
+    assert dtypes["unet.conv_in.weight"] == TensorProto.FLOAT
+    assert all(not n.endswith("_quantized") or dtypes[n] == TensorProto.INT8 for n in dtypes)
+    assert len(Q.quantized_weights(q)) == len(p["quantized"])
+
+
+def test_int4_keeps_weights_whose_axis_is_not_whole_blocks(unet):
+    p = Q.plan(unet, "int4", block_size=32)
+    assert p["reduction axis not a multiple of the block (32)"]
+
+
+def test_bad_arguments_are_one_line_errors(unet):
+    with pytest.raises(SdrtError, match="unknown weight quantization 'int3'"):
+        Q.quantize(unet, "int3")
+    with pytest.raises(SdrtError, match="block_size 48"):
+        Q.quantize(unet, "int4", block_size=48)
+    with pytest.raises(ModelError, match="already quantized"):
+        Q.quantize(Q.quantize(unet, "int8"), "int4")
+    with pytest.raises(SdrtError, match="block size 256"):
+        Q.parse("int4-256")
+
+
+def test_load_option_is_cached(backends, unet, unet_feeds, tmp_path):
+    a = sdrt.load(unet, backend="reference", quantize="int4-16").run(unet_feeds)
+    entries = list((tmp_path / "cache" / "quantized").iterdir())
+    assert len(entries) == 1 and (entries[0] / "model.onnx").is_file()
+    stamp = (entries[0] / "model.onnx").stat().st_mtime_ns
+    b = sdrt.load(unet, backend="reference", quantize="int4-16").run(unet_feeds)
+    assert (entries[0] / "model.onnx").stat().st_mtime_ns == stamp
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    sdrt.load(unet, backend="reference", quantize="int8")
+    assert len(list((tmp_path / "cache" / "quantized").iterdir())) == 2
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4-16", "fp8"])
+def test_openvino_keeps_weights_compressed_and_exact(backends, unet, unet_feeds, scheme):
+    if "openvino" not in backends.backends:
+        pytest.skip("sdrt-openvino is not installed")
+    ref = sdrt.load(unet, backend="reference", quantize=scheme).run(unet_feeds)
+    s = sdrt.load(unet, backend="openvino", quantize=scheme, cache=False)
+    for k, v in s.run(unet_feeds).items():
+        np.testing.assert_allclose(v, ref[k], atol=2e-5, rtol=1e-5)
+    rt = s._compiled.get_runtime_model()
+    kinds = {str(n.get_rt_info()["outputPrecisions"].astype(str)) for n in rt.get_ops()
+             if n.get_rt_info()["layerType"].astype(str) == "Const"}
+    assert {"int8": "i8", "int4-16": "i4", "fp8": "f8e4m3"}[scheme] in kinds
+
+
+def test_ggml_gets_fp8_weights_dequantized_at_load(backends, unet, unet_feeds):
+    if "ggml" not in backends.backends:
+        pytest.skip("sdrt-ggml is not installed")
+    ref = sdrt.load(unet, backend="reference", quantize="fp8").run(unet_feeds)
+    s = sdrt.load(unet, backend="ggml", quantize="fp8", shapes={"batch": 1, "sequence": 7})
+    for k, v in s.run(unet_feeds).items():
+        np.testing.assert_allclose(v, ref[k], atol=2e-5, rtol=1e-5)
+
+
+def test_cli_quantize_writes_a_loadable_model(registry, unet_path, tmp_path, capsys):
+    from sdrt.cli import main
+
+    UNET = unet_path  # noqa: N806
+    out = tmp_path / "unet.int4.onnx"
+    assert main(["quantize", str(UNET), "--to", "int4", "--block-size", "16", "-o", str(out)]) == 0
+    assert "weights as int4" in capsys.readouterr().out
+    g = sdrt.Graph.load(out)
+    assert Q.scheme_of_graph(g) == "int4 block_size=16" and Q.quantized_weights(g)
+    assert main(["quantize", str(UNET), "--to", "int9", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "unknown weight quantization 'int9'" in err and "--to int8" in err and "Traceback" not in err
+
+
+def test_pipeline_quantizes_unet_and_text_encoder_not_the_vae(backends, unet_path):
+    DATA = unet_path.parents[2]  # noqa: N806
+    if "openvino" not in backends.backends:
+        pytest.skip("sdrt-openvino is not installed")
+    from sdrt import pipelines
+
+    images = {}
+    for q in (None, "int8"):
+        pipe = pipelines.load(DATA / "tiny-sd15", backend="openvino", **({"quantize": q} if q else {}))
+        try:
+            images[q] = pipe("a red cube", steps=3, seed=1)[0]
+            if q:
+                assert pipe.unet.options["quantize"] == "int8" and pipe.text_encoder.options["quantize"] == "int8"
+                assert "quantize" not in pipe.vae_decoder.options
+        finally:
+            pipe.close()
+    mse = np.mean((images[None].astype(np.float64) - images["int8"].astype(np.float64)) ** 2)
+    assert 0 < mse and 10 * np.log10(255.0 ** 2 / mse) > 35
+
+
+def test_info_says_what_each_backend_does(registry, capsys):
+    from sdrt.cli import main
+
+    assert main(["info"]) == 0
+    assert "quantized weights: int8 native; int4 native; fp8 native" in capsys.readouterr().out
