@@ -30,6 +30,15 @@ def sd15():
     pipe.close()
 
 
+@pytest.fixture(scope="module", params=["reference", "openvino", "ggml"])
+def sd15_on(request):
+    """The tiny SD 1.x pipeline on each installed backend (interruption and threads are promised on all)."""
+    register(request.param)
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=request.param)
+    yield pipe
+    pipe.close()
+
+
 def _copy(tmp_path: Path, name: str) -> Path:
     dst = tmp_path / name
     shutil.copytree(DATA / name, dst)
@@ -279,33 +288,33 @@ def test_overflowing_emphasis_is_refused_at_parsing(sd15, prompt: str, which: st
 
 
 # -- interruption and threads --------------------------------------------------------------------------------------
-def test_a_callback_returning_false_stops_the_run(sd15) -> None:
+def test_a_callback_returning_false_stops_the_run(sd15_on) -> None:
     seen = []
     with pytest.raises(Interrupted, match="stopped the generation after step 2 of 4") as info:
-        sd15(PROMPT, steps=4, seed=1, callback=lambda i, n, x: seen.append(i) or i < 2)
+        sd15_on(PROMPT, steps=4, seed=1, callback=lambda i, n, x: seen.append(i) or i < 2)
     assert seen == [1, 2] and (info.value.step, info.value.total) == (2, 4)
-    assert sd15(PROMPT, steps=2, seed=1, callback=lambda *a: None)[0].shape == (64, 64, 3)  # True/None go on
+    assert sd15_on(PROMPT, steps=2, seed=1, callback=lambda *a: None)[0].shape == (64, 64, 3)  # True/None go on
 
 
-def test_interrupt_from_another_thread_stops_at_the_next_step(sd15) -> None:
+def test_interrupt_from_another_thread_stops_at_the_next_step(sd15_on) -> None:
     steps = []
 
     def callback(i: int, n: int, x: np.ndarray) -> None:
         steps.append(i)
         if i == 1:
-            t = threading.Thread(target=sd15.interrupt)
+            t = threading.Thread(target=sd15_on.interrupt)
             t.start()
             t.join()
 
     with pytest.raises(Interrupted, match="interrupted after step 1 of 5") as info:
-        sd15(PROMPT, steps=5, seed=1, sampler="Euler", callback=callback)
+        sd15_on(PROMPT, steps=5, seed=1, sampler="Euler", callback=callback)
     assert steps == [1] and info.value.step == 1
-    sd15.interrupt()  # no job runs: does nothing, and the next job is not affected
-    assert len(sd15(PROMPT, steps=2, seed=1)) == 1
+    sd15_on.interrupt()  # no job runs: does nothing, and the next job is not affected
+    assert len(sd15_on(PROMPT, steps=2, seed=1)) == 1
 
 
-def test_one_job_at_a_time_from_two_threads(sd15) -> None:
-    want = {seed: sd15(PROMPT, steps=2, seed=seed, sampler="Euler a")[0] for seed in (1, 2)}
+def test_one_job_at_a_time_from_two_threads(sd15_on) -> None:
+    want = {seed: sd15_on(PROMPT, steps=2, seed=seed, sampler="Euler a")[0] for seed in (1, 2)}
     got: dict[int, np.ndarray] = {}
     inside = []
     lock_seen = []
@@ -313,9 +322,9 @@ def test_one_job_at_a_time_from_two_threads(sd15) -> None:
     def job(seed: int) -> None:
         def callback(i: int, n: int, x: np.ndarray) -> None:
             inside.append(seed)
-            lock_seen.append(sd15._lock.locked())
+            lock_seen.append(sd15_on._lock.locked())
 
-        got[seed] = sd15(PROMPT, steps=2, seed=seed, sampler="Euler a", callback=callback)[0]
+        got[seed] = sd15_on(PROMPT, steps=2, seed=seed, sampler="Euler a", callback=callback)[0]
 
     threads = [threading.Thread(target=job, args=(seed,)) for seed in (1, 2)]
     for t in threads:
