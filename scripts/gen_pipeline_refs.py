@@ -1,10 +1,15 @@
 """Build tiny Stable Diffusion model folders with diffusers, export them to ONNX, save reference images.
 
 Needs torch, diffusers, transformers, onnx, pillow and open_clip_torch (for CLIP's BPE file), i.e.
-/work/venv-torch. The tests need none of these: they read what this script writes.
+/work/venv-torch (or /work/refvenv). The tests need none of these: they read what this script writes.
 
     /work/venv-torch/bin/python scripts/gen_pipeline_refs.py              # tests/data/pipelines/*
+    /work/venv-torch/bin/python scripts/gen_pipeline_refs.py --only sdxl-dyn   # one folder, nothing else
     /work/venv-torch/bin/python scripts/gen_pipeline_refs.py --demo DIR   # only the tiny demo folder
+
+``tiny-sdxl-dyn`` is the SDXL architecture exported as Optimum exports it, with dynamic batch, height and
+width axes on the UNet and the VAE, and its references are non-square (64 wide x 96 high and 96 x 64):
+SDXL's ``time_ids`` hold (height, width) twice, so only a non-square image shows them swapped.
 
 Each folder is a real diffusers architecture with random weights and small widths, exported part by
 part in Optimum's ONNX layout (``text_encoder/model.onnx``, ``unet/model.onnx`` + ``model.onnx_data``,
@@ -164,6 +169,9 @@ RELEASE_SCHEDULERS = {
              "timestep_spacing": "leading", "trained_betas": None, "use_karras_sigmas": False},
 }
 RELEASE_SCHEDULERS["sd15-inpaint"] = dict(RELEASE_SCHEDULERS["sd15"], timestep_spacing="leading")
+RELEASE_SCHEDULERS["sdxl-dyn"] = RELEASE_SCHEDULERS["sdxl"]
+#: kinds exported with dynamic height and width axes (Optimum's names), the others with fixed 64x64 shapes
+DYNAMIC_HW = {"sdxl-dyn"}
 
 
 def build(kind: str):
@@ -175,7 +183,7 @@ def build(kind: str):
     act = "gelu" if kind in ("sd2v", "sdxl") else "quick_gelu"
     text = CLIPTextModel(text_config(tok, act)).eval()
     scale_weights(text, 1)
-    if kind == "sdxl":
+    if kind in ("sdxl", "sdxl-dyn"):
         tok2 = write_tokenizer(work / "tokenizer_2", "!")
         text2 = CLIPTextModelWithProjection(text_config(tok2, "gelu")).eval()
         scale_weights(text2, 2)
@@ -268,7 +276,8 @@ def export(pipe, kind: str, out: Path) -> None:
     (out / "scheduler" / "scheduler_config.json").write_text(json.dumps(RELEASE_SCHEDULERS[kind], indent=2) + "\n")
     # the references use the scheduler as a user gets it from this folder
     pipe.scheduler = type(pipe.scheduler).from_pretrained(out / "scheduler")
-    xl = kind == "sdxl"
+    xl = kind in ("sdxl", "sdxl-dyn")
+    dyn_hw = kind in DYNAMIC_HW
     for name in ("tokenizer", "tokenizer_2") if xl else ("tokenizer",):  # the slow-tokenizer files, as written
         shutil.copytree(pipe.tokenizer_dir[name], out / name)
     batch = {0: "batch"}
@@ -292,9 +301,18 @@ def export(pipe, kind: str, out: Path) -> None:
     seq = {0: "batch", 1: "sequence"}  # prompts past 75 tokens make 77 * chunks tokens, as in Optimum's export
     cin = pipe.unet.config.in_channels
     lat = SIZE // 8
-    sample = torch.randn(2, cin, lat, lat)
+    lat_w = lat + 4 if dyn_hw else lat  # traced at a non-square size, so no height is taken for a width
+    sample = torch.randn(2, cin, lat, lat_w)
     cond = torch.randn(2, 77, pipe.unet.config.cross_attention_dim)
-    if kind == "sdxl":
+    image_axes = {0: "batch_size", 2: "height", 3: "width"} if dyn_hw else batch
+    latent_axes = {0: "batch_size", 2: "height_latent", 3: "width_latent"} if dyn_hw else batch
+    if dyn_hw:
+        ts = torch.tensor(999.0)
+        args = (sample, ts, cond, torch.randn(2, 32), torch.randn(2, 6))
+        names = ["sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"]
+        dyn = {"sample": image_axes, "encoder_hidden_states": {0: "batch_size", 1: "sequence_length"},
+               "text_embeds": {0: "batch_size"}, "time_ids": {0: "batch_size"}, "out_sample": image_axes}
+    elif kind == "sdxl":
         ts = torch.tensor(999.0)
         args = (sample, ts, cond, torch.randn(2, 32), torch.randn(2, 6))
         names = ["sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"]
@@ -307,10 +325,10 @@ def export(pipe, kind: str, out: Path) -> None:
         dyn = {"sample": batch, "timestep": batch, "encoder_hidden_states": seq, "out_sample": batch}
     _export(_Unet(pipe.unet, xl), args, out / "unet" / "model.onnx", names, ["out_sample"], dyn, external=True)
     shutil.copy(tmp / "unet" / "config.json", out / "unet" / "config.json")
-    _export(_VaeEncoder(pipe.vae), (torch.randn(1, 3, SIZE, SIZE),), out / "vae_encoder" / "model.onnx",
-            ["sample"], ["latent_parameters"], {"sample": batch, "latent_parameters": batch})
-    _export(_VaeDecoder(pipe.vae), (torch.randn(1, 4, lat, lat),), out / "vae_decoder" / "model.onnx",
-            ["latent_sample"], ["sample"], {"latent_sample": batch, "sample": batch})
+    _export(_VaeEncoder(pipe.vae), (torch.randn(1, 3, lat * 8, lat_w * 8),), out / "vae_encoder" / "model.onnx",
+            ["sample"], ["latent_parameters"], {"sample": image_axes, "latent_parameters": latent_axes})
+    _export(_VaeDecoder(pipe.vae), (torch.randn(1, 4, lat, lat_w),), out / "vae_decoder" / "model.onnx",
+            ["latent_sample"], ["sample"], {"latent_sample": latent_axes, "sample": image_axes})
     for part in ("vae_encoder", "vae_decoder"):
         shutil.copy(tmp / "vae" / "config.json", out / part / "config.json")
     index = json.loads((tmp / "model_index.json").read_text())
@@ -375,6 +393,10 @@ def cases_for(kind: str) -> list[dict]:
     elif kind == "sd2v":
         for s in SCHEDULERS:
             out.append(dict(base, name=f"txt2img/{s}", mode="txt2img", sampler=s, seed=21))
+    elif kind == "sdxl-dyn":  # non-square both ways: (height, width) in time_ids must not be swapped
+        for s, (w, h) in (("Euler", (64, 96)), ("Euler a", (96, 64)), ("DPM++ 2M Karras", (96, 64))):
+            out.append(dict(base, name=f"txt2img/{s}/{w}x{h}", mode="txt2img", sampler=s, width=w, height=h,
+                            seed=41))
     elif kind == "sdxl":
         for s in SCHEDULERS:
             out.append(dict(base, name=f"txt2img/{s}", mode="txt2img", sampler=s, negative_prompt=None, seed=31))
@@ -447,7 +469,8 @@ def schedule_tables() -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demo", type=Path, help="write only the tiny SD 1.x demo folder there (no references)")
-    ap.add_argument("--only", nargs="*", default=["sd15", "sd15-inpaint", "sd2v", "sdxl"])
+    ap.add_argument("--only", nargs="*", help="build only these folders, and not schedules.json "
+                    "(sd15, sd15-inpaint, sd2v, sdxl, sdxl-dyn; default: all of them)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.demo:
@@ -455,8 +478,9 @@ def main() -> None:
         return
     OUT.mkdir(parents=True, exist_ok=True)
     images = {"init_image": init_image(), "mask": mask_image()}
-    (OUT / "schedules.json").write_text(json.dumps(schedule_tables()) + "\n")
-    for kind in args.only:
+    if args.only is None:
+        (OUT / "schedules.json").write_text(json.dumps(schedule_tables()) + "\n")
+    for kind in args.only or ["sd15", "sd15-inpaint", "sd2v", "sdxl", "sdxl-dyn"]:
         pipe = build(kind)
         folder = OUT / f"tiny-{kind}"
         export(pipe, kind, folder)

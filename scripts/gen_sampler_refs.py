@@ -28,6 +28,11 @@ What it records:
   arguments of each call are recorded too); diffusers' DDIMScheduler on the
   matching eps-prediction model; ComfyUI's euler_ancestral in float32 with its
   own seeded CPU noise.
+- ``samplers_eta.npz``: k-diffusion's ancestral and SDE samplers with eta
+  and s_noise other than 0 and 1 (``ETA_CASES``), and its Euler, Heun and
+  DPM2 with churn (``s_churn``) and s_noise other than 1 (``CHURN_CASES``; their
+  ``torch.randn_like`` draws come from the same noise list), on the same model;
+  written alone by ``--eta-only`` (needs k-diffusion, not ComfyUI).
 
 Run it with the venv that has torch; nothing in sdrt imports torch.
 """
@@ -388,6 +393,69 @@ def gen_samplers(out: Path, kd, comfy) -> None:  # noqa: ANN001
     print("samplers:", len(data), "arrays")
 
 
+#: the k-diffusion samplers that take eta and s_noise, and the (eta, s_noise) pairs recorded for each: an eta
+#: applied to the variance instead of the standard deviation, or s_noise dropped or squared, differs at these
+ETA_SAMPLERS = ["euler_ancestral", "dpm_2_ancestral", "dpmpp_2s_ancestral", "dpmpp_sde", "dpmpp_2m_sde",
+                "dpmpp_2m_sde_heun", "dpmpp_3m_sde"]
+ETA_CASES = [(0.5, 1.0), (0.5, 0.7), (0.25, 1.3), (1.0, 0.8)]
+
+
+CHURN_SAMPLERS = ["euler", "heun", "dpm_2"]
+CHURN_CASES = [(2.0, 0.7), (0.5, 1.3)]
+
+
+class _ListRandnTorch:
+    """torch, except that randn_like returns the next array of a noise list (k-diffusion's churn draws)."""
+
+    def __init__(self, arrays: np.ndarray) -> None:
+        self.noise = ListNoise(arrays)
+
+    def randn_like(self, x, **kw):  # noqa: ANN001, ANN003, ANN201
+        return self.noise(0.0, 0.0).to(x.dtype)
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(torch, name)
+
+
+def eta_key(name: str, eta: float, s_noise: float, sname: str) -> str:
+    return f"{name}_eta{eta:g}_snoise{s_noise:g}_{sname}"
+
+
+def gen_samplers_eta(out: Path, kd) -> None:  # noqa: ANN001
+    torch.set_default_dtype(torch.float64)
+    mu = torch.from_numpy(data_mean())
+    data: dict[str, np.ndarray] = {}
+    sig = kd.get_sigmas_karras(10, 0.0291675, 14.614642).double()
+    data["sigmas_karras10"] = sig.numpy().copy()
+    x = torch.from_numpy(start_noise()) * sig[0]
+    for name in ETA_SAMPLERS:
+        fn = getattr(kd, "sample_" + ("dpmpp_2m_sde" if name == "dpmpp_2m_sde_heun" else name))
+        for eta, s_noise in ETA_CASES:
+            noise = ListNoise(noise_list(64))
+            kwargs = {"solver_type": "heun"} if name == "dpmpp_2m_sde_heun" else {}
+            with torch.no_grad():
+                y = fn(ve_denoiser(mu), x.clone(), sig.clone(), extra_args={}, disable=True, eta=eta,
+                       s_noise=s_noise, noise_sampler=noise, **kwargs)
+            key = eta_key(name, eta, s_noise, "karras10")
+            data[f"kd_{key}"] = y.double().numpy()
+            data[f"kdcalls_{key}"] = np.array(noise.calls, dtype=np.float64).reshape(-1, 2)
+    for name in CHURN_SAMPLERS:
+        for s_churn, s_noise in CHURN_CASES:
+            fake = _ListRandnTorch(noise_list(64))
+            kd.torch = fake
+            try:
+                with torch.no_grad():
+                    y = getattr(kd, "sample_" + name)(ve_denoiser(mu), x.clone(), sig.clone(), extra_args={},
+                                                      disable=True, s_churn=s_churn, s_noise=s_noise)
+            finally:
+                kd.torch = torch
+            key = f"{name}_churn{s_churn:g}_snoise{s_noise:g}_karras10"
+            data[f"kd_{key}"] = y.double().numpy()
+            data[f"kddraws_{key}"] = np.array(len(fake.noise.calls))
+    np.savez_compressed(out / "samplers_eta.npz", **data)
+    print("samplers_eta:", len(data), "arrays")
+
+
 def gen_randn_default_capability(out: Path) -> None:
     """torch.randn from torch's non-AVX2 kernel (run in a child with ATEN_CPU_CAPABILITY=default)."""
     assert torch.backends.cpu.get_cpu_capability() == "DEFAULT", torch.backends.cpu.get_cpu_capability()
@@ -403,8 +471,12 @@ def main() -> None:
     parser.add_argument("--comfyui", type=Path, help="path of a ComfyUI checkout (read only)")
     parser.add_argument("--out", type=Path, default=Path("tests/samplers/data"))
     parser.add_argument("--default-capability-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--eta-only", action="store_true", help="write only samplers_eta.npz (k-diffusion alone)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.eta_only:
+        gen_samplers_eta(args.out, load_kdiffusion())
+        return
     if args.default_capability_only:
         gen_randn_default_capability(args.out)
         return
@@ -423,6 +495,7 @@ def main() -> None:
     gen_randn(args.out)
     gen_schedules(args.out, kd, comfy)
     gen_samplers(args.out, kd, comfy)
+    gen_samplers_eta(args.out, kd)
 
 
 if __name__ == "__main__":

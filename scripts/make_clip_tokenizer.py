@@ -10,6 +10,10 @@ What it writes, under ``tests/data/clip-tokenizer/``:
   ``<|endoftext|>``);
 - ``sd2/tokenizer_config.json`` and ``sd2/special_tokens_map.json``: SD 2.x's
   (pads with ``!``, id 0);
+- ``contractions_ids.json``: the same for texts built around CLIP's seven
+  contractions (``'s 't 're 've 'm 'll 'd``, lower, upper and mixed case, at word
+  ends, alone, before letters, digits and punctuation), which the word pattern
+  matches before letters; kept apart so that the corpus above stays as it was;
 - ``reference_ids.json``: a varied corpus (punctuation, numbers, accents, CJK,
   emoji, whitespace oddities, A1111 syntax, special tokens, text past 77 tokens,
   and seeded random strings) with the ids of transformers' slow ``CLIPTokenizer``
@@ -132,6 +136,30 @@ def corpus() -> list[str]:
     return fixed + long_texts + randoms
 
 
+CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")
+
+
+def contraction_texts() -> list[str]:
+    """Every contraction of CLIP's word pattern in lower, upper and mixed case, in the places the pattern meets it."""
+    words = {"s": "it", "t": "don", "re": "you", "ve": "we", "m": "i", "ll": "they", "d": "she"}
+    texts = []
+    for c in CONTRACTIONS:
+        w = words[c]
+        for word, suffix in ((w, c), (w.upper(), c.upper()), (w.capitalize(), c.upper()), (w.upper(), c)):
+            texts.append(f"{word}'{suffix}")
+        texts += [f"'{c}", f"'{c.upper()}", f" '{c} ", f"x'{c}x", f"X'{c.upper()}ABC", f"1990'{c}", f"#'{c}!",
+                  f"'{c}'{c}", f"''{c}", f"{w}\u2019{c}"]  # the last: a curly apostrophe is not a contraction
+    texts += [
+        "you're the one who's said they'd've known i'm here and we'll see",
+        "YOU'RE THE ONE WHO'S SAID THEY'D'VE KNOWN I'M HERE AND WE'LL SEE",
+        "You'Re tHe OnE wHo'S sAiD tHeY'd'Ve KnOwN i'M hErE aNd We'Ll SeE",
+        "a portrait of a cat that's sleeping, (they're cute:1.2), [it'd be] nice, we've won, i'll go, i'm ok",
+        "'re're're 'REVE 'velvet 'dance 'mmm 'llama 'sss 'ttt",
+        "猫'RE 猫's 5'LL 5'd é're É'VE",
+    ]
+    return texts
+
+
 def reference(folder: Path, texts: list[str]) -> tuple[list[dict[str, object]], int]:
     from transformers import CLIPTokenizer, CLIPTokenizerFast
 
@@ -200,6 +228,7 @@ def main() -> None:
         "tokenizers": tokenizers.__version__,
         "texts": texts,
     }
+    extra: dict[str, object] = {**result, "texts": contraction_texts()}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (config, special, _) in configs.items():
             folder = Path(tmp) / name
@@ -211,12 +240,16 @@ def main() -> None:
             rows, agree = reference(folder, texts)
             result[name] = rows
             print(f"{name}: {len(texts)} texts, slow and fast CLIPTokenizer agree on {agree}")
+            extra[name], agree = reference(folder, extra["texts"])
+            print(f"{name}: {len(extra['texts'])} contraction texts, slow and fast agree on {agree}")
             if args.ftfy:
                 print(f"{name}: the ftfy path gives the BasicTokenizer path's ids on"
                       f" {ftfy_agreement(folder, texts, rows)} of {len(texts)}")
         shutil.rmtree(tmp, ignore_errors=True)
     (OUT / "reference_ids.json").write_text(json.dumps(result, ensure_ascii=False, separators=(",", ":")) + "\n",
                                             encoding="utf-8")
+    (OUT / "contractions_ids.json").write_text(json.dumps(extra, ensure_ascii=False, separators=(",", ":")) + "\n",
+                                               encoding="utf-8")
     print(f"wrote {OUT}")
 
 

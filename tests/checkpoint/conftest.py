@@ -1,14 +1,26 @@
-"""Data for the checkpoint tests: tests/data/ckpt/, built by scripts/gen_checkpoint_data.py with diffusers."""
+"""Fixtures for the checkpoint tests: tests/data/ckpt/, built by scripts/gen_checkpoint_data.py with diffusers.
+
+Paths and feed helpers live in ``ckpt_data`` (import them from there, never from ``conftest``).
+Every test gets the reference backend plus whichever of the OpenVINO and ggml plugins is installed.
+A test that runs on a plugin backend names it, by a ``backend`` parameter or by
+``@pytest.mark.needs_backend("openvino")``; it is skipped with the reason when that plugin is not
+installed, unless ``nox -s tests`` required it (``SDRT_REQUIRE_PLUGINS``): then it fails.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
+import os
 
 import numpy as np
 import pytest
+from ckpt_data import DATA
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "ckpt"
-PIPE_FOLDER = Path(__file__).resolve().parent.parent / "data" / "pipelines" / "tiny-sd15"
+PLUGINS = {"openvino": ("sdrt_openvino", "sdrt-openvino"), "ggml": ("sdrt_ggml", "sdrt-ggml")}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_backend(*names): the test runs on these plugin backends")
 
 
 @pytest.fixture(scope="session")
@@ -16,22 +28,28 @@ def inputs() -> dict[str, np.ndarray]:
     return dict(np.load(DATA / "inputs.npz"))
 
 
-def feeds_for(part: str, x: dict[str, np.ndarray], row: int = 0) -> dict[str, np.ndarray]:
-    return {
-        "text_encoder": {"input_ids": x["input_ids"][row:row + 1]},
-        "unet": {"sample": x["sample"], "timestep": x["timestep"], "encoder_hidden_states": x["ehs"]},
-        "vae_decoder": {"latent_sample": x["latent"]},
-        "vae_encoder": {"sample": x["image"]},
-    }[part]
+def _needed(node) -> set[str]:
+    names = {n for m in node.iter_markers("needs_backend") for n in m.args}
+    callspec = getattr(node, "callspec", None)
+    if callspec is not None and "backend" in callspec.params:
+        names.add(callspec.params["backend"])
+    return names & set(PLUGINS)
 
 
 @pytest.fixture(autouse=True)
-def backends(registry, tmp_path_factory, monkeypatch):
-    """The reference backend plus the installed plugins (OpenVINO, ggml) that the tests session installs."""
-    import sdrt_ggml
-    import sdrt_openvino
-
+def backends(request, registry, tmp_path_factory, monkeypatch):
+    """The reference backend plus the installed plugins (OpenVINO, ggml); a needed one that is missing skips."""
     monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    registry.register_plugin(sdrt_openvino, "openvino", distribution="sdrt-openvino", version="0.1.0")
-    registry.register_plugin(sdrt_ggml, "ggml", distribution="sdrt-ggml", version="0.1.0")
+    required = {n for n in os.environ.get("SDRT_REQUIRE_PLUGINS", "").split(",") if n}
+    needed = _needed(request.node)
+    for name, (module, dist) in PLUGINS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            if name in needed and name not in required:
+                pytest.skip(f"the {dist} plugin is not installed ({exc})")
+            if name in needed:
+                raise
+            continue
+        registry.register_plugin(mod, name, distribution=dist, version="0.1.0")
     return registry

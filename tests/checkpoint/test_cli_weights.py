@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import DATA, PIPE_FOLDER
+from ckpt_data import DATA, PIPE_FOLDER
 
 from sdrt.cli import main
 from sdrt.cli.generate_weights import parse_lora
@@ -16,6 +16,7 @@ BASE = [str(PIPE_FOLDER), "a photo of a cat", "--steps", "2", "--sampler", "Eule
         "openvino"]
 
 
+@pytest.mark.needs_backend("openvino")
 def test_generate_with_checkpoint_lora_tag_and_embedding_writes_a1111_metadata(tmp_path, capsys):
     loras = tmp_path / "loras"
     loras.mkdir()
@@ -33,6 +34,7 @@ def test_generate_with_checkpoint_lora_tag_and_embedding_writes_a1111_metadata(t
     assert "TI hashes: " in params and "tinyemb: " in params
 
 
+@pytest.mark.needs_backend("openvino")
 def test_generate_with_lora_flag_and_scale(tmp_path, capsys):
     out = tmp_path / "y.png"
     assert main(["generate", *BASE, "--lora", f"{D / 'tinylora.safetensors'}:0.5", "-o", str(out)]) == 0, \
@@ -52,6 +54,7 @@ def test_missing_files_are_refused_before_loading(tmp_path, capsys, flag, value,
     assert needle in err and "Traceback" not in err and not (tmp_path / "z.png").exists()
 
 
+@pytest.mark.needs_backend("openvino")
 def test_unknown_prompt_lora_is_one_line_error(tmp_path, capsys):
     args = [str(PIPE_FOLDER), "a cat <lora:nosuch:1>", "--steps", "1", "--backend", "openvino",
             "--lora-dir", str(D), "-o", str(tmp_path / "z.png")]
@@ -60,6 +63,7 @@ def test_unknown_prompt_lora_is_one_line_error(tmp_path, capsys):
     assert "no LoRA named 'nosuch'" in err and "tinylora" in err and "Traceback" not in err
 
 
+@pytest.mark.needs_backend("openvino")
 def test_pickle_embedding_is_refused_by_the_cli(tmp_path, capsys):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"\x80\x02}q\x00.")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DATA, feeds_for
+from ckpt_data import DATA, feeds_for
 
 import sdrt
 from sdrt.checkpoint import Checkpoint, extend_table, load_embedding, reserve_rows, token_table
@@ -85,6 +85,7 @@ def test_sd1_embedding_rows_match_diffusers(backend):
     np.testing.assert_allclose(out, ref["te"][1:2], atol=ATOL)
 
 
+@pytest.mark.needs_backend("openvino")
 @pytest.mark.parametrize("part,key,ref_key", [("text_encoder", "clip_l", "te1"), ("text_encoder_2", "clip_g", "te2")])
 def test_sdxl_embedding_clip_l_and_clip_g(part, key, ref_key):
     emb = load_embedding(DATA / "sdxl" / "emb.safetensors")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import PIPE_FOLDER
+import pytest
+from ckpt_data import PIPE_FOLDER
 
 from sdrt import pipelines
 from sdrt.pipelines.lowmem import auto_low_memory, model_bytes
@@ -27,6 +28,7 @@ def test_model_bytes_counts_external_data():
     assert total >= sum(p.stat().st_size for p in parts) + (PIPE_FOLDER / "unet" / "model.onnx_data").stat().st_size
 
 
+@pytest.mark.needs_backend("openvino")
 def test_pipeline_decides_from_the_device(registry):
     with pipelines.load(PIPE_FOLDER, backend="openvino", low_memory=None) as p:
         assert p.is_low_memory is False  # OpenVINO's CPU device reports no memory size: normal mode

@@ -17,10 +17,13 @@ import json
 
 import numpy as np
 import pytest
-from conftest import DATA, PIPE_FOLDER
+from ckpt_data import DATA, PIPE_FOLDER
 
 from sdrt import pipelines
 from sdrt.errors import WeightsError
+
+# every test here runs the pipeline on OpenVINO
+pytestmark = pytest.mark.needs_backend("openvino")
 
 D = DATA / "pipe-sd15"
 CASES = json.loads((D / "cases.json").read_text())

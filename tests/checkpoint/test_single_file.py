@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DATA, feeds_for
+from ckpt_data import DATA, feeds_for
 
 import sdrt
 from sdrt.checkpoint import Checkpoint, detect_family, param_map
@@ -48,6 +48,7 @@ def test_sd1_checkpoint_matches_diffusers_single_file(sd1, inputs, part, backend
     np.testing.assert_allclose(out, ref, atol=ATOL)
 
 
+@pytest.mark.needs_backend("ggml")
 def test_sd1_unet_checkpoint_on_ggml(sd1, inputs):
     graph = Graph.load(DATA / "sd1" / "unet" / "model.onnx")
     out = _run(graph, sd1.arrays({"unet": graph})["unet"], feeds_for("unet", inputs), "ggml")
@@ -79,6 +80,7 @@ def test_anonymous_matmul_found_by_its_bias_when_node_names_are_gone(sd1):
             assert after[canon] == slot, canon
 
 
+@pytest.mark.needs_backend("openvino")
 def test_sd2_openclip_in_proj_split_and_extra_layer(inputs):
     ck = Checkpoint.open(DATA / "sd2_te" / "ldm.safetensors")
     assert ck.family == "SD 2.x"
@@ -88,6 +90,7 @@ def test_sd2_openclip_in_proj_split_and_extra_layer(inputs):
     np.testing.assert_allclose(out, np.load(DATA / "sd2_te" / "refs_ldm.npz")["te"][:1], atol=ATOL)
 
 
+@pytest.mark.needs_backend("openvino")
 @pytest.mark.parametrize("part,key", [("text_encoder", "te1"), ("text_encoder_2", "te2"), ("unet", "unet")])
 def test_sdxl_checkpoint_parts(inputs, part, key):
     ck = Checkpoint.open(DATA / "sdxl" / "ldm.safetensors")
@@ -131,6 +134,7 @@ def test_fit_casts_to_an_fp16_slot_and_transposes():
     assert gn.shape == (4, 1, 1) and gn.dtype == np.float32
 
 
+@pytest.mark.needs_backend("openvino")
 def test_diffusers_folder_of_safetensors(sd1, tmp_path, inputs):
     from sdrt.weights import stfile
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DATA
+from ckpt_data import DATA
 
 import sdrt
 from sdrt.errors import InputError
@@ -51,6 +51,7 @@ def test_bad_overlap_is_refused():
         encode_tiled(lambda t: t, np.zeros((1, 3, 64, 64), np.float32), tile=60, overlap=8)
 
 
+@pytest.mark.needs_backend("openvino")
 def test_tiled_vae_decode_is_close_to_whole_decode_and_seamless():
     """The tiny SD 1.x VAE decoder (2 blocks: latents upsample 2x), exported with dynamic height and width."""
     graph = Graph.load(DATA / "sd1" / "vae_decoder" / "model.onnx")

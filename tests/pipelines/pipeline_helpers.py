@@ -17,7 +17,8 @@ import pytest
 from sdrt import plugins
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
-FOLDERS = ["tiny-sd15", "tiny-sd15-inpaint", "tiny-sd2v", "tiny-sdxl"]
+#: tiny-sdxl-dyn: SDXL exported with dynamic height and width (as Optimum does), with non-square references
+FOLDERS = ["tiny-sd15", "tiny-sd15-inpaint", "tiny-sd2v", "tiny-sdxl", "tiny-sdxl-dyn"]
 PLUGINS = {"reference": ("sdrt_reference", "sdrt-reference"), "openvino": ("sdrt_openvino", "sdrt-openvino"),
            "ggml": ("sdrt_ggml", "sdrt-ggml")}
 

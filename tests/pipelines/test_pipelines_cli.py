@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from pipeline_helpers import DATA, refs, register
 
 from sdrt.cli import main
 from sdrt.pipelines import DEMO_MODEL, load
+from sdrt.pipelines.png import read_parameters
 
 
 @pytest.fixture(autouse=True)
@@ -48,6 +50,18 @@ def test_generate_folder_img2img_batch(tmp_path: Path, capsys) -> None:
     assert written == ["out-1.png", "out-2.png"]
     with Image.open(tmp_path / "out-2.png") as img:
         assert "Denoising strength: 0.5" in img.text["parameters"] and "Batch pos: 1" in img.text["parameters"]
+
+
+def test_a_model_name_with_a_comma_is_json_quoted_in_the_png(tmp_path: Path, capsys) -> None:
+    """A1111 quotes a value holding a comma (infotext_utils.quote), so that its reader does not end the value there."""
+    folder = tmp_path / "dreamshaper_8, pruned"
+    shutil.copytree(DATA / "tiny-sd15", folder)
+    out = tmp_path / "out.png"
+    rc = main(["generate", str(folder), "a cat", "--steps", "1", "--seed", "3", "--backend", "reference",
+               "-o", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    line = read_parameters(out).splitlines()[-1]
+    assert line.endswith(', Model: "dreamshaper_8, pruned"'), line
 
 
 @pytest.mark.parametrize(("args", "message"), [

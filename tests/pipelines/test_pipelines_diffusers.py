@@ -24,6 +24,7 @@ SHORT_LIST = {
     "tiny-sd15-inpaint": {"inpaint/Euler a/strength 0.7"},
     "tiny-sd2v": {"txt2img/DDIM"},
     "tiny-sdxl": {"txt2img/Euler a"},
+    "tiny-sdxl-dyn": {"txt2img/Euler/64x96", "txt2img/Euler a/96x64"},
 }
 _PIPES: dict[tuple[str, str], pipelines.Pipeline] = {}
 

@@ -54,6 +54,51 @@ def test_matches_k_diffusion(name, sched):
     check(ref, f"kd_{name}_{sched}", f"kdcalls_{name}_{sched}", out, calls)
 
 
+# k-diffusion's samplers that take eta and s_noise, at the (eta, s_noise) of scripts/gen_sampler_refs.py's
+# ETA_CASES (samplers_eta.npz): eta 0 and 1 alone cannot tell eta * std from eta * variance, nor s_noise 1 a
+# dropped s_noise.
+ETA = ["euler_ancestral", "dpm_2_ancestral", "dpmpp_2s_ancestral", "dpmpp_sde", "dpmpp_2m_sde", "dpmpp_2m_sde_heun",
+       "dpmpp_3m_sde"]
+ETA_CASES = [(0.5, 1.0), (0.5, 0.7), (0.25, 1.3), (1.0, 0.8)]
+
+
+@pytest.mark.parametrize("eta,s_noise", ETA_CASES)
+@pytest.mark.parametrize("name", ETA)
+def test_eta_and_s_noise_match_k_diffusion(name, eta, s_noise):
+    ref = load("samplers_eta")
+    sigmas = ref["sigmas_karras10"]
+    out, calls = run(name, GaussianVE(), start_noise() * sigmas[0], sigmas, eta=eta, s_noise=s_noise)
+    key = f"{name}_eta{eta:g}_snoise{s_noise:g}_karras10"
+    check(ref, f"kd_{key}", f"kdcalls_{key}", out, calls)
+
+
+@pytest.mark.parametrize("s_churn,s_noise", [(2.0, 0.7), (0.5, 1.3)])
+@pytest.mark.parametrize("name", ["euler", "heun", "dpm_2"])
+def test_churn_with_s_noise_matches_k_diffusion(name, s_churn, s_noise):
+    """Karras' churn with s_noise other than 1; k-diffusion's randn_like draws were the same noise list."""
+    ref = load("samplers_eta")
+    sigmas = ref["sigmas_karras10"]
+    noise = ListNoise(noise_list(64))
+    out = S.get_sampler(name)(GaussianVE(), start_noise() * sigmas[0], sigmas, s_churn=s_churn, s_noise=s_noise,
+                              noise_sampler=noise)
+    key = f"{name}_churn{s_churn:g}_snoise{s_noise:g}_karras10"
+    assert len(noise.calls) == int(ref[f"kddraws_{key}"])
+    err = rel_err(out, ref[f"kd_{key}"])
+    assert err <= TOL, f"{key}: relative error {err:.3g}"
+
+
+def test_eta_cases_cover_every_sampler_with_eta():
+    """Every registered sampler that takes eta and s_noise (bar the DDIM family, checked against diffusers)
+    has reference cases here."""
+    import inspect
+
+    takes = {n for n in S.available_samplers()
+             if {"eta", "s_noise"} <= set(inspect.signature(S.get_sampler(n)).parameters)}
+    assert takes - {"ddim", "ddpm", "lcm"} <= set(ETA), takes - set(ETA)
+    ref = load("samplers_eta")
+    assert all(f"kd_{n}_eta{e:g}_snoise{s:g}_karras10" in ref for n in ETA for e, s in ETA_CASES)
+
+
 @pytest.mark.parametrize("sched", SIGMAS)
 @pytest.mark.parametrize("name", KD + COMFY_ONLY)
 def test_matches_comfyui(name, sched):

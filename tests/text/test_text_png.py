@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import struct
 import zlib
 
@@ -53,6 +54,61 @@ def test_a1111_order_quoting_and_none():
         'Model: "my: model, v2", Clip skip: 2, Tiling, Lora hashes: "ink: 1234, x: 5678", '
         'Hires upscale: "\\"2\\"\\nx", Version: v1.10.1')
     assert len(text.splitlines()) == 3  # the newline in a value is quoted, not written
+
+
+# A1111's infotext_utils.quote JSON-quotes a value (json.dumps, ensure_ascii=False) when it holds ",", ":" or a
+# newline, and only then; its parse_generation_parameters reads a value that starts with '"' as a JSON string and
+# any other value up to the next ",". A comma alone must be quoted: unquoted, "Model: dreamshaper_8, pruned" reads
+# back as the model "dreamshaper_8" and a stray " pruned".
+QUOTING = [
+    ("dreamshaper_8, pruned", '"dreamshaper_8, pruned"'),  # a comma alone
+    ("sd15:inpaint", '"sd15:inpaint"'),  # a colon alone
+    ("two\nlines", '"two\\nlines"'),  # a newline alone
+    ("a,b:c\nd", '"a,b:c\\nd"'),
+    ("モデル, 猫", '"モデル, 猫"'),  # ensure_ascii=False: written as is, inside the quotes
+    ('say "cheese"', 'say "cheese"'),  # A1111 leaves a value holding only quotes bare
+    ("dreamshaper_8", "dreamshaper_8"),
+]
+
+
+@pytest.mark.parametrize("value,written", QUOTING)
+def test_values_are_json_quoted_exactly_when_a1111_quotes_them(value, written):
+    text = format_parameters("p", "", {"Steps": 20, "Model": value, "Seed": 1})
+    assert text.splitlines()[-1] == f"Steps: 20, Seed: 1, Model: {written}"
+
+
+def _read_settings_line(line: str) -> dict[str, str]:
+    """The settings line read the way A1111 reads it: ``Key: value`` pairs split by ", "; a value starting with
+    a double quote is one JSON string (commas and colons inside it are text), any other runs to the next comma."""
+    decoder, out, pos = json.JSONDecoder(), {}, 0
+    while pos < len(line):
+        colon = line.index(":", pos)
+        key, pos = line[pos:colon].strip(), colon + 1
+        while line[pos:pos + 1] == " ":
+            pos += 1
+        if line[pos:pos + 1] == '"':
+            value, pos = decoder.raw_decode(line, pos)
+        else:
+            end = line.find(",", pos)
+            end = len(line) if end < 0 else end
+            value, pos = line[pos:end], end
+        out[key] = value
+        pos = line.find(",", pos)
+        pos = len(line) if pos < 0 else pos + 1
+    return out
+
+
+@pytest.mark.parametrize("value", [v for v, _ in QUOTING])
+def test_every_value_round_trips_through_the_png(tmp_path, value):
+    settings = {"Steps": 20, "Sampler": "DPM++ 2M", "CFG scale": 7, "Seed": 42, "Size": "64x48", "Model": value,
+                "Lora hashes": "ink, v2: 1234", "Clip skip": 2}
+    text = format_parameters("a cat, sitting", "blurry, dark", settings)
+    write_png(tmp_path / "x.png", image(), text)
+    got = read_parameters(tmp_path / "x.png")
+    assert got == text
+    prompt, negative, line = got.split("\n")
+    assert (prompt, negative) == ("a cat, sitting", "Negative prompt: blurry, dark")
+    assert _read_settings_line(line) == {k: str(v) for k, v in settings.items()}
 
 
 def test_text_is_stripped_like_a1111():

@@ -25,6 +25,22 @@ def test_ids_equal_transformers_on_the_whole_corpus(config, reference, sd1_tok, 
     assert not wrong, wrong[:3]
 
 
+@pytest.mark.parametrize("config", ["sd1", "sd2"])
+def test_contractions_equal_transformers(config, clip_dir, sd1_tok, sd2_tok):
+    """CLIP's word pattern takes 's 't 're 've 'm 'll 'd before letters, in any case (contractions_ids.json,
+    from transformers' CLIPTokenizer, checked against CLIPTokenizerFast, by scripts/make_clip_tokenizer.py)."""
+    ref = json.loads((clip_dir / "contractions_ids.json").read_text(encoding="utf-8"))
+    tok = sd1_tok if config == "sd1" else sd2_tok
+    texts = ref["texts"]
+    for c in ("'s", "'t", "'re", "'ve", "'m", "'ll", "'d"):
+        assert any(c in t for t in texts) and any(c.upper() in t for t in texts), c
+    assert all(row["fast_agrees"] for row in ref[config])
+    wrong = [(t, tok.encode(t), row["ids"]) for t, row in zip(texts, ref[config]) if tok.encode(t) != row["ids"]]
+    assert not wrong, wrong[:3]
+    wrong = [t for t, row in zip(texts, ref[config]) if tok(t) != row["padded"]]
+    assert not wrong, wrong[:3]
+
+
 def test_corpus_covers_what_the_issue_names(reference):
     texts = reference["texts"]
     assert any(any("\u4e00" <= c <= "\u9fff" for c in t) for t in texts)  # CJK

@@ -35,6 +35,7 @@ from .model_sampling import DiscreteSchedule, FlowSchedule, flux_mu, flux_schedu
 from .multistep import deis, ipndm
 from .names import SamplerChoice, resolve
 from .noise import BrownianTreeNoiseSampler, TorchGenerator, TorchNoiseSampler, brownian_interval, randn
+from .philox import CudaGenerator, NvGenerator, cuda_thread_capacity, philox4x32_10, randn_cuda, randn_nv
 from .registry import available_samplers, available_schedules, get_sampler, get_schedule, get_sigmas
 from .schedules import (
     DISCARD_PENULTIMATE_SIGMA,
@@ -50,9 +51,33 @@ from .schedules import (
     sgm_uniform,
     simple,
 )
+from .seeds import (
+    RNG_SOURCES,
+    ImageNoise,
+    batch_seeds,
+    make_generator,
+    resolve_seed,
+    rng_infotext,
+    seed_infotext,
+    slerp,
+)
 from .unipc import uni_pc, uni_pc_bh2
 
 __all__ = [
+    "seed_infotext",
+    "slerp",
+    "rng_infotext",
+    "resolve_seed",
+    "make_generator",
+    "batch_seeds",
+    "randn_nv",
+    "randn_cuda",
+    "philox4x32_10",
+    "cuda_thread_capacity",
+    "ImageNoise",
+    "NvGenerator",
+    "CudaGenerator",
+    "RNG_SOURCES",
     "DISCARD_PENULTIMATE_SIGMA",
     "BrownianTreeNoiseSampler",
     "CFGDenoiser",

@@ -1,0 +1,141 @@
+"""Model-free ControlNet preprocessors against OpenCV (fixtures from scripts/gen_control_refs.py) and A1111's geometry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sdrt.errors import InputError
+from sdrt.pipelines.controlmaps import (
+    _resample,
+    canny,
+    control_tensor,
+    resize_control,
+    scribble,
+    threshold,
+    to_rgb,
+)
+
+REFS = Path(__file__).resolve().parents[1] / "data" / "control" / "control_refs.npz"
+
+
+def _refs() -> dict[str, np.ndarray]:
+    with np.load(REFS) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _canny_cases():
+    return sorted(k for k in _refs() if k.startswith("canny/"))
+
+
+@pytest.mark.parametrize("key", _canny_cases())
+def test_canny_equals_opencv(key):
+    """Tolerance: none. Every pixel equals cv2.Canny's (OpenCV 5.0, grey and colour, L1 and L2, swapped thresholds)."""
+    refs = _refs()
+    _, name, lo, hi, l2 = key.split("/")
+    ours = canny(refs[f"image/{name}"], float(lo), float(hi), l2_gradient=bool(int(l2)))
+    assert ours.dtype == np.uint8 and ours.shape == refs[key].shape
+    assert np.array_equal(ours, refs[key])
+
+
+def test_canny_cases_are_not_all_empty():
+    refs = _refs()
+    assert sum(int((refs[k] > 0).sum() > 100) for k in _canny_cases()) >= 20
+
+
+@pytest.mark.parametrize("key", sorted(k for k in _refs() if k.startswith("resize/")))
+def test_resamplers_match_opencv(key):
+    """Nearest: exact. Area and bicubic: within 1 level on at most 0.5 % of values (OpenCV's fixed point)."""
+    refs = _refs()
+    _, name, kind, size = key.split("/")
+    w, h = (int(v) for v in size.split("x"))
+    ours = _resample(refs[f"image/{name}"], w, h, kind).astype(int)
+    diff = np.abs(ours - refs[key])
+    if kind == "nearest":
+        assert diff.max() == 0
+    else:
+        assert diff.max() <= 1 and (diff > 0).mean() <= 0.005
+
+
+def test_threshold_and_scribble():
+    img = np.full((4, 5, 3), 255, np.uint8)
+    img[1, 1] = (0, 0, 0)         # a dark stroke
+    img[2, 3] = (200, 100, 200)   # one channel below the threshold
+    t = threshold(img, 127)
+    assert t.shape == (4, 5, 3) and t[0, 0].tolist() == [255] * 3 and t[2, 3].tolist() == [0] * 3
+    s = scribble(img, 127)
+    assert s[1, 1].tolist() == [255] * 3 and s[0, 0].tolist() == [0] * 3 and s[2, 3].tolist() == [0] * 3
+    with pytest.raises(InputError):
+        threshold(img, 300)
+
+
+def _stripes(h, w):
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.stack([(xx * 255 // max(w - 1, 1)), (yy * 255 // max(h - 1, 1)), (xx + yy) % 256], -1)
+    return img.astype(np.uint8)
+
+
+def test_just_resize_is_the_whole_image_at_the_output_size():
+    img = _stripes(30, 40)
+    out = resize_control(img, 80, 50, "Just Resize")
+    assert out.shape == (50, 80, 3)
+
+
+def test_crop_and_resize_fills_the_frame_and_crops_the_centre():
+    img = np.zeros((100, 200, 3), np.uint8)  # wide: 2:1
+    img[:, :50] = 255  # the left quarter white
+    out = resize_control(img, 64, 64, "crop and resize")  # k = max(0.64, 0.32): 128x64, crop 32 each side
+    assert out.shape == (64, 64, 3)
+    # columns 0..31 of the 128-wide resize are the white quarter; the crop starts at column 32
+    assert out[:, :1].max() <= 10 and out[:, -1].max() <= 10
+
+
+def test_resize_and_fill_pastes_the_centre_on_the_median_border_colour():
+    img = np.full((50, 100, 3), 200, np.uint8)
+    img[20:30, 40:60] = 10
+    out = resize_control(img, 64, 64, "Resize and Fill")  # k = min(1.28, 0.64): 64x32, pad 16 rows
+    assert out.shape == (64, 64, 3)
+    assert (out[:16] == 200).all() and (out[48:] == 200).all()
+    assert out[16:48].min() < 100
+
+
+def test_binary_maps_stay_binary():
+    img = canny(_refs()["image/shapes"], 50, 150)
+    out = resize_control(img, 200, 160, "Just Resize")
+    assert set(np.unique(out).tolist()) <= {0, 255}
+    assert (out > 0).mean() > 0.005
+
+
+def test_control_tensor_is_rgb_in_unit_range():
+    t = control_tensor(_stripes(8, 6))
+    assert t.shape == (1, 3, 8, 6) and t.dtype == np.float32 and 0 <= t.min() and t.max() <= 1
+    assert to_rgb(np.zeros((3, 3), np.uint8)).shape == (3, 3, 3)
+    rgba = np.zeros((2, 2, 4), np.uint8)  # fully transparent over white
+    assert (to_rgb(rgba) == 255).all()
+
+
+@pytest.mark.parametrize("bad", [np.zeros((4, 4), np.float32), np.zeros((4, 4, 2), np.uint8), np.zeros((0, 3), np.uint8)])
+def test_bad_images_raise_input_error(bad):
+    with pytest.raises(InputError):
+        canny(bad)
+
+
+def test_bad_arguments_raise_input_error():
+    img = _stripes(8, 8)
+    with pytest.raises(InputError):
+        resize_control(img, 8, 8, "Stretch")
+    with pytest.raises(InputError):
+        resize_control(img, 0, 8)
+    with pytest.raises(InputError):
+        canny(img, -1, 10)
+
+
+@pytest.mark.parametrize("size", ["50x38", "200x155"])
+def test_binary_maps_are_rebinarized_with_otsu_as_opencv_does(size):
+    """A thick black-and-white map, shrunk (area) and enlarged (bicubic), then Otsu: equal to cv2's, every pixel."""
+    refs = _refs()
+    w, h = (int(v) for v in size.split("x"))
+    ours = resize_control(refs["image/binary"], w, h, "Just Resize")
+    assert np.array_equal(ours, refs[f"binary/{size}"])
