@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, ModelNotFoundError
-from . import generate_weights
+from . import generate_toolbox, generate_weights
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--cfg", type=float, default=7.0, help="classifier-free guidance scale (1: no negative pass)")
     p.add_argument("--sampler", default="DPM++ 2M Karras", help='A1111 or ComfyUI sampler name, e.g. "Euler a"')
     p.add_argument("--schedule", default=None, help='schedule for a sampler name without one, e.g. "karras"')
-    p.add_argument("--seed", type=int, default=None, help="random when not given")
+    p.add_argument("--seed", type=int, default=None, help="random when not given or -1")
     p.add_argument("--width", type=int, default=None, help="a multiple of 8 (default: the model's size)")
     p.add_argument("--height", type=int, default=None, help="a multiple of 8 (default: the model's size)")
     p.add_argument("--init-image", default=None, help="img2img / inpainting source (PNG/JPEG; needs sdrt[images])")
@@ -38,6 +38,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "nothing compiles or runs and no weights load")
     p.add_argument("-o", "--output", default="sdrt-out.png", help="PNG path; with several images, -1, -2, ... are added")
     generate_weights.add_arguments(p)
+    generate_toolbox.add_arguments(p)
     return p
 
 
@@ -61,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
     settings = validate(prompt, args.negative, **options)  # before any model loads
     custom = generate_weights.check(args)
     options["seed"] = settings.seed
+    options.update(generate_toolbox.options(args))
+    from ..pipelines.toolbox import split
+
+    split(options)  # ControlNet, hires, seeds and preview arguments checked before any model loads
     out = Path(args.output)
     if not args.dry_run and not out.parent.is_dir():
         raise InputError("the output folder does not exist", where=str(out.parent), fix="create it, or pick another -o")
@@ -80,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     bar = ProgressBar()
     try:
         generate_weights.apply(pipe, custom)
-        gen = pipe.generate(prompt, args.negative, callback=bar, **options)
+        gen = pipe.generate(prompt, args.negative, callback=generate_toolbox.PreviewWriter(pipe, args.preview_dir, bar),
+                            **options)
     finally:
         bar.close()
         pipe.close()
