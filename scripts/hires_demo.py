@@ -64,10 +64,10 @@ def main() -> None:
     info = ParserManager().parse(str(args.output))
     print("sd-parsers:", info.generator if info else None)
     if info is not None:
-        for prompt in info.full_prompt, info.full_negative_prompt:
-            print("  prompt:", prompt)
+        print("  prompt:", info.full_prompt, "| negative:", info.full_negative_prompt or "(none)")
         for sampler in info.samplers:
             print("  sampler:", sampler.name, dict(sampler.parameters))
+        print("  models:", [(m.name, m.hash) for m in info.models])
         print("  metadata:", dict(info.metadata))
 
 

@@ -86,7 +86,7 @@ def test_controlnet_window_and_scale_have_teeth() -> None:
 
 def test_controlnet_plan_lists_the_nets_and_their_calls() -> None:
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
-    with pipelines.load(DATA / "tiny-sd15-controlnet", backend="auto") as pipe:
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
         one = pipe.plan(PROMPT, "blurry", steps=8, sampler="Euler", seed=1,
                         controlnets=[("controlnet", z["edges"], 1.0, 0.25, 0.75)])
         two = pipe.plan(PROMPT, "blurry", steps=8, sampler="Euler", seed=1,
@@ -160,12 +160,12 @@ def test_controlnet_bad_input(controlnets, error, words) -> None:
         return v
 
     arg = [fill(u) for u in controlnets] if isinstance(controlnets, list) else controlnets
-    with pipelines.load(DATA / "tiny-sd15-controlnet", backend="auto") as pipe, pytest.raises(error, match=words):
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe, pytest.raises(error, match=words):
         pipe.plan(PROMPT, steps=2, controlnets=arg)
 
 
 def test_controlnet_on_a_unet_without_residual_inputs() -> None:
-    with pipelines.load(DATA / "tiny-sd15", backend="auto") as pipe, pytest.raises(InputError, match="no ControlNet"):
+    with pipelines.load(DATA / "tiny-sd15", backend=_fast_backend()) as pipe, pytest.raises(InputError, match="no ControlNet"):
         pipe.plan(PROMPT, steps=2, controlnets=[(str(DATA / "tiny-sd15-controlnet" / "controlnet"),
                                                  np.zeros((64, 64, 3), np.uint8))])
 
@@ -230,7 +230,7 @@ def test_hires_with_an_image_upscaler_is_img2img_of_the_upscaled_first_pass(xl_d
 
 
 def test_hires_refuses_a_static_unet_and_img2img() -> None:
-    with pipelines.load(DATA / "tiny-sd15", backend="auto") as pipe:
+    with pipelines.load(DATA / "tiny-sd15", backend=_fast_backend()) as pipe:
         with pytest.raises(InputError, match="makes 64x64 images only"):
             pipe.plan(PROMPT, steps=2, hires_scale=2)
         with pytest.raises(InputError, match="txt2img pass"):
@@ -319,3 +319,61 @@ def test_seed_minus_one_is_random_and_written(xl_dyn) -> None:
 def test_seed_bad_input(xl_dyn, kw, words) -> None:
     with pytest.raises(InputError, match=words):
         xl_dyn.plan("a cat", steps=1, **kw)
+
+
+# ------------------------------------------------------------------ the command line
+def test_cli_controlnet_flags_give_diffusers_image(tmp_path: Path, capsys) -> None:
+    from sdrt.cli import main
+    from sdrt.pipelines.png import read_parameters, write_png
+
+    backend = _fast_backend()
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+    case = next(c for c in _cases("tiny-sd15-controlnet") if c["name"] == "controlnet/two nets")
+    paths = []
+    for name in case["control_images"]:
+        paths += ["--control-image", str(tmp_path / f"{name}.png")]
+        write_png(tmp_path / f"{name}.png", z[name])
+    out = tmp_path / "cn.png"
+    args = ["generate", str(DATA / "tiny-sd15-controlnet"), case["prompt"], "--negative", case["negative_prompt"],
+            "--steps", "8", "--sampler", "Euler", "--seed", str(case["seed"]), "--backend", backend, "-o", str(out),
+            *paths, "--controlnet", str(DATA / "tiny-sd15-controlnet" / "controlnet"), "--controlnet", "controlnet_2"]
+    for flag, key in (("--control-scale", "scale"), ("--control-start", "start"), ("--control-end", "end")):
+        for v in case[key]:
+            args += [flag, str(v)]
+    assert main(args) == 0, capsys.readouterr().err
+    pil = pytest.importorskip("PIL.Image")
+    with pil.open(out) as img:
+        pixels = np.asarray(img.convert("RGB"))
+    assert np.abs(pixels.astype(int) - z[case["name"]][0]).max() <= 2
+    text = read_parameters(out)
+    assert 'ControlNet 0: "Module: none, Model: controlnet, Weight: 0.9,' in text
+    assert 'ControlNet 1: "Module: none, Model: controlnet_2, Weight: 0.6,' in text and "Guidance Start: 0.1" in text
+
+
+def test_cli_dry_run_shows_both_hires_passes_and_bad_flags(tmp_path: Path, capsys) -> None:
+    from sdrt.cli import main
+
+    assert main(["generate", str(DATA / "tiny-sdxl-dyn"), "a cat", "--steps", "6", "--width", "64", "--height", "64",
+                 "--hires-scale", "1.5", "--hires-steps", "3", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "pass 2 at 96x96: the last 3 of 4 step(s)" in out and "sample [2, 4, 12, 12]" in out
+    for args, words in ((["--controlnet", "x"], "--controlnet needs a --control-image"),
+                        (["--hires-steps", "3"], "needs hires_scale"),
+                        (["--subseed-strength", "3"], "subseed_strength must be from 0 to 1"),
+                        (["--control-image", str(tmp_path / "none.png")], "the control image does not exist")):
+        rc = main(["generate", str(DATA / "tiny-sd15-controlnet"), "a cat", "--dry-run", *args])
+        err = capsys.readouterr().err
+        assert rc != 0 and words in err and "Traceback" not in err, (args, err)
+
+
+def test_a_controlnet_unet_without_a_controlnet_is_the_plain_unet() -> None:
+    """No ControlNet asked for: the folder's net at scale 0 feeds zero residuals, which is the plain UNet
+    (tiny-sd15-controlnet's UNet has tiny-sd15's weights: gen_controlnet_refs.py builds both the same way)."""
+    backend = _fast_backend()
+    kw = dict(steps=4, sampler="Euler", seed=5)
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=backend) as cn_pipe, \
+            pipelines.load(DATA / "tiny-sd15", backend=backend) as plain:
+        gen = cn_pipe.generate("a cat", "blurry", **kw)
+        assert np.array_equal(gen.images[0], plain("a cat", "blurry", **kw)[0])
+        assert not any(k.startswith("ControlNet") for k in gen.settings[0])
+        assert cn_pipe.plan("a cat", **kw).part("controlnet").calls == 4

@@ -32,12 +32,16 @@ class ToolboxMixin:
     _dry: bool
     _current: np.ndarray | None = None
     _preview_fn: Any = None
+    _silent_units: list[cn.ControlNet] = []  # noqa: RUF012  (set per run)
 
     # ------------------------------------------------------------------ settings
     def _prepare_extras(self, s: Settings) -> None:
         """Resolve and check the ControlNets, prepare their images, check the hires size."""
         tb: Toolbox = s.toolbox
         assert s.width is not None and s.height is not None
+        self._silent_units: list[cn.ControlNet] = []
+        if not tb.controlnets and cn.residual_inputs(self.denoiser):  # type: ignore[attr-defined]
+            self._silent_units = self._zero_residuals(s)
         if tb.controlnets:
             unet = self.denoiser  # type: ignore[attr-defined]
             if not cn.residual_inputs(unet):
@@ -69,6 +73,22 @@ class ToolboxMixin:
         else:
             self._preview_fn = None
 
+    def _zero_residuals(self, s: Settings) -> list[cn.ControlNet]:
+        """A UNet exported with ControlNet inputs and no ControlNet asked for: the folder's first net at scale 0,
+        which gives the zero residuals of the plain UNet (what diffusers feeds a net that is off)."""
+        unet = self.denoiser  # type: ignore[attr-defined]
+        nets = sorted(p.name for p in self.folder.path.glob("controlnet*") if (p / "model.onnx").is_file())  # type: ignore[attr-defined]
+        if not nets:
+            raise InputError(f"this model's {unet.name} takes ControlNet residuals and the folder has no ControlNet",
+                             where="controlnets", fix="pass controlnets=[(folder, image)] (--controlnet DIR "
+                                                      "--control-image PNG)")
+        assert s.width is not None and s.height is not None
+        unit = cn.ControlNet(nets[0], np.zeros((s.height, s.width, 3), np.uint8), 0.0)
+        unit.part = self._control_part(unit.net, "controlnets")
+        cn.check_net(unit.part, unet, "controlnets")
+        unit.control = self._control_tensor(unit, s.width, s.height, 0)
+        return [unit]
+
     def _control_part(self, net: Any, where: str) -> Part:
         from .parts import Part
 
@@ -97,13 +117,14 @@ class ToolboxMixin:
     # ------------------------------------------------------------------ ControlNet on the model call
     def _control(self, s: Settings, call: Any, width: int, height: int) -> cn.ControlState | None:
         tb: Toolbox = s.toolbox
-        if not tb.controlnets:
+        units = tb.controlnets or self._silent_units
+        if not units:
             return None
         if (width, height) != (s.width, s.height):  # the hires pass: control images at the new size
-            for k, unit in enumerate(tb.controlnets):
+            for k, unit in enumerate(units):
                 unit.control = self._control_tensor(unit, width, height, k)
         state = cn.ControlState()
-        call.hooks.append(cn.hook(tb.controlnets, self.denoiser, state,  # type: ignore[attr-defined]
+        call.hooks.append(cn.hook(units, self.denoiser, state,  # type: ignore[attr-defined]
                                   latent_channels=self.family.latent_channels,  # type: ignore[attr-defined]
                                   sample_name=self.family.sample_input))  # type: ignore[attr-defined]
         return state
