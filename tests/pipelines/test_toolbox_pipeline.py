@@ -138,6 +138,9 @@ def test_controlnet_given_as_its_own_folder() -> None:
     with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
         by_name = _run_case(pipe, case, z)
         by_dir = _run_case(pipe, case, z, controlnets=[(str(DATA / "tiny-sd15-controlnet" / "controlnet"), z["edges"])])
+        # a real run keeps the nets out of the model's parts (checkpoints and LoRAs never meet them)
+        assert "controlnet" not in pipe.parts and "controlnet" in pipe.control_parts
+        assert "controlnet:controlnet" not in pipe.control_parts  # the folder's own net, found by path too
     assert np.array_equal(by_name, by_dir)
 
 

@@ -66,8 +66,14 @@ class ToolboxMixin:
         if tb.preview is not None and not callable(tb.preview) and tb.preview != "approx" and not self._dry:
             from .preview import TaesdPreview
 
-            self._preview_fn = TaesdPreview(tb.preview, backend=self.backend,  # type: ignore[attr-defined]
-                                            device=self.device)  # type: ignore[attr-defined]
+            own = self.__dict__.get("_taesd")
+            if own is None or own[0] != tb.preview:  # one decoder per file, its sessions kept between runs
+                if own is not None:
+                    own[1].close()
+                own = (tb.preview, TaesdPreview(tb.preview, backend=self.backend,  # type: ignore[attr-defined]
+                                                device=self.device))  # type: ignore[attr-defined]
+                self.__dict__["_taesd"] = own
+            self._preview_fn = own[1]
         elif callable(tb.preview):
             self._preview_fn = tb.preview
         else:
@@ -94,14 +100,31 @@ class ToolboxMixin:
 
         path = cn.locate(net, self.folder.path)  # type: ignore[attr-defined]
         name = path.parent.name if path.parent.parent == self.folder.path else f"controlnet:{path.parent.name}"  # type: ignore[attr-defined]
-        part = self._parts.get(name)
+        # a dry run (the plan) lists them with the model's parts; a real run keeps them apart, so that a
+        # checkpoint, LoRA or low-memory pass over the model's parts never meets a ControlNet
+        parts = self._parts if self._dry else self.control_parts
+        part = parts.get(name)
         if part is None or part.path != path:
             part = Part(name, path, backend=self.backend, device=self.device,  # type: ignore[attr-defined]
                         options=self.options)  # type: ignore[attr-defined]
             if self._dry:
                 part = part.dry()
-            self._parts[name] = part
+            parts[name] = part
         return part
+
+    @property
+    def control_parts(self) -> dict[str, Part]:
+        """The ControlNet parts used so far (compiled sessions kept for the next run), by name."""
+        if "_control_parts" not in self.__dict__:
+            self.__dict__["_control_parts"] = {}
+        return self.__dict__["_control_parts"]
+
+    def _close_extras(self) -> None:
+        for part in self.control_parts.values():
+            part.close()
+        own = self.__dict__.pop("_taesd", None)
+        if own is not None:
+            own[1].close()
 
     def _control_tensor(self, unit: cn.ControlNet, width: int, height: int, k: int) -> np.ndarray:
         from .controlmaps import control_tensor

@@ -105,6 +105,7 @@ class Pipeline(ToolboxMixin):
     def close(self) -> None:
         for p in self._parts.values():
             p.close()
+        self._close_extras()  # ControlNet parts, a preview decoder
 
     def __enter__(self) -> Pipeline:
         return self
