@@ -59,13 +59,10 @@ def run(args: argparse.Namespace) -> int:
     options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, schedule=args.schedule, seed=args.seed,
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
                    mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip)
+    options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
     custom = generate_weights.check(args)
     options["seed"] = settings.seed
-    options.update(generate_toolbox.options(args))
-    from ..pipelines.toolbox import split
-
-    split(options)  # ControlNet, hires, seeds and preview arguments checked before any model loads
     out = Path(args.output)
     if not args.dry_run and not out.parent.is_dir():
         raise InputError("the output folder does not exist", where=str(out.parent), fix="create it, or pick another -o")

@@ -312,11 +312,7 @@ class Pipeline(ToolboxMixin):
                 negative_prompt = extract_loras(negative_prompt)[0]
         elif self._weight_state is not None or (isinstance(prompt, str) and "<lora:" in prompt):
             prompt, negative_prompt = self.weights.prepare(prompt, negative_prompt)  # type: ignore[arg-type]
-        from .toolbox import split
-
-        kwargs, toolbox = split(kwargs)
         s = validate(prompt, negative_prompt, **kwargs)
-        s.toolbox = toolbox
         init = mask = None
         if s.init_image is not None:
             init = to_rgb(s.init_image, "init image")

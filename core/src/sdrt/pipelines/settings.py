@@ -62,9 +62,16 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              sampler: str = "DPM++ 2M Karras", schedule: str | None = None, seed: int | None = None,
              width: int | None = None, height: int | None = None, init_image: ImageLike | None = None,
              strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
-             clip_skip: int = 1) -> Settings:
-    """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads."""
+             clip_skip: int = 1, **toolbox: Any) -> Settings:
+    """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
+
+    ``toolbox``: ControlNet, hires fix, preview and seed arguments (:mod:`sdrt.pipelines.toolbox`)."""
     from ..samplers import resolve
+    from .toolbox import split
+
+    unknown, extras = split(toolbox)
+    if unknown:
+        check_keywords(unknown)
 
     if not isinstance(prompt, str):
         raise InputError(f"the prompt must be a string, got {type(prompt).__name__}", where="prompt",
@@ -106,7 +113,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     if mask is not None:
         check_path(mask, "mask")
     return Settings(prompt, negative_prompt or "", steps, float(cfg), sampler, choice, int(seed), width, height,
-                    strength, batch, batch_count, clip_skip, init_image, mask)
+                    strength, batch, batch_count, clip_skip, init_image, mask, extras)
 
 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
