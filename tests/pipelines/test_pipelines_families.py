@@ -343,3 +343,13 @@ def test_batched_cfg_equals_two_passes_and_hooks_add_inputs(sd15) -> None:
     assert seen[0] == ["encoder_hidden_states", "sample", "timestep"] and len(seen) == 3  # one call, then two
     raw = one.predict(ms.scale_input(x, 5.0), float(ms.timestep(5.0)))
     assert np.allclose(ms.denoised(x, 5.0, raw), a)
+
+
+def test_settings_checked_once_are_used_as_they_are(sd15) -> None:
+    s = pipelines.validate(PROMPT, "blurry", steps=2, seed=4, sampler="Euler a")
+    gen = sd15.generate(s)
+    assert np.array_equal(gen.images[0], sd15(PROMPT, "blurry", steps=2, seed=4, sampler="Euler a")[0])
+    assert s.width is None and gen.prompt == PROMPT  # the caller's Settings are not changed
+    assert sd15.plan(s).part("unet").calls == 2
+    with pytest.raises(InputError, match="settings and keyword arguments were both given"):
+        sd15.generate(s, steps=3)

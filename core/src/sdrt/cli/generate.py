@@ -62,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
     custom = generate_weights.check(args)
-    options["seed"] = settings.seed
     out = Path(args.output)
     if not args.dry_run and not out.parent.is_dir():
         raise InputError("the output folder does not exist", where=str(out.parent), fix="create it, or pick another -o")
@@ -77,13 +76,13 @@ def run(args: argparse.Namespace) -> int:
     pipe = pipelines.load(folder, backend=args.backend, device=args.device,
                           **generate_weights.pipeline_options(custom))
     if args.dry_run:  # the folder's own graphs: a checkpoint or LoRA changes values, not shapes or calls
-        print(pipe.plan(prompt, args.negative, **options).format())
+        print(pipe.plan(settings).format())
         return 0
     bar = ProgressBar()
     try:
         generate_weights.apply(pipe, custom)
-        gen = pipe.generate(prompt, args.negative, callback=generate_toolbox.PreviewWriter(pipe, args.preview_dir, bar),
-                            **options)
+        # checked once, above, before the model loaded
+        gen = pipe.generate(settings, callback=generate_toolbox.PreviewWriter(pipe, args.preview_dir, bar))
     finally:
         bar.close()
         pipe.close()

@@ -19,12 +19,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from .controlnet import ControlNet
     from .folder import ModelFolder
     from .pipeline import Generation, Pipeline, load, validate
+    from .plan import RunPlan
+    from .settings import Settings
 
 #: the embedded default model folder (Optimum layout) that ``sdrt generate`` uses without a folder
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "data" / "demo-sd"
 
 _LAZY = {"load": "pipeline", "Pipeline": "pipeline", "Generation": "pipeline", "validate": "pipeline",
-         "ModelFolder": "folder", "ControlNet": "controlnet"}
+         "ModelFolder": "folder", "Settings": "settings", "RunPlan": "plan", "ControlNet": "controlnet"}
 
 
 def __getattr__(name: str) -> Any:
@@ -37,4 +39,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'sdrt.pipelines' has no attribute {name!r}")
 
 
-__all__ = ["DEMO_MODEL", "ControlNet", "Generation", "ModelFolder", "Pipeline", "load", "validate"]
+__all__ = ["DEMO_MODEL", "ControlNet", "Generation", "ModelFolder", "Pipeline", "RunPlan", "Settings", "load",
+           "validate"]

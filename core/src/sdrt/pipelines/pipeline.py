@@ -21,6 +21,7 @@ the folder's sigma table.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -149,10 +150,11 @@ class Pipeline(ToolboxMixin):
         fixed = declared.shape[1] if declared is not None and len(declared.shape) == 3 else None
         if isinstance(fixed, int) and cond.hidden.shape[1] > fixed:
             what = "prompt" if where == "prompt" else "negative prompt"
-            raise InputError(f"the {what} needs {cond.chunks} chunks of 75 tokens and this model takes "
-                             f"{fixed - 2} tokens at most (its {self.denoiser.name} is exported for {fixed})",
-                             where=where, fix=f"shorten the {what} to {fixed - 2} CLIP tokens (roughly "
-                             f"{(fixed - 2) * 3 // 4} words), or use a model exported with a dynamic sequence axis")
+            per, most = cond.chunk - 2, fixed // cond.chunk * (cond.chunk - 2)  # a chunk's start and end tokens
+            raise InputError(f"the {what} needs {cond.chunks} chunks of {per} tokens and this model takes {most} "
+                             f"tokens at most (its {self.denoiser.name} is exported for {fixed})", where=where,
+                             fix=f"shorten the {what} to {most} tokens (roughly {most * 3 // 4} words), or use a "
+                             "model exported with a dynamic sequence axis")
         return cond
 
     # ------------------------------------------------------------------ weights (sdrt.pipelines.weights)
@@ -261,8 +263,8 @@ class Pipeline(ToolboxMixin):
         """Generate; returns HxWx3 uint8 images (``batch * batch_count`` of them). See :meth:`generate`."""
         return self.generate(prompt, negative_prompt, **kwargs).images
 
-    def generate(self, prompt: str, negative_prompt: str | None = "", *, callback: Callback | None = None,
-                 **kwargs: Any) -> Generation:
+    def generate(self, prompt: str | Settings, negative_prompt: str | None = "", *,
+                 callback: Callback | None = None, **kwargs: Any) -> Generation:
         """txt2img, img2img (``init_image``, ``strength``) or inpainting (``mask`` too).
 
         Keywords: ``steps=20, cfg=7.0, sampler="DPM++ 2M Karras", schedule=None (a ComfyUI scheduler or
@@ -273,7 +275,8 @@ class Pipeline(ToolboxMixin):
         hires_upscaler``, ``rng="cpu"|"gpu"|"nv", subseed, subseed_strength`` and ``preview``
         (docs/toolbox.md). ``callback(step, total, latents)`` is called after every step (it may call
         :meth:`preview`); returning ``False`` stops the run (``sdrt.errors.Interrupted``).
-        One job runs at a time per pipeline; :meth:`interrupt` stops it from another thread.
+        One job runs at a time per pipeline; :meth:`interrupt` stops it from another thread. ``prompt`` may
+        also be the ``Settings`` of :func:`sdrt.pipelines.validate` (checked once, before any model loaded).
         """
         check_keywords(kwargs)
         if callback is not None and not callable(callback):
@@ -302,8 +305,18 @@ class Pipeline(ToolboxMixin):
             raise Interrupted(f"the generation was interrupted after step {step} of {total}", step=step, total=total,
                               where="Pipeline.interrupt()", fix="generate again to run a new job")
 
-    def _prepare(self, prompt: str, negative_prompt: str | None, kwargs: dict[str, Any]) -> tuple[Settings, Any, Any]:
-        """Settings checked once, the init image and mask read, the size settled, the family contract checked."""
+    def _prepare(self, prompt: str | Settings, negative_prompt: str | None,
+                 kwargs: dict[str, Any]) -> tuple[Settings, Any, Any]:
+        """Settings checked once, the init image and mask read, the size settled, the family contract checked.
+
+        ``prompt`` may be the ``Settings`` that :func:`validate` already made (the CLI checks them before
+        any model loads): they are used as they are, not checked again."""
+        given = prompt if isinstance(prompt, Settings) else None
+        if given is not None:
+            if kwargs:
+                raise InputError("settings and keyword arguments were both given", where=", ".join(kwargs),
+                                 fix="pass either validate(...)'s Settings or the keyword arguments")
+            prompt, negative_prompt = given.prompt, given.negative_prompt
         if self._dry:
             from ..text import extract_loras  # the plan names no LoRA file, and reads none
 
@@ -312,7 +325,10 @@ class Pipeline(ToolboxMixin):
                 negative_prompt = extract_loras(negative_prompt)[0]
         elif self._weight_state is not None or (isinstance(prompt, str) and "<lora:" in prompt):
             prompt, negative_prompt = self.weights.prepare(prompt, negative_prompt)  # type: ignore[arg-type]
-        s = validate(prompt, negative_prompt, **kwargs)
+        if given is not None:
+            s = dataclasses.replace(given, prompt=prompt, negative_prompt=negative_prompt or "")
+        else:
+            s = validate(prompt, negative_prompt, **kwargs)
         init = mask = None
         if s.init_image is not None:
             init = to_rgb(s.init_image, "init image")
@@ -351,7 +367,7 @@ class Pipeline(ToolboxMixin):
 
     def _generate(self, prompt: str, negative_prompt: str | None, callback: Callback | None,
                   kwargs: dict[str, Any]) -> Generation:
-        original = prompt
+        original = prompt.prompt if isinstance(prompt, Settings) else prompt
         s, init, mask = self._prepare(prompt, negative_prompt, kwargs)
         self._settings = s  # the last job's checked settings (the run plan reads them)
         _ = self.is_low_memory  # decided (and the parts told) before any part loads
@@ -460,7 +476,7 @@ class Pipeline(ToolboxMixin):
         return images
 
     # ------------------------------------------------------------------ the run plan (sdrt.pipelines.plan)
-    def plan(self, prompt: str, negative_prompt: str | None = "", **kwargs: Any) -> Any:
+    def plan(self, prompt: str | Settings, negative_prompt: str | None = "", **kwargs: Any) -> Any:
         """What :meth:`generate` with these arguments would run: every part, its input shapes and dtypes, and
         its calls. Computed by running this pipeline's own code on recording parts that compile and run
         nothing (zeros come back), so it is what runs; no weights are read into a backend."""

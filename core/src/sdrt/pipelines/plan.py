@@ -91,7 +91,7 @@ class RunPlan:
         return "\n".join(lines)
 
 
-def dry_run(pipe: Pipeline, prompt: str, negative_prompt: str | None, kwargs: dict[str, Any]) -> RunPlan:
+def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: dict[str, Any]) -> RunPlan:
     """Run ``pipe.generate`` on recording twins of its parts and collect the calls (see the module doc)."""
     from .names import sampler_labels
 
