@@ -7,7 +7,10 @@ on latents of real sizes (SD 1.x 512x512: 4x64x64; SDXL 1024x1024: 4x128x128; Fl
 The bench UNet is 4-5x narrower and runs at a quarter of the real latent area, so its step is far
 cheaper than a real one: the share printed is an upper bound for the real models.
 
-    python -m bench.preview [--backends openvino] [--size bench] [--rounds 30]
+    python -m bench.preview [--backends openvino] [--size bench] [--rounds 30] [--taesd FILE]
+
+``--taesd FILE`` also times a TAESD-family decoder (``TaesdPreview``) on a 4x64x64 latent on each backend;
+``scripts/make_taesd_bench.py`` exports one with TAESD's real widths (random weights).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--size", default="bench", choices=["tiny", "bench", "full"])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--taesd", type=Path, default=None, help="a TAESD decoder ONNX file to time as well")
     args = ap.parse_args(argv)
 
     from sdrt.pipelines.preview import project
@@ -45,8 +49,16 @@ def main(argv: list[str] | None = None) -> None:
     latents = {label: rng.standard_normal(shape).astype(np.float32) for label, _, shape, _ in LATENTS}
     times: dict[str, list[float]] = {f"unet step ({b})": [] for b in backends}
     times.update({f"preview {label}": [] for label, *_ in LATENTS})
+    taesd = {}
+    if args.taesd is not None:
+        from sdrt.pipelines.preview import TaesdPreview
+
+        taesd = {b: TaesdPreview(args.taesd, backend=b) for b in backends}
+        times.update({f"taesd 4x64x64 ({b})": [] for b in backends})
     for run in runners.values():
         run(feeds)  # warm up
+    for prev in taesd.values():
+        prev(latents[LATENTS[0][0]])  # compiles once per shape
     for _ in range(args.rounds):
         for b, run in runners.items():
             t = time.perf_counter()
@@ -56,6 +68,10 @@ def main(argv: list[str] | None = None) -> None:
             t = time.perf_counter()
             project(latents[label], fmt, upscale=up)
             times[f"preview {label}"].append(time.perf_counter() - t)
+        for b, prev in taesd.items():
+            t = time.perf_counter()
+            prev(latents[LATENTS[0][0]])
+            times[f"taesd 4x64x64 ({b})"].append(time.perf_counter() - t)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     shape = "x".join(str(d) for d in feeds["sample"].shape)
     print(f"bench UNet ({args.size}, sample {shape}), {args.rounds} interleaved rounds, medians:")
@@ -65,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         step = med[f"unet step ({b})"]
         for label, *_ in LATENTS:
             print(f"  preview {label:<26} / step ({b}): {100 * med[f'preview {label}'] / step:6.2f} %")
+        if taesd:
+            print(f"  taesd 4x64x64 ({b})             / step ({b}): {100 * med[f'taesd 4x64x64 ({b})'] / step:6.2f} %")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ Each folder is a whole tiny pipeline made by ``gen_pipeline_refs.build`` (the sa
 configs and random weights as tiny-sd15 and tiny-sdxl), plus two ControlNets made from its UNet with
 ``ControlNetModel.from_unet``. ControlNet's zero convolutions (``controlnet_down_blocks``,
 ``controlnet_mid_block``, the conditioning embedding's ``conv_out``) start at zero, which would make a
-test unable to fail; here they are re-drawn at random so every residual is non-zero.
+test unable to fail; here they are re-drawn at random so every residual is non-zero. The conditioning
+embedding's ``conv_out`` is drawn ``COND_GAIN`` times larger, so that the control image itself moves the
+image by tens of levels (drawn at the plain scale, two different control images gave images 2 levels
+apart: a pipeline that fed the wrong image would have passed); the script checks that it does.
 
 The layout is the one diffusers' community ONNX/TensorRT ControlNet scripts use, with the part split:
 
@@ -48,6 +51,8 @@ from PIL import Image  # noqa: E402
 
 SIZE = G.SIZE
 CONTROLNETS = ("controlnet", "controlnet_2")
+#: the conditioning embedding's output drawn this much larger, so that the control image matters
+COND_GAIN = 20.0
 
 
 def control_edges() -> np.ndarray:
@@ -76,10 +81,11 @@ def make_controlnet(unet, seed: int) -> ControlNetModel:
             zero = name.startswith(("controlnet_down_blocks", "controlnet_mid_block", "controlnet_cond_embedding"))
             if not zero:
                 continue
+            gain = COND_GAIN if name.startswith("controlnet_cond_embedding.conv_out") else 1.0
             if p.ndim >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5)
+                p.copy_(torch.randn(p.shape, generator=g) / p[0].numel() ** 0.5 * gain)
             else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05 * gain)
     for name, p in net.named_parameters():
         if name.startswith(("controlnet_down_blocks", "controlnet_mid_block")):
             assert float(p.detach().abs().max()) > 0, f"{name} is still zero"
@@ -306,6 +312,11 @@ def main() -> None:
         # the scale changes the image, so the references can tell a scale from another
         a, b = refs[cases[0]["name"]].astype(int), refs[cases[1]["name"]].astype(int)
         print(kind, "scale 1.0 vs 0.5: max diff", int(np.abs(a - b).max()))
+        # and the control image changes it: the same case with the other image
+        other = dict(cases[0], control_images=["scribble"])
+        effect = int(np.abs(run_case(pipe, nets, other, images).astype(int) - a).max())
+        print(kind, "edges vs scribble as the control image: max diff", effect)
+        assert effect > 20, f"{kind}: the control image moves the image by {effect} levels only"
         (folder / "refs.json").write_text(json.dumps(cases, indent=1) + "\n")
         np.savez_compressed(folder / "refs.npz", **refs)
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())

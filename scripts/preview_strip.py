@@ -4,9 +4,10 @@
 
 Needs only sdrt (no torch). The demo model's VAE is its own, so ComfyUI's SD 1.x factors do not fit
 it: the script first fits factors to it with ``fit_latent_rgb`` (eight other prompts, their final
-latents and decoded images), then generates one image with a step callback that projects the
-latent after every step. The strip is: the preview after each step (nearest-upscaled to the image
-size), then the decoded image, all shown at twice their size.
+latents and decoded images), then generates one image with those factors as its ``preview=`` function and
+a step callback that asks the pipeline for its preview (``pipe.preview()``: the step's denoised
+estimate, as A1111 and ComfyUI show it). The strip is: the preview after each step (nearest-upscaled to
+the image size), then the decoded image, all shown at twice their size.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def main() -> None:
         factors, bias = fit_latent_rgb(np.stack(latents), np.stack(images))
         frames: list[np.ndarray] = []
         gen = pipe.generate("a red star on a blue background, top left", steps=args.steps, sampler="Euler", seed=7,
-                            callback=lambda step, total, x: frames.append(project(x[0], factors=factors, bias=bias,
-                                                                                  upscale=8)))
+                            preview=lambda x: project(x, factors=factors, bias=bias, upscale=8),
+                            callback=lambda step, total, x: frames.append(pipe.preview()))
     strip = np.concatenate([*frames, gen.images[0]], axis=1).repeat(2, axis=0).repeat(2, axis=1)  # 2x to see it
     write_png(args.output, strip)
     print(args.output, strip.shape, "factors", np.round(factors, 3).tolist(), "bias", np.round(bias, 3).tolist())

@@ -33,7 +33,7 @@ def test_generate_with_the_embedded_model_writes_a1111_parameters(tmp_path: Path
     model_hash = load(DEMO_MODEL, backend="reference").model_hash
     assert text == ("a red cat, sunset\nNegative prompt: blurry\n"
                     "Steps: 3, Sampler: Euler a, Schedule type: Uniform, CFG scale: 7, Seed: 42, Size: 64x64, "
-                    f"Model hash: {model_hash}, Model: demo-sd")
+                    f"Model hash: {model_hash}, Model: demo-sd, RNG: CPU")  # A1111 reads no RNG field as GPU
     api = load(DEMO_MODEL, backend="reference")("a red cat, sunset", "blurry", steps=3, seed=42, sampler="Euler a")[0]
     assert np.array_equal(pixels, api)
 
@@ -61,7 +61,7 @@ def test_a_model_name_with_a_comma_is_json_quoted_in_the_png(tmp_path: Path, cap
                "-o", str(out)])
     assert rc == 0, capsys.readouterr().err
     line = read_parameters(out).splitlines()[-1]
-    assert line.endswith(', Model: "dreamshaper_8, pruned"'), line
+    assert line.endswith(', Model: "dreamshaper_8, pruned", RNG: CPU'), line
 
 
 @pytest.mark.parametrize(("args", "message"), [

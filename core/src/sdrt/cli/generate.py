@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, ModelNotFoundError
-from . import generate_weights
+from . import generate_toolbox, generate_weights
 
 #: the API's argument names that are not the dest of a flag of the same name (``sdrt.cli.flag_names``)
 API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "FOLDER", "path": "--output",
@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--cfg", type=float, default=7.0, help="classifier-free guidance scale (1: no negative pass)")
     p.add_argument("--sampler", default="DPM++ 2M Karras", help='A1111 or ComfyUI sampler name, e.g. "Euler a"')
     p.add_argument("--schedule", default=None, help='schedule for a sampler name without one, e.g. "karras"')
-    p.add_argument("--seed", type=int, default=None, help="random when not given")
+    p.add_argument("--seed", type=int, default=None, help="random when not given or -1")
     p.add_argument("--width", type=int, default=None, help="a multiple of 8 (default: the model's size)")
     p.add_argument("--height", type=int, default=None, help="a multiple of 8 (default: the model's size)")
     p.add_argument("--init-image", default=None, help="img2img / inpainting source (PNG/JPEG; needs Pillow)")
@@ -46,6 +46,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="image file: .png, or .jpg/.jpeg/.webp (needs Pillow), or - for a PNG on standard output; "
                    "with several images, -1, -2, ... are added")
     generate_weights.add_arguments(p)
+    generate_toolbox.add_arguments(p)
     return p
 
 
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, schedule=args.schedule, seed=args.seed,
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
                    mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip)
+    options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
     custom = generate_weights.check(args)
     outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)
@@ -120,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     bar = ProgressBar()
     try:
         generate_weights.apply(pipe, custom, (prompt, args.negative))
-        gen = pipe.generate(settings, callback=bar)  # checked once, above, before the model loaded
+        # checked once, above, before the model loaded
+        gen = pipe.generate(settings, callback=generate_toolbox.PreviewWriter(pipe, args.preview_dir, bar))
     finally:
         bar.close()
         pipe.close()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .controlnet import ControlNet
     from .folder import ModelFolder
     from .pipeline import Generation, Pipeline, load, validate
     from .plan import RunPlan
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "data" / "demo-sd"
 
 _LAZY = {"load": "pipeline", "Pipeline": "pipeline", "Generation": "pipeline", "validate": "pipeline",
-         "ModelFolder": "folder", "Settings": "settings", "RunPlan": "plan"}
+         "ModelFolder": "folder", "Settings": "settings", "RunPlan": "plan", "ControlNet": "controlnet"}
 
 
 def __getattr__(name: str) -> Any:
@@ -38,4 +39,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'sdrt.pipelines' has no attribute {name!r}")
 
 
-__all__ = ["DEMO_MODEL", "Generation", "ModelFolder", "Pipeline", "RunPlan", "Settings", "load", "validate"]
+__all__ = ["DEMO_MODEL", "ControlNet", "Generation", "ModelFolder", "Pipeline", "RunPlan", "Settings", "load",
+           "validate"]

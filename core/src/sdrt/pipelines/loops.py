@@ -32,7 +32,11 @@ F32 = np.float32
 
 
 class _SchedulerLoop:
-    """What the three diffusers-form loops share: their plan, the step count, and the end of a step."""
+    """What the three diffusers-form loops share: their plan, the step count, and the end of a step.
+
+    ``denoised`` is the last step's denoised estimate (what a live preview shows)."""
+
+    denoised: np.ndarray | None = None
 
     def __init__(self, ms: FolderSchedule, plan: Plan) -> None:
         self.ms, self.plan = ms, plan
@@ -80,6 +84,7 @@ class EulerLoop(_SchedulerLoop):
                 x0 = out * (-sigma / (sigma * sigma + F32(1)) ** F32(0.5)) + x / (sigma * sigma + F32(1))
             else:
                 x0 = x - sigma * out
+            self.denoised = x0  # the step's denoised estimate (live previews)
             d = (x - x0) / sigma
             if self.ancestral:
                 up = F32((float(nxt) ** 2 * (float(sigma) ** 2 - float(nxt) ** 2) / float(sigma) ** 2) ** 0.5)
@@ -123,6 +128,7 @@ class DPMSolverLoop(_SchedulerLoop):
             alpha_s, sigma_s = self._alpha_sigma(p.sigmas[j])
             x0 = alpha_s * x - sigma_s * out if v else (x - sigma_s * out) / alpha_s
             outputs = [*outputs[-1:], x0]
+            self.denoised = x0
             final = i == total - 1 and (self.euler_at_final or (self.lower_order_final and total < 15)
                                         or self.final_zero)
             nxt = p.sigmas[j + 1]
@@ -169,6 +175,7 @@ class DDIMLoop(_SchedulerLoop):
             else:
                 x0 = (x - b_t ** F32(0.5) * out) / a_t ** F32(0.5)
                 eps = out
+            self.denoised = x0
             x = a_prev ** F32(0.5) * x0 + (F32(1) - a_prev) ** F32(0.5) * eps
             x = self._end_step(i, x, after_step, callback)
         return x
@@ -181,6 +188,8 @@ class KLoop:
     denoiser, since a k-diffusion sampler keeps its own latent: ``after_step`` is not used here;
     pass ``inpaint=(mask, image_latent, noise)`` to ``run``.
     """
+
+    denoised: np.ndarray | None = None
 
     def __init__(self, ms: Any, sigmas: list[float], sampler: Callable[..., np.ndarray],
                  options: dict[str, Any], *, seed: int, generator: Any) -> None:
@@ -216,6 +225,7 @@ class KLoop:
             return self.generator.randn(x.shape)
 
         def k_callback(info: dict[str, Any]) -> None:
+            self.denoised = info.get("denoised")
             if callback is not None:
                 callback(int(info["i"]), info["x"])
 

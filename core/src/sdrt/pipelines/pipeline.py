@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, Interrupted, ModelError, SdrtError
+from .extras import ToolboxMixin
 from .families import ModelCall
 from .folder import ModelFolder
 from .images import from_nchw, to_mask, to_nchw, to_rgb
@@ -52,7 +53,7 @@ _DIFFUSERS_FORM = {
 }
 
 
-class Pipeline:
+class Pipeline(ToolboxMixin):
     """A model folder ready to generate. Build one with :func:`sdrt.pipelines.load`.
 
     ``family`` is the folder's :class:`sdrt.pipelines.families.Family`. The parts are reachable as
@@ -110,6 +111,7 @@ class Pipeline:
     def close(self) -> None:
         for p in self._parts.values():
             p.close()
+        self._close_extras()  # ControlNet parts, a preview decoder
 
     def __enter__(self) -> Pipeline:
         return self
@@ -187,6 +189,7 @@ class Pipeline:
     # ------------------------------------------------------------------ VAE
     def _encode_image(self, image: np.ndarray, generator: Any) -> np.ndarray:
         """diffusers' ``retrieve_latents(vae.encode(image), generator)``, shifted and scaled as the family says."""
+        generator = getattr(generator, "vae_generator", generator)  # A1111's per-image noise keeps its own
         if self.vae_encoder is None:
             self.folder.part_file("vae_encoder")  # raises, naming the part
             raise AssertionError  # pragma: no cover
@@ -234,16 +237,19 @@ class Pipeline:
         return from_nchw(decode(z))
 
     # ------------------------------------------------------------------ sampling setup
-    def _loop(self, s: Settings, ms: Any, generator: Any, seed: int) -> Any:
-        """The sampling loop for this sampler, from its first step (img2img's strength)."""
+    def _loop(self, s: Settings, ms: Any, generator: Any, seed: int, start: int | None = None) -> Any:
+        """The sampling loop for this sampler, from its first step (img2img's strength, or ``start``)."""
         from ..samplers import get_sampler, get_sigmas
         from .loops import DDIMLoop, DPMSolverLoop, EulerLoop, KLoop
         from .scheduling import FolderSchedule
 
         # diffusers' own scheduler arithmetic for the DDPM-trained families; k-diffusion's form otherwise
         kind = _DIFFUSERS_FORM.get((s.choice.sampler, s.choice.schedule)) if isinstance(ms, FolderSchedule) else None
-        start = 0  # diffusers' get_timesteps: run the last int(steps * strength) steps
-        if s.strength is not None:
+        if start is not None:  # the hires pass: A1111's steps rule (sdrt.pipelines.hires)
+            pass
+        elif s.strength is None:
+            start = 0
+        else:  # diffusers' get_timesteps: run the last int(steps * strength) steps
             start = max(s.steps - min(int(s.steps * s.strength), s.steps), 0)
         if kind in ("euler", "euler-karras", "euler_a", "euler_a-karras"):
             plan = ms.euler_plan(s.steps, karras=kind.endswith("karras"), ancestral=kind.startswith("euler_a")).tail(start)
@@ -269,8 +275,11 @@ class Pipeline:
         Keywords: ``steps=20, cfg=7.0, sampler="DPM++ 2M Karras", schedule=None (a ComfyUI scheduler or
         A1111 schedule label, for sampler names without one), seed=None (random), width, height
         (default: the init image's size, else the model's), init_image, strength (0.75; 1.0 with a
-        mask), mask (white = repaint), batch=1, batch_count=1, clip_skip=1``. ``callback(step, total,
-        latents)`` is called after every step; returning ``False`` stops the run (``sdrt.errors.Interrupted``).
+        mask), mask (white = repaint), batch=1, batch_count=1, clip_skip=1``; the toolbox's
+        ``controlnets=[(net, image, scale, start, end)]``, ``hires_scale, hires_steps, hires_denoise,
+        hires_upscaler``, ``rng="cpu"|"gpu"|"nv", subseed, subseed_strength`` and ``preview``
+        (docs/toolbox.md). ``callback(step, total, latents)`` is called after every step (it may call
+        :meth:`preview`); returning ``False`` stops the run (``sdrt.errors.Interrupted``).
         One job runs at a time per pipeline; :meth:`interrupt` stops it from another thread. ``prompt`` may
         also be the ``Settings`` of :func:`sdrt.pipelines.validate` (checked once, before any model loaded).
         """
@@ -347,6 +356,7 @@ class Pipeline:
             self.family.check(self._parts)
             self._checked = True
         self._check_size(s)
+        self._prepare_extras(s)
         return s, init, mask
 
     def _check_size(self, s: Settings) -> None:
@@ -370,11 +380,16 @@ class Pipeline:
         self._release(*self.family.text_parts)
         images: list[np.ndarray] = []
         seeds: list[int] = []
+        from .toolbox import image_seeds
+
+        tb = s.toolbox
         for k in range(s.batch_count):
-            seed = s.seed + k * s.batch
-            images += self._run(s, seed, cond, uncond, init, mask, callback)
-            seeds += [seed] * s.batch
-        infos = [] if self._dry else [self._infotext(s, seed, i % s.batch) for i, seed in enumerate(seeds)]
+            seed = s.seed + k * s.batch * (0 if tb.subseed_strength else 1)  # A1111: variations keep the seed
+            subseed = None if tb.subseed is None else tb.subseed + k * s.batch
+            images += self._run(s, seed, cond, uncond, init, mask, callback, subseed)
+            seeds += image_seeds(tb, seed, s.batch)
+        infos = [] if self._dry else [{**self._infotext(s, seed, i % s.batch), **self._extras_infotext(s, i)}
+                                      for i, seed in enumerate(seeds)]
         return Generation(images, seeds, infos, original, s.negative_prompt)
 
     @property
@@ -385,15 +400,16 @@ class Pipeline:
         return self.family.default_size
 
     def _run(self, s: Settings, seed: int, cond: Conditioning, uncond: Conditioning | None,
-             init: np.ndarray | None, mask: np.ndarray | None, callback: Callback | None) -> list[np.ndarray]:
-        from ..samplers import TorchGenerator
+             init: np.ndarray | None, mask: np.ndarray | None, callback: Callback | None,
+             subseed: int | None = None) -> list[np.ndarray]:
+        from .hires import second_pass_steps
         from .loops import KLoop
 
         assert s.width is not None and s.height is not None
-        generator = TorchGenerator(seed)
+        shape = self.family.latent_shape(s.batch, s.height, s.width)
+        generator = self._noise(s, shape, seed, subseed)  # diffusers' stream, or A1111's per image (toolbox.py)
         ms = self.family.model_sampling(s.width, s.height)
         loop = self._loop(s, ms, generator, seed)
-        shape = self.family.latent_shape(s.batch, s.height, s.width)
         unet_in = self.denoiser.inputs[self.family.sample_input].shape
         nine = len(unet_in) == 4 and unet_in[1] == self.family.latent_channels + self.family.inpaint_channels
         if nine and mask is None:
@@ -425,10 +441,14 @@ class Pipeline:
             noise = generator.randn(shape)
             x = loop.start(noise)
         call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra)
+        control = self._control(s, call, s.width, s.height)  # ControlNet residuals as more UNet inputs
         model = self.family.denoiser(self.denoiser, ms, call)
-        total = loop.steps
+        first = loop.steps
+        total = first + (second_pass_steps(s.toolbox.hires, s.steps)[1] if s.toolbox.hires else 0)
 
         def on_step(i: int, latents: np.ndarray) -> None:
+            if i < first:
+                self._step_done(loop, latents, control, i, first)
             if callback is not None and callback(i + 1, total, latents) is False:
                 raise Interrupted(f"the step callback stopped the generation after step {i + 1} of {total}",
                                   step=i + 1, total=total, where="callback", fix="return None or True to go on")
@@ -448,6 +468,9 @@ class Pipeline:
                 x = loop.run(model, x, inpaint=(mask_lat, image_latents, noise), callback=on_step)
         else:
             x = loop.run(model, x, callback=on_step)
+        if s.toolbox.hires is not None:
+            x = self._hires_pass(s, x, seed, subseed, cond, uncond, on_step, first)
+        self._current = None
         self._release(self.denoiser.name, "vae_encoder")
         if not np.isfinite(x).all():
             raise SdrtError("the sampler produced NaN or infinite latents",

@@ -36,7 +36,12 @@ class PartPlan:
     @property
     def rows(self) -> int:
         """The largest batch (first dimension of the first input) of one call."""
-        return max((sig[0][1][0] if sig and sig[0][1] else 1) for sig, _ in self.signatures)
+        return max(_rows(sig) for sig, _ in self.signatures)
+
+
+def _rows(sig: Signature) -> int:
+    """The batch of one call: the first dimension of its first input that is not a scalar (else 1)."""
+    return next((shape[0] for _, shape, _ in sig if shape), 1)
 
 
 @dataclass
@@ -58,6 +63,8 @@ class RunPlan:
     cfg: float
     latent: tuple[int, ...]
     parts: list[PartPlan] = field(default_factory=list)
+    #: the toolbox's passes and add-ons (hires fix, ControlNets), one line each
+    notes: list[str] = field(default_factory=list)
 
     def part(self, name: str) -> PartPlan | None:
         return next((p for p in self.parts if p.part == name), None)
@@ -65,7 +72,7 @@ class RunPlan:
     def per_image(self, name: str) -> float:
         """Model evaluations per image: calls x rows, divided by the images the run makes."""
         p = self.part(name)
-        return 0.0 if p is None else sum(sig[0][1][0] * n for sig, n in p.signatures if sig and sig[0][1]) / self.images
+        return 0.0 if p is None else sum(_rows(sig) * n for sig, n in p.signatures) / self.images
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,7 +81,7 @@ class RunPlan:
         lines = [f"{self.label} ({self.family}), {self.mode}, {self.width}x{self.height}, {self.images} image(s) "
                  f"({self.batch_count} x batch {self.batch}); latent {list(self.latent)}",
                  f"sampler {self.sampler}, {self.steps} step(s), model sampling {self.model_sampling}, "
-                 f"guidance {self.guidance} (cfg {self.cfg:g})"]
+                 f"guidance {self.guidance} (cfg {self.cfg:g})", *self.notes]
         for p in self.parts:
             lines.append(f"  {p.part} ({p.role}): {p.calls} call(s), {self.per_image(p.part):g} row(s) per image"
                          f"  [{p.path}]")
@@ -106,7 +113,8 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
         counts = Counter(tuple((k, shape, dtype) for k, (shape, dtype) in sorted(feeds.items()))
                          for feeds, _ in part.record)
         outputs = tuple(dict.fromkeys(o for _, outs in part.record for o in outs))
-        parts.append(PartPlan(name, pipe.family.parts.get(name, "?"), str(part.path), len(part.record),
+        role = pipe.family.parts.get(name) or ("controlnet" if name.startswith("controlnet") else "?")
+        parts.append(PartPlan(name, role, str(part.path), len(part.record),
                               sorted(counts.items(), key=lambda kv: -kv[1]), outputs))
     ms = pipe.family.model_sampling(s.width, s.height)
     kind = getattr(ms, "prediction", "?")
@@ -116,5 +124,23 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     guidance = pipe.family.guidance if (s.cfg != 1.0 or pipe.family.guidance != "cfg") else "none (cfg 1)"
     return RunPlan(pipe.family.name, pipe.family.label, s.mode, s.width, s.height, s.batch * s.batch_count, s.batch,
                    s.batch_count, steps[0] if steps else 0, label, kind, guidance, s.cfg,
-                   pipe.family.latent_shape(s.batch, s.height, s.width), parts)
+                   pipe.family.latent_shape(s.batch, s.height, s.width), parts, _notes(s))
+
+
+def _notes(s: Any) -> list[str]:
+    """The toolbox's lines of the plan: the hires fix's two passes, each ControlNet and its window."""
+    from .hires import second_pass_steps
+
+    tb = s.toolbox
+    notes = []
+    if tb is not None and tb.hires is not None:
+        hr = tb.hires
+        tw, th = hr.target(s.width, s.height)
+        length, run = second_pass_steps(hr, s.steps)
+        notes.append(f"hires fix: pass 1 at {s.width}x{s.height}, {hr.upscaler} upscale x{hr.scale:g}, pass 2 at "
+                     f"{tw}x{th}: the last {run} of {length} step(s) (denoise {hr.denoise:g})")
+    for k, u in enumerate(tb.controlnets if tb is not None else []):
+        notes.append(f"controlnet {k}: {u.part.name if u.part is not None else u.net}, scale {u.scale:g}, "
+                     f"steps {u.start:g}-{u.end:g}, preprocessor {u.preprocessor}")
+    return notes
 

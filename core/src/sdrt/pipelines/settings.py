@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import InputError
 from .images import ImageLike, check_path
+from .toolbox import KEYWORDS as TOOLBOX_KEYWORDS
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Settings:
     clip_skip: int
     init_image: ImageLike | None = None
     mask: ImageLike | None = None
+    #: ControlNet, hires fix, previews, A1111's seeds (sdrt.pipelines.toolbox.Toolbox)
+    toolbox: Any = None
 
     @property
     def mode(self) -> str:
@@ -59,9 +62,16 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              sampler: str = "DPM++ 2M Karras", schedule: str | None = None, seed: int | None = None,
              width: int | None = None, height: int | None = None, init_image: ImageLike | None = None,
              strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
-             clip_skip: int = 1) -> Settings:
-    """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads."""
+             clip_skip: int = 1, **toolbox: Any) -> Settings:
+    """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
+
+    ``toolbox``: ControlNet, hires fix, preview and seed arguments (:mod:`sdrt.pipelines.toolbox`)."""
     from ..samplers import resolve
+    from .toolbox import split
+
+    unknown, extras = split(toolbox)
+    if unknown:
+        check_keywords(unknown)
 
     if not isinstance(prompt, str):
         raise InputError(f"the prompt must be a string, got {type(prompt).__name__}", where="prompt",
@@ -82,8 +92,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     if not isinstance(cfg, (int, float, np.floating)) or isinstance(cfg, bool) or not math.isfinite(cfg) or cfg < 0:
         raise InputError(f"cfg must be a finite number >= 0, got {cfg!r}", where="cfg", fix="use e.g. 7")
     choice = resolve(sampler, schedule)  # A1111 label ("DPM++ 2M Karras") or ComfyUI names ("dpmpp_2m", "karras")
-    if seed is None:
-        seed = secrets.randbits(32)
+    if seed is None or (not isinstance(seed, bool) and isinstance(seed, (int, np.integer)) and seed == -1):
+        seed = secrets.randbelow(4294967294)  # A1111's get_fixed_seed: -1 (or none) is a random seed
     elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise InputError(f"seed must be an integer, got {seed!r}", where="seed", fix="pass an integer, or none")
     if mask is not None and init_image is None:
@@ -103,12 +113,12 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     if mask is not None:
         check_path(mask, "mask")
     return Settings(prompt, negative_prompt or "", steps, float(cfg), sampler, choice, int(seed), width, height,
-                    strength, batch, batch_count, clip_skip, init_image, mask)
+                    strength, batch, batch_count, clip_skip, init_image, mask, extras)
 
 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
-            "batch", "batch_count", "clip_skip")
+            "batch", "batch_count", "clip_skip", *TOOLBOX_KEYWORDS)
 
 
 def check_keywords(kwargs: dict[str, Any]) -> None:

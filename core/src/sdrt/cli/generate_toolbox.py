@@ -1,0 +1,121 @@
+"""``sdrt generate`` options for the toolbox: ControlNet, hires fix, live previews, A1111's seeds.
+
+ControlNet flags are grouped by position: the first ``--control-image`` goes with the first
+``--controlnet`` (default: the model folder's ``controlnet/``, then ``controlnet_2/``, ...), and so on;
+``--control-scale``/``--control-start``/``--control-end``/``--control-preprocessor``/``--control-resize``
+given once apply to every ControlNet, else once per ControlNet. Everything is checked before any model
+loads (``sdrt.pipelines.toolbox.split``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("ControlNet (repeat each flag once per ControlNet)")
+    g.add_argument("--controlnet", action="append", default=[], metavar="DIR",
+                   help="a ControlNet folder (or model.onnx); default: the model folder's controlnet/, controlnet_2/, ...")
+    g.add_argument("--control-image", action="append", default=[], metavar="PNG", help="the control image")
+    g.add_argument("--control-scale", action="append", type=float, default=[], metavar="S", help="weight (1)")
+    g.add_argument("--control-start", action="append", type=float, default=[], metavar="A",
+                   help="first step, as a fraction of the steps (0)")
+    g.add_argument("--control-end", action="append", type=float, default=[], metavar="B",
+                   help="last step, as a fraction of the steps (1)")
+    g.add_argument("--control-preprocessor", action="append", default=[], choices=["none", "canny", "scribble"],
+                   help="turn the image into a control map first (none)")
+    g.add_argument("--control-resize", action="append", default=[],
+                   choices=["Just Resize", "Crop and Resize", "Resize and Fill"],
+                   help="how the image meets the output size (Crop and Resize)")
+    h = p.add_argument_group("hires fix (A1111's)")
+    h.add_argument("--hires-scale", type=float, default=None, metavar="X", help="turn it on: upscale by X (e.g. 2)")
+    h.add_argument("--hires-steps", type=int, default=None, metavar="N", help="second-pass steps (0: as the first)")
+    h.add_argument("--hires-denoise", type=float, default=None, metavar="D", help="second-pass denoising (0.7)")
+    h.add_argument("--hires-upscaler", default=None, metavar="NAME",
+                   help='"Latent" (default), "Latent (bicubic)", "Latent (nearest)", ..., or "Lanczos" (Pillow)')
+    s = p.add_argument_group("seeds (A1111's)")
+    s.add_argument("--rng", default="cpu", choices=["cpu", "gpu", "nv"],
+                   help="noise source: cpu (diffusers'; default), gpu (A1111's default CUDA noise), nv")
+    s.add_argument("--subseed", type=int, default=None, help="variation seed (-1: random)")
+    s.add_argument("--subseed-strength", type=float, default=0.0, help="variation strength, 0 to 1")
+    v = p.add_argument_group("live previews")
+    v.add_argument("--preview-dir", default=None, metavar="DIR", help="write a preview PNG after every step there")
+    v.add_argument("--preview-decoder", default=None, metavar="ONNX",
+                   help="decode previews with this TAESD/TAESDXL/TAEF1 decoder (default: the linear projection)")
+
+
+def _per_unit(values: list[Any], n: int, flag: str) -> list[Any]:
+    if not values:
+        return [None] * n
+    if len(values) == 1:
+        return values * n
+    if len(values) != n:
+        raise InputError(f"{len(values)} {flag} values for {n} ControlNet(s)", where=flag,
+                         fix=f"give {flag} once (for every ControlNet) or once per --control-image")
+    return values
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """The pipeline keywords these flags give (checked later, with the rest, by the pipeline)."""
+    opts: dict[str, Any] = {}
+    images = args.control_image
+    if args.controlnet and not images:
+        raise InputError("--controlnet needs a --control-image", where="--controlnet",
+                         fix="pass --control-image PNG for each --controlnet")
+    if images:
+        n = len(images)
+        nets = args.controlnet or []
+        if nets and len(nets) != n:
+            raise InputError(f"{len(nets)} --controlnet for {n} --control-image", where="--controlnet",
+                             fix="give one --controlnet per --control-image (or none: the folder's own)")
+        nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
+        for path in images:
+            if not Path(path).is_file():
+                raise InputError("the control image does not exist", where=path, fix="check the --control-image path")
+        from ..pipelines.controlnet import ControlNet
+
+        units = []
+        for net, image, scale, start, end, pre, resize in zip(
+                nets, images, _per_unit(args.control_scale, n, "--control-scale"),
+                _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
+                _per_unit(args.control_preprocessor, n, "--control-preprocessor"),
+                _per_unit(args.control_resize, n, "--control-resize")):
+            units.append(ControlNet(net, image, 1.0 if scale is None else scale, 0.0 if start is None else start,
+                                    1.0 if end is None else end, pre or "none", resize or "Crop and Resize"))
+        opts["controlnets"] = units
+    for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed"):
+        if getattr(args, key) is not None:
+            opts[key] = getattr(args, key)
+    if args.rng != "cpu":
+        opts["rng"] = args.rng
+    if args.subseed_strength:
+        opts["subseed_strength"] = args.subseed_strength
+    if args.preview_decoder:
+        opts["preview"] = args.preview_decoder
+    if args.preview_dir is not None and not Path(args.preview_dir).is_dir():
+        raise InputError("the preview folder does not exist", where=args.preview_dir,
+                         fix="create it, or pick another --preview-dir")
+    return opts
+
+
+class PreviewWriter:
+    """A step callback that writes ``step-NN.png`` previews (``pipe.preview()``) into a folder, then calls ``inner``."""
+
+    def __init__(self, pipe: Any, folder: str | None, inner: Any) -> None:
+        self.pipe, self.folder, self.inner = pipe, Path(folder) if folder else None, inner
+        self.run = 0
+
+    def __call__(self, step: int, total: int, latents: Any = None) -> None:
+        if self.folder is not None:
+            from ..pipelines.png import write_png
+
+            if step == 1:
+                self.run += 1
+            image = self.pipe.preview(upscale=8)
+            if image is not None:
+                write_png(self.folder / f"preview-{self.run}-{step:03d}.png", image)
+        self.inner(step, total, latents)

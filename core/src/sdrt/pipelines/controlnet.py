@@ -1,0 +1,259 @@
+"""ControlNet for SD 1.x and SDXL: control images -> residuals the UNet adds, as diffusers computes them.
+
+Layout (diffusers' community ONNX ControlNet pipelines): a ControlNet is its own ``model.onnx`` with inputs
+``sample``, ``timestep``, ``encoder_hidden_states``, ``controlnet_cond`` (RGB in [0, 1], NCHW, at the
+output size), ``conditioning_scale`` (SDXL adds ``text_embeds``, ``time_ids``) and outputs
+``down_block_res_samples_0..N``, ``mid_block_res_sample``; the UNet takes
+``down_block_additional_residual_0..N`` and ``mid_block_additional_residual``. A ControlNet is found as
+``controlnet/`` (``controlnet_2/``, ...) in the model folder, or given as its own folder or file.
+
+The rules (``StableDiffusionControlNetPipeline`` / ``StableDiffusionXLControlNetPipeline``, guess mode off):
+
+- the ControlNet runs on the same rows as the UNet (uncond and cond alike), with the UNet's sample,
+  timestep, text and SDXL's ``text_embeds``/``time_ids``; the control image is repeated for every row;
+- at step ``i`` of ``n`` a net with window ``[start, end]`` is on when
+  ``not (i / n < start or (i + 1) / n > end)``, and then runs at its ``scale``; diffusers runs it at
+  scale 0 otherwise, which adds exactly zero: here a net that is off is skipped when another net is on,
+  and run at scale 0 (as diffusers) when none is, so the UNet always gets what diffusers feeds it;
+- several nets: their residuals are summed element by element, in the order given.
+
+:class:`ControlNet` is one unit (net, image, scale, window, preprocessor, resize mode); :func:`hook`
+builds the per-call hook the family's denoiser runs before each UNet call (``ModelCall.hooks``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InputError, ModelError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .parts import Part
+
+__all__ = ["PREPROCESSORS", "ControlNet", "ControlState", "hook", "infotext", "parse_units", "residual_inputs"]
+
+#: preprocessors that need no model (sdrt.pipelines.controlmaps); "none" feeds the image as it is
+PREPROCESSORS = ("none", "canny", "scribble")
+DOWN_OUT, MID_OUT = "down_block_res_samples_", "mid_block_res_sample"
+DOWN_IN, MID_IN = "down_block_additional_residual_", "mid_block_additional_residual"
+
+
+@dataclass
+class ControlNet:
+    """One ControlNet unit: ``net`` (a folder holding ``model.onnx``, a ``model.onnx`` file, or the name
+    of a part of the model folder such as ``"controlnet"``), the control ``image`` (HxWx3 uint8, a
+    ``PIL.Image`` or a PNG/JPEG path), ``scale``, the window ``start``..``end`` (fractions of the steps),
+    the ``preprocessor`` (``none``, ``canny``, ``scribble``; ``low``/``high`` are canny's thresholds and
+    ``low`` the scribble threshold) and ``resize`` (sd-webui-controlnet's ``Just Resize``,
+    ``Crop and Resize``, ``Resize and Fill``) to the output size."""
+
+    net: Any
+    image: Any
+    scale: float = 1.0
+    start: float = 0.0
+    end: float = 1.0
+    preprocessor: str = "none"
+    resize: str = "Crop and Resize"
+    low: float | None = None
+    high: float | None = None
+    #: filled in by the pipeline
+    part: Part | None = field(default=None, repr=False)
+    control: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def model_name(self) -> str:
+        path = self.part.path if self.part is not None else Path(str(self.net))
+        return path.parent.name if path.name == "model.onnx" else path.stem
+
+
+def _num(value: Any, name: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(value)) or not low <= float(value) <= high:
+        raise InputError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}", where=name,
+                         fix=f"pass {name} between {low:g} and {high:g}")
+    return float(value)
+
+
+def parse_units(controlnets: Any) -> list[ControlNet]:
+    """``controlnets=[(net, image, scale, start, end), ...]`` (or :class:`ControlNet` objects), checked."""
+    from .controlmaps import RESIZE_MODES
+    from .images import check_path
+
+    if controlnets is None:
+        return []
+    if isinstance(controlnets, (ControlNet, tuple)) and not (
+            isinstance(controlnets, tuple) and controlnets and isinstance(controlnets[0], (tuple, list, ControlNet))):
+        controlnets = [controlnets]
+    if not isinstance(controlnets, (list, tuple)):
+        raise InputError(f"controlnets must be a list of (net, image, scale, start, end), got "
+                         f"{type(controlnets).__name__}", where="controlnets",
+                         fix="pass controlnets=[(\"controlnet\", image, 1.0, 0.0, 1.0)]")
+    units = []
+    for k, item in enumerate(controlnets):
+        where = f"controlnets[{k}]"
+        if isinstance(item, ControlNet):
+            unit = ControlNet(**{f: getattr(item, f) for f in ("net", "image", "scale", "start", "end", "preprocessor",
+                                                                 "resize", "low", "high")})
+        elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 5:
+            unit = ControlNet(*item)
+        else:
+            raise InputError(f"{where} is not (net, image[, scale[, start[, end]]])", where=where,
+                             fix="pass a tuple of 2 to 5 items, or a sdrt.pipelines.ControlNet")
+        unit.scale = _num(unit.scale, f"{where} scale", 0.0, 10.0)
+        unit.start = _num(unit.start, f"{where} start", 0.0, 1.0)
+        unit.end = _num(unit.end, f"{where} end", 0.0, 1.0)
+        if unit.start > unit.end:
+            raise InputError(f"{where} starts at {unit.start:g}, after its end {unit.end:g}", where=where,
+                             fix="pass start <= end (fractions of the steps, 0 to 1)")
+        if unit.preprocessor not in PREPROCESSORS:
+            raise InputError(f"unknown ControlNet preprocessor {unit.preprocessor!r}", where=where,
+                             fix=f"use one of {', '.join(PREPROCESSORS)}")
+        if unit.resize not in RESIZE_MODES:
+            raise InputError(f"unknown ControlNet resize mode {unit.resize!r}", where=where,
+                             fix=f"use one of {', '.join(RESIZE_MODES)}")
+        if not isinstance(unit.net, (str, os.PathLike)):
+            raise InputError(f"{where}: the net must be a folder, a model.onnx path or a part name, got "
+                             f"{type(unit.net).__name__}", where=where, fix="pass e.g. \"controlnet\" or a folder path")
+        if unit.image is None:
+            raise InputError(f"{where} has no control image", where=where, fix="pass the control image")
+        check_path(unit.image, "control image")
+        units.append(unit)
+    return units
+
+
+def locate(net: str | os.PathLike[str], root: Path) -> Path:
+    """The ``model.onnx`` of a ControlNet: a part of the model folder, a folder, or the file itself."""
+    text = str(net)
+    for candidate in (root / text / "model.onnx", Path(text) / "model.onnx", Path(text)):
+        if candidate.is_file():
+            return candidate
+    found = sorted(p.name for p in root.glob("controlnet*") if (p / "model.onnx").is_file())
+    raise ModelError(f"no ControlNet model.onnx at {text!r}", where=text,
+                     fix="pass a folder holding the ControlNet's model.onnx" + (
+                         f", or one of this model's: {', '.join(found)}" if found else ""))
+
+
+def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
+    """The control image after its preprocessor, resized to the output size: HxWx3 uint8."""
+    from . import controlmaps as cm
+    from .images import to_rgb
+
+    rgb = to_rgb(unit.image, "control image")
+    if unit.preprocessor == "canny":
+        low, high = unit.low if unit.low is not None else 100, unit.high if unit.high is not None else 200
+        rgb = cm.to_rgb(cm.canny(rgb, low, high))
+    elif unit.preprocessor == "scribble":
+        rgb = cm.to_rgb(cm.scribble(rgb, int(unit.low if unit.low is not None else 127)))
+    if rgb.shape[:2] != (height, width):
+        rgb = cm.resize_control(rgb, width, height, unit.resize)
+    return rgb
+
+
+def residual_inputs(unet: Part) -> list[str]:
+    """The UNet's ControlNet residual inputs in order (down 0..N, then mid); empty for a plain UNet."""
+    names = list(unet.inputs)
+    down = sorted((n for n in names if n.startswith(DOWN_IN)), key=lambda n: int(n[len(DOWN_IN):]))
+    return down + ([MID_IN] if MID_IN in names else [])
+
+
+def check_net(part: Part, unet: Part, where: str) -> None:
+    """A ControlNet graph's inputs and outputs against the UNet's residual inputs; ModelError naming it."""
+    needed = ("sample", "timestep", "encoder_hidden_states", "controlnet_cond", "conditioning_scale")
+    missing = [n for n in needed if n not in part.inputs]
+    if missing:
+        raise ModelError(f"the ControlNet {part.path} lacks the input(s) {', '.join(missing)} (it has "
+                         f"{', '.join(part.inputs)})", where=where,
+                         fix="export the ControlNet with diffusers' ONNX names (sample, timestep, "
+                             "encoder_hidden_states, controlnet_cond, conditioning_scale)")
+    wanted = [n.replace(DOWN_IN, DOWN_OUT) if n != MID_IN else MID_OUT for n in residual_inputs(unet)]
+    if not wanted:
+        raise ModelError(f"the {unet.name} takes no ControlNet residuals ({', '.join(unet.inputs)})",
+                         where=str(unet.path), fix="export the UNet with down_block_additional_residual_0..N and "
+                                                   "mid_block_additional_residual inputs")
+    absent = [n for n in wanted if n not in part.outputs]
+    if absent:
+        raise ModelError(f"the ControlNet {part.path} gives {', '.join(part.outputs)} and the {unet.name} needs "
+                         f"{', '.join(absent)}", where=where, fix="use a ControlNet made for this model's UNet")
+
+
+@dataclass
+class ControlState:
+    """Which step the loop is on (the pipeline moves it after every step)."""
+
+    step: int = 0
+    total: int = 1
+    calls: list[int] = field(default_factory=list)
+
+
+def active(unit: ControlNet, step: int, total: int) -> bool:
+    """diffusers' ``controlnet_keep``: on unless ``i / n < start or (i + 1) / n > end``."""
+    return not (step / total < unit.start or (step + 1) / total > unit.end)
+
+
+def hook(units: Sequence[ControlNet], unet: Part, state: ControlState, *, latent_channels: int,
+         sample_name: str = "sample") -> Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]:
+    """The denoiser hook: run the nets on this call's feeds, sum their residuals, feed the UNet."""
+    targets = residual_inputs(unet)
+
+    def run(unit: ControlNet, feeds: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
+        assert unit.part is not None and unit.control is not None
+        inputs = unit.part.inputs
+        sample = feeds[sample_name][:, :latent_channels]  # an inpainting UNet's extra channels are not the net's
+        rows = sample.shape[0]
+        net_feeds: dict[str, np.ndarray] = {"sample": sample, "controlnet_cond": np.repeat(unit.control, rows, axis=0),
+                                            "conditioning_scale": np.asarray(scale, dtype=np.float32)}
+        t = np.asarray(feeds["timestep"]).reshape(-1)
+        ts = inputs["timestep"].shape
+        net_feeds["timestep"] = t[:1].reshape(()) if len(ts) == 0 else np.resize(t, (rows,))
+        for name in inputs:
+            if name not in net_feeds and name in feeds:
+                net_feeds[name] = feeds[name]
+        if "conditioning_scale" in inputs and len(inputs["conditioning_scale"].shape) == 1:
+            net_feeds["conditioning_scale"] = net_feeds["conditioning_scale"].reshape(1)
+        out = unit.part.run(net_feeds)
+        return {n: out[n.replace(DOWN_IN, DOWN_OUT) if n != MID_IN else MID_OUT] for n in targets}
+
+    def add(feeds: dict[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        on = [u for u in units if active(u, state.step, state.total)]
+        if not on:  # diffusers runs every net at scale 0: what it feeds the UNet then
+            state.calls.append(0)
+            return run(units[0], feeds, 0.0)
+        total: dict[str, np.ndarray] | None = None
+        for unit in on:
+            res = run(unit, feeds, unit.scale)
+            total = res if total is None else {k: total[k] + res[k] for k in targets}
+        state.calls.append(len(on))
+        assert total is not None
+        return total
+
+    return add
+
+
+def infotext(units: Sequence[ControlNet], width: int, height: int) -> dict[str, str]:
+    """sd-webui-controlnet's infotext: ``ControlNet N: "Module: ..., Model: ..., Weight: ..., ..."``.
+
+    The value holds commas, so ``png.format_parameters`` JSON-quotes it, as the extension's does."""
+    fields: dict[str, str] = {}
+    for k, u in enumerate(units):
+        items = [("Module", u.preprocessor), ("Model", u.model_name), ("Weight", _short(u.scale)),
+                 ("Resize Mode", u.resize), ("Processor Res", str(min(width, height)))]
+        if u.preprocessor == "canny":
+            items += [("Threshold A", _short(u.low if u.low is not None else 100)),
+                      ("Threshold B", _short(u.high if u.high is not None else 200))]
+        elif u.preprocessor == "scribble":
+            items += [("Threshold A", _short(u.low if u.low is not None else 127))]
+        items += [("Guidance Start", _short(u.start)), ("Guidance End", _short(u.end)), ("Pixel Perfect", "False"),
+                  ("Control Mode", "Balanced")]
+        fields[f"ControlNet {k}"] = ", ".join(f"{a}: {b}" for a, b in items)
+    return fields
+
+
+def _short(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{float(value):g}"

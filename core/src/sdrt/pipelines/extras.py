@@ -1,0 +1,230 @@
+"""What the toolbox adds to a run, as a mixin of :class:`sdrt.pipelines.pipeline.Pipeline`.
+
+ControlNet parts and hooks (:mod:`.controlnet`), the hires fix's second pass (:mod:`.hires`), live
+previews of the denoised estimate (:mod:`.preview`) and A1111's seeds (:mod:`.toolbox`). Kept out of
+``pipeline.py`` so that the generic loop reads as it did; the pipeline calls these at four points:
+after the settings are checked (``_prepare_extras``), for the run's noise (``_noise``), on the model
+call (``_control``), and after the first pass (``_hires_pass``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InputError
+from . import controlnet as cn
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .parts import Part
+    from .settings import Settings
+    from .toolbox import Toolbox
+
+log = logging.getLogger("sdrt.pipelines")
+
+
+class ToolboxMixin:
+    """ControlNet, hires fix, previews and A1111's seeds for the generic pipeline."""
+
+    _parts: dict[str, Part]
+    _dry: bool
+    _current: np.ndarray | None = None
+    _preview_fn: Any = None
+    _silent_units: list[cn.ControlNet] = []  # noqa: RUF012  (set per run)
+
+    # ------------------------------------------------------------------ settings
+    def _prepare_extras(self, s: Settings) -> None:
+        """Resolve and check the ControlNets, prepare their images, check the hires size."""
+        tb: Toolbox = s.toolbox
+        assert s.width is not None and s.height is not None
+        self._silent_units: list[cn.ControlNet] = []
+        if not tb.controlnets and cn.residual_inputs(self.denoiser):  # type: ignore[attr-defined]
+            self._silent_units = self._zero_residuals(s)
+        if tb.controlnets:
+            unet = self.denoiser  # type: ignore[attr-defined]
+            if not cn.residual_inputs(unet):
+                raise InputError(f"this model's {unet.name} takes no ControlNet residuals", where="controlnets",
+                                 fix="use a model folder exported for ControlNet (its UNet takes "
+                                     "down_block_additional_residual_*), or leave controlnets out")
+            if self.family.name not in ("sd1", "sd2", "sdxl"):  # type: ignore[attr-defined]
+                raise InputError(f"ControlNet is not supported for {self.family.label}", where="controlnets",
+                                 fix="use an SD 1.x or SDXL model")
+            for k, unit in enumerate(tb.controlnets):
+                unit.part = self._control_part(unit.net, f"controlnets[{k}]")
+                cn.check_net(unit.part, unet, f"controlnets[{k}]")
+                unit.control = self._control_tensor(unit, s.width, s.height, k)
+        if tb.hires is not None:
+            if s.mode != "txt2img":
+                raise InputError("the hires fix is a txt2img pass followed by img2img", where="hires_scale",
+                                 fix="leave init_image and mask out, or hires_scale unset")
+            import dataclasses
+
+            tw, th = tb.hires.target(s.width, s.height)
+            self._check_size(dataclasses.replace(s, width=tw, height=th))  # type: ignore[attr-defined]
+        if tb.preview is not None and not callable(tb.preview) and tb.preview != "approx" and not self._dry:
+            from .preview import TaesdPreview
+
+            own = self.__dict__.get("_taesd")
+            if own is None or own[0] != tb.preview:  # one decoder per file, its sessions kept between runs
+                if own is not None:
+                    own[1].close()
+                own = (tb.preview, TaesdPreview(tb.preview, backend=self.backend,  # type: ignore[attr-defined]
+                                                device=self.device))  # type: ignore[attr-defined]
+                self.__dict__["_taesd"] = own
+            self._preview_fn = own[1]
+        elif callable(tb.preview):
+            self._preview_fn = tb.preview
+        else:
+            self._preview_fn = None
+
+    def _zero_residuals(self, s: Settings) -> list[cn.ControlNet]:
+        """A UNet exported with ControlNet inputs and no ControlNet asked for: the folder's first net at scale 0,
+        which gives the zero residuals of the plain UNet (what diffusers feeds a net that is off)."""
+        unet = self.denoiser  # type: ignore[attr-defined]
+        nets = sorted(p.name for p in self.folder.path.glob("controlnet*") if (p / "model.onnx").is_file())  # type: ignore[attr-defined]
+        if not nets:
+            raise InputError(f"this model's {unet.name} takes ControlNet residuals and the folder has no ControlNet",
+                             where="controlnets", fix="pass controlnets=[(folder, image)] (--controlnet DIR "
+                                                      "--control-image PNG)")
+        assert s.width is not None and s.height is not None
+        unit = cn.ControlNet(nets[0], np.zeros((s.height, s.width, 3), np.uint8), 0.0)
+        unit.part = self._control_part(unit.net, "controlnets")
+        cn.check_net(unit.part, unet, "controlnets")
+        unit.control = self._control_tensor(unit, s.width, s.height, 0)
+        return [unit]
+
+    def _control_part(self, net: Any, where: str) -> Part:
+        from .parts import Part
+
+        path = cn.locate(net, self.folder.path)  # type: ignore[attr-defined]
+        name = path.parent.name if path.parent.parent == self.folder.path else f"controlnet:{path.parent.name}"  # type: ignore[attr-defined]
+        # a dry run (the plan) lists them with the model's parts; a real run keeps them apart, so that a
+        # checkpoint, LoRA or low-memory pass over the model's parts never meets a ControlNet
+        parts = self._parts if self._dry else self.control_parts
+        part = parts.get(name)
+        if part is None or part.path != path:
+            part = Part(name, path, backend=self.backend, device=self.device,  # type: ignore[attr-defined]
+                        options=self.options)  # type: ignore[attr-defined]
+            if self._dry:
+                part = part.dry()
+            parts[name] = part
+        return part
+
+    @property
+    def control_parts(self) -> dict[str, Part]:
+        """The ControlNet parts used so far (compiled sessions kept for the next run), by name."""
+        if "_control_parts" not in self.__dict__:
+            self.__dict__["_control_parts"] = {}
+        return self.__dict__["_control_parts"]
+
+    def _close_extras(self) -> None:
+        for part in self.control_parts.values():
+            part.close()
+        own = self.__dict__.pop("_taesd", None)
+        if own is not None:
+            own[1].close()
+
+    def _control_tensor(self, unit: cn.ControlNet, width: int, height: int, k: int) -> np.ndarray:
+        from .controlmaps import control_tensor
+
+        return control_tensor(cn.prepare_image(unit, width, height, f"controlnets[{k}]"))
+
+    # ------------------------------------------------------------------ noise
+    def _noise(self, s: Settings, shape: tuple[int, ...], seed: int, subseed: int | None) -> Any:
+        from .toolbox import noise_source
+
+        return noise_source(s.toolbox, shape, seed, subseed)
+
+    # ------------------------------------------------------------------ ControlNet on the model call
+    def _control(self, s: Settings, call: Any, width: int, height: int) -> cn.ControlState | None:
+        tb: Toolbox = s.toolbox
+        units = tb.controlnets or self._silent_units
+        if not units:
+            return None
+        if (width, height) != (s.width, s.height):  # the hires pass: control images at the new size
+            for k, unit in enumerate(units):
+                unit.control = self._control_tensor(unit, width, height, k)
+        state = cn.ControlState()
+        call.hooks.append(cn.hook(units, self.denoiser, state,  # type: ignore[attr-defined]
+                                  latent_channels=self.family.latent_channels,  # type: ignore[attr-defined]
+                                  sample_name=self.family.sample_input))  # type: ignore[attr-defined]
+        return state
+
+    # ------------------------------------------------------------------ previews
+    def preview(self, upscale: int = 1) -> np.ndarray | None:
+        """From a step callback: the current step's preview (HxWx3 uint8), or None outside a step.
+
+        The denoised estimate of the step, projected with the family's latent-to-RGB factors (``upscale``
+        repeats pixels), or decoded by the TAESD-family decoder given as ``preview=``."""
+        x = self._current
+        if x is None:
+            return None
+        if self._preview_fn is not None:
+            return self._preview_fn(x)
+        from .preview import project
+
+        fmt = "sdxl" if self.family.name == "sdxl" else "sd1"  # type: ignore[attr-defined]
+        return project(x, fmt, upscale=upscale)
+
+    def _step_done(self, loop: Any, latents: np.ndarray, state: cn.ControlState | None, index: int,
+                   total: int) -> None:
+        """After step ``index`` (0-based): the ControlNet window moves on, the preview latent is set."""
+        if state is not None:
+            state.step, state.total = index + 1, total
+        denoised = getattr(loop, "denoised", None)
+        self._current = np.asarray(denoised if denoised is not None else latents)[0]
+
+    # ------------------------------------------------------------------ hires fix
+    def _hires_pass(self, s: Settings, x: np.ndarray, seed: int, subseed: int | None, cond: Any, uncond: Any,
+                    on_step: Any, offset: int) -> np.ndarray:
+        """A1111's second pass: upscale the first pass's latent (or image), then img2img at the target size."""
+        import dataclasses
+
+        from .families import ModelCall
+        from .hires import second_pass_steps, upscale_image, upscale_latent
+        from .images import to_nchw
+
+        tb: Toolbox = s.toolbox
+        hr = tb.hires
+        assert s.width is not None and s.height is not None
+        tw, th = hr.target(s.width, s.height)
+        total_steps, run = second_pass_steps(hr, s.steps)
+        s2 = dataclasses.replace(s, width=tw, height=th, steps=total_steps)
+        shape = self.family.latent_shape(s.batch, th, tw)  # type: ignore[attr-defined]
+        generator = self._noise(s2, shape, seed, subseed)
+        ms = self.family.model_sampling(tw, th)  # type: ignore[attr-defined]
+        loop = self._loop(s2, ms, generator, seed, start=total_steps - run)  # type: ignore[attr-defined]
+        if hr.latent:
+            latents = upscale_latent(x, hr, th, tw)
+        else:
+            images = self._decode(x)  # type: ignore[attr-defined]
+            big = [upscale_image(im, tw, th, hr.upscaler) for im in images]
+            latents = np.concatenate([self._encode_image(to_nchw(im), generator) for im in big], axis=0)  # type: ignore[attr-defined]
+        noise = generator.randn(shape)
+        x2 = loop.start(noise, latents)
+        call = ModelCall(tw, th, s.batch, s.cfg, cond, uncond)
+        state = self._control(s, call, tw, th)
+        model = self.family.denoiser(self.denoiser, ms, call)  # type: ignore[attr-defined]
+        total = loop.steps
+
+        def step(i: int, latents: np.ndarray) -> None:
+            self._step_done(loop, latents, state, i, total)
+            on_step(offset + i, latents)
+
+        return loop.run(model, x2, callback=step)
+
+    # ------------------------------------------------------------------ infotext
+    def _extras_infotext(self, s: Settings, index: int) -> dict[str, object]:
+        from .toolbox import seed_fields
+
+        tb: Toolbox = s.toolbox
+        info: dict[str, object] = {}
+        info.update(seed_fields(tb, index))
+        if tb.hires is not None:
+            info.update(tb.hires.infotext())
+        if tb.controlnets:
+            info.update(cn.infotext(tb.controlnets, s.width or 0, s.height or 0))
+        return info
+

@@ -1,0 +1,178 @@
+"""Hires fix as A1111 does it: a first pass at the base size, an upscale, then img2img at the target size.
+
+Upscalers (A1111's names):
+
+- latent, resampled as ``torch.nn.functional.interpolate(latent, size, mode, antialias)`` with
+  ``align_corners=False``, which A1111's ``latent_upscale_modes`` call: ``Latent`` (bilinear),
+  ``Latent (antialiased)`` (bilinear, antialias), ``Latent (bicubic)``, ``Latent (bicubic antialiased)``,
+  ``Latent (nearest)``, ``Latent (nearest-exact)``;
+- image: the first pass is decoded, resized with Pillow (``Lanczos``, ``Nearest``; Pillow is the
+  ``sdrt[images]`` extra) and encoded again.
+
+The second pass runs ``hires_steps`` steps (0: the first pass's count) at the end of a schedule of
+``int(hires_steps / min(denoise, 0.999))`` steps, as A1111's ``setup_img2img_steps`` with explicit steps
+does, from the upscaled latent noised to its first step; its noise is drawn afresh from each image's
+seed at the new size (A1111 makes a new ``ImageRNG`` for the pass).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+
+__all__ = ["LATENT_MODES", "UPSCALERS", "Hires", "interpolate", "parse", "second_pass_steps", "upscale_image"]
+
+#: A1111's latent upscale modes -> (torch interpolate mode, antialias)
+LATENT_MODES: dict[str, tuple[str, bool]] = {
+    "Latent": ("bilinear", False),
+    "Latent (antialiased)": ("bilinear", True),
+    "Latent (bicubic)": ("bicubic", False),
+    "Latent (bicubic antialiased)": ("bicubic", True),
+    "Latent (nearest)": ("nearest", False),
+    "Latent (nearest-exact)": ("nearest-exact", False),
+}
+#: image upscalers by Pillow resampling filter
+IMAGE_MODES = {"Lanczos": "LANCZOS", "Nearest": "NEAREST"}
+UPSCALERS = (*LATENT_MODES, *IMAGE_MODES)
+
+
+@dataclass(frozen=True)
+class Hires:
+    """Checked hires-fix settings."""
+
+    scale: float
+    steps: int  # 0: the first pass's steps
+    denoise: float
+    upscaler: str
+
+    @property
+    def latent(self) -> bool:
+        return self.upscaler in LATENT_MODES
+
+    def target(self, width: int, height: int) -> tuple[int, int]:
+        """A1111's ``int(size * scale)``, down to a multiple of 8 (the latent grid)."""
+        return int(width * self.scale) // 8 * 8, int(height * self.scale) // 8 * 8
+
+    def infotext(self) -> dict[str, object]:
+        fields: dict[str, object] = {"Denoising strength": _num(self.denoise), "Hires upscale": _num(self.scale)}
+        if self.steps:
+            fields["Hires steps"] = self.steps
+        fields["Hires upscaler"] = self.upscaler
+        return fields
+
+
+def _num(v: float) -> object:
+    return int(v) if float(v).is_integer() else round(float(v), 4)
+
+
+def parse(scale: float | None, steps: int | None, denoise: float | None, upscaler: str | None) -> Hires | None:
+    """``hires_scale`` turns the fix on; the others need it. A1111's defaults: denoise 0.7, ``Latent``."""
+    if scale is None:
+        for name, value in (("hires_steps", steps), ("hires_denoise", denoise), ("hires_upscaler", upscaler)):
+            if value is not None:
+                raise InputError(f"{name} needs hires_scale", where=name, fix="pass hires_scale= (e.g. 2) too")
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale) \
+            or not 1 <= scale <= 8:
+        raise InputError(f"hires_scale must be a number from 1 to 8, got {scale!r}", where="hires_scale",
+                         fix="pass e.g. hires_scale=2")
+    steps = 0 if steps is None else steps
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise InputError(f"hires_steps must be an integer >= 0, got {steps!r}", where="hires_steps",
+                         fix="pass e.g. hires_steps=10 (0: as many as the first pass)")
+    denoise = 0.7 if denoise is None else denoise
+    if isinstance(denoise, bool) or not isinstance(denoise, (int, float, np.floating)) or not 0 < denoise <= 1:
+        raise InputError(f"hires_denoise must be in (0, 1], got {denoise!r}", where="hires_denoise",
+                         fix="pass e.g. hires_denoise=0.5")
+    upscaler = "Latent" if upscaler is None else upscaler
+    if upscaler not in UPSCALERS:
+        lower = {u.lower(): u for u in UPSCALERS}
+        if isinstance(upscaler, str) and upscaler.lower() in lower:
+            upscaler = lower[upscaler.lower()]
+        else:
+            raise InputError(f"unknown hires upscaler {upscaler!r}", where="hires_upscaler",
+                             fix=f"use one of {', '.join(repr(u) for u in UPSCALERS)}")
+    return Hires(float(scale), int(steps), float(denoise), upscaler)
+
+
+def second_pass_steps(hires: Hires, first_steps: int) -> tuple[int, int]:
+    """(schedule length, steps run at its end) of the second pass, A1111's ``setup_img2img_steps``."""
+    run = hires.steps or first_steps
+    return max(int(run / min(hires.denoise, 0.999)), run), run
+
+
+# ------------------------------------------------------------------ torch's interpolate, in numpy
+def _cubic(x: np.ndarray, a: float) -> np.ndarray:
+    x = np.abs(x)
+    return np.where(x <= 1, ((a + 2) * x - (a + 3)) * x * x + 1,
+                    np.where(x < 2, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, 0.0))
+
+
+def _matrix(n_in: int, n_out: int, mode: str, antialias: bool) -> np.ndarray:
+    """The (n_out, n_in) resampling matrix torch applies along one axis (align_corners=False, size given)."""
+    scale = n_in / n_out
+    m = np.zeros((n_out, n_in), dtype=np.float64)
+    dst = np.arange(n_out)
+    if mode in ("nearest", "nearest-exact"):
+        src = np.floor((dst + (0.5 if mode == "nearest-exact" else 0.0)) * np.float32(scale)).astype(np.int64)
+        m[dst, np.minimum(src, n_in - 1)] = 1.0
+        return m
+    if antialias:  # torch's _upsample_*_aa: a separable filter with support widened when shrinking
+        size = 2 if mode == "bilinear" else 4
+        support = size * 0.5 * scale if scale >= 1 else size * 0.5
+        inv = 1 / scale if scale >= 1 else 1.0
+        for i in range(n_out):
+            center = scale * (i + 0.5)
+            lo = max(int(center - support + 0.5), 0)
+            hi = min(int(center + support + 0.5), n_in)
+            x = (np.arange(lo, hi) - center + 0.5) * inv
+            w = np.maximum(1 - np.abs(x), 0) if mode == "bilinear" else _cubic(x, -0.5)
+            total = w.sum()
+            m[i, lo:hi] = w / total if total else w
+        return m
+    src = (dst + 0.5) * scale - 0.5
+    if mode == "bilinear":
+        src = np.maximum(src, 0)
+        i0 = np.floor(src).astype(np.int64)
+        lam = src - i0
+        i1 = np.minimum(i0 + 1, n_in - 1)
+        i0 = np.minimum(i0, n_in - 1)
+        np.add.at(m, (dst, i0), 1 - lam)
+        np.add.at(m, (dst, i1), lam)
+        return m
+    if mode == "bicubic":
+        i0 = np.floor(src).astype(np.int64)
+        t = src - i0
+        for k in range(-1, 3):
+            np.add.at(m, (dst, np.clip(i0 + k, 0, n_in - 1)), _cubic(t - k, -0.75))
+        return m
+    raise InputError(f"unknown interpolation mode {mode!r}", where="hires_upscaler", fix="use a Latent mode")
+
+
+def interpolate(latent: np.ndarray, height: int, width: int, mode: str = "bilinear",
+                antialias: bool = False) -> np.ndarray:
+    """``torch.nn.functional.interpolate(latent, size=(height, width), mode, antialias)`` on (B, C, h, w)."""
+    x = np.asarray(latent, dtype=np.float32)
+    rows = _matrix(x.shape[2], height, mode, antialias).astype(np.float32)
+    cols = _matrix(x.shape[3], width, mode, antialias).astype(np.float32)
+    return np.einsum("ph,bchw,qw->bcpq", rows, x, cols, optimize=True).astype(np.float32)
+
+
+def upscale_latent(latent: np.ndarray, hires: Hires, height: int, width: int) -> np.ndarray:
+    mode, aa = LATENT_MODES[hires.upscaler]
+    return interpolate(latent, height // 8, width // 8, mode, aa)
+
+
+def upscale_image(image: np.ndarray, width: int, height: int, upscaler: str) -> np.ndarray:
+    """An HxWx3 uint8 image resized with Pillow's filter for ``upscaler`` (``Lanczos``, ``Nearest``)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise InputError(f"the {upscaler} hires upscaler needs Pillow", where="hires_upscaler",
+                         fix="pip install 'sdrt[images]', or use a Latent upscaler") from None
+    resample = getattr(Image.Resampling, IMAGE_MODES[upscaler])
+    return np.asarray(Image.fromarray(image).resize((width, height), resample=resample), dtype=np.uint8)

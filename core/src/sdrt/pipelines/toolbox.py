@@ -1,0 +1,150 @@
+"""The everyday toolbox's arguments (ControlNet, hires fix, live previews, A1111's seeds), checked once.
+
+``split(kwargs)`` takes these keywords out of ``generate``'s and returns them checked as a
+:class:`Toolbox`; the generic settings (:mod:`.settings`) never see them. ``noise_source`` gives the
+generator a run draws its noise from:
+
+- ``rng="cpu"`` without a variation seed (the default): diffusers' stream, one
+  ``torch.Generator("cpu").manual_seed(seed)`` for the whole batch (VAE sample, initial noise, then
+  each ancestral step), which every diffusers reference of the test suite follows;
+- ``rng="gpu"`` / ``"nv"``, or any ``rng`` with a variation seed (``subseed_strength > 0``): A1111's
+  ``ImageRNG``: every image of a batch its own generator of its own seed (``seed + i``; the same seed
+  and ``subseed + i`` with a variation strength), the initial noise drawn per image in
+  ``(C, H / 8, W / 8)`` and stacked, ancestral noise from the same per-image generators. The VAE
+  encoder's sample (img2img) comes from a CPU generator of the first seed (A1111 draws it from torch's
+  unseeded global generator, which nothing can reproduce).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+
+KEYWORDS = ("controlnets", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "rng", "subseed",
+            "subseed_strength", "preview")
+
+
+@dataclass
+class Toolbox:
+    controlnets: list[Any] = field(default_factory=list)
+    hires: Any = None
+    rng: str = "cpu"
+    subseed: int | None = None
+    subseed_strength: float = 0.0
+    preview: Any = None
+
+    @property
+    def per_image(self) -> bool:
+        """Noise drawn per image as A1111 does (else diffusers' one stream for the batch)."""
+        return self.rng != "cpu" or self.subseed_strength != 0
+
+
+def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
+    """(generic keywords, checked toolbox arguments)."""
+    from ..samplers.seeds import RNG_SOURCES, resolve_seed
+    from . import controlnet, hires
+
+    rest = {k: v for k, v in kwargs.items() if k not in KEYWORDS}
+    tb = Toolbox()
+    tb.controlnets = controlnet.parse_units(kwargs.get("controlnets"))
+    tb.hires = hires.parse(kwargs.get("hires_scale"), kwargs.get("hires_steps"), kwargs.get("hires_denoise"),
+                           kwargs.get("hires_upscaler"))
+    rng = kwargs.get("rng", "cpu") or "cpu"
+    if not isinstance(rng, str) or rng.lower() not in RNG_SOURCES:
+        raise InputError(f"unknown random source rng={rng!r}", where="rng",
+                         fix="use cpu (diffusers' and A1111's CPU), gpu (A1111's default GPU noise) or nv")
+    tb.rng = rng.lower()
+    strength = kwargs.get("subseed_strength", 0.0) or 0.0
+    if isinstance(strength, bool) or not isinstance(strength, (int, float, np.floating)) \
+            or not math.isfinite(strength) or not 0 <= strength <= 1:
+        raise InputError(f"subseed_strength must be from 0 to 1, got {strength!r}", where="subseed_strength",
+                         fix="pass e.g. subseed_strength=0.3 (0: no variation)")
+    tb.subseed_strength = float(strength)
+    subseed = kwargs.get("subseed")
+    if subseed is not None and (isinstance(subseed, bool) or not isinstance(subseed, (int, np.integer))):
+        raise InputError(f"subseed must be an integer, got {subseed!r}", where="subseed",
+                         fix="pass an integer, or -1 for a random one")
+    if tb.subseed_strength:
+        tb.subseed = resolve_seed(-1 if subseed is None else int(subseed))
+    elif subseed is not None and int(subseed) != -1:
+        tb.subseed = int(subseed)
+    preview = kwargs.get("preview")
+    if preview is not None and preview is not False:
+        if preview is True or preview == "approx":
+            tb.preview = "approx"
+        elif isinstance(preview, (str, os.PathLike)):
+            if not os.path.isfile(os.fspath(preview)):
+                raise InputError(f"no preview decoder at {os.fspath(preview)!r}", where="preview",
+                                 fix="pass a TAESD/TAESDXL/TAEF1 decoder's ONNX file, or preview='approx'")
+            tb.preview = os.fspath(preview)
+        elif callable(preview):  # a TaesdPreview, or any latent -> image function
+            tb.preview = preview
+        else:
+            raise InputError(f"preview must be True, 'approx', an ONNX file or a function, got {preview!r}",
+                             where="preview", fix="pass preview='approx' or a TAESD decoder file")
+    return rest, tb
+
+
+class A1111Noise:
+    """A1111's per-image noise behind the ``randn(shape)`` a loop calls (see the module doc)."""
+
+    def __init__(self, shape: tuple[int, ...], seeds: list[int], tb: Toolbox, subseed: int | None = None) -> None:
+        from ..samplers import TorchGenerator
+        from ..samplers.seeds import ImageNoise
+
+        subseeds = None
+        if tb.subseed_strength:
+            base = tb.subseed if subseed is None else subseed
+            assert base is not None
+            subseeds = [base + i for i in range(len(seeds))]
+        self.shape = tuple(shape)
+        self.noise = ImageNoise(shape[1:], seeds, subseeds=subseeds, subseed_strength=tb.subseed_strength,
+                                rng=tb.rng)
+        self.vae_generator = TorchGenerator(seeds[0])
+
+    def randn(self, shape: Any) -> np.ndarray:
+        shape = tuple(int(d) for d in shape)
+        if shape != self.shape:
+            raise AssertionError(f"noise of shape {shape} asked of A1111's per-image source of {self.shape}")
+        return self.noise.next()
+
+
+def noise_source(tb: Toolbox, shape: tuple[int, ...], seed: int, subseed: int | None = None) -> Any:
+    """The generator of one run (``batch`` images from ``seed``; variation seeds from ``subseed``, default
+    ``tb.subseed``): diffusers' stream, or A1111's per image."""
+    from ..samplers import TorchGenerator
+
+    if not tb.per_image:
+        return TorchGenerator(seed)
+    step = 0 if tb.subseed_strength else 1
+    return A1111Noise(shape, [seed + i * step for i in range(shape[0])], tb, subseed)
+
+
+def image_seeds(tb: Toolbox, seed: int, batch: int) -> list[int]:
+    """The seed written for each image of a run (A1111: ``seed + i``; diffusers' stream: ``seed`` for all)."""
+    if tb.per_image and not tb.subseed_strength:
+        return [seed + i for i in range(batch)]
+    return [seed] * batch
+
+
+def seed_fields(tb: Toolbox, position: int) -> dict[str, object]:
+    """A1111's ``Variation seed``, ``Variation seed strength`` and ``RNG`` fields for one image."""
+    from ..samplers.seeds import rng_infotext
+
+    fields: dict[str, object] = {}
+    if tb.subseed_strength:
+        assert tb.subseed is not None
+        fields["Variation seed"] = tb.subseed + position
+        fields["Variation seed strength"] = _num(tb.subseed_strength)
+    fields.update(rng_infotext(tb.rng))
+    return fields
+
+
+def _num(v: float) -> object:
+    return int(v) if float(v).is_integer() else round(float(v), 4)

@@ -1,0 +1,382 @@
+"""The toolbox through the pipeline: ControlNet (against diffusers), hires fix, live previews, A1111's seeds.
+
+ControlNet images are compared with ``StableDiffusionControlNetPipeline`` / ``StableDiffusionXLControlNetPipeline``
+(``scripts/gen_controlnet_refs.py``) on every installed backend: within 2 uint8 levels (measured: 1).
+The latent upscalers are compared with ``torch.nn.functional.interpolate`` (``scripts/gen_hires_refs.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pipeline_helpers import DATA, register
+
+from sdrt import pipelines
+from sdrt.errors import InputError, ModelError
+from sdrt.pipelines import controlmaps
+from sdrt.pipelines.controlnet import ControlNet
+from sdrt.pipelines.hires import interpolate, parse
+from sdrt.pipelines.preview import project
+from sdrt.samplers.philox import randn_cuda, randn_nv
+
+TOOLBOX = Path(__file__).resolve().parents[1] / "data" / "toolbox"
+PREVIEW = Path(__file__).resolve().parents[1] / "data" / "preview"
+CN_FOLDERS = ["tiny-sd15-controlnet", "tiny-sdxl-controlnet"]
+BACKENDS = ["reference", "openvino", "ggml"]
+PROMPT = "a photo of a red cat sitting on a wooden table, sunset"
+
+
+def _fast_backend() -> str:
+    try:
+        register("openvino")
+        return "openvino"
+    except pytest.skip.Exception:
+        register("reference")
+        return "reference"
+
+
+def _cases(folder: str) -> list[dict]:
+    return json.loads((DATA / folder / "refs.json").read_text())
+
+
+def _units(case: dict, z) -> list[tuple]:
+    return [(n, z[img], sc, st, en) for n, img, sc, st, en in
+            zip(case["controlnets"], case["control_images"], case["scale"], case["start"], case["end"])]
+
+
+def _run_case(pipe, case: dict, z, **extra) -> np.ndarray:
+    kw = dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], seed=case["seed"], width=case["width"],
+              height=case["height"], controlnets=_units(case, z))
+    kw.update(extra)
+    return pipe.generate(case["prompt"], case["negative_prompt"], **kw).images[0]
+
+
+# ------------------------------------------------------------------ ControlNet against diffusers
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("folder", CN_FOLDERS)
+def test_controlnet_images_equal_diffusers(folder: str, backend: str) -> None:
+    register(backend)
+    z = np.load(DATA / folder / "refs.npz")
+    worst = {}
+    with pipelines.load(DATA / folder, backend=backend) as pipe:
+        for case in _cases(folder):
+            image = _run_case(pipe, case, z)
+            d = np.abs(image.astype(int) - z[case["name"]][0].astype(int))
+            worst[case["name"]] = (int(d.max()), float((d > 0).mean()))
+    assert all(m <= 2 for m, _ in worst.values()), worst
+    assert all(share < 0.005 for _, share in worst.values()), worst
+
+
+def test_controlnet_window_and_scale_have_teeth() -> None:
+    """The window ignored, or the scale ignored, is far from diffusers' image: the test above can fail."""
+    backend = _fast_backend()
+    folder = "tiny-sd15-controlnet"
+    z = np.load(DATA / folder / "refs.npz")
+    cases = {c["name"]: c for c in _cases(folder)}
+    with pipelines.load(DATA / folder, backend=backend) as pipe:
+        window = dict(cases["controlnet/window 0.25-0.75"], start=[0.0], end=[1.0])
+        off = np.abs(_run_case(pipe, window, z).astype(int) - z["controlnet/window 0.25-0.75"][0]).max()
+        half = dict(cases["controlnet/scale 0.5"], scale=[1.0])
+        off_scale = np.abs(_run_case(pipe, half, z).astype(int) - z["controlnet/scale 0.5"][0]).max()
+    assert off > 20 and off_scale > 20, (off, off_scale)
+
+
+def test_controlnet_plan_lists_the_nets_and_their_calls() -> None:
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+        one = pipe.plan(PROMPT, "blurry", steps=8, sampler="Euler", seed=1,
+                        controlnets=[("controlnet", z["edges"], 1.0, 0.25, 0.75)])
+        two = pipe.plan(PROMPT, "blurry", steps=8, sampler="Euler", seed=1,
+                        controlnets=[("controlnet", z["edges"], 1.0, 0.25, 0.75), ("controlnet_2", z["scribble"], 0.5)])
+    net = one.part("controlnet")
+    assert net is not None and net.role == "controlnet" and net.calls == 8  # off steps run at scale 0, as diffusers
+    assert one.per_image("controlnet") == 16
+    sig = dict((k, (s, d)) for k, s, d in net.signatures[0][0])
+    assert sig["controlnet_cond"] == ((2, 3, 64, 64), "float32") and sig["conditioning_scale"] == ((), "float32")
+    unet = dict((k, s) for k, s, _ in one.part("unet").signatures[0][0])
+    assert unet["mid_block_additional_residual"] == (2, 16, 4, 4)
+    # with a second net always on, the first runs only inside its window: steps 2..5 of 8
+    assert two.part("controlnet").calls == 4 and two.part("controlnet_2").calls == 8
+    text = two.format()
+    assert "controlnet 0: controlnet, scale 1, steps 0.25-0.75" in text and "controlnet_2 (controlnet): 8 call(s)" in text
+
+
+def test_controlnet_infotext_as_the_extension_writes_it() -> None:
+    from sdrt.pipelines.png import format_parameters
+
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+        gen = pipe.generate(PROMPT, steps=2, sampler="Euler", seed=1, controlnets=[
+            ControlNet("controlnet", z["edges"], 0.8, 0.1, 0.9, preprocessor="canny", low=50, high=150)])
+    info = gen.settings[0]
+    assert info["ControlNet 0"] == ("Module: canny, Model: controlnet, Weight: 0.8, Resize Mode: Crop and Resize, "
+                                    "Processor Res: 64, Threshold A: 50, Threshold B: 150, Guidance Start: 0.1, "
+                                    "Guidance End: 0.9, Pixel Perfect: False, Control Mode: Balanced")
+    assert 'ControlNet 0: "Module: canny, Model: controlnet, Weight: 0.8,' in format_parameters(PROMPT, "", info)
+
+
+def test_preprocessor_and_resize_run_before_the_net() -> None:
+    """canny in the pipeline equals canny done by hand; a larger image is resized to the output first."""
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+    photo = np.kron(z["scribble"], np.ones((2, 2, 1), np.uint8))  # 128x128
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+        auto = pipe(PROMPT, steps=8, sampler="Euler", seed=4,
+                    controlnets=[ControlNet("controlnet", photo, preprocessor="canny")])[0]
+        edges = controlmaps.resize_control(controlmaps.to_rgb(controlmaps.canny(photo)), 64, 64, "Crop and Resize")
+        by_hand = pipe(PROMPT, steps=8, sampler="Euler", seed=4, controlnets=[("controlnet", edges)])[0]
+        plain = pipe(PROMPT, steps=8, sampler="Euler", seed=4, controlnets=[("controlnet", photo)])[0]
+    assert np.array_equal(auto, by_hand)
+    assert np.abs(auto.astype(int) - plain).max() > 5
+
+
+def test_controlnet_given_as_its_own_folder() -> None:
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+    case = _cases("tiny-sd15-controlnet")[0]
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+        by_name = _run_case(pipe, case, z)
+        by_dir = _run_case(pipe, case, z, controlnets=[(str(DATA / "tiny-sd15-controlnet" / "controlnet"), z["edges"])])
+        # a real run keeps the nets out of the model's parts (checkpoints and LoRAs never meet them)
+        assert "controlnet" not in pipe.parts and "controlnet" in pipe.control_parts
+        assert "controlnet:controlnet" not in pipe.control_parts  # the folder's own net, found by path too
+    assert np.array_equal(by_name, by_dir)
+
+
+@pytest.mark.parametrize("controlnets, error, words", [
+    ([("controlnet", "EDGES", 1.0, 0.8, 0.5)], InputError, "after its end"),
+    ([("nope", "EDGES")], ModelError, "no ControlNet model.onnx"),
+    ([("controlnet", "EDGES", float("nan"))], InputError, "scale must be a number"),
+    ([ControlNet("controlnet", "EDGES", preprocessor="depth")], InputError, "unknown ControlNet preprocessor"),
+    ([("controlnet",)], InputError, r"is not \(net, image"),
+    ("controlnet", InputError, "controlnets must be a list"),
+])
+def test_controlnet_bad_input(controlnets, error, words) -> None:
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+
+    def fill(v):
+        if isinstance(v, tuple):
+            return tuple(z["edges"] if x == "EDGES" else x for x in v)
+        if isinstance(v, ControlNet):
+            v.image = z["edges"]
+        return v
+
+    arg = [fill(u) for u in controlnets] if isinstance(controlnets, list) else controlnets
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe, pytest.raises(error, match=words):
+        pipe.plan(PROMPT, steps=2, controlnets=arg)
+
+
+def test_controlnet_on_a_unet_without_residual_inputs() -> None:
+    with pipelines.load(DATA / "tiny-sd15", backend=_fast_backend()) as pipe, pytest.raises(InputError, match="no ControlNet"):
+        pipe.plan(PROMPT, steps=2, controlnets=[(str(DATA / "tiny-sd15-controlnet" / "controlnet"),
+                                                 np.zeros((64, 64, 3), np.uint8))])
+
+
+# ------------------------------------------------------------------ hires fix
+def test_latent_upscalers_equal_torch_interpolate() -> None:
+    z = np.load(TOOLBOX / "interpolate.npz")
+    assert len(z.files) == 25
+    for key in z.files[1:]:
+        mode, aa, size = key.split("/")
+        h, w = (int(v) for v in size.split("x"))
+        np.testing.assert_allclose(interpolate(z["latent"], h, w, mode, aa == "1"), z[key], atol=5e-6, err_msg=key)
+
+
+def test_hires_settings_and_infotext() -> None:
+    hr = parse(2, 10, 0.45, "latent (bicubic)")
+    assert hr.upscaler == "Latent (bicubic)" and hr.target(512, 768) == (1024, 1536)
+    assert hr.infotext() == {"Denoising strength": 0.45, "Hires upscale": 2, "Hires steps": 10,
+                             "Hires upscaler": "Latent (bicubic)"}
+    assert "Hires steps" not in parse(1.5, None, None, None).infotext()  # A1111 leaves 0 (= first pass) out
+    for kw, words in (({"hires_steps": 4}, "needs hires_scale"), ({"hires_scale": 0.5}, "from 1 to 8"),
+                      ({"hires_scale": 2, "hires_denoise": 0}, r"in \(0, 1\]"),
+                      ({"hires_scale": 2, "hires_upscaler": "ESRGAN"}, "unknown hires upscaler")):
+        with pytest.raises(InputError, match=words):
+            parse(kw.get("hires_scale"), kw.get("hires_steps"), kw.get("hires_denoise"), kw.get("hires_upscaler"))
+
+
+@pytest.fixture(scope="module")
+def xl_dyn():
+    pipe = pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend())
+    yield pipe
+    pipe.close()
+
+
+def test_hires_fix_two_passes(xl_dyn) -> None:
+    kw = dict(steps=6, sampler="Euler", seed=3, width=64, height=64, hires_scale=2, hires_steps=4, hires_denoise=0.5)
+    plan = xl_dyn.plan("a cat", "blurry", **kw)
+    shapes = {tuple(dict((k, s) for k, s, _ in sig)["sample"]): n for sig, n in plan.part("unet").signatures}
+    assert shapes == {(2, 4, 8, 8): 6, (2, 4, 16, 16): 4}
+    assert plan.part("vae_decoder").signatures[0][0][0][1] == (1, 4, 16, 16)
+    assert "pass 2 at 128x128: the last 4 of 8 step(s)" in plan.format()
+    steps = []
+    gen = xl_dyn.generate("a cat", "blurry", callback=lambda i, n, x: steps.append((i, n, x.shape[-1])), **kw)
+    assert gen.images[0].shape == (128, 128, 3)
+    assert steps == [(i, 10, 8) for i in range(1, 7)] + [(i, 10, 16) for i in range(7, 11)]
+    info = gen.settings[0]
+    assert info["Size"] == "64x64" and info["Hires upscale"] == 2 and info["Hires steps"] == 4
+    assert info["Denoising strength"] == 0.5 and info["Hires upscaler"] == "Latent"
+    other = xl_dyn("a cat", "blurry", **{**kw, "hires_upscaler": "Latent (nearest)"})[0]
+    assert np.abs(other.astype(int) - gen.images[0]).max() > 0
+
+
+def test_hires_with_an_image_upscaler_is_img2img_of_the_upscaled_first_pass(xl_dyn) -> None:
+    """Lanczos: decode, resize with Pillow, then img2img on A1111's steps (the last 4 of int(4 / 0.5) = 8)."""
+    pil = pytest.importorskip("PIL.Image")
+    kw = dict(steps=6, sampler="Euler", seed=3, width=64, height=64)
+    hires = xl_dyn("a cat", "blurry", hires_scale=2, hires_steps=4, hires_denoise=0.5, hires_upscaler="Lanczos", **kw)[0]
+    base = xl_dyn("a cat", "blurry", **kw)[0]
+    big = np.asarray(pil.fromarray(base).resize((128, 128), pil.Resampling.LANCZOS))
+    i2i = xl_dyn("a cat", "blurry", steps=8, sampler="Euler", seed=3, init_image=big, strength=4.5 / 8)[0]
+    assert np.array_equal(hires, i2i)
+
+
+def test_hires_refuses_a_static_unet_and_img2img() -> None:
+    with pipelines.load(DATA / "tiny-sd15", backend=_fast_backend()) as pipe:
+        with pytest.raises(InputError, match="makes 64x64 images only"):
+            pipe.plan(PROMPT, steps=2, hires_scale=2)
+        with pytest.raises(InputError, match="txt2img pass"):
+            pipe.plan(PROMPT, steps=2, hires_scale=1, init_image=np.zeros((64, 64, 3), np.uint8))
+
+
+# ------------------------------------------------------------------ previews
+def test_preview_is_the_denoised_estimate(xl_dyn) -> None:
+    seen = []
+
+    def cb(step, total, latents):
+        seen.append((xl_dyn.preview(upscale=8), project(latents[0], "sdxl", upscale=8)))
+
+    xl_dyn.generate("a cat", steps=5, sampler="Euler", seed=2, width=64, height=64, callback=cb)
+    assert all(p.shape == (64, 64, 3) for p, _ in seen)
+    assert np.abs(seen[0][0].astype(int) - seen[0][1]).max() > 10  # step 1: the estimate, not the noisy latent
+    assert np.array_equal(seen[-1][0], seen[-1][1])  # Euler's last step lands on its estimate
+    assert xl_dyn.preview() is None  # outside a step
+
+
+def test_preview_with_a_taesd_decoder(xl_dyn) -> None:
+    decoder = PREVIEW / "tiny-taesd" / "vae_decoder" / "model.onnx"
+    shapes = []
+    xl_dyn.generate("a cat", steps=2, sampler="Euler", seed=2, width=64, height=64, preview=decoder,
+                    callback=lambda i, n, x: shapes.append(xl_dyn.preview().shape))
+    assert shapes and all(s[2] == 3 and s[0] >= 8 for s in shapes)
+    with pytest.raises(InputError, match="no preview decoder"):
+        xl_dyn.plan("a cat", steps=2, preview=PREVIEW / "missing.onnx")
+
+
+# ------------------------------------------------------------------ seeds
+def test_gpu_and_nv_noise_is_a1111s_per_image() -> None:
+    from sdrt.pipelines.toolbox import Toolbox, noise_source
+
+    for rng, draw in (("gpu", randn_cuda), ("nv", randn_nv)):
+        gen = noise_source(Toolbox(rng=rng), (3, 4, 8, 8), 41)
+        want = np.stack([draw(41 + i, (4, 8, 8)) for i in range(3)])
+        assert np.array_equal(gen.randn((3, 4, 8, 8)), want), rng
+    cpu = noise_source(Toolbox(), (2, 4, 8, 8), 41)  # diffusers' one stream for the batch
+    from sdrt.samplers import TorchGenerator
+
+    assert np.array_equal(cpu.randn((2, 4, 8, 8)), TorchGenerator(41).randn((2, 4, 8, 8)))
+
+
+def test_rng_seeds_and_infotext(xl_dyn) -> None:
+    kw = dict(steps=3, sampler="Euler", width=64, height=64)
+    gpu = xl_dyn.generate("a cat", seed=5, batch=2, rng="gpu", **kw)
+    assert gpu.seeds == [5, 6] and [s["Seed"] for s in gpu.settings] == [5, 6]
+    assert "RNG" not in gpu.settings[0]  # A1111 leaves its default (GPU) out
+    single = xl_dyn.generate("a cat", seed=6, rng="gpu", **kw).images[0]
+    assert np.abs(single.astype(int) - gpu.images[1]).max() <= 1  # image i of a batch is seed + i on its own
+    nv = xl_dyn.generate("a cat", seed=5, rng="nv", **kw)
+    cpu = xl_dyn.generate("a cat", seed=5, **kw)
+    assert nv.settings[0]["RNG"] == "NV" and cpu.settings[0]["RNG"] == "CPU"
+    assert np.abs(nv.images[0].astype(int) - cpu.images[0]).max() > 10
+    assert np.abs(nv.images[0].astype(int) - gpu.images[0]).max() <= 2  # NV imitates the GPU's first draw
+
+
+def test_variation_seeds(xl_dyn) -> None:
+    kw = dict(steps=3, sampler="Euler", width=64, height=64, rng="gpu")
+    none = xl_dyn("a cat", seed=5, **kw)[0]
+    zero = xl_dyn.generate("a cat", seed=5, subseed=9, subseed_strength=0, **kw)
+    assert np.array_equal(zero.images[0], none) and "Variation seed" not in zero.settings[0]
+    full = xl_dyn.generate("a cat", seed=5, subseed=9, subseed_strength=1.0, batch=2, **kw)
+    other = xl_dyn("a cat", seed=9, **kw)[0]
+    assert np.abs(full.images[0].astype(int) - other).max() <= 1  # strength 1: the variation seed's noise
+    assert full.seeds == [5, 5]  # A1111: a variation keeps the seed, the variation seeds count up
+    assert [s["Variation seed"] for s in full.settings] == [9, 10]
+    assert full.settings[0]["Variation seed strength"] == 1
+    half = xl_dyn("a cat", seed=5, subseed=9, subseed_strength=0.5, **kw)[0]
+    assert np.abs(half.astype(int) - none).max() > 5 and np.abs(half.astype(int) - other).max() > 5
+
+
+def test_seed_minus_one_is_random_and_written(xl_dyn) -> None:
+    a = xl_dyn.generate("a cat", seed=-1, steps=1, sampler="Euler", width=64, height=64)
+    b = xl_dyn.generate("a cat", seed=-1, steps=1, sampler="Euler", width=64, height=64)
+    assert 0 <= a.seeds[0] < 4294967294 and a.settings[0]["Seed"] == a.seeds[0] and a.seeds != b.seeds
+    again = xl_dyn.generate("a cat", seed=a.seeds[0], steps=1, sampler="Euler", width=64, height=64)
+    assert np.array_equal(again.images[0], a.images[0])
+
+
+@pytest.mark.parametrize("kw, words", [({"rng": "tpu"}, "unknown random source"),
+                                       ({"subseed_strength": 2}, "from 0 to 1"),
+                                       ({"subseed": "x"}, "subseed must be an integer"),
+                                       ({"preview": 3}, "preview must be")])
+def test_seed_bad_input(xl_dyn, kw, words) -> None:
+    with pytest.raises(InputError, match=words):
+        xl_dyn.plan("a cat", steps=1, **kw)
+
+
+# ------------------------------------------------------------------ the command line
+def test_cli_controlnet_flags_give_diffusers_image(tmp_path: Path, capsys) -> None:
+    from sdrt.cli import main
+    from sdrt.pipelines.png import read_parameters, write_png
+
+    backend = _fast_backend()
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+    case = next(c for c in _cases("tiny-sd15-controlnet") if c["name"] == "controlnet/two nets")
+    paths = []
+    for name in case["control_images"]:
+        paths += ["--control-image", str(tmp_path / f"{name}.png")]
+        write_png(tmp_path / f"{name}.png", z[name])
+    out = tmp_path / "cn.png"
+    args = ["generate", str(DATA / "tiny-sd15-controlnet"), case["prompt"], "--negative", case["negative_prompt"],
+            "--steps", "8", "--sampler", "Euler", "--seed", str(case["seed"]), "--backend", backend, "-o", str(out),
+            *paths, "--controlnet", str(DATA / "tiny-sd15-controlnet" / "controlnet"), "--controlnet", "controlnet_2"]
+    for flag, key in (("--control-scale", "scale"), ("--control-start", "start"), ("--control-end", "end")):
+        for v in case[key]:
+            args += [flag, str(v)]
+    assert main(args) == 0, capsys.readouterr().err
+    pil = pytest.importorskip("PIL.Image")
+    with pil.open(out) as img:
+        pixels = np.asarray(img.convert("RGB"))
+    assert np.abs(pixels.astype(int) - z[case["name"]][0]).max() <= 2
+    text = read_parameters(out)
+    assert 'ControlNet 0: "Module: none, Model: controlnet, Weight: 0.9,' in text
+    assert 'ControlNet 1: "Module: none, Model: controlnet_2, Weight: 0.6,' in text and "Guidance Start: 0.1" in text
+
+
+def test_cli_dry_run_shows_both_hires_passes_and_bad_flags(tmp_path: Path, capsys) -> None:
+    from sdrt.cli import main
+
+    assert main(["generate", str(DATA / "tiny-sdxl-dyn"), "a cat", "--steps", "6", "--width", "64", "--height", "64",
+                 "--hires-scale", "1.5", "--hires-steps", "3", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "pass 2 at 96x96: the last 3 of 4 step(s)" in out and "sample [2, 4, 12, 12]" in out
+    for args, words in ((["--controlnet", "x"], "--controlnet needs a --control-image"),
+                        (["--hires-steps", "3"], "needs hires_scale"),
+                        (["--subseed-strength", "3"], "subseed_strength must be from 0 to 1"),
+                        (["--control-image", str(tmp_path / "none.png")], "the control image does not exist")):
+        rc = main(["generate", str(DATA / "tiny-sd15-controlnet"), "a cat", "--dry-run", *args])
+        err = capsys.readouterr().err
+        assert rc != 0 and words in err and "Traceback" not in err, (args, err)
+
+
+def test_a_controlnet_unet_without_a_controlnet_is_the_plain_unet() -> None:
+    """No ControlNet asked for: the folder's net at scale 0 feeds zero residuals, which is the plain UNet
+    (tiny-sd15-controlnet's UNet has tiny-sd15's weights: gen_controlnet_refs.py builds both the same way)."""
+    backend = _fast_backend()
+    kw = dict(steps=4, sampler="Euler", seed=5)
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=backend) as cn_pipe, \
+            pipelines.load(DATA / "tiny-sd15", backend=backend) as plain:
+        gen = cn_pipe.generate("a cat", "blurry", **kw)
+        assert np.array_equal(gen.images[0], plain("a cat", "blurry", **kw)[0])
+        assert not any(k.startswith("ControlNet") for k in gen.settings[0])
+        assert cn_pipe.plan("a cat", **kw).part("controlnet").calls == 4
