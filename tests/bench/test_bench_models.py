@@ -48,6 +48,9 @@ def test_models_keep_the_architecture(tiny_models):
     assert {"Gather", "LayerNormalization", "Softmax"} <= ops["text_encoder"]
     assert {"HardSwish", "HardSigmoid", "GlobalAveragePool"} <= ops["mobilenet_v3"]
     assert "Clip" in ops["mobilenet_v2"]
+    for block in ("flux_double_block", "flux_single_block", "sd35_block"):  # RMSNorm, GELU-tanh, AdaLN
+        assert {"ReduceMean", "Sqrt", "Tanh", "Pow", "Split", "Gemm", "LayerNormalization", "Softmax"} <= ops[block]
+    assert {"Neg", "Slice"} <= ops["flux_double_block"] & ops["flux_single_block"]  # the rotary embedding
     names = {t.name for t in tiny_models["unet"][0].graph.initializer}
     assert "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_k.weight.T" in names
     assert any(n.startswith("up_blocks.3.resnets.2.") for n in names)

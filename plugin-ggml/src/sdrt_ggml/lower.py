@@ -23,13 +23,15 @@ from sdrt.lowering import fold_node, producers_and_uses
 
 from . import rewrites_epilogue  # noqa: F401  (registers the conv and GEMM epilogue fusions)
 from .ops import FOLD_ONLY, REGISTRY, load_all
-from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported
+from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported, wide
 from .rewrites import OPTIONAL, REWRITES
 
 log = logging.getLogger("sdrt.ggml.lower")
 
 #: small integer and bool inputs are carried exactly in float32 tensors, through layout ops only
 CARRIED = {"bool", "int8", "uint8", "int16", "uint16"}
+#: ops that may read a value of more than four dims (``ops._common.wide``): they only reshape or permute it
+WIDE_OPS = {"Reshape", "Flatten", "Transpose", "Einsum", "Identity"}
 _INPUT_DTYPES = {"float32", "float16", "float64", "int64", "int32"} | CARRIED
 #: ops that only move data: they accept carried integer tensors
 LAYOUT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile", "Concat", "Slice",
@@ -92,7 +94,7 @@ def ctypes_addr(p: Any) -> int:
 
 
 #: lowerings that take host values (H) as they are instead of as materialized tensors
-_HOST_AWARE = {"GatherND"}
+_HOST_AWARE = {"GatherND", "Where"}
 
 
 class Lowering:
@@ -276,8 +278,15 @@ class Lowering:
             # a host value's shape is static: a constant, not run-time host work
             ins = [ins[0].example]
             present = ins
+        elif node.op_type in ("Shape", "Size") and isinstance(ins[0], GTensor):
+            # so is every ggml tensor's (an integer graph input's too: its shape is pinned), so that what is
+            # computed from it (a ConstantOfShape, a Range of the sequence length) folds to constants
+            ins = [np.broadcast_to(np.zeros((), np.int32), ins[0].shape)]
+            present = ins
         if self._host_node(node, ins):
             return
+        if node.op_type not in WIDE_OPS and any(isinstance(v, GTensor) and wide(v) for v in present):
+            raise unsupported(node, f"{node.op_type} on a tensor of more than 4 dimensions")
         if any(isinstance(v, HostValue) for v in present) and node.op_type not in _HOST_AWARE:
             ins = [self._materialize(v) if isinstance(v, HostValue) else v for v in ins]
             present = [v for v in ins if v is not None]
@@ -314,7 +323,8 @@ class Lowering:
     def _host_capable(self, v: Value | None) -> bool:
         if isinstance(v, HostValue):
             return True
-        return isinstance(v, GTensor) and v.dtype == "int32" and self.input_name_of(v) in self.out.inputs
+        return (isinstance(v, GTensor) and (v.dtype == "int32" or v.dtype in CARRIED)
+                and self.input_name_of(v) in self.out.inputs)
 
     def _host_example(self, v: Any) -> Any:
         if isinstance(v, HostValue):

@@ -280,7 +280,14 @@ def test_einsum_as_batched_matmul(equation, sa, sb):
     check(make_model([node], {"a": (a.shape, F), "b": (b.shape, F)}, {"y": (None, F)}, opset=17), {"a": a, "b": b})
 
 
-@pytest.mark.parametrize(("equation", "why"), [("ij->ji", "with 1 operands"), ("ii,ij->j", "repeated indices"),
+@pytest.mark.parametrize("equation", ["ij->ji", "nhwpc->nchpw"])  # SD3's unpatchify permutes this way
+def test_einsum_of_one_operand_is_a_transpose(equation):
+    a = _x(*range(2, 2 + len(equation.split("->")[0])))
+    node = helper.make_node("Einsum", ["a"], ["y"], equation=equation)
+    check(make_model([node], {"a": (a.shape, F)}, {"y": (None, F)}, opset=17), {"a": a})
+
+
+@pytest.mark.parametrize(("equation", "why"), [("ij->i", "only axis permutations"), ("ii,ij->j", "repeated indices"),
                                                ("ij,jk->i", "summed within one operand")])
 def test_einsum_forms_not_lowered_are_unsupported_naming_the_node(equation, why):
     from sdrt.errors import UnsupportedGraph

@@ -512,3 +512,48 @@ def test_depthwise_conv_on_a_one_pixel_wide_input():
     m = make_model([mk("Conv", ["x", "w"], ["y"], kernel_shape=[2, 2], pads=[0, 1, 0, 1], strides=[2, 2], group=5)],
                    {"x": ((1, 5, 6, 1), F)}, {"y": (None, F)}, {"w": rand(5, 1, 2, 2, seed=2)})
     check(m, {"x": rand(1, 5, 6, 1)})
+
+
+# -- what the flow transformers (SD3, Flux, Chroma) export ----------------------------------------------------
+
+def test_einsum_unpatchify_permutes_six_dims():
+    # SD3: Reshape to (n, h, w, p, q, c), Einsum nhwpqc->nchpwq, Reshape to (n, c, h p, w q), batch 2
+    n, h, w, p, c = 2, 3, 5, 2, 4
+    nodes = [mk("Reshape", ["x", "s6"], ["a"]), mk("Einsum", ["a"], ["b"], equation="nhwpqc->nchpwq"),
+             mk("Reshape", ["b", "s4"], ["y"])]
+    inits = {"s6": np.array([n, h, w, p, p, c], np.int64), "s4": np.array([n, c, h * p, w * p], np.int64)}
+    m = make_model(nodes, {"x": ((n, h * w, p * p * c), F)}, {"y": (None, F)}, inits)
+    check(m, {"x": rand(n, h * w, p * p * c)}, rtol=0, atol=0)
+
+
+def test_einsum_outer_product_of_rotary_angles():
+    nodes = [mk("Einsum", ["pos", "freqs"], ["y"], equation="i,j->ij")]
+    m = make_model(nodes, {"pos": ((24,), F)}, {"y": (None, F)}, {"freqs": rand(8, seed=1)})
+    check(m, {"pos": rand(24)})
+
+
+def test_six_dim_value_read_by_another_op_is_refused_not_aborted():
+    nodes = [mk("Reshape", ["x", "s6"], ["a"]), mk("Relu", ["a"], ["y"])]
+    m = make_model(nodes, {"x": ((2, 3, 4), F)}, {"y": (None, F)}, {"s6": np.array([2, 3, 2, 2, 1, 1], np.int64)})
+    from sdrt.errors import UnsupportedGraph
+
+    with pytest.raises(UnsupportedGraph, match="more than 4 dimensions"):
+        compile_ggml(m)
+
+
+def test_where_on_a_mask_computed_from_a_bool_input():
+    # Chroma: mask[:, None, None, :] & mask[:, None, :, None]; masked_fill(~m, min); softmax; masked_fill(~m, 0)
+    nodes = [mk("Unsqueeze", ["m", "ax_k"], ["mk"]), mk("Unsqueeze", ["m", "ax_q"], ["mq"]),
+             mk("And", ["mk", "mq"], ["m2"]), mk("Not", ["m2"], ["drop"]),
+             mk("Where", ["drop", "low", "s"], ["s2"]), mk("Softmax", ["s2"], ["p"], axis=-1),
+             mk("Where", ["drop", "zero", "p"], ["y"])]
+    inits = {"ax_k": np.array([1, 2], np.int64), "ax_q": np.array([1, 3], np.int64),
+             "low": np.array(np.finfo(np.float32).min, np.float32), "zero": np.array(0.0, np.float32)}
+    m = make_model(nodes, {"s": ((1, 2, 6, 6), F), "m": ((1, 6), helper.TensorProto.BOOL)}, {"y": (None, F)}, inits)
+    mask = np.array([[True, True, True, False, False, True]])
+    with compile_ggml(m) as sess:  # one session: the mask is read each run, not folded at compile time
+        for other in (mask, np.ones_like(mask), np.array([[True, False, False, False, False, False]])):
+            feeds = {"s": rand(1, 2, 6, 6, seed=int(other.sum())), "m": other}
+            got, want = sess.run(feeds)["y"], run_ort(m, feeds)["y"]
+            assert np.isfinite(got).all()
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

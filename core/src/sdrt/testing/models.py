@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from . import dit_blocks
 from .builder import Builder
 
 # ---------------------------------------------------------------------------
@@ -373,7 +374,9 @@ MODELS: dict[str, Callable[[str], tuple[onnx.ModelProto, dict[str, np.ndarray]]]
     "text_encoder": text_encoder,
     "mobilenet_v3": mobilenet_v3,
     "mobilenet_v2": mobilenet_v2,
+    **dit_blocks.BUILDERS,  # the transformer row: Flux double- and single-stream blocks, an SD3.5 block
 }
+SIZES.update(dit_blocks.SIZES)
 
 
 def build(name: str, size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

@@ -54,13 +54,28 @@ def _einsum_plan(eq: str) -> tuple[str, str, str]:
     return terms[0], terms[1], out
 
 
+def _einsum_permute(lw: Any, node: Any, x: Value) -> Any:
+    """One operand, every index kept once (SD3's unpatchify ``nhwpqc->nchpwq``): a transpose."""
+    eq = str(attrs(node)["equation"]).replace(" ", "")
+    if "..." in eq or "->" not in eq:
+        raise ValueError(f"Einsum {eq!r} (ellipsis or implicit output)")
+    term, out = eq.split("->")
+    if len(set(term)) != len(term) or sorted(term) != sorted(out):
+        raise ValueError(f"Einsum {eq!r} (one operand: only axis permutations)")
+    perm = [term.index(c) for c in out]
+    v = var(lw, x)
+    return v if perm == list(range(len(perm))) else mb().transpose(x=v, perm=perm)
+
+
 @op("Einsum")
 def op_einsum(lw: Any, node: Any, inputs: list[Value]) -> list[Value]:
     """Two-operand Einsum as a batched matmul: transpose each operand to (batch, free, contracted)
     and (batch, contracted, free), reshape to rank 3, ``matmul``, reshape and transpose to the output.
     (MIL's own ``einsum`` takes only ``nchw,nwhu->nchu``.)"""
+    if len(inputs) == 1:
+        return [_einsum_permute(lw, node, inputs[0])]
     if len(inputs) != 2:
-        raise ValueError(f"Einsum with {len(inputs)} operands (two are supported)")
+        raise ValueError(f"Einsum with {len(inputs)} operands (one or two are supported)")
     ta, tb, to = _einsum_plan(str(attrs(node)["equation"]).replace(" ", ""))
     like = inputs[1] if isinstance(inputs[0], np.ndarray) else inputs[0]
     a, b = var(lw, inputs[0], like=like), var(lw, inputs[1], like=like)

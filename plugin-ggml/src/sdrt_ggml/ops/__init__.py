@@ -22,7 +22,7 @@ FOLD_ONLY: set[str] = {
 
 _MODULES = (
     "op_elementwise", "op_unary", "op_matmul", "op_conv", "op_norm", "op_softmax", "op_shape",
-    "op_gather", "op_resize", "op_reduce", "op_pool", "op_pad",
+    "op_gather", "op_resize", "op_reduce", "op_pool", "op_pad", "op_einsum",
 )
 
 #: the table every ``op_*`` module registers on (``sdrt.lowering.OpTable``)

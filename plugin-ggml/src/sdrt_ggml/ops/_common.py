@@ -258,6 +258,21 @@ def concat_ptr(lowering: Lowering, a: Any, b: Any, dim: int) -> Any:
     return lib.ggml_concat(lowering.ctx, a, b, dim)
 
 
+def ne_merged(shape: Sequence[int]) -> list[int]:
+    """ggml ne of an ONNX shape, with the dims past ggml's four merged into the outermost one: the dense
+    storage of a wide-rank value (``wide``) that only reshapes and permutations read."""
+    if len(shape) <= MAX_DIMS:
+        return ne_of(shape)
+    lead = math.prod(int(d) for d in shape[: len(shape) - MAX_DIMS + 1])
+    return ne_of((lead, *shape[len(shape) - MAX_DIMS + 1 :]))
+
+
+def wide(x: GTensor) -> bool:
+    """A value of more than four dims (not all leading ones): stored dense with merged outer dims; only
+    Reshape, Flatten, Transpose and a permuting Einsum may read it (``lower.WIDE_OPS``)."""
+    return x.rank > MAX_DIMS and any(d != 1 for d in x.shape[: x.rank - MAX_DIMS])
+
+
 def reshape(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:
     shape = tuple(int(d) for d in shape)
     if -1 in shape:
@@ -268,8 +283,26 @@ def reshape(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:
     if shape == x.shape and is_contiguous(x):
         return x
     x = cont(lowering, x)
-    ne = ne_of(shape)
+    ne = ne_merged(shape)
     return GTensor(ggml_lib().ggml_reshape_4d(lowering.ctx, x.ptr, *ne), shape, x.dtype)
+
+
+def _permute_wide(lowering: Lowering, x: GTensor, perm: list[int]) -> GTensor:
+    """A permutation of more than four dims, as moves of one axis at a time: moving axis ``i`` to ``j < i``
+    is the rank-4 swap (A, B, C, D) -> (A, C, B, D) of the merged groups before ``j``, ``j..i``, ``i`` and
+    after ``i``; each move makes one dense copy."""
+    order = list(range(x.rank))  # order[k]: the input axis now at position k
+    shape = list(x.shape)
+    for j, want in enumerate(perm):
+        i = order.index(want)
+        if i == j:
+            continue
+        a, b, c, d = (math.prod(shape[:j]), math.prod(shape[j:i]), shape[i], math.prod(shape[i + 1 :]))
+        x = reshape(lowering, x, (a, b, c, d))
+        x = cont(lowering, permute(lowering, x, (0, 2, 1, 3)))
+        order.insert(j, order.pop(i))
+        shape.insert(j, shape.pop(i))
+    return reshape(lowering, x, tuple(shape))
 
 
 def permute(lowering: Lowering, x: GTensor, perm: Sequence[int]) -> GTensor:
@@ -279,7 +312,7 @@ def permute(lowering: Lowering, x: GTensor, perm: Sequence[int]) -> GTensor:
     if perm == list(range(r)):
         return x
     if r > MAX_DIMS:
-        raise ValueError("transpose of a tensor with more than 4 dimensions")
+        return _permute_wide(lowering, x, perm)
     axes = list(range(MAX_DIMS))
     for j, p in enumerate(perm):
         axes[r - 1 - p] = r - 1 - j

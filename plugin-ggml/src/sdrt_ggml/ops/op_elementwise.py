@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from . import op
-from ._common import GTensor, Value, binary, cont, expand_to, ggml_lib, reshape, scalar_of, to_tensor
+from ._common import GTensor, HostValue, Value, binary, cont, expand_to, ggml_lib, reshape, scalar_of, to_tensor
 
 
 def _scale_bias(lowering: Any, x: GTensor, s: float, b: float) -> GTensor:
@@ -21,7 +21,7 @@ def _scale_bias(lowering: Any, x: GTensor, s: float, b: float) -> GTensor:
 def _runtime_float(node: Any, *vals: Value) -> None:
     for v in vals:
         if isinstance(v, GTensor) and v.dtype != "float32":
-            raise ValueError(f"{node.op_type} on an integer runtime tensor")
+            raise ValueError(f"{node.op_type if node is not None else 'Where'} on an integer runtime tensor")
 
 
 def _with_scalar(lowering: Any, a: Value, b: Value, kind: str) -> GTensor | None:
@@ -111,10 +111,28 @@ def op_pow(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     raise ValueError(f"Pow with exponent {ev} (supported: 0.5, 1, 2, 3, -1)")
 
 
+def _where_host(lowering: Any, c: HostValue, x: Value, y: Value) -> GTensor:
+    """Where with a condition computed on the host from integer/bool graph inputs (Chroma's attention mask):
+    x*c + y*(1-c) on a float copy of it. Infinite fills are refused (inf * 0 is NaN)."""
+    for v in (x, y):
+        if isinstance(v, np.ndarray) and not np.all(np.isfinite(v)):
+            raise ValueError("Where with a runtime condition and an infinite fill")
+    x, y = (lowering._materialize(v) if isinstance(v, HostValue) else v for v in (x, y))
+    _runtime_float(None, x, y)
+    m = lowering._materialize(lowering.host_map(c, lambda a: a.astype(np.float32), "f32"))
+    inv = lowering._materialize(lowering.host_map(c, lambda a: 1.0 - a.astype(np.float32), "f32_not"))
+    terms = [binary(lowering, "ggml_mul", v, mask, True) for v, mask in ((x, m), (y, inv))]
+    return binary(lowering, "ggml_add", terms[0], terms[1], True)
+
+
 @op("Where")
 def op_where(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
-    """Where with a constant condition: select = x*c + y*(1-c), or a masked fill for infinities."""
+    """Where with a constant condition: select = x*c + y*(1-c), or a masked fill for infinities; with a
+    condition computed on the host, the same select on a float copy of it."""
     c, x, y = inputs
+    if isinstance(c, HostValue):
+        return [_where_host(lowering, c, x, y)]
+    x, y = (lowering._materialize(v) if isinstance(v, HostValue) else v for v in (x, y))
     if not isinstance(c, np.ndarray):
         raise ValueError("Where with a runtime condition")
     cond = c.astype(bool)

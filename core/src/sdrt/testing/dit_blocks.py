@@ -1,0 +1,276 @@
+"""Bench models for the diffusion transformers: one Flux.1 double-stream block, one single-stream block, and
+one SD3.5 (Large) joint block, at the real width, built with ``Builder`` (no torch).
+
+Each follows diffusers' module (``FluxTransformerBlock``, ``FluxSingleTransformerBlock``,
+``JointTransformerBlock`` with RMS q/k norm) and writes its ops as ``torch.onnx.export`` does at opset 17
+(checked against the tiny diffusers exports under tests/data/pipelines): AdaLayerNormZero as SiLU, Gemm,
+Split and LayerNormalization without affine, RMSNorm as Pow/ReduceMean/Add/Sqrt/Div/Mul, the rotary embedding
+as strided Slices, Neg, Unsqueeze, Concat and Reshape, attention as MatMul/Softmax/MatMul, GELU (tanh) as its
+Pow/Tanh polynomial. The rotary cos/sin tables (``[text + image, head_dim]``) are inputs, as the full
+transformer computes them once per run from ``img_ids``/``txt_ids``.
+
+Sizes: ``bench`` is the real width and token count (Flux: 3072 wide, 24 heads, 4096 image + 512 text tokens,
+a 1024x1024 image; SD3.5 Large: 2432 wide, 38 heads, 4096 image + 333 text tokens); ``tiny`` is for tests.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from .builder import Builder
+
+SIZES: dict[str, dict[str, dict[str, Any]]] = {
+    "flux_double_block": {
+        "full": {"dim": 3072, "heads": 24, "img": 4096, "txt": 512},
+        "bench": {"dim": 3072, "heads": 24, "img": 4096, "txt": 512},
+        "tiny": {"dim": 64, "heads": 4, "img": 16, "txt": 8},
+    },
+    "flux_single_block": {
+        "full": {"dim": 3072, "heads": 24, "img": 4096, "txt": 512},
+        "bench": {"dim": 3072, "heads": 24, "img": 4096, "txt": 512},
+        "tiny": {"dim": 64, "heads": 4, "img": 16, "txt": 8},
+    },
+    "sd35_block": {
+        "full": {"dim": 2432, "heads": 38, "img": 4096, "txt": 333},
+        "bench": {"dim": 2432, "heads": 38, "img": 4096, "txt": 333},
+        "tiny": {"dim": 64, "heads": 4, "img": 16, "txt": 8},
+    },
+}
+
+F32 = np.float32
+
+
+def _layer_norm_plain(b: Builder, x: str, name: str, dim: int) -> str:
+    """nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6): constant ones and zeros as scale and bias."""
+    return b.op("LayerNormalization", [x, b.const(np.ones(dim), F32), b.const(np.zeros(dim), F32)],
+                name=f"/{name}/LayerNormalization", axis=-1, epsilon=1e-6)
+
+
+def _ada_ln(b: Builder, x: str, emb: str, name: str, dim: int, chunks: int) -> tuple[str, list[str]]:
+    """AdaLayerNormZero(Single): Linear(SiLU(temb)) split in ``chunks``; x = LN(x) (1 + scale) + shift.
+    Returns the modulated x and the remaining chunks (gate, ...), each unsqueezed to [B, 1, dim]."""
+    mod = b.gemm(emb, f"{name}.linear", dim, chunks * dim)
+    parts = b.op_multi("Split", [mod, b.const([dim] * chunks)], name=f"/{name}/Split", outputs=chunks, axis=1)
+    parts = [b.op("Unsqueeze", [p, b.const([1])], name=f"/{name}/Unsqueeze_{i}") for i, p in enumerate(parts)]
+    shift, scale = parts[0], parts[1]
+    h = _layer_norm_plain(b, x, f"{name}/norm", dim)
+    one = b.op("Add", [scale, b.const(1.0, F32)], name=f"/{name}/Add")
+    h = b.op("Mul", [h, one], name=f"/{name}/Mul")
+    return b.op("Add", [h, shift], name=f"/{name}/Add_1"), parts[2:]
+
+
+def _rms_norm(b: Builder, x: str, name: str, dim: int) -> str:
+    sq = b.op("Pow", [x, b.const(2.0, F32)], name=f"/{name}/Pow")
+    mean = b.op("ReduceMean", [sq], name=f"/{name}/ReduceMean", axes=[-1], keepdims=1)
+    std = b.op("Sqrt", [b.op("Add", [mean, b.const(1e-6, F32)], name=f"/{name}/Add")], name=f"/{name}/Sqrt")
+    inv = b.op("Div", [b.const(1.0, F32), std], name=f"/{name}/Div")
+    y = b.op("Mul", [x, inv], name=f"/{name}/Mul")
+    w = b.param(f"{name}.weight", [dim], std=0.1)
+    b._shift_param(w, 1.0)
+    return b.op("Mul", [y, w], name=f"/{name}/Mul_1")
+
+
+def _heads(b: Builder, x: str, name: str, heads: int, hd: int) -> str:
+    return b.op("Reshape", [x, b.const([0, -1, heads, hd])], name=f"/{name}/Reshape")
+
+
+def _rotary(b: Builder, x: str, cos: str, sin: str, name: str) -> str:
+    """x [B, N, H, d] * cos + rotate_half_interleaved(x) * sin, with cos/sin [N, 1, d]."""
+    big = 1 << 62
+    last = b.const([-1])
+    real = b.op("Slice", [x, b.const([0]), b.const([big]), last, b.const([2])], name=f"/{name}/Slice")
+    imag = b.op("Slice", [x, b.const([1]), b.const([big]), last, b.const([2])], name=f"/{name}/Slice_1")
+    neg = b.op("Neg", [imag], name=f"/{name}/Neg")
+    pair = b.op("Concat", [b.op("Unsqueeze", [neg, last], name=f"/{name}/Unsqueeze"),
+                           b.op("Unsqueeze", [real, last], name=f"/{name}/Unsqueeze_1")], name=f"/{name}/Concat",
+                axis=-1)
+    rot = b.op("Reshape", [pair, b.const([0, 0, 0, -1])], name=f"/{name}/Reshape")
+    a = b.op("Mul", [x, cos], name=f"/{name}/Mul")
+    return b.op("Add", [a, b.op("Mul", [rot, sin], name=f"/{name}/Mul_1")], name=f"/{name}/Add")
+
+
+def _sdpa(b: Builder, q: str, k: str, v: str, name: str, heads: int, hd: int) -> str:
+    """q, k, v [B, N, H, d] -> [B, N, H d]: scaled_dot_product_attention as torch exports it."""
+    qt = b.op("Transpose", [q], name=f"/{name}/Transpose", perm=[0, 2, 1, 3])
+    kt = b.op("Transpose", [k], name=f"/{name}/Transpose_1", perm=[0, 2, 3, 1])
+    vt = b.op("Transpose", [v], name=f"/{name}/Transpose_2", perm=[0, 2, 1, 3])
+    s = b.op("MatMul", [qt, kt], name=f"/{name}/MatMul")
+    s = b.op("Mul", [s, b.const(1.0 / math.sqrt(hd), F32)], name=f"/{name}/Mul")
+    p = b.op("Softmax", [s], name=f"/{name}/Softmax", axis=-1)
+    o = b.op("MatMul", [p, vt], name=f"/{name}/MatMul_1")
+    o = b.op("Transpose", [o], name=f"/{name}/Transpose_3", perm=[0, 2, 1, 3])
+    return b.op("Reshape", [o, b.const([0, -1, heads * hd])], name=f"/{name}/Reshape")
+
+
+def _gelu_tanh(b: Builder, x: str, name: str) -> str:
+    """GELU(approximate='tanh'): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    cube = b.op("Pow", [x, b.const(3.0, F32)], name=f"/{name}/Pow")
+    inner = b.op("Add", [x, b.op("Mul", [cube, b.const(0.044715, F32)], name=f"/{name}/Mul")], name=f"/{name}/Add")
+    t = b.op("Tanh", [b.op("Mul", [inner, b.const(math.sqrt(2 / math.pi), F32)], name=f"/{name}/Mul_1")],
+             name=f"/{name}/Tanh")
+    half = b.op("Mul", [x, b.const(0.5, F32)], name=f"/{name}/Mul_2")
+    return b.op("Mul", [half, b.op("Add", [t, b.const(1.0, F32)], name=f"/{name}/Add_1")], name=f"/{name}/Mul_3")
+
+
+def _ff(b: Builder, x: str, name: str, dim: int) -> str:
+    h = _gelu_tanh(b, b.linear(x, f"{name}.net.0.proj", dim, 4 * dim), f"{name}/net.0")
+    return b.linear(h, f"{name}.net.2", 4 * dim, dim)
+
+
+def _gated(b: Builder, x: str, gate: str, y: str, name: str) -> str:
+    return b.op("Add", [x, b.op("Mul", [gate, y], name=f"/{name}/Mul")], name=f"/{name}/Add")
+
+
+def _qkv(b: Builder, x: str, name: str, dim: int, heads: int, prefix: str = "to_", norm: str = "norm_") -> list[str]:
+    hd = dim // heads
+    out = []
+    for t in "qkv":
+        h = _heads(b, b.linear(x, f"{name}.{prefix}{t}" + ("_proj" if prefix == "add_" else ""), dim, dim),
+                   f"{name}/{prefix}{t}", heads, hd)
+        if t != "v":
+            h = _rms_norm(b, h, f"{name}.{norm}{t}", hd)
+        out.append(h)
+    return out
+
+
+def _inputs(b: Builder, cfg: dict[str, int], rotary: bool, joint: bool = True) -> dict[str, str]:
+    d, n_img, n_txt = cfg["dim"], cfg["img"], cfg["txt"]
+    names = {"temb": b.input("temb", TensorProto.FLOAT, [1, d])}
+    if joint:
+        names["img"] = b.input("hidden_states", TensorProto.FLOAT, [1, n_img, d])
+        names["txt"] = b.input("encoder_hidden_states", TensorProto.FLOAT, [1, n_txt, d])
+    else:
+        names["img"] = b.input("hidden_states", TensorProto.FLOAT, [1, n_txt + n_img, d])
+    if rotary:
+        hd = d // cfg["heads"]
+        for t in ("cos", "sin"):
+            raw = b.input(f"freqs_{t}", TensorProto.FLOAT, [n_txt + n_img, hd])
+            names[t] = b.op("Unsqueeze", [raw, b.const([1])], name=f"/rotary/Unsqueeze_{t}")
+    return names
+
+
+def _feeds(cfg: dict[str, int], rotary: bool, joint: bool, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    d, n_img, n_txt, hd = cfg["dim"], cfg["img"], cfg["txt"], cfg["dim"] // cfg["heads"]
+    feeds = {"temb": rng.standard_normal((1, d), dtype=F32)}
+    if joint:
+        feeds["hidden_states"] = rng.standard_normal((1, n_img, d), dtype=F32)
+        feeds["encoder_hidden_states"] = rng.standard_normal((1, n_txt, d), dtype=F32)
+    else:
+        feeds["hidden_states"] = rng.standard_normal((1, n_txt + n_img, d), dtype=F32)
+    if rotary:  # Flux's axes (16, 56, 56) of ids (0, row, col) for image tokens, zeros for text, theta 10000
+        side = int(math.isqrt(n_img))
+        ids = np.zeros((n_txt + n_img, 3), np.float64)
+        ids[n_txt:, 1] = np.repeat(np.arange(side), n_img // side)[:n_img]
+        ids[n_txt:, 2] = np.tile(np.arange(n_img // side), side)[:n_img]
+        a0 = hd // 8 // 2 * 2
+        a1 = (hd - a0) // 2 // 2 * 2
+        axes = [a0, a1, hd - a0 - a1]  # 16, 56, 56 at head_dim 128
+        angles = []
+        for i, dim_i in enumerate(axes):
+            freqs = 1.0 / 10000 ** (np.arange(0, dim_i, 2, dtype=np.float64) / dim_i)
+            angles.append(np.repeat(np.outer(ids[:, i], freqs), 2, axis=1))
+        ang = np.concatenate(angles, axis=1)
+        feeds["freqs_cos"], feeds["freqs_sin"] = np.cos(ang).astype(F32), np.sin(ang).astype(F32)
+    return feeds
+
+
+def flux_double_block(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    cfg = SIZES["flux_double_block"][size]
+    d, heads = cfg["dim"], cfg["heads"]
+    b = Builder("flux_double_block", seed=11)
+    x = _inputs(b, cfg, rotary=True)
+    emb = b.silu(x["temb"], "norm1/silu")
+    name = "transformer_blocks.0"
+    h, (g_msa, sh_mlp, sc_mlp, g_mlp) = _ada_ln(b, x["img"], emb, f"{name}.norm1", d, 6)
+    c, (cg_msa, csh_mlp, csc_mlp, cg_mlp) = _ada_ln(b, x["txt"], emb, f"{name}.norm1_context", d, 6)
+    q, k, v = _qkv(b, h, f"{name}.attn", d, heads)
+    cq, ck, cv = _qkv(b, c, f"{name}.attn", d, heads, prefix="add_", norm="norm_added_")
+    joint = [b.op("Concat", [a, m], name=f"/{name}/attn/Concat_{t}", axis=1) for t, a, m in
+             (("q", cq, q), ("k", ck, k), ("v", cv, v))]
+    jq = _rotary(b, joint[0], x["cos"], x["sin"], f"{name}/attn/rotary_q")
+    jk = _rotary(b, joint[1], x["cos"], x["sin"], f"{name}/attn/rotary_k")
+    o = _sdpa(b, jq, jk, joint[2], f"{name}/attn/sdpa", heads, d // heads)
+    n_txt = cfg["txt"]
+    big = 1 << 62
+    ctx_o = b.op("Slice", [o, b.const([0]), b.const([n_txt]), b.const([1])], name=f"/{name}/attn/Slice")
+    img_o = b.op("Slice", [o, b.const([n_txt]), b.const([big]), b.const([1])], name=f"/{name}/attn/Slice_1")
+    img_o = b.linear(img_o, f"{name}.attn.to_out.0", d, d)
+    ctx_o = b.linear(ctx_o, f"{name}.attn.to_add_out", d, d)
+    outs = []
+    for stream, a, gate, sh, sc, g2, tag in ((x["img"], img_o, g_msa, sh_mlp, sc_mlp, g_mlp, "ff"),
+                                             (x["txt"], ctx_o, cg_msa, csh_mlp, csc_mlp, cg_mlp, "ff_context")):
+        y = _gated(b, stream, gate, a, f"{name}/{tag}/attn_res")
+        n = _layer_norm_plain(b, y, f"{name}/{tag}/norm2", d)
+        n = b.op("Add", [b.op("Mul", [n, b.op("Add", [sc, b.const(1.0, F32)], name=f"/{name}/{tag}/Add_s")],
+                              name=f"/{name}/{tag}/Mul_s"), sh], name=f"/{name}/{tag}/Add_sh")
+        outs.append(_gated(b, y, g2, _ff(b, n, f"{name}.{tag}", d), f"{name}/{tag}/ff_res"))
+    b.rename(outs[1], "out_encoder_hidden_states")
+    b.rename(outs[0], "out_hidden_states")
+    b.output("out_encoder_hidden_states", shape=[1, n_txt, d])
+    b.output("out_hidden_states", shape=[1, cfg["img"], d])
+    return b.model(), _feeds(cfg, True, True, 1100)
+
+
+def flux_single_block(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    cfg = SIZES["flux_single_block"][size]
+    d, heads = cfg["dim"], cfg["heads"]
+    b = Builder("flux_single_block", seed=12)
+    x = _inputs(b, cfg, rotary=True, joint=False)
+    name = "single_transformer_blocks.0"
+    emb = b.silu(x["temb"], f"{name}/norm/silu")
+    h, (gate,) = _ada_ln(b, x["img"], emb, f"{name}.norm", d, 3)
+    mlp = _gelu_tanh(b, b.linear(h, f"{name}.proj_mlp", d, 4 * d), f"{name}/act_mlp")
+    q, k, v = _qkv(b, h, f"{name}.attn", d, heads)
+    q = _rotary(b, q, x["cos"], x["sin"], f"{name}/attn/rotary_q")
+    k = _rotary(b, k, x["cos"], x["sin"], f"{name}/attn/rotary_k")
+    a = _sdpa(b, q, k, v, f"{name}/attn/sdpa", heads, d // heads)
+    cat = b.op("Concat", [a, mlp], name=f"/{name}/Concat", axis=2)
+    out = _gated(b, x["img"], gate, b.linear(cat, f"{name}.proj_out", 5 * d, d), f"{name}/res")
+    b.rename(out, "out_hidden_states")
+    b.output("out_hidden_states", shape=[1, cfg["txt"] + cfg["img"], d])
+    return b.model(), _feeds(cfg, True, False, 1200)
+
+
+def sd35_block(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    cfg = SIZES["sd35_block"][size]
+    d, heads = cfg["dim"], cfg["heads"]
+    b = Builder("sd35_block", seed=13)
+    x = _inputs(b, cfg, rotary=False)
+    emb = b.silu(x["temb"], "norm1/silu")
+    name = "transformer_blocks.0"
+    h, (g_msa, sh_mlp, sc_mlp, g_mlp) = _ada_ln(b, x["img"], emb, f"{name}.norm1", d, 6)
+    c, (cg_msa, csh_mlp, csc_mlp, cg_mlp) = _ada_ln(b, x["txt"], emb, f"{name}.norm1_context", d, 6)
+    q, k, v = _qkv(b, h, f"{name}.attn", d, heads)
+    cq, ck, cv = _qkv(b, c, f"{name}.attn", d, heads, prefix="add_", norm="norm_added_")
+    joint = [b.op("Concat", [m, a], name=f"/{name}/attn/Concat_{t}", axis=1) for t, a, m in
+             (("q", cq, q), ("k", ck, k), ("v", cv, v))]  # SD3: image tokens first, then the context
+    o = _sdpa(b, *joint, f"{name}/attn/sdpa", heads, d // heads)
+    n_img = cfg["img"]
+    big = 1 << 62
+    img_o = b.op("Slice", [o, b.const([0]), b.const([n_img]), b.const([1])], name=f"/{name}/attn/Slice")
+    ctx_o = b.op("Slice", [o, b.const([n_img]), b.const([big]), b.const([1])], name=f"/{name}/attn/Slice_1")
+    img_o = b.linear(img_o, f"{name}.attn.to_out.0", d, d)
+    ctx_o = b.linear(ctx_o, f"{name}.attn.to_add_out", d, d)
+    outs = []
+    for stream, a, gate, sh, sc, g2, tag in ((x["img"], img_o, g_msa, sh_mlp, sc_mlp, g_mlp, "ff"),
+                                             (x["txt"], ctx_o, cg_msa, csh_mlp, csc_mlp, cg_mlp, "ff_context")):
+        y = _gated(b, stream, gate, a, f"{name}/{tag}/attn_res")
+        n = _layer_norm_plain(b, y, f"{name}/{tag}/norm2", d)
+        n = b.op("Add", [b.op("Mul", [n, b.op("Add", [sc, b.const(1.0, F32)], name=f"/{name}/{tag}/Add_s")],
+                              name=f"/{name}/{tag}/Mul_s"), sh], name=f"/{name}/{tag}/Add_sh")
+        outs.append(_gated(b, y, g2, _ff(b, n, f"{name}.{tag}", d), f"{name}/{tag}/ff_res"))
+    b.rename(outs[1], "out_encoder_hidden_states")
+    b.rename(outs[0], "out_hidden_states")
+    b.output("out_encoder_hidden_states", shape=[1, cfg["txt"], d])
+    b.output("out_hidden_states", shape=[1, n_img, d])
+    return b.model(), _feeds(cfg, False, True, 1300)
+
+
+BUILDERS = {"flux_double_block": flux_double_block, "flux_single_block": flux_single_block,
+            "sd35_block": sd35_block}
