@@ -29,10 +29,10 @@ def register(family: type[Family]) -> type[Family]:
 
 def registered() -> dict[str, type[Family]]:
     if not _FAMILIES:
-        from .sd1 import SD1
-        from .sd2 import SD2
         from .chroma import Chroma
         from .flux import Flux
+        from .sd1 import SD1
+        from .sd2 import SD2
         from .sd3 import SD3
         from .sdxl import SDXL
 
