@@ -428,7 +428,7 @@ class Pipeline:
 
         assert s.width is not None and s.height is not None
         generator = TorchGenerator(seed)
-        ms = self.family.model_sampling(s.width, s.height, s.shift)
+        ms = self.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
         loop = self._loop(s, ms, generator, seed)
         shape = self.family.latent_shape(s.batch, s.height, s.width)
         unet_in = self.denoiser.inputs[self.family.sample_input].shape

@@ -108,7 +108,7 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
         outputs = tuple(dict.fromkeys(o for _, outs in part.record for o in outs))
         parts.append(PartPlan(name, pipe.family.parts.get(name, "?"), str(part.path), len(part.record),
                               sorted(counts.items(), key=lambda kv: -kv[1]), outputs))
-    ms = pipe.family.model_sampling(s.width, s.height, s.shift)
+    ms = pipe.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
     kind = getattr(ms, "prediction", "?")
     if getattr(ms, "kind", "") == "flow":
         kind = f"flow (shift {ms.shift:g})" if ms.mu is None else f"flow (mu {ms.mu:.3f})"
