@@ -371,15 +371,15 @@ class Pipeline:
         if s.guidance is not None and not distilled:
             raise InputError(f"guidance (the distilled guidance scale) applies to guidance-distilled models such as "
                              f"Flux dev, and this {fam.label} model takes none", where="guidance",
-                             fix="use cfg for classifier-free guidance, or leave guidance unset")
+                             fix="use {@cfg} for classifier-free guidance, or leave {@guidance} unset")
         if distilled and s.guidance is None:
             s.guidance = 3.5  # diffusers' FluxPipeline default
         if s.shift is not None and not fam.flow:
             raise InputError(f"shift applies to flow-matching models (SD3, Flux, Chroma), not {fam.label}",
-                             where="shift", fix="leave shift unset")
+                             where="shift", fix="leave {@shift} unset")
         if s.max_sequence_length is not None and not any(e.kind == "t5" for e in fam.encoders):
             raise InputError(f"max_sequence_length sets T5's token count, and {fam.label} has no T5 encoder",
-                             where="max_sequence_length", fix="leave max_sequence_length unset")
+                             where="max_sequence_length", fix="leave {@max_sequence_length} unset")
 
     def _check_size(self, s: Settings) -> None:
         """A size the denoiser was not exported for, said in pixels (not as a shape it cannot be pinned to)."""

@@ -103,7 +103,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     choice = resolve(sampler, schedule) if sampler is not None else None
     if sampler is None and schedule is not None:
         raise InputError("a schedule was given without a sampler", where="schedule",
-                         fix='pass a sampler too, e.g. sampler="euler", schedule="simple"')
+                         fix="pass {@sampler} too, e.g. euler with the simple schedule")
     if seed is None:
         seed = secrets.randbits(32)
     elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
