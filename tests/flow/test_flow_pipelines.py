@@ -53,7 +53,7 @@ def _pipe(kind: str, backend: str):
 
 #: the long-prompt cases of SD3 and Flux: diffusers truncates CLIP at 77 tokens, sdrt reads A1111's chunks
 #: (emphasis, BREAK), so their CLIP side differs by design; test_long_prompt_t5_side checks their T5 side
-PARAMS = [(k, c["name"], b) for k in KINDS for c in _cases(k) for b in ("openvino", "reference")
+PARAMS = [(k, c["name"], b) for k in KINDS for c in _cases(k) for b in ("openvino", "reference", "ggml")
           if not ("long" in c["name"] and k != "chroma")]
 
 
@@ -64,6 +64,9 @@ def test_image_matches_diffusers(kind: str, name: str, backend: str) -> None:
             pytest.xfail("OpenVINO computes Chroma's masked T5 encoder wrongly once its shapes are pinned "
                          "(2.0-2.4 off onnxruntime); see docs/flow-families.md")
     case = next(c for c in _cases(kind) if c["name"] == name)
+    if backend == "ggml" and kind != "sd3" and case["batch"] > 1:
+        pytest.xfail("ggml refuses the Flux transformer at batch 2 (UnsupportedGraph: a Concat of more than 4 "
+                     "dimensions in the attention); batch 1, and true CFG as two calls, run")
     refs = _refs(kind)
     images = _pipe(kind, backend)(case["prompt"], case["negative_prompt"] or "", **_kwargs(case, refs))
     got = np.stack(images).astype(int)

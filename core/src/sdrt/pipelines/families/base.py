@@ -90,6 +90,8 @@ class Family:
     flow: ClassVar[bool] = False
     #: the denoiser takes packed latent tokens ``[B, tokens, 4 C]`` (Flux, Chroma; ``session`` packs them)
     packed: ClassVar[bool] = False
+    #: CFG's two conditionings in one call (rows ``[uncond, cond]``); Flux and Chroma run two calls, as diffusers
+    batched_cfg: ClassVar[bool] = True
     #: the transformer's ``timestep`` per scheduler timestep (SD3: 1, as is; Flux and Chroma: 1/1000, sigma)
     timestep_scale: ClassVar[float] = 1.0
     #: the CFG scale and sampler when the caller sets none (diffusers' pipeline defaults)
@@ -235,7 +237,7 @@ class Family:
                          hooks=[*self.hooks(call), *call.hooks])
         cond = self.cond_feeds(call.cond, call.batch)
         uncond = self.cond_feeds(call.uncond, call.batch) if call.uncond is not None else None
-        return CFGDenoiser(model, cond, uncond, call.cfg if self.guidance == "cfg" else 1.0, batched=True)
+        return CFGDenoiser(model, cond, uncond, call.cfg if self.guidance == "cfg" else 1.0, batched=self.batched_cfg)
 
     # ------------------------------------------------------------------ the contract
     def check(self, parts: Mapping[str, Part]) -> None:

@@ -66,6 +66,7 @@ class Flux(Family):
     model_inputs = {"hidden_states": 3, "timestep": 1, "encoder_hidden_states": 3, "pooled_projections": 2,
                     "txt_ids": 2, "img_ids": 2}
     packed = True
+    batched_cfg = False  # diffusers' Flux (true CFG) and Chroma pipelines call the transformer once per prompt
     flow = True
     timestep_scale = 0.001
     default_cfg = 1.0
