@@ -170,3 +170,16 @@ def test_k_euler_on_diffusers_sigmas_is_flowmatch_euler() -> None:
     model = pipe.family.denoiser(pipe.denoiser, ms, ModelCall(s.width, s.height, 1, s.cfg, cond, uncond))
     image = pipe._decode(loop.run(model, x))[0]
     assert int(np.abs(image.astype(int) - refs[f"{case['name']}/image"][0].astype(int)).max()) <= 2
+
+
+def test_prompt_syntax_acts_on_clip_only() -> None:
+    """A1111 emphasis weights CLIP's states; T5 reads the plain text (no brackets, weights or BREAK)."""
+    from sdrt.pipelines.textcond import t5_text
+
+    assert t5_text("a (red:1.2) fox BREAK [snow], ((sky))") == "a red fox snow, sky"
+    pipe = _pipe("sd3", "reference")
+    plain = pipe.prompts.encode("a red fox", 1, max_length=16)
+    weighted = pipe.prompts.encode("a (red:1.5) fox", 1, max_length=16)
+    np.testing.assert_array_equal(plain.t5, weighted.t5)
+    assert np.abs(plain.hidden[:, :77] - weighted.hidden[:, :77]).max() > 1e-3
+    assert pipe.prompts.encode("a red fox BREAK snow", 1, max_length=16).chunks == 2

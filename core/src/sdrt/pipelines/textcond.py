@@ -14,13 +14,13 @@ pipeline calls, with ``max_length`` (the run's ``max_sequence_length``) added.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ModelError
 from .prompts import Conditioning, PromptEncoder
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,7 +32,8 @@ def t5_text(prompt: str) -> str:
     """The prompt's plain text for T5: A1111's emphasis brackets, weights and ``BREAK`` removed."""
     from ..text import parse_prompt
 
-    return "".join(text for text, weight in parse_prompt(prompt) if weight >= 0).strip()
+    text = "".join(text if weight >= 0 else " " for text, weight in parse_prompt(prompt))  # BREAK: a space
+    return re.sub(" {2,}", " ", text).strip()
 
 
 @dataclass
@@ -121,9 +122,3 @@ class TextConditioner:
         if self.clip is not None:
             self.clip.weights_changed()
 
-
-def check_t5_width(states: np.ndarray, width: int | None, part: Part) -> None:
-    """T5's states against the width the transformer takes (a wrong text_encoder folder)."""
-    if width is not None and states.shape[-1] != width:
-        raise ModelError(f"the {part.name} gives {states.shape[-1]}-wide states and the transformer takes {width}",
-                         where=str(part.path), fix="use the T5 encoder that belongs to this model")
