@@ -183,3 +183,31 @@ def test_prompt_syntax_acts_on_clip_only() -> None:
     np.testing.assert_array_equal(plain.t5, weighted.t5)
     assert np.abs(plain.hidden[:, :77] - weighted.hidden[:, :77]).max() > 1e-3
     assert pipe.prompts.encode("a red fox BREAK snow", 1, max_length=16).chunks == 2
+
+
+def test_cli_flux_guidance_and_sd3_write_forge_parameters(tmp_path: Path, capsys) -> None:
+    """``sdrt generate FLUX "prompt" --guidance 3.5`` and an SD3 folder: diffusers' images, Forge's fields."""
+    from sdrt.cli import main
+
+    register("reference")
+    flux = next(c for c in _cases("flux-dev") if c["name"] == "txt2img/96x64/guidance 3.5")
+    out = tmp_path / "flux.png"
+    assert main(["generate", str(DATA / "tiny-flux-dev"), flux["prompt"], "--guidance", "3.5", "--steps", "3",
+                 "--width", "96", "--height", "64", "--seed", str(flux["seed"]), "--max-sequence-length", "32",
+                 "--backend", "reference", "-o", str(out)]) == 0
+    text = read_parameters(out)
+    assert text.startswith(flux["prompt"] + "\nSteps: 3, Sampler: Euler, ")
+    assert "CFG scale: 1, Seed: 11, Size: 96x64" in text and text.endswith("Distilled CFG Scale: 3.5")
+    sd3 = _cases("sd3")[0]
+    out3 = tmp_path / "sd3.png"
+    assert main(["generate", str(DATA / "tiny-sd3"), sd3["prompt"], "-n", sd3["negative_prompt"], "--cfg", "5",
+                 "--steps", "3", "--width", "96", "--height", "64", "--seed", "1", "--max-sequence-length", "32",
+                 "--shift", "3", "--backend", "reference", "-o", str(out3)]) == 0
+    text3 = read_parameters(out3)
+    assert f"\nNegative prompt: {sd3['negative_prompt']}\n" in text3 and text3.endswith("Shift: 3")
+    assert "wrote" in capsys.readouterr().out
+    Image = pytest.importorskip("PIL.Image", reason="Pillow reads the PNG's pixels back")
+    for path, kind, case in ((out, "flux-dev", flux), (out3, "sd3", sd3)):
+        with Image.open(path) as img:
+            pixels = np.asarray(img.convert("RGB")).astype(int)
+        assert int(np.abs(pixels - _refs(kind)[f"{case['name']}/image"][0].astype(int)).max()) <= 2
