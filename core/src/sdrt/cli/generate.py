@@ -17,7 +17,7 @@ API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "FOLD
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "generate", help="generate images from a prompt with a Stable Diffusion model folder",
+        "generate", help="generate images from a prompt with a Stable Diffusion, SD3, Flux or Chroma model folder",
         usage="sdrt generate [FOLDER] PROMPT [options]",
         description="Generate an image. FOLDER is a diffusers/Optimum ONNX model folder; without it, the tiny "
                     "model that ships with sdrt is used. One prompt a run: quote it.",
@@ -25,8 +25,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("args", nargs="+", metavar="[FOLDER] PROMPT", help="model folder (optional) and the prompt")
     p.add_argument("--negative", "-n", default="", help="negative prompt")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--cfg", type=float, default=7.0, help="classifier-free guidance scale (1: no negative pass)")
-    p.add_argument("--sampler", default="DPM++ 2M Karras", help='A1111 or ComfyUI sampler name, e.g. "Euler a"')
+    p.add_argument("--cfg", type=float, default=None,
+                   help="classifier-free guidance scale (1: no negative pass; default: 7 for SD and SD3, 5 for "
+                        "Chroma, 1 for Flux, whose --cfg is diffusers' true_cfg_scale)")
+    p.add_argument("--guidance", type=float, default=None,
+                   help="distilled guidance of guidance-distilled models (Flux dev; default 3.5)")
+    p.add_argument("--shift", type=float, default=None,
+                   help="flow-matching shift in place of the model's (SD3, Flux, Chroma)")
+    p.add_argument("--max-sequence-length", type=int, default=None,
+                   help="T5's token count (SD3, Flux, Chroma; default: 256 for SD3 and Flux schnell, 512 for Flux "
+                        "dev and Chroma)")
+    p.add_argument("--sampler", default=None,
+                   help='A1111 or ComfyUI sampler name, e.g. "Euler a" (default: DPM++ 2M Karras for SD, Euler '
+                        'for the flow models)')
     p.add_argument("--schedule", default=None, help='schedule for a sampler name without one, e.g. "karras"')
     p.add_argument("--seed", type=int, default=None, help="random when not given or -1")
     p.add_argument("--width", type=int, default=None, help="a multiple of 8 (default: the model's size)")
@@ -64,7 +75,8 @@ def _split_args(words: list[str]) -> tuple[str | None, str]:
     if len(words) == 2:
         return words[0], words[1]
     lone = Path(words[0])
-    if lone.is_dir() and ((lone / "model_index.json").is_file() or (lone / "unet").is_dir()):
+    if lone.is_dir() and ((lone / "model_index.json").is_file() or (lone / "unet").is_dir()
+                          or (lone / "transformer").is_dir()):
         raise InputError(f"{words[0]} is a model folder, and no prompt follows it", where="PROMPT",
                          fix=f'give the prompt after the folder: sdrt generate {words[0]} "a red fox in the snow"')
     return None, words[0]
@@ -97,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     folder, prompt = _split_args(args.args)
     options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, schedule=args.schedule, seed=args.seed,
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
-                   mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip)
+                   mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip,
+                   guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length)
     options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
     custom = generate_weights.check(args)

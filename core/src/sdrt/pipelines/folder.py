@@ -138,8 +138,15 @@ class ModelFolder:
                 fix="export every part (optimum-cli export onnx --model ID FOLDER), or point at the right folder",
             )
         tokenizers: dict[str, Path] = {}
+        kinds = {e.tokenizer: e.kind for e in fam.encoders}
         for tok in dict.fromkeys(e.tokenizer for e in fam.encoders):
             folder = root / tok
+            if kinds[tok] == "t5":
+                if not any((folder / f).is_file() for f in ("tokenizer.json", "spiece.model")):
+                    raise ModelNotFoundError(f"the model folder's {tok} has no tokenizer.json or spiece.model (T5)",
+                                             where=str(folder), fix="copy the tokenizer folder of the original model")
+                tokenizers[tok] = folder
+                continue
             if not all((folder / f).is_file() or (folder / f"{f}.gz").is_file() for f in ("vocab.json", "merges.txt")):
                 raise ModelNotFoundError(f"the model folder's {tok} has no vocab.json and merges.txt",
                                          where=str(folder), fix="copy the tokenizer folder of the original model")

@@ -242,3 +242,43 @@ class KLoop:
     def _uses_brownian(self) -> bool:
         name = getattr(self.sampler, "__name__", "")
         return "sde" in name
+
+
+class FlowLoop:
+    """diffusers' ``FlowMatchEulerDiscreteScheduler`` (SD3, Flux, Chroma): ``x + (sigma_next - sigma) v``.
+
+    ``timesteps``/``sigmas`` as the family's pipeline sets them (``sigmas`` one longer, ending in 0), cut at
+    img2img's strength already; ``scale`` turns a scheduler timestep into the transformer's ``timestep``
+    (SD3: 1; Flux and Chroma: 1/1000, as their pipelines divide it). The model's ``predict`` gives the guided
+    velocity; img2img starts from ``scale_noise(image, noise, sigmas[0])``.
+    """
+
+    def __init__(self, timesteps: np.ndarray, sigmas: np.ndarray, scale: float = 1.0) -> None:
+        self.timesteps = np.asarray(timesteps, np.float32)
+        self.sigmas = np.asarray(sigmas, np.float32)
+        self.divisor = F32(round(1 / scale))  # float32 division, as the pipelines' ``timestep / 1000``
+
+    @property
+    def steps(self) -> int:
+        return len(self.timesteps)
+
+    def start(self, noise: np.ndarray, image: np.ndarray | None = None) -> np.ndarray:
+        return noise.astype(np.float32) if image is None else self.add_noise(image, noise, 0)
+
+    def add_noise(self, image: np.ndarray, noise: np.ndarray, index: int) -> np.ndarray:
+        from ..samplers.flowmatch import scale_noise
+
+        return scale_noise(image, noise, float(self.sigmas[index]))
+
+    def timestep(self, i: int) -> float:
+        return float(self.timesteps[i] / self.divisor)
+
+    def run(self, model: Model, x: np.ndarray, *, after_step: StepHook | None = None,
+            callback: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
+        from ..samplers.flowmatch import euler_step
+
+        for i in range(self.steps):
+            v = model.predict(x, self.timestep(i))
+            x = euler_step(x, np.asarray(v, np.float32), float(self.sigmas[i]), float(self.sigmas[i + 1]))
+            x = _SchedulerLoop._end_step(i, x, after_step, callback)
+        return x

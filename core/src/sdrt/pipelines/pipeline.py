@@ -124,29 +124,32 @@ class Pipeline(ToolboxMixin):
     def prompts(self) -> PromptEncoder:
         if self._prompts is None:
             if self._tokenizers is None:
-                from ..text import CLIPTokenizer
+                from ..text import CLIPTokenizer, T5Tokenizer
 
-                self._tokenizers = {k: CLIPTokenizer.from_folder(v) for k, v in self.folder.tokenizers.items()}
+                kinds = {e.tokenizer: e.kind for e in self.family.encoders}
+                self._tokenizers = {k: (T5Tokenizer if kinds.get(k) == "t5" else CLIPTokenizer).from_folder(v)
+                                    for k, v in self.folder.tokenizers.items()}
             self._prompts = self.family.conditioner(self._parts, self._tokenizers)
         return self._prompts
 
     def _conditioning(self, s: Settings) -> tuple[Conditioning, Conditioning | None]:
-        cond = self._limit(self.prompts.encode(s.prompt, s.clip_skip), "prompt")
-        if s.cfg == 1.0 or self.family.guidance != "cfg":
+        t5 = {"max_length": s.max_sequence_length} if s.max_sequence_length else {}
+        cond = self._limit(self.prompts.encode(s.prompt, s.clip_skip, **t5), "prompt")
+        if not self.family.negative_pass(s.cfg, s.negative_prompt):
             return cond, None
         if self.folder.force_zeros_for_empty_prompt and not s.negative_prompt:
             uncond = self.prompts.zeros_like(cond)
         else:
             try:
-                uncond = self._limit(self.prompts.encode(s.negative_prompt, s.clip_skip), "negative_prompt")
+                uncond = self._limit(self.prompts.encode(s.negative_prompt, s.clip_skip, **t5), "negative_prompt")
             except InputError as exc:  # the text side speaks of "the prompt": say which one
                 if exc.where != "prompt":
                     raise
                 raise InputError(exc.what.replace("the prompt", "the negative prompt"), where="negative_prompt",
                                  fix=exc.fix) from None
             chunks = max(cond.chunks, uncond.chunks)
-            cond = self.prompts.pad_to(cond, chunks, s.clip_skip)
-            uncond = self.prompts.pad_to(uncond, chunks, s.clip_skip)
+            cond = self.prompts.pad_to(cond, chunks, s.clip_skip, **t5)
+            uncond = self.prompts.pad_to(uncond, chunks, s.clip_skip, **t5)
         return cond, uncond
 
     def _limit(self, cond: Conditioning, where: str) -> Conditioning:
@@ -245,6 +248,15 @@ class Pipeline(ToolboxMixin):
 
         # diffusers' own scheduler arithmetic for the DDPM-trained families; k-diffusion's form otherwise
         kind = _DIFFUSERS_FORM.get((s.choice.sampler, s.choice.schedule)) if isinstance(ms, FolderSchedule) else None
+        if self.family.flow and (s.choice.sampler, s.choice.schedule) == ("euler", "normal"):
+            from ..samplers.flowmatch import img2img_timesteps
+            from .loops import FlowLoop
+
+            assert s.width is not None and s.height is not None
+            ts, sigmas = self.family.flow_timesteps(s.steps, s.width, s.height, s.shift)
+            if s.strength is not None:
+                ts, sigmas, _ = img2img_timesteps(ts, sigmas, s.steps, s.strength)
+            return FlowLoop(ts, sigmas, self.family.timestep_scale)
         if start is not None:  # the hires pass: A1111's steps rule (sdrt.pipelines.hires)
             pass
         elif s.strength is None:
@@ -352,6 +364,7 @@ class Pipeline(ToolboxMixin):
                 mask = to_mask(s.mask, h, w)
         s.width = s.width or self.default_size
         s.height = s.height or self.default_size
+        self._family_defaults(s)
         if not self._checked:
             self.family.check(self._parts)
             self._checked = True
@@ -359,13 +372,42 @@ class Pipeline(ToolboxMixin):
         self._prepare_extras(s)
         return s, init, mask
 
+    def _family_defaults(self, s: Settings) -> None:
+        """CFG, sampler and distilled guidance the caller left unset, from the family; settings it cannot use refused."""
+        fam = self.family
+        if s.cfg is None:
+            s.cfg = fam.default_cfg
+        if s.choice is None:
+            from ..samplers import resolve
+
+            s.sampler = fam.default_sampler
+            s.choice = resolve(fam.default_sampler, None)
+        distilled = "guidance" in self.denoiser.inputs
+        if s.guidance is not None and not distilled:
+            raise InputError(f"guidance (the distilled guidance scale) applies to guidance-distilled models such as "
+                             f"Flux dev, and this {fam.label} model takes none", where="guidance",
+                             fix="use {@cfg} for classifier-free guidance, or leave {@guidance} unset")
+        if distilled and s.guidance is None:
+            s.guidance = 3.5  # diffusers' FluxPipeline default
+        if s.shift is not None and not fam.flow:
+            raise InputError(f"shift applies to flow-matching models (SD3, Flux, Chroma), not {fam.label}",
+                             where="shift", fix="leave {@shift} unset")
+        if s.max_sequence_length is not None and not any(e.kind == "t5" for e in fam.encoders):
+            raise InputError(f"max_sequence_length sets T5's token count, and {fam.label} has no T5 encoder",
+                             where="max_sequence_length", fix="leave {@max_sequence_length} unset")
+
     def _check_size(self, s: Settings) -> None:
         """A size the denoiser was not exported for, said in pixels (not as a shape it cannot be pinned to)."""
-        shape = self.denoiser.inputs[self.family.sample_input].shape
-        f = self.family.vae_factor
-        fixed = [d if isinstance(d, int) and d > 0 else None for d in shape[2:]]
-        if (fixed[0] is not None and fixed[0] * f != s.height) or (fixed[1] is not None and fixed[1] * f != s.width):
-            h, w = (fixed[0] * f if fixed[0] else s.height), (fixed[1] * f if fixed[1] else s.width)
+        assert s.width is not None and s.height is not None
+        if self.family.flow and (s.width % 16 or s.height % 16):  # 8 (VAE) x 2 (patch)
+            where = "width" if s.width % 16 else "height"
+            value = s.width if s.width % 16 else s.height
+            raise InputError(f"{where} {value} is not a multiple of 16, which {self.family.label} needs (VAE 8 x "
+                             "patch 2)", where=where, fix=f"use {value - value % 16} or {value - value % 16 + 16}")
+        shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
+        wrong = self.family.size_error(shape, s.width, s.height)
+        if wrong is not None:
+            w, h = wrong
             raise InputError(f"this model makes {w}x{h} images only (its {self.denoiser.name} is exported for that "
                              f"size) and {s.width}x{s.height} was asked", where="width" if w != s.width else "height",
                              fix=f"pass width={w} and height={h}, or leave them unset")
@@ -408,10 +450,11 @@ class Pipeline(ToolboxMixin):
         assert s.width is not None and s.height is not None
         shape = self.family.latent_shape(s.batch, s.height, s.width)
         generator = self._noise(s, shape, seed, subseed)  # diffusers' stream, or A1111's per image (toolbox.py)
-        ms = self.family.model_sampling(s.width, s.height)
+        ms = self.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
         loop = self._loop(s, ms, generator, seed)
         unet_in = self.denoiser.inputs[self.family.sample_input].shape
-        nine = len(unet_in) == 4 and unet_in[1] == self.family.latent_channels + self.family.inpaint_channels
+        nine = (not self.family.flow and len(unet_in) == 4
+                and unet_in[1] == self.family.latent_channels + self.family.inpaint_channels)
         if nine and mask is None:
             what = "UNet" if self.denoiser.name == "unet" else self.denoiser.name
             raise InputError(f"this is an inpainting {what} ({unet_in[1]} input channels): it needs an "
@@ -440,7 +483,7 @@ class Pipeline(ToolboxMixin):
         else:
             noise = generator.randn(shape)
             x = loop.start(noise)
-        call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra)
+        call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance)
         control = self._control(s, call, s.width, s.height)  # ControlNet residuals as more UNet inputs
         model = self.family.denoiser(self.denoiser, ms, call)
         first = loop.steps
@@ -524,6 +567,7 @@ class Pipeline(ToolboxMixin):
                      "Model hash": self.model_hash, "Model": self.folder.name})
         if self._weight_state is not None:
             info.update(self._weight_state.infotext())
+        info.update(self.family.infotext(s))
         if s.init_image is not None:
             info["Denoising strength"] = _num(s.strength or 0)
         if s.clip_skip > 1:

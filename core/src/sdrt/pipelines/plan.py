@@ -116,12 +116,17 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
         role = pipe.family.parts.get(name) or ("controlnet" if name.startswith("controlnet") else "?")
         parts.append(PartPlan(name, role, str(part.path), len(part.record),
                               sorted(counts.items(), key=lambda kv: -kv[1]), outputs))
-    ms = pipe.family.model_sampling(s.width, s.height)
+    ms = pipe.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
     kind = getattr(ms, "prediction", "?")
     if getattr(ms, "kind", "") == "flow":
         kind = f"flow (shift {ms.shift:g})" if ms.mu is None else f"flow (mu {ms.mu:.3f})"
     label = " ".join(x for x in sampler_labels(s.choice) if x)
-    guidance = pipe.family.guidance if (s.cfg != 1.0 or pipe.family.guidance != "cfg") else "none (cfg 1)"
+    modes = [f"distilled {s.guidance:g}"] if s.guidance is not None else []
+    if pipe.family.negative_pass(s.cfg, s.negative_prompt):
+        modes.append(pipe.family.guidance)
+    elif pipe.family.guidance != "cfg":
+        modes.append(pipe.family.guidance)
+    guidance = ", ".join(modes) or "none (cfg 1)"
     return RunPlan(pipe.family.name, pipe.family.label, s.mode, s.width, s.height, s.batch * s.batch_count, s.batch,
                    s.batch_count, steps[0] if steps else 0, label, kind, guidance, s.cfg,
                    pipe.family.latent_shape(s.batch, s.height, s.width), parts, _notes(s))

@@ -161,7 +161,8 @@ class PromptEncoder:
         self.encoders = encoders
         self._cache: dict[tuple[str, int], Conditioning] = {}
 
-    def encode(self, prompt: str, clip_skip: int = 1) -> Conditioning:
+    def encode(self, prompt: str, clip_skip: int = 1, max_length: int | None = None) -> Conditioning:
+        """``max_length`` is T5's (``sdrt.pipelines.textcond``); CLIP's chunks are always 77 tokens."""
         key = (prompt, clip_skip)
         hit = self._cache.get(key)
         if hit is not None:
@@ -178,8 +179,8 @@ class PromptEncoder:
                 chunks = chunks + tokenize_prompt(enc.tokenizer, "") * (longest - len(chunks))
             z, p = enc.encode_chunks(chunks, clip_skip)
             hidden.append(z)
-            if p is not None:
-                pooled = p
+            if p is not None:  # SDXL: CLIP-G's; SD3: CLIP-L's and CLIP-G's side by side
+                pooled = p if pooled is None else np.concatenate([pooled, p], axis=-1)
         cond = Conditioning(np.concatenate(hidden, axis=-1), pooled)
         if len(self._cache) > 8:
             self._cache.clear()
@@ -198,7 +199,7 @@ class PromptEncoder:
         pooled = None if cond.pooled is None else np.zeros_like(cond.pooled)
         return Conditioning(np.zeros_like(cond.hidden), pooled)
 
-    def pad_to(self, cond: Conditioning, chunks: int, clip_skip: int) -> Conditioning:
+    def pad_to(self, cond: Conditioning, chunks: int, clip_skip: int, max_length: int | None = None) -> Conditioning:
         """Add empty-prompt chunks until ``cond`` has ``chunks`` (A1111 pads the shorter of cond/uncond)."""
         if cond.chunks >= chunks:
             return cond

@@ -35,6 +35,12 @@ class Settings:
     mask: ImageLike | None = None
     #: ControlNet, hires fix, previews, A1111's seeds (sdrt.pipelines.toolbox.Toolbox)
     toolbox: Any = None
+    #: the distilled guidance fed to a guidance-distilled model (Flux dev); None: the family's default
+    guidance: float | None = None
+    #: the flow-matching shift in place of the scheduler config's (and of Flux's dynamic shift)
+    shift: float | None = None
+    #: T5's token count (SD3, Flux, Chroma); None: the family's
+    max_sequence_length: int | None = None
 
     @property
     def mode(self) -> str:
@@ -58,13 +64,16 @@ def _int(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
-def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, cfg: float = 7.0,
-             sampler: str = "DPM++ 2M Karras", schedule: str | None = None, seed: int | None = None,
+def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, cfg: float | None = None,
+             sampler: str | None = None, schedule: str | None = None, seed: int | None = None,
              width: int | None = None, height: int | None = None, init_image: ImageLike | None = None,
              strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
-             clip_skip: int = 1, **toolbox: Any) -> Settings:
+             clip_skip: int = 1, guidance: float | None = None, shift: float | None = None,
+             max_sequence_length: int | None = None, **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
+    ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
+    DPM++ 2M Karras for SD; CFG 1 and Euler for Flux, whose ``guidance`` is the distilled scale).
     ``toolbox``: ControlNet, hires fix, preview and seed arguments (:mod:`sdrt.pipelines.toolbox`)."""
     from ..samplers import resolve
     from .toolbox import split
@@ -89,9 +98,21 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     batch = _int("batch", batch, 1)
     batch_count = _int("batch_count", batch_count, 1)
     clip_skip = _int("clip_skip", clip_skip, 1)
-    if not isinstance(cfg, (int, float, np.floating)) or isinstance(cfg, bool) or not math.isfinite(cfg) or cfg < 0:
+    if cfg is not None and (not isinstance(cfg, (int, float, np.floating)) or isinstance(cfg, bool)
+                            or not math.isfinite(cfg) or cfg < 0):
         raise InputError(f"cfg must be a finite number >= 0, got {cfg!r}", where="cfg", fix="use e.g. 7")
-    choice = resolve(sampler, schedule)  # A1111 label ("DPM++ 2M Karras") or ComfyUI names ("dpmpp_2m", "karras")
+    for name, value in (("guidance", guidance), ("shift", shift)):
+        if value is not None and (not isinstance(value, (int, float, np.floating)) or isinstance(value, bool)
+                                  or not math.isfinite(value) or value <= (0 if name == "shift" else -1e-12)):
+            raise InputError(f"{name} must be a finite number {'> 0' if name == 'shift' else '>= 0'}, got {value!r}",
+                             where=name, fix=f"use e.g. {3.5 if name == 'guidance' else 3}")
+    if max_sequence_length is not None:
+        max_sequence_length = _int("max_sequence_length", max_sequence_length, 2)
+    # an A1111 label ("DPM++ 2M Karras") or ComfyUI names ("dpmpp_2m", "karras"); unset: the family's, at run time
+    choice = resolve(sampler, schedule) if sampler is not None else None
+    if sampler is None and schedule is not None:
+        raise InputError("a schedule was given without a sampler", where="schedule",
+                         fix="pass {@sampler} too, e.g. euler with the simple schedule")
     if seed is None or (not isinstance(seed, bool) and isinstance(seed, (int, np.integer)) and seed == -1):
         seed = secrets.randbelow(4294967294)  # A1111's get_fixed_seed: -1 (or none) is a random seed
     elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -112,13 +133,15 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                              fix=f"raise the strength to at least {1 / steps:.3g} or the steps")
     if mask is not None:
         check_path(mask, "mask")
-    return Settings(prompt, negative_prompt or "", steps, float(cfg), sampler, choice, int(seed), width, height,
-                    strength, batch, batch_count, clip_skip, init_image, mask, extras)
+    return Settings(prompt, negative_prompt or "", steps, float(cfg) if cfg is not None else None,  # type: ignore[arg-type]
+                    sampler, choice, int(seed), width, height, strength, batch, batch_count, clip_skip, init_image,
+                    mask, toolbox=extras, guidance=None if guidance is None else float(guidance),
+                    shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length)
 
 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
-            "batch", "batch_count", "clip_skip", *TOOLBOX_KEYWORDS)
+            "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", *TOOLBOX_KEYWORDS)
 
 
 def check_keywords(kwargs: dict[str, Any]) -> None:

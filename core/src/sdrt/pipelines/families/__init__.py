@@ -29,11 +29,14 @@ def register(family: type[Family]) -> type[Family]:
 
 def registered() -> dict[str, type[Family]]:
     if not _FAMILIES:
+        from .chroma import Chroma
+        from .flux import Flux
         from .sd1 import SD1
         from .sd2 import SD2
+        from .sd3 import SD3
         from .sdxl import SDXL
 
-        for fam in (SD1, SD2, SDXL):
+        for fam in (SD1, SD2, SDXL, SD3, Flux, Chroma):
             register(fam)
     return dict(_FAMILIES)
 

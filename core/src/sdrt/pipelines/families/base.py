@@ -34,6 +34,8 @@ class Encoder:
     penultimate: bool = False  # read hidden_states[-2] without the final norm (SDXL)
     pooled: str | None = None  # the pooled output the family feeds the model (SDXL's text_embeds)
     embedding_key: str = "clip_l"  # the textual-inversion vectors for this encoder
+    #: ``t5`` only: what the encoder's ``attention_mask`` input gets (``tokenizer``, or Chroma's ``keep_first``)
+    mask: str = "tokenizer"
 
 
 @dataclass
@@ -52,6 +54,8 @@ class ModelCall:
     uncond: Conditioning | None
     extra: np.ndarray | None = None
     hooks: list[Hook] = field(default_factory=list)
+    #: the distilled guidance fed as a model input (Flux dev's ``guidance``), None elsewhere
+    guidance: float | None = None
 
 
 class Family:
@@ -82,6 +86,19 @@ class Family:
     model_inputs: ClassVar[dict[str, int]] = {"sample": 4, "timestep": 1, "encoder_hidden_states": 3}
     #: a sample input with this many channels more than the latent is an inpainting model (mask + masked image)
     inpaint_channels: ClassVar[int] = 5
+    #: a flow-matching family (SD3, Flux, Chroma): diffusers' FlowMatchEulerDiscreteScheduler for Euler
+    flow: ClassVar[bool] = False
+    #: the denoiser takes packed latent tokens ``[B, tokens, 4 C]`` (Flux, Chroma; ``session`` packs them)
+    packed: ClassVar[bool] = False
+    #: CFG's two conditionings in one call (rows ``[uncond, cond]``); Flux and Chroma run two calls, as diffusers
+    batched_cfg: ClassVar[bool] = True
+    #: the transformer's ``timestep`` per scheduler timestep (SD3: 1, as is; Flux and Chroma: 1/1000, sigma)
+    timestep_scale: ClassVar[float] = 1.0
+    #: the CFG scale and sampler when the caller sets none (diffusers' pipeline defaults)
+    default_cfg: ClassVar[float] = 7.0
+    default_sampler: ClassVar[str] = "DPM++ 2M Karras"
+    #: T5's ``max_sequence_length`` when the caller sets none (SD3: 256, Flux dev and Chroma: 512)
+    max_sequence_length: ClassVar[int] = 256
 
     def __init__(self, folder: ModelFolder) -> None:
         self.folder = folder
@@ -120,10 +137,33 @@ class Family:
         """The shared conditioner for this family's encoders (CLIP: A1111's chunks; :mod:`..prompts`)."""
         from ..prompts import PromptEncoder, TextEncoder
 
-        if any(e.kind != "clip" for e in self.encoders):
-            raise NotImplementedError(f"{self.name}: only CLIP encoders have a shared conditioner yet")
-        return PromptEncoder([TextEncoder(tokenizers[e.tokenizer], parts[e.part], penultimate=e.penultimate,
-                                          pooled_output=e.pooled) for e in self.encoders])
+        clips = [TextEncoder(tokenizers[e.tokenizer], parts[e.part], penultimate=e.penultimate,
+                             pooled_output=e.pooled) for e in self.encoders if e.kind == "clip"]
+        t5 = [e for e in self.encoders if e.kind == "t5"]
+        unknown = [e.kind for e in self.encoders if e.kind not in ("clip", "t5")]
+        if unknown or len(t5) > 1:
+            raise NotImplementedError(f"{self.name}: encoder kinds {unknown or 'two t5'} have no conditioner")
+        if not t5:
+            return PromptEncoder(clips)
+        from ..textcond import T5Encoder, TextConditioner
+
+        enc = t5[0]
+        return TextConditioner(PromptEncoder(clips) if clips else None,
+                               T5Encoder(tokenizers[enc.tokenizer], parts[enc.part], mask=enc.mask),
+                               self.join_text, self.default_max_length)
+
+    @property
+    def default_max_length(self) -> int:
+        """T5's ``max_sequence_length`` unless the run sets one: the family's."""
+        return self.max_sequence_length
+
+    def join_text(self, clip: Conditioning | None, t5: np.ndarray, mask: np.ndarray) -> Conditioning:
+        """A T5 family's conditioning from its CLIP conditioning (or None) and T5's states and tokenizer mask."""
+        raise NotImplementedError(f"{self.name} declares a t5 encoder and no join_text")
+
+    def negative_pass(self, cfg: float, negative_prompt: str) -> bool:
+        """Whether a run makes a negative (unconditional) pass: CFG other than 1 (Flux: only with a negative)."""
+        return cfg != 1.0 and self.guidance == "cfg"
 
     def cond_feeds(self, cond: Conditioning, rows: int) -> dict[str, np.ndarray]:
         """The model inputs one conditioning gives, repeated for ``rows`` images."""
@@ -132,11 +172,41 @@ class Family:
         return feeds
 
     # ------------------------------------------------------------------ sampling
-    def model_sampling(self, width: int, height: int) -> Any:
-        """eps / v from the scheduler config (by its ``_class_name``); a flow family fixes its shift here."""
+    def model_sampling(self, width: int, height: int, shift: float | None = None) -> Any:
+        """eps / v from the scheduler config (by its ``_class_name``); flow families: the k-diffusion view, sigma
+        times ``num_train_timesteps * timestep_scale`` fed as the timestep, ``shift`` (when given) fixed."""
         from ..scheduling import model_sampling
 
-        return model_sampling(self.folder.scheduler, str(self.folder.path / "scheduler"), width=width, height=height)
+        config = self.scheduler_config(shift)
+        extra = {"multiplier": float(config.get("num_train_timesteps", 1000)) * self.timestep_scale} if self.flow else {}
+        return model_sampling(config, str(self.folder.path / "scheduler"), width=width, height=height, **extra)
+
+    def flow_timesteps(self, steps: int, width: int, height: int, shift: float | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """A flow family's (timesteps, sigmas) as its diffusers pipeline sets the scheduler (SD3: none passed)."""
+        from ...samplers.flowmatch import FlowMatchSchedule
+
+        return FlowMatchSchedule.from_config(self.scheduler_config(shift),
+                                             where=str(self.folder.path / "scheduler")).timesteps(steps)
+
+    def scheduler_config(self, shift: float | None = None) -> dict[str, Any]:
+        """The folder's scheduler config, with ``shift`` (when given) fixed in place of any dynamic shift."""
+        config = dict(self.folder.scheduler)
+        if shift is not None:
+            config.update(shift=float(shift), use_dynamic_shifting=False)
+        return config
+
+    def size_error(self, shape: tuple[Any, ...], width: int, height: int) -> tuple[int, int] | None:
+        """The one size (width, height) a denoiser exported with static sample dims takes, if it is not this one."""
+        f = self.vae_factor
+        fixed = [d if isinstance(d, int) and d > 0 else None for d in shape[2:4]]
+        if (fixed[0] is not None and fixed[0] * f != height) or (fixed[1] is not None and fixed[1] * f != width):
+            return (fixed[1] * f if fixed[1] else width), (fixed[0] * f if fixed[0] else height)
+        return None
+
+    def infotext(self, settings: Any) -> dict[str, object]:
+        """Fields the family adds to the PNG ``parameters`` (Forge's names)."""
+        return {}
 
     # ------------------------------------------------------------------ the model call
     def hooks(self, call: ModelCall) -> list[Hook]:
@@ -167,7 +237,7 @@ class Family:
                          hooks=[*self.hooks(call), *call.hooks])
         cond = self.cond_feeds(call.cond, call.batch)
         uncond = self.cond_feeds(call.uncond, call.batch) if call.uncond is not None else None
-        return CFGDenoiser(model, cond, uncond, call.cfg if self.guidance == "cfg" else 1.0, batched=True)
+        return CFGDenoiser(model, cond, uncond, call.cfg if self.guidance == "cfg" else 1.0, batched=self.batched_cfg)
 
     # ------------------------------------------------------------------ the contract
     def check(self, parts: Mapping[str, Part]) -> None:

@@ -92,7 +92,16 @@ def _check_denoiser(family: Family, part: Part) -> None:
         if got != rank and not (n == "timestep" and got == 0):
             raise ModelError(f"the {part.name} input {n} has rank {got} and {family.label} feeds rank {rank}",
                              where=str(part.path), fix="export the model with the diffusers input shapes")
-    channels = _static(inputs[family.sample_input].shape[1])
+    shape = inputs[family.sample_input].shape
+    if family.packed:  # [batch, tokens, 4 C]: 2x2 patches of C channels
+        width = _static(shape[2])
+        channels = width // 4 if width is not None and width % 4 == 0 else width
+        if channels is not None and channels != family.latent_channels:
+            raise ModelError(f"the {part.name} takes {width}-wide latent tokens and a {family.label} model packs "
+                             f"{4 * family.latent_channels}", where=str(part.path),
+                             fix="use a model folder of one family (this transformer belongs to another)")
+        return
+    channels = _static(shape[1])
     allowed = (family.latent_channels, family.latent_channels + family.inpaint_channels)
     if channels is not None and channels not in allowed:
         raise ModelError(f"the {part.name} takes {channels}-channel samples and a {family.label} model feeds "

@@ -1,0 +1,213 @@
+"""SD3, Flux dev, Flux schnell and Chroma from prompt to image against diffusers' reference images.
+
+Tolerance: at most 2 of 255 in any value (observed 0 or 1). A formula error (schedule, noise shape,
+packing, guidance, mask) shows as tens of levels over most of the image.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import register
+
+from sdrt import pipelines
+from sdrt.errors import InputError
+from sdrt.pipelines.png import format_parameters, read_parameters, write_png
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
+KINDS = ("sd3", "flux-dev", "flux-schnell", "chroma")
+
+
+def _cases(kind: str) -> list[dict]:
+    return json.loads((DATA / f"tiny-{kind}" / "refs.json").read_text())
+
+
+def _refs(kind: str):
+    return np.load(DATA / f"tiny-{kind}" / "refs.npz")
+
+
+def _kwargs(case: dict, refs) -> dict:
+    kw = dict(steps=case["steps"], seed=case["seed"], width=case["width"], height=case["height"],
+              batch=case["batch"], cfg=case["cfg"], sampler="Euler", max_sequence_length=case["max_sequence_length"])
+    if "guidance" in case:
+        kw["guidance"] = case["guidance"]
+    if case["mode"] == "img2img":
+        kw["init_image"] = refs["init_image"]
+        kw["strength"] = case["strength"]
+    return kw
+
+
+_PIPES: dict = {}
+
+
+def _pipe(kind: str, backend: str):
+    register(backend)
+    key = (kind, backend)
+    if key not in _PIPES:
+        _PIPES[key] = pipelines.load(DATA / f"tiny-{kind}", backend=backend)
+    return _PIPES[key]
+
+
+#: the long-prompt cases of SD3 and Flux: diffusers truncates CLIP at 77 tokens, sdrt reads A1111's chunks
+#: (emphasis, BREAK), so their CLIP side differs by design; test_long_prompt_t5_side checks their T5 side
+PARAMS = [(k, c["name"], b) for k in KINDS for c in _cases(k) for b in ("openvino", "reference", "ggml")
+          if not ("long" in c["name"] and k != "chroma")]
+
+
+@pytest.mark.parametrize(("kind", "name", "backend"), PARAMS, ids=[f"{k}-{n}-{b}" for k, n, b in PARAMS])
+def test_image_matches_diffusers(kind: str, name: str, backend: str) -> None:
+    if backend == "openvino":
+        if kind == "chroma":
+            pytest.xfail("OpenVINO computes Chroma's masked T5 encoder wrongly once its shapes are pinned "
+                         "(2.0-2.4 off onnxruntime; raw OpenVINO after model.reshape too); see docs/flow-families.md")
+    case = next(c for c in _cases(kind) if c["name"] == name)
+    if backend == "ggml" and kind != "sd3" and case["batch"] > 1:
+        pytest.xfail("ggml refuses the Flux transformer at batch 2 (UnsupportedGraph: a Concat of more than 4 "
+                     "dimensions in the attention); batch 1, and true CFG as two calls, run")
+    refs = _refs(kind)
+    images = _pipe(kind, backend)(case["prompt"], case["negative_prompt"] or "", **_kwargs(case, refs))
+    got = np.stack(images).astype(int)
+    want = refs[f"{name}/image"].astype(int)
+    assert got.shape == want.shape
+    diff = int(np.abs(got - want).max())
+    assert diff <= 2, f"{kind} {name} on {backend}: max difference {diff}"
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux-dev"])
+def test_long_prompt_t5_side(kind: str) -> None:
+    """A prompt past 75 CLIP tokens: T5's states are diffusers' (CLIP is read in A1111's chunks)."""
+    case = next(c for c in _cases(kind) if "long" in c["name"])
+    refs = _refs(kind)
+    pipe = _pipe(kind, "reference")
+    cond = pipe.prompts.encode(case["prompt"], 1, max_length=case["max_sequence_length"])
+    key = f"{case['name']}/prompt_embeds" if kind == "sd3" else f"{case['name']}/prompt/prompt_embeds"
+    want = refs[key][0, -case["max_sequence_length"]:]
+    np.testing.assert_allclose(cond.t5[0], want, atol=2e-5)
+    assert cond.chunks == 2  # A1111's chunks on the CLIP side
+
+
+def test_sd3_text_and_pooled_match_diffusers() -> None:
+    case = _cases("sd3")[0]
+    refs = _refs("sd3")
+    cond = _pipe("sd3", "reference").prompts.encode(case["prompt"], 1, max_length=case["max_sequence_length"])
+    np.testing.assert_allclose(cond.hidden, refs[f"{case['name']}/prompt_embeds"], atol=2e-5)
+    np.testing.assert_allclose(cond.pooled, refs[f"{case['name']}/pooled_prompt_embeds"], atol=2e-5)
+
+
+def test_detection_and_defaults() -> None:
+    register("reference")
+    for kind, family in (("sd3", "sd3"), ("flux-dev", "flux"), ("flux-schnell", "flux"), ("chroma", "chroma")):
+        assert pipelines.load(DATA / f"tiny-{kind}", backend="reference").folder.family == family
+    assert pipelines.load(DATA / "tiny-flux-schnell", backend="reference").family.default_max_length == 256
+    assert pipelines.load(DATA / "tiny-flux-dev", backend="reference").family.default_max_length == 512
+
+
+def test_flux_dev_defaults_one_pass_per_step_and_infotext(tmp_path: Path) -> None:
+    pipe = _pipe("flux-dev", "reference")
+    steps = []
+    gen = pipe.generate("a red cat", "blurry", steps=2, seed=3, width=64, height=64, max_sequence_length=32,
+                        callback=lambda i, n, x: steps.append((i, n)))
+    assert steps == [(1, 2), (2, 2)]
+    info = gen.settings[0]
+    assert info["Distilled CFG Scale"] == 3.5 and info["CFG scale"] == 1 and info["Sampler"] == "Euler"
+    plan = pipe.plan("a red cat", "blurry", steps=2, width=64, height=64, max_sequence_length=32)
+    assert plan.part("transformer").calls == 2  # cfg 1: the negative prompt makes no pass
+    path = tmp_path / "flux.png"
+    with open(path, "wb") as f:
+        write_png(f, gen.images[0], format_parameters(gen.prompt, gen.negative_prompt, info))
+    back = read_parameters(path)
+    assert "Distilled CFG Scale: 3.5" in str(back)
+
+
+def test_true_cfg_and_shift_in_plan_and_infotext() -> None:
+    pipe = _pipe("sd3", "reference")
+    plan = pipe.plan("a cat", "dog", steps=3, cfg=5, width=64, height=64, max_sequence_length=32, shift=2.0)
+    assert plan.part("transformer").calls == 3 and plan.per_image("transformer") == 6  # batched [uncond, cond]
+    assert "shift 2" in plan.model_sampling
+    gen = pipe.generate("a cat", steps=1, width=64, height=64, max_sequence_length=16, shift=2.0, seed=1)
+    assert gen.settings[0]["Shift"] == 2
+
+
+def test_bad_flow_settings_are_refused() -> None:
+    with pytest.raises(InputError, match="guidance"):
+        _pipe("sd3", "reference")("a cat", steps=1, width=64, height=64, guidance=3.5)
+    with pytest.raises(InputError, match="guidance"):
+        _pipe("flux-schnell", "reference")("a cat", steps=1, width=64, height=64, guidance=3.5)
+    with pytest.raises(InputError, match="multiple of 16"):
+        _pipe("flux-dev", "reference")("a cat", steps=1, width=72, height=64)
+    with pytest.raises(InputError, match="T5"):
+        register("reference")
+        pipelines.load(DATA / "tiny-sd15", backend="reference")("a cat", steps=1, max_sequence_length=32)
+
+
+@pytest.mark.parametrize(("sampler", "schedule"), [("euler", "simple"), ("Euler a", None), ("dpmpp_2m", "beta"),
+                                                   ("dpmpp_2m", "sgm_uniform")])
+def test_k_samplers_run_on_flow_models(sampler: str, schedule: str | None) -> None:
+    images = _pipe("flux-schnell", "reference")("a red cat", steps=3, seed=1, width=64, height=64,
+                                                 sampler=sampler, schedule=schedule, max_sequence_length=32)
+    assert images[0].shape == (64, 64, 3) and images[0].std() > 0
+
+
+def test_k_euler_on_diffusers_sigmas_is_flowmatch_euler() -> None:
+    """k-diffusion's Euler on the sigmas diffusers uses is FlowMatchEulerDiscreteScheduler: diffusers' image."""
+    from sdrt.pipelines.families import ModelCall
+    from sdrt.pipelines.loops import KLoop
+    from sdrt.samplers import TorchGenerator, get_sampler
+
+    case = _cases("flux-schnell")[0]
+    refs = _refs("flux-schnell")
+    pipe = _pipe("flux-schnell", "reference")
+    s = pipe._prepare(case["prompt"], "", _kwargs(case, refs))[0]
+    cond, uncond = pipe._conditioning(s)
+    ms = pipe.family.model_sampling(s.width, s.height)
+    sigmas = [float(x) for x in refs[f"{case['name']}/scheduler/sigmas"]]
+    gen = TorchGenerator(case["seed"])
+    loop = KLoop(ms, sigmas, get_sampler("euler"), {}, seed=case["seed"], generator=gen)
+    x = loop.start(gen.randn(pipe.family.latent_shape(1, s.height, s.width)))
+    model = pipe.family.denoiser(pipe.denoiser, ms, ModelCall(s.width, s.height, 1, s.cfg, cond, uncond))
+    image = pipe._decode(loop.run(model, x))[0]
+    assert int(np.abs(image.astype(int) - refs[f"{case['name']}/image"][0].astype(int)).max()) <= 2
+
+
+def test_prompt_syntax_acts_on_clip_only() -> None:
+    """A1111 emphasis weights CLIP's states; T5 reads the plain text (no brackets, weights or BREAK)."""
+    from sdrt.pipelines.textcond import t5_text
+
+    assert t5_text("a (red:1.2) fox BREAK [snow], ((sky))") == "a red fox snow, sky"
+    pipe = _pipe("sd3", "reference")
+    plain = pipe.prompts.encode("a red fox", 1, max_length=16)
+    weighted = pipe.prompts.encode("a (red:1.5) fox", 1, max_length=16)
+    np.testing.assert_array_equal(plain.t5, weighted.t5)
+    assert np.abs(plain.hidden[:, :77] - weighted.hidden[:, :77]).max() > 1e-3
+    assert pipe.prompts.encode("a red fox BREAK snow", 1, max_length=16).chunks == 2
+
+
+def test_cli_flux_guidance_and_sd3_write_forge_parameters(tmp_path: Path, capsys) -> None:
+    """``sdrt generate FLUX "prompt" --guidance 3.5`` and an SD3 folder: diffusers' images, Forge's fields."""
+    from sdrt.cli import main
+
+    register("reference")
+    flux = next(c for c in _cases("flux-dev") if c["name"] == "txt2img/96x64/guidance 3.5")
+    out = tmp_path / "flux.png"
+    assert main(["generate", str(DATA / "tiny-flux-dev"), flux["prompt"], "--guidance", "3.5", "--steps", "3",
+                 "--width", "96", "--height", "64", "--seed", str(flux["seed"]), "--max-sequence-length", "32",
+                 "--backend", "reference", "-o", str(out)]) == 0
+    text = read_parameters(out)
+    assert text.startswith(flux["prompt"] + "\nSteps: 3, Sampler: Euler, ")
+    assert "CFG scale: 1, Seed: 11, Size: 96x64" in text and text.endswith("Distilled CFG Scale: 3.5")
+    sd3 = _cases("sd3")[0]
+    out3 = tmp_path / "sd3.png"
+    assert main(["generate", str(DATA / "tiny-sd3"), sd3["prompt"], "-n", sd3["negative_prompt"], "--cfg", "5",
+                 "--steps", "3", "--width", "96", "--height", "64", "--seed", "1", "--max-sequence-length", "32",
+                 "--shift", "3", "--backend", "reference", "-o", str(out3)]) == 0
+    text3 = read_parameters(out3)
+    assert f"\nNegative prompt: {sd3['negative_prompt']}\n" in text3 and text3.endswith("Shift: 3")
+    assert "wrote" in capsys.readouterr().out
+    Image = pytest.importorskip("PIL.Image", reason="Pillow reads the PNG's pixels back")
+    for path, kind, case in ((out, "flux-dev", flux), (out3, "sd3", sd3)):
+        with Image.open(path) as img:
+            pixels = np.asarray(img.convert("RGB")).astype(int)
+        assert int(np.abs(pixels - _refs(kind)[f"{case['name']}/image"][0].astype(int)).max()) <= 2
