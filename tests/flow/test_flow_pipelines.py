@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import register
+from flow_helpers import register
 
 from sdrt import pipelines
 from sdrt.errors import InputError
