@@ -14,13 +14,14 @@ import numpy as np
 
 from sdrt import Backend, Device, Session, resolve_weights
 from sdrt.errors import BackendUnavailable, NoDeviceError, UnsupportedGraph
+from sdrt.precision_default import choose
 from sdrt.tensors import NON_TENSOR
 
 from . import cache as cache_mod
 from . import convert, swap
 from .conformance import CONFORMANCE
 from .errors import OpenVINOError, first_lines
-from .options import Options, parse_options
+from .options import PRECISIONS, Options, parse_options
 from .session import OpenVINOSession
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -167,10 +168,11 @@ class OpenVINOBackend(Backend):
                 except RuntimeError as exc:  # a device whose driver fails to answer is left out, and logged
                     log.warning("OpenVINO device %s does not answer: %s", dev_id, first_lines(exc))
             found.sort(key=lambda d: (_KIND_ORDER[d.kind], d.properties.get("device_type") != "discrete", d.id))
-            if found:
+            if found:  # AUTO runs on the first of them first: its default precision
                 found.append(Device(backend=self.name, id="AUTO", kind="auto",
                                     name=f"OpenVINO AUTO over {', '.join(d.id for d in found)}",
-                                    properties={"devices": [d.id for d in found]}))
+                                    properties={"devices": [d.id for d in found],
+                                                "precision": found[0].properties["precision"]}))
             self._devices = found
         return list(self._devices)
 
@@ -188,13 +190,18 @@ class OpenVINOBackend(Backend):
             "capabilities": [str(c) for c in prop("OPTIMIZATION_CAPABILITIES", [])],
             "default_precision": str(prop("INFERENCE_PRECISION_HINT", "")),
         }
+        # sdrt's default: the fastest precision within the image bar (sdrt.precision_default). OpenVINO's
+        # capabilities say what it runs natively: BF16 on a CPU with AVX-512-BF16 or AMX, FP16 on a GPU.
+        caps = {c.upper() for c in props["capabilities"]}
+        offered = ["fp32"] + [p for p, cap in (("fp16", "FP16"), ("bf16", "BF16")) if cap in caps or kind != "cpu"]
+        props["precision"] = choose(kind, offered, bf16_fast="BF16" in caps)
         memory = prop("GPU_DEVICE_TOTAL_MEM_SIZE") if kind == "gpu" else None
         return Device(backend=self.name, id=dev_id, name=str(prop("FULL_DEVICE_NAME", dev_id)), kind=kind,
                       memory_bytes=int(memory) if memory else None, properties=props)
 
     # -- compiling -----------------------------------------------------
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
-        opts = parse_options(options)
+        opts = parse_options(options, default=PRECISIONS[self.precision_for(device)])
         if device.backend != self.name:
             raise NoDeviceError(f"device {device} belongs to backend {device.backend!r}", where="openvino.compile",
                                 fix="pass one of the devices of backend 'openvino'")

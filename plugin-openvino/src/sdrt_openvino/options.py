@@ -1,10 +1,9 @@
 """Compile options of the OpenVINO backend, checked and turned into OpenVINO properties.
 
-``precision`` defaults to ``"f32"`` on purpose: OpenVINO's CPU plugin picks
-bf16 by itself on CPUs with AVX512-BF16 or AMX (this machine's EPYC included),
-which costs about 1e-2 relative accuracy. sdrt promises outputs within 1e-4 of
-onnxruntime at f32, so f32 is the default; ask for ``"bf16"`` or ``"f16"`` to
-trade accuracy for speed.
+``precision`` defaults to the device's default precision (``Backend.precision_for``; the backend puts it in
+``Device.properties["precision"]`` from ``sdrt.precision_default``): ``bf16`` on a CPU whose OpenVINO plugin
+lists BF16 (AVX-512-BF16 or AMX), ``f16`` on a GPU or NPU, ``f32`` otherwise. Each stays within the image
+bar against float32 (docs/precision.md). ``precision="f32"`` gives outputs within 1e-4 of onnxruntime.
 """
 
 from __future__ import annotations
@@ -54,17 +53,18 @@ class Options:
         return f"precision={self.precision};hint={self.performance_hint};threads={self.threads}"
 
 
-def parse_options(options: Mapping[str, Any]) -> Options:
-    """Check ``sdrt.load(..., **options)`` for this backend and return ``Options``."""
+def parse_options(options: Mapping[str, Any], default: str = "f32") -> Options:
+    """Check ``sdrt.load(..., **options)`` for this backend and return ``Options``; ``default`` is the
+    precision (OpenVINO's name) when ``precision`` is not passed."""
     unknown = sorted(set(options) - set(KNOWN))
     where = "sdrt.load(..., backend='openvino')"
     if unknown:
         raise OptionError(f"unknown options for the openvino backend: {', '.join(unknown)}", where=where,
                           fix=f"use only {', '.join(KNOWN)}")
-    precision = str(options.get("precision", "f32")).lower()
+    precision = str(options.get("precision", default)).lower()
     if precision not in PRECISIONS:
         raise OptionError(f"precision {options['precision']!r} is not one of f32, f16, bf16", where=where,
-                          fix="pass precision='f32' (exact, the default), 'f16' or 'bf16'")
+                          fix="pass precision='f32' (exact), 'f16' or 'bf16'")
     hint = str(options.get("performance_hint", "latency")).lower()
     if hint not in HINTS:
         raise OptionError(f"performance_hint {options['performance_hint']!r} is not one of {', '.join(HINTS)}",
