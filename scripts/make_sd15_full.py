@@ -157,7 +157,7 @@ def main() -> None:
     print(f"built in {time.time() - t0:.0f} s", flush=True)
     pipe.save_pretrained(out / "diffusers", safe_serialization=True)
     export_onnx(pipe, out / "_work" / "tokenizer", out / "diffusers", out / "onnx")
-    shutil.rmtree(out / "_work")
+    shutil.rmtree(out / "_work", ignore_errors=True)
     if args.ldm:
         from make_ldm_single_file import convert
 

@@ -16,6 +16,7 @@ from sdrt import Backend, Device, Session, resolve_weights
 from sdrt.errors import BackendUnavailable, NoDeviceError, UnsupportedGraph
 from sdrt.precision_default import choose
 from sdrt.tensors import NON_TENSOR
+from sdrt.weights.pages import release as release_pages
 
 from . import cache as cache_mod
 from . import convert, swap
@@ -239,6 +240,9 @@ class OpenVINOBackend(Backend):
                 export=_export)
             log.info("%s %s on %s (cache %s)", "loaded" if hit else "compiled", graph.name, device.id, key[:12])
         self._check_precision(compiled, opts, device)
+        # the compiled model holds its own (packed) weights: the pages of the file-mapped arrays that compiling
+        # read leave this process's resident set (the session keeps the arrays; a later read maps them again)
+        release_pages(arrays.values())
         return OpenVINOSession(graph, arrays, lazy, compiled, compile_, lambda a: convert.read(core, graph, a),
                                device.id, core=core if opts.swappable is not False else None, props=props,
                                rebinder=rebinder)
