@@ -80,6 +80,17 @@ class Stages:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
 
 
+IMAGES = Path(tempfile.gettempdir()) / "sdrt-e2e-images"
+
+
+def save_image(name: str, size: int, image: Any) -> None:
+    """Each contender's first image, for the PSNR of one precision against another (``--psnr``)."""
+    import numpy as np
+
+    IMAGES.mkdir(exist_ok=True)
+    np.save(IMAGES / f"{name}-{size}.npy", np.asarray(image, dtype=np.uint8))
+
+
 # ---------------------------------------------------------------- contenders (each runs in its own process)
 def run_sdrt(model: Path, backend: str, precision: str | None, size: int, steps: int) -> dict[str, Any]:
     from sdrt import pipelines
@@ -121,8 +132,9 @@ def run_sdrt(model: Path, backend: str, precision: str | None, size: int, steps:
     gen()
     warm_s = time.perf_counter() - t0
     step_s = statistics.median(b - a for a, b in zip(stamps, stamps[1:])) if len(stamps) > 1 else float("nan")
+    save_image(f"sdrt-{backend}@{precision or 'default'}", size, first)
     return {"load_s": load_s, "first_s": first_s, "warm_s": warm_s, "step_s": step_s, "stages": stages.peak,
-            "stage_seconds": stages.seconds, "image": first.tolist() if size <= 64 else None}
+            "stage_seconds": stages.seconds}
 
 
 def run_diffusers(model: Path, size: int, steps: int) -> dict[str, Any]:
@@ -139,15 +151,15 @@ def run_diffusers(model: Path, size: int, steps: int) -> dict[str, Any]:
     load_s = time.perf_counter() - t0
     stamps: list[float] = []
 
-    def gen() -> None:
+    def gen() -> Any:
         stamps.clear()
         with torch.inference_mode():
-            pipe(PROMPT, negative_prompt=NEGATIVE, num_inference_steps=steps, guidance_scale=CFG, width=size,
+            return pipe(PROMPT, negative_prompt=NEGATIVE, num_inference_steps=steps, guidance_scale=CFG, width=size,
                  height=size, generator=torch.Generator("cpu").manual_seed(SEED),
-                 callback_on_step_end=lambda p, i, t, kw: stamps.append(time.perf_counter()) or kw)
+                 callback_on_step_end=lambda p, i, t, kw: stamps.append(time.perf_counter()) or kw).images[0]
 
     t0 = time.perf_counter()
-    gen()
+    save_image("diffusers", size, gen())
     first_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     gen()
@@ -206,14 +218,14 @@ def run_genai(model: Path, size: int, steps: int, precision: str | None) -> dict
     load_s = time.perf_counter() - t0
     stamps: list[float] = []
 
-    def gen() -> None:
+    def gen() -> Any:
         stamps.clear()
-        pipe.generate(PROMPT, negative_prompt=NEGATIVE, width=size, height=size, num_inference_steps=steps,
+        return pipe.generate(PROMPT, negative_prompt=NEGATIVE, width=size, height=size, num_inference_steps=steps,
                       guidance_scale=CFG, generator=og.TorchGenerator(SEED),
                       callback=lambda step, n, latent: stamps.append(time.perf_counter()) and False)
 
     t0 = time.perf_counter()
-    gen()
+    save_image(f"genai@{precision or 'default'}", size, gen().data[0])
     first_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     gen()
@@ -231,15 +243,15 @@ def run_sdcpp(model: Path, size: int, steps: int) -> dict[str, Any]:
     load_s = time.perf_counter() - t0
     stamps: list[float] = []
 
-    def gen() -> None:
+    def gen() -> Any:
         stamps.clear()
         kw = dict(prompt=PROMPT, negative_prompt=NEGATIVE, cfg_scale=CFG, width=size, height=size,
                   sample_steps=steps, seed=SEED, sample_method="euler",
                   progress_callback=lambda step, n, t: stamps.append(time.perf_counter()))
-        (sd.generate_image if hasattr(sd, "generate_image") else sd.txt_to_img)(**kw)
+        return (sd.generate_image if hasattr(sd, "generate_image") else sd.txt_to_img)(**kw)[0]
 
     t0 = time.perf_counter()
-    gen()
+    save_image("sdcpp", size, gen())
     first_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     gen()
@@ -309,6 +321,9 @@ def child(args: argparse.Namespace) -> None:
         out = run_sdrt(args.model, name.removeprefix("sdrt-"), p, args.size, args.steps)
     elif name == "diffusers":
         out = run_diffusers(args.model, args.size, args.steps)
+    elif name == "genai-prepare":
+        genai_folder(args.model)
+        out = {}
     elif name == "genai":
         out = run_genai(args.model, args.size, args.steps, p)
     elif name == "sdcpp":
@@ -317,6 +332,20 @@ def child(args: argparse.Namespace) -> None:
         raise SystemExit(f"unknown contender {name}")
     out["peak_rss"] = hwm() if "stages" not in out else max([hwm(), *out["stages"].values()])
     print("RESULT " + json.dumps(out), flush=True)
+
+
+#: about how much memory a contender peaks at on the full-size model (measured here), so that a shared machine is
+#: not pushed into its OOM killer
+NEED_GIB = {"sdrt-ggml": 16.0, "sdrt-openvino": 9.0, "genai": 9.0, "diffusers": 6.0, "sdcpp": 5.0,
+            "onnxruntime": 8.0, "openvino-raw": 7.0}
+
+
+def available_gib() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return float("inf")
 
 
 def _python_for(name: str, args: argparse.Namespace) -> str | None:
@@ -359,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-python", default=os.environ.get("SDRT_E2E_PEER_PYTHON", ""))
     ap.add_argument("--torch-python", default=os.environ.get("SDRT_E2E_TORCH_PYTHON", ""))
     ap.add_argument("--unet-rss", action="store_true")
+    ap.add_argument("--ignore-memory", action="store_true", help="run contenders even when free memory looks short")
     ap.add_argument("--json", type=Path, default=Path("bench-e2e.json"))
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -370,6 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     names = args.contenders.split(",") if args.contenders else default_contenders(args.unet_rss)
     results: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     cache = Path(tempfile.mkdtemp(prefix="sdrt-e2e-cache-"))
+    peer = _python_for("genai", args)
+    if peer and any(n.startswith("genai") for n in names) and not (args.model / "genai").is_dir():
+        print("converting the ONNX parts to OpenVINO IR for GenAI (once, not timed)", flush=True)
+        subprocess.run([peer, "-m", "bench.e2e", "--one", "genai-prepare", "--model", str(args.model)], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
@@ -377,6 +412,14 @@ def main(argv: list[str] | None = None) -> int:
             if py is None:
                 results[name].append({"skipped": "no Python with its packages (--peer-python / --torch-python)"})
                 continue
+            need = NEED_GIB.get(name.partition("@")[0], 8.0) * (1 if args.size >= 512 or args.unet_rss else 0.9)
+            if available_gib() < need and not args.ignore_memory:
+                time.sleep(30)  # other jobs on a shared machine: wait once, then leave this one out
+                if available_gib() < need:
+                    results[name].append({"skipped": f"{available_gib():.1f} GiB available, about {need:.0f} "
+                                                     "needed (--ignore-memory runs it anyway)"})
+                    print(f"round {r} {name}: skipped, not enough free memory", flush=True)
+                    continue
             cmd = [py, "-m", "bench.e2e", "--one", name, "--model", str(args.model), "--size", str(args.size),
                    "--steps", str(args.steps)] + (["--unet-rss"] if args.unet_rss else [])
             env = dict(os.environ, SDRT_CACHE_DIR=str(cache / name), SDRT_LOAD_ENTRY_POINTS="1",
