@@ -196,8 +196,7 @@ def genai_folder(model: Path) -> Path:
         shutil.copy(f, tmp / "tokenizer" / f.name)
     shutil.copytree(model / "onnx" / "scheduler", tmp / "scheduler")
     index = json.loads((model / "diffusers" / "model_index.json").read_text())
-    index["_class_name"] = "OVStableDiffusionPipeline"
-    index.pop("vae", None)
+    index["_class_name"] = "StableDiffusionPipeline"  # the name GenAI dispatches on
     index["vae_decoder"] = ["optimum", "OVModelVaeDecoder"]
     index["vae_encoder"] = ["optimum", "OVModelVaeEncoder"]
     (tmp / "model_index.json").write_text(json.dumps(index, indent=2))
