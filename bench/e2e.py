@@ -114,7 +114,8 @@ def run_sdrt(model: Path, backend: str, precision: str | None, size: int, steps:
         return stages.span(stage_of.get(self.name, self.name), run, self, feeds, outputs)
 
     parts.Part.session, parts.Part.run = wrapped_session, wrapped_run  # type: ignore[method-assign]
-    opts = {} if precision is None else {"precision": precision}
+    opts: dict[str, Any] = {} if precision is None else {"precision": precision}
+    opts.update(json.loads(os.environ.get("SDRT_E2E_OPTIONS", "{}")))  # e.g. {"cache": false}
     t0 = time.perf_counter()
     pipe = stages.span("load", pipelines.load, model / "onnx", backend=backend, **opts)
     load_s = time.perf_counter() - t0
@@ -181,8 +182,10 @@ def genai_folder(model: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     for part in ("text_encoder", "unet", "vae_decoder", "vae_encoder"):
         (tmp / part).mkdir(parents=True)
-        ov.save_model(ov.convert_model(str(model / "onnx" / part / "model.onnx")),
-                      str(tmp / part / "openvino_model.xml"), compress_to_fp16=False)
+        m = ov.convert_model(str(model / "onnx" / part / "model.onnx"))
+        if part in ("text_encoder", "unet"):  # GenAI feeds int64 ids and timesteps; the export takes int32/float
+            m = _int64_ids(m, "input_ids" if part == "text_encoder" else "timestep")
+        ov.save_model(m, str(tmp / part / "openvino_model.xml"), compress_to_fp16=False)
         shutil.copy(model / "diffusers" / (part if part in ("text_encoder", "unet") else "vae") / "config.json",
                     tmp / part / "config.json")
     from openvino_tokenizers import convert_tokenizer
@@ -204,6 +207,15 @@ def genai_folder(model: Path) -> Path:
     return out
 
 
+def _int64_ids(m: Any, name: str) -> Any:
+    import openvino as ov
+    from openvino.preprocess import PrePostProcessor
+
+    ppp = PrePostProcessor(m)
+    ppp.input(name).tensor().set_element_type(ov.Type.i64)
+    return ppp.build()
+
+
 def run_genai(model: Path, size: int, steps: int, precision: str | None) -> dict[str, Any]:
     import openvino_genai as og
 
@@ -212,7 +224,7 @@ def run_genai(model: Path, size: int, steps: int, precision: str | None) -> dict
     t0 = time.perf_counter()
     pipe = og.Text2ImagePipeline(str(folder), "CPU", **props)
     sched = og.Scheduler.from_config(str(folder / "scheduler" / "scheduler_config.json"),
-                                     og.Scheduler.SchedulerType.EULER_DISCRETE)
+                                     og.Scheduler.Type.EULER_DISCRETE)
     pipe.set_scheduler(sched)
     load_s = time.perf_counter() - t0
     stamps: list[float] = []
@@ -220,7 +232,7 @@ def run_genai(model: Path, size: int, steps: int, precision: str | None) -> dict
     def gen() -> Any:
         stamps.clear()
         return pipe.generate(PROMPT, negative_prompt=NEGATIVE, width=size, height=size, num_inference_steps=steps,
-                      guidance_scale=CFG, generator=og.TorchGenerator(SEED),
+                      guidance_scale=CFG, rng_seed=SEED,
                       callback=lambda step, n, latent: stamps.append(time.perf_counter()) and False)
 
     t0 = time.perf_counter()
@@ -433,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r} {name}: " + (", ".join(f"{k} {v:.1f}" for k, v in out.items()
                                                      if isinstance(v, float)) if "error" not in out
                                           else f"error {out['error']}"), flush=True)
+    import shutil
+
+    shutil.rmtree(cache, ignore_errors=True)  # compiled blobs: gigabytes per contender
     args.json.write_text(json.dumps({"size": args.size, "steps": args.steps, "load": os.getloadavg(),
                                      "results": results}, indent=1))
     table(results, args.unet_rss)
