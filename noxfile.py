@@ -92,6 +92,21 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_e2e(session: nox.Session) -> None:
+    """End to end on a full-size SD 1.5 (not in CI): sdrt's backends against OpenVINO GenAI, stable-diffusion.cpp
+    and diffusers: `nox -s bench_e2e -- --size 256 --rounds 1`.
+
+    The model comes from `scripts/make_sd15_full.py` (run with a torch venv; `--model DIR` or $SDRT_E2E_MODEL,
+    default /work/models/sd15-full) and `scripts/make_ldm_single_file.py` (the LDM file stable-diffusion.cpp
+    reads). The peers install here; diffusers runs in $SDRT_E2E_TORCH_PYTHON when set (torch stays out of this
+    venv). bench/README.md says what it prints."""
+    _install_sdrt(session, "onnxruntime>=1.17", "openvino>=2024.4", "platformdirs>=3", "openvino-genai",
+                  "openvino-tokenizers", "transformers", "stable-diffusion-cpp-python", "pillow>=10")
+    python = str(Path(session.bin) / "python")
+    session.run("python", "-m", "bench.e2e", "--peer-python", python, *session.posargs)
+
+
+@nox.session
 def ggml_fuzz(session: nox.Session) -> None:
     """Random graphs on the ggml backend in child processes, against onnxruntime: `nox -s ggml_fuzz -- --graphs 21000`."""
     _install_sdrt(session, "hypothesis>=6.100", "onnxruntime>=1.17")

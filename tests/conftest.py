@@ -10,6 +10,10 @@ from __future__ import annotations
 import os
 
 os.environ["SDRT_LOAD_ENTRY_POINTS"] = "0"
+# The tests compare against float32 references (onnxruntime, diffusers, k-diffusion), so every backend runs at
+# float32 here whatever this CPU's default is (bf16 where it has AVX-512-BF16 or AMX: sdrt.precision_default):
+# they hold on AVX2, AVX-512 and AMX CPUs alike. Tests of the default itself clear it (monkeypatch.delenv).
+os.environ["SDRT_PRECISION"] = "fp32"
 
 import pytest  # noqa: E402
 

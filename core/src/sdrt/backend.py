@@ -195,6 +195,17 @@ class Backend(ABC):
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     default_precision: ClassVar[str] = "fp32"
 
+    def precision_for(self, device: Device) -> str:
+        """The precision ``compile`` uses on ``device`` when no ``precision=`` is passed (``sdrt info`` shows it).
+
+        By default the device's ``properties["precision"]`` when the backend put one there (see
+        ``sdrt.precision_default``: the fastest precision within the image bar against float32), else
+        ``default_precision``; ``SDRT_PRECISION`` replaces either when the backend offers it."""
+        from .precision_default import override
+
+        forced = override(self.precisions or {"fp32": {}})
+        return forced or str(device.properties.get("precision") or self.default_precision)
+
     @abstractmethod
     def devices(self) -> list[Device]:
         """What this backend can run on, here and now. An empty list means: nothing."""

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from sdrt import Backend, Device, Session, TensorInfo
 from sdrt.errors import ModelError, SdrtError
+from sdrt.weights.pages import release as release_pages
 
 from .devices import list_devices, open_device, supports_flash_attn
 from .lower import LoweringSpec, free_lowered, lower_graph
@@ -16,7 +18,7 @@ from .ops import TABLE
 log = logging.getLogger("sdrt.ggml")
 
 #: options ``compile`` accepts
-OPTIONS = ("shapes", "threads", "rewrites", "conv_impl", "dw_layout", "transpose", "layouts", "pad_k", "flash_attn", "scheduler",
+OPTIONS = ("precision", "shapes", "threads", "rewrites", "conv_impl", "dw_layout", "transpose", "layouts", "pad_k", "flash_attn", "scheduler",
            "accel", "gemm", "attention", "gelu", "groupnorm", "pool")
 
 
@@ -70,6 +72,7 @@ class GgmlBackend(Backend):
     #: weights of those types are dequantized while lowering. fp8 (no ggml type) is dequantized at load.
     quantized_weights = frozenset({"int8", "int4"})
     conformance: dict[str, Any] = {}
+    precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {"fp32": {"precision": "fp32"}}
 
     def devices(self) -> list[Device]:
         return list_devices()
@@ -86,6 +89,12 @@ class GgmlBackend(Backend):
         if unknown:
             raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",
                             where="sdrt.load(..., backend='ggml')", fix=f"valid options: {', '.join(OPTIONS)}")
+        options = dict(options)
+        precision = options.pop("precision", "fp32")
+        if str(precision).lower() not in ("fp32", "f32", "float32"):
+            raise SdrtError(f"precision {precision!r}: the ggml backend computes in float32 only",
+                            where="sdrt.load(..., backend='ggml', precision=...)",
+                            fix="pass precision='fp32' or leave it out; use backend='openvino' for bf16 or fp16")
         _check_gemm_option(options.get("gemm", "auto"), device)
         _check_kernel_options(dict(options))
         return dict(options)
@@ -121,9 +130,13 @@ class GgmlBackend(Backend):
             handles.free()
             raise
         try:
-            return GgmlSession(inputs, graph.outputs, graph=graph, spec=spec, lowered=lowered, device=handles,
-                               scheduler=bool(opts.get("scheduler")), where=graph.name, threads=threads,
-                               pool=opts.get("pool", "auto"))
+            session = GgmlSession(inputs, graph.outputs, graph=graph, spec=spec, lowered=lowered, device=handles,
+                                  scheduler=bool(opts.get("scheduler")), where=graph.name, threads=threads,
+                                  pool=opts.get("pool", "auto"))
+            # the weights now sit in ggml's buffer: the pages of the file-mapped arrays that uploading read leave
+            # this process's resident set (update_weights reads them again from the page cache)
+            release_pages(arrays.values())
+            return session
         except BaseException:
             free_lowered(lowered)  # the session freed what it had started to allocate
             handles.free()

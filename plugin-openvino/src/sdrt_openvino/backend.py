@@ -20,7 +20,9 @@ import numpy as np
 
 from sdrt import Backend, Device, Session
 from sdrt.errors import BackendUnavailable, UnsupportedGraph
+from sdrt.precision_default import choose
 from sdrt.tensors import NON_TENSOR
+from sdrt.weights.pages import release as release_pages
 
 from . import convert, swap
 from .conformance import CONFORMANCE
@@ -172,10 +174,11 @@ class OpenVINOBackend(Backend):
                 except RuntimeError as exc:  # a device whose driver fails to answer is left out, and logged
                     log.warning("OpenVINO device %s does not answer: %s", dev_id, first_lines(exc))
             found.sort(key=lambda d: (_KIND_ORDER[d.kind], d.properties.get("device_type") != "discrete", d.id))
-            if found:
+            if found:  # AUTO runs on the first of them first: its default precision
                 found.append(Device(backend=self.name, id="AUTO", kind="auto",
                                     name=f"OpenVINO AUTO over {', '.join(d.id for d in found)}",
-                                    properties={"devices": [d.id for d in found]}))
+                                    properties={"devices": [d.id for d in found],
+                                                "precision": found[0].properties["precision"]}))
             self._devices = found
         return list(self._devices)
 
@@ -193,13 +196,18 @@ class OpenVINOBackend(Backend):
             "capabilities": [str(c) for c in prop("OPTIMIZATION_CAPABILITIES", [])],
             "default_precision": str(prop("INFERENCE_PRECISION_HINT", "")),
         }
+        # sdrt's default: the fastest precision within the image bar (sdrt.precision_default). OpenVINO's
+        # capabilities say what it runs natively: BF16 on a CPU with AVX-512-BF16 or AMX, FP16 on a GPU.
+        caps = {c.upper() for c in props["capabilities"]}
+        offered = ["fp32"] + [p for p, cap in (("fp16", "FP16"), ("bf16", "BF16")) if cap in caps or kind != "cpu"]
+        props["precision"] = choose(kind, offered, bf16_fast="BF16" in caps)
         memory = prop("GPU_DEVICE_TOTAL_MEM_SIZE") if kind == "gpu" else None
         return Device(backend=self.name, id=dev_id, name=str(prop("FULL_DEVICE_NAME", dev_id)), kind=kind,
                       memory_bytes=int(memory) if memory else None, properties=props)
 
     # -- compiling: the hooks of the core's Backend.compile -------------------
     def parse_options(self, options: Mapping[str, Any], device: Device) -> Options:
-        return parse_options(options)
+        return parse_options(options, default=self.precision_for(device))
 
     def _prepare(self, graph: Graph, device: Device, opts: Options) -> Graph:
         self._check_inputs(graph)
@@ -238,6 +246,10 @@ class OpenVINOBackend(Backend):
                  opts: Options, rebinder: swap.Rebinder | None = None) -> OpenVINOSession:
         self._check_precision(compiled, opts, device)
         core = self.core
+        # the compiled model holds its own (packed) weights: the pages of the file-mapped arrays that compiling
+        # read leave this process's resident set (the session keeps the arrays; a later read maps them again)
+        if isinstance(arrays, dict):  # a cache hit resolves them only when first needed
+            release_pages(arrays.values())
         return OpenVINOSession(graph, arrays, lazy, compiled, compile_, lambda a: convert.read(core, graph, a),
                                device.id, core=core if opts.swappable is not False else None,
                                props=opts.properties(), rebinder=rebinder)

@@ -1,11 +1,11 @@
 """Compile options of the OpenVINO backend, checked and turned into OpenVINO properties.
 
-``precision`` (a name of sdrt's one precision vocabulary, ``sdrt.precision.PRECISIONS``: ``fp32``,
-``fp16``, ``bf16`` and their aliases) defaults to ``"fp32"`` on purpose: OpenVINO's CPU plugin picks
-bf16 by itself on CPUs with AVX512-BF16 or AMX (this machine's EPYC included),
-which costs about 1e-2 relative accuracy. sdrt promises outputs within 1e-4 of
-onnxruntime at f32, so fp32 is the default; ask for ``"bf16"`` or ``"fp16"`` to
-trade accuracy for speed. The compile cache's ``cache`` and ``cache_dir`` are the core's options.
+``precision`` (a name of sdrt's one precision vocabulary, ``sdrt.precision.PRECISIONS``: ``fp32``, ``fp16``,
+``bf16`` and their aliases) defaults to the device's default precision (``Backend.precision_for``; the backend
+puts it in ``Device.properties["precision"]`` from ``sdrt.precision_default``): ``bf16`` on a CPU whose OpenVINO
+plugin lists BF16 (AVX-512-BF16 or AMX), ``fp16`` on a GPU or NPU, ``fp32`` otherwise. Each stays within the
+image bar against float32 (docs/precision.md). ``precision="fp32"`` gives outputs within 1e-4 of onnxruntime.
+The compile cache's ``cache`` and ``cache_dir`` are the core's options.
 """
 
 from __future__ import annotations
@@ -52,14 +52,15 @@ class Options:
         return f"precision={self.precision};hint={self.performance_hint};threads={self.threads}"
 
 
-def parse_options(options: Mapping[str, Any]) -> Options:
-    """Check ``sdrt.load(..., **options)`` for this backend and return ``Options``."""
+def parse_options(options: Mapping[str, Any], default: str = "fp32") -> Options:
+    """Check ``sdrt.load(..., **options)`` for this backend and return ``Options``; ``default`` is the
+    precision (a name of sdrt's vocabulary) when ``precision`` is not passed."""
     unknown = sorted(set(options) - set(KNOWN))
     where = "sdrt.load(..., backend='openvino')"
     if unknown:
         raise OptionError(f"unknown options for the openvino backend: {', '.join(unknown)}", where=where,
                           fix=f"use only {', '.join(KNOWN)}")
-    precision = PRECISIONS[precision_name(options.get("precision", "fp32"), PRECISIONS,
+    precision = PRECISIONS[precision_name(options.get("precision", default), PRECISIONS,
                                           where=f"{where} precision=")]
     hint = str(options.get("performance_hint", "latency")).lower()
     if hint not in HINTS:

@@ -40,7 +40,9 @@ def test_run_matches_onnxruntime(ov_registry):
     assert out["y"] is not again["y"] and not np.shares_memory(out["y"], again["y"])
 
 
-def test_default_precision_is_f32_not_openvinos_bf16(ov_registry):
+def test_tests_run_at_f32_whatever_the_cpu(ov_registry):
+    # tests/conftest.py sets SDRT_PRECISION=fp32: the default is bf16 on CPUs with AVX-512-BF16 or AMX
+    # (tests/precision/test_precision_default.py tests that default)
     session = sdrt.load(conv_model().SerializeToString(), backend="openvino", device="CPU")
     assert str(session.property("INFERENCE_PRECISION_HINT")) == "<Type: 'float32'>"
 

@@ -24,15 +24,22 @@ def collect() -> dict[str, Any]:
         backends = []
         for name in rec.backends:
             be = reg.backends[name]
+            defaults: dict[str, str] = {}
             try:
-                devices = [str(d) for d in be.devices()]
+                found = be.devices()
+                devices = [str(d) for d in found]
                 dev_error = None
+                for d in found:  # the precision compile uses when no precision= is passed
+                    try:
+                        defaults[str(d)] = be.precision_for(d)
+                    except Exception:  # noqa: BLE001 - a plugin's broken override: leave it out
+                        pass
             except Exception as exc:  # noqa: BLE001 - report, never crash info
                 devices, dev_error = [], repr(exc)
             from ..quantization import describe
 
             backends.append({"name": name, "priority": be.priority, "devices": devices, "error": dev_error,
-                             "quantized_weights": describe(be)})
+                             "default_precision": defaults, "quantized_weights": describe(be)})
         plugins.append({
             "name": rec.name, "distribution": rec.distribution, "version": rec.version,
             "state": rec.state, "error": rec.error, "backends": backends,
@@ -61,7 +68,8 @@ def render(info: dict[str, Any]) -> str:
             if b["error"]:
                 lines.append(f"      devices: error {b['error']}")
             for d in b["devices"]:
-                lines.append(f"      device {d}")
+                precision = b.get("default_precision", {}).get(d)
+                lines.append(f"      device {d}" + (f"  default precision {precision}" if precision else ""))
             if not b["devices"] and not b["error"]:
                 lines.append("      devices: none usable here")
     if "hardware" in info:

@@ -47,8 +47,10 @@ QUICK_OPS = ("add", "mul", "div", "matmul", "gemm", "conv", "softmax", "layer_no
 
 #: the SD-style models of ``sdrt.testing.models`` the accuracy and speed checks build
 MODELS = ("vae_decoder", "unet", "text_encoder", "mobilenet_v2")
-#: relative error (||got - want|| / ||want||) allowed at each precision
-TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 3e-2}
+#: relative error (||got - want|| / ||want||) allowed at each precision. bf16 (8-bit mantissa): one pass of
+#: the bench UNet differs from float32 by up to 5.3e-2 on OpenVINO (docs/openvino.md), the other models by
+#: 0.7-1.5e-2; the image bar of docs/precision.md is what bounds a default precision
+TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 8e-2}
 
 
 @dataclass
@@ -97,14 +99,16 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(g - w)) / denom
 
 
-def precisions(be: Backend) -> dict[str, dict[str, Any]]:
-    """``{precision: compile options}`` to measure: fp32, and the backend's default when it differs.
+def precisions(be: Backend, dev: Device | None = None) -> dict[str, dict[str, Any]]:
+    """``{precision: compile options}`` to measure: fp32, and the default on ``dev`` when it differs (last).
 
-    A backend says what it has with ``Backend.precisions`` (name -> options) and
-    ``Backend.default_precision``; without them it is taken to run fp32 with no options.
+    A backend says what it has with ``Backend.precisions`` (name -> options) and its default on a device
+    with ``Backend.precision_for(dev)`` (``Backend.default_precision`` without a device); without them it is
+    taken to run fp32 with no options.
     """
     declared: Mapping[str, Mapping[str, Any]] = getattr(be, "precisions", None) or {}
-    default = getattr(be, "default_precision", "fp32")
+    by_device = getattr(be, "precision_for", None)
+    default = by_device(dev) if dev is not None and by_device is not None else getattr(be, "default_precision", "fp32")
     out: dict[str, dict[str, Any]] = {}
     if default != "fp32" and "fp32" in declared:
         out["fp32"] = dict(declared["fp32"])
@@ -194,7 +198,7 @@ def accuracy(be: Backend, dev: Device, plan: Plan, expected: Expected) -> Iterat
         model_bytes, feeds = _build(name, "tiny")
         want = expected(model_bytes, feeds)
         graph = _graph(model_bytes)
-        for precision, options in precisions(be).items():
+        for precision, options in precisions(be, dev).items():
             check = Check("accuracy", f"{name} {precision}")
             try:
                 session, compile_s = _timed(lambda: be.compile(graph, None, dev, **options))  # noqa: B023
@@ -291,7 +295,7 @@ def update_weights(be: Backend, dev: Device, plan: Plan, expected: Expected) -> 
             changed += 1
         new[t.name] = arr
     want = expected(model.SerializeToString(), feeds)
-    tol = TOLERANCE.get(next(iter(precisions(be))), 1e-2)
+    tol = TOLERANCE.get(list(precisions(be, dev))[-1], 1e-2)  # compiled below with no options: the default
     with be.compile(_graph(model_bytes), None, dev) as session:
         before = _outputs(session, feeds)
         try:
@@ -371,7 +375,7 @@ def end_to_end(be: Backend, dev: Device, plan: Plan) -> Check:
         return check
     diff = np.abs(got.astype(np.int32) - want.astype(np.int32))
     mean = float(diff.mean())
-    limit = 2.0 if next(iter(precisions(be))) == "fp32" else 8.0
+    limit = 2.0 if list(precisions(be, dev))[-1] == "fp32" else 8.0  # the pipeline runs at the default
     check.figures.update(mean_abs_diff=round(mean, 3), max_abs_diff=int(diff.max()), limit=limit)
     if mean > limit:
         check.status, check.message = "failed", f"mean pixel difference {mean:.2f} to the reference is above {limit}"

@@ -1,0 +1,92 @@
+"""The default precision of a device: the fastest one whose images stay within the bar against float32.
+
+A backend offers some precisions (``Backend.precisions``); which one it compiles at when the caller passes
+no ``precision=`` is decided here, once for every backend, from the device's kind and what its hardware
+runs fast:
+
+- a GPU (or NPU): ``fp16``, which every GPU runs at least twice as fast as float32;
+- a CPU with AVX-512-BF16 or AMX-BF16 (``bf16_fast``): ``bf16``, 3-5x float32 on OpenVINO's CPU plugin;
+- otherwise ``fp32``: a CPU without bf16 units emulates bf16 and gains nothing from it.
+
+Each of these stays within ``PSNR_BAR_DB`` of the float32 image on every pipeline measured
+(docs/precision.md has the table and the reason for the bar; ``bench/precision_quality.py`` measures it
+and ``tests/precision/test_default_quality.py`` holds it). ``SDRT_PRECISION`` (``fp32``, ``bf16``, ...)
+replaces the default everywhere, for callers that want float32 reproducibility without passing
+``precision=`` to every load; an explicit ``precision=`` still wins.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+#: the image-level bar: a default precision keeps the PSNR of its uint8 image against float32's at or above
+#: this (8-bit images; docs/precision.md says why 30 dB)
+PSNR_BAR_DB = 30.0
+#: the environment variable that replaces every backend's default precision
+ENV = "SDRT_PRECISION"
+#: CPU feature flags (``/proc/cpuinfo``) that give bfloat16 dot products in hardware
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+_NAMES = {"fp32": "fp32", "f32": "fp32", "float32": "fp32", "fp16": "fp16", "f16": "fp16", "float16": "fp16",
+          "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
+
+
+def choose(kind: str, offered: Iterable[str], *, bf16_fast: bool = False, fp16_fast: bool | None = None) -> str:
+    """The default precision (``fp32``, ``fp16`` or ``bf16``) on a device of ``kind`` (``cpu``, ``gpu``, ``npu``)
+    among the ``offered`` ones. ``bf16_fast``: the device has bfloat16 dot products (a CPU with AVX-512-BF16 or
+    AMX). ``fp16_fast`` defaults to True on GPUs and NPUs, False on CPUs."""
+    have = {_NAMES.get(str(p).lower(), str(p).lower()) for p in offered}
+    if fp16_fast is None:
+        fp16_fast = kind in ("gpu", "npu")
+    if fp16_fast and "fp16" in have:
+        return "fp16"
+    if bf16_fast and "bf16" in have:
+        return "bf16"
+    return "fp32"
+
+
+def override(offered: Iterable[str]) -> str | None:
+    """The precision ``SDRT_PRECISION`` names when it is one of ``offered`` (None when unset or not offered)."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if not value:
+        return None
+    name = _NAMES.get(value)
+    have = {_NAMES.get(str(p).lower(), str(p).lower()) for p in offered}
+    return name if name in have else None
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU feature flags as Linux names them (empty where ``/proc/cpuinfo`` is absent)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_bf16_fast(flags: Iterable[str] | None = None) -> bool:
+    """Whether the CPU has bfloat16 dot products in hardware (AVX-512-BF16 or AMX-BF16)."""
+    return bool(BF16_FLAGS & set(cpu_flags() if flags is None else flags))
+
+
+def psnr(image: np.ndarray, reference: np.ndarray) -> float:
+    """PSNR in dB of an 8-bit image against a reference of the same shape (inf when they are equal)."""
+    import numpy as np
+
+    a, b = np.asarray(image, dtype=np.float64), np.asarray(reference, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"images of different shapes: {a.shape} and {b.shape}")
+    mse = float(np.mean((a - b) ** 2))
+    return float("inf") if mse == 0 else 10.0 * float(np.log10(255.0 ** 2 / mse))
+
+
+__all__ = ["BF16_FLAGS", "ENV", "PSNR_BAR_DB", "choose", "cpu_bf16_fast", "cpu_flags", "override", "psnr"]
