@@ -137,9 +137,11 @@ def test_layers_point_down(module, forbidden):
 
 
 # packages only: an install from the folder leaves build metadata (sdrt_x.egg-info) beside them
-PLUGINS = sorted(p for p in (CORE.parents[2] / "plugins" / "template" / "src").glob("sdrt_*")
+# the checkout's plugin sources (sdrt itself may be installed from it, not in place: CORE is then in site-packages)
+REPO = Path(__file__).resolve().parents[2]
+PLUGINS = sorted(p for p in (REPO / "plugins" / "template" / "src").glob("sdrt_*")
                  if (p / "__init__.py").is_file()) + sorted(
-    p for p in CORE.parents[2].glob("plugin-*/src/sdrt_*") if (p / "__init__.py").is_file())
+    p for p in REPO.glob("plugin-*/src/sdrt_*") if (p / "__init__.py").is_file())
 
 
 def test_every_plugin_is_checked():

@@ -132,10 +132,14 @@ def test_from_a_source_checkout_the_plugin_folder_is_installed(monkeypatch, tmp_
         (tmp_path / f"plugin-{name}").mkdir()
         (tmp_path / f"plugin-{name}" / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     monkeypatch.setattr(installer, "CHECKOUT", tmp_path)
+    monkeypatch.setattr(installer, "CHECKOUT_EDITABLE", True)  # the core runs from the checkout: plugins too
     for name in ("openvino", "coreml"):
         p = plan(name, hw=RTX)
         assert p.argv[-2:] == ["-e", str(tmp_path / f"plugin-{name}")] and p.requirement == p.argv[-1]
         assert "from this source checkout" in p.reason
+    monkeypatch.setattr(installer, "CHECKOUT_EDITABLE", False)  # the core was copied from it: the plugin is too
+    p = plan("openvino", hw=RTX)
+    assert p.argv[-2:] == ["install", str(tmp_path / "plugin-openvino")] and "-e" not in p.argv
     assert plan("trt", hw=RTX).requirement == compatible_requirement("sdrt-trt")
 
 

@@ -36,8 +36,10 @@ def load(
     """
     be, dev = select(backend, device)  # before any file I/O: a wrong name fails fast
     graph = model if isinstance(model, Graph) else Graph.load(model)
-    if backend == "auto" and not isinstance(device, Device):
-        be, dev = _auto(get_registry(), device if isinstance(device, str) else None, graph=graph, quiet=True)
+    reg = get_registry()
+    chosen = _split_device(reg, backend, device)[0] if isinstance(device, str) else backend
+    if chosen == "auto" and not isinstance(device, Device):  # the cost model may choose, now that it sees the graph
+        be, dev = _auto(reg, device if isinstance(device, str) else None, graph=graph, quiet=True)
     bound = _open_weights(weights)
     if quantize is not None or "DequantizeLinear" in graph.op_counts():
         from . import quantization
