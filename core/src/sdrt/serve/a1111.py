@@ -2,7 +2,7 @@
 
 Field names and defaults follow A1111's API models (modules/api/models.py, built from
 ``StableDiffusionProcessingTxt2Img``/``Img2Img``). Unknown fields are ignored, as A1111 ignores them;
-known fields sdrt cannot honour (hires. fix, face restoration, tiling, variation seeds, scripts, ...)
+known fields sdrt cannot honour (face restoration, tiling, seed resize, scripts, ...)
 are listed in the response's ``info`` under ``sdrt_not_honoured`` when a request sets them.
 """
 
@@ -21,10 +21,8 @@ from .registry import Registry
 
 #: (field, value A1111 treats as "off", why sdrt does not honour it)
 _NOT_HONOURED: list[tuple[str, tuple[Any, ...], str]] = [
-    ("enable_hr", (False,), "hires. fix is not supported; the image is made at width x height"),
     ("restore_faces", (False,), "face restoration is not part of sdrt"),
     ("tiling", (False,), "seamless tiling is not supported"),
-    ("subseed_strength", (0, 0.0), "variation seeds are not supported"),
     ("seed_resize_from_h", (0, -1), "seed resize is not supported"),
     ("seed_resize_from_w", (0, -1), "seed resize is not supported"),
     ("styles", ([],), "saved prompt styles are not supported"),
@@ -130,6 +128,9 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
                                   height=height, batch=batch, clip_skip=clip_skip)
     if mode == "img2img":
         _img2img(body, kwargs, limits, not_honoured)
+    else:
+        _hires(body, kwargs, limits, not_honoured)
+    _variation(body, kwargs)
     try:  # the pipeline's own checks (sampler and schedule names, sizes, strength), before any model loads
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
@@ -137,6 +138,44 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     params = {k: v for k, v in body.items() if k in _KNOWN}
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter)
     return Request(work, mode, not_honoured, task_id, send_images, params)
+
+
+def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str]) -> None:
+    """A1111's hires. fix (``enable_hr``): a first pass at width x height, upscaled by ``hr_scale`` with
+    ``hr_upscaler``, then ``hr_second_pass_steps`` of img2img at ``denoising_strength``."""
+    if not get_bool(body, "enable_hr", False):
+        return
+    from ..pipelines.hires import UPSCALERS
+
+    scale = get_float(body, "hr_scale", 2.0, 1.0, 8.0)
+    width, height = kwargs["width"] or 0, kwargs["height"] or 0  # unset: the model's own size
+    if width * scale > limits.max_width or height * scale > limits.max_height:
+        raise ApiError(400, f"hires. fix at hr_scale {scale} makes {int(width * scale)}x{int(height * scale)}, above "
+                            f"this server's limit of {limits.max_width}x{limits.max_height}", field="hr_scale")
+    kwargs["hires_scale"] = scale
+    kwargs["hires_steps"] = get_int(body, "hr_second_pass_steps", 0, 0, limits.max_steps)
+    kwargs["hires_denoise"] = get_float(body, "denoising_strength", 0.7, 0.0, 1.0, low_open=True)
+    upscaler = get_str(body, "hr_upscaler", None)
+    known = {u.casefold(): u for u in UPSCALERS}
+    if upscaler not in (None, "") and upscaler.casefold() in known:
+        kwargs["hires_upscaler"] = known[upscaler.casefold()]
+    elif upscaler not in (None, ""):  # A1111's model upscalers (ESRGAN, ...) need models sdrt does not have
+        not_honoured.append(f"hr_upscaler: {upscaler!r} is not one of sdrt's ({', '.join(UPSCALERS)}); Latent ran")
+    for key in ("hr_resize_x", "hr_resize_y"):
+        if get_int(body, key, 0, 0, None):
+            not_honoured.append(f"{key}: the target size comes from hr_scale")
+    for key in ("hr_checkpoint_name", "hr_sampler_name", "hr_prompt", "hr_negative_prompt"):
+        if get_str(body, key, None) not in (None, "", "Use same checkpoint", "Use same sampler"):
+            not_honoured.append(f"{key}: the second pass uses the first pass's")
+
+
+def _variation(body: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """A1111's variation seeds: ``subseed`` (-1: random) mixed in at ``subseed_strength``."""
+    strength = get_float(body, "subseed_strength", 0.0, 0.0, 1.0)
+    if strength:
+        subseed = get_int(body, "subseed", -1, -1, 2**32 - 1)
+        kwargs["subseed"] = secrets.randbelow(2**32 - 1) if subseed == -1 else subseed
+        kwargs["subseed_strength"] = strength
 
 
 def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str]) -> None:

@@ -1,0 +1,59 @@
+"""A1111's hires. fix (``enable_hr``) and variation seeds (``subseed_strength``) through the server, on a
+model folder whose graphs take any size (tiny-sdxl-dyn): the second pass makes the upscaled image, and the
+infotext says what ran, as A1111 writes it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import shutil
+from pathlib import Path
+
+import pytest
+from serve_helpers import live_server, needs_server
+
+pytestmark = needs_server
+httpx = pytest.importorskip("httpx", reason="httpx is a test dependency: pip install httpx")
+Image = pytest.importorskip("PIL.Image", reason="reading the PNGs needs Pillow")
+
+FOLDER = Path(__file__).resolve().parents[1] / "data" / "pipelines" / "tiny-sdxl-dyn"
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    from sdrt.serve import ServeConfig
+
+    root = tmp_path_factory.mktemp("dyn")
+    shutil.copytree(FOLDER, root / "tiny-sdxl-dyn")
+    with live_server(ServeConfig(models=root, backend="openvino")) as u:
+        yield u
+
+
+def _txt2img(url: str, **body) -> dict:
+    r = httpx.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "a red cat", "steps": 3, "width": 64, "height": 64,
+                                                    "seed": 5, "sampler_name": "Euler", **body}, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_enable_hr_runs_the_second_pass_at_the_upscaled_size(url):
+    out = _txt2img(url, enable_hr=True, hr_scale=1.5, hr_second_pass_steps=2, denoising_strength=0.5,
+                   hr_upscaler="Latent (bicubic)")
+    image = Image.open(io.BytesIO(base64.b64decode(out["images"][0])))
+    assert image.size == (96, 96)
+    info = out["info"]
+    assert "Hires upscale: 1.5" in info and "Hires steps: 2" in info and "Hires upscaler: Latent (bicubic)" in info
+    assert "enable_hr" not in info  # honoured, so not listed as not honoured
+
+
+def test_an_upscaler_model_sdrt_lacks_is_named_and_latent_runs(url):
+    out = _txt2img(url, enable_hr=True, hr_scale=1.5, hr_upscaler="R-ESRGAN 4x+")
+    assert "hr_upscaler: 'R-ESRGAN 4x+' is not one of sdrt's" in out["info"]
+    assert Image.open(io.BytesIO(base64.b64decode(out["images"][0]))).size == (96, 96)
+
+
+def test_variation_seeds_change_the_image_and_are_written(url):
+    plain = _txt2img(url)
+    varied = _txt2img(url, subseed=9, subseed_strength=0.5)
+    assert varied["images"][0] != plain["images"][0]
+    assert "Variation seed: 9" in varied["info"] and "Variation seed strength: 0.5" in varied["info"]
