@@ -83,6 +83,8 @@ PRECISIONS: dict[str, tuple[str, ...]] = {
     "fp8": ("f8", "float8", "float8_e4m3fn", "e4m3", "fp8_e4m3"),
 }
 _ALIASES = {alias: name for name, aliases in PRECISIONS.items() for alias in (name, *aliases)}
+#: every accepted spelling -> its canonical name (``"float16"`` -> ``"fp16"``)
+ALIASES: dict[str, str] = _ALIASES
 #: canonical precision -> numpy / ONNX dtype name of the half types
 _HALF_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 

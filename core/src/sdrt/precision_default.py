@@ -22,6 +22,8 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from .precision import ALIASES as _NAMES  # the one precision vocabulary
+
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
@@ -32,8 +34,6 @@ PSNR_BAR_DB = 30.0
 ENV = "SDRT_PRECISION"
 #: CPU feature flags (``/proc/cpuinfo``) that give bfloat16 dot products in hardware
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
-_NAMES = {"fp32": "fp32", "f32": "fp32", "float32": "fp32", "fp16": "fp16", "f16": "fp16", "float16": "fp16",
-          "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 
 
 def choose(kind: str, offered: Iterable[str], *, bf16_fast: bool = False, fp16_fast: bool | None = None) -> str:
