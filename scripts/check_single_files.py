@@ -138,14 +138,16 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def check_flux(chroma: bool = False) -> None:
+    import make_shipped_graphs as msg
     from diffusers import ChromaTransformer2DModel, FluxTransformer2DModel
-    from diffusers.loaders.single_file_utils import (convert_chroma_transformer_checkpoint_to_diffusers,
-                                                     convert_flux_transformer_checkpoint_to_diffusers)
+    from diffusers.loaders.single_file_utils import (
+        convert_chroma_transformer_checkpoint_to_diffusers,
+        convert_flux_transformer_checkpoint_to_diffusers,
+    )
     from safetensors.torch import save_file
-    from sdrt.checkpoint import open_single_file
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
-    import make_shipped_graphs as msg
+    from sdrt.checkpoint import open_single_file
 
     TMP.mkdir(parents=True, exist_ok=True)
     name = "chroma" if chroma else "flux_dev"
@@ -218,12 +220,11 @@ def check_flux(chroma: bool = False) -> None:
 
 def check_rss() -> None:
     """Peak RSS of binding a full-size SD 1.5 fp16 single file (child process, sdrt only)."""
+    import gen_checkpoint_data as gcd
+    import make_shipped_graphs as msg
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from safetensors.torch import save_file
     from transformers import CLIPTextConfig, CLIPTextModel
-
-    import gen_checkpoint_data as gcd
-    import make_shipped_graphs as msg
 
     TMP.mkdir(parents=True, exist_ok=True)
     f = TMP / "sd15_random_fp16.safetensors"

@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sdrt.checkpoint import FAMILY_GRAPHS, identify, model_hash, open_single_file, shipped_graph, shipped_names
-from sdrt.checkpoint import hashing
+from sdrt.checkpoint import FAMILY_GRAPHS, hashing, identify, model_hash, open_single_file, shipped_graph, shipped_names
 from sdrt.errors import ModelError, SdrtError, WeightsError
 from sdrt.graph import Graph
 
