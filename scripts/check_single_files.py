@@ -176,6 +176,10 @@ def check_flux(chroma: bool = False) -> None:
     clip.load_state_dict({k: v.float() for k, v in clip.state_dict().items()})
     clip = clip.half().float()  # the values the fp16 files hold
     t5 = t5.half().float()
+    x = msg.chroma_inputs({}, 1) if chroma else msg.flux_inputs({"guidance_embeds": True}, 1)
+    with torch.no_grad():
+        ref = model(**x, return_dict=False)[0].numpy()
+    del model
     # sdrt: weight-free graphs of the same reduced depth, the three files opened together
     spec = "chroma_transformer" if chroma else "flux_dev_transformer"
     graphs = {"transformer": export_reduced(spec, {k: cfg[k] for k in cfg if k in ("num_layers", "num_single_layers",
@@ -191,12 +195,10 @@ def check_flux(chroma: bool = False) -> None:
     opened = open_single_file(tfile, extras, parts=parts, graph_paths=paths)
     assert opened.family == ("chroma" if chroma else "flux-dev"), opened.family
     results = {}
-    # transformer
-    x = msg.chroma_inputs({}, 1) if chroma else msg.flux_inputs({"guidance_embeds": True}, 1)
-    with torch.no_grad():
-        ref = model(**x, return_dict=False)[0].numpy()
+    # transformer (the reference was computed before any export touched diffusers' classes)
     got = ort_run(opened.parts["transformer"][0], opened.parts["transformer"][1], {k: v.numpy() for k, v in x.items()})
     results["transformer"] = rel(got[0], ref)
+    del got
     # text encoders
     ids = msg.t5_inputs(msg.T5XXL, 1)["input_ids"]
     with torch.no_grad():
@@ -216,6 +218,70 @@ def check_flux(chroma: bool = False) -> None:
                              "extras": [p.name for p in extras]},
                    "max_rel_err": results, "ok": ok, "seconds": round(time.time() - t0)})
     print(name, "OK" if ok else "FAILED", results, flush=True)
+
+
+def sd3_shapes(width: int, layers: int, dual: tuple[int, ...], pos: int) -> dict:
+    """SD 3.x MMDiT keys as Stability publishes them (``sd3.5_medium.safetensors``), ComfyUI's prefix."""
+    d = width
+    s = {"pos_embed": (1, pos * pos, d), "x_embedder.proj.weight": (d, 16, 2, 2), "x_embedder.proj.bias": (d,),
+         "t_embedder.mlp.0.weight": (d, 256), "t_embedder.mlp.0.bias": (d,), "t_embedder.mlp.2.weight": (d, d),
+         "t_embedder.mlp.2.bias": (d,), "y_embedder.mlp.0.weight": (d, 2048), "y_embedder.mlp.0.bias": (d,),
+         "y_embedder.mlp.2.weight": (d, d), "y_embedder.mlp.2.bias": (d,),
+         "context_embedder.weight": (d, 4096), "context_embedder.bias": (d,),
+         "final_layer.linear.weight": (64, d), "final_layer.linear.bias": (64,),
+         "final_layer.adaLN_modulation.1.weight": (2 * d, d), "final_layer.adaLN_modulation.1.bias": (2 * d,)}
+    for i in range(layers):
+        last = i == layers - 1
+        for side in ("x_block", "context_block"):
+            p = f"joint_blocks.{i}.{side}."
+            ctx = side == "context_block"
+            s.update({p + "attn.qkv.weight": (3 * d, d), p + "attn.qkv.bias": (3 * d,),
+                      p + "attn.ln_q.weight": (64,), p + "attn.ln_k.weight": (64,)})
+            n = 2 if ctx and last else (9 if not ctx and i in dual else 6)
+            s.update({p + "adaLN_modulation.1.weight": (n * d, d), p + "adaLN_modulation.1.bias": (n * d,)})
+            if not (ctx and last):
+                s.update({p + "attn.proj.weight": (d, d), p + "attn.proj.bias": (d,),
+                          p + "mlp.fc1.weight": (4 * d, d), p + "mlp.fc1.bias": (4 * d,),
+                          p + "mlp.fc2.weight": (d, 4 * d), p + "mlp.fc2.bias": (d,)})
+            if not ctx and i in dual:
+                s.update({p + "attn2.qkv.weight": (3 * d, d), p + "attn2.qkv.bias": (3 * d,),
+                          p + "attn2.ln_q.weight": (64,), p + "attn2.ln_k.weight": (64,),
+                          p + "attn2.proj.weight": (d, d), p + "attn2.proj.bias": (d,)})
+    return {"model.diffusion_model." + k: v for k, v in s.items()}
+
+
+def check_sd3() -> None:
+    """SD 3.5 Medium's MMDiT-X in Stability's keys (2 blocks, the first with attn2), against diffusers."""
+    import make_shipped_graphs as msg
+    from diffusers import SD3Transformer2DModel
+    from diffusers.loaders.single_file_utils import convert_sd3_transformer_checkpoint_to_diffusers
+    from safetensors.torch import save_file
+
+    from sdrt.checkpoint import open_single_file
+
+    TMP.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    state = random_state(sd3_shapes(1536, 2, (0,), 384), 5)
+    f = TMP / "sd35m_reduced.safetensors"
+    save_file(state, str(f))
+    cfg = {**msg.SD35M, "num_layers": 2, "dual_attention_layers": [0]}
+    model = SD3Transformer2DModel(**cfg).eval()
+    model.load_state_dict(convert_sd3_transformer_checkpoint_to_diffusers({k: v.float() for k, v in state.items()}),
+                          strict=True)
+    del state
+    g = export_reduced("sd35_medium_transformer", {"num_layers": 2, "dual_attention_layers": [0]},
+                       TMP / "sd35m.onnx")
+    opened = open_single_file(f, parts=["transformer"], graph_paths={"transformer": g})
+    assert opened.family == "sd35-medium", opened.family
+    x = msg.sd3_inputs(cfg, 1)
+    with torch.no_grad():
+        ref = model(**x, return_dict=False)[0].numpy()
+    got = ort_run(opened.parts["transformer"][0], opened.parts["transformer"][1], {k: v.numpy() for k, v in x.items()})
+    err = rel(got[0], ref)
+    _report("sd35_medium", {"files": {"transformer": f"{f.name} (Stability keys with ComfyUI's prefix, fp16, "
+                                                     "2 joint blocks (block 0 with attn2), full width)"},
+                            "max_rel_err": {"transformer": err}, "ok": err < 2e-4, "seconds": round(time.time() - t0)})
+    print("sd35_medium", "OK" if err < 2e-4 else "FAILED", err, flush=True)
 
 
 def check_rss() -> None:
@@ -272,5 +338,5 @@ def check_rss() -> None:
 
 if __name__ == "__main__":
     for step in sys.argv[1:]:
-        {"flux": check_flux, "chroma": lambda: check_flux(True), "rss": check_rss}[step]()
+        {"flux": check_flux, "chroma": lambda: check_flux(True), "sd3": check_sd3, "rss": check_rss}[step]()
     print("max rss of this process (MB):", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)

@@ -257,8 +257,23 @@ def flux_dynamic(cfg: dict) -> dict:
     return d
 
 
+def _chroma_embed_forward(self, timestep):
+    """diffusers' ``ChromaCombinedTimestepTextProjEmbeddings.forward`` with its guidance input made as
+    ``zeros_like(timestep)`` instead of ``torch.tensor([0] * batch)`` (a Python list the exporter would
+    freeze at the example's batch size); the values are the same."""
+    n = self.mod_proj.shape[0]
+    t = self.time_proj(timestep).to(dtype=timestep.dtype)
+    g = self.guidance_proj(torch.zeros_like(timestep)).to(dtype=timestep.dtype)
+    mod = self.mod_proj.to(dtype=t.dtype).unsqueeze(0).expand(timestep.shape[0], -1, -1)
+    tg = torch.cat([t, g], dim=1).unsqueeze(1).expand(-1, n, -1)
+    return torch.cat([tg, mod], dim=-1).to(timestep.dtype)
+
+
 def build_chroma(cfg: dict) -> torch.nn.Module:
     from diffusers import ChromaTransformer2DModel
+    from diffusers.models.transformers import transformer_chroma
+
+    transformer_chroma.ChromaCombinedTimestepTextProjEmbeddings.forward = _chroma_embed_forward
 
     def forward(self, hidden_states, encoder_hidden_states, timestep, img_ids, txt_ids):
         return _base(self).forward(self, hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
@@ -667,12 +682,36 @@ def do_check(names: list[str]) -> None:
         del model, sess, proto, state
 
 
+def table() -> None:
+    """The docs' table (docs/checkpoints.md) from the report."""
+    report = json.loads(REPORT.read_text())
+    print("| graph | params | nodes | .onnx | shipped (.xz) | structure (full depth) | outputs vs torch |")
+    print("|---|---|---|---|---|---|---|")
+    total = 0
+    for name in SPECS:
+        r = report.get(name, {})
+        total += r.get("xz_bytes", 0)
+        st = "ok" if isinstance(r.get("structure"), str) else f"{len(r.get('structure', []))} problems"
+        tc = r.get("torch_check")
+        if tc:
+            red = tc["config_overrides"]
+            red = "full depth" if isinstance(red, str) else ", ".join(f"{k}={v}" for k, v in red.items())
+            chk = f"{max(x['max_rel_err'] for x in tc['runs']):.1e} ({red}){'' if tc['ok'] else ' FAILED'}"
+        else:
+            chk = "not run"
+        print(f"| {name} | {r.get('params', 0) / 1e6:.0f}M | {r.get('nodes', '?')} | "
+              f"{r.get('onnx_bytes', 0) / 1e6:.1f} MB | {r.get('xz_bytes', 0) / 1e3:.0f} kB | {st} | {chk} |")
+    print(f"\nall {len(report)} graphs: {total / 1e6:.2f} MB compressed")
+
+
 def main(argv: list[str]) -> None:
     step, names = argv[0], argv[1:] or list(SPECS)
     if step == "export":
         do_export(names)
     elif step == "check":
         do_check(names)
+    elif step == "table":
+        table()
     else:
         raise SystemExit(__doc__)
 
