@@ -22,6 +22,7 @@ time, as a backend reads them, measured in a child process (ru_maxrss).
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -284,8 +285,9 @@ def check_sd3() -> None:
     print("sd35_medium", "OK" if err < 2e-4 else "FAILED", err, flush=True)
 
 
-def check_rss() -> None:
-    """Peak RSS of binding a full-size SD 1.5 fp16 single file (child process, sdrt only)."""
+def sd15_file() -> Path:
+    """A full-size SD 1.5 checkpoint (UNet, CLIP-L, VAE): random weights (every tensor, conv_out included),
+    fp16, A1111/LDM keys (the converters of gen_checkpoint_data.py, which diffusers' loader reads back)."""
     import gen_checkpoint_data as gcd
     import make_shipped_graphs as msg
     from diffusers import AutoencoderKL, UNet2DConditionModel
@@ -294,20 +296,88 @@ def check_rss() -> None:
 
     TMP.mkdir(parents=True, exist_ok=True)
     f = TMP / "sd15_random_fp16.safetensors"
-    if not f.exists():
-        sd = {}
-        unet = UNet2DConditionModel(**msg.SD1_UNET).half()
-        has_attn_up = [t.startswith("CrossAttn") for t in msg.SD1_UNET["up_block_types"]]
-        sd.update(gcd.unet_to_ldm(unet.state_dict(), has_attn_up, lpb=2))
-        del unet
-        vae = AutoencoderKL(**msg.VAE4).half()
-        sd.update(gcd.vae_to_ldm(vae.state_dict(), 4))
+    if f.exists():
+        return f
+    sd = {}
+    unet = UNet2DConditionModel(**msg.SD1_UNET)
+    msg._randomize(unet, 11)
+    unet = unet.half()
+    has_attn_up = [t.startswith("CrossAttn") for t in msg.SD1_UNET["up_block_types"]]
+    sd.update(gcd.unet_to_ldm(unet.state_dict(), has_attn_up, lpb=2))
+    del unet
+    vae = AutoencoderKL(**msg.VAE4)
+    msg._randomize(vae, 12)
+    sd.update(gcd.vae_to_ldm(vae.half().state_dict(), 4))
+    del vae
+    te = CLIPTextModel(CLIPTextConfig(**msg.CLIP_L))
+    msg._randomize(te, 13)
+    sd.update({"cond_stage_model.transformer." + k: v for k, v in te.half().state_dict().items()
+               if "position_ids" not in k})
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(f))
+    return f
+
+
+def check_sd15() -> None:
+    """The parts of a full-size SD 1.5 fp16 LDM file: diffusers' from_single_file against sdrt's binding onto
+    the shipped graphs (onnxruntime), one part at a time."""
+    import make_shipped_graphs as msg
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    from sdrt.checkpoint import open_single_file
+
+    f = sd15_file()
+    t0 = time.time()
+    opened = open_single_file(f)
+    assert opened.family == "sd1", opened.family
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        UNet2DConditionModel.from_config(msg.SD1_UNET).save_config(f"{tmp}/unet")
+        AutoencoderKL.from_config(msg.VAE4).save_config(f"{tmp}/vae")
+        # text encoder: diffusers' converter onto transformers' model
+        from diffusers.loaders.single_file_utils import convert_ldm_clip_checkpoint
+        from safetensors.torch import load_file
+
+        te = CLIPTextModel(CLIPTextConfig(**msg.CLIP_L)).eval()
+        ck = {k: v.float() for k, v in load_file(str(f)).items() if k.startswith("cond_stage_model.")}
+        conv = {k: v for k, v in convert_ldm_clip_checkpoint(ck).items() if "position_ids" not in k}
+        te.load_state_dict(conv, strict=False)
+        del ck, conv
+        ids = msg.clip_inputs(msg.CLIP_L, 1)["input_ids"]
+        with torch.no_grad():
+            o = te(input_ids=ids, output_hidden_states=True)
+        got = ort_run(*opened.parts["text_encoder"], {"input_ids": ids.numpy()})
+        results["text_encoder last_hidden_state"] = rel(got[0], o.last_hidden_state.numpy())
+        results["text_encoder hidden_states.11"] = rel(got[2 + 11], o.hidden_states[11].numpy())
+        del te, o, got
+        vae = AutoencoderKL.from_single_file(str(f), config=tmp, subfolder="vae", local_files_only=True).float()
+        lat = msg.vae_inputs(msg.VAE4, 1, "decoder")["latent_sample"]
+        with torch.no_grad():
+            ref = vae.decode(lat, return_dict=False)[0].numpy()
         del vae
-        te = CLIPTextModel(CLIPTextConfig(**msg.CLIP_L)).half()
-        sd.update({"cond_stage_model.transformer." + k: v for k, v in te.state_dict().items()
-                   if "position_ids" not in k})
-        save_file({k: v.contiguous() for k, v in sd.items()}, str(f))
-        del sd, te
+        got = ort_run(*opened.parts["vae_decoder"], {"latent_sample": lat.numpy()})
+        results["vae_decoder"] = rel(got[0], ref)
+        del got
+        unet = UNet2DConditionModel.from_single_file(str(f), config=tmp, subfolder="unet",
+                                                     local_files_only=True).float().eval()
+        x = msg.unet_inputs(msg.SD1_UNET, 1)
+        with torch.no_grad():
+            ref = unet(**x, return_dict=False)[0].numpy()
+        del unet
+        got = ort_run(*opened.parts["unet"], {k: v.numpy() for k, v in x.items()})
+        results["unet"] = rel(got[0], ref)
+    ok = all(v < 1e-3 for v in results.values())
+    _report("sd15_full_parts", {"file": f"{f.name} (full-size SD 1.5, fp16, LDM keys, random weights)",
+                                "reference": "diffusers from_single_file (UNet, VAE) and convert_ldm_clip_checkpoint "
+                                             "(CLIP-L), float32 of the fp16 values",
+                                "sdrt": "open_single_file -> shipped graphs, weights bound per tensor, onnxruntime CPU",
+                                "max_rel_err": results, "ok": ok, "seconds": round(time.time() - t0)})
+    print("sd15", "OK" if ok else "FAILED", results, flush=True)
+
+
+def check_rss() -> None:
+    """Peak RSS of binding a full-size SD 1.5 fp16 single file (child process, sdrt only)."""
+    f = sd15_file()
     code = (
         "import resource, sys, time\n"
         "from sdrt.checkpoint import open_single_file\n"
@@ -319,9 +389,9 @@ def check_rss() -> None:
         "        a = w[name]; n += a.nbytes; del a\n"
         "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "print(m.family, opened, base, peak, n)\n")
-    out = subprocess.run([str(ROOT.parent / "venv" / "bin" / "python") if False else "/work/venv/bin/python",
+    out = subprocess.run(["/work/venv/bin/python",
                           "-c", code, str(f)], capture_output=True, text=True,
-                         env={"PYTHONPATH": str(ROOT / "core" / "src"), "PATH": "/usr/bin:/bin"})
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "core" / "src")})
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     fam, opened, base, peak, n = out.stdout.split()[-5:]
@@ -338,5 +408,6 @@ def check_rss() -> None:
 
 if __name__ == "__main__":
     for step in sys.argv[1:]:
-        {"flux": check_flux, "chroma": lambda: check_flux(True), "sd3": check_sd3, "rss": check_rss}[step]()
+        {"flux": check_flux, "chroma": lambda: check_flux(True), "sd3": check_sd3, "rss": check_rss,
+         "sd15": check_sd15}[step]()
     print("max rss of this process (MB):", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)

@@ -36,6 +36,7 @@ import copy
 import json
 import logging
 import lzma
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -48,7 +49,7 @@ import tvblock  # noqa: F401  (must come before diffusers/transformers are used)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "core" / "src" / "sdrt" / "data" / "graphs"
-REPORT = ROOT / "scripts" / "shipped_graphs_report.json"
+REPORT = Path(os.environ.get("SDRT_GRAPHS_REPORT", ROOT / "scripts" / "shipped_graphs_report.json"))
 OPSET = 18
 STRIPPED_KEY = "sdrt.stripped_weights"
 B = torch.export.Dim("batch", min=1, max=64)

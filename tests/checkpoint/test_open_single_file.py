@@ -38,7 +38,8 @@ def sparse_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], dtype: st
     return path
 
 
-def flux_shapes(guidance: bool = True, prefix: str = "", blocks: int = 1) -> dict[str, tuple[int, ...]]:
+def flux_shapes(guidance: bool = True, prefix: str = "", blocks: int = 1, single: int | None = None
+                ) -> dict[str, tuple[int, ...]]:
     """Flux.1's keys as Black Forest Labs publish them (a few blocks)."""
     d, m = 3072, 12288
     s = {"img_in.weight": (d, 64), "img_in.bias": (d,), "txt_in.weight": (d, 4096), "txt_in.bias": (d,),
@@ -59,6 +60,7 @@ def flux_shapes(guidance: bool = True, prefix: str = "", blocks: int = 1) -> dic
                       p + "attn.proj.weight": (d, d), p + "attn.proj.bias": (d,),
                       p + "mlp.0.weight": (m, d), p + "mlp.0.bias": (m,), p + "mlp.2.weight": (d, m),
                       p + "mlp.2.bias": (d,)})
+    for i in range(blocks if single is None else single):
         p = f"single_blocks.{i}."
         s.update({p + "linear1.weight": (3 * d + m, d), p + "linear1.bias": (3 * d + m,),
                   p + "linear2.weight": (d, d + m), p + "linear2.bias": (d,), p + "norm.query_norm.scale": (128,),
@@ -219,3 +221,45 @@ def test_model_hash_is_a1111s_and_cached_by_path_size_mtime(tmp_path, monkeypatc
     st = f.stat()
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert model_hash(f) == "0" * 64 and len(calls) == 1  # changed: hashed again
+
+
+def _graph_shapes(name: str, prefix: str = "") -> dict[str, tuple[int, ...]]:
+    g = Graph.load(shipped_graph(name))
+    return {prefix + t.name: tuple(t.dims) for t in g.model.graph.initializer if t.external_data}
+
+
+def test_full_size_flux_files_bind_onto_the_shipped_graphs(tmp_path, monkeypatch):
+    """Every tensor of full-size Flux.1 dev (BFL keys, fp8), clip_l, t5xxl and ae files finds its place in the
+    shipped graphs, with the right shape, and nothing is left over (headers only: the files are sparse)."""
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    if "flux_dev_transformer" not in shipped_names():
+        pytest.skip("flux_dev_transformer not exported yet")
+    f = sparse_safetensors(tmp_path / "flux1-dev-fp8.safetensors",
+                           flux_shapes(True, "model.diffusion_model.", 19, 38), "F8_E4M3")
+    clip = sparse_safetensors(tmp_path / "clip_l.safetensors", _graph_shapes("clip_l"))
+    t5 = sparse_safetensors(tmp_path / "t5xxl_fp16.safetensors", _graph_shapes("t5xxl"))
+    vae = {**_graph_shapes("vae16_decoder"), **_graph_shapes("vae16_encoder")}
+    ae = sparse_safetensors(tmp_path / "ae.safetensors", vae, "BF16")
+    m = open_single_file(f, [clip, t5, ae])
+    assert m.family == "flux-dev" and m.prediction == "flow"
+    assert set(m.parts) == {"transformer", "text_encoder", "text_encoder_2", "vae_decoder", "vae_encoder"}
+    graph, weights = m.parts["transformer"]
+    assert len(weights) == len(_graph_shapes("flux_dev_transformer"))
+    assert m.dtypes["transformer"] == {"float8_e4m3fn"} and m.files["text_encoder_2"] == t5
+    assert m.release["scheduler"]["use_dynamic_shifting"] is True
+    ref = weights.ref("single_transformer_blocks.37.proj_mlp.weight")
+    assert tuple(ref.shape) == (12288, 3072)
+
+
+def test_sd2_prediction_from_yaml_and_from_weights(tmp_path):
+    from sdrt.checkpoint.files import SD2_V_KEY, sd2_prediction
+    from sdrt.weights import Weights
+
+    f = tmp_path / "model.safetensors"
+    wide = Weights.from_arrays({SD2_V_KEY: np.linspace(-0.5, 0.5, 1280, dtype=np.float16)})
+    narrow = Weights.from_arrays({SD2_V_KEY: np.linspace(-0.05, 0.05, 1280, dtype=np.float16)})
+    assert sd2_prediction(f, wide) == "v_prediction" and sd2_prediction(f, narrow) == "epsilon"
+    (tmp_path / "model.yaml").write_text('model:\n  params:\n    parameterization: "v"\n')
+    assert sd2_prediction(f, narrow) == "v_prediction"
+    (tmp_path / "model.yaml").write_text("model:\n  params:\n    linear_start: 0.00085\n")
+    assert sd2_prediction(f, wide) == "epsilon"
