@@ -379,15 +379,17 @@ def check_rss() -> None:
     """Peak RSS of binding a full-size SD 1.5 fp16 single file (child process, sdrt only)."""
     f = sd15_file()
     code = (
-        "import resource, sys, time\n"
+        "import re, sys, time\n"
+        "def hwm():\n"
+        "    return int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1])\n"
         "from sdrt.checkpoint import open_single_file\n"
         "t = time.time(); m = open_single_file(sys.argv[1]); opened = time.time() - t\n"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "base = hwm()\n"
         "n = 0\n"
         "for part, (g, w) in m.parts.items():\n"
         "    for name in w:\n"
         "        a = w[name]; n += a.nbytes; del a\n"
-        "peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "peak = hwm()\n"
         "print(m.family, opened, base, peak, n)\n")
     out = subprocess.run(["/work/venv/bin/python",
                           "-c", code, str(f)], capture_output=True, text=True,
@@ -401,7 +403,8 @@ def check_rss() -> None:
              "rss_after_open_mb": round(int(base) / 1024), "peak_rss_binding_all_mb": round(int(peak) / 1024),
              "float32_bytes_produced_mb": round(int(n) / 2**20),
              "how": "open_single_file, then every initializer of every part read and converted to the graph's "
-                    "float32 once, one at a time, as a backend reads them; ru_maxrss of a child process"}
+                    "float32 once, one at a time, as a backend reads them; VmHWM of a fresh child process (ru_maxrss "
+                    "would include the parent's at fork)"}
     _report("rss_sd15_fp16", entry)
     print(entry, flush=True)
 
