@@ -683,6 +683,13 @@ def do_check(names: list[str]) -> None:
         del model, sess, proto, state
 
 
+#: graphs checked through check_single_files.py (a publisher's file read by diffusers vs sdrt's binding)
+SINGLE_FILE_CHECKS = {"sd1_unet": ("sd15_full_parts", "unet", "full size, diffusers from_single_file"),
+                      "sd35_medium_transformer": ("sd35_medium", "transformer", "2 blocks, Stability keys"),
+                      "flux_dev_transformer": ("flux_dev", "transformer", "1+1 blocks, BFL keys"),
+                      "chroma_transformer": ("chroma", "transformer", "1+1 blocks, 1 approximator layer")}
+
+
 def table() -> None:
     """The docs' table (docs/checkpoints.md) from the report."""
     report = json.loads(REPORT.read_text())
@@ -699,7 +706,15 @@ def table() -> None:
             red = "full depth" if isinstance(red, str) else ", ".join(f"{k}={v}" for k, v in red.items())
             chk = f"{max(x['max_rel_err'] for x in tc['runs']):.1e} ({red}){'' if tc['ok'] else ' FAILED'}"
         else:
-            chk = "not run"
+            chk = SINGLE_FILE_CHECKS.get(name, "not run")
+            sf = ROOT / "scripts" / "single_files_report.json"
+            sfr = json.loads(sf.read_text()) if sf.exists() else {}
+            key, part, how = chk if isinstance(chk, tuple) else (None, None, None)
+            chk = (f"{sfr[key]['max_rel_err'][part]:.1e} ({how}; check_single_files.py {key})"
+                   if key in sfr else "not run")
+        if r.get("nodes") is None:
+            print(f"| {name} | not exported yet | | | | | |")
+            continue
         print(f"| {name} | {r.get('params', 0) / 1e6:.0f}M | {r.get('nodes', '?')} | "
               f"{r.get('onnx_bytes', 0) / 1e6:.1f} MB | {r.get('xz_bytes', 0) / 1e3:.0f} kB | {st} | {chk} |")
     print(f"\nall {len(report)} graphs: {total / 1e6:.2f} MB compressed")
