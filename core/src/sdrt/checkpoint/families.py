@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -53,3 +54,170 @@ def _context_dim(shapes: Shapes) -> int | None:
         if k.endswith("attn2.to_k.weight") and len(s) == 2:
             return int(s[1])
     return None
+
+
+# -- what a file holds, for loading it onto the shipped graphs -------------------------------------
+#: family -> {pipeline part: shipped graph name}; parts named as diffusers' pipelines name them
+FAMILY_GRAPHS: dict[str, dict[str, str]] = {
+    "sd1": {"unet": "sd1_unet", "text_encoder": "clip_l", "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
+    "sd1-inpaint": {"unet": "sd1_inpaint_unet", "text_encoder": "clip_l", "vae_decoder": "vae4_decoder",
+                    "vae_encoder": "vae4_encoder"},
+    "sd2": {"unet": "sd2_unet", "text_encoder": "openclip_h", "vae_decoder": "vae4_decoder",
+            "vae_encoder": "vae4_encoder"},
+    "sdxl": {"unet": "sdxl_unet", "text_encoder": "clip_l", "text_encoder_2": "clip_g",
+             "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
+    "sdxl-inpaint": {"unet": "sdxl_inpaint_unet", "text_encoder": "clip_l", "text_encoder_2": "clip_g",
+                     "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
+    "sd35-medium": {"transformer": "sd35_medium_transformer", "text_encoder": "clip_l_proj",
+                    "text_encoder_2": "clip_g", "text_encoder_3": "t5xxl", "vae_decoder": "vae16_decoder",
+                    "vae_encoder": "vae16_encoder"},
+    "sd35-large": {"transformer": "sd35_large_transformer", "text_encoder": "clip_l_proj",
+                   "text_encoder_2": "clip_g", "text_encoder_3": "t5xxl", "vae_decoder": "vae16_decoder",
+                   "vae_encoder": "vae16_encoder"},
+    "flux-dev": {"transformer": "flux_dev_transformer", "text_encoder": "clip_l", "text_encoder_2": "t5xxl",
+                 "vae_decoder": "vae16_decoder", "vae_encoder": "vae16_encoder"},
+    "flux-schnell": {"transformer": "flux_schnell_transformer", "text_encoder": "clip_l", "text_encoder_2": "t5xxl",
+                     "vae_decoder": "vae16_decoder", "vae_encoder": "vae16_encoder"},
+    "chroma": {"transformer": "chroma_transformer", "text_encoder": "t5xxl", "vae_decoder": "vae16_decoder",
+               "vae_encoder": "vae16_encoder"},
+}
+#: which encoder kind each family's text-encoder parts are, and its VAE's latent channels
+FAMILY_ENCODERS: dict[str, dict[str, str]] = {
+    fam: {part: g for part, g in graphs.items() if part.startswith("text_encoder")} for fam, graphs in FAMILY_GRAPHS.items()
+}
+FAMILY_LATENT_CHANNELS = {fam: 16 if graphs["vae_decoder"] == "vae16_decoder" else 4
+                          for fam, graphs in FAMILY_GRAPHS.items()}
+LABELS = {"sd1": "SD 1.x", "sd1-inpaint": "SD 1.x inpainting", "sd2": "SD 2.x", "sdxl": "SDXL",
+          "sdxl-inpaint": "SDXL inpainting", "sd35-medium": "SD 3.5 Medium", "sd35-large": "SD 3.5 Large",
+          "flux-dev": "Flux.1 dev", "flux-schnell": "Flux.1 schnell", "chroma": "Chroma"}
+#: a separate part file's kind -> its human name
+PART_KINDS = {"clip_l": "a CLIP-L text encoder", "clip_g": "a CLIP-G (OpenCLIP bigG) text encoder",
+              "openclip_h": "an OpenCLIP-H text encoder (SD 2.x)", "t5xxl": "a T5-XXL text encoder",
+              "vae4": "a 4-channel VAE (SD 1.x/2.x/SDXL)", "vae16": "a 16-channel VAE (SD 3.x/Flux)"}
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What one file holds.
+
+    ``family``: a key of ``FAMILY_GRAPHS`` when the file holds a denoiser, else None; ``kind``:
+    ``"checkpoint"`` (a denoiser, possibly with text encoders and a VAE), a ``PART_KINDS`` key for a
+    separate text encoder or VAE, or ``"unknown"``; ``components``: what it holds, by part
+    (``unet``/``transformer``, ``text_encoder``..., ``vae``), each with its key prefix; ``label``: what
+    it looks like, in words (for messages).
+    """
+
+    family: str | None
+    kind: str
+    label: str
+    components: dict[str, str] = field(default_factory=dict)
+
+
+def _width(shapes: Shapes, *keys: str) -> int | None:
+    for k in keys:
+        s = shapes.get(k)
+        if s:
+            return int(s[-1])
+    return None
+
+
+def clip_kind(shapes: Shapes, prefix: str) -> str | None:
+    """``clip_l``/``openclip_h``/``clip_g`` for a CLIP text tower under ``prefix`` (by its width), else None."""
+    w = _width(shapes, prefix + "text_model.embeddings.token_embedding.weight", prefix + "token_embedding.weight",
+               prefix + "embeddings.token_embedding.weight")
+    return {768: "clip_l", 1024: "openclip_h", 1280: "clip_g"}.get(w or 0)
+
+
+def identify(shapes: Shapes) -> Identity:
+    """What a file holds, from its tensor names and shapes only (no data read)."""
+    keys = list(shapes)
+
+    def has(p: str) -> bool:
+        return any(k.startswith(p) for k in keys)
+
+    comps: dict[str, str] = {}
+    flow_prefix = "model.diffusion_model." if has("model.diffusion_model.") else ""
+    fam: str | None = None
+    if has(flow_prefix + "joint_blocks."):
+        width = _width(shapes, flow_prefix + "context_embedder.bias") or 0
+        dual = has(flow_prefix + "joint_blocks.0.x_block.attn2.")
+        qk = has(flow_prefix + "joint_blocks.0.x_block.attn.ln_q.")
+        if dual and qk and width == 1536:
+            fam = "sd35-medium"
+        elif qk and width == 2432:
+            fam = "sd35-large"
+        else:
+            return Identity(None, "unknown", f"an SD 3 MMDiT of width {width}{' with' if qk else ' without'} qk-norm "
+                            "(SD 3.0 Medium?), which has no shipped graph")
+        comps["transformer"] = flow_prefix
+    elif has(flow_prefix + "double_blocks.") and has(flow_prefix + "single_blocks."):
+        if has(flow_prefix + "distilled_guidance_layer."):
+            fam = "chroma"
+        elif has(flow_prefix + "guidance_in."):
+            fam = "flux-dev"
+        else:
+            fam = "flux-schnell"
+        w = _width(shapes, flow_prefix + "img_in.weight")
+        if shapes.get(flow_prefix + "img_in.weight", (0, 0))[0] != 3072 or w != 64:
+            return Identity(None, "unknown", f"a Flux-like transformer of width "
+                            f"{shapes.get(flow_prefix + 'img_in.weight', (0,))[0]} with {w} input channels "
+                            "(not Flux.1/Chroma), which has no shipped graph")
+        comps["transformer"] = flow_prefix
+    elif has("model.diffusion_model.input_blocks."):
+        old = detect(shapes)
+        inpaint = old.endswith(" inpainting")
+        if old.startswith("SDXL base") or old.startswith("SDXL (UNet only)"):
+            fam = "sdxl"
+        elif old.startswith("SD 2.x"):
+            fam = "sd2"
+        elif old.startswith("SD 1.x"):
+            fam = "sd1"
+        else:
+            return Identity(None, "unknown", f"{old}, which has no shipped graph")
+        if inpaint and fam in ("sd1", "sdxl"):
+            fam += "-inpaint"
+        elif inpaint:
+            return Identity(None, "unknown", f"{old}, which has no shipped graph")
+        comps["unet"] = "model.diffusion_model."
+    if fam is not None:
+        # text encoders and VAE baked into the file
+        for p, part in (("cond_stage_model.transformer.", "text_encoder"), ("cond_stage_model.model.", "text_encoder"),
+                        ("conditioner.embedders.0.transformer.", "text_encoder"),
+                        ("conditioner.embedders.1.model.", "text_encoder_2")):
+            if has(p):
+                comps[part] = p
+        t = {"sd35-medium": ("text_encoder", "text_encoder_2", "text_encoder_3"),
+             "sd35-large": ("text_encoder", "text_encoder_2", "text_encoder_3"),
+             "flux-dev": ("text_encoder", None, "text_encoder_2"), "flux-schnell": ("text_encoder", None,
+                                                                                   "text_encoder_2"),
+             "chroma": (None, None, "text_encoder")}.get(fam)
+        if t:
+            for p, part in zip(("text_encoders.clip_l.transformer.", "text_encoders.clip_g.transformer.",
+                                "text_encoders.t5xxl.transformer."), t):
+                if part and has(p):
+                    comps[part] = p
+        for p in ("first_stage_model.", "vae."):
+            if has(p + "decoder.") or has(p + "encoder."):
+                comps["vae"] = p
+        shown = LABELS[fam] + ("" if set(comps) - {"unet", "transformer"} else
+                               (" (transformer only)" if "transformer" in comps else " (UNet only)"))
+        return Identity(fam, "checkpoint", shown, comps)
+    # a separate part
+    kind = clip_kind(shapes, "")
+    if kind is not None and (has("text_model.encoder.layers.") or has("transformer.resblocks.")
+                             or has("encoder.layers.")):
+        return Identity(None, kind, PART_KINDS[kind], {"text_encoder": ""})
+    if has("encoder.block.0.layer.0.SelfAttention.q.weight") or has("encoder.block.0.layer.0.SelfAttention."):
+        d = _width(shapes, "shared.weight", "encoder.embed_tokens.weight", "encoder.final_layer_norm.weight")
+        if d == 4096:
+            return Identity(None, "t5xxl", PART_KINDS["t5xxl"], {"text_encoder": ""})
+        return Identity(None, "unknown", f"a T5 encoder of width {d} (not T5-XXL), which has no shipped graph")
+    for p in ("", "first_stage_model.", "vae."):
+        s = shapes.get(p + "decoder.conv_in.weight") or shapes.get(p + "encoder.conv_out.weight")
+        if s is not None and len(s) == 4:
+            ch = int(s[1]) if (p + "decoder.conv_in.weight") in shapes else int(s[0]) // 2
+            kind = {4: "vae4", 16: "vae16"}.get(ch)
+            if kind:
+                return Identity(None, kind, PART_KINDS[kind], {"vae": p})
+            return Identity(None, "unknown", f"a {ch}-channel VAE, which no shipped family uses")
+    return Identity(None, "unknown", detect(shapes))

@@ -56,8 +56,11 @@ class Source:
     """Where one converted parameter comes from.
 
     ``op``: ``"copy"``, ``"T"`` (transpose a 2-D array), ``"squeeze"`` (a 1x1 conv
-    [o, i, 1, 1] to a linear [o, i]), or ``"part:I/N"`` (rows I of N equal parts
-    along axis 0: the q, k, v thirds of a fused ``in_proj``).
+    [o, i, 1, 1] to a linear [o, i]), ``"part:I/N"`` (rows I of N equal parts
+    along axis 0: the q, k, v thirds of a fused ``in_proj``), ``"rows:A:B"`` (rows
+    A to B: Flux's fused q, k, v, mlp ``linear1``), ``"swap"`` (the two halves of
+    axis 0 exchanged: an adaLN's shift, scale as diffusers' scale, shift), or
+    ``"unsqueeze"`` (a linear [o, i] to a 1x1 conv [o, i, 1, 1]).
     """
 
     key: str
@@ -77,6 +80,16 @@ class Source:
             a = np.asarray(arr)
             step = a.shape[0] // n
             return a[i * step:(i + 1) * step]
+        if self.op.startswith("rows:"):
+            lo, hi = (int(v) for v in self.op[5:].split(":"))
+            return np.asarray(arr)[lo:hi]
+        if self.op == "swap":
+            a = np.asarray(arr)
+            half = a.shape[0] // 2
+            return np.concatenate([a[half:], a[:half]])
+        if self.op == "unsqueeze":
+            a = np.asarray(arr)
+            return a.reshape(*a.shape, 1, 1) if a.ndim == 2 else a
         raise ValueError(self.op)
 
     def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -88,6 +101,11 @@ class Source:
         if self.op.startswith("part:"):
             n = int(self.op.split("/")[1])
             return (shape[0] // n, *shape[1:])
+        if self.op.startswith("rows:"):
+            lo, hi = (int(v) for v in self.op[5:].split(":"))
+            return (min(hi, shape[0]) - lo, *shape[1:])
+        if self.op == "unsqueeze" and len(shape) == 2:
+            return (*shape, 1, 1)
         return shape
 
 
@@ -182,8 +200,9 @@ def _unet_name(k: str, layout: tuple[int, int] | None, attn_out: set[int]) -> st
 _VAE_ATTN = (("norm.", "group_norm."), ("q.", "to_q."), ("k.", "to_k."), ("v.", "to_v."), ("proj_out.", "to_out.0."))
 
 
-def convert_vae(keys: Iterable[str]) -> tuple[dict[str, Source], list[str]]:
-    rel = {k[len(VAE_PREFIX):]: k for k in keys}
+def convert_vae(keys: Iterable[str], prefix: str = VAE_PREFIX) -> tuple[dict[str, Source], list[str]]:
+    """LDM VAE keys (``encoder.down.N.block.M``, ``decoder.up.N``) under ``prefix`` -> diffusers names."""
+    rel = {k[len(prefix):]: k for k in keys}
     nup = len({int(m[1]) for k in rel if (m := re.match(r"decoder\.up\.(\d+)\.", k))})
     out: dict[str, Source] = {}
     unknown: list[str] = []

@@ -102,8 +102,12 @@ def param_map(graph: Graph) -> dict[str, Slot]:
             by_output.setdefault(x, []).append(node)
     out: dict[str, Slot] = {}
     aliases: list[tuple[str, Slot]] = []
+    # sdrt's shipped weight-free graphs name every weight by its parameter (or persistent buffer) name,
+    # ``pos_embed.pos_embed`` included
+    weight_free = any(p.key == "sdrt.weight_free" for p in graph.model.metadata_props)
+    external = {t.name for t in g.initializer if t.external_data} if weight_free else set()
     for name, (shape, dtype) in infos.items():
-        named = name.endswith(_PARAM_END) and not name.startswith("onnx::")
+        named = (name.endswith(_PARAM_END) or name in external) and not name.startswith("onnx::")
         if not named and int(np.prod(shape)) <= 1:
             continue  # scalars: constants of the graph, not weights
         found = _from_uses(name, consumers.get(name, []), by_output, infos)

@@ -1,0 +1,322 @@
+"""A model as people download it: one ``.safetensors`` file (plus separate encoder/VAE files), bound
+onto sdrt's shipped weight-free graphs. No ONNX export is needed.
+
+    model = open_single_file("dreamshaper_8.safetensors")
+    model = open_single_file("flux1-dev.safetensors", ["clip_l.safetensors", "t5xxl_fp16.safetensors",
+                                                       "ae.safetensors"])
+    model.family                      # "sd1", "sdxl", "flux-dev", ...
+    graph, weights = model.parts["unet"]
+    session = sdrt.load(graph, weights=weights)
+
+``open_single_file`` reads headers only (and, for SD 2.x, one small bias tensor), identifies what
+each file holds from its tensor names and shapes (``families.identify``), assigns every part of
+the family to the file that holds it (``extra_files`` fill or replace parts: which part each file
+is comes from its tensors), and checks every part against its shipped graph before anything is
+compiled: a file sdrt cannot run, a truncated file, a transformer-only file with no text
+encoders given, a VAE of the wrong channel count, each raise one ``SdrtError`` naming the file,
+what it looks like and what to pass.
+
+Weights stay in the files as they are (fp32, fp16, bf16, fp8 e4m3fn): each initializer is a
+``TensorRef`` that reads its tensor from the mmapped file and converts it to the graph's dtype
+when a backend asks for it, one tensor at a time, so binding never holds a float32 copy of the
+whole model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelError, SdrtError, WeightsError
+from ..weights import Weights
+from . import components, families, flow, ldm
+from .families import FAMILY_GRAPHS, LABELS, PART_KINDS, Identity
+from .graphs import shipped_graph
+from .hashing import model_hash
+from .ldm import Source
+from .single_file import Checkpoint
+
+log = logging.getLogger("sdrt.checkpoint.files")
+
+PathLike = str | os.PathLike[str]
+FP8 = ("float8_e4m3fn", "float8_e5m2")
+#: SD 2.x v-prediction, as ComfyUI tells it from weights: this bias's spread (std > 0.09 -> v)
+SD2_V_KEY = "model.diffusion_model.output_blocks.11.1.transformer_blocks.0.norm1.bias"
+SD2_V_STD = 0.09
+
+
+@dataclass
+class OpenedModel:
+    """A family, its release defaults, and each part's shipped graph with the weights bound to it."""
+
+    family: str
+    label: str
+    prediction: str                         # "epsilon", "v_prediction" or "flow"
+    release: dict[str, Any]                  # scheduler config, tokenizers, VAE scaling of the release
+    parts: dict[str, tuple[Path, Weights]]   # part -> (shipped graph path, weights in its names)
+    files: dict[str, Path]                   # part -> the file its weights come from
+    path: Path                               # the main file
+    dtypes: dict[str, set[str]] = field(default_factory=dict)   # part -> the dtypes its file holds
+
+    @property
+    def name(self) -> str:
+        """A1111's ``Model:`` value: the file's stem."""
+        return self.path.stem
+
+    @property
+    def model_hash(self) -> str:
+        """A1111's ``Model hash:``: the first 10 hex digits of the file's SHA-256 (cached)."""
+        return model_hash(self.path)[:10]
+
+    def scheduler_config(self) -> dict[str, Any]:
+        return dict(self.release["scheduler"])
+
+    def tokenizer_dirs(self) -> dict[str, Path]:
+        """``{tokenizer: folder}`` of the release's tokenizers that sdrt ships (CLIP's; T5's is not shipped)."""
+        base = Path(str(resources.files("sdrt") / "data" / "release" / "tokenizers"))
+        return {k: base / v for k, v in self.release["tokenizers"].items() if (base / v).is_dir()}
+
+    def require_dtypes(self, supported: Iterable[str], backend: str) -> None:
+        """Raise before compiling when a part's file holds fp8 and the backend takes no fp8 (callers that
+        keep weights in the file's dtype; sdrt's own binding converts per tensor to the graph's dtype)."""
+        ok = set(supported)
+        for part, dts in self.dtypes.items():
+            bad = sorted(d for d in dts if d in FP8 and d not in ok)
+            if bad:
+                raise WeightsError(f"{self.files[part].name} ({part}) holds {', '.join(bad)} tensors and the "
+                                   f"{backend} backend has no fp8",
+                                   where=str(self.files[part]),
+                                   fix="pass an fp16/bf16 version of this file, or let sdrt convert it "
+                                       "(precision='fp16')")
+
+
+def release_defaults(family: str) -> dict[str, Any]:
+    """The release's scheduler config, tokenizer folders and VAE scaling for ``family``."""
+    data = json.loads((Path(str(resources.files("sdrt") / "data" / "release")) / "families.json").read_text())
+    return data[family]
+
+
+# -- reading files ---------------------------------------------------------------------------------
+@dataclass
+class _File:
+    path: Path
+    weights: Weights
+    shapes: dict[str, tuple[int, ...]]
+    ident: Identity
+
+
+def _open(path: PathLike, what: str) -> _File:
+    p = Path(path)
+    if p.is_dir():
+        raise ModelError("a folder was given where a .safetensors file was expected", where=str(p),
+                         fix="pass the folder to pipelines.load (a diffusers/Optimum folder), or one file here")
+    try:
+        w = Weights.open(p)
+    except SdrtError as exc:
+        raise type(exc)(f"cannot open the {what} {p.name}: {exc.what}", where=str(p),
+                        fix="re-download the file (it may be truncated or not a .safetensors file)") from exc
+    shapes = {k: tuple(int(d) for d in w.ref(k).shape) for k in w}
+    return _File(p, w, shapes, families.identify(shapes))
+
+
+def _supported() -> str:
+    return ", ".join(LABELS[f] for f in ("sd1", "sd2", "sdxl", "sd35-medium", "sd35-large", "flux-dev",
+                                         "flux-schnell", "chroma"))
+
+
+def _sources(f: _File, comp: str, prefix: str, family: str | None) -> tuple[dict[str, Source], list[str]]:
+    """``({canonical: Source}, unknown keys)`` for one component of a file."""
+    keys = [k for k in f.shapes if k.startswith(prefix)]
+    if comp == "transformer":
+        return (flow.convert_sd3 if family and family.startswith("sd35") else flow.convert_flux)(
+            {k: f.shapes[k] for k in keys})
+    if comp == "unet":
+        return ldm.convert_unet(keys)
+    if comp == "vae":
+        return components.convert_vae_any(f.shapes, prefix)
+    # text encoders
+    if "t5xxl" in prefix or f.ident.kind == "t5xxl":
+        return components.convert_t5(keys, prefix)
+    return components.convert_clip(keys, prefix)
+
+
+def _part_kind(f: _File, comp: str, prefix: str) -> str:
+    """The kind (``clip_l``, ``t5xxl``, ``vae16``...) of one component of a checkpoint file."""
+    if comp == "vae":
+        ch = components.vae_latent_channels(f.shapes, prefix)
+        return {4: "vae4", 16: "vae16"}.get(ch or 0, f"vae{ch}")
+    if "t5xxl" in prefix:
+        return "t5xxl"
+    return families.clip_kind(f.shapes, prefix) or "unknown"
+
+
+def _graph_kind(graph_name: str) -> str:
+    return {"clip_l_proj": "clip_l", "vae4_decoder": "vae4", "vae4_encoder": "vae4", "vae16_decoder": "vae16",
+            "vae16_encoder": "vae16"}.get(graph_name, graph_name)
+
+
+def sd2_prediction(path: Path, weights: Weights, prefix: str = "model.diffusion_model.") -> str:
+    """``"v_prediction"`` or ``"epsilon"`` for an SD 2.x file: A1111's ``<stem>.yaml`` beside it when
+    present (``parameterization: "v"``), else ComfyUI's test on the weights (the spread of the last
+    transformer's first norm bias: std > 0.09 is v)."""
+    yaml = path.with_suffix(".yaml")
+    if yaml.is_file():
+        try:
+            text = yaml.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""
+        v = re.search(r"parameterization\s*:\s*[\"']?v[\"']?\s*$", text, re.M) is not None
+        log.info("%s: %s-prediction from %s", path.name, "v" if v else "eps", yaml.name)
+        return "v_prediction" if v else "epsilon"
+    key = SD2_V_KEY.replace("model.diffusion_model.", prefix)
+    if key not in weights:
+        return "epsilon"
+    std = float(np.asarray(weights[key], dtype=np.float32).std())
+    log.info("%s: %s-prediction (std of %s = %.3f; > %.2f is v)", path.name, "v" if std > SD2_V_STD else "eps",
+             key, std, SD2_V_STD)
+    return "v_prediction" if std > SD2_V_STD else "epsilon"
+
+
+# -- the API ---------------------------------------------------------------------------------------
+def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, prediction: str | None = None,
+                     parts: Iterable[str] | None = None, graph_paths: Mapping[str, PathLike] | None = None
+                     ) -> OpenedModel:
+    """Open a single-file checkpoint (and separate text-encoder/VAE files) onto sdrt's shipped graphs.
+
+    ``extra_files``: ``clip_l.safetensors``, ``clip_g.safetensors``, ``t5xxl_fp16.safetensors``,
+    ``ae.safetensors``, ``sdxl_vae.safetensors``...: each fills (or replaces) the part its tensors say
+    it is. ``prediction``: ``"epsilon"`` or ``"v_prediction"`` to override what the file implies
+    (SD 2.x 768 vs 512, SDXL v-pred finetunes). ``parts``: bind only these parts (default: every part
+    of the family; ``vae_encoder`` is bound when the VAE is there). ``graph_paths``: ``{part: .onnx}``
+    to bind onto other graphs than the shipped ones (an export of your own with the same names).
+    Raises ``SdrtError`` (before anything is compiled) for anything that cannot run.
+    """
+    main = _open(path, "checkpoint")
+    if main.ident.family is None:
+        if main.ident.kind in PART_KINDS:
+            raise ModelError(f"{main.path.name} is {main.ident.label}, not a model", where=str(main.path),
+                             fix="pass the checkpoint (UNet or transformer) first and this file as an extra "
+                                 "(--text-encoder FILE / --vae FILE; extra_files=[...] in the API)")
+        raise ModelError(f"{main.path.name} is not a model sdrt can run: it looks like {main.ident.label}",
+                         where=str(main.path), fix=f"pass a checkpoint of one of: {_supported()}")
+    fam = main.ident.family
+    graphs = FAMILY_GRAPHS[fam]
+    wanted = list(parts) if parts is not None else list(graphs)
+    # part -> (file, component prefix)
+    chosen: dict[str, tuple[_File, str, str]] = {}
+    for comp, prefix in main.ident.components.items():
+        if comp == "vae":
+            for part in ("vae_decoder", "vae_encoder"):
+                chosen[part] = (main, "vae", prefix)
+        else:
+            chosen[comp] = (main, comp, prefix)
+    for extra in extra_files:
+        ef = _open(extra, "file")
+        kind = ef.ident.kind
+        if kind not in PART_KINDS:
+            raise ModelError(f"{ef.path.name} is not a text encoder or VAE: it looks like {ef.ident.label}",
+                             where=str(ef.path), fix="pass CLIP-L/CLIP-G/T5-XXL text encoders with --text-encoder "
+                             "and VAEs with --vae (extra_files in the API)")
+        targets = [p for p, g in graphs.items() if _graph_kind(g) == kind]
+        if not targets:
+            need = sorted({PART_KINDS[_graph_kind(g)] for p, g in graphs.items() if not p.startswith("unet")
+                           and p != "transformer"})
+            if kind.startswith("vae"):
+                raise ModelError(f"{ef.path.name} is {PART_KINDS[kind]}, and {LABELS[fam]} needs "
+                                 f"{PART_KINDS['vae16' if families.FAMILY_LATENT_CHANNELS[fam] == 16 else 'vae4']}",
+                                 where=str(ef.path), fix="pass the VAE that belongs to this model family")
+            raise ModelError(f"{ef.path.name} is {PART_KINDS[kind]}, which {LABELS[fam]} does not use",
+                             where=str(ef.path), fix=f"{LABELS[fam]} takes: {', '.join(need)}")
+        comp = next(iter(ef.ident.components))
+        for part in targets:
+            chosen[part] = (ef, "vae" if kind.startswith("vae") else part, ef.ident.components[comp])
+    # check kinds of baked parts against the family (a 4-channel VAE in a Flux file, ...)
+    for part, (f, comp, prefix) in chosen.items():
+        if part not in graphs:
+            continue
+        kind = _part_kind(f, comp, prefix) if f is main and comp != "transformer" and comp != "unet" else None
+        if kind in PART_KINDS and kind != _graph_kind(graphs[part]):
+            raise ModelError(f"{f.path.name} holds {PART_KINDS.get(kind, kind)} as its {part}, and {LABELS[fam]} "
+                             f"needs {PART_KINDS[_graph_kind(graphs[part])]}", where=str(f.path),
+                             fix="pass the right part as an extra file (--vae / --text-encoder)")
+    missing = [p for p in wanted if p not in chosen and p != "vae_encoder"]
+    if missing:
+        kinds = [PART_KINDS[_graph_kind(graphs[p])] for p in missing]
+        flags = " ".join(f"--{'vae' if p.startswith('vae') else 'text-encoder'} FILE" for p in missing)
+        raise ModelError(f"{main.path.name} is {main.ident.label}; {LABELS[fam]} also needs {', '.join(kinds)}, "
+                         "and no file given holds them", where=str(main.path),
+                         fix=f"pass them: {flags} (extra_files=[...] in the API), e.g. "
+                             + _example_files(fam, missing))
+    if prediction is None:
+        if fam == "sd2":
+            prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"])
+        elif fam.startswith("sdxl") and "v_pred" in main.shapes:
+            prediction = "v_prediction"
+        elif fam.startswith(("sd35", "flux", "chroma")):
+            prediction = "flow"
+        else:
+            prediction = "epsilon"
+    elif prediction not in ("epsilon", "v_prediction", "flow"):
+        raise ModelError(f"unknown prediction {prediction!r}", where="open_single_file(prediction=...)",
+                         fix="use 'epsilon' or 'v_prediction'")
+    release = release_defaults(fam)
+    if fam == "sd2" and prediction == "epsilon":
+        release = {**release, "scheduler": release["scheduler_eps"], "sample_size": release["sample_size_eps"]}
+    elif prediction == "v_prediction" and release["scheduler"].get("prediction_type") != "v_prediction":
+        release = {**release, "scheduler": {**release["scheduler"], "prediction_type": "v_prediction"}}
+    bound: dict[str, tuple[Path, Weights]] = {}
+    files: dict[str, Path] = {}
+    dtypes: dict[str, set[str]] = {}
+    from ..graph import Graph
+
+    problems: list[str] = []
+    for part in wanted:
+        if part not in chosen:
+            continue  # vae_encoder without a VAE
+        f, comp, prefix = chosen[part]
+        srcs, unknown = _sources(f, comp, prefix, fam)
+        if unknown:
+            log.warning("%s: %d %s keys not used: %s", f.path.name, len(unknown), part, ", ".join(unknown[:5]))
+        gpath = Path(graph_paths[part]) if graph_paths and part in graph_paths else shipped_graph(graphs[part])
+        graph = Graph.load(gpath)
+        ck = Checkpoint(f.weights, {comp: srcs}, f.ident.label, f.path)
+        try:
+            refs = ck.lazy({part: graph})
+        except WeightsError as exc:
+            problems.append(exc.what)
+            continue
+        (only,) = refs.values()
+        bound[part] = (gpath, Weights(only, sources=[f.path]))
+        files[part] = f.path
+        dtypes[part] = {str(f.weights.ref(s.key).dtype) for s in srcs.values()}
+    if problems:
+        raise WeightsError("; ".join(problems)[:2000], where=str(main.path),
+                           fix="the file does not match the release architecture sdrt ships for "
+                               f"{LABELS[fam]}; check it loads in diffusers or ComfyUI")
+    log.info("%s: %s (%s), parts %s", main.path.name, LABELS[fam], prediction, ", ".join(bound))
+    return OpenedModel(fam, main.ident.label, prediction, release, bound, files, main.path, dtypes)
+
+
+def _example_files(fam: str, missing: list[str]) -> str:
+    names = {"clip_l": "clip_l.safetensors", "clip_l_proj": "clip_l.safetensors", "clip_g": "clip_g.safetensors",
+             "t5xxl": "t5xxl_fp16.safetensors", "openclip_h": "sd2_text_encoder.safetensors",
+             "vae4_decoder": "sdxl_vae.safetensors" if fam.startswith("sdxl") else "vae-ft-mse-840000.safetensors",
+             "vae16_decoder": "ae.safetensors" if fam.startswith(("flux", "chroma")) else "sd3_vae.safetensors"}
+    return " ".join(dict.fromkeys(f"--{'vae' if p.startswith('vae') else 'text-encoder'} "
+                                  f"{names.get(FAMILY_GRAPHS[fam][p], FAMILY_GRAPHS[fam][p])}" for p in missing))
+
+
+def open_parts(path: PathLike, extra_files: Iterable[PathLike] = (), **kw: Any) -> tuple[str, Mapping[str, tuple[
+        Path, Weights]]]:
+    """``(family, {part: (shipped graph path, Weights)})``: the short form of ``open_single_file``."""
+    m = open_single_file(path, extra_files, **kw)
+    return m.family, m.parts
