@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import lzma
-import os
 from importlib import resources
 from pathlib import Path
 
 from ..cache import cache_dir
 from ..errors import ModelError
+from ..graph.strip import write_atomic
 
 log = logging.getLogger("sdrt.checkpoint.graphs")
 
@@ -52,13 +52,7 @@ def shipped_graph(name: str) -> Path:
         raise ModelError(f"the shipped graph {name} is damaged ({exc})", where=str(packed),
                          fix="reinstall sdrt") from exc
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(raw)
-        os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ModelError(f"cannot unpack the shipped graph ({exc.strerror or exc})", where=str(out),
-                         fix="check free space and permissions of the cache folder ($SDRT_CACHE_DIR)") from exc
+    write_atomic(out, raw, "unpack the shipped graph",
+                 fix="check free space and permissions of the cache folder ($SDRT_CACHE_DIR)")
     log.info("unpacked %s (%d kB) to %s", name, len(raw) // 1024, out)
     return out

@@ -94,7 +94,7 @@ def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os
     model.metadata_props.extend(props)
     mark = model.metadata_props.add()
     mark.key, mark.value = STRIPPED_KEY, location
-    _write_atomic(out_graph, model.SerializeToString())
+    write_atomic(out_graph, model.SerializeToString())
     result = StripResult(out_graph, out_weights, out_graph.stat().st_size, out_weights.stat().st_size, len(offsets))
     log.info("stripped %s: graph %d bytes, weights %d bytes (%d tensors)", graph.name, result.graph_bytes,
              result.weights_bytes, result.tensors)
@@ -112,16 +112,17 @@ def save_graph(graph: Graph, path: Path) -> Path:
     except ValueError as exc:  # protobuf refuses messages above 2 GB
         raise ModelError(f"the graph is too large for one ONNX file ({exc})", where=str(path),
                          fix="use `sdrt strip` (or graph.strip) to move the weights into a .safetensors file") from exc
-    _write_atomic(path, data)
+    write_atomic(path, data)
     return path
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def write_atomic(path: Path, data: bytes, what: str = "write the graph",
+                 fix: str = "check free disk space and permissions") -> None:
+    """``data`` to ``path`` through a temporary file and a rename (``sdrt.cache.write_atomic``): a reader never
+    sees half a file; a failure is one ``ModelError`` saying what could not be written."""
+    from ..cache.paths import write_atomic as write_chunks
+
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        write_chunks(path, [data])
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ModelError(f"cannot write the graph ({exc.strerror or exc})", where=str(path),
-                         fix="check free disk space and permissions") from exc
+        raise ModelError(f"cannot {what} ({exc.strerror or exc})", where=str(path), fix=fix) from exc
