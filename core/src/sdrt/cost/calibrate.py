@@ -60,17 +60,8 @@ def build_case(op_class: str, size: int) -> tuple[Any, dict[str, np.ndarray]]:
     f32 = TensorProto.FLOAT
     nodes: list[Any] = []
     inits: list[Any] = []
-    if op_class == "matmul":
-        t, c, k = [(256, 320, 8), (1024, 768, 8)][size]
-        x = "x"
-        for i in range(k):
-            inits.append(_w(f"w{i}", (c, c), rng))
-            nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"y{i}"]))
-            x = f"y{i}"
-        shape = [1, t, c]
-        ins = [helper.make_tensor_value_info("x", f32, shape)]
-    elif op_class == "weights":  # weight-heavy: memory calibration (and matmul at few rows)
-        t, c, k = [(16, 1024, 4), (16, 3072, 8)][size]
+    if op_class in ("matmul", "weights"):  # "weights": weight-heavy, for memory (and matmul at few rows)
+        t, c, k = {"matmul": [(256, 320, 8), (1024, 768, 8)], "weights": [(16, 1024, 4), (16, 3072, 8)]}[op_class][size]
         x = "x"
         for i in range(k):
             inits.append(_w(f"w{i}", (c, c), rng))
