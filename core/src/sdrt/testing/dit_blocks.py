@@ -181,6 +181,32 @@ def _feeds(cfg: dict[str, int], rotary: bool, joint: bool, seed: int) -> dict[st
     return feeds
 
 
+def _joint_tail(b: Builder, name: str, cfg: dict[str, int], x: dict[str, str], o: str, first: str,
+                img_mods: tuple[str, str, str, str], txt_mods: tuple[str, str, str, str]) -> None:
+    """A joint (double-stream) block after attention: the attention output split into its image and text
+    tokens (``first`` holds the tokens that come first: Flux puts the text first, SD3 the image), each
+    projected, gated into its stream, then an AdaLN-modulated feed-forward; the two block outputs."""
+    d = cfg["dim"]
+    lead = cfg[first]
+    head = b.op("Slice", [o, b.const([0]), b.const([lead]), b.const([1])], name=f"/{name}/attn/Slice")
+    rest = b.op("Slice", [o, b.const([lead]), b.const([1 << 62]), b.const([1])], name=f"/{name}/attn/Slice_1")
+    img_o, ctx_o = (rest, head) if first == "txt" else (head, rest)
+    img_o = b.linear(img_o, f"{name}.attn.to_out.0", d, d)
+    ctx_o = b.linear(ctx_o, f"{name}.attn.to_add_out", d, d)
+    outs = []
+    for stream, a, (gate, sh, sc, g2), tag in ((x["img"], img_o, img_mods, "ff"), (x["txt"], ctx_o, txt_mods,
+                                                                                     "ff_context")):
+        y = _gated(b, stream, gate, a, f"{name}/{tag}/attn_res")
+        n = _layer_norm_plain(b, y, f"{name}/{tag}/norm2", d)
+        n = b.op("Add", [b.op("Mul", [n, b.op("Add", [sc, b.const(1.0, F32)], name=f"/{name}/{tag}/Add_s")],
+                              name=f"/{name}/{tag}/Mul_s"), sh], name=f"/{name}/{tag}/Add_sh")
+        outs.append(_gated(b, y, g2, _ff(b, n, f"{name}.{tag}", d), f"{name}/{tag}/ff_res"))
+    b.rename(outs[1], "out_encoder_hidden_states")
+    b.rename(outs[0], "out_hidden_states")
+    b.output("out_encoder_hidden_states", shape=[1, cfg["txt"], d])
+    b.output("out_hidden_states", shape=[1, cfg["img"], d])
+
+
 def flux_double_block(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     cfg = SIZES["flux_double_block"][size]
     d, heads = cfg["dim"], cfg["heads"]
@@ -197,24 +223,7 @@ def flux_double_block(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, n
     jq = _rotary(b, joint[0], x["cos"], x["sin"], f"{name}/attn/rotary_q")
     jk = _rotary(b, joint[1], x["cos"], x["sin"], f"{name}/attn/rotary_k")
     o = _sdpa(b, jq, jk, joint[2], f"{name}/attn/sdpa", heads, d // heads)
-    n_txt = cfg["txt"]
-    big = 1 << 62
-    ctx_o = b.op("Slice", [o, b.const([0]), b.const([n_txt]), b.const([1])], name=f"/{name}/attn/Slice")
-    img_o = b.op("Slice", [o, b.const([n_txt]), b.const([big]), b.const([1])], name=f"/{name}/attn/Slice_1")
-    img_o = b.linear(img_o, f"{name}.attn.to_out.0", d, d)
-    ctx_o = b.linear(ctx_o, f"{name}.attn.to_add_out", d, d)
-    outs = []
-    for stream, a, gate, sh, sc, g2, tag in ((x["img"], img_o, g_msa, sh_mlp, sc_mlp, g_mlp, "ff"),
-                                             (x["txt"], ctx_o, cg_msa, csh_mlp, csc_mlp, cg_mlp, "ff_context")):
-        y = _gated(b, stream, gate, a, f"{name}/{tag}/attn_res")
-        n = _layer_norm_plain(b, y, f"{name}/{tag}/norm2", d)
-        n = b.op("Add", [b.op("Mul", [n, b.op("Add", [sc, b.const(1.0, F32)], name=f"/{name}/{tag}/Add_s")],
-                              name=f"/{name}/{tag}/Mul_s"), sh], name=f"/{name}/{tag}/Add_sh")
-        outs.append(_gated(b, y, g2, _ff(b, n, f"{name}.{tag}", d), f"{name}/{tag}/ff_res"))
-    b.rename(outs[1], "out_encoder_hidden_states")
-    b.rename(outs[0], "out_hidden_states")
-    b.output("out_encoder_hidden_states", shape=[1, n_txt, d])
-    b.output("out_hidden_states", shape=[1, cfg["img"], d])
+    _joint_tail(b, name, cfg, x, o, "txt", (g_msa, sh_mlp, sc_mlp, g_mlp), (cg_msa, csh_mlp, csc_mlp, cg_mlp))
     return b.model(), _feeds(cfg, True, True, 1100)
 
 
@@ -252,24 +261,7 @@ def sd35_block(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarr
     joint = [b.op("Concat", [m, a], name=f"/{name}/attn/Concat_{t}", axis=1) for t, a, m in
              (("q", cq, q), ("k", ck, k), ("v", cv, v))]  # SD3: image tokens first, then the context
     o = _sdpa(b, *joint, f"{name}/attn/sdpa", heads, d // heads)
-    n_img = cfg["img"]
-    big = 1 << 62
-    img_o = b.op("Slice", [o, b.const([0]), b.const([n_img]), b.const([1])], name=f"/{name}/attn/Slice")
-    ctx_o = b.op("Slice", [o, b.const([n_img]), b.const([big]), b.const([1])], name=f"/{name}/attn/Slice_1")
-    img_o = b.linear(img_o, f"{name}.attn.to_out.0", d, d)
-    ctx_o = b.linear(ctx_o, f"{name}.attn.to_add_out", d, d)
-    outs = []
-    for stream, a, gate, sh, sc, g2, tag in ((x["img"], img_o, g_msa, sh_mlp, sc_mlp, g_mlp, "ff"),
-                                             (x["txt"], ctx_o, cg_msa, csh_mlp, csc_mlp, cg_mlp, "ff_context")):
-        y = _gated(b, stream, gate, a, f"{name}/{tag}/attn_res")
-        n = _layer_norm_plain(b, y, f"{name}/{tag}/norm2", d)
-        n = b.op("Add", [b.op("Mul", [n, b.op("Add", [sc, b.const(1.0, F32)], name=f"/{name}/{tag}/Add_s")],
-                              name=f"/{name}/{tag}/Mul_s"), sh], name=f"/{name}/{tag}/Add_sh")
-        outs.append(_gated(b, y, g2, _ff(b, n, f"{name}.{tag}", d), f"{name}/{tag}/ff_res"))
-    b.rename(outs[1], "out_encoder_hidden_states")
-    b.rename(outs[0], "out_hidden_states")
-    b.output("out_encoder_hidden_states", shape=[1, cfg["txt"], d])
-    b.output("out_hidden_states", shape=[1, n_img, d])
+    _joint_tail(b, name, cfg, x, o, "img", (g_msa, sh_mlp, sc_mlp, g_mlp), (cg_msa, csh_mlp, csc_mlp, cg_mlp))
     return b.model(), _feeds(cfg, False, True, 1300)
 
 
