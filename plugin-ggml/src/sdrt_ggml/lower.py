@@ -33,8 +33,9 @@ log = logging.getLogger("sdrt.ggml.lower")
 
 #: small integer and bool inputs are carried exactly in float32 tensors, through layout ops only
 CARRIED = {"bool", "int8", "uint8", "int16", "uint16"}
-#: ops that may read a value of more than four dims (``ops._common.wide``): they only reshape or permute it
-WIDE_OPS = {"Reshape", "Flatten", "Transpose", "Einsum", "Identity"}
+#: ops that may read a value of more than four dims (``ops._common.wide``): they reshape or permute it, or
+#: see it with the axes they treat alike merged (``ops._common.fold_shape``)
+WIDE_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Einsum", "Identity", "Concat"}
 _INPUT_DTYPES = {"float32", "float16", "float64", "int64", "int32"} | CARRIED
 #: ops that only move data: they accept carried integer tensors
 LAYOUT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile", "Concat", "Slice",

@@ -532,6 +532,37 @@ def test_einsum_outer_product_of_rotary_angles():
     check(m, {"pos": rand(24)})
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_rotary_pairs_stacked_in_five_dims(batch):
+    # Flux/Chroma (diffusers' apply_rotary_emb, exported): the pairs (x0, x1) of q [B, S, H, D] become
+    # (-x1, x0) through Unsqueeze(-1) and a Concat of [B, S, H, D/2, 1] values, then a Reshape back to
+    # [B, S, H, D]; at batch 2 the five dims do not fit ggml's four
+    s, h, d = 6, 3, 8
+    nodes = [mk("Slice", ["x", "one", "big", "ax3", "two"], ["odd"]), mk("Neg", ["odd"], ["nodd"]),
+             mk("Slice", ["x", "zero", "big", "ax3", "two"], ["even"]),
+             mk("Unsqueeze", ["nodd", "last"], ["a"]), mk("Unsqueeze", ["even", "last"], ["b"]),
+             mk("Concat", ["a", "b"], ["ab"], axis=-1), mk("Reshape", ["ab", "shape"], ["rot"]),
+             mk("Mul", ["x", "cos"], ["xc"]), mk("Mul", ["rot", "sin"], ["rs"]), mk("Add", ["xc", "rs"], ["y"])]
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    inits = {"zero": i64(0), "one": i64(1), "big": i64(2**62), "ax3": i64(3), "two": i64(2), "last": i64(-1),
+             "shape": i64(batch, s, h, d), "cos": rand(1, s, 1, d, seed=1), "sin": rand(1, s, 1, d, seed=2)}
+    m = make_model(nodes, {"x": ((batch, s, h, d), F)}, {"y": (None, F)}, inits)
+    check(m, {"x": rand(batch, s, h, d)}, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_concat_of_five_dim_values_on_any_axis(axis):
+    # the axes either side of the joined one are merged: (before, axis, after) fits ggml; a constant operand too
+    shape = (2, 3, 2, 4, 5)
+    other = list(shape)
+    other[axis] = 1
+    nodes = [mk("Reshape", ["x", "s5"], ["a"]), mk("Concat", ["a", "c", "a"], ["b"], axis=axis),
+             mk("Squeeze", ["b"], ["y"]) if axis == -1 else mk("Reshape", ["b", "flat"], ["y"])]
+    inits = {"s5": np.array(shape, np.int64), "c": rand(*other, seed=3), "flat": np.array([-1], np.int64)}
+    m = make_model(nodes, {"x": ((2, 6, 20), F)}, {"y": (None, F)}, inits)
+    check(m, {"x": rand(2, 6, 20)}, rtol=0, atol=0)
+
+
 def test_six_dim_value_read_by_another_op_is_refused_not_aborted():
     nodes = [mk("Reshape", ["x", "s6"], ["a"]), mk("Relu", ["a"], ["y"])]
     m = make_model(nodes, {"x": ((2, 3, 4), F)}, {"y": (None, F)}, {"s6": np.array([2, 3, 2, 2, 1, 1], np.int64)})

@@ -169,6 +169,29 @@ def wide(x: GTensor) -> bool:
     return x.rank > MAX_DIMS and any(d != 1 for d in x.shape[: x.rank - MAX_DIMS])
 
 
+def fold_shape(shape: Sequence[int], keep: Sequence[int]) -> tuple[tuple[int, ...], dict[int, int]]:
+    """``shape`` with each run of axes between the ``keep`` axes merged into one: the same dense values
+    seen with fewer dims, for an op that treats the merged axes alike (a Concat's axes other than its
+    own, a Slice's unsliced ones). Returns the folded shape and where each kept axis went; runs of
+    size 1 are dropped."""
+    kept = {norm_axis(a, len(shape)) for a in keep}
+    out: list[int] = []
+    where: dict[int, int] = {}
+    run = 1
+    for i, d in enumerate(shape):
+        if i in kept:
+            if run != 1:
+                out.append(run)
+            where[i] = len(out)
+            out.append(int(d))
+            run = 1
+        else:
+            run *= int(d)
+    if run != 1 or not out:
+        out.append(run)
+    return tuple(out), where
+
+
 def reshape(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:
     shape = tuple(int(d) for d in shape)
     if -1 in shape:
