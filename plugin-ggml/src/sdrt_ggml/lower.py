@@ -26,7 +26,8 @@ from . import (
     rewrites_epilogue,  # noqa: F401  (registers the conv and GEMM epilogue fusions)
 )
 from .ops import FOLD_ONLY, REGISTRY, load_all
-from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported, wide
+from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_merged, ne_of, unsupported, wide
+from .ops.fold_wide import FOLDABLE, lower_folded
 from .rewrites import OPTIONAL, REWRITES
 
 log = logging.getLogger("sdrt.ggml.lower")
@@ -262,7 +263,7 @@ class Lowering:
                     fix="run this graph on another backend (reference, openvino)",
                 )
             gtype = g.GGML_TYPE_I32 if dtype in ("int64", "int32") else g.GGML_TYPE_F32
-            t = g.ggml_new_tensor_4d(self.ctx, gtype, *ne_of(shape))
+            t = g.ggml_new_tensor_4d(self.ctx, gtype, *ne_merged(shape))  # more than 4 dims: see wide()
             g.ggml_set_name(t, name[:63].encode())
             g.ggml_set_input(t)
             kind = "int32" if gtype == g.GGML_TYPE_I32 else (dtype if dtype in CARRIED else "float32")
@@ -294,7 +295,8 @@ class Lowering:
             present = ins
         if self._host_node(node, ins):
             return
-        if node.op_type not in WIDE_OPS and any(isinstance(v, GTensor) and wide(v) for v in present):
+        is_wide = node.op_type not in WIDE_OPS and any(isinstance(v, GTensor) and wide(v) for v in present)
+        if is_wide and node.op_type not in FOLDABLE:
             raise unsupported(node, f"{node.op_type} on a tensor of more than 4 dimensions")
         if any(isinstance(v, HostValue) for v in present) and node.op_type not in _HOST_AWARE:
             ins = [self._materialize(v) if isinstance(v, HostValue) else v for v in ins]
@@ -320,7 +322,10 @@ class Lowering:
                 if odd:
                     raise unsupported(node, f"{node.op_type} on {', '.join(sorted(odd))} tensors")
             try:
-                outs = self._try_rewrites(node) or fn(self, node, ins)
+                if is_wide:  # on a view with the axes it treats alike merged (ops/fold_wide.py)
+                    outs = lower_folded(self, node, ins, fn)
+                else:
+                    outs = self._try_rewrites(node) or fn(self, node, ins)
             except UnsupportedGraph:
                 raise
             except (ValueError, TypeError, AssertionError) as exc:

@@ -206,6 +206,18 @@ def reshape(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:
     return GTensor(ggml_lib().ggml_reshape_4d(lowering.ctx, x.ptr, *ne), shape, x.dtype)
 
 
+def view_as(lowering: Lowering, v: Value, shape: Sequence[int]) -> Value:
+    """``v`` (a runtime tensor or a constant) seen as ``shape``, the same values in the same dense order. A
+    reshaped initializer is a new array: it is recorded as folded, so that a change to it lowers the graph
+    again instead of missing the copy."""
+    if isinstance(v, GTensor):
+        return reshape(lowering, v, shape)
+    name = lowering.init_name(v)
+    if name is not None:
+        lowering.out.folded_inits.add(name)
+    return np.reshape(v, tuple(int(d) for d in shape))
+
+
 def _permute_wide(lowering: Lowering, x: GTensor, perm: list[int]) -> GTensor:
     """A permutation of more than four dims, as moves of one axis at a time: moving axis ``i`` to ``j < i``
     is the rank-4 swap (A, B, C, D) -> (A, C, B, D) of the merged groups before ``j``, ``j..i``, ``i`` and
