@@ -124,6 +124,8 @@ class GgmlBackend(Backend):
                 options=dict(opts),
                 supports_flash_attn=supports_flash_attn(handles) if flash is None else bool(flash),
                 on_cpu=handles.is_cpu,
+                # the plain CPU path (the session's own allocator) reads the weights where lowering made them
+                host_weights=handles.is_cpu and not opts.get("scheduler") and not handles.accel,
             )
             lowered = lower_graph(spec)
         except BaseException:
@@ -133,8 +135,9 @@ class GgmlBackend(Backend):
             session = GgmlSession(inputs, graph.outputs, graph=graph, spec=spec, lowered=lowered, device=handles,
                                   scheduler=bool(opts.get("scheduler")), where=graph.name, threads=threads,
                                   pool=opts.get("pool", "auto"))
-            # the weights now sit in ggml's buffer: the pages of the file-mapped arrays that uploading read leave
-            # this process's resident set (update_weights reads them again from the page cache)
+            # the weights now sit in ggml's buffers (or, on the CPU, in arrays lowering made): the pages of the
+            # file-mapped arrays that lowering read leave this process's resident set (update_weights reads
+            # them again from the page cache)
             release_pages(arrays.values())
             return session
         except BaseException:

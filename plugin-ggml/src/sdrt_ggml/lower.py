@@ -3,7 +3,8 @@
 Values are either runtime tensors (``T``) in the compute context or numpy
 constants. Nodes whose inputs are all constants are evaluated at compile time
 (``fold``); constants that a ggml op needs become tensors in a separate weights
-context, uploaded once to a backend buffer. Initializers remember which tensor
+context, whose data the session wraps (the CPU: ``host_array``) or uploads once to a
+backend buffer (other devices). Initializers remember which tensor
 they went to so ``update_weights`` can rewrite them in place.
 """
 
@@ -52,6 +53,26 @@ def _no_op() -> Any:
         return None
 
     return ggml_lib().ggml_custom_op_t(fill_nothing)
+
+
+#: the alignment of a weight array a CPU buffer wraps (ggml's CPU backend asserts 32 bytes)
+HOST_ALIGN = 64
+
+
+def host_array(data: np.ndarray, dtype: str, source: np.ndarray | None) -> np.ndarray:
+    """``data`` as a C-contiguous ``dtype`` array this process owns, aligned for ggml's CPU buffers: kept as
+    it is when it already is one and shares no memory with ``source`` (the initializer, which may be a
+    read-only file mapping the caller keeps), else copied once into a fresh aligned array."""
+    want = np.dtype(dtype)
+    if (data.dtype == want and data.flags.c_contiguous and data.flags.writeable and data.nbytes
+            and data.ctypes.data % HOST_ALIGN == 0 and (source is None or not np.may_share_memory(data, source))
+            and source is not data):
+        return data
+    raw = np.empty(data.size * want.itemsize + HOST_ALIGN, np.uint8)
+    start = -raw.ctypes.data % HOST_ALIGN
+    out = raw[start:start + data.size * want.itemsize].view(want).reshape(data.shape)
+    np.copyto(out, data, casting="unsafe")
+    return out
 
 
 @dataclass
@@ -116,6 +137,7 @@ class Lowering:
         options: Mapping[str, Any] | None = None,
         supports_flash_attn: bool = True,
         on_cpu: bool = True,
+        host_weights: bool = False,
     ) -> None:
         load_all()
         self.nodes = list(nodes)
@@ -127,6 +149,9 @@ class Lowering:
         self.supports_flash_attn = supports_flash_attn
         #: CPU-only lowerings (the overlapping-window conv) are used only when this is true
         self.on_cpu = on_cpu
+        #: the session keeps the weights in the arrays made here (``host_array``) instead of copying them
+        #: into a ggml buffer
+        self.host_weights = host_weights
         self.values: dict[str, Value] = {}
         self._producer, self._uses = producers_and_uses(self.nodes, self.output_names)
         wanted = self.options.get("rewrites", "all")
@@ -173,7 +198,7 @@ class Lowering:
         data = transform(arr) if transform is not None else arr
         if dtype is None:
             dtype = "int32" if data.dtype.kind in "iub" else "float32"
-        data = np.ascontiguousarray(data, dtype=np.dtype(dtype))
+        data = host_array(data, dtype, arr) if self.host_weights else np.ascontiguousarray(data, dtype=np.dtype(dtype))
         g = ggml_lib()
         ne = ne_of(data.shape)
         t = g.ggml_new_tensor_4d(self.wctx, getattr(g, _NP_TO_GGML[dtype]), *ne)
@@ -197,7 +222,7 @@ class Lowering:
         n = int(rows.shape[0])
         t = g.ggml_new_tensor_2d(self.wctx, getattr(g, f"GGML_TYPE_{kind}"), k, n)
         assert g.ggml_nbytes(t) == rows.nbytes, (kind, rows.shape)
-        self.out.pending.append((t, rows))
+        self.out.pending.append((t, host_array(rows, rows.dtype.name, None) if self.host_weights else rows))
         self._keep.append(arr)
         self.used(f"mul_mat_{kind}")
         value = GTensor(t, (n, k))
@@ -427,12 +452,15 @@ class LoweringSpec:
     options: dict[str, Any]
     supports_flash_attn: bool = True
     on_cpu: bool = True
+    #: the weights stay in arrays the session wraps as CPU buffers (``Lowering.host_weights``)
+    host_weights: bool = False
 
 
 def lower_graph(spec: LoweringSpec) -> Lowered:
     """Lower the graph ``spec`` describes; the contexts it returns are freed with ``free_lowered``."""
     lowering = Lowering(spec.nodes, spec.initializers, spec.input_infos, spec.output_names, spec.opsets,
-                        options=spec.options, supports_flash_attn=spec.supports_flash_attn, on_cpu=spec.on_cpu)
+                        options=spec.options, supports_flash_attn=spec.supports_flash_attn, on_cpu=spec.on_cpu,
+                        host_weights=spec.host_weights)
     try:
         return lowering.lower()
     except BaseException:
