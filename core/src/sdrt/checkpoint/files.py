@@ -159,7 +159,8 @@ def _part_kind(f: _File, comp: str, prefix: str) -> str:
     return families.clip_kind(f.shapes, prefix) or "unknown"
 
 
-def _graph_kind(graph_name: str) -> str:
+def graph_kind(graph_name: str) -> str:
+    """The file kind (``clip_l``, ``t5xxl``, ``vae4``, ``vae16``...) a shipped graph of this name takes."""
     return {"clip_l_proj": "clip_l", "vae4_decoder": "vae4", "vae4_encoder": "vae4", "vae16_decoder": "vae16",
             "vae16_encoder": "vae16"}.get(graph_name, graph_name)
 
@@ -226,9 +227,9 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
             raise ModelError(f"{ef.path.name} is not a text encoder or VAE: it looks like {ef.ident.label}",
                              where=str(ef.path), fix="pass CLIP-L/CLIP-G/T5-XXL text encoders with --text-encoder "
                              "and VAEs with --vae (extra_files in the API)")
-        targets = [p for p, g in graphs.items() if _graph_kind(g) == kind]
+        targets = [p for p, g in graphs.items() if graph_kind(g) == kind]
         if not targets:
-            need = sorted({PART_KINDS[_graph_kind(g)] for p, g in graphs.items() if not p.startswith("unet")
+            need = sorted({PART_KINDS[graph_kind(g)] for p, g in graphs.items() if not p.startswith("unet")
                            and p != "transformer"})
             if kind.startswith("vae"):
                 raise ModelError(f"{ef.path.name} is {PART_KINDS[kind]}, and {LABELS[fam]} needs "
@@ -244,13 +245,13 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         if part not in graphs:
             continue
         kind = _part_kind(f, comp, prefix) if f is main and comp != "transformer" and comp != "unet" else None
-        if kind in PART_KINDS and kind != _graph_kind(graphs[part]):
+        if kind in PART_KINDS and kind != graph_kind(graphs[part]):
             raise ModelError(f"{f.path.name} holds {PART_KINDS.get(kind, kind)} as its {part}, and {LABELS[fam]} "
-                             f"needs {PART_KINDS[_graph_kind(graphs[part])]}", where=str(f.path),
+                             f"needs {PART_KINDS[graph_kind(graphs[part])]}", where=str(f.path),
                              fix="pass the right part as an extra file (--vae / --text-encoder)")
     missing = [p for p in wanted if p not in chosen and p != "vae_encoder"]
     if missing:
-        kinds = [PART_KINDS[_graph_kind(graphs[p])] for p in missing]
+        kinds = [PART_KINDS[graph_kind(graphs[p])] for p in missing]
         flags = " ".join(f"--{'vae' if p.startswith('vae') else 'text-encoder'} FILE" for p in missing)
         raise ModelError(f"{main.path.name} is {main.ident.label}; {LABELS[fam]} also needs {', '.join(kinds)}, "
                          "and no file given holds them", where=str(main.path),
@@ -304,6 +305,23 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
                                f"{LABELS[fam]}; check it loads in diffusers or ComfyUI")
     log.info("%s: %s (%s), parts %s", main.path.name, LABELS[fam], prediction, ", ".join(bound))
     return OpenedModel(fam, main.ident.label, prediction, release, bound, files, main.path, dtypes)
+
+
+def part_file_refs(path: PathLike, graphs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A separate VAE or text-encoder file bound onto ``graphs`` (``{part: Graph}``, e.g. an ONNX folder's
+    ``vae_decoder`` and ``vae_encoder``): ``{part: {initializer: TensorRef}}``, every part checked first
+    (``WeightsError`` naming the first mismatches). Which kind the file is comes from its tensors."""
+    f = _open(path, "file")
+    kind = f.ident.kind
+    if kind not in PART_KINDS:
+        raise ModelError(f"{f.path.name} is not a text encoder or VAE: it looks like {f.ident.label}",
+                         where=str(f.path), fix="pass a CLIP-L/CLIP-G/T5-XXL text encoder or a VAE file")
+    comp = "vae" if kind.startswith("vae") else "text_encoder"
+    srcs, unknown = _sources(f, comp, next(iter(f.ident.components.values())), None)
+    if unknown:
+        log.warning("%s: %d keys not used: %s", f.path.name, len(unknown), ", ".join(unknown[:5]))
+    comps = {"vae": srcs} if comp == "vae" else {part: srcs for part in graphs}
+    return Checkpoint(f.weights, comps, f.ident.label, f.path).lazy(graphs)
 
 
 def _example_files(fam: str, missing: list[str]) -> str:

@@ -60,6 +60,12 @@ class ModelFolder:
     tokenizers: dict[str, Path]
     scheduler: dict[str, Any] = field(default_factory=dict)
     family_class: Any = None
+    #: a single file's parts: ``{part: Weights}`` bound onto the weight-free graphs of ``parts``
+    weights: dict[str, Any] = field(default_factory=dict)
+    #: the ``sdrt.checkpoint.OpenedModel`` this folder stands for (``from_single_file``), else None
+    single_file: Any = None
+    #: the separate VAE file given with a single file (PNG ``VAE``/``VAE hash``), else None
+    vae_file: Path | None = None
 
     @property
     def prediction(self) -> str:
@@ -82,7 +88,8 @@ class ModelFolder:
 
     @property
     def name(self) -> str:
-        return self.path.name
+        """The folder's name; a single file's stem (A1111's ``Model:``)."""
+        return self.path.stem if self.single_file is not None else self.path.name
 
     @property
     def vae_scaling_factor(self) -> float:
@@ -102,6 +109,19 @@ class ModelFolder:
                     + ("or generate without an init image or mask" if part == "vae_encoder" else "or pick another folder"),
             )
         return path
+
+    @classmethod
+    def from_single_file(cls, path: Any, vae: str | os.PathLike[str] | None = None,
+                         text_encoders: Any = (), **advanced: Any) -> ModelFolder:
+        """A ``.safetensors`` checkpoint (or an ``sdrt.checkpoint.OpenedModel``) as a folder: sdrt's shipped
+        weight-free graphs with the file's weights bound, and the release's scheduler, tokenizers and VAE
+        scaling. ``vae`` / ``text_encoders``: separate files (their kind comes from their tensors).
+        ``advanced``: ``graph_paths``, ``tokenizers``, ``prediction`` (``sdrt.pipelines.singlefile``)."""
+        from .singlefile import folder_from_file, from_opened
+
+        if not isinstance(path, (str, os.PathLike)):
+            return from_opened(path, tokenizers=advanced.get("tokenizers"))
+        return folder_from_file(path, vae, text_encoders, **advanced)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> ModelFolder:
