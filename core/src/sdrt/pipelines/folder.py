@@ -131,8 +131,11 @@ class ModelFolder:
         root = Path(path)
         if not root.is_dir():
             if root.suffix == ".onnx" or root.is_file():
-                raise ModelError("a pipeline needs a model folder, not a single file", where=str(root),
+                raise ModelError("a pipeline needs a model folder or a .safetensors checkpoint, not one .onnx graph",
+                                 where=str(root),
                                  fix="pass the folder that holds model_index.json, unet/, text_encoder/, vae_decoder/")
+            if root.suffix.lower() in (".safetensors", ".gguf", ".ckpt"):
+                raise ModelNotFoundError("the model file does not exist", where=str(root), fix="check the path")
             raise ModelNotFoundError("the model folder does not exist", where=str(root), fix="check the path")
         index_path = root / "model_index.json"
         index = _read_json(index_path, "model_index.json") if index_path.is_file() else {}

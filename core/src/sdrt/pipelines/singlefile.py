@@ -46,7 +46,7 @@ _CLIP_VOCAB = ("vocab.json.gz", "merges.txt.gz")
 
 def is_single_file(path: object) -> bool:
     """Whether ``path`` names a file (a ``.safetensors`` checkpoint) rather than a model folder."""
-    return isinstance(path, (str, os.PathLike)) and Path(path).is_file()
+    return isinstance(path, (str, os.PathLike)) and Path(path).is_file() and Path(path).suffix.lower() != ".onnx"
 
 
 # -- release tokenizers ------------------------------------------------------------------------------
@@ -143,6 +143,28 @@ def check_part_file(path: PathLike, arg: str, family: str, label: str) -> PartFi
         raise ModelError(f"{{@{arg}}}: {p.name} is {PART_KINDS[ident.kind]}, which {label} does not use", where=str(p),
                          fix=f"{label} takes {', '.join(PART_KINDS[k] for k in wanted) or 'no text encoder file'}")
     return PartFile(p, ident.kind, PART_KINDS[ident.kind], parts, next(iter(ident.components.values())))
+
+
+def missing_parts(path: PathLike) -> str | None:
+    """Why a ``.safetensors`` file cannot be served on its own (headers only), or None when it holds a whole
+    model: a denoiser of a family sdrt ships graphs for, with its text encoders and VAE."""
+    from ..checkpoint.families import FAMILY_GRAPHS, PART_KINDS, identify
+    from ..checkpoint.files import graph_kind
+    from ..weights import Weights
+
+    try:
+        w = Weights.open(path)
+    except SdrtError as exc:
+        return f"it cannot be opened ({exc.what})"
+    ident = identify({k: tuple(int(d) for d in w.ref(k).shape) for k in w})
+    if ident.family is None:
+        return f"it is {ident.label}, not a model"
+    have = {"vae_decoder" if c == "vae" else c for c in ident.components}
+    lack = [p for p in FAMILY_GRAPHS[ident.family] if p != "vae_encoder" and p not in have]
+    if lack:
+        kinds = ", ".join(dict.fromkeys(PART_KINDS[graph_kind(FAMILY_GRAPHS[ident.family][p])] for p in lack))
+        return f"it is {ident.label} and holds no {kinds}"
+    return None
 
 
 # -- a single file as a model folder -------------------------------------------------------------------
