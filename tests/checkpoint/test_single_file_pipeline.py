@@ -260,3 +260,23 @@ def test_release_tokenizers_resolve_for_every_family():
     pad, plain = (CLIPTokenizer.from_folder(release_tokenizer(n)) for n in ("clip-pad-bang", "clip"))
     assert pad.pad_id == pad.token_to_id("!") == 0 and plain.pad_id == plain.eos_id == 49407  # SD 2.x pads with '!'
     assert pad.encode("a red fox") == plain.encode("a red fox")
+
+
+@pytest.mark.parametrize("guidance", [True, False], ids=["dev", "schnell"])
+def test_flux_files_plan_on_the_shipped_graphs(guidance, tmp_path):
+    """Full-size Flux.1 files (BFL keys in fp8, clip_l, t5xxl, ae; sparse: headers only): the Flux family with
+    dev's guidance input or schnell's none, T5 from the shipped tokenizer, the release schedule; nothing compiles."""
+    from test_open_single_file import _graph_shapes, flux_shapes
+
+    f = h.sparse(tmp_path / "flux1.safetensors", flux_shapes(guidance, "model.diffusion_model.", 19, 38), "F8_E4M3")
+    clip = h.sparse(tmp_path / "clip_l.safetensors", _graph_shapes("clip_l"))
+    t5 = h.sparse(tmp_path / "t5xxl_fp16.safetensors", _graph_shapes("t5xxl"))
+    ae = h.sparse(tmp_path / "ae.safetensors", {**_graph_shapes("vae16_decoder"), **_graph_shapes("vae16_encoder")},
+                  "BF16")
+    pipe = pipelines.load(f, backend="reference", vae=ae, text_encoders=[t5, clip])
+    assert pipe.folder.family == "flux" and pipe.folder.configs["transformer"]["guidance_embeds"] is guidance
+    plan = pipe.plan("a red fox", width=256, height=256, steps=4).format()
+    assert ("guidance [1]" in plan) is guidance
+    assert f"input_ids [1, {512 if guidance else 256}]" in plan  # diffusers' max_sequence_length: dev 512, schnell 256
+    assert ("mu 0.500" if guidance else "shift 1") in plan
+    assert all(not p.sessions for p in pipe.parts.values())
