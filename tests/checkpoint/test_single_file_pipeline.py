@@ -156,11 +156,10 @@ def test_a_vae_file_replaces_an_onnx_folders_vae(tmp_path):
 def tiny_shipped(monkeypatch, sd1_graphs):
     """sdrt's shipped SD 1.x graphs and CLIP tokenizer replaced by tiny-sd15's (stripped), for the CLI."""
     from sdrt.checkpoint import files
-    from sdrt.pipelines import singlefile
 
     names = {"sd1_unet": "unet", "clip_l": "text_encoder", "vae4_decoder": "vae_decoder", "vae4_encoder": "vae_encoder"}
     monkeypatch.setattr(files, "shipped_graph", lambda name: sd1_graphs[names[name]])
-    monkeypatch.setattr(singlefile, "release_tokenizer", lambda name: PIPE_FOLDER / "tokenizer")
+    monkeypatch.setattr(files, "release_tokenizer", lambda name: PIPE_FOLDER / "tokenizer")
 
 
 def test_cli_generate_file_writes_model_and_model_hash(tiny_shipped, tmp_path, capsys):
@@ -237,7 +236,7 @@ def test_api_errors_name_the_arguments(tmp_path):
 def test_the_shipped_t5_tokenizer_gives_the_releases_ids():
     """Flux.1, SD 3.5 and Chroma ship T5's spiece.model with add_prefix_space (transformers 4 builds the fast
     tokenizer from it): the shipped folder gives T5TokenizerFast's ids of that configuration, 374 of 374."""
-    from sdrt.pipelines.singlefile import release_tokenizer
+    from sdrt.checkpoint import release_tokenizer
     from sdrt.text import T5Tokenizer
 
     ref = json.loads(gzip.decompress((TESTS / "data" / "t5-tokenizer" / "reference_ids.json.gz").read_bytes()))
@@ -248,9 +247,8 @@ def test_the_shipped_t5_tokenizer_gives_the_releases_ids():
 
 
 def test_release_tokenizers_resolve_for_every_family():
-    from sdrt.checkpoint import release_defaults
+    from sdrt.checkpoint import release_defaults, release_tokenizer
     from sdrt.checkpoint.families import FAMILY_GRAPHS
-    from sdrt.pipelines.singlefile import release_tokenizer
     from sdrt.text import CLIPTokenizer, T5Tokenizer
 
     for fam in FAMILY_GRAPHS:

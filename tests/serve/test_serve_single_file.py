@@ -88,7 +88,6 @@ def test_txt2img_on_a_single_file(models, tmp_path, monkeypatch):
     httpx = pytest.importorskip("httpx", reason="httpx is a test dependency: pip install httpx")
     image_mod = pytest.importorskip("PIL.Image", reason="reading the PNGs needs Pillow")
     from sdrt.checkpoint import files
-    from sdrt.pipelines import singlefile
     from sdrt.serve import ServeConfig
 
     monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
@@ -99,7 +98,7 @@ def test_txt2img_on_a_single_file(models, tmp_path, monkeypatch):
         result.weights_path.unlink()
         graphs[name] = result.graph_path
     monkeypatch.setattr(files, "shipped_graph", lambda name: graphs[name])
-    monkeypatch.setattr(singlefile, "release_tokenizer", lambda name: FOLDER / "tokenizer")
+    monkeypatch.setattr(files, "release_tokenizer", lambda name: FOLDER / "tokenizer")
     shutil.rmtree(models / "tiny-sd15")
     config = ServeConfig(models=models, backend="openvino")
     with live_server(config) as url, httpx.Client(base_url=url, timeout=120) as c:

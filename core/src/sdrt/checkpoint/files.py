@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelError, SdrtError, WeightsError
+from ..errors import ModelError, ModelNotFoundError, SdrtError, WeightsError
 from ..weights import Weights
 from . import components, families, flow, ldm
 from .families import FAMILY_GRAPHS, LABELS, PART_KINDS, Identity
@@ -81,9 +81,9 @@ class OpenedModel:
         return dict(self.release["scheduler"])
 
     def tokenizer_dirs(self) -> dict[str, Path]:
-        """``{tokenizer: folder}`` of the release's tokenizers that sdrt ships (CLIP's; T5's is not shipped)."""
-        base = Path(str(resources.files("sdrt") / "data" / "release" / "tokenizers"))
-        return {k: base / v for k, v in self.release["tokenizers"].items() if (base / v).is_dir()}
+        """``{tokenizer: folder}`` of the release's tokenizers, as sdrt ships them (CLIP's and T5's), each ready
+        for ``CLIPTokenizer.from_folder`` / ``T5Tokenizer.from_folder`` (``release_tokenizer``)."""
+        return {k: release_tokenizer(v) for k, v in self.release["tokenizers"].items()}
 
     def require_dtypes(self, supported: Iterable[str], backend: str) -> None:
         """Raise before compiling when a part's file holds fp8 and the backend takes no fp8 (callers that
@@ -103,6 +103,48 @@ def release_defaults(family: str) -> dict[str, Any]:
     """The release's scheduler config, tokenizer folders and VAE scaling for ``family``."""
     data = json.loads((Path(str(resources.files("sdrt") / "data" / "release")) / "families.json").read_text())
     return data[family]
+
+
+#: release tokenizer folders that hold only their settings take CLIP's vocabulary and merges
+_CLIP_VOCAB = ("vocab.json.gz", "merges.txt.gz")
+
+
+def _release_tokenizers() -> Path:
+    return Path(str(resources.files("sdrt") / "data" / "release" / "tokenizers"))
+
+
+def release_tokenizer(name: str) -> Path:
+    """The folder of a shipped release tokenizer (``clip``, ``clip-pad-bang``, ``t5``), ready for ``from_folder``.
+
+    ``clip-pad-bang`` (SD 2.x's and CLIP-G's: CLIP's vocabulary, padded with ``!``) ships only its settings;
+    its folder is put together once in sdrt's cache, with CLIP's vocabulary beside them."""
+    folder = _release_tokenizers() / name
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"sdrt ships no tokenizer named {name!r}", where=str(folder), fix="reinstall sdrt")
+    if not name.startswith("clip") or all((folder / f).is_file() for f in _CLIP_VOCAB):
+        return folder
+    import hashlib
+    import shutil
+
+    from ..cache import cache_dir
+
+    vocab = _release_tokenizers() / "clip"
+    files = sorted(folder.iterdir()) + [vocab / f for f in _CLIP_VOCAB]
+    digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in files)).hexdigest()[:16]
+    out = cache_dir("tokenizers") / f"{name}-{digest}"
+    if not out.is_dir():
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                shutil.copyfile(f, tmp / f.name)
+            os.replace(tmp, out)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not out.is_dir():
+                raise ModelError(f"cannot write the {name} tokenizer into the cache ({exc})", where=str(out),
+                                 fix="check free space and permissions of the cache folder ($SDRT_CACHE_DIR)") from exc
+    return out
 
 
 # -- reading files ---------------------------------------------------------------------------------

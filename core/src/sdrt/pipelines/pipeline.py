@@ -638,13 +638,13 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     ``prediction="epsilon"|"v_prediction"`` overrides what the file implies.
     """
     from ..runtime import select
-    from .singlefile import bind_part_files, is_single_file
+    from .singlefile import bind_part_files, folder_from_file, is_single_file
 
     # resolved once (a wrong name fails now, before any file is read); every part compiles on this device
     be, dev = select(backend, device)
     if is_single_file(model):
-        folder = ModelFolder.from_single_file(model, vae, text_encoders, graph_paths=graph_paths,
-                                              tokenizers=tokenizers, prediction=prediction)
+        folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
+                                  prediction=prediction)
         return Pipeline(folder, backend=be.name, device=dev, **options)
     advanced = {k: v for k, v in (("graph_paths", graph_paths), ("tokenizers", tokenizers),
                                   ("prediction", prediction)) if v is not None}

@@ -1,9 +1,10 @@
 """Single files in a pipeline: a ``.safetensors`` checkpoint as the model, and separate VAE and text-encoder files.
 
-- ``folder_from_file(path, vae, text_encoders, ...)``: a :class:`ModelFolder` for a single file
-  (``sdrt.checkpoint.open_single_file``): its parts are sdrt's shipped weight-free graphs, each with the
-  file's weights bound (``ModelFolder.weights``), and its scheduler, tokenizers and VAE scaling are
-  those of the family's release (``sdrt/data/release/families.json``).
+- ``folder_from_file(path, vae, text_encoders, ...)``: a ``ModelFolder`` for a single file
+  (``sdrt.checkpoint.open_single_file``, then ``ModelFolder.from_single_file``): its parts are sdrt's
+  shipped weight-free graphs, each with the file's weights bound (``ModelFolder.weights``), and its
+  scheduler, tokenizers and VAE scaling are those of the family's release
+  (``sdrt/data/release/families.json``).
 - ``check_part_file(path, arg, family, ...)``: what a file given as ``vae=`` / ``text_encoders=`` is,
   from its tensor names and shapes, checked against what the model needs (one ``SdrtError`` naming
   the argument, the file, what it is and what the model takes).
@@ -13,20 +14,17 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..checkpoint.files import release_tokenizer
 from ..errors import InputError, ModelError, ModelNotFoundError, SdrtError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..checkpoint import OpenedModel
     from .folder import ModelFolder
     from .pipeline import Pipeline
 
@@ -34,55 +32,17 @@ log = logging.getLogger("sdrt.pipelines.singlefile")
 
 PathLike = str | os.PathLike[str]
 
-#: sdrt.checkpoint's family of a file -> the pipeline family (sdrt.pipelines.families) that runs it
-PIPELINE_FAMILY = {"sd1": "sd1", "sd1-inpaint": "sd1", "sd2": "sd2", "sdxl": "sdxl", "sdxl-inpaint": "sdxl",
-                   "sd35-medium": "sd3", "sd35-large": "sd3", "flux-dev": "flux", "flux-schnell": "flux",
-                   "chroma": "chroma"}
 #: a pipeline family -> a checkpoint family with its parts (which encoder kind each text part is)
 _PARTS_OF = {"sd1": "sd1", "sd2": "sd2", "sdxl": "sdxl", "sd3": "sd35-medium", "flux": "flux-dev", "chroma": "chroma"}
-#: release tokenizer folders that hold only their settings: the vocabulary and merges are CLIP's
-_CLIP_VOCAB = ("vocab.json.gz", "merges.txt.gz")
+
+
+__all__ = ["PartFile", "bind_part_files", "check_part_file", "folder_from_file", "is_single_file", "missing_parts",
+           "release_tokenizer"]
 
 
 def is_single_file(path: object) -> bool:
     """Whether ``path`` names a file (a ``.safetensors`` checkpoint) rather than a model folder."""
     return isinstance(path, (str, os.PathLike)) and Path(path).is_file() and Path(path).suffix.lower() != ".onnx"
-
-
-# -- release tokenizers ------------------------------------------------------------------------------
-def _release_root() -> Path:
-    return Path(str(resources.files("sdrt") / "data" / "release" / "tokenizers"))
-
-
-def release_tokenizer(name: str) -> Path:
-    """The folder of a shipped release tokenizer (``clip``, ``clip-pad-bang``, ``t5``), ready for ``from_folder``.
-
-    ``clip-pad-bang`` (SD 2.x's and CLIP-G's: CLIP's vocabulary, padded with ``!``) ships only its settings;
-    its folder is put together once in sdrt's cache, with CLIP's vocabulary beside them."""
-    folder = _release_root() / name
-    if not folder.is_dir():
-        raise ModelNotFoundError(f"sdrt ships no tokenizer named {name!r}", where=str(folder), fix="reinstall sdrt")
-    if not name.startswith("clip") or all((folder / f).is_file() for f in _CLIP_VOCAB):
-        return folder
-    from ..cache import cache_dir
-
-    vocab = _release_root() / "clip"
-    files = sorted(folder.iterdir()) + [vocab / f for f in _CLIP_VOCAB]
-    digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in files)).hexdigest()[:16]
-    out = cache_dir("tokenizers") / f"{name}-{digest}"
-    if not out.is_dir():
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        try:
-            tmp.mkdir(parents=True, exist_ok=True)
-            for f in files:
-                shutil.copyfile(f, tmp / f.name)
-            os.replace(tmp, out)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not out.is_dir():
-                raise ModelError(f"cannot write the {name} tokenizer into the cache ({exc})", where=str(out),
-                                 fix="check free space and permissions of the cache folder ($SDRT_CACHE_DIR)") from exc
-    return out
 
 
 # -- what a separate file is -------------------------------------------------------------------------
@@ -190,41 +150,9 @@ def folder_from_file(path: PathLike, vae: PathLike | None = None, text_encoders:
             extras += [Path(vae)] if vae is not None else []
             extras += [Path(t) for t in encoders]
     opened = open_single_file(main, extras, prediction=prediction, graph_paths=graph_paths)
-    return from_opened(opened, tokenizers=tokenizers, vae=Path(vae) if vae is not None else None)
-
-
-def from_opened(opened: OpenedModel, *, tokenizers: Mapping[str, PathLike] | None = None,
-                vae: Path | None = None) -> ModelFolder:
-    """The folder of an opened single file: shipped graphs, bound weights, release configs."""
-    from .families import by_name
     from .folder import ModelFolder
 
-    fam = by_name(PIPELINE_FAMILY[opened.family])
-    release = opened.release
-    size = int(release.get("sample_size", fam.default_size))
-    denoiser: dict[str, Any] = {"sample_size": size // fam.vae_factor}
-    if opened.family.startswith("flux"):
-        denoiser["guidance_embeds"] = opened.family == "flux-dev"
-    configs: dict[str, dict[str, Any]] = {}
-    for part in opened.parts:
-        if part in ("unet", "transformer"):
-            configs[part] = dict(denoiser)
-        elif part.startswith("vae"):
-            configs[part] = dict(release.get("vae", {}))
-        else:
-            configs[part] = {}
-    toks: dict[str, Path] = {}
-    given = {k: Path(v) for k, v in (tokenizers or {}).items()}
-    kinds = {e.tokenizer: e.kind for e in fam.encoders}
-    for tok, name in release["tokenizers"].items():
-        toks[tok] = given.get(tok) or release_tokenizer(name)
-    missing = [t for t in kinds if t not in toks]
-    if missing:
-        raise ModelError(f"the {opened.family} release defaults name no {', '.join(missing)}",
-                         where="sdrt/data/release/families.json", fix="reinstall sdrt")
-    return ModelFolder(opened.path, {}, fam.name, {p: g for p, (g, _) in opened.parts.items()}, configs, toks,
-                       opened.scheduler_config(), fam, weights={p: w for p, (_, w) in opened.parts.items()},
-                       single_file=opened, vae_file=vae)
+    return ModelFolder.from_single_file(opened, tokenizers=tokenizers, vae_file=Path(vae) if vae is not None else None)
 
 
 # -- separate files onto an ONNX folder --------------------------------------------------------------
