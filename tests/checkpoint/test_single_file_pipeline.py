@@ -88,6 +88,27 @@ def test_sd1_low_memory_mode_rebinds_the_files_weights(sd1_graphs):
     assert got.tobytes() == want.tobytes() == again.tobytes()
 
 
+def test_loras_and_embeddings_on_a_single_file_as_on_the_folder(sd1_graphs):
+    """A LoRA tag, then an embedding added after a first run (the token table gets rows on a weight-free graph):
+    the same images as the folder with the same checkpoint, LoRA and embedding."""
+    d = DATA / "pipe-sd15"
+    images = {}
+    for kind in ("file", "folder"):
+        if kind == "file":
+            pipe = _sd1("reference", sd1_graphs)
+        else:
+            pipe = pipelines.load(PIPE_FOLDER, backend="reference")
+            pipe.load_weights(CUSTOM)
+        with pipe:
+            pipe.weights.lora_dir = d
+            lora = pipe.generate(CASES["lora_prompt"], CASE["negative_prompt"], **QUICK)
+            pipe.add_embedding(d / "tinyemb.safetensors")
+            emb = pipe.generate(CASES["emb_prompt"], CASE["negative_prompt"], **QUICK)
+            images[kind] = (lora.images[0].tobytes(), emb.images[0].tobytes())
+            assert "tinylora: " in str(lora.settings[0]["Lora hashes"]) and "tinyemb: " in str(emb.settings[0]["TI hashes"])
+    assert images["file"] == images["folder"]
+
+
 @pytest.mark.needs_backend("openvino")
 def test_sd1_single_file_matches_diffusers_single_file_loader(sd1_graphs):
     refs = dict(np.load(DATA / "pipe-sd15" / "refs.npz"))
