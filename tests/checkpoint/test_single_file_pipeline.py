@@ -299,3 +299,37 @@ def test_flux_files_plan_on_the_shipped_graphs(guidance, tmp_path):
     assert f"input_ids [1, {512 if guidance else 256}]" in plan  # diffusers' max_sequence_length: dev 512, schnell 256
     assert ("mu 0.500" if guidance else "shift 1") in plan
     assert all(not p.sessions for p in pipe.parts.values())
+
+
+def test_text_encoder_and_vae_files_bind_onto_a_full_size_onnx_folder(tmp_path):
+    """--text-encoder / --vae on an ONNX folder of SD 1.5's full-size architecture (sdrt's shipped graphs laid out
+    as an Optimum folder): full-size files (headers only, sparse) are planned onto the folder's own graphs, every
+    initializer bound, nothing compiled; a file of another kind is refused naming the argument."""
+    import shutil
+
+    from sdrt.checkpoint import release_tokenizer
+
+    folder = tmp_path / "sd15-onnx"
+    for part, name in (("unet", "sd1_unet"), ("text_encoder", "clip_l"), ("vae_decoder", "vae4_decoder"),
+                       ("vae_encoder", "vae4_encoder")):
+        (folder / part).mkdir(parents=True)
+        shutil.copyfile(shipped_graph(name), folder / part / "model.onnx")
+    shutil.copytree(release_tokenizer("clip"), folder / "tokenizer")
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+
+    def g(name):
+        return Graph.load(shipped_graph(name))
+
+    clip = h.sparse(tmp_path / "clip_l.safetensors", h.clip_tensors(g("clip_l"), "", sparse=True))
+    vae = h.sparse(tmp_path / "vae-ft-mse.safetensors", h.vae_tensors(g("vae4_decoder"), g("vae4_encoder"), sparse=True))
+    with pipelines.load(folder, backend="reference", vae=vae, text_encoders=[clip]) as pipe:
+        for part in ("text_encoder", "vae_decoder", "vae_encoder"):
+            bound = pipe.parts[part].weights
+            assert bound is not None and set(bound) == {t.name for t in pipe.parts[part].graph.model.graph.initializer}
+            assert not pipe.parts[part].sessions
+        assert pipe.weights.part_files == {"text_encoder": clip, "vae_decoder": vae, "vae_encoder": vae}
+        assert pipe.unet.weights is None  # untouched
+    clip_g = h.sparse(tmp_path / "clip_g.safetensors", {"text_model.embeddings.token_embedding.weight": (49408, 1280),
+                                                        "text_model.encoder.layers.0.self_attn.q_proj.weight": (1280, 1280)})
+    with pytest.raises(ModelError, match="text_encoders: clip_g.safetensors is a CLIP-G .* which SD 1.x does not use"):
+        pipelines.load(folder, backend="reference", text_encoders=[clip_g])

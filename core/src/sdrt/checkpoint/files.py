@@ -248,7 +248,8 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         if main.ident.kind in PART_KINDS:
             raise ModelError(f"{main.path.name} is {main.ident.label}, not a model", where=str(main.path),
                              fix="pass the checkpoint (UNet or transformer) first and this file as an extra "
-                                 "(--text-encoder FILE / --vae FILE; extra_files=[...] in the API)")
+                                 "(--text-encoder FILE / --vae FILE; text_encoders= / vae= in pipelines.load, "
+                                 "extra_files= in open_single_file)")
         raise ModelError(f"{main.path.name} is not a model sdrt can run: it looks like {main.ident.label}",
                          where=str(main.path), fix=f"pass a checkpoint of one of: {_supported()}")
     fam = main.ident.family
@@ -297,8 +298,8 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         flags = " ".join(f"--{'vae' if p.startswith('vae') else 'text-encoder'} FILE" for p in missing)
         raise ModelError(f"{main.path.name} is {main.ident.label}; {LABELS[fam]} also needs {', '.join(kinds)}, "
                          "and no file given holds them", where=str(main.path),
-                         fix=f"pass them: {flags} (extra_files=[...] in the API), e.g. "
-                             + _example_files(fam, missing))
+                         fix=f"pass them: {flags} (text_encoders=[...] / vae= in pipelines.load, extra_files=[...] "
+                             "in open_single_file), e.g. " + _example_files(fam, missing))
     if prediction is None:
         if fam == "sd2":
             prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"])
