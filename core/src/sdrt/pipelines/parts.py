@@ -176,7 +176,6 @@ class Part:
         ``weights`` may name only some initializers (a LoRA-merged block, say): the others keep their
         current values (the graph's own, or an earlier update's).
         """
-
         base = self.weights if self.weights is not None else self.own_weights()
         merged = base.replaced({name: weights[name] for name in weights})
         for sess in self.sessions.values():

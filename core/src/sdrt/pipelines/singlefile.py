@@ -35,7 +35,6 @@ PathLike = str | os.PathLike[str]
 #: a pipeline family -> a checkpoint family with its parts (which encoder kind each text part is)
 _PARTS_OF = {"sd1": "sd1", "sd2": "sd2", "sdxl": "sdxl", "sd3": "sd35-medium", "flux": "flux-dev", "chroma": "chroma"}
 
-
 __all__ = ["PartFile", "bind_part_files", "check_part_file", "folder_from_file", "is_single_file", "missing_parts",
            "release_tokenizer"]
 
@@ -88,9 +87,8 @@ def check_part_file(path: PathLike, arg: str, family: str, label: str) -> PartFi
     vae = arg == "vae"
     wanted = sorted({k for part, k in kinds.items() if part.startswith("vae") == vae})
     if ident.kind not in PART_KINDS:
-        shown = "a whole model" if ident.kind == "checkpoint" else ident.label
-        raise ModelError(f"{{@{arg}}}: {p.name} is {ident.label if ident.kind == 'checkpoint' else shown}, not "
-                         f"{'a VAE' if vae else 'a text encoder'}", where=str(p),
+        what = f"a whole {ident.label} model" if ident.kind == "checkpoint" else ident.label
+        raise ModelError(f"{{@{arg}}}: {p.name} is {what}, not {'a VAE' if vae else 'a text encoder'}", where=str(p),
                          fix=f"{label} takes {' and '.join(PART_KINDS[k] for k in wanted)} here")
     if ident.kind.startswith("vae") != vae:
         raise ModelError(f"{{@{arg}}}: {p.name} is {PART_KINDS[ident.kind]}, not {'a VAE' if vae else 'a text encoder'}",
