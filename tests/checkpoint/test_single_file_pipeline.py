@@ -15,8 +15,8 @@ What each end-to-end test checks against:
   (``refs.npz["ckpt"]``, the tolerance of test_pipeline_weights.py).
 - SDXL: an LDM file (UNet, CLIP-L and OpenCLIP-bigG in their LDM names) plus a separate diffusers-named VAE
   file, written here from ``tiny-sdxl``'s own weights in float32, give the image of ``tiny-sdxl`` itself,
-  byte for byte. ``tiny-sdxl``'s images are checked against diffusers in tests/pipelines, so this is a
-  transitive check against diffusers.
+  byte for byte; SD 2.x (v, with A1111's ``.yaml``) the same from ``tiny-sd2v``. Those folders' images are
+  checked against diffusers in tests/pipelines, so these are transitive checks against diffusers.
 - Flux: not run end to end here: sdrt identifies Flux files by Flux.1's widths (3072), which a tiny
   transformer does not have; full-size Flux files are bound (headers only) in test_open_single_file.py.
 """
@@ -147,6 +147,32 @@ def test_sdxl_single_file_with_a_separate_vae_gives_the_folders_image(sdxl_files
     info = gen.settings[0]
     assert (info["Model"], info["Model hash"]) == ("tinyxl", _sha10(ck))
     assert (info["VAE"], info["VAE hash"]) == ("tinyxl_vae.safetensors", _sha10(vae))
+
+
+def test_sd2_v_file_with_a1111s_yaml_gives_the_folders_image(tmp_path):
+    """SD 2.x in LDM names (OpenCLIP-H as cond_stage_model.model.*) with A1111's ``<stem>.yaml`` saying v-prediction:
+    the release's DDIM (v) schedule, '!' padding, and tiny-sd2v's own image byte for byte; without the yaml the
+    file reads as eps (tiny-sd2v has no bias to test), with the release's 512 eps schedule."""
+    src = TESTS / "data" / "pipelines" / "tiny-sd2v"
+    ck = h.write(tmp_path / "tiny768v.safetensors", {
+        **h.unet_tensors(Graph.load(src / "unet" / "model.onnx")),
+        **h.openclip_tensors(Graph.load(src / "text_encoder" / "model.onnx"), "cond_stage_model.model.")})
+    vae = h.write(tmp_path / "vae.safetensors", h.vae_tensors(Graph.load(src / "vae_decoder" / "model.onnx"),
+                                                              Graph.load(src / "vae_encoder" / "model.onnx")))
+    graphs = h.stripped(src, ["unet", "text_encoder", "vae_decoder", "vae_encoder"], tmp_path / "g")
+    opts = dict(backend="reference", vae=vae, graph_paths=graphs, tokenizers={"tokenizer": src / "tokenizer"})
+    with pipelines.load(ck, **opts) as pipe:
+        assert (pipe.folder.prediction, pipe.default_size) == ("eps", 512)
+        assert pipe.folder.scheduler["_class_name"] == "PNDMScheduler"
+    (tmp_path / "tiny768v.yaml").write_text('model:\n  params:\n    parameterization: "v"\n')
+    kw = dict(steps=3, cfg=6.0, sampler="DDIM", seed=5, width=64, height=64)
+    with pipelines.load(ck, **opts) as pipe:
+        assert (pipe.folder.family, pipe.folder.prediction, pipe.default_size) == ("sd2", "v", 768)
+        assert pipe.folder.scheduler["_class_name"] == "DDIMScheduler"
+        got = pipe("a red cat", "blurry", **kw)[0]
+    with pipelines.load(src, backend="reference") as folder:
+        want = folder("a red cat", "blurry", **kw)[0]
+    assert got.tobytes() == want.tobytes()
 
 
 def test_a_vae_file_replaces_an_onnx_folders_vae(tmp_path):
