@@ -59,10 +59,6 @@ PARAMS = [(k, c["name"], b) for k in KINDS for c in _cases(k) for b in ("openvin
 
 @pytest.mark.parametrize(("kind", "name", "backend"), PARAMS, ids=[f"{k}-{n}-{b}" for k, n, b in PARAMS])
 def test_image_matches_diffusers(kind: str, name: str, backend: str) -> None:
-    if backend == "openvino":
-        if kind == "chroma":
-            pytest.xfail("OpenVINO computes Chroma's masked T5 encoder wrongly once its shapes are pinned "
-                         "(2.0-2.4 off onnxruntime; raw OpenVINO after model.reshape too); see docs/flow-families.md")
     case = next(c for c in _cases(kind) if c["name"] == name)
     refs = _refs(kind)
     images = _pipe(kind, backend)(case["prompt"], case["negative_prompt"] or "", **_kwargs(case, refs))
