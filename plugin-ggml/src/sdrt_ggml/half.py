@@ -12,8 +12,8 @@ product, in float32), norms and their scales (a variance in bf16 loses the image
 (sdrt-ggml's float32 depthwise kernel; few weights), and MatMuls of two activations. sdrt-ggml's native
 float32 GEMM and conv kernels are bypassed for the weights stored half: ggml's kernels read them.
 
-The roundings are round-to-nearest-even, as numpy's float16 and ggml's ``ggml_fp32_to_bf16`` do (NaN stays
-NaN); a weight beyond fp16's range (65504) becomes inf at fp16, as it would in any fp16 runtime.
+The roundings are round-to-nearest-even, as numpy's float16 and ggml's ``ggml_fp32_to_bf16_row`` do (NaN stays
+NaN); a finite weight beyond fp16's range is clipped to +-65504 at fp16, as ``sdrt.precision.to_half`` does.
 """
 
 from __future__ import annotations
@@ -48,13 +48,18 @@ def round_to(precision: str, a: np.ndarray) -> np.ndarray:
     if precision == "bf16":
         return (bf16_bits(a).astype(np.uint32) << np.uint32(16)).view(np.float32)
     if precision == "fp16":
-        return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+        return encode("fp16", a).astype(np.float32)
     raise ValueError(f"not a half precision: {precision!r}")
 
 
 def encode(precision: str, a: np.ndarray) -> np.ndarray:
-    """``a`` as the array ggml's half type holds: bf16 bit patterns (uint16) or float16."""
-    return bf16_bits(a) if precision == "bf16" else np.asarray(a, np.float32).astype(np.float16)
+    """``a`` as the array ggml's half type holds: bf16 bit patterns (uint16), or float16 with finite values
+    beyond its range clipped to +-65504 (``sdrt.precision.half_array``, as ``to_half`` stores weights)."""
+    if precision == "bf16":
+        return bf16_bits(a)
+    from sdrt.precision import half_array
+
+    return half_array(a, "float16")
 
 
 def weight(lowering: Any, arr: np.ndarray, transform: Callable[[np.ndarray], np.ndarray] | None = None,

@@ -48,17 +48,28 @@ def with_rounded_weights(model: onnx.ModelProto, precision: str, names: set[str]
     return out
 
 
-def test_rounding_matches_ml_dtypes():
+def test_rounding_matches_ggml_and_ml_dtypes():
+    """bf16: the bit patterns of ggml's own ``ggml_fp32_to_bf16_row`` and of ml_dtypes; fp16: numpy's cast,
+    finite values beyond its range clipped (as ``to_half``)."""
+    import ctypes
+
     from sdrt_ggml.half import bf16_bits, round_to
+    from sdrt_ggml.ops._common import ggml_lib
 
     rng = np.random.default_rng(0)
     a = np.concatenate([rng.standard_normal(10000).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 10000),
                         np.array([0.0, -0.0, np.inf, -np.inf, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 3.4e38,
                                   1e-40, -1e-45], np.float32)]).astype(np.float32)
-    want = a.astype(ml_dtypes.bfloat16)
-    assert np.array_equal(bf16_bits(a), want.view(np.uint16))  # round to nearest even, bit for bit
+    g = ggml_lib()
+    theirs = np.zeros(a.size, np.uint16)
+    g.ggml_fp32_to_bf16_row(a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                            theirs.ctypes.data_as(ctypes.POINTER(g.ggml_bf16_t)), a.size)
+    assert np.array_equal(bf16_bits(a), theirs)  # round to nearest even, bit for bit
+    assert np.array_equal(bf16_bits(a), a.astype(ml_dtypes.bfloat16).view(np.uint16))
     assert np.isnan(round_to("bf16", np.array([np.nan], np.float32))).all()
-    assert np.array_equal(round_to("fp16", a[:10000] / 1e25), (a[:10000] / 1e25).astype(np.float16).astype(np.float32))
+    small = a[:10000] / np.float32(1e25)
+    assert np.array_equal(round_to("fp16", small), small.astype(np.float16).astype(np.float32))
+    assert list(round_to("fp16", np.array([1e6, -7e4, np.inf], np.float32))) == [65504.0, -65504.0, np.inf]
 
 
 def _layers() -> tuple[onnx.ModelProto, dict[str, np.ndarray], set[str]]:
