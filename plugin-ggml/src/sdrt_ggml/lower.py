@@ -190,8 +190,10 @@ class Lowering:
 
     # -- constants -----------------------------------------------------------
     def const(self, arr: np.ndarray, *, transform: Callable[[np.ndarray], np.ndarray] | None = None,
-              tag: str = "", dtype: str | None = None) -> GTensor:
-        """A weights-buffer tensor holding ``transform(arr)`` (float data as float32)."""
+              tag: str = "", dtype: str | None = None, ggml_type: str | None = None) -> GTensor:
+        """A weights-buffer tensor holding ``transform(arr)`` (float data as float32). ``dtype``: the numpy
+        type it is stored as; ``ggml_type``: the ggml type when it is not ``dtype``'s (``GGML_TYPE_BF16``
+        stored as uint16 bit patterns, ``half.py``)."""
         key = (id(arr), tag)
         if key in self._const_cache:
             return self._const_cache[key]
@@ -201,7 +203,7 @@ class Lowering:
         data = host_array(data, dtype, arr) if self.host_weights else np.ascontiguousarray(data, dtype=np.dtype(dtype))
         g = ggml_lib()
         ne = ne_of(data.shape)
-        t = g.ggml_new_tensor_4d(self.wctx, getattr(g, _NP_TO_GGML[dtype]), *ne)
+        t = g.ggml_new_tensor_4d(self.wctx, getattr(g, ggml_type or _NP_TO_GGML[dtype]), *ne)
         name = self._init_ids.get(id(arr))
         if name is not None:
             g.ggml_set_name(t, name[:63].encode())

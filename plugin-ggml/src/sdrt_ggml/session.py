@@ -185,6 +185,18 @@ class GgmlSession(Session):
         backends = [self._device.backend, self._device.cpu, *self._device.accel]
         return sum(int(g.ggml_backend_sched_get_buffer_size(self._sched, b)) for b in backends if b)
 
+    def weight_bytes(self) -> int:
+        """Bytes of the weight tensors the session holds, in ggml's types (F32; BF16/F16 at a half precision,
+        half.py; Q8_0/Q4_0 blocks, quant.py)."""
+        g = ggml_lib()
+        if not self._lo:
+            return 0
+        total, t = 0, g.ggml_get_first_tensor(self._lo.wctx)
+        while t:
+            total += int(g.ggml_nbytes(t))
+            t = g.ggml_get_next_tensor(self._lo.wctx, t)
+        return total
+
     def placement(self) -> dict[str, Any]:
         """Where ggml runs the graph's compute nodes (views, which compute nothing, left out):
         ``device_nodes`` on the session's device, ``fallback_nodes`` on the other backends of its
