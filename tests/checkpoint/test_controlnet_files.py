@@ -206,3 +206,64 @@ def test_a_file_of_another_size_or_kind_is_refused(tmp_path):
     _sparse_safetensors(g, {"model.diffusion_model.input_blocks.0.0.weight": (320, 4, 3, 3)})
     with pytest.raises(ModelError, match="not_a_controlnet.safetensors is not a ControlNet"):
         open_controlnet(g)
+
+
+# -- through the pipeline -----------------------------------------------------------------------
+def _fast_backend(registry) -> str:
+    return "openvino" if "openvino" in registry.backends else "reference"
+
+
+@pytest.mark.parametrize("base", ["sd1", "sdxl"])
+def test_pipeline_with_a_controlnet_file_gives_diffusers_image(base, tmp_path, backends):
+    """The folder's first diffusers case (scripts/gen_controlnet_refs.py) with its ControlNet given as an LDM
+    file (fp16 for SD 1.x) bound onto the stripped graph: within 2 levels of diffusers'
+    StableDiffusion(XL)ControlNetPipeline."""
+    import json
+
+    from sdrt import pipelines
+
+    folder = FOLDERS[base]
+    f = tmp_path / "control_tiny.safetensors"
+    _write(_diffusers_state(folder), f, "ldm", np.float16 if base == "sd1" else np.float32)
+    net = open_controlnet(f, graph=_stripped(folder, tmp_path))
+    case = json.loads((DATA / folder / "refs.json").read_text())[0]
+    z = np.load(DATA / folder / "refs.npz")
+    kw = dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], seed=case["seed"], width=case["width"],
+              height=case["height"])
+    with pipelines.load(DATA / folder, backend=_fast_backend(backends)) as pipe:
+        gen = pipe.generate(case["prompt"], case["negative_prompt"],
+                            controlnets=[(net, z[case["control_images"][0]], case["scale"][0])], **kw)
+        assert "controlnet:control_tiny" in pipe.control_parts
+    d = np.abs(gen.images[0].astype(int) - z[case["name"]][0].astype(int))
+    # the SD 1.x file is fp16 (bound per tensor to the graph's float32): measured max 1 level; SDXL's fp32: 0
+    assert d.max() <= 2, d.max()
+    assert "Model: control_tiny" in gen.settings[0]["ControlNet 0"]
+
+
+def test_pipeline_refuses_a_controlnet_file_for_another_base_or_size(tmp_path, backends):
+    from sdrt import pipelines
+
+    xl = tmp_path / "controlnet-canny-sdxl-1.0.safetensors"
+    _sparse_safetensors(xl, _published_shapes("sdxl", "diffusers"))
+    sd1 = tmp_path / "control_v11p_sd15_canny.safetensors"
+    _sparse_safetensors(sd1, _published_shapes("sd1", "ldm"))
+    image = np.zeros((64, 64, 3), np.uint8)
+    with pipelines.load(DATA / FOLDERS["sd1"], backend=_fast_backend(backends)) as pipe:
+        with pytest.raises(ModelError) as exc:
+            pipe.plan("a cat", steps=2, controlnets=[(str(xl), image)])
+        text = str(exc.value)
+        assert "controlnet-canny-sdxl-1.0.safetensors is an SDXL ControlNet (diffusers layout), and the model is " \
+               "SD 1.x" in text and "controlnets[0]" in text and "--controlnet FILE" in text
+        # the right base at full size on the tiny UNet: refused before anything compiles
+        with pytest.raises(ModelError, match="gives 12 down residuals and the unet takes 4"):
+            pipe.plan("a cat", steps=2, controlnets=[(str(sd1), image)])
+
+
+@pytest.mark.parametrize("layout", ["ldm", "diffusers"])
+def test_a_controlnet_given_as_the_model_says_so(layout, tmp_path):
+    from sdrt.checkpoint import open_single_file
+
+    f = tmp_path / "control_v11p_sd15_canny.safetensors"
+    _sparse_safetensors(f, _published_shapes("sd1", layout))
+    with pytest.raises(ModelError, match="looks like a ControlNet .*--controlnet FILE"):
+        open_single_file(f)

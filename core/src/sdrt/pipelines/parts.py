@@ -40,6 +40,8 @@ class Part:
         self.options = dict(options or {})
         self.sessions: dict[ShapeKey, Session] = {}
         self.weights: Weights | None = None
+        #: the weights file bound onto a shipped weight-free graph (a ControlNet .safetensors), if any
+        self.source_file: Path | None = None
         #: rebuilds ``weights`` after low-memory mode dropped them with the graph (sdrt.pipelines.lowmem)
         self.weights_factory: Callable[[], Weights] | None = None
         #: leave external initializer data mapped from disk (set by low-memory mode)
