@@ -267,3 +267,24 @@ def test_a_controlnet_given_as_the_model_says_so(layout, tmp_path):
     _sparse_safetensors(f, _published_shapes("sd1", layout))
     with pytest.raises(ModelError, match="looks like a ControlNet .*--controlnet FILE"):
         open_single_file(f)
+
+
+def test_cli_controlnet_file_and_diffusers_folder(tmp_path, capsys, backends):
+    """``--controlnet FILE`` and a diffusers ControlNet folder (diffusion_pytorch_model.safetensors, no model.onnx)
+    reach the binding; an SDXL one on an SD 1.x model is one line naming the file, no traceback."""
+    from sdrt.cli import main
+    from sdrt.pipelines.png import write_png
+
+    png = tmp_path / "edges.png"
+    write_png(png, np.zeros((64, 64, 3), np.uint8))
+    folder = tmp_path / "controlnet-canny-sdxl-1.0"
+    folder.mkdir()
+    _sparse_safetensors(folder / "diffusion_pytorch_model.fp16.safetensors", _published_shapes("sdxl", "diffusers"))
+    loose = tmp_path / "sdxl_canny.safetensors"
+    _sparse_safetensors(loose, _published_shapes("sdxl", "ldm"))
+    for net, name in ((folder, "diffusion_pytorch_model.fp16.safetensors"), (loose, "sdxl_canny.safetensors")):
+        rc = main(["generate", str(DATA / FOLDERS["sd1"]), "a cat", "--dry-run", "--backend", _fast_backend(backends),
+                   "--controlnet", str(net), "--control-image", str(png)])
+        err = capsys.readouterr().err
+        assert rc != 0 and "Traceback" not in err, err
+        assert f"{name} is an SDXL ControlNet" in err and "the model is SD 1.x" in err and "--controlnet FILE" in err
