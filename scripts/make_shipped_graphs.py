@@ -503,11 +503,80 @@ def _controlnet_spec(name, cfg, reduce, source):
     return Spec(name, build_controlnet, cfg, controlnet_inputs, controlnet_outputs, controlnet_dynamic, reduce, source)
 
 
+# the UNets a ControlNet feeds: the shipped UNets with diffusers' residual inputs, as the ControlNet ONNX
+# folders' unet/ takes them (down_block_additional_residual_0..N, mid_block_additional_residual)
+def _residual_levels(cfg: dict) -> list[tuple[int, int]]:
+    """(channels, downsampling level) of each down residual, then the mid one."""
+    boc, lpb = cfg["block_out_channels"], cfg["layers_per_block"]
+    out = [(boc[0], 0)]
+    for b, ch in enumerate(boc):
+        out += [(ch, b)] * lpb
+        if b < len(boc) - 1:
+            out.append((ch, b + 1))
+    return out + [(boc[-1], len(boc) - 1)]
+
+
+def _residual_names(cfg: dict) -> list[str]:
+    n = len(_residual_levels(cfg)) - 1
+    return [f"down_block_additional_residual_{i}" for i in range(n)] + ["mid_block_additional_residual"]
+
+
+def build_unet_controlnet(cfg: dict) -> torch.nn.Module:
+    import inspect
+
+    from diffusers import UNet2DConditionModel
+
+    xl = cfg.get("addition_embed_type") == "text_time"
+    names = _residual_names(cfg)
+
+    def forward(self, sample, timestep, encoder_hidden_states, text_embeds=None, time_ids=None, **residuals):
+        extra = {"added_cond_kwargs": {"text_embeds": text_embeds, "time_ids": time_ids}} if xl else {}
+        down = tuple(residuals[n] for n in names[:-1])
+        return _base(self).forward(self, sample, timestep, encoder_hidden_states, return_dict=False,
+                                   down_block_additional_residuals=down,
+                                   mid_block_additional_residual=residuals[names[-1]], **extra)[0]
+
+    # the exporter binds inputs by the signature: name every residual (they arrive in **residuals)
+    P = inspect.Parameter
+    first = ["sample", "timestep", "encoder_hidden_states"] + (["text_embeds", "time_ids"] if xl else [])
+    forward.__signature__ = inspect.Signature([P(n, P.POSITIONAL_OR_KEYWORD) for n in ["self", *first, *names]])
+    return _with_forward(UNet2DConditionModel(**cfg).eval(), forward)
+
+
+def unet_controlnet_inputs(cfg: dict, s: int) -> dict:
+    x = unet_inputs(cfg, s)
+    g = torch.Generator().manual_seed(20 + s)
+    n, (h, w) = x["sample"].shape[0], x["sample"].shape[2:]
+    for name, (ch, lvl) in zip(_residual_names(cfg), _residual_levels(cfg)):
+        x[name] = torch.randn(n, ch, h >> lvl, w >> lvl, generator=g) * 0.5
+    return x
+
+
+def unet_controlnet_dynamic(cfg: dict) -> dict:
+    h, w, s = torch.export.Dim("h", min=1, max=512), torch.export.Dim("w", min=1, max=512), torch.export.Dim(
+        "text", min=1, max=77 * 32)
+    d = {"sample": {0: B, 2: 8 * h, 3: 8 * w}, "timestep": {0: B}, "encoder_hidden_states": {0: B, 1: s}}
+    if cfg.get("addition_embed_type") == "text_time":
+        d.update(text_embeds={0: B}, time_ids={0: B})
+    for name, (_, lvl) in zip(_residual_names(cfg), _residual_levels(cfg)):
+        d[name] = {0: B, 2: (8 >> lvl) * h, 3: (8 >> lvl) * w}
+    return d
+
+
+def _unet_controlnet_spec(name, cfg, reduce, source):
+    return Spec(name, build_unet_controlnet, cfg, unet_controlnet_inputs, lambda c: ["out_sample"],
+                unet_controlnet_dynamic, reduce, source)
+
+
 CONTROLNET_SPECS: dict[str, Spec] = {s.name: s for s in [
     _controlnet_spec("sd1_controlnet", SD1_CONTROLNET, UNET_REDUCE_SD,
                      "lllyasviel/control_v11p_sd15_canny config.json"),
     _controlnet_spec("sdxl_controlnet", SDXL_CONTROLNET, UNET_REDUCE_XL,
                      "diffusers/controlnet-canny-sdxl-1.0 config.json"),
+    _unet_controlnet_spec("sd1_unet_controlnet", SD1_UNET, UNET_REDUCE_SD,
+                          "runwayml/stable-diffusion-v1-5 unet/config.json, with ControlNet residual inputs"),
+    _unet_controlnet_spec("sdxl_unet_controlnet", SDXL_UNET, UNET_REDUCE_XL,
+                          "stabilityai/stable-diffusion-xl-base-1.0 unet/config.json, with ControlNet residual inputs"),
 ]}
 SPECS.update(CONTROLNET_SPECS)
 

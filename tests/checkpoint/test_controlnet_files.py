@@ -288,3 +288,30 @@ def test_cli_controlnet_file_and_diffusers_folder(tmp_path, capsys, backends):
         err = capsys.readouterr().err
         assert rc != 0 and "Traceback" not in err, err
         assert f"{name} is an SDXL ControlNet" in err and "the model is SD 1.x" in err and "--controlnet FILE" in err
+
+
+def test_a_single_file_unet_binds_onto_the_shipped_unet_with_residual_inputs(tmp_path):
+    """A full-size SD 1.x checkpoint (UNet in LDM keys, written sparse) onto ``sd1_unet_controlnet``: the
+    shipped UNet with the residual inputs a shipped ControlNet graph's outputs feed."""
+    from sdrt.checkpoint import open_single_file
+    from sdrt.checkpoint.controlnet import CONTROLNET_GRAPHS, CONTROLNET_UNET_GRAPHS
+    from sdrt.checkpoint.graphs import shipped_graph
+    from sdrt.checkpoint.ldm import unet_ldm_layout
+
+    for base, name in CONTROLNET_UNET_GRAPHS.items():
+        graph = sdrt.Graph.load(shipped_graph(name))
+        pm = param_map(graph)
+        lpb, attn_up = unet_ldm_layout(pm)
+        f = tmp_path / f"{base}.safetensors"
+        _sparse_safetensors(f, {"model.diffusion_model." + unet_to_ldm(k, lpb, attn_up): s.shape for k, s in pm.items()})
+        m = open_single_file(f, parts=["unet"], graph_paths={"unet": shipped_graph(name)})
+        assert m.family == base
+        path, weights = m.parts["unet"]
+        assert set(weights) == {t.name for t in graph.model.graph.initializer if t.external_data}
+        net = sdrt.Graph.load(shipped_graph(CONTROLNET_GRAPHS[base]))
+        takes = [i.name for i in graph.inputs if "additional_residual" in i.name]
+        gives = [o.name.replace("down_block_res_samples_", "down_block_additional_residual_")
+                 .replace("mid_block_res_sample", "mid_block_additional_residual") for o in net.outputs]
+        assert takes == gives
+        channels = {o.name: o.shape[1] for o in net.outputs}
+        assert [i.shape[1] for i in graph.inputs if "additional_residual" in i.name] == list(channels.values())
