@@ -44,7 +44,7 @@ CONTROLNET_GRAPHS = {"sd1": "sd1_controlnet", "sdxl": "sdxl_controlnet"}
 #: base family -> its shipped UNet graph that takes ControlNet residuals (``down_block_additional_residual_0..N``,
 #: ``mid_block_additional_residual``): a single-file checkpoint's UNet binds onto it (``open_single_file(...,
 #: graph_paths={"unet": shipped_graph(...)})``) when ControlNets are used
-CONTROLNET_UNET_GRAPHS = {"sd1": "sd1_unet_controlnet"}
+CONTROLNET_UNET_GRAPHS = {"sd1": "sd1_unet_controlnet", "sdxl": "sdxl_unet_controlnet"}
 BASE_LABELS = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL"}
 #: what to pass, by base, in messages
 EXAMPLES = {"sd1": "control_v11p_sd15_canny.safetensors", "sdxl": "diffusers/controlnet-canny-sdxl-1.0's "
