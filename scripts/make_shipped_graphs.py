@@ -482,6 +482,156 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
 ]}
 
 
+# ControlNets (issue 36: a ControlNet .safetensors bound onto a shipped graph) ------------------
+# lllyasviel/control_v11p_sd15_canny config.json: the SD 1.5 UNet's encoder, a 3-channel hint
+SD1_CONTROLNET = dict(act_fn="silu", attention_head_dim=8, block_out_channels=[320, 640, 1280, 1280],
+                      conditioning_channels=3, conditioning_embedding_out_channels=[16, 32, 96, 256],
+                      controlnet_conditioning_channel_order="rgb", cross_attention_dim=768,
+                      down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"], downsample_padding=1,
+                      flip_sin_to_cos=True, freq_shift=0, in_channels=4, layers_per_block=2, mid_block_scale_factor=1,
+                      norm_eps=1e-5, norm_num_groups=32, only_cross_attention=False, upcast_attention=False,
+                      use_linear_projection=False)
+# diffusers/controlnet-canny-sdxl-1.0 config.json: the SDXL base UNet's encoder
+SDXL_CONTROLNET = dict(act_fn="silu", addition_embed_type="text_time", addition_time_embed_dim=256,
+                       attention_head_dim=[5, 10, 20], block_out_channels=[320, 640, 1280], conditioning_channels=3,
+                       conditioning_embedding_out_channels=[16, 32, 96, 256],
+                       controlnet_conditioning_channel_order="rgb", cross_attention_dim=2048,
+                       down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                       downsample_padding=1, flip_sin_to_cos=True, freq_shift=0, in_channels=4, layers_per_block=2,
+                       mid_block_scale_factor=1, norm_eps=1e-5, norm_num_groups=32,
+                       projection_class_embeddings_input_dim=2816, transformer_layers_per_block=[1, 2, 10],
+                       use_linear_projection=True)
+
+
+def build_controlnet(cfg: dict) -> torch.nn.Module:
+    """diffusers' ``ControlNetModel`` with the inputs and outputs of the ControlNet ONNX folders sdrt runs
+    (``scripts/gen_controlnet_refs.py``): the residuals come out already multiplied by ``conditioning_scale``."""
+    from diffusers import ControlNetModel
+
+    xl = cfg.get("addition_embed_type") == "text_time"
+
+    def forward(self, sample, timestep, encoder_hidden_states, controlnet_cond, conditioning_scale, text_embeds=None,
+                time_ids=None):
+        added = {"text_embeds": text_embeds, "time_ids": time_ids} if xl else None
+        down, mid = _base(self).forward(self, sample, timestep, encoder_hidden_states, controlnet_cond,
+                                        conditioning_scale, added_cond_kwargs=added, guess_mode=False,
+                                        return_dict=False)
+        return (*down, mid)
+
+    return _with_forward(ControlNetModel(**cfg).eval(), forward)
+
+
+def controlnet_inputs(cfg: dict, s: int) -> dict:
+    x = unet_inputs({**cfg, "in_channels": 4}, s)
+    g = torch.Generator().manual_seed(10 + s)
+    n, (h, w) = x["sample"].shape[0], x["sample"].shape[2:]
+    x["controlnet_cond"] = torch.rand(n, cfg["conditioning_channels"], 8 * h, 8 * w, generator=g)
+    x["conditioning_scale"] = torch.tensor(0.8)
+    # the ONNX folders' order: the control inputs before SDXL's text_embeds/time_ids
+    order = ["sample", "timestep", "encoder_hidden_states", "controlnet_cond", "conditioning_scale", "text_embeds",
+             "time_ids"]
+    return {k: x[k] for k in order if k in x}
+
+
+def controlnet_outputs(cfg: dict) -> list[str]:
+    nb, lpb = len(cfg["block_out_channels"]), cfg["layers_per_block"]
+    n = 1 + nb * lpb + (nb - 1)
+    return [f"down_block_res_samples_{i}" for i in range(n)] + ["mid_block_res_sample"]
+
+
+def controlnet_dynamic(cfg: dict) -> dict:
+    """The UNet's axes (batch, latent size in multiples of 8, text length); the control image is 8x the latent."""
+    h, w, s = torch.export.Dim("h", min=1, max=512), torch.export.Dim("w", min=1, max=512), torch.export.Dim(
+        "text", min=1, max=77 * 32)
+    d = {"sample": {0: B, 2: 8 * h, 3: 8 * w}, "timestep": {0: B}, "encoder_hidden_states": {0: B, 1: s},
+         "controlnet_cond": {0: B, 2: 64 * h, 3: 64 * w}, "conditioning_scale": None}
+    if cfg.get("addition_embed_type") == "text_time":
+        d.update(text_embeds={0: B}, time_ids={0: B})
+    return d
+
+
+def _controlnet_spec(name, cfg, reduce, source):
+    return Spec(name, build_controlnet, cfg, controlnet_inputs, controlnet_outputs, controlnet_dynamic, reduce, source)
+
+
+# the UNets a ControlNet feeds: the shipped UNets with diffusers' residual inputs, as the ControlNet ONNX
+# folders' unet/ takes them (down_block_additional_residual_0..N, mid_block_additional_residual)
+def _residual_levels(cfg: dict) -> list[tuple[int, int]]:
+    """(channels, downsampling level) of each down residual, then the mid one."""
+    boc, lpb = cfg["block_out_channels"], cfg["layers_per_block"]
+    out = [(boc[0], 0)]
+    for b, ch in enumerate(boc):
+        out += [(ch, b)] * lpb
+        if b < len(boc) - 1:
+            out.append((ch, b + 1))
+    return out + [(boc[-1], len(boc) - 1)]
+
+
+def _residual_names(cfg: dict) -> list[str]:
+    n = len(_residual_levels(cfg)) - 1
+    return [f"down_block_additional_residual_{i}" for i in range(n)] + ["mid_block_additional_residual"]
+
+
+def build_unet_controlnet(cfg: dict) -> torch.nn.Module:
+    import inspect
+
+    from diffusers import UNet2DConditionModel
+
+    xl = cfg.get("addition_embed_type") == "text_time"
+    names = _residual_names(cfg)
+
+    def forward(self, sample, timestep, encoder_hidden_states, text_embeds=None, time_ids=None, **residuals):
+        extra = {"added_cond_kwargs": {"text_embeds": text_embeds, "time_ids": time_ids}} if xl else {}
+        down = tuple(residuals[n] for n in names[:-1])
+        return _base(self).forward(self, sample, timestep, encoder_hidden_states, return_dict=False,
+                                   down_block_additional_residuals=down,
+                                   mid_block_additional_residual=residuals[names[-1]], **extra)[0]
+
+    # the exporter binds inputs by the signature: name every residual (they arrive in **residuals)
+    P = inspect.Parameter
+    first = ["sample", "timestep", "encoder_hidden_states"] + (["text_embeds", "time_ids"] if xl else [])
+    forward.__signature__ = inspect.Signature([P(n, P.POSITIONAL_OR_KEYWORD) for n in ["self", *first, *names]])
+    return _with_forward(UNet2DConditionModel(**cfg).eval(), forward)
+
+
+def unet_controlnet_inputs(cfg: dict, s: int) -> dict:
+    x = unet_inputs(cfg, s)
+    g = torch.Generator().manual_seed(20 + s)
+    n, (h, w) = x["sample"].shape[0], x["sample"].shape[2:]
+    for name, (ch, lvl) in zip(_residual_names(cfg), _residual_levels(cfg)):
+        x[name] = torch.randn(n, ch, h >> lvl, w >> lvl, generator=g) * 0.5
+    return x
+
+
+def unet_controlnet_dynamic(cfg: dict) -> dict:
+    h, w, s = torch.export.Dim("h", min=1, max=512), torch.export.Dim("w", min=1, max=512), torch.export.Dim(
+        "text", min=1, max=77 * 32)
+    d = {"sample": {0: B, 2: 8 * h, 3: 8 * w}, "timestep": {0: B}, "encoder_hidden_states": {0: B, 1: s}}
+    if cfg.get("addition_embed_type") == "text_time":
+        d.update(text_embeds={0: B}, time_ids={0: B})
+    for name, (_, lvl) in zip(_residual_names(cfg), _residual_levels(cfg)):
+        d[name] = {0: B, 2: (8 >> lvl) * h, 3: (8 >> lvl) * w}
+    return d
+
+
+def _unet_controlnet_spec(name, cfg, reduce, source):
+    return Spec(name, build_unet_controlnet, cfg, unet_controlnet_inputs, lambda c: ["out_sample"],
+                unet_controlnet_dynamic, reduce, source)
+
+
+CONTROLNET_SPECS: dict[str, Spec] = {s.name: s for s in [
+    _controlnet_spec("sd1_controlnet", SD1_CONTROLNET, UNET_REDUCE_SD,
+                     "lllyasviel/control_v11p_sd15_canny config.json"),
+    _controlnet_spec("sdxl_controlnet", SDXL_CONTROLNET, UNET_REDUCE_XL,
+                     "diffusers/controlnet-canny-sdxl-1.0 config.json"),
+    _unet_controlnet_spec("sd1_unet_controlnet", SD1_UNET, UNET_REDUCE_SD,
+                          "runwayml/stable-diffusion-v1-5 unet/config.json, with ControlNet residual inputs"),
+    _unet_controlnet_spec("sdxl_unet_controlnet", SDXL_UNET, UNET_REDUCE_XL,
+                          "stabilityai/stable-diffusion-xl-base-1.0 unet/config.json, with ControlNet residual inputs"),
+]}
+SPECS.update(CONTROLNET_SPECS)
+
+
 # -- export -------------------------------------------------------------------------------
 def export_program(spec: Spec, cfg: dict, fake: bool):
     """torch.onnx's dynamo export of the spec's module; in FakeTensorMode nothing is allocated."""

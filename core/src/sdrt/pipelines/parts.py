@@ -43,6 +43,8 @@ class Part:
         #: the weights the part runs with when nothing else is bound: a single file's, bound onto a
         #: weight-free graph (``ModelFolder.weights``); None: the graph's own initializers
         self.default_weights: Weights | None = None
+        #: the weights file bound onto a shipped weight-free graph (a ControlNet .safetensors), if any
+        self.source_file: Path | None = None
         #: rebuilds ``weights`` after low-memory mode dropped them with the graph (sdrt.pipelines.lowmem)
         self.weights_factory: Callable[[], Weights] | None = None
         #: leave external initializer data mapped from disk (set by low-memory mode)
