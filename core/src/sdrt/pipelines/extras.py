@@ -41,6 +41,11 @@ class ToolboxMixin:
         tb: Toolbox = s.toolbox
         assert s.width is not None and s.height is not None
         self._silent_units: list[cn.ControlNet] = []
+        from .singlefile import denoiser_graph
+
+        graph = denoiser_graph(self.folder, bool(tb.controlnets))  # type: ignore[attr-defined]
+        if graph is not None:  # a single file: its UNet runs the twin that takes residuals only when needed
+            self.denoiser.retarget(graph)  # type: ignore[attr-defined]
         if not tb.controlnets and cn.residual_inputs(self.denoiser):  # type: ignore[attr-defined]
             self._silent_units = self._zero_residuals(s)
         if tb.controlnets:

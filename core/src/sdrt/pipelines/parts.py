@@ -194,3 +194,13 @@ class Part:
         for sess in self.sessions.values():
             sess.close()
         self.sessions.clear()
+
+    def retarget(self, path: Path) -> None:
+        """Run another graph of the same parameters from now on (a single file's UNet with ControlNet
+        inputs, and back): sessions close, the graph reloads; bound weights stay (same initializer names)."""
+        if path == self.path:
+            return
+        log.info("%s: now %s", self.name, path.name)
+        self.close()
+        self._graph = None
+        self.path = path

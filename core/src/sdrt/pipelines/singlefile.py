@@ -35,8 +35,8 @@ PathLike = str | os.PathLike[str]
 #: a pipeline family -> a checkpoint family with its parts (which encoder kind each text part is)
 _PARTS_OF = {"sd1": "sd1", "sd2": "sd2", "sdxl": "sdxl", "sd3": "sd35-medium", "flux": "flux-dev", "chroma": "chroma"}
 
-__all__ = ["PartFile", "bind_part_files", "check_part_file", "folder_from_file", "is_single_file", "missing_parts",
-           "release_tokenizer"]
+__all__ = ["PartFile", "bind_part_files", "check_part_file", "denoiser_graph", "folder_from_file", "is_single_file",
+           "missing_parts", "release_tokenizer"]
 
 
 def is_single_file(path: object) -> bool:
@@ -183,3 +183,22 @@ def bind_part_files(pipe: Pipeline, vae: PathLike | None = None, text_encoders: 
         state.part_files.update({p: f.path for f in files for p in f.parts if p in planned})
         state._apply(set(planned))
     return sorted(planned)
+
+
+# -- ControlNet on a single file ----------------------------------------------------------------------
+def denoiser_graph(folder: ModelFolder, control: bool) -> Path | None:
+    """The shipped UNet graph a single-file pipeline runs: its twin with ControlNet residual inputs
+    (``sdrt.checkpoint.controlnet.CONTROLNET_UNET_GRAPHS``: the same parameters and initializer names) when
+    ``control``, else the plain one. None when the folder is not a single file on a shipped SD 1.x/SDXL UNet
+    (an ONNX folder, an inpainting UNet, ``graph_paths`` of one's own)."""
+    from ..checkpoint.controlnet import CONTROLNET_UNET_GRAPHS
+    from ..checkpoint.families import FAMILY_GRAPHS
+    from ..checkpoint.graphs import shipped_graph
+
+    opened = getattr(folder, "single_file", None)
+    if opened is None or opened.family not in CONTROLNET_UNET_GRAPHS:
+        return None
+    plain = shipped_graph(FAMILY_GRAPHS[opened.family]["unet"])
+    if folder.parts.get("unet") != plain:
+        return None  # the caller bound the file onto a graph of their own
+    return shipped_graph(CONTROLNET_UNET_GRAPHS[opened.family]) if control else plain
