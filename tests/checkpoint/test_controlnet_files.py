@@ -160,7 +160,9 @@ def test_full_size_files_bind_onto_the_shipped_graphs(base, layout, tmp_path):
     net = open_controlnet(f, base=base)
     assert net.base == base and net.ident.layout == ("diffusers" if layout == "diffusers" else "ldm")
     g = sdrt.Graph.load(net.graph)
-    assert set(net.weights) == {t.name for t in g.model.graph.initializer if t.external_data}  # all from the file
+    external = {t.name for t in g.model.graph.initializer if t.external_data}
+    assert set(net.weights) == set(g.initializer_names)  # every initializer: the file's, and the graph's own constants
+    assert all(net.weights.ref(n).source == str(f) for n in external)  # every weight from the file
     names = [i.name for i in g.inputs]
     assert names[:5] == ["sample", "timestep", "encoder_hidden_states", "controlnet_cond", "conditioning_scale"]
     assert names[5:] == (["text_embeds", "time_ids"] if base == "sdxl" else [])
@@ -307,7 +309,8 @@ def test_a_single_file_unet_binds_onto_the_shipped_unet_with_residual_inputs(tmp
         m = open_single_file(f, parts=["unet"], graph_paths={"unet": shipped_graph(name)})
         assert m.family == base
         path, weights = m.parts["unet"]
-        assert set(weights) == {t.name for t in graph.model.graph.initializer if t.external_data}
+        assert set(weights) == set(graph.initializer_names)  # the file's weights and the graph's own constants
+        assert all(weights.ref(t.name).source == str(f) for t in graph.model.graph.initializer if t.external_data)
         net = sdrt.Graph.load(shipped_graph(CONTROLNET_GRAPHS[base]))
         takes = [i.name for i in graph.inputs if "additional_residual" in i.name]
         gives = [o.name.replace("down_block_res_samples_", "down_block_additional_residual_")

@@ -249,7 +249,12 @@ def test_full_size_flux_files_bind_onto_the_shipped_graphs(tmp_path, monkeypatch
     assert m.family == "flux-dev" and m.prediction == "flow"
     assert set(m.parts) == {"transformer", "text_encoder", "text_encoder_2", "vae_decoder", "vae_encoder"}
     graph, weights = m.parts["transformer"]
-    assert len(weights) == len(_graph_shapes("flux_dev_transformer"))
+    from_file = [n for n in weights if weights.ref(n).source == str(f)]
+    assert sorted(from_file) == sorted(_graph_shapes("flux_dev_transformer"))  # the rest: the graph's own constants
+    assert set(weights) == set(Graph.load(graph).initializer_names)
+    for part, (path, w) in m.parts.items():  # strict binding holds: no graph constant counts as missing
+        report = w.check(Graph.load(path))
+        assert report.ok, (part, str(report))
     assert m.dtypes["transformer"] == {"float8_e4m3fn"} and m.files["text_encoder_2"] == t5
     assert m.release["scheduler"]["use_dynamic_shifting"] is True
     ref = weights.ref("single_transformer_blocks.37.proj_mlp.weight")

@@ -33,6 +33,7 @@ from ..weights import Weights
 from . import ldm
 from .graphs import shipped_graph
 from .ldm import Source
+from .single_file import with_own_constants
 
 log = logging.getLogger("sdrt.checkpoint.controlnet")
 
@@ -196,7 +197,8 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
         log.info("%s: %d keys not used (%s)", p.name, len(unused), ", ".join(unused[:4]))
     ck = Checkpoint(w, {"controlnet": srcs}, ident.label, p)
     try:
-        (refs,) = ck.lazy({"controlnet": Graph.load(gpath)}).values()
+        cgraph = Graph.load(gpath)
+        (refs,) = ck.lazy({"controlnet": cgraph}).values()
     except WeightsError as exc:
         what = (f"the shipped {BASE_LABELS[ident.base]} ControlNet graph (the architecture of "
                 f"{'lllyasviel/control_v11p_sd15_canny' if ident.base == 'sd1' else 'diffusers/controlnet-canny-sdxl-1.0'})"
@@ -207,7 +209,7 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
     if ident.hint_channels != 3:
         log.warning("%s takes a %d-channel control image; sdrt feeds RGB", p.name, ident.hint_channels)
     log.info("%s: %s, %d tensors bound onto %s", p.name, ident.label, len(refs), gpath.name)
-    return OpenedControlNet(p, ident, gpath, Weights(refs, sources=[p]))
+    return OpenedControlNet(p, ident, gpath, with_own_constants(cgraph, refs, p))
 
 
 def folder_file(folder: Path) -> Path | None:

@@ -43,7 +43,7 @@ from .families import FAMILY_GRAPHS, LABELS, PART_KINDS, Identity
 from .graphs import shipped_graph
 from .hashing import model_hash
 from .ldm import Source
-from .single_file import Checkpoint
+from .single_file import Checkpoint, with_own_constants
 
 log = logging.getLogger("sdrt.checkpoint.files")
 
@@ -339,7 +339,7 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
             problems.append(exc.what)
             continue
         (only,) = refs.values()
-        bound[part] = (gpath, Weights(only, sources=[f.path]))
+        bound[part] = (gpath, with_own_constants(graph, only, f.path))
         files[part] = f.path
         dtypes[part] = {str(f.weights.ref(s.key).dtype) for s in srcs.values()}
     if problems:

@@ -224,6 +224,16 @@ class Checkpoint:
         return f"Checkpoint({self.family}: {comps}; from {self.path.name})"
 
 
+def with_own_constants(graph: Graph, refs: Mapping[str, TensorRef], source: Path) -> Weights:
+    """``refs`` (a checkpoint's tensors bound onto a weight-free graph) plus the small constants the graph
+    keeps itself (position ids, scalars its exporter made initializers), so the weights cover every
+    initializer and binding them stays strict."""
+    inline = [n for n in graph.initializer_names if n not in refs and graph.has_data(n)]
+    whole = Weights.from_graph(graph) if inline else None
+    own = {n: whole.ref(n) for n in inline} if whole is not None else {}
+    return Weights({**own, **refs}, sources=[source])
+
+
 def _droppable(canon: str, pmap: Mapping[str, Slot]) -> bool:
     """Checkpoint weights a correct export may leave out: text-encoder layers past the one the export
     stops at (SD 2.x uses the penultimate of 24), and a projection the export does not have."""
