@@ -64,6 +64,12 @@ REFS = Path(os.environ.get("SDRT_SINGLE_REFS", "/work/models/refs"))
 REPORT = ROOT / "scripts" / "single_file_pipelines_report.json"
 TOKENIZER = ROOT / "tests" / "data" / "clip-tokenizer"  # CLIP's published vocab/merges (make_clip_tokenizer.py)
 LIMIT_GB = float(os.environ.get("SDRT_SINGLE_LIMIT_GB", "15"))
+#: an sdrt image matches diffusers' when every channel value is within MAX levels (0-255) and the mean within MEAN:
+#: both compute in float32 from the same fp16 values, so what differs is accumulation order (oneDNN / ggml GEMMs
+#: against torch's), carried through the denoising steps of a random-weight network and the VAE, then 8-bit rounding
+TOLERANCE = {"max_abs_levels": 3, "mean_abs_levels": 0.5}
+#: the compute precision of the sdrt runs: fp32 as diffusers computes; "default": the backend's own choice
+PRECISION = os.environ.get("SDRT_SINGLE_PRECISION", "fp32")
 
 PROMPT = "a red fox sitting in fresh snow, golden hour, detailed fur"
 NEGATIVE = "blurry, low quality"
@@ -473,7 +479,9 @@ def ref(case: str) -> None:
 def _tree_env(tree: Path) -> dict:
     srcs = ["core/src", "plugins/template/src", "plugin-openvino/src", "plugin-ggml/src", "plugin-trt/src",
             "plugin-coreml/src", "plugin-migraphx/src"]
-    env = {**os.environ, "PYTHONPATH": ":".join(str(tree / s) for s in srcs), "SDRT_PRECISION": "fp32"}
+    env = {**os.environ, "PYTHONPATH": ":".join(str(tree / s) for s in srcs), "SDRT_PRECISION": PRECISION}
+    if PRECISION == "default":  # the backend's own choice
+        del env["SDRT_PRECISION"]
     env["PATH"] = "/work/venv/bin:" + env.get("PATH", "")
     return env
 
@@ -494,7 +502,8 @@ def _group_rss_mb(pgid: int) -> int:
 
 
 _API = """
-import json, sys
+import json, logging, os, sys
+logging.basicConfig(level=os.environ.get("SDRT_SINGLE_LOGLEVEL", "WARNING"), format="%(asctime)s %(name)s: %(message)s")
 import sdrt.pipelines as P
 from sdrt.pipelines.png import format_parameters
 from sdrt.pipelines.save import save_image
@@ -503,6 +512,36 @@ pipe = P.load(a["file"], a["backend"], **a["load"])
 gen = pipe.generate(a["prompt"], a["negative"], **a["generate"])
 save_image(a["out"], gen.images[0], format_parameters(gen.prompt, gen.negative_prompt, gen.settings[0]))
 """
+
+
+_LOAD = """
+import json, re, sys, time
+def hwm():
+    return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read())[1]) // 1024
+a = json.loads(sys.argv[1])
+base = hwm()
+import sdrt.pipelines as P
+t = time.time()
+pipe = P.load(a["file"], a["backend"], **a["load"])
+print(json.dumps({"import_rss_mb": base, "load_s": round(time.time() - t, 2), "load_peak_rss_mb": hwm()}))
+"""
+
+
+def run_load(case: str, backend: str, tree: Path) -> None:
+    """Peak RSS of ``sdrt.pipelines.load(FILE)`` alone (a fresh process; parts compile on first use, so this is
+    opening the file, detecting the family and binding the weights by reference)."""
+    c = CASES[case]
+    args = {"file": str(MODELS / c["file"]), "backend": backend,
+            "load": {**(flux_load_args() if case == "flux" else {}),
+                     **({"cache": False} if backend == "openvino" else {})}}
+    out = subprocess.run(["/work/venv/bin/python", "-c", _LOAD, json.dumps(args)], env=_tree_env(tree),
+                         capture_output=True, text=True, cwd=str(tree))
+    if out.returncode:
+        raise SystemExit(out.stderr[-2000:])
+    entry = json.loads(out.stdout.strip().splitlines()[-1])
+    entry.update({"backend": backend, "tree": str(tree), "file_mb": round(_files_bytes(case) / 2**20)})
+    _report(case, f"sdrt_load_{backend}", entry)
+    print(entry, flush=True)
 
 
 def _files_bytes(case: str) -> int:
@@ -518,9 +557,10 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
 
     c = CASES[case]
     f = MODELS / c["file"]
-    out = REFS / f"{case}-sdrt-{backend}.png"
+    tag = backend if PRECISION == "fp32" else f"{backend}-{PRECISION}"
+    out = REFS / f"{case}-sdrt-{tag}.png"
     out.unlink(missing_ok=True)
-    timef = REFS / f"{case}-sdrt-{backend}.time"
+    timef = REFS / f"{case}-sdrt-{tag}.time"
     head = ["/usr/bin/time", "-f", "%M %e", "-o", str(timef), "/work/venv/bin/python"]
     negative = c.get("negative", NEGATIVE)
     # OpenVINO's compile cache would write the compiled float32 models to disk (gigabytes): the API run turns
@@ -528,7 +568,8 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
     api = api or case == "flux" or backend == "openvino"
     if api:
         args = {"file": str(f), "backend": backend, "out": str(out), "prompt": PROMPT, "negative": negative,
-                "load": {**(flux_load_args() if case == "flux" else {}), "cache": False},
+                "load": {**(flux_load_args() if case == "flux" else {}),
+                         **({"cache": False} if backend == "openvino" else {})},
                 "generate": {"seed": c["seed"], "steps": c["steps"], "sampler": c.get("sampler", "Euler"),
                              "cfg": c["cfg"], "width": c["width"], "height": c["height"], **c.get("generate", {})}}
         cmd = head + ["-c", _API, json.dumps(args)]
@@ -537,24 +578,26 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
                       "--steps", str(c["steps"]), "--sampler", "Euler", "--cfg", str(c["cfg"]), "--width",
                       str(c["width"]), "--height", str(c["height"]), "-o", str(out), "--backend", backend]
     print(" ".join(cmd), flush=True)
-    log = REFS / f"{case}-sdrt-{backend}.log"
+    log = REFS / f"{case}-sdrt-{tag}.log"
     t0 = time.time()
     with open(log, "w") as lf:
         p = subprocess.Popen(cmd, env=_tree_env(tree), stdout=lf, stderr=subprocess.STDOUT, start_new_session=True,
                              cwd=str(tree))
-        watched, killed = 0, False
+        watched, killed, timeline = 0, False, []
         while p.poll() is None:
             time.sleep(0.5)
             rss = _group_rss_mb(p.pid)
             watched = max(watched, rss)
+            if not timeline or time.time() - t0 - timeline[-1][0] >= 10:
+                timeline.append((round(time.time() - t0), rss))
             if rss > LIMIT_GB * 1024:
                 os.killpg(p.pid, signal.SIGKILL)
                 killed = True
     wall = time.time() - t0
     tail = log.read_text()[-3000:]
     entry: dict = {"backend": backend, "tree": str(tree), "command": " ".join(cmd[6:]) if cmd[6] != "-c" else "sdrt.pipelines.load(...).generate: " + cmd[-1],
-                   "env": "SDRT_PRECISION=fp32", "rc": p.returncode, "wall_s": round(wall, 1),
-                   "watched_peak_rss_mb": watched, "file_mb": round(_files_bytes(case) / 2**20),
+                   "env": f"SDRT_PRECISION={PRECISION}" if PRECISION != "default" else "SDRT_PRECISION unset", "rc": p.returncode, "wall_s": round(wall, 1),
+                   "watched_peak_rss_mb": watched, "rss_timeline_s_mb": timeline, "file_mb": round(_files_bytes(case) / 2**20),
                    "release_data_vs_published [sdrt, published]": _sdrt_release_agrees(tree, c["family"])}
     if timef.exists() and (words := timef.read_text().split()) and words[-2].isdigit():
         entry["peak_rss_mb"] = int(words[-2]) // 1024
@@ -563,7 +606,7 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
         entry["error"] = f"stopped: the process group passed {LIMIT_GB} GB"
     if p.returncode or not out.exists():
         entry["error"] = entry.get("error") or tail[-1500:]
-        _report(case, f"sdrt_{backend}", entry)
+        _report(case, f"sdrt_{tag}", entry)
         print(json.dumps(entry, indent=1), flush=True)
         raise SystemExit(1)
     img = Image.open(out)
@@ -583,7 +626,11 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
         "png_model": model[1] if model else None, "png_model_hash": mhash[1] if mhash else None,
         "model_ok": bool(model and model[1] == f.stem), "hash_ok": bool(mhash and mhash[1].lower() == sha),
         "sha256_10": sha, "parameters": params})
-    _report(case, f"sdrt_{backend}", entry)
+    entry["ok"] = bool(entry["max_abs_levels"] <= TOLERANCE["max_abs_levels"]
+                       and entry["mean_abs_levels"] <= TOLERANCE["mean_abs_levels"]
+                       and entry["model_ok"] and entry["hash_ok"])
+    entry["tolerance"] = TOLERANCE
+    _report(case, f"sdrt_{tag}", entry)
     print(json.dumps(entry, indent=1), flush=True)
 
 
@@ -593,6 +640,8 @@ if __name__ == "__main__":
         build(case)
     elif step == "ref":
         ref(case)
+    elif step == "load":
+        run_load(case, sys.argv[3], Path(sys.argv[4]) if len(sys.argv) > 4 else ROOT)
     elif step == "sdrt":
         rest = [a for a in sys.argv[4:] if a != "--api"]
         run_sdrt(case, sys.argv[3], Path(rest[0]) if rest else ROOT, api="--api" in sys.argv)
