@@ -75,6 +75,9 @@ PROMPT = "a red fox sitting in fresh snow, golden hour, detailed fur"
 NEGATIVE = "blurry, low quality"
 CASES = {
     "sd15": dict(file="sd15_full_fp16.safetensors", family="sd1", width=512, height=512, seed=42, steps=4, cfg=7.0),
+    # the same file at 256x256: ggml's float32 UNet at 512x512 with CFG needs more memory than this machine has
+    "sd15-256": dict(file="sd15_full_fp16.safetensors", family="sd1", width=256, height=256, seed=42, steps=4,
+                     cfg=7.0),
     "sdxl": dict(file="sdxl_full_fp16.safetensors", family="sdxl", width=512, height=512, seed=42, steps=4, cfg=7.0),
     # Flux.1 dev at reduced depth (1 double + 1 single block, full width; CLIP-L and T5-XXL 1 layer each) with a
     # full-size 16-channel AE: transformer-only file plus separate clip_l / t5xxl / ae files, as BFL and ComfyUI
@@ -486,6 +489,14 @@ def _tree_env(tree: Path) -> dict:
     return env
 
 
+def _tree_source(tree: Path) -> str:
+    """What the sdrt sources are: the git commit of a checkout, or a snapshot's SNAPSHOT.txt line."""
+    if (tree / "SNAPSHOT.txt").is_file():
+        return (tree / "SNAPSHOT.txt").read_text().strip()
+    out = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
 def _group_rss_mb(pgid: int) -> int:
     total = 0
     for p in Path("/proc").iterdir():
@@ -539,7 +550,7 @@ def run_load(case: str, backend: str, tree: Path) -> None:
     if out.returncode:
         raise SystemExit(out.stderr[-2000:])
     entry = json.loads(out.stdout.strip().splitlines()[-1])
-    entry.update({"backend": backend, "tree": str(tree), "file_mb": round(_files_bytes(case) / 2**20)})
+    entry.update({"backend": backend, "tree": str(tree), "tree_source": _tree_source(tree), "file_mb": round(_files_bytes(case) / 2**20)})
     _report(case, f"sdrt_load_{backend}", entry)
     print(entry, flush=True)
 
@@ -557,7 +568,7 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
 
     c = CASES[case]
     f = MODELS / c["file"]
-    tag = backend if PRECISION == "fp32" else f"{backend}-{PRECISION}"
+    tag = (backend if PRECISION == "fp32" else f"{backend}-{PRECISION}") + ("-cli" if "--cli" in sys.argv else "")
     out = REFS / f"{case}-sdrt-{tag}.png"
     out.unlink(missing_ok=True)
     timef = REFS / f"{case}-sdrt-{tag}.time"
@@ -565,7 +576,8 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
     negative = c.get("negative", NEGATIVE)
     # OpenVINO's compile cache would write the compiled float32 models to disk (gigabytes): the API run turns
     # it off (cache=False; the CLI has no flag for it). ggml keeps no compile cache, so it runs the CLI.
-    api = api or case == "flux" or backend == "openvino"
+    # (--cli: the CLI on OpenVINO too, for a run with $SDRT_CACHE_DIR on a scratch folder)
+    api = api or case == "flux" or (backend == "openvino" and "--cli" not in sys.argv)
     if api:
         args = {"file": str(f), "backend": backend, "out": str(out), "prompt": PROMPT, "negative": negative,
                 "load": {**(flux_load_args() if case == "flux" else {}),
@@ -595,7 +607,7 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
                 killed = True
     wall = time.time() - t0
     tail = log.read_text()[-3000:]
-    entry: dict = {"backend": backend, "tree": str(tree), "command": " ".join(cmd[6:]) if cmd[6] != "-c" else "sdrt.pipelines.load(...).generate: " + cmd[-1],
+    entry: dict = {"backend": backend, "tree": str(tree), "tree_source": _tree_source(tree), "command": " ".join(cmd[6:]) if cmd[6] != "-c" else "sdrt.pipelines.load(...).generate: " + cmd[-1],
                    "env": f"SDRT_PRECISION={PRECISION}" if PRECISION != "default" else "SDRT_PRECISION unset", "rc": p.returncode, "wall_s": round(wall, 1),
                    "watched_peak_rss_mb": watched, "rss_timeline_s_mb": timeline, "file_mb": round(_files_bytes(case) / 2**20),
                    "release_data_vs_published [sdrt, published]": _sdrt_release_agrees(tree, c["family"])}
@@ -643,7 +655,7 @@ if __name__ == "__main__":
     elif step == "load":
         run_load(case, sys.argv[3], Path(sys.argv[4]) if len(sys.argv) > 4 else ROOT)
     elif step == "sdrt":
-        rest = [a for a in sys.argv[4:] if a != "--api"]
+        rest = [a for a in sys.argv[4:] if a not in ("--api", "--cli")]
         run_sdrt(case, sys.argv[3], Path(rest[0]) if rest else ROOT, api="--api" in sys.argv)
     else:
         raise SystemExit(__doc__)
