@@ -336,6 +336,75 @@ def ref_flux() -> None:
     print(json.dumps(entry, indent=1), flush=True)
 
 
+def parts(case: str) -> None:
+    """Part by part (where a whole sdrt image does not fit this machine): ``from_single_file``'s modules in float32
+    against sdrt's ``open_single_file`` binding onto the shipped graphs, run by onnxruntime with those weights
+    (check_single_files.ort_run). One part in memory at a time; the UNet's reference is computed and freed before
+    onnxruntime runs it."""
+    import check_single_files as csf
+    import make_shipped_graphs as msg
+    import torch
+    import tvblock  # noqa: F401
+    from diffusers import StableDiffusionXLPipeline
+
+    from sdrt.checkpoint import open_single_file
+
+    assert case == "sdxl", "parts: sdxl only (check_single_files.py sd15 does SD 1.5)"
+    f = MODELS / CASES[case]["file"]
+    t0 = time.time()
+    opened = open_single_file(f)
+    assert opened.family == "sdxl", opened.family
+    pipe = StableDiffusionXLPipeline.from_single_file(str(f), config=str(config_folder(case)), local_files_only=True,
+                                                      torch_dtype=torch.float16)
+    res: dict = {}
+
+    def cmp(part: str, feeds: dict, refs: dict) -> None:
+        import onnx
+
+        names = [o.name for o in onnx.load(str(opened.parts[part][0]), load_external_data=False).graph.output]
+        got = dict(zip(names, csf.ort_run(opened.parts[part][0], opened.parts[part][1],
+                                          {k: v.numpy() for k, v in feeds.items()})))
+        for k, v in refs.items():
+            res[f"{part} {k}"] = csf.rel(got[k], v)
+        print(part, {k: res[f"{part} {k}"] for k in refs}, f"peak {_hwm_mb()} MB", flush=True)
+
+    with torch.no_grad():
+        ids = msg.clip_inputs(msg.CLIP_L, 1)["input_ids"]
+        te = pipe.text_encoder.float()
+        o = te(input_ids=ids, output_hidden_states=True)
+        cmp("text_encoder", {"input_ids": ids}, {"last_hidden_state": o.last_hidden_state.numpy(),
+                                                 "pooler_output": o.pooler_output.numpy(),
+                                                 "hidden_states.11": o.hidden_states[11].numpy()})
+        pipe.text_encoder = None
+        te = pipe.text_encoder_2.float()
+        o = te(input_ids=ids, output_hidden_states=True)
+        cmp("text_encoder_2", {"input_ids": ids}, {"text_embeds": o.text_embeds.numpy(),
+                                                   "last_hidden_state": o.last_hidden_state.numpy(),
+                                                   "hidden_states.31": o.hidden_states[31].numpy()})
+        pipe.text_encoder_2 = None
+        del te, o
+        lat = msg.vae_inputs(msg.VAE4, 1, "decoder")["latent_sample"]
+        ref = pipe.vae.float().decode(lat, return_dict=False)[0].numpy()
+        cmp("vae_decoder", {"latent_sample": lat}, {"sample": ref})
+        x = msg.unet_inputs(msg.SDXL_UNET, 1)
+        unet = pipe.unet.float()
+        ref = unet(x["sample"], x["timestep"], x["encoder_hidden_states"],
+                   added_cond_kwargs={"text_embeds": x["text_embeds"], "time_ids": x["time_ids"]},
+                   return_dict=False)[0].numpy()
+        del unet, pipe
+        gc.collect()
+        print(f"unet reference done, peak {_hwm_mb()} MB", flush=True)
+        cmp("unet", x, {"out_sample": ref})
+    ok = all(v < 1e-3 for v in res.values())
+    _report(case, "parts_onnxruntime", {
+        "how": "diffusers StableDiffusionXLPipeline.from_single_file (fp16 file, each module upcast to float32) vs "
+               "sdrt.checkpoint.open_single_file -> shipped graphs, weights bound per tensor, onnxruntime CPU; inputs "
+               "of make_shipped_graphs (CLIP ids, UNet batch 2 at 32x40 latents with text_embeds/time_ids, VAE "
+               "latents); max |a-b| / max |b| per output, must be < 1e-3",
+        "max_rel_err": res, "ok": ok, "seconds": round(time.time() - t0), "peak_rss_mb": _hwm_mb()})
+    print(case, "parts", "OK" if ok else "FAILED", flush=True)
+
+
 def _sha10(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -652,6 +721,8 @@ if __name__ == "__main__":
         build(case)
     elif step == "ref":
         ref(case)
+    elif step == "parts":
+        parts(case)
     elif step == "load":
         run_load(case, sys.argv[3], Path(sys.argv[4]) if len(sys.argv) > 4 else ROOT)
     elif step == "sdrt":
