@@ -35,11 +35,27 @@ Steps (each its own process, run one at a time; the machine is shared):
     0-255 levels, PSNR; checks the PNG ``parameters`` chunk's ``Model:`` (the file's stem) and ``Model hash:``
     (the first 10 hex digits of the file's SHA-256).
 
-Figures go to scripts/single_file_pipelines_report.json.
+    OpenVINO runs go through ``sdrt.pipelines.load(FILE, cache=False).generate`` and the CLI's PNG writer (its
+    compile cache would write gigabytes to a small disk); ``--cli`` runs the CLI there too (point
+    ``$SDRT_CACHE_DIR`` at a scratch folder). ggml runs the CLI. ``SDRT_SINGLE_PRECISION=default`` leaves the
+    precision to the backend; ``SDRT_SINGLE_LIMIT_GB`` is the watchdog's limit.
+
+``load sd15|sdxl|flux BACKEND [TREE]``
+    Peak RSS of ``sdrt.pipelines.load(FILE)`` alone (parts compile on first use).
+
+``parts sdxl``
+    Where a whole float32 SDXL image does not fit the machine: each part of the file (CLIP-L, CLIP-G, VAE decoder,
+    UNet) from ``from_single_file`` in float32 against ``open_single_file``'s binding onto the shipped graphs,
+    run by onnxruntime (``SDRT_CACHE_DIR`` must be set in the torch venv, which has no platformdirs).
+
+Cases: ``sd15`` (512x512), ``sd15-256`` (the same file at 256x256), ``sdxl`` (512x512: float32 SDXL at 1024 does not
+fit beside the other jobs of a 24 GB machine), ``flux`` (256x256; the reduced graphs through ``graph_paths``).
+A match is every channel within 3 levels of 255 and the mean within 0.5 (``TOLERANCE``), plus ``Model:`` and
+``Model hash:`` right. Figures go to scripts/single_file_pipelines_report.json.
 
     /work/refvenv/bin/python scripts/check_single_file_pipelines.py build sd15
     /work/refvenv/bin/python scripts/check_single_file_pipelines.py ref sd15
-    /work/refvenv/bin/python scripts/check_single_file_pipelines.py sdrt sd15 openvino [/work/wt-x]
+    /work/refvenv/bin/python scripts/check_single_file_pipelines.py sdrt sd15 openvino [/work/wt-x] [--cli]
 """
 
 from __future__ import annotations
@@ -685,6 +701,8 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
         entry["peak_rss_over_file_size"] = round(entry["peak_rss_mb"] / entry["file_mb"], 2)
     if killed:
         entry["error"] = f"stopped: the process group passed {LIMIT_GB} GB"
+    elif p.returncode in (-9, 137):
+        entry["error"] = "SIGKILL from outside this script (the kernel's OOM killer when the machine ran out)"
     if p.returncode or not out.exists():
         entry["error"] = entry.get("error") or tail[-1500:]
         _report(case, f"sdrt_{tag}", entry)
