@@ -62,13 +62,16 @@ def parse_memory(value: Any, where: str = "memory") -> int:
         raise InputError(f"unknown unit {unit!r} in the memory size {value!r}", where=where, fix=fix)
     size = number * _UNITS[unit]
     if not math.isfinite(size) or size < 2**10:
-        raise InputError(f"the memory size {value!r} is {'not a size' if not math.isfinite(size) else 'below 1 KiB'}",
-                         where=where, fix=fix)
+        what = "not a size" if not math.isfinite(size) else "below 1 KiB" + (" (a size without a unit is in bytes)"
+                                                                             if not unit else "")
+        raise InputError(f"the memory size {value!r} is {what}", where=where, fix=fix)
     return int(size)
 
 
 def available_memory(device: Any) -> int | None:
     """What the device reports (``memory_bytes``); for a CPU that reports nothing, ``MemAvailable``."""
+    if device is None:
+        return None
     reported = getattr(device, "memory_bytes", None)
     if reported:
         return int(reported)
@@ -203,7 +206,8 @@ def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | 
         placed = dict.fromkeys(names, "resident")
     else:
         den_need = footprint * weights.get(denoiser, 0) if denoiser else 0
-        stream = denoiser is not None and avail is not None and den_need > avail
+        # streaming helps only when something is left beside the process itself
+        stream = denoiser is not None and avail is not None and 0 < avail < den_need
         resident: list[str] = []
         if not stream and not release_all and avail is not None:
             for p in sorted(names, key=lambda n: weights[n]):  # the smallest stay, while the largest still runs
@@ -268,9 +272,13 @@ class MemoryMixin:
         return plan
 
     def _make_memory_plan(self, base: int | None) -> MemoryPlan:
+        from ..errors import SdrtError
         from ..runtime import select
 
-        _, dev = select(self.backend, self.device)  # type: ignore[attr-defined]
+        try:
+            _, dev = select(self.backend, self.device)  # type: ignore[attr-defined]
+        except SdrtError:  # a dry plan with no backend here (sdrt plan for another device): no device figure
+            dev = None
         if base is None:
             base = current_rss() if getattr(dev, "kind", "cpu") == "cpu" else 0
         denoiser = self.family.denoiser_part  # type: ignore[attr-defined]

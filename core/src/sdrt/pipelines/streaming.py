@@ -99,7 +99,11 @@ def analyse(graph: Graph) -> _Analysis:
     n = len(nodes)
     infos = graph.initializer_info()
     inits = {name: _nbytes(info) for name, info in infos.items()}
-    constants = {o: i for i, node in enumerate(nodes) if node.op_type == "Constant" for o in node.output}
+    # Constant nodes, and Identity nodes that alias a weight (an exporter's shared tensors), are copied into
+    # each group that reads them instead of crossing every boundary as an activation
+    constants = {o: i for i, node in enumerate(nodes)
+                 if node.op_type == "Constant" or (node.op_type == "Identity" and node.input[0] in inits)
+                 for o in node.output}
     vinfo = graph.value_infos()
     producer: dict[str, int] = {v.name: -1 for v in g.input if v.name not in inits}
     reads = []
@@ -112,10 +116,16 @@ def analyse(graph: Graph) -> _Analysis:
         w = 0
         for name in r:
             if name in inits:
-                if name not in seen:
+                if name not in seen and not (node.op_type == "Identity" and node.output[0] in constants):
                     seen.add(name)
                     w += inits[name]
-            elif name not in constants:
+            elif name in constants:
+                c = nodes[constants[name]]
+                for x in c.input:  # the weight an Identity aliases counts where it is read
+                    if x in inits and x not in seen:
+                        seen.add(x)
+                        w += inits[x]
+            else:
                 last_use[name] = i
         node_weight.append(w)
         for o in node.output:
@@ -192,8 +202,10 @@ def _group(a: _Analysis, start: int, end: int) -> Group:
             if name in a.inits:
                 inits[name] = None
             elif name in a.constants:
-                if a.constants[name] < start:
-                    consts[a.constants[name]] = None
+                c = a.constants[name]
+                if c < start:
+                    consts[c] = None
+                    inits.update((x, None) for x in a.reads[c] if x in a.inits)  # an aliased weight
             elif a.producer.get(name, -1) < start:
                 inputs[name] = None
     outputs = [o for i in range(start, end) for o in a.nodes[i].output
