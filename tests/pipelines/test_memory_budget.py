@@ -177,3 +177,22 @@ def test_dry_run_prints_placements_and_the_prediction(capsys):
     out = capsys.readouterr().out
     assert "memory: budget 7.45 GiB (memory=), predicted peak" in out
     assert "transformer      resident" in out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_identical_blocks_share_one_compiled_session(backend):
+    """A Flux-like chain (1 double + 4 single blocks, each block's weights its own): with a cap a little above one
+    single block, the cuts fall between blocks, the single blocks compile once and swap their weights in."""
+    from sdrt.testing.dit_blocks import flux_chain, flux_single_block
+
+    register(backend)
+    model, feeds = flux_chain(1, 4, "tiny")
+    g = Graph.load(model.SerializeToString())
+    block = sum(np.prod(t.dims) * 4 for t in flux_single_block("tiny")[0].graph.initializer)
+    whole = sdrt.load(g, backend=backend, **_options(backend)).run(feeds)["out_hidden_states"]
+    sess = StreamedSession(g, None, max_weight_bytes=int(1.2 * block), backend=backend, share=True,
+                           options=_options(backend))
+    out = sess.run(feeds)["out_hidden_states"]
+    assert sess.swaps >= 2  # blocks 2..4 reuse block 1's compiled group
+    np.testing.assert_allclose(out, whole, rtol=1e-5, atol=1e-5)
+    sess.close()

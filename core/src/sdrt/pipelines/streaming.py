@@ -90,6 +90,7 @@ class _Analysis:
     live_bytes: list[int]
     producer: dict[str, int]
     last_use: dict[str, int]
+    node_inits: list[list[str]]  # the initializers each node reads, directly or through an alias
 
 
 def analyse(graph: Graph) -> _Analysis:
@@ -110,9 +111,13 @@ def analyse(graph: Graph) -> _Analysis:
     last_use: dict[str, int] = {}
     seen: set[str] = set()
     node_weight = []
+    node_inits: list[list[str]] = []
     for i, node in enumerate(nodes):
         r = _node_reads(node)
         reads.append(r)
+        node_inits.append([x for name in r for x in ([name] if name in inits else
+                                                      [y for y in nodes[constants[name]].input if y in inits]
+                                                      if name in constants else [])])
         w = 0
         for name in r:
             if name in inits:
@@ -152,7 +157,8 @@ def analyse(graph: Graph) -> _Analysis:
         b += diff_b[i]
         live_count.append(c)
         live_bytes.append(b)
-    return _Analysis(nodes, inits, constants, reads, node_weight, live_count, live_bytes, producer, last_use)
+    return _Analysis(nodes, inits, constants, reads, node_weight, live_count, live_bytes, producer, last_use,
+                     node_inits)
 
 
 def split(graph: Graph, *, max_weight_bytes: int | None = None, groups: int | None = None) -> list[Group]:
@@ -172,22 +178,27 @@ def split(graph: Graph, *, max_weight_bytes: int | None = None, groups: int | No
         cap = max(int(max_weight_bytes), 1)
     else:
         raise ValueError("give max_weight_bytes or groups")
-    prefix = [0]
-    for w in a.node_weight:
-        prefix.append(prefix[-1] + w)
     cuts = [0]
     s = 0
     while s < n:
-        if prefix[n] - prefix[s] <= cap:
+        seen: set[str] = set()
+        held = [0]  # held[k]: the weight bytes of nodes s .. s+k-1 (a weight read twice counts once)
+        e = s  # the furthest boundary whose group stays under the cap (at least one node)
+        while e < n:
+            new = {x for x in a.node_inits[e] if x not in seen}
+            add = sum(a.inits[x] for x in new)
+            if e > s and held[-1] + add > cap:
+                break
+            seen |= new
+            held.append(held[-1] + add)
+            e += 1
+        if e == n:
             cuts.append(n)
             break
-        e = s + 1  # the furthest boundary whose group stays under the cap (at least one node)
-        while e < n and prefix[e + 1] - prefix[s] <= cap:
-            e += 1
         # candidates: the last half of the window by weight (so groups are not needlessly small)
-        half = prefix[s] + (prefix[e] - prefix[s]) / 2
-        window = [b for b in range(s + 1, e + 1) if prefix[b] >= half] or [e]
-        best = min(window, key=lambda b: (a.live_count[b], a.live_bytes[b], -b))
+        window = [b for b in range(s + 1, e + 1) if held[b - s] >= held[-1] / 2] or [e]
+        best = min(window, key=lambda b: (a.live_count[b], a.live_bytes[b], b))  # ties: the earliest, so
+        # identical blocks get identical cuts (a later tie sits inside the next block)
         cuts.append(best)
         s = best
     return [_group(a, cuts[k], cuts[k + 1]) for k in range(len(cuts) - 1)]
@@ -324,6 +335,8 @@ class StreamedSession:
     def __init__(self, graph: Graph, weights: Weights | None, *, max_weight_bytes: int | None = None,
                  groups: int | None = None, backend: str = "auto", device: Any = None, share: bool = False,
                  options: Mapping[str, Any] | None = None) -> None:
+        if not graph.model.graph.value_info:  # not shape-inferred yet: every cut needs its tensors' types
+            graph = graph.with_shapes()
         self.graph = graph
         self.weights = weights
         self.backend, self.device, self.options = backend, device, dict(options or {})
@@ -335,7 +348,8 @@ class StreamedSession:
         self.load_s = 0.0
         self.run_s = 0.0
         self._shared: dict[bytes, Any] = {}
-        self._keys: list[bytes | None] = [None] * len(self.groups)
+        #: groups that reused a compiled block with their weights swapped in (``share``)
+        self.swaps = 0
         log.info("%s streams in %d group(s) of at most %.1f MiB of weights (%s)", graph.name, len(self.groups),
                  max(g.weight_bytes for g in self.groups) / 2**20,
                  ", ".join(f"{len(g.inputs)} in" for g in self.groups))
@@ -367,9 +381,12 @@ class StreamedSession:
                     give_back()
                     sess = load(g, weights=sub, backend=self.backend, device=self.device, **self.options)
                     self._shared = {key: sess}
-                else:
+                else:  # the same block: swap its weights in (the small and integer tensors are equal by the key)
                     own = _Weights.from_graph(g)
-                    sess.update_weights(own if sub is None else own.replaced({n: sub[n] for n in sub}))
+                    if sub is not None:
+                        own = own.replaced({n: sub[n] for n in sub})
+                    sess.update_weights(own)  # every tensor (the check wants all); equal ones cost a compare
+                    self.swaps += 1
             else:
                 sess = load(g, weights=sub, backend=self.backend, device=self.device, **self.options)
             t1 = time.perf_counter()
@@ -402,15 +419,36 @@ class StreamedSession:
         self._shared.clear()
 
 
+#: initializers a shared block swaps: floating tensors of at least this many elements (weights); smaller or
+#: integer ones (shapes, axes, scalars) are part of the block's structure, since a backend may fold them in
+SWAP_MIN_ELEMENTS = 1024
+_FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
+
+
+def _swapped(t: Any) -> bool:
+    return t.data_type in _FLOAT_TYPES and int(np.prod(list(t.dims), dtype=np.int64)) >= SWAP_MIN_ELEMENTS
+
+
 def _structure_key(g: Graph) -> bytes:
-    """The group's model without initializer bytes: equal keys, identical blocks."""
+    """The group's model without the bytes of its swappable weights: equal keys, identical blocks."""
     import onnx
 
     m = onnx.ModelProto()
-    m.CopyFrom(g.model)
-    for t in m.graph.initializer:
-        dims, dt = list(t.dims), t.data_type
-        t.Clear()
-        t.dims.extend(dims)
-        t.data_type = dt
+    m.ir_version = g.model.ir_version
+    m.opset_import.extend(g.model.opset_import)
+    m.functions.extend(g.model.functions)
+    src = g.model.graph
+    m.graph.node.extend(src.node)
+    m.graph.input.extend(src.input)
+    m.graph.output.extend(src.output)
+    for t in src.initializer:
+        new = m.graph.initializer.add()
+        if _swapped(t):
+            new.name, new.data_type = t.name, t.data_type
+            new.dims.extend(t.dims)
+        else:
+            new.CopyFrom(t)
+            if t.name in g.external_refs:  # small but mapped: its bytes decide
+                new.ClearField("external_data")
+                new.raw_data = np.ascontiguousarray(g.tensor_array(t)).tobytes()
     return m.SerializeToString()
