@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
-from .lowmem import FOOTPRINT
+from .lowmem import FOOTPRINT, give_back
 
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
@@ -296,6 +296,7 @@ class MemoryMixin:
             part = self._parts[denoiser]
             return [g.weight_bytes for g in split(_lean_graph(part), max_weight_bytes=cap)]
 
+        give_back()  # the graphs read for their sizes go again
         return plan_memory(weights, denoiser if denoiser in weights else None, budget, base=base,
                            release_all=bool(self.low_memory) or False, budget_source=source, split=split_at)
 

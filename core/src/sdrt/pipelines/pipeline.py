@@ -545,8 +545,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
         check_keywords(kwargs)
         with self._lock:
+            memory = self.memory_plan()  # before the dry run reads any graph: the process's own base
             rp = dry_run(self, prompt, negative_prompt, kwargs)
-        rp.memory = self.memory_plan()  # each part's placement under the budget, the predicted peak
+        rp.memory = memory  # each part's placement under the budget, the predicted peak
         return rp
 
     # ------------------------------------------------------------------ low memory (sdrt.pipelines.lowmem)

@@ -270,14 +270,16 @@ BUILDERS = {"flux_double_block": flux_double_block, "flux_single_block": flux_si
             "sd35_block": sd35_block}
 
 
-def flux_chain(double: int, single: int, size: str | dict[str, int] = "tiny", data_file: Any = None
-               ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def flux_chain(double: int, single: int, size: str | dict[str, int] = "tiny", data_file: Any = None,
+               stub: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """A reduced-depth Flux.1 transformer body: ``double`` double-stream blocks, the text and image streams
     concatenated (text first, as Flux does), then ``single`` single-stream blocks; every block reads the same
     ``temb`` and rotary tables. Block ``k`` of a kind holds block 0's weights times ``1 + k / 100``, so no two
     blocks hold equal values. ``size``: a name of ``SIZES`` or ``{"dim", "heads", "img", "txt"}``.
     ``data_file``: the weights are appended there block by block as external data (a full-width chain is
-    several GB, above protobuf's 2 GB), with the location relative to the file's folder."""
+    several GB, above protobuf's 2 GB), with the location relative to the file's folder. ``stub``: the weights
+    are not kept at all: the graph is a weight-free one (as ``sdrt strip`` writes) whose weights the caller
+    supplies as ``sdrt.Weights`` (a full-width chain without the disk space for it)."""
     from onnx import helper, numpy_helper
 
     cfg = size if isinstance(size, dict) else SIZES["flux_double_block"][size]
@@ -302,7 +304,13 @@ def flux_chain(double: int, single: int, size: str | dict[str, int] = "tiny", da
             if arr.dtype == np.float32 and arr.size >= 1024 and scale != 1.0:
                 arr = arr * np.float32(scale)
             new = numpy_helper.from_array(arr, rn(t.name))
-            if out is not None and arr.size >= 1024:
+            if stub and arr.size >= 1024:
+                new.ClearField("raw_data")
+                new.data_location = TensorProto.EXTERNAL
+                for k, v in (("location", "weights.safetensors"), ("offset", "0"), ("length", str(arr.nbytes))):
+                    e = new.external_data.add()
+                    e.key, e.value = k, v
+            elif out is not None and arr.size >= 1024:
                 offset = out.tell()
                 out.write(new.raw_data)
                 new.ClearField("raw_data")
@@ -348,5 +356,10 @@ def flux_chain(double: int, single: int, size: str | dict[str, int] = "tiny", da
                               [helper.make_tensor_value_info("out_hidden_states", TensorProto.FLOAT, shape)], inits)
     from .builder import IR_VERSION, OPSET
 
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
-                             producer_name="sdrt-bench"), feeds
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
+                              producer_name="sdrt-bench")
+    if stub:
+        from ..graph import STRIPPED_KEY
+
+        helper.set_model_props(model, {STRIPPED_KEY: "weights.safetensors"})
+    return model, feeds
