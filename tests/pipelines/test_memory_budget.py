@@ -196,3 +196,32 @@ def test_identical_blocks_share_one_compiled_session(backend):
     assert sess.swaps >= 2  # blocks 2..4 reuse block 1's compiled group
     np.testing.assert_allclose(out, whole, rtol=1e-5, atol=1e-5)
     sess.close()
+
+
+def test_cli_reports_the_measured_peak_beside_the_prediction(capsys, tmp_path):
+    register("reference")
+    out = tmp_path / "fox.png"
+    assert main(["generate", str(DATA / "tiny-sd15"), "a fox", "--steps", "1", "--backend", "reference",
+                 "--memory", "16GiB", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert out.is_file() and "memory: budget 16.00 GiB (memory=)" in err
+    assert "unet             resident" in err and ("measured peak RSS (VmHWM)" in err or sys.platform != "linux")
+
+
+def test_streamed_groups_bind_the_parts_own_weights():
+    """Weights bound by the caller (a checkpoint, a LoRA merge) reach each group by reference, under the
+    group's names, shared blocks included."""
+    register("reference")
+    g, feeds = _pinned("tiny-flux-dev")
+    own = sdrt.Weights.from_graph(g)
+    changed = sdrt.Weights.from_arrays({n: own[n] * np.float32(1.5) if own[n].dtype == np.float32 else own[n]
+                                        for n in own})
+    whole = sdrt.load(g, weights=changed, backend="reference").run(feeds)
+    plain = sdrt.load(g, backend="reference").run(feeds)
+    for share in (False, True):
+        sess = StreamedSession(g, changed, groups=4, backend="reference", share=share)
+        out = sess.run(feeds)
+        sess.close()
+        for name, ref in whole.items():
+            np.testing.assert_allclose(out[name], ref, rtol=1e-5, atol=1e-5)
+            assert not np.allclose(out[name], plain[name])

@@ -382,10 +382,9 @@ class StreamedSession:
                     sess = load(g, weights=sub, backend=self.backend, device=self.device, **self.options)
                     self._shared = {key: sess}
                 else:  # the same block: swap its weights in (the small and integer tensors are equal by the key)
-                    own = _Weights.from_graph(g)
-                    if sub is not None:
-                        own = own.replaced({n: sub[n] for n in sub})
-                    sess.update_weights(own)  # every tensor (the check wants all); equal ones cost a compare
+                    own = _Weights.from_graph(g)  # references: nothing is read before the backend binds it
+                    refs = {n: sub.ref(n) if sub is not None and n in sub else own.ref(n) for n in own}
+                    sess.update_weights(_Weights(refs))  # every tensor (the check wants all); equal ones compare
                     self.swaps += 1
             else:
                 sess = load(g, weights=sub, backend=self.backend, device=self.device, **self.options)
