@@ -1,7 +1,7 @@
 """The memory budget (sdrt.pipelines.budget) and block-group streaming (sdrt.pipelines.streaming).
 
-Streaming is checked against the unsplit graph on the reference backend and on OpenVINO (float32), on the
-tiny Flux transformer and the tiny SD 1.5 UNet, and a pipeline under a tiny budget against the same
+Streaming is checked against the unsplit graph on the reference backend, OpenVINO (float32) and ggml, on
+the tiny Flux transformer and the tiny SD 1.5 UNet, and a pipeline under a tiny budget against the same
 pipeline without one."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sdrt.pipelines import load
 from sdrt.pipelines.budget import parse_memory, peak_rss, plan_memory
 from sdrt.pipelines.streaming import StreamedSession, analyse, split
 
-BACKENDS = ["reference", "openvino"]
+BACKENDS = ["reference", "openvino", "ggml"]
 #: the parts under test and the static shapes they run at
 GRAPHS = {
     "tiny-flux-dev": ("transformer", {"hidden_states": (1, 16, 64), "encoder_hidden_states": (1, 8, 64),
@@ -143,7 +143,7 @@ def _tiny_budget(pipe) -> int:
 
 
 @pytest.mark.parametrize(("backend", "folder"), [("reference", "tiny-flux-dev"), ("reference", "tiny-sd15"),
-                                                 ("openvino", "tiny-flux-dev")])
+                                                 ("openvino", "tiny-flux-dev"), ("ggml", "tiny-sd15")])
 def test_an_image_under_a_tiny_budget_equals_the_image_without(backend, folder, caplog):
     register(backend)
     caplog.set_level("INFO", logger="sdrt.pipelines.streaming")

@@ -337,6 +337,9 @@ class StreamedSession:
                  options: Mapping[str, Any] | None = None) -> None:
         if not graph.model.graph.value_info:  # not shape-inferred yet: every cut needs its tensors' types
             graph = graph.with_shapes()
+        # shapes computed at run time (Shape -> Gather -> Concat -> Reshape) become constants, so no group
+        # is handed a shape as an input (a backend that needs static shapes could not use it)
+        graph = graph.fold_constants()
         self.graph = graph
         self.weights = weights
         self.backend, self.device, self.options = backend, device, dict(options or {})
@@ -370,6 +373,11 @@ class StreamedSession:
             t0 = time.perf_counter()
             g, names = group_graph(self.graph, group, canonical=self.share)
             sub = _sub_weights(self.weights, names, group.initializers)
+            if sub is not None and len(sub) < len(group.initializers):  # the rest (folded constants): the graph's
+                from ..weights import Weights as _W
+
+                own = _W.from_graph(g)
+                sub = _W({n: sub.ref(n) if n in sub else own.ref(n) for n in own}, dtype=sub.dtype)
             sess: Any
             if self.share:
                 from ..weights import Weights as _Weights
