@@ -10,7 +10,10 @@ sdrt opens the three files with ``open_single_file`` onto weight-free graphs of 
 depth (exported as the shipped ones are, ``make_shipped_graphs.py``), and onnxruntime runs each
 part with sdrt's bound weights. Outputs must agree to float32 tolerance.
 
-``chroma``: the same for a Chroma transformer (``distilled_guidance_layer``; 1 approximator layer).
+``chroma``: the same for a Chroma transformer (``distilled_guidance_layer``; 1 approximator layer), with
+padding masked as ``ChromaPipeline`` masks it: the transformer's boolean ``attention_mask`` drops text
+positions (diffusers given the same boolean mask: torch's SDPA), and T5 gets the tokenizer's int64 mask.
+For ``flux``, T5's ``attention_mask`` input is all ones (``FluxPipeline`` passes none).
 
 ``rss``: peak memory of binding a full-size SD 1.5 fp16 LDM single file (random weights, written
 here; 1.7 GB) with ``open_single_file``: every initializer read and converted once, one at a
@@ -134,6 +137,16 @@ def export_reduced(spec_name: str, overrides: dict, out: Path) -> Path:
     return out
 
 
+def _save_once(save_file, tensors: dict, path: Path) -> None:
+    """Write a publisher's file unless a previous run left it (the seeds are fixed, so it holds the same
+    values; a stale one cannot pass: the references are computed from the tensors in memory, not the file).
+    Never rewritten in place: other checks may hold hard links to it."""
+    if not path.exists():
+        tmp = path.with_suffix(".partial")
+        save_file(tensors, str(tmp))
+        tmp.rename(path)
+
+
 def rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / max(1e-6, float(np.abs(b).max())))
 
@@ -156,16 +169,16 @@ def check_flux(chroma: bool = False) -> None:
     # the publishers' files
     state = random_state(bfl_flux_shapes(True, chroma), 1)
     tfile = TMP / f"{name}_bfl.safetensors"
-    save_file(state, str(tfile))
+    _save_once(save_file, state, tfile)
     clip = CLIPTextModel(CLIPTextConfig(**{**msg.CLIP_L, "num_hidden_layers": 1})).eval()
     t5 = T5EncoderModel(T5Config(**{**msg.T5XXL, "num_layers": 1})).eval()
     msg._randomize(clip, 2)
     msg._randomize(t5, 3)
     clip_file, t5_file = TMP / "clip_l.safetensors", TMP / "t5xxl_fp16.safetensors"
-    save_file({k: v.half().contiguous() for k, v in clip.state_dict().items() if "position_ids" not in k},
-              str(clip_file))
-    save_file({k: v.half().contiguous() for k, v in t5.state_dict().items() if k != "encoder.embed_tokens.weight"},
-              str(t5_file))
+    _save_once(save_file, {k: v.half().contiguous() for k, v in clip.state_dict().items() if "position_ids" not in k},
+               clip_file)
+    _save_once(save_file, {k: v.half().contiguous() for k, v in t5.state_dict().items()
+                           if k != "encoder.embed_tokens.weight"}, t5_file)
     # diffusers / transformers read them
     cfg = ({**msg.CHROMA, "num_layers": 1, "num_single_layers": 1, "approximator_layers": 1} if chroma
            else {**msg.FLUX_DEV, "num_layers": 1, "num_single_layers": 1})
@@ -200,13 +213,18 @@ def check_flux(chroma: bool = False) -> None:
     got = ort_run(opened.parts["transformer"][0], opened.parts["transformer"][1], {k: v.numpy() for k, v in x.items()})
     results["transformer"] = rel(got[0], ref)
     del got
-    # text encoders
-    ids = msg.t5_inputs(msg.T5XXL, 1)["input_ids"]
+    # text encoders: T5 with the mask each pipeline gives it (ChromaPipeline: the tokenizer's, padding masked;
+    # FluxPipeline passes none, which the graph's attention_mask input takes as all ones)
+    t5x = msg.t5_inputs(msg.T5XXL, 1)
+    ids, mask = t5x["input_ids"], t5x["attention_mask"] if chroma else torch.ones_like(t5x["input_ids"])
     with torch.no_grad():
-        ref = t5(input_ids=ids).last_hidden_state.numpy()
+        ref = t5(input_ids=ids, attention_mask=mask if chroma else None).last_hidden_state.numpy()
     t5_part = "text_encoder" if chroma else "text_encoder_2"
-    got = ort_run(opened.parts[t5_part][0], opened.parts[t5_part][1], {"input_ids": ids.numpy()})
+    got = ort_run(opened.parts[t5_part][0], opened.parts[t5_part][1],
+                  {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
     results["t5xxl"] = rel(got[0], ref)
+    if chroma:  # the padded row alone (row 1 has no padding and dominates the maximum)
+        results["t5xxl row 0 (padded)"] = rel(got[0][0], ref[0])
     if not chroma:
         ids = msg.clip_inputs(msg.CLIP_L, 1)["input_ids"]
         with torch.no_grad():
@@ -215,9 +233,18 @@ def check_flux(chroma: bool = False) -> None:
         results["clip_l last_hidden_state"] = rel(got[0], o.last_hidden_state.numpy())
         results["clip_l pooler_output"] = rel(got[1], o.pooler_output.numpy())
     ok = all(v < 2e-4 for v in results.values())
-    _report(name, {"files": {"transformer": f"{tfile.name} (BFL keys, fp16, 1 double + 1 single block, full width)",
-                             "extras": [p.name for p in extras]},
-                   "max_rel_err": results, "ok": ok, "seconds": round(time.time() - t0)})
+    entry = {"files": {"transformer": f"{tfile.name} (BFL keys, fp16, 1 double + 1 single block, full width)",
+                       "extras": [p.name for p in extras]},
+             "max_rel_err": results, "ok": ok, "seconds": round(time.time() - t0)}
+    if chroma:
+        entry["masks"] = {"transformer attention_mask": f"{int((~x['attention_mask']).sum())} of "
+                                                        f"{x['attention_mask'].numel()} text+image positions dropped "
+                                                        "(row 0 keeps 3 tokens and the first pad)",
+                          "t5 attention_mask": f"{int((mask == 0).sum())} of {mask.numel()} positions padding "
+                                               "(row 0: 5 tokens, </s>, padding)",
+                          "reference": "diffusers ChromaTransformer2DModel with the boolean mask (torch SDPA); "
+                                       "transformers T5EncoderModel with the int64 mask"}
+    _report(name, entry)
     print(name, "OK" if ok else "FAILED", results, flush=True)
 
 

@@ -22,7 +22,10 @@ Checks (``check`` step), each against the torch module the graph came from:
 - numbers at reduced depth (same widths and heads, fewer blocks; full depth where the
   model fits this machine: CLIP-L, the VAEs): the same export of the module with random
   weights, its weights bound through ``param_map`` by their diffusers names, run by
-  onnxruntime at two input sizes, against the module's own outputs.
+  onnxruntime at two input sizes, against the module's own outputs. Graphs with an ``attention_mask``
+  (``t5xxl``: int64, ``chroma_transformer``: bool ``[batch, text + image]``, as the tiny Chroma folder's
+  export takes them) run with padding masked, and the report says how far the module's output moves
+  without the mask.
 
 Run with the torch venv (its torchvision does not match its torch: ``tvblock`` hides it):
 
@@ -32,6 +35,7 @@ Run with the torch venv (its torchvision does not match its torch: ``tvblock`` h
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -270,28 +274,70 @@ def _chroma_embed_forward(self, timestep):
     return torch.cat([tg, mod], dim=-1).to(timestep.dtype)
 
 
+def _masked_attention(query, key, value, attn_mask=None, **kwargs):
+    """The attention of Flux's processor (``[batch, tokens, heads, dim]``) with a boolean ``attn_mask``
+    (``[batch, 1, tokens, tokens]``, true = attend) written out for the export: masked scores get the
+    dtype's minimum, the softmax runs, then masked weights are set to zero. A row with some key left equals
+    torch's boolean-mask ``scaled_dot_product_attention``; a row with none (a dropped padding token) comes
+    out as zeros, as torch gives, never NaN (tests/data/pipelines/tiny-chroma is exported the same way)."""
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    scores = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    keep = attn_mask.bool()
+    scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(-1).masked_fill(~keep, 0.0)
+    return (weights @ v).transpose(1, 2)
+
+
+class _ExportAttention:
+    """While exporting: diffusers' Flux attention processor calls ``_masked_attention`` instead of its
+    attention dispatcher (torch's SDPA). Outside it, the module is diffusers' own: the numeric check's
+    reference runs torch's boolean-mask SDPA."""
+
+    def __enter__(self):
+        from diffusers.models.transformers import transformer_flux
+
+        self.old = transformer_flux.dispatch_attention_fn
+        transformer_flux.dispatch_attention_fn = _masked_attention
+
+    def __exit__(self, *exc):
+        from diffusers.models.transformers import transformer_flux
+
+        transformer_flux.dispatch_attention_fn = self.old
+
+
 def build_chroma(cfg: dict) -> torch.nn.Module:
     from diffusers import ChromaTransformer2DModel
     from diffusers.models.transformers import transformer_chroma
 
     transformer_chroma.ChromaCombinedTimestepTextProjEmbeddings.forward = _chroma_embed_forward
 
-    def forward(self, hidden_states, encoder_hidden_states, timestep, img_ids, txt_ids):
+    def forward(self, hidden_states, encoder_hidden_states, timestep, img_ids, txt_ids, attention_mask):
         return _base(self).forward(self, hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states,
-                                   timestep=timestep, img_ids=img_ids, txt_ids=txt_ids, return_dict=False)[0]
+                                   timestep=timestep, img_ids=img_ids, txt_ids=txt_ids,
+                                   attention_mask=attention_mask, return_dict=False)[0]
 
-    return _with_forward(ChromaTransformer2DModel(**cfg).eval(), forward)
+    m = _with_forward(ChromaTransformer2DModel(**cfg).eval(), forward)
+    m._sdrt_export_context = _ExportAttention
+    return m
 
 
 def chroma_inputs(cfg: dict, s: int) -> dict:
+    """Flux's inputs less ``pooled_projections``, plus ChromaPipeline's boolean mask ``[batch, text + image]``:
+    row 0 keeps 3 real tokens and the first padding token and drops the rest of the text (their rows have no
+    key left), row 1 keeps all its text; every image token is kept."""
     x = flux_inputs({}, s)
     del x["pooled_projections"]
+    n, t = x["encoder_hidden_states"].shape[:2]
+    mask = torch.ones(n, t + x["hidden_states"].shape[1], dtype=torch.bool)
+    mask[0, 4:t] = False
+    x["attention_mask"] = mask
     return x
 
 
 def chroma_dynamic(cfg: dict) -> dict:
     d = flux_dynamic({})
     del d["pooled_projections"]
+    d["attention_mask"] = {0: B, 1: torch.export.Dim.AUTO}  # text + image tokens: a sum torch.export derives
     return d
 
 
@@ -331,23 +377,28 @@ def text_dynamic(cfg: dict) -> dict:
 def build_t5(cfg: dict) -> torch.nn.Module:
     from transformers import T5Config, T5EncoderModel
 
-    def forward(self, input_ids):
-        return _base(self).forward(self, input_ids=input_ids, return_dict=False)[0]
+    def forward(self, input_ids, attention_mask):
+        return _base(self).forward(self, input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
 
     m = T5EncoderModel(T5Config(**cfg, attn_implementation="eager")).eval()
     return _with_forward(m, forward)
 
 
 def t5_inputs(cfg: dict, s: int) -> dict:
+    """Token ids and the tokenizer's int64 mask (as Optimum's T5 encoder and the tiny Chroma folder take
+    them): row 0 is 5 tokens, ``</s>`` and padding (masked), row 1 is all tokens (mask all ones)."""
     g = torch.Generator().manual_seed(s)
     ids = torch.randint(2, cfg["vocab_size"] - 100, (2, 16 * s + 3), generator=g)
     ids[0, 5] = 1
     ids[0, 6:] = 0
-    return {"input_ids": ids}
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
 
 
 def t5_dynamic(cfg: dict) -> dict:
-    return {"input_ids": {0: B, 1: torch.export.Dim("sequence", min=2, max=4096)}}
+    seq = torch.export.Dim("sequence", min=2, max=4096)
+    return {"input_ids": {0: B, 1: seq}, "attention_mask": {0: B, 1: seq}}
 
 
 # VAEs ----------------------------------------------------------------------------------
@@ -431,6 +482,156 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
 ]}
 
 
+# ControlNets (issue 36: a ControlNet .safetensors bound onto a shipped graph) ------------------
+# lllyasviel/control_v11p_sd15_canny config.json: the SD 1.5 UNet's encoder, a 3-channel hint
+SD1_CONTROLNET = dict(act_fn="silu", attention_head_dim=8, block_out_channels=[320, 640, 1280, 1280],
+                      conditioning_channels=3, conditioning_embedding_out_channels=[16, 32, 96, 256],
+                      controlnet_conditioning_channel_order="rgb", cross_attention_dim=768,
+                      down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"], downsample_padding=1,
+                      flip_sin_to_cos=True, freq_shift=0, in_channels=4, layers_per_block=2, mid_block_scale_factor=1,
+                      norm_eps=1e-5, norm_num_groups=32, only_cross_attention=False, upcast_attention=False,
+                      use_linear_projection=False)
+# diffusers/controlnet-canny-sdxl-1.0 config.json: the SDXL base UNet's encoder
+SDXL_CONTROLNET = dict(act_fn="silu", addition_embed_type="text_time", addition_time_embed_dim=256,
+                       attention_head_dim=[5, 10, 20], block_out_channels=[320, 640, 1280], conditioning_channels=3,
+                       conditioning_embedding_out_channels=[16, 32, 96, 256],
+                       controlnet_conditioning_channel_order="rgb", cross_attention_dim=2048,
+                       down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                       downsample_padding=1, flip_sin_to_cos=True, freq_shift=0, in_channels=4, layers_per_block=2,
+                       mid_block_scale_factor=1, norm_eps=1e-5, norm_num_groups=32,
+                       projection_class_embeddings_input_dim=2816, transformer_layers_per_block=[1, 2, 10],
+                       use_linear_projection=True)
+
+
+def build_controlnet(cfg: dict) -> torch.nn.Module:
+    """diffusers' ``ControlNetModel`` with the inputs and outputs of the ControlNet ONNX folders sdrt runs
+    (``scripts/gen_controlnet_refs.py``): the residuals come out already multiplied by ``conditioning_scale``."""
+    from diffusers import ControlNetModel
+
+    xl = cfg.get("addition_embed_type") == "text_time"
+
+    def forward(self, sample, timestep, encoder_hidden_states, controlnet_cond, conditioning_scale, text_embeds=None,
+                time_ids=None):
+        added = {"text_embeds": text_embeds, "time_ids": time_ids} if xl else None
+        down, mid = _base(self).forward(self, sample, timestep, encoder_hidden_states, controlnet_cond,
+                                        conditioning_scale, added_cond_kwargs=added, guess_mode=False,
+                                        return_dict=False)
+        return (*down, mid)
+
+    return _with_forward(ControlNetModel(**cfg).eval(), forward)
+
+
+def controlnet_inputs(cfg: dict, s: int) -> dict:
+    x = unet_inputs({**cfg, "in_channels": 4}, s)
+    g = torch.Generator().manual_seed(10 + s)
+    n, (h, w) = x["sample"].shape[0], x["sample"].shape[2:]
+    x["controlnet_cond"] = torch.rand(n, cfg["conditioning_channels"], 8 * h, 8 * w, generator=g)
+    x["conditioning_scale"] = torch.tensor(0.8)
+    # the ONNX folders' order: the control inputs before SDXL's text_embeds/time_ids
+    order = ["sample", "timestep", "encoder_hidden_states", "controlnet_cond", "conditioning_scale", "text_embeds",
+             "time_ids"]
+    return {k: x[k] for k in order if k in x}
+
+
+def controlnet_outputs(cfg: dict) -> list[str]:
+    nb, lpb = len(cfg["block_out_channels"]), cfg["layers_per_block"]
+    n = 1 + nb * lpb + (nb - 1)
+    return [f"down_block_res_samples_{i}" for i in range(n)] + ["mid_block_res_sample"]
+
+
+def controlnet_dynamic(cfg: dict) -> dict:
+    """The UNet's axes (batch, latent size in multiples of 8, text length); the control image is 8x the latent."""
+    h, w, s = torch.export.Dim("h", min=1, max=512), torch.export.Dim("w", min=1, max=512), torch.export.Dim(
+        "text", min=1, max=77 * 32)
+    d = {"sample": {0: B, 2: 8 * h, 3: 8 * w}, "timestep": {0: B}, "encoder_hidden_states": {0: B, 1: s},
+         "controlnet_cond": {0: B, 2: 64 * h, 3: 64 * w}, "conditioning_scale": None}
+    if cfg.get("addition_embed_type") == "text_time":
+        d.update(text_embeds={0: B}, time_ids={0: B})
+    return d
+
+
+def _controlnet_spec(name, cfg, reduce, source):
+    return Spec(name, build_controlnet, cfg, controlnet_inputs, controlnet_outputs, controlnet_dynamic, reduce, source)
+
+
+# the UNets a ControlNet feeds: the shipped UNets with diffusers' residual inputs, as the ControlNet ONNX
+# folders' unet/ takes them (down_block_additional_residual_0..N, mid_block_additional_residual)
+def _residual_levels(cfg: dict) -> list[tuple[int, int]]:
+    """(channels, downsampling level) of each down residual, then the mid one."""
+    boc, lpb = cfg["block_out_channels"], cfg["layers_per_block"]
+    out = [(boc[0], 0)]
+    for b, ch in enumerate(boc):
+        out += [(ch, b)] * lpb
+        if b < len(boc) - 1:
+            out.append((ch, b + 1))
+    return out + [(boc[-1], len(boc) - 1)]
+
+
+def _residual_names(cfg: dict) -> list[str]:
+    n = len(_residual_levels(cfg)) - 1
+    return [f"down_block_additional_residual_{i}" for i in range(n)] + ["mid_block_additional_residual"]
+
+
+def build_unet_controlnet(cfg: dict) -> torch.nn.Module:
+    import inspect
+
+    from diffusers import UNet2DConditionModel
+
+    xl = cfg.get("addition_embed_type") == "text_time"
+    names = _residual_names(cfg)
+
+    def forward(self, sample, timestep, encoder_hidden_states, text_embeds=None, time_ids=None, **residuals):
+        extra = {"added_cond_kwargs": {"text_embeds": text_embeds, "time_ids": time_ids}} if xl else {}
+        down = tuple(residuals[n] for n in names[:-1])
+        return _base(self).forward(self, sample, timestep, encoder_hidden_states, return_dict=False,
+                                   down_block_additional_residuals=down,
+                                   mid_block_additional_residual=residuals[names[-1]], **extra)[0]
+
+    # the exporter binds inputs by the signature: name every residual (they arrive in **residuals)
+    P = inspect.Parameter
+    first = ["sample", "timestep", "encoder_hidden_states"] + (["text_embeds", "time_ids"] if xl else [])
+    forward.__signature__ = inspect.Signature([P(n, P.POSITIONAL_OR_KEYWORD) for n in ["self", *first, *names]])
+    return _with_forward(UNet2DConditionModel(**cfg).eval(), forward)
+
+
+def unet_controlnet_inputs(cfg: dict, s: int) -> dict:
+    x = unet_inputs(cfg, s)
+    g = torch.Generator().manual_seed(20 + s)
+    n, (h, w) = x["sample"].shape[0], x["sample"].shape[2:]
+    for name, (ch, lvl) in zip(_residual_names(cfg), _residual_levels(cfg)):
+        x[name] = torch.randn(n, ch, h >> lvl, w >> lvl, generator=g) * 0.5
+    return x
+
+
+def unet_controlnet_dynamic(cfg: dict) -> dict:
+    h, w, s = torch.export.Dim("h", min=1, max=512), torch.export.Dim("w", min=1, max=512), torch.export.Dim(
+        "text", min=1, max=77 * 32)
+    d = {"sample": {0: B, 2: 8 * h, 3: 8 * w}, "timestep": {0: B}, "encoder_hidden_states": {0: B, 1: s}}
+    if cfg.get("addition_embed_type") == "text_time":
+        d.update(text_embeds={0: B}, time_ids={0: B})
+    for name, (_, lvl) in zip(_residual_names(cfg), _residual_levels(cfg)):
+        d[name] = {0: B, 2: (8 >> lvl) * h, 3: (8 >> lvl) * w}
+    return d
+
+
+def _unet_controlnet_spec(name, cfg, reduce, source):
+    return Spec(name, build_unet_controlnet, cfg, unet_controlnet_inputs, lambda c: ["out_sample"],
+                unet_controlnet_dynamic, reduce, source)
+
+
+CONTROLNET_SPECS: dict[str, Spec] = {s.name: s for s in [
+    _controlnet_spec("sd1_controlnet", SD1_CONTROLNET, UNET_REDUCE_SD,
+                     "lllyasviel/control_v11p_sd15_canny config.json"),
+    _controlnet_spec("sdxl_controlnet", SDXL_CONTROLNET, UNET_REDUCE_XL,
+                     "diffusers/controlnet-canny-sdxl-1.0 config.json"),
+    _unet_controlnet_spec("sd1_unet_controlnet", SD1_UNET, UNET_REDUCE_SD,
+                          "runwayml/stable-diffusion-v1-5 unet/config.json, with ControlNet residual inputs"),
+    _unet_controlnet_spec("sdxl_unet_controlnet", SDXL_UNET, UNET_REDUCE_XL,
+                          "stabilityai/stable-diffusion-xl-base-1.0 unet/config.json, with ControlNet residual inputs"),
+]}
+SPECS.update(CONTROLNET_SPECS)
+
+
 # -- export -------------------------------------------------------------------------------
 def export_program(spec: Spec, cfg: dict, fake: bool):
     """torch.onnx's dynamo export of the spec's module; in FakeTensorMode nothing is allocated."""
@@ -440,7 +641,7 @@ def export_program(spec: Spec, cfg: dict, fake: bool):
         model = spec.build(cfg)
         x = spec.inputs(cfg, 1)
         dyn = {k: v for k, v in spec.dynamic(cfg).items() if k in x}
-        with torch.no_grad():
+        with torch.no_grad(), getattr(model, "_sdrt_export_context", contextlib.nullcontext)():
             prog = torch.onnx.export(model, (), kwargs=x, dynamo=True, input_names=list(x),
                                      output_names=spec.outputs(cfg), dynamic_shapes=dyn, opset_version=OPSET,
                                      optimize=False, verbose=False)
@@ -462,6 +663,8 @@ def chroma_buffers(cfg: dict) -> dict:
 
 
 BUFFERS = {"chroma_transformer": chroma_buffers}
+#: names for axes the exporter derives itself (``Dim.AUTO``), as the tiny Chroma folder's export names them
+AXIS_NAMES = {"chroma_transformer": {"attention_mask": {1: "text + image"}}}
 
 
 def weight_free(prog, name: str, source: str, buffers: dict | None = None):
@@ -498,6 +701,9 @@ def weight_free(prog, name: str, source: str, buffers: dict | None = None):
         new.data_location = onnx.TensorProto.EXTERNAL
         proto.graph.initializer.append(new)
     _clean(proto)
+    for value in proto.graph.input:
+        for axis, label in AXIS_NAMES.get(name, {}).get(value.name, {}).items():
+            value.type.tensor_type.shape.dim[axis].dim_param = label
     del proto.metadata_props[:]
     for k, v in ((STRIPPED_KEY, location), ("sdrt.weight_free", "1"), ("sdrt.architecture", name),
                  ("sdrt.config_source", source)):
@@ -669,14 +875,25 @@ def do_check(names: list[str]) -> None:
                 assert r.shape == o.shape, (name, r.shape, o.shape)
                 err = float(np.abs(r - o).max() / max(1e-6, float(np.abs(r).max())))
                 worst = max(worst, err)
-            results.append({"inputs": {k: list(v.shape) for k, v in x.items()}, "max_rel_err": worst})
+            run = {"inputs": {k: list(v.shape) for k, v in x.items()}, "max_rel_err": worst}
+            if "attention_mask" in x:  # the mask masks something: the module's output without it differs
+                with torch.no_grad():
+                    open_ = model(**{**x, "attention_mask": torch.ones_like(x["attention_mask"])})
+                r0 = (open_ if isinstance(open_, tuple) else (open_,))[0].numpy()
+                r = ref[0].numpy()
+                run["masked_tokens"] = int((~x["attention_mask"].bool()).sum())
+                run["unmasked_vs_masked_rel_diff"] = float(np.abs(r - r0).max() / max(1e-6, float(np.abs(r).max())))
+            results.append(run)
         ok = all(r["max_rel_err"] <= spec.tol for r in results)
         entry = report.setdefault(name, {})
         entry["torch_check"] = {"config_overrides": spec.reduce or "none (full depth)",
                                 "params_checked": sum(int(np.prod(p.shape)) for p in model.parameters()),
                                 "runs": results, "tolerance": spec.tol, "ok": ok,
                                 "how": "random weights bound through sdrt.checkpoint.param_map by diffusers "
-                                       "names; onnxruntime CPU vs the torch module, max |diff| / max |ref|"}
+                                       "names; onnxruntime CPU vs the torch module, max |diff| / max |ref|"
+                                       + ("; with padding masked (attention_mask), the module's output with an "
+                                          "all-ones mask differs by unmasked_vs_masked_rel_diff"
+                                          if "attention_mask" in spec.inputs(cfg, 1) else "")}
         print(f"{name}: check {'OK' if ok else 'FAILED'} {[r['max_rel_err'] for r in results]} "
               f"({time.time() - t0:.0f}s)", flush=True)
         REPORT.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")

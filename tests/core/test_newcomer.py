@@ -229,7 +229,7 @@ def test_help_promises_one_folder_and_one_prompt(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = capsys.readouterr().out
-    assert "usage: sdrt generate [FOLDER] PROMPT [options]" in out and "[[FOLDER] PROMPT ...]" not in out
+    assert "usage: sdrt generate [MODEL] PROMPT [options]" in out and "[[MODEL] PROMPT ...]" not in out
 
 
 def test_a_broken_file_in_embedding_dir_is_skipped_unless_a_prompt_uses_it(tmp_path, registry, capsys, caplog):

@@ -69,7 +69,7 @@ def test_a_model_name_with_a_comma_is_json_quoted_in_the_png(tmp_path: Path, cap
     (["/no/such/folder", "a cat", "--sampler", "Euler b"], "unknown sampler 'Euler b'"),
     (["/no/such/folder", "a cat", "--init-image", "/no/such.png"], "the init image file does not exist"),
     (["/no/such/folder", "a cat"], "the model folder does not exist"),
-    (["a", "b", "c"], "expected [FOLDER] PROMPT, got 3 words"),
+    (["a", "b", "c"], "expected [MODEL] PROMPT, got 3 words"),
     (["a cat", "-o", "/no/such/dir/x.png"], "the output folder does not exist"),
 ])
 def test_errors_are_one_line_without_traceback(args: list[str], message: str, capsys) -> None:

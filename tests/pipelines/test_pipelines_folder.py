@@ -41,7 +41,7 @@ def test_missing_folder(tmp_path: Path) -> None:
 
 
 def test_a_single_onnx_file_is_not_a_folder() -> None:
-    with pytest.raises(ModelError, match="needs a model folder, not a single file"):
+    with pytest.raises(ModelError, match="needs a model folder or a .safetensors checkpoint, not one .onnx graph"):
         ModelFolder.open(DATA / "tiny-sd15" / "unet" / "model.onnx")
 
 

@@ -1,5 +1,5 @@
 """Single-file checkpoints, LoRAs and embeddings through the server, named only: a ``.safetensors``
-checkpoint in --models binds onto its ONNX folder, ``<lora:name:w>`` finds --lora-dir's file, an
+checkpoint in --models binds onto its ONNX folder (--checkpoint-base), ``<lora:name:w>`` finds --lora-dir's file, an
 embedding of --embedding-dir works by its trigger word. The images are checked against the ones
 diffusers' own StableDiffusionPipeline made (tests/data/ckpt/pipe-sd15, see test_pipeline_weights.py
 for the tolerance)."""
@@ -40,7 +40,7 @@ def url(tmp_path_factory):
     shutil.copy(D / "tinylora.safetensors", root / "loras")
     shutil.copy(D / "tinyemb.safetensors", root / "embeddings")
     config = ServeConfig(models=root / "models", lora_dir=root / "loras", embedding_dir=root / "embeddings",
-                         backend="openvino")
+                         backend="openvino", checkpoint_base="tiny-sd15")
     with live_server(config) as u:
         yield u
 

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from sdrt import Backend, Device, Session, TensorInfo
 from sdrt.errors import ModelError, SdrtError
+from sdrt.precision import precision_name
 from sdrt.weights.pages import release as release_pages
 
 from .devices import list_devices, open_device, supports_flash_attn
@@ -72,7 +73,11 @@ class GgmlBackend(Backend):
     #: weights of those types are dequantized while lowering. fp8 (no ggml type) is dequantized at load.
     quantized_weights = frozenset({"int8", "int4"})
     conformance: dict[str, Any] = {}
-    precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {"fp32": {"precision": "fp32"}}
+    #: fp32; bf16 and fp16 store the weights of MatMul, Gemm and dense convs in ggml's half types and compute
+    #: them with ggml's mixed kernels, the rest in float32 (half.py). The default per device is
+    #: ``devices.default_precision``'s (``sdrt info`` shows it)
+    precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "fp32": {"precision": "fp32"}, "bf16": {"precision": "bf16"}, "fp16": {"precision": "fp16"}}
 
     def devices(self) -> list[Device]:
         return list_devices()
@@ -90,11 +95,11 @@ class GgmlBackend(Backend):
             raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",
                             where="sdrt.load(..., backend='ggml')", fix=f"valid options: {', '.join(OPTIONS)}")
         options = dict(options)
-        precision = options.pop("precision", "fp32")
-        if str(precision).lower() not in ("fp32", "f32", "float32"):
-            raise SdrtError(f"precision {precision!r}: the ggml backend computes in float32 only",
-                            where="sdrt.load(..., backend='ggml', precision=...)",
-                            fix="pass precision='fp32' or leave it out; use backend='openvino' for bf16 or fp16")
+        precision = options.pop("precision", None)
+        # fp32, or bf16/fp16 weights for the matmuls and convs (half.py); the default is the device's
+        options["precision"] = (self.precision_for(device) if precision is None else
+                                precision_name(precision, self.precisions,
+                                               where="sdrt.load(..., backend='ggml', precision=...)"))
         _check_gemm_option(options.get("gemm", "auto"), device)
         _check_kernel_options(dict(options))
         return dict(options)
@@ -124,6 +129,8 @@ class GgmlBackend(Backend):
                 options=dict(opts),
                 supports_flash_attn=supports_flash_attn(handles) if flash is None else bool(flash),
                 on_cpu=handles.is_cpu,
+                # the plain CPU path (the session's own allocator) reads the weights where lowering made them
+                host_weights=handles.is_cpu and not opts.get("scheduler") and not handles.accel,
             )
             lowered = lower_graph(spec)
         except BaseException:
@@ -133,8 +140,9 @@ class GgmlBackend(Backend):
             session = GgmlSession(inputs, graph.outputs, graph=graph, spec=spec, lowered=lowered, device=handles,
                                   scheduler=bool(opts.get("scheduler")), where=graph.name, threads=threads,
                                   pool=opts.get("pool", "auto"))
-            # the weights now sit in ggml's buffer: the pages of the file-mapped arrays that uploading read leave
-            # this process's resident set (update_weights reads them again from the page cache)
+            # the weights now sit in ggml's buffers (or, on the CPU, in arrays lowering made): the pages of the
+            # file-mapped arrays that lowering read leave this process's resident set (update_weights reads
+            # them again from the page cache)
             release_pages(arrays.values())
             return session
         except BaseException:

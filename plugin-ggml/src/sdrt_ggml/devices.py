@@ -53,12 +53,37 @@ def list_devices() -> list[Device]:
             props["auto"] = False
             props["software"] = True
             description += ", software driver: runs on the CPU"
+        props["precision"] = default_precision(lib, kind)
         out.append(Device(
             backend="ggml", id=name, name=description, kind=kind,
             memory_bytes=int(total.value) or None, properties=props,
         ))
     # the first device is the default for backend="ggml": real GPUs, then the CPU, then software drivers
     return sorted(out, key=lambda d: 2 if d.properties.get("software") else 1 if d.kind == "cpu" else 0)
+
+
+#: whether ggml's bf16 matmuls (half.py) beat sdrt-ggml's native float32 GEMM and convolutions on a CPU with
+#: AVX-512-BF16: they do not in this build (ggml-python 0.0.45 without tinyBLAS: ggml's mul_mat is a loop of
+#: ``vdpbf16ps`` dot products, not a register-tiled GEMM): the bench UNet took 485 ms at bf16 against 115 ms
+#: at fp32 on an AMD EPYC Zen 5 (docs/ggml.md, "Precision and memory"). While it is False the CPU's default is
+#: fp32 on every CPU; set True once a bf16 kernel is at least as fast, and the CPU flag decides
+CPU_BF16_FASTER = False
+#: the same for GPUs (fp16): not measured on a GPU yet, so a GPU keeps float32 by default
+GPU_FP16_FASTER = False
+
+
+def default_precision(lib: Any, kind: str) -> str:
+    """The device's default precision (``sdrt.precision_default.choose``): bf16 on a CPU with AVX-512-BF16 or
+    AMX-BF16 whose ggml build has the AVX-512-BF16 kernels, fp16 on a GPU, float32 otherwise, each only where
+    it was measured at least as fast as float32 (``CPU_BF16_FASTER``, ``GPU_FP16_FASTER``)."""
+    from sdrt.precision_default import choose, cpu_bf16_fast
+
+    offered = ("fp32", "bf16", "fp16")
+    if kind == "cpu":
+        has = getattr(lib, "ggml_cpu_has_avx512_bf16", None)
+        fast = CPU_BF16_FASTER and cpu_bf16_fast() and bool(has and has())
+        return choose(kind, offered, bf16_fast=fast, fp16_fast=False)
+    return choose(kind, offered, fp16_fast=GPU_FP16_FASTER)
 
 
 #: names of Vulkan drivers that run on the CPU (Mesa's lavapipe reports itself as llvmpipe)

@@ -15,7 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 MAX_DIMS = 4
-_TYPE_SIZE = {0: 4, 1: 2, 26: 4, 24: 1, 25: 2}  # F32, F16, I32, I8, I16 (no block types are built here)
+#: bytes per element of ggml's non-block types: F32, F16, I32, I8, I16, BF16 (the half weights, half.py); a
+#: block type (Q8_0, Q4_0: quant.py) falls back to its nb[0], and guards see it only as mul_mat's weight
+_TYPE_SIZE = {0: 4, 1: 2, 26: 4, 24: 1, 25: 2, 30: 2}
 
 
 class GgmlPrecondition(ValueError):

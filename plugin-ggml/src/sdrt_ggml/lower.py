@@ -3,7 +3,8 @@
 Values are either runtime tensors (``T``) in the compute context or numpy
 constants. Nodes whose inputs are all constants are evaluated at compile time
 (``fold``); constants that a ggml op needs become tensors in a separate weights
-context, uploaded once to a backend buffer. Initializers remember which tensor
+context, whose data the session wraps (the CPU: ``host_array``) or uploads once to a
+backend buffer (other devices). Initializers remember which tensor
 they went to so ``update_weights`` can rewrite them in place.
 """
 
@@ -26,15 +27,17 @@ from . import (
     rewrites_epilogue,  # noqa: F401  (registers the conv and GEMM epilogue fusions)
 )
 from .ops import FOLD_ONLY, REGISTRY, load_all
-from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_of, unsupported, wide
+from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_merged, ne_of, unsupported, wide
+from .ops.fold_wide import FOLDABLE, lower_folded
 from .rewrites import OPTIONAL, REWRITES
 
 log = logging.getLogger("sdrt.ggml.lower")
 
 #: small integer and bool inputs are carried exactly in float32 tensors, through layout ops only
 CARRIED = {"bool", "int8", "uint8", "int16", "uint16"}
-#: ops that may read a value of more than four dims (``ops._common.wide``): they only reshape or permute it
-WIDE_OPS = {"Reshape", "Flatten", "Transpose", "Einsum", "Identity"}
+#: ops that may read a value of more than four dims (``ops._common.wide``): they reshape or permute it, or
+#: see it with the axes they treat alike merged (``ops._common.fold_shape``)
+WIDE_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Einsum", "Identity", "Concat"}
 _INPUT_DTYPES = {"float32", "float16", "float64", "int64", "int32"} | CARRIED
 #: ops that only move data: they accept carried integer tensors
 LAYOUT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Expand", "Tile", "Concat", "Slice",
@@ -50,6 +53,26 @@ def _no_op() -> Any:
         return None
 
     return ggml_lib().ggml_custom_op_t(fill_nothing)
+
+
+#: the alignment of a weight array a CPU buffer wraps (ggml's CPU backend asserts 32 bytes)
+HOST_ALIGN = 64
+
+
+def host_array(data: np.ndarray, dtype: str, source: np.ndarray | None) -> np.ndarray:
+    """``data`` as a C-contiguous ``dtype`` array this process owns, aligned for ggml's CPU buffers: kept as
+    it is when it already is one and shares no memory with ``source`` (the initializer, which may be a
+    read-only file mapping the caller keeps), else copied once into a fresh aligned array."""
+    want = np.dtype(dtype)
+    if (data.dtype == want and data.flags.c_contiguous and data.flags.writeable and data.nbytes
+            and data.ctypes.data % HOST_ALIGN == 0 and (source is None or not np.may_share_memory(data, source))
+            and source is not data):
+        return data
+    raw = np.empty(data.size * want.itemsize + HOST_ALIGN, np.uint8)
+    start = -raw.ctypes.data % HOST_ALIGN
+    out = raw[start:start + data.size * want.itemsize].view(want).reshape(data.shape)
+    np.copyto(out, data, casting="unsafe")
+    return out
 
 
 @dataclass
@@ -114,6 +137,7 @@ class Lowering:
         options: Mapping[str, Any] | None = None,
         supports_flash_attn: bool = True,
         on_cpu: bool = True,
+        host_weights: bool = False,
     ) -> None:
         load_all()
         self.nodes = list(nodes)
@@ -125,6 +149,9 @@ class Lowering:
         self.supports_flash_attn = supports_flash_attn
         #: CPU-only lowerings (the overlapping-window conv) are used only when this is true
         self.on_cpu = on_cpu
+        #: the session keeps the weights in the arrays made here (``host_array``) instead of copying them
+        #: into a ggml buffer
+        self.host_weights = host_weights
         self.values: dict[str, Value] = {}
         self._producer, self._uses = producers_and_uses(self.nodes, self.output_names)
         wanted = self.options.get("rewrites", "all")
@@ -163,18 +190,20 @@ class Lowering:
 
     # -- constants -----------------------------------------------------------
     def const(self, arr: np.ndarray, *, transform: Callable[[np.ndarray], np.ndarray] | None = None,
-              tag: str = "", dtype: str | None = None) -> GTensor:
-        """A weights-buffer tensor holding ``transform(arr)`` (float data as float32)."""
+              tag: str = "", dtype: str | None = None, ggml_type: str | None = None) -> GTensor:
+        """A weights-buffer tensor holding ``transform(arr)`` (float data as float32). ``dtype``: the numpy
+        type it is stored as; ``ggml_type``: the ggml type when it is not ``dtype``'s (``GGML_TYPE_BF16``
+        stored as uint16 bit patterns, ``half.py``)."""
         key = (id(arr), tag)
         if key in self._const_cache:
             return self._const_cache[key]
         data = transform(arr) if transform is not None else arr
         if dtype is None:
             dtype = "int32" if data.dtype.kind in "iub" else "float32"
-        data = np.ascontiguousarray(data, dtype=np.dtype(dtype))
+        data = host_array(data, dtype, arr) if self.host_weights else np.ascontiguousarray(data, dtype=np.dtype(dtype))
         g = ggml_lib()
         ne = ne_of(data.shape)
-        t = g.ggml_new_tensor_4d(self.wctx, getattr(g, _NP_TO_GGML[dtype]), *ne)
+        t = g.ggml_new_tensor_4d(self.wctx, getattr(g, ggml_type or _NP_TO_GGML[dtype]), *ne)
         name = self._init_ids.get(id(arr))
         if name is not None:
             g.ggml_set_name(t, name[:63].encode())
@@ -195,7 +224,7 @@ class Lowering:
         n = int(rows.shape[0])
         t = g.ggml_new_tensor_2d(self.wctx, getattr(g, f"GGML_TYPE_{kind}"), k, n)
         assert g.ggml_nbytes(t) == rows.nbytes, (kind, rows.shape)
-        self.out.pending.append((t, rows))
+        self.out.pending.append((t, host_array(rows, rows.dtype.name, None) if self.host_weights else rows))
         self._keep.append(arr)
         self.used(f"mul_mat_{kind}")
         value = GTensor(t, (n, k))
@@ -261,7 +290,7 @@ class Lowering:
                     fix="run this graph on another backend (reference, openvino)",
                 )
             gtype = g.GGML_TYPE_I32 if dtype in ("int64", "int32") else g.GGML_TYPE_F32
-            t = g.ggml_new_tensor_4d(self.ctx, gtype, *ne_of(shape))
+            t = g.ggml_new_tensor_4d(self.ctx, gtype, *ne_merged(shape))  # more than 4 dims: see wide()
             g.ggml_set_name(t, name[:63].encode())
             g.ggml_set_input(t)
             kind = "int32" if gtype == g.GGML_TYPE_I32 else (dtype if dtype in CARRIED else "float32")
@@ -293,7 +322,8 @@ class Lowering:
             present = ins
         if self._host_node(node, ins):
             return
-        if node.op_type not in WIDE_OPS and any(isinstance(v, GTensor) and wide(v) for v in present):
+        is_wide = node.op_type not in WIDE_OPS and any(isinstance(v, GTensor) and wide(v) for v in present)
+        if is_wide and node.op_type not in FOLDABLE:
             raise unsupported(node, f"{node.op_type} on a tensor of more than 4 dimensions")
         if any(isinstance(v, HostValue) for v in present) and node.op_type not in _HOST_AWARE:
             ins = [self._materialize(v) if isinstance(v, HostValue) else v for v in ins]
@@ -319,7 +349,10 @@ class Lowering:
                 if odd:
                     raise unsupported(node, f"{node.op_type} on {', '.join(sorted(odd))} tensors")
             try:
-                outs = self._try_rewrites(node) or fn(self, node, ins)
+                if is_wide:  # on a view with the axes it treats alike merged (ops/fold_wide.py)
+                    outs = lower_folded(self, node, ins, fn)
+                else:
+                    outs = self._try_rewrites(node) or fn(self, node, ins)
             except UnsupportedGraph:
                 raise
             except (ValueError, TypeError, AssertionError) as exc:
@@ -421,12 +454,15 @@ class LoweringSpec:
     options: dict[str, Any]
     supports_flash_attn: bool = True
     on_cpu: bool = True
+    #: the weights stay in arrays the session wraps as CPU buffers (``Lowering.host_weights``)
+    host_weights: bool = False
 
 
 def lower_graph(spec: LoweringSpec) -> Lowered:
     """Lower the graph ``spec`` describes; the contexts it returns are freed with ``free_lowered``."""
     lowering = Lowering(spec.nodes, spec.initializers, spec.input_infos, spec.output_names, spec.opsets,
-                        options=spec.options, supports_flash_attn=spec.supports_flash_attn, on_cpu=spec.on_cpu)
+                        options=spec.options, supports_flash_attn=spec.supports_flash_attn, on_cpu=spec.on_cpu,
+                        host_weights=spec.host_weights)
     try:
         return lowering.lower()
     except BaseException:

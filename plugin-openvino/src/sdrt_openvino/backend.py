@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sdrt.openvino")
 
 PLUGIN_VERSION = "0.1.0"
-CACHE_FORMAT = "3"  # bump to orphan every older cache entry
+CACHE_FORMAT = "5"  # bump to orphan every older cache entry (5: masks.guard_additive_masks)
 #: the file of a cache entry: the compiled model as ``CompiledModel.export_model`` writes it
 BLOB = "model.blob"
 

@@ -90,10 +90,13 @@ class Converted:
 
 def read(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray]) -> Converted:
     """Convert ``graph`` with ``arrays`` bound as constants; raise ``UnsupportedGraph`` for unknown ops."""
+    from .masks import guard_additive_masks
+
     model = graph.model
     promoted: dict[str, np.ndarray] = {}
     if arrays:
         model, promoted = promote(graph, arrays)
+    model = guard_additive_masks(model, promoted, copy=not arrays)  # promote's model is a copy already
     source = graph_bytes(model, graph.name)
     try:
         ov_model = core.read_model(source)

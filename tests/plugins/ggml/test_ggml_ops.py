@@ -532,12 +532,99 @@ def test_einsum_outer_product_of_rotary_angles():
     check(m, {"pos": rand(24)})
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_rotary_pairs_stacked_in_five_dims(batch):
+    # Flux/Chroma (diffusers' apply_rotary_emb, exported): the pairs (x0, x1) of q [B, S, H, D] become
+    # (-x1, x0) through Unsqueeze(-1) and a Concat of [B, S, H, D/2, 1] values, then a Reshape back to
+    # [B, S, H, D]; at batch 2 the five dims do not fit ggml's four
+    s, h, d = 6, 3, 8
+    nodes = [mk("Slice", ["x", "one", "big", "ax3", "two"], ["odd"]), mk("Neg", ["odd"], ["nodd"]),
+             mk("Slice", ["x", "zero", "big", "ax3", "two"], ["even"]),
+             mk("Unsqueeze", ["nodd", "last"], ["a"]), mk("Unsqueeze", ["even", "last"], ["b"]),
+             mk("Concat", ["a", "b"], ["ab"], axis=-1), mk("Reshape", ["ab", "shape"], ["rot"]),
+             mk("Mul", ["x", "cos"], ["xc"]), mk("Mul", ["rot", "sin"], ["rs"]), mk("Add", ["xc", "rs"], ["y"])]
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    inits = {"zero": i64(0), "one": i64(1), "big": i64(2**62), "ax3": i64(3), "two": i64(2), "last": i64(-1),
+             "shape": i64(batch, s, h, d), "cos": rand(1, s, 1, d, seed=1), "sin": rand(1, s, 1, d, seed=2)}
+    m = make_model(nodes, {"x": ((batch, s, h, d), F)}, {"y": (None, F)}, inits)
+    check(m, {"x": rand(batch, s, h, d)}, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_concat_of_five_dim_values_on_any_axis(axis):
+    # the axes either side of the joined one are merged: (before, axis, after) fits ggml; a constant operand too
+    shape = (2, 3, 2, 4, 5)
+    other = list(shape)
+    other[axis] = 1
+    nodes = [mk("Reshape", ["x", "s5"], ["a"]), mk("Concat", ["a", "c", "a"], ["b"], axis=axis),
+             mk("Squeeze", ["b"], ["y"]) if axis == -1 else mk("Reshape", ["b", "flat"], ["y"])]
+    inits = {"s5": np.array(shape, np.int64), "c": rand(*other, seed=3), "flat": np.array([-1], np.int64)}
+    m = make_model(nodes, {"x": ((2, 6, 20), F)}, {"y": (None, F)}, inits)
+    check(m, {"x": rand(2, 6, 20)}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_rotary_as_the_original_flux_writes_it_in_six_dims(batch):
+    # BFL's apply_rope: x.reshape(B, H, L, D/2, 1, 2); out = f[..., 0] * x[..., 0] + f[..., 1] * x[..., 1] with
+    # rotations f [B, 1, L, D/2, 2, 2]; the elementwise ops run on views with the axes they treat alike merged
+    h, n, d = 3, 5, 8
+    nodes = [mk("Reshape", ["x", "s6"], ["x6"]),
+             mk("Gather", ["x6", "i0"], ["x0"], axis=-1), mk("Gather", ["x6", "i1"], ["x1"], axis=-1),
+             mk("Gather", ["f", "i0"], ["f0"], axis=-1), mk("Gather", ["f", "i1"], ["f1"], axis=-1),
+             mk("Mul", ["f0", "x0"], ["a"]), mk("Mul", ["f1", "x1"], ["b"]), mk("Add", ["a", "b"], ["r"]),
+             mk("Reshape", ["r", "s4"], ["r4"]), mk("Relu", ["r"], ["pos"]), mk("Reshape", ["pos", "s4"], ["p4"])]
+    inits = {"s6": np.array([batch, h, n, d // 2, 1, 2], np.int64), "s4": np.array([batch, h, n, d], np.int64),
+             "i0": np.array(0, np.int64), "i1": np.array(1, np.int64)}
+    m = make_model(nodes, {"x": ((batch, h, n, d), F), "f": ((batch, 1, n, d // 2, 2, 2), F)},
+                   {"r4": (None, F), "p4": (None, F)}, inits)
+    check(m, {"x": rand(batch, h, n, d), "f": rand(batch, 1, n, d // 2, 2, 2, seed=1)}, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("how", ["gather", "split", "slice"])
+def test_fused_qkv_cut_in_five_dims(how):
+    # qkv [B, S, 3 H D] -> [B, S, 3, H, D]: q, k, v by a Gather after a permutation to [3, B, H, S, D], a Split
+    # on axis 2, or Slices (one strided) of the five-dim value
+    b, s, h, d = 2, 4, 3, 5
+    shape5 = np.array([b, s, 3, h, d], np.int64)
+    nodes = [mk("Reshape", ["x", "s5"], ["x5"])]
+    if how == "gather":
+        nodes += [mk("Transpose", ["x5"], ["t"], perm=[2, 0, 3, 1, 4])]
+        nodes += [mk("Gather", ["t", f"i{i}"], [n], axis=0) for i, n in enumerate("qkv")]
+    elif how == "split":
+        nodes += [mk("Split", ["x5"], ["q5", "k5", "v5"], axis=2)]
+        nodes += [mk("Squeeze", [f"{n}5", "ax2"], [n]) for n in "qkv"]
+    else:
+        nodes += [mk("Slice", ["x5", "st", "en", "ax"], ["q5"]), mk("Slice", ["x5", "st1", "en1", "ax2"], ["k5"]),
+                  mk("Slice", ["x5", "st2", "en2", "ax2", "two"], ["v5"])]
+        nodes += [mk("Reshape", [f"{n}5", "any"], [n]) for n in "qkv"]
+    nodes += [mk("Mul", ["q", "k"], ["qk"]), mk("Sub", ["qk", "v"], ["y"])]
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    inits = {"s5": shape5, "i0": i64(0), "i1": i64(1), "i2": i64(2), "ax2": i64(2),
+             "st": i64(0, 0), "en": i64(1, 1), "ax": i64(2, 0), "st1": i64(1), "en1": i64(2), "st2": i64(2),
+             "en2": i64(3), "two": i64(1), "any": i64(b if how == "slice" else -1, -1, d)}
+    if how == "slice":  # q keeps batch row 0 only: (1, S, H, D) against k's and v's (B, S, H, D)
+        inits["any"] = i64(-1, s, h, d)
+    m = make_model(nodes, {"x": ((b, s, 3 * h * d), F)}, {"y": (None, F)}, inits)
+    check(m, {"x": rand(b, s, 3 * h * d)}, rtol=0, atol=1e-6)
+
+
 def test_six_dim_value_read_by_another_op_is_refused_not_aborted():
-    nodes = [mk("Reshape", ["x", "s6"], ["a"]), mk("Relu", ["a"], ["y"])]
+    nodes = [mk("Reshape", ["x", "s6"], ["a"]), mk("Softmax", ["a"], ["y"])]
     m = make_model(nodes, {"x": ((2, 3, 4), F)}, {"y": (None, F)}, {"s6": np.array([2, 3, 2, 2, 1, 1], np.int64)})
     from sdrt.errors import UnsupportedGraph
 
     with pytest.raises(UnsupportedGraph, match="more than 4 dimensions"):
+        compile_ggml(m)
+
+
+def test_five_dim_broadcast_that_merges_to_five_groups_is_refused_not_aborted():
+    # the operands alternate between spanning and broadcasting: no two adjacent axes merge
+    nodes = [mk("Reshape", ["x", "s5"], ["a"]), mk("Add", ["a", "c"], ["y"])]
+    m = make_model(nodes, {"x": ((2, 3, 8), F)}, {"y": (None, F)},
+                   {"s5": np.array([2, 3, 2, 2, 2], np.int64), "c": rand(2, 1, 2, 1, 2)})
+    from sdrt.errors import UnsupportedGraph
+
+    with pytest.raises(UnsupportedGraph, match="more than 4 distinct axis groups"):
         compile_ggml(m)
 
 

@@ -62,3 +62,24 @@ def test_many_changed_weights_are_written_through_the_thread_window():
         for i in range(n):
             want = want @ new[f"w{i}"]
         np.testing.assert_allclose(s.run({"x": x})[prev], want, rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_weights_live_in_the_arrays_lowering_made_not_in_a_second_copy():
+    # the CPU reads each weight from the array lowering made for it (a buffer over it): no ggml buffer holds
+    # them all again. The caller's arrays are never wrapped: changing them leaves the session as it was, and
+    # update_weights writes into the session's own copies.
+    model, w, b = _model()
+    x = rand(2, 6, seed=7)
+    arrays = {"w": w.copy(), "b": b.copy()}
+    with compile_ggml(model, _Weights(arrays)) as s:
+        assert s._wbuf is None and len(s._wrapped) == len(s._wrapped_arrays) > 0
+        for a in s._wrapped_arrays:
+            assert a.ctypes.data % 64 == 0
+            assert not any(np.may_share_memory(a, v) for v in [*arrays.values(), *s._spec.initializers.values()])
+        want = x @ w + b + b * b
+        np.testing.assert_allclose(s.run({"x": x})["z"], want, rtol=1e-5, atol=1e-5)
+        arrays["w"][:] = 0.0  # the caller's array, changed in place after compiling
+        np.testing.assert_allclose(s.run({"x": x})["z"], want, rtol=1e-5, atol=1e-5)
+        w2 = rand(6, 4, seed=9)
+        s.update_weights(_Weights({"w": w2, "b": b}))
+        np.testing.assert_allclose(s.run({"x": x})["z"], x @ w2 + b + b * b, rtol=1e-5, atol=1e-5)

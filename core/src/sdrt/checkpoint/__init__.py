@@ -15,20 +15,23 @@
 - ``load_embedding(path)``: A1111 textual-inversion embeddings; ``extend_table`` /
   ``reserve_rows`` add their token rows.
 - ``families.detect(shapes)`` / ``families.identify(shapes)``: what a file looks like.
+- ``open_controlnet(path, base=...)``: a ControlNet ``.safetensors`` (lllyasviel's LDM layout or
+  diffusers') bound onto sdrt's shipped weight-free SD 1.x / SDXL ControlNet graph (``controlnet``).
 """
 
 from __future__ import annotations
 
+from .controlnet import OpenedControlNet, open_controlnet
 from .embeddings import Embedding, extend_table, load_embedding, reserve_rows, token_table
 from .families import FAMILY_GRAPHS, Identity, identify
 from .families import detect as detect_family
-from .files import OpenedModel, open_parts, open_single_file, release_defaults
+from .files import OpenedModel, open_parts, open_single_file, release_defaults, release_tokenizer
 from .graphs import shipped_graph, shipped_names
 from .hashing import model_hash
 from .onnxmap import Slot, param_map
 from .single_file import PARTS, Checkpoint, load_checkpoint
 
-__all__ = ["FAMILY_GRAPHS", "PARTS", "Checkpoint", "Embedding", "Identity", "OpenedModel", "Slot", "detect_family",
-           "extend_table", "identify", "load_checkpoint", "load_embedding", "model_hash", "open_parts",
-           "open_single_file", "param_map", "release_defaults", "reserve_rows", "shipped_graph", "shipped_names",
-           "token_table"]
+__all__ = ["FAMILY_GRAPHS", "PARTS", "Checkpoint", "Embedding", "Identity", "OpenedControlNet", "OpenedModel", "Slot",
+           "detect_family", "extend_table", "identify", "load_checkpoint", "load_embedding", "model_hash",
+           "open_controlnet", "open_parts", "open_single_file", "param_map", "release_defaults", "release_tokenizer",
+           "reserve_rows", "shipped_graph", "shipped_names", "token_table"]

@@ -125,16 +125,24 @@ def token_table(graph: Graph) -> tuple[str, tuple[int, int], str]:
 def reserve_rows(graph: Graph, rows: int) -> Graph:
     """A copy of ``graph`` whose token table has ``rows`` more (zero) rows, for embeddings to fill
     through ``update_weights``. The Gather output does not depend on the table's length, so
-    nothing else in the graph changes."""
+    nothing else in the graph changes. A weight-free graph (sdrt's shipped graphs, whose weights come
+    from a single file) gets a table of zeros: the caller binds the whole table."""
     import onnx.numpy_helper as nh
 
+    from ..errors import ModelError
     from ..graph.shapes import copy_model
+    from .onnxmap import _np_dtype
 
-    init, (vocab, width), _dtype = token_table(graph)
+    init, (vocab, width), dtype = token_table(graph)
     if rows <= 0:
         return graph
     model = copy_model(graph.model, initializers=False)
-    arrays = graph.initializer_arrays([init])
+    try:
+        arrays = graph.initializer_arrays([init])
+    except ModelError:
+        if not graph.is_stripped:
+            raise
+        arrays = {init: np.zeros((vocab, width), _np_dtype(dtype))}
     for t in graph.model.graph.initializer:
         if t.name == init:
             base = arrays[init]

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelError, SdrtError, WeightsError
+from ..errors import ModelError, ModelNotFoundError, SdrtError, WeightsError
 from ..weights import Weights
 from . import components, families, flow, ldm
 from .families import FAMILY_GRAPHS, LABELS, PART_KINDS, Identity
@@ -81,9 +81,9 @@ class OpenedModel:
         return dict(self.release["scheduler"])
 
     def tokenizer_dirs(self) -> dict[str, Path]:
-        """``{tokenizer: folder}`` of the release's tokenizers that sdrt ships (CLIP's; T5's is not shipped)."""
-        base = Path(str(resources.files("sdrt") / "data" / "release" / "tokenizers"))
-        return {k: base / v for k, v in self.release["tokenizers"].items() if (base / v).is_dir()}
+        """``{tokenizer: folder}`` of the release's tokenizers, as sdrt ships them (CLIP's and T5's), each ready
+        for ``CLIPTokenizer.from_folder`` / ``T5Tokenizer.from_folder`` (``release_tokenizer``)."""
+        return {k: release_tokenizer(v) for k, v in self.release["tokenizers"].items()}
 
     def require_dtypes(self, supported: Iterable[str], backend: str) -> None:
         """Raise before compiling when a part's file holds fp8 and the backend takes no fp8 (callers that
@@ -103,6 +103,48 @@ def release_defaults(family: str) -> dict[str, Any]:
     """The release's scheduler config, tokenizer folders and VAE scaling for ``family``."""
     data = json.loads((Path(str(resources.files("sdrt") / "data" / "release")) / "families.json").read_text())
     return data[family]
+
+
+#: release tokenizer folders that hold only their settings take CLIP's vocabulary and merges
+_CLIP_VOCAB = ("vocab.json.gz", "merges.txt.gz")
+
+
+def _release_tokenizers() -> Path:
+    return Path(str(resources.files("sdrt") / "data" / "release" / "tokenizers"))
+
+
+def release_tokenizer(name: str) -> Path:
+    """The folder of a shipped release tokenizer (``clip``, ``clip-pad-bang``, ``t5``), ready for ``from_folder``.
+
+    ``clip-pad-bang`` (SD 2.x's and CLIP-G's: CLIP's vocabulary, padded with ``!``) ships only its settings;
+    its folder is put together once in sdrt's cache, with CLIP's vocabulary beside them."""
+    folder = _release_tokenizers() / name
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"sdrt ships no tokenizer named {name!r}", where=str(folder), fix="reinstall sdrt")
+    if not name.startswith("clip") or all((folder / f).is_file() for f in _CLIP_VOCAB):
+        return folder
+    import hashlib
+    import shutil
+
+    from ..cache import cache_dir
+
+    vocab = _release_tokenizers() / "clip"
+    files = sorted(folder.iterdir()) + [vocab / f for f in _CLIP_VOCAB]
+    digest = hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in files)).hexdigest()[:16]
+    out = cache_dir("tokenizers") / f"{name}-{digest}"
+    if not out.is_dir():
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                shutil.copyfile(f, tmp / f.name)
+            os.replace(tmp, out)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not out.is_dir():
+                raise ModelError(f"cannot write the {name} tokenizer into the cache ({exc})", where=str(out),
+                                 fix="check free space and permissions of the cache folder ($SDRT_CACHE_DIR)") from exc
+    return out
 
 
 # -- reading files ---------------------------------------------------------------------------------
@@ -159,7 +201,8 @@ def _part_kind(f: _File, comp: str, prefix: str) -> str:
     return families.clip_kind(f.shapes, prefix) or "unknown"
 
 
-def _graph_kind(graph_name: str) -> str:
+def graph_kind(graph_name: str) -> str:
+    """The file kind (``clip_l``, ``t5xxl``, ``vae4``, ``vae16``...) a shipped graph of this name takes."""
     return {"clip_l_proj": "clip_l", "vae4_decoder": "vae4", "vae4_encoder": "vae4", "vae16_decoder": "vae16",
             "vae16_encoder": "vae16"}.get(graph_name, graph_name)
 
@@ -205,7 +248,8 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         if main.ident.kind in PART_KINDS:
             raise ModelError(f"{main.path.name} is {main.ident.label}, not a model", where=str(main.path),
                              fix="pass the checkpoint (UNet or transformer) first and this file as an extra "
-                                 "(--text-encoder FILE / --vae FILE; extra_files=[...] in the API)")
+                                 "(--text-encoder FILE / --vae FILE; text_encoders= / vae= in pipelines.load, "
+                                 "extra_files= in open_single_file)")
         raise ModelError(f"{main.path.name} is not a model sdrt can run: it looks like {main.ident.label}",
                          where=str(main.path), fix=f"pass a checkpoint of one of: {_supported()}")
     fam = main.ident.family
@@ -226,9 +270,9 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
             raise ModelError(f"{ef.path.name} is not a text encoder or VAE: it looks like {ef.ident.label}",
                              where=str(ef.path), fix="pass CLIP-L/CLIP-G/T5-XXL text encoders with --text-encoder "
                              "and VAEs with --vae (extra_files in the API)")
-        targets = [p for p, g in graphs.items() if _graph_kind(g) == kind]
+        targets = [p for p, g in graphs.items() if graph_kind(g) == kind]
         if not targets:
-            need = sorted({PART_KINDS[_graph_kind(g)] for p, g in graphs.items() if not p.startswith("unet")
+            need = sorted({PART_KINDS[graph_kind(g)] for p, g in graphs.items() if not p.startswith("unet")
                            and p != "transformer"})
             if kind.startswith("vae"):
                 raise ModelError(f"{ef.path.name} is {PART_KINDS[kind]}, and {LABELS[fam]} needs "
@@ -244,18 +288,18 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         if part not in graphs:
             continue
         kind = _part_kind(f, comp, prefix) if f is main and comp != "transformer" and comp != "unet" else None
-        if kind in PART_KINDS and kind != _graph_kind(graphs[part]):
+        if kind in PART_KINDS and kind != graph_kind(graphs[part]):
             raise ModelError(f"{f.path.name} holds {PART_KINDS.get(kind, kind)} as its {part}, and {LABELS[fam]} "
-                             f"needs {PART_KINDS[_graph_kind(graphs[part])]}", where=str(f.path),
+                             f"needs {PART_KINDS[graph_kind(graphs[part])]}", where=str(f.path),
                              fix="pass the right part as an extra file (--vae / --text-encoder)")
     missing = [p for p in wanted if p not in chosen and p != "vae_encoder"]
     if missing:
-        kinds = [PART_KINDS[_graph_kind(graphs[p])] for p in missing]
+        kinds = [PART_KINDS[graph_kind(graphs[p])] for p in missing]
         flags = " ".join(f"--{'vae' if p.startswith('vae') else 'text-encoder'} FILE" for p in missing)
         raise ModelError(f"{main.path.name} is {main.ident.label}; {LABELS[fam]} also needs {', '.join(kinds)}, "
                          "and no file given holds them", where=str(main.path),
-                         fix=f"pass them: {flags} (extra_files=[...] in the API), e.g. "
-                             + _example_files(fam, missing))
+                         fix=f"pass them: {flags} (text_encoders=[...] / vae= in pipelines.load, extra_files=[...] "
+                             "in open_single_file), e.g. " + _example_files(fam, missing))
     if prediction is None:
         if fam == "sd2":
             prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"])
@@ -304,6 +348,23 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
                                f"{LABELS[fam]}; check it loads in diffusers or ComfyUI")
     log.info("%s: %s (%s), parts %s", main.path.name, LABELS[fam], prediction, ", ".join(bound))
     return OpenedModel(fam, main.ident.label, prediction, release, bound, files, main.path, dtypes)
+
+
+def part_file_refs(path: PathLike, graphs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """A separate VAE or text-encoder file bound onto ``graphs`` (``{part: Graph}``, e.g. an ONNX folder's
+    ``vae_decoder`` and ``vae_encoder``): ``{part: {initializer: TensorRef}}``, every part checked first
+    (``WeightsError`` naming the first mismatches). Which kind the file is comes from its tensors."""
+    f = _open(path, "file")
+    kind = f.ident.kind
+    if kind not in PART_KINDS:
+        raise ModelError(f"{f.path.name} is not a text encoder or VAE: it looks like {f.ident.label}",
+                         where=str(f.path), fix="pass a CLIP-L/CLIP-G/T5-XXL text encoder or a VAE file")
+    comp = "vae" if kind.startswith("vae") else "text_encoder"
+    srcs, unknown = _sources(f, comp, next(iter(f.ident.components.values())), None)
+    if unknown:
+        log.warning("%s: %d keys not used: %s", f.path.name, len(unknown), ", ".join(unknown[:5]))
+    comps = {"vae": srcs} if comp == "vae" else {part: srcs for part in graphs}
+    return Checkpoint(f.weights, comps, f.ident.label, f.path).lazy(graphs)
 
 
 def _example_files(fam: str, missing: list[str]) -> str:

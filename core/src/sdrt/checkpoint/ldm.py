@@ -134,22 +134,28 @@ def _resnet(rest: str) -> str:
 
 
 def unet_layout(keys: Iterable[str]) -> tuple[int, int] | None:
-    """(number of down blocks, layers per block) from LDM UNet keys (prefix removed), or None."""
+    """(number of down blocks, layers per block) from LDM UNet keys (prefix removed), or None.
+
+    From the output blocks when there are any; else (a ControlNet: the UNet's encoder only) from the
+    input blocks: ``1 + blocks * layers + (blocks - 1)`` of them."""
     keys = list(keys)
     downs = {int(m[1]) for k in keys if (m := re.match(r"input_blocks\.(\d+)\.0\.op\.", k))}
     outs = {int(m[1]) for k in keys if (m := re.match(r"output_blocks\.(\d+)\.", k))}
-    if not outs:
-        return None
     nblocks = len(downs) + 1
+    if not outs:
+        ins = {int(m[1]) for k in keys if (m := re.match(r"input_blocks\.(\d+)\.", k))}
+        per = (max(ins) - len(downs)) / nblocks if ins else 0
+        return (nblocks, int(per)) if per == int(per) and per >= 1 else None
     per = (max(outs) + 1) / nblocks
     if per != int(per) or per < 2:
         return None
     return nblocks, int(per) - 1
 
 
-def convert_unet(keys: Iterable[str]) -> tuple[dict[str, Source], list[str]]:
-    """``({diffusers name: Source}, unknown LDM keys)`` for keys that start with ``model.diffusion_model.``."""
-    rel = {k[len(UNET_PREFIX):]: k for k in keys}
+def convert_unet(keys: Iterable[str], prefix: str = UNET_PREFIX) -> tuple[dict[str, Source], list[str]]:
+    """``({diffusers name: Source}, unknown LDM keys)`` for keys that start with ``prefix``
+    (``model.diffusion_model.``; a ControlNet's ``control_model.`` or none)."""
+    rel = {k[len(prefix):]: k for k in keys}
     layout = unet_layout(rel)
     out: dict[str, Source] = {}
     unknown: list[str] = []

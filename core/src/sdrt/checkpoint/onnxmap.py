@@ -59,11 +59,12 @@ class Slot:
     alias_of: str | None = None
 
 
-#: first components of canonical names (diffusers UNet/VAE, transformers CLIP)
+#: first components of canonical names (diffusers UNet/VAE/ControlNet, transformers CLIP)
 ROOTS = frozenset({"conv_in", "time_embedding", "add_embedding", "down_blocks", "mid_block", "up_blocks",
                    "conv_norm_out", "conv_out", "encoder", "decoder", "quant_conv", "post_quant_conv",
                    "embeddings", "final_layer_norm", "text_projection", "text_model", "class_embedding",
-                   "encoder_hid_proj"})
+                   "encoder_hid_proj", "controlnet_cond_embedding", "controlnet_down_blocks",
+                   "controlnet_mid_block"})
 
 
 def canonical(name: str) -> str:

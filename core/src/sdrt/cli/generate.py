@@ -1,4 +1,4 @@
-"""``sdrt generate [FOLDER] "prompt" ...``: prompt -> PNG with A1111's ``parameters`` chunk."""
+"""``sdrt generate [MODEL] "prompt" ...``: prompt -> PNG with A1111's ``parameters`` chunk."""
 
 from __future__ import annotations
 
@@ -11,18 +11,22 @@ from ..errors import InputError, ModelNotFoundError
 from . import generate_memory, generate_toolbox, generate_weights
 
 #: the API's argument names that are not the dest of a flag of the same name (``sdrt.cli.flag_names``)
-API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "FOLDER", "path": "--output",
-             "loras": "--lora", "scale": "the scale of --lora FILE:SCALE"}
+API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "path": "--output",
+             "loras": "--lora", "scale": "the scale of --lora FILE:SCALE", "text_encoders": "--text-encoder"}
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
-        "generate", help="generate images from a prompt with a Stable Diffusion, SD3, Flux or Chroma model folder",
-        usage="sdrt generate [FOLDER] PROMPT [options]",
-        description="Generate an image. FOLDER is a diffusers/Optimum ONNX model folder; without it, the tiny "
-                    "model that ships with sdrt is used. One prompt a run: quote it.",
+        "generate", help="generate images from a prompt with a Stable Diffusion, SD3, Flux or Chroma model (an ONNX "
+                         "folder or a single .safetensors file)",
+        usage="sdrt generate [MODEL] PROMPT [options]",
+        description="Generate an image. MODEL is a diffusers/Optimum ONNX model folder or a single-file checkpoint "
+                    "(.safetensors: SD 1.x/2.x/XL, SD 3.5, Flux.1, Chroma; add --vae/--text-encoder files where the "
+                    "checkpoint lacks them); without it, the tiny model that ships with sdrt is used. One prompt a "
+                    "run: quote it.",
     )
-    p.add_argument("args", nargs="+", metavar="[FOLDER] PROMPT", help="model folder (optional) and the prompt")
+    p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT",
+                   help="model folder or .safetensors file (optional) and the prompt")
     p.add_argument("--negative", "-n", default="", help="negative prompt")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cfg", type=float, default=None,
@@ -69,13 +73,16 @@ def _outputs(path: Path, n: int) -> list[Path]:
 
 
 def _split_args(words: list[str]) -> tuple[str | None, str]:
-    """(folder, prompt) of ``[FOLDER] PROMPT``; a lone model folder is a forgotten prompt, not a prompt."""
+    """(model, prompt) of ``[MODEL] PROMPT``; a lone model folder is a forgotten prompt, not a prompt."""
     if len(words) > 2:
-        raise InputError(f"expected [FOLDER] PROMPT, got {len(words)} words", where="sdrt generate",
-                         fix='quote the prompt: sdrt generate FOLDER "a red fox in snow"')
+        raise InputError(f"expected [MODEL] PROMPT, got {len(words)} words", where="sdrt generate",
+                         fix='quote the prompt: sdrt generate MODEL "a red fox in snow"')
     if len(words) == 2:
         return words[0], words[1]
     lone = Path(words[0])
+    if lone.is_file() and lone.suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx"):
+        raise InputError(f"{words[0]} is a model file, and no prompt follows it", where="PROMPT",
+                         fix=f'give the prompt after the file: sdrt generate {words[0]} "a red fox in the snow"')
     if lone.is_dir() and ((lone / "model_index.json").is_file() or (lone / "unet").is_dir()
                           or (lone / "transformer").is_dir()):
         raise InputError(f"{words[0]} is a model folder, and no prompt follows it", where="PROMPT",
@@ -129,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
     pipe = pipelines.load(folder, backend=args.backend, device=args.device,
                           **generate_weights.pipeline_options(custom), **memory)
-    if args.dry_run:  # the folder's own graphs: a checkpoint or LoRA changes values, not shapes or calls
+    if args.dry_run:  # the model's graphs: a checkpoint or LoRA changes values, not shapes or calls
         print(pipe.plan(settings).format())
         return 0
     backend, device = select(args.backend, args.device)

@@ -1,7 +1,8 @@
 """``sdrt generate`` options for the toolbox: ControlNet, hires fix, live previews, A1111's seeds.
 
 ControlNet flags are grouped by position: the first ``--control-image`` goes with the first
-``--controlnet`` (default: the model folder's ``controlnet/``, then ``controlnet_2/``, ...), and so on;
+``--controlnet`` (a folder, a ``model.onnx`` or a ControlNet ``.safetensors``; default: the model folder's
+``controlnet/``, then ``controlnet_2/``, ...), and so on;
 ``--control-scale``/``--control-start``/``--control-end``/``--control-preprocessor``/``--control-resize``
 given once apply to every ControlNet, else once per ControlNet. Everything is checked before any model
 loads (``sdrt.pipelines.toolbox.split``).
@@ -18,8 +19,10 @@ from ..errors import InputError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("ControlNet (repeat each flag once per ControlNet)")
-    g.add_argument("--controlnet", action="append", default=[], metavar="DIR",
-                   help="a ControlNet folder (or model.onnx); default: the model folder's controlnet/, controlnet_2/, ...")
+    g.add_argument("--controlnet", action="append", default=[], metavar="DIR|FILE",
+                   help="a ControlNet folder (model.onnx, or diffusers' diffusion_pytorch_model.safetensors), or a "
+                        "ControlNet .safetensors as downloaded (control_v11p_sd15_canny.safetensors, SDXL ControlNets "
+                        "in diffusers' layout); default: the model folder's controlnet/, controlnet_2/, ...")
     g.add_argument("--control-image", action="append", default=[], metavar="PNG", help="the control image")
     g.add_argument("--control-scale", action="append", type=float, default=[], metavar="S", help="weight (1)")
     g.add_argument("--control-start", action="append", type=float, default=[], metavar="A",

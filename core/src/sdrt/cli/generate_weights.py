@@ -1,4 +1,5 @@
-"""``sdrt generate`` options for custom weights: --weights, --lora, --lora-dir, --embedding(-dir), --low-memory.
+"""``sdrt generate`` options for custom weights: --weights, --vae, --text-encoder, --lora, --lora-dir,
+--embedding(-dir), --low-memory.
 
 Everything is checked (files exist, scales parse) before any model loads; the pipeline then binds
 the files through ``Session.update_weights`` (see ``sdrt.pipelines.weights``).
@@ -22,6 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("custom weights and memory")
     g.add_argument("--weights", default=None, metavar="FILE",
                    help="a single-file checkpoint (.safetensors, LDM layout) or diffusers folder for this architecture")
+    g.add_argument("--vae", default=None, metavar="FILE",
+                   help="a VAE file (.safetensors: ae.safetensors, sdxl_vae.safetensors, ...): fills or replaces the "
+                        "model's VAE (on an ONNX folder too)")
+    g.add_argument("--text-encoder", action="append", default=[], metavar="FILE", dest="text_encoders",
+                   help="a text-encoder file (clip_l, clip_g, t5xxl_fp16.safetensors, ...), repeatable; which encoder "
+                        "it is comes from its tensors; fills or replaces that encoder (on an ONNX folder too)")
     g.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]", help="a LoRA, repeatable (scale 1)")
     g.add_argument("--lora-dir", default=None, metavar="DIR", help="where <lora:name:scale> in the prompt finds "
                    "name.safetensors")
@@ -37,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 @dataclass
 class WeightArgs:
     weights: Path | None = None
+    vae: Path | None = None
+    text_encoders: list[Path] = field(default_factory=list)
     loras: list[tuple[Path, float]] = field(default_factory=list)
     lora_dir: Path | None = None
     embeddings: list[Path] = field(default_factory=list)
@@ -51,6 +60,14 @@ def _existing(value: str, what: str, flag: str, *, folder: bool = False) -> Path
     ok = p.is_dir() if folder else p.exists()
     if not ok:
         raise InputError(f"the {what} does not exist", where=f"{flag} {value}", fix="check the path")
+    return p
+
+
+def _one_file(value: str, what: str, flag: str) -> Path:
+    p = _existing(value, what, flag)
+    if p.is_dir():
+        raise InputError(f"{value} is a folder, and {flag} takes one .safetensors file", where=f"{flag} {value}",
+                         fix=f"pass the file itself, e.g. {flag} {p / 'diffusion_pytorch_model.safetensors'}")
     return p
 
 
@@ -79,6 +96,9 @@ def check(args: argparse.Namespace) -> WeightArgs:
     out = WeightArgs(low_memory=args.low_memory, vae_tile=args.vae_tile)
     if args.weights:
         out.weights = _existing(args.weights, "checkpoint", "--weights")
+    if args.vae:
+        out.vae = _one_file(args.vae, "VAE file", "--vae")
+    out.text_encoders = [_one_file(t, "text-encoder file", "--text-encoder") for t in args.text_encoders]
     out.loras = [parse_lora(s) for s in args.lora]
     if args.lora_dir:
         out.lora_dir = _existing(args.lora_dir, "LoRA folder", "--lora-dir", folder=True)
@@ -96,7 +116,8 @@ def check(args: argparse.Namespace) -> WeightArgs:
 
 
 def pipeline_options(w: WeightArgs) -> dict[str, Any]:
-    return {"low_memory": w.low_memory, "vae_tile": w.vae_tile}
+    """``pipelines.load`` keywords: memory options, and the separate VAE / text-encoder files."""
+    return {"low_memory": w.low_memory, "vae_tile": w.vae_tile, "vae": w.vae, "text_encoders": w.text_encoders}
 
 
 def apply(pipe: Any, w: WeightArgs, prompts: tuple[str, str | None] = ("", None)) -> None:

@@ -39,7 +39,8 @@ def collect() -> dict[str, Any]:
             from ..quantization import describe
 
             backends.append({"name": name, "priority": be.priority, "devices": devices, "error": dev_error,
-                             "default_precision": defaults, "quantized_weights": describe(be)})
+                             "default_precision": defaults, "precisions": sorted(be.precisions or {"fp32": {}}),
+                             "quantized_weights": describe(be)})
         plugins.append({
             "name": rec.name, "distribution": rec.distribution, "version": rec.version,
             "state": rec.state, "error": rec.error, "backends": backends,
@@ -63,6 +64,8 @@ def render(info: dict[str, Any]) -> str:
             lines.append(f"    error: {p['error']}")
         for b in p["backends"]:
             lines.append(f"    backend {b['name']} (priority {b['priority']})")
+            if b.get("precisions"):
+                lines.append(f"      precisions: {', '.join(b['precisions'])}")
             if b.get("quantized_weights"):
                 lines.append(f"      quantized weights: {b['quantized_weights']}")
             if b["error"]:

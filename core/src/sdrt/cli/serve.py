@@ -23,10 +23,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--models", default=None, metavar="DIR",
-                   help="folder of model folders (diffusers/Optimum ONNX); default: the embedded demo model")
+                   help="folder of model folders (diffusers/Optimum ONNX) and single-file .safetensors checkpoints; "
+                        "default: the embedded demo model")
     p.add_argument("--default-model", default=None, metavar="NAME", help="model used until a client picks one")
     p.add_argument("--checkpoint-base", default=None, metavar="NAME",
-                   help="the model folder that .safetensors checkpoints in --models bind onto (default: the first)")
+                   help="a model folder that the .safetensors checkpoints in --models bind onto (default: none; each "
+                        "complete checkpoint is served on its own on sdrt's shipped graphs)")
     p.add_argument("--lora-dir", default=None, metavar="DIR", help="where <lora:name:w> finds name.safetensors")
     p.add_argument("--embedding-dir", default=None, metavar="DIR", help="textual-inversion embeddings to load")
     p.add_argument("--backend", default="auto")

@@ -34,7 +34,7 @@ BACKEND_PRECISIONS = {
     "migraphx": ("fp32", "fp16", "int8"),
     "openvino": ("fp32", "fp16", "bf16", "int8"),
     "coreml": ("fp32", "fp16"),
-    "ggml": ("fp32", "fp16", "q8_0", "q4_0"),
+    "ggml": ("fp32", "fp16", "bf16", "q8_0", "q4_0"),
 }
 TIER = {"fp32": 0, "fp16": 0, "bf16": 0, "fp8": 1, "int8": 1, "q8_0": 1, "q5_0": 2, "q4_0": 2, "q4_k": 2, "nf4": 2}
 PCIE_BYTES_PER_S = 12e9  # PCIe 4.0 x16, as achieved

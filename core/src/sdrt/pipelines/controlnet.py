@@ -5,7 +5,10 @@ Layout (diffusers' community ONNX ControlNet pipelines): a ControlNet is its own
 output size), ``conditioning_scale`` (SDXL adds ``text_embeds``, ``time_ids``) and outputs
 ``down_block_res_samples_0..N``, ``mid_block_res_sample``; the UNet takes
 ``down_block_additional_residual_0..N`` and ``mid_block_additional_residual``. A ControlNet is found as
-``controlnet/`` (``controlnet_2/``, ...) in the model folder, or given as its own folder or file.
+``controlnet/`` (``controlnet_2/``, ...) in the model folder, or given as its own folder or file. A
+ControlNet ``.safetensors`` as people download it (lllyasviel's LDM layout, or diffusers'
+``diffusion_pytorch_model.safetensors``, alone or in its folder) is bound onto sdrt's shipped weight-free
+ControlNet graph of its base (``sdrt.checkpoint.controlnet``).
 
 The rules (``StableDiffusionControlNetPipeline`` / ``StableDiffusionXLControlNetPipeline``, guess mode off):
 
@@ -43,12 +46,16 @@ __all__ = ["PREPROCESSORS", "ControlNet", "ControlState", "hook", "infotext", "p
 PREPROCESSORS = ("none", "canny", "scribble")
 DOWN_OUT, MID_OUT = "down_block_res_samples_", "mid_block_res_sample"
 DOWN_IN, MID_IN = "down_block_additional_residual_", "mid_block_additional_residual"
+#: the weights file of a diffusers ControlNet folder (named after its folder in the infotext)
+WEIGHTS_NAMES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors")
 
 
 @dataclass
 class ControlNet:
-    """One ControlNet unit: ``net`` (a folder holding ``model.onnx``, a ``model.onnx`` file, or the name
-    of a part of the model folder such as ``"controlnet"``), the control ``image`` (HxWx3 uint8, a
+    """One ControlNet unit: ``net`` (a folder holding ``model.onnx``, a ``model.onnx`` file, a ControlNet
+    ``.safetensors`` file (LDM or diffusers layout) or a diffusers ControlNet folder holding one, or the name
+    of a part of the model folder such as ``"controlnet"``, or an ``OpenedControlNet`` from
+    ``sdrt.checkpoint.controlnet.open_controlnet(file, graph=...)``), the control ``image`` (HxWx3 uint8, a
     ``PIL.Image`` or a PNG/JPEG path), ``scale``, the window ``start``..``end`` (fractions of the steps),
     the ``preprocessor`` (``none``, ``canny``, ``scribble``; ``low``/``high`` are canny's thresholds and
     ``low`` the scribble threshold) and ``resize`` (sd-webui-controlnet's ``Just Resize``,
@@ -69,8 +76,9 @@ class ControlNet:
 
     @property
     def model_name(self) -> str:
-        path = self.part.path if self.part is not None else Path(str(self.net))
-        return path.parent.name if path.name == "model.onnx" else path.stem
+        source = self.part.source_file if self.part is not None else None  # a .safetensors on a shipped graph
+        path = source or (self.part.path if self.part is not None else Path(str(getattr(self.net, "path", self.net))))
+        return path.parent.name if path.name in ("model.onnx", *WEIGHTS_NAMES) else path.stem
 
 
 def _num(value: Any, name: str, low: float, high: float) -> float:
@@ -83,6 +91,7 @@ def _num(value: Any, name: str, low: float, high: float) -> float:
 
 def parse_units(controlnets: Any) -> list[ControlNet]:
     """``controlnets=[(net, image, scale, start, end), ...]`` (or :class:`ControlNet` objects), checked."""
+    from ..checkpoint.controlnet import OpenedControlNet
     from .controlmaps import RESIZE_MODES
     from .images import check_path
 
@@ -118,9 +127,10 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.resize not in RESIZE_MODES:
             raise InputError(f"unknown ControlNet resize mode {unit.resize!r}", where=where,
                              fix=f"use one of {', '.join(RESIZE_MODES)}")
-        if not isinstance(unit.net, (str, os.PathLike)):
-            raise InputError(f"{where}: the net must be a folder, a model.onnx path or a part name, got "
-                             f"{type(unit.net).__name__}", where=where, fix="pass e.g. \"controlnet\" or a folder path")
+        if not isinstance(unit.net, (str, os.PathLike, OpenedControlNet)):
+            raise InputError(f"{where}: the net must be a folder, a model.onnx or .safetensors path or a part name, "
+                             f"got {type(unit.net).__name__}", where=where,
+                             fix="pass e.g. \"controlnet\", a folder path or control_v11p_sd15_canny.safetensors")
         if unit.image is None:
             raise InputError(f"{where} has no control image", where=where, fix="pass the control image")
         check_path(unit.image, "control image")
@@ -129,15 +139,28 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
 
 
 def locate(net: str | os.PathLike[str], root: Path) -> Path:
-    """The ``model.onnx`` of a ControlNet: a part of the model folder, a folder, or the file itself."""
+    """The file of a ControlNet: the ``model.onnx`` of a part of the model folder, of a folder, or the file
+    itself; or its ``.safetensors`` (a file given, or a diffusers ControlNet folder without ``model.onnx``),
+    which the caller binds onto a shipped graph (:func:`is_weights_file`)."""
+    from ..checkpoint.controlnet import folder_file
+
     text = str(net)
     for candidate in (root / text / "model.onnx", Path(text) / "model.onnx", Path(text)):
         if candidate.is_file():
             return candidate
+    for folder in (root / text, Path(text)):
+        found_file = folder_file(folder) if folder.is_dir() else None
+        if found_file is not None:
+            return found_file
     found = sorted(p.name for p in root.glob("controlnet*") if (p / "model.onnx").is_file())
-    raise ModelError(f"no ControlNet model.onnx at {text!r}", where=text,
-                     fix="pass a folder holding the ControlNet's model.onnx" + (
-                         f", or one of this model's: {', '.join(found)}" if found else ""))
+    raise ModelError(f"no ControlNet model.onnx or .safetensors at {text!r}", where=text,
+                     fix="pass a folder holding the ControlNet's model.onnx, or a ControlNet .safetensors file"
+                         + (f", or one of this model's: {', '.join(found)}" if found else ""))
+
+
+def is_weights_file(path: Path) -> bool:
+    """A ControlNet given as weights (``.safetensors``) rather than an ONNX graph."""
+    return path.suffix.lower() == ".safetensors"
 
 
 def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
@@ -181,6 +204,29 @@ def check_net(part: Part, unet: Part, where: str) -> None:
     if absent:
         raise ModelError(f"the ControlNet {part.path} gives {', '.join(part.outputs)} and the {unet.name} needs "
                          f"{', '.join(absent)}", where=where, fix="use a ControlNet made for this model's UNet")
+    label = f"the ControlNet {part.source_file or part.path}"
+    given = [n for n in part.outputs if n.startswith(DOWN_OUT)]
+    if len(given) != len(wanted) - (MID_OUT in wanted):
+        raise ModelError(f"{label} gives {len(given)} down residuals and the {unet.name} takes "
+                         f"{len(wanted) - (MID_OUT in wanted)}: they are made for different UNets", where=where,
+                         fix="use a ControlNet made for this model's architecture")
+    pairs = [(part.outputs[w], unet.inputs[r], 1, f"{w} has") for w, r in zip(wanted, residual_inputs(unet))]
+    if "encoder_hidden_states" in unet.inputs:
+        pairs.append((part.inputs["encoder_hidden_states"], unet.inputs["encoder_hidden_states"], -1,
+                      "encoder_hidden_states has"))
+    for net_info, unet_info, axis, what in pairs:
+        x, y = _dim(net_info.shape, axis), _dim(unet_info.shape, axis)
+        if x is not None and y is not None and x != y:
+            raise ModelError(f"{label}: {what} {x} channels and the {unet.name}'s {y}: they are made for "
+                             "different UNets", where=where, fix="use a ControlNet made for this model's architecture")
+
+
+def _dim(shape: Sequence[Any], axis: int) -> int | None:
+    """A static dimension of a shape, or None (dynamic or absent)."""
+    if not shape or len(shape) <= (axis if axis >= 0 else -axis - 1):
+        return None
+    d = shape[axis]
+    return int(d) if isinstance(d, (int, np.integer)) else None
 
 
 @dataclass

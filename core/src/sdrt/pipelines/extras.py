@@ -10,6 +10,7 @@ call (``_control``), and after the first pass (``_hires_pass``).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +41,11 @@ class ToolboxMixin:
         tb: Toolbox = s.toolbox
         assert s.width is not None and s.height is not None
         self._silent_units: list[cn.ControlNet] = []
+        from .singlefile import denoiser_graph
+
+        graph = denoiser_graph(self.folder, bool(tb.controlnets))  # type: ignore[attr-defined]
+        if graph is not None:  # a single file: its UNet runs the twin that takes residuals only when needed
+            self.denoiser.retarget(graph)  # type: ignore[attr-defined]
         if not tb.controlnets and cn.residual_inputs(self.denoiser):  # type: ignore[attr-defined]
             self._silent_units = self._zero_residuals(s)
         if tb.controlnets:
@@ -96,9 +102,14 @@ class ToolboxMixin:
         return [unit]
 
     def _control_part(self, net: Any, where: str) -> Part:
+        from ..checkpoint.controlnet import OpenedControlNet
         from .parts import Part
 
+        if isinstance(net, OpenedControlNet):
+            return self._control_file_part(net.path, where, net)
         path = cn.locate(net, self.folder.path)  # type: ignore[attr-defined]
+        if cn.is_weights_file(path):
+            return self._control_file_part(path, where)
         name = path.parent.name if path.parent.parent == self.folder.path else f"controlnet:{path.parent.name}"  # type: ignore[attr-defined]
         # a dry run (the plan) lists them with the model's parts; a real run keeps them apart, so that a
         # checkpoint, LoRA or low-memory pass over the model's parts never meets a ControlNet
@@ -110,6 +121,39 @@ class ToolboxMixin:
             if self._dry:
                 part = part.dry()
             parts[name] = part
+        return part
+
+    def _control_file_part(self, path: Path, where: str, opened: Any = None) -> Part:
+        """A ControlNet ``.safetensors`` bound onto the shipped weight-free graph of its base (or an
+        ``OpenedControlNet`` already bound onto a graph of the caller's), checked against the model's family."""
+        from ..checkpoint.controlnet import BASE_LABELS, open_controlnet
+        from ..errors import SdrtError
+        from .parts import Part
+
+        source = path.resolve()
+        name = f"controlnet:{path.parent.name if path.name in cn.WEIGHTS_NAMES else path.stem}"
+        parts = self._parts if self._dry else self.control_parts
+        part = parts.get(name)
+        if part is not None and part.source_file == source and (opened is None or part.path == opened.graph):
+            return part
+        family = self.family.name  # type: ignore[attr-defined]
+        try:
+            if opened is None:
+                opened = open_controlnet(path, base=family)
+            elif opened.base != family:
+                raise InputError(f"{path.name} is {opened.ident.label}, and the model is "
+                                 f"{BASE_LABELS.get(family, family)}", where=str(path),
+                                 fix=f"pass a ControlNet made for {BASE_LABELS.get(family, family)}")
+        except SdrtError as exc:  # in the caller's words: which unit, and the flag
+            raise type(exc)(exc.what, where=f"{where} ({exc.where})" if exc.where else where,
+                            fix=f"{exc.fix} (--controlnet FILE on the command line, controlnets=[(FILE, image)] "
+                                "in the API)" if exc.fix else None) from exc
+        part = Part(name, opened.graph, backend=self.backend, device=self.device,  # type: ignore[attr-defined]
+                    options=self.options)  # type: ignore[attr-defined]
+        if self._dry:
+            part = part.dry()
+        part.weights, part.source_file = opened.weights, source
+        parts[name] = part
         return part
 
     @property

@@ -9,17 +9,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, ModelError, ModelNotFoundError
-from .families import detect, registered
+from .families import by_name, detect, registered
 
 log = logging.getLogger("sdrt.pipelines.folder")
 
 #: the parts a folder may hold (Optimum's names): every registered family's (sdrt.pipelines.families)
 PART_NAMES = ("text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "vae_encoder", "vae_decoder")
+
+#: sdrt.checkpoint's family of a single file -> the pipeline family (sdrt.pipelines.families) that runs it
+PIPELINE_FAMILY = {"sd1": "sd1", "sd1-inpaint": "sd1", "sd2": "sd2", "sdxl": "sdxl", "sdxl-inpaint": "sdxl",
+                   "sd35-medium": "sd3", "sd35-large": "sd3", "flux-dev": "flux", "flux-schnell": "flux",
+                   "chroma": "chroma"}
 
 #: SD's scheduler when a folder has no scheduler/scheduler_config.json (the SD 1.5 release config)
 DEFAULT_SCHEDULER: dict[str, Any] = {
@@ -60,6 +66,12 @@ class ModelFolder:
     tokenizers: dict[str, Path]
     scheduler: dict[str, Any] = field(default_factory=dict)
     family_class: Any = None
+    #: a single file's parts: ``{part: Weights}`` bound onto the weight-free graphs of ``parts``
+    weights: dict[str, Any] = field(default_factory=dict)
+    #: the ``sdrt.checkpoint.OpenedModel`` this folder stands for (``from_single_file``), else None
+    single_file: Any = None
+    #: the separate VAE file given with a single file (PNG ``VAE``/``VAE hash``), else None
+    vae_file: Path | None = None
 
     @property
     def prediction(self) -> str:
@@ -82,7 +94,8 @@ class ModelFolder:
 
     @property
     def name(self) -> str:
-        return self.path.name
+        """The folder's name; a single file's stem (A1111's ``Model:``)."""
+        return self.path.stem if self.single_file is not None else self.path.name
 
     @property
     def vae_scaling_factor(self) -> float:
@@ -104,6 +117,40 @@ class ModelFolder:
         return path
 
     @classmethod
+    def from_single_file(cls, opened: Any, *, tokenizers: Mapping[str, str | os.PathLike[str]] | None = None,
+                         vae_file: Path | None = None) -> ModelFolder:
+        """The folder of a single file opened with ``sdrt.checkpoint.open_single_file``: its parts are the
+        weight-free graphs with the file's ``Weights`` bound (``weights``), its scheduler, tokenizers and VAE
+        scaling the release's; ``tokenizers`` replaces release tokenizer folders by name. Build one from a
+        path with ``sdrt.pipelines.load(FILE)`` (``singlefile.folder_from_file``)."""
+        from ..checkpoint.files import release_tokenizer
+
+        fam = by_name(PIPELINE_FAMILY[opened.family])
+        release = opened.release
+        denoiser: dict[str, Any] = {"sample_size": int(release.get("sample_size", fam.default_size)) // fam.vae_factor}
+        if opened.family.startswith("flux"):
+            denoiser["guidance_embeds"] = opened.family == "flux-dev"  # schnell: no guidance input, T5 length 256
+        configs: dict[str, dict[str, Any]] = {}
+        for part in opened.parts:
+            if part in ("unet", "transformer"):
+                configs[part] = dict(denoiser)
+            else:
+                configs[part] = dict(release.get("vae", {})) if part.startswith("vae") else {}
+        given = {k: Path(v) for k, v in (tokenizers or {}).items()}
+        toks = {tok: given.get(tok) or release_tokenizer(name) for tok, name in release["tokenizers"].items()}
+        missing = [e.tokenizer for e in fam.encoders if e.tokenizer not in toks]
+        if missing:
+            raise ModelError(f"the {opened.family} release defaults name no {', '.join(missing)}",
+                             where="sdrt/data/release/families.json", fix="reinstall sdrt")
+        folder = cls(opened.path, {}, fam.name, {p: g for p, (g, _) in opened.parts.items()}, configs, toks,
+                     opened.scheduler_config(), fam, weights={p: w for p, (_, w) in opened.parts.items()},
+                     single_file=opened, vae_file=vae_file)
+        folder.prediction  # noqa: B018 - validates prediction_type now, before any model loads
+        log.info("%s: %s (%s-prediction), shipped graphs for %s", opened.path.name, fam.name, folder.prediction,
+                 ", ".join(folder.parts))
+        return folder
+
+    @classmethod
     def open(cls, path: str | os.PathLike[str]) -> ModelFolder:
         if not isinstance(path, (str, os.PathLike)):
             raise InputError(f"the model folder must be a path, got {type(path).__name__}", where="folder",
@@ -111,8 +158,11 @@ class ModelFolder:
         root = Path(path)
         if not root.is_dir():
             if root.suffix == ".onnx" or root.is_file():
-                raise ModelError("a pipeline needs a model folder, not a single file", where=str(root),
+                raise ModelError("a pipeline needs a model folder or a .safetensors checkpoint, not one .onnx graph",
+                                 where=str(root),
                                  fix="pass the folder that holds model_index.json, unet/, text_encoder/, vae_decoder/")
+            if root.suffix.lower() in (".safetensors", ".gguf", ".ckpt"):
+                raise ModelNotFoundError("the model file does not exist", where=str(root), fix="check the path")
             raise ModelNotFoundError("the model folder does not exist", where=str(root), fix="check the path")
         index_path = root / "model_index.json"
         index = _read_json(index_path, "model_index.json") if index_path.is_file() else {}

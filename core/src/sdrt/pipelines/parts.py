@@ -40,6 +40,11 @@ class Part:
         self.options = dict(options or {})
         self.sessions: dict[ShapeKey, Session] = {}
         self.weights: Weights | None = None
+        #: the weights the part runs with when nothing else is bound: a single file's, bound onto a
+        #: weight-free graph (``ModelFolder.weights``); None: the graph's own initializers
+        self.default_weights: Weights | None = None
+        #: the weights file bound onto a shipped weight-free graph (a ControlNet .safetensors), if any
+        self.source_file: Path | None = None
         #: rebuilds ``weights`` after low-memory mode dropped them with the graph (sdrt.pipelines.lowmem)
         self.weights_factory: Callable[[], Weights] | None = None
         #: leave external initializer data mapped from disk (set by low-memory mode)
@@ -56,6 +61,7 @@ class Part:
         """A recording twin: same graph and paths, no sessions; its ``run`` only records and returns zeros."""
         twin = Part(self.name, self.path, backend=self.backend, device=self.device, options=self.options)
         twin._graph, twin.lazy_external, twin.record = self._graph, True, []
+        twin.default_weights = self.default_weights
         return twin
 
     def __repr__(self) -> str:
@@ -182,15 +188,29 @@ class Part:
         ``weights`` may name only some initializers (a LoRA-merged block, say): the others keep their
         current values (the graph's own, or an earlier update's).
         """
-        from ..weights import Weights
-
-        base = self.weights if self.weights is not None else Weights.from_graph(self.graph)
+        base = self.weights if self.weights is not None else self.own_weights()
         merged = base.replaced({name: weights[name] for name in weights})
         for sess in self.sessions.values():
             sess.update_weights(merged)
         self.weights = merged
 
+    def own_weights(self) -> Weights:
+        """The part's weights before any checkpoint, LoRA or embedding: a single file's, or the graph's own."""
+        from ..weights import Weights
+
+        return self.default_weights if self.default_weights is not None else Weights.from_graph(self.graph)
+
     def close(self) -> None:
         for sess in self.sessions.values():
             sess.close()
         self.sessions.clear()
+
+    def retarget(self, path: Path) -> None:
+        """Run another graph of the same parameters from now on (a single file's UNet with ControlNet
+        inputs, and back): sessions close, the graph reloads; bound weights stay (same initializer names)."""
+        if path == self.path:
+            return
+        log.info("%s: now %s", self.name, path.name)
+        self.close()
+        self._graph = None
+        self.path = path

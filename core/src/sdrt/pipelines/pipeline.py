@@ -25,7 +25,8 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                                   options={**options, "quantize": self.quantize}
                                   if self.quantize and not name.startswith("vae") else options)
                        for name in self.family.parts if name in folder.parts}
+        for name, bound in folder.weights.items():  # a single file: its weights on the shipped graphs
+            part = self._parts.get(name)
+            if part is not None:
+                part.default_weights = part.weights = bound
+                part.weights_factory = lambda bound=bound: bound  # low-memory mode drops and rebuilds them
         self.schedule = self.family.model_sampling(self.default_size, self.default_size)
         self._prompts: PromptEncoder | None = None
         self._tokenizers: dict[str, Any] | None = None
@@ -558,7 +564,12 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             from .lowmem import auto_low_memory, model_bytes
 
             _, dev = select(self.backend, self.device)
-            self.low_memory = auto_low_memory(dev.memory_bytes, model_bytes(p.path for p in self._parts.values()))
+            if self.folder.single_file is not None:  # the graphs hold no weights: the files do
+                files = {Path(f) for f in self.folder.single_file.files.values()}
+                size = sum(f.stat().st_size for f in files if f.is_file())
+            else:
+                size = model_bytes(p.path for p in self._parts.values())
+            self.low_memory = auto_low_memory(dev.memory_bytes, size)
         if self.low_memory:
             for part in self._parts.values():
                 part.lazy_external = True  # external data stays mapped from disk, never read in
@@ -584,6 +595,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             info["Schedule type"] = schedule
         info.update({"CFG scale": _num(s.cfg), "Seed": seed, "Size": f"{s.width}x{s.height}",
                      "Model hash": self.model_hash, "Model": self.folder.name})
+        if self.folder.vae_file is not None:
+            from .weights import vae_infotext
+
+            info.update(vae_infotext(self.folder.vae_file))
         if self._weight_state is not None:
             info.update(self._weight_state.infotext())
         info.update(self.family.infotext(s))
@@ -598,7 +613,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
     @property
     def model_hash(self) -> str:
-        """First 10 hex digits of the SHA-256 of the denoiser's ``model.onnx`` (not its external data, for speed)."""
+        """First 10 hex digits of the SHA-256 of the denoiser's ``model.onnx`` (not its external data, for speed);
+        for a single file, A1111's short hash of the file (cached by path, size and mtime)."""
+        if self.folder.single_file is not None:
+            return str(self.folder.single_file.model_hash)
         if not hasattr(self, "_hash"):
             import hashlib
 
@@ -621,10 +639,38 @@ def _nearest(mask: np.ndarray, h: int, w: int) -> np.ndarray:
     return mask[rows][:, cols].astype(np.float32)
 
 
-def load(folder: str | os.PathLike[str], backend: str = "auto", device: Any = None, **options: Any) -> Pipeline:
-    """Open a diffusers/Optimum ONNX model folder; the parts compile on first use, per shape."""
+def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = None, *,
+         vae: str | os.PathLike[str] | None = None, text_encoders: Any = (),
+         graph_paths: Mapping[str, str | os.PathLike[str]] | None = None,
+         tokenizers: Mapping[str, str | os.PathLike[str]] | None = None, prediction: str | None = None,
+         **options: Any) -> Pipeline:
+    """Open a model; the parts compile on first use, per shape.
+
+    ``model``: a diffusers/Optimum ONNX model folder, or a single-file ``.safetensors`` checkpoint (A1111/LDM
+    SD 1.x/2.x/XL, SD 3.5, Flux.1 and Chroma as their publishers and ComfyUI ship them), which runs on sdrt's
+    shipped weight-free graphs with the release's scheduler and tokenizers (docs/single-files.md).
+    ``vae``: a VAE file; ``text_encoders``: text-encoder files (``clip_l``, ``clip_g``, ``t5xxl``...; which
+    encoder each is comes from its tensors). With a single file they fill or replace its parts; on a folder
+    they replace the weights of its own VAE / text encoders.
+    Advanced, single files only: ``graph_paths={part: .onnx}`` binds onto other weight-free graphs than the
+    shipped ones (same parameter names), ``tokenizers={"tokenizer": folder, ...}`` replaces the release's,
+    ``prediction="epsilon"|"v_prediction"`` overrides what the file implies.
+    """
     from ..runtime import select
+    from .singlefile import bind_part_files, folder_from_file, is_single_file
 
     # resolved once (a wrong name fails now, before any file is read); every part compiles on this device
     be, dev = select(backend, device)
-    return Pipeline(ModelFolder.open(folder), backend=be.name, device=dev, **options)
+    if is_single_file(model):
+        folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
+                                  prediction=prediction)
+        return Pipeline(folder, backend=be.name, device=dev, **options)
+    advanced = {k: v for k, v in (("graph_paths", graph_paths), ("tokenizers", tokenizers),
+                                  ("prediction", prediction)) if v is not None}
+    if advanced:
+        raise InputError(f"{', '.join(advanced)} applies to a single-file checkpoint, and {model} is a model folder",
+                         where=next(iter(advanced)), fix="leave it unset for a folder")
+    pipe = Pipeline(ModelFolder.open(model), backend=be.name, device=dev, **options)
+    if vae is not None or text_encoders:
+        bind_part_files(pipe, vae, text_encoders)
+    return pipe

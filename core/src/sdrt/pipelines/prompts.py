@@ -189,10 +189,12 @@ class PromptEncoder:
         return cond
 
     def weights_changed(self) -> None:
-        """The encoders' weights changed (checkpoint, LoRA, embedding): forget cached encodings."""
+        """The encoders' weights changed (checkpoint, LoRA, embedding): forget cached encodings (and the token
+        table's length: an embedding's reserved rows lengthen it)."""
         self._cache.clear()
         for enc in self.encoders:
             enc._norm = None
+            enc._rows = None
 
     def zeros_like(self, cond: Conditioning) -> Conditioning:
         """SDXL's ``force_zeros_for_empty_prompt`` negative conditioning."""

@@ -2,7 +2,9 @@
 
 ``T5Encoder`` tokenizes a prompt to ``max_sequence_length`` ids (``sdrt.text.T5Tokenizer``, as
 ``T5TokenizerFast(padding="max_length", truncation=True)``) and runs the encoder part; when the graph
-takes an ``attention_mask`` (Chroma's export) it is fed the family's mask. A1111's prompt syntax is
+takes an ``attention_mask`` (Chroma's export, sdrt's shipped ``t5xxl``) it is fed the family's mask: the
+tokenizer's for Chroma, all ones for SD3 and Flux (their diffusers pipelines pass none, so every position,
+padding included, attends). A graph without the input is fed ``input_ids`` alone. A1111's prompt syntax is
 read on the CLIP side only (emphasis, ``BREAK``): T5 gets the prompt's text with the brackets, weights
 and ``BREAK`` words taken out, so ``a (red:1.2) fox`` reaches T5 as ``a red fox``.
 
@@ -51,11 +53,16 @@ class FlowConditioning(Conditioning):
         return self.clip.chunks if self.clip is not None else 1
 
 
-class T5Encoder:
-    """A T5 tokenizer and its encoder part; ``mask`` (None, ``"tokenizer"`` or ``"keep_first"``) is what the
-    encoder's ``attention_mask`` input gets when the graph has one (Chroma: every real token and the first pad)."""
+#: what a T5 encoder's ``attention_mask`` input gets: all ones (SD3, Flux: diffusers passes no mask), the
+#: tokenizer's mask (Chroma), or the tokenizer's mask widened to keep the first padding token
+T5_MASKS = ("ones", "tokenizer", "keep_first")
 
-    def __init__(self, tokenizer: T5Tokenizer, part: Part, *, mask: str = "tokenizer") -> None:
+
+class T5Encoder:
+    """A T5 tokenizer and its encoder part; ``mask`` (one of ``T5_MASKS``) is what the encoder's
+    ``attention_mask`` input gets when the graph has one."""
+
+    def __init__(self, tokenizer: T5Tokenizer, part: Part, *, mask: str = "ones") -> None:
         self.tokenizer, self.part, self.mask = tokenizer, part, mask
 
     def encode(self, prompt: str, max_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -65,13 +72,19 @@ class T5Encoder:
         inputs = self.part.inputs
         feeds: dict[str, np.ndarray] = {"input_ids": ids.astype(np.dtype(self.part.input("input_ids").dtype))}
         if "attention_mask" in inputs:
-            from ..text import keep_first_pad
-
-            fed = keep_first_pad(mask) if self.mask == "keep_first" else mask
-            feeds["attention_mask"] = np.asarray(fed).astype(np.dtype(inputs["attention_mask"].dtype))
+            feeds["attention_mask"] = self._encoder_mask(mask).astype(np.dtype(inputs["attention_mask"].dtype))
         self.part.require_output("last_hidden_state")
         out = self.part.run(feeds, ("last_hidden_state",))
         return np.asarray(out["last_hidden_state"], dtype=np.float32), mask
+
+    def _encoder_mask(self, mask: np.ndarray) -> np.ndarray:
+        if self.mask == "ones":
+            return np.ones_like(mask)
+        if self.mask == "keep_first":
+            from ..text import keep_first_pad
+
+            return np.asarray(keep_first_pad(mask))
+        return np.asarray(mask)
 
 
 #: ``join(clip conditioning or None, T5 states [1, L, D], tokenizer mask [1, L]) -> FlowConditioning``

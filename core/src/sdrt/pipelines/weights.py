@@ -89,6 +89,8 @@ class WeightState:
     _originals: dict[str, Graph] = field(default_factory=dict)  # graphs before rows were reserved
     _vocab: dict[str, int] = field(default_factory=dict)
     _cache: dict[Path, Lora] = field(default_factory=dict)
+    #: separate files bound onto parts (``vae=`` / ``text_encoders=`` on an ONNX folder): part -> file
+    part_files: dict[str, Path] = field(default_factory=dict)
 
     # -- helpers --------------------------------------------------------------
     def _parts(self) -> dict[str, Part]:
@@ -99,8 +101,7 @@ class WeightState:
 
     def _weights(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef]) -> Weights:
         """The part's graph weights with ``overrides`` (arrays, or lazy refs into a checkpoint) on top."""
-        graph = self._parts()[name].graph
-        own = Weights.from_graph(graph)
+        own = self._parts()[name].own_weights()
         refs = {n: own.ref(n) for n in own}
         for init, v in overrides.items():
             refs[init] = v if isinstance(v, TensorRef) else TensorRef(init, v.dtype, tuple(v.shape), "<override>",
@@ -294,6 +295,8 @@ class WeightState:
             base_table = self.base.get(name, {}).get(init)
             if isinstance(base_table, TensorRef):
                 base_table = base_table.load()
+            if base_table is None and part.default_weights is not None and init in part.default_weights:
+                base_table = part.default_weights[init]  # a single file's table (the graph has no weights)
             if base_table is None:
                 base_table = self._originals[name].initializer_arrays([init])[init]
             ids: dict[str, list[int]] = {}
@@ -325,11 +328,21 @@ class WeightState:
         if self.checkpoint is not None and self.checkpoint.path.is_file():
             info["Model hash"] = sha256_file(self.checkpoint.path)[:10]
             info["Model"] = self.checkpoint.path.stem
+        vae = self.part_files.get("vae_decoder")
+        if vae is not None and vae.is_file():
+            info.update(vae_infotext(vae))
         if self.loras:
             info["Lora hashes"] = ", ".join(f"{a.name}: {lora_hash(a.path)}" for a in self.loras if a.path)
         if self.embeddings:
             info["TI hashes"] = ", ".join(f"{e.name}: {e.shorthash()}" for e in self.embeddings)
         return info
+
+
+def vae_infotext(path: Path) -> dict[str, object]:
+    """A1111's ``VAE hash`` (the first 10 hex digits of the file's SHA-256, cached) and ``VAE`` (its file name)."""
+    from ..checkpoint import model_hash
+
+    return {"VAE hash": model_hash(path)[:10], "VAE": path.name}
 
 
 def lora_hash(path: Path) -> str:

@@ -25,8 +25,9 @@ class ServeConfig:
     """Everything ``create_app`` needs; plain data, so it pickles (the Ray replicas get a copy).
 
     ``models``: a folder of model folders (diffusers/Optimum ONNX layout), each served under its
-    folder name, and of single-file ``.safetensors`` checkpoints, served under their file name and
-    bound onto ``checkpoint_base`` (a folder name; default the first); None serves the embedded demo model. ``devices``: one worker each (a device id as
+    folder name, and of single-file ``.safetensors`` checkpoints, served under their file name: each on its
+    own on sdrt's shipped weight-free graphs when it holds a whole model, or, when ``checkpoint_base`` (a
+    folder name) is set, bound onto that folder; None serves the embedded demo model. ``devices``: one worker each (a device id as
     ``sdrt.load`` takes it, e.g. ``"CPU"``, ``"openvino:CPU"``, ``"cuda:0"``; None: the backend's default).
     ``auth``: ``("user", "pass")`` pairs for HTTP basic; ``tokens``: bearer tokens. No auth when both are empty.
     """
@@ -42,7 +43,7 @@ class ServeConfig:
     keep_models: int = 2          # pipelines each worker keeps warm
     low_memory: bool | None = False
     default_model: str | None = None
-    checkpoint_base: str | None = None  # the model folder that .safetensors checkpoints bind onto
+    checkpoint_base: str | None = None  # a model folder that .safetensors checkpoints bind onto (None: their own)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (A1111's --cors-allow-origins)
 
 

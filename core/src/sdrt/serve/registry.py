@@ -21,8 +21,9 @@ log = logging.getLogger("sdrt.serve.registry")
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A servable model: an ONNX model folder, or a single-file checkpoint (``weights``) bound onto
-    the ONNX folder ``path`` of its architecture."""
+    """A servable model: an ONNX model folder, a single-file checkpoint served on its own on sdrt's
+    shipped graphs (``path`` is the file), or a single-file checkpoint (``weights``) bound onto the ONNX
+    folder ``path`` of its architecture (``--checkpoint-base``)."""
 
     name: str
     path: Path
@@ -37,7 +38,9 @@ class ModelEntry:
     @property
     def model_name(self) -> str:
         """A1111's ``model_name``: a checkpoint's file name without its extension."""
-        return self.weights.stem if self.weights is not None else self.name
+        if self.weights is not None:
+            return self.weights.stem
+        return self.path.stem if self.path.is_file() else self.name
 
     @property
     def key(self) -> str:
@@ -76,6 +79,12 @@ class Registry:
             return [DEMO_MODEL]
         return sorted(p for p in self.models_dir.iterdir() if (p / "model_index.json").is_file())
 
+    def _file_hash(self, path: Path) -> str:
+        """A checkpoint's A1111 short hash (sdrt.checkpoint.model_hash: cached on disk by path, size, mtime)."""
+        from ..checkpoint import model_hash
+
+        return model_hash(path)[:10]
+
     def _hash(self, path: Path) -> str:
         key = (path, path.stat().st_mtime)
         if key not in self._hashes:
@@ -84,22 +93,37 @@ class Registry:
 
     def refresh(self) -> None:
         """Read the models folder again (A1111's ``/refresh-checkpoints``): ONNX model folders, then
-        the ``.safetensors`` checkpoints beside them, each bound onto ``checkpoint_base`` (default:
-        the first folder)."""
+        the ``.safetensors`` checkpoints beside them: each served on its own on sdrt's shipped graphs when
+        it holds a whole model (a transformer-only Flux file, say, is skipped with a warning), or, when
+        ``checkpoint_base`` is set, bound onto that model folder."""
         found: dict[str, ModelEntry] = {}
         for folder in self._folders():
             unet = folder / "unet" / "model.onnx"
             if not unet.is_file():
-                log.warning("skipping %s: it has no unet/model.onnx", folder)
-                continue
+                denoiser = folder / "transformer" / "model.onnx"
+                if not denoiser.is_file():
+                    log.warning("skipping %s: it has no unet/model.onnx or transformer/model.onnx", folder)
+                    continue
+                unet = denoiser
             found[folder.name] = ModelEntry(folder.name, folder, self._hash(unet))
-        if self.models_dir is not None and found:
-            base = found.get(self.checkpoint_base or "") or next(iter(found.values()))
-            if self.checkpoint_base and self.checkpoint_base not in found:
-                log.warning("--checkpoint-base %s is not a model folder here; using %s", self.checkpoint_base, base.name)
+        if self.models_dir is not None:
+            base = found.get(self.checkpoint_base or "") if self.checkpoint_base else None
+            if self.checkpoint_base and base is None:
+                log.warning("--checkpoint-base %s is not a model folder here; serving the .safetensors files on "
+                            "their own", self.checkpoint_base)
             for f in sorted(self.models_dir.glob("*.safetensors")):
-                if f.is_file() and f.name not in found:
+                if not f.is_file() or f.name in found:
+                    continue
+                if base is not None:
                     found[f.name] = ModelEntry(f.name, base.path, self._hash(f), weights=f)
+                    continue
+                from ..pipelines.singlefile import missing_parts
+
+                why = missing_parts(f)
+                if why:
+                    log.warning("not serving %s: %s", f.name, why)
+                    continue
+                found[f.name] = ModelEntry(f.name, f, self._file_hash(f))
         with self._lock:
             self._models = found
 
@@ -131,7 +155,8 @@ class Registry:
         models = self.models
         if not models:
             raise ApiError(503, f"the models folder {self.models_dir} holds no model folder "
-                                "(a diffusers/Optimum ONNX folder with model_index.json)")
+                                "(a diffusers/Optimum ONNX folder with model_index.json) and no complete "
+                                ".safetensors checkpoint")
         return models[0]
 
     # ---------------------------------------------------------------- LoRAs and embeddings

@@ -289,7 +289,7 @@ class T5Tokenizer:
         """Read a diffusers T5 tokenizer folder: ``tokenizer.json`` and/or ``spiece.model``, and, when present,
         ``tokenizer_config.json`` and ``special_tokens_map.json`` (which overrides it, as in transformers).
 
-        ``tokenizer.json.gz`` is read when the plain file is absent. ``transformers`` is the major
+        ``tokenizer.json.gz`` and ``spiece.model.gz`` are read when the plain files are absent. ``transformers`` is the major
         version of transformers whose ``T5TokenizerFast`` to follow:
 
         - 4 (the default; diffusers' references in this project): the folder's ``tokenizer.json``
@@ -313,7 +313,8 @@ class T5Tokenizer:
             if file.is_file():
                 settings.update(_read_json_object(file))
         json_file = next((f for f in (folder / "tokenizer.json", folder / "tokenizer.json.gz") if f.is_file()), None)
-        spiece = folder / "spiece.model"
+        spiece = next((f for f in (folder / "spiece.model", folder / "spiece.model.gz") if f.is_file()),
+                      folder / "spiece.model")
         from_slow = settings.get("add_prefix_space") is not None or bool(settings.get("from_slow"))
         if transformers == 5:
             from_slow = False
@@ -396,8 +397,13 @@ class T5Tokenizer:
         """As transformers' ``T5Converter`` builds ``T5TokenizerFast`` from the slow tokenizer's ``spiece.model``."""
         where = str(file)
         try:
-            proto = read_spiece_model(file.read_bytes(), source=where)
-        except OSError as exc:
+            raw = file.read_bytes()
+            if file.suffix == ".gz":
+                import gzip
+
+                raw = gzip.decompress(raw)
+            proto = read_spiece_model(raw, source=where)
+        except (OSError, EOFError) as exc:
             raise TokenizerError(f"cannot read spiece.model ({exc})", where=where,
                                  fix="replace it with an intact copy from the model") from exc
         except UnigramError as exc:

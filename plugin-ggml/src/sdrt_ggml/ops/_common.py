@@ -169,6 +169,29 @@ def wide(x: GTensor) -> bool:
     return x.rank > MAX_DIMS and any(d != 1 for d in x.shape[: x.rank - MAX_DIMS])
 
 
+def fold_shape(shape: Sequence[int], keep: Sequence[int]) -> tuple[tuple[int, ...], dict[int, int]]:
+    """``shape`` with each run of axes between the ``keep`` axes merged into one: the same dense values
+    seen with fewer dims, for an op that treats the merged axes alike (a Concat's axes other than its
+    own, a Slice's unsliced ones). Returns the folded shape and where each kept axis went; runs of
+    size 1 are dropped."""
+    kept = {norm_axis(a, len(shape)) for a in keep}
+    out: list[int] = []
+    where: dict[int, int] = {}
+    run = 1
+    for i, d in enumerate(shape):
+        if i in kept:
+            if run != 1:
+                out.append(run)
+            where[i] = len(out)
+            out.append(int(d))
+            run = 1
+        else:
+            run *= int(d)
+    if run != 1 or not out:
+        out.append(run)
+    return tuple(out), where
+
+
 def reshape(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:
     shape = tuple(int(d) for d in shape)
     if -1 in shape:
@@ -181,6 +204,18 @@ def reshape(lowering: Lowering, x: GTensor, shape: Sequence[int]) -> GTensor:
     x = cont(lowering, x)
     ne = ne_merged(shape)
     return GTensor(ggml_lib().ggml_reshape_4d(lowering.ctx, x.ptr, *ne), shape, x.dtype)
+
+
+def view_as(lowering: Lowering, v: Value, shape: Sequence[int]) -> Value:
+    """``v`` (a runtime tensor or a constant) seen as ``shape``, the same values in the same dense order. A
+    reshaped initializer is a new array: it is recorded as folded, so that a change to it lowers the graph
+    again instead of missing the copy."""
+    if isinstance(v, GTensor):
+        return reshape(lowering, v, shape)
+    name = lowering.init_name(v)
+    if name is not None:
+        lowering.out.folded_inits.add(name)
+    return np.reshape(v, tuple(int(d) for d in shape))
 
 
 def _permute_wide(lowering: Lowering, x: GTensor, perm: list[int]) -> GTensor:

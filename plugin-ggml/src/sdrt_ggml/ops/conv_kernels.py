@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import native
+from .. import half, native
 from ._common import GTensor, dense_copy, ggml_lib
 from .conv_layout import channels_last, conv_gemm
 
@@ -43,6 +43,29 @@ def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int,
     nchw = g.ggml_reshape_4d(lowering.ctx, g.ggml_mul_mat(lowering.ctx, col, w2), ow, oh, oc, 1)
     cl = g.ggml_reshape_4d(lowering.ctx, g.ggml_mul_mat(lowering.ctx, w2, col), oc, ow, oh, 1)
     return GTensor(nchw, out_shape, cl=cl)
+
+
+def conv_half(lowering: Any, x: GTensor, w: np.ndarray, strides: list[int], dil: list[int], ph: int, pw: int,
+              out_shape: tuple[int, int, int, int]) -> GTensor:
+    """A group-1 conv whose constant kernel is stored bf16/fp16 (``half.py``): float32 columns (ggml's im2col;
+    a 1x1 conv at batch 1 takes the channels-last input as they are) times the half kernel by one
+    ``ggml_mul_mat`` with the kernel as its first operand (ggml converts each column to the kernel's type).
+    That product is channels-last (kept as ``cl`` at batch 1); NCHW is one transpose copy."""
+    g = ggml_lib()
+    n, oc, oh, ow = out_shape
+    c, kh, kw = (int(d) for d in w.shape[1:])
+    wt = half.weight(lowering, w)  # ne (KW, KH, C, OC): im2col reads its kernel dims
+    if n == 1 and kh == kw == 1 and strides == [1, 1] and ph == pw == 0:
+        col = g.ggml_reshape_2d(lowering.ctx, x.cl if x.cl is not None else channels_last(lowering, x.ptr), c, ow * oh)
+    else:
+        col = g.ggml_im2col(lowering.ctx, wt.ptr, x.ptr, strides[1], strides[0], pw, ph, dil[1], dil[0], True,
+                            g.GGML_TYPE_F32)  # ne: [K, OW, OH, N]
+        col = g.ggml_reshape_2d(lowering.ctx, col, c * kh * kw, ow * oh * n)
+    w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, c * kh * kw, oc)
+    y = g.ggml_mul_mat(lowering.ctx, w2, col)  # ne: [OC, OW*OH*N], channels-last
+    y4 = g.ggml_reshape_4d(lowering.ctx, y, oc, ow, oh, n)
+    nchw = dense_copy(lowering, g.ggml_permute(lowering.ctx, y4, 2, 0, 1, 3))  # ne (OW, OH, OC, N)
+    return GTensor(nchw, out_shape, cl=y4 if n == 1 and lowering.options.get("layouts", True) else None)
 
 
 def dw_native_ok(lowering: Any, w: Any, strides: list[int]) -> bool:

@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import native
+from .. import half, native
 from . import check, op
 from ._common import GTensor, Value, aligned, attrs, binary, cont, ggml_lib, reshape, want_pad
 from .conv_copy import conv_rowcopy, conv_taps, conv_window, rowcopy_wanted, taps_ok, window_ok
 from .conv_kernels import (
     conv_dense,
     conv_depthwise,
+    conv_half,
     conv_implicit,
     conv_pointwise,
     conv_winograd,
@@ -81,7 +82,8 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
     depthwise = group == c > 1 and icg == 1 and oc == c  # group 1 with one channel is a plain conv
     cp = c
     nat = native.for_lowering(lowering)  # the native GEMM takes any K: no channel padding
-    if nat is None and group == 1 and isinstance(w, np.ndarray) and kh * kw > 1 and want_pad(lowering, c * kh * kw):
+    if (nat is None and group == 1 and isinstance(w, np.ndarray) and kh * kw > 1 and want_pad(lowering, c * kh * kw)
+            and half.kind(lowering) is None):
         # zero channels in input and kernel: same sums, aligned K. Only when the padded input
         # (copied by ggml's scalar pad) stays small against the im2col it feeds (not 1x1 convs)
         cp = aligned_channels(c, kh * kw)
@@ -89,7 +91,7 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
             cp = c
     if not isinstance(w, np.ndarray):
         wt = cont(lowering, w)
-    elif depthwise:
+    elif depthwise or (half.kind(lowering) is not None and group == 1):  # conv_half makes the half kernel
         wt = None  # type: ignore[assignment]
     elif cp != c:
         wt = lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, cp - c), (0, 0), (0, 0)]), tag=f"c{cp}")
@@ -103,12 +105,15 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
     pointwise = (group == 1 and isinstance(w, np.ndarray) and n == 1 and kh == kw == 1 and strides == [1, 1]
                  and ph == pw == 0 and lowering.options.get("layouts", True)
                  and (x.cl is not None or not implicit_ok(lowering, w, group)))
+    halved = half.kind(lowering) is not None and group == 1 and isinstance(w, np.ndarray)
     if cscale is not None:
-        if not implicit_ok(lowering, w, group) or lowering.options.get("conv_impl", "auto") == "winograd":
+        if halved or not implicit_ok(lowering, w, group) or lowering.options.get("conv_impl", "auto") == "winograd":
             return None
         fused = isinstance(bias, np.ndarray)
         y = conv_implicit(lowering, x, w, bias if fused else None, strides, dil, ph, pw, (n, oc, oh, ow), cscale)
         bias = None if fused else bias
+    elif halved:  # a bf16/fp16 kernel (half.py): ggml's mixed mul_mat
+        y = conv_half(lowering, x, w, strides, dil, ph, pw, (n, oc, oh, ow))
     elif pointwise:
         kp = c
         if nat is None and want_pad(lowering, c) and oh * ow * c * oc >= 2_000_000:

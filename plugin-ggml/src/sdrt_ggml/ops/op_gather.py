@@ -12,7 +12,8 @@ from ._common import GTensor, HostValue, Value, attrs, cont, ggml_lib, norm_axis
 from .op_shape import slice_axis
 
 
-def _select(lowering: Any, x: GTensor, axis: int, idx: np.ndarray) -> GTensor:
+def select(lowering: Any, x: GTensor, axis: int, idx: np.ndarray) -> GTensor:
+    """``x`` indexed along ONNX ``axis`` by the constant ``idx``: a view for a run of consecutive indices."""
     flat = [int(i) + (x.shape[axis] if i < 0 else 0) for i in idx.reshape(-1)]
     g = ggml_lib()
     if flat and flat == list(range(flat[0], flat[0] + len(flat))):
@@ -35,7 +36,7 @@ def op_gather(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     data, idx = inputs
     axis = int(attrs(node).get("axis", 0))
     if isinstance(data, GTensor) and isinstance(idx, np.ndarray):
-        return [_select(lowering, data, norm_axis(axis, data.rank), idx)]
+        return [select(lowering, data, norm_axis(axis, data.rank), idx)]
     assert isinstance(idx, GTensor)
     drank = np.ndim(data) if isinstance(data, np.ndarray) else data.rank
     if norm_axis(axis, drank) != 0:

@@ -1,6 +1,7 @@
 """MatMul and Gemm: sdrt-ggml's packed GEMM on the CPU, ggml_mul_mat elsewhere.
 
-On the CPU device (``native.for_lowering``), ``A @ B`` is one ``sdrt_gemm_op`` custom op
+At ``precision="bf16"``/``"fp16"`` a constant B is stored half and multiplied by ``ggml_mul_mat`` on every
+device (``half.py``); otherwise, on the CPU device (``native.for_lowering``), ``A @ B`` is one ``sdrt_gemm_op`` custom op
 (native/gemm.c): A is read in place (its rows K-contiguous), a constant B is packed into
 32-column panels once when the session is built (``native.pack_b``, through the weight's
 transform, so ``update_weights`` packs new weights the same way), a runtime B is read
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import native, quant
+from .. import half, native, quant
 from . import op
 from ._common import (
     GTensor,
@@ -157,15 +158,19 @@ def matmul(lowering: Any, a: Value, b: Value) -> GTensor:
             out = reshape(lowering, out, out.shape[:-1])
         return out
     nat = native.for_lowering(lowering)
-    if nat is not None and len(batch) <= 2 and a.dtype == "float32" and getattr(b, "dtype", "float32") == "float32":
+    halved = half.kind(lowering) is not None and isinstance(b, np.ndarray) and a.dtype == "float32"
+    if (nat is not None and not halved and len(batch) <= 2 and a.dtype == "float32"
+            and getattr(b, "dtype", "float32") == "float32"):
         out = native_matmul(lowering, nat, a, b, batch)
         if squeeze_a:
             out = reshape(lowering, out, batch + (n,))
         if squeeze_b:
             out = reshape(lowering, out, out.shape[:-1])
         return out
-    kp = aligned(k) if want_pad(lowering, k) else k
-    if isinstance(b, np.ndarray) and kp != k:
+    kp = aligned(k) if want_pad(lowering, k) and not halved else k
+    if halved:  # a bf16/fp16 weight: ggml's mixed kernels (half.py)
+        w = half.weight(lowering, b, lambda v: np.swapaxes(v, -1, -2), "T")
+    elif isinstance(b, np.ndarray) and kp != k:
         pad = kp - k
         w = lowering.const(b, transform=lambda v: _pad_last(np.swapaxes(v, -1, -2), pad), tag=f"Tp{kp}")
     else:
@@ -208,6 +213,10 @@ def op_gemm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
         a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
         w = lowering.const_blocks(b_, qb[0], qb[1], a.shape[1])
         y = GTensor(g.ggml_mul_mat(lowering.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
+    elif half.kind(lowering) and isinstance(b_, np.ndarray) and b_.ndim == 2:  # bf16/fp16 weights (half.py)
+        a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
+        w = half.weight(lowering, b_, None if trans_b else (lambda v: v.T), "" if trans_b else "T")
+        y = GTensor(g.ggml_mul_mat(lowering.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
     elif nat is not None and isinstance(b_, np.ndarray):
         return [_native_gemm(lowering, nat, a_, b_, c_, alpha, beta, trans_b)]
     elif at.get("transB", 0):
@@ -229,7 +238,7 @@ def op_gemm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
         if isinstance(c, GTensor) and beta != 1.0:
             c = GTensor(g.ggml_scale(lowering.ctx, cont(lowering, c).ptr, beta), c.shape)
         if isinstance(c, np.ndarray):
-            c = c.astype(np.float32)
+            c = c if c.dtype == np.float32 else c.astype(np.float32)  # the initializer itself: update_weights finds it
         y = binary(lowering, "ggml_add", y, c, True)
     return [y]
 
@@ -259,6 +268,6 @@ def _native_gemm(lowering: Any, nat: Any, a_: Value, b_: np.ndarray, c_: Value |
         if isinstance(c, GTensor) and beta != 1.0:
             c = GTensor(g.ggml_scale(lowering.ctx, cont(lowering, c).ptr, beta), c.shape)
         if isinstance(c, np.ndarray):
-            c = c.astype(np.float32)
+            c = c if c.dtype == np.float32 else c.astype(np.float32)  # the initializer itself: update_weights finds it
         y = binary(lowering, "ggml_add", y, c, True)
     return y

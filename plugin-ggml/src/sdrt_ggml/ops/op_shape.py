@@ -14,18 +14,21 @@ import numpy as np
 from .. import guards
 from . import op
 from ._common import (
+    MAX_DIMS,
     GTensor,
     Value,
     attrs,
     concat_ptr,
     cont,
     expand_to,
+    fold_shape,
     gdim,
     ggml_lib,
     ne_of,
     norm_axis,
     permute,
     reshape,
+    view_as,
 )
 
 
@@ -182,20 +185,24 @@ def op_slice(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     return [x]
 
 
+def split_sizes(node: Any, inputs: list[Value | None], dim: int) -> list[int]:
+    """The part sizes a Split ``node`` cuts an axis of size ``dim`` into."""
+    sizes = _ints(inputs[1], node, "split") if len(inputs) > 1 else None
+    if sizes is None:
+        sizes = attrs(node).get("split")
+    if sizes:
+        return [int(s) for s in sizes]
+    n = len(node.output)
+    chunk = -(-dim // n)
+    return [min(chunk, dim - i * chunk) for i in range(n)]
+
+
 @op("Split")
 def op_split(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     x = inputs[0]
     assert isinstance(x, GTensor)
-    a = attrs(node)
-    axis = norm_axis(int(a.get("axis", 0)), x.rank)
-    sizes = _ints(inputs[1], node, "split") if len(inputs) > 1 else None
-    if sizes is None:
-        sizes = a.get("split")
-    n = len(node.output)
-    if not sizes:
-        dim = x.shape[axis]
-        chunk = -(-dim // n)
-        sizes = [min(chunk, dim - i * chunk) for i in range(n)]
+    axis = norm_axis(int(attrs(node).get("axis", 0)), x.rank)
+    sizes = split_sizes(node, inputs, x.shape[axis])
     outs: list[Value] = []
     pos = 0
     for s in sizes:
@@ -210,10 +217,18 @@ def op_concat(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
             and (not isinstance(v, GTensor) or v.size)]
     rank = vals[0].rank if isinstance(vals[0], GTensor) else np.ndim(vals[0])
     axis = norm_axis(int(attrs(node)["axis"]), rank)
+    full = list(np.shape(vals[0]) if isinstance(vals[0], np.ndarray) else vals[0].shape)
+    full[axis] = sum(int(np.shape(v)[axis] if isinstance(v, np.ndarray) else v.shape[axis]) for v in vals)
+    if rank > MAX_DIMS and any(d != 1 for d in full[: rank - MAX_DIMS]):
+        # more than ggml's four dims: join (before, axis, after) views, the axes either side merged
+        folded = [fold_shape(np.shape(v) if isinstance(v, np.ndarray) else v.shape, [axis]) for v in vals]
+        axis = folded[0][1][axis]
+        vals = [view_as(lowering, v, f) for v, (f, _) in zip(vals, folded)]
+        rank = len(folded[0][0])
     parts = [cont(lowering, lowering.const(v) if isinstance(v, np.ndarray) else v) for v in vals]
     y = parts[0]
     for p in parts[1:]:
         shape = list(y.shape)
         shape[axis] += p.shape[axis]
         y = GTensor(concat_ptr(lowering, y.ptr, p.ptr, gdim(axis, rank)), tuple(shape), y.dtype)
-    return [y]
+    return [reshape(lowering, y, full) if len(full) != rank else y]

@@ -34,8 +34,9 @@ class Encoder:
     penultimate: bool = False  # read hidden_states[-2] without the final norm (SDXL)
     pooled: str | None = None  # the pooled output the family feeds the model (SDXL's text_embeds)
     embedding_key: str = "clip_l"  # the textual-inversion vectors for this encoder
-    #: ``t5`` only: what the encoder's ``attention_mask`` input gets (``tokenizer``, or Chroma's ``keep_first``)
-    mask: str = "tokenizer"
+    #: ``t5`` only: what the encoder's ``attention_mask`` input gets when its graph has one
+    #: (``sdrt.pipelines.textcond.T5_MASKS``: ``ones`` as diffusers' SD3 and Flux, Chroma's ``tokenizer``)
+    mask: str = "ones"
 
 
 @dataclass
@@ -84,6 +85,8 @@ class Family:
     output: ClassVar[str] = "out_sample"
     #: input name -> rank the denoiser must take; ``timestep`` may be a scalar or [batch]
     model_inputs: ClassVar[dict[str, int]] = {"sample": 4, "timestep": 1, "encoder_hidden_states": 3}
+    #: input name -> rank of inputs fed only when the denoiser's graph declares them
+    optional_inputs: ClassVar[dict[str, int]] = {}
     #: a sample input with this many channels more than the latent is an inpainting model (mask + masked image)
     inpaint_channels: ClassVar[int] = 5
     #: a flow-matching family (SD3, Flux, Chroma): diffusers' FlowMatchEulerDiscreteScheduler for Euler

@@ -1,9 +1,10 @@
 """Chroma: T5 alone, with its attention mask; Flux's packed latents and ids, no pooled text and no guidance input.
 
-diffusers' ``ChromaPipeline``: the T5 tokenizer's mask, widened to keep the first padding token
-(``sdrt.text.keep_first_pad``), goes to the T5 encoder and, followed by ones for every image token, to the
-transformer's boolean ``attention_mask`` (``[batch, text + image tokens]``, true = attend; see
-docs/flow-families.md for the export). True classifier-free guidance with a negative prompt (``cfg``, 5 by
+diffusers' ``ChromaPipeline``: the T5 tokenizer's mask goes to the T5 encoder's ``attention_mask``; widened to
+keep the first padding token (``chroma_text_mask``) and followed by ones for every image token (Flux's hook), it
+goes to the transformer's boolean ``attention_mask`` (``[batch, text + image tokens]``, true = attend; see
+docs/flow-families.md for the export). Each is fed when the graph declares the input (the tiny test folder's
+export and sdrt's shipped graphs do; a graph without it attends to every padding token). True classifier-free guidance with a negative prompt (``cfg``, 5 by
 default, diffusers' ``guidance_scale``); the schedule is Flux's (``linspace(1, 1 / steps, steps)``, ``mu``).
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 from ..flowparts import chroma_text_mask
 from ..prompts import Conditioning
 from ..textcond import FlowConditioning
-from .base import Encoder, Family, Hook, ModelCall
+from .base import Encoder, Family
 from .flux import Flux
 
 
@@ -29,8 +30,7 @@ class Chroma(Flux):
     parts = {"text_encoder": "text", "transformer": "denoiser", "vae_decoder": "vae_decoder",
              "vae_encoder": "vae_encoder"}
     encoders = (Encoder("text_encoder", "tokenizer", kind="t5", mask="tokenizer"),)
-    model_inputs = {"hidden_states": 3, "timestep": 1, "encoder_hidden_states": 3, "txt_ids": 2, "img_ids": 2,
-                    "attention_mask": 2}
+    model_inputs = {"hidden_states": 3, "timestep": 1, "encoder_hidden_states": 3, "txt_ids": 2, "img_ids": 2}
     default_cfg = 5.0
     max_sequence_length = 512
 
@@ -50,18 +50,9 @@ class Chroma(Flux):
         return Family.negative_pass(self, cfg, negative_prompt)
 
     def cond_feeds(self, cond: Any, rows: int) -> dict[str, np.ndarray]:
-        # the text half of the attention mask; the hook adds the image tokens (cond and uncond rows differ)
+        # the text half of the attention mask; Flux's hook adds the image tokens (cond and uncond rows differ)
         return {self.text_input: np.repeat(cond.hidden, rows, axis=0),
                 "attention_mask": np.repeat(cond.text_mask, rows, axis=0)}
-
-    def hooks(self, call: ModelCall) -> list[Hook]:
-        tokens = (call.height // 16) * (call.width // 16)
-
-        def mask(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            text = feeds["attention_mask"].astype(bool)
-            return {"attention_mask": np.concatenate([text, np.ones((text.shape[0], tokens), bool)], axis=1)}
-
-        return [*Flux.hooks(self, call), mask]
 
     def infotext(self, settings: Any) -> dict[str, object]:
         return {} if settings.shift is None else {"Shift": Flux.infotext(self, settings)["Shift"]}

@@ -87,7 +87,7 @@ def _check_denoiser(family: Family, part: Part) -> None:
     if missing:
         raise _fail(family, part, "UNet" if part.name == "unet" else "denoiser",
                     f"it must take {', '.join(family.model_inputs)} (missing: {', '.join(missing)})")
-    for n, rank in family.model_inputs.items():
+    for n, rank in {**family.model_inputs, **{k: v for k, v in family.optional_inputs.items() if k in inputs}}.items():
         got = len(inputs[n].shape)
         if got != rank and not (n == "timestep" and got == 0):
             raise ModelError(f"the {part.name} input {n} has rank {got} and {family.label} feeds rank {rank}",

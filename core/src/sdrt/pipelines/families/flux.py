@@ -27,10 +27,12 @@ from .base import Encoder, Family, Hook, ModelCall
 
 
 class _Packed:
-    """The transformer part seen with unpacked latents: packs ``hidden_states``, unpacks ``out_hidden_states``."""
+    """The transformer part seen with unpacked latents: packs ``hidden_states``, unpacks ``out_hidden_states``;
+    drops ``attention_mask`` when the graph has no such input (an Optimum Flux export, an older Chroma one)."""
 
     def __init__(self, part: Any, sample: str, output: str) -> None:
         self.part, self.sample, self.output = part, sample, output
+        self.masked = "attention_mask" in part.inputs
 
     @property
     def inputs(self) -> Any:
@@ -43,6 +45,7 @@ class _Packed:
     def run(self, feeds: Mapping[str, np.ndarray], outputs: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
         x = feeds[self.sample]
         h, w = x.shape[2], x.shape[3]
+        feeds = {k: v for k, v in feeds.items() if self.masked or k != "attention_mask"}
         out = dict(self.part.run({**feeds, self.sample: pack_latents(x)}, outputs))
         name = self.output if self.output in out else next(iter(out))
         out[name] = unpack_latents(np.asarray(out[name], np.float32), h * 8, w * 8)
@@ -65,6 +68,8 @@ class Flux(Family):
     output = "out_hidden_states"
     model_inputs = {"hidden_states": 3, "timestep": 1, "encoder_hidden_states": 3, "pooled_projections": 2,
                     "txt_ids": 2, "img_ids": 2}
+    #: ``[batch, text + image tokens]``, true = attend: fed when the graph declares it (Chroma's export)
+    optional_inputs = {"attention_mask": 2}
     packed = True
     batched_cfg = False  # diffusers' Flux (true CFG) and Chroma pipelines call the transformer once per prompt
     flow = True
@@ -119,10 +124,18 @@ class Flux(Family):
         img = latent_image_ids(call.height, call.width)
         guidance = call.guidance
 
+        tokens = img.shape[0]
+
         def ids(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            more = {"img_ids": img, "txt_ids": text_ids(feeds[self.text_input].shape[1])}
+            rows, text = feeds[self.sample_input].shape[0], feeds[self.text_input].shape[1]
+            more = {"img_ids": img, "txt_ids": text_ids(text)}
             if guidance is not None:
-                more["guidance"] = np.full((feeds[self.sample_input].shape[0],), guidance, np.float32)
+                more["guidance"] = np.full((rows,), guidance, np.float32)
+            # the attention mask: the conditioning's text mask (Chroma's; else every text token), then every
+            # image token; ``session`` drops it for a graph without the input
+            mask = feeds.get("attention_mask")
+            mask = np.ones((rows, text), bool) if mask is None else np.asarray(mask).astype(bool)
+            more["attention_mask"] = np.concatenate([mask, np.ones((rows, tokens), bool)], axis=1)
             return more
 
         return [*super().hooks(call), ids]

@@ -1,0 +1,220 @@
+"""ControlNet files as people download them, bound onto sdrt's shipped weight-free ControlNet graphs.
+
+Two layouts are in circulation:
+
+- **LDM** (lllyasviel's ``control_v11p_sd15_canny.safetensors`` and the other v1.1 files, and the
+  ControlNet 1.0 files, which hold the ControlNet under ``control_model.``): the UNet encoder in the
+  LDM names (``input_blocks``, ``middle_block``, ``time_embed``, SDXL's ``label_emb``), plus
+  ``input_hint_block.{0,2,...}`` (the conditioning embedding: its convolutions at the even indices,
+  SiLUs between), ``zero_convs.N.0`` (one 1x1 convolution per down residual) and ``middle_block_out.0``;
+- **diffusers** (``diffusion_pytorch_model.safetensors`` of ``ControlNetModel``, e.g.
+  ``diffusers/controlnet-canny-sdxl-1.0``): the state-dict names already, ``controlnet_cond_embedding.*``,
+  ``controlnet_down_blocks.N``, ``controlnet_mid_block``.
+
+Both become diffusers' ``ControlNetModel`` names (``ldm.convert_unet`` converts the UNet encoder, the
+control-specific keys are mapped here, as diffusers' ``convert_controlnet_checkpoint`` and ComfyUI's
+``load_controlnet`` do), and each tensor is a lazy ``TensorRef`` read and converted when a backend asks
+for it (fp16 files stay fp16 on disk). Which base a file is made for (SD 1.x, SD 2.x, SDXL) comes from its
+shapes: the text width its cross-attention reads (768, 1024, 2048) and SDXL's added embedding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ModelError, SdrtError, WeightsError
+from ..weights import Weights
+from . import ldm
+from .graphs import shipped_graph
+from .ldm import Source
+
+log = logging.getLogger("sdrt.checkpoint.controlnet")
+
+PathLike = str | os.PathLike[str]
+#: the prefix of a ControlNet inside an LDM file (ControlNet 1.0, and some re-saved 1.1 files)
+LDM_PREFIX = "control_model."
+#: base family -> its shipped weight-free ControlNet graph
+CONTROLNET_GRAPHS = {"sd1": "sd1_controlnet", "sdxl": "sdxl_controlnet"}
+#: base family -> its shipped UNet graph that takes ControlNet residuals (``down_block_additional_residual_0..N``,
+#: ``mid_block_additional_residual``): a single-file checkpoint's UNet binds onto it (``open_single_file(...,
+#: graph_paths={"unet": shipped_graph(...)})``) when ControlNets are used
+CONTROLNET_UNET_GRAPHS = {"sd1": "sd1_unet_controlnet", "sdxl": "sdxl_unet_controlnet"}
+BASE_LABELS = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL"}
+#: what to pass, by base, in messages
+EXAMPLES = {"sd1": "control_v11p_sd15_canny.safetensors", "sdxl": "diffusers/controlnet-canny-sdxl-1.0's "
+            "diffusion_pytorch_model.safetensors", "sd2": "an SD 2.x ControlNet"}
+_CONTEXT = {768: "sd1", 1024: "sd2", 2048: "sdxl"}
+
+
+@dataclass(frozen=True)
+class ControlNetIdentity:
+    """What a file holds: ``base`` (``sd1``/``sd2``/``sdxl``, None when not a ControlNet sdrt can read),
+    ``layout`` (``ldm``/``diffusers``), the key ``prefix`` and a ``label`` in words."""
+
+    base: str | None
+    layout: str | None
+    prefix: str
+    label: str
+    hint_channels: int = 3
+    #: ``sdxl`` with SDXL's added embedding, else ``sd1``: what an export of another width (``graph=``) is
+    shape_of: str | None = None
+
+
+@dataclass
+class OpenedControlNet:
+    """A ControlNet file bound onto a weight-free graph: ``graph`` (the .onnx path) and ``weights`` (its
+    initializers, lazy) are what ``sdrt.load(graph, weights=weights)`` takes."""
+
+    path: Path
+    ident: ControlNetIdentity
+    graph: Path
+    weights: Weights
+
+    @property
+    def base(self) -> str:
+        assert self.ident.base is not None
+        return self.ident.base
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+def identify(shapes: Mapping[str, tuple[int, ...]]) -> ControlNetIdentity:
+    """A file's ControlNet identity from its tensor names and shapes (no data read)."""
+    keys = list(shapes)
+
+    def has(p: str) -> bool:
+        return any(k.startswith(p) for k in keys)
+
+    if any(k.startswith("lora_controlnet") or k == "lora_controlnet" for k in keys):
+        return ControlNetIdentity(None, None, "", "a Control-LoRA (Stability AI's control-lora), which sdrt does "
+                                                  "not run")
+    if has("controlnet_cond_embedding.") and has("controlnet_down_blocks."):
+        layout, prefix = "diffusers", ""
+        hint = shapes.get("controlnet_cond_embedding.conv_in.weight")
+        xl = has("add_embedding.")
+    else:
+        prefix = LDM_PREFIX if has(LDM_PREFIX + "zero_convs.") else ""
+        if not (has(prefix + "zero_convs.") and has(prefix + "input_hint_block.")):
+            return ControlNetIdentity(None, None, "", _not_controlnet(keys))
+        layout = "ldm"
+        hint = shapes.get(prefix + "input_hint_block.0.weight")
+        xl = has(prefix + "label_emb.")
+    ctx = next((int(s[1]) for k, s in shapes.items() if k.startswith(prefix) and k.endswith("attn2.to_k.weight")
+                and len(s) == 2), None)
+    channels = int(hint[1]) if hint is not None and len(hint) == 4 else 3
+    base = ("sdxl" if ctx in (None, 2048) else None) if xl else _CONTEXT.get(ctx or 0)
+    if base is None:
+        return ControlNetIdentity(None, layout, prefix, f"a ControlNet for a {ctx or 'unknown'}-wide text encoder "
+                                  f"({'SDXL-like' if xl else 'SD-like'}; not SD 1.x, SD 2.x or SDXL)", channels,
+                                  "sdxl" if xl else "sd1")
+    label = f"an {BASE_LABELS[base]} ControlNet ({'diffusers' if layout == 'diffusers' else 'LDM'} layout)"
+    return ControlNetIdentity(base, layout, prefix, label, channels)
+
+
+def _not_controlnet(keys: list[str]) -> str:
+    from .families import detect
+
+    shown = detect({k: () for k in keys})
+    if shown == "unknown":
+        shown = f"unknown (first keys: {', '.join(keys[:4])})"
+    return f"not a ControlNet: it looks like {shown}"
+
+
+def convert(keys: list[str], ident: ControlNetIdentity) -> tuple[dict[str, Source], list[str]]:
+    """``({diffusers ControlNetModel name: Source}, keys not used)`` for a file's keys."""
+    prefix = ident.prefix
+    if ident.layout == "diffusers":
+        return {k: Source(k) for k in keys}, []
+    mine = [k for k in keys if k.startswith(prefix)]
+    other = [k for k in keys if not k.startswith(prefix)]  # ControlNet 1.0 files also hold the whole SD model
+    hint = sorted(int(m[1]) for k in mine if (m := re.match(re.escape(prefix) + r"input_hint_block\.(\d+)\.weight$", k)))
+    out: dict[str, Source] = {}
+    encoder: list[str] = []
+    for full in mine:
+        k = full[len(prefix):]
+        if m := re.match(r"zero_convs\.(\d+)\.0\.(weight|bias)$", k):
+            out[f"controlnet_down_blocks.{m[1]}.{m[2]}"] = Source(full)
+        elif m := re.match(r"middle_block_out\.0\.(weight|bias)$", k):
+            out[f"controlnet_mid_block.{m[1]}"] = Source(full)
+        elif m := re.match(r"input_hint_block\.(\d+)\.(weight|bias)$", k):
+            pos = hint.index(int(m[1])) if int(m[1]) in hint else -1
+            conv = ("conv_in" if pos == 0 else "conv_out" if pos == len(hint) - 1 else f"blocks.{pos - 1}")
+            out[f"controlnet_cond_embedding.{conv}.{m[2]}"] = Source(full)
+        else:
+            encoder.append(full)
+    unet, unknown = ldm.convert_unet(encoder, prefix)
+    out.update(unet)
+    return out, unknown + other
+
+
+def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike | None = None) -> OpenedControlNet:
+    """Open a ControlNet ``.safetensors`` (LDM or diffusers layout) onto sdrt's shipped ControlNet graph of
+    its base (or onto ``graph``, an export of your own with the same parameter names).
+
+    ``base``: the family of the model it will run with (``"sd1"``, ``"sdxl"``): a ControlNet made for
+    another base is refused. Raises one ``SdrtError`` naming the file for anything that cannot run.
+    """
+    from ..graph import Graph
+    from .single_file import Checkpoint
+
+    p = Path(path)
+    if p.is_dir():
+        raise ModelError("a folder was given where a ControlNet .safetensors file was expected", where=str(p),
+                         fix="pass the file (or the folder as a ControlNet folder holding model.onnx)")
+    try:
+        w = Weights.open(p)
+    except SdrtError as exc:
+        raise type(exc)(f"cannot open the ControlNet {p.name}: {exc.what}", where=str(p),
+                        fix="re-download the file (it may be truncated or not a .safetensors file)") from exc
+    shapes = {k: tuple(int(d) for d in w.ref(k).shape) for k in w}
+    ident = identify(shapes)
+    if ident.base is None and graph is not None and ident.shape_of is not None:
+        ident = dataclasses.replace(ident, base=ident.shape_of)  # a reduced/other width: the graph given decides
+    if ident.base is None:
+        raise ModelError(f"{p.name} is {ident.label}", where=str(p),
+                         fix="pass a ControlNet file for SD 1.x (e.g. control_v11p_sd15_canny.safetensors) or SDXL "
+                             "(e.g. diffusers/controlnet-canny-sdxl-1.0), or a ControlNet ONNX folder")
+    if base is not None and base != ident.base:
+        want = BASE_LABELS.get(base, base)
+        raise ModelError(f"{p.name} is {ident.label}, and the model is {want}", where=str(p),
+                         fix=f"pass a ControlNet made for {want}" + (f" (e.g. {EXAMPLES[base]})" if base in EXAMPLES
+                                                                     else ""))
+    if graph is None and ident.base not in CONTROLNET_GRAPHS:
+        raise ModelError(f"{p.name} is {ident.label}; sdrt ships ControlNet graphs for SD 1.x and SDXL only",
+                         where=str(p), fix="export this ControlNet to an ONNX folder (model.onnx) and pass the folder")
+    gpath = Path(graph) if graph is not None else shipped_graph(CONTROLNET_GRAPHS[ident.base])
+    srcs, unused = convert(list(shapes), ident)
+    if unused:
+        log.info("%s: %d keys not used (%s)", p.name, len(unused), ", ".join(unused[:4]))
+    ck = Checkpoint(w, {"controlnet": srcs}, ident.label, p)
+    try:
+        (refs,) = ck.lazy({"controlnet": Graph.load(gpath)}).values()
+    except WeightsError as exc:
+        what = (f"the shipped {BASE_LABELS[ident.base]} ControlNet graph (the architecture of "
+                f"{'lllyasviel/control_v11p_sd15_canny' if ident.base == 'sd1' else 'diffusers/controlnet-canny-sdxl-1.0'})"
+                if graph is None else f"the graph {gpath.name}")
+        raise ModelError(f"{p.name} is {ident.label} of another size than {what}: {exc.what}"[:1500],
+                         where=str(p), fix="pass a full-size ControlNet (not a -mid/-small/LoRA variant), or export "
+                                           "this one to an ONNX folder and pass the folder") from exc
+    if ident.hint_channels != 3:
+        log.warning("%s takes a %d-channel control image; sdrt feeds RGB", p.name, ident.hint_channels)
+    log.info("%s: %s, %d tensors bound onto %s", p.name, ident.label, len(refs), gpath.name)
+    return OpenedControlNet(p, ident, gpath, Weights(refs, sources=[p]))
+
+
+def folder_file(folder: Path) -> Path | None:
+    """The weights file of a diffusers ControlNet folder (``diffusion_pytorch_model.safetensors``, or its
+    fp16 variant), when the folder holds no ``model.onnx``."""
+    for name in ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors"):
+        if (folder / name).is_file():
+            return folder / name
+    files = sorted(folder.glob("*.safetensors"))
+    return files[0] if len(files) == 1 else None

@@ -1,0 +1,204 @@
+"""Single files in a pipeline: a ``.safetensors`` checkpoint as the model, and separate VAE and text-encoder files.
+
+- ``folder_from_file(path, vae, text_encoders, ...)``: a ``ModelFolder`` for a single file
+  (``sdrt.checkpoint.open_single_file``, then ``ModelFolder.from_single_file``): its parts are sdrt's
+  shipped weight-free graphs, each with the file's weights bound (``ModelFolder.weights``), and its
+  scheduler, tokenizers and VAE scaling are those of the family's release
+  (``sdrt/data/release/families.json``).
+- ``check_part_file(path, arg, family, ...)``: what a file given as ``vae=`` / ``text_encoders=`` is,
+  from its tensor names and shapes, checked against what the model needs (one ``SdrtError`` naming
+  the argument, the file, what it is and what the model takes).
+- ``bind_part_files(pipe, vae, text_encoders)``: on an ONNX folder, those files replace the weights of
+  the matching parts, bound through ``sdrt.checkpoint``'s key maps onto the folder's own graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..checkpoint.files import release_tokenizer
+from ..errors import InputError, ModelError, ModelNotFoundError, SdrtError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .folder import ModelFolder
+    from .pipeline import Pipeline
+
+log = logging.getLogger("sdrt.pipelines.singlefile")
+
+PathLike = str | os.PathLike[str]
+
+#: a pipeline family -> a checkpoint family with its parts (which encoder kind each text part is)
+_PARTS_OF = {"sd1": "sd1", "sd2": "sd2", "sdxl": "sdxl", "sd3": "sd35-medium", "flux": "flux-dev", "chroma": "chroma"}
+
+__all__ = ["PartFile", "bind_part_files", "check_part_file", "denoiser_graph", "folder_from_file", "is_single_file",
+           "missing_parts", "release_tokenizer"]
+
+
+def is_single_file(path: object) -> bool:
+    """Whether ``path`` names a file (a ``.safetensors`` checkpoint) rather than a model folder."""
+    return isinstance(path, (str, os.PathLike)) and Path(path).is_file() and Path(path).suffix.lower() != ".onnx"
+
+
+# -- what a separate file is -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PartFile:
+    """A separate VAE or text-encoder file: its kind (``vae4``, ``vae16``, ``clip_l``, ``clip_g``,
+    ``openclip_h``, ``t5xxl``), the parts of the model it fills, and its key prefix."""
+
+    path: Path
+    kind: str
+    label: str
+    parts: tuple[str, ...]
+    prefix: str
+
+
+def _kinds(family: str) -> dict[str, str]:
+    """``{part: kind}`` of a checkpoint family's text encoders and VAE (``clip_l``, ``t5xxl``, ``vae16``...)."""
+    from ..checkpoint.families import FAMILY_GRAPHS
+    from ..checkpoint.files import graph_kind
+
+    return {p: graph_kind(g) for p, g in FAMILY_GRAPHS[family].items() if p.startswith(("text_encoder", "vae"))}
+
+
+def check_part_file(path: PathLike, arg: str, family: str, label: str) -> PartFile:
+    """What the file given as ``arg`` (``vae`` or ``text_encoders``) is, checked against ``family`` (a key of
+    ``sdrt.checkpoint.FAMILY_GRAPHS``; ``label`` its name in words). Headers only."""
+    from ..checkpoint.families import PART_KINDS, identify
+    from ..weights import Weights
+
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{p.name} is a folder, and {{@{arg}}} takes one .safetensors file", where=arg,
+                         fix=f"pass the file itself (e.g. {p / 'diffusion_pytorch_model.safetensors'})")
+    if not p.is_file():
+        raise ModelNotFoundError(f"{p} does not exist", where=arg, fix="check the path")
+    try:
+        w = Weights.open(p)
+    except SdrtError as exc:
+        raise type(exc)(f"{{@{arg}}}: cannot open {p.name}: {exc.what}", where=str(p),
+                        fix="re-download the file (it may be truncated or not a .safetensors file)") from exc
+    ident = identify({k: tuple(int(d) for d in w.ref(k).shape) for k in w})
+    kinds = _kinds(family)
+    vae = arg == "vae"
+    wanted = sorted({k for part, k in kinds.items() if part.startswith("vae") == vae})
+    if ident.kind not in PART_KINDS:
+        what = f"a whole {ident.label} model" if ident.kind == "checkpoint" else ident.label
+        raise ModelError(f"{{@{arg}}}: {p.name} is {what}, not {'a VAE' if vae else 'a text encoder'}", where=str(p),
+                         fix=f"{label} takes {' and '.join(PART_KINDS[k] for k in wanted)} here")
+    if ident.kind.startswith("vae") != vae:
+        raise ModelError(f"{{@{arg}}}: {p.name} is {PART_KINDS[ident.kind]}, not {'a VAE' if vae else 'a text encoder'}",
+                         where=str(p), fix=f"pass it with {{@{'text_encoders' if vae else 'vae'}}}")
+    parts = tuple(part for part, k in kinds.items() if k == ident.kind)
+    if not parts:
+        if vae:
+            raise ModelError(f"{{@{arg}}}: {p.name} is {PART_KINDS[ident.kind]} and {label} needs "
+                             f"{PART_KINDS[wanted[0]]}", where=str(p), fix="pass the VAE that belongs to this model")
+        raise ModelError(f"{{@{arg}}}: {p.name} is {PART_KINDS[ident.kind]}, which {label} does not use", where=str(p),
+                         fix=f"{label} takes {', '.join(PART_KINDS[k] for k in wanted) or 'no text encoder file'}")
+    return PartFile(p, ident.kind, PART_KINDS[ident.kind], parts, next(iter(ident.components.values())))
+
+
+def missing_parts(path: PathLike) -> str | None:
+    """Why a ``.safetensors`` file cannot be served on its own (headers only), or None when it holds a whole
+    model: a denoiser of a family sdrt ships graphs for, with its text encoders and VAE."""
+    from ..checkpoint.families import FAMILY_GRAPHS, PART_KINDS, identify
+    from ..checkpoint.files import graph_kind
+    from ..weights import Weights
+
+    try:
+        w = Weights.open(path)
+    except SdrtError as exc:
+        return f"it cannot be opened ({exc.what})"
+    ident = identify({k: tuple(int(d) for d in w.ref(k).shape) for k in w})
+    if ident.family is None:
+        return f"it is {ident.label}, not a model"
+    have = {"vae_decoder" if c == "vae" else c for c in ident.components}
+    lack = [p for p in FAMILY_GRAPHS[ident.family] if p != "vae_encoder" and p not in have]
+    if lack:
+        kinds = ", ".join(dict.fromkeys(PART_KINDS[graph_kind(FAMILY_GRAPHS[ident.family][p])] for p in lack))
+        return f"it is {ident.label} and holds no {kinds}"
+    return None
+
+
+# -- a single file as a model folder -------------------------------------------------------------------
+def folder_from_file(path: PathLike, vae: PathLike | None = None, text_encoders: Iterable[PathLike] = (), *,
+                     graph_paths: Mapping[str, PathLike] | None = None, tokenizers: Mapping[str, PathLike] | None = None,
+                     prediction: str | None = None) -> ModelFolder:
+    """A :class:`ModelFolder` for a single-file checkpoint (plus separate VAE / text-encoder files)."""
+    from ..checkpoint import open_single_file
+    from ..checkpoint.families import LABELS, identify
+    from ..weights import Weights
+
+    main = Path(path)
+    encoders = [text_encoders] if isinstance(text_encoders, (str, os.PathLike)) else list(text_encoders)
+    extras: list[Path] = []
+    if vae is not None or encoders:  # checked against the family first, in the caller's words
+        w = Weights.open(main)
+        fam = identify({k: tuple(int(d) for d in w.ref(k).shape) for k in w}).family
+        if fam is not None:
+            if vae is not None:
+                extras.append(check_part_file(vae, "vae", fam, LABELS[fam]).path)
+            extras += [check_part_file(t, "text_encoders", fam, LABELS[fam]).path for t in encoders]
+        else:
+            extras += [Path(vae)] if vae is not None else []
+            extras += [Path(t) for t in encoders]
+    opened = open_single_file(main, extras, prediction=prediction, graph_paths=graph_paths)
+    from .folder import ModelFolder
+
+    return ModelFolder.from_single_file(opened, tokenizers=tokenizers, vae_file=Path(vae) if vae is not None else None)
+
+
+# -- separate files onto an ONNX folder --------------------------------------------------------------
+def bind_part_files(pipe: Pipeline, vae: PathLike | None = None, text_encoders: Iterable[PathLike] = ()) -> list[str]:
+    """Replace the weights of the folder's VAE / text encoders with those files (through ``WeightState``,
+    so LoRAs and embeddings apply on top). Everything is checked before anything changes. Returns the parts."""
+    from ..checkpoint.files import part_file_refs
+    from ..errors import WeightsError
+
+    fam = _PARTS_OF[pipe.family.name]
+    label = pipe.family.label
+    encoders = [text_encoders] if isinstance(text_encoders, (str, os.PathLike)) else list(text_encoders)
+    files = ([check_part_file(vae, "vae", fam, label)] if vae is not None else []) + \
+        [check_part_file(t, "text_encoders", fam, label) for t in encoders]
+    state = pipe.weights
+    planned: dict[str, dict[str, Any]] = {}
+    for pf in files:
+        parts = [p for p in pf.parts if p in pipe.parts]
+        try:
+            planned.update(part_file_refs(pf.path, {p: state._graph(p) for p in parts}))
+        except WeightsError as exc:
+            arg = "vae" if pf.kind.startswith("vae") else "text_encoders"
+            raise WeightsError(f"{{@{arg}}}: {pf.path.name} ({pf.label}) does not fit this {label} model's "
+                               f"{', '.join(parts)}: {exc.what}", where=str(pf.path),
+                               fix="pass the file that belongs to this model (the same architecture and widths)"
+                               ) from exc
+    for part, refs in planned.items():
+        state.base[part] = dict(refs)
+    if planned:
+        state.part_files.update({p: f.path for f in files for p in f.parts if p in planned})
+        state._apply(set(planned))
+    return sorted(planned)
+
+
+# -- ControlNet on a single file ----------------------------------------------------------------------
+def denoiser_graph(folder: ModelFolder, control: bool) -> Path | None:
+    """The shipped UNet graph a single-file pipeline runs: its twin with ControlNet residual inputs
+    (``sdrt.checkpoint.controlnet.CONTROLNET_UNET_GRAPHS``: the same parameters and initializer names) when
+    ``control``, else the plain one. None when the folder is not a single file on a shipped SD 1.x/SDXL UNet
+    (an ONNX folder, an inpainting UNet, ``graph_paths`` of one's own)."""
+    from ..checkpoint.controlnet import CONTROLNET_UNET_GRAPHS
+    from ..checkpoint.families import FAMILY_GRAPHS
+    from ..checkpoint.graphs import shipped_graph
+
+    opened = getattr(folder, "single_file", None)
+    if opened is None or opened.family not in CONTROLNET_UNET_GRAPHS:
+        return None
+    plain = shipped_graph(FAMILY_GRAPHS[opened.family]["unet"])
+    if folder.parts.get("unet") != plain:
+        return None  # the caller bound the file onto a graph of their own
+    return shipped_graph(CONTROLNET_UNET_GRAPHS[opened.family]) if control else plain

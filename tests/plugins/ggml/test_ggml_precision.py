@@ -1,0 +1,246 @@
+"""sdrt-ggml at precision="bf16" / "fp16": the weights of MatMul, Gemm and dense convs stored in ggml's half
+types (sdrt_ggml/half.py), everything else float32.
+
+The reference is onnxruntime in float32 on the same graph with those weights rounded to bf16/fp16 in numpy
+(ml_dtypes' casts, not sdrt's): the same rounding, float32 compute. ggml also rounds each activation row to
+the weight's type before its dot products (its ``vec_dot_type``), so:
+
+- where the graph input is the matmul's input, the feeds are rounded too: both sides then multiply the
+  same numbers and differ only by the order of float32 accumulation (ggml's dot products against MLAS), a
+  few float32 ulps of the sum of |terms|; the bound used is 1e-5 of sum(|w| |x|) per output;
+- where an activation computed inside the graph feeds a half matmul, ggml rounds it and the reference does
+  not: each product then moves by at most the unit roundoff u of the half type (2^-9 for bf16, 2^-12 for
+  fp16, round to nearest), so |error| <= u * sum(|w| |x|) plus the float32 term; the tests hold 2u.
+
+ggml's CPU code has a bf16 dot product for AVX-512-BF16 (``vdpbf16ps``), AVX-512F, AVX2/AVX and plain C,
+and an fp16 one through F16C (or plain C) (ggml-cpu's ``ggml_vec_dot_bf16``/``ggml_vec_dot_f16``): all of
+them compute the products of the rounded values exactly in float32 and accumulate in float32, so these bounds
+hold on AVX2-only CPUs too. ggml-python builds one CPU library for the build machine (no runtime dispatch to
+pin), so only the widest path of this machine runs here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from ggml_helpers import F, compile_ggml, make_model, rand, run_ort
+from onnx import helper, numpy_helper
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+UNIT = {"bf16": 2.0 ** -9, "fp16": 2.0 ** -12}
+HALF = ("bf16", "fp16")
+
+
+def rounded(precision: str, a: np.ndarray) -> np.ndarray:
+    """The independent rounding: ml_dtypes' bfloat16 / numpy's float16, back to float32."""
+    t = ml_dtypes.bfloat16 if precision == "bf16" else np.float16
+    return np.asarray(a, np.float32).astype(t).astype(np.float32)
+
+
+def with_rounded_weights(model: onnx.ModelProto, precision: str, names: set[str]) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for init in out.graph.initializer:
+        if init.name in names:
+            init.CopyFrom(numpy_helper.from_array(rounded(precision, numpy_helper.to_array(init)), init.name))
+    return out
+
+
+def test_rounding_matches_ggml_and_ml_dtypes():
+    """bf16: the bit patterns of ggml's own ``ggml_fp32_to_bf16_row`` and of ml_dtypes; fp16: numpy's cast,
+    finite values beyond its range clipped (as ``to_half``)."""
+    import ctypes
+
+    from sdrt_ggml.half import bf16_bits, round_to
+    from sdrt_ggml.ops._common import ggml_lib
+
+    rng = np.random.default_rng(0)
+    a = np.concatenate([rng.standard_normal(10000).astype(np.float32) * 10.0 ** rng.integers(-30, 30, 10000),
+                        np.array([0.0, -0.0, np.inf, -np.inf, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 3.4e38,
+                                  1e-40, -1e-45], np.float32)]).astype(np.float32)
+    g = ggml_lib()
+    theirs = np.zeros(a.size, np.uint16)
+    g.ggml_fp32_to_bf16_row(a.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                            theirs.ctypes.data_as(ctypes.POINTER(g.ggml_bf16_t)), a.size)
+    assert np.array_equal(bf16_bits(a), theirs)  # round to nearest even, bit for bit
+    assert np.array_equal(bf16_bits(a), a.astype(ml_dtypes.bfloat16).view(np.uint16))
+    assert np.isnan(round_to("bf16", np.array([np.nan], np.float32))).all()
+    small = a[:10000] / np.float32(1e25)
+    assert np.array_equal(round_to("fp16", small), small.astype(np.float16).astype(np.float32))
+    assert list(round_to("fp16", np.array([1e6, -7e4, np.inf], np.float32))) == [65504.0, -65504.0, np.inf]
+
+
+def _layers() -> tuple[onnx.ModelProto, dict[str, np.ndarray], set[str]]:
+    """MatMul (2-D and batched constant B), Gemm (transB 0/1, alpha, bias), Conv (3x3, 1x1, strided, 1-D),
+    each reading a graph input."""
+    inits = {
+        "w": rand(96, 40, seed=1), "wb": rand(3, 24, 16, seed=2), "g0": rand(96, 33, seed=3),
+        "g1": rand(20, 96, seed=4), "gb": rand(20, seed=5), "k3": rand(12, 7, 3, 3, seed=6),
+        "k1": rand(9, 7, 1, 1, seed=7), "ks": rand(5, 7, 3, 3, seed=8), "cb": rand(12, seed=9),
+        "k1d": rand(6, 4, 3, seed=10),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]),
+        helper.make_node("MatMul", ["xb", "wb"], ["mmb"]),
+        helper.make_node("Gemm", ["x", "g0"], ["gemm0"], alpha=0.5),
+        helper.make_node("Gemm", ["x", "g1", "gb"], ["gemm1"], transB=1),
+        helper.make_node("Conv", ["im", "k3", "cb"], ["c3"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["im", "k1"], ["c1"]),
+        helper.make_node("Conv", ["im2", "ks"], ["cs"], strides=[2, 2], pads=[0, 1, 1, 0]),
+        helper.make_node("Conv", ["seq", "k1d"], ["c1d"], pads=[1, 1]),
+    ]
+    inputs = {"x": ((5, 96), F), "xb": ((3, 10, 24), F), "im": ((1, 7, 9, 11), F), "im2": ((2, 7, 10, 9), F),
+              "seq": ((1, 4, 17), F)}
+    outputs = {n: (None, F) for n in ("mm", "mmb", "gemm0", "gemm1", "c3", "c1", "cs", "c1d")}
+    halved = {"w", "wb", "g0", "g1", "k3", "k1", "ks"}  # biases stay float32; the 1-D conv's kernel too
+    return make_model(nodes, inputs, outputs, inits), inputs, halved
+
+
+def _abs_terms(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """sum(|w| |x|) per output (onnxruntime on the graph with |weights| and |feeds|, biases zeroed)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for init in m.graph.initializer:
+        a = np.abs(numpy_helper.to_array(init))
+        if init.name in ("gb", "cb"):
+            a = np.zeros_like(a)
+        init.CopyFrom(numpy_helper.from_array(a, init.name))
+    return run_ort(m, {k: np.abs(v) for k, v in feeds.items()})
+
+
+@pytest.mark.parametrize("precision", HALF)
+def test_layers_match_the_rounded_reference(precision):
+    model, inputs, halved = _layers()
+    feeds = {k: rounded(precision, rand(*shape, seed=20 + i)) for i, (k, (shape, _)) in enumerate(inputs.items())}
+    want = run_ort(with_rounded_weights(model, precision, halved), feeds)
+    bound = _abs_terms(model, feeds)
+    with compile_ggml(model, precision=precision) as s:
+        got = s.run(feeds)
+        hits = s.impl_hits
+        held = s.weight_bytes()
+    for k in want:
+        assert got[k].shape == want[k].shape, k
+        err = np.abs(got[k].astype(np.float64) - want[k])
+        assert (err <= 1e-5 * bound[k] + 1e-6).all(), (k, float(err.max()), float((err / (bound[k] + 1e-6)).max()))
+    assert hits.get(f"mul_mat {precision}", 0) >= len(halved), hits
+    n_half = sum(numpy_helper.to_array(i).size for i in model.graph.initializer if i.name in halved)
+    n_f32 = sum(numpy_helper.to_array(i).size for i in model.graph.initializer if i.name not in halved)
+    # half weights, float32 biases and 1-D kernel, and a few int32 constants of the lowering (a shape)
+    assert 2 * n_half + 4 * n_f32 <= held <= 2 * n_half + 4 * n_f32 + 64, (held, n_half, n_f32)
+
+
+@pytest.mark.parametrize("precision", HALF)
+def test_activations_rounded_inside_the_graph_stay_within_the_unit_roundoff(precision):
+    """MatMul -> Add -> Relu -> Gemm -> Conv: the half matmuls after the first read float32 activations that
+    ggml rounds to the weight's type and the reference does not."""
+    inits = {"w": rand(64, 48, seed=1), "b": rand(48, seed=2), "g": rand(48, 72, seed=3),
+             "k": rand(4, 2, 3, 3, seed=4)}
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("Gemm", ["r", "g"], ["y"]),
+             helper.make_node("Reshape", ["y", "shape"], ["im"]),
+             helper.make_node("Conv", ["im", "k"], ["out"], pads=[1, 1, 1, 1])]
+    inits["shape"] = np.array([1, 2, 12, 18], np.int64)
+    model = make_model(nodes, {"x": ((6, 64), F)}, {"out": (None, F)}, inits)
+    feeds = {"x": rand(6, 64, seed=9)}
+    halved = {"w", "g", "k"}
+    want = run_ort(with_rounded_weights(model, precision, halved), feeds)["out"]
+    # sum(|.| |.|) through the three layers, on |weights| and |x| (an upper bound of each layer's terms)
+    m_abs = onnx.ModelProto()
+    m_abs.CopyFrom(model)
+    for init in m_abs.graph.initializer:
+        if init.name != "shape":
+            init.CopyFrom(numpy_helper.from_array(np.abs(numpy_helper.to_array(init)), init.name))
+    bound = run_ort(m_abs, {"x": np.abs(feeds["x"])})["out"]
+    with compile_ggml(model, precision=precision) as s:
+        got = s.run(feeds)["out"]
+    err = np.abs(got.astype(np.float64) - want)
+    # each of the 3 layers rounds its input once (the first: x) and its terms are bounded by bound's
+    assert (err <= 3 * 2 * UNIT[precision] * bound + 1e-5 * bound + 1e-6).all(), float((err / bound).max())
+    # and the half path does round: at bf16 the result is not the float32 one
+    with compile_ggml(model, precision="fp32") as s:
+        f32 = s.run(feeds)["out"]
+    assert np.abs(got - f32).max() > 0
+
+
+@pytest.mark.parametrize("precision", HALF)
+def test_update_weights_encodes_half(precision):
+    import sdrt
+
+    model, inputs, halved = _layers()
+    feeds = {k: rounded(precision, rand(*shape, seed=40 + i)) for i, (k, (shape, _)) in enumerate(inputs.items())}
+    new = {n: numpy_helper.to_array(i) * np.float32(-1.5) + np.float32(0.01) for n, i in
+           ((i.name, i) for i in model.graph.initializer)}
+    m_new = onnx.ModelProto()
+    m_new.CopyFrom(model)
+    for init in m_new.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(new[init.name], init.name))
+    want = run_ort(with_rounded_weights(m_new, precision, halved), feeds)
+    bound = _abs_terms(m_new, feeds)
+    with compile_ggml(model, precision=precision) as s:
+        s.update_weights(sdrt.Weights.from_arrays(new))
+        got = s.run(feeds)
+    for k in want:
+        err = np.abs(got[k].astype(np.float64) - want[k])
+        assert (err <= 1e-5 * bound[k] + 1e-6).all(), k
+
+
+def test_precision_option(monkeypatch):
+    from sdrt.errors import SdrtError
+    from sdrt_ggml import GgmlBackend
+
+    model, _, _ = _layers()
+    be = GgmlBackend()
+    cpu = next(d for d in be.devices() if d.kind == "cpu")
+    assert set(be.precisions) == {"fp32", "bf16", "fp16"}
+    monkeypatch.delenv("SDRT_PRECISION", raising=False)
+    # no bf16 kernel beats the native float32 GEMM yet (devices.CPU_BF16_FASTER): float32 on every CPU
+    assert cpu.properties["precision"] == be.precision_for(cpu) == "fp32"
+    with compile_ggml(model) as s:
+        assert not any(k.startswith("mul_mat ") for k in s.impl_hits)
+    with compile_ggml(model, precision="bfloat16") as s:  # the vocabulary's aliases
+        assert s.impl_hits.get("mul_mat bf16")
+    monkeypatch.setenv("SDRT_PRECISION", "half")  # replaces the default
+    assert be.precision_for(cpu) == "fp16"
+    with pytest.raises(SdrtError, match="precision 'int8'"):
+        compile_ggml(model, precision="int8")
+
+
+def test_default_follows_the_cpu_flag(monkeypatch):
+    """Once a bf16 kernel is measured faster (CPU_BF16_FASTER), the CPU flag and ggml's build decide."""
+    from sdrt import precision_default
+    from sdrt_ggml import devices
+    from sdrt_ggml.ops._common import ggml_lib
+
+    lib = ggml_lib()
+    assert devices.default_precision(lib, "cpu") == "fp32"
+    assert devices.default_precision(lib, "gpu") == "fp32"  # fp16 on GPUs: not measured yet
+    monkeypatch.setattr(devices, "CPU_BF16_FASTER", True)
+    monkeypatch.setattr(precision_default, "cpu_flags", lambda: frozenset({"avx2", "f16c"}))
+    assert devices.default_precision(lib, "cpu") == "fp32"  # AVX2 only: bf16 emulated
+    monkeypatch.setattr(precision_default, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
+    want = "bf16" if lib.ggml_cpu_has_avx512_bf16() else "fp32"
+    assert devices.default_precision(lib, "cpu") == want
+    monkeypatch.setattr(devices, "GPU_FP16_FASTER", True)
+    assert devices.default_precision(lib, "gpu") == "fp16"
+
+
+def test_tiny_sd15_image_at_bf16_within_the_bar(registry):
+    """The tiny SD 1.5 folder, 20 Euler steps, CFG 7 with a negative prompt: the bf16 image against the
+    float32 one, both on ggml, at the bar the default precisions are held to (docs/precision.md)."""
+    from pathlib import Path
+
+    import sdrt_ggml
+    from sdrt import pipelines
+    from sdrt.precision_default import PSNR_BAR_DB, psnr
+
+    folder = Path(__file__).resolve().parents[2] / "data" / "pipelines" / "tiny-sd15"
+    registry.register_plugin(sdrt_ggml, "ggml", distribution="sdrt-ggml")
+    images = {}
+    for precision in ("bf16", "fp32"):
+        pipe = pipelines.load(folder, backend="ggml", device="CPU", precision=precision)
+        images[precision] = pipe.generate("an astronaut riding a horse on the moon", "blurry, lowres", steps=20,
+                                          cfg=7.0, sampler="Euler", seed=1).images[0]
+    value = psnr(images["bf16"], images["fp32"])
+    assert PSNR_BAR_DB <= value < float("inf"), value

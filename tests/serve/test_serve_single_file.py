@@ -1,0 +1,117 @@
+"""A ``.safetensors`` checkpoint in --models is served on its own (sdrt's shipped weight-free graphs) when
+it holds a whole model; it binds onto --checkpoint-base only when that is set; a file that is not a
+whole model (a transformer-only Flux file) is not listed.
+
+The end-to-end request runs ``tests/data/ckpt/pipe-sd15/custom.safetensors`` (an A1111/LDM file of
+tiny-sd15's architecture) with sdrt's shipped SD 1.x graphs and CLIP tokenizer swapped for tiny-sd15's
+(stripped of their weights, as sdrt ships graphs): full-size graphs are too heavy to run here. The image
+is checked against the one diffusers' single-file loader made from that file (tolerance as
+tests/checkpoint/test_pipeline_weights.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from serve_helpers import live_server, needs_server
+
+from sdrt.graph import Graph
+from sdrt.graph.strip import strip
+from sdrt.serve.registry import Registry
+
+TESTS = Path(__file__).resolve().parent.parent
+D = TESTS / "data" / "ckpt" / "pipe-sd15"
+FOLDER = TESTS / "data" / "pipelines" / "tiny-sd15"
+CASES = json.loads((D / "cases.json").read_text())
+CASE = CASES["case"]
+
+
+def _flux_transformer_only(path: Path) -> Path:
+    """A header of Black Forest Labs' Flux.1 dev keys (one block; the data section is not stored)."""
+    d = 3072
+    shapes = {"img_in.weight": (d, 64), "txt_in.weight": (d, 4096), "guidance_in.in_layer.weight": (d, 256),
+              "double_blocks.0.img_attn.qkv.weight": (3 * d, d), "single_blocks.0.linear1.weight": (3 * d + 12288, d)}
+    header, off = {}, 0
+    for name, shape in shapes.items():
+        n = int(np.prod(shape)) * 2
+        header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + off)
+    return path
+
+
+@pytest.fixture
+def models(tmp_path) -> Path:
+    root = tmp_path / "models"
+    root.mkdir()
+    shutil.copytree(FOLDER, root / "tiny-sd15")
+    shutil.copy(D / "custom.safetensors", root)
+    _flux_transformer_only(root / "flux1-dev.safetensors")
+    return root
+
+
+def test_a_complete_checkpoint_is_served_on_its_own(models, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    with caplog.at_level("WARNING", logger="sdrt.serve.registry"):
+        reg = Registry(models)
+    by_name = {m.name: m for m in reg.models}
+    assert list(by_name) == ["tiny-sd15", "custom.safetensors"]  # flux1-dev.safetensors: transformer only
+    assert "not serving flux1-dev.safetensors" in caplog.text and "T5-XXL" in caplog.text
+    custom = by_name["custom.safetensors"]
+    assert custom.path == models / "custom.safetensors" and custom.weights is None
+    assert custom.model_name == "custom"
+    assert custom.hash == hashlib.sha256((D / "custom.safetensors").read_bytes()).hexdigest()[:10]
+    assert reg.model("custom") is custom
+
+
+def test_checkpoint_base_binds_the_files_onto_that_folder(models, tmp_path, monkeypatch):
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    reg = Registry(models, checkpoint_base="tiny-sd15")
+    custom = reg.model("custom")
+    assert custom.path == models / "tiny-sd15" and custom.weights == models / "custom.safetensors"
+    assert reg.model("flux1-dev").weights is not None  # bound (and refused, naming the family, when loaded)
+
+
+@needs_server
+def test_txt2img_on_a_single_file(models, tmp_path, monkeypatch):
+    httpx = pytest.importorskip("httpx", reason="httpx is a test dependency: pip install httpx")
+    image_mod = pytest.importorskip("PIL.Image", reason="reading the PNGs needs Pillow")
+    from sdrt.checkpoint import files
+    from sdrt.serve import ServeConfig
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    graphs = {}
+    for name, part in (("sd1_unet", "unet"), ("clip_l", "text_encoder"), ("vae4_decoder", "vae_decoder"),
+                       ("vae4_encoder", "vae_encoder")):
+        result = strip(Graph.load(FOLDER / part / "model.onnx"), tmp_path / "g" / f"{part}.onnx")
+        result.weights_path.unlink()
+        graphs[name] = result.graph_path
+    monkeypatch.setattr(files, "shipped_graph", lambda name: graphs[name])
+    monkeypatch.setattr(files, "release_tokenizer", lambda name: FOLDER / "tokenizer")
+    shutil.rmtree(models / "tiny-sd15")
+    config = ServeConfig(models=models, backend="openvino")
+    with live_server(config) as url, httpx.Client(base_url=url, timeout=120) as c:
+        listed = c.get("/sdapi/v1/sd-models").json()
+        assert [m["model_name"] for m in listed] == ["custom"]
+        r = c.post("/sdapi/v1/txt2img", json={
+            "prompt": CASE["prompt"], "negative_prompt": CASE["negative_prompt"], "steps": CASE["steps"],
+            "cfg_scale": CASE["cfg"], "sampler_name": CASE["sampler"], "seed": CASE["seed"], "width": CASE["width"],
+            "height": CASE["height"]})
+        assert r.status_code == 200, r.text
+    data = r.json()
+    img = np.asarray(image_mod.open(io.BytesIO(base64.b64decode(data["images"][0]))).convert("RGB"))
+    ref = np.load(D / "refs.npz")["ckpt"]
+    assert float(np.abs(img.astype(np.int32) - ref.astype(np.int32)).mean()) < 24
+    info = json.loads(data["info"])["infotexts"][0]
+    assert "Model: custom" in info and f"Model hash: {listed[0]['hash']}" in info
