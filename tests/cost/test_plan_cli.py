@@ -115,7 +115,8 @@ def test_not_a_model(capsys, tmp_path):
 
 
 def test_parse_memory():
-    assert parse_memory("8G") == 8 * 2**30 == parse_memory("8GiB") == parse_memory("8gb")
+    assert parse_memory("8G") == 8 * 2**30 == parse_memory("8GiB") == parse_memory("8gib")
+    assert parse_memory("8GB") == 8e9  # GB and MB are SI units, as sdrt generate --memory reads them
     assert parse_memory("512M") == 512 * 2**20
     with pytest.raises(SdrtError):
         parse_memory("-1G")

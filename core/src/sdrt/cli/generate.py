@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, ModelNotFoundError
-from . import generate_toolbox, generate_weights
+from . import generate_memory, generate_toolbox, generate_weights
 
 #: the API's argument names that are not the dest of a flag of the same name (``sdrt.cli.flag_names``)
 API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "path": "--output",
@@ -62,6 +62,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    "with several images, -1, -2, ... are added")
     generate_weights.add_arguments(p)
     generate_toolbox.add_arguments(p)
+    generate_memory.add_arguments(p)
     return p
 
 
@@ -121,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
     custom = generate_weights.check(args)
+    memory = generate_memory.options(args)  # --memory, checked before any model loads
     outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)
     if folder is None:
         folder = pipelines.DEMO_MODEL
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime import select
 
     pipe = pipelines.load(folder, backend=args.backend, device=args.device,
-                          **generate_weights.pipeline_options(custom))
+                          **generate_weights.pipeline_options(custom), **memory)
     if args.dry_run:  # the model's graphs: a checkpoint or LoRA changes values, not shapes or calls
         print(pipe.plan(settings).format())
         return 0
@@ -147,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
         pipe.close()
+    generate_memory.report(args, gen)  # the plan's placements and predicted peak, the measured peak per stage
     for i, (image, info) in enumerate(zip(gen.images, gen.settings)):
         text = format_parameters(gen.prompt, gen.negative_prompt, info)
         if outputs is None:

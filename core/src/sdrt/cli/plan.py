@@ -19,7 +19,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--precision", action="append", default=[],
                    help="consider only this precision (fp32, fp16, bf16, int8, q8_0, q4_0, ...); repeatable")
     p.add_argument("--memory", default=None, metavar="SIZE",
-                   help="memory budget, e.g. 8G (default: 90%% of the device's memory, 70%% if shared)")
+                   help="memory budget, e.g. 8GiB or 8GB (default: 90%% of the device's memory, 70%% if shared)")
     p.add_argument("--width", type=int, default=None, help="image width (default 512; SDXL, Flux: 1024)")
     p.add_argument("--height", type=int, default=None, help="image height (default as --width)")
     p.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")

@@ -15,7 +15,6 @@ GPUs) keeps weights in host memory and streams each call's weights over PCIe.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,14 +284,8 @@ def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] 
 
 
 def parse_memory(text: str) -> float:
-    """``"8G"``, ``"8GiB"``, ``"512M"``, ``"12GB"`` or bytes -> bytes (binary units)."""
-    s = text.strip().lower().replace(" ", "").removesuffix("b").removesuffix("i")
-    mult = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-    try:
-        value = float(s[:-1]) * mult[s[-1]] if s and s[-1] in mult else float(s)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise SdrtError(f"cannot read the memory size {text!r}", where="sdrt plan --memory",
-                        fix="pass a size like 8G, 12GiB or 6144M")
-    return value
+    """``"8G"``/``"8GiB"`` (2^30), ``"12GB"`` (10^9), ``"512M"`` or bytes -> bytes: the one reading of a size,
+    shared with ``sdrt generate --memory`` (``sdrt.pipelines.budget.parse_memory``)."""
+    from ..pipelines.budget import parse_memory as parse
+
+    return float(parse(text, "sdrt plan --memory"))

@@ -49,6 +49,10 @@ class Part:
         self.weights_factory: Callable[[], Weights] | None = None
         #: leave external initializer data mapped from disk (set by low-memory mode)
         self.lazy_external = False
+        #: run as block groups of at most this many weight bytes, one loaded at a time (sdrt.pipelines.streaming)
+        self.stream_bytes: int | None = None
+        #: streamed: identical groups share one compiled session, their weights swapped in (update_weights)
+        self.stream_share = False
         self._graph: Graph | None = None
         #: a dry run (``Pipeline.plan``): ``run`` records its calls here and returns zeros, compiling nothing
         self.record: list[tuple[dict[str, tuple[tuple[int, ...], str]], tuple[str, ...]]] | None = None
@@ -116,7 +120,13 @@ class Part:
             log.info("compiling %s for %s", self.name, ", ".join(f"{k}{list(v)}" for k, v in dims))
             if self.weights is None and self.weights_factory is not None:
                 self.weights = self.weights_factory()
-            sess = load(pinned, weights=self.weights, backend=self.backend, device=self.device, **self.options)
+            if self.stream_bytes:
+                from .streaming import StreamedSession
+
+                sess = StreamedSession(pinned, self.weights, max_weight_bytes=self.stream_bytes, backend=self.backend,
+                                       device=self.device, share=self.stream_share, options=self.options)
+            else:
+                sess = load(pinned, weights=self.weights, backend=self.backend, device=self.device, **self.options)
             self.sessions[key] = sess
         return sess
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, Interrupted, ModelError, SdrtError
+from .budget import MemoryMixin
 from .extras import ToolboxMixin
 from .families import ModelCall
 from .folder import ModelFolder
@@ -54,7 +55,7 @@ _DIFFUSERS_FORM = {
 }
 
 
-class Pipeline(ToolboxMixin):
+class Pipeline(ToolboxMixin, MemoryMixin):
     """A model folder ready to generate. Build one with :func:`sdrt.pipelines.load`.
 
     ``family`` is the folder's :class:`sdrt.pipelines.families.Family`. The parts are reachable as
@@ -63,7 +64,15 @@ class Pipeline(ToolboxMixin):
     """
 
     def __init__(self, folder: ModelFolder, *, backend: str = "auto", device: Any = None,
-                 low_memory: bool | None = False, vae_tile: int | None = None, **options: Any) -> None:
+                 low_memory: bool | None = False, vae_tile: int | None = None, memory: int | str | None = None,
+                 **options: Any) -> None:
+        from .budget import parse_memory
+
+        #: the memory budget in bytes (None: what the device reports); the plan meets it (sdrt.pipelines.budget)
+        self.memory = None if memory is None else parse_memory(memory, "memory")
+        self._memory_plan = None
+        #: a streamed denoiser compiles identical blocks once and swaps their weights (update_weights)
+        self.share_blocks = bool(options.pop("share_blocks", False))
         self.folder = folder
         self.family = folder.family_class(folder)
         #: keep only the running part loaded (None: decide from the device's reported memory)
@@ -310,7 +319,9 @@ class Pipeline(ToolboxMixin):
                 self._stop.clear()
                 self._running = True
             try:
-                return self._generate(prompt, negative_prompt, callback, kwargs)
+                gen = self._generate(prompt, negative_prompt, callback, kwargs)
+                gen.memory = self._measured()  # the plan, with the measured peak of each stage
+                return gen
             finally:
                 with self._state:
                     self._running = False
@@ -424,8 +435,10 @@ class Pipeline(ToolboxMixin):
         s, init, mask = self._prepare(prompt, negative_prompt, kwargs)
         self._settings = s  # the last job's checked settings (the run plan reads them)
         _ = self.is_low_memory  # decided (and the parts told) before any part loads
+        if not self._dry:
+            self._apply_memory_plan()  # each part resident, released after use or streamed (budget.py)
         cond, uncond = self._conditioning(s)
-        self._release(*self.family.text_parts)
+        self._release(*self.family.text_parts, stage=True)
         images: list[np.ndarray] = []
         seeds: list[int] = []
         from .toolbox import image_seeds
@@ -520,13 +533,13 @@ class Pipeline(ToolboxMixin):
         if s.toolbox.hires is not None:
             x = self._hires_pass(s, x, seed, subseed, cond, uncond, on_step, first)
         self._current = None
-        self._release(self.denoiser.name, "vae_encoder")
+        self._release(self.denoiser.name, "vae_encoder", stage=True)
         if not np.isfinite(x).all():
             raise SdrtError("the sampler produced NaN or infinite latents",
                             where=f"{self.denoiser.path} on {self.backend}",
                             fix="try another backend or sampler; report it with the command you ran")
         images = self._decode(x)
-        self._release("vae_decoder")
+        self._release("vae_decoder", stage=True)
         return images
 
     # ------------------------------------------------------------------ the run plan (sdrt.pipelines.plan)
@@ -538,7 +551,10 @@ class Pipeline(ToolboxMixin):
 
         check_keywords(kwargs)
         with self._lock:
-            return dry_run(self, prompt, negative_prompt, kwargs)
+            memory = self.memory_plan()  # before the dry run reads any graph: the process's own base
+            rp = dry_run(self, prompt, negative_prompt, kwargs)
+        rp.memory = memory  # each part's placement under the budget, the predicted peak
+        return rp
 
     # ------------------------------------------------------------------ low memory (sdrt.pipelines.lowmem)
     @property
@@ -559,12 +575,15 @@ class Pipeline(ToolboxMixin):
                 part.lazy_external = True  # external data stays mapped from disk, never read in
         return bool(self.low_memory)
 
-    def _release(self, *names: str) -> None:
-        if self.is_low_memory:
+    def _release(self, *names: str, stage: bool = False) -> None:
+        drop = self._releases(names, stage)  # the memory plan's released parts; a stage's measured peak
+        if self.is_low_memory or drop:
             from .lowmem import release
 
             keep = self._weight_state._originals if self._weight_state is not None else {}
-            release((self._parts.get(n) for n in names), keep_graph=keep)
+            release((self._parts.get(n) for n in (names if self.is_low_memory else drop)), keep_graph=keep)
+        if stage:
+            self._stage_started()
 
     # ------------------------------------------------------------------ metadata
     def _infotext(self, s: Settings, seed: int, position: int) -> dict[str, object]:

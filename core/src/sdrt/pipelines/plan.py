@@ -65,6 +65,8 @@ class RunPlan:
     parts: list[PartPlan] = field(default_factory=list)
     #: the toolbox's passes and add-ons (hires fix, ControlNets), one line each
     notes: list[str] = field(default_factory=list)
+    #: each part's placement under the memory budget and the predicted peak (sdrt.pipelines.budget.MemoryPlan)
+    memory: Any = None
 
     def part(self, name: str) -> PartPlan | None:
         return next((p for p in self.parts if p.part == name), None)
@@ -88,6 +90,8 @@ class RunPlan:
             for sig, n in p.signatures:
                 shapes = ", ".join(f"{name} {list(shape)} {dtype}" for name, shape, dtype in sig)
                 lines.append(f"    {n} x ({shapes})")
+        if self.memory is not None:
+            lines.append(self.memory.format())
         return "\n".join(lines)
 
 
@@ -99,6 +103,7 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     dry._parts = {name: part.dry() for name, part in pipe._parts.items()}
     dry._prompts = None
     dry._weight_state = None
+    dry._memory_plan, dry._stage_peaks = None, None  # the budget's plan is the real pipeline's (Pipeline.plan)
     dry.low_memory = False
     dry._dry = True
     dry._lock, dry._state, dry._stop = threading.Lock(), threading.Lock(), threading.Event()

@@ -56,6 +56,8 @@ class Generation:
     settings: list[dict[str, object]] = field(default_factory=list)
     prompt: str = ""
     negative_prompt: str = ""
+    #: the memory plan (each part's placement, the predicted peak) with the measured peak RSS of each stage
+    memory: Any = None
 
 
 def _int(name: str, value: Any, low: int) -> int:

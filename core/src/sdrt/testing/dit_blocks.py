@@ -16,6 +16,7 @@ a 1024x1024 image; SD3.5 Large: 2432 wide, 38 heads, 4096 image + 333 text token
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -207,8 +208,8 @@ def _joint_tail(b: Builder, name: str, cfg: dict[str, int], x: dict[str, str], o
     b.output("out_hidden_states", shape=[1, cfg["img"], d])
 
 
-def flux_double_block(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    cfg = SIZES["flux_double_block"][size]
+def flux_double_block(size: str | dict[str, int] = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    cfg = size if isinstance(size, dict) else SIZES["flux_double_block"][size]
     d, heads = cfg["dim"], cfg["heads"]
     b = Builder("flux_double_block", seed=11)
     x = _inputs(b, cfg, rotary=True)
@@ -227,8 +228,8 @@ def flux_double_block(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, n
     return b.model(), _feeds(cfg, True, True, 1100)
 
 
-def flux_single_block(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    cfg = SIZES["flux_single_block"][size]
+def flux_single_block(size: str | dict[str, int] = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    cfg = size if isinstance(size, dict) else SIZES["flux_single_block"][size]
     d, heads = cfg["dim"], cfg["heads"]
     b = Builder("flux_single_block", seed=12)
     x = _inputs(b, cfg, rotary=True, joint=False)
@@ -267,3 +268,98 @@ def sd35_block(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarr
 
 BUILDERS = {"flux_double_block": flux_double_block, "flux_single_block": flux_single_block,
             "sd35_block": sd35_block}
+
+
+def flux_chain(double: int, single: int, size: str | dict[str, int] = "tiny", data_file: Any = None,
+               stub: bool = False) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A reduced-depth Flux.1 transformer body: ``double`` double-stream blocks, the text and image streams
+    concatenated (text first, as Flux does), then ``single`` single-stream blocks; every block reads the same
+    ``temb`` and rotary tables. Block ``k`` of a kind holds block 0's weights times ``1 + k / 100``, so no two
+    blocks hold equal values. ``size``: a name of ``SIZES`` or ``{"dim", "heads", "img", "txt"}``.
+    ``data_file``: the weights are appended there block by block as external data (a full-width chain is
+    several GB, above protobuf's 2 GB), with the location relative to the file's folder. ``stub``: the weights
+    are not kept at all: the graph is a weight-free one (as ``sdrt strip`` writes) whose weights the caller
+    supplies as ``sdrt.Weights`` (a full-width chain without the disk space for it)."""
+    from onnx import helper, numpy_helper
+
+    cfg = size if isinstance(size, dict) else SIZES["flux_double_block"][size]
+    d, hd = cfg["dim"], cfg["dim"] // cfg["heads"]
+    shared = {"temb", "freqs_cos", "freqs_sin"}
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    out = open(data_file, "wb") if data_file is not None else None  # noqa: SIM115 (closed below)
+    feeds: dict[str, np.ndarray] = {}
+
+    def add(model: onnx.ModelProto, names: dict[str, str], prefix: str, scale: float) -> None:
+        def rn(x: str) -> str:
+            return x if not x or x in shared else names.get(x, prefix + x)
+
+        for node in model.graph.node:
+            node.input[:] = [rn(x) for x in node.input]
+            node.output[:] = [rn(x) for x in node.output]
+            node.name = prefix + node.name
+            nodes.append(node)
+        for t in model.graph.initializer:
+            arr = numpy_helper.to_array(t)
+            if arr.dtype == np.float32 and arr.size >= 1024 and scale != 1.0:
+                arr = arr * np.float32(scale)
+            new = numpy_helper.from_array(arr, rn(t.name))
+            if stub and arr.size >= 1024:
+                new.ClearField("raw_data")
+                new.data_location = TensorProto.EXTERNAL
+                for k, v in (("location", "weights.safetensors"), ("offset", "0"), ("length", str(arr.nbytes))):
+                    e = new.external_data.add()
+                    e.key, e.value = k, v
+            elif out is not None and arr.size >= 1024:
+                offset = out.tell()
+                out.write(new.raw_data)
+                new.ClearField("raw_data")
+                new.data_location = TensorProto.EXTERNAL
+                for k, v in (("location", os.path.basename(data_file)), ("offset", str(offset)),
+                             ("length", str(arr.nbytes))):
+                    e = new.external_data.add()
+                    e.key, e.value = k, v
+            inits.append(new)
+
+    try:
+        for k in range(double):
+            model, f = flux_double_block(cfg)
+            feeds = feeds or f
+            add(model, {"hidden_states": f"h{k}", "encoder_hidden_states": f"e{k}", "out_hidden_states": f"h{k + 1}",
+                        "out_encoder_hidden_states": f"e{k + 1}"}, f"double{k}/", 1 + k / 100)
+        if double:
+            nodes.append(helper.make_node("Concat", [f"e{double}", f"h{double}"], ["s0"], name="/Concat", axis=1))
+        for j in range(single):
+            model, f = flux_single_block(cfg)
+            feeds = feeds or f
+            add(model, {"hidden_states": "s0" if j == 0 and double else f"s{j}", "out_hidden_states": f"s{j + 1}"},
+                f"single{j}/", 1 + j / 100)
+    finally:
+        if out is not None:
+            out.close()
+    n_img, n_txt = cfg["img"], cfg["txt"]
+    ins = [helper.make_tensor_value_info("temb", TensorProto.FLOAT, [1, d]),
+           helper.make_tensor_value_info("freqs_cos", TensorProto.FLOAT, [n_txt + n_img, hd]),
+           helper.make_tensor_value_info("freqs_sin", TensorProto.FLOAT, [n_txt + n_img, hd])]
+    if double:
+        ins += [helper.make_tensor_value_info("h0", TensorProto.FLOAT, [1, n_img, d]),
+                helper.make_tensor_value_info("e0", TensorProto.FLOAT, [1, n_txt, d])]
+        feeds = {"h0": feeds.pop("hidden_states"), "e0": feeds.pop("encoder_hidden_states"), **feeds}
+    else:
+        ins.append(helper.make_tensor_value_info("s0", TensorProto.FLOAT, [1, n_txt + n_img, d]))
+        feeds = {"s0": feeds.pop("hidden_states"), **feeds}
+    last = f"s{single}" if single else f"h{double}"
+    for node in nodes:
+        node.output[:] = ["out_hidden_states" if x == last else x for x in node.output]
+    shape = [1, n_txt + n_img, d] if single else [1, n_img, d]
+    graph = helper.make_graph(nodes, "flux_chain", ins,
+                              [helper.make_tensor_value_info("out_hidden_states", TensorProto.FLOAT, shape)], inits)
+    from .builder import IR_VERSION, OPSET
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
+                              producer_name="sdrt-bench")
+    if stub:
+        from ..graph import STRIPPED_KEY
+
+        helper.set_model_props(model, {STRIPPED_KEY: "weights.safetensors"})
+    return model, feeds

@@ -1,0 +1,41 @@
+"""``sdrt generate`` options for the memory budget: ``--memory SIZE`` and ``--share-blocks``.
+
+The size is checked before any model loads (an unreadable one is a one-line error naming ``--memory``);
+the pipeline's plan places each part under it (``sdrt.pipelines.budget``). ``--dry-run`` prints the
+placements and the predicted peak; after a run, ``-v`` (or ``--memory``) prints the measured peak RSS of
+each stage beside the prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("memory")
+    g.add_argument("--memory", default=None, metavar="SIZE",
+                   help="memory budget, e.g. 8GB, 6GiB, 512MB: parts that do not fit together are released after "
+                        "use, and a denoiser larger than the budget runs as block groups loaded in turn (default: "
+                        "what the device reports free)")
+    g.add_argument("--share-blocks", action="store_true",
+                   help="with a streamed denoiser, compile identical blocks once and swap their weights in")
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    """The pipeline's keyword arguments; raises ``InputError`` naming ``--memory`` for a bad size."""
+    from ..pipelines.budget import parse_memory
+
+    out: dict[str, Any] = {}
+    if args.memory is not None:
+        out["memory"] = parse_memory(args.memory, "--memory")
+    if args.share_blocks:
+        out["share_blocks"] = True
+    return out
+
+
+def report(args: argparse.Namespace, gen: Any) -> None:
+    """The plan and the measured peaks, on standard error, with ``-v`` or ``--memory``."""
+    if gen.memory is not None and (getattr(args, "verbose", 0) or args.memory is not None):
+        print(gen.memory.format(), file=sys.stderr)

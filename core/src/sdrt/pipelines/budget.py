@@ -1,0 +1,348 @@
+"""A memory budget and the placement that meets it: each part resident, released after use, or streamed.
+
+``Pipeline(memory=...)`` (``sdrt generate --memory 8GB``) sets the budget; without one it is what the
+device reports (``Device.memory_bytes``, as ``auto_low_memory`` reads it) and, for a CPU that reports
+nothing, the memory the OS says is available (``MemAvailable``). ``plan_memory`` is the pure decision:
+
+- every part resident when ``base + FOOTPRINT x all weights`` fits (the normal case: nothing changes);
+- otherwise the parts that run once per image are released after use (``sdrt.pipelines.lowmem``), and
+  the smallest of them stay resident while they still fit beside the largest running part;
+- a denoiser whose ``FOOTPRINT x weights`` alone exceeds what is left is streamed: split into block
+  groups of at most ``(budget - base) / FOOTPRINT`` weight bytes (``sdrt.pipelines.streaming``), and the
+  other parts are then all released (the denoiser runs every step, the others once per image).
+
+``FOOTPRINT`` (2.0, ``sdrt.pipelines.lowmem``) is the measured ratio of a part's peak to its weight bytes
+while it compiles and runs (docs/memory.md); ``base`` is the process's resident memory when the plan is
+made (Python, numpy, the backend's libraries). The predicted peak is ``base`` plus the largest phase:
+the resident parts plus the running part (or its heaviest group).
+
+The measured peak is the process's high-water mark of resident memory: ``VmHWM`` from
+``/proc/self/status`` on Linux, reset per stage through ``/proc/self/clear_refs`` so each stage (text,
+denoise, decode) has its own; ``ru_maxrss`` elsewhere (the whole run's peak only).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError
+from .lowmem import FOOTPRINT, give_back
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .parts import Part
+
+log = logging.getLogger("sdrt.pipelines.budget")
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_memory(value: Any, where: str = "memory") -> int:
+    """``"8GB"`` (10^9), ``"8GiB"``/``"8G"`` (2^30), ``"512MB"``, ``"6144MiB"`` or a number of bytes -> bytes.
+
+    ``where`` names the argument in the caller's words (``memory``, ``--memory``)."""
+    fix = "give a size such as 8GB, 6GiB or 512MB (GB and MB are powers of 10, GiB, MiB, G and M of 2)"
+    if isinstance(value, bool):
+        raise InputError(f"{where} must be a size, got {value!r}", where=where, fix=fix)
+    if isinstance(value, (int, float)):
+        number, unit = float(value), ""
+    elif isinstance(value, str) and (m := _SIZE.match(value)):
+        number, unit = float(m.group(1)), m.group(2).lower()
+    else:
+        raise InputError(f"cannot read the memory size {value!r}", where=where, fix=fix)
+    if unit not in _UNITS:
+        raise InputError(f"unknown unit {unit!r} in the memory size {value!r}", where=where, fix=fix)
+    size = number * _UNITS[unit]
+    if not math.isfinite(size) or size < 2**10:
+        what = "not a size" if not math.isfinite(size) else "below 1 KiB" + (" (a size without a unit is in bytes)"
+                                                                             if not unit else "")
+        raise InputError(f"the memory size {value!r} is {what}", where=where, fix=fix)
+    return int(size)
+
+
+def available_memory(device: Any) -> int | None:
+    """What the device reports (``memory_bytes``); for a CPU that reports nothing, ``MemAvailable``."""
+    if device is None:
+        return None
+    reported = getattr(device, "memory_bytes", None)
+    if reported:
+        return int(reported)
+    if getattr(device, "kind", "cpu") != "cpu":
+        return None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 + current_rss()  # what this process holds is ours too
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+# ---------------------------------------------------------------------------- measuring
+def current_rss() -> int:
+    """This process's resident memory now (``VmRSS``; 0 where unknown)."""
+    return _status("VmRSS") or 0
+
+
+def _status(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def peak_rss() -> tuple[int, str]:
+    """The process's peak resident memory and where it was read (``VmHWM`` since the last reset, or
+    ``ru_maxrss``: the whole process's life)."""
+    hwm = _status("VmHWM")
+    if hwm is not None:
+        return hwm, "VmHWM"
+    try:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(rss if sys.platform == "darwin" else rss * 1024), "ru_maxrss"
+    except (ImportError, OSError):  # Windows
+        return 0, "unknown"
+
+
+def reset_peak() -> bool:
+    """Restart the ``VmHWM`` high-water mark (Linux: write 5 to ``/proc/self/clear_refs``); False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+# ---------------------------------------------------------------------------- the plan
+@dataclass
+class Placement:
+    """Where one part lives: ``resident`` all run, ``released`` after each use, or ``streamed`` in groups."""
+
+    part: str
+    placement: str
+    weight_bytes: int
+    #: predicted peak of the process while this part runs (base + resident parts + this part or its group)
+    peak_bytes: int
+    groups: list[int] = field(default_factory=list)  # a streamed part: the weight bytes of each group
+    fits: bool = True
+    #: a streamed part: the most weight bytes one group may hold
+    cap_bytes: int = 0
+
+
+@dataclass
+class MemoryPlan:
+    budget_bytes: int | None
+    budget_source: str
+    base_bytes: int
+    footprint: float
+    parts: list[Placement]
+    #: measured after a run: {stage: peak bytes}, and where the figure was read
+    measured: dict[str, int] = field(default_factory=dict)
+    measured_source: str = ""
+
+    @property
+    def peak_bytes(self) -> int:
+        return max((p.peak_bytes for p in self.parts), default=self.base_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return all(p.fits for p in self.parts) and (self.budget_bytes is None or self.peak_bytes <= self.budget_bytes)
+
+    def placement(self, name: str) -> Placement | None:
+        return next((p for p in self.parts if p.part == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(peak_bytes=self.peak_bytes, fits=self.fits)
+        return d
+
+    def format(self) -> str:
+        budget = "none" if self.budget_bytes is None else _size(self.budget_bytes)
+        lines = [f"memory: budget {budget} ({self.budget_source}), predicted peak {_size(self.peak_bytes)} "
+                 f"(base {_size(self.base_bytes)} + {self.footprint:g} x weights)"
+                 + ("" if self.fits else "  DOES NOT FIT")]
+        for p in self.parts:
+            extra = ""
+            if p.groups:
+                extra = f", {len(p.groups)} groups of <= {_size(max(p.groups))}"
+            lines.append(f"  {p.part:<16} {p.placement:<9} weights {_size(p.weight_bytes):>10}, peak while running "
+                         f"{_size(p.peak_bytes)}{extra}" + ("" if p.fits else "  (over the budget)"))
+        if self.measured:
+            stages = ", ".join(f"{k} {_size(v)}" for k, v in self.measured.items())
+            lines.append(f"  measured peak RSS ({self.measured_source}): {stages}")
+        return "\n".join(lines)
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | None, *, base: int = 0,
+                footprint: float = FOOTPRINT, release_all: bool = False, budget_source: str = "",
+                split: Any = None) -> MemoryPlan:
+    """Place each part under ``budget`` (see the module doc); pure but for ``split(cap) -> [group bytes]``,
+    which cuts the denoiser for a weight cap (``None``: one group per cap's worth, estimated)."""
+    names = list(weights)
+    avail = None if budget is None else budget - base
+    total = sum(weights.values())
+    placed: dict[str, str] = {}
+    groups: list[int] = []
+    cap = 0
+    if not release_all and (avail is None or footprint * total <= avail):
+        placed = dict.fromkeys(names, "resident")
+    else:
+        den_need = footprint * weights.get(denoiser, 0) if denoiser else 0
+        # streaming helps only when something is left beside the process itself
+        stream = denoiser is not None and avail is not None and 0 < avail < den_need
+        resident: list[str] = []
+        if not stream and not release_all and avail is not None:
+            for p in sorted(names, key=lambda n: weights[n]):  # the smallest stay, while the largest still runs
+                rest = [weights[q] for q in names if q not in resident and q != p]
+                if footprint * (sum(weights[q] for q in resident) + weights[p] + max(rest, default=0)) <= avail:
+                    resident.append(p)
+                else:
+                    break
+        for p in names:
+            placed[p] = "resident" if p in resident else "released"
+        if stream:
+            assert denoiser is not None and avail is not None
+            placed[denoiser] = "streamed"
+            cap = max(int(avail / footprint), 1)
+            groups = split(cap) if split is not None else [cap] * math.ceil(weights[denoiser] / cap)
+    res_bytes = sum(weights[p] for p in names if placed[p] == "resident")
+    out = []
+    for p in names:
+        running = max(groups) if placed[p] == "streamed" else (0 if placed[p] == "resident" else weights[p])
+        peak = int(base + footprint * (res_bytes + running))
+        fits = avail is None or footprint * (res_bytes + running) <= avail
+        streamed = placed[p] == "streamed"
+        out.append(Placement(p, placed[p], weights[p], peak, groups if streamed else [], fits, cap if streamed else 0))
+    return MemoryPlan(budget, budget_source, base, footprint, out)
+
+
+def part_weight_bytes(part: Part) -> int:
+    """Bytes of a part's weights, from its graph's initializer types and shapes (nothing read)."""
+    from .streaming import _nbytes
+
+    graph = _lean_graph(part)
+    return sum(_nbytes(info) for info in graph.initializer_info().values())
+
+
+def _lean_graph(part: Part) -> Any:
+    """The part's graph, loaded without its external data when not loaded yet."""
+    if part._graph is not None:
+        return part._graph
+    from ..graph import Graph
+
+    return Graph.load(part.path, load_external=False)
+
+
+# ---------------------------------------------------------------------------- the pipeline's side
+class MemoryMixin:
+    """``Pipeline``'s budget: the plan, applied to the parts, and the measured peaks (see the module doc)."""
+
+    memory: int | None
+    low_memory: bool | None
+    _parts: dict[str, Part]
+    _memory_plan: MemoryPlan | None
+    _stage_peaks: dict[str, int]
+
+    def memory_plan(self, *, base: int | None = None) -> MemoryPlan:
+        """Each part's placement under the budget and the predicted peak (computed once per pipeline, or again
+        when ``base`` is given: the bytes the process holds besides the models; default: its resident memory
+        now on a CPU, 0 on an accelerator, whose memory the process's own does not share)."""
+        plan = getattr(self, "_memory_plan", None)
+        if plan is None or base is not None:
+            plan = self._make_memory_plan(base)
+            self._memory_plan = plan
+        return plan
+
+    def _make_memory_plan(self, base: int | None) -> MemoryPlan:
+        from ..errors import SdrtError
+        from ..runtime import select
+
+        try:
+            _, dev = select(self.backend, self.device)  # type: ignore[attr-defined]
+        except SdrtError:  # a dry plan with no backend here (sdrt plan for another device): no device figure
+            dev = None
+        if base is None:
+            base = current_rss() if getattr(dev, "kind", "cpu") == "cpu" else 0
+        denoiser = self.family.denoiser_part  # type: ignore[attr-defined]
+        weights = {name: part_weight_bytes(p) for name, p in self._parts.items()}
+        if self.memory is not None:
+            budget, source = self.memory, "memory="
+        else:
+            budget = available_memory(dev)
+            source = ("reported by the device" if getattr(dev, "memory_bytes", None)
+                      else "available to the OS" if budget else "unknown")
+
+        def split_at(cap: int) -> list[int]:
+            from .streaming import split
+
+            part = self._parts[denoiser]
+            return [g.weight_bytes for g in split(_lean_graph(part), max_weight_bytes=cap)]
+
+        give_back()  # the graphs read for their sizes go again
+        return plan_memory(weights, denoiser if denoiser in weights else None, budget, base=base,
+                           release_all=bool(self.low_memory) or False, budget_source=source, split=split_at)
+
+    def _apply_memory_plan(self) -> None:
+        """Tell the parts the plan: released and streamed ones keep their external data mapped; a streamed
+        one compiles group by group (``Part.stream_bytes``). Starts the first stage's peak."""
+        plan = self.memory_plan()
+        for p in plan.parts:
+            part = self._parts.get(p.part)
+            if part is None or p.placement == "resident":
+                continue
+            part.lazy_external = True
+            if p.placement == "streamed" and part.stream_bytes != p.cap_bytes:
+                part.close()  # a whole-graph session of an earlier plan goes
+                part.stream_bytes = p.cap_bytes
+                part.stream_share = bool(getattr(self, "share_blocks", False))
+                log.info("memory: %s streams in %d group(s) of <= %s of weights (budget %s)", p.part, len(p.groups),
+                         _size(p.cap_bytes), _size(plan.budget_bytes or 0))
+        if not plan.fits:
+            log.warning("memory: the plan does not fit the budget:\n%s", plan.format())
+        self._stage_peaks = {}
+        self._stage_started()
+
+    def _stage_started(self) -> None:
+        self._peak_reset = reset_peak()
+
+    def _releases(self, names: Iterable[str], stage: bool = False) -> list[str]:
+        """Of ``names``, the parts the plan releases after use; a ``stage`` end records its measured peak."""
+        names = list(names)
+        peaks = getattr(self, "_stage_peaks", None)
+        if stage and peaks is not None:
+            peak, source = peak_rss()
+            label = "+".join(n for n in names if n in self._parts and self._parts[n].sessions) or None
+            if label and peak:
+                peaks[label] = max(peaks.get(label, 0), peak)
+                self._peak_source = source if getattr(self, "_peak_reset", False) else f"{source}, whole process"
+        plan = getattr(self, "_memory_plan", None)
+        if plan is None:
+            return []
+        return [n for n in names if (pl := plan.placement(n)) is not None and pl.placement != "resident"]
+
+    def _measured(self) -> MemoryPlan | None:
+        """The plan with this job's measured peak per stage."""
+        plan = getattr(self, "_memory_plan", None)
+        if plan is None:
+            return None
+        plan.measured = dict(getattr(self, "_stage_peaks", None) or {})
+        plan.measured_source = getattr(self, "_peak_source", "")
+        return plan

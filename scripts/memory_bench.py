@@ -1,0 +1,165 @@
+"""Peak memory and time per step with and without a memory budget (docs/memory.md).
+
+``flux``: a full-width, reduced-depth Flux.1 transformer body (``sdrt.testing.dit_blocks.flux_chain``: 3072
+wide, 24 heads; random weights), one step, run whole and streamed under a budget, each in a fresh process
+so each peak is its own. The weights are generated on access (``sdrt.Weights`` whose references make each
+tensor when a session binds it, the way mapped file pages come in), so no multi-GB file is written.
+
+``sd15``: the full-size SD 1.5 ONNX folder (/work/models/sd15-full/onnx) at 512x512, one step, with the
+default budget and with ``memory=`` small: the measured peak RSS per stage beside the plan's prediction.
+
+    PYTHONPATH=core/src /work/venv/bin/python scripts/memory_bench.py flux --double 1 --single 2
+    PYTHONPATH=core/src /work/venv/bin/python scripts/memory_bench.py sd15 --memory 3GB
+
+Each run prints one JSON line; ``--out FILE`` appends it there. No torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def _synthetic(graph):
+    """Weights for every weight-free initializer of ``graph``, made when read (seeded by name)."""
+    import zlib
+
+    from sdrt.weights.store import TensorRef, Weights
+
+    refs = {}
+    for t in graph.model.graph.initializer:
+        if t.name not in graph.external_refs:  # small inline tensors (constants, biases): the graph's own
+            refs[t.name] = TensorRef(t.name, np.dtype(graph.initializer_info()[t.name].dtype), tuple(t.dims),
+                                     "graph", (lambda t=t: graph.tensor_array(t)))
+            continue
+        shape = tuple(int(d) for d in t.dims)
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+
+        seed = zlib.crc32(t.name.encode())
+
+        def make(shape=shape, seed=seed, fan_in=fan_in):
+            rng = np.random.default_rng(seed)
+            return rng.standard_normal(shape, dtype=np.float32) * np.float32(1 / np.sqrt(max(fan_in, 1)))
+
+        refs[t.name] = TensorRef(t.name, np.dtype(np.float32), shape, "synthetic", make)
+    return Weights(refs)
+
+
+def flux_one(args) -> dict:
+    """One configuration in this process: build (weight-free), plan, run one step; the peaks."""
+    import sdrt
+    from sdrt.graph import Graph
+    from sdrt.pipelines.budget import current_rss, peak_rss, plan_memory, reset_peak
+    from sdrt.pipelines.streaming import StreamedSession, split
+    from sdrt.testing.dit_blocks import flux_chain
+
+    cfg = {"dim": args.dim, "heads": args.dim // 128, "img": args.img, "txt": args.txt}
+    model, feeds = flux_chain(args.double, args.single, cfg, stub=True)
+    graph = Graph.load(model.SerializeToString(), base_dir=tempfile.gettempdir()).with_shapes()
+    del model
+    weights = _synthetic(graph)
+    wbytes = weights.nbytes
+    from sdrt.pipelines.lowmem import give_back
+    from sdrt.runtime import select
+
+    select(args.backend, None)  # the backend's libraries are loaded before the base is read
+    give_back()
+    base = current_rss()
+    budget = None if args.mode == "whole" else int(args.memory)
+    plan = plan_memory({"transformer": wbytes}, "transformer", budget, base=base,
+                       split=lambda cap: [g.weight_bytes for g in split(graph, max_weight_bytes=cap)])
+    p = plan.placement("transformer")
+    opts = {"precision": "fp32", "cache": False} if args.backend == "openvino" else {}
+    reset_peak()
+    t0 = time.perf_counter()
+    if p.placement == "streamed":
+        sess = StreamedSession(graph, weights, max_weight_bytes=p.cap_bytes, backend=args.backend,
+                               share=args.mode == "share", options=opts)
+        load_s = 0.0
+    else:
+        sess = sdrt.load(graph, weights=weights, backend=args.backend, **opts)
+        load_s = time.perf_counter() - t0
+    steps = []
+    for _ in range(args.steps):
+        t = time.perf_counter()
+        out = sess.run(feeds)["out_hidden_states"]
+        steps.append(time.perf_counter() - t)
+    peak, source = peak_rss()
+    stream = (round(getattr(sess, "load_s", 0.0), 2), round(getattr(sess, "run_s", 0.0), 2))
+    swaps = getattr(sess, "swaps", 0)
+    sess.close()
+    del sess
+    t = time.perf_counter()  # what making the weights costs (a file's pages would be read instead)
+    for name in weights:
+        weights[name]
+    gen_s = time.perf_counter() - t
+    return {"bench": "flux", "mode": args.mode, "backend": args.backend, "double": args.double,
+            "single": args.single, "tokens": args.img + args.txt, "weight_bytes": wbytes, "budget": budget,
+            "base_rss": base, "placement": p.placement, "groups": len(p.groups) or 1,
+            "group_max_bytes": max(p.groups) if p.groups else wbytes, "predicted_peak": p.peak_bytes,
+            "measured_peak": peak, "peak_source": source, "load_s": round(load_s, 2),
+            "step_s": [round(x, 2) for x in steps],
+            "stream_load_s": stream[0], "stream_run_s": stream[1],
+            "swaps": swaps, "weights_made_s": round(gen_s, 2), "out_checksum": float(np.abs(out).mean())}
+
+
+def sd15_one(args) -> dict:
+    from sdrt import pipelines
+
+    opts = {"cache": False} if args.backend == "openvino" else {}  # the backend's default precision
+    mem = {} if args.memory is None else {"memory": args.memory}
+    pipe = pipelines.load(args.folder, backend=args.backend, **mem, **opts)
+    t = time.perf_counter()
+    gen = pipe.generate("a photograph of an astronaut riding a horse", steps=1, seed=1, width=512, height=512)
+    took = time.perf_counter() - t
+    plan = gen.memory
+    return {"bench": "sd15", "backend": args.backend, "memory": args.memory, "seconds": round(took, 1),
+            "budget": plan.budget_bytes, "base_rss": plan.base_bytes,
+            "parts": [{"part": p.part, "placement": p.placement, "weights": p.weight_bytes,
+                       "predicted_peak": p.peak_bytes, "groups": len(p.groups)} for p in plan.parts],
+            "measured": plan.measured, "peak_source": plan.measured_source,
+            "image_mean": float(np.asarray(gen.images[0]).mean())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bench", choices=["flux", "sd15"])
+    ap.add_argument("--mode", default="all", choices=["all", "whole", "stream", "share"])
+    ap.add_argument("--dim", type=int, default=3072, help="width (3072: Flux.1; heads of 128)")
+    ap.add_argument("--double", type=int, default=1)
+    ap.add_argument("--single", type=int, default=2)
+    ap.add_argument("--img", type=int, default=256, help="image tokens (256: a 256x256 image)")
+    ap.add_argument("--txt", type=int, default=256, help="text tokens")
+    ap.add_argument("--memory", default=None, help="budget (flux: required for stream/share)")
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--backend", default="openvino")
+    ap.add_argument("--folder", default="/work/models/sd15-full/onnx")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from sdrt.pipelines.budget import parse_memory
+
+    if args.bench == "flux" and args.mode == "all":
+        for mode in ("whole", "stream", "share"):
+            cmd = [sys.executable, __file__, "flux", "--mode", mode, *sys.argv[2:]]
+            subprocess.run(cmd, check=False)
+        return
+    if args.bench == "flux" and args.mode != "whole":
+        args.memory = parse_memory(args.memory, "--memory")
+    result = flux_one(args) if args.bench == "flux" else sd15_one(args)
+    line = json.dumps(result)
+    print(line, flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    main()
