@@ -86,6 +86,9 @@ LIMIT_GB = float(os.environ.get("SDRT_SINGLE_LIMIT_GB", "15"))
 TOLERANCE = {"max_abs_levels": 3, "mean_abs_levels": 0.5}
 #: the compute precision of the sdrt runs: fp32 as diffusers computes; "default": the backend's own choice
 PRECISION = os.environ.get("SDRT_SINGLE_PRECISION", "fp32")
+#: ``SDRT_SINGLE_MEMORY=8GB``: the CLI run gets ``--memory 8GB`` (sdrt's memory budget: parts released, the UNet
+#: streamed in block groups), for a float32 SDXL image on a machine where the whole model does not fit
+MEMORY = os.environ.get("SDRT_SINGLE_MEMORY")
 
 PROMPT = "a red fox sitting in fresh snow, golden hour, detailed fur"
 NEGATIVE = "blurry, low quality"
@@ -653,7 +656,8 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
 
     c = CASES[case]
     f = MODELS / c["file"]
-    tag = (backend if PRECISION == "fp32" else f"{backend}-{PRECISION}") + ("-cli" if "--cli" in sys.argv else "")
+    tag = (backend if PRECISION == "fp32" else f"{backend}-{PRECISION}") + ("-cli" if "--cli" in sys.argv else "") \
+        + (f"-memory{MEMORY}" if MEMORY else "")
     out = REFS / f"{case}-sdrt-{tag}.png"
     out.unlink(missing_ok=True)
     timef = REFS / f"{case}-sdrt-{tag}.time"
@@ -673,7 +677,8 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
     else:
         cmd = head + ["-m", "sdrt", "generate", str(f), PROMPT, "--negative", negative, "--seed", str(c["seed"]),
                       "--steps", str(c["steps"]), "--sampler", "Euler", "--cfg", str(c["cfg"]), "--width",
-                      str(c["width"]), "--height", str(c["height"]), "-o", str(out), "--backend", backend]
+                      str(c["width"]), "--height", str(c["height"]), "-o", str(out), "--backend", backend] \
+            + (["--memory", MEMORY] if MEMORY else [])
     print(" ".join(cmd), flush=True)
     log = REFS / f"{case}-sdrt-{tag}.log"
     t0 = time.time()
