@@ -74,14 +74,18 @@ GPU_FP16_FASTER = False
 
 def default_precision(lib: Any, kind: str) -> str:
     """The device's default precision (``sdrt.precision_default.choose``): bf16 on a CPU with AVX-512-BF16 or
-    AMX-BF16 whose ggml build has the AVX-512-BF16 kernels, fp16 on a GPU, float32 otherwise, each only where
-    it was measured at least as fast as float32 (``CPU_BF16_FASTER``, ``GPU_FP16_FASTER``)."""
+    AMX-BF16 where sdrt-ggml's vdpbf16ps kernels run, fp16 on a GPU, float32 otherwise, each only where it was
+    measured at least as fast as float32 (``CPU_BF16_FASTER``, ``GPU_FP16_FASTER``)."""
     from sdrt.precision_default import choose, cpu_bf16_fast
 
     offered = ("fp32", "bf16", "fp16")
     if kind == "cpu":
-        has = getattr(lib, "ggml_cpu_has_avx512_bf16", None)
-        fast = CPU_BF16_FASTER and cpu_bf16_fast() and bool(has and has())
+        from . import native
+
+        nat = native.native()
+        # sdrt-ggml's vdpbf16ps GEMM and conv run the bf16 products (native.Native.bf16_kernel): AVX-512-BF16,
+        # the avx512 kernels active (not pinned to another ISA by SDRT_GGML_GEMM_ISA)
+        fast = CPU_BF16_FASTER and cpu_bf16_fast() and nat is not None and nat.bf16_kernel
         return choose(kind, offered, bf16_fast=fast, fp16_fast=False)
     return choose(kind, offered, fp16_fast=GPU_FP16_FASTER)
 
