@@ -237,12 +237,10 @@ def test_precision_option(monkeypatch):
 
 
 def test_default_follows_the_cpu_flag(monkeypatch):
-    """Once a bf16 kernel is measured faster (CPU_BF16_FASTER), the CPU flag and ggml's build decide."""
+    """Once a bf16 kernel is measured faster (CPU_BF16_FASTER), the CPU flag and sdrt-ggml's kernels decide."""
     from sdrt import precision_default
-    from sdrt_ggml import devices
+    from sdrt_ggml import devices, native
     from sdrt_ggml.ops._common import ggml_lib
-
-    from sdrt_ggml import native
 
     lib = ggml_lib()
     assert devices.default_precision(lib, "gpu") == "fp32"  # fp16 on GPUs: not measured yet
