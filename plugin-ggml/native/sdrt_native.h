@@ -173,7 +173,8 @@ const sdrt_isa_kernels *sdrt_active_kernels(void);
  * pairs: A rows hold bf16 pairs (k, k + 1) as one uint32 each; a bf16 B panel is
  * [half][K2][16][2] (K2 = ceil(K / 2) pairs, the pair of each column side by side, as vdpbf16ps
  * takes them): row pair p of a half is 32 uint16 (one vector), and a half is K2 x 32 uint16. An odd
- * K ends with a zero pair element. */
+ * K ends with a zero pair element. vdpbf16ps treats denormal inputs as zero and flushes denormal
+ * results (below 1.2e-38: nothing an image notices). */
 #define SDRT_BF16_NR 32
 /* C tile (mr x 32) = A pairs (mr x K2, a[i*lda + p]) . B slice (the K2 pairs of a bf16 panel; its
  * second half bh uint16 on) */
