@@ -12,9 +12,9 @@ product, in float32), norms and their scales (a variance in bf16 loses the image
 (sdrt-ggml's float32 depthwise kernel; few weights), and MatMuls of two activations. sdrt-ggml's native
 float32 GEMM and conv kernels are bypassed for the weights stored half: ggml's kernels read them.
 
-At bf16 on the CPU device with sdrt-ggml's native kernels loaded (``native_bf16``), the weights of MatMul, Gemm
+At bf16 on the CPU device with sdrt-ggml's native kernels loaded, the weights of MatMul, Gemm
 and dense convs instead go to the native GEMM and implicit-GEMM conv as bf16 panels and rows
-(``native.pack_b_bf16``, ``native.bf16_rows``): ``vdpbf16ps`` with each activation block rounded to bf16 where
+(``native.pack_b_bf16``, ``native.bf16_rows``; ``native.bf16_for`` says when): ``vdpbf16ps`` with each activation block rounded to bf16 where
 the CPU has AVX-512-BF16, else the bf16 weights widened to float32 block by block for the float32 kernels (bf16
 weights' values and memory, float32 activations, the float32 kernels' speed). The Winograd conv stays float32
 (its transformed weights are not the model's); 3x3 convs take the implicit GEMM at bf16.
@@ -83,29 +83,3 @@ def weight(lowering: Any, arr: np.ndarray, transform: Callable[[np.ndarray], np.
     lowering.used(f"mul_mat {p}")
     return lowering.const(arr, transform=to_half, tag=f"{p}{tag}", dtype=storage, ggml_type=gtype)
 
-
-def native_bf16(lowering: Any) -> bool:
-    """Whether this lowering multiplies bf16 weights with sdrt-ggml's native kernels (bf16, CPU device, kernels
-    loaded): MatMul/Gemm weights as ``packed_bf16``, dense conv kernels as ``native.bf16_rows``."""
-    from . import native
-
-    return kind(lowering) == "bf16" and native.for_lowering(lowering) is not None
-
-
-def packed_bf16(lowering: Any, arr: np.ndarray, transform: Callable[[np.ndarray], np.ndarray], tag: str) -> Any:
-    """A weights tensor of bf16 GEMM panels (``native.pack_b_bf16``) of ``transform(arr)``, (N, K) rows;
-    ``update_weights`` packs new values the same way."""
-    from . import native
-
-    lowering.used("gemm bf16")
-    return lowering.const(arr, transform=lambda v: native.pack_b_bf16(transform(np.asarray(v, np.float32))),
-                          tag=f"B16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")
-
-
-def rows_bf16(lowering: Any, arr: np.ndarray, transform: Callable[[np.ndarray], np.ndarray], tag: str) -> Any:
-    """A weights tensor of bf16 conv rows (``native.bf16_rows``) of ``transform(arr)``, (OC, K)."""
-    from . import native
-
-    lowering.used("conv bf16")
-    return lowering.const(arr, transform=lambda v: native.bf16_rows(transform(np.asarray(v, np.float32))),
-                          tag=f"R16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")

@@ -301,6 +301,29 @@ def bf16_round(a: np.ndarray) -> np.ndarray:
     return round_to("bf16", a)
 
 
+def bf16_for(lowering: Any) -> bool:
+    """Whether this lowering multiplies bf16 weights with these kernels (``precision="bf16"``, the CPU device, the
+    library loaded): MatMul/Gemm weights as ``packed_bf16``, dense conv kernels as ``rows_bf16`` (half.py)."""
+    from .half import kind
+
+    return kind(lowering) == "bf16" and for_lowering(lowering) is not None
+
+
+def packed_bf16(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any:
+    """A weights tensor of bf16 GEMM panels (``pack_b_bf16``) of ``transform(arr)``, (N, K) rows;
+    ``update_weights`` packs new values the same way."""
+    lowering.used("gemm bf16")
+    return lowering.const(arr, transform=lambda v: pack_b_bf16(transform(np.asarray(v, np.float32))),
+                          tag=f"B16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")
+
+
+def rows_bf16(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any:
+    """A weights tensor of bf16 conv rows (``bf16_rows``) of ``transform(arr)``, (OC, K)."""
+    lowering.used("conv bf16")
+    return lowering.const(arr, transform=lambda v: bf16_rows(transform(np.asarray(v, np.float32))),
+                          tag=f"R16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")
+
+
 def pack_b_bf16(w: np.ndarray) -> np.ndarray:
     """B given as (N, K) rows -> bf16 panels of 32 columns, each two halves of 16, each K as ceil(K/2) pairs
     with the pair of a column side by side: (ceil(N/32), 2, ceil(K/2), 16 x 2) uint16 (bf16 bit patterns, zero

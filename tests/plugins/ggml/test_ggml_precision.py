@@ -19,10 +19,11 @@ hold on AVX2-only CPUs too. ggml-python builds one CPU library for the build mac
 pin), so only the widest path of this machine runs here.
 
 At bf16 on the CPU with sdrt-ggml's native kernels (the default build), MatMul, Gemm and dense convs run on
-sdrt-ggml's own bf16 GEMM instead (half.native_bf16): ``vdpbf16ps`` with each activation block rounded to
+sdrt-ggml's own bf16 GEMM instead (native.bf16_for): ``vdpbf16ps`` with each activation block rounded to
 bf16 where the CPU has AVX-512-BF16 (the same numbers as ggml's path, so the same bounds), else the bf16
 weights widened to float32 for the float32 kernels (activations not rounded: within the same bounds, closer
-to the float32 result). ``test_native_bf16_kernel_and_fallback`` checks both, the fallback through the ISA pin.
+to the float32 result). ``test_native_bf16_kernel`` and ``test_native_bf16_fallback`` check both, the second
+through the ISA pin.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ def test_layers_match_the_rounded_reference(precision):
 
 
 def _native_bf16(precision: str) -> bool:
-    """Whether a CPU lowering at ``precision`` takes sdrt-ggml's native bf16 products (half.native_bf16)."""
+    """Whether a CPU lowering at ``precision`` takes sdrt-ggml's native bf16 products (native.bf16_for)."""
     from sdrt_ggml import native
 
     return precision == "bf16" and native.native() is not None

@@ -173,7 +173,7 @@ def direct_ok(lowering: Any, nat: Any, strides: list[int], ow: int, oc: int) -> 
     columns (16 with AVX2, 32 with AVX-512); the others pack their columns, as every conv does
     with ``conv_impl="implicit"``."""
     return (lowering.options.get("conv_impl", "auto") != "implicit" and list(strides) == [1, 1]
-            and ow * 4 >= 3 * nat.nr and oc <= DIRECT_MAX_OC and not half.native_bf16(lowering))
+            and ow * 4 >= 3 * nat.nr and oc <= DIRECT_MAX_OC and not native.bf16_for(lowering))
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ def winograd_ok(lowering: Any, w: Any, strides: list[int], dil: list[int]) -> bo
         return False
     if list(strides) != [1, 1] or list(dil) != [1, 1] or native.for_lowering(lowering) is None:
         return False
-    if half.native_bf16(lowering):
+    if native.bf16_for(lowering):
         return False  # float32 only: the implicit GEMM's bf16 products instead
     return impl == "winograd" or (w.shape[1] >= WINOGRAD_MIN_C and w.shape[0] >= WINOGRAD_MIN_OC)
 
@@ -291,9 +291,9 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     _, c, h, wd = x.shape
     kh, kw = int(w.shape[2]), int(w.shape[3])
     k = int(np.prod(w.shape[1:]))
-    bf16 = half.native_bf16(lowering)
+    bf16 = native.bf16_for(lowering)
     if bf16:  # bf16 rows, the packed route (native/conv.c, conv_unit_bf16)
-        wt = half.rows_bf16(lowering, w, lambda a: a.reshape(oc, k), "")
+        wt = native.rows_bf16(lowering, w, lambda a: a.reshape(oc, k), "")
     else:
         ld = native.row_stride(k)
         wt = lowering.const(w, transform=lambda a: np.pad(a.reshape(oc, k), [(0, 0), (0, ld - k)]), tag=f"rows{ld}")

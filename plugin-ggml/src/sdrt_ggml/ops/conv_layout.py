@@ -26,11 +26,9 @@ def conv_gemm(lowering: Any, cols: Any, w: np.ndarray, order: tuple[int, int, in
     m = int(cols.contents.ne[1])
     nat = native.for_lowering(lowering)
     if nat is not None:
-        from .. import half
-
-        bf16 = half.native_bf16(lowering)  # bf16 panels (half.py)
+        bf16 = native.bf16_for(lowering)  # bf16 panels (half.py)
         if bf16:
-            wp = half.packed_bf16(lowering, w, lambda a: a.transpose(order).reshape(oc, k), tag)
+            wp = native.packed_bf16(lowering, w, lambda a: a.transpose(order).reshape(oc, k), tag)
         else:
             wp = lowering.const(w, transform=lambda a: native.pack_b(a.transpose(order).reshape(oc, k)), tag=f"{tag}P32")
         b = None if bias is None else lowering.const(np.asarray(bias, np.float32).reshape(-1)).ptr

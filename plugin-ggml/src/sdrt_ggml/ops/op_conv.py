@@ -106,9 +106,9 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
                  and ph == pw == 0 and lowering.options.get("layouts", True)
                  and (x.cl is not None or not implicit_ok(lowering, w, group)))
     # bf16/fp16 kernels on ggml's mul_mat (conv_half); at bf16 with the native kernels, the native routes below
-    # take bf16 kernels themselves (half.native_bf16)
+    # take bf16 kernels themselves (native.bf16_for)
     halved = (half.kind(lowering) is not None and group == 1 and isinstance(w, np.ndarray)
-              and not (half.native_bf16(lowering) and implicit_ok(lowering, w, group)))
+              and not (native.bf16_for(lowering) and implicit_ok(lowering, w, group)))
     if cscale is not None:
         if halved or not implicit_ok(lowering, w, group) or lowering.options.get("conv_impl", "auto") == "winograd":
             return None

@@ -1,7 +1,9 @@
 """MatMul and Gemm: sdrt-ggml's packed GEMM on the CPU, ggml_mul_mat elsewhere.
 
-At ``precision="bf16"``/``"fp16"`` a constant B is stored half and multiplied by ``ggml_mul_mat`` on every
-device (``half.py``); otherwise, on the CPU device (``native.for_lowering``), ``A @ B`` is one ``sdrt_gemm_op`` custom op
+At ``precision="fp16"`` (and ``"bf16"`` off the native kernels) a constant B is stored half and multiplied by
+``ggml_mul_mat`` (``half.py``); at ``"bf16"`` with them, bf16 panels of the native GEMM
+(``native.packed_bf16``); otherwise, on the CPU device (``native.for_lowering``), ``A @ B`` is one
+``sdrt_gemm_op`` custom op
 (native/gemm.c): A is read in place (its rows K-contiguous), a constant B is packed into
 32-column panels once when the session is built (``native.pack_b``, through the weight's
 transform, so ``update_weights`` packs new weights the same way), a runtime B is read
@@ -125,8 +127,8 @@ def native_matmul(lowering: Any, nat: Any, a: GTensor, b: Value, batch: tuple[in
         a = expand_to(lowering, a, batch + a.shape[-2:])
     a = k_rows(lowering, a)
     packed = isinstance(b, np.ndarray) and b.ndim == 2
-    if packed and half.native_bf16(lowering):  # bf16 panels: vdpbf16ps, or widened (half.py)
-        w = half.packed_bf16(lowering, b, lambda v: np.swapaxes(v, -1, -2), "T")
+    if packed and native.bf16_for(lowering):  # bf16 panels: vdpbf16ps, or widened (half.py)
+        w = native.packed_bf16(lowering, b, lambda v: np.swapaxes(v, -1, -2), "T")
         return gemm_emit(lowering, GemmSpec(a.ptr, w.ptr, m, int(np.shape(b)[-1]), True, batch, bf16=True))
     if packed:
         w = lowering.const(b, transform=lambda v: native.pack_b(np.swapaxes(v, -1, -2)), tag="P32")
@@ -163,7 +165,7 @@ def matmul(lowering: Any, a: Value, b: Value) -> GTensor:
         return out
     nat = native.for_lowering(lowering)
     halved = half.kind(lowering) is not None and isinstance(b, np.ndarray) and a.dtype == "float32"
-    if halved and b.ndim == 2 and half.native_bf16(lowering):
+    if halved and b.ndim == 2 and native.bf16_for(lowering):
         halved = False  # bf16 panels of the native GEMM (native_matmul)
     if (nat is not None and not halved and len(batch) <= 2 and a.dtype == "float32"
             and getattr(b, "dtype", "float32") == "float32"):
@@ -220,7 +222,7 @@ def op_gemm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
         w = lowering.const_blocks(b_, qb[0], qb[1], a.shape[1])
         y = GTensor(g.ggml_mul_mat(lowering.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
     elif (half.kind(lowering) and isinstance(b_, np.ndarray) and b_.ndim == 2
-          and not half.native_bf16(lowering)):  # bf16/fp16 weights on ggml's mul_mat (half.py)
+          and not native.bf16_for(lowering)):  # bf16/fp16 weights on ggml's mul_mat (half.py)
         a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
         w = half.weight(lowering, b_, None if trans_b else (lambda v: v.T), "" if trans_b else "T")
         y = GTensor(g.ggml_mul_mat(lowering.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
@@ -263,8 +265,8 @@ def _native_gemm(lowering: Any, nat: Any, a_: Value, b_: np.ndarray, c_: Value |
         return v * np.float32(alpha) if alpha != 1.0 else v
 
     tag = f"{'t' if trans_b else ''}{alpha if alpha != 1.0 else ''}"
-    bf16 = half.native_bf16(lowering)  # bf16 panels (half.py)
-    w = (half.packed_bf16(lowering, b_, rows, tag) if bf16 else
+    bf16 = native.bf16_for(lowering)  # bf16 panels (half.py)
+    w = (native.packed_bf16(lowering, b_, rows, tag) if bf16 else
          lowering.const(b_, transform=lambda v: native.pack_b(rows(v)), tag=f"P32{tag}"))
     bias = None
     if isinstance(c_, np.ndarray) and beta != 0.0 and c_.size == n and (c_.ndim == 1 or c_.shape == (1, n)):
