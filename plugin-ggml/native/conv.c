@@ -266,6 +266,72 @@ static int conv_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const floa
     return 0;
 }
 
+/* conv_unit with bf16 W rows (w16: ldw uint16 between rows, an even count; a row's K values, then zeros):
+ * blocks of K in pairs. With the bf16 kernels, each block's packed float panels are converted to bf16
+ * panels (thread buffer 0) and W's rows read in place as pairs (vdpbf16ps); without them, each block of
+ * W's rows is widened to float32 (thread buffer 1) for the float32 kernels. */
+static int conv_unit_bf16(const conv_shape *s, const sdrt_isa_kernels *kk, const float *x, const uint16_t *w16,
+                          const conv_out *co, float *out, int pan0, int pan1) {
+    const sdrt_bf16_kernels *bk = sdrt_kernels_bf16();
+    const int np = s->OH * s->OW, K2 = (s->K + 1) / 2;
+    const int kc2 = bk ? bk->kc2 : kk->kc / 2;
+    const int kblocks = (K2 + kc2 - 1) / kc2;
+    const int kc2_max = (K2 + kblocks - 1) / kblocks;
+    const int mc = w_block_rows(kk, 2 * kc2_max), mblocks = (s->OC + mc - 1) / mc;
+    const size_t fpanel = (size_t)2 * kc2_max * SDRT_NR; /* floats of a packed panel of the longest block */
+    float *buf = sdrt_thread_buffer(2, (size_t)(pan1 - pan0) * fpanel * sizeof(float));
+    conv_tap *taps = (conv_tap *)sdrt_thread_buffer(3, (size_t)2 * kc2_max * sizeof(conv_tap));
+    uint16_t *bbuf = bk ? (uint16_t *)sdrt_thread_buffer(0, (size_t)(pan1 - pan0) * fpanel * sizeof(uint16_t)) : NULL;
+    const ptrdiff_t wld = ((2 * kc2_max + 15) & ~15) + 16;
+    float *wbuf = bk ? NULL : sdrt_thread_buffer(1, (size_t)mc * wld * sizeof(float));
+    if (!buf || !taps || (bk ? !bbuf : !wbuf))
+        return -1;
+    const int khw = s->KH * s->KW;
+    for (int kb = 0; kb < kblocks; kb++) {
+        const int p0 = (int)((long)kb * K2 / kblocks), p1 = (int)((long)(kb + 1) * K2 / kblocks);
+        const int k0 = 2 * p0, k1 = 2 * p1 < s->K ? 2 * p1 : s->K, nk = k1 - k0;
+        const ptrdiff_t pstride = (ptrdiff_t)nk * SDRT_NR, bstride = (ptrdiff_t)(p1 - p0) * 2 * SDRT_BF16_NR;
+        for (int k = k0, c = k0 / khw, r = k0 % khw; k < k1; k++) {
+            taps[k - k0] = (conv_tap){(ptrdiff_t)c * s->H * s->W, (r / s->KW) * s->dh - s->ph, (r % s->KW) * s->dw - s->pw};
+            if (++r == khw) {
+                r = 0;
+                c++;
+            }
+        }
+        for (int q = pan0; q < pan1; q++) {
+            float *fp = buf + (ptrdiff_t)(q - pan0) * pstride;
+            pack_conv_panel(s, x, taps, q * SDRT_NR, nk, co->cscale, k0, fp);
+            if (bk)
+                bk->cvt_panel(nk, fp, bbuf + (ptrdiff_t)(q - pan0) * bstride);
+        }
+        for (int mb = 0; mb < mblocks; mb++) {
+            const int m0 = (int)((long)mb * s->OC / mblocks), m1 = (int)((long)(mb + 1) * s->OC / mblocks);
+            sdrt_block_out o;
+            o.c = out + (ptrdiff_t)m0 * np + pan0 * SDRT_NR;
+            o.ldc = np;
+            o.trans = 0;
+            o.n = np - pan0 * SDRT_NR;
+            o.bias = NULL;
+            o.rbias = co->rbias ? co->rbias + m0 : NULL;
+            o.res = co->res ? co->res + (ptrdiff_t)m0 * np + pan0 * SDRT_NR : NULL;
+            o.ldres = np;
+            o.ep = co->ep;
+            o.prefetch_b = 0;
+            const uint16_t *wr = w16 + (ptrdiff_t)m0 * s->ldw + k0;
+            if (bk) {
+                sdrt_block_bf16(bk, m1 - m0, p1 - p0, (const uint32_t *)(const void *)wr, s->ldw / 2, bbuf, bstride,
+                                pan1 - pan0, &o, kb > 0, kb + 1 == kblocks);
+                continue;
+            }
+            for (int i = 0; i < m1 - m0; i++)
+                for (int k = 0; k < nk; k++)
+                    wbuf[i * wld + k] = sdrt_bf16_to_f32(wr[(ptrdiff_t)i * s->ldw + k]);
+            sdrt_block(kk, m1 - m0, nk, wbuf, wld, buf, pstride, pan1 - pan0, &o, kb > 0, kb + 1 == kblocks);
+        }
+    }
+    return 0;
+}
+
 /* ---- the direct route ----------------------------------------------------------------- */
 /* The offsets of B's rows in the padded input (Hp x Wp planes): row k = (c, i, j) at
  * c Hp Wp + i dh Wp + j dw. Kept per thread while the shape stays the same. */
@@ -359,15 +425,16 @@ static int vector_unit(const conv_shape *s, const float *xn, const float *w, con
 }
 
 /* params[] of sdrt_conv_op */
-enum { P_KH, P_KW, P_SH, P_SW, P_DH, P_DW, P_PH, P_PW, P_DIRECT, P_ACT, P_LO, P_HI, P_COUNT };
+enum { P_KH, P_KW, P_SH, P_SW, P_DH, P_DW, P_PH, P_PW, P_DIRECT, P_ACT, P_LO, P_HI, P_BF16, P_COUNT };
 
 /* dst = conv(x, W) with the epilogue, as ggml_custom_4d's callback.
  *   src[0] x:      ne (W, H, C, N), contiguous (NCHW); with params[P_DIRECT] the padded input
  *                  ne (Wp, Hp, C, N) of sdrt_pad_op (the pads already in it)
  *   src[1] W:      ne (ldw, OC), contiguous; the first K = C*KH*KW floats of a row are the kernel
- *                  of one output channel in (c, i, j) order
- *   src[2] params: int32 [KH, KW, sh, sw, dh, dw, ph, pw, direct, act, lo, hi] (symmetric pads;
- *                  lo and hi are the float bits of SDRT_ACT_CLIP's bounds)
+ *                  of one output channel in (c, i, j) order; with params[P_BF16] bf16 bit patterns
+ *                  (uint16, ldw even, zeros after K): the packed route, bf16 products (conv_unit_bf16)
+ *   src[2] params: int32 [KH, KW, sh, sw, dh, dw, ph, pw, direct, act, lo, hi(, bf16)] (symmetric pads;
+ *                  lo and hi are the float bits of SDRT_ACT_CLIP's bounds; bf16 optional, 0 if absent)
  *   src[3] state:  int32[4] zeros, the threads' shared work counter
  *   src[4] bias:   OC floats, or NULL
  *   src[5] rbias:  a runtime per-channel bias, ne (OC, N) contiguous, or NULL
@@ -394,6 +461,7 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
      * rows wide enough for the last slice of each output row (Python sizes them for the ISA
      * active when it lowered; the packed route serves any other case). */
     const int padded = pr[P_DIRECT] != 0;
+    const int bf16 = sdrt_tensor_view(tp).ne[0] > P_BF16 && pr[P_BF16] != 0;
     conv_shape s;
     s.C = (int)X.ne[2];
     s.N = (int)X.ne[3];
@@ -411,7 +479,7 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     s.W = (int)X.ne[0];
     s.H = (int)X.ne[1];
     s.K = s.C * s.KH * s.KW;
-    s.ldw = (ptrdiff_t)(Wt.nb[1] / sizeof(float));
+    s.ldw = (ptrdiff_t)(Wt.nb[1] / (bf16 ? sizeof(uint16_t) : sizeof(float))); /* in W's elements */
     sdrt_epilogue ep = {pr[P_ACT], 0.0f, 0.0f};
     memcpy(&ep.lo, pr + P_LO, sizeof(float));
     memcpy(&ep.hi, pr + P_HI, sizeof(float));
@@ -429,10 +497,10 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     if (np <= 0 || s.OC <= 0 || s.K <= 0 || (int)Wt.ne[1] != s.OC)
         goto done;
     const int nr = kk->nr, spr = (s.OW + nr - 1) / nr;
-    const int direct = padded && !cs && kk->ikern[1] != NULL && s.sh == 1 && s.sw == 1 &&
+    const int direct = !bf16 && padded && !cs && kk->ikern[1] != NULL && s.sh == 1 && s.sw == 1 &&
                        s.W >= spr * nr + (s.KW - 1) * s.dw && s.H >= s.OH + (s.KH - 1) * s.dh;
     /* one pixel in, one out, a 1x1 kernel: dot products, in blocks of output channels */
-    const int vector = s.KH == 1 && s.KW == 1 && s.H == 1 && s.W == 1 && np == 1;
+    const int vector = !bf16 && s.KH == 1 && s.KW == 1 && s.H == 1 && s.W == 1 && np == 1;
     /* the work: groups of pixel slices (direct) or panels (packed) of each batch item */
     const int items = vector ? s.OC : direct ? s.OH * spr : (np + SDRT_NR - 1) / SDRT_NR;
     int group;
@@ -474,6 +542,7 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
         float *on = (float *)(O.data + n * O.nb[3]);
         const int rc = vector ? vector_unit(&s, xn, (const float *)Wt.data, &co, on, i0, i1)
                        : direct ? direct_unit(&s, kk, xn, s.W, off, (const float *)Wt.data, &co, on, i0, i1, spr)
+                       : bf16 ? conv_unit_bf16(&s, kk, xn, (const uint16_t *)(const void *)Wt.data, &co, on, i0, i1)
                               : conv_unit(&s, kk, xn, (const float *)Wt.data, &co, on, i0, i1);
         if (rc)
             break;

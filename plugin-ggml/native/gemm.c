@@ -90,6 +90,9 @@ SDRT_EXPORT int sdrt_gemm_isa_nr(int isa) {
     return k ? k->nr : 0;
 }
 
+/* whether bf16 products run on vdpbf16ps now (1), or widen the bf16 operand to float32 (0) */
+SDRT_EXPORT int sdrt_bf16_active(void) { return sdrt_kernels_bf16() != NULL; }
+
 SDRT_EXPORT int sdrt_gemm_active_isa(void) {
     if (active_isa == SDRT_ISA_AUTO)
         active_isa = best_isa();
@@ -197,6 +200,67 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
     }
 }
 
+/* ---- the blocked bf16 product ------------------------------------------------------------ */
+void sdrt_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t *a, ptrdiff_t lda, const uint16_t *b,
+                     ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last) {
+    const int mr = bk->mr_max, tiles = (m + mr - 1) / mr;
+    const ptrdiff_t half = pstride / 2;
+    for (int q = 0; q < panels; q++) {
+        const int n0 = q * SDRT_BF16_NR;
+        if (n0 >= out->n)
+            return;
+        /* as sdrt_block: a share of the next panel's pair rows (a cache line each, per half) prefetched
+         * into L2 before each kernel call, where the weights stream from memory */
+        const uint16_t *next = out->prefetch_b && q + 1 < panels ? b + (ptrdiff_t)(q + 1) * pstride : NULL;
+        sdrt_split rows = sdrt_split_of(k2, tiles);
+        int r0 = 0;
+        const uint16_t *bs = b + (ptrdiff_t)q * pstride;
+        sdrt_tile_out o;
+        o.ldc = out->ldc;
+        o.trans = out->trans;
+        o.n = out->n - n0 < SDRT_BF16_NR ? out->n - n0 : SDRT_BF16_NR;
+        o.bias = out->bias ? out->bias + n0 : NULL;
+        o.acc = acc;
+        o.last = last;
+        o.ldres = out->ldres;
+        o.ep = out->ep;
+        sdrt_split ts = sdrt_split_of(m, tiles);
+        for (int t = 0, m1 = 0; t < tiles; t++) {
+            const int m0 = m1;
+            m1 = sdrt_split_next(&ts);
+            if (next) {
+                const int r1 = sdrt_split_next(&rows);
+                for (int r = r0; r < r1; r++) {
+                    SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_BF16_NR);
+                    SDRT_PREFETCH_L2(next + half + (ptrdiff_t)r * SDRT_BF16_NR);
+                }
+                r0 = r1;
+            }
+            o.m = m1 - m0;
+            o.rbias = out->rbias ? out->rbias + m0 : NULL;
+            o.c = out->trans ? out->c + (ptrdiff_t)n0 * out->ldc + m0 : out->c + (ptrdiff_t)m0 * out->ldc + n0;
+            o.res = !out->res ? NULL
+                    : out->trans ? out->res + (ptrdiff_t)n0 * out->ldres + m0
+                                 : out->res + (ptrdiff_t)m0 * out->ldres + n0;
+            bk->kern[o.m](k2, a + (ptrdiff_t)m0 * lda, lda, bs, half, &o);
+        }
+    }
+}
+
+void sdrt_widen_panels(const uint16_t *b, ptrdiff_t pstride, int k2, int panels, float *dst) {
+    const ptrdiff_t fstride = (ptrdiff_t)4 * k2 * SDRT_HALF; /* 2 halves of 2 k2 rows of 16 */
+    for (int q = 0; q < panels; q++)
+        for (int h = 0; h < 2; h++) {
+            const uint16_t *src = b + (ptrdiff_t)q * pstride + h * (pstride / 2);
+            float *d = dst + (ptrdiff_t)q * fstride + (ptrdiff_t)h * 2 * k2 * SDRT_HALF;
+            for (int p = 0; p < k2; p++, src += SDRT_BF16_NR, d += 2 * SDRT_HALF)
+                for (int j = 0; j < SDRT_HALF; j++) {
+                    d[j] = sdrt_bf16_to_f32(src[2 * j]);
+                    d[SDRT_HALF + j] = sdrt_bf16_to_f32(src[2 * j + 1]);
+                }
+        }
+}
+
 /* ---- problem and packing ----------------------------------------------------------- */
 typedef struct {
     int M, N, K;
@@ -205,6 +269,7 @@ typedef struct {
     const float *b; /* unpacked: b[k*sbk + n*sbn]; packed: panels [p][half][K][16] */
     ptrdiff_t sbk, sbn;
     int b_packed;
+    int b_bf16; /* b is bf16 panels [p][half][ceil(K/2)][16][2] (sdrt_native.h), packed */
     const float *bias;
     float *c;
     ptrdiff_t ldc;
@@ -281,6 +346,55 @@ static split split_of(const gemm2d *p, const sdrt_isa_kernels *kk, int nth, long
     return s;
 }
 
+/* run_unit's bf16 weights: with the bf16 kernels, each block of K of the unit's A rows converted to bf16
+ * pairs once (thread buffer 1) and multiplied by vdpbf16ps; without them (no AVX-512-BF16, or another
+ * ISA pinned), the block's panels widened to float32 (thread buffer 0) for the float32 kernels, A as it
+ * is: the same bf16 weights, float32 activations. */
+static int run_unit_bf16(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s, const sdrt_block_out *out,
+                         int m0, int m1, int pan0, int pan1) {
+    const sdrt_bf16_kernels *bk = sdrt_kernels_bf16();
+    const int K2 = (p->K + 1) / 2;
+    const ptrdiff_t pstride = (ptrdiff_t)K2 * 2 * SDRT_BF16_NR; /* uint16 per panel */
+    const uint16_t *w = (const uint16_t *)(const void *)p->b + (ptrdiff_t)pan0 * pstride;
+    const int kc2 = bk ? bk->kc2 : kk->kc / 2;
+    const int kblocks = (K2 + kc2 - 1) / kc2;
+    for (int kb = 0; kb < kblocks; kb++) {
+        const int p0 = (int)((long)kb * K2 / kblocks), p1 = (int)((long)(kb + 1) * K2 / kblocks);
+        const int k0 = 2 * p0, k1 = 2 * p1 < p->K ? 2 * p1 : p->K;
+        const float *a = p->a + (ptrdiff_t)m0 * p->lda + k0;
+        if (bk) {
+            const ptrdiff_t ld2 = ((p1 - p0 + 15) & ~15) + 16; /* 64 bytes past a multiple of 64 */
+            uint32_t *abuf = (uint32_t *)sdrt_thread_buffer(1, (size_t)(m1 - m0) * ld2 * sizeof(uint32_t));
+            if (!abuf)
+                return -1;
+            bk->cvt_rows(m1 - m0, k1 - k0, a, p->lda, abuf, ld2);
+            sdrt_block_bf16(bk, m1 - m0, p1 - p0, abuf, ld2, w + (ptrdiff_t)p0 * SDRT_BF16_NR, pstride, pan1 - pan0,
+                            out, kb > 0, kb + 1 == kblocks);
+            continue;
+        }
+        ptrdiff_t lda = p->lda;
+        if (s->copy_a) {
+            const ptrdiff_t ld = ((k1 - k0 + 15) & ~15) + 16;
+            float *buf = sdrt_thread_buffer(1, (size_t)(m1 - m0) * ld * sizeof(float));
+            if (!buf)
+                return -1;
+            for (int i = 0; i < m1 - m0; i++)
+                memcpy(buf + i * ld, a + i * p->lda, (size_t)(k1 - k0) * sizeof(float));
+            a = buf;
+            lda = ld;
+        }
+        const ptrdiff_t fstride = (ptrdiff_t)4 * (p1 - p0) * SDRT_HALF;
+        float *bw = sdrt_thread_buffer(0, (size_t)(pan1 - pan0) * fstride * sizeof(float));
+        if (!bw)
+            return -1;
+        sdrt_widen_panels(w + (ptrdiff_t)p0 * SDRT_BF16_NR, pstride, p1 - p0, pan1 - pan0, bw);
+        sdrt_block_out o = *out;
+        o.prefetch_b = 0; /* just widened: in L2 */
+        sdrt_block(kk, m1 - m0, k1 - k0, a, lda, bw, fstride, pan1 - pan0, &o, kb > 0, kb + 1 == kblocks);
+    }
+    return 0;
+}
+
 /* One unit: the rows of M block `mb` times the panels of group `g`, over all of K. */
 static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s, long u) {
     const int mb = (int)(u / s->groups), g = (int)(u % s->groups);
@@ -303,6 +417,8 @@ static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s,
     out.res = !p->res ? NULL
               : p->trans ? p->res + (ptrdiff_t)pan0 * SDRT_NR * p->ldres + m0
                          : p->res + (ptrdiff_t)m0 * p->ldres + pan0 * SDRT_NR;
+    if (p->b_bf16)
+        return run_unit_bf16(p, kk, s, &out, m0, m1, pan0, pan1);
     for (int kb = 0; kb < s->kblocks; kb++) {
         const int k0 = (int)((long)kb * p->K / s->kblocks), k1 = (int)((long)(kb + 1) * p->K / s->kblocks);
         const float *a = p->a + (ptrdiff_t)m0 * p->lda + k0;
@@ -366,7 +482,7 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
     const sdrt_isa_kernels *kk = kernels_of(isa == SDRT_ISA_AUTO ? sdrt_gemm_active_isa() : isa);
     if (!kk || nth < 1 || ith < 0 || ith >= nth)
         return -1;
-    gemm2d p = {M, N, K, a, lda, b, sbk, sbn, b_packed, bias, c, ldc, trans, NULL, 0, NULL};
+    gemm2d p = {M, N, K, a, lda, b, sbk, sbn, b_packed, 0, bias, c, ldc, trans, NULL, 0, NULL};
     run_2d(&p, kk, ith, nth);
     return 0;
 }
@@ -379,10 +495,12 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
 #define OP_SHARED 8u
 #define OP_RES 16u
 #define OP_ACT 32u
+#define OP_BF16 64u
 
 /* dst = A . B [+ bias] over ggml tensors, as ggml_custom_4d's callback.
  *   src[0] A:    ne (K, M, d2, d3), nb0 = 4 (rows may overlap)
- *   src[1] B:    packed: panels [p][half][K][16] (ne (16, K, 2, panels)), contiguous; else
+ *   src[1] B:    packed: panels [p][half][K][16] (ne (16, K, 2, panels)), contiguous; with OP_BF16 (and
+ *                packed) bf16 panels [p][half][ceil(K/2)][16][2] (sdrt_native.h; ne (32, K2, 2, panels)); else
  *                ne (N, K, e2, e3), any strides,
  *                broadcast over A's batch dims (d2 % e2 == 0, d3 % e3 == 0), as ggml_mul_mat does
  *   src[2] bias: ne0 = N, contiguous (with OP_BIAS)
@@ -450,6 +568,7 @@ SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
     p.K = K;
     p.lda = (ptrdiff_t)(A.nb[1] / sizeof(float));
     p.b_packed = packed;
+    p.b_bf16 = packed && (flags & OP_BF16) != 0;
     p.sbk = packed ? SDRT_NR : (ptrdiff_t)(B.nb[1] / sizeof(float));
     p.sbn = packed ? 1 : (ptrdiff_t)(B.nb[0] / sizeof(float));
     p.bias = bias;

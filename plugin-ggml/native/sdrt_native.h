@@ -168,6 +168,45 @@ int sdrt_cpu_has(int isa);
 /* the kernels of the ISA the custom ops use now (gemm.c) */
 const sdrt_isa_kernels *sdrt_active_kernels(void);
 
+/* ---- bf16 products (AVX-512-BF16 vdpbf16ps; gemm_kernels.c) ----------------------------------
+ * Operands rounded to bf16 (round to nearest even), products accumulated in float32. K goes in
+ * pairs: A rows hold bf16 pairs (k, k + 1) as one uint32 each; a bf16 B panel is
+ * [half][K2][16][2] (K2 = ceil(K / 2) pairs, the pair of each column side by side, as vdpbf16ps
+ * takes them): row pair p of a half is 32 uint16 (one vector), and a half is K2 x 32 uint16. An odd
+ * K ends with a zero pair element. vdpbf16ps treats denormal inputs as zero and flushes denormal
+ * results (below 1.2e-38: nothing an image notices). */
+#define SDRT_BF16_NR 32
+/* C tile (mr x 32) = A pairs (mr x K2, a[i*lda + p]) . B slice (the K2 pairs of a bf16 panel; its
+ * second half bh uint16 on) */
+typedef void (*sdrt_bkernel_fn)(int K2, const uint32_t *a, ptrdiff_t lda, const uint16_t *b, ptrdiff_t bh,
+                                const sdrt_tile_out *o);
+typedef struct {
+    const char *name;
+    int mr_max;
+    int kc2; /* longest block of K, in pairs */
+    sdrt_bkernel_fn kern[17];
+    /* rows m of float A (k floats each, row stride lda) -> bf16 pairs dst[i*ld2 + p], p < ceil(k / 2) */
+    void (*cvt_rows)(int m, int k, const float *a, ptrdiff_t lda, uint32_t *dst, ptrdiff_t ld2);
+    /* a float panel of `rows` rows ([half][rows][16]) -> a bf16 panel of ceil(rows / 2) pairs */
+    void (*cvt_panel)(int rows, const float *src, uint16_t *dst);
+} sdrt_bf16_kernels;
+/* the bf16 kernels, or NULL when this build or this CPU lacks AVX-512-BF16, or the active float32
+ * ISA is not AVX-512 (SDRT_GGML_GEMM_ISA pins another: the products then widen bf16 to float32) */
+const sdrt_bf16_kernels *sdrt_kernels_bf16(void);
+int sdrt_cpu_has_bf16(void);
+/* bf16 bits -> float32 (exact) */
+static inline float sdrt_bf16_to_f32(uint16_t h) {
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    v.u = (uint32_t)h << 16;
+    return v.f;
+}
+/* `panels` bf16 panels (k2 pair rows each, pstride uint16 apart) -> float panels of 2 k2 rows
+ * (pstride floats apart, [half][2 k2][16]): the float32 kernels' operand where there are no bf16 ones */
+void sdrt_widen_panels(const uint16_t *b, ptrdiff_t pstride, int k2, int panels, float *dst);
+
 /* the scalar tile store shared by kernels that compute into a temporary tile */
 void sdrt_store_tile(const float *tile, int ld_tile, const sdrt_tile_out *o);
 
@@ -193,6 +232,11 @@ typedef struct {
  * else C = product + bias. */
 void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdiff_t lda, const float *b,
                 ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last);
+
+/* the blocked bf16 product, as sdrt_block: A as pairs (lda uint32 between rows), B as k2 pair rows of
+ * `panels` bf16 panels pstride uint16 apart (second half pstride / 2 on) */
+void sdrt_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t *a, ptrdiff_t lda, const uint16_t *b,
+                     ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last);
 
 /* the scalar epilogue of one value (sdrt_store_tile and the scalar paths) */
 static inline float sdrt_act(const sdrt_epilogue *ep, float v) {

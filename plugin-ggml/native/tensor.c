@@ -5,6 +5,9 @@
 #include <intrin.h>
 #include <immintrin.h>
 #endif
+#if defined(SDRT_X86) && !defined(_MSC_VER) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 
 static size_t off_ne = (size_t)-1, off_nb, off_data, off_src;
 static int n_src;
@@ -86,6 +89,29 @@ static int x86_has(int isa) {
     return 0;
 }
 #endif
+
+/* AVX-512-BF16 (CPUID leaf 7 subleaf 1, EAX bit 5) with AVX-512BW and the OS's AVX-512 state; the
+ * bf16 kernels also need AVX-512F (sdrt_cpu_has(SDRT_ISA_AVX512)) */
+int sdrt_cpu_has_bf16(void) {
+#if defined(SDRT_X86) && defined(_MSC_VER)
+    int r[4];
+    __cpuid(r, 0);
+    if (r[0] < 7 || !x86_has(SDRT_ISA_AVX512))
+        return 0;
+    __cpuidex(r, 7, 0);
+    const int bw = (r[1] >> 30) & 1;
+    __cpuidex(r, 7, 1);
+    return bw && ((r[0] >> 5) & 1);
+#elif defined(SDRT_X86) && (defined(__GNUC__) || defined(__clang__))
+    unsigned a, b, c, d;
+    if (!x86_has(SDRT_ISA_AVX512) || !__builtin_cpu_supports("avx512bw") || __get_cpuid_max(0, NULL) < 7)
+        return 0;
+    __cpuid_count(7, 1, a, b, c, d);
+    return (a >> 5) & 1;
+#else
+    return 0;
+#endif
+}
 
 int sdrt_cpu_has(int isa) {
     if (isa == SDRT_ISA_PORTABLE)

@@ -62,26 +62,31 @@ def list_devices() -> list[Device]:
     return sorted(out, key=lambda d: 2 if d.properties.get("software") else 1 if d.kind == "cpu" else 0)
 
 
-#: whether ggml's bf16 matmuls (half.py) beat sdrt-ggml's native float32 GEMM and convolutions on a CPU with
-#: AVX-512-BF16: they do not in this build (ggml-python 0.0.45 without tinyBLAS: ggml's mul_mat is a loop of
-#: ``vdpbf16ps`` dot products, not a register-tiled GEMM): the bench UNet took 485 ms at bf16 against 115 ms
-#: at fp32 on an AMD EPYC Zen 5 (docs/ggml.md, "Precision and memory"). While it is False the CPU's default is
-#: fp32 on every CPU; set True once a bf16 kernel is at least as fast, and the CPU flag decides
-CPU_BF16_FASTER = False
+#: whether bf16 beats float32 on a CPU whose sdrt-ggml kernels run vdpbf16ps (``native.Native.bf16_kernel``): it
+#: does since the native GEMM and implicit-GEMM conv have bf16 products (half.py): on an AMD EPYC Zen 5 (2 cores,
+#: AVX-512-BF16) the bench UNet took 186 ms at bf16 against 251 ms at fp32 and the CLIP text encoder 91 ms against
+#: 178 ms, in one run, the tiny SD 1.5 / SD 2 images within 46.6 / 48.0 dB of float32 (docs/ggml.md, "Precision
+#: and memory"). ggml's own bf16 mul_mat (no tinyBLAS in this build) was 1.4-4.2x slower than fp32: without the
+#: native kernels, or with another GEMM ISA pinned, the default stays fp32
+CPU_BF16_FASTER = True
 #: the same for GPUs (fp16): not measured on a GPU yet, so a GPU keeps float32 by default
 GPU_FP16_FASTER = False
 
 
 def default_precision(lib: Any, kind: str) -> str:
     """The device's default precision (``sdrt.precision_default.choose``): bf16 on a CPU with AVX-512-BF16 or
-    AMX-BF16 whose ggml build has the AVX-512-BF16 kernels, fp16 on a GPU, float32 otherwise, each only where
-    it was measured at least as fast as float32 (``CPU_BF16_FASTER``, ``GPU_FP16_FASTER``)."""
+    AMX-BF16 where sdrt-ggml's vdpbf16ps kernels run, fp16 on a GPU, float32 otherwise, each only where it was
+    measured at least as fast as float32 (``CPU_BF16_FASTER``, ``GPU_FP16_FASTER``)."""
     from sdrt.precision_default import choose, cpu_bf16_fast
 
     offered = ("fp32", "bf16", "fp16")
     if kind == "cpu":
-        has = getattr(lib, "ggml_cpu_has_avx512_bf16", None)
-        fast = CPU_BF16_FASTER and cpu_bf16_fast() and bool(has and has())
+        from . import native
+
+        nat = native.native()
+        # sdrt-ggml's vdpbf16ps GEMM and conv run the bf16 products (native.Native.bf16_kernel): AVX-512-BF16,
+        # the avx512 kernels active (not pinned to another ISA by SDRT_GGML_GEMM_ISA)
+        fast = CPU_BF16_FASTER and cpu_bf16_fast() and nat is not None and nat.bf16_kernel
         return choose(kind, offered, bf16_fast=fast, fp16_fast=False)
     return choose(kind, offered, fp16_fast=GPU_FP16_FASTER)
 

@@ -12,6 +12,13 @@ product, in float32), norms and their scales (a variance in bf16 loses the image
 (sdrt-ggml's float32 depthwise kernel; few weights), and MatMuls of two activations. sdrt-ggml's native
 float32 GEMM and conv kernels are bypassed for the weights stored half: ggml's kernels read them.
 
+At bf16 on the CPU device with sdrt-ggml's native kernels loaded, the weights of MatMul, Gemm
+and dense convs instead go to the native GEMM and implicit-GEMM conv as bf16 panels and rows
+(``native.pack_b_bf16``, ``native.bf16_rows``; ``native.bf16_for`` says when): ``vdpbf16ps`` with each activation block rounded to bf16 where
+the CPU has AVX-512-BF16, else the bf16 weights widened to float32 block by block for the float32 kernels (bf16
+weights' values and memory, float32 activations, the float32 kernels' speed). The Winograd conv stays float32
+(its transformed weights are not the model's); 3x3 convs take the implicit GEMM at bf16.
+
 The roundings are round-to-nearest-even, as numpy's float16 and ggml's ``ggml_fp32_to_bf16_row`` do (NaN stays
 NaN); a finite weight beyond fp16's range is clipped to +-65504 at fp16, as ``sdrt.precision.to_half`` does.
 """
@@ -75,3 +82,4 @@ def weight(lowering: Any, arr: np.ndarray, transform: Callable[[np.ndarray], np.
 
     lowering.used(f"mul_mat {p}")
     return lowering.const(arr, transform=to_half, tag=f"{p}{tag}", dtype=storage, ggml_type=gtype)
+

@@ -9,7 +9,10 @@ to load or fails a check, ``native()`` returns None and logs why once; the lower
 use ggml's own ops.
 
 Environment: ``SDRT_GGML_NATIVE=0`` turns the kernels off; ``SDRT_GGML_GEMM_ISA`` forces a
-GEMM kernel (``portable``, ``avx2``, ``avx512``, ``neon``) instead of the best one the CPU has.
+GEMM kernel (``portable``, ``avx2``, ``avx512``, ``neon``) instead of the best one the CPU has. The bf16
+products (``precision="bf16"``: ``pack_b_bf16``, ``bf16_rows``) run ``vdpbf16ps`` where the CPU has
+AVX-512-BF16 and the active kernel is ``avx512``; otherwise (another CPU, or another ISA pinned) the same
+bf16 weights are widened to float32 block by block for the float32 kernels (``Native.bf16_kernel``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ ISAS = {"portable": 0, "avx2": 1, "avx512": 2, "neon": 3}
 #: B panels are 32 columns wide for every ISA (``SDRT_NR``)
 NR = 32
 #: userdata flags of ``sdrt_gemm_op``
-_TRANS, _PACKED, _BIAS, _SHARED, _RES, _ACT = 1, 2, 4, 8, 16, 32
+_TRANS, _PACKED, _BIAS, _SHARED, _RES, _ACT, _BF16 = 1, 2, 4, 8, 16, 32, 64
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,12 @@ class Native:
 
     def available_isas(self) -> list[str]:
         return [n for n, i in ISAS.items() if self.lib.sdrt_gemm_isa_available(i)]
+
+    @property
+    def bf16_kernel(self) -> bool:
+        """Whether bf16 products run on vdpbf16ps now (AVX-512-BF16, ``avx512`` active); else they widen the bf16
+        weights to float32 for the active float32 kernel."""
+        return bool(self.lib.sdrt_bf16_active())
 
 
 def library_path() -> Path | None:
@@ -154,6 +163,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sdrt_gemm_active_isa.argtypes = []
     lib.sdrt_gemm_isa_nr.argtypes = [I]
     lib.sdrt_gemm_isa_nr.restype = I
+    lib.sdrt_bf16_active.argtypes = []
+    lib.sdrt_bf16_active.restype = I
     lib.sdrt_gemm.argtypes = [I, I, I, I, P, S, P, S, S, I, P, P, S, I, I, I]
     lib.sdrt_gemm.restype = I
     lib.sdrt_pool_set_width.argtypes = [I]
@@ -207,26 +218,32 @@ def _self_test(n: Native, g: Any) -> str | None:
         tb = _tensor(g, ctx, bias)
         outs = [gemm_op(n, g, ctx, ta, tw, tb, m=m, n=nn, trans=tr, packed=True, state=state_tensor(g, ctx) if tr else None)
                 for tr in (False, True)]
+        # the bf16 product (vdpbf16ps, or widened bf16 weights): against the rounded operands
+        tw16 = _tensor(g, ctx, pack_b_bf16(w), dtype=np.uint16)
+        outs.append(gemm_op(n, g, ctx, ta, tw16, tb, m=m, n=nn, packed=True, bf16=True, state=state_tensor(g, ctx)))
         gf = g.ggml_new_graph(ctx)
         for o in outs:
             g.ggml_build_forward_expand(gf, o)
         g.ggml_graph_compute_with_ctx(ctx, gf, 2)
         want = a @ w.T + bias
-        for o, tr in zip(outs, (False, True)):
+        wr = bf16_round(w)
+        want16 = (bf16_round(a) if n.bf16_kernel else a).astype(np.float64) @ wr.T.astype(np.float64) + bias
+        for o, tr, ref in zip(outs, (False, True, None), (want, want, want16)):
             got = np.ctypeslib.as_array(ctypes.cast(g.ggml_get_data(o), ctypes.POINTER(ctypes.c_float)),
                                         shape=(nn, m) if tr else (m, nn))
             got = got.T if tr else got
-            if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
-                return f"max error {float(np.abs(got - want).max()):.3g} ({'transposed' if tr else 'row-major'} output)"
+            if not np.allclose(got, ref, rtol=1e-4, atol=1e-4):
+                kind = "bf16" if tr is None else "transposed" if tr else "row-major"
+                return f"max error {float(np.abs(got - ref).max()):.3g} ({kind} output)"
     finally:
         g.ggml_free(ctx)
     return None
 
 
-def _tensor(g: Any, ctx: Any, arr: np.ndarray) -> Any:
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
+def _tensor(g: Any, ctx: Any, arr: np.ndarray, dtype: Any = np.float32) -> Any:
+    arr = np.ascontiguousarray(arr, dtype=dtype)
     ne = list(reversed(arr.shape)) + [1] * (4 - arr.ndim)
-    t = g.ggml_new_tensor_4d(ctx, g.GGML_TYPE_F32, *ne)
+    t = g.ggml_new_tensor_4d(ctx, g.GGML_TYPE_BF16 if arr.dtype == np.uint16 else g.GGML_TYPE_F32, *ne)
     ctypes.memmove(g.ggml_get_data(t), arr.ctypes.data, arr.nbytes)
     return t
 
@@ -277,6 +294,67 @@ def pack_b(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.swapaxes(w.reshape(*lead, p, 2, NR // 2, k), -1, -2))
 
 
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to bf16 (nearest even) and back to float32."""
+    from .half import round_to
+
+    return round_to("bf16", a)
+
+
+def bf16_for(lowering: Any) -> bool:
+    """Whether this lowering multiplies bf16 weights with these kernels (``precision="bf16"``, the CPU device, the
+    library loaded): MatMul/Gemm weights as ``packed_bf16``, dense conv kernels as ``rows_bf16`` (half.py)."""
+    from .half import kind
+
+    return kind(lowering) == "bf16" and for_lowering(lowering) is not None
+
+
+def packed_bf16(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any:
+    """A weights tensor of bf16 GEMM panels (``pack_b_bf16``) of ``transform(arr)``, (N, K) rows;
+    ``update_weights`` packs new values the same way."""
+    lowering.used("gemm bf16")
+    return lowering.const(arr, transform=lambda v: pack_b_bf16(transform(np.asarray(v, np.float32))),
+                          tag=f"B16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")
+
+
+def rows_bf16(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any:
+    """A weights tensor of bf16 conv rows (``bf16_rows``) of ``transform(arr)``, (OC, K)."""
+    lowering.used("conv bf16")
+    return lowering.const(arr, transform=lambda v: bf16_rows(transform(np.asarray(v, np.float32))),
+                          tag=f"R16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")
+
+
+def pack_b_bf16(w: np.ndarray) -> np.ndarray:
+    """B given as (N, K) rows -> bf16 panels of 32 columns, each two halves of 16, each K as ceil(K/2) pairs
+    with the pair of a column side by side: (ceil(N/32), 2, ceil(K/2), 16 x 2) uint16 (bf16 bit patterns, zero
+    columns and a zero last K where N or K fall short); what ``sdrt_gemm_op`` reads with ``bf16=True``
+    (vdpbf16ps multiplies a pair of K a lane: native/sdrt_native.h)."""
+    from .half import bf16_bits
+
+    w = np.asarray(w, dtype=np.float32)
+    n, k = w.shape
+    p, k2 = -(-n // NR), -(-k // 2)
+    full = np.zeros((p * NR, 2 * k2), np.float32)
+    full[:n, :k] = w
+    # (p, half, 16, k2, 2) -> (p, half, k2, 16, 2), the last two dims as one (a ggml tensor has 4)
+    return np.ascontiguousarray(bf16_bits(full).reshape(p, 2, NR // 2, k2, 2).transpose(0, 1, 3, 2, 4)).reshape(
+        p, 2, k2, NR)
+
+
+def bf16_rows(w: np.ndarray) -> np.ndarray:
+    """A conv's kernel rows (OC, K) as bf16 bit patterns (uint16), each row padded with zeros to an even
+    length whose pairs (4 bytes each) do not crowd into a few L1 sets (``row_stride``): ``sdrt_conv_op``'s
+    W with ``conv_params(bf16=True)``."""
+    from .half import bf16_bits
+
+    w = np.asarray(w, dtype=np.float32)
+    oc, k = w.shape
+    ld = 2 * row_stride(-(-k // 2))
+    out = np.zeros((oc, ld), np.float32)
+    out[:, :k] = w
+    return bf16_bits(out)
+
+
 def row_stride(k: int, rows: int = 14) -> int:
     """Floats between rows of an A operand of K floats that the kernel reads in place: K, or K plus
     a multiple of 16 when rows K apart would crowd into a few L1 sets (row strides near a
@@ -294,12 +372,12 @@ ACTS = {"relu": 1, "clip": 2, "hardswish": 3, "silu": 4}
 
 
 def conv_params(kh: int, kw: int, strides: Any, dil: Any, ph: int, pw: int, *, padded: bool = False,
-                act: str | None = None, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
-    """``sdrt_conv_op``'s int32 params: [KH, KW, sh, sw, dh, dw, ph, pw, padded, act, lo, hi], the
-    clip bounds as float32 bits."""
+                act: str | None = None, lo: float = 0.0, hi: float = 0.0, bf16: bool = False) -> np.ndarray:
+    """``sdrt_conv_op``'s int32 params: [KH, KW, sh, sw, dh, dw, ph, pw, padded, act, lo, hi, bf16], the
+    clip bounds as float32 bits; bf16: W is ``bf16_rows``."""
     bounds = np.array([lo, hi], np.float32).view(np.int32)
     return np.array([kh, kw, strides[0], strides[1], dil[0], dil[1], ph, pw, int(padded), ACTS.get(act or "", 0),
-                     bounds[0], bounds[1]], np.int32)
+                     bounds[0], bounds[1], int(bf16)], np.int32)
 
 
 def conv_op(nat: Native, g: Any, ctx: Any, x: Any, w: Any, params: Any, state: Any, bias: Any = None,
@@ -379,11 +457,12 @@ def act_params(act: str | None, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
 
 def gemm_op(nat: Native, g: Any, ctx: Any, a: Any, b: Any, bias: Any = None, *, m: int, n: int, trans: bool = False,
             packed: bool = False, batch: tuple[int, int] = (1, 1), state: Any = None, res: Any = None,
-            act: Any = None) -> Any:
+            act: Any = None, bf16: bool = False) -> Any:
     """The ggml tensor of ``A . B [+ bias]`` computed by ``sdrt_gemm_op`` (contract in native/gemm.c).
 
     ``a``: ne (K, M, d2, d3), unit stride along K (rows may overlap). ``b``: packed panels
-    (``pack_b``) with ``packed=True``, else ne (N, K, e2, e3) with any strides. Output ne is
+    (``pack_b``) with ``packed=True``, bf16 ones (``pack_b_bf16``) with ``bf16=True`` as well, else
+    ne (N, K, e2, e3) with any strides. Output ne is
     (N, M, d2, d3), or (M, N, d2, d3) with ``trans``; ``res``, a tensor shaped as the output, is
     added to it (after ``bias``, N floats), then ``act`` (an ``act_params`` tensor) applied. ``state``: a zeroed int32[4] tensor that
     only this op uses; with it, the threads share out the work as they come (a thread held back
@@ -393,6 +472,7 @@ def gemm_op(nat: Native, g: Any, ctx: Any, a: Any, b: Any, bias: Any = None, *, 
     arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
     flags = (_TRANS if trans else 0) | (_PACKED if packed else 0) | (_BIAS if bias is not None else 0)
     flags |= (_SHARED if state is not None else 0) | (_RES if res is not None else 0) | (_ACT if act is not None else 0)
+    flags |= _BF16 if bf16 else 0
     ne = (m, n) if trans else (n, m)
     out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], batch[0], batch[1], arr, len(args), nat.gemm_op,
                            g.GGML_N_TASKS_MAX, ctypes.c_void_p(flags or None))

@@ -17,9 +17,18 @@ and an fp16 one through F16C (or plain C) (ggml-cpu's ``ggml_vec_dot_bf16``/``gg
 them compute the products of the rounded values exactly in float32 and accumulate in float32, so these bounds
 hold on AVX2-only CPUs too. ggml-python builds one CPU library for the build machine (no runtime dispatch to
 pin), so only the widest path of this machine runs here.
+
+At bf16 on the CPU with sdrt-ggml's native kernels (the default build), MatMul, Gemm and dense convs run on
+sdrt-ggml's own bf16 GEMM instead (native.bf16_for): ``vdpbf16ps`` with each activation block rounded to
+bf16 where the CPU has AVX-512-BF16 (the same numbers as ggml's path, so the same bounds), else the bf16
+weights widened to float32 for the float32 kernels (activations not rounded: within the same bounds, closer
+to the float32 result). ``test_native_bf16_kernel`` and ``test_native_bf16_fallback`` check both, the second
+through the ISA pin.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import onnx
@@ -124,11 +133,27 @@ def test_layers_match_the_rounded_reference(precision):
         assert got[k].shape == want[k].shape, k
         err = np.abs(got[k].astype(np.float64) - want[k])
         assert (err <= 1e-5 * bound[k] + 1e-6).all(), (k, float(err.max()), float((err / (bound[k] + 1e-6)).max()))
-    assert hits.get(f"mul_mat {precision}", 0) >= len(halved), hits
     n_half = sum(numpy_helper.to_array(i).size for i in model.graph.initializer if i.name in halved)
     n_f32 = sum(numpy_helper.to_array(i).size for i in model.graph.initializer if i.name not in halved)
+    if _native_bf16(precision):
+        # sdrt-ggml's bf16 GEMM panels and conv rows (the batched MatMul's weight: ggml's mul_mat); the panels
+        # pad N to 32 columns, as the float32 panels do: half the float32 lowering's weights, give or take a
+        # padded pair of K
+        assert hits.get("gemm bf16", 0) + hits.get("conv bf16", 0) + hits.get("mul_mat bf16", 0) >= len(halved), hits
+        with compile_ggml(model, precision="fp32") as s32:
+            held32 = s32.weight_bytes()
+        assert held <= 0.55 * (held32 - 4 * n_f32) + 4 * n_f32 + 1024, (held, held32)
+        return
+    assert hits.get(f"mul_mat {precision}", 0) >= len(halved), hits
     # half weights, float32 biases and 1-D kernel, and a few int32 constants of the lowering (a shape)
     assert 2 * n_half + 4 * n_f32 <= held <= 2 * n_half + 4 * n_f32 + 64, (held, n_half, n_f32)
+
+
+def _native_bf16(precision: str) -> bool:
+    """Whether a CPU lowering at ``precision`` takes sdrt-ggml's native bf16 products (native.bf16_for)."""
+    from sdrt_ggml import native
+
+    return precision == "bf16" and native.native() is not None
 
 
 @pytest.mark.parametrize("precision", HALF)
@@ -195,12 +220,17 @@ def test_precision_option(monkeypatch):
     cpu = next(d for d in be.devices() if d.kind == "cpu")
     assert set(be.precisions) == {"fp32", "bf16", "fp16"}
     monkeypatch.delenv("SDRT_PRECISION", raising=False)
-    # no bf16 kernel beats the native float32 GEMM yet (devices.CPU_BF16_FASTER): float32 on every CPU
-    assert cpu.properties["precision"] == be.precision_for(cpu) == "fp32"
-    with compile_ggml(model) as s:
-        assert not any(k.startswith("mul_mat ") for k in s.impl_hits)
+    from sdrt_ggml import devices
+    from sdrt_ggml.ops._common import ggml_lib
+
+    # bf16 where sdrt-ggml's vdpbf16ps kernels run (AVX-512-BF16) and were measured faster (CPU_BF16_FASTER)
+    want = devices.default_precision(ggml_lib(), "cpu")
+    assert want in ("fp32", "bf16")
+    assert cpu.properties["precision"] == be.precision_for(cpu) == want
+    with compile_ggml(model, precision="fp32") as s:
+        assert not any(k.endswith(("bf16", "fp16")) for k in s.impl_hits)
     with compile_ggml(model, precision="bfloat16") as s:  # the vocabulary's aliases
-        assert s.impl_hits.get("mul_mat bf16")
+        assert s.impl_hits.get("gemm bf16" if _native_bf16("bf16") else "mul_mat bf16")
     monkeypatch.setenv("SDRT_PRECISION", "half")  # replaces the default
     assert be.precision_for(cpu) == "fp16"
     with pytest.raises(SdrtError, match="precision 'int8'"):
@@ -208,22 +238,124 @@ def test_precision_option(monkeypatch):
 
 
 def test_default_follows_the_cpu_flag(monkeypatch):
-    """Once a bf16 kernel is measured faster (CPU_BF16_FASTER), the CPU flag and ggml's build decide."""
+    """Once a bf16 kernel is measured faster (CPU_BF16_FASTER), the CPU flag and sdrt-ggml's kernels decide."""
     from sdrt import precision_default
-    from sdrt_ggml import devices
+    from sdrt_ggml import devices, native
     from sdrt_ggml.ops._common import ggml_lib
 
     lib = ggml_lib()
-    assert devices.default_precision(lib, "cpu") == "fp32"
     assert devices.default_precision(lib, "gpu") == "fp32"  # fp16 on GPUs: not measured yet
+    monkeypatch.setattr(devices, "CPU_BF16_FASTER", False)
+    assert devices.default_precision(lib, "cpu") == "fp32"
     monkeypatch.setattr(devices, "CPU_BF16_FASTER", True)
     monkeypatch.setattr(precision_default, "cpu_flags", lambda: frozenset({"avx2", "f16c"}))
     assert devices.default_precision(lib, "cpu") == "fp32"  # AVX2 only: bf16 emulated
     monkeypatch.setattr(precision_default, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
-    want = "bf16" if lib.ggml_cpu_has_avx512_bf16() else "fp32"
+    nat = native.native()
+    want = "bf16" if nat is not None and nat.bf16_kernel else "fp32"  # sdrt-ggml's vdpbf16ps kernels decide
     assert devices.default_precision(lib, "cpu") == want
+    if nat is not None and "avx2" in nat.available_isas():
+        active = nat.isa
+        try:
+            nat.set_isa("avx2")  # the ISA pin: no vdpbf16ps, so float32 by default
+            assert devices.default_precision(lib, "cpu") == "fp32"
+        finally:
+            nat.set_isa(active)
     monkeypatch.setattr(devices, "GPU_FP16_FASTER", True)
     assert devices.default_precision(lib, "gpu") == "fp16"
+
+
+def _kernel_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The shapes sdrt-ggml's bf16 GEMM and conv meet: K of several blocks (1101 > 2 x 256 pairs) and odd, N
+    not a multiple of 32, M beyond one 14-row tile, a residual and an activation fused into the epilogue, a
+    strided and a channels-last (transposed) product, a conv with a bias and a ReLU, one with a residual."""
+    inits = {"w": rand(1101, 70, seed=1), "g": rand(45, 1101, seed=2), "gb": rand(45, seed=3),
+             "k3": rand(40, 33, 3, 3, seed=4), "kb": rand(40, seed=5), "kr": rand(33, 33, 3, 3, seed=6),
+             "ks": rand(24, 33, 1, 1, seed=7), "k1": rand(19, 33, 1, 1, seed=8)}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "r"], ["mm_res"]),
+        helper.make_node("Gemm", ["x", "g", "gb"], ["gemm"], transB=1),
+        helper.make_node("Relu", ["gemm"], ["gemm_relu"]),
+        helper.make_node("Conv", ["im", "k3", "kb"], ["c3"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c3"], ["c3_relu"]),
+        helper.make_node("Conv", ["im", "kr"], ["cr"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["cr", "im"], ["c_res"]),
+        helper.make_node("Conv", ["im", "ks"], ["cs"], strides=[2, 2]),
+        helper.make_node("Conv", ["im", "k1"], ["c1"]),
+        helper.make_node("Transpose", ["c1"], ["c1_cl"], perm=[0, 2, 3, 1]),
+    ]
+    inputs = {"x": ((37, 1101), F), "r": ((37, 70), F), "im": ((1, 33, 13, 15), F)}
+    outputs = {n: (None, F) for n in ("mm_res", "gemm_relu", "c3_relu", "c_res", "cs", "c1_cl")}
+    return make_model(nodes, inputs, outputs, inits), inputs
+
+
+def _kernel_case() -> tuple[Any, onnx.ModelProto, dict[str, np.ndarray], dict[str, np.ndarray],
+                            dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The native kernels, the model, its feeds, the two references (weights rounded to bf16 by ml_dtypes;
+    activations rounded too, or not) and sum(|w| |x|) per output."""
+    from sdrt_ggml import native
+
+    nat = native.native()
+    if nat is None:
+        pytest.skip(f"sdrt-ggml's native kernels are not loaded: {native.unavailable_reason()}")
+    model, inputs = _kernel_model()
+    halved = {"w", "g", "k3", "kr", "ks", "k1"}
+    feeds = {k: rand(*shape, seed=50 + i) for i, (k, (shape, _)) in enumerate(inputs.items())}
+    m16 = with_rounded_weights(model, "bf16", halved)
+    ref_f32_act = run_ort(m16, feeds)
+    ref_bf16_act = run_ort(m16, {k: rounded("bf16", v) if k != "r" else v for k, v in feeds.items()})  # r: added
+    # the residual ``im`` is added in float32 as it is: only the conv's operand is rounded
+    ref_bf16_act["c_res"] = ref_bf16_act["c_res"] - rounded("bf16", feeds["im"]) + feeds["im"]
+    return nat, model, feeds, ref_bf16_act, ref_f32_act, _abs_terms(model, feeds)
+
+
+def _check_kernel(got: dict[str, np.ndarray], want: dict[str, np.ndarray], other: dict[str, np.ndarray],
+                  bound: dict[str, np.ndarray]) -> None:
+    """The bound: the products of bf16 values are exact in float32, so the two sides differ only by the float32
+    roundings of their sums: at most n 2^-24 sum(|w| |x|) for sums of n terms. vdpbf16ps adds a pair a step, at
+    most 512 roundings in a 256-pair block of K, plus one per further block; onnxruntime's own sum adds up to K
+    = 1101 more; 1e-4 sum(|w| |x|) covers n = 1677. That bound alone does not tell the rounding of the
+    activations apart (it moves a sum by about 2^-9 sum/sqrt(K)), so each path must also sit much closer to
+    its own reference than to the other one."""
+    for k in want:
+        err = np.abs(got[k].astype(np.float64) - want[k])
+        assert (err <= 1e-4 * bound[k] + 1e-6).all(), (k, float((err / (bound[k] + 1e-6)).max()))
+        apart = float(np.abs(want[k] - other[k]).max())
+        assert float(err.max()) < 0.1 * apart, (k, float(err.max()), apart)
+
+
+def test_native_bf16_kernel():
+    """sdrt-ggml's vdpbf16ps GEMM and conv (AVX-512-BF16): both operands rounded to bf16, float32 sums."""
+    nat, model, feeds, ref_bf16_act, ref_f32_act, bound = _kernel_case()
+    if not nat.bf16_kernel:
+        pytest.skip(f"no vdpbf16ps kernels here (CPU or build without AVX-512-BF16, or GEMM ISA {nat.isa} pinned): "
+                    "test_native_bf16_fallback covers this CPU's bf16 path")
+    with compile_ggml(model, precision="bf16") as s:
+        got = s.run(feeds)
+        hits = s.impl_hits
+    assert hits.get("gemm bf16", 0) >= 2 and hits.get("conv bf16", 0) >= 3, hits
+    _check_kernel(got, ref_bf16_act, ref_f32_act, bound)
+
+
+def test_native_bf16_fallback():
+    """Without vdpbf16ps (forced here through the ISA pin, SDRT_GGML_GEMM_ISA's runtime form): the bf16 weights
+    widened to float32 for the float32 kernels, the activations not rounded."""
+    nat, model, feeds, ref_bf16_act, ref_f32_act, bound = _kernel_case()
+    active = nat.isa
+    fallback = "avx2" if "avx2" in nat.available_isas() else "portable"
+    try:
+        nat.set_isa(fallback)
+        assert not nat.bf16_kernel
+        with compile_ggml(model, precision="bf16") as s:
+            got = s.run(feeds)
+            hits = s.impl_hits
+            held = s.weight_bytes()
+    finally:
+        nat.set_isa(active)
+    assert hits.get("gemm bf16", 0) >= 2 and hits.get("conv bf16", 0) >= 3, hits
+    _check_kernel(got, ref_f32_act, ref_bf16_act, bound)
+    n = sum(numpy_helper.to_array(i).size for i in model.graph.initializer if i.name in ("w", "g", "k3", "kr", "ks", "k1"))
+    assert held < 3 * n, (held, n)  # bf16 weights held (2 bytes each, some padding), not float32 copies
 
 
 def test_tiny_sd15_image_at_bf16_within_the_bar(registry):

@@ -173,7 +173,7 @@ def direct_ok(lowering: Any, nat: Any, strides: list[int], ow: int, oc: int) -> 
     columns (16 with AVX2, 32 with AVX-512); the others pack their columns, as every conv does
     with ``conv_impl="implicit"``."""
     return (lowering.options.get("conv_impl", "auto") != "implicit" and list(strides) == [1, 1]
-            and ow * 4 >= 3 * nat.nr and oc <= DIRECT_MAX_OC)
+            and ow * 4 >= 3 * nat.nr and oc <= DIRECT_MAX_OC and not native.bf16_for(lowering))
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,7 @@ class ConvSpec:
     depthwise: bool = False
     winograd: bool = False  # src padded for the Winograd conv; geometry's ph, pw: where the image sits in it
     cscale: Any = None  # runtime, ne (C, N): the input channels' scale (the packed route applies it)
+    bf16: bool = False  # wt is bf16 rows (half.rows_bf16): the packed route's bf16 products
 
 
 def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
@@ -215,7 +216,7 @@ def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
     else:
         nat = native.for_lowering(lowering)
         params = lowering.const(native.conv_params(kh, kw, strides, dil, ph, pw, padded=padded, act=spec.act,
-                                                   lo=spec.lo, hi=spec.hi))
+                                                   lo=spec.lo, hi=spec.hi, bf16=spec.bf16))
         y = native.conv_op(nat, g, lowering.ctx, spec.src, spec.wt, params.ptr, native.lowering_state(lowering),
                            spec.bias, spec.rbias, spec.res, spec.cscale, out_ne=(ow, oh, oc, n))
     lowering.conv_specs[ctypes.cast(y, ctypes.c_void_p).value] = spec
@@ -242,6 +243,8 @@ def winograd_ok(lowering: Any, w: Any, strides: list[int], dil: list[int]) -> bo
         return False
     if list(strides) != [1, 1] or list(dil) != [1, 1] or native.for_lowering(lowering) is None:
         return False
+    if native.bf16_for(lowering):
+        return False  # float32 only: the implicit GEMM's bf16 products instead
     return impl == "winograd" or (w.shape[1] >= WINOGRAD_MIN_C and w.shape[0] >= WINOGRAD_MIN_OC)
 
 
@@ -288,8 +291,12 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     _, c, h, wd = x.shape
     kh, kw = int(w.shape[2]), int(w.shape[3])
     k = int(np.prod(w.shape[1:]))
-    ld = native.row_stride(k)
-    wt = lowering.const(w, transform=lambda a: np.pad(a.reshape(oc, k), [(0, 0), (0, ld - k)]), tag=f"rows{ld}")
+    bf16 = native.bf16_for(lowering)
+    if bf16:  # bf16 rows, the packed route (native/conv.c, conv_unit_bf16)
+        wt = native.rows_bf16(lowering, w, lambda a: a.reshape(oc, k), "")
+    else:
+        ld = native.row_stride(k)
+        wt = lowering.const(w, transform=lambda a: np.pad(a.reshape(oc, k), [(0, 0), (0, ld - k)]), tag=f"rows{ld}")
     b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
     src = x.ptr
     pointwise = kh == kw == 1 and ph == pw == 0 and list(strides) == [1, 1]
@@ -306,5 +313,5 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     else:
         lowering.used("conv implicit")
     spec = ConvSpec(src, wt.ptr, (kh, kw, tuple(strides), tuple(dil), ph, pw, padded), out_shape,
-                    bias=b.ptr if b is not None else None, cscale=cscale)
+                    bias=b.ptr if b is not None else None, cscale=cscale, bf16=bf16)
     return conv_emit(lowering, spec)

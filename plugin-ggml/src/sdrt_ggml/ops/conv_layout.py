@@ -26,10 +26,14 @@ def conv_gemm(lowering: Any, cols: Any, w: np.ndarray, order: tuple[int, int, in
     m = int(cols.contents.ne[1])
     nat = native.for_lowering(lowering)
     if nat is not None:
-        wp = lowering.const(w, transform=lambda a: native.pack_b(a.transpose(order).reshape(oc, k)), tag=f"{tag}P32")
+        bf16 = native.bf16_for(lowering)  # bf16 panels (half.py)
+        if bf16:
+            wp = native.packed_bf16(lowering, w, lambda a: a.transpose(order).reshape(oc, k), tag)
+        else:
+            wp = lowering.const(w, transform=lambda a: native.pack_b(a.transpose(order).reshape(oc, k)), tag=f"{tag}P32")
         b = None if bias is None else lowering.const(np.asarray(bias, np.float32).reshape(-1)).ptr
         return native.gemm_op(nat, g, lowering.ctx, cols, wp.ptr, b, m=m, n=oc, trans=trans, packed=True,
-                              state=native.lowering_state(lowering))
+                              state=native.lowering_state(lowering), bf16=bf16)
     assert bias is None, "ggml_mul_mat adds no bias"
     wt = lowering.const(w, transform=lambda a: np.ascontiguousarray(a.transpose(order)), tag=tag)
     w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, k, oc)

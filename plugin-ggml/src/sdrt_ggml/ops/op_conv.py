@@ -91,7 +91,7 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
             cp = c
     if not isinstance(w, np.ndarray):
         wt = cont(lowering, w)
-    elif depthwise or (half.kind(lowering) is not None and group == 1):  # conv_half makes the half kernel
+    elif depthwise or (half.kind(lowering) is not None and group == 1):  # conv_half / the bf16 routes make theirs
         wt = None  # type: ignore[assignment]
     elif cp != c:
         wt = lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, cp - c), (0, 0), (0, 0)]), tag=f"c{cp}")
@@ -105,7 +105,10 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
     pointwise = (group == 1 and isinstance(w, np.ndarray) and n == 1 and kh == kw == 1 and strides == [1, 1]
                  and ph == pw == 0 and lowering.options.get("layouts", True)
                  and (x.cl is not None or not implicit_ok(lowering, w, group)))
-    halved = half.kind(lowering) is not None and group == 1 and isinstance(w, np.ndarray)
+    # bf16/fp16 kernels on ggml's mul_mat (conv_half); at bf16 with the native kernels, the native routes below
+    # take bf16 kernels themselves (native.bf16_for)
+    halved = (half.kind(lowering) is not None and group == 1 and isinstance(w, np.ndarray)
+              and not (native.bf16_for(lowering) and implicit_ok(lowering, w, group)))
     if cscale is not None:
         if halved or not implicit_ok(lowering, w, group) or lowering.options.get("conv_impl", "auto") == "winograd":
             return None

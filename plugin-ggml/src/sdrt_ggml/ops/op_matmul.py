@@ -1,7 +1,9 @@
 """MatMul and Gemm: sdrt-ggml's packed GEMM on the CPU, ggml_mul_mat elsewhere.
 
-At ``precision="bf16"``/``"fp16"`` a constant B is stored half and multiplied by ``ggml_mul_mat`` on every
-device (``half.py``); otherwise, on the CPU device (``native.for_lowering``), ``A @ B`` is one ``sdrt_gemm_op`` custom op
+At ``precision="fp16"`` (and ``"bf16"`` off the native kernels) a constant B is stored half and multiplied by
+``ggml_mul_mat`` (``half.py``); at ``"bf16"`` with them, bf16 panels of the native GEMM
+(``native.packed_bf16``); otherwise, on the CPU device (``native.for_lowering``), ``A @ B`` is one
+``sdrt_gemm_op`` custom op
 (native/gemm.c): A is read in place (its rows K-contiguous), a constant B is packed into
 32-column panels once when the session is built (``native.pack_b``, through the weight's
 transform, so ``update_weights`` packs new weights the same way), a runtime B is read
@@ -83,6 +85,7 @@ class GemmSpec:
     res: Any = None
     act: str | None = None
     act_arg: float = 0.0
+    bf16: bool = False  # w is bf16 panels (half.packed_bf16)
 
 
 def gemm_emit(lowering: Any, spec: GemmSpec) -> GTensor:
@@ -91,7 +94,7 @@ def gemm_emit(lowering: Any, spec: GemmSpec) -> GTensor:
     act = lowering.const(native.act_params(spec.act, spec.act_arg)).ptr if spec.act else None
     out = native.gemm_op(native.for_lowering(lowering), ggml_lib(), lowering.ctx, spec.a, spec.w, spec.bias,
                          m=spec.m, n=spec.n, packed=spec.packed, batch=(d[2], d[3]),
-                         state=native.lowering_state(lowering), res=spec.res, act=act)
+                         state=native.lowering_state(lowering), res=spec.res, act=act, bf16=spec.bf16)
     lowering.gemm_specs[ctypes.cast(out, ctypes.c_void_p).value] = spec
     return GTensor(out, spec.batch + (spec.m, spec.n))
 
@@ -124,6 +127,9 @@ def native_matmul(lowering: Any, nat: Any, a: GTensor, b: Value, batch: tuple[in
         a = expand_to(lowering, a, batch + a.shape[-2:])
     a = k_rows(lowering, a)
     packed = isinstance(b, np.ndarray) and b.ndim == 2
+    if packed and native.bf16_for(lowering):  # bf16 panels: vdpbf16ps, or widened (half.py)
+        w = native.packed_bf16(lowering, b, lambda v: np.swapaxes(v, -1, -2), "T")
+        return gemm_emit(lowering, GemmSpec(a.ptr, w.ptr, m, int(np.shape(b)[-1]), True, batch, bf16=True))
     if packed:
         w = lowering.const(b, transform=lambda v: native.pack_b(np.swapaxes(v, -1, -2)), tag="P32")
         n = int(np.shape(b)[-1])
@@ -159,6 +165,8 @@ def matmul(lowering: Any, a: Value, b: Value) -> GTensor:
         return out
     nat = native.for_lowering(lowering)
     halved = half.kind(lowering) is not None and isinstance(b, np.ndarray) and a.dtype == "float32"
+    if halved and b.ndim == 2 and native.bf16_for(lowering):
+        halved = False  # bf16 panels of the native GEMM (native_matmul)
     if (nat is not None and not halved and len(batch) <= 2 and a.dtype == "float32"
             and getattr(b, "dtype", "float32") == "float32"):
         out = native_matmul(lowering, nat, a, b, batch)
@@ -213,7 +221,8 @@ def op_gemm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
         a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
         w = lowering.const_blocks(b_, qb[0], qb[1], a.shape[1])
         y = GTensor(g.ggml_mul_mat(lowering.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
-    elif half.kind(lowering) and isinstance(b_, np.ndarray) and b_.ndim == 2:  # bf16/fp16 weights (half.py)
+    elif (half.kind(lowering) and isinstance(b_, np.ndarray) and b_.ndim == 2
+          and not native.bf16_for(lowering)):  # bf16/fp16 weights on ggml's mul_mat (half.py)
         a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
         w = half.weight(lowering, b_, None if trans_b else (lambda v: v.T), "" if trans_b else "T")
         y = GTensor(g.ggml_mul_mat(lowering.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
@@ -251,17 +260,20 @@ def _native_gemm(lowering: Any, nat: Any, a_: Value, b_: np.ndarray, c_: Value |
     a = k_rows(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
     m, n = a.shape[0], int(b_.shape[0] if trans_b else b_.shape[1])
 
-    def pack(v: np.ndarray) -> np.ndarray:
+    def rows(v: np.ndarray) -> np.ndarray:  # (N, K), alpha folded in
         v = v if trans_b else v.T
-        return native.pack_b(v * np.float32(alpha) if alpha != 1.0 else v)
+        return v * np.float32(alpha) if alpha != 1.0 else v
 
-    w = lowering.const(b_, transform=pack, tag=f"P32{'t' if trans_b else ''}{alpha if alpha != 1.0 else ''}")
+    tag = f"{'t' if trans_b else ''}{alpha if alpha != 1.0 else ''}"
+    bf16 = native.bf16_for(lowering)  # bf16 panels (half.py)
+    w = (native.packed_bf16(lowering, b_, rows, tag) if bf16 else
+         lowering.const(b_, transform=lambda v: native.pack_b(rows(v)), tag=f"P32{tag}"))
     bias = None
     if isinstance(c_, np.ndarray) and beta != 0.0 and c_.size == n and (c_.ndim == 1 or c_.shape == (1, n)):
         bias = lowering.const(c_, transform=lambda v: (np.asarray(v, np.float32) * np.float32(beta)).reshape(-1),
                               tag=f"bias{beta}")
     out = native.gemm_op(nat, g, lowering.ctx, a.ptr, w.ptr, bias.ptr if bias is not None else None, m=m, n=n,
-                         packed=True, state=native.lowering_state(lowering))
+                         packed=True, state=native.lowering_state(lowering), bf16=bf16)
     y = GTensor(out, (m, n))
     if c_ is not None and beta != 0.0 and bias is None:
         c = c_ * np.float32(beta) if isinstance(c_, np.ndarray) and beta != 1.0 else c_
