@@ -701,7 +701,9 @@ def run_sdrt(case: str, backend: str, tree: Path, api: bool = False) -> None:
                    "env": f"SDRT_PRECISION={PRECISION}" if PRECISION != "default" else "SDRT_PRECISION unset", "rc": p.returncode, "wall_s": round(wall, 1),
                    "watched_peak_rss_mb": watched, "rss_timeline_s_mb": timeline, "file_mb": round(_files_bytes(case) / 2**20),
                    "release_data_vs_published [sdrt, published]": _sdrt_release_agrees(tree, c["family"])}
-    if timef.exists() and (words := timef.read_text().split()) and words[-2].isdigit():
+    if MEMORY:  # sdrt restarts VmHWM per stage under --memory, and with it ru_maxrss: /usr/bin/time reads the last stage
+        entry["peak_rss_mb"] = watched
+    elif timef.exists() and (words := timef.read_text().split()) and words[-2].isdigit():
         entry["peak_rss_mb"] = int(words[-2]) // 1024
         entry["peak_rss_over_file_size"] = round(entry["peak_rss_mb"] / entry["file_mb"], 2)
     if killed:

@@ -17,8 +17,10 @@ made (Python, numpy, the backend's libraries). The predicted peak is ``base`` pl
 the resident parts plus the running part (or its heaviest group).
 
 The measured peak is the process's high-water mark of resident memory: ``VmHWM`` from
-``/proc/self/status`` on Linux, reset per stage through ``/proc/self/clear_refs`` so each stage (text,
-denoise, decode) has its own; ``ru_maxrss`` elsewhere (the whole run's peak only).
+``/proc/self/status`` on Linux. With a budget set (``memory=``), it is reset per stage through
+``/proc/self/clear_refs`` so each stage (text, denoise, decode) has its own; that also resets what the OS
+reports as the process's peak (``ru_maxrss``, ``/usr/bin/time``), so without ``memory=`` nothing is reset
+and each stage reads the whole process's peak so far. ``ru_maxrss`` elsewhere (the whole run's peak only).
 """
 
 from __future__ import annotations
@@ -321,7 +323,9 @@ class MemoryMixin:
         self._stage_started()
 
     def _stage_started(self) -> None:
-        self._peak_reset = reset_peak()
+        # Restarting VmHWM also restarts what the OS reports as the process's peak (ru_maxrss, /usr/bin/time),
+        # so it happens only when the caller set a budget (memory=); otherwise stages read the whole process.
+        self._peak_reset = self.memory is not None and reset_peak()  # type: ignore[attr-defined]
 
     def _releases(self, names: Iterable[str], stage: bool = False) -> list[str]:
         """Of ``names``, the parts the plan releases after use; a ``stage`` end records its measured peak."""
