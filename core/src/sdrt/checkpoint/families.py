@@ -130,8 +130,12 @@ def clip_kind(shapes: Shapes, prefix: str) -> str | None:
     return {768: "clip_l", 1024: "openclip_h", 1280: "clip_g"}.get(w or 0)
 
 
-def identify(shapes: Shapes) -> Identity:
-    """What a file holds, from its tensor names and shapes only (no data read)."""
+def identify(shapes: Shapes, family: str | None = None) -> Identity:
+    """What a file holds, from its tensor names and shapes only (no data read).
+
+    SD 3.5, Flux.1 and Chroma transformers are told apart by their keys and then checked against their
+    release widths; ``family`` (a ``FAMILY_GRAPHS`` key) accepts a transformer whose keys say that family
+    at other widths (a reduced or test model bound onto graphs of its own, ``graph_paths``)."""
     keys = list(shapes)
 
     def has(p: str) -> bool:
@@ -144,13 +148,17 @@ def identify(shapes: Shapes) -> Identity:
         width = _width(shapes, flow_prefix + "context_embedder.bias") or 0
         dual = has(flow_prefix + "joint_blocks.0.x_block.attn2.")
         qk = has(flow_prefix + "joint_blocks.0.x_block.attn.ln_q.")
-        if dual and qk and width == 1536:
+        keyed = ("sd35-medium" if dual else "sd35-large") if qk else None
+        if keyed is not None and family == keyed:
+            fam = keyed
+        elif dual and qk and width == 1536:
             fam = "sd35-medium"
         elif qk and width == 2432:
             fam = "sd35-large"
         else:
+            by_keys = f" ({LABELS[keyed]} by its keys)" if keyed and family else ""
             return Identity(None, "unknown", f"an SD 3 MMDiT of width {width}{' with' if qk else ' without'} qk-norm "
-                            "(SD 3.0 Medium?), which has no shipped graph")
+                            f"(SD 3.0 Medium?){by_keys}, which has no shipped graph")
         comps["transformer"] = flow_prefix
     elif has(flow_prefix + "double_blocks.") and has(flow_prefix + "single_blocks."):
         if has(flow_prefix + "distilled_guidance_layer."):
@@ -160,10 +168,11 @@ def identify(shapes: Shapes) -> Identity:
         else:
             fam = "flux-schnell"
         w = _width(shapes, flow_prefix + "img_in.weight")
-        if shapes.get(flow_prefix + "img_in.weight", (0, 0))[0] != 3072 or w != 64:
+        if family != fam and (shapes.get(flow_prefix + "img_in.weight", (0, 0))[0] != 3072 or w != 64):
             return Identity(None, "unknown", f"a Flux-like transformer of width "
                             f"{shapes.get(flow_prefix + 'img_in.weight', (0,))[0]} with {w} input channels "
-                            "(not Flux.1/Chroma), which has no shipped graph")
+                            f"(not Flux.1/Chroma{'; ' + LABELS[fam] + ' by its keys' if family else ''}), "
+                            "which has no shipped graph")
         comps["transformer"] = flow_prefix
     elif has("model.diffusion_model.input_blocks."):
         old = detect(shapes)

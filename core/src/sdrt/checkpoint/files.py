@@ -156,7 +156,7 @@ class _File:
     ident: Identity
 
 
-def _open(path: PathLike, what: str) -> _File:
+def _open(path: PathLike, what: str, family: str | None = None) -> _File:
     p = Path(path)
     if p.is_dir():
         raise ModelError("a folder was given where a .safetensors file was expected", where=str(p),
@@ -167,7 +167,45 @@ def _open(path: PathLike, what: str) -> _File:
         raise type(exc)(f"cannot open the {what} {p.name}: {exc.what}", where=str(p),
                         fix="re-download the file (it may be truncated or not a .safetensors file)") from exc
     shapes = {k: tuple(int(d) for d in w.ref(k).shape) for k in w}
-    return _File(p, w, shapes, families.identify(shapes))
+    return _File(p, w, shapes, families.identify(shapes, family))
+
+
+def _fit_text_encoder(f: _File, fam: str, graph_paths: Mapping[str, PathLike]) -> tuple[_File, list[str]]:
+    """A text-encoder file that is no release width (a reduced or test model), given with ``family=``: the
+    family's text-encoder parts on ``graph_paths`` whose graph it binds onto, every initializer, and the file
+    seen as that kind. A T5 tower (``encoder.block.*``) is tried on the T5 parts, a CLIP tower on the CLIP parts."""
+    from ..graph import Graph
+
+    keys = list(f.shapes)
+    t5 = any(k.startswith("encoder.block.0.layer.0.SelfAttention.") for k in keys)
+    clip = any(k.startswith(("text_model.encoder.layers.", "encoder.layers.", "transformer.resblocks."))
+               for k in keys)
+    graphs = FAMILY_GRAPHS[fam]
+    fits: list[str] = []
+    for part, g in graphs.items():
+        kind = graph_kind(g)
+        if not part.startswith("text_encoder") or part not in graph_paths or not (
+                (kind == "t5xxl" and t5) or (kind in ("clip_l", "clip_g", "openclip_h") and clip)):
+            continue
+        ident = Identity(None, kind, PART_KINDS[kind], {"text_encoder": ""})
+        g_file = _File(f.path, f.weights, f.shapes, ident)
+        srcs, _ = _sources(g_file, "text_encoder", "", fam)
+        try:
+            Checkpoint(f.weights, {part: srcs}, ident.label, f.path).lazy({part: Graph.load(graph_paths[part])})
+        except WeightsError:
+            continue
+        fits.append(part)
+    if not fits:
+        raise ModelError(f"{f.path.name} is not a text encoder of {LABELS[fam]}'s release widths, and it fits none "
+                         f"of the text-encoder graphs given in graph_paths: it looks like {f.ident.label}",
+                         where=str(f.path), fix="pass the text-encoder files that belong to these graphs (the same "
+                         "architecture and widths), or leave family unset for release files")
+    if len(fits) > 1:
+        raise ModelError(f"{f.path.name} binds onto the graphs of {' and '.join(fits)} alike, so which text encoder "
+                         "it is cannot be told", where=str(f.path),
+                         fix="pass text-encoder graphs of different widths, or release files with family unset")
+    kind = graph_kind(graphs[fits[0]])
+    return _File(f.path, f.weights, f.shapes, Identity(None, kind, PART_KINDS[kind], {"text_encoder": ""})), fits
 
 
 def _supported() -> str:
@@ -231,8 +269,8 @@ def sd2_prediction(path: Path, weights: Weights, prefix: str = "model.diffusion_
 
 # -- the API ---------------------------------------------------------------------------------------
 def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, prediction: str | None = None,
-                     parts: Iterable[str] | None = None, graph_paths: Mapping[str, PathLike] | None = None
-                     ) -> OpenedModel:
+                     parts: Iterable[str] | None = None, graph_paths: Mapping[str, PathLike] | None = None,
+                     family: str | None = None) -> OpenedModel:
     """Open a single-file checkpoint (and separate text-encoder/VAE files) onto sdrt's shipped graphs.
 
     ``extra_files``: ``clip_l.safetensors``, ``clip_g.safetensors``, ``t5xxl_fp16.safetensors``,
@@ -241,9 +279,20 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
     (SD 2.x 768 vs 512, SDXL v-pred finetunes). ``parts``: bind only these parts (default: every part
     of the family; ``vae_encoder`` is bound when the VAE is there). ``graph_paths``: ``{part: .onnx}``
     to bind onto other graphs than the shipped ones (an export of your own with the same names).
+    ``family``: a ``FAMILY_GRAPHS`` key (``"flux-dev"``, ``"sd35-medium"``, ``"chroma"``...) for a model at other
+    widths than its release (a reduced or test model) bound onto ``graph_paths``: the file's keys must still say
+    that family, and text-encoder files of other widths are matched to the parts whose graphs they bind onto.
     Raises ``SdrtError`` (before anything is compiled) for anything that cannot run.
     """
-    main = _open(path, "checkpoint")
+    if family is not None and family not in FAMILY_GRAPHS:
+        raise ModelError(f"unknown family {family!r}", where="family",
+                         fix=f"use one of {', '.join(FAMILY_GRAPHS)}, or leave it unset (sdrt reads it from the file)")
+    main = _open(path, "checkpoint", family)
+    if family is not None and main.ident.family != family and main.ident.kind not in PART_KINDS:
+        raise ModelError(f"{main.path.name} is not {LABELS[family]}: it looks like {main.ident.label}",
+                         where=str(main.path),
+                         fix="leave family unset (sdrt reads it from the file's tensors), or pass a "
+                             f"{LABELS[family]} file")
     if main.ident.family is None:
         if main.ident.kind in PART_KINDS:
             raise ModelError(f"{main.path.name} is {main.ident.label}, not a model", where=str(main.path),
@@ -265,6 +314,11 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
             chosen[comp] = (main, comp, prefix)
     for extra in extra_files:
         ef = _open(extra, "file")
+        if family is not None and ef.ident.kind == "unknown" and graph_paths:
+            ef, fits = _fit_text_encoder(ef, fam, graph_paths)
+            for part in fits:
+                chosen[part] = (ef, part, "")
+            continue
         kind = ef.ident.kind
         if kind not in PART_KINDS:
             raise ModelError(f"{ef.path.name} is not a text encoder or VAE: it looks like {ef.ident.label}",

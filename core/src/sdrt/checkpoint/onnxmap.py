@@ -64,7 +64,10 @@ ROOTS = frozenset({"conv_in", "time_embedding", "add_embedding", "down_blocks", 
                    "conv_norm_out", "conv_out", "encoder", "decoder", "quant_conv", "post_quant_conv",
                    "embeddings", "final_layer_norm", "text_projection", "text_model", "class_embedding",
                    "encoder_hid_proj", "controlnet_cond_embedding", "controlnet_down_blocks",
-                   "controlnet_mid_block"})
+                   "controlnet_mid_block", "shared",
+                   # flow transformers (SD3, Flux, Chroma) and T5, exported through a wrapper module
+                   "transformer_blocks", "single_transformer_blocks", "time_text_embed", "context_embedder",
+                   "x_embedder", "pos_embed", "norm_out", "proj_out", "distilled_guidance_layer"})
 
 
 def canonical(name: str) -> str:

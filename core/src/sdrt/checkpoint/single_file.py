@@ -144,8 +144,8 @@ class Checkpoint:
             missing: list[str] = []
             for canon, slot in pmap.items():
                 src = comp.get(canon)
-                if slot.alias_of is not None and src is not None:
-                    continue  # checked for equal values once the arrays are read
+                if slot.alias_of is not None and (src is not None or slot.alias_of in pmap):
+                    continue  # checked for equal values once the arrays are read; unnamed: the owner's tensor
                 if src is None:
                     missing.append(canon)
                     continue
@@ -205,7 +205,7 @@ class Checkpoint:
         for part, items in plan.items():
             comp = self.components[PARTS.get(part, (part, ()))[0]]
             for canon, slot in param_map(parts[part]).items():
-                if slot.alias_of is None or slot.init not in items:
+                if slot.alias_of is None or slot.init not in items or canon not in comp:
                     continue
                 a = fit(self.array(comp[canon]), slot)
                 if a is None or not np.array_equal(a, self._fitted(items[slot.init])):
@@ -236,10 +236,11 @@ def with_own_constants(graph: Graph, refs: Mapping[str, TensorRef], source: Path
 
 def _droppable(canon: str, pmap: Mapping[str, Slot]) -> bool:
     """Checkpoint weights a correct export may leave out: text-encoder layers past the one the export
-    stops at (SD 2.x uses the penultimate of 24), and a projection the export does not have."""
+    stops at (SD 2.x uses the penultimate of 24), a projection the export does not have, and SD 3's fixed
+    sin-cos position table (a buffer of the config's values, which an export may fold into a constant)."""
     import re
 
-    if canon == "text_projection.weight":
+    if canon in ("text_projection.weight", "pos_embed.pos_embed"):
         return True
     m = re.match(r"encoder\.layers\.(\d+)\.", canon)
     if m:

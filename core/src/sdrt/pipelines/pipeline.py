@@ -643,7 +643,7 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
          vae: str | os.PathLike[str] | None = None, text_encoders: Any = (),
          graph_paths: Mapping[str, str | os.PathLike[str]] | None = None,
          tokenizers: Mapping[str, str | os.PathLike[str]] | None = None, prediction: str | None = None,
-         **options: Any) -> Pipeline:
+         family: str | None = None, **options: Any) -> Pipeline:
     """Open a model; the parts compile on first use, per shape.
 
     ``model``: a diffusers/Optimum ONNX model folder, or a single-file ``.safetensors`` checkpoint (A1111/LDM
@@ -654,7 +654,9 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     they replace the weights of its own VAE / text encoders.
     Advanced, single files only: ``graph_paths={part: .onnx}`` binds onto other weight-free graphs than the
     shipped ones (same parameter names), ``tokenizers={"tokenizer": folder, ...}`` replaces the release's,
-    ``prediction="epsilon"|"v_prediction"`` overrides what the file implies.
+    ``prediction="epsilon"|"v_prediction"`` overrides what the file implies, ``family="flux-dev"`` (a key of
+    ``sdrt.checkpoint.FAMILY_GRAPHS``) takes a transformer whose keys say that family at other widths than its
+    release (a reduced or test model on ``graph_paths``), with text-encoder files matched to those graphs.
     """
     from ..runtime import select
     from .singlefile import bind_part_files, folder_from_file, is_single_file
@@ -663,10 +665,10 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     be, dev = select(backend, device)
     if is_single_file(model):
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
-                                  prediction=prediction)
+                                  prediction=prediction, family=family)
         return Pipeline(folder, backend=be.name, device=dev, **options)
     advanced = {k: v for k, v in (("graph_paths", graph_paths), ("tokenizers", tokenizers),
-                                  ("prediction", prediction)) if v is not None}
+                                  ("prediction", prediction), ("family", family)) if v is not None}
     if advanced:
         raise InputError(f"{', '.join(advanced)} applies to a single-file checkpoint, and {model} is a model folder",
                          where=next(iter(advanced)), fix="leave it unset for a folder")

@@ -128,8 +128,9 @@ def missing_parts(path: PathLike) -> str | None:
 # -- a single file as a model folder -------------------------------------------------------------------
 def folder_from_file(path: PathLike, vae: PathLike | None = None, text_encoders: Iterable[PathLike] = (), *,
                      graph_paths: Mapping[str, PathLike] | None = None, tokenizers: Mapping[str, PathLike] | None = None,
-                     prediction: str | None = None) -> ModelFolder:
-    """A :class:`ModelFolder` for a single-file checkpoint (plus separate VAE / text-encoder files)."""
+                     prediction: str | None = None, family: str | None = None) -> ModelFolder:
+    """A :class:`ModelFolder` for a single-file checkpoint (plus separate VAE / text-encoder files). ``family``:
+    ``open_single_file``'s, for a model at other widths than its release on graphs of its own (``graph_paths``)."""
     from ..checkpoint import open_single_file
     from ..checkpoint.families import LABELS, identify
     from ..weights import Weights
@@ -139,18 +140,33 @@ def folder_from_file(path: PathLike, vae: PathLike | None = None, text_encoders:
     extras: list[Path] = []
     if vae is not None or encoders:  # checked against the family first, in the caller's words
         w = Weights.open(main)
-        fam = identify({k: tuple(int(d) for d in w.ref(k).shape) for k in w}).family
+        fam = identify({k: tuple(int(d) for d in w.ref(k).shape) for k in w}, family).family
         if fam is not None:
             if vae is not None:
                 extras.append(check_part_file(vae, "vae", fam, LABELS[fam]).path)
-            extras += [check_part_file(t, "text_encoders", fam, LABELS[fam]).path for t in encoders]
+            # with family= (graphs of other widths), a text encoder of no release width is matched to its graph
+            # by open_single_file
+            extras += [Path(t) if family is not None and _unidentified(t) else
+                       check_part_file(t, "text_encoders", fam, LABELS[fam]).path for t in encoders]
         else:
             extras += [Path(vae)] if vae is not None else []
             extras += [Path(t) for t in encoders]
-    opened = open_single_file(main, extras, prediction=prediction, graph_paths=graph_paths)
+    opened = open_single_file(main, extras, prediction=prediction, graph_paths=graph_paths, family=family)
     from .folder import ModelFolder
 
     return ModelFolder.from_single_file(opened, tokenizers=tokenizers, vae_file=Path(vae) if vae is not None else None)
+
+
+def _unidentified(path: PathLike) -> bool:
+    """Whether a readable .safetensors file's tensors say no known part (no release width)."""
+    from ..checkpoint.families import identify
+    from ..weights import Weights
+
+    try:
+        w = Weights.open(path)
+    except (SdrtError, OSError):
+        return False  # check_part_file names the problem
+    return identify({k: tuple(int(d) for d in w.ref(k).shape) for k in w}).kind == "unknown"
 
 
 # -- separate files onto an ONNX folder --------------------------------------------------------------
