@@ -17,8 +17,8 @@ What each end-to-end test checks against:
   file, written here from ``tiny-sdxl``'s own weights in float32, give the image of ``tiny-sdxl`` itself,
   byte for byte; SD 2.x (v, with A1111's ``.yaml``) the same from ``tiny-sd2v``. Those folders' images are
   checked against diffusers in tests/pipelines, so these are transitive checks against diffusers.
-- Flux: not run end to end here: sdrt identifies Flux files by Flux.1's widths (3072), which a tiny
-  transformer does not have; full-size Flux files are bound (headers only) in test_open_single_file.py.
+- SD 3.5, Flux.1 dev / schnell and Chroma: test_flow_single_files.py (tiny transformers, named by ``family=``);
+  full-size Flux files are planned here on file headers only.
 """
 
 from __future__ import annotations
