@@ -325,7 +325,11 @@ def ref_flux() -> None:
         {k: v.float() for k, v in load_file(str(MODELS / FLUX_FILES["text_encoder_2"])).items()}, strict=False)
     assert missing == ["encoder.embed_tokens.weight"] and not unexpected, (missing, unexpected)  # tied to shared
     t5.tie_weights()
-    t5_tok = T5TokenizerFast(vocab_file=str(ROOT / "tests" / "data" / "t5-tokenizer" / "spiece.model"))
+    # the releases' T5 tokenizer: spiece.model with FLUX.1's tokenizer_config.json (add_prefix_space, legacy);
+    # T5TokenizerFast(vocab_file=...) alone gives other ids (no leading "▁")
+    from check_flow_single_files import _t5_tokenizer
+
+    t5_tok = T5TokenizerFast.from_pretrained(str(_t5_tokenizer(d / "tokenizer_t5")))
     sched = FlowMatchEulerDiscreteScheduler.from_config(
         {k: v for k, v in fam["scheduler"].items() if k != "_class_name"})
     pipe = FluxPipeline(scheduler=sched, vae=vae, text_encoder=clip, tokenizer=CLIPTokenizer.from_pretrained(
