@@ -95,7 +95,7 @@ class ModelFolder:
     @property
     def name(self) -> str:
         """The folder's name; a single file's stem (A1111's ``Model:``)."""
-        return self.path.stem if self.single_file is not None else self.path.name
+        return str(self.single_file.name) if self.single_file is not None else self.path.name
 
     @property
     def vae_scaling_factor(self) -> float:

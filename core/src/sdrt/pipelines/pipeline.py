@@ -652,7 +652,9 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     ``vae``: a VAE file; ``text_encoders``: text-encoder files (``clip_l``, ``clip_g``, ``t5xxl``...; which
     encoder each is comes from its tensors). With a single file they fill or replace its parts; on a folder
     they replace the weights of its own VAE / text encoders.
-    Advanced, single files only: ``graph_paths={part: .onnx}`` binds onto other weight-free graphs than the
+    A diffusers folder of ``.safetensors`` (``unet/`` or ``transformer/``, ``text_encoder*/``, ``vae/``, no ONNX
+    parts) runs on the shipped graphs too, with its own scheduler, tokenizers and VAE scaling.
+    Advanced, single files and diffusers folders only: ``graph_paths={part: .onnx}`` binds onto other weight-free graphs than the
     shipped ones (same parameter names), ``tokenizers={"tokenizer": folder, ...}`` replaces the release's,
     ``prediction="epsilon"|"v_prediction"`` overrides what the file implies.
     """
@@ -665,10 +667,19 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
                                   prediction=prediction)
         return Pipeline(folder, backend=be.name, device=dev, **options)
+    from .difffolder import folder_from_diffusers, is_diffusers_folder
+
+    if is_diffusers_folder(model):  # .safetensors parts and no ONNX: onto the shipped graphs
+        folder = folder_from_diffusers(model, graph_paths=graph_paths, tokenizers=tokenizers, prediction=prediction)
+        pipe = Pipeline(folder, backend=be.name, device=dev, **options)
+        if vae is not None or text_encoders:
+            bind_part_files(pipe, vae, text_encoders)
+        return pipe
     advanced = {k: v for k, v in (("graph_paths", graph_paths), ("tokenizers", tokenizers),
                                   ("prediction", prediction)) if v is not None}
     if advanced:
-        raise InputError(f"{', '.join(advanced)} applies to a single-file checkpoint, and {model} is a model folder",
+        raise InputError(f"{', '.join(advanced)} applies to a single-file checkpoint or a diffusers folder of "
+                         f".safetensors, and {model} is an ONNX model folder",
                          where=next(iter(advanced)), fix="leave it unset for a folder")
     pipe = Pipeline(ModelFolder.open(model), backend=be.name, device=dev, **options)
     if vae is not None or text_encoders:
