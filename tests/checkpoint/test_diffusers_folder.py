@@ -26,6 +26,7 @@ from sdrt.checkpoint.diffusers_folder import denoiser_family, weight_files
 from sdrt.cli import main
 from sdrt.errors import ModelError, ModelNotFoundError, SdrtError
 from sdrt.graph import Graph
+from sdrt.pipelines import ModelFolder
 from sdrt.pipelines.png import read_parameters
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -190,6 +191,28 @@ def test_cli_dry_run_on_a_full_size_diffusers_folder(tmp_path, capsys):
     with pipelines.load(root, backend="reference") as pipe:  # nothing compiles until it runs
         assert pipe.folder.scheduler["_class_name"] == "DDIMScheduler" and pipe.default_size == 512
         assert pipe.folder.single_file.dtypes["unet"] == {"float16"}
+    assert ModelFolder.open(root).family == "sd1"  # ModelFolder.open takes it too (sdrt serve's folders)
+
+
+def test_a_vae_file_replaces_the_diffusers_folders_vae(sd15, tmp_path):
+    """``vae=`` on a diffusers folder: the file's tensors (LDM names) replace the folder's VAE weights, giving
+    the VAE outputs of the ONNX folder with that file; the UNet keeps the folder's own."""
+    onnx, folder, graphs = sd15
+    dec, enc = (Graph.load(onnx / p / "model.onnx") for p in ("vae_decoder", "vae_encoder"))
+    rng = np.random.default_rng(0)
+    # other values (equal tensors stay equal: the export merged some); diffusers' names, as sdxl-vae ships
+    vae = h.write(tmp_path / "other_vae.safetensors", {k: v * 1.5 for k, v in h.vae_tensors(dec, enc).items()})
+    z = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    with pipelines.load(folder, backend="reference", graph_paths=graphs, vae=vae) as pipe:
+        got = pipe.vae_decoder.run({"latent_sample": z})
+        own = pipelines.load(folder, backend="reference", graph_paths=graphs)
+    with pipelines.load(onnx, backend="reference", vae=vae) as ref:
+        want = ref.vae_decoder.run({"latent_sample": z})
+    with own:
+        before = own.vae_decoder.run({"latent_sample": z})
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+        assert not np.array_equal(got[k], before[k])
 
 
 def test_family_from_the_denoisers_tensors():

@@ -15,7 +15,7 @@ single file's. The family comes from the denoiser's tensors (SDXL's ``add_embedd
 ``proj_in``, 9 input channels for inpainting, Flux's ``single_transformer_blocks``...), checked against
 ``model_index.json``'s ``_class_name``. Unlike a single file, the folder's own scheduler config, VAE
 ``config.json`` (``scaling_factor``, ``shift_factor``) and denoiser ``sample_size`` are used; its tokenizers
-are taken by the pipeline (``sdrt.pipelines.difffolder``).
+are taken by the pipeline (``sdrt.pipelines.ModelFolder.from_diffusers``).
 """
 
 from __future__ import annotations
@@ -85,6 +85,14 @@ def is_diffusers_folder(path: object) -> bool:
     if not root.is_dir() or any(root.glob("*/model.onnx")):
         return False
     return any((root / d).is_dir() and any((root / d).glob("*.safetensors")) for d in WEIGHT_FOLDERS)
+
+
+def has_tokenizer(folder: Path, kind: str) -> bool:
+    """Whether a tokenizer folder holds what sdrt reads: T5's ``tokenizer.json`` or ``spiece.model``, CLIP's
+    ``vocab.json`` and ``merges.txt``."""
+    if kind == "t5":
+        return any((folder / f).is_file() for f in ("tokenizer.json", "spiece.model"))
+    return all((folder / f).is_file() or (folder / f"{f}.gz").is_file() for f in ("vocab.json", "merges.txt"))
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:

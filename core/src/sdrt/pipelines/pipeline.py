@@ -667,10 +667,11 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
                                   prediction=prediction)
         return Pipeline(folder, backend=be.name, device=dev, **options)
-    from .difffolder import folder_from_diffusers, is_diffusers_folder
+    from ..checkpoint.diffusers_folder import is_diffusers_folder
 
     if is_diffusers_folder(model):  # .safetensors parts and no ONNX: onto the shipped graphs
-        folder = folder_from_diffusers(model, graph_paths=graph_paths, tokenizers=tokenizers, prediction=prediction)
+        folder = ModelFolder.from_diffusers(model, graph_paths=graph_paths, tokenizers=tokenizers,
+                                            prediction=prediction)
         pipe = Pipeline(folder, backend=be.name, device=dev, **options)
         if vae is not None or text_encoders:
             bind_part_files(pipe, vae, text_encoders)
