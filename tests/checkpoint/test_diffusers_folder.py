@@ -28,6 +28,7 @@ from sdrt.errors import ModelError, ModelNotFoundError, SdrtError
 from sdrt.graph import Graph
 from sdrt.pipelines import ModelFolder
 from sdrt.pipelines.png import read_parameters
+from sdrt.weights import stfile
 
 TESTS = Path(__file__).resolve().parent.parent
 SD15 = TESTS / "data" / "pipelines" / "tiny-sd15"
@@ -74,7 +75,11 @@ def _diffusers_folder(src: Path, out: Path, pipeline_class: str, *, shards: int 
         if (src / te).is_dir():
             (out / te).mkdir()
             shutil.copy(src / te / "config.json", out / te / "config.json")
-            h.write(out / te / "model.safetensors", h.clip_tensors(Graph.load(src / te / "model.onnx"), ""))
+            tensors = {k: np.ascontiguousarray(v, np.float32)
+                       for k, v in h.clip_tensors(Graph.load(src / te / "model.onnx"), "").items()}
+            # the int64 buffer that transformers before 4.31 saved with CLIP (the SD 1.5 release's file has it)
+            tensors["text_model.embeddings.position_ids"] = np.arange(77, dtype=np.int64)[None]
+            stfile.write(out / te / "model.safetensors", tensors)
     (out / "vae").mkdir()
     shutil.copy(src / "vae_decoder" / "config.json", out / "vae" / "config.json")
     h.write(out / "vae" / "diffusion_pytorch_model.safetensors",
@@ -277,3 +282,53 @@ def test_cli_names_the_empty_unet(sd15, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unet" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
+
+
+# -- every family, full size (sparse files: headers only) -------------------------------------------
+_CLASSES = {"sd1": "StableDiffusionPipeline", "sd1-inpaint": "StableDiffusionInpaintPipeline",
+            "sd2": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeline",
+            "sdxl-inpaint": "StableDiffusionXLInpaintPipeline", "sd35-medium": "StableDiffusion3Pipeline",
+            "sd35-large": "StableDiffusion3Pipeline", "flux-dev": "FluxPipeline", "flux-schnell": "FluxPipeline",
+            "chroma": "ChromaPipeline"}
+
+
+@pytest.mark.parametrize("family", sorted(_CLASSES))
+def test_every_family_as_a_full_size_diffusers_folder(family, tmp_path):
+    """Each family's folder in diffusers/transformers names (the names of the shipped graphs, which were exported
+    from diffusers' and transformers' modules), fp16 variants only, T5 in two shards: the family is read from the
+    denoiser's tensors and every part binds onto its shipped graph. Without tokenizer folders the release's are
+    used; the folder's scheduler config is its own."""
+    from sdrt.checkpoint import FAMILY_GRAPHS, open_diffusers_folder, release_defaults, shipped_graph
+    from sdrt.checkpoint.files import graph_kind
+
+    def g(name):
+        return Graph.load(shipped_graph(name))
+
+    root = tmp_path / family
+    (root / "scheduler").mkdir(parents=True)
+    (root / "model_index.json").write_text(json.dumps({"_class_name": _CLASSES[family]}))
+    sched = {**release_defaults(family)["scheduler"], "shift": 2.5}
+    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(sched))
+    for part, gname in FAMILY_GRAPHS[family].items():
+        if part == "vae_encoder":
+            continue
+        if part == "vae_decoder":
+            (root / "vae").mkdir()
+            h.sparse(root / "vae" / "diffusion_pytorch_model.fp16.safetensors",
+                     h.vae_tensors(g(gname), g(FAMILY_GRAPHS[family]["vae_encoder"]), sparse=True))
+            continue
+        (root / part).mkdir()
+        if part in ("unet", "transformer"):
+            h.sparse(root / part / "diffusion_pytorch_model.fp16.safetensors", h._torch_layout(g(gname), True))
+        elif graph_kind(gname) == "t5xxl":
+            shapes = h._torch_layout(g(gname), True)
+            names = sorted(shapes)
+            for i in (1, 2):
+                h.sparse(root / part / f"model.fp16-0000{i}-of-00002.safetensors", {k: shapes[k] for k in names[i - 1::2]})
+        else:
+            h.sparse(root / part / "model.fp16.safetensors", h.clip_tensors(g(gname), "", sparse=True))
+    opened = open_diffusers_folder(root)
+    assert opened.family == family and set(opened.parts) == set(FAMILY_GRAPHS[family])
+    assert opened.scheduler_config()["shift"] == 2.5
+    with pipelines.load(root, backend="reference") as pipe:  # nothing compiles until it runs
+        assert pipe.folder.single_file.family == family and pipe.folder.name == family
