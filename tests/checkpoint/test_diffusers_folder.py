@@ -121,6 +121,8 @@ def test_sharded_unet_and_fp16_variant(sd15, tmp_path):
     folder = _diffusers_folder(onnx, tmp_path / "sharded", "StableDiffusionPipeline", shards=2)
     shards = weight_files(folder / "unet")
     assert [p.name for p in shards] == [f"diffusion_pytorch_model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+    with pipelines.load(folder, backend="reference", graph_paths=graphs) as pipe:  # the model's size: every shard
+        assert set(shards) <= set(pipe.folder.single_file.all_files)
     with pipelines.load(single, backend="reference", graph_paths=graphs) as pipe:
         want = pipe("a red cat", "blurry", **QUICK)[0]
     with pipelines.load(folder, backend="reference", graph_paths=graphs) as pipe:

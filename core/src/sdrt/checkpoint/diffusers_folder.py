@@ -141,6 +141,8 @@ class DiffusersModel(OpenedModel):
     """``OpenedModel`` of a diffusers folder: ``path`` is the folder, ``release`` its own configs."""
 
     denoiser_file: Path | None = None
+    #: every file the parts' weights come from (all shards), for the size of the model
+    all_files: tuple[Path, ...] = ()
 
     @property
     def name(self) -> str:
@@ -220,6 +222,7 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
     dtypes: dict[str, set[str]] = {}
     problems: list[str] = []
     opened: dict[str, Weights] = {den: dw}
+    every: list[Path] = list(files)
     for part, gname in graphs.items():
         sub = "vae" if part.startswith("vae") else part
         comp = "vae" if sub == "vae" else part
@@ -232,6 +235,7 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
                 raise ModelNotFoundError(f"the diffusers folder has no {sub} weights ({LABELS[fam]} needs {what})",
                                          where=str(root / sub), fix=f"download {sub}/ with its .safetensors")
             opened[sub] = _open(pf, sub)
+            every += pf
         w = opened[sub]
         wshapes = {k: tuple(int(d) for d in w.ref(k).shape) for k in w}
         if sub in DENOISERS:
@@ -264,4 +268,4 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
                                "loads in diffusers")
     log.info("%s: diffusers folder, %s (%s), parts %s", root.name, LABELS[fam], prediction, ", ".join(bound))
     return DiffusersModel(fam, f"{LABELS[fam]} (diffusers folder)", prediction, release, bound, used, root, dtypes,
-                          denoiser_file=files[0])
+                          denoiser_file=files[0], all_files=tuple(every))

@@ -566,6 +566,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             _, dev = select(self.backend, self.device)
             if self.folder.single_file is not None:  # the graphs hold no weights: the files do
                 files = {Path(f) for f in self.folder.single_file.files.values()}
+                files |= set(getattr(self.folder.single_file, "all_files", ()))  # a diffusers folder's shards
                 size = sum(f.stat().st_size for f in files if f.is_file())
             else:
                 size = model_bytes(p.path for p in self._parts.values())
