@@ -222,6 +222,27 @@ def test_a_vae_file_replaces_the_diffusers_folders_vae(sd15, tmp_path):
         assert not np.array_equal(got[k], before[k])
 
 
+def test_sdrt_serve_lists_a_diffusers_folder(sd15, tmp_path, monkeypatch, caplog):
+    """``sdrt serve --models DIR``: a diffusers folder of .safetensors is listed beside the ONNX folders, under its
+    name, with A1111's short hash of its UNet file; a folder with model_index.json and no weights is skipped."""
+    from sdrt.serve.registry import Registry
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    onnx, folder, _ = sd15
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copytree(folder, models / "tiny-diffusers")
+    (models / "empty" / "unet").mkdir(parents=True)
+    shutil.copy(folder / "model_index.json", models / "empty")
+    with caplog.at_level("WARNING", logger="sdrt.serve.registry"):
+        reg = Registry(models)
+    by_name = {m.name: m for m in reg.models}
+    assert list(by_name) == ["tiny-diffusers"] and "skipping" in caplog.text and "empty" in caplog.text
+    unet = folder / "unet" / "diffusion_pytorch_model.safetensors"
+    assert by_name["tiny-diffusers"].path == models / "tiny-diffusers"
+    assert by_name["tiny-diffusers"].hash == hashlib.sha256(unet.read_bytes()).hexdigest()[:10]
+
+
 def test_family_from_the_denoisers_tensors():
     assert denoiser_family({"conv_in.weight": (320, 4, 3, 3), "down_blocks.0.attentions.0.proj_in.weight":
                             (320, 320, 1, 1)})[0] == "sd1"

@@ -77,6 +77,11 @@ def weight_files(folder: Path) -> list[Path]:
     return chosen
 
 
+def denoiser_files(root: Path) -> list[Path]:
+    """The files of a diffusers folder's ``unet/`` or ``transformer/`` (``weight_files``), or [] when none."""
+    return next((fs for d in DENOISERS if (fs := weight_files(root / d))), [])
+
+
 def is_diffusers_folder(path: object) -> bool:
     """Whether ``path`` is a folder of diffusers ``.safetensors`` parts with no ONNX part (``PART/model.onnx``)."""
     if not isinstance(path, (str, os.PathLike)):
