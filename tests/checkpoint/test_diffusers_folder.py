@@ -243,6 +243,24 @@ def test_sdrt_serve_lists_a_diffusers_folder(sd15, tmp_path, monkeypatch, caplog
     assert by_name["tiny-diffusers"].hash == hashlib.sha256(unet.read_bytes()).hexdigest()[:10]
 
 
+def test_a_single_file_with_clips_position_ids_binds(tmp_path):
+    """A1111's SD 1.5 files hold ``cond_stage_model.transformer.text_model.embeddings.position_ids`` (int64, saved by
+    transformers < 4.31): it is a buffer the graphs keep themselves, not a weight, and must not stop the file binding
+    (it did: 'checkpoint weights have no place in the graph')."""
+    from ckpt_data import DATA, PIPE_FOLDER
+
+    from sdrt.checkpoint import open_single_file
+    from sdrt.weights import Weights
+
+    w = Weights.open(DATA / "pipe-sd15" / "custom.safetensors")
+    items = {k: np.asarray(w[k]) for k in w}
+    items["cond_stage_model.transformer.text_model.embeddings.position_ids"] = np.arange(77, dtype=np.int64)[None]
+    stfile.write(tmp_path / "v1-5-like.safetensors", items)
+    graphs = h.stripped(PIPE_FOLDER, ["unet", "text_encoder", "vae_decoder", "vae_encoder"], tmp_path / "g")
+    opened = open_single_file(tmp_path / "v1-5-like.safetensors", graph_paths=graphs)
+    assert opened.family == "sd1" and "text_encoder" in opened.parts
+
+
 def test_family_from_the_denoisers_tensors():
     assert denoiser_family({"conv_in.weight": (320, 4, 3, 3), "down_blocks.0.attentions.0.proj_in.weight":
                             (320, 320, 1, 1)})[0] == "sd1"

@@ -251,8 +251,6 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
             srcs, unknown = components.convert_t5(list(w))
         else:
             srcs, unknown = components.convert_clip(list(w))
-        # buffers older transformers saved (text_model.embeddings.position_ids): the graphs keep their own
-        srcs = {c: src for c, src in srcs.items() if not c.endswith("position_ids")}
         if unknown:
             log.warning("%s/%s: %d keys not used: %s", root.name, sub, len(unknown), ", ".join(unknown[:5]))
         gpath = Path(graph_paths[part]) if graph_paths and part in graph_paths else shipped_graph(gname)
