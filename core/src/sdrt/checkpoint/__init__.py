@@ -17,11 +17,14 @@
 - ``families.detect(shapes)`` / ``families.identify(shapes)``: what a file looks like.
 - ``open_controlnet(path, base=...)``: a ControlNet ``.safetensors`` (lllyasviel's LDM layout or
   diffusers') bound onto sdrt's shipped weight-free SD 1.x / SDXL ControlNet graph (``controlnet``).
+- ``open_diffusers_folder(path)``: a diffusers folder of ``.safetensors`` (no ONNX) onto the shipped graphs,
+  with the folder's own scheduler and VAE configs (``diffusers_folder``).
 """
 
 from __future__ import annotations
 
 from .controlnet import OpenedControlNet, open_controlnet
+from .diffusers_folder import DiffusersModel, open_diffusers_folder
 from .embeddings import Embedding, extend_table, load_embedding, reserve_rows, token_table
 from .families import FAMILY_GRAPHS, Identity, identify
 from .families import detect as detect_family
@@ -35,3 +38,4 @@ __all__ = ["FAMILY_GRAPHS", "PARTS", "Checkpoint", "Embedding", "Identity", "Ope
            "detect_family", "extend_table", "identify", "load_checkpoint", "load_embedding", "model_hash",
            "open_controlnet", "open_parts", "open_single_file", "param_map", "release_defaults", "release_tokenizer",
            "reserve_rows", "shipped_graph", "shipped_names", "token_table"]
+__all__ += ["DiffusersModel", "open_diffusers_folder"]

@@ -28,6 +28,8 @@ def convert_clip(keys: Iterable[str], prefix: str = "") -> tuple[dict[str, Sourc
     if any(k[len(prefix):].startswith("transformer.resblocks.") for k in keys):
         return convert_openclip(keys, prefix)
     conv, unknown = convert_hf_clip(keys, prefix)
+    # position_ids: a buffer transformers < 4.31 saved (A1111's SD 1.5 files, diffusers folders): graphs keep their own
+    conv = {c: src for c, src in conv.items() if not c.endswith("position_ids")}
     return conv, [k for k in unknown if not k.endswith(("logit_scale", "position_ids"))]
 
 

@@ -18,9 +18,10 @@ API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODE
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "generate", help="generate images from a prompt with a Stable Diffusion, SD3, Flux or Chroma model (an ONNX "
-                         "folder or a single .safetensors file)",
+                         "or diffusers folder, or a single .safetensors file)",
         usage="sdrt generate [MODEL] PROMPT [options]",
-        description="Generate an image. MODEL is a diffusers/Optimum ONNX model folder or a single-file checkpoint "
+        description="Generate an image. MODEL is a diffusers/Optimum ONNX model folder, a diffusers folder of "
+                    ".safetensors (unet/ or transformer/, text_encoder/, vae/: no ONNX needed), or a single-file checkpoint "
                     "(.safetensors: SD 1.x/2.x/XL, SD 3.5, Flux.1, Chroma; add --vae/--text-encoder files where the "
                     "checkpoint lacks them); without it, the tiny model that ships with sdrt is used. One prompt a "
                     "run: quote it.",

@@ -6,6 +6,7 @@ exists; the graphs are loaded later, by :class:`sdrt.pipelines.parts.Part`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -49,7 +50,8 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ModelFolder:
-    """What a model folder holds. Build one with :meth:`ModelFolder.open`.
+    """What a model folder holds. Build one with :meth:`ModelFolder.open` (a diffusers folder of
+    ``.safetensors`` with no ONNX parts opens onto the shipped graphs: :meth:`ModelFolder.from_diffusers`).
 
     - ``family``: the family's name (``"sd1"``, ``"sd2"``, ``"sdxl"``); ``family_class`` the
       :class:`sdrt.pipelines.families.Family` that declares it.
@@ -95,7 +97,7 @@ class ModelFolder:
     @property
     def name(self) -> str:
         """The folder's name; a single file's stem (A1111's ``Model:``)."""
-        return self.path.stem if self.single_file is not None else self.path.name
+        return str(self.single_file.name) if self.single_file is not None else self.path.name
 
     @property
     def vae_scaling_factor(self) -> float:
@@ -151,11 +153,41 @@ class ModelFolder:
         return folder
 
     @classmethod
+    def from_diffusers(cls, path: str | os.PathLike[str], *,
+                       graph_paths: Mapping[str, str | os.PathLike[str]] | None = None,
+                       tokenizers: Mapping[str, str | os.PathLike[str]] | None = None,
+                       prediction: str | None = None) -> ModelFolder:
+        """A diffusers folder of ``.safetensors`` (no ONNX parts), bound onto the shipped graphs by
+        ``sdrt.checkpoint.open_diffusers_folder`` as a single file is, but with the folder's own scheduler,
+        VAE scaling and tokenizers (``tokenizer*/``; ``tokenizers`` replaces them by name) and its
+        ``model_index.json``."""
+        from ..checkpoint.diffusers_folder import has_tokenizer, open_diffusers_folder
+
+        root = Path(path)
+        opened = open_diffusers_folder(root, graph_paths=dict(graph_paths) if graph_paths else None,
+                                       prediction=prediction)
+        fam = by_name(PIPELINE_FAMILY[opened.family])
+        own: dict[str, str | os.PathLike[str]] = {}
+        for enc in fam.encoders:
+            if has_tokenizer(root / enc.tokenizer, enc.kind):
+                own[enc.tokenizer] = root / enc.tokenizer
+            else:
+                log.warning("%s has no usable %s/; using the %s release's", root, enc.tokenizer, fam.label)
+        folder = cls.from_single_file(opened, tokenizers={**own, **(tokenizers or {})})
+        index_path = root / "model_index.json"
+        index = _read_json(index_path, "model_index.json") if index_path.is_file() else {}
+        return dataclasses.replace(folder, index=index)
+
+    @classmethod
     def open(cls, path: str | os.PathLike[str]) -> ModelFolder:
         if not isinstance(path, (str, os.PathLike)):
             raise InputError(f"the model folder must be a path, got {type(path).__name__}", where="folder",
                              fix="pass the model folder's path, e.g. pipelines.load('path/to/sd15-onnx')")
         root = Path(path)
+        from ..checkpoint.diffusers_folder import is_diffusers_folder
+
+        if is_diffusers_folder(root):  # .safetensors parts, no ONNX: onto sdrt's shipped graphs
+            return cls.from_diffusers(root)
         if not root.is_dir():
             if root.suffix == ".onnx" or root.is_file():
                 raise ModelError("a pipeline needs a model folder or a .safetensors checkpoint, not one .onnx graph",
@@ -177,7 +209,8 @@ class ModelFolder:
                 configs[part] = _read_json(config, f"{part} config.json") if config.is_file() else {}
             elif (root / part).is_dir():
                 raise ModelNotFoundError(f"the {part} folder has no model.onnx", where=str(model),
-                                         fix="export that part to ONNX again (Optimum's layout: PART/model.onnx)")
+                                         fix="export that part to ONNX again (Optimum's layout: PART/model.onnx), "
+                                             "or download the diffusers folder's .safetensors into it")
         fam = detect(index, set(parts), configs, root) or registered()["sd1"]
         missing = [p for p in fam.parts if p not in parts and p not in fam.optional]
         if missing:

@@ -566,6 +566,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             _, dev = select(self.backend, self.device)
             if self.folder.single_file is not None:  # the graphs hold no weights: the files do
                 files = {Path(f) for f in self.folder.single_file.files.values()}
+                files |= set(getattr(self.folder.single_file, "all_files", ()))  # a diffusers folder's shards
                 size = sum(f.stat().st_size for f in files if f.is_file())
             else:
                 size = model_bytes(p.path for p in self._parts.values())
@@ -652,7 +653,9 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     ``vae``: a VAE file; ``text_encoders``: text-encoder files (``clip_l``, ``clip_g``, ``t5xxl``...; which
     encoder each is comes from its tensors). With a single file they fill or replace its parts; on a folder
     they replace the weights of its own VAE / text encoders.
-    Advanced, single files only: ``graph_paths={part: .onnx}`` binds onto other weight-free graphs than the
+    A diffusers folder of ``.safetensors`` (``unet/`` or ``transformer/``, ``text_encoder*/``, ``vae/``, no ONNX
+    parts) runs on the shipped graphs too, with its own scheduler, tokenizers and VAE scaling.
+    Advanced, single files and diffusers folders only: ``graph_paths={part: .onnx}`` binds onto other weight-free graphs than the
     shipped ones (same parameter names), ``tokenizers={"tokenizer": folder, ...}`` replaces the release's,
     ``prediction="epsilon"|"v_prediction"`` overrides what the file implies, ``family="flux-dev"`` (a key of
     ``sdrt.checkpoint.FAMILY_GRAPHS``) takes a transformer whose keys say that family at other widths than its
@@ -667,10 +670,20 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
                                   prediction=prediction, family=family)
         return Pipeline(folder, backend=be.name, device=dev, **options)
+    from ..checkpoint.diffusers_folder import is_diffusers_folder
+
+    if is_diffusers_folder(model):  # .safetensors parts and no ONNX: onto the shipped graphs
+        folder = ModelFolder.from_diffusers(model, graph_paths=graph_paths, tokenizers=tokenizers,
+                                            prediction=prediction)
+        pipe = Pipeline(folder, backend=be.name, device=dev, **options)
+        if vae is not None or text_encoders:
+            bind_part_files(pipe, vae, text_encoders)
+        return pipe
     advanced = {k: v for k, v in (("graph_paths", graph_paths), ("tokenizers", tokenizers),
                                   ("prediction", prediction), ("family", family)) if v is not None}
     if advanced:
-        raise InputError(f"{', '.join(advanced)} applies to a single-file checkpoint, and {model} is a model folder",
+        raise InputError(f"{', '.join(advanced)} applies to a single-file checkpoint or a diffusers folder of "
+                         f".safetensors, and {model} is an ONNX model folder",
                          where=next(iter(advanced)), fix="leave it unset for a folder")
     pipe = Pipeline(ModelFolder.open(model), backend=be.name, device=dev, **options)
     if vae is not None or text_encoders:

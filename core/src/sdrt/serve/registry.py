@@ -92,7 +92,8 @@ class Registry:
         return self._hashes[key]
 
     def refresh(self) -> None:
-        """Read the models folder again (A1111's ``/refresh-checkpoints``): ONNX model folders, then
+        """Read the models folder again (A1111's ``/refresh-checkpoints``): ONNX model folders (and diffusers
+        folders of ``.safetensors``, on the shipped graphs), then
         the ``.safetensors`` checkpoints beside them: each served on its own on sdrt's shipped graphs when
         it holds a whole model (a transformer-only Flux file, say, is skipped with a warning), or, when
         ``checkpoint_base`` is set, bound onto that model folder."""
@@ -102,7 +103,14 @@ class Registry:
             if not unet.is_file():
                 denoiser = folder / "transformer" / "model.onnx"
                 if not denoiser.is_file():
-                    log.warning("skipping %s: it has no unet/model.onnx or transformer/model.onnx", folder)
+                    from ..checkpoint.diffusers_folder import denoiser_files, is_diffusers_folder
+
+                    files = denoiser_files(folder) if is_diffusers_folder(folder) else []
+                    if files:  # a diffusers folder of .safetensors: served on the shipped graphs
+                        found[folder.name] = ModelEntry(folder.name, folder, self._file_hash(files[0]))
+                        continue
+                    log.warning("skipping %s: it has no unet/model.onnx or transformer/model.onnx, and no "
+                                "diffusers .safetensors", folder)
                     continue
                 unet = denoiser
             found[folder.name] = ModelEntry(folder.name, folder, self._hash(unet))
