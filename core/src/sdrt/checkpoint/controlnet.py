@@ -28,9 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelError, SdrtError, WeightsError
+from ..errors import ModelError, WeightsError
 from ..weights import Weights
 from . import ldm
+from .files import open_weights
 from .graphs import shipped_graph
 from .ldm import Source
 from .single_file import with_own_constants
@@ -167,15 +168,9 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
     from .single_file import Checkpoint
 
     p = Path(path)
-    if p.is_dir():
-        raise ModelError("a folder was given where a ControlNet .safetensors file was expected", where=str(p),
-                         fix="pass the file (or the folder as a ControlNet folder holding model.onnx)")
-    try:
-        w = Weights.open(p)
-    except SdrtError as exc:
-        raise type(exc)(f"cannot open the ControlNet {p.name}: {exc.what}", where=str(p),
-                        fix="re-download the file (it may be truncated or not a .safetensors file)") from exc
-    shapes = {k: tuple(int(d) for d in w.ref(k).shape) for k in w}
+    w = open_weights(p, "ControlNet", "pass the file (or the folder as a ControlNet folder holding model.onnx)",
+                     "ControlNet .safetensors file")
+    shapes = w.shapes()
     ident = identify(shapes)
     if ident.base is None and graph is not None and ident.shape_of is not None:
         ident = dataclasses.replace(ident, base=ident.shape_of)  # a reduced/other width: the graph given decides

@@ -187,7 +187,7 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
                                  fix="download the denoiser's diffusion_pytorch_model.safetensors (or its shards) "
                                      "into it, or pass an ONNX export")
     dw = _open(files, den)
-    shapes = {k: tuple(int(d) for d in dw.ref(k).shape) for k in dw}
+    shapes = dw.shapes()
     fam, looks = denoiser_family(shapes)
     if fam is None:
         raise ModelError(f"the {den} of this diffusers folder is {looks}", where=str(root / den),
@@ -242,7 +242,7 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
             opened[sub] = _open(pf, sub)
             every += pf
         w = opened[sub]
-        wshapes = {k: tuple(int(d) for d in w.ref(k).shape) for k in w}
+        wshapes = w.shapes()
         if sub in DENOISERS:
             srcs, unknown = {k: Source(k) for k in w}, []
         elif sub == "vae":

@@ -156,18 +156,23 @@ class _File:
     ident: Identity
 
 
-def _open(path: PathLike, what: str, family: str | None = None) -> _File:
+def open_weights(path: PathLike, what: str, folder_fix: str, folder_what: str = ".safetensors file") -> Weights:
+    """A weights file's ``Weights`` (headers only), or one ``SdrtError`` naming the file: a folder given for a
+    file (``folder_fix`` says what to do), a file that cannot be opened (truncated, not safetensors/GGUF)."""
     p = Path(path)
     if p.is_dir():
-        raise ModelError("a folder was given where a .safetensors file was expected", where=str(p),
-                         fix="pass the folder to pipelines.load (a diffusers/Optimum folder), or one file here")
+        raise ModelError(f"a folder was given where a {folder_what} was expected", where=str(p), fix=folder_fix)
     try:
-        w = Weights.open(p)
+        return Weights.open(p)
     except SdrtError as exc:
         raise type(exc)(f"cannot open the {what} {p.name}: {exc.what}", where=str(p),
                         fix="re-download the file (it may be truncated or not a .safetensors file)") from exc
-    shapes = {k: tuple(int(d) for d in w.ref(k).shape) for k in w}
-    return _File(p, w, shapes, families.identify(shapes, family))
+
+
+def _open(path: PathLike, what: str, family: str | None = None) -> _File:
+    w = open_weights(path, what, "pass the folder to pipelines.load (a diffusers/Optimum folder), or one file here")
+    shapes = w.shapes()
+    return _File(Path(path), w, shapes, families.identify(shapes, family))
 
 
 def _fit_text_encoder(f: _File, fam: str, graph_paths: Mapping[str, PathLike]) -> tuple[_File, list[str]]:

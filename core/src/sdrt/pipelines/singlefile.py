@@ -82,7 +82,7 @@ def check_part_file(path: PathLike, arg: str, family: str, label: str) -> PartFi
     except SdrtError as exc:
         raise type(exc)(f"{{@{arg}}}: cannot open {p.name}: {exc.what}", where=str(p),
                         fix="re-download the file (it may be truncated or not a .safetensors file)") from exc
-    ident = identify({k: tuple(int(d) for d in w.ref(k).shape) for k in w})
+    ident = identify(w.shapes())
     kinds = _kinds(family)
     vae = arg == "vae"
     wanted = sorted({k for part, k in kinds.items() if part.startswith("vae") == vae})
@@ -114,7 +114,7 @@ def missing_parts(path: PathLike) -> str | None:
         w = Weights.open(path)
     except SdrtError as exc:
         return f"it cannot be opened ({exc.what})"
-    ident = identify({k: tuple(int(d) for d in w.ref(k).shape) for k in w})
+    ident = identify(w.shapes())
     if ident.family is None:
         return f"it is {ident.label}, not a model"
     have = {"vae_decoder" if c == "vae" else c for c in ident.components}
@@ -140,7 +140,7 @@ def folder_from_file(path: PathLike, vae: PathLike | None = None, text_encoders:
     extras: list[Path] = []
     if vae is not None or encoders:  # checked against the family first, in the caller's words
         w = Weights.open(main)
-        fam = identify({k: tuple(int(d) for d in w.ref(k).shape) for k in w}, family).family
+        fam = identify(w.shapes(), family).family
         if fam is not None:
             if vae is not None:
                 extras.append(check_part_file(vae, "vae", fam, LABELS[fam]).path)
@@ -166,7 +166,7 @@ def _unidentified(path: PathLike) -> bool:
         w = Weights.open(path)
     except (SdrtError, OSError):
         return False  # check_part_file names the problem
-    return identify({k: tuple(int(d) for d in w.ref(k).shape) for k in w}).kind == "unknown"
+    return identify(w.shapes()).kind == "unknown"
 
 
 # -- separate files onto an ONNX folder --------------------------------------------------------------

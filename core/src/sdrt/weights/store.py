@@ -203,6 +203,10 @@ class Weights(Mapping[str, np.ndarray]):
     def ref(self, name: str) -> TensorRef:
         return self._refs[name]
 
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """``{name: shape}`` of every tensor, from the headers (nothing is read)."""
+        return {name: tuple(int(d) for d in self.ref(name).shape) for name in self}
+
     @property
     def nbytes(self) -> int:
         return sum(int(np.prod(r.shape)) * r.dtype.itemsize for r in self._refs.values())
