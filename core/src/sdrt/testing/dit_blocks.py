@@ -208,23 +208,33 @@ def _joint_tail(b: Builder, name: str, cfg: dict[str, int], x: dict[str, str], o
     b.output("out_hidden_states", shape=[1, cfg["img"], d])
 
 
+def _joint_head(b: Builder, name: str, cfg: dict[str, int], x: dict[str, str], first: str
+                ) -> tuple[list[str], tuple[str, ...], tuple[str, ...]]:
+    """A double-stream block's head (Flux, SD3.5): AdaLayerNormZero of the image and the context stream, each
+    stream's q/k/v, and q, k, v of both streams joined along the tokens, ``first`` (``"txt"``: Flux,
+    ``"img"``: SD3) first. Returns the joined q, k, v and each stream's (gate, shift, scale, gate) of its MLP."""
+    d, heads = cfg["dim"], cfg["heads"]
+    emb = b.silu(x["temb"], "norm1/silu")
+    h, mods = _ada_ln(b, x["img"], emb, f"{name}.norm1", d, 6)
+    c, cmods = _ada_ln(b, x["txt"], emb, f"{name}.norm1_context", d, 6)
+    q, k, v = _qkv(b, h, f"{name}.attn", d, heads)
+    cq, ck, cv = _qkv(b, c, f"{name}.attn", d, heads, prefix="add_", norm="norm_added_")
+    joint = [b.op("Concat", [a, m] if first == "txt" else [m, a], name=f"/{name}/attn/Concat_{t}", axis=1)
+             for t, a, m in (("q", cq, q), ("k", ck, k), ("v", cv, v))]
+    return joint, tuple(mods), tuple(cmods)
+
+
 def flux_double_block(size: str | dict[str, int] = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     cfg = size if isinstance(size, dict) else SIZES["flux_double_block"][size]
     d, heads = cfg["dim"], cfg["heads"]
     b = Builder("flux_double_block", seed=11)
     x = _inputs(b, cfg, rotary=True)
-    emb = b.silu(x["temb"], "norm1/silu")
     name = "transformer_blocks.0"
-    h, (g_msa, sh_mlp, sc_mlp, g_mlp) = _ada_ln(b, x["img"], emb, f"{name}.norm1", d, 6)
-    c, (cg_msa, csh_mlp, csc_mlp, cg_mlp) = _ada_ln(b, x["txt"], emb, f"{name}.norm1_context", d, 6)
-    q, k, v = _qkv(b, h, f"{name}.attn", d, heads)
-    cq, ck, cv = _qkv(b, c, f"{name}.attn", d, heads, prefix="add_", norm="norm_added_")
-    joint = [b.op("Concat", [a, m], name=f"/{name}/attn/Concat_{t}", axis=1) for t, a, m in
-             (("q", cq, q), ("k", ck, k), ("v", cv, v))]
+    joint, mods, cmods = _joint_head(b, name, cfg, x, "txt")
     jq = _rotary(b, joint[0], x["cos"], x["sin"], f"{name}/attn/rotary_q")
     jk = _rotary(b, joint[1], x["cos"], x["sin"], f"{name}/attn/rotary_k")
     o = _sdpa(b, jq, jk, joint[2], f"{name}/attn/sdpa", heads, d // heads)
-    _joint_tail(b, name, cfg, x, o, "txt", (g_msa, sh_mlp, sc_mlp, g_mlp), (cg_msa, csh_mlp, csc_mlp, cg_mlp))
+    _joint_tail(b, name, cfg, x, o, "txt", mods, cmods)
     return b.model(), _feeds(cfg, True, True, 1100)
 
 
@@ -253,16 +263,10 @@ def sd35_block(size: str = "bench") -> tuple[onnx.ModelProto, dict[str, np.ndarr
     d, heads = cfg["dim"], cfg["heads"]
     b = Builder("sd35_block", seed=13)
     x = _inputs(b, cfg, rotary=False)
-    emb = b.silu(x["temb"], "norm1/silu")
     name = "transformer_blocks.0"
-    h, (g_msa, sh_mlp, sc_mlp, g_mlp) = _ada_ln(b, x["img"], emb, f"{name}.norm1", d, 6)
-    c, (cg_msa, csh_mlp, csc_mlp, cg_mlp) = _ada_ln(b, x["txt"], emb, f"{name}.norm1_context", d, 6)
-    q, k, v = _qkv(b, h, f"{name}.attn", d, heads)
-    cq, ck, cv = _qkv(b, c, f"{name}.attn", d, heads, prefix="add_", norm="norm_added_")
-    joint = [b.op("Concat", [m, a], name=f"/{name}/attn/Concat_{t}", axis=1) for t, a, m in
-             (("q", cq, q), ("k", ck, k), ("v", cv, v))]  # SD3: image tokens first, then the context
+    joint, mods, cmods = _joint_head(b, name, cfg, x, "img")  # SD3: image tokens first, then the context
     o = _sdpa(b, *joint, f"{name}/attn/sdpa", heads, d // heads)
-    _joint_tail(b, name, cfg, x, o, "img", (g_msa, sh_mlp, sc_mlp, g_mlp), (cg_msa, csh_mlp, csc_mlp, cg_mlp))
+    _joint_tail(b, name, cfg, x, o, "img", mods, cmods)
     return b.model(), _feeds(cfg, False, True, 1300)
 
 
