@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         generate_weights.apply(pipe, custom, (prompt, args.negative))
         # checked once, above, before the model loaded
-        gen = pipe.generate(settings, callback=generate_toolbox.PreviewWriter(pipe, args.preview_dir, bar))
+        writer = generate_toolbox.PreviewWriter(pipe, args.preview_dir, bar, args.preview_every)
+        gen = pipe.generate(settings, callback=writer)
     finally:
         bar.close()
         pipe.close()

@@ -47,8 +47,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--subseed-strength", type=float, default=0.0, help="variation strength, 0 to 1")
     v = p.add_argument_group("live previews")
     v.add_argument("--preview-dir", default=None, metavar="DIR", help="write a preview PNG after every step there")
+    v.add_argument("--preview-every", default=None, metavar="N",
+                   help="with --preview-dir: a preview every N steps only, and after the last (A1111's "
+                        "show_progress_every_n_steps; default 1)")
     v.add_argument("--preview-decoder", default=None, metavar="ONNX",
                    help="decode previews with this TAESD/TAESDXL/TAEF1 decoder (default: the linear projection)")
+    v.add_argument("--preview-size", default=None, metavar="PX|full",
+                   help="the longer side of a decoded preview at most (default 256: the latent is shrunk before "
+                        "the decode, a quarter of a 512x512 decode's cost), or full")
 
 
 def _per_unit(values: list[Any], n: int, flag: str) -> list[Any]:
@@ -99,6 +105,17 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         opts["subseed_strength"] = args.subseed_strength
     if args.preview_decoder:
         opts["preview"] = args.preview_decoder
+    if args.preview_size is not None:
+        text = str(args.preview_size).strip().lower()
+        opts["preview_size"] = None if text == "full" else int(text) if text.lstrip("-").isdigit() else text
+    if args.preview_every is not None:
+        every = args.preview_every
+        if not str(every).strip().isdigit() or int(every) < 1:
+            raise InputError(f"{{@preview_every}} must be a whole number of steps, at least 1, got {every!r}",
+                             where="preview_every", fix="pass e.g. 5 (a preview every 5 steps)")
+        if args.preview_dir is None:
+            raise InputError("{@preview_every} without {@preview_dir}", where="preview_every",
+                             fix="pass {@preview_dir} too, or leave {@preview_every} out")
     if args.preview_dir is not None and not Path(args.preview_dir).is_dir():
         raise InputError("the preview folder does not exist", where=args.preview_dir,
                          fix="create it, or pick another --preview-dir")
@@ -106,18 +123,20 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class PreviewWriter:
-    """A step callback that writes ``step-NN.png`` previews (``pipe.preview()``) into a folder, then calls ``inner``."""
+    """A step callback that writes ``preview-R-NNN.png`` previews (``pipe.preview()``) into a folder, then calls
+    ``inner``: after every ``every``-th step of a pass and after its last (A1111's show_progress_every_n_steps)."""
 
-    def __init__(self, pipe: Any, folder: str | None, inner: Any) -> None:
+    def __init__(self, pipe: Any, folder: str | None, inner: Any, every: int | str | None = None) -> None:
         self.pipe, self.folder, self.inner = pipe, Path(folder) if folder else None, inner
+        self.every = int(every or 1)
         self.run = 0
 
     def __call__(self, step: int, total: int, latents: Any = None) -> None:
-        if self.folder is not None:
+        if step == 1:
+            self.run += 1
+        if self.folder is not None and (step % self.every == 0 or step == total):
             from ..pipelines.png import write_png
 
-            if step == 1:
-                self.run += 1
             image = self.pipe.preview(upscale=8)
             if image is not None:
                 write_png(self.folder / f"preview-{self.run}-{step:03d}.png", image)

@@ -76,9 +76,11 @@ class ToolboxMixin:
             if own is None or own[0] != tb.preview:  # one decoder per file, its sessions kept between runs
                 if own is not None:
                     own[1].close()
+                # compiled as the model's VAE is: the backend's default precision unless the pipeline asked
                 own = (tb.preview, TaesdPreview(tb.preview, backend=self.backend,  # type: ignore[attr-defined]
-                                                device=self.device))  # type: ignore[attr-defined]
+                                                device=self.device, **self.options))  # type: ignore[attr-defined]
                 self.__dict__["_taesd"] = own
+            own[1].preview_size = tb.preview_size
             self._preview_fn = own[1]
         elif callable(tb.preview):
             self._preview_fn = tb.preview
@@ -201,7 +203,8 @@ class ToolboxMixin:
         """From a step callback: the current step's preview (HxWx3 uint8), or None outside a step.
 
         The denoised estimate of the step, projected with the family's latent-to-RGB factors (``upscale``
-        repeats pixels), or decoded by the TAESD-family decoder given as ``preview=``."""
+        repeats pixels), or decoded by the TAESD-family decoder given as ``preview=`` (its longer side at most
+        ``preview_size``, 256 pixels unless asked otherwise)."""
         x = self._current
         if x is None:
             return None

@@ -304,7 +304,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         (default: the init image's size, else the model's), init_image, strength (0.75; 1.0 with a
         mask), mask (white = repaint), batch=1, batch_count=1, clip_skip=1``; the toolbox's
         ``controlnets=[(net, image, scale, start, end)]``, ``hires_scale, hires_steps, hires_denoise,
-        hires_upscaler``, ``rng="cpu"|"gpu"|"nv", subseed, subseed_strength`` and ``preview``
+        hires_upscaler``, ``rng="cpu"|"gpu"|"nv", subseed, subseed_strength``, ``preview`` and ``preview_size``
         (docs/toolbox.md). ``callback(step, total, latents)`` is called after every step (it may call
         :meth:`preview`); returning ``False`` stops the run (``sdrt.errors.Interrupted``).
         One job runs at a time per pipeline; :meth:`interrupt` stops it from another thread. ``prompt`` may

@@ -13,6 +13,13 @@ TAEF1) exported to ONNX in Optimum's ``vae_decoder`` layout (``latent_sample`` i
 [-1, 1] out, as diffusers' ``AutoencoderTiny.decode`` returns it). The latent given is first mapped
 to the decoder's own space, ``latent / scaling_factor + shift_factor`` from the decoder folder's
 ``config.json`` (1 and 0 for TAESD and TAESDXL; TAESD3/TAEF1 ship their VAE's factors).
+
+A TAESD decode is not cheap on a CPU (about 140 GFLOP for a 512x512 image), so ``TaesdPreview`` bounds
+the preview's size as ComfyUI does (``MAX_PREVIEW_RESOLUTION``): the latent is first area-downscaled
+(``area_resize``) so that the decoded preview's longer side is at most ``preview_size`` pixels
+(``DEFAULT_PREVIEW_SIZE``, 256; ``None``: the decoder's full size). The decoder is fully convolutional,
+so its cost scales with the latent's area: 256 is a quarter of a 512x512 decode and a sixteenth of
+a 1024x1024 one.
 """
 
 from __future__ import annotations
@@ -26,7 +33,13 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["LATENT_RGB", "TaesdPreview", "fit_latent_rgb", "latent_rgb", "project", "to_uint8"]
+__all__ = ["DEFAULT_PREVIEW_SIZE", "LATENT_RGB", "TaesdPreview", "area_resize", "check_preview_size",
+           "fit_latent_rgb", "latent_rgb", "preview_latent_size", "project", "to_uint8"]
+
+#: the longer side, in pixels, of a decoded (TAESD) preview unless asked otherwise (``bench/preview.py``)
+DEFAULT_PREVIEW_SIZE = 256
+#: TAESD-family decoders upsample the latent 8 times
+_DECODER_SCALE = 8
 
 #: (factors (C, 3), bias (3,)) per latent format, from ComfyUI's comfy/latent_formats.py (data).
 LATENT_RGB: dict[str, tuple[tuple[tuple[float, float, float], ...], tuple[float, float, float]]] = {
@@ -139,17 +152,62 @@ def project(latent: np.ndarray, fmt: str | None = None, *, upscale: int = 1, fac
     return out
 
 
+def check_preview_size(value: Any, where: str = "preview_size") -> int | None:
+    """``value`` as a preview size: an int of at least 8 pixels (one latent pixel), or None (full size)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < _DECODER_SCALE:
+        raise InputError(f"{{@preview_size}} must be a whole number of pixels, at least {_DECODER_SCALE}, got "
+                         f"{value!r}", where=where, fix="give the preview's longer side in pixels, e.g. 256 (None, "
+                                                        "or full on the command line: the decoder's full size)")
+    return int(value)
+
+
+def preview_latent_size(h: int, w: int, preview_size: int | None) -> tuple[int, int]:
+    """The latent size ``(h', w')`` a decoder is given so that its image's longer side is at most
+    ``preview_size`` (``8 h'``, ``8 w'``): ``(h, w)`` itself when it fits or ``preview_size`` is None;
+    never larger than ``(h, w)``, the aspect kept to a latent pixel, at least 1."""
+    longest = _DECODER_SCALE * max(h, w)
+    if preview_size is None or longest <= preview_size:
+        return h, w
+    return max(1, h * preview_size // longest), max(1, w * preview_size // longest)
+
+
+def _area_weights(n: int, m: int) -> np.ndarray:
+    """``(m, n)`` weights of an area (box) resample of ``n`` samples to ``m``: each output averages
+    the part of the input its cell covers (PIL's BOX filter, OpenCV's INTER_AREA when shrinking)."""
+    edges = np.arange(m + 1, dtype=np.float64) * (n / m)
+    lo, hi = edges[:-1, None], edges[1:, None]
+    j = np.arange(n, dtype=np.float64)[None, :]
+    return (np.clip(np.minimum(j + 1, hi) - np.maximum(j, lo), 0, None) * (m / n)).astype(np.float32)
+
+
+def area_resize(x: np.ndarray, h: int, w: int) -> np.ndarray:
+    """``(C, H, W)`` -> ``(C, h, w)`` float32 by area averaging (each output the mean of its cell)."""
+    x = np.asarray(x, np.float32)
+    if x.shape[1:] == (h, w):
+        return x
+    # einsum's own loop, not BLAS (see project)
+    y = np.einsum("ih,chw->ciw", _area_weights(x.shape[1], h), x, optimize=False)
+    return np.einsum("ciw,jw->cij", y, _area_weights(x.shape[2], w), optimize=False)
+
+
 class TaesdPreview:
     """Decode previews with a TAESD-family decoder given as an ONNX file (or its folder).
 
     ``session`` may be an open ``sdrt`` Session instead of a path; ``scaling_factor`` and
-    ``shift_factor`` override the folder's ``config.json``. Other keyword arguments go to ``sdrt.load``
-    (``backend=``, ``device=``).
+    ``shift_factor`` override the folder's ``config.json``. ``preview_size``: the preview's longer side at
+    most, in pixels (the latent is area-downscaled before the decode); None decodes at full size. Other
+    keyword arguments go to ``sdrt.load`` (``backend=``, ``device=``, ``precision=``; without one, the
+    backend's default precision, bf16 on CPUs that have it).
     """
 
     def __init__(self, path: str | Path | None = None, *, session: Any = None, scaling_factor: float | None = None,
-                 shift_factor: float | None = None, **load_options: Any) -> None:
+                 shift_factor: float | None = None, preview_size: int | None = DEFAULT_PREVIEW_SIZE,
+                 **load_options: Any) -> None:
         where = "sdrt.pipelines.preview.TaesdPreview"
+        #: the preview's longer side at most (pixels), or None: the decoder's full size
+        self.preview_size = check_preview_size(preview_size)
         config: dict = {}
         self._graph = None
         if session is None:
@@ -191,8 +249,10 @@ class TaesdPreview:
         return sess
 
     def __call__(self, latent: np.ndarray) -> np.ndarray:
-        """``(H, W, 3)`` uint8 preview of one latent (the decoder's full image size)."""
+        """``(H, W, 3)`` uint8 preview of one latent, its longer side at most ``preview_size``."""
         x = _latent(latent, "sdrt.pipelines.preview.TaesdPreview")
+        size = check_preview_size(self.preview_size)
+        x = area_resize(x, *preview_latent_size(x.shape[1], x.shape[2], size))
         z = (x.astype(np.float32) / np.float32(self.scaling_factor) + np.float32(self.shift_factor))[None]
         sess = self._session_for(z.shape)
         name = sess.inputs[0].name

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import InputError
 
 KEYWORDS = ("controlnets", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "rng", "subseed",
-            "subseed_strength", "preview")
+            "subseed_strength", "preview", "preview_size")
 
 
 @dataclass
@@ -38,6 +38,8 @@ class Toolbox:
     subseed: int | None = None
     subseed_strength: float = 0.0
     preview: Any = None
+    #: a TAESD preview's longer side at most, in pixels (None: the decoder's full size)
+    preview_size: int | None = 256
 
     @property
     def per_image(self) -> bool:
@@ -49,6 +51,7 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
     """(generic keywords, checked toolbox arguments)."""
     from ..samplers.seeds import RNG_SOURCES, resolve_seed
     from . import controlnet, hires
+    from .preview import DEFAULT_PREVIEW_SIZE, check_preview_size
 
     rest = {k: v for k, v in kwargs.items() if k not in KEYWORDS}
     tb = Toolbox()
@@ -88,6 +91,7 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
         else:
             raise InputError(f"preview must be True, 'approx', an ONNX file or a function, got {preview!r}",
                              where="preview", fix="pass preview='approx' or a TAESD decoder file")
+    tb.preview_size = check_preview_size(kwargs.get("preview_size", DEFAULT_PREVIEW_SIZE))
     return rest, tb
 
 
