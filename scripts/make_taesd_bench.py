@@ -1,10 +1,13 @@
 """A full-size TAESD decoder (diffusers' AutoencoderTiny with its default, real TAESD widths; random weights)
 exported to ONNX, for timing previews against a step (``python -m bench.preview --taesd FILE``).
 
-    /work/refvenv/bin/python scripts/make_taesd_bench.py /tmp/taesd-decoder.onnx
+    /work/refvenv/bin/python scripts/make_taesd_bench.py /tmp/taesd-decoder.onnx [--scaled]
 
 Random weights take the same time as TAESD's trained ones (the same layers, 64 channels, three upsamplings);
-nothing is committed. Input ``latent_sample`` (1, 4, h, w), output ``sample`` (1, 3, 8h, 8w).
+nothing is committed. Input ``latent_sample`` (1, 4, h, w), output ``sample`` (1, 3, 8h, 8w). torch's
+default initialisation gives a nearly flat image (a spread of 2-3 levels); ``--scaled`` draws the weights as
+``scripts/gen_preview_refs.py`` does (each layer's activations O(1)), so the image has structure to compare
+previews on (``python -m bench.preview --quality``).
 """
 
 from __future__ import annotations
@@ -28,9 +31,15 @@ class _Decode(torch.nn.Module):
 
 
 def main() -> None:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/taesd-decoder.onnx")
+    args = [a for a in sys.argv[1:] if a != "--scaled"]
+    out = Path(args[0] if args else "/tmp/taesd-decoder.onnx")
     torch.manual_seed(0)
     vae = AutoencoderTiny().eval()  # the default config is TAESD's
+    if "--scaled" in sys.argv:
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in vae.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) / (p[0].numel() ** 0.5 if p.ndim >= 2 else 20.0))
     params = sum(p.numel() for p in vae.decoder.parameters())
     with torch.no_grad():
         torch.onnx.export(_Decode(vae), (torch.randn(1, 4, 64, 64),), str(out), input_names=["latent_sample"],
