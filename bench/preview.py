@@ -1,11 +1,11 @@
 """``python -m bench.preview``: the cost of a live preview against one UNet step.
 
-Times, interleaved: one step of the bench UNet (``bench/models.py``'s SD 1.x UNet, the batch of 2
-that classifier-free guidance runs) on each sdrt backend, and ``sdrt.pipelines.preview.project``
-on latents of real sizes (SD 1.x 512x512: 4x64x64; SDXL 1024x1024: 4x128x128; Flux 1024x1024:
-16x128x128), plus ``upscale=8`` for SD 1.x. Prints medians and the preview's share of a step.
-The bench UNet is 4-5x narrower and runs at a quarter of the real latent area, so its step is far
-cheaper than a real one.
+Times, interleaved: one step of the bench UNet (``sdrt.testing.models``' SD 1.x UNet at its bench size:
+64 base channels, sample 1x4x32x32), or of ``--unet FILE``, on each sdrt backend, and
+``sdrt.pipelines.preview.project`` on latents of real sizes (SD 1.x 512x512: 4x64x64; SDXL 1024x1024:
+4x128x128; Flux 1024x1024: 16x128x128), plus ``upscale=8`` for SD 1.x. Prints medians and the preview's
+share of a step. The bench UNet is 5x narrower, runs at a quarter of the real latent area and batch 1, so
+its step is far cheaper than a real one.
 
     python -m bench.preview [--backends openvino] [--size bench] [--rounds 30] [--taesd FILE]
                             [--taesd-sizes 256,full] [--unet FILE] [--quality]
@@ -56,6 +56,15 @@ def unet_feeds(path: Path, batch: int = 2, latent: int = 64, tokens: int = 77) -
         else:
             raise SystemExit(f"{path}: input {i.name} is not a plain UNet's (sample, timestep, encoder_hidden_states)")
     return feeds, [o.name for o in proto.graph.output]
+
+
+def unet_runner(path: Path, feeds: dict, backend: str):
+    """A session of the UNet at ``path`` with its inputs pinned to ``feeds``' shapes (ggml needs static ones)."""
+    import sdrt
+
+    graph = sdrt.Graph.load(path)
+    session = sdrt.load(graph.with_shapes({k: v.shape for k, v in feeds.items()}), backend=backend)
+    return lambda f: session.run(f)
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -137,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         path, feeds, outputs = harness.model_file("unet", args.size, workdir)
         unet_name = f"bench UNet ({args.size})"
-    runners = {b: harness.sdrt_runner(path, outputs, b, {}) for b in backends}
+    runners = {b: harness.sdrt_runner(path, outputs, b, {}) if args.unet is None else unet_runner(path, feeds, b)
+               for b in backends}
     rng = np.random.default_rng(0)
     latents = {label: rng.standard_normal(shape).astype(np.float32) for label, _, shape, _ in LATENTS}
     times: dict[str, list[float]] = {f"unet step ({b})": [] for b in backends}
