@@ -137,6 +137,7 @@ def test_preview_latent_size_bounds_the_longer_side(h, w, size):
 
 
 def test_taesd_preview_size_is_bounded_and_full_on_request():
+    register("reference")
     latent = np.random.default_rng(4).standard_normal((4, 64, 96)).astype(np.float32)
     with TaesdPreview(DATA / "tiny-taesd" / "vae_decoder", backend="reference") as prev:
         assert prev.preview_size == DEFAULT_PREVIEW_SIZE == 256
@@ -197,6 +198,7 @@ def test_cli_previews_every_n_steps_at_the_bounded_size(tmp_path, capsys):
     from sdrt.cli import main
 
     pil = pytest.importorskip("PIL.Image")
+    register("reference")
     decoder = DATA / "tiny-taesd" / "vae_decoder" / "model.onnx"
     args = ["generate", str(PIPES / "tiny-sd15"), "a cat", "--steps", "5", "--sampler", "Euler", "--seed", "1",
             "--width", "64", "--height", "64", "--backend", "reference", "-o", str(tmp_path / "out.png"),
