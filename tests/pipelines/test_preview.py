@@ -177,7 +177,12 @@ def test_bad_preview_size_is_one_line_naming_it(bad):
 
     with pytest.raises(InputError, match="preview_size must be"):
         split({"preview_size": bad})
-    assert split({})[1].preview_size == DEFAULT_PREVIEW_SIZE and split({"preview_size": None})[1].preview_size is None
+    decoder = str(DATA / "tiny-taesd" / "vae_decoder" / "model.onnx")
+    assert split({})[1].preview_size == DEFAULT_PREVIEW_SIZE
+    assert split({"preview": decoder, "preview_size": None})[1].preview_size is None
+    for preview in (None, "approx", lambda latent: latent):  # no decoder whose size it could bound
+        with pytest.raises(InputError, match="preview_size bounds a TAESD decoder's previews, and none is given"):
+            split({"preview": preview, "preview_size": 128})
 
 
 @pytest.mark.parametrize("flags, words", [(["--preview-size", "0"], "--preview-size must be a whole number"),
@@ -185,7 +190,8 @@ def test_bad_preview_size_is_one_line_naming_it(bad):
                                           (["--preview-size", "big"], "--preview-size must be a whole number"),
                                           (["--preview-every", "0", "--preview-dir", "."], "--preview-every must be"),
                                           (["--preview-every", "x", "--preview-dir", "."], "--preview-every must be"),
-                                          (["--preview-every", "2"], "--preview-every without --preview-dir")])
+                                          (["--preview-every", "2"], "--preview-every without --preview-dir"),
+                                          (["--preview-size", "128"], "--preview-size bounds a TAESD decoder's")])
 def test_cli_bad_preview_flags(flags, words, capsys):
     from sdrt.cli import main
 

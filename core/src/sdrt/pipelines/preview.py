@@ -15,9 +15,10 @@ to the decoder's own space, ``latent / scaling_factor + shift_factor`` from the 
 ``config.json`` (1 and 0 for TAESD and TAESDXL; TAESD3/TAEF1 ship their VAE's factors).
 
 A TAESD decode is not cheap on a CPU (about 140 GFLOP for a 512x512 image), so ``TaesdPreview`` bounds
-the preview's size as ComfyUI does (``MAX_PREVIEW_RESOLUTION``): the latent is first area-downscaled
-(``area_resize``) so that the decoded preview's longer side is at most ``preview_size`` pixels
-(``DEFAULT_PREVIEW_SIZE``, 256; ``None``: the decoder's full size). The decoder is fully convolutional,
+the preview's size (ComfyUI caps its previews at ``MAX_PREVIEW_RESOLUTION`` after a full decode; here the
+work shrinks too): the latent is first area-downscaled (``area_resize``) so that the decoded preview's
+longer side is at most ``preview_size`` pixels (``DEFAULT_PREVIEW_SIZE``, 256; ``None``: the decoder's
+full size). The decoder is fully convolutional,
 so its cost scales with the latent's area: 256 is a quarter of a 512x512 decode and a sixteenth of
 a 1024x1024 one.
 """
@@ -175,7 +176,7 @@ def preview_latent_size(h: int, w: int, preview_size: int | None) -> tuple[int, 
 
 def _area_weights(n: int, m: int) -> np.ndarray:
     """``(m, n)`` weights of an area (box) resample of ``n`` samples to ``m``: each output averages
-    the part of the input its cell covers (PIL's BOX filter, OpenCV's INTER_AREA when shrinking)."""
+    the part of the input its cell covers, fractions of a sample included (OpenCV's INTER_AREA when shrinking)."""
     edges = np.arange(m + 1, dtype=np.float64) * (n / m)
     lo, hi = edges[:-1, None], edges[1:, None]
     j = np.arange(n, dtype=np.float64)[None, :]

@@ -92,6 +92,10 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
             raise InputError(f"preview must be True, 'approx', an ONNX file or a function, got {preview!r}",
                              where="preview", fix="pass preview='approx' or a TAESD decoder file")
     tb.preview_size = check_preview_size(kwargs.get("preview_size", DEFAULT_PREVIEW_SIZE))
+    if "preview_size" in kwargs and (not isinstance(tb.preview, str) or tb.preview == "approx"):
+        raise InputError("{@preview_size} bounds a TAESD decoder's previews, and none is given", where="preview_size",
+                         fix="pass {@preview} (the decoder's ONNX file) too, or leave {@preview_size} out (a "
+                             "TaesdPreview you pass has its own preview_size)")
     return rest, tb
 
 
