@@ -4,9 +4,8 @@
   ``clip_l.safetensors``/``clip_g.safetensors``, SD 3.x's ``text_encoders.clip_{l,g}.transformer.*``)
   or OpenCLIP's (``transformer.resblocks.N...``, fused ``in_proj``);
 - T5 encoders: transformers' names (``encoder.block.N.layer.M...``, ``shared.weight``;
-  ComfyUI's ``t5xxl_fp16.safetensors``, SD 3.x's ``text_encoders.t5xxl.transformer.*``), or llama.cpp's
-  (``enc.blk.N.attn_q``, ``token_embd``: the GGUF conversions people pair with Flux GGUF files, such as
-  city96's ``t5-v1_1-xxl-encoder-Q8_0.gguf``), renamed to transformers' by ``from_llama_t5``;
+  ComfyUI's ``t5xxl_fp16.safetensors``, SD 3.x's ``text_encoders.t5xxl.transformer.*``; a GGUF in llama.cpp's
+  names reads in these, ``sdrt.weights.gguf``);
 - VAEs: LDM names (``decoder.up.N.block.M``; BFL's ``ae.safetensors``, A1111's VAE files) or
   diffusers names (``decoder.up_blocks.N.resnets.M``, with old or new attention names).
 
@@ -19,7 +18,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from ..weights import Weights
 from .ldm import Source, convert_hf_clip, convert_openclip, convert_vae
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -56,36 +54,6 @@ def convert_t5(keys: Iterable[str], prefix: str = "") -> tuple[dict[str, Source]
         else:
             unknown.append(full)
     return out, unknown
-
-
-#: llama.cpp's T5 encoder tensors (gguf's ``MODEL_ARCH.T5ENCODER``) -> transformers' names inside ``encoder.block.N.``
-_LLAMA_T5 = {"attn_q": "layer.0.SelfAttention.q", "attn_k": "layer.0.SelfAttention.k",
-             "attn_v": "layer.0.SelfAttention.v", "attn_o": "layer.0.SelfAttention.o",
-             "attn_rel_b": "layer.0.SelfAttention.relative_attention_bias", "attn_norm": "layer.0.layer_norm",
-             "ffn_gate": "layer.1.DenseReluDense.wi_0", "ffn_up": "layer.1.DenseReluDense.wi_1",
-             "ffn_down": "layer.1.DenseReluDense.wo", "ffn_norm": "layer.1.layer_norm"}
-
-
-def from_llama_t5(weights: Weights) -> Weights:
-    """A T5 encoder file in llama.cpp's names (``enc.blk.N.attn_q.weight``, ``token_embd.weight``,
-    ``enc.output_norm.weight``), seen in transformers' names; any other file unchanged. T5 v1.1 (T5-XXL) is
-    gated: ``ffn_gate``/``ffn_up`` are ``wi_0``/``wi_1``; without a gate, ``ffn_up`` is the original T5's ``wi``."""
-    keys = list(weights)
-    if not any(k.startswith("enc.blk.") for k in keys):
-        return weights
-    up = "layer.1.DenseReluDense.wi_1" if any(".ffn_gate." in k for k in keys) else "layer.1.DenseReluDense.wi"
-
-    def name(key: str) -> str:
-        if key == "token_embd.weight":
-            return "shared.weight"
-        if key == "enc.output_norm.weight":
-            return "encoder.final_layer_norm.weight"
-        m = re.fullmatch(r"enc\.blk\.(\d+)\.(\w+)\.weight", key)
-        if m and m[2] in _LLAMA_T5:
-            return f"encoder.block.{m[1]}.{up if m[2] == 'ffn_up' else _LLAMA_T5[m[2]]}.weight"
-        return key
-
-    return weights.renamed(name)
 
 
 _DIFFUSERS_VAE_ATTN = {"query": "to_q", "key": "to_k", "value": "to_v", "proj_attn": "to_out.0"}

@@ -170,8 +170,7 @@ def open_weights(path: PathLike, what: str, folder_fix: str, folder_what: str = 
 
 
 def _open(path: PathLike, what: str, family: str | None = None) -> _File:
-    w = components.from_llama_t5(
-        open_weights(path, what, "pass the folder to pipelines.load (a diffusers/Optimum folder), or one file here"))
+    w = open_weights(path, what, "pass the folder to pipelines.load (a diffusers/Optimum folder), or one file here")
     shapes = w.shapes()
     return _File(Path(path), w, shapes, families.identify(shapes, family))
 
