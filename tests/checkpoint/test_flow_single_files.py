@@ -122,3 +122,57 @@ def test_family_must_agree_with_the_files_keys(tmp_path):
                          family="flux-dev")
     with pytest.raises(Exception, match="family applies to a single-file checkpoint"):
         pipelines.load(PIPES / "tiny-flux-dev", backend="reference", family="flux-dev")
+
+
+def _llama_t5(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """transformers' T5 names -> llama.cpp's (gguf's ``T5ENCODER`` tensors), as city96's T5 GGUF files hold them,
+    written here from gguf's own name table (not from sdrt's map)."""
+    from gguf.constants import MODEL_ARCH, MODEL_TENSORS
+    from gguf.tensor_mapping import get_tensor_name_map
+
+    names = get_tensor_name_map(MODEL_ARCH.T5ENCODER, 2)
+    out = {}
+    for k, v in p.items():
+        new = names.get_name(k, try_suffixes=(".weight",))
+        assert new is not None, k
+        out[new] = v
+    assert len(out) == len(p) and MODEL_TENSORS[MODEL_ARCH.T5ENCODER]
+    return out
+
+
+@pytest.mark.parametrize("stored", ["F32", "Q8_0"])
+def test_a_t5_gguf_in_llama_cpp_names_is_a_text_encoder(stored, tmp_path):
+    """A T5 encoder GGUF as llama.cpp's converter names it (``enc.blk.N.attn_q.weight``, ``token_embd.weight``;
+    city96's ``t5-v1_1-xxl-encoder-Q8_0.gguf`` for Flux) gives the image of a safetensors file in transformers'
+    names holding the same values (for Q8_0: the values gguf's own dequantizer reads from the blocks)."""
+    gguf = pytest.importorskip("gguf", reason="the gguf package writes the test file (pip install gguf)")
+    from gguf import quants
+
+    f = _files("flux-dev", tmp_path)
+    t5 = t5_file(_params(PIPES / "tiny-flux-dev", "text_encoder_2"))
+    w = gguf.GGUFWriter(str(tmp_path / "t5-encoder.gguf"), "t5encoder")
+    same = {}
+    for name, v in _llama_t5(t5).items():
+        if stored == "Q8_0" and v.ndim == 2 and v.shape[-1] % 32 == 0 and "rel_b" not in name:
+            q = quants.quantize(v, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            same[name] = quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0).reshape(v.shape)
+        else:
+            w.add_tensor(name, v)
+            same[name] = v
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    back = dict(zip(_llama_t5(t5), t5, strict=True))  # llama.cpp name -> transformers' name
+    ref_file = h.write(tmp_path / "t5_same_values.safetensors", {back[k]: v for k, v in same.items()})
+    case, kw = _case("flux-dev")
+    images = []
+    for t5_path in (tmp_path / "t5-encoder.gguf", ref_file):
+        g = dict(f, text_encoders=[f["text_encoders"][1], t5_path])  # clip_l, then the T5 under test
+        with _load(g) as pipe:
+            images.append(np.stack(pipe(case["prompt"], case["negative_prompt"] or "", **kw)))
+    assert np.array_equal(images[0], images[1])
+    if stored == "F32":  # the same values as the folder: diffusers' image within the flow tolerance
+        want = np.load(PIPES / "tiny-flux-dev" / "refs.npz")[f"{case['name']}/image"].astype(int)
+        assert np.abs(images[0].astype(int) - want).max() <= 2

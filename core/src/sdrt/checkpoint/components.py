@@ -4,7 +4,8 @@
   ``clip_l.safetensors``/``clip_g.safetensors``, SD 3.x's ``text_encoders.clip_{l,g}.transformer.*``)
   or OpenCLIP's (``transformer.resblocks.N...``, fused ``in_proj``);
 - T5 encoders: transformers' names (``encoder.block.N.layer.M...``, ``shared.weight``;
-  ComfyUI's ``t5xxl_fp16.safetensors``, SD 3.x's ``text_encoders.t5xxl.transformer.*``);
+  ComfyUI's ``t5xxl_fp16.safetensors``, SD 3.x's ``text_encoders.t5xxl.transformer.*``; a GGUF in llama.cpp's
+  names reads in these, ``sdrt.weights.gguf``);
 - VAEs: LDM names (``decoder.up.N.block.M``; BFL's ``ae.safetensors``, A1111's VAE files) or
   diffusers names (``decoder.up_blocks.N.resnets.M``, with old or new attention names).
 

@@ -4,7 +4,10 @@ own files) as ``Weights``: ``open_gguf(path)`` or ``Weights.open("model.gguf")``
 The file is read with the maintained ``gguf`` package (``pip install gguf``, or ``sdrt[gguf]``): its
 reader maps the file, so nothing is read until a tensor is asked for. Tensor names are kept as the
 file has them (city96's conversions keep the original checkpoint's names), so the checkpoint key
-maps bind them onto graphs like a ``.safetensors`` of the same model.
+maps bind them onto graphs like a ``.safetensors`` of the same model. The one exception: a T5 encoder
+in llama.cpp's names (``enc.blk.N.attn_q.weight``, ``token_embd.weight``; city96's
+``t5-v1_1-xxl-encoder-Q8_0.gguf``, which people pair with Flux GGUFs) reads in transformers' names, as
+every other T5 file has them (``llama_t5_name``).
 
 Each tensor keeps its stored type (``GGUFWeights.ggml_type(name)``, ``GGUFWeights.raw(name)``) for a
 backend that runs ggml's quantized types itself. Read as an array it is converted for the others:
@@ -171,7 +174,33 @@ def open_gguf(path: str | os.PathLike[str], mapping: keymap.MappingLike = None) 
                                "Q8_0, Q5_K or Q4_K, which every backend reads")
     log.info("%s: %d tensors (%s)", p.name, len(refs), ", ".join(f"{k} {v}" for k, v in _count(types).items()))
     weights = GGUFWeights(refs, types=types, raw=raw, metadata=meta, sources=[p])
+    if any(k.startswith("enc.blk.") for k in refs):  # llama.cpp's T5 encoder names
+        gated = any(".ffn_gate." in k for k in refs)
+        weights = weights.renamed(lambda k: llama_t5_name(k, gated))
     return weights if mapping is None else weights.renamed(mapping)
+
+
+#: llama.cpp's T5 encoder tensors (gguf's ``MODEL_ARCH.T5ENCODER``) -> transformers' names inside ``encoder.block.N.``
+_LLAMA_T5 = {"attn_q": "layer.0.SelfAttention.q", "attn_k": "layer.0.SelfAttention.k",
+             "attn_v": "layer.0.SelfAttention.v", "attn_o": "layer.0.SelfAttention.o",
+             "attn_rel_b": "layer.0.SelfAttention.relative_attention_bias", "attn_norm": "layer.0.layer_norm",
+             "ffn_gate": "layer.1.DenseReluDense.wi_0", "ffn_down": "layer.1.DenseReluDense.wo",
+             "ffn_norm": "layer.1.layer_norm"}
+
+
+def llama_t5_name(key: str, gated: bool = True) -> str:
+    """transformers' ``T5EncoderModel`` name of a llama.cpp T5 tensor (others unchanged). T5 v1.1 (T5-XXL) is
+    gated: ``ffn_gate``/``ffn_up`` are ``wi_0``/``wi_1``; without a gate ``ffn_up`` is the original T5's ``wi``."""
+    if key == "token_embd.weight":
+        return "shared.weight"
+    if key == "enc.output_norm.weight":
+        return "encoder.final_layer_norm.weight"
+    parts = key.split(".")
+    if len(parts) == 5 and parts[:2] == ["enc", "blk"] and parts[4] == "weight":
+        inner = "layer.1.DenseReluDense." + ("wi_1" if gated else "wi") if parts[3] == "ffn_up" else _LLAMA_T5.get(parts[3])
+        if inner:
+            return f"encoder.block.{parts[2]}.{inner}.weight"
+    return key
 
 
 def _count(types: dict[str, str]) -> dict[str, int]:
