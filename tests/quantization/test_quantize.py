@@ -213,9 +213,34 @@ def test_dequantize_keeps_what_the_backend_runs_per_op(registry, unet, unet_feed
 
 
 def test_describe_names_the_ops_a_type_is_native_on():
-    be = _Declares({"int8": None, "int4": ("MatMul", "Gemm"), "float8_e4m3fn": None})
+    be = _Declares({"int8": ("MatMul", "Gemm", "Conv"), "int4": ("MatMul", "Gemm"), "float8_e4m3fn": None})
     assert Q.describe(be) == ("int8 native; int4 native on Gemm/MatMul weights (others dequantized at load); "
                               "fp8 native")
     assert Q.describe(_Declares(frozenset({"int8"}))) == ("int8 native; int4 dequantized to float32 at load; "
                                                           "fp8 dequantized to float32 at load")
     assert Q.describe(_Declares(None)).count("dequantized to float32 at load") == 3
+
+
+def test_info_says_what_the_vendor_backends_keep(registry, capsys):
+    """The lines of ``sdrt info`` for the vendor plugins installed here (they are listed without a device too)."""
+    from sdrt.cli import main
+
+    mods = {}
+    for name in ("trt", "coreml", "migraphx"):
+        try:
+            mods[name] = __import__(f"sdrt_{name}")
+        except ImportError:
+            continue
+        registry.register_plugin(mods[name], name, distribution=f"sdrt-{name}", version="0.1.0")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.strip() for ln in out.splitlines() if ln.strip().startswith("quantized weights:")}
+    want = {
+        "trt": "quantized weights: int8 native; int4 native on Gemm/MatMul weights (others dequantized at load); "
+               "fp8 native (int4 needs sm80+, fp8 sm89+; older targets get them as float32)",
+        "coreml": "quantized weights: int8 native; int4 native; fp8 dequantized to float32 at load (int4 on "
+                  "macOS15/iOS18 targets; older targets get it as float)",
+        "migraphx": "quantized weights: int8 native; int4 dequantized to float32 at load; fp8 dequantized to float32 "
+                    "at load"}
+    for name in mods:
+        assert want[name] in lines, (name, sorted(lines))

@@ -436,6 +436,8 @@ __all__ = ["KEEP_LAYERS", "SCHEMES", "dequantize", "dequantize_array", "describe
 #: a backend without it gets float32 weights (``dequantize``)
 NATIVE_ATTR = "quantized_weights"
 _TYPE_OF = {"int8": "int8", "int4": "int4", "fp8": "float8_e4m3fn"}
+#: an optional ``Backend`` class attribute: what else decides it (a target, a deployment OS), for ``sdrt info``
+NOTE_ATTR = "quantized_weights_note"
 
 
 def native_spec(backend: Any) -> dict[str, frozenset[str] | None]:
@@ -468,11 +470,12 @@ def describe(backend: Any) -> str:
         t = _TYPE_OF[scheme]
         if t not in spec:
             parts.append(f"{scheme} dequantized to float32 at load")
-        elif spec[t] is None:
+        elif spec[t] is None or spec[t] >= _OPS:  # every op ``quantize`` writes quantized weights for
             parts.append(f"{scheme} native")
         else:
             parts.append(f"{scheme} native on {'/'.join(sorted(spec[t]))} weights (others dequantized at load)")
-    return "; ".join(parts)
+    note = getattr(backend, NOTE_ATTR, None)
+    return "; ".join(parts) + (f" ({note})" if note else "")
 
 
 def for_backend(graph: Graph, backend: Any) -> Graph:

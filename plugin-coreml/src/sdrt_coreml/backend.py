@@ -82,6 +82,7 @@ class CoreMLBackend(Backend):
     #: has no Core ML type and is dequantized at load
     quantized_weights: ClassVar[Mapping[str, frozenset[str]]] = {
         "int8": frozenset({"MatMul", "Gemm", "Conv"}), "int4": frozenset({"MatMul", "Gemm", "Conv"})}
+    quantized_weights_note: ClassVar[str] = "int4 on macOS15/iOS18 targets; older targets get it as float"
 
     # -- devices -------------------------------------------------------
     def devices(self) -> list[Device]:

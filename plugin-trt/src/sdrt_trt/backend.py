@@ -85,6 +85,7 @@ class TrtBackend(Backend):
     quantized_weights: ClassVar[Mapping[str, frozenset[str]]] = {
         "int8": frozenset({"MatMul", "Gemm", "Conv"}), "float8_e4m3fn": frozenset({"MatMul", "Gemm", "Conv"}),
         "int4": frozenset({"MatMul", "Gemm"})}
+    quantized_weights_note: ClassVar[str] = "int4 needs sm80+, fp8 sm89+; older targets get them as float32"
 
     def __init__(self) -> None:
         self._plan: DevicePlan | None = None
