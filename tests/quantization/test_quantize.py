@@ -169,3 +169,78 @@ def test_info_says_what_each_backend_does(registry, capsys):
 
     assert main(["info"]) == 0
     assert "quantized weights: int8 native; int4 native; fp8 native" in capsys.readouterr().out
+
+
+class _Declares:
+    """A backend declaration only (the class attribute ``quantized_weights``), no backend around it."""
+
+    name = "declares"
+
+    def __init__(self, decl):  # type: ignore[no-untyped-def]
+        self.quantized_weights = decl
+
+
+@pytest.mark.parametrize("block", [16])
+def test_dequantize_keeps_what_the_backend_runs_per_op(registry, unet, unet_feeds, block):
+    """int4 native on MatMul/Gemm only (TensorRT-RTX's rule): the conv weights are folded to float32, the
+    matmul weights stay int4 DequantizeLinear, and the result is the same numbers as folding everything."""
+    q = Q.quantize(unet, "int4", block_size=block)
+    found = Q.quantized_weights(q)
+    ops = {n: set(v["ops"]) for n, v in found.items()}
+    assert {"Conv"} in ops.values() and {"MatMul"} in ops.values()
+    be = _Declares({"int4": {"MatMul", "Gemm"}, "int8": None})
+    part = Q.for_backend(q, be)
+    left = Q.quantized_weights(part)
+    assert set(left) == {n for n, o in ops.items() if o <= {"MatMul", "Gemm"}} and left
+    assert all(v["dtype"] == "int4" for v in left.values())
+    conv = [n for n, o in ops.items() if o == {"Conv"}]
+    assert all(part.initializer_info()[n].dtype == "float32" for n in conv)
+    # the folded conv weights' int4 data and scales are gone, the kept matmul weights' are there
+    names = set(part.initializer_info())
+    assert not any(found[n]["values"] in names for n in conv)
+    assert all(found[n]["values"] in names for n in left)
+    full = sdrt.load(Q.dequantize(q), backend="reference").run(unet_feeds)
+    got = sdrt.load(part, backend="reference").run(unet_feeds)
+    for k in full:
+        np.testing.assert_allclose(got[k], full[k], rtol=1e-5, atol=1e-6)
+    # a type it does not declare at all is folded everywhere; a declaration for any op keeps everything
+    assert not Q.quantized_weights(Q.for_backend(q, _Declares({"int8": None})))
+    assert Q.for_backend(q, _Declares(frozenset({"int4"}))) is q
+    # keep= by name or by predicate
+    one = sorted(found)[0]
+    assert set(Q.quantized_weights(Q.dequantize(q, keep=[one]))) == {one}
+    assert set(Q.quantized_weights(Q.dequantize(q, keep=lambda n, v: v["ops"] == {"Conv"}))) == set(conv)
+
+
+def test_describe_names_the_ops_a_type_is_native_on():
+    be = _Declares({"int8": ("MatMul", "Gemm", "Conv"), "int4": ("MatMul", "Gemm"), "float8_e4m3fn": None})
+    assert Q.describe(be) == ("int8 native; int4 native on Gemm/MatMul weights (others dequantized at load); "
+                              "fp8 native")
+    assert Q.describe(_Declares(frozenset({"int8"}))) == ("int8 native; int4 dequantized to float32 at load; "
+                                                          "fp8 dequantized to float32 at load")
+    assert Q.describe(_Declares(None)).count("dequantized to float32 at load") == 3
+
+
+def test_info_says_what_the_vendor_backends_keep(registry, capsys):
+    """The lines of ``sdrt info`` for the vendor plugins installed here (they are listed without a device too)."""
+    from sdrt.cli import main
+
+    mods = {}
+    for name in ("trt", "coreml", "migraphx"):
+        try:
+            mods[name] = __import__(f"sdrt_{name}")
+        except ImportError:
+            continue
+        registry.register_plugin(mods[name], name, distribution=f"sdrt-{name}", version="0.1.0")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.strip() for ln in out.splitlines() if ln.strip().startswith("quantized weights:")}
+    want = {
+        "trt": "quantized weights: int8 native; int4 native on Gemm/MatMul weights (others dequantized at load); "
+               "fp8 native (int4 needs sm80+, fp8 sm89+; older targets get them as float32)",
+        "coreml": "quantized weights: int8 native; int4 native; fp8 dequantized to float32 at load (int4 on "
+                  "macOS15/iOS18 targets; older targets get it as float)",
+        "migraphx": "quantized weights: int8 native; int4 dequantized to float32 at load; fp8 dequantized to float32 "
+                    "at load"}
+    for name in mods:
+        assert want[name] in lines, (name, sorted(lines))

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -339,31 +339,49 @@ def quantized_weights(graph: Graph) -> dict[str, dict[str, Any]]:
         at = {a.name: a.i for a in node.attribute}
         out[node.output[0]] = {"values": ins[0], "scale": ins[1], "zero_point": ins[2] if len(ins) > 2 else None,
                                "axis": int(at.get("axis", 1)), "block_size": int(at.get("block_size", 0)),
-                               "dtype": infos[ins[0]].dtype, "node": node.name}
+                               "dtype": infos[ins[0]].dtype, "node": node.name, "ops": frozenset()}
+    if out:
+        readers: dict[str, set[str]] = {}
+        for node in graph.model.graph.node:
+            for x in node.input:
+                if x in out:
+                    readers.setdefault(x, set()).add(node.op_type)
+        outputs = {o.name for o in graph.model.graph.output}
+        for name, q in out.items():  # a graph output reads it too: no op may take it as it is
+            q["ops"] = frozenset(readers.get(name, ())) | ({"(graph output)"} if name in outputs else set())
     return out
 
 
-def dequantize(graph: Graph) -> Graph:
+def dequantize(graph: Graph, keep: Callable[[str, dict[str, Any]], bool] | Iterable[str] | None = None) -> Graph:
     """A copy of ``graph`` with each constant ``DequantizeLinear`` folded into a float32 initializer
-    (what a backend without native quantized weights runs). A graph without any is returned as is."""
+    (what a backend without native quantized weights runs). ``keep`` leaves some quantized: the float
+    weight names to keep, or ``keep(name, info)`` -> True for each one to keep (``info`` as
+    ``quantized_weights`` gives it). A graph with nothing to fold is returned as is."""
     from onnx import numpy_helper
 
     from .graph import Graph as _Graph
     from .graph.protos import copy_model
 
     found = quantized_weights(graph)
+    if keep is not None:
+        test = keep if callable(keep) else (lambda name, _q, names=frozenset(keep): name in names)
+        found = {k: q for k, q in found.items() if not test(k, q)}
     if not found:
         return graph
-    feeds: set[str] = set()
     counts: dict[str, int] = {}
     for node in graph.model.graph.node:
         for x in node.input:
             counts[x] = counts.get(x, 0) + 1
+    feeds: dict[str, int] = {}
     for q in found.values():
-        feeds.update(x for x in (q["values"], q["scale"], q["zero_point"]) if x)
+        for x in (q["values"], q["scale"], q["zero_point"]):
+            if x:
+                feeds[x] = feeds.get(x, 0) + 1
     arrays = graph.initializer_arrays()
     m = copy_model(graph.model, initializers=False)
-    drop = {x for x in feeds if counts.get(x, 0) <= 1}
+    outputs = {o.name for o in graph.model.graph.output}
+    # an initializer only the folded nodes read goes; one that anything else reads (a kept node) stays
+    drop = {x for x, n in feeds.items() if counts.get(x, 0) <= n and x not in outputs}
     for t in graph.model.graph.initializer:
         if t.name not in drop:
             m.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(np.asarray(arrays[t.name])),
@@ -376,7 +394,10 @@ def dequantize(graph: Graph) -> Graph:
     nodes = [n for n in graph.model.graph.node if not (n.op_type == "DequantizeLinear" and n.output[0] in folded)]
     del m.graph.node[:]
     m.graph.node.extend(nodes)
-    log.info("%s: %d quantized weights dequantized to float32 at load", graph.name, len(found))
+    if keep is not None and len(found) < len(quantized_weights(graph)):
+        log.info("%s: %d quantized weights dequantized to float32 at load, the others kept", graph.name, len(found))
+    else:
+        log.info("%s: %d quantized weights dequantized to float32 at load", graph.name, len(found))
     return _Graph(m, graph.path, base_dir=graph.base_dir)
 
 
@@ -402,43 +423,74 @@ def save(graph: Graph, path: Any) -> Any:
                          fix="check free disk space and permissions") from exc
 
 
-__all__ = ["KEEP_LAYERS", "SCHEMES", "dequantize", "dequantize_array", "plan", "quantize", "quantize_array",
-           "quantized_weights", "save", "scheme_of", "scheme_of_graph"]
+__all__ = ["KEEP_LAYERS", "SCHEMES", "dequantize", "dequantize_array", "describe", "for_backend", "native_spec",
+           "plan", "quantize", "quantize_array", "quantized_weights", "runs_natively", "save", "scheme_of",
+           "scheme_of_graph"]
 
 
 # -- at load -------------------------------------------------------------------
 
-#: the ``Backend`` class attribute naming the stored weight types it runs natively (element type names:
-#: ``"int8"``, ``"int4"``, ``"float8_e4m3fn"``); a backend without it gets float32 weights (``dequantize``)
+#: the ``Backend`` class attribute naming the stored weight types it runs natively: element type names
+#: (``"int8"``, ``"int4"``, ``"float8_e4m3fn"``), as a set (any weight of that type) or a mapping from the type to
+#: the op types that may read such a weight (``{"int4": {"MatMul", "Gemm"}}``: int4 conv weights are dequantized);
+#: a backend without it gets float32 weights (``dequantize``)
 NATIVE_ATTR = "quantized_weights"
 _TYPE_OF = {"int8": "int8", "int4": "int4", "fp8": "float8_e4m3fn"}
+#: an optional ``Backend`` class attribute: what else decides it (a target, a deployment OS), for ``sdrt info``
+NOTE_ATTR = "quantized_weights_note"
+
+
+def native_spec(backend: Any) -> dict[str, frozenset[str] | None]:
+    """``{weight type: op types that may read it natively, or None for any}`` of ``backend``."""
+    decl = getattr(backend, NATIVE_ATTR, None) or ()
+    if isinstance(decl, Mapping):
+        return {str(t): (None if ops is None else frozenset(ops)) for t, ops in decl.items()}
+    return {str(t): None for t in decl}
 
 
 def native_types(backend: Any) -> frozenset[str]:
-    """The quantized weight types ``backend`` runs as they are stored."""
-    return frozenset(getattr(backend, NATIVE_ATTR, ()) or ())
+    """The quantized weight types ``backend`` runs as they are stored (for some ops at least)."""
+    return frozenset(native_spec(backend))
+
+
+def runs_natively(backend: Any, info: Mapping[str, Any]) -> bool:
+    """Whether ``backend`` runs one quantized weight (``quantized_weights(graph)[name]``) as it is stored."""
+    spec = native_spec(backend)
+    if info["dtype"] not in spec:
+        return False
+    ops = spec[info["dtype"]]
+    return ops is None or bool(info.get("ops")) and set(info["ops"]) <= ops
 
 
 def describe(backend: Any) -> str:
     """One line for ``sdrt info``: which quantized weights run natively and which are dequantized at load."""
-    native = native_types(backend)
+    spec = native_spec(backend)
     parts = []
     for scheme in SCHEMES:
-        parts.append(f"{scheme} {'native' if _TYPE_OF[scheme] in native else 'dequantized to float32 at load'}")
-    return "; ".join(parts)
+        t = _TYPE_OF[scheme]
+        if t not in spec:
+            parts.append(f"{scheme} dequantized to float32 at load")
+        elif spec[t] is None or spec[t] >= _OPS:  # every op ``quantize`` writes quantized weights for
+            parts.append(f"{scheme} native")
+        else:
+            parts.append(f"{scheme} native on {'/'.join(sorted(spec[t]))} weights (others dequantized at load)")
+    note = getattr(backend, NOTE_ATTR, None)
+    return "; ".join(parts) + (f" ({note})" if note else "")
 
 
 def for_backend(graph: Graph, backend: Any) -> Graph:
-    """``graph`` as ``backend`` takes it: quantized weights of a type it cannot run are dequantized."""
+    """``graph`` as ``backend`` takes it: each quantized weight that it cannot run as stored (its type, or the op
+    reading it) is dequantized to float32; the others stay quantized."""
     found = quantized_weights(graph)
     if not found:
         return graph
-    native = native_types(backend)
-    if all(q["dtype"] in native for q in found.values()):
+    keep = {name for name, q in found.items() if runs_natively(backend, q)}
+    if len(keep) == len(found):
         return graph
-    log.info("%s: backend %s runs no %s weights natively; dequantizing them at load", graph.name,
-             getattr(backend, "name", backend), ", ".join(sorted({q["dtype"] for q in found.values()} - native)))
-    return dequantize(graph)
+    rest = sorted({f"{q['dtype']} on {'/'.join(sorted(q['ops']))}" for n, q in found.items() if n not in keep})
+    log.info("%s: backend %s runs no %s weights natively; dequantizing %d of %d at load", graph.name,
+             getattr(backend, "name", backend), ", ".join(rest), len(found) - len(keep), len(found))
+    return dequantize(graph, keep=keep)
 
 
 def parse(spec: str, where: str = "sdrt.load(quantize=...)") -> tuple[str, int]:

@@ -77,6 +77,12 @@ class CoreMLBackend(Backend):
                                                              "fp32": {"precision": "fp32"}}
     default_precision: ClassVar[str] = "fp16"
     caches = True
+    #: quantized weights written as Core ML compressed constants (``lower.compressed``): int8 per channel on every
+    #: target, blocked int4 on macOS15/iOS18 targets (older ones get float weights, expanded while lowering); fp8
+    #: has no Core ML type and is dequantized at load
+    quantized_weights: ClassVar[Mapping[str, frozenset[str]]] = {
+        "int8": frozenset({"MatMul", "Gemm", "Conv"}), "int4": frozenset({"MatMul", "Gemm", "Conv"})}
+    quantized_weights_note: ClassVar[str] = "int4 on macOS15/iOS18 targets; older targets get it as float"
 
     # -- devices -------------------------------------------------------
     def devices(self) -> list[Device]:

@@ -56,7 +56,8 @@ def evaluate_package(path: Any, feeds: Mapping[str, np.ndarray]) -> Evaluation:
 
     coremltools reads the package back into a MIL program (its ``milproto`` frontend);
     each op is then added again to a program whose inputs are the feeds as constants,
-    so MIL's ``value_inference`` computes it. Nothing stands in for ops without one:
+    so MIL's ``value_inference`` computes it; a compressed constant (``constexpr_*``) is expanded by its op's own
+    ``materialized_val_inference``, what coremltools decompresses it with. Nothing stands in for ops without one:
     their outputs, and everything after them, stay None.
     """
     from pathlib import Path
@@ -83,6 +84,9 @@ def evaluate_package(path: Any, feeds: Mapping[str, np.ndarray]) -> Evaluation:
         for op in func.operations:
             if op.op_type == "const":
                 env[id(op.outputs[0])] = mb.const(val=op.outputs[0].val)
+                continue
+            if op.op_type.startswith("constexpr_"):  # compressed weights: expanded by the op's own decompression
+                env[id(op.outputs[0])] = mb.const(val=op.materialized_val_inference())
                 continue
             kw = {k: tuple(env[id(x)] for x in v) if isinstance(v, (list, tuple)) else env[id(v)]
                   for k, v in op.inputs.items()}

@@ -43,6 +43,8 @@ class Lowered:
     values: dict[str, np.ndarray | None] = field(default_factory=dict)
     #: with feeds: MIL op types that have no value inference and were reached
     no_value: dict[str, int] = field(default_factory=dict)
+    #: quantized weights written as compressed constants (constexpr ops), by stored type
+    compressed: dict[str, int] = field(default_factory=dict)
 
 
 def mil_name(name: str, taken: set[str]) -> str:
@@ -83,6 +85,8 @@ class Lowering:
         self._const_cache: dict[tuple[int, str], Any] = {}
         self._keep: list[np.ndarray] = []
         self._taken: set[str] = set()
+        #: id of a weight ``DequantizeLinear`` made (float values) -> the stored values it came from
+        self._quant: dict[int, Stored] = {}
         self.out = Lowered(program=None)
 
     # -- helpers the op functions use -------------------------------------------
@@ -97,7 +101,14 @@ class Lowering:
         if hit is not None:
             return hit
         init = self._init_ids.get(id(src))
-        v = mb().const(val=data, name=mil_name(init, self._taken)) if init is not None else mb().const(val=data)
+        stored = self._quant.get(id(src))
+        v = None
+        if stored is not None and data.shape == src.shape and data.dtype in (np.float16, np.float32):
+            v = compressed(stored, data.dtype, self.opset_mil)
+            if v is not None:
+                self.out.compressed[stored.dtype] = self.out.compressed.get(stored.dtype, 0) + 1
+        if v is None:
+            v = mb().const(val=data, name=mil_name(init, self._taken)) if init is not None else mb().const(val=data)
         self._const_cache[key] = v
         self._keep.append(src)  # keeps id(src) unique while it is a cache key
         return v
@@ -188,7 +199,9 @@ class Lowering:
     def _lower_node(self, node: Any) -> None:
         ins = node_inputs(node, self.values)
         present = [v for v in ins if v is not None]
-        if all(isinstance(v, np.ndarray) for v in present):
+        if node.op_type == "DequantizeLinear" and all(isinstance(v, np.ndarray) for v in present):
+            outs = [self._dequantize(node, ins)]
+        elif all(isinstance(v, np.ndarray) for v in present):
             outs = fold_node(node, ins, self.opsets)
         elif node.op_type in FOLD_ONLY:
             raise unsupported(node, f"{node.op_type} on a runtime tensor (only constant inputs are supported)")
@@ -214,6 +227,65 @@ class Lowering:
         for name, v in zip(node.output, outs):
             if name:
                 self.values[name] = v
+
+
+    def _dequantize(self, node: Any, ins: list[Any]) -> np.ndarray:
+        """A constant ``DequantizeLinear`` (a quantized weight): its float values, remembered with the stored ones
+        so that ``const`` can write a compressed constant where a MIL op takes them as they are."""
+        from sdrt.quantization import dequantize_array
+
+        at = {a.name: a.i for a in node.attribute}
+        q, scale = ins[0], ins[1]
+        zero = ins[2] if len(ins) > 2 else None
+        axis, block = int(at.get("axis", 1)), int(at.get("block_size", 0))
+        out = dequantize_array(q, scale, axis, block, zero).astype(np.asarray(scale).dtype)
+        if zero is None or not np.any(np.asarray(zero)):
+            self._quant[id(out)] = Stored(np.asarray(q), np.asarray(scale), axis % max(q.ndim, 1), block)
+            self._keep.append(out)
+        return out
+
+
+@dataclass
+class Stored:
+    """A weight as a ``DequantizeLinear`` stores it: symmetric values, scales, the scale axis, the block size."""
+
+    values: np.ndarray
+    scale: np.ndarray
+    axis: int
+    block: int
+
+    @property
+    def dtype(self) -> str:
+        return self.values.dtype.name
+
+
+def compressed(w: Stored, out: np.dtype, opset_mil: int) -> Any:
+    """A MIL constexpr op that Core ML expands to ``w``'s float values (``out``: float16 or float32) when it loads
+    the model, the stored values written to the weight file as they are; None where Core ML has no such op:
+
+    - int8, one scale per output channel: ``constexpr_affine_dequantize`` (iOS16/macOS13), or from iOS18/macOS15
+      ``constexpr_blockwise_shift_scale`` (with the scale shaped like the weight, 1 on every other axis);
+    - int4 in blocks along one axis: ``constexpr_blockwise_shift_scale`` (iOS18/macOS15 only);
+    - fp8: none (Core ML has no 8-bit float type).
+    """
+    from coremltools.converters.mil.mil import types
+
+    q, s = w.values, w.scale
+    if q.ndim < 1 or q.dtype.name not in ("int8", "int4"):
+        return None
+    scale = s.astype(out)
+    if w.block:  # blocked: scale has q's rank, q.shape[axis] / block along the axis
+        if opset_mil < 18 or scale.ndim != q.ndim or q.shape[w.axis] % w.block:
+            return None
+        data = q.astype(np.int8).astype(types.np_int4_dtype) if q.dtype.name == "int4" else q
+        return mb().constexpr_blockwise_shift_scale(data=data, scale=scale)
+    if q.dtype.name != "int8" or scale.ndim > 1 or (scale.ndim == 1 and scale.size != q.shape[w.axis]):
+        return None
+    if opset_mil >= 18:
+        shape = [1] * q.ndim
+        shape[w.axis] = scale.size
+        return mb().constexpr_blockwise_shift_scale(data=q, scale=scale.reshape(shape))
+    return mb().constexpr_affine_dequantize(quantized_data=q, zero_point=np.int8(0), scale=scale, axis=w.axis)
 
 
 def _ops_without_value(v: Any) -> list[str]:

@@ -27,6 +27,7 @@ from . import enginefile
 from .errors import TrtError
 from .options import OptionError, Options, parse_options
 from .prepare import Prepared, prepare
+from .quantized import for_target
 from .targets import DevicePlan, check_target, plan_devices, target_names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,6 +78,14 @@ class TrtBackend(Backend):
         "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}, "fp32": {"precision": "fp32"}}
     default_precision: ClassVar[str] = "fp16"
     caches = True
+    #: weight-only quantized weights TensorRT-RTX's ONNX parser takes as they are stored (``DequantizeLinear`` on a
+    #: constant weight): int8 and fp8 per channel on MatMul, Gemm and Conv; blocked int4 on MatMul and Gemm only (the
+    #: parser rejects it on Conv weights). ``sdrt.quantization.for_backend`` dequantizes the rest at load, and
+    #: ``quantized.for_target`` what the target cannot hold (int4 below sm80, fp8 below sm89).
+    quantized_weights: ClassVar[Mapping[str, frozenset[str]]] = {
+        "int8": frozenset({"MatMul", "Gemm", "Conv"}), "float8_e4m3fn": frozenset({"MatMul", "Gemm", "Conv"}),
+        "int4": frozenset({"MatMul", "Gemm"})}
+    quantized_weights_note: ClassVar[str] = "int4 needs sm80+, fp8 sm89+; older targets get them as float32"
 
     def __init__(self) -> None:
         self._plan: DevicePlan | None = None
@@ -121,7 +130,7 @@ class TrtBackend(Backend):
             raise TrtError("cannot write the engine file: its folder does not exist or is not writable",
                            where=str(out), fix="create the folder, or pass -o with a writable path")
         refit = self._refit_mode(opts, gpu_here=bool(self._cuda_devices()))
-        prepared = prepare(graph, weights, opts)
+        prepared = prepare(for_target(graph, name), weights, opts)
         engine, _ = self._build(prepared, name, refit)
         return enginefile.write_engine(out, self._meta(prepared, name, refit, opts), engine)
 
@@ -140,7 +149,7 @@ class TrtBackend(Backend):
     def _prepare(self, graph: Graph, device: Device, opts: Options) -> Graph:
         if opts.engine is not None:  # refuse a missing or corrupt file before any work
             enginefile.read_engine(opts.engine)
-        return graph
+        return for_target(graph, str(device.properties["target"]))
 
     def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device, opts: Options) -> _Built:
         """Build the engine (or take the engine file's): stored in the compile cache before a session opens it."""

@@ -41,6 +41,18 @@ def _skeleton(graph: Any, arrays: dict[str, np.ndarray]) -> bytes:
     return model.SerializeToString()
 
 
+def _packed(arr: np.ndarray) -> np.ndarray:
+    """``arr`` as the ONNX parser reads an initializer's bytes: 4-bit types two to a byte (ONNX's layout: the
+    first value in the low nibble), every other type as numpy stores it."""
+    a = np.ascontiguousarray(arr)
+    if a.dtype.name not in ("int4", "uint4"):
+        return a
+    flat = a.reshape(-1).view(np.uint8) & 0x0F  # ml_dtypes keeps one 4-bit value per byte
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.uint8)])
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+
+
 def parse(prepared: Prepared, logger: Any = None) -> tuple[Any, Any, Any, Any, dict[str, np.ndarray]]:
     """``(builder, network, parser, logger, weights)``; raises ``UnsupportedGraph`` listing every node the parser
     rejects. ``weights`` must outlive the build: the network points into them."""
@@ -51,7 +63,7 @@ def parse(prepared: Prepared, logger: Any = None) -> tuple[Any, Any, Any, Any, d
     network = builder.create_network(0)  # TensorRT-RTX networks are always strongly typed
     parser = trt.OnnxParser(network, logger)
     graph = prepared.graph
-    weights = {k: np.ascontiguousarray(v) for k, v in prepared.weight_arrays().items()}
+    weights = {k: _packed(v) for k, v in prepared.weight_arrays().items()}
     ok = parser.load_model_proto(_skeleton(graph, weights))
     for name, arr in weights.items():
         ok = ok and parser.load_initializer(name, arr.ctypes.data, arr.nbytes)

@@ -2,7 +2,7 @@
 
 What no machine without a supported GPU can check: execution against the ONNX
 reference evaluator, refit through ``update_weights``, the engine cache hit, the
-runtime cache written beside it, and speed. Each check prints one line; the exit
+runtime cache written beside it, speed, and engines holding int8/int4/fp8 weights. Each check prints one line; the exit
 status is 0 when all pass. The model is a small SD-style block built here
 (conv, group norm, SiLU, self-attention, conv), so nothing is downloaded.
 """
@@ -146,7 +146,31 @@ def run(device_id: str | None = None, precision: str = "fp16", runs: int = 50) -
             err3 = _rel(want, again.run(feeds)["y"])
         check("engine cache", err3 < RTOL[precision] and report["cached_compile_s"] < report["compile_s"],
               f"second compile {report['cached_compile_s']} s (first {report['compile_s']} s), error {err3:.2e}")
+        _quantized_checks(backend, graph, feeds, device, precision, cache_dir, check)
     return report
+
+
+def _quantized_checks(backend: Any, graph: Any, feeds: dict[str, np.ndarray], device: Any, precision: str,
+                      cache_dir: str, check: Any) -> None:
+    """Each weight-only scheme the device's target keeps quantized (int8; int4 from sm80; fp8 from sm89): the engine
+    runs the quantized graph, and its output is compared with the reference evaluator on the same quantized graph."""
+    from sdrt import quantization
+
+    from .quantized import for_target
+
+    target = str(device.properties["target"])
+    for scheme, block in (("int8", 32), ("int4", 32), ("fp8", 32)):
+        q = quantization.quantize(graph, scheme, block_size=block, keep_layers=())
+        given = for_target(quantization.for_backend(q, backend), target)
+        kept = len(quantization.quantized_weights(given))
+        if not kept:
+            check(f"{scheme} weights", True, f"not kept quantized for {target}: run as float32 (nothing to check)")
+            continue
+        with backend.compile(given, None, device, precision=precision, cache_dir=cache_dir) as session:
+            err = _rel(_reference(q.model, feeds), session.run(feeds)["y"])
+        check(f"{scheme} weights", err < RTOL[precision],
+              f"{kept} weights kept as {scheme}: relative error {err:.2e} against the reference evaluator on the "
+              f"quantized graph (limit {RTOL[precision]:.0e})")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from sdrt.lowering import Check, Lowering, OpTable
 FOLD_ONLY: set[str] = {
     "Constant", "ConstantOfShape", "Range", "NonZero", "ScatterND", "Trilu", "CumSum",
     "OneHot", "Mod", "ReduceProd", "Xor", "EyeLike",
+    "DequantizeLinear",  # on constant weights only: lower.py writes Core ML's compressed constants for them
 }
 
 _MODULES = (
