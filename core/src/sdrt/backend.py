@@ -154,13 +154,10 @@ class Session(ABC):
                 where=f"{type(self).__name__}.update_weights",
                 fix="wrap arrays with sdrt.Weights.from_arrays({name: array}) or open files with sdrt.Weights.open",
             )
-        import numpy as np  # lazily: `import sdrt` must not pay for numpy
-
-        from .weights.blocks import BlockMatrix
+        from .weights.resolve import as_arrays
 
         given = bind(self.graph, blocks=self.weight_blocks) if self.weight_blocks else bind(self.graph)
-        arrays = {name: value if isinstance(value, BlockMatrix) else np.asarray(value) for name, value in given.items()}
-        self._update_weights(arrays)
+        self._update_weights(as_arrays(given))
 
     def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
         """Swap in new initializer values, checked by ``update_weights``. Override to support it."""

@@ -65,8 +65,6 @@ class BlockMatrix:
 
     def dequantize(self) -> np.ndarray:
         """The initializer's float32 values (gguf's dequantizer, ``gguf.quants.dequantize``)."""
-        from .gguf import dequantize_rows
-
         vals = dequantize_rows(self.data, self.ggml_type, self.cols)
         return np.ascontiguousarray(vals.T) if self.transposed else vals
 
@@ -91,8 +89,14 @@ class BlockMatrix:
                 f"{self.nbytes / 2**20:.2f} MiB{', ' + self.source if self.source else ''})")
 
 
-def is_blocks(value: Any) -> bool:
-    return isinstance(value, BlockMatrix)
+def dequantize_rows(data: np.ndarray, type_name: str, cols: int) -> np.ndarray:
+    """float32 values of rows of ggml blocks (``(rows, bytes per row)`` uint8) of type ``type_name``, by the
+    ``gguf`` package's dequantizer (a GGUF file was read with it, so it is installed)."""
+    import gguf
+    from gguf import quants
+
+    out = quants.dequantize(np.asarray(data), gguf.GGMLQuantizationType[type_name])
+    return np.ascontiguousarray(out.reshape(-1, cols), dtype=np.float32)
 
 
-__all__ = ["BlockMatrix", "is_blocks"]
+__all__ = ["BlockMatrix", "dequantize_rows"]

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import WeightsError
 from . import keymap
-from .blocks import BlockMatrix
+from .blocks import BlockMatrix, dequantize_rows
 from .store import TensorRef, Weights
 
 log = logging.getLogger("sdrt.weights.gguf")
@@ -191,15 +191,6 @@ def open_gguf(path: str | os.PathLike[str], mapping: keymap.MappingLike = None) 
 def _block_reader(data: Any, type_name: str, shape: tuple[int, ...], source: str) -> Callable[[], BlockMatrix]:
     return lambda: BlockMatrix(type_name, np.asarray(data).reshape(shape[0], -1), int(shape[0]), int(shape[1]),
                                source=source)
-
-
-def dequantize_rows(data: np.ndarray, type_name: str, cols: int) -> np.ndarray:
-    """float32 values of rows of ggml blocks (``(rows, bytes per row)`` uint8) of type ``type_name``."""
-    gguf = _gguf()
-    from gguf import quants
-
-    out = quants.dequantize(np.asarray(data), gguf.GGMLQuantizationType[type_name])
-    return np.ascontiguousarray(out.reshape(-1, cols), dtype=np.float32)
 
 
 def _count(types: dict[str, str]) -> dict[str, int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,6 +42,11 @@ def resolve_weights(graph: Graph, weights: Weights | None = None, *, blocks: Ite
 
 def _array(value: Any) -> Any:
     return value if isinstance(value, BlockMatrix) else np.asarray(value)
+
+
+def as_arrays(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``{name: array}`` of bound weights, each an ndarray except a ``BlockMatrix`` (kept for its backend)."""
+    return {name: _array(v) for name, v in values.items()}
 
 
 def same_values(old: np.ndarray | None, new: Any) -> bool:
