@@ -79,6 +79,7 @@ def test_flux_gguf_on_ggml_keeps_the_blocks(tmp_path, qtype, caplog):
                                              .split("; ") if "kept" in p)}
     # every quantized Linear of the file (Flux's fused qkv thirds and linear1 rows included) ran on its blocks
     assert sum(counts.values()) >= 30 and set(counts) == set(kinds.values()) - {"F32"}, counts
+    assert "dequantized" not in kept[0], kept  # the transformer reads no block tensor but through a matmul
     exact = _image(path, f, "reference")  # the file's values dequantized to float32
     assert _psnr(got, exact) > 35, (qtype, _psnr(got, exact))
     if qtype == "Q8_0":
