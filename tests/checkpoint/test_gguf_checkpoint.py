@@ -65,8 +65,8 @@ def test_unet_only_gguf_binds_by_name_and_runs(tmp_path, inputs, qtype):
     assert 0 < err <= {"Q8_0": 0.01, "Q4_0": 0.1}[qtype], err
 
 
-@pytest.mark.needs_backend("openvino")
-def test_pipeline_load_weights_takes_a_gguf_checkpoint(tmp_path):
+@pytest.mark.parametrize("backend", ["openvino", "ggml"])
+def test_pipeline_load_weights_takes_a_gguf_checkpoint(tmp_path, backend, caplog):
     from ckpt_data import PIPE_FOLDER
 
     from sdrt import pipelines
@@ -75,14 +75,18 @@ def test_pipeline_load_weights_takes_a_gguf_checkpoint(tmp_path):
     path = tmp_path / "custom-Q8_0.gguf"
     kinds = _write_gguf(path, {k: src[k] for k in src}, "Q8_0")
     assert list(kinds.values()).count("Q8_0") >= 20
-    pipe = pipelines.load(PIPE_FOLDER, backend="openvino")
+    pipe = pipelines.load(PIPE_FOLDER, backend=backend, **({"precision": "fp32"} if backend == "ggml" else {}))
     try:
         pipe.load_weights(DATA / "pipe-sd15" / "custom.safetensors")
         a = pipe("a cat", steps=2, seed=3)[0]
-        pipe.load_weights(path)
-        b = pipe("a cat", steps=2, seed=3)[0]
+        with caplog.at_level("INFO", logger="sdrt"):
+            pipe.load_weights(path)
+            b = pipe("a cat", steps=2, seed=3)[0]
     finally:
         pipe.close()
+    # ggml keeps the file's Q8_0 matmul weights as blocks (update_weights lowers again); OpenVINO gets float32
+    kept = "Q8_0 kept for ggml's quantized mul_mat" in caplog.text
+    assert kept == (backend == "ggml"), caplog.text[-2000:]
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
     assert 0 < mse and 10 * np.log10(255.0 ** 2 / mse) > 35  # Q8_0 of the same checkpoint: close, not equal
 

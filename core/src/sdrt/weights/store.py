@@ -239,6 +239,15 @@ class Weights(Mapping[str, np.ndarray]):
             refs[name] = TensorRef(name, arr.dtype, tuple(arr.shape), "<replaced>", (lambda a=arr: a))
         return Weights(refs, dtype=self.dtype, sources=self.sources)
 
+    def overlaid(self, other: Weights) -> Weights:
+        """A copy where ``other``'s tensors replace (or add to) these, read when used as ``other`` reads them
+        (a checkpoint's tensors stay in its file, a GGUF tensor keeps its blocks)."""
+        if other.dtype is not None and other.dtype != self.dtype:
+            return self.replaced({name: other[name] for name in other})
+        refs = dict(self._refs)
+        refs.update({name: other.ref(name) for name in other})
+        return Weights(refs, dtype=self.dtype, sources=self.sources)
+
     def save(self, path: PathLike, metadata: Mapping[str, str] | None = None) -> Path:
         """Write every tensor to one ``.safetensors`` file (streamed tensor by tensor)."""
         stfile.write(path, ((name, self[name]) for name in self), metadata)
