@@ -155,9 +155,9 @@ class Session(ABC):
                 fix="wrap arrays with sdrt.Weights.from_arrays({name: array}) or open files with sdrt.Weights.open",
             )
         from .weights.resolve import as_arrays
+        from .weights.resolve import bind as bind_weights
 
-        given = bind(self.graph, blocks=self.weight_blocks) if self.weight_blocks else bind(self.graph)
-        self._update_weights(as_arrays(given))
+        self._update_weights(as_arrays(bind_weights(weights, self.graph, self.weight_blocks)))
 
     def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
         """Swap in new initializer values, checked by ``update_weights``. Override to support it."""

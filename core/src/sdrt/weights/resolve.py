@@ -34,10 +34,21 @@ def resolve_weights(graph: Graph, weights: Weights | None = None, *, blocks: Ite
     ``blocks``: the ggml block types the backend runs as stored (``Backend.weight_blocks``): matmul weights a
     GGUF file holds in one of them come as ``BlockMatrix`` (``sdrt.weights.blocks``), not as float32 arrays.
     """
-    given = weights.bind(graph, blocks=blocks) if weights is not None else {}
+    given = bind(weights, graph, blocks) if weights is not None else {}
     names = graph.initializer_names
     own = graph.initializer_arrays([n for n in names if n not in given])
     return {name: _array(given[name]) if name in given else own[name] for name in names}
+
+
+def bind(weights: Any, graph: Graph, blocks: Iterable[str] = ()) -> dict[str, Any]:
+    """``weights.bind(graph)``, with the block types a backend keeps (``Weights.bind(..., blocks=)``) when
+    ``weights`` is sdrt's ``Weights``; any other object with a ``bind(graph)`` is called as it is."""
+    from .store import Weights
+
+    blocks = frozenset(blocks)
+    if blocks and isinstance(weights, Weights):
+        return weights.bind(graph, blocks=blocks)
+    return weights.bind(graph)
 
 
 def _array(value: Any) -> Any:
