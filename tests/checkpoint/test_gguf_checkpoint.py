@@ -65,8 +65,8 @@ def test_unet_only_gguf_binds_by_name_and_runs(tmp_path, inputs, qtype):
     assert 0 < err <= {"Q8_0": 0.01, "Q4_0": 0.1}[qtype], err
 
 
-@pytest.mark.needs_backend("openvino")
-def test_pipeline_load_weights_takes_a_gguf_checkpoint(tmp_path):
+@pytest.mark.parametrize("backend", ["openvino", "ggml"])
+def test_pipeline_load_weights_takes_a_gguf_checkpoint(tmp_path, backend, caplog):
     from ckpt_data import PIPE_FOLDER
 
     from sdrt import pipelines
@@ -75,13 +75,48 @@ def test_pipeline_load_weights_takes_a_gguf_checkpoint(tmp_path):
     path = tmp_path / "custom-Q8_0.gguf"
     kinds = _write_gguf(path, {k: src[k] for k in src}, "Q8_0")
     assert list(kinds.values()).count("Q8_0") >= 20
-    pipe = pipelines.load(PIPE_FOLDER, backend="openvino")
+    pipe = pipelines.load(PIPE_FOLDER, backend=backend, **({"precision": "fp32"} if backend == "ggml" else {}))
     try:
         pipe.load_weights(DATA / "pipe-sd15" / "custom.safetensors")
         a = pipe("a cat", steps=2, seed=3)[0]
-        pipe.load_weights(path)
-        b = pipe("a cat", steps=2, seed=3)[0]
+        with caplog.at_level("INFO", logger="sdrt"):
+            pipe.load_weights(path)
+            b = pipe("a cat", steps=2, seed=3)[0]
     finally:
         pipe.close()
+    # ggml keeps the file's Q8_0 matmul weights as blocks (update_weights lowers again); OpenVINO gets float32
+    kept = "Q8_0 kept for ggml's quantized mul_mat" in caplog.text
+    assert kept == (backend == "ggml"), caplog.text[-2000:]
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
     assert 0 < mse and 10 * np.log10(255.0 ** 2 / mse) > 35  # Q8_0 of the same checkpoint: close, not equal
+
+
+@pytest.mark.needs_backend("ggml")
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_unet_gguf_on_ggml_keeps_the_blocks(tmp_path, inputs, qtype):
+    """The same city96-style file on ggml: its Q8_0/Q4_0 matmul weights stay in their blocks (ggml's quantized
+    mul_mat, which also rounds the activations to 8-bit blocks), everything else is float32; the output is
+    diffusers' within the same bound as the float32 reading above."""
+    src = Weights.open(DATA / "sd1" / "ldm.safetensors")
+    unet = {k: src[k] for k in src if k.startswith("model.diffusion_model.")}
+    path = tmp_path / f"unet-{qtype}.gguf"
+    _write_gguf(path, unet, qtype, strip_prefix="model.diffusion_model.")
+    graph = Graph.load(DATA / "sd1" / "unet" / "model.onnx")
+    refs = Checkpoint.open(path).lazy({"unet": graph})["unet"]
+    weights = Weights(refs, sources=[path])
+    n_blocks = sum(1 for r in refs.values() if r.blocks is not None)
+    assert n_blocks >= 10
+    with sdrt.load(graph, backend="ggml", weights=weights, precision="fp32") as s:
+        out = next(iter(s.run(feeds_for("unet", inputs)).values()))
+        kept = s._lo.blocks_kept
+        assert s.impl_hits.get(f"mul_mat_{qtype}", 0) == kept.get(qtype) and kept.get(qtype, 0) >= 10, kept
+        quantized = s.weight_bytes()
+    floats = Weights.from_arrays({n: np.asarray(weights[n]) for n in weights})
+    with sdrt.load(graph, backend="ggml", weights=floats, precision="fp32") as s:
+        dense = next(iter(s.run(feeds_for("unet", inputs)).values()))
+        assert quantized < s.weight_bytes()
+    ref = np.load(DATA / "sd1" / "refs_ldm.npz")["unet"]  # diffusers, float32 checkpoint
+    err = np.abs(out - ref).max() / np.abs(ref).max()
+    assert 0 < err <= {"Q8_0": 0.01, "Q4_0": 0.1}[qtype], err
+    # against ggml on the file's values dequantized: only the activations' 8-bit rounding differs
+    assert np.abs(out - dense).max() / np.abs(dense).max() <= 3e-2

@@ -101,6 +101,8 @@ class Session(ABC):
     outputs: list[TensorInfo]
     #: the graph this session was compiled from (``None``: the backend did not pass it)
     graph: Graph | None
+    #: ggml block types whose matmul weights ``update_weights`` passes as ``BlockMatrix`` (``Backend.weight_blocks``)
+    weight_blocks: frozenset[str] = frozenset()
 
     def __init__(self, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], *,
                  graph: Graph | None = None) -> None:
@@ -152,10 +154,10 @@ class Session(ABC):
                 where=f"{type(self).__name__}.update_weights",
                 fix="wrap arrays with sdrt.Weights.from_arrays({name: array}) or open files with sdrt.Weights.open",
             )
-        import numpy as np  # lazily: `import sdrt` must not pay for numpy
+        from .weights.resolve import as_arrays
+        from .weights.resolve import bind as bind_weights
 
-        arrays = {name: np.asarray(value) for name, value in bind(self.graph).items()}
-        self._update_weights(arrays)
+        self._update_weights(as_arrays(bind_weights(weights, self.graph, self.weight_blocks)))
 
     def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
         """Swap in new initializer values, checked by ``update_weights``. Override to support it."""
@@ -194,6 +196,12 @@ class Backend(ABC):
     #: measures accuracy at ``fp32`` and at ``default_precision`` (what no options give)
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     default_precision: ClassVar[str] = "fp32"
+
+    def weight_blocks(self) -> frozenset[str]:
+        """The ggml block types (a GGUF file's ``"Q8_0"``, ``"Q4_K"``...) this backend runs as stored when they are
+        matmul weights: ``compile`` then passes such weights as ``sdrt.weights.blocks.BlockMatrix`` in ``arrays``
+        (``np.asarray`` of one gives its float32 values). Default: none, every tensor arrives as float32."""
+        return frozenset()
 
     def precision_for(self, device: Device) -> str:
         """The precision ``compile`` uses on ``device`` when no ``precision=`` is passed (``sdrt info`` shows it).
@@ -253,7 +261,7 @@ class Backend(ABC):
                         return session
         from .weights.resolve import resolve_weights  # the contract's one function of the weights layer
 
-        compiled = self._compile(graph, resolve_weights(graph, weights), device, opts)
+        compiled = self._compile(graph, resolve_weights(graph, weights, blocks=self.weight_blocks()), device, opts)
         stored = None
         if key is not None and cache is not None:
             meta = {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)}

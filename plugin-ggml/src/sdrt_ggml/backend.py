@@ -82,6 +82,14 @@ class GgmlBackend(Backend):
     def devices(self) -> list[Device]:
         return list_devices()
 
+    def weight_blocks(self) -> frozenset[str]:
+        """A GGUF file's block types that stay as stored when they are matmul weights: every type ggml's CPU
+        mul_mat takes (quant.gguf_types: Q4_0..Q8_0, the K-quants, the IQ and TQ types, MXFP4, NVFP4); the
+        lowering dequantizes any such weight that another op reads."""
+        from .quant import gguf_types
+
+        return gguf_types()
+
     # ``compile`` is the core's template: parse_options, _prepare, resolve the weights, _compile
     # (ggml lowers in seconds and keeps no compile cache)
     def parse_options(self, options: Any, device: Device) -> dict[str, Any]:
@@ -140,6 +148,7 @@ class GgmlBackend(Backend):
             session = GgmlSession(inputs, graph.outputs, graph=graph, spec=spec, lowered=lowered, device=handles,
                                   scheduler=bool(opts.get("scheduler")), where=graph.name, threads=threads,
                                   pool=opts.get("pool", "auto"))
+            session.weight_blocks = self.weight_blocks()  # update_weights keeps them as blocks too
             # the weights now sit in ggml's buffers (or, on the CPU, in arrays lowering made): the pages of the
             # file-mapped arrays that lowering read leave this process's resident set (update_weights reads
             # them again from the page cache)

@@ -21,6 +21,7 @@ import numpy as np
 
 from sdrt.errors import UnsupportedGraph
 from sdrt.lowering import fold_node, node_inputs, producers_and_uses
+from sdrt.weights.blocks import BlockMatrix
 
 from . import (
     quant,
@@ -57,6 +58,8 @@ def _no_op() -> Any:
 
 #: the alignment of a weight array a CPU buffer wraps (ggml's CPU backend asserts 32 bytes)
 HOST_ALIGN = 64
+#: a GGUF file's blocks are read in place when they are aligned so (GGUF aligns tensor data to 32 bytes)
+BLOCK_ALIGN = 32
 
 
 def host_array(data: np.ndarray, dtype: str, source: np.ndarray | None) -> np.ndarray:
@@ -111,6 +114,9 @@ class Lowered:
     rewrite_hits: dict[str, int] = field(default_factory=dict)
     #: which implementation each op got, where there is a choice ("conv window": 12, ...)
     impl_hits: dict[str, int] = field(default_factory=dict)
+    #: GGUF block weights (``BlockMatrix``) by type: kept as ggml blocks for mul_mat, or dequantized (other uses)
+    blocks_kept: dict[str, int] = field(default_factory=dict)
+    blocks_dequantized: dict[str, int] = field(default_factory=dict)
 
 
 def ctypes_addr(p: Any) -> int:
@@ -178,6 +184,8 @@ class Lowering:
         self.conv_specs: dict[int, Any] = {}
         self.gemm_specs: dict[int, Any] = {}
         self.impl_hits = self.out.impl_hits
+        #: GGUF block weights read as float32 by some op (``dequantized``), by the id of their BlockMatrix
+        self._dequantized: dict[int, np.ndarray] = {}
 
     @staticmethod
     def _new_ctx(size: int) -> Any:
@@ -214,9 +222,11 @@ class Lowering:
         self._const_cache[key] = value
         return value
 
-    def const_blocks(self, arr: np.ndarray, kind: str, rows: np.ndarray, k: int) -> GTensor:
+    def const_blocks(self, arr: Any, kind: str, rows: np.ndarray, k: int) -> GTensor:
         """A weights-buffer tensor of ggml block type ``kind`` (``"Q8_0"``...) holding ``rows`` (N rows of
-        K values' blocks): ggml_mul_mat's first operand, shape (N, K)."""
+        K values' blocks): ggml_mul_mat's first operand, shape (N, K). A GGUF file's blocks (``BlockMatrix``)
+        are read where the file is mapped when they are aligned for ggml's CPU buffers (zero-copy: ggml never
+        writes a weight, and ``update_weights`` of one lowers the graph again)."""
         key = (id(arr), f"blocks{kind}")
         if key in self._const_cache:
             return self._const_cache[key]
@@ -224,12 +234,62 @@ class Lowering:
         n = int(rows.shape[0])
         t = g.ggml_new_tensor_2d(self.wctx, getattr(g, f"GGML_TYPE_{kind}"), k, n)
         assert g.ggml_nbytes(t) == rows.nbytes, (kind, rows.shape)
-        self.out.pending.append((t, host_array(rows, rows.dtype.name, None) if self.host_weights else rows))
+        if isinstance(arr, BlockMatrix):
+            name = self._init_ids.get(id(arr))
+            if name is not None:
+                g.ggml_set_name(t, name[:63].encode())
+                self.out.folded_inits.add(name)  # no Binding: a changed value lowers the graph again
+            self.out.blocks_kept[kind] = self.out.blocks_kept.get(kind, 0) + 1
+            mapped = rows.flags.c_contiguous and rows.nbytes and rows.ctypes.data % BLOCK_ALIGN == 0
+            data = rows if mapped or not self.host_weights else host_array(rows, rows.dtype.name, None)
+            self.used("gguf_blocks_mapped" if mapped and self.host_weights else "gguf_blocks_copied")
+        else:
+            data = host_array(rows, rows.dtype.name, None) if self.host_weights else rows
+        self.out.pending.append((t, data))
         self._keep.append(arr)
         self.used(f"mul_mat_{kind}")
         value = GTensor(t, (n, k))
         self._const_cache[key] = value
         return value
+
+    def dequantized(self, bm: BlockMatrix) -> np.ndarray:
+        """A GGUF block weight's float32 values, for an op other than a matmul on its blocks (once per weight;
+        registered as the initializer, so the ops bind and fold it like any array)."""
+        arr = self._dequantized.get(id(bm))
+        if arr is None:
+            arr = bm.dequantize()
+            self._dequantized[id(bm)] = arr
+            name = self._init_ids.get(id(bm))
+            if name is not None:
+                self._init_ids[id(arr)] = name
+                self.out.folded_inits.add(name)  # a changed value lowers the graph again
+            self.out.blocks_dequantized[bm.ggml_type] = self.out.blocks_dequantized.get(bm.ggml_type, 0) + 1
+            self._keep.append(arr)
+        return arr
+
+    def _blocks_in(self, node: Any, ins: list[Any]) -> list[Any]:
+        """``ins`` with every GGUF block weight dequantized except a MatMul's or Gemm's weight that ggml's
+        quantized mul_mat takes as it is stored (a runtime float32 A, the reduction along the blocks)."""
+        out = list(ins)
+        for i, v in enumerate(ins):
+            if isinstance(v, BlockMatrix) and not (i == 1 and self._mul_mat_blocks(node, ins)):
+                out[i] = self.dequantized(v)
+        return out
+
+    @staticmethod
+    def _mul_mat_blocks(node: Any, ins: list[Any]) -> bool:
+        a, b = ins[0], ins[1]
+        if not isinstance(a, GTensor) or a.dtype != "float32" or wide(a) or a.rank < 2:
+            return False
+        if node.op_type == "MatMul":
+            return len(a.shape) <= 4 and a.shape[-1] == b.shape[0] and quant.takes_blocks(b, 0)
+        if node.op_type == "Gemm":
+            at = {x.name: x for x in node.attribute}
+            if at.get("transA") is not None and at["transA"].i:
+                return False
+            trans_b = at.get("transB") is not None and bool(at["transB"].i)
+            return a.rank == 2 and quant.takes_blocks(b, 1 if trans_b else 0)
+        return False
 
     def used(self, impl: str) -> None:
         self.impl_hits[impl] = self.impl_hits.get(impl, 0) + 1
@@ -306,10 +366,17 @@ class Lowering:
                     where="graph outputs", fix="check the model with onnx.checker.check_model",
                 )
             self.out.outputs[name] = self.values[name]
+        if self.out.blocks_kept or self.out.blocks_dequantized:
+            log.info("GGUF block weights: %s", "; ".join(
+                [f"{n} {t} kept for ggml's quantized mul_mat" for t, n in sorted(self.out.blocks_kept.items())]
+                + [f"{n} {t} dequantized to float32 (read by other ops)"
+                   for t, n in sorted(self.out.blocks_dequantized.items())]))
         return self.out
 
     def _lower_node(self, node: Any) -> None:
         ins = node_inputs(node, self.values)
+        if any(isinstance(v, BlockMatrix) for v in ins):
+            ins = self._blocks_in(node, ins)
         present = [v for v in ins if v is not None]
         if node.op_type in ("Shape", "Size") and isinstance(ins[0], HostValue):
             # a host value's shape is static: a constant, not run-time host work

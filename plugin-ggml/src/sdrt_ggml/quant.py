@@ -89,3 +89,39 @@ def blocks(w: Any, k_axis: int) -> tuple[str, np.ndarray] | None:
         body = nib[..., :16] | (nib[..., 16:] << 4)
         kind = "Q4_0"
     return kind, np.ascontiguousarray(np.concatenate([head, body], axis=2).reshape(n, -1))
+
+
+# -- GGUF block types kept as stored ------------------------------------------------------------------
+#: plain (not block) types: never passed as blocks
+_PLAIN = frozenset({"F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"})
+
+
+def gguf_types() -> frozenset[str]:
+    """The ggml block types this ggml build's CPU ``mul_mat`` takes as its weight: every type whose CPU traits
+    have a ``vec_dot`` (it quantizes the activations to that type's ``vec_dot_type``, Q8_0/Q8_1/Q8_K)."""
+    global _GGUF_TYPES
+    if _GGUF_TYPES is None:
+        import ctypes
+        import sys
+
+        from .bindings import ggml_lib
+
+        g = ggml_lib()
+        found = set()
+        for name in dir(sys.modules["ggml"]):
+            if not name.startswith("GGML_TYPE_") or name == "GGML_TYPE_COUNT" or name[10:] in _PLAIN:
+                continue
+            traits = g.ggml_get_type_traits_cpu(getattr(g, name))
+            if traits and ctypes.cast(traits.contents.vec_dot, ctypes.c_void_p).value:
+                found.add(name[10:])
+        _GGUF_TYPES = frozenset(found)
+    return _GGUF_TYPES
+
+
+_GGUF_TYPES: frozenset[str] | None = None
+
+
+def takes_blocks(bm: Any, k_axis: int) -> bool:
+    """Whether the ``BlockMatrix`` ``bm`` is a 2-D weight whose reduction axis (``k_axis`` of the initializer) is
+    the axis its blocks run along, so its stored rows are ggml_mul_mat's first operand as they are."""
+    return k_axis == (0 if bm.transposed else 1)

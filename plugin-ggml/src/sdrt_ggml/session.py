@@ -21,11 +21,12 @@ from sdrt import Session, TensorInfo
 from sdrt.errors import InputError, SdrtError
 from sdrt.lowering import fold_node
 from sdrt.weights import same_values
+from sdrt.weights.blocks import BlockMatrix
 
 from . import native
 from .devices import DeviceHandles
 from .gpu import keep_matmuls_f32, weights_on_host
-from .lower import HOST_ALIGN, Lowered, LoweringSpec, ctypes_addr, free_lowered, lower_graph
+from .lower import BLOCK_ALIGN, Lowered, LoweringSpec, ctypes_addr, free_lowered, lower_graph
 from .ops._common import GTensor, HostValue, ggml_lib
 
 log = logging.getLogger("sdrt.ggml.session")
@@ -127,7 +128,7 @@ class GgmlSession(Session):
         until the copies were done (a full-width Flux double block: 3.9 GB peak for 1.4 GB of weights)."""
         g = ggml_lib()
         for t, data in lo.pending:
-            if data.nbytes != g.ggml_nbytes(t) or data.ctypes.data % HOST_ALIGN:
+            if data.nbytes != g.ggml_nbytes(t) or data.ctypes.data % BLOCK_ALIGN:
                 raise SdrtError(f"weight tensor {g.ggml_get_name(t).decode(errors='replace')!r}: its array does not "
                                 "fit it", where=self._where, fix="report this as a bug of sdrt-ggml")
             buf = _cpu_buffer_from_ptr()(data.ctypes.data, max(data.nbytes, 1))
@@ -291,12 +292,14 @@ class GgmlSession(Session):
         """
         assert self._lo is not None
         old = self._spec.initializers
-        changed = {k: np.asarray(v) for k, v in arrays.items() if not same_values(old.get(k), v)}
+        changed = {k: v if isinstance(v, BlockMatrix) else np.asarray(v) for k, v in arrays.items()
+                   if not same_values(old.get(k), v)}
         if not changed:
             return
         bound = {b.name for b in self._lo.bindings}
         used = {i for n in self._spec.nodes for i in n.input}
-        rebuild = [k for k in changed if k in used and (k not in bound or k in self._lo.folded_inits)]
+        rebuild = [k for k in changed if k in used and (k not in bound or k in self._lo.folded_inits
+                                                         or isinstance(changed[k], BlockMatrix))]
         self._spec.initializers.update(changed)
         if rebuild:
             log.info("update_weights: %d changed weights feed compile-time folding (%s); lowering the graph "

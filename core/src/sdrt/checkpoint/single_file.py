@@ -181,9 +181,38 @@ class Checkpoint:
         out: dict[str, dict[str, TensorRef]] = {}
         for part, items in plan.items():
             out[part] = {init: TensorRef(init, _np_dtype(pl.slot.dtype), pl.slot.shape, str(self.path),
-                                         (lambda pl=pl: self._fitted(pl)), self._origin(pl))
+                                         (lambda pl=pl: self._fitted(pl)), self._origin(pl), self._blocks(pl))
                          for init, pl in items.items()}
         return out
+
+    def _blocks(self, pl: Planned) -> Any:
+        """For a tensor the file stores in a ggml block type (GGUF) that lands on a matmul weight: the reader of
+        its blocks as the initializer takes them (``BlockMatrix``, transposed for a MatMul's [in, out] weight);
+        None for anything else (norms, biases, convs, other files), which stays a float32 array."""
+        ref = self.weights.ref(pl.source.key)
+        src, slot = pl.source, pl.slot
+        if ref.blocks is None or slot.dtype != "float32" or len(slot.shape) != 2 or len(ref.shape) != 2:
+            return None
+        if slot.layout not in ("T", "same") or not (src.op in ("copy", "swap") or src.op.startswith(("part:", "rows:"))):
+            return None
+        rows, cols = src.shape(tuple(ref.shape))
+        if (slot.shape != (cols, rows)) if slot.layout == "T" else (slot.shape != (rows, cols)):
+            return None
+
+        def read() -> Any:
+            bm = ref.blocks()
+            if src.op.startswith("part:"):
+                i, n = (int(v) for v in src.op[5:].split("/"))
+                step = bm.rows // n
+                bm = bm.row_range(i * step, (i + 1) * step)
+            elif src.op.startswith("rows:"):
+                lo, hi = (int(v) for v in src.op[5:].split(":"))
+                bm = bm.row_range(lo, hi)
+            elif src.op == "swap":
+                bm = bm.swap_halves()
+            return bm.T if slot.layout == "T" else bm
+
+        return read
 
     def _origin(self, pl: Planned) -> tuple[Any, ...] | None:
         """Where a planned tensor's bytes are and how it is derived from them: the compile cache keys

@@ -40,7 +40,7 @@ def collect() -> dict[str, Any]:
 
             backends.append({"name": name, "priority": be.priority, "devices": devices, "error": dev_error,
                              "default_precision": defaults, "precisions": sorted(be.precisions or {"fp32": {}}),
-                             "quantized_weights": describe(be)})
+                             "quantized_weights": describe(be), "gguf_blocks": _gguf_blocks(be)})
         plugins.append({
             "name": rec.name, "distribution": rec.distribution, "version": rec.version,
             "state": rec.state, "error": rec.error, "backends": backends,
@@ -49,6 +49,18 @@ def collect() -> dict[str, Any]:
 
     return {"sdrt": __version__, "plugin_api": ".".join(map(str, API_VERSION)), "plugins": plugins,
             "hardware": summary()}
+
+
+def _gguf_blocks(be: Any) -> str:
+    """What the backend does with a GGUF file's block-quantized tensors (``Backend.weight_blocks``)."""
+    try:
+        kept = sorted(be.weight_blocks())
+    except Exception as exc:  # noqa: BLE001 - a plugin's broken override: report, never crash info
+        return f"unknown ({type(exc).__name__}: {exc})"
+    if not kept:
+        return "dequantized to float32 at load"
+    return (f"{', '.join(kept)} kept as stored for matmul weights (quantized mul_mat); other tensors dequantized "
+            "to float32 at load")
 
 
 def render(info: dict[str, Any]) -> str:
@@ -68,6 +80,8 @@ def render(info: dict[str, Any]) -> str:
                 lines.append(f"      precisions: {', '.join(b['precisions'])}")
             if b.get("quantized_weights"):
                 lines.append(f"      quantized weights: {b['quantized_weights']}")
+            if b.get("gguf_blocks"):
+                lines.append(f"      GGUF block types: {b['gguf_blocks']}")
             if b["error"]:
                 lines.append(f"      devices: error {b['error']}")
             for d in b["devices"]:

@@ -189,7 +189,7 @@ class Part:
         current values (the graph's own, or an earlier update's).
         """
         base = self.weights if self.weights is not None else self.own_weights()
-        merged = base.replaced({name: weights[name] for name in weights})
+        merged = base.overlaid(weights)  # read on use: a checkpoint's tensors stay in its file
         for sess in self.sessions.values():
             sess.update_weights(merged)
         self.weights = merged

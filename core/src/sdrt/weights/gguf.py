@@ -18,6 +18,10 @@ backend that runs ggml's quantized types itself. Read as an array it is converte
 - a type with no dequantizer (Q8_1, Q8_K: ggml's internal activation types, never in model files; types
   newer than the installed ``gguf``): a ``WeightsError`` naming the tensor and type, on open.
 
+A 2-D block-quantized tensor also has a ``blocks`` reader (``TensorRef.blocks``, ``GGUFWeights.blocks``): its
+stored rows of blocks as a ``BlockMatrix`` (``sdrt.weights.blocks``), for a backend that runs ggml's quantized
+matmuls on them (``Backend.weight_blocks``); the checkpoint binding carries it onto matmul weights.
+
 GGUF stores dimensions innermost first (ggml's ``ne``); shapes here are numpy's (outermost first).
 ComfyUI-GGUF records shapes of more than 4 dims as ``comfy.gguf.orig_shape.<name>``; those are applied.
 """
@@ -34,6 +38,7 @@ import numpy as np
 
 from ..errors import WeightsError
 from . import keymap
+from .blocks import BlockMatrix, dequantize_rows
 from .store import TensorRef, Weights
 
 log = logging.getLogger("sdrt.weights.gguf")
@@ -103,6 +108,11 @@ class GGUFWeights(Weights):
         what a ggml backend uploads as it is."""
         return self.ggml_type(name), self._raw[name](), self.ref(name).shape
 
+    def blocks(self, name: str) -> BlockMatrix | None:
+        """Tensor ``name``'s stored blocks as a ``BlockMatrix`` (2-D block-quantized tensors), else None."""
+        ref = self.ref(name)
+        return ref.blocks() if ref.blocks is not None else None
+
     def types(self) -> dict[str, int]:
         """How many tensors of each stored type."""
         out: dict[str, int] = {}
@@ -115,7 +125,7 @@ class GGUFWeights(Weights):
         refs = {}
         for t, k in targets.items():
             r = self._refs[k]
-            refs[t] = TensorRef(t, r.dtype, r.shape, r.source, r.load)
+            refs[t] = TensorRef(t, r.dtype, r.shape, r.source, r.load, r.origin, r.blocks)
         return GGUFWeights(refs, types={t: self._types[k] for t, k in targets.items()},
                            raw={t: self._raw[k] for t, k in targets.items()}, metadata=self.metadata,
                            sources=self.sources)
@@ -164,8 +174,12 @@ def open_gguf(path: str | os.PathLike[str], mapping: keymap.MappingLike = None) 
         if not _can_dequantize(quants, qtype, gguf):
             bad.setdefault(tname, []).append(t.name)
             continue
+        blocks = None
+        if len(shape) == 2 and t.name not in orig_shapes:  # a matrix: rows of blocks along its last axis
+            blocks = _block_reader(data, tname, shape, f"{p.name}: {t.name}")
         refs[t.name] = TensorRef(t.name, np.dtype(np.float32), shape, str(p),
-                                 (lambda d=data, q=qtype, s=shape: quants.dequantize(d, q).reshape(s)))
+                                 (lambda d=data, q=qtype, s=shape: quants.dequantize(d, q).reshape(s)),
+                                 blocks=blocks)
     if bad:
         what = "; ".join(f"{k} ({len(v)} tensors, e.g. {v[0]})" for k, v in bad.items())
         raise WeightsError(f"this GGUF file stores tensors in types that no installed reader or backend can take: "
@@ -203,6 +217,11 @@ def llama_t5_name(key: str, gated: bool = True) -> str:
     return key
 
 
+def _block_reader(data: Any, type_name: str, shape: tuple[int, ...], source: str) -> Callable[[], BlockMatrix]:
+    return lambda: BlockMatrix(type_name, np.asarray(data).reshape(shape[0], -1), int(shape[0]), int(shape[1]),
+                               source=source)
+
+
 def _count(types: dict[str, str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for t in types.values():
@@ -232,4 +251,4 @@ def _np_dtype(name: str) -> np.dtype:
     return np.dtype(name)
 
 
-__all__ = ["GGUFWeights", "dequantizable", "is_gguf", "open_gguf"]
+__all__ = ["BlockMatrix", "GGUFWeights", "dequantizable", "dequantize_rows", "is_gguf", "open_gguf"]

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from .blocks import BlockMatrix
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..graph import Graph
     from .store import Weights
 
 
-def resolve_weights(graph: Graph, weights: Weights | None = None) -> dict[str, np.ndarray]:
+def resolve_weights(graph: Graph, weights: Weights | None = None, *, blocks: Iterable[str] = ()) -> dict[str, np.ndarray]:
     """Every initializer of ``graph``, by name, mapped to the array a backend compiles with.
 
     This is the one place where a graph's weights are put together; backends call
@@ -27,11 +30,34 @@ def resolve_weights(graph: Graph, weights: Weights | None = None) -> dict[str, n
     other: from the graph, from a stripped graph's file, or from weights that name them.
     A graph whose external data is absent, with no weights naming those tensors, raises a
     ``ModelError`` naming the tensor and the file it looked for.
+
+    ``blocks``: the ggml block types the backend runs as stored (``Backend.weight_blocks``): matmul weights a
+    GGUF file holds in one of them come as ``BlockMatrix`` (``sdrt.weights.blocks``), not as float32 arrays.
     """
-    given = weights.bind(graph) if weights is not None else {}
+    given = bind(weights, graph, blocks) if weights is not None else {}
     names = graph.initializer_names
     own = graph.initializer_arrays([n for n in names if n not in given])
-    return {name: np.asarray(given[name]) if name in given else own[name] for name in names}
+    return {name: _array(given[name]) if name in given else own[name] for name in names}
+
+
+def bind(weights: Any, graph: Graph, blocks: Iterable[str] = ()) -> dict[str, Any]:
+    """``weights.bind(graph)``, with the block types a backend keeps (``Weights.bind(..., blocks=)``) when
+    ``weights`` is sdrt's ``Weights``; any other object with a ``bind(graph)`` is called as it is."""
+    from .store import Weights
+
+    blocks = frozenset(blocks)
+    if blocks and isinstance(weights, Weights):
+        return weights.bind(graph, blocks=blocks)
+    return weights.bind(graph)
+
+
+def _array(value: Any) -> Any:
+    return value if isinstance(value, BlockMatrix) else np.asarray(value)
+
+
+def as_arrays(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``{name: array}`` of bound weights, each an ndarray except a ``BlockMatrix`` (kept for its backend)."""
+    return {name: _array(v) for name, v in values.items()}
 
 
 def same_values(old: np.ndarray | None, new: Any) -> bool:
@@ -40,6 +66,8 @@ def same_values(old: np.ndarray | None, new: Any) -> bool:
     to skip weights a caller passes again unchanged (a pipeline rebinds whole parts)."""
     if old is None:
         return False
+    if isinstance(old, BlockMatrix) or isinstance(new, BlockMatrix):
+        return isinstance(old, BlockMatrix) and old.same(new)
     new = np.asarray(new)
     if new is old:
         return True

@@ -64,6 +64,10 @@ class TensorRef:
     #: fourth item saying how the array is derived from those bytes (a checkpoint's transpose, say); None
     #: for arrays in memory. The compile cache keys a file's tensors by this, without reading them.
     origin: tuple[Any, ...] | None = None
+    #: for a tensor stored in a ggml block type (a GGUF file's Q8_0, Q4_K...) and bound where those blocks serve
+    #: as they are: the reader of its ``BlockMatrix`` (``sdrt.weights.blocks``), which a backend that runs the
+    #: type (``Backend.weight_blocks``) receives instead of the float32 array ``load`` makes
+    blocks: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
 
 
 def _float_kind(dt: np.dtype) -> bool:
@@ -203,6 +207,11 @@ class Weights(Mapping[str, np.ndarray]):
     def ref(self, name: str) -> TensorRef:
         return self._refs[name]
 
+    def blocks(self, name: str) -> Any:
+        """Tensor ``name`` as a ``BlockMatrix`` (its stored ggml blocks, not decoded) when it has one, else None."""
+        ref = self._refs[name]
+        return ref.blocks() if ref.blocks is not None else None
+
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """``{name: shape}`` of every tensor, from the headers (nothing is read)."""
         return {name: tuple(int(d) for d in self.ref(name).shape) for name in self}
@@ -230,6 +239,15 @@ class Weights(Mapping[str, np.ndarray]):
             refs[name] = TensorRef(name, arr.dtype, tuple(arr.shape), "<replaced>", (lambda a=arr: a))
         return Weights(refs, dtype=self.dtype, sources=self.sources)
 
+    def overlaid(self, other: Weights) -> Weights:
+        """A copy where ``other``'s tensors replace (or add to) these, read when used as ``other`` reads them
+        (a checkpoint's tensors stay in its file, a GGUF tensor keeps its blocks)."""
+        if other.dtype is not None and other.dtype != self.dtype:
+            return self.replaced({name: other[name] for name in other})
+        refs = dict(self._refs)
+        refs.update({name: other.ref(name) for name in other})
+        return Weights(refs, dtype=self.dtype, sources=self.sources)
+
     def save(self, path: PathLike, metadata: Mapping[str, str] | None = None) -> Path:
         """Write every tensor to one ``.safetensors`` file (streamed tensor by tensor)."""
         stfile.write(path, ((name, self[name]) for name in self), metadata)
@@ -255,8 +273,12 @@ class Weights(Mapping[str, np.ndarray]):
                     f"{name}: weights {have.dtype}{list(have.shape)} vs graph {want.dtype}{list(want.shape)}")
         return report
 
-    def bind(self, graph: Graph | None, *, strict: bool = True, convert: bool = False) -> dict[str, np.ndarray]:
+    def bind(self, graph: Graph | None, *, strict: bool = True, convert: bool = False,
+             blocks: Iterable[str] = ()) -> dict[str, np.ndarray]:
         """``{initializer name: array}`` for the graph, or a ``WeightsError`` listing every problem.
+
+        ``blocks``: ggml block types (``"Q8_0"``, ``"Q4_K"``...) the caller runs as they are stored: a tensor
+        that has a ``BlockMatrix`` of one of them (``TensorRef.blocks``) is given as that, not decoded.
 
         ``strict=False`` tolerates unexpected keys (ignored) and missing names
         for which the graph holds its own data. ``convert=True`` converts
@@ -279,11 +301,26 @@ class Weights(Mapping[str, np.ndarray]):
             err.report = report  # type: ignore[attr-defined]
             raise err
         infos = graph.initializer_info()
+        keep = frozenset(blocks)
         out: dict[str, np.ndarray] = {}
+        kept: dict[str, int] = {}
+        decoded: dict[str, int] = {}
         for name, want in infos.items():
             if name in self._refs:
+                ref = self._refs[name]
+                if ref.blocks is not None and want.dtype == "float32" and self.dtype in (None, np.float32):
+                    bm = ref.blocks()
+                    if bm.ggml_type in keep:
+                        out[name] = bm
+                        kept[bm.ggml_type] = kept.get(bm.ggml_type, 0) + 1
+                        continue
+                    decoded[bm.ggml_type] = decoded.get(bm.ggml_type, 0) + 1
                 arr = self[name]
                 out[name] = _convert(arr, _as_dtype(want.dtype)) if convert else arr
+        if kept or decoded:
+            log.info("%s: matmul weights in ggml block types: %s", graph.name, "; ".join(
+                [f"{n} {t} kept as blocks" for t, n in sorted(kept.items())]
+                + [f"{n} {t} dequantized to float32" for t, n in sorted(decoded.items())]))
         return out
 
     def __repr__(self) -> str:
@@ -302,8 +339,8 @@ def _remap(refs: Mapping[str, TensorRef], mapping: keymap.MappingLike, where: st
     if mapping is None:
         return dict(refs)
     targets = keymap.apply(refs, mapping, where)
-    return {t: TensorRef(t, refs[k].dtype, refs[k].shape, refs[k].source, refs[k].load, refs[k].origin)
-            for t, k in targets.items()}
+    return {t: TensorRef(t, refs[k].dtype, refs[k].shape, refs[k].source, refs[k].load, refs[k].origin,
+                         refs[k].blocks) for t, k in targets.items()}
 
 
 def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:

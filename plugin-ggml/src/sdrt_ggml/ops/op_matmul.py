@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from sdrt.weights.blocks import BlockMatrix
+
 from .. import half, native, quant
 from . import op
 from ._common import (
@@ -139,11 +141,20 @@ def native_matmul(lowering: Any, nat: Any, a: GTensor, b: Value, batch: tuple[in
     return gemm_emit(lowering, GemmSpec(a.ptr, w.ptr, m, n, packed, batch))
 
 
+def blocks_mul_mat(lowering: Any, a: GTensor, bm: BlockMatrix) -> GTensor:
+    """``a @ W`` for a GGUF block weight (``BlockMatrix``) whose stored rows are W's columns (lowering checked
+    it: ``Lowering._mul_mat_blocks``): ggml's quantized mul_mat on the file's blocks, a: (..., M, K)."""
+    w = lowering.const_blocks(bm, bm.ggml_type, bm.data, bm.cols)
+    return GTensor(ggml_lib().ggml_mul_mat(lowering.ctx, w.ptr, cont(lowering, a).ptr), a.shape[:-1] + (bm.rows,))
+
+
 def matmul(lowering: Any, a: Value, b: Value) -> GTensor:
     """ONNX MatMul semantics (numpy matmul) for rank >= 1."""
     if isinstance(a, np.ndarray):
         a = lowering.const(a)
     assert isinstance(a, GTensor)
+    if isinstance(b, BlockMatrix):  # a GGUF file's blocks, kept (lower.py decided)
+        return blocks_mul_mat(lowering, a, b)
     squeeze_a = a.rank == 1
     squeeze_b = np.ndim(b) == 1 if isinstance(b, np.ndarray) else b.rank == 1
     if squeeze_a:
@@ -217,7 +228,9 @@ def op_gemm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     nat = native.for_lowering(lowering)
     trans_b = bool(at.get("transB", 0))
     qb = quant.blocks(b_, 1 if trans_b else 0) if isinstance(b_, np.ndarray) and b_.ndim == 2 else None
-    if qb is not None:  # a quantized weight: ggml's own block matmul
+    if isinstance(b_, BlockMatrix):  # a GGUF file's blocks, kept (lower.py decided)
+        y = blocks_mul_mat(lowering, a_, b_)
+    elif qb is not None:  # a quantized weight: ggml's own block matmul
         a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
         w = lowering.const_blocks(b_, qb[0], qb[1], a.shape[1])
         y = GTensor(g.ggml_mul_mat(lowering.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
