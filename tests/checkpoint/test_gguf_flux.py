@@ -86,3 +86,26 @@ def test_flux_gguf_on_ggml_keeps_the_blocks(tmp_path, qtype, caplog):
         case, _ = flow._case("flux-dev")
         want = np.load(flow.PIPES / "tiny-flux-dev" / "refs.npz")[f"{case['name']}/image"]
         assert _psnr(got, want) > 35, (qtype, _psnr(got, want))
+
+
+@pytest.mark.needs_backend("ggml")
+def test_the_memory_plan_counts_kept_blocks_as_stored(tmp_path):
+    """Under a budget, a transformer whose matmul weights ggml runs from the file's Q8_0 blocks counts their stored
+    bytes (about 34/128 of float32) with a footprint near 1 (no second copy); on the reference backend, which
+    reads them as float32, the same file counts float32 bytes at the usual footprint."""
+    f = flow._files("flux-dev", tmp_path)
+    tr = bfl_transformer(flow._params(flow.PIPES / "tiny-flux-dev", "transformer"))
+    path = tmp_path / "flux1-dev-Q8_0.gguf"
+    _write(path, tr, "Q8_0")
+    plans = {}
+    for backend in ("ggml", "reference"):
+        with pipelines.load(path, backend=backend, text_encoders=f["text_encoders"], vae=f["vae"],
+                            graph_paths=f["graphs"], tokenizers=f["tokenizers"], family="flux-dev",
+                            memory="64GB") as pipe:
+            plans[backend] = pipe.memory_plan()
+    g, r = (plans[b].placement("transformer") for b in ("ggml", "reference"))
+    assert g.weight_bytes < 0.6 * r.weight_bytes, (g.weight_bytes, r.weight_bytes)
+    assert plans["ggml"].footprints["transformer"] < plans["ggml"].footprint
+    assert "transformer" not in plans["reference"].footprints
+    assert plans["ggml"].placement("vae_decoder").weight_bytes == plans["reference"].placement("vae_decoder").weight_bytes
+    assert "x transformer's" in plans["ggml"].format()

@@ -154,6 +154,8 @@ class MemoryPlan:
     parts: list[Placement]
     #: measured after a run: {stage: peak bytes}, and where the figure was read
     measured: dict[str, int] = field(default_factory=dict)
+    #: parts whose own footprint is not ``footprint`` (weights run as stored from the mapped file)
+    footprints: dict[str, float] = field(default_factory=dict)
     measured_source: str = ""
 
     @property
@@ -175,7 +177,8 @@ class MemoryPlan:
     def format(self) -> str:
         budget = "none" if self.budget_bytes is None else _size(self.budget_bytes)
         lines = [f"memory: budget {budget} ({self.budget_source}), predicted peak {_size(self.peak_bytes)} "
-                 f"(base {_size(self.base_bytes)} + {self.footprint:g} x weights)"
+                 f"(base {_size(self.base_bytes)} + {self.footprint:g} x weights"
+                 + "".join(f", {f:.2g} x {p}'s" for p, f in self.footprints.items()) + ")"
                  + ("" if self.fits else "  DOES NOT FIT")]
         for p in self.parts:
             extra = ""
@@ -195,26 +198,29 @@ def _size(n: float) -> str:
 
 def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | None, *, base: int = 0,
                 footprint: float = FOOTPRINT, release_all: bool = False, budget_source: str = "",
-                split: Any = None) -> MemoryPlan:
+                split: Any = None, footprints: Mapping[str, float] | None = None) -> MemoryPlan:
     """Place each part under ``budget`` (see the module doc); pure but for ``split(cap) -> [group bytes]``,
-    which cuts the denoiser for a weight cap (``None``: one group per cap's worth, estimated)."""
+    which cuts the denoiser for a weight cap (``None``: one group per cap's worth, estimated). ``footprints``:
+    a part's own ratio of peak to weight bytes where it is not ``footprint`` (weights a backend runs from the
+    mapped file as stored, as ggml does with a GGUF file's blocks: no second copy, about 1)."""
     names = list(weights)
+    fp = {p: (footprints or {}).get(p, footprint) for p in names}
+    need = {p: fp[p] * weights[p] for p in names}
     avail = None if budget is None else budget - base
-    total = sum(weights.values())
     placed: dict[str, str] = {}
     groups: list[int] = []
     cap = 0
-    if not release_all and (avail is None or footprint * total <= avail):
+    if not release_all and (avail is None or sum(need.values()) <= avail):
         placed = dict.fromkeys(names, "resident")
     else:
-        den_need = footprint * weights.get(denoiser, 0) if denoiser else 0
+        den_need = need.get(denoiser, 0) if denoiser else 0
         # streaming helps only when something is left beside the process itself
         stream = denoiser is not None and avail is not None and 0 < avail < den_need
         resident: list[str] = []
         if not stream and not release_all and avail is not None:
-            for p in sorted(names, key=lambda n: weights[n]):  # the smallest stay, while the largest still runs
-                rest = [weights[q] for q in names if q not in resident and q != p]
-                if footprint * (sum(weights[q] for q in resident) + weights[p] + max(rest, default=0)) <= avail:
+            for p in sorted(names, key=lambda n: need[n]):  # the smallest stay, while the largest still runs
+                rest = [need[q] for q in names if q not in resident and q != p]
+                if sum(need[q] for q in resident) + need[p] + max(rest, default=0) <= avail:
                     resident.append(p)
                 else:
                     break
@@ -223,17 +229,18 @@ def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | 
         if stream:
             assert denoiser is not None and avail is not None
             placed[denoiser] = "streamed"
-            cap = max(int(avail / footprint), 1)
+            cap = max(int(avail / fp[denoiser]), 1)
             groups = split(cap) if split is not None else [cap] * math.ceil(weights[denoiser] / cap)
-    res_bytes = sum(weights[p] for p in names if placed[p] == "resident")
+    res_need = sum(need[p] for p in names if placed[p] == "resident")
     out = []
     for p in names:
-        running = max(groups) if placed[p] == "streamed" else (0 if placed[p] == "resident" else weights[p])
-        peak = int(base + footprint * (res_bytes + running))
-        fits = avail is None or footprint * (res_bytes + running) <= avail
+        running = (fp[p] * max(groups) if placed[p] == "streamed" else 0 if placed[p] == "resident" else need[p])
+        peak = int(base + res_need + running)
+        fits = avail is None or res_need + running <= avail
         streamed = placed[p] == "streamed"
         out.append(Placement(p, placed[p], weights[p], peak, groups if streamed else [], fits, cap if streamed else 0))
-    return MemoryPlan(budget, budget_source, base, footprint, out)
+    return MemoryPlan(budget, budget_source, base, footprint, out, footprints={p: f for p, f in fp.items()
+                                                                               if f != footprint})
 
 
 def part_weight_bytes(part: Part) -> int:
@@ -242,6 +249,29 @@ def part_weight_bytes(part: Part) -> int:
 
     graph = _lean_graph(part)
     return sum(_nbytes(info) for info in graph.initializer_info().values())
+
+
+def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, int]:
+    """``(bytes held, bytes of them kept as stored)`` of a part's weights: the graph's initializer bytes, except
+    that a weight bound to a GGUF file's blocks of a type in ``kept`` (``Backend.weight_blocks``: the backend runs
+    them from the mapped file) counts its stored bytes. Headers only: nothing is read."""
+    from .streaming import _nbytes
+
+    graph = _lean_graph(part)
+    info = graph.initializer_info()
+    total = sum(_nbytes(i) for i in info.values())
+    w = part.weights
+    if not kept or w is None:
+        return total, 0
+    stored = floats = 0
+    for name, i in info.items():
+        ref = w.ref(name) if name in w else None
+        if ref is not None and ref.blocks is not None:
+            blocks = ref.blocks()
+            if blocks.ggml_type in kept:
+                stored += blocks.nbytes
+                floats += _nbytes(i)
+    return total - floats + stored, stored
 
 
 def _lean_graph(part: Part) -> Any:
@@ -278,13 +308,17 @@ class MemoryMixin:
         from ..runtime import select
 
         try:
-            _, dev = select(self.backend, self.device)  # type: ignore[attr-defined]
+            be, dev = select(self.backend, self.device)  # type: ignore[attr-defined]
+            kept = be.weight_blocks()
         except SdrtError:  # a dry plan with no backend here (sdrt plan for another device): no device figure
-            dev = None
+            dev, kept = None, frozenset()
         if base is None:
             base = current_rss() if getattr(dev, "kind", "cpu") == "cpu" else 0
         denoiser = self.family.denoiser_part  # type: ignore[attr-defined]
-        weights = {name: part_weight_bytes(p) for name, p in self._parts.items()}
+        held = {name: part_memory(p, kept) for name, p in self._parts.items()}
+        weights = {name: h for name, (h, _) in held.items()}
+        # a part's stored blocks run from the mapped file (footprint 1); its float weights take FOOTPRINT
+        footprints = {name: (FOOTPRINT * (h - s) + s) / h for name, (h, s) in held.items() if s and h}
         if self.memory is not None:
             budget, source = self.memory, "memory="
         else:
@@ -296,11 +330,14 @@ class MemoryMixin:
             from .streaming import split
 
             part = self._parts[denoiser]
-            return [g.weight_bytes for g in split(_lean_graph(part), max_weight_bytes=cap)]
+            graph = _lean_graph(part)
+            scale = part_weight_bytes(part) / max(weights[denoiser], 1)  # graph bytes per held byte
+            return [int(g.weight_bytes / scale) for g in split(graph, max_weight_bytes=int(cap * scale))]
 
         give_back()  # the graphs read for their sizes go again
         return plan_memory(weights, denoiser if denoiser in weights else None, budget, base=base,
-                           release_all=bool(self.low_memory) or False, budget_source=source, split=split_at)
+                           release_all=bool(self.low_memory) or False, budget_source=source, split=split_at,
+                           footprints=footprints)
 
     def _apply_memory_plan(self) -> None:
         """Tell the parts the plan: released and streamed ones keep their external data mapped; a streamed
@@ -311,9 +348,11 @@ class MemoryMixin:
             if part is None or p.placement == "resident":
                 continue
             part.lazy_external = True
-            if p.placement == "streamed" and part.stream_bytes != p.cap_bytes:
+            # the cap is in held bytes; the split counts the graph's (float32) initializer bytes
+            cap = int(p.cap_bytes * part_weight_bytes(part) / max(p.weight_bytes, 1))
+            if p.placement == "streamed" and part.stream_bytes != cap:
                 part.close()  # a whole-graph session of an earlier plan goes
-                part.stream_bytes = p.cap_bytes
+                part.stream_bytes = cap
                 part.stream_share = bool(getattr(self, "share_blocks", False))
                 log.info("memory: %s streams in %d group(s) of <= %s of weights (budget %s)", p.part, len(p.groups),
                          _size(p.cap_bytes), _size(plan.budget_bytes or 0))
