@@ -153,3 +153,33 @@ def test_other_backends_layouts_and_updates(tmp_path):
             sdrt.load(graph, backend="ggml", weights=flat, precision="fp32") as b:
         assert a._lo.blocks_dequantized == {"Q8_0": 1} and not a._lo.blocks_kept
         np.testing.assert_array_equal(a.run(feeds)["y"], b.run(feeds)["y"])
+
+
+def test_a_transpose_then_matmul_runs_on_the_blocks(tmp_path, caplog):
+    """torch's dynamo exporter (sdrt's shipped graphs) writes a Linear as the [out, in] weight, a Transpose, then a
+    MatMul: the Transpose of a block weight is the same blocks read the other way, so the MatMul still runs ggml's
+    quantized mul_mat on the file's blocks and nothing is dequantized."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(4)
+    init = numpy_helper.from_array(rng.standard_normal((N1, K)).astype(np.float32), "lin.weight")  # [out, in]
+    nodes = [helper.make_node("Transpose", ["lin.weight"], ["wt"], perm=[1, 0], name="/lin/Transpose"),
+             helper.make_node("MatMul", ["x", "wt"], ["y"], name="/lin/MatMul")]
+    g = helper.make_graph(nodes, "tlin", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [M, N1])], [init])
+    path = tmp_path / "tlin.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    graph = Graph.load(path)
+    vals = rng.standard_normal((N1, K)).astype(np.float32) * 0.05
+    gg = write(tmp_path / "tlin.gguf", {"lin.weight": ("Q8_0", encode("Q8_0", vals), vals.shape)})
+    ck = Checkpoint(Weights.open(gg), {"m": {"lin.weight": Source("lin.weight")}}, "test", gg)
+    weights = Weights(ck.lazy({"m": graph})["m"], sources=[gg])
+    dense = Weights.from_arrays({"lin.weight": np.asarray(weights["lin.weight"])})
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    with caplog.at_level("INFO", logger="sdrt"):
+        kept = sdrt.load(graph, backend="ggml", weights=weights, precision="fp32")
+    with kept, sdrt.load(graph, backend="ggml", weights=dense, precision="fp32") as ref:
+        assert kept.impl_hits.get("mul_mat_Q8_0") == 1, kept.impl_hits
+        assert kept._lo.blocks_kept == {"Q8_0": 1} and not kept._lo.blocks_dequantized
+        got, want = kept.run({"x": x})["y"], ref.run({"x": x})["y"]
+    assert float(np.abs(got - want).max() / np.abs(want).max()) <= TOL

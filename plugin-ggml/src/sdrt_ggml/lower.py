@@ -276,6 +276,23 @@ class Lowering:
                 out[i] = self.dequantized(v)
         return out
 
+    def _transposed_blocks(self, node: Any, ins: list[Any]) -> bool:
+        """A 2-D ``Transpose`` of a GGUF block weight (how torch's exporter writes ``x @ W.T``: the file's [out, in]
+        weight, then a Transpose feeding the MatMul) is the same blocks read the other way: a flag on the
+        ``BlockMatrix``, so the MatMul after it still takes the stored rows. Whether it was lowered so."""
+        if node.op_type != "Transpose" or len(ins) != 1 or not isinstance(ins[0], BlockMatrix):
+            return False
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+        if perm != [1, 0]:
+            return False
+        out = ins[0].T
+        name = self._init_ids.get(id(ins[0]))
+        if name is not None:
+            self._init_ids[id(out)] = name
+        self._keep.append(out)  # ids stay unique while the lowering runs
+        self.values[node.output[0]] = out
+        return True
+
     @staticmethod
     def _mul_mat_blocks(node: Any, ins: list[Any]) -> bool:
         a, b = ins[0], ins[1]
@@ -376,6 +393,8 @@ class Lowering:
     def _lower_node(self, node: Any) -> None:
         ins = node_inputs(node, self.values)
         if any(isinstance(v, BlockMatrix) for v in ins):
+            if self._transposed_blocks(node, ins):
+                return
             ins = self._blocks_in(node, ins)
         present = [v for v in ins if v is not None]
         if node.op_type in ("Shape", "Size") and isinstance(ins[0], HostValue):
