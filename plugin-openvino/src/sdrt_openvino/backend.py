@@ -250,6 +250,9 @@ class OpenVINOBackend(Backend):
         # read leave this process's resident set (the session keeps the arrays; a later read maps them again)
         if isinstance(arrays, dict):  # a cache hit resolves them only when first needed
             release_pages(arrays.values())
+        converted = getattr(lazy, "_done", None)  # the constants' copy-on-write maps of the same files
+        if converted is not None:
+            release_pages(converted.maps)
         return OpenVINOSession(graph, arrays, lazy, compiled, compile_, lambda a: convert.read(core, graph, a),
                                device.id, core=core if opts.swappable is not False else None,
                                props=opts.properties(), rebinder=rebinder)
