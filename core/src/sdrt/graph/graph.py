@@ -95,7 +95,8 @@ class Graph:
         """
         if isinstance(source, (bytes, bytearray, memoryview)):
             where = "<bytes>"
-            model = onnxfile.parse_model(bytes(source), where)
+            data = bytes(source)
+            model = onnxfile.parse_model(data, where)
             path = None
             folder = Path(base_dir) if base_dir is not None else None
         else:
@@ -111,7 +112,8 @@ class Graph:
                     "the model file does not exist", where=where,
                     fix="check the path, or export the model to ONNX first",
                 )
-            model = onnxfile.parse_model(onnxfile.read_file(path), where)
+            data = onnxfile.read_file(path)
+            model = onnxfile.parse_model(data, where)
             folder = Path(base_dir) if base_dir is not None else path.parent
         stripped = any(p.key == STRIPPED_KEY for p in model.metadata_props)
         refs = [(t, onnxfile.external_ref(t, folder, where, must_exist=load_external is True or not stripped))
@@ -130,6 +132,10 @@ class Graph:
                 onnxfile.inline(t, onnxfile.read_external(ref, where))
             else:
                 external[t.name] = ref
+        if path is not None and load_external is not True and not stripped and base_dir is None:
+            model, mapped = _map_inline(model, path, data)
+            external.update(mapped)
+        del data
         for t in onnxfile.iter_tensors(model.graph, top_initializers=False):  # anything else is read in
             if onnxfile.uses_external(t):
                 ref = onnxfile.external_ref(t, folder, where)
@@ -302,3 +308,34 @@ class Graph:
         ins = ", ".join(map(str, self.inputs))
         outs = ", ".join(map(str, self.outputs))
         return f"Graph({self.name}: ({ins}) -> ({outs}))"
+
+
+def _map_inline(model: onnx.ModelProto, path: Path, data: bytes
+                ) -> tuple[onnx.ModelProto, dict[str, onnxfile.ExternalRef]]:
+    """Leave the large inline initializers of ``model`` (parsed from ``data``, the bytes of ``path``) in the
+    file: each becomes a reference to its bytes inside ``path`` (``raw_data`` dropped from the proto), so the
+    parsed model holds no weight, copies of it cost nothing, ``initializer_arrays`` maps them and the cache key
+    names the file instead of hashing the bytes. Returns the model to keep (a fresh copy when any tensor was
+    mapped: protobuf frees a parsed message's bytes only with the whole message) and the references."""
+    spans = onnxfile.inline_spans(data)
+    if not spans:
+        return model, {}
+    refs: dict[str, onnxfile.ExternalRef] = {}
+    for t in model.graph.initializer:
+        span = spans.get(t.name)
+        # (reading t.raw_data would copy it: the scan's span must have the tensor's size instead)
+        if span is None or onnxfile.uses_external(t) or onnxfile.nbytes_of(t.data_type, t.dims) != span[1]:
+            continue
+        t.ClearField("raw_data")
+        t.data_location = 1  # TensorProto.EXTERNAL
+        del t.external_data[:]
+        for key, value in (("location", path.name), ("offset", str(span[0])), ("length", str(span[1]))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        refs[t.name] = onnxfile.ExternalRef(path, span[0], span[1])
+    if not refs:
+        return model, {}
+    log.debug("%s: %d inline initializers mapped from the file", path, len(refs))
+    lean = type(model)()
+    lean.CopyFrom(model)
+    return lean, refs

@@ -384,6 +384,75 @@ def tensor_array(t: Any, where: str) -> np.ndarray:
                          fix="re-export the model (the file may be corrupt)") from exc
 
 
+#: an inline initializer at least this large is left in the .onnx file and mapped from it (``inline_spans``)
+MAP_INLINE_MIN_BYTES = 1 << 20
+
+
+def _varint(buf: Any, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def _fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """``(field number, wire type, value start, value end)`` of each field of the message at ``buf[start:end]``
+    (for a varint, the end is where it stops)."""
+    i = start
+    while i < end:
+        tag, i = _varint(buf, i)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, j = _varint(buf, i)
+        elif wire == 1:
+            j = i + 8
+        elif wire == 2:
+            length, i = _varint(buf, i)
+            j = i + length
+        elif wire == 5:
+            j = i + 4
+        else:  # groups: not in ONNX
+            raise ValueError(f"wire type {wire}")
+        if j > end:
+            raise ValueError("field past the end of its message")
+        yield number, wire, i, j
+        i = j
+
+
+def inline_spans(data: Any, min_bytes: int = MAP_INLINE_MIN_BYTES) -> dict[str, tuple[int, int]]:
+    """``{name: (offset, length)}`` of the ``raw_data`` of each top-level initializer of serialized ONNX
+    ``data`` holding at least ``min_bytes``: where those bytes lie in the file, so they can be mapped from it
+    instead of held in the parsed model. Empty when the layout is not the plain one (one graph field, one
+    name and one raw_data per tensor); the caller then keeps the data inline."""
+    try:
+        graphs = [(a, b) for n, w, a, b in _fields(data, 0, len(data)) if n == 7 and w == 2]  # ModelProto.graph
+        if len(graphs) != 1:
+            return {}
+        spans: dict[str, tuple[int, int]] = {}
+        for n, w, a, b in _fields(data, *graphs[0]):
+            if n != 5 or w != 2:  # GraphProto.initializer
+                continue
+            names = [(x, y) for m, v, x, y in _fields(data, a, b) if m == 8 and v == 2]  # TensorProto.name
+            raws = [(x, y) for m, v, x, y in _fields(data, a, b) if m == 9 and v == 2]  # TensorProto.raw_data
+            if len(names) != 1 or len(raws) != 1:
+                continue
+            (x0, x1), (r0, r1) = names[0], raws[0]
+            if r1 - r0 >= min_bytes:
+                name = bytes(data[x0:x1]).decode("utf-8")
+                if name in spans:  # the same name twice: leave the model as it is
+                    return {}
+                spans[name] = (r0, r1 - r0)
+        return spans
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return {}
+
+
 def read_file(path: Path) -> bytes:
     try:
         return path.read_bytes()
