@@ -60,6 +60,8 @@ class OpenVINOSession(Session):
         self._current: dict[str, np.ndarray] | None = None if callable(arrays) else dict(arrays)
         #: what the compiled model was imported from (a map of the cache entry's blob), kept alive with it
         self.blob: Any = None
+        #: the folder where OpenVINO wrote this session's blob as it compiled, until the cache took it (backend)
+        self.staged: Any = None
         self._device_id = device_id
         self._core = core
         self._props = dict(props or {})
