@@ -155,6 +155,7 @@ class OpenVINOBackend(Backend):
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "fp32": {"precision": "fp32"}, "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}}
     caches = True
+    stores_in_background = True  # _open needs no entry: a large blob is checksummed and synced in a thread
 
     def __init__(self) -> None:
         self._core: ov.Core | None = None
