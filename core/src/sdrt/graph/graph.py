@@ -95,9 +95,9 @@ class Graph:
         """
         if isinstance(source, (bytes, bytearray, memoryview)):
             where = "<bytes>"
-            data = bytes(source)
-            model = onnxfile.parse_model(data, where)
+            model = onnxfile.parse_model(bytes(source), where)
             path = None
+            own: dict[str, tuple[int, int]] = {}
             folder = Path(base_dir) if base_dir is not None else None
         else:
             path = Path(source)
@@ -112,30 +112,30 @@ class Graph:
                     "the model file does not exist", where=where,
                     fix="check the path, or export the model to ONNX first",
                 )
-            data = onnxfile.read_file(path)
+            # large inline weights stay in the file and are mapped from it (never read into memory)
+            data, own = onnxfile.read_model_file(path, map_inline=load_external is not True and base_dir is None)
             model = onnxfile.parse_model(data, where)
+            del data
             folder = Path(base_dir) if base_dir is not None else path.parent
         stripped = any(p.key == STRIPPED_KEY for p in model.metadata_props)
         refs = [(t, onnxfile.external_ref(t, folder, where, must_exist=load_external is True or not stripped))
                 for t in model.graph.initializer if onnxfile.uses_external(t)]
         eager = load_external
         if eager is None:
-            total = sum(r.length for _, r in refs if r is not None)
+            total = sum(r.length for t, r in refs if r is not None and t.name not in own)
             eager = not stripped and total < MAX_INLINE_BYTES
             if not eager and not stripped:
                 log.info("%s: %.2f GiB of external data stays mapped (above protobuf's 2 GiB limit)",
                          where, total / 2**30)
         external: dict[str, onnxfile.ExternalRef | None] = {}
         for t, ref in refs:  # top-level initializers may stay mapped
-            if eager:
+            if eager and t.name not in own:
                 assert ref is not None
                 onnxfile.inline(t, onnxfile.read_external(ref, where))
             else:
                 external[t.name] = ref
-        if path is not None and load_external is not True and not stripped and base_dir is None:
-            model, mapped = _map_inline(model, path, data)
-            external.update(mapped)
-        del data
+        if own:
+            log.debug("%s: %d inline initializers left in the file, mapped", where, len(own))
         for t in onnxfile.iter_tensors(model.graph, top_initializers=False):  # anything else is read in
             if onnxfile.uses_external(t):
                 ref = onnxfile.external_ref(t, folder, where)
@@ -309,33 +309,3 @@ class Graph:
         outs = ", ".join(map(str, self.outputs))
         return f"Graph({self.name}: ({ins}) -> ({outs}))"
 
-
-def _map_inline(model: onnx.ModelProto, path: Path, data: bytes
-                ) -> tuple[onnx.ModelProto, dict[str, onnxfile.ExternalRef]]:
-    """Leave the large inline initializers of ``model`` (parsed from ``data``, the bytes of ``path``) in the
-    file: each becomes a reference to its bytes inside ``path`` (``raw_data`` dropped from the proto), so the
-    parsed model holds no weight, copies of it cost nothing, ``initializer_arrays`` maps them and the cache key
-    names the file instead of hashing the bytes. Returns the model to keep (a fresh copy when any tensor was
-    mapped: protobuf frees a parsed message's bytes only with the whole message) and the references."""
-    spans = onnxfile.inline_spans(data)
-    if not spans:
-        return model, {}
-    refs: dict[str, onnxfile.ExternalRef] = {}
-    for t in model.graph.initializer:
-        span = spans.get(t.name)
-        # (reading t.raw_data would copy it: the scan's span must have the tensor's size instead)
-        if span is None or onnxfile.uses_external(t) or onnxfile.nbytes_of(t.data_type, t.dims) != span[1]:
-            continue
-        t.ClearField("raw_data")
-        t.data_location = 1  # TensorProto.EXTERNAL
-        del t.external_data[:]
-        for key, value in (("location", path.name), ("offset", str(span[0])), ("length", str(span[1]))):
-            entry = t.external_data.add()
-            entry.key, entry.value = key, value
-        refs[t.name] = onnxfile.ExternalRef(path, span[0], span[1])
-    if not refs:
-        return model, {}
-    log.debug("%s: %d inline initializers mapped from the file", path, len(refs))
-    lean = type(model)()
-    lean.CopyFrom(model)
-    return lean, refs
