@@ -257,7 +257,7 @@ class OpenVINOBackend(Backend):
         if opts.precision == "f32" and device.id.startswith("CPU"):  # exact: no int8 activations for i8/i4 weights
             props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         lazy = _LazyConversion(core, graph, lambda: arrays)
-        staged = self._staging(opts)
+        staged = self._staging(device, opts)
 
         def compile_(model: ov.Model | None = None, first: bool = False) -> Any:
             model = model if model is not None else lazy().model  # converting raises UnsupportedGraph first
@@ -286,11 +286,12 @@ class OpenVINOBackend(Backend):
         session.staged = staged
         return session
 
-    def _staging(self, opts: Options) -> Path | None:
+    def _staging(self, device: Device, opts: Options) -> Path | None:
         """A fresh folder in the compile cache for OpenVINO to write the blob of a compile the cache will store
-        (``_save`` moves it into the entry, ``_open`` removes what is left), or None."""
+        (``_save`` moves it into the entry, ``_open`` removes what is left), or None: other devices than the CPU
+        (AUTO may write a blob per device it compiles for) keep ``export_model``."""
         folder = getattr(self._local, "staging", None)
-        if folder is None or opts.swappable is True:
+        if folder is None or opts.swappable is True or not device.id.startswith("CPU"):  # the tested path
             return None
         try:
             folder.mkdir(parents=True, exist_ok=True)
