@@ -20,6 +20,7 @@ import numpy as np
 from sdrt import Session
 from sdrt.errors import InputError, SdrtError
 from sdrt.weights import same_values
+from sdrt.weights.pages import release as release_pages
 
 from . import convert, swap
 from .errors import OpenVINOError, first_lines
@@ -298,7 +299,7 @@ class OpenVINOSession(Session):
                 conv = self._reconvert(merged)
             else:
                 for name, (node, arr) in swaps.items():
-                    new = convert.make_constant(arr, name)
+                    new = convert.make_constant(arr, name, conv.maps)
                     node.output(0).replace(new.output(0))
                     conv.consts[name] = new
                 conv.model.validate_nodes_and_infer_types()
@@ -306,6 +307,7 @@ class OpenVINOSession(Session):
         except RuntimeError as exc:
             raise OpenVINOError(f"OpenVINO could not compile the new weights: {first_lines(exc)}",
                                 where=self._graph.name, fix="check that the weights fit this graph") from exc
+        release_pages(conv.maps)  # compiled: the new weights' mapped pages that compiling read leave the RSS
         self._converted = conv
         return compiled
 
