@@ -101,6 +101,31 @@ def test_an_unwritable_cache_folder_is_logged_not_raised(tmp_path, caplog):
     assert "going on without it" in caplog.text
 
 
+def test_a_large_entry_stored_in_the_background_lands_whole_and_small_ones_at_once(tmp_path, monkeypatch):
+    import threading
+
+    from sdrt.cache import store, wait_for_stores
+
+    cache = CompileCache("demo", tmp_path)
+    monkeypatch.setattr(store, "BACKGROUND_BYTES", 1000)
+    assert put(cache, KEY, b"s" * 2000).size == 2000  # no background asked: stored at once, whatever its size
+    gate = threading.Event()
+    real = store.paths.file_digest
+    monkeypatch.setattr(store.paths, "file_digest", lambda p: gate.wait(10) and real(p))
+    other = "cd" * 32
+    assert cache.store(other, lambda f: (f / "big.bin").write_bytes(b"x" * 2000), {"model": "m"}, background=True) \
+        is None  # the writer has returned; the entry is finished in a thread
+    assert cache.lookup(other) is None, "a half-finished entry is never visible"
+    gate.set()
+    assert wait_for_stores(10)
+    hit = cache.lookup(other)
+    assert hit is not None and hit.file("big.bin").read_bytes() == b"x" * 2000 and hit.meta == {"model": "m"}
+    small = "ef" * 32
+    entry = cache.store(small, lambda f: (f / "s.bin").write_bytes(b"y" * 10), {}, background=True)
+    assert entry is not None and entry.size == 10  # below BACKGROUND_BYTES: stored at once
+    assert not [p for p in cache.dir.iterdir() if p.name.startswith(".")], "no temporary folder stays"
+
+
 def test_store_keeps_the_first_entry_unless_asked_to_replace(tmp_path):
     cache = CompileCache("demo", tmp_path)
     put(cache, KEY, b"one")

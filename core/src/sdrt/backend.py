@@ -222,6 +222,9 @@ class Backend(ABC):
     #: that sets it writes ``_cache_parts``, ``_save`` and ``_load``; the ``cache=`` and ``cache_dir=``
     #: options are then the core's.
     caches: ClassVar[bool] = False
+    #: True when ``_open`` does not need the stored entry: a large entry is then synced, checksummed and renamed
+    #: into place in a background thread while the session already runs (``CompileCache.store(background=)``)
+    stores_in_background: ClassVar[bool] = False
 
     # -- compiling: the template ---------------------------------------------
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
@@ -265,9 +268,10 @@ class Backend(ABC):
         stored = None
         if key is not None and cache is not None:
             meta = {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)}
-            stored = cache.store(key, lambda folder: self._save(compiled, folder), meta)
+            stored = cache.store(key, lambda folder: self._save(compiled, folder), meta,
+                                 background=self.stores_in_background)
             log.info("compiled %s on %s (compile cache %s: %s)", graph.name, device.id, key[:12],
-                     "stored" if stored is not None else "not stored")
+                     "stored" if stored is not None else "not stored, or storing in the background")
         return self._open(compiled, stored)
 
     def parse_options(self, options: Mapping[str, Any], device: Device) -> Any:

@@ -1,16 +1,21 @@
 """``OpenVINOBackend``: devices from OpenVINO's own list; compiled models kept in the core's compile cache.
 
 What is OpenVINO's own here: converting the graph (``convert``), compiling it,
-and the cache entry's content, one file ``model.blob`` written by
-``CompiledModel.export_model``. A cache hit maps that file (copy-on-write, so
-nothing is read into Python or written back) and hands the map to
-``Core.import_model`` as an ``ov.Tensor``: the pages come from the page cache,
-and the weights are neither resolved nor converted until ``update_weights``.
+and the cache entry's content, one file ``model.blob``: what OpenVINO's own model
+cache (``CACHE_DIR``) writes while it compiles, streamed to disk (a header line,
+then what ``CompiledModel.export_model`` gives). A cache hit maps that file
+(copy-on-write, so nothing is read into Python or written back) past the header
+and hands the map to ``Core.import_model`` as an ``ov.Tensor``: the pages come
+from the page cache, and the weights are neither resolved nor converted until
+``update_weights``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from sdrt import Backend, Device, Session
-from sdrt.errors import BackendUnavailable, UnsupportedGraph
+from sdrt.errors import BackendUnavailable, UnsupportedGraph, UnusableEntry
 from sdrt.precision_default import choose
 from sdrt.tensors import NON_TENSOR
 from sdrt.weights.pages import release as release_pages
@@ -40,9 +45,11 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sdrt.openvino")
 
 PLUGIN_VERSION = "0.1.0"
-CACHE_FORMAT = "5"  # bump to orphan every older cache entry (5: masks.guard_additive_masks)
-#: the file of a cache entry: the compiled model as ``CompiledModel.export_model`` writes it
+CACHE_FORMAT = "6"  # bump to orphan every older cache entry (6: OpenVINO's CACHE_DIR blob, with its header)
+#: the file of a cache entry: the compiled model as OpenVINO's ``CACHE_DIR`` writes it (``blob_offset``: where
+#: the model starts past its header line), or as ``CompiledModel.export_model`` gives it (no header)
 BLOB = "model.blob"
+_HEADER_MAX = 4096
 
 #: runtime layers whose compiled blob does not survive export + import on OpenVINO's CPU plugin:
 #: a model holding one is compiled every time instead of cached. Measured by running the ONNX
@@ -93,7 +100,7 @@ def release_read_pages(blob: np.memmap) -> bool:
     advise = getattr(blob._mmap, "madvise", None)  # type: ignore[attr-defined]
     if advise is None or not hasattr(mmap, "MADV_DONTNEED"):
         return False
-    start = blob.__array_interface__["data"][0] - int(blob.offset)
+    start = blob.__array_interface__["data"][0] - int(blob.offset) % mmap.ALLOCATIONGRANULARITY  # the map's start
     end = start + len(blob._mmap)  # type: ignore[attr-defined]
     covered, written, inside = 0, 0, False
     try:
@@ -114,6 +121,24 @@ def release_read_pages(blob: np.memmap) -> bool:
     return True
 
 
+def blob_offset(path: Path) -> int | None:
+    """Where the compiled model starts in a blob file: 0 for what ``export_model`` gives, past the header line
+    for what OpenVINO's ``CACHE_DIR`` writes (``<?xml ...?><compiled_blob ... header_size_alignment="0"/>``);
+    None for a header this plugin does not know (padded for alignment, say)."""
+    size = os.path.getsize(path)
+    head = bytes(np.memmap(path, dtype=np.uint8, mode="r", shape=(min(size, _HEADER_MAX),))) if size else b""
+    if not head.startswith(b"<?xml"):
+        return 0
+    end = head.find(b"\n")
+    line = head[:end]
+    if end < 0 or b"<compiled_blob" not in line or not line.endswith(b"/>"):
+        return None
+    align = line.split(b'header_size_alignment="', 1)
+    if len(align) == 2 and not align[1].startswith(b'0"'):
+        return None
+    return end + 1
+
+
 def _kind(device_id: str) -> str:
     head = device_id.split(".")[0].upper()
     return {"CPU": "cpu", "GPU": "gpu", "NPU": "npu"}.get(head, "gpu")
@@ -130,11 +155,14 @@ class OpenVINOBackend(Backend):
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "fp32": {"precision": "fp32"}, "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}}
     caches = True
+    stores_in_background = True  # _open needs no entry: a large blob is checksummed and synced in a thread
 
     def __init__(self) -> None:
         self._core: ov.Core | None = None
         self._devices: list[Device] | None = None
         self._lock = threading.Lock()
+        #: per thread: the cache folder where a compile that will be stored stages OpenVINO's own blob
+        self._local = threading.local()
 
     # -- OpenVINO ------------------------------------------------------
     @property
@@ -206,6 +234,16 @@ class OpenVINOBackend(Backend):
                       memory_bytes=int(memory) if memory else None, properties=props)
 
     # -- compiling: the hooks of the core's Backend.compile -------------------
+    def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
+        """The core's template; a compile that the cache will store has OpenVINO write its blob straight to a
+        file while it compiles (``CACHE_DIR``), instead of ``export_model`` giving the whole blob in memory."""
+        cache, _ = self._cache_options(options)
+        self._local.staging = cache.dir if cache is not None else None
+        try:
+            return super().compile(graph, weights, device, **options)
+        finally:
+            self._local.staging = None
+
     def parse_options(self, options: Mapping[str, Any], device: Device) -> Options:
         return parse_options(options, default=self.precision_for(device))
 
@@ -219,12 +257,16 @@ class OpenVINOBackend(Backend):
         if opts.precision == "f32" and device.id.startswith("CPU"):  # exact: no int8 activations for i8/i4 weights
             props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         lazy = _LazyConversion(core, graph, lambda: arrays)
+        staged = self._staging(device, opts)
 
-        def compile_(model: ov.Model | None = None) -> Any:
+        def compile_(model: ov.Model | None = None, first: bool = False) -> Any:
             model = model if model is not None else lazy().model  # converting raises UnsupportedGraph first
-            try:
-                return core.compile_model(model, device.id, props)
+            try:  # the first compile of a model the cache stores: OpenVINO writes the blob to the staged folder
+                return core.compile_model(model, device.id, {**props, "CACHE_DIR": str(staged)} if first and staged
+                                          else props)
             except RuntimeError as exc:
+                if staged is not None:
+                    shutil.rmtree(staged, ignore_errors=True)
                 raise self._compile_error(exc, graph, device, opts) from exc
 
         rebinder = None
@@ -239,8 +281,24 @@ class OpenVINOBackend(Backend):
             except RuntimeError as exc:
                 raise self._compile_error(exc, graph, device, opts) from exc
         else:
-            compiled = compile_()
-        return self._session(graph, arrays, lazy, compiled, compile_, device, opts, rebinder)
+            compiled = compile_(first=True)
+        session = self._session(graph, arrays, lazy, compiled, compile_, device, opts, rebinder)
+        session.staged = staged
+        return session
+
+    def _staging(self, device: Device, opts: Options) -> Path | None:
+        """A fresh folder in the compile cache for OpenVINO to write the blob of a compile the cache will store
+        (``_save`` moves it into the entry, ``_open`` removes what is left), or None: other devices than the CPU
+        (AUTO may write a blob per device it compiles for) keep ``export_model``."""
+        folder = getattr(self._local, "staging", None)
+        if folder is None or opts.swappable is True or not device.id.startswith("CPU"):  # the tested path
+            return None
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            return Path(tempfile.mkdtemp(prefix=".openvino-", suffix=".tmp", dir=folder))  # swept if left behind
+        except OSError as exc:  # a cache that cannot be written costs the cache, not the compile
+            log.debug("cannot stage a blob in %s: %s", folder, exc)
+            return None
 
     def _session(self, graph: Graph, arrays: Any, lazy: Any, compiled: Any, compile_: Any, device: Device,
                  opts: Options, rebinder: swap.Rebinder | None = None) -> OpenVINOSession:
@@ -250,6 +308,9 @@ class OpenVINOBackend(Backend):
         # read leave this process's resident set (the session keeps the arrays; a later read maps them again)
         if isinstance(arrays, dict):  # a cache hit resolves them only when first needed
             release_pages(arrays.values())
+        converted = getattr(lazy, "_done", None)  # the constants' copy-on-write maps of the same files
+        if converted is not None:
+            release_pages(converted.maps)
         return OpenVINOSession(graph, arrays, lazy, compiled, compile_, lambda a: convert.read(core, graph, a),
                                device.id, core=core if opts.swappable is not False else None,
                                props=opts.properties(), rebinder=rebinder)
@@ -273,10 +334,22 @@ class OpenVINOBackend(Backend):
         if why:
             log.info("not caching: %s", "; ".join(why))
             return False
-        stream = compiled.export_model()
+        staged = getattr(session, "staged", None)
+        blobs = sorted(staged.glob("*.blob")) if staged is not None else []
+        if len(blobs) == 1 and blob_offset(blobs[0]) is not None:  # written by OpenVINO while it compiled
+            os.replace(blobs[0], folder / BLOB)
+            return True
+        stream = compiled.export_model()  # the whole blob in memory: only when OpenVINO wrote none we can read
         with open(folder / BLOB, "wb") as f:
             f.write(stream.getbuffer())  # the export's own buffer, not a copy of it
         return True
+
+    def _open(self, compiled: Any, entry: Entry | None) -> Session:
+        staged = getattr(compiled, "staged", None)
+        if staged is not None:  # moved into the entry, or not stored: nothing of it stays
+            shutil.rmtree(staged, ignore_errors=True)
+            compiled.staged = None
+        return compiled
 
     def _load(self, entry: Entry, graph: Graph, weights: Weights | None, device: Device, opts: Options) -> Session:
         """Import the entry's blob from a copy-on-write map of the file: no read into Python, no copy;
@@ -286,7 +359,10 @@ class OpenVINOBackend(Backend):
         from sdrt import resolve_weights
 
         core = self.core
-        blob = np.memmap(entry.file(BLOB), dtype=np.uint8, mode="c")
+        offset = blob_offset(entry.file(BLOB))
+        if offset is None:
+            raise UnusableEntry("its blob has a header this plugin does not know")
+        blob = np.memmap(entry.file(BLOB), dtype=np.uint8, mode="c", offset=offset)
         compiled = core.import_model(ov.Tensor(blob, shared_memory=True), device.id, opts.properties())
         lazy = _LazyConversion(core, graph, lambda: session._arrays)  # the session's own, resolved once
 

@@ -86,6 +86,9 @@ class Converted:
     consts: dict[str, Any] = field(default_factory=dict)
     #: non-float initializers (shapes, axes, indices) baked in with these values
     fixed: dict[str, np.ndarray] = field(default_factory=dict)
+    #: the copy-on-write maps of weight files the constants share (``private_map``): their pages leave the
+    #: resident set once the model is compiled (``sdrt.weights.pages.release``)
+    maps: list[np.ndarray] = field(default_factory=list)
 
 
 def read(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray]) -> Converted:
@@ -102,13 +105,16 @@ def read(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray]) -> Conve
         ov_model = core.read_model(source)
     except RuntimeError as exc:
         raise _conversion_error(graph, model, source, exc) from exc
-    consts = bind_parameters(ov_model, promoted) if promoted else {}
+    maps: list[np.ndarray] = []
+    consts = bind_parameters(ov_model, promoted, maps) if promoted else {}
     fixed = {n: np.asarray(a) for n, a in arrays.items() if n not in promoted}
-    return Converted(ov_model, consts, fixed)
+    return Converted(ov_model, consts, fixed, maps)
 
 
-def bind_parameters(ov_model: ov.Model, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """Replace the ``Parameter`` named after each weight with a ``Constant`` holding it; return those."""
+def bind_parameters(ov_model: ov.Model, arrays: Mapping[str, np.ndarray],
+                    maps: list[np.ndarray] | None = None) -> dict[str, Any]:
+    """Replace the ``Parameter`` named after each weight with a ``Constant`` holding it; return those
+    (the copy-on-write maps of files they share go to ``maps``)."""
     params: dict[str, Any] = {}
     for p in ov_model.get_parameters():
         params.update({n: p for n in p.output(0).get_names()})
@@ -118,7 +124,7 @@ def bind_parameters(ov_model: ov.Model, arrays: Mapping[str, np.ndarray]) -> dic
         param = params.get(name)
         if param is None:  # OpenVINO dropped it: no op reads this weight
             continue
-        const = make_constant(arr, name)
+        const = make_constant(arr, name, maps)
         param.output(0).replace(const.output(0))
         ov_model.remove_parameter(param)
         consts[name] = const
@@ -126,11 +132,40 @@ def bind_parameters(ov_model: ov.Model, arrays: Mapping[str, np.ndarray]) -> dic
     return consts
 
 
-def make_constant(arr: np.ndarray, name: str) -> Any:
-    """An ``ov.op.Constant`` over ``arr``: shared memory when numpy allows it, else one copy."""
+def private_map(arr: np.ndarray) -> np.ndarray | None:
+    """A copy-on-write map of the file region under a read-only, file-mapped ``arr`` (same values, writable,
+    nothing copied), or None when ``arr`` is not a contiguous view of an ``np.memmap`` of a file.
+
+    OpenVINO shares a ``Constant``'s memory only with a writable array, and sdrt hands weights out as
+    read-only maps of their file (nobody may write the file through them). A private map of the same bytes
+    is writable without touching the file: OpenVINO reads its pages from the page cache, never writes them,
+    and no page is copied (a write would copy that page into this process only)."""
+    if arr.flags.writeable or not arr.flags.c_contiguous or arr.nbytes == 0:
+        return None
+    base: Any = arr
+    while base is not None and not (isinstance(base, np.memmap) and getattr(base, "filename", None)):
+        base = getattr(base, "base", None)
+    if base is None:
+        return None
+    start = int(base.offset) + arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    try:
+        cow = np.memmap(base.filename, dtype=np.uint8, mode="c", offset=start, shape=(arr.nbytes,))
+    except (OSError, ValueError):  # the file went away or cannot be mapped again: the caller copies
+        return None
+    return cow.view(arr.dtype).reshape(arr.shape)
+
+
+def make_constant(arr: np.ndarray, name: str, maps: list[np.ndarray] | None = None) -> Any:
+    """An ``ov.op.Constant`` over ``arr``: shared memory when numpy allows it (a read-only map of a file is
+    mapped again copy-on-write, ``private_map``, and that map appended to ``maps``), else one copy."""
     import openvino as ov
 
     arr = np.ascontiguousarray(arr)
+    cow = private_map(arr)
+    if cow is not None:
+        arr = cow
+        if maps is not None:
+            maps.append(cow)
     raw = _RAW_CONST.get(arr.dtype.name)
     if raw is not None:  # ml_dtypes types that numpy-to-OpenVINO conversion does not know: pass the bits
         const = ov.op.Constant(ov.Tensor(arr.view(raw[1]), list(arr.shape), getattr(ov.Type, raw[0])))

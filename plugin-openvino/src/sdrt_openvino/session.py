@@ -20,6 +20,7 @@ import numpy as np
 from sdrt import Session
 from sdrt.errors import InputError, SdrtError
 from sdrt.weights import same_values
+from sdrt.weights.pages import release as release_pages
 
 from . import convert, swap
 from .errors import OpenVINOError, first_lines
@@ -60,6 +61,8 @@ class OpenVINOSession(Session):
         self._current: dict[str, np.ndarray] | None = None if callable(arrays) else dict(arrays)
         #: what the compiled model was imported from (a map of the cache entry's blob), kept alive with it
         self.blob: Any = None
+        #: the folder where OpenVINO wrote this session's blob as it compiled, until the cache took it (backend)
+        self.staged: Any = None
         self._device_id = device_id
         self._core = core
         self._props = dict(props or {})
@@ -296,7 +299,7 @@ class OpenVINOSession(Session):
                 conv = self._reconvert(merged)
             else:
                 for name, (node, arr) in swaps.items():
-                    new = convert.make_constant(arr, name)
+                    new = convert.make_constant(arr, name, conv.maps)
                     node.output(0).replace(new.output(0))
                     conv.consts[name] = new
                 conv.model.validate_nodes_and_infer_types()
@@ -304,6 +307,7 @@ class OpenVINOSession(Session):
         except RuntimeError as exc:
             raise OpenVINOError(f"OpenVINO could not compile the new weights: {first_lines(exc)}",
                                 where=self._graph.name, fix="check that the weights fit this graph") from exc
+        release_pages(conv.maps)  # compiled: the new weights' mapped pages that compiling read leave the RSS
         self._converted = conv
         return compiled
 

@@ -272,3 +272,24 @@ def test_pages_read_only_at_import_are_released_unless_written(tmp_path):
     written[5] = 0
     assert release_read_pages(written) is False and written[5] == 0
     assert path.read_bytes()[5] == 5  # a private map never writes the file
+
+
+def test_the_blob_is_written_by_openvino_while_it_compiles_not_exported_in_memory(ov_registry, tmp_path, monkeypatch):
+    """A compile the cache stores has OpenVINO stream its blob to a file (CACHE_DIR) that the entry takes over:
+    ``export_model`` (the whole blob in memory) is not called, and a compile with the cache off writes none."""
+    import openvino as ov
+
+    seen = []
+    real_compile = ov.Core.compile_model
+    monkeypatch.setattr(ov.Core, "compile_model", lambda self, m, d, props=None: seen.append(dict(props or {}))
+                        or real_compile(self, m, d, props or {}))
+    monkeypatch.setattr(ov.CompiledModel, "export_model", lambda *a: pytest.fail("export_model was called"))
+    first = _load().run({"x": X})["y"]
+    (entry,) = _entries(tmp_path)
+    assert entry.read_bytes()[:5] == b"<?xml" and b"<compiled_blob" in entry.read_bytes()[:4096]
+    assert "CACHE_DIR" in seen[-1]
+    assert not list((tmp_path / "cache" / "compiled" / "openvino").glob(".*")), "no staging folder may stay behind"
+    np.testing.assert_array_equal(_load().run({"x": X})["y"], first)  # imported past the header
+    seen.clear()
+    _load(cache=False, threads=1)
+    assert seen and all("CACHE_DIR" not in p for p in seen)

@@ -39,6 +39,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,28 @@ STALE_TMP_S = 6 * 3600
 #: of an entry above 1% of the cap prunes at once
 MAINTAIN_EVERY_S = 60.0
 _last_maintained: dict[Path, float] = {}
+#: an entry this large, stored with ``background=True``, is checksummed, synced and renamed into place in a
+#: thread (its writer has returned): the full-size SD 1.5 UNet's 3.4 GB blob takes seconds to hash and sync,
+#: which the first image need not wait for
+BACKGROUND_BYTES = 256 << 20
+_pending: list[threading.Thread] = []
+_pending_lock = threading.Lock()
+
+
+def wait_for_stores(timeout: float | None = None) -> bool:
+    """Wait until every entry being stored in the background is in place (or ``timeout`` passed); True when
+    none is left. Python also waits for them at exit (the threads are not daemons)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _pending_lock:
+            _pending[:] = [t for t in _pending if t.is_alive()]
+            left = list(_pending)
+        if not left:
+            return True
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return False
+        left[0].join(remaining)
 #: the folders where the compile caches of sdrt 0.1's plugins lived (one file per entry); ``clear`` removes them
 LEGACY = ("openvino", "trt", "coreml", "migraphx")
 
@@ -183,19 +206,42 @@ class CompileCache:
 
     # -- writing -------------------------------------------------------
     def store(self, key: str, write: Callable[[Path], Any], meta: Mapping[str, Any] | None = None, *,
-              replace: bool = False) -> Entry | None:
+              replace: bool = False, background: bool = False) -> Entry | None:
         """Store what ``write(folder)`` puts in ``folder`` under ``key``, atomically.
 
         ``write`` returning ``False`` means: nothing to cache. When another process stored the key
-        first its entry is kept, unless ``replace``. Errors are logged and give None.
+        first its entry is kept, unless ``replace``. Errors are logged and give None. With ``background``
+        an entry of ``BACKGROUND_BYTES`` or more is finished (synced, checksummed, renamed into place) in a
+        thread once ``write`` has returned, and None is returned; ``wait_for_stores`` waits for it.
         """
         tmp: Path | None = None
-        final = self.path(key)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.dir))
             if write(tmp) is False:
+                shutil.rmtree(tmp, ignore_errors=True)
                 return None
+            size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
+        except Exception as exc:  # noqa: BLE001 - the cache is optional: a vendor's export error or a full disk
+            log.warning("cannot write cache entry %s (%s); going on without it", self.path(key), exc)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        if background and size >= BACKGROUND_BYTES:
+            thread = threading.Thread(target=self._commit, args=(key, tmp, meta, replace),
+                                      name=f"sdrt-cache-store-{key[:8]}", daemon=False)
+            with _pending_lock:
+                _pending.append(thread)
+            thread.start()
+            log.info("storing %s entry %s (%d bytes) in the background", self.backend, key[:12], size)
+            return None
+        return self._commit(key, tmp, meta, replace)
+
+    def _commit(self, key: str, tmp: Path, meta: Mapping[str, Any] | None, replace: bool) -> Entry | None:
+        """Sync, checksum and rename into place the entry ``store``'s writer put in ``tmp``."""
+        final = self.path(key)
+        left: Path | None = tmp
+        try:
             files: dict[str, Any] = {}
             for p in sorted(tmp.rglob("*")):
                 if p.is_file():
@@ -216,15 +262,15 @@ class CompileCache:
                     raise
                 log.info("cache entry %s appeared while this process compiled it; keeping that one", key[:12])
                 return self.lookup(key)
-            tmp = None
+            left = None
             log.info("cached %s entry %s (%d bytes)", self.backend, final, sum(f["size"] for f in files.values()))
             entry = _entry(final, data, time.time())
         except Exception as exc:  # noqa: BLE001 - the cache is optional: a vendor's export error or a full disk
             log.warning("cannot write cache entry %s (%s); going on without it", final, exc)
             return None
         finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
+            if left is not None:
+                shutil.rmtree(left, ignore_errors=True)
         self._maintain(entry)
         return entry
 

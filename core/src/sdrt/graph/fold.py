@@ -111,7 +111,9 @@ def _fold_pass(model: onnx.ModelProto, view: Graph, max_bytes: int, fold_weights
     # ir_version >= 4: an initializer that is also a graph input is a default the caller may override
     overridable = {i.name for i in g.input} if model.ir_version >= 4 else set()
     inits = {t.name: t for t in g.initializer}
-    const_names = {n for n, t in inits.items() if _is_const_init(t, overridable, fold_weights) and view.has_data(n)}
+    refs = view.external_refs  # (view.has_data would build the set of every initializer's name per call)
+    const_names = {n for n, t in inits.items() if _is_const_init(t, overridable, fold_weights)
+                   and (n not in refs or refs[n] is not None)}
     cache: dict[str, np.ndarray] = {}
 
     def value(name: str) -> np.ndarray:

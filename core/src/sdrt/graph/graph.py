@@ -97,6 +97,7 @@ class Graph:
             where = "<bytes>"
             model = onnxfile.parse_model(bytes(source), where)
             path = None
+            own: dict[str, tuple[int, int]] = {}
             folder = Path(base_dir) if base_dir is not None else None
         else:
             path = Path(source)
@@ -111,25 +112,30 @@ class Graph:
                     "the model file does not exist", where=where,
                     fix="check the path, or export the model to ONNX first",
                 )
-            model = onnxfile.parse_model(onnxfile.read_file(path), where)
+            # large inline weights stay in the file and are mapped from it (never read into memory)
+            data, own = onnxfile.read_model_file(path, map_inline=load_external is not True and base_dir is None)
+            model = onnxfile.parse_model(data, where)
+            del data
             folder = Path(base_dir) if base_dir is not None else path.parent
         stripped = any(p.key == STRIPPED_KEY for p in model.metadata_props)
         refs = [(t, onnxfile.external_ref(t, folder, where, must_exist=load_external is True or not stripped))
                 for t in model.graph.initializer if onnxfile.uses_external(t)]
         eager = load_external
         if eager is None:
-            total = sum(r.length for _, r in refs if r is not None)
+            total = sum(r.length for t, r in refs if r is not None and t.name not in own)
             eager = not stripped and total < MAX_INLINE_BYTES
             if not eager and not stripped:
                 log.info("%s: %.2f GiB of external data stays mapped (above protobuf's 2 GiB limit)",
                          where, total / 2**30)
         external: dict[str, onnxfile.ExternalRef | None] = {}
         for t, ref in refs:  # top-level initializers may stay mapped
-            if eager:
+            if eager and t.name not in own:
                 assert ref is not None
                 onnxfile.inline(t, onnxfile.read_external(ref, where))
             else:
                 external[t.name] = ref
+        if own:
+            log.debug("%s: %d inline initializers left in the file, mapped", where, len(own))
         for t in onnxfile.iter_tensors(model.graph, top_initializers=False):  # anything else is read in
             if onnxfile.uses_external(t):
                 ref = onnxfile.external_ref(t, folder, where)
@@ -302,3 +308,4 @@ class Graph:
         ins = ", ".join(map(str, self.inputs))
         outs = ", ".join(map(str, self.outputs))
         return f"Graph({self.name}: ({ins}) -> ({outs}))"
+

@@ -384,6 +384,147 @@ def tensor_array(t: Any, where: str) -> np.ndarray:
                          fix="re-export the model (the file may be corrupt)") from exc
 
 
+#: an inline initializer at least this large is left in the .onnx file and mapped from it (``inline_spans``)
+MAP_INLINE_MIN_BYTES = 1 << 20
+
+
+def _varint(buf: Any, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise ValueError("truncated varint")
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def _fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """``(field number, wire type, tag start, value start, value end)`` of each field of the message at
+    ``buf[start:end]`` (for a varint, the end is where it stops)."""
+    i = start
+    while i < end:
+        at = i
+        tag, i = _varint(buf, i)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, j = _varint(buf, i)
+        elif wire == 1:
+            j = i + 8
+        elif wire == 2:
+            length, i = _varint(buf, i)
+            j = i + length
+        elif wire == 5:
+            j = i + 4
+        else:  # groups: not in ONNX
+            raise ValueError(f"wire type {wire}")
+        if j > end:
+            raise ValueError("field past the end of its message")
+        yield number, wire, at, i, j
+        i = j
+
+
+def _scan(data: Any, min_bytes: int) -> tuple[tuple[int, int, int], dict[str, tuple[int, int, int, int, int]]]:
+    """The graph field (tag start, value start, value end) and, per large initializer, (tensor tag start, value
+    start, value end, raw_data tag start, raw_data value start); raises ValueError for any other layout."""
+    graphs = [(at, a, b) for n, w, at, a, b in _fields(data, 0, len(data)) if n == 7 and w == 2]  # ModelProto.graph
+    if len(graphs) != 1:
+        raise ValueError("not one graph field")
+    found: dict[str, tuple[int, int, int, int, int]] = {}
+    for n, w, at, a, b in _fields(data, *graphs[0][1:]):
+        if n != 5 or w != 2:  # GraphProto.initializer
+            continue
+        fields = list(_fields(data, a, b))
+        names = [f for f in fields if f[0] == 8 and f[1] == 2]  # TensorProto.name
+        raws = [f for f in fields if f[0] == 9 and f[1] == 2]  # TensorProto.raw_data
+        if len(names) != 1 or len(raws) != 1 or any(f[0] in (13, 14) for f in fields):  # already external
+            continue
+        raw = raws[0]
+        if raw[4] - raw[3] >= min_bytes:
+            name = bytes(data[names[0][3]:names[0][4]]).decode("utf-8")
+            if name in found:  # the same name twice: leave the model as it is
+                raise ValueError(f"initializer {name!r} twice")
+            found[name] = (at, a, b, raw[2], raw[3])
+    return graphs[0], found
+
+
+def inline_spans(data: Any, min_bytes: int = MAP_INLINE_MIN_BYTES) -> dict[str, tuple[int, int]]:
+    """``{name: (offset, length)}`` of the ``raw_data`` of each top-level initializer of serialized ONNX
+    ``data`` holding at least ``min_bytes``: where those bytes lie in the file, so they can be mapped from it
+    instead of held in the parsed model. Empty when the layout is not the plain one (one graph field, one
+    name and one raw_data per tensor)."""
+    try:
+        _, found = _scan(data, min_bytes)
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return {}
+    return {name: (f[4], f[2] - f[4]) for name, f in found.items()}
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        out.append(b | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _len_field(number: int, payload: bytes) -> bytes:
+    return _varint_bytes(number << 3 | 2) + _varint_bytes(len(payload)) + payload
+
+
+def without_inline(data: Any, location: str, min_bytes: int = MAP_INLINE_MIN_BYTES
+                   ) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """Serialized ONNX ``data`` (the bytes of the file ``location`` names) rewritten so that each top-level
+    initializer holding ``min_bytes`` or more of ``raw_data`` refers to those bytes where they lie in that file
+    (ONNX external data: location, offset, length) instead of carrying them, and ``{name: (offset, length)}``
+    of those. Parsing the result never copies the weights. ``(data, {})`` when there is none, or the layout
+    is not the plain one."""
+    try:
+        (g_at, g_start, g_end), found = _scan(data, min_bytes)
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return bytes(data), {}
+    if not found:
+        return bytes(data), {}
+    loc = location.encode("utf-8")
+    pieces: list[bytes] = []
+    cursor = g_start
+    spans: dict[str, tuple[int, int]] = {}
+    for name, (t_at, t_start, t_end, r_at, r_start) in sorted(found.items(), key=lambda kv: kv[1][0]):
+        raw_end = next(f[4] for f in _fields(data, t_start, t_end) if f[2] == r_at)
+        length = raw_end - r_start
+        entries = b"".join(_len_field(13, _len_field(1, k) + _len_field(2, v))  # TensorProto.external_data
+                           for k, v in ((b"location", loc), (b"offset", str(r_start).encode()),
+                                        (b"length", str(length).encode())))
+        tensor = bytes(data[t_start:r_at]) + bytes(data[raw_end:t_end]) + entries + b"\x70\x01"  # data_location
+        pieces += [bytes(data[cursor:t_at]), _len_field(5, tensor)]
+        cursor = t_end
+        spans[name] = (r_start, length)
+    pieces.append(bytes(data[cursor:g_end]))
+    graph = b"".join(pieces)
+    return bytes(data[:g_at]) + _len_field(7, graph) + bytes(data[g_end:]), spans
+
+
+def read_model_file(path: Path, *, map_inline: bool) -> tuple[bytes, dict[str, tuple[int, int]]]:
+    """The bytes of the .onnx file ``path`` to parse; with ``map_inline``, read through a map of the file and
+    without the large inline weights (``without_inline``: they stay in the file, so they never enter the
+    process's memory), with where they lie."""
+    if map_inline:
+        import mmap
+
+        try:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size >= MAP_INLINE_MIN_BYTES:
+                    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                        return without_inline(mm, path.name)
+        except (OSError, ValueError):  # a folder, no permission, cannot be mapped: read_file says what is wrong
+            pass
+    return read_file(path), {}
+
+
 def read_file(path: Path) -> bytes:
     try:
         return path.read_bytes()

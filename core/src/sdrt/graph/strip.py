@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..errors import ModelError
 from ..weights import stfile
 from . import onnxfile
@@ -104,11 +106,21 @@ def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os
 def save_graph(graph: Graph, path: Path) -> Path:
     """Write ``graph.model`` to one file. Lazy external references must stay valid, so a graph
     that has them is saved only into the folder its weights are in."""
-    if graph.external_refs and graph.base_dir is not None and path.resolve().parent != graph.base_dir.resolve():
+    elsewhere = [r for r in graph.external_refs.values() if r is None or r.path != graph.path]
+    if elsewhere and graph.base_dir is not None and path.resolve().parent != graph.base_dir.resolve():
         raise ModelError("this graph refers to external weights by relative path; saving it elsewhere breaks them",
                          where=str(path), fix=f"save it into {graph.base_dir}, or strip it again with `sdrt strip`")
+    model = graph.model
+    own = {n for n, r in graph.external_refs.items() if r is not None and graph.path is not None and r.path == graph.path}
+    if own:  # initializers mapped from inside the .onnx file itself (Graph.load): written inline, as they came
+        model = copy_model(graph.model, initializers=False)
+        for t in graph.model.graph.initializer:
+            new = model.graph.initializer.add()
+            new.CopyFrom(t)
+            if t.name in own:
+                onnxfile.inline(new, np.ascontiguousarray(graph.tensor_array(t)).tobytes())
     try:
-        data = graph.model.SerializeToString()
+        data = model.SerializeToString()
     except ValueError as exc:  # protobuf refuses messages above 2 GB
         raise ModelError(f"the graph is too large for one ONNX file ({exc})", where=str(path),
                          fix="use `sdrt strip` (or graph.strip) to move the weights into a .safetensors file") from exc

@@ -1,0 +1,69 @@
+"""Large inline initializers stay in the .onnx file and are mapped from it (Graph.load), not held in the proto."""
+
+from __future__ import annotations
+
+import gw_models as M
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import sdrt
+from sdrt.cache.identity import weights_identity
+from sdrt.graph import Graph
+from sdrt.graph.onnxfile import MAP_INLINE_MIN_BYTES, inline_spans
+
+
+def _model() -> onnx.ModelProto:
+    rng = np.random.default_rng(3)
+    rows = MAP_INLINE_MIN_BYTES // (4 * 8) + 1  # just above the threshold
+    big = rng.standard_normal((rows, 8)).astype(np.float32)
+    small = rng.standard_normal((8,)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["big"], ["big_t"]), helper.make_node("MatMul", ["x", "big_t"], ["h"]),
+         helper.make_node("Add", ["h", "bias"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, rows])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [numpy_helper.from_array(big.T.copy(), "big"), numpy_helper.from_array(small, "bias")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_large_inline_initializers_are_mapped_from_the_file_with_the_same_values(tmp_path, registry):
+    model = _model()
+    p = tmp_path / "m.onnx"
+    onnx.save(model, p)
+    spans = inline_spans(p.read_bytes())
+    assert list(spans) == ["big"]  # the 32-byte bias stays inline
+    g = Graph.load(p)
+    assert g.mapped_initializers == ["big"]
+    t = next(t for t in g.model.graph.initializer if t.name == "big")
+    assert not t.raw_data  # the proto holds no weight bytes
+    arrays = g.initializer_arrays()
+    assert M.is_mapped(arrays["big"]) and not arrays["big"].flags.writeable
+    for init in model.graph.initializer:
+        np.testing.assert_array_equal(arrays[init.name], numpy_helper.to_array(init))
+    x = np.random.default_rng(4).standard_normal((2, model.graph.input[0].type.tensor_type.shape.dim[1].dim_value)
+                                                 ).astype(np.float32)
+    with sdrt.load(g, backend="reference") as session:  # the backend gets the mapped arrays
+        np.testing.assert_array_equal(session.run({"x": x})["y"], M.run_reference(model, {"x": x})["y"])
+    eager = Graph.load(p, load_external=True)  # asked to read everything in: nothing mapped
+    assert eager.mapped_initializers == []
+    np.testing.assert_array_equal(eager.initializer_arrays()["big"], arrays["big"])
+    # the cache key names the file (a rewritten file misses) instead of hashing the bytes
+    assert weights_identity(g) == weights_identity(Graph.load(p))
+
+
+def test_saving_a_mapped_graph_writes_its_weights_inline_even_over_its_own_file(tmp_path):
+    model = _model()
+    p = tmp_path / "m.onnx"
+    onnx.save(model, p)
+    g = Graph.load(p)
+    g.save(p)  # over the file its weights are mapped from: written whole, nothing destroyed
+    again = onnx.load(p)
+    assert not any(t.data_location == TensorProto.EXTERNAL for t in again.graph.initializer)
+    for a, b in zip(again.graph.initializer, model.graph.initializer):
+        np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+    other = tmp_path / "sub"
+    other.mkdir()
+    Graph.load(p).save(other / "copy.onnx")  # elsewhere too: self-contained
+    np.testing.assert_array_equal(Graph.load(other / "copy.onnx", load_external=True).initializer_arrays()["big"],
+                                  numpy_helper.to_array(model.graph.initializer[0]))
