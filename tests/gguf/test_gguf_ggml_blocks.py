@@ -183,3 +183,18 @@ def test_a_transpose_then_matmul_runs_on_the_blocks(tmp_path, caplog):
         assert kept._lo.blocks_kept == {"Q8_0": 1} and not kept._lo.blocks_dequantized
         got, want = kept.run({"x": x})["y"], ref.run({"x": x})["y"]
     assert float(np.abs(got - want).max() / np.abs(want).max()) <= TOL
+
+
+def test_a_released_parts_gguf_pages_leave_the_resident_set(tmp_path):
+    """A GGUF file is mapped once for all its tensors and stays mapped while its Weights live; release_weights (what
+    a part released after use calls) advises that mapping away: its pages leave this process's resident set."""
+    from sdrt.weights.pages import release_weights
+
+    graph = _graph(tmp_path)
+    weights = _bound(graph, _gguf(tmp_path, "Q8_0"))
+    bm = weights.blocks("proj.weight")
+    assert float(np.asarray(bm).sum()) != 0  # every page of the tensor read
+    advised = release_weights(weights)
+    assert advised >= bm.nbytes  # the whole file's mapping, which holds the tensor
+    np.testing.assert_array_equal(np.asarray(weights.blocks("proj.weight")), np.asarray(bm))  # still readable
+    assert release_weights(Weights.from_arrays({"a": np.zeros(4, np.float32)})) == 0  # nothing mapped: nothing done

@@ -39,6 +39,10 @@ def release(parts: Iterable[Part | None], *, keep_graph: Iterable[str] = ()) -> 
         part.close()
         if part.name in keep:
             continue
+        if part.weights is not None:
+            from ..weights.pages import release_weights
+
+            release_weights(part.weights)  # a GGUF file's one mapping: the pages this part read leave the RSS
         if part.weights is not None and part.weights_factory is None:
             continue  # weights bound by hand refer to this graph: keep both
         part.weights = None  # rebuilt by weights_factory (lazy refs into the checkpoint) on the next compile

@@ -60,3 +60,19 @@ def release(arrays: Iterable[Any]) -> int:
 
 
 __all__ = ["release"]
+
+
+def release_weights(weights: Any) -> int:
+    """``release`` for the file mappings a ``Weights`` keeps open itself: a GGUF file is mapped once for all its
+    tensors (``sdrt.weights.gguf``), and that mapping lives as long as the ``Weights`` does, so a part released
+    after use (``sdrt.pipelines.lowmem``) would otherwise keep every page it read resident. Its block tensors'
+    views reach the mapping without reading anything. Per-tensor mappings (``.safetensors``, ``.onnx_data``) go
+    with their arrays and need nothing here. Returns the bytes advised."""
+    arrays = []
+    seen: set[str] = set()
+    for name in weights:
+        ref = weights.ref(name)
+        if ref.blocks is not None and ref.source not in seen:  # one view reaches its file's whole mapping
+            seen.add(ref.source)
+            arrays.append(ref.blocks().data)
+    return release(arrays)
