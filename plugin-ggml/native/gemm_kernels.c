@@ -662,8 +662,11 @@ K512(12)
 K512(13)
 K512(14)
 
+#ifndef SDRT_KC512
+#define SDRT_KC512 256
+#endif
 static const sdrt_isa_kernels avx512 = {
-    "avx512", 14, 32, 256,
+    "avx512", 14, 32, SDRT_KC512,
     {NULL, k512_1, k512_2, k512_3, k512_4, k512_5, k512_6, k512_7, k512_8, k512_9, k512_10, k512_11, k512_12,
      k512_13, k512_14},
     {NULL, k512i_1, k512i_2, k512i_3, k512i_4, k512i_5, k512i_6, k512i_7, k512i_8, k512i_9, k512i_10, k512i_11,

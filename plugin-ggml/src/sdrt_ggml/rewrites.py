@@ -33,7 +33,7 @@ Matcher = Callable[[Any, Any], "list[Value] | None"]
 #: anchor op type -> [(rewrite name, matcher)]
 REWRITES: dict[str, list[tuple[str, Matcher]]] = {}
 #: rewrites that can be switched off (``rewrites=`` option); gelu is needed for correctness
-OPTIONAL = ("silu", "attention", "groupnorm", "geglu", "conv_epilogue")
+OPTIONAL = ("silu", "attention", "groupnorm", "geglu", "conv_epilogue", "rmsnorm", "rope")
 
 
 def rewrite(name: str, anchor: str) -> Callable[[Matcher], Matcher]:
