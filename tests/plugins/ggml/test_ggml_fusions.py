@@ -371,3 +371,15 @@ def test_gemm_gelu_tanh_input_read_elsewhere_is_not_fused():
     check(model, {"x": rand(1, 9, 24)}, rtol=1e-4, atol=1e-5)
     with compile_ggml(model) as s:
         assert "TANH" in _ops(s)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("k", [8192, 8211])
+def test_gemm_large_k_blocking(threads, k):
+    """K >= 8192 takes half the AVX-512 kernels' K block (native/gemm.c, split_of): more blocks of K summed into
+    C, the bias with the first and the residual and activation with the last; an odd K leaves a short block."""
+    nodes = [mk("MatMul", ["x", "w"], ["y"]), mk("Add", ["y", "b"], ["z"]), mk("Add", ["z", "r"], ["s"]),
+             mk("Relu", ["s"], ["out"])]
+    model = make_model(nodes, {"x": ((1, 37, k), F), "r": ((1, 37, 70), F)}, {"out": (None, F)},
+                       {"w": (rand(k, 70) / np.sqrt(k)).astype(np.float32), "b": rand(70)})
+    check(model, {"x": rand(1, 37, k), "r": rand(1, 37, 70, seed=2)}, rtol=1e-4, atol=1e-5, threads=threads)
