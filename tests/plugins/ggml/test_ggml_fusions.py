@@ -383,3 +383,16 @@ def test_gemm_large_k_blocking(threads, k):
     model = make_model(nodes, {"x": ((1, 37, k), F), "r": ((1, 37, 70), F)}, {"out": (None, F)},
                        {"w": (rand(k, 70) / np.sqrt(k)).astype(np.float32), "b": rand(70)})
     check(model, {"x": rand(1, 37, k), "r": rand(1, 37, 70, seed=2)}, rtol=1e-4, atol=1e-5, threads=threads)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_gemm_gelu_op_tanh_fuses(threads):
+    """Gelu(approximate='tanh') (opset 20) of a MatMul + bias: the same GEMM epilogue."""
+    nodes = [mk("MatMul", ["x", "w"], ["y"]), mk("Add", ["y", "b"], ["z"]), mk("Gelu", ["z"], ["out"],
+                                                                            approximate="tanh")]
+    model = make_model(nodes, {"x": ((2, 13, 40), F)}, {"out": (None, F)}, {"w": rand(40, 70) * 0.8, "b": rand(70)},
+                       opset=20)
+    check(model, {"x": rand(2, 13, 40) * 3}, rtol=1e-4, atol=1e-5, threads=threads)
+    with compile_ggml(model, threads=threads) as s:
+        assert s.rewrite_hits.get("conv_epilogue") == 2, s.rewrite_hits
+        assert _ops(s) == {"sdrt_gemm": 1}, _ops(s)
