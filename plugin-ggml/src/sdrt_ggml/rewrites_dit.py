@@ -5,7 +5,7 @@
   op; the unfused graph broadcast the per-row scale back with a REPEAT and multiplied elementwise);
 - ``rope``: the rotary embedding of interleaved pairs as diffusers' ``apply_rotary_emb`` exports it
   (``x cos + reshape(concat(-x[..., 1::2], x[..., 0::2])) sin``: two strided Slices, Neg, two Unsqueezes, a
-  Concat, a Reshape, two Muls and an Add) -> sdrt-ggml's native rope op, one pass (native/ops.c).
+  Concat, a Reshape, two Muls and an Add; float32 -> float32 Casts of ``x.float()`` in between are no-ops) -> sdrt-ggml's native rope op, one pass (native/ops.c).
 
 Anchored at the pattern's last node; the ops already emitted for the intermediates stay unreferenced.
 """
@@ -102,6 +102,25 @@ def match_rms_norm_div(lowering: Any, node: Any) -> list[Value] | None:
     return _rms_norm(lowering, *hit) if hit is not None and hit[0] == node.input[0] else None
 
 
+def _uncast(lowering: Any, name: str) -> str:
+    """``name`` without the float32 -> float32 Casts before it (diffusers' ``x.float()``, a no-op in float32)."""
+    node = lowering.producer(name)
+    while node is not None and node.op_type == "Cast" and int(attrs(node).get("to", 0)) == 1:
+        src = lowering.values.get(node.input[0])
+        if not isinstance(src, GTensor) or src.dtype != "float32" or lowering.n_uses(name) != 1:
+            break
+        name = str(node.input[0])
+        node = lowering.producer(name)
+    return name
+
+
+def _value_readers(lowering: Any, name: str) -> int:
+    """The readers of ``name`` that need its values: a Shape node only reads its (static) shape, which the
+    lowering folds at compile time (torch's export computes the Reshape target from the Concat's Shape)."""
+    shape_reads = sum(1 for n in lowering.nodes if n.op_type == "Shape" and name in n.input)
+    return lowering.n_uses(name) - shape_reads
+
+
 def _strided_half(lowering: Any, node: Any, rank: int) -> tuple[str, int] | None:
     """(data, start) when ``node`` is Slice(data, start in {0, 1}, to the end, last axis, step 2)."""
     if node is None or node.op_type != "Slice" or len(node.input) < 5:
@@ -118,8 +137,8 @@ def _strided_half(lowering: Any, node: Any, rank: int) -> tuple[str, int] | None
 def _rotated(lowering: Any, name: str) -> str | None:
     """x when ``name`` is reshape(concat(unsqueeze(-x[..., 1::2]), unsqueeze(x[..., 0::2]), -1), x's shape)."""
     reshape = _single(lowering, name, "Reshape")
-    cat = reshape and _single(lowering, reshape.input[0], "Concat")
-    if cat is None or len(cat.input) != 2:
+    cat = reshape and lowering.producer(reshape.input[0])
+    if cat is None or cat.op_type != "Concat" or len(cat.input) != 2 or _value_readers(lowering, reshape.input[0]) != 1:
         return None
     out = lowering.values.get(name)
     if not isinstance(out, GTensor) or int(attrs(cat).get("axis", 0)) not in (-1, out.rank):
@@ -168,12 +187,12 @@ def match_rope(lowering: Any, node: Any) -> list[Value] | None:
         if m1 is None or m2 is None:
             continue
         for j in (0, 1):
-            x = _rotated(lowering, m2.input[j])
+            x = _rotated(lowering, _uncast(lowering, m2.input[j]))
             if x is None:
                 continue
             sin = lowering.values.get(m2.input[1 - j])
             for t in (0, 1):
-                if m1.input[t] != x:
+                if _uncast(lowering, m1.input[t]) != x:
                     continue
                 xv = lowering.values[x]
                 if xv.rank > 4 or xv.shape[-1] % 2 or xv.dtype != "float32":

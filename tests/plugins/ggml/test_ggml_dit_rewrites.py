@@ -56,7 +56,7 @@ def test_rms_norm_over_another_axis_is_not_matched():
     check(model, feeds, rtol=1e-5, atol=1e-6)
 
 
-def rope_model(shape=(1, 11, 3, 12), table=(11, 1, 12), const_tables=False, rotation="flux"):
+def rope_model(shape=(1, 11, 3, 12), table=(11, 1, 12), const_tables=False, rotation="flux", export=False):
     """diffusers' apply_rotary_emb (use_real_unbind_dim=-1) as torch exports it; ``rotation="other"`` pairs
     (x_even, -x_odd) instead, which is not the rope the native op computes."""
     big, last = "big", "last"
@@ -65,10 +65,18 @@ def rope_model(shape=(1, 11, 3, 12), table=(11, 1, 12), const_tables=False, rota
         nodes += [mk("Neg", ["imag"], ["ni"]), mk("Unsqueeze", ["ni", last], ["a"]), mk("Unsqueeze", ["real", last], ["b"])]
     else:
         nodes += [mk("Neg", ["imag"], ["ni"]), mk("Unsqueeze", ["real", last], ["a"]), mk("Unsqueeze", ["ni", last], ["b"])]
-    nodes += [mk("Concat", ["a", "b"], ["pair"], axis=-1), mk("Reshape", ["pair", "shape"], ["rot"]),
-              mk("Mul", ["x", "cos"], ["xc"]), mk("Mul", ["rot", "sin"], ["rs"]), mk("Add", ["xc", "rs"], ["y"])]
+    nodes += [mk("Concat", ["a", "b"], ["pair"], axis=-1)]
+    if export:  # as torch exports diffusers' module: the target shape read from the pair's Shape, x.float() Casts
+        nodes += [mk("Shape", ["pair"], ["pshape"]), mk("Slice", ["pshape", "zero", "three"], ["lead"]),
+                  mk("Concat", ["lead", "minus1"], ["tshape"], axis=0), mk("Reshape", ["pair", "tshape"], ["rot0"]),
+                  mk("Cast", ["rot0"], ["rot"], to=1), mk("Cast", ["x"], ["xf"], to=1),
+                  mk("Mul", ["xf", "cos"], ["xc"])]
+    else:
+        nodes += [mk("Reshape", ["pair", "shape"], ["rot"]), mk("Mul", ["x", "cos"], ["xc"])]
+    nodes += [mk("Mul", ["rot", "sin"], ["rs"]), mk("Add", ["xc", "rs"], ["y"])]
     inits = {"zero": np.array([0], np.int64), "one": np.array([1], np.int64), "two": np.array([2], np.int64),
-             big: BIG, last: np.array([-1], np.int64), "shape": np.array([0, 0, 0, -1], np.int64)}
+             big: BIG, last: np.array([-1], np.int64), "shape": np.array([0, 0, 0, -1], np.int64),
+             "three": np.array([3], np.int64), "minus1": np.array([-1], np.int64)}
     ang = np.random.default_rng(3).uniform(-3, 3, table).astype(np.float32)
     tabs = {"cos": np.cos(ang).astype(np.float32), "sin": np.sin(ang).astype(np.float32)}
     inputs = {"x": (shape, F)}
@@ -86,8 +94,9 @@ def rope_model(shape=(1, 11, 3, 12), table=(11, 1, 12), const_tables=False, rota
                                          ((2, 5, 4, 6), (1, 6)), ((1, 7, 2, 2), (1, 7, 1, 2))])
 @pytest.mark.parametrize("const_tables", [False, True])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_rope_becomes_one_native_op(shape, table, const_tables, threads):
-    model, feeds = rope_model(shape, table, const_tables)
+@pytest.mark.parametrize("export", [False, True])
+def test_rope_becomes_one_native_op(shape, table, const_tables, threads, export):
+    model, feeds = rope_model(shape, table, const_tables, export=export)
     with compile_ggml(model, threads=threads) as on, compile_ggml(model, rewrites=(), threads=threads) as off:
         got, ref = on.run(feeds), off.run(feeds)
         assert on.rewrite_hits.get("rope") == 1 and not off.rewrite_hits.get("rope"), on.rewrite_hits
