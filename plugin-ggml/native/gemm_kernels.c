@@ -168,6 +168,11 @@ INLINE_AVX2 __m256 act256_k(int act, const act256 *e, __m256 v) {
         const __m256 z = _mm256_min_ps(_mm256_mul_ps(v, _mm256_sub_ps(_mm256_setzero_ps(), e->lo)), _mm256_set1_ps(88.0f));
         return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(z)));
     }
+    case SDRT_ACT_GELU_TANH: { /* v / (1 + exp(v (-G1 - G3 v^2))), exp's argument clamped at 88 */
+        const __m256 q = _mm256_fnmadd_ps(_mm256_mul_ps(v, v), _mm256_set1_ps(SDRT_GELU_G3), _mm256_set1_ps(-SDRT_GELU_G1));
+        const __m256 z = _mm256_min_ps(_mm256_mul_ps(v, q), _mm256_set1_ps(88.0f));
+        return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(z)));
+    }
     default:
         return v;
     }
@@ -279,6 +284,7 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
             R256_ROWS_ACT(SDRT_ACT_CLIP) \
             R256_ROWS_ACT(SDRT_ACT_HARDSWISH) \
             R256_ROWS_ACT(SDRT_ACT_SILU) \
+            R256_ROWS_ACT(SDRT_ACT_GELU_TANH) \
             default: { \
                 enum { ACT_ = SDRT_ACT_NONE }; \
                 R256_ALL(R256_STORE_FULL) \
@@ -461,6 +467,11 @@ INLINE_AVX512 __m512 act512_k(int act, const sdrt_epilogue *ep, __m512 v) {
         const __m512 z = _mm512_min_ps(_mm512_mul_ps(v, _mm512_set1_ps(-ep->lo)), _mm512_set1_ps(88.0f));
         return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(z)));
     }
+    case SDRT_ACT_GELU_TANH: {
+        const __m512 q = _mm512_fnmadd_ps(_mm512_mul_ps(v, v), _mm512_set1_ps(SDRT_GELU_G3), _mm512_set1_ps(-SDRT_GELU_G1));
+        const __m512 z = _mm512_min_ps(_mm512_mul_ps(v, q), _mm512_set1_ps(88.0f));
+        return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(z)));
+    }
     default:
         return v;
     }
@@ -519,6 +530,9 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
             return;
         case SDRT_ACT_SILU:
             store512_full(c0, c1, MR, o, SDRT_ACT_SILU, ep, res);
+            return;
+        case SDRT_ACT_GELU_TANH:
+            store512_full(c0, c1, MR, o, SDRT_ACT_GELU_TANH, ep, res);
             return;
         default:
             store512_full(c0, c1, MR, o, SDRT_ACT_NONE, ep, res);
@@ -648,8 +662,11 @@ K512(12)
 K512(13)
 K512(14)
 
+#ifndef SDRT_KC512
+#define SDRT_KC512 256
+#endif
 static const sdrt_isa_kernels avx512 = {
-    "avx512", 14, 32, 256,
+    "avx512", 14, 32, SDRT_KC512,
     {NULL, k512_1, k512_2, k512_3, k512_4, k512_5, k512_6, k512_7, k512_8, k512_9, k512_10, k512_11, k512_12,
      k512_13, k512_14},
     {NULL, k512i_1, k512i_2, k512i_3, k512i_4, k512i_5, k512i_6, k512i_7, k512i_8, k512i_9, k512i_10, k512i_11,

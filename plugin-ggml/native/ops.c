@@ -599,3 +599,32 @@ SDRT_EXPORT void sdrt_rowmean_op(void *dst, int ith, int nth, void *userdata) {
     for (int64_t r = ith; r < rows; r += nth)
         ((float *)o.data)[r] = (float)(ops.sum(n, row_at(x, row_ix_of(x.ne, r))) / (double)n);
 }
+
+/* ggml custom op: the rotary embedding of interleaved pairs (Flux's apply_rotary_emb, diffusers'
+ * use_real_unbind_dim=-1): y[2j] = x[2j] cos[2j] - x[2j+1] sin[2j], y[2j+1] = x[2j+1] cos[2j+1] +
+ * x[2j] sin[2j+1]. src0 x: ne0 (even) floats a row, dense rows, any row strides; src1 cos and src2 sin:
+ * ne0 floats a row, dense rows, each of dims 1-3 either x's or 1 (broadcast). dst shaped as x, dense.
+ * The export's strided slices, Neg, Concat of the pair and two Muls and an Add become this one pass. */
+SDRT_EXPORT void sdrt_rope_op(void *dst, int ith, int nth, void *userdata) {
+    SDRT_POOLED(sdrt_rope_op);
+    (void)userdata;
+    sdrt_view o = sdrt_tensor_view(dst);
+    sdrt_view x = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
+    sdrt_view c = sdrt_tensor_view(sdrt_tensor_src(dst, 1));
+    sdrt_view s = sdrt_tensor_view(sdrt_tensor_src(dst, 2));
+    const int64_t n = x.ne[0], rows = x.ne[1] * x.ne[2] * x.ne[3];
+    if (n <= 0 || (n & 1) || x.nb[0] != sizeof(float) || c.nb[0] != sizeof(float) || s.nb[0] != sizeof(float))
+        return;
+    for (int64_t r = rows * ith / nth; r < rows * (ith + 1) / nth; r++) {
+        const row_ix ix = row_ix_of(x.ne, r);
+        const row_ix cx = {c.ne[1] == 1 ? 0 : ix.i1, c.ne[2] == 1 ? 0 : ix.i2, c.ne[3] == 1 ? 0 : ix.i3};
+        const row_ix sx = {s.ne[1] == 1 ? 0 : ix.i1, s.ne[2] == 1 ? 0 : ix.i2, s.ne[3] == 1 ? 0 : ix.i3};
+        const float *xr = row_at(x, ix), *cr = row_at(c, cx), *sr = row_at(s, sx);
+        float *yr = row_at(o, ix);
+        for (int64_t j = 0; j < n; j += 2) {
+            const float a = xr[j], b = xr[j + 1];
+            yr[j] = a * cr[j] - b * sr[j];
+            yr[j + 1] = b * cr[j + 1] + a * sr[j + 1];
+        }
+    }
+}

@@ -108,7 +108,12 @@ static inline ptrdiff_t sdrt_panel_at(int rows, int k, int j) {
 
 /* what a product's last block of K does to each value v (after the biases): v += res, then an
  * activation */
-enum { SDRT_ACT_NONE = 0, SDRT_ACT_RELU = 1, SDRT_ACT_CLIP = 2, SDRT_ACT_HARDSWISH = 3, SDRT_ACT_SILU = 4 };
+enum { SDRT_ACT_NONE = 0, SDRT_ACT_RELU = 1, SDRT_ACT_CLIP = 2, SDRT_ACT_HARDSWISH = 3, SDRT_ACT_SILU = 4,
+       SDRT_ACT_GELU_TANH = 5 };
+/* GELU (tanh form): 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))) = v sigmoid(2 sqrt(2/pi) (v + 0.044715 v^3)),
+ * computed as v / (1 + exp(v (-G1 - G3 v^2))), exp's argument clamped at 88 */
+#define SDRT_GELU_G1 1.5957691216057308f  /* 2 sqrt(2/pi) */
+#define SDRT_GELU_G3 0.07135481627159023f /* 2 sqrt(2/pi) 0.044715 */
 typedef struct {
     int act;         /* SDRT_ACT_* */
     float lo, hi;    /* SDRT_ACT_CLIP's bounds; SDRT_ACT_SILU: v sigmoid(lo v) (lo = 1.702: CLIP's quick GELU) */
@@ -253,6 +258,10 @@ static inline float sdrt_act(const sdrt_epilogue *ep, float v) {
     }
     case SDRT_ACT_SILU: {
         const float z = -ep->lo * v;
+        return v / (1.0f + expf(z < 88.0f ? z : 88.0f));
+    }
+    case SDRT_ACT_GELU_TANH: {
+        const float z = v * (-SDRT_GELU_G1 - SDRT_GELU_G3 * v * v);
         return v / (1.0f + expf(z < 88.0f ? z : 88.0f));
     }
     default:

@@ -133,6 +133,11 @@ SDRT_INLINE VF SFX(vact)(const sdrt_epilogue *ep, VF v) {
         z = SFX(sel)(z > BCAST(88.0f), BCAST(88.0f), z);
         return v / (1.0f + SFX(vexp)(z));
     }
+    case SDRT_ACT_GELU_TANH: { /* v sigmoid(2 sqrt(2/pi) (v + 0.044715 v^3)) */
+        VF z = v * (-SDRT_GELU_G1 - SDRT_GELU_G3 * (v * v));
+        z = SFX(sel)(z > BCAST(88.0f), BCAST(88.0f), z);
+        return v / (1.0f + SFX(vexp)(z));
+    }
     default:
         return v;
     }

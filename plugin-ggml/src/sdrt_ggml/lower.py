@@ -25,6 +25,7 @@ from sdrt.weights.blocks import BlockMatrix
 
 from . import (
     quant,
+    rewrites_dit,  # noqa: F401  (registers the RMSNorm and rotary-embedding rewrites)
     rewrites_epilogue,  # noqa: F401  (registers the conv and GEMM epilogue fusions)
 )
 from .ops import FOLD_ONLY, REGISTRY, load_all

@@ -368,7 +368,7 @@ def row_stride(k: int, rows: int = 14) -> int:
 
 
 #: activations the conv's epilogue applies (``SDRT_ACT_*`` in native/sdrt_native.h)
-ACTS = {"relu": 1, "clip": 2, "hardswish": 3, "silu": 4}
+ACTS = {"relu": 1, "clip": 2, "hardswish": 3, "silu": 4, "gelu_tanh": 5}
 
 
 def conv_params(kh: int, kw: int, strides: Any, dil: Any, ph: int, pw: int, *, padded: bool = False,

@@ -45,6 +45,7 @@ class NativeOps:
     copy_op: Any
     concat_op: Any
     upscale_op: Any
+    rope_op: Any
 
     def set_isa(self, name: str | None) -> str:
         """Use the kernel body ``name`` (None: the widest this CPU runs); returns the active one.
@@ -89,7 +90,7 @@ def native_ops() -> NativeOps | None:
                                for f in ("sdrt_attention_op", "sdrt_gelu_erf_op", "sdrt_gn_stats_op",
                                          "sdrt_gn_apply_op", "sdrt_dwconv_op", "sdrt_rowmean_op",
                                          "sdrt_layer_norm_op", "sdrt_copy_op", "sdrt_concat_op",
-                                         "sdrt_upscale_op")))
+                                         "sdrt_upscale_op", "sdrt_rope_op")))
         ops.set_isa(os.environ.get("SDRT_GGML_OPS_ISA") or None)
         why = _self_test(ops, g)
     except (OSError, AttributeError, ValueError) as exc:
@@ -194,6 +195,22 @@ def layer_norm(ops: NativeOps, g: Any, ctx: Any, x: Any, gamma: Any, beta: Any, 
     ud = ctypes.cast(ctypes.pointer(_scale_arg(float(eps))), ctypes.c_void_p)
     return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], ne[2], ne[3], arr, 3, ops.layer_norm_op,
                                       g.GGML_N_TASKS_MAX, ud), "sdrt_layer_norm")
+
+
+def rope(ops: NativeOps, g: Any, ctx: Any, x: Any, cos: Any, sin: Any) -> Any:
+    """The rotary embedding of interleaved pairs: ``x cos + rot(x) sin``, rot(x) = (-x1, x0, -x3, x2, ...)
+    along each row. ``x`` float32 with dense rows of an even ne0 (any row strides); ``cos`` and ``sin``
+    dense rows of the same ne0, each of dims 1-3 either ``x``'s or 1. Result shaped as ``x``, dense."""
+    ne = x.contents.ne
+    arr = (ctypes.POINTER(g.ggml_tensor) * 3)(x, cos, sin)
+    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, ne[0], ne[1], ne[2], ne[3], arr, 3, ops.rope_op,
+                                      g.GGML_N_TASKS_MAX, None), "sdrt_rope")
+
+
+def reference_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """numpy, as the export computes it: x cos + stack(-x_odd, x_even) sin."""
+    rot = np.stack([-x[..., 1::2], x[..., 0::2]], -1).reshape(x.shape)
+    return x.astype(np.float64) * cos + rot.astype(np.float64) * sin
 
 
 def copy(ops: NativeOps, g: Any, ctx: Any, x: Any) -> Any:
@@ -308,8 +325,11 @@ def _self_test(ops: NativeOps, g: Any) -> str | None:
         cp = copy(ops, g, ctx, g.ggml_permute(ctx, _tensor(g, ctx, v), 1, 0, 2, 3))  # (b, h, dv, n_kv) dense
         cat = concat(ops, g, ctx, _tensor(g, ctx, k), _tensor(g, ctx, v), 0)  # (b, h, n_kv, d + dv)
         up = upscale(ops, g, ctx, _tensor(g, ctx, xl), (37 * 2, 5 * 3, 1, 1))
+        xr = rng.standard_normal((2, 3, 4, 6)).astype(np.float32)
+        cs, sn = rng.standard_normal((2, 1, 4, 6)).astype(np.float32), rng.standard_normal((1, 3, 1, 6)).astype(np.float32)
+        ro = rope(ops, g, ctx, _tensor(g, ctx, xr), _tensor(g, ctx, cs), _tensor(g, ctx, sn))
         gf = g.ggml_new_graph(ctx)
-        for t in (y, ge, ln, cp, cat, up):
+        for t in (y, ge, ln, cp, cat, up, ro):
             g.ggml_build_forward_expand(gf, t)
         g.ggml_graph_compute_with_ctx(ctx, gf, 2)
         got = _array(g, y, (b, n_q, h, dv)).transpose(0, 2, 1, 3)
@@ -328,6 +348,9 @@ def _self_test(ops: NativeOps, g: Any) -> str | None:
             return "the concatenation differs"
         if not np.array_equal(_array(g, up, (15, 74)), xl.repeat(3, 0).repeat(2, 1)):
             return "the nearest upscale differs"
+        rg, rw = _array(g, ro, xr.shape), reference_rope(xr, cs, sn)
+        if not np.allclose(rg, rw, rtol=1e-5, atol=1e-6):
+            return f"rotary embedding max error {float(np.abs(rg - rw).max()):.3g}"
     finally:
         g.ggml_free(ctx)
     return None

@@ -9,6 +9,8 @@ used elsewhere is still computed for that use, so a match is always correct.
 
 - ``gelu``: x * 0.5 * (1 + erf(x / sqrt 2)) -> ggml_gelu_erf (always on: ggml has no erf kernel)
 - ``geglu``: hidden * gelu(gate) -> one native kernel reading both (sliced) halves in place
+- ``conv_epilogue`` (here, the GELU-tanh part): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) of a native
+  GEMM's output -> that GEMM with the tanh GELU in its epilogue (ggml's TANH is one scalar tanhf an element)
 - ``silu``: x * sigmoid(x) -> ggml_silu, and x * sigmoid(1.702 x) (quick GELU) -> silu(1.702 x) / 1.702
 - ``attention``: softmax(Q K^T * s [+ mask]) V -> ggml_flash_attn_ext
 - ``groupnorm``: Reshape(N, G, -1) -> InstanceNormalization -> Reshape -> sdrt-ggml's group norm
@@ -25,13 +27,13 @@ from typing import Any
 import numpy as np
 
 from .ops._common import GTensor, Value, aligned, attrs, cont, ggml_lib, ne_of, pad_k, permute, scalar_of, want_pad
-from .ops.op_matmul import fuse_gemm_silu
+from .ops.op_matmul import fuse_gemm_act, fuse_gemm_silu
 
 Matcher = Callable[[Any, Any], "list[Value] | None"]
 #: anchor op type -> [(rewrite name, matcher)]
 REWRITES: dict[str, list[tuple[str, Matcher]]] = {}
 #: rewrites that can be switched off (``rewrites=`` option); gelu is needed for correctness
-OPTIONAL = ("silu", "attention", "groupnorm", "geglu", "conv_epilogue")
+OPTIONAL = ("silu", "attention", "groupnorm", "geglu", "conv_epilogue", "rmsnorm", "rope")
 
 
 def rewrite(name: str, anchor: str) -> Callable[[Matcher], Matcher]:
@@ -105,6 +107,83 @@ def match_gelu(lowering: Any, node: Any) -> list[Value] | None:
     xv = cont(lowering, xv)
     lowering.used("gelu ggml")
     return [GTensor(ggml_lib().ggml_gelu_erf(lowering.ctx, xv.ptr), xv.shape)]
+
+
+def _factors(lowering: Any, name: str, nodes: list[Any], depth: int = 3) -> list[str]:
+    """Flatten a tree of single-use Mul nodes (and x^3 as Pow(x, 3)) into factor names; the nodes go to ``nodes``."""
+    node = lowering.producer(name)
+    if depth and node is not None and lowering.n_uses(name) <= 1:
+        if node.op_type == "Mul":
+            nodes.append(node)
+            return (_factors(lowering, node.input[0], nodes, depth - 1)
+                    + _factors(lowering, node.input[1], nodes, depth - 1))
+        if node.op_type == "Pow" and _close(scalar_of(lowering.values.get(node.input[1])), 3.0, 0.0):
+            nodes.append(node)
+            return [str(node.input[0])] * 3
+    return [name]
+
+
+def _split_consts(lowering: Any, factors: list[str]) -> tuple[float | None, list[str]]:
+    """(the product of the constant scalar factors, or None if one is not a scalar; the runtime factors)."""
+    c = 1.0
+    runtime = []
+    for f in factors:
+        v = lowering.values.get(f)
+        if isinstance(v, np.ndarray):
+            s = scalar_of(v)
+            if s is None:
+                return None, runtime
+            c *= float(s)
+        else:
+            runtime.append(f)
+    return c, runtime
+
+
+def _gelu_tanh_x(lowering: Any, node: Any) -> tuple[str, int] | None:
+    """(x, the number of the pattern's inputs that read x) when ``node`` (a Mul) ends
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) as torch exports GELU(approximate='tanh'), in any
+    association order of the products."""
+    nodes: list[Any] = [node]
+    c, runtime = _split_consts(lowering, _factors(lowering, node.input[0], nodes)
+                               + _factors(lowering, node.input[1], nodes))
+    if len(runtime) != 2 or not _close(c, 0.5, 1e-6):
+        return None
+    for i in (0, 1):
+        x, add = runtime[i], lowering.producer(runtime[1 - i])
+        if add is None or add.op_type != "Add" or lowering.n_uses(runtime[1 - i]) != 1:
+            continue
+        for j in (0, 1):
+            tanh = lowering.producer(add.input[j])
+            if not _close(scalar_of(lowering.values.get(add.input[1 - j])), 1.0, 1e-6) or tanh is None:
+                continue
+            if tanh.op_type != "Tanh" or lowering.n_uses(add.input[j]) != 1:
+                continue
+            found = [add, tanh]
+            k, inner = _split_consts(lowering, _factors(lowering, tanh.input[0], found))
+            if len(inner) != 1 or not _close(k, float(np.sqrt(2.0 / np.pi)), 1e-5):
+                continue
+            add2 = lowering.producer(inner[0])
+            if add2 is None or add2.op_type != "Add" or lowering.n_uses(inner[0]) != 1:
+                continue
+            found.append(add2)
+            for t in (0, 1):
+                if add2.input[t] != x:
+                    continue
+                a, cube = _split_consts(lowering, _factors(lowering, add2.input[1 - t], found))
+                if cube == [x, x, x] and _close(a, 0.044715, 1e-5):
+                    reads = sum(list(n.input).count(x) for n in nodes + found)
+                    return x, reads
+    return None
+
+
+@rewrite("conv_epilogue", "Mul")
+def match_gemm_gelu_tanh(lowering: Any, node: Any) -> list[Value] | None:
+    """GELU (tanh form) of a native GEMM's output -> the GEMM with it in its epilogue."""
+    hit = _gelu_tanh_x(lowering, node)
+    if hit is None:
+        return None
+    gemm = fuse_gemm_act(lowering, hit[0], hit[1], "gelu_tanh", count=False)  # the lowering counts this match
+    return None if gemm is None else [gemm]
 
 
 @rewrite("geglu", "Mul")

@@ -317,3 +317,82 @@ def test_layer_norm_with_a_runtime_scale_keeps_ggml_norm():
     with compile_ggml(m) as s:
         ops = _ops(s)
         assert "sdrt_layer_norm" not in ops and ops.get("NORM") == 1, ops
+
+
+def _gelu_tanh_nodes(z: str, out: str, form: str) -> list:
+    """GELU(approximate='tanh') of ``z`` as torch exports it (``torch``: x * (x * x), constants first), or with
+    the cube as Pow(x, 3) and the products in the other association order (``pow``)."""
+    if form == "torch":
+        cube = [mk("Mul", [z, z], ["xx"]), mk("Mul", [z, "xx"], ["x3"]), mk("Mul", ["c044", "x3"], ["x3c"])]
+    else:
+        cube = [mk("Pow", [z, "three"], ["x3"]), mk("Mul", ["x3", "c044"], ["x3c"])]
+    return cube + [mk("Add", [z, "x3c"], ["inner"]), mk("Mul", ["csq", "inner"], ["u"]), mk("Tanh", ["u"], ["t"]),
+                   mk("Add", ["one", "t"], ["t1"])] + (
+        [mk("Mul", [z, "t1"], ["g"]), mk("Mul", ["half", "g"], [out])] if form == "torch" else
+        [mk("Mul", ["half", z], ["g"]), mk("Mul", ["g", "t1"], [out])])
+
+
+GELU_CONSTS = {"c044": np.array(0.044715, np.float32), "csq": np.array(np.sqrt(2 / np.pi), np.float32),
+               "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32), "three": np.array(3.0, np.float32)}
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "portable", "neon", "scalar"])
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("form", ["torch", "pow"])
+def test_gemm_gelu_tanh_fuses(isa, threads, form):
+    """MatMul + bias, then GELU (tanh form, the diffusion transformers' MLP): one GEMM whose epilogue applies
+    x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)) (= 0.5 x (1 + tanh(..))); no TANH (ggml's is a scalar tanhf
+    an element) and no elementwise ops. N = 70: full 32-column tiles and a masked edge; values out to +-20."""
+    nat = native.native()
+    if isa not in nat.available_isas():
+        pytest.skip(f"{isa} GEMM kernel: not on this CPU or build")
+    nodes = [mk("MatMul", ["x", "w"], ["y"]), mk("Add", ["y", "b"], ["z"]), *_gelu_tanh_nodes("z", "out", form)]
+    model = make_model(nodes, {"x": ((2, 13, 40), F)}, {"out": (None, F)},
+                       {"w": rand(40, 70) * 0.8, "b": rand(70), **GELU_CONSTS})
+    x = rand(2, 13, 40) * 3
+    x[0, 0] *= 4  # a row of large values: both tails of the GELU
+    nat.set_isa(isa)
+    try:
+        check(model, {"x": x}, rtol=1e-4, atol=1e-5, threads=threads)
+        with compile_ggml(model, threads=threads) as s:
+            assert s.rewrite_hits.get("conv_epilogue") == 2, s.rewrite_hits
+            ops = _ops(s)
+            assert ops == {"sdrt_gemm": 1}, ops
+    finally:
+        nat.set_isa(None)
+
+
+def test_gemm_gelu_tanh_input_read_elsewhere_is_not_fused():
+    """The GEMM's output also read outside the GELU (a residual): no fusion, the same values."""
+    nodes = [mk("MatMul", ["x", "w"], ["y"]), mk("Add", ["y", "b"], ["z"]), *_gelu_tanh_nodes("z", "gl", "torch"),
+             mk("Add", ["gl", "z"], ["out"])]
+    model = make_model(nodes, {"x": ((1, 9, 24), F)}, {"out": (None, F)}, {"w": rand(24, 40), "b": rand(40),
+                                                                          **GELU_CONSTS})
+    check(model, {"x": rand(1, 9, 24)}, rtol=1e-4, atol=1e-5)
+    with compile_ggml(model) as s:
+        assert "TANH" in _ops(s)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("k", [8192, 8211])
+def test_gemm_large_k_blocking(threads, k):
+    """K >= 8192 takes half the AVX-512 kernels' K block (native/gemm.c, split_of): more blocks of K summed into
+    C, the bias with the first and the residual and activation with the last; an odd K leaves a short block."""
+    nodes = [mk("MatMul", ["x", "w"], ["y"]), mk("Add", ["y", "b"], ["z"]), mk("Add", ["z", "r"], ["s"]),
+             mk("Relu", ["s"], ["out"])]
+    model = make_model(nodes, {"x": ((1, 37, k), F), "r": ((1, 37, 70), F)}, {"out": (None, F)},
+                       {"w": (rand(k, 70) / np.sqrt(k)).astype(np.float32), "b": rand(70)})
+    check(model, {"x": rand(1, 37, k), "r": rand(1, 37, 70, seed=2)}, rtol=1e-4, atol=1e-5, threads=threads)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_gemm_gelu_op_tanh_fuses(threads):
+    """Gelu(approximate='tanh') (opset 20) of a MatMul + bias: the same GEMM epilogue."""
+    nodes = [mk("MatMul", ["x", "w"], ["y"]), mk("Add", ["y", "b"], ["z"]), mk("Gelu", ["z"], ["out"],
+                                                                            approximate="tanh")]
+    model = make_model(nodes, {"x": ((2, 13, 40), F)}, {"out": (None, F)}, {"w": rand(40, 70) * 0.8, "b": rand(70)},
+                       opset=20)
+    check(model, {"x": rand(2, 13, 40) * 3}, rtol=1e-4, atol=1e-5, threads=threads)
+    with compile_ggml(model, threads=threads) as s:
+        assert s.rewrite_hits.get("conv_epilogue") == 2, s.rewrite_hits
+        assert _ops(s) == {"sdrt_gemm": 1}, _ops(s)

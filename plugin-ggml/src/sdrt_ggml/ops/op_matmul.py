@@ -111,6 +111,13 @@ def gemm_spec_of(lowering: Any, v: Any) -> GemmSpec | None:
 def fuse_gemm_silu(lowering: Any, name: str, uses: int, c: float) -> GTensor | None:
     """``x * sigmoid(c x)`` of the native GEMM that produced ``name`` (read only by the Sigmoid and the
     Mul: ``uses`` readers) as that GEMM with the activation in its epilogue; None when it cannot."""
+    return fuse_gemm_act(lowering, name, uses, "silu", c)
+
+
+def fuse_gemm_act(lowering: Any, name: str, uses: int, act: str, arg: float = 0.0, *,
+                  count: bool = True) -> GTensor | None:
+    """The native GEMM that produced ``name`` (read by ``uses`` inputs of the pattern's nodes and nothing
+    else) again, with activation ``act`` (``native.ACTS``) in its epilogue; None when it cannot."""
     from dataclasses import replace
 
     spec = gemm_spec_of(lowering, lowering.values.get(name))
@@ -118,8 +125,9 @@ def fuse_gemm_silu(lowering: Any, name: str, uses: int, c: float) -> GTensor | N
         return None
     if "conv_epilogue" not in lowering.rewrites_on:
         return None
-    lowering.rewrite_hits["conv_epilogue"] = lowering.rewrite_hits.get("conv_epilogue", 0) + 1
-    return gemm_emit(lowering, replace(spec, act="silu", act_arg=float(c)))
+    if count:  # a match of another rewrite (silu) that fused into the GEMM's epilogue
+        lowering.rewrite_hits["conv_epilogue"] = lowering.rewrite_hits.get("conv_epilogue", 0) + 1
+    return gemm_emit(lowering, replace(spec, act=act, act_arg=float(arg)))
 
 
 def native_matmul(lowering: Any, nat: Any, a: GTensor, b: Value, batch: tuple[int, ...]) -> GTensor:

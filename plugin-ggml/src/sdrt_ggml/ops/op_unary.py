@@ -100,10 +100,16 @@ check("Gelu")(check_gelu)
 
 @op("Gelu")
 def op_gelu(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
-    x = cont(lowering, inputs[0])
     g = ggml_lib()
     if attrs(node).get("approximate", "none") != "tanh":
+        x = cont(lowering, inputs[0])
         return [GTensor(g.ggml_gelu_erf(lowering.ctx, x.ptr), x.shape)]
+    from .op_matmul import fuse_gemm_act
+
+    fused = fuse_gemm_act(lowering, str(node.input[0]), 1, "gelu_tanh")  # into a native GEMM's epilogue
+    if fused is not None:
+        return [fused]
+    x = cont(lowering, inputs[0])
     # ggml_gelu uses an fp16 table on the CPU: build the tanh form from exact ops instead
     x3 = g.ggml_mul(lowering.ctx, g.ggml_sqr(lowering.ctx, x.ptr), x.ptr)
     inner = g.ggml_add(lowering.ctx, x.ptr, g.ggml_scale(lowering.ctx, x3, 0.044715))
