@@ -44,7 +44,7 @@ def run_sdcpp(d: Path, qtype: str, size: int, steps: int, threads: int) -> dict:
     return {"contender": "stable-diffusion.cpp", "load_s": t1 - t0, "image_s": t2 - t1}
 
 
-def run_sdrt(d: Path, qtype: str, size: int, steps: int, memory: str | None) -> dict:
+def run_sdrt(d: Path, qtype: str, size: int, steps: int, memory: str | None, max_seq: int | None) -> dict:
     sys.path.insert(0, str(ROOT / "core" / "src"))
     from sdrt import pipelines
 
@@ -53,12 +53,14 @@ def run_sdrt(d: Path, qtype: str, size: int, steps: int, memory: str | None) -> 
                           text_encoders=[d / "clip_l.safetensors", d / "t5xxl-encoder-Q8_0.gguf"], vae=d / "ae.safetensors")
     t1 = time.perf_counter()
     kw = dict(width=size, height=size, steps=steps, guidance=3.5, sampler="Euler", seed=42)
+    if max_seq:
+        kw["max_sequence_length"] = max_seq
     images = pipe(PROMPT, **kw)
     t2 = time.perf_counter()
     from PIL import Image
 
     Image.fromarray(images[0]).save(d / f"sdrt-{qtype}.png")
-    out = {"contender": "sdrt-ggml", "memory": memory, "load_s": t1 - t0, "image_s": t2 - t1}
+    out = {"contender": "sdrt-ggml", "memory": memory, "max_sequence_length": max_seq or "family default (512)", "load_s": t1 - t0, "image_s": t2 - t1}
     plan = pipe._measured()  # the budget's plan with the measured peak per stage
     if plan is not None:
         out.update(predicted_peak_bytes=plan.peak_bytes, fits=plan.fits, stage_peaks=plan.measured,
@@ -75,11 +77,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--memory", default="12GB")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-seq", type=int, default=None,
+                    help="sdrt's T5 max_sequence_length (stable-diffusion.cpp pads T5 to 256 tokens; Flux dev's own is 512)")
     a = ap.parse_args()
     if a.who == "sdcpp":
         out = run_sdcpp(a.dir, a.qtype, a.size, a.steps, a.threads)
     else:
-        out = run_sdrt(a.dir, a.qtype, a.size, a.steps, a.memory or None)
+        out = run_sdrt(a.dir, a.qtype, a.size, a.steps, a.memory or None, a.max_seq)
     out.update(qtype=a.qtype, size=a.size, steps=a.steps, peak_rss_bytes=hwm())
     print(json.dumps(out))
 
