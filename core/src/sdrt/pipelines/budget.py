@@ -263,9 +263,11 @@ def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, in
     w = part.weights
     if not kept or w is None:
         return total, 0
+    # a block tensor read by anything but a matmul (an embedding table's Gather) is dequantized to float32
+    matmul_read = {x for n in graph.model.graph.node if n.op_type in ("MatMul", "Gemm", "Transpose") for x in n.input}
     stored = floats = 0
     for name, i in info.items():
-        ref = w.ref(name) if name in w else None
+        ref = w.ref(name) if name in w and name in matmul_read else None
         if ref is not None and ref.blocks is not None:
             blocks = ref.blocks()
             if blocks.ggml_type in kept:
