@@ -220,6 +220,23 @@ static int w_block_rows(const sdrt_isa_kernels *kk, int kc) {
     return mc < kk->mr_max ? kk->mr_max : mc;
 }
 
+/* The output of one block of W's rows (m0...) over the panels from pan0 on: rows of the output image. The
+ * panels were just packed, so they are in L2: no prefetch of B. */
+static sdrt_block_out conv_block_out(const conv_out *co, float *out, int np, int m0, int pan0) {
+    sdrt_block_out o;
+    o.c = out + (ptrdiff_t)m0 * np + pan0 * SDRT_NR;
+    o.ldc = np;
+    o.trans = 0;
+    o.n = np - pan0 * SDRT_NR;
+    o.bias = NULL;
+    o.rbias = co->rbias ? co->rbias + m0 : NULL;
+    o.res = co->res ? co->res + (ptrdiff_t)m0 * np + pan0 * SDRT_NR : NULL;
+    o.ldres = np;
+    o.ep = co->ep;
+    o.prefetch_b = 0;
+    return o;
+}
+
 /* one unit of the packed route: panels [pan0, pan1) of one batch item, every output channel, all
  * of K. For each block of K the unit's panels are packed once, then every block of output
  * channels runs over them (sdrt_block: each panel slice stays in L1 over the W tiles). */
@@ -248,17 +265,7 @@ static int conv_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const floa
             pack_conv_panel(s, x, taps, q * SDRT_NR, k1 - k0, co->cscale, k0, buf + (ptrdiff_t)(q - pan0) * pstride);
         for (int mb = 0; mb < mblocks; mb++) {
             const int m0 = (int)((long)mb * s->OC / mblocks), m1 = (int)((long)(mb + 1) * s->OC / mblocks);
-            sdrt_block_out o;
-            o.c = out + (ptrdiff_t)m0 * np + pan0 * SDRT_NR;
-            o.ldc = np;
-            o.trans = 0;
-            o.n = np - pan0 * SDRT_NR;
-            o.bias = NULL;
-            o.rbias = co->rbias ? co->rbias + m0 : NULL;
-            o.res = co->res ? co->res + (ptrdiff_t)m0 * np + pan0 * SDRT_NR : NULL;
-            o.ldres = np;
-            o.ep = co->ep;
-            o.prefetch_b = 0; /* the panels were just packed: in L2 */
+            const sdrt_block_out o = conv_block_out(co, out, np, m0, pan0);
             sdrt_block(kk, m1 - m0, k1 - k0, w + (ptrdiff_t)m0 * s->ldw + k0, s->ldw, buf, pstride, pan1 - pan0, &o,
                        kb > 0, kb + 1 == kblocks);
         }
@@ -306,17 +313,7 @@ static int conv_unit_bf16(const conv_shape *s, const sdrt_isa_kernels *kk, const
         }
         for (int mb = 0; mb < mblocks; mb++) {
             const int m0 = (int)((long)mb * s->OC / mblocks), m1 = (int)((long)(mb + 1) * s->OC / mblocks);
-            sdrt_block_out o;
-            o.c = out + (ptrdiff_t)m0 * np + pan0 * SDRT_NR;
-            o.ldc = np;
-            o.trans = 0;
-            o.n = np - pan0 * SDRT_NR;
-            o.bias = NULL;
-            o.rbias = co->rbias ? co->rbias + m0 : NULL;
-            o.res = co->res ? co->res + (ptrdiff_t)m0 * np + pan0 * SDRT_NR : NULL;
-            o.ldres = np;
-            o.ep = co->ep;
-            o.prefetch_b = 0;
+            const sdrt_block_out o = conv_block_out(co, out, np, m0, pan0);
             const uint16_t *wr = w16 + (ptrdiff_t)m0 * s->ldw + k0;
             if (bk) {
                 sdrt_block_bf16(bk, m1 - m0, p1 - p0, (const uint32_t *)(const void *)wr, s->ldw / 2, bbuf, bstride,

@@ -121,6 +121,30 @@ float *sdrt_thread_buffer(int slot, size_t bytes) {
 }
 
 /* ---- the blocked product ---------------------------------------------------------------- */
+/* A kernel call's output, columns n0.. (at most nr of them) of the block's: what every row tile shares */
+static inline sdrt_tile_out tile_out_cols(const sdrt_block_out *out, int n0, int nr, int acc, int last) {
+    sdrt_tile_out o;
+    o.ldc = out->ldc;
+    o.trans = out->trans;
+    o.n = out->n - n0 < nr ? out->n - n0 : nr;
+    o.bias = out->bias ? out->bias + n0 : NULL;
+    o.acc = acc;
+    o.last = last;
+    o.ldres = out->ldres;
+    o.ep = out->ep;
+    return o;
+}
+
+/* ... and its rows m0..m1: where they land in C (and the residual), and their row bias */
+static inline void tile_out_rows(sdrt_tile_out *o, const sdrt_block_out *out, int n0, int m0, int m1) {
+    o->m = m1 - m0;
+    o->rbias = out->rbias ? out->rbias + m0 : NULL;
+    o->c = out->trans ? out->c + (ptrdiff_t)n0 * out->ldc + m0 : out->c + (ptrdiff_t)m0 * out->ldc + n0;
+    o->res = !out->res ? NULL
+             : out->trans ? out->res + (ptrdiff_t)n0 * out->ldres + m0
+                          : out->res + (ptrdiff_t)m0 * out->ldres + n0;
+}
+
 void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdiff_t lda, const float *b,
                 ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last) {
     const int mr = kk->mr_max, nr = kk->nr;
@@ -131,23 +155,12 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
          * the call) is paid once a tile instead of once a slice */
         const int cols = panels * SDRT_NR < out->n ? panels * SDRT_NR : out->n;
         const int slices = (cols + nr - 1) / nr;
-        sdrt_tile_out o;
-        o.ldc = out->ldc;
-        o.trans = out->trans;
-        o.n = cols;
-        o.bias = out->bias;
-        o.acc = acc;
-        o.last = last;
-        o.ldres = out->ldres;
-        o.ep = out->ep;
+        sdrt_tile_out o = tile_out_cols(out, 0, cols, acc, last);
         sdrt_split ts = sdrt_split_of(m, tiles);
         for (int t = 0, m1 = 0; t < tiles; t++) {
             const int m0 = m1;
             m1 = sdrt_split_next(&ts);
-            o.m = m1 - m0;
-            o.rbias = out->rbias ? out->rbias + m0 : NULL;
-            o.c = out->trans ? out->c + m0 : out->c + (ptrdiff_t)m0 * out->ldc;
-            o.res = !out->res ? NULL : out->trans ? out->res + m0 : out->res + (ptrdiff_t)m0 * out->ldres;
+            tile_out_rows(&o, out, 0, m0, m1);
             const float *pf = t + 1 < tiles ? a + (ptrdiff_t)m1 * lda : a;
             kk->mkern[o.m](k, a + (ptrdiff_t)m0 * lda, lda, b, pstride, slices, &o, pf);
         }
@@ -167,15 +180,7 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
             if (n0 >= out->n)
                 return;
             const float *bs = b + (ptrdiff_t)q * pstride + (h ? half : 0);
-            sdrt_tile_out o;
-            o.ldc = out->ldc;
-            o.trans = out->trans;
-            o.n = out->n - n0 < nr ? out->n - n0 : nr;
-            o.bias = out->bias ? out->bias + n0 : NULL;
-            o.acc = acc;
-            o.last = last;
-            o.ldres = out->ldres;
-            o.ep = out->ep;
+            sdrt_tile_out o = tile_out_cols(out, n0, nr, acc, last);
             sdrt_split ts = sdrt_split_of(m, tiles);
             int m1 = 0, m2 = sdrt_split_next(&ts);
             for (int t = 0; t < tiles; t++) {
@@ -190,12 +195,7 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
                     }
                     r0 = r1;
                 }
-                o.m = m1 - m0;
-                o.rbias = out->rbias ? out->rbias + m0 : NULL;
-                o.c = out->trans ? out->c + (ptrdiff_t)n0 * out->ldc + m0 : out->c + (ptrdiff_t)m0 * out->ldc + n0;
-                o.res = !out->res ? NULL
-                        : out->trans ? out->res + (ptrdiff_t)n0 * out->ldres + m0
-                                     : out->res + (ptrdiff_t)m0 * out->ldres + n0;
+                tile_out_rows(&o, out, n0, m0, m1);
                 /* prefetch the next tile's rows (the first tile's for the last: the next slice's) */
                 const float *pf = t + 1 < tiles && m2 > m1 ? a + (ptrdiff_t)m1 * lda : a;
                 kk->kern[o.m](k, a + (ptrdiff_t)m0 * lda, lda, bs, half, &o, pf);
@@ -219,15 +219,7 @@ void sdrt_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t 
         sdrt_split rows = sdrt_split_of(k2, tiles);
         int r0 = 0;
         const uint16_t *bs = b + (ptrdiff_t)q * pstride;
-        sdrt_tile_out o;
-        o.ldc = out->ldc;
-        o.trans = out->trans;
-        o.n = out->n - n0 < SDRT_BF16_NR ? out->n - n0 : SDRT_BF16_NR;
-        o.bias = out->bias ? out->bias + n0 : NULL;
-        o.acc = acc;
-        o.last = last;
-        o.ldres = out->ldres;
-        o.ep = out->ep;
+        sdrt_tile_out o = tile_out_cols(out, n0, SDRT_BF16_NR, acc, last);
         sdrt_split ts = sdrt_split_of(m, tiles);
         for (int t = 0, m1 = 0; t < tiles; t++) {
             const int m0 = m1;
@@ -240,12 +232,7 @@ void sdrt_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t 
                 }
                 r0 = r1;
             }
-            o.m = m1 - m0;
-            o.rbias = out->rbias ? out->rbias + m0 : NULL;
-            o.c = out->trans ? out->c + (ptrdiff_t)n0 * out->ldc + m0 : out->c + (ptrdiff_t)m0 * out->ldc + n0;
-            o.res = !out->res ? NULL
-                    : out->trans ? out->res + (ptrdiff_t)n0 * out->ldres + m0
-                                 : out->res + (ptrdiff_t)m0 * out->ldres + n0;
+            tile_out_rows(&o, out, n0, m0, m1);
             bk->kern[o.m](k2, a + (ptrdiff_t)m0 * lda, lda, bs, half, &o);
         }
     }
