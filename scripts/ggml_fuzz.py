@@ -5,7 +5,8 @@
 Hypothesis draws batches of random graphs (``tests/plugins/ggml/fuzz_graphs.py``); each batch
 runs on ggml in a child process and is compared with onnxruntime. Every finding (mismatch,
 error, crash) is written with its graph to ``--out``; the counts are printed at the end.
-``nox -s ggml_fuzz`` runs it.
+``nox -s ggml_fuzz`` runs it. The reference is float32, so ggml runs at float32 too
+(``SDRT_PRECISION=fp32``, as the test suite pins it) unless ``--precision`` names another.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import re
 import sys
 import time
@@ -31,7 +33,10 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=50)
     ap.add_argument("--max-nodes", type=int, default=6)
     ap.add_argument("--out", default="ggml-fuzz.jsonl")
+    ap.add_argument("--precision", default="fp32",
+                    help="ggml's precision (default fp32: onnxruntime's float32 is the reference)")
     args = ap.parse_args()
+    os.environ["SDRT_PRECISION"] = args.precision  # the child processes inherit it
     counts: collections.Counter[str] = collections.Counter()
     refused: collections.Counter[str] = collections.Counter()
     start = time.time()
