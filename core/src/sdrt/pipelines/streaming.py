@@ -17,6 +17,12 @@ whose structure is identical (Flux's double and single blocks, SD3's joint block
 canonical tensor names, compiled once, and the next block's weights are swapped in with
 ``Session.update_weights``; whether that is cheaper than compiling again depends on the backend
 (docs/memory.md has the figures).
+
+While a group computes, the next group's weight bytes are read ahead into the page cache on a background thread
+(``sdrt.weights.pages.Prefetcher``: ``posix_fadvise(WILLNEED)`` on their file ranges; after the last group, the
+first group's, for the next call), so its load finds them there instead of waiting on the disk. Those pages
+are the kernel's page cache, not this process's resident memory, until the next group's load reads them, as
+it would without the prefetch: the budget is unchanged. ``prefetch=False`` turns it off.
 """
 
 from __future__ import annotations
@@ -334,7 +340,7 @@ class StreamedSession:
 
     def __init__(self, graph: Graph, weights: Weights | None, *, max_weight_bytes: int | None = None,
                  groups: int | None = None, backend: str = "auto", device: Any = None, share: bool = False,
-                 options: Mapping[str, Any] | None = None) -> None:
+                 options: Mapping[str, Any] | None = None, prefetch: bool = True) -> None:
         if not graph.model.graph.value_info:  # not shape-inferred yet: every cut needs its tensors' types
             graph = graph.with_shapes()
         # shapes computed at run time (Shape -> Gather -> Concat -> Reshape) become constants, so no group
@@ -351,6 +357,12 @@ class StreamedSession:
         self.load_s = 0.0
         self.run_s = 0.0
         self._shared: dict[bytes, Any] = {}
+        #: each group's weight bytes in files ({path: [(offset, length)]}), read ahead while the group before runs
+        self.prefetch = prefetch
+        self._ranges = [self._file_ranges(g) for g in self.groups] if prefetch else []
+        from ..weights.pages import Prefetcher
+
+        self._prefetcher = Prefetcher()
         #: groups that reused a compiled block with their weights swapped in (``share``)
         self.swaps = 0
         log.info("%s streams in %d group(s) of at most %.1f MiB of weights (%s)", graph.name, len(self.groups),
@@ -364,11 +376,27 @@ class StreamedSession:
     def peak_group_bytes(self) -> int:
         return max(g.weight_bytes for g in self.groups)
 
+    def _file_ranges(self, group: Group) -> dict[str, list[tuple[int, int]]]:
+        """Where the group's weights sit in files: the part's ``Weights`` references, else the graph's mapped data."""
+        from ..weights.pages import file_ranges
+
+        ext = self.graph.external_refs
+        w = self.weights
+        return file_ranges(w.ref(x) if w is not None and x in w else ext.get(x) for x in group.initializers)
+
+    @property
+    def prefetched_bytes(self) -> int:
+        """Bytes read ahead so far (``prefetch``)."""
+        return self._prefetcher.bytes
+
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         from ..runtime import load
         from .lowmem import give_back
 
         env: dict[str, np.ndarray] = dict(feeds)
+        n = len(self.groups)
+        if self.prefetch and n > 1:
+            self._prefetcher.start(self._ranges[0])  # usually done already: read ahead during the last call
         for k, group in enumerate(self.groups):
             t0 = time.perf_counter()
             g, names = group_graph(self.graph, group, canonical=self.share)
@@ -397,6 +425,8 @@ class StreamedSession:
             else:
                 sess = load(g, weights=sub, backend=self.backend, device=self.device, **self.options)
             t1 = time.perf_counter()
+            if self.prefetch and n > 1:  # the next group's weights come into the page cache while this one runs
+                self._prefetcher.start(self._ranges[(k + 1) % n])
             try:
                 out = sess.run({names.get(x, x): env[x] for x in group.inputs})
             finally:
@@ -421,6 +451,7 @@ class StreamedSession:
         self.weights = weights
 
     def close(self) -> None:
+        self._prefetcher.wait()
         for sess in self._shared.values():
             sess.close()
         self._shared.clear()
