@@ -167,6 +167,38 @@ def analyse(graph: Graph) -> _Analysis:
                      node_inits)
 
 
+def _attention_scores(a: _Analysis, producer: int, last: int) -> bool:
+    """Whether a tensor is an attention score matrix (the MatMul/Add/Mul into a Softmax, or the Softmax's output
+    into the next MatMul): the backends run softmax(Q K^T) V fused (OpenVINO's SDPA, ggml's flash attention), so
+    the [heads, tokens, tokens] matrix the ONNX graph writes out is never held whole."""
+    made, read = a.nodes[producer].op_type, a.nodes[last].op_type if last < len(a.nodes) else ""
+    return made == "Softmax" or (read == "Softmax" and made in ("MatMul", "Add", "Mul", "Div"))
+
+
+def activation_peaks(graph: Graph, groups: list[Group] | None = None) -> list[int]:
+    """The most activation bytes alive at once: at each node boundary, the tensors made before it and read after
+    it (graph inputs and outputs too; attention scores not: ``_attention_scores``), at the graph's float32 sizes.
+    One figure for the whole graph, or one per group (its boundaries only: the tensors a streamed run keeps for
+    later groups count too). The graph must be shape-pinned (``Graph.with_shapes``); unknown shapes count 0."""
+    a = analyse(graph)
+    vinfo = graph.value_infos()
+    n = len(a.nodes)
+    diff = [0] * (n + 2)
+    for name, last in a.last_use.items():
+        p = a.producer.get(name)
+        if p is None or (p >= 0 and _attention_scores(a, p, last)):
+            continue
+        size = _nbytes(vinfo.get(name))
+        diff[p + 1] += size
+        diff[last + 1] -= size
+    live, b = [], 0
+    for i in range(n + 1):
+        b += diff[i]
+        live.append(b)
+    spans = [(0, n)] if groups is None else [(g.start, g.end) for g in groups]
+    return [max(live[start:end + 1], default=0) for start, end in spans]
+
+
 def split(graph: Graph, *, max_weight_bytes: int | None = None, groups: int | None = None) -> list[Group]:
     """Cut ``graph`` (shape-pinned, so every intermediate has a type) into sequential groups.
 
