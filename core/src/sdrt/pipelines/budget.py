@@ -381,12 +381,13 @@ def plan_placed(weights: Mapping[str, int], roles: Mapping[str, str], denoiser: 
     acts = dict(activations or {})
     need = {p: fp[p] * weights[p] + acts.get(p, 0) for p in weights}
     avail = None if budget is None else budget - base
-    placed = place_parts(need, roles, avail, accelerator=accelerator, asked=asked)
-    if host is None and any(v == "cpu" for v in placed.values()):
-        bad = next(p for p, v in placed.items() if v == "cpu")
-        raise InputError(f"placement puts {bad} on {placed[bad]!r}, and no backend here offers a CPU device",
+    wanted = {p: asked_place(p, roles.get(p, ""), asked or {}) for p in weights}
+    if accelerator and host is None and "cpu" in wanted.values():
+        bad = next(p for p, v in wanted.items() if v == "cpu")
+        raise InputError(f"placement puts {bad} on the CPU, and no backend here offers a CPU device",
                          where="placement", fix="leave placement unset, or install a backend with a CPU device "
                                                 "(openvino or ggml)")
+    placed = place_parts(need, roles, avail, accelerator=accelerator and host is not None, asked=asked)
     local = {p: w for p, w in weights.items() if placed[p] == "device"}
     away = {p: w for p, w in weights.items() if placed[p] != "device"}
     fps = dict(footprints or {})
@@ -610,8 +611,9 @@ class MemoryMixin:
         if part.device is dev and part.backend == be.name:
             return
         part.close()  # a session compiled on the other device goes
-        if be.name != part.backend:
-            part.options = {k: v for k, v in part.options.items() if k == "quantize"}
+        if be.name != part.backend:  # quantize= is sdrt's own; a precision goes along where that backend has it
+            part.options = {k: v for k, v in part.options.items()
+                            if k == "quantize" or (k == "precision" and v in (be.precisions or {"fp32": {}}))}
         part.backend, part.device = be.name, dev
         log.info("memory: %s runs on %s", part.name, dev)
 
