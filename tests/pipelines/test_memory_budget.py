@@ -248,3 +248,44 @@ def test_streamed_groups_read_the_next_groups_weights_ahead():
             assert sess.prefetched_bytes == 0
     for name, ref in outs[False].items():
         np.testing.assert_array_equal(outs[True][name], ref)
+
+
+# ---------------------------------------------------------------------------- activations
+def _attention_graph(tokens: int = 64, dim: int = 16) -> Graph:
+    """x [1, tokens, dim] -> softmax(x x^T) x, then x + that: the score matrix is [1, tokens, tokens]."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, dim])
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "xt"], ["scores"]),
+             helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+             helper.make_node("MatMul", ["probs", "x"], ["att"]),
+             helper.make_node("Add", ["x", "att"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "att", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    return Graph.load(model.SerializeToString()).with_shapes()
+
+
+def test_activations_count_what_is_alive_at_once_but_not_attention_scores():
+    from sdrt.pipelines.streaming import activation_peaks
+
+    g = _attention_graph(tokens=64, dim=16)
+    act = 64 * 16 * 4  # one [1, 64, 16] float32 tensor
+    # between two nodes at most two [1, 64, 16] tensors are alive (x, read by the last Add, and xt or the attention
+    # output); the 64 x 64 scores and probabilities (x + scores would be 5 x act) are not counted: the backends
+    # run attention fused
+    assert activation_peaks(g) == [2 * act]
+    groups = split(g, groups=5)
+    per_group = activation_peaks(g, groups)
+    assert len(per_group) == len(groups) and max(per_group) == 2 * act and min(per_group) >= act
+
+
+def test_activations_join_each_parts_need():
+    plan = plan_memory(W, "unet", 6000, base=100, activations={"vae_decoder": 900})
+    assert plan.placement("vae_decoder").activation_bytes == 900
+    assert plan.peak_bytes == 100 + 2 * 2050 + 900 and plan.fits
+    tight = plan_memory(W, "unet", 1400, base=100, activations={"unet": 300},
+                        split=lambda cap: [(cap, 300), (cap, 100), (1700 - 2 * cap, 50)])
+    unet = tight.placement("unet")
+    assert unet.placement == "streamed" and unet.cap_bytes == (1300 - 300) // 2  # the activations leave less
+    assert unet.peak_bytes == 100 + max(2 * 500 + 300, 2 * 500 + 100, 2 * 700 + 50)
