@@ -419,29 +419,36 @@ def part_weight_bytes(part: Part) -> int:
     return sum(_nbytes(info) for info in graph.initializer_info().values())
 
 
-def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, int]:
-    """``(bytes held, bytes of them kept as stored)`` of a part's weights: the graph's initializer bytes, except
-    that a weight bound to a GGUF file's blocks of a type in ``kept`` (``Backend.weight_blocks``: the backend runs
-    them from the mapped file) counts its stored bytes. Headers only: nothing is read."""
+def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, int, int]:
+    """``(bytes held, bytes of them kept as stored, bytes narrower in their file)`` of a part's weights: the graph's
+    initializer bytes, except that a weight bound to a GGUF file's blocks of a type in ``kept``
+    (``Backend.weight_blocks``: the backend runs them from the mapped file) counts its stored bytes; the third
+    figure is what the float weights bound from a file take less there than in the graph (a float16 checkpoint
+    bound onto a float32 graph: half), so their mapped pages count at the file's size. Headers only."""
     from .streaming import _nbytes
 
     graph = _lean_graph(part)
     info = graph.initializer_info()
     total = sum(_nbytes(i) for i in info.values())
     w = part.weights
-    if not kept or w is None:
-        return total, 0
+    if w is None:
+        return total, 0, 0
     # a block tensor read by anything but a matmul (an embedding table's Gather) is dequantized to float32
     matmul_read = {x for n in graph.model.graph.node if n.op_type in ("MatMul", "Gemm", "Transpose") for x in n.input}
-    stored = floats = 0
+    stored = floats = narrow = 0
     for name, i in info.items():
-        ref = w.ref(name) if name in w and name in matmul_read else None
-        if ref is not None and ref.blocks is not None:
+        ref = w.ref(name) if name in w else None
+        if ref is None:
+            continue
+        if ref.blocks is not None and kept and name in matmul_read:
             blocks = ref.blocks()
             if blocks.ggml_type in kept:
                 stored += blocks.nbytes
                 floats += _nbytes(i)
-    return total - floats + stored, stored
+                continue
+        if ref.blocks is None and ref.origin is not None and len(ref.origin) >= 3:
+            narrow += max(_nbytes(i) - int(ref.origin[2]), 0)
+    return total - floats + stored, stored, narrow
 
 
 def _lean_graph(part: Part) -> Any:
@@ -531,9 +538,10 @@ class MemoryMixin:
             base = current_rss() if not accelerator else 0
         denoiser = self.family.denoiser_part  # type: ignore[attr-defined]
         held = {name: part_memory(p, kept) for name, p in self._parts.items()}
-        weights = {name: h for name, (h, _) in held.items()}
-        # a part's stored blocks run from the mapped file (footprint 1); its float weights take FOOTPRINT
-        footprints = {name: (FOOTPRINT * (h - s) + s) / h for name, (h, s) in held.items() if s and h}
+        weights = {name: h for name, (h, _, _) in held.items()}
+        # a part's stored blocks run from the mapped file (footprint 1); its float weights take FOOTPRINT (the
+        # mapped file's pages and the backend's copy), less what their file stores narrower than the graph
+        footprints = {name: (FOOTPRINT * (h - s) + s - n) / h for name, (h, s, n) in held.items() if (s or n) and h}
         if self.memory is not None:
             budget, source = self.memory, "memory="
         else:

@@ -435,12 +435,14 @@ class Pipeline(ToolboxMixin, MemoryMixin):
     def _generate(self, prompt: str, negative_prompt: str | None, callback: Callback | None,
                   kwargs: dict[str, Any]) -> Generation:
         original = prompt.prompt if isinstance(prompt, Settings) else prompt
-        asked = dict(kwargs)
+        # this job's shapes per part, from a dry run made first (its ControlNet units get dry parts; this job's
+        # own preparation below gives them the real ones again)
+        calls = None if self._dry else self._job_calls(prompt, negative_prompt, kwargs)
         s, init, mask = self._prepare(prompt, negative_prompt, kwargs)
         self._settings = s  # the last job's checked settings (the run plan reads them)
         _ = self.is_low_memory  # decided (and the parts told) before any part loads
         if not self._dry:  # each part resident, released after use or streamed, and where (budget.py)
-            self._apply_memory_plan(self._job_calls(prompt, negative_prompt, asked, s))
+            self._apply_memory_plan(calls)
         cond, uncond = self._conditioning(s)
         self._release(*self.family.text_parts, stage=True)
         images: list[np.ndarray] = []
@@ -563,13 +565,16 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         rp.memory = memory  # each part's placement under the budget, the predicted peak
         return rp
 
-    def _job_calls(self, prompt: Any, negative_prompt: str | None, kwargs: dict[str, Any], s: Settings) -> Any:
+    def _job_calls(self, prompt: Any, negative_prompt: str | None, kwargs: dict[str, Any]) -> Any:
         """This job's input shapes per part, for the memory plan's activations: from a dry run, made again only
-        when the image size, batch or mode change (the shapes do not depend on the seed or the words)."""
+        when the arguments that can change a shape change (not the seeds, not the words; images by their shape)."""
         from .budget import calls_of
         from .plan import dry_run
 
-        key = (s.width, s.height, s.batch, s.mode, tuple(sorted(k for k in kwargs if "seed" not in k)))
+        key = (object() if isinstance(prompt, Settings) else None, tuple(sorted(  # Settings: made again each time
+            (k, repr(v) if isinstance(v, (int, float, str, bool, type(None))) else
+             repr(getattr(v, "shape", None) or (len(v) if isinstance(v, (list, tuple)) else type(v).__name__)))
+            for k, v in kwargs.items() if "seed" not in k)))
         cached = getattr(self, "_calls_key", None)
         if cached is not None and cached[0] == key:
             return cached[1]
