@@ -19,6 +19,13 @@ or when other work has pushed the file out).
 
     PYTHONPATH=core/src /work/venv/bin/python scripts/memory_bench.py prefetch --memory 2GB --repeat 2
 
+``sdxl``: the full-size SDXL single file (/work/models/single/sdxl_full_fp16.safetensors, random fp16 weights) at
+1024x1024, one step, on OpenVINO and ggml at their default precision, each configuration in a fresh process:
+the plan's predicted peak per part beside the measured peak per stage. A run without ``--memory`` (the default
+budget: what the OS has available) is made only when the machine has its predicted peak plus 2 GiB available.
+
+    PYTHONPATH=core/src /work/venv/bin/python scripts/memory_bench.py sdxl --out sdxl.jsonl
+
 Each run prints one JSON line; ``--out FILE`` appends it there. No torch.
 """
 
@@ -190,10 +197,47 @@ def prefetch_one(args) -> dict:
     return res
 
 
+SDXL_FILE = "/work/models/single/sdxl_full_fp16.safetensors"
+#: (backend, --memory) of the ``sdxl`` bench, in order (None: the default budget)
+SDXL_RUNS = [("openvino", "6GB"), ("openvino", "12GB"), ("ggml", "6GB"), ("openvino", None)]
+
+
+def sdxl_one(args) -> dict:
+    """SDXL at ``--size``, one step, under ``--memory`` (or the default budget) on ``--backend``."""
+    from sdrt import pipelines
+    from sdrt.pipelines.budget import _size
+
+    mem = {} if args.memory is None else {"memory": args.memory}
+    pipe = pipelines.load(args.model, backend=args.backend, **mem)
+    kw = dict(steps=1, seed=1, width=args.size, height=args.size)
+    prompt = "a red fox in the snow"
+    plan = pipe.plan(prompt, **kw).memory
+    avail = None
+    if args.memory is None:
+        with open("/proc/meminfo") as f:
+            avail = next(int(x.split()[1]) * 1024 for x in f if x.startswith("MemAvailable:"))
+        if avail < plan.peak_bytes + 2 * 2**30:
+            return {"bench": "sdxl", "backend": args.backend, "memory": None, "skipped":
+                    f"MemAvailable {_size(avail)} < predicted peak {_size(plan.peak_bytes)} + 2 GiB"}
+    t = time.perf_counter()
+    gen = pipe.generate(prompt, **kw)
+    took = time.perf_counter() - t
+    plan = gen.memory
+    return {"bench": "sdxl", "backend": args.backend, "memory": args.memory, "size": args.size,
+            "seconds": round(took, 1), "budget": plan.budget_bytes, "budget_source": plan.budget_source,
+            "base_rss": plan.base_bytes, "predicted_peak": plan.peak_bytes, "mem_available": avail,
+            "parts": [{"part": p.part, "placement": p.placement, "weights": p.weight_bytes,
+                       "activations": p.activation_bytes, "predicted_peak": p.peak_bytes, "groups": len(p.groups)}
+                      for p in plan.parts],
+            "measured": plan.measured, "peak_source": plan.measured_source,
+            "plan": plan.format(), "image_mean": float(np.asarray(gen.images[0]).mean())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("bench", choices=["flux", "sd15", "prefetch"])
-    ap.add_argument("--mode", default="all", choices=["all", "whole", "stream", "share", "on", "off"])
+    ap.add_argument("bench", choices=["flux", "sd15", "prefetch", "sdxl"])
+    ap.add_argument("--model", default=SDXL_FILE, help="sdxl: the single file")
+    ap.add_argument("--mode", default="all", choices=["all", "whole", "stream", "share", "on", "off", "one"])
     ap.add_argument("--size", type=int, default=512, help="prefetch: image size")
     ap.add_argument("--repeat", type=int, default=1, help="prefetch: off/on pairs")
     ap.add_argument("--dim", type=int, default=3072, help="width (3072: Flux.1; heads of 128)")
@@ -214,6 +258,13 @@ def main() -> None:
             cmd = [sys.executable, __file__, "flux", "--mode", mode, *sys.argv[2:]]
             subprocess.run(cmd, check=False)
         return
+    if args.bench == "sdxl" and args.mode == "all":  # each configuration in a fresh process
+        rest = sys.argv[2:]
+        for backend, memory in SDXL_RUNS:
+            cmd = [sys.executable, __file__, "sdxl", "--mode", "one", "--backend", backend, "--size", "1024",
+                   *(["--memory", memory] if memory else []), *rest]
+            subprocess.run(cmd, check=False)
+        return
     if args.bench == "prefetch" and args.mode == "all":
         data = os.path.join(args.folder, "unet", "model.onnx_data")
         for _ in range(args.repeat):
@@ -225,7 +276,7 @@ def main() -> None:
     if args.bench in ("flux", "prefetch") and args.mode != "whole":
         args.memory = parse_memory(args.memory, "--memory")
     result = (flux_one(args) if args.bench == "flux" else prefetch_one(args) if args.bench == "prefetch"
-              else sd15_one(args))
+              else sdxl_one(args) if args.bench == "sdxl" else sd15_one(args))
     line = json.dumps(result)
     print(line, flush=True)
     if args.out:
