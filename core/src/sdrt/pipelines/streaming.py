@@ -18,9 +18,9 @@ canonical tensor names, compiled once, and the next block's weights are swapped 
 ``Session.update_weights``; whether that is cheaper than compiling again depends on the backend
 (docs/memory.md has the figures).
 
-While a group computes, the next group's weight bytes are read ahead into the page cache on a background thread
-(``sdrt.weights.pages.Prefetcher``: ``posix_fadvise(WILLNEED)`` on their file ranges; after the last group, the
-first group's, for the next call), so its load finds them there instead of waiting on the disk. Those pages
+While a group loads and computes, the next group's weight bytes are read ahead into the page cache on a background
+thread (``sdrt.weights.pages.Prefetcher``: ``posix_fadvise(WILLNEED)`` on their file ranges; during the last group,
+the first group's, for the next call), so its load finds them there instead of waiting on the disk. Those pages
 are the kernel's page cache, not this process's resident memory, until the next group's load reads them, as
 it would without the prefetch: the budget is unchanged. ``prefetch=False`` turns it off.
 """
@@ -428,8 +428,10 @@ class StreamedSession:
         env: dict[str, np.ndarray] = dict(feeds)
         n = len(self.groups)
         if self.prefetch and n > 1:
-            self._prefetcher.start(self._ranges[0])  # usually done already: read ahead during the last call
+            self._prefetcher.start(self._ranges[0])  # usually in the page cache already: read ahead last call
         for k, group in enumerate(self.groups):
+            if self.prefetch and n > 1:  # the next group's weights come in while this one loads and runs
+                self._prefetcher.start(self._ranges[(k + 1) % n])
             t0 = time.perf_counter()
             g, names = group_graph(self.graph, group, canonical=self.share)
             sub = _sub_weights(self.weights, names, group.initializers)
@@ -457,8 +459,6 @@ class StreamedSession:
             else:
                 sess = load(g, weights=sub, backend=self.backend, device=self.device, **self.options)
             t1 = time.perf_counter()
-            if self.prefetch and n > 1:  # the next group's weights come into the page cache while this one runs
-                self._prefetcher.start(self._ranges[(k + 1) % n])
             try:
                 out = sess.run({names.get(x, x): env[x] for x in group.inputs})
             finally:

@@ -143,36 +143,45 @@ def _merged(spans: Iterable[tuple[int, int]], gap: int = 1 << 20) -> list[tuple[
 
 
 class Prefetcher:
-    """One background thread that prefetches the next file ranges while the caller computes. ``start`` returns at
-    once; a new ``start`` waits for the previous prefetch first, so at most one is in flight (one group ahead)."""
+    """One background thread that prefetches file ranges in the order they are asked for, while the caller goes
+    on (``start`` returns at once); ``wait`` returns when everything asked so far has been advised."""
 
     def __init__(self) -> None:
+        self._queue: Any = None
         self._thread: Any = None
-        #: bytes advised so far, and seconds the prefetch threads spent
+        #: bytes advised so far, and seconds the prefetch thread spent
         self.bytes = 0
         self.seconds = 0.0
 
     def start(self, ranges: dict[str, list[tuple[int, int]]]) -> None:
+        import queue
         import threading
 
-        self.wait()
         if not ranges:
             return
+        if self._thread is None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._work, name="sdrt-prefetch", daemon=True)
+            self._thread.start()
+        self._queue.put(ranges)
 
-        def work() -> None:
-            import time
+    def _work(self) -> None:
+        import time
 
-            t0 = time.perf_counter()
-            self.bytes += prefetch(ranges)
-            self.seconds += time.perf_counter() - t0
-
-        self._thread = threading.Thread(target=work, name="sdrt-prefetch", daemon=True)
-        self._thread.start()
+        while True:
+            ranges = self._queue.get()
+            try:
+                t0 = time.perf_counter()
+                self.bytes += prefetch(ranges)
+                self.seconds += time.perf_counter() - t0
+            except Exception as exc:  # noqa: BLE001 - a hint to the kernel: never fatal
+                log.debug("prefetch failed: %s", exc)
+            finally:
+                self._queue.task_done()
 
     def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._queue is not None:
+            self._queue.join()
 
 
 def cached_fraction(path: Any) -> float | None:
