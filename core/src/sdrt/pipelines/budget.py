@@ -77,8 +77,15 @@ def parse_memory(value: Any, where: str = "memory") -> int:
     return int(size)
 
 
+#: the share of what the OS has available that a default budget takes: measured peaks run up to 10% above the
+#: plan's prediction (docs/memory.md), and the OS and other programs need room too
+OS_SHARE = 0.9
+OS_SOURCE = f"{OS_SHARE:.0%} of what the OS has available"
+
+
 def available_memory(device: Any) -> int | None:
-    """What the device reports (``memory_bytes``); for a CPU that reports nothing, ``MemAvailable``."""
+    """What the device reports (``memory_bytes``); for a CPU that reports nothing, ``OS_SHARE`` of ``MemAvailable``
+    plus what this process holds already."""
     if device is None:
         return None
     reported = getattr(device, "memory_bytes", None)
@@ -89,7 +96,7 @@ def available_memory(device: Any) -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 + current_rss()  # what this process holds is ours too
+                return int(int(line.split()[1]) * 1024 * OS_SHARE) + current_rss()  # what we hold is ours too
     except (OSError, ValueError, IndexError):
         pass
     return None
@@ -547,7 +554,7 @@ class MemoryMixin:
         else:
             budget = available_memory(dev)
             source = ("reported by the device" if getattr(dev, "memory_bytes", None)
-                      else "available to the OS" if budget else "unknown")
+                      else OS_SOURCE if budget else "unknown")
 
         activations, pinned = self._activations(calls, be, dev) if calls else ({}, {})
 
@@ -572,7 +579,7 @@ class MemoryMixin:
                            accelerator=accelerator, device=f"{dev.backend}:{dev.id}" if dev is not None else "",
                            host=f"{host_dev.backend}:{host_dev.id}" if host_dev is not None else None,
                            host_budget=host_budget, host_base=current_rss(), asked=asked,
-                           budget_source=source, host_budget_source="available to the OS" if host_budget else "unknown",
+                           budget_source=source, host_budget_source=OS_SOURCE if host_budget else "unknown",
                            release_all=bool(self.low_memory) or False, split=split_at, footprints=footprints,
                            activations=activations)
         self._hosts = {} if host is None else {f"{host[1].backend}:{host[1].id}": host}
