@@ -11,6 +11,22 @@ default budget and with ``memory=`` small: the measured peak RSS per stage besid
     PYTHONPATH=core/src /work/venv/bin/python scripts/memory_bench.py flux --double 1 --single 2
     PYTHONPATH=core/src /work/venv/bin/python scripts/memory_bench.py sd15 --memory 3GB
 
+``prefetch``: the full-size SD 1.5 UNet alone (the folder's ``unet/model.onnx``, 3.44 GB of float32 weights in
+``model.onnx_data``), streamed in groups under ``--memory``, one call, with the next group's weights read ahead
+while the current one computes and without, alternating, each in a fresh process whose file pages were first
+dropped from the page cache (``posix_fadvise(DONTNEED)`` on the weights file: a cold start, as after a reboot
+or when other work has pushed the file out).
+
+    PYTHONPATH=core/src /work/venv/bin/python scripts/memory_bench.py prefetch --memory 2GB --repeat 2
+
+``sdxl``: the full-size SDXL single file (/work/models/single/sdxl_full_fp16.safetensors, random fp16 weights) at
+1024x1024, one step, on OpenVINO and ggml at their default precision, each configuration in a fresh process with
+a fresh compile cache (deleted after):
+the plan's predicted peak per part beside the measured peak per stage. A run without ``--memory`` (the default
+budget: what the OS has available) is made only when the machine has its predicted peak plus 1 GiB available.
+
+    PYTHONPATH=core/src /work/venv/bin/python scripts/memory_bench.py sdxl --out sdxl.jsonl
+
 Each run prints one JSON line; ``--out FILE`` appends it there. No torch.
 """
 
@@ -128,10 +144,103 @@ def sd15_one(args) -> dict:
             "image_mean": float(np.asarray(gen.images[0]).mean())}
 
 
+def drop_file_pages(path: str) -> None:
+    """Evict ``path``'s pages from the page cache (only this file's, unlike /proc/sys/vm/drop_caches)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def prefetch_one(args) -> dict:
+    """The SD 1.5 UNet streamed under ``--memory``, one call (batch 2, as CFG runs it), prefetch on or off."""
+    from sdrt.graph import Graph
+    from sdrt.pipelines.budget import current_rss, peak_rss, plan_memory, reset_peak
+    from sdrt.pipelines.lowmem import give_back
+    from sdrt.pipelines.streaming import StreamedSession, split
+    from sdrt.runtime import select
+
+    path = os.path.join(args.folder, "unet", "model.onnx")
+    size = args.size // 8
+    graph = Graph.load(path, load_external=False).with_shapes(
+        {"sample": (2, 4, size, size), "timestep": (2,), "encoder_hidden_states": (2, 77, 768)})
+    wbytes = sum(g.weight_bytes for g in split(graph, groups=1))
+    select(args.backend, None)
+    give_back()
+    base = current_rss()
+    plan = plan_memory({"unet": wbytes}, "unet", int(args.memory), base=base,
+                       split=lambda cap: [g.weight_bytes for g in split(graph, max_weight_bytes=cap)])
+    p = plan.placement("unet")
+    rng = np.random.default_rng(0)
+    feeds = {"sample": rng.standard_normal((2, 4, size, size), dtype=np.float32),
+             "timestep": np.array([999, 999], dtype=np.float32 if graph.inputs[1].dtype == "float32" else np.int64),
+             "encoder_hidden_states": rng.standard_normal((2, 77, 768), dtype=np.float32)}
+    feeds = {i.name: feeds[i.name].astype(i.dtype) for i in graph.inputs}
+    data = os.path.join(args.folder, "unet", "model.onnx_data")
+    opts = {"cache": False} if args.backend == "openvino" else {}
+    from sdrt.weights.pages import cached_fraction
+
+    cached_before = cached_fraction(data)
+    reset_peak()
+    t0 = time.perf_counter()
+    sess = StreamedSession(graph, None, max_weight_bytes=p.cap_bytes, backend=args.backend, options=opts,
+                           prefetch=args.mode == "on")
+    out = sess.run(feeds)
+    took = time.perf_counter() - t0
+    peak, source = peak_rss()
+    res = {"bench": "prefetch", "prefetch": args.mode, "backend": args.backend, "size": args.size,
+           "budget": int(args.memory), "groups": len(sess.groups), "predicted_peak": p.peak_bytes,
+           "measured_peak": peak, "peak_source": source, "seconds": round(took, 2),
+           "load_s": round(sess.load_s, 2), "run_s": round(sess.run_s, 2), "prefetched": sess.prefetched_bytes,
+           "cached_before": round(cached_before, 3), "out_checksum": float(np.abs(next(iter(out.values()))).mean())}
+    sess.close()
+    return res
+
+
+SDXL_FILE = "/work/models/single/sdxl_full_fp16.safetensors"
+#: (backend, --memory) of the ``sdxl`` bench, in order (None: the default budget)
+SDXL_RUNS = [("openvino", "6GB"), ("openvino", "12GB"), ("ggml", "6GB"), ("openvino", None)]
+
+
+def sdxl_one(args) -> dict:
+    """SDXL at ``--size``, one step, under ``--memory`` (or the default budget) on ``--backend``."""
+    from sdrt import pipelines
+    from sdrt.pipelines.budget import _size
+
+    mem = {} if args.memory is None else {"memory": args.memory}
+    pipe = pipelines.load(args.model, backend=args.backend, **mem)
+    kw = dict(steps=1, seed=1, width=args.size, height=args.size)
+    prompt = "a red fox in the snow"
+    plan = pipe.plan(prompt, **kw).memory
+    avail = None
+    if args.memory is None:
+        with open("/proc/meminfo") as f:
+            avail = next(int(x.split()[1]) * 1024 for x in f if x.startswith("MemAvailable:"))
+        if avail < plan.peak_bytes + 2**30:
+            return {"bench": "sdxl", "backend": args.backend, "memory": None, "skipped":
+                    f"MemAvailable {_size(avail)} < predicted peak {_size(plan.peak_bytes)} + 1 GiB"}
+    t = time.perf_counter()
+    gen = pipe.generate(prompt, **kw)
+    took = time.perf_counter() - t
+    plan = gen.memory
+    return {"bench": "sdxl", "backend": args.backend, "memory": args.memory, "size": args.size,
+            "seconds": round(took, 1), "budget": plan.budget_bytes, "budget_source": plan.budget_source,
+            "base_rss": plan.base_bytes, "predicted_peak": plan.peak_bytes, "mem_available": avail,
+            "parts": [{"part": p.part, "placement": p.placement, "weights": p.weight_bytes,
+                       "activations": p.activation_bytes, "predicted_peak": p.peak_bytes, "groups": len(p.groups)}
+                      for p in plan.parts],
+            "measured": plan.measured, "peak_source": plan.measured_source,
+            "plan": plan.format(), "image_mean": float(np.asarray(gen.images[0]).mean())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("bench", choices=["flux", "sd15"])
-    ap.add_argument("--mode", default="all", choices=["all", "whole", "stream", "share"])
+    ap.add_argument("bench", choices=["flux", "sd15", "prefetch", "sdxl"])
+    ap.add_argument("--model", default=SDXL_FILE, help="sdxl: the single file")
+    ap.add_argument("--mode", default="all", choices=["all", "whole", "stream", "share", "on", "off", "one"])
+    ap.add_argument("--size", type=int, default=512, help="prefetch: image size")
+    ap.add_argument("--repeat", type=int, default=1, help="prefetch: off/on pairs")
     ap.add_argument("--dim", type=int, default=3072, help="width (3072: Flux.1; heads of 128)")
     ap.add_argument("--double", type=int, default=1)
     ap.add_argument("--single", type=int, default=2)
@@ -150,9 +259,33 @@ def main() -> None:
             cmd = [sys.executable, __file__, "flux", "--mode", mode, *sys.argv[2:]]
             subprocess.run(cmd, check=False)
         return
-    if args.bench == "flux" and args.mode != "whole":
+    if args.bench == "sdxl" and args.mode == "all":  # each configuration in a fresh process
+        import shutil
+
+        rest = sys.argv[2:]
+        for backend, memory in SDXL_RUNS:
+            cmd = [sys.executable, __file__, "sdxl", "--mode", "one", "--backend", backend, "--size", "1024",
+                   *(["--memory", memory] if memory else []), *rest]
+            # a fresh compile cache each time (a first run: every part compiled, its blob stored), deleted after:
+            # a streamed UNet stores each of its groups (several GB)
+            cache = tempfile.mkdtemp(prefix="sdrt-sdxl-cache-")
+            try:
+                subprocess.run(cmd, check=False, env={**os.environ, "SDRT_CACHE_DIR": cache})
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
+        return
+    if args.bench == "prefetch" and args.mode == "all":
+        data = os.path.join(args.folder, "unet", "model.onnx_data")
+        for _ in range(args.repeat):
+            for mode in ("off", "on"):
+                drop_file_pages(data)
+                cmd = [sys.executable, __file__, "prefetch", "--mode", mode, *sys.argv[2:]]
+                subprocess.run(cmd, check=False)
+        return
+    if args.bench in ("flux", "prefetch") and args.mode != "whole":
         args.memory = parse_memory(args.memory, "--memory")
-    result = flux_one(args) if args.bench == "flux" else sd15_one(args)
+    result = (flux_one(args) if args.bench == "flux" else prefetch_one(args) if args.bench == "prefetch"
+              else sdxl_one(args) if args.bench == "sdxl" else sd15_one(args))
     line = json.dumps(result)
     print(line, flush=True)
     if args.out:

@@ -164,7 +164,8 @@ def test_an_image_under_a_tiny_budget_equals_the_image_without(backend, folder, 
     diff = np.abs(got.images[0].astype(int) - expected.images[0].astype(int)).max()
     # the reference backend is exact; OpenVINO fuses differently across a cut (float32 rounding, <= 1 level)
     assert diff == 0 if backend == "reference" else diff <= 1
-    assert got.memory is plan and plan.measured
+    plan = got.memory  # made again for this job's shapes, with their activations counted
+    assert plan is pipe.memory_plan() and plan.measured and plan.placement(den.part).placement == "streamed"
     if sys.platform.startswith("linux"):
         assert plan.measured_source.startswith("VmHWM") and all(v > 0 for v in plan.measured.values())
         assert peak_rss()[1] == "VmHWM"
@@ -225,3 +226,66 @@ def test_streamed_groups_bind_the_parts_own_weights():
         for name, ref in whole.items():
             np.testing.assert_allclose(out[name], ref, rtol=1e-5, atol=1e-5)
             assert not np.allclose(out[name], plain[name])
+
+
+def test_streamed_groups_read_the_next_groups_weights_ahead():
+    """Each group's weight ranges in the mapped file are read ahead while the group before runs; the outputs do
+    not change, and without ``prefetch`` nothing is read ahead."""
+    register("reference")
+    _, feeds = _pinned("tiny-sd15")
+    part, shapes = GRAPHS["tiny-sd15"]
+    g = Graph.load(DATA / "tiny-sd15" / part / "model.onnx", load_external=False).with_shapes(shapes)
+    assert g.external_refs  # the tiny UNet's weights stay mapped from model.onnx_data
+    outs = {}
+    for prefetch in (False, True):
+        sess = StreamedSession(g, None, groups=4, backend="reference", prefetch=prefetch)
+        outs[prefetch] = sess.run(feeds)
+        sess.close()
+        if prefetch:  # every group once (the first again after the last, for the next call)
+            per_group = [sum(n for _, n in r) for x in sess._ranges for r in x.values()]
+            assert sum(per_group) > 0 and sess.prefetched_bytes >= sum(per_group) - 2**20
+        else:
+            assert sess.prefetched_bytes == 0
+    for name, ref in outs[False].items():
+        np.testing.assert_array_equal(outs[True][name], ref)
+
+
+# ---------------------------------------------------------------------------- activations
+def _attention_graph(tokens: int = 64, dim: int = 16) -> Graph:
+    """x [1, tokens, dim] -> softmax(x x^T) x, then x + that: the score matrix is [1, tokens, tokens]."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, dim])
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["x", "xt"], ["scores"]),
+             helper.make_node("Softmax", ["scores"], ["probs"], axis=-1),
+             helper.make_node("MatMul", ["probs", "x"], ["att"]),
+             helper.make_node("Add", ["x", "att"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "att", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    return Graph.load(model.SerializeToString()).with_shapes()
+
+
+def test_activations_count_what_is_alive_at_once_but_not_attention_scores():
+    from sdrt.pipelines.streaming import activation_peaks
+
+    g = _attention_graph(tokens=64, dim=16)
+    act = 64 * 16 * 4  # one [1, 64, 16] float32 tensor
+    # between two nodes at most two [1, 64, 16] tensors are alive (x, read by the last Add, and xt or the attention
+    # output); the 64 x 64 scores and probabilities (x + scores would be 5 x act) are not counted: the backends
+    # run attention fused
+    assert activation_peaks(g) == [2 * act]
+    groups = split(g, groups=5)
+    per_group = activation_peaks(g, groups)
+    assert len(per_group) == len(groups) and max(per_group) == 2 * act and min(per_group) >= act
+
+
+def test_activations_join_each_parts_need():
+    plan = plan_memory(W, "unet", 6000, base=100, activations={"vae_decoder": 900})
+    assert plan.placement("vae_decoder").activation_bytes == 900
+    assert plan.peak_bytes == 100 + 2 * 2050 + 900 and plan.fits
+    tight = plan_memory(W, "unet", 1400, base=100, activations={"unet": 300},
+                        split=lambda cap: [(cap, 300), (cap, 100), (1700 - 2 * cap, 50)])
+    unet = tight.placement("unet")
+    assert unet.placement == "streamed" and unet.cap_bytes == (1300 - 300) // 2  # the activations leave less
+    assert unet.peak_bytes == 100 + max(2 * 500 + 300, 2 * 500 + 100, 2 * 700 + 50)

@@ -196,6 +196,8 @@ class Backend(ABC):
     #: measures accuracy at ``fp32`` and at ``default_precision`` (what no options give)
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
     default_precision: ClassVar[str] = "fp32"
+    #: precisions at which the backend keeps activations in 16 bits (the memory plan halves their bytes there)
+    half_activations: ClassVar[frozenset[str]] = frozenset()
 
     def weight_blocks(self) -> frozenset[str]:
         """The ggml block types (a GGUF file's ``"Q8_0"``, ``"Q4_K"``...) this backend runs as stored when they are

@@ -118,6 +118,25 @@ def device_of(be: Backend, device: str | Device | None = None) -> Device:
     return _pick_device(be, devices, device)
 
 
+def cpu_device(beside: Backend | None = None, registry: Registry | None = None) -> tuple[Backend, Device] | None:
+    """A CPU device to place parts on beside an accelerator (text encoders and VAE, ``sdrt.pipelines.budget``):
+    ``beside``'s own CPU device when it offers one (OpenVINO, ggml), else the CPU device of the installed backend
+    with the highest priority that offers one (skipping devices that run only when named); None when none does."""
+    reg = registry or get_registry()
+    ordered = sorted(reg.backends.values(), key=lambda b: (-b.priority, b.name))
+    if beside is not None:
+        ordered = [beside] + [b for b in ordered if b is not beside]
+    for be in ordered:
+        try:
+            devs = _devices(be)
+        except NoDeviceError:
+            continue
+        for d in devs:
+            if d.kind == "cpu" and d.properties.get("auto", True) is not False:
+                return be, d
+    return None
+
+
 def _named_backend(reg: Registry, name: str) -> Backend:
     if name in reg.backends:
         return reg.backends[name]

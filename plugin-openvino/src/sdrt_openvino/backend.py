@@ -151,6 +151,8 @@ class OpenVINOBackend(Backend):
     #: stored weight types kept compressed: the ONNX reader turns DequantizeLinear into OpenVINO's
     #: decompression pattern (Convert, Multiply) and the CPU plugin keeps i8/i4/f8 constants in the runtime model
     quantized_weights = frozenset({"int8", "int4", "float8_e4m3fn"})
+    #: the inference precision hint is the activations' type too (the memory plan counts them at 2 bytes)
+    half_activations = frozenset({"bf16", "fp16"})
     conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "fp32": {"precision": "fp32"}, "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}}

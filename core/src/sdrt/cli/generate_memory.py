@@ -1,4 +1,6 @@
-"""``sdrt generate`` options for the memory budget: ``--memory SIZE`` and ``--share-blocks``.
+"""``sdrt generate`` options for the memory budget: ``--memory SIZE``, ``--share-blocks``, and where parts run
+beside an accelerator: ``--text-encoders-on-cpu`` (``--clip-on-cpu``, as stable-diffusion.cpp spells it) and
+``--vae-on-cpu``.
 
 The size is checked before any model loads (an unreadable one is a one-line error naming ``--memory``);
 the pipeline's plan places each part under it (``sdrt.pipelines.budget``). ``--dry-run`` prints the
@@ -21,6 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "what the device reports free)")
     g.add_argument("--share-blocks", action="store_true",
                    help="with a streamed denoiser, compile identical blocks once and swap their weights in")
+    g.add_argument("--text-encoders-on-cpu", "--clip-on-cpu", action="store_true", dest="text_on_cpu",
+                   help="run the text encoders on a CPU device beside the GPU (default: when the parts do not fit "
+                        "the GPU's budget together)")
+    g.add_argument("--vae-on-cpu", action="store_true",
+                   help="run the VAE on a CPU device beside the GPU (default: when the denoiser and the VAE do not "
+                        "fit the GPU's budget together)")
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
@@ -32,6 +40,10 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         out["memory"] = parse_memory(args.memory, "--memory")
     if args.share_blocks:
         out["share_blocks"] = True
+    placement = {k: "cpu" for k, on in (("text", getattr(args, "text_on_cpu", False)),
+                                        ("vae", getattr(args, "vae_on_cpu", False))) if on}
+    if placement:
+        out["placement"] = placement
     return out
 
 

@@ -16,6 +16,13 @@ while it compiles and runs (docs/memory.md); ``base`` is the process's resident 
 made (Python, numpy, the backend's libraries). The predicted peak is ``base`` plus the largest phase:
 the resident parts plus the running part (or its heaviest group).
 
+Beside an accelerator (a device whose ``kind`` is not ``cpu``), parts can be **placed on a CPU device** instead, as
+stable-diffusion.cpp's ``--clip-on-cpu --vae-on-cpu`` do (``place_parts``): asked with ``placement=`` (``{"text":
+"cpu", "vae": "cpu"}``, roles or part names; ``sdrt generate --text-encoders-on-cpu --vae-on-cpu``), or chosen when
+the parts do not fit the accelerator's budget: the text encoders first (they run once per prompt), then the VAE if
+the denoiser and the VAE still do not fit together. Parts on the CPU are planned against the host's memory (what
+the OS has available plus what the process holds), the others against the device's budget.
+
 The measured peak is the process's high-water mark of resident memory: ``VmHWM`` from
 ``/proc/self/status`` on Linux. With a budget set (``memory=``), it is reset per stage through
 ``/proc/self/clear_refs`` so each stage (text, denoise, decode) has its own; that also resets what the OS
@@ -70,8 +77,15 @@ def parse_memory(value: Any, where: str = "memory") -> int:
     return int(size)
 
 
+#: the share of what the OS has available that a default budget takes: measured peaks run up to 10% above the
+#: plan's prediction (docs/memory.md), and the OS and other programs need room too
+OS_SHARE = 0.9
+OS_SOURCE = f"{OS_SHARE:.0%} of what the OS has available"
+
+
 def available_memory(device: Any) -> int | None:
-    """What the device reports (``memory_bytes``); for a CPU that reports nothing, ``MemAvailable``."""
+    """What the device reports (``memory_bytes``); for a CPU that reports nothing, ``OS_SHARE`` of ``MemAvailable``
+    plus what this process holds already."""
     if device is None:
         return None
     reported = getattr(device, "memory_bytes", None)
@@ -82,7 +96,7 @@ def available_memory(device: Any) -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024 + current_rss()  # what this process holds is ours too
+                return int(int(line.split()[1]) * 1024 * OS_SHARE) + current_rss()  # what we hold is ours too
     except (OSError, ValueError, IndexError):
         pass
     return None
@@ -143,6 +157,10 @@ class Placement:
     fits: bool = True
     #: a streamed part: the most weight bytes one group may hold
     cap_bytes: int = 0
+    #: the device it runs on when not the pipeline's own (a CPU beside an accelerator): ``"openvino:CPU"``
+    device: str = ""
+    #: the most activation bytes it holds at once while running (its inputs, outputs and intermediates)
+    activation_bytes: int = 0
 
 
 @dataclass
@@ -157,33 +175,57 @@ class MemoryPlan:
     #: parts whose own footprint is not ``footprint`` (weights run as stored from the mapped file)
     footprints: dict[str, float] = field(default_factory=dict)
     measured_source: str = ""
+    #: the pipeline's device (``"openvino:GPU.0"``); parts placed on a CPU beside it name theirs (``Placement.device``)
+    device: str = ""
+    #: parts on a CPU beside an accelerator: the host's budget, where it came from, and the process's own memory
+    host_budget_bytes: int | None = None
+    host_budget_source: str = ""
+    host_base_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
-        return max((p.peak_bytes for p in self.parts), default=self.base_bytes)
+        """The predicted peak on the pipeline's device (parts placed on a CPU beside it: ``host_peak_bytes``)."""
+        return max((p.peak_bytes for p in self.parts if not p.device), default=self.base_bytes)
+
+    @property
+    def host_peak_bytes(self) -> int:
+        """The predicted peak of the process's own memory from the parts placed on a CPU (0: none are)."""
+        return max((p.peak_bytes for p in self.parts if p.device), default=0)
 
     @property
     def fits(self) -> bool:
-        return all(p.fits for p in self.parts) and (self.budget_bytes is None or self.peak_bytes <= self.budget_bytes)
+        host_ok = self.host_budget_bytes is None or self.host_peak_bytes <= self.host_budget_bytes
+        return all(p.fits for p in self.parts) and host_ok and (self.budget_bytes is None
+                                                                or self.peak_bytes <= self.budget_bytes)
 
     def placement(self, name: str) -> Placement | None:
         return next((p for p in self.parts if p.part == name), None)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(peak_bytes=self.peak_bytes, fits=self.fits)
+        d.update(peak_bytes=self.peak_bytes, host_peak_bytes=self.host_peak_bytes, fits=self.fits)
         return d
 
     def format(self) -> str:
         budget = "none" if self.budget_bytes is None else _size(self.budget_bytes)
         lines = [f"memory: budget {budget} ({self.budget_source}), predicted peak {_size(self.peak_bytes)} "
-                 f"(base {_size(self.base_bytes)} + {self.footprint:g} x weights"
+                 f"(base {_size(self.base_bytes)} + {self.footprint:g} x weights + activations"
                  + "".join(f", {f:.2g} x {p}'s" for p, f in self.footprints.items()) + ")"
+                 + (f" on {self.device}" if self.device and self.host_peak_bytes else "")
                  + ("" if self.fits else "  DOES NOT FIT")]
+        hosts = sorted({p.device for p in self.parts if p.device})
+        if hosts:
+            hb = "none" if self.host_budget_bytes is None else _size(self.host_budget_bytes)
+            lines.append(f"  on {', '.join(hosts)}: budget {hb} ({self.host_budget_source}), predicted peak "
+                         f"{_size(self.host_peak_bytes)} of the process's memory (base {_size(self.host_base_bytes)})")
         for p in self.parts:
             extra = ""
             if p.groups:
                 extra = f", {len(p.groups)} groups of <= {_size(max(p.groups))}"
+            if p.activation_bytes:
+                extra += f", activations {_size(p.activation_bytes)}"
+            if p.device:
+                extra += f", on {p.device}"
             lines.append(f"  {p.part:<16} {p.placement:<9} weights {_size(p.weight_bytes):>10}, peak while running "
                          f"{_size(p.peak_bytes)}{extra}" + ("" if p.fits else "  (over the budget)"))
         if self.measured:
@@ -198,17 +240,22 @@ def _size(n: float) -> str:
 
 def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | None, *, base: int = 0,
                 footprint: float = FOOTPRINT, release_all: bool = False, budget_source: str = "",
-                split: Any = None, footprints: Mapping[str, float] | None = None) -> MemoryPlan:
+                split: Any = None, footprints: Mapping[str, float] | None = None,
+                activations: Mapping[str, int] | None = None) -> MemoryPlan:
     """Place each part under ``budget`` (see the module doc); pure but for ``split(cap) -> [group bytes]``,
     which cuts the denoiser for a weight cap (``None``: one group per cap's worth, estimated). ``footprints``:
     a part's own ratio of peak to weight bytes where it is not ``footprint`` (weights a backend runs from the
-    mapped file as stored, as ggml does with a GGUF file's blocks: no second copy, about 1)."""
+    mapped file as stored, as ggml does with a GGUF file's blocks: no second copy, about 1). ``activations``: the
+    most activation bytes each part holds at once while it runs (``activation_peaks``), added to its need; a
+    streamed part's ``split`` may give ``(weight bytes, activation bytes)`` per group."""
     names = list(weights)
     fp = {p: (footprints or {}).get(p, footprint) for p in names}
-    need = {p: fp[p] * weights[p] for p in names}
+    act = {p: int((activations or {}).get(p, 0)) for p in names}
+    need = {p: fp[p] * weights[p] + act[p] for p in names}
     avail = None if budget is None else budget - base
     placed: dict[str, str] = {}
     groups: list[int] = []
+    group_act: list[int] = []
     cap = 0
     if not release_all and (avail is None or sum(need.values()) <= avail):
         placed = dict.fromkeys(names, "resident")
@@ -229,18 +276,146 @@ def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | 
         if stream:
             assert denoiser is not None and avail is not None
             placed[denoiser] = "streamed"
-            cap = max(int(avail / fp[denoiser]), 1)
-            groups = split(cap) if split is not None else [cap] * math.ceil(weights[denoiser] / cap)
+            cap = max(int((avail - act[denoiser]) / fp[denoiser]), 1)
+            cut = split(cap) if split is not None else [cap] * math.ceil(weights[denoiser] / cap)
+            groups = [g[0] if isinstance(g, tuple) else g for g in cut]
+            group_act = [g[1] if isinstance(g, tuple) else act[denoiser] for g in cut]
     res_need = sum(need[p] for p in names if placed[p] == "resident")
     out = []
     for p in names:
-        running = (fp[p] * max(groups) if placed[p] == "streamed" else 0 if placed[p] == "resident" else need[p])
+        running = (max(fp[p] * g + a for g, a in zip(groups, group_act)) if placed[p] == "streamed"
+                   else 0 if placed[p] == "resident" else need[p])
         peak = int(base + res_need + running)
         fits = avail is None or res_need + running <= avail
         streamed = placed[p] == "streamed"
-        out.append(Placement(p, placed[p], weights[p], peak, groups if streamed else [], fits, cap if streamed else 0))
+        out.append(Placement(p, placed[p], weights[p], peak, groups if streamed else [], fits, cap if streamed else 0,
+                             activation_bytes=act[p]))
     return MemoryPlan(budget, budget_source, base, footprint, out, footprints={p: f for p, f in fp.items()
                                                                                if f != footprint})
+
+
+# ---------------------------------------------------------------------------- placing parts on devices
+#: what ``placement=`` may say for a part or a role: the plan decides, the pipeline's device, a CPU device beside it
+#: (or a device named as ``sdrt info`` prints it, ``"openvino:CPU"``)
+PLACES = ("auto", "device", "cpu")
+#: the roles ``placement=`` names besides part names, and the part roles each covers
+ROLE_KEYS = {"text": ("text",), "vae": ("vae_decoder", "vae_encoder")}
+
+
+def parse_placement(value: Any, roles: Mapping[str, str] | None = None, where: str = "placement") -> dict[str, str]:
+    """``{"text": "cpu", "vae": "cpu"}`` or ``"text=cpu,vae=cpu"`` -> ``{part or role: place}``; ``roles``
+    (``{part: role}``) checks the keys. A place is ``auto``, ``device``, ``cpu`` or a device name with its backend."""
+    fix = 'give e.g. {"text": "cpu", "vae": "cpu"} (keys: text, vae or a part name; places: auto, device, cpu)'
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        pairs = []
+        for item in filter(None, (x.strip() for x in value.split(","))):
+            key, sep, place = item.partition("=")
+            if not sep:
+                raise InputError(f"cannot read {item!r} in {where} {value!r}: it needs KEY=PLACE", where=where, fix=fix)
+            pairs.append((key.strip(), place.strip()))
+        value = dict(pairs)
+    if not isinstance(value, Mapping):
+        raise InputError(f"{where} must be a mapping of parts to places, got {value!r}", where=where, fix=fix)
+    out: dict[str, str] = {}
+    for key, place in value.items():
+        if not isinstance(place, str) or (place.lower() not in PLACES and ":" not in place):
+            raise InputError(f"unknown place {place!r} for {key!r} in {where}", where=where, fix=fix)
+        if roles is not None and key not in ROLE_KEYS and key not in roles:
+            raise InputError(f"{where} names {key!r}, which is neither a role (text, vae) nor a part of this model "
+                             f"({', '.join(roles)})", where=where, fix=fix)
+        out[str(key)] = place if ":" in place else place.lower()
+    return out
+
+
+def asked_place(part: str, role: str, asked: Mapping[str, str]) -> str:
+    """What ``placement=`` says for ``part``: its own entry, else its role's, else ``auto``."""
+    if part in asked:
+        return asked[part]
+    for key, covered in ROLE_KEYS.items():
+        if role in covered and key in asked:
+            return asked[key]
+    return "auto"
+
+
+def place_parts(need: Mapping[str, float], roles: Mapping[str, str], avail: float | None, *, accelerator: bool,
+                asked: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{part: "device" | "cpu" | a device name}``: which parts run on a CPU beside an accelerator (pure).
+
+    ``need``: each part's predicted peak bytes while it runs; ``avail``: the accelerator's budget less what it
+    already holds (None: unknown, nothing moves unless asked). On a CPU device (``accelerator`` False) every part
+    stays on it but those asked onto a named device. Asked places are kept; of the rest, when the parts do not fit together the text encoders move,
+    then the VAE too if the denoiser (and ControlNets) and the VAE still do not fit together."""
+    asked = asked or {}
+    place = {p: "device" for p in need}
+    free: list[str] = []
+    for p in need:
+        a = asked_place(p, roles.get(p, ""), asked)
+        if a == "auto":
+            free.append(p)
+        elif a != "cpu" or accelerator:  # "cpu" on a CPU device: where it is already
+            place[p] = a
+    if not accelerator:
+        return place
+    on_device = [p for p in need if place[p] == "device"]
+    if avail is None or sum(need[p] for p in on_device) <= avail:
+        return place
+    for p in free:
+        if roles.get(p) == "text":
+            place[p] = "cpu"
+    vae = [p for p in need if roles.get(p, "").startswith("vae") and place[p] == "device"]
+    rest = sum(need[p] for p in need if place[p] == "device" and p not in vae and roles.get(p) != "text")
+    if vae and rest + max(need[p] for p in vae) > avail:
+        for p in vae:
+            if p in free:
+                place[p] = "cpu"
+    return place
+
+
+def plan_placed(weights: Mapping[str, int], roles: Mapping[str, str], denoiser: str | None, budget: int | None, *,
+                base: int = 0, accelerator: bool = False, device: str = "", host: str | None = None,
+                host_budget: int | None = None, host_base: int = 0, asked: Mapping[str, str] | None = None,
+                budget_source: str = "", host_budget_source: str = "", footprint: float = FOOTPRINT,
+                release_all: bool = False, split: Any = None,
+                footprints: Mapping[str, float] | None = None, activations: Mapping[str, int] | None = None
+                ) -> MemoryPlan:
+    """``plan_memory`` with parts placed per device (``place_parts``): the parts left on the pipeline's device are
+    planned against ``budget``, those on the CPU device ``host`` (``"openvino:CPU"``; None: there is none, so nothing
+    can go there) against ``host_budget`` with the process's own ``host_base``, as are parts asked onto a device
+    named in ``asked`` (``"openvino:CPU"``). Pure but for ``split``."""
+    fp = {p: (footprints or {}).get(p, footprint) for p in weights}
+    acts = dict(activations or {})
+    need = {p: fp[p] * weights[p] + acts.get(p, 0) for p in weights}
+    avail = None if budget is None else budget - base
+    wanted = {p: asked_place(p, roles.get(p, ""), asked or {}) for p in weights}
+    if accelerator and host is None and "cpu" in wanted.values():
+        bad = next(p for p, v in wanted.items() if v == "cpu")
+        raise InputError(f"placement puts {bad} on the CPU, and no backend here offers a CPU device",
+                         where="placement", fix="leave placement unset, or install a backend with a CPU device "
+                                                "(openvino or ggml)")
+    placed = place_parts(need, roles, avail, accelerator=accelerator and host is not None, asked=asked)
+    local = {p: w for p, w in weights.items() if placed[p] == "device"}
+    away = {p: w for p, w in weights.items() if placed[p] != "device"}
+    fps = dict(footprints or {})
+    main = plan_memory(local, denoiser if denoiser in local else None, budget, base=base, footprint=footprint,
+                       release_all=release_all, budget_source=budget_source, split=split,
+                       footprints={p: f for p, f in fps.items() if p in local},
+                       activations={p: a for p, a in acts.items() if p in local})
+    main.device = device
+    if not away:
+        return main
+    other = plan_memory(away, denoiser if denoiser in away else None, host_budget, base=host_base,
+                        footprint=footprint, release_all=release_all, budget_source=host_budget_source, split=split,
+                        footprints={p: f for p, f in fps.items() if p in away},
+                        activations={p: a for p, a in acts.items() if p in away})
+    for pl in other.parts:
+        pl.device = host if placed[pl.part] == "cpu" else placed[pl.part]  # type: ignore[assignment]
+    by_name = {pl.part: pl for pl in main.parts + other.parts}
+    main.parts = [by_name[p] for p in weights]
+    main.footprints.update(other.footprints)
+    main.host_budget_bytes, main.host_budget_source, main.host_base_bytes = host_budget, host_budget_source, host_base
+    return main
 
 
 def part_weight_bytes(part: Part) -> int:
@@ -251,29 +426,36 @@ def part_weight_bytes(part: Part) -> int:
     return sum(_nbytes(info) for info in graph.initializer_info().values())
 
 
-def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, int]:
-    """``(bytes held, bytes of them kept as stored)`` of a part's weights: the graph's initializer bytes, except
-    that a weight bound to a GGUF file's blocks of a type in ``kept`` (``Backend.weight_blocks``: the backend runs
-    them from the mapped file) counts its stored bytes. Headers only: nothing is read."""
+def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, int, int]:
+    """``(bytes held, bytes of them kept as stored, bytes narrower in their file)`` of a part's weights: the graph's
+    initializer bytes, except that a weight bound to a GGUF file's blocks of a type in ``kept``
+    (``Backend.weight_blocks``: the backend runs them from the mapped file) counts its stored bytes; the third
+    figure is what the float weights bound from a file take less there than in the graph (a float16 checkpoint
+    bound onto a float32 graph: half), so their mapped pages count at the file's size. Headers only."""
     from .streaming import _nbytes
 
     graph = _lean_graph(part)
     info = graph.initializer_info()
     total = sum(_nbytes(i) for i in info.values())
     w = part.weights
-    if not kept or w is None:
-        return total, 0
+    if w is None:
+        return total, 0, 0
     # a block tensor read by anything but a matmul (an embedding table's Gather) is dequantized to float32
     matmul_read = {x for n in graph.model.graph.node if n.op_type in ("MatMul", "Gemm", "Transpose") for x in n.input}
-    stored = floats = 0
+    stored = floats = narrow = 0
     for name, i in info.items():
-        ref = w.ref(name) if name in w and name in matmul_read else None
-        if ref is not None and ref.blocks is not None:
+        ref = w.ref(name) if name in w else None
+        if ref is None:
+            continue
+        if ref.blocks is not None and kept and name in matmul_read:
             blocks = ref.blocks()
             if blocks.ggml_type in kept:
                 stored += blocks.nbytes
                 floats += _nbytes(i)
-    return total - floats + stored, stored
+                continue
+        if ref.blocks is None and ref.origin is not None and len(ref.origin) >= 3:
+            narrow += max(_nbytes(i) - int(ref.origin[2]), 0)
+    return total - floats + stored, stored, narrow
 
 
 def _lean_graph(part: Part) -> Any:
@@ -283,6 +465,19 @@ def _lean_graph(part: Part) -> Any:
     from ..graph import Graph
 
     return Graph.load(part.path, load_external=False)
+
+
+def calls_of(run_plan: Any) -> dict[str, list[dict[str, tuple[int, ...]]]]:
+    """``{part: [{input: shape}, ...]}``: each part's distinct call shapes from a run plan (``Pipeline.plan``)."""
+    return {p.part: [{name: tuple(shape) for name, shape, _ in sig} for sig, _ in p.signatures]
+            for p in run_plan.parts}
+
+
+def cpu_host(beside: Any) -> tuple[Any, Any] | None:
+    """``sdrt.runtime.cpu_device``: where parts placed on the CPU run (None: no backend offers a CPU)."""
+    from ..runtime import cpu_device
+
+    return cpu_device(beside)
 
 
 # ---------------------------------------------------------------------------- the pipeline's side
@@ -295,17 +490,46 @@ class MemoryMixin:
     _memory_plan: MemoryPlan | None
     _stage_peaks: dict[str, int]
 
-    def memory_plan(self, *, base: int | None = None) -> MemoryPlan:
+    def memory_plan(self, *, base: int | None = None, calls: Mapping[str, list[dict[str, tuple[int, ...]]]] | None = None
+                    ) -> MemoryPlan:
         """Each part's placement under the budget and the predicted peak (computed once per pipeline, or again
         when ``base`` is given: the bytes the process holds besides the models; default: its resident memory
-        now on a CPU, 0 on an accelerator, whose memory the process's own does not share)."""
+        now on a CPU, 0 on an accelerator, whose memory the process's own does not share). ``calls``: each
+        part's input shapes per call (``calls_of`` a run plan): the activations are then counted too."""
         plan = getattr(self, "_memory_plan", None)
-        if plan is None or base is not None:
-            plan = self._make_memory_plan(base)
+        if plan is None or base is not None or calls is not None:
+            plan = self._make_memory_plan(base, calls)
             self._memory_plan = plan
         return plan
 
-    def _make_memory_plan(self, base: int | None) -> MemoryPlan:
+    def _activations(self, calls: Mapping[str, list[dict[str, tuple[int, ...]]]], be: Any, dev: Any
+                     ) -> tuple[dict[str, int], dict[str, Any]]:
+        """Each part's most activation bytes at once over its calls (``streaming.activation_peaks`` on its graph
+        pinned to each call's shapes; halved where the backend keeps activations in 16 bits at the part's
+        precision), and the pinned graph of each part's heaviest call (the denoiser's split reads it)."""
+        from .streaming import activation_peaks
+
+        out: dict[str, int] = {}
+        pinned: dict[str, Any] = {}
+        for name, shapes_list in calls.items():
+            part = self._parts.get(name)
+            if part is None:
+                continue
+            precision = part.options.get("precision") or (be.precision_for(dev) if be is not None else "fp32")
+            scale = 0.5 if precision in getattr(be, "half_activations", ()) else 1.0
+            lean = _lean_graph(part)
+            for shapes in shapes_list:
+                try:
+                    g = lean.with_shapes(dict(shapes))
+                except Exception as exc:  # noqa: BLE001 - an estimate: a graph that will not pin counts none
+                    log.debug("memory: no activation estimate for %s: %s", name, exc)
+                    continue
+                peak = int(activation_peaks(g)[0] * scale)
+                if peak >= out.get(name, -1):
+                    out[name], pinned[name] = peak, (g, scale)
+        return out, pinned
+
+    def _make_memory_plan(self, base: int | None, calls: Mapping[str, Any] | None = None) -> MemoryPlan:
         from ..errors import SdrtError
         from ..runtime import select
 
@@ -313,40 +537,69 @@ class MemoryMixin:
             be, dev = select(self.backend, self.device)  # type: ignore[attr-defined]
             kept = be.weight_blocks()
         except SdrtError:  # a dry plan with no backend here (sdrt plan for another device): no device figure
-            dev, kept = None, frozenset()
+            be, dev, kept = None, None, frozenset()
+        accelerator = getattr(dev, "kind", "cpu") in ("gpu", "npu")
+        asked = getattr(self, "placement", None) or {}
+        host = cpu_host(be) if accelerator or any(":" in v for v in asked.values()) else None
         if base is None:
-            base = current_rss() if getattr(dev, "kind", "cpu") == "cpu" else 0
+            base = current_rss() if not accelerator else 0
         denoiser = self.family.denoiser_part  # type: ignore[attr-defined]
         held = {name: part_memory(p, kept) for name, p in self._parts.items()}
-        weights = {name: h for name, (h, _) in held.items()}
-        # a part's stored blocks run from the mapped file (footprint 1); its float weights take FOOTPRINT
-        footprints = {name: (FOOTPRINT * (h - s) + s) / h for name, (h, s) in held.items() if s and h}
+        weights = {name: h for name, (h, _, _) in held.items()}
+        # a part's stored blocks run from the mapped file (footprint 1); its float weights take FOOTPRINT (the
+        # mapped file's pages and the backend's copy), less what their file stores narrower than the graph
+        footprints = {name: (FOOTPRINT * (h - s) + s - n) / h for name, (h, s, n) in held.items() if (s or n) and h}
         if self.memory is not None:
             budget, source = self.memory, "memory="
         else:
             budget = available_memory(dev)
             source = ("reported by the device" if getattr(dev, "memory_bytes", None)
-                      else "available to the OS" if budget else "unknown")
+                      else OS_SOURCE if budget else "unknown")
 
-        def split_at(cap: int) -> list[int]:
-            from .streaming import split
+        activations, pinned = self._activations(calls, be, dev) if calls else ({}, {})
+
+        def split_at(cap: int) -> list[Any]:
+            from .streaming import activation_peaks, split
 
             part = self._parts[denoiser]
-            graph = _lean_graph(part)
             scale = part_weight_bytes(part) / max(weights[denoiser], 1)  # graph bytes per held byte
+            if denoiser in pinned:  # each group with its own activations
+                graph, half = pinned[denoiser]
+                groups = split(graph, max_weight_bytes=int(cap * scale))
+                return [(int(g.weight_bytes / scale), int(a * half))
+                        for g, a in zip(groups, activation_peaks(graph, groups))]
+            graph = _lean_graph(part)
             return [int(g.weight_bytes / scale) for g in split(graph, max_weight_bytes=int(cap * scale))]
 
         give_back()  # the graphs read for their sizes go again
-        return plan_memory(weights, denoiser if denoiser in weights else None, budget, base=base,
-                           release_all=bool(self.low_memory) or False, budget_source=source, split=split_at,
-                           footprints=footprints)
+        roles = dict(self.family.parts)  # type: ignore[attr-defined]
+        host_dev = host[1] if host is not None else None
+        host_budget = available_memory(host_dev) if host_dev is not None else None
+        plan = plan_placed(weights, roles, denoiser if denoiser in weights else None, budget, base=base,
+                           accelerator=accelerator, device=f"{dev.backend}:{dev.id}" if dev is not None else "",
+                           host=f"{host_dev.backend}:{host_dev.id}" if host_dev is not None else None,
+                           host_budget=host_budget, host_base=current_rss(), asked=asked,
+                           budget_source=source, host_budget_source=OS_SOURCE if host_budget else "unknown",
+                           release_all=bool(self.low_memory) or False, split=split_at, footprints=footprints,
+                           activations=activations)
+        self._hosts = {} if host is None else {f"{host[1].backend}:{host[1].id}": host}
+        return plan
 
-    def _apply_memory_plan(self) -> None:
+    def _apply_memory_plan(self, calls: Mapping[str, Any] | None = None) -> None:
         """Tell the parts the plan: released and streamed ones keep their external data mapped; a streamed
-        one compiles group by group (``Part.stream_bytes``). Starts the first stage's peak."""
-        plan = self.memory_plan()
+        one compiles group by group (``Part.stream_bytes``); a part placed on another device compiles there.
+        ``calls``: this job's input shapes per part (the plan is made again, with activations, when they change).
+        Starts the first stage's peak."""
+        if calls is not None and calls != getattr(self, "_memory_calls", None):
+            made = getattr(self, "_memory_plan", None)  # the process's base as first measured (or given) stays
+            plan = self.memory_plan(base=made.base_bytes if made is not None else None, calls=calls)
+            self._memory_calls = calls
+        else:
+            plan = self.memory_plan()
         for p in plan.parts:
             part = self._parts.get(p.part)
+            if part is not None and p.device:
+                self._place(part, p.device)
             if part is None or p.placement == "resident":
                 continue
             part.lazy_external = True
@@ -362,6 +615,22 @@ class MemoryMixin:
             log.warning("memory: the plan does not fit the budget:\n%s", plan.format())
         self._stage_peaks = {}
         self._stage_started()
+
+    def _place(self, part: Part, device: str) -> None:
+        """Compile ``part`` on ``device`` (``"openvino:CPU"``) from now on; options go with it only on its own
+        backend (another backend's options are not this one's)."""
+        from ..runtime import select
+
+        found = getattr(self, "_hosts", {}).get(device)
+        be, dev = found if found is not None else select("auto", device)
+        if part.device is dev and part.backend == be.name:
+            return
+        part.close()  # a session compiled on the other device goes
+        if be.name != part.backend:  # quantize= is sdrt's own; a precision goes along where that backend has it
+            part.options = {k: v for k, v in part.options.items()
+                            if k == "quantize" or (k == "precision" and v in (be.precisions or {"fp32": {}}))}
+        part.backend, part.device = be.name, dev
+        log.info("memory: %s runs on %s", part.name, dev)
 
     def _stage_started(self) -> None:
         # Restarting VmHWM also restarts what the OS reports as the process's peak (ru_maxrss, /usr/bin/time),

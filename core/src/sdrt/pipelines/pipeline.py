@@ -66,7 +66,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
     def __init__(self, folder: ModelFolder, *, backend: str = "auto", device: Any = None,
                  low_memory: bool | None = False, vae_tile: int | None = None, memory: int | str | None = None,
                  **options: Any) -> None:
-        from .budget import parse_memory
+        from .budget import parse_memory, parse_placement
 
         #: the memory budget in bytes (None: what the device reports); the plan meets it (sdrt.pipelines.budget)
         self.memory = None if memory is None else parse_memory(memory, "memory")
@@ -75,6 +75,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self.share_blocks = bool(options.pop("share_blocks", False))
         self.folder = folder
         self.family = folder.family_class(folder)
+        #: parts (or roles: text, vae) placed on a CPU device beside an accelerator (sdrt.pipelines.budget)
+        self.placement = parse_placement(options.pop("placement", None),
+                                         {p: r for p, r in self.family.parts.items() if p in folder.parts})
         #: keep only the running part loaded (None: decide from the device's reported memory)
         self.low_memory = low_memory
         #: decode/encode the VAE by tiles of this many latent pixels (None: whole images)
@@ -432,11 +435,14 @@ class Pipeline(ToolboxMixin, MemoryMixin):
     def _generate(self, prompt: str, negative_prompt: str | None, callback: Callback | None,
                   kwargs: dict[str, Any]) -> Generation:
         original = prompt.prompt if isinstance(prompt, Settings) else prompt
+        # this job's shapes per part, from a dry run made first (its ControlNet units get dry parts; this job's
+        # own preparation below gives them the real ones again)
+        calls = None if self._dry else self._job_calls(prompt, negative_prompt, kwargs)
         s, init, mask = self._prepare(prompt, negative_prompt, kwargs)
         self._settings = s  # the last job's checked settings (the run plan reads them)
         _ = self.is_low_memory  # decided (and the parts told) before any part loads
-        if not self._dry:
-            self._apply_memory_plan()  # each part resident, released after use or streamed (budget.py)
+        if not self._dry:  # each part resident, released after use or streamed, and where (budget.py)
+            self._apply_memory_plan(calls)
         cond, uncond = self._conditioning(s)
         self._release(*self.family.text_parts, stage=True)
         images: list[np.ndarray] = []
@@ -553,8 +559,28 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         with self._lock:
             memory = self.memory_plan()  # before the dry run reads any graph: the process's own base
             rp = dry_run(self, prompt, negative_prompt, kwargs)
+            from .budget import calls_of
+
+            memory = self.memory_plan(base=memory.base_bytes, calls=calls_of(rp))  # with the activations
         rp.memory = memory  # each part's placement under the budget, the predicted peak
         return rp
+
+    def _job_calls(self, prompt: Any, negative_prompt: str | None, kwargs: dict[str, Any]) -> Any:
+        """This job's input shapes per part, for the memory plan's activations: from a dry run, made again only
+        when the arguments that can change a shape change (not the seeds, not the words; images by their shape)."""
+        from .budget import calls_of
+        from .plan import dry_run
+
+        key = (object() if isinstance(prompt, Settings) else None, tuple(sorted(  # Settings: made again each time
+            (k, repr(v) if isinstance(v, (int, float, str, bool, type(None))) else
+             repr(getattr(v, "shape", None) or (len(v) if isinstance(v, (list, tuple)) else type(v).__name__)))
+            for k, v in kwargs.items() if "seed" not in k)))
+        cached = getattr(self, "_calls_key", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        calls = calls_of(dry_run(self, prompt, negative_prompt, dict(kwargs)))
+        self._calls_key = (key, calls)
+        return calls
 
     # ------------------------------------------------------------------ low memory (sdrt.pipelines.lowmem)
     @property

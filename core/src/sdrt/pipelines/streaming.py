@@ -17,6 +17,12 @@ whose structure is identical (Flux's double and single blocks, SD3's joint block
 canonical tensor names, compiled once, and the next block's weights are swapped in with
 ``Session.update_weights``; whether that is cheaper than compiling again depends on the backend
 (docs/memory.md has the figures).
+
+While a group loads and computes, the next group's weight bytes are read ahead into the page cache on a background
+thread (``sdrt.weights.pages.Prefetcher``: ``posix_fadvise(WILLNEED)`` on their file ranges; during the last group,
+the first group's, for the next call), so its load finds them there instead of waiting on the disk. Those pages
+are the kernel's page cache, not this process's resident memory, until the next group's load reads them, as
+it would without the prefetch: the budget is unchanged. ``prefetch=False`` turns it off.
 """
 
 from __future__ import annotations
@@ -159,6 +165,38 @@ def analyse(graph: Graph) -> _Analysis:
         live_bytes.append(b)
     return _Analysis(nodes, inits, constants, reads, node_weight, live_count, live_bytes, producer, last_use,
                      node_inits)
+
+
+def _attention_scores(a: _Analysis, producer: int, last: int) -> bool:
+    """Whether a tensor is an attention score matrix (the MatMul/Add/Mul into a Softmax, or the Softmax's output
+    into the next MatMul): the backends run softmax(Q K^T) V fused (OpenVINO's SDPA, ggml's flash attention), so
+    the [heads, tokens, tokens] matrix the ONNX graph writes out is never held whole."""
+    made, read = a.nodes[producer].op_type, a.nodes[last].op_type if last < len(a.nodes) else ""
+    return made == "Softmax" or (read == "Softmax" and made in ("MatMul", "Add", "Mul", "Div"))
+
+
+def activation_peaks(graph: Graph, groups: list[Group] | None = None) -> list[int]:
+    """The most activation bytes alive at once: at each node boundary, the tensors made before it and read after
+    it (graph inputs and outputs too; attention scores not: ``_attention_scores``), at the graph's float32 sizes.
+    One figure for the whole graph, or one per group (its boundaries only: the tensors a streamed run keeps for
+    later groups count too). The graph must be shape-pinned (``Graph.with_shapes``); unknown shapes count 0."""
+    a = analyse(graph)
+    vinfo = graph.value_infos()
+    n = len(a.nodes)
+    diff = [0] * (n + 2)
+    for name, last in a.last_use.items():
+        p = a.producer.get(name)
+        if p is None or (p >= 0 and _attention_scores(a, p, last)):
+            continue
+        size = _nbytes(vinfo.get(name))
+        diff[p + 1] += size
+        diff[last + 1] -= size
+    live, b = [], 0
+    for i in range(n + 1):
+        b += diff[i]
+        live.append(b)
+    spans = [(0, n)] if groups is None else [(g.start, g.end) for g in groups]
+    return [max(live[start:end + 1], default=0) for start, end in spans]
 
 
 def split(graph: Graph, *, max_weight_bytes: int | None = None, groups: int | None = None) -> list[Group]:
@@ -334,7 +372,7 @@ class StreamedSession:
 
     def __init__(self, graph: Graph, weights: Weights | None, *, max_weight_bytes: int | None = None,
                  groups: int | None = None, backend: str = "auto", device: Any = None, share: bool = False,
-                 options: Mapping[str, Any] | None = None) -> None:
+                 options: Mapping[str, Any] | None = None, prefetch: bool = True) -> None:
         if not graph.model.graph.value_info:  # not shape-inferred yet: every cut needs its tensors' types
             graph = graph.with_shapes()
         # shapes computed at run time (Shape -> Gather -> Concat -> Reshape) become constants, so no group
@@ -351,6 +389,12 @@ class StreamedSession:
         self.load_s = 0.0
         self.run_s = 0.0
         self._shared: dict[bytes, Any] = {}
+        #: each group's weight bytes in files ({path: [(offset, length)]}), read ahead while the group before runs
+        self.prefetch = prefetch
+        self._ranges = [self._file_ranges(g) for g in self.groups] if prefetch else []
+        from ..weights.pages import Prefetcher
+
+        self._prefetcher = Prefetcher()
         #: groups that reused a compiled block with their weights swapped in (``share``)
         self.swaps = 0
         log.info("%s streams in %d group(s) of at most %.1f MiB of weights (%s)", graph.name, len(self.groups),
@@ -364,12 +408,30 @@ class StreamedSession:
     def peak_group_bytes(self) -> int:
         return max(g.weight_bytes for g in self.groups)
 
+    def _file_ranges(self, group: Group) -> dict[str, list[tuple[int, int]]]:
+        """Where the group's weights sit in files: the part's ``Weights`` references, else the graph's mapped data."""
+        from ..weights.pages import file_ranges
+
+        ext = self.graph.external_refs
+        w = self.weights
+        return file_ranges(w.ref(x) if w is not None and x in w else ext.get(x) for x in group.initializers)
+
+    @property
+    def prefetched_bytes(self) -> int:
+        """Bytes read ahead so far (``prefetch``)."""
+        return self._prefetcher.bytes
+
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         from ..runtime import load
         from .lowmem import give_back
 
         env: dict[str, np.ndarray] = dict(feeds)
+        n = len(self.groups)
+        if self.prefetch and n > 1:
+            self._prefetcher.start(self._ranges[0])  # usually in the page cache already: read ahead last call
         for k, group in enumerate(self.groups):
+            if self.prefetch and n > 1:  # the next group's weights come in while this one loads and runs
+                self._prefetcher.start(self._ranges[(k + 1) % n])
             t0 = time.perf_counter()
             g, names = group_graph(self.graph, group, canonical=self.share)
             sub = _sub_weights(self.weights, names, group.initializers)
@@ -421,6 +483,7 @@ class StreamedSession:
         self.weights = weights
 
     def close(self) -> None:
+        self._prefetcher.wait()
         for sess in self._shared.values():
             sess.close()
         self._shared.clear()

@@ -59,7 +59,7 @@ def release(arrays: Iterable[Any]) -> int:
     return total
 
 
-__all__ = ["release"]
+__all__ = ["Prefetcher", "cached_fraction", "file_ranges", "prefetch", "release", "release_weights"]
 
 
 def release_weights(weights: Any) -> int:
@@ -76,3 +76,141 @@ def release_weights(weights: Any) -> int:
             seen.add(ref.source)
             arrays.append(ref.blocks().data)
     return release(arrays)
+
+
+# ---------------------------------------------------------------------------- prefetch
+def file_ranges(refs: Iterable[Any]) -> dict[str, list[tuple[int, int]]]:
+    """``{file: [(offset, length), ...]}`` of the tensors whose bytes are in a file: ``TensorRef.origin`` or a
+    graph's ``ExternalRef`` (anything with ``path``, ``offset`` and ``length``); the rest are skipped."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for r in refs:
+        if r is None:
+            continue
+        origin = getattr(r, "origin", None)
+        if origin is not None and len(origin) >= 3:
+            path, off, length = origin[0], origin[1], origin[2]
+        elif hasattr(r, "path") and hasattr(r, "offset") and hasattr(r, "length"):
+            path, off, length = r.path, r.offset, r.length
+        else:
+            continue
+        try:
+            out.setdefault(str(path), []).append((int(off), int(length)))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def prefetch(ranges: dict[str, list[tuple[int, int]]]) -> int:
+    """Ask the kernel to read these file ranges into the page cache now (``posix_fadvise(WILLNEED)``), so a
+    later read of them (a backend binding mapped weights) finds them there instead of waiting on the disk.
+
+    Nothing joins this process's resident set: the pages sit in the page cache, which the kernel may evict,
+    until something maps and reads them. Blocks while the reads are queued, so it runs on a thread beside the
+    work it overlaps (``Prefetcher``). Returns the bytes advised (0 where the OS has no ``posix_fadvise``)."""
+    import os
+
+    advise = getattr(os, "posix_fadvise", None)
+    flag = getattr(os, "POSIX_FADV_WILLNEED", None)
+    if advise is None or flag is None:
+        return 0
+    total = 0
+    for path, spans in ranges.items():
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            log.debug("prefetch: cannot open %s: %s", path, exc)
+            continue
+        try:
+            for off, length in _merged(spans):
+                advise(fd, off, length, flag)
+                total += length
+        except OSError as exc:
+            log.debug("prefetch of %s refused: %s", path, exc)
+        finally:
+            os.close(fd)
+    return total
+
+
+def _merged(spans: Iterable[tuple[int, int]], gap: int = 1 << 20) -> list[tuple[int, int]]:
+    """Sorted byte ranges with neighbours closer than ``gap`` joined (fewer, longer reads)."""
+    out: list[list[int]] = []
+    for off, length in sorted(spans):
+        if out and off <= out[-1][0] + out[-1][1] + gap:
+            out[-1][1] = max(out[-1][1], off + length - out[-1][0])
+        else:
+            out.append([off, length])
+    return [(a, b) for a, b in out]
+
+
+class Prefetcher:
+    """One background thread that prefetches file ranges in the order they are asked for, while the caller goes
+    on (``start`` returns at once); ``wait`` returns when everything asked so far has been advised."""
+
+    def __init__(self) -> None:
+        self._queue: Any = None
+        self._thread: Any = None
+        #: bytes advised so far, and seconds the prefetch thread spent
+        self.bytes = 0
+        self.seconds = 0.0
+
+    def start(self, ranges: dict[str, list[tuple[int, int]]]) -> None:
+        import queue
+        import threading
+
+        if not ranges:
+            return
+        if self._thread is None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._work, name="sdrt-prefetch", daemon=True)
+            self._thread.start()
+        self._queue.put(ranges)
+
+    def _work(self) -> None:
+        import time
+
+        while True:
+            ranges = self._queue.get()
+            try:
+                t0 = time.perf_counter()
+                self.bytes += prefetch(ranges)
+                self.seconds += time.perf_counter() - t0
+            except Exception as exc:  # noqa: BLE001 - a hint to the kernel: never fatal
+                log.debug("prefetch failed: %s", exc)
+            finally:
+                self._queue.task_done()
+
+    def wait(self) -> None:
+        if self._queue is not None:
+            self._queue.join()
+
+
+def cached_fraction(path: Any) -> float | None:
+    """The share of ``path``'s pages in the page cache now (Linux ``mincore`` over a read-only mapping that is
+    never read, so nothing comes in by asking); None where it cannot be told."""
+    import ctypes
+    import os
+    import sys
+
+    import numpy as np
+
+    if not sys.platform.startswith("linux"):
+        return None
+    size = os.path.getsize(path)
+    if size == 0:
+        return 1.0
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        n = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * n)()
+        view = np.frombuffer(m, dtype=np.uint8)
+        addr = view.__array_interface__["data"][0]
+        del view
+        if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+            return None
+        return float((np.frombuffer(vec, dtype=np.uint8) & 1).astype(bool).mean())
+    except (OSError, AttributeError):
+        return None
+    finally:
+        m.close()
