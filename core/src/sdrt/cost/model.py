@@ -23,7 +23,7 @@ from .nodes import GraphCost
 
 log = logging.getLogger("sdrt.cost")
 
-TIME_CLASSES = ("matmul", "conv", "attention", "norm", "elementwise", "data")
+TIME_CLASSES = ("matmul", "conv", "dwconv", "attention", "softmax", "norm", "elementwise", "data")
 
 
 @dataclass
@@ -47,6 +47,15 @@ class Factors:
     #: does; the defaults take the larger of the two (the classic roofline)
     additive: bool = False
     bandwidth_efficiency: float = 1.0
+    #: calibrated: activation traffic of data-movement nodes (transposes, resizes, concats: strided copies)
+    data_bandwidth_efficiency: float = 1.0
+    #: calibrated: weight traffic (a matmul at few rows streams its weights; a CPU packs them per call);
+    #: None in an older calibration that had one traffic term
+    weight_bandwidth_efficiency: float | None = None
+    #: calibrated: traffic of elementwise epilogues (0: fused for free, as a compiler that fuses does)
+    fused_bandwidth_efficiency: float = 0.0
+    #: fixed time of one call of a compiled part (input/output copies, dispatch), seconds
+    call_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,20 +134,29 @@ def is_calibrated(backend: str, kind: str = "cpu", calibration: dict[str, Any] |
 
 
 def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, precision: str, f: Factors,
-                fused: bool = False) -> float:
+                fused: bool = False, weight_bytes: float = 0.0, time_class: str | None = None) -> float:
+    """One node's predicted seconds. ``time_class`` refines ``op_class`` (``dwconv``, ``softmax``; their
+    efficiency falls back to the op class's); ``weight_bytes`` is the part of ``nbytes`` that is weights."""
     if op_class == "view":
         return 0.0
-    if fused:  # an epilogue: its arithmetic only, at the device's peak
+    tc = time_class or op_class
+    bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
+    if fused:  # an epilogue: its arithmetic at the device's peak, and, calibrated, its traffic as fitted
+        if f.additive and f.fused_bandwidth_efficiency:
+            return flops / device.peak(precision) + nbytes / (bw * f.fused_bandwidth_efficiency)
         return flops / device.peak(precision)
     if op_class == "attention" and f.fused_attention:
         nbytes = 0.0
-    bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
+    eff = max(f.efficiency.get(tc, f.efficiency.get(op_class, 0.5)), 1e-3)
     if f.additive:
-        eff = max(f.efficiency.get(op_class, 0.5), 1e-3)
-        return (f.overhead_s.get(op_class, 0.0) + flops / (device.peak(precision) * eff)
-                + nbytes / (bw * max(f.bandwidth_efficiency, 1e-3)))
+        t = f.overhead_s.get(tc, f.overhead_s.get(op_class, 0.0)) + flops / (device.peak(precision) * eff)
+        if f.weight_bandwidth_efficiency is None:  # an older calibration: one traffic term
+            return t + nbytes / (bw * max(f.bandwidth_efficiency, 1e-3))
+        act_eff = f.data_bandwidth_efficiency if op_class == "data" else f.bandwidth_efficiency
+        return (t + (nbytes - weight_bytes) / (bw * max(act_eff, 1e-3))
+                + weight_bytes / (bw * max(f.weight_bandwidth_efficiency, 1e-3)))
     roof = max(flops / device.peak(precision), nbytes / bw)
-    return f.overhead_s.get(op_class, 0.0) + roof / max(f.efficiency.get(op_class, 0.5), 1e-3)
+    return f.overhead_s.get(tc, f.overhead_s.get(op_class, 0.0)) + roof / eff
 
 
 @dataclass
@@ -160,7 +178,9 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
         if n.op_class == "view":
             continue
         by[n.op_class] = by.get(n.op_class, 0.0) + node_time_s(n.op_class, n.flops, n.bytes, device, precision, f,
-                                                                 n.fused)
+                                                                 n.fused, n.weight_bytes, n.time_class)
+    if f.call_s:
+        by["call"] = f.call_s
     ms = 1000 * sum(by.values())
     peak = f.weight_factor * cost.weight_bytes + f.activation_factor * cost.peak_activation_bytes + f.base_bytes
     return Prediction(ms, peak, cost.weight_bytes, cost.peak_activation_bytes,

@@ -71,6 +71,13 @@ class NodeCost:
     bytes_written: float
     weight_bytes: float
     fused: bool = False  # an elementwise epilogue of the node that writes its input: no trip to memory
+    #: the timing class where it differs from ``op_class``: ``dwconv`` (a grouped conv: depthwise in
+    #: MobileNets, few FLOPs per byte), ``softmax`` (exp-bound, unlike the attention matmuls)
+    kind: str = ""
+
+    @property
+    def time_class(self) -> str:
+        return self.kind or self.op_class
 
     @property
     def bytes(self) -> float:
@@ -202,13 +209,21 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
         for o in n.output:
             writer_class[o] = cls
         nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
-                              w_read, fused))
+                              w_read, fused, _time_kind(n, cls)))
     weight_bytes = sum(_prod(s) * weight_elem.get(name, act) for name, s in inits.items())
     peak = _peak_activations(model, shape, dtype, act, set(inits) | set(consts))
     io = sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act)
              for v in list(model.graph.input) + list(model.graph.output) if v.name not in inits)
     pinned = {i.name: tuple(i.shape) for i in g.inputs}
     return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown)
+
+
+def _time_kind(n: Any, cls: str) -> str:
+    if cls == "conv" and next((a.i for a in n.attribute if a.name == "group"), 1) > 1:
+        return "dwconv"
+    if n.op_type in ("Softmax", "LogSoftmax"):
+        return "softmax"
+    return ""
 
 
 def _op_class(n: Any, inits: Mapping[str, Any], consts: Mapping[str, Any]) -> str:
