@@ -1,15 +1,20 @@
-"""Fit the cost model's factors on this machine: time each op class on a backend, and its memory.
+"""Fit the cost model's factors on this machine: time the calibration cases on a backend, and their memory.
 
-For every op class, a chain of nodes of that class is built at two sizes (onnx.helper, fixed
-shapes) and run through ``sdrt.load`` on the backend, each in a child process (so that its peak
-resident memory can be read, and a crash costs nothing), ``repeats`` times after a warm-up; the
-median time per call is kept. Times are ``robust_ms``: the median over groups of three runs of each group's best (the machine may
-be shared). Time is fitted as
-``nodes x overhead + sum over classes of roofline / efficiency`` over every case at once (non-negative
-least squares on relative errors): one overhead per backend, one efficiency per class; memory as
-``weight_factor * weights + activation_factor * activations + base`` by least squares over all of
-the graphs. The CPU's memory bandwidth is measured too (a large numpy copy), as the roofline's
-bandwidth. ``sdrt selftest --calibrate`` calls ``calibrate`` and stores the result.
+The cases (``CASE_SPECS``) are small graphs shaped like the parts that pipelines run: 3x3 convs from
+32 to 1280 channels on 8-128 px maps, 1x1 and depthwise convs and MobileNet blocks, matmuls from 8
+to 4096 rows (the weight-heavy ones past the last-level cache), attention at 1024-4096 tokens and
+narrow heads, group and layer norms, SiLU, transposes, upsampling, one tiny node (the cost of a
+call) and 400 tiny nodes (the cost of a node). None of them is a model that the accuracy check
+runs. Each is compiled through ``sdrt.load`` at a pinned precision (fp32 by default) in a child
+process (so that its peak resident memory can be read, and a crash costs nothing) and run
+``repeats`` times after two warm-ups; a call under 5 ms is timed over a loop of calls. The kept
+time is ``robust_ms``: the median over groups of three runs of each group's best (the machine may
+be shared). Time is fitted over every case at once (``features``: FLOPs per timing class, traffic
+per kind, nodes and the call, linear in the factors; non-negative least squares on relative errors);
+memory as ``base + node_bytes x nodes`` through the cases with almost no data, then the weight and
+activation factors over the rest. The CPU's memory bandwidth is measured too (a large numpy copy),
+as the unit of the traffic terms. ``sdrt selftest --calibrate`` calls ``calibrate`` and stores the
+result.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .devices import DeviceSpec, this_cpu
-from .model import TIME_CLASSES, Factors
+from .model import TIME_CLASSES, Factors, conv_weight_bytes, memory_nodes
 from .nodes import graph_costs
 
 log = logging.getLogger("sdrt.cost")
@@ -79,9 +84,10 @@ class _Chain:
 #: the weight-heavy ones, sized past the last-level cache: name -> (builder, its arguments)
 CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "call": ("add", (16,)),                          # one tiny node: the fixed cost of a call
-    "nodes": ("tiny_matmuls", (48,)),                # many tiny nodes: the fixed cost of a node
+    "nodes": ("tiny_matmuls", (400,)),               # many tiny nodes: the fixed cost (time, memory) of a node
     "conv3_320x32": ("conv", (320, 32, 3, 1, 3)),    # UNet level 1-2 resnets
     "conv3_640x16": ("conv", (640, 16, 3, 1, 3)),    # UNet deep levels: 44 MB of kernels
+    "conv3_1280x8": ("conv", (1280, 8, 3, 1, 3)),    # the deepest, on a small map: 177 MB of kernels
     "conv3_128x64": ("conv", (128, 64, 3, 1, 3)),    # VAE decoder mid channels
     "conv3_32x128": ("conv", (32, 128, 3, 1, 3)),    # few channels on a large map
     "conv1_256x56": ("conv", (256, 56, 1, 1, 4)),    # MobileNet expand / project 1x1 convs
@@ -90,6 +96,8 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "mm_1024x640": ("matmul", (1024, 640, 640, 4)),  # attention projections at 1024 tokens
     "mm_4096x320": ("matmul", (4096, 320, 320, 4)),  # at 4096 tokens
     "mm_77x768": ("mlp", (77, 768, 3072, 4)),        # CLIP's MLPs: 77 rows over 75 MB of weights
+    "mm_8x4096": ("matmul", (8, 4096, 4096, 4)),     # 8 rows over 268 MB: streaming the weights
+    "invres_32x56": ("invres", (32, 192, 56, 3)),    # MobileNetV2 blocks: 1x1, ReLU6, dw 3x3, ReLU6, 1x1, add
     "attn_1024x40": ("attention", (8, 1024, 40, 2)),
     "attn_1024x8": ("attention", (8, 1024, 8, 2)),   # narrow heads: the softmax dominates
     "attn_4096x64": ("attention", (1, 4096, 64, 1)),
@@ -127,6 +135,18 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         x = "x"
         for _ in range(k):
             x = g.op("Conv", [x, g.w((c, c // group, ks, ks)), g.w((c,), 0.01)], pads=[ks // 2] * 4, group=group)
+    elif kind == "invres":  # inverted residual blocks: the convs' epilogues as a backend fuses them
+        from onnx import numpy_helper
+
+        c, h, hw, k = args
+        shape = [1, c, hw, hw]
+        g.inits += [numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+                    numpy_helper.from_array(np.array(6.0, np.float32), "hi")]
+        x = "x"
+        for _ in range(k):
+            y = g.op("Clip", [g.op("Conv", [x, g.w((h, c, 1, 1)), g.w((h,), 0.01)]), "lo", "hi"])
+            y = g.op("Clip", [g.op("Conv", [y, g.w((h, 1, 3, 3)), g.w((h,), 0.01)], pads=[1] * 4, group=h), "lo", "hi"])
+            x = g.op("Add", [g.op("Conv", [y, g.w((c, h, 1, 1)), g.w((c,), 0.01)]), x])
     elif kind in ("matmul", "mlp"):
         t, c, h, k = args
         shape = [1, t, c]
@@ -157,13 +177,13 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
 
         c, hw, groups, k = args
         shape = [1, c, hw, hw]
-        g.inits += [numpy_helper.from_array(np.array([1, groups, -1], np.int64), "gshape"),
-                    numpy_helper.from_array(np.array(shape, np.int64), "shape")]
+        g.inits.append(numpy_helper.from_array(np.array([0, groups, -1], np.int64), "gshape"))
         x = "x"
         for _ in range(k):
             r = g.op("Reshape", [x, "gshape"])
             n = g.op("InstanceNormalization", [r, g.w((groups,), 1.0), g.w((groups,), 0.1)], epsilon=1e-6)
-            x = g.op("Add", [g.op("Mul", [g.op("Reshape", [n, "shape"]), g.w((c, 1, 1), 1.0)]), g.w((c, 1, 1), 0.1)])
+            back = g.op("Reshape", [n, g.op("Shape", [x])])
+            x = g.op("Add", [g.op("Mul", [back, g.w((c, 1, 1), 1.0)]), g.w((c, 1, 1), 0.1)])
     elif kind == "silu":  # SiLU then a per-channel add, as a UNet's resnets do between convs
         c, hw, k = args
         shape = [1, c, hw, hw]
@@ -184,7 +204,8 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         g.inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
         x = "x"
         for _ in range(k):
-            x = g.op("Resize", [x, "", "scales"], mode="nearest")
+            x = g.op("Resize", [x, "", "scales"], mode="nearest", coordinate_transformation_mode="asymmetric",
+                     nearest_mode="floor")
     elif kind == "activations":  # activation-heavy: memory calibration
         c, hw = args
         shape = [1, c, hw, hw]
@@ -215,7 +236,7 @@ def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: 
             budget_s: float | None = None) -> dict[str, Any]:
     """Compile ``path`` on ``backend`` in a child process, run it ``warmup + repeats`` times; returns
     ``{"times_ms": [...], "median_ms", "rss_before", "peak_rss", "peak_bytes"}`` (peak over the
-    child's resident memory after imports, in bytes). ``budget_s``: a part whose first run takes over a
+    child's resident memory after imports, inputs included, in bytes). ``budget_s``: a part whose first run takes over a
     second gets one warm-up and as many timed runs as fit in this many seconds (whole groups of three)."""
     with tempfile.TemporaryDirectory(prefix="sdrt-measure-") as tmp:
         npz = Path(tmp) / "feeds.npz"
@@ -258,10 +279,10 @@ def _child() -> None:
 
     get_registry()
     select(spec["backend"], spec["device"])
+    gc.collect()
+    before = _rss()  # the inputs count: a part's peak holds them
     with np.load(spec["feeds"]) as z:
         feeds = {k: z[k] for k in z.files}
-    gc.collect()
-    before = _rss()
     sess = sdrt.load(spec["path"], backend=spec["backend"], device=spec["device"], **spec["options"])
     times = []
     loops = 1  # a call under 5 ms is timed over enough calls to last 5 ms, so that the clock's noise is small
@@ -297,13 +318,13 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
-TERMS = ("act_ms", "data_ms", "weight_ms", "fused_ms", "nodes", "call")
+TERMS = ("act_ms", "conv_act_ms", "data_ms", "weight_ms", "fused_ms", "nodes", "call")
 
 
 def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
     """A part's time features, linear in the factors ``fit`` finds: milliseconds of FLOPs per timing class
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
-    compute nodes; ``data_ms``: data-movement nodes; ``weight_ms``: weights; ``fused_ms``: epilogues), the
+    compute nodes but convs; ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights; ``fused_ms``: epilogues), the
     timed nodes and the call; ``fixed_ms`` is the epilogues' arithmetic at the peak (not fitted)."""
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
@@ -317,7 +338,7 @@ def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
         out["nodes"] += 1
         out[f"flops_{n.time_class}"] += 1000 * n.flops / peak
         out["weight_ms"] += 1000 * n.weight_bytes / bandwidth
-        key = "data_ms" if n.op_class == "data" else "act_ms"
+        key = "data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "act_ms"
         out[key] += 1000 * (n.bytes - n.weight_bytes) / bandwidth
     return out
 
@@ -346,6 +367,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
             rows.append({"case": model.graph.name, "features": features(cost, peak, bw),
                          "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
                          "peak_bytes": m["peak_bytes"], "weight_bytes": cost.weight_bytes,
+                         "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
                          "activation_bytes": cost.peak_activation_bytes, "flops": cost.flops})
     return fit(rows, bw, backend), rows
 
@@ -382,19 +404,32 @@ def _inv(c: float | None) -> float:
     return 1.0 / c if c and c > 1e-9 else 100.0
 
 
-def _fit_memory(rows: list[dict[str, Any]]) -> tuple[float, float, float]:
-    """``peak = weight_factor x weights + activation_factor x activations + base``: the base is the median
-    peak of the cases with under 1 MiB of weights and activations (what a session costs by itself), the
-    two factors a non-negative fit of the rest over it, on relative errors."""
-    small = [float(r["peak_bytes"]) for r in rows if r["weight_bytes"] + r["activation_bytes"] < 2**20]
-    base = float(np.median(small)) if small else 0.0
+def _fit_memory(rows: list[dict[str, Any]]) -> tuple[float, float, float, float, float]:
+    """``peak = weight_factor x weights + conv_weight_factor x conv kernels + activation_factor x activations
+    + node_bytes x nodes + base``: the base and the bytes per node from the cases with under 1 MiB of weights
+    and activations (what a session and its compiled nodes cost by themselves: a line through them), the
+    other factors a non-negative fit of the rest over that, on relative errors.
+    Returns (weight_factor, conv_weight_factor, activation_factor, node_bytes, base)."""
+    small = [r for r in rows if r["weight_bytes"] + r["activation_bytes"] < 2**20]
+    base, per_node = 0.0, 0.0
+    if small:
+        n = np.array([float(r.get("mem_nodes", 1)) for r in small])
+        y = np.array([float(r["peak_bytes"]) for r in small])
+        if len(set(n)) > 1:
+            per_node, base = (float(v) for v in np.polyfit(n, y, 1))
+            per_node = max(per_node, 0.0)
+            base = max(float(np.median(y - per_node * n)), 0.0)
+        else:
+            base = float(np.median(y))
     big = [r for r in rows if r["weight_bytes"] + r["activation_bytes"] >= 2**20]
     if not big:
-        return 1.0, 1.0, base
-    a = np.array([[r["weight_bytes"], r["activation_bytes"]] for r in big])
+        return 1.0, 1.0, 1.0, per_node, base
+    cw = [float(r.get("conv_weight_bytes", 0.0)) for r in big]
+    a = np.array([[r["weight_bytes"] - c, c, r["activation_bytes"]] for r, c in zip(big, cw)])
     y = np.array([max(float(r["peak_bytes"]), 1.0) for r in big])
-    wf, af = (float(v) for v in _nnls(a / y[:, None], np.maximum(y - base, 0.0) / y))
-    return wf, af, base
+    rest = y - base - per_node * np.array([float(r.get("mem_nodes", 1)) for r in big])
+    wf, cwf, af = (float(v) for v in _nnls(a / y[:, None], np.maximum(rest, 0.0) / y))
+    return wf, cwf, af, per_node, base
 
 
 def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
@@ -402,11 +437,13 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
     c = _fit_times(rows)
     eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
-    wf, af, base = _fit_memory(rows)
+    wf, cwf, af, node_bytes, base = _fit_memory(rows)
     fused = c.get("fused_ms", 0.0)
     return Factors(eff, over, wf, af, base, True, bandwidth, f"sdrt selftest --calibrate ({backend})",
                    additive=True, bandwidth_efficiency=_inv(c.get("act_ms")),
                    data_bandwidth_efficiency=_inv(c.get("data_ms")),
+                   conv_bandwidth_efficiency=_inv(c.get("conv_act_ms")), conv_weight_factor=cwf,
+                   node_bytes=node_bytes,
                    weight_bandwidth_efficiency=_inv(c.get("weight_ms")),
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
                    call_s=c.get("call", 0.0) / 1000.0,

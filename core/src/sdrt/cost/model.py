@@ -1,12 +1,17 @@
 """The time and memory model: a roofline per op class, with efficiency factors that measurements fit.
 
-A node of class ``c`` takes ``overhead[c] + max(flops / peak, bytes / bandwidth) / efficiency[c]``
-seconds on a device (a fused elementwise epilogue: ``flops / peak``), where ``peak`` is the device's dense FLOP/s at the precision. A part's peak memory
-is ``weight_factor * weights + activation_factor * peak live activations + base``. The factors belong
-to a (backend, device kind, precision) triple. ``sdrt selftest --calibrate`` fits them on this machine
-(``sdrt.cost.calibrate``) and stores them in sdrt's cache folder (``calibration/calibration.json``); where
-no calibration exists, the defaults below (round figures for well-tuned vendor kernels) stand in and
-the plan says it is uncalibrated.
+Uncalibrated (the device kinds' round defaults, below), a node of class ``c`` takes
+``overhead[c] + max(flops / peak, bytes / bandwidth) / efficiency[c]`` seconds (a fused elementwise
+epilogue: ``flops / peak``), where ``peak`` is the device's dense FLOP/s at the precision. Calibrated
+(``sdrt selftest --calibrate`` on this machine's CPU, ``sdrt.cost.calibrate``), the terms add, as on a
+CPU that moves data while it computes: ``overhead + flops / (peak x efficiency[timing class]) +
+activation bytes / (bandwidth x its efficiency: convs, data movement and the rest apart) + weight
+bytes / (bandwidth x the weights' efficiency)``, an epilogue's bytes at their own efficiency, and a
+fixed cost per call. A part's peak memory is ``weight_factor x weights (conv kernels at
+conv_weight_factor) + activation_factor x peak live activations + node_bytes x nodes + base``.
+The factors belong to a (backend, device kind, precision) triple and are stored in sdrt's cache folder
+(``calibration/calibration.json``); where no calibration exists, the defaults stand in and the plan
+says it is uncalibrated.
 """
 
 from __future__ import annotations
@@ -49,6 +54,13 @@ class Factors:
     bandwidth_efficiency: float = 1.0
     #: calibrated: activation traffic of data-movement nodes (transposes, resizes, concats: strided copies)
     data_bandwidth_efficiency: float = 1.0
+    #: calibrated: activation traffic of convs (a conv over few channels pays per pixel, not per FLOP)
+    conv_bandwidth_efficiency: float | None = None
+    #: memory held per byte of conv kernels where it differs from ``weight_factor`` (a backend that keeps
+    #: them transformed or repacked); None: ``weight_factor``
+    conv_weight_factor: float | None = None
+    #: memory per compiled node (a runtime's per-node kernels and descriptors), bytes
+    node_bytes: float = 0.0
     #: calibrated: weight traffic (a matmul at few rows streams its weights; a CPU packs them per call);
     #: None in an older calibration that had one traffic term
     weight_bandwidth_efficiency: float | None = None
@@ -152,7 +164,8 @@ def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, 
         t = f.overhead_s.get(tc, f.overhead_s.get(op_class, 0.0)) + flops / (device.peak(precision) * eff)
         if f.weight_bandwidth_efficiency is None:  # an older calibration: one traffic term
             return t + nbytes / (bw * max(f.bandwidth_efficiency, 1e-3))
-        act_eff = f.data_bandwidth_efficiency if op_class == "data" else f.bandwidth_efficiency
+        act_eff = (f.data_bandwidth_efficiency if op_class == "data" else f.conv_bandwidth_efficiency
+                   if op_class == "conv" and f.conv_bandwidth_efficiency else f.bandwidth_efficiency)
         return (t + (nbytes - weight_bytes) / (bw * max(act_eff, 1e-3))
                 + weight_bytes / (bw * max(f.weight_bandwidth_efficiency, 1e-3)))
     roof = max(flops / device.peak(precision), nbytes / bw)
@@ -169,6 +182,17 @@ class Prediction:
     calibrated: bool
 
 
+def memory_nodes(cost: GraphCost) -> int:
+    """The nodes a runtime compiles (views excluded), for the per-node memory term."""
+    return sum(1 for n in cost.nodes if n.op_class != "view")
+
+
+def conv_weight_bytes(cost: GraphCost) -> float:
+    """The bytes of dense conv kernels among a part's weights (as their nodes read them)."""
+    return min(cost.weight_bytes, sum(n.weight_bytes for n in cost.nodes if n.op_class == "conv"
+                                      and n.time_class == "conv"))
+
+
 def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, factors: Factors | None = None
             ) -> Prediction:
     """Predicted time of one call and peak memory of one part (its ``GraphCost``) on ``device``."""
@@ -182,6 +206,8 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     if f.call_s:
         by["call"] = f.call_s
     ms = 1000 * sum(by.values())
-    peak = f.weight_factor * cost.weight_bytes + f.activation_factor * cost.peak_activation_bytes + f.base_bytes
+    conv_w = conv_weight_bytes(cost) if f.conv_weight_factor is not None else 0.0
+    peak = (f.weight_factor * (cost.weight_bytes - conv_w) + (f.conv_weight_factor or 0.0) * conv_w
+            + f.activation_factor * cost.peak_activation_bytes + f.node_bytes * memory_nodes(cost) + f.base_bytes)
     return Prediction(ms, peak, cost.weight_bytes, cost.peak_activation_bytes,
                       {k: 1000 * v for k, v in sorted(by.items(), key=lambda kv: -kv[1])}, f.calibrated)

@@ -15,6 +15,8 @@ intermediate, and walks the nodes. Counting rules, per node:
 - **Fused**: an elementwise node whose input comes from a conv, matmul, normalisation, attention or
   elementwise node, as that value's only reader, is an epilogue that compilers fuse (bias, activation,
   residual add): ``fused`` is set and the model charges it no memory traffic.
+- **Timing class** (``NodeCost.time_class``): the op class, but ``dwconv`` for a grouped conv and
+  ``softmax`` for Softmax, which run at their own efficiency.
 - **Op class**: ``matmul`` (MatMul/Gemm with a weight operand), ``conv``, ``attention`` (MatMul of two
   activations, as QK^T and PV are, and Softmax), ``norm`` (Group/Instance/Layer/Batch/RMS
   normalisation and reductions), ``elementwise``, ``data`` (transposes, concats, slices, gathers,
