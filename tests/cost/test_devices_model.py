@@ -71,14 +71,14 @@ def test_predict_memory_uses_the_factors():
 def test_fit_recovers_known_factors():
     """Synthetic measurements made from known factors (each class's FLOPs efficiency, traffic efficiencies,
     40 us per node, 120 us per call; memory 1.5 x weights + 0.8 x activations + 60 MiB) are fitted back."""
-    eff = {"matmul": 0.7, "conv": 0.5, "dwconv": 0.1, "attention": 0.3, "softmax": 0.05, "norm": 0.2,
+    eff = {"matmul": 0.7, "conv": 0.5, "dwconv": 0.1, "attention": 0.3, "softmax": 0.05, "norm": 0.2, "groupnorm": 0.02,
            "elementwise": 0.25, "data": 1.0}
     traffic = {"act_ms": 0.6, "data_ms": 0.3, "weight_ms": 0.8, "fused_ms": 2.0}
     rows = []
     rng = np.random.default_rng(3)
-    for i in range(24):
+    for i in range(27):
         f = {f"flops_{c}": 0.0 for c in eff}
-        f[f"flops_{list(eff)[i % 8]}"] = float(rng.uniform(1, 50))
+        f[f"flops_{list(eff)[i % 9]}"] = float(rng.uniform(1, 50))
         f.update({k: float(rng.uniform(0, 10)) for k in traffic}, nodes=float(rng.integers(1, 60)), call=1.0,
                  fixed_ms=0.01)
         f["flops_data"] = 0.0

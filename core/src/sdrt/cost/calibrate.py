@@ -177,11 +177,13 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
 
         c, hw, groups, k = args
         shape = [1, c, hw, hw]
-        g.inits.append(numpy_helper.from_array(np.array([0, groups, -1], np.int64), "gshape"))
+        g.inits += [numpy_helper.from_array(np.array([0, groups, -1], np.int64), "gshape"),
+                    numpy_helper.from_array(np.ones(groups, np.float32), "ones"),
+                    numpy_helper.from_array(np.zeros(groups, np.float32), "zeros")]
         x = "x"
-        for _ in range(k):
+        for _ in range(k):  # unit scale and zero shift in the InstanceNormalization, as torch writes them
             r = g.op("Reshape", [x, "gshape"])
-            n = g.op("InstanceNormalization", [r, g.w((groups,), 1.0), g.w((groups,), 0.1)], epsilon=1e-6)
+            n = g.op("InstanceNormalization", [r, "ones", "zeros"], epsilon=1e-6)
             back = g.op("Reshape", [n, g.op("Shape", [x])])
             x = g.op("Add", [g.op("Mul", [back, g.w((c, 1, 1), 1.0)]), g.w((c, 1, 1), 0.1)])
     elif kind == "silu":  # SiLU then a per-channel add, as a UNet's resnets do between convs
@@ -404,13 +406,17 @@ def _inv(c: float | None) -> float:
     return 1.0 / c if c and c > 1e-9 else 100.0
 
 
+#: a calibration case with fewer bytes of weights and activations than this measures the session alone
+SMALL = 4 * 2**20
+
+
 def _fit_memory(rows: list[dict[str, Any]]) -> tuple[float, float, float, float, float]:
     """``peak = weight_factor x weights + conv_weight_factor x conv kernels + activation_factor x activations
-    + node_bytes x nodes + base``: the base and the bytes per node from the cases with under 1 MiB of weights
+    + node_bytes x nodes + base``: the base and the bytes per node from the cases with under ``SMALL`` bytes of weights
     and activations (what a session and its compiled nodes cost by themselves: a line through them), the
     other factors a non-negative fit of the rest over that, on relative errors.
     Returns (weight_factor, conv_weight_factor, activation_factor, node_bytes, base)."""
-    small = [r for r in rows if r["weight_bytes"] + r["activation_bytes"] < 2**20]
+    small = [r for r in rows if r["weight_bytes"] + r["activation_bytes"] < SMALL]
     base, per_node = 0.0, 0.0
     if small:
         n = np.array([float(r.get("mem_nodes", 1)) for r in small])
@@ -421,7 +427,7 @@ def _fit_memory(rows: list[dict[str, Any]]) -> tuple[float, float, float, float,
             base = max(float(np.median(y - per_node * n)), 0.0)
         else:
             base = float(np.median(y))
-    big = [r for r in rows if r["weight_bytes"] + r["activation_bytes"] >= 2**20]
+    big = [r for r in rows if r["weight_bytes"] + r["activation_bytes"] >= SMALL]
     if not big:
         return 1.0, 1.0, 1.0, per_node, base
     cw = [float(r.get("conv_weight_bytes", 0.0)) for r in big]

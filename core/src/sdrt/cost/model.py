@@ -28,7 +28,7 @@ from .nodes import GraphCost
 
 log = logging.getLogger("sdrt.cost")
 
-TIME_CLASSES = ("matmul", "conv", "dwconv", "attention", "softmax", "norm", "elementwise", "data")
+TIME_CLASSES = ("matmul", "conv", "dwconv", "attention", "softmax", "norm", "groupnorm", "elementwise", "data")
 
 
 @dataclass

@@ -16,7 +16,8 @@ intermediate, and walks the nodes. Counting rules, per node:
   elementwise node, as that value's only reader, is an epilogue that compilers fuse (bias, activation,
   residual add): ``fused`` is set and the model charges it no memory traffic.
 - **Timing class** (``NodeCost.time_class``): the op class, but ``dwconv`` for a grouped conv and
-  ``softmax`` for Softmax, which run at their own efficiency.
+  ``softmax`` for Softmax, ``groupnorm`` for Instance/GroupNormalization (a reduction over a whole
+  map per group, unlike LayerNorm's rows), which run at their own efficiency.
 - **Op class**: ``matmul`` (MatMul/Gemm with a weight operand), ``conv``, ``attention`` (MatMul of two
   activations, as QK^T and PV are, and Softmax), ``norm`` (Group/Instance/Layer/Batch/RMS
   normalisation and reductions), ``elementwise``, ``data`` (transposes, concats, slices, gathers,
@@ -225,6 +226,8 @@ def _time_kind(n: Any, cls: str) -> str:
         return "dwconv"
     if n.op_type in ("Softmax", "LogSoftmax"):
         return "softmax"
+    if n.op_type in ("InstanceNormalization", "GroupNormalization"):  # a reduction over a whole map per group
+        return "groupnorm"
     return ""
 
 
