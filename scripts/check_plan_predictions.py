@@ -112,7 +112,7 @@ def main(argv=None) -> int:
                      "robust_ms": m["robust_ms"], "times_ms": m["times_ms"], "time_ratio": pr.ms / m["robust_ms"],
                      "median_ratio": pr.ms / m["median_ms"], "predicted_peak": pr.peak_bytes,
                      "measured_peak": m["peak_bytes"], "peak_ratio": pr.peak_bytes / max(m["peak_bytes"], 1),
-                     "gflop": cost.flops / 1e9, "weight_bytes": cost.weight_bytes,
+                     "gflop": cost.flops / 1e9, "busy_before": m.get("busy_before"), "weight_bytes": cost.weight_bytes,
                      "activation_bytes": cost.peak_activation_bytes, "by_class_ms": pr.by_class_ms,
                      "features": features(cost, cpu.peak(PRECISION), f.bandwidth_bytes_per_s or cpu.bandwidth_bytes_per_s)}
                 rows.append(r)

@@ -90,7 +90,8 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "conv3_1280x8": ("conv", (1280, 8, 3, 1, 3)),    # the deepest, on a small map: 177 MB of kernels
     "conv3_128x64": ("conv", (128, 64, 3, 1, 3)),    # VAE decoder mid channels
     "conv3_32x128": ("conv", (32, 128, 3, 1, 3)),    # few channels on a large map
-    "conv1_256x56": ("conv", (256, 56, 1, 1, 4)),    # MobileNet expand / project 1x1 convs
+    "conv1_256x56": ("conv", (256, 56, 1, 1, 4)),    # 1x1 convs (MobileNet expand / project, UNet proj_in)
+    "conv1_640x32": ("conv", (640, 32, 1, 1, 3)),    # 1x1 convs at UNet widths
     "dw3_144x56": ("conv", (144, 56, 3, 144, 4)),    # depthwise 3x3
     "dw5_576x14": ("conv", (576, 14, 5, 576, 4)),    # depthwise 5x5 (MobileNetV3), few pixels
     "mm_1024x640": ("matmul", (1024, 640, 640, 4)),  # attention projections at 1024 tokens
@@ -233,19 +234,50 @@ def robust_ms(times: list[float]) -> float:
     return statistics.median(min(g) for g in groups if g)
 
 
+def wait_quiet(max_wait_s: float = 20.0, busy: float = 0.25, window_s: float = 0.3) -> tuple[float, float]:
+    """Wait, up to ``max_wait_s``, until this machine's CPUs were under ``busy`` busy over one ``window_s``
+    (``/proc/stat``; other jobs' bursts on a shared machine); returns (seconds waited, the last busy
+    fraction). Where ``/proc/stat`` is missing, returns at once."""
+    def sample() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)
+
+    t0 = time.perf_counter()
+    last = 0.0
+    prev = sample()
+    while prev is not None:
+        time.sleep(window_s)
+        cur = sample()
+        if cur is None:
+            break
+        total = cur[0] - prev[0]
+        last = 1.0 - (cur[1] - prev[1]) / total if total > 0 else 0.0
+        prev = cur
+        if last < busy or time.perf_counter() - t0 > max_wait_s:
+            break
+    return time.perf_counter() - t0, last
+
+
 def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: int = 7, warmup: int = 2,
             device: str | None = None, timeout: float = 600.0, options: dict[str, Any] | None = None,
-            budget_s: float | None = None) -> dict[str, Any]:
+            budget_s: float | None = None, quiet_s: float = 5.0) -> dict[str, Any]:
     """Compile ``path`` on ``backend`` in a child process, run it ``warmup + repeats`` times; returns
     ``{"times_ms": [...], "median_ms", "rss_before", "peak_rss", "peak_bytes"}`` (peak over the
     child's resident memory after imports, inputs included, in bytes). ``budget_s``: a part whose first run takes over a
-    second gets one warm-up and as many timed runs as fit in this many seconds (whole groups of three)."""
+    second gets one warm-up and as many timed runs as fit in this many seconds (whole groups of three).
+    ``quiet_s``: first wait up to this long for the CPUs to be idle (``wait_quiet``), so that a shared
+    machine's bursts of other work fall between measurements rather than in them."""
     with tempfile.TemporaryDirectory(prefix="sdrt-measure-") as tmp:
         npz = Path(tmp) / "feeds.npz"
         np.savez(npz, **feeds)
         spec = {"path": str(path), "feeds": str(npz), "backend": backend, "device": device, "repeats": repeats,
                 "warmup": warmup, "options": options or {}, "budget_s": budget_s}
         env = dict(os.environ, SDRT_CACHE_DIR=str(Path(tmp) / "cache"))
+        waited, busy = wait_quiet(quiet_s) if quiet_s > 0 else (0.0, 0.0)
         proc = subprocess.run([sys.executable, "-c", "from sdrt.cost.calibrate import _child; _child()"],
                               input=json.dumps(spec), capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
@@ -253,6 +285,7 @@ def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: 
     out = json.loads(proc.stdout.strip().splitlines()[-1])  # times_ms: per call
     out["median_ms"] = statistics.median(out["times_ms"])
     out["robust_ms"] = robust_ms(out["times_ms"])
+    out["quiet_wait_s"], out["busy_before"] = waited, busy
     return out
 
 
@@ -368,6 +401,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
             m = measure(path, feeds, backend, repeats=repeats, options={"precision": precision})
             rows.append({"case": model.graph.name, "features": features(cost, peak, bw),
                          "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
+                         "busy_before": m.get("busy_before"),
                          "peak_bytes": m["peak_bytes"], "weight_bytes": cost.weight_bytes,
                          "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
                          "activation_bytes": cost.peak_activation_bytes, "flops": cost.flops})

@@ -28,7 +28,7 @@ from .nodes import GraphCost
 
 log = logging.getLogger("sdrt.cost")
 
-TIME_CLASSES = ("matmul", "conv", "dwconv", "attention", "softmax", "norm", "groupnorm", "elementwise", "data")
+TIME_CLASSES = ("matmul", "conv", "conv1x1", "dwconv", "attention", "softmax", "norm", "groupnorm", "elementwise", "data")
 
 
 @dataclass
@@ -188,7 +188,8 @@ def memory_nodes(cost: GraphCost) -> int:
 
 
 def conv_weight_bytes(cost: GraphCost) -> float:
-    """The bytes of dense conv kernels among a part's weights (as their nodes read them)."""
+    """The bytes of dense conv kernels wider than 1x1 among a part's weights (as their nodes read them): the
+    kernels a backend may keep transformed (Winograd) or repacked beside the originals."""
     return min(cost.weight_bytes, sum(n.weight_bytes for n in cost.nodes if n.op_class == "conv"
                                       and n.time_class == "conv"))
 
