@@ -143,3 +143,18 @@ def test_calibration_storage_round_trip(tmp_path, monkeypatch):
     assert factors_for("openvino", devices.find("Arc A770"), "fp16") is DEFAULTS["gpu"]
     path.write_text("{not json")
     assert load_calibration() == {"entries": {}}
+
+
+def test_measure_times_a_calibration_case_in_a_child(tmp_path, monkeypatch):
+    """The one-node case through a real backend: a sub-millisecond call is timed over a loop of calls."""
+    from sdrt.cost.calibrate import build_case, measure
+
+    pytest.importorskip("openvino", reason="the openvino package is not installed (pip install openvino)")
+    backend = "openvino"
+    monkeypatch.setenv("SDRT_LOAD_ENTRY_POINTS", "1")  # the child finds the installed plugin as sdrt does
+    model, feeds = build_case("call")
+    path = tmp_path / "call.onnx"
+    path.write_bytes(model.SerializeToString())
+    m = measure(path, feeds, backend, repeats=3, options={"precision": "fp32"}, quiet_s=0)
+    assert len(m["times_ms"]) == 3 and 0 < m["robust_ms"] < 5 and m["peak_bytes"] > 0
+    assert m["quiet_wait_s"] == 0

@@ -66,7 +66,8 @@ def _calibrate(args: argparse.Namespace) -> int:
               f" per node; traffic at {factors.bandwidth_bytes_per_s / 1e9:.1f} GB/s x activations"
               f" {factors.bandwidth_efficiency:.2f}, data {factors.data_bandwidth_efficiency:.2f}, weights"
               f" {factors.weight_bandwidth_efficiency or 0:.2f}, epilogues {factors.fused_bandwidth_efficiency:.2f};"
-              f" memory = {factors.weight_factor:.2f} x weights + {factors.activation_factor:.2f} x activations"
+              f" memory = {factors.weight_factor:.2f} x weights ({factors.conv_weight_factor or 0:.2f} x conv kernels)"
+              f" + {factors.activation_factor:.2f} x activations + {factors.node_bytes / 1e3:.0f} kB per node"
               f" + {factors.base_bytes / 2**20:.0f} MiB")
     if not entries:
         print("nothing calibrated: no installed backend offers this machine's CPU", file=sys.stderr)
