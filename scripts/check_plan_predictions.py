@@ -22,6 +22,12 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the full-size SD 1.5 (ONNX, fp32 weights) that the SD 1.x rows run; --sd15 names another copy
+SD15 = Path("/work/models/sd15-full/onnx")
+#: the bench models of bench/models.py that the check runs (the DiT blocks are left out: seconds per call)
+BENCH = ("vae_decoder", "unet", "text_encoder", "mobilenet_v3", "mobilenet_v2")
+#: the precision that the calibration and the check both pin (the planner plans fp32 on CPUs without AMX)
+PRECISION = "fp32"
 sys.path.insert(0, str(ROOT))
 
 
@@ -44,17 +50,16 @@ def cases(workdir: Path):
     from sdrt.cost.planner import plan_parts
     from sdrt.testing import models
 
-    for name in models.MODELS:
+    for name in BENCH:
         model, feeds = models.build(name, "bench")
         path = workdir / f"{name}-bench.onnx"
         path.write_bytes(model.SerializeToString())
         yield "bench", name, path, {k: v.shape for k, v in feeds.items()}, None
-    from bench.pipeline import build_folder
-
-    bench_folder = build_folder(workdir, "bench")
-    for label, folder, sizes in [("SD 1.x tiny", ROOT / "tests/data/pipelines/tiny-sd15", [64]),
-                                 ("SD 1.x bench", bench_folder, [256]),
-                                 ("SDXL tiny-dyn", ROOT / "tests/data/pipelines/tiny-sdxl-dyn", [64, 128])]:
+    for label, folder, sizes in [("SD 1.5", SD15, [128, 256]),
+                                 ("SDXL tiny-dyn", ROOT / "tests/data/pipelines/tiny-sdxl-dyn", [256, 512])]:
+        if not (folder / "model_index.json").is_file():
+            print(f"skipping {label}: no model folder at {folder}", flush=True)
+            continue
         for size in sizes:
             _, parts = plan_parts(folder, width=size, height=size, steps=4)
             for p in parts:
@@ -63,13 +68,18 @@ def cases(workdir: Path):
 
 
 def main(argv=None) -> int:
+    global SD15
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", action="append", default=[])
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--budget", type=float, default=8.0,
+                    help="seconds of timed runs for a part whose call takes over a second (default 8)")
     ap.add_argument("--json")
+    ap.add_argument("--sd15", type=Path, default=SD15, help="a full-size SD 1.5 ONNX folder for the SD 1.x rows")
     ap.add_argument("--group", action="append", default=[], help="only cases whose group starts with this")
     args = ap.parse_args(argv)
-    from sdrt.cost.calibrate import measure
+    SD15 = args.sd15
+    from sdrt.cost.calibrate import features, measure
     from sdrt.cost.devices import this_cpu
     from sdrt.cost.model import factors_for, load_calibration, predict
     from sdrt.cost.nodes import graph_costs
@@ -85,21 +95,26 @@ def main(argv=None) -> int:
             g = Graph.load(path)
             dynamic = any(not isinstance(d, int) for i in g.inputs for d in i.shape)
             options = {"shapes": {k: tuple(int(x) for x in v) for k, v in shapes.items()}} if dynamic else {}
-            cost = graph_costs(g, shapes)
+            cost = graph_costs(g, shapes, PRECISION)
             feeds = feeds_for(g, shapes)
             for be in args.backend or ["openvino", "ggml"]:
-                pr = predict(cost, cpu, be, "fp32", factors_for(be, cpu, "fp32", cal))
+                f = factors_for(be, cpu, PRECISION, cal)
+                pr = predict(cost, cpu, be, PRECISION, f)
+                opts = {"precision": PRECISION, **(options if be == "ggml" else {})}
                 try:
-                    m = measure(path, feeds, be, repeats=args.repeats, options=options if be == "ggml" else {})
+                    m = measure(path, feeds, be, repeats=args.repeats, options=opts, budget_s=args.budget)
                 except Exception as exc:  # noqa: BLE001 - report it, keep going
                     rows.append({"group": group, "part": name, "backend": be, "error": str(exc)[-300:]})
                     print(f"{group:<18} {name:<16} {be:<9} ERROR {str(exc)[-200:]}", flush=True)
                     continue
                 r = {"group": group, "part": name, "backend": be, "calls_per_image": calls,
                      "predicted_ms": pr.ms, "measured_ms": m["median_ms"], "min_ms": min(m["times_ms"]),
-                     "robust_ms": m["robust_ms"], "time_ratio": pr.ms / m["robust_ms"], "median_ratio": pr.ms / m["median_ms"], "predicted_peak": pr.peak_bytes,
+                     "robust_ms": m["robust_ms"], "times_ms": m["times_ms"], "time_ratio": pr.ms / m["robust_ms"],
+                     "median_ratio": pr.ms / m["median_ms"], "predicted_peak": pr.peak_bytes,
                      "measured_peak": m["peak_bytes"], "peak_ratio": pr.peak_bytes / max(m["peak_bytes"], 1),
-                     "gflop": cost.flops / 1e9}
+                     "gflop": cost.flops / 1e9, "busy_before": m.get("busy_before"), "weight_bytes": cost.weight_bytes,
+                     "activation_bytes": cost.peak_activation_bytes, "by_class_ms": pr.by_class_ms,
+                     "features": features(cost, cpu.peak(PRECISION), f.bandwidth_bytes_per_s or cpu.bandwidth_bytes_per_s)}
                 rows.append(r)
                 print(f"{group:<18} {name:<16} {be:<9} pred {pr.ms:9.2f} ms  meas {m['median_ms']:9.2f} ms "
                       f"(robust {r['robust_ms']:8.2f})  x{r['time_ratio']:.2f}   peak pred {pr.peak_bytes / 2**20:7.0f} MiB "

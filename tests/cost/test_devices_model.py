@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from sdrt.cost import devices
@@ -68,26 +69,61 @@ def test_predict_memory_uses_the_factors():
 
 
 def test_fit_recovers_known_factors():
-    """Synthetic measurements made with efficiency 0.4 (0.2 for attention) and 50 us per node are fitted back."""
+    """Synthetic measurements made from known factors (each class's FLOPs efficiency, traffic efficiencies,
+    40 us per node, 120 us per call; memory 1.5 x weights + 0.8 x activations + 60 MiB) are fitted back."""
+    eff = {"matmul": 0.7, "conv": 0.5, "dwconv": 0.1, "attention": 0.3, "softmax": 0.05, "norm": 0.2, "groupnorm": 0.02,
+           "elementwise": 0.25, "data": 1.0}
+    traffic = {"act_ms": 0.6, "data_ms": 0.3, "weight_ms": 0.8, "fused_ms": 2.0}
     rows = []
-    i = 0
-    for cls in ("matmul", "conv", "attention", "norm", "elementwise", "data"):
-        for size, roof in ((0, 1.0), (1, 10.0)):
-            nodes = 8
-            i += 1
-            w, a = 1e6 * i, 2e6 * ((7 * i) % 5 + 1)
-            moved = 0.3 * roof * (1 + (i % 3))  # ms at the measured bandwidth, fitted at efficiency 0.5
-            rows.append({"class": cls, "size": size, "all_nodes": nodes, "roofline_ms": roof,
-                         "flops_ms_by_class": {cls: roof}, "bytes_ms": moved,
-                         "robust_ms": nodes * 0.05 + roof / (0.2 if cls == "attention" else 0.4) + moved / 0.5, "weight_bytes": w,
-                         "activation_bytes": a, "peak_bytes": 3 * w + 0.5 * a + 4e8})
-    f = fit(rows, 20e9, "test")
-    assert f.efficiency["conv"] == pytest.approx(0.4, rel=0.05)
-    assert f.efficiency["attention"] == pytest.approx(0.2, rel=0.05)
-    assert f.overhead_s["conv"] == pytest.approx(50e-6, rel=0.05)
-    assert f.bandwidth_efficiency == pytest.approx(0.5, rel=0.05) and f.additive
-    assert (f.weight_factor, f.activation_factor) == (pytest.approx(3.0), pytest.approx(0.5))
-    assert f.base_bytes == pytest.approx(4e8)
+    rng = np.random.default_rng(3)
+    for i in range(27):
+        f = {f"flops_{c}": 0.0 for c in eff}
+        f[f"flops_{list(eff)[i % 9]}"] = float(rng.uniform(1, 50))
+        f.update({k: float(rng.uniform(0, 10)) for k in traffic}, nodes=float(rng.integers(1, 60)), call=1.0,
+                 fixed_ms=0.01)
+        f["flops_data"] = 0.0
+        ms = (sum(v / eff[k[6:]] for k, v in f.items() if k.startswith("flops_"))
+              + sum(f[k] / e for k, e in traffic.items()) + 0.04 * f["nodes"] + 0.12 + 0.01)
+        small = i < 3
+        w, a = (0.0, 0.0) if small else (float(rng.uniform(1e6, 1e9)), float(rng.uniform(1e6, 1e9)))
+        rows.append({"case": f"c{i}", "features": f, "robust_ms": ms, "weight_bytes": w, "activation_bytes": a,
+                     "peak_bytes": 1.5 * w + 0.8 * a + 60 * 2**20})
+    got = fit(rows, 20e9, "test")
+    for c, e in eff.items():
+        if c != "data":
+            assert got.efficiency[c] == pytest.approx(e, rel=1e-3), c
+    assert got.overhead_s["conv"] == pytest.approx(40e-6, rel=1e-3) and got.call_s == pytest.approx(120e-6, rel=1e-3)
+    assert (got.bandwidth_efficiency, got.data_bandwidth_efficiency, got.weight_bandwidth_efficiency,
+            got.fused_bandwidth_efficiency) == pytest.approx((0.6, 0.3, 0.8, 2.0), rel=1e-3)
+    assert got.additive and got.calibrated
+    assert got.base_bytes == pytest.approx(60 * 2**20)  # from the small cases alone
+    assert (got.weight_factor, got.activation_factor) == (pytest.approx(1.5), pytest.approx(0.8))
+
+
+def test_calibrated_time_terms_add_up():
+    """A calibrated node: overhead + FLOPs at its class's efficiency + activation and weight traffic at theirs;
+    a grouped conv and a softmax take their own class's efficiency; a call adds its fixed cost once."""
+    cpu = devices.find("cpu")
+    f = Factors({"conv": 0.5, "dwconv": 0.1}, {"conv": 1e-5, "dwconv": 1e-5}, additive=True, bandwidth_bytes_per_s=1e10,
+                bandwidth_efficiency=0.5, weight_bandwidth_efficiency=0.25, call_s=2e-4)
+    t = node_time_s("conv", 1e9, 3e8, cpu, "fp32", f, weight_bytes=1e8, time_class="dwconv")
+    assert t == pytest.approx(1e-5 + 1e9 / (0.1 * cpu.peak("fp32")) + 2e8 / 5e9 + 1e8 / 2.5e9)
+    cost = GraphCost("g", "fp32", [NodeCost("a", "Conv", "conv", 1e9, 3e8, 0.0, 1e8, kind="dwconv")], 1e8, 1e7, 0.0)
+    assert predict(cost, cpu, "openvino", "fp32", f).ms == pytest.approx(1000 * (t + 2e-4))
+
+
+def test_calibration_cases_build_and_cover_the_classes():
+    from sdrt.cost.calibrate import CASES, build_case, features
+    from sdrt.cost.nodes import graph_costs
+    from sdrt.graph import Graph
+
+    seen: dict[str, float] = {}
+    for case in CASES:
+        model, feeds = build_case(case)
+        cost = graph_costs(Graph.load(model.SerializeToString()), {k: v.shape for k, v in feeds.items()})
+        for k, v in features(cost, 1e11, 1e10).items():
+            seen[k] = seen.get(k, 0.0) + v
+    assert all(seen[k] > 0 for k in seen if k not in ("fixed_ms", "flops_data")), seen  # data nodes: no FLOPs
 
 
 def test_robust_time_sheds_scheduling_noise():
@@ -107,3 +143,18 @@ def test_calibration_storage_round_trip(tmp_path, monkeypatch):
     assert factors_for("openvino", devices.find("Arc A770"), "fp16") is DEFAULTS["gpu"]
     path.write_text("{not json")
     assert load_calibration() == {"entries": {}}
+
+
+def test_measure_times_a_calibration_case_in_a_child(tmp_path, monkeypatch):
+    """The one-node case through a real backend: a sub-millisecond call is timed over a loop of calls."""
+    from sdrt.cost.calibrate import build_case, measure
+
+    pytest.importorskip("openvino", reason="the openvino package is not installed (pip install openvino)")
+    backend = "openvino"
+    monkeypatch.setenv("SDRT_LOAD_ENTRY_POINTS", "1")  # the child finds the installed plugin as sdrt does
+    model, feeds = build_case("call")
+    path = tmp_path / "call.onnx"
+    path.write_bytes(model.SerializeToString())
+    m = measure(path, feeds, backend, repeats=3, options={"precision": "fp32"}, quiet_s=0)
+    assert len(m["times_ms"]) == 3 and 0 < m["robust_ms"] < 5 and m["peak_bytes"] > 0
+    assert m["quiet_wait_s"] == 0

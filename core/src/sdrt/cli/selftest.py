@@ -21,8 +21,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--plugin-module", action="append", default=[], metavar="MODULE",
                    help="also register this importable module as a plugin (test a backend before packaging it)")
     p.add_argument("--calibrate", action="store_true",
-                   help="instead of the checks: time each op class on each installed backend here and store the "
-                        "cost model's factors (used by `sdrt plan` and backend=\"auto\"); the report carries them")
+                   help="instead of the checks: time the calibration cases (at fp32) on each installed backend here and "
+                        "store the cost model's factors (used by `sdrt plan` and backend=\"auto\"); the report carries them")
     p.add_argument("--repeats", type=int, default=9,
                    help="timed runs per calibration case (the median of each 3 runs' best is kept; default 9)")
     return p
@@ -61,10 +61,14 @@ def _calibrate(args: argparse.Namespace) -> int:
         entries[f"{name}/cpu/fp32"] = factors
         measured[name] = rows
         eff = ", ".join(f"{k} {v:.2f}" for k, v in factors.efficiency.items())
-        over = ", ".join(f"{k} {1e6 * v:.0f}" for k, v in factors.overhead_s.items())
-        print(f"{name} on {dev.id}: efficiency {eff}; fixed us/node {over}; memory = {factors.weight_factor:.2f} x weights"
-              f" + {factors.activation_factor:.2f} x activations + {factors.base_bytes / 2**20:.0f} MiB;"
-              f" bandwidth {factors.bandwidth_bytes_per_s / 1e9:.1f} GB/s x {factors.bandwidth_efficiency:.2f}")
+        node_us = 1e6 * max(factors.overhead_s.values(), default=0.0)
+        print(f"{name} on {dev.id} (fp32): FLOPs efficiency {eff}; {1e6 * factors.call_s:.0f} us per call, {node_us:.1f} us"
+              f" per node; traffic at {factors.bandwidth_bytes_per_s / 1e9:.1f} GB/s x activations"
+              f" {factors.bandwidth_efficiency:.2f}, data {factors.data_bandwidth_efficiency:.2f}, weights"
+              f" {factors.weight_bandwidth_efficiency or 0:.2f}, epilogues {factors.fused_bandwidth_efficiency:.2f};"
+              f" memory = {factors.weight_factor:.2f} x weights ({factors.conv_weight_factor or 0:.2f} x conv kernels)"
+              f" + {factors.activation_factor:.2f} x activations + {factors.node_bytes / 1e3:.0f} kB per node"
+              f" + {factors.base_bytes / 2**20:.0f} MiB")
     if not entries:
         print("nothing calibrated: no installed backend offers this machine's CPU", file=sys.stderr)
         return 1

@@ -1,15 +1,20 @@
-"""Fit the cost model's factors on this machine: time each op class on a backend, and its memory.
+"""Fit the cost model's factors on this machine: time the calibration cases on a backend, and their memory.
 
-For every op class, a chain of nodes of that class is built at two sizes (onnx.helper, fixed
-shapes) and run through ``sdrt.load`` on the backend, each in a child process (so that its peak
-resident memory can be read, and a crash costs nothing), ``repeats`` times after a warm-up; the
-median time per call is kept. Times are ``robust_ms``: the median over groups of three runs of each group's best (the machine may
-be shared). Time is fitted as
-``nodes x overhead + sum over classes of roofline / efficiency`` over every case at once (non-negative
-least squares on relative errors): one overhead per backend, one efficiency per class; memory as
-``weight_factor * weights + activation_factor * activations + base`` by least squares over all of
-the graphs. The CPU's memory bandwidth is measured too (a large numpy copy), as the roofline's
-bandwidth. ``sdrt selftest --calibrate`` calls ``calibrate`` and stores the result.
+The cases (``CASE_SPECS``) are small graphs shaped like the parts that pipelines run: 3x3 convs from
+32 to 1280 channels on 8-128 px maps, 1x1 and depthwise convs and MobileNet blocks, matmuls from 8
+to 4096 rows (the weight-heavy ones past the last-level cache), attention at 1024-4096 tokens and
+narrow heads, group and layer norms, SiLU, transposes, upsampling, one tiny node (the cost of a
+call) and 400 tiny nodes (the cost of a node). None of them is a model that the accuracy check
+runs. Each is compiled through ``sdrt.load`` at a pinned precision (fp32 by default) in a child
+process (so that its peak resident memory can be read, and a crash costs nothing) and run
+``repeats`` times after two warm-ups; a call under 5 ms is timed over a loop of calls. The kept
+time is ``robust_ms``: the median over groups of three runs of each group's best (the machine may
+be shared). Time is fitted over every case at once (``features``: FLOPs per timing class, traffic
+per kind, nodes and the call, linear in the factors; non-negative least squares on relative errors);
+memory as ``base + node_bytes x nodes`` through the cases with almost no data, then the weight and
+activation factors over the rest. The CPU's memory bandwidth is measured too (a large numpy copy),
+as the unit of the traffic terms. ``sdrt selftest --calibrate`` calls ``calibrate`` and stores the
+result.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .devices import DeviceSpec, this_cpu
-from .model import TIME_CLASSES, Factors, node_time_s
+from .model import TIME_CLASSES, Factors, conv_weight_bytes, memory_nodes
 from .nodes import graph_costs
 
 log = logging.getLogger("sdrt.cost")
@@ -52,96 +57,172 @@ def _w(name: str, shape: tuple[int, ...], rng: np.random.Generator, scale: float
     return numpy_helper.from_array((rng.standard_normal(shape) * s).astype(np.float32), name)
 
 
-def build_case(op_class: str, size: int) -> tuple[Any, dict[str, np.ndarray]]:
-    """A chain of ``op_class`` nodes at size 0 (small) or 1 (large); returns (model, feeds)."""
+class _Chain:
+    """A graph under construction: nodes, initializers and a running value."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng, self.nodes, self.inits, self.n = rng, [], [], 0
+
+    def name(self, p: str) -> str:
+        self.n += 1
+        return f"{p}{self.n}"
+
+    def w(self, shape: tuple[int, ...], scale: float | None = None) -> str:
+        name = self.name("w")
+        self.inits.append(_w(name, shape, self.rng, scale))
+        return name
+
+    def op(self, op: str, ins: list[str], **attrs: Any) -> str:
+        from onnx import helper
+
+        out = self.name("v")
+        self.nodes.append(helper.make_node(op, ins, [out], **attrs))
+        return out
+
+
+#: the calibration cases, shaped like the parts that diffusion pipelines and the bench models run and, for
+#: the weight-heavy ones, sized past the last-level cache: name -> (builder, its arguments)
+CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "call": ("add", (16,)),                          # one tiny node: the fixed cost of a call
+    "nodes": ("tiny_matmuls", (400,)),               # many tiny nodes: the fixed cost (time, memory) of a node
+    "conv3_320x32": ("conv", (320, 32, 3, 1, 3)),    # UNet level 1-2 resnets
+    "conv3_640x16": ("conv", (640, 16, 3, 1, 3)),    # UNet deep levels: 44 MB of kernels
+    "conv3_1280x8": ("conv", (1280, 8, 3, 1, 3)),    # the deepest, on a small map: 177 MB of kernels
+    "conv3_128x64": ("conv", (128, 64, 3, 1, 3)),    # VAE decoder mid channels
+    "conv3_32x128": ("conv", (32, 128, 3, 1, 3)),    # few channels on a large map
+    "conv1_256x56": ("conv", (256, 56, 1, 1, 4)),    # 1x1 convs (MobileNet expand / project, UNet proj_in)
+    "conv1_640x32": ("conv", (640, 32, 1, 1, 3)),    # 1x1 convs at UNet widths
+    "dw3_144x56": ("conv", (144, 56, 3, 144, 4)),    # depthwise 3x3
+    "dw5_576x14": ("conv", (576, 14, 5, 576, 4)),    # depthwise 5x5 (MobileNetV3), few pixels
+    "mm_1024x640": ("matmul", (1024, 640, 640, 4)),  # attention projections at 1024 tokens
+    "mm_4096x320": ("matmul", (4096, 320, 320, 4)),  # at 4096 tokens
+    "mm_77x768": ("mlp", (77, 768, 3072, 4)),        # CLIP's MLPs: 77 rows over 75 MB of weights
+    "mm_8x4096": ("matmul", (8, 4096, 4096, 4)),     # 8 rows over 268 MB: streaming the weights
+    "invres_32x56": ("invres", (32, 192, 56, 3)),    # MobileNetV2 blocks: 1x1, ReLU6, dw 3x3, ReLU6, 1x1, add
+    "attn_1024x40": ("attention", (8, 1024, 40, 2)),
+    "attn_1024x8": ("attention", (8, 1024, 8, 2)),   # narrow heads: the softmax dominates
+    "attn_4096x64": ("attention", (1, 4096, 64, 1)),
+    "layernorm": ("layernorm", (4096, 320, 4)),
+    "groupnorm": ("groupnorm", (320, 64, 32, 3)),
+    "silu": ("silu", (320, 64, 3)),
+    "transpose": ("transpose", (320, 4096, 4)),
+    "upsample": ("upsample", (128, 64, 2)),
+    "activations": ("activations", (64, 512)),      # memory: a large activation, no weights
+}
+
+
+def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
+    """The calibration graph ``case`` (a key of ``CASE_SPECS``); returns (model, feeds)."""
     from onnx import TensorProto, helper
 
-    rng = np.random.default_rng(7 + size)
+    kind, args = CASE_SPECS[case]
+    rng = np.random.default_rng(7)
     f32 = TensorProto.FLOAT
-    nodes: list[Any] = []
-    inits: list[Any] = []
-    if op_class in ("matmul", "weights"):  # "weights": weight-heavy, for memory (and matmul at few rows)
-        t, c, k = {"matmul": [(256, 320, 8), (1024, 768, 8)], "weights": [(16, 1024, 4), (16, 3072, 8)]}[op_class][size]
+    g = _Chain(rng)
+    extra: dict[str, list[int]] = {}
+    if kind == "add":
+        (c,) = args
+        shape = [1, c]
+        x = g.op("Add", ["x", g.w((c,), 0.1)])
+    elif kind == "tiny_matmuls":
+        (k,) = args
+        shape = [1, 8, 32]
         x = "x"
-        for i in range(k):
-            inits.append(_w(f"w{i}", (c, c), rng))
-            nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"y{i}"]))
-            x = f"y{i}"
-        shape = [1, t, c]
-        ins = [helper.make_tensor_value_info("x", f32, shape)]
-    elif op_class == "activations":  # activation-heavy: memory calibration
-        c, hw = 64, 512
-        inits.append(_w("b0", (c, 1, 1), rng, 0.1))
-        nodes += [helper.make_node("Sigmoid", ["x"], ["s0"]), helper.make_node("Mul", ["x", "s0"], ["m0"]),
-                  helper.make_node("Add", ["m0", "b0"], ["y0"])]
-        x = "y0"
+        for _ in range(k):
+            x = g.op("MatMul", [x, g.w((32, 32))])
+    elif kind == "conv":
+        c, hw, ks, group, k = args
         shape = [1, c, hw, hw]
-        ins = [helper.make_tensor_value_info("x", f32, shape)]
-    elif op_class == "conv":
-        c, hw, k = [(64, 32, 6), (128, 64, 4)][size]
         x = "x"
-        for i in range(k):
-            inits += [_w(f"w{i}", (c, c, 3, 3), rng), _w(f"b{i}", (c,), rng, 0.01)]
-            nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"y{i}"], pads=[1, 1, 1, 1]))
-            x = f"y{i}"
-        shape = [1, c, hw, hw]
-        ins = [helper.make_tensor_value_info("x", f32, shape)]
-    elif op_class == "attention":
-        bh, s, d, k = [(8, 256, 64, 4), (8, 1024, 64, 3)][size]
-        x = "q"
-        inits.append(_w("scale", (), rng, 0.0))
-        inits[-1].float_data[:] = []
+        for _ in range(k):
+            x = g.op("Conv", [x, g.w((c, c // group, ks, ks)), g.w((c,), 0.01)], pads=[ks // 2] * 4, group=group)
+    elif kind == "invres":  # inverted residual blocks: the convs' epilogues as a backend fuses them
         from onnx import numpy_helper
-        inits[-1] = numpy_helper.from_array(np.array(1 / np.sqrt(d), np.float32), "scale")
-        for i in range(k):
-            nodes += [helper.make_node("MatMul", [x, "kt"], [f"s{i}"]),
-                      helper.make_node("Mul", [f"s{i}", "scale"], [f"m{i}"]),
-                      helper.make_node("Softmax", [f"m{i}"], [f"p{i}"], axis=-1),
-                      helper.make_node("MatMul", [f"p{i}", "v"], [f"o{i}"])]
-            x = f"o{i}"
-        ins = [helper.make_tensor_value_info("q", f32, [bh, s, d]), helper.make_tensor_value_info("kt", f32, [bh, d, s]),
-               helper.make_tensor_value_info("v", f32, [bh, s, d])]
-        feeds = {n.name: rng.standard_normal([v.dim_value for v in n.type.tensor_type.shape.dim]).astype(np.float32)
-                 for n in ins}
-        return _model(f"cal_{op_class}_{size}", ins, nodes,
-                      [helper.make_tensor_value_info(x, f32, [bh, s, d])], inits), feeds
-    elif op_class == "norm":
-        t, c, k = [(1024, 320, 6), (4096, 640, 6)][size]
-        x = "x"
-        for i in range(k):
-            inits += [_w(f"g{i}", (c,), rng, 1.0), _w(f"b{i}", (c,), rng, 0.1)]
-            nodes.append(helper.make_node("LayerNormalization", [x, f"g{i}", f"b{i}"], [f"y{i}"], axis=-1,
-                                          epsilon=1e-5))
-            x = f"y{i}"
-        shape = [1, t, c]
-        ins = [helper.make_tensor_value_info("x", f32, shape)]
-    elif op_class == "elementwise":
-        c, hw, k = [(64, 32, 4), (320, 64, 4)][size]
-        x = "x"
-        for i in range(k):  # SiLU then a per-channel add, as a UNet's resnets do between convs
-            inits.append(_w(f"b{i}", (c, 1, 1), rng, 0.1))
-            nodes += [helper.make_node("Sigmoid", [x], [f"s{i}"]), helper.make_node("Mul", [x, f"s{i}"], [f"m{i}"]),
-                      helper.make_node("Add", [f"m{i}", f"b{i}"], [f"y{i}"])]
-            x = f"y{i}"
+
+        c, h, hw, k = args
         shape = [1, c, hw, hw]
-        ins = [helper.make_tensor_value_info("x", f32, shape)]
-    elif op_class == "data":
-        c, n, k = [(64, 1024, 6), (320, 4096, 6)][size]
+        g.inits += [numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+                    numpy_helper.from_array(np.array(6.0, np.float32), "hi")]
         x = "x"
+        for _ in range(k):
+            y = g.op("Clip", [g.op("Conv", [x, g.w((h, c, 1, 1)), g.w((h,), 0.01)]), "lo", "hi"])
+            y = g.op("Clip", [g.op("Conv", [y, g.w((h, 1, 3, 3)), g.w((h,), 0.01)], pads=[1] * 4, group=h), "lo", "hi"])
+            x = g.op("Add", [g.op("Conv", [y, g.w((c, h, 1, 1)), g.w((c,), 0.01)]), x])
+    elif kind in ("matmul", "mlp"):
+        t, c, h, k = args
+        shape = [1, t, c]
+        x = "x"
+        for _ in range(k):
+            x = g.op("MatMul", [x, g.w((c, h))])
+            if kind == "mlp":
+                x = g.op("MatMul", [x, g.w((h, c))])
+    elif kind == "attention":
+        bh, sq, d, k = args
+        shape = [bh, sq, d]
+        extra = {"kt": [bh, d, sq], "v": [bh, sq, d]}
+        from onnx import numpy_helper
+
+        g.inits.append(numpy_helper.from_array(np.array(1 / np.sqrt(d), np.float32), "scale"))
+        x = "x"
+        for _ in range(k):
+            p = g.op("Softmax", [g.op("Mul", [g.op("MatMul", [x, "kt"]), "scale"])], axis=-1)
+            x = g.op("MatMul", [p, "v"])
+    elif kind == "layernorm":
+        t, c, k = args
+        shape = [1, t, c]
+        x = "x"
+        for _ in range(k):
+            x = g.op("LayerNormalization", [x, g.w((c,), 1.0), g.w((c,), 0.1)], axis=-1, epsilon=1e-5)
+    elif kind == "groupnorm":  # as torch exports it: Reshape -> InstanceNormalization -> Reshape -> Mul -> Add
+        from onnx import numpy_helper
+
+        c, hw, groups, k = args
+        shape = [1, c, hw, hw]
+        g.inits += [numpy_helper.from_array(np.array([0, groups, -1], np.int64), "gshape"),
+                    numpy_helper.from_array(np.ones(groups, np.float32), "ones"),
+                    numpy_helper.from_array(np.zeros(groups, np.float32), "zeros")]
+        x = "x"
+        for _ in range(k):  # unit scale and zero shift in the InstanceNormalization, as torch writes them
+            r = g.op("Reshape", [x, "gshape"])
+            n = g.op("InstanceNormalization", [r, "ones", "zeros"], epsilon=1e-6)
+            back = g.op("Reshape", [n, g.op("Shape", [x])])
+            x = g.op("Add", [g.op("Mul", [back, g.w((c, 1, 1), 1.0)]), g.w((c, 1, 1), 0.1)])
+    elif kind == "silu":  # SiLU then a per-channel add, as a UNet's resnets do between convs
+        c, hw, k = args
+        shape = [1, c, hw, hw]
+        x = "x"
+        for _ in range(k):
+            x = g.op("Add", [g.op("Mul", [x, g.op("Sigmoid", [x])]), g.w((c, 1, 1), 0.1)])
+    elif kind == "transpose":
+        c, n, k = args
         shape = [1, c, n]
-        for i in range(k):
-            nodes.append(helper.make_node("Transpose", [x], [f"y{i}"], perm=[0, 2, 1]))
-            inits.append(_w(f"b{i}", (1,), rng, 0.1))
-            nodes.append(helper.make_node("Add", [f"y{i}", f"b{i}"], [f"z{i}"]))  # keeps each copy real
-            x = f"z{i}"
-        ins = [helper.make_tensor_value_info("x", f32, shape)]
-    else:
-        raise ValueError(f"unknown op class {op_class!r}")
-    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
-    return _model(f"cal_{op_class}_{size}", ins, nodes, [helper.make_tensor_value_info(x, f32, None)], inits), feeds
+        x = "x"
+        for _ in range(k):  # the add keeps each copy real
+            x = g.op("Add", [g.op("Transpose", [x], perm=[0, 2, 1]), g.w((1,), 0.1)])
+    elif kind == "upsample":  # nearest 2x then a conv-free add, as the decoders' upsamplers do
+        from onnx import numpy_helper
+
+        c, hw, k = args
+        shape = [1, c, hw, hw]
+        g.inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
+        x = "x"
+        for _ in range(k):
+            x = g.op("Resize", [x, "", "scales"], mode="nearest", coordinate_transformation_mode="asymmetric",
+                     nearest_mode="floor")
+    elif kind == "activations":  # activation-heavy: memory calibration
+        c, hw = args
+        shape = [1, c, hw, hw]
+        x = g.op("Add", [g.op("Mul", ["x", g.op("Sigmoid", ["x"])]), g.w((c, 1, 1), 0.1)])
+    else:  # pragma: no cover - CASE_SPECS names only the kinds above
+        raise ValueError(f"unknown case kind {kind!r}")
+    dims = {"x": shape, **extra}
+    ins = [helper.make_tensor_value_info(n, f32, s) for n, s in dims.items()]
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in dims.items()}
+    model = _model(f"cal_{case}", ins, g.nodes, [helper.make_tensor_value_info(x, f32, None)], g.inits)
+    return model, feeds
 
 
-CASES = [(c, s) for c in TIME_CLASSES for s in (0, 1)] + [("weights", 0), ("weights", 1), ("activations", 0)]
+CASES = list(CASE_SPECS)
 GROUP = 3  # timed runs per group: a group's best is one sample, and the median of the samples is kept
 
 
@@ -153,25 +234,58 @@ def robust_ms(times: list[float]) -> float:
     return statistics.median(min(g) for g in groups if g)
 
 
+def wait_quiet(max_wait_s: float = 20.0, busy: float = 0.25, window_s: float = 0.3) -> tuple[float, float]:
+    """Wait, up to ``max_wait_s``, until this machine's CPUs were under ``busy`` busy over one ``window_s``
+    (``/proc/stat``; other jobs' bursts on a shared machine); returns (seconds waited, the last busy
+    fraction). Where ``/proc/stat`` is missing, returns at once."""
+    def sample() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)
+
+    t0 = time.perf_counter()
+    last = 0.0
+    prev = sample()
+    while prev is not None:
+        time.sleep(window_s)
+        cur = sample()
+        if cur is None:
+            break
+        total = cur[0] - prev[0]
+        last = 1.0 - (cur[1] - prev[1]) / total if total > 0 else 0.0
+        prev = cur
+        if last < busy or time.perf_counter() - t0 > max_wait_s:
+            break
+    return time.perf_counter() - t0, last
+
+
 def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: int = 7, warmup: int = 2,
-            device: str | None = None, timeout: float = 600.0, options: dict[str, Any] | None = None
-            ) -> dict[str, Any]:
+            device: str | None = None, timeout: float = 600.0, options: dict[str, Any] | None = None,
+            budget_s: float | None = None, quiet_s: float = 5.0) -> dict[str, Any]:
     """Compile ``path`` on ``backend`` in a child process, run it ``warmup + repeats`` times; returns
     ``{"times_ms": [...], "median_ms", "rss_before", "peak_rss", "peak_bytes"}`` (peak over the
-    child's resident memory after imports, in bytes)."""
+    child's resident memory after imports, inputs included, in bytes). ``budget_s``: a part whose first run takes over a
+    second gets one warm-up and as many timed runs as fit in this many seconds (whole groups of three).
+    ``quiet_s``: first wait up to this long for the CPUs to be idle (``wait_quiet``), so that a shared
+    machine's bursts of other work fall between measurements rather than in them."""
     with tempfile.TemporaryDirectory(prefix="sdrt-measure-") as tmp:
         npz = Path(tmp) / "feeds.npz"
         np.savez(npz, **feeds)
         spec = {"path": str(path), "feeds": str(npz), "backend": backend, "device": device, "repeats": repeats,
-                "warmup": warmup, "options": options or {}}
+                "warmup": warmup, "options": options or {}, "budget_s": budget_s}
         env = dict(os.environ, SDRT_CACHE_DIR=str(Path(tmp) / "cache"))
+        waited, busy = wait_quiet(quiet_s) if quiet_s > 0 else (0.0, 0.0)
         proc = subprocess.run([sys.executable, "-c", "from sdrt.cost.calibrate import _child; _child()"],
                               input=json.dumps(spec), capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"measuring {path.name} on {backend} failed: {proc.stderr.strip()[-600:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])  # times_ms: per call
     out["median_ms"] = statistics.median(out["times_ms"])
     out["robust_ms"] = robust_ms(out["times_ms"])
+    out["quiet_wait_s"], out["busy_before"] = waited, busy
     return out
 
 
@@ -200,17 +314,28 @@ def _child() -> None:
 
     get_registry()
     select(spec["backend"], spec["device"])
+    gc.collect()
+    before = _rss()  # the inputs count: a part's peak holds them
     with np.load(spec["feeds"]) as z:
         feeds = {k: z[k] for k in z.files}
-    gc.collect()
-    before = _rss()
     sess = sdrt.load(spec["path"], backend=spec["backend"], device=spec["device"], **spec["options"])
     times = []
-    for i in range(spec["warmup"] + spec["repeats"]):
+    loops = 1  # a call under 5 ms is timed over enough calls to last 5 ms, so that the clock's noise is small
+    warm, runs, i = spec["warmup"], spec["warmup"] + spec["repeats"], 0
+    while i < runs:
         t = time.perf_counter()
-        sess.run(feeds)
-        if i >= spec["warmup"]:
-            times.append(1000 * (time.perf_counter() - t))
+        for _ in range(loops):
+            sess.run(feeds)
+        dt = time.perf_counter() - t
+        if i >= warm:
+            times.append(1000 * dt / loops)
+        elif dt < 5e-3:
+            loops = max(loops, min(1000, int(5e-3 / max(dt / loops, 1e-7)) + 1))
+        elif i == 0 and spec.get("budget_s") and dt > 1.0:  # a slow part: one warm-up, and as many timed runs
+            # as fit in the budget (whole groups of GROUP, at least one)
+            warm = 1
+            runs = 1 + max(GROUP, min(spec["repeats"], GROUP * int(spec["budget_s"] / dt / GROUP)))
+        i += 1
     peak = _hwm()
     print(json.dumps({"times_ms": times, "rss_before": before, "peak_rss": peak, "peak_bytes": max(0, peak - before)}))
 
@@ -227,44 +352,59 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
     return 2 * a.nbytes / (robust_ms(times) or 1e-9)
 
 
+#: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
+TERMS = ("act_ms", "conv_act_ms", "data_ms", "weight_ms", "fused_ms", "nodes", "call")
+
+
+def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
+    """A part's time features, linear in the factors ``fit`` finds: milliseconds of FLOPs per timing class
+    at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
+    compute nodes but convs; ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights; ``fused_ms``: epilogues), the
+    timed nodes and the call; ``fixed_ms`` is the epilogues' arithmetic at the peak (not fitted)."""
+    out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
+    out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
+    for n in cost.nodes:
+        if n.op_class == "view":
+            continue
+        if n.fused:
+            out["fused_ms"] += 1000 * n.bytes / bandwidth
+            out["fixed_ms"] += 1000 * n.flops / peak
+            continue
+        out["nodes"] += 1
+        out[f"flops_{n.time_class}"] += 1000 * n.flops / peak
+        out["weight_ms"] += 1000 * n.weight_bytes / bandwidth
+        key = "data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "act_ms"
+        out[key] += 1000 * (n.bytes - n.weight_bytes) / bandwidth
+    return out
+
+
 def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 9, workdir: Path | None = None,
-              progress: Callable[[str], None] | None = None) -> tuple[Factors, list[dict[str, Any]]]:
-    """Time the op classes on ``backend`` here and fit its factors; returns (factors, the measurements)."""
+              progress: Callable[[str], None] | None = None, precision: str = "fp32"
+              ) -> tuple[Factors, list[dict[str, Any]]]:
+    """Time the calibration cases on ``backend`` here, compiled at ``precision``, and fit its factors;
+    returns (factors, the measurements)."""
     from ..graph import Graph
 
     dev = device or this_cpu()
     bw = measure_bandwidth()
-    dev_bw = DeviceSpec(dev.name, dev.vendor, dev.kind, dev.memory_bytes, bw, dev.peak_flops, dev.source,
-                        cores=dev.cores, isa=dev.isa)
-    unit = Factors({c: 1.0 for c in TIME_CLASSES}, {c: 0.0 for c in TIME_CLASSES})
+    peak = dev.peak(precision)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="sdrt-calibrate-") as tmp:
         folder = Path(workdir or tmp)
-        for op_class, size in CASES:
-            model, feeds = build_case(op_class, size)
+        for case in CASES:
+            model, feeds = build_case(case)
             path = folder / f"{model.graph.name}.onnx"
             path.write_bytes(model.SerializeToString())
-            cost = graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()})
-            counted = [n for n in cost.nodes if n.op_class == (op_class if op_class != "weights" else "matmul")]
-            timed = [n for n in cost.nodes if n.op_class != "view" and not n.fused]
-            by_class: dict[str, float] = {}
-            flops_ms: dict[str, float] = {}
-            bytes_ms = 0.0
-            for n in timed:
-                by_class[n.op_class] = by_class.get(n.op_class, 0.0) + 1000 * node_time_s(
-                    n.op_class, n.flops, n.bytes, dev_bw, "fp32", unit)
-                flops_ms[n.op_class] = flops_ms.get(n.op_class, 0.0) + 1000 * n.flops / dev_bw.peak("fp32")
-                bytes_ms += 1000 * n.bytes / bw
-            roof = sum(by_class.values()) / 1000
+            cost = graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()}, precision)
             if progress:
                 progress(f"{backend}: {model.graph.name}")
-            m = measure(path, feeds, backend, repeats=repeats)
-            rows.append({"case": model.graph.name, "class": op_class, "size": size, "nodes": len(counted),
-                         "all_nodes": len(timed), "roofline_ms": 1000 * roof, "roofline_by_class_ms": by_class,
-                         "flops_ms_by_class": flops_ms, "bytes_ms": bytes_ms,
-                         "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"], "peak_bytes": m["peak_bytes"],
-                         "weight_bytes": cost.weight_bytes, "activation_bytes": cost.peak_activation_bytes,
-                         "flops": cost.flops})
+            m = measure(path, feeds, backend, repeats=repeats, options={"precision": precision})
+            rows.append({"case": model.graph.name, "features": features(cost, peak, bw),
+                         "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
+                         "busy_before": m.get("busy_before"),
+                         "peak_bytes": m["peak_bytes"], "weight_bytes": cost.weight_bytes,
+                         "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
+                         "activation_bytes": cost.peak_activation_bytes, "flops": cost.flops})
     return fit(rows, bw, backend), rows
 
 
@@ -281,32 +421,72 @@ def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return x
 
 
-def _fit_times(rows: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float], float]:
-    """Every case at once, with an additive roofline: ``time = sum over classes of flops_time_c / efficiency_c
-    + bytes_time / bandwidth_efficiency + nodes x overhead`` (flops_time at the nominal peak, bytes_time at
-    the measured bandwidth), linear in the inverses, fitted with non-negative coefficients, each case
-    weighted by 1/time (relative errors count alike, large case or small)."""
-    timed = [r for r in rows if r.get("flops_ms_by_class") is not None and r["robust_ms"] > 0]
-    classes = [c for c in TIME_CLASSES if any(r["flops_ms_by_class"].get(c) for r in timed)]
-    a = np.array([[r["flops_ms_by_class"].get(c, 0.0) for c in classes] + [r["bytes_ms"], r["all_nodes"]]
-                  for r in timed])
+def _fit_times(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Every case at once: ``time - fixed = sum of features x coefficients`` (``features``), fitted with
+    non-negative coefficients, each case weighted by 1/time (relative errors count alike, large case or
+    small). Returns the coefficient of each feature (1/efficiency for the ms terms; ms for nodes, call)."""
+    timed = [r for r in rows if r.get("features") and r["robust_ms"] > 0]
+    names = [f"flops_{c}" for c in TIME_CLASSES] + list(TERMS)
+    names = [k for k in names if any(r["features"].get(k) for r in timed)]
+    a = np.array([[r["features"].get(k, 0.0) for k in names] for r in timed])
     y = np.array([r["robust_ms"] for r in timed])
-    x = _nnls(a / y[:, None], np.ones(len(y)))
-    o = float(x[-1]) / 1000.0  # ms -> s per node
-    eff = {c: (1.0 / x[i] if x[i] > 1e-9 else 10.0) for i, c in enumerate(classes)}
-    bw_eff = 1.0 / x[-2] if x[-2] > 1e-9 else 10.0
-    return eff, {c: o for c in TIME_CLASSES}, bw_eff
+    fixed = np.array([r["features"].get("fixed_ms", 0.0) for r in timed])
+    x = _nnls(a / y[:, None], np.maximum(y - fixed, 0.0) / y)
+    return dict(zip(names, (float(v) for v in x)))
+
+
+def _inv(c: float | None) -> float:
+    """An efficiency from a fitted time coefficient (1 / c; a term the fit found free gets 100)."""
+    return 1.0 / c if c and c > 1e-9 else 100.0
+
+
+#: a calibration case with fewer bytes of weights and activations than this measures the session alone
+SMALL = 4 * 2**20
+
+
+def _fit_memory(rows: list[dict[str, Any]]) -> tuple[float, float, float, float, float]:
+    """``peak = weight_factor x weights + conv_weight_factor x conv kernels + activation_factor x activations
+    + node_bytes x nodes + base``: the base and the bytes per node from the cases with under ``SMALL`` bytes of weights
+    and activations (what a session and its compiled nodes cost by themselves: a line through them), the
+    other factors a non-negative fit of the rest over that, on relative errors.
+    Returns (weight_factor, conv_weight_factor, activation_factor, node_bytes, base)."""
+    small = [r for r in rows if r["weight_bytes"] + r["activation_bytes"] < SMALL]
+    base, per_node = 0.0, 0.0
+    if small:
+        n = np.array([float(r.get("mem_nodes", 1)) for r in small])
+        y = np.array([float(r["peak_bytes"]) for r in small])
+        if len(set(n)) > 1:
+            per_node, base = (float(v) for v in np.polyfit(n, y, 1))
+            per_node = max(per_node, 0.0)
+            base = max(float(np.median(y - per_node * n)), 0.0)
+        else:
+            base = float(np.median(y))
+    big = [r for r in rows if r["weight_bytes"] + r["activation_bytes"] >= SMALL]
+    if not big:
+        return 1.0, 1.0, 1.0, per_node, base
+    cw = [float(r.get("conv_weight_bytes", 0.0)) for r in big]
+    a = np.array([[r["weight_bytes"] - c, c, r["activation_bytes"]] for r, c in zip(big, cw)])
+    y = np.array([max(float(r["peak_bytes"]), 1.0) for r in big])
+    rest = y - base - per_node * np.array([float(r.get("mem_nodes", 1)) for r in big])
+    wf, cwf, af = (float(v) for v in _nnls(a / y[:, None], np.maximum(rest, 0.0) / y))
+    return wf, cwf, af, per_node, base
 
 
 def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
-    """Per class: ``t_node = overhead + roofline_node / efficiency`` through the small and large case;
-    memory: least squares of ``peak = a * weights + b * activations + c`` over every case."""
-    eff, over, bw_eff = _fit_times(rows)
-    a = np.array([[r["weight_bytes"], r["activation_bytes"], 1.0] for r in rows])
-    y = np.array([max(float(r["peak_bytes"]), 1.0) for r in rows])
-    wf, af, base = (float(v) for v in _nnls(a / y[:, None], np.ones(len(y))))  # relative errors
+    """The factors from the calibration measurements (``_fit_times``, ``_fit_memory``)."""
+    c = _fit_times(rows)
+    eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
+    over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
+    wf, cwf, af, node_bytes, base = _fit_memory(rows)
+    fused = c.get("fused_ms", 0.0)
     return Factors(eff, over, wf, af, base, True, bandwidth, f"sdrt selftest --calibrate ({backend})",
-                   additive=True, bandwidth_efficiency=bw_eff,
-                   fit={"bandwidth_efficiency": bw_eff,
-                        "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "roofline_ms", "peak_bytes")}
+                   additive=True, bandwidth_efficiency=_inv(c.get("act_ms")),
+                   data_bandwidth_efficiency=_inv(c.get("data_ms")),
+                   conv_bandwidth_efficiency=_inv(c.get("conv_act_ms")), conv_weight_factor=cwf,
+                   node_bytes=node_bytes,
+                   weight_bandwidth_efficiency=_inv(c.get("weight_ms")),
+                   fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
+                   call_s=c.get("call", 0.0) / 1000.0,
+                   fit={"coefficients": c,
+                        "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "peak_bytes")}
                                   for r in rows]})

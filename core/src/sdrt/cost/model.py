@@ -1,12 +1,17 @@
 """The time and memory model: a roofline per op class, with efficiency factors that measurements fit.
 
-A node of class ``c`` takes ``overhead[c] + max(flops / peak, bytes / bandwidth) / efficiency[c]``
-seconds on a device (a fused elementwise epilogue: ``flops / peak``), where ``peak`` is the device's dense FLOP/s at the precision. A part's peak memory
-is ``weight_factor * weights + activation_factor * peak live activations + base``. The factors belong
-to a (backend, device kind, precision) triple. ``sdrt selftest --calibrate`` fits them on this machine
-(``sdrt.cost.calibrate``) and stores them in sdrt's cache folder (``calibration/calibration.json``); where
-no calibration exists, the defaults below (round figures for well-tuned vendor kernels) stand in and
-the plan says it is uncalibrated.
+Uncalibrated (the device kinds' round defaults, below), a node of class ``c`` takes
+``overhead[c] + max(flops / peak, bytes / bandwidth) / efficiency[c]`` seconds (a fused elementwise
+epilogue: ``flops / peak``), where ``peak`` is the device's dense FLOP/s at the precision. Calibrated
+(``sdrt selftest --calibrate`` on this machine's CPU, ``sdrt.cost.calibrate``), the terms add, as on a
+CPU that moves data while it computes: ``overhead + flops / (peak x efficiency[timing class]) +
+activation bytes / (bandwidth x its efficiency: convs, data movement and the rest apart) + weight
+bytes / (bandwidth x the weights' efficiency)``, an epilogue's bytes at their own efficiency, and a
+fixed cost per call. A part's peak memory is ``weight_factor x weights (conv kernels at
+conv_weight_factor) + activation_factor x peak live activations + node_bytes x nodes + base``.
+The factors belong to a (backend, device kind, precision) triple and are stored in sdrt's cache folder
+(``calibration/calibration.json``); where no calibration exists, the defaults stand in and the plan
+says it is uncalibrated.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from .nodes import GraphCost
 
 log = logging.getLogger("sdrt.cost")
 
-TIME_CLASSES = ("matmul", "conv", "attention", "norm", "elementwise", "data")
+TIME_CLASSES = ("matmul", "conv", "conv1x1", "dwconv", "attention", "softmax", "norm", "groupnorm", "elementwise", "data")
 
 
 @dataclass
@@ -47,6 +52,22 @@ class Factors:
     #: does; the defaults take the larger of the two (the classic roofline)
     additive: bool = False
     bandwidth_efficiency: float = 1.0
+    #: calibrated: activation traffic of data-movement nodes (transposes, resizes, concats: strided copies)
+    data_bandwidth_efficiency: float = 1.0
+    #: calibrated: activation traffic of convs (a conv over few channels pays per pixel, not per FLOP)
+    conv_bandwidth_efficiency: float | None = None
+    #: memory held per byte of conv kernels where it differs from ``weight_factor`` (a backend that keeps
+    #: them transformed or repacked); None: ``weight_factor``
+    conv_weight_factor: float | None = None
+    #: memory per compiled node (a runtime's per-node kernels and descriptors), bytes
+    node_bytes: float = 0.0
+    #: calibrated: weight traffic (a matmul at few rows streams its weights; a CPU packs them per call);
+    #: None in an older calibration that had one traffic term
+    weight_bandwidth_efficiency: float | None = None
+    #: calibrated: traffic of elementwise epilogues (0: fused for free, as a compiler that fuses does)
+    fused_bandwidth_efficiency: float = 0.0
+    #: fixed time of one call of a compiled part (input/output copies, dispatch), seconds
+    call_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,20 +146,30 @@ def is_calibrated(backend: str, kind: str = "cpu", calibration: dict[str, Any] |
 
 
 def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, precision: str, f: Factors,
-                fused: bool = False) -> float:
+                fused: bool = False, weight_bytes: float = 0.0, time_class: str | None = None) -> float:
+    """One node's predicted seconds. ``time_class`` refines ``op_class`` (``dwconv``, ``softmax``; their
+    efficiency falls back to the op class's); ``weight_bytes`` is the part of ``nbytes`` that is weights."""
     if op_class == "view":
         return 0.0
-    if fused:  # an epilogue: its arithmetic only, at the device's peak
+    tc = time_class or op_class
+    bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
+    if fused:  # an epilogue: its arithmetic at the device's peak, and, calibrated, its traffic as fitted
+        if f.additive and f.fused_bandwidth_efficiency:
+            return flops / device.peak(precision) + nbytes / (bw * f.fused_bandwidth_efficiency)
         return flops / device.peak(precision)
     if op_class == "attention" and f.fused_attention:
         nbytes = 0.0
-    bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
+    eff = max(f.efficiency.get(tc, f.efficiency.get(op_class, 0.5)), 1e-3)
     if f.additive:
-        eff = max(f.efficiency.get(op_class, 0.5), 1e-3)
-        return (f.overhead_s.get(op_class, 0.0) + flops / (device.peak(precision) * eff)
-                + nbytes / (bw * max(f.bandwidth_efficiency, 1e-3)))
+        t = f.overhead_s.get(tc, f.overhead_s.get(op_class, 0.0)) + flops / (device.peak(precision) * eff)
+        if f.weight_bandwidth_efficiency is None:  # an older calibration: one traffic term
+            return t + nbytes / (bw * max(f.bandwidth_efficiency, 1e-3))
+        act_eff = (f.data_bandwidth_efficiency if op_class == "data" else f.conv_bandwidth_efficiency
+                   if op_class == "conv" and f.conv_bandwidth_efficiency else f.bandwidth_efficiency)
+        return (t + (nbytes - weight_bytes) / (bw * max(act_eff, 1e-3))
+                + weight_bytes / (bw * max(f.weight_bandwidth_efficiency, 1e-3)))
     roof = max(flops / device.peak(precision), nbytes / bw)
-    return f.overhead_s.get(op_class, 0.0) + roof / max(f.efficiency.get(op_class, 0.5), 1e-3)
+    return f.overhead_s.get(tc, f.overhead_s.get(op_class, 0.0)) + roof / eff
 
 
 @dataclass
@@ -151,6 +182,18 @@ class Prediction:
     calibrated: bool
 
 
+def memory_nodes(cost: GraphCost) -> int:
+    """The nodes a runtime compiles (views excluded), for the per-node memory term."""
+    return sum(1 for n in cost.nodes if n.op_class != "view")
+
+
+def conv_weight_bytes(cost: GraphCost) -> float:
+    """The bytes of dense conv kernels wider than 1x1 among a part's weights (as their nodes read them): the
+    kernels a backend may keep transformed (Winograd) or repacked beside the originals."""
+    return min(cost.weight_bytes, sum(n.weight_bytes for n in cost.nodes if n.op_class == "conv"
+                                      and n.time_class == "conv"))
+
+
 def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, factors: Factors | None = None
             ) -> Prediction:
     """Predicted time of one call and peak memory of one part (its ``GraphCost``) on ``device``."""
@@ -160,8 +203,12 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
         if n.op_class == "view":
             continue
         by[n.op_class] = by.get(n.op_class, 0.0) + node_time_s(n.op_class, n.flops, n.bytes, device, precision, f,
-                                                                 n.fused)
+                                                                 n.fused, n.weight_bytes, n.time_class)
+    if f.call_s:
+        by["call"] = f.call_s
     ms = 1000 * sum(by.values())
-    peak = f.weight_factor * cost.weight_bytes + f.activation_factor * cost.peak_activation_bytes + f.base_bytes
+    conv_w = conv_weight_bytes(cost) if f.conv_weight_factor is not None else 0.0
+    peak = (f.weight_factor * (cost.weight_bytes - conv_w) + (f.conv_weight_factor or 0.0) * conv_w
+            + f.activation_factor * cost.peak_activation_bytes + f.node_bytes * memory_nodes(cost) + f.base_bytes)
     return Prediction(ms, peak, cost.weight_bytes, cost.peak_activation_bytes,
                       {k: 1000 * v for k, v in sorted(by.items(), key=lambda kv: -kv[1])}, f.calibrated)

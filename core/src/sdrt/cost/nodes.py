@@ -15,6 +15,9 @@ intermediate, and walks the nodes. Counting rules, per node:
 - **Fused**: an elementwise node whose input comes from a conv, matmul, normalisation, attention or
   elementwise node, as that value's only reader, is an epilogue that compilers fuse (bias, activation,
   residual add): ``fused`` is set and the model charges it no memory traffic.
+- **Timing class** (``NodeCost.time_class``): the op class, but ``dwconv`` for a grouped conv,
+  ``conv1x1`` for a 1x1 conv (its kernel's shape says so), ``softmax`` for Softmax, ``groupnorm`` for Instance/GroupNormalization (a reduction over a whole
+  map per group, unlike LayerNorm's rows), which run at their own efficiency.
 - **Op class**: ``matmul`` (MatMul/Gemm with a weight operand), ``conv``, ``attention`` (MatMul of two
   activations, as QK^T and PV are, and Softmax), ``norm`` (Group/Instance/Layer/Batch/RMS
   normalisation and reductions), ``elementwise``, ``data`` (transposes, concats, slices, gathers,
@@ -71,6 +74,13 @@ class NodeCost:
     bytes_written: float
     weight_bytes: float
     fused: bool = False  # an elementwise epilogue of the node that writes its input: no trip to memory
+    #: the timing class where it differs from ``op_class``: ``dwconv`` (a grouped conv: depthwise in
+    #: MobileNets, few FLOPs per byte), ``softmax`` (exp-bound, unlike the attention matmuls)
+    kind: str = ""
+
+    @property
+    def time_class(self) -> str:
+        return self.kind or self.op_class
 
     @property
     def bytes(self) -> float:
@@ -202,13 +212,25 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
         for o in n.output:
             writer_class[o] = cls
         nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
-                              w_read, fused))
+                              w_read, fused, _time_kind(n, cls, shape(ins[1]) if len(ins) > 1 else None)))
     weight_bytes = sum(_prod(s) * weight_elem.get(name, act) for name, s in inits.items())
     peak = _peak_activations(model, shape, dtype, act, set(inits) | set(consts))
     io = sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act)
              for v in list(model.graph.input) + list(model.graph.output) if v.name not in inits)
     pinned = {i.name: tuple(i.shape) for i in g.inputs}
     return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown)
+
+
+def _time_kind(n: Any, cls: str, kernel: tuple[int, ...] | None = None) -> str:
+    if cls == "conv" and next((a.i for a in n.attribute if a.name == "group"), 1) > 1:
+        return "dwconv"
+    if n.op_type == "Conv" and kernel is not None and len(kernel) > 2 and all(k == 1 for k in kernel[2:]):
+        return "conv1x1"  # a plain GEMM: no Winograd, no kernel transform
+    if n.op_type in ("Softmax", "LogSoftmax"):
+        return "softmax"
+    if n.op_type in ("InstanceNormalization", "GroupNormalization"):  # a reduction over a whole map per group
+        return "groupnorm"
+    return ""
 
 
 def _op_class(n: Any, inits: Mapping[str, Any], consts: Mapping[str, Any]) -> str:

@@ -216,15 +216,17 @@ def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precis
     f = factors or factors_for(backend, device, precision, calibration)
     parts = []
     total_ms = 0.0
-    weights_sum = 0.0
+    resident_sum = 0.0  # what each part holds whatever runs: its weights (and compiled nodes) as the factors count them
     for pc in costs:
         ms_img = 0.0
         peak_part = 0.0
         ms_call = 0.0
         w = 0.0
         a = 0.0
+        resident = 0.0
         for cost, n in pc.costs:
             pr = predict(cost, device, backend, precision, f)
+            resident = max(resident, pr.peak_bytes - f.activation_factor * pr.activation_bytes - f.base_bytes)
             ms_img += pr.ms * n
             ms_call = max(ms_call, pr.ms)
             w = max(w, pr.weight_bytes)
@@ -241,10 +243,10 @@ def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precis
                       "predicted_ms_per_image": ms_img + load_ms, "predicted_peak_bytes": peak_part,
                       "weight_bytes": w, "activation_bytes": a, "load_ms_per_image": load_ms})
         total_ms += ms_img + load_ms
-        weights_sum += w
-    wf, af, base = f.weight_factor, f.activation_factor, f.base_bytes
+        resident_sum += resident
+    af, base = f.activation_factor, f.base_bytes
     if offload == "none":
-        peak = wf * weights_sum + af * max((p["activation_bytes"] for p in parts), default=0) + base
+        peak = resident_sum + af * max((p["activation_bytes"] for p in parts), default=0) + base
     elif offload == "parts":
         peak = max((p["predicted_peak_bytes"] for p in parts), default=0.0)
     else:  # stream: activations plus two blocks' weights in flight (a block ~ 1/20 of the largest part)
