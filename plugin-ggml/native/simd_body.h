@@ -364,11 +364,19 @@ static void SFX(gelu_erf)(int64_t n, const float *x, const float *g, float *y) {
 
 /* sum of x[0..n) */
 static double SFX(sum)(int64_t n, const float *x) {
-    VF acc = {0};
+    /* four accumulators: one chain of vector adds is bound by the add latency (3-4 cycles), not
+     * by the two loads a cycle the core can issue */
+    VF acc = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     int64_t i = 0;
+    for (; i + 4 * VW <= n; i += 4 * VW) {
+        acc += SFX(ld)(x + i);
+        a1 += SFX(ld)(x + i + VW);
+        a2 += SFX(ld)(x + i + 2 * VW);
+        a3 += SFX(ld)(x + i + 3 * VW);
+    }
     for (; i + VW <= n; i += VW)
         acc += SFX(ld)(x + i);
-    double s = SFX(hsum)(acc);
+    double s = SFX(hsum)((acc + a1) + (a2 + a3));
     for (; i < n; i++)
         s += x[i];
     return s;
@@ -376,13 +384,21 @@ static double SFX(sum)(int64_t n, const float *x) {
 
 /* sum of (x[i] - m)^2 */
 static double SFX(sqdev)(int64_t n, const float *x, float m) {
-    VF acc = {0}, mv = BCAST(m);
+    VF acc = {0}, a1 = {0}, a2 = {0}, a3 = {0}, mv = BCAST(m);
     int64_t i = 0;
+    for (; i + 4 * VW <= n; i += 4 * VW) { /* four accumulators, as in sum */
+        VF d0 = SFX(ld)(x + i) - mv, d1 = SFX(ld)(x + i + VW) - mv;
+        VF d2 = SFX(ld)(x + i + 2 * VW) - mv, d3 = SFX(ld)(x + i + 3 * VW) - mv;
+        acc += d0 * d0;
+        a1 += d1 * d1;
+        a2 += d2 * d2;
+        a3 += d3 * d3;
+    }
     for (; i + VW <= n; i += VW) {
         VF d = SFX(ld)(x + i) - mv;
         acc += d * d;
     }
-    double s = SFX(hsum)(acc);
+    double s = SFX(hsum)((acc + a1) + (a2 + a3));
     for (; i < n; i++)
         s += (double)(x[i] - m) * (x[i] - m);
     return s;
