@@ -370,7 +370,7 @@ static int run_unit_bf16(const gemm2d *p, const sdrt_isa_kernels *kk, const spli
         }
         ptrdiff_t lda = p->lda;
         if (s->copy_a) {
-            const ptrdiff_t ld = ((k1 - k0 + 15) & ~15) + 16;
+            const ptrdiff_t ld = sdrt_copy_lda(k1 - k0);
             float *buf = sdrt_thread_buffer(1, (size_t)(m1 - m0) * ld * sizeof(float));
             if (!buf)
                 return -1;
@@ -420,7 +420,7 @@ static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s,
         const float *a = p->a + (ptrdiff_t)m0 * p->lda + k0;
         ptrdiff_t lda = p->lda;
         if (s->copy_a) {
-            const ptrdiff_t ld = ((k1 - k0 + 15) & ~15) + 16; /* 64 bytes past a multiple of 64 */
+            const ptrdiff_t ld = sdrt_copy_lda(k1 - k0); /* 64 bytes past a multiple of 64 */
             float *buf = sdrt_thread_buffer(1, (size_t)(m1 - m0) * ld * sizeof(float));
             if (!buf)
                 return -1;

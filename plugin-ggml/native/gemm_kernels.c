@@ -613,9 +613,13 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
     }
 #define R512_ALL(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
 
+/* The kernel body for a given lda: inlined into k512_MR once with each padded stride that gemm.c's copy of an
+ * A block uses (SDRT_LDA_COPY128 / 256, compile-time constants: each row's broadcast is then a fixed
+ * displacement from one pointer) and once with the caller's lda. With a run-time lda GCC kept one induction
+ * variable a row, spilled half of them to the stack and added to them there on every k, for 14 rows. */
 #define K512(MR) \
-    static TARGET_AVX512 void k512_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
-                                        const sdrt_tile_out *o, const float *pf) { \
+    INLINE_AVX512 void k512b_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
+                                  const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
         R512_ALL(R512_DECL) \
         for (int k = 0; k < K; k++) { \
@@ -629,6 +633,15 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
         __m512 c0[MR], c1[MR]; \
         R512_ALL(R512_SAVE) \
         store512(c0, c1, MR, o); \
+    } \
+    static TARGET_AVX512 void k512_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
+                                        const sdrt_tile_out *o, const float *pf) { \
+        if (lda == SDRT_LDA_COPY256) \
+            k512b_##MR(K, a, SDRT_LDA_COPY256, b, bh, o, pf); \
+        else if (lda == SDRT_LDA_COPY128) \
+            k512b_##MR(K, a, SDRT_LDA_COPY128, b, bh, o, pf); \
+        else \
+            k512b_##MR(K, a, lda, b, bh, o, pf); \
     } \
     static TARGET_AVX512 void k512i_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off, \
                                          const sdrt_tile_out *o, const float *pf) { \

@@ -101,6 +101,13 @@ void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int width);
  * and interleave with the other half's lines (3.5% of the CLIP text encoder's time on AVX2). */
 #define SDRT_NR 32
 #define SDRT_HALF 16
+/* the row stride (floats) of gemm.c's copy of an A block of k <= 128 and k <= 256 columns: 64 bytes past a multiple
+ * of 64, so that the rows of a tile fall in different L1 sets; the AVX-512 kernels have these two built in */
+#define SDRT_LDA_COPY128 144
+#define SDRT_LDA_COPY256 272
+static inline ptrdiff_t sdrt_copy_lda(int k) {
+    return k <= 128 ? SDRT_LDA_COPY128 : k <= 256 ? SDRT_LDA_COPY256 : (ptrdiff_t)((k + 15) & ~15) + 16;
+}
 /* the floats from a panel's first element to element (k, j), for a panel of `rows` rows */
 static inline ptrdiff_t sdrt_panel_at(int rows, int k, int j) {
     return (j >= SDRT_HALF ? (ptrdiff_t)rows * SDRT_HALF : 0) + (ptrdiff_t)k * SDRT_HALF + j % SDRT_HALF;

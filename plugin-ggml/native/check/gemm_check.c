@@ -134,7 +134,10 @@ int main(void) {
         return 1;
     static const int shapes[][3] = {{1, 1, 1}, {7, 31, 13}, {14, 32, 16}, {15, 33, 17},
                                     {37, 97, 389}, {6, 160, 1031}, {3, 17, 3072}, {23, 100, 64}, {13, 70, 128},
-                                    {8, 45, 129}};
+                                    {8, 45, 129},
+                                    /* 14-row tiles over a copied A block: the strides the AVX-512 kernels have
+                                     * built in (K blocks of 256 and, from K = 8192, of 128) */
+                                    {28, 40, 2048}, {29, 33, 8192}};
     int fails = 0, runs = 0;
     printf("best ISA here: %s\n", sdrt_gemm_isa_name(sdrt_gemm_set_isa(-1)));
     for (int isa = 0; isa < 4; isa++) {
