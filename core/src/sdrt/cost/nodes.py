@@ -99,6 +99,13 @@ class GraphCost:
     io_bytes: float  # graph inputs and outputs
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     unknown: list[str] = field(default_factory=list)  # values whose shape inference could not tell (counted 0)
+    #: weights that Gather nodes look rows up in (token-embedding tables): a runtime keeps them as stored,
+    #: never repacked for a matmul, so memory counts them apart
+    table_bytes: float = 0.0
+    #: the largest dense conv kernel wider than 1x1, and the largest other weight: what a runtime holds in
+    #: flight while it transforms or repacks one tensor at compile time (a transient on top of the rest)
+    largest_conv_bytes: float = 0.0
+    largest_weight_bytes: float = 0.0
 
     def by_class(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -213,12 +220,27 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
             writer_class[o] = cls
         nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
                               w_read, fused, _time_kind(n, cls, shape(ins[1]) if len(ins) > 1 else None)))
-    weight_bytes = sum(_prod(s) * weight_elem.get(name, act) for name, s in inits.items())
+    sizes = {name: _prod(s) * weight_elem.get(name, act) for name, s in inits.items()}
+    weight_bytes = sum(sizes.values())
+    tables: set[str] = set()
+    kernels: set[str] = set()
+    for n in model.graph.node:
+        ins = list(n.input)
+        if n.op_type in ("Gather", "GatherND") and ins and ins[0] in origin:
+            tables |= origin[ins[0]]
+        elif (n.op_type == "Conv" and len(ins) > 1 and ins[1] in origin and len(inits.get(ins[1], ())) > 2
+              and any(k > 1 for k in inits[ins[1]][2:])
+              and next((a.i for a in n.attribute if a.name == "group"), 1) == 1):
+            kernels |= origin[ins[1]]
+    tables &= set(sizes)
     peak = _peak_activations(model, shape, dtype, act, set(inits) | set(consts))
     io = sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act)
              for v in list(model.graph.input) + list(model.graph.output) if v.name not in inits)
     pinned = {i.name: tuple(i.shape) for i in g.inputs}
-    return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown)
+    return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown,
+                     table_bytes=float(sum(sizes[t] for t in tables)),
+                     largest_conv_bytes=float(max((sizes[k] for k in kernels if k in sizes), default=0.0)),
+                     largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)))
 
 
 def _time_kind(n: Any, cls: str, kernel: tuple[int, ...] | None = None) -> str:
