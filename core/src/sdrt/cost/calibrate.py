@@ -452,7 +452,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                          "largest_weight_bytes": cost.largest_weight_bytes,
                          "attention": any(n.op_class == "attention" for n in cost.nodes),
                          "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
-                         "activation_bytes": cost.peak_activation_bytes, "flops": cost.flops})
+                         "activation_bytes": cost.peak_activation_bytes_fused, "flops": cost.flops})
     return fit(rows, bw, backend), rows
 
 
@@ -569,6 +569,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                    conv_weight_factor=mem["conv_weight_factor"], node_bytes=mem["node_bytes"],
                    table_factor=mem["table_factor"], transient_conv_factor=mem["transient_conv_factor"],
                    transient_factor=mem["transient_factor"], process_base=True, imports_bytes=mem["imports"],
+                   fused_attention_memory=True,
                    weight_bandwidth_efficiency=_inv(c.get("weight_ms")),
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
                    call_s=c.get("call", 0.0) / 1000.0,
