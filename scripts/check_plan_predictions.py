@@ -7,8 +7,9 @@ Run after `sdrt selftest --calibrate`:
 
 Each measurement compiles the part in a child process (sdrt.cost.calibrate.measure), runs it
 ``repeats`` times after two warm-ups and keeps the median over groups of 3 runs of each group's best
-(as the calibration does; the plain median is printed too); its peak memory is the child's peak
-resident memory over what it held after imports. The machine may be shared: the medians say so.
+(as the calibration does; the plain median is printed too); its peak memory is the child process's
+whole peak resident memory (VmHWM), against the prediction with the calibrated runtime base, and,
+the stricter figure, both less what the process held after importing sdrt ("over imports"). The machine may be shared: the medians say so.
 """
 
 from __future__ import annotations
