@@ -177,3 +177,25 @@ def test_embedding_lookup_reads_only_the_rows_taken():
     c = graph_costs(g)
     assert c.nodes[0].weight_bytes == 4 * 77 * 64  # 77 rows read
     assert c.weight_bytes == 4 * 1000 * 64  # the whole table stays resident
+
+
+def test_memory_fields_tables_largest_kernels_and_fused_attention(tmp_path):
+    """Lookup tables, the largest conv kernel / other weight, and the activations' peak without attention's
+    scores, on the calibration's own graphs (hand-computed sizes)."""
+    from sdrt.cost.calibrate import build_case
+
+    def cost(case):
+        model, feeds = build_case(case)
+        path = tmp_path / f"{case}.onnx"
+        path.write_bytes(model.SerializeToString())
+        return graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()}, "fp32")
+
+    emb = cost("embedding")
+    assert emb.table_bytes == 49408 * 768 * 4 == emb.largest_weight_bytes and emb.largest_conv_bytes == 0
+    conv = cost("conv3_640x16")  # three 640x640x3x3 kernels
+    assert conv.largest_conv_bytes == 640 * 640 * 9 * 4 and conv.table_bytes == 0
+    assert conv.largest_weight_bytes == 640 * 4  # a bias: the largest weight that is not a 3x3 kernel
+    att = cost("attn_1024x8")  # 8 heads x 1024 x 1024 scores: counted by liveness, not when attention fuses
+    scores = 8 * 1024 * 1024 * 4
+    assert att.peak_activation_bytes >= 2 * scores
+    assert att.peak_activation_bytes_fused < scores / 4

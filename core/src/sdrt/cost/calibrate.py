@@ -84,10 +84,11 @@ class _Chain:
 #: the weight-heavy ones, sized past the last-level cache: name -> (builder, its arguments)
 CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "call": ("add", (16,)),                          # one tiny node: the fixed cost of a call
+    "runtime": ("runtime", (32, 8)),                 # one tiny node of every kind: the runtime's base memory
     "nodes": ("tiny_matmuls", (400,)),               # many tiny nodes: the fixed cost (time, memory) of a node
     "conv3_320x32": ("conv", (320, 32, 3, 1, 3)),    # UNet level 1-2 resnets
     "conv3_640x16": ("conv", (640, 16, 3, 1, 3)),    # UNet deep levels: 44 MB of kernels
-    "conv3_1280x8": ("conv", (1280, 8, 3, 1, 3)),    # the deepest, on a small map: 177 MB of kernels
+    "conv3_1280x8": ("conv", (1280, 8, 3, 1, 1)),    # the deepest, on a small map: one 59 MB kernel
     "conv3_128x64": ("conv", (128, 64, 3, 1, 3)),    # VAE decoder mid channels
     "conv3_32x128": ("conv", (32, 128, 3, 1, 3)),    # few channels on a large map
     "conv1_256x56": ("conv", (256, 56, 1, 1, 4)),    # 1x1 convs (MobileNet expand / project, UNet proj_in)
@@ -97,7 +98,8 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "mm_1024x640": ("matmul", (1024, 640, 640, 4)),  # attention projections at 1024 tokens
     "mm_4096x320": ("matmul", (4096, 320, 320, 4)),  # at 4096 tokens
     "mm_77x768": ("mlp", (77, 768, 3072, 4)),        # CLIP's MLPs: 77 rows over 75 MB of weights
-    "mm_8x4096": ("matmul", (8, 4096, 4096, 4)),     # 8 rows over 268 MB: streaming the weights
+    "mm_8x4096": ("matmul", (8, 4096, 4096, 2)),     # 8 rows over 134 MB: streaming the weights
+    "embedding": ("embedding", (49408, 768, 77)),    # CLIP's token table (152 MB), looked up, then LayerNorm
     "invres_32x56": ("invres", (32, 192, 56, 3)),    # MobileNetV2 blocks: 1x1, ReLU6, dw 3x3, ReLU6, 1x1, add
     "attn_1024x40": ("attention", (8, 1024, 40, 2)),
     "attn_1024x8": ("attention", (8, 1024, 8, 2)),   # narrow heads: the softmax dominates
@@ -209,6 +211,45 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         for _ in range(k):
             x = g.op("Resize", [x, "", "scales"], mode="nearest", coordinate_transformation_mode="asymmetric",
                      nearest_mode="floor")
+    elif kind == "embedding":  # a token-embedding lookup as CLIP's text encoders start: Gather, LayerNorm
+        vocab, dim, tokens = args
+        shape = [1, dim]  # unused float input, so that every case has an "x"
+        extra = {"ids": [1, tokens]}
+        e = g.op("Gather", [g.w((vocab, dim), 0.02), "ids"])
+        x = g.op("Add", [g.op("LayerNormalization", [e, g.w((dim,), 1.0), g.w((dim,), 0.1)], axis=-1, epsilon=1e-5),
+                         g.op("ReduceMean", ["x"], keepdims=1)])
+    elif kind == "runtime":  # one small node of every kind that pipelines run: what a runtime loads for them
+        from onnx import numpy_helper
+
+        c, hw = args
+        shape = [1, c, hw, hw]
+        extra = {"ids": [1, hw]}
+        g.inits += [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+                    numpy_helper.from_array(np.array([0, 4, -1], np.int64), "gshape"),
+                    numpy_helper.from_array(np.ones(4, np.float32), "ones"),
+                    numpy_helper.from_array(np.zeros(4, np.float32), "zeros"),
+                    numpy_helper.from_array(np.array([1, c, hw * hw], np.int64), "flat"),
+                    numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+                    numpy_helper.from_array(np.array(6.0, np.float32), "hi"),
+                    numpy_helper.from_array(np.array(2.0, np.float32), "two")]
+        y = g.op("Conv", ["x", g.w((c, c, 3, 3)), g.w((c,), 0.01)], pads=[1] * 4)
+        y = g.op("Conv", [y, g.w((c, 1, 3, 3)), g.w((c,), 0.01)], pads=[1] * 4, group=c)
+        y = g.op("Clip", [g.op("Conv", [y, g.w((c, c, 1, 1)), g.w((c,), 0.01)]), "lo", "hi"])
+        n = g.op("InstanceNormalization", [g.op("Reshape", [y, "gshape"]), "ones", "zeros"], epsilon=1e-6)
+        y = g.op("Reshape", [n, g.op("Shape", [y])])
+        y = g.op("Mul", [y, g.op("Sigmoid", [y])])
+        y = g.op("Resize", [y, "", "scales"], mode="nearest", coordinate_transformation_mode="asymmetric",
+                 nearest_mode="floor")
+        t = g.op("Transpose", [g.op("Reshape", ["x", "flat"])], perm=[0, 2, 1])  # (1, hw*hw, c) tokens
+        t = g.op("Concat", [t, g.op("Gather", [g.w((64, c), 0.02), "ids"])], axis=1)
+        t = g.op("LayerNormalization", [t, g.w((c,), 1.0), g.w((c,), 0.1)], axis=-1, epsilon=1e-5)
+        q = g.op("MatMul", [t, g.w((c, c))])
+        p = g.op("Softmax", [g.op("MatMul", [q, g.op("Transpose", [t], perm=[0, 2, 1])])], axis=-1)
+        a = g.op("MatMul", [p, t])
+        a = g.op("Mul", [a, g.op("Erf", [g.op("Div", [a, g.w((1,), 1.0)])])])
+        a = g.op("Add", [g.op("Gemm", [g.op("Flatten", [a], axis=2), g.w((c, c))]), g.w((c,), 0.1)])
+        a = g.op("Sqrt", [g.op("Add", [g.op("ReduceMean", [g.op("Pow", [a, "two"])], axes=[-1]), "hi"])])
+        x = g.op("Add", [g.op("ReduceMean", [y], axes=[1, 2, 3], keepdims=0), g.op("ReduceMean", [a], keepdims=0)])
     elif kind == "activations":  # activation-heavy: memory calibration
         c, hw = args
         shape = [1, c, hw, hw]
@@ -218,6 +259,9 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
     dims = {"x": shape, **extra}
     ins = [helper.make_tensor_value_info(n, f32, s) for n, s in dims.items()]
     feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in dims.items()}
+    if "ids" in feeds:  # token ids, within the table
+        ins = [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "ids" else f32, s) for n, s in dims.items()]
+        feeds["ids"] = rng.integers(0, 64, dims["ids"]).astype(np.int64)
     model = _model(f"cal_{case}", ins, g.nodes, [helper.make_tensor_value_info(x, f32, None)], g.inits)
     return model, feeds
 
@@ -402,9 +446,13 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
             rows.append({"case": model.graph.name, "features": features(cost, peak, bw),
                          "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
                          "busy_before": m.get("busy_before"),
-                         "peak_bytes": m["peak_bytes"], "weight_bytes": cost.weight_bytes,
+                         "peak_bytes": m["peak_bytes"], "peak_rss": m["peak_rss"], "rss_before": m["rss_before"],
+                         "weight_bytes": cost.weight_bytes, "table_bytes": cost.table_bytes,
+                         "largest_conv_bytes": cost.largest_conv_bytes,
+                         "largest_weight_bytes": cost.largest_weight_bytes,
+                         "attention": any(n.op_class == "attention" for n in cost.nodes),
                          "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
-                         "activation_bytes": cost.peak_activation_bytes, "flops": cost.flops})
+                         "activation_bytes": cost.peak_activation_bytes_fused, "flops": cost.flops})
     return fit(rows, bw, backend), rows
 
 
@@ -444,32 +492,66 @@ def _inv(c: float | None) -> float:
 SMALL = 4 * 2**20
 
 
-def _fit_memory(rows: list[dict[str, Any]]) -> tuple[float, float, float, float, float]:
-    """``peak = weight_factor x weights + conv_weight_factor x conv kernels + activation_factor x activations
-    + node_bytes x nodes + base``: the base and the bytes per node from the cases with under ``SMALL`` bytes of weights
-    and activations (what a session and its compiled nodes cost by themselves: a line through them), the
-    other factors a non-negative fit of the rest over that, on relative errors.
-    Returns (weight_factor, conv_weight_factor, activation_factor, node_bytes, base)."""
+def _fit_memory(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """``peak = weight_factor x weights + conv_weight_factor x conv kernels + table_factor x lookup tables
+    + transient factors x the largest conv kernel and the largest other weight + activation_factor x activations
+    + node_bytes x nodes + base``. The runtime's base is the whole process's peak (VmHWM) on the ``runtime`` case
+    (one node of every kind: the interpreter, sdrt, the backend's libraries and the code of every op kind);
+    the bytes per node from the tiny cases (``nodes`` against ``call``); over what the one-kind ``call`` case
+    held (each case loads one or two kinds of op, not all): the activation factor from the weight-free cases
+    without attention, then the weight factors a non-negative fit, on bytes, of the cases with a MiB of weights.
+    Returns the factors by name (``base`` and ``imports``: bytes of the whole process)."""
+    by = {str(r.get("case", "")).removeprefix("cal_"): r for r in rows}
     small = [r for r in rows if r["weight_bytes"] + r["activation_bytes"] < SMALL]
-    base, per_node = 0.0, 0.0
-    if small:
-        n = np.array([float(r.get("mem_nodes", 1)) for r in small])
-        y = np.array([float(r["peak_bytes"]) for r in small])
-        if len(set(n)) > 1:
-            per_node, base = (float(v) for v in np.polyfit(n, y, 1))
-            per_node = max(per_node, 0.0)
-            base = max(float(np.median(y - per_node * n)), 0.0)
-        else:
-            base = float(np.median(y))
-    big = [r for r in rows if r["weight_bytes"] + r["activation_bytes"] >= SMALL]
+    one = by.get("call") or (min(small, key=lambda r: r["peak_bytes"]) if small else None)
+    base_fit = float(one["peak_bytes"]) if one else 0.0
+    per_node = 0.0
+    many = by.get("nodes")
+    if one and many and many.get("mem_nodes", 1) > one.get("mem_nodes", 1):
+        per_node = max(0.0, (many["peak_bytes"] - one["peak_bytes"]) / (many["mem_nodes"] - one.get("mem_nodes", 1)))
+    imports = float(np.median([r["rss_before"] for r in rows if r.get("rss_before")])) if any(
+        r.get("rss_before") for r in rows) else 0.0
+    rt = by.get("runtime")
+    base = float(rt["peak_rss"]) if rt and rt.get("peak_rss") else imports + base_fit
+    out = {"weight_factor": 1.0, "conv_weight_factor": 1.0, "table_factor": 1.0, "transient_conv_factor": 0.0,
+           "transient_factor": 0.0, "activation_factor": 1.0, "node_bytes": per_node, "base": base,
+           "imports": imports}
+    # activations: the weight-free cases without attention (these CPU backends fuse attention, so its scores
+    # never take the memory that liveness counts for them), a line through the origin in bytes
+    act = [r for r in rows if r["weight_bytes"] < 0.01 * r["activation_bytes"] and r["activation_bytes"] >= SMALL
+           and not r.get("attention")]
+    af = None
+    if act:
+        av = np.array([float(r["activation_bytes"]) for r in act])
+        ay = np.array([float(r["peak_bytes"]) - base_fit for r in act])
+        af = max(float(av @ ay / (av @ av)), 0.0)
+    # weights: the cases with at least a MiB of them but the per-node one, fitted on bytes (a budget counts
+    # bytes: a case of a few MiB, mostly fixed costs, must not set the factor for gigabytes of weights)
+    big = [r for r in rows if r["weight_bytes"] >= SMALL / 4 and r is not many]
     if not big:
-        return 1.0, 1.0, 1.0, per_node, base
-    cw = [float(r.get("conv_weight_bytes", 0.0)) for r in big]
-    a = np.array([[r["weight_bytes"] - c, c, r["activation_bytes"]] for r, c in zip(big, cw)])
-    y = np.array([max(float(r["peak_bytes"]), 1.0) for r in big])
-    rest = y - base - per_node * np.array([float(r.get("mem_nodes", 1)) for r in big])
-    wf, cwf, af = (float(v) for v in _nnls(a / y[:, None], np.maximum(rest, 0.0) / y))
-    return wf, cwf, af, per_node, base
+        return out
+    cols = []
+    for r in big:
+        cw = float(r.get("conv_weight_bytes", 0.0))
+        tb = float(r.get("table_bytes", 0.0))
+        cols.append([r["weight_bytes"] - cw - tb, cw, tb, float(r.get("largest_conv_bytes", 0.0)),
+                     float(r.get("largest_weight_bytes", 0.0)), 0.0 if af is not None else r["activation_bytes"]])
+    a = np.array(cols)
+    y = np.array([float(r["peak_bytes"]) for r in big])
+    rest = y - base_fit - per_node * np.array([float(r.get("mem_nodes", 1)) for r in big])
+    if af is not None:
+        rest -= af * np.array([float(r["activation_bytes"]) for r in big])
+    keep = [i for i in range(a.shape[1]) if a[:, i].any()]
+    x = np.zeros(a.shape[1])
+    x[keep] = _nnls(a[:, keep], rest)
+    for k, v in zip(("weight_factor", "conv_weight_factor", "table_factor", "transient_conv_factor",
+                     "transient_factor", "activation_factor"), x):
+        out[k] = float(v)
+    if af is not None:
+        out["activation_factor"] = af
+    if not a[:, 2].any():
+        out["table_factor"] = out["weight_factor"]
+    return out
 
 
 def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
@@ -477,16 +559,20 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
     c = _fit_times(rows)
     eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
-    wf, cwf, af, node_bytes, base = _fit_memory(rows)
+    mem = _fit_memory(rows)
     fused = c.get("fused_ms", 0.0)
-    return Factors(eff, over, wf, af, base, True, bandwidth, f"sdrt selftest --calibrate ({backend})",
+    return Factors(eff, over, mem["weight_factor"], mem["activation_factor"], mem["base"], True, bandwidth,
+                   f"sdrt selftest --calibrate ({backend})",
                    additive=True, bandwidth_efficiency=_inv(c.get("act_ms")),
                    data_bandwidth_efficiency=_inv(c.get("data_ms")),
-                   conv_bandwidth_efficiency=_inv(c.get("conv_act_ms")), conv_weight_factor=cwf,
-                   node_bytes=node_bytes,
+                   conv_bandwidth_efficiency=_inv(c.get("conv_act_ms")),
+                   conv_weight_factor=mem["conv_weight_factor"], node_bytes=mem["node_bytes"],
+                   table_factor=mem["table_factor"], transient_conv_factor=mem["transient_conv_factor"],
+                   transient_factor=mem["transient_factor"], process_base=True, imports_bytes=mem["imports"],
+                   fused_attention_memory=True,
                    weight_bandwidth_efficiency=_inv(c.get("weight_ms")),
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
                    call_s=c.get("call", 0.0) / 1000.0,
                    fit={"coefficients": c,
-                        "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "peak_bytes")}
+                        "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "peak_bytes", "peak_rss")}
                                   for r in rows]})

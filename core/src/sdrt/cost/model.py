@@ -8,7 +8,9 @@ CPU that moves data while it computes: ``overhead + flops / (peak x efficiency[t
 activation bytes / (bandwidth x its efficiency: convs, data movement and the rest apart) + weight
 bytes / (bandwidth x the weights' efficiency)``, an epilogue's bytes at their own efficiency, and a
 fixed cost per call. A part's peak memory is ``weight_factor x weights (conv kernels at
-conv_weight_factor) + activation_factor x peak live activations + node_bytes x nodes + base``.
+conv_weight_factor, lookup tables at table_factor) + transient factors x the largest conv kernel and the
+largest other weight + activation_factor x peak live activations + node_bytes x nodes + base``; calibrated,
+``base`` is the whole process's runtime base, so the figure is the process's peak resident memory.
 The factors belong to a (backend, device kind, precision) triple and are stored in sdrt's cache folder
 (``calibration/calibration.json``); where no calibration exists, the defaults stand in and the plan
 says it is uncalibrated.
@@ -68,6 +70,19 @@ class Factors:
     fused_bandwidth_efficiency: float = 0.0
     #: fixed time of one call of a compiled part (input/output copies, dispatch), seconds
     call_s: float = 0.0
+    #: memory per byte of lookup tables (weights that Gather reads: token embeddings); None: ``weight_factor``
+    table_factor: float | None = None
+    #: memory per byte of the largest conv kernel and of the largest other weight: the compile-time transient
+    transient_conv_factor: float = 0.0
+    transient_factor: float = 0.0
+    #: calibrated: ``base_bytes`` is the whole process's runtime base (the interpreter, sdrt, the backend's
+    #: libraries and per-op-kind code, measured after compiling a graph of every op kind), and
+    #: ``imports_bytes`` what the process held after importing sdrt, before the backend compiled anything
+    process_base: bool = False
+    #: calibrated: the runtime runs attention as one fused kernel, so its scores take no memory
+    #: (``GraphCost.peak_activation_bytes_fused``)
+    fused_attention_memory: bool = False
+    imports_bytes: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,6 +202,12 @@ def memory_nodes(cost: GraphCost) -> int:
     return sum(1 for n in cost.nodes if n.op_class != "view")
 
 
+def activation_bytes(cost: GraphCost, f: Factors) -> float:
+    """The peak of live activations as the factors' runtime holds them (fused attention: without its scores)."""
+    fused = getattr(cost, "peak_activation_bytes_fused", None)
+    return fused if f.fused_attention_memory and fused is not None else cost.peak_activation_bytes
+
+
 def conv_weight_bytes(cost: GraphCost) -> float:
     """The bytes of dense conv kernels wider than 1x1 among a part's weights (as their nodes read them): the
     kernels a backend may keep transformed (Winograd) or repacked beside the originals."""
@@ -208,7 +229,12 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
         by["call"] = f.call_s
     ms = 1000 * sum(by.values())
     conv_w = conv_weight_bytes(cost) if f.conv_weight_factor is not None else 0.0
-    peak = (f.weight_factor * (cost.weight_bytes - conv_w) + (f.conv_weight_factor or 0.0) * conv_w
-            + f.activation_factor * cost.peak_activation_bytes + f.node_bytes * memory_nodes(cost) + f.base_bytes)
-    return Prediction(ms, peak, cost.weight_bytes, cost.peak_activation_bytes,
+    activations = activation_bytes(cost, f)
+    table = min(getattr(cost, "table_bytes", 0.0), cost.weight_bytes - conv_w) if f.table_factor is not None else 0.0
+    peak = (f.weight_factor * (cost.weight_bytes - conv_w - table) + (f.conv_weight_factor or 0.0) * conv_w
+            + (f.table_factor or 0.0) * table
+            + f.transient_conv_factor * getattr(cost, "largest_conv_bytes", 0.0)
+            + f.transient_factor * getattr(cost, "largest_weight_bytes", 0.0)
+            + f.activation_factor * activations + f.node_bytes * memory_nodes(cost) + f.base_bytes)
+    return Prediction(ms, peak, cost.weight_bytes, activations,
                       {k: 1000 * v for k, v in sorted(by.items(), key=lambda kv: -kv[1])}, f.calibrated)

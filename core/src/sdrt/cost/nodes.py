@@ -99,6 +99,16 @@ class GraphCost:
     io_bytes: float  # graph inputs and outputs
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     unknown: list[str] = field(default_factory=list)  # values whose shape inference could not tell (counted 0)
+    #: weights that Gather nodes look rows up in (token-embedding tables): a runtime keeps them as stored,
+    #: never repacked for a matmul, so memory counts them apart
+    table_bytes: float = 0.0
+    #: the largest dense conv kernel wider than 1x1, and the largest other weight: what a runtime holds in
+    #: flight while it transforms or repacks one tensor at compile time (a transient on top of the rest)
+    largest_conv_bytes: float = 0.0
+    largest_weight_bytes: float = 0.0
+    #: the activations' peak where attention runs as one fused kernel (its scores and probabilities, from
+    #: the QK^T matmul through the softmax, never held): what the CPU runtimes that fuse attention hold
+    peak_activation_bytes_fused: float | None = None
 
     def by_class(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -213,12 +223,29 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
             writer_class[o] = cls
         nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
                               w_read, fused, _time_kind(n, cls, shape(ins[1]) if len(ins) > 1 else None)))
-    weight_bytes = sum(_prod(s) * weight_elem.get(name, act) for name, s in inits.items())
+    sizes = {name: _prod(s) * weight_elem.get(name, act) for name, s in inits.items()}
+    weight_bytes = sum(sizes.values())
+    tables: set[str] = set()
+    kernels: set[str] = set()
+    for n in model.graph.node:
+        ins = list(n.input)
+        if n.op_type in ("Gather", "GatherND") and ins and ins[0] in origin:
+            tables |= origin[ins[0]]
+        elif (n.op_type == "Conv" and len(ins) > 1 and ins[1] in origin and len(inits.get(ins[1], ())) > 2
+              and any(k > 1 for k in inits[ins[1]][2:])
+              and next((a.i for a in n.attribute if a.name == "group"), 1) == 1):
+            kernels |= origin[ins[1]]
+    tables &= set(sizes)
     peak = _peak_activations(model, shape, dtype, act, set(inits) | set(consts))
+    scores = _attention_scores(model, origin)
+    peak_fused = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores) if scores else peak
     io = sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act)
              for v in list(model.graph.input) + list(model.graph.output) if v.name not in inits)
     pinned = {i.name: tuple(i.shape) for i in g.inputs}
-    return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown)
+    return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown,
+                     table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
+                     largest_conv_bytes=float(max((sizes[k] for k in kernels if k in sizes), default=0.0)),
+                     largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)))
 
 
 def _time_kind(n: Any, cls: str, kernel: tuple[int, ...] | None = None) -> str:
@@ -289,9 +316,44 @@ def _flops(n: Any, cls: str, ins: list[tuple[int, ...] | None], outs: list[tuple
     return 0.0
 
 
-def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: set[str]) -> float:
+def _attention_scores(model: Any, origin: Mapping[str, Any]) -> set[str]:
+    """The values inside attention: each Softmax's output when only matmuls of two activations read it, and
+    its input back through elementwise nodes (scale, mask) to the QK^T matmul of two activations."""
+    writer = {o: n for n in model.graph.node for o in n.output if o}
+    readers: dict[str, list[Any]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            if i:
+                readers.setdefault(i, []).append(n)
+
+    def act_matmul(n: Any) -> bool:
+        return n.op_type == "MatMul" and not any(i in origin for i in n.input[:2])
+
+    out: set[str] = set()
+    for n in model.graph.node:
+        if n.op_type != "Softmax" or not n.input or not n.output:
+            continue
+        if all(act_matmul(r) for r in readers.get(n.output[0], [])):
+            out.add(n.output[0])
+        chain, v = [], n.input[0]
+        while v in writer and len(readers.get(v, [])) == 1:
+            w = writer[v]
+            chain.append(v)
+            if act_matmul(w):
+                out.update(chain)
+                break
+            if w.op_type not in ("Mul", "Div", "Add", "Sub", "Where", "Cast") or not w.input:
+                break
+            v = next((i for i in w.input if i and i not in origin), "")
+    return out
+
+
+def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: set[str],
+                      skip: set[str] | None = None) -> float:
     """The largest total size of activations alive at once, running the nodes in file order. A value is
-    alive from the node that writes it to the last node that reads it; views alias their input."""
+    alive from the node that writes it to the last node that reads it; views alias their input. ``skip``:
+    values never held (inside a fused kernel)."""
+    constant = constant | (skip or set())
     nodes = list(model.graph.node)
     alias: dict[str, str] = {}
     for n in nodes:
