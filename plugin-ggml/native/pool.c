@@ -140,14 +140,18 @@ static struct {
     volatile long next;     /* the next task to take */
     volatile long active;   /* workers inside the open job */
     volatile long sleepers; /* workers asleep on `wake` (or about to be) */
+    volatile long waiting;  /* the caller sleeps on `done` until `active` falls to 0 */
     volatile long workers;  /* workers started */
     volatile long init;     /* 0: not yet; 1: being set up; 2: ready */
     volatile long jobs;     /* jobs run on the pool so far (sdrt_pool_jobs: tests) */
     long pid;               /* the process that started the workers (a forked child has none) */
     int64_t spin_ns;
+    int64_t wait_ns;        /* how long the caller spins on `active` before it sleeps */
+    int grain;              /* tasks per thread of an op with a fixed split */
     pool_mutex submit;      /* one job at a time */
     pool_mutex lock;        /* with `wake`: the sleepers */
     pool_cond wake;
+    pool_cond done;         /* with `lock`: the caller waiting for the last worker to leave */
 } P;
 
 static SDRT_THREAD_LOCAL int tl_width;  /* the calling thread's width (0: its ops run as ggml calls them) */
@@ -200,7 +204,11 @@ static void worker_loop(void) {
         A_ADD(&P.active, 1);
         if (A_LOAD64(&P.job) == j) /* still open: the caller will wait for this worker */
             take_tasks();
-        A_ADD(&P.active, -1);
+        if (A_ADD(&P.active, -1) == 1 && A_LOAD(&P.waiting)) { /* the last one out: wake the caller */
+            mutex_lock(&P.lock);
+            cond_broadcast(&P.done);
+            mutex_unlock(&P.lock);
+        }
     }
 }
 
@@ -225,9 +233,16 @@ static void pool_init(void) {
         mutex_init(&P.submit);
         mutex_init(&P.lock);
         cond_init(&P.wake);
+        cond_init(&P.done);
         const char *env = getenv("SDRT_GGML_SPIN_US");
         const long us = env ? strtol(env, NULL, 10) : 200;
         P.spin_ns = (int64_t)(us < 0 ? 0 : us) * 1000;
+        env = getenv("SDRT_GGML_WAIT_US");
+        const long wus = env ? strtol(env, NULL, 10) : 50;
+        P.wait_ns = (int64_t)(wus < 0 ? 0 : wus) * 1000;
+        env = getenv("SDRT_GGML_TASKS");
+        const long g = env ? strtol(env, NULL, 10) : 4;
+        P.grain = g < 1 ? 1 : g > 64 ? 64 : (int)g;
         P.pid = process_id();
         A_STORE(&P.init, 2);
     }
@@ -245,8 +260,10 @@ static void grow(long n) {
         A_STORE(&P.workers, 0);
         A_STORE(&P.sleepers, 0);
         A_STORE(&P.active, 0);
+        A_STORE(&P.waiting, 0);
         mutex_init(&P.lock);
         cond_init(&P.wake);
+        cond_init(&P.done);
     }
     while (A_LOAD(&P.workers) < n) {
         if (start_thread())
@@ -255,8 +272,37 @@ static void grow(long n) {
     }
 }
 
-void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int width) {
+SDRT_EXPORT int sdrt_pool_tasks(int width) {
     pool_init();
+    const long n = (long)width * P.grain;
+    return width <= 1 ? width : n > 4096 ? 4096 : (int)n;
+}
+
+/* the caller, after the last task: wait for the workers still inside the job. Spin for wait_ns
+ * (a worker finishing its task on another core), then sleep: a worker that the OS has preempted
+ * inside its task waits for a core, and an idle core (this one, once the caller sleeps) is where the
+ * OS's balancing moves it at once; a spinning caller would hold its core for the worker's wait. */
+static void wait_workers(void) {
+    if (A_LOAD(&P.active) <= 0)
+        return;
+    const int64_t until = now_ns() + P.wait_ns;
+    for (unsigned n = 1; A_LOAD(&P.active) > 0; n++) {
+        cpu_relax();
+        if ((n & 63) == 0 && now_ns() > until) {
+            mutex_lock(&P.lock);
+            A_STORE(&P.waiting, 1);
+            while (A_LOAD(&P.active) > 0)
+                cond_wait(&P.done, &P.lock);
+            A_STORE(&P.waiting, 0);
+            mutex_unlock(&P.lock);
+            return;
+        }
+    }
+}
+
+void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int ntasks) {
+    pool_init();
+    const int width = tl_width > 1 && tl_width < ntasks ? tl_width : ntasks; /* threads, with the caller */
     if (width <= 1 || mutex_trylock(&P.submit)) { /* one task, or another thread's job is running */
         const int w = tl_width;
         tl_width = 0; /* fn's SDRT_POOLED must not come back here */
@@ -269,7 +315,7 @@ void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int width) {
     P.fn = fn;
     P.dst = dst;
     P.userdata = userdata;
-    P.ntasks = width;
+    P.ntasks = ntasks;
     A_STORE(&P.next, 0);
     const int64_t j = A_LOAD64(&P.job) + 1; /* closed values are even: the next one, open */
     A_STORE64(&P.job, j);
@@ -280,7 +326,6 @@ void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int width) {
     }
     take_tasks();
     A_STORE64(&P.job, j + 1); /* closed: a worker that comes now leaves the job alone */
-    while (A_LOAD(&P.active) > 0)
-        cpu_relax(); /* only workers that took the job before it closed */
+    wait_workers(); /* only workers that took the job before it closed */
     mutex_unlock(&P.submit);
 }
