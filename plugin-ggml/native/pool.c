@@ -9,17 +9,25 @@
  *
  * So a session whose graph is all sdrt ops (and ggml's cheap ones) is computed by ggml on ONE
  * thread, and each sdrt op spreads itself over this pool, the way onnxruntime's parallel-for
- * does: the op's nth tasks go to whoever takes them, the caller first; a worker that is awake
+ * does: the op's tasks go to whoever takes them, the caller first; a worker that is awake
  * takes tasks too, and the caller waits only for tasks that a worker has started. A worker held
- * back by the OS costs its share of the work, never a wait.
+ * back by the OS costs its share of the work, never a wait for work it has not started.
  *
- *   sdrt_pool_set_width(n)   the calling thread's width: its ops' task count (0 or 1: none)
- *   SDRT_POOLED(fn)          the first line of an op: with ggml on one thread and a width above
- *                            one, it runs fn's tasks on the pool and returns
+ *   sdrt_pool_set_width(n)   the calling thread's width: its ops' thread count (0 or 1: none)
+ *   SDRT_POOLED(fn)          the first line of an op with a fixed split (ith of nth): with ggml on
+ *                            one thread and a width above one, it runs fn's width x
+ *                            SDRT_GGML_TASKS (default 4) tasks on the pool and returns. Small
+ *                            tasks: a worker the OS preempts holds back one of them, not half
+ *                            the op, and the running threads take the rest.
+ *   SDRT_POOLED_SHARED(fn)   the same with width tasks, for ops whose threads share a counter of
+ *                            units (GEMM, convs): already fine-grained, and nth sizes the units
  *
  * Workers spin on the job word for SDRT_GGML_SPIN_US microseconds (default 200: the gaps
- * between ops inside one graph), then sleep on a condition variable until the next job. Only one
- * job runs at a time: a second caller (another Python thread's session) runs its op inline.
+ * between ops inside one graph), then sleep on a condition variable until the next job. The
+ * caller, out of tasks, spins SDRT_GGML_WAIT_US (default 50) for workers still inside a task, then
+ * sleeps until the last one leaves: a worker that the OS preempted mid-task then finds the
+ * caller's core idle rather than spun on. Only one job runs at a time: a second caller (another
+ * Python thread's session) runs its op inline.
  */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L
