@@ -40,6 +40,7 @@
 #include <windows.h>
 #else
 #include <pthread.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 #endif
@@ -89,6 +90,7 @@ static int64_t now_ns(void) {
     QueryPerformanceCounter(&c);
     return (int64_t)((double)c.QuadPart * 1e9 / (double)f.QuadPart);
 }
+static void yield_core(void) { SwitchToThread(); }
 static void mutex_init(pool_mutex *m) { InitializeSRWLock(m); }
 static void mutex_lock(pool_mutex *m) { AcquireSRWLockExclusive(m); }
 static int mutex_trylock(pool_mutex *m) { return TryAcquireSRWLockExclusive(m) ? 0 : 1; }
@@ -114,6 +116,7 @@ static int64_t now_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+static void yield_core(void) { sched_yield(); }
 static void mutex_init(pool_mutex *m) { pthread_mutex_init(m, NULL); }
 static void mutex_lock(pool_mutex *m) { pthread_mutex_lock(m); }
 static int mutex_trylock(pool_mutex *m) { return pthread_mutex_trylock(m); }
@@ -156,6 +159,8 @@ static struct {
     int64_t spin_ns;
     int64_t wait_ns;        /* how long the caller spins on `active` before it sleeps */
     int grain;              /* tasks per thread of an op with a fixed split */
+    int shared_grain;       /* tasks per thread of an op whose threads share a counter of units */
+    int64_t yield_ns;       /* spinning past this, a waiting thread yields its core at each check */
     pool_mutex submit;      /* one job at a time */
     pool_mutex lock;        /* with `wake`: the sleepers */
     pool_cond wake;
@@ -182,14 +187,20 @@ static void take_tasks(void) {
 
 /* wait until the job word differs from `seen`: spin for spin_ns, then sleep */
 static int64_t wait_change(int64_t seen) {
-    const int64_t until = now_ns() + P.spin_ns;
+    const int64_t t0 = now_ns(), until = t0 + P.spin_ns;
+    const int64_t yield_at = P.yield_ns == INT64_MAX ? INT64_MAX : t0 + P.yield_ns;
     for (unsigned n = 1;; n++) {
         const int64_t j = A_LOAD64(&P.job);
         if (j != seen)
             return j;
         cpu_relax();
-        if ((n & 63) == 0 && now_ns() > until)
-            break;
+        if ((n & 63) == 0) {
+            const int64_t t = now_ns();
+            if (t > until)
+                break;
+            if (t > yield_at)
+                yield_core(); /* a thread sharing this core (the caller) runs first */
+        }
     }
     mutex_lock(&P.lock);
     A_ADD(&P.sleepers, 1);
@@ -251,6 +262,12 @@ static void pool_init(void) {
         env = getenv("SDRT_GGML_TASKS");
         const long g = env ? strtol(env, NULL, 10) : 4;
         P.grain = g < 1 ? 1 : g > 64 ? 64 : (int)g;
+        env = getenv("SDRT_GGML_SHARED_TASKS");
+        const long sg = env ? strtol(env, NULL, 10) : 1;
+        P.shared_grain = sg < 1 ? 1 : sg > 64 ? 64 : (int)sg;
+        env = getenv("SDRT_GGML_YIELD_US");
+        const long yus = env ? strtol(env, NULL, 10) : -1;
+        P.yield_ns = yus < 0 ? INT64_MAX : (int64_t)yus * 1000;
         P.pid = process_id();
         A_STORE(&P.init, 2);
     }
@@ -286,6 +303,12 @@ SDRT_EXPORT int sdrt_pool_tasks(int width) {
     return width <= 1 ? width : n > 4096 ? 4096 : (int)n;
 }
 
+SDRT_EXPORT int sdrt_pool_shared_tasks(int width) {
+    pool_init();
+    const long n = (long)width * P.shared_grain;
+    return width <= 1 ? width : n > 4096 ? 4096 : (int)n;
+}
+
 /* the caller, after the last task: wait for the workers still inside the job. Spin for wait_ns
  * (a worker finishing its task on another core), then sleep: a worker that the OS has preempted
  * inside its task waits for a core, and an idle core (this one, once the caller sleeps) is where the
@@ -293,9 +316,12 @@ SDRT_EXPORT int sdrt_pool_tasks(int width) {
 static void wait_workers(void) {
     if (A_LOAD(&P.active) <= 0)
         return;
-    const int64_t until = now_ns() + P.wait_ns;
+    const int64_t t0 = now_ns(), until = t0 + P.wait_ns;
+    const int64_t yield_at = P.yield_ns == INT64_MAX ? INT64_MAX : t0 + P.yield_ns;
     for (unsigned n = 1; A_LOAD(&P.active) > 0; n++) {
         cpu_relax();
+        if ((n & 63) == 0 && now_ns() > yield_at)
+            yield_core();
         if ((n & 63) == 0 && now_ns() > until) {
             mutex_lock(&P.lock);
             A_STORE(&P.waiting, 1);

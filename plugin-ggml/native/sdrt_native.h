@@ -79,6 +79,8 @@ typedef void (*sdrt_op_fn)(void *dst, int ith, int nth, void *userdata);
 int sdrt_pool_width(void);
 /* the tasks an op of a fixed split (SDRT_POOLED) is cut into at `width`: width x SDRT_GGML_TASKS (4) */
 int sdrt_pool_tasks(int width);
+/* the tasks of an op whose threads share a counter (SDRT_POOLED_SHARED): width x SDRT_GGML_SHARED_TASKS (1) */
+int sdrt_pool_shared_tasks(int width);
 /* fn(dst, i, ntasks, userdata) for every i < ntasks, on the pool and the calling thread */
 void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int ntasks);
 /* An op's first line: where ggml calls it on one thread (nth 1) and the calling thread has a width
@@ -97,9 +99,8 @@ void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int ntasks);
             }                                                                                          \
         }                                                                                              \
     } while (0)
-#define SDRT_POOL_ONE_(w) (w)
 #define SDRT_POOLED(fn) SDRT_POOLED_N(fn, sdrt_pool_tasks)
-#define SDRT_POOLED_SHARED(fn) SDRT_POOLED_N(fn, SDRT_POOL_ONE_)
+#define SDRT_POOLED_SHARED(fn) SDRT_POOLED_N(fn, sdrt_pool_shared_tasks)
 
 /* ---- GEMM (gemm.c, gemm_kernels.c) ------------------------------------------------- */
 /* B panels are always NR = 32 columns wide, for every ISA, so packed weights do not depend

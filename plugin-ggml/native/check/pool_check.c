@@ -58,7 +58,7 @@ static int one_job(int width, int slow, int inline_ok, int shared) {
         count_shared_op(&j, 0, 1, NULL); /* as ggml calls it on one thread */
     else
         count_op(&j, 0, 1, NULL);
-    const int tasks = width > 1 ? (shared ? width : sdrt_pool_tasks(width)) : 1;
+    const int tasks = width > 1 ? (shared ? sdrt_pool_shared_tasks(width) : sdrt_pool_tasks(width)) : 1;
     const int want = inline_ok && j.nth_seen == 1 ? 1 : tasks;
     if (j.nth_seen != want)
         return 1;
