@@ -26,7 +26,10 @@
  * between ops inside one graph), then sleep on a condition variable until the next job. The
  * caller, out of tasks, spins SDRT_GGML_WAIT_US (default 50) for workers still inside a task, then
  * sleeps until the last one leaves: a worker that the OS preempted mid-task then finds the
- * caller's core idle rather than spun on. Only one job runs at a time: a second caller (another
+ * caller's core idle rather than spun on. A thread that has spun SDRT_GGML_YIELD_US (default 20;
+ * -1: never) yields its core at each check while it spins on: where the OS puts the caller and a
+ * waiting worker on one core (a busy program on the other), the worker's spin no longer takes the
+ * caller's time. Only one job runs at a time: a second caller (another
  * Python thread's session) runs its op inline.
  */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
@@ -266,7 +269,7 @@ static void pool_init(void) {
         const long sg = env ? strtol(env, NULL, 10) : 1;
         P.shared_grain = sg < 1 ? 1 : sg > 64 ? 64 : (int)sg;
         env = getenv("SDRT_GGML_YIELD_US");
-        const long yus = env ? strtol(env, NULL, 10) : -1;
+        const long yus = env ? strtol(env, NULL, 10) : 20;
         P.yield_ns = yus < 0 ? INT64_MAX : (int64_t)yus * 1000;
         P.pid = process_id();
         A_STORE(&P.init, 2);
