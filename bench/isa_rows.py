@@ -2,6 +2,7 @@
 
     python -m bench.isa_rows                       # 5 models x (avx512, avx2 pin) x (fp32, default)
     python -m bench.isa_rows --min-seconds 4 --isas avx2 --precisions fp32
+    python -m bench.isa_rows --isas native --busy 1   # loaded: one busy loop beside every run
 
 Each configuration is one ``python -m bench`` run in a child process (onnxruntime and sdrt-ggml interleaved
 in each round, so the ratios come from one run), with the dispatch pinned through ``SDRT_GGML_GEMM_ISA`` and
@@ -9,7 +10,8 @@ in each round, so the ratios come from one run), with the dispatch pinned throug
 the best the CPU has, so a pinned row compares sdrt-ggml's AVX2 kernels with MLAS's AVX-512 ones on an
 AVX-512 CPU, not what an AVX2 CPU measures. The table gives, per model and configuration, both medians, the
 median ratio, the paired ratio (median over rounds of ggml / onnxruntime) and the target (docs/ggml.md,
-"Every CPU"), with the load average before and after each run.
+"Every CPU"), with the load average before and after each run. ``--busy N`` starts N busy loops (one Python
+process each, normal priority, unpinned) for the length of each run: the "loaded" rows.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _load() -> str:
         return "?"
 
 
-def run_config(isa: str, precision: str, models: str, min_seconds: float, out: Path) -> dict:
+def run_config(isa: str, precision: str, models: str, min_seconds: float, out: Path, busy: int = 0) -> dict:
     env = dict(os.environ)
     if isa != "native":
         env["SDRT_GGML_GEMM_ISA"] = env["SDRT_GGML_OPS_ISA"] = isa
@@ -43,8 +45,14 @@ def run_config(isa: str, precision: str, models: str, min_seconds: float, out: P
     if precision != "default":
         cmd += ["--option", f"ggml:precision={precision}"]
     before = _load()
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
-    return {"load": f"{before}->{_load()}", **json.loads(out.read_text())}
+    loops = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(busy)]
+    try:
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    return {"load": f"{before}->{_load()}", "busy": busy, **json.loads(out.read_text())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,13 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--isas", default="native,avx2", help="native (the best the CPU has) and/or pins (avx2, ...)")
     p.add_argument("--precisions", default="fp32,default", help="fp32, bf16 and/or default (the device's)")
     p.add_argument("--min-seconds", type=float, default=6.0, help="timing budget per model and configuration")
+    p.add_argument("--busy", type=int, default=0, help="busy loops beside each run (the loaded rows)")
     p.add_argument("--json", type=Path, default=Path("bench-isa-rows.json"))
     args = p.parse_args(argv)
     rows, report = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         for isa in args.isas.split(","):
             for prec in args.precisions.split(","):
-                res = run_config(isa, prec, args.models, args.min_seconds, Path(tmp) / f"{isa}-{prec}.json")
+                res = run_config(isa, prec, args.models, args.min_seconds, Path(tmp) / f"{isa}-{prec}.json",
+                                 args.busy)
                 report[f"{isa}/{prec}"] = res
                 by = {(r["model"], r["runner"]): r for r in res["results"]}
                 first = len(rows)

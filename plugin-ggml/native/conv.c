@@ -440,7 +440,7 @@ enum { P_KH, P_KW, P_SH, P_SW, P_DH, P_DW, P_PH, P_PW, P_DIRECT, P_ACT, P_LO, P_
  *                  multiplies each column as it packs it: a squeeze-excitation gate before the conv)
  *   dst:           ne (OW, OH, OC, N), contiguous (NCHW) */
 SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
-    SDRT_POOLED(sdrt_conv_op);
+    SDRT_POOLED_SHARED(sdrt_conv_op);
     (void)ith;
     (void)userdata;
     const sdrt_isa_kernels *kk = sdrt_active_kernels();

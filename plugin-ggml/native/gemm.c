@@ -513,7 +513,7 @@ SDRT_EXPORT int sdrt_gemm(int isa, int M, int N, int K, const float *a, ptrdiff_
  * node only after every thread has returned from this one). Without it, each thread takes a
  * fixed share. */
 SDRT_EXPORT void sdrt_gemm_op(void *dst, int ith, int nth, void *userdata) {
-    SDRT_POOLED(sdrt_gemm_op);
+    SDRT_POOLED_SHARED(sdrt_gemm_op);
     const unsigned flags = (unsigned)(uintptr_t)userdata;
     const sdrt_isa_kernels *kk = kernels_of(sdrt_gemm_active_isa());
     const void *ta = sdrt_tensor_src(dst, 0), *tb = sdrt_tensor_src(dst, 1);

@@ -9,17 +9,28 @@
  *
  * So a session whose graph is all sdrt ops (and ggml's cheap ones) is computed by ggml on ONE
  * thread, and each sdrt op spreads itself over this pool, the way onnxruntime's parallel-for
- * does: the op's nth tasks go to whoever takes them, the caller first; a worker that is awake
+ * does: the op's tasks go to whoever takes them, the caller first; a worker that is awake
  * takes tasks too, and the caller waits only for tasks that a worker has started. A worker held
- * back by the OS costs its share of the work, never a wait.
+ * back by the OS costs its share of the work, never a wait for work it has not started.
  *
- *   sdrt_pool_set_width(n)   the calling thread's width: its ops' task count (0 or 1: none)
- *   SDRT_POOLED(fn)          the first line of an op: with ggml on one thread and a width above
- *                            one, it runs fn's tasks on the pool and returns
+ *   sdrt_pool_set_width(n)   the calling thread's width: its ops' thread count (0 or 1: none)
+ *   SDRT_POOLED(fn)          the first line of an op with a fixed split (ith of nth): with ggml on
+ *                            one thread and a width above one, it runs fn's width x
+ *                            SDRT_GGML_TASKS (default 4) tasks on the pool and returns. Small
+ *                            tasks: a worker the OS preempts holds back one of them, not half
+ *                            the op, and the running threads take the rest.
+ *   SDRT_POOLED_SHARED(fn)   the same with width tasks, for ops whose threads share a counter of
+ *                            units (GEMM, convs): already fine-grained, and nth sizes the units
  *
  * Workers spin on the job word for SDRT_GGML_SPIN_US microseconds (default 200: the gaps
- * between ops inside one graph), then sleep on a condition variable until the next job. Only one
- * job runs at a time: a second caller (another Python thread's session) runs its op inline.
+ * between ops inside one graph), then sleep on a condition variable until the next job. The
+ * caller, out of tasks, spins SDRT_GGML_WAIT_US (default 50) for workers still inside a task, then
+ * sleeps until the last one leaves: a worker that the OS preempted mid-task then finds the
+ * caller's core idle rather than spun on. A thread that has spun SDRT_GGML_YIELD_US (default 20;
+ * -1: never) yields its core at each check while it spins on: where the OS puts the caller and a
+ * waiting worker on one core (a busy program on the other), the worker's spin no longer takes the
+ * caller's time. Only one job runs at a time: a second caller (another
+ * Python thread's session) runs its op inline.
  */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L
@@ -32,6 +43,7 @@
 #include <windows.h>
 #else
 #include <pthread.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 #endif
@@ -81,6 +93,7 @@ static int64_t now_ns(void) {
     QueryPerformanceCounter(&c);
     return (int64_t)((double)c.QuadPart * 1e9 / (double)f.QuadPart);
 }
+static void yield_core(void) { SwitchToThread(); }
 static void mutex_init(pool_mutex *m) { InitializeSRWLock(m); }
 static void mutex_lock(pool_mutex *m) { AcquireSRWLockExclusive(m); }
 static int mutex_trylock(pool_mutex *m) { return TryAcquireSRWLockExclusive(m) ? 0 : 1; }
@@ -106,6 +119,7 @@ static int64_t now_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+static void yield_core(void) { sched_yield(); }
 static void mutex_init(pool_mutex *m) { pthread_mutex_init(m, NULL); }
 static void mutex_lock(pool_mutex *m) { pthread_mutex_lock(m); }
 static int mutex_trylock(pool_mutex *m) { return pthread_mutex_trylock(m); }
@@ -140,14 +154,20 @@ static struct {
     volatile long next;     /* the next task to take */
     volatile long active;   /* workers inside the open job */
     volatile long sleepers; /* workers asleep on `wake` (or about to be) */
+    volatile long waiting;  /* the caller sleeps on `done` until `active` falls to 0 */
     volatile long workers;  /* workers started */
     volatile long init;     /* 0: not yet; 1: being set up; 2: ready */
     volatile long jobs;     /* jobs run on the pool so far (sdrt_pool_jobs: tests) */
     long pid;               /* the process that started the workers (a forked child has none) */
     int64_t spin_ns;
+    int64_t wait_ns;        /* how long the caller spins on `active` before it sleeps */
+    int grain;              /* tasks per thread of an op with a fixed split */
+    int shared_grain;       /* tasks per thread of an op whose threads share a counter of units */
+    int64_t yield_ns;       /* spinning past this, a waiting thread yields its core at each check */
     pool_mutex submit;      /* one job at a time */
     pool_mutex lock;        /* with `wake`: the sleepers */
     pool_cond wake;
+    pool_cond done;         /* with `lock`: the caller waiting for the last worker to leave */
 } P;
 
 static SDRT_THREAD_LOCAL int tl_width;  /* the calling thread's width (0: its ops run as ggml calls them) */
@@ -170,14 +190,20 @@ static void take_tasks(void) {
 
 /* wait until the job word differs from `seen`: spin for spin_ns, then sleep */
 static int64_t wait_change(int64_t seen) {
-    const int64_t until = now_ns() + P.spin_ns;
+    const int64_t t0 = now_ns(), until = t0 + P.spin_ns;
+    const int64_t yield_at = P.yield_ns == INT64_MAX ? INT64_MAX : t0 + P.yield_ns;
     for (unsigned n = 1;; n++) {
         const int64_t j = A_LOAD64(&P.job);
         if (j != seen)
             return j;
         cpu_relax();
-        if ((n & 63) == 0 && now_ns() > until)
-            break;
+        if ((n & 63) == 0) {
+            const int64_t t = now_ns();
+            if (t > until)
+                break;
+            if (t > yield_at)
+                yield_core(); /* a thread sharing this core (the caller) runs first */
+        }
     }
     mutex_lock(&P.lock);
     A_ADD(&P.sleepers, 1);
@@ -200,7 +226,11 @@ static void worker_loop(void) {
         A_ADD(&P.active, 1);
         if (A_LOAD64(&P.job) == j) /* still open: the caller will wait for this worker */
             take_tasks();
-        A_ADD(&P.active, -1);
+        if (A_ADD(&P.active, -1) == 1 && A_LOAD(&P.waiting)) { /* the last one out: wake the caller */
+            mutex_lock(&P.lock);
+            cond_broadcast(&P.done);
+            mutex_unlock(&P.lock);
+        }
     }
 }
 
@@ -225,9 +255,22 @@ static void pool_init(void) {
         mutex_init(&P.submit);
         mutex_init(&P.lock);
         cond_init(&P.wake);
+        cond_init(&P.done);
         const char *env = getenv("SDRT_GGML_SPIN_US");
         const long us = env ? strtol(env, NULL, 10) : 200;
         P.spin_ns = (int64_t)(us < 0 ? 0 : us) * 1000;
+        env = getenv("SDRT_GGML_WAIT_US");
+        const long wus = env ? strtol(env, NULL, 10) : 50;
+        P.wait_ns = (int64_t)(wus < 0 ? 0 : wus) * 1000;
+        env = getenv("SDRT_GGML_TASKS");
+        const long g = env ? strtol(env, NULL, 10) : 4;
+        P.grain = g < 1 ? 1 : g > 64 ? 64 : (int)g;
+        env = getenv("SDRT_GGML_SHARED_TASKS");
+        const long sg = env ? strtol(env, NULL, 10) : 1;
+        P.shared_grain = sg < 1 ? 1 : sg > 64 ? 64 : (int)sg;
+        env = getenv("SDRT_GGML_YIELD_US");
+        const long yus = env ? strtol(env, NULL, 10) : 20;
+        P.yield_ns = yus < 0 ? INT64_MAX : (int64_t)yus * 1000;
         P.pid = process_id();
         A_STORE(&P.init, 2);
     }
@@ -245,8 +288,10 @@ static void grow(long n) {
         A_STORE(&P.workers, 0);
         A_STORE(&P.sleepers, 0);
         A_STORE(&P.active, 0);
+        A_STORE(&P.waiting, 0);
         mutex_init(&P.lock);
         cond_init(&P.wake);
+        cond_init(&P.done);
     }
     while (A_LOAD(&P.workers) < n) {
         if (start_thread())
@@ -255,8 +300,46 @@ static void grow(long n) {
     }
 }
 
-void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int width) {
+SDRT_EXPORT int sdrt_pool_tasks(int width) {
     pool_init();
+    const long n = (long)width * P.grain;
+    return width <= 1 ? width : n > 4096 ? 4096 : (int)n;
+}
+
+SDRT_EXPORT int sdrt_pool_shared_tasks(int width) {
+    pool_init();
+    const long n = (long)width * P.shared_grain;
+    return width <= 1 ? width : n > 4096 ? 4096 : (int)n;
+}
+
+/* the caller, after the last task: wait for the workers still inside the job. Spin for wait_ns
+ * (a worker finishing its task on another core), then sleep: a worker that the OS has preempted
+ * inside its task waits for a core, and an idle core (this one, once the caller sleeps) is where the
+ * OS's balancing moves it at once; a spinning caller would hold its core for the worker's wait. */
+static void wait_workers(void) {
+    if (A_LOAD(&P.active) <= 0)
+        return;
+    const int64_t t0 = now_ns(), until = t0 + P.wait_ns;
+    const int64_t yield_at = P.yield_ns == INT64_MAX ? INT64_MAX : t0 + P.yield_ns;
+    for (unsigned n = 1; A_LOAD(&P.active) > 0; n++) {
+        cpu_relax();
+        if ((n & 63) == 0 && now_ns() > yield_at)
+            yield_core();
+        if ((n & 63) == 0 && now_ns() > until) {
+            mutex_lock(&P.lock);
+            A_STORE(&P.waiting, 1);
+            while (A_LOAD(&P.active) > 0)
+                cond_wait(&P.done, &P.lock);
+            A_STORE(&P.waiting, 0);
+            mutex_unlock(&P.lock);
+            return;
+        }
+    }
+}
+
+void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int ntasks) {
+    pool_init();
+    const int width = tl_width > 1 && tl_width < ntasks ? tl_width : ntasks; /* threads, with the caller */
     if (width <= 1 || mutex_trylock(&P.submit)) { /* one task, or another thread's job is running */
         const int w = tl_width;
         tl_width = 0; /* fn's SDRT_POOLED must not come back here */
@@ -269,7 +352,7 @@ void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int width) {
     P.fn = fn;
     P.dst = dst;
     P.userdata = userdata;
-    P.ntasks = width;
+    P.ntasks = ntasks;
     A_STORE(&P.next, 0);
     const int64_t j = A_LOAD64(&P.job) + 1; /* closed values are even: the next one, open */
     A_STORE64(&P.job, j);
@@ -280,7 +363,6 @@ void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int width) {
     }
     take_tasks();
     A_STORE64(&P.job, j + 1); /* closed: a worker that comes now leaves the job alone */
-    while (A_LOAD(&P.active) > 0)
-        cpu_relax(); /* only workers that took the job before it closed */
+    wait_workers(); /* only workers that took the job before it closed */
     mutex_unlock(&P.submit);
 }

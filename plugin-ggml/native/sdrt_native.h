@@ -77,20 +77,30 @@ static inline float *row_at(sdrt_view v, row_ix ix) {
 typedef void (*sdrt_op_fn)(void *dst, int ith, int nth, void *userdata);
 /* the calling thread's width (0 inside the pool's workers) */
 int sdrt_pool_width(void);
-/* fn(dst, i, width, userdata) for every i < width, on the pool and the calling thread */
-void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int width);
+/* the tasks an op of a fixed split (SDRT_POOLED) is cut into at `width`: width x SDRT_GGML_TASKS (4) */
+int sdrt_pool_tasks(int width);
+/* the tasks of an op whose threads share a counter (SDRT_POOLED_SHARED): width x SDRT_GGML_SHARED_TASKS (1) */
+int sdrt_pool_shared_tasks(int width);
+/* fn(dst, i, ntasks, userdata) for every i < ntasks, on the pool and the calling thread */
+void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int ntasks);
 /* An op's first line: where ggml calls it on one thread (nth 1) and the calling thread has a width
- * above one (sdrt_pool_set_width), the op's tasks run on the pool instead, and the op returns. */
-#define SDRT_POOLED(fn)                                                                                \
+ * above one (sdrt_pool_set_width), the op's tasks run on the pool instead, and the op returns.
+ * SDRT_POOLED: an op that splits its work by ith of nth, cut into several tasks per thread so that
+ * a thread the OS holds back leaves only a small share that the others cannot take over.
+ * SDRT_POOLED_SHARED: an op whose threads take units from a shared counter (GEMM, convs): one task
+ * per thread (its nth sizes the units). */
+#define SDRT_POOLED_N(fn, ntasks_of)                                                                   \
     do {                                                                                               \
         if (nth == 1) {                                                                                \
             const int pool_w_ = sdrt_pool_width();                                                     \
             if (pool_w_ > 1) {                                                                         \
-                sdrt_pool_run((fn), dst, userdata, pool_w_);                                           \
+                sdrt_pool_run((fn), dst, userdata, ntasks_of(pool_w_));                                \
                 return;                                                                                \
             }                                                                                          \
         }                                                                                              \
     } while (0)
+#define SDRT_POOLED(fn) SDRT_POOLED_N(fn, sdrt_pool_tasks)
+#define SDRT_POOLED_SHARED(fn) SDRT_POOLED_N(fn, sdrt_pool_shared_tasks)
 
 /* ---- GEMM (gemm.c, gemm_kernels.c) ------------------------------------------------- */
 /* B panels are always NR = 32 columns wide, for every ISA, so packed weights do not depend

@@ -128,7 +128,7 @@ enum { WG_TOP, WG_LEFT, WG_ACT, WG_LO, WG_HI, WG_COUNT };
  *   src[6] res:    a residual shaped as dst, contiguous, or NULL
  *   dst:           ne (OW, OH, OC, N), contiguous (NCHW) */
 SDRT_EXPORT void sdrt_winograd_op(void *dst, int ith, int nth, void *userdata) {
-    SDRT_POOLED(sdrt_winograd_op);
+    SDRT_POOLED_SHARED(sdrt_winograd_op);
     (void)ith;
     (void)userdata;
     const sdrt_isa_kernels *kk = sdrt_active_kernels();
