@@ -17,7 +17,7 @@ typedef struct {
 
 /* floats of scratch that an attention of `rows` query rows needs (sdrt_attn_fn's work) */
 static inline size_t sdrt_attn_work_floats(const sdrt_attn_job *job, int rows) {
-    return 4 * (size_t)job->kb + (size_t)rows * job->dvp + 2 * (size_t)rows;
+    return 8 * (size_t)job->kb + (size_t)rows * job->dvp + 2 * (size_t)rows + (size_t)rows * job->D;
 }
 
 /* out[r][0..Dv) = softmax(qs[r] K^T + mask[r]) V for `rows` query rows of one head (qs scaled,

@@ -241,6 +241,110 @@ SDRT_INLINE void SFX(pv_rows)(int R, int kb, const float *P, int Pld, const floa
         }
 }
 
+/* The 8-row tiles (AVX-512 only, where the 16 + 8 accumulators fit in 32 registers): each K^T and V
+ * vector loaded serves 8 rows' multiply-adds instead of 4, and the scores' 16 independent
+ * accumulators cover the FMA latency twice over. q8: the 8 rows' queries transposed (q8[d * 8 + r]),
+ * so each broadcast is a fixed displacement from one pointer. */
+SDRT_INLINE void SFX(scores8)(int D, int kb, int ld, int valid, const float *q8, const float *kt,
+                              const float *const *mask, int moff, float *S, int Sld, float *mx) {
+    for (int k0 = 0; k0 < kb; k0 += 2 * VW) {
+        VF a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+        VF a40 = {0}, a41 = {0}, a50 = {0}, a51 = {0}, a60 = {0}, a61 = {0}, a70 = {0}, a71 = {0};
+        const float *kp = kt + k0, *qd = q8;
+        for (int d = 0; d < D; d++, kp += ld, qd += 8) {
+            const VF k0v = SFX(ld)(kp), k1v = SFX(ld)(kp + VW);
+            a00 += k0v * qd[0]; a01 += k1v * qd[0];
+            a10 += k0v * qd[1]; a11 += k1v * qd[1];
+            a20 += k0v * qd[2]; a21 += k1v * qd[2];
+            a30 += k0v * qd[3]; a31 += k1v * qd[3];
+            a40 += k0v * qd[4]; a41 += k1v * qd[4];
+            a50 += k0v * qd[5]; a51 += k1v * qd[5];
+            a60 += k0v * qd[6]; a61 += k1v * qd[6];
+            a70 += k0v * qd[7]; a71 += k1v * qd[7];
+        }
+        float *s = S + k0;
+        SFX(st)(s, a00); SFX(st)(s + VW, a01); s += Sld;
+        SFX(st)(s, a10); SFX(st)(s + VW, a11); s += Sld;
+        SFX(st)(s, a20); SFX(st)(s + VW, a21); s += Sld;
+        SFX(st)(s, a30); SFX(st)(s + VW, a31); s += Sld;
+        SFX(st)(s, a40); SFX(st)(s + VW, a41); s += Sld;
+        SFX(st)(s, a50); SFX(st)(s + VW, a51); s += Sld;
+        SFX(st)(s, a60); SFX(st)(s + VW, a61); s += Sld;
+        SFX(st)(s, a70); SFX(st)(s + VW, a71);
+    }
+    for (int r = 0; r < 8; r++) {
+        float *s = S + (size_t)r * Sld;
+        if (mask)
+            for (int j = 0; j < valid && j < kb; j++)
+                s[j] += mask[r][moff + j];
+        for (int j = valid < 0 ? 0 : valid; j < kb; j++)
+            s[j] = -INFINITY;
+        VF m = SFX(ld)(s);
+        for (int k = VW; k < kb; k += VW) {
+            const VF v = SFX(ld)(s + k);
+            m = SFX(sel)(v > m, v, m);
+        }
+        float best = -INFINITY;
+        for (int i = 0; i < VW; i++)
+            best = m[i] > best ? m[i] : best;
+        mx[r] = best;
+    }
+}
+
+/* acc[r][c0 .. c0 + NV*VW) = acc * alpha[r] + P[r] . v[., same columns] over kb keys, for 8 rows */
+#define SFX_PV8(NV) \
+    SDRT_INLINE void SFX(pv8_##NV)(int kb, const float *P, int Pld, const float *v, int vld, float *acc, int ald, \
+                                   const float *alpha) { \
+        VF x[8][NV]; \
+        for (int r = 0; r < 8; r++) \
+            for (int c = 0; c < NV; c++) \
+                x[r][c] = SFX(ld)(acc + (size_t)r * ald + c * VW) * alpha[r]; \
+        const float *p0 = P, *p4 = P + 4 * (size_t)Pld; \
+        const size_t pl = (size_t)Pld; \
+        for (int k = 0; k < kb; k++, p0++, p4++) { \
+            const float *vk = v + (size_t)k * vld; \
+            VF vv[NV]; \
+            for (int c = 0; c < NV; c++) \
+                vv[c] = SFX(ld)(vk + c * VW); \
+            const float pr[8] = {p0[0], p0[pl], p0[2 * pl], p0[3 * pl], p4[0], p4[pl], p4[2 * pl], p4[3 * pl]}; \
+            for (int r = 0; r < 8; r++) \
+                for (int c = 0; c < NV; c++) \
+                    x[r][c] += vv[c] * pr[r]; \
+        } \
+        for (int r = 0; r < 8; r++) \
+            for (int c = 0; c < NV; c++) \
+                SFX(st)(acc + (size_t)r * ald + c * VW, x[r][c]); \
+    }
+SFX_PV8(1)
+SFX_PV8(2)
+SFX_PV8(3)
+#undef SFX_PV8
+
+/* the exp pass of R rows of a key block: each row's scores S[r][0..kb) become exp(s - new running maximum),
+ * their sum added to lrow after it is rescaled by alpha[r] = exp(old maximum - new) */
+SDRT_INLINE void SFX(block_exp)(int R, int kb, float *S, int Sld, const float *bmax, float *mrow, float *lrow,
+                                float *alpha) {
+    for (int r = 0; r < R; r++) {
+        float *s = S + (size_t)r * Sld;
+        const float mold = mrow[r], mnew = bmax[r] > mold ? bmax[r] : mold;
+        alpha[r] = 1.0f;
+        if (mnew == -INFINITY) { /* every key so far masked: nothing to add yet */
+            memset(s, 0, sizeof(float) * (size_t)kb);
+            continue;
+        }
+        alpha[r] = mold == -INFINITY ? 0.0f : expf(mold - mnew);
+        const VF mv = BCAST(mnew);
+        VF sum = {0};
+        for (int k = 0; k < kb; k += VW) {
+            VF e = SFX(vexp_neg)(SFX(ld)(s + k) - mv);
+            SFX(st)(s + k, e);
+            sum += e;
+        }
+        lrow[r] = lrow[r] * alpha[r] + SFX(hsum)(sum);
+        mrow[r] = mnew;
+    }
+}
+
 /* Attention of `rows` query rows of one head (flash attention's online softmax): keys in blocks
  * of job->kb; for each block and each group of 4 rows, the scores (with each row's block maximum),
  * exp against the running maximum, and the weighted sum of V added to the rows' accumulators after
@@ -249,16 +353,24 @@ SDRT_INLINE void SFX(pv_rows)(int R, int kb, const float *P, int Pld, const floa
 static void SFX(attend)(const sdrt_attn_job *job, int rows, const float *qs, const float *const *mask,
                         float *const *out, float *work) {
     const int D = job->D, Dv = job->Dv, dvp = job->dvp, nk = job->nk, n_kv = job->n_kv, KB = job->kb;
-    float *S = work, *acc = S + 4 * (size_t)KB, *mrow = acc + (size_t)rows * dvp, *lrow = mrow + rows;
+    /* rows a group: 8 where 32 vector registers hold the 8-row tiles, else 4 */
+    enum { G = VW == 16 ? 8 : 4 };
+    float *S = work, *acc = S + 8 * (size_t)KB, *mrow = acc + (size_t)rows * dvp, *lrow = mrow + rows;
+    float *q8 = lrow + rows; /* G = 8: each full group's queries transposed, 8 D floats a group */
     memset(acc, 0, sizeof(float) * (size_t)rows * dvp);
-    /* the keys each group of 4 rows reads: all, but where the mask ends a row with keys it masks
+    if (G == 8)
+        for (int r0 = 0; r0 + 8 <= rows; r0 += 8)
+            for (int r = 0; r < 8; r++)
+                for (int d = 0; d < D; d++)
+                    q8[(size_t)r0 * D + (size_t)d * 8 + r] = qs[(size_t)(r0 + r) * D + d];
+    /* the keys each group of rows reads: all, but where the mask ends a row with keys it masks
      * out (-inf, or below -1e30 like a causal mask's float32 min), only up to the row's last key it
      * keeps. The keys left out would add exp(-huge) = 0 exactly. A row that masks every key keeps
      * them all: softmax over equal scores, as onnxruntime computes it. */
     int glive[16]; /* rows <= 64 */
-    for (int r0 = 0; r0 < rows; r0 += 4) {
+    for (int r0 = 0; r0 < rows; r0 += G) {
         int g = 0;
-        for (int r = r0; r < rows && r < r0 + 4; r++) {
+        for (int r = r0; r < rows && r < r0 + G; r++) {
             int j = n_kv;
             if (mask)
                 while (j > 0 && mask[r][j - 1] <= -1e30f)
@@ -266,7 +378,7 @@ static void SFX(attend)(const sdrt_attn_job *job, int rows, const float *qs, con
             j = j == 0 ? n_kv : j;
             g = j > g ? j : g;
         }
-        glive[r0 / 4] = g;
+        glive[r0 / G] = g;
     }
     for (int r = 0; r < rows; r++) {
         mrow[r] = -INFINITY;
@@ -274,48 +386,50 @@ static void SFX(attend)(const sdrt_attn_job *job, int rows, const float *qs, con
     }
     for (int k0 = 0; k0 < n_kv; k0 += KB) {
         const int kbb = nk - k0 < KB ? nk - k0 : KB; /* nk and KB are multiples of 2 VW */
-        for (int r0 = 0; r0 < rows; r0 += 4) {
-            const int R = rows - r0 < 4 ? rows - r0 : 4;
-            const int live = (glive[r0 / 4] - k0 + 2 * VW - 1) / (2 * VW) * (2 * VW);
+        const float *vb = job->v + (size_t)k0 * dvp;
+        for (int r0 = 0; r0 < rows; r0 += G) {
+            const int RG = rows - r0 < G ? rows - r0 : G;
+            const int live = (glive[r0 / G] - k0 + 2 * VW - 1) / (2 * VW) * (2 * VW);
             if (live <= 0)
                 continue; /* every key of this block masked out for these rows */
             const int kb = live < kbb ? live : kbb;
-            float bmax[4], alpha[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-            SFX(scores)(R, D, kb, kbb, n_kv - k0, qs + (size_t)r0 * D, job->kt + (size_t)k0 * D, mask ? mask + r0 : NULL,
-                        k0, S, KB, bmax);
-            for (int r = 0; r < R; r++) {
-                float *s = S + (size_t)r * KB;
-                const float mold = mrow[r0 + r], mnew = bmax[r] > mold ? bmax[r] : mold;
-                if (mnew == -INFINITY) { /* every key so far masked: nothing to add yet */
-                    memset(s, 0, sizeof(float) * (size_t)kb);
-                    continue;
-                }
-                alpha[r] = mold == -INFINITY ? 0.0f : expf(mold - mnew);
-                const VF mv = BCAST(mnew);
-                VF sum = {0};
-                for (int k = 0; k < kb; k += VW) {
-                    VF e = SFX(vexp_neg)(SFX(ld)(s + k) - mv);
-                    SFX(st)(s + k, e);
-                    sum += e;
-                }
-                lrow[r0 + r] = lrow[r0 + r] * alpha[r] + SFX(hsum)(sum);
-                mrow[r0 + r] = mnew;
-            }
-            const float *vb = job->v + (size_t)k0 * dvp;
-            float *ab = acc + (size_t)r0 * dvp;
-            if (R == 4) {
-                /* 3 vectors a chunk (12 accumulators) where there are 32 vector registers; with 16,
-                 * 2 (8 accumulators, 2 of V, 4 broadcasts): GCC spilled one accumulator of the 3 */
+            float bmax[8], alpha[8];
+            if (G == 8 && RG == 8) {
+                SFX(scores8)(D, kb, kbb, n_kv - k0, q8 + (size_t)r0 * D, job->kt + (size_t)k0 * D, mask ? mask + r0 : NULL,
+                             k0, S, KB, bmax);
+                SFX(block_exp)(8, kb, S, KB, bmax, mrow + r0, lrow + r0, alpha);
+                float *ab = acc + (size_t)r0 * dvp;
                 int c = 0;
-                if (VW == 16)
-                    for (; c + 3 * VW <= dvp; c += 3 * VW)
-                        SFX(pv4_3)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
-                for (; c + 2 * VW <= dvp; c += 2 * VW)
-                    SFX(pv4_2)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
+                for (; c + 3 * VW <= dvp; c += 3 * VW)
+                    SFX(pv8_3)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
+                if (c + 2 * VW <= dvp) {
+                    SFX(pv8_2)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
+                    c += 2 * VW;
+                }
                 if (c + VW <= dvp)
-                    SFX(pv4_1)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
-            } else {
-                SFX(pv_rows)(R, kb, S, KB, vb, dvp, ab, dvp, dvp, alpha);
+                    SFX(pv8_1)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
+                continue;
+            }
+            for (int s0 = r0; s0 < r0 + RG; s0 += 4) { /* groups of 4 rows (and the last 1-3) */
+                const int R = r0 + RG - s0 < 4 ? r0 + RG - s0 : 4;
+                SFX(scores)(R, D, kb, kbb, n_kv - k0, qs + (size_t)s0 * D, job->kt + (size_t)k0 * D,
+                            mask ? mask + s0 : NULL, k0, S, KB, bmax);
+                SFX(block_exp)(R, kb, S, KB, bmax, mrow + s0, lrow + s0, alpha);
+                float *ab = acc + (size_t)s0 * dvp;
+                if (R == 4) {
+                    /* 3 vectors a chunk (12 accumulators) where there are 32 vector registers; with 16,
+                     * 2 (8 accumulators, 2 of V, 4 broadcasts): GCC spilled one accumulator of the 3 */
+                    int c = 0;
+                    if (VW == 16)
+                        for (; c + 3 * VW <= dvp; c += 3 * VW)
+                            SFX(pv4_3)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
+                    for (; c + 2 * VW <= dvp; c += 2 * VW)
+                        SFX(pv4_2)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
+                    if (c + VW <= dvp)
+                        SFX(pv4_1)(kb, S, KB, vb + c, dvp, ab + c, dvp, alpha);
+                } else {
+                    SFX(pv_rows)(R, kb, S, KB, vb, dvp, ab, dvp, dvp, alpha);
+                }
             }
         }
     }
