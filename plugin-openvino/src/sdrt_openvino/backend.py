@@ -266,6 +266,9 @@ class OpenVINOBackend(Backend):
             model = model if model is not None else lazy().model  # converting raises UnsupportedGraph first
             if opts.precision in convert.HALF_PRECISIONS:  # 16-bit weights: half the blob, a third of the import
                 model = convert.half_weights(model)
+                # the float32 pages the copy read leave the resident set before compiling packs the float16 ones
+                release_pages(arrays.values())
+                release_pages(getattr(lazy, "_done", None).maps if getattr(lazy, "_done", None) else [])
             try:  # the first compile of a model the cache stores: OpenVINO writes the blob to the staged folder
                 return core.compile_model(model, device.id, {**props, "CACHE_DIR": str(staged)} if first and staged
                                           else props)
