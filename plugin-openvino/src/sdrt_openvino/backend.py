@@ -264,7 +264,7 @@ class OpenVINOBackend(Backend):
 
         def compile_(model: ov.Model | None = None, first: bool = False) -> Any:
             model = model if model is not None else lazy().model  # converting raises UnsupportedGraph first
-            if opts.precision in convert.HALF_PRECISIONS:  # 16-bit weights: half the blob, a third of the import
+            if opts.precision in convert.HALF_PRECISIONS:  # 16-bit weights: half the blob, a faster import
                 model = convert.half_weights(model)
                 # the float32 pages the copy read leave the resident set before compiling packs the float16 ones
                 release_pages(arrays.values())
