@@ -294,3 +294,24 @@ def _failure_detail(text: str) -> str:
 def first_line(text: str) -> str:  # noqa: D103
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Exception from")]
     return " ".join(lines[:3])[:500] if lines else text[:500]
+
+
+#: inference precisions whose compiles get 16-bit weights (``half_weights``)
+HALF_PRECISIONS = frozenset({"bf16", "f16"})
+
+
+def half_weights(model: ov.Model) -> ov.Model:
+    """A copy of ``model`` whose float32 weight constants are float16, each behind a ``Convert`` marked as
+    decompression (what ``ovc``'s default ``compress_to_fp16`` does); ``model`` itself is left as it is
+    (``update_weights`` swaps its constants).
+
+    For a bf16 or fp16 compile only: the CPU plugin computes in 16 bits either way and keeps the marked float16
+    constants as they are, so its blob (``CACHE_DIR`` / ``export_model``) holds 16-bit weights, half the
+    float32 ones, and imports faster (0.4-0.8x the time on the full-size UNet). Constants outside float16's range stay float32
+    (OpenVINO's own rule). The copy shares nothing it changes: the originals stay on their file maps.
+    """
+    from openvino._offline_transformations import compress_model_transformation
+
+    half = model.clone()
+    compress_model_transformation(half)
+    return half

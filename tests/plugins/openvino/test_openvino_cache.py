@@ -293,3 +293,36 @@ def test_the_blob_is_written_by_openvino_while_it_compiles_not_exported_in_memor
     seen.clear()
     _load(cache=False, threads=1)
     assert seen and all("CACHE_DIR" not in p for p in seen)
+
+
+def _matmul_model(seed: int = 0) -> bytes:
+    """x[4,256] @ W[256,256] -> y: one 256 KB float32 weight, which dominates its blob."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(seed).standard_normal((256, 256), dtype=np.float32) * 0.1
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 256])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 256])],
+                          [numpy_helper.from_array(w, "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_a_half_precision_entry_holds_16_bit_weights(ov_registry, tmp_path):
+    """A bf16 compile binds float16 weights (convert.half_weights): its cache entry is about half a float32
+    compile's, its outputs stay within bf16's error of float32 from the compile and from the cache alike, and
+    update_weights still swaps the (float32) weights it was given."""
+    x = np.random.default_rng(1).standard_normal((4, 256), dtype=np.float32)
+    ref = sdrt.load(_matmul_model(), backend="openvino", device="CPU", precision="fp32")
+    want = ref.run({"x": x})["y"]
+    (f32_entry,) = _entries(tmp_path)
+    half = sdrt.load(_matmul_model(), backend="openvino", device="CPU", precision="bf16")
+    (entry,) = [e for e in _entries(tmp_path) if e != f32_entry]
+    assert entry.stat().st_size < 0.6 * f32_entry.stat().st_size, (entry.stat().st_size, f32_entry.stat().st_size)
+    assert f32_entry.stat().st_size > 256 * 256 * 4
+    tol = dict(rtol=0, atol=0.05 * float(np.abs(want).max()))
+    np.testing.assert_allclose(half.run({"x": x})["y"], want, **tol)
+    hit = sdrt.load(_matmul_model(), backend="openvino", device="CPU", precision="bf16")
+    np.testing.assert_array_equal(hit.run({"x": x})["y"], half.run({"x": x})["y"])
+    w2 = np.random.default_rng(7).standard_normal((256, 256), dtype=np.float32) * 0.1
+    hit.update_weights(sdrt.Weights.from_arrays({"w": w2}))
+    np.testing.assert_allclose(hit.run({"x": x})["y"], x @ w2, rtol=0, atol=0.05 * float(np.abs(x @ w2).max()))
