@@ -86,3 +86,30 @@ def test_prefetch_merges_neighbouring_ranges():
     from sdrt.weights.pages import _merged
 
     assert _merged([(100, 10), (0, 50), (2**30, 8)]) == [(0, 110), (2**30, 8)]
+
+
+def test_unmapped_bytes_counts_only_memory_the_process_holds(tmp_path):
+    """Arrays on a file mapping (np.memmap, views of it) hold no bytes of their own; converted ones do."""
+    import numpy as np
+
+    from sdrt.weights.pages import unmapped_bytes
+
+    path = tmp_path / "w.bin"
+    np.arange(1024, dtype=np.float32).tofile(path)
+    mapped = np.memmap(path, dtype=np.float32, mode="r")
+    held = mapped.astype(np.float16).astype(np.float32)  # as a float16 file bound onto float32 graphs is
+    assert unmapped_bytes([mapped, mapped[10:20]]) == 0
+    assert unmapped_bytes([mapped, held]) == held.nbytes
+
+
+def test_openvino_keeps_float32_weights_held_in_memory_for_a_16_bit_compile():
+    """The float16 copy of a 16-bit OpenVINO compile is made only where it lowers the peak: large float32 weights
+    held in memory (not on a file map) would be held twice (SDXL under --memory 6GB passed its budget so)."""
+    import numpy as np
+    import pytest
+
+    backend = pytest.importorskip("sdrt_openvino.backend", reason="the OpenVINO plugin is not installed")
+    big = np.zeros((96 << 20) // 4, dtype=np.float32)  # zero pages: nothing is touched
+    assert not backend._halving_frees({"w": big})
+    assert backend._halving_frees({"w": np.zeros(16, dtype=np.float32)})  # small: copied anyway
+    assert backend._halving_frees({})

@@ -28,6 +28,7 @@ from sdrt.errors import BackendUnavailable, UnsupportedGraph, UnusableEntry
 from sdrt.precision_default import choose
 from sdrt.tensors import NON_TENSOR
 from sdrt.weights.pages import release as release_pages
+from sdrt.weights.pages import unmapped_bytes
 
 from . import convert, swap
 from .conformance import CONFORMANCE
@@ -59,6 +60,19 @@ UNCACHEABLE_LAYERS = {"RoPE": "OpenVINO's CPU blob loses the RoPE layer's settin
 #: numpy (ml_dtypes) dtypes that OpenVINO packs two to a byte: no tensor can carry them in or out
 _PACKED_DTYPES = {"int4", "uint4", "float4_e2m1fn", "int2", "uint2"}
 _KIND_ORDER = {"gpu": 0, "cpu": 1, "npu": 2, "auto": 3}
+
+
+#: float32 weights held in memory up to this size are copied to float16 anyway: a few MB more at the peak
+_HALF_COPY_SMALL = 64 << 20
+
+
+def _halving_frees(arrays: Mapping[str, Any]) -> bool:
+    """Whether a float16 copy of the weights (``convert.half_weights``) lowers the peak: the float32 pages it read
+    are file mappings that ``release_pages`` hands back. Weights converted while binding (a float16 checkpoint on
+    the float32 shipped graphs) live in the process's own memory: there the copy would add half their size on top
+    (SDXL's 1024x1024 runs under ``--memory 6GB`` passed the budget by 1.2 GiB), so they compile as they are."""
+    held = [a for a in arrays.values() if getattr(a, "dtype", None) == np.float32]
+    return unmapped_bytes(held) <= max(sum(int(a.nbytes) for a in held) // 4, _HALF_COPY_SMALL)
 
 
 class _LazyConversion:
@@ -264,7 +278,7 @@ class OpenVINOBackend(Backend):
 
         def compile_(model: ov.Model | None = None, first: bool = False) -> Any:
             model = model if model is not None else lazy().model  # converting raises UnsupportedGraph first
-            if opts.precision in convert.HALF_PRECISIONS:  # 16-bit weights: half the blob, a faster import
+            if opts.precision in convert.HALF_PRECISIONS and _halving_frees(arrays):  # half the blob, a faster import
                 model = convert.half_weights(model)
                 # the float32 pages the copy read leave the resident set before compiling packs the float16 ones
                 release_pages(arrays.values())
@@ -376,7 +390,7 @@ class OpenVINOBackend(Backend):
 
         def compile_(model: ov.Model | None = None) -> Any:
             model = model if model is not None else lazy().model
-            if opts.precision in convert.HALF_PRECISIONS:
+            if opts.precision in convert.HALF_PRECISIONS and _halving_frees(session._arrays):
                 model = convert.half_weights(model)
             try:
                 return core.compile_model(model, device.id, opts.properties())

@@ -312,16 +312,18 @@ def test_a_half_precision_entry_holds_16_bit_weights(ov_registry, tmp_path):
     compile's, its outputs stay within bf16's error of float32 from the compile and from the cache alike, and
     update_weights still swaps the (float32) weights it was given."""
     x = np.random.default_rng(1).standard_normal((4, 256), dtype=np.float32)
-    ref = sdrt.load(_matmul_model(), backend="openvino", device="CPU", precision="fp32")
+    model = tmp_path / "mm.onnx"  # a file: its weights are mapped, so the float16 copy can hand their pages back
+    model.write_bytes(_matmul_model())
+    ref = sdrt.load(model, backend="openvino", device="CPU", precision="fp32")
     want = ref.run({"x": x})["y"]
     (f32_entry,) = _entries(tmp_path)
-    half = sdrt.load(_matmul_model(), backend="openvino", device="CPU", precision="bf16")
+    half = sdrt.load(model, backend="openvino", device="CPU", precision="bf16")
     (entry,) = [e for e in _entries(tmp_path) if e != f32_entry]
     assert entry.stat().st_size < 0.6 * f32_entry.stat().st_size, (entry.stat().st_size, f32_entry.stat().st_size)
     assert f32_entry.stat().st_size > 256 * 256 * 4
     tol = dict(rtol=0, atol=0.05 * float(np.abs(want).max()))
     np.testing.assert_allclose(half.run({"x": x})["y"], want, **tol)
-    hit = sdrt.load(_matmul_model(), backend="openvino", device="CPU", precision="bf16")
+    hit = sdrt.load(model, backend="openvino", device="CPU", precision="bf16")
     np.testing.assert_array_equal(hit.run({"x": x})["y"], half.run({"x": x})["y"])
     w2 = np.random.default_rng(7).standard_normal((256, 256), dtype=np.float32) * 0.1
     hit.update_weights(sdrt.Weights.from_arrays({"w": w2}))

@@ -59,7 +59,14 @@ def release(arrays: Iterable[Any]) -> int:
     return total
 
 
-__all__ = ["Prefetcher", "cached_fraction", "file_ranges", "prefetch", "release", "release_weights"]
+def unmapped_bytes(arrays: Iterable[Any]) -> int:
+    """The bytes of ``arrays`` held in the process's own memory rather than on a file mapping (weights converted
+    while binding, e.g. a float16 checkpoint on float32 graphs): what ``release`` cannot hand back."""
+    return sum(int(getattr(a, "nbytes", 0)) for a in arrays if _mapping(a) is None)
+
+
+__all__ = ["Prefetcher", "cached_fraction", "file_ranges", "prefetch", "release", "release_weights",
+           "unmapped_bytes"]
 
 
 def release_weights(weights: Any) -> int:
