@@ -145,6 +145,28 @@ SDRT_INLINE VF SFX(vact)(const sdrt_epilogue *ep, VF v) {
 
 /* ---- attention ---------------------------------------------------------------------- */
 
+/* after a block's scores: add each row's mask, set the keys past `valid` to -inf, and take each row's max */
+SDRT_INLINE void SFX(mask_rowmax)(int R, int kb, int valid, const float *const *mask, int moff, float *S, int Sld,
+                                  float *mx) {
+    for (int r = 0; r < R; r++) {
+        float *s = S + (size_t)r * Sld;
+        if (mask)
+            for (int j = 0; j < valid && j < kb; j++)
+                s[j] += mask[r][moff + j];
+        for (int j = valid < 0 ? 0 : valid; j < kb; j++)
+            s[j] = -INFINITY;
+        VF m = SFX(ld)(s);
+        for (int k = VW; k < kb; k += VW) {
+            const VF v = SFX(ld)(s + k);
+            m = SFX(sel)(v > m, v, m);
+        }
+        float best = -INFINITY;
+        for (int i = 0; i < VW; i++)
+            best = m[i] > best ? m[i] : best;
+        mx[r] = best;
+    }
+}
+
 /* S[r][0..kb) = qs[r] . kt[., k] + mask[r][k] for r < R (R <= 4), kt with row stride ld (kb a
  * multiple of 2*VW); columns from `valid` on get -inf. Returns each row's maximum in mx[r].
  * (Scalar * vector products, not BCAST: GCC then broadcasts straight from memory.) */
@@ -176,23 +198,7 @@ SDRT_INLINE void SFX(scores)(int R, int D, int kb, int ld, int valid, const floa
         if (R > 2) { SFX(st)(S + 2 * Sld + k0, a20); SFX(st)(S + 2 * Sld + k0 + VW, a21); }
         if (R > 3) { SFX(st)(S + 3 * Sld + k0, a30); SFX(st)(S + 3 * Sld + k0 + VW, a31); }
     }
-    for (int r = 0; r < R; r++) {
-        float *s = S + (size_t)r * Sld;
-        if (mask)
-            for (int j = 0; j < valid && j < kb; j++)
-                s[j] += mask[r][moff + j];
-        for (int j = valid < 0 ? 0 : valid; j < kb; j++)
-            s[j] = -INFINITY;
-        VF m = SFX(ld)(s);
-        for (int k = VW; k < kb; k += VW) {
-            const VF v = SFX(ld)(s + k);
-            m = SFX(sel)(v > m, v, m);
-        }
-        float best = -INFINITY;
-        for (int i = 0; i < VW; i++)
-            best = m[i] > best ? m[i] : best;
-        mx[r] = best;
-    }
+    SFX(mask_rowmax)(R, kb, valid, mask, moff, S, Sld, mx);
 }
 
 /* acc[r][c0 .. c0 + NV*VW) = acc * alpha[r] + P[r] . v[., same columns] over kb keys, for 4 rows;
@@ -272,23 +278,7 @@ SDRT_INLINE void SFX(scores8)(int D, int kb, int ld, int valid, const float *q8,
         SFX(st)(s, a60); SFX(st)(s + VW, a61); s += Sld;
         SFX(st)(s, a70); SFX(st)(s + VW, a71);
     }
-    for (int r = 0; r < 8; r++) {
-        float *s = S + (size_t)r * Sld;
-        if (mask)
-            for (int j = 0; j < valid && j < kb; j++)
-                s[j] += mask[r][moff + j];
-        for (int j = valid < 0 ? 0 : valid; j < kb; j++)
-            s[j] = -INFINITY;
-        VF m = SFX(ld)(s);
-        for (int k = VW; k < kb; k += VW) {
-            const VF v = SFX(ld)(s + k);
-            m = SFX(sel)(v > m, v, m);
-        }
-        float best = -INFINITY;
-        for (int i = 0; i < VW; i++)
-            best = m[i] > best ? m[i] : best;
-        mx[r] = best;
-    }
+    SFX(mask_rowmax)(8, kb, valid, mask, moff, S, Sld, mx);
 }
 
 /* acc[r][c0 .. c0 + NV*VW) = acc * alpha[r] + P[r] . v[., same columns] over kb keys, for 8 rows */
