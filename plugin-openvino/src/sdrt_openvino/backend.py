@@ -282,7 +282,8 @@ class OpenVINOBackend(Backend):
                 model = convert.half_weights(model)
                 # the float32 pages the copy read leave the resident set before compiling packs the float16 ones
                 release_pages(arrays.values())
-                release_pages(getattr(lazy, "_done", None).maps if getattr(lazy, "_done", None) else [])
+                done = getattr(lazy, "_done", None)
+                release_pages(done.maps if done else [])
             try:  # the first compile of a model the cache stores: OpenVINO writes the blob to the staged folder
                 return core.compile_model(model, device.id, {**props, "CACHE_DIR": str(staged)} if first and staged
                                           else props)
