@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 STEPS = "compile,compile-cache,hit-model,import-tensor,import-stream,compile-half,import-half"
+#: also: ``nocache-half`` (float16 constants, no cache), ``export-half`` (that, then ``export_model`` to a file)
 
 
 def _one(step: str, onnx: str, folder: str, hint: str, size: int) -> None:
@@ -59,10 +60,18 @@ def _one(step: str, onnx: str, folder: str, hint: str, size: int) -> None:
         return path, (head.find(b"\n") + 1 if head.startswith(b"<?xml") else 0)
 
     extra = ""
-    if step == "compile":
+    if step in ("compile", "nocache-half"):
         m = model()
         t = time.perf_counter()
         compiled = core.compile_model(m, "CPU", props)
+    elif step == "export-half":  # no CACHE_DIR: compile, then export_model's whole blob in memory to a file
+        m = model()
+        t = time.perf_counter()
+        compiled = core.compile_model(m, "CPU", props)
+        t1 = time.perf_counter()
+        with open(os.path.join(cache, "exported.blob"), "wb") as f:
+            f.write(compiled.export_model().getbuffer())
+        extra = f" (compile {t1 - t:.2f} s, export + write {time.perf_counter() - t1:.2f} s)"
     elif step in ("compile-cache", "hit-model", "compile-half"):
         m = model()
         t = time.perf_counter()
