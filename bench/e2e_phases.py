@@ -74,7 +74,7 @@ def instrument() -> None:
         (sb.Backend, "cache_key", "cache key"), (cstore.CompileCache, "lookup", "cache lookup"),
         (cstore.CompileCache, "store", "cache store"), (wres, "resolve_weights", "resolve_weights"),
         (ob.OpenVINOBackend, "_compile", "openvino _compile"), (ob.OpenVINOBackend, "_save", "openvino _save"),
-        (ob.OpenVINOBackend, "_load", "openvino _load"), (oc, "read", "convert.read"),
+        (ob.OpenVINOBackend, "_load", "openvino _load"), (oc, "read", "convert.read"), (oc, "half_weights", "convert.half_weights"),
         (oc, "bind_parameters", "bind weights as Constants"), (ov.Core, "read_model", "ov read_model"),
         (ov.Core, "compile_model", "ov compile_model"), (ov.Core, "import_model", "ov import_model"),
         (ov.CompiledModel, "export_model", "ov export_model"), (pages, "release", "release mapped pages"),
@@ -104,6 +104,11 @@ def main() -> None:
         pipe.generate(PROMPT, NEGATIVE, steps=args.steps, cfg=CFG, sampler="Euler", seed=SEED, width=args.size,
                       height=args.size)
         events.append((name, 0, t, time.perf_counter()))
+    from sdrt.cache import wait_for_stores
+
+    t = time.perf_counter()
+    wait_for_stores()  # the entries held until the first job ended (sdrt.cache.deferred)
+    events.append(("cache stores after the jobs", 0, t, time.perf_counter()))
     gib = 2.0 ** 30
 
     def at(t: float) -> int:

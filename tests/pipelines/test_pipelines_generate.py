@@ -310,3 +310,32 @@ def test_every_sampler_and_schedule_by_its_comfyui_name() -> None:
             assert img.shape == (64, 64, 3), schedule
     finally:
         pipe.close()
+
+
+def test_compile_cache_entries_are_written_after_the_job(tmp_path, monkeypatch, caplog) -> None:
+    """A job's compiles store their cache entries after it (sdrt.cache.deferred): none is written while its steps
+    run, each part's is there once the stores are waited for, and a new pipeline loads every part from them."""
+    import logging
+
+    from sdrt.cache import wait_for_stores
+
+    register("openvino")
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+
+    def entries() -> list:
+        found = (tmp_path / "compiled" / "openvino").glob("*/model.blob")
+        return sorted(p for p in found if not p.parent.name.startswith("."))
+
+    seen: list[int] = []
+    pipe = pipelines.load(DATA / "tiny-sd15", backend="openvino")
+    first = pipe.generate(PROMPT, steps=2, sampler="Euler", seed=1, callback=lambda i, n, x: seen.append(len(entries())))
+    assert seen == [0, 0]
+    assert wait_for_stores(timeout=120)
+    assert len(entries()) >= 3  # text encoder, UNet, VAE decoder
+    caplog.set_level(logging.INFO, logger="sdrt.openvino")
+    again = pipelines.load(DATA / "tiny-sd15", backend="openvino")
+    second = again.generate(PROMPT, steps=2, sampler="Euler", seed=1)
+    assert sum("from the compile cache" in r.getMessage() for r in caplog.records) == len(entries())
+    np.testing.assert_array_equal(np.asarray(first.images[0]), np.asarray(second.images[0]))
+    pipe.close()
+    again.close()

@@ -227,6 +227,9 @@ class Backend(ABC):
     #: True when ``_open`` does not need the stored entry: a large entry is then synced, checksummed and renamed
     #: into place in a background thread while the session already runs (``CompileCache.store(background=)``)
     stores_in_background: ClassVar[bool] = False
+    #: True when ``_save`` can write the entry from the compiled result at any later time (``_save_later`` gives
+    #: what it reads): inside ``sdrt.cache.deferred.hold()`` (a pipeline's job) the store then runs after the job
+    defers_stores: ClassVar[bool] = False
 
     # -- compiling: the template ---------------------------------------------
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
@@ -270,6 +273,15 @@ class Backend(ABC):
         stored = None
         if key is not None and cache is not None:
             meta = {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)}
+            if self.defers_stores:
+                from .cache import deferred
+
+                later = self._save_later(compiled)  # what is compiled now, whatever the session does next
+                if deferred.submit(lambda: cache.store(key, lambda folder: self._save(later, folder), meta),
+                                   f"{graph.name} ({self.name})"):
+                    log.info("compiled %s on %s (compile cache %s: stored after this job)", graph.name, device.id,
+                             key[:12])
+                    return self._open(compiled, None)
             stored = cache.store(key, lambda folder: self._save(compiled, folder), meta,
                                  background=self.stores_in_background)
             log.info("compiled %s on %s (compile cache %s: %s)", graph.name, device.id, key[:12],
@@ -315,6 +327,11 @@ class Backend(ABC):
         """Write what ``_compile`` returned into ``folder`` (files of the backend's own format); return
         False to leave this result out of the cache."""
         return False
+
+    def _save_later(self, compiled: Any) -> Any:
+        """What a deferred ``_save`` gets (``defers_stores``): the compiled result as it is now, which a later
+        weight update must not change. By default ``compiled`` itself."""
+        return compiled
 
     def _open(self, compiled: Any, entry: Entry | None) -> Session:
         """The Session of what ``_compile`` returned, once ``_save`` stored it as ``entry`` (None: not cached).

@@ -173,6 +173,9 @@ class OpenVINOBackend(Backend):
         "fp32": {"precision": "fp32"}, "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}}
     caches = True
     stores_in_background = True  # _open needs no entry: a large blob is checksummed and synced in a thread
+    #: inside a pipeline's job (``sdrt.cache.deferred.hold``) a CPU compile does not have OpenVINO write its blob
+    #: while it compiles (``CACHE_DIR``: 4.3 s more on the full-size UNet); ``export_model`` writes it after the job
+    defers_stores = True
 
     def __init__(self) -> None:
         self._core: ov.Core | None = None
@@ -254,8 +257,10 @@ class OpenVINOBackend(Backend):
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
         """The core's template; a compile that the cache will store has OpenVINO write its blob straight to a
         file while it compiles (``CACHE_DIR``), instead of ``export_model`` giving the whole blob in memory."""
+        from sdrt.cache import deferred
+
         cache, _ = self._cache_options(options)
-        self._local.staging = cache.dir if cache is not None else None
+        self._local.staging = cache.dir if cache is not None and not deferred.holding() else None
         try:
             return super().compile(graph, weights, device, **options)
         finally:
@@ -366,6 +371,13 @@ class OpenVINOBackend(Backend):
         with open(folder / BLOB, "wb") as f:
             f.write(stream.getbuffer())  # the export's own buffer, not a copy of it
         return True
+
+    def _save_later(self, compiled: Any) -> Any:
+        """The compiled model as it is now: ``update_weights`` (a LoRA) compiles a new one into the session, whose
+        blob must not be stored under the original weights' key."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(compiled=compiled.compiled, staged=None)
 
     def _open(self, compiled: Any, entry: Entry | None) -> Session:
         staged = getattr(compiled, "staged", None)

@@ -328,3 +328,26 @@ def test_a_half_precision_entry_holds_16_bit_weights(ov_registry, tmp_path):
     w2 = np.random.default_rng(7).standard_normal((256, 256), dtype=np.float32) * 0.1
     hit.update_weights(sdrt.Weights.from_arrays({"w": w2}))
     np.testing.assert_allclose(hit.run({"x": x})["y"], x @ w2, rtol=0, atol=0.05 * float(np.abs(x @ w2).max()))
+
+
+def test_a_store_held_by_a_job_is_written_after_it_from_what_was_compiled(ov_registry, tmp_path):
+    """Inside ``sdrt.cache.deferred.hold()`` (a pipeline's job) a compile writes nothing; the entry appears once
+    the job has ended, holds the model as compiled then (a weight update inside the job compiled a new one),
+    and a later load imports it with the original weights' outputs."""
+    from sdrt.cache import deferred, wait_for_stores
+
+    x = np.random.default_rng(1).standard_normal((4, 256), dtype=np.float32)
+    model = tmp_path / "mm.onnx"
+    model.write_bytes(_matmul_model())
+    want = sdrt.load(model, backend="openvino", device="CPU", cache=False).run({"x": x})["y"]
+    w2 = np.random.default_rng(7).standard_normal((256, 256), dtype=np.float32) * 0.1
+    with deferred.hold():
+        sess = sdrt.load(model, backend="openvino", device="CPU")
+        np.testing.assert_array_equal(sess.run({"x": x})["y"], want)
+        sess.update_weights(sdrt.Weights.from_arrays({"w": w2}))  # a LoRA, say: the session compiles anew
+        assert _entries(tmp_path) == [], "nothing is written while the job runs"
+    assert wait_for_stores(timeout=120)
+    (entry,) = _entries(tmp_path)
+    hit = sdrt.load(model, backend="openvino", device="CPU")
+    assert getattr(hit, "blob", None) is not None, "the second load imports the stored blob"
+    np.testing.assert_array_equal(hit.run({"x": x})["y"], want)

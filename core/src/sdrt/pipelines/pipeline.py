@@ -443,6 +443,23 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         _ = self.is_low_memory  # decided (and the parts told) before any part loads
         if not self._dry:  # each part resident, released after use or streamed, and where (budget.py)
             self._apply_memory_plan(calls)
+        with self._stores_after_job():
+            return self._generate_planned(s, init, mask, callback, original)
+
+    def _stores_after_job(self) -> Any:
+        """Compile-cache stores wait until this job has returned (``sdrt.cache.deferred``), when every part stays
+        resident: a part the plan releases must not be held alive by a store waiting for the job's end."""
+        import contextlib
+
+        plan = getattr(self, "_memory_plan", None)
+        if self._dry or self.is_low_memory or plan is None or any(p.placement != "resident" for p in plan.parts):
+            return contextlib.nullcontext()
+        from ..cache import deferred
+
+        return deferred.hold()
+
+    def _generate_planned(self, s: Settings, init: np.ndarray | None, mask: np.ndarray | None,
+                          callback: Callback | None, original: str) -> Generation:
         cond, uncond = self._conditioning(s)
         self._release(*self.family.text_parts, stage=True)
         images: list[np.ndarray] = []

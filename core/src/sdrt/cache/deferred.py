@@ -1,0 +1,110 @@
+"""Compile-cache stores held until a job has delivered its result.
+
+Writing a compiled model into the cache is not free: OpenVINO's CPU plugin serializes the full-size SD 1.5
+UNet's 1.7 GB blob in about 4.3 s of one core (``bench.ov_cache_probe``: ``compile_model`` with ``CACHE_DIR``
+7.2-7.8 s against 2.9-3.2 s without). A pipeline's first image need not wait for it: inside ``hold()`` a backend
+that can write its entry from the compiled model later (``Backend.defers_stores``) compiles without writing and
+hands the store here; when the outermost ``hold()`` ends (the job returned its images, or failed), the held
+stores run one after another in a background thread. Python waits for that thread at exit (it is not a daemon),
+and ``sdrt.cache.wait_for_stores`` waits for it too, so a process that makes one image and exits still leaves a
+filled cache for the next one. Each held store starts only when no job has run for ``IDLE_S`` (it writes
+between jobs, or at exit; one that a new job catches mid-write finishes beside it), on Linux at the lowest CPU
+priority (nice 19).
+
+Outside ``hold()`` nothing is deferred: a compile stores its entry before it returns, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+log = logging.getLogger("sdrt.cache")
+
+_local = threading.local()
+
+
+def holding() -> bool:
+    """Whether this thread is inside ``hold()``: stores submitted now wait for its end."""
+    return bool(getattr(_local, "jobs", None) is not None)
+
+
+def submit(job: Callable[[], object], what: str) -> bool:
+    """Hold ``job`` (a store) until the current ``hold()`` ends; False (nothing held) outside one."""
+    jobs = getattr(_local, "jobs", None)
+    if jobs is None:
+        return False
+    jobs.append((job, what))
+    return True
+
+
+@contextlib.contextmanager
+def hold() -> Iterator[None]:
+    """Stores submitted inside run in a background thread once the outermost ``hold()`` ends, and only while no
+    ``hold()`` of any thread is open (see ``IDLE_S``)."""
+    if getattr(_local, "jobs", None) is not None:  # nested: the outer one starts them
+        yield
+        return
+    _local.jobs = []
+    with _busy:
+        _busy.count += 1  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        jobs, _local.jobs = _local.jobs, None
+        with _busy:
+            _busy.count -= 1  # type: ignore[attr-defined]
+            _busy.notify_all()
+        if jobs:
+            start(jobs)
+
+
+#: a held store starts once no job has run for this long: back-to-back images (a batch, a benchmark, a queue of
+#: requests) are not slowed by it; it runs between them, or at the process's exit
+IDLE_S = 1.0
+_busy = threading.Condition()
+_busy.count = 0  # type: ignore[attr-defined]
+
+
+def _wait_idle() -> None:
+    with _busy:
+        while True:
+            while _busy.count:  # type: ignore[attr-defined]
+                _busy.wait()
+            if not _busy.wait(IDLE_S) and not _busy.count:  # type: ignore[attr-defined]
+                return
+
+
+def _lower_priority() -> None:
+    """This thread only (Linux: a thread is a task with its own nice value) yields the CPU to the jobs that
+    follow: the next image's compute runs at full speed and the store uses the idle time, or finishes at exit."""
+    import os
+    import sys
+
+    if sys.platform.startswith("linux") and hasattr(os, "setpriority"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:  # not allowed here: the store runs at the process's priority
+            pass
+
+
+def start(jobs: list[tuple[Callable[[], object], str]]) -> threading.Thread:
+    from .store import _pending, _pending_lock
+
+    def run() -> None:
+        _lower_priority()
+        for job, what in jobs:
+            _wait_idle()
+            try:
+                job()
+            except Exception as exc:  # noqa: BLE001 - the cache is optional: log, never raise
+                log.warning("cannot store %s in the compile cache (%s); going on without it", what, exc)
+
+    thread = threading.Thread(target=run, name="sdrt-cache-deferred", daemon=False)
+    with _pending_lock:
+        _pending.append(thread)
+    log.info("storing %s in the compile cache in the background", ", ".join(w for _, w in jobs))
+    thread.start()
+    return thread
