@@ -62,3 +62,16 @@ def test_a_failing_store_is_logged_not_raised(caplog):
         deferred.submit(boom, "the unet")
     assert wait_for_stores(timeout=30)
     assert any("cannot store the unet" in r.getMessage() for r in caplog.records)
+
+
+def test_pending_counts_the_stores_not_finished():
+    import threading as th
+
+    gate = th.Event()
+    with deferred.hold():
+        deferred.submit(gate.wait, "a")
+        deferred.submit(lambda: None, "b")
+    assert deferred.pending() == 2
+    gate.set()
+    assert wait_for_stores(timeout=30)
+    assert deferred.pending() == 0

@@ -76,3 +76,18 @@ def test_errors_are_one_line_without_traceback(args: list[str], message: str, ca
     assert main(["generate", *args, "--backend", "reference"]) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_generate_writes_the_compile_cache_after_the_image(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The image is written first; then the command says it writes the compile cache, and returns once every
+    part's entry is in place (the next run loads them)."""
+    register("openvino")
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "cat.png"
+    assert main(["generate", str(DATA / "tiny-sd15"), "a cat", "--steps", "1", "--seed", "3", "--backend",
+                 "openvino", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert out.is_file() and "writing the compile cache for the next run" in captured.err
+    entries = [p for p in (tmp_path / "cache" / "compiled" / "openvino").glob("*/model.blob")
+               if not p.parent.name.startswith(".")]
+    assert len(entries) >= 3

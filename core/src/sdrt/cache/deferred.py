@@ -66,6 +66,7 @@ def hold() -> Iterator[None]:
 IDLE_S = 1.0
 _busy = threading.Condition()
 _busy.count = 0  # type: ignore[attr-defined]
+_busy.waiting = 0  # type: ignore[attr-defined]
 
 
 def _wait_idle() -> None:
@@ -90,6 +91,12 @@ def _lower_priority() -> None:
             pass
 
 
+def pending() -> int:
+    """How many held stores have not finished yet (started or waiting for the jobs to stop)."""
+    with _busy:
+        return int(_busy.waiting)  # type: ignore[attr-defined]
+
+
 def start(jobs: list[tuple[Callable[[], object], str]]) -> threading.Thread:
     from .store import _pending, _pending_lock
 
@@ -101,8 +108,13 @@ def start(jobs: list[tuple[Callable[[], object], str]]) -> threading.Thread:
                 job()
             except Exception as exc:  # noqa: BLE001 - the cache is optional: log, never raise
                 log.warning("cannot store %s in the compile cache (%s); going on without it", what, exc)
+            finally:
+                with _busy:
+                    _busy.waiting -= 1  # type: ignore[attr-defined]
 
     thread = threading.Thread(target=run, name="sdrt-cache-deferred", daemon=False)
+    with _busy:
+        _busy.waiting += len(jobs)  # type: ignore[attr-defined]
     with _pending_lock:
         _pending.append(thread)
     log.info("storing %s in the compile cache in the background", ", ".join(w for _, w in jobs))

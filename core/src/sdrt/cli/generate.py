@@ -163,4 +163,9 @@ def run(args: argparse.Namespace) -> int:
             save_image(outputs[i], image, text)
             through = f" (through the symlink, to {outputs[i].resolve()})" if outputs[i].is_symlink() else ""
             print(f"wrote {outputs[i]}{through} (seed {info['Seed']})")
+    from ..cache import deferred, wait_for_stores
+
+    if deferred.pending():  # compiled in this run: the next one loads it
+        print(f"writing the compile cache for the next run ({deferred.pending()} part(s))", file=sys.stderr)
+        wait_for_stores()
     return 0
