@@ -67,6 +67,7 @@ IDLE_S = 1.0
 _busy = threading.Condition()
 _busy.count = 0  # type: ignore[attr-defined]
 _busy.waiting = 0  # type: ignore[attr-defined]
+_writing = threading.Lock()
 
 
 def _wait_idle() -> None:
@@ -105,7 +106,8 @@ def start(jobs: list[tuple[Callable[[], object], str]]) -> threading.Thread:
         for job, what in jobs:
             _wait_idle()
             try:
-                job()
+                with _writing:  # one store at a time (each holds a whole blob in memory while it writes)
+                    job()
             except Exception as exc:  # noqa: BLE001 - the cache is optional: log, never raise
                 log.warning("cannot store %s in the compile cache (%s); going on without it", what, exc)
             finally:
