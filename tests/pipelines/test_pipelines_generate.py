@@ -339,3 +339,26 @@ def test_compile_cache_entries_are_written_after_the_job(tmp_path, monkeypatch, 
     np.testing.assert_array_equal(np.asarray(first.images[0]), np.asarray(second.images[0]))
     pipe.close()
     again.close()
+
+
+def test_stores_wait_for_the_job_only_with_room_beside_the_plans_peak() -> None:
+    """A store written after the job holds its entry in memory (about the part's weights) while it writes: the job
+    holds its stores only when every part stays resident and the budget has room for the largest part's weights
+    beside the plan's peak; otherwise each compile stores as it compiles."""
+    import contextlib
+
+    from sdrt.pipelines.budget import MemoryPlan, Placement
+
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+
+    def plan(budget, placement="resident"):
+        return MemoryPlan(budget_bytes=budget, budget_source="memory=", base_bytes=100, footprint=1.0,
+                          parts=[Placement("text_encoder", "resident", 200, 300),
+                                 Placement("unet", placement, 600, 900)])
+
+    held = []
+    for budget, placement in ((None, "resident"), (1500, "resident"), (1499, "resident"), (10**9, "released")):
+        pipe._memory_plan = plan(budget, placement)
+        held.append(not isinstance(pipe._stores_after_job(), contextlib.nullcontext))
+    assert held == [True, True, False, False]
+    pipe.close()

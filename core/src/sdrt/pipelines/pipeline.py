@@ -448,11 +448,16 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
     def _stores_after_job(self) -> Any:
         """Compile-cache stores wait until this job has returned (``sdrt.cache.deferred``), when every part stays
-        resident: a part the plan releases must not be held alive by a store waiting for the job's end."""
+        resident (a part the plan releases must not be held alive by a store waiting for the job's end) and the
+        budget has room beside the plan's peak for the largest part's weights: a store written later holds its
+        whole entry in memory while it writes (about the part's weight bytes at most)."""
         import contextlib
 
         plan = getattr(self, "_memory_plan", None)
         if self._dry or self.is_low_memory or plan is None or any(p.placement != "resident" for p in plan.parts):
+            return contextlib.nullcontext()
+        largest = max((p.weight_bytes for p in plan.parts), default=0)
+        if plan.budget_bytes is not None and plan.peak_bytes + largest > plan.budget_bytes:
             return contextlib.nullcontext()
         from ..cache import deferred
 
