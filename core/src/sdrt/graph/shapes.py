@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -79,18 +80,22 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
             elif d.HasField("dim_param") and d.dim_param in bindings:
                 d.dim_value = bindings[d.dim_param]
     key = _memo_key(model)
-    known = _INFERRED.get(key)
+    with _MEMO_LOCK:
+        known = _INFERRED.get(key)
+        if known is not None:
+            _INFERRED.move_to_end(key)
     if known is not None:  # the same structure pinned the same way before (the plan, the dry run, the compile)
-        _INFERRED.move_to_end(key)
         _restore(model, known)
         return model
     apply_inferred(model, infer(model, f"Graph.with_shapes on {graph.name}"))
     if not _all_static(model):
         _complete_with_folding(graph, model)
-    _INFERRED[key] = ([v.SerializeToString() for v in model.graph.value_info],
-                      [o.type.SerializeToString() for o in model.graph.output])
-    while len(_INFERRED) > _MEMO_SIZE:
-        _INFERRED.popitem(last=False)
+    found = ([v.SerializeToString() for v in model.graph.value_info],
+             [o.type.SerializeToString() for o in model.graph.output])
+    with _MEMO_LOCK:
+        _INFERRED[key] = found
+        while len(_INFERRED) > _MEMO_SIZE:
+            _INFERRED.popitem(last=False)
     return model
 
 
@@ -98,6 +103,7 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
 #: plan, its dry run and its compile (about 0.5 s each on the SD 1.5 UNet), from Graph objects of the same file
 _INFERRED: OrderedDict[bytes, tuple[list[bytes], list[bytes]]] = OrderedDict()
 _MEMO_SIZE = 64
+_MEMO_LOCK = threading.Lock()  # pipelines of a server may pin from several threads
 
 
 def _memo_key(model: onnx.ModelProto) -> bytes:

@@ -1,0 +1,36 @@
+"""``Graph.with_shapes`` infers once per pinned structure: the memo gives what inference gives, and a change in
+anything inference reads (a shape constant, the pinned dims) is a different structure."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from sdrt.graph import Graph
+
+
+def _reshape_model(target: list[int]) -> bytes:
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(target, np.int64), "shape")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def _shapes(g: Graph) -> dict[str, list]:
+    return {t.name: list(t.shape) for t in g.outputs}
+
+
+def test_the_same_structure_pinned_again_gives_the_same_shapes():
+    first = Graph.load(_reshape_model([-1, 8])).with_shapes(x=(2, 16))
+    again = Graph.load(_reshape_model([-1, 8])).with_shapes(x=(2, 16))  # another Graph of the same bytes
+    assert _shapes(first) == _shapes(again) == {"y": [4, 8]}
+    assert [v.SerializeToString() for v in first.model.graph.value_info] == \
+        [v.SerializeToString() for v in again.model.graph.value_info]
+
+
+def test_a_changed_shape_constant_or_pin_is_inferred_anew():
+    assert _shapes(Graph.load(_reshape_model([-1, 8])).with_shapes(x=(2, 16))) == {"y": [4, 8]}
+    assert _shapes(Graph.load(_reshape_model([-1, 4])).with_shapes(x=(2, 16))) == {"y": [8, 4]}
+    assert _shapes(Graph.load(_reshape_model([-1, 8])).with_shapes(x=(4, 16))) == {"y": [8, 8]}
