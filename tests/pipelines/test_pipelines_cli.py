@@ -83,6 +83,7 @@ def test_generate_writes_the_compile_cache_after_the_image(tmp_path: Path, capsy
     part's entry is in place (the next run loads them)."""
     register("openvino")
     monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SDRT_PRECISION", "bf16")  # a float32 compile stores as it compiles
     out = tmp_path / "cat.png"
     assert main(["generate", str(DATA / "tiny-sd15"), "a cat", "--steps", "1", "--seed", "3", "--backend",
                  "openvino", "-o", str(out)]) == 0

@@ -313,8 +313,9 @@ def test_every_sampler_and_schedule_by_its_comfyui_name() -> None:
 
 
 def test_compile_cache_entries_are_written_after_the_job(tmp_path, monkeypatch, caplog) -> None:
-    """A job's compiles store their cache entries after it (sdrt.cache.deferred): none is written while its steps
-    run, each part's is there once the stores are waited for, and a new pipeline loads every part from them."""
+    """A job's bf16 compiles store their cache entries after it (sdrt.cache.deferred): none is written while its
+    steps run, each part's is there once the stores are waited for, and a new pipeline loads every part from them.
+    A float32 job stores as it compiles (its blobs are the model's full size)."""
     import logging
 
     from sdrt.cache import wait_for_stores
@@ -327,18 +328,22 @@ def test_compile_cache_entries_are_written_after_the_job(tmp_path, monkeypatch, 
         return sorted(p for p in found if not p.parent.name.startswith("."))
 
     seen: list[int] = []
-    pipe = pipelines.load(DATA / "tiny-sd15", backend="openvino")
+    pipe = pipelines.load(DATA / "tiny-sd15", backend="openvino", precision="bf16")
     first = pipe.generate(PROMPT, steps=2, sampler="Euler", seed=1, callback=lambda i, n, x: seen.append(len(entries())))
     assert seen == [0, 0]
     assert wait_for_stores(timeout=120)
     assert len(entries()) >= 3  # text encoder, UNet, VAE decoder
     caplog.set_level(logging.INFO, logger="sdrt.openvino")
-    again = pipelines.load(DATA / "tiny-sd15", backend="openvino")
+    again = pipelines.load(DATA / "tiny-sd15", backend="openvino", precision="bf16")
     second = again.generate(PROMPT, steps=2, sampler="Euler", seed=1)
     assert sum("from the compile cache" in r.getMessage() for r in caplog.records) == len(entries())
     np.testing.assert_array_equal(np.asarray(first.images[0]), np.asarray(second.images[0]))
-    pipe.close()
-    again.close()
+    held = len(entries())
+    f32, seen = pipelines.load(DATA / "tiny-sd15", backend="openvino", precision="fp32"), []
+    f32.generate(PROMPT, steps=2, sampler="Euler", seed=1, callback=lambda i, n, x: seen.append(len(entries())))
+    assert seen[0] >= held + 2  # the text encoder's and the UNet's, before the first step ended
+    for p in (pipe, again, f32):
+        p.close()
 
 
 def test_stores_wait_for_the_job_only_with_room_beside_the_plans_peak() -> None:

@@ -273,7 +273,7 @@ class Backend(ABC):
         stored = None
         if key is not None and cache is not None:
             meta = {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)}
-            if self.defers_stores:
+            if self.defers_stores and self._defers_store(opts):
                 from .cache import deferred
 
                 later = self._save_later(compiled)  # what is compiled now, whatever the session does next
@@ -327,6 +327,10 @@ class Backend(ABC):
         """Write what ``_compile`` returned into ``folder`` (files of the backend's own format); return
         False to leave this result out of the cache."""
         return False
+
+    def _defers_store(self, opts: Any) -> bool:
+        """Whether this compile's store may wait for the job's end (``defers_stores``); by default always."""
+        return True
 
     def _save_later(self, compiled: Any) -> Any:
         """What a deferred ``_save`` gets (``defers_stores``): the compiled result as it is now, which a later

@@ -331,23 +331,25 @@ def test_a_half_precision_entry_holds_16_bit_weights(ov_registry, tmp_path):
 
 
 def test_a_store_held_by_a_job_is_written_after_it_from_what_was_compiled(ov_registry, tmp_path):
-    """Inside ``sdrt.cache.deferred.hold()`` (a pipeline's job) a compile writes nothing; the entry appears once
-    the job has ended, holds the model as compiled then (a weight update inside the job compiled a new one),
-    and a later load imports it with the original weights' outputs."""
+    """Inside ``sdrt.cache.deferred.hold()`` (a pipeline's job) a bf16 compile writes nothing; the entry appears
+    once the job has ended, holds the model as compiled then (a weight update inside the job compiled a new one),
+    and a later load imports it with the original weights' outputs. A float32 compile stores as it compiles."""
     from sdrt.cache import deferred, wait_for_stores
 
     x = np.random.default_rng(1).standard_normal((4, 256), dtype=np.float32)
     model = tmp_path / "mm.onnx"
     model.write_bytes(_matmul_model())
-    want = sdrt.load(model, backend="openvino", device="CPU", cache=False).run({"x": x})["y"]
+    want = sdrt.load(model, backend="openvino", device="CPU", precision="bf16", cache=False).run({"x": x})["y"]
     w2 = np.random.default_rng(7).standard_normal((256, 256), dtype=np.float32) * 0.1
     with deferred.hold():
-        sess = sdrt.load(model, backend="openvino", device="CPU")
+        sess = sdrt.load(model, backend="openvino", device="CPU", precision="bf16")
         np.testing.assert_array_equal(sess.run({"x": x})["y"], want)
         sess.update_weights(sdrt.Weights.from_arrays({"w": w2}))  # a LoRA, say: the session compiles anew
         assert _entries(tmp_path) == [], "nothing is written while the job runs"
+        sdrt.load(model, backend="openvino", device="CPU", precision="fp32")  # its blob is the model's full size
+        (f32_entry,) = _entries(tmp_path)
     assert wait_for_stores(timeout=120)
-    (entry,) = _entries(tmp_path)
-    hit = sdrt.load(model, backend="openvino", device="CPU")
+    (entry,) = [e for e in _entries(tmp_path) if e != f32_entry]
+    hit = sdrt.load(model, backend="openvino", device="CPU", precision="bf16")
     assert getattr(hit, "blob", None) is not None, "the second load imports the stored blob"
     np.testing.assert_array_equal(hit.run({"x": x})["y"], want)
