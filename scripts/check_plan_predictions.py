@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     global SD15
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", action="append", default=[])
-    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--budget", type=float, default=8.0,
                     help="seconds of timed runs for a part whose call takes over a second (default 8)")
     ap.add_argument("--json")

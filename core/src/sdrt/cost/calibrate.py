@@ -89,6 +89,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "conv3_320x32": ("conv", (320, 32, 3, 1, 3)),    # UNet level 1-2 resnets
     "conv3_640x16": ("conv", (640, 16, 3, 1, 3)),    # UNet deep levels: 44 MB of kernels
     "conv3_1280x8": ("conv", (1280, 8, 3, 1, 1)),    # the deepest, on a small map: one 59 MB kernel
+    "conv3_1280x4": ("conv", (1280, 4, 3, 1, 2, 2)),  # the deepest at a small image, 2 CFG rows: kernel-bound
     "conv3_128x64": ("conv", (128, 64, 3, 1, 3)),    # VAE decoder mid channels
     "conv3_32x128": ("conv", (32, 128, 3, 1, 3)),    # few channels on a large map
     "conv1_256x56": ("conv", (256, 56, 1, 1, 4)),    # 1x1 convs (MobileNet expand / project, UNet proj_in)
@@ -99,6 +100,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "mm_4096x320": ("matmul", (4096, 320, 320, 4)),  # at 4096 tokens
     "mm_77x768": ("mlp", (77, 768, 3072, 4)),        # CLIP's MLPs: 77 rows over 75 MB of weights
     "mm_8x4096": ("matmul", (8, 4096, 4096, 2)),     # 8 rows over 134 MB: streaming the weights
+    "tokens": ("tokens", (77, 64, 3)),               # integer work on token ids (the pooled token's position)
     "embedding": ("embedding", (49408, 768, 77)),    # CLIP's token table (152 MB), looked up, then LayerNorm
     "invres_32x56": ("invres", (32, 192, 56, 3)),    # MobileNetV2 blocks: 1x1, ReLU6, dw 3x3, ReLU6, 1x1, add
     "attn_1024x40": ("attention", (8, 1024, 40, 2)),
@@ -133,8 +135,8 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         for _ in range(k):
             x = g.op("MatMul", [x, g.w((32, 32))])
     elif kind == "conv":
-        c, hw, ks, group, k = args
-        shape = [1, c, hw, hw]
+        c, hw, ks, group, k, *batch = args
+        shape = [batch[0] if batch else 1, c, hw, hw]
         x = "x"
         for _ in range(k):
             x = g.op("Conv", [x, g.w((c, c // group, ks, ks)), g.w((c,), 0.01)], pads=[ks // 2] * 4, group=group)
@@ -218,6 +220,22 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         e = g.op("Gather", [g.w((vocab, dim), 0.02), "ids"])
         x = g.op("Add", [g.op("LayerNormalization", [e, g.w((dim,), 1.0), g.w((dim,), 0.1)], axis=-1, epsilon=1e-5),
                          g.op("ReduceMean", ["x"], keepdims=1)])
+    elif kind == "tokens":  # integer work on the token ids, as text encoders find the pooled token, then a lookup
+        from onnx import numpy_helper
+
+        tokens, dim, k = args
+        shape = [tokens, dim]
+        extra = {"ids": [1, tokens]}
+        g.inits += [numpy_helper.from_array(np.array(3, np.int64), "eos"),
+                    numpy_helper.from_array(np.array(2, np.int64), "two"),
+                    numpy_helper.from_array(np.array(100, np.int64), "limit")]
+        ids = "ids"
+        for _ in range(k):
+            hit = g.op("Cast", [g.op("Equal", [ids, "eos"])], to=TensorProto.INT64)
+            y = g.op("Mul", [g.op("Add", [hit, ids]), "two"])
+            ids = g.op("Where", [g.op("Less", [y, "limit"]), y, ids])
+        pos = g.op("ArgMax", [ids], axis=-1, keepdims=0)
+        x = g.op("Gather", ["x", pos], axis=0)  # the row of the token found
     elif kind == "runtime":  # one small node of every kind that pipelines run: what a runtime loads for them
         from onnx import numpy_helper
 
@@ -397,14 +415,16 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
-TERMS = ("act_ms", "conv_act_ms", "data_ms", "weight_ms", "fused_ms", "nodes", "call")
+TERMS = ("act_ms", "conv_act_ms", "data_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "nodes", "int_nodes", "call")
 
 
 def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
     """A part's time features, linear in the factors ``fit`` finds: milliseconds of FLOPs per timing class
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
-    compute nodes but convs; ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights; ``fused_ms``: epilogues), the
-    timed nodes and the call; ``fixed_ms`` is the epilogues' arithmetic at the peak (not fitted)."""
+    compute nodes but convs; ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights
+    but dense 3x3-and-wider conv kernels, ``conv_weight_ms``: those, ``conv_weight_batch_ms``: those again for
+    each image after the first; ``fused_ms``: epilogues), the
+    timed nodes (integer nodes apart: ``int_nodes``) and the call; ``fixed_ms`` is the epilogues' arithmetic at the peak (not fitted)."""
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
     for n in cost.nodes:
@@ -414,15 +434,17 @@ def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
             out["fused_ms"] += 1000 * n.bytes / bandwidth
             out["fixed_ms"] += 1000 * n.flops / peak
             continue
-        out["nodes"] += 1
-        out[f"flops_{n.time_class}"] += 1000 * n.flops / peak
-        out["weight_ms"] += 1000 * n.weight_bytes / bandwidth
+        out["int_nodes" if n.time_class == "int" else "nodes"] += 1
+        out[f"flops_{n.time_class if n.time_class in TIME_CLASSES else n.op_class}"] += 1000 * n.flops / peak
+        out["conv_weight_ms" if n.time_class == "conv" else "weight_ms"] += 1000 * n.weight_bytes / bandwidth
+        if n.time_class == "conv":
+            out["conv_weight_batch_ms"] += 1000 * (n.batch - 1) * n.weight_bytes / bandwidth
         key = "data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "act_ms"
         out[key] += 1000 * (n.bytes - n.weight_bytes) / bandwidth
     return out
 
 
-def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 9, workdir: Path | None = None,
+def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 15, workdir: Path | None = None,
               progress: Callable[[str], None] | None = None, precision: str = "fp32"
               ) -> tuple[Factors, list[dict[str, Any]]]:
     """Time the calibration cases on ``backend`` here, compiled at ``precision``, and fit its factors;
@@ -559,6 +581,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
     c = _fit_times(rows)
     eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
+    over["int"] = c.get("int_nodes", c.get("nodes", 0.0)) / 1000.0  # integer work (on the host, for some runtimes)
     mem = _fit_memory(rows)
     fused = c.get("fused_ms", 0.0)
     return Factors(eff, over, mem["weight_factor"], mem["activation_factor"], mem["base"], True, bandwidth,
@@ -571,6 +594,8 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                    transient_factor=mem["transient_factor"], process_base=True, imports_bytes=mem["imports"],
                    fused_attention_memory=True,
                    weight_bandwidth_efficiency=_inv(c.get("weight_ms")),
+                   conv_weight_bandwidth_efficiency=_inv(c.get("conv_weight_ms")),
+                   conv_weight_batch_bandwidth_efficiency=_inv(c.get("conv_weight_batch_ms")),
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
                    call_s=c.get("call", 0.0) / 1000.0,
                    fit={"coefficients": c,

@@ -17,7 +17,10 @@ intermediate, and walks the nodes. Counting rules, per node:
   residual add): ``fused`` is set and the model charges it no memory traffic.
 - **Timing class** (``NodeCost.time_class``): the op class, but ``dwconv`` for a grouped conv,
   ``conv1x1`` for a 1x1 conv (its kernel's shape says so), ``softmax`` for Softmax, ``groupnorm`` for Instance/GroupNormalization (a reduction over a whole
-  map per group, unlike LayerNorm's rows), which run at their own efficiency.
+  map per group, unlike LayerNorm's rows), which run at their own efficiency, and ``int`` for integer work
+  on integer values (token ids: positions, masks), which a runtime may run on the host at a cost per node.
+- **Shapes are constants**: at pinned shapes a Shape (or Size) node's value is known, so the shape
+  arithmetic that reads it (Gather, Concat, Cast ... of shapes) folds at compile time and costs nothing.
 - **Op class**: ``matmul`` (MatMul/Gemm with a weight operand), ``conv``, ``attention`` (MatMul of two
   activations, as QK^T and PV are, and Softmax), ``norm`` (Group/Instance/Layer/Batch/RMS
   normalisation and reductions), ``elementwise``, ``data`` (transposes, concats, slices, gathers,
@@ -77,6 +80,8 @@ class NodeCost:
     #: the timing class where it differs from ``op_class``: ``dwconv`` (a grouped conv: depthwise in
     #: MobileNets, few FLOPs per byte), ``softmax`` (exp-bound, unlike the attention matmuls)
     kind: str = ""
+    #: images a conv processes (its input's first dim): a runtime may read the kernel once per image
+    batch: int = 1
 
     @property
     def time_class(self) -> str:
@@ -190,6 +195,12 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
         ins = [i for i in n.input if i]
         out_shapes = [shape(o) or () for o in n.output if o]
         op = n.op_type
+        if op in ("Shape", "Size") and ins and shape(ins[0]) is not None:  # static at pinned shapes: a constant
+            for o in n.output:
+                if o:
+                    origin[o] = set()
+                    consts.setdefault(o, shape(o) or ())
+            continue
         if n.op_type != "Constant" and all(i in origin for i in ins):  # folds at compile time: free
             for o in n.output:
                 if o:
@@ -221,8 +232,14 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
             writer_class.get(i) in _FUSES_INTO and readers.get(i, 0) == 1 for i in ins if i not in origin)
         for o in n.output:
             writer_class[o] = cls
+        kind = _time_kind(n, cls, shape(ins[1]) if len(ins) > 1 else None)
+        if cls != "view" and not kind and all(_integer(dtype(v)) for v in [o for o in n.output if o]
+                                              + [i for i in ins if i not in origin]):
+            kind = "int"  # integer work on integer values (token ids): a runtime may run it on the host
+        in0 = shape(ins[0]) if ins else None
+        batch = int(in0[0]) if cls == "conv" and in0 and len(in0) > 2 else 1
         nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
-                              w_read, fused, _time_kind(n, cls, shape(ins[1]) if len(ins) > 1 else None)))
+                              w_read, fused, kind, batch))
     sizes = {name: _prod(s) * weight_elem.get(name, act) for name, s in inits.items()}
     weight_bytes = sum(sizes.values())
     tables: set[str] = set()
@@ -246,6 +263,10 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                      table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
                      largest_conv_bytes=float(max((sizes[k] for k in kernels if k in sizes), default=0.0)),
                      largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)))
+
+
+def _integer(dtype: str) -> bool:
+    return dtype == "bool" or dtype.startswith(("int", "uint"))
 
 
 def _time_kind(n: Any, cls: str, kernel: tuple[int, ...] | None = None) -> str:
