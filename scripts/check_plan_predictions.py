@@ -118,7 +118,8 @@ def main(argv=None) -> int:
                      "peak_ratio": pr.peak_bytes / max(m["peak_rss"], 1),
                      "predicted_peak": pr.peak_bytes - f.imports_bytes, "measured_peak": m["peak_bytes"],
                      "peak_ratio_over_imports": (pr.peak_bytes - f.imports_bytes) / max(m["peak_bytes"], 1),
-                     "gflop": cost.flops / 1e9, "busy_before": m.get("busy_before"), "weight_bytes": cost.weight_bytes,
+                     "gflop": cost.flops / 1e9, "busy_before": m.get("busy_before"),
+                     "slow_before": m.get("slow_before"), "weight_bytes": cost.weight_bytes,
                      "activation_bytes": cost.peak_activation_bytes, "by_class_ms": pr.by_class_ms,
                      "features": features(cost, cpu.peak(PRECISION), f.bandwidth_bytes_per_s or cpu.bandwidth_bytes_per_s)}
                 rows.append(r)
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
                       f"(robust {r['robust_ms']:8.2f})  x{r['time_ratio']:.2f}   process peak pred {pr.peak_bytes / 2**20:7.0f} MiB "
                       f"meas {m['peak_rss'] / 2**20:7.0f} MiB  x{r['peak_ratio']:.2f}  over imports "
                       f"{r['predicted_peak'] / 2**20:7.0f}/{m['peak_bytes'] / 2**20:7.0f} MiB "
-                      f"x{r['peak_ratio_over_imports']:.2f}", flush=True)
+                      f"x{r['peak_ratio_over_imports']:.2f}  probe x{r['slow_before'] or 0:.2f}", flush=True)
     ok_t = [r for r in rows if "time_ratio" in r and 0.7 <= r["time_ratio"] <= 1.3]
     ok_m = [r for r in rows if "peak_ratio" in r and 0.85 <= r["peak_ratio"] <= 1.15]
     ok_i = [r for r in rows if "peak_ratio" in r and 0.85 <= r["peak_ratio_over_imports"] <= 1.15]

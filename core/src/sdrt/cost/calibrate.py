@@ -324,6 +324,42 @@ def wait_quiet(max_wait_s: float = 20.0, busy: float = 0.25, window_s: float = 0
     return time.perf_counter() - t0, last
 
 
+_PROBE: dict[str, Any] = {"best": None, "data": None}
+
+
+def probe_ms() -> float:
+    """Milliseconds of one short fixed computation on this machine's cores and memory: float32 matmuls
+    (BLAS threads) and a 64 MiB copy, the best of three. Slower than this process's best: other work
+    shares the CPUs, caches or memory, whether /proc/stat shows it (other processes) or not (other
+    virtual machines on the same host)."""
+    if _PROBE["data"] is None:
+        rng = np.random.default_rng(0)
+        _PROBE["data"] = (rng.standard_normal((384, 384)).astype(np.float32),
+                          np.ones(16 * 2**20, np.float32), np.empty(16 * 2**20, np.float32))
+    a, src, dst = _PROBE["data"]
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(4):
+            a @ a
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t)
+    return 1000 * best
+
+
+def wait_fast(max_wait_s: float = 20.0, slack: float = 1.15) -> tuple[float, float]:
+    """Wait, up to ``max_wait_s``, until ``probe_ms`` is within ``slack`` of the fastest probe this process
+    has seen; returns (seconds waited, the last probe over the best: 1.0 is an undisturbed machine)."""
+    t0 = time.perf_counter()
+    while True:
+        p = probe_ms()
+        _PROBE["best"] = min(_PROBE["best"] or p, p)
+        ratio = p / _PROBE["best"]
+        if ratio <= slack or time.perf_counter() - t0 > max_wait_s:
+            return time.perf_counter() - t0, ratio
+        time.sleep(0.5)
+
+
 def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: int = 7, warmup: int = 2,
             device: str | None = None, timeout: float = 600.0, options: dict[str, Any] | None = None,
             budget_s: float | None = None, quiet_s: float = 5.0) -> dict[str, Any]:
@@ -331,8 +367,10 @@ def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: 
     ``{"times_ms": [...], "median_ms", "rss_before", "peak_rss", "peak_bytes"}`` (peak over the
     child's resident memory after imports, inputs included, in bytes). ``budget_s``: a part whose first run takes over a
     second gets one warm-up and as many timed runs as fit in this many seconds (whole groups of three).
-    ``quiet_s``: first wait up to this long for the CPUs to be idle (``wait_quiet``), so that a shared
-    machine's bursts of other work fall between measurements rather than in them."""
+    ``quiet_s``: first wait up to this long for the CPUs to be idle (``wait_quiet``), then up to 4 x as long
+    for a probe computation to run at its best speed (``wait_fast``: other virtual machines on the host do not
+    show in /proc/stat), so that a shared machine's bursts of other work fall between measurements rather
+    than in them."""
     with tempfile.TemporaryDirectory(prefix="sdrt-measure-") as tmp:
         npz = Path(tmp) / "feeds.npz"
         np.savez(npz, **feeds)
@@ -340,6 +378,7 @@ def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: 
                 "warmup": warmup, "options": options or {}, "budget_s": budget_s}
         env = dict(os.environ, SDRT_CACHE_DIR=str(Path(tmp) / "cache"))
         waited, busy = wait_quiet(quiet_s) if quiet_s > 0 else (0.0, 0.0)
+        slow_wait, slow = wait_fast(4 * quiet_s) if quiet_s > 0 else (0.0, 1.0)
         proc = subprocess.run([sys.executable, "-c", "from sdrt.cost.calibrate import _child; _child()"],
                               input=json.dumps(spec), capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
@@ -347,7 +386,8 @@ def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: 
     out = json.loads(proc.stdout.strip().splitlines()[-1])  # times_ms: per call
     out["median_ms"] = statistics.median(out["times_ms"])
     out["robust_ms"] = robust_ms(out["times_ms"])
-    out["quiet_wait_s"], out["busy_before"] = waited, busy
+    out["quiet_wait_s"], out["busy_before"] = waited + slow_wait, busy
+    out["slow_before"] = slow  # the probe before it over the best probe (1.0: an undisturbed machine)
     return out
 
 
@@ -467,7 +507,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
             m = measure(path, feeds, backend, repeats=repeats, options={"precision": precision})
             rows.append({"case": model.graph.name, "features": features(cost, peak, bw),
                          "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
-                         "busy_before": m.get("busy_before"),
+                         "busy_before": m.get("busy_before"), "slow_before": m.get("slow_before"),
                          "peak_bytes": m["peak_bytes"], "peak_rss": m["peak_rss"], "rss_before": m["rss_before"],
                          "weight_bytes": cost.weight_bytes, "table_bytes": cost.table_bytes,
                          "largest_conv_bytes": cost.largest_conv_bytes,
