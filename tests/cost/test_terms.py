@@ -24,7 +24,8 @@ def _graph(nodes, inputs, outputs, inits=()):
 
 def test_shape_arithmetic_folds_at_pinned_shapes():
     """Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as torch exports a reshape: at pinned shapes only the
-    Reshape (a view) and the MatMul remain; nothing of the shape chain is timed or held."""
+    Reshape (a view) and the MatMul remain; nothing of the shape chain is timed or held, unless the graph's
+    dims are dynamic and the runtime keeps them so (``dynamic_shape_nodes``, at the fitted ``shape_node_s``)."""
     inits = [numpy_helper.from_array(np.array(2, np.int64), "one"),
              numpy_helper.from_array(np.array([-1], np.int64), "minus"),
              numpy_helper.from_array(np.zeros((8, 8), np.float32), "w")]
@@ -39,6 +40,17 @@ def test_shape_arithmetic_folds_at_pinned_shapes():
                inits)
     c = graph_costs(g)
     assert [n.op for n in c.nodes if n.op_class != "view"] == ["MatMul"]
+    assert c.dynamic_shape_nodes == 0  # static inputs: no runtime runs the chain
+    dyn = _graph(nodes, [helper.make_tensor_value_info("x", F, ["b", 4, 8])], [helper.make_tensor_value_info("y", F, None)],
+                 inits)
+    c = graph_costs(dyn, {"x": (2, 4, 8)})
+    assert [n.op for n in c.nodes if n.op_class != "view"] == ["MatMul"]
+    assert c.dynamic_shape_nodes == 4  # Shape, Gather, Unsqueeze, Concat: run every call where dims stay dynamic
+    f = Factors({"matmul": 1.0}, {}, additive=True, bandwidth_bytes_per_s=1e10, weight_bandwidth_efficiency=1.0,
+                shape_node_s=5e-6)
+    cpu = devices.find("cpu")
+    assert predict(c, cpu, "openvino", "fp32", f).by_class_ms["shapes"] == pytest.approx(4 * 5e-3)
+    assert features(c, 1e11, 1e10)["shape_nodes"] == 4
 
 
 def test_conv_batch_is_its_input_images():
@@ -87,7 +99,8 @@ def test_conv_kernels_stream_at_their_own_efficiency():
 
 def _synthetic_rows():
     """Cases made from known factors: 3x3 kernels at 0.4 of the bandwidth, other weights at 1.0, 2 us per node,
-    each image after the first reads the kernels again at 0.5, 8 us per integer node, 10 us per call."""
+    each image after the first reads the kernels again at 0.5, 8 us per integer node, 3 us per node of dynamic
+    shape arithmetic, 10 us per call."""
     rng = np.random.default_rng(5)
     rows = []
     for i in range(12):
@@ -95,9 +108,10 @@ def _synthetic_rows():
                  "weight_ms": float(rng.uniform(0, 5)), "conv_weight_ms": float(rng.uniform(0, 5)) * (i % 2),
                  "conv_weight_batch_ms": float(rng.uniform(0, 5)) * (i % 4 == 1),
                  "nodes": float(rng.integers(1, 50)), "int_nodes": float(rng.integers(0, 30)) * (i % 3 == 0),
-                 "call": 1.0, "fixed_ms": 0.0}
+                 "shape_nodes": float(rng.integers(0, 40)) * (i % 3 == 1), "call": 1.0, "fixed_ms": 0.0}
         ms = (feats["flops_matmul"] / 0.8 + feats["flops_conv"] / 0.6 + feats["weight_ms"] / 1.0
-              + feats["conv_weight_ms"] / 0.4 + feats["conv_weight_batch_ms"] / 0.5 + 0.002 * feats["nodes"] + 0.008 * feats["int_nodes"] + 0.01)
+              + feats["conv_weight_ms"] / 0.4 + feats["conv_weight_batch_ms"] / 0.5 + 0.002 * feats["nodes"]
+              + 0.008 * feats["int_nodes"] + 0.003 * feats["shape_nodes"] + 0.01)
         rows.append({"case": f"c{i}", "features": feats, "robust_ms": ms, "weight_bytes": 0.0,
                      "activation_bytes": 0.0, "peak_bytes": 1e6})
     return rows
@@ -109,6 +123,7 @@ def test_fit_separates_conv_kernel_traffic_and_integer_nodes():
     assert got.weight_bandwidth_efficiency == pytest.approx(1.0, rel=1e-3)
     assert got.conv_weight_batch_bandwidth_efficiency == pytest.approx(0.5, rel=1e-3)
     assert got.overhead_s["int"] == pytest.approx(8e-6, rel=1e-3)
+    assert got.shape_node_s == pytest.approx(3e-6, rel=1e-3)
     assert got.overhead_s["matmul"] == pytest.approx(2e-6, rel=1e-3)
     # the fitted factors put an int node's fixed cost into a prediction
     cost = GraphCost("g", "fp32", [NodeCost("a", "ArgMax", "elementwise", 0.0, 0.0, 0.0, 0.0, kind="int")], 0.0, 0.0,
