@@ -345,6 +345,9 @@ def wait_quiet(max_wait_s: float = 20.0, busy: float = 0.25, window_s: float = 0
 
 
 _PROBE: dict[str, Any] = {"best": None, "data": None}
+#: seconds that the measurements of one process may spend, in all, waiting for a quiet machine: on a machine
+#: that other work keeps busy for minutes, waiting at every measurement would only make the run long
+WAIT_BUDGET_S = {"left": 90.0}
 
 
 def probe_ms() -> float:
@@ -387,18 +390,20 @@ def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: 
     ``{"times_ms": [...], "median_ms", "rss_before", "peak_rss", "peak_bytes"}`` (peak over the
     child's resident memory after imports, inputs included, in bytes). ``budget_s``: a part whose first run takes over a
     second gets one warm-up and as many timed runs as fit in this many seconds (whole groups of three).
-    ``quiet_s``: first wait up to this long for the CPUs to be idle (``wait_quiet``), then up to 4 x as long
+    ``quiet_s``: first wait up to this long for the CPUs to be idle (``wait_quiet``), then up to 2 x as long
     for a probe computation to run at its best speed (``wait_fast``: other virtual machines on the host do not
     show in /proc/stat), so that a shared machine's bursts of other work fall between measurements rather
-    than in them."""
+    than in them. All the waits of one process stop once they add up to ``WAIT_BUDGET_S``."""
     with tempfile.TemporaryDirectory(prefix="sdrt-measure-") as tmp:
         npz = Path(tmp) / "feeds.npz"
         np.savez(npz, **feeds)
         spec = {"path": str(path), "feeds": str(npz), "backend": backend, "device": device, "repeats": repeats,
                 "warmup": warmup, "options": options or {}, "budget_s": budget_s}
         env = dict(os.environ, SDRT_CACHE_DIR=str(Path(tmp) / "cache"))
+        quiet_s = min(quiet_s, WAIT_BUDGET_S["left"])
         waited, busy = wait_quiet(quiet_s) if quiet_s > 0 else (0.0, 0.0)
-        slow_wait, slow = wait_fast(4 * quiet_s) if quiet_s > 0 else (0.0, 1.0)
+        slow_wait, slow = wait_fast(min(2 * quiet_s, WAIT_BUDGET_S["left"] - waited)) if quiet_s > 0 else (0.0, 1.0)
+        WAIT_BUDGET_S["left"] = max(0.0, WAIT_BUDGET_S["left"] - waited - slow_wait)
         proc = subprocess.run([sys.executable, "-c", "from sdrt.cost.calibrate import _child; _child()"],
                               input=json.dumps(spec), capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
