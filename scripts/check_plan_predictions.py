@@ -70,7 +70,7 @@ def cases(workdir: Path):
 
 
 def main(argv=None) -> int:
-    global SD15
+    global SD15, PRECISION
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", action="append", default=[])
     ap.add_argument("--repeats", type=int, default=9)
@@ -81,8 +81,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--sd15", type=Path, default=SD15, help="a full-size SD 1.5 ONNX folder for the SD 1.x rows")
     ap.add_argument("--group", action="append", default=[], help="only cases whose group starts with this")
+    ap.add_argument("--precision", default=PRECISION,
+                    help="the precision to pin and predict (default fp32, as `sdrt selftest --calibrate` measures; "
+                         "another one is predicted from its own calibration where one is stored, else from fp32's)")
     args = ap.parse_args(argv)
     SD15 = args.sd15
+    PRECISION = args.precision
     from sdrt.cost.calibrate import features, measure
     from sdrt.cost.devices import this_cpu
     from sdrt.cost.model import factors_for, load_calibration, predict

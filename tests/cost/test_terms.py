@@ -51,6 +51,9 @@ def test_shape_arithmetic_folds_at_pinned_shapes():
     cpu = devices.find("cpu")
     assert predict(c, cpu, "openvino", "fp32", f).by_class_ms["shapes"] == pytest.approx(4 * 5e-3)
     assert features(c, 1e11, 1e10)["shape_nodes"] == 4
+    assert features(c, 1e11, 1e10)["dyn_nodes"] == 1  # the MatMul: its shapes inferred every call
+    f.dynamic_node_s = 2e-6
+    assert predict(c, cpu, "openvino", "fp32", f).by_class_ms["shapes"] == pytest.approx(4 * 5e-3 + 2e-3)
 
 
 def test_conv_batch_is_its_input_images():

@@ -86,6 +86,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "call": ("add", (16,)),                          # one tiny node: the fixed cost of a call
     "runtime": ("runtime", (32, 8)),                 # one tiny node of every kind: the runtime's base memory
     "nodes": ("tiny_matmuls", (400,)),               # many tiny nodes: the fixed cost (time, memory) of a node
+    "nodes_dyn": ("tiny_matmuls", (100,)),           # ... in a graph whose dims stay dynamic (tokens)
     "conv3_320x32": ("conv", (320, 32, 3, 1, 3)),    # UNet level 1-2 resnets
     "conv3_640x16": ("conv", (640, 16, 3, 1, 3)),    # UNet deep levels: 44 MB of kernels
     "conv3_1280x8": ("conv", (1280, 8, 3, 1, 1)),    # the deepest, on a small map: one 59 MB kernel
@@ -295,6 +296,8 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
     else:  # pragma: no cover - CASE_SPECS names only the kinds above
         raise ValueError(f"unknown case kind {kind!r}")
     dims = {"x": shape, **extra}
+    if case == "nodes_dyn":
+        dynamic = {"x": [1, "tokens", 32]}
     ins = [helper.make_tensor_value_info(n, f32, dynamic.get(n, s)) for n, s in dims.items()]
     feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in dims.items()}
     if "ids" in feeds:  # token ids, within the table
@@ -480,7 +483,7 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
-TERMS = ("act_ms", "conv_act_ms", "data_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "nodes", "int_nodes", "shape_nodes", "call")
+TERMS = ("act_ms", "conv_act_ms", "data_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
 def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
@@ -490,7 +493,8 @@ def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
     but dense 3x3-and-wider conv kernels, ``conv_weight_ms``: those, ``conv_weight_batch_ms``: those again for
     each image after the first; ``fused_ms``: epilogues), the
     timed nodes (integer nodes apart: ``int_nodes``), the shape arithmetic of a graph with dynamic dims
-    (``shape_nodes``: a runtime that keeps them dynamic runs it every call) and the call; ``fixed_ms`` is the epilogues' arithmetic at the peak (not fitted)."""
+    (``shape_nodes``: a runtime that keeps them dynamic runs it every call), every timed node again in such a
+    graph (``dyn_nodes``: shape inference per node and call) and the call; ``fixed_ms`` is the epilogues' arithmetic at the peak (not fitted)."""
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
     out["shape_nodes"] = float(getattr(cost, "dynamic_shape_nodes", 0))
@@ -508,6 +512,8 @@ def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
             out["conv_weight_batch_ms"] += 1000 * (n.batch - 1) * n.weight_bytes / bandwidth
         key = "data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "act_ms"
         out[key] += 1000 * (n.bytes - n.weight_bytes) / bandwidth
+    if getattr(cost, "dynamic", False):  # a runtime that keeps the dims dynamic infers every node's shapes per call
+        out["dyn_nodes"] = out["nodes"] + out["int_nodes"]
     return out
 
 
@@ -683,6 +689,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                    conv_weight_batch_bandwidth_efficiency=_inv(c.get("conv_weight_batch_ms")),
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
                    call_s=c.get("call", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
+                   dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0,
                    fit={"coefficients": c,
                         "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "peak_bytes", "peak_rss")}
                                   for r in rows]})

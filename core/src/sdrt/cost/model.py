@@ -93,6 +93,8 @@ class Factors:
     #: calibrated: seconds per node of shape arithmetic in a graph compiled with dynamic dims (the runtime
     #: infers shapes and runs those nodes every call); 0 for a runtime that pins the shapes
     shape_node_s: float = 0.0
+    #: calibrated: seconds per timed node of a graph compiled with dynamic dims (shapes inferred every call)
+    dynamic_node_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -243,8 +245,9 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
                                                                  n.fused, n.weight_bytes, n.time_class, n.batch)
     if f.call_s:
         by["call"] = f.call_s
-    if f.shape_node_s and getattr(cost, "dynamic_shape_nodes", 0):
-        by["shapes"] = f.shape_node_s * cost.dynamic_shape_nodes
+    if getattr(cost, "dynamic", False) and (f.shape_node_s or f.dynamic_node_s):
+        timed = sum(1 for n in cost.nodes if n.op_class != "view" and not n.fused)
+        by["shapes"] = f.shape_node_s * cost.dynamic_shape_nodes + f.dynamic_node_s * timed
     ms = 1000 * sum(by.values())
     conv_w = conv_weight_bytes(cost) if f.conv_weight_factor is not None else 0.0
     activations = activation_bytes(cost, f)
