@@ -3,11 +3,12 @@ for the parts of SD 1.x and SDXL pipelines at two sizes (docs/plan.md records th
 
 Run after `sdrt selftest --calibrate`:
 
-    python scripts/check_plan_predictions.py [--backend openvino --backend ggml] [--repeats 7] [--json out.json]
+    python scripts/check_plan_predictions.py [--backend openvino --backend ggml] [--repeats 9] [--passes 2] [--json out.json]
 
 Each measurement compiles the part in a child process (sdrt.cost.calibrate.measure), runs it
 ``repeats`` times after two warm-ups and keeps the median over groups of 3 runs of each group's best
-(as the calibration does; the plain median is printed too); its peak memory is the child process's
+(as the calibration does; the plain median is printed too); every row is measured in ``passes`` passes
+over all the rows, and the pass with the lower robust time is kept (as the calibration does); its peak memory is the child process's
 whole peak resident memory (VmHWM), against the prediction with the calibrated runtime base, and,
 the stricter figure, both less what the process held after importing sdrt ("over imports"). The machine may be shared: the medians say so.
 """
@@ -69,17 +70,23 @@ def cases(workdir: Path):
 
 
 def main(argv=None) -> int:
-    global SD15
+    global SD15, PRECISION
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", action="append", default=[])
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--passes", type=int, default=2,
+                    help="measure every row in this many passes over all the rows and keep the faster (default 2)")
     ap.add_argument("--budget", type=float, default=8.0,
                     help="seconds of timed runs for a part whose call takes over a second (default 8)")
     ap.add_argument("--json")
     ap.add_argument("--sd15", type=Path, default=SD15, help="a full-size SD 1.5 ONNX folder for the SD 1.x rows")
     ap.add_argument("--group", action="append", default=[], help="only cases whose group starts with this")
+    ap.add_argument("--precision", default=PRECISION,
+                    help="the precision to pin and predict (default fp32, as `sdrt selftest --calibrate` measures; "
+                         "another one is predicted from its own calibration where one is stored, else from fp32's)")
     args = ap.parse_args(argv)
     SD15 = args.sd15
+    PRECISION = args.precision
     from sdrt.cost.calibrate import features, measure
     from sdrt.cost.devices import this_cpu
     from sdrt.cost.model import factors_for, load_calibration, predict
@@ -90,43 +97,58 @@ def main(argv=None) -> int:
     cal = load_calibration()
     rows = []
     with tempfile.TemporaryDirectory(prefix="sdrt-check-plan-") as tmp:
+        todo = []
         for group, name, path, shapes, calls in cases(Path(tmp)):
             if args.group and not any(group.startswith(x) for x in args.group):
                 continue
             g = Graph.load(path)
             dynamic = any(not isinstance(d, int) for i in g.inputs for d in i.shape)
             options = {"shapes": {k: tuple(int(x) for x in v) for k, v in shapes.items()}} if dynamic else {}
-            cost = graph_costs(g, shapes, PRECISION)
-            feeds = feeds_for(g, shapes)
-            for be in args.backend or ["openvino", "ggml"]:
-                f = factors_for(be, cpu, PRECISION, cal)
-                pr = predict(cost, cpu, be, PRECISION, f)
-                opts = {"precision": PRECISION, **(options if be == "ggml" else {})}
-                try:
-                    m = measure(path, feeds, be, repeats=args.repeats, options=opts, budget_s=args.budget)
-                except Exception as exc:  # noqa: BLE001 - report it, keep going
-                    rows.append({"group": group, "part": name, "backend": be, "error": str(exc)[-300:]})
-                    print(f"{group:<18} {name:<16} {be:<9} ERROR {str(exc)[-200:]}", flush=True)
-                    continue
-                r = {"group": group, "part": name, "backend": be, "calls_per_image": calls,
-                     "predicted_ms": pr.ms, "measured_ms": m["median_ms"], "min_ms": min(m["times_ms"]),
-                     "robust_ms": m["robust_ms"], "times_ms": m["times_ms"], "time_ratio": pr.ms / m["robust_ms"],
-                     "median_ratio": pr.ms / m["median_ms"],
-                     # process: the child's whole peak (VmHWM) against the prediction with the runtime base;
-                     # over imports: both less what the process held after importing sdrt (the stricter ratio)
-                     "predicted_process_peak": pr.peak_bytes, "measured_process_peak": m["peak_rss"],
-                     "peak_ratio": pr.peak_bytes / max(m["peak_rss"], 1),
-                     "predicted_peak": pr.peak_bytes - f.imports_bytes, "measured_peak": m["peak_bytes"],
-                     "peak_ratio_over_imports": (pr.peak_bytes - f.imports_bytes) / max(m["peak_bytes"], 1),
-                     "gflop": cost.flops / 1e9, "busy_before": m.get("busy_before"), "weight_bytes": cost.weight_bytes,
-                     "activation_bytes": cost.peak_activation_bytes, "by_class_ms": pr.by_class_ms,
-                     "features": features(cost, cpu.peak(PRECISION), f.bandwidth_bytes_per_s or cpu.bandwidth_bytes_per_s)}
-                rows.append(r)
-                print(f"{group:<18} {name:<16} {be:<9} pred {pr.ms:9.2f} ms  meas {m['median_ms']:9.2f} ms "
-                      f"(robust {r['robust_ms']:8.2f})  x{r['time_ratio']:.2f}   process peak pred {pr.peak_bytes / 2**20:7.0f} MiB "
-                      f"meas {m['peak_rss'] / 2**20:7.0f} MiB  x{r['peak_ratio']:.2f}  over imports "
-                      f"{r['predicted_peak'] / 2**20:7.0f}/{m['peak_bytes'] / 2**20:7.0f} MiB "
-                      f"x{r['peak_ratio_over_imports']:.2f}", flush=True)
+            todo.append((group, name, path, shapes, calls, options, graph_costs(g, shapes, PRECISION),
+                         feeds_for(g, shapes)))
+        best: dict[tuple[str, str, str], dict] = {}
+        for p in range(max(1, args.passes)):
+            for group, name, path, _shapes, calls, options, cost, feeds in todo:
+                for be in args.backend or ["openvino", "ggml"]:
+                    key = (group, name, be)
+                    opts = {"precision": PRECISION, **(options if be == "ggml" else {})}
+                    try:
+                        m = measure(path, feeds, be, repeats=args.repeats, options=opts, budget_s=args.budget)
+                    except Exception as exc:  # noqa: BLE001 - report it, keep going
+                        best.setdefault(key, {"group": group, "part": name, "backend": be, "error": str(exc)[-300:]})
+                        print(f"{group:<18} {name:<16} {be:<9} ERROR {str(exc)[-200:]}", flush=True)
+                        continue
+                    m["pass"] = p + 1
+                    old = best.get(key)
+                    if old is not None and "robust_ms" in old and old["robust_ms"] <= m["robust_ms"]:
+                        old["pass_ms"].append(m["robust_ms"])
+                        print(f"{group:<18} {name:<16} {be:<9} pass {p + 1}: {m['robust_ms']:9.2f} ms (kept "
+                              f"{old['robust_ms']:.2f})", flush=True)
+                        continue
+                    f = factors_for(be, cpu, PRECISION, cal)
+                    pr = predict(cost, cpu, be, PRECISION, f)
+                    r = {"group": group, "part": name, "backend": be, "calls_per_image": calls, "pass": p + 1,
+                         "pass_ms": (old or {}).get("pass_ms", []) + [m["robust_ms"]],
+                         "predicted_ms": pr.ms, "measured_ms": m["median_ms"], "min_ms": min(m["times_ms"]),
+                         "robust_ms": m["robust_ms"], "times_ms": m["times_ms"], "time_ratio": pr.ms / m["robust_ms"],
+                         "median_ratio": pr.ms / m["median_ms"],
+                         # process: the child's whole peak (VmHWM) against the prediction with the runtime base;
+                         # over imports: both less what the process held after importing sdrt (the stricter ratio)
+                         "predicted_process_peak": pr.peak_bytes, "measured_process_peak": m["peak_rss"],
+                         "peak_ratio": pr.peak_bytes / max(m["peak_rss"], 1),
+                         "predicted_peak": pr.peak_bytes - f.imports_bytes, "measured_peak": m["peak_bytes"],
+                         "peak_ratio_over_imports": (pr.peak_bytes - f.imports_bytes) / max(m["peak_bytes"], 1),
+                         "gflop": cost.flops / 1e9, "busy_before": m.get("busy_before"),
+                         "slow_before": m.get("slow_before"), "weight_bytes": cost.weight_bytes,
+                         "activation_bytes": cost.peak_activation_bytes, "by_class_ms": pr.by_class_ms,
+                         "features": features(cost, cpu.peak(PRECISION), f.bandwidth_bytes_per_s or cpu.bandwidth_bytes_per_s)}
+                    best[key] = r
+                    print(f"{group:<18} {name:<16} {be:<9} pred {pr.ms:9.2f} ms  meas {m['median_ms']:9.2f} ms "
+                          f"(robust {r['robust_ms']:8.2f})  x{r['time_ratio']:.2f}   process peak pred {pr.peak_bytes / 2**20:7.0f} MiB "
+                          f"meas {m['peak_rss'] / 2**20:7.0f} MiB  x{r['peak_ratio']:.2f}  over imports "
+                          f"{r['predicted_peak'] / 2**20:7.0f}/{m['peak_bytes'] / 2**20:7.0f} MiB "
+                          f"x{r['peak_ratio_over_imports']:.2f}  pass {p + 1}, probe x{r['slow_before'] or 0:.2f}", flush=True)
+    rows = list(best.values())
     ok_t = [r for r in rows if "time_ratio" in r and 0.7 <= r["time_ratio"] <= 1.3]
     ok_m = [r for r in rows if "peak_ratio" in r and 0.85 <= r["peak_ratio"] <= 1.15]
     ok_i = [r for r in rows if "peak_ratio" in r and 0.85 <= r["peak_ratio_over_imports"] <= 1.15]

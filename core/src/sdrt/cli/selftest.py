@@ -24,7 +24,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="instead of the checks: time the calibration cases (at fp32) on each installed backend here and "
                         "store the cost model's factors (used by `sdrt plan` and backend=\"auto\"); the report carries them")
     p.add_argument("--repeats", type=int, default=9,
-                   help="timed runs per calibration case (the median of each 3 runs' best is kept; default 9)")
+                   help="timed runs per calibration case and pass (the median of each 3 runs' best is kept; of two "
+                        "passes over all the cases, the faster; default 9)")
     return p
 
 
@@ -65,7 +66,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(f"{name} on {dev.id} (fp32): FLOPs efficiency {eff}; {1e6 * factors.call_s:.0f} us per call, {node_us:.1f} us"
               f" per node; traffic at {factors.bandwidth_bytes_per_s / 1e9:.1f} GB/s x activations"
               f" {factors.bandwidth_efficiency:.2f}, data {factors.data_bandwidth_efficiency:.2f}, weights"
-              f" {factors.weight_bandwidth_efficiency or 0:.2f}, epilogues {factors.fused_bandwidth_efficiency:.2f};"
+              f" {factors.weight_bandwidth_efficiency or 0:.2f} (3x3 conv kernels"
+              f" {factors.conv_weight_bandwidth_efficiency or 0:.2f}, per further image"
+              f" {factors.conv_weight_batch_bandwidth_efficiency or 0:.2f}), epilogues {factors.fused_bandwidth_efficiency:.2f};"
               f" memory = {factors.weight_factor:.2f} x weights ({factors.conv_weight_factor or 0:.2f} x conv kernels)"
               f" + {factors.activation_factor:.2f} x activations + {factors.node_bytes / 1e3:.0f} kB per node"
               f" + {factors.base_bytes / 2**20:.0f} MiB")

@@ -6,7 +6,7 @@ epilogue: ``flops / peak``), where ``peak`` is the device's dense FLOP/s at the 
 (``sdrt selftest --calibrate`` on this machine's CPU, ``sdrt.cost.calibrate``), the terms add, as on a
 CPU that moves data while it computes: ``overhead + flops / (peak x efficiency[timing class]) +
 activation bytes / (bandwidth x its efficiency: convs, data movement and the rest apart) + weight
-bytes / (bandwidth x the weights' efficiency)``, an epilogue's bytes at their own efficiency, and a
+bytes / (bandwidth x the weights' efficiency: 3x3-and-wider conv kernels apart)``, an epilogue's bytes at their own efficiency, and a
 fixed cost per call. A part's peak memory is ``weight_factor x weights (conv kernels at
 conv_weight_factor, lookup tables at table_factor) + transient factors x the largest conv kernel and the
 largest other weight + activation_factor x peak live activations + node_bytes x nodes + base``; calibrated,
@@ -66,6 +66,13 @@ class Factors:
     #: calibrated: weight traffic (a matmul at few rows streams its weights; a CPU packs them per call);
     #: None in an older calibration that had one traffic term
     weight_bandwidth_efficiency: float | None = None
+    #: calibrated: weight traffic of dense conv kernels wider than 1x1 (a Winograd conv reads its kernel
+    #: transformed, 16/9 x as large, every call: on a small map that, not the FLOPs, is its time); None: the
+    #: weights' efficiency (an older calibration)
+    conv_weight_bandwidth_efficiency: float | None = None
+    #: calibrated: the same kernels' traffic for each image after the first (a conv that loops over the
+    #: batch outside its kernel loop reads the kernel once per image); None: once per call
+    conv_weight_batch_bandwidth_efficiency: float | None = None
     #: calibrated: traffic of elementwise epilogues (0: fused for free, as a compiler that fuses does)
     fused_bandwidth_efficiency: float = 0.0
     #: fixed time of one call of a compiled part (input/output copies, dispatch), seconds
@@ -83,6 +90,11 @@ class Factors:
     #: (``GraphCost.peak_activation_bytes_fused``)
     fused_attention_memory: bool = False
     imports_bytes: float = 0.0
+    #: calibrated: seconds per node of shape arithmetic in a graph compiled with dynamic dims (the runtime
+    #: infers shapes and runs those nodes every call); 0 for a runtime that pins the shapes
+    shape_node_s: float = 0.0
+    #: calibrated: seconds per timed node of a graph compiled with dynamic dims (shapes inferred every call)
+    dynamic_node_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,9 +173,11 @@ def is_calibrated(backend: str, kind: str = "cpu", calibration: dict[str, Any] |
 
 
 def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, precision: str, f: Factors,
-                fused: bool = False, weight_bytes: float = 0.0, time_class: str | None = None) -> float:
+                fused: bool = False, weight_bytes: float = 0.0, time_class: str | None = None, batch: int = 1
+                ) -> float:
     """One node's predicted seconds. ``time_class`` refines ``op_class`` (``dwconv``, ``softmax``; their
-    efficiency falls back to the op class's); ``weight_bytes`` is the part of ``nbytes`` that is weights."""
+    efficiency falls back to the op class's); ``weight_bytes`` is the part of ``nbytes`` that is weights;
+    ``batch`` the images a conv processes."""
     if op_class == "view":
         return 0.0
     tc = time_class or op_class
@@ -181,8 +195,12 @@ def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, 
             return t + nbytes / (bw * max(f.bandwidth_efficiency, 1e-3))
         act_eff = (f.data_bandwidth_efficiency if op_class == "data" else f.conv_bandwidth_efficiency
                    if op_class == "conv" and f.conv_bandwidth_efficiency else f.bandwidth_efficiency)
-        return (t + (nbytes - weight_bytes) / (bw * max(act_eff, 1e-3))
-                + weight_bytes / (bw * max(f.weight_bandwidth_efficiency, 1e-3)))
+        kernel = tc == "conv" and bool(f.conv_weight_bandwidth_efficiency)
+        w_eff = f.conv_weight_bandwidth_efficiency if kernel else f.weight_bandwidth_efficiency
+        t += (nbytes - weight_bytes) / (bw * max(act_eff, 1e-3)) + weight_bytes / (bw * max(w_eff, 1e-3))
+        if kernel and batch > 1 and f.conv_weight_batch_bandwidth_efficiency:
+            t += (batch - 1) * weight_bytes / (bw * max(f.conv_weight_batch_bandwidth_efficiency, 1e-3))
+        return t
     roof = max(flops / device.peak(precision), nbytes / bw)
     return f.overhead_s.get(tc, f.overhead_s.get(op_class, 0.0)) + roof / eff
 
@@ -224,9 +242,12 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
         if n.op_class == "view":
             continue
         by[n.op_class] = by.get(n.op_class, 0.0) + node_time_s(n.op_class, n.flops, n.bytes, device, precision, f,
-                                                                 n.fused, n.weight_bytes, n.time_class)
+                                                                 n.fused, n.weight_bytes, n.time_class, n.batch)
     if f.call_s:
         by["call"] = f.call_s
+    if getattr(cost, "dynamic", False) and (f.shape_node_s or f.dynamic_node_s):
+        timed = sum(1 for n in cost.nodes if n.op_class != "view" and not n.fused)
+        by["shapes"] = f.shape_node_s * cost.dynamic_shape_nodes + f.dynamic_node_s * timed
     ms = 1000 * sum(by.values())
     conv_w = conv_weight_bytes(cost) if f.conv_weight_factor is not None else 0.0
     activations = activation_bytes(cost, f)

@@ -17,7 +17,12 @@ intermediate, and walks the nodes. Counting rules, per node:
   residual add): ``fused`` is set and the model charges it no memory traffic.
 - **Timing class** (``NodeCost.time_class``): the op class, but ``dwconv`` for a grouped conv,
   ``conv1x1`` for a 1x1 conv (its kernel's shape says so), ``softmax`` for Softmax, ``groupnorm`` for Instance/GroupNormalization (a reduction over a whole
-  map per group, unlike LayerNorm's rows), which run at their own efficiency.
+  map per group, unlike LayerNorm's rows), which run at their own efficiency, and ``int`` for integer work
+  on integer values (token ids: positions, masks), which a runtime may run on the host at a cost per node.
+- **Shapes are constants**: at pinned shapes a Shape (or Size) node's value is known, so the shape
+  arithmetic that reads it (Gather, Concat, Cast ... of shapes) folds at compile time and costs nothing
+  where the runtime compiles at pinned shapes; ``GraphCost.dynamic_shape_nodes`` counts it for a runtime
+  that keeps a dynamic graph's dims dynamic (and so runs it every call).
 - **Op class**: ``matmul`` (MatMul/Gemm with a weight operand), ``conv``, ``attention`` (MatMul of two
   activations, as QK^T and PV are, and Softmax), ``norm`` (Group/Instance/Layer/Batch/RMS
   normalisation and reductions), ``elementwise``, ``data`` (transposes, concats, slices, gathers,
@@ -77,6 +82,8 @@ class NodeCost:
     #: the timing class where it differs from ``op_class``: ``dwconv`` (a grouped conv: depthwise in
     #: MobileNets, few FLOPs per byte), ``softmax`` (exp-bound, unlike the attention matmuls)
     kind: str = ""
+    #: images a conv processes (its input's first dim): a runtime may read the kernel once per image
+    batch: int = 1
 
     @property
     def time_class(self) -> str:
@@ -109,6 +116,11 @@ class GraphCost:
     #: the activations' peak where attention runs as one fused kernel (its scores and probabilities, from
     #: the QK^T matmul through the softmax, never held): what the CPU runtimes that fuse attention hold
     peak_activation_bytes_fused: float | None = None
+    #: nodes of shape arithmetic (Shape and what folds from it at pinned shapes) in a graph whose inputs have
+    #: dynamic dims: a runtime that compiles it as it is (dims left dynamic) runs them, and infers shapes, every call
+    dynamic_shape_nodes: int = 0
+    #: the graph's inputs have dynamic dims (pinned here)
+    dynamic: bool = False
 
     def by_class(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -186,15 +198,28 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     for o in model.graph.output:
         readers[o.name] = readers.get(o.name, 0) + 1
     writer_class: dict[str, str] = {}
+    shape_vals: set[str] = set()
+    shape_nodes = 0
     for n in model.graph.node:
         ins = [i for i in n.input if i]
         out_shapes = [shape(o) or () for o in n.output if o]
         op = n.op_type
+        if op in ("Shape", "Size") and ins and shape(ins[0]) is not None:  # static at pinned shapes: a constant
+            for o in n.output:
+                if o:
+                    origin[o] = set()
+                    consts.setdefault(o, shape(o) or ())
+                    shape_vals.add(o)
+            shape_nodes += 1
+            continue
         if n.op_type != "Constant" and all(i in origin for i in ins):  # folds at compile time: free
             for o in n.output:
                 if o:
                     origin[o] = set().union(*(origin[i] for i in ins)) if ins else set()
                     consts.setdefault(o, shape(o) or ())
+            if any(i in shape_vals for i in ins):  # shape arithmetic: a runtime that keeps dims dynamic runs it
+                shape_vals.update(o for o in n.output if o)
+                shape_nodes += 1
             continue
         cls = _op_class(n, origin, {})
         w_read = 0.0
@@ -221,8 +246,14 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
             writer_class.get(i) in _FUSES_INTO and readers.get(i, 0) == 1 for i in ins if i not in origin)
         for o in n.output:
             writer_class[o] = cls
+        kind = _time_kind(n, cls, shape(ins[1]) if len(ins) > 1 else None)
+        if cls != "view" and not kind and all(_integer(dtype(v)) for v in [o for o in n.output if o]
+                                              + [i for i in ins if i not in origin]):
+            kind = "int"  # integer work on integer values (token ids): a runtime may run it on the host
+        in0 = shape(ins[0]) if ins else None
+        batch = int(in0[0]) if cls == "conv" and in0 and len(in0) > 2 else 1
         nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
-                              w_read, fused, _time_kind(n, cls, shape(ins[1]) if len(ins) > 1 else None)))
+                              w_read, fused, kind, batch))
     sizes = {name: _prod(s) * weight_elem.get(name, act) for name, s in inits.items()}
     weight_bytes = sum(sizes.values())
     tables: set[str] = set()
@@ -242,10 +273,16 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     io = sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act)
              for v in list(model.graph.input) + list(model.graph.output) if v.name not in inits)
     pinned = {i.name: tuple(i.shape) for i in g.inputs}
+    dynamic = any(not isinstance(d, int) for i in graph.inputs for d in i.shape)
     return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown,
                      table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
                      largest_conv_bytes=float(max((sizes[k] for k in kernels if k in sizes), default=0.0)),
-                     largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)))
+                     largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)),
+                     dynamic_shape_nodes=shape_nodes if dynamic else 0, dynamic=dynamic)
+
+
+def _integer(dtype: str) -> bool:
+    return dtype == "bool" or dtype.startswith(("int", "uint"))
 
 
 def _time_kind(n: Any, cls: str, kernel: tuple[int, ...] | None = None) -> str:

@@ -1,0 +1,134 @@
+"""The cost model's terms for conv-kernel traffic, integer (host) work and shape arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from sdrt.cost import devices
+from sdrt.cost.calibrate import features, fit
+from sdrt.cost.model import Factors, node_time_s, predict
+from sdrt.cost.nodes import GraphCost, NodeCost, graph_costs
+from sdrt.graph import Graph
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _graph(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "t", inputs, outputs, list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return Graph.load(m.SerializeToString())
+
+
+def test_shape_arithmetic_folds_at_pinned_shapes():
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as torch exports a reshape: at pinned shapes only the
+    Reshape (a view) and the MatMul remain; nothing of the shape chain is timed or held, unless the graph's
+    dims are dynamic and the runtime keeps them so (``dynamic_shape_nodes``, at the fitted ``shape_node_s``)."""
+    inits = [numpy_helper.from_array(np.array(2, np.int64), "one"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus"),
+             numpy_helper.from_array(np.zeros((8, 8), np.float32), "w")]
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["d"], axis=0),
+             helper.make_node("Unsqueeze", ["d", "zero_axes"], ["du"]),
+             helper.make_node("Concat", ["minus", "du"], ["shp"], axis=0),
+             helper.make_node("Reshape", ["x", "shp"], ["r"]),
+             helper.make_node("MatMul", ["r", "w"], ["y"])]
+    inits.append(numpy_helper.from_array(np.array([0], np.int64), "zero_axes"))
+    g = _graph(nodes, [helper.make_tensor_value_info("x", F, [2, 4, 8])], [helper.make_tensor_value_info("y", F, None)],
+               inits)
+    c = graph_costs(g)
+    assert [n.op for n in c.nodes if n.op_class != "view"] == ["MatMul"]
+    assert c.dynamic_shape_nodes == 0  # static inputs: no runtime runs the chain
+    dyn = _graph(nodes, [helper.make_tensor_value_info("x", F, ["b", 4, 8])], [helper.make_tensor_value_info("y", F, None)],
+                 inits)
+    c = graph_costs(dyn, {"x": (2, 4, 8)})
+    assert [n.op for n in c.nodes if n.op_class != "view"] == ["MatMul"]
+    assert c.dynamic_shape_nodes == 4  # Shape, Gather, Unsqueeze, Concat: run every call where dims stay dynamic
+    f = Factors({"matmul": 1.0}, {}, additive=True, bandwidth_bytes_per_s=1e10, weight_bandwidth_efficiency=1.0,
+                shape_node_s=5e-6)
+    cpu = devices.find("cpu")
+    assert predict(c, cpu, "openvino", "fp32", f).by_class_ms["shapes"] == pytest.approx(4 * 5e-3)
+    assert features(c, 1e11, 1e10)["shape_nodes"] == 4
+    assert features(c, 1e11, 1e10)["dyn_nodes"] == 1  # the MatMul: its shapes inferred every call
+    f.dynamic_node_s = 2e-6
+    assert predict(c, cpu, "openvino", "fp32", f).by_class_ms["shapes"] == pytest.approx(4 * 5e-3 + 2e-3)
+
+
+def test_conv_batch_is_its_input_images():
+    g = _graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+               [helper.make_tensor_value_info("x", F, [2, 4, 6, 6])], [helper.make_tensor_value_info("y", F, None)],
+               [numpy_helper.from_array(np.zeros((4, 4, 3, 3), np.float32), "w")])
+    (n,) = graph_costs(g).nodes
+    assert (n.batch, n.time_class) == (2, "conv")
+    assert features(graph_costs(g), 1e11, 1e10)["conv_weight_batch_ms"] == pytest.approx(1000 * 4 * 4 * 4 * 9 / 1e10)
+
+
+def test_integer_work_on_token_ids_is_its_own_timing_class():
+    """Equal/Cast/ArgMax on int64 ids are ``int`` nodes (a runtime may run them on the host); the Gather they
+    feed writes floats and keeps its class."""
+    nodes = [helper.make_node("Equal", ["ids", "eos"], ["e"]),
+             helper.make_node("Cast", ["e"], ["ei"], to=I64),
+             helper.make_node("ArgMax", ["ei"], ["pos"], axis=-1, keepdims=0),
+             helper.make_node("Gather", ["x", "pos"], ["y"], axis=1)]
+    g = _graph(nodes, [helper.make_tensor_value_info("x", F, [1, 77, 16]), helper.make_tensor_value_info("ids", I64, [1, 77])],
+               [helper.make_tensor_value_info("y", F, None)], [numpy_helper.from_array(np.array(3, np.int64), "eos")])
+    c = graph_costs(g)
+    kinds = {n.op: n.time_class for n in c.nodes}
+    assert kinds == {"Equal": "int", "Cast": "int", "ArgMax": "int", "Gather": "data"}
+    feats = features(c, 1e11, 1e10)
+    assert (feats["int_nodes"], feats["nodes"]) == (3, 1)
+
+
+def test_conv_kernels_stream_at_their_own_efficiency():
+    """A 3x3 conv's kernel bytes take ``conv_weight_bandwidth_efficiency`` (and, per image after the first,
+    the per-image one); a 1x1 conv's and a matmul's take the weights' efficiency; without the conv term (an
+    older calibration) both take the weights'."""
+    cpu = devices.find("cpu")
+    f = Factors({"conv": 1.0, "conv1x1": 1.0, "matmul": 1.0}, {}, additive=True, bandwidth_bytes_per_s=1e10,
+                weight_bandwidth_efficiency=1.0, conv_weight_bandwidth_efficiency=0.25)
+    conv3 = node_time_s("conv", 0.0, 1e8, cpu, "fp32", f, weight_bytes=1e8, time_class="conv")
+    conv1 = node_time_s("conv", 0.0, 1e8, cpu, "fp32", f, weight_bytes=1e8, time_class="conv1x1")
+    assert conv3 == pytest.approx(1e8 / 2.5e9) and conv1 == pytest.approx(1e8 / 1e10)
+    # a conv over 3 images that reads its kernel once per image: twice more at the per-image efficiency
+    f.conv_weight_batch_bandwidth_efficiency = 0.5
+    conv3_b3 = node_time_s("conv", 0.0, 1e8, cpu, "fp32", f, weight_bytes=1e8, time_class="conv", batch=3)
+    assert conv3_b3 == pytest.approx(conv3 + 2 * 1e8 / 5e9)
+    assert node_time_s("conv", 0.0, 1e8, cpu, "fp32", f, weight_bytes=1e8, time_class="conv1x1", batch=3) == conv1
+    f.conv_weight_bandwidth_efficiency = None
+    assert node_time_s("conv", 0.0, 1e8, cpu, "fp32", f, weight_bytes=1e8, time_class="conv") == pytest.approx(conv1)
+
+
+def _synthetic_rows():
+    """Cases made from known factors: 3x3 kernels at 0.4 of the bandwidth, other weights at 1.0, 2 us per node,
+    each image after the first reads the kernels again at 0.5, 8 us per integer node, 3 us per node of dynamic
+    shape arithmetic, 10 us per call."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(12):
+        feats = {"flops_matmul": float(rng.uniform(0, 5)), "flops_conv": float(rng.uniform(0, 5)),
+                 "weight_ms": float(rng.uniform(0, 5)), "conv_weight_ms": float(rng.uniform(0, 5)) * (i % 2),
+                 "conv_weight_batch_ms": float(rng.uniform(0, 5)) * (i % 4 == 1),
+                 "nodes": float(rng.integers(1, 50)), "int_nodes": float(rng.integers(0, 30)) * (i % 3 == 0),
+                 "shape_nodes": float(rng.integers(0, 40)) * (i % 3 == 1), "call": 1.0, "fixed_ms": 0.0}
+        ms = (feats["flops_matmul"] / 0.8 + feats["flops_conv"] / 0.6 + feats["weight_ms"] / 1.0
+              + feats["conv_weight_ms"] / 0.4 + feats["conv_weight_batch_ms"] / 0.5 + 0.002 * feats["nodes"]
+              + 0.008 * feats["int_nodes"] + 0.003 * feats["shape_nodes"] + 0.01)
+        rows.append({"case": f"c{i}", "features": feats, "robust_ms": ms, "weight_bytes": 0.0,
+                     "activation_bytes": 0.0, "peak_bytes": 1e6})
+    return rows
+
+
+def test_fit_separates_conv_kernel_traffic_and_integer_nodes():
+    got = fit(_synthetic_rows(), 1e10, "test")
+    assert got.conv_weight_bandwidth_efficiency == pytest.approx(0.4, rel=1e-3)
+    assert got.weight_bandwidth_efficiency == pytest.approx(1.0, rel=1e-3)
+    assert got.conv_weight_batch_bandwidth_efficiency == pytest.approx(0.5, rel=1e-3)
+    assert got.overhead_s["int"] == pytest.approx(8e-6, rel=1e-3)
+    assert got.shape_node_s == pytest.approx(3e-6, rel=1e-3)
+    assert got.overhead_s["matmul"] == pytest.approx(2e-6, rel=1e-3)
+    # the fitted factors put an int node's fixed cost into a prediction
+    cost = GraphCost("g", "fp32", [NodeCost("a", "ArgMax", "elementwise", 0.0, 0.0, 0.0, 0.0, kind="int")], 0.0, 0.0,
+                     0.0)
+    assert predict(cost, devices.find("cpu"), "ggml", "fp32", got).ms == pytest.approx(0.008 + 0.01, rel=1e-3)
