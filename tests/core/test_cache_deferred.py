@@ -32,8 +32,6 @@ def test_held_stores_run_after_the_outermost_job_in_another_thread():
 def test_a_held_store_waits_while_another_job_runs(monkeypatch):
     monkeypatch.setattr(deferred, "IDLE_S", 0.2)
     ran: list[float] = []
-    with deferred.hold():
-        deferred.submit(lambda: ran.append(time.monotonic()), "a")
     second_started = threading.Event()
     second_may_end = threading.Event()
 
@@ -43,8 +41,10 @@ def test_a_held_store_waits_while_another_job_runs(monkeypatch):
             second_may_end.wait(10)
 
     t = threading.Thread(target=second_job)
-    t.start()
-    second_started.wait(10)
+    with deferred.hold():
+        deferred.submit(lambda: ran.append(time.monotonic()), "a")
+        t.start()  # the second job begins before the first ends: no idle moment between them
+        assert second_started.wait(10)
     time.sleep(0.6)
     assert ran == [], "the store does not start while a job runs"
     ended = time.monotonic()
@@ -68,10 +68,11 @@ def test_pending_counts_the_stores_not_finished():
     import threading as th
 
     gate = th.Event()
+    before = deferred.pending()
     with deferred.hold():
         deferred.submit(gate.wait, "a")
         deferred.submit(lambda: None, "b")
-    assert deferred.pending() == 2
+    assert deferred.pending() == before + 2
     gate.set()
     assert wait_for_stores(timeout=30)
     assert deferred.pending() == 0
