@@ -227,9 +227,6 @@ class Backend(ABC):
     #: True when ``_open`` does not need the stored entry: a large entry is then synced, checksummed and renamed
     #: into place in a background thread while the session already runs (``CompileCache.store(background=)``)
     stores_in_background: ClassVar[bool] = False
-    #: True when ``_save`` can write the entry from the compiled result at any later time (``_save_later`` gives
-    #: what it reads): inside ``sdrt.cache.deferred.hold()`` (a pipeline's job) the store then runs after the job
-    defers_stores: ClassVar[bool] = False
 
     # -- compiling: the template ---------------------------------------------
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
@@ -273,7 +270,7 @@ class Backend(ABC):
         stored = None
         if key is not None and cache is not None:
             meta = {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)}
-            if self.defers_stores and self._defers_store(opts):
+            if self._defers_store(opts):
                 from .cache import deferred
 
                 later = self._save_later(compiled)  # what is compiled now, whatever the session does next
@@ -329,11 +326,13 @@ class Backend(ABC):
         return False
 
     def _defers_store(self, opts: Any) -> bool:
-        """Whether this compile's store may wait for the job's end (``defers_stores``); by default always."""
-        return True
+        """Whether this compile's store may wait until the job ends: inside ``sdrt.cache.deferred.hold()`` (a
+        pipeline's job) it then runs after the job, ``_save`` writing the entry from what ``_save_later`` gave.
+        By default never: a backend that can save its compiled result at any later time says when."""
+        return False
 
     def _save_later(self, compiled: Any) -> Any:
-        """What a deferred ``_save`` gets (``defers_stores``): the compiled result as it is now, which a later
+        """What a deferred ``_save`` gets (``_defers_store``): the compiled result as it is now, which a later
         weight update must not change. By default ``compiled`` itself."""
         return compiled
 

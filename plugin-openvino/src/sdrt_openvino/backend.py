@@ -75,6 +75,11 @@ def _halving_frees(arrays: Mapping[str, Any]) -> bool:
     return unmapped_bytes(held) <= max(sum(int(a.nbytes) for a in held) // 4, _HALF_COPY_SMALL)
 
 
+def _wants_half(opts: Options, arrays: Mapping[str, Any]) -> bool:
+    """Whether a compile binds float16 weights (``convert.half_weights``): a bf16/fp16 one, where the copy frees."""
+    return opts.precision in convert.HALF_PRECISIONS and _halving_frees(arrays)
+
+
 class _LazyConversion:
     """The ``ov.Model`` of a graph, converted on first use: a cache hit needs none until update_weights."""
 
@@ -173,9 +178,6 @@ class OpenVINOBackend(Backend):
         "fp32": {"precision": "fp32"}, "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}}
     caches = True
     stores_in_background = True  # _open needs no entry: a large blob is checksummed and synced in a thread
-    #: inside a pipeline's job (``sdrt.cache.deferred.hold``) a bf16/fp16 compile does not have OpenVINO write its
-    #: blob while it compiles (``CACHE_DIR``: 4.3 s more on the full-size UNet); ``export_model`` writes it after
-    defers_stores = True
 
     def __init__(self) -> None:
         self._core: ov.Core | None = None
@@ -284,7 +286,7 @@ class OpenVINOBackend(Backend):
 
         def compile_(model: ov.Model | None = None, first: bool = False) -> Any:
             model = model if model is not None else lazy().model  # converting raises UnsupportedGraph first
-            if opts.precision in convert.HALF_PRECISIONS and _halving_frees(arrays):  # half the blob, a faster import
+            if _wants_half(opts, arrays):  # half the blob, a faster import
                 model = convert.half_weights(model)
                 # the float32 pages the copy read leave the resident set before compiling packs the float16 ones
                 release_pages(arrays.values())
@@ -374,7 +376,9 @@ class OpenVINOBackend(Backend):
         return True
 
     def _defers_store(self, opts: Options) -> bool:
-        """Only a bf16/fp16 compile's store waits for the job: its blob holds float16 weights, and ``export_model``
+        """Inside a pipeline's job (``sdrt.cache.deferred.hold``) a bf16/fp16 compile does not have OpenVINO write
+        its blob while it compiles (``CACHE_DIR``: 4.3 s more on the full-size UNet); ``export_model`` writes it
+        after the job. Only a bf16/fp16 compile's: its blob holds float16 weights, and ``export_model``
         holds the whole blob in memory while it writes. A float32 blob is the model's full size (the full-size
         UNet's store after the job peaked at 11.98 GiB against 7.06 GiB for its compile, GenAI 9.53 GiB), so a
         float32 compile streams it to disk as it compiles (``CACHE_DIR``)."""
@@ -411,7 +415,7 @@ class OpenVINOBackend(Backend):
 
         def compile_(model: ov.Model | None = None) -> Any:
             model = model if model is not None else lazy().model
-            if opts.precision in convert.HALF_PRECISIONS and _halving_frees(session._arrays):
+            if _wants_half(opts, session._arrays):
                 model = convert.half_weights(model)
             try:
                 return core.compile_model(model, device.id, opts.properties())

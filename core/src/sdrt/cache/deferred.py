@@ -3,7 +3,7 @@
 Writing a compiled model into the cache is not free: OpenVINO's CPU plugin serializes the full-size SD 1.5
 UNet's 1.7 GB blob in about 4.3 s of one core (``bench.ov_cache_probe``: ``compile_model`` with ``CACHE_DIR``
 7.2-7.8 s against 2.9-3.2 s without). A pipeline's first image need not wait for it: inside ``hold()`` a backend
-that can write its entry from the compiled model later (``Backend.defers_stores``) compiles without writing and
+that can write its entry from the compiled model later (``Backend._defers_store``) compiles without writing and
 hands the store here; when the outermost ``hold()`` ends (the job returned its images, or failed), the held
 stores run one after another in a background thread. Python waits for that thread at exit (it is not a daemon),
 and ``sdrt.cache.wait_for_stores`` waits for it too, so a process that makes one image and exits still leaves a
