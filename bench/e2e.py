@@ -106,6 +106,18 @@ def warm_images(gen: Any, stamps: list[float], n: int) -> tuple[float, float, li
     return best, best_step, every
 
 
+def first_and_warm(name: str, size: int, gen: Any, stamps: list[float], warm: int, pick: Any = lambda r: r
+                   ) -> dict[str, Any]:
+    """Time the first image and the warm ones (``warm_images``); the first, as ``pick`` takes it from what ``gen``
+    returns, is saved for ``--psnr`` under ``name``."""
+    t0 = time.perf_counter()
+    first = pick(gen())
+    first_s = time.perf_counter() - t0
+    warm_s, step_s, warm_all = warm_images(gen, stamps, warm)
+    save_image(name, size, first)
+    return {"first_s": first_s, "warm_s": warm_s, "step_s": step_s, "warm_all": warm_all}
+
+
 def save_image(name: str, size: int, image: Any) -> None:
     """Each contender's first image, for the PSNR of one precision against another (``--psnr``)."""
     import numpy as np
@@ -150,17 +162,14 @@ def run_sdrt(model: Path, backend: str, precision: str | None, size: int, steps:
         return pipe.generate(PROMPT, NEGATIVE, steps=steps, cfg=CFG, sampler="Euler", seed=SEED, width=size,
                              height=size, callback=lambda *_: stamps.append(time.perf_counter()))
 
-    t0 = time.perf_counter()
-    first = gen().images[0]
-    first_s = time.perf_counter() - t0
-    warm_s, step_s, warm_all = warm_images(gen, stamps, warm)
-    save_image(f"sdrt-{backend}@{precision or 'default'}", size, first)
+    out = first_and_warm(f"sdrt-{backend}@{precision or 'default'}", size, gen, stamps, warm,
+                         lambda r: r.images[0])
     from sdrt.cache import wait_for_stores
 
-    t0 = time.perf_counter()  # compile-cache entries written after the first job (sdrt.cache.deferred): their
-    stages.span("store", wait_for_stores)  # time is not an image's, their memory is the process's peak
-    return {"load_s": load_s, "first_s": first_s, "warm_s": warm_s, "step_s": step_s, "warm_all": warm_all,
-            "store_s": time.perf_counter() - t0, "stages": stages.peak,
+    # compile-cache entries written after the first job (sdrt.cache.deferred): their time is not an image's,
+    # their memory is the process's peak
+    stages.span("store", wait_for_stores)
+    return {"load_s": load_s, **out, "store_s": stages.seconds["store"], "stages": stages.peak,
             "stage_seconds": stages.seconds}
 
 
@@ -185,11 +194,7 @@ def run_diffusers(model: Path, size: int, steps: int, warm: int = WARM) -> dict[
                  height=size, generator=torch.Generator("cpu").manual_seed(SEED),
                  callback_on_step_end=lambda p, i, t, kw: stamps.append(time.perf_counter()) or kw).images[0]
 
-    t0 = time.perf_counter()
-    save_image("diffusers", size, gen())
-    first_s = time.perf_counter() - t0
-    warm_s, step_s, warm_all = warm_images(gen, stamps, warm)
-    return {"load_s": load_s, "first_s": first_s, "warm_s": warm_s, "step_s": step_s, "warm_all": warm_all}
+    return {"load_s": load_s, **first_and_warm("diffusers", size, gen, stamps, warm)}
 
 
 def genai_folder(model: Path) -> Path:
@@ -258,11 +263,8 @@ def run_genai(model: Path, size: int, steps: int, precision: str | None, warm: i
                       guidance_scale=CFG, rng_seed=SEED,
                       callback=lambda step, n, latent: stamps.append(time.perf_counter()) and False)
 
-    t0 = time.perf_counter()
-    save_image(f"genai@{precision or 'default'}", size, gen().data[0])
-    first_s = time.perf_counter() - t0
-    warm_s, step_s, warm_all = warm_images(gen, stamps, warm)
-    return {"load_s": load_s, "first_s": first_s, "warm_s": warm_s, "step_s": step_s, "warm_all": warm_all}
+    return {"load_s": load_s,
+            **first_and_warm(f"genai@{precision or 'default'}", size, gen, stamps, warm, lambda r: r.data[0])}
 
 
 def run_sdcpp(model: Path, size: int, steps: int, warm: int = WARM) -> dict[str, Any]:
@@ -281,11 +283,7 @@ def run_sdcpp(model: Path, size: int, steps: int, warm: int = WARM) -> dict[str,
                   progress_callback=lambda step, n, t: stamps.append(time.perf_counter()))
         return (sd.generate_image if hasattr(sd, "generate_image") else sd.txt_to_img)(**kw)[0]
 
-    t0 = time.perf_counter()
-    save_image("sdcpp", size, gen())
-    first_s = time.perf_counter() - t0
-    warm_s, step_s, warm_all = warm_images(gen, stamps, warm)
-    return {"load_s": load_s, "first_s": first_s, "warm_s": warm_s, "step_s": step_s, "warm_all": warm_all}
+    return {"load_s": load_s, **first_and_warm("sdcpp", size, gen, stamps, warm)}
 
 
 # ---------------------------------------------------------------- a single UNet run
