@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--sd15", type=Path, default=SD15, help="a full-size SD 1.5 ONNX folder for the SD 1.x rows")
     ap.add_argument("--group", action="append", default=[], help="only cases whose group starts with this")
+    ap.add_argument("--part", action="append", default=[], help="only parts with this name (e.g. unet)")
     ap.add_argument("--precision", default=PRECISION,
                     help="the precision to pin and predict (default fp32, as `sdrt selftest --calibrate` measures; "
                          "another one is predicted from its own calibration where one is stored, else from fp32's)")
@@ -100,6 +101,8 @@ def main(argv=None) -> int:
         todo = []
         for group, name, path, shapes, calls in cases(Path(tmp)):
             if args.group and not any(group.startswith(x) for x in args.group):
+                continue
+            if args.part and name not in args.part:
                 continue
             g = Graph.load(path)
             dynamic = any(not isinstance(d, int) for i in g.inputs for d in i.shape)
@@ -138,6 +141,10 @@ def main(argv=None) -> int:
                          "peak_ratio": pr.peak_bytes / max(m["peak_rss"], 1),
                          "predicted_peak": pr.peak_bytes - f.imports_bytes, "measured_peak": m["peak_bytes"],
                          "peak_ratio_over_imports": (pr.peak_bytes - f.imports_bytes) / max(m["peak_bytes"], 1),
+                         # the two phases (where the child could reset its peak): compiling, then the runs
+                         "predicted_compile_peak": pr.compile_peak_bytes, "predicted_run_peak": pr.run_peak_bytes,
+                         "measured_compile_peak": m.get("compile_peak_rss"), "measured_run_peak": m.get("run_peak_rss"),
+                         "measured_compiled": m.get("compiled_rss"),
                          "gflop": cost.flops / 1e9, "busy_before": m.get("busy_before"),
                          "slow_before": m.get("slow_before"), "weight_bytes": cost.weight_bytes,
                          "activation_bytes": cost.peak_activation_bytes, "by_class_ms": pr.by_class_ms,
@@ -147,7 +154,10 @@ def main(argv=None) -> int:
                           f"(robust {r['robust_ms']:8.2f})  x{r['time_ratio']:.2f}   process peak pred {pr.peak_bytes / 2**20:7.0f} MiB "
                           f"meas {m['peak_rss'] / 2**20:7.0f} MiB  x{r['peak_ratio']:.2f}  over imports "
                           f"{r['predicted_peak'] / 2**20:7.0f}/{m['peak_bytes'] / 2**20:7.0f} MiB "
-                          f"x{r['peak_ratio_over_imports']:.2f}  pass {p + 1}, probe x{r['slow_before'] or 0:.2f}", flush=True)
+                          f"x{r['peak_ratio_over_imports']:.2f}  pass {p + 1}, probe x{r['slow_before'] or 0:.2f}"
+                          + (f"  compile/run pred {pr.compile_peak_bytes / 2**20:.0f}/{pr.run_peak_bytes / 2**20:.0f} meas "
+                             f"{m['compile_peak_rss'] / 2**20:.0f}/{m['run_peak_rss'] / 2**20:.0f} MiB"
+                             if m.get("run_peak_rss") else ""), flush=True)
     rows = list(best.values())
     ok_t = [r for r in rows if "time_ratio" in r and 0.7 <= r["time_ratio"] <= 1.3]
     ok_m = [r for r in rows if "peak_ratio" in r and 0.85 <= r["peak_ratio"] <= 1.15]

@@ -199,3 +199,17 @@ def test_memory_fields_tables_largest_kernels_and_fused_attention(tmp_path):
     scores = 8 * 1024 * 1024 * 4
     assert att.peak_activation_bytes >= 2 * scores
     assert att.peak_activation_bytes_fused < scores / 4
+
+
+def test_inplace_liveness_and_inputs_outputs():
+    """x -> Relu -> Sigmoid -> Tanh -> + x -> ReduceSum, the input read to the end: without reuse two of the
+    4 KiB values live beside it (3 x 4 KiB at the peak); in place, Sigmoid, Tanh and the Add write into the value
+    that dies at them (2 x 4 KiB); the graph input is never written into. Inputs and outputs are counted apart."""
+    g = _graph([helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["a"], ["b"]),
+                helper.make_node("Tanh", ["b"], ["c"]), helper.make_node("Add", ["c", "x"], ["d"]),
+                helper.make_node("ReduceSum", ["d"], ["y"], keepdims=0)],
+               [helper.make_tensor_value_info("x", F, [1, 1024])], [helper.make_tensor_value_info("y", F, None)])
+    c = graph_costs(g)
+    assert c.peak_activation_bytes == 3 * 4096
+    assert c.peak_activation_bytes_inplace == 2 * 4096
+    assert (c.input_bytes, c.output_bytes) == (4096, 4)

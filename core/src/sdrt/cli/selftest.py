@@ -71,7 +71,10 @@ def _calibrate(args: argparse.Namespace) -> int:
               f" {factors.conv_weight_batch_bandwidth_efficiency or 0:.2f}), epilogues {factors.fused_bandwidth_efficiency:.2f};"
               f" memory = {factors.weight_factor:.2f} x weights ({factors.conv_weight_factor or 0:.2f} x conv kernels)"
               f" + {factors.activation_factor:.2f} x activations + {factors.node_bytes / 1e3:.0f} kB per node"
-              f" + {factors.base_bytes / 2**20:.0f} MiB")
+              f" + {factors.base_bytes / 2**20:.0f} MiB"
+              + (f" running, {factors.compile_weight_factor:.2f} x weights ({factors.compile_conv_weight_factor:.2f} x"
+                 f" conv kernels) + {factors.transient_conv_factor:.2f} x the largest kernel compiling"
+                 if factors.compile_weight_factor is not None else ""))
     if not entries:
         print("nothing calibrated: no installed backend offers this machine's CPU", file=sys.stderr)
         return 1

@@ -101,6 +101,8 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "mm_4096x320": ("matmul", (4096, 320, 320, 4)),  # at 4096 tokens
     "mm_77x768": ("mlp", (77, 768, 3072, 4)),        # CLIP's MLPs: 77 rows over 75 MB of weights
     "mm_8x4096": ("matmul", (8, 4096, 4096, 2)),     # 8 rows over 134 MB: streaming the weights
+    "mm_dyn": ("mlp", (77, 768, 3072, 4)),           # mm_77x768 with its tokens dynamic (memory: when weights repack)
+    "conv3_dyn": ("conv", (640, 16, 3, 1, 3)),       # conv3_640x16 with batch and map dynamic (as torch exports)
     "heads": ("heads", (77, 64, 8, 6)),              # heads split and merged by shape arithmetic, dims dynamic
     "tokens": ("tokens", (77, 64, 3)),               # integer work on token ids (the pooled token's position)
     "embedding": ("embedding", (49408, 768, 77)),    # CLIP's token table (152 MB), looked up, then LayerNorm
@@ -114,6 +116,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "transpose": ("transpose", (320, 4096, 4)),
     "upsample": ("upsample", (128, 64, 2)),
     "activations": ("activations", (64, 512)),      # memory: a large activation, no weights
+    "act_inner": ("act_inner", (64, 64, 4)),          # memory: large activations inside, small input and output
 }
 
 
@@ -289,6 +292,17 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         a = g.op("Add", [g.op("Gemm", [g.op("Flatten", [a], axis=2), g.w((c, c))]), g.w((c,), 0.1)])
         a = g.op("Sqrt", [g.op("Add", [g.op("ReduceMean", [g.op("Pow", [a, "two"])], axes=[-1]), "hi"])])
         x = g.op("Add", [g.op("ReduceMean", [y], axes=[1, 2, 3], keepdims=0), g.op("ReduceMean", [a], keepdims=0)])
+    elif kind == "act_inner":  # upsampled, worked on and pooled: the activations live only inside the graph
+        from onnx import numpy_helper
+
+        c, hw, up = args
+        shape = [1, c, hw, hw]
+        g.inits.append(numpy_helper.from_array(np.array([1, 1, up, up], np.float32), "scales"))
+        y = g.op("Resize", ["x", "", "scales"], mode="nearest", coordinate_transformation_mode="asymmetric",
+                 nearest_mode="floor")
+        s = g.op("Sigmoid", [y])
+        y = g.op("Add", [g.op("Mul", [y, s]), g.op("Transpose", [y], perm=[0, 1, 3, 2])])
+        x = g.op("ReduceMean", [y], axes=[2, 3], keepdims=1)
     elif kind == "activations":  # activation-heavy: memory calibration
         c, hw = args
         shape = [1, c, hw, hw]
@@ -298,6 +312,10 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
     dims = {"x": shape, **extra}
     if case == "nodes_dyn":
         dynamic = {"x": [1, "tokens", 32]}
+    elif case == "mm_dyn":
+        dynamic = {"x": [1, "tokens", shape[2]]}
+    elif case == "conv3_dyn":
+        dynamic = {"x": ["batch", shape[1], "height", "width"]}
     ins = [helper.make_tensor_value_info(n, f32, dynamic.get(n, s)) for n, s in dims.items()]
     feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in dims.items()}
     if "ids" in feeds:  # token ids, within the table
@@ -308,6 +326,9 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
 
 
 CASES = list(CASE_SPECS)
+#: cases for the memory fit only, kept out of the time fit: the dynamic twins of static cases (what a runtime holds
+#: when it compiles dims dynamic) and activations that live only inside a graph
+MEMORY_CASES = frozenset({"mm_dyn", "conv3_dyn", "act_inner"})
 GROUP = 3  # timed runs per group: a group's best is one sample, and the median of the samples is kept
 
 
@@ -433,6 +454,17 @@ def _hwm() -> int:
     return 0
 
 
+def _reset_hwm() -> bool:
+    """Reset this process's peak resident memory (VmHWM) to its current resident memory (Linux 4.0 and later:
+    ``5`` into ``/proc/self/clear_refs``); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
 def _child() -> None:
     import gc
 
@@ -449,6 +481,8 @@ def _child() -> None:
     with np.load(spec["feeds"]) as z:
         feeds = {k: z[k] for k in z.files}
     sess = sdrt.load(spec["path"], backend=spec["backend"], device=spec["device"], **spec["options"])
+    compile_peak, compiled = _hwm(), _rss()  # the compile phase's peak, and what it left resident
+    reset = _reset_hwm()  # from here VmHWM is the run phase's peak (where the kernel lets it be reset)
     times = []
     loops = 1  # a call under 5 ms is timed over enough calls to last 5 ms, so that the clock's noise is small
     warm, runs, i = spec["warmup"], spec["warmup"] + spec["repeats"], 0
@@ -466,8 +500,11 @@ def _child() -> None:
             warm = 1
             runs = 1 + max(GROUP, min(spec["repeats"], GROUP * int(spec["budget_s"] / dt / GROUP)))
         i += 1
-    peak = _hwm()
-    print(json.dumps({"times_ms": times, "rss_before": before, "peak_rss": peak, "peak_bytes": max(0, peak - before)}))
+    run_peak = _hwm() if reset else 0
+    peak = max(compile_peak, run_peak) if reset else _hwm()
+    print(json.dumps({"times_ms": times, "rss_before": before, "peak_rss": peak, "peak_bytes": max(0, peak - before),
+                      "compile_peak_rss": compile_peak, "compiled_rss": compiled,
+                      "run_peak_rss": run_peak if reset else None}))
 
 
 def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
@@ -544,6 +581,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
             for name, path, feeds, cost in built:
                 if progress:
                     progress(f"{backend}: {name}")
+                pinned = False
                 try:
                     m = measure(path, feeds, backend, repeats=repeats, options={"precision": precision})
                 except RuntimeError as exc:  # a backend that compiles static shapes only: pinned, as sdrt runs it
@@ -551,20 +589,29 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                         raise
                     m = measure(path, feeds, backend, repeats=repeats,
                                 options={"precision": precision, "shapes": {k: v.shape for k, v in feeds.items()}})
+                    pinned = True
                 if name in rows and rows[name]["robust_ms"] <= m["robust_ms"]:
                     rows[name]["pass_ms"].append(m["robust_ms"])
                     continue
                 rows[name] = {"case": name, "features": features(cost, peak, bw),
+                              "timed": name.removeprefix("cal_") not in MEMORY_CASES,
                               "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
                               "pass_ms": rows[name]["pass_ms"] + [m["robust_ms"]] if name in rows else [m["robust_ms"]],
                               "busy_before": m.get("busy_before"), "slow_before": m.get("slow_before"),
                               "peak_bytes": m["peak_bytes"], "peak_rss": m["peak_rss"], "rss_before": m["rss_before"],
+                              "compile_peak_rss": m.get("compile_peak_rss"), "run_peak_rss": m.get("run_peak_rss"),
+                              "compiled_rss": m.get("compiled_rss"),
+                              # compiled with its dims dynamic (not pinned by a backend that needs static shapes)
+                              "dynamic": bool(cost.dynamic) and not pinned,
+                              "io_bytes": cost.io_bytes,
                               "weight_bytes": cost.weight_bytes, "table_bytes": cost.table_bytes,
                               "largest_conv_bytes": cost.largest_conv_bytes,
                               "largest_weight_bytes": cost.largest_weight_bytes,
                               "attention": any(n.op_class == "attention" for n in cost.nodes),
                               "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
-                              "activation_bytes": cost.peak_activation_bytes_fused, "flops": cost.flops}
+                              "activation_bytes": cost.peak_activation_bytes_inplace,
+                              "activation_bytes_fused": cost.peak_activation_bytes_fused,
+                              "input_bytes": cost.input_bytes, "output_bytes": cost.output_bytes, "flops": cost.flops}
     out = list(rows.values())
     return fit(out, bw, backend), out
 
@@ -586,7 +633,7 @@ def _fit_times(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Every case at once: ``time - fixed = sum of features x coefficients`` (``features``), fitted with
     non-negative coefficients, each case weighted by 1/time (relative errors count alike, large case or
     small). Returns the coefficient of each feature (1/efficiency for the ms terms; ms for nodes, call)."""
-    timed = [r for r in rows if r.get("features") and r["robust_ms"] > 0]
+    timed = [r for r in rows if r.get("features") and r["robust_ms"] > 0 and r.get("timed", True)]
     names = [f"flops_{c}" for c in TIME_CLASSES] + list(TERMS)
     names = [k for k in names if any(r["features"].get(k) for r in timed)]
     a = np.array([[r["features"].get(k, 0.0) for k in names] for r in timed])
@@ -664,6 +711,66 @@ def _fit_memory(rows: list[dict[str, Any]]) -> dict[str, float]:
         out["activation_factor"] = af
     if not a[:, 2].any():
         out["table_factor"] = out["weight_factor"]
+    if all(r.get("run_peak_rss") and r.get("compile_peak_rss") for r in rows) and one is not None:
+        out.update(_fit_phases(rows, one, many, per_node))
+    return out
+
+
+#: the memory factors of the two phases, by the feature they multiply (``_fit_phases``)
+COMPILE_TERMS = ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",
+                 "transient_conv_factor", "transient_factor", "compile_input_factor")
+RUN_TERMS = ("weight_factor", "conv_weight_factor", "table_factor", "activation_factor", "output_factor")
+
+
+def _phase_columns(r: dict[str, Any]) -> dict[str, float]:
+    cw = float(r.get("conv_weight_bytes", 0.0))
+    tb = float(r.get("table_bytes", 0.0))
+    other = float(r["weight_bytes"]) - cw - tb
+    return {"compile_weight_factor": other, "compile_conv_weight_factor": cw, "compile_table_factor": tb,
+            "transient_conv_factor": float(r.get("largest_conv_bytes", 0.0)),
+            "transient_factor": float(r.get("largest_weight_bytes", 0.0)),
+            "compile_input_factor": float(r.get("input_bytes", 0.0)),
+            "weight_factor": other, "conv_weight_factor": cw, "table_factor": tb,
+            "activation_factor": max(0.0, float(r["activation_bytes"]) - float(r.get("input_bytes", 0.0))),
+            "output_factor": float(r.get("output_bytes", 0.0))}
+
+
+def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str, Any] | None,
+                per_node: float) -> dict[str, float]:
+    """The two phases' memory factors (``Factors.compile_weight_factor`` ...), where the child reset its peak
+    after compiling: the compile phase's peak over the one-node case's, a non-negative fit in bytes over the
+    static cases of the weights (conv kernels, tables apart), the largest kernel and other weight (in flight
+    while one is transformed) and the inputs and outputs; the run phase's likewise of the weights as held and
+    the activations; then, on the cases compiled with dynamic dims and a MiB of weights, the weights' and
+    conv kernels' factors of each phase for a dynamic graph (the static fit's other terms taken as they are)."""
+    out: dict[str, float] = {}
+    static = [r for r in rows if not r.get("dynamic") and r is not many]
+    one_nodes = float(one.get("mem_nodes", 1))
+
+    def target(rs: list[dict[str, Any]], key: str) -> np.ndarray:
+        return np.array([float(r[key]) - float(one[key]) - per_node * (float(r.get("mem_nodes", 1)) - one_nodes)
+                         for r in rs])
+
+    for terms, key in ((COMPILE_TERMS, "compile_peak_rss"), (RUN_TERMS, "run_peak_rss")):
+        a = np.array([[_phase_columns(r)[t] for t in terms] for r in static])
+        keep = [i for i in range(a.shape[1]) if a[:, i].any()]
+        x = np.zeros(a.shape[1])
+        if keep:
+            x[keep] = _nnls(a[:, keep], target(static, key))
+        out.update({t: float(v) for t, v in zip(terms, x)})
+    dyn = [r for r in rows if r.get("dynamic") and r["weight_bytes"] >= SMALL / 4]
+    for terms, key, name in ((COMPILE_TERMS, "compile_peak_rss", "dynamic_compile"),
+                             (RUN_TERMS, "run_peak_rss", "dynamic_run")):
+        if not dyn:
+            break
+        a = np.array([[_phase_columns(r)[t] for t in terms[:3]] for r in dyn])
+        rest = np.array([sum(out[t] * _phase_columns(r)[t] for t in terms[3:]) for r in dyn])  # as the static fit
+        keep = [i for i in range(3) if a[:, i].any()]
+        x = np.array([out[t] for t in terms[:3]])  # a kind no dynamic case holds: as the static graph's
+        if keep:
+            x[keep] = _nnls(a[:, keep], target(dyn, key) - rest)
+        for suffix, v in zip(("weight_factor", "conv_weight_factor", "table_factor"), x):
+            out[f"{name}_{suffix}"] = float(v)
     return out
 
 
@@ -683,13 +790,19 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                    conv_weight_factor=mem["conv_weight_factor"], node_bytes=mem["node_bytes"],
                    table_factor=mem["table_factor"], transient_conv_factor=mem["transient_conv_factor"],
                    transient_factor=mem["transient_factor"], process_base=True, imports_bytes=mem["imports"],
-                   fused_attention_memory=True,
+                   fused_attention_memory=True, inplace_activations=True,
                    weight_bandwidth_efficiency=_inv(c.get("weight_ms")),
                    conv_weight_bandwidth_efficiency=_inv(c.get("conv_weight_ms")),
                    conv_weight_batch_bandwidth_efficiency=_inv(c.get("conv_weight_batch_ms")),
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
                    call_s=c.get("call", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
                    dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0,
+                   **{k: mem[k] for k in ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",
+                                          "compile_input_factor", "dynamic_compile_weight_factor",
+                                          "dynamic_compile_conv_weight_factor", "dynamic_compile_table_factor",
+                                          "dynamic_run_weight_factor", "dynamic_run_conv_weight_factor",
+                                          "dynamic_run_table_factor", "output_factor") if k in mem},
                    fit={"coefficients": c,
-                        "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "peak_bytes", "peak_rss")}
+                        "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "peak_bytes", "peak_rss",
+                                                         "compile_peak_rss", "run_peak_rss")}
                                   for r in rows]})

@@ -90,11 +90,34 @@ class Factors:
     #: (``GraphCost.peak_activation_bytes_fused``)
     fused_attention_memory: bool = False
     imports_bytes: float = 0.0
+    #: calibrated: activations counted with elementwise nodes in place (``GraphCost.peak_activation_bytes_inplace``)
+    inplace_activations: bool = False
     #: calibrated: seconds per node of shape arithmetic in a graph compiled with dynamic dims (the runtime
     #: infers shapes and runs those nodes every call); 0 for a runtime that pins the shapes
     shape_node_s: float = 0.0
     #: calibrated: seconds per timed node of a graph compiled with dynamic dims (shapes inferred every call)
     dynamic_node_s: float = 0.0
+    #: calibrated in two phases (the child's peak reset between compiling and the runs): the peak is the larger
+    #: of the compile phase's, ``compile_*`` factors x the weights (conv kernels, lookup tables apart) + the
+    #: transients + ``compile_input_factor`` x the graph's inputs (held while it compiles), and the run phase's,
+    #: the weights as held after compiling (``weight_factor`` ...) + ``activation_factor`` x the activations
+    #: the run adds (the live peak less the inputs) + ``output_factor`` x the outputs (the runtime's buffers and
+    #: the arrays handed back); both + ``node_bytes`` x nodes + ``base_bytes``. None: one phase (an older
+    #: calibration)
+    compile_weight_factor: float | None = None
+    compile_conv_weight_factor: float = 0.0
+    compile_table_factor: float = 0.0
+    compile_input_factor: float = 0.0
+    output_factor: float = 0.0
+    #: a graph compiled with dynamic dims (``GraphCost.dynamic``): weights and conv kernels per phase where the
+    #: runtime prepares them differently (OpenVINO repacks a dynamic graph's weights at its first run, when the
+    #: shapes are known, not while compiling); None: as a static graph's
+    dynamic_compile_weight_factor: float | None = None
+    dynamic_compile_conv_weight_factor: float | None = None
+    dynamic_run_weight_factor: float | None = None
+    dynamic_run_conv_weight_factor: float | None = None
+    dynamic_compile_table_factor: float | None = None
+    dynamic_run_table_factor: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -213,6 +236,11 @@ class Prediction:
     activation_bytes: float
     by_class_ms: dict[str, float]
     calibrated: bool
+    #: the two phases' peaks (both ``peak_bytes`` for a one-phase calibration or the defaults) and what the part
+    #: holds once compiled, without activations or the base (its weights as the runtime keeps them, its nodes)
+    compile_peak_bytes: float = 0.0
+    run_peak_bytes: float = 0.0
+    resident_bytes: float = 0.0
 
 
 def memory_nodes(cost: GraphCost) -> int:
@@ -222,6 +250,9 @@ def memory_nodes(cost: GraphCost) -> int:
 
 def activation_bytes(cost: GraphCost, f: Factors) -> float:
     """The peak of live activations as the factors' runtime holds them (fused attention: without its scores)."""
+    inplace = getattr(cost, "peak_activation_bytes_inplace", None)
+    if f.inplace_activations and inplace is not None:
+        return inplace
     fused = getattr(cost, "peak_activation_bytes_fused", None)
     return fused if f.fused_attention_memory and fused is not None else cost.peak_activation_bytes
 
@@ -249,13 +280,41 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
         timed = sum(1 for n in cost.nodes if n.op_class != "view" and not n.fused)
         by["shapes"] = f.shape_node_s * cost.dynamic_shape_nodes + f.dynamic_node_s * timed
     ms = 1000 * sum(by.values())
-    conv_w = conv_weight_bytes(cost) if f.conv_weight_factor is not None else 0.0
     activations = activation_bytes(cost, f)
+    compile_peak, run_peak, resident = memory_phases(cost, f)
+    return Prediction(ms, max(compile_peak, run_peak), cost.weight_bytes, activations,
+                      {k: 1000 * v for k, v in sorted(by.items(), key=lambda kv: -kv[1])}, f.calibrated,
+                      compile_peak, run_peak, resident)
+
+
+def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
+    """(compile phase's peak, run phase's peak, resident once compiled) of one part, in bytes (the peaks with
+    ``base_bytes``). The process's peak is the larger peak: a runtime that transforms its weights while
+    compiling (ggml's Winograd kernels: 4-8 x a 3x3 kernel in flight) peaks there, and its activations come
+    later, in memory the compile left; one that defers the work to the first run peaks there."""
+    conv_w = conv_weight_bytes(cost) if f.conv_weight_factor is not None else 0.0
     table = min(getattr(cost, "table_bytes", 0.0), cost.weight_bytes - conv_w) if f.table_factor is not None else 0.0
-    peak = (f.weight_factor * (cost.weight_bytes - conv_w - table) + (f.conv_weight_factor or 0.0) * conv_w
-            + (f.table_factor or 0.0) * table
-            + f.transient_conv_factor * getattr(cost, "largest_conv_bytes", 0.0)
-            + f.transient_factor * getattr(cost, "largest_weight_bytes", 0.0)
-            + f.activation_factor * activations + f.node_bytes * memory_nodes(cost) + f.base_bytes)
-    return Prediction(ms, peak, cost.weight_bytes, activations,
-                      {k: 1000 * v for k, v in sorted(by.items(), key=lambda kv: -kv[1])}, f.calibrated)
+    other = cost.weight_bytes - conv_w - table
+    nodes = f.node_bytes * memory_nodes(cost)
+    act = f.activation_factor * activation_bytes(cost, f)
+    transient = (f.transient_conv_factor * getattr(cost, "largest_conv_bytes", 0.0)
+                 + f.transient_factor * getattr(cost, "largest_weight_bytes", 0.0))
+    dyn = bool(getattr(cost, "dynamic", False))
+
+    def pick(dynamic: float | None, static: float) -> float:
+        return dynamic if dyn and dynamic is not None else static
+
+    run_w = (pick(f.dynamic_run_weight_factor, f.weight_factor) * other
+             + pick(f.dynamic_run_conv_weight_factor, f.conv_weight_factor or 0.0) * conv_w
+             + pick(f.dynamic_run_table_factor, f.table_factor or 0.0) * table)
+    if f.compile_weight_factor is None:  # one phase: weights, transients and activations add
+        peak = run_w + transient + act + nodes + f.base_bytes
+        return peak, peak, run_w + nodes
+    run_peak = run_w + f.output_factor * getattr(cost, "output_bytes", 0.0) + nodes + f.base_bytes + (
+        f.activation_factor * max(0.0, activation_bytes(cost, f) - getattr(cost, "input_bytes", 0.0)))
+    compile_w = (pick(f.dynamic_compile_weight_factor, f.compile_weight_factor) * other
+                 + pick(f.dynamic_compile_conv_weight_factor, f.compile_conv_weight_factor) * conv_w
+                 + pick(f.dynamic_compile_table_factor, f.compile_table_factor) * table)
+    compile_peak = (compile_w + transient + f.compile_input_factor * getattr(cost, "input_bytes", 0.0) + nodes
+                    + f.base_bytes)
+    return compile_peak, run_peak, run_w + nodes

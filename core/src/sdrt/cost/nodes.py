@@ -116,6 +116,12 @@ class GraphCost:
     #: the activations' peak where attention runs as one fused kernel (its scores and probabilities, from
     #: the QK^T matmul through the softmax, never held): what the CPU runtimes that fuse attention hold
     peak_activation_bytes_fused: float | None = None
+    #: the same (attention fused) where elementwise nodes write into an input that dies at them
+    #: (``_INPLACE``), as a runtime's allocator does
+    peak_activation_bytes_inplace: float | None = None
+    #: the graph's inputs and its outputs apart (``io_bytes`` is their sum)
+    input_bytes: float = 0.0
+    output_bytes: float = 0.0
     #: nodes of shape arithmetic (Shape and what folds from it at pinned shapes) in a graph whose inputs have
     #: dynamic dims: a runtime that compiles it as it is (dims left dynamic) runs them, and infers shapes, every call
     dynamic_shape_nodes: int = 0
@@ -270,12 +276,16 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     peak = _peak_activations(model, shape, dtype, act, set(inits) | set(consts))
     scores = _attention_scores(model, origin)
     peak_fused = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores) if scores else peak
-    io = sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act)
-             for v in list(model.graph.input) + list(model.graph.output) if v.name not in inits)
+    peak_inplace = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores, inplace=True)
+    ins_b, outs_b = (sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act) for v in vs if v.name not in inits)
+                     for vs in (model.graph.input, model.graph.output))
+    io = ins_b + outs_b
     pinned = {i.name: tuple(i.shape) for i in g.inputs}
     dynamic = any(not isinstance(d, int) for i in graph.inputs for d in i.shape)
     return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown,
                      table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
+                     peak_activation_bytes_inplace=float(peak_inplace), input_bytes=float(ins_b),
+                     output_bytes=float(outs_b),
                      largest_conv_bytes=float(max((sizes[k] for k in kernels if k in sizes), default=0.0)),
                      largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)),
                      dynamic_shape_nodes=shape_nodes if dynamic else 0, dynamic=dynamic)
@@ -385,11 +395,18 @@ def _attention_scores(model: Any, origin: Mapping[str, Any]) -> set[str]:
     return out
 
 
+#: elementwise ops that a runtime's allocator runs in place: the output takes the memory of an input of the
+#: same size that no later node reads (ggml's graph allocator, OpenVINO's in-place edges)
+_INPLACE = {"Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Relu", "Erf", "Clip", "Pow", "Sqrt", "Exp", "Neg",
+            "Abs", "LeakyRelu", "HardSigmoid", "HardSwish", "Softplus", "Gelu", "Softmax"}
+
+
 def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: set[str],
-                      skip: set[str] | None = None) -> float:
+                      skip: set[str] | None = None, inplace: bool = False) -> float:
     """The largest total size of activations alive at once, running the nodes in file order. A value is
     alive from the node that writes it to the last node that reads it; views alias their input. ``skip``:
-    values never held (inside a fused kernel)."""
+    values never held (inside a fused kernel). ``inplace``: an elementwise node (``_INPLACE``) whose input
+    of the output's size dies at it writes into that input's memory (no graph input or output is reused)."""
     constant = constant | (skip or set())
     nodes = list(model.graph.node)
     alias: dict[str, str] = {}
@@ -413,12 +430,20 @@ def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: se
             live += size[v.name]
             last.setdefault(v.name, -1)
     peak = live
+    graph_inputs = {v.name for v in model.graph.input}
     for i, n in enumerate(nodes):
         if n.op_type in _VIEW:
             continue
+        reused: set[str] = set()
         for o in n.output:
             if o and o not in alias and (s := shape(o)) is not None and o not in constant:
                 size[o] = _prod(s) * _elem_size(dtype(o), act)
+                donor = next((x for x in (alias.get(x, x) for x in n.input if x) if inplace and n.op_type in _INPLACE
+                              and o not in outputs and x in size and x not in graph_inputs and x not in outputs
+                              and x not in reused and last.get(x) == i and size[x] == size[o]), None)
+                if donor is not None:  # written into the donor's memory: the donor's bytes pass to the output
+                    reused.add(donor)
+                    live -= size.pop(donor)
                 live += size[o]
                 last.setdefault(o, i)
         peak = max(peak, live)

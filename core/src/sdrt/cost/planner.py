@@ -217,6 +217,7 @@ def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precis
     parts = []
     total_ms = 0.0
     resident_sum = 0.0  # what each part holds whatever runs: its weights (and compiled nodes) as the factors count them
+    extra = 0.0
     for pc in costs:
         ms_img = 0.0
         peak_part = 0.0
@@ -226,7 +227,9 @@ def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precis
         resident = 0.0
         for cost, n in pc.costs:
             pr = predict(cost, device, backend, precision, f)
-            resident = max(resident, pr.peak_bytes - f.activation_factor * pr.activation_bytes - f.base_bytes)
+            resident = max(resident, pr.resident_bytes)
+            # what the part adds over its resident weights while it compiles or runs (transients, activations)
+            extra = max(extra, pr.peak_bytes - f.base_bytes - pr.resident_bytes)
             ms_img += pr.ms * n
             ms_call = max(ms_call, pr.ms)
             w = max(w, pr.weight_bytes)
@@ -244,9 +247,9 @@ def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precis
                       "weight_bytes": w, "activation_bytes": a, "load_ms_per_image": load_ms})
         total_ms += ms_img + load_ms
         resident_sum += resident
-    af, base = f.activation_factor, f.base_bytes
-    if offload == "none":
-        peak = resident_sum + af * max((p["activation_bytes"] for p in parts), default=0) + base
+    base = f.base_bytes
+    if offload == "none":  # every part resident, and the largest transient or activations of any one on top
+        peak = resident_sum + extra + base
     elif offload == "parts":
         peak = max((p["predicted_peak_bytes"] for p in parts), default=0.0)
     else:  # stream: activations plus two blocks' weights in flight (a block ~ 1/20 of the largest part)
