@@ -15,33 +15,36 @@ MIB = 2**20
 
 
 def _cost(dynamic: bool = False) -> GraphCost:
-    """100 MiB of weights: 60 MiB of 3x3 kernels (largest 20), 10 MiB of table, 30 MiB of others (largest 5);
-    50 MiB of live activations (1 MiB of them the input), a 2 MiB output; two nodes."""
+    """100 MiB of weights: 60 MiB of 3x3 kernels (largest 20), 10 MiB of table, 30 MiB of others (largest 5),
+    4 MiB of them in small tensors; 50 MiB of live activations (1 MiB of them the input), a 2 MiB output; two
+    nodes."""
     nodes = [NodeCost("k", "Conv", "conv", 1e9, 61 * MIB, MIB, 60 * MIB),
              NodeCost("m", "MatMul", "matmul", 1e9, 31 * MIB, MIB, 30 * MIB)]
     return GraphCost("g", "fp32", nodes, 100 * MIB, 50 * MIB, 3 * MIB, table_bytes=10 * MIB,
                      largest_conv_bytes=20 * MIB, largest_weight_bytes=5 * MIB, peak_activation_bytes_fused=50 * MIB,
-                     peak_activation_bytes_inplace=50 * MIB, input_bytes=MIB, output_bytes=2 * MIB, dynamic=dynamic)
+                     peak_activation_bytes_inplace=50 * MIB, input_bytes=MIB, output_bytes=2 * MIB,
+                     small_weight_bytes=4 * MIB, dynamic=dynamic)
 
 
 F = Factors({"matmul": 1.0, "conv": 1.0}, {"matmul": 0.0, "conv": 0.0}, weight_factor=1.0, activation_factor=1.0,
             base_bytes=100 * MIB, conv_weight_factor=3.0, table_factor=0.0, node_bytes=MIB, transient_conv_factor=3.0,
             transient_factor=1.0, inplace_activations=True, compile_weight_factor=2.0, compile_conv_weight_factor=4.0,
-            compile_table_factor=1.0, compile_input_factor=1.0, output_factor=2.0,
+            compile_table_factor=1.0, compile_input_factor=1.0, output_factor=2.0, retained_factor=0.5,
+            compile_small_factor=1.0,
             dynamic_compile_weight_factor=2.0, dynamic_compile_conv_weight_factor=1.0,
             dynamic_run_weight_factor=1.0, dynamic_run_conv_weight_factor=2.0)
 
 
 def test_peak_is_the_larger_phase():
-    # compile: 2 x 30 + 4 x 60 + 1 x 10 + 3 x 20 + 1 x 5 + 1 x 1 (input) + 2 nodes + 100 = 478 MiB
-    # run: 1 x 30 + 3 x 60 + 0 x 10 + 1 x (50 - 1) + 2 x 2 (output) + 2 + 100 = 365 MiB
+    # compile: 2 x 30 + 4 x 60 + 1 x 10 + 3 x 20 + 1 x 5 + 1 x 1 (input) + 1 x 4 (small) + 2 nodes + 100 = 482 MiB
+    # run: 1 x 30 + 3 x 60 + 0 x 10 + 1 x (50 - 1) + 2 x 2 (output) + 0.5 x 4 (small) + 2 + 100 = 367 MiB
     comp, run, resident = memory_phases(_cost(), F)
-    assert (comp / MIB, run / MIB, resident / MIB) == pytest.approx((478, 365, 212))
+    assert (comp / MIB, run / MIB, resident / MIB) == pytest.approx((482, 367, 214))
     p = predict(_cost(), devices.find("cpu"), "ggml", "fp32", F)
-    assert p.peak_bytes == pytest.approx(478 * MIB) and (p.compile_peak_bytes, p.run_peak_bytes) == (comp, run)
+    assert p.peak_bytes == pytest.approx(482 * MIB) and (p.compile_peak_bytes, p.run_peak_bytes) == (comp, run)
     # a graph compiled with dynamic dims: its kernels prepared at the first run (1 x compiling, 2 x running)
     comp, run, _ = memory_phases(_cost(dynamic=True), F)
-    assert (comp / MIB, run / MIB) == pytest.approx((298, 305))
+    assert (comp / MIB, run / MIB) == pytest.approx((302, 307))
 
 
 def test_one_phase_calibration_adds_the_terms():
@@ -54,7 +57,7 @@ def test_one_phase_calibration_adds_the_terms():
 
 def test_fit_phases_recovers_known_factors():
     """Cases measured in two phases, made from known factors, static and dynamic, are fitted back."""
-    true = dict(zip(COMPILE_TERMS, (2.0, 4.0, 1.0, 3.0, 0.5, 1.0))) | dict(zip(RUN_TERMS, (1.0, 3.0, 0.1, 1.1, 2.0)))
+    true = dict(zip(COMPILE_TERMS, (2.0, 4.0, 1.0, 3.0, 0.5, 1.0, 2.5))) | dict(zip(RUN_TERMS, (1.0, 3.0, 0.1, 1.1, 2.0, 0.7)))
     dyn = {"compile": (2.0, 1.0), "run": (1.0, 2.0)}
     rng = np.random.default_rng(5)
     base, per_node = 100 * MIB, 20e3
@@ -74,7 +77,8 @@ def test_fit_phases_recovers_known_factors():
         r = {"case": f"c{i}", "weight_bytes": sum(w), "conv_weight_bytes": w[1], "table_bytes": w[2],
              "largest_conv_bytes": w[1] * rng.uniform(0.1, 1), "largest_weight_bytes": (w[0] + w[2]) * rng.uniform(0.1, 1),
              "activation_bytes": float(rng.uniform(2, 300) * MIB), "input_bytes": float(rng.uniform(0, 1) * MIB),
-             "output_bytes": float(rng.uniform(0, 50) * MIB), "mem_nodes": int(rng.integers(1, 50)), "dynamic": dynamic,
+             "output_bytes": float(rng.uniform(0, 50) * MIB), "small_weight_bytes": sum(w) * rng.uniform(0, 0.5),
+             "mem_nodes": int(rng.integers(1, 50)), "dynamic": dynamic,
              "rss_before": 70 * MIB}
         cols = _phase_columns(r)
         c = {t: true[t] for t in COMPILE_TERMS}

@@ -117,6 +117,8 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "upsample": ("upsample", (128, 64, 2)),
     "activations": ("activations", (64, 512)),      # memory: a large activation, no weights
     "act_inner": ("act_inner", (64, 64, 4)),          # memory: large activations inside, small input and output
+    "small_convs": ("conv", (128, 16, 3, 1, 40)),    # memory: 40 kernels of 0.56 MiB (what compiling them leaves)
+    "small_mms": ("matmul", (77, 384, 384, 40)),     # memory: 40 matmul weights of 0.56 MiB
 }
 
 
@@ -327,8 +329,8 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
 
 CASES = list(CASE_SPECS)
 #: cases for the memory fit only, kept out of the time fit: the dynamic twins of static cases (what a runtime holds
-#: when it compiles dims dynamic) and activations that live only inside a graph
-MEMORY_CASES = frozenset({"mm_dyn", "conv3_dyn", "act_inner"})
+#: when it compiles dims dynamic), activations that live only inside a graph, many small weights
+MEMORY_CASES = frozenset({"mm_dyn", "conv3_dyn", "act_inner", "small_convs", "small_mms"})
 GROUP = 3  # timed runs per group: a group's best is one sample, and the median of the samples is kept
 
 
@@ -611,7 +613,8 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                               "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
                               "activation_bytes": cost.peak_activation_bytes_inplace,
                               "activation_bytes_fused": cost.peak_activation_bytes_fused,
-                              "input_bytes": cost.input_bytes, "output_bytes": cost.output_bytes, "flops": cost.flops}
+                              "input_bytes": cost.input_bytes, "output_bytes": cost.output_bytes,
+                              "small_weight_bytes": cost.small_weight_bytes, "flops": cost.flops}
     out = list(rows.values())
     return fit(out, bw, backend), out
 
@@ -718,8 +721,9 @@ def _fit_memory(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 #: the memory factors of the two phases, by the feature they multiply (``_fit_phases``)
 COMPILE_TERMS = ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",
-                 "transient_conv_factor", "transient_factor", "compile_input_factor")
-RUN_TERMS = ("weight_factor", "conv_weight_factor", "table_factor", "activation_factor", "output_factor")
+                 "transient_conv_factor", "transient_factor", "compile_input_factor", "compile_small_factor")
+RUN_TERMS = ("weight_factor", "conv_weight_factor", "table_factor", "activation_factor", "output_factor",
+             "retained_factor")
 
 
 def _phase_columns(r: dict[str, Any]) -> dict[str, float]:
@@ -730,9 +734,11 @@ def _phase_columns(r: dict[str, Any]) -> dict[str, float]:
             "transient_conv_factor": float(r.get("largest_conv_bytes", 0.0)),
             "transient_factor": float(r.get("largest_weight_bytes", 0.0)),
             "compile_input_factor": float(r.get("input_bytes", 0.0)),
+            "compile_small_factor": float(r.get("small_weight_bytes", 0.0)),
             "weight_factor": other, "conv_weight_factor": cw, "table_factor": tb,
             "activation_factor": max(0.0, float(r["activation_bytes"]) - float(r.get("input_bytes", 0.0))),
-            "output_factor": float(r.get("output_bytes", 0.0))}
+            "output_factor": float(r.get("output_bytes", 0.0)),
+            "retained_factor": float(r.get("small_weight_bytes", 0.0))}
 
 
 def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str, Any] | None,
@@ -801,7 +807,9 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                                           "compile_input_factor", "dynamic_compile_weight_factor",
                                           "dynamic_compile_conv_weight_factor", "dynamic_compile_table_factor",
                                           "dynamic_run_weight_factor", "dynamic_run_conv_weight_factor",
-                                          "dynamic_run_table_factor", "output_factor") if k in mem},
+                                          "dynamic_run_table_factor", "output_factor", "retained_factor",
+                                          "compile_small_factor")
+                      if k in mem},
                    fit={"coefficients": c,
                         "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "peak_bytes", "peak_rss",
                                                          "compile_peak_rss", "run_peak_rss")}

@@ -109,6 +109,11 @@ class Factors:
     compile_table_factor: float = 0.0
     compile_input_factor: float = 0.0
     output_factor: float = 0.0
+    #: the run phase's bytes per byte of small weights (``GraphCost.small_weight_bytes``) on top of the weights as
+    #: held: what compiling them left in the C heap
+    retained_factor: float = 0.0
+    #: the compile phase's bytes per byte of small weights on top of the weights' factors (many small allocations)
+    compile_small_factor: float = 0.0
     #: a graph compiled with dynamic dims (``GraphCost.dynamic``): weights and conv kernels per phase where the
     #: runtime prepares them differently (OpenVINO repacks a dynamic graph's weights at its first run, when the
     #: shapes are known, not while compiling); None: as a static graph's
@@ -311,10 +316,11 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
         peak = run_w + transient + act + nodes + f.base_bytes
         return peak, peak, run_w + nodes
     run_peak = run_w + f.output_factor * getattr(cost, "output_bytes", 0.0) + nodes + f.base_bytes + (
+        f.retained_factor * getattr(cost, "small_weight_bytes", 0.0)) + (
         f.activation_factor * max(0.0, activation_bytes(cost, f) - getattr(cost, "input_bytes", 0.0)))
     compile_w = (pick(f.dynamic_compile_weight_factor, f.compile_weight_factor) * other
                  + pick(f.dynamic_compile_conv_weight_factor, f.compile_conv_weight_factor) * conv_w
                  + pick(f.dynamic_compile_table_factor, f.compile_table_factor) * table)
     compile_peak = (compile_w + transient + f.compile_input_factor * getattr(cost, "input_bytes", 0.0) + nodes
-                    + f.base_bytes)
-    return compile_peak, run_peak, run_w + nodes
+                    + f.compile_small_factor * getattr(cost, "small_weight_bytes", 0.0) + f.base_bytes)
+    return compile_peak, run_peak, run_w + f.retained_factor * getattr(cost, "small_weight_bytes", 0.0) + nodes

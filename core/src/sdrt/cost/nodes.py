@@ -122,6 +122,9 @@ class GraphCost:
     #: the graph's inputs and its outputs apart (``io_bytes`` is their sum)
     input_bytes: float = 0.0
     output_bytes: float = 0.0
+    #: weights in tensors under ``SMALL_TENSOR_BYTES`` each: what a runtime allocates for them while compiling
+    #: (copies, transformed kernels) comes from the C heap, which keeps it resident after it is freed
+    small_weight_bytes: float = 0.0
     #: nodes of shape arithmetic (Shape and what folds from it at pinned shapes) in a graph whose inputs have
     #: dynamic dims: a runtime that compiles it as it is (dims left dynamic) runs them, and infers shapes, every call
     dynamic_shape_nodes: int = 0
@@ -273,6 +276,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
               and next((a.i for a in n.attribute if a.name == "group"), 1) == 1):
             kernels |= origin[ins[1]]
     tables &= set(sizes)
+    small = sum(v for v in sizes.values() if v < SMALL_TENSOR_BYTES)
     peak = _peak_activations(model, shape, dtype, act, set(inits) | set(consts))
     scores = _attention_scores(model, origin)
     peak_fused = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores) if scores else peak
@@ -285,7 +289,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown,
                      table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
                      peak_activation_bytes_inplace=float(peak_inplace), input_bytes=float(ins_b),
-                     output_bytes=float(outs_b),
+                     output_bytes=float(outs_b), small_weight_bytes=float(small),
                      largest_conv_bytes=float(max((sizes[k] for k in kernels if k in sizes), default=0.0)),
                      largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)),
                      dynamic_shape_nodes=shape_nodes if dynamic else 0, dynamic=dynamic)
@@ -394,6 +398,11 @@ def _attention_scores(model: Any, origin: Mapping[str, Any]) -> set[str]:
             v = next((i for i in w.input if i and i not in origin), "")
     return out
 
+
+#: a weight tensor under this size is "small" (``GraphCost.small_weight_bytes``): measured here, the compile
+#: memory of 0.56 MiB kernels stayed resident after compiling (OpenVINO and ggml), that of 3.5-56 MiB kernels went
+#: back (the C allocator maps large blocks apart and returns them when freed)
+SMALL_TENSOR_BYTES = 2**20
 
 #: elementwise ops that a runtime's allocator runs in place: the output takes the memory of an input of the
 #: same size that no later node reads (ggml's graph allocator, OpenVINO's in-place edges)
