@@ -3,6 +3,8 @@ known factors from synthetic measurements."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -45,6 +47,13 @@ def test_peak_is_the_larger_phase():
     # a graph compiled with dynamic dims: its kernels prepared at the first run (1 x compiling, 2 x running)
     comp, run, _ = memory_phases(_cost(dynamic=True), F)
     assert (comp / MIB, run / MIB) == pytest.approx((302, 307))
+    # ... where 10 MiB of the other weights are matmuls with a fused activation, prepared at the first run:
+    # compile 2 x 20 + 1 x 10 + 60 + 10 + 65 + 1 + 4 + 2 + 100; run 20 + 2 x 10 + 120 + 2 + 49 + 4 + 2 + 100
+    cost = replace(_cost(dynamic=True), epilogue_weight_bytes=10 * MIB)
+    f = replace(F, dynamic_compile_epilogue_weight_factor=1.0, dynamic_run_epilogue_weight_factor=2.0)
+    comp, run, _ = memory_phases(cost, f)
+    assert (comp / MIB, run / MIB) == pytest.approx((292, 317))
+    assert memory_phases(replace(cost, dynamic=False), f)[:2] == memory_phases(_cost(), f)[:2]  # static: no split
 
 
 def test_one_phase_calibration_adds_the_terms():

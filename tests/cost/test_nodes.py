@@ -213,3 +213,14 @@ def test_inplace_liveness_and_inputs_outputs():
     assert c.peak_activation_bytes == 3 * 4096
     assert c.peak_activation_bytes_inplace == 2 * 4096
     assert (c.input_bytes, c.output_bytes) == (4096, 4)
+
+
+def test_matmuls_with_a_fused_activation():
+    """x @ W1 + b1 -> Relu -> @ W2 + b2 -> + x (a residual): W1's matmul has an activation epilogue (past its
+    bias), W2's only a residual add, so only W1's 64 x 128 floats count."""
+    g = _graph([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+                helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["o"]),
+                helper.make_node("Add", ["o", "b2"], ["ob"]), helper.make_node("Add", ["ob", "x"], ["y"])],
+               [helper.make_tensor_value_info("x", F, [1, 8, 64])], [helper.make_tensor_value_info("y", F, None)],
+               [_w("w1", (64, 128)), _w("b1", (128,)), _w("w2", (128, 64)), _w("b2", (64,))])
+    assert graph_costs(g).epilogue_weight_bytes == 4 * 64 * 128

@@ -102,6 +102,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "mm_77x768": ("mlp", (77, 768, 3072, 4)),        # CLIP's MLPs: 77 rows over 75 MB of weights
     "mm_8x4096": ("matmul", (8, 4096, 4096, 2)),     # 8 rows over 134 MB: streaming the weights
     "mm_dyn": ("mlp", (77, 768, 3072, 4)),           # mm_77x768 with its tokens dynamic (memory: when weights repack)
+    "mm_act_dyn": ("mlp_act", (77, 768, 3072, 2)),   # CLIP-like MLPs (a ReLU between), batch and tokens dynamic
     "conv3_dyn": ("conv", (640, 16, 3, 1, 3)),       # conv3_640x16 with batch and map dynamic (as torch exports)
     "heads": ("heads", (77, 64, 8, 6)),              # heads split and merged by shape arithmetic, dims dynamic
     "tokens": ("tokens", (77, 64, 3)),               # integer work on token ids (the pooled token's position)
@@ -160,13 +161,15 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
             y = g.op("Clip", [g.op("Conv", [x, g.w((h, c, 1, 1)), g.w((h,), 0.01)]), "lo", "hi"])
             y = g.op("Clip", [g.op("Conv", [y, g.w((h, 1, 3, 3)), g.w((h,), 0.01)], pads=[1] * 4, group=h), "lo", "hi"])
             x = g.op("Add", [g.op("Conv", [y, g.w((c, h, 1, 1)), g.w((c,), 0.01)]), x])
-    elif kind in ("matmul", "mlp"):
+    elif kind in ("matmul", "mlp", "mlp_act"):
         t, c, h, k = args
         shape = [1, t, c]
         x = "x"
         for _ in range(k):
             x = g.op("MatMul", [x, g.w((c, h))])
-            if kind == "mlp":
+            if kind == "mlp_act":
+                x = g.op("Relu", [x])
+            if kind != "matmul":
                 x = g.op("MatMul", [x, g.w((h, c))])
     elif kind == "attention":
         bh, sq, d, k = args
@@ -316,6 +319,8 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         dynamic = {"x": [1, "tokens", 32]}
     elif case == "mm_dyn":
         dynamic = {"x": [1, "tokens", shape[2]]}
+    elif case == "mm_act_dyn":
+        dynamic = {"x": ["batch", "tokens", shape[2]]}
     elif case == "conv3_dyn":
         dynamic = {"x": ["batch", shape[1], "height", "width"]}
     ins = [helper.make_tensor_value_info(n, f32, dynamic.get(n, s)) for n, s in dims.items()]
@@ -330,7 +335,7 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
 CASES = list(CASE_SPECS)
 #: cases for the memory fit only, kept out of the time fit: the dynamic twins of static cases (what a runtime holds
 #: when it compiles dims dynamic), activations that live only inside a graph, many small weights
-MEMORY_CASES = frozenset({"mm_dyn", "conv3_dyn", "act_inner", "small_convs", "small_mms"})
+MEMORY_CASES = frozenset({"mm_dyn", "mm_act_dyn", "conv3_dyn", "act_inner", "small_convs", "small_mms"})
 GROUP = 3  # timed runs per group: a group's best is one sample, and the median of the samples is kept
 
 
@@ -614,7 +619,8 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                               "activation_bytes": cost.peak_activation_bytes_inplace,
                               "activation_bytes_fused": cost.peak_activation_bytes_fused,
                               "input_bytes": cost.input_bytes, "output_bytes": cost.output_bytes,
-                              "small_weight_bytes": cost.small_weight_bytes, "flops": cost.flops}
+                              "small_weight_bytes": cost.small_weight_bytes,
+                              "epilogue_weight_bytes": cost.epilogue_weight_bytes, "flops": cost.flops}
     out = list(rows.values())
     return fit(out, bw, backend), out
 
@@ -769,13 +775,16 @@ def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str,
                              (RUN_TERMS, "run_peak_rss", "dynamic_run")):
         if not dyn:
             break
-        a = np.array([[_phase_columns(r)[t] for t in terms[:3]] for r in dyn])
+        # the other weights apart from those of matmuls with an activation epilogue, then kernels, tables, those
+        a = np.array([[_phase_columns(r)[terms[0]] - float(r.get("epilogue_weight_bytes", 0.0))]
+                      + [_phase_columns(r)[t] for t in terms[1:3]] + [float(r.get("epilogue_weight_bytes", 0.0))]
+                      for r in dyn])
         rest = np.array([sum(out[t] * _phase_columns(r)[t] for t in terms[3:]) for r in dyn])  # as the static fit
-        keep = [i for i in range(3) if a[:, i].any()]
-        x = np.array([out[t] for t in terms[:3]])  # a kind no dynamic case holds: as the static graph's
+        keep = [i for i in range(4) if a[:, i].any()]
+        x = np.array([out[t] for t in terms[:3]] + [out[terms[0]]])  # a kind no dynamic case holds: as static
         if keep:
             x[keep] = _nnls(a[:, keep], target(dyn, key) - rest)
-        for suffix, v in zip(("weight_factor", "conv_weight_factor", "table_factor"), x):
+        for suffix, v in zip(("weight_factor", "conv_weight_factor", "table_factor", "epilogue_weight_factor"), x):
             out[f"{name}_{suffix}"] = float(v)
     return out
 
@@ -808,7 +817,8 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                                           "dynamic_compile_conv_weight_factor", "dynamic_compile_table_factor",
                                           "dynamic_run_weight_factor", "dynamic_run_conv_weight_factor",
                                           "dynamic_run_table_factor", "output_factor", "retained_factor",
-                                          "compile_small_factor")
+                                          "compile_small_factor", "dynamic_compile_epilogue_weight_factor",
+                                          "dynamic_run_epilogue_weight_factor")
                       if k in mem},
                    fit={"coefficients": c,
                         "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "peak_bytes", "peak_rss",

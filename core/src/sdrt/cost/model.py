@@ -123,6 +123,10 @@ class Factors:
     dynamic_run_conv_weight_factor: float | None = None
     dynamic_compile_table_factor: float | None = None
     dynamic_run_table_factor: float | None = None
+    #: ... and of matmuls with a fused activation (``GraphCost.epilogue_weight_bytes``): OpenVINO prepares those at
+    #: a dynamic graph's first run (the others while compiling); None: as the other weights
+    dynamic_compile_epilogue_weight_factor: float | None = None
+    dynamic_run_epilogue_weight_factor: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -309,7 +313,11 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     def pick(dynamic: float | None, static: float) -> float:
         return dynamic if dyn and dynamic is not None else static
 
-    run_w = (pick(f.dynamic_run_weight_factor, f.weight_factor) * other
+    # a dynamic graph's matmuls with a fused activation, where the factors tell them apart
+    epi = min(getattr(cost, "epilogue_weight_bytes", 0.0), other) if dyn and (
+        f.dynamic_run_epilogue_weight_factor is not None) else 0.0
+    other -= epi
+    run_w = (pick(f.dynamic_run_epilogue_weight_factor, 0.0) * epi + pick(f.dynamic_run_weight_factor, f.weight_factor) * other
              + pick(f.dynamic_run_conv_weight_factor, f.conv_weight_factor or 0.0) * conv_w
              + pick(f.dynamic_run_table_factor, f.table_factor or 0.0) * table)
     if f.compile_weight_factor is None:  # one phase: weights, transients and activations add
@@ -318,7 +326,8 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     run_peak = run_w + f.output_factor * getattr(cost, "output_bytes", 0.0) + nodes + f.base_bytes + (
         f.retained_factor * getattr(cost, "small_weight_bytes", 0.0)) + (
         f.activation_factor * max(0.0, activation_bytes(cost, f) - getattr(cost, "input_bytes", 0.0)))
-    compile_w = (pick(f.dynamic_compile_weight_factor, f.compile_weight_factor) * other
+    compile_w = (pick(f.dynamic_compile_epilogue_weight_factor, 0.0) * epi
+                 + pick(f.dynamic_compile_weight_factor, f.compile_weight_factor) * other
                  + pick(f.dynamic_compile_conv_weight_factor, f.compile_conv_weight_factor) * conv_w
                  + pick(f.dynamic_compile_table_factor, f.compile_table_factor) * table)
     compile_peak = (compile_w + transient + f.compile_input_factor * getattr(cost, "input_bytes", 0.0) + nodes

@@ -125,6 +125,9 @@ class GraphCost:
     #: weights in tensors under ``SMALL_TENSOR_BYTES`` each: what a runtime allocates for them while compiling
     #: (copies, transformed kernels) comes from the C heap, which keeps it resident after it is freed
     small_weight_bytes: float = 0.0
+    #: weights of matmuls whose output (past a bias) only elementwise nodes but adds read: an activation the runtime fuses
+    #: into the matmul (OpenVINO prepares such a matmul's weights at the first run in a graph with dynamic dims)
+    epilogue_weight_bytes: float = 0.0
     #: nodes of shape arithmetic (Shape and what folds from it at pinned shapes) in a graph whose inputs have
     #: dynamic dims: a runtime that compiles it as it is (dims left dynamic) runs them, and infers shapes, every call
     dynamic_shape_nodes: int = 0
@@ -277,6 +280,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
             kernels |= origin[ins[1]]
     tables &= set(sizes)
     small = sum(v for v in sizes.values() if v < SMALL_TENSOR_BYTES)
+    epilogue_w = _epilogue_weight_bytes(model, origin, {c.name: c for c in nodes})
     peak = _peak_activations(model, shape, dtype, act, set(inits) | set(consts))
     scores = _attention_scores(model, origin)
     peak_fused = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores) if scores else peak
@@ -290,9 +294,34 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                      table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
                      peak_activation_bytes_inplace=float(peak_inplace), input_bytes=float(ins_b),
                      output_bytes=float(outs_b), small_weight_bytes=float(small),
+                     epilogue_weight_bytes=float(epilogue_w),
                      largest_conv_bytes=float(max((sizes[k] for k in kernels if k in sizes), default=0.0)),
                      largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)),
                      dynamic_shape_nodes=shape_nodes if dynamic else 0, dynamic=dynamic)
+
+
+def _epilogue_weight_bytes(model: Any, origin: dict[str, set[str]], costs: dict[str, NodeCost]) -> float:
+    """The weight bytes of matmuls with a weight operand whose output, past a bias (Add/Sub of a weight), only
+    elementwise nodes (``_INPLACE``) other than adds read: a fused activation (a GELU, a ReLU, a scale), not a
+    residual."""
+    readers: dict[str, list[Any]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            if i:
+                readers.setdefault(i, []).append(n)
+    total = 0.0
+    for k, n in enumerate(model.graph.node):
+        if n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2 or n.input[1] not in origin or n.input[0] in origin:
+            continue
+        v = n.output[0]
+        rs = readers.get(v, [])
+        if len(rs) == 1 and rs[0].op_type in ("Add", "Sub") and any(i in origin for i in rs[0].input if i != v):
+            v = rs[0].output[0]  # a bias
+            rs = readers.get(v, [])
+        if rs and all(r.op_type in _INPLACE and r.op_type not in ("Add", "Sub") for r in rs):  # not a residual
+            c = costs.get(n.name or f"{n.op_type}_{k}")
+            total += c.weight_bytes if c is not None else 0.0
+    return total
 
 
 def _integer(dtype: str) -> bool:
