@@ -11,8 +11,9 @@ process (so that its peak resident memory can be read, and a crash costs nothing
 time is ``robust_ms``: the median over groups of three runs of each group's best (the machine may
 be shared). Time is fitted over every case at once (``features``: FLOPs per timing class, traffic
 per kind, nodes and the call, linear in the factors; non-negative least squares on relative errors);
-memory as ``base + node_bytes x nodes`` through the cases with almost no data, then the weight and
-activation factors over the rest. The CPU's memory bandwidth is measured too (a large numpy copy),
+memory as ``base + node_bytes x nodes`` through the cases with almost no data, then each phase's factors
+(the child reads its peak after compiling, resets it and reads it after the runs) over the rest, the
+dynamic-dims factors over the cases compiled with dims dynamic (``_fit_phases``). The CPU's memory bandwidth is measured too (a large numpy copy),
 as the unit of the traffic terms. ``sdrt selftest --calibrate`` calls ``calibrate`` and stores the
 result.
 """

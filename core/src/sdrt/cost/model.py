@@ -7,10 +7,13 @@ epilogue: ``flops / peak``), where ``peak`` is the device's dense FLOP/s at the 
 CPU that moves data while it computes: ``overhead + flops / (peak x efficiency[timing class]) +
 activation bytes / (bandwidth x its efficiency: convs, data movement and the rest apart) + weight
 bytes / (bandwidth x the weights' efficiency: 3x3-and-wider conv kernels apart)``, an epilogue's bytes at their own efficiency, and a
-fixed cost per call. A part's peak memory is ``weight_factor x weights (conv kernels at
-conv_weight_factor, lookup tables at table_factor) + transient factors x the largest conv kernel and the
-largest other weight + activation_factor x peak live activations + node_bytes x nodes + base``; calibrated,
-``base`` is the whole process's runtime base, so the figure is the process's peak resident memory.
+fixed cost per call. A part's peak memory is the larger of two phases (``memory_phases``): compiling,
+``compile factors x weights (conv kernels, lookup tables, small tensors apart) + transient factors x the
+largest conv kernel and the largest other weight + the inputs``, and running, ``factors x the weights as
+held + what compiling small tensors left + activation_factor x the activations the run adds + the
+outputs``, each ``+ node_bytes x nodes + base``, with their own weight factors for a graph compiled with
+dynamic dims; calibrated, ``base`` is the whole process's runtime base, so the figure is the process's
+peak resident memory. An older (one-phase) calibration adds weights, transients and activations.
 The factors belong to a (backend, device kind, precision) triple and are stored in sdrt's cache folder
 (``calibration/calibration.json``); where no calibration exists, the defaults stand in and the plan
 says it is uncalibrated.
