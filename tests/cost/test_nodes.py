@@ -215,6 +215,24 @@ def test_inplace_liveness_and_inputs_outputs():
     assert (c.input_bytes, c.output_bytes) == (4096, 4)
 
 
+def test_inplace_silu_and_shape_readers():
+    """a = x @ W (1 x 1024 floats, 4 KiB, from a 256-byte input); SiLU as torch exports it (s = Sigmoid(a),
+    m = a * s); y = ReduceSum(m); and a Shape node at the end reading a. Without reuse a, s and m live at the
+    Mul (3 x 4 KiB). In place, the sigmoid is fused into the Mul (never held) and the Mul writes into a, which
+    dies at it: the Shape node keeps nothing alive (were it to hold a, m would need its own 4 KiB), so the
+    peak is the matmul's input and output (256 B + 4 KiB)."""
+    g = _graph([helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Sigmoid", ["a"], ["s"]),
+                helper.make_node("Mul", ["a", "s"], ["m"]), helper.make_node("ReduceSum", ["m"], ["y"], keepdims=0),
+                helper.make_node("Shape", ["a"], ["sh"])],
+               [helper.make_tensor_value_info("x", F, [1, 64])],
+               [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("sh", TensorProto.INT64,
+                                                                                          None)],
+               [_w("w", (64, 1024))])
+    c = graph_costs(g)
+    assert c.peak_activation_bytes == 3 * 4096
+    assert c.peak_activation_bytes_inplace == 4096 + 256
+
+
 def test_matmuls_with_a_fused_activation():
     """x @ W1 + b1 -> Relu -> @ W2 + b2 -> + x (a residual): W1's matmul has an activation epilogue (past its
     bias), W2's only a residual add, so only W1's 64 x 128 floats count."""

@@ -444,9 +444,20 @@ def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: se
     """The largest total size of activations alive at once, running the nodes in file order. A value is
     alive from the node that writes it to the last node that reads it; views alias their input. ``skip``:
     values never held (inside a fused kernel). ``inplace``: an elementwise node (``_INPLACE``) whose input
-    of the output's size dies at it writes into that input's memory (no graph input or output is reused)."""
-    constant = constant | (skip or set())
+    of the output's size dies at it writes into that input's memory (no graph input or output is reused),
+    and SiLU as torch exports it (``Mul(x, Sigmoid(x))``) is one kernel (both CPU runtimes fuse it: ggml's
+    group norm + SiLU, OpenVINO's Swish), so its sigmoid is never held. A Shape or Size node reads no data
+    (its value is known once the shapes are), so it keeps nothing alive."""
     nodes = list(model.graph.node)
+    if inplace:
+        readers: dict[str, list[Any]] = {}
+        for n in nodes:
+            for x in n.input:
+                if x:
+                    readers.setdefault(x, []).append(n)
+        skip = set(skip or ()) | {n.output[0] for n in nodes if n.op_type == "Sigmoid" and n.output and (
+            rs := readers.get(n.output[0])) and all(r.op_type == "Mul" and n.input[0] in r.input for r in rs)}
+    constant = constant | (skip or set())
     alias: dict[str, str] = {}
     for n in nodes:
         if n.op_type in ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity") and n.input and n.output:
@@ -455,7 +466,7 @@ def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: se
     last: dict[str, int] = {}
     for i, n in enumerate(nodes):
         for x in n.input:
-            if x:
+            if x and n.op_type not in ("Shape", "Size"):
                 last[alias.get(x, x)] = i
     outputs = {alias.get(o.name, o.name) for o in model.graph.output}
     for o in outputs:
