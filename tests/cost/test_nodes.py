@@ -242,3 +242,32 @@ def test_matmuls_with_a_fused_activation():
                [helper.make_tensor_value_info("x", F, [1, 8, 64])], [helper.make_tensor_value_info("y", F, None)],
                [_w("w1", (64, 128)), _w("b1", (128,)), _w("w2", (128, 64)), _w("b2", (64,))])
     assert graph_costs(g).epilogue_weight_bytes == 4 * 64 * 128
+
+
+def test_relayout_bytes_of_narrow_convs_regrouped():
+    """Two 3x3 convs on an 8x8 map: one to 16 channels read by a GroupNorm-style Reshape to (N, 4, -1) (16 channels:
+    narrow, 2 x 16 x 64 floats copied), one to 32 channels reaching a Reshape to (N, 8, -1) past a scale (a fused
+    epilogue: 2 x 32 x 64 floats), and a Reshape that keeps the channels (N, 32, 64): no copy. The predicted time
+    adds each at its fitted efficiency."""
+    from sdrt.cost.devices import this_cpu
+    from sdrt.cost.model import Factors, predict
+
+    shape_g = numpy_helper.from_array(np.array([0, 4, -1], np.int64), "g4")
+    shape_h = numpy_helper.from_array(np.array([0, 8, -1], np.int64), "g8")
+    shape_k = numpy_helper.from_array(np.array([0, 32, -1], np.int64), "keep")
+    g = _graph([helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4),
+                helper.make_node("Reshape", ["a", "g4"], ["ra"]),
+                helper.make_node("Conv", ["a", "w2"], ["b"], pads=[1] * 4),
+                helper.make_node("Mul", ["b", "s"], ["bs"]),
+                helper.make_node("Reshape", ["bs", "g8"], ["rb"]),
+                helper.make_node("Reshape", ["bs", "keep"], ["rk"])],
+               [helper.make_tensor_value_info("x", F, [1, 8, 8, 8])],
+               [helper.make_tensor_value_info(o, F, None) for o in ("ra", "rb", "rk")],
+               [_w("w1", (16, 8, 3, 3)), _w("w2", (32, 16, 3, 3)), _w("s", (1,)), shape_g, shape_h, shape_k])
+    c = graph_costs(g)
+    assert c.relayout_narrow_bytes == 2 * 16 * 64 * 4
+    assert c.relayout_bytes == 2 * 32 * 64 * 4
+    f = Factors({}, {}, additive=True, calibrated=True, bandwidth_bytes_per_s=1e9, relayout_bandwidth_efficiency=0.5,
+                relayout_narrow_bandwidth_efficiency=1.0)
+    ms = predict(c, this_cpu(), "openvino", "fp32", f).by_class_ms["relayout"]
+    assert ms == pytest.approx(1000 * (2 * 32 * 64 * 4 / 0.5e9 + 2 * 16 * 64 * 4 / 1e9))

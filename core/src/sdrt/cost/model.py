@@ -59,6 +59,10 @@ class Factors:
     bandwidth_efficiency: float = 1.0
     #: calibrated: activation traffic of data-movement nodes (transposes, resizes, concats: strided copies)
     data_bandwidth_efficiency: float = 1.0
+    #: calibrated: the layout copies of narrow convs' outputs that a Reshape regroups across channels
+    #: (``GraphCost.relayout_bytes``: 17-127 channels, ``relayout_narrow_bytes``: 16 or fewer); None: no such cost
+    relayout_bandwidth_efficiency: float | None = None
+    relayout_narrow_bandwidth_efficiency: float | None = None
     #: calibrated: activation traffic of convs (a conv over few channels pays per pixel, not per FLOP)
     conv_bandwidth_efficiency: float | None = None
     #: memory held per byte of conv kernels where it differs from ``weight_factor`` (a backend that keeps
@@ -288,6 +292,12 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
                                                                  n.fused, n.weight_bytes, n.time_class, n.batch)
     if f.call_s:
         by["call"] = f.call_s
+    bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
+    relayout = sum(b / (bw * e) for b, e in ((getattr(cost, "relayout_bytes", 0.0), f.relayout_bandwidth_efficiency),
+                                             (getattr(cost, "relayout_narrow_bytes", 0.0),
+                                              f.relayout_narrow_bandwidth_efficiency)) if b and e and e < 100.0)
+    if relayout:
+        by["relayout"] = relayout
     if getattr(cost, "dynamic", False) and (f.shape_node_s or f.dynamic_node_s):
         timed = sum(1 for n in cost.nodes if n.op_class != "view" and not n.fused)
         by["shapes"] = f.shape_node_s * cost.dynamic_shape_nodes + f.dynamic_node_s * timed
