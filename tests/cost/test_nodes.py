@@ -271,3 +271,19 @@ def test_relayout_bytes_of_narrow_convs_regrouped():
                 relayout_narrow_bandwidth_efficiency=1.0)
     ms = predict(c, this_cpu(), "openvino", "fp32", f).by_class_ms["relayout"]
     assert ms == pytest.approx(1000 * (2 * 32 * 64 * 4 / 0.5e9 + 2 * 16 * 64 * 4 / 1e9))
+
+
+def test_silu_after_a_conv_is_its_epilogue():
+    """Conv -> Sigmoid, Mul(conv output, sigmoid): SiLU as torch exports it. The conv's output is read by the SiLU
+    alone (its Sigmoid and its Mul), so both are a fused epilogue; a Sigmoid of a value that a third node reads too
+    (the Relu's output, read by the residual Add as well) is not (its Mul and the Add still fuse: each reads an
+    elementwise output that nothing else reads)."""
+    g = _graph([helper.make_node("Conv", ["x", "w"], ["a"], pads=[1] * 4), helper.make_node("Sigmoid", ["a"], ["s"]),
+                helper.make_node("Mul", ["a", "s"], ["y"]), helper.make_node("Relu", ["y"], ["r"]),
+                helper.make_node("Sigmoid", ["r"], ["t"]), helper.make_node("Mul", ["r", "t"], ["u"]),
+                helper.make_node("Add", ["u", "r"], ["z"])],
+               [helper.make_tensor_value_info("x", F, [1, 4, 8, 8])], [helper.make_tensor_value_info("z", F, None)],
+               [_w("w", (4, 4, 3, 3))])
+    fused = {n.name.split("_")[0] + str(i): n.fused for i, n in enumerate(graph_costs(g).nodes)}
+    assert fused == {"Conv0": False, "Sigmoid1": True, "Mul2": True, "Relu3": True, "Sigmoid4": False, "Mul5": True,
+                     "Add6": True}

@@ -215,6 +215,12 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                 readers[i] = readers.get(i, 0) + 1
     for o in model.graph.output:
         readers[o.name] = readers.get(o.name, 0) + 1
+    # SiLU as torch exports it, Mul(x, Sigmoid(x)), is one kernel in the runtimes (ggml's group norm + SiLU,
+    # OpenVINO's Swish in the norm's subgraph): x read by only its Sigmoid and that Mul counts as read once
+    for n in model.graph.node:
+        if n.op_type == "Sigmoid" and n.input and n.output and readers.get(n.input[0]) == 2 and any(
+                m.op_type == "Mul" and n.input[0] in m.input and n.output[0] in m.input for m in model.graph.node):
+            readers[n.input[0]] = 1
     writer_class: dict[str, str] = {}
     shape_vals: set[str] = set()
     shape_nodes = 0
