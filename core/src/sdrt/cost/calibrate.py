@@ -533,7 +533,7 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
-TERMS = ("act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+TERMS = ("act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
 def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
@@ -541,10 +541,10 @@ def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
     compute nodes but convs; ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights
     but dense 3x3-and-wider conv kernels, ``conv_weight_ms``: those, ``conv_weight_batch_ms``: those again for
-    each image after the first; ``fused_ms``: epilogues), the
+    each image after the first; ``fused_ms``: epilogues; ``fused_flops_ms``: their arithmetic at ``peak``), the
     timed nodes (integer nodes apart: ``int_nodes``), the shape arithmetic of a graph with dynamic dims
     (``shape_nodes``: a runtime that keeps them dynamic runs it every call), every timed node again in such a
-    graph (``dyn_nodes``: shape inference per node and call) and the call; ``fixed_ms`` is the epilogues' arithmetic at the peak (not fitted)."""
+    graph (``dyn_nodes``: shape inference per node and call) and the call; ``fixed_ms``: a part not fitted (0 here)."""
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
     out["shape_nodes"] = float(getattr(cost, "dynamic_shape_nodes", 0))
@@ -553,7 +553,7 @@ def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
             continue
         if n.fused:
             out["fused_ms"] += 1000 * n.bytes / bandwidth
-            out["fixed_ms"] += 1000 * n.flops / peak
+            out["fused_flops_ms"] += 1000 * n.flops / peak  # its arithmetic (a SiLU's exponentials are not free)
             continue
         out["int_nodes" if n.time_class == "int" else "nodes"] += 1
         out[f"flops_{n.time_class if n.time_class in TIME_CLASSES else n.op_class}"] += 1000 * n.flops / peak
@@ -820,6 +820,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                    conv_weight_bandwidth_efficiency=_inv(c.get("conv_weight_ms")),
                    conv_weight_batch_bandwidth_efficiency=_inv(c.get("conv_weight_batch_ms")),
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
+                   fused_flops_efficiency=_inv(c.get("fused_flops_ms")),
                    call_s=c.get("call", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
                    dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0,
                    **{k: mem[k] for k in ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",

@@ -82,6 +82,9 @@ class Factors:
     conv_weight_batch_bandwidth_efficiency: float | None = None
     #: calibrated: traffic of elementwise epilogues (0: fused for free, as a compiler that fuses does)
     fused_bandwidth_efficiency: float = 0.0
+    #: calibrated: the arithmetic of elementwise epilogues, as a fraction of the peak (a fused SiLU still computes
+    #: its exponentials); None: at the peak (an older calibration)
+    fused_flops_efficiency: float | None = None
     #: fixed time of one call of a compiled part (input/output copies, dispatch), seconds
     call_s: float = 0.0
     #: memory per byte of lookup tables (weights that Gather reads: token embeddings); None: ``weight_factor``
@@ -221,10 +224,12 @@ def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, 
         return 0.0
     tc = time_class or op_class
     bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
-    if fused:  # an epilogue: its arithmetic at the device's peak, and, calibrated, its traffic as fitted
+    if fused:  # an epilogue: its arithmetic at the device's peak (calibrated: at a fitted fraction of it), and,
+        # calibrated, its traffic as fitted
+        t = flops / (device.peak(precision) * max(f.fused_flops_efficiency or 1.0, 1e-3))
         if f.additive and f.fused_bandwidth_efficiency:
-            return flops / device.peak(precision) + nbytes / (bw * f.fused_bandwidth_efficiency)
-        return flops / device.peak(precision)
+            return t + nbytes / (bw * f.fused_bandwidth_efficiency)
+        return t
     if op_class == "attention" and f.fused_attention:
         nbytes = 0.0
     eff = max(f.efficiency.get(tc, f.efficiency.get(op_class, 0.5)), 1e-3)
