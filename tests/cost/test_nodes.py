@@ -215,6 +215,24 @@ def test_inplace_liveness_and_inputs_outputs():
     assert (c.input_bytes, c.output_bytes) == (4096, 4)
 
 
+def test_inplace_silu_and_shape_readers():
+    """a = x @ W (1 x 1024 floats, 4 KiB, from a 256-byte input); SiLU as torch exports it (s = Sigmoid(a),
+    m = a * s); y = ReduceSum(m); and a Shape node at the end reading a. Without reuse a, s and m live at the
+    Mul (3 x 4 KiB). In place, the sigmoid is fused into the Mul (never held) and the Mul writes into a, which
+    dies at it: the Shape node keeps nothing alive (were it to hold a, m would need its own 4 KiB), so the
+    peak is the matmul's input and output (256 B + 4 KiB)."""
+    g = _graph([helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("Sigmoid", ["a"], ["s"]),
+                helper.make_node("Mul", ["a", "s"], ["m"]), helper.make_node("ReduceSum", ["m"], ["y"], keepdims=0),
+                helper.make_node("Shape", ["a"], ["sh"])],
+               [helper.make_tensor_value_info("x", F, [1, 64])],
+               [helper.make_tensor_value_info("y", F, None), helper.make_tensor_value_info("sh", TensorProto.INT64,
+                                                                                          None)],
+               [_w("w", (64, 1024))])
+    c = graph_costs(g)
+    assert c.peak_activation_bytes == 3 * 4096
+    assert c.peak_activation_bytes_inplace == 4096 + 256
+
+
 def test_matmuls_with_a_fused_activation():
     """x @ W1 + b1 -> Relu -> @ W2 + b2 -> + x (a residual): W1's matmul has an activation epilogue (past its
     bias), W2's only a residual add, so only W1's 64 x 128 floats count."""
@@ -224,3 +242,48 @@ def test_matmuls_with_a_fused_activation():
                [helper.make_tensor_value_info("x", F, [1, 8, 64])], [helper.make_tensor_value_info("y", F, None)],
                [_w("w1", (64, 128)), _w("b1", (128,)), _w("w2", (128, 64)), _w("b2", (64,))])
     assert graph_costs(g).epilogue_weight_bytes == 4 * 64 * 128
+
+
+def test_relayout_bytes_of_narrow_convs_regrouped():
+    """Two 3x3 convs on an 8x8 map: one to 16 channels read by a GroupNorm-style Reshape to (N, 4, -1) (16 channels:
+    narrow, 2 x 16 x 64 floats copied), one to 32 channels reaching a Reshape to (N, 8, -1) past a scale (a fused
+    epilogue: 2 x 32 x 64 floats), and a Reshape that keeps the channels (N, 32, 64): no copy. The predicted time
+    adds each at its fitted efficiency."""
+    from sdrt.cost.devices import this_cpu
+    from sdrt.cost.model import Factors, predict
+
+    shape_g = numpy_helper.from_array(np.array([0, 4, -1], np.int64), "g4")
+    shape_h = numpy_helper.from_array(np.array([0, 8, -1], np.int64), "g8")
+    shape_k = numpy_helper.from_array(np.array([0, 32, -1], np.int64), "keep")
+    g = _graph([helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1] * 4),
+                helper.make_node("Reshape", ["a", "g4"], ["ra"]),
+                helper.make_node("Conv", ["a", "w2"], ["b"], pads=[1] * 4),
+                helper.make_node("Mul", ["b", "s"], ["bs"]),
+                helper.make_node("Reshape", ["bs", "g8"], ["rb"]),
+                helper.make_node("Reshape", ["bs", "keep"], ["rk"])],
+               [helper.make_tensor_value_info("x", F, [1, 8, 8, 8])],
+               [helper.make_tensor_value_info(o, F, None) for o in ("ra", "rb", "rk")],
+               [_w("w1", (16, 8, 3, 3)), _w("w2", (32, 16, 3, 3)), _w("s", (1,)), shape_g, shape_h, shape_k])
+    c = graph_costs(g)
+    assert c.relayout_narrow_bytes == 2 * 16 * 64 * 4
+    assert c.relayout_bytes == 2 * 32 * 64 * 4
+    f = Factors({}, {}, additive=True, calibrated=True, bandwidth_bytes_per_s=1e9, relayout_bandwidth_efficiency=0.5,
+                relayout_narrow_bandwidth_efficiency=1.0)
+    ms = predict(c, this_cpu(), "openvino", "fp32", f).by_class_ms["relayout"]
+    assert ms == pytest.approx(1000 * (2 * 32 * 64 * 4 / 0.5e9 + 2 * 16 * 64 * 4 / 1e9))
+
+
+def test_silu_after_a_conv_is_its_epilogue():
+    """Conv -> Sigmoid, Mul(conv output, sigmoid): SiLU as torch exports it. The conv's output is read by the SiLU
+    alone (its Sigmoid and its Mul), so both are a fused epilogue; a Sigmoid of a value that a third node reads too
+    (the Relu's output, read by the residual Add as well) is not (its Mul and the Add still fuse: each reads an
+    elementwise output that nothing else reads)."""
+    g = _graph([helper.make_node("Conv", ["x", "w"], ["a"], pads=[1] * 4), helper.make_node("Sigmoid", ["a"], ["s"]),
+                helper.make_node("Mul", ["a", "s"], ["y"]), helper.make_node("Relu", ["y"], ["r"]),
+                helper.make_node("Sigmoid", ["r"], ["t"]), helper.make_node("Mul", ["r", "t"], ["u"]),
+                helper.make_node("Add", ["u", "r"], ["z"])],
+               [helper.make_tensor_value_info("x", F, [1, 4, 8, 8])], [helper.make_tensor_value_info("z", F, None)],
+               [_w("w", (4, 4, 3, 3))])
+    fused = {n.name.split("_")[0] + str(i): n.fused for i, n in enumerate(graph_costs(g).nodes)}
+    assert fused == {"Conv0": False, "Sigmoid1": True, "Mul2": True, "Relu3": True, "Sigmoid4": False, "Mul5": True,
+                     "Add6": True}

@@ -115,6 +115,8 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "layernorm": ("layernorm", (4096, 320, 4)),
     "groupnorm": ("groupnorm", (320, 64, 32, 3)),
     "silu": ("silu", (320, 64, 3)),
+    "conv_gn_16x256": ("conv_gn", (16, 256, 8, 3)),  # VAE-like 3x3 conv -> GroupNorm, 16 channels at 2048 px / 8
+    "conv_gn_64x64": ("conv_gn", (64, 64, 32, 3)),   # ... 64 channels (a channels-last runtime relayouts them)
     "transpose": ("transpose", (320, 4096, 4)),
     "upsample": ("upsample", (128, 64, 2)),
     "activations": ("activations", (64, 512)),      # memory: a large activation, no weights
@@ -189,7 +191,8 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         x = "x"
         for _ in range(k):
             x = g.op("LayerNormalization", [x, g.w((c,), 1.0), g.w((c,), 0.1)], axis=-1, epsilon=1e-5)
-    elif kind == "groupnorm":  # as torch exports it: Reshape -> InstanceNormalization -> Reshape -> Mul -> Add
+    elif kind in ("groupnorm", "conv_gn"):  # as torch exports it: Reshape -> InstanceNormalization -> Reshape ->
+        # Mul -> Add; conv_gn: each after a 3x3 conv (a VAE's resnets: the norm regroups the conv's output)
         from onnx import numpy_helper
 
         c, hw, groups, k = args
@@ -199,6 +202,8 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
                     numpy_helper.from_array(np.zeros(groups, np.float32), "zeros")]
         x = "x"
         for _ in range(k):  # unit scale and zero shift in the InstanceNormalization, as torch writes them
+            if kind == "conv_gn":
+                x = g.op("Conv", [x, g.w((c, c, 3, 3)), g.w((c,), 0.01)], pads=[1] * 4)
             r = g.op("Reshape", [x, "gshape"])
             n = g.op("InstanceNormalization", [r, "ones", "zeros"], epsilon=1e-6)
             back = g.op("Reshape", [n, g.op("Shape", [x])])
@@ -528,7 +533,7 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
-TERMS = ("act_ms", "conv_act_ms", "data_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+TERMS = ("act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
 def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
@@ -536,10 +541,10 @@ def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
     compute nodes but convs; ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights
     but dense 3x3-and-wider conv kernels, ``conv_weight_ms``: those, ``conv_weight_batch_ms``: those again for
-    each image after the first; ``fused_ms``: epilogues), the
+    each image after the first; ``fused_ms``: epilogues; ``fused_flops_ms``: their arithmetic at ``peak``), the
     timed nodes (integer nodes apart: ``int_nodes``), the shape arithmetic of a graph with dynamic dims
     (``shape_nodes``: a runtime that keeps them dynamic runs it every call), every timed node again in such a
-    graph (``dyn_nodes``: shape inference per node and call) and the call; ``fixed_ms`` is the epilogues' arithmetic at the peak (not fitted)."""
+    graph (``dyn_nodes``: shape inference per node and call) and the call; ``fixed_ms``: a part not fitted (0 here)."""
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
     out["shape_nodes"] = float(getattr(cost, "dynamic_shape_nodes", 0))
@@ -548,7 +553,7 @@ def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
             continue
         if n.fused:
             out["fused_ms"] += 1000 * n.bytes / bandwidth
-            out["fixed_ms"] += 1000 * n.flops / peak
+            out["fused_flops_ms"] += 1000 * n.flops / peak  # its arithmetic (a SiLU's exponentials are not free)
             continue
         out["int_nodes" if n.time_class == "int" else "nodes"] += 1
         out[f"flops_{n.time_class if n.time_class in TIME_CLASSES else n.op_class}"] += 1000 * n.flops / peak
@@ -557,6 +562,8 @@ def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
             out["conv_weight_batch_ms"] += 1000 * (n.batch - 1) * n.weight_bytes / bandwidth
         key = "data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "act_ms"
         out[key] += 1000 * (n.bytes - n.weight_bytes) / bandwidth
+    out["relayout_ms"] = 1000 * getattr(cost, "relayout_bytes", 0.0) / bandwidth
+    out["relayout_narrow_ms"] = 1000 * getattr(cost, "relayout_narrow_bytes", 0.0) / bandwidth
     if getattr(cost, "dynamic", False):  # a runtime that keeps the dims dynamic infers every node's shapes per call
         out["dyn_nodes"] = out["nodes"] + out["int_nodes"]
     return out
@@ -802,6 +809,8 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                    f"sdrt selftest --calibrate ({backend})",
                    additive=True, bandwidth_efficiency=_inv(c.get("act_ms")),
                    data_bandwidth_efficiency=_inv(c.get("data_ms")),
+                   relayout_bandwidth_efficiency=_inv(c.get("relayout_ms")),
+                   relayout_narrow_bandwidth_efficiency=_inv(c.get("relayout_narrow_ms")),
                    conv_bandwidth_efficiency=_inv(c.get("conv_act_ms")),
                    conv_weight_factor=mem["conv_weight_factor"], node_bytes=mem["node_bytes"],
                    table_factor=mem["table_factor"], transient_conv_factor=mem["transient_conv_factor"],
@@ -811,6 +820,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                    conv_weight_bandwidth_efficiency=_inv(c.get("conv_weight_ms")),
                    conv_weight_batch_bandwidth_efficiency=_inv(c.get("conv_weight_batch_ms")),
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
+                   fused_flops_efficiency=_inv(c.get("fused_flops_ms")),
                    call_s=c.get("call", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
                    dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0,
                    **{k: mem[k] for k in ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",

@@ -59,6 +59,10 @@ class Factors:
     bandwidth_efficiency: float = 1.0
     #: calibrated: activation traffic of data-movement nodes (transposes, resizes, concats: strided copies)
     data_bandwidth_efficiency: float = 1.0
+    #: calibrated: the layout copies of narrow convs' outputs that a Reshape regroups across channels
+    #: (``GraphCost.relayout_bytes``: 17-127 channels, ``relayout_narrow_bytes``: 16 or fewer); None: no such cost
+    relayout_bandwidth_efficiency: float | None = None
+    relayout_narrow_bandwidth_efficiency: float | None = None
     #: calibrated: activation traffic of convs (a conv over few channels pays per pixel, not per FLOP)
     conv_bandwidth_efficiency: float | None = None
     #: memory held per byte of conv kernels where it differs from ``weight_factor`` (a backend that keeps
@@ -78,6 +82,9 @@ class Factors:
     conv_weight_batch_bandwidth_efficiency: float | None = None
     #: calibrated: traffic of elementwise epilogues (0: fused for free, as a compiler that fuses does)
     fused_bandwidth_efficiency: float = 0.0
+    #: calibrated: the arithmetic of elementwise epilogues, as a fraction of the peak (a fused SiLU still computes
+    #: its exponentials); None: at the peak (an older calibration)
+    fused_flops_efficiency: float | None = None
     #: fixed time of one call of a compiled part (input/output copies, dispatch), seconds
     call_s: float = 0.0
     #: memory per byte of lookup tables (weights that Gather reads: token embeddings); None: ``weight_factor``
@@ -217,10 +224,12 @@ def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, 
         return 0.0
     tc = time_class or op_class
     bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
-    if fused:  # an epilogue: its arithmetic at the device's peak, and, calibrated, its traffic as fitted
+    if fused:  # an epilogue: its arithmetic at the device's peak (calibrated: at a fitted fraction of it), and,
+        # calibrated, its traffic as fitted
+        t = flops / (device.peak(precision) * max(f.fused_flops_efficiency or 1.0, 1e-3))
         if f.additive and f.fused_bandwidth_efficiency:
-            return flops / device.peak(precision) + nbytes / (bw * f.fused_bandwidth_efficiency)
-        return flops / device.peak(precision)
+            return t + nbytes / (bw * f.fused_bandwidth_efficiency)
+        return t
     if op_class == "attention" and f.fused_attention:
         nbytes = 0.0
     eff = max(f.efficiency.get(tc, f.efficiency.get(op_class, 0.5)), 1e-3)
@@ -288,6 +297,12 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
                                                                  n.fused, n.weight_bytes, n.time_class, n.batch)
     if f.call_s:
         by["call"] = f.call_s
+    bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
+    relayout = sum(b / (bw * e) for b, e in ((getattr(cost, "relayout_bytes", 0.0), f.relayout_bandwidth_efficiency),
+                                             (getattr(cost, "relayout_narrow_bytes", 0.0),
+                                              f.relayout_narrow_bandwidth_efficiency)) if b and e and e < 100.0)
+    if relayout:
+        by["relayout"] = relayout
     if getattr(cost, "dynamic", False) and (f.shape_node_s or f.dynamic_node_s):
         timed = sum(1 for n in cost.nodes if n.op_class != "view" and not n.fused)
         by["shapes"] = f.shape_node_s * cost.dynamic_shape_nodes + f.dynamic_node_s * timed
