@@ -49,6 +49,7 @@ def thread_stats(run: Callable[[], object], seconds: float) -> dict[str, Any]:
     """Call ``run`` for ``seconds``; its times (ms) and each busy thread's scheduler statistics over them."""
     if not Path("/proc/self/task").is_dir() or not Path(f"/proc/self/task/{os.getpid()}/schedstat").exists():
         raise RuntimeError("bench.thread_sched needs Linux's /proc/<pid>/task/<tid>/schedstat")
+    window0 = time.perf_counter()  # the statistics' window: from before the first read to after the last
     before = _task_stats()
     t0 = time.perf_counter()
     times = []
@@ -60,14 +61,15 @@ def thread_stats(run: Callable[[], object], seconds: float) -> dict[str, Any]:
             break
     wall = time.perf_counter() - t0
     after = _task_stats()
+    window = time.perf_counter() - window0  # the CPU time read includes reading the statistics themselves
     threads = []
     for tid, b in after.items():
         a = before.get(tid)
-        if a is None or (b["run_ns"] - a["run_ns"]) < 0.01 * wall * 1e9:
+        if a is None or (b["run_ns"] - a["run_ns"]) < 0.01 * window * 1e9:
             continue
         threads.append({"tid": int(tid), "main": int(tid) == os.getpid(), "cpu": b["cpu"], "allowed": b["allowed"],
-                        "run": (b["run_ns"] - a["run_ns"]) / 1e9 / wall,
-                        "runqueue_wait": (b["wait_ns"] - a["wait_ns"]) / 1e9 / wall,
+                        "run": (b["run_ns"] - a["run_ns"]) / 1e9 / window,
+                        "runqueue_wait": (b["wait_ns"] - a["wait_ns"]) / 1e9 / window,
                         "voluntary": b["voluntary"] - a["voluntary"],
                         "involuntary": b["involuntary"] - a["involuntary"]})
     threads.sort(key=lambda t: (not t["main"], -t["run"]))

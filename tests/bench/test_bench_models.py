@@ -217,8 +217,10 @@ def test_thread_sched_counts_the_calling_threads_cpu_time():
     main = [t for t in res["threads"] if t["main"]]
     assert res["runs"] >= 2 and res["median_ms"] >= 20 and len(main) == 1
     t = main[0]
-    # it ran for part of the wall time (how much depends on what else the machine runs), never more than all of it
-    assert 0.02 < t["run"] <= 1.01 and 0 <= t["runqueue_wait"] < 1 and t["voluntary"] >= 0 and t["involuntary"] >= 0
+    # it ran for part of the window (how much depends on what else the machine runs), at most all of it give or
+    # take a scheduler tick: a running thread's CPU time is brought up to date at ticks (up to 10 ms of this
+    # 0.3 s window; 1.011 and 1.003 seen)
+    assert 0.02 < t["run"] <= 1.1 and 0 <= t["runqueue_wait"] < 1 and t["voluntary"] >= 0 and t["involuntary"] >= 0
     allowed = {int(c) for part in t["allowed"].split(",") for c in range(int(part.split("-")[0]),
                                                                           int(part.split("-")[-1]) + 1)}
     assert t["cpu"] in allowed
