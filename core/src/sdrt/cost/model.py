@@ -323,7 +323,7 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     table = min(getattr(cost, "table_bytes", 0.0), cost.weight_bytes - conv_w) if f.table_factor is not None else 0.0
     other = cost.weight_bytes - conv_w - table
     nodes = f.node_bytes * memory_nodes(cost)
-    act = f.activation_factor * activation_bytes(cost, f)
+    live = activation_bytes(cost, f)
     transient = (f.transient_conv_factor * getattr(cost, "largest_conv_bytes", 0.0)
                  + f.transient_factor * getattr(cost, "largest_weight_bytes", 0.0))
     dyn = bool(getattr(cost, "dynamic", False))
@@ -339,11 +339,11 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
              + pick(f.dynamic_run_conv_weight_factor, f.conv_weight_factor or 0.0) * conv_w
              + pick(f.dynamic_run_table_factor, f.table_factor or 0.0) * table)
     if f.compile_weight_factor is None:  # one phase: weights, transients and activations add
-        peak = run_w + transient + act + nodes + f.base_bytes
+        peak = run_w + transient + f.activation_factor * live + nodes + f.base_bytes
         return peak, peak, run_w + nodes
     run_peak = run_w + f.output_factor * getattr(cost, "output_bytes", 0.0) + nodes + f.base_bytes + (
         f.retained_factor * getattr(cost, "small_weight_bytes", 0.0)) + (
-        f.activation_factor * max(0.0, activation_bytes(cost, f) - getattr(cost, "input_bytes", 0.0)))
+        f.activation_factor * max(0.0, live - getattr(cost, "input_bytes", 0.0)))
     compile_w = (pick(f.dynamic_compile_epilogue_weight_factor, 0.0) * epi
                  + pick(f.dynamic_compile_weight_factor, f.compile_weight_factor) * other
                  + pick(f.dynamic_compile_conv_weight_factor, f.compile_conv_weight_factor) * conv_w

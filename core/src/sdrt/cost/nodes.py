@@ -217,9 +217,10 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
         readers[o.name] = readers.get(o.name, 0) + 1
     # SiLU as torch exports it, Mul(x, Sigmoid(x)), is one kernel in the runtimes (ggml's group norm + SiLU,
     # OpenVINO's Swish in the norm's subgraph): x read by only its Sigmoid and that Mul counts as read once
+    mul_operands = [set(m.input) for m in model.graph.node if m.op_type == "Mul"]  # once, not per Sigmoid
     for n in model.graph.node:
         if n.op_type == "Sigmoid" and n.input and n.output and readers.get(n.input[0]) == 2 and any(
-                m.op_type == "Mul" and n.input[0] in m.input and n.output[0] in m.input for m in model.graph.node):
+                n.input[0] in m and n.output[0] in m for m in mul_operands):
             readers[n.input[0]] = 1
     writer_class: dict[str, str] = {}
     shape_vals: set[str] = set()
@@ -352,11 +353,7 @@ def _epilogue_weight_bytes(model: Any, origin: dict[str, set[str]], costs: dict[
     """The weight bytes of matmuls with a weight operand whose output, past a bias (Add/Sub of a weight), only
     elementwise nodes (``_INPLACE``) other than adds read: a fused activation (a GELU, a ReLU, a scale), not a
     residual."""
-    readers: dict[str, list[Any]] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            if i:
-                readers.setdefault(i, []).append(n)
+    readers = _readers(model.graph.node)
     total = 0.0
     for k, n in enumerate(model.graph.node):
         if n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2 or n.input[1] not in origin or n.input[0] in origin:
@@ -370,6 +367,16 @@ def _epilogue_weight_bytes(model: Any, origin: dict[str, set[str]], costs: dict[
             c = costs.get(n.name or f"{n.op_type}_{k}")
             total += c.weight_bytes if c is not None else 0.0
     return total
+
+
+def _readers(nodes: Any) -> dict[str, list[Any]]:
+    """The nodes that read each value, in node order."""
+    readers: dict[str, list[Any]] = {}
+    for n in nodes:
+        for i in n.input:
+            if i:
+                readers.setdefault(i, []).append(n)
+    return readers
 
 
 def _integer(dtype: str) -> bool:
@@ -498,11 +505,7 @@ def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: se
     (its value is known once the shapes are), so it keeps nothing alive."""
     nodes = list(model.graph.node)
     if inplace:
-        readers: dict[str, list[Any]] = {}
-        for n in nodes:
-            for x in n.input:
-                if x:
-                    readers.setdefault(x, []).append(n)
+        readers = _readers(nodes)
         skip = set(skip or ()) | {n.output[0] for n in nodes if n.op_type == "Sigmoid" and n.output and (
             rs := readers.get(n.output[0])) and all(r.op_type == "Mul" and n.input[0] in r.input for r in rs)}
     constant = constant | (skip or set())
