@@ -64,8 +64,20 @@ def test_one_phase_calibration_adds_the_terms():
     assert resident == pytest.approx(200 * MIB)
 
 
-def test_fit_phases_recovers_known_factors():
-    """Cases measured in two phases, made from known factors, static and dynamic, are fitted back."""
+def test_dynamic_layout_copies_held_in_the_run_phase():
+    """A graph compiled with dynamic dims holds ``dynamic_relayout_memory_factor`` x its largest layout copy beside the
+    rest of the run phase (OpenVINO allocates a dynamic graph's copies as it runs); a static graph does not (its
+    memory plan shares them), nor does a calibration without the factor."""
+    f = replace(F, dynamic_relayout_memory_factor=2.0)
+    dyn = replace(_cost(dynamic=True), largest_relayout_bytes=16 * MIB)
+    # run: 307 MiB as above + 2 x 16
+    assert memory_phases(dyn, f)[1] / MIB == pytest.approx(307 + 32)
+    assert memory_phases(dyn, f)[0] / MIB == pytest.approx(302)  # compiling: nothing runs yet
+    assert memory_phases(replace(dyn, dynamic=False), f)[1] / MIB == pytest.approx(367)
+    assert memory_phases(dyn, F)[1] / MIB == pytest.approx(307)
+
+
+def _synthetic_rows():
     true = dict(zip(COMPILE_TERMS, (2.0, 4.0, 1.0, 3.0, 0.5, 1.0, 2.5))) | dict(zip(RUN_TERMS, (1.0, 3.0, 0.1, 1.1, 2.0, 0.7)))
     dyn = {"compile": (2.0, 1.0), "run": (1.0, 2.0)}
     rng = np.random.default_rng(5)
@@ -101,9 +113,38 @@ def test_fit_phases_recovers_known_factors():
         r["peak_rss"] = max(r["compile_peak_rss"], r["run_peak_rss"])
         r["peak_bytes"] = r["peak_rss"] - 90 * MIB
         rows.append(r)
+    return rows, true, dyn, base, per_node
+
+
+def test_fit_phases_recovers_known_factors():
+    """Cases measured in two phases, made from known factors, static and dynamic, are fitted back."""
+    rows, true, dyn, base, per_node = _synthetic_rows()
     got = _fit_memory(rows)
     for t, v in true.items():
         assert got[t] == pytest.approx(v, rel=1e-6, abs=1e-6), t
     assert (got["dynamic_compile_weight_factor"], got["dynamic_compile_conv_weight_factor"]) == pytest.approx(dyn["compile"])
     assert (got["dynamic_run_weight_factor"], got["dynamic_run_conv_weight_factor"]) == pytest.approx(dyn["run"])
     assert got["node_bytes"] == pytest.approx(per_node) and got["base"] == pytest.approx(base + 2 * MIB)
+
+
+def test_fit_dynamic_layout_copies():
+    """Weight-free dynamic cases with layout copies, measured as the static factors plus 2.5 x their largest copy:
+    the factor comes back, fitted over what the static terms leave (and they stay as they were); a backend without
+    copies (``relayout=False``, ggml) gets no such factor."""
+    rows, true, _, base, per_node = _synthetic_rows()
+    for k, (act, copy) in enumerate([(48, 16), (12, 4), (100, 30)]):
+        r = {"case": f"rb{k}", "weight_bytes": 1e4, "activation_bytes": act * MIB, "input_bytes": MIB,
+             "output_bytes": 0.0, "largest_relayout_bytes": copy * MIB, "mem_nodes": 20, "dynamic": True,
+             "rss_before": 70 * MIB, "small_weight_bytes": 1e4}
+        cols = _phase_columns(r)
+        static_run = sum(true[t] * cols[t] for t in RUN_TERMS)
+        r["compile_peak_rss"] = base + per_node * 19 + sum(true[t] * cols[t] for t in COMPILE_TERMS)
+        r["run_peak_rss"] = base + per_node * 19 + static_run + 2.5 * copy * MIB
+        r["peak_rss"] = max(r["compile_peak_rss"], r["run_peak_rss"])
+        r["peak_bytes"] = r["peak_rss"] - 90 * MIB
+        rows.append(r)
+    got = _fit_memory(rows)
+    assert got["dynamic_relayout_memory_factor"] == pytest.approx(2.5, rel=1e-6)
+    for t in RUN_TERMS:
+        assert got[t] == pytest.approx(true[t], rel=1e-6, abs=1e-6), t
+    assert "dynamic_relayout_memory_factor" not in _fit_memory(rows, relayout=False)

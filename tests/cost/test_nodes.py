@@ -248,7 +248,7 @@ def test_relayout_bytes_of_narrow_convs_regrouped():
     """Two 3x3 convs on an 8x8 map: one to 16 channels read by a GroupNorm-style Reshape to (N, 4, -1) (16 channels:
     narrow, 2 x 16 x 64 floats copied), one to 32 channels reaching a Reshape to (N, 8, -1) past a scale (a fused
     epilogue: 2 x 32 x 64 floats), and a Reshape that keeps the channels (N, 32, 64): no copy. The predicted time
-    adds each at its fitted efficiency."""
+    adds each at its fitted efficiency; the largest copy (32 x 64 floats) is what memory counts."""
     from sdrt.cost.devices import this_cpu
     from sdrt.cost.model import Factors, predict
 
@@ -267,6 +267,7 @@ def test_relayout_bytes_of_narrow_convs_regrouped():
     c = graph_costs(g)
     assert c.relayout_narrow_bytes == 2 * 16 * 64 * 4
     assert c.relayout_bytes == 2 * 32 * 64 * 4
+    assert c.largest_relayout_bytes == 32 * 64 * 4  # one copy of the larger map (memory, not traffic)
     f = Factors({}, {}, additive=True, calibrated=True, bandwidth_bytes_per_s=1e9, relayout_bandwidth_efficiency=0.5,
                 relayout_narrow_bandwidth_efficiency=1.0)
     ms = predict(c, this_cpu(), "openvino", "fp32", f).by_class_ms["relayout"]

@@ -117,6 +117,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "silu": ("silu", (320, 64, 3)),
     "conv_gn_16x256": ("conv_gn", (16, 256, 8, 3)),  # VAE-like 3x3 conv -> GroupNorm, 16 channels at 2048 px / 8
     "conv_gn_64x64": ("conv_gn", (64, 64, 32, 3)),   # ... 64 channels (a channels-last runtime relayouts them)
+    "resblock_dyn": ("resblock", (16, 512, 8, 1, 4)),  # memory: a VAE's last level, dims dynamic (16 MiB maps)
     "transpose": ("transpose", (320, 4096, 4)),
     "upsample": ("upsample", (128, 64, 2)),
     "activations": ("activations", (64, 512)),      # memory: a large activation, no weights
@@ -208,6 +209,31 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
             n = g.op("InstanceNormalization", [r, "ones", "zeros"], epsilon=1e-6)
             back = g.op("Reshape", [n, g.op("Shape", [x])])
             x = g.op("Add", [g.op("Mul", [back, g.w((c, 1, 1), 1.0)]), g.w((c, 1, 1), 0.1)])
+    elif kind == "resblock":  # a VAE decoder's last level: upsampled, a conv, then resnet blocks (GroupNorm, SiLU,
+        # 3x3 conv, twice, and the residual add), pooled at the end (the maps live only inside the graph)
+        from onnx import numpy_helper
+
+        c, hw, groups, k, up = args
+        shape = [1, c, hw // up, hw // up]
+        g.inits += [numpy_helper.from_array(np.array([0, groups, -1], np.int64), "gshape"),
+                    numpy_helper.from_array(np.ones(groups, np.float32), "ones"),
+                    numpy_helper.from_array(np.zeros(groups, np.float32), "zeros"),
+                    numpy_helper.from_array(np.array([1, 1, up, up], np.float32), "scales")]
+
+        def conv(v: str) -> str:
+            return g.op("Conv", [v, g.w((c, c, 3, 3)), g.w((c,), 0.01)], pads=[1] * 4)
+
+        def norm_silu(v: str) -> str:
+            n = g.op("InstanceNormalization", [g.op("Reshape", [v, "gshape"]), "ones", "zeros"], epsilon=1e-6)
+            y = g.op("Add", [g.op("Mul", [g.op("Reshape", [n, g.op("Shape", [v])]), g.w((c, 1, 1), 1.0)]),
+                             g.w((c, 1, 1), 0.1)])
+            return g.op("Mul", [y, g.op("Sigmoid", [y])])
+
+        x = conv(g.op("Resize", ["x", "", "scales"], mode="nearest", coordinate_transformation_mode="asymmetric",
+                      nearest_mode="floor"))
+        for _ in range(k):
+            x = g.op("Add", [x, conv(norm_silu(conv(norm_silu(x))))])
+        x = g.op("ReduceMean", [x], axes=[2, 3], keepdims=1)
     elif kind == "silu":  # SiLU then a per-channel add, as a UNet's resnets do between convs
         c, hw, k = args
         shape = [1, c, hw, hw]
@@ -327,7 +353,7 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         dynamic = {"x": [1, "tokens", shape[2]]}
     elif case == "mm_act_dyn":
         dynamic = {"x": ["batch", "tokens", shape[2]]}
-    elif case == "conv3_dyn":
+    elif case in ("conv3_dyn", "resblock_dyn"):
         dynamic = {"x": ["batch", shape[1], "height", "width"]}
     ins = [helper.make_tensor_value_info(n, f32, dynamic.get(n, s)) for n, s in dims.items()]
     feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in dims.items()}
@@ -341,7 +367,8 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
 CASES = list(CASE_SPECS)
 #: cases for the memory fit only, kept out of the time fit: the dynamic twins of static cases (what a runtime holds
 #: when it compiles dims dynamic), activations that live only inside a graph, many small weights
-MEMORY_CASES = frozenset({"mm_dyn", "mm_act_dyn", "conv3_dyn", "act_inner", "small_convs", "small_mms"})
+MEMORY_CASES = frozenset({"mm_dyn", "mm_act_dyn", "conv3_dyn", "act_inner", "small_convs", "small_mms",
+                          "resblock_dyn"})
 GROUP = 3  # timed runs per group: a group's best is one sample, and the median of the samples is kept
 
 
@@ -587,6 +614,8 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
         folder = Path(workdir or tmp)
         built = []
         for case in CASES:
+            if case in RELAYOUT_CASES and backend not in RELAYOUT_BACKENDS:
+                continue
             model, feeds = build_case(case)
             path = folder / f"{model.graph.name}.onnx"
             path.write_bytes(model.SerializeToString())
@@ -628,6 +657,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                               "activation_bytes_fused": cost.peak_activation_bytes_fused,
                               "input_bytes": cost.input_bytes, "output_bytes": cost.output_bytes,
                               "small_weight_bytes": cost.small_weight_bytes,
+                              "largest_relayout_bytes": cost.largest_relayout_bytes,
                               "epilogue_weight_bytes": cost.epilogue_weight_bytes, "flops": cost.flops}
     out = list(rows.values())
     return fit(out, bw, backend), out
@@ -669,7 +699,7 @@ def _inv(c: float | None) -> float:
 SMALL = 4 * 2**20
 
 
-def _fit_memory(rows: list[dict[str, Any]]) -> dict[str, float]:
+def _fit_memory(rows: list[dict[str, Any]], relayout: bool = True) -> dict[str, float]:
     """``peak = weight_factor x weights + conv_weight_factor x conv kernels + table_factor x lookup tables
     + transient factors x the largest conv kernel and the largest other weight + activation_factor x activations
     + node_bytes x nodes + base``. The runtime's base is the whole process's peak (VmHWM) on the ``runtime`` case
@@ -729,9 +759,18 @@ def _fit_memory(rows: list[dict[str, Any]]) -> dict[str, float]:
     if not a[:, 2].any():
         out["table_factor"] = out["weight_factor"]
     if all(r.get("run_peak_rss") and r.get("compile_peak_rss") for r in rows) and one is not None:
-        out.update(_fit_phases(rows, one, many, per_node))
+        out.update(_fit_phases(rows, one, many, per_node, relayout))
     return out
 
+
+#: backends that run narrow convs channels-last and copy their outputs to planar for a norm and back (OpenVINO's CPU
+#: plugin: Reorder nodes acdb -> abcd before each MVN and abcd -> acdb after it, in its runtime model of a VAE); the
+#: run phase's ``dynamic_relayout_memory_factor`` is fitted for these only. ggml runs its convs planar: its graph
+#: allocator placed the ``resblock_dyn`` case's maps (pinned) in 48.1 MiB (``ggml_gallocr_get_buffer_size``), the
+#: in-place count's 48.0
+RELAYOUT_BACKENDS = frozenset({"openvino"})
+#: the cases that measure those copies' memory, run on ``RELAYOUT_BACKENDS`` only
+RELAYOUT_CASES = frozenset({"resblock_dyn"})
 
 #: the memory factors of the two phases, by the feature they multiply (``_fit_phases``)
 COMPILE_TERMS = ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",
@@ -756,7 +795,7 @@ def _phase_columns(r: dict[str, Any]) -> dict[str, float]:
 
 
 def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str, Any] | None,
-                per_node: float) -> dict[str, float]:
+                per_node: float, relayout: bool = True) -> dict[str, float]:
     """The two phases' memory factors (``Factors.compile_weight_factor`` ...), where the child reset its peak
     after compiling: the compile phase's peak over the one-node case's, a non-negative fit in bytes over the
     static cases of the weights (conv kernels, tables apart), the largest kernel and other weight (in flight
@@ -794,6 +833,14 @@ def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str,
             x[keep] = _nnls(a[:, keep], target(dyn, key) - rest)
         for suffix, v in zip(("weight_factor", "conv_weight_factor", "table_factor", "epilogue_weight_factor"), x):
             out[f"{name}_{suffix}"] = float(v)
+    # the layout copies of a graph compiled with dynamic dims (OpenVINO allocates a dynamic graph's buffers as it
+    # runs, without the static memory plan, which shares the copies' memory with the rest): a line through the
+    # origin over what the static fit's terms leave, on the dynamic cases with copies
+    relay = [r for r in rows if r.get("dynamic") and float(r.get("largest_relayout_bytes", 0.0)) > 0] if relayout else []
+    if relay:
+        v = np.array([float(r["largest_relayout_bytes"]) for r in relay])
+        rest = np.array([sum(out[t] * _phase_columns(r)[t] for t in RUN_TERMS) for r in relay])
+        out["dynamic_relayout_memory_factor"] = max(0.0, float(v @ (target(relay, "run_peak_rss") - rest) / (v @ v)))
     return out
 
 
@@ -803,7 +850,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
     eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
     over["int"] = c.get("int_nodes", c.get("nodes", 0.0)) / 1000.0  # integer work (on the host, for some runtimes)
-    mem = _fit_memory(rows)
+    mem = _fit_memory(rows, relayout=backend in RELAYOUT_BACKENDS)
     fused = c.get("fused_ms", 0.0)
     return Factors(eff, over, mem["weight_factor"], mem["activation_factor"], mem["base"], True, bandwidth,
                    f"sdrt selftest --calibrate ({backend})",
@@ -829,7 +876,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                                           "dynamic_run_weight_factor", "dynamic_run_conv_weight_factor",
                                           "dynamic_run_table_factor", "output_factor", "retained_factor",
                                           "compile_small_factor", "dynamic_compile_epilogue_weight_factor",
-                                          "dynamic_run_epilogue_weight_factor")
+                                          "dynamic_run_epilogue_weight_factor", "dynamic_relayout_memory_factor")
                       if k in mem},
                    fit={"coefficients": c,
                         "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "peak_bytes", "peak_rss",

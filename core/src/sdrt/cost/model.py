@@ -124,6 +124,12 @@ class Factors:
     retained_factor: float = 0.0
     #: the compile phase's bytes per byte of small weights on top of the weights' factors (many small allocations)
     compile_small_factor: float = 0.0
+    #: the run phase's bytes per byte of the largest layout copy (``GraphCost.largest_relayout_bytes``) in a graph
+    #: compiled with dynamic dims: a runtime that runs narrow convs channels-last copies the maps it regroups for a norm
+    #: (OpenVINO: a planar copy before the norm, one back to channels-last after it), and with dims dynamic it allocates
+    #: them as it runs, beside the in-place activations (a static graph's memory plan shares their memory: the
+    #: ``resblock_dyn`` case held 195 MiB, its static twin 165); None or 0: no such cost
+    dynamic_relayout_memory_factor: float | None = None
     #: a graph compiled with dynamic dims (``GraphCost.dynamic``): weights and conv kernels per phase where the
     #: runtime prepares them differently (OpenVINO repacks a dynamic graph's weights at its first run, when the
     #: shapes are known, not while compiling); None: as a static graph's
@@ -343,6 +349,7 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
         return peak, peak, run_w + nodes
     run_peak = run_w + f.output_factor * getattr(cost, "output_bytes", 0.0) + nodes + f.base_bytes + (
         f.retained_factor * getattr(cost, "small_weight_bytes", 0.0)) + (
+        pick(f.dynamic_relayout_memory_factor, 0.0) * getattr(cost, "largest_relayout_bytes", 0.0)) + (
         f.activation_factor * max(0.0, live - getattr(cost, "input_bytes", 0.0)))
     compile_w = (pick(f.dynamic_compile_epilogue_weight_factor, 0.0) * epi
                  + pick(f.dynamic_compile_weight_factor, f.compile_weight_factor) * other

@@ -139,6 +139,10 @@ class GraphCost:
     relayout_bytes: float = 0.0
     #: the same for convs over 16 or fewer channels (a pixel's channels fill one cache line: a cheaper copy)
     relayout_narrow_bytes: float = 0.0
+    #: the largest of those conv outputs (one copy's bytes, any width under ``RELAYOUT_CHANNELS``): what such a runtime
+    #: holds at the peak beside the activations that liveness counts (the planar copy for the norm, and the norm's
+    #: output copied back to channels-last for the next conv)
+    largest_relayout_bytes: float = 0.0
 
     def by_class(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -303,7 +307,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     io = ins_b + outs_b
     pinned = {i.name: tuple(i.shape) for i in g.inputs}
     dynamic = any(not isinstance(d, int) for i in graph.inputs for d in i.shape)
-    relayout, relayout_narrow = _relayout_bytes(model, shape, dtype, act)
+    relayout, relayout_narrow, relayout_largest = _relayout_bytes(model, shape, dtype, act)
     return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown,
                      table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
                      peak_activation_bytes_inplace=float(peak_inplace), input_bytes=float(ins_b),
@@ -312,7 +316,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                      largest_conv_bytes=float(max((sizes[k] for k in kernels if k in sizes), default=0.0)),
                      largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)),
                      dynamic_shape_nodes=shape_nodes if dynamic else 0, dynamic=dynamic,
-                     relayout_bytes=float(relayout), relayout_narrow_bytes=float(relayout_narrow))
+                     relayout_bytes=float(relayout), relayout_narrow_bytes=float(relayout_narrow),
+                     largest_relayout_bytes=float(relayout_largest))
 
 
 #: convs with fewer output channels than this have their output copied to planar layout by a channels-last
@@ -322,15 +327,16 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
 RELAYOUT_CHANNELS = 128
 
 
-def _relayout_bytes(model: Any, shape: Any, dtype: Any, act: int) -> tuple[float, float]:
+def _relayout_bytes(model: Any, shape: Any, dtype: Any, act: int) -> tuple[float, float, float]:
     """Bytes (read + written) of the layout copies a channels-last runtime makes before Reshapes that regroup
     a conv's output across channels (4-D ``N, C, H, W`` to a shape whose second dim is not ``C``: torch's
     GroupNorm), for convs with fewer than ``RELAYOUT_CHANNELS`` channels. The conv may reach the Reshape through
     elementwise nodes (a residual add, a scale: its epilogue). Returns (bytes of convs over 17 or more channels,
     of convs over 16 or fewer: a pixel's channels fill one 64-byte line, and the copy runs 2-2.5 x faster per
-    byte here: 0.31 ms per MiB at 16 channels, 0.75-0.78 at 32 and 64)."""
+    byte here: 0.31 ms per MiB at 16 channels, 0.75-0.78 at 32 and 64), and the largest such output (one copy's
+    bytes, not read + written: the memory a copy takes)."""
     writer = {o: n for n in model.graph.node for o in n.output if o}
-    total, narrow = 0.0, 0.0
+    total, narrow, largest = 0.0, 0.0, 0.0
     for n in model.graph.node:
         if n.op_type != "Reshape" or not n.input or not n.output:
             continue
@@ -342,11 +348,12 @@ def _relayout_bytes(model: Any, shape: Any, dtype: Any, act: int) -> tuple[float
             w, hops = writer.get(w.input[0]), hops + 1
         if w is not None and w.op_type == "Conv" and src[1] < RELAYOUT_CHANNELS:
             b = 2 * _prod(src) * _elem_size(dtype(n.input[0]), act)
+            largest = max(largest, b / 2)
             if src[1] <= 16:
                 narrow += b
             else:
                 total += b
-    return total, narrow
+    return total, narrow, largest
 
 
 def _epilogue_weight_bytes(model: Any, origin: dict[str, set[str]], costs: dict[str, NodeCost]) -> float:
