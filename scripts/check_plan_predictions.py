@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SD15 = Path("/work/models/sd15-full/onnx")
 #: the bench models of bench/models.py that the check runs (the DiT blocks are left out: seconds per call)
 BENCH = ("vae_decoder", "unet", "text_encoder", "mobilenet_v3", "mobilenet_v2")
-#: the precision that the calibration and the check both pin (the planner plans fp32 on CPUs without AMX)
+#: the precision that the calibration and the check both pin (--precision bf16: sdrt's default on a CPU with bf16
+#: dot products, which `sdrt selftest --calibrate` measures there too)
 PRECISION = "fp32"
 sys.path.insert(0, str(ROOT))
 

@@ -123,7 +123,33 @@ def test_calibration_cases_build_and_cover_the_classes():
         cost = graph_costs(Graph.load(model.SerializeToString()), {k: v.shape for k, v in feeds.items()})
         for k, v in features(cost, 1e11, 1e10).items():
             seen[k] = seen.get(k, 0.0) + v
-    assert all(seen[k] > 0 for k in seen if k not in ("fixed_ms", "flops_data")), seen  # data nodes: no FLOPs
+    assert all(seen[k] > 0 for k in seen if k not in ("fixed_ms", "flops_data", "io_ms")), seen  # data nodes: no FLOPs
+    assert seen["io_ms"] == 0  # fp32 converts nothing
+
+
+def test_half_precision_converts_the_inputs_and_outputs():
+    """At bf16 a case's float32 inputs and outputs are converted every call (``io_ms``: their bytes, as costed at the
+    precision, over the bandwidth), and a dynamic graph that the backend ran pinned has no dynamic-dims work; the
+    calibrated prediction adds the conversion at its fitted efficiency, at a half precision only."""
+    from sdrt.cost.calibrate import build_case, features
+    from sdrt.cost.nodes import graph_costs
+    from sdrt.graph import Graph
+
+    model, feeds = build_case("heads")  # 1 x 77 x 64 floats in and out, dims dynamic
+    g = Graph.load(model.SerializeToString())
+    cost = graph_costs(g, {k: v.shape for k, v in feeds.items()}, "bf16")
+    assert cost.io_bytes == 2 * 77 * 64 * 2
+    f = features(cost, 1e11, 1e10)
+    assert f["io_ms"] == pytest.approx(1000 * 2 * 77 * 64 * 2 / 1e10)
+    assert f["dyn_nodes"] > 0 and f["shape_nodes"] > 0
+    pinned = features(cost, 1e11, 1e10, pinned=True)
+    assert pinned["dyn_nodes"] == 0 and pinned["shape_nodes"] == 0 and pinned["nodes"] == f["nodes"]
+    cpu = devices.find("cpu")
+    fac = Factors({}, {}, additive=True, calibrated=True, bandwidth_bytes_per_s=1e10, io_bandwidth_efficiency=0.5)
+    assert predict(cost, cpu, "openvino", "bf16", fac).by_class_ms["io"] == pytest.approx(
+        1000 * 2 * 77 * 64 * 2 / 0.5e10)
+    assert "io" not in predict(graph_costs(g, {k: v.shape for k, v in feeds.items()}), cpu, "openvino", "fp32",
+                               fac).by_class_ms
 
 
 def test_robust_time_sheds_scheduling_noise():

@@ -149,3 +149,28 @@ def test_auto_backend_follows_a_calibration(caplog, registry):
         be, dev = _auto(reg, None)
     assert be.name == other and dev.kind == "cpu"
     assert "calibrated cost model predicts" in caplog.text and f"fixed priority would pick {fixed.name}" in caplog.text
+
+
+def test_auto_backend_predicts_at_the_precision_the_load_uses(caplog, registry, monkeypatch):
+    """backend="auto" ranks the backends at the precision each would compile at (``SDRT_PRECISION`` here; sdrt's
+    default on a CPU with bf16 dot products is bf16) from that precision's calibration where one is stored: fp32's
+    factors make the fixed priority's backend the faster, bf16's the other."""
+    from sdrt.runtime import _auto
+
+    reg = registry
+    for name in ("openvino", "ggml"):
+        mod = pytest.importorskip(f"sdrt_{name}", reason=f"needs the {name} plugin installed")
+        reg.register_plugin(mod, name, distribution=f"sdrt-{name}")
+    if not {"openvino", "ggml"} <= set(reg.backends):
+        pytest.skip("the openvino and ggml plugins did not register here")
+    fixed, _ = _auto(reg, None)
+    other = "ggml" if fixed.name == "openvino" else "openvino"
+    classes = ("matmul", "conv", "attention", "norm", "elementwise", "data")
+    slow = Factors({c: 0.01 for c in classes}, {c: 1e-3 for c in classes}, calibrated=True)
+    quick = Factors({c: 0.9 for c in classes}, {c: 0.0 for c in classes}, calibrated=True)
+    save_calibration({f"{fixed.name}/cpu/fp32": quick, f"{other}/cpu/fp32": slow,
+                      f"{fixed.name}/cpu/bf16": slow, f"{other}/cpu/bf16": quick}, devices.this_cpu().to_dict())
+    for prec, want in (("fp32", fixed.name), ("bf16", other)):
+        monkeypatch.setenv("SDRT_PRECISION", prec)
+        be, _ = _auto(reg, None)
+        assert be.name == want, prec

@@ -21,8 +21,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--plugin-module", action="append", default=[], metavar="MODULE",
                    help="also register this importable module as a plugin (test a backend before packaging it)")
     p.add_argument("--calibrate", action="store_true",
-                   help="instead of the checks: time the calibration cases (at fp32) on each installed backend here and "
-                        "store the cost model's factors (used by `sdrt plan` and backend=\"auto\"); the report carries them")
+                   help="instead of the checks: time the calibration cases on each installed backend here, at fp32 and, "
+                        "where this CPU has bf16 dot products (AVX-512-BF16 or AMX), at bf16 too, and store the cost "
+                        "model's factors (used by `sdrt plan` and backend=\"auto\"); the report carries them")
     p.add_argument("--repeats", type=int, default=9,
                    help="timed runs per calibration case and pass (the median of each 3 runs' best is kept; of two "
                         "passes over all the cases, the faster; default 9)")
@@ -57,24 +58,12 @@ def _calibrate(args: argparse.Namespace) -> int:
             continue
         if name == "reference":
             continue
-        factors, rows = calibrate.calibrate(name, device=cpu, repeats=args.repeats,
-                                            progress=lambda m: print(m, file=sys.stderr) if sys.stderr.isatty() else None)
-        entries[f"{name}/cpu/fp32"] = factors
-        measured[name] = rows
-        eff = ", ".join(f"{k} {v:.2f}" for k, v in factors.efficiency.items())
-        node_us = 1e6 * max(factors.overhead_s.values(), default=0.0)
-        print(f"{name} on {dev.id} (fp32): FLOPs efficiency {eff}; {1e6 * factors.call_s:.0f} us per call, {node_us:.1f} us"
-              f" per node; traffic at {factors.bandwidth_bytes_per_s / 1e9:.1f} GB/s x activations"
-              f" {factors.bandwidth_efficiency:.2f}, data {factors.data_bandwidth_efficiency:.2f}, weights"
-              f" {factors.weight_bandwidth_efficiency or 0:.2f} (3x3 conv kernels"
-              f" {factors.conv_weight_bandwidth_efficiency or 0:.2f}, per further image"
-              f" {factors.conv_weight_batch_bandwidth_efficiency or 0:.2f}), epilogues {factors.fused_bandwidth_efficiency:.2f};"
-              f" memory = {factors.weight_factor:.2f} x weights ({factors.conv_weight_factor or 0:.2f} x conv kernels)"
-              f" + {factors.activation_factor:.2f} x activations + {factors.node_bytes / 1e3:.0f} kB per node"
-              f" + {factors.base_bytes / 2**20:.0f} MiB"
-              + (f" running, {factors.compile_weight_factor:.2f} x weights ({factors.compile_conv_weight_factor:.2f} x"
-                 f" conv kernels) + {factors.transient_conv_factor:.2f} x the largest kernel compiling"
-                 if factors.compile_weight_factor is not None else ""))
+        for prec, passes in _precisions(be):
+            factors, rows = calibrate.calibrate(name, device=cpu, repeats=args.repeats, precision=prec, passes=passes,
+                                                progress=lambda m: print(m, file=sys.stderr) if sys.stderr.isatty() else None)
+            entries[f"{name}/cpu/{prec}"] = factors
+            measured[name if prec == "fp32" else f"{name}/{prec}"] = rows
+            _summary(name, dev.id, prec, factors)
     if not entries:
         print("nothing calibrated: no installed backend offers this machine's CPU", file=sys.stderr)
         return 1
@@ -89,6 +78,38 @@ def _calibrate(args: argparse.Namespace) -> int:
         out, md = write(report, args.report)
         print(f"wrote {out} and {md}")
     return 0
+
+
+#: passes over the calibration cases at bf16 (fp32 takes two): one keeps the added time to about half of fp32's
+BF16_PASSES = 1
+
+
+def _precisions(be: Any) -> list[tuple[str, int]]:
+    """(precision, passes) to calibrate ``be`` at: fp32, and bf16 where this CPU has bf16 dot products (AVX-512-BF16
+    or AMX: sdrt's default precision here, ``sdrt.precision_default``) and the backend runs bf16."""
+    from ..precision_default import cpu_bf16_fast
+
+    out = [("fp32", 2)]
+    if cpu_bf16_fast() and "bf16" in getattr(be, "precisions", {}):
+        out.append(("bf16", BF16_PASSES))
+    return out
+
+
+def _summary(name: str, dev_id: str, prec: str, factors: Any) -> None:
+    eff = ", ".join(f"{k} {v:.2f}" for k, v in factors.efficiency.items())
+    node_us = 1e6 * max(factors.overhead_s.values(), default=0.0)
+    print(f"{name} on {dev_id} ({prec}): FLOPs efficiency {eff}; {1e6 * factors.call_s:.0f} us per call, {node_us:.1f} us"
+          f" per node; traffic at {factors.bandwidth_bytes_per_s / 1e9:.1f} GB/s x activations"
+          f" {factors.bandwidth_efficiency:.2f}, data {factors.data_bandwidth_efficiency:.2f}, weights"
+          f" {factors.weight_bandwidth_efficiency or 0:.2f} (3x3 conv kernels"
+          f" {factors.conv_weight_bandwidth_efficiency or 0:.2f}, per further image"
+          f" {factors.conv_weight_batch_bandwidth_efficiency or 0:.2f}), epilogues {factors.fused_bandwidth_efficiency:.2f};"
+          f" memory = {factors.weight_factor:.2f} x weights ({factors.conv_weight_factor or 0:.2f} x conv kernels)"
+          f" + {factors.activation_factor:.2f} x activations + {factors.node_bytes / 1e3:.0f} kB per node"
+          f" + {factors.base_bytes / 2**20:.0f} MiB"
+          + (f" running, {factors.compile_weight_factor:.2f} x weights ({factors.compile_conv_weight_factor:.2f} x"
+             f" conv kernels) + {factors.transient_conv_factor:.2f} x the largest kernel compiling"
+             if factors.compile_weight_factor is not None else ""))
 
 
 class _Bar:

@@ -560,10 +560,10 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
-TERMS = ("act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+TERMS = ("act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
-def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
+def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False) -> dict[str, float]:
     """A part's time features, linear in the factors ``fit`` finds: milliseconds of FLOPs per timing class
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
     compute nodes but convs; ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights
@@ -571,10 +571,14 @@ def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
     each image after the first; ``fused_ms``: epilogues; ``fused_flops_ms``: their arithmetic at ``peak``), the
     timed nodes (integer nodes apart: ``int_nodes``), the shape arithmetic of a graph with dynamic dims
     (``shape_nodes``: a runtime that keeps them dynamic runs it every call), every timed node again in such a
-    graph (``dyn_nodes``: shape inference per node and call) and the call; ``fixed_ms``: a part not fitted (0 here)."""
+    graph (``dyn_nodes``: shape inference per node and call; neither where the backend ran the graph ``pinned``, at
+    static shapes), the graph's inputs and outputs at a half precision (``io_ms``: the runtime converts them from and
+    to float32 every call; 0 at fp32) and the call; ``fixed_ms``: a part not fitted (0 here)."""
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
-    out["shape_nodes"] = float(getattr(cost, "dynamic_shape_nodes", 0))
+    out["shape_nodes"] = 0.0 if pinned else float(getattr(cost, "dynamic_shape_nodes", 0))
+    if getattr(cost, "precision", "fp32") != "fp32":  # float32 inputs and outputs converted every call
+        out["io_ms"] = 1000 * float(getattr(cost, "io_bytes", 0.0)) / bandwidth
     for n in cost.nodes:
         if n.op_class == "view":
             continue
@@ -591,7 +595,7 @@ def features(cost: Any, peak: float, bandwidth: float) -> dict[str, float]:
         out[key] += 1000 * (n.bytes - n.weight_bytes) / bandwidth
     out["relayout_ms"] = 1000 * getattr(cost, "relayout_bytes", 0.0) / bandwidth
     out["relayout_narrow_ms"] = 1000 * getattr(cost, "relayout_narrow_bytes", 0.0) / bandwidth
-    if getattr(cost, "dynamic", False):  # a runtime that keeps the dims dynamic infers every node's shapes per call
+    if getattr(cost, "dynamic", False) and not pinned:  # a runtime that keeps the dims dynamic infers shapes per call
         out["dyn_nodes"] = out["nodes"] + out["int_nodes"]
     return out
 
@@ -637,7 +641,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                 if name in rows and rows[name]["robust_ms"] <= m["robust_ms"]:
                     rows[name]["pass_ms"].append(m["robust_ms"])
                     continue
-                rows[name] = {"case": name, "features": features(cost, peak, bw),
+                rows[name] = {"case": name, "features": features(cost, peak, bw, pinned=pinned),
                               "timed": name.removeprefix("cal_") not in MEMORY_CASES,
                               "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
                               "pass_ms": rows[name]["pass_ms"] + [m["robust_ms"]] if name in rows else [m["robust_ms"]],
@@ -857,6 +861,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                    additive=True, bandwidth_efficiency=_inv(c.get("act_ms")),
                    data_bandwidth_efficiency=_inv(c.get("data_ms")),
                    relayout_bandwidth_efficiency=_inv(c.get("relayout_ms")),
+                   io_bandwidth_efficiency=_inv(c.get("io_ms")),
                    relayout_narrow_bandwidth_efficiency=_inv(c.get("relayout_narrow_ms")),
                    conv_bandwidth_efficiency=_inv(c.get("conv_act_ms")),
                    conv_weight_factor=mem["conv_weight_factor"], node_bytes=mem["node_bytes"],

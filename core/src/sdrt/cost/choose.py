@@ -6,7 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from .devices import this_cpu
-from .model import factors_for, is_calibrated, load_calibration, predict
+from .model import calibrated_precisions, factors_for, is_calibrated, load_calibration, predict
 from .nodes import GraphCost, NodeCost, graph_costs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,13 +28,13 @@ def _mix_cost() -> GraphCost:
     return GraphCost("an SD 1.5 UNet call", "fp32", nodes, 0.0, 0.0, 0.0)
 
 
-def _graph_cost(graph: Graph | None) -> GraphCost:
+def _graph_cost(graph: Graph | None, precision: str = "fp32") -> GraphCost:
     if graph is None:
         return _mix_cost()
     from .shapes import single_file_shapes
 
     try:
-        return graph_costs(graph, single_file_shapes(graph, 512, 512) or None)
+        return graph_costs(graph, single_file_shapes(graph, 512, 512) or None, precision)
     except Exception as exc:  # noqa: BLE001 - e.g. shapes only the caller knows: rank by the UNet mix
         log.debug("costing %s failed (%s); ranking by an SD UNet's op mix", graph.name, exc)
         return _mix_cost()
@@ -47,8 +47,13 @@ def by_prediction(candidates: list[tuple[Backend, Device]], graph: Graph | None)
         return None
     cost = _graph_cost(graph)
     cpu = this_cpu()
-    times = sorted(((predict(cost, cpu, b.name, "fp32", factors_for(b.name, cpu, "fp32", cal)).ms, b, d)
-                    for b, d in usable), key=lambda t: t[0])
+    def ms(b: Backend, d: Device) -> float:  # at the precision the load will compile at, where it was calibrated
+        prec = b.precision_for(d)
+        prec = prec if prec in calibrated_precisions(b.name, "cpu", cal) else "fp32"
+        return predict(cost if prec == "fp32" else _graph_cost(graph, prec), cpu, b.name, prec,
+                       factors_for(b.name, cpu, prec, cal)).ms
+
+    times = sorted(((ms(b, d), b, d) for b, d in usable), key=lambda t: t[0])
     best_ms, be, dev = times[0]
     others = ", ".join(f"{b.name} {ms:.1f} ms" for ms, b, _ in times[1:])
     fixed = candidates[0][0].name

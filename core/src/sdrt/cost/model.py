@@ -63,6 +63,9 @@ class Factors:
     #: (``GraphCost.relayout_bytes``: 17-127 channels, ``relayout_narrow_bytes``: 16 or fewer); None: no such cost
     relayout_bandwidth_efficiency: float | None = None
     relayout_narrow_bandwidth_efficiency: float | None = None
+    #: calibrated at a half precision: the graph's inputs and outputs (``GraphCost.io_bytes``), which the runtime
+    #: converts from and to float32 every call (OpenVINO's and ggml's bf16 take and give float32); None: no such cost
+    io_bandwidth_efficiency: float | None = None
     #: calibrated: activation traffic of convs (a conv over few channels pays per pixel, not per FLOP)
     conv_bandwidth_efficiency: float | None = None
     #: memory held per byte of conv kernels where it differs from ``weight_factor`` (a backend that keeps
@@ -215,6 +218,12 @@ def factors_for(backend: str, device: DeviceSpec, precision: str, calibration: d
     return DEFAULTS.get(device.kind, DEFAULTS["gpu"])
 
 
+def calibrated_precisions(backend: str, kind: str = "cpu", calibration: dict[str, Any] | None = None) -> set[str]:
+    """The precisions that ``sdrt selftest --calibrate`` measured ``backend`` at on this machine's ``kind``."""
+    cal = calibration if calibration is not None else load_calibration()
+    return {k.split("/")[2] for k in cal.get("entries", {}) if k.count("/") == 2 and k.startswith(f"{backend}/{kind}/")}
+
+
 def is_calibrated(backend: str, kind: str = "cpu", calibration: dict[str, Any] | None = None) -> bool:
     cal = calibration if calibration is not None else load_calibration()
     return any(k.startswith(f"{backend}/{kind}/") for k in cal.get("entries", {}))
@@ -309,6 +318,9 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
                                               f.relayout_narrow_bandwidth_efficiency)) if b and e and e < 100.0)
     if relayout:
         by["relayout"] = relayout
+    io_eff = f.io_bandwidth_efficiency
+    if io_eff and io_eff < 100.0 and precision != "fp32":
+        by["io"] = getattr(cost, "io_bytes", 0.0) / (bw * io_eff)
     if getattr(cost, "dynamic", False) and (f.shape_node_s or f.dynamic_node_s):
         timed = sum(1 for n in cost.nodes if n.op_class != "view" and not n.fused)
         by["shapes"] = f.shape_node_s * cost.dynamic_shape_nodes + f.dynamic_node_s * timed

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import SdrtError
 from .devices import DeviceSpec
-from .model import Factors, factors_for, load_calibration, predict
+from .model import Factors, calibrated_precisions, factors_for, load_calibration, predict
 from .nodes import GraphCost, graph_costs
 from .shapes import single_file_shapes
 
@@ -50,12 +50,18 @@ def backends_for(device: DeviceSpec) -> list[str]:
             "apple": ["coreml", "ggml"]}.get(device.vendor, ["ggml"])
 
 
-def precisions_for(backend: str, device: DeviceSpec) -> list[str]:
+def precisions_for(backend: str, device: DeviceSpec, calibration: dict[str, Any] | None = None) -> list[str]:
     """The precisions worth planning for ``backend`` on ``device``: the backend's vocabulary, less what the
-    device has no rate for. On CPUs, OpenVINO computes fp16 weights in fp32 and bf16 only pays with AMX."""
+    device has no rate for. On CPUs, OpenVINO computes fp16 weights in fp32; bf16 is planned with AMX, and on
+    this machine's CPU where ``sdrt selftest --calibrate`` measured the backend at bf16 (it does where the CPU
+    has bf16 dot products, AVX-512-BF16 or AMX: then bf16 is sdrt's default precision here, and its time and
+    memory come from its own measured factors, not from fp32's)."""
     out = [p for p in BACKEND_PRECISIONS.get(backend, ("fp32", "fp16")) if device.supports(p)]
     if device.kind == "cpu":
         keep = {"fp32", "q8_0", "q4_0"} | ({"bf16", "int8"} if "amx_bf16" in device.isa else set())
+        if device.source.startswith("sdrt.hardware.detect") and "bf16" in calibrated_precisions(
+                backend, "cpu", calibration):
+            keep.add("bf16")
         out = [p for p in out if p in keep] or ["fp32"]
     return out
 
@@ -272,7 +278,7 @@ def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] 
     pinned: dict[Any, Any] = {}
     cands: list[Candidate] = []
     for be in bes:
-        for prec in (precisions or precisions_for(be, device)):
+        for prec in (precisions or precisions_for(be, device, calibration)):
             if prec not in cache:
                 cache[prec] = cost_parts(parts, prec, pinned)
             kinds = offloads or (("none", "parts", "stream") if device.kind == "gpu" else ("none", "parts"))
