@@ -316,9 +316,9 @@ class OpenVINOBackend(Backend):
 
         def compile_(model: ov.Model | None = None, first: bool = False) -> Any:
             model = model if model is not None else lazy().model  # converting raises UnsupportedGraph first
-            # half the blob, a faster import
-            model, _held = _bind_sixteen_bit(model, _sixteen_bit(opts, arrays, device, first and staged is not None),
-                                             release)
+            # 16-bit weights where they halve the blob OpenVINO writes now (a faster import) or compute the same
+            kind = _sixteen_bit(opts, arrays, device, first and staged is not None)
+            model, _held = _bind_sixteen_bit(model, kind, release)
             try:  # the first compile of a model the cache stores: OpenVINO writes the blob to the staged folder
                 return core.compile_model(model, device.id, {**props, "CACHE_DIR": str(staged)} if first and staged
                                           else props)
