@@ -59,6 +59,7 @@ def instrument() -> None:
     import openvino as ov
 
     import sdrt_openvino.backend as ob
+    import sdrt_openvino.bf16 as o16
     import sdrt_openvino.convert as oc
     from sdrt import backend as sb
     from sdrt.cache import store as cstore
@@ -75,6 +76,7 @@ def instrument() -> None:
         (cstore.CompileCache, "store", "cache store"), (wres, "resolve_weights", "resolve_weights"),
         (ob.OpenVINOBackend, "_compile", "openvino _compile"), (ob.OpenVINOBackend, "_save", "openvino _save"),
         (ob.OpenVINOBackend, "_load", "openvino _load"), (oc, "read", "convert.read"), (oc, "half_weights", "convert.half_weights"),
+        (o16, "twin", "bf16.twin"), (ob.OpenVINOBackend, "_save_twin", "openvino _save_twin"),
         (oc, "bind_parameters", "bind weights as Constants"), (ov.Core, "read_model", "ov read_model"),
         (ov.Core, "compile_model", "ov compile_model"), (ov.Core, "import_model", "ov import_model"),
         (ov.CompiledModel, "export_model", "ov export_model"), (pages, "release", "release mapped pages"),
@@ -89,6 +91,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=Path(os.environ.get("SDRT_E2E_MODEL", "/work/models/sd15-full")))
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--save", type=Path, help="write the first image's pixels here (.npy), to compare runs")
     args = ap.parse_args()
     from bench.e2e import CFG, NEGATIVE, PROMPT, SEED
 
@@ -101,9 +104,13 @@ def main() -> None:
     events.append(("pipelines.load", 0, t, time.perf_counter()))
     for name in ("first image", "warm image"):
         t = time.perf_counter()
-        pipe.generate(PROMPT, NEGATIVE, steps=args.steps, cfg=CFG, sampler="Euler", seed=SEED, width=args.size,
-                      height=args.size)
+        out = pipe.generate(PROMPT, NEGATIVE, steps=args.steps, cfg=CFG, sampler="Euler", seed=SEED,
+                            width=args.size, height=args.size)
         events.append((name, 0, t, time.perf_counter()))
+        if args.save and name == "first image":
+            import numpy as np
+
+            np.save(args.save, np.asarray(out.images[0]))
     from sdrt.cache import wait_for_stores
 
     t = time.perf_counter()

@@ -206,3 +206,23 @@ def test_lazy_graph_with_shapes_and_fold_keep_mapping(tmp_path):
     np.testing.assert_array_equal(M.run_reference(Graph.load(p).with_shapes(x=(2, 3, 8)).fold_constants(),
                                                   {"x": X})["y"],
                                   M.run_reference(Graph.load(p), {"x": X})["y"])
+
+
+@pytest.mark.parametrize("attr,value", [("value", np.arange(6, dtype=np.float16).reshape(2, 3)),
+                                        ("value", np.array(7, dtype=np.int64)), ("value_int", 5),
+                                        ("value_ints", [1, -2, 3]), ("value_float", 0.25),
+                                        ("value_floats", [0.5, -1.5])])
+def test_constants_fold_to_what_onnx_reference_evaluator_gives(attr, value):
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from sdrt.graph.fold import _evaluate
+
+    kw = {attr: numpy_helper.from_array(value) if attr == "value" else value}
+    node = helper.make_node("Constant", [], ["c"], **kw)
+    got = _evaluate(node, {}, [helper.make_opsetid("", 17)], 8)["c"]
+    model = helper.make_model(helper.make_graph([node], "g", [], [helper.make_empty_tensor_value_info("c")]),
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    (want,) = ReferenceEvaluator(model).run(None, {})
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)

@@ -108,3 +108,16 @@ def test_end_to_end_generates_with_the_demo_model(fixture_plugins):
     rep = selftest.run(["reference"], quick=True, only=["end-to-end"], plugin_modules=fixture_plugins)
     (check,) = rep["backends"][0]["checks"]
     assert check["status"] == "passed" and check["figures"]["shape"] == [64, 64, 3]
+
+
+def test_openvino_passes_at_its_own_default_precision(monkeypatch, tmp_path):
+    """Run as a user runs it, without the suite's SDRT_PRECISION=fp32: bf16 on a CPU with AVX-512-BF16 or AMX.
+    Conformance holds float32's tolerances, so it runs at fp32; accuracy and the demo image at the default."""
+    pytest.importorskip("openvino", reason="the openvino package is not installed (pip install openvino)")
+    monkeypatch.delenv("SDRT_PRECISION", raising=False)
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    rep = selftest.run(["openvino"], device="CPU", quick=True, only=["conformance", "accuracy", "end-to-end"],
+                       plugin_modules=["sdrt_openvino", "sdrt_reference"])
+    (backend,) = rep["backends"]
+    bad = [(c["group"], c["name"], c.get("message")) for c in backend["checks"] if c["status"] != "passed"]
+    assert backend["checks"] and not bad, bad

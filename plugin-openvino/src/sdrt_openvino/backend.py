@@ -30,7 +30,7 @@ from sdrt.tensors import NON_TENSOR
 from sdrt.weights.pages import release as release_pages
 from sdrt.weights.pages import unmapped_bytes
 
-from . import convert, swap
+from . import bf16, convert, swap
 from .conformance import CONFORMANCE
 from .errors import OpenVINOError, first_lines
 from .options import Options, parse_options
@@ -46,8 +46,9 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sdrt.openvino")
 
 PLUGIN_VERSION = "0.1.0"
-CACHE_FORMAT = "7"  # bump to orphan every older cache entry (6: OpenVINO's CACHE_DIR blob, with its header;
-#                    7: bf16/fp16 compiles hold float16 weights, convert.half_weights)
+CACHE_FORMAT = "8"  # bump to orphan every older cache entry (6: OpenVINO's CACHE_DIR blob, with its header;
+#                    7: bf16/fp16 compiles hold float16 weights, convert.half_weights; 8: bf16 ones hold the
+#                    bf16 weights their compile rounds, bf16.twin)
 #: the file of a cache entry: the compiled model as OpenVINO's ``CACHE_DIR`` writes it (``blob_offset``: where
 #: the model starts past its header line), or as ``CompiledModel.export_model`` gives it (no header)
 BLOB = "model.blob"
@@ -75,9 +76,33 @@ def _halving_frees(arrays: Mapping[str, Any]) -> bool:
     return unmapped_bytes(held) <= max(sum(int(a.nbytes) for a in held) // 4, _HALF_COPY_SMALL)
 
 
-def _wants_half(opts: Options, arrays: Mapping[str, Any]) -> bool:
-    """Whether a compile binds float16 weights (``convert.half_weights``): a bf16/fp16 one, where the copy frees."""
-    return opts.precision in convert.HALF_PRECISIONS and _halving_frees(arrays)
+def _sixteen_bit(opts: Options, arrays: Mapping[str, Any], device: Device,
+                 stored_as_compiled: bool = False) -> str | None:
+    """Which 16-bit copy of the weights a compile binds, where the copy frees (``_halving_frees``): ``"f16"``
+    (``convert.half_weights``) for an fp16 compile; ``"bf16"`` (``bf16.twin``) for a bf16 compile whose blob
+    OpenVINO writes as it compiles (``CACHE_DIR``), so that the entry holds bf16 weights, not float32 ones, on
+    a device that runs bf16 (elsewhere OpenVINO computes in float32, with the float32 weights). Any other bf16
+    compile binds the float32 weights, which it rounds to the same bf16 values itself, faster (a store after
+    the job writes the entry from the twin, ``_save``). None: the weights as they are."""
+    if not _halving_frees(arrays):
+        return None
+    if opts.precision == "f16":
+        return "f16"
+    native = "BF16" in {str(c).upper() for c in device.properties.get("capabilities", ())}
+    return "bf16" if opts.precision == "bf16" and stored_as_compiled and native else None
+
+
+def _bind_sixteen_bit(model: ov.Model, kind: str | None, release: Callable[[], Any]) -> tuple[ov.Model, Any]:
+    """``model`` with the weights ``_sixteen_bit`` chose, and what must live as long as it; the float32 pages
+    the copy read leave the resident set (``release``) before compiling packs the 16-bit ones."""
+    if kind is None:
+        return model, None
+    if kind == "f16":
+        model, held = convert.half_weights(model), None
+    else:
+        model, held = bf16.twin(model, release)
+    release()
+    return model, held
 
 
 class _LazyConversion:
@@ -284,14 +309,16 @@ class OpenVINOBackend(Backend):
         lazy = _LazyConversion(core, graph, lambda: arrays)
         staged = self._staging(device, opts)
 
+        def release() -> None:
+            release_pages(arrays.values())
+            done = getattr(lazy, "_done", None)
+            release_pages(done.maps if done else [])
+
         def compile_(model: ov.Model | None = None, first: bool = False) -> Any:
             model = model if model is not None else lazy().model  # converting raises UnsupportedGraph first
-            if _wants_half(opts, arrays):  # half the blob, a faster import
-                model = convert.half_weights(model)
-                # the float32 pages the copy read leave the resident set before compiling packs the float16 ones
-                release_pages(arrays.values())
-                done = getattr(lazy, "_done", None)
-                release_pages(done.maps if done else [])
+            # 16-bit weights where they halve the blob OpenVINO writes now (a faster import) or compute the same
+            kind = _sixteen_bit(opts, arrays, device, first and staged is not None)
+            model, _held = _bind_sixteen_bit(model, kind, release)
             try:  # the first compile of a model the cache stores: OpenVINO writes the blob to the staged folder
                 return core.compile_model(model, device.id, {**props, "CACHE_DIR": str(staged)} if first and staged
                                           else props)
@@ -370,6 +397,9 @@ class OpenVINOBackend(Backend):
         if len(blobs) == 1 and blob_offset(blobs[0]) is not None:  # written by OpenVINO while it compiled
             os.replace(blobs[0], folder / BLOB)
             return True
+        twin_of = getattr(session, "twin_of", None)
+        if twin_of is not None and self._save_twin(compiled, twin_of, folder):
+            return True
         stream = compiled.export_model()  # the whole blob in memory: only when OpenVINO wrote none we can read
         with open(folder / BLOB, "wb") as f:
             f.write(stream.getbuffer())  # the export's own buffer, not a copy of it
@@ -386,10 +416,42 @@ class OpenVINOBackend(Backend):
 
     def _save_later(self, compiled: Any) -> Any:
         """The compiled model as it is now: ``update_weights`` (a LoRA) compiles a new one into the session, whose
-        blob must not be stored under the original weights' key."""
+        blob must not be stored under the original weights' key. A bf16 compile from float32 weights also keeps a
+        copy of its model's graph (``twin_of``: the constants are shared, not copied; a LoRA replaces them in the
+        session's model, not in this copy), from which ``_save`` writes a blob of bf16 weights."""
         from types import SimpleNamespace
 
-        return SimpleNamespace(compiled=compiled.compiled, staged=None)
+        twin_of = None
+        conv = getattr(compiled._conversion, "_done", None)  # the model this compile converted, if it did
+        if conv is not None and compiled._props.get("INFERENCE_PRECISION_HINT") == "bf16" \
+                and compiled._device_id.startswith("CPU"):
+            arrays = compiled._arrays
+            twin_of = SimpleNamespace(model=conv.model.clone(), device_id=compiled._device_id,
+                                      props=dict(compiled._props),
+                                      release=lambda: (release_pages(arrays.values()), release_pages(conv.maps)))
+        return SimpleNamespace(compiled=compiled.compiled, staged=None, twin_of=twin_of)
+
+    def _save_twin(self, compiled: Any, twin_of: Any, folder: Path) -> bool:
+        """Write the entry's blob from the bf16 twin of a bf16 compile made from float32 weights: the weights
+        of its convolutions and matmuls rounded as it rounded them, so that the entry is half the size and imports
+        to the same outputs. OpenVINO writes the twin's blob while it compiles it (``CACHE_DIR``), not whole in
+        memory. False (nothing written) where the runtime model does not say that every convolution and matmul
+        ran in bf16, or OpenVINO wrote no single blob: the caller exports the float32 model then."""
+        if not bf16.runs_weights_in_bf16(compiled):
+            return False
+        model, held = bf16.twin(twin_of.model, twin_of.release)
+        twin_of.release()  # the float32 pages the rounding read
+        staged = Path(tempfile.mkdtemp(prefix=".openvino-twin-", dir=folder))
+        try:
+            twin = self.core.compile_model(model, twin_of.device_id, {**twin_of.props, "CACHE_DIR": str(staged)})
+            del twin, model, held
+            blobs = sorted(staged.glob("*.blob"))
+            if len(blobs) != 1 or blob_offset(blobs[0]) is None:
+                return False
+            os.replace(blobs[0], folder / BLOB)
+            return True
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
 
     def _open(self, compiled: Any, entry: Entry | None) -> Session:
         staged = getattr(compiled, "staged", None)
@@ -415,8 +477,7 @@ class OpenVINOBackend(Backend):
 
         def compile_(model: ov.Model | None = None) -> Any:
             model = model if model is not None else lazy().model
-            if _wants_half(opts, session._arrays):
-                model = convert.half_weights(model)
+            model, _held = _bind_sixteen_bit(model, _sixteen_bit(opts, session._arrays, device), lambda: None)
             try:
                 return core.compile_model(model, device.id, opts.properties())
             except RuntimeError as exc:

@@ -308,9 +308,11 @@ def _matmul_model(seed: int = 0) -> bytes:
 
 
 def test_a_half_precision_entry_holds_16_bit_weights(ov_registry, tmp_path):
-    """A bf16 compile binds float16 weights (convert.half_weights): its cache entry is about half a float32
-    compile's, its outputs stay within bf16's error of float32 from the compile and from the cache alike, and
-    update_weights still swaps the (float32) weights it was given."""
+    """A bf16 compile that stores as it compiles binds the bf16 twin of its weights (``bf16.twin``): its cache
+    entry is about half a float32 compile's, its outputs stay within bf16's error of float32 from the compile
+    and from the cache alike, and update_weights still swaps the (float32) weights it was given. On a CPU
+    without native bf16 OpenVINO computes in float32, with the float32 weights, and stores those."""
+    import openvino as ov
     x = np.random.default_rng(1).standard_normal((4, 256), dtype=np.float32)
     model = tmp_path / "mm.onnx"  # a file: its weights are mapped, so the float16 copy can hand their pages back
     model.write_bytes(_matmul_model())
@@ -319,7 +321,12 @@ def test_a_half_precision_entry_holds_16_bit_weights(ov_registry, tmp_path):
     (f32_entry,) = _entries(tmp_path)
     half = sdrt.load(model, backend="openvino", device="CPU", precision="bf16")
     (entry,) = [e for e in _entries(tmp_path) if e != f32_entry]
-    assert entry.stat().st_size < 0.6 * f32_entry.stat().st_size, (entry.stat().st_size, f32_entry.stat().st_size)
+    if "BF16" in {str(c).upper() for c in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")}:
+        assert entry.stat().st_size < 0.6 * f32_entry.stat().st_size, (entry.stat().st_size,
+                                                                       f32_entry.stat().st_size)
+    else:
+        assert entry.stat().st_size > 0.9 * f32_entry.stat().st_size, (entry.stat().st_size,
+                                                                       f32_entry.stat().st_size)
     assert f32_entry.stat().st_size > 256 * 256 * 4
     tol = dict(rtol=0, atol=0.05 * float(np.abs(want).max()))
     np.testing.assert_allclose(half.run({"x": x})["y"], want, **tol)

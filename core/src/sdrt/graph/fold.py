@@ -245,9 +245,35 @@ def _static_dims(vi: Any) -> list[int] | None:
     return dims
 
 
+#: Constant's value attributes read without an evaluator: half the nodes a torch export folds are Constants
+#: (1,307 of 2,405 in the full-size SD 1.5 UNet), and a ReferenceEvaluator per node cost 0.08 s of its pinning
+_CONSTANT_VALUES = {"value_int": lambda a: np.array(a.i, np.int64),
+                    "value_ints": lambda a: np.array(list(a.ints), np.int64),
+                    "value_float": lambda a: np.array(a.f, np.float32),
+                    "value_floats": lambda a: np.array(list(a.floats), np.float32)}
+
+
+def _constant(node: Any) -> dict[str, np.ndarray] | None:
+    """A Constant node's value, or None where the evaluator must read it (sparse, strings, external data)."""
+    from onnx import TensorProto, numpy_helper
+
+    if len(node.attribute) != 1 or len(node.output) != 1:
+        return None
+    attr = node.attribute[0]
+    if attr.name == "value" and attr.t.data_location != TensorProto.EXTERNAL and attr.t.data_type != TensorProto.STRING:
+        return {node.output[0]: numpy_helper.to_array(attr.t)}
+    read = _CONSTANT_VALUES.get(attr.name)
+    return {node.output[0]: read(attr)} if read is not None else None
+
+
 def _evaluate(node: Any, feeds: dict[str, np.ndarray], opsets: list[Any], ir_version: int) -> dict[str, np.ndarray]:
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
+
+    if node.op_type == "Constant":
+        known = _constant(node)
+        if known is not None:
+            return known
 
     inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
               for n, a in feeds.items()]

@@ -47,10 +47,17 @@ QUICK_OPS = ("add", "mul", "div", "matmul", "gemm", "conv", "softmax", "layer_no
 
 #: the SD-style models of ``sdrt.testing.models`` the accuracy and speed checks build
 MODELS = ("vae_decoder", "unet", "text_encoder", "mobilenet_v2")
-#: relative error (||got - want|| / ||want||) allowed at each precision. bf16 (8-bit mantissa): one pass of
-#: the bench UNet differs from float32 by up to 5.3e-2 on OpenVINO (docs/openvino.md), the other models by
-#: 0.7-1.5e-2; the image bar of docs/precision.md is what bounds a default precision
-TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 8e-2}
+#: relative error (||got - want|| / ||want||) allowed at each precision. bf16 (8-bit mantissa): OpenVINO runs
+#: most ops in bf16, not only the matmuls, and one pass of the tiny UNet (random weights, random attention
+#: logits) differs from float32 by 5.3e-2 on Sapphire Rapids (AMX) and 0.10-0.12 on Zen 5 (AVX-512-BF16;
+#: ggml's bf16 1.3e-2 there), the other models by 0.6-2.3e-2; a wrong kernel gives errors near 1. The image bar
+#: of docs/precision.md is what bounds a default precision; these catch a backend that computes wrong
+TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 0.2}
+#: mean pixel difference (0-255) of the demo model's image to the reference backend's, at the precision the
+#: pipeline runs at (the default): float32 matches; the demo model's random weights make 16-bit images move
+#: more than a trained model's (OpenVINO bf16 on Zen 5: 8.3-8.9, ggml bf16 4.1); a broken pipeline is off by
+#: tens
+IMAGE_LIMIT = {"fp32": 2.0, "fp16": 8.0, "bf16": 12.0}
 
 
 @dataclass
@@ -180,7 +187,10 @@ def conformance(be: Backend, dev: Device, plan: Plan) -> Check:
 
     ops = QUICK_OPS if plan.quick else SD_OPS
     pattern = r"^test_(" + "|".join(ops) + r")(_|$)"
-    suite = BackendTest(be, dev, suites=("node",) if plan.quick else ("node", "light")).include(pattern)
+    # at float32 where the backend has it: onnx's node tests hold float32's tolerances (rtol 1e-3), which a bf16
+    # default misses on every matmul (the accuracy checks measure the default precision)
+    fp32 = precisions(be, dev).get("fp32", {})
+    suite = BackendTest(be, dev, suites=("node",) if plan.quick else ("node", "light"), **fp32).include(pattern)
     if plan.quick:
         suite.exclude(r"_expanded(_|$)", "function bodies: the op itself is tested")
     summary = suite.run()
@@ -375,7 +385,7 @@ def end_to_end(be: Backend, dev: Device, plan: Plan) -> Check:
         return check
     diff = np.abs(got.astype(np.int32) - want.astype(np.int32))
     mean = float(diff.mean())
-    limit = 2.0 if list(precisions(be, dev))[-1] == "fp32" else 8.0  # the pipeline runs at the default
+    limit = IMAGE_LIMIT.get(list(precisions(be, dev))[-1], 8.0)  # the pipeline runs at the default
     check.figures.update(mean_abs_diff=round(mean, 3), max_abs_diff=int(diff.max()), limit=limit)
     if mean > limit:
         check.status, check.message = "failed", f"mean pixel difference {mean:.2f} to the reference is above {limit}"
