@@ -80,8 +80,10 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-#: passes over the calibration cases at bf16 (fp32 takes two): one keeps the added time to about half of fp32's
-BF16_PASSES = 1
+#: passes over the calibration cases at bf16, as at fp32: the faster of two is kept. One pass (half the added time)
+#: was tried: on a machine with other work it measured ggml's bf16 matmuls at half its fp32 speed, and the bf16
+#: check fell from 30/38 rows in time to 7/38 (docs/plan.md)
+BF16_PASSES = 2
 
 
 def _precisions(be: Any) -> list[tuple[str, int]]:
