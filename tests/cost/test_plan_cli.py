@@ -127,19 +127,25 @@ def test_list_devices(capsys):
     assert "RTX 4090 24GB" in capsys.readouterr().out
 
 
-def test_auto_backend_follows_a_calibration(caplog, registry):
-    """With both CPU backends calibrated, backend="auto" takes the one the model predicts faster, and says why;
-    with nothing calibrated, the fixed priority decides."""
+def _both_cpu_backends(reg):
+    """The registry with OpenVINO and ggml registered, the backend the fixed priority picks and the other one."""
     from sdrt.runtime import _auto
 
-    reg = registry
     for name in ("openvino", "ggml"):
         mod = pytest.importorskip(f"sdrt_{name}", reason=f"needs the {name} plugin installed")
         reg.register_plugin(mod, name, distribution=f"sdrt-{name}")
     if not {"openvino", "ggml"} <= set(reg.backends):
         pytest.skip("the openvino and ggml plugins did not register here")
     fixed, _ = _auto(reg, None)
-    other = "ggml" if fixed.name == "openvino" else "openvino"
+    return reg, fixed, "ggml" if fixed.name == "openvino" else "openvino"
+
+
+def test_auto_backend_follows_a_calibration(caplog, registry):
+    """With both CPU backends calibrated, backend="auto" takes the one the model predicts faster, and says why;
+    with nothing calibrated, the fixed priority decides."""
+    from sdrt.runtime import _auto
+
+    reg, fixed, other = _both_cpu_backends(registry)
     cpu = devices.this_cpu()
     slow = Factors({c: 0.01 for c in ("matmul", "conv", "attention", "norm", "elementwise", "data")},
                    {c: 1e-3 for c in ("matmul", "conv", "attention", "norm", "elementwise", "data")}, calibrated=True)
@@ -157,14 +163,7 @@ def test_auto_backend_predicts_at_the_precision_the_load_uses(caplog, registry, 
     factors make the fixed priority's backend the faster, bf16's the other."""
     from sdrt.runtime import _auto
 
-    reg = registry
-    for name in ("openvino", "ggml"):
-        mod = pytest.importorskip(f"sdrt_{name}", reason=f"needs the {name} plugin installed")
-        reg.register_plugin(mod, name, distribution=f"sdrt-{name}")
-    if not {"openvino", "ggml"} <= set(reg.backends):
-        pytest.skip("the openvino and ggml plugins did not register here")
-    fixed, _ = _auto(reg, None)
-    other = "ggml" if fixed.name == "openvino" else "openvino"
+    reg, fixed, other = _both_cpu_backends(registry)
     classes = ("matmul", "conv", "attention", "norm", "elementwise", "data")
     slow = Factors({c: 0.01 for c in classes}, {c: 1e-3 for c in classes}, calibrated=True)
     quick = Factors({c: 0.9 for c in classes}, {c: 0.0 for c in classes}, calibrated=True)
