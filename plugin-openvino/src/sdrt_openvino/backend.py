@@ -92,17 +92,14 @@ def _sixteen_bit(opts: Options, arrays: Mapping[str, Any], device: Device,
     return "bf16" if opts.precision == "bf16" and stored_as_compiled and native else None
 
 
-def _bind_sixteen_bit(model: ov.Model, kind: str | None, release: Callable[[], Any]) -> tuple[ov.Model, Any]:
-    """``model`` with the weights ``_sixteen_bit`` chose, and what must live as long as it; the float32 pages
-    the copy read leave the resident set (``release``) before compiling packs the 16-bit ones."""
+def _bind_sixteen_bit(model: ov.Model, kind: str | None, release: Callable[[], Any]) -> ov.Model:
+    """``model`` with the weights ``_sixteen_bit`` chose; the float32 pages the copy read leave the resident set
+    (``release``) before compiling packs the 16-bit ones."""
     if kind is None:
-        return model, None
-    if kind == "f16":
-        model, held = convert.half_weights(model), None
-    else:
-        model, held = bf16.twin(model, release)
+        return model
+    model = convert.half_weights(model) if kind == "f16" else bf16.twin(model, release)
     release()
-    return model, held
+    return model
 
 
 class _LazyConversion:
@@ -121,13 +118,25 @@ class _LazyConversion:
         return self._done
 
 
-def _uncacheable(compiled: Any) -> list[str]:
-    """Why a compiled model must not be cached (its blob breaks on import), or nothing."""
+def _runtime_layers(compiled: Any) -> list[tuple[str, str]]:
+    """(layer type, runtime precision) of each layer of ``compiled``'s runtime model; none where the device gives
+    no runtime model of layer types (AUTO)."""
     try:
-        layers = {str(op.get_rt_info()["layerType"].astype(str)) for op in compiled.get_runtime_model().get_ops()}
-    except (RuntimeError, KeyError):  # devices without a runtime model of layer types (AUTO)
-        layers = set()
-    return [f"{layer}: {UNCACHEABLE_LAYERS[layer]}" for layer in sorted(layers & set(UNCACHEABLE_LAYERS))]
+        out = []
+        for op in compiled.get_runtime_model().get_ops():
+            info = op.get_rt_info()
+            out.append((str(info["layerType"].astype(str)),
+                        str(info["runtimePrecision"].astype(str)) if "runtimePrecision" in info else ""))
+        return out
+    except (RuntimeError, KeyError, AttributeError):
+        return []
+
+
+def _uncacheable(layers: list[tuple[str, str]]) -> list[str]:
+    """Why a compiled model with these runtime ``layers`` must not be cached (its blob breaks on import), or
+    nothing."""
+    kinds = {kind for kind, _ in layers}
+    return [f"{layer}: {UNCACHEABLE_LAYERS[layer]}" for layer in sorted(kinds & set(UNCACHEABLE_LAYERS))]
 
 
 def release_read_pages(blob: np.memmap) -> bool:
@@ -318,7 +327,7 @@ class OpenVINOBackend(Backend):
             model = model if model is not None else lazy().model  # converting raises UnsupportedGraph first
             # 16-bit weights where they halve the blob OpenVINO writes now (a faster import) or compute the same
             kind = _sixteen_bit(opts, arrays, device, first and staged is not None)
-            model, _held = _bind_sixteen_bit(model, kind, release)
+            model = _bind_sixteen_bit(model, kind, release)
             try:  # the first compile of a model the cache stores: OpenVINO writes the blob to the staged folder
                 return core.compile_model(model, device.id, {**props, "CACHE_DIR": str(staged)} if first and staged
                                           else props)
@@ -388,7 +397,8 @@ class OpenVINOBackend(Backend):
 
     def _save(self, session: Session, folder: Path) -> bool:
         compiled = session.compiled  # type: ignore[attr-defined]
-        why = _uncacheable(compiled)
+        layers = _runtime_layers(compiled)
+        why = _uncacheable(layers)
         if why:
             log.info("not caching: %s", "; ".join(why))
             return False
@@ -398,7 +408,7 @@ class OpenVINOBackend(Backend):
             os.replace(blobs[0], folder / BLOB)
             return True
         twin_of = getattr(session, "twin_of", None)
-        if twin_of is not None and self._save_twin(compiled, twin_of, folder):
+        if twin_of is not None and bf16.runs_weights_in_bf16(layers) and self._save_twin(twin_of, folder):
             return True
         stream = compiled.export_model()  # the whole blob in memory: only when OpenVINO wrote none we can read
         with open(folder / BLOB, "wb") as f:
@@ -431,20 +441,18 @@ class OpenVINOBackend(Backend):
                                       release=lambda: (release_pages(arrays.values()), release_pages(conv.maps)))
         return SimpleNamespace(compiled=compiled.compiled, staged=None, twin_of=twin_of)
 
-    def _save_twin(self, compiled: Any, twin_of: Any, folder: Path) -> bool:
-        """Write the entry's blob from the bf16 twin of a bf16 compile made from float32 weights: the weights
-        of its convolutions and matmuls rounded as it rounded them, so that the entry is half the size and imports
-        to the same outputs. OpenVINO writes the twin's blob while it compiles it (``CACHE_DIR``), not whole in
-        memory. False (nothing written) where the runtime model does not say that every convolution and matmul
-        ran in bf16, or OpenVINO wrote no single blob: the caller exports the float32 model then."""
-        if not bf16.runs_weights_in_bf16(compiled):
-            return False
-        model, held = bf16.twin(twin_of.model, twin_of.release)
+    def _save_twin(self, twin_of: Any, folder: Path) -> bool:
+        """Write the entry's blob from the bf16 twin of a bf16 compile made from float32 weights that ran every
+        convolution and matmul in bf16 (``bf16.runs_weights_in_bf16``): their weights rounded as it rounded them,
+        so that the entry is half the size and imports to the same outputs. OpenVINO writes the twin's blob while
+        it compiles it (``CACHE_DIR``), not whole in memory. False (nothing written) where OpenVINO wrote no
+        single blob: the caller exports the float32 model then."""
+        model = bf16.twin(twin_of.model, twin_of.release)
         twin_of.release()  # the float32 pages the rounding read
         staged = Path(tempfile.mkdtemp(prefix=".openvino-twin-", dir=folder))
         try:
             twin = self.core.compile_model(model, twin_of.device_id, {**twin_of.props, "CACHE_DIR": str(staged)})
-            del twin, model, held
+            del twin, model
             blobs = sorted(staged.glob("*.blob"))
             if len(blobs) != 1 or blob_offset(blobs[0]) is None:
                 return False
@@ -477,7 +485,7 @@ class OpenVINOBackend(Backend):
 
         def compile_(model: ov.Model | None = None) -> Any:
             model = model if model is not None else lazy().model
-            model, _held = _bind_sixteen_bit(model, _sixteen_bit(opts, session._arrays, device), lambda: None)
+            model = _bind_sixteen_bit(model, _sixteen_bit(opts, session._arrays, device), lambda: None)
             try:
                 return core.compile_model(model, device.id, opts.properties())
             except RuntimeError as exc:

@@ -16,7 +16,7 @@ the full-size UNet's output matched bit for bit, cold compile and cache hit alik
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -35,22 +35,13 @@ _RELEASE_EVERY = 256 << 20
 _MIN_ELEMENTS = 1024
 
 
-def runs_weights_in_bf16(compiled: Any) -> bool:
-    """Whether ``compiled`` runs every convolution and matmul in bf16, by its runtime model: then it rounded every
-    one of their weights to bf16, and the twin holds the weights it computes with. (The runtime model names a
-    fused layer after its last op, a matmul fused with its bias after the Add, so this is asked of the whole
-    model, not per op.) False also where the device gives no runtime model with layer types and precisions."""
-    try:
-        found = False
-        for op in compiled.get_runtime_model().get_ordered_ops():
-            info = op.get_rt_info()
-            if str(info["layerType"].astype(str)) in _RUNTIME_WEIGHT_LAYERS:
-                if str(info["runtimePrecision"].astype(str)) != "bf16":
-                    return False
-                found = True
-        return found
-    except (RuntimeError, KeyError, AttributeError):
-        return False
+def runs_weights_in_bf16(layers: Iterable[tuple[str, str]]) -> bool:
+    """Whether a compiled model whose runtime model has ``layers`` (type, runtime precision) runs every convolution
+    and matmul in bf16: then it rounded every one of their weights to bf16, and the twin holds the weights it
+    computes with. (The runtime model names a fused layer after its last op, a matmul fused with its bias after
+    the Add, so this is asked of the whole model, not per op.) False where there are none (no runtime model)."""
+    weighted = [precision for kind, precision in layers if kind in _RUNTIME_WEIGHT_LAYERS]
+    return bool(weighted) and all(precision == "bf16" for precision in weighted)
 
 
 def round_to_bf16(src: np.ndarray, out: np.ndarray) -> None:
@@ -74,16 +65,15 @@ def round_to_bf16(src: np.ndarray, out: np.ndarray) -> None:
         dst[start:start + _CHUNK] = tmp
 
 
-def twin(model: Any, release: Callable[[], Any] | None = None) -> tuple[Any, list[Any]]:
+def twin(model: Any, release: Callable[[], Any] | None = None) -> Any:
     """A copy of ``model`` whose float32 constants that only convolutions and matmuls read are bf16 behind a
-    decompression ``Convert``. ``model`` is left as it is (``update_weights`` swaps its constants). Returns the
-    copy and the bf16 tensors it holds (keep them with it). ``release`` hands back the pages of the float32
+    decompression ``Convert`` (each over a tensor of OpenVINO's own, which the constant keeps alive). ``model`` is
+    left as it is (``update_weights`` swaps its constants). ``release`` hands back the pages of the float32
     weights' file maps; it is called every ``_RELEASE_EVERY`` bytes read, so that they are never all resident
     beside the bf16 copy (the full-size UNet's twin peaked 4.7 GiB over the process without it)."""
     import openvino as ov
 
     copy = model.clone()
-    held: list[Any] = []
     count = size = unreleased = 0
     for op in copy.get_ordered_ops():
         if op.get_type_name() != "Constant" or op.get_element_type() != ov.Type.f32:
@@ -98,7 +88,6 @@ def twin(model: Any, release: Callable[[], Any] | None = None) -> tuple[Any, lis
         tensor = ov.Tensor(ov.Type.bf16, shape)  # OpenVINO's own memory: no transparent huge page faults
         round_to_bf16(values, tensor.data.view(np.uint16))
         const = ov.op.Constant(tensor, shared_memory=True)
-        held.append(tensor)
         widen = ov.opset13.convert(const, ov.Type.f32)
         # what ov::mark_as_decompression writes: constant folding leaves the Convert, the CPU plugin keeps bf16
         widen.get_rt_info()["decompression_0"] = ""
@@ -113,4 +102,4 @@ def twin(model: Any, release: Callable[[], Any] | None = None) -> tuple[Any, lis
             release()
             unreleased = 0
     log.debug("bf16 twin: %d constants, %.1f MB of float32 weights made bf16", count, size / 1e6)
-    return copy, held
+    return copy

@@ -81,7 +81,7 @@ def test_the_twin_rounds_convolution_and_matmul_weights_only(ov_registry):
         return {op.get_friendly_name(): op.get_element_type().get_type_name() for op in model.get_ordered_ops()
                 if op.get_type_name() == "Constant" and op.get_friendly_name() in ("cw", "cb", "mw", "mb")}
 
-    twin, held = bf16.twin(conv.model)
+    twin = bf16.twin(conv.model)
     assert consts(twin) == {"cw": "bf16", "cb": "f32", "mw": "bf16", "mb": "f32"}
     assert consts(conv.model) == {"cw": "f32", "cb": "f32", "mw": "f32", "mb": "f32"}, "the model is left as is"
 
@@ -106,3 +106,15 @@ def test_a_jobs_bf16_entry_imports_to_the_compiles_outputs_bit_for_bit(ov_regist
     np.testing.assert_array_equal(hit.run({"x": X})["y"], cold)
     plain = sdrt.load(model, backend="openvino", device="CPU", precision="bf16", cache=False).run({"x": X})["y"]
     np.testing.assert_array_equal(plain, cold)
+
+
+@pytest.mark.parametrize("layers, want", [
+    ([], False),  # no runtime model (AUTO): nothing says the weights were rounded
+    ([("Convolution", "bf16"), ("FullyConnected", "bf16"), ("Reorder", "f32")], True),
+    ([("Convolution", "bf16"), ("FullyConnected", "f32")], False),  # a matmul kept its float32 weights
+    ([("Reorder", "bf16")], False),
+])
+def test_the_twin_is_written_only_where_every_weighted_layer_ran_bf16(layers, want):
+    from sdrt_openvino import bf16
+
+    assert bf16.runs_weights_in_bf16(layers) is want

@@ -45,18 +45,21 @@ def by_prediction(candidates: list[tuple[Backend, Device]], graph: Graph | None)
     usable = [(b, d) for b, d in candidates if d.kind == "cpu" and is_calibrated(b.name, "cpu", cal)]
     if len(usable) < 2:
         return None
-    cost = _graph_cost(graph)
     cpu = this_cpu()
+    costs: dict[str, GraphCost] = {}  # by precision: the graph is costed once for each
+
     def ms(b: Backend, d: Device) -> float:  # at the precision the load will compile at, where it was calibrated
         prec = b.precision_for(d)
         prec = prec if prec in calibrated_precisions(b.name, "cpu", cal) else "fp32"
-        return predict(cost if prec == "fp32" else _graph_cost(graph, prec), cpu, b.name, prec,
-                       factors_for(b.name, cpu, prec, cal)).ms
+        if prec not in costs:
+            costs[prec] = _graph_cost(graph, prec)
+        return predict(costs[prec], cpu, b.name, prec, factors_for(b.name, cpu, prec, cal)).ms
 
     times = sorted(((ms(b, d), b, d) for b, d in usable), key=lambda t: t[0])
     best_ms, be, dev = times[0]
     others = ", ".join(f"{b.name} {ms:.1f} ms" for ms, b, _ in times[1:])
     fixed = candidates[0][0].name
-    why = (f"the calibrated cost model predicts {best_ms:.1f} ms per call of {cost.name} against {others}"
+    name = next(iter(costs.values())).name  # the graph's (or the UNet mix's), whatever the precision
+    why = (f"the calibrated cost model predicts {best_ms:.1f} ms per call of {name} against {others}"
            + (f" (the fixed priority would pick {fixed})" if fixed != be.name else " (the fixed priority agrees)"))
     return be, dev, why
