@@ -605,13 +605,14 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
 
 
 def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 9, workdir: Path | None = None,
-              progress: Callable[[str], None] | None = None, precision: str = "fp32", passes: int = 2
-              ) -> tuple[Factors, list[dict[str, Any]]]:
+              progress: Callable[[str], None] | None = None, precision: str = "fp32", passes: int = 2,
+              reference: Factors | None = None) -> tuple[Factors, list[dict[str, Any]]]:
     """Time the calibration cases on ``backend`` here, compiled at ``precision``, and fit its factors;
     returns (factors, the measurements). Every case is measured in each of ``passes`` passes over all the
     cases, and the pass with the lower robust time is kept: on a shared machine a burst of other work lasting
     seconds (which the waits before each measurement cannot always see) then spoils a case only if it comes
-    back at the same case in every pass."""
+    back at the same case in every pass. ``reference``: the float32 calibration of the same backend, whose
+    ``SHARED_TERMS`` a half precision on a ``FLOAT32_ACTIVATION_BACKENDS`` backend holds (``held_terms``)."""
     from ..graph import Graph
 
     dev = device or this_cpu()
@@ -672,7 +673,8 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                               "epilogue_weight_bytes": cost.epilogue_weight_bytes, "flops": cost.flops,
                               "inflight_bytes": inflight_bytes(cost)}
     out = list(rows.values())
-    return fit(out, bw, backend, float32_activations=act32), out
+    held = held_terms(reference, peak, dev.peak("fp32")) if act32 else {}
+    return fit(out, bw, backend, float32_activations=act32, held=held), out
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -688,18 +690,42 @@ def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return x
 
 
-def _fit_times(rows: list[dict[str, Any]]) -> dict[str, float]:
+def _fit_times(rows: list[dict[str, Any]], held: dict[str, float] | None = None) -> dict[str, float]:
     """Every case at once: ``time - fixed = sum of features x coefficients`` (``features``), fitted with
     non-negative coefficients, each case weighted by 1/time (relative errors count alike, large case or
-    small). Returns the coefficient of each feature (1/efficiency for the ms terms; ms for nodes, call)."""
+    small). ``held``: coefficients taken as they are (their terms' time is subtracted first; ``held_terms``).
+    Returns the coefficient of each feature (1/efficiency for the ms terms; ms for nodes, call)."""
+    held = held or {}
     timed = [r for r in rows if r.get("features") and r["robust_ms"] > 0 and r.get("timed", True)]
     names = [f"flops_{c}" for c in TIME_CLASSES] + list(TERMS)
-    names = [k for k in names if any(r["features"].get(k) for r in timed)]
+    names = [k for k in names if any(r["features"].get(k) for r in timed) and k not in held]
     a = np.array([[r["features"].get(k, 0.0) for k in names] for r in timed])
     y = np.array([r["robust_ms"] for r in timed])
-    fixed = np.array([r["features"].get("fixed_ms", 0.0) for r in timed])
+    fixed = np.array([r["features"].get("fixed_ms", 0.0) + sum(c * r["features"].get(k, 0.0) for k, c in held.items())
+                      for r in timed])
     x = _nnls(a / y[:, None], np.maximum(y - fixed, 0.0) / y)
-    return dict(zip(names, (float(v) for v in x)))
+    return {**dict(zip(names, (float(v) for v in x))), **held}
+
+
+#: the time terms of the work that a half precision leaves as it is on a ``FLOAT32_ACTIVATION_BACKENDS`` backend (its
+#: float32 kernels: attention, softmax, norms, elementwise, data movement, depthwise convs, epilogues, the nodes' and
+#: the call's fixed costs): its half-precision calibration holds them at the float32 calibration's coefficients
+#: (``held_terms``) and fits only the matmuls, dense convs, weight traffic and the inputs' and outputs' conversion.
+#: Fitted afresh, these terms were split differently among themselves at each precision (ggml's softmax came out 25%
+#: faster at bf16 for the same float32 kernel), which put the tiny SDXL UNet at 512 px at 0.60 of its measured time
+SHARED_TERMS = ("flops_dwconv", "flops_attention", "flops_softmax", "flops_norm", "flops_groupnorm",
+                "flops_elementwise", "flops_data", "act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "fused_ms",
+                "fused_flops_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+
+
+def held_terms(reference: Factors | None, peak: float, reference_peak: float) -> dict[str, float]:
+    """The ``SHARED_TERMS`` coefficients of ``reference`` (the float32 calibration) for a half-precision fit whose
+    FLOPs features are at ``peak`` (those of ``reference`` at ``reference_peak``): {} without a reference."""
+    coef = (reference.fit or {}).get("coefficients") if reference is not None else None
+    if not coef:
+        return {}
+    return {k: float(coef.get(k, 0.0)) * (peak / reference_peak if k.startswith("flops_") else 1.0)
+            for k in SHARED_TERMS}
 
 
 def _inv(c: float | None) -> float:
@@ -874,10 +900,12 @@ def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str,
     return out
 
 
-def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_activations: bool = False) -> Factors:
+def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_activations: bool = False,
+        held: dict[str, float] | None = None) -> Factors:
     """The factors from the calibration measurements (``_fit_times``, ``_fit_memory``); ``float32_activations``:
-    the rows' activation features count float32 activations at a half precision (``Factors.float32_activations``)."""
-    c = _fit_times(rows)
+    the rows' activation features count float32 activations at a half precision (``Factors.float32_activations``);
+    ``held``: time coefficients taken as they are (``held_terms``)."""
+    c = _fit_times(rows, held)
     eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
     over["int"] = c.get("int_nodes", c.get("nodes", 0.0)) / 1000.0  # integer work (on the host, for some runtimes)
