@@ -103,7 +103,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "mm_77x768": ("mlp", (77, 768, 3072, 4)),        # CLIP's MLPs: 77 rows over 75 MB of weights
     "mm_8x4096": ("matmul", (8, 4096, 4096, 2)),     # 8 rows over 134 MB: streaming the weights
     "mm_dyn": ("mlp", (77, 768, 3072, 4)),           # mm_77x768 with its tokens dynamic (memory: when weights repack)
-    "mm_act_dyn": ("mlp_act", (77, 768, 3072, 2)),   # CLIP-like MLPs (a ReLU between), batch and tokens dynamic
+    "mm_act_dyn": ("mlp_act", (77, 768, 3072, 4)),   # CLIP-like MLPs (a ReLU between), batch and tokens dynamic
     "conv3_dyn": ("conv", (640, 16, 3, 1, 3)),       # conv3_640x16 with batch and map dynamic (as torch exports)
     "heads": ("heads", (77, 64, 8, 6)),              # heads split and merged by shape arithmetic, dims dynamic
     "tokens": ("tokens", (77, 64, 3)),               # integer work on token ids (the pooled token's position)
