@@ -100,6 +100,13 @@ def test_float32_weights_in_flight_while_a_half_copy_is_made():
     assert large[0] - base[0] == pytest.approx(0.75 * HALF_COPY_CHUNK_BYTES)
     assert small[1] == large[1] == base[1]  # the run phase: the pages were handed back
     assert memory_phases(_cost(half_source=3000 * MIB), f) == memory_phases(_cost(), f)  # static
+    # the pages are handed back before the runtime compiles the copy and reads its lookup tables: the larger of the
+    # two, not both (4 of the 10 MiB a table, held 1.5 x compiling: 6 MiB, under the 75 in flight)
+    table = replace(f, table_factor=0.0, dynamic_compile_table_factor=1.5)
+    with_table = replace(_cost(dynamic=True, half_source=100 * MIB), table_bytes=4 * MIB)
+    no_copy = replace(with_table, half_source_bytes=0.0)
+    assert memory_phases(no_copy, table)[0] - base[0] == pytest.approx(6 * MIB - 4 * MIB)  # 4 MiB more at 1.5 x
+    assert memory_phases(with_table, table)[0] - memory_phases(no_copy, table)[0] == pytest.approx(75 * MIB - 6 * MIB)
 
 
 def test_fit_recovers_the_inflight_factor():

@@ -399,9 +399,11 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
         f.activation_factor * max(0.0, live - inputs))
     compile_w = (pick(f.dynamic_compile_epilogue_weight_factor, 0.0) * epi
                  + pick(f.dynamic_compile_weight_factor, f.compile_weight_factor) * other
-                 + pick(f.dynamic_compile_conv_weight_factor, f.compile_conv_weight_factor) * conv_w
-                 + pick(f.dynamic_compile_table_factor, f.compile_table_factor) * table)
+                 + pick(f.dynamic_compile_conv_weight_factor, f.compile_conv_weight_factor) * conv_w)
+    # the float32 pages read while a half copy is made are handed back before the runtime compiles it, reads the lookup
+    # tables and transforms kernels: the larger of the two is in flight, not both
     inflight = pick(f.dynamic_compile_inflight_factor, 0.0) * inflight_bytes(cost)
-    compile_peak = (compile_w + transient + inflight + f.compile_input_factor * inputs + nodes
+    compiling = pick(f.dynamic_compile_table_factor, f.compile_table_factor) * table + transient
+    compile_peak = (compile_w + max(inflight, compiling) + f.compile_input_factor * inputs + nodes
                     + f.compile_small_factor * getattr(cost, "small_weight_bytes", 0.0) + f.base_bytes)
     return compile_peak, run_peak, run_w + f.retained_factor * getattr(cost, "small_weight_bytes", 0.0) + nodes
