@@ -158,8 +158,10 @@ def test_half_precision_time_fit_holds_the_float32_kernels_terms():
     got = _fit_times(rows, held)
     for k, v in true.items():
         assert got[k] == pytest.approx(v, rel=1e-6), k
-    ref = Factors({}, {}, fit={"coefficients": {"flops_softmax": 8.0, "act_ms": 0.5, "flops_matmul": 0.7}})
+    ref = Factors({}, {}, fit={"coefficients": {"flops_softmax": 8.0, "act_ms": 0.5, "flops_matmul": 0.7,
+                                                "fused_flops_ms": 18.0}})
     h = held_terms(ref, 2e12, 1e12)
     assert set(h) == set(SHARED_TERMS) and "flops_matmul" not in h
-    assert h["flops_softmax"] == pytest.approx(16.0) and h["act_ms"] == 0.5 and h["call"] == 0.0
+    assert h["flops_softmax"] == pytest.approx(16.0) and h["fused_flops_ms"] == pytest.approx(36.0)
+    assert h["act_ms"] == 0.5 and h["call"] == 0.0
     assert held_terms(None, 2e12, 1e12) == {}

@@ -725,7 +725,8 @@ def held_terms(reference: Factors | None, peak: float, reference_peak: float) ->
     coef = (reference.fit or {}).get("coefficients") if reference is not None else None
     if not coef:
         return {}
-    return {k: float(coef.get(k, 0.0)) * (peak / reference_peak if k.startswith("flops_") else 1.0)
+    return {k: float(coef.get(k, 0.0)) * (peak / reference_peak if k.startswith("flops_") or k == "fused_flops_ms"
+                                          else 1.0)  # FLOPs at the peak: a feature at twice the peak is half as large
             for k in SHARED_TERMS}
 
 
