@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     PRECISION = args.precision
     from sdrt.cost.calibrate import features, measure
     from sdrt.cost.devices import this_cpu
-    from sdrt.cost.model import factors_for, load_calibration, predict
+    from sdrt.cost.model import activation_scale, factors_for, load_calibration, predict
     from sdrt.cost.nodes import graph_costs
     from sdrt.graph import Graph
 
@@ -149,7 +149,8 @@ def main(argv=None) -> int:
                          "gflop": cost.flops / 1e9, "busy_before": m.get("busy_before"),
                          "slow_before": m.get("slow_before"), "weight_bytes": cost.weight_bytes,
                          "activation_bytes": cost.peak_activation_bytes, "by_class_ms": pr.by_class_ms,
-                         "features": features(cost, cpu.peak(PRECISION), f.bandwidth_bytes_per_s or cpu.bandwidth_bytes_per_s)}
+                         "features": features(cost, cpu.peak(PRECISION), f.bandwidth_bytes_per_s or cpu.bandwidth_bytes_per_s,
+                                              act_scale=activation_scale(PRECISION, f))}
                     best[key] = r
                     print(f"{group:<18} {name:<16} {be:<9} pred {pr.ms:9.2f} ms  meas {m['median_ms']:9.2f} ms "
                           f"(robust {r['robust_ms']:8.2f})  x{r['time_ratio']:.2f}   process peak pred {pr.peak_bytes / 2**20:7.0f} MiB "

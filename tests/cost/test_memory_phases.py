@@ -148,3 +148,17 @@ def test_fit_dynamic_layout_copies():
     for t in RUN_TERMS:
         assert got[t] == pytest.approx(true[t], rel=1e-6, abs=1e-6), t
     assert "dynamic_relayout_memory_factor" not in _fit_memory(rows, relayout=False)
+
+
+def test_bytes_per_node_against_the_same_op_once():
+    """The 400-node case against ``node1`` (its op once), not the one-Add ``call``: the 5 MiB that the op kind's code
+    takes (OpenVINO's bf16 matmul kernels) is not charged to the nodes."""
+    base, per_node, code = 120 * MIB, 90e3, 5 * MIB
+
+    def row(case, extra, nodes):
+        return {"case": case, "weight_bytes": 0.0, "activation_bytes": 0.0, "peak_bytes": 10 * MIB + extra,
+                "peak_rss": base + extra, "rss_before": 70 * MIB, "mem_nodes": nodes}
+
+    rows = [row("call", 0.0, 1), row("node1", code, 1), row("nodes", code + 399 * per_node, 400)]
+    assert _fit_memory(rows)["node_bytes"] == pytest.approx(per_node)
+    assert _fit_memory([rows[0], rows[2]])["node_bytes"] == pytest.approx(per_node + code / 399)

@@ -60,7 +60,8 @@ def _calibrate(args: argparse.Namespace) -> int:
             continue
         for prec, passes in _precisions(be):
             factors, rows = calibrate.calibrate(name, device=cpu, repeats=args.repeats, precision=prec, passes=passes,
-                                                progress=lambda m: print(m, file=sys.stderr) if sys.stderr.isatty() else None)
+                                                progress=lambda m: print(m, file=sys.stderr) if sys.stderr.isatty() else None,
+                                                reference=entries.get(f"{name}/cpu/fp32"))
             entries[f"{name}/cpu/{prec}"] = factors
             measured[name if prec == "fp32" else f"{name}/{prec}"] = rows
             _summary(name, dev.id, prec, factors)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .devices import DeviceSpec, this_cpu
-from .model import TIME_CLASSES, Factors, conv_weight_bytes, memory_nodes
+from .model import TIME_CLASSES, Factors, activation_scale, conv_weight_bytes, inflight_bytes, memory_nodes
 from .nodes import graph_costs
 
 log = logging.getLogger("sdrt.cost")
@@ -87,6 +87,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "call": ("add", (16,)),                          # one tiny node: the fixed cost of a call
     "runtime": ("runtime", (32, 8)),                 # one tiny node of every kind: the runtime's base memory
     "nodes": ("tiny_matmuls", (400,)),               # many tiny nodes: the fixed cost (time, memory) of a node
+    "node1": ("tiny_matmuls", (1,)),                 # memory: one of them (what its op kind's code takes, apart)
     "nodes_dyn": ("tiny_matmuls", (100,)),           # ... in a graph whose dims stay dynamic (tokens)
     "conv3_320x32": ("conv", (320, 32, 3, 1, 3)),    # UNet level 1-2 resnets
     "conv3_640x16": ("conv", (640, 16, 3, 1, 3)),    # UNet deep levels: 44 MB of kernels
@@ -103,7 +104,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "mm_77x768": ("mlp", (77, 768, 3072, 4)),        # CLIP's MLPs: 77 rows over 75 MB of weights
     "mm_8x4096": ("matmul", (8, 4096, 4096, 2)),     # 8 rows over 134 MB: streaming the weights
     "mm_dyn": ("mlp", (77, 768, 3072, 4)),           # mm_77x768 with its tokens dynamic (memory: when weights repack)
-    "mm_act_dyn": ("mlp_act", (77, 768, 3072, 2)),   # CLIP-like MLPs (a ReLU between), batch and tokens dynamic
+    "mm_act_dyn": ("mlp_act", (77, 768, 3072, 4)),   # CLIP-like MLPs (a ReLU between), batch and tokens dynamic
     "conv3_dyn": ("conv", (640, 16, 3, 1, 3)),       # conv3_640x16 with batch and map dynamic (as torch exports)
     "heads": ("heads", (77, 64, 8, 6)),              # heads split and merged by shape arithmetic, dims dynamic
     "tokens": ("tokens", (77, 64, 3)),               # integer work on token ids (the pooled token's position)
@@ -124,6 +125,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "act_inner": ("act_inner", (64, 64, 4)),          # memory: large activations inside, small input and output
     "small_convs": ("conv", (128, 16, 3, 1, 40)),    # memory: 40 kernels of 0.56 MiB (what compiling them leaves)
     "small_mms": ("matmul", (77, 384, 384, 40)),     # memory: 40 matmul weights of 0.56 MiB
+    "mm_big_dyn": ("matmul", (8, 2048, 2048, 40)),   # memory: 640 MiB of 16 MiB weights, tokens dynamic (a model's size)
 }
 
 
@@ -349,7 +351,7 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
     dims = {"x": shape, **extra}
     if case == "nodes_dyn":
         dynamic = {"x": [1, "tokens", 32]}
-    elif case == "mm_dyn":
+    elif case in ("mm_dyn", "mm_big_dyn"):
         dynamic = {"x": [1, "tokens", shape[2]]}
     elif case == "mm_act_dyn":
         dynamic = {"x": ["batch", "tokens", shape[2]]}
@@ -368,7 +370,7 @@ CASES = list(CASE_SPECS)
 #: cases for the memory fit only, kept out of the time fit: the dynamic twins of static cases (what a runtime holds
 #: when it compiles dims dynamic), activations that live only inside a graph, many small weights
 MEMORY_CASES = frozenset({"mm_dyn", "mm_act_dyn", "conv3_dyn", "act_inner", "small_convs", "small_mms",
-                          "resblock_dyn"})
+                          "resblock_dyn", "mm_big_dyn", "node1"})
 GROUP = 3  # timed runs per group: a group's best is one sample, and the median of the samples is kept
 
 
@@ -563,7 +565,8 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 TERMS = ("act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
-def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False) -> dict[str, float]:
+def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act_scale: float = 1.0
+             ) -> dict[str, float]:
     """A part's time features, linear in the factors ``fit`` finds: milliseconds of FLOPs per timing class
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
     compute nodes but convs; ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights
@@ -573,7 +576,9 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False) -> 
     (``shape_nodes``: a runtime that keeps them dynamic runs it every call), every timed node again in such a
     graph (``dyn_nodes``: shape inference per node and call; neither where the backend ran the graph ``pinned``, at
     static shapes), the graph's inputs and outputs at a half precision (``io_ms``: the runtime converts them from and
-    to float32 every call; 0 at fp32) and the call; ``fixed_ms``: a part not fitted (0 here)."""
+    to float32 every call; 0 at fp32) and the call; ``fixed_ms``: a part not fitted (0 here). ``act_scale``
+    multiplies the activation traffic (2: a backend that keeps activations float32 at a half precision,
+    ``FLOAT32_ACTIVATION_BACKENDS``)."""
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
     out["shape_nodes"] = 0.0 if pinned else float(getattr(cost, "dynamic_shape_nodes", 0))
@@ -583,7 +588,7 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False) -> 
         if n.op_class == "view":
             continue
         if n.fused:
-            out["fused_ms"] += 1000 * n.bytes / bandwidth
+            out["fused_ms"] += 1000 * (n.weight_bytes + act_scale * (n.bytes - n.weight_bytes)) / bandwidth
             out["fused_flops_ms"] += 1000 * n.flops / peak  # its arithmetic (a SiLU's exponentials are not free)
             continue
         out["int_nodes" if n.time_class == "int" else "nodes"] += 1
@@ -592,27 +597,30 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False) -> 
         if n.time_class == "conv":
             out["conv_weight_batch_ms"] += 1000 * (n.batch - 1) * n.weight_bytes / bandwidth
         key = "data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "act_ms"
-        out[key] += 1000 * (n.bytes - n.weight_bytes) / bandwidth
-    out["relayout_ms"] = 1000 * getattr(cost, "relayout_bytes", 0.0) / bandwidth
-    out["relayout_narrow_ms"] = 1000 * getattr(cost, "relayout_narrow_bytes", 0.0) / bandwidth
+        out[key] += 1000 * act_scale * (n.bytes - n.weight_bytes) / bandwidth
+    out["relayout_ms"] = 1000 * act_scale * getattr(cost, "relayout_bytes", 0.0) / bandwidth
+    out["relayout_narrow_ms"] = 1000 * act_scale * getattr(cost, "relayout_narrow_bytes", 0.0) / bandwidth
     if getattr(cost, "dynamic", False) and not pinned:  # a runtime that keeps the dims dynamic infers shapes per call
         out["dyn_nodes"] = out["nodes"] + out["int_nodes"]
     return out
 
 
 def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 9, workdir: Path | None = None,
-              progress: Callable[[str], None] | None = None, precision: str = "fp32", passes: int = 2
-              ) -> tuple[Factors, list[dict[str, Any]]]:
+              progress: Callable[[str], None] | None = None, precision: str = "fp32", passes: int = 2,
+              reference: Factors | None = None) -> tuple[Factors, list[dict[str, Any]]]:
     """Time the calibration cases on ``backend`` here, compiled at ``precision``, and fit its factors;
     returns (factors, the measurements). Every case is measured in each of ``passes`` passes over all the
     cases, and the pass with the lower robust time is kept: on a shared machine a burst of other work lasting
     seconds (which the waits before each measurement cannot always see) then spoils a case only if it comes
-    back at the same case in every pass."""
+    back at the same case in every pass. ``reference``: the float32 calibration of the same backend, whose
+    ``SHARED_TERMS`` a half precision on a ``FLOAT32_ACTIVATION_BACKENDS`` backend holds (``held_terms``)."""
     from ..graph import Graph
 
     dev = device or this_cpu()
     bw = measure_bandwidth()
     peak = dev.peak(precision)
+    act32 = float32_activations(backend, precision)
+    scale = activation_scale(precision, Factors({}, {}, float32_activations=act32))
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="sdrt-calibrate-") as tmp:
         folder = Path(workdir or tmp)
@@ -641,7 +649,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                 if name in rows and rows[name]["robust_ms"] <= m["robust_ms"]:
                     rows[name]["pass_ms"].append(m["robust_ms"])
                     continue
-                rows[name] = {"case": name, "features": features(cost, peak, bw, pinned=pinned),
+                rows[name] = {"case": name, "features": features(cost, peak, bw, pinned=pinned, act_scale=scale),
                               "timed": name.removeprefix("cal_") not in MEMORY_CASES,
                               "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
                               "pass_ms": rows[name]["pass_ms"] + [m["robust_ms"]] if name in rows else [m["robust_ms"]],
@@ -657,14 +665,17 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                               "largest_weight_bytes": cost.largest_weight_bytes,
                               "attention": any(n.op_class == "attention" for n in cost.nodes),
                               "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
-                              "activation_bytes": cost.peak_activation_bytes_inplace,
-                              "activation_bytes_fused": cost.peak_activation_bytes_fused,
-                              "input_bytes": cost.input_bytes, "output_bytes": cost.output_bytes,
+                              # activations as the runtime holds them (float32 where it keeps them so)
+                              "activation_bytes": scale * cost.peak_activation_bytes_inplace,
+                              "activation_bytes_fused": scale * cost.peak_activation_bytes_fused,
+                              "input_bytes": scale * cost.input_bytes, "output_bytes": scale * cost.output_bytes,
                               "small_weight_bytes": cost.small_weight_bytes,
-                              "largest_relayout_bytes": cost.largest_relayout_bytes,
-                              "epilogue_weight_bytes": cost.epilogue_weight_bytes, "flops": cost.flops}
+                              "largest_relayout_bytes": scale * cost.largest_relayout_bytes,
+                              "epilogue_weight_bytes": cost.epilogue_weight_bytes, "flops": cost.flops,
+                              "inflight_bytes": inflight_bytes(cost)}
     out = list(rows.values())
-    return fit(out, bw, backend), out
+    held = held_terms(reference, peak, dev.peak("fp32")) if act32 else {}
+    return fit(out, bw, backend, float32_activations=act32, held=held), out
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -680,18 +691,43 @@ def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return x
 
 
-def _fit_times(rows: list[dict[str, Any]]) -> dict[str, float]:
+def _fit_times(rows: list[dict[str, Any]], held: dict[str, float] | None = None) -> dict[str, float]:
     """Every case at once: ``time - fixed = sum of features x coefficients`` (``features``), fitted with
     non-negative coefficients, each case weighted by 1/time (relative errors count alike, large case or
-    small). Returns the coefficient of each feature (1/efficiency for the ms terms; ms for nodes, call)."""
+    small). ``held``: coefficients taken as they are (their terms' time is subtracted first; ``held_terms``).
+    Returns the coefficient of each feature (1/efficiency for the ms terms; ms for nodes, call)."""
+    held = held or {}
     timed = [r for r in rows if r.get("features") and r["robust_ms"] > 0 and r.get("timed", True)]
     names = [f"flops_{c}" for c in TIME_CLASSES] + list(TERMS)
-    names = [k for k in names if any(r["features"].get(k) for r in timed)]
+    names = [k for k in names if any(r["features"].get(k) for r in timed) and k not in held]
     a = np.array([[r["features"].get(k, 0.0) for k in names] for r in timed])
     y = np.array([r["robust_ms"] for r in timed])
-    fixed = np.array([r["features"].get("fixed_ms", 0.0) for r in timed])
+    fixed = np.array([r["features"].get("fixed_ms", 0.0) + sum(c * r["features"].get(k, 0.0) for k, c in held.items())
+                      for r in timed])
     x = _nnls(a / y[:, None], np.maximum(y - fixed, 0.0) / y)
-    return dict(zip(names, (float(v) for v in x)))
+    return {**dict(zip(names, (float(v) for v in x))), **held}
+
+
+#: the time terms of the work that a half precision leaves as it is on a ``FLOAT32_ACTIVATION_BACKENDS`` backend (its
+#: float32 kernels: attention, softmax, norms, elementwise, data movement, depthwise convs, epilogues, the nodes' and
+#: the call's fixed costs): its half-precision calibration holds them at the float32 calibration's coefficients
+#: (``held_terms``) and fits only the matmuls, dense convs, weight traffic and the inputs' and outputs' conversion.
+#: Fitted afresh, these terms were split differently among themselves at each precision (ggml's softmax came out 25%
+#: faster at bf16 for the same float32 kernel), which put the tiny SDXL UNet at 512 px at 0.60 of its measured time
+SHARED_TERMS = ("flops_dwconv", "flops_attention", "flops_softmax", "flops_norm", "flops_groupnorm",
+                "flops_elementwise", "flops_data", "act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "fused_ms",
+                "fused_flops_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+
+
+def held_terms(reference: Factors | None, peak: float, reference_peak: float) -> dict[str, float]:
+    """The ``SHARED_TERMS`` coefficients of ``reference`` (the float32 calibration) for a half-precision fit whose
+    FLOPs features are at ``peak`` (those of ``reference`` at ``reference_peak``): {} without a reference."""
+    coef = (reference.fit or {}).get("coefficients") if reference is not None else None
+    if not coef:
+        return {}
+    return {k: float(coef.get(k, 0.0)) * (peak / reference_peak if k.startswith("flops_") or k == "fused_flops_ms"
+                                          else 1.0)  # FLOPs at the peak: a feature at twice the peak is half as large
+            for k in SHARED_TERMS}
 
 
 def _inv(c: float | None) -> float:
@@ -718,8 +754,11 @@ def _fit_memory(rows: list[dict[str, Any]], relayout: bool = True) -> dict[str, 
     base_fit = float(one["peak_bytes"]) if one else 0.0
     per_node = 0.0
     many = by.get("nodes")
-    if one and many and many.get("mem_nodes", 1) > one.get("mem_nodes", 1):
-        per_node = max(0.0, (many["peak_bytes"] - one["peak_bytes"]) / (many["mem_nodes"] - one.get("mem_nodes", 1)))
+    # against the same op once (``node1``), where measured: the code a runtime loads for an op kind is not a node's
+    # (OpenVINO's bf16 matmul kernels took 5 MiB, which the one-Add ``call`` case left to the 400 nodes: 128 kB a node)
+    first = by.get("node1") or one
+    if first and many and many.get("mem_nodes", 1) > first.get("mem_nodes", 1):
+        per_node = max(0.0, (many["peak_bytes"] - first["peak_bytes"]) / (many["mem_nodes"] - first.get("mem_nodes", 1)))
     imports = float(np.median([r["rss_before"] for r in rows if r.get("rss_before")])) if any(
         r.get("rss_before") for r in rows) else 0.0
     rt = by.get("runtime")
@@ -773,6 +812,19 @@ def _fit_memory(rows: list[dict[str, Any]], relayout: bool = True) -> dict[str, 
 #: allocator placed the ``resblock_dyn`` case's maps (pinned) in 48.1 MiB (``ggml_gallocr_get_buffer_size``), the
 #: in-place count's 48.0
 RELAYOUT_BACKENDS = frozenset({"openvino"})
+#: backends that keep their activations float32 at a half precision, making only the matmul and conv weights half:
+#: ggml (``sdrt_ggml.half``: biases, norms, softmax and attention, depthwise convs and every activation stay float32;
+#: its bf16 kernels round each activation block as they read it). Their bf16 calibration and plans count activations
+#: at 4 bytes (``Factors.float32_activations``); OpenVINO's bf16 runs its activations bf16
+FLOAT32_ACTIVATION_BACKENDS = frozenset({"ggml"})
+
+
+def float32_activations(backend: str, precision: str) -> bool:
+    """Whether ``backend`` keeps its activations float32 at ``precision`` (a half precision on a
+    ``FLOAT32_ACTIVATION_BACKENDS`` backend)."""
+    return backend in FLOAT32_ACTIVATION_BACKENDS and precision in ("bf16", "fp16")
+
+
 #: the cases that measure those copies' memory, run on ``RELAYOUT_BACKENDS`` only
 RELAYOUT_CASES = frozenset({"resblock_dyn"})
 
@@ -826,16 +878,21 @@ def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str,
                              (RUN_TERMS, "run_peak_rss", "dynamic_run")):
         if not dyn:
             break
-        # the other weights apart from those of matmuls with an activation epilogue, then kernels, tables, those
+        # the other weights apart from those of matmuls with an activation epilogue, then kernels, tables, those;
+        # compiling, the float32 weights in flight while a half copy is made (``Factors.dynamic_compile_inflight_factor``:
+        # at most ``HALF_COPY_CHUNK_BYTES`` at once, so only a case past that, ``mm_big_dyn``, tells them from the weights)
+        inflight = key == "compile_peak_rss"
         a = np.array([[_phase_columns(r)[terms[0]] - float(r.get("epilogue_weight_bytes", 0.0))]
                       + [_phase_columns(r)[t] for t in terms[1:3]] + [float(r.get("epilogue_weight_bytes", 0.0))]
-                      for r in dyn])
+                      + ([float(r.get("inflight_bytes", 0.0))] if inflight else []) for r in dyn])
         rest = np.array([sum(out[t] * _phase_columns(r)[t] for t in terms[3:]) for r in dyn])  # as the static fit
-        keep = [i for i in range(4) if a[:, i].any()]
-        x = np.array([out[t] for t in terms[:3]] + [out[terms[0]]])  # a kind no dynamic case holds: as static
+        keep = [i for i in range(a.shape[1]) if a[:, i].any()]
+        # a kind no dynamic case holds: as static; no half copy: none in flight
+        x = np.array([out[t] for t in terms[:3]] + [out[terms[0]]] + ([0.0] if inflight else []))
         if keep:
             x[keep] = _nnls(a[:, keep], target(dyn, key) - rest)
-        for suffix, v in zip(("weight_factor", "conv_weight_factor", "table_factor", "epilogue_weight_factor"), x):
+        for suffix, v in zip(("weight_factor", "conv_weight_factor", "table_factor", "epilogue_weight_factor",
+                              "inflight_factor"), x):
             out[f"{name}_{suffix}"] = float(v)
     # the layout copies of a graph compiled with dynamic dims (OpenVINO allocates a dynamic graph's buffers as it
     # runs, without the static memory plan, which shares the copies' memory with the rest): a line through the
@@ -848,9 +905,12 @@ def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str,
     return out
 
 
-def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
-    """The factors from the calibration measurements (``_fit_times``, ``_fit_memory``)."""
-    c = _fit_times(rows)
+def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_activations: bool = False,
+        held: dict[str, float] | None = None) -> Factors:
+    """The factors from the calibration measurements (``_fit_times``, ``_fit_memory``); ``float32_activations``:
+    the rows' activation features count float32 activations at a half precision (``Factors.float32_activations``);
+    ``held``: time coefficients taken as they are (``held_terms``)."""
+    c = _fit_times(rows, held)
     eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
     over["int"] = c.get("int_nodes", c.get("nodes", 0.0)) / 1000.0  # integer work (on the host, for some runtimes)
@@ -874,14 +934,15 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str) -> Factors:
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
                    fused_flops_efficiency=_inv(c.get("fused_flops_ms")),
                    call_s=c.get("call", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
-                   dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0,
+                   dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0, float32_activations=float32_activations,
                    **{k: mem[k] for k in ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",
                                           "compile_input_factor", "dynamic_compile_weight_factor",
                                           "dynamic_compile_conv_weight_factor", "dynamic_compile_table_factor",
                                           "dynamic_run_weight_factor", "dynamic_run_conv_weight_factor",
                                           "dynamic_run_table_factor", "output_factor", "retained_factor",
                                           "compile_small_factor", "dynamic_compile_epilogue_weight_factor",
-                                          "dynamic_run_epilogue_weight_factor", "dynamic_relayout_memory_factor")
+                                          "dynamic_run_epilogue_weight_factor", "dynamic_relayout_memory_factor",
+                                          "dynamic_compile_inflight_factor")
                       if k in mem},
                    fit={"coefficients": c,
                         "cases": [{k: r.get(k) for k in ("case", "robust_ms", "median_ms", "peak_bytes", "peak_rss",

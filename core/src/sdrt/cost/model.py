@@ -33,6 +33,10 @@ from .nodes import GraphCost
 
 log = logging.getLogger("sdrt.cost")
 
+#: the most float32 weight bytes that a backend making a half copy of file-mapped weights holds at once: OpenVINO's bf16
+#: twin hands the pages it read back every 256 MiB (``sdrt_openvino.bf16``); a smaller graph holds all of them
+HALF_COPY_CHUNK_BYTES = 256 * 2**20
+
 TIME_CLASSES = ("matmul", "conv", "conv1x1", "dwconv", "attention", "softmax", "norm", "groupnorm", "elementwise", "data")
 
 
@@ -146,6 +150,15 @@ class Factors:
     #: a dynamic graph's first run (the others while compiling); None: as the other weights
     dynamic_compile_epilogue_weight_factor: float | None = None
     dynamic_run_epilogue_weight_factor: float | None = None
+    #: calibrated at a half precision on a backend that keeps its activations float32 and makes only the matmul and
+    #: conv weights half (ggml: ``sdrt_ggml.half``): activation traffic and memory count 4 bytes an element, not the
+    #: precision's 2 (``activation_scale``)
+    float32_activations: bool = False
+    #: the compile phase's bytes per byte of float32 weights in flight while a half copy is made, at most
+    #: ``HALF_COPY_CHUNK_BYTES`` of them at once (``GraphCost.half_source_bytes``), for a graph compiled with dynamic
+    #: dims: OpenVINO's bf16 binds a bf16 copy of the file-mapped float32 weights (``sdrt_openvino.bf16.twin``) and hands
+    #: their pages back every 256 MiB read; such a graph's weights are packed only at its first run. None or 0: none
+    dynamic_compile_inflight_factor: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,6 +242,16 @@ def is_calibrated(backend: str, kind: str = "cpu", calibration: dict[str, Any] |
     return any(k.startswith(f"{backend}/{kind}/") for k in cal.get("entries", {}))
 
 
+def activation_scale(precision: str, f: Factors) -> float:
+    """What the activation bytes costed at ``precision`` (``GraphCost``: 2 bytes an element at a half precision)
+    are multiplied by for a runtime that keeps its activations float32 (``Factors.float32_activations``); else 1."""
+    if not f.float32_activations:
+        return 1.0
+    from .nodes import ACT_BYTES
+
+    return 4.0 / ACT_BYTES.get(precision, 4)
+
+
 def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, precision: str, f: Factors,
                 fused: bool = False, weight_bytes: float = 0.0, time_class: str | None = None, batch: int = 1
                 ) -> float:
@@ -237,6 +260,9 @@ def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, 
     ``batch`` the images a conv processes."""
     if op_class == "view":
         return 0.0
+    scale = activation_scale(precision, f)
+    if scale != 1.0:  # the activations as the runtime holds them (float32)
+        nbytes = weight_bytes + scale * (nbytes - weight_bytes)
     tc = time_class or op_class
     bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
     if fused:  # an epilogue: its arithmetic at the device's peak (calibrated: at a fitted fraction of it), and,
@@ -313,7 +339,8 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     if f.call_s:
         by["call"] = f.call_s
     bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
-    relayout = sum(b / (bw * e) for b, e in ((getattr(cost, "relayout_bytes", 0.0), f.relayout_bandwidth_efficiency),
+    scale = activation_scale(precision, f)
+    relayout = sum(scale * b / (bw * e) for b, e in ((getattr(cost, "relayout_bytes", 0.0), f.relayout_bandwidth_efficiency),
                                              (getattr(cost, "relayout_narrow_bytes", 0.0),
                                               f.relayout_narrow_bandwidth_efficiency)) if b and e and e < 100.0)
     if relayout:
@@ -325,11 +352,16 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
         timed = sum(1 for n in cost.nodes if n.op_class != "view" and not n.fused)
         by["shapes"] = f.shape_node_s * cost.dynamic_shape_nodes + f.dynamic_node_s * timed
     ms = 1000 * sum(by.values())
-    activations = activation_bytes(cost, f)
+    activations = activation_bytes(cost, f) * scale
     compile_peak, run_peak, resident = memory_phases(cost, f)
     return Prediction(ms, max(compile_peak, run_peak), cost.weight_bytes, activations,
                       {k: 1000 * v for k, v in sorted(by.items(), key=lambda kv: -kv[1])}, f.calibrated,
                       compile_peak, run_peak, resident)
+
+
+def inflight_bytes(cost: GraphCost) -> float:
+    """The float32 weight bytes in flight at once while a half copy of them is made (``HALF_COPY_CHUNK_BYTES``)."""
+    return min(getattr(cost, "half_source_bytes", 0.0), float(HALF_COPY_CHUNK_BYTES))
 
 
 def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
@@ -337,11 +369,13 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     ``base_bytes``). The process's peak is the larger peak: a runtime that transforms its weights while
     compiling (ggml's Winograd kernels: 4-8 x a 3x3 kernel in flight) peaks there, and its activations come
     later, in memory the compile left; one that defers the work to the first run peaks there."""
+    scale = activation_scale(getattr(cost, "precision", "fp32"), f)  # float32 activations at a half precision
     conv_w = conv_weight_bytes(cost) if f.conv_weight_factor is not None else 0.0
     table = min(getattr(cost, "table_bytes", 0.0), cost.weight_bytes - conv_w) if f.table_factor is not None else 0.0
     other = cost.weight_bytes - conv_w - table
     nodes = f.node_bytes * memory_nodes(cost)
-    live = activation_bytes(cost, f)
+    live = scale * activation_bytes(cost, f)
+    inputs, outputs = scale * getattr(cost, "input_bytes", 0.0), scale * getattr(cost, "output_bytes", 0.0)
     transient = (f.transient_conv_factor * getattr(cost, "largest_conv_bytes", 0.0)
                  + f.transient_factor * getattr(cost, "largest_weight_bytes", 0.0))
     dyn = bool(getattr(cost, "dynamic", False))
@@ -359,14 +393,17 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     if f.compile_weight_factor is None:  # one phase: weights, transients and activations add
         peak = run_w + transient + f.activation_factor * live + nodes + f.base_bytes
         return peak, peak, run_w + nodes
-    run_peak = run_w + f.output_factor * getattr(cost, "output_bytes", 0.0) + nodes + f.base_bytes + (
+    run_peak = run_w + f.output_factor * outputs + nodes + f.base_bytes + (
         f.retained_factor * getattr(cost, "small_weight_bytes", 0.0)) + (
-        pick(f.dynamic_relayout_memory_factor, 0.0) * getattr(cost, "largest_relayout_bytes", 0.0)) + (
-        f.activation_factor * max(0.0, live - getattr(cost, "input_bytes", 0.0)))
+        pick(f.dynamic_relayout_memory_factor, 0.0) * scale * getattr(cost, "largest_relayout_bytes", 0.0)) + (
+        f.activation_factor * max(0.0, live - inputs))
     compile_w = (pick(f.dynamic_compile_epilogue_weight_factor, 0.0) * epi
                  + pick(f.dynamic_compile_weight_factor, f.compile_weight_factor) * other
-                 + pick(f.dynamic_compile_conv_weight_factor, f.compile_conv_weight_factor) * conv_w
-                 + pick(f.dynamic_compile_table_factor, f.compile_table_factor) * table)
-    compile_peak = (compile_w + transient + f.compile_input_factor * getattr(cost, "input_bytes", 0.0) + nodes
+                 + pick(f.dynamic_compile_conv_weight_factor, f.compile_conv_weight_factor) * conv_w)
+    # the float32 pages read while a half copy is made are handed back before the runtime compiles it, reads the lookup
+    # tables and transforms kernels: the larger of the two is in flight, not both
+    inflight = pick(f.dynamic_compile_inflight_factor, 0.0) * inflight_bytes(cost)
+    compiling = pick(f.dynamic_compile_table_factor, f.compile_table_factor) * table + transient
+    compile_peak = (compile_w + max(inflight, compiling) + f.compile_input_factor * inputs + nodes
                     + f.compile_small_factor * getattr(cost, "small_weight_bytes", 0.0) + f.base_bytes)
     return compile_peak, run_peak, run_w + f.retained_factor * getattr(cost, "small_weight_bytes", 0.0) + nodes

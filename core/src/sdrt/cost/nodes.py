@@ -122,8 +122,9 @@ class GraphCost:
     #: the graph's inputs and its outputs apart (``io_bytes`` is their sum)
     input_bytes: float = 0.0
     output_bytes: float = 0.0
-    #: weights in tensors under ``SMALL_TENSOR_BYTES`` each: what a runtime allocates for them while compiling
-    #: (copies, transformed kernels) comes from the C heap, which keeps it resident after it is freed
+    #: weights in tensors under ``SMALL_TENSOR_BYTES`` each, as float32 (the file's weights, whatever the precision):
+    #: what a runtime allocates for them while compiling (copies, transformed kernels) comes from the C heap, which
+    #: keeps it resident after it is freed
     small_weight_bytes: float = 0.0
     #: weights of matmuls whose output (past a bias) only elementwise nodes but adds read: an activation the runtime fuses
     #: into the matmul (OpenVINO prepares such a matmul's weights at the first run in a graph with dynamic dims)
@@ -143,6 +144,9 @@ class GraphCost:
     #: holds at the peak beside the activations that liveness counts (the planar copy for the norm, and the norm's
     #: output copied back to channels-last for the next conv)
     largest_relayout_bytes: float = 0.0
+    #: at a half precision (bf16, fp16): the float32 bytes, as the file holds them, of the matmul and conv weights that
+    #: the precision halves (what a backend reads to make the half copy); 0 at other precisions
+    half_source_bytes: float = 0.0
 
     def by_class(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -296,7 +300,9 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
               and next((a.i for a in n.attribute if a.name == "group"), 1) == 1):
             kernels |= origin[ins[1]]
     tables &= set(sizes)
-    small = sum(v for v in sizes.values() if v < SMALL_TENSOR_BYTES)
+    # as float32, the weights as the file holds them: a tensor under 1 MiB there is read into the process (larger
+    # ones are mapped, sdrt.graph.onnxfile.MAP_INLINE_MIN_BYTES), whatever precision the backend makes of it
+    small = sum(4.0 * _prod(s) for s in inits.values() if 4 * _prod(s) < SMALL_TENSOR_BYTES)
     epilogue_w = _epilogue_weight_bytes(model, origin, {c.name: c for c in nodes})
     peak = _peak_activations(model, shape, dtype, act, set(inits) | set(consts))
     scores = _attention_scores(model, origin)
@@ -308,6 +314,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     pinned = {i.name: tuple(i.shape) for i in g.inputs}
     dynamic = any(not isinstance(d, int) for i in graph.inputs for d in i.shape)
     relayout, relayout_narrow, relayout_largest = _relayout_bytes(model, shape, dtype, act)
+    half = WEIGHT_BYTES[precision] if precision in ("bf16", "fp16") else None
+    half_source = sum(4.0 * _prod(s) for name, s in inits.items() if half is not None and weight_elem.get(name) == half)
     return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown,
                      table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
                      peak_activation_bytes_inplace=float(peak_inplace), input_bytes=float(ins_b),
@@ -317,7 +325,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                      largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)),
                      dynamic_shape_nodes=shape_nodes if dynamic else 0, dynamic=dynamic,
                      relayout_bytes=float(relayout), relayout_narrow_bytes=float(relayout_narrow),
-                     largest_relayout_bytes=float(relayout_largest))
+                     largest_relayout_bytes=float(relayout_largest), half_source_bytes=float(half_source))
 
 
 #: convs with fewer output channels than this have their output copied to planar layout by a channels-last

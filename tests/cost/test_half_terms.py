@@ -1,0 +1,167 @@
+"""The cost model's terms for a half precision (bf16) as the runtimes hold it: small weights counted as the file's
+float32 tensors, float32 activations on a backend that keeps them so (ggml), the float32 weights in flight while
+a half copy is made (OpenVINO's bf16 twin), and a half-precision time fit that holds the float32 kernels' terms."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from sdrt.cost import devices
+from sdrt.cost.calibrate import (
+    COMPILE_TERMS,
+    RUN_TERMS,
+    SHARED_TERMS,
+    _fit_memory,
+    _fit_times,
+    _phase_columns,
+    float32_activations,
+    held_terms,
+)
+from sdrt.cost.model import HALF_COPY_CHUNK_BYTES, Factors, activation_scale, memory_phases, node_time_s, predict
+from sdrt.cost.nodes import GraphCost, NodeCost, graph_costs
+from sdrt.graph import Graph
+
+MIB = 2**20
+
+
+def _two_matmuls() -> Graph:
+    """x (1, 8, 384) @ A (384, 512): 768 KiB as float32; then @ B (512, 768): 1.5 MiB as float32, 0.75 MiB as bf16."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((384, 512)).astype(np.float32), "a"),
+             numpy_helper.from_array(rng.standard_normal((512, 768)).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "a"], ["h"]), helper.make_node("MatMul", ["h", "b"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 384])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return Graph.load(m.SerializeToString())
+
+
+def test_small_weights_and_half_source_count_the_files_float32_tensors():
+    """A tensor is small by its float32 size in the file (under 1 MiB there it is read into the process; larger ones
+    are mapped), at any precision: B, 0.75 MiB as bf16, is not small. The half precision's source: both matrices'
+    float32 bytes, and none at fp32."""
+    g = _two_matmuls()
+    fp32, bf16 = graph_costs(g, precision="fp32"), graph_costs(g, precision="bf16")
+    assert fp32.small_weight_bytes == bf16.small_weight_bytes == 384 * 512 * 4
+    assert bf16.weight_bytes == (384 * 512 + 512 * 768) * 2
+    assert bf16.half_source_bytes == (384 * 512 + 512 * 768) * 4
+    assert fp32.half_source_bytes == 0.0
+
+
+def _cost(precision: str = "bf16", dynamic: bool = False, half_source: float = 0.0) -> GraphCost:
+    """10 MiB of matmul weights, 40 MiB of live activations (1 MiB of them the input), a 2 MiB output; one node."""
+    nodes = [NodeCost("m", "MatMul", "matmul", 1e9, 10 * MIB + 3 * MIB, 2 * MIB, 10 * MIB)]
+    return GraphCost("g", precision, nodes, 10 * MIB, 40 * MIB, 3 * MIB, peak_activation_bytes_inplace=40 * MIB,
+                     peak_activation_bytes_fused=40 * MIB, input_bytes=MIB, output_bytes=2 * MIB, dynamic=dynamic,
+                     half_source_bytes=half_source)
+
+
+F = Factors({"matmul": 1.0}, {"matmul": 0.0}, weight_factor=1.0, activation_factor=1.0, base_bytes=100 * MIB,
+            inplace_activations=True, compile_weight_factor=2.0, compile_input_factor=1.0, output_factor=1.0,
+            dynamic_compile_weight_factor=1.0, dynamic_run_weight_factor=2.0, additive=True,
+            bandwidth_bytes_per_s=1e10, bandwidth_efficiency=1.0, weight_bandwidth_efficiency=1.0)
+
+
+def test_float32_activations_double_the_activation_terms():
+    """At bf16 the costs hold activations at 2 bytes; a backend that keeps them float32 (ggml) has them at 4:
+    its run phase holds 2 x (40 - 1) + 2 x 2 MiB, its compile phase 2 x 1 MiB of input, and a node's activation
+    traffic doubles while its weight traffic does not. At fp32 nothing changes."""
+    f32 = replace(F, float32_activations=True)
+    assert activation_scale("bf16", F) == 1.0 and activation_scale("bf16", f32) == 2.0
+    assert activation_scale("fp32", f32) == 1.0
+    comp, run, _ = memory_phases(_cost(), F)
+    assert (comp / MIB, run / MIB) == pytest.approx((2 * 10 + 1 + 100, 10 + 39 + 2 + 100))
+    comp, run, _ = memory_phases(_cost(), f32)
+    assert (comp / MIB, run / MIB) == pytest.approx((2 * 10 + 2 + 100, 10 + 78 + 4 + 100))
+    assert memory_phases(_cost("fp32"), f32) == memory_phases(_cost("fp32"), F)
+    cpu = devices.find("cpu")
+    t = node_time_s("matmul", 0.0, 13 * MIB, cpu, "bf16", F, weight_bytes=10 * MIB)
+    t32 = node_time_s("matmul", 0.0, 13 * MIB, cpu, "bf16", f32, weight_bytes=10 * MIB)
+    assert t == pytest.approx(13 * MIB / 1e10) and t32 == pytest.approx(16 * MIB / 1e10)
+    assert predict(_cost(), cpu, "ggml", "bf16", f32).activation_bytes == 80 * MIB
+    assert float32_activations("ggml", "bf16") and float32_activations("ggml", "fp16")
+    assert not float32_activations("ggml", "fp32") and not float32_activations("openvino", "bf16")
+
+
+def test_float32_weights_in_flight_while_a_half_copy_is_made():
+    """A graph compiled with dynamic dims holds, compiling, the fitted factor x its float32 source weights, at most
+    256 MiB of them (OpenVINO's bf16 twin hands the pages back every 256 MiB); not running, and not a static graph
+    (whose factors were fitted on whole small cases)."""
+    f = replace(F, dynamic_compile_inflight_factor=0.75)
+    base = memory_phases(_cost(dynamic=True), f)
+    small = memory_phases(_cost(dynamic=True, half_source=100 * MIB), f)
+    large = memory_phases(_cost(dynamic=True, half_source=3000 * MIB), f)
+    assert small[0] - base[0] == pytest.approx(75 * MIB)
+    assert large[0] - base[0] == pytest.approx(0.75 * HALF_COPY_CHUNK_BYTES)
+    assert small[1] == large[1] == base[1]  # the run phase: the pages were handed back
+    assert memory_phases(_cost(half_source=3000 * MIB), f) == memory_phases(_cost(), f)  # static
+    # the pages are handed back before the runtime compiles the copy and reads its lookup tables: the larger of the
+    # two, not both (4 of the 10 MiB a table, held 1.5 x compiling: 6 MiB, under the 75 in flight)
+    table = replace(f, table_factor=0.0, dynamic_compile_table_factor=1.5)
+    with_table = replace(_cost(dynamic=True, half_source=100 * MIB), table_bytes=4 * MIB)
+    no_copy = replace(with_table, half_source_bytes=0.0)
+    assert memory_phases(no_copy, table)[0] - base[0] == pytest.approx(6 * MIB - 4 * MIB)  # 4 MiB more at 1.5 x
+    assert memory_phases(with_table, table)[0] - memory_phases(no_copy, table)[0] == pytest.approx(75 * MIB - 6 * MIB)
+
+
+def test_fit_recovers_the_inflight_factor():
+    """Dynamic cases made from known factors plus 0.8 x the float32 weights in flight: small ones (all of their
+    float32 weights in flight, twice their bf16 bytes) and one past the chunk, which tells the two apart."""
+    rng = np.random.default_rng(3)
+    base, per_node = 120 * MIB, 50e3
+    true = {t: 0.0 for t in COMPILE_TERMS + RUN_TERMS}
+    true.update(compile_weight_factor=2.5, weight_factor=2.0, activation_factor=1.0, output_factor=1.0,
+                compile_input_factor=1.0, transient_factor=0.5)
+    zero = {"weight_bytes": 0.0, "activation_bytes": 0.0, "rss_before": 70 * MIB}
+    rows = [{"case": "call", **zero, "peak_bytes": 10 * MIB, "peak_rss": base, "compile_peak_rss": base,
+             "run_peak_rss": base, "mem_nodes": 1},
+            {"case": "nodes", **zero, "weight_bytes": 1e5, "peak_bytes": 10 * MIB, "peak_rss": base + 399 * per_node,
+             "compile_peak_rss": base + 399 * per_node, "run_peak_rss": base + 399 * per_node, "mem_nodes": 400}]
+    for i, w in enumerate([float(x) for x in rng.uniform(4, 60, 8)] + [20.0, 36.0, 320.0]):
+        dynamic = i >= 8
+        r = {"case": f"c{i}", "weight_bytes": w * MIB, "largest_weight_bytes": w * MIB * rng.uniform(0.1, 1),
+             "activation_bytes": float(rng.uniform(2, 30) * MIB), "input_bytes": MIB, "output_bytes": MIB,
+             "mem_nodes": 4, "dynamic": dynamic, "rss_before": 70 * MIB,
+             "inflight_bytes": min(2 * w * MIB, HALF_COPY_CHUNK_BYTES)}
+        cols = _phase_columns(r)
+        comp = sum(true[t] * cols[t] for t in COMPILE_TERMS)
+        if dynamic:
+            comp += (1.0 - 2.5) * w * MIB + 0.8 * r["inflight_bytes"]  # 1 x the weights, 0.8 x those in flight
+        r["compile_peak_rss"] = base + per_node * 3 + comp
+        r["run_peak_rss"] = base + per_node * 3 + sum(true[t] * cols[t] for t in RUN_TERMS)
+        r["peak_rss"] = max(r["compile_peak_rss"], r["run_peak_rss"])
+        r["peak_bytes"] = r["peak_rss"] - 70 * MIB
+        rows.append(r)
+    got = _fit_memory(rows)
+    assert got["dynamic_compile_inflight_factor"] == pytest.approx(0.8, rel=1e-6)
+    assert got["dynamic_compile_weight_factor"] == pytest.approx(1.0, rel=1e-6)
+    assert got["compile_weight_factor"] == pytest.approx(2.5, rel=1e-6)
+
+
+def test_half_precision_time_fit_holds_the_float32_kernels_terms():
+    """Cases timed from known coefficients: with the shared terms held at their true values, the rest (here the
+    matmuls' FLOPs and the weights' traffic) come back; held_terms scales a FLOPs term by the two peaks (a
+    feature at twice the peak is half as large) and leaves the others."""
+    rng = np.random.default_rng(5)
+    true = {"flops_matmul": 0.7, "weight_ms": 0.9, "flops_softmax": 8.0, "act_ms": 0.5, "nodes": 0.002, "call": 0.01}
+    rows = []
+    for i in range(12):
+        feats = {k: float(rng.uniform(0, 3)) if k not in ("nodes", "call") else 1.0 for k in true}
+        feats["nodes"] = float(rng.integers(1, 400))
+        rows.append({"case": f"c{i}", "features": feats, "robust_ms": sum(true[k] * feats[k] for k in true)})
+    held = {k: true[k] for k in ("flops_softmax", "act_ms", "nodes", "call")}
+    got = _fit_times(rows, held)
+    for k, v in true.items():
+        assert got[k] == pytest.approx(v, rel=1e-6), k
+    ref = Factors({}, {}, fit={"coefficients": {"flops_softmax": 8.0, "act_ms": 0.5, "flops_matmul": 0.7,
+                                                "fused_flops_ms": 18.0}})
+    h = held_terms(ref, 2e12, 1e12)
+    assert set(h) == set(SHARED_TERMS) and "flops_matmul" not in h
+    assert h["flops_softmax"] == pytest.approx(16.0) and h["fused_flops_ms"] == pytest.approx(36.0)
+    assert h["act_ms"] == 0.5 and h["call"] == 0.0
+    assert held_terms(None, 2e12, 1e12) == {}
