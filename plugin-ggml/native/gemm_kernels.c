@@ -613,6 +613,29 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
     }
 #define R512_ALL(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
 
+/* The kernel body for a run-time lda (A read in place): every row's element as base + index x scale, from three
+ * base pointers (rows 0, 5 and 10) and the row strides r, 2r, 3r (r3), 4r, so one loop carries three pointer
+ * increments. Written with a row pointer each (a + i * lda + k), GCC kept an induction variable a row and spilled
+ * four of the fourteen to the stack, adding to them there on every k. The empty asm makes r and r3 opaque inside
+ * the loop, so that GCC cannot strength-reduce the addresses back into per-row variables. */
+#if defined(__GNUC__) || defined(__clang__)
+#define SDRT_OPAQUE(x) __asm__("" : "+r"(x))
+#else
+#define SDRT_OPAQUE(x) ((void)0)
+#endif
+#define R512R_OFF(j) ((j) == 0 ? (ptrdiff_t)0 : (j) == 1 ? r : (j) == 2 ? 2 * r : (j) == 3 ? r3 : 4 * r)
+#define R512R_ROW(i) (((i) < 5 ? q0 : (i) < 10 ? q1 : q2) + R512R_OFF((i) % 5))
+#define R512R_ELEM(i) (*(const float *)R512R_ROW(i))
+#define R512R_STEP(i) \
+    if (mr_ > i) { \
+        const __m512 ab_ = _mm512_set1_ps(R512R_ELEM(i)); \
+        c0_##i = _mm512_fmadd_ps(ab_, b0, c0_##i); \
+        c1_##i = _mm512_fmadd_ps(ab_, b1, c1_##i); \
+    }
+#define R512R_PREFETCH(i) \
+    if (mr_ > i) \
+        _mm_prefetch((const char *)(pf + i * lda + k), _MM_HINT_T0);
+
 /* The kernel body for a given lda: inlined into k512_MR once with each padded stride that gemm.c's copy of an
  * A block uses (SDRT_LDA_COPY128 / 256, compile-time constants: each row's broadcast is then a fixed
  * displacement from one pointer) and once with the caller's lda. With a run-time lda GCC kept one induction
@@ -634,6 +657,29 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
         R512_ALL(R512_SAVE) \
         store512(c0, c1, MR, o); \
     } \
+    INLINE_AVX512 void k512r_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
+                                  const sdrt_tile_out *o, const float *pf) { \
+        enum { mr_ = MR }; \
+        R512_ALL(R512_DECL) \
+        ptrdiff_t r = lda * (ptrdiff_t)sizeof(float), r3 = 3 * r; \
+        const char *q0 = (const char *)a, *q1 = q0 + 5 * r, *q2 = q0 + 10 * r; \
+        for (int k = 0; k < K; k++) { \
+            SDRT_OPAQUE(r); \
+            SDRT_OPAQUE(r3); \
+            const __m512 b0 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
+            const __m512 b1 = _mm512_loadu_ps(b + bh + (ptrdiff_t)k * SDRT_HALF); \
+            if ((k & 15) == 0) { \
+                R512_ALL(R512R_PREFETCH) \
+            } \
+            R512_ALL(R512R_STEP) \
+            q0 += sizeof(float); \
+            q1 += sizeof(float); \
+            q2 += sizeof(float); \
+        } \
+        __m512 c0[MR], c1[MR]; \
+        R512_ALL(R512_SAVE) \
+        store512(c0, c1, MR, o); \
+    } \
     static TARGET_AVX512 void k512_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
                                         const sdrt_tile_out *o, const float *pf) { \
         if (lda == SDRT_LDA_COPY256) \
@@ -641,20 +687,27 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
         else if (lda == SDRT_LDA_COPY128) \
             k512b_##MR(K, a, SDRT_LDA_COPY128, b, bh, o, pf); \
         else \
-            k512b_##MR(K, a, lda, b, bh, o, pf); \
+            k512r_##MR(K, a, lda, b, bh, o, pf); \
     } \
     static TARGET_AVX512 void k512i_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off, \
                                          const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
         R512_ALL(R512_DECL) \
+        ptrdiff_t r = lda * (ptrdiff_t)sizeof(float), r3 = 3 * r; /* rows addressed as in k512r_MR */ \
+        const char *q0 = (const char *)a, *q1 = q0 + 5 * r, *q2 = q0 + 10 * r; \
         for (int k = 0; k < K; k++) { \
+            SDRT_OPAQUE(r); \
+            SDRT_OPAQUE(r3); \
             const float *bk = b + off[k]; \
             const __m512 b0 = _mm512_loadu_ps(bk); \
             const __m512 b1 = _mm512_loadu_ps(bk + 16); \
             if ((k & 15) == 0) { \
                 R512_ALL(R512_PREFETCH) \
             } \
-            R512_ALL(R512_STEP) \
+            R512_ALL(R512R_STEP) \
+            q0 += sizeof(float); \
+            q1 += sizeof(float); \
+            q2 += sizeof(float); \
         } \
         __m512 c0[MR], c1[MR]; \
         R512_ALL(R512_SAVE) \
@@ -700,7 +753,7 @@ static const sdrt_isa_kernels avx512 = {
 #define RBF_DECL(i) __m512 c0_##i = _mm512_setzero_ps(), c1_##i = _mm512_setzero_ps();
 #define RBF_STEP(i) \
     if (mr_ > i) { \
-        const __m512bh ai = AS_BH(_mm512_set1_epi32((int)a[i * lda + p])); \
+        const __m512bh ai = AS_BH(_mm512_set1_epi32(*(const int *)R512R_ROW(i))); \
         c0_##i = _mm512_dpbf16_ps(c0_##i, ai, b0); \
         c1_##i = _mm512_dpbf16_ps(c1_##i, ai, b1); \
     }
@@ -713,13 +766,20 @@ static const sdrt_isa_kernels avx512 = {
                                      const sdrt_tile_out *o) { \
         enum { mr_ = MR }; \
         R512_ALL(RBF_DECL) \
+        ptrdiff_t r = lda * (ptrdiff_t)sizeof(uint32_t), r3 = 3 * r; /* rows addressed as in k512r_MR */ \
+        const char *q0 = (const char *)a, *q1 = q0 + 5 * r, *q2 = q0 + 10 * r; \
         for (int p = 0; p < K2; p++) { \
+            SDRT_OPAQUE(r); \
+            SDRT_OPAQUE(r3); \
             const __m512bh b0 = AS_BH(_mm512_loadu_si512((const void *)(b + (ptrdiff_t)p * SDRT_BF16_NR))); \
             const __m512bh b1 = AS_BH(_mm512_loadu_si512((const void *)(b + bh + (ptrdiff_t)p * SDRT_BF16_NR))); \
             if ((p & 15) == 0) { \
                 R512_ALL(RBF_PREFETCH) \
             } \
             R512_ALL(RBF_STEP) \
+            q0 += sizeof(uint32_t); \
+            q1 += sizeof(uint32_t); \
+            q2 += sizeof(uint32_t); \
         } \
         __m512 c0[MR], c1[MR]; \
         R512_ALL(R512_SAVE) \

@@ -31,7 +31,36 @@
  * waiting worker on one core (a busy program on the other), the worker's spin no longer takes the
  * caller's time. Only one job runs at a time: a second caller (another
  * Python thread's session) runs its op inline.
+ *
+ * Beside a busy program (issue 38 point 5, docs/ggml.md "Loaded: where the threads run"), on Linux:
+ *   SDRT_GGML_PIN (default 3)  1: worker i runs only on the (i+1)-th CPU that the first caller may use
+ *                        (its affinity within the process's cpuset; the first is left to the caller; no
+ *                        pin for a worker whose CPU would not exist), so a caller's wakeup cannot put
+ *                        it on the caller's core. 2: also, while a worker's core is contended (below),
+ *                        the caller's affinity leaves the workers' CPUs for the rest of its graph
+ *                        (sdrt_pool_release gives it back), and the caller, alone on its core, spins
+ *                        SDRT_GGML_WAIT_PINNED_US (1000) for a worker inside a task, never yielding:
+ *                        a caller that sleeps leaves an idle core that the OS fills with the busy
+ *                        program. 3: as 2, but a worker is pinned only while it is contended
+ *                        during long jobs (below), so an idle machine runs the pool unpinned. 0: neither.
+ *   SDRT_GGML_CONTENDED_MS (default 100; 0: never)  a worker whose spin was interrupted for over
+ *                        100 µs (the OS ran another thread on its core) sleeps right after each job
+ *                        for this long, without spinning: woken at the next job, a thread that slept
+ *                        runs at once beside the busy program, where a spinning one waits out the
+ *                        other's time slice. Then it spins again, and goes on sleeping if interrupted.
+ *   SDRT_GGML_LONG_JOB_US (default 200; 0: every job)  ... but only while at least 40% of the recent
+ *                        jobs' time (about the last 64, each counted up to 4x this bound) lay in jobs
+ *                        of this length or more, a job's length being the caller's time until it found
+ *                        no task left. A graph of 20-60 µs ops (the MobileNets) keeps spinning between
+ *                        jobs, as before: a wakeup per job costs it more than the sleeping gains. The
+ *                        SD graphs' GEMMs (0.3-1 ms) put 60-95% of their time in long jobs.
+ * Together these place the threads as onnxruntime's do: the caller alone on one core, the worker
+ * sharing the other with the busy program (measured: 1.34-1.47 cores of CPU time, the default before
+ * them 0.9-1.05).
  */
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* sched_getaffinity, pthread_setaffinity_np, CPU_SET */
+#endif
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L
 #endif
@@ -103,7 +132,9 @@ static void cond_wait(pool_cond *c, pool_mutex *m) { SleepConditionVariableSRW(c
 static void cond_broadcast(pool_cond *c) { WakeAllConditionVariable(c); }
 static long process_id(void) { return (long)GetCurrentProcessId(); }
 static DWORD WINAPI worker_main_win(LPVOID arg);
-static int start_thread(void) {
+static int start_thread(long cpu, int pin_now) {
+    (void)cpu; /* no pin on Windows (cpu is always -1 there) */
+    (void)pin_now;
     /* the stack size that Linux gives its threads, as ggml's own workers have there */
     HANDLE h = CreateThread(NULL, 8u << 20, worker_main_win, NULL, STACK_SIZE_PARAM_IS_A_RESERVATION, NULL);
     if (!h)
@@ -129,14 +160,34 @@ static void cond_wait(pool_cond *c, pool_mutex *m) { pthread_cond_wait(c, m); }
 static void cond_broadcast(pool_cond *c) { pthread_cond_broadcast(c); }
 static long process_id(void) { return (long)getpid(); }
 static void *worker_main(void *arg);
-static int start_thread(void) {
+static int start_thread(long cpu, int pin_now) {
     pthread_attr_t attr;
     pthread_t t;
     if (pthread_attr_init(&attr))
         return -1;
     pthread_attr_setstacksize(&attr, 8u << 20); /* macOS gives a thread 512 KiB otherwise */
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    const int rc = pthread_create(&t, &attr, worker_main, NULL);
+    int rc = -1;
+#if defined(__linux__) && defined(__GLIBC__)
+    if (cpu >= 0 && pin_now) { /* pinned from its start (worker_main pins it again: elsewhere, there only) */
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET((int)cpu, &set);
+        if (pthread_attr_setaffinity_np(&attr, sizeof set, &set) == 0)
+            rc = pthread_create(&t, &attr, worker_main, (void *)(intptr_t)cpu);
+        if (rc) { /* refused (the CPU is not ours after all): a worker without the pin */
+            pthread_attr_destroy(&attr);
+            if (pthread_attr_init(&attr))
+                return -1;
+            pthread_attr_setstacksize(&attr, 8u << 20);
+            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        }
+    }
+#else
+    (void)pin_now;
+#endif
+    if (rc)
+        rc = pthread_create(&t, &attr, worker_main, (void *)(intptr_t)cpu);
     pthread_attr_destroy(&attr);
     return rc ? -1 : 0;
 }
@@ -164,6 +215,16 @@ static struct {
     int grain;              /* tasks per thread of an op with a fixed split */
     int shared_grain;       /* tasks per thread of an op whose threads share a counter of units */
     int64_t yield_ns;       /* spinning past this, a waiting thread yields its core at each check */
+    int pin;                /* SDRT_GGML_PIN: worker i runs only on the (i+1)-th CPU the caller may use */
+    volatile int64_t calm_at; /* until then some worker's core is contended (the latest tl_calm_at) */
+    int64_t wait_pinned_ns; /* SDRT_GGML_WAIT_PINNED_US: wait_ns for a caller kept off the workers' CPUs */
+    int64_t contended_ns;   /* SDRT_GGML_CONTENDED_MS: a worker whose spin lost its core sleeps at once this long */
+    int64_t long_job_ns;    /* SDRT_GGML_LONG_JOB_US: only after a job this long does a contended worker sleep at once */
+    volatile int64_t job_t0; /* when the open job was published (the caller's clock) */
+    double len_all, len_long; /* the caller's decaying sums of its jobs' lengths (capped), all and the long ones */
+    volatile long long_share; /* len_long / len_all in thousandths: the share of pooled time in long jobs */
+    long ncpus;             /* the CPUs the caller may use when the workers started (0: unknown, no pin) */
+    int cpus[MAX_WORKERS + 1]; /* their numbers, ascending */
     pool_mutex submit;      /* one job at a time */
     pool_mutex lock;        /* with `wake`: the sleepers */
     pool_cond wake;
@@ -172,11 +233,27 @@ static struct {
 
 static SDRT_THREAD_LOCAL int tl_width;  /* the calling thread's width (0: its ops run as ggml calls them) */
 static SDRT_THREAD_LOCAL int tl_worker; /* this thread is one of the pool's workers */
+static SDRT_THREAD_LOCAL int64_t tl_calm_at; /* a worker: until then its core is contended, it sleeps at once */
+static SDRT_THREAD_LOCAL long tl_cpu = -1;    /* a worker: the CPU it is pinned to (-1: none) */
+static SDRT_THREAD_LOCAL int tl_pinned;       /* a worker under SDRT_GGML_PIN=3: pinned now (while contended) */
+#if defined(__linux__)
+static SDRT_THREAD_LOCAL int tl_moved;      /* a caller: its affinity was narrowed off the workers' CPUs */
+static SDRT_THREAD_LOCAL cpu_set_t tl_saved; /* its affinity before */
+#endif
 
-SDRT_EXPORT void sdrt_pool_set_width(int width) { tl_width = width < 0 ? 0 : width; }
+/* the gap between two checks of a spin that means the OS ran another thread on this core meanwhile:
+ * far above a check's own time (a few µs), far below a time slice (ms) */
+#define CONTENDED_GAP_NS 100000
+
+SDRT_EXPORT void sdrt_pool_release(void);
+SDRT_EXPORT void sdrt_pool_set_width(int width) {
+    sdrt_pool_release(); /* a graph that ended without it: the caller's own affinity back */
+    tl_width = width < 0 ? 0 : width;
+}
 int sdrt_pool_width(void) { return tl_worker ? 0 : tl_width; }
 SDRT_EXPORT int sdrt_pool_workers(void) { return (int)A_LOAD(&P.workers); }
 SDRT_EXPORT long sdrt_pool_jobs(void) { return A_LOAD(&P.jobs); }
+SDRT_EXPORT long sdrt_pool_long_share(void) { return A_LOAD(&P.long_share); }
 
 /* run the open job `job`'s tasks until none is left */
 static void take_tasks(void) {
@@ -188,22 +265,40 @@ static void take_tasks(void) {
     }
 }
 
-/* wait until the job word differs from `seen`: spin for spin_ns, then sleep */
-static int64_t wait_change(int64_t seen) {
-    const int64_t t0 = now_ns(), until = t0 + P.spin_ns;
+/* wait until the job word differs from `seen`: spin for spin_ns, then sleep. A worker whose spin
+ * was interrupted (another thread ran on its core: a busy program beside it) sleeps at once between
+ * jobs for the next contended_ns: a sleeping thread is woken when the next job comes and, having
+ * slept, the OS runs it at once beside the busy program; a spinning one stays runnable beside it and
+ * waits out the other's time slice (ms) when the job comes. */
+static int64_t wait_change(int64_t seen, int long_job) {
+    const int64_t t0 = now_ns();
+    const int contended = P.contended_ns > 0 && t0 < tl_calm_at && long_job;
+    const int64_t until = t0 + P.spin_ns;
     const int64_t yield_at = P.yield_ns == INT64_MAX ? INT64_MAX : t0 + P.yield_ns;
-    for (unsigned n = 1;; n++) {
+    int64_t prev = t0;
+    for (unsigned n = 1; !contended; n++) { /* contended: no spin (a spin of 20 µs cost 15-50%) */
         const int64_t j = A_LOAD64(&P.job);
-        if (j != seen)
+        if (j != seen && P.contended_ns == 0)
             return j;
-        cpu_relax();
-        if ((n & 63) == 0) {
+        if (j != seen || (n & 63) == 0) {
             const int64_t t = now_ns();
+            const int lost = P.contended_ns > 0 && t - prev > CONTENDED_GAP_NS;
+            if (lost) { /* the OS gave this core to another thread meanwhile: sleep between jobs from now on */
+                tl_calm_at = t + P.contended_ns;
+                if (long_job)
+                    A_STORE64(&P.calm_at, tl_calm_at);
+            }
+            if (j != seen)
+                return j;
+            if (lost && long_job)
+                break;
+            prev = t;
             if (t > until)
                 break;
             if (t > yield_at)
                 yield_core(); /* a thread sharing this core (the caller) runs first */
         }
+        cpu_relax();
     }
     mutex_lock(&P.lock);
     A_ADD(&P.sleepers, 1);
@@ -215,17 +310,30 @@ static int64_t wait_change(int64_t seen) {
     return j;
 }
 
+static void pin_self(long cpu);
+
 static void worker_loop(void) {
     tl_worker = 1;
     int64_t seen = A_LOAD64(&P.job);
+    int long_job = 1;
     for (;;) {
-        const int64_t j = wait_change(seen);
+        const int64_t j = wait_change(seen, long_job);
         seen = j;
         if (!(j & 1))
             continue; /* a job closed: wait for the next */
         A_ADD(&P.active, 1);
-        if (A_LOAD64(&P.job) == j) /* still open: the caller will wait for this worker */
+        if (A_LOAD64(&P.job) == j) { /* still open: the caller will wait for this worker */
             take_tasks();
+            const int64_t t = now_ns();
+            long_job = P.long_job_ns == 0 || A_LOAD(&P.long_share) >= 400;
+            if (P.pin == 3 && tl_cpu >= 0) { /* pinned only while contended */
+                const int want = long_job && t < tl_calm_at;
+                if (want != tl_pinned) {
+                    pin_self(want ? tl_cpu : -1);
+                    tl_pinned = want;
+                }
+            }
+        }
         if (A_ADD(&P.active, -1) == 1 && A_LOAD(&P.waiting)) { /* the last one out: wake the caller */
             mutex_lock(&P.lock);
             cond_broadcast(&P.done);
@@ -242,11 +350,50 @@ static DWORD WINAPI worker_main_win(LPVOID arg) {
 }
 #else
 static void *worker_main(void *arg) {
-    (void)arg;
+    tl_cpu = (long)(intptr_t)arg;
+    if (tl_cpu >= 0 && P.pin != 3)
+        pin_self(tl_cpu); /* pinned: the caller's wakeups cannot put this worker on the caller's core */
     worker_loop();
     return NULL;
 }
 #endif
+
+/* this worker runs only on `cpu`, or (-1) on every CPU the caller could use at the start; refused: as before */
+static void pin_self(long cpu) {
+#if defined(__linux__)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (cpu >= 0)
+        CPU_SET((int)cpu, &set);
+    else
+        for (long i = 0; i < P.ncpus; i++)
+            CPU_SET(P.cpus[i], &set);
+    if (CPU_COUNT(&set) > 0)
+        pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+    (void)cpu;
+#endif
+}
+
+/* the CPUs the calling thread may use (its affinity, within the process's cpuset), into P.cpus */
+static void read_cpus(void) {
+    P.ncpus = 0;
+#if defined(__linux__)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set))
+        return;
+    for (int c = 0; c < CPU_SETSIZE && P.ncpus <= MAX_WORKERS; c++)
+        if (CPU_ISSET(c, &set))
+            P.cpus[P.ncpus++] = c;
+#endif
+}
+
+/* the CPU worker i (0-based) is pinned to: the (i+1)-th the caller may use, leaving the first to the
+ * caller; -1 (no pin) unless asked, or where caller and workers would be more threads than CPUs */
+static long worker_cpu(long i) {
+    return P.pin && i + 1 < P.ncpus ? P.cpus[i + 1] : -1;
+}
 
 static void pool_init(void) {
     if (A_LOAD(&P.init) == 2)
@@ -271,6 +418,18 @@ static void pool_init(void) {
         env = getenv("SDRT_GGML_YIELD_US");
         const long yus = env ? strtol(env, NULL, 10) : 20;
         P.yield_ns = yus < 0 ? INT64_MAX : (int64_t)yus * 1000;
+        env = getenv("SDRT_GGML_PIN");
+        P.pin = env ? atoi(env) : 3; /* 0: none; 1: the workers; 2: also the caller off their CPUs; 3: 2 only while contended */
+        env = getenv("SDRT_GGML_WAIT_PINNED_US");
+        const long wpus = env ? strtol(env, NULL, 10) : 1000;
+        P.wait_pinned_ns = (int64_t)(wpus < 0 ? 0 : wpus) * 1000;
+        env = getenv("SDRT_GGML_CONTENDED_MS");
+        const long cms = env ? strtol(env, NULL, 10) : 100;
+        P.contended_ns = (int64_t)(cms < 0 ? 0 : cms) * 1000000;
+        env = getenv("SDRT_GGML_LONG_JOB_US");
+        const long ljus = env ? strtol(env, NULL, 10) : 200;
+        P.long_job_ns = (int64_t)(ljus < 0 ? 0 : ljus) * 1000;
+        read_cpus();
         P.pid = process_id();
         A_STORE(&P.init, 2);
     }
@@ -292,12 +451,40 @@ static void grow(long n) {
         mutex_init(&P.lock);
         cond_init(&P.wake);
         cond_init(&P.done);
+        read_cpus();
     }
     while (A_LOAD(&P.workers) < n) {
-        if (start_thread())
+        if (start_thread(worker_cpu(A_LOAD(&P.workers)), P.pin != 3))
             return;
         A_ADD(&P.workers, 1);
     }
+}
+
+/* SDRT_GGML_PIN=2: while a worker's core is contended, the caller keeps off the pinned workers' CPUs
+ * for the rest of its graph (sdrt_pool_release gives its affinity back): on a worker's CPU, the
+ * worker's wakeups would take the caller's time while another CPU runs only the busy program */
+static void caller_off_workers(void) {
+#if defined(__linux__)
+    if (P.pin < 2 || tl_moved || now_ns() >= A_LOAD64(&P.calm_at))
+        return;
+    const long pinned = A_LOAD(&P.workers) < P.ncpus - 1 ? A_LOAD(&P.workers) : P.ncpus - 1;
+    if (pinned <= 0 || sched_getaffinity(0, sizeof tl_saved, &tl_saved))
+        return;
+    cpu_set_t set = tl_saved;
+    for (long i = 0; i < pinned; i++)
+        CPU_CLR(P.cpus[i + 1], &set);
+    if (CPU_COUNT(&set) > 0 && sched_setaffinity(0, sizeof set, &set) == 0)
+        tl_moved = 1;
+#endif
+}
+
+SDRT_EXPORT void sdrt_pool_release(void) {
+#if defined(__linux__)
+    if (tl_moved) {
+        sched_setaffinity(0, sizeof tl_saved, &tl_saved);
+        tl_moved = 0;
+    }
+#endif
 }
 
 SDRT_EXPORT int sdrt_pool_tasks(int width) {
@@ -319,8 +506,16 @@ SDRT_EXPORT int sdrt_pool_shared_tasks(int width) {
 static void wait_workers(void) {
     if (A_LOAD(&P.active) <= 0)
         return;
-    const int64_t t0 = now_ns(), until = t0 + P.wait_ns;
-    const int64_t yield_at = P.yield_ns == INT64_MAX ? INT64_MAX : t0 + P.yield_ns;
+    int64_t wait_ns = P.wait_ns, yield_ns = P.yield_ns;
+#if defined(__linux__)
+    if (tl_moved) { /* no worker shares this core: spin on it (a sleeping caller's core is where the OS
+                     * moves a busy program), yielding it to nobody */
+        wait_ns = P.wait_pinned_ns;
+        yield_ns = INT64_MAX;
+    }
+#endif
+    const int64_t t0 = now_ns(), until = t0 + wait_ns;
+    const int64_t yield_at = yield_ns == INT64_MAX ? INT64_MAX : t0 + yield_ns;
     for (unsigned n = 1; A_LOAD(&P.active) > 0; n++) {
         cpu_relax();
         if ((n & 63) == 0 && now_ns() > yield_at)
@@ -348,11 +543,13 @@ void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int ntasks) {
         return;
     }
     grow(width - 1);
+    caller_off_workers();
     A_ADD(&P.jobs, 1);
     P.fn = fn;
     P.dst = dst;
     P.userdata = userdata;
     P.ntasks = ntasks;
+    A_STORE64(&P.job_t0, now_ns());
     A_STORE(&P.next, 0);
     const int64_t j = A_LOAD64(&P.job) + 1; /* closed values are even: the next one, open */
     A_STORE64(&P.job, j);
@@ -362,7 +559,20 @@ void sdrt_pool_run(sdrt_op_fn fn, void *dst, void *userdata, int ntasks) {
         mutex_unlock(&P.lock);
     }
     take_tasks();
+    /* the job's length: until the caller found no task left. Not its wait for the workers after that,
+     * which grows with the sleeping this measure decides on (a job whose worker woke late would count
+     * as long and keep the worker sleeping); a late worker makes it at most the caller's time alone */
+    int64_t d = now_ns() - A_LOAD64(&P.job_t0);
     A_STORE64(&P.job, j + 1); /* closed: a worker that comes now leaves the job alone */
     wait_workers(); /* only workers that took the job before it closed */
+    /* the share of the recent jobs' time (about the last 64 jobs) spent in long jobs, each job counted
+     * up to 4x the bound (a job that lost the caller's core for a time slice counts as one long job,
+     * not as the whole window) */
+    const int64_t cap = 4 * P.long_job_ns;
+    if (d > cap)
+        d = cap;
+    P.len_all = P.len_all * (63.0 / 64.0) + (double)d;
+    P.len_long = P.len_long * (63.0 / 64.0) + (d >= P.long_job_ns ? (double)d : 0.0);
+    A_STORE(&P.long_share, (long)(1000.0 * P.len_long / (P.len_all > 0 ? P.len_all : 1.0)));
     mutex_unlock(&P.submit);
 }

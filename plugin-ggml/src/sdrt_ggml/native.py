@@ -169,6 +169,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sdrt_gemm.restype = I
     lib.sdrt_pool_set_width.argtypes = [I]
     lib.sdrt_pool_set_width.restype = None
+    lib.sdrt_pool_release.argtypes = []
+    lib.sdrt_pool_release.restype = None
     lib.sdrt_pool_workers.argtypes = []
     lib.sdrt_pool_workers.restype = I
     lib.sdrt_pool_jobs.argtypes = []

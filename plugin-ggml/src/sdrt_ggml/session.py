@@ -258,10 +258,14 @@ class GgmlSession(Session):
         nat = native.native() if self._device.is_cpu else None
         if nat is not None:  # this thread's width (0: ggml's threads), whatever session ran on it before
             nat.lib.sdrt_pool_set_width(self.pool_width)
-        if self._sched is not None:
-            status = g.ggml_backend_sched_graph_compute(self._sched, self._graph)
-        else:
-            status = g.ggml_backend_graph_compute(self._device.backend, self._graph)
+        try:
+            if self._sched is not None:
+                status = g.ggml_backend_sched_graph_compute(self._sched, self._graph)
+            else:
+                status = g.ggml_backend_graph_compute(self._device.backend, self._graph)
+        finally:
+            if nat is not None:  # the caller's own CPU affinity back, where the pool narrowed it
+                nat.lib.sdrt_pool_release()
         if status != g.GGML_STATUS_SUCCESS:
             raise SdrtError(f"ggml graph compute failed with status {status}", where=self._where,
                             fix="check free memory; run with device='CPU' to compare")

@@ -4,9 +4,13 @@ through the pool; which sessions use the pool; concurrent sessions; a forked chi
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
+import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -224,3 +228,38 @@ def test_forked_child_starts_its_own_workers():
     assert p.exitcode == 0 and q.get(timeout=5) is True
     np.testing.assert_allclose(s.run(feeds)["y"], want, rtol=1e-4, atol=1e-4)
     s.close()
+
+
+_AFFINITY_CHILD = """
+import json, os, sys
+sys.path.insert(0, {here!r})
+from test_ggml_pool import _model, _ops
+from ggml_helpers import compile_ggml
+_ops()
+cpus = sorted(os.sched_getaffinity(0))
+model, feeds, want = _model()
+s = compile_ggml(model, threads={threads})
+for _ in range(3):
+    s.run(feeds)
+others = [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task") if int(t) != os.getpid()]
+print(json.dumps({{"cpus": cpus, "main": sorted(os.sched_getaffinity(0)), "others": others}}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pinning the pool's workers: Linux with at least 2 CPUs allowed")
+@pytest.mark.parametrize(("pin", "threads", "pinned"), [("2", 2, 1), ("1", 3, 1), ("0", 2, 0), ("3", 2, 0)])
+def test_workers_pinned_to_the_cpus_after_the_callers_first(pin, threads, pinned):
+    """SDRT_GGML_PIN: at 1 and 2, worker i runs only on the (i+1)-th CPU the process may use (a worker
+    whose CPU does not exist stays free), and the caller's own affinity is its own again after each run;
+    0 pins nothing; 3 (the default) pins a worker only while its core is contended during long jobs,
+    never for this graph of tiny ops. A fresh process each, since the pool reads the variable once."""
+    env = dict(os.environ, SDRT_GGML_PIN=pin)
+    code = _AFFINITY_CHILD.format(here=str(Path(__file__).parent), threads=threads)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    cpus = out["cpus"]
+    assert out["main"] == cpus
+    assert sum(a == [cpus[1]] for a in out["others"]) == pinned, out
+    assert all(a in ([cpus[1]], cpus) for a in out["others"]), out
