@@ -626,15 +626,23 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
 #define R512R_OFF(j) ((j) == 0 ? (ptrdiff_t)0 : (j) == 1 ? r : (j) == 2 ? 2 * r : (j) == 3 ? r3 : 4 * r)
 #define R512R_ROW(i) (((i) < 5 ? q0 : (i) < 10 ? q1 : q2) + R512R_OFF((i) % 5))
 #define R512R_ELEM(i) (*(const float *)R512R_ROW(i))
+/* the base pointers (elements of `esz` bytes, rows `lda_` elements apart), and their step to the next k, which
+ * also makes the strides opaque for the next iteration */
+#define R512R_ROWS(lda_, esz) \
+    ptrdiff_t r = (lda_) * (ptrdiff_t)(esz), r3 = 3 * r; \
+    const char *q0 = (const char *)a, *q1 = q0 + 5 * r, *q2 = q0 + 10 * r;
+#define R512R_NEXT(esz) \
+    q0 += (esz); \
+    q1 += (esz); \
+    q2 += (esz); \
+    SDRT_OPAQUE(r); \
+    SDRT_OPAQUE(r3);
 #define R512R_STEP(i) \
     if (mr_ > i) { \
         const __m512 ab_ = _mm512_set1_ps(R512R_ELEM(i)); \
         c0_##i = _mm512_fmadd_ps(ab_, b0, c0_##i); \
         c1_##i = _mm512_fmadd_ps(ab_, b1, c1_##i); \
     }
-#define R512R_PREFETCH(i) \
-    if (mr_ > i) \
-        _mm_prefetch((const char *)(pf + i * lda + k), _MM_HINT_T0);
 
 /* The kernel body for a given lda: inlined into k512_MR once with each padded stride that gemm.c's copy of an
  * A block uses (SDRT_LDA_COPY128 / 256, compile-time constants: each row's broadcast is then a fixed
@@ -661,20 +669,15 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
                                   const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
         R512_ALL(R512_DECL) \
-        ptrdiff_t r = lda * (ptrdiff_t)sizeof(float), r3 = 3 * r; \
-        const char *q0 = (const char *)a, *q1 = q0 + 5 * r, *q2 = q0 + 10 * r; \
+        R512R_ROWS(lda, sizeof(float)) \
         for (int k = 0; k < K; k++) { \
-            SDRT_OPAQUE(r); \
-            SDRT_OPAQUE(r3); \
             const __m512 b0 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
             const __m512 b1 = _mm512_loadu_ps(b + bh + (ptrdiff_t)k * SDRT_HALF); \
             if ((k & 15) == 0) { \
-                R512_ALL(R512R_PREFETCH) \
+                R512_ALL(R512_PREFETCH) \
             } \
             R512_ALL(R512R_STEP) \
-            q0 += sizeof(float); \
-            q1 += sizeof(float); \
-            q2 += sizeof(float); \
+            R512R_NEXT(sizeof(float)) \
         } \
         __m512 c0[MR], c1[MR]; \
         R512_ALL(R512_SAVE) \
@@ -693,11 +696,8 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
                                          const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
         R512_ALL(R512_DECL) \
-        ptrdiff_t r = lda * (ptrdiff_t)sizeof(float), r3 = 3 * r; /* rows addressed as in k512r_MR */ \
-        const char *q0 = (const char *)a, *q1 = q0 + 5 * r, *q2 = q0 + 10 * r; \
+        R512R_ROWS(lda, sizeof(float)) \
         for (int k = 0; k < K; k++) { \
-            SDRT_OPAQUE(r); \
-            SDRT_OPAQUE(r3); \
             const float *bk = b + off[k]; \
             const __m512 b0 = _mm512_loadu_ps(bk); \
             const __m512 b1 = _mm512_loadu_ps(bk + 16); \
@@ -705,9 +705,7 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
                 R512_ALL(R512_PREFETCH) \
             } \
             R512_ALL(R512R_STEP) \
-            q0 += sizeof(float); \
-            q1 += sizeof(float); \
-            q2 += sizeof(float); \
+            R512R_NEXT(sizeof(float)) \
         } \
         __m512 c0[MR], c1[MR]; \
         R512_ALL(R512_SAVE) \
@@ -766,20 +764,15 @@ static const sdrt_isa_kernels avx512 = {
                                      const sdrt_tile_out *o) { \
         enum { mr_ = MR }; \
         R512_ALL(RBF_DECL) \
-        ptrdiff_t r = lda * (ptrdiff_t)sizeof(uint32_t), r3 = 3 * r; /* rows addressed as in k512r_MR */ \
-        const char *q0 = (const char *)a, *q1 = q0 + 5 * r, *q2 = q0 + 10 * r; \
+        R512R_ROWS(lda, sizeof(uint32_t)) \
         for (int p = 0; p < K2; p++) { \
-            SDRT_OPAQUE(r); \
-            SDRT_OPAQUE(r3); \
             const __m512bh b0 = AS_BH(_mm512_loadu_si512((const void *)(b + (ptrdiff_t)p * SDRT_BF16_NR))); \
             const __m512bh b1 = AS_BH(_mm512_loadu_si512((const void *)(b + bh + (ptrdiff_t)p * SDRT_BF16_NR))); \
             if ((p & 15) == 0) { \
                 R512_ALL(RBF_PREFETCH) \
             } \
             R512_ALL(RBF_STEP) \
-            q0 += sizeof(uint32_t); \
-            q1 += sizeof(uint32_t); \
-            q2 += sizeof(uint32_t); \
+            R512R_NEXT(sizeof(uint32_t)) \
         } \
         __m512 c0[MR], c1[MR]; \
         R512_ALL(R512_SAVE) \
