@@ -395,6 +395,13 @@ static long worker_cpu(long i) {
     return P.pin && i + 1 < P.ncpus ? P.cpus[i + 1] : -1;
 }
 
+/* a duration from the environment: `name` as a count of `unit_ns` (negative: 0), else `dflt` */
+static int64_t env_ns(const char *name, long dflt, int64_t unit_ns) {
+    const char *env = getenv(name);
+    const long v = env ? strtol(env, NULL, 10) : dflt;
+    return (int64_t)(v < 0 ? 0 : v) * unit_ns;
+}
+
 static void pool_init(void) {
     if (A_LOAD(&P.init) == 2)
         return;
@@ -403,13 +410,9 @@ static void pool_init(void) {
         mutex_init(&P.lock);
         cond_init(&P.wake);
         cond_init(&P.done);
-        const char *env = getenv("SDRT_GGML_SPIN_US");
-        const long us = env ? strtol(env, NULL, 10) : 200;
-        P.spin_ns = (int64_t)(us < 0 ? 0 : us) * 1000;
-        env = getenv("SDRT_GGML_WAIT_US");
-        const long wus = env ? strtol(env, NULL, 10) : 50;
-        P.wait_ns = (int64_t)(wus < 0 ? 0 : wus) * 1000;
-        env = getenv("SDRT_GGML_TASKS");
+        P.spin_ns = env_ns("SDRT_GGML_SPIN_US", 200, 1000);
+        P.wait_ns = env_ns("SDRT_GGML_WAIT_US", 50, 1000);
+        const char *env = getenv("SDRT_GGML_TASKS");
         const long g = env ? strtol(env, NULL, 10) : 4;
         P.grain = g < 1 ? 1 : g > 64 ? 64 : (int)g;
         env = getenv("SDRT_GGML_SHARED_TASKS");
@@ -420,15 +423,9 @@ static void pool_init(void) {
         P.yield_ns = yus < 0 ? INT64_MAX : (int64_t)yus * 1000;
         env = getenv("SDRT_GGML_PIN");
         P.pin = env ? atoi(env) : 3; /* 0: none; 1: the workers; 2: also the caller off their CPUs; 3: 2 only while contended */
-        env = getenv("SDRT_GGML_WAIT_PINNED_US");
-        const long wpus = env ? strtol(env, NULL, 10) : 1000;
-        P.wait_pinned_ns = (int64_t)(wpus < 0 ? 0 : wpus) * 1000;
-        env = getenv("SDRT_GGML_CONTENDED_MS");
-        const long cms = env ? strtol(env, NULL, 10) : 100;
-        P.contended_ns = (int64_t)(cms < 0 ? 0 : cms) * 1000000;
-        env = getenv("SDRT_GGML_LONG_JOB_US");
-        const long ljus = env ? strtol(env, NULL, 10) : 200;
-        P.long_job_ns = (int64_t)(ljus < 0 ? 0 : ljus) * 1000;
+        P.wait_pinned_ns = env_ns("SDRT_GGML_WAIT_PINNED_US", 1000, 1000);
+        P.contended_ns = env_ns("SDRT_GGML_CONTENDED_MS", 100, 1000000);
+        P.long_job_ns = env_ns("SDRT_GGML_LONG_JOB_US", 200, 1000);
         read_cpus();
         P.pid = process_id();
         A_STORE(&P.init, 2);
