@@ -644,10 +644,28 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
         c1_##i = _mm512_fmadd_ps(ab_, b1, c1_##i); \
     }
 
+/* The body of a kernel that reads A in place (rows addressed as R512R_STEP does), for a tile of MR rows: b0 and b1,
+ * the two 16-column halves of B's row for step k, are loaded from the addresses B0 and B1 (MR: the tile's rows) */
+#define K512R_LOOP(MR, B0, B1) \
+    enum { mr_ = MR }; \
+    R512_ALL(R512_DECL) \
+    R512R_ROWS(lda, sizeof(float)) \
+    for (int k = 0; k < K; k++) { \
+        const __m512 b0 = _mm512_loadu_ps(B0); \
+        const __m512 b1 = _mm512_loadu_ps(B1); \
+        if ((k & 15) == 0) { \
+            R512_ALL(R512_PREFETCH) \
+        } \
+        R512_ALL(R512R_STEP) \
+        R512R_NEXT(sizeof(float)) \
+    } \
+    __m512 c0[MR], c1[MR]; \
+    R512_ALL(R512_SAVE) \
+    store512(c0, c1, MR, o);
+
 /* The kernel body for a given lda: inlined into k512_MR once with each padded stride that gemm.c's copy of an
  * A block uses (SDRT_LDA_COPY128 / 256, compile-time constants: each row's broadcast is then a fixed
- * displacement from one pointer) and once with the caller's lda. With a run-time lda GCC kept one induction
- * variable a row, spilled half of them to the stack and added to them there on every k, for 14 rows. */
+ * displacement from one pointer). Any other lda (A read in place) goes to k512r_MR (K512R_LOOP). */
 #define K512(MR) \
     INLINE_AVX512 void k512b_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
                                   const sdrt_tile_out *o, const float *pf) { \
@@ -667,21 +685,7 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
     } \
     INLINE_AVX512 void k512r_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
                                   const sdrt_tile_out *o, const float *pf) { \
-        enum { mr_ = MR }; \
-        R512_ALL(R512_DECL) \
-        R512R_ROWS(lda, sizeof(float)) \
-        for (int k = 0; k < K; k++) { \
-            const __m512 b0 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
-            const __m512 b1 = _mm512_loadu_ps(b + bh + (ptrdiff_t)k * SDRT_HALF); \
-            if ((k & 15) == 0) { \
-                R512_ALL(R512_PREFETCH) \
-            } \
-            R512_ALL(R512R_STEP) \
-            R512R_NEXT(sizeof(float)) \
-        } \
-        __m512 c0[MR], c1[MR]; \
-        R512_ALL(R512_SAVE) \
-        store512(c0, c1, MR, o); \
+        K512R_LOOP(MR, b + (ptrdiff_t)k * SDRT_HALF, b + bh + (ptrdiff_t)k * SDRT_HALF) \
     } \
     static TARGET_AVX512 void k512_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
                                         const sdrt_tile_out *o, const float *pf) { \
@@ -694,22 +698,7 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
     } \
     static TARGET_AVX512 void k512i_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off, \
                                          const sdrt_tile_out *o, const float *pf) { \
-        enum { mr_ = MR }; \
-        R512_ALL(R512_DECL) \
-        R512R_ROWS(lda, sizeof(float)) \
-        for (int k = 0; k < K; k++) { \
-            const float *bk = b + off[k]; \
-            const __m512 b0 = _mm512_loadu_ps(bk); \
-            const __m512 b1 = _mm512_loadu_ps(bk + 16); \
-            if ((k & 15) == 0) { \
-                R512_ALL(R512_PREFETCH) \
-            } \
-            R512_ALL(R512R_STEP) \
-            R512R_NEXT(sizeof(float)) \
-        } \
-        __m512 c0[MR], c1[MR]; \
-        R512_ALL(R512_SAVE) \
-        store512(c0, c1, MR, o); \
+        K512R_LOOP(MR, b + off[k], b + off[k] + 16) \
     }
 K512(1)
 K512(2)
