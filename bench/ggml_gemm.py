@@ -206,7 +206,7 @@ def _ratio(times: dict[str, list[float]]) -> float:
     return float(np.median(np.array(times["ort"]) / np.array(times["sdrt"])))
 
 
-def gemm(threads: int, rounds: int, warmup_ms: float = 30.0) -> None:
+def gemm(threads: int, rounds: int, warmup_ms: float = 30.0, only: str = "") -> None:
     from onnx import helper
 
     from sdrt_ggml import native
@@ -223,6 +223,8 @@ def gemm(threads: int, rounds: int, warmup_ms: float = 30.0) -> None:
           f"err: max |sdrt - ort| / max |ort|")
     print(f"{'M x K x N':>18s} {'sdrt':>7s} {'ort':>7s} {'ggml mm':>8s} {'numpy':>7s} {'sdrt/ort':>9s} {'err':>8s}  what")
     for m, k, n, what in GEMMS:
+        if only.lower() not in what.lower():
+            continue
         rng = np.random.default_rng(m * 7 + k * 3 + n)
         a = rng.standard_normal((m, k), dtype=np.float32)
         w = rng.standard_normal((k, n), dtype=np.float32)
@@ -350,14 +352,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sections", default="gemm,conv,attention")
     p.add_argument("--warmup-ms", type=float, default=30.0,
                    help="gemm, conv: untimed calls of each contender before its timed ones (0: none)")
+    p.add_argument("--gemms", default="", help="gemm: only the shapes whose description has this text (e.g. CLIP)")
     p.add_argument("--models", default=MODEL_NAMES, help="for the models section")
     p.add_argument("--size", default="bench", choices=["tiny", "bench", "full"], help="for the models section")
     args = p.parse_args(argv)
     for name in args.sections.split(","):
         if name == "models":
             models(args.threads, args.rounds, args.models, args.size)
-        elif name in ("gemm", "conv"):
-            SECTIONS[name](args.threads, args.rounds, args.warmup_ms)
+        elif name == "gemm":
+            gemm(args.threads, args.rounds, args.warmup_ms, args.gemms)
+        elif name == "conv":
+            conv(args.threads, args.rounds, args.warmup_ms)
         else:
             SECTIONS[name](args.threads, args.rounds)
     return 0
