@@ -379,6 +379,9 @@ static int direct_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const fl
             o.last = kb + 1 == kblocks;
             o.ldres = np;
             o.ep = co->ep;
+            o.pfb = NULL;
+            o.pfb_half = 0;
+            o.pfb_rows = 0;
             for (int mb = 0; mb < mblocks; mb++) {
                 const int m0 = (int)((long)mb * s->OC / mblocks), m1 = (int)((long)(mb + 1) * s->OC / mblocks);
                 const int tiles = (m1 - m0 + mr - 1) / mr;

@@ -33,7 +33,9 @@
 #endif
 /* a packed B (weights) above this is likely read from memory on every run (a model holds many, and
  * each was last read one run ago): its panels are prefetched */
+#ifndef PREFETCH_B_BYTES
 #define PREFETCH_B_BYTES (512 * 1024)
+#endif
 /* products with at least this K take half the AVX-512 kernels' K block (split_of) */
 #ifndef LARGE_K
 #define LARGE_K 8192
@@ -132,6 +134,9 @@ static inline sdrt_tile_out tile_out_cols(const sdrt_block_out *out, int n0, int
     o.last = last;
     o.ldres = out->ldres;
     o.ep = out->ep;
+    o.pfb = NULL;
+    o.pfb_half = 0;
+    o.pfb_rows = 0;
     return o;
 }
 
@@ -189,10 +194,15 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
                 m2 = t + 1 < tiles ? sdrt_split_next(&ts) : m1;
                 if (next) { /* this call's share of the next panel's rows: a cache line in each half */
                     const int r1 = sdrt_split_next(&rows);
-                    for (int r = r0; r < r1; r++) {
-                        SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_HALF);
-                        SDRT_PREFETCH_L2(next + half + (ptrdiff_t)r * SDRT_HALF);
-                    }
+                    if (kk->spread_pf) { /* the kernel prefetches them a few at a time */
+                        o.pfb = (const char *)(next + (ptrdiff_t)r0 * SDRT_HALF);
+                        o.pfb_half = half * (ptrdiff_t)sizeof(float);
+                        o.pfb_rows = r1 - r0;
+                    } else
+                        for (int r = r0; r < r1; r++) {
+                            SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_HALF);
+                            SDRT_PREFETCH_L2(next + half + (ptrdiff_t)r * SDRT_HALF);
+                        }
                     r0 = r1;
                 }
                 tile_out_rows(&o, out, n0, m0, m1);
@@ -224,12 +234,11 @@ void sdrt_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t 
         for (int t = 0, m1 = 0; t < tiles; t++) {
             const int m0 = m1;
             m1 = sdrt_split_next(&ts);
-            if (next) {
+            if (next) { /* the kernel prefetches them a few at a time */
                 const int r1 = sdrt_split_next(&rows);
-                for (int r = r0; r < r1; r++) {
-                    SDRT_PREFETCH_L2(next + (ptrdiff_t)r * SDRT_BF16_NR);
-                    SDRT_PREFETCH_L2(next + half + (ptrdiff_t)r * SDRT_BF16_NR);
-                }
+                o.pfb = (const char *)(next + (ptrdiff_t)r0 * SDRT_BF16_NR);
+                o.pfb_half = half * (ptrdiff_t)sizeof(uint16_t);
+                o.pfb_rows = r1 - r0;
                 r0 = r1;
             }
             tile_out_rows(&o, out, n0, m0, m1);

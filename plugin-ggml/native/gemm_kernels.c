@@ -91,7 +91,8 @@ KPORT(4)
 
 static const sdrt_isa_kernels portable = {"portable", 4, 32, 256, {NULL, kport_1, kport_2, kport_3, kport_4},
                                           {NULL, kporti_1, kporti_2, kporti_3, kporti_4},
-                                          {NULL}};
+                                          {NULL},
+                                          0};
 
 const sdrt_isa_kernels *sdrt_kernels_portable(void) { return &portable; }
 
@@ -305,6 +306,20 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
     const float *res = o->last ? o->res : NULL; \
     R256_ALL(R256_STORE)
 
+/* The B rows o->pfb names (weights read from memory: the next panel's share for this call), prefetched into
+ * L2 a few at a time every 16 steps of k. Issued as one burst before the call, they queued behind each other's
+ * misses: on Zen 5, one thread, weights from memory, CLIP's 77-row products ran at 175-185 GFLOPS that way and
+ * 215-230 spread (docs/ggml.md). */
+#define PFB_DECL \
+    const char *pfb_ = o->pfb; \
+    int pfb_left_ = o->pfb ? o->pfb_rows : 0; \
+    const int pfb_steps_ = K >= 16 ? K / 16 : 1; /* the loops' prefetch points (at least) */ \
+    const int pfb_per_ = (pfb_left_ + pfb_steps_ - 1) / pfb_steps_;
+#define PFB_STEP \
+    for (int j_ = 0; j_ < pfb_per_ && pfb_left_ > 0; j_++, pfb_left_--, pfb_ += 64) { \
+        _mm_prefetch(pfb_, _MM_HINT_T1); \
+        _mm_prefetch(pfb_ + o->pfb_half, _MM_HINT_T1); \
+    }
 /* the k loop over a packed half-panel (row k at b + 16 k) with STEP per row of A; PF (the next
  * tile's A rows prefetched) once per 16 k, no test per k. b1 goes unused (and unloaded) in the
  * half-width STEP. */
@@ -345,10 +360,11 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
         enum { mr_ = MR }; \
         (void)bh; \
         R256_ALL(R256_DECL) \
+        PFB_DECL \
         if (o->n <= 8) { \
-            R256_KLOOP(R256_STEP_HALF, R256_ALL(R256_PREFETCH)) \
+            R256_KLOOP(R256_STEP_HALF, R256_ALL(R256_PREFETCH) PFB_STEP) \
         } else { \
-            R256_KLOOP(R256_STEP, R256_ALL(R256_PREFETCH)) \
+            R256_KLOOP(R256_STEP, R256_ALL(R256_PREFETCH) PFB_STEP) \
         } \
         R256_EPILOGUE \
     } \
@@ -401,7 +417,8 @@ K256(6)
 
 static const sdrt_isa_kernels avx2 = {"avx2", 6, 16, 384, {NULL, k256_1, k256_2, k256_3, k256_4, k256_5, k256_6},
                                       {NULL, k256i_1, k256i_2, k256i_3, k256i_4, k256i_5, k256i_6},
-                                      {NULL, k256m_1, k256m_2, k256m_3, k256m_4, k256m_5, k256m_6}};
+                                      {NULL, k256m_1, k256m_2, k256m_3, k256m_4, k256m_5, k256m_6},
+                                      1};
 
 /* 16x16 transpose in registers: r[i] holds row i on entry, column i on return */
 INLINE_AVX512 void transpose16(__m512 r[16]) {
@@ -649,12 +666,14 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
 #define K512R_LOOP(MR, B0, B1) \
     enum { mr_ = MR }; \
     R512_ALL(R512_DECL) \
+    PFB_DECL \
     R512R_ROWS(lda, sizeof(float)) \
     for (int k = 0; k < K; k++) { \
         const __m512 b0 = _mm512_loadu_ps(B0); \
         const __m512 b1 = _mm512_loadu_ps(B1); \
         if ((k & 15) == 0) { \
             R512_ALL(R512_PREFETCH) \
+            PFB_STEP \
         } \
         R512_ALL(R512R_STEP) \
         R512R_NEXT(sizeof(float)) \
@@ -671,11 +690,13 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
                                   const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
         R512_ALL(R512_DECL) \
+        PFB_DECL \
         for (int k = 0; k < K; k++) { \
             const __m512 b0 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
             const __m512 b1 = _mm512_loadu_ps(b + bh + (ptrdiff_t)k * SDRT_HALF); \
             if ((k & 15) == 0) { \
                 R512_ALL(R512_PREFETCH) \
+                PFB_STEP \
             } \
             R512_ALL(R512_STEP) \
         } \
@@ -724,7 +745,8 @@ static const sdrt_isa_kernels avx512 = {
      k512_13, k512_14},
     {NULL, k512i_1, k512i_2, k512i_3, k512i_4, k512i_5, k512i_6, k512i_7, k512i_8, k512i_9, k512i_10, k512i_11,
      k512i_12, k512i_13, k512i_14},
-    {NULL}};
+    {NULL},
+    1};
 
 /* ---- AVX-512-BF16: vdpbf16ps ----------------------------------------------------------
  * The same register tile as the float32 AVX-512 kernel (mr <= 14, 28 accumulators), one vdpbf16ps
@@ -754,11 +776,14 @@ static const sdrt_isa_kernels avx512 = {
         enum { mr_ = MR }; \
         R512_ALL(RBF_DECL) \
         R512R_ROWS(lda, sizeof(uint32_t)) \
+        const int K = K2; /* PFB_DECL's steps */ \
+        PFB_DECL \
         for (int p = 0; p < K2; p++) { \
             const __m512bh b0 = AS_BH(_mm512_loadu_si512((const void *)(b + (ptrdiff_t)p * SDRT_BF16_NR))); \
             const __m512bh b1 = AS_BH(_mm512_loadu_si512((const void *)(b + bh + (ptrdiff_t)p * SDRT_BF16_NR))); \
             if ((p & 15) == 0) { \
                 R512_ALL(RBF_PREFETCH) \
+                PFB_STEP \
             } \
             R512_ALL(RBF_STEP) \
             R512R_NEXT(sizeof(uint32_t)) \
@@ -896,7 +921,8 @@ KNEON(6)
 
 static const sdrt_isa_kernels neon = {"neon", 6, 16, 256, {NULL, kneon_1, kneon_2, kneon_3, kneon_4, kneon_5, kneon_6},
                                       {NULL, kneoni_1, kneoni_2, kneoni_3, kneoni_4, kneoni_5, kneoni_6},
-                                      {NULL}};
+                                      {NULL},
+                                      0};
 const sdrt_isa_kernels *sdrt_kernels_neon(void) { return &neon; }
 #else
 const sdrt_isa_kernels *sdrt_kernels_neon(void) { return NULL; }

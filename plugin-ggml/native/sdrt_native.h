@@ -150,6 +150,9 @@ typedef struct {
     const float *res;   /* residual, laid out as C (res[i*ldres + j], or transposed), or NULL */
     ptrdiff_t ldres;
     const sdrt_epilogue *ep; /* NULL: none */
+    const char *pfb;    /* rows of B (64 bytes each) to prefetch into L2 during the call, spread over its k steps; NULL: none */
+    ptrdiff_t pfb_half; /* bytes from a row to its twin in the other half (also prefetched) */
+    int pfb_rows;       /* how many */
 } sdrt_tile_out;
 
 /* the same with B rows found through offsets: row k of the B slice at b + off[k] (the direct
@@ -179,6 +182,7 @@ typedef struct {
     sdrt_kernel_fn kern[17]; /* kern[mr] for mr in 1..mr_max */
     sdrt_ikernel_fn ikern[17]; /* the same with B rows by offsets (NULL: this ISA has none) */
     sdrt_mkernel_fn mkern[17]; /* many slices a call (NULL: this ISA has none) */
+    int spread_pf; /* kern prefetches the B rows sdrt_tile_out.pfb names over its k steps (0: the caller does) */
 } sdrt_isa_kernels;
 
 /* the kernel table of an ISA, or NULL when this build or this CPU lacks it */
