@@ -173,10 +173,11 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
     }
     const ptrdiff_t half = pstride / 2;
     for (int q = 0; q < panels; q++) {
-        /* the next panel's rows, a share of them prefetched into L2 before each kernel call: B from
-         * memory (weights far larger than the caches, at small M) streams while the tiles compute,
-         * instead of stalling the first tile of each slice. The shares' bounds step without a
-         * division */
+        /* the next panel's rows, a share of them prefetched into L2 during each kernel call (by the
+         * kernel, a few every 16 steps of k, where the ISA's kernels do: spread_pf; else as a burst
+         * before the call): B from memory (weights far larger than the caches, at small M) streams
+         * while the tiles compute, instead of stalling the first tile of each slice. The shares'
+         * bounds step without a division */
         const float *next = out->prefetch_b && q + 1 < panels ? b + (ptrdiff_t)(q + 1) * pstride : NULL;
         sdrt_split rows = sdrt_split_of(k, tiles * (SDRT_NR / nr));
         int r0 = 0;
@@ -224,7 +225,7 @@ void sdrt_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t 
         if (n0 >= out->n)
             return;
         /* as sdrt_block: a share of the next panel's pair rows (a cache line each, per half) prefetched
-         * into L2 before each kernel call, where the weights stream from memory */
+         * into L2 by each kernel call, where the weights stream from memory */
         const uint16_t *next = out->prefetch_b && q + 1 < panels ? b + (ptrdiff_t)(q + 1) * pstride : NULL;
         sdrt_split rows = sdrt_split_of(k2, tiles);
         int r0 = 0;
