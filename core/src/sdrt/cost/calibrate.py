@@ -605,6 +605,38 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
     return out
 
 
+def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth: float, pinned: bool = False,
+             scale: float = 1.0) -> dict[str, Any]:
+    """One calibration case's row for the fit: its measurement ``m`` (``measure``'s figures) and what the fit reads of
+    its ``GraphCost`` (features, weights, activations as the runtime holds them: ``scale`` x at a half precision on a
+    backend that keeps them float32). ``pinned``: the backend ran the case at static shapes. Stored measurements
+    (``--calibrate --report``) are refitted through this with the cost code of the day (``scripts/refit_calibration.py``)."""
+    return {"case": name, "features": features(cost, peak, bandwidth, pinned=pinned, act_scale=scale),
+            "timed": name.removeprefix("cal_") not in MEMORY_CASES, "pinned": pinned,
+            "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
+            "pass_ms": m.get("pass_ms", [m["robust_ms"]]),
+            "busy_before": m.get("busy_before"), "slow_before": m.get("slow_before"),
+            "peak_bytes": m["peak_bytes"], "peak_rss": m["peak_rss"], "rss_before": m["rss_before"],
+            "compile_peak_rss": m.get("compile_peak_rss"), "run_peak_rss": m.get("run_peak_rss"),
+            "compiled_rss": m.get("compiled_rss"),
+            # compiled with its dims dynamic (not pinned by a backend that needs static shapes)
+            "dynamic": bool(cost.dynamic) and not pinned,
+            "io_bytes": cost.io_bytes,
+            "weight_bytes": cost.weight_bytes, "table_bytes": cost.table_bytes,
+            "largest_conv_bytes": cost.largest_conv_bytes,
+            "largest_weight_bytes": cost.largest_weight_bytes,
+            "attention": any(n.op_class == "attention" for n in cost.nodes),
+            "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
+            # activations as the runtime holds them (float32 where it keeps them so)
+            "activation_bytes": scale * cost.peak_activation_bytes_inplace,
+            "activation_bytes_fused": scale * cost.peak_activation_bytes_fused,
+            "input_bytes": scale * cost.input_bytes, "output_bytes": scale * cost.output_bytes,
+            "small_weight_bytes": cost.small_weight_bytes,
+            "largest_relayout_bytes": scale * cost.largest_relayout_bytes,
+            "epilogue_weight_bytes": cost.epilogue_weight_bytes, "flops": cost.flops,
+            "inflight_bytes": inflight_bytes(cost)}
+
+
 def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 9, workdir: Path | None = None,
               progress: Callable[[str], None] | None = None, precision: str = "fp32", passes: int = 2,
               reference: Factors | None = None) -> tuple[Factors, list[dict[str, Any]]]:
@@ -649,30 +681,9 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                 if name in rows and rows[name]["robust_ms"] <= m["robust_ms"]:
                     rows[name]["pass_ms"].append(m["robust_ms"])
                     continue
-                rows[name] = {"case": name, "features": features(cost, peak, bw, pinned=pinned, act_scale=scale),
-                              "timed": name.removeprefix("cal_") not in MEMORY_CASES,
-                              "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
-                              "pass_ms": rows[name]["pass_ms"] + [m["robust_ms"]] if name in rows else [m["robust_ms"]],
-                              "busy_before": m.get("busy_before"), "slow_before": m.get("slow_before"),
-                              "peak_bytes": m["peak_bytes"], "peak_rss": m["peak_rss"], "rss_before": m["rss_before"],
-                              "compile_peak_rss": m.get("compile_peak_rss"), "run_peak_rss": m.get("run_peak_rss"),
-                              "compiled_rss": m.get("compiled_rss"),
-                              # compiled with its dims dynamic (not pinned by a backend that needs static shapes)
-                              "dynamic": bool(cost.dynamic) and not pinned,
-                              "io_bytes": cost.io_bytes,
-                              "weight_bytes": cost.weight_bytes, "table_bytes": cost.table_bytes,
-                              "largest_conv_bytes": cost.largest_conv_bytes,
-                              "largest_weight_bytes": cost.largest_weight_bytes,
-                              "attention": any(n.op_class == "attention" for n in cost.nodes),
-                              "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
-                              # activations as the runtime holds them (float32 where it keeps them so)
-                              "activation_bytes": scale * cost.peak_activation_bytes_inplace,
-                              "activation_bytes_fused": scale * cost.peak_activation_bytes_fused,
-                              "input_bytes": scale * cost.input_bytes, "output_bytes": scale * cost.output_bytes,
-                              "small_weight_bytes": cost.small_weight_bytes,
-                              "largest_relayout_bytes": scale * cost.largest_relayout_bytes,
-                              "epilogue_weight_bytes": cost.epilogue_weight_bytes, "flops": cost.flops,
-                              "inflight_bytes": inflight_bytes(cost)}
+                prev = rows[name]["pass_ms"] if name in rows else []
+                rows[name] = case_row(name, cost, m, peak=peak, bandwidth=bw, pinned=pinned, scale=scale)
+                rows[name]["pass_ms"] = prev + [m["robust_ms"]]
     out = list(rows.values())
     held = held_terms(reference, peak, dev.peak("fp32")) if act32 else {}
     return fit(out, bw, backend, float32_activations=act32, held=held), out
@@ -825,6 +836,12 @@ def float32_activations(backend: str, precision: str) -> bool:
     return backend in FLOAT32_ACTIVATION_BACKENDS and precision in ("bf16", "fp16")
 
 
+#: backends that convert their weights one at a time as they lower the nodes, in the nodes' order (ggml: bf16 panels,
+#: Winograd kernels), so that one weight's temporaries are in flight at a time on top of the weights before it
+#: (``Factors.sequential_transients``). The calibration cases repeat one weight, so the last is the largest and the
+#: transient factors fit as the largest weight's
+SEQUENTIAL_WEIGHT_BACKENDS = frozenset({"ggml"})
+
 #: the cases that measure those copies' memory, run on ``RELAYOUT_BACKENDS`` only
 RELAYOUT_CASES = frozenset({"resblock_dyn"})
 
@@ -935,6 +952,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
                    fused_flops_efficiency=_inv(c.get("fused_flops_ms")),
                    call_s=c.get("call", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
                    dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0, float32_activations=float32_activations,
+                   sequential_transients=backend in SEQUENTIAL_WEIGHT_BACKENDS,
                    **{k: mem[k] for k in ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",
                                           "compile_input_factor", "dynamic_compile_weight_factor",
                                           "dynamic_compile_conv_weight_factor", "dynamic_compile_table_factor",

@@ -159,6 +159,13 @@ class Factors:
     #: dims: OpenVINO's bf16 binds a bf16 copy of the file-mapped float32 weights (``sdrt_openvino.bf16.twin``) and hands
     #: their pages back every 256 MiB read; such a graph's weights are packed only at its first run. None or 0: none
     dynamic_compile_inflight_factor: float | None = None
+    #: the runtime converts its weights one at a time as it lowers the nodes, in their order (ggml: each matmul's bf16
+    #: panels, each kernel's Winograd transform, made as the node is lowered, their temporaries freed before the next):
+    #: the compile transient is one weight's, less what the weights read after it hold (``transient_bytes``: a weight
+    #: read early is covered by those after it; the full-size SD 1.5 UNet at bf16 held 3.06 x its weights compiling, the
+    #: source pages and the copy, not the 0.36 GB of its largest kernel's temporaries). False: the largest conv kernel's
+    #: and the largest other weight's transients add, wherever they come (an older calibration)
+    sequential_transients: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -364,6 +371,29 @@ def inflight_bytes(cost: GraphCost) -> float:
     return min(getattr(cost, "half_source_bytes", 0.0), float(HALF_COPY_CHUNK_BYTES))
 
 
+def transient_bytes(cost: GraphCost, f: Factors, conv_factor: float = 0.0, other_factor: float = 0.0,
+                    table_factor: float = 0.0) -> float:
+    """The bytes a runtime holds in flight while it transforms or repacks weights at compile time, on top of the
+    weights' own factors: ``transient_conv_factor`` x the largest conv kernel + ``transient_factor`` x the largest
+    other weight; with ``Factors.sequential_transients`` (weights converted one at a time in the nodes' order,
+    ``GraphCost.weight_order``), the largest over the weights of one weight's transient less what the weights read
+    after it hold compiling (``conv_factor`` x kernels, ``table_factor`` x lookup tables, which are kept as stored and
+    have no transient, ``other_factor`` x the rest): the compile peak comes where
+    the sum of held weights and one transient is largest, and a weight read early is covered by those after it."""
+    order = getattr(cost, "weight_order", ())
+    if not (f.sequential_transients and order):
+        return (f.transient_conv_factor * getattr(cost, "largest_conv_bytes", 0.0)
+                + f.transient_factor * getattr(cost, "largest_weight_bytes", 0.0))
+    worst = after = 0.0
+    for size, kind in reversed(order):
+        if kind == "table":  # kept as stored: held, never in flight
+            after += table_factor * size
+            continue
+        worst = max(worst, (f.transient_conv_factor if kind == "kernel" else f.transient_factor) * size - after)
+        after += (conv_factor if kind == "kernel" else other_factor) * size
+    return worst
+
+
 def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     """(compile phase's peak, run phase's peak, resident once compiled) of one part, in bytes (the peaks with
     ``base_bytes``). The process's peak is the larger peak: a runtime that transforms its weights while
@@ -376,12 +406,14 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     nodes = f.node_bytes * memory_nodes(cost)
     live = scale * activation_bytes(cost, f)
     inputs, outputs = scale * getattr(cost, "input_bytes", 0.0), scale * getattr(cost, "output_bytes", 0.0)
-    transient = (f.transient_conv_factor * getattr(cost, "largest_conv_bytes", 0.0)
-                 + f.transient_factor * getattr(cost, "largest_weight_bytes", 0.0))
     dyn = bool(getattr(cost, "dynamic", False))
 
     def pick(dynamic: float | None, static: float) -> float:
         return dynamic if dyn and dynamic is not None else static
+
+    transient = transient_bytes(cost, f, pick(f.dynamic_compile_conv_weight_factor, f.compile_conv_weight_factor),
+                                pick(f.dynamic_compile_weight_factor, f.compile_weight_factor or 0.0),
+                                pick(f.dynamic_compile_table_factor, f.compile_table_factor))
 
     # a dynamic graph's matmuls with a fused activation, where the factors tell them apart
     epi = min(getattr(cost, "epilogue_weight_bytes", 0.0), other) if dyn and (

@@ -147,6 +147,11 @@ class GraphCost:
     #: at a half precision (bf16, fp16): the float32 bytes, as the file holds them, of the matmul and conv weights that
     #: the precision halves (what a backend reads to make the half copy); 0 at other precisions
     half_source_bytes: float = 0.0
+    #: every weight's bytes at the precision, in the order the graph's nodes first read it, and its kind: ``kernel`` (a
+    #: dense conv kernel wider than 1x1), ``table`` (a lookup table) or ``weight``: a backend that converts its weights
+    #: one at a time as it lowers the nodes (ggml) has one in flight at a time, on top of those read before it
+    #: (``sdrt.cost.model.transient_bytes``)
+    weight_order: tuple[tuple[float, str], ...] = ()
 
     def by_class(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -300,6 +305,15 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
               and next((a.i for a in n.attribute if a.name == "group"), 1) == 1):
             kernels |= origin[ins[1]]
     tables &= set(sizes)
+    order: list[tuple[float, str]] = []
+    seen: set[str] = set()
+    for n in model.graph.node:
+        for i in n.input:
+            for src in sorted(origin.get(i, ())) if i else ():
+                if src in sizes and src not in seen:
+                    seen.add(src)
+                    order.append((float(sizes[src]), "kernel" if src in kernels else "table" if src in tables
+                                  else "weight"))
     # as float32, the weights as the file holds them: a tensor under 1 MiB there is read into the process (larger
     # ones are mapped, sdrt.graph.onnxfile.MAP_INLINE_MIN_BYTES), whatever precision the backend makes of it
     small = sum(4.0 * _prod(s) for s in inits.values() if 4 * _prod(s) < SMALL_TENSOR_BYTES)
@@ -322,10 +336,13 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                      output_bytes=float(outs_b), small_weight_bytes=float(small),
                      epilogue_weight_bytes=float(epilogue_w),
                      largest_conv_bytes=float(max((sizes[k] for k in kernels if k in sizes), default=0.0)),
-                     largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)),
+                     # lookup tables apart: kept as stored, never transformed or repacked (``table_bytes``)
+                     largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels and k not in tables),
+                                                    default=0.0)),
                      dynamic_shape_nodes=shape_nodes if dynamic else 0, dynamic=dynamic,
                      relayout_bytes=float(relayout), relayout_narrow_bytes=float(relayout_narrow),
-                     largest_relayout_bytes=float(relayout_largest), half_source_bytes=float(half_source))
+                     largest_relayout_bytes=float(relayout_largest), half_source_bytes=float(half_source),
+                     weight_order=tuple(order))
 
 
 #: convs with fewer output channels than this have their output copied to planar layout by a channels-last
