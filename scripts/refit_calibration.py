@@ -26,6 +26,7 @@ def main(argv=None) -> int:
         case_row,
         fit,
         float32_activations,
+        float32_tail,
         held_terms,
     )
     from sdrt.cost.devices import this_cpu
@@ -56,10 +57,11 @@ def main(argv=None) -> int:
                 cost = graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()}, precision)
                 pinned = r.get("pinned", bool(cost.dynamic) and not r.get("dynamic"))
                 rows.append(case_row(r["case"], cost, r, peak=cpu.peak(precision), bandwidth=bw, pinned=pinned,
-                                     scale=scale))
+                                     scale=scale, tail=float32_tail(backend, precision)))
             ref = out.get(f"{backend}/cpu/fp32")
             held = held_terms(ref, cpu.peak(precision), cpu.peak("fp32")) if act32 else {}
-            out[f"{backend}/cpu/{precision}"] = fit(rows, bw, backend, float32_activations=act32, held=held)
+            out[f"{backend}/cpu/{precision}"] = fit(rows, bw, backend, float32_activations=act32, held=held,
+                                                    tail32=float32_tail(backend, precision))
             print(f"refitted {backend}/cpu/{precision} from {len(rows)} cases", file=sys.stderr)
     path = save_calibration(out, cpu.to_dict())
     print(f"stored in {path}")

@@ -606,10 +606,11 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
 
 
 def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth: float, pinned: bool = False,
-             scale: float = 1.0) -> dict[str, Any]:
+             scale: float = 1.0, tail: bool = False) -> dict[str, Any]:
     """One calibration case's row for the fit: its measurement ``m`` (``measure``'s figures) and what the fit reads of
     its ``GraphCost`` (features, weights, activations as the runtime holds them: ``scale`` x at a half precision on a
-    backend that keeps them float32). ``pinned``: the backend ran the case at static shapes. Stored measurements
+    backend that keeps them float32; ``tail``: with the graph's tail float32, ``float32_tail``). ``pinned``: the backend
+    ran the case at static shapes. Stored measurements
     (``--calibrate --report``) are refitted through this with the cost code of the day (``scripts/refit_calibration.py``)."""
     return {"case": name, "features": features(cost, peak, bandwidth, pinned=pinned, act_scale=scale),
             "timed": name.removeprefix("cal_") not in MEMORY_CASES, "pinned": pinned,
@@ -628,7 +629,8 @@ def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth:
             "attention": any(n.op_class == "attention" for n in cost.nodes),
             "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
             # activations as the runtime holds them (float32 where it keeps them so)
-            "activation_bytes": scale * cost.peak_activation_bytes_inplace,
+            "activation_bytes": scale * (cost.peak_activation_bytes_tail if tail and cost.peak_activation_bytes_tail
+                                         is not None else cost.peak_activation_bytes_inplace),
             "activation_bytes_fused": scale * cost.peak_activation_bytes_fused,
             "input_bytes": scale * cost.input_bytes, "output_bytes": scale * cost.output_bytes,
             "small_weight_bytes": cost.small_weight_bytes,
@@ -682,11 +684,13 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                     rows[name]["pass_ms"].append(m["robust_ms"])
                     continue
                 prev = rows[name]["pass_ms"] if name in rows else []
-                rows[name] = case_row(name, cost, m, peak=peak, bandwidth=bw, pinned=pinned, scale=scale)
+                rows[name] = case_row(name, cost, m, peak=peak, bandwidth=bw, pinned=pinned, scale=scale,
+                                      tail=float32_tail(backend, precision))
                 rows[name]["pass_ms"] = prev + [m["robust_ms"]]
     out = list(rows.values())
     held = held_terms(reference, peak, dev.peak("fp32")) if act32 else {}
-    return fit(out, bw, backend, float32_activations=act32, held=held), out
+    return fit(out, bw, backend, float32_activations=act32, held=held,
+               tail32=float32_tail(backend, precision)), out
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -842,6 +846,18 @@ def float32_activations(backend: str, precision: str) -> bool:
 #: transient factors fit as the largest weight's
 SEQUENTIAL_WEIGHT_BACKENDS = frozenset({"ggml"})
 
+#: backends that keep a graph's tail float32 at a half precision (``sdrt.cost.nodes.float32_tail_values``: OpenVINO's CPU
+#: plugin runs what follows the last conv, matmul or resize on the way to an output in float32, and so a graph without
+#: them wholly: the weight-free calibration cases, a SiLU, a norm, a transpose, ran as f32 layers at bf16)
+FLOAT32_TAIL_BACKENDS = frozenset({"openvino"})
+
+
+def float32_tail(backend: str, precision: str) -> bool:
+    """Whether ``backend`` keeps a graph's tail float32 at ``precision`` (a half precision on a
+    ``FLOAT32_TAIL_BACKENDS`` backend)."""
+    return backend in FLOAT32_TAIL_BACKENDS and precision in ("bf16", "fp16")
+
+
 #: the cases that measure those copies' memory, run on ``RELAYOUT_BACKENDS`` only
 RELAYOUT_CASES = frozenset({"resblock_dyn"})
 
@@ -923,10 +939,11 @@ def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str,
 
 
 def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_activations: bool = False,
-        held: dict[str, float] | None = None) -> Factors:
+        held: dict[str, float] | None = None, tail32: bool = False) -> Factors:
     """The factors from the calibration measurements (``_fit_times``, ``_fit_memory``); ``float32_activations``:
     the rows' activation features count float32 activations at a half precision (``Factors.float32_activations``);
-    ``held``: time coefficients taken as they are (``held_terms``)."""
+    ``held``: time coefficients taken as they are (``held_terms``); ``tail32``: the rows' activations hold the
+    graph's tail float32 (``Factors.float32_tail``)."""
     c = _fit_times(rows, held)
     eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
@@ -952,7 +969,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
                    fused_flops_efficiency=_inv(c.get("fused_flops_ms")),
                    call_s=c.get("call", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
                    dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0, float32_activations=float32_activations,
-                   sequential_transients=backend in SEQUENTIAL_WEIGHT_BACKENDS,
+                   sequential_transients=backend in SEQUENTIAL_WEIGHT_BACKENDS, float32_tail=tail32,
                    **{k: mem[k] for k in ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",
                                           "compile_input_factor", "dynamic_compile_weight_factor",
                                           "dynamic_compile_conv_weight_factor", "dynamic_compile_table_factor",

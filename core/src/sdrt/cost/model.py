@@ -166,6 +166,11 @@ class Factors:
     #: source pages and the copy, not the 0.36 GB of its largest kernel's temporaries). False: the largest conv kernel's
     #: and the largest other weight's transients add, wherever they come (an older calibration)
     sequential_transients: bool = False
+    #: at a half precision the runtime keeps the graph's tail float32 (``sdrt.cost.nodes.float32_tail_values``: the nodes after
+    #: the last conv, matmul or resize on the way to each output; OpenVINO's CPU plugin, for accuracy), so a graph
+    #: without such ops runs wholly in float32 and its activations take 4 bytes an element, not 2
+    #: (``GraphCost.peak_activation_bytes_tail``). False: every activation at the precision's bytes
+    float32_tail: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -320,6 +325,9 @@ def memory_nodes(cost: GraphCost) -> int:
 def activation_bytes(cost: GraphCost, f: Factors) -> float:
     """The peak of live activations as the factors' runtime holds them (fused attention: without its scores)."""
     inplace = getattr(cost, "peak_activation_bytes_inplace", None)
+    tail = getattr(cost, "peak_activation_bytes_tail", None)
+    if f.inplace_activations and f.float32_tail and tail is not None:
+        return tail
     if f.inplace_activations and inplace is not None:
         return inplace
     fused = getattr(cost, "peak_activation_bytes_fused", None)

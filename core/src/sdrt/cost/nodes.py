@@ -152,6 +152,9 @@ class GraphCost:
     #: one at a time as it lowers the nodes (ggml) has one in flight at a time, on top of those read before it
     #: (``sdrt.cost.model.transient_bytes``)
     weight_order: tuple[tuple[float, str], ...] = ()
+    #: at a half precision, ``peak_activation_bytes_inplace`` with the values of the graph's tail held float32
+    #: (``float32_tail_values``: what a runtime that keeps the tail float32 holds); None: as ``peak_activation_bytes_inplace``
+    peak_activation_bytes_tail: float | None = None
 
     def by_class(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -322,6 +325,9 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     scores = _attention_scores(model, origin)
     peak_fused = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores) if scores else peak
     peak_inplace = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores, inplace=True)
+    tail = float32_tail_values(model) if act < 4 else set()
+    peak_tail = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores, inplace=True,
+                                  wide=tail) if tail else peak_inplace
     ins_b, outs_b = (sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act) for v in vs if v.name not in inits)
                      for vs in (model.graph.input, model.graph.output))
     io = ins_b + outs_b
@@ -342,7 +348,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                      dynamic_shape_nodes=shape_nodes if dynamic else 0, dynamic=dynamic,
                      relayout_bytes=float(relayout), relayout_narrow_bytes=float(relayout_narrow),
                      largest_relayout_bytes=float(relayout_largest), half_source_bytes=float(half_source),
-                     weight_order=tuple(order))
+                     weight_order=tuple(order), peak_activation_bytes_tail=float(peak_tail))
 
 
 #: convs with fewer output channels than this have their output copied to planar layout by a channels-last
@@ -520,6 +526,31 @@ def _attention_scores(model: Any, origin: Mapping[str, Any]) -> set[str]:
 #: back (the C allocator maps large blocks apart and returns them when freed)
 SMALL_TENSOR_BYTES = 2**20
 
+#: the ops that OpenVINO's CPU plugin runs at a half inference precision wherever they are (its
+#: ``Graph::EnforceInferencePrecision``: Convolution, FullyConnected, MatMul, Interpolate, RNNs, ROIPooling)
+_HALF_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Resize", "Upsample", "LSTM", "GRU", "RNN", "MaxRoiPool"}
+
+
+def float32_tail_values(model: Any) -> set[str]:
+    """The values of a graph's tail: those written by a node from which an output is reached without passing a
+    ``_HALF_OPS`` node. OpenVINO's CPU plugin at bf16 keeps them float32, for accuracy (it walks back from each
+    output and stops at those ops), and runs the rest at bf16: a graph without such ops (a SiLU, a norm, a
+    transpose) runs wholly in float32, the tail of a VAE decoder after its last conv (nothing but the output) at
+    bf16 (its runtime model: the calibration's SiLU and GroupNorm cases all f32 layers, a 3x3 conv -> GroupNorm
+    case its convs bf16 and its last norm f32)."""
+    writer = {o: n for n in model.graph.node for o in n.output if o}
+    tail: set[str] = set()
+    todo = [o.name for o in model.graph.output]
+    while todo:
+        v = todo.pop()
+        n = writer.get(v)
+        if v in tail or n is None or n.op_type in _HALF_OPS:
+            continue
+        tail.add(v)
+        todo.extend(i for i in n.input if i)
+    return tail
+
+
 #: elementwise ops that a runtime's allocator runs in place: the output takes the memory of an input of the
 #: same size that no later node reads (ggml's graph allocator, OpenVINO's in-place edges)
 _INPLACE = {"Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Relu", "Erf", "Clip", "Pow", "Sqrt", "Exp", "Neg",
@@ -527,14 +558,16 @@ _INPLACE = {"Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Relu", "Erf", "Clip"
 
 
 def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: set[str],
-                      skip: set[str] | None = None, inplace: bool = False) -> float:
+                      skip: set[str] | None = None, inplace: bool = False, wide: set[str] | frozenset[str] = frozenset()
+                      ) -> float:
     """The largest total size of activations alive at once, running the nodes in file order. A value is
     alive from the node that writes it to the last node that reads it; views alias their input. ``skip``:
     values never held (inside a fused kernel). ``inplace``: an elementwise node (``_INPLACE``) whose input
     of the output's size dies at it writes into that input's memory (no graph input or output is reused),
     and SiLU as torch exports it (``Mul(x, Sigmoid(x))``) is one kernel (both CPU runtimes fuse it: ggml's
     group norm + SiLU, OpenVINO's Swish), so its sigmoid is never held. A Shape or Size node reads no data
-    (its value is known once the shapes are), so it keeps nothing alive."""
+    (its value is known once the shapes are), so it keeps nothing alive. ``wide``: values held float32 whatever
+    ``act`` is (``float32_tail_values``)."""
     nodes = list(model.graph.node)
     if inplace:
         readers = _readers(nodes)
@@ -569,7 +602,7 @@ def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: se
         reused: set[str] = set()
         for o in n.output:
             if o and o not in alias and (s := shape(o)) is not None and o not in constant:
-                size[o] = _prod(s) * _elem_size(dtype(o), act)
+                size[o] = _prod(s) * _elem_size(dtype(o), 4 if o in wide else act)
                 donor = next((x for x in (alias.get(x, x) for x in n.input if x) if inplace and n.op_type in _INPLACE
                               and o not in outputs and x in size and x not in graph_inputs and x not in outputs
                               and x not in reused and last.get(x) == i and size[x] == size[o]), None)
