@@ -113,6 +113,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "attn_1024x40": ("attention", (8, 1024, 40, 2)),
     "attn_1024x8": ("attention", (8, 1024, 8, 2)),   # narrow heads: the softmax dominates
     "attn_4096x64": ("attention", (1, 4096, 64, 1)),
+    "attn_sdpa": ("sdpa", (2, 4, 1024, 8, 2)),       # as torch exports it (heads by Reshape/Transpose, scale on Q and K)
     "layernorm": ("layernorm", (4096, 320, 4)),
     "groupnorm": ("groupnorm", (320, 64, 32, 3)),
     "silu": ("silu", (320, 64, 3)),
@@ -188,6 +189,23 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         for _ in range(k):
             p = g.op("Softmax", [g.op("Mul", [g.op("MatMul", [x, "kt"]), "scale"])], axis=-1)
             x = g.op("MatMul", [p, "v"])
+    elif kind == "sdpa":  # attention as torch exports scaled_dot_product_attention: heads split by a Reshape and
+        # Transposes (K to (b, h, d, n)), the scale's square root on Q and on K, softmax, @ V, the heads merged back
+        from onnx import numpy_helper
+
+        b, h, sq, d, k = args
+        shape = [b, sq, h * d]
+        extra = {"kk": [b, sq, h * d], "v": [b, sq, h * d]}
+        g.inits += [numpy_helper.from_array(np.array([b, sq, h, d], np.int64), "split"),
+                    numpy_helper.from_array(np.array([b, sq, h * d], np.int64), "merge"),
+                    numpy_helper.from_array(np.array(d ** -0.25, np.float32), "rscale")]
+        kt = g.op("Mul", [g.op("Transpose", [g.op("Reshape", ["kk", "split"])], perm=[0, 2, 3, 1]), "rscale"])
+        v = g.op("Transpose", [g.op("Reshape", ["v", "split"])], perm=[0, 2, 1, 3])
+        x = "x"
+        for _ in range(k):
+            q = g.op("Mul", [g.op("Transpose", [g.op("Reshape", [x, "split"])], perm=[0, 2, 1, 3]), "rscale"])
+            o = g.op("MatMul", [g.op("Softmax", [g.op("MatMul", [q, kt])], axis=-1), v])
+            x = g.op("Reshape", [g.op("Transpose", [o], perm=[0, 2, 1, 3]), "merge"])
     elif kind == "layernorm":
         t, c, k = args
         shape = [1, t, c]
@@ -562,14 +580,16 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
-TERMS = ("act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
 def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act_scale: float = 1.0
              ) -> dict[str, float]:
     """A part's time features, linear in the factors ``fit`` finds: milliseconds of FLOPs per timing class
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
-    compute nodes but convs; ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights
+    compute nodes but convs and attention; ``attn_act_ms``: of attention's matmuls and softmax, the scores, which
+    the CPU runtimes' fused attention works through per element, not per byte (a bf16 softmax computes in float32:
+    OpenVINO's attention cases ran at 0.53-0.63 of their fp32 time at bf16, not 0.5); ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights
     but dense 3x3-and-wider conv kernels, ``conv_weight_ms``: those, ``conv_weight_batch_ms``: those again for
     each image after the first; ``fused_ms``: epilogues; ``fused_flops_ms``: their arithmetic at ``peak``), the
     timed nodes (integer nodes apart: ``int_nodes``), the shape arithmetic of a graph with dynamic dims
@@ -596,7 +616,8 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
         out["conv_weight_ms" if n.time_class == "conv" else "weight_ms"] += 1000 * n.weight_bytes / bandwidth
         if n.time_class == "conv":
             out["conv_weight_batch_ms"] += 1000 * (n.batch - 1) * n.weight_bytes / bandwidth
-        key = "data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "act_ms"
+        key = ("data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "attn_act_ms"
+               if n.op_class == "attention" else "act_ms")
         out[key] += 1000 * act_scale * (n.bytes - n.weight_bytes) / bandwidth
     out["relayout_ms"] = 1000 * act_scale * getattr(cost, "relayout_bytes", 0.0) / bandwidth
     out["relayout_narrow_ms"] = 1000 * act_scale * getattr(cost, "relayout_narrow_bytes", 0.0) / bandwidth
@@ -730,7 +751,7 @@ def _fit_times(rows: list[dict[str, Any]], held: dict[str, float] | None = None)
 #: Fitted afresh, these terms were split differently among themselves at each precision (ggml's softmax came out 25%
 #: faster at bf16 for the same float32 kernel), which put the tiny SDXL UNet at 512 px at 0.60 of its measured time
 SHARED_TERMS = ("flops_dwconv", "flops_attention", "flops_softmax", "flops_norm", "flops_groupnorm",
-                "flops_elementwise", "flops_data", "act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "fused_ms",
+                "flops_elementwise", "flops_data", "act_ms", "attn_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "fused_ms",
                 "fused_flops_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
@@ -958,6 +979,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
                    io_bandwidth_efficiency=_inv(c.get("io_ms")),
                    relayout_narrow_bandwidth_efficiency=_inv(c.get("relayout_narrow_ms")),
                    conv_bandwidth_efficiency=_inv(c.get("conv_act_ms")),
+                   attention_bandwidth_efficiency=_inv(c.get("attn_act_ms")) if "attn_act_ms" in c else None,
                    conv_weight_factor=mem["conv_weight_factor"], node_bytes=mem["node_bytes"],
                    table_factor=mem["table_factor"], transient_conv_factor=mem["transient_conv_factor"],
                    transient_factor=mem["transient_factor"], process_base=True, imports_bytes=mem["imports"],

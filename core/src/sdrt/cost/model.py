@@ -70,6 +70,8 @@ class Factors:
     #: calibrated at a half precision: the graph's inputs and outputs (``GraphCost.io_bytes``), which the runtime
     #: converts from and to float32 every call (OpenVINO's and ggml's bf16 take and give float32); None: no such cost
     io_bandwidth_efficiency: float | None = None
+    #: calibrated: activation traffic of attention's matmuls and softmax (the scores); None: ``bandwidth_efficiency``
+    attention_bandwidth_efficiency: float | None = None
     #: calibrated: activation traffic of convs (a conv over few channels pays per pixel, not per FLOP)
     conv_bandwidth_efficiency: float | None = None
     #: memory held per byte of conv kernels where it differs from ``weight_factor`` (a backend that keeps
@@ -291,7 +293,8 @@ def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, 
         if f.weight_bandwidth_efficiency is None:  # an older calibration: one traffic term
             return t + nbytes / (bw * max(f.bandwidth_efficiency, 1e-3))
         act_eff = (f.data_bandwidth_efficiency if op_class == "data" else f.conv_bandwidth_efficiency
-                   if op_class == "conv" and f.conv_bandwidth_efficiency else f.bandwidth_efficiency)
+                   if op_class == "conv" and f.conv_bandwidth_efficiency else f.attention_bandwidth_efficiency
+                   if op_class == "attention" and f.attention_bandwidth_efficiency else f.bandwidth_efficiency)
         kernel = tc == "conv" and bool(f.conv_weight_bandwidth_efficiency)
         w_eff = f.conv_weight_bandwidth_efficiency if kernel else f.weight_bandwidth_efficiency
         t += (nbytes - weight_bytes) / (bw * max(act_eff, 1e-3)) + weight_bytes / (bw * max(w_eff, 1e-3))
