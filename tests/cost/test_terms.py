@@ -160,3 +160,22 @@ def test_attention_traffic_is_its_own_term(tmp_path):
     t, t2 = (node_time_s("attention", 0.0, 1e8, cpu, "fp32", f) for f in (base, own))
     assert t == pytest.approx(1e8 / 1e10) and t2 == pytest.approx(2 * t)
     assert node_time_s("elementwise", 0.0, 1e8, cpu, "fp32", own) == pytest.approx(t)
+
+
+def test_a_fused_attention_has_its_own_fixed_cost():
+    """Attention's matmuls and softmax count as ``attn_nodes`` too (one fused attention's fixed cost on top of a node's:
+    OpenVINO runs each as one subgraph, ~12 us at test width where a tiny matmul node takes 1-3); the fit's coefficient
+    goes to the attention and softmax classes' fixed cost, and no other class's."""
+    x = [helper.make_tensor_value_info(n, F, [1, 8, 16]) for n in ("q", "kt", "v")]
+    x[1] = helper.make_tensor_value_info("kt", F, [1, 16, 8])
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["o"]), helper.make_node("Relu", ["o"], ["y"])]
+    cost = graph_costs(_graph(nodes, x, [helper.make_tensor_value_info("y", F, None)]), precision="fp32")
+    feats = features(cost, 1e12, 1e10)
+    assert feats["attn_nodes"] == 3 and feats["nodes"] == 3  # the Relu is the matmul's epilogue (fused)
+    rows = [{"case": f"c{i}", "features": {"nodes": float(n), "attn_nodes": float(a), "call": 1.0},
+             "robust_ms": 0.001 * n + 0.01 * a + 0.02, "weight_bytes": 0.0, "activation_bytes": 0.0,
+             "peak_bytes": 0.0, "peak_rss": 1.0} for i, (n, a) in enumerate([(400, 0), (100, 36), (75, 36), (10, 3)])]
+    f = fit(rows, 1e10, "openvino")
+    assert f.overhead_s["attention"] == f.overhead_s["softmax"] == pytest.approx(11e-6)
+    assert f.overhead_s["matmul"] == pytest.approx(1e-6) and f.call_s == pytest.approx(2e-5)

@@ -114,6 +114,8 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "attn_1024x8": ("attention", (8, 1024, 8, 2)),   # narrow heads: the softmax dominates
     "attn_4096x64": ("attention", (1, 4096, 64, 1)),
     "attn_sdpa": ("sdpa", (2, 4, 1024, 8, 2)),       # as torch exports it (heads by Reshape/Transpose, scale on Q and K)
+    "attn_tiny": ("sdpa", (1, 2, 77, 16, 12)),       # ... twelve tiny ones, as a text encoder at test width: the fixed
+    # cost of an attention (OpenVINO runs each as one fused subgraph, 12 us where a tiny matmul node takes 1-3)
     "layernorm": ("layernorm", (4096, 320, 4)),
     "groupnorm": ("groupnorm", (320, 64, 32, 3)),
     "silu": ("silu", (320, 64, 3)),
@@ -580,7 +582,7 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
-TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "attn_nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
 def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act_scale: float = 1.0
@@ -612,6 +614,8 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
             out["fused_flops_ms"] += 1000 * n.flops / peak  # its arithmetic (a SiLU's exponentials are not free)
             continue
         out["int_nodes" if n.time_class == "int" else "nodes"] += 1
+        if n.op_class == "attention":  # a fused attention's fixed cost, on top of a node's
+            out["attn_nodes"] += 1
         out[f"flops_{n.time_class if n.time_class in TIME_CLASSES else n.op_class}"] += 1000 * n.flops / peak
         out["conv_weight_ms" if n.time_class == "conv" else "weight_ms"] += 1000 * n.weight_bytes / bandwidth
         if n.time_class == "conv":
@@ -752,7 +756,7 @@ def _fit_times(rows: list[dict[str, Any]], held: dict[str, float] | None = None)
 #: faster at bf16 for the same float32 kernel), which put the tiny SDXL UNet at 512 px at 0.60 of its measured time
 SHARED_TERMS = ("flops_dwconv", "flops_attention", "flops_softmax", "flops_norm", "flops_groupnorm",
                 "flops_elementwise", "flops_data", "act_ms", "attn_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "fused_ms",
-                "fused_flops_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+                "fused_flops_ms", "nodes", "attn_nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
 def held_terms(reference: Factors | None, peak: float, reference_peak: float) -> dict[str, float]:
@@ -969,6 +973,8 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
     eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
     over["int"] = c.get("int_nodes", c.get("nodes", 0.0)) / 1000.0  # integer work (on the host, for some runtimes)
+    for k in ("attention", "softmax"):  # attention's matmuls and softmax: a fused attention's fixed cost on top
+        over[k] += c.get("attn_nodes", 0.0) / 1000.0
     mem = _fit_memory(rows, relayout=backend in RELAYOUT_BACKENDS)
     fused = c.get("fused_ms", 0.0)
     return Factors(eff, over, mem["weight_factor"], mem["activation_factor"], mem["base"], True, bandwidth,
