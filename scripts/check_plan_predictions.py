@@ -83,6 +83,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sd15", type=Path, default=SD15, help="a full-size SD 1.5 ONNX folder for the SD 1.x rows")
     ap.add_argument("--group", action="append", default=[], help="only cases whose group starts with this")
     ap.add_argument("--part", action="append", default=[], help="only parts with this name (e.g. unet)")
+    ap.add_argument("--from-json", type=Path,
+                    help="measure nothing: re-predict the rows of a JSON this script wrote (their measured figures kept) "
+                         "with this code and the stored calibration")
     ap.add_argument("--precision", default=PRECISION,
                     help="the precision to pin and predict (default fp32, as `sdrt selftest --calibrate` measures; "
                          "another one is predicted from its own calibration where one is stored, else from fp32's)")
@@ -111,13 +114,26 @@ def main(argv=None) -> int:
             todo.append((group, name, path, shapes, calls, options, graph_costs(g, shapes, PRECISION),
                          feeds_for(g, shapes)))
         best: dict[tuple[str, str, str], dict] = {}
-        for p in range(max(1, args.passes)):
+        stored = {(r["group"], r["part"], r["backend"]): r for r in json.loads(args.from_json.read_text())
+                  if "robust_ms" in r} if args.from_json else None
+        for p in range(1 if stored is not None else max(1, args.passes)):
             for group, name, path, _shapes, calls, options, cost, feeds in todo:
                 for be in args.backend or ["openvino", "ggml"]:
                     key = (group, name, be)
                     opts = {"precision": PRECISION, **(options if be == "ggml" else {})}
+                    if stored is not None:  # the stored row's measurement, re-predicted
+                        if key not in stored:
+                            continue
+                        o = stored[key]
+                        m = {"robust_ms": o["robust_ms"], "median_ms": o["measured_ms"], "times_ms": o["times_ms"],
+                             "peak_rss": o["measured_process_peak"], "peak_bytes": o["measured_peak"],
+                             "compile_peak_rss": o.get("measured_compile_peak"),
+                             "run_peak_rss": o.get("measured_run_peak"), "compiled_rss": o.get("measured_compiled"),
+                             "busy_before": o.get("busy_before"), "slow_before": o.get("slow_before")}
+                        p = o.get("pass", 1) - 1
                     try:
-                        m = measure(path, feeds, be, repeats=args.repeats, options=opts, budget_s=args.budget)
+                        m = m if stored is not None else measure(path, feeds, be, repeats=args.repeats, options=opts,
+                                                                 budget_s=args.budget)
                     except Exception as exc:  # noqa: BLE001 - report it, keep going
                         best.setdefault(key, {"group": group, "part": name, "backend": be, "error": str(exc)[-300:]})
                         print(f"{group:<18} {name:<16} {be:<9} ERROR {str(exc)[-200:]}", flush=True)

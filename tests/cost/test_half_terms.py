@@ -165,3 +165,52 @@ def test_half_precision_time_fit_holds_the_float32_kernels_terms():
     assert h["flops_softmax"] == pytest.approx(16.0) and h["fused_flops_ms"] == pytest.approx(36.0)
     assert h["act_ms"] == 0.5 and h["call"] == 0.0
     assert held_terms(None, 2e12, 1e12) == {}
+
+
+def _conv_tail() -> Graph:
+    """x (1, 8, 16, 16) -> 3x3 Conv -> Sigmoid -> Add (a per-channel weight) -> y: the Sigmoid and the Add are the
+    graph's tail (no conv, matmul or resize after them); 2048 elements a value."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "k"),
+             numpy_helper.from_array(rng.standard_normal((8, 1, 1)).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "k"], ["c"], pads=[1] * 4), helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Add", ["s", "b"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return Graph.load(m.SerializeToString())
+
+
+def test_the_graphs_tail_is_held_float32_where_the_runtime_keeps_it_so():
+    """OpenVINO at bf16 keeps what follows the last conv, matmul or resize float32: the Sigmoid's and the Add's
+    outputs take 4 bytes an element, so the Sigmoid cannot run in the conv's (bf16) memory. Counted: x 4 kB + the
+    conv's 4 kB, then the sigmoid 8 kB beside the conv's output, then the output 8 kB beside the sigmoid (16 kB),
+    against 8 kB with every value bf16 (the sigmoid in place); at fp32 the two are the same. A graph without such
+    ops is wholly tail; the factors take the tail's count where the runtime keeps the tail float32."""
+    from sdrt.cost.calibrate import float32_tail
+    from sdrt.cost.model import activation_bytes
+    from sdrt.cost.nodes import float32_tail_values
+
+    g = _conv_tail()
+    assert float32_tail_values(g.model) == {"s", "y"}
+    bf16, fp32 = graph_costs(g, precision="bf16"), graph_costs(g, precision="fp32")
+    assert bf16.peak_activation_bytes_inplace == 8192 and bf16.peak_activation_bytes_tail == 16384
+    assert fp32.peak_activation_bytes_tail == fp32.peak_activation_bytes_inplace == 16384
+    silu = graph_costs(Graph.load(_silu_only()), precision="bf16")
+    # wholly tail: the SiLU's output float32, 8 kB, beside the input (counted as the inputs are, ``input_bytes``)
+    assert (silu.peak_activation_bytes_inplace, silu.peak_activation_bytes_tail) == (8192, 4096 + 8192)
+    tail = replace(F, float32_tail=True)
+    assert activation_bytes(bf16, tail) == 16384 and activation_bytes(bf16, F) == 8192
+    assert activation_bytes(fp32, tail) == activation_bytes(fp32, F)
+    assert float32_tail("openvino", "bf16") and not float32_tail("openvino", "fp32")
+    assert not float32_tail("ggml", "bf16")  # ggml keeps every activation float32 (float32_activations)
+
+
+def _silu_only() -> bytes:
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()

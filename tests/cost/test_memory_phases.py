@@ -10,7 +10,7 @@ import pytest
 
 from sdrt.cost import devices
 from sdrt.cost.calibrate import COMPILE_TERMS, RUN_TERMS, _fit_memory, _phase_columns
-from sdrt.cost.model import Factors, memory_phases, predict
+from sdrt.cost.model import Factors, memory_phases, predict, transient_bytes
 from sdrt.cost.nodes import GraphCost, NodeCost
 
 MIB = 2**20
@@ -162,3 +162,26 @@ def test_bytes_per_node_against_the_same_op_once():
     rows = [row("call", 0.0, 1), row("node1", code, 1), row("nodes", code + 399 * per_node, 400)]
     assert _fit_memory(rows)["node_bytes"] == pytest.approx(per_node)
     assert _fit_memory([rows[0], rows[2]])["node_bytes"] == pytest.approx(per_node + code / 399)
+
+
+def test_sequential_transients_hold_one_weight_less_what_is_read_after_it():
+    """A backend that converts its weights one at a time in the nodes' order (ggml) has one weight's temporaries in
+    flight on top of the weights before it: the compile transient is the largest over the weights of its transient
+    less what the weights read after it hold compiling. The order here: a 20 MiB kernel, a 10 MiB table, 30 MiB of
+    other weights, 40 MiB of kernels (the 5 MiB weight last)."""
+    order = ((20 * MIB, "kernel"), (10 * MIB, "table"), (25 * MIB, "weight"), (40 * MIB, "kernel"), (5 * MIB, "weight"))
+    cost = replace(_cost(), weight_order=order)
+    seq = replace(F, sequential_transients=True)
+    # the 5 MiB weight: 1 x 5; the 40 MiB kernels: 3 x 40 - 2 x 5 = 110; the 25 MiB: 25 - (4 x 40 + 2 x 5) < 0; the
+    # table: none (kept as stored); the first kernel: 3 x 20 - (1 x 10 + 2 x 30 + 4 x 40) < 0
+    assert transient_bytes(cost, seq, 4.0, 2.0, 1.0) == pytest.approx(110 * MIB)
+    # the factors' own, where memory_phases takes them: compile 482 - (3 x 20 + 1 x 5) + 110 MiB
+    assert memory_phases(cost, seq)[0] / MIB == pytest.approx(482 - 65 + 110)
+    # without it (an older calibration, or a backend that compiles the whole graph at once) the largest kernel's and
+    # the largest other weight's transients add wherever they come: 3 x 20 + 1 x 5
+    assert transient_bytes(cost, F) == pytest.approx(65 * MIB)
+    assert memory_phases(cost, F) == memory_phases(_cost(), F)
+    # the same weights with the largest kernel last: its whole transient is in flight at the end
+    last = replace(cost, weight_order=((5 * MIB, "weight"), (25 * MIB, "weight"), (10 * MIB, "table"),
+                                       (40 * MIB, "kernel")))
+    assert transient_bytes(last, seq, 4.0, 2.0, 1.0) == pytest.approx(120 * MIB)

@@ -191,10 +191,13 @@ def test_memory_fields_tables_largest_kernels_and_fused_attention(tmp_path):
         return graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()}, "fp32")
 
     emb = cost("embedding")
-    assert emb.table_bytes == 49408 * 768 * 4 == emb.largest_weight_bytes and emb.largest_conv_bytes == 0
+    # a table is kept as stored, never transformed: not the largest weight in flight (the LayerNorm's 768 are)
+    assert emb.table_bytes == 49408 * 768 * 4 and emb.largest_weight_bytes == 768 * 4 and emb.largest_conv_bytes == 0
+    assert emb.weight_order == ((49408 * 768 * 4, "table"), (768 * 4, "weight"), (768 * 4, "weight"))
     conv = cost("conv3_640x16")  # three 640x640x3x3 kernels
     assert conv.largest_conv_bytes == 640 * 640 * 9 * 4 and conv.table_bytes == 0
     assert conv.largest_weight_bytes == 640 * 4  # a bias: the largest weight that is not a 3x3 kernel
+    assert conv.weight_order == ((640 * 640 * 9 * 4, "kernel"), (640 * 4, "weight")) * 3  # in the order nodes read them
     att = cost("attn_1024x8")  # 8 heads x 1024 x 1024 scores: counted by liveness, not when attention fuses
     scores = 8 * 1024 * 1024 * 4
     assert att.peak_activation_bytes >= 2 * scores

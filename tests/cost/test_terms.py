@@ -132,3 +132,50 @@ def test_fit_separates_conv_kernel_traffic_and_integer_nodes():
     cost = GraphCost("g", "fp32", [NodeCost("a", "ArgMax", "elementwise", 0.0, 0.0, 0.0, 0.0, kind="int")], 0.0, 0.0,
                      0.0)
     assert predict(cost, devices.find("cpu"), "ggml", "fp32", got).ms == pytest.approx(0.008 + 0.01, rel=1e-3)
+
+
+def test_attention_traffic_is_its_own_term(tmp_path):
+    """Attention's matmuls and softmax (the scores) stream at their own efficiency, apart from the other activations:
+    the calibration's attention as torch exports it (heads by Reshape and Transposes, the scale's root on Q and on K)
+    puts its scores' traffic in ``attn_act_ms`` and its transposes' in ``data_ms``; a calibration without the term
+    (None) keeps the activations' efficiency."""
+    from sdrt.cost.calibrate import build_case
+
+    model, feeds = build_case("attn_sdpa")  # 2 x 4 heads of 1024 x 1024 scores, two layers
+    path = tmp_path / "sdpa.onnx"
+    path.write_bytes(model.SerializeToString())
+    cost = graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()}, "fp32")
+    att = [n for n in cost.nodes if n.op_class == "attention"]
+    assert sorted(n.op for n in att) == ["MatMul"] * 4 + ["Softmax"] * 2
+    scores = 2 * 4 * 1024 * 1024 * 4
+    # each layer: QK^T writes the scores, the softmax reads and writes them, @ V reads them (+ Q, K, V and the output)
+    assert sum(n.bytes_written for n in att if n.op == "Softmax") == 2 * scores
+    feats = features(cost, 1e12, 1e10)
+    assert feats["attn_act_ms"] == pytest.approx(1000 * sum(n.bytes for n in att) / 1e10)
+    assert feats["act_ms"] < 0.01 * feats["attn_act_ms"] and feats["data_ms"] > 0
+    cpu = devices.find("cpu")
+    base = Factors({"attention": 1.0}, {"attention": 0.0}, additive=True, bandwidth_bytes_per_s=1e10,
+                   bandwidth_efficiency=1.0, weight_bandwidth_efficiency=1.0)
+    own = Factors(**{**base.to_dict(), "attention_bandwidth_efficiency": 0.5})
+    t, t2 = (node_time_s("attention", 0.0, 1e8, cpu, "fp32", f) for f in (base, own))
+    assert t == pytest.approx(1e8 / 1e10) and t2 == pytest.approx(2 * t)
+    assert node_time_s("elementwise", 0.0, 1e8, cpu, "fp32", own) == pytest.approx(t)
+
+
+def test_a_fused_attention_has_its_own_fixed_cost():
+    """Attention's matmuls and softmax count as ``attn_nodes`` too (one fused attention's fixed cost on top of a node's:
+    OpenVINO runs each as one subgraph, ~12 us at test width where a tiny matmul node takes 1-3); the fit's coefficient
+    goes to the attention and softmax classes' fixed cost, and no other class's."""
+    x = [helper.make_tensor_value_info(n, F, [1, 8, 16]) for n in ("q", "kt", "v")]
+    x[1] = helper.make_tensor_value_info("kt", F, [1, 16, 8])
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["o"]), helper.make_node("Relu", ["o"], ["y"])]
+    cost = graph_costs(_graph(nodes, x, [helper.make_tensor_value_info("y", F, None)]), precision="fp32")
+    feats = features(cost, 1e12, 1e10)
+    assert feats["attn_nodes"] == 3 and feats["nodes"] == 3  # the Relu is the matmul's epilogue (fused)
+    rows = [{"case": f"c{i}", "features": {"nodes": float(n), "attn_nodes": float(a), "call": 1.0},
+             "robust_ms": 0.001 * n + 0.01 * a + 0.02, "weight_bytes": 0.0, "activation_bytes": 0.0,
+             "peak_bytes": 0.0, "peak_rss": 1.0} for i, (n, a) in enumerate([(400, 0), (100, 36), (75, 36), (10, 3)])]
+    f = fit(rows, 1e10, "openvino")
+    assert f.overhead_s["attention"] == f.overhead_s["softmax"] == pytest.approx(11e-6)
+    assert f.overhead_s["matmul"] == pytest.approx(1e-6) and f.call_s == pytest.approx(2e-5)

@@ -113,6 +113,9 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "attn_1024x40": ("attention", (8, 1024, 40, 2)),
     "attn_1024x8": ("attention", (8, 1024, 8, 2)),   # narrow heads: the softmax dominates
     "attn_4096x64": ("attention", (1, 4096, 64, 1)),
+    "attn_sdpa": ("sdpa", (2, 4, 1024, 8, 2)),       # as torch exports it (heads by Reshape/Transpose, scale on Q and K)
+    "attn_tiny": ("sdpa", (1, 2, 77, 16, 12)),       # ... twelve tiny ones, as a text encoder at test width: the fixed
+    # cost of an attention (OpenVINO runs each as one fused subgraph, 12 us where a tiny matmul node takes 1-3)
     "layernorm": ("layernorm", (4096, 320, 4)),
     "groupnorm": ("groupnorm", (320, 64, 32, 3)),
     "silu": ("silu", (320, 64, 3)),
@@ -188,6 +191,23 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         for _ in range(k):
             p = g.op("Softmax", [g.op("Mul", [g.op("MatMul", [x, "kt"]), "scale"])], axis=-1)
             x = g.op("MatMul", [p, "v"])
+    elif kind == "sdpa":  # attention as torch exports scaled_dot_product_attention: heads split by a Reshape and
+        # Transposes (K to (b, h, d, n)), the scale's square root on Q and on K, softmax, @ V, the heads merged back
+        from onnx import numpy_helper
+
+        b, h, sq, d, k = args
+        shape = [b, sq, h * d]
+        extra = {"kk": [b, sq, h * d], "v": [b, sq, h * d]}
+        g.inits += [numpy_helper.from_array(np.array([b, sq, h, d], np.int64), "split"),
+                    numpy_helper.from_array(np.array([b, sq, h * d], np.int64), "merge"),
+                    numpy_helper.from_array(np.array(d ** -0.25, np.float32), "rscale")]
+        kt = g.op("Mul", [g.op("Transpose", [g.op("Reshape", ["kk", "split"])], perm=[0, 2, 3, 1]), "rscale"])
+        v = g.op("Transpose", [g.op("Reshape", ["v", "split"])], perm=[0, 2, 1, 3])
+        x = "x"
+        for _ in range(k):
+            q = g.op("Mul", [g.op("Transpose", [g.op("Reshape", [x, "split"])], perm=[0, 2, 1, 3]), "rscale"])
+            o = g.op("MatMul", [g.op("Softmax", [g.op("MatMul", [q, kt])], axis=-1), v])
+            x = g.op("Reshape", [g.op("Transpose", [o], perm=[0, 2, 1, 3]), "merge"])
     elif kind == "layernorm":
         t, c, k = args
         shape = [1, t, c]
@@ -562,14 +582,16 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
-TERMS = ("act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "attn_nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
 def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act_scale: float = 1.0
              ) -> dict[str, float]:
     """A part's time features, linear in the factors ``fit`` finds: milliseconds of FLOPs per timing class
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
-    compute nodes but convs; ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights
+    compute nodes but convs and attention; ``attn_act_ms``: of attention's matmuls and softmax, the scores, which
+    the CPU runtimes' fused attention works through per element, not per byte (a bf16 softmax computes in float32:
+    OpenVINO's attention cases ran at 0.53-0.63 of their fp32 time at bf16, not 0.5); ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights
     but dense 3x3-and-wider conv kernels, ``conv_weight_ms``: those, ``conv_weight_batch_ms``: those again for
     each image after the first; ``fused_ms``: epilogues; ``fused_flops_ms``: their arithmetic at ``peak``), the
     timed nodes (integer nodes apart: ``int_nodes``), the shape arithmetic of a graph with dynamic dims
@@ -592,17 +614,54 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
             out["fused_flops_ms"] += 1000 * n.flops / peak  # its arithmetic (a SiLU's exponentials are not free)
             continue
         out["int_nodes" if n.time_class == "int" else "nodes"] += 1
+        if n.op_class == "attention":  # a fused attention's fixed cost, on top of a node's
+            out["attn_nodes"] += 1
         out[f"flops_{n.time_class if n.time_class in TIME_CLASSES else n.op_class}"] += 1000 * n.flops / peak
         out["conv_weight_ms" if n.time_class == "conv" else "weight_ms"] += 1000 * n.weight_bytes / bandwidth
         if n.time_class == "conv":
             out["conv_weight_batch_ms"] += 1000 * (n.batch - 1) * n.weight_bytes / bandwidth
-        key = "data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "act_ms"
+        key = ("data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "attn_act_ms"
+               if n.op_class == "attention" else "act_ms")
         out[key] += 1000 * act_scale * (n.bytes - n.weight_bytes) / bandwidth
     out["relayout_ms"] = 1000 * act_scale * getattr(cost, "relayout_bytes", 0.0) / bandwidth
     out["relayout_narrow_ms"] = 1000 * act_scale * getattr(cost, "relayout_narrow_bytes", 0.0) / bandwidth
     if getattr(cost, "dynamic", False) and not pinned:  # a runtime that keeps the dims dynamic infers shapes per call
         out["dyn_nodes"] = out["nodes"] + out["int_nodes"]
     return out
+
+
+def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth: float, pinned: bool = False,
+             scale: float = 1.0, tail: bool = False) -> dict[str, Any]:
+    """One calibration case's row for the fit: its measurement ``m`` (``measure``'s figures) and what the fit reads of
+    its ``GraphCost`` (features, weights, activations as the runtime holds them: ``scale`` x at a half precision on a
+    backend that keeps them float32; ``tail``: with the graph's tail float32, ``float32_tail``). ``pinned``: the backend
+    ran the case at static shapes. Stored measurements
+    (``--calibrate --report``) are refitted through this with the cost code of the day (``scripts/refit_calibration.py``)."""
+    return {"case": name, "features": features(cost, peak, bandwidth, pinned=pinned, act_scale=scale),
+            "timed": name.removeprefix("cal_") not in MEMORY_CASES, "pinned": pinned,
+            "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
+            "pass_ms": m.get("pass_ms", [m["robust_ms"]]),
+            "busy_before": m.get("busy_before"), "slow_before": m.get("slow_before"),
+            "peak_bytes": m["peak_bytes"], "peak_rss": m["peak_rss"], "rss_before": m["rss_before"],
+            "compile_peak_rss": m.get("compile_peak_rss"), "run_peak_rss": m.get("run_peak_rss"),
+            "compiled_rss": m.get("compiled_rss"),
+            # compiled with its dims dynamic (not pinned by a backend that needs static shapes)
+            "dynamic": bool(cost.dynamic) and not pinned,
+            "io_bytes": cost.io_bytes,
+            "weight_bytes": cost.weight_bytes, "table_bytes": cost.table_bytes,
+            "largest_conv_bytes": cost.largest_conv_bytes,
+            "largest_weight_bytes": cost.largest_weight_bytes,
+            "attention": any(n.op_class == "attention" for n in cost.nodes),
+            "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
+            # activations as the runtime holds them (float32 where it keeps them so)
+            "activation_bytes": scale * (cost.peak_activation_bytes_tail if tail and cost.peak_activation_bytes_tail
+                                         is not None else cost.peak_activation_bytes_inplace),
+            "activation_bytes_fused": scale * cost.peak_activation_bytes_fused,
+            "input_bytes": scale * cost.input_bytes, "output_bytes": scale * cost.output_bytes,
+            "small_weight_bytes": cost.small_weight_bytes,
+            "largest_relayout_bytes": scale * cost.largest_relayout_bytes,
+            "epilogue_weight_bytes": cost.epilogue_weight_bytes, "flops": cost.flops,
+            "inflight_bytes": inflight_bytes(cost)}
 
 
 def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 9, workdir: Path | None = None,
@@ -649,33 +708,14 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                 if name in rows and rows[name]["robust_ms"] <= m["robust_ms"]:
                     rows[name]["pass_ms"].append(m["robust_ms"])
                     continue
-                rows[name] = {"case": name, "features": features(cost, peak, bw, pinned=pinned, act_scale=scale),
-                              "timed": name.removeprefix("cal_") not in MEMORY_CASES,
-                              "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
-                              "pass_ms": rows[name]["pass_ms"] + [m["robust_ms"]] if name in rows else [m["robust_ms"]],
-                              "busy_before": m.get("busy_before"), "slow_before": m.get("slow_before"),
-                              "peak_bytes": m["peak_bytes"], "peak_rss": m["peak_rss"], "rss_before": m["rss_before"],
-                              "compile_peak_rss": m.get("compile_peak_rss"), "run_peak_rss": m.get("run_peak_rss"),
-                              "compiled_rss": m.get("compiled_rss"),
-                              # compiled with its dims dynamic (not pinned by a backend that needs static shapes)
-                              "dynamic": bool(cost.dynamic) and not pinned,
-                              "io_bytes": cost.io_bytes,
-                              "weight_bytes": cost.weight_bytes, "table_bytes": cost.table_bytes,
-                              "largest_conv_bytes": cost.largest_conv_bytes,
-                              "largest_weight_bytes": cost.largest_weight_bytes,
-                              "attention": any(n.op_class == "attention" for n in cost.nodes),
-                              "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
-                              # activations as the runtime holds them (float32 where it keeps them so)
-                              "activation_bytes": scale * cost.peak_activation_bytes_inplace,
-                              "activation_bytes_fused": scale * cost.peak_activation_bytes_fused,
-                              "input_bytes": scale * cost.input_bytes, "output_bytes": scale * cost.output_bytes,
-                              "small_weight_bytes": cost.small_weight_bytes,
-                              "largest_relayout_bytes": scale * cost.largest_relayout_bytes,
-                              "epilogue_weight_bytes": cost.epilogue_weight_bytes, "flops": cost.flops,
-                              "inflight_bytes": inflight_bytes(cost)}
+                prev = rows[name]["pass_ms"] if name in rows else []
+                rows[name] = case_row(name, cost, m, peak=peak, bandwidth=bw, pinned=pinned, scale=scale,
+                                      tail=float32_tail(backend, precision))
+                rows[name]["pass_ms"] = prev + [m["robust_ms"]]
     out = list(rows.values())
     held = held_terms(reference, peak, dev.peak("fp32")) if act32 else {}
-    return fit(out, bw, backend, float32_activations=act32, held=held), out
+    return fit(out, bw, backend, float32_activations=act32, held=held,
+               tail32=float32_tail(backend, precision)), out
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -715,8 +755,8 @@ def _fit_times(rows: list[dict[str, Any]], held: dict[str, float] | None = None)
 #: Fitted afresh, these terms were split differently among themselves at each precision (ggml's softmax came out 25%
 #: faster at bf16 for the same float32 kernel), which put the tiny SDXL UNet at 512 px at 0.60 of its measured time
 SHARED_TERMS = ("flops_dwconv", "flops_attention", "flops_softmax", "flops_norm", "flops_groupnorm",
-                "flops_elementwise", "flops_data", "act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "fused_ms",
-                "fused_flops_ms", "nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+                "flops_elementwise", "flops_data", "act_ms", "attn_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "fused_ms",
+                "fused_flops_ms", "nodes", "attn_nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
 def held_terms(reference: Factors | None, peak: float, reference_peak: float) -> dict[str, float]:
@@ -825,6 +865,24 @@ def float32_activations(backend: str, precision: str) -> bool:
     return backend in FLOAT32_ACTIVATION_BACKENDS and precision in ("bf16", "fp16")
 
 
+#: backends that convert their weights one at a time as they lower the nodes, in the nodes' order (ggml: bf16 panels,
+#: Winograd kernels), so that one weight's temporaries are in flight at a time on top of the weights before it
+#: (``Factors.sequential_transients``). The calibration cases repeat one weight, so the last is the largest and the
+#: transient factors fit as the largest weight's
+SEQUENTIAL_WEIGHT_BACKENDS = frozenset({"ggml"})
+
+#: backends that keep a graph's tail float32 at a half precision (``sdrt.cost.nodes.float32_tail_values``: OpenVINO's CPU
+#: plugin runs what follows the last conv, matmul or resize on the way to an output in float32, and so a graph without
+#: them wholly: the weight-free calibration cases, a SiLU, a norm, a transpose, ran as f32 layers at bf16)
+FLOAT32_TAIL_BACKENDS = frozenset({"openvino"})
+
+
+def float32_tail(backend: str, precision: str) -> bool:
+    """Whether ``backend`` keeps a graph's tail float32 at ``precision`` (a half precision on a
+    ``FLOAT32_TAIL_BACKENDS`` backend)."""
+    return backend in FLOAT32_TAIL_BACKENDS and precision in ("bf16", "fp16")
+
+
 #: the cases that measure those copies' memory, run on ``RELAYOUT_BACKENDS`` only
 RELAYOUT_CASES = frozenset({"resblock_dyn"})
 
@@ -906,14 +964,17 @@ def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str,
 
 
 def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_activations: bool = False,
-        held: dict[str, float] | None = None) -> Factors:
+        held: dict[str, float] | None = None, tail32: bool = False) -> Factors:
     """The factors from the calibration measurements (``_fit_times``, ``_fit_memory``); ``float32_activations``:
     the rows' activation features count float32 activations at a half precision (``Factors.float32_activations``);
-    ``held``: time coefficients taken as they are (``held_terms``)."""
+    ``held``: time coefficients taken as they are (``held_terms``); ``tail32``: the rows' activations hold the
+    graph's tail float32 (``Factors.float32_tail``)."""
     c = _fit_times(rows, held)
     eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
     over["int"] = c.get("int_nodes", c.get("nodes", 0.0)) / 1000.0  # integer work (on the host, for some runtimes)
+    for k in ("attention", "softmax"):  # attention's matmuls and softmax: a fused attention's fixed cost on top
+        over[k] += c.get("attn_nodes", 0.0) / 1000.0
     mem = _fit_memory(rows, relayout=backend in RELAYOUT_BACKENDS)
     fused = c.get("fused_ms", 0.0)
     return Factors(eff, over, mem["weight_factor"], mem["activation_factor"], mem["base"], True, bandwidth,
@@ -924,6 +985,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
                    io_bandwidth_efficiency=_inv(c.get("io_ms")),
                    relayout_narrow_bandwidth_efficiency=_inv(c.get("relayout_narrow_ms")),
                    conv_bandwidth_efficiency=_inv(c.get("conv_act_ms")),
+                   attention_bandwidth_efficiency=_inv(c.get("attn_act_ms")) if "attn_act_ms" in c else None,
                    conv_weight_factor=mem["conv_weight_factor"], node_bytes=mem["node_bytes"],
                    table_factor=mem["table_factor"], transient_conv_factor=mem["transient_conv_factor"],
                    transient_factor=mem["transient_factor"], process_base=True, imports_bytes=mem["imports"],
@@ -935,6 +997,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
                    fused_flops_efficiency=_inv(c.get("fused_flops_ms")),
                    call_s=c.get("call", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
                    dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0, float32_activations=float32_activations,
+                   sequential_transients=backend in SEQUENTIAL_WEIGHT_BACKENDS, float32_tail=tail32,
                    **{k: mem[k] for k in ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",
                                           "compile_input_factor", "dynamic_compile_weight_factor",
                                           "dynamic_compile_conv_weight_factor", "dynamic_compile_table_factor",

@@ -70,6 +70,8 @@ class Factors:
     #: calibrated at a half precision: the graph's inputs and outputs (``GraphCost.io_bytes``), which the runtime
     #: converts from and to float32 every call (OpenVINO's and ggml's bf16 take and give float32); None: no such cost
     io_bandwidth_efficiency: float | None = None
+    #: calibrated: activation traffic of attention's matmuls and softmax (the scores); None: ``bandwidth_efficiency``
+    attention_bandwidth_efficiency: float | None = None
     #: calibrated: activation traffic of convs (a conv over few channels pays per pixel, not per FLOP)
     conv_bandwidth_efficiency: float | None = None
     #: memory held per byte of conv kernels where it differs from ``weight_factor`` (a backend that keeps
@@ -159,6 +161,18 @@ class Factors:
     #: dims: OpenVINO's bf16 binds a bf16 copy of the file-mapped float32 weights (``sdrt_openvino.bf16.twin``) and hands
     #: their pages back every 256 MiB read; such a graph's weights are packed only at its first run. None or 0: none
     dynamic_compile_inflight_factor: float | None = None
+    #: the runtime converts its weights one at a time as it lowers the nodes, in their order (ggml: each matmul's bf16
+    #: panels, each kernel's Winograd transform, made as the node is lowered, their temporaries freed before the next):
+    #: the compile transient is one weight's, less what the weights read after it hold (``transient_bytes``: a weight
+    #: read early is covered by those after it; the full-size SD 1.5 UNet at bf16 held 3.06 x its weights compiling, the
+    #: source pages and the copy, not the 0.36 GB of its largest kernel's temporaries). False: the largest conv kernel's
+    #: and the largest other weight's transients add, wherever they come (an older calibration)
+    sequential_transients: bool = False
+    #: at a half precision the runtime keeps the graph's tail float32 (``sdrt.cost.nodes.float32_tail_values``: the nodes after
+    #: the last conv, matmul or resize on the way to each output; OpenVINO's CPU plugin, for accuracy), so a graph
+    #: without such ops runs wholly in float32 and its activations take 4 bytes an element, not 2
+    #: (``GraphCost.peak_activation_bytes_tail``). False: every activation at the precision's bytes
+    float32_tail: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -279,7 +293,8 @@ def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, 
         if f.weight_bandwidth_efficiency is None:  # an older calibration: one traffic term
             return t + nbytes / (bw * max(f.bandwidth_efficiency, 1e-3))
         act_eff = (f.data_bandwidth_efficiency if op_class == "data" else f.conv_bandwidth_efficiency
-                   if op_class == "conv" and f.conv_bandwidth_efficiency else f.bandwidth_efficiency)
+                   if op_class == "conv" and f.conv_bandwidth_efficiency else f.attention_bandwidth_efficiency
+                   if op_class == "attention" and f.attention_bandwidth_efficiency else f.bandwidth_efficiency)
         kernel = tc == "conv" and bool(f.conv_weight_bandwidth_efficiency)
         w_eff = f.conv_weight_bandwidth_efficiency if kernel else f.weight_bandwidth_efficiency
         t += (nbytes - weight_bytes) / (bw * max(act_eff, 1e-3)) + weight_bytes / (bw * max(w_eff, 1e-3))
@@ -313,6 +328,9 @@ def memory_nodes(cost: GraphCost) -> int:
 def activation_bytes(cost: GraphCost, f: Factors) -> float:
     """The peak of live activations as the factors' runtime holds them (fused attention: without its scores)."""
     inplace = getattr(cost, "peak_activation_bytes_inplace", None)
+    tail = getattr(cost, "peak_activation_bytes_tail", None)
+    if f.inplace_activations and f.float32_tail and tail is not None:
+        return tail
     if f.inplace_activations and inplace is not None:
         return inplace
     fused = getattr(cost, "peak_activation_bytes_fused", None)
@@ -364,6 +382,29 @@ def inflight_bytes(cost: GraphCost) -> float:
     return min(getattr(cost, "half_source_bytes", 0.0), float(HALF_COPY_CHUNK_BYTES))
 
 
+def transient_bytes(cost: GraphCost, f: Factors, conv_factor: float = 0.0, other_factor: float = 0.0,
+                    table_factor: float = 0.0) -> float:
+    """The bytes a runtime holds in flight while it transforms or repacks weights at compile time, on top of the
+    weights' own factors: ``transient_conv_factor`` x the largest conv kernel + ``transient_factor`` x the largest
+    other weight; with ``Factors.sequential_transients`` (weights converted one at a time in the nodes' order,
+    ``GraphCost.weight_order``), the largest over the weights of one weight's transient less what the weights read
+    after it hold compiling (``conv_factor`` x kernels, ``table_factor`` x lookup tables, which are kept as stored and
+    have no transient, ``other_factor`` x the rest): the compile peak comes where
+    the sum of held weights and one transient is largest, and a weight read early is covered by those after it."""
+    order = getattr(cost, "weight_order", ())
+    if not (f.sequential_transients and order):
+        return (f.transient_conv_factor * getattr(cost, "largest_conv_bytes", 0.0)
+                + f.transient_factor * getattr(cost, "largest_weight_bytes", 0.0))
+    worst = after = 0.0
+    for size, kind in reversed(order):
+        if kind == "table":  # kept as stored: held, never in flight
+            after += table_factor * size
+            continue
+        worst = max(worst, (f.transient_conv_factor if kind == "kernel" else f.transient_factor) * size - after)
+        after += (conv_factor if kind == "kernel" else other_factor) * size
+    return worst
+
+
 def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     """(compile phase's peak, run phase's peak, resident once compiled) of one part, in bytes (the peaks with
     ``base_bytes``). The process's peak is the larger peak: a runtime that transforms its weights while
@@ -376,12 +417,14 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     nodes = f.node_bytes * memory_nodes(cost)
     live = scale * activation_bytes(cost, f)
     inputs, outputs = scale * getattr(cost, "input_bytes", 0.0), scale * getattr(cost, "output_bytes", 0.0)
-    transient = (f.transient_conv_factor * getattr(cost, "largest_conv_bytes", 0.0)
-                 + f.transient_factor * getattr(cost, "largest_weight_bytes", 0.0))
     dyn = bool(getattr(cost, "dynamic", False))
 
     def pick(dynamic: float | None, static: float) -> float:
         return dynamic if dyn and dynamic is not None else static
+
+    transient = transient_bytes(cost, f, pick(f.dynamic_compile_conv_weight_factor, f.compile_conv_weight_factor),
+                                pick(f.dynamic_compile_weight_factor, f.compile_weight_factor or 0.0),
+                                pick(f.dynamic_compile_table_factor, f.compile_table_factor))
 
     # a dynamic graph's matmuls with a fused activation, where the factors tell them apart
     epi = min(getattr(cost, "epilogue_weight_bytes", 0.0), other) if dyn and (

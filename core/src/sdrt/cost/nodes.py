@@ -147,6 +147,14 @@ class GraphCost:
     #: at a half precision (bf16, fp16): the float32 bytes, as the file holds them, of the matmul and conv weights that
     #: the precision halves (what a backend reads to make the half copy); 0 at other precisions
     half_source_bytes: float = 0.0
+    #: every weight's bytes at the precision, in the order the graph's nodes first read it, and its kind: ``kernel`` (a
+    #: dense conv kernel wider than 1x1), ``table`` (a lookup table) or ``weight``: a backend that converts its weights
+    #: one at a time as it lowers the nodes (ggml) has one in flight at a time, on top of those read before it
+    #: (``sdrt.cost.model.transient_bytes``)
+    weight_order: tuple[tuple[float, str], ...] = ()
+    #: at a half precision, ``peak_activation_bytes_inplace`` with the values of the graph's tail held float32
+    #: (``float32_tail_values``: what a runtime that keeps the tail float32 holds); None: as ``peak_activation_bytes_inplace``
+    peak_activation_bytes_tail: float | None = None
 
     def by_class(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -300,6 +308,15 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
               and next((a.i for a in n.attribute if a.name == "group"), 1) == 1):
             kernels |= origin[ins[1]]
     tables &= set(sizes)
+    order: list[tuple[float, str]] = []
+    seen: set[str] = set()
+    for n in model.graph.node:
+        for i in n.input:
+            for src in sorted(origin.get(i, ())) if i else ():
+                if src in sizes and src not in seen:
+                    seen.add(src)
+                    order.append((float(sizes[src]), "kernel" if src in kernels else "table" if src in tables
+                                  else "weight"))
     # as float32, the weights as the file holds them: a tensor under 1 MiB there is read into the process (larger
     # ones are mapped, sdrt.graph.onnxfile.MAP_INLINE_MIN_BYTES), whatever precision the backend makes of it
     small = sum(4.0 * _prod(s) for s in inits.values() if 4 * _prod(s) < SMALL_TENSOR_BYTES)
@@ -308,6 +325,9 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     scores = _attention_scores(model, origin)
     peak_fused = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores) if scores else peak
     peak_inplace = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores, inplace=True)
+    tail = float32_tail_values(model) if act < 4 else set()
+    peak_tail = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores, inplace=True,
+                                  wide=tail) if tail else peak_inplace
     ins_b, outs_b = (sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act) for v in vs if v.name not in inits)
                      for vs in (model.graph.input, model.graph.output))
     io = ins_b + outs_b
@@ -322,10 +342,13 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                      output_bytes=float(outs_b), small_weight_bytes=float(small),
                      epilogue_weight_bytes=float(epilogue_w),
                      largest_conv_bytes=float(max((sizes[k] for k in kernels if k in sizes), default=0.0)),
-                     largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels), default=0.0)),
+                     # lookup tables apart: kept as stored, never transformed or repacked (``table_bytes``)
+                     largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels and k not in tables),
+                                                    default=0.0)),
                      dynamic_shape_nodes=shape_nodes if dynamic else 0, dynamic=dynamic,
                      relayout_bytes=float(relayout), relayout_narrow_bytes=float(relayout_narrow),
-                     largest_relayout_bytes=float(relayout_largest), half_source_bytes=float(half_source))
+                     largest_relayout_bytes=float(relayout_largest), half_source_bytes=float(half_source),
+                     weight_order=tuple(order), peak_activation_bytes_tail=float(peak_tail))
 
 
 #: convs with fewer output channels than this have their output copied to planar layout by a channels-last
@@ -503,6 +526,31 @@ def _attention_scores(model: Any, origin: Mapping[str, Any]) -> set[str]:
 #: back (the C allocator maps large blocks apart and returns them when freed)
 SMALL_TENSOR_BYTES = 2**20
 
+#: the ops that OpenVINO's CPU plugin runs at a half inference precision wherever they are (its
+#: ``Graph::EnforceInferencePrecision``: Convolution, FullyConnected, MatMul, Interpolate, RNNs, ROIPooling)
+_HALF_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Resize", "Upsample", "LSTM", "GRU", "RNN", "MaxRoiPool"}
+
+
+def float32_tail_values(model: Any) -> set[str]:
+    """The values of a graph's tail: those written by a node from which an output is reached without passing a
+    ``_HALF_OPS`` node. OpenVINO's CPU plugin at bf16 keeps them float32, for accuracy (it walks back from each
+    output and stops at those ops), and runs the rest at bf16: a graph without such ops (a SiLU, a norm, a
+    transpose) runs wholly in float32, the tail of a VAE decoder after its last conv (nothing but the output) at
+    bf16 (its runtime model: the calibration's SiLU and GroupNorm cases all f32 layers, a 3x3 conv -> GroupNorm
+    case its convs bf16 and its last norm f32)."""
+    writer = {o: n for n in model.graph.node for o in n.output if o}
+    tail: set[str] = set()
+    todo = [o.name for o in model.graph.output]
+    while todo:
+        v = todo.pop()
+        n = writer.get(v)
+        if v in tail or n is None or n.op_type in _HALF_OPS:
+            continue
+        tail.add(v)
+        todo.extend(i for i in n.input if i)
+    return tail
+
+
 #: elementwise ops that a runtime's allocator runs in place: the output takes the memory of an input of the
 #: same size that no later node reads (ggml's graph allocator, OpenVINO's in-place edges)
 _INPLACE = {"Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Relu", "Erf", "Clip", "Pow", "Sqrt", "Exp", "Neg",
@@ -510,14 +558,16 @@ _INPLACE = {"Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Relu", "Erf", "Clip"
 
 
 def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: set[str],
-                      skip: set[str] | None = None, inplace: bool = False) -> float:
+                      skip: set[str] | None = None, inplace: bool = False, wide: set[str] | frozenset[str] = frozenset()
+                      ) -> float:
     """The largest total size of activations alive at once, running the nodes in file order. A value is
     alive from the node that writes it to the last node that reads it; views alias their input. ``skip``:
     values never held (inside a fused kernel). ``inplace``: an elementwise node (``_INPLACE``) whose input
     of the output's size dies at it writes into that input's memory (no graph input or output is reused),
     and SiLU as torch exports it (``Mul(x, Sigmoid(x))``) is one kernel (both CPU runtimes fuse it: ggml's
     group norm + SiLU, OpenVINO's Swish), so its sigmoid is never held. A Shape or Size node reads no data
-    (its value is known once the shapes are), so it keeps nothing alive."""
+    (its value is known once the shapes are), so it keeps nothing alive. ``wide``: values held float32 whatever
+    ``act`` is (``float32_tail_values``)."""
     nodes = list(model.graph.node)
     if inplace:
         readers = _readers(nodes)
@@ -552,7 +602,7 @@ def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: se
         reused: set[str] = set()
         for o in n.output:
             if o and o not in alias and (s := shape(o)) is not None and o not in constant:
-                size[o] = _prod(s) * _elem_size(dtype(o), act)
+                size[o] = _prod(s) * _elem_size(dtype(o), 4 if o in wide else act)
                 donor = next((x for x in (alias.get(x, x) for x in n.input if x) if inplace and n.op_type in _INPLACE
                               and o not in outputs and x in size and x not in graph_inputs and x not in outputs
                               and x not in reused and last.get(x) == i and size[x] == size[o]), None)
