@@ -21,18 +21,9 @@ def main(argv=None) -> int:
     ap.add_argument("report", type=Path)
     ap.add_argument("--backend", action="append", default=[])
     args = ap.parse_args(argv)
-    from sdrt.cost.calibrate import (
-        build_case,
-        case_row,
-        fit,
-        float32_activations,
-        float32_tail,
-        held_terms,
-    )
+    from sdrt.cost.calibrate import case_activation_scale, case_cost, case_row, fit_precision, float32_tail
     from sdrt.cost.devices import this_cpu
-    from sdrt.cost.model import Factors, activation_scale, save_calibration
-    from sdrt.cost.nodes import graph_costs
-    from sdrt.graph import Graph
+    from sdrt.cost.model import Factors, save_calibration
 
     data = json.loads(args.report.read_text())
     measured = data["calibration_measurements"]
@@ -47,21 +38,15 @@ def main(argv=None) -> int:
                 continue
             stored = entries.get(f"{backend}/cpu/{precision}") or {}
             bw = stored.get("bandwidth_bytes_per_s") or cpu.bandwidth_bytes_per_s
-            act32 = float32_activations(backend, precision)
-            scale = activation_scale(precision, Factors({}, {}, float32_activations=act32))
+            scale = case_activation_scale(backend, precision)
             rows = []
             for r in measured[key]:
-                model, feeds = build_case(r["case"].removeprefix("cal_"))
-                path = Path(tmp) / f"{model.graph.name}.onnx"
-                path.write_bytes(model.SerializeToString())
-                cost = graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()}, precision)
+                _name, _path, _feeds, cost = case_cost(r["case"].removeprefix("cal_"), Path(tmp), precision)
                 pinned = r.get("pinned", bool(cost.dynamic) and not r.get("dynamic"))
                 rows.append(case_row(r["case"], cost, r, peak=cpu.peak(precision), bandwidth=bw, pinned=pinned,
                                      scale=scale, tail=float32_tail(backend, precision)))
-            ref = out.get(f"{backend}/cpu/fp32")
-            held = held_terms(ref, cpu.peak(precision), cpu.peak("fp32")) if act32 else {}
-            out[f"{backend}/cpu/{precision}"] = fit(rows, bw, backend, float32_activations=act32, held=held,
-                                                    tail32=float32_tail(backend, precision))
+            out[f"{backend}/cpu/{precision}"] = fit_precision(rows, bw, backend, precision, cpu,
+                                                              out.get(f"{backend}/cpu/fp32"))
             print(f"refitted {backend}/cpu/{precision} from {len(rows)} cases", file=sys.stderr)
     path = save_calibration(out, cpu.to_dict())
     print(f"stored in {path}")

@@ -673,25 +673,15 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
     seconds (which the waits before each measurement cannot always see) then spoils a case only if it comes
     back at the same case in every pass. ``reference``: the float32 calibration of the same backend, whose
     ``SHARED_TERMS`` a half precision on a ``FLOAT32_ACTIVATION_BACKENDS`` backend holds (``held_terms``)."""
-    from ..graph import Graph
-
     dev = device or this_cpu()
     bw = measure_bandwidth()
     peak = dev.peak(precision)
-    act32 = float32_activations(backend, precision)
-    scale = activation_scale(precision, Factors({}, {}, float32_activations=act32))
+    scale = case_activation_scale(backend, precision)
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="sdrt-calibrate-") as tmp:
         folder = Path(workdir or tmp)
-        built = []
-        for case in CASES:
-            if case in RELAYOUT_CASES and backend not in RELAYOUT_BACKENDS:
-                continue
-            model, feeds = build_case(case)
-            path = folder / f"{model.graph.name}.onnx"
-            path.write_bytes(model.SerializeToString())
-            cost = graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()}, precision)
-            built.append((model.graph.name, path, feeds, cost))
+        built = [case_cost(case, folder, precision) for case in CASES
+                 if case not in RELAYOUT_CASES or backend in RELAYOUT_BACKENDS]
         for _ in range(max(1, passes)):
             for name, path, feeds, cost in built:
                 if progress:
@@ -713,9 +703,35 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                                       tail=float32_tail(backend, precision))
                 rows[name]["pass_ms"] = prev + [m["robust_ms"]]
     out = list(rows.values())
-    held = held_terms(reference, peak, dev.peak("fp32")) if act32 else {}
-    return fit(out, bw, backend, float32_activations=act32, held=held,
-               tail32=float32_tail(backend, precision)), out
+    return fit_precision(out, bw, backend, precision, dev, reference), out
+
+
+def case_cost(case: str, folder: Path, precision: str) -> tuple[str, Path, dict[str, np.ndarray], Any]:
+    """Calibration case ``case`` built, written into ``folder`` and costed at ``precision``: (its graph's name, the
+    ONNX file, its feeds, its ``GraphCost``)."""
+    from ..graph import Graph
+
+    model, feeds = build_case(case)
+    path = folder / f"{model.graph.name}.onnx"
+    path.write_bytes(model.SerializeToString())
+    return model.graph.name, path, feeds, graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()},
+                                                      precision)
+
+
+def case_activation_scale(backend: str, precision: str) -> float:
+    """The factor on a case's activation bytes at ``precision`` as ``backend`` holds them (``case_row``'s ``scale``):
+    float32 where the backend keeps activations so at a half precision."""
+    return activation_scale(precision, Factors({}, {}, float32_activations=float32_activations(backend, precision)))
+
+
+def fit_precision(rows: list[dict[str, Any]], bandwidth: float, backend: str, precision: str, device: DeviceSpec,
+                  reference: Factors | None = None) -> Factors:
+    """``backend``'s factors at ``precision`` fitted from its cases' ``rows`` (``case_row``): a half precision on a
+    ``FLOAT32_ACTIVATION_BACKENDS`` backend holds ``reference``'s ``SHARED_TERMS`` (``held_terms``, scaled by the
+    device's peaks), and a ``FLOAT32_TAIL_BACKENDS`` one counts the graph's float32 tail."""
+    act32 = float32_activations(backend, precision)
+    held = held_terms(reference, device.peak(precision), device.peak("fp32")) if act32 else {}
+    return fit(rows, bandwidth, backend, float32_activations=act32, held=held, tail32=float32_tail(backend, precision))
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
