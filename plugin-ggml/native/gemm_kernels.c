@@ -310,10 +310,10 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
  * L2 a few at a time every 16 steps of k. Issued as one burst before the call, they queued behind each other's
  * misses: on Zen 5, one thread, weights from memory, CLIP's 77-row products ran at 175-185 GFLOPS that way and
  * 215-230 spread (docs/ggml.md). */
-#define PFB_DECL \
+#define PFB_DECL(STEPS) \
     const char *pfb_ = o->pfb; \
     int pfb_left_ = o->pfb ? o->pfb_rows : 0; \
-    const int pfb_steps_ = K >= 16 ? K / 16 : 1; /* the loops' prefetch points (at least) */ \
+    const int pfb_steps_ = (STEPS) >= 16 ? (STEPS) / 16 : 1; /* the loop's prefetch points (at least) */ \
     const int pfb_per_ = (pfb_left_ + pfb_steps_ - 1) / pfb_steps_;
 #define PFB_STEP \
     for (int j_ = 0; j_ < pfb_per_ && pfb_left_ > 0; j_++, pfb_left_--, pfb_ += 64) { \
@@ -360,7 +360,7 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
         enum { mr_ = MR }; \
         (void)bh; \
         R256_ALL(R256_DECL) \
-        PFB_DECL \
+        PFB_DECL(K) \
         if (o->n <= 8) { \
             R256_KLOOP(R256_STEP_HALF, R256_ALL(R256_PREFETCH) PFB_STEP) \
         } else { \
@@ -666,7 +666,7 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
 #define K512R_LOOP(MR, B0, B1) \
     enum { mr_ = MR }; \
     R512_ALL(R512_DECL) \
-    PFB_DECL \
+    PFB_DECL(K) \
     R512R_ROWS(lda, sizeof(float)) \
     for (int k = 0; k < K; k++) { \
         const __m512 b0 = _mm512_loadu_ps(B0); \
@@ -690,7 +690,7 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
                                   const sdrt_tile_out *o, const float *pf) { \
         enum { mr_ = MR }; \
         R512_ALL(R512_DECL) \
-        PFB_DECL \
+        PFB_DECL(K) \
         for (int k = 0; k < K; k++) { \
             const __m512 b0 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
             const __m512 b1 = _mm512_loadu_ps(b + bh + (ptrdiff_t)k * SDRT_HALF); \
@@ -776,8 +776,7 @@ static const sdrt_isa_kernels avx512 = {
         enum { mr_ = MR }; \
         R512_ALL(RBF_DECL) \
         R512R_ROWS(lda, sizeof(uint32_t)) \
-        const int K = K2; /* PFB_DECL's steps */ \
-        PFB_DECL \
+        PFB_DECL(K2) \
         for (int p = 0; p < K2; p++) { \
             const __m512bh b0 = AS_BH(_mm512_loadu_si512((const void *)(b + (ptrdiff_t)p * SDRT_BF16_NR))); \
             const __m512bh b1 = AS_BH(_mm512_loadu_si512((const void *)(b + bh + (ptrdiff_t)p * SDRT_BF16_NR))); \
