@@ -160,13 +160,20 @@ static void cond_wait(pool_cond *c, pool_mutex *m) { pthread_cond_wait(c, m); }
 static void cond_broadcast(pool_cond *c) { pthread_cond_broadcast(c); }
 static long process_id(void) { return (long)getpid(); }
 static void *worker_main(void *arg);
+/* a worker's thread attributes: Linux's stack size, detached */
+static int worker_attr(pthread_attr_t *attr) {
+    if (pthread_attr_init(attr))
+        return -1;
+    pthread_attr_setstacksize(attr, 8u << 20); /* macOS gives a thread 512 KiB otherwise */
+    pthread_attr_setdetachstate(attr, PTHREAD_CREATE_DETACHED);
+    return 0;
+}
+
 static int start_thread(long cpu, int pin_now) {
     pthread_attr_t attr;
     pthread_t t;
-    if (pthread_attr_init(&attr))
+    if (worker_attr(&attr))
         return -1;
-    pthread_attr_setstacksize(&attr, 8u << 20); /* macOS gives a thread 512 KiB otherwise */
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     int rc = -1;
 #if defined(__linux__) && defined(__GLIBC__)
     if (cpu >= 0 && pin_now) { /* pinned from its start (worker_main pins it again: elsewhere, there only) */
@@ -177,10 +184,8 @@ static int start_thread(long cpu, int pin_now) {
             rc = pthread_create(&t, &attr, worker_main, (void *)(intptr_t)cpu);
         if (rc) { /* refused (the CPU is not ours after all): a worker without the pin */
             pthread_attr_destroy(&attr);
-            if (pthread_attr_init(&attr))
+            if (worker_attr(&attr))
                 return -1;
-            pthread_attr_setstacksize(&attr, 8u << 20);
-            pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         }
     }
 #else
