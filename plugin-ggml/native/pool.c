@@ -42,7 +42,11 @@
  *                        SDRT_GGML_WAIT_PINNED_US (1000) for a worker inside a task, never yielding:
  *                        a caller that sleeps leaves an idle core that the OS fills with the busy
  *                        program. 3: as 2, but a worker is pinned only while it is contended
- *                        during long jobs (below), so an idle machine runs the pool unpinned. 0: neither.
+ *                        during long jobs (below), or for SDRT_GGML_PIN_HOLD_MS (default 1000) after its
+ *                        spin last lost its core whatever the jobs' length, so an idle machine runs the
+ *                        pool unpinned. 0: neither. The caller leaves the workers' CPUs while any is
+ *                        contended, in graphs of short jobs too: beside a busy program, the MobileNets'
+ *                        20-60 µs jobs then get 1.2-1.4 cores where they got 1.0-1.15.
  *   SDRT_GGML_CONTENDED_MS (default 100; 0: never)  a worker whose spin was interrupted for over
  *                        100 µs (the OS ran another thread on its core) sleeps right after each job
  *                        for this long, without spinning: woken at the next job, a thread that slept
@@ -225,6 +229,7 @@ static struct {
     int64_t wait_pinned_ns; /* SDRT_GGML_WAIT_PINNED_US: wait_ns for a caller kept off the workers' CPUs */
     int64_t contended_ns;   /* SDRT_GGML_CONTENDED_MS: a worker whose spin lost its core sleeps at once this long */
     int64_t long_job_ns;    /* SDRT_GGML_LONG_JOB_US: only after a job this long does a contended worker sleep at once */
+    int64_t pin_hold_ns;    /* SDRT_GGML_PIN_HOLD_MS: under PIN=3, a worker stays pinned this long after any contention */
     volatile int64_t job_t0; /* when the open job was published (the caller's clock) */
     double len_all, len_long; /* the caller's decaying sums of its jobs' lengths (capped), all and the long ones */
     volatile long long_share; /* len_long / len_all in thousandths: the share of pooled time in long jobs */
@@ -241,6 +246,7 @@ static SDRT_THREAD_LOCAL int tl_worker; /* this thread is one of the pool's work
 static SDRT_THREAD_LOCAL int64_t tl_calm_at; /* a worker: until then its core is contended, it sleeps at once */
 static SDRT_THREAD_LOCAL long tl_cpu = -1;    /* a worker: the CPU it is pinned to (-1: none) */
 static SDRT_THREAD_LOCAL int tl_pinned;       /* a worker under SDRT_GGML_PIN=3: pinned now (while contended) */
+static SDRT_THREAD_LOCAL int64_t tl_lost_at = INT64_MIN / 2; /* a worker: when its spin last lost its core */
 #if defined(__linux__)
 static SDRT_THREAD_LOCAL int tl_moved;      /* a caller: its affinity was narrowed off the workers' CPUs */
 static SDRT_THREAD_LOCAL cpu_set_t tl_saved; /* its affinity before */
@@ -290,8 +296,8 @@ static int64_t wait_change(int64_t seen, int long_job) {
             const int lost = P.contended_ns > 0 && t - prev > CONTENDED_GAP_NS;
             if (lost) { /* the OS gave this core to another thread meanwhile: sleep between jobs from now on */
                 tl_calm_at = t + P.contended_ns;
-                if (long_job)
-                    A_STORE64(&P.calm_at, tl_calm_at);
+                tl_lost_at = t;
+                A_STORE64(&P.calm_at, tl_calm_at); /* the caller leaves the workers' CPUs meanwhile */
             }
             if (j != seen)
                 return j;
@@ -332,7 +338,7 @@ static void worker_loop(void) {
             const int64_t t = now_ns();
             long_job = P.long_job_ns == 0 || A_LOAD(&P.long_share) >= 400;
             if (P.pin == 3 && tl_cpu >= 0) { /* pinned only while contended */
-                const int want = long_job && t < tl_calm_at;
+                const int want = (long_job && t < tl_calm_at) || t < tl_lost_at + P.pin_hold_ns;
                 if (want != tl_pinned) {
                     pin_self(want ? tl_cpu : -1);
                     tl_pinned = want;
@@ -431,6 +437,7 @@ static void pool_init(void) {
         P.wait_pinned_ns = env_ns("SDRT_GGML_WAIT_PINNED_US", 1000, 1000);
         P.contended_ns = env_ns("SDRT_GGML_CONTENDED_MS", 100, 1000000);
         P.long_job_ns = env_ns("SDRT_GGML_LONG_JOB_US", 200, 1000);
+        P.pin_hold_ns = env_ns("SDRT_GGML_PIN_HOLD_MS", 1000, 1000000);
         read_cpus();
         P.pid = process_id();
         A_STORE(&P.init, 2);
