@@ -166,7 +166,7 @@ def main(argv=None) -> int:
                          "slow_before": m.get("slow_before"), "weight_bytes": cost.weight_bytes,
                          "activation_bytes": cost.peak_activation_bytes, "by_class_ms": pr.by_class_ms,
                          "features": features(cost, cpu.peak(PRECISION), f.bandwidth_bytes_per_s or cpu.bandwidth_bytes_per_s,
-                                              act_scale=activation_scale(PRECISION, f))}
+                                              act_scale=activation_scale(PRECISION, f), tail32=f.float32_tail)}
                     best[key] = r
                     print(f"{group:<18} {name:<16} {be:<9} pred {pr.ms:9.2f} ms  meas {m['median_ms']:9.2f} ms "
                           f"(robust {r['robust_ms']:8.2f})  x{r['time_ratio']:.2f}   process peak pred {pr.peak_bytes / 2**20:7.0f} MiB "

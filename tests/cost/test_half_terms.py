@@ -214,3 +214,47 @@ def _silu_only() -> bytes:
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     return m.SerializeToString()
+
+
+def _residual_stream() -> Graph:
+    """Two pre-norm blocks whose residual stream is the output (every layer's hidden state, as SDXL's text encoders
+    give): h = x + x @ A; y = h + LayerNorm(h) @ B. The adds are the float32 tail, the matmuls and the norm the bf16
+    body; 8 x 16 elements a value."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "a"),
+             numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "b"),
+             numpy_helper.from_array(np.ones(16, np.float32), "g"), numpy_helper.from_array(np.zeros(16, np.float32), "z")]
+    nodes = [helper.make_node("MatMul", ["x", "a"], ["m"]), helper.make_node("Add", ["x", "m"], ["h"]),
+             helper.make_node("LayerNormalization", ["h", "g", "z"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "b"], ["m2"]), helper.make_node("Add", ["h", "m2"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return Graph.load(m.SerializeToString())
+
+
+def test_values_crossing_the_float32_tail_are_converted_by_a_node_each():
+    """The residual stream (h, y) is the tail: m and m2 (bf16 matmul outputs) cross into it, h crosses out of it into
+    the norm: three conversions, each a node (OpenVINO's ``Reorder``), 8 x 16 x (4 + 2) bytes each; the input x is the
+    call's conversion (``io_bytes``), not one of them. None at fp32, none into a conv's own epilogue (the conv writes
+    float32 itself), none on a backend that does not keep the tail float32; the time adds a data node's fixed cost per
+    conversion, and the calibration's features count them as nodes."""
+    from sdrt.cost.calibrate import features
+    from sdrt.cost.nodes import float32_tail_values, tail_crossings
+
+    g = _residual_stream()
+    assert float32_tail_values(g.model) == {"h", "y"}
+    assert tail_crossings(g.model, {"h", "y"}, {"a", "b", "g", "z"}) == {"m", "h", "m2"}
+    bf16, fp32 = graph_costs(g, precision="bf16"), graph_costs(g, precision="fp32")
+    assert (bf16.tail_conversions, bf16.tail_conversion_bytes) == (3, 3 * 8 * 16 * 6)
+    assert fp32.tail_conversions == 0
+    assert graph_costs(_conv_tail(), precision="bf16").tail_conversions == 0  # Conv -> Sigmoid: the conv's epilogue
+    cpu = devices.this_cpu()
+    f = replace(F, overhead_s={"matmul": 0.0, "data": 1e-6})
+    tail = replace(f, float32_tail=True)
+    assert predict(bf16, cpu, "openvino", "bf16", tail).by_class_ms["convert"] == pytest.approx(3e-3)
+    assert "convert" not in predict(bf16, cpu, "ggml", "bf16", f).by_class_ms
+    assert "convert" not in predict(fp32, cpu, "openvino", "fp32", tail).by_class_ms
+    plain, crossed = (features(bf16, 1e12, 1e10, tail32=t) for t in (False, True))
+    assert crossed["nodes"] == plain["nodes"] + 3

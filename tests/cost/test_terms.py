@@ -179,3 +179,35 @@ def test_a_fused_attention_has_its_own_fixed_cost():
     f = fit(rows, 1e10, "openvino")
     assert f.overhead_s["attention"] == f.overhead_s["softmax"] == pytest.approx(11e-6)
     assert f.overhead_s["matmul"] == pytest.approx(1e-6) and f.call_s == pytest.approx(2e-5)
+
+
+def test_narrow_heads_and_short_rows_cost_as_the_attention_kernel_works():
+    """QK^T over 4-wide heads costs a 16-long dot product per score (``MIN_DOT``: OpenVINO ran 2-, 4- and 8-wide heads at
+    the same time per score), its reported FLOPs stay the true ones; P @ V reduces over 16 keys, unpadded. The softmax's
+    rows (8 queries x 2 heads) are its ``rows``, counted as ``attn_rows`` and fitted as the seconds per row that
+    ``predict`` adds to attention."""
+    from sdrt.cost.nodes import MIN_DOT
+
+    x = [helper.make_tensor_value_info("q", F, [2, 8, 4]), helper.make_tensor_value_info("kt", F, [2, 4, 16]),
+         helper.make_tensor_value_info("v", F, [2, 16, 4])]
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    cost = graph_costs(_graph(nodes, x, [helper.make_tensor_value_info("y", F, None)]), precision="fp32")
+    qk, sm, pv = cost.nodes
+    assert qk.flops == 2 * 2 * 8 * 16 * 4 and qk.timed_flops == qk.flops * MIN_DOT / 4
+    assert pv.timed_flops == pv.flops == 2 * 2 * 8 * 4 * 16
+    assert (qk.rows, sm.rows, pv.rows) == (0, 16, 0)
+    feats = features(cost, 1e12, 1e10)
+    assert feats["attn_rows"] == 16
+    assert feats["flops_attention"] == pytest.approx(1000 * (qk.timed_flops + pv.flops) / 1e12)
+    rows = [{"case": f"c{i}", "features": {"attn_rows": float(r), "call": 1.0}, "robust_ms": 1e-5 * r + 0.02,
+             "weight_bytes": 0.0, "activation_bytes": 0.0, "peak_bytes": 0.0, "peak_rss": 1.0}
+            for i, r in enumerate([16384, 65536, 1848, 100])]
+    f = fit(rows, 1e10, "openvino")
+    assert f.attention_row_s == pytest.approx(1e-8)
+    cpu = devices.this_cpu()
+    plain = Factors({"attention": 1.0, "softmax": 1.0}, {}, additive=True, bandwidth_bytes_per_s=1e10,
+                    weight_bandwidth_efficiency=1.0)
+    per_row = Factors(**{**plain.to_dict(), "attention_row_s": 1e-6})
+    assert predict(cost, cpu, "openvino", "fp32", per_row).ms == pytest.approx(
+        predict(cost, cpu, "openvino", "fp32", plain).ms + 16e-3)

@@ -114,6 +114,8 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "attn_1024x8": ("attention", (8, 1024, 8, 2)),   # narrow heads: the softmax dominates
     "attn_4096x64": ("attention", (1, 4096, 64, 1)),
     "attn_sdpa": ("sdpa", (2, 4, 1024, 8, 2)),       # as torch exports it (heads by Reshape/Transpose, scale on Q and K)
+    "attn_cross": ("sdpa", (2, 4, 1024, 8, 4, 77)),  # cross-attention: 1024 queries over 77 text tokens (every SD
+    # UNet's attn2): short rows, where a fused attention's work per query row, not per score, is the time
     "attn_tiny": ("sdpa", (1, 2, 77, 16, 12)),       # ... twelve tiny ones, as a text encoder at test width: the fixed
     # cost of an attention (OpenVINO runs each as one fused subgraph, 12 us where a tiny matmul node takes 1-3)
     "layernorm": ("layernorm", (4096, 320, 4)),
@@ -195,14 +197,16 @@ def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
         # Transposes (K to (b, h, d, n)), the scale's square root on Q and on K, softmax, @ V, the heads merged back
         from onnx import numpy_helper
 
-        b, h, sq, d, k = args
+        b, h, sq, d, k, *kv = args  # kv: the keys' count where it differs from the queries' (cross-attention)
+        skv = kv[0] if kv else sq
         shape = [b, sq, h * d]
-        extra = {"kk": [b, sq, h * d], "v": [b, sq, h * d]}
+        extra = {"kk": [b, skv, h * d], "v": [b, skv, h * d]}
         g.inits += [numpy_helper.from_array(np.array([b, sq, h, d], np.int64), "split"),
+                    numpy_helper.from_array(np.array([b, skv, h, d], np.int64), "split_kv"),
                     numpy_helper.from_array(np.array([b, sq, h * d], np.int64), "merge"),
                     numpy_helper.from_array(np.array(d ** -0.25, np.float32), "rscale")]
-        kt = g.op("Mul", [g.op("Transpose", [g.op("Reshape", ["kk", "split"])], perm=[0, 2, 3, 1]), "rscale"])
-        v = g.op("Transpose", [g.op("Reshape", ["v", "split"])], perm=[0, 2, 1, 3])
+        kt = g.op("Mul", [g.op("Transpose", [g.op("Reshape", ["kk", "split_kv"])], perm=[0, 2, 3, 1]), "rscale"])
+        v = g.op("Transpose", [g.op("Reshape", ["v", "split_kv"])], perm=[0, 2, 1, 3])
         x = "x"
         for _ in range(k):
             q = g.op("Mul", [g.op("Transpose", [g.op("Reshape", [x, "split"])], perm=[0, 2, 1, 3]), "rscale"])
@@ -582,11 +586,11 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
-TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "attn_nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "attn_nodes", "attn_rows", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
-def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act_scale: float = 1.0
-             ) -> dict[str, float]:
+def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act_scale: float = 1.0,
+             tail32: bool = False) -> dict[str, float]:
     """A part's time features, linear in the factors ``fit`` finds: milliseconds of FLOPs per timing class
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
     compute nodes but convs and attention; ``attn_act_ms``: of attention's matmuls and softmax, the scores, which
@@ -594,13 +598,17 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
     OpenVINO's attention cases ran at 0.53-0.63 of their fp32 time at bf16, not 0.5); ``conv_act_ms``: of convs; ``data_ms``: data-movement nodes; ``weight_ms``: weights
     but dense 3x3-and-wider conv kernels, ``conv_weight_ms``: those, ``conv_weight_batch_ms``: those again for
     each image after the first; ``fused_ms``: epilogues; ``fused_flops_ms``: their arithmetic at ``peak``), the
-    timed nodes (integer nodes apart: ``int_nodes``), the shape arithmetic of a graph with dynamic dims
+    timed nodes (integer nodes apart: ``int_nodes``; attention's matmuls and softmax again, ``attn_nodes``, and its
+    softmax's rows, ``attn_rows``: a fused attention's work per query row), the shape arithmetic of a graph with dynamic dims
     (``shape_nodes``: a runtime that keeps them dynamic runs it every call), every timed node again in such a
     graph (``dyn_nodes``: shape inference per node and call; neither where the backend ran the graph ``pinned``, at
     static shapes), the graph's inputs and outputs at a half precision (``io_ms``: the runtime converts them from and
     to float32 every call; 0 at fp32) and the call; ``fixed_ms``: a part not fitted (0 here). ``act_scale``
     multiplies the activation traffic (2: a backend that keeps activations float32 at a half precision,
-    ``FLOAT32_ACTIVATION_BACKENDS``)."""
+    ``FLOAT32_ACTIVATION_BACKENDS``). ``tail32``: the backend keeps the graph's tail float32 at a half precision
+    (``float32_tail``), so each activation crossing between the tail and the half body (``GraphCost.tail_conversions``)
+    is converted by a node of its own: one more node (``nodes``, and ``dyn_nodes``; its traffic, a contiguous copy in
+    cache, is left out: OpenVINO converted a 1024 x 320 residual stream to bf16 and back at ~150 GB/s, 26 us a block)."""
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
     out["shape_nodes"] = 0.0 if pinned else float(getattr(cost, "dynamic_shape_nodes", 0))
@@ -614,15 +622,19 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
             out["fused_flops_ms"] += 1000 * n.flops / peak  # its arithmetic (a SiLU's exponentials are not free)
             continue
         out["int_nodes" if n.time_class == "int" else "nodes"] += 1
-        if n.op_class == "attention":  # a fused attention's fixed cost, on top of a node's
+        if n.op_class == "attention":  # a fused attention's fixed cost, on top of a node's, and its work per row
             out["attn_nodes"] += 1
-        out[f"flops_{n.time_class if n.time_class in TIME_CLASSES else n.op_class}"] += 1000 * n.flops / peak
+            out["attn_rows"] += getattr(n, "rows", 0)
+        out[f"flops_{n.time_class if n.time_class in TIME_CLASSES else n.op_class}"] += 1000 * getattr(
+            n, "timed_flops", n.flops) / peak
         out["conv_weight_ms" if n.time_class == "conv" else "weight_ms"] += 1000 * n.weight_bytes / bandwidth
         if n.time_class == "conv":
             out["conv_weight_batch_ms"] += 1000 * (n.batch - 1) * n.weight_bytes / bandwidth
         key = ("data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "attn_act_ms"
                if n.op_class == "attention" else "act_ms")
         out[key] += 1000 * act_scale * (n.bytes - n.weight_bytes) / bandwidth
+    if tail32 and getattr(cost, "precision", "fp32") != "fp32" and getattr(cost, "tail_conversions", 0):
+        out["nodes"] += cost.tail_conversions
     out["relayout_ms"] = 1000 * act_scale * getattr(cost, "relayout_bytes", 0.0) / bandwidth
     out["relayout_narrow_ms"] = 1000 * act_scale * getattr(cost, "relayout_narrow_bytes", 0.0) / bandwidth
     if getattr(cost, "dynamic", False) and not pinned:  # a runtime that keeps the dims dynamic infers shapes per call
@@ -637,7 +649,7 @@ def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth:
     backend that keeps them float32; ``tail``: with the graph's tail float32, ``float32_tail``). ``pinned``: the backend
     ran the case at static shapes. Stored measurements
     (``--calibrate --report``) are refitted through this with the cost code of the day (``scripts/refit_calibration.py``)."""
-    return {"case": name, "features": features(cost, peak, bandwidth, pinned=pinned, act_scale=scale),
+    return {"case": name, "features": features(cost, peak, bandwidth, pinned=pinned, act_scale=scale, tail32=tail),
             "timed": name.removeprefix("cal_") not in MEMORY_CASES, "pinned": pinned,
             "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
             "pass_ms": m.get("pass_ms", [m["robust_ms"]]),
@@ -772,7 +784,7 @@ def _fit_times(rows: list[dict[str, Any]], held: dict[str, float] | None = None)
 #: faster at bf16 for the same float32 kernel), which put the tiny SDXL UNet at 512 px at 0.60 of its measured time
 SHARED_TERMS = ("flops_dwconv", "flops_attention", "flops_softmax", "flops_norm", "flops_groupnorm",
                 "flops_elementwise", "flops_data", "act_ms", "attn_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "fused_ms",
-                "fused_flops_ms", "nodes", "attn_nodes", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+                "fused_flops_ms", "nodes", "attn_nodes", "attn_rows", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 
 
 def held_terms(reference: Factors | None, peak: float, reference_peak: float) -> dict[str, float]:
@@ -1011,7 +1023,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
                    conv_weight_batch_bandwidth_efficiency=_inv(c.get("conv_weight_batch_ms")),
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
                    fused_flops_efficiency=_inv(c.get("fused_flops_ms")),
-                   call_s=c.get("call", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
+                   call_s=c.get("call", 0.0) / 1000.0, attention_row_s=c.get("attn_rows", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
                    dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0, float32_activations=float32_activations,
                    sequential_transients=backend in SEQUENTIAL_WEIGHT_BACKENDS, float32_tail=tail32,
                    **{k: mem[k] for k in ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",

@@ -96,6 +96,10 @@ class Factors:
     fused_flops_efficiency: float | None = None
     #: fixed time of one call of a compiled part (input/output copies, dispatch), seconds
     call_s: float = 0.0
+    #: calibrated: seconds per row of an attention's softmax (``NodeCost.rows``: one per query, head and image), a fused
+    #: attention kernel's work per query row whatever the row's length (cross-attention over 77 text tokens: few scores
+    #: a row, OpenVINO's bf16 0.55 ns a score where self-attention over 1024 took 0.17)
+    attention_row_s: float = 0.0
     #: memory per byte of lookup tables (weights that Gather reads: token embeddings); None: ``weight_factor``
     table_factor: float | None = None
     #: memory per byte of the largest conv kernel and of the largest other weight: the compile-time transient
@@ -266,6 +270,12 @@ def activation_scale(precision: str, f: Factors) -> float:
     return 4.0 / ACT_BYTES.get(precision, 4)
 
 
+def tail_conversions(cost: GraphCost, precision: str, f: Factors) -> int:
+    """The conversion nodes that a runtime keeping the graph's tail float32 (``Factors.float32_tail``) runs each call at a
+    half precision: one per activation crossing between the tail and the half body (``GraphCost.tail_conversions``)."""
+    return int(getattr(cost, "tail_conversions", 0)) if f.float32_tail and precision != "fp32" else 0
+
+
 def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, precision: str, f: Factors,
                 fused: bool = False, weight_bytes: float = 0.0, time_class: str | None = None, batch: int = 1
                 ) -> float:
@@ -352,8 +362,11 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     for n in cost.nodes:
         if n.op_class == "view":
             continue
-        by[n.op_class] = by.get(n.op_class, 0.0) + node_time_s(n.op_class, n.flops, n.bytes, device, precision, f,
+        by[n.op_class] = by.get(n.op_class, 0.0) + node_time_s(n.op_class, n.timed_flops, n.bytes, device, precision, f,
                                                                  n.fused, n.weight_bytes, n.time_class, n.batch)
+    rows = sum(getattr(n, "rows", 0) for n in cost.nodes) if f.attention_row_s else 0
+    if rows:  # a fused attention's work per query row
+        by["attention"] = by.get("attention", 0.0) + rows * f.attention_row_s
     if f.call_s:
         by["call"] = f.call_s
     bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
@@ -366,8 +379,11 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     io_eff = f.io_bandwidth_efficiency
     if io_eff and io_eff < 100.0 and precision != "fp32":
         by["io"] = getattr(cost, "io_bytes", 0.0) / (bw * io_eff)
+    conversions = tail_conversions(cost, precision, f)
+    if conversions:  # the float32 tail's conversions: a node each (their traffic, a copy in cache, left out)
+        by["convert"] = conversions * f.overhead_s.get("data", 0.0)
     if getattr(cost, "dynamic", False) and (f.shape_node_s or f.dynamic_node_s):
-        timed = sum(1 for n in cost.nodes if n.op_class != "view" and not n.fused)
+        timed = sum(1 for n in cost.nodes if n.op_class != "view" and not n.fused) + conversions
         by["shapes"] = f.shape_node_s * cost.dynamic_shape_nodes + f.dynamic_node_s * timed
     ms = 1000 * sum(by.values())
     activations = activation_bytes(cost, f) * scale

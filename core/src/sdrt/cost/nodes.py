@@ -46,6 +46,10 @@ CLASSES = ("matmul", "conv", "attention", "norm", "elementwise", "data", "view")
 #: bytes per weight element of a matmul/conv matrix at each precision (block formats: bytes per block / block)
 WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "int8": 1.0, "q8_0": 34 / 32,
                 "q5_0": 22 / 32, "q4_0": 18 / 32, "q4_k": 144 / 256, "nf4": 0.5 + 2 / 64}
+#: the shortest dot product a CPU kernel does at the cost of its length: one 512-bit vector of float32 (16 lanes); a
+#: matmul of two activations with a shorter reduction (attention's QK^T over narrow heads) does one vector's work per
+#: output (``NodeCost.kernel_flops``)
+MIN_DOT = 16
 #: bytes per activation element at each precision (the compute dtype; quantized formats compute in fp16)
 ACT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 2, "int8": 2, "q8_0": 2, "q5_0": 2, "q4_0": 2, "q4_k": 2,
              "nf4": 2}
@@ -84,6 +88,17 @@ class NodeCost:
     kind: str = ""
     #: images a conv processes (its input's first dim): a runtime may read the kernel once per image
     batch: int = 1
+    #: the FLOPs as a CPU kernel does them where they differ from ``flops``: a matmul of two activations whose
+    #: reduction is shorter than one vector (``MIN_DOT``: attention's QK^T over heads 1-8 wide) costs a full vector's
+    #: work per output (OpenVINO ran attention with 2-, 4- and 8-wide heads at the same time per score); None: ``flops``
+    kernel_flops: float | None = None
+    #: an attention's softmax: its rows (one per query, head and image), each a fused attention kernel's fixed work (the
+    #: row's max, sum and scaling, the output row's store), whatever the row's length; 0 for other nodes
+    rows: int = 0
+
+    @property
+    def timed_flops(self) -> float:
+        return self.flops if self.kernel_flops is None else self.kernel_flops
 
     @property
     def time_class(self) -> str:
@@ -155,6 +170,13 @@ class GraphCost:
     #: at a half precision, ``peak_activation_bytes_inplace`` with the values of the graph's tail held float32
     #: (``float32_tail_values``: what a runtime that keeps the tail float32 holds); None: as ``peak_activation_bytes_inplace``
     peak_activation_bytes_tail: float | None = None
+    #: at a half precision, the activations that cross between the graph's float32 tail (``float32_tail_values``) and
+    #: its half-precision body (``tail_crossings``): a runtime that keeps the tail float32 converts each of them with a
+    #: node of its own every call (OpenVINO's runtime model of a text encoder that outputs every layer's hidden state at
+    #: bf16: a ``Reorder`` before and after each residual add, 51 nodes against 39 at fp32); their count and the bytes
+    #: the conversions read and write (float32 and half)
+    tail_conversions: int = 0
+    tail_conversion_bytes: float = 0.0
 
     def by_class(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -238,6 +260,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
         if n.op_type == "Sigmoid" and n.input and n.output and readers.get(n.input[0]) == 2 and any(
                 n.input[0] in m and n.output[0] in m for m in mul_operands):
             readers[n.input[0]] = 1
+    tail = float32_tail_values(model) if act < 4 else set()
     writer_class: dict[str, str] = {}
     shape_vals: set[str] = set()
     shape_nodes = 0
@@ -293,8 +316,12 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
             kind = "int"  # integer work on integer values (token ids): a runtime may run it on the host
         in0 = shape(ins[0]) if ins else None
         batch = int(in0[0]) if cls == "conv" and in0 and len(in0) > 2 else 1
+        kernel = None
+        if cls == "attention" and op == "MatMul" and ins and shape(ins[0]) and 0 < shape(ins[0])[-1] < MIN_DOT:
+            kernel = float(flops) * MIN_DOT / shape(ins[0])[-1]  # a reduction shorter than a vector: padded to one
+        rows = _prod(out_shapes[0][:-1]) if cls == "attention" and op == "Softmax" and out_shapes and out_shapes[0] else 0
         nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
-                              w_read, fused, kind, batch))
+                              w_read, fused, kind, batch, kernel, rows))
     sizes = {name: _prod(s) * weight_elem.get(name, act) for name, s in inits.items()}
     weight_bytes = sum(sizes.values())
     tables: set[str] = set()
@@ -325,7 +352,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     scores = _attention_scores(model, origin)
     peak_fused = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores) if scores else peak
     peak_inplace = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores, inplace=True)
-    tail = float32_tail_values(model) if act < 4 else set()
+    crossings = tail_crossings(model, tail, set(inits) | set(consts) | set(origin), dtype) if tail else set()
     peak_tail = _peak_activations(model, shape, dtype, act, set(inits) | set(consts), scores, inplace=True,
                                   wide=tail) if tail else peak_inplace
     ins_b, outs_b = (sum(_prod(shape(v.name) or ()) * _elem_size(dtype(v.name), act) for v in vs if v.name not in inits)
@@ -348,7 +375,9 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                      dynamic_shape_nodes=shape_nodes if dynamic else 0, dynamic=dynamic,
                      relayout_bytes=float(relayout), relayout_narrow_bytes=float(relayout_narrow),
                      largest_relayout_bytes=float(relayout_largest), half_source_bytes=float(half_source),
-                     weight_order=tuple(order), peak_activation_bytes_tail=float(peak_tail))
+                     weight_order=tuple(order), peak_activation_bytes_tail=float(peak_tail),
+                     tail_conversions=len(crossings),
+                     tail_conversion_bytes=float(sum(_prod(shape(v) or ()) * (4 + act) for v in crossings)))
 
 
 #: convs with fewer output channels than this have their output copied to planar layout by a channels-last
@@ -549,6 +578,49 @@ def float32_tail_values(model: Any) -> set[str]:
         tail.add(v)
         todo.extend(i for i in n.input if i)
     return tail
+
+
+def tail_crossings(model: Any, tail: set[str], constant: set[str], dtype: Any = None) -> set[str]:
+    """The activations that cross between a graph's float32 tail (``tail``: ``float32_tail_values``) and its half body:
+    a body value (written by a node outside the tail) that a tail node reads (half -> float32), and a tail value that a
+    body node reads (float32 -> half), each once however many nodes read it across (one conversion feeds them all).
+    Constants (``constant``: initializers and what folds from them), the graph's inputs (their conversion is the
+    call's, ``GraphCost.io_bytes``) and integer values (never converted) do not cross. OpenVINO's CPU plugin at bf16
+    runs such a conversion as a ``Reorder`` node of its own: in a text encoder whose outputs are every layer's hidden
+    state (SDXL's), the residual stream is tail, and each layer converts it to bf16 for its norm and its
+    projections' outputs back to float32 for the residual adds (12 ``Reorder`` nodes in the tiny SDXL text encoder's
+    three layers)."""
+    writer = {o: n for n in model.graph.node for o in n.output if o}
+    inputs = {i.name for i in model.graph.input}
+    integer = (lambda v: _integer(dtype(v))) if dtype is not None else (lambda v: False)
+
+    def conv_epilogue(v: str) -> bool:  # v comes from a Conv, or through up to 3 elementwise nodes (its epilogue)
+        for _ in range(4):
+            w = writer.get(v)
+            if w is None:
+                return False
+            if w.op_type in ("Conv", "ConvTranspose"):
+                return True
+            if _op_class(w, {}, {}) != "elementwise":
+                return False
+            v = next((i for i in w.input if i in writer and i not in constant), "")
+        return False
+
+    out: set[str] = set()
+    for n in model.graph.node:
+        outs = [o for o in n.output if o]
+        if n.op_type in ("Shape", "Size") or (outs and all(integer(o) for o in outs)):
+            continue  # reads a shape, or computes integers: nothing converted
+        n_tail = any(o in tail for o in outs)
+        for i in n.input:
+            if not i or i not in writer or i in constant or i in inputs or integer(i) or (i in tail) == n_tail:
+                continue
+            if n_tail and _op_class(n, {}, {}) == "elementwise" and conv_epilogue(i):
+                continue  # the conv runs this node as a post-op (a residual sum) and writes float32 itself
+            if n_tail and n.op_type == "Reshape" and conv_epilogue(i):
+                continue  # the conv's output copied to planar layout for a norm: that copy converts as it goes
+            out.add(i)
+    return out
 
 
 #: elementwise ops that a runtime's allocator runs in place: the output takes the memory of an input of the
