@@ -28,17 +28,22 @@ from sdrt.graph import Graph
 MIB = 2**20
 
 
+def _model_bytes(nodes, shape, inits=()) -> bytes:
+    """A float32 graph of ``nodes`` from input x of ``shape`` to output y, serialized."""
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
 def _two_matmuls() -> Graph:
     """x (1, 8, 384) @ A (384, 512): 768 KiB as float32; then @ B (512, 768): 1.5 MiB as float32, 0.75 MiB as bf16."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal((384, 512)).astype(np.float32), "a"),
              numpy_helper.from_array(rng.standard_normal((512, 768)).astype(np.float32), "b")]
     nodes = [helper.make_node("MatMul", ["x", "a"], ["h"]), helper.make_node("MatMul", ["h", "b"], ["y"])]
-    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 384])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return Graph.load(m.SerializeToString())
+    return Graph.load(_model_bytes(nodes, [1, 8, 384], inits))
 
 
 def test_small_weights_and_half_source_count_the_files_float32_tensors():
@@ -175,11 +180,7 @@ def _conv_tail() -> Graph:
              numpy_helper.from_array(rng.standard_normal((8, 1, 1)).astype(np.float32), "b")]
     nodes = [helper.make_node("Conv", ["x", "k"], ["c"], pads=[1] * 4), helper.make_node("Sigmoid", ["c"], ["s"]),
              helper.make_node("Add", ["s", "b"], ["y"])]
-    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return Graph.load(m.SerializeToString())
+    return Graph.load(_model_bytes(nodes, [1, 8, 16, 16], inits))
 
 
 def test_the_graphs_tail_is_held_float32_where_the_runtime_keeps_it_so():
@@ -209,11 +210,7 @@ def test_the_graphs_tail_is_held_float32_where_the_runtime_keeps_it_so():
 
 def _silu_only() -> bytes:
     nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])]
-    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m.SerializeToString()
+    return _model_bytes(nodes, [1, 8, 16, 16])
 
 
 def _residual_stream() -> Graph:
@@ -227,11 +224,7 @@ def _residual_stream() -> Graph:
     nodes = [helper.make_node("MatMul", ["x", "a"], ["m"]), helper.make_node("Add", ["x", "m"], ["h"]),
              helper.make_node("LayerNormalization", ["h", "g", "z"], ["n"], axis=-1),
              helper.make_node("MatMul", ["n", "b"], ["m2"]), helper.make_node("Add", ["h", "m2"], ["y"])]
-    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return Graph.load(m.SerializeToString())
+    return Graph.load(_model_bytes(nodes, [1, 8, 16], inits))
 
 
 def test_values_crossing_the_float32_tail_are_converted_by_a_node_each():
