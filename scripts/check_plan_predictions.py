@@ -121,6 +121,7 @@ def main(argv=None) -> int:
                 for be in args.backend or ["openvino", "ggml"]:
                     key = (group, name, be)
                     opts = {"precision": PRECISION, **(options if be == "ggml" else {})}
+                    pass_no = p + 1
                     if stored is not None:  # the stored row's measurement, re-predicted
                         if key not in stored:
                             continue
@@ -130,24 +131,25 @@ def main(argv=None) -> int:
                              "compile_peak_rss": o.get("measured_compile_peak"),
                              "run_peak_rss": o.get("measured_run_peak"), "compiled_rss": o.get("measured_compiled"),
                              "busy_before": o.get("busy_before"), "slow_before": o.get("slow_before")}
-                        p = o.get("pass", 1) - 1
-                    try:
-                        m = m if stored is not None else measure(path, feeds, be, repeats=args.repeats, options=opts,
-                                                                 budget_s=args.budget)
-                    except Exception as exc:  # noqa: BLE001 - report it, keep going
-                        best.setdefault(key, {"group": group, "part": name, "backend": be, "error": str(exc)[-300:]})
-                        print(f"{group:<18} {name:<16} {be:<9} ERROR {str(exc)[-200:]}", flush=True)
-                        continue
-                    m["pass"] = p + 1
+                        pass_no = o.get("pass", 1)
+                    else:
+                        try:
+                            m = measure(path, feeds, be, repeats=args.repeats, options=opts, budget_s=args.budget)
+                        except Exception as exc:  # noqa: BLE001 - report it, keep going
+                            best.setdefault(key, {"group": group, "part": name, "backend": be,
+                                                  "error": str(exc)[-300:]})
+                            print(f"{group:<18} {name:<16} {be:<9} ERROR {str(exc)[-200:]}", flush=True)
+                            continue
+                    m["pass"] = pass_no
                     old = best.get(key)
                     if old is not None and "robust_ms" in old and old["robust_ms"] <= m["robust_ms"]:
                         old["pass_ms"].append(m["robust_ms"])
-                        print(f"{group:<18} {name:<16} {be:<9} pass {p + 1}: {m['robust_ms']:9.2f} ms (kept "
+                        print(f"{group:<18} {name:<16} {be:<9} pass {pass_no}: {m['robust_ms']:9.2f} ms (kept "
                               f"{old['robust_ms']:.2f})", flush=True)
                         continue
                     f = factors_for(be, cpu, PRECISION, cal)
                     pr = predict(cost, cpu, be, PRECISION, f)
-                    r = {"group": group, "part": name, "backend": be, "calls_per_image": calls, "pass": p + 1,
+                    r = {"group": group, "part": name, "backend": be, "calls_per_image": calls, "pass": pass_no,
                          "pass_ms": (old or {}).get("pass_ms", []) + [m["robust_ms"]],
                          "predicted_ms": pr.ms, "measured_ms": m["median_ms"], "min_ms": min(m["times_ms"]),
                          "robust_ms": m["robust_ms"], "times_ms": m["times_ms"], "time_ratio": pr.ms / m["robust_ms"],
@@ -172,7 +174,7 @@ def main(argv=None) -> int:
                           f"(robust {r['robust_ms']:8.2f})  x{r['time_ratio']:.2f}   process peak pred {pr.peak_bytes / 2**20:7.0f} MiB "
                           f"meas {m['peak_rss'] / 2**20:7.0f} MiB  x{r['peak_ratio']:.2f}  over imports "
                           f"{r['predicted_peak'] / 2**20:7.0f}/{m['peak_bytes'] / 2**20:7.0f} MiB "
-                          f"x{r['peak_ratio_over_imports']:.2f}  pass {p + 1}, probe x{r['slow_before'] or 0:.2f}"
+                          f"x{r['peak_ratio_over_imports']:.2f}  pass {pass_no}, probe x{r['slow_before'] or 0:.2f}"
                           + (f"  compile/run pred {pr.compile_peak_bytes / 2**20:.0f}/{pr.run_peak_bytes / 2**20:.0f} meas "
                              f"{m['compile_peak_rss'] / 2**20:.0f}/{m['run_peak_rss'] / 2**20:.0f} MiB"
                              if m.get("run_peak_rss") else ""), flush=True)
