@@ -250,6 +250,16 @@ print(json.dumps({{"cpus": cpus, "main": sorted(os.sched_getaffinity(0)), "other
 """
 
 
+def _affinities(threads: int, seconds: float, **env: str) -> dict:
+    """Run _AFFINITY_CHILD in a fresh process (the pool reads its variables once) with ``env`` added: the CPUs
+    its main thread and its other threads may use after ``seconds`` of runs on ``threads`` threads."""
+    code = _AFFINITY_CHILD.format(here=str(Path(__file__).parent), threads=threads, seconds=seconds)
+    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
                     reason="pinning the pool's workers: Linux with at least 2 CPUs allowed")
 @pytest.mark.parametrize(("pin", "threads", "pinned"), [("2", 2, 1), ("1", 3, 1), ("0", 2, 0), ("3", 2, 0)])
@@ -259,11 +269,7 @@ def test_workers_pinned_to_the_cpus_after_the_callers_first(pin, threads, pinned
     0 pins nothing; 3 (the default) with no hold after a contention (SDRT_GGML_PIN_HOLD_MS=0) pins a
     worker only while its core is contended during long jobs, never for this graph of tiny ops. A fresh
     process each, since the pool reads the variables once."""
-    env = dict(os.environ, SDRT_GGML_PIN=pin, SDRT_GGML_PIN_HOLD_MS="0")
-    code = _AFFINITY_CHILD.format(here=str(Path(__file__).parent), threads=threads, seconds=0)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = _affinities(threads, 0, SDRT_GGML_PIN=pin, SDRT_GGML_PIN_HOLD_MS="0")
     cpus = out["cpus"]
     assert out["main"] == cpus
     assert sum(a == [cpus[1]] for a in out["others"]) == pinned, out
@@ -278,16 +284,13 @@ def test_contended_worker_stays_pinned_for_the_hold_in_graphs_of_tiny_ops():
     a worker sharing one core beside a busy program got 1.0-1.15 cores), and the caller's affinity is its own
     again after each run. A busy process on each CPU makes every thread share a core."""
     cpus = sorted(os.sched_getaffinity(0))
-    busy = [subprocess.Popen(["taskset", "-c", str(c), sys.executable, "-c", "while 1: pass"]) for c in cpus[:16]]
+    busy = [subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{c}}})\nwhile 1: pass"])
+            for c in cpus[:16]]
     try:
-        env = dict(os.environ, SDRT_GGML_PIN="3", SDRT_GGML_PIN_HOLD_MS="60000")
-        code = _AFFINITY_CHILD.format(here=str(Path(__file__).parent), threads=2, seconds=1.0)
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        out = _affinities(2, 1.0, SDRT_GGML_PIN="3", SDRT_GGML_PIN_HOLD_MS="60000")
     finally:
         for p in busy:
             p.kill()
             p.wait()
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["main"] == out["cpus"]
     assert sum(a == [cpus[1]] for a in out["others"]) == 1, out
