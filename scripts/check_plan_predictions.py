@@ -5,7 +5,9 @@ Run after `sdrt selftest --calibrate`:
 
     python scripts/check_plan_predictions.py [--backend openvino --backend ggml] [--repeats 9] [--passes 2] [--json out.json]
 
-Each measurement compiles the part in a child process (sdrt.cost.calibrate.measure), runs it
+Each measurement compiles the part in a child process (sdrt.cost.calibrate.measure), a part with
+dynamic dims pinned to its call's shapes on every backend (as a pipeline compiles it and `sdrt plan`
+costs it), runs it
 ``repeats`` times after two warm-ups and keeps the median over groups of 3 runs of each group's best
 (as the calibration does; the plain median is printed too); every row is measured in ``passes`` passes
 over all the rows, and the pass with the lower robust time is kept (as the calibration does); its peak memory is the child process's
@@ -108,19 +110,21 @@ def main(argv=None) -> int:
                 continue
             if args.part and name not in args.part:
                 continue
-            g = Graph.load(path)
-            dynamic = any(not isinstance(d, int) for i in g.inputs for d in i.shape)
-            options = {"shapes": {k: tuple(int(x) for x in v) for k, v in shapes.items()}} if dynamic else {}
-            todo.append((group, name, path, shapes, calls, options, graph_costs(g, shapes, PRECISION),
-                         feeds_for(g, shapes)))
+            g = Graph.load(path, load_external=False)
+            # a graph with dynamic dims is pinned to the call's shapes, measured and predicted, as a pipeline
+            # compiles its parts (Part.session) and `sdrt plan` costs them (cost_parts), whatever the backend
+            pin = {k: tuple(int(x) for x in v) for k, v in shapes.items()} if any(
+                not isinstance(d, int) for i in g.inputs for d in i.shape) else None
+            cost = graph_costs(g.with_shapes(pin), None, PRECISION, inferred=True) if pin else graph_costs(
+                g, shapes, PRECISION)
+            todo.append((group, name, path, pin, calls, cost, feeds_for(g, shapes)))
         best: dict[tuple[str, str, str], dict] = {}
         stored = {(r["group"], r["part"], r["backend"]): r for r in json.loads(args.from_json.read_text())
                   if "robust_ms" in r} if args.from_json else None
         for p in range(1 if stored is not None else max(1, args.passes)):
-            for group, name, path, _shapes, calls, options, cost, feeds in todo:
+            for group, name, path, pin, calls, cost, feeds in todo:
                 for be in args.backend or ["openvino", "ggml"]:
                     key = (group, name, be)
-                    opts = {"precision": PRECISION, **(options if be == "ggml" else {})}
                     pass_no = p + 1
                     if stored is not None:  # the stored row's measurement, re-predicted
                         if key not in stored:
@@ -134,7 +138,8 @@ def main(argv=None) -> int:
                         pass_no = o.get("pass", 1)
                     else:
                         try:
-                            m = measure(path, feeds, be, repeats=args.repeats, options=opts, budget_s=args.budget)
+                            m = measure(path, feeds, be, repeats=args.repeats, options={"precision": PRECISION},
+                                        budget_s=args.budget, shapes=pin)
                         except Exception as exc:  # noqa: BLE001 - report it, keep going
                             best.setdefault(key, {"group": group, "part": name, "backend": be,
                                                   "error": str(exc)[-300:]})

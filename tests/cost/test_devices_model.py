@@ -184,3 +184,30 @@ def test_measure_times_a_calibration_case_in_a_child(tmp_path, monkeypatch):
     m = measure(path, feeds, backend, repeats=3, options={"precision": "fp32"}, quiet_s=0)
     assert len(m["times_ms"]) == 3 and 0 < m["robust_ms"] < 5 and m["peak_bytes"] > 0
     assert m["quiet_wait_s"] == 0
+
+
+@pytest.mark.parametrize("backend", ["openvino", "ggml"])
+def test_measure_pins_a_dynamic_graph_to_the_shapes_given(tmp_path, monkeypatch, backend):
+    """``shapes=``: the child compiles the graph pinned to them, as a pipeline compiles its parts, on any backend
+    (OpenVINO would otherwise compile the dims dynamic, which runs its fused attention up to 2x slower)."""
+    from onnx import TensorProto, helper
+
+    from sdrt.cost.calibrate import measure
+
+    pytest.importorskip(f"sdrt_{backend}", reason=f"the sdrt-{backend} plugin is not installed")
+    if backend == "openvino":
+        pytest.importorskip("openvino", reason="the openvino package is not installed (pip install openvino)")
+    monkeypatch.setenv("SDRT_LOAD_ENTRY_POINTS", "1")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "dyn", [x], [y])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "dyn.onnx"
+    path.write_bytes(model.SerializeToString())
+    feeds = {"x": np.ones((3, 16), np.float32)}
+    m = measure(path, feeds, backend, repeats=3, options={"precision": "fp32"}, quiet_s=0, shapes={"x": (3, 16)})
+    assert m["inputs"] == {"x": [3, 16]} and len(m["times_ms"]) == 3
+    if backend == "openvino":  # unpinned, the compiled input keeps its symbolic batch
+        free = measure(path, feeds, backend, repeats=3, options={"precision": "fp32"}, quiet_s=0)
+        assert free["inputs"]["x"][0] != 3

@@ -131,6 +131,9 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "small_convs": ("conv", (128, 16, 3, 1, 40)),    # memory: 40 kernels of 0.56 MiB (what compiling them leaves)
     "small_mms": ("matmul", (77, 384, 384, 40)),     # memory: 40 matmul weights of 0.56 MiB
     "mm_big_dyn": ("matmul", (8, 2048, 2048, 40)),   # memory: 640 MiB of 16 MiB weights, tokens dynamic (a model's size)
+    "mm_big": ("matmul", (8, 2048, 2048, 40)),       # ... static: a pinned model's weights, many of them, so the fit
+    # tells the bytes per weight byte from the one weight in flight (every other case has one or two large weights)
+    "conv_big": ("conv", (640, 4, 3, 1, 40)),        # ... and forty 14 MiB 3x3 kernels (590 MiB), static, likewise
 }
 
 
@@ -394,7 +397,7 @@ CASES = list(CASE_SPECS)
 #: cases for the memory fit only, kept out of the time fit: the dynamic twins of static cases (what a runtime holds
 #: when it compiles dims dynamic), activations that live only inside a graph, many small weights
 MEMORY_CASES = frozenset({"mm_dyn", "mm_act_dyn", "conv3_dyn", "act_inner", "small_convs", "small_mms",
-                          "resblock_dyn", "mm_big_dyn", "node1"})
+                          "resblock_dyn", "mm_big_dyn", "mm_big", "conv_big", "node1"})
 GROUP = 3  # timed runs per group: a group's best is one sample, and the median of the samples is kept
 
 
@@ -475,20 +478,24 @@ def wait_fast(max_wait_s: float = 20.0, slack: float = 1.15) -> tuple[float, flo
 
 def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: int = 7, warmup: int = 2,
             device: str | None = None, timeout: float = 600.0, options: dict[str, Any] | None = None,
-            budget_s: float | None = None, quiet_s: float = 5.0) -> dict[str, Any]:
+            budget_s: float | None = None, quiet_s: float = 5.0,
+            shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
     """Compile ``path`` on ``backend`` in a child process, run it ``warmup + repeats`` times; returns
-    ``{"times_ms": [...], "median_ms", "rss_before", "peak_rss", "peak_bytes"}`` (peak over the
-    child's resident memory after imports, inputs included, in bytes). ``budget_s``: a part whose first run takes over a
+    ``{"times_ms": [...], "median_ms", "inputs" (the compiled inputs' shapes), "rss_before", "peak_rss",
+    "peak_bytes"}`` (peak over the child's resident memory after imports, inputs included, in bytes). ``budget_s``: a part whose first run takes over a
     second gets one warm-up and as many timed runs as fit in this many seconds (whole groups of three).
     ``quiet_s``: first wait up to this long for the CPUs to be idle (``wait_quiet``), then up to 2 x as long
     for a probe computation to run at its best speed (``wait_fast``: other virtual machines on the host do not
     show in /proc/stat), so that a shared machine's bursts of other work fall between measurements rather
-    than in them. All the waits of one process stop once they add up to ``WAIT_BUDGET_S``."""
+    than in them. All the waits of one process stop once they add up to ``WAIT_BUDGET_S``. ``shapes``: the graph is
+    compiled pinned to these input shapes (``Graph.with_shapes``, after the imports: the pin's memory counts), whatever
+    the backend, as a pipeline compiles its parts (``Part.session``)."""
     with tempfile.TemporaryDirectory(prefix="sdrt-measure-") as tmp:
         npz = Path(tmp) / "feeds.npz"
         np.savez(npz, **feeds)
         spec = {"path": str(path), "feeds": str(npz), "backend": backend, "device": device, "repeats": repeats,
-                "warmup": warmup, "options": options or {}, "budget_s": budget_s}
+                "warmup": warmup, "options": options or {}, "budget_s": budget_s,
+                "shapes": {k: [int(d) for d in v] for k, v in (shapes or {}).items()}}
         env = dict(os.environ, SDRT_CACHE_DIR=str(Path(tmp) / "cache"))
         quiet_s = min(quiet_s, WAIT_BUDGET_S["left"])
         waited, busy = wait_quiet(quiet_s) if quiet_s > 0 else (0.0, 0.0)
@@ -537,16 +544,19 @@ def _child() -> None:
     import sdrt
 
     spec = json.loads(sys.stdin.read())
+    from sdrt.graph import Graph
     from sdrt.plugins import get_registry
     from sdrt.runtime import select
 
     get_registry()
     select(spec["backend"], spec["device"])
+    shapes = {k: tuple(v) for k, v in (spec.get("shapes") or {}).items()}
     gc.collect()
     before = _rss()  # the inputs count: a part's peak holds them
     with np.load(spec["feeds"]) as z:
         feeds = {k: z[k] for k in z.files}
-    sess = sdrt.load(spec["path"], backend=spec["backend"], device=spec["device"], **spec["options"])
+    model: Any = Graph.load(spec["path"]).with_shapes(shapes) if shapes else spec["path"]
+    sess = sdrt.load(model, backend=spec["backend"], device=spec["device"], **spec["options"])
     compile_peak, compiled = _hwm(), _rss()  # the compile phase's peak, and what it left resident
     reset = _reset_hwm()  # from here VmHWM is the run phase's peak (where the kernel lets it be reset)
     times = []
@@ -568,7 +578,8 @@ def _child() -> None:
         i += 1
     run_peak = _hwm() if reset else 0
     peak = max(compile_peak, run_peak) if reset else _hwm()
-    print(json.dumps({"times_ms": times, "rss_before": before, "peak_rss": peak, "peak_bytes": max(0, peak - before),
+    print(json.dumps({"times_ms": times, "inputs": {i.name: list(i.shape) for i in sess.inputs},
+                      "rss_before": before, "peak_rss": peak, "peak_bytes": max(0, peak - before),
                       "compile_peak_rss": compile_peak, "compiled_rss": compiled,
                       "run_peak_rss": run_peak if reset else None}))
 
