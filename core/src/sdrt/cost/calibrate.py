@@ -133,7 +133,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "mm_big_dyn": ("matmul", (8, 2048, 2048, 40)),   # memory: 640 MiB of 16 MiB weights, tokens dynamic (a model's size)
     "mm_big": ("matmul", (8, 2048, 2048, 40)),       # ... static: a pinned model's weights, many of them, so the fit
     # tells the bytes per weight byte from the one weight in flight (every other case has one or two large weights)
-    "conv_big": ("conv", (640, 4, 3, 1, 40)),        # ... and forty 14 MiB 3x3 kernels (590 MiB), static, likewise
+    "conv_big": ("conv", (640, 4, 3, 1, 40)),        # ... and forty 14 MiB 3x3 kernels (563 MiB), static, likewise
 }
 
 
@@ -482,8 +482,9 @@ def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: 
             shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
     """Compile ``path`` on ``backend`` in a child process, run it ``warmup + repeats`` times; returns
     ``{"times_ms": [...], "median_ms", "inputs" (the compiled inputs' shapes), "rss_before", "peak_rss",
-    "peak_bytes"}`` (peak over the child's resident memory after imports, inputs included, in bytes). ``budget_s``: a part whose first run takes over a
-    second gets one warm-up and as many timed runs as fit in this many seconds (whole groups of three).
+    "peak_bytes"}`` (peak over the child's resident memory after imports, inputs included, in bytes). ``budget_s``: a
+    part whose first run takes over a second gets one warm-up and as many timed runs as fit in this many seconds
+    (whole groups of three).
     ``quiet_s``: first wait up to this long for the CPUs to be idle (``wait_quiet``), then up to 2 x as long
     for a probe computation to run at its best speed (``wait_fast``: other virtual machines on the host do not
     show in /proc/stat), so that a shared machine's bursts of other work fall between measurements rather
