@@ -153,7 +153,7 @@ def main(argv=None) -> int:
                               f"{old['robust_ms']:.2f})", flush=True)
                         continue
                     f = factors_for(be, cpu, PRECISION, cal)
-                    pr = predict(cost, cpu, be, PRECISION, f)
+                    pr = predict(cost, cpu, be, PRECISION, f, pinned=pin is not None)
                     r = {"group": group, "part": name, "backend": be, "calls_per_image": calls, "pass": pass_no,
                          "pass_ms": (old or {}).get("pass_ms", []) + [m["robust_ms"]],
                          "predicted_ms": pr.ms, "measured_ms": m["median_ms"], "min_ms": min(m["times_ms"]),

@@ -185,3 +185,15 @@ def test_sequential_transients_hold_one_weight_less_what_is_read_after_it():
     last = replace(cost, weight_order=((5 * MIB, "weight"), (25 * MIB, "weight"), (10 * MIB, "table"),
                                        (40 * MIB, "kernel")))
     assert transient_bytes(last, seq, 4.0, 2.0, 1.0) == pytest.approx(120 * MIB)
+
+
+def test_a_pinned_part_holds_the_pin_once_on_both_peaks():
+    """``predict(pinned=True)``: a part whose shapes the process pinned first (a pipeline's) adds ``pin_bytes`` to
+    both phases' peaks, not to what it holds once compiled (the planner counts it once, in the largest extra)."""
+    f = replace(F, pin_bytes=12 * MIB)
+    cpu = devices.find("cpu")
+    free, pinned = predict(_cost(), cpu, "openvino", "fp32", f), predict(_cost(), cpu, "openvino", "fp32", f, pinned=True)
+    assert pinned.compile_peak_bytes - free.compile_peak_bytes == pytest.approx(12 * MIB)
+    assert pinned.run_peak_bytes - free.run_peak_bytes == pytest.approx(12 * MIB)
+    assert pinned.peak_bytes - free.peak_bytes == pytest.approx(12 * MIB)
+    assert pinned.resident_bytes == free.resident_bytes

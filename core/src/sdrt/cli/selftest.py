@@ -112,7 +112,8 @@ def _summary(name: str, dev_id: str, prec: str, factors: Any) -> None:
           f" + {factors.base_bytes / 2**20:.0f} MiB"
           + (f" running, {factors.compile_weight_factor:.2f} x weights ({factors.compile_conv_weight_factor:.2f} x"
              f" conv kernels) + {factors.transient_conv_factor:.2f} x the largest kernel compiling"
-             if factors.compile_weight_factor is not None else ""))
+             if factors.compile_weight_factor is not None else "")
+          + f"; pinning shapes first {factors.pin_bytes / 2**20:.0f} MiB")
 
 
 class _Bar:

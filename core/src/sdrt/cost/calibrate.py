@@ -726,8 +726,21 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                 rows[name] = case_row(name, cost, m, peak=peak, bandwidth=bw, pinned=pinned, scale=scale,
                                       tail=float32_tail(backend, precision))
                 rows[name]["pass_ms"] = prev + [m["robust_ms"]]
+        # what pinning first adds (Factors.pin_bytes): the one-node case again, its shapes pinned; none for a backend
+        # that compiles static shapes only, whose dynamic cases were pinned, so that their rows hold it (ggml's tiny
+        # SDXL parts, pinned, were predicted within 2 MiB without it, and 1.21 x over imports with it)
+        pin = None
+        if not any(r["pinned"] for r in rows.values()):
+            name, path, feeds, _ = next(b for b in built if b[0] == "cal_call")
+            if progress:
+                progress(f"{backend}: {name}, pinned")
+            pin = measure(path, feeds, backend, repeats=3, options={"precision": precision},
+                          shapes={k: v.shape for k, v in feeds.items()})
     out = list(rows.values())
-    return fit_precision(out, bw, backend, precision, dev, reference), out
+    factors = fit_precision(out, bw, backend, precision, dev, reference)
+    if pin is not None:
+        factors.pin_bytes = max(0.0, float(pin["peak_rss"] - rows["cal_call"]["peak_rss"]))
+    return factors, out
 
 
 def case_cost(case: str, folder: Path, precision: str) -> tuple[str, Path, dict[str, np.ndarray], Any]:

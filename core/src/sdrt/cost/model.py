@@ -177,6 +177,10 @@ class Factors:
     #: without such ops runs wholly in float32 and its activations take 4 bytes an element, not 2
     #: (``GraphCost.peak_activation_bytes_tail``). False: every activation at the precision's bytes
     float32_tail: bool = False
+    #: what pinning a part's shapes first adds to the process (``Graph.with_shapes``: shape inference and constant
+    #: folding, their modules and heap; a pipeline pins every part, ``Part.session``): the one-node case's peak pinned
+    #: less unpinned, in bytes. Counted once per process, by ``predict(pinned=True)`` and the planner
+    pin_bytes: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -354,9 +358,10 @@ def conv_weight_bytes(cost: GraphCost) -> float:
                                       and n.time_class == "conv"))
 
 
-def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, factors: Factors | None = None
-            ) -> Prediction:
-    """Predicted time of one call and peak memory of one part (its ``GraphCost``) on ``device``."""
+def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, factors: Factors | None = None,
+            pinned: bool = False) -> Prediction:
+    """Predicted time of one call and peak memory of one part (its ``GraphCost``) on ``device``; ``pinned``: the
+    process pinned the part's shapes before compiling it (``Factors.pin_bytes`` on both peaks), as a pipeline does."""
     f = factors or factors_for(backend, device, precision)
     by: dict[str, float] = {}
     for n in cost.nodes:
@@ -388,6 +393,8 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     ms = 1000 * sum(by.values())
     activations = activation_bytes(cost, f) * scale
     compile_peak, run_peak, resident = memory_phases(cost, f)
+    if pinned:
+        compile_peak, run_peak = compile_peak + f.pin_bytes, run_peak + f.pin_bytes
     return Prediction(ms, max(compile_peak, run_peak), cost.weight_bytes, activations,
                       {k: 1000 * v for k, v in sorted(by.items(), key=lambda kv: -kv[1])}, f.calibrated,
                       compile_peak, run_peak, resident)

@@ -232,9 +232,10 @@ def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precis
         a = 0.0
         resident = 0.0
         for cost, n in pc.costs:
-            pr = predict(cost, device, backend, precision, f)
+            pr = predict(cost, device, backend, precision, f, pinned=True)  # a pipeline pins every part
             resident = max(resident, pr.resident_bytes)
-            # what the part adds over its resident weights while it compiles or runs (transients, activations)
+            # what the part adds over its resident weights while it compiles or runs (transients, activations, and
+            # the pin's own memory once: extra is the largest of them)
             extra = max(extra, pr.peak_bytes - f.base_bytes - pr.resident_bytes)
             ms_img += pr.ms * n
             ms_call = max(ms_call, pr.ms)
@@ -243,7 +244,7 @@ def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precis
             peak_part = max(peak_part, pr.peak_bytes)
         load_ms = 0.0
         if offload == "stream":  # resident: activations and two blocks' weights in flight
-            peak_part = f.activation_factor * a + 2 * f.weight_factor * w / 20 + f.base_bytes
+            peak_part = f.activation_factor * a + 2 * f.weight_factor * w / 20 + f.base_bytes + f.pin_bytes
         if offload == "parts":
             load_ms = 1000 * w / DISK_BYTES_PER_S
         elif offload == "stream":
