@@ -98,6 +98,10 @@ def test_fit_recovers_known_factors():
     assert got.additive and got.calibrated
     assert got.base_bytes == pytest.approx(60 * 2**20)  # from the small cases alone
     assert (got.weight_factor, got.activation_factor) == (pytest.approx(1.5), pytest.approx(0.8))
+    # what pinning first adds: the one-node case's peak pinned less unpinned, where the calibration measured it
+    assert got.pin_bytes == 0.0
+    rows[0] = {**rows[0], "case": "cal_call", "peak_rss": 100e6, "pinned_peak_rss": 108e6}
+    assert fit(rows, 20e9, "test").pin_bytes == pytest.approx(8e6)
 
 
 def test_calibrated_time_terms_add_up():

@@ -668,7 +668,7 @@ def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth:
             "busy_before": m.get("busy_before"), "slow_before": m.get("slow_before"),
             "peak_bytes": m["peak_bytes"], "peak_rss": m["peak_rss"], "rss_before": m["rss_before"],
             "compile_peak_rss": m.get("compile_peak_rss"), "run_peak_rss": m.get("run_peak_rss"),
-            "compiled_rss": m.get("compiled_rss"),
+            "compiled_rss": m.get("compiled_rss"), "pinned_peak_rss": m.get("pinned_peak_rss"),
             # compiled with its dims dynamic (not pinned by a backend that needs static shapes)
             "dynamic": bool(cost.dynamic) and not pinned,
             "io_bytes": cost.io_bytes,
@@ -729,18 +729,15 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
         # what pinning first adds (Factors.pin_bytes): the one-node case again, its shapes pinned; none for a backend
         # that compiles static shapes only, whose dynamic cases were pinned, so that their rows hold it (ggml's tiny
         # SDXL parts, pinned, were predicted within 2 MiB without it, and 1.21 x over imports with it)
-        pin = None
         if not any(r["pinned"] for r in rows.values()):
             name, path, feeds, _ = next(b for b in built if b[0] == "cal_call")
             if progress:
                 progress(f"{backend}: {name}, pinned")
             pin = measure(path, feeds, backend, repeats=3, options={"precision": precision},
                           shapes={k: v.shape for k, v in feeds.items()})
+            rows["cal_call"]["pinned_peak_rss"] = pin["peak_rss"]  # fit() reads it: Factors.pin_bytes
     out = list(rows.values())
-    factors = fit_precision(out, bw, backend, precision, dev, reference)
-    if pin is not None:
-        factors.pin_bytes = max(0.0, float(pin["peak_rss"] - rows["cal_call"]["peak_rss"]))
-    return factors, out
+    return fit_precision(out, bw, backend, precision, dev, reference), out
 
 
 def case_cost(case: str, folder: Path, precision: str) -> tuple[str, Path, dict[str, np.ndarray], Any]:
@@ -1030,6 +1027,9 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
         over[k] += c.get("attn_nodes", 0.0) / 1000.0
     mem = _fit_memory(rows, relayout=backend in RELAYOUT_BACKENDS)
     fused = c.get("fused_ms", 0.0)
+    # what pinning a part's shapes first adds (the one-node case measured again pinned, where the calibration did)
+    call = next((r for r in rows if r.get("case") == "cal_call" and r.get("pinned_peak_rss")), None)
+    pin = max(0.0, float(call["pinned_peak_rss"]) - float(call["peak_rss"])) if call else 0.0
     return Factors(eff, over, mem["weight_factor"], mem["activation_factor"], mem["base"], True, bandwidth,
                    f"sdrt selftest --calibrate ({backend})",
                    additive=True, bandwidth_efficiency=_inv(c.get("act_ms")),
@@ -1050,7 +1050,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
                    fused_flops_efficiency=_inv(c.get("fused_flops_ms")),
                    call_s=c.get("call", 0.0) / 1000.0, attention_row_s=c.get("attn_rows", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
                    dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0, float32_activations=float32_activations,
-                   sequential_transients=backend in SEQUENTIAL_WEIGHT_BACKENDS, float32_tail=tail32,
+                   sequential_transients=backend in SEQUENTIAL_WEIGHT_BACKENDS, float32_tail=tail32, pin_bytes=pin,
                    **{k: mem[k] for k in ("compile_weight_factor", "compile_conv_weight_factor", "compile_table_factor",
                                           "compile_input_factor", "dynamic_compile_weight_factor",
                                           "dynamic_compile_conv_weight_factor", "dynamic_compile_table_factor",
