@@ -132,7 +132,7 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "small_mms": ("matmul", (77, 384, 384, 40)),     # memory: 40 matmul weights of 0.56 MiB
     "mm_big_dyn": ("matmul", (8, 2048, 2048, 40)),   # memory: 640 MiB of 16 MiB weights, tokens dynamic (a model's size)
     "mm_big": ("matmul", (8, 2048, 2048, 40)),       # ... static: a pinned model's weights, many of them, so the fit
-    # tells the bytes per weight byte from the one weight in flight (every other case has one or two large weights)
+    # tells the bytes per weight byte from the one weight in flight (every other case holds one to three large ones)
     "conv_big": ("conv", (640, 4, 3, 1, 40)),        # ... and forty 14 MiB 3x3 kernels (563 MiB), static, likewise
 }
 
