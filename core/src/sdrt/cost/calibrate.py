@@ -716,8 +716,8 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                 except RuntimeError as exc:  # a backend that compiles static shapes only: pinned, as sdrt runs it
                     if not cost.dynamic or "dynamic" not in str(exc):
                         raise
-                    m = measure(path, feeds, backend, repeats=repeats,
-                                options={"precision": precision, "shapes": {k: v.shape for k, v in feeds.items()}})
+                    m = measure(path, feeds, backend, repeats=repeats, options={"precision": precision},
+                                shapes={k: v.shape for k, v in feeds.items()})
                     pinned = True
                 if name in rows and rows[name]["robust_ms"] <= m["robust_ms"]:
                     rows[name]["pass_ms"].append(m["robust_ms"])
