@@ -54,3 +54,30 @@ def test_run_wrong_shape_names_input(registry, affine_path, tmp_path, capsys):
 def test_python_dash_m_sdrt_works():
     proc = subprocess.run([sys.executable, "-m", "sdrt", "--version"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "sdrt 0.1.0"
+
+
+def test_run_pins_dynamic_inputs_to_the_feeds(registry, affine_path, affine, tmp_path, caplog):
+    _, reference = affine
+    x = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    with caplog.at_level("INFO", logger="sdrt.runtime"):
+        assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"),
+                     "--backend", "reference"]) == 0
+    assert "affine.onnx pinned to x: float32[3, 4]" in caplog.text
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], reference(x), rtol=1e-6)
+
+
+def test_run_with_two_sizes_for_one_dim_names_both_inputs(registry, tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y"])], "add",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in "ab"],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])])
+    (tmp_path / "add.onnx").write_bytes(helper.make_model(graph).SerializeToString())
+    np.save(tmp_path / "a.npy", np.zeros((2, 2), np.float32))
+    np.save(tmp_path / "b.npy", np.zeros((3, 2), np.float32))
+    assert main(["run", str(tmp_path / "add.onnx"), "-i", f"a={tmp_path / 'a.npy'}", "-i", f"b={tmp_path / 'b.npy'}",
+                 "-o", str(tmp_path / "o.npz"), "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert "inputs 'a' and 'b' give the graph's dim 'batch' the sizes 2 and 3" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -9,7 +9,7 @@ import pytest
 
 import sdrt
 from sdrt.backend import Backend, Device
-from sdrt.errors import BackendUnavailable, ModelNotFoundError, NoDeviceError, UnknownBackendError
+from sdrt.errors import BackendUnavailable, InputError, ModelNotFoundError, NoDeviceError, UnknownBackendError
 
 
 class _NoDevice(Backend):
@@ -157,3 +157,30 @@ def test_explicit_broken_plugin_backend_is_refused_with_its_error(registry, inli
     assert record.state == "broken" and "libfoo.so" in record.error
     with pytest.raises(BackendUnavailable, match=r"'foo' cannot be used: plugin is broken.*libfoo.so"):
         sdrt.load(affine_path, backend="foo")
+
+
+def test_shapes_pins_the_graph_before_the_backend_sees_it(registry, affine_path, affine):
+    _, reference = affine
+    x = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    with sdrt.load(affine_path, backend="reference", shapes={"batch": 3}) as s:
+        assert [str(i) for i in s.inputs] == ["x: float32[3, 4]"]
+        np.testing.assert_allclose(s.run({"x": x})["y"], reference(x), rtol=1e-6)
+        with pytest.raises(InputError, match=r"input 'x' has shape \(2, 4\), expected \(3, 4\)"):
+            s.run({"x": x[:2]})  # pinned: the session takes those shapes only
+    with sdrt.load(affine_path, backend="reference", shapes={"x": (2, 4)}) as s:
+        assert [str(i) for i in s.inputs] == ["x: float32[2, 4]"]
+
+
+@pytest.mark.parametrize("shapes, message", [
+    ({"batch": -1}, "dim 'batch' must be pinned to a non-negative int, got -1"),
+    ({"nope": 2}, "'nope' is neither an input nor a symbolic dim of the graph"),
+    ({"x": (2, 5)}, r"input 'x' has fixed shape \('batch', 4\); cannot pin it to \(2, 5\)"),
+    ({"x": (2,)}, "input 'x' has rank 2, the pinned shape"),
+    ({"x": "ab"}, "shape for input 'x' must be a sequence of non-negative ints"),
+    ([("batch", 2)], "shapes must map input or dim names to sizes, got list"),
+])
+def test_a_bad_shapes_argument_is_an_error_about_that_argument(registry, affine_path, shapes, message):
+    with pytest.raises(InputError, match=message) as info:
+        sdrt.load(affine_path, backend="reference", shapes=shapes)
+    assert info.value.where == "shapes" and "\n" not in str(info.value)
+    assert "shapes=" in info.value.fix and "Graph.with_shapes" not in str(info.value)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .backend import Backend, Device, Session
-from .errors import BackendUnavailable, NoDeviceError, UnknownBackendError
+from .errors import BackendUnavailable, InputError, ModelError, NoDeviceError, UnknownBackendError
 from .graph import Graph
 from .plugins import Registry, get_registry
 from .weights import Weights
@@ -22,6 +23,7 @@ def load(
     device: str | Device | None = None,
     *,
     quantize: str | None = None,
+    shapes: Mapping[str, Sequence[int] | int] | None = None,
     **options: Any,
 ) -> Session:
     """Compile ``model`` and return a ready ``Session``.
@@ -30,12 +32,19 @@ def load(
     (``sdrt.quantization``; quantized once, then read from the cache). A backend that cannot run a
     graph's quantized weights natively gets them dequantized to float32 at load.
 
+    ``shapes={"sample": (2, 4, 64, 64)}`` or ``shapes={"batch": 2}`` pins dynamic dims (input names with
+    full shapes, or symbolic dim names with sizes) before any backend sees the graph, so every backend
+    compiles a static graph, as the pipelines do (on OpenVINO a UNet's attention runs 1.3-2.2x faster
+    pinned). The session then takes those shapes only.
+
     ``backend="auto"`` picks, by priority, among the backends that offer a
     device here and logs its choice. An explicit ``backend`` or ``device`` that
     is missing, broken or unusable raises; there is no silent fallback.
     """
     be, dev = select(backend, device)  # before any file I/O: a wrong name fails fast
     graph = model if isinstance(model, Graph) else Graph.load(model)
+    if shapes:
+        graph = _pinned(graph, shapes)
     reg = get_registry()
     chosen = _split_device(reg, backend, device)[0] if isinstance(device, str) else backend
     if chosen == "auto" and not isinstance(device, Device):  # the cost model may choose, now that it sees the graph
@@ -54,6 +63,21 @@ def load(
         graph = quantization.for_backend(graph, be)
     log.info("compiling %s on %s", graph.name, dev)
     return be.compile(graph, bound, dev, **options)
+
+
+def _pinned(graph: Graph, shapes: Any) -> Graph:
+    """``graph`` with ``shapes`` pinned; a bad pin is an error about the ``shapes`` argument."""
+    if not isinstance(shapes, Mapping):
+        raise InputError(f"shapes must map input or dim names to sizes, got {type(shapes).__name__}",
+                         where="shapes", fix="pass {@shapes=}{'sample': (2, 4, 64, 64)} or {@shapes=}{'batch': 2}")
+    try:
+        pinned = graph.with_shapes(dict(shapes))
+    except ModelError as exc:
+        told = "" if not exc.fix or exc.fix.startswith("pass ") else f"{exc.fix}; "  # "pass x=..." is Graph's
+        raise InputError(f"{exc.what} ({graph.name})", where="shapes",
+                         fix=f"{told}{{@shapes=}} maps input names to full shapes and dim names to sizes") from exc
+    log.info("%s pinned to %s", graph.name, ", ".join(str(i) for i in pinned.inputs))
+    return pinned
 
 
 def _with_arrays(graph: Graph, arrays: dict[str, Any]) -> Any:

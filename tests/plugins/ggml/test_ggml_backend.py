@@ -205,6 +205,23 @@ def test_sdrt_load_end_to_end(registry, tmp_path):
         assert s.inputs[0].shape == (3, 6)
 
 
+def test_sdrt_run_pins_a_dynamic_graph_to_its_inputs(registry, tmp_path, capsys):
+    """ggml needs static shapes; `sdrt run` pins the graph to the inputs given rather than refusing it."""
+    import sdrt_ggml
+    from sdrt.cli import main
+
+    registry.register_plugin(sdrt_ggml, "ggml", distribution="sdrt-ggml")
+    w = rand(6, 4)
+    model = make_model([mk("MatMul", ["x", "w"], ["y"])], {"x": (("batch", 6), F)}, {"y": (None, F)}, {"w": w})
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+    x = rand(3, 6)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(tmp_path / "m.onnx"), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"),
+                 "--backend", "ggml"]) == 0
+    assert "y: float32[3, 4]" in capsys.readouterr().out
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], x @ w, rtol=1e-5, atol=1e-6)
+
+
 def test_a_conv_heavy_graph_fits_the_ggml_context():
     """A chain of 200 padded 3x3 convs (row-copy convs take many ggml tensors each) compiles and runs."""
     nodes, inits, x = [], {}, "x"

@@ -36,3 +36,22 @@ def test_run_reports_bad_option_as_an_error(ov_registry, tmp_path, capsys):
                "--backend", "openvino", "--device", "NPU.9"])
     assert rc == 1
     assert "NPU.9" in capsys.readouterr().err
+
+
+def test_run_pins_a_dynamic_graph_to_its_inputs(ov_registry, tmp_path, capsys):
+    """OpenVINO takes no shapes option: `sdrt run` (and `sdrt.load(shapes=)`) pin in the core, so OpenVINO
+    compiles the static graph the pipelines give it."""
+    import sdrt
+
+    model = conv_model(batch="batch")
+    model_path = tmp_path / "conv.onnx"
+    model_path.write_bytes(model.SerializeToString())
+    with sdrt.load(str(model_path), backend="openvino", device="CPU", shapes={"batch": 2}) as s:
+        assert s.inputs[0].shape == (2, 3, 8, 8)
+    x = np.random.default_rng(3).standard_normal((2, 3, 8, 8), dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(model_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"),
+                 "--backend", "openvino"]) == 0
+    assert "y: float32[2, 4, 8, 8]" in capsys.readouterr().out
+    with np.load(tmp_path / "o.npz") as data:
+        np.testing.assert_allclose(data["y"], ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)

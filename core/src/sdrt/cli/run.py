@@ -42,14 +42,40 @@ def parse_inputs(specs: list[str]) -> dict[str, Any]:
     return feeds
 
 
+def pins(graph: Any, feeds: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The feeds' shapes for the graph's dynamic inputs they fit. A run is one call, so every backend
+    compiles the graph static (ggml and Core ML need it; OpenVINO runs it faster). A feed that does not
+    fit is left to the session, which names the input and the shape it expected."""
+    out: dict[str, tuple[int, ...]] = {}
+    sizes: dict[str, tuple[int, str]] = {}
+    for info in graph.inputs:
+        arr = feeds.get(info.name)
+        if arr is None or info.is_static or arr.ndim != len(info.shape):
+            continue
+        if any(isinstance(d, int) and d != s for d, s in zip(info.shape, arr.shape)):
+            continue
+        for d, s in zip(info.shape, arr.shape):
+            if isinstance(d, str):
+                seen = sizes.setdefault(d, (int(s), info.name))
+                if seen[0] != s:
+                    raise InputError(f"inputs {seen[1]!r} and {info.name!r} give the graph's dim {d!r} the sizes "
+                                     f"{seen[0]} and {s}", where="sdrt run --input",
+                                     fix=f"give {d!r} one size on every input ({info})")
+        out[info.name] = tuple(int(s) for s in arr.shape)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    from ..graph import Graph
     from ..runtime import load
 
     output = output_file(args.output, ".npz")  # before compiling: a bad path fails at once
     feeds = parse_inputs(args.input)
-    with load(args.model, weights=args.weights, backend=args.backend, device=args.device) as session:
+    graph = Graph.load(args.model)
+    with load(graph, weights=args.weights, backend=args.backend, device=args.device,
+              shapes=pins(graph, feeds)) as session:
         outputs = session.run(feeds)
     np.savez(output, **outputs)
     for name, value in outputs.items():
