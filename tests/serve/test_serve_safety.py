@@ -57,9 +57,27 @@ def test_cli_defaults_and_flags(tmp_path) -> None:
     for argv, words in ((["--models", str(tmp_path / "none")], "is not a folder"),
                         (["--max-steps", "0"], "--max-steps 0 is below 1"),
                         (["--api-auth", "nocolon"], "user:password"),
-                        (["--api-token", " "], "empty --api-token")):
+                        (["--api-token", " "], "empty --api-token"),
+                        (["--port", "99999"], "--port 99999 is not a TCP port")):
         with pytest.raises(InputError, match=words):
             config_from_args(build_parser().parse_args(["serve", *argv]))
+
+
+def test_a_port_in_use_or_an_address_not_here_is_an_error_about_the_flag(capsys) -> None:
+    """Before the server starts, in one line: not uvicorn's log line after sdrt printed its URL."""
+    import socket
+
+    from sdrt.cli import main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 1
+    err = capsys.readouterr()
+    assert f"port {port} on 127.0.0.1 is in use. Where: --port." in err.err and "sdrt serve: http" not in err.out
+    assert main(["serve", "--host", "192.0.2.1"]) == 1  # TEST-NET-1: never an address of this machine
+    assert "cannot listen on 192.0.2.1:7860" in capsys.readouterr().err
 
 
 def test_names_resolve_only_inside_the_folders(models_dir, tmp_path) -> None:

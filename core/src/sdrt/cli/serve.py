@@ -75,6 +75,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
                              ("--max-queue", args.max_queue, 1), ("--keep-models", args.keep_models, 1)):
         if value < low:
             raise InputError(f"{flag} {value} is below {low}", where=flag, fix=f"pass {low} or more")
+    if args.port > 65535:
+        raise InputError(f"--port {args.port} is not a TCP port", where="--port", fix="pass a port from 0 to 65535")
     if not 0 < args.max_body_mb <= 4096:
         raise InputError(f"--max-body-mb {args.max_body_mb} is out of range", where="--max-body-mb",
                          fix="pass a size in MB between 0 and 4096")
@@ -103,6 +105,34 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def check_listen(host: str, port: int) -> None:
+    """Bind ``host:port`` once, as the server will (``SO_REUSEADDR``), and let it go: an address this machine
+    does not have, or a port another server holds, is an error about ``--host`` or ``--port``."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise InputError(f"--host {host!r} is not an address of this machine ({exc})", where="--host",
+                         fix="pass 127.0.0.1 (this machine only), 0.0.0.0 (every network) or one of its addresses"
+                         ) from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise InputError(f"port {port} on {host} is in use", where="--port",
+                                 fix="stop the server that holds it, or pass another --port") from None
+            if exc.errno == errno.EACCES:
+                raise InputError(f"no permission to listen on port {port}", where="--port",
+                                 fix="pass a port above 1023 (7860 is the default)") from None
+            raise InputError(f"cannot listen on {host}:{port} ({exc.strerror or exc})", where="--host",
+                             fix="pass 127.0.0.1, 0.0.0.0 or an address of this machine") from None
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if not args.ray:  # a wrong backend or device fails now, not at the first request (Ray replicas check their own)
@@ -113,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     if not _loopback(args.host) and not (config.auth or config.tokens):
         log.warning("serving on %s with no --api-auth or --api-token: anyone who can reach this port can use it",
                     args.host)
+    check_listen(args.host, args.port)  # a port in use fails now, in the flags' words, not in the server's log
     if args.ray:
         from ..serve.ray_app import run_ray
 
