@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import gw_models as M
 import numpy as np
 import onnx
@@ -125,3 +128,29 @@ def test_cli_strip_output_options(tmp_path, registry, capsys):
 def test_cli_strip_missing_model(tmp_path, capsys):
     assert main(["strip", str(tmp_path / "nope.onnx")]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_strip_outputs_get_the_usual_mode_and_a_read_only_file_is_refused(tmp_path, capsys):
+    src = M.save(M.linear_model(), tmp_path / "v.onnx")
+    out, weights = tmp_path / "s.onnx", tmp_path / "s.safetensors"
+    old = os.umask(0o027)
+    try:
+        assert main(["strip", str(src), "-o", str(out)]) == 0
+        assert stat.S_IMODE(out.stat().st_mode) == 0o640 and stat.S_IMODE(weights.stat().st_mode) == 0o640
+        out.chmod(0o604)  # a file written over keeps its mode, as with a plain open()
+        weights.chmod(0o600)
+        assert main(["strip", str(src), "-o", str(out)]) == 0
+        assert stat.S_IMODE(out.stat().st_mode) == 0o604 and stat.S_IMODE(weights.stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    for target in (weights, out):
+        target.chmod(0o444)
+        kept = {p: p.read_bytes() for p in (out, weights)}
+        other = tmp_path / "other.onnx"
+        args = ["-o", str(out)] if target == out else ["-o", str(other), "--weights", str(weights)]
+        assert main(["strip", str(src), *args]) == 1
+        err = capsys.readouterr().err
+        assert "read-only file" in err and str(target) in err and "Traceback" not in err
+        assert {p: p.read_bytes() for p in (out, weights)} == kept and stat.S_IMODE(target.stat().st_mode) == 0o444
+        target.chmod(0o644)

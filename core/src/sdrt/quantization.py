@@ -413,9 +413,14 @@ def save(graph: Graph, path: Any) -> Any:
     try:
         if total < (1 << 31) - (64 << 20):
             return graph.save(path)
+        from .cache.paths import replace_mode
+
+        mode = replace_mode(path)  # refuses a read-only file
+        replace_mode(path.with_name(f"{path.name}_data"))
         tmp = path.with_name(f".{path.name}.tmp")
         onnx.save_model(graph.model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=f"{path.name}_data", size_threshold=1024)
+        tmp.chmod(mode)
         tmp.replace(path)
         return path
     except OSError as exc:

@@ -10,9 +10,11 @@ Keys are SHA-256 over length-prefixed parts, so ``("ab", "c")`` and
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
+import stat
 import struct
 import tempfile
 from collections.abc import Iterable
@@ -76,11 +78,37 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+def umask() -> int:
+    """This process's umask (read without changing it where ``/proc`` tells it)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def replace_mode(path: str | os.PathLike[str]) -> int:
+    """The permission bits a file written over ``path`` should get, as a plain ``open(path, "wb")`` would give:
+    an existing file keeps its own, a new one gets ``0o666 & ~umask``. Raises PermissionError when ``path`` is a
+    read-only file (not writable by this user, or with no write bit at all, which a rename would ignore)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return 0o666 & ~umask()
+    if stat.S_ISREG(st.st_mode) and (not st.st_mode & 0o222 or not os.access(path, os.W_OK)):
+        raise PermissionError(errno.EACCES, "it is a read-only file; not replaced", str(path))
+    return stat.S_IMODE(st.st_mode)
+
+
 def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes | memoryview]) -> Path:
     """Write ``chunks`` to ``path`` through a temporary file in the same folder, synced and renamed over
-    ``path``: a reader in another process sees the old file or the new one, never half of one. Raises OSError."""
+    ``path``: a reader in another process sees the old file or the new one, never half of one. The file gets the
+    mode a plain ``open`` would give it (``replace_mode``); a read-only ``path`` is refused. Raises OSError."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    mode = replace_mode(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:24]}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -88,6 +116,7 @@ def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes | memoryvi
                 f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, mode)  # mkstemp makes 0600
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):

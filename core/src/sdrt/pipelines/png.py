@@ -26,6 +26,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from ..cache.paths import umask
 from ..errors import SdrtError
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -218,7 +219,7 @@ def write_file(path: str | os.PathLike[str], data: bytes) -> Path:
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; an image gets the user's usual mode
+            os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; an image gets the user's usual mode
             try:  # nothing but a regular file (or nothing) is ever renamed over
                 mode: int | None = os.lstat(target).st_mode
             except FileNotFoundError:
@@ -323,8 +324,4 @@ __all__ = [
 ]
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from ..cache.paths import replace_mode
 from ..errors import WeightsError
 
 #: headers larger than this are refused (the reference implementation uses the same bound)
@@ -185,11 +186,13 @@ def write(path: str | os.PathLike[str], tensors: Mapping[str, Tensor] | Iterable
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        mode = replace_mode(path)  # refuses a read-only file
         with open(tmp, "wb") as f:
             f.write(len(blob).to_bytes(8, "little"))
             f.write(blob)
             for _, arr in items:
                 _write_array(f, arr)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
