@@ -130,6 +130,38 @@ def test_cli_strip_missing_model(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("args", "flag"), [
+    (["v.onnx", "-o", "v.safetensors"], "-o and the default --weights"),  # the default weights path is the graph
+    (["v.onnx", "-o", "out.onnx", "--weights", "out.onnx"], "-o and --weights name one file"),
+    (["v.onnx", "--weights", "v.onnx"], "--weights v.onnx is a file the input model is read from"),
+    (["v.onnx", "-o", "v.onnx"], "-o v.onnx is a file the input model is read from"),
+    (["v.onnx", "-o", "./sub/../v.onnx"], "is a file the input model is read from"),
+    (["v.onnx", "-o", "hard.onnx"], "-o hard.onnx is a file the input model is read from (v.onnx)"),  # a hard link
+    (["e.onnx", "--weights", "weights.bin"], "--weights weights.bin is a file the input model is read from"),
+])
+def test_cli_strip_refuses_outputs_that_would_destroy_the_input_or_each_other(tmp_path, capsys, monkeypatch,
+                                                                              args, flag):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    M.save(M.linear_model(), tmp_path / "v.onnx")
+    M.save_external(M.linear_model(), tmp_path / "e.onnx")
+    (tmp_path / "hard.onnx").hardlink_to(tmp_path / "v.onnx")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert main(["strip", *args]) == 1
+    err = capsys.readouterr().err
+    assert flag in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before, "nothing was written"
+    with pytest.raises(ModelError, match="out_graph and out_weights name one file"):
+        Graph.load(tmp_path / "v.onnx").strip(tmp_path / "w.onnx", tmp_path / "w.onnx")
+
+
+def test_cli_strip_reports_the_original_size_measured_before_writing(tmp_path, capsys):
+    src = M.save_external(M.linear_model(), tmp_path / "e.onnx")
+    original = src.stat().st_size + (tmp_path / "weights.bin").stat().st_size
+    assert main(["strip", str(src)]) == 0
+    assert f"original: {original:,} bytes" in capsys.readouterr().out
+
+
 def test_strip_outputs_get_the_usual_mode_and_a_read_only_file_is_refused(tmp_path, capsys):
     src = M.save(M.linear_model(), tmp_path / "v.onnx")
     out, weights = tmp_path / "s.onnx", tmp_path / "s.safetensors"

@@ -3,6 +3,9 @@ checked against onnxruntime, natively on OpenVINO, dequantized at load elsewhere
 
 from __future__ import annotations
 
+import os
+import stat
+
 import numpy as np
 import pytest
 
@@ -244,3 +247,37 @@ def test_info_says_what_the_vendor_backends_keep(registry, capsys):
                     "at load"}
     for name in mods:
         assert want[name] in lines, (name, sorted(lines))
+
+
+def test_cli_quantize_refuses_to_write_over_the_models_own_files(registry, unet_path, tmp_path, capsys,
+                                                                 monkeypatch):
+    import onnx
+
+    from sdrt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    onnx.save_model(onnx.load(str(unet_path)), "ext.onnx", save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="ext.bin", size_threshold=0)  # read in at load
+    assert main(["strip", "ext.onnx", "-o", "s.onnx"]) == 0  # s.onnx maps s.safetensors
+    (tmp_path / "hard.bin").hardlink_to(tmp_path / "ext.bin")
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for model, out, says in [("s.onnx", "s.safetensors", "-o s.safetensors"), ("s.onnx", "./s.onnx", "-o s.onnx"),
+                             ("ext.onnx", "ext.bin", "-o ext.bin"), ("ext.onnx", "hard.bin", "(ext.bin)"),
+                             ("ext.onnx", "ext", "-o's external data file ext_data")]:
+        if out == "ext":
+            (tmp_path / "ext_data").hardlink_to(tmp_path / "ext.bin")
+            before["ext_data"] = before["ext.bin"]
+        assert main(["quantize", model, "--to", "int8", "-o", out]) == 1
+        err = capsys.readouterr().err
+        assert says in err and "is a file the input model is read from" in err and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before, "no input file was written"
+    old = os.umask(0o027)
+    try:
+        assert main(["quantize", "s.onnx", "--to", "int8", "-o", "q.onnx"]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "q.onnx").stat().st_mode) == 0o640
+    (tmp_path / "q.onnx").chmod(0o444)
+    assert main(["quantize", "s.onnx", "--to", "int8", "-o", "q.onnx"]) == 1
+    assert "read-only file" in capsys.readouterr().err

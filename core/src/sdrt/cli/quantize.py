@@ -20,29 +20,30 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from .. import quantization as q
-    from ..errors import SdrtError
     from ..graph import Graph
+    from ..graph.strip import check_outputs, input_files
 
     scheme = q.scheme_of(args.to, where="sdrt quantize", arg="--to")
     src = Path(args.model)
     out = Path(args.output) if args.output else src.with_name(f"{src.stem}.{scheme}.onnx")
-    if out.resolve() == src.resolve():
-        raise SdrtError("the output would overwrite the model", where=str(out), fix="pass another -o path")
     graph = Graph.load(src)
+    inputs = input_files(graph)
+    data_out = out.with_name(f"{out.name}_data")  # written beside -o for a graph above 2 GB
+    check_outputs({"-o": out}, inputs)
+    check_outputs({f"-o's external data file {data_out.name}": data_out}, inputs)
     if args.plan:
         for reason, names in q.plan(graph, scheme, block_size=args.block_size).items():
             print(f"{reason}: {len(names)}")
             for n in names:
                 print(f"  {n}")
         return 0
-    result = q.quantize(graph, scheme, block_size=args.block_size)
-    q.save(result, out)
-    written = sum(p.stat().st_size for p in out.parent.glob(out.name + "*"))
-    original = src.stat().st_size + sum(
-        p.stat().st_size for p in {r.path for r in graph.external_refs.values() if r is not None})
+    original = sum(p.stat().st_size for p in inputs)  # measured before anything is written
     if not graph.external_refs:
         data = src.with_name(src.name + "_data")
         original += data.stat().st_size if data.is_file() else 0
+    result = q.quantize(graph, scheme, block_size=args.block_size)
+    q.save(result, out)
+    written = sum(p.stat().st_size for p in (out, data_out) if p.is_file())
     print(f"{out}  {written:,} bytes ({len(q.quantized_weights(result))} weights as {scheme}; "
           f"the float32 model: {original:,} bytes)")
     return 0

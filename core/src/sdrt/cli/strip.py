@@ -19,13 +19,17 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..graph import Graph
+    from ..graph.strip import check_outputs, input_files
 
     src = Path(args.model)
     out = Path(args.output) if args.output else src.with_name(src.stem + ".stripped.onnx")
+    weights = Path(args.weights) if args.weights else out.with_suffix(".safetensors")
     graph = Graph.load(src, load_external=False)
-    res = graph.strip(out, args.weights)
-    original = src.stat().st_size + sum(
-        p.stat().st_size for p in {r.path for r in graph.external_refs.values() if r is not None})
+    inputs = input_files(graph)
+    check_outputs({"-o" if args.output else "the default -o": out,
+                   "--weights" if args.weights else "the default --weights (-o with .safetensors)": weights}, inputs)
+    original = sum(p.stat().st_size for p in inputs)  # measured before anything is written
+    res = graph.strip(out, weights)
     print(f"graph:   {res.graph_path}  {res.graph_bytes:,} bytes")
     print(f"weights: {res.weights_path}  {res.weights_bytes:,} bytes ({res.tensors} tensors)")
     print(f"original: {original:,} bytes")

@@ -68,12 +68,15 @@ class Graph:
         *,
         base_dir: Path | None = None,
         external: Mapping[str, onnxfile.ExternalRef | None] | None = None,
+        read_from: Iterable[Path] = (),
     ) -> None:
         self.model = model
         self.path = path
         self.base_dir = base_dir if base_dir is not None else (path.parent if path else None)
         #: initializer name -> checked external location (None: the file is absent) for lazy initializers
         self._external: dict[str, onnxfile.ExternalRef | None] = dict(external or {})
+        #: the external data files ``load`` found, whether their bytes were read in or stay mapped
+        self.read_from: tuple[Path, ...] = tuple(read_from)
 
     # -- loading -------------------------------------------------------
     @classmethod
@@ -143,14 +146,15 @@ class Graph:
                 onnxfile.inline(t, onnxfile.read_external(ref, where))
         if external:
             log.debug("%s: %d initializers left as external references", where, len(external))
-        return cls(model, path, base_dir=folder, external=external)
+        read_from = dict.fromkeys(r.path for _, r in refs if r is not None)
+        return cls(model, path, base_dir=folder, external=external, read_from=read_from)
 
     def derive(self, model: onnx.ModelProto) -> Graph:
         """A new Graph for a transformed copy of ``model`` (same path and folder), keeping the
         lazy external references of the initializers that remain."""
         names = {t.name for t in model.graph.initializer}
         ext = {k: v for k, v in self._external.items() if k in names}
-        return Graph(model, self.path, base_dir=self.base_dir, external=ext)
+        return Graph(model, self.path, base_dir=self.base_dir, external=ext, read_from=self.read_from)
 
     # -- description ---------------------------------------------------
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,6 +44,39 @@ class StripResult:
     tensors: int
 
 
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file: the same resolved path, or (both existing) the same inode."""
+    if Path(a).resolve() == Path(b).resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def input_files(graph: Graph) -> list[Path]:
+    """Every file ``graph`` reads: its .onnx and the files its external data (or stripped weights) live in."""
+    files = [graph.path] if graph.path is not None else []
+    mapped = {r.path for r in graph.external_refs.values() if r is not None}
+    return list(dict.fromkeys([*files, *graph.read_from, *sorted(mapped)]))
+
+
+def check_outputs(outputs: Mapping[str, str | os.PathLike[str]], inputs: Iterable[str | os.PathLike[str]]) -> None:
+    """Refuse outputs that would destroy an input or each other: ``outputs`` maps how the caller names each
+    output (``"-o"``, ``"--weights"``) to its path, ``inputs`` are the files the input is read from
+    (``input_files``). Raises ``ModelError`` before anything is written."""
+    named = list(outputs.items())
+    for i, (flag, path) in enumerate(named):
+        for other, other_path in named[i + 1:]:
+            if same_file(path, other_path):
+                raise ModelError(f"{flag} and {other} name one file, so one output would overwrite the other",
+                                 where=str(path), fix=f"give {flag} and {other} different paths")
+        for src in inputs:
+            if same_file(path, src):
+                raise ModelError(f"{flag} {path} is a file the input model is read from ({src}); writing it "
+                                 "would destroy the model", where=str(path), fix=f"pass another {flag} path")
+
+
 def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os.PathLike[str] | None = None
           ) -> StripResult:
     """Write ``graph`` as a weight-free .onnx plus a .safetensors holding every initializer."""
@@ -57,6 +91,7 @@ def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os
                          where=f"{out_graph} + {out_weights}",
                          fix="write both into the same folder; ONNX external data must stay inside the model folder")
     location = target.relative_to(folder).as_posix()
+    check_outputs({"out_graph": out_graph, "out_weights": out_weights}, input_files(graph))
     for d in (out_graph.parent, out_weights.parent):
         try:
             d.mkdir(parents=True, exist_ok=True)
