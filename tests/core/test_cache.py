@@ -182,14 +182,15 @@ def test_the_size_cap_evicts_the_least_recently_used_entries(tmp_path):
 def test_sweep_removes_old_leftovers_of_killed_writers_only(tmp_path):
     cache = CompileCache("demo", tmp_path)
     cache.dir.mkdir(parents=True)
-    old, fresh, broken = cache.dir / ".aa.x.tmp", cache.dir / ".bb.y.tmp", cache.dir / ("cd" * 32)
-    for d in (old, fresh, broken):
+    old, fresh, broken = cache.dir / ".aa.x1y2z3_4.tmp", cache.dir / ".bb.y1.tmp", cache.dir / ("cd" * 32)
+    foreign = [cache.dir / "notes", cache.dir / ".x.tmp"]  # old, without a manifest, but not named as sdrt names
+    for d in (old, fresh, broken, *foreign):
         d.mkdir()
     week_ago = time.time() - 7 * 24 * 3600
-    os.utime(old, (week_ago, week_ago))
-    os.utime(broken, (week_ago, week_ago))
+    for d in (old, broken, *foreign):
+        os.utime(d, (week_ago, week_ago))
     cache.sweep()
-    assert not old.exists() and fresh.exists() and not broken.exists()
+    assert not old.exists() and fresh.exists() and not broken.exists() and all(d.exists() for d in foreign)
 
 
 def test_clear_and_entries(tmp_path):
@@ -197,9 +198,53 @@ def test_clear_and_entries(tmp_path):
     put(a, KEY, b"1")
     put(b, KEY, b"22")
     (tmp_path / "openvino").mkdir()  # the cache folder of sdrt 0.1's OpenVINO plugin
+    (tmp_path / "openvino" / f"{KEY}.ovblob").write_bytes(b"blob")
     assert {(e.backend, e.size) for e in a.entries()} == {("a", 1), ("b", 2)}
-    assert a.clear("a") == 1 and [e.backend for e in a.entries()] == ["b"]
-    assert a.clear() == 1 and a.entries() == [] and not (tmp_path / "openvino").exists()
+    assert len(a.clear("a").entries) == 1 and [e.backend for e in a.entries()] == ["b"]
+    done = a.clear()
+    assert len(done.entries) == 1 and len(done.legacy) == 1 and not done.foreign
+    assert a.entries() == [] and not (tmp_path / "openvino").exists() and not a.compiled.exists()
+
+
+def test_clear_removes_only_what_sdrt_wrote(tmp_path):
+    """A cache root may be any folder (--cache-dir ~): clear removes sdrt's entries and the leftovers of its
+    writers, never a file it did not write, wherever that file sits."""
+    cache = CompileCache("openvino", tmp_path)
+    put(cache, KEY, b"1")
+    (cache.dir / ".abababababababab.k2j4_9zz.tmp").mkdir()  # a killed writer's temporary folder
+    foreign = [tmp_path / "compiled" / "notes.txt", cache.dir / "README", cache.dir / "mine",
+               tmp_path / "openvino" / "my-notes.txt", tmp_path / "coreml" / "model.mlpackage",
+               tmp_path / "compiled" / "photos" / "a.jpg", tmp_path / "trt" / "old.engine"]
+    for p in foreign:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.mkdir() if p.suffix in ("", ".mlpackage") else p.write_text("mine")  # photos: a folder like a backend's
+    legacy = [tmp_path / "openvino" / f"{KEY}.ovblob", tmp_path / "trt" / f"{KEY}.engine",
+              tmp_path / "migraphx" / f"{KEY}-{KEY}.mxr", tmp_path / "coreml" / KEY]
+    for p in legacy:
+        p.parent.mkdir(exist_ok=True)
+        p.mkdir() if p.parent.name == "coreml" else p.write_bytes(b"old")
+    (tmp_path / "my-file").write_text("mine")
+    done = cache.clear()
+    assert [e.key for e in done.entries] == [KEY] and len(done.leftovers) == 1 and sorted(done.legacy) == sorted(legacy)
+    assert sorted(done.foreign) == sorted(foreign) and all(p.exists() for p in foreign)
+    assert (tmp_path / "my-file").exists()
+    assert not any(p.exists() for p in legacy) and not (tmp_path / "migraphx").exists()
+
+
+@pytest.mark.parametrize("name", ["../../precious", "/tmp", "..", "a/b", "a\\b"])
+def test_a_backend_name_that_is_a_path_is_refused(tmp_path, name):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "x").write_text("mine")
+    cache = CompileCache("openvino", tmp_path / "root")
+    put(cache, KEY, b"1")
+    with pytest.raises(SdrtError, match="not a backend name"):
+        cache.clear(name)
+    with pytest.raises(SdrtError, match="not a backend name"):
+        CompileCache(name, tmp_path / "root")
+    assert (precious / "x").exists() and cache.lookup(KEY) is not None
+    with pytest.raises(SdrtError, match="not a backend name"):
+        CompileCache("", tmp_path / "root")
 
 
 def test_cache_root_size_cap_and_keys(monkeypatch, tmp_path):
@@ -304,15 +349,25 @@ def test_the_cache_command_lists_prunes_and_clears(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("openvino ") == 3 and "3 entries, 3.0 MiB" in out and "model=m" in out
     (tmp_path / "trt").mkdir()
-    (tmp_path / "trt" / "old.engine").write_bytes(bytes(2048))
+    (tmp_path / "trt" / f"{KEY}.engine").write_bytes(bytes(2048))
+    (tmp_path / "trt" / "notes.txt").write_bytes(bytes(4096))  # not sdrt's: neither counted nor removed
     assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
     assert "also 2.0 KiB in the cache folders of sdrt 0.1 (trt)" in capsys.readouterr().out
     assert main(["cache", "prune", "--max-size", "2.5M", "--cache-dir", str(tmp_path)]) == 0
     assert "evicted 1 entries" in capsys.readouterr().out and len(cache.entries()) == 2
     assert main(["cache", "prune", "--max-size", "lots", "--cache-dir", str(tmp_path)]) == 1
     assert "not a size" in capsys.readouterr().err
+    for bad in ("OpenVINO", "../..", str(tmp_path)):
+        assert main(["cache", "clear", "--backend", bad, "--cache-dir", str(tmp_path)]) == 1
+        err = capsys.readouterr().err
+        assert f"holds no backend {bad!r}" in err and "pass one it holds: openvino" in err
+        assert len(err.strip().splitlines()) == 1 and len(cache.entries()) == 2
     assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
-    assert "removed 2 entries" in capsys.readouterr().out and cache.entries() == []
+    out = capsys.readouterr().out
+    assert "removed 2 entries (2.0 MiB)" in out and "and 1 entries of sdrt 0.1's caches" in out
+    assert f"left 1 file sdrt did not write: {tmp_path / 'trt' / 'notes.txt'}" in out and cache.entries() == []
+    assert main(["cache", "clear", "--backend", "openvino", "--cache-dir", str(tmp_path)]) == 1
+    assert "the compile cache is empty" in capsys.readouterr().err
 
 
 # -- Backend.compile, the template ---------------------------------------------------

@@ -26,7 +26,8 @@ ctime, inode).
   manifest's mtime (the entry's last use); after every store, entries are
   evicted oldest use first until the whole compile cache is under the cap
   (``$SDRT_CACHE_MAX_SIZE``, default 32 GiB). ``sdrt cache prune`` does the same
-  on demand, ``sdrt cache list`` and ``sdrt cache clear`` show and empty it.
+  on demand, ``sdrt cache list`` and ``sdrt cache clear`` show and empty it (``clear`` removes what sdrt
+  wrote there, nothing else: the cache root may be any folder).
 
 Failures to read or write the cache are logged, never raised: the cache is optional.
 """
@@ -37,6 +38,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -46,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import SdrtError
 from . import paths
 
 log = logging.getLogger("sdrt.cache")
@@ -81,8 +84,26 @@ def wait_for_stores(timeout: float | None = None) -> bool:
         if remaining is not None and remaining <= 0:
             return False
         left[0].join(remaining)
-#: the folders where the compile caches of sdrt 0.1's plugins lived (one file per entry); ``clear`` removes them
-LEGACY = ("openvino", "trt", "coreml", "migraphx")
+#: the folders where the compile caches of sdrt 0.1's plugins lived, with the name of one entry in each (a file,
+#: a Core ML package folder); ``clear`` removes those entries and the temporary files of their writers, nothing else
+LEGACY = {"openvino": re.compile(r"[0-9a-f]{64}\.ovblob"), "trt": re.compile(r"[0-9a-f]{64}\.engine"),
+          "coreml": re.compile(r"[0-9a-f]{64}"), "migraphx": re.compile(r"[0-9a-f]{64}-[0-9a-f]{64}\.mxr")}
+#: an entry's folder: its key (a SHA-256, ``paths.make_key``)
+_KEY = re.compile(r"[0-9a-f]{64}")
+#: what sdrt's writers leave beside an entry: a temporary folder or file (``mkdtemp``/``mkstemp`` with the key's
+#: first characters as prefix), or an entry renamed aside to be deleted (``_remove_tree``, sdrt 0.1's Core ML cache)
+_LEFTOVER = re.compile(r"\.[^/\\]{1,24}\.(?:[a-z0-9_]{1,16}\.tmp|\d+(?:\.\d+)?\.trash)")
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """What ``CompileCache.clear`` did: the entries it removed, the leftovers of sdrt's writers and the entries
+    of sdrt 0.1's caches it removed too, and what it left because sdrt did not write it."""
+
+    entries: list[Entry]
+    leftovers: list[Path]
+    legacy: list[Path]
+    foreign: list[Path]
 
 
 @dataclass(frozen=True)
@@ -146,7 +167,7 @@ class CompileCache:
 
     def __init__(self, backend: str, root: str | os.PathLike[str] | None = None, *,
                  max_bytes: int | None = None) -> None:
-        self.backend = backend
+        self.backend = plain_name(backend)
         self.root = Path(root) if root is not None else paths.cache_root()
         self.compiled = self.root / "compiled"
         self.dir = self.compiled / backend
@@ -292,7 +313,7 @@ class CompileCache:
     def entries(self, backend: str | None = None) -> list[Entry]:
         """Every readable entry of the compile cache (all backends, or one), least recently used first."""
         out = []
-        folders = [self.compiled / backend] if backend else _dirs(self.compiled)
+        folders = [self.compiled / plain_name(backend)] if backend else _dirs(self.compiled)
         for bdir in folders:
             for folder in _dirs(bdir):
                 try:
@@ -314,8 +335,9 @@ class CompileCache:
                     old = p.stat().st_mtime < cutoff
                 except OSError:
                     continue
-                broken = not p.name.startswith(".") and not (p / MANIFEST).is_file()
-                if p.name.endswith(".trash") or (old and (p.name.endswith(".tmp") or broken)):
+                broken = _KEY.fullmatch(p.name) is not None and not (p / MANIFEST).is_file()
+                leftover = _LEFTOVER.fullmatch(p.name) is not None
+                if (leftover and p.name.endswith(".trash")) or (old and (leftover or broken)):
                     shutil.rmtree(p, ignore_errors=True)
                     removed.append(p)
         if removed:
@@ -343,15 +365,82 @@ class CompileCache:
                      len(evicted), sum(e.size for e in evicted), cap)
         return evicted
 
-    def clear(self, backend: str | None = None) -> int:
-        """Remove every entry (of one backend, or all, with the legacy caches); returns how many."""
-        entries = self.entries(backend)
-        for e in entries:
-            _remove_tree(e.path)
-        targets = [self.compiled / backend] if backend else [self.compiled, *(self.root / n for n in LEGACY)]
-        for t in targets:
-            shutil.rmtree(t, ignore_errors=True)
-        return len(entries)
+    def backends(self) -> list[str]:
+        """The backends the compile cache holds a folder for."""
+        return [p.name for p in _dirs(self.compiled)]
+
+    def clear(self, backend: str | None = None) -> Cleared:
+        """Remove every entry (of one backend, or of all and the entries of sdrt 0.1's caches) and what sdrt's
+        writers left beside them. Only what sdrt wrote goes: an entry is a folder holding sdrt's manifest, a
+        leftover has the name sdrt's writers give it; anything else is left where it is and listed."""
+        done = Cleared([], [], [], [])
+        folders = [self.compiled / plain_name(backend)] if backend else _dirs(self.compiled, hidden=True)
+        done.foreign.extend(_others(self.compiled, folders) if not backend else [])
+        for bdir in folders:
+            if bdir.is_symlink() or not bdir.is_dir():
+                done.foreign.append(bdir)
+                continue
+            for p in _children(bdir):
+                if not p.name.startswith(".") and p.is_dir() and not p.is_symlink() and (p / MANIFEST).is_file():
+                    try:
+                        done.entries.append(_entry(p, _read_manifest(p), 0.0))
+                    except (OSError, ValueError):  # sdrt's, but damaged
+                        done.leftovers.append(p)
+                    _remove_tree(p)
+                elif _LEFTOVER.fullmatch(p.name) and not p.is_symlink():
+                    _remove(p)
+                    done.leftovers.append(p)
+                else:
+                    done.foreign.append(p)
+            _rmdir(bdir)
+        if not backend:
+            _rmdir(self.compiled)
+            for name, entry in LEGACY.items():
+                folder = self.root / name
+                if folder.is_symlink() or not folder.is_dir():
+                    continue
+                for p in _children(folder):
+                    if p.is_symlink() or not (entry.fullmatch(p.name) or _LEFTOVER.fullmatch(p.name)):
+                        done.foreign.append(p)
+                    else:
+                        _remove(p)
+                        (done.legacy if entry.fullmatch(p.name) else done.leftovers).append(p)
+                _rmdir(folder)
+        return done
+
+
+def plain_name(backend: str) -> str:
+    """``backend`` when it is a plain name, one folder of the compile cache (no path separator, not ``..``)."""
+    if not backend or backend in (".", "..") or any(c in backend for c in "/\\\0") or os.path.isabs(backend):
+        raise SdrtError(f"{backend!r} is not a backend name", where="the compile cache's backend",
+                        fix="give a backend's plain name, such as openvino or ggml (sdrt cache list shows them)")
+    return backend
+
+
+def _children(folder: Path) -> list[Path]:
+    try:
+        return sorted(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _others(folder: Path, known: list[Path]) -> list[Path]:
+    """What ``folder`` holds besides ``known``: files (sdrt writes only folders there)."""
+    return [p for p in _children(folder) if p not in known]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        _remove_tree(path)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _rmdir(folder: Path) -> None:
+    """Remove ``folder`` when it is empty (what sdrt did not write keeps it)."""
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def _dirs(folder: Path, hidden: bool = False) -> list[Path]:

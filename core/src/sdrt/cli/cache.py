@@ -11,13 +11,24 @@ from typing import Any
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("cache", help="list, clear or prune the compile cache ($SDRT_CACHE_DIR/compiled)")
     p.add_argument("action", choices=["list", "clear", "prune"],
-                   help="list: every entry, least recently used first; clear: remove every entry; "
+                   help="list: every entry, least recently used first; clear: remove every entry (only what sdrt "
+                        "wrote: anything else in the cache folders stays, and is listed); "
                         "prune: evict least recently used entries down to --max-size")
     p.add_argument("--backend", default=None, help="only this backend's entries (list, clear)")
     p.add_argument("--max-size", default=None,
                    help="prune: the size to shrink to, e.g. 10G (default: $SDRT_CACHE_MAX_SIZE or 32G)")
     p.add_argument("--cache-dir", default=None, help="the cache root (default: $SDRT_CACHE_DIR or the user cache)")
     return p
+
+
+def _legacy_size(folder: Path, entry: Any) -> int:
+    """Bytes in the entries of one of sdrt 0.1's cache folders (what ``clear`` would remove)."""
+    try:
+        found = [p for p in folder.iterdir() if entry.fullmatch(p.name) and not p.is_symlink()]
+    except OSError:
+        return 0
+    return sum(p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+               for p in found)
 
 
 def _size(n: float) -> str:
@@ -28,8 +39,9 @@ def _size(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _tree_size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+def _files(paths: list[Path]) -> str:
+    shown = ", ".join(str(p) for p in paths[:5])
+    return shown + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +49,17 @@ def run(args: argparse.Namespace) -> int:
     from ..cache.store import LEGACY
     from ..errors import SdrtError
 
-    cache = CompileCache(args.backend or "-", args.cache_dir)
+    cache = CompileCache("-", args.cache_dir)
+    if args.backend is not None and args.action == "prune":
+        raise SdrtError("prune works on the whole compile cache (one size cap for every backend)",
+                        where="sdrt cache prune --backend", fix="drop --backend, or use sdrt cache clear --backend")
+    if args.backend is not None:
+        held = cache.backends()
+        if args.backend not in held:
+            raise SdrtError(f"the compile cache holds no backend {args.backend!r}",
+                            where=f"sdrt cache {args.action} --backend (the cache: {cache.compiled})",
+                            fix=f"pass one it holds: {', '.join(held)} (names are case-sensitive)" if held else
+                            "the compile cache is empty; drop --backend")
     if args.action == "list":
         entries = cache.entries(args.backend)
         now = time.time()
@@ -47,18 +69,24 @@ def run(args: argparse.Namespace) -> int:
                   f"{meta}")
         print(f"{len(entries)} entries, {_size(sum(e.size for e in entries))} in {cache.compiled} "
               f"(cap {_size(cache.max_bytes)})")
-        legacy = {name: _tree_size(cache.root / name) for name in LEGACY if (cache.root / name).is_dir()}
+        legacy = {name: _legacy_size(cache.root / name, entry) for name, entry in LEGACY.items()}
+        legacy = {name: n for name, n in legacy.items() if n}
         if legacy and not args.backend:
             print(f"also {_size(sum(legacy.values()))} in the cache folders of sdrt 0.1 ({', '.join(legacy)}), "
                   "which nothing reads any more: sdrt cache clear removes them")
         return 0
     if args.action == "clear":
-        n = cache.clear(args.backend)
-        print(f"removed {n} entries from {cache.compiled}")
+        done = cache.clear(args.backend)
+        where = cache.compiled / args.backend if args.backend else cache.compiled
+        print(f"removed {len(done.entries)} entries ({_size(sum(e.size for e in done.entries))}) from {where}"
+              + (f", {len(done.leftovers)} leftovers of interrupted writes" if done.leftovers else "")
+              + (f" and {len(done.legacy)} entries of sdrt 0.1's caches" if done.legacy else ""))
+        if done.foreign:
+            n = len(done.foreign)
+            kind = "file" if all(p.is_file() for p in done.foreign) else "file or folder"
+            kind = kind if n == 1 else kind.replace("file", "files").replace("folder", "folders")
+            print(f"left {n} {kind} sdrt did not write: {_files(done.foreign)}")
         return 0
-    if args.backend:
-        raise SdrtError("prune works on the whole compile cache (one size cap for every backend)",
-                        where="sdrt cache prune --backend", fix="drop --backend, or use sdrt cache clear --backend")
     cap = parse_size(args.max_size, "sdrt cache prune --max-size") if args.max_size else None
     cache.sweep()
     evicted = cache.prune(cap)
