@@ -1,0 +1,44 @@
+"""No flag is silently ignored, and errors name flags (issue: the flags probe). Each case runs as the user ran it,
+through ``sdrt.cli.main``; ``--backend nosuch`` marks the cases refused before any model loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdrt.cli import main
+
+FAST = ["--steps", "1", "--seed", "1", "--backend", "nosuch"]
+
+
+def refused(capsys, argv: list[str], *needles: str) -> str:
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+@pytest.mark.parametrize("flags", [["--control-scale", "0.2"], ["--control-start", "0.5"], ["--control-end", "0.5"],
+                                   ["--control-preprocessor", "canny"], ["--control-resize", "Just Resize"],
+                                   ["--controlnet", "cn"]])
+def test_controlnet_flags_without_a_control_image_are_refused(capsys, flags):
+    refused(capsys, ["generate", "a cat", *FAST, *flags], f"{flags[0]} needs a --control-image", f"Where: {flags[0]}")
+
+
+def test_a_subseed_without_its_strength_is_refused(capsys):
+    """A1111: a subseed at strength 0 changes nothing; as --hires-steps without --hires-scale, it is an error."""
+    refused(capsys, ["generate", "a cat", *FAST, "--subseed", "5"], "--subseed without --subseed-strength",
+            "pass --subseed-strength (e.g. 0.3) too")
+
+
+def test_a_schedule_against_the_samplers_own_is_refused_in_flags(capsys):
+    refused(capsys, ["generate", "a cat", *FAST, "--sampler", "DPM++ 2M Karras", "--schedule", "exponential"],
+            "Where: --schedule", "pass --sampler 'DPM++ 2M' with --schedule 'exponential'")
+
+
+@pytest.mark.parametrize("flags,where", [(["--sampler", "bogus"], "--sampler"),
+                                         (["--sampler", "euler", "--schedule", "bogus"], "--schedule")])
+def test_unknown_sampler_names_say_the_flag(capsys, flags, where):
+    err = refused(capsys, ["generate", "a cat", *FAST, *flags], f"Where: {where}.")
+    assert "sdrt.samplers" not in err
