@@ -207,7 +207,14 @@ def test_cache_root_size_cap_and_keys(monkeypatch, tmp_path):
     assert cache_root() == tmp_path and CompileCache("x").dir == tmp_path / "compiled" / "x"
     monkeypatch.setenv("SDRT_CACHE_MAX_SIZE", "1.5G")
     assert max_bytes() == int(1.5 * 2**30)
-    assert parse_size("500M") == 500 << 20 and parse_size("20GiB") == 20 << 30 and parse_size("4096") == 4096
+    assert parse_size("500M") == 500 << 20 and parse_size("20GiB") == 20 << 30 and parse_size("4096B") == 4096
+    assert parse_size("2000000") == 2000000 and parse_size("0") == 0 and parse_size(4096) == 4096
+    for bare in ("0.5", "20", "4096"):  # a bare number of bytes below 1 MiB is a forgotten unit, not a cap
+        with pytest.raises(SdrtError, match=f"did you mean {bare}G"):
+            parse_size(bare)
+    monkeypatch.setenv("SDRT_CACHE_MAX_SIZE", "0.5")
+    with pytest.raises(SdrtError, match="Where: SDRT_CACHE_MAX_SIZE"):
+        max_bytes()
     with pytest.raises(SdrtError, match="not a size"):
         parse_size("lots")
     assert make_key(["ab", "c"]) != make_key(["a", "bc"]) and make_key([b"x"]) == make_key(["x"])
@@ -311,6 +318,10 @@ def test_the_cache_command_lists_prunes_and_clears(tmp_path, capsys):
     assert "evicted 1 entries" in capsys.readouterr().out and len(cache.entries()) == 2
     assert main(["cache", "prune", "--max-size", "lots", "--cache-dir", str(tmp_path)]) == 1
     assert "not a size" in capsys.readouterr().err
+    assert main(["cache", "prune", "--max-size", "0.5", "--cache-dir", str(tmp_path)]) == 1  # not 0.5 bytes
+    assert "did you mean 0.5G?" in capsys.readouterr().err and len(cache.entries()) == 2
+    assert main(["cache", "list", "--max-size", "1G", "--cache-dir", str(tmp_path)]) == 1  # ignored before
+    assert "--max-size applies to prune, not to list" in capsys.readouterr().err
     assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
     assert "removed 2 entries" in capsys.readouterr().out and cache.entries() == []
 
