@@ -42,3 +42,10 @@ def test_a_schedule_against_the_samplers_own_is_refused_in_flags(capsys):
 def test_unknown_sampler_names_say_the_flag(capsys, flags, where):
     err = refused(capsys, ["generate", "a cat", *FAST, *flags], f"Where: {where}.")
     assert "sdrt.samplers" not in err
+
+
+@pytest.mark.parametrize("args,where", [(["a cat <lora:x:abc>"], "PROMPT"), (["a cat", "-n", "<lora:x:abc>"], "--negative")])
+def test_a_lora_tag_whose_weight_is_not_a_number_is_an_error(capsys, args, where):
+    """As <lora:x:nan> is: it was skipped with two warnings and rc 0, the image made without the LoRA."""
+    refused(capsys, ["generate", *args, *FAST], "the weight 'abc' of <lora:x:abc> is not a number",
+            f"Where: {where}.")

@@ -123,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
                    guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length)
     options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
+    from ..text import extract_loras
+
+    for text, key in ((prompt, "prompt"), (args.negative, "negative_prompt")):
+        extract_loras(text, key)  # a <lora:> tag whose weight is not a number, before any model loads
     custom = generate_weights.check(args)
     memory = generate_memory.options(args)  # --memory, checked before any model loads
     outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)

@@ -359,7 +359,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
             prompt = extract_loras(prompt)[0] if isinstance(prompt, str) else prompt
             if isinstance(negative_prompt, str):
-                negative_prompt = extract_loras(negative_prompt)[0]
+                negative_prompt = extract_loras(negative_prompt, "negative_prompt")[0]
         elif self._weight_state is not None or (isinstance(prompt, str) and "<lora:" in prompt):
             prompt, negative_prompt = self.weights.prepare(prompt, negative_prompt)  # type: ignore[arg-type]
         if given is not None:

@@ -84,7 +84,11 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     prompt = get_str(body, "prompt", "", max_len=limits.max_prompt_chars)
     negative = get_str(body, "negative_prompt", "", max_len=limits.max_prompt_chars)
     for key, text in (("prompt", prompt), ("negative_prompt", negative)):
-        registry.check_loras([name for name, _ in extract_loras(text)[1]], key)
+        try:
+            tags = extract_loras(text, key)[1]
+        except SdrtError as exc:  # a tag whose weight is not a number: a 400, as a LoRA this server lacks
+            raise from_pipeline(exc) from None
+        registry.check_loras([name for name, _ in tags], key)
     steps = get_int(body, "steps", 20, 1, limits.max_steps)
     cfg = get_float(body, "cfg_scale", 7.0, 0.0, 100.0)
     sampler = get_str(body, "sampler_name", None) or get_str(body, "sampler_index", None) or "Euler"
