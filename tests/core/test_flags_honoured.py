@@ -49,3 +49,11 @@ def test_a_lora_tag_whose_weight_is_not_a_number_is_an_error(capsys, args, where
     """As <lora:x:nan> is: it was skipped with two warnings and rc 0, the image made without the LoRA."""
     refused(capsys, ["generate", *args, *FAST], "the weight 'abc' of <lora:x:abc> is not a number",
             f"Where: {where}.")
+
+
+@pytest.mark.parametrize("word", ["models/sd15-onnx", "model.safetensors", "sd.gguf"])
+def test_a_lone_model_path_that_does_not_exist_is_not_a_prompt(capsys, tmp_path, word):
+    """It made a demo image of the words "models/sd15-onnx" with rc 0."""
+    refused(capsys, ["generate", str(tmp_path / word) if "/" in word else word, *FAST, "-o", str(tmp_path / "x.png")],
+            "no model at", "Where: MODEL.", "give a model first: sdrt generate MODEL")
+    assert not (tmp_path / "x.png").exists()

@@ -89,7 +89,14 @@ def _split_args(words: list[str]) -> tuple[str | None, str]:
                           or (lone / "transformer").is_dir()):
         raise InputError(f"{words[0]} is a model folder, and no prompt follows it", where="PROMPT",
                          fix=f'give the prompt after the folder: sdrt generate {words[0]} "a red fox in the snow"')
-    return None, words[0]
+    text = words[0]
+    pathlike = lone.suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx") or (
+        not any(c.isspace() for c in text) and ("/" in text or "\\" in text))
+    if pathlike and not lone.exists():  # a mistyped model path, not a prompt for the demo model
+        raise ModelNotFoundError(f"no model at {text}, and no prompt follows it", where="MODEL",
+                                 fix=f'check the path; to use it as the prompt, give a model first: sdrt generate '
+                                     f'MODEL "{text}"')
+    return None, text
 
 
 def _check_outputs(args: argparse.Namespace, n_images: int) -> list[Path] | None:
