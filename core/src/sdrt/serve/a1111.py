@@ -209,6 +209,8 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
         if blur is None:
             blur = max(get_int(body, "mask_blur_x", 4, 0, 64), get_int(body, "mask_blur_y", 4, 0, 64))
         invert = get_int(body, "inpainting_mask_invert", 0, 0, 1) == 1
+        # A1111 fits the mask with the init images' resize_mode (processing.py: images.resize_image(
+        # self.resize_mode, image_mask, ...)); clients send masks at their own canvas size, so it is kept
         kwargs["mask"] = b64images.mask_array(b64images.fit(m, width, height, resize_mode), blur, invert)
         fill = get_int(body, "inpainting_fill", 1, 0, 3)
         if fill == 0:
