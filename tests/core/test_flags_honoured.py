@@ -57,3 +57,23 @@ def test_a_lone_model_path_that_does_not_exist_is_not_a_prompt(capsys, tmp_path,
     refused(capsys, ["generate", str(tmp_path / word) if "/" in word else word, *FAST, "-o", str(tmp_path / "x.png")],
             "no model at", "Where: MODEL.", "give a model first: sdrt generate MODEL")
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("flags,needles", [
+    (["--steps", "0"], ["--steps must be an integer >= 1", "What to do: pass --steps 1 or more."]),
+    (["--batch", "0"], ["What to do: pass --batch 1 or more."]),
+    (["--clip-skip", "0"], ["What to do: pass --clip-skip 1 or more."]),
+    (["--width", "0"], ["What to do: pass --width 8 or more."]),
+    (["--hires-steps", "3"], ["--hires-steps needs --hires-scale", "pass --hires-scale 2 (for example) too"]),
+    (["--hires-scale", "9"], ["pass e.g. --hires-scale 2."]),
+])
+def test_errors_speak_flags_not_argument_names(capsys, flags, needles):
+    err = refused(capsys, ["generate", "a cat", *FAST[:-2], "--dry-run", *flags], *needles)
+    assert "=" not in err.split("What to do:")[1] and "sdrt.samplers" not in err and "torch" not in err
+
+
+def test_a_seed_out_of_range_names_the_flag(registry, tmp_path, capsys):
+    assert main(["generate", "a cat", "--steps", "1", "--seed", "99999999999999999999", "--backend", "reference",
+                 "-o", str(tmp_path / "x.png")]) == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "Where: --seed." in err and "sdrt.samplers" not in err and "manual_seed" not in err, err

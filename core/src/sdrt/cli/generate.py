@@ -13,7 +13,7 @@ from . import generate_memory, generate_toolbox, generate_weights
 #: the API's argument names that are not the dest of a flag of the same name (``sdrt.cli.flag_names``)
 API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "path": "--output",
              "loras": "--lora", "scale": "the scale of --lora FILE:SCALE", "text_encoders": "--text-encoder",
-             "preview": "--preview-decoder"}
+             "preview": "--preview-decoder", "controlnets": "--control-image"}
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -53,7 +53,7 @@ class ToolboxMixin:
             if not cn.residual_inputs(unet):
                 raise InputError(f"this model's {unet.name} takes no ControlNet residuals", where="controlnets",
                                  fix="use a model folder exported for ControlNet (its UNet takes "
-                                     "down_block_additional_residual_*), or leave controlnets out")
+                                     "down_block_additional_residual_*), or leave {@controlnets} out")
             if self.family.name not in ("sd1", "sd2", "sdxl"):  # type: ignore[attr-defined]
                 raise InputError(f"ControlNet is not supported for {self.family.label}", where="controlnets",
                                  fix="use an SD 1.x or SDXL model")

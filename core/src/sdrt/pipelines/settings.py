@@ -62,7 +62,8 @@ class Generation:
 
 def _int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise InputError(f"{name} must be an integer >= {low}, got {value!r}", where=name, fix=f"pass {name}={low} or more")
+        raise InputError(f"{{@{name}}} must be an integer >= {low}, got {value!r}", where=name,
+                         fix=f"pass {{@{name}=}}{low} or more")
     return int(value)
 
 
