@@ -64,11 +64,11 @@ class ToolboxMixin:
         if tb.hires is not None:
             if s.mode != "txt2img":
                 raise InputError("the hires fix is a txt2img pass followed by img2img", where="hires_scale",
-                                 fix="leave init_image and mask out, or hires_scale unset")
+                                 fix="leave {@init_image} and {@mask} out, or {@hires_scale} unset")
             import dataclasses
 
             tw, th = tb.hires.target(s.width, s.height)
-            self._check_size(dataclasses.replace(s, width=tw, height=th))  # type: ignore[attr-defined]
+            self._check_size(dataclasses.replace(s, width=tw, height=th), "hires_scale")  # type: ignore[attr-defined]
         if tb.preview is not None and not callable(tb.preview) and tb.preview != "approx" and not self._dry:
             from .preview import TaesdPreview
 
