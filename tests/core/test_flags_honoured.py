@@ -93,3 +93,17 @@ def test_a_size_from_the_init_image_or_the_hires_scale_blames_that_flag(registry
             "the hires fix's second pass is 128x128. Where: --hires-scale.")
     refused(capsys, ["generate", "a cat", *FAST[:-2], "--dry-run", "--width", "128"],
             "Where: --width. What to do: pass --width 64 and --height 64, or leave them unset.")
+
+
+@pytest.mark.parametrize("flag,needle", [("--init-image", "is a folder, not an image file"),
+                                         ("--control-image", "is a folder, not an image file")])
+def test_a_folder_for_an_image_flag_says_it_is_a_folder(capsys, tmp_path, flag, needle):
+    err = refused(capsys, ["generate", "a cat", *FAST, flag, str(tmp_path)], needle)
+    assert "does not exist" not in err
+
+
+@pytest.mark.parametrize("flag", ["--preview-dir", "--lora-dir", "--embedding-dir"])
+def test_a_file_for_a_folder_flag_says_it_is_a_file(capsys, tmp_path, flag):
+    (tmp_path / "f.txt").write_text("x")
+    err = refused(capsys, ["generate", "a cat", *FAST, flag, str(tmp_path / "f.txt")], "is a file", flag)
+    assert "does not exist" not in err

@@ -87,6 +87,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                              fix="give one --controlnet per --control-image (or none: the folder's own)")
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         for path in images:
+            if Path(path).is_dir():
+                raise InputError(f"{path} is a folder, not an image file", where="--control-image",
+                                 fix="pass a control image file (PNG, JPEG) in that folder")
             if not Path(path).is_file():
                 raise InputError("the control image does not exist", where=path, fix="check the --control-image path")
         from ..pipelines.controlnet import ControlNet
@@ -127,6 +130,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, key) is not None and args.preview_dir is None:
             raise InputError(f"{{@{key}}} without {{@preview_dir}}", where=key,
                              fix=f"pass {{@preview_dir}} too, or leave {{@{key}}} out")
+    if args.preview_dir is not None and Path(args.preview_dir).exists() and not Path(args.preview_dir).is_dir():
+        raise InputError(f"{args.preview_dir} is a file, and --preview-dir takes a folder", where="--preview-dir",
+                         fix="pass a folder for the preview PNGs (create it first)")
     if args.preview_dir is not None and not Path(args.preview_dir).is_dir():
         raise InputError("the preview folder does not exist", where=args.preview_dir,
                          fix="create it, or pick another --preview-dir")
