@@ -107,3 +107,11 @@ def test_a_file_for_a_folder_flag_says_it_is_a_file(capsys, tmp_path, flag):
     (tmp_path / "f.txt").write_text("x")
     err = refused(capsys, ["generate", "a cat", *FAST, flag, str(tmp_path / "f.txt")], "is a file", flag)
     assert "does not exist" not in err
+
+
+def test_a_folder_in_the_way_of_a_numbered_output_names_the_numbering(capsys, tmp_path):
+    """-o e.png --batch 2 writes e-1.png and e-2.png: a folder e-2.png is not fixed by 'such as e-2.png/out.png'."""
+    (tmp_path / "e-2.png").mkdir()
+    err = refused(capsys, ["generate", "a cat", *FAST, "--batch", "2", "-o", str(tmp_path / "e.png")],
+                  "with 2 images writes e-1.png to e-2.png, and", "is a folder", "pick another -o name")
+    assert "out.png" not in err

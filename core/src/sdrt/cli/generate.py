@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, ModelNotFoundError
+from ..errors import InputError, ModelNotFoundError, SdrtError
 from . import generate_memory, generate_toolbox, generate_weights
 
 #: the API's argument names that are not the dest of a flag of the same name (``sdrt.cli.flag_names``)
@@ -115,7 +115,15 @@ def _check_outputs(args: argparse.Namespace, n_images: int) -> list[Path] | None
         check_output(args.output, "output")  # refuses the empty name
     paths = _outputs(Path(args.output), n_images)
     for path in paths:
-        check_output(path, "output")
+        if len(paths) == 1 or not (path.exists() or path.is_symlink()):  # a missing folder: its own words
+            check_output(path, "output")
+            continue
+        try:
+            check_output(path, "output")
+        except SdrtError as exc:  # a numbered name: its "such as e-2.png/out.png" would make no sense
+            raise InputError(f"-o {args.output} with {len(paths)} images writes {paths[0].name} to "
+                             f"{paths[-1].name}, and {exc.what}", where="--output",
+                             fix="pick another -o name, or move that out of the way") from None
     return paths
 
 
