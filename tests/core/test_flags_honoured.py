@@ -3,6 +3,7 @@ through ``sdrt.cli.main``; ``--backend nosuch`` marks the cases refused before a
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sdrt.cli import main
@@ -115,3 +116,14 @@ def test_a_folder_in_the_way_of_a_numbered_output_names_the_numbering(capsys, tm
     err = refused(capsys, ["generate", "a cat", *FAST, "--batch", "2", "-o", str(tmp_path / "e.png")],
                   "with 2 images writes e-1.png to e-2.png, and", "is a folder", "pick another -o name")
     assert "out.png" not in err
+
+
+def test_the_default_strength_is_not_blamed_on_strength(capsys, tmp_path):
+    """--steps 1 with an init image and no --strength: 0.75 x 1 runs no step, and the user gave --steps."""
+    from sdrt.pipelines.png import write_png
+
+    write_png(tmp_path / "i.png", np.zeros((64, 64, 3), np.uint8))
+    refused(capsys, ["generate", "a cat", *FAST, "--init-image", str(tmp_path / "i.png")],
+            "the default strength 0.75 of 1 steps leaves no step to run. Where: --steps.")
+    refused(capsys, ["generate", "a cat", *FAST, "--steps", "4", "--strength", "0.1", "--init-image",
+                     str(tmp_path / "i.png")], "--strength 0.1 of 4 steps leaves no step to run. Where: --strength.")
