@@ -252,7 +252,14 @@ def test_cache_root_size_cap_and_keys(monkeypatch, tmp_path):
     assert cache_root() == tmp_path and CompileCache("x").dir == tmp_path / "compiled" / "x"
     monkeypatch.setenv("SDRT_CACHE_MAX_SIZE", "1.5G")
     assert max_bytes() == int(1.5 * 2**30)
-    assert parse_size("500M") == 500 << 20 and parse_size("20GiB") == 20 << 30 and parse_size("4096") == 4096
+    assert parse_size("500M") == 500 << 20 and parse_size("20GiB") == 20 << 30 and parse_size("4096B") == 4096
+    assert parse_size("2000000") == 2000000 and parse_size("0") == 0 and parse_size(4096) == 4096
+    for bare in ("0.5", "20", "4096"):  # a bare number of bytes below 1 MiB is a forgotten unit, not a cap
+        with pytest.raises(SdrtError, match=f"did you mean {bare}G"):
+            parse_size(bare)
+    monkeypatch.setenv("SDRT_CACHE_MAX_SIZE", "0.5")
+    with pytest.raises(SdrtError, match="Where: SDRT_CACHE_MAX_SIZE"):
+        max_bytes()
     with pytest.raises(SdrtError, match="not a size"):
         parse_size("lots")
     assert make_key(["ab", "c"]) != make_key(["a", "bc"]) and make_key([b"x"]) == make_key(["x"])
@@ -362,6 +369,10 @@ def test_the_cache_command_lists_prunes_and_clears(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"holds no backend {bad!r}" in err and "pass one it holds: openvino" in err
         assert len(err.strip().splitlines()) == 1 and len(cache.entries()) == 2
+    assert main(["cache", "prune", "--max-size", "0.5", "--cache-dir", str(tmp_path)]) == 1  # not 0.5 bytes
+    assert "did you mean 0.5G?" in capsys.readouterr().err and len(cache.entries()) == 2
+    assert main(["cache", "list", "--max-size", "1G", "--cache-dir", str(tmp_path)]) == 1  # ignored before
+    assert "--max-size applies to prune, not to list" in capsys.readouterr().err
     assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "removed 2 entries (2.0 MiB)" in out and "and 1 entries of sdrt 0.1's caches" in out

@@ -42,13 +42,34 @@ def test_run_bad_input_spec_is_a_clear_error(registry, affine_path, tmp_path, ca
 def test_run_input_file_that_is_not_npy(registry, affine_path, tmp_path, capsys):
     (tmp_path / "x.npy").write_text("hello")
     assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz")]) == 1
-    assert "cannot read 'x' as a .npy array" in capsys.readouterr().err
+    assert "the file for 'x' is not a .npy file" in capsys.readouterr().err
+    (tmp_path / "x.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(16))  # numpy: "pickled (object) data"
+    assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'x.png'}", "-o", str(tmp_path / "o.npz")]) == 1
+    err = capsys.readouterr().err
+    assert "is not a .npy file" in err and "pickle" not in err
+
+
+@pytest.mark.parametrize("arrays,needles", [
+    ({"x": np.zeros((2, 4), np.float64)}, ["input 'x' is float64 in", "Where: -i x=",
+                                           "save it as float32: numpy.save("]),
+    ({}, ["no -i for 'x'. Where: --input.", "pass -i NAME=FILE.npy for each input of the graph"]),
+    ({"x": np.zeros((2, 4), np.float32), "z": np.zeros(1, np.float32)}, ["the graph has no input 'z'"]),
+])
+def test_run_input_errors_speak_the_command(registry, affine_path, tmp_path, capsys, arrays, needles):
+    specs = []
+    for name, arr in arrays.items():
+        np.save(tmp_path / f"{name}.npy", arr)
+        specs += ["-i", f"{name}={tmp_path / name}.npy"]
+    assert main(["run", str(affine_path), *specs, "-o", str(tmp_path / "o.npz"), "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert all(n in err for n in needles) and "Session.run" not in err and "astype(np." not in err, err
 
 
 def test_run_wrong_shape_names_input(registry, affine_path, tmp_path, capsys):
     np.save(tmp_path / "x.npy", np.zeros((2, 5), np.float32))
     assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz")]) == 1
-    assert "input 'x' has shape (2, 5), expected (batch, 4)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "input 'x' has shape (2, 5) in" in err and "float32[batch, 4]" in err and "Where: -i x=" in err
 
 
 def test_python_dash_m_sdrt_works():

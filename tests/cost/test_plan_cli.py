@@ -108,6 +108,28 @@ def test_bad_flags_are_one_line_errors(capsys, argv, match):
     assert match in err and "Traceback" not in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--backend", "bogus"], "unknown backend 'bogus'. Where: --backend."),
+    (["--backend", "trt", "--device", "cpu"], "the trt backend does not run on this CPU"),
+    (["--memory", "1000T", "--device", "RTX 3060 12GB"],
+     "more than RTX 3060 12GB has (12.0 GiB). Where: --memory. What to do: pass at most 12.0GiB"),
+])
+def test_flags_a_plan_cannot_honour_are_refused(capsys, argv, match):
+    """No plan for a backend that does not exist or run there, nor under a budget silently capped."""
+    assert main(["plan", str(DATA / "tiny-sd15"), "--width", "64", *argv]) == 1
+    captured = capsys.readouterr()
+    assert match in captured.err and captured.out == ""
+
+
+def test_the_default_size_is_the_models_own(capsys):
+    """As sdrt generate: the demo model makes 64x64 only, and a plan without --width plans that."""
+    from sdrt.pipelines import DEMO_MODEL
+
+    assert main(["plan", str(DEMO_MODEL), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["width"], d["height"]) == (64, 64)
+
+
 def test_not_a_model(capsys, tmp_path):
     (tmp_path / "x.txt").write_text("hi")
     assert main(["plan", str(tmp_path / "x.txt")]) == 1

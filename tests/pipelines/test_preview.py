@@ -185,13 +185,19 @@ def test_bad_preview_size_is_one_line_naming_it(bad):
             split({"preview": preview, "preview_size": 128})
 
 
-@pytest.mark.parametrize("flags, words", [(["--preview-size", "0"], "--preview-size must be a whole number"),
-                                          (["--preview-size", "-3"], "--preview-size must be a whole number"),
-                                          (["--preview-size", "big"], "--preview-size must be a whole number"),
+@pytest.mark.parametrize("flags, words", [(["--preview-size", "0", "--preview-dir", "."],
+                                           "--preview-size must be a whole number"),
+                                          (["--preview-size", "-3", "--preview-dir", "."],
+                                           "--preview-size must be a whole number"),
+                                          (["--preview-size", "big", "--preview-dir", "."],
+                                           "--preview-size must be a whole number"),
+                                          (["--preview-size", "full"], "--preview-size without --preview-dir"),
+                                          (["--preview-decoder", "x.onnx"], "--preview-decoder without --preview-dir"),
                                           (["--preview-every", "0", "--preview-dir", "."], "--preview-every must be"),
                                           (["--preview-every", "x", "--preview-dir", "."], "--preview-every must be"),
                                           (["--preview-every", "2"], "--preview-every without --preview-dir"),
-                                          (["--preview-size", "128"], "--preview-size bounds a TAESD decoder's")])
+                                          (["--preview-size", "128", "--preview-dir", "."],
+                                           "--preview-size bounds a TAESD decoder's")])
 def test_cli_bad_preview_flags(flags, words, capsys):
     from sdrt.cli import main
 

@@ -361,8 +361,9 @@ def test_cli_dry_run_shows_both_hires_passes_and_bad_flags(tmp_path: Path, capsy
     out = capsys.readouterr().out
     assert "pass 2 at 96x96: the last 3 of 4 step(s)" in out and "sample [2, 4, 12, 12]" in out
     for args, words in ((["--controlnet", "x"], "--controlnet needs a --control-image"),
-                        (["--hires-steps", "3"], "needs hires_scale"),
-                        (["--subseed-strength", "3"], "subseed_strength must be from 0 to 1"),
+                        (["--hires-steps", "3"], "--hires-steps needs --hires-scale. Where: --hires-steps. What to do: "
+                                                 "pass --hires-scale 2 (for example) too"),
+                        (["--subseed-strength", "3"], "--subseed-strength must be from 0 to 1"),
                         (["--control-image", str(tmp_path / "none.png")], "the control image does not exist")):
         rc = main(["generate", str(DATA / "tiny-sd15-controlnet"), "a cat", "--dry-run", *args])
         err = capsys.readouterr().err

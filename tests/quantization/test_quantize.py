@@ -89,8 +89,9 @@ def test_int4_keeps_weights_whose_axis_is_not_whole_blocks(unet):
 def test_bad_arguments_are_one_line_errors(unet):
     with pytest.raises(SdrtError, match="unknown weight quantization 'int3'"):
         Q.quantize(unet, "int3")
-    with pytest.raises(SdrtError, match="block_size 48"):
+    with pytest.raises(SdrtError, match="block_size 48") as info:
         Q.quantize(unet, "int4", block_size=48)
+    assert str(info.value).endswith("Where: block_size. What to do: pass block_size=32, 64 or 128.")
     with pytest.raises(ModelError, match="already quantized"):
         Q.quantize(Q.quantize(unet, "int8"), "int4")
     with pytest.raises(SdrtError, match="block size 256"):
@@ -145,6 +146,12 @@ def test_cli_quantize_writes_a_loadable_model(registry, unet_path, tmp_path, cap
     assert main(["quantize", str(UNET), "--to", "int9", "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert "unknown weight quantization 'int9'" in err and "--to int8" in err and "Traceback" not in err
+    # a block size applies to int4 only: with int8 it was ignored in silence; a bad one speaks flags
+    assert main(["quantize", str(UNET), "--to", "int8", "--block-size", "64", "-o", str(out)]) == 1
+    assert "--block-size applies to int4, and --to int8" in capsys.readouterr().err
+    assert main(["quantize", str(UNET), "--to", "int4", "--block-size", "48", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "Where: --block-size. What to do: pass --block-size 32, 64 or 128." in err and "sdrt.quant" not in err
 
 
 def test_pipeline_quantizes_unet_and_text_encoder_not_the_vae(backends, unet_path):

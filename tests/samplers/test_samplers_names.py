@@ -43,6 +43,16 @@ def test_a1111_label_with_a_separate_schedule_type():
     assert S.resolve("Euler", "Beta") == SamplerChoice("euler", "beta")
 
 
+def test_a_schedule_against_the_labels_own_is_refused():
+    """A1111 lets the label's suffix win in silence ("DPM++ 2M Karras" + Exponential runs Karras); sdrt refuses."""
+    with pytest.raises(SamplerError) as info:
+        S.resolve("DPM++ 2M Karras", "exponential")
+    assert info.value.where == "schedule"
+    assert "pass {@sampler} 'DPM++ 2M' with {@schedule} 'exponential'" in info.value.fix
+    assert S.resolve("DPM++ 2M Karras", "Karras") == S.resolve("DPM++ 2M Karras", "karras")  # the same one: fine
+    assert S.resolve("DPM++ 2M Karras", "Automatic") == SamplerChoice("dpmpp_2m", "karras")
+
+
 @pytest.mark.parametrize(("name", "schedule", "expected"), [
     ("euler", "normal", SamplerChoice("euler", "normal")),
     ("dpmpp_2m", "karras", SamplerChoice("dpmpp_2m", "karras")),

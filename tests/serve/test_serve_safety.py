@@ -58,7 +58,12 @@ def test_cli_defaults_and_flags(tmp_path) -> None:
                         (["--max-steps", "0"], "--max-steps 0 is below 1"),
                         (["--api-auth", "nocolon"], "user:password"),
                         (["--api-token", " "], "empty --api-token"),
-                        (["--port", "99999"], "--port 99999 is not a TCP port")):
+                        (["--port", "99999"], "--port 99999 is not a TCP port"),
+                        (["--ray-gpus", "2"], "--ray-gpus applies to a Ray Serve deployment, and --ray was not given"),
+                        (["--ray-address", "auto"], "--ray-address applies to a Ray Serve deployment"),
+                        (["--checkpoint-base", "nope"], "no --models was given"),
+                        (["--models", str(tmp_path), "--checkpoint-base", "nope"],
+                         f"--models {tmp_path} holds no model folder named 'nope'")):
         with pytest.raises(InputError, match=words):
             config_from_args(build_parser().parse_args(["serve", *argv]))
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import logging
+import pytest
 
+from sdrt.errors import InputError
 from sdrt.text import extract_loras
 
 
@@ -24,7 +25,13 @@ def test_other_tags_and_lookalikes_stay():
         assert extract_loras(text) == (text, [])
 
 
-def test_bad_weight_is_skipped_with_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="sdrt.text.loras"):
-        assert extract_loras("x <lora:a:strong> y") == ("x  y", [])
-    assert "not a number" in caplog.text
+def test_a_bad_weight_or_no_name_is_an_error_naming_the_tag():
+    """It was skipped with a warning, and the image made without the LoRA asked for (as <lora:a:nan> never was)."""
+    with pytest.raises(InputError) as info:
+        extract_loras("x <lora:a:strong> y")
+    assert str(info.value) == ("the weight 'strong' of <lora:a:strong> is not a number. Where: prompt. "
+                               "What to do: write a number, e.g. <lora:a:0.8>.")
+    with pytest.raises(InputError, match="Where: negative_prompt"):
+        extract_loras("<lora:a:abc>", "negative_prompt")
+    with pytest.raises(InputError, match="names no LoRA"):
+        extract_loras("<lora::1>")

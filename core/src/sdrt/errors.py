@@ -13,6 +13,9 @@ A message that names an argument of the API writes it as ``{@name}`` (or ``{@nam
 
     raise InputError("a mask needs an init image", where="mask", fix="pass {@init_image=} too")
 
+``{@name=}`` followed by a value (``"pass {@steps=}1 or more"``) reads ``steps=1`` in the API and
+``--steps 1`` on the command line.
+
 ``str(exc)`` speaks the API (``Where: mask. What to do: pass init_image= too.``); a tool that
 takes the arguments under other names renders the same error in its own words with
 ``exc.render(names)`` (the ``sdrt`` command: ``Where: --mask. What to do: pass --init-image too.``).
@@ -30,7 +33,9 @@ def _render(text: str, names: Mapping[str, str] | None) -> str:
     def one(m: re.Match[str]) -> str:
         name, eq = m.group(1), m.group(2)
         if names is not None and name in names:
-            return names[name]
+            # "{@steps=}1" is "steps=1" in the API and "--steps 1" on the command line
+            glued = eq and m.end() < len(text) and not text[m.end()].isspace() and text[m.end()] not in ",.;:)"
+            return names[name] + (" " if glued else "")
         return name + eq
 
     return _ARG.sub(one, text)

@@ -161,8 +161,8 @@ def plan(graph: Graph, to: str = "int8", *, block_size: int = 32,
 
 def _block(block_size: int) -> int:
     if not isinstance(block_size, int) or block_size < 16 or block_size & (block_size - 1):
-        raise SdrtError(f"block_size {block_size!r} is not supported", where="sdrt.quantization.quantize",
-                        fix="pass block_size=32, 64 or 128")
+        raise SdrtError(f"block_size {block_size!r} is not supported", where="block_size",
+                        fix="pass {@block_size=}32, 64 or 128")
     return block_size
 
 

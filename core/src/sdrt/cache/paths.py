@@ -43,14 +43,21 @@ def cache_dir(name: str) -> Path:
 
 
 def parse_size(text: str | int, where: str = "SDRT_CACHE_MAX_SIZE") -> int:
-    """Bytes in ``"20G"``, ``"500M"``, ``"1.5T"``, ``"4096"`` (binary units; ``GiB``/``GB`` read the same)."""
+    """Bytes in ``"20G"``, ``"500M"``, ``"1.5T"``, ``"4096B"``, ``"2000000"`` (binary units; ``GiB``/``GB`` read
+    the same). A bare number below 1 MiB other than 0 (``"0.5"``, ``"20"``) is refused: a cache of a few bytes is
+    a forgotten unit, and pruning to it would evict every entry."""
     if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
         return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", str(text).lower())
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*", str(text).lower())
     if m is None:
         raise SdrtError(f"cache size {text!r} is not a size", where=where,
                         fix="write a number of bytes with an optional unit: 20G, 500M, 1.5T")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+    size = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if not m.group(2) and not m.group(3) and 0 < float(m.group(1)) < 2**20:
+        number = m.group(1)
+        raise SdrtError(f"cache size {text!r} has no unit, so it reads as bytes: too few to hold a compiled model",
+                        where=where, fix=f"did you mean {number}G? Write the unit: 20G, 500M, or B for bytes")
+    return size
 
 
 def max_bytes() -> int:

@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
     from ..cache.store import LEGACY
     from ..errors import SdrtError
 
+    if args.max_size is not None and args.action != "prune":  # list and clear take no size: it would be ignored
+        raise SdrtError(f"--max-size applies to prune, not to {args.action}", where="sdrt cache --max-size",
+                        fix=f"leave --max-size out, or run sdrt cache prune --max-size {args.max_size}")
     cache = CompileCache("-", args.cache_dir)
     if args.backend is not None and args.action == "prune":
         raise SdrtError("prune works on the whole compile cache (one size cap for every backend)",

@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, ModelNotFoundError
+from ..errors import InputError, ModelNotFoundError, SdrtError
 from . import generate_memory, generate_toolbox, generate_weights
 
 #: the API's argument names that are not the dest of a flag of the same name (``sdrt.cli.flag_names``)
 API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "path": "--output",
              "loras": "--lora", "scale": "the scale of --lora FILE:SCALE", "text_encoders": "--text-encoder",
-             "preview": "--preview-decoder"}
+             "preview": "--preview-decoder", "controlnets": "--control-image"}
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -89,7 +89,14 @@ def _split_args(words: list[str]) -> tuple[str | None, str]:
                           or (lone / "transformer").is_dir()):
         raise InputError(f"{words[0]} is a model folder, and no prompt follows it", where="PROMPT",
                          fix=f'give the prompt after the folder: sdrt generate {words[0]} "a red fox in the snow"')
-    return None, words[0]
+    text = words[0]
+    pathlike = lone.suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx") or (
+        not any(c.isspace() for c in text) and ("/" in text or "\\" in text))
+    if pathlike and not lone.exists():  # a mistyped model path, not a prompt for the demo model
+        raise ModelNotFoundError(f"no model at {text}, and no prompt follows it", where="MODEL",
+                                 fix=f'check the path; to use it as the prompt, give a model first: sdrt generate '
+                                     f'MODEL "{text}"')
+    return None, text
 
 
 def _check_outputs(args: argparse.Namespace, n_images: int) -> list[Path] | None:
@@ -108,7 +115,15 @@ def _check_outputs(args: argparse.Namespace, n_images: int) -> list[Path] | None
         check_output(args.output, "output")  # refuses the empty name
     paths = _outputs(Path(args.output), n_images)
     for path in paths:
-        check_output(path, "output")
+        if len(paths) == 1 or not (path.exists() or path.is_symlink()):  # a missing folder: its own words
+            check_output(path, "output")
+            continue
+        try:
+            check_output(path, "output")
+        except SdrtError as exc:  # a numbered name: its "such as e-2.png/out.png" would make no sense
+            raise InputError(f"-o {args.output} with {len(paths)} images writes {paths[0].name} to "
+                             f"{paths[-1].name}, and {exc.what}", where="--output",
+                             fix="pick another -o name, or move that out of the way") from None
     return paths
 
 
@@ -123,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
                    guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length)
     options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
+    from ..text import extract_loras
+
+    for text, key in ((prompt, "prompt"), (args.negative, "negative_prompt")):
+        extract_loras(text, key)  # a <lora:> tag whose weight is not a number, before any model loads
     custom = generate_weights.check(args)
     memory = generate_memory.options(args)  # --memory, checked before any model loads
     outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)

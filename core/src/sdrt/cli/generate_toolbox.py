@@ -72,9 +72,13 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     """The pipeline keywords these flags give (checked later, with the rest, by the pipeline)."""
     opts: dict[str, Any] = {}
     images = args.control_image
-    if args.controlnet and not images:
-        raise InputError("--controlnet needs a --control-image", where="--controlnet",
-                         fix="pass --control-image PNG for each --controlnet")
+    if not images:  # every ControlNet flag shapes a control image's unit: without one it would do nothing
+        for flag in ("controlnet", "control_scale", "control_start", "control_end", "control_preprocessor",
+                     "control_resize"):
+            if getattr(args, flag):
+                name = "--" + flag.replace("_", "-")
+                raise InputError(f"{name} needs a --control-image", where=name,
+                                 fix=f"pass --control-image PNG for each ControlNet, or leave {name} out")
     if images:
         n = len(images)
         nets = args.controlnet or []
@@ -83,6 +87,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                              fix="give one --controlnet per --control-image (or none: the folder's own)")
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         for path in images:
+            if Path(path).is_dir():
+                raise InputError(f"{path} is a folder, not an image file", where="--control-image",
+                                 fix="pass a control image file (PNG, JPEG) in that folder")
             if not Path(path).is_file():
                 raise InputError("the control image does not exist", where=path, fix="check the --control-image path")
         from ..pipelines.controlnet import ControlNet
@@ -99,6 +106,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed"):
         if getattr(args, key) is not None:
             opts[key] = getattr(args, key)
+    if args.subseed is not None and not args.subseed_strength:  # A1111: a subseed at strength 0 changes nothing
+        raise InputError("{@subseed} without {@subseed_strength}", where="subseed",
+                         fix="pass {@subseed_strength} (e.g. 0.3) too, or leave {@subseed} out")
     if args.rng != "cpu":
         opts["rng"] = args.rng
     if args.subseed_strength:
@@ -116,6 +126,13 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         if args.preview_dir is None:
             raise InputError("{@preview_every} without {@preview_dir}", where="preview_every",
                              fix="pass {@preview_dir} too, or leave {@preview_every} out")
+    for key in ("preview_decoder", "preview_size"):  # they shape the previews --preview-dir writes
+        if getattr(args, key) is not None and args.preview_dir is None:
+            raise InputError(f"{{@{key}}} without {{@preview_dir}}", where=key,
+                             fix=f"pass {{@preview_dir}} too, or leave {{@{key}}} out")
+    if args.preview_dir is not None and Path(args.preview_dir).exists() and not Path(args.preview_dir).is_dir():
+        raise InputError(f"{args.preview_dir} is a file, and --preview-dir takes a folder", where="--preview-dir",
+                         fix="pass a folder for the preview PNGs (create it first)")
     if args.preview_dir is not None and not Path(args.preview_dir).is_dir():
         raise InputError("the preview folder does not exist", where=args.preview_dir,
                          fix="create it, or pick another --preview-dir")

@@ -58,6 +58,9 @@ class WeightArgs:
 def _existing(value: str, what: str, flag: str, *, folder: bool = False) -> Path:
     p = Path(value)
     ok = p.is_dir() if folder else p.exists()
+    if folder and p.exists() and not ok:
+        raise InputError(f"{value} is a file, and {flag} takes the {what}", where=f"{flag} {value}",
+                         fix=f"pass the folder that holds it: {flag} {p.parent}")
     if not ok:
         raise InputError(f"the {what} does not exist", where=f"{flag} {value}", fix="check the path")
     return p

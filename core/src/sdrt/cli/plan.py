@@ -7,6 +7,9 @@ import argparse
 import json
 from typing import Any
 
+#: make_plan's argument names -> this command's flags
+API_NAMES = {"backends": "--backend", "precisions": "--precision"}
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="predict time per image and peak memory of a model on a device, and the plan "
@@ -20,7 +23,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="consider only this precision (fp32, fp16, bf16, int8, q8_0, q4_0, ...); repeatable")
     p.add_argument("--memory", default=None, metavar="SIZE",
                    help="memory budget, e.g. 8GiB or 8GB (default: 90%% of the device's memory, 70%% if shared)")
-    p.add_argument("--width", type=int, default=None, help="image width (default 512; SDXL, Flux: 1024)")
+    p.add_argument("--width", type=int, default=None,
+                   help="image width (default: the model's own size, as sdrt generate takes it; 512 for one .onnx)")
     p.add_argument("--height", type=int, default=None, help="image height (default as --width)")
     p.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -59,13 +63,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _default_size(model: str) -> int:
-    """512, or 1024 for a folder whose model_index names an SDXL, SD3 or Flux pipeline."""
-    import json as _json
+    """The model's own size, as ``sdrt generate`` takes it (its denoiser's ``sample_size`` x the VAE factor, else
+    the family's: 512 for SD 1.x, 1024 for SDXL, SD3, Flux); 512 for a single .onnx or what is not a folder."""
     from pathlib import Path
 
-    index = Path(model) / "model_index.json"
-    try:
-        name = _json.loads(index.read_text()).get("_class_name", "")
-    except (OSError, ValueError, AttributeError):
+    from ..errors import SdrtError
+
+    if not Path(model).is_dir():
         return 512
-    return 1024 if any(k in name for k in ("XL", "StableDiffusion3", "Flux", "Chroma")) else 512
+    from ..pipelines.folder import ModelFolder
+    from ..pipelines.pipeline import Pipeline
+
+    try:
+        pipe = Pipeline(ModelFolder.open(Path(model)), backend="auto", device=None)  # dry: nothing compiles
+    except SdrtError:
+        return 512  # make_plan says what is wrong with the folder
+    try:
+        return int(pipe.default_size)
+    finally:
+        pipe.close()

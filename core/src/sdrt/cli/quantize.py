@@ -11,7 +11,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("quantize", help="store a model's matmul and conv weights as int8, int4 or fp8")
     p.add_argument("model", help="path to an .onnx file (external data is read from its folder)")
     p.add_argument("--to", required=True, help="int8 (per output channel), int4 (in blocks) or fp8")
-    p.add_argument("--block-size", type=int, default=32, help="int4 block size: 32, 64 or 128 (default 32)")
+    p.add_argument("--block-size", type=int, default=None, help="int4 block size: 32, 64 or 128 (default 32)")
     p.add_argument("-o", "--output", default=None, help="the graph to write (default: MODEL.int8.onnx next to MODEL)")
     p.add_argument("--plan", action="store_true", help="list which weights would be quantized and which kept, "
                                                        "and why; write nothing")
@@ -20,10 +20,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from .. import quantization as q
+    from ..errors import SdrtError
     from ..graph import Graph
     from ..graph.strip import check_outputs, input_files
 
     scheme = q.scheme_of(args.to, where="sdrt quantize", arg="--to")
+    if args.block_size is not None and scheme != "int4":  # int8 and fp8 scale per output channel: no blocks
+        raise SdrtError(f"--block-size applies to int4, and --to {args.to} scales per output channel",
+                        where="--block-size", fix="leave --block-size out, or pass --to int4")
+    block_size = 32 if args.block_size is None else args.block_size
     src = Path(args.model)
     out = Path(args.output) if args.output else src.with_name(f"{src.stem}.{scheme}.onnx")
     graph = Graph.load(src)
@@ -32,16 +37,13 @@ def run(args: argparse.Namespace) -> int:
     check_outputs({"-o": out}, inputs)
     check_outputs({f"-o's external data file {data_out.name}": data_out}, inputs)
     if args.plan:
-        for reason, names in q.plan(graph, scheme, block_size=args.block_size).items():
+        for reason, names in q.plan(graph, scheme, block_size=block_size).items():
             print(f"{reason}: {len(names)}")
             for n in names:
                 print(f"  {n}")
         return 0
-    original = sum(p.stat().st_size for p in inputs)  # measured before anything is written
-    if not graph.external_refs:
-        data = src.with_name(src.name + "_data")
-        original += data.stat().st_size if data.is_file() else 0
-    result = q.quantize(graph, scheme, block_size=args.block_size)
+    original = sum(p.stat().st_size for p in inputs)  # measured before anything is written (its data files too)
+    result = q.quantize(graph, scheme, block_size=block_size)
     q.save(result, out)
     written = sum(p.stat().st_size for p in (out, data_out) if p.is_file())
     print(f"{out}  {written:,} bytes ({len(q.quantized_weights(result))} weights as {scheme}; "

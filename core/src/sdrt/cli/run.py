@@ -34,12 +34,47 @@ def parse_inputs(specs: list[str]) -> dict[str, Any]:
         if not path.is_file():
             raise InputError(f"input file for {name!r} does not exist", where=str(path),
                              fix="save the array with numpy.save first")
+        with open(path, "rb") as f:
+            magic = f.read(6)
+        if magic != b"\x93NUMPY":  # numpy would call a PNG "pickled (object) data"
+            raise InputError(f"the file for {name!r} is not a .npy file (an .npz, an image or text is not one)",
+                             where=f"-i {spec}", fix="save the array with numpy.save(FILE.npy, array)")
         try:
             feeds[name] = np.load(path, allow_pickle=False)
         except Exception as exc:
             raise InputError(f"cannot read {name!r} as a .npy array ({exc})", where=str(path),
                              fix="save the array with numpy.save") from exc
     return feeds
+
+
+def check_inputs(graph: Any, feeds: dict[str, Any], specs: list[str]) -> None:
+    """The -i files against the graph's inputs, before anything compiles, in this command's words (the
+    session's own check speaks the API: Session.run feeds, array.astype)."""
+    from ..backend import _DTYPE_ALIASES, NON_TENSOR
+
+    files = {spec.partition("=")[0]: spec.partition("=")[2] for spec in specs}
+    expected = {i.name: i for i in graph.inputs}
+    missing = [n for n in expected if n not in feeds]
+    unknown = [n for n in feeds if n not in expected]
+    if missing or unknown:
+        what = "; ".join(x for x in (f"no -i for {', '.join(map(repr, missing))}" if missing else "",
+                                     f"the graph has no input {', '.join(map(repr, unknown))}" if unknown else "")
+                         if x)
+        raise InputError(what, where="--input",
+                         fix="pass -i NAME=FILE.npy for each input of the graph: "
+                             + ", ".join(str(i) for i in graph.inputs))
+    for name, info in expected.items():
+        if info.dtype == NON_TENSOR:
+            continue
+        arr, want = feeds[name], _DTYPE_ALIASES.get(info.dtype, info.dtype)
+        if arr.dtype.name != want:
+            raise InputError(f"input {name!r} is {arr.dtype} in {files[name]}, and the graph takes {want}",
+                             where=f"-i {name}={files[name]}",
+                             fix=f"save it as {want}: numpy.save({files[name]!r}, array.astype(numpy.{want}))")
+        if arr.ndim != len(info.shape) or any(isinstance(d, int) and d != a for d, a in zip(info.shape, arr.shape)):
+            raise InputError(f"input {name!r} has shape {tuple(arr.shape)} in {files[name]}, and the graph takes "
+                             f"{info}", where=f"-i {name}={files[name]}",
+                             fix="save an array of the graph's shape (a dim given by name takes any size)")
 
 
 def pins(graph: Any, feeds: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -74,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     output = output_file(args.output, ".npz")  # before compiling: a bad path fails at once
     feeds = parse_inputs(args.input)
     graph = Graph.load(args.model)
+    check_inputs(graph, feeds, args.input)
     with load(graph, weights=args.weights, backend=args.backend, device=args.device,
               shapes=pins(graph, feeds)) as session:
         outputs = session.run(feeds)

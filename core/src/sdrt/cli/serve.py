@@ -80,6 +80,21 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if not 0 < args.max_body_mb <= 4096:
         raise InputError(f"--max-body-mb {args.max_body_mb} is out of range", where="--max-body-mb",
                          fix="pass a size in MB between 0 and 4096")
+    if not args.ray:  # Ray's own flags would do nothing without it
+        for flag, value in (("--ray-gpus", args.ray_gpus), ("--ray-address", args.ray_address)):
+            if value:
+                raise InputError(f"{flag} applies to a Ray Serve deployment, and --ray was not given", where=flag,
+                                 fix=f"add --ray, or leave {flag} out")
+    if args.checkpoint_base is not None:  # a name in --models, checked now, not warned about at each refresh
+        if args.models is None:
+            raise InputError("--checkpoint-base names a model folder in --models, and no --models was given",
+                             where="--checkpoint-base", fix="pass --models DIR too, or leave --checkpoint-base out")
+        if not (Path(args.models) / args.checkpoint_base).is_dir():
+            names = sorted(p.name for p in Path(args.models).iterdir() if p.is_dir()) if Path(args.models).is_dir() \
+                else []
+            raise InputError(f"--models {args.models} holds no model folder named {args.checkpoint_base!r}",
+                             where="--checkpoint-base",
+                             fix=f"pass one of: {', '.join(names)}" if names else "put the model folder in --models")
     auth_text = args.api_auth or os.environ.get("SDRT_API_AUTH")
     auth = parse_api_auth(auth_text) if auth_text else ()
     tokens = tuple(args.api_token or ([os.environ["SDRT_API_TOKEN"]] if os.environ.get("SDRT_API_TOKEN") else []))

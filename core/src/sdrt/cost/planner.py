@@ -211,10 +211,16 @@ def cost_parts(parts: Sequence[PartCalls], precision: str, pinned: dict[Any, Any
 
 # ---------------------------------------------------------------------------- choosing
 def budget_for(device: DeviceSpec, memory: float | None) -> float:
-    """The memory a plan may use: ``memory`` if given (capped at the device's), else 90% of a discrete
+    """The memory a plan may use: ``memory`` if given (more than the device has is refused), else 90% of a discrete
     device's memory or 70% of shared memory (the OS and apps keep the rest)."""
     usable = device.memory_bytes * (0.7 if device.shared_memory else 0.9)
-    return min(float(memory), float(device.memory_bytes)) if memory else usable
+    if memory and memory > device.memory_bytes:  # a plan cannot use memory the device does not have
+        gib = device.memory_bytes / 2**30
+        raise SdrtError(f"the memory budget {memory / 2**30:.1f} GiB is more than {device.name} has "
+                        f"({gib:.1f} GiB)", where="memory",
+                        fix=f"pass at most {gib:.1f}GiB, or leave {{@memory}} unset (default: "
+                            f"{70 if device.shared_memory else 90}% of the device's memory)")
+    return float(memory) if memory else usable
 
 
 def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precision: str, offload: str,
@@ -271,6 +277,14 @@ def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] 
     label, parts = plan_parts(model, width=width, height=height, steps=steps)
     budget = budget_for(device, memory)
     bes = list(backends) if backends else backends_for(device)
+    for be in backends or ():
+        if be not in BACKEND_PRECISIONS:
+            raise SdrtError(f"unknown backend {be!r}", where="backends",
+                            fix=f"use one of: {', '.join(BACKEND_PRECISIONS)}")
+        if be not in backends_for(device):
+            raise SdrtError(f"the {be} backend does not run on {device.name}", where="backends",
+                            fix=f"use one of: {', '.join(backends_for(device)) or 'none'}, or leave {{@backends}} "
+                                "unset")
     if not bes:
         raise SdrtError(f"no sdrt backend runs on {device.name}", where="sdrt plan --device",
                         fix="pick a GPU or CPU from the library")

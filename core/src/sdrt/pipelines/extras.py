@@ -53,7 +53,7 @@ class ToolboxMixin:
             if not cn.residual_inputs(unet):
                 raise InputError(f"this model's {unet.name} takes no ControlNet residuals", where="controlnets",
                                  fix="use a model folder exported for ControlNet (its UNet takes "
-                                     "down_block_additional_residual_*), or leave controlnets out")
+                                     "down_block_additional_residual_*), or leave {@controlnets} out")
             if self.family.name not in ("sd1", "sd2", "sdxl"):  # type: ignore[attr-defined]
                 raise InputError(f"ControlNet is not supported for {self.family.label}", where="controlnets",
                                  fix="use an SD 1.x or SDXL model")
@@ -64,11 +64,11 @@ class ToolboxMixin:
         if tb.hires is not None:
             if s.mode != "txt2img":
                 raise InputError("the hires fix is a txt2img pass followed by img2img", where="hires_scale",
-                                 fix="leave init_image and mask out, or hires_scale unset")
+                                 fix="leave {@init_image} and {@mask} out, or {@hires_scale} unset")
             import dataclasses
 
             tw, th = tb.hires.target(s.width, s.height)
-            self._check_size(dataclasses.replace(s, width=tw, height=th))  # type: ignore[attr-defined]
+            self._check_size(dataclasses.replace(s, width=tw, height=th), "hires_scale")  # type: ignore[attr-defined]
         if tb.preview is not None and not callable(tb.preview) and tb.preview != "approx" and not self._dry:
             from .preview import TaesdPreview
 

@@ -74,20 +74,21 @@ def parse(scale: float | None, steps: int | None, denoise: float | None, upscale
     if scale is None:
         for name, value in (("hires_steps", steps), ("hires_denoise", denoise), ("hires_upscaler", upscaler)):
             if value is not None:
-                raise InputError(f"{name} needs hires_scale", where=name, fix="pass hires_scale= (e.g. 2) too")
+                raise InputError(f"{{@{name}}} needs {{@hires_scale}}", where=name,
+                                 fix="pass {@hires_scale=}2 (for example) too, or leave {@" + name + "} out")
         return None
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale) \
             or not 1 <= scale <= 8:
-        raise InputError(f"hires_scale must be a number from 1 to 8, got {scale!r}", where="hires_scale",
-                         fix="pass e.g. hires_scale=2")
+        raise InputError(f"{{@hires_scale}} must be a number from 1 to 8, got {scale!r}", where="hires_scale",
+                         fix="pass e.g. {@hires_scale=}2")
     steps = 0 if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
-        raise InputError(f"hires_steps must be an integer >= 0, got {steps!r}", where="hires_steps",
-                         fix="pass e.g. hires_steps=10 (0: as many as the first pass)")
+        raise InputError(f"{{@hires_steps}} must be an integer >= 0, got {steps!r}", where="hires_steps",
+                         fix="pass e.g. {@hires_steps=}10 (0: as many as the first pass)")
     denoise = 0.7 if denoise is None else denoise
     if isinstance(denoise, bool) or not isinstance(denoise, (int, float, np.floating)) or not 0 < denoise <= 1:
-        raise InputError(f"hires_denoise must be in (0, 1], got {denoise!r}", where="hires_denoise",
-                         fix="pass e.g. hires_denoise=0.5")
+        raise InputError(f"{{@hires_denoise}} must be in (0, 1], got {denoise!r}", where="hires_denoise",
+                         fix="pass e.g. {@hires_denoise=}0.5")
     upscaler = "Latent" if upscaler is None else upscaler
     if upscaler not in UPSCALERS:
         lower = {u.lower(): u for u in UPSCALERS}

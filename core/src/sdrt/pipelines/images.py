@@ -50,6 +50,9 @@ def _is_pil(value: Any) -> bool:
 
 def check_path(value: Any, what: str) -> None:
     """Fail early (before any model loads) on a path that does not exist."""
+    if isinstance(value, (str, os.PathLike)) and Path(value).is_dir():
+        raise InputError(f"the {what} {value} is a folder, not an image file", where=str(value),
+                         fix="pass an image file (PNG, JPEG) in that folder")
     if isinstance(value, (str, os.PathLike)) and not Path(value).is_file():
         raise InputError(f"the {what} file does not exist", where=str(value), fix="check the path")
 

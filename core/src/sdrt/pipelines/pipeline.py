@@ -359,7 +359,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
             prompt = extract_loras(prompt)[0] if isinstance(prompt, str) else prompt
             if isinstance(negative_prompt, str):
-                negative_prompt = extract_loras(negative_prompt)[0]
+                negative_prompt = extract_loras(negative_prompt, "negative_prompt")[0]
         elif self._weight_state is not None or (isinstance(prompt, str) and "<lora:" in prompt):
             prompt, negative_prompt = self.weights.prepare(prompt, negative_prompt)  # type: ignore[arg-type]
         if given is not None:
@@ -388,7 +388,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if not self._checked:
             self.family.check(self._parts)
             self._checked = True
-        self._check_size(s)
+        self._check_size(s, "init_image" if init is not None else None)
         self._prepare_extras(s)
         return s, init, mask
 
@@ -416,21 +416,33 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             raise InputError(f"max_sequence_length sets T5's token count, and {fam.label} has no T5 encoder",
                              where="max_sequence_length", fix="leave {@max_sequence_length} unset")
 
-    def _check_size(self, s: Settings) -> None:
-        """A size the denoiser was not exported for, said in pixels (not as a shape it cannot be pinned to)."""
+    def _check_size(self, s: Settings, source: str | None = None) -> None:
+        """A size the denoiser was not exported for, said in pixels (not as a shape it cannot be pinned to).
+        ``source``: the argument the size came from when not width and height (``init_image``, ``hires_scale``)."""
         assert s.width is not None and s.height is not None
         if self.family.flow and (s.width % 16 or s.height % 16):  # 8 (VAE) x 2 (patch)
             where = "width" if s.width % 16 else "height"
             value = s.width if s.width % 16 else s.height
+            if source is not None:  # the size came from the init image or the hires scale, not from width/height
+                raise InputError(f"the {'init image' if source == 'init_image' else 'hires pass'} is "
+                                 f"{s.width}x{s.height}, and {self.family.label} needs multiples of 16 (VAE 8 x "
+                                 "patch 2)", where=source,
+                                 fix=f"make it {s.width - s.width % 16}x{s.height - s.height % 16}")
             raise InputError(f"{where} {value} is not a multiple of 16, which {self.family.label} needs (VAE 8 x "
                              "patch 2)", where=where, fix=f"use {value - value % 16} or {value - value % 16 + 16}")
         shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
         wrong = self.family.size_error(shape, s.width, s.height)
         if wrong is not None:
             w, h = wrong
-            raise InputError(f"this model makes {w}x{h} images only (its {self.denoiser.name} is exported for that "
-                             f"size) and {s.width}x{s.height} was asked", where="width" if w != s.width else "height",
-                             fix=f"pass width={w} and height={h}, or leave them unset")
+            what = f"this model makes {w}x{h} images only (its {self.denoiser.name} is exported for that size)"
+            if source == "init_image":
+                raise InputError(f"{what}, and the init image is {s.width}x{s.height}", where="init_image",
+                                 fix=f"resize or crop the image to {w}x{h}")
+            if source == "hires_scale":
+                raise InputError(f"{what}, and the hires fix's second pass is {s.width}x{s.height}",
+                                 where="hires_scale", fix="leave {@hires_scale} unset: this model's size is fixed")
+            raise InputError(f"{what} and {s.width}x{s.height} was asked", where="width" if w != s.width else "height",
+                             fix=f"pass {{@width=}}{w} and {{@height=}}{h}, or leave them unset")
 
     def _generate(self, prompt: str, negative_prompt: str | None, callback: Callback | None,
                   kwargs: dict[str, Any]) -> Generation:

@@ -62,7 +62,8 @@ class Generation:
 
 def _int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise InputError(f"{name} must be an integer >= {low}, got {value!r}", where=name, fix=f"pass {name}={low} or more")
+        raise InputError(f"{{@{name}}} must be an integer >= {low}, got {value!r}", where=name,
+                         fix=f"pass {{@{name}=}}{low} or more")
     return int(value)
 
 
@@ -129,10 +130,13 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
             raise InputError(f"strength must be in (0, 1], got {strength!r}", where="strength", fix="use e.g. 0.75")
     if init_image is not None:
         check_path(init_image, "init image")
+        init_strength = strength
         strength = float(strength if strength is not None else (1.0 if mask is not None else 0.75))
         if min(int(steps * strength), steps) < 1:
-            raise InputError(f"strength {strength} of {steps} steps leaves no step to run", where="strength",
-                             fix=f"raise the strength to at least {1 / steps:.3g} or the steps")
+            given = "strength" if init_strength is not None else "steps"  # the default strength is not the user's
+            said = "{@strength}" if given == "strength" else "the default strength"
+            raise InputError(f"{said} {strength} of {steps} steps leaves no step to run", where=given,
+                             fix=f"raise {{@strength}} to at least {1 / steps:.3g}, or {{@steps}}")
     if mask is not None:
         check_path(mask, "mask")
     return Settings(prompt, negative_prompt or "", steps, float(cfg) if cfg is not None else None,  # type: ignore[arg-type]

@@ -60,18 +60,18 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
                            kwargs.get("hires_upscaler"))
     rng = kwargs.get("rng", "cpu") or "cpu"
     if not isinstance(rng, str) or rng.lower() not in RNG_SOURCES:
-        raise InputError(f"unknown random source rng={rng!r}", where="rng",
+        raise InputError(f"unknown random source {{@rng=}}{rng!r}", where="rng",
                          fix="use cpu (diffusers' and A1111's CPU), gpu (A1111's default GPU noise) or nv")
     tb.rng = rng.lower()
     strength = kwargs.get("subseed_strength", 0.0) or 0.0
     if isinstance(strength, bool) or not isinstance(strength, (int, float, np.floating)) \
             or not math.isfinite(strength) or not 0 <= strength <= 1:
-        raise InputError(f"subseed_strength must be from 0 to 1, got {strength!r}", where="subseed_strength",
-                         fix="pass e.g. subseed_strength=0.3 (0: no variation)")
+        raise InputError(f"{{@subseed_strength}} must be from 0 to 1, got {strength!r}", where="subseed_strength",
+                         fix="pass e.g. {@subseed_strength=}0.3 (0: no variation)")
     tb.subseed_strength = float(strength)
     subseed = kwargs.get("subseed")
     if subseed is not None and (isinstance(subseed, bool) or not isinstance(subseed, (int, np.integer))):
-        raise InputError(f"subseed must be an integer, got {subseed!r}", where="subseed",
+        raise InputError(f"{{@subseed}} must be an integer, got {subseed!r}", where="subseed",
                          fix="pass an integer, or -1 for a random one")
     if tb.subseed_strength:
         tb.subseed = resolve_seed(-1 if subseed is None else int(subseed))
@@ -84,7 +84,7 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
         elif isinstance(preview, (str, os.PathLike)):
             if not os.path.isfile(os.fspath(preview)):
                 raise InputError(f"no preview decoder at {os.fspath(preview)!r}", where="preview",
-                                 fix="pass a TAESD/TAESDXL/TAEF1 decoder's ONNX file, or preview='approx'")
+                                 fix="pass a TAESD/TAESDXL/TAEF1 decoder's ONNX file to {@preview}")
             tb.preview = os.fspath(preview)
         elif callable(preview):  # a TaesdPreview, or any latent -> image function
             tb.preview = preview

@@ -152,9 +152,9 @@ class WeightState:
         wanted: list[tuple[Lora | str | os.PathLike[str], float]] = [
             (a.path if a.path is not None else a.lora, a.scale) for a in self.fixed]
         out = []
-        for text in (prompt, negative_prompt):
+        for text, key in ((prompt, "prompt"), (negative_prompt, "negative_prompt")):
             if isinstance(text, str) and "<" in text:
-                text, tags = self.resolve_prompt(text)
+                text, tags = self.resolve_prompt(text, key)
                 for name, w in tags:
                     check_lora_scale(w, name, where=f"<lora:{name}:{w}> in {{@prompt}}")
                 wanted += [(self.lora_file(name), w) for name, w in tags]
@@ -184,11 +184,11 @@ class WeightState:
         self._apply(touched, merged)
         return active
 
-    def resolve_prompt(self, text: str) -> tuple[str, list[tuple[str, float]]]:
+    def resolve_prompt(self, text: str, where: str = "prompt") -> tuple[str, list[tuple[str, float]]]:
         """A1111's ``<lora:name:scale>`` tags: removed from the text, resolved in ``lora_dir``."""
         from ..text import extract_loras
 
-        clean, tags = extract_loras(text)
+        clean, tags = extract_loras(text, where)
         return clean, tags
 
     def lora_file(self, name: str) -> Path:

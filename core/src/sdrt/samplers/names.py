@@ -96,6 +96,13 @@ def _from_a1111(label: str, schedule: str | None) -> SamplerChoice | None:
             sampler, default_schedule, discard, options = A1111_SAMPLERS[_A1111_FOLDED[key]]
             if rest and rest != "automatic":
                 sched = _SCHED_FOLDED[rest]
+                if schedule is not None and _fold(schedule) != "automatic" and _schedule_name(schedule) != sched:
+                    # A1111 lets the label's suffix win in silence; the caller asked for two schedules
+                    base = _A1111_FOLDED[key]
+                    raise SamplerError(f"the sampler {label!r} names its schedule, and {{@schedule}} {schedule!r} "
+                                       "is another", where="schedule",
+                                       fix=f"pass {{@sampler}} {base!r} with {{@schedule}} {schedule!r}, or leave "
+                                           "{@schedule} unset")
             elif schedule is not None:
                 sched = _schedule_name(schedule)
             else:
@@ -111,7 +118,7 @@ def _schedule_name(schedule: str) -> str:
         return "normal"
     folded = _SCHED_FOLDED.get(_fold(schedule))
     if folded is None:
-        raise SamplerError(f"unknown schedule {schedule!r}", where="sdrt.samplers.resolve",
+        raise SamplerError(f"unknown schedule {schedule!r}", where="schedule",
                            fix=f"use one of: {', '.join(available_schedules())} or an A1111 label: "
                                f"{', '.join(A1111_SCHEDULES)}")
     return folded
@@ -121,13 +128,13 @@ def resolve(name: str, schedule: str | None = None) -> SamplerChoice:
     """Turn an A1111/Forge label or a ComfyUI sampler (+ scheduler) name into a ``SamplerChoice``."""
     if not isinstance(name, str) or not name.strip():
         raise SamplerError(f"sampler name must be a non-empty string, got {name!r}",
-                           where="sdrt.samplers.resolve", fix=_valid_listing())
+                           where="sampler", fix=_valid_listing())
     comfy = _COMFY_ALIASES.get(name, name)
     if comfy in available_samplers():
         sched = _schedule_name(schedule) if schedule is not None else "normal"
         return SamplerChoice(comfy, sched, comfy in DISCARD_PENULTIMATE_SIGMA)
     choice = _from_a1111(name, schedule)
     if choice is None:
-        raise SamplerError(f"unknown sampler {name!r}", where="sdrt.samplers.resolve",
+        raise SamplerError(f"unknown sampler {name!r}", where="sampler",
                            fix=f"use one of the known names. {_valid_listing()}")
     return choice

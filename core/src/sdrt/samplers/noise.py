@@ -55,8 +55,8 @@ def _seed32(seed: int) -> int:
     if not -(1 << 63) <= seed < _U64:
         raise SamplerError(
             f"seed {seed} is out of range",
-            where="sdrt.samplers.randn",
-            fix="use a seed in [-2**63, 2**64), as torch.Generator.manual_seed accepts",
+            where="seed",
+            fix="use a {@seed} from -2**63 to 2**64 - 1 (a 64-bit seed; A1111's are below 2**32)",
         )
     return (seed % _U64) & 0xFFFFFFFF
 

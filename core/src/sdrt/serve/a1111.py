@@ -84,7 +84,11 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     prompt = get_str(body, "prompt", "", max_len=limits.max_prompt_chars)
     negative = get_str(body, "negative_prompt", "", max_len=limits.max_prompt_chars)
     for key, text in (("prompt", prompt), ("negative_prompt", negative)):
-        registry.check_loras([name for name, _ in extract_loras(text)[1]], key)
+        try:
+            tags = extract_loras(text, key)[1]
+        except SdrtError as exc:  # a tag whose weight is not a number: a 400, as a LoRA this server lacks
+            raise from_pipeline(exc) from None
+        registry.check_loras([name for name, _ in tags], key)
     steps = get_int(body, "steps", 20, 1, limits.max_steps)
     cfg = get_float(body, "cfg_scale", 7.0, 0.0, 100.0)
     sampler = get_str(body, "sampler_name", None) or get_str(body, "sampler_index", None) or "Euler"
@@ -205,6 +209,8 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
         if blur is None:
             blur = max(get_int(body, "mask_blur_x", 4, 0, 64), get_int(body, "mask_blur_y", 4, 0, 64))
         invert = get_int(body, "inpainting_mask_invert", 0, 0, 1) == 1
+        # A1111 fits the mask with the init images' resize_mode (processing.py: images.resize_image(
+        # self.resize_mode, image_mask, ...)); clients send masks at their own canvas size, so it is kept
         kwargs["mask"] = b64images.mask_array(b64images.fit(m, width, height, resize_mode), blur, invert)
         fill = get_int(body, "inpainting_fill", 1, 0, 3)
         if fill == 0:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..errors import _render
+
 
 class ApiError(Exception):
     """A request the server refuses (4xx) or cannot serve now (503). ``field`` names the request field."""
@@ -15,7 +17,9 @@ class ApiError(Exception):
 
 #: the pipeline's argument names -> A1111's request fields
 _FIELDS = {"strength": "denoising_strength", "cfg": "cfg_scale", "batch": "batch_size", "clip_skip":
-           "CLIP_stop_at_last_layers", "negative_prompt": "negative_prompt", "init_image": "init_images"}
+           "CLIP_stop_at_last_layers", "negative_prompt": "negative_prompt", "init_image": "init_images", "sampler": "sampler_name",
+           "schedule": "scheduler", "hires_scale": "hr_scale", "hires_steps": "hr_second_pass_steps",
+           "hires_upscaler": "hr_upscaler"}
 
 
 def from_pipeline(exc: Exception) -> ApiError:
@@ -24,9 +28,8 @@ def from_pipeline(exc: Exception) -> ApiError:
     what = getattr(exc, "what", str(exc))
     fix = getattr(exc, "fix", None)
     where = getattr(exc, "where", None) or ""
-    if where == "sdrt.samplers.resolve":
-        where = "scheduler" if "schedule" in what and "sampler" not in what else "sampler_name"
     field = _FIELDS.get(where, where) or None
+    what, fix = _render(what, _FIELDS), _render(fix, _FIELDS) if fix else fix  # {@cfg} -> cfg_scale
     return ApiError(400, f"{what}; {fix}" if fix else what, field=field)
 
 

@@ -6,24 +6,25 @@ the arguments are ``name[:te_weight[:unet_weight]]``, also as ``te=``/``unet=``;
 a missing weight is 1.0. :func:`extract_loras` returns the prompt without those
 tags and ``(name, weight)`` with the text-encoder weight (the UNet weight when
 only ``unet=`` is given is not reported separately). Other tag types
-(``<hypernet:...>``) stay in the text. A tag whose weight is not a number is
-dropped from the text and skipped with a warning, as A1111 skips a network it
-cannot activate.
+(``<hypernet:...>``) stay in the text. A tag whose weight is not a number, or that names no
+LoRA, is an ``InputError`` naming the tag (it was skipped with a warning, and the image made
+without the LoRA the user asked for).
 """
 
 from __future__ import annotations
 
-import logging
 import re
-
-log = logging.getLogger("sdrt.text.loras")
 
 _TAG = re.compile(r"<(\w+):([^>]+)>")
 _LORA_TYPES = {"lora", "lyco"}
 
 
-def extract_loras(text: str) -> tuple[str, list[tuple[str, float]]]:
-    """``("a cat <lora:ink:0.7>", ...)`` -> ``("a cat ", [("ink", 0.7)])``, in the order the tags appear."""
+def extract_loras(text: str, where: str = "prompt") -> tuple[str, list[tuple[str, float]]]:
+    """``("a cat <lora:ink:0.7>", ...)`` -> ``("a cat ", [("ink", 0.7)])``, in the order the tags appear.
+
+    ``where`` names the argument that holds ``text`` in a bad tag's error (``prompt``, ``negative_prompt``)."""
+    from ..errors import InputError
+
     found: list[tuple[str, float]] = []
 
     def take(m: re.Match[str]) -> str:
@@ -37,11 +38,11 @@ def extract_loras(text: str) -> tuple[str, list[tuple[str, float]]]:
         try:
             weight = float(raw)
         except ValueError:
-            log.warning("skipping %s: its weight %r is not a number", m.group(0), raw)
-            return ""
+            raise InputError(f"the weight {raw!r} of {m.group(0)} is not a number", where=where,
+                             fix=f"write a number, e.g. <lora:{name or 'NAME'}:0.8>") from None
         if not name:
-            log.warning("skipping %s: it names no LoRA", m.group(0))
-            return ""
+            raise InputError(f"{m.group(0)} names no LoRA", where=where,
+                             fix="write the LoRA's file name without .safetensors, e.g. <lora:add_detail:0.8>")
         found.append((name, weight))
         return ""
 
