@@ -127,3 +127,10 @@ def test_the_default_strength_is_not_blamed_on_strength(capsys, tmp_path):
             "the default strength 0.75 of 1 steps leaves no step to run. Where: --steps.")
     refused(capsys, ["generate", "a cat", *FAST, "--steps", "4", "--strength", "0.1", "--init-image",
                      str(tmp_path / "i.png")], "--strength 0.1 of 4 steps leaves no step to run. Where: --strength.")
+
+
+@pytest.mark.parametrize("prompt", ["1girl,blue/red_hair", "(red/blue:1.2)", "a red/blue fox"])
+def test_a_tag_prompt_with_a_slash_is_still_a_prompt(capsys, prompt):
+    """Tags come without spaces but with commas or weights: they reach the backend, not 'no model at'."""
+    err = refused(capsys, ["generate", prompt, *FAST], "no backend named 'nosuch'")
+    assert "no model at" not in err

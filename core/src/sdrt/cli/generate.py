@@ -90,8 +90,9 @@ def _split_args(words: list[str]) -> tuple[str | None, str]:
         raise InputError(f"{words[0]} is a model folder, and no prompt follows it", where="PROMPT",
                          fix=f'give the prompt after the folder: sdrt generate {words[0]} "a red fox in the snow"')
     text = words[0]
+    # a tag prompt without spaces ("1girl,blue/red_hair,(smile:1.2)") is a prompt: tags come with commas
     pathlike = lone.suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx") or (
-        not any(c.isspace() for c in text) and ("/" in text or "\\" in text))
+        not any(c.isspace() or c in ",()[]<>{}|" for c in text) and ("/" in text or "\\" in text))
     if pathlike and not lone.exists():  # a mistyped model path, not a prompt for the demo model
         raise ModelNotFoundError(f"no model at {text}, and no prompt follows it", where="MODEL",
                                  fix=f'check the path; to use it as the prompt, give a model first: sdrt generate '
