@@ -46,6 +46,16 @@ def test_txt2img(server) -> None:
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(again.images, r.images))
 
 
+def test_a_scheduler_beside_a_label_that_names_its_own_runs_the_labels_as_a1111_and_says_so(server) -> None:
+    """A client that saved "DPM++ 2M Karras" sends its scheduler menu's value beside it: A1111 runs Karras (the label's
+    suffix wins), and so does sdrt, listing the scheduler it did not use (the command line refuses the pair)."""
+    r = _api(server).txt2img(prompt="a red circle", seed=7, width=64, height=64, steps=3,
+                             sampler_name="DPM++ 2M Karras", scheduler="Exponential")
+    assert r.info["sdrt_not_honoured"] == ["scheduler: the sampler 'DPM++ 2M Karras' names its schedule (karras), "
+                                           "which A1111 runs instead of 'Exponential'"]
+    assert "Schedule type: Karras" in r.info["infotexts"][0]
+
+
 def test_img2img_and_inpainting(server) -> None:
     api = _api(server)
     src = Image.new("RGB", (64, 64), (20, 40, 200))

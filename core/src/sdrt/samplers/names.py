@@ -111,6 +111,24 @@ def _from_a1111(label: str, schedule: str | None) -> SamplerChoice | None:
     return None
 
 
+def label_schedule(label: str, schedule: str | None) -> str | None:
+    """The schedule an A1111 label names by its suffix ("DPM++ 2M Karras": karras) when ``schedule`` names
+    another one, else None: what A1111 runs in that case (the suffix wins), for a caller that follows it."""
+    if schedule is None or _fold(schedule) == "automatic" or not isinstance(label, str):
+        return None
+    folded = _fold(label)
+    for key in sorted(_A1111_FOLDED, key=len, reverse=True):
+        if folded.startswith(key + " "):
+            rest = folded[len(key):].strip()
+            if rest in _SCHED_FOLDED:
+                own = _SCHED_FOLDED[rest]
+                try:
+                    return own if _schedule_name(schedule) != own else None
+                except SamplerError:
+                    return None  # an unknown schedule: resolve says so
+    return None
+
+
 def _schedule_name(schedule: str) -> str:
     if schedule in available_schedules():
         return schedule

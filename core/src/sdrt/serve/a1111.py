@@ -77,6 +77,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     """Check a txt2img (``mode="txt2img"``) or img2img body; raises ``ApiError`` naming the field."""
     from ..errors import SdrtError
     from ..pipelines import validate
+    from ..samplers.names import label_schedule
     from ..text import extract_loras
 
     if not isinstance(body, dict):
@@ -115,6 +116,11 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     if clip_skip is None:
         clip_skip = int(options.get("CLIP_stop_at_last_layers") or 1)
     not_honoured = _not_honoured(body)
+    own = label_schedule(sampler, scheduler)
+    if own is not None:  # A1111 runs the label's own schedule; clients send a saved scheduler beside an old label
+        not_honoured.append(f"scheduler: the sampler {sampler!r} names its schedule ({own}), which A1111 runs "
+                            f"instead of {scheduler!r}")
+        scheduler = None
     not_honoured += [f"override_settings.{k}: not an option sdrt reads" for k in overrides if k not in _OVERRIDES]
     vae = overrides.get("sd_vae")
     if vae not in (None, "", "Automatic", "None"):
