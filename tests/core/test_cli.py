@@ -102,3 +102,19 @@ def test_run_with_two_sizes_for_one_dim_names_both_inputs(registry, tmp_path, ca
     err = capsys.readouterr().err
     assert "inputs 'a' and 'b' give the graph's dim 'batch' the sizes 2 and 3" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_reader_that_leaves_early_is_a_quiet_exit(registry, monkeypatch, capsys):
+    """`sdrt quantize --plan | head`: the pipe closes under the output; a BrokenPipeError traceback before."""
+    import io
+
+    class _Gone(io.StringIO):
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self):
+            raise io.UnsupportedOperation("no file")
+
+    monkeypatch.setattr(sys, "stdout", _Gone())
+    assert main(["info"]) == 141
+    assert capsys.readouterr().err == ""

@@ -4,8 +4,10 @@ exposes ``add_parser(subparsers)`` and ``run(args) -> int``."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
 import sys
 
 from ..errors import SdrtError
@@ -55,3 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit status for SIGINT
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `sdrt ... | head`: the reader left; quiet, as other tools are
+        with contextlib.suppress(OSError):  # stdout is gone: point it at /dev/null so exit does not flush into it
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
