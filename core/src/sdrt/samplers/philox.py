@@ -81,11 +81,9 @@ def philox4x32_10(counter: np.ndarray, key: np.ndarray, rounds: int = 10) -> np.
 
 
 def _seed64(seed: int, where: str) -> int:
-    seed = int(seed)
-    if not -(1 << 63) <= seed < _U64:
-        raise SamplerError(f"seed {seed} is out of range", where=where,
-                           fix="use a seed in [-2**63, 2**64), as torch.Generator.manual_seed accepts")
-    return seed % _U64
+    from .noise import check_seed
+
+    return check_seed(seed) % _U64
 
 
 def _shape(shape: int | Sequence[int], where: str) -> tuple[int, ...]:

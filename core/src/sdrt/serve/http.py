@@ -43,6 +43,9 @@ async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> A
                             f"{exc.colno})") from None
     except ValueError as exc:
         raise ApiError(400, f"the request body is not valid JSON ({exc})") from None
+    except RecursionError:  # the parser recurses once per level of [ or {
+        raise ApiError(400, "the request body nests too deeply (over ~1000 levels of [ or {); send a flatter "
+                            "JSON object") from None
 
 
 def error_response(request_path: str, status: int, message: str, field: str | None = None,
