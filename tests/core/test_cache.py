@@ -106,9 +106,12 @@ def test_sdrt_cache_dir_naming_a_file_is_said_once_naming_the_variable(tmp_path,
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("SDRT_CACHE_DIR", str(blocker))
-    with caplog.at_level(logging.WARNING, "sdrt.cache"):
+    with caplog.at_level(logging.WARNING, "sdrt"):
         for key in ("ab" * 32, "cd" * 32, "ef" * 32):
             assert put(CompileCache("demo"), key, b"p") is None
+        from sdrt.cost.model import load_calibration
+
+        assert load_calibration() == {"entries": {}}  # no calibration under a file: none, not a second warning
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, warnings
     assert "is a file, not a folder (SDRT_CACHE_DIR)" in warnings[0]
