@@ -278,7 +278,7 @@ def test_the_demo_models_size_limit_in_pixels() -> None:
     register("reference")
     demo = pipelines.load(DEMO_MODEL, backend="reference")
     with pytest.raises(InputError, match=r"this model makes 64x64 images only .* 16384x64 was asked") as info:
-        demo(PROMPT, steps=1, width=16384, height=64)  # the most any generation takes (settings.MAX_SIDE)
+        demo(PROMPT, steps=1, width=16384, height=64)  # the most any generation takes (bounds.MAX_SIDE)
     assert info.value.where == "width" and "pin" not in str(info.value)
 
 

@@ -55,7 +55,7 @@ def init() -> np.ndarray:
     ({"cfg": math.nan}, InputError, "cfg must be a finite number"),
     ({"seed": "7"}, InputError, "seed must be an integer"),
     ({"clip_skip": 0}, InputError, "clip_skip must be an integer >= 1"),
-    # sane upper bounds, shared with the CLI and the server (sdrt.pipelines.settings.MAX_*)
+    # sane upper bounds, shared with the CLI and the server (sdrt.pipelines.bounds)
     ({"steps": 10**11}, InputError, "steps 100000000000 is above the limit of 10000"),
     ({"steps": 10**22}, InputError, "steps 10000000000000000000000 is above the limit of 10000"),
     ({"batch": 10**10}, InputError, "batch 10000000000 is above the limit of 256"),

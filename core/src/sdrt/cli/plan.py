@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{d.name:<36} {d.kind:<5} {d.memory_bytes / 2**30:6.0f} GiB  {d.bandwidth_bytes_per_s / 1e9:6.0f} GB/s  "
                   + "  ".join(f"{k} {v / 1e12:.1f}T" for k, v in d.peak_flops.items()))
         return 0
-    from ..pipelines.settings import MAX_SIDE, MAX_STEPS
+    from ..pipelines.bounds import MAX_SIDE, MAX_STEPS
 
     for flag, v, high in (("--width", args.width, MAX_SIDE), ("--height", args.height, MAX_SIDE),
                           ("--steps", args.steps, MAX_STEPS)):

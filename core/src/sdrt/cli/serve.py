@@ -75,7 +75,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
                              ("--max-queue", args.max_queue, 1), ("--keep-models", args.keep_models, 1)):
         if value < low:
             raise InputError(f"{flag} {value} is below {low}", where=flag, fix=f"pass {low} or more")
-    from ..pipelines.settings import MAX_BATCH, MAX_SIDE, MAX_STEPS
+    from ..pipelines.bounds import MAX_BATCH, MAX_SIDE, MAX_STEPS
 
     for flag, value, high in (("--max-size", args.max_size, MAX_SIDE), ("--max-steps", args.max_steps, MAX_STEPS),
                               ("--max-batch", args.max_batch, MAX_BATCH)):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from .bounds import MAX_STEPS
 
 __all__ = ["LATENT_MODES", "UPSCALERS", "Hires", "interpolate", "parse", "second_pass_steps", "upscale_image"]
 
@@ -80,8 +81,6 @@ def parse(scale: float | None, steps: int | None, denoise: float | None, upscale
             or not 1 <= scale <= 8:
         raise InputError(f"hires_scale must be a number from 1 to 8, got {scale!r}", where="hires_scale",
                          fix="pass e.g. hires_scale=2")
-    from .settings import MAX_STEPS
-
     steps = 0 if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 0 <= steps <= MAX_STEPS:
         raise InputError(f"hires_steps must be an integer from 0 to {MAX_STEPS}, got {steps!r}", where="hires_steps",

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .bounds import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_SIDE, MAX_STEPS
 from .images import ImageLike, check_path
 from .toolbox import KEYWORDS as TOOLBOX_KEYWORDS
 
@@ -59,14 +60,6 @@ class Generation:
     memory: Any = None
 
 
-#: the largest values any caller may ask for (the API, ``sdrt generate``/``plan``, and ``sdrt serve``, whose
-#: per-request ``Limits`` sit below them): far above real use (A1111's UI stops at 150 steps, batch 8, 100
-#: batches, 2048 px and CFG 30), low enough that a typo cannot allocate terabytes or run for years
-MAX_STEPS = 10_000
-MAX_BATCH = 256
-MAX_BATCH_COUNT = 10_000
-MAX_SIDE = 16_384
-MAX_CFG = 100.0
 _HIGH = {"steps": MAX_STEPS, "batch": MAX_BATCH, "batch_count": MAX_BATCH_COUNT, "width": MAX_SIDE,
          "height": MAX_SIDE}
 

@@ -77,7 +77,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     """Check a txt2img (``mode="txt2img"``) or img2img body; raises ``ApiError`` naming the field."""
     from ..errors import SdrtError
     from ..pipelines import validate
-    from ..pipelines.settings import MAX_CFG
+    from ..pipelines.bounds import MAX_CFG
     from ..text import extract_loras
 
     if not isinstance(body, dict):

@@ -33,7 +33,7 @@ _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     from ..errors import SdrtError
     from ..pipelines import validate
-    from ..pipelines.settings import MAX_CFG
+    from ..pipelines.bounds import MAX_CFG
 
     limits = st.limits
     if not isinstance(body, dict):
