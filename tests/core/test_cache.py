@@ -98,7 +98,24 @@ def test_an_unwritable_cache_folder_is_logged_not_raised(tmp_path, caplog):
     blocker.write_text("not a folder")
     with caplog.at_level(logging.WARNING, "sdrt.cache"):
         assert put(CompileCache("demo", blocker), KEY, b"p") is None
-    assert "going on without it" in caplog.text
+    assert "going on without the cache" in caplog.text and "pass cache_dir= a folder" in caplog.text
+
+
+def test_sdrt_cache_dir_naming_a_file_is_said_once_naming_the_variable(tmp_path, caplog, monkeypatch):
+    """Not an '[Errno 20] Not a directory' warning for every part a pipeline stores."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(blocker))
+    with caplog.at_level(logging.WARNING, "sdrt"):
+        for key in ("ab" * 32, "cd" * 32, "ef" * 32):
+            assert put(CompileCache("demo"), key, b"p") is None
+        from sdrt.cost.model import load_calibration
+
+        assert load_calibration() == {"entries": {}}  # no calibration under a file: none, not a second warning
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "is a file, not a folder (SDRT_CACHE_DIR)" in warnings[0]
+    assert "point SDRT_CACHE_DIR at a folder, or unset it" in warnings[0] and "Errno" not in warnings[0]
 
 
 def test_a_large_entry_stored_in_the_background_lands_whole_and_small_ones_at_once(tmp_path, monkeypatch):

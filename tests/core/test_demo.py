@@ -30,3 +30,16 @@ def test_demo_writes_png_that_matches_onnxruntime(registry, tmp_path, capsys):
         None, {"latent": latent})[0]
     expected = ((image[0].transpose(1, 2, 0) + 1.0) * 127.5).clip(0, 255).astype(np.uint8)
     assert np.abs(pixels.astype(int) - expected.astype(int)).max() <= 1
+
+
+def test_demo_takes_seeds_as_generate_does(registry, tmp_path, capsys):
+    """-1 is a random seed (A1111); another negative seed is seed + 2**64, as torch's manual_seed takes it."""
+    out = tmp_path / "demo.png"
+    assert main(["demo", "-o", str(out), "--backend", "reference", "--seed=-1"]) == 0
+    seed = int(capsys.readouterr().out.split("(seed ")[1].split(")")[0])
+    assert 0 <= seed < 2**32
+    assert main(["demo", "-o", str(out), "--backend", "reference", "--seed=-5"]) == 0
+    assert "(seed -5)" in capsys.readouterr().out
+    assert main(["demo", "-o", str(out), "--backend", "reference", f"--seed={2**64}"]) == 1
+    err = capsys.readouterr().err
+    assert "seed 18446744073709551616 is out of range. Where: --seed." in err and "Traceback" not in err

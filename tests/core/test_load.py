@@ -61,6 +61,18 @@ def test_load_accepts_bytes_and_graph(registry, affine_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize(("args", "kwargs", "match"), [
+    ((None,), {}, r"model must be a path, the bytes of an ONNX file or an sdrt.Graph, got NoneType\. Where: model\."),
+    ((5,), {}, r"model must be .* got int\. Where: model\."),
+    (("vae.onnx",), {"device": 5}, r"device must be a device id, a Device or None, got int 5\. Where: device\."),
+    (("vae.onnx",), {"backend": 5}, r"backend must be a backend's name, got int\. Where: backend\."),
+])
+def test_arguments_of_the_wrong_type_are_input_errors(registry, args, kwargs, match):
+    """Not a TypeError from pathlib or an AttributeError from str.lower deep in the device lookup."""
+    with pytest.raises(InputError, match=match):
+        sdrt.load(*args, **kwargs)
+
+
 def test_unknown_backend_name_lists_installed(registry, affine_path):
     with pytest.raises(UnknownBackendError, match=r"no backend named 'cuda-magic'.*installed backends: reference"):
         sdrt.load(affine_path, backend="cuda-magic")

@@ -101,6 +101,8 @@ def test_sizes_scale_the_unet_time():
     (["--device", "Voodoo 2"], "no single library device"),
     (["--precision", "fp12"], "unknown precision"),
     (["--width", "0"], "--width"),
+    (["--steps", "100000000000"], "--steps 100000000000 is above the limit of 10000"),  # was a numpy MemoryError
+    (["--height", "100000"], "--height 100000 is above the limit of 16384"),
 ])
 def test_bad_flags_are_one_line_errors(capsys, argv, match):
     assert main(["plan", str(DATA / "tiny-sd15"), *argv]) == 1

@@ -71,6 +71,17 @@ def test_a_model_name_with_a_comma_is_json_quoted_in_the_png(tmp_path: Path, cap
     (["/no/such/folder", "a cat"], "the model folder does not exist"),
     (["a", "b", "c"], "expected [MODEL] PROMPT, got 3 words"),
     (["a cat", "-o", "/no/such/dir/x.png"], "the output folder does not exist"),
+    # before any model loads (the folder does not exist), in the command's words: a prompt byte that is not
+    # UTF-8 (Python reads argv with surrogateescape) failed only when the infotext was written
+    (["/no/such/folder", "caf\udce9 red circle", "-o", "a.png"],
+     "the prompt is not UTF-8 text: byte 0xe9 at byte 3 (read as U+DCE9). Where: PROMPT."),
+    (["/no/such/folder", "x", "--negative", "\udcff", "-o", "a.jpg"],
+     "the negative prompt is not UTF-8 text: byte 0xff at byte 0 (read as U+DCFF). Where: --negative."),
+    (["/no/such/folder", "x", "--steps", "100000000000"], "--steps 100000000000 is above the limit of 10000. Where: --steps"),
+    (["/no/such/folder", "x", "--batch", "10000000000"], "--batch 10000000000 is above the limit of 256"),
+    (["/no/such/folder", "x", "--batch-count", "10000000000"], "--batch-count 10000000000 is above the limit of 10000"),
+    (["/no/such/folder", "x", "--cfg", "1e308"], "cfg must be a finite number from 0 to 100, got 1e+308. Where: --cfg"),
+    (["/no/such/folder", "x", "--seed", str(2**64)], "seed 18446744073709551616 is out of range. Where: --seed"),
 ])
 def test_errors_are_one_line_without_traceback(args: list[str], message: str, capsys) -> None:
     assert main(["generate", *args, "--backend", "reference"]) == 1

@@ -55,6 +55,14 @@ def init() -> np.ndarray:
     ({"cfg": math.nan}, InputError, "cfg must be a finite number"),
     ({"seed": "7"}, InputError, "seed must be an integer"),
     ({"clip_skip": 0}, InputError, "clip_skip must be an integer >= 1"),
+    # sane upper bounds, shared with the CLI and the server (sdrt.pipelines.bounds)
+    ({"steps": 10**11}, InputError, "steps 100000000000 is above the limit of 10000"),
+    ({"steps": 10**22}, InputError, "steps 10000000000000000000000 is above the limit of 10000"),
+    ({"batch": 10**10}, InputError, "batch 10000000000 is above the limit of 256"),
+    ({"batch_count": 10**10}, InputError, "batch_count 10000000000 is above the limit of 10000"),
+    ({"width": 10**6}, InputError, "width 1000000 is above the limit of 16384"),
+    ({"cfg": 1e308}, InputError, "cfg must be a finite number from 0 to 100, got 1e"),
+    ({"seed": 2**64}, SamplerError, "seed 18446744073709551616 is out of range"),
 ])
 def test_bad_settings_fail_before_loading(kwargs: dict, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
@@ -64,6 +72,18 @@ def test_bad_settings_fail_before_loading(kwargs: dict, error: type, message: st
 def test_non_string_prompt() -> None:
     with pytest.raises(InputError, match="the prompt must be a string"):
         pipelines.validate(["a", "b"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("prompt", "negative", "message"), [
+    ("caf\udce9 red circle", "", r"the prompt is not UTF-8 text: byte 0xe9 at byte 3 \(read as U\+DCE9\)\. Where: prompt\."),
+    ("x", "\udcff", r"the negative prompt is not UTF-8 text: byte 0xff at byte 0 \(read as U\+DCFF\)\. Where: negative_prompt\."),
+    ("é \ud800", "", r"the prompt holds a lone surrogate U\+D800 at character 2"),
+])
+def test_a_prompt_that_is_not_text_fails_before_loading(prompt: str, negative: str, message: str) -> None:
+    """Bytes that were not UTF-8 on a command line (Python decodes them to surrogates) or a lone surrogate from
+    JSON would fail only when the PNG's infotext is written, after the whole generation."""
+    with pytest.raises(InputError, match=message):
+        pipelines.validate(prompt, negative)
 
 
 def test_load_checks_the_backend_name_first(tmp_path) -> None:

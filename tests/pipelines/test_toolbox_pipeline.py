@@ -191,7 +191,8 @@ def test_hires_settings_and_infotext() -> None:
     assert "Hires steps" not in parse(1.5, None, None, None).infotext()  # A1111 leaves 0 (= first pass) out
     for kw, words in (({"hires_steps": 4}, "needs hires_scale"), ({"hires_scale": 0.5}, "from 1 to 8"),
                       ({"hires_scale": 2, "hires_denoise": 0}, r"in \(0, 1\]"),
-                      ({"hires_scale": 2, "hires_upscaler": "ESRGAN"}, "unknown hires upscaler")):
+                      ({"hires_scale": 2, "hires_upscaler": "ESRGAN"}, "unknown hires upscaler"),
+                      ({"hires_scale": 2, "hires_steps": 10**11}, "hires_steps must be an integer from 0 to 10000")):
         with pytest.raises(InputError, match=words):
             parse(kw.get("hires_scale"), kw.get("hires_steps"), kw.get("hires_denoise"), kw.get("hires_upscaler"))
 

@@ -43,6 +43,22 @@ def test_sdrt_precision_replaces_the_default_only_when_offered(monkeypatch):
     assert override(["fp32", "bf16"]) is None
 
 
+def test_sdrt_precision_that_names_no_precision_is_an_error_and_info_says_so(monkeypatch):
+    """Not silently ignored: an error naming the variable and the accepted names where it is read, and in
+    sdrt info."""
+    from sdrt.cli.info import collect, render
+    from sdrt.precision import PrecisionError
+
+    monkeypatch.setenv("SDRT_PRECISION", "bogus")
+    with pytest.raises(PrecisionError, match=r"SDRT_PRECISION='bogus' names no precision\. Where: the environment "
+                       r"variable SDRT_PRECISION\. What to do: set it to one of fp32, fp16, bf16"):
+        override(["fp32", "bf16"])
+    text = render(collect())
+    assert "SDRT_PRECISION=bogus: error: SDRT_PRECISION='bogus' names no precision" in text
+    monkeypatch.setenv("SDRT_PRECISION", "half")
+    assert "SDRT_PRECISION=half: fp16 wherever a backend offers it" in render(collect())
+
+
 def test_psnr():
     a = np.zeros((4, 4, 3), np.uint8)
     assert psnr(a, a) == float("inf")

@@ -109,6 +109,16 @@ def test_out_of_range_seed_is_a_sampler_error(seed):
         randn(seed, (4,))
 
 
+@pytest.mark.parametrize("seed", ["a", 1.5, None, True])
+def test_a_seed_that_is_not_an_integer_is_an_input_error(seed):
+    from sdrt.errors import InputError
+    from sdrt.samplers import randn_cuda
+
+    for draw in (randn, randn_cuda):
+        with pytest.raises(InputError, match=r"the seed must be an integer, got .* Where: seed\."):
+            draw(seed, (1, 4))
+
+
 def test_unknown_kernel_is_a_sampler_error():
     with pytest.raises(SamplerError, match="unknown randn kernel"):
         randn(0, (4,), kernel="neon")

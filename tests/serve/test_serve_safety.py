@@ -56,6 +56,9 @@ def test_cli_defaults_and_flags(tmp_path) -> None:
         ServerState(config_from_args(build_parser().parse_args(["serve", "--default-model", "nope"])))
     for argv, words in ((["--models", str(tmp_path / "none")], "is not a folder"),
                         (["--max-steps", "0"], "--max-steps 0 is below 1"),
+                        (["--max-steps", "100000"], "--max-steps 100000 is above 10000, the most sdrt generates"),
+                        (["--max-size", "100000"], "--max-size 100000 is above 16384"),
+                        (["--max-batch", "1000"], "--max-batch 1000 is above 256"),
                         (["--api-auth", "nocolon"], "user:password"),
                         (["--api-token", " "], "empty --api-token"),
                         (["--port", "99999"], "--port 99999 is not a TCP port"),

@@ -96,10 +96,12 @@ def run_demo(output: Path, backend: str = "auto", device: str | None = None, see
 
     from .graph import Graph
     from .runtime import select
+    from .samplers.seeds import resolve_seed
 
+    seed = resolve_seed(seed)  # as generate takes it: -1 is a random seed, a negative one is seed + 2**64
     be, dev = select(backend, device)
     graph = Graph(build_decoder(latent_size))
-    latent = np.random.default_rng(seed).standard_normal((1, LATENT_CHANNELS, latent_size, latent_size))
+    latent = np.random.default_rng(seed % 2**64).standard_normal((1, LATENT_CHANNELS, latent_size, latent_size))
     latent = latent.astype(np.float32)
     t0 = time.perf_counter()
     with be.compile(graph, None, dev) as session:  # select() already resolved both; no second lookup
@@ -109,4 +111,4 @@ def run_demo(output: Path, backend: str = "auto", device: str | None = None, see
     rgb = ((image[0].transpose(1, 2, 0) + 1.0) * 127.5).clip(0, 255).astype(np.uint8)
     write_png(output, rgb)
     return {"output": str(output), "shape": list(image.shape), "compile_s": t1 - t0, "run_s": t2 - t1,
-            "backend": be.name, "device": str(dev)}
+            "backend": be.name, "device": str(dev), "seed": seed}

@@ -50,12 +50,28 @@ def choose(kind: str, offered: Iterable[str], *, bf16_fast: bool = False, fp16_f
     return "fp32"
 
 
-def override(offered: Iterable[str]) -> str | None:
-    """The precision ``SDRT_PRECISION`` names when it is one of ``offered`` (None when unset or not offered)."""
-    value = os.environ.get(ENV, "").strip().lower()
+def requested() -> str | None:
+    """The precision ``SDRT_PRECISION`` names (``"bf16"`` for ``bfloat16``), None when unset; a value that names no
+    precision is a ``PrecisionError`` about the variable (not silently ignored)."""
+    value = os.environ.get(ENV, "").strip()
     if not value:
         return None
-    name = _NAMES.get(value)
+    name = _NAMES.get(value.lower())
+    if name is None:
+        from .precision import PRECISIONS, PrecisionError
+
+        raise PrecisionError(f"{ENV}={value!r} names no precision", where=f"the environment variable {ENV}",
+                             fix=f"set it to one of {', '.join(PRECISIONS)} (or an alias such as float32, half, "
+                             "bfloat16), or unset it")
+    return name
+
+
+def override(offered: Iterable[str]) -> str | None:
+    """The precision ``SDRT_PRECISION`` names when it is one of ``offered`` (None when unset or not offered); a
+    value that names no precision raises (:func:`requested`)."""
+    name = requested()
+    if name is None:
+        return None
     have = {_NAMES.get(str(p).lower(), str(p).lower()) for p in offered}
     return name if name in have else None
 

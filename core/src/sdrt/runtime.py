@@ -41,6 +41,10 @@ def load(
     device here and logs its choice. An explicit ``backend`` or ``device`` that
     is missing, broken or unusable raises; there is no silent fallback.
     """
+    if not isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview, Graph)):
+        raise InputError(f"model must be a path, the bytes of an ONNX file or an sdrt.Graph, got "
+                         f"{type(model).__name__}", where="model",
+                         fix="pass {@model=}'unet/model.onnx' (an onnx.ModelProto: sdrt.Graph(proto))")
     be, dev = select(backend, device)  # before any file I/O: a wrong name fails fast
     graph = model if isinstance(model, Graph) else Graph.load(model)
     if shapes:
@@ -106,6 +110,13 @@ def select(backend: str = "auto", device: str | Device | None = None,
 
     ``device`` may name its backend as ``sdrt info`` prints it: ``"openvino:CPU"``.
     """
+    if not isinstance(backend, str):
+        raise InputError(f"backend must be a backend's name, got {type(backend).__name__}", where="backend",
+                         fix="pass {@backend=}'auto' or a name that sdrt info lists, e.g. 'openvino'")
+    if device is not None and not isinstance(device, (str, Device)):
+        raise InputError(f"device must be a device id, a Device or None, got {type(device).__name__} {device!r:.40}",
+                         where="device", fix="pass {@device=}'CPU' or 'openvino:CPU' as sdrt info lists them, "
+                         "or leave it unset")
     reg = registry or get_registry()
     if isinstance(device, str):
         backend, device = _split_device(reg, backend, device)

@@ -109,7 +109,7 @@ def test_unwritable_cache_is_not_fatal(backend, tmp_path, caplog) -> None:  # ty
     blocked.write_text("a file where the cache folder should be")
     graph = Graph(build("mobilenet_v2", "tiny")[0])
     _compile_until_cuda(backend, graph, cache_dir=str(blocked))
-    assert any("going on without it" in r.message for r in caplog.records)
+    assert any("going on without" in r.message for r in caplog.records)
 
 
 def test_engine_file_must_match_the_graph(backend, tmp_path) -> None:  # type: ignore[no-untyped-def]

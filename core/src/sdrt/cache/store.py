@@ -52,6 +52,8 @@ from ..errors import SdrtError
 from . import paths
 
 log = logging.getLogger("sdrt.cache")
+#: cache roots already found blocked by a file (warned once)
+_BLOCKED: set[str] = set()
 
 MANIFEST = "sdrt-entry.json"
 FORMAT = 1
@@ -169,6 +171,9 @@ class CompileCache:
                  max_bytes: int | None = None) -> None:
         self.backend = plain_name(backend)
         self.root = Path(root) if root is not None else paths.cache_root()
+        #: what named the root, for the message when it cannot hold a cache
+        self.named_by = ("cache_dir=" if root is not None else
+                         "SDRT_CACHE_DIR" if os.environ.get("SDRT_CACHE_DIR") else "the user cache folder")
         self.compiled = self.root / "compiled"
         self.dir = self.compiled / backend
         self.max_bytes = paths.max_bytes() if max_bytes is None else max_bytes
@@ -226,6 +231,23 @@ class CompileCache:
         return _entry(folder, data, now)
 
     # -- writing -------------------------------------------------------
+    def _blocked(self) -> bool:
+        """Whether a file (not a folder) sits where the cache's folders go: said once per root, naming what set
+        it (``SDRT_CACHE_DIR``), instead of an OS error for every part stored."""
+        p = self.dir
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        if p.is_dir():
+            return False
+        if str(self.root) not in _BLOCKED:
+            _BLOCKED.add(str(self.root))
+            fix = {"SDRT_CACHE_DIR": "point SDRT_CACHE_DIR at a folder, or unset it",
+                   "cache_dir=": "pass cache_dir= a folder"}.get(self.named_by, "move the file, or set SDRT_CACHE_DIR "
+                                                                            "to a folder")
+            log.warning("the compile cache cannot go in %s: %s is a file, not a folder (%s); going on without the "
+                        "cache. What to do: %s", self.root, p, self.named_by, fix)
+        return True
+
     def store(self, key: str, write: Callable[[Path], Any], meta: Mapping[str, Any] | None = None, *,
               replace: bool = False, background: bool = False) -> Entry | None:
         """Store what ``write(folder)`` puts in ``folder`` under ``key``, atomically.
@@ -236,6 +258,8 @@ class CompileCache:
         thread once ``write`` has returned, and None is returned; ``wait_for_stores`` waits for it.
         """
         tmp: Path | None = None
+        if self._blocked():
+            return None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.dir))

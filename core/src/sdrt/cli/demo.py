@@ -11,7 +11,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", default="sdrt-demo.png")
     p.add_argument("--backend", default="auto")
     p.add_argument("--device", default=None)
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=int, default=42, help="seed of the latents (-1: a random one, as generate takes it)")
     return p
 
 
@@ -23,5 +23,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"backend {result['backend']} on {result['device']}")
     print(f"decoded latents {result['shape']} in {result['run_s'] * 1e3:.1f} ms "
           f"(compile {result['compile_s'] * 1e3:.0f} ms)")
-    print(f"wrote {result['output']}")
+    print(f"wrote {result['output']} (seed {result['seed']})")
     return 0

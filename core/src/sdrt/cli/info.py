@@ -48,7 +48,23 @@ def collect() -> dict[str, Any]:
     from .hardware_report import summary
 
     return {"sdrt": __version__, "plugin_api": ".".join(map(str, API_VERSION)), "plugins": plugins,
-            "hardware": summary()}
+            "hardware": summary(), "environment": _environment()}
+
+
+def _environment() -> dict[str, Any]:
+    """The environment variables that change what sdrt does, as set here (a bad value with its error)."""
+    import os
+
+    from ..errors import SdrtError
+    from ..precision_default import ENV, requested
+
+    env: dict[str, Any] = {}
+    if os.environ.get(ENV, "").strip():
+        try:
+            env[ENV] = {"value": os.environ[ENV], "precision": requested(), "error": None}
+        except SdrtError as exc:
+            env[ENV] = {"value": os.environ[ENV], "precision": None, "error": str(exc)}
+    return env
 
 
 def _gguf_blocks(be: Any) -> str:
@@ -89,6 +105,9 @@ def render(info: dict[str, Any]) -> str:
                 lines.append(f"      device {d}" + (f"  default precision {precision}" if precision else ""))
             if not b["devices"] and not b["error"]:
                 lines.append("      devices: none usable here")
+    for name, var in info.get("environment", {}).items():
+        lines += ["", f"{name}={var['value']}: " + (f"error: {var['error']}" if var["error"] else
+                                                     f"{var['precision']} wherever a backend offers it")]
     if "hardware" in info:
         from .hardware_report import render as render_hardware
 

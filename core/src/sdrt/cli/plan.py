@@ -42,10 +42,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"{d.name:<36} {d.kind:<5} {d.memory_bytes / 2**30:6.0f} GiB  {d.bandwidth_bytes_per_s / 1e9:6.0f} GB/s  "
                   + "  ".join(f"{k} {v / 1e12:.1f}T" for k, v in d.peak_flops.items()))
         return 0
-    for flag, v in (("--width", args.width), ("--height", args.height), ("--steps", args.steps)):
+    from ..pipelines.bounds import MAX_SIDE, MAX_STEPS
+
+    for flag, v, high in (("--width", args.width, MAX_SIDE), ("--height", args.height, MAX_SIDE),
+                          ("--steps", args.steps, MAX_STEPS)):
         if v is not None and v <= 0:
             raise SdrtError(f"{flag} must be a positive number, got {v}", where=f"sdrt plan {flag}",
                             fix=f"pass e.g. {flag} 512" if flag != "--steps" else "pass e.g. --steps 20")
+        if v is not None and v > high:  # the bound of every generation (sdrt.pipelines.validate)
+            raise SdrtError(f"{flag} {v} is above the limit of {high}", where=f"sdrt plan {flag}",
+                            fix=f"pass {flag} {high} or less")
     precisions = [x for p in args.precision for x in p.split(",") if x]
     from ..cost.nodes import PRECISIONS
     bad = [p for p in precisions if p not in PRECISIONS]

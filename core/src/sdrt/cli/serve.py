@@ -75,6 +75,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
                              ("--max-queue", args.max_queue, 1), ("--keep-models", args.keep_models, 1)):
         if value < low:
             raise InputError(f"{flag} {value} is below {low}", where=flag, fix=f"pass {low} or more")
+    from ..pipelines.bounds import MAX_BATCH, MAX_SIDE, MAX_STEPS
+
+    for flag, value, high in (("--max-size", args.max_size, MAX_SIDE), ("--max-steps", args.max_steps, MAX_STEPS),
+                              ("--max-batch", args.max_batch, MAX_BATCH)):
+        if value > high:  # what any generation takes (sdrt.pipelines.validate)
+            raise InputError(f"{flag} {value} is above {high}, the most sdrt generates", where=flag,
+                             fix=f"pass {high} or less")
     if args.port > 65535:
         raise InputError(f"--port {args.port} is not a TCP port", where="--port", fix="pass a port from 0 to 65535")
     if not 0 < args.max_body_mb <= 4096:

@@ -219,8 +219,8 @@ def load_calibration(path: Path | None = None) -> dict[str, Any]:
     p = path or calibration_path()
     try:
         data = json.loads(p.read_text())
-    except FileNotFoundError:
-        return {"entries": {}}
+    except (FileNotFoundError, NotADirectoryError):  # none yet, or a file where the cache folder goes (the compile
+        return {"entries": {}}                       # cache says that once, naming SDRT_CACHE_DIR)
     except (OSError, ValueError) as exc:
         log.warning("ignoring the unreadable calibration %s: %s", p, exc)
         return {"entries": {}}

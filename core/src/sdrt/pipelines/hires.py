@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from .bounds import MAX_STEPS
 
 __all__ = ["LATENT_MODES", "UPSCALERS", "Hires", "interpolate", "parse", "second_pass_steps", "upscale_image"]
 
@@ -82,9 +83,9 @@ def parse(scale: float | None, steps: int | None, denoise: float | None, upscale
         raise InputError(f"{{@hires_scale}} must be a number from 1 to 8, got {scale!r}", where="hires_scale",
                          fix="pass e.g. {@hires_scale=}2")
     steps = 0 if steps is None else steps
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
-        raise InputError(f"{{@hires_steps}} must be an integer >= 0, got {steps!r}", where="hires_steps",
-                         fix="pass e.g. {@hires_steps=}10 (0: as many as the first pass)")
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 0 <= steps <= MAX_STEPS:
+        raise InputError(f"{{@hires_steps}} must be an integer from 0 to {MAX_STEPS}, got {steps!r}",
+                         where="hires_steps", fix="pass e.g. {@hires_steps=}10 (0: as many as the first pass)")
     denoise = 0.7 if denoise is None else denoise
     if isinstance(denoise, bool) or not isinstance(denoise, (int, float, np.floating)) or not 0 < denoise <= 1:
         raise InputError(f"{{@hires_denoise}} must be in (0, 1], got {denoise!r}", where="hires_denoise",

@@ -146,7 +146,9 @@ class TextEncoder:
             if np.any(weights != 1.0):
                 original = z.mean()
                 z = z * weights.reshape(1, -1, 1)
-                z = z * (original / z.mean())
+                weighted = z.mean()
+                if weighted != 0:  # A1111's mean rescale; an all-zero output (the dry run's stand-in) stays zero
+                    z = z * (original / weighted)
             pieces.append(z.astype(np.float32))
             if k == 0 and self.pooled_output is not None:
                 self.part.require_output(self.pooled_output)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..errors import InputError
+from .bounds import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_SIDE, MAX_STEPS
 from .images import ImageLike, check_path
 from .toolbox import KEYWORDS as TOOLBOX_KEYWORDS
 
@@ -60,11 +60,35 @@ class Generation:
     memory: Any = None
 
 
+_HIGH = {"steps": MAX_STEPS, "batch": MAX_BATCH, "batch_count": MAX_BATCH_COUNT, "width": MAX_SIDE,
+         "height": MAX_SIDE}
+
+
 def _int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise InputError(f"{{@{name}}} must be an integer >= {low}, got {value!r}", where=name,
                          fix=f"pass {{@{name}=}}{low} or more")
+    high = _HIGH.get(name)
+    if high is not None and value > high:
+        raise InputError(f"{{@{name}}} {value} is above the limit of {high}", where=name,
+                         fix=f"pass {{@{name}=}}{high} or less")
     return int(value)
+
+
+def check_text(name: str, value: str, label: str) -> None:
+    """``value`` (a prompt) is text that UTF-8 can write (into the PNG's infotext, the tokenizer): not a byte that
+    was not UTF-8 (Python decodes such command-line bytes to surrogates) nor a lone surrogate (JSON's ``\\ud800``)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(value[exc.start])
+        if 0xDC80 <= bad <= 0xDCFF:  # the surrogateescape of a byte that was not UTF-8
+            at = len(value[:exc.start].encode("utf-8"))
+            what = f"the {label} is not UTF-8 text: byte 0x{bad - 0xDC00:02x} at byte {at} (read as U+{bad:04X})"
+        else:
+            what = f"the {label} holds a lone surrogate U+{bad:04X} at character {exc.start}, which is not text"
+        raise InputError(what, where=name, fix="write it in UTF-8 (a UTF-8 terminal or file; in JSON, a pair of "
+                         "\\u escapes for a character above U+FFFF)") from None
 
 
 def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, cfg: float | None = None,
@@ -79,6 +103,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     DPM++ 2M Karras for SD; CFG 1 and Euler for Flux, whose ``guidance`` is the distilled scale).
     ``toolbox``: ControlNet, hires fix, preview and seed arguments (:mod:`sdrt.pipelines.toolbox`)."""
     from ..samplers import resolve
+    from ..samplers.seeds import resolve_seed
     from .toolbox import split
 
     unknown, extras = split(toolbox)
@@ -91,6 +116,9 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     if negative_prompt is not None and not isinstance(negative_prompt, str):
         raise InputError(f"the negative prompt must be a string, got {type(negative_prompt).__name__}",
                          where="negative_prompt", fix="pass text or leave it empty")
+    check_text("prompt", prompt, "prompt")
+    if negative_prompt:
+        check_text("negative_prompt", negative_prompt, "negative prompt")
     for name, value in (("width", width), ("height", height)):
         if value is not None:
             _int(name, value, 8)
@@ -102,8 +130,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     batch_count = _int("batch_count", batch_count, 1)
     clip_skip = _int("clip_skip", clip_skip, 1)
     if cfg is not None and (not isinstance(cfg, (int, float, np.floating)) or isinstance(cfg, bool)
-                            or not math.isfinite(cfg) or cfg < 0):
-        raise InputError(f"cfg must be a finite number >= 0, got {cfg!r}", where="cfg", fix="use e.g. 7")
+                            or not math.isfinite(cfg) or not 0 <= cfg <= MAX_CFG):
+        raise InputError(f"cfg must be a finite number from 0 to {MAX_CFG:g}, got {cfg!r}", where="cfg", fix="use e.g. 7")
     for name, value in (("guidance", guidance), ("shift", shift)):
         if value is not None and (not isinstance(value, (int, float, np.floating)) or isinstance(value, bool)
                                   or not math.isfinite(value) or value <= (0 if name == "shift" else -1e-12)):
@@ -116,10 +144,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     if sampler is None and schedule is not None:
         raise InputError("a schedule was given without a sampler", where="schedule",
                          fix="pass {@sampler} too, e.g. euler with the simple schedule")
-    if seed is None or (not isinstance(seed, bool) and isinstance(seed, (int, np.integer)) and seed == -1):
-        seed = secrets.randbelow(4294967294)  # A1111's get_fixed_seed: -1 (or none) is a random seed
-    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise InputError(f"seed must be an integer, got {seed!r}", where="seed", fix="pass an integer, or none")
+    seed = resolve_seed(seed)  # A1111's get_fixed_seed: -1 (or none) is a random seed
     if mask is not None and init_image is None:
         raise InputError("a mask needs an init image", where="mask", fix="pass {@init_image=} too")
     if strength is not None:

@@ -36,13 +36,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..errors import SamplerError
+from ..errors import InputError, SamplerError
 
 __all__ = [
     "BrownianTreeNoiseSampler",
     "TorchGenerator",
     "TorchNoiseSampler",
     "brownian_interval",
+    "check_seed",
     "randn",
 ]
 
@@ -50,15 +51,20 @@ _U64 = 1 << 64
 _KERNELS = ("scalar", "avx2")
 
 
+def check_seed(seed: object) -> int:
+    """``seed`` as an int: an integer in [-2**63, 2**64), what ``torch.Generator.manual_seed`` takes (a negative
+    seed is ``seed + 2**64``); else an error about the argument ``seed``."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise InputError(f"the seed must be an integer, got {type(seed).__name__} {str(seed)[:40]!r}", where="seed",
+                         fix="pass an integer {@seed}, such as 42")
+    if not -(1 << 63) <= int(seed) < _U64:
+        raise SamplerError(f"seed {seed} is out of range", where="seed",
+                           fix="use a {@seed} from -2**63 to 2**64 - 1 (a 64-bit seed; A1111's are below 2**32)")
+    return int(seed)
+
+
 def _seed32(seed: int) -> int:
-    seed = int(seed)
-    if not -(1 << 63) <= seed < _U64:
-        raise SamplerError(
-            f"seed {seed} is out of range",
-            where="seed",
-            fix="use a {@seed} from -2**63 to 2**64 - 1 (a 64-bit seed; A1111's are below 2**32)",
-        )
-    return (seed % _U64) & 0xFFFFFFFF
+    return (check_seed(seed) % _U64) & 0xFFFFFFFF
 
 
 def _mt_key(seed32: int) -> np.ndarray:
@@ -96,7 +102,7 @@ class TorchGenerator:
                 where="sdrt.samplers.TorchGenerator",
                 fix=f"use one of {', '.join(_KERNELS)}",
             )
-        self.seed = int(seed)
+        self.seed = check_seed(seed)
         self.kernel = kernel
         self._bits = np.random.MT19937(0)
         self._bits.state = {"bit_generator": "MT19937", "state": {"key": _mt_key(_seed32(seed)), "pos": 624}}
@@ -175,7 +181,7 @@ class TorchNoiseSampler:
     def __init__(self, x: np.ndarray, seed: int, *, offset: int = 1, kernel: str = "avx2") -> None:
         self.shape = tuple(np.shape(x))
         self.dtype = np.asarray(x).dtype
-        self.generator = TorchGenerator(int(seed) + offset, kernel=kernel)
+        self.generator = TorchGenerator(check_seed(seed) + offset, kernel=kernel)
 
     def __call__(self, sigma: float, sigma_next: float) -> np.ndarray:
         return self.generator.randn(self.shape).astype(self.dtype, copy=False)

@@ -81,11 +81,9 @@ def philox4x32_10(counter: np.ndarray, key: np.ndarray, rounds: int = 10) -> np.
 
 
 def _seed64(seed: int, where: str) -> int:
-    seed = int(seed)
-    if not -(1 << 63) <= seed < _U64:
-        raise SamplerError(f"seed {seed} is out of range", where="seed",
-                           fix="use a {@seed} from -2**63 to 2**64 - 1 (a 64-bit seed; A1111's are below 2**32)")
-    return seed % _U64
+    from .noise import check_seed
+
+    return check_seed(seed) % _U64
 
 
 def _shape(shape: int | Sequence[int], where: str) -> tuple[int, ...]:

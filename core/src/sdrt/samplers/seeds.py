@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import SamplerError
-from .noise import TorchGenerator
+from .noise import TorchGenerator, check_seed
 from .philox import CudaGenerator, NvGenerator
 
 __all__ = [
@@ -64,10 +64,11 @@ def make_generator(rng: str, seed: int, *, cuda_threads: int | None = None
 
 
 def resolve_seed(seed: int | None) -> int:
-    """A1111's ``get_fixed_seed``: ``None`` or ``-1`` becomes a random seed in ``[0, 4294967294)``."""
-    if seed is None or int(seed) == -1:
+    """A1111's ``get_fixed_seed``: ``None`` or ``-1`` becomes a random seed in ``[0, 4294967294)``; any other
+    seed is an integer in ``[-2**63, 2**64)`` (:func:`sdrt.samplers.noise.check_seed`)."""
+    if seed is None or (not isinstance(seed, bool) and isinstance(seed, (int, np.integer)) and seed == -1):
         return secrets.randbelow(4294967294)
-    return int(seed)
+    return check_seed(seed)  # an integer torch.Generator.manual_seed takes, else an error about the seed
 
 
 def batch_seeds(seed: int, subseed: int, count: int, subseed_strength: float = 0.0) -> tuple[list[int], list[int]]:

@@ -77,6 +77,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     """Check a txt2img (``mode="txt2img"``) or img2img body; raises ``ApiError`` naming the field."""
     from ..errors import SdrtError
     from ..pipelines import validate
+    from ..pipelines.bounds import MAX_CFG
     from ..samplers.names import label_schedule
     from ..text import extract_loras
 
@@ -91,7 +92,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
             raise from_pipeline(exc) from None
         registry.check_loras([name for name, _ in tags], key)
     steps = get_int(body, "steps", 20, 1, limits.max_steps)
-    cfg = get_float(body, "cfg_scale", 7.0, 0.0, 100.0)
+    cfg = get_float(body, "cfg_scale", 7.0, 0.0, MAX_CFG)
     sampler = get_str(body, "sampler_name", None) or get_str(body, "sampler_index", None) or "Euler"
     scheduler = get_str(body, "scheduler", None)
     if scheduler is not None and scheduler.strip().casefold() in ("", "automatic"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -35,7 +36,7 @@ async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> A
             return empty
         raise ApiError(400, "the request body is empty; send a JSON object")
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except UnicodeDecodeError:
         raise ApiError(400, "the request body is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
@@ -43,6 +44,39 @@ async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> A
                             f"{exc.colno})") from None
     except ValueError as exc:
         raise ApiError(400, f"the request body is not valid JSON ({exc})") from None
+    except RecursionError:  # the parser recurses once per level of [ or {
+        raise ApiError(400, "the request body nests too deeply (over ~1000 levels of [ or {); send a flatter "
+                            "JSON object") from None
+    if _ESCAPED_SURROGATE.search(raw):  # only a \\uD800-\\uDFFF escape makes one; UTF-8 bytes cannot
+        _no_lone_surrogate(body)
+    return body
+
+
+#: a JSON escape of a UTF-16 surrogate (a pair of them is one character above U+FFFF; a lone one is no text)
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _no_lone_surrogate(body: Any) -> None:
+    """400 naming the field when a string of ``body`` (a key or a value) holds a lone surrogate, which no UTF-8
+    text holds: a prompt, a task id or a style with one would fail later, writing the PNG or the response."""
+    stack: list[tuple[str, Any, bool]] = [("", body, False)]
+    while stack:
+        path, value, is_key = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((path, key, True))
+                stack.append((f"{path}.{key}" if path else str(key), item, False))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item, False) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                field = path.split(".")[0].split("[")[0] or None
+                what = f"a key of {path or 'the body'}" if is_key else path or "the body"
+                raise ApiError(400, f"{what} holds a lone surrogate U+{ord(value[exc.start]):04X} at character "
+                                    f"{exc.start}, which is not text; send UTF-8 text (a character above U+FFFF as "
+                                    "a pair of \\u escapes)", field=field) from None
 
 
 def error_response(request_path: str, status: int, message: str, field: str | None = None,

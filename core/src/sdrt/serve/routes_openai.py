@@ -33,6 +33,7 @@ _SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     from ..errors import SdrtError
     from ..pipelines import validate
+    from ..pipelines.bounds import MAX_CFG
 
     limits = st.limits
     if not isinstance(body, dict):
@@ -69,7 +70,7 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     if output != "png":
         raise ApiError(400, f"output_format {output!r} is not supported; this server writes png", field="output_format")
     steps = get_int(body, "steps", 20, 1, limits.max_steps)
-    cfg = get_float(body, "cfg_scale", 7.0, 0.0, 100.0)
+    cfg = get_float(body, "cfg_scale", 7.0, 0.0, MAX_CFG)
     sampler = get_str(body, "sampler_name", "Euler", max_len=100)
     seed = get_int(body, "seed", -1, -1, 2**32 - 1 - n)
     if seed == -1:
