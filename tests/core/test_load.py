@@ -53,16 +53,20 @@ def test_load_runs_on_reference_and_matches_numpy(registry, affine_path, affine)
     np.testing.assert_allclose(y, reference(x), rtol=1e-6)
 
 
-def test_load_accepts_bytes_and_graph(registry, affine_path):
+def test_load_accepts_bytes_graph_and_proto(registry, affine_path):
+    import onnx
+
     data = affine_path.read_bytes()
     x = np.ones((2, 4), np.float32)
     a = sdrt.load(data, backend="reference").run({"x": x})["y"]
     b = sdrt.load(sdrt.Graph.load(affine_path), backend="reference").run({"x": x})["y"]
+    c = sdrt.load(onnx.load(affine_path), backend="reference").run({"x": x})["y"]
     np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, c)
 
 
 @pytest.mark.parametrize(("args", "kwargs", "match"), [
-    ((None,), {}, r"model must be a path, the bytes of an ONNX file or an sdrt.Graph, got NoneType\. Where: model\."),
+    ((None,), {}, r"model must be a path, the bytes of an ONNX file, an onnx.ModelProto or an sdrt.Graph, got NoneType\. Where: model\."),
     ((5,), {}, r"model must be .* got int\. Where: model\."),
     (("vae.onnx",), {"device": 5}, r"device must be a device id, a Device or None, got int 5\. Where: device\."),
     (("vae.onnx",), {"backend": 5}, r"backend must be a backend's name, got int\. Where: backend\."),

@@ -41,12 +41,12 @@ def load(
     device here and logs its choice. An explicit ``backend`` or ``device`` that
     is missing, broken or unusable raises; there is no silent fallback.
     """
-    if not isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview, Graph)):
-        raise InputError(f"model must be a path, the bytes of an ONNX file or an sdrt.Graph, got "
-                         f"{type(model).__name__}", where="model",
-                         fix="pass {@model=}'unet/model.onnx' (an onnx.ModelProto: sdrt.Graph(proto))")
+    proto = type(model).__name__ == "ModelProto" and hasattr(model, "graph")  # onnx's, in memory
+    if not (proto or isinstance(model, (str, os.PathLike, bytes, bytearray, memoryview, Graph))):
+        raise InputError(f"model must be a path, the bytes of an ONNX file, an onnx.ModelProto or an sdrt.Graph, "
+                         f"got {type(model).__name__}", where="model", fix="pass {@model=}'unet/model.onnx'")
     be, dev = select(backend, device)  # before any file I/O: a wrong name fails fast
-    graph = model if isinstance(model, Graph) else Graph.load(model)
+    graph = model if isinstance(model, Graph) else Graph(model) if proto else Graph.load(model)
     if shapes:
         graph = _pinned(graph, shapes)
     reg = get_registry()
