@@ -118,3 +118,11 @@ def test_a_reader_that_leaves_early_is_a_quiet_exit(registry, monkeypatch, capsy
     monkeypatch.setattr(sys, "stdout", _Gone())
     assert main(["info"]) == 141
     assert capsys.readouterr().err == ""
+
+
+def test_run_refuses_an_input_given_twice(registry, affine_path, tmp_path, capsys):
+    np.save(tmp_path / "a.npy", np.zeros((2, 4), np.float32))
+    np.save(tmp_path / "b.npy", np.ones((2, 4), np.float32))
+    assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'a.npy'}", "-i", f"x={tmp_path / 'b.npy'}",
+                 "-o", str(tmp_path / "o.npz")]) == 1
+    assert "--input 'x' is given twice" in capsys.readouterr().err and not (tmp_path / "o.npz").exists()

@@ -49,6 +49,7 @@ def init() -> np.ndarray:
     ({"mask": np.ones((8, 8))}, InputError, "a mask needs an init image"),
     ({"strength": 0.5}, InputError, "strength applies only with an init image"),
     ({"init_image": np.zeros((8, 8, 3), np.uint8), "strength": 1.5}, InputError, r"strength must be in \(0, 1\]"),
+    ({"init_image": np.zeros((8, 8, 3), np.uint8), "strength": True}, InputError, r"strength must be in \(0, 1\]"),
     ({"init_image": np.zeros((8, 8, 3), np.uint8), "strength": 0.1, "steps": 4}, InputError, "leaves no step"),
     ({"steps": 0}, InputError, "steps must be an integer >= 1"),
     ({"batch": 0}, InputError, "batch must be an integer >= 1"),
@@ -240,6 +241,8 @@ def test_image_conversions() -> None:
     (np.zeros((8, 8, 2), np.uint8), "has shape"),
     (np.zeros((8, 8, 3), np.int32) + 300, "outside 0..255"),
     (np.full((8, 8, 3), np.nan, np.float32), "NaN"),
+    (np.full((8, 8, 3), 200.0, np.float32), "float values run from 200 to 200; a float image takes 0..1"),
+    (np.full((8, 8, 3), -5.0, np.float64), "float values run from -5 to -5"),
     (np.zeros((8, 8, 3), np.complex64), "dtype complex64"),
 ])
 def test_bad_images(value: np.ndarray, message: str) -> None:

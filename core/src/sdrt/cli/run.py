@@ -30,6 +30,9 @@ def parse_inputs(specs: list[str]) -> dict[str, Any]:
         name, sep, file = spec.partition("=")
         if not sep or not name or not file:
             raise InputError(f"bad --input {spec!r}", where="sdrt run", fix="write it as NAME=FILE.npy")
+        if name in feeds:
+            raise InputError(f"--input {name!r} is given twice", where=f"-i {spec}",
+                             fix=f"give one -i {name}=FILE.npy")
         path = Path(file)
         if not path.is_file():
             raise InputError(f"input file for {name!r} does not exist", where=str(path),

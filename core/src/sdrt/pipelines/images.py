@@ -106,6 +106,10 @@ def _to_uint8(arr: np.ndarray, what: str) -> np.ndarray:
     if arr.dtype.kind == "f":
         if not np.isfinite(arr).all():
             raise InputError(f"the {what} holds NaN or infinite values", where=what, fix="pass finite values")
+        lo, hi = (float(arr.min()), float(arr.max())) if arr.size else (0.0, 1.0)
+        if lo < -1e-3 or hi > 1 + 1e-3:  # 0..255 (or -1..1) floats: clipping would make them white or black
+            raise InputError(f"the {what}'s float values run from {lo:g} to {hi:g}; a float image takes 0..1",
+                             where=what, fix="divide 0..255 values by 255 (or pass them as uint8)")
         return (np.clip(arr, 0, 1) * 255).round().astype(np.uint8)
     if arr.dtype.kind in "iu" and arr.size and (arr.min() < 0 or arr.max() > 255):
         raise InputError(f"the {what} has values outside 0..255", where=what, fix="pass uint8 values")

@@ -151,7 +151,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         if init_image is None:
             raise InputError("strength applies only with an init image", where="strength",
                              fix="pass {@init_image=}, or leave {@strength} unset")
-        if not isinstance(strength, (int, float, np.floating)) or not 0 < strength <= 1:
+        if isinstance(strength, bool) or not isinstance(strength, (int, float, np.floating)) or not 0 < strength <= 1:
             raise InputError(f"strength must be in (0, 1], got {strength!r}", where="strength", fix="use e.g. 0.75")
     if init_image is not None:
         check_path(init_image, "init image")
