@@ -126,3 +126,15 @@ def test_run_refuses_an_input_given_twice(registry, affine_path, tmp_path, capsy
     assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'a.npy'}", "-i", f"x={tmp_path / 'b.npy'}",
                  "-o", str(tmp_path / "o.npz")]) == 1
     assert "--input 'x' is given twice" in capsys.readouterr().err and not (tmp_path / "o.npz").exists()
+
+
+@pytest.mark.parametrize("argv", [["run", "MODEL", "-i", "x=X", "-o", "OUT/r.txt"], ["demo", "-o", "OUT/x.gif"]])
+def test_an_output_with_another_extension_is_refused(registry, affine_path, tmp_path, capsys, argv):
+    """It was written as r.txt.npz and x.gif.png: not the file asked for."""
+    np.save(tmp_path / "x.npy", np.zeros((2, 4), np.float32))
+    argv = [a.replace("MODEL", str(affine_path)).replace("X", str(tmp_path / "x.npy")).replace("OUT", str(tmp_path))
+            for a in argv]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "and this command writes" in err and "Where: sdrt -o" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["affine.onnx", "x.npy"]

@@ -8,7 +8,8 @@ from ..errors import InputError
 
 
 def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
-    """The file ``arg`` names, with ``suffix`` added when it has none; its folder must exist.
+    """The file ``arg`` names, with ``suffix`` added when it has none (another suffix is refused); its folder
+    must exist.
 
     Raises ``InputError`` for a folder (``adir/``, or an existing directory) or a missing parent,
     so that a run never computes for minutes and then fails to write.
@@ -17,6 +18,9 @@ def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
         raise InputError(f"{option} {arg!r} names a folder, not a file", where=f"sdrt {option}",
                          fix=f"give a file name, such as {Path(arg or '.') / ('out' + suffix)}")
     path = Path(arg)
+    if path.suffix and path.suffix.lower() != suffix:  # x.gif as x.gif.png, r.txt as r.txt.npz: not what was asked
+        raise InputError(f"{option} {arg!r} ends in {path.suffix}, and this command writes {suffix} files",
+                         where=f"sdrt {option}", fix=f"end the name in {suffix} ({path.stem}{suffix}), or give none")
     if path.suffix.lower() != suffix:
         path = path.with_name(path.name + suffix)
     if not path.parent.is_dir():
