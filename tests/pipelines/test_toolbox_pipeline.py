@@ -319,6 +319,9 @@ def test_seed_minus_one_is_random_and_written(xl_dyn) -> None:
 @pytest.mark.parametrize("kw, words", [({"rng": "tpu"}, "unknown random source"),
                                        ({"subseed_strength": 2}, "from 0 to 1"),
                                        ({"subseed": "x"}, "subseed must be an integer"),
+                                       ({"subseed": 2**64, "subseed_strength": 0.5}, "subseed must be an integer from"),
+                                       ({"width": 4096, "height": 4096, "hires_scale": 8},
+                                        "second pass is 32768x32768, above the limit of 16384"),
                                        ({"preview": 3}, "preview must be")])
 def test_seed_bad_input(xl_dyn, kw, words) -> None:
     with pytest.raises(InputError, match=words):

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, Interrupted, ModelError, SdrtError
+from .bounds import MAX_SIDE
 from .budget import MemoryMixin
 from .extras import ToolboxMixin
 from .families import ModelCall
@@ -420,6 +421,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         """A size the denoiser was not exported for, said in pixels (not as a shape it cannot be pinned to).
         ``source``: the argument the size came from when not width and height (``init_image``, ``hires_scale``)."""
         assert s.width is not None and s.height is not None
+        if source is not None and max(s.width, s.height) > MAX_SIDE:  # width and height themselves: validate
+            what = "init image" if source == "init_image" else "hires fix's second pass"
+            raise InputError(f"the {what} is {s.width}x{s.height}, above the limit of {MAX_SIDE} pixels a side",
+                             where=source, fix="resize the image smaller" if source == "init_image" else
+                             "pass a smaller {@hires_scale} or {@width} and {@height}")
         if self.family.flow and (s.width % 16 or s.height % 16):  # 8 (VAE) x 2 (patch)
             where = "width" if s.width % 16 else "height"
             value = s.width if s.width % 16 else s.height

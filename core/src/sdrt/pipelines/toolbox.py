@@ -70,8 +70,9 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
                          fix="pass e.g. {@subseed_strength=}0.3 (0: no variation)")
     tb.subseed_strength = float(strength)
     subseed = kwargs.get("subseed")
-    if subseed is not None and (isinstance(subseed, bool) or not isinstance(subseed, (int, np.integer))):
-        raise InputError(f"{{@subseed}} must be an integer, got {subseed!r}", where="subseed",
+    if subseed is not None and (isinstance(subseed, bool) or not isinstance(subseed, (int, np.integer))
+                                or not -(1 << 63) <= int(subseed) < 1 << 64):
+        raise InputError(f"{{@subseed}} must be an integer from -2**63 to 2**64 - 1, got {subseed!r}", where="subseed",
                          fix="pass an integer, or -1 for a random one")
     if tb.subseed_strength:
         tb.subseed = resolve_seed(-1 if subseed is None else int(subseed))
