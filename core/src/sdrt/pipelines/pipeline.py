@@ -69,6 +69,29 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                  **options: Any) -> None:
         from .budget import parse_memory, parse_placement
 
+        options = dict(options)
+        for name, value, none_ok in (("low_memory", low_memory, True),
+                                     ("share_blocks", options.get("share_blocks", False), False)):
+            if not (isinstance(value, bool) or (none_ok and value is None)):
+                raise InputError(f"{name} must be True or False{' or None' if none_ok else ''}, got "
+                                 f"{type(value).__name__} {value!r:.40}", where=name,
+                                 fix=f"pass {{@{name}=}}True or False" + (" (None: decide from the device's memory)"
+                                                                          if none_ok else ""))
+        quantize = options.get("quantize")
+        if quantize is not None:
+            from ..quantization import parse
+
+            if not isinstance(quantize, str):
+                raise InputError(f"quantize must be a name, got {type(quantize).__name__} {quantize!r:.40}",
+                                 where="quantize", fix="pass {@quantize=}'int8', 'int4', 'int4-64' or 'fp8', or None")
+            try:
+                parse(quantize)
+            except SdrtError as exc:
+                raise InputError(exc.what, where="quantize", fix=exc.fix) from None
+        if vae_tile is not None and (isinstance(vae_tile, bool) or not isinstance(vae_tile, int) or vae_tile < 8):
+            raise InputError(f"vae_tile must be an int of 8 or more latent pixels (8 image pixels each), got "
+                             f"{type(vae_tile).__name__} {vae_tile!r:.40}", where="vae_tile",
+                             fix="pass {@vae_tile=}64 (512 pixels) or so, or None (the default) to decode whole images")
         #: the memory budget in bytes (None: what the device reports); the plan meets it (sdrt.pipelines.budget)
         self.memory = None if memory is None else parse_memory(memory, "memory")
         self._memory_plan = None
@@ -93,6 +116,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                                   options={**options, "quantize": self.quantize}
                                   if self.quantize and not name.startswith("vae") else options)
                        for name in self.family.parts if name in folder.parts}
+        if vae_tile is not None:
+            self._check_vae_tile(vae_tile)
         for name, bound in folder.weights.items():  # a single file: its weights on the shipped graphs
             part = self._parts.get(name)
             if part is not None:
@@ -108,6 +133,18 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._state = threading.Lock()  # guards _running / _stop for interrupt()
         self._stop = threading.Event()
         self._running = False
+
+    def _check_vae_tile(self, tile: int) -> None:
+        """Tiles need a VAE whose spatial axes are dynamic: one exported for a fixed size takes that size only."""
+        for part in (self._parts.get("vae_decoder"), self._parts.get("vae_encoder")):
+            if part is None:
+                continue
+            info = next(iter(part.inputs.values()), None)
+            dims = tuple(info.shape[2:]) if info is not None and len(info.shape) == 4 else ()
+            if dims and all(isinstance(d, int) for d in dims):
+                raise InputError(f"vae_tile={tile} needs a VAE with dynamic height and width, and this model's "
+                                 f"{part.name} is exported for {'x'.join(map(str, dims))} only", where="vae_tile",
+                                 fix="leave {@vae_tile} unset for this model, or export its VAE with dynamic axes")
 
     def __repr__(self) -> str:
         return f"Pipeline({str(self.folder.path)!r}, {self.folder.family}, backend={self.backend!r})"
@@ -732,6 +769,8 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
 
     # resolved once (a wrong name fails now, before any file is read); every part compiles on this device
     be, dev = select(backend, device)
+    _check_options(be, dev, options)
+    text_encoders = _part_files(vae, text_encoders)
     if is_single_file(model):
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
                                   prediction=prediction, family=family)
@@ -755,3 +794,69 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if vae is not None or text_encoders:
         bind_part_files(pipe, vae, text_encoders)
     return pipe
+
+
+#: load's keywords besides the backend's options (Pipeline's own: low_memory ... quantize)
+LOAD_KEYWORDS = ("backend", "device", "vae", "text_encoders", "graph_paths", "tokenizers", "prediction", "family",
+                 "low_memory", "vae_tile", "memory", "share_blocks", "placement", "quantize")
+_PIPELINE_OPTIONS = frozenset(("low_memory", "vae_tile", "memory", "share_blocks", "placement", "quantize"))
+#: what a keyword that load does not take is done with instead
+_INSTEAD = {"lora": "pass LoRAs after loading with pipe.set_loras([(path, scale)])",
+            "embedding": "add embeddings after loading with pipe.add_embedding(path)",
+            "checkpoint": "bind a checkpoint after loading with pipe.load_weights(path)"}
+
+
+def _check_options(be: Any, dev: Any, options: Mapping[str, Any]) -> None:
+    """A keyword that neither load, the Pipeline nor the backend takes is an error now, naming it (the backend
+    would refuse it at the first generate, listing only its own options)."""
+    import difflib
+    import re
+
+    rest = {k: v for k, v in options.items() if k not in _PIPELINE_OPTIONS}
+    if be.caches:
+        rest = {k: v for k, v in rest.items() if k not in ("cache", "cache_dir")}
+    try:
+        be.parse_options(rest, dev)
+    except SdrtError as exc:
+        m = re.match(r"unknown options? for the \S+ backend: (.+)$", exc.what)
+        if m is None:  # a known option with a bad value: the backend's own error, now rather than at generate
+            raise
+        unknown = [n.strip() for n in m.group(1).split(",")]
+        said = re.sub(r"^(use only|valid options:)\s*", "", (exc.fix or "").rstrip("."))
+        theirs = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", said)
+        hints = []
+        for name in unknown:
+            key = next((k for k in _INSTEAD if name.lower().rstrip("s") == k), None)
+            if key is not None:
+                hints.append(f"{name}: {_INSTEAD[key]}")
+                continue
+            close = difflib.get_close_matches(name, [*LOAD_KEYWORDS, *theirs], n=1, cutoff=0.7)
+            if close:
+                hints.append(f"did you mean {close[0]}= for {name}=")
+        said += ", cache, cache_dir" if be.caches and said.startswith(theirs[0] if theirs else "-") else ""
+        backend_says = (f"the {be.name} backend takes no options" if "takes no options" in said else
+                        f"the {be.name} backend's options are {said}" if said else "")
+        raise InputError(f"load() takes no keyword {', '.join(unknown)}", where=unknown[0],
+                         fix="; ".join([*hints, f"load's own keywords are {', '.join(LOAD_KEYWORDS)}",
+                                        *([backend_says] if backend_says else [])])) from None
+
+
+def _part_files(vae: Any, text_encoders: Any) -> list[Any]:
+    """``text_encoders`` as a list of paths (one path alone is a list of one), each checked; ``vae`` checked."""
+    if vae is not None and not isinstance(vae, (str, os.PathLike)):
+        raise InputError(f"vae must be a file path, got {type(vae).__name__} {vae!r:.40}", where="vae",
+                         fix="pass {@vae=}'vae.safetensors', or leave it unset for the model's own VAE")
+    fix = "pass {@text_encoders=}['clip_l.safetensors', ...] (a list of file paths) or one path"
+    if text_encoders is None:
+        return []
+    if isinstance(text_encoders, (str, os.PathLike)):
+        return [text_encoders]
+    if isinstance(text_encoders, Mapping) or not hasattr(text_encoders, "__iter__"):
+        raise InputError(f"text_encoders must be a list of file paths, got {type(text_encoders).__name__} "
+                         f"{text_encoders!r:.40}", where="text_encoders", fix=fix)
+    files = list(text_encoders)
+    for i, f in enumerate(files):
+        if not isinstance(f, (str, os.PathLike)):
+            raise InputError(f"text_encoders[{i}] must be a file path, got {type(f).__name__} {f!r:.40}",
+                             where="text_encoders", fix=fix)
+    return files
