@@ -24,11 +24,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import WeightsError
+from ..errors import InputError, WeightsError
 from ..weights import TensorRef, Weights
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,7 +144,7 @@ class WeightState:
     def set_loras(self, loras: Sequence[tuple[Lora | str | os.PathLike[str], float]]) -> None:
         """Make exactly these LoRAs active (each with its scale) for every generation from now on;
         ``[]`` removes them all. Prompt tags (``<lora:name:w>``) add to these for one generation."""
-        self.fixed = self._activate(loras)
+        self.fixed = self._activate(check_lora_list(loras))
 
     def prepare(self, prompt: str, negative_prompt: str | None) -> tuple[str, str | None]:
         """Remove A1111's ``<lora:name:w>`` tags from both prompts and make those LoRAs (from
@@ -244,6 +244,13 @@ class WeightState:
         """Load embeddings (A1111 ``.safetensors``); their trigger words work in prompts from now on."""
         from ..checkpoint import Embedding, load_embedding
 
+        items = list(items)
+        for i, e in enumerate(items):
+            if not isinstance(e, (str, os.PathLike, Embedding)):
+                raise InputError(f"an embedding must be a file path or an sdrt.checkpoint.Embedding, got "
+                                 f"{type(e).__name__} {e!r:.40} (argument {i + 1})", where="add_embedding",
+                                 fix="pass pipe.add_embedding('name.safetensors', ...); the file's stem is its "
+                                 "trigger word")
         new = [e if isinstance(e, Embedding) else load_embedding(e) for e in items]
         names = {e.name.lower() for e in self.embeddings}
         new = [e for e in new if e.name.lower() not in names]
@@ -407,3 +414,19 @@ def _table_width(graph: Graph) -> int:
     from ..checkpoint import token_table
 
     return token_table(graph)[1][1]
+
+
+def check_lora_list(loras: Any) -> list[tuple[Any, Any]]:
+    """``loras`` as ``set_loras`` takes it (a list of ``(path or Lora, scale)`` pairs), or a one-line error."""
+    from ..lora import Lora
+
+    fix = "pass {@loras=}[('file.safetensors', 0.8), ...] (pairs of a path or an sdrt.lora.Lora and a scale), or [] for none"
+    if isinstance(loras, (str, os.PathLike, Mapping)) or not isinstance(loras, Iterable):
+        raise InputError(f"loras must be a list of (path, scale) pairs, got {type(loras).__name__} {loras!r:.40}",
+                         where="loras", fix=fix)
+    out = list(loras)
+    for i, item in enumerate(out):
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], (str, os.PathLike, Lora))):
+            raise InputError(f"loras[{i}] must be a (path, scale) pair, got {type(item).__name__} {item!r:.40}",
+                             where="loras", fix=fix)
+    return [(a, b) for a, b in out]
