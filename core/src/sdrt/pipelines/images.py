@@ -103,6 +103,9 @@ def to_mask(value: ImageLike, height: int, width: int) -> np.ndarray:
 def _to_uint8(arr: np.ndarray, what: str) -> np.ndarray:
     if arr.dtype == np.uint8:
         return arr
+    if arr.dtype == bool:  # True as 1 of 255 would be a black image; as 255, a guess the caller did not make
+        raise InputError(f"the {what} is a bool array", where=what,
+                         fix="pass uint8 values 0..255 or float values 0..1 (e.g. arr.astype(np.uint8) * 255)")
     if arr.dtype.kind == "f":
         if not np.isfinite(arr).all():
             raise InputError(f"the {what} holds NaN or infinite values", where=what, fix="pass finite values")
@@ -113,9 +116,10 @@ def _to_uint8(arr: np.ndarray, what: str) -> np.ndarray:
         return (np.clip(arr, 0, 1) * 255).round().astype(np.uint8)
     if arr.dtype.kind in "iu" and arr.size and (arr.min() < 0 or arr.max() > 255):
         raise InputError(f"the {what} has values outside 0..255", where=what, fix="pass uint8 values")
-    if arr.dtype.kind in "iub":
+    if arr.dtype.kind in "iu":
         return arr.astype(np.uint8)
-    raise InputError(f"the {what} has dtype {arr.dtype}", where=what, fix="pass a uint8 or float array")
+    raise InputError(f"the {what} has dtype {arr.dtype}", where=what,
+                     fix="pass uint8 values 0..255 or float values 0..1")
 
 
 def to_nchw(rgb: np.ndarray) -> np.ndarray:
