@@ -49,7 +49,14 @@ class Settings:
 
 @dataclass
 class Generation:
-    """What one call made: the images, the seed of each, and A1111-style settings for each image."""
+    """What one call made: the images, the seed of each, and A1111-style settings for each image.
+
+    ``seeds[i]`` is the seed image ``i`` was drawn from. With ``rng="cpu"`` (diffusers' one stream per run)
+    every image of a batch reports the run's seed and its settings say ``Batch size`` and ``Batch pos``: image
+    ``i`` is the ``i``-th of the noise that stream draws for the batch, so the same seed with the same ``batch``
+    gives it again (``images[i]``), while that seed with ``batch=1`` gives image 0 only. With ``rng="gpu"``/``"nv"``
+    (A1111's per-image noise) image ``i`` reports ``seed + i`` and that seed alone reproduces it.
+    """
 
     images: list[np.ndarray]
     seeds: list[int]
