@@ -124,6 +124,15 @@ def test_batch_count_continues_with_the_next_seed(sd15) -> None:
     assert [s["Seed"] for s in gen.settings] == [10, 11]
 
 
+def test_a_batch_reports_its_seed_and_position(sd15) -> None:
+    """rng="cpu" draws the batch from one stream: both images report the seed, the settings their position,
+    and the same seed and batch give image 2 again (docs/pipelines.md)."""
+    gen = sd15.generate(PROMPT, steps=2, seed=5, batch=2, sampler="Euler a")
+    assert gen.seeds == [5, 5] and not np.array_equal(gen.images[0], gen.images[1])
+    assert [(s["Seed"], s["Batch size"], s["Batch pos"]) for s in gen.settings] == [(5, 2, 0), (5, 2, 1)]
+    assert np.array_equal(sd15(PROMPT, steps=2, seed=5, batch=2, sampler="Euler a")[1], gen.images[1])
+
+
 def test_long_prompt_is_encoded_in_chunks(sd15) -> None:
     long = ", ".join(["a red cat on a wooden table"] * 14)  # well past 75 tokens
     cond, uncond = sd15._conditioning(pipelines.validate(long, "blurry"))
@@ -244,6 +253,7 @@ def test_image_conversions() -> None:
     (np.full((8, 8, 3), 200.0, np.float32), "float values run from 200 to 200; a float image takes 0..1"),
     (np.full((8, 8, 3), -5.0, np.float64), "float values run from -5 to -5"),
     (np.zeros((8, 8, 3), np.complex64), "dtype complex64"),
+    (np.zeros((8, 8, 3), bool), "is a bool array.*uint8 values 0..255 or float values 0..1"),
 ])
 def test_bad_images(value: np.ndarray, message: str) -> None:
     with pytest.raises(InputError, match=message):
@@ -389,4 +399,56 @@ def test_stores_wait_for_the_job_only_with_room_beside_the_plans_peak() -> None:
         pipe._memory_plan = plan(budget, placement)
         held.append(not isinstance(pipe._stores_after_job(), contextlib.nullcontext))
     assert held == [True, True, False, False]
+    pipe.close()
+
+
+# -- load's own arguments are checked at load, in its words --------------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"foo": 1}, r"load\(\) takes no keyword foo\. Where: foo\. .*load's own keywords are backend, .*quantize; "
+                 r"the \w+ backend"),
+    ({"lora": "/nonexist"}, r"no keyword lora\..*pipe\.set_loras\(\[\(path, scale\)\]\)"),
+    ({"embeddings": ["a.pt"]}, r"no keyword embeddings\..*pipe\.add_embedding\(path\)"),
+    ({"lowmemory": True}, "did you mean low_memory= for lowmemory="),
+    ({"quantize": "int3"}, r"unknown weight quantization 'int3'\. Where: quantize\."),
+    ({"quantize": 8}, "quantize must be a name, got int 8"),
+    ({"low_memory": "yes"}, r"low_memory must be True or False or None, got str 'yes'\. Where: low_memory\."),
+    ({"share_blocks": "maybe"}, r"share_blocks must be True or False, got str 'maybe'\. Where: share_blocks\."),
+    ({"vae_tile": "abc"}, r"vae_tile must be an int of 8 or more .*got str 'abc'\. Where: vae_tile\."),
+    ({"vae_tile": -3}, "vae_tile must be an int of 8 or more"),
+    ({"vae_tile": True}, "got bool True"),
+    ({"vae_tile": 0}, "got int 0"),
+    ({"vae_tile": 8}, r"vae_tile=8 needs a VAE with dynamic height and width, and this model's vae_decoder is "
+                      r"exported for 8x8 only\. Where: vae_tile\."),
+    ({"text_encoders": 5}, r"text_encoders must be a list of file paths, got int 5\. Where: text_encoders\."),
+    ({"text_encoders": [None]}, r"text_encoders\[0\] must be a file path, got NoneType"),
+    ({"vae": 5}, r"vae must be a file path, got int 5\. Where: vae\."),
+])
+def test_load_refuses_bad_arguments_at_load(kwargs, message) -> None:
+    with pytest.raises(InputError, match=message) as exc:
+        pipelines.load(pipelines.DEMO_MODEL, backend=_fast_backend(), **kwargs)
+    assert "\n" not in str(exc.value)
+
+
+def test_load_takes_its_own_and_the_backends_options() -> None:
+    pipe = pipelines.load(pipelines.DEMO_MODEL, backend=_fast_backend(), low_memory=None, share_blocks=True, quantize="int8", vae_tile=None)
+    assert pipe.low_memory is None and pipe.share_blocks and pipe.quantize == "int8"
+    pipe.close()
+
+
+def test_vae_tile_on_a_vae_with_dynamic_axes() -> None:
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend(), vae_tile=8) as pipe:
+        assert pipe.generate(PROMPT, steps=1, width=128, height=128, seed=1).images[0].shape == (128, 128, 3)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda p: p.set_loras("foo"), r"loras must be a list of \(path, scale\) pairs, got str 'foo'\. Where: loras\."),
+    (lambda p: p.set_loras([("x",)]), r"loras\[0\] must be a \(path, scale\) pair, got tuple"),
+    (lambda p: p.set_loras(None), "loras must be a list of .* got NoneType"),
+    (lambda p: p.add_embedding(5), r"an embedding must be a file path or an sdrt\.checkpoint\.Embedding, got int 5"),
+])
+def test_weight_calls_refuse_bad_arguments(call, message) -> None:
+    pipe = pipelines.load(pipelines.DEMO_MODEL, backend=_fast_backend())
+    with pytest.raises(InputError, match=message):
+        call(pipe)
+    pipe.set_loras([])  # the empty list stays the way to remove them
     pipe.close()
