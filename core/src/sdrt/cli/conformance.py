@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+API_NAMES = {"include": "-k"}
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("conformance", help="run ONNX's backend test suite against a backend, per op")
