@@ -128,8 +128,12 @@ def test_conformance_cli_passes_compile_options_and_refuses_malformed_ones(regis
     from sdrt.cli import main
 
     args = ["conformance", "reference", "-k", "^test_relu_cpu$", "--suite", "node", "--no-isolate"]
-    assert main([*args, "-o", "cache=false", "-o", "label=x"]) == 0  # the reference backend refuses options:
-    assert "unknown options for the reference backend: cache, label" in capsys.readouterr().out  # they got there
+    # the reference backend takes no options: refused once, up front, naming -o (each test failed with it, exit 0)
+    assert main([*args, "-o", "cache=false", "-o", "label=x"]) == 1
+    err = capsys.readouterr().err
+    assert "-o: unknown options for the reference backend: cache, label. Where: -o." in err
+    assert main([*args, "-o", "bogus=1", "-k", "zzzznomatch"]) == 1  # checked even when no test would run
+    assert "unknown options for the reference backend: bogus" in capsys.readouterr().err
     assert main([*args, "-o", "precision"]) == 1
     assert "compile option 'precision' is not KEY=VALUE" in capsys.readouterr().err
 

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-API_NAMES = {"include": "-k", "plugin_modules": "--plugin-module"}
+API_NAMES = {"include": "-k", "plugin_modules": "--plugin-module", "compile_options": "-o"}
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

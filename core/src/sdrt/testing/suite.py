@@ -70,6 +70,13 @@ class BackendTest:
         self.tag = device_tag(dev).upper()
         self.suites = suites
         self.compile_options = compile_options
+        if compile_options:  # checked once here (no compile: the backend's own parsing), not failed in every test
+            try:
+                rest = be._cache_options(compile_options)[1] if hasattr(be, "_cache_options") else compile_options
+                be.parse_options(rest, dev)
+            except SdrtError as exc:
+                raise InputError(f"{{@compile_options}}: {exc.what}", where="compile_options",
+                                 fix=exc.fix or f"see the {be.name} backend's options") from exc
         self._include: list[str] = []
         self._exclude: dict[str, str] = {}
         self._xfail: dict[str, str] = {}
