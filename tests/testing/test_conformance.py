@@ -145,6 +145,7 @@ def test_conformance_cli_passes_compile_options_and_refuses_malformed_ones(regis
     (["--timeout", "-5"], "--timeout -5.0 is not a number of seconds above 0"),
     (["--timeout", "0"], "Where: --timeout."),
     (["--batch", "0"], "--batch 0 is not a number of tests of 1 or more"),
+    (["--timeout", "60", "--no-isolate"], "--timeout limits the child processes of an isolated run, and does nothing"),
 ])
 def test_conformance_cli_refuses_bad_filters_and_limits_in_flag_words(registry, capsys, flags, said):
     """A bad regex was a re.error traceback, a -k that selects nothing a run of 0 tests with exit 0, and
