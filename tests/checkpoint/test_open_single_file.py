@@ -175,7 +175,10 @@ def test_text_encoder_of_another_kind_is_refused(tmp_path):
 
 def test_unknown_architecture_is_refused(tmp_path):
     f = sparse_safetensors(tmp_path / "mystery.safetensors", {"foo.bar.weight": (3, 3)})
-    with pytest.raises(ModelError, match="mystery.safetensors is not a model sdrt can run: it looks like unknown"):
+    # it said "it looks like unknown": now what was checked, and the keys that are there
+    with pytest.raises(ModelError, match=r"mystery.safetensors is not a model sdrt can run: it looks like no family "
+                                         r"sdrt knows: none of the key layouts of an SD 1.x/2.x/XL/3 or Flux .*"
+                                         r"its keys: foo.bar.weight\."):
         open_single_file(f)
     with pytest.raises(ModelError, match="looks like kohya LoRA"):
         open_single_file(DATA / "sd1" / "lora_kohya.safetensors")
@@ -273,3 +276,20 @@ def test_sd2_prediction_from_yaml_and_from_weights(tmp_path):
     assert sd2_prediction(f, narrow) == "v_prediction"
     (tmp_path / "model.yaml").write_text("model:\n  params:\n    linear_start: 0.00085\n")
     assert sd2_prediction(f, wide) == "epsilon"
+
+
+
+def test_a_bad_vae_file_gets_advice_for_what_it_is(tmp_path):
+    """The fix said "re-download the file (it may be truncated or not a .safetensors file)" for an .onnx graph
+    and for a .gguf alike."""
+    from sdrt.pipelines import DEMO_MODEL
+    from sdrt.pipelines.singlefile import check_part_file
+
+    with pytest.raises(WeightsError, match=r"this is an ONNX graph.*What to do: pass a VAE \.safetensors file.*"
+                                           r"or leave vae out to use the model folder's own VAE"):
+        check_part_file(Path(DEMO_MODEL) / "vae_decoder" / "model.onnx", "vae", "sd1", "SD 1.x")
+    cut = tmp_path / "vae.gguf"
+    cut.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (1).to_bytes(8, "little") + (0).to_bytes(8, "little") + b"x")
+    with pytest.raises(WeightsError, match=r"not a readable GGUF file: the file ends at byte 25, before the end of "
+                                           r"the 0 metadata keys and 1 tensors.*truncated.*re-download the \.gguf file"):
+        check_part_file(cut, "vae", "sd1", "SD 1.x")

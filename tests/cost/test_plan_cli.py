@@ -197,3 +197,27 @@ def test_auto_backend_predicts_at_the_precision_the_load_uses(caplog, registry, 
         monkeypatch.setenv("SDRT_PRECISION", prec)
         be, _ = _auto(reg, None)
         assert be.name == want, prec
+
+
+DEMO_UNET = Path(__file__).resolve().parents[2] / "core" / "src" / "sdrt" / "data" / "demo-sd" / "unet" / "model.onnx"
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--width", "63"], "--width 63 is not a multiple of 8 of at least 8. Where: --width. What to do: use 56 or 64."),
+    (["--width", "1"], "--width 1 is not a multiple of 8 of at least 8"),
+    # the graph's latents are fixed at 8x8: 512x512 was planned without a word
+    (["--width", "512"], "model.onnx is fixed at 64x64 pixels"),
+    (["--precision", ""], "--precision '' names an empty precision"),  # was ignored, exit 0
+    (["--precision", "fp32,"], "names an empty precision"),
+])
+def test_a_single_onnx_gets_the_folder_forms_size_checks(capsys, argv, match):
+    assert main(["plan", str(DEMO_UNET), *argv]) == 1
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_a_single_onnx_of_fixed_size_is_planned_at_that_size(capsys):
+    d = _run_json(capsys, str(DEMO_UNET))
+    assert (d["width"], d["height"]) == (64, 64)
+    d = _run_json(capsys, str(DEMO_UNET), "--width", "64", "--height", "64")
+    assert (d["width"], d["height"]) == (64, 64)

@@ -82,3 +82,21 @@ def test_not_a_gguf_file(tmp_path):
     p.write_bytes(b"GGUF" + b"\0" * 10)
     with pytest.raises(WeightsError, match="not a readable GGUF file"):
         Weights.open(p)
+
+
+def test_a_broken_gguf_says_what_is_wrong_not_numpys_words(tmp_path):
+    """gguf's reader fails with numpy's errors ("When changing to a larger dtype...", "index 0 is out of
+    bounds"); the message said those."""
+    good = write(tmp_path / "a.gguf", {"w": ("F32", np.ones((4, 8), np.float32), (4, 8))}).read_bytes()
+    cases = {"short": (good[:10], "the file is 10 bytes, shorter than a GGUF header (24 bytes): it is truncated"),
+             "cut": (good[:-10], f"the file ends at byte {len(good) - 10}, before the end of the"),
+             "count": (good[:8] + (10**12).to_bytes(8, "little") + good[16:],
+                       "its header lists 1000000000000 tensors, more than a file of")}
+    for name, (data, said) in cases.items():
+        p = tmp_path / f"{name}.gguf"
+        p.write_bytes(data)
+        with pytest.raises(WeightsError) as e:
+            Weights.open(p)
+        msg = str(e.value)
+        assert said in msg and "re-download the .gguf file" in msg, msg
+        assert "ValueError" not in msg and "IndexError" not in msg and "dtype" not in msg, msg

@@ -12,6 +12,7 @@ import pytest
 
 from sdrt import selftest
 from sdrt.cli import main
+from sdrt.errors import InputError
 from sdrt.selftest import checks, report
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -53,10 +54,11 @@ def test_features_on_the_reference_backend(fixture_plugins):
     assert checks_by_name["ahead-of-time build"]["status"] == "unsupported"
 
 
-def test_backends_that_cannot_run_are_listed_with_the_reason(fixture_plugins):
-    rep = selftest.run(["nonesuch"], quick=True, plugin_modules=fixture_plugins)
-    assert rep["backends"] == [] and rep["passed"] is False
-    assert rep["unavailable"] == [{"backend": "nonesuch", "reason": "not installed"}]
+def test_a_backend_that_is_not_installed_is_refused_naming_the_installed_ones(fixture_plugins):
+    # it was a report of nothing tested, ending "no backend could be tested: install a plugin"
+    with pytest.raises(InputError, match=r"no backend 'nonesuch' is installed here\. Where: backends\. "
+                                         r"What to do: pass one of: .*crashy.*reference"):
+        selftest.run(["nonesuch"], quick=True, plugin_modules=fixture_plugins)
 
 
 def test_report_has_schema_machine_versions_and_nothing_personal(fixture_plugins, tmp_path):
@@ -97,6 +99,18 @@ def test_rel_err_and_precisions():
     (["selftest", "--report", "r.txt"], "the report file must end in .json"),
     (["selftest", "--report", "/nonexistent-dir/r.json"], "it is not a writable folder"),
     (["selftest", "--only", "nonsense", "--backend", "nonesuch"], "unknown check groups ['nonsense']"),
+    # a missing plugin module was a child's traceback advising SDRT_DISABLE_PLUGINS, without the flag
+    (["selftest", "--plugin-module", "nonexistent_mod_xyz"],
+     "--plugin-module: no module named 'nonexistent_mod_xyz' can be imported here. Where: --plugin-module."),
+    (["selftest", "--plugin-module", "no_such_pkg.sub"], "no module named 'no_such_pkg.sub'"),
+    (["selftest", "--timeout", "0"], "--timeout must be above 0 seconds, got 0"),
+    (["selftest", "--timeout", "-1"], "--timeout must be above 0 seconds, got -1"),
+    (["selftest", "--repeats", "3"], "--repeats sets the timed runs of --calibrate, and does nothing without it"),
+    (["selftest", "--calibrate", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+    # an unknown backend or device ended in "no backend could be tested: install a plugin"
+    (["selftest", "--backend", "nope", "--only", "features"], "no backend 'nope' is installed here. Where: --backend."),
+    (["selftest", "--plugin-module", "sdrt_reference", "--backend", "reference", "--device", "nope", "--only", "features"],
+     "no device 'nope' among those of the backends tested. Where: --device. What to do: pass one of: CPU"),
 ])
 def test_cli_errors_are_one_line_before_any_work(argv, message, capsys):
     assert main(argv) == 1

@@ -90,10 +90,25 @@ def _cases():
         ("unknown model in options", "POST", "/sdapi/v1/options", {"sd_model_checkpoint": "/etc/passwd"}, 400,
          "no model named '/etc/passwd'"),
         ("options not an object", "POST", "/sdapi/v1/options", ["x"], 422, "must be a JSON object"),
+        # both were a 200: gif was read back while images stayed PNG, null changed nothing
+        ("options: samples_format gif", "POST", "/sdapi/v1/options", {"samples_format": "gif"}, 400,
+         "samples_format 'gif' is not supported: this server writes png only"),
+        ("options: samples_format 5", "POST", "/sdapi/v1/options", {"samples_format": 5}, 400,
+         "samples_format 5 is not supported"),
+        ("options: sd_model_checkpoint null", "POST", "/sdapi/v1/options", {"sd_model_checkpoint": None}, 400,
+         "sd_model_checkpoint must name a model of this server, got null"),
         ("wrong method", "GET", t2i, None, 405, "GET is not allowed"),
         ("unknown route", "GET", "/sdapi/v1/nothing-here", None, 404, "no route"),
         ("OpenAI: no prompt", "POST", oai, {"n": 1}, 400, "prompt is required"),
         ("OpenAI: bad size", "POST", oai, {"prompt": "x", "size": "huge"}, 400, "size must be WIDTHxHEIGHT"),
+        # size errors spoke of width= (the Python keyword); the caller sent size
+        ("OpenAI: size not a multiple of 8", "POST", oai, {"prompt": "x", "size": "65x64"}, 400,
+         "size 65x64: width 65 is not a multiple of 8; pass a size whose sides are multiples of 8"),
+        ("OpenAI: size far too large", "POST", oai, {"prompt": "x", "size": "99999999x99999999"}, 400,
+         "size 99999999x99999999 is above this server's limit"),  # was "size must be WIDTHxHEIGHT"
+        ("OpenAI: unknown field", "POST", oai, {"prompt": "x", "sizee": "64x64"}, 400,
+         "unrecognized request argument 'sizee'"),  # was dropped silently
+        ("OpenAI: stream", "POST", oai, {"prompt": "x", "stream": True}, 400, "stream is not supported"),
         ("OpenAI: n 0", "POST", oai, {"prompt": "x", "n": 0}, 400, "n must be at least 1"),
         ("OpenAI: unknown response_format", "POST", oai, {"prompt": "x", "response_format": "jpeg"}, 400,
          "response_format must be"),

@@ -128,7 +128,30 @@ def test_conformance_cli_passes_compile_options_and_refuses_malformed_ones(regis
     from sdrt.cli import main
 
     args = ["conformance", "reference", "-k", "^test_relu_cpu$", "--suite", "node", "--no-isolate"]
-    assert main([*args, "-o", "cache=false", "-o", "label=x"]) == 0  # the reference backend refuses options:
-    assert "unknown options for the reference backend: cache, label" in capsys.readouterr().out  # they got there
+    # the reference backend takes no options: refused once, up front, naming -o (each test failed with it, exit 0)
+    assert main([*args, "-o", "cache=false", "-o", "label=x"]) == 1
+    err = capsys.readouterr().err
+    assert "-o: unknown options for the reference backend: cache, label. Where: -o." in err
+    assert main([*args, "-o", "bogus=1", "-k", "zzzznomatch"]) == 1  # checked even when no test would run
+    assert "unknown options for the reference backend: bogus" in capsys.readouterr().err
     assert main([*args, "-o", "precision"]) == 1
     assert "compile option 'precision' is not KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["-k", "("], "the -k pattern '(' is not a regular expression"),
+    (["--exclude", "["], "the --exclude pattern '[' is not a regular expression"),
+    (["-k", "zzzznomatch"], "no test of the node suite matches -k 'zzzznomatch'"),
+    (["--timeout", "-5"], "--timeout -5.0 is not a number of seconds above 0"),
+    (["--timeout", "0"], "Where: --timeout."),
+    (["--batch", "0"], "--batch 0 is not a number of tests of 1 or more"),
+    (["--timeout", "60", "--no-isolate"], "--timeout limits the child processes of an isolated run, and does nothing"),
+])
+def test_conformance_cli_refuses_bad_filters_and_limits_in_flag_words(registry, capsys, flags, said):
+    """A bad regex was a re.error traceback, a -k that selects nothing a run of 0 tests with exit 0, and
+    --timeout -5 a child 'dead before its first test' with advice in API words (isolate=False)."""
+    from sdrt.cli import main
+
+    assert main(["conformance", "reference", "--suite", "node", *flags]) == 1
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -35,6 +35,7 @@ def plugin_registry(plugin_modules: Sequence[str]) -> Registry:
     Lets a child find a backend that is not installed as an entry point (one
     being written, or a test fixture).
     """
+    check_plugin_modules(plugin_modules)
     reg = get_registry()
     owners = md.packages_distributions() if plugin_modules else {}
     for name in plugin_modules:
@@ -42,6 +43,30 @@ def plugin_registry(plugin_modules: Sequence[str]) -> Registry:
         dists = owners.get(name.split(".", 1)[0]) or [None]
         reg.register_plugin(module, name.rsplit(".", 1)[-1], distribution=dists[0], version=_version(dists[0]))
     return reg
+
+
+def check_plugin_modules(plugin_modules: Sequence[str]) -> None:
+    """An InputError naming ``plugin_modules`` for a module that cannot be found, checked in the parent
+    (``importlib.util.find_spec``: nothing is imported) before any child starts."""
+    import importlib.machinery
+    import importlib.util
+
+    from .errors import InputError
+
+    # the children import with this process's PYTHONPATH, which may have changed since it started
+    child_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for name in plugin_modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a missing parent package of a dotted name, or an empty name
+            found = False
+        if not found and name and child_path:
+            found = importlib.machinery.PathFinder.find_spec(name.split(".", 1)[0], child_path) is not None
+        if not found:
+            raise InputError(f"{{@plugin_modules}}: no module named {name!r} can be imported here",
+                             where="plugin_modules",
+                             fix="pass the module's import name (as in `import NAME`), with its folder on "
+                                 "PYTHONPATH or its package installed in this Python")
 
 
 def _version(distribution: str | None) -> str | None:

@@ -231,4 +231,11 @@ def identify(shapes: Shapes, family: str | None = None) -> Identity:
             if kind:
                 return Identity(None, kind, PART_KINDS[kind], {"vae": p})
             return Identity(None, "unknown", f"a {ch}-channel VAE, which no shipped family uses")
-    return Identity(None, "unknown", detect(shapes))
+    label = detect(shapes)
+    if label == "unknown":  # say what was looked for and what is there, not "it looks like unknown"
+        keys = sorted(shapes)
+        shown = ", ".join(keys[:4]) + (f", ... ({len(keys)} tensors)" if len(keys) > 4 else "")
+        label = (f"no family sdrt knows: none of the key layouts of an SD 1.x/2.x/XL/3 or Flux checkpoint, a "
+                 f"diffusers UNet, a CLIP/T5 text encoder, a VAE, a ControlNet, a LoRA or an embedding; its keys: "
+                 f"{shown or 'none'}")
+    return Identity(None, "unknown", label)

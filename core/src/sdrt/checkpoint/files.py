@@ -165,8 +165,19 @@ def open_weights(path: PathLike, what: str, folder_fix: str, folder_what: str = 
     try:
         return Weights.open(p)
     except SdrtError as exc:
-        raise type(exc)(f"cannot open the {what} {p.name}: {exc.what}", where=str(p),
-                        fix="re-download the file (it may be truncated or not a .safetensors file)") from exc
+        raise type(exc)(f"cannot open the {what} {p.name}: {exc.what}", where=str(p), fix=open_fix(p, exc)) from exc
+
+
+def open_fix(path: Path, exc: SdrtError, vae: bool = False) -> str:
+    """What to do about a weights file ``Weights.open`` refused: for an .onnx graph, what to pass instead (a
+    .safetensors file; for a VAE, or the model folder's own VAE); else the reader's own advice, which knows the
+    format (a truncated .gguf, a pickle to convert), or a re-download of a file of that suffix."""
+    if path.suffix.lower() == ".onnx":
+        if vae:
+            return ("pass a VAE .safetensors file (e.g. vae/diffusion_pytorch_model.safetensors), or leave {@vae} out "
+                    "to use the model folder's own VAE")
+        return "pass a .safetensors or .gguf weights file; an .onnx graph is a model, passed as the model"
+    return exc.fix or f"re-download the {path.suffix or 'weights'} file (it may be truncated)"
 
 
 def _open(path: PathLike, what: str, family: str | None = None) -> _File:

@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+API_NAMES = {"include": "-k", "plugin_modules": "--plugin-module", "compile_options": "-o"}
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("conformance", help="run ONNX's backend test suite against a backend, per op")
@@ -60,8 +62,15 @@ def _options(pairs: list[str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     from ..child import plugin_registry
+    from ..errors import SdrtError
     from ..testing import BackendTest
 
+    given = [flag for flag, v in (("--timeout", args.timeout), ("--batch", args.batch)) if v is not None]
+    if given and not args.isolate:
+        one = len(given) == 1
+        raise SdrtError(f"{' and '.join(given)} {'limits' if one else 'limit'} the child processes of an isolated "
+                        f"run, and {'does' if one else 'do'} nothing with --no-isolate", where=f"sdrt conformance {given[0]}", fix=f"drop {' and '.join(given)}, "
+                        "or drop --no-isolate")
     plugin_registry(args.plugin_module)
     suite = BackendTest(args.backend, args.device, suites=tuple(args.suite or ("node", "light")),
                         **_options(args.option))

@@ -52,20 +52,45 @@ def run(args: argparse.Namespace) -> int:
         if v is not None and v > high:  # the bound of every generation (sdrt.pipelines.validate)
             raise SdrtError(f"{flag} {v} is above the limit of {high}", where=f"sdrt plan {flag}",
                             fix=f"pass {flag} {high} or less")
-    precisions = [x for p in args.precision for x in p.split(",") if x]
+    precisions = [x.strip() for p in args.precision for x in p.split(",")]
     from ..cost.nodes import PRECISIONS
+    if "" in precisions:  # --precision "" or "fp16,": an empty value was dropped, planning every precision
+        raise SdrtError(f"--precision {','.join(precisions)!r} names an empty precision", where="sdrt plan --precision",
+                        fix=f"name one of: {', '.join(PRECISIONS)}; or leave --precision out to consider them all")
     bad = [p for p in precisions if p not in PRECISIONS]
     if bad:
         raise SdrtError(f"unknown precision {bad[0]!r}", where="sdrt plan --precision",
                         fix=f"use some of: {', '.join(PRECISIONS)}")
     memory = parse_memory(args.memory) if args.memory else None
     device = devices.find(args.device)
-    width = args.width or args.height or _default_size(args.model)
-    height = args.height or width
+    fixed = _fixed_size(args.model)
+    if fixed:  # a lone graph fixed at one size: that size, and a --width/--height that contradicts it is refused
+        width, height = args.width or fixed[0], args.height or fixed[1]
+    else:
+        width = args.width or args.height or _default_size(args.model)
+        height = args.height or width
     plan = make_plan(args.model, device, backends=args.backend or None, precisions=precisions or None,
                      memory=memory, width=width, height=height, steps=args.steps)
     print(json.dumps(plan.to_dict(), indent=1) if args.json else plan.format())
     return 0
+
+
+def _fixed_size(model: str) -> tuple[int, int] | None:
+    """(width, height) of a single .onnx whose image input has a fixed size, else None."""
+    from pathlib import Path
+
+    from ..errors import SdrtError
+
+    path = Path(model)
+    if path.suffix.lower() != ".onnx" or not path.is_file():
+        return None
+    from ..cost.shapes import fixed_size
+    from ..graph import Graph
+
+    try:
+        return fixed_size(Graph.load(path, load_external=False))
+    except SdrtError:
+        return None  # make_plan says what is wrong with the file
 
 
 def _default_size(model: str) -> int:

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+API_NAMES = {"backends": "--backend", "plugin_modules": "--plugin-module"}
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("selftest", help="check every installed backend here: conformance, accuracy, speed, "
@@ -24,9 +26,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="instead of the checks: time the calibration cases on each installed backend here, at fp32 and, "
                         "where this CPU has bf16 dot products (AVX-512-BF16 or AMX), at bf16 too, and store the cost "
                         "model's factors (used by `sdrt plan` and backend=\"auto\"); the report carries them")
-    p.add_argument("--repeats", type=int, default=9,
-                   help="timed runs per calibration case and pass (the median of each 3 runs' best is kept; of two "
-                        "passes over all the cases, the faster; default 9)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="with --calibrate: timed runs per calibration case and pass (the median of each 3 runs' best "
+                        "is kept; of two passes over all the cases, the faster; default 9)")
     return p
 
 
@@ -38,9 +40,6 @@ def _calibrate(args: argparse.Namespace) -> int:
     from ..plugins import get_registry
     from ..runtime import select
 
-    if args.repeats < 1:
-        raise SdrtError(f"--repeats must be at least 1, got {args.repeats}", where="sdrt selftest --repeats",
-                        fix="pass e.g. --repeats 7")
     reg = get_registry()
     names = args.backend or sorted(reg.backends)
     cpu = this_cpu()
@@ -146,7 +145,18 @@ def run(args: argparse.Namespace) -> int:
                         fix="pass a name like report.json (the Markdown goes beside it as report.md)")
     if args.report:
         _check_folder(args.report)
+    if args.repeats is not None and not args.calibrate:
+        raise SdrtError("--repeats sets the timed runs of --calibrate, and does nothing without it",
+                        where="sdrt selftest --repeats", fix="add --calibrate, or drop --repeats")
+    if args.repeats is not None and args.repeats < 1:
+        raise SdrtError(f"--repeats must be at least 1, got {args.repeats}", where="sdrt selftest --repeats",
+                        fix="pass e.g. --repeats 7")
+    if args.timeout is not None and not args.timeout > 0:
+        raise SdrtError(f"--timeout must be above 0 seconds, got {args.timeout:g}", where="sdrt selftest --timeout",
+                        fix="pass e.g. --timeout 600, or drop it for the default (300 s with --quick, 3600 s without)")
     if args.calibrate:
+        if args.repeats is None:
+            args.repeats = 9
         return _calibrate(args)
     report = selftest(args.backend or None, args.device, quick=args.quick, only=args.only, timeout=args.timeout,
                       plugin_modules=args.plugin_module, progress=_Bar())

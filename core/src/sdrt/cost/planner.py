@@ -186,9 +186,21 @@ def plan_parts(model: str | Path, *, width: int = 512, height: int = 512, steps:
     if path.suffix.lower() != ".onnx" or not path.is_file():
         raise SdrtError(f"{str(path)!r} is neither a model folder nor an .onnx file", where="sdrt plan MODEL",
                         fix="pass a diffusers/Optimum ONNX folder or one .onnx file")
+    from ..errors import InputError
     from ..graph import Graph
+    from .shapes import fixed_size
 
+    for name, value in (("width", width), ("height", height)):  # as a pipeline folder's (pipelines.settings)
+        if value < 8 or value % 8:
+            raise InputError(f"{{@{name}}} {value} is not a multiple of 8 of at least 8", where=name,
+                             fix=f"use {max(8, value - value % 8)}" + (f" or {value - value % 8 + 8}" if value > 8 else ""))
     g = Graph.load(path, load_external=False)
+    fixed = fixed_size(g)
+    if fixed and fixed != (width, height):
+        raise InputError(f"{path.name} is fixed at {fixed[0]}x{fixed[1]} pixels (its image input has a fixed height and width); "
+                         f"{width}x{height} cannot be planned", where="width" if fixed[0] != width else "height",
+                         fix=f"leave out {{@width}} and {{@height}} (the graph's own size is taken), or pass "
+                             f"{{@width=}}{fixed[0]} {{@height=}}{fixed[1]}")
     return path.name, [PartCalls(path.stem, path, [(single_file_shapes(g, width, height, batch), 1.0)])]
 
 

@@ -5,6 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 
+def fixed_size(graph: Any) -> tuple[int, int] | None:
+    """(width, height) in pixels that a lone graph's first image-like (4-D) input fixes, when its two spatial
+    dims are numbers: latents (not 3 channels) x 8, pixels as they are; None when they are dynamic."""
+    for i in graph.inputs:
+        dims = list(i.shape)
+        if len(dims) == 4 and isinstance(dims[2], int) and isinstance(dims[3], int):
+            scale = 1 if dims[1] == 3 else 8
+            return dims[3] * scale, dims[2] * scale
+    return None
+
+
 def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> dict[str, tuple[int, ...]]:
     """Shapes for a lone graph's dynamic inputs: batch ``batch``; 4-D image-like inputs at the latent
     (width/8) or pixel size by their channels; a dim named for image tokens (``img``) at a DiT's packed

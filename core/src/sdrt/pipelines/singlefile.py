@@ -80,8 +80,10 @@ def check_part_file(path: PathLike, arg: str, family: str, label: str) -> PartFi
     try:
         w = Weights.open(p)
     except SdrtError as exc:
+        from ..checkpoint.files import open_fix
+
         raise type(exc)(f"{{@{arg}}}: cannot open {p.name}: {exc.what}", where=str(p),
-                        fix="re-download the file (it may be truncated or not a .safetensors file)") from exc
+                        fix=open_fix(p, exc, vae=arg == "vae")) from exc
     ident = identify(w.shapes())
     kinds = _kinds(family)
     vae = arg == "vae"

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..child import Child, exit_text, tail
-from ..errors import SdrtError
+from ..child import Child, check_plugin_modules, exit_text, tail
+from ..errors import InputError, SdrtError
 from .report import assemble
 
 #: seconds one backend may take before it counts as hung
@@ -112,7 +112,19 @@ def run(backends: Sequence[str] | None = None, device: str | None = None, *, qui
     if unknown:
         raise SdrtError(f"unknown check groups {unknown}", where="sdrt selftest --only",
                         fix=f"use some of: {', '.join(GROUPS)}")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise InputError(f"{{@timeout=}}{timeout:g} is not a number of seconds above 0", where="timeout",
+                         fix=f"pass {{@timeout=}}{TIMEOUT['quick' if quick else 'full']:.0f} (the default) or more")
+    check_plugin_modules(plugin_modules)
     listing = list_targets(list(backends or []), device, plugin_modules, first_only=quick and device is None)
+    installed = listing.get("installed", [])
+    unknown = [u["backend"] for u in listing["unavailable"] if u["reason"] == "not installed"]
+    if unknown:
+        raise InputError(f"no backend {' or '.join(map(repr, unknown))} is installed here", where="backends",
+                         fix=f"pass one of: {', '.join(installed) or 'none (install a plugin: `sdrt install`)'}")
+    if device is not None and not listing["targets"] and listing.get("devices"):
+        raise InputError(f"no device {device!r} among those of the backends tested", where="device",
+                         fix=f"pass one of: {', '.join(listing['devices'])} (as `sdrt info` lists them)")
     limit = timeout or TIMEOUT["quick" if quick else "full"]
     results = [run_target(t, quick=quick, timeout=limit, plugin_modules=plugin_modules, only=only,
                           progress=progress) for t in listing["targets"]]

@@ -56,6 +56,7 @@ def list_targets(reg: Registry, backends: list[str] | None, device: str | None,
     """Every (backend, device) to test; ``first_only`` keeps each backend's first device."""
     targets: list[dict[str, Any]] = []
     unavailable: list[dict[str, str]] = []
+    seen: set[str] = set()  # device ids of the backends looked at, before ``device`` filters them
     for rec in sorted(reg.plugins.values(), key=lambda r: r.name):
         if not rec.ok:
             if not backends or rec.name in backends:
@@ -70,6 +71,7 @@ def list_targets(reg: Registry, backends: list[str] | None, device: str | None,
             except Exception as exc:  # noqa: BLE001 - reported, never fatal
                 unavailable.append({"backend": name, "reason": f"devices() failed: {exc!r}"})
                 continue
+            seen.update(d.id for d in devices)
             if device is not None:
                 devices = [d for d in devices if d.id.lower() == device.lower()]
             if not devices:
@@ -87,7 +89,8 @@ def list_targets(reg: Registry, backends: list[str] | None, device: str | None,
     for name in backends or []:
         if name not in reg.backends and name not in reg.plugins:
             unavailable.append({"backend": name, "reason": "not installed"})
-    return {"targets": targets, "unavailable": unavailable}
+    return {"targets": targets, "unavailable": unavailable, "installed": sorted(reg.backends),
+            "devices": sorted(seen)}
 
 
 def check(reg: Registry, backend: str, device: str, quick: bool, groups: tuple[str, ...] = ()) -> None:

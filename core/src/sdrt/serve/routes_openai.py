@@ -3,8 +3,10 @@
 Fields: ``prompt`` (required), ``model`` (a model of this server; empty: the current one), ``n``,
 ``size`` (``"WxH"`` or ``"auto"``), ``response_format`` (``b64_json``, the default here; ``url``
 gives a ``data:image/png;base64,`` URL: the server keeps no files). ``quality``, ``style``,
-``user``, ``background`` and ``moderation`` are accepted and named under ``sdrt_not_honoured``.
-Beyond OpenAI: ``negative_prompt``, ``steps``, ``seed``, ``cfg_scale``, ``sampler_name``.
+``user``, ``background``, ``moderation``, ``output_compression`` and ``partial_images`` are accepted
+and named under ``sdrt_not_honoured`` (an extra top-level key, which OpenAI's clients read past).
+Beyond OpenAI: ``negative_prompt``, ``steps``, ``seed``, ``cfg_scale``, ``sampler_name``. Any other
+field is a 400 naming it, as OpenAI's own API answers an unrecognized argument.
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ from .http import read_json
 from .jobs import Work
 from .state import ServerState
 
-_SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+_SIZE = re.compile(r"^(\d+)x(\d+)$")
+
+#: OpenAI's fields that Stable Diffusion has no use for: accepted, and listed under sdrt_not_honoured
+_NOT_HONOURED = ("quality", "style", "user", "background", "moderation", "output_compression", "partial_images")
+_KNOWN = frozenset(("prompt", "model", "n", "size", "response_format", "output_format", "stream", "negative_prompt",
+                    "steps", "seed", "cfg_scale", "sampler_name", *_NOT_HONOURED))
 
 
 def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
@@ -38,8 +45,15 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     limits = st.limits
     if not isinstance(body, dict):
         raise ApiError(422, f"the request body must be a JSON object, got {type(body).__name__}")
+    unknown = sorted(k for k in body if k not in _KNOWN)
+    if unknown:  # OpenAI answers 400 "Unrecognized request argument supplied"; dropping it would hide a typo
+        raise ApiError(400, f"unrecognized request argument {unknown[0]!r}; this route takes "
+                            f"{', '.join(sorted(_KNOWN))}", field=unknown[0])
     if body.get("prompt") is None:
         raise ApiError(400, "prompt is required", field="prompt")
+    if body.get("stream") not in (None, False):
+        raise ApiError(400, "stream is not supported: this server answers with the finished images",
+                       field="stream")
     prompt = get_str(body, "prompt", "", max_len=limits.max_prompt_chars)
     negative = get_str(body, "negative_prompt", "", max_len=limits.max_prompt_chars)
     from ..text import extract_loras
@@ -61,8 +75,8 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
             raise ApiError(400, f"size must be WIDTHxHEIGHT (e.g. 512x512) or auto, got {size!r}", field="size")
         width, height = int(m.group(1)), int(m.group(2))
         if width > limits.max_width or height > limits.max_height:
-            raise ApiError(400, f"size {size} is above this server's limit of {limits.max_width}x{limits.max_height}",
-                           field="size")
+            raise ApiError(400, f"size {size} is above this server's limit of {limits.max_width}x{limits.max_height}; "
+                                "pass a smaller size", field="size")
     fmt = get_str(body, "response_format", "b64_json")
     if fmt not in ("b64_json", "url"):
         raise ApiError(400, f"response_format must be b64_json or url, got {fmt!r}", field="response_format")
@@ -75,12 +89,17 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     seed = get_int(body, "seed", -1, -1, 2**32 - 1 - n)
     if seed == -1:
         seed = secrets.randbelow(2**32 - limits.max_images)
-    ignored = [f"{k}: not used by Stable Diffusion models" for k in ("quality", "style", "user", "background",
-                                                                     "moderation") if body.get(k) is not None]
+    ignored = [f"{k}: not used by Stable Diffusion models" for k in _NOT_HONOURED if body.get(k) is not None]
     kwargs: dict[str, Any] = dict(steps=steps, cfg=cfg, sampler=sampler, width=width, height=height, batch=n)
     try:
         validate(prompt, negative, seed=seed, **kwargs)
     except SdrtError as exc:
+        if getattr(exc, "where", None) in ("width", "height"):  # the caller sent size, not width= / height=
+            from ..errors import _render
+
+            raise ApiError(400, f"size {size}: {_render(exc.what, None)}; pass "
+                                f"a size whose sides are multiples of 8, from 8 to "
+                                f"{limits.max_width}x{limits.max_height}", field="size") from None
         raise from_pipeline(exc) from None
     return Work(model, prompt, negative, kwargs, seed, n, 1), ignored, fmt
 

@@ -90,6 +90,14 @@ class ServerState:
         updates: dict[str, Any] = {}
         if body.get("sd_model_checkpoint") is not None:
             updates["sd_model_checkpoint"] = self.registry.model(body["sd_model_checkpoint"]).title
+        elif "sd_model_checkpoint" in body and self.options().get("sd_model_checkpoint") is not None:
+            # null was a 200 that changed nothing; it is taken only as the read-back of a server without models
+            raise ApiError(400, "sd_model_checkpoint must name a model of this server, got null; "
+                                "GET /sdapi/v1/sd-models lists them", field="sd_model_checkpoint")
+        if "samples_format" in body and body["samples_format"] != "png":
+            # it was stored and read back while every image stayed a PNG
+            raise ApiError(400, f"samples_format {body['samples_format']!r} is not supported: this server writes "
+                                "png only; pass \"png\" or leave it out", field="samples_format")
         clip = get_int(body, "CLIP_stop_at_last_layers", None, 1, 12)
         if clip is not None:
             updates["CLIP_stop_at_last_layers"] = clip

@@ -11,7 +11,7 @@ from typing import Any
 from onnx.backend.test.runner import Runner
 
 from ..backend import Backend, Device
-from ..errors import SdrtError
+from ..errors import InputError, SdrtError
 from ..plugins import get_registry
 from ..runtime import device_of, select
 from . import isolation
@@ -41,6 +41,16 @@ class _Runner(Runner):
         super()._add_test(category, test_name, test_func, report_item, devices=(self._tag,), **kwargs)
 
 
+def _pattern(pattern: str, name: str) -> str:
+    """``pattern`` checked to be a regular expression, else an InputError naming the argument ``name``."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise InputError(f"the {{@{name}}} pattern {pattern!r} is not a regular expression ({exc})", where=name,
+                         fix="fix the pattern (escape ( [ * + ? with a backslash to match them literally)") from None
+    return pattern
+
+
 class BackendTest:
     """Conformance tests for one sdrt backend on one device, with chainable patterns.
 
@@ -60,6 +70,13 @@ class BackendTest:
         self.tag = device_tag(dev).upper()
         self.suites = suites
         self.compile_options = compile_options
+        if compile_options:  # checked once here (no compile: the backend's own parsing), not failed in every test
+            try:
+                rest = be._cache_options(compile_options)[1] if hasattr(be, "_cache_options") else compile_options
+                be.parse_options(rest, dev)
+            except SdrtError as exc:
+                raise InputError(f"{{@compile_options}}: {exc.what}", where="compile_options",
+                                 fix=exc.fix or f"see the {be.name} backend's options") from exc
         self._include: list[str] = []
         self._exclude: dict[str, str] = {}
         self._xfail: dict[str, str] = {}
@@ -75,19 +92,19 @@ class BackendTest:
 
     # -- chainable configuration --------------------------------------
     def include(self, pattern: str) -> BackendTest:
-        self._include.append(pattern)
+        self._include.append(_pattern(pattern, "include"))
         return self
 
     def exclude(self, pattern: str, reason: str = "excluded") -> BackendTest:
-        self._exclude[pattern] = reason
+        self._exclude[_pattern(pattern, "exclude")] = reason
         return self
 
     def xfail(self, pattern: str, reason: str) -> BackendTest:
-        self._xfail[pattern] = reason
+        self._xfail[_pattern(pattern, "xfail")] = reason
         return self
 
     def tolerance(self, pattern: str, *, rtol: float, atol: float) -> BackendTest:
-        self._tolerances[pattern] = (rtol, atol)
+        self._tolerances[_pattern(pattern, "tolerance")] = (rtol, atol)
         return self
 
     # -- building and running -----------------------------------------
@@ -126,6 +143,13 @@ class BackendTest:
         """onnx's runner with our patterns applied, and a map of test name -> op."""
         suffix = "_" + self.tag.lower()
         cases = self.selected()
+        if self._include and not cases:
+            # a filter that selects nothing is a typo far more often than a wish: a run of 0 tests that
+            # exits 0 would read as a pass
+            raise InputError(f"no test of the {'/'.join(self.suites)} suite matches {{@include}} "
+                             f"{' or '.join(map(repr, self._include))} (names read like test_relu{suffix})",
+                             where="include", fix="check the pattern against the test names (onnx's node tests: "
+                                                  "test_<op>_..., light models: test_<model>...)")
         single = single_node_ops(cases)
         return self.runner(cases), {f"{c.name}{suffix}": op_of_case(c, single) for c in cases}
 
@@ -146,6 +170,12 @@ class BackendTest:
         ``plugin_modules`` (importable modules to register as plugins), so
         compile options must be JSON values. See ``isolation.py``.
         """
+        if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0):
+            raise InputError(f"{{@timeout=}}{timeout!r} is not a number of seconds above 0", where="timeout",
+                             fix="pass {@timeout=}900 (the default), or more for a slow backend")
+        if not (isinstance(batch, int) and not isinstance(batch, bool) and batch >= 1):
+            raise InputError(f"{{@batch=}}{batch!r} is not a number of tests of 1 or more", where="batch",
+                             fix="pass {@batch=}1000 (the default), or 1 to run each test in its own process")
         runner, ops = self.build()
         if isolate:
             return isolation.run(self, runner, ops, progress, plugin_modules=plugin_modules, timeout=timeout,

@@ -131,6 +131,30 @@ class GGUFWeights(Weights):
                            sources=self.sources)
 
 
+def _what_is_wrong(p: Path) -> str:
+    """Why gguf's reader failed on ``p``, from the fixed header (magic, version, tensor and key counts) and the
+    file's size, in words: the reader's own errors are numpy's (a dtype view or reshape of a short buffer)."""
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        head = f.read(24)
+    if len(head) < 24:
+        return f"the file is {size} bytes, shorter than a GGUF header (24 bytes): it is truncated"
+    if head[:4] != b"GGUF":
+        return f"it does not start with the GGUF magic (it starts {head[:4]!r})"
+    version = int.from_bytes(head[4:8], "little")
+    tensors, keys = int.from_bytes(head[8:16], "little"), int.from_bytes(head[16:24], "little")
+    if version not in (2, 3):
+        return f"its GGUF version is {version}; readers know versions 2 and 3"
+    # each tensor's entry takes at least 32 bytes (name length, dims, type, offset), each key at least 12; a count
+    # past that and past any model's (an SDXL UNet has ~1700 tensors, an LLM some thousands) is a corrupt header
+    if tensors * 32 > size and tensors > 10**5:
+        return f"its header lists {tensors} tensors, more than a file of {size} bytes can hold (the header is corrupt)"
+    if keys * 12 > size and keys > 10**5:
+        return f"its header lists {keys} metadata keys, more than a file of {size} bytes can hold (the header is corrupt)"
+    return f"the file ends at byte {size}, before the end of the {keys} metadata keys and {tensors} tensors its " \
+           "header lists: it is truncated"
+
+
 def open_gguf(path: str | os.PathLike[str], mapping: keymap.MappingLike = None) -> GGUFWeights:
     """Open a GGUF file lazily (its tensors are mapped, converted on access)."""
     gguf = _gguf()
@@ -142,8 +166,9 @@ def open_gguf(path: str | os.PathLike[str], mapping: keymap.MappingLike = None) 
     try:
         reader = gguf.GGUFReader(p, "r")
     except Exception as exc:  # noqa: BLE001 - the reader raises ValueError, struct.error, OSError...
-        raise WeightsError(f"not a readable GGUF file ({type(exc).__name__}: {str(exc)[:200]})", where=str(p),
-                           fix="check the download; re-convert the model to GGUF") from exc
+        raise WeightsError(f"not a readable GGUF file: {_what_is_wrong(p)}", where=str(p),
+                           fix="re-download the .gguf file (its size should match the source's), or re-convert "
+                               "the model to GGUF") from exc
     meta: dict[str, Any] = {}
     orig_shapes: dict[str, tuple[int, ...]] = {}
     for key, field in reader.fields.items():
