@@ -66,7 +66,7 @@ def cases(workdir: Path):
             print(f"skipping {label}: no model folder at {folder}", flush=True)
             continue
         for size in sizes:
-            _, parts = plan_parts(folder, width=size, height=size, steps=4)
+            _, parts, _ = plan_parts(folder, width=size, height=size, steps=4)
             for p in parts:
                 shapes, _ = max(p.signatures, key=lambda s: s[1])
                 yield f"{label} {size}px", p.name, p.path, shapes, p.calls

@@ -221,3 +221,14 @@ def test_a_single_onnx_of_fixed_size_is_planned_at_that_size(capsys):
     assert (d["width"], d["height"]) == (64, 64)
     d = _run_json(capsys, str(DEMO_UNET), "--width", "64", "--height", "64")
     assert (d["width"], d["height"]) == (64, 64)
+
+
+def test_without_a_size_the_plan_takes_the_models_own():
+    """The API as the command line: a graph fixed at 64x64 (the demo UNet) and the demo folder plan 64x64 (the
+    API's 512 default refused the graph: 'fixed at 64x64 ... leave out width and height', which it could not)."""
+    from sdrt.pipelines import DEMO_MODEL as DEMO_SD
+
+    cpu = devices.find("cpu")
+    for model in (DEMO_SD / "unet" / "model.onnx", DEMO_SD):
+        plan = make_plan(model, cpu, steps=2, backends=["openvino"])
+        assert (plan.width, plan.height) == (64, 64) and plan.to_dict()["width"] == 64

@@ -162,9 +162,11 @@ def _cand(c: Candidate | None) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------------- parts
-def plan_parts(model: str | Path, *, width: int = 512, height: int = 512, steps: int = 20, cfg: float | None = None,
-               batch: int = 1) -> tuple[str, list[PartCalls]]:
-    """The parts of ``model`` (a pipeline folder or one ``.onnx``) with their shapes and calls per image."""
+def plan_parts(model: str | Path, *, width: int | None = None, height: int | None = None, steps: int = 20,
+               cfg: float | None = None, batch: int = 1) -> tuple[str, list[PartCalls], tuple[int, int]]:
+    """The parts of ``model`` (a pipeline folder or one ``.onnx``) with their shapes and calls per image, and the
+    image size planned. ``width``/``height`` None: the model's own size (a folder's, as generate takes it; a lone
+    graph's fixed size, else 512)."""
     path = Path(model)
     if path.is_dir():
         from ..pipelines.folder import ModelFolder
@@ -172,7 +174,8 @@ def plan_parts(model: str | Path, *, width: int = 512, height: int = 512, steps:
 
         pipe = Pipeline(ModelFolder.open(path), backend="auto", device=None)  # dry: nothing compiles
         try:
-            kw: dict[str, Any] = {"width": width, "height": height, "steps": steps, "batch": batch}
+            kw: dict[str, Any] = {"steps": steps, "batch": batch}
+            kw.update({k: v for k, v in (("width", width), ("height", height)) if v is not None})
             if cfg is not None:
                 kw["cfg"] = cfg
             rp = pipe.plan("a photograph of an astronaut riding a horse", "", **kw)
@@ -182,7 +185,7 @@ def plan_parts(model: str | Path, *, width: int = 512, height: int = 512, steps:
         for p in rp.parts:
             sigs = [({name: tuple(shape) for name, shape, _ in sig}, n / rp.images) for sig, n in p.signatures]
             parts.append(PartCalls(p.part, Path(p.path), sigs))
-        return f"{rp.label} ({path.name})", parts
+        return f"{rp.label} ({path.name})", parts, (rp.width, rp.height)
     if path.suffix.lower() != ".onnx" or not path.is_file():
         raise SdrtError(f"{str(path)!r} is neither a model folder nor an .onnx file", where="sdrt plan MODEL",
                         fix="pass a diffusers/Optimum ONNX folder or one .onnx file")
@@ -190,18 +193,22 @@ def plan_parts(model: str | Path, *, width: int = 512, height: int = 512, steps:
     from ..graph import Graph
     from .shapes import fixed_size
 
+    g = Graph.load(path, load_external=False)
+    fixed = fixed_size(g)
+    if fixed and width is None and height is None:
+        width, height = fixed
+    width = width if width is not None else height if height is not None else 512
+    height = height if height is not None else width
     for name, value in (("width", width), ("height", height)):  # as a pipeline folder's (pipelines.settings)
         if value < 8 or value % 8:
             raise InputError(f"{{@{name}}} {value} is not a multiple of 8 of at least 8", where=name,
                              fix=f"use {max(8, value - value % 8)}" + (f" or {value - value % 8 + 8}" if value > 8 else ""))
-    g = Graph.load(path, load_external=False)
-    fixed = fixed_size(g)
     if fixed and fixed != (width, height):
         raise InputError(f"{path.name} is fixed at {fixed[0]}x{fixed[1]} pixels (its image input has a fixed height and width); "
                          f"{width}x{height} cannot be planned", where="width" if fixed[0] != width else "height",
                          fix=f"leave out {{@width}} and {{@height}} (the graph's own size is taken), or pass "
                              f"{{@width=}}{fixed[0]} {{@height=}}{fixed[1]}")
-    return path.name, [PartCalls(path.stem, path, [(single_file_shapes(g, width, height, batch), 1.0)])]
+    return path.name, [PartCalls(path.stem, path, [(single_file_shapes(g, width, height, batch), 1.0)])], (width, height)
 
 
 def cost_parts(parts: Sequence[PartCalls], precision: str, pinned: dict[Any, Any] | None = None) -> list[PartCost]:
@@ -283,10 +290,11 @@ def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precis
 
 
 def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] | None = None,
-              precisions: Sequence[str] | None = None, memory: float | None = None, width: int = 512,
-              height: int = 512, steps: int = 20, offloads: Sequence[str] | None = None) -> Plan:
-    """Cost ``model`` on ``device`` for every candidate and pick one (see the module doc)."""
-    label, parts = plan_parts(model, width=width, height=height, steps=steps)
+              precisions: Sequence[str] | None = None, memory: float | None = None, width: int | None = None,
+              height: int | None = None, steps: int = 20, offloads: Sequence[str] | None = None) -> Plan:
+    """Cost ``model`` on ``device`` for every candidate and pick one (see the module doc); ``width``/``height``
+    None: the model's own size (``plan_parts``)."""
+    label, parts, (width, height) = plan_parts(model, width=width, height=height, steps=steps)
     budget = budget_for(device, memory)
     bes = list(backends) if backends else backends_for(device)
     for be in backends or ():
