@@ -99,6 +99,8 @@ def _cases():
          "sd_model_checkpoint must name a model of this server, got null"),
         ("wrong method", "GET", t2i, None, 405, "GET is not allowed"),
         ("unknown route", "GET", "/sdapi/v1/nothing-here", None, 404, "no route"),
+        ("a 20000-character route is not echoed whole", "GET", "/x" * 10000, None, 404,
+         "no route " + "/x" * 100 + "..."),
         ("OpenAI: no prompt", "POST", oai, {"n": 1}, 400, "prompt is required"),
         ("OpenAI: bad size", "POST", oai, {"prompt": "x", "size": "huge"}, 400, "size must be WIDTHxHEIGHT"),
         # size errors spoke of width= (the Python keyword); the caller sent size

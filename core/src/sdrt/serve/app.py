@@ -54,7 +54,8 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
-    message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+    path = request.url.path if len(request.url.path) <= 200 else request.url.path[:200] + "..."  # not echoed whole
+    message = {404: f"no route {path}", 405: f"{request.method} is not allowed on {path}"}
     return error_response(request.url.path, exc.status_code, message.get(exc.status_code, str(exc.detail)),
                           headers=dict(exc.headers or {}))
 
