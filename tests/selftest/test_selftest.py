@@ -109,6 +109,7 @@ def test_rel_err_and_precisions():
     (["selftest", "--calibrate", "--repeats", "0"], "--repeats must be at least 1, got 0"),
     # an unknown backend or device ended in "no backend could be tested: install a plugin"
     (["selftest", "--backend", "nope", "--only", "features"], "no backend 'nope' is installed here. Where: --backend."),
+    (["selftest", "--calibrate", "--backend", "nope"], "no backend 'nope' is installed here. Where: --backend."),
     (["selftest", "--plugin-module", "sdrt_reference", "--backend", "reference", "--device", "nope", "--only", "features"],
      "no device 'nope' among those of the backends tested. Where: --device. What to do: pass one of: CPU"),
 ])
