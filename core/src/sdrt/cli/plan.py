@@ -63,53 +63,9 @@ def run(args: argparse.Namespace) -> int:
                         fix=f"use some of: {', '.join(PRECISIONS)}")
     memory = parse_memory(args.memory) if args.memory else None
     device = devices.find(args.device)
-    fixed = _fixed_size(args.model)
-    if fixed:  # a lone graph fixed at one size: that size, and a --width/--height that contradicts it is refused
-        width, height = args.width or fixed[0], args.height or fixed[1]
-    else:
-        width = args.width or args.height or _default_size(args.model)
-        height = args.height or width
+    # a size not given is the model's own (make_plan: a folder's as generate takes it, a lone graph's fixed size)
     plan = make_plan(args.model, device, backends=args.backend or None, precisions=precisions or None,
-                     memory=memory, width=width, height=height, steps=args.steps)
+                     memory=memory, width=args.width, height=args.height, steps=args.steps)
     print(json.dumps(plan.to_dict(), indent=1) if args.json else plan.format())
     return 0
 
-
-def _fixed_size(model: str) -> tuple[int, int] | None:
-    """(width, height) of a single .onnx whose image input has a fixed size, else None."""
-    from pathlib import Path
-
-    from ..errors import SdrtError
-
-    path = Path(model)
-    if path.suffix.lower() != ".onnx" or not path.is_file():
-        return None
-    from ..cost.shapes import fixed_size
-    from ..graph import Graph
-
-    try:
-        return fixed_size(Graph.load(path, load_external=False))
-    except SdrtError:
-        return None  # make_plan says what is wrong with the file
-
-
-def _default_size(model: str) -> int:
-    """The model's own size, as ``sdrt generate`` takes it (its denoiser's ``sample_size`` x the VAE factor, else
-    the family's: 512 for SD 1.x, 1024 for SDXL, SD3, Flux); 512 for a single .onnx or what is not a folder."""
-    from pathlib import Path
-
-    from ..errors import SdrtError
-
-    if not Path(model).is_dir():
-        return 512
-    from ..pipelines.folder import ModelFolder
-    from ..pipelines.pipeline import Pipeline
-
-    try:
-        pipe = Pipeline(ModelFolder.open(Path(model)), backend="auto", device=None)  # dry: nothing compiles
-    except SdrtError:
-        return 512  # make_plan says what is wrong with the folder
-    try:
-        return int(pipe.default_size)
-    finally:
-        pipe.close()

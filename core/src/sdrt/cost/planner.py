@@ -166,9 +166,11 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
                cfg: float | None = None, batch: int = 1) -> tuple[str, list[PartCalls], tuple[int, int]]:
     """The parts of ``model`` (a pipeline folder or one ``.onnx``) with their shapes and calls per image, and the
     image size planned. ``width``/``height`` None: the model's own size (a folder's, as generate takes it; a lone
-    graph's fixed size, else 512)."""
+    graph's fixed size, else 512); one of them alone: a square, unless a lone graph fixes the other."""
     path = Path(model)
     if path.is_dir():
+        if (width is None) != (height is None):  # one side given: a square
+            width = height = width if width is not None else height
         from ..pipelines.folder import ModelFolder
         from ..pipelines.pipeline import Pipeline
 
@@ -195,10 +197,11 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
 
     g = Graph.load(path, load_external=False)
     fixed = fixed_size(g)
-    if fixed and width is None and height is None:
-        width, height = fixed
-    width = width if width is not None else height if height is not None else 512
-    height = height if height is not None else width
+    if fixed:  # a side not given is the graph's own; one that contradicts it is refused below
+        width, height = width if width is not None else fixed[0], height if height is not None else fixed[1]
+    else:
+        width = width if width is not None else height if height is not None else 512
+        height = height if height is not None else width
     for name, value in (("width", width), ("height", height)):  # as a pipeline folder's (pipelines.settings)
         if value < 8 or value % 8:
             raise InputError(f"{{@{name}}} {value} is not a multiple of 8 of at least 8", where=name,
