@@ -362,11 +362,26 @@ class Backend(ABC):
         return make_key([f"sdrt-compile/{self.name}", f"api={API_VERSION[0]}", graph_identity(graph),
                          weights_part, *parts])
 
+    def check_options(self, options: Mapping[str, Any], device: Device) -> None:
+        """Refuse ``options`` as ``compile`` would, before any work: the compile cache's (``cache=``,
+        ``cache_dir=``) checked, the rest parsed by ``parse_options``. Nothing is compiled or created."""
+        self.parse_options(self._split_cache_options(options)[2], device)
+
     def _cache_options(self, options: Mapping[str, Any]) -> tuple[CompileCache | None, dict[str, Any]]:
         """The compile cache ``cache=``/``cache_dir=`` ask for (None: off), and the other options."""
+        use, folder, rest = self._split_cache_options(options)
+        if not use:
+            return None, rest
+        from .cache import CompileCache
+
+        return CompileCache(self.name, folder), rest
+
+    def _split_cache_options(self, options: Mapping[str, Any]) -> tuple[bool, Any, dict[str, Any]]:
+        """(``cache=``, ``cache_dir=``, the other options), the first two checked; (False, None, all) for a backend
+        without a compile cache."""
         rest = dict(options)
         if not self.caches:
-            return None, rest
+            return False, None, rest
         where = f"sdrt.load(..., backend={self.name!r})"
         use = rest.pop("cache", True)
         folder = rest.pop("cache_dir", None)
@@ -376,11 +391,7 @@ class Backend(ABC):
         if folder is not None and not isinstance(folder, (str, os.PathLike)):
             raise SdrtError(f"cache_dir must be a folder path, got {folder!r}", where=where,
                             fix="pass a folder, or leave cache_dir unset for $SDRT_CACHE_DIR or the user cache")
-        if not use:
-            return None, rest
-        from .cache import CompileCache
-
-        return CompileCache(self.name, folder), rest
+        return use, folder, rest
 
     # -- ahead-of-time builds (optional) ------------------------------------
     def targets(self) -> list[str]:

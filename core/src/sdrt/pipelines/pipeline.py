@@ -812,11 +812,8 @@ def _check_options(be: Any, dev: Any, options: Mapping[str, Any]) -> None:
     import difflib
     import re
 
-    rest = {k: v for k, v in options.items() if k not in _PIPELINE_OPTIONS}
-    if be.caches:
-        rest = {k: v for k, v in rest.items() if k not in ("cache", "cache_dir")}
     try:
-        be.parse_options(rest, dev)
+        be.check_options({k: v for k, v in options.items() if k not in _PIPELINE_OPTIONS}, dev)
     except SdrtError as exc:
         m = re.match(r"unknown options? for the \S+ backend: (.+)$", exc.what)
         if m is None:  # a known option with a bad value: the backend's own error, now rather than at generate

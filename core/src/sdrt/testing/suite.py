@@ -72,8 +72,7 @@ class BackendTest:
         self.compile_options = compile_options
         if compile_options:  # checked once here (no compile: the backend's own parsing), not failed in every test
             try:
-                rest = be._cache_options(compile_options)[1] if hasattr(be, "_cache_options") else compile_options
-                be.parse_options(rest, dev)
+                be.check_options(compile_options, dev)
             except SdrtError as exc:
                 raise InputError(f"{{@compile_options}}: {exc.what}", where="compile_options",
                                  fix=exc.fix or f"see the {be.name} backend's options") from exc
