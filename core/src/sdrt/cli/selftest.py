@@ -36,16 +36,17 @@ def _calibrate(args: argparse.Namespace) -> int:
     from ..cost import calibrate
     from ..cost.devices import this_cpu
     from ..cost.model import save_calibration
-    from ..errors import InputError, SdrtError
+    from ..errors import SdrtError
     from ..plugins import get_registry
     from ..runtime import select
 
     reg = get_registry()
     names = args.backend or sorted(reg.backends)
     unknown = [n for n in names if n not in reg.backends]
-    if unknown:  # as without --calibrate (sdrt.selftest.runner)
-        raise InputError(f"no backend {' or '.join(map(repr, unknown))} is installed here", where="backends",
-                         fix=f"pass one of: {', '.join(sorted(reg.backends)) or 'none (install a plugin: `sdrt install`)'}")
+    if unknown:  # as without --calibrate
+        from ..selftest.runner import not_installed
+
+        raise not_installed(unknown, sorted(reg.backends))
     cpu = this_cpu()
     entries = {}
     measured = {}

@@ -95,6 +95,12 @@ def run_target(target: dict[str, Any], *, quick: bool, timeout: float, plugin_mo
     return result
 
 
+def not_installed(unknown: Sequence[str], installed: Sequence[str]) -> InputError:
+    """The error for ``backends`` that name no installed backend (with and without ``--calibrate``)."""
+    return InputError(f"no backend {' or '.join(map(repr, unknown))} is installed here", where="backends",
+                      fix=f"pass one of: {', '.join(installed) or 'none (install a plugin: `sdrt install`)'}")
+
+
 def run(backends: Sequence[str] | None = None, device: str | None = None, *, quick: bool = False,
         only: Sequence[str] = (), timeout: float | None = None, plugin_modules: Sequence[str] = (),
         progress: Progress | None = None) -> dict[str, Any]:
@@ -120,8 +126,7 @@ def run(backends: Sequence[str] | None = None, device: str | None = None, *, qui
     installed = listing.get("installed", [])
     unknown = [u["backend"] for u in listing["unavailable"] if u["reason"] == "not installed"]
     if unknown:
-        raise InputError(f"no backend {' or '.join(map(repr, unknown))} is installed here", where="backends",
-                         fix=f"pass one of: {', '.join(installed) or 'none (install a plugin: `sdrt install`)'}")
+        raise not_installed(unknown, installed)
     if device is not None and not listing["targets"] and listing.get("devices"):
         raise InputError(f"no device {device!r} among those of the backends tested", where="device",
                          fix=f"pass one of: {', '.join(listing['devices'])} (as `sdrt info` lists them)")
