@@ -81,17 +81,15 @@ def check_inputs(graph: Any, feeds: dict[str, Any], specs: list[str]) -> None:
 
 
 def pins(graph: Any, feeds: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """The feeds' shapes for the graph's dynamic inputs they fit. A run is one call, so every backend
-    compiles the graph static (ggml and Core ML need it; OpenVINO runs it faster). A feed that does not
-    fit is left to the session, which names the input and the shape it expected."""
+    """The feeds' shapes for the graph's dynamic inputs, the feeds checked first (``check_inputs``: names, ranks,
+    fixed dims). A run is one call, so every backend compiles the graph static (ggml and Core ML need it;
+    OpenVINO runs it faster)."""
     out: dict[str, tuple[int, ...]] = {}
     sizes: dict[str, tuple[int, str]] = {}
     for info in graph.inputs:
-        arr = feeds.get(info.name)
-        if arr is None or info.is_static or arr.ndim != len(info.shape):
+        if info.is_static:
             continue
-        if any(isinstance(d, int) and d != s for d, s in zip(info.shape, arr.shape)):
-            continue
+        arr = feeds[info.name]
         for d, s in zip(info.shape, arr.shape):
             if isinstance(d, str):
                 seen = sizes.setdefault(d, (int(s), info.name))
