@@ -85,30 +85,38 @@ def _valid_listing() -> str:
             f"ComfyUI schedulers: {', '.join(available_schedules())}")
 
 
-def _from_a1111(label: str, schedule: str | None) -> SamplerChoice | None:
+def _split_label(label: str) -> tuple[str, str] | None:
+    """(folded sampler label, folded rest) for the longest A1111 sampler label that prefixes ``label`` with a
+    schedule label, "automatic" or nothing after it; None when none does."""
     folded = _fold(label)
-    # Longest sampler label that prefixes the text; the rest must be a schedule label.
     for key in sorted(_A1111_FOLDED, key=len, reverse=True):
         if folded == key or folded.startswith(key + " "):
             rest = folded[len(key):].strip()
-            if rest and rest not in _SCHED_FOLDED and rest != "automatic":
-                continue
-            sampler, default_schedule, discard, options = A1111_SAMPLERS[_A1111_FOLDED[key]]
-            if rest and rest != "automatic":
-                sched = _SCHED_FOLDED[rest]
-                if schedule is not None and _fold(schedule) != "automatic" and _schedule_name(schedule) != sched:
-                    # A1111 lets the label's suffix win in silence; the caller asked for two schedules
-                    base = _A1111_FOLDED[key]
-                    raise SamplerError(f"the sampler {label!r} names its schedule, and {{@schedule}} {schedule!r} "
-                                       "is another", where="schedule",
-                                       fix=f"pass {{@sampler}} {base!r} with {{@schedule}} {schedule!r}, or leave "
-                                           "{@schedule} unset")
-            elif schedule is not None:
-                sched = _schedule_name(schedule)
-            else:
-                sched = default_schedule
-            return SamplerChoice(sampler, sched, discard, dict(options))
+            if not rest or rest in _SCHED_FOLDED or rest == "automatic":
+                return key, rest
     return None
+
+
+def _from_a1111(label: str, schedule: str | None) -> SamplerChoice | None:
+    split = _split_label(label)
+    if split is None:
+        return None
+    key, rest = split
+    sampler, default_schedule, discard, options = A1111_SAMPLERS[_A1111_FOLDED[key]]
+    if rest and rest != "automatic":
+        sched = _SCHED_FOLDED[rest]
+        if schedule is not None and _fold(schedule) != "automatic" and _schedule_name(schedule) != sched:
+            # A1111 lets the label's suffix win in silence; the caller asked for two schedules
+            base = _A1111_FOLDED[key]
+            raise SamplerError(f"the sampler {label!r} names its schedule, and {{@schedule}} {schedule!r} "
+                               "is another", where="schedule",
+                               fix=f"pass {{@sampler}} {base!r} with {{@schedule}} {schedule!r}, or leave "
+                                   "{@schedule} unset")
+    elif schedule is not None:
+        sched = _schedule_name(schedule)
+    else:
+        sched = default_schedule
+    return SamplerChoice(sampler, sched, discard, dict(options))
 
 
 def label_schedule(label: str, schedule: str | None) -> str | None:
@@ -116,17 +124,14 @@ def label_schedule(label: str, schedule: str | None) -> str | None:
     another one, else None: what A1111 runs in that case (the suffix wins), for a caller that follows it."""
     if schedule is None or _fold(schedule) == "automatic" or not isinstance(label, str):
         return None
-    folded = _fold(label)
-    for key in sorted(_A1111_FOLDED, key=len, reverse=True):
-        if folded.startswith(key + " "):
-            rest = folded[len(key):].strip()
-            if rest in _SCHED_FOLDED:
-                own = _SCHED_FOLDED[rest]
-                try:
-                    return own if _schedule_name(schedule) != own else None
-                except SamplerError:
-                    return None  # an unknown schedule: resolve says so
-    return None
+    split = _split_label(label)
+    if split is None or split[1] not in _SCHED_FOLDED:
+        return None
+    own = _SCHED_FOLDED[split[1]]
+    try:
+        return own if _schedule_name(schedule) != own else None
+    except SamplerError:
+        return None  # an unknown schedule: resolve says so
 
 
 def _schedule_name(schedule: str) -> str:
