@@ -79,18 +79,13 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     from ..pipelines import validate
     from ..pipelines.bounds import MAX_CFG
     from ..samplers.names import label_schedule
-    from ..text import extract_loras
 
     if not isinstance(body, dict):
         raise ApiError(422, f"the request body must be a JSON object, got {type(body).__name__}")
     prompt = get_str(body, "prompt", "", max_len=limits.max_prompt_chars)
     negative = get_str(body, "negative_prompt", "", max_len=limits.max_prompt_chars)
     for key, text in (("prompt", prompt), ("negative_prompt", negative)):
-        try:
-            tags = extract_loras(text, key)[1]
-        except SdrtError as exc:  # a tag whose weight is not a number: a 400, as a LoRA this server lacks
-            raise from_pipeline(exc) from None
-        registry.check_loras([name for name, _ in tags], key)
+        registry.check_prompt(text, key)
     steps = get_int(body, "steps", 20, 1, limits.max_steps)
     cfg = get_float(body, "cfg_scale", 7.0, 0.0, MAX_CFG)
     sampler = get_str(body, "sampler_name", None) or get_str(body, "sampler_index", None) or "Euler"

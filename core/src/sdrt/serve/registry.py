@@ -182,6 +182,18 @@ class Registry:
     def embeddings(self) -> dict[str, Path]:
         return self._files(self.embedding_dir)
 
+    def check_prompt(self, text: str, field: str = "prompt") -> None:
+        """A prompt's ``<lora:...>`` tags: each well formed (a 400 naming ``field`` otherwise) and a listed LoRA."""
+        from ..errors import SdrtError
+        from ..text import extract_loras
+        from .errors import from_pipeline
+
+        try:
+            tags = extract_loras(text, field)[1]
+        except SdrtError as exc:  # a tag whose weight is not a number: a 400, as a LoRA this server lacks
+            raise from_pipeline(exc) from None
+        self.check_loras([name for name, _ in tags], field)
+
     def check_loras(self, names: list[str], field: str = "prompt") -> None:
         """Every ``<lora:NAME:w>`` of a prompt must be a listed LoRA (no path reaches the pipeline)."""
         have = self.loras

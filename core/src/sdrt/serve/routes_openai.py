@@ -56,14 +56,9 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
                        field="stream")
     prompt = get_str(body, "prompt", "", max_len=limits.max_prompt_chars)
     negative = get_str(body, "negative_prompt", "", max_len=limits.max_prompt_chars)
-    from ..text import extract_loras
 
     for key, text in (("prompt", prompt), ("negative_prompt", negative)):
-        try:
-            tags = extract_loras(text, key)[1]
-        except SdrtError as exc:  # a tag whose weight is not a number: a 400, as a LoRA this server lacks
-            raise from_pipeline(exc) from None
-        st.registry.check_loras([name for name, _ in tags], key)
+        st.registry.check_prompt(text, key)
     name = get_str(body, "model", None, max_len=300)
     model = st.registry.model(name, "model") if name else st.registry.model(st.options()["sd_model_checkpoint"])
     n = get_int(body, "n", 1, 1, min(limits.max_images, limits.max_batch))
