@@ -57,6 +57,22 @@ CHECKED = {"RTX 3060 12GB": "https://huggingface.co/hardware/rtx-3060 (12 GB, 12
            "RTX 3060 Ti 8GB": "https://huggingface.co/hardware/rtx-3060-ti (8 GB, 16.2 TFLOPS)",
            "RTX 2060 6GB": "gist deviceQuery + bandwidth table (336 GB/s, 1920 cores at 1.71 GHz)"}
 
+# NVIDIA data-centre GPUs (the lent GPU machines; a check of the model on a GPU runs there): (name, architecture,
+# memory GiB as nvidia-smi reports it, bandwidth GB/s, {precision: dense TFLOP/s as NVIDIA's datasheet lists it}); fp32 is
+# the non-tensor rate, the others the tensor cores' dense (not sparse) rates
+DATACENTER = [
+    ("H100 SXM 80GB", "hopper", 79.6, 3350, {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9,
+                                             "int8": 1978.9}),
+    ("H100 PCIe 80GB", "hopper", 79.6, 2000, {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0, "fp8": 1513.0,
+                                              "int8": 1513.0}),
+    ("H200 SXM 141GB", "hopper", 140.4, 4800, {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9,
+                                               "int8": 1978.9}),
+]
+DC_SRC = {"H100 SXM 80GB": "nvidia.com H100 Tensor Core GPU datasheet (SXM column; dense = half the sparse figures)",
+          "H100 PCIe 80GB": "nvidia.com H100 Tensor Core GPU datasheet (PCIe column; dense = half the sparse figures)",
+          "H200 SXM 141GB": "nvidia.com H200 Tensor Core GPU datasheet (SXM column; dense = half the sparse figures); "
+                            "memory: nvidia-smi on a lent H200 read 143771 MiB"}
+
 # AMD discrete: (name, arch, GiB, GB/s, FP32 TFLOP/s as AMD lists it (RDNA3/4: dual-issue figure))
 AMD = [
     ("RX 6600 8GB", "rdna2", 8, 224, 8.93), ("RX 6700 XT 12GB", "rdna2", 12, 384, 13.21),
@@ -143,6 +159,9 @@ def build() -> list[dict]:
         out.append(entry(name, "nvidia", "gpu", mem, bw, peaks,
                          f"fp32 = the vendor's shader TFLOPS; others = fp32 x {NV_RATIO[arch]} ({arch} dense tensor rates)",
                          NV_SRC[arch], CHECKED.get(name), arch=arch))
+    for name, arch, mem, bw, peaks in DATACENTER:
+        out.append(entry(name, "nvidia", "gpu", mem, bw, peaks, "each precision as the datasheet lists it (dense)",
+                         DC_SRC[name], arch=arch))
     for name, arch, mem, bw, fp32 in AMD:
         peaks = {"fp32": fp32, **{k: fp32 * r for k, r in AMD_RATIO[arch].items()}}
         out.append(entry(name, "amd", "gpu", mem, bw, peaks, f"fp32 = AMD's peak single precision; others = fp32 x "

@@ -96,6 +96,48 @@ def find(name: str) -> DeviceSpec:
                     + ("" if close else ", ...") + "; or 'cpu' for this machine's CPU")
 
 
+#: words that say who made a device, not which one it is ("NVIDIA GeForce RTX 3060", "AMD Radeon RX 7900 XTX")
+_VENDOR_WORDS = frozenset({"nvidia", "geforce", "amd", "radeon", "intel", "apple", "graphics", "gpu"})
+#: words of a library name that tell apart boards of one chip rather than name the chip
+_BOARD_WORDS = frozenset({"sxm", "pcie"})
+
+
+def _tokens(name: str) -> list[str]:
+    """A name's words, lower case, without trademark marks and parenthesised notes, vendor words dropped."""
+    import re
+
+    name = re.sub(r"\((r|tm|c)\)", "", name.lower())
+    name = re.sub(r"\([^)]*\)", " ", name)
+    return [w for w in (_norm(t) for t in name.split()) if w and w not in _VENDOR_WORDS]
+
+
+def for_runtime(device: Any) -> DeviceSpec:
+    """The library spec of a device a backend lists (``sdrt.backend.Device``): this machine's CPU for a CPU, else
+    the library entry of the same kind whose name's model words (memory sizes and board words such as "SXM" aside)
+    all appear in the device's name ("NVIDIA H200" is "H200 SXM 141GB"; "NVIDIA GeForce RTX 3060" is "RTX 3060 12GB",
+    not "RTX 3060 Ti 8GB"), the one whose memory is nearest the device's where several are. Raises ``SdrtError`` for
+    a device the library does not hold."""
+    import re
+
+    if device.kind == "cpu":
+        return this_cpu()
+    have = set(_tokens(str(device.name)))
+    hits = []
+    for d in library():
+        model = [t for t in _tokens(d.name) if not re.fullmatch(r"\d+gb", t) and t not in _BOARD_WORDS]
+        if d.kind == device.kind and model and set(model) <= have:
+            hits.append(d)
+    if not hits:
+        raise SdrtError(f"the device library holds no entry for {device.id} ({device.name})",
+                        where="the device library (sdrt/data/devices.json)",
+                        fix="add the device to scripts/make_device_library.py (its datasheet's peak rates, memory and "
+                            "bandwidth) and run it")
+    mem = device.memory_bytes or 0
+    # nearest memory; then the board the name says ("H100 PCIe"), then the library's order
+    return min(hits, key=lambda d: (abs(d.memory_bytes - mem) // 2**30 if mem else 0,
+                                    not (set(_tokens(d.name)) & _BOARD_WORDS & have)))
+
+
 def _clock_ghz() -> float:
     try:
         with open("/proc/cpuinfo") as f:
