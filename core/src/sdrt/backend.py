@@ -220,6 +220,13 @@ class Backend(ABC):
     def devices(self) -> list[Device]:
         """What this backend can run on, here and now. An empty list means: nothing."""
 
+    def memory_in_use(self, device: Device) -> int | None:
+        """Bytes of ``device``'s own memory in use now (its total less its free, whoever holds it), for the
+        measurements of a device whose memory is not this process's resident memory (a GPU's): the cost model's
+        calibration reads it before and after compiling and running a part. None where the backend cannot
+        tell, and for a CPU (whose memory the process's resident size measures)."""
+        return None
+
     #: whether ``compile`` keeps this backend's results in the compile cache (``sdrt.cache``). A backend
     #: that sets it writes ``_cache_parts``, ``_save`` and ``_load``; the ``cache=`` and ``cache_dir=``
     #: options are then the core's.

@@ -12,7 +12,7 @@ from sdrt.errors import ModelError, SdrtError
 from sdrt.precision import precision_name
 from sdrt.weights.pages import release as release_pages
 
-from .devices import list_devices, open_device, supports_flash_attn
+from .devices import list_devices, memory_in_use, open_device, supports_flash_attn
 from .lower import LoweringSpec, free_lowered, lower_graph
 from .ops import TABLE
 
@@ -82,6 +82,9 @@ class GgmlBackend(Backend):
     def devices(self) -> list[Device]:
         return list_devices()
 
+    def memory_in_use(self, device: Device) -> int | None:
+        return None if device.kind == "cpu" else memory_in_use(device.id)
+
     def weight_blocks(self) -> frozenset[str]:
         """A GGUF file's block types that stay as stored when they are matmul weights: every type ggml's CPU
         mul_mat takes (quant.gguf_types: Q4_0..Q8_0, the K-quants, the IQ and TQ types, MXFP4, NVFP4); the
@@ -139,6 +142,7 @@ class GgmlBackend(Backend):
                 on_cpu=handles.is_cpu,
                 # the plain CPU path (the session's own allocator) reads the weights where lowering made them
                 host_weights=handles.is_cpu and not opts.get("scheduler") and not handles.accel,
+                device_backend=None if handles.is_cpu else handles.backend,
             )
             lowered = lower_graph(spec)
         except BaseException:

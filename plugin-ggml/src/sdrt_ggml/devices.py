@@ -29,6 +29,19 @@ def import_ggml() -> Any:
         ) from exc
 
 
+def memory_in_use(device_id: str) -> int | None:
+    """Bytes of the ggml device ``device_id``'s memory in use now (``ggml_backend_dev_memory``: total less free;
+    CUDA's ``cudaMemGetInfo``), or None for a device this build does not register or that reports no total."""
+    lib = import_ggml()
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if lib.ggml_backend_dev_name(dev).decode() == device_id:
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+            return int(total.value) - int(free.value) if total.value else None
+    return None
+
+
 def list_devices() -> list[Device]:
     """Every CPU/GPU device the ggml build registered (accelerators such as BLAS are used with the CPU)."""
     lib = import_ggml()
