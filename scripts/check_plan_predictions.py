@@ -4,6 +4,7 @@ for the parts of SD 1.x and SDXL pipelines at two sizes (docs/plan.md records th
 Run after `sdrt selftest --calibrate`:
 
     python scripts/check_plan_predictions.py [--backend openvino --backend ggml] [--repeats 9] [--passes 2] [--json out.json]
+    python scripts/check_plan_predictions.py --backend ggml --device CUDA0 ...   # on a GPU (after --calibrate --device)
 
 Each measurement compiles the part in a child process (sdrt.cost.calibrate.measure), a part with
 dynamic dims pinned to its call's shapes on every backend (as a pipeline compiles it and `sdrt plan`
@@ -13,6 +14,10 @@ costs it), runs it
 over all the rows, and the pass with the lower robust time is kept (as the calibration does); its peak memory is the child process's
 whole peak resident memory (VmHWM), against the prediction with the calibrated runtime base, and,
 the stricter figure, both less what the process held after importing sdrt ("over imports"). The machine may be shared: the medians say so.
+With ``--device`` (a backend's device id, as `sdrt info` lists it) the parts run there and are predicted on its library
+spec (``sdrt.cost.devices.for_runtime``); on a GPU the memory figures are the GPU's memory in use
+(``Backend.memory_in_use``): the whole figure against the prediction, and "over imports" both less what was in use
+before the part was compiled (the device runtime's context).
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ def main(argv=None) -> int:
     global SD15, PRECISION
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", action="append", default=[])
+    ap.add_argument("--device", default=None, help="run on this device id of the backends (default: their choice, "
+                                                   "the CPU here)")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--passes", type=int, default=2,
                     help="measure every row in this many passes over all the rows and keep the faster (default 2)")
@@ -95,12 +102,17 @@ def main(argv=None) -> int:
     SD15 = args.sd15
     PRECISION = args.precision
     from sdrt.cost.calibrate import features, measure
-    from sdrt.cost.devices import this_cpu
+    from sdrt.cost.devices import for_runtime, this_cpu
     from sdrt.cost.model import activation_scale, factors_for, load_calibration, predict
     from sdrt.cost.nodes import graph_costs
     from sdrt.graph import Graph
 
     cpu = this_cpu()
+    if args.device:  # the library spec of the backends' device (one device id for all of them)
+        from sdrt.runtime import select
+
+        cpu = for_runtime(select((args.backend or ["ggml"])[0], args.device)[1])
+        print(f"device {args.device}: {cpu.name}", flush=True)
     cal = load_calibration()
     rows = []
     with tempfile.TemporaryDirectory(prefix="sdrt-check-plan-") as tmp:
@@ -132,14 +144,14 @@ def main(argv=None) -> int:
                         o = stored[key]
                         m = {"robust_ms": o["robust_ms"], "median_ms": o["measured_ms"], "times_ms": o["times_ms"],
                              "peak_rss": o["measured_process_peak"], "peak_bytes": o["measured_peak"],
-                             "compile_peak_rss": o.get("measured_compile_peak"),
+                             "compile_peak_rss": o.get("measured_compile_peak"), "memory": o.get("memory"),
                              "run_peak_rss": o.get("measured_run_peak"), "compiled_rss": o.get("measured_compiled"),
                              "busy_before": o.get("busy_before"), "slow_before": o.get("slow_before")}
                         pass_no = o.get("pass", 1)
                     else:
                         try:
                             m = measure(path, feeds, be, repeats=args.repeats, options={"precision": PRECISION},
-                                        budget_s=args.budget, shapes=pin)
+                                        budget_s=args.budget, shapes=pin, device=args.device)
                         except Exception as exc:  # noqa: BLE001 - report it, keep going
                             best.setdefault(key, {"group": group, "part": name, "backend": be,
                                                   "error": str(exc)[-300:]})
@@ -168,7 +180,8 @@ def main(argv=None) -> int:
                          # the two phases (where the child could reset its peak): compiling, then the runs
                          "predicted_compile_peak": pr.compile_peak_bytes, "predicted_run_peak": pr.run_peak_bytes,
                          "measured_compile_peak": m.get("compile_peak_rss"), "measured_run_peak": m.get("run_peak_rss"),
-                         "measured_compiled": m.get("compiled_rss"),
+                         "measured_compiled": m.get("compiled_rss"), "memory": m.get("memory", "process"),
+                         "host_peak_rss": m.get("host_peak_rss"), "placement": m.get("placement"),
                          "gflop": cost.flops / 1e9, "busy_before": m.get("busy_before"),
                          "slow_before": m.get("slow_before"), "weight_bytes": cost.weight_bytes,
                          "activation_bytes": cost.peak_activation_bytes, "by_class_ms": pr.by_class_ms,
@@ -182,7 +195,9 @@ def main(argv=None) -> int:
                           f"x{r['peak_ratio_over_imports']:.2f}  pass {pass_no}, probe x{r['slow_before'] or 0:.2f}"
                           + (f"  compile/run pred {pr.compile_peak_bytes / 2**20:.0f}/{pr.run_peak_bytes / 2**20:.0f} meas "
                              f"{m['compile_peak_rss'] / 2**20:.0f}/{m['run_peak_rss'] / 2**20:.0f} MiB"
-                             if m.get("run_peak_rss") else ""), flush=True)
+                             if m.get("run_peak_rss") else "")
+                          + (f"  {m['placement']['fallback_nodes']} nodes on the CPU {m['placement']['fallback_ops']}"
+                             if (m.get("placement") or {}).get("fallback_nodes") else ""), flush=True)
     rows = list(best.values())
     ok_t = [r for r in rows if "time_ratio" in r and 0.7 <= r["time_ratio"] <= 1.3]
     ok_m = [r for r in rows if "peak_ratio" in r and 0.85 <= r["peak_ratio"] <= 1.15]

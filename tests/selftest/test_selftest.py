@@ -106,6 +106,8 @@ def test_rel_err_and_precisions():
     (["selftest", "--timeout", "0"], "--timeout must be above 0 seconds, got 0"),
     (["selftest", "--timeout", "-1"], "--timeout must be above 0 seconds, got -1"),
     (["selftest", "--repeats", "3"], "--repeats sets the timed runs of --calibrate, and does nothing without it"),
+    (["selftest", "--passes", "1"], "--passes sets the passes of --calibrate, and does nothing without it"),
+    (["selftest", "--calibrate", "--passes", "0"], "--passes must be at least 1, got 0"),
     (["selftest", "--calibrate", "--repeats", "0"], "--repeats must be at least 1, got 0"),
     # an unknown backend or device ended in "no backend could be tested: install a plugin"
     (["selftest", "--backend", "nope", "--only", "features"], "no backend 'nope' is installed here. Where: --backend."),

@@ -25,7 +25,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--calibrate", action="store_true",
                    help="instead of the checks: time the calibration cases on each installed backend here, at fp32 and, "
                         "where this CPU has bf16 dot products (AVX-512-BF16 or AMX), at bf16 too, and store the cost "
-                        "model's factors (used by `sdrt plan` and backend=\"auto\"); the report carries them")
+                        "model's factors (used by `sdrt plan` and backend=\"auto\"); the report carries them. With "
+                        "--device naming a GPU of the device library: on that GPU, at fp32 and its default precision, "
+                        "its memory the GPU's own")
+    p.add_argument("--passes", type=int, default=None,
+                   help="with --calibrate: passes over all the calibration cases, the faster of each case's kept "
+                        "(default 2; 1 halves the time on a machine with no other work)")
     p.add_argument("--repeats", type=int, default=None,
                    help="with --calibrate: timed runs per calibration case and pass (the median of each 3 runs' best "
                         "is kept; of two passes over all the cases, the faster; default 9)")
@@ -34,7 +39,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from ..cost import calibrate
-    from ..cost.devices import this_cpu
+    from ..cost.devices import for_runtime, this_cpu
     from ..cost.model import save_calibration
     from ..errors import SdrtError
     from ..plugins import get_registry
@@ -48,31 +53,35 @@ def _calibrate(args: argparse.Namespace) -> int:
 
         raise not_installed(unknown, sorted(reg.backends))
     cpu = this_cpu()
-    entries = {}
+    entries: dict[str, dict[str, Any]] = {}  # by device name: "backend/kind/precision" -> factors
+    specs: dict[str, Any] = {}
     measured = {}
     for name in names:
         try:
             be, dev = select(name, args.device)
+            spec = cpu if dev.kind == "cpu" else for_runtime(dev)  # a GPU's peak rates come from the library
         except SdrtError as exc:
             print(f"{name}: not calibrated: {exc}", file=sys.stderr)
             continue
-        if dev.kind != "cpu":
-            print(f"{name}: not calibrated: its device {dev.id} is a {dev.kind}; calibration covers CPUs today",
-                  file=sys.stderr)
-            continue
         if name == "reference":
             continue
-        for prec, passes in _precisions(be):
-            factors, rows = calibrate.calibrate(name, device=cpu, repeats=args.repeats, precision=prec, passes=passes,
+        mine = entries.setdefault(spec.name, {})
+        specs[spec.name] = spec
+        for prec, passes in _precisions(be, dev):
+            factors, rows = calibrate.calibrate(name, device=spec, repeats=args.repeats, precision=prec,
+                                                passes=args.passes or passes,
                                                 progress=lambda m: print(m, file=sys.stderr) if sys.stderr.isatty() else None,
-                                                reference=entries.get(f"{name}/cpu/fp32"))
-            entries[f"{name}/cpu/{prec}"] = factors
-            measured[name if prec == "fp32" else f"{name}/{prec}"] = rows
+                                                reference=mine.get(f"{name}/{dev.kind}/fp32"),
+                                                device_id=None if dev.kind == "cpu" else dev.id)
+            mine[f"{name}/{dev.kind}/{prec}"] = factors
+            key = name if dev.kind == "cpu" else f"{name}/{dev.kind}"
+            measured[key if prec == "fp32" else f"{key}/{prec}"] = rows
             _summary(name, dev.id, prec, factors)
-    if not entries:
-        print("nothing calibrated: no installed backend offers this machine's CPU", file=sys.stderr)
+    if not any(entries.values()):
+        print("nothing calibrated: no installed backend offers the device", file=sys.stderr)
         return 1
-    path = save_calibration(entries, cpu.to_dict())
+    for dev_name, found in entries.items():
+        path = save_calibration(found, specs[dev_name].to_dict())
     print(f"stored in {path}")
     if args.report:
         from ..selftest.report import assemble, write
@@ -91,12 +100,17 @@ def _calibrate(args: argparse.Namespace) -> int:
 BF16_PASSES = 2
 
 
-def _precisions(be: Any) -> list[tuple[str, int]]:
-    """(precision, passes) to calibrate ``be`` at: fp32, and bf16 where this CPU has bf16 dot products (AVX-512-BF16
-    or AMX: sdrt's default precision here, ``sdrt.precision_default``) and the backend runs bf16."""
+def _precisions(be: Any, dev: Any = None) -> list[tuple[str, int]]:
+    """(precision, passes) to calibrate ``be`` at: fp32, and on a CPU bf16 where it has bf16 dot products
+    (AVX-512-BF16 or AMX: sdrt's default precision here, ``sdrt.precision_default``) and the backend runs bf16; on
+    another device the backend's default precision there (fp16 on a GPU) where it is not fp32."""
     from ..precision_default import cpu_bf16_fast
 
     out = [("fp32", 2)]
+    if dev is not None and dev.kind != "cpu":
+        default = be.precision_for(dev)
+        return out + ([(default, BF16_PASSES)] if default != "fp32" and default in getattr(be, "precisions", {})
+                      else [])
     if cpu_bf16_fast() and "bf16" in getattr(be, "precisions", {}):
         out.append(("bf16", BF16_PASSES))
     return out
@@ -153,6 +167,12 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats is not None and not args.calibrate:
         raise SdrtError("--repeats sets the timed runs of --calibrate, and does nothing without it",
                         where="sdrt selftest --repeats", fix="add --calibrate, or drop --repeats")
+    if args.passes is not None and not args.calibrate:
+        raise SdrtError("--passes sets the passes of --calibrate, and does nothing without it",
+                        where="sdrt selftest --passes", fix="add --calibrate, or drop --passes")
+    if args.passes is not None and args.passes < 1:
+        raise SdrtError(f"--passes must be at least 1, got {args.passes}", where="sdrt selftest --passes",
+                        fix="pass --passes 1 or 2")
     if args.repeats is not None and args.repeats < 1:
         raise SdrtError(f"--repeats must be at least 1, got {args.repeats}", where="sdrt selftest --repeats",
                         fix="pass e.g. --repeats 7")

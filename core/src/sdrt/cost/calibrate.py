@@ -550,39 +550,74 @@ def _child() -> None:
     from sdrt.runtime import select
 
     get_registry()
-    select(spec["backend"], spec["device"])
+    be, dev = select(spec["backend"], spec["device"])
+    # a device with memory of its own (a GPU): its memory in use, read between the steps, stands for the resident
+    # memory (the weights and activations live there); the first read also starts the device's runtime (CUDA's
+    # context), so that the base holds it
+    on_device = be.memory_in_use(dev) is not None
     shapes = {k: tuple(v) for k, v in (spec.get("shapes") or {}).items()}
     gc.collect()
-    before = _rss()  # the inputs count: a part's peak holds them
+    before = be.memory_in_use(dev) if on_device else _rss()  # the inputs count: a part's peak holds them
     with np.load(spec["feeds"]) as z:
         feeds = {k: z[k] for k in z.files}
     model: Any = Graph.load(spec["path"]).with_shapes(shapes) if shapes else spec["path"]
     sess = sdrt.load(model, backend=spec["backend"], device=spec["device"], **spec["options"])
+    if on_device:
+        _device_child(spec, sess, feeds, before, lambda: be.memory_in_use(dev) or 0)
+        return
     compile_peak, compiled = _hwm(), _rss()  # the compile phase's peak, and what it left resident
     reset = _reset_hwm()  # from here VmHWM is the run phase's peak (where the kernel lets it be reset)
-    times = []
-    loops = 1  # a call under 5 ms is timed over enough calls to last 5 ms, so that the clock's noise is small
-    warm, runs, i = spec["warmup"], spec["warmup"] + spec["repeats"], 0
-    while i < runs:
-        t = time.perf_counter()
-        for _ in range(loops):
-            sess.run(feeds)
-        dt = time.perf_counter() - t
-        if i >= warm:
-            times.append(1000 * dt / loops)
-        elif dt < 5e-3:
-            loops = max(loops, min(1000, int(5e-3 / max(dt / loops, 1e-7)) + 1))
-        elif i == 0 and spec.get("budget_s") and dt > 1.0:  # a slow part: one warm-up, and as many timed runs
-            # as fit in the budget (whole groups of GROUP, at least one)
-            warm = 1
-            runs = 1 + max(GROUP, min(spec["repeats"], GROUP * int(spec["budget_s"] / dt / GROUP)))
-        i += 1
+    times = _timed_runs(spec, sess, feeds)
     run_peak = _hwm() if reset else 0
     peak = max(compile_peak, run_peak) if reset else _hwm()
     print(json.dumps({"times_ms": times, "inputs": {i.name: list(i.shape) for i in sess.inputs},
                       "rss_before": before, "peak_rss": peak, "peak_bytes": max(0, peak - before),
                       "compile_peak_rss": compile_peak, "compiled_rss": compiled,
                       "run_peak_rss": run_peak if reset else None}))
+
+
+def _timed_runs(spec: dict[str, Any], sess: Any, feeds: dict[str, np.ndarray],
+                after_run: Callable[[], None] | None = None) -> list[float]:
+    """``spec``'s warm-ups and timed runs of ``sess``: milliseconds per call of each timed run. A call under 5 ms is
+    timed over enough calls to last 5 ms, so that the clock's noise is small; a part whose first run takes over a
+    second (with ``budget_s``) gets one warm-up and as many timed runs as fit in the budget (whole groups of
+    ``GROUP``, at least one). ``after_run``: called after each run, outside the timing."""
+    times = []
+    loops = 1
+    warm, runs, i = spec["warmup"], spec["warmup"] + spec["repeats"], 0
+    while i < runs:
+        t = time.perf_counter()
+        for _ in range(loops):
+            sess.run(feeds)
+        dt = time.perf_counter() - t
+        if after_run:
+            after_run()
+        if i >= warm:
+            times.append(1000 * dt / loops)
+        elif dt < 5e-3:
+            loops = max(loops, min(1000, int(5e-3 / max(dt / loops, 1e-7)) + 1))
+        elif i == 0 and spec.get("budget_s") and dt > 1.0:
+            warm = 1
+            runs = 1 + max(GROUP, min(spec["repeats"], GROUP * int(spec["budget_s"] / dt / GROUP)))
+        i += 1
+    return times
+
+
+def _device_child(spec: dict[str, Any], sess: Any, feeds: dict[str, np.ndarray], before: int,
+                  in_use: Callable[[], int]) -> None:
+    """``_child`` on a device with memory of its own: the same runs, and the device's memory in use (``in_use``) as
+    the memory figures: after compiling (the weights uploaded, nothing run yet) and the largest after any run (the
+    runtime allocates its compute buffers and scratch pools at the first runs); ``host_peak_rss``: the process's own."""
+    compiled = in_use()
+    peak = [compiled]
+    times = _timed_runs(spec, sess, feeds, lambda: peak.append(in_use()))
+    run_peak = max(peak)
+    # where the nodes ran (a backend that tells: ggml's scheduler may hand an op the device lacks to the CPU)
+    placement = sess.placement() if callable(getattr(sess, "placement", None)) else None
+    print(json.dumps({"times_ms": times, "inputs": {i.name: list(i.shape) for i in sess.inputs},
+                      "rss_before": before, "peak_rss": run_peak, "peak_bytes": max(0, run_peak - before),
+                      "compile_peak_rss": compiled, "compiled_rss": compiled, "run_peak_rss": run_peak,
+                      "memory": "device", "host_peak_rss": _hwm(), "placement": placement}))
 
 
 def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
@@ -690,15 +725,19 @@ def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth:
 
 def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 9, workdir: Path | None = None,
               progress: Callable[[str], None] | None = None, precision: str = "fp32", passes: int = 2,
-              reference: Factors | None = None) -> tuple[Factors, list[dict[str, Any]]]:
+              reference: Factors | None = None, device_id: str | None = None) -> tuple[Factors, list[dict[str, Any]]]:
     """Time the calibration cases on ``backend`` here, compiled at ``precision``, and fit its factors;
     returns (factors, the measurements). Every case is measured in each of ``passes`` passes over all the
     cases, and the pass with the lower robust time is kept: on a shared machine a burst of other work lasting
     seconds (which the waits before each measurement cannot always see) then spoils a case only if it comes
     back at the same case in every pass. ``reference``: the float32 calibration of the same backend, whose
-    ``SHARED_TERMS`` a half precision on a ``FLOAT32_ACTIVATION_BACKENDS`` backend holds (``held_terms``)."""
+    ``SHARED_TERMS`` a half precision on a ``FLOAT32_ACTIVATION_BACKENDS`` backend holds (``held_terms``).
+    ``device_id``: the backend's device to run on (``sdrt info`` lists them; default: the backend's choice), ``device``
+    its library spec (``devices.for_runtime``; default: this CPU). On a device with memory of its own (a GPU) the
+    memory figures are the device's (``Backend.memory_in_use``) and the traffic unit is the spec's bandwidth (the
+    fitted efficiencies carry what it reaches); on a CPU the unit is a measured copy."""
     dev = device or this_cpu()
-    bw = measure_bandwidth()
+    bw = measure_bandwidth() if dev.kind == "cpu" else dev.bandwidth_bytes_per_s
     peak = dev.peak(precision)
     scale = case_activation_scale(backend, precision)
     rows: dict[str, dict[str, Any]] = {}
@@ -712,12 +751,13 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                     progress(f"{backend}: {name}")
                 pinned = False
                 try:
-                    m = measure(path, feeds, backend, repeats=repeats, options={"precision": precision})
+                    m = measure(path, feeds, backend, repeats=repeats, options={"precision": precision},
+                                device=device_id)
                 except RuntimeError as exc:  # a backend that compiles static shapes only: pinned, as sdrt runs it
                     if not cost.dynamic or "dynamic" not in str(exc):
                         raise
                     m = measure(path, feeds, backend, repeats=repeats, options={"precision": precision},
-                                shapes={k: v.shape for k, v in feeds.items()})
+                                shapes={k: v.shape for k, v in feeds.items()}, device=device_id)
                     pinned = True
                 if name in rows and rows[name]["robust_ms"] <= m["robust_ms"]:
                     rows[name]["pass_ms"].append(m["robust_ms"])
@@ -734,7 +774,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
             if progress:
                 progress(f"{backend}: {name}, pinned")
             pin = measure(path, feeds, backend, repeats=3, options={"precision": precision},
-                          shapes={k: v.shape for k, v in feeds.items()})
+                          shapes={k: v.shape for k, v in feeds.items()}, device=device_id)
             rows["cal_call"]["pinned_peak_rss"] = pin["peak_rss"]  # fit() reads it: Factors.pin_bytes
     out = list(rows.values())
     return fit_precision(out, bw, backend, precision, dev, reference), out

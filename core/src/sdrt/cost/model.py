@@ -228,11 +228,20 @@ def load_calibration(path: Path | None = None) -> dict[str, Any]:
 
 
 def save_calibration(entries: dict[str, Factors], device: dict[str, Any], path: Path | None = None) -> Path:
-    """Merge ``entries`` into the stored calibration (atomically) and return its path."""
+    """Merge ``entries`` into the stored calibration (atomically) and return its path. ``device``: the library spec
+    (``DeviceSpec.to_dict``) they were measured on: this CPU (``"device"``), or a device of another kind
+    (``"devices"``, one per kind: calibrating another GPU drops the entries of the one before)."""
     p = path or calibration_path()
     data = load_calibration(p)
+    kind = device.get("kind", "cpu")
+    if kind == "cpu":
+        data["device"] = device
+    else:
+        held = data.setdefault("devices", {})
+        if held.get(kind, {}).get("name") != device.get("name"):
+            data["entries"] = {k: v for k, v in data["entries"].items() if k.split("/")[1:2] != [kind]}
+        held[kind] = device
     data["entries"].update({k: f.to_dict() for k, f in entries.items()})
-    data["device"] = device
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
@@ -242,11 +251,13 @@ def save_calibration(entries: dict[str, Factors], device: dict[str, Any], path: 
 
 def factors_for(backend: str, device: DeviceSpec, precision: str, calibration: dict[str, Any] | None = None
                 ) -> Factors:
-    """The factors for (backend, device kind, precision): calibrated ones for this machine's CPU when
-    stored (any precision of the backend if not this one), else the device kind's defaults."""
+    """The factors for (backend, device kind, precision): calibrated ones when stored for this device (this
+    machine's CPU, or the library device that ``sdrt selftest --calibrate --device`` measured), any precision of
+    the backend if not this one, else the device kind's defaults."""
     cal = calibration if calibration is not None else load_calibration()
     entries = cal.get("entries", {})
-    if device.source.startswith("sdrt.hardware.detect"):  # calibration describes this machine only
+    if device.source.startswith("sdrt.hardware.detect") or (  # calibration describes this machine's devices only
+            device.kind != "cpu" and (cal.get("devices") or {}).get(device.kind, {}).get("name") == device.name):
         for key in (_key(backend, device.kind, precision), _key(backend, device.kind, "fp32")):
             if key in entries:
                 return Factors.from_dict(entries[key])
