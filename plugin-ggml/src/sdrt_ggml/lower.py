@@ -145,6 +145,7 @@ class Lowering:
         supports_flash_attn: bool = True,
         on_cpu: bool = True,
         host_weights: bool = False,
+        device_backend: Any = None,
     ) -> None:
         load_all()
         self.nodes = list(nodes)
@@ -159,6 +160,9 @@ class Lowering:
         #: the session keeps the weights in the arrays made here (``host_array``) instead of copying them
         #: into a ggml buffer
         self.host_weights = host_weights
+        #: the ggml backend of a device that is not the CPU: rewrites that make an op the device may not take for
+        #: every shape (flash attention) ask it, and lower the plain way where it says no
+        self.device_backend = device_backend
         self.values: dict[str, Value] = {}
         self._producer, self._uses = producers_and_uses(self.nodes, self.output_names)
         wanted = self.options.get("rewrites", "all")
@@ -543,13 +547,15 @@ class LoweringSpec:
     on_cpu: bool = True
     #: the weights stay in arrays the session wraps as CPU buffers (``Lowering.host_weights``)
     host_weights: bool = False
+    #: the device's ggml backend where it is not the CPU (``Lowering.device_backend``)
+    device_backend: Any = None
 
 
 def lower_graph(spec: LoweringSpec) -> Lowered:
     """Lower the graph ``spec`` describes; the contexts it returns are freed with ``free_lowered``."""
     lowering = Lowering(spec.nodes, spec.initializers, spec.input_infos, spec.output_names, spec.opsets,
                         options=spec.options, supports_flash_attn=spec.supports_flash_attn, on_cpu=spec.on_cpu,
-                        host_weights=spec.host_weights)
+                        host_weights=spec.host_weights, device_backend=spec.device_backend)
     try:
         return lowering.lower()
     except BaseException:

@@ -375,6 +375,10 @@ def match_attention(lowering: Any, node: Any) -> list[Value] | None:
     v4 = pad_k(lowering, cont(lowering, v), dvp)
     y = g.ggml_flash_attn_ext(lowering.ctx, q4.ptr, k4.ptr, v4.ptr, mask_t, float(scale), 0.0, 0.0)
     g.ggml_flash_attn_ext_set_prec(y, g.GGML_PREC_F32)
+    if lowering.device_backend is not None and not g.ggml_backend_supports_op(lowering.device_backend, y):
+        # the device's flash attention does not take this one (CUDA's: head dims 40-256 but not 160, SD 1.5's deepest
+        # blocks): lowered the plain way it stays on the device, where ggml's scheduler would run it on the CPU
+        return None
     if dvp != dv:
         nb = y.contents.nb
         y = g.ggml_view_4d(lowering.ctx, y, dv, y.contents.ne[1], y.contents.ne[2], y.contents.ne[3],
