@@ -16,6 +16,8 @@ mkdir -p "$out"
 export SDRT_CACHE_DIR=${SDRT_CACHE_DIR:-$(mktemp -d)} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 stamp() { echo "[$(date +%H:%M:%S)] $*"; }
+# DEADLINE (epoch seconds): each step gets a share of the time left when it starts
+left() { echo $(( ${DEADLINE:-$(( $(date +%s) + 3600 ))} - $(date +%s) )); }
 
 stamp "sdrt info"
 $py -m sdrt info 2>&1 | tee "$out/info.txt" | grep -i -E "ggml|$dev" || { stamp "sdrt info failed"; exit 1; }
@@ -29,7 +31,7 @@ if [ -n "${SD15_GRAPHS:-}" ]; then
 fi
 
 stamp "calibrating ggml on $dev"
-timeout "${CAL_TIMEOUT:-300}" $py -m sdrt selftest --calibrate --backend ggml --device "$dev" --passes "${PASSES:-1}" \
+timeout "$(( $(left) * 45 / 100 ))" $py -m sdrt selftest --calibrate --backend ggml --device "$dev" --passes "${PASSES:-1}" \
     --report "$out/calibration.json" > "$out/calibrate.log" 2>&1
 rc=$?
 tail -5 "$out/calibrate.log"
@@ -39,5 +41,10 @@ cp "$SDRT_CACHE_DIR/calibration/calibration.json" "$out/stored-calibration.json"
 stamp "checking the predictions on $dev"
 args=(--backend ggml --device "$dev" --passes "${PASSES:-1}" --json "$out/check.json")
 [ -n "$sd15" ] && args+=(--sd15 "$sd15")
-timeout "${CHECK_TIMEOUT:-330}" $py "$here/scripts/check_plan_predictions.py" "${args[@]}" 2>&1 | tee "$out/check.log"
+timeout "$(( $(left) * ${CHECK_SHARE:-100} / 100 ))" $py "$here/scripts/check_plan_predictions.py" "${args[@]}" 2>&1 | tee "$out/check.log"
+if [ "${FP16:-0}" = 1 ] && [ -n "$sd15" ] && [ "$(left)" -gt 30 ]; then  # the SD 1.5 parts' time at fp16 beside fp32's (measured;
+    stamp "SD 1.5 at fp16"                                   # predicted from the fp32 factors)
+    timeout "$(left)" $py "$here/scripts/check_plan_predictions.py" --backend ggml --device "$dev" --passes 1 \
+        --precision fp16 --group "SD 1.5" --sd15 "$sd15" --json "$out/check-fp16.json" 2>&1 | tee "$out/check-fp16.log"
+fi
 stamp "done"
