@@ -151,7 +151,8 @@ def main(argv=None) -> int:
                     else:
                         try:
                             m = measure(path, feeds, be, repeats=args.repeats, options={"precision": PRECISION},
-                                        budget_s=args.budget, shapes=pin, device=args.device)
+                                        budget_s=args.budget, shapes=pin, device=args.device,
+                                        quiet_s=5.0 if cpu.kind == "cpu" else 0.0)
                         except Exception as exc:  # noqa: BLE001 - report it, keep going
                             best.setdefault(key, {"group": group, "part": name, "backend": be,
                                                   "error": str(exc)[-300:]})

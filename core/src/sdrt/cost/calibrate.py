@@ -738,6 +738,8 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
     fitted efficiencies carry what it reaches); on a CPU the unit is a measured copy."""
     dev = device or this_cpu()
     bw = measure_bandwidth() if dev.kind == "cpu" else dev.bandwidth_bytes_per_s
+    # the waits for idle CPUs before each measurement guard a CPU's timings; a GPU's are taken without them
+    quiet = 5.0 if dev.kind == "cpu" else 0.0
     peak = dev.peak(precision)
     scale = case_activation_scale(backend, precision)
     rows: dict[str, dict[str, Any]] = {}
@@ -752,12 +754,12 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                 pinned = False
                 try:
                     m = measure(path, feeds, backend, repeats=repeats, options={"precision": precision},
-                                device=device_id)
+                                device=device_id, quiet_s=quiet)
                 except RuntimeError as exc:  # a backend that compiles static shapes only: pinned, as sdrt runs it
                     if not cost.dynamic or "dynamic" not in str(exc):
                         raise
                     m = measure(path, feeds, backend, repeats=repeats, options={"precision": precision},
-                                shapes={k: v.shape for k, v in feeds.items()}, device=device_id)
+                                shapes={k: v.shape for k, v in feeds.items()}, device=device_id, quiet_s=quiet)
                     pinned = True
                 if name in rows and rows[name]["robust_ms"] <= m["robust_ms"]:
                     rows[name]["pass_ms"].append(m["robust_ms"])
@@ -774,7 +776,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
             if progress:
                 progress(f"{backend}: {name}, pinned")
             pin = measure(path, feeds, backend, repeats=3, options={"precision": precision},
-                          shapes={k: v.shape for k, v in feeds.items()}, device=device_id)
+                          shapes={k: v.shape for k, v in feeds.items()}, device=device_id, quiet_s=quiet)
             rows["cal_call"]["pinned_peak_rss"] = pin["peak_rss"]  # fit() reads it: Factors.pin_bytes
     out = list(rows.values())
     return fit_precision(out, bw, backend, precision, dev, reference), out
