@@ -83,6 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", action="append", default=[])
     ap.add_argument("--device", default=None, help="run on this device id of the backends (default: their choice, "
                                                    "the CPU here)")
+    ap.add_argument("--spec", default=None, help="with --from-json: predict on this library device (the rows' GPU)")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--passes", type=int, default=2,
                     help="measure every row in this many passes over all the rows and keep the faster (default 2)")
@@ -108,7 +109,11 @@ def main(argv=None) -> int:
     from sdrt.graph import Graph
 
     cpu = this_cpu()
-    if args.device:  # the library spec of the backends' device (one device id for all of them)
+    if args.spec:  # re-predicting stored rows of another machine's device
+        from sdrt.cost.devices import find
+
+        cpu = find(args.spec)
+    elif args.device:  # the library spec of the backends' device (one device id for all of them)
         from sdrt.runtime import select
 
         cpu = for_runtime(select((args.backend or ["ggml"])[0], args.device)[1])
@@ -187,7 +192,8 @@ def main(argv=None) -> int:
                          "slow_before": m.get("slow_before"), "weight_bytes": cost.weight_bytes,
                          "activation_bytes": cost.peak_activation_bytes, "by_class_ms": pr.by_class_ms,
                          "features": features(cost, cpu.peak(PRECISION), f.bandwidth_bytes_per_s or cpu.bandwidth_bytes_per_s,
-                                              act_scale=activation_scale(PRECISION, f), tail32=f.float32_tail)}
+                                              act_scale=activation_scale(PRECISION, f), tail32=f.float32_tail,
+                                              transfers=f.host_transfers)}
                     best[key] = r
                     print(f"{group:<18} {name:<16} {be:<9} pred {pr.ms:9.2f} ms  meas {m['median_ms']:9.2f} ms "
                           f"(robust {r['robust_ms']:8.2f})  x{r['time_ratio']:.2f}   process peak pred {pr.peak_bytes / 2**20:7.0f} MiB "

@@ -5,6 +5,10 @@ calibration fits them (fp32 first, then bf16 with fp32 as its reference) and sto
 a change to the model or the fit is tried on measurements already taken.
 
     python scripts/refit_calibration.py R.json [--backend openvino]
+    python scripts/refit_calibration.py GPU-R.json --device "H200 SXM 141GB"   # a report of --calibrate --device CUDA0
+
+A report's measurement keys: ``backend`` and ``backend/precision`` for this CPU, ``backend/kind`` and
+``backend/kind/precision`` for another device (``gpu``), which ``--device`` names in the device library.
 """
 
 from __future__ import annotations
@@ -20,36 +24,51 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("report", type=Path)
     ap.add_argument("--backend", action="append", default=[])
+    ap.add_argument("--device", default=None, help="the library device a GPU report's measurements were taken on")
     args = ap.parse_args(argv)
     from sdrt.cost.calibrate import case_activation_scale, case_cost, case_row, fit_precision, float32_tail
-    from sdrt.cost.devices import this_cpu
+    from sdrt.cost.devices import find, this_cpu
     from sdrt.cost.model import Factors, save_calibration
 
     data = json.loads(args.report.read_text())
     measured = data["calibration_measurements"]
     entries = (data.get("calibration") or {}).get("entries", {})
-    cpu = this_cpu()
-    out: dict[str, Factors] = {}
-    keys = sorted(measured, key=lambda k: "/" in k)  # fp32 (plain backend names) before bf16
+    kinds = ("gpu", "igpu", "npu")
+    specs = {"cpu": this_cpu()}
+    out: dict[str, dict[str, Factors]] = {}
+
+    def parse(key: str) -> tuple[str, str, str]:  # backend, device kind, precision
+        parts = key.split("/")
+        kind = parts.pop(1) if len(parts) > 1 and parts[1] in kinds else "cpu"
+        return parts[0], kind, (parts[1] if len(parts) > 1 else "fp32")
+
+    keys = sorted(measured, key=lambda k: parse(k)[2] != "fp32")  # fp32 before the half precisions
     with tempfile.TemporaryDirectory(prefix="sdrt-refit-") as tmp:
         for key in keys:
-            backend, precision = (key.split("/") + ["fp32"])[:2]
+            backend, kind, precision = parse(key)
             if args.backend and backend not in args.backend:
                 continue
-            stored = entries.get(f"{backend}/cpu/{precision}") or {}
-            bw = stored.get("bandwidth_bytes_per_s") or cpu.bandwidth_bytes_per_s
+            if kind not in specs:
+                if not args.device:
+                    sys.exit(f"error: {key} was measured on a {kind}: name it with --device (a library device)")
+                specs[kind] = find(args.device)
+            dev = specs[kind]
+            mine = out.setdefault(kind, {})
+            stored = entries.get(f"{backend}/{kind}/{precision}") or {}
+            bw = stored.get("bandwidth_bytes_per_s") or dev.bandwidth_bytes_per_s
             scale = case_activation_scale(backend, precision)
             rows = []
             for r in measured[key]:
                 _name, _path, _feeds, cost = case_cost(r["case"].removeprefix("cal_"), Path(tmp), precision)
                 pinned = r.get("pinned", bool(cost.dynamic) and not r.get("dynamic"))
-                rows.append(case_row(r["case"], cost, r, peak=cpu.peak(precision), bandwidth=bw, pinned=pinned,
-                                     scale=scale, tail=float32_tail(backend, precision)))
-            out[f"{backend}/cpu/{precision}"] = fit_precision(rows, bw, backend, precision, cpu,
-                                                              out.get(f"{backend}/cpu/fp32"))
-            print(f"refitted {backend}/cpu/{precision} from {len(rows)} cases", file=sys.stderr)
-    path = save_calibration(out, cpu.to_dict())
-    print(f"stored in {path}")
+                rows.append(case_row(r["case"], cost, r, peak=dev.peak(precision), bandwidth=bw, pinned=pinned,
+                                     scale=scale, tail=float32_tail(backend, precision), transfers=kind != "cpu"))
+            mine[f"{backend}/{kind}/{precision}"] = fit_precision(rows, bw, backend, precision, dev,
+                                                                   mine.get(f"{backend}/{kind}/fp32"))
+            print(f"refitted {backend}/{kind}/{precision} from {len(rows)} cases", file=sys.stderr)
+    for kind, found in out.items():
+        path = save_calibration(found, specs[kind].to_dict())
+        print(f"stored in {path}")
     return 0
 
 

@@ -122,13 +122,19 @@ def test_calibration_cases_build_and_cover_the_classes():
     from sdrt.graph import Graph
 
     seen: dict[str, float] = {}
+    gpu: dict[str, float] = {}  # a device with memory of its own: per-class node counts and the host transfers
     for case in CASES:
         model, feeds = build_case(case)
         cost = graph_costs(Graph.load(model.SerializeToString()), {k: v.shape for k, v in feeds.items()})
         for k, v in features(cost, 1e11, 1e10).items():
             seen[k] = seen.get(k, 0.0) + v
-    assert all(seen[k] > 0 for k in seen if k not in ("fixed_ms", "flops_data", "io_ms")), seen  # data nodes: no FLOPs
-    assert seen["io_ms"] == 0  # fp32 converts nothing
+        for k, v in features(cost, 1e11, 1e10, transfers=True).items():
+            gpu[k] = gpu.get(k, 0.0) + v
+    per_class = [k for k in seen if k.startswith("nodes_")]
+    assert per_class and all(seen[k] == 0 < gpu[k] for k in per_class), gpu  # each class's nodes, on a GPU only
+    assert all(seen[k] > 0 for k in seen if k not in ("fixed_ms", "flops_data", "io_ms", *per_class)), seen  # data
+    # nodes: no FLOPs
+    assert seen["io_ms"] == 0 < gpu["io_ms"]  # fp32 converts nothing on a CPU; a GPU copies the inputs and outputs
 
 
 def test_half_precision_converts_the_inputs_and_outputs():

@@ -155,3 +155,37 @@ def test_weightless_pack_and_fill_keep_the_graph_and_the_small_weights(tmp_path)
     assert abs(float(w["w"].std()) - 1 / np.sqrt(512)) < 0.005  # 1/sqrt(fan-in)
     out = ort.InferenceSession(str(packed)).run(None, {"x": np.ones((2, 512), np.float32)})[0]
     assert out.shape == (2, 64) and np.isfinite(out).all()
+
+
+def test_a_gpu_part_pays_its_host_transfers_at_fp32():
+    """On a device with memory of its own the inputs and outputs are copied every call: ``io_ms`` at fp32 too."""
+    from sdrt.cost.calibrate import features
+    from sdrt.cost.model import predict
+    from sdrt.cost.nodes import GraphCost, NodeCost
+
+    cost = GraphCost("g", "fp32", [NodeCost("n", "elementwise", "elementwise", 1e6, 8e6, 0.0, 0.0)], 0.0, 8e6, 4e6)
+    cost.io_bytes = 8e6
+    assert features(cost, 1e12, 1e12)["io_ms"] == 0.0  # a CPU at fp32: nothing crosses
+    assert features(cost, 1e12, 1e12, transfers=True)["io_ms"] == pytest.approx(8e-3)
+    on_gpu = Factors({"elementwise": 1.0}, {"elementwise": 0.0}, 1.0, 1.0, 0.0, True, 1e12,
+                     io_bandwidth_efficiency=0.01, host_transfers=True)
+    off = Factors({"elementwise": 1.0}, {"elementwise": 0.0}, 1.0, 1.0, 0.0, True, 1e12, io_bandwidth_efficiency=0.01)
+    h200 = devices.find("H200")
+    assert predict(cost, h200, "ggml", "fp32", on_gpu).by_class_ms["io"] == pytest.approx(0.8)  # 8 MB at 10 GB/s
+    assert "io" not in predict(cost, h200, "ggml", "fp32", off).by_class_ms
+
+
+def test_the_h200_report_refits_into_a_gpu_calibration(tmp_path, monkeypatch):
+    """scripts/refit_calibration.py on the report the lent H200 wrote (`selftest --calibrate --device CUDA0 --report`,
+    docs/plan-gpu): its `ggml/gpu` measurements fit `ggml/gpu/fp32`, stored for that GPU, with the host transfers."""
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    report = ROOT / "docs" / "plan-gpu" / "h200-calibration-report.json"
+    script = ROOT / "scripts" / "refit_calibration.py"
+    bad = subprocess.run([sys.executable, str(script), str(report)], capture_output=True, text=True)
+    assert bad.returncode != 0 and "name it with --device" in bad.stderr
+    subprocess.run([sys.executable, str(script), str(report), "--device", "H200 SXM 141GB"], check=True,
+                   capture_output=True, env={**__import__("os").environ, "SDRT_CACHE_DIR": str(tmp_path)})
+    stored = load_calibration()
+    assert stored["devices"]["gpu"]["name"] == "H200 SXM 141GB" and "ggml/gpu/fp32" in stored["entries"]
+    f = factors_for("ggml", devices.find("H200"), "fp32")
+    assert f.calibrated and f.host_transfers and 0 < f.io_bandwidth_efficiency < 0.05  # PCIe, not HBM

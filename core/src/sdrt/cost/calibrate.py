@@ -20,6 +20,7 @@ result.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -634,10 +635,15 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
 TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "attn_nodes", "attn_rows", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+#: the op classes whose nodes each have a fixed cost of their own on a device with memory of its own (``features``'
+#: ``transfers``): a GPU runtime launches kernels per node, as many as the op class takes (ggml on CUDA: a conv is an
+#: im2col, a matmul and a bias add; a transpose a copy), where a CPU runtime's fixed cost per node is one figure
+NODE_CLASSES = ("matmul", "conv", "attention", "norm", "elementwise", "data")
+TERMS += tuple(f"nodes_{c}" for c in NODE_CLASSES)
 
 
 def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act_scale: float = 1.0,
-             tail32: bool = False) -> dict[str, float]:
+             tail32: bool = False, transfers: bool = False) -> dict[str, float]:
     """A part's time features, linear in the factors ``fit`` finds: milliseconds of FLOPs per timing class
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
     compute nodes but convs and attention; ``attn_act_ms``: of attention's matmuls and softmax, the scores, which
@@ -650,7 +656,8 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
     (``shape_nodes``: a runtime that keeps them dynamic runs it every call), every timed node again in such a
     graph (``dyn_nodes``: shape inference per node and call; neither where the backend ran the graph ``pinned``, at
     static shapes), the graph's inputs and outputs at a half precision (``io_ms``: the runtime converts them from and
-    to float32 every call; 0 at fp32) and the call; ``fixed_ms``: a part not fitted (0 here). ``act_scale``
+    to float32 every call; 0 at fp32, but with ``transfers``: a device with memory of its own, a GPU, whose runtime copies
+    them from and to the host's memory every call) and the call; ``fixed_ms``: a part not fitted (0 here). ``act_scale``
     multiplies the activation traffic (2: a backend that keeps activations float32 at a half precision,
     ``FLOAT32_ACTIVATION_BACKENDS``). ``tail32``: the backend keeps the graph's tail float32 at a half precision
     (``float32_tail``), so each activation crossing between the tail and the half body (``GraphCost.tail_conversions``)
@@ -659,7 +666,7 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
     out["shape_nodes"] = 0.0 if pinned else float(getattr(cost, "dynamic_shape_nodes", 0))
-    if getattr(cost, "precision", "fp32") != "fp32":  # float32 inputs and outputs converted every call
+    if transfers or getattr(cost, "precision", "fp32") != "fp32":  # inputs and outputs copied or converted each call
         out["io_ms"] = 1000 * float(getattr(cost, "io_bytes", 0.0)) / bandwidth
     for n in cost.nodes:
         if n.op_class == "view":
@@ -668,7 +675,12 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
             out["fused_ms"] += 1000 * (n.weight_bytes + act_scale * (n.bytes - n.weight_bytes)) / bandwidth
             out["fused_flops_ms"] += 1000 * n.flops / peak  # its arithmetic (a SiLU's exponentials are not free)
             continue
-        out["int_nodes" if n.time_class == "int" else "nodes"] += 1
+        if n.time_class == "int":
+            out["int_nodes"] += 1
+        elif transfers and n.op_class in NODE_CLASSES:
+            out[f"nodes_{n.op_class}"] += 1
+        else:
+            out["nodes"] += 1
         if n.op_class == "attention":  # a fused attention's fixed cost, on top of a node's, and its work per row
             out["attn_nodes"] += 1
             out["attn_rows"] += getattr(n, "rows", 0)
@@ -685,18 +697,19 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
     out["relayout_ms"] = 1000 * act_scale * getattr(cost, "relayout_bytes", 0.0) / bandwidth
     out["relayout_narrow_ms"] = 1000 * act_scale * getattr(cost, "relayout_narrow_bytes", 0.0) / bandwidth
     if getattr(cost, "dynamic", False) and not pinned:  # a runtime that keeps the dims dynamic infers shapes per call
-        out["dyn_nodes"] = out["nodes"] + out["int_nodes"]
+        out["dyn_nodes"] = out["nodes"] + out["int_nodes"] + sum(out[f"nodes_{c}"] for c in NODE_CLASSES)
     return out
 
 
 def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth: float, pinned: bool = False,
-             scale: float = 1.0, tail: bool = False) -> dict[str, Any]:
+             scale: float = 1.0, tail: bool = False, transfers: bool = False) -> dict[str, Any]:
     """One calibration case's row for the fit: its measurement ``m`` (``measure``'s figures) and what the fit reads of
     its ``GraphCost`` (features, weights, activations as the runtime holds them: ``scale`` x at a half precision on a
     backend that keeps them float32; ``tail``: with the graph's tail float32, ``float32_tail``). ``pinned``: the backend
     ran the case at static shapes. Stored measurements
     (``--calibrate --report``) are refitted through this with the cost code of the day (``scripts/refit_calibration.py``)."""
-    return {"case": name, "features": features(cost, peak, bandwidth, pinned=pinned, act_scale=scale, tail32=tail),
+    return {"case": name, "features": features(cost, peak, bandwidth, pinned=pinned, act_scale=scale, tail32=tail,
+                                               transfers=transfers),
             "timed": name.removeprefix("cal_") not in MEMORY_CASES, "pinned": pinned,
             "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
             "pass_ms": m.get("pass_ms", [m["robust_ms"]]),
@@ -766,7 +779,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                     continue
                 prev = rows[name]["pass_ms"] if name in rows else []
                 rows[name] = case_row(name, cost, m, peak=peak, bandwidth=bw, pinned=pinned, scale=scale,
-                                      tail=float32_tail(backend, precision))
+                                      tail=float32_tail(backend, precision), transfers=dev.kind != "cpu")
                 rows[name]["pass_ms"] = prev + [m["robust_ms"]]
         # what pinning first adds (Factors.pin_bytes): the one-node case again, its shapes pinned; none for a backend
         # that compiles static shapes only, whose dynamic cases were pinned, so that their rows hold it (ggml's tiny
@@ -807,7 +820,8 @@ def fit_precision(rows: list[dict[str, Any]], bandwidth: float, backend: str, pr
     device's peaks), and a ``FLOAT32_TAIL_BACKENDS`` one counts the graph's float32 tail."""
     act32 = float32_activations(backend, precision)
     held = held_terms(reference, device.peak(precision), device.peak("fp32")) if act32 else {}
-    return fit(rows, bandwidth, backend, float32_activations=act32, held=held, tail32=float32_tail(backend, precision))
+    f = fit(rows, bandwidth, backend, float32_activations=act32, held=held, tail32=float32_tail(backend, precision))
+    return dataclasses.replace(f, host_transfers=device.kind != "cpu")
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -848,7 +862,8 @@ def _fit_times(rows: list[dict[str, Any]], held: dict[str, float] | None = None)
 #: faster at bf16 for the same float32 kernel), which put the tiny SDXL UNet at 512 px at 0.60 of its measured time
 SHARED_TERMS = ("flops_dwconv", "flops_attention", "flops_softmax", "flops_norm", "flops_groupnorm",
                 "flops_elementwise", "flops_data", "act_ms", "attn_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "fused_ms",
-                "fused_flops_ms", "nodes", "attn_nodes", "attn_rows", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+                "fused_flops_ms", "nodes", "attn_nodes", "attn_rows", "int_nodes", "shape_nodes", "dyn_nodes", "call",
+                *(f"nodes_{c}" for c in NODE_CLASSES))
 
 
 def held_terms(reference: Factors | None, peak: float, reference_peak: float) -> dict[str, float]:
@@ -1064,9 +1079,12 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
     c = _fit_times(rows, held)
     eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
+    if any(r.get("features", {}).get(f"nodes_{k}") for r in rows for k in NODE_CLASSES):  # per op class (a GPU's
+        # launches; ``features``' transfers): a time class (conv1x1, groupnorm) falls back to its op class's
+        over = {k: c.get(f"nodes_{k}", 0.0) / 1000.0 for k in NODE_CLASSES}
     over["int"] = c.get("int_nodes", c.get("nodes", 0.0)) / 1000.0  # integer work (on the host, for some runtimes)
     for k in ("attention", "softmax"):  # attention's matmuls and softmax: a fused attention's fixed cost on top
-        over[k] += c.get("attn_nodes", 0.0) / 1000.0
+        over[k] = over.get(k, over.get("attention", 0.0)) + c.get("attn_nodes", 0.0) / 1000.0
     mem = _fit_memory(rows, relayout=backend in RELAYOUT_BACKENDS)
     fused = c.get("fused_ms", 0.0)
     # what pinning a part's shapes first adds (the one-node case measured again pinned, where the calibration did)

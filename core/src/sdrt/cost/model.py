@@ -70,6 +70,9 @@ class Factors:
     #: calibrated at a half precision: the graph's inputs and outputs (``GraphCost.io_bytes``), which the runtime
     #: converts from and to float32 every call (OpenVINO's and ggml's bf16 take and give float32); None: no such cost
     io_bandwidth_efficiency: float | None = None
+    #: calibrated on a device with memory of its own (a GPU): the graph's inputs and outputs cross between the host's
+    #: memory and the device's every call, at any precision (``io_bandwidth_efficiency`` is then that copy's)
+    host_transfers: bool = False
     #: calibrated: activation traffic of attention's matmuls and softmax (the scores); None: ``bandwidth_efficiency``
     attention_bandwidth_efficiency: float | None = None
     #: calibrated: activation traffic of convs (a conv over few channels pays per pixel, not per FLOP)
@@ -393,7 +396,7 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     if relayout:
         by["relayout"] = relayout
     io_eff = f.io_bandwidth_efficiency
-    if io_eff and io_eff < 100.0 and precision != "fp32":
+    if io_eff and io_eff < 100.0 and (precision != "fp32" or f.host_transfers):
         by["io"] = getattr(cost, "io_bytes", 0.0) / (bw * io_eff)
     conversions = tail_conversions(cost, precision, f)
     if conversions:  # the float32 tail's conversions: a node each (their traffic, a copy in cache, left out)
