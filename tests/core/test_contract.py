@@ -83,3 +83,35 @@ def test_session_is_a_context_manager_and_refuses_runs_after_close(registry, aff
         session.run({"x": np.ones((1, 4), np.float32)})
     with pytest.raises(SdrtError, match="closed"):
         session.run({"x": np.ones((1, 4), np.float32)})
+
+
+def test_unknown_options_name_what_was_passed_and_what_the_backend_takes():
+    """``check_known_options``: the one check every backend's ``parse_options`` makes, with the names attached
+    (``pipelines.load`` reads them rather than the message)."""
+    from sdrt.errors import OptionError, UnknownOptions, check_known_options
+
+    check_known_options("mine", {"precision": "fp32"}, ("precision", "threads"))  # all known: nothing
+    with pytest.raises(UnknownOptions) as info:
+        check_known_options("mine", {"turbo": 1, "precision": "fp32", "abc": 2}, ("precision", "threads"))
+    exc = info.value
+    assert isinstance(exc, OptionError) and exc.unknown == ("abc", "turbo") and exc.known == ("precision", "threads")
+    assert str(exc) == ("unknown options for the mine backend: abc, turbo. Where: sdrt.load(..., backend='mine'). "
+                        "What to do: use only precision, threads.")
+    with pytest.raises(UnknownOptions, match="the bare backend takes no options; remove them") as info:
+        check_known_options("bare", {"x": 1}, (), where="-o")
+    assert info.value.where == "-o" and info.value.known == ()
+
+
+def test_every_backend_here_refuses_an_unknown_option_with_the_names_attached():
+    """The plugins installed here (and the core's default ``parse_options``) raise ``UnknownOptions``."""
+    from sdrt.errors import UnknownOptions
+    from sdrt.plugins import get_registry
+
+    reg = get_registry()
+    for name, be in reg.backends.items():
+        devices = be.devices()
+        if not devices:
+            continue
+        with pytest.raises(UnknownOptions) as info:
+            be.check_options({"no_such_option": 1}, devices[0])
+        assert info.value.unknown == ("no_such_option",), name

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .errors import InputError, NoDeviceError, SdrtError, UnusableEntry, WeightsError
+from .errors import InputError, NoDeviceError, SdrtError, UnusableEntry, WeightsError, check_known_options
 from .tensors import NON_TENSOR, Dim, TensorInfo, shape_str
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,7 +57,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: (M, m) is accepted when M equals the core's major and m <= the core's minor.
 #: 1.1: ``Backend.compile`` is the core's template (``_compile``, ``parse_options``, ``_prepare``, and the
 #: compile cache's ``_cache_parts``/``_save``/``_load``); a 1.0 plugin that overrides ``compile`` still runs.
-API_VERSION: tuple[int, int] = (1, 1)
+#: 1.2: ``sdrt.errors.OptionError`` and ``check_known_options`` (a backend's unknown options as ``UnknownOptions``,
+#: names attached), and ``Backend.memory_in_use`` (optional: a device's own memory in use).
+API_VERSION: tuple[int, int] = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -295,10 +297,7 @@ class Backend(ABC):
     def parse_options(self, options: Mapping[str, Any], device: Device) -> Any:
         """Check ``sdrt.load(..., **options)`` (less ``cache``/``cache_dir`` for a caching backend) and
         return what ``_prepare``, ``_compile`` and the cache hooks get as ``opts``. By default: no options."""
-        if options:
-            raise SdrtError(f"unknown options for the {self.name} backend: {', '.join(sorted(options))}",
-                            where=f"sdrt.load(..., backend={self.name!r})",
-                            fix=f"the {self.name} backend takes no options; remove them")
+        check_known_options(self.name, options, ())
         return None
 
     def _prepare(self, graph: Graph, device: Device, opts: Any) -> Graph:

@@ -107,6 +107,33 @@ class InputError(SdrtError):
     """A feed given to ``Session.run`` is missing, unexpected, or has the wrong shape or dtype."""
 
 
+class OptionError(SdrtError):
+    """A backend's option (``sdrt.load(..., **options)``) is unknown or has a bad value."""
+
+
+class UnknownOptions(OptionError):
+    """Options a backend does not take (``check_known_options``): ``unknown`` names them, ``known`` lists every option
+    the backend takes (empty: none), so that a caller can say more than the backend's own message (``pipelines.load``
+    lists its own keywords beside them)."""
+
+    unknown: tuple[str, ...] = ()
+    known: tuple[str, ...] = ()
+
+
+def check_known_options(backend: str, options: Mapping[str, object] | object, known: tuple[str, ...] | list[str],
+                        *, where: str | None = None) -> None:
+    """Raise ``UnknownOptions`` when ``options`` (their names) holds any that ``backend`` does not take (``known``)."""
+    unknown = tuple(sorted(set(options) - set(known)))  # type: ignore[arg-type]
+    if not unknown:
+        return
+    exc = UnknownOptions(f"unknown options for the {backend} backend: {', '.join(unknown)}",
+                         where=where or f"sdrt.load(..., backend={backend!r})",
+                         fix=f"use only {', '.join(known)}" if known else
+                         f"the {backend} backend takes no options; remove them")
+    exc.unknown, exc.known = unknown, tuple(known)
+    raise exc
+
+
 class BackendUnavailable(SdrtError):
     """A backend cannot be used: unknown, broken, disabled, or with no device here."""
 

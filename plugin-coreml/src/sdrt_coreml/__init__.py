@@ -13,7 +13,7 @@ import sdrt
 from .backend import CoreMLBackend
 
 #: The sdrt plugin API this package was built for.
-SDRT_API_VERSION = (1, 1)
+SDRT_API_VERSION = (1, 2)
 
 
 @sdrt.hookimpl

@@ -14,8 +14,6 @@ class CoreMLError(SdrtError):
     """coremltools refused a program, or Core ML refused a package."""
 
 
-class OptionError(SdrtError):
-    """A compile option of the coreml backend is unknown or has a bad value."""
 
 
 def first_line(exc: BaseException) -> str:

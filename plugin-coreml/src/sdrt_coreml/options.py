@@ -16,9 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sdrt.errors import OptionError, check_known_options
 from sdrt.precision import precision_name
-
-from .errors import OptionError
 
 #: deployment target -> MIL opset (iOS15 = 15 ...): ct.target has the same names
 TARGETS: dict[str, int] = {"macOS13": 16, "macOS14": 17, "macOS15": 18, "iOS16": 16, "iOS17": 17, "iOS18": 18}
@@ -61,10 +60,7 @@ class Options:
 
 def parse_options(options: Mapping[str, Any], where: str = "sdrt.load(..., backend='coreml')") -> Options:
     """Check the options of ``compile``/``build`` for this backend and return ``Options``."""
-    unknown = sorted(set(options) - set(KNOWN))
-    if unknown:
-        raise OptionError(f"unknown options for the coreml backend: {', '.join(unknown)}", where=where,
-                          fix=f"use only {', '.join(KNOWN)}")
+    check_known_options("coreml", options, KNOWN, where=where)
     precision = precision_name(options.get("precision", "fp16"), PRECISIONS,
                                where=f"{where} precision= (default fp16: runs on every compute unit)")
     target = options.get("target") or host_target()

@@ -12,7 +12,7 @@ import sdrt
 from .backend import GgmlBackend
 
 #: The sdrt plugin API this package was built for.
-SDRT_API_VERSION = (1, 1)
+SDRT_API_VERSION = (1, 2)
 
 
 @sdrt.hookimpl

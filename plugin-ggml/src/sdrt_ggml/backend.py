@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from sdrt import Backend, Device, Session, TensorInfo
-from sdrt.errors import ModelError, SdrtError
+from sdrt.errors import ModelError, SdrtError, check_known_options
 from sdrt.precision import precision_name
 from sdrt.weights.pages import release as release_pages
 
@@ -101,10 +101,7 @@ class GgmlBackend(Backend):
             log.warning("neither sdrt-ggml's own GEMM (not built or not loaded: see the log line of sdrt.ggml.native) "
                         "nor ggml's tinyBLAS (GGML_LLAMAFILE) is here: float32 matmuls run about 4x slower; "
                         "reinstall sdrt-ggml with a C compiler present, see plugin-ggml/README.md")
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise SdrtError(f"unknown options for the ggml backend: {', '.join(unknown)}",
-                            where="sdrt.load(..., backend='ggml')", fix=f"valid options: {', '.join(OPTIONS)}")
+        check_known_options("ggml", options, OPTIONS)
         options = dict(options)
         precision = options.pop("precision", None)
         # fp32, or bf16/fp16 weights for the matmuls and convs (half.py); the default is the device's

@@ -9,8 +9,6 @@ class MIGraphXError(SdrtError):
     """MIGraphX failed while parsing, compiling, loading or running a program."""
 
 
-class OptionError(SdrtError):
-    """A compile option of the MIGraphX backend is unknown or has a bad value."""
 
 
 def first_lines(exc: BaseException, limit: int = 3) -> str:

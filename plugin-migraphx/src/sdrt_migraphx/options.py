@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sdrt.errors import OptionError, check_known_options
 from sdrt.precision import precision_name
-
-from .errors import OptionError
 
 #: the precisions of sdrt's vocabulary (``sdrt.precision.PRECISIONS``) MIGraphX compiles at
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -43,10 +42,7 @@ def _flag(options: Mapping[str, Any], name: str, default: bool, fix: str) -> boo
 
 def parse_options(options: Mapping[str, Any], *, gpu: bool) -> Options:
     """Check ``sdrt.load(..., **options)`` for this backend; ``gpu`` picks the default precision."""
-    unknown = sorted(set(options) - set(KNOWN))
-    if unknown:
-        raise OptionError(f"unknown options for the migraphx backend: {', '.join(unknown)}", where=WHERE,
-                          fix=f"use only {', '.join(KNOWN)}")
+    check_known_options("migraphx", options, KNOWN, where=WHERE)
     precision = precision_name(options.get("precision", "fp16" if gpu else "fp32"), PRECISIONS,
                                where=f"{WHERE} precision= (default fp16 on GPUs, fp32 on ref/cpu)")
     tune = _flag(options, "exhaustive_tune", False, "pass exhaustive_tune=True to time every kernel (slow compile)")

@@ -33,7 +33,7 @@ _no_telemetry()
 from .backend import OpenVINOBackend  # noqa: E402
 
 #: The sdrt plugin API this package was built for.
-SDRT_API_VERSION = (1, 1)
+SDRT_API_VERSION = (1, 2)
 
 
 @sdrt.hookimpl

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sdrt.errors import SdrtError
+from sdrt.errors import OptionError, check_known_options
 from sdrt.precision import precision_name
 
 #: sdrt's precision name -> OpenVINO's INFERENCE_PRECISION_HINT
@@ -23,9 +23,6 @@ PRECISIONS = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT", "cumulative_throughput": "CUMULATIVE_THROUGHPUT"}
 KNOWN = ("precision", "performance_hint", "threads", "swappable")
 
-
-class OptionError(SdrtError):
-    """A compile option of the OpenVINO backend is unknown or has a bad value."""
 
 
 @dataclass(frozen=True)
@@ -55,11 +52,8 @@ class Options:
 def parse_options(options: Mapping[str, Any], default: str = "fp32") -> Options:
     """Check ``sdrt.load(..., **options)`` for this backend and return ``Options``; ``default`` is the
     precision (a name of sdrt's vocabulary) when ``precision`` is not passed."""
-    unknown = sorted(set(options) - set(KNOWN))
     where = "sdrt.load(..., backend='openvino')"
-    if unknown:
-        raise OptionError(f"unknown options for the openvino backend: {', '.join(unknown)}", where=where,
-                          fix=f"use only {', '.join(KNOWN)}")
+    check_known_options("openvino", options, KNOWN, where=where)
     precision = PRECISIONS[precision_name(options.get("precision", default), PRECISIONS,
                                           where=f"{where} precision=")]
     hint = str(options.get("performance_hint", "latency")).lower()

@@ -11,7 +11,7 @@ import sdrt
 from .backend import TrtBackend
 
 #: The sdrt plugin API this package was built for.
-SDRT_API_VERSION = (1, 1)
+SDRT_API_VERSION = (1, 2)
 
 
 @sdrt.hookimpl

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sdrt.errors import SdrtError
+from sdrt.errors import OptionError, check_known_options
 from sdrt.precision import precision_name
 
 #: the precisions of sdrt's vocabulary (``sdrt.precision.PRECISIONS``) TensorRT-RTX builds at
@@ -31,9 +31,6 @@ PRECISIONS = ("fp16", "bf16", "fp32")
 REFIT = ("auto", "full", "identical", "none")
 KNOWN = ("precision", "shapes", "profiles", "refit", "engine")
 
-
-class OptionError(SdrtError):
-    """A compile option of the TensorRT-RTX backend is unknown or has a bad value."""
 
 
 @dataclass(frozen=True)
@@ -59,10 +56,7 @@ def _shape(value: Any, where: str, what: str) -> tuple[int, ...]:
 
 
 def parse_options(options: Mapping[str, Any], where: str = "sdrt.load(..., backend='trt')") -> Options:
-    unknown = sorted(set(options) - set(KNOWN))
-    if unknown:
-        raise OptionError(f"unknown options for the trt backend: {', '.join(unknown)}", where=where,
-                          fix=f"use only {', '.join(KNOWN)}")
+    check_known_options("trt", options, KNOWN, where=where)
     precision = precision_name(options.get("precision", "fp16"), PRECISIONS, where=f"{where} precision=")
     shapes = options.get("shapes") or {}
     if not isinstance(shapes, Mapping):

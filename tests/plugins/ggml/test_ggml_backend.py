@@ -22,7 +22,7 @@ def _backend():
 def test_plugin_module_declares_api_and_hook():
     import sdrt_ggml
 
-    assert sdrt_ggml.SDRT_API_VERSION == (1, 1)
+    assert sdrt_ggml.SDRT_API_VERSION == (1, 2)
     assert callable(sdrt_ggml.register_backends)
 
 

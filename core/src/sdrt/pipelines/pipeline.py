@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, Interrupted, ModelError, SdrtError
+from ..errors import InputError, Interrupted, ModelError, SdrtError, UnknownOptions
 from .bounds import MAX_SIDE
 from .budget import MemoryMixin
 from .extras import ToolboxMixin
@@ -810,19 +810,13 @@ def _check_options(be: Any, dev: Any, options: Mapping[str, Any]) -> None:
     """A keyword that neither load, the Pipeline nor the backend takes is an error now, naming it (the backend
     would refuse it at the first generate, listing only its own options)."""
     import difflib
-    import re
 
     try:
         be.check_options({k: v for k, v in options.items() if k not in _PIPELINE_OPTIONS}, dev)
-    except SdrtError as exc:
-        m = re.match(r"unknown options? for the \S+ backend: (.+)$", exc.what)
-        if m is None:  # a known option with a bad value: the backend's own error, now rather than at generate
-            raise
-        unknown = [n.strip() for n in m.group(1).split(",")]
-        said = re.sub(r"^(use only|valid options:)\s*", "", (exc.fix or "").rstrip("."))
-        theirs = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", said)
+    except UnknownOptions as exc:  # a known option with a bad value: the backend's own error, now, not at generate
+        theirs = [*exc.known, *(("cache", "cache_dir") if be.caches else ())]
         hints = []
-        for name in unknown:
+        for name in exc.unknown:
             key = next((k for k in _INSTEAD if name.lower().rstrip("s") == k), None)
             if key is not None:
                 hints.append(f"{name}: {_INSTEAD[key]}")
@@ -830,12 +824,11 @@ def _check_options(be: Any, dev: Any, options: Mapping[str, Any]) -> None:
             close = difflib.get_close_matches(name, [*LOAD_KEYWORDS, *theirs], n=1, cutoff=0.7)
             if close:
                 hints.append(f"did you mean {close[0]}= for {name}=")
-        said += ", cache, cache_dir" if be.caches and said.startswith(theirs[0] if theirs else "-") else ""
-        backend_says = (f"the {be.name} backend takes no options" if "takes no options" in said else
-                        f"the {be.name} backend's options are {said}" if said else "")
-        raise InputError(f"load() takes no keyword {', '.join(unknown)}", where=unknown[0],
+        backend_says = (f"the {be.name} backend's options are {', '.join(theirs)}" if theirs else
+                        f"the {be.name} backend takes no options")
+        raise InputError(f"load() takes no keyword {', '.join(exc.unknown)}", where=exc.unknown[0],
                          fix="; ".join([*hints, f"load's own keywords are {', '.join(LOAD_KEYWORDS)}",
-                                        *([backend_says] if backend_says else [])])) from None
+                                        backend_says])) from None
 
 
 def _part_files(vae: Any, text_encoders: Any) -> list[Any]:
