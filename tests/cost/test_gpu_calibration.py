@@ -189,3 +189,18 @@ def test_the_h200_report_refits_into_a_gpu_calibration(tmp_path, monkeypatch):
     assert stored["devices"]["gpu"]["name"] == "H200 SXM 141GB" and "ggml/gpu/fp32" in stored["entries"]
     f = factors_for("ggml", devices.find("H200"), "fp32")
     assert f.calibrated and f.host_transfers and 0 < f.io_bandwidth_efficiency < 0.05  # PCIe, not HBM
+
+
+def test_plans_for_a_data_centre_gpu_and_a_calibrated_one(tmp_path, monkeypatch):
+    """TensorRT-RTX builds for RTX GPUs only: an H100/H200 is planned on ggml; a GPU calibrated here is planned at
+    the precisions it was measured at (fp32's factors would price fp16 at the tensor cores' peak)."""
+    from sdrt.cost.planner import backends_for, precisions_for
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    h200 = devices.find("H200")
+    assert backends_for(h200) == ["ggml"] and backends_for(devices.find("H100 PCIe")) == ["ggml"]
+    assert backends_for(devices.find("RTX 4090")) == ["trt", "ggml"]
+    assert "fp16" in precisions_for("ggml", h200)  # uncalibrated: the backend's vocabulary
+    save_calibration({"ggml/gpu/fp32": Factors({"matmul": 0.5}, {"matmul": 1e-5}, 1.0, 1.0, 1e8, True)}, h200.to_dict())
+    assert precisions_for("ggml", h200) == ["fp32"]
+    assert "fp16" in precisions_for("ggml", devices.find("H100 SXM"))  # another GPU: not this calibration's

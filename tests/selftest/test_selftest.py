@@ -108,6 +108,8 @@ def test_rel_err_and_precisions():
     (["selftest", "--repeats", "3"], "--repeats sets the timed runs of --calibrate, and does nothing without it"),
     (["selftest", "--passes", "1"], "--passes sets the passes of --calibrate, and does nothing without it"),
     (["selftest", "--calibrate", "--passes", "0"], "--passes must be at least 1, got 0"),
+    (["selftest", "--calibrate", "--device", "NOPE"], "nothing calibrated: no installed backend has device 'NOPE'. "
+                                                      "Where: --device."),
     (["selftest", "--calibrate", "--repeats", "0"], "--repeats must be at least 1, got 0"),
     # an unknown backend or device ended in "no backend could be tested: install a plugin"
     (["selftest", "--backend", "nope", "--only", "features"], "no backend 'nope' is installed here. Where: --backend."),

@@ -78,8 +78,11 @@ def _calibrate(args: argparse.Namespace) -> int:
             measured[key if prec == "fp32" else f"{key}/{prec}"] = rows
             _summary(name, dev.id, prec, factors)
     if not any(entries.values()):
-        print("nothing calibrated: no installed backend offers the device", file=sys.stderr)
-        return 1
+        raise SdrtError("nothing calibrated: " + (f"no installed backend has device {args.device!r}" if args.device else
+                                                  "no installed backend could be calibrated here"),
+                        where="--device" if args.device else "--backend",
+                        fix="pass a device id that `sdrt info` lists (the lines above say each backend's)"
+                        if args.device else "see the lines above for each backend")
     for dev_name, found in entries.items():
         path = save_calibration(found, specs[dev_name].to_dict())
     print(f"stored in {path}")

@@ -259,12 +259,21 @@ def factors_for(backend: str, device: DeviceSpec, precision: str, calibration: d
     the backend if not this one, else the device kind's defaults."""
     cal = calibration if calibration is not None else load_calibration()
     entries = cal.get("entries", {})
-    if device.source.startswith("sdrt.hardware.detect") or (  # calibration describes this machine's devices only
-            device.kind != "cpu" and (cal.get("devices") or {}).get(device.kind, {}).get("name") == device.name):
+    if calibrated_on(backend, device, cal):  # calibration describes this machine's devices only
         for key in (_key(backend, device.kind, precision), _key(backend, device.kind, "fp32")):
             if key in entries:
                 return Factors.from_dict(entries[key])
     return DEFAULTS.get(device.kind, DEFAULTS["gpu"])
+
+
+def calibrated_on(backend: str, device: DeviceSpec, calibration: dict[str, Any] | None = None) -> bool:
+    """Whether ``backend`` was calibrated on ``device``: this machine's CPU, or the library device that
+    ``sdrt selftest --calibrate --device`` measured (``factors_for`` then returns measured factors)."""
+    cal = calibration if calibration is not None else load_calibration()
+    if not is_calibrated(backend, device.kind, cal):
+        return False
+    return device.source.startswith("sdrt.hardware.detect") or (
+        device.kind != "cpu" and (cal.get("devices") or {}).get(device.kind, {}).get("name") == device.name)
 
 
 def calibrated_precisions(backend: str, kind: str = "cpu", calibration: dict[str, Any] | None = None) -> set[str]:

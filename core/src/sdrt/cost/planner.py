@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import SdrtError
 from .devices import DeviceSpec
-from .model import Factors, calibrated_precisions, factors_for, load_calibration, predict
+from .model import Factors, calibrated_on, calibrated_precisions, factors_for, load_calibration, predict
 from .nodes import GraphCost, graph_costs
 from .shapes import single_file_shapes
 
@@ -41,11 +41,16 @@ PCIE_BYTES_PER_S = 12e9  # PCIe 4.0 x16, as achieved
 DISK_BYTES_PER_S = 2e9  # NVMe read of a part's weights
 
 
+#: the NVIDIA architectures TensorRT-RTX builds for (RTX GPUs: compute 7.5, 8.x, 12.x); not the data-centre Hopper
+TRT_RTX_ARCHS = frozenset({"turing", "ampere", "ada", "blackwell"})
+
+
 def backends_for(device: DeviceSpec) -> list[str]:
     """The sdrt backends that can run on a device of this vendor and kind."""
     if device.kind == "cpu":
         return ["openvino", "ggml"] if device.vendor in ("intel", "amd") else ["ggml"]
-    return {"nvidia": ["trt", "ggml"], "amd": ["migraphx", "ggml"] if device.kind != "npu" else [],
+    nvidia = ["trt", "ggml"] if device.extra.get("arch", "ampere") in TRT_RTX_ARCHS else ["ggml"]
+    return {"nvidia": nvidia, "amd": ["migraphx", "ggml"] if device.kind != "npu" else [],
             "intel": ["openvino", "ggml"] if device.kind != "npu" else ["openvino"],
             "apple": ["coreml", "ggml"]}.get(device.vendor, ["ggml"])
 
@@ -63,6 +68,9 @@ def precisions_for(backend: str, device: DeviceSpec, calibration: dict[str, Any]
                 backend, "cpu", calibration):
             keep.add("bf16")
         out = [p for p in out if p in keep] or ["fp32"]
+    elif calibrated_on(backend, device, calibration):  # a GPU calibrated here: the precisions it was measured at
+        # (fp32's factors would price fp16 at the tensor cores' peak, which ggml's CUDA build does not reach)
+        out = [p for p in out if p in calibrated_precisions(backend, device.kind, calibration)] or out
     return out
 
 
