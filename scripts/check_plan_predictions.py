@@ -102,13 +102,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     SD15 = args.sd15
     PRECISION = args.precision
-    from sdrt.cost.calibrate import features, measure
+    from sdrt.cost.calibrate import features, measure, quiet_for
     from sdrt.cost.devices import for_runtime, this_cpu
     from sdrt.cost.model import activation_scale, factors_for, load_calibration, predict
     from sdrt.cost.nodes import graph_costs
     from sdrt.graph import Graph
 
     cpu = this_cpu()
+    if args.device and len(args.backend) != 1:
+        ap.error("--device names one backend's device: pass that backend with --backend (one)")
+    if args.spec and not args.from_json:
+        ap.error("--spec predicts stored rows (--from-json) on a library device; to measure, pass --device")
     if args.spec:  # re-predicting stored rows of another machine's device
         from sdrt.cost.devices import find
 
@@ -116,7 +120,7 @@ def main(argv=None) -> int:
     elif args.device:  # the library spec of the backends' device (one device id for all of them)
         from sdrt.runtime import select
 
-        cpu = for_runtime(select((args.backend or ["ggml"])[0], args.device)[1])
+        cpu = for_runtime(select(args.backend[0], args.device)[1])
         print(f"device {args.device}: {cpu.name}", flush=True)
     cal = load_calibration()
     rows = []
@@ -149,7 +153,8 @@ def main(argv=None) -> int:
                         o = stored[key]
                         m = {"robust_ms": o["robust_ms"], "median_ms": o["measured_ms"], "times_ms": o["times_ms"],
                              "peak_rss": o["measured_process_peak"], "peak_bytes": o["measured_peak"],
-                             "compile_peak_rss": o.get("measured_compile_peak"), "memory": o.get("memory"),
+                             "compile_peak_rss": o.get("measured_compile_peak"), "memory": o.get("memory") or "process",
+                             "placement": o.get("placement"), "host_peak_rss": o.get("host_peak_rss"),
                              "run_peak_rss": o.get("measured_run_peak"), "compiled_rss": o.get("measured_compiled"),
                              "busy_before": o.get("busy_before"), "slow_before": o.get("slow_before")}
                         pass_no = o.get("pass", 1)
@@ -157,7 +162,7 @@ def main(argv=None) -> int:
                         try:
                             m = measure(path, feeds, be, repeats=args.repeats, options={"precision": PRECISION},
                                         budget_s=args.budget, shapes=pin, device=args.device,
-                                        quiet_s=5.0 if cpu.kind == "cpu" else 0.0)
+                                        quiet_s=quiet_for(cpu))
                         except Exception as exc:  # noqa: BLE001 - report it, keep going
                             best.setdefault(key, {"group": group, "part": name, "backend": be,
                                                   "error": str(exc)[-300:]})

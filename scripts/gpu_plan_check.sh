@@ -16,8 +16,10 @@ mkdir -p "$out"
 export SDRT_CACHE_DIR=${SDRT_CACHE_DIR:-$(mktemp -d)} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 stamp() { echo "[$(date +%H:%M:%S)] $*"; }
-# DEADLINE (epoch seconds): each step gets a share of the time left when it starts
-left() { echo $(( ${DEADLINE:-$(( $(date +%s) + 3600 ))} - $(date +%s) )); }
+# DEADLINE (epoch seconds; default an hour from now): each step gets a share of the time left when it starts, 1 s at least
+DEADLINE=${DEADLINE:-$(( $(date +%s) + 3600 ))}
+left() { local l=$(( DEADLINE - $(date +%s) )); echo $(( l > 1 ? l : 1 )); }
+share() { local t=$(( $(left) * $1 / 100 )); echo $(( t > 1 ? t : 1 )); }
 
 stamp "sdrt info"
 $py -m sdrt info 2>&1 | tee "$out/info.txt" | grep -i -E "ggml|$dev" || { stamp "sdrt info failed"; exit 1; }
@@ -31,7 +33,7 @@ if [ -n "${SD15_GRAPHS:-}" ]; then
 fi
 
 stamp "calibrating ggml on $dev"
-timeout "$(( $(left) * 45 / 100 ))" $py -m sdrt selftest --calibrate --backend ggml --device "$dev" --passes "${PASSES:-1}" \
+timeout "$(share 45)" $py -m sdrt selftest --calibrate --backend ggml --device "$dev" --passes "${PASSES:-1}" \
     --report "$out/calibration.json" > "$out/calibrate.log" 2>&1
 rc=$?
 tail -5 "$out/calibrate.log"
@@ -41,7 +43,7 @@ cp "$SDRT_CACHE_DIR/calibration/calibration.json" "$out/stored-calibration.json"
 stamp "checking the predictions on $dev"
 args=(--backend ggml --device "$dev" --passes "${PASSES:-1}" --json "$out/check.json")
 [ -n "$sd15" ] && args+=(--sd15 "$sd15")
-timeout "$(( $(left) * ${CHECK_SHARE:-100} / 100 ))" $py "$here/scripts/check_plan_predictions.py" "${args[@]}" 2>&1 | tee "$out/check.log"
+timeout "$(share "${CHECK_SHARE:-100}")" $py "$here/scripts/check_plan_predictions.py" "${args[@]}" 2>&1 | tee "$out/check.log"
 if [ "${FP16:-0}" = 1 ] && [ -n "$sd15" ] && [ "$(left)" -gt 30 ]; then  # the SD 1.5 parts' time at fp16 beside fp32's (measured;
     stamp "SD 1.5 at fp16"                                   # predicted from the fp32 factors)
     timeout "$(left)" $py "$here/scripts/check_plan_predictions.py" --backend ggml --device "$dev" --passes 1 \

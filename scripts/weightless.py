@@ -68,12 +68,26 @@ def pack(src: Path, dst: Path, keep_below: int) -> None:
         print(f"{out}: {out.stat().st_size / 2**20:.1f} MiB graph, {moved} weights ({offset / 2**20:.0f} MiB) to fill")
 
 
+def _fan_in_axes(graph) -> dict[str, tuple[int, ...]]:
+    """The axes of each weight that its node sums over: a MatMul's B (in, out) its first, a Gemm's B its first or
+    (transB) its second; any other weight (a Conv's kernel (out, in, kh, kw)) all but its first."""
+    out: dict[str, tuple[int, ...]] = {}
+    for n in graph.node:
+        if n.op_type == "MatMul" and len(n.input) > 1:
+            out[n.input[1]] = (-2,)
+        elif n.op_type == "Gemm" and len(n.input) > 1:
+            trans = next((a.i for a in n.attribute if a.name == "transB"), 0)
+            out[n.input[1]] = (1,) if trans else (0,)
+    return out
+
+
 def fill(folder: Path, seed: int) -> None:
     import onnx
     from onnx.external_data_helper import uses_external_data
 
     for path in _graphs(folder):
         model = onnx.load(str(path), load_external_data=False)
+        fan_in = _fan_in_axes(model.graph)
         files: dict[str, list] = {}
         for t in model.graph.initializer:
             if uses_external_data(t):
@@ -84,7 +98,8 @@ def fill(folder: Path, seed: int) -> None:
             with open(target, "wb") as f:
                 for t, offset, length in sorted(tensors, key=lambda x: x[1]):
                     shape = tuple(t.dims)
-                    fan = int(np.prod(shape[1:])) if len(shape) > 1 else max(1, int(np.prod(shape)))
+                    axes = fan_in.get(t.name, tuple(range(1, len(shape))) if len(shape) > 1 else (0,))
+                    fan = max(1, int(np.prod([shape[a] for a in axes])))
                     rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
                     values = rng.standard_normal(int(np.prod(shape)), dtype=np.float32) / np.sqrt(fan)
                     if t.data_type == 16:  # bfloat16: the upper half of each float32

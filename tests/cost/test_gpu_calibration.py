@@ -33,6 +33,9 @@ def gpu(name: str, gib: float, kind: str = "gpu") -> Device:
     ("NVIDIA GeForce RTX 4070 Ti SUPER", 16, "RTX 4070 Ti SUPER 16GB"),
     ("AMD Radeon RX 7900 XTX", 24, "RX 7900 XTX 24GB"),
     ("Intel(R) Arc(TM) A770 Graphics", 16, "Arc A770 16GB"),
+    ("NVIDIA GeForce RTX 3060 Ti", 0, "RTX 3060 Ti 8GB"),  # no memory reported: the variant word decides
+    ("AMD Radeon RX 9070 XT", 16, "RX 9070 XT 16GB"),
+    ("AMD Radeon RX 9070", 16, "RX 9070 16GB"),
 ])
 def test_a_listed_gpu_is_its_library_entry(name, gib, want):
     assert devices.for_runtime(gpu(name, gib)).name == want
@@ -40,8 +43,14 @@ def test_a_listed_gpu_is_its_library_entry(name, gib, want):
 
 def test_a_cpu_is_this_cpu_and_an_unknown_gpu_is_refused():
     assert devices.for_runtime(Device(backend="ggml", id="CPU", kind="cpu")) is devices.this_cpu()
-    with pytest.raises(SdrtError, match=r"no entry for CUDA0 \(Voodoo 5 6000\).*make_device_library"):
+    with pytest.raises(SdrtError, match=r"no entry for CUDA0 \(Voodoo 5 6000\).*share `sdrt selftest --report"):
         devices.for_runtime(gpu("Voodoo 5 6000", 0.1))
+    # another product of a model number the library holds is not that entry
+    for name, gib in [("NVIDIA GeForce RTX 4070 Ti", 12), ("NVIDIA GeForce RTX 4070 SUPER", 12),
+                      ("NVIDIA GeForce RTX 3080 Ti", 12),
+                      ("NVIDIA GeForce RTX 4060 Laptop GPU", 8)]:
+        with pytest.raises(SdrtError, match="holds no entry"):
+            devices.for_runtime(gpu(name, gib))
 
 
 def test_the_h200_entry_holds_the_datasheet_rates():

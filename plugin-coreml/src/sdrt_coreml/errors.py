@@ -14,8 +14,6 @@ class CoreMLError(SdrtError):
     """coremltools refused a program, or Core ML refused a package."""
 
 
-
-
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0][:300] if text else type(exc).__name__)

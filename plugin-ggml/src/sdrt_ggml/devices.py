@@ -87,7 +87,8 @@ def list_devices() -> list[Device]:
 CPU_BF16_FASTER = True
 #: the same for GPUs (fp16). Measured on a lent H200 (ggml's CUDA build, docs/plan.md "On a GPU"): fp16 took 0.70-1.38 x
 #: fp32's time per call on SD 1.5's parts (the UNet at 128 px faster, at 256 px 1.26 x slower; the text encoder and the
-#: VAE decoder 1.12-1.38 x slower), so a GPU keeps float32 by default; fp16 held 1.5 GiB less of the UNet's memory
+#: VAE decoder 1.12-1.38 x slower: ggml's CUDA build runs float32 matmuls as TF32 on the tensor cores already), so a
+#: GPU keeps float32 by default; fp16 held 1.5 GiB less of the UNet's memory
 GPU_FP16_FASTER = False
 
 

@@ -377,7 +377,8 @@ def match_attention(lowering: Any, node: Any) -> list[Value] | None:
     g.ggml_flash_attn_ext_set_prec(y, g.GGML_PREC_F32)
     if lowering.device_backend is not None and not g.ggml_backend_supports_op(lowering.device_backend, y):
         # the device's flash attention does not take this one (CUDA's: head dims 40-256 but not 160, SD 1.5's deepest
-        # blocks): lowered the plain way it stays on the device, where ggml's scheduler would run it on the CPU
+        # blocks): lowered the plain way it stays on the device, where ggml's scheduler would run it on the CPU (the
+        # nodes made for the question stay unused in the context; a mask constant made for it stays in the weights)
         return None
     if dvp != dv:
         nb = y.contents.nb

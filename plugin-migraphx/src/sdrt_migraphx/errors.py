@@ -9,8 +9,6 @@ class MIGraphXError(SdrtError):
     """MIGraphX failed while parsing, compiling, loading or running a program."""
 
 
-
-
 def first_lines(exc: BaseException, limit: int = 3) -> str:
     """The informative lines of a MIGraphX exception, on one line.
 

@@ -24,7 +24,6 @@ HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT", "cumulative_throughpu
 KNOWN = ("precision", "performance_hint", "threads", "swappable")
 
 
-
 @dataclass(frozen=True)
 class Options:
     precision: str = "f32"

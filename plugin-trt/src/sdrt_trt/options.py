@@ -32,7 +32,6 @@ REFIT = ("auto", "full", "identical", "none")
 KNOWN = ("precision", "shapes", "profiles", "refit", "engine")
 
 
-
 @dataclass(frozen=True)
 class Options:
     precision: str = "fp16"

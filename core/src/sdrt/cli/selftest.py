@@ -56,12 +56,20 @@ def _calibrate(args: argparse.Namespace) -> int:
     entries: dict[str, dict[str, Any]] = {}  # by device name: "backend/kind/precision" -> factors
     specs: dict[str, Any] = {}
     measured = {}
+    reasons: list[SdrtError] = []
     for name in names:
         try:
             be, dev = select(name, args.device)
+            if dev.kind != "cpu" and not args.device:
+                raise SdrtError(f"its device here is {dev.id} ({dev.name}), a {dev.kind}",
+                                fix=f"pass --device {dev.id} to calibrate it there")
+            if dev.kind != "cpu" and be.memory_in_use(dev) is None:
+                raise SdrtError(f"the {name} backend cannot tell how much of {dev.id}'s memory is in use",
+                                where="--device", fix="calibrate another backend on it, or its CPU")
             spec = cpu if dev.kind == "cpu" else for_runtime(dev)  # a GPU's peak rates come from the library
         except SdrtError as exc:
             print(f"{name}: not calibrated: {exc}", file=sys.stderr)
+            reasons.append(exc)
             continue
         if name == "reference":
             continue
@@ -78,6 +86,10 @@ def _calibrate(args: argparse.Namespace) -> int:
             measured[key if prec == "fp32" else f"{key}/{prec}"] = rows
             _summary(name, dev.id, prec, factors)
     if not any(entries.values()):
+        from ..errors import NoDeviceError
+
+        if len(reasons) == 1 and not isinstance(reasons[0], NoDeviceError):
+            raise reasons[0]  # the one backend's own reason (a GPU the device library lacks, say)
         raise SdrtError("nothing calibrated: " + (f"no installed backend has device {args.device!r}" if args.device else
                                                   "no installed backend could be calibrated here"),
                         where="--device" if args.device else "--backend",
@@ -121,7 +133,7 @@ def _precisions(be: Any, dev: Any = None) -> list[tuple[str, int]]:
 
 def _summary(name: str, dev_id: str, prec: str, factors: Any) -> None:
     eff = ", ".join(f"{k} {v:.2f}" for k, v in factors.efficiency.items())
-    node_us = 1e6 * max(factors.overhead_s.values(), default=0.0)
+    node_us = 1e6 * max((v for k, v in factors.overhead_s.items() if k != "int"), default=0.0)  # the costliest class
     print(f"{name} on {dev_id} ({prec}): FLOPs efficiency {eff}; {1e6 * factors.call_s:.0f} us per call, {node_us:.1f} us"
           f" per node; traffic at {factors.bandwidth_bytes_per_s / 1e9:.1f} GB/s x activations"
           f" {factors.bandwidth_efficiency:.2f}, data {factors.data_bandwidth_efficiency:.2f}, weights"

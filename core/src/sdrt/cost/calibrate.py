@@ -477,6 +477,12 @@ def wait_fast(max_wait_s: float = 20.0, slack: float = 1.15) -> tuple[float, flo
         time.sleep(0.5)
 
 
+def quiet_for(device: DeviceSpec) -> float:
+    """``measure``'s ``quiet_s`` on ``device``: the waits for idle CPUs guard a CPU's timings; a GPU's are taken
+    without them."""
+    return 5.0 if device.kind == "cpu" else 0.0
+
+
 def measure(path: Path, feeds: dict[str, np.ndarray], backend: str, *, repeats: int = 7, warmup: int = 2,
             device: str | None = None, timeout: float = 600.0, options: dict[str, Any] | None = None,
             budget_s: float | None = None, quiet_s: float = 5.0,
@@ -751,8 +757,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
     fitted efficiencies carry what it reaches); on a CPU the unit is a measured copy."""
     dev = device or this_cpu()
     bw = measure_bandwidth() if dev.kind == "cpu" else dev.bandwidth_bytes_per_s
-    # the waits for idle CPUs before each measurement guard a CPU's timings; a GPU's are taken without them
-    quiet = 5.0 if dev.kind == "cpu" else 0.0
+    quiet = quiet_for(dev)
     peak = dev.peak(precision)
     scale = case_activation_scale(backend, precision)
     rows: dict[str, dict[str, Any]] = {}
@@ -1083,8 +1088,9 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
         # launches; ``features``' transfers): a time class (conv1x1, groupnorm) falls back to its op class's
         over = {k: c.get(f"nodes_{k}", 0.0) / 1000.0 for k in NODE_CLASSES}
     over["int"] = c.get("int_nodes", c.get("nodes", 0.0)) / 1000.0  # integer work (on the host, for some runtimes)
-    for k in ("attention", "softmax"):  # attention's matmuls and softmax: a fused attention's fixed cost on top
-        over[k] = over.get(k, over.get("attention", 0.0)) + c.get("attn_nodes", 0.0) / 1000.0
+    base = dict(over)  # attention's matmuls and softmax: a fused attention's fixed cost on top of their class's
+    for k in ("attention", "softmax"):
+        over[k] = base.get(k, base.get("attention", 0.0)) + c.get("attn_nodes", 0.0) / 1000.0
     mem = _fit_memory(rows, relayout=backend in RELAYOUT_BACKENDS)
     fused = c.get("fused_ms", 0.0)
     # what pinning a part's shapes first adds (the one-node case measured again pinned, where the calibration did)

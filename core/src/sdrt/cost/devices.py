@@ -100,6 +100,9 @@ def find(name: str) -> DeviceSpec:
 _VENDOR_WORDS = frozenset({"nvidia", "geforce", "amd", "radeon", "intel", "apple", "graphics", "gpu"})
 #: words of a library name that tell apart boards of one chip rather than name the chip
 _BOARD_WORDS = frozenset({"sxm", "pcie"})
+#: words that make another product of a model number ("RTX 4070 Ti", "RX 9070 XT", "RTX 4060 Laptop GPU"): a device
+#: whose name has one is never an entry without it
+_VARIANT_WORDS = frozenset({"ti", "super", "xt", "xtx", "gre", "laptop", "mobile", "max", "pro", "ultra", "nvl"})
 
 
 def _tokens(name: str) -> list[str]:
@@ -125,17 +128,17 @@ def for_runtime(device: Any) -> DeviceSpec:
     hits = []
     for d in library():
         model = [t for t in _tokens(d.name) if not re.fullmatch(r"\d+gb", t) and t not in _BOARD_WORDS]
-        if d.kind == device.kind and model and set(model) <= have:
-            hits.append(d)
+        if d.kind == device.kind and model and set(model) <= have and (have & _VARIANT_WORDS) <= set(model):
+            hits.append((len(model), d))
     if not hits:
-        raise SdrtError(f"the device library holds no entry for {device.id} ({device.name})",
-                        where="the device library (sdrt/data/devices.json)",
-                        fix="add the device to scripts/make_device_library.py (its datasheet's peak rates, memory and "
-                            "bandwidth) and run it")
+        raise SdrtError(f"the device library holds no entry for {device.id} ({device.name}), so its peak rates are "
+                        "unknown", where="the device library (sdrt/data/devices.json)",
+                        fix="share `sdrt selftest --report r.json` from it so that the library can add it; `sdrt plan` "
+                            "plans its kind's default efficiencies meanwhile")
     mem = device.memory_bytes or 0
-    # nearest memory; then the board the name says ("H100 PCIe"), then the library's order
-    return min(hits, key=lambda d: (abs(d.memory_bytes - mem) // 2**30 if mem else 0,
-                                    not (set(_tokens(d.name)) & _BOARD_WORDS & have)))
+    # the most model words; then the nearest memory; then the board the name says ("H100 PCIe"); then the library's order
+    return min(hits, key=lambda h: (-h[0], abs(h[1].memory_bytes - mem) // 2**30 if mem else 0,
+                                    not (set(_tokens(h[1].name)) & _BOARD_WORDS & have)))[1]
 
 
 def _clock_ghz() -> float:

@@ -813,7 +813,7 @@ def _check_options(be: Any, dev: Any, options: Mapping[str, Any]) -> None:
 
     try:
         be.check_options({k: v for k, v in options.items() if k not in _PIPELINE_OPTIONS}, dev)
-    except UnknownOptions as exc:  # a known option with a bad value: the backend's own error, now, not at generate
+    except UnknownOptions as exc:  # (a known option with a bad value passes through: the backend's own error, now)
         theirs = [*exc.known, *(("cache", "cache_dir") if be.caches else ())]
         hints = []
         for name in exc.unknown:
