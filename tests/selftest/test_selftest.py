@@ -140,3 +140,24 @@ def test_openvino_passes_at_its_own_default_precision(monkeypatch, tmp_path):
     (backend,) = rep["backends"]
     bad = [(c["group"], c["name"], c.get("message")) for c in backend["checks"] if c["status"] != "passed"]
     assert backend["checks"] and not bad, bad
+
+
+@pytest.mark.parametrize("argv", [["selftest", "--quick"], ["conformance", "reference", "-k", "Relu"]])
+def test_a_plugin_module_that_raises_on_import_is_one_line(tmp_path, monkeypatch, capsys, argv):
+    """--plugin-module naming a module whose import raises: one line quoting its error, in the flag's words (it was a
+    child's traceback under "listing backends failed" advising SDRT_DISABLE_PLUGINS, and a traceback of sdrt
+    conformance itself)."""
+    import sys
+
+    from sdrt.cli import main
+
+    (tmp_path / "raises_on_import.py").write_text('raise RuntimeError("boom at import")\n')
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main([*argv, "--plugin-module", "raises_on_import"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("error: --plugin-module: importing 'raises_on_import' failed: RuntimeError: boom at import. "
+                       "Where: --plugin-module. What to do: run `python -c \"import raises_on_import\"` to see the "
+                       "traceback, and fix the module."), err
+    assert "Traceback" not in "\n".join(err)
+    sys.modules.pop("raises_on_import", None)

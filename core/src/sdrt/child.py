@@ -39,15 +39,25 @@ def plugin_registry(plugin_modules: Sequence[str]) -> Registry:
     reg = get_registry()
     owners = md.packages_distributions() if plugin_modules else {}
     for name in plugin_modules:
-        module = importlib.import_module(name)
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - the plugin's own error, in one line
+            from .errors import InputError
+
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise InputError(f"{{@plugin_modules}}: importing {name!r} failed: {type(exc).__name__}: {first}",
+                             where="plugin_modules",
+                             fix=f'run `python -c "import {name}"` to see the traceback, and fix the module') from exc
         dists = owners.get(name.split(".", 1)[0]) or [None]
         reg.register_plugin(module, name.rsplit(".", 1)[-1], distribution=dists[0], version=_version(dists[0]))
     return reg
 
 
-def check_plugin_modules(plugin_modules: Sequence[str]) -> None:
+def check_plugin_modules(plugin_modules: Sequence[str], try_import: bool = False) -> None:
     """An InputError naming ``plugin_modules`` for a module that cannot be found, checked in the parent
-    (``importlib.util.find_spec``: nothing is imported) before any child starts."""
+    (``importlib.util.find_spec``: nothing is imported here) before any child starts; with ``try_import``, also for
+    one whose import fails, tried in a child process of its own (a plugin's import may crash), the error's last line
+    quoted (rather than a child's traceback under "listing backends failed")."""
     import importlib.machinery
     import importlib.util
 
@@ -67,6 +77,28 @@ def check_plugin_modules(plugin_modules: Sequence[str]) -> None:
                              where="plugin_modules",
                              fix="pass the module's import name (as in `import NAME`), with its folder on "
                                  "PYTHONPATH or its package installed in this Python")
+        if try_import:
+            _try_import(name)
+
+
+def _try_import(name: str, timeout: float = 120.0) -> None:
+    """Import the plugin module ``name`` in a child process; an InputError quoting its error when that fails."""
+    import subprocess
+    import sys
+
+    from .errors import InputError
+
+    code = f"import importlib; importlib.import_module({name!r})"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"{{@plugin_modules}}: importing {name!r} did not finish in {timeout:.0f} s",
+                         where="plugin_modules", fix=f'run `python -c "import {name}"` to see where it hangs') from None
+    if proc.returncode != 0:
+        last = next((ln.strip() for ln in reversed(proc.stderr.splitlines()) if ln.strip()), exit_text(proc.returncode))
+        raise InputError(f"{{@plugin_modules}}: importing {name!r} failed: {last[:300]}", where="plugin_modules",
+                         fix=f'run `python -c "import {name}"` to see the traceback, and fix the module')
 
 
 def _version(distribution: str | None) -> str | None:

@@ -121,7 +121,7 @@ def run(backends: Sequence[str] | None = None, device: str | None = None, *, qui
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
         raise InputError(f"{{@timeout=}}{timeout:g} is not a number of seconds above 0", where="timeout",
                          fix=f"pass {{@timeout=}}{TIMEOUT['quick' if quick else 'full']:.0f} (the default) or more")
-    check_plugin_modules(plugin_modules)
+    check_plugin_modules(plugin_modules, try_import=True)
     listing = list_targets(list(backends or []), device, plugin_modules, first_only=quick and device is None)
     installed = listing.get("installed", [])
     unknown = [u["backend"] for u in listing["unavailable"] if u["reason"] == "not installed"]
