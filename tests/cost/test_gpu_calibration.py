@@ -213,3 +213,30 @@ def test_plans_for_a_data_centre_gpu_and_a_calibrated_one(tmp_path, monkeypatch)
     save_calibration({"ggml/gpu/fp32": Factors({"matmul": 0.5}, {"matmul": 1e-5}, 1.0, 1.0, 1e8, True)}, h200.to_dict())
     assert precisions_for("ggml", h200) == ["fp32"]
     assert "fp16" in precisions_for("ggml", devices.find("H100 SXM"))  # another GPU: not this calibration's
+
+
+def test_a_dense_convs_im2col_buffer_is_costed():
+    """ggml's GPU convs run through im2col: a 3x3 conv's unfolded input (N x Ho x Wo x Cin x 9) is traffic and, for the
+    largest, memory on a GPU calibrated for it; a 1x1 and a depthwise conv have none."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from sdrt.cost.model import memory_phases
+    from sdrt.cost.nodes import graph_costs
+    from sdrt.graph import Graph
+
+    w3 = numpy_helper.from_array(np.zeros((16, 8, 3, 3), np.float32), "w3")
+    w1 = numpy_helper.from_array(np.zeros((16, 16, 1, 1), np.float32), "w1")
+    wd = numpy_helper.from_array(np.zeros((16, 1, 3, 3), np.float32), "wd")
+    nodes = [helper.make_node("Conv", ["x", "w3"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["a", "w1"], ["b"]),
+             helper.make_node("Conv", ["b", "wd"], ["y"], pads=[1, 1, 1, 1], group=16)]
+    g = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 32, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 32, 32])], [w3, w1, wd])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    cost = graph_costs(Graph(model), {"x": (2, 8, 32, 32)})
+    want = 2 * 32 * 32 * 8 * 9 * 4.0  # N x Ho x Wo x Cin x kh x kw float32
+    assert [n.im2col_bytes for n in cost.nodes] == [want, 0.0, 0.0]
+    assert cost.im2col_bytes == cost.largest_im2col_bytes == want
+    plain = Factors({}, {}, 1.0, 1.0, 0.0, True, compile_weight_factor=1.0)
+    gpu = Factors({}, {}, 1.0, 1.0, 0.0, True, compile_weight_factor=1.0, im2col_memory_factor=1.0)
+    assert memory_phases(cost, gpu)[1] - memory_phases(cost, plain)[1] == pytest.approx(want)

@@ -645,7 +645,10 @@ TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "rela
 #: ``transfers``): a GPU runtime launches kernels per node, as many as the op class takes (ggml on CUDA: a conv is an
 #: im2col, a matmul and a bias add; a transpose a copy), where a CPU runtime's fixed cost per node is one figure
 NODE_CLASSES = ("matmul", "conv", "attention", "norm", "elementwise", "data")
-TERMS += tuple(f"nodes_{c}" for c in NODE_CLASSES)
+TERMS += tuple(f"nodes_{c}" for c in NODE_CLASSES) + ("im2col_ms",)
+#: backends that convolve through im2col on a GPU (ggml: ``ggml_conv_2d``), whose buffer the GPU holds beside the
+#: activations (``Factors.im2col_memory_factor``)
+IM2COL_GPU_BACKENDS = frozenset({"ggml"})
 
 
 def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act_scale: float = 1.0,
@@ -674,6 +677,8 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
     out["shape_nodes"] = 0.0 if pinned else float(getattr(cost, "dynamic_shape_nodes", 0))
     if transfers or getattr(cost, "precision", "fp32") != "fp32":  # inputs and outputs copied or converted each call
         out["io_ms"] = 1000 * float(getattr(cost, "io_bytes", 0.0)) / bandwidth
+    if transfers:  # a GPU runtime's convs through im2col: the unfolded input written, then read by the matmul
+        out["im2col_ms"] = 1000 * 2 * float(getattr(cost, "im2col_bytes", 0.0)) / bandwidth
     for n in cost.nodes:
         if n.op_class == "view":
             continue
@@ -826,7 +831,9 @@ def fit_precision(rows: list[dict[str, Any]], bandwidth: float, backend: str, pr
     act32 = float32_activations(backend, precision)
     held = held_terms(reference, device.peak(precision), device.peak("fp32")) if act32 else {}
     f = fit(rows, bandwidth, backend, float32_activations=act32, held=held, tail32=float32_tail(backend, precision))
-    return dataclasses.replace(f, host_transfers=device.kind != "cpu")
+    gpu = device.kind != "cpu"
+    return dataclasses.replace(f, host_transfers=gpu, im2col_memory_factor=1.0 if gpu and backend in IM2COL_GPU_BACKENDS
+                               else 0.0)
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -1102,6 +1109,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
                    data_bandwidth_efficiency=_inv(c.get("data_ms")),
                    relayout_bandwidth_efficiency=_inv(c.get("relayout_ms")),
                    io_bandwidth_efficiency=_inv(c.get("io_ms")),
+                   im2col_bandwidth_efficiency=_inv(c.get("im2col_ms")) if "im2col_ms" in c else None,
                    relayout_narrow_bandwidth_efficiency=_inv(c.get("relayout_narrow_ms")),
                    conv_bandwidth_efficiency=_inv(c.get("conv_act_ms")),
                    attention_bandwidth_efficiency=_inv(c.get("attn_act_ms")) if "attn_act_ms" in c else None,

@@ -73,6 +73,12 @@ class Factors:
     #: calibrated on a device with memory of its own (a GPU): the graph's inputs and outputs cross between the host's
     #: memory and the device's every call, at any precision (``io_bandwidth_efficiency`` is then that copy's)
     host_transfers: bool = False
+    #: calibrated on a GPU: the traffic of dense convs run through im2col (``GraphCost.im2col_bytes``, written and read);
+    #: None: no such cost
+    im2col_bandwidth_efficiency: float | None = None
+    #: the memory a GPU runtime that convolves through im2col holds for the largest conv's buffer
+    #: (``GraphCost.largest_im2col_bytes``; 1 for ggml on a GPU, whose compute buffer holds it beside the activations)
+    im2col_memory_factor: float = 0.0
     #: calibrated: activation traffic of attention's matmuls and softmax (the scores); None: ``bandwidth_efficiency``
     attention_bandwidth_efficiency: float | None = None
     #: calibrated: activation traffic of convs (a conv over few channels pays per pixel, not per FLOP)
@@ -407,6 +413,9 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     io_eff = f.io_bandwidth_efficiency
     if io_eff and io_eff < 100.0 and (precision != "fp32" or f.host_transfers):
         by["io"] = getattr(cost, "io_bytes", 0.0) / (bw * io_eff)
+    im2col_eff = f.im2col_bandwidth_efficiency
+    if im2col_eff and im2col_eff < 100.0 and getattr(cost, "im2col_bytes", 0.0):
+        by["im2col"] = 2 * cost.im2col_bytes / (bw * im2col_eff)
     conversions = tail_conversions(cost, precision, f)
     if conversions:  # the float32 tail's conversions: a node each (their traffic, a copy in cache, left out)
         by["convert"] = conversions * f.overhead_s.get("data", 0.0)
@@ -482,7 +491,8 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     if f.compile_weight_factor is None:  # one phase: weights, transients and activations add
         peak = run_w + transient + f.activation_factor * live + nodes + f.base_bytes
         return peak, peak, run_w + nodes
-    run_peak = run_w + f.output_factor * outputs + nodes + f.base_bytes + (
+    run_peak = run_w + f.output_factor * outputs + nodes + f.base_bytes + f.im2col_memory_factor * getattr(
+        cost, "largest_im2col_bytes", 0.0) + (
         f.retained_factor * getattr(cost, "small_weight_bytes", 0.0)) + (
         pick(f.dynamic_relayout_memory_factor, 0.0) * scale * getattr(cost, "largest_relayout_bytes", 0.0)) + (
         f.activation_factor * max(0.0, live - inputs))

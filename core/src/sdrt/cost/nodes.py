@@ -95,6 +95,9 @@ class NodeCost:
     #: an attention's softmax: its rows (one per query, head and image), each a fused attention kernel's fixed work (the
     #: row's max, sum and scaling, the output row's store), whatever the row's length; 0 for other nodes
     rows: int = 0
+    #: a dense conv wider than 1x1 run as im2col + matmul (ggml's GPU backends): the unfolded input it writes and its
+    #: matmul reads, N x Ho x Wo x Cin x kh x kw activations; 0 for other nodes
+    im2col_bytes: float = 0.0
 
     @property
     def timed_flops(self) -> float:
@@ -170,6 +173,10 @@ class GraphCost:
     #: at a half precision, ``peak_activation_bytes_inplace`` with the values of the graph's tail held float32
     #: (``float32_tail_values``: what a runtime that keeps the tail float32 holds); None: as ``peak_activation_bytes_inplace``
     peak_activation_bytes_tail: float | None = None
+    #: the dense convs' im2col buffers (``NodeCost.im2col_bytes``): their sum (traffic) and the largest (memory: a runtime
+    #: that convolves through im2col holds one at a time, beside the activations)
+    im2col_bytes: float = 0.0
+    largest_im2col_bytes: float = 0.0
     #: at a half precision, the activations that cross between the graph's float32 tail (``float32_tail_values``) and
     #: its half-precision body (``tail_crossings``): a runtime that keeps the tail float32 converts each of them with a
     #: node of its own every call (OpenVINO's runtime model of a text encoder that outputs every layer's hidden state at
@@ -320,8 +327,13 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
         if cls == "attention" and op == "MatMul" and ins and shape(ins[0]) and 0 < shape(ins[0])[-1] < MIN_DOT:
             kernel = float(flops) * MIN_DOT / shape(ins[0])[-1]  # a reduction shorter than a vector: padded to one
         rows = _prod(out_shapes[0][:-1]) if cls == "attention" and op == "Softmax" and out_shapes and out_shapes[0] else 0
+        w_shape = shape(ins[1]) if op == "Conv" and len(ins) > 1 else None
+        im2col = 0.0
+        if (w_shape and len(w_shape) > 2 and _prod(w_shape[2:]) > 1 and w_shape[0] and out_shapes and out_shapes[0]
+                and next((a.i for a in n.attribute if a.name == "group"), 1) == 1):
+            im2col = _prod(out_shapes[0]) / w_shape[0] * _prod(w_shape[1:]) * act
         nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
-                              w_read, fused, kind, batch, kernel, rows))
+                              w_read, fused, kind, batch, kernel, rows, float(im2col)))
     sizes = {name: _prod(s) * weight_elem.get(name, act) for name, s in inits.items()}
     weight_bytes = sum(sizes.values())
     tables: set[str] = set()
@@ -369,6 +381,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                      output_bytes=float(outs_b), small_weight_bytes=float(small),
                      epilogue_weight_bytes=float(epilogue_w),
                      largest_conv_bytes=float(max((sizes[k] for k in kernels if k in sizes), default=0.0)),
+                     im2col_bytes=float(sum(c.im2col_bytes for c in nodes)),
+                     largest_im2col_bytes=float(max((c.im2col_bytes for c in nodes), default=0.0)),
                      # lookup tables apart: kept as stored, never transformed or repacked (``table_bytes``)
                      largest_weight_bytes=float(max((v for k, v in sizes.items() if k not in kernels and k not in tables),
                                                     default=0.0)),
