@@ -232,3 +232,27 @@ def test_without_a_size_the_plan_takes_the_models_own():
     for model in (DEMO_SD / "unet" / "model.onnx", DEMO_SD):
         plan = make_plan(model, cpu, steps=2, backends=["openvino"])
         assert (plan.width, plan.height) == (64, 64) and plan.to_dict()["width"] == 64
+
+
+@pytest.mark.parametrize(("name", "planned", "note"), [
+    ("NVIDIA GeForce RTX 3060", "RTX 3060 12GB", "note: planning RTX 3060 12GB, the device sdrt would run on here"),
+    ("Voodoo 5 6000", "this CPU", "which the device library does not hold: planning this CPU"),
+])
+def test_the_default_device_is_where_sdrt_would_run(capsys, monkeypatch, name, planned, note):
+    """Without --device, `sdrt plan` plans the device backend="auto" picks here (a GPU the library holds), saying so
+    on stderr; with none, or one the library lacks, this CPU. (``_auto_device`` stands for a machine with that GPU.)"""
+    from sdrt.backend import Device
+    from sdrt.cli import plan as plan_cli
+
+    gpu = Device(backend="ggml", id="CUDA0", name=name, kind="gpu", memory_bytes=12 * 2**30)
+    monkeypatch.setattr(plan_cli, "_auto_device", lambda: gpu)
+    assert main(["plan", str(DATA / "tiny-sd15"), "--width", "64", "--steps", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("SD 1.x") and f" on {planned}" in out.splitlines()[0], out
+    assert note in err
+
+
+def test_the_default_device_on_a_machine_without_a_gpu_is_this_cpu(capsys):
+    assert main(["plan", str(DATA / "tiny-sd15"), "--width", "64", "--steps", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert " on this CPU" in out.splitlines()[0] and "note:" not in err

@@ -15,9 +15,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="predict time per image and peak memory of a model on a device, and the plan "
                                     "(backend, precision, offload) to use")
     p.add_argument("model", help="a model folder (diffusers/Optimum ONNX layout) or one .onnx file")
-    p.add_argument("--device", default="cpu",
+    p.add_argument("--device", default=None,
                    help='a device of the library ("RTX 3060 12GB", "Arc A770", "Apple M2"), or "cpu" for this '
-                        "machine's CPU (default); --list-devices lists them")
+                        "machine's CPU; --list-devices lists them (default: the device sdrt would run on here, as "
+                        'backend="auto" picks it, where the library holds it; else this CPU)')
     p.add_argument("--backend", action="append", default=[], help="consider only this backend; repeatable")
     p.add_argument("--precision", action="append", default=[],
                    help="consider only this precision (fp32, fp16, bf16, int8, q8_0, q4_0, ...); repeatable")
@@ -62,10 +63,42 @@ def run(args: argparse.Namespace) -> int:
         raise SdrtError(f"unknown precision {bad[0]!r}", where="sdrt plan --precision",
                         fix=f"use some of: {', '.join(PRECISIONS)}")
     memory = parse_memory(args.memory) if args.memory else None
-    device = devices.find(args.device)
+    device = devices.find(args.device) if args.device else _here()
     # a size not given is the model's own (make_plan: a folder's as generate takes it, a lone graph's fixed size)
     plan = make_plan(args.model, device, backends=args.backend or None, precisions=precisions or None,
                      memory=memory, width=args.width, height=args.height, steps=args.steps)
     print(json.dumps(plan.to_dict(), indent=1) if args.json else plan.format())
     return 0
 
+
+
+def _here() -> Any:
+    """The device sdrt would run on here (``backend="auto"``'s pick) as a library spec, saying so on stderr where it is
+    not this CPU; this CPU where no backend offers another device or the library does not hold it."""
+    import sys
+
+    from ..cost import devices
+    from ..errors import SdrtError
+
+    try:
+        dev = _auto_device()
+    except SdrtError:
+        return devices.this_cpu()
+    if dev.kind == "cpu":
+        return devices.this_cpu()
+    try:
+        spec = devices.for_runtime(dev)
+    except SdrtError:
+        print(f"note: sdrt would run on {dev} here, which the device library does not hold: planning this CPU "
+              "(pass --device to plan another device)", file=sys.stderr)
+        return devices.this_cpu()
+    print(f"note: planning {spec.name}, the device sdrt would run on here ({dev}); --device cpu plans this CPU",
+          file=sys.stderr)
+    return spec
+
+
+def _auto_device() -> Any:
+    """The device ``backend="auto"`` picks here (``runtime.select``)."""
+    from ..runtime import select
+
+    return select("auto")[1]
