@@ -26,26 +26,26 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", action="append", default=[])
     ap.add_argument("--device", default=None, help="the library device a GPU report's measurements were taken on")
     args = ap.parse_args(argv)
-    from sdrt.cost.calibrate import case_activation_scale, case_cost, case_row, fit_precision, float32_tail
+    from sdrt.cost.calibrate import (
+        case_activation_scale,
+        case_cost,
+        case_row,
+        fit_precision,
+        float32_tail,
+        parse_report_key,
+    )
     from sdrt.cost.devices import find, this_cpu
     from sdrt.cost.model import Factors, save_calibration
 
     data = json.loads(args.report.read_text())
     measured = data["calibration_measurements"]
     entries = (data.get("calibration") or {}).get("entries", {})
-    kinds = ("gpu", "igpu", "npu")
     specs = {"cpu": this_cpu()}
     out: dict[str, dict[str, Factors]] = {}
-
-    def parse(key: str) -> tuple[str, str, str]:  # backend, device kind, precision
-        parts = key.split("/")
-        kind = parts.pop(1) if len(parts) > 1 and parts[1] in kinds else "cpu"
-        return parts[0], kind, (parts[1] if len(parts) > 1 else "fp32")
-
-    keys = sorted(measured, key=lambda k: parse(k)[2] != "fp32")  # fp32 before the half precisions
+    keys = sorted(measured, key=lambda k: parse_report_key(k)[2] != "fp32")  # fp32 before the half precisions
     with tempfile.TemporaryDirectory(prefix="sdrt-refit-") as tmp:
         for key in keys:
-            backend, kind, precision = parse(key)
+            backend, kind, precision = parse_report_key(key)
             if args.backend and backend not in args.backend:
                 continue
             if kind not in specs:

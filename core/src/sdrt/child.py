@@ -42,12 +42,8 @@ def plugin_registry(plugin_modules: Sequence[str]) -> Registry:
         try:
             module = importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - the plugin's own error, in one line
-            from .errors import InputError
-
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise InputError(f"{{@plugin_modules}}: importing {name!r} failed: {type(exc).__name__}: {first}",
-                             where="plugin_modules",
-                             fix=f'run `python -c "import {name}"` to see the traceback, and fix the module') from exc
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise _import_failed(name, f"{type(exc).__name__}: {first}") from exc
         dists = owners.get(name.split(".", 1)[0]) or [None]
         reg.register_plugin(module, name.rsplit(".", 1)[-1], distribution=dists[0], version=_version(dists[0]))
     return reg
@@ -96,9 +92,16 @@ def _try_import(name: str, timeout: float = 120.0) -> None:
         raise InputError(f"{{@plugin_modules}}: importing {name!r} did not finish in {timeout:.0f} s",
                          where="plugin_modules", fix=f'run `python -c "import {name}"` to see where it hangs') from None
     if proc.returncode != 0:
-        last = next((ln.strip() for ln in reversed(proc.stderr.splitlines()) if ln.strip()), exit_text(proc.returncode))
-        raise InputError(f"{{@plugin_modules}}: importing {name!r} failed: {last[:300]}", where="plugin_modules",
-                         fix=f'run `python -c "import {name}"` to see the traceback, and fix the module')
+        raise _import_failed(name, next((ln.strip() for ln in reversed(proc.stderr.splitlines()) if ln.strip()),
+                                        exit_text(proc.returncode)))
+
+
+def _import_failed(name: str, error: str) -> Exception:
+    """The InputError for plugin module ``name`` whose import failed with ``error`` (its last line)."""
+    from .errors import InputError
+
+    return InputError(f"{{@plugin_modules}}: importing {name!r} failed: {error[:300]}", where="plugin_modules",
+                      fix=f'run `python -c "import {name}"` to see the traceback, and fix the module')
 
 
 def _version(distribution: str | None) -> str | None:

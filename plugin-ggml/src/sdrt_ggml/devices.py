@@ -32,17 +32,22 @@ def import_ggml() -> Any:
         ) from exc
 
 
+def _memory(lib: Any, dev: Any) -> tuple[int, int]:
+    """(free, total) bytes of ggml device ``dev`` (``ggml_backend_dev_memory``; CUDA's ``cudaMemGetInfo``)."""
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return int(free.value), int(total.value)
+
+
 def memory_in_use(device_id: str) -> int | None:
-    """Bytes of the ggml device ``device_id``'s memory in use now (``ggml_backend_dev_memory``: total less free;
-    CUDA's ``cudaMemGetInfo``), or None for a device this build does not register or that reports no total."""
+    """Bytes of the ggml device ``device_id``'s memory in use now (total less free), or None for a device this build
+    does not register or that reports no total."""
     lib = import_ggml()
-    for i in range(lib.ggml_backend_dev_count()):
-        dev = lib.ggml_backend_dev_get(i)
-        if lib.ggml_backend_dev_name(dev).decode() == device_id:
-            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            return int(total.value) - int(free.value) if total.value else None
-    return None
+    dev = lib.ggml_backend_dev_by_name(device_id.encode())
+    if not dev:
+        return None
+    free, total = _memory(lib, dev)
+    return total - free if total else None
 
 
 def list_devices() -> list[Device]:
@@ -54,12 +59,11 @@ def list_devices() -> list[Device]:
         kind = _KIND.get(int(lib.ggml_backend_dev_type(dev)))
         if kind is None:
             continue
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        free, total = _memory(lib, dev)
         name = lib.ggml_backend_dev_name(dev).decode()
         reg = lib.ggml_backend_dev_backend_reg(dev)
         props: dict[str, Any] = {"ggml_backend": lib.ggml_backend_reg_name(reg).decode() if reg else "",
-                                 "free_bytes": int(free.value)}
+                                 "free_bytes": free}
         description = lib.ggml_backend_dev_description(dev).decode()
         if kind == "cpu":
             description += _cpu_gemm(lib, props)
@@ -72,7 +76,7 @@ def list_devices() -> list[Device]:
         props["precision"] = default_precision(lib, kind)
         out.append(Device(
             backend="ggml", id=name, name=description, kind=kind,
-            memory_bytes=int(total.value) or None, properties=props,
+            memory_bytes=total or None, properties=props,
         ))
     # the first device is the default for backend="ggml": real GPUs, then the CPU, then software drivers
     return sorted(out, key=lambda d: 2 if d.properties.get("software") else 1 if d.kind == "cpu" else 0)

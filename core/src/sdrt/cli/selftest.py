@@ -82,8 +82,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                                                 reference=mine.get(f"{name}/{dev.kind}/fp32"),
                                                 device_id=None if dev.kind == "cpu" else dev.id)
             mine[f"{name}/{dev.kind}/{prec}"] = factors
-            key = name if dev.kind == "cpu" else f"{name}/{dev.kind}"
-            measured[key if prec == "fp32" else f"{key}/{prec}"] = rows
+            measured[calibrate.report_key(name, dev.kind, prec)] = rows
             _summary(name, dev.id, prec, factors)
     if not any(entries.values()):
         from ..errors import NoDeviceError

@@ -477,6 +477,20 @@ def wait_fast(max_wait_s: float = 20.0, slack: float = 1.15) -> tuple[float, flo
         time.sleep(0.5)
 
 
+def report_key(backend: str, kind: str, precision: str) -> str:
+    """The key of one calibration's measurements in a self-test report (``calibration_measurements``): ``backend`` and
+    ``backend/precision`` for this CPU, ``backend/kind`` and ``backend/kind/precision`` for another device (``gpu``);
+    fp32 names no precision. ``parse_report_key`` reads it."""
+    return "/".join([backend] + ([kind] if kind != "cpu" else []) + ([precision] if precision != "fp32" else []))
+
+
+def parse_report_key(key: str) -> tuple[str, str, str]:
+    """(backend, device kind, precision) of a ``report_key``."""
+    parts = key.split("/")
+    kind = parts.pop(1) if len(parts) > 1 and parts[1] in ("gpu", "igpu", "npu") else "cpu"
+    return parts[0], kind, parts[1] if len(parts) > 1 else "fp32"
+
+
 def quiet_for(device: DeviceSpec) -> float:
     """``measure``'s ``quiet_s`` on ``device``: the waits for idle CPUs guard a CPU's timings; a GPU's are taken
     without them."""
@@ -559,12 +573,13 @@ def _child() -> None:
     get_registry()
     be, dev = select(spec["backend"], spec["device"])
     # a device with memory of its own (a GPU): its memory in use, read between the steps, stands for the resident
-    # memory (the weights and activations live there); the first read also starts the device's runtime (CUDA's
+    # memory (the weights and activations live there); this first read also starts the device's runtime (CUDA's
     # context), so that the base holds it
-    on_device = be.memory_in_use(dev) is not None
+    device_before = be.memory_in_use(dev)
+    on_device = device_before is not None
     shapes = {k: tuple(v) for k, v in (spec.get("shapes") or {}).items()}
     gc.collect()
-    before = be.memory_in_use(dev) if on_device else _rss()  # the inputs count: a part's peak holds them
+    before = device_before if on_device else _rss()  # the inputs count: a part's peak holds them
     with np.load(spec["feeds"]) as z:
         feeds = {k: z[k] for k in z.files}
     model: Any = Graph.load(spec["path"]).with_shapes(shapes) if shapes else spec["path"]

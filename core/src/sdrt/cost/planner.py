@@ -64,8 +64,7 @@ def precisions_for(backend: str, device: DeviceSpec, calibration: dict[str, Any]
     out = [p for p in BACKEND_PRECISIONS.get(backend, ("fp32", "fp16")) if device.supports(p)]
     if device.kind == "cpu":
         keep = {"fp32", "q8_0", "q4_0"} | ({"bf16", "int8"} if "amx_bf16" in device.isa else set())
-        if device.source.startswith("sdrt.hardware.detect") and "bf16" in calibrated_precisions(
-                backend, "cpu", calibration):
+        if calibrated_on(backend, device, calibration) and "bf16" in calibrated_precisions(backend, "cpu", calibration):
             keep.add("bf16")
         out = [p for p in out if p in keep] or ["fp32"]
     elif calibrated_on(backend, device, calibration):  # a GPU calibrated here: the precisions it was measured at
