@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -79,6 +80,35 @@ def _no_lone_surrogate(body: Any) -> None:
                                     "a pair of \\u escapes)", field=field) from None
 
 
+async def _disconnect(request: Request) -> None:
+    """Returns once the client has closed the connection (the body was read before)."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            return
+
+
+async def wait_for_job(request: Request, job: Any, queue: Any) -> Any:
+    """The job's result, or, when the client disconnects first (or the request is cancelled), the job is
+    abandoned (``JobQueue.abandon``: it never runs, or stops at its next step) so it holds no worker, and
+    ``ApiError(499)`` ends the request (no one reads that answer)."""
+    result = asyncio.wrap_future(job.future)
+    # a failed job nobody waits for any more is not "an exception never retrieved"
+    result.add_done_callback(lambda f: f.cancelled() or f.exception())
+    watcher = asyncio.ensure_future(_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({result, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if result not in done and watcher.exception() is None:
+            queue.abandon(job)
+            raise ApiError(499, "the client closed the connection; the job was dropped")
+        return await result
+    except asyncio.CancelledError:
+        queue.abandon(job)
+        raise
+    finally:
+        watcher.cancel()
+
+
 def error_response(request_path: str, status: int, message: str, field: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
     """OpenAI's error shape under ``/v1/``; elsewhere A1111's (``detail``), with ``message`` and ``field``."""
@@ -91,7 +121,7 @@ def error_response(request_path: str, status: int, message: str, field: str | No
 
 
 _names = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
-          413: "PayloadTooLarge", 415: "UnsupportedMediaType", 422: "UnprocessableEntity", 500: "InternalError",
+          413: "PayloadTooLarge", 499: "ClientClosedRequest", 415: "UnsupportedMediaType", 422: "UnprocessableEntity", 500: "InternalError",
           501: "NotImplemented", 503: "ServiceUnavailable"}
 
-__all__ = ["error_response", "read_json"]
+__all__ = ["error_response", "read_json", "wait_for_job"]

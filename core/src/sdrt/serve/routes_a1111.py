@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -13,7 +12,7 @@ from starlette.routing import Route
 from . import a1111, responses
 from .errors import ApiError
 from .fields import get_bool, get_str
-from .http import read_json
+from .http import read_json, wait_for_job
 from .state import ServerState
 
 
@@ -27,7 +26,7 @@ async def _generate(request: Request, mode: str) -> JSONResponse:
     options = await run_in_threadpool(st.options)
     req = await run_in_threadpool(a1111.parse, body, mode, st.registry, st.limits, options)
     job = st.queue.submit(req.work, req.task_id)
-    result = await asyncio.wrap_future(job.future)
+    result = await wait_for_job(request, job, st.queue)
     payload = await run_in_threadpool(responses.a1111, req.work, result, req.params, req.not_honoured, job.id,
                                       req.send_images)
     return JSONResponse(payload)

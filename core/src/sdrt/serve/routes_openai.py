@@ -11,7 +11,6 @@ field is a 400 naming it, as OpenAI's own API answers an unrecognized argument.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import secrets
 import time
@@ -25,7 +24,7 @@ from starlette.routing import Route
 from . import responses
 from .errors import ApiError, from_pipeline
 from .fields import get_float, get_int, get_str
-from .http import read_json
+from .http import read_json, wait_for_job
 from .jobs import Work
 from .state import ServerState
 
@@ -104,7 +103,7 @@ async def generations(request: Request) -> JSONResponse:
     body = await read_json(request, st.limits.max_body_bytes)
     work, ignored, fmt = await run_in_threadpool(parse, body, st)
     job = st.queue.submit(work)
-    result = await asyncio.wrap_future(job.future)
+    result = await wait_for_job(request, job, st.queue)
 
     def render() -> dict[str, Any]:
         texts = responses.infotexts(result)
