@@ -1,7 +1,12 @@
-"""What real clients do beyond the happy path, against a live server: a client that goes away mid-job."""
+"""What real clients send beyond the happy path, against a live server: a client that goes away mid-job,
+fields A1111 does not have (ignored, and named back), known fields sdrt does not honour (named), A1111's
+``randn_source``, ``/png-info`` (webuiapi's ``png_info``), the hires. upscaler lists, and base64 as other
+encoders write it."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import threading
 import time
@@ -11,6 +16,8 @@ from serve_helpers import needs_server
 
 pytestmark = needs_server
 httpx = pytest.importorskip("httpx", reason="httpx is a test dependency: pip install httpx")
+webuiapi = pytest.importorskip("webuiapi", reason="the webuiapi client is a test dependency: pip install webuiapi")
+Image = pytest.importorskip("PIL.Image", reason="building test images needs Pillow")
 
 OK = {"prompt": "a red circle", "width": 64, "height": 64, "steps": 3, "seed": 1}
 LONG = {**OK, "steps": 150, "n_iter": 32}  # ~10 s on a 2-core CPU
@@ -60,3 +67,111 @@ def test_a_client_that_disconnects_frees_the_worker(server) -> None:
         assert _wait(lambda: client.post("/internal/progress", json={"id_task": "leaver"}).json()["completed"], 10)
         assert client.post("/internal/progress", json={"id_task": "leaver"}).json()["textinfo"] == "interrupted"
         assert _status(client)["running"] == 0 and _status(client)["queued"] == 0
+
+
+def test_unknown_fields_are_ignored_and_named(server) -> None:
+    """SillyTavern sends its own url/auth and SD.Next's clip_skip: A1111 drops them; sdrt drops them and says so,
+    never echoing them (auth holds a password)."""
+    r = httpx.post(f"{server}/sdapi/v1/txt2img", timeout=120,
+                   json={**OK, "url": "http://127.0.0.1:7860", "auth": "user:secret", "clip_skip": 2})
+    info = _info(r)
+    assert info["sdrt_ignored_fields"] == ["auth", "clip_skip", "url"]
+    assert info["sdrt_not_honoured"] == []
+    assert "auth" not in r.json()["parameters"] and "secret" not in r.text
+
+
+def test_known_fields_sdrt_does_not_run_are_named(server) -> None:
+    cases = [  # (extra fields, the start of the note); each was dropped without a word
+        ({"sampler_name": "DDIM", "eta": 1.0}, "eta: DDIM runs at eta 0 here"),
+        ({"sampler_name": "Euler a", "eta": 0.0}, "eta: Euler a runs at eta 1 here"),
+        ({"enable_hr": True, "hr_scale": 1.0, "hr_scheduler": "Karras"}, "hr_scheduler: the second pass uses"),
+        ({"prompt": "x <lora:a:1>", "disable_extra_networks": True}, None),  # no LoRA here: a 400 (below)
+        ({"latent_mask": "abc"}, "latent_mask: a separate latent mask"),
+    ]
+    with httpx.Client(base_url=server, timeout=120) as client:
+        for extra, note in cases:
+            r = client.post("/sdapi/v1/txt2img", json={**OK, **extra})
+            if note is None:
+                assert r.status_code == 400 and "not a LoRA of this server" in r.json()["detail"]
+                continue
+            assert [n for n in _info(r)["sdrt_not_honoured"] if n.startswith(note)], (extra, r.json()["info"])
+        # eta where A1111 also runs it as sdrt does, and on a sampler that takes none: nothing to say
+        for extra in ({"sampler_name": "Euler a", "eta": 1}, {"sampler_name": "DDIM", "eta": 0},
+                      {"sampler_name": "DPM++ 2M", "eta": 0.3}):
+            assert _info(client.post("/sdapi/v1/txt2img", json={**OK, **extra}))["sdrt_not_honoured"] == [], extra
+
+
+def test_hires_upscalers_are_listed_and_none_is_a_lanczos_resize(server) -> None:
+    """/upscalers and /latent-upscale-modes list what hr_upscaler takes (they listed only "None", and "None" ran
+    as Latent with a note, where A1111 resizes with Lanczos)."""
+    api = webuiapi.WebUIApi(baseurl=f"{server}/sdapi/v1")
+    names = [u["name"] for u in api.get_upscalers()] + [u["name"] for u in api.get_latent_upscale_modes()]
+    assert names[:3] == ["None", "Lanczos", "Nearest"] and "Latent (bicubic antialiased)" in names
+    with httpx.Client(base_url=server, timeout=120) as client:
+        for name in names:
+            info = _info(client.post("/sdapi/v1/txt2img", json={**OK, "enable_hr": True, "hr_scale": 1.0,
+                                                                 "hr_upscaler": name, "denoising_strength": 0.5}))
+            assert info["sdrt_not_honoured"] == [], (name, info["sdrt_not_honoured"])
+            expected = "Lanczos" if name == "None" else name
+            assert f"Hires upscaler: {expected}" in info["infotexts"][0], info["infotexts"][0]
+
+
+def test_randn_source_is_honoured(server) -> None:
+    """A1111's randn_source option (GPU, CPU, NV) was stored and read back while every image used the CPU stream."""
+    with httpx.Client(base_url=server, timeout=120) as client:
+        assert client.get("/sdapi/v1/options").json()["randn_source"] == "CPU"
+        cpu = _info(client.post("/sdapi/v1/txt2img", json={**OK, "batch_size": 2}))
+        assert cpu["all_seeds"] == [1, 1]  # diffusers' stream: one seed per run
+        gpu = _info(client.post("/sdapi/v1/txt2img", json={**OK, "batch_size": 2,
+                                                             "override_settings": {"randn_source": "GPU"}}))
+        assert gpu["all_seeds"] == [1, 2] and "RNG" not in gpu["infotexts"][0]  # A1111's per-image seeds
+        try:
+            assert client.post("/sdapi/v1/options", json={"randn_source": "nv"}).status_code == 200
+            assert client.get("/sdapi/v1/options").json()["randn_source"] == "NV"
+            nv = _info(client.post("/sdapi/v1/txt2img", json=OK))
+            assert "RNG: NV" in nv["infotexts"][0]
+            bad = client.post("/sdapi/v1/options", json={"randn_source": "TPU"})
+            assert bad.status_code == 400 and bad.json()["field"] == "randn_source"
+        finally:
+            client.post("/sdapi/v1/options", json={"randn_source": "CPU"})
+        bad = client.post("/sdapi/v1/txt2img", json={**OK, "override_settings": {"randn_source": 1}})
+        assert bad.status_code == 400 and bad.json()["field"] == "override_settings.randn_source"
+
+
+def test_png_info_reads_back_what_txt2img_wrote(server) -> None:
+    api = webuiapi.WebUIApi(baseurl=f"{server}/sdapi/v1")
+    r = api.txt2img(prompt='a cat, "quoted"', negative_prompt="dog", seed=9, width=64, height=64, steps=3)
+    got = api.png_info(r.images[0])  # /png-info was a 404
+    assert got.info == r.info["infotexts"][0]
+    p = got.parameters
+    assert p["Prompt"] == 'a cat, "quoted"' and p["Negative prompt"] == "dog"
+    assert p["Seed"] == "9" and p["Steps"] == "3" and p["Size-1"] == "64" and p["Model"] == "demo-a"
+    with httpx.Client(base_url=server, timeout=60) as client:
+        plain = base64.b64encode(_png(Image.new("RGB", (8, 8)))).decode()
+        assert client.post("/sdapi/v1/png-info", json={"image": plain}).json() == {"info": "", "items": {},
+                                                                                   "parameters": {}}
+        bad = client.post("/sdapi/v1/png-info", json={"image": "bm90IGFuIGltYWdl"})
+        assert bad.status_code == 400 and bad.json()["field"] == "image"
+
+
+def _png(img) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_init_images_as_other_encoders_write_them_and_not_echoed(server) -> None:
+    """MIME-wrapped base64 (76-character lines, as Java's and Python's encodebytes write it), the URL-safe
+    alphabet and dropped padding were 400s "not valid base64"; A1111's decoder takes them. ``init_images`` and
+    ``mask`` are A1111 fields (they were missing from the known ones), echoed in ``parameters`` only with
+    include_init_images, as A1111 does."""
+    raw = _png(Image.new("RGB", (64, 64), (200, 30, 30)))
+    with httpx.Client(base_url=server, timeout=120) as client:
+        for text in (base64.encodebytes(raw).decode(), base64.urlsafe_b64encode(raw).decode().rstrip("=")):
+            r = client.post("/sdapi/v1/img2img", json={**OK, "init_images": [text], "mask": text})
+            assert r.status_code == 200, r.text
+            assert r.json()["parameters"]["init_images"] is None and r.json()["parameters"]["mask"] is None
+            assert _info(r)["sdrt_ignored_fields"] == []
+        r = client.post("/sdapi/v1/img2img", json={**OK, "init_images": [base64.b64encode(raw).decode()],
+                                                     "include_init_images": True})
+        assert r.json()["parameters"]["init_images"] == [base64.b64encode(raw).decode()]

@@ -169,7 +169,8 @@ def test_sillytavern(auth_server) -> None:
         subs = {"$MODEL_B_TITLE": title_b, "$BASE_URL": auth_server, "$AUTH": ":".join(AUTH)}
         results = _replay(client, "sillytavern.json", subs)
         by_what = {step["what"]: r.json() for step, r, _ in results}
-        assert [x["name"] for x in by_what["/upscalers"]] == ["None"]
+        assert [x["name"] for x in by_what["/upscalers"]] == ["None", "Lanczos", "Nearest"]
+        assert "Latent" in [x["name"] for x in by_what["/upscalers (latent)"]]  # SillyTavern's hr_upscaler menu
         assert isinstance(by_what["/vaes (A1111)"], list)
         assert "DDIM" in [x["name"] for x in by_what["/samplers"]]
         assert "karras" in [x["name"] for x in by_what["/schedulers"]]
@@ -180,8 +181,9 @@ def test_sillytavern(auth_server) -> None:
         gen = by_what["/generate (generateAutoImage)"]
         info = _parse_png(gen["images"][0])  # SillyTavern keeps data.images[0] as a PNG
         assert info.samplers[0].name == "DDIM" and info.samplers[0].model.name == "demo-b"
-        # hires. fix off, face restoration off: nothing to report; url/auth are ignored as unknown fields
+        # hires. fix off, face restoration off: nothing to report; url/auth are ignored as unknown fields, and named
         assert json.loads(gen["info"])["sdrt_not_honoured"] == []
+        assert json.loads(gen["info"])["sdrt_ignored_fields"] == ["auth", "url"]
         assert "auth" not in gen["parameters"] and "url" not in gen["parameters"]  # never echoed back
         openai = by_what["generateOpenAiImage() (an OpenAI-compatible endpoint)"]
         assert _parse_png(openai["data"][0]["b64_json"]).metadata["Size"] == "64x64"

@@ -50,9 +50,19 @@ firstpass_image comments enable_hr firstphase_width firstphase_height hr_scale h
 hr_resize_x hr_resize_y hr_checkpoint_name hr_sampler_name hr_scheduler hr_prompt hr_negative_prompt force_task_id
 sampler_index script_name script_args send_images save_images alwayson_scripts infotext resize_mode image_cfg_scale
 mask_blur mask_blur_x mask_blur_y inpainting_fill inpaint_full_res inpaint_full_res_padding inpainting_mask_invert
-initial_noise_multiplier latent_mask include_init_images""".split())
+initial_noise_multiplier latent_mask include_init_images init_images mask""".split())
 #: override_settings keys that sdrt reads; any other is named as not honoured
-_OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae"}
+_OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae", "randn_source"}
+#: A1111's ``randn_source`` option -> the pipeline's ``rng``
+RANDN_SOURCES = {"GPU": "gpu", "CPU": "cpu", "NV": "nv"}
+
+
+def randn_source(value: Any, field: str) -> str:
+    """A1111's ``randn_source`` (GPU, CPU or NV, any case) as A1111 spells it; 400 naming ``field`` otherwise."""
+    if isinstance(value, str) and value.strip().upper() in RANDN_SOURCES:
+        return value.strip().upper()
+    raise ApiError(400, f"{field} must be GPU, CPU or NV (A1111's random sources), got {str(value)[:40]!r}",
+                   field=field)
 
 
 @dataclass
@@ -63,6 +73,8 @@ class Request:
     task_id: str | None = None
     send_images: bool = True
     params: dict[str, Any] = field(default_factory=dict)
+    #: the body's fields that are no A1111 request field (A1111 drops them too): named back to the client
+    ignored: list[str] = field(default_factory=list)
 
 
 def _not_honoured(body: dict[str, Any]) -> list[str]:
@@ -118,20 +130,27 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
                             f"instead of {scheduler!r}")
         scheduler = None
     not_honoured += [f"override_settings.{k}: not an option sdrt reads" for k in overrides if k not in _OVERRIDES]
+    if get_bool(body, "disable_extra_networks", False) and "<lora:" in prompt + negative:
+        not_honoured.append("disable_extra_networks: the prompt's <lora:...> tags were applied; leave them out "
+                            "of the prompt instead")
+    if get_str(body, "latent_mask", None):
+        not_honoured.append("latent_mask: a separate latent mask is not supported; the mask is used")
     vae = overrides.get("sd_vae")
     if vae not in (None, "", "Automatic", "None"):
         not_honoured.append("override_settings.sd_vae: the model folder's own VAE is used")
     send_images = get_bool(body, "send_images", True)
     task_id = get_str(body, "force_task_id", None, max_len=200)
-    for key in ("save_images", "do_not_save_samples", "do_not_save_grid", "override_settings_restore_afterwards",
-                "disable_extra_networks"):
+    for key in ("save_images", "do_not_save_samples", "do_not_save_grid", "override_settings_restore_afterwards"):
         get_bool(body, key, None)  # type-checked; sdrt never saves images on the server
     for key in ("styles", "script_args"):
         get_list(body, key)
     get_dict(body, "alwayson_scripts")
 
+    source = overrides.get("randn_source") or options.get("randn_source") or "CPU"
+    rng = RANDN_SOURCES[randn_source(source, "override_settings.randn_source" if overrides.get("randn_source")
+                                     else "randn_source")]
     kwargs: dict[str, Any] = dict(steps=steps, cfg=cfg, sampler=sampler, schedule=scheduler, width=width,
-                                  height=height, batch=batch, clip_skip=clip_skip)
+                                  height=height, batch=batch, clip_skip=clip_skip, rng=rng)
     if mode == "img2img":
         _img2img(body, kwargs, limits, not_honoured)
     else:
@@ -141,9 +160,28 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
         raise from_pipeline(exc) from None
+    _eta(body, sampler, scheduler, not_honoured)
     params = {k: v for k, v in body.items() if k in _KNOWN}
+    if mode == "img2img" and not get_bool(body, "include_init_images", False):
+        # A1111 echoes the images only when asked (api.py: ``if not include_init_images: init_images = None``)
+        params.update({k: None for k in ("init_images", "mask") if k in params})
+    ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN)
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter)
-    return Request(work, mode, not_honoured, task_id, send_images, params)
+    return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
+
+
+def _eta(body: dict[str, Any], sampler: str, scheduler: str | None, not_honoured: list[str]) -> None:
+    """A1111's ``eta`` sets the noise of its ancestral and SDE samplers (default 1) and of DDIM (default 0);
+    sdrt runs them at those defaults, so another value is named. Other samplers take no eta (A1111 ignores it)."""
+    from ..samplers.names import resolve
+
+    eta = get_float(body, "eta", None, 0.0, None)
+    if eta is None:
+        return
+    name = resolve(sampler, scheduler).sampler
+    own = 0.0 if name == "ddim" else 1.0 if ("ancestral" in name or "sde" in name) else None
+    if own is not None and eta != own:
+        not_honoured.append(f"eta: {sampler} runs at eta {own:g} here (A1111's default for it), not {eta:g}")
 
 
 def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str]) -> None:
@@ -162,6 +200,8 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
     kwargs["hires_steps"] = get_int(body, "hr_second_pass_steps", 0, 0, limits.max_steps)
     kwargs["hires_denoise"] = get_float(body, "denoising_strength", 0.7, 0.0, 1.0, low_open=True)
     upscaler = get_str(body, "hr_upscaler", None)
+    if upscaler is not None and upscaler.strip().casefold() == "none":
+        upscaler = "Lanczos"  # A1111's "None" upscaler leaves the image as it is, then resizes it with Lanczos
     known = {u.casefold(): u for u in UPSCALERS}
     if upscaler not in (None, "") and upscaler.casefold() in known:
         kwargs["hires_upscaler"] = known[upscaler.casefold()]
@@ -170,8 +210,9 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
     for key in ("hr_resize_x", "hr_resize_y"):
         if get_int(body, key, 0, 0, None):
             not_honoured.append(f"{key}: the target size comes from hr_scale")
-    for key in ("hr_checkpoint_name", "hr_sampler_name", "hr_prompt", "hr_negative_prompt"):
-        if get_str(body, key, None) not in (None, "", "Use same checkpoint", "Use same sampler"):
+    for key in ("hr_checkpoint_name", "hr_sampler_name", "hr_scheduler", "hr_prompt", "hr_negative_prompt"):
+        if get_str(body, key, None) not in (None, "", "Use same checkpoint", "Use same sampler",
+                                            "Use same scheduler", "Automatic"):
             not_honoured.append(f"{key}: the second pass uses the first pass's")
 
 

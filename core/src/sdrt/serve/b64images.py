@@ -13,16 +13,28 @@ import numpy as np
 from .errors import ApiError
 
 
-def decode(text: Any, field: str, max_pixels: int) -> Any:
-    """A Pillow image from a base64 string; 422/400 naming ``field`` for anything else."""
+def raw_bytes(text: Any, field: str) -> bytes:
+    """The bytes of a base64 string (a ``data:`` URL's too); line breaks and spaces, as MIME encoders wrap
+    base64, the URL-safe alphabet and missing or extra ``=`` padding are taken. 422/400 naming ``field`` otherwise."""
     if not isinstance(text, str):
         raise ApiError(422, f"{field} must be a base64-encoded PNG or JPEG string", field=field)
     if text.startswith("data:"):
         text = text.split(",", 1)[-1]
+    text = "".join(text.split())
+    if "-" in text or "_" in text:
+        text = text.replace("-", "+").replace("_", "/")
+    text = text.rstrip("=")
+    text += "=" * (-len(text) % 4)
     try:
-        raw = base64.b64decode(text, validate=True)
+        return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise ApiError(400, f"{field} is not valid base64", field=field) from None
+        raise ApiError(400, f"{field} is not valid base64; send the image file's bytes base64-encoded (a data: "
+                            "URL is taken too)", field=field) from None
+
+
+def decode(text: Any, field: str, max_pixels: int) -> Any:
+    """A Pillow image from a base64 string; 422/400 naming ``field`` for anything else."""
+    raw = raw_bytes(text, field)
     try:
         from PIL import Image
     except ImportError:
@@ -87,4 +99,4 @@ def mask_array(img: Any, blur: int, invert: bool) -> np.ndarray:
     return np.asarray(gray, dtype=np.uint8)
 
 
-__all__ = ["decode", "fit", "mask_array", "rgb_array"]
+__all__ = ["decode", "fit", "mask_array", "raw_bytes", "rgb_array"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import socket
 import time
 from typing import Any
@@ -24,7 +25,8 @@ def png_b64(images: list[np.ndarray], texts: list[str]) -> list[str]:
     return [base64.b64encode(encode_png(img, text)).decode("ascii") for img, text in zip(images, texts)]
 
 
-def info(work: Work, result: Result, texts: list[str], not_honoured: list[str], job_id: str) -> dict[str, Any]:
+def info(work: Work, result: Result, texts: list[str], not_honoured: list[str], job_id: str,
+         ignored: list[str] | None = None) -> dict[str, Any]:
     """A1111's ``info`` fields (modules/processing.py ``Processed.js``), plus sdrt's own."""
     first = result.settings[0] if result.settings else {}
     kw = work.kwargs
@@ -34,7 +36,8 @@ def info(work: Work, result: Result, texts: list[str], not_honoured: list[str], 
         "prompt": result.prompt, "all_prompts": [result.prompt] * n,
         "negative_prompt": result.negative, "all_negative_prompts": [result.negative] * n,
         "seed": result.seeds[0] if result.seeds else work.seed, "all_seeds": result.seeds,
-        "subseed": -1, "all_subseeds": [-1] * n, "subseed_strength": 0,
+        "subseed": first.get("Variation seed", -1), "all_subseeds": [s.get("Variation seed", -1) for s in result.settings],
+        "subseed_strength": kw.get("subseed_strength", 0),
         "width": int(size[0]) if size[0].isdigit() else kw.get("width"),
         "height": int(size[1]) if len(size) > 1 and size[1].isdigit() else kw.get("height"),
         "sampler_name": first.get("Sampler", kw.get("sampler")), "scheduler": first.get("Schedule type"),
@@ -47,7 +50,8 @@ def info(work: Work, result: Result, texts: list[str], not_honoured: list[str], 
         "job_timestamp": time.strftime("%Y%m%d%H%M%S"), "clip_skip": kw.get("clip_skip", 1),
         "is_using_inpainting_conditioning": False, "version": _version(),
         # sdrt's own: what the request asked that was not done, and how the job ran
-        "sdrt_not_honoured": not_honoured, "sdrt_interrupted": result.interrupted,
+        "sdrt_not_honoured": not_honoured, "sdrt_ignored_fields": ignored or [],
+        "sdrt_interrupted": result.interrupted,
         "sdrt_skipped_runs": result.skipped, "sdrt_worker": result.worker,
         "sdrt_host": f"{socket.gethostname()}:{os.getpid()}", "sdrt_task_id": job_id,
         "sdrt_seconds": round(result.seconds, 3),
@@ -61,11 +65,47 @@ def _version() -> str:
 
 
 def a1111(work: Work, result: Result, params: dict[str, Any], not_honoured: list[str], job_id: str,
-          send_images: bool) -> dict[str, Any]:
+          send_images: bool, ignored: list[str] | None = None) -> dict[str, Any]:
     texts = infotexts(result)
     images = png_b64(result.images, texts) if send_images else []
     return {"images": images, "parameters": params,
-            "info": json.dumps(info(work, result, texts, not_honoured, job_id), ensure_ascii=False)}
+            "info": json.dumps(info(work, result, texts, not_honoured, job_id, ignored), ensure_ascii=False)}
+
+
+#: one ``Key: value`` of an infotext's settings line; a value is bare (up to the next comma) or JSON-quoted
+_SETTING = re.compile(r'\s*(\w[\w \-/+.()]*):\s*("(?:\\.|[^\\"])*"|[^,]*)(?:,|$)')
+_SIZE = re.compile(r"^(\d+)x(\d+)$")
+
+
+def parse_infotext(text: str) -> dict[str, Any]:
+    """An A1111 ``parameters`` text as A1111's ``/png-info`` answers it (``parse_generation_parameters``):
+    ``Prompt``, ``Negative prompt`` and each setting of the last line as a string (``Size`` also as
+    ``Size-1`` and ``Size-2``)."""
+    lines = text.strip().split("\n")
+    settings = _SETTING.findall(lines[-1]) if lines else []
+    if len(settings) < 3:  # no settings line: all of it is prompt
+        settings = []
+    else:
+        lines = lines[:-1]
+    prompt, negative, in_negative = [], [], False
+    for line in lines:
+        if line.startswith("Negative prompt:"):
+            in_negative = True
+            line = line[len("Negative prompt:"):].strip()
+        (negative if in_negative else prompt).append(line)
+    out: dict[str, Any] = {"Prompt": "\n".join(prompt), "Negative prompt": "\n".join(negative)}
+    for key, value in settings:
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            try:
+                value = json.loads(value)
+            except ValueError:
+                value = value[1:-1]
+        size = _SIZE.match(value) if isinstance(value, str) else None
+        if size:
+            out[f"{key}-1"], out[f"{key}-2"] = size.group(1), size.group(2)
+        else:
+            out[key] = value
+    return out
 
 
 def preview_b64(latents: np.ndarray | None) -> str | None:
@@ -80,4 +120,4 @@ def preview_b64(latents: np.ndarray | None) -> str | None:
     return base64.b64encode(encode_png(img)).decode("ascii")
 
 
-__all__ = ["a1111", "info", "infotexts", "png_b64", "preview_b64"]
+__all__ = ["a1111", "info", "infotexts", "parse_infotext", "png_b64", "preview_b64"]

@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from ..pipelines.hires import IMAGE_MODES, LATENT_MODES
 from . import a1111, responses
 from .errors import ApiError
 from .fields import get_bool, get_str
@@ -28,7 +29,7 @@ async def _generate(request: Request, mode: str) -> JSONResponse:
     job = st.queue.submit(req.work, req.task_id)
     result = await wait_for_job(request, job, st.queue)
     payload = await run_in_threadpool(responses.a1111, req.work, result, req.params, req.not_honoured, job.id,
-                                      req.send_images)
+                                      req.send_images, req.ignored)
     return JSONResponse(payload)
 
 
@@ -139,6 +140,42 @@ async def internal_progress(request: Request) -> JSONResponse:
                          "textinfo": job.state})
 
 
+async def png_info(request: Request) -> JSONResponse:
+    """A1111's ``/png-info``: the ``parameters`` text of a PNG (or a JPEG/WebP's comment), and parsed."""
+    from . import b64images
+
+    st = _state(request)
+    body = await read_json(request, st.limits.max_body_bytes)
+    if not isinstance(body, dict):
+        raise ApiError(422, "the body must be a JSON object with image (a base64 PNG)")
+    image = body.get("image")
+    if image is None or (isinstance(image, str) and not image.strip()):
+        return JSONResponse({"info": "", "items": {}, "parameters": {}})
+
+    def read() -> dict[str, Any]:
+        from ..errors import SdrtError
+        from ..pipelines.png import SIGNATURE, read_text_chunks
+
+        raw = b64images.raw_bytes(image, "image")
+        items: dict[str, Any] = {}
+        if raw.startswith(SIGNATURE):
+            try:
+                items = dict(read_text_chunks(raw))
+            except SdrtError as exc:  # a truncated PNG
+                raise ApiError(400, f"image is not a readable PNG ({exc.what})", field="image") from None
+        else:  # JPEG, WebP: A1111 writes the parameters as the EXIF UserComment; Pillow reads comments
+            img = b64images.decode(image, "image", st.limits.max_width * st.limits.max_height * 4)
+            items = {k: v for k, v in img.info.items() if isinstance(v, str)}
+            comment = img.getexif().get_ifd(0x8769).get(0x9286)  # EXIF UserComment
+            if isinstance(comment, bytes) and comment[:8] in (b"UNICODE\0", b"ASCII\0\0\0"):
+                codec = "utf-16-be" if comment[:8] == b"UNICODE\0" else "ascii"
+                items.setdefault("parameters", comment[8:].decode(codec, errors="replace"))
+        info = items.pop("parameters", "")
+        return {"info": info, "items": items, "parameters": responses.parse_infotext(info) if info else {}}
+
+    return JSONResponse(await run_in_threadpool(read))
+
+
 async def interrupt(request: Request) -> JSONResponse:
     return JSONResponse({"interrupted": await run_in_threadpool(_state(request).interrupt)})
 
@@ -177,10 +214,14 @@ ROUTES = [
     Route("/sdapi/v1/skip", skip, methods=["POST"]),
     Route("/sdapi/v1/refresh-checkpoints", refresh, methods=["POST"]),
     Route("/sdapi/v1/refresh-loras", refresh, methods=["POST"]),
+    Route("/sdapi/v1/png-info", png_info, methods=["POST"]),
+    Route("/sdapi/v1/refresh-embeddings", refresh, methods=["POST"]),
+    Route("/sdapi/v1/refresh-vae", _empty(None), methods=["POST"]),
+    # hires. fix upscalers: sdrt's image ones (A1111's "None" is a Lanczos resize) and its latent modes
+    Route("/sdapi/v1/upscalers", _empty([{"name": name, "model_name": None, "model_path": None, "model_url": None,
+                                          "scale": 4} for name in ("None", *IMAGE_MODES)]), methods=["GET"]),
+    Route("/sdapi/v1/latent-upscale-modes", _empty([{"name": name} for name in LATENT_MODES]), methods=["GET"]),
     # lists clients read at start-up; sdrt has none of these
-    Route("/sdapi/v1/upscalers", _empty([{"name": "None", "model_name": None, "model_path": None, "model_url": None,
-                                           "scale": 4}]), methods=["GET"]),
-    Route("/sdapi/v1/latent-upscale-modes", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/sd-vae", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/sd-modules", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/hypernetworks", _empty([]), methods=["GET"]),
@@ -188,6 +229,9 @@ ROUTES = [
     Route("/sdapi/v1/prompt-styles", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/scripts", _empty({"txt2img": [], "img2img": []}), methods=["GET"]),
     Route("/sdapi/v1/cmd-flags", _empty({}), methods=["GET"]),
+    Route("/sdapi/v1/script-info", _empty([]), methods=["GET"]),
+    Route("/sdapi/v1/extensions", _empty([]), methods=["GET"]),
+    Route("/sdapi/v1/realesrgan-models", _empty([]), methods=["GET"]),
     Route("/internal/ping", ping, methods=["GET"]),
     Route("/internal/progress", internal_progress, methods=["POST"]),
 ]

@@ -43,7 +43,8 @@ class ServerState:
         first = self._named(config.default_model) if config.default_model else self._first()
         if first is None:
             log.warning("no model to serve in %s: put model folders (with model_index.json) there", config.models)
-        self._options: dict[str, Any] = {"samples_format": "png", "CLIP_stop_at_last_layers": 1,
+        # randn_source: sdrt's default noise is diffusers' CPU stream (A1111's is GPU: set it to get A1111's)
+        self._options: dict[str, Any] = {"samples_format": "png", "CLIP_stop_at_last_layers": 1, "randn_source": "CPU",
                                          "sd_model_checkpoint": first.title if first else None}
         self.cluster = cluster
         self.queue = JobQueue(config.devices, self.spec_for, keep=config.keep_models,
@@ -98,11 +99,15 @@ class ServerState:
             # it was stored and read back while every image stayed a PNG
             raise ApiError(400, f"samples_format {body['samples_format']!r} is not supported: this server writes "
                                 "png only; pass \"png\" or leave it out", field="samples_format")
+        if body.get("randn_source") is not None:
+            from .a1111 import randn_source
+
+            updates["randn_source"] = randn_source(body["randn_source"], "randn_source")
         clip = get_int(body, "CLIP_stop_at_last_layers", None, 1, 12)
         if clip is not None:
             updates["CLIP_stop_at_last_layers"] = clip
         for key, value in body.items():
-            if key in ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_checkpoint_hash"):
+            if key in ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_checkpoint_hash", "randn_source"):
                 continue
             if not isinstance(key, str) or len(key) > 100:
                 raise ApiError(400, "option names are strings of at most 100 characters", field=str(key)[:100])
