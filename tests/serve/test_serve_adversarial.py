@@ -175,3 +175,38 @@ def test_init_images_as_other_encoders_write_them_and_not_echoed(server) -> None
         r = client.post("/sdapi/v1/img2img", json={**OK, "init_images": [base64.b64encode(raw).decode()],
                                                      "include_init_images": True})
         assert r.json()["parameters"]["init_images"] == [base64.b64encode(raw).decode()]
+
+
+def test_numbers_and_booleans_sent_as_strings_are_taken_as_a1111_takes_them(server) -> None:
+    """A1111's pydantic models take "20" for steps and "true" for a boolean (HTML forms and some bots send them);
+    they were 422s. A fraction for an integer stays a 422 (pydantic would cut 4.5 to 4 without a word)."""
+    with httpx.Client(base_url=server, timeout=120) as client:
+        info = _info(client.post("/sdapi/v1/txt2img", json={**OK, "steps": "3", "seed": "11", "cfg_scale": "6.5",
+                                                             "width": "64", "send_images": "true"}))
+        assert info["steps"] == 3 and info["seed"] == 11 and info["cfg_scale"] == 6.5
+        for body, field in (({**OK, "steps": 4.5}, "steps"), ({**OK, "steps": "4.5"}, "steps"),
+                            ({**OK, "seed": "lucky"}, "seed"), ({**OK, "send_images": "maybe"}, "send_images")):
+            r = client.post("/sdapi/v1/txt2img", json=body)
+            assert r.status_code == 422 and r.json()["field"] == field, (body, r.text)
+
+
+def test_a_refusal_by_the_model_names_the_field(server) -> None:
+    """The demo model's fixed 64x64 export refuses a 128x128 init image: the 400 names init_images (field was null,
+    and the message carried "Where: init_image. What to do: ...")."""
+    raw = base64.b64encode(_png(Image.new("RGB", (128, 128)))).decode()
+    r = httpx.post(f"{server}/sdapi/v1/img2img", json={**OK, "width": None, "height": None, "init_images": [raw]},
+                   timeout=120)
+    assert r.status_code == 400 and r.json()["field"] == "init_images", r.text
+    assert r.json()["detail"].startswith("the model demo-a refused the request: ") and "Where:" not in r.text
+
+
+def test_serve_refuses_a_models_folder_with_nothing_to_serve(tmp_path, capsys) -> None:
+    """It started with a warning, then answered every generation with 503 "the models folder holds no model"."""
+    from serve_helpers import free_port
+
+    from sdrt.cli import main
+
+    (tmp_path / "notes.txt").write_text("not a model")
+    assert main(["serve", "--models", str(tmp_path), "--port", str(free_port())]) == 1
+    err = capsys.readouterr()
+    assert f"--models {tmp_path} holds no model" in err.err and "sdrt serve: http" not in err.out

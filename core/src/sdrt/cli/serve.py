@@ -179,6 +179,14 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.app import create_app
 
     app = create_app(config)
+    if config.models is not None and not app.state.sdrt.registry.models:
+        app.state.sdrt.close()
+        # every generation would be a 503: say it now, once, in the flag's words (a folder may be added later
+        # through the Python API and /refresh-checkpoints; from the command line, an empty folder is a mistake)
+        raise InputError(f"--models {config.models} holds no model: no subfolder with model_index.json (a "
+                         "diffusers or Optimum ONNX model) and no complete .safetensors checkpoint (any skipped "
+                         "are named above)", where="--models",
+                         fix="put a model folder or checkpoint there, or leave --models out to serve the demo model")
     print(f"sdrt serve: http://{args.host}:{args.port} (A1111 /sdapi/v1, OpenAI /v1/images/generations); "
           f"{len(config.devices)} worker(s); Ctrl-C stops", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if not args.verbose else "info")

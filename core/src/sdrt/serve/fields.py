@@ -1,14 +1,21 @@
 """Typed reads of JSON request fields: a wrong type is a 422 and a value out of range a 400,
-each naming the field. ``null`` means the field's default, as in A1111's pydantic models."""
+each naming the field. ``null`` means the field's default, and a number or boolean sent as a string
+(``"20"``, ``"7.5"``, ``"true"``) is taken, as in A1111's pydantic models; a fraction where an integer
+belongs (``4.5`` steps) is a 422, where pydantic would cut it to 4."""
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from .errors import ApiError
 
 _MISSING = object()
+#: numbers sent as JSON strings ("20", "7.5"), which A1111's pydantic models take; "4.5" for an integer stays a 422
+_INT = re.compile(r"^\s*[-+]?\d{1,30}\s*$")
+_NUMBER = re.compile(r"^\s*[-+]?(\d{1,30}(\.\d*)?|\.\d+)([eE][-+]?\d{1,3})?\s*$")
+_BOOLS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False, "1": True, "0": False}
 
 
 def _kind(value: Any) -> str:
@@ -22,6 +29,8 @@ def get_int(body: dict[str, Any], key: str, default: Any, low: int | None = None
     if value is None:
         return default
     if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and _INT.match(value):  # "20": A1111's pydantic takes a number in a string
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ApiError(422, f"{key} must be an integer, got {_kind(value)} ({str(value)[:40]!r})", field=key)
@@ -37,6 +46,8 @@ def get_float(body: dict[str, Any], key: str, default: Any, low: float | None = 
     value = body.get(key)
     if value is None:
         return default
+    if isinstance(value, str) and _NUMBER.match(value):
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ApiError(422, f"{key} must be a number, got {_kind(value)} ({str(value)[:40]!r})", field=key)
     value = float(value)
@@ -69,6 +80,8 @@ def get_bool(body: dict[str, Any], key: str, default: Any) -> Any:
         return value
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _BOOLS:  # pydantic's "true", "off", "1", ...
+        return _BOOLS[value.strip().lower()]
     raise ApiError(422, f"{key} must be true or false, got {_kind(value)} ({str(value)[:40]!r})", field=key)
 
 

@@ -105,7 +105,10 @@ def _public_error(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, _Generating) and isinstance(exc.__cause__, (InputError, SamplerError, WeightsError,
                                                                    ModelError)):
-        return ApiError(400, f"the model {exc.args[0]} refused the request: {exc.__cause__}")
+        from .errors import from_pipeline
+
+        inner = from_pipeline(exc.__cause__)  # what and what to do, with the field named as the request names it
+        return ApiError(400, f"the model {exc.args[0]} refused the request: {inner.message}", field=inner.field)
     if isinstance(exc, _Generating) and exc.__cause__ is not None:
         exc = exc.__cause__
     if isinstance(exc, (InputError, SamplerError, WeightsError)):
