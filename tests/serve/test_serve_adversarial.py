@@ -210,3 +210,35 @@ def test_serve_refuses_a_models_folder_with_nothing_to_serve(tmp_path, capsys) -
     assert main(["serve", "--models", str(tmp_path), "--port", str(free_port())]) == 1
     err = capsys.readouterr()
     assert f"--models {tmp_path} holds no model" in err.err and "sdrt serve: http" not in err.out
+
+
+def test_openai_size_refusal_model_retrieve_and_routes_sdrt_lacks(server) -> None:
+    with httpx.Client(base_url=server, timeout=120) as client:
+        # the fixed-shape demo model refuses 128x128: the OpenAI caller sent size, so param is size (was width)
+        r = client.post("/v1/images/generations", json={"prompt": "x", "size": "128x128", "steps": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "size", r.text
+        assert r.json()["error"]["message"].startswith("size 128x128: the model demo-a refused the request")
+        # the OpenAI SDK's models.retrieve
+        assert client.get("/v1/models/demo-b").json() == {"id": "demo-b", "object": "model", "created": 0,
+                                                          "owned_by": "sdrt"}
+        missing = client.get("/v1/models/dall-e-3")
+        assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+        # routes sdrt does not have: still a 404, saying what to use
+        edits = client.post("/v1/images/edits", json={"prompt": "x"})
+        assert edits.status_code == 404 and "POST /sdapi/v1/img2img" in edits.json()["error"]["message"]
+        r = client.post("/sdapi/v1/interrogate", json={"image": ""})
+        assert r.status_code == 404 and "no image captioner" in r.json()["detail"]
+        memory = client.get("/sdapi/v1/memory").json()  # webuiapi.get_memory
+        assert memory["ram"]["total"] > memory["ram"]["free"] > 0 and "error" in memory["cuda"]
+
+
+def test_a_side_that_is_no_multiple_of_8_runs_rounded_down_as_in_a1111(server) -> None:
+    """A1111 makes a latent of width // 8 (a client asking 1433x660 gets 1432x656); this was a 400. The rounding is
+    named. OpenAI's route keeps its 400 about size, as OpenAI refuses a size it does not make."""
+    with httpx.Client(base_url=server, timeout=120) as client:
+        r = client.post("/sdapi/v1/txt2img", json={**OK, "width": 71, "height": 64})
+        info = _info(r)
+        assert info["width"] == 64 and Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))).size == (64, 64)
+        assert info["sdrt_not_honoured"] == ["width: 71 ran as 64, a multiple of 8, as A1111 runs it"]
+        r = client.post("/v1/images/generations", json={"prompt": "x", "size": "71x64"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "size"

@@ -111,6 +111,11 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
                             f"{limits.max_images}", field="n_iter")
     width = get_int(body, "width", None, 8, limits.max_width)
     height = get_int(body, "height", None, 8, limits.max_height)
+    rounded = []
+    for key, side in (("width", width), ("height", height)):
+        if side is not None and side % 8:  # A1111 makes a latent of side // 8: the image is a multiple of 8
+            rounded.append(f"{key}: {side} ran as {side - side % 8}, a multiple of 8, as A1111 runs it")
+    width, height = (v - v % 8 if v is not None else None for v in (width, height))
     seed = get_int(body, "seed", -1, -1, 2**32 - 1)
     if seed == -1:
         seed = secrets.randbelow(2**32 - limits.max_images)
@@ -123,7 +128,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     clip_skip = get_int(overrides, "CLIP_stop_at_last_layers", None, 1, 12)
     if clip_skip is None:
         clip_skip = int(options.get("CLIP_stop_at_last_layers") or 1)
-    not_honoured = _not_honoured(body)
+    not_honoured = _not_honoured(body) + rounded
     own = label_schedule(sampler, scheduler)
     if own is not None:  # A1111 runs the label's own schedule; clients send a saved scheduler beside an old label
         not_honoured.append(f"scheduler: the sampler {sampler!r} names its schedule ({own}), which A1111 runs "

@@ -55,9 +55,24 @@ async def _api_error(request: Request, exc: Exception) -> JSONResponse:
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     path = request.url.path if len(request.url.path) <= 200 else request.url.path[:200] + "..."  # not echoed whole
-    message = {404: f"no route {path}", 405: f"{request.method} is not allowed on {path}"}
+    message = {404: f"no route {path}" + _MISSING.get(request.url.path.rstrip("/"), ""),
+               405: f"{request.method} is not allowed on {path}"}
     return error_response(request.url.path, exc.status_code, message.get(exc.status_code, str(exc.detail)),
                           headers=dict(exc.headers or {}))
+
+
+#: A1111 and OpenAI routes sdrt does not have, with what to use instead (a 404 all the same)
+_MISSING = {
+    "/v1/images/edits": ": image edits are A1111's img2img here (POST /sdapi/v1/img2img with init_images and mask)",
+    "/v1/images/variations": ": variations are A1111's img2img here (POST /sdapi/v1/img2img)",
+    "/sdapi/v1/interrogate": ": sdrt has no image captioner (CLIP or DeepDanbooru interrogation)",
+    "/sdapi/v1/extra-single-image": ": sdrt has no upscaler or face-restoration models (A1111's Extras tab)",
+    "/sdapi/v1/extra-batch-images": ": sdrt has no upscaler or face-restoration models (A1111's Extras tab)",
+    "/sdapi/v1/create/embedding": ": sdrt does not train embeddings",
+    "/sdapi/v1/create/hypernetwork": ": sdrt does not train hypernetworks",
+    "/sdapi/v1/train/embedding": ": sdrt does not train embeddings",
+    "/sdapi/v1/train/hypernetwork": ": sdrt does not train hypernetworks",
+}
 
 
 async def _server_error(request: Request, exc: Exception) -> JSONResponse:

@@ -86,6 +86,7 @@ async def _disconnect(request: Request) -> None:
         message = await request.receive()
         if message.get("type") == "http.disconnect":
             return
+        await asyncio.sleep(0.05)  # an ASGI server that answers at once with empty bodies is not spun on
 
 
 async def wait_for_job(request: Request, job: Any, queue: Any) -> Any:

@@ -189,6 +189,20 @@ async def refresh(request: Request) -> JSONResponse:
     return JSONResponse(None)
 
 
+async def memory(request: Request) -> JSONResponse:
+    """A1111's ``/memory``: this machine's RAM in bytes (``free``, ``used``, ``total``); no torch, so ``cuda``
+    holds an ``error`` as A1111's does when it cannot read it."""
+    import os
+
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        total, free = page * os.sysconf("SC_PHYS_PAGES"), page * os.sysconf("SC_AVPHYS_PAGES")
+        ram: dict[str, Any] = {"free": free, "used": total - free, "total": total}
+    except (ValueError, OSError, AttributeError) as exc:  # not a POSIX system
+        ram = {"error": f"cannot read this machine's memory ({exc})"}
+    return JSONResponse({"ram": ram, "cuda": {"error": "sdrt does not use torch; see GET /sdrt/status"}})
+
+
 async def ping(request: Request) -> JSONResponse:
     return JSONResponse({})
 
@@ -230,6 +244,7 @@ ROUTES = [
     Route("/sdapi/v1/scripts", _empty({"txt2img": [], "img2img": []}), methods=["GET"]),
     Route("/sdapi/v1/cmd-flags", _empty({}), methods=["GET"]),
     Route("/sdapi/v1/script-info", _empty([]), methods=["GET"]),
+    Route("/sdapi/v1/memory", memory, methods=["GET"]),
     Route("/sdapi/v1/extensions", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/realesrgan-models", _empty([]), methods=["GET"]),
     Route("/internal/ping", ping, methods=["GET"]),

@@ -103,7 +103,12 @@ async def generations(request: Request) -> JSONResponse:
     body = await read_json(request, st.limits.max_body_bytes)
     work, ignored, fmt = await run_in_threadpool(parse, body, st)
     job = st.queue.submit(work)
-    result = await wait_for_job(request, job, st.queue)
+    try:
+        result = await wait_for_job(request, job, st.queue)
+    except ApiError as exc:
+        if exc.field in ("width", "height"):  # the model refused the size: the caller sent size, not width=
+            raise ApiError(exc.status, f"size {body.get('size') or 'auto'}: {exc.message}", field="size") from None
+        raise
 
     def render() -> dict[str, Any]:
         texts = responses.infotexts(result)
@@ -125,9 +130,20 @@ async def models(request: Request) -> JSONResponse:
                                                      "owned_by": "sdrt"} for m in st.registry.models]})
 
 
+async def model(request: Request) -> JSONResponse:
+    """OpenAI's ``GET /v1/models/{model}`` (the SDK's ``models.retrieve``); 404 for a model this server lacks."""
+    st: ServerState = request.app.state.sdrt
+    name = request.path_params["model"]
+    for m in st.registry.models:
+        if name in (m.model_name, m.name):
+            return JSONResponse({"id": m.model_name, "object": "model", "created": 0, "owned_by": "sdrt"})
+    raise ApiError(404, f"no model {name[:200]!r} on this server; GET /v1/models lists them", field="model")
+
+
 ROUTES = [
     Route("/v1/images/generations", generations, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models/{model:path}", model, methods=["GET"]),
 ]
 
 __all__ = ["ROUTES", "parse"]
