@@ -242,3 +242,35 @@ def test_a_side_that_is_no_multiple_of_8_runs_rounded_down_as_in_a1111(server) -
         assert info["sdrt_not_honoured"] == ["width: 71 ran as 64, a multiple of 8, as A1111 runs it"]
         r = client.post("/v1/images/generations", json={"prompt": "x", "size": "71x64"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "size"
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    """A server of two families: tiny Flux.1 dev (guidance-distilled, flow matching) and tiny SD 1.5."""
+    from pathlib import Path
+
+    from serve_helpers import live_server
+
+    from sdrt.serve import ServeConfig
+
+    data = Path(__file__).resolve().parent.parent / "data" / "pipelines"
+    root = tmp_path_factory.mktemp("families")
+    for name in ("tiny-flux-dev", "tiny-sd15"):
+        (root / name).symlink_to(data / name)
+    with live_server(ServeConfig(models=root, backend="openvino")) as url:
+        yield url
+
+
+def _on(model: str, **body) -> dict:
+    return {"prompt": "a cat", "negative_prompt": "a dog", "steps": 3, "seed": 1, "width": 64, "height": 64,
+            "override_settings": {"sd_model_checkpoint": model}, **body}
+
+
+def test_hires_fix_on_flux_dev(families) -> None:
+    """The second pass gave the transformer no guidance input: every hires. fix on Flux dev was a 400 "wrong input
+    names: missing 'guidance'" (sdrt.pipelines.extras._hires_pass)."""
+    r = httpx.post(f"{families}/sdapi/v1/txt2img", json=_on("tiny-flux-dev", enable_hr=True, hr_scale=1.5),
+                   timeout=300)
+    info = _info(r)
+    assert Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))).size == (96, 96)
+    assert "Hires upscale: 1.5" in info["infotexts"][0] and "Distilled CFG Scale: 3.5" in info["infotexts"][0]
