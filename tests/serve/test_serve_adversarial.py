@@ -274,3 +274,23 @@ def test_hires_fix_on_flux_dev(families) -> None:
     info = _info(r)
     assert Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))).size == (96, 96)
     assert "Hires upscale: 1.5" in info["infotexts"][0] and "Distilled CFG Scale: 3.5" in info["infotexts"][0]
+
+
+def test_distilled_cfg_scale_and_the_cfg_default_follow_the_model(families) -> None:
+    """Forge's distilled_cfg_scale is Flux dev's guidance input (it was named as not honoured, and 3.5 always ran);
+    on a model without one it is named. cfg_scale left out is the family's (Flux 1, SD 7 as A1111): it was 7
+    everywhere, which on Flux with a negative prompt runs true CFG at 7, two passes a step."""
+    with httpx.Client(base_url=families, timeout=300) as client:
+        flux = _info(client.post("/sdapi/v1/txt2img", json=_on("tiny-flux-dev", distilled_cfg_scale=2)))
+        assert "Distilled CFG Scale: 2," in flux["infotexts"][0] + "," and flux["sdrt_not_honoured"] == []
+        assert flux["cfg_scale"] == 1 and "CFG scale: 1," in flux["infotexts"][0]
+        sd = _info(client.post("/sdapi/v1/txt2img", json=_on("tiny-sd15", distilled_cfg_scale=2)))
+        assert sd["sdrt_not_honoured"] == ["distilled_cfg_scale: tiny-sd15 is no guidance-distilled model (Flux dev "
+                                           "is); cfg_scale is its guidance"]
+        assert sd["cfg_scale"] == 7 and "Distilled" not in sd["infotexts"][0]
+        # Easy Diffusion always sends Forge's default 3.5: nothing to say about it
+        assert _info(client.post("/sdapi/v1/txt2img", json=_on("tiny-sd15", distilled_cfg_scale=3.5)))[
+            "sdrt_not_honoured"] == []
+        oai = client.post("/v1/images/generations", json={"prompt": "a cat", "model": "tiny-flux-dev", "size": "64x64",
+                                                          "steps": 2})
+        assert oai.status_code == 200, oai.text

@@ -38,7 +38,6 @@ _NOT_HONOURED: list[tuple[str, tuple[Any, ...], str]] = [
     ("firstpass_image", ("",), "hires. fix first-pass images are not supported"),
     ("image_cfg_scale", (1.5, 0, 0.0, 1.0), "instruct-pix2pix image guidance is not supported"),
     ("initial_noise_multiplier", (1, 1.0), "the initial noise multiplier is fixed at 1"),
-    ("distilled_cfg_scale", (3.5,), "distilled guidance (Flux) does not apply to these models"),
 ]
 #: A1111's request fields (txt2img and img2img); ``parameters`` echoes only these, never a client's own
 #: extra fields (SillyTavern forwards its ``url`` and ``auth`` in the body)
@@ -99,7 +98,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     for key, text in (("prompt", prompt), ("negative_prompt", negative)):
         registry.check_prompt(text, key)
     steps = get_int(body, "steps", 20, 1, limits.max_steps)
-    cfg = get_float(body, "cfg_scale", 7.0, 0.0, MAX_CFG)
+    cfg = get_float(body, "cfg_scale", None, 0.0, MAX_CFG)  # unset: the family's (7 for SD, as A1111; 1 for Flux)
+    distilled = get_float(body, "distilled_cfg_scale", None, 0.0, MAX_CFG)  # Forge's: Flux dev's guidance input
     sampler = get_str(body, "sampler_name", None) or get_str(body, "sampler_index", None) or "Euler"
     scheduler = get_str(body, "scheduler", None)
     if scheduler is not None and scheduler.strip().casefold() in ("", "automatic"):
@@ -171,7 +171,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         # A1111 echoes the images only when asked (api.py: ``if not include_init_images: init_images = None``)
         params.update({k: None for k in ("init_images", "mask") if k in params})
     ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN)
-    work = Work(model, prompt, negative, kwargs, seed, batch, n_iter)
+    work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled)
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
 
 

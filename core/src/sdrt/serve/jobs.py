@@ -43,6 +43,8 @@ class Work:
     seed: int
     batch: int = 1
     n_iter: int = 1
+    #: Forge's distilled_cfg_scale: the ``guidance`` of a guidance-distilled model (Flux dev); others take none
+    distilled_cfg: float | None = None
 
 
 @dataclass
@@ -56,6 +58,8 @@ class Result:
     skipped: int = 0
     worker: str = ""
     seconds: float = 0.0
+    #: what the request asked that this model could not do, found once the model was loaded
+    not_honoured: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -184,6 +188,13 @@ class Worker(threading.Thread):
             result.interrupted = True
         else:
             pipe = self.pipeline(w.model)
+            kwargs = dict(w.kwargs)
+            if w.distilled_cfg is not None:
+                if "guidance" in pipe.denoiser.inputs:
+                    kwargs["guidance"] = w.distilled_cfg
+                elif w.distilled_cfg != 3.5:  # Forge's default, which Easy Diffusion always sends
+                    result.not_honoured.append(f"distilled_cfg_scale: {w.model.name} is no guidance-distilled model "
+                                               "(Flux dev is); cfg_scale is its guidance")
 
             def on_step(step: int, total: int, latents: np.ndarray) -> None:
                 job.step, job.total, job.latents = step, total, latents
@@ -197,7 +208,7 @@ class Worker(threading.Thread):
                 try:
                     gen = generate_until_stopped(pipe, lambda: job.interrupt.is_set() or job.skip.is_set(),
                                                  on_step, w.prompt, w.negative, seed=w.seed + k * w.batch,
-                                                 batch_count=1, **w.kwargs)
+                                                 batch_count=1, **kwargs)
                 except SdrtError as exc:
                     raise _Generating(w.model.name) from exc
                 if gen is None:

@@ -78,7 +78,7 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     if output != "png":
         raise ApiError(400, f"output_format {output!r} is not supported; this server writes png", field="output_format")
     steps = get_int(body, "steps", 20, 1, limits.max_steps)
-    cfg = get_float(body, "cfg_scale", 7.0, 0.0, MAX_CFG)
+    cfg = get_float(body, "cfg_scale", None, 0.0, MAX_CFG)  # unset: the model family's (7 for SD, 1 for Flux)
     sampler = get_str(body, "sampler_name", "Euler", max_len=100)
     seed = get_int(body, "seed", -1, -1, 2**32 - 1 - n)
     if seed == -1:
@@ -119,7 +119,7 @@ async def generations(request: Request) -> JSONResponse:
             data.append(item)
         return {"created": int(time.time()), "data": data, "output_format": "png",
                 "size": f"{work.kwargs.get('width') or ''}x{work.kwargs.get('height') or ''}".strip("x") or "auto",
-                "sdrt_not_honoured": ignored, "sdrt_interrupted": result.interrupted}
+                "sdrt_not_honoured": ignored + result.not_honoured, "sdrt_interrupted": result.interrupted}
 
     return JSONResponse(await run_in_threadpool(render))
 
