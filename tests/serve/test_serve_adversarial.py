@@ -294,3 +294,20 @@ def test_distilled_cfg_scale_and_the_cfg_default_follow_the_model(families) -> N
         oai = client.post("/v1/images/generations", json={"prompt": "a cat", "model": "tiny-flux-dev", "size": "64x64",
                                                           "steps": 2})
         assert oai.status_code == 200, oai.text
+
+
+def test_a_clip_skip_the_export_cannot_give_runs_at_1_and_is_named(families) -> None:
+    """CLIP skip 2 (an A1111 user's usual server-wide option) on a model whose text encoder has no hidden_states
+    outputs (tiny Flux dev here; Optimum's SD 1.x exports) failed every request with a 400; it runs at 1, named once
+    per job. tiny-sd15's encoder has them: clip skip 2 runs."""
+    with httpx.Client(base_url=families, timeout=300) as client:
+        try:
+            assert client.post("/sdapi/v1/options", json={"CLIP_stop_at_last_layers": 2}).status_code == 200
+            flux = _info(client.post("/sdapi/v1/txt2img", json={**_on("tiny-flux-dev"), "n_iter": 2}))
+            assert len(flux["all_seeds"]) == 2 and flux["sdrt_not_honoured"] == [
+                "CLIP_stop_at_last_layers: 2 needs the text encoder's hidden states, which tiny-flux-dev's export "
+                "lacks; it ran at 1"]
+            sd = _info(client.post("/sdapi/v1/txt2img", json=_on("tiny-sd15")))
+            assert "Clip skip: 2" in sd["infotexts"][0] and sd["sdrt_not_honoured"] == []
+        finally:
+            client.post("/sdapi/v1/options", json={"CLIP_stop_at_last_layers": 1})

@@ -206,9 +206,7 @@ class Worker(threading.Thread):
                 job.iteration, job.step = k, 0
                 job.skip.clear()
                 try:
-                    gen = generate_until_stopped(pipe, lambda: job.interrupt.is_set() or job.skip.is_set(),
-                                                 on_step, w.prompt, w.negative, seed=w.seed + k * w.batch,
-                                                 batch_count=1, **kwargs)
+                    gen = self._generate(job, pipe, on_step, k, kwargs, result)
                 except SdrtError as exc:
                     raise _Generating(w.model.name) from exc
                 if gen is None:
@@ -226,6 +224,29 @@ class Worker(threading.Thread):
         job.state = "interrupted" if result.interrupted else "done"
         job.latents = None
         job.future.set_result(result)
+
+
+    def _generate(self, job: Job, pipe: Any, on_step: Callable[[int, int, np.ndarray], None], k: int,
+                  kwargs: dict[str, Any], result: Result) -> Any:
+        """Run ``k`` of the job. A clip skip the model's text encoder cannot give (an ONNX export without
+        hidden_states outputs: Optimum's SD 1.x ones) runs at 1, named: A1111 users often keep CLIP skip 2 as a
+        server-wide option, which would otherwise fail every request on such a model."""
+        w = job.work
+
+        def run() -> Any:
+            return generate_until_stopped(pipe, lambda: job.interrupt.is_set() or job.skip.is_set(), on_step,
+                                          w.prompt, w.negative, seed=w.seed + k * w.batch, batch_count=1, **kwargs)
+
+        try:
+            return run()
+        except ModelError as exc:
+            skip = kwargs.get("clip_skip", 1)
+            if skip <= 1 or not str(getattr(exc, "what", "")).startswith("clip skip "):
+                raise
+            result.not_honoured.append(f"CLIP_stop_at_last_layers: {skip} needs the text encoder's hidden states, "
+                                       f"which {w.model.name}'s export lacks; it ran at 1")
+            kwargs["clip_skip"] = 1  # and so do the job's next runs
+            return run()
 
 
 class JobQueue:
