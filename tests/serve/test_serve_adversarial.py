@@ -246,7 +246,8 @@ def test_a_side_that_is_no_multiple_of_8_runs_rounded_down_as_in_a1111(server) -
 
 @pytest.fixture(scope="module")
 def families(tmp_path_factory):
-    """A server of two families: tiny Flux.1 dev (guidance-distilled, flow matching) and tiny SD 1.5."""
+    """A server of three families: tiny Flux.1 dev (guidance-distilled, flow matching), tiny SD 1.5 and tiny SDXL
+    with dynamic sizes."""
     from pathlib import Path
 
     from serve_helpers import live_server
@@ -255,7 +256,7 @@ def families(tmp_path_factory):
 
     data = Path(__file__).resolve().parent.parent / "data" / "pipelines"
     root = tmp_path_factory.mktemp("families")
-    for name in ("tiny-flux-dev", "tiny-sd15"):
+    for name in ("tiny-flux-dev", "tiny-sd15", "tiny-sdxl-dyn"):
         (root / name).symlink_to(data / name)
     with live_server(ServeConfig(models=root, backend="openvino")) as url:
         yield url
@@ -311,3 +312,15 @@ def test_a_clip_skip_the_export_cannot_give_runs_at_1_and_is_named(families) -> 
             assert "Clip skip: 2" in sd["infotexts"][0] and sd["sdrt_not_honoured"] == []
         finally:
             client.post("/sdapi/v1/options", json={"CLIP_stop_at_last_layers": 1})
+
+
+def test_a_size_off_the_unet_exports_grid_is_said_in_pixels(families) -> None:
+    """tiny-sdxl-dyn halves its latent once: 72 pixels (latent 9) failed ONNX shape inference, and the 400 carried
+    onnx's "[ShapeInferenceError] ... Concat ... Inferred=9 Declared=10" over two lines."""
+    with httpx.Client(base_url=families, timeout=300) as client:
+        r = client.post("/sdapi/v1/txt2img", json=_on("tiny-sdxl-dyn", width=72))
+        assert r.status_code == 400 and r.json()["field"] == "width", r.text
+        assert "multiples of 16 pixels; use 64 or 80" in r.json()["detail"] and "\n" not in r.json()["detail"]
+        r = client.post("/sdapi/v1/txt2img", json=_on("tiny-sdxl-dyn", enable_hr=True, hr_scale=1.125))
+        assert r.status_code == 400 and r.json()["field"] == "hr_scale", r.text
+        assert _info(client.post("/sdapi/v1/txt2img", json=_on("tiny-sdxl-dyn", width=80)))["width"] == 80

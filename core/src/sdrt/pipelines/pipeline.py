@@ -489,6 +489,45 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
     def _generate(self, prompt: str, negative_prompt: str | None, callback: Callback | None,
                   kwargs: dict[str, Any]) -> Generation:
+        try:
+            return self._generate_checked(prompt, negative_prompt, callback, kwargs)
+        except ModelError as exc:
+            wrong = self._unet_size_error(prompt, negative_prompt, kwargs)
+            if wrong is None:
+                raise
+            raise wrong from exc
+
+    def _unet_size_error(self, prompt: Any, negative_prompt: str | None, kwargs: dict[str, Any]) -> InputError | None:
+        """Why a UNet export refused a size, in pixels, when it did: diffusers' UNet halves the latent once per down
+        block but the last and, in torch, pads an odd size back up on the way up; an ONNX export traced at an even
+        size cannot (the skip connection's Concat then fails shape inference), so each side's latent must divide by
+        2 ** (down blocks - 1): 64 pixels for SD 1.x and 2.x, 32 for SDXL. None when that is not what went wrong."""
+        blocks = self.folder.configs.get("unet", {}).get("block_out_channels")
+        if self.family.flow or not isinstance(blocks, list) or len(blocks) < 2:
+            return None
+        step = 8 * 2 ** (len(blocks) - 1)
+        try:
+            s = prompt if isinstance(prompt, Settings) else validate(prompt, negative_prompt, **kwargs)
+        except SdrtError:
+            return None
+        sizes = [("width", s.width), ("height", s.height)]
+        hires = s.toolbox.hires if s.toolbox is not None else None
+        if hires is not None and s.width and s.height:
+            sizes += list(zip(("hires_scale", "hires_scale"), hires.target(s.width, s.height)))
+        for where, side in sizes:
+            if side and side % step:
+                what = f"the hires fix's second pass ({side} pixels a side)" if where == "hires_scale" else \
+                    f"{where} {side}"
+                return InputError(f"{what} does not divide into this UNet's latent grid: its export halves the latent "
+                                  f"{len(blocks) - 1} times and cannot pad an odd size as diffusers' torch code does, "
+                                  f"so it makes sides that are multiples of {step} pixels", where=where,
+                                  fix=f"use {max(side - side % step, step)} or {side - side % step + step}"
+                                  if where != "hires_scale" else
+                                  f"pick {{@hires_scale}} so that width and height times it are multiples of {step}")
+        return None
+
+    def _generate_checked(self, prompt: str, negative_prompt: str | None, callback: Callback | None,
+                          kwargs: dict[str, Any]) -> Generation:
         original = prompt.prompt if isinstance(prompt, Settings) else prompt
         # this job's shapes per part, from a dry run made first (its ControlNet units get dry parts; this job's
         # own preparation below gives them the real ones again)
