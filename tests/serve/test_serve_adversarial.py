@@ -324,3 +324,36 @@ def test_a_size_off_the_unet_exports_grid_is_said_in_pixels(families) -> None:
         r = client.post("/sdapi/v1/txt2img", json=_on("tiny-sdxl-dyn", enable_hr=True, hr_scale=1.125))
         assert r.status_code == 400 and r.json()["field"] == "hr_scale", r.text
         assert _info(client.post("/sdapi/v1/txt2img", json=_on("tiny-sdxl-dyn", width=80)))["width"] == 80
+
+
+def test_doubled_slashes_and_a_current_model_that_went_away(tmp_path) -> None:
+    """A base URL given with a trailing slash (``http://host:7860/``) joined with ``/sdapi/v1/...`` was a 404; a
+    model folder renamed under a running server, then /refresh-checkpoints, left sd_model_checkpoint naming it and
+    every request without its own model a 400 "no model named"."""
+    import shutil
+
+    from serve_helpers import live_server
+
+    from sdrt import pipelines
+    from sdrt.serve import ServeConfig
+
+    for name in ("alpha", "beta"):
+        shutil.copytree(pipelines.DEMO_MODEL, tmp_path / name)
+    with live_server(ServeConfig(models=tmp_path, backend="openvino")) as url:
+        api = webuiapi.WebUIApi(baseurl=f"{url}/sdapi/v1/")  # webuiapi then asks for .../sdapi/v1//txt2img
+        assert len(api.txt2img(prompt="x", seed=1, width=64, height=64, steps=2).images) == 1
+        with httpx.Client(base_url=url, timeout=120) as client:
+            assert httpx.get(f"{url}//sdapi/v1//options").status_code == 200
+            assert client.post("/sdapi/v1/options", json={"sd_model_checkpoint": "beta"}).status_code == 200
+            (tmp_path / "beta").rename(tmp_path / "gamma")
+            assert client.post("/sdapi/v1/refresh-checkpoints").status_code == 200
+            assert client.get("/sdapi/v1/options").json()["sd_model_checkpoint"].startswith("alpha [")
+            assert _info(client.post("/sdapi/v1/txt2img", json=OK))["sd_model_name"] == "alpha"
+
+
+def test_an_error_message_is_one_line() -> None:
+    from sdrt.serve.http import error_response
+
+    body = json.loads(error_response("/sdapi/v1/txt2img", 400, "shape inference failed:\n (op: Concat)\n\n more",
+                                     "width").body)
+    assert body["detail"] == "shape inference failed:; (op: Concat); more" and body["field"] == "width"

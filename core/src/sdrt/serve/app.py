@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,6 +21,20 @@ from .http import error_response
 from .state import ServerState
 
 log = logging.getLogger("sdrt.serve")
+
+
+class SlashesMiddleware:
+    """``//sdapi/v1/txt2img`` is ``/sdapi/v1/txt2img``: a client given a base URL ending in ``/`` joins it with a path
+    that starts with one (it was a 404 "no route")."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and "//" in scope.get("path", ""):
+            scope = dict(scope, path=re.sub(r"/{2,}", "/", scope["path"]))
+            scope.pop("raw_path", None)
+        await self.app(scope, receive, send)
 
 
 class AuthMiddleware:
@@ -109,6 +124,7 @@ def create_app(config: ServeConfig | None = None, cluster: Any = None) -> Starle
                     exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
     app.state.sdrt = state
     app.add_middleware(AuthMiddleware, config=config)
+    app.add_middleware(SlashesMiddleware)
     if config.cors_origins:  # outermost: a browser's preflight is answered before auth asks for credentials
         from starlette.middleware.cors import CORSMiddleware
 

@@ -185,7 +185,7 @@ async def skip(request: Request) -> JSONResponse:
 
 
 async def refresh(request: Request) -> JSONResponse:
-    await run_in_threadpool(_state(request).registry.refresh)
+    await run_in_threadpool(_state(request).refresh)
     return JSONResponse(None)
 
 

@@ -122,6 +122,28 @@ class ServerState:
                 raise ApiError(400, f"this server stores at most {MAX_OPTIONS} options")
             self._options.update(updates)
 
+    def refresh(self) -> None:
+        """Read the folders again; when the current model is gone (its folder renamed or removed), the first one
+        becomes current, as every request without its own model would otherwise be a 400 "no model named"."""
+        self.registry.refresh()
+        current = self.options().get("sd_model_checkpoint")
+        try:
+            if current:
+                self.registry.model(current)
+                return
+        except ApiError:
+            pass
+        first = self._first()
+        if first is not None:
+            log.warning("the current model %s is gone from %s; %s is current now", current, self.config.models,
+                        first.title)
+            updates = {"sd_model_checkpoint": first.title}
+            if self.cluster is not None:
+                self.cluster.update_options(updates)
+            else:
+                with self._lock:
+                    self._options.update(updates)
+
     # ---------------------------------------------------------------- control
     def interrupt(self) -> int:
         if self.cluster is not None:
