@@ -357,3 +357,12 @@ def test_an_error_message_is_one_line() -> None:
     body = json.loads(error_response("/sdapi/v1/txt2img", 400, "shape inference failed:\n (op: Concat)\n\n more",
                                      "width").body)
     assert body["detail"] == "shape inference failed:; (op: Concat); more" and body["field"] == "width"
+
+
+def test_a_body_with_a_utf8_bom_is_json(server) -> None:
+    """Windows tools (PowerShell's Set-Content -Encoding utf8, Notepad) write a BOM; A1111's json.loads(bytes) takes
+    it, and sdrt answered 400 "Unexpected UTF-8 BOM"."""
+    body = b"\xef\xbb\xbf" + json.dumps(OK).encode()
+    r = httpx.post(f"{server}/sdapi/v1/txt2img", content=body, headers={"content-type": "application/json"},
+                   timeout=120)
+    assert r.status_code == 200, r.text

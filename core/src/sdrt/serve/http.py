@@ -37,7 +37,7 @@ async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> A
             return empty
         raise ApiError(400, "the request body is empty; send a JSON object")
     try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+        body = json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant)  # a BOM, as json.loads(bytes) takes
     except UnicodeDecodeError:
         raise ApiError(400, "the request body is not UTF-8 text") from None
     except json.JSONDecodeError as exc:
