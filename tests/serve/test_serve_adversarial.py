@@ -366,3 +366,24 @@ def test_a_body_with_a_utf8_bom_is_json(server) -> None:
     r = httpx.post(f"{server}/sdapi/v1/txt2img", content=body, headers={"content-type": "application/json"},
                    timeout=120)
     assert r.status_code == 200, r.text
+
+
+def test_sizes_taken_from_the_model_or_the_image_stay_within_the_limits(models_dir) -> None:
+    """--max-size held only for width and height sent: an img2img without them ran at the init image's size (a
+    4096x4096 photo passed the pixel limit of 4 x max-size^2), and a hires. fix without them at the model's size
+    times hr_scale."""
+    from serve_helpers import live_server
+
+    from sdrt.serve import Limits, ServeConfig
+
+    big = base64.b64encode(_png(Image.new("RGB", (128, 128), (9, 9, 9)))).decode()  # 4 x 64^2 pixels
+    with live_server(ServeConfig(models=models_dir, backend="openvino", limits=Limits(max_width=64, max_height=64))) \
+            as url, httpx.Client(base_url=url, timeout=120) as client:
+        r = client.post("/sdapi/v1/img2img", json={**OK, "width": None, "height": None, "init_images": [big]})
+        info = _info(r)
+        assert (info["width"], info["height"]) == (64, 64), info
+        assert info["sdrt_not_honoured"][0].startswith("width/height: init_images[0] is 128x128, above this server's "
+                                                       "limit of 64x64; it ran scaled down")
+        r = client.post("/sdapi/v1/txt2img", json={**OK, "width": None, "height": None, "enable_hr": True})
+        assert r.status_code == 400 and r.json()["field"] == "hr_scale", r.text
+        assert "makes 128x128 from demo-a's own size, above this server's limit of 64x64" in r.json()["detail"]

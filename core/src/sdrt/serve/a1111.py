@@ -171,7 +171,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         # A1111 echoes the images only when asked (api.py: ``if not include_init_images: init_images = None``)
         params.update({k: None for k in ("init_images", "mask") if k in params})
     ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN)
-    work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled)
+    work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled,
+                max_size=(limits.max_width, limits.max_height))
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
 
 
@@ -242,8 +243,17 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
     if resize_mode == 3:
         not_honoured.append("resize_mode: 3 (latent upscale) runs as 0 (just resize)")
         resize_mode = 0
-    width = kwargs["width"] or img.width - img.width % 8
-    height = kwargs["height"] or img.height - img.height % 8
+    width, height = kwargs["width"] or img.width, kwargs["height"] or img.height
+    # sides left unset take the image's, within this server's limits (a 4096x4096 photo ran at 4096x4096)
+    scale = min([1.0, *(limit / side for side, given, limit in ((width, kwargs["width"], limits.max_width),
+                                                                   (height, kwargs["height"], limits.max_height))
+                        if not given)])
+    if scale < 1.0:
+        not_honoured.append(f"width/height: init_images[0] is {img.width}x{img.height}, above this server's limit of "
+                            f"{limits.max_width}x{limits.max_height}; it ran scaled down (pass width and height)")
+        width = kwargs["width"] or max(int(width * scale), 8)
+        height = kwargs["height"] or max(int(height * scale), 8)
+    width, height = width - width % 8, height - height % 8
     if width < 8 or height < 8:
         raise ApiError(400, f"init_images[0] is {img.width}x{img.height}, too small for an 8x8 image",
                        field="init_images")

@@ -45,6 +45,9 @@ class Work:
     n_iter: int = 1
     #: Forge's distilled_cfg_scale: the ``guidance`` of a guidance-distilled model (Flux dev); others take none
     distilled_cfg: float | None = None
+    #: this server's largest width and height, checked against the hires. fix's second pass once the model's own
+    #: size is known (a request that leaves width and height to the model)
+    max_size: tuple[int, int] | None = None
 
 
 @dataclass
@@ -189,6 +192,14 @@ class Worker(threading.Thread):
         else:
             pipe = self.pipeline(w.model)
             kwargs = dict(w.kwargs)
+            if w.max_size is not None and kwargs.get("hires_scale") and not (kwargs.get("width") and
+                                                                             kwargs.get("height")):
+                scale, side = kwargs["hires_scale"], pipe.default_size
+                tw, th = (int((kwargs.get(k) or side) * scale) // 8 * 8 for k in ("width", "height"))
+                if tw > w.max_size[0] or th > w.max_size[1]:
+                    raise ApiError(400, f"hires. fix at hr_scale {scale:g} makes {tw}x{th} from {w.model.name}'s own "
+                                        f"size, above this server's limit of {w.max_size[0]}x{w.max_size[1]}; pass "
+                                        "width and height, or a smaller hr_scale", field="hr_scale")
             if w.distilled_cfg is not None:
                 if "guidance" in pipe.denoiser.inputs:
                     kwargs["guidance"] = w.distilled_cfg
