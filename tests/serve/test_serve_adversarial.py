@@ -387,3 +387,10 @@ def test_sizes_taken_from_the_model_or_the_image_stay_within_the_limits(models_d
         r = client.post("/sdapi/v1/txt2img", json={**OK, "width": None, "height": None, "enable_hr": True})
         assert r.status_code == 400 and r.json()["field"] == "hr_scale", r.text
         assert "makes 128x128 from demo-a's own size, above this server's limit of 64x64" in r.json()["detail"]
+    with live_server(ServeConfig(models=models_dir, backend="openvino", limits=Limits(max_width=32, max_height=32))) \
+            as url, httpx.Client(base_url=url, timeout=120) as client:
+        r = client.post("/sdapi/v1/txt2img", json={"prompt": "x", "steps": 2})  # the demo model's own 64x64
+        assert r.status_code == 400 and r.json()["field"] == "width", r.text
+        assert "whose own size 64x64 is above this server's limit of 32x32" in r.json()["detail"]
+        r = client.post("/v1/images/generations", json={"prompt": "x", "steps": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "size", r.text

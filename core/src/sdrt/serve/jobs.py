@@ -45,8 +45,8 @@ class Work:
     n_iter: int = 1
     #: Forge's distilled_cfg_scale: the ``guidance`` of a guidance-distilled model (Flux dev); others take none
     distilled_cfg: float | None = None
-    #: this server's largest width and height, checked against the hires. fix's second pass once the model's own
-    #: size is known (a request that leaves width and height to the model)
+    #: this server's largest width and height, checked (with the hires. fix's scale) once the model's own size is
+    #: known, for a request that leaves width or height to the model
     max_size: tuple[int, int] | None = None
 
 
@@ -98,6 +98,22 @@ class Job:
             return 0.0
         elapsed = time.time() - self.started
         return max(elapsed / self.progress - elapsed, 0.0)
+
+
+def _check_own_size(w: Work, kwargs: dict[str, Any], side: int) -> None:
+    """A size left to the model (its own, ``side`` pixels a side), times the hires. fix's scale, within the server's
+    limits (``Work.max_size``): a 400 about the field that made it too large."""
+    assert w.max_size is not None
+    scale = kwargs.get("hires_scale") or 1.0
+    width, height = (kwargs.get(k) or side for k in ("width", "height"))
+    tw, th = (int(v * scale) // 8 * 8 for v in (width, height))
+    limit = f"this server's limit of {w.max_size[0]}x{w.max_size[1]}"
+    if width > w.max_size[0] or height > w.max_size[1]:
+        raise ApiError(400, f"width and height were left to {w.model.name}, whose own size {width}x{height} is above "
+                            f"{limit}; pass width and height", field="width")
+    if tw > w.max_size[0] or th > w.max_size[1]:
+        raise ApiError(400, f"hires. fix at hr_scale {scale:g} makes {tw}x{th} from {w.model.name}'s own size, above "
+                            f"{limit}; pass width and height, or a smaller hr_scale", field="hr_scale")
 
 
 class _Generating(Exception):
@@ -192,14 +208,8 @@ class Worker(threading.Thread):
         else:
             pipe = self.pipeline(w.model)
             kwargs = dict(w.kwargs)
-            if w.max_size is not None and kwargs.get("hires_scale") and not (kwargs.get("width") and
-                                                                             kwargs.get("height")):
-                scale, side = kwargs["hires_scale"], pipe.default_size
-                tw, th = (int((kwargs.get(k) or side) * scale) // 8 * 8 for k in ("width", "height"))
-                if tw > w.max_size[0] or th > w.max_size[1]:
-                    raise ApiError(400, f"hires. fix at hr_scale {scale:g} makes {tw}x{th} from {w.model.name}'s own "
-                                        f"size, above this server's limit of {w.max_size[0]}x{w.max_size[1]}; pass "
-                                        "width and height, or a smaller hr_scale", field="hr_scale")
+            if w.max_size is not None and not (kwargs.get("width") and kwargs.get("height")):
+                _check_own_size(w, kwargs, pipe.default_size)
             if w.distilled_cfg is not None:
                 if "guidance" in pipe.denoiser.inputs:
                     kwargs["guidance"] = w.distilled_cfg

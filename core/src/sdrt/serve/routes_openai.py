@@ -95,7 +95,8 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
                                 f"a size whose sides are multiples of 8, from 8 to "
                                 f"{limits.max_width}x{limits.max_height}", field="size") from None
         raise from_pipeline(exc) from None
-    return Work(model, prompt, negative, kwargs, seed, n, 1), ignored, fmt
+    return Work(model, prompt, negative, kwargs, seed, n, 1, max_size=(limits.max_width, limits.max_height)), \
+        ignored, fmt
 
 
 async def generations(request: Request) -> JSONResponse:
