@@ -394,3 +394,30 @@ def test_sizes_taken_from_the_model_or_the_image_stay_within_the_limits(models_d
         assert "whose own size 64x64 is above this server's limit of 32x32" in r.json()["detail"]
         r = client.post("/v1/images/generations", json={"prompt": "x", "steps": 2})
         assert r.status_code == 400 and r.json()["error"]["param"] == "size", r.text
+
+
+def test_finished_jobs_keep_no_images(models_dir) -> None:
+    """The last 512 finished jobs were kept whole for /internal/progress, with every image each made (its future's
+    result) and its init image: gigabytes on a busy server. Now a few numbers each."""
+    import gc
+    import weakref
+
+    from sdrt.serve import ServeConfig
+    from sdrt.serve.a1111 import parse
+    from sdrt.serve.jobs import FinishedJob
+    from sdrt.serve.state import ServerState
+
+    st = ServerState(ServeConfig(models=models_dir, backend="openvino"))
+    try:
+        req = parse({**OK, "batch_size": 2}, "txt2img", st.registry, st.limits, st.options())
+        job = st.queue.submit(req.work, "kept-light")
+        result = job.future.result(timeout=120)
+        assert len(result.images) == 2
+        images = weakref.ref(result)
+        assert _wait(lambda: isinstance(st.queue.find("kept-light"), FinishedJob), 10)
+        del job, result, req
+        gc.collect()
+        assert images() is None, gc.get_referrers(images())
+        assert st.queue.find("kept-light").state == "done"
+    finally:
+        st.close()

@@ -116,6 +116,22 @@ def _check_own_size(w: Work, kwargs: dict[str, Any], side: int) -> None:
                             f"{limit}; pass width and height, or a smaller hr_scale", field="hr_scale")
 
 
+@dataclass(frozen=True)
+class FinishedJob:
+    """What ``/internal/progress`` reads of a finished job: its images, init image and prompt are not kept (512
+    finished jobs held every image they made, and their init images: gigabytes on a busy server)."""
+
+    id: str
+    state: str
+    step: int
+    total: int
+    iteration: int
+    worker: str
+    progress: float = 1.0
+    eta: float = 0.0
+    latents: None = None
+
+
 class _Generating(Exception):
     """Wraps what ``Pipeline.generate`` raised on a loaded model: the request asked for something
     this model cannot do (a size its fixed-shape graph refuses, a prompt too long, a LoRA of
@@ -193,6 +209,7 @@ class Worker(threading.Thread):
                 self.current = None
                 self.done += 1
                 self.jobs.finished(job)
+                job = None  # not held (with its images) while this worker waits for the next one
         for pipe in self.pipes.values():
             pipe.close()
 
@@ -279,7 +296,7 @@ class JobQueue:
         self._lock = threading.Lock()
         self.max_queue = max_queue
         self.active: dict[str, Job] = {}
-        self.recent: collections.OrderedDict[str, Job] = collections.OrderedDict()
+        self.recent: collections.OrderedDict[str, FinishedJob] = collections.OrderedDict()
         self.submitted = 0
         #: called (from a worker thread) when a job starts or ends; the Ray replicas report then
         self.on_change: Callable[[], None] | None = None
@@ -309,7 +326,7 @@ class JobQueue:
     def finished(self, job: Job) -> None:
         with self._lock:
             self.active.pop(job.id, None)
-            self.recent[job.id] = job
+            self.recent[job.id] = FinishedJob(job.id, job.state, job.step, job.total, job.iteration, job.worker)
             while len(self.recent) > 512:
                 self.recent.popitem(last=False)
         self.changed()
@@ -330,7 +347,7 @@ class JobQueue:
         with self._lock:
             return sum(1 for j in self.active.values() if j.state == "queued")
 
-    def find(self, job_id: str) -> Job | None:
+    def find(self, job_id: str) -> Job | FinishedJob | None:
         with self._lock:
             return self.active.get(job_id) or self.recent.get(job_id)
 
@@ -369,4 +386,4 @@ class JobQueue:
             w.join(timeout=60)
 
 
-__all__ = ["Job", "JobQueue", "Result", "Work", "Worker"]
+__all__ = ["FinishedJob", "Job", "JobQueue", "Result", "Work", "Worker"]
