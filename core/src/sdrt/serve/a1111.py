@@ -8,6 +8,7 @@ are listed in the response's ``info`` under ``sdrt_not_honoured`` when a request
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,23 @@ def randn_source(value: Any, field: str) -> str:
         return value.strip().upper()
     raise ApiError(400, f"{field} must be GPU, CPU or NV (A1111's random sources), got {str(value)[:40]!r}",
                    field=field)
+
+
+#: A1111 prompt syntax that sdrt's prompt parser does not run: prompt editing ``[from:to:when]`` (and ``[to:when]``,
+#: ``[from::when]``), alternation ``[a|b]``, and composable diffusion's ``AND``; escaped brackets are text
+_EDITING = re.compile(r"\[[^\[\]]*:[^\[\]]*\]")
+_ALTERNATION = re.compile(r"\[[^\[\]]*\|[^\[\]]*\]")
+_AND = re.compile(r"\bAND\b")
+
+
+def _prompt_syntax(text: str, key: str) -> list[str]:
+    """Notes for the A1111 prompt syntax in ``text`` that runs as plain words here."""
+    bare = re.sub(r"\\.", "", text)  # \[ and \] are literal brackets
+    bare = re.sub(r"<[^<>]*>", "", bare)  # <lora:name:w> tags are read (and checked) elsewhere
+    found = [what for what, pattern in (("prompt editing [from:to:when]", _EDITING),
+                                        ("alternation [a|b]", _ALTERNATION), ("AND (composable diffusion)", _AND))
+             if pattern.search(bare)]
+    return [f"{key}: A1111's {' and '.join(found)} is not supported; the text ran as written"] if found else []
 
 
 @dataclass
@@ -128,7 +146,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     clip_skip = get_int(overrides, "CLIP_stop_at_last_layers", None, 1, 12)
     if clip_skip is None:
         clip_skip = int(options.get("CLIP_stop_at_last_layers") or 1)
-    not_honoured = _not_honoured(body) + rounded
+    not_honoured = _not_honoured(body) + rounded + _prompt_syntax(prompt, "prompt") + \
+        _prompt_syntax(negative, "negative_prompt")
     own = label_schedule(sampler, scheduler)
     if own is not None:  # A1111 runs the label's own schedule; clients send a saved scheduler beside an old label
         not_honoured.append(f"scheduler: the sampler {sampler!r} names its schedule ({own}), which A1111 runs "
