@@ -434,3 +434,18 @@ def test_a1111_prompt_syntax_sdrt_does_not_run_is_named(server) -> None:
             "ran as written", "negative_prompt: A1111's alternation [a|b] is not supported; the text ran as written"]
         plain = {**OK, "prompt": "a (cat:1.2) [blurry] \\[x:y\\] ANDROID"}  # BREAK: two chunks, the demo takes one
         assert _info(client.post("/sdapi/v1/txt2img", json=plain))["sdrt_not_honoured"] == []
+
+
+def test_a_model_named_with_its_subfolder_is_found(models_dir) -> None:
+    """A1111 titles models in subfolders "sub/name.safetensors", and Easy Diffusion sends its own relative path
+    ("stable-diffusion/name.safetensors"): they were 400s "no model named". Only a relative name's last part is
+    looked up, among the listed models; "..", absolute paths and drives stay unknown names."""
+    from sdrt.serve.errors import ApiError
+    from sdrt.serve.registry import Registry
+
+    reg = Registry(models_dir)
+    for name in ("stable-diffusion/demo-b", "sd\\demo-b.safetensors", "a/b/DEMO-B.ckpt", "models/demo-b [123]"):
+        assert reg.model(name).name == "demo-b", name
+    for name in ("../demo-b", "demo-a/../demo-b", str(models_dir / "demo-b"), "c:/x/demo-b", "./demo-b", "x//demo-b"):
+        with pytest.raises(ApiError, match="no model named"):
+            reg.model(name)

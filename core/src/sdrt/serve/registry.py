@@ -152,9 +152,15 @@ class Registry:
             if text in (entry.name, entry.title, entry.model_name):
                 return entry
         bare = text.split(" [", 1)[0].strip().casefold()
-        for entry in models.values():
-            if bare in (entry.name.casefold(), entry.title.casefold(), entry.model_name.casefold()):
-                return entry
+        # a relative name with folders (A1111 lists models in subfolders as "sub/name.safetensors"; Easy Diffusion
+        # sends its own relative path) is looked up by its last part; "..", absolute paths and drives are not names
+        parts = bare.replace("\\", "/").split("/")
+        relative = len(parts) > 1 and all(p not in ("", ".", "..") and ":" not in p for p in parts)
+        last = parts[-1] if relative else bare
+        for key in (bare, last, last.removesuffix(".safetensors").removesuffix(".ckpt") if relative else bare):
+            for entry in models.values():
+                if key in (entry.name.casefold(), entry.title.casefold(), entry.model_name.casefold()):
+                    return entry
         choices = ", ".join(e.title for e in models.values()) or "none"
         raise ApiError(400, f"no model named {name[:200]!r}; this server has: {choices}", field=field)
 
