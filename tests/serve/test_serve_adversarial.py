@@ -449,3 +449,24 @@ def test_a_model_named_with_its_subfolder_is_found(models_dir) -> None:
     for name in ("../demo-b", "demo-a/../demo-b", str(models_dir / "demo-b"), "c:/x/demo-b", "./demo-b", "x//demo-b"):
         with pytest.raises(ApiError, match="no model named"):
             reg.model(name)
+
+
+def test_live_previews_on_every_family(families) -> None:
+    """/progress's current_image was made from the noisy latent with SD 1.x's factors, so a 16-channel model (Flux,
+    SD3, Chroma) had none, and Pipeline.preview() raised on them (it used SD 1.x's factors for every family but SDXL).
+    Now it is the step's denoised estimate in the family's own colours."""
+    with httpx.Client(base_url=families, timeout=300) as client:
+        out: dict = {}
+        body = {**_on("tiny-flux-dev"), "steps": 150, "n_iter": 32, "force_task_id": "flux-preview"}
+        t = threading.Thread(target=lambda: out.update(r=client.post("/sdapi/v1/txt2img", json=body)))
+        t.start()
+        try:
+            assert _wait(lambda: client.get("/sdapi/v1/progress").json()["current_image"] is not None, 60)
+            image = Image.open(io.BytesIO(base64.b64decode(client.get("/sdapi/v1/progress").json()["current_image"])))
+            assert image.size == (8, 8)  # the latent grid: 64 / 8
+            live = client.post("/internal/progress", json={"id_task": "flux-preview", "live_preview": True}).json()
+            assert live["live_preview"] and live["active"]
+        finally:
+            client.post("/sdapi/v1/interrupt")
+            t.join(timeout=120)
+        assert _info(out["r"])["sdrt_interrupted"] is True

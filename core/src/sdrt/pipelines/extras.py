@@ -212,8 +212,8 @@ class ToolboxMixin:
             return self._preview_fn(x)
         from .preview import project
 
-        fmt = "sdxl" if self.family.name == "sdxl" else "sd1"  # type: ignore[attr-defined]
-        return project(x, fmt, upscale=upscale)
+        # the family's own factors (sd2 -> sd1, chroma -> flux): SD3, Flux and Chroma got SD 1.x's 4-channel ones
+        return project(x, self.family.name, upscale=upscale)  # type: ignore[attr-defined]
 
     def _step_done(self, loop: Any, latents: np.ndarray, state: cn.ControlState | None, index: int,
                    total: int) -> None:

@@ -77,7 +77,8 @@ class Job:
     iteration: int = 0
     step: int = 0
     total: int = 0
-    latents: np.ndarray | None = None
+    #: the live preview (HxWx3 uint8) of the running step's denoised estimate: /progress's current_image
+    preview: np.ndarray | None = None
     worker: str = ""
     interrupt: threading.Event = field(default_factory=threading.Event)
     skip: threading.Event = field(default_factory=threading.Event)
@@ -129,7 +130,7 @@ class FinishedJob:
     worker: str
     progress: float = 1.0
     eta: float = 0.0
-    latents: None = None
+    preview: None = None
 
 
 class _Generating(Exception):
@@ -235,7 +236,11 @@ class Worker(threading.Thread):
                                                "(Flux dev is); cfg_scale is its guidance")
 
             def on_step(step: int, total: int, latents: np.ndarray) -> None:
-                job.step, job.total, job.latents = step, total, latents
+                job.step, job.total = step, total
+                try:  # the denoised estimate, in the family's own colours (as A1111's live preview shows it)
+                    job.preview = pipe.preview()
+                except SdrtError:
+                    job.preview = None
 
             for k in range(w.n_iter):
                 if job.interrupt.is_set():
@@ -260,7 +265,7 @@ class Worker(threading.Thread):
         job.finished = time.time()
         result.seconds = job.finished - job.started
         job.state = "interrupted" if result.interrupted else "done"
-        job.latents = None
+        job.preview = None
         job.future.set_result(result)
 
 

@@ -108,16 +108,12 @@ def parse_infotext(text: str) -> dict[str, Any]:
     return out
 
 
-def preview_b64(latents: np.ndarray | None) -> str | None:
-    """A cheap preview of SD latents (4 channels): a fixed latent -> RGB matrix, as A1111's
-    "Approx cheap" live preview does; None when there is nothing to show."""
-    if latents is None or latents.ndim != 4 or latents.shape[1] != 4:
+def preview_b64(rgb: np.ndarray | None) -> str | None:
+    """A job's live preview as a base64 PNG: the pipeline's projection of the step's denoised estimate
+    (``Pipeline.preview``, A1111's "Approx cheap"); None when there is nothing to show."""
+    if rgb is None or rgb.ndim != 3 or rgb.shape[2] != 3:
         return None
-    coefs = np.array([[0.298, 0.207, 0.208], [0.187, 0.286, 0.173],
-                      [-0.158, 0.189, 0.264], [-0.184, -0.271, -0.473]], dtype=np.float32)
-    rgb = np.einsum("chw,cr->hwr", latents[0].astype(np.float32), coefs)
-    img = (np.clip((rgb + 1) / 2, 0, 1) * 255).round().astype(np.uint8)
-    return base64.b64encode(encode_png(img)).decode("ascii")
+    return base64.b64encode(encode_png(np.ascontiguousarray(rgb, dtype=np.uint8))).decode("ascii")
 
 
 __all__ = ["a1111", "info", "infotexts", "parse_infotext", "png_b64", "preview_b64"]

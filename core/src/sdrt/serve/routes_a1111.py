@@ -114,7 +114,7 @@ async def progress(request: Request) -> JSONResponse:
              "running": [{k: j[k] for k in ("id", "worker", "progress")} for j in running], "queued": queued}
     image = None
     if local and job is not None and job["id"] == local[0].id and not skip_image:
-        image = await run_in_threadpool(responses.preview_b64, local[0].latents)
+        image = await run_in_threadpool(responses.preview_b64, local[0].preview)
     return JSONResponse({"progress": job["progress"] if job else 0.0, "eta_relative": job["eta"] if job else 0.0,
                          "state": state, "current_image": image, "textinfo": None})
 
@@ -132,7 +132,7 @@ async def internal_progress(request: Request) -> JSONResponse:
         return JSONResponse({"active": False, "queued": False, "completed": False, "progress": None, "eta": None,
                              "live_preview": None, "id_live_preview": -1, "textinfo": "Waiting..."})
     done = job.state in ("done", "failed", "interrupted")
-    preview = await run_in_threadpool(responses.preview_b64, job.latents) if live and not done else None
+    preview = await run_in_threadpool(responses.preview_b64, job.preview) if live and not done else None
     return JSONResponse({"active": job.state == "running", "queued": job.state == "queued", "completed": done,
                          "progress": None if job.state == "queued" else round(job.progress, 4),
                          "eta": round(job.eta, 3) if job.state == "running" else None,
