@@ -470,3 +470,20 @@ def test_live_previews_on_every_family(families) -> None:
             client.post("/sdapi/v1/interrupt")
             t.join(timeout=120)
         assert _info(out["r"])["sdrt_interrupted"] is True
+
+
+def test_a_client_that_hangs_up_mid_body_is_not_a_server_fault(server, caplog) -> None:
+    """Starlette's ClientDisconnect while the body was read was logged as "unexpected error" with a traceback
+    (a 500 no one received)."""
+    import logging
+    import socket
+
+    host, port = server.removeprefix("http://").split(":")
+    with caplog.at_level(logging.ERROR, logger="sdrt.serve"):
+        for head in (b"Content-Length: 1000\r\n\r\n{\"prompt\":", b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"pro\r\n"):
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(b"POST /sdapi/v1/txt2img HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + head)
+                time.sleep(0.2)
+        time.sleep(0.5)
+        assert httpx.post(f"{server}/sdapi/v1/txt2img", json=OK, timeout=120).status_code == 200
+    assert not [r for r in caplog.records if "unexpected error" in r.getMessage()]

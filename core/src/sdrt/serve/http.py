@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from .errors import ApiError
@@ -26,11 +26,14 @@ async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> A
         if int(length) > max_bytes:
             raise ApiError(413, f"the request body is {int(length)} bytes, above this server's limit of {max_bytes}")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise ApiError(413, f"the request body is over this server's limit of {max_bytes} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise ApiError(413, f"the request body is over this server's limit of {max_bytes} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client went away mid-upload: no one to answer, nothing to log as a fault
+        raise ApiError(499, "the client closed the connection while sending the body") from None
     raw = b"".join(chunks)
     if not raw.strip():
         if empty is not None:
