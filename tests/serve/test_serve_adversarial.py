@@ -487,3 +487,16 @@ def test_a_client_that_hangs_up_mid_body_is_not_a_server_fault(server, caplog) -
         time.sleep(0.5)
         assert httpx.post(f"{server}/sdapi/v1/txt2img", json=OK, timeout=120).status_code == 200
     assert not [r for r in caplog.records if "unexpected error" in r.getMessage()]
+
+
+def test_png_info_reads_a1111s_jpeg_comment(server) -> None:
+    """A1111 writes a JPEG's or WebP's parameters as the EXIF UserComment (piexif's UNICODE, UTF-16 big-endian)."""
+    exif = Image.Exif()
+    exif.get_ifd(0x8769)[0x9286] = b"UNICODE\0" + "a cat\nSteps: 20, Sampler: Euler a, Seed: 5".encode("utf-16-be")
+    for fmt in ("JPEG", "WEBP"):
+        buf = io.BytesIO()
+        Image.new("RGB", (16, 16)).save(buf, format=fmt, exif=exif.tobytes())
+        got = httpx.post(f"{server}/sdapi/v1/png-info", json={"image": base64.b64encode(buf.getvalue()).decode()},
+                         timeout=60).json()
+        assert got["info"] == "a cat\nSteps: 20, Sampler: Euler a, Seed: 5", fmt
+        assert got["parameters"]["Sampler"] == "Euler a" and got["parameters"]["Prompt"] == "a cat"
