@@ -46,9 +46,11 @@ def test_enable_hr_runs_the_second_pass_at_the_upscaled_size(url):
     assert "enable_hr" not in info  # honoured, so not listed as not honoured
 
 
-def test_an_upscaler_model_sdrt_lacks_is_named_and_latent_runs(url):
+def test_an_upscaler_model_sdrt_lacks_is_named_and_lanczos_runs(url):
+    """An image upscaler for an image upscaler (Latent ran, blurred at the low denoising such clients send)."""
     out = _txt2img(url, enable_hr=True, hr_scale=1.5, hr_upscaler="R-ESRGAN 4x+")
-    assert "hr_upscaler: 'R-ESRGAN 4x+' is not one of sdrt's" in out["info"]
+    assert "hr_upscaler: 'R-ESRGAN 4x+' is not one of sdrt's" in out["info"] and "); Lanczos ran" in out["info"]
+    assert "Hires upscaler: Lanczos" in out["info"]
     assert Image.open(io.BytesIO(base64.b64decode(out["images"][0]))).size == (96, 96)
 
 

@@ -231,7 +231,10 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
     if upscaler not in (None, "") and upscaler.casefold() in known:
         kwargs["hires_upscaler"] = known[upscaler.casefold()]
     elif upscaler not in (None, ""):  # A1111's model upscalers (ESRGAN, ...) need models sdrt does not have
-        not_honoured.append(f"hr_upscaler: {upscaler!r} is not one of sdrt's ({', '.join(UPSCALERS)}); Latent ran")
+        # an image upscaler stands in for an image upscaler: a client that picked ESRGAN picked a low
+        # denoising_strength, at which a latent upscale leaves the picture blurred
+        kwargs["hires_upscaler"] = "Lanczos"
+        not_honoured.append(f"hr_upscaler: {upscaler!r} is not one of sdrt's ({', '.join(UPSCALERS)}); Lanczos ran")
     for key in ("hr_resize_x", "hr_resize_y"):
         if get_int(body, key, 0, 0, None):
             not_honoured.append(f"{key}: the target size comes from hr_scale")
