@@ -500,3 +500,34 @@ def test_png_info_reads_a1111s_jpeg_comment(server) -> None:
                          timeout=60).json()
         assert got["info"] == "a cat\nSteps: 20, Sampler: Euler a, Seed: 5", fmt
         assert got["parameters"]["Sampler"] == "Euler a" and got["parameters"]["Prompt"] == "a cat"
+
+
+def test_random_bodies_never_make_a_500(server) -> None:
+    """A seeded fuzz: A1111's and OpenAI's fields set to values of every JSON type (and images, LoRA tags, prompt
+    syntax); every answer is JSON, under 500, and an A1111 error carries a one-line detail."""
+    import random
+
+    from sdrt.serve.a1111 import _KNOWN
+
+    rng = random.Random(7)
+    img = base64.b64encode(_png(Image.new("RGB", (64, 64)))).decode()
+    values = [None, True, False, 0, 1, -1, 2, 7, 64, 1.5, -0.5, 1e9, 2**40, "", "x", "64", "true", "Euler a", "Karras",
+              "None", [], [1], ["a"], [img], {}, {"a": 1}, {"sd_model_checkpoint": "demo-b"},
+              {"CLIP_stop_at_last_layers": "2"}, img, "data:image/png;base64," + img, "\u00e9\u4e2d", "<lora:x:1>",
+              "[a:b:0.5]"]
+    openai_keys = ["prompt", "n", "size", "model", "steps", "seed", "cfg_scale", "sampler_name", "negative_prompt",
+                   "quality", "response_format"]
+    with httpx.Client(base_url=server, timeout=120) as client:
+        for _ in range(200):
+            route = rng.choice(["/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/v1/images/generations",
+                                "/sdapi/v1/png-info", "/internal/progress"])
+            body: dict = {"prompt": "a cat", "steps": 2, **({"init_images": [img]} if "img2img" in route else {})}
+            keys = openai_keys if route.startswith("/v1/") else ["image", "id_task", "live_preview"] \
+                if route in ("/sdapi/v1/png-info", "/internal/progress") else sorted(_KNOWN)
+            for key in rng.sample(keys, rng.randint(1, min(6, len(keys)))):
+                body[key] = rng.choice(values)
+            r = client.post(route, json=body)
+            assert r.status_code < 500, (route, body, r.text)
+            data = r.json()
+            if r.status_code >= 400 and route.startswith("/sdapi"):
+                assert data["detail"] and "\n" not in data["detail"], (route, body, data)
