@@ -34,7 +34,8 @@ def register(name: str) -> None:
         reg.register_plugin(importlib.import_module(module), name, distribution=dist)
 
 
-def kwargs(kind: str, case: dict, init: np.ndarray, mask: np.ndarray | None) -> dict:
+def kwargs(kind: str, case: dict, init: np.ndarray, mask: np.ndarray | None,
+           control: np.ndarray | None = None) -> dict:
     kw = dict(steps=case["steps"], seed=case["seed"], width=case["width"], height=case["height"], batch=case["batch"],
               cfg=case["cfg"], sampler=case.get("sampler", "Euler"))
     if "max_sequence_length" in case:
@@ -46,6 +47,9 @@ def kwargs(kind: str, case: dict, init: np.ndarray, mask: np.ndarray | None) -> 
         del kw["width"], kw["height"]
     if case["mode"] == "inpaint":
         kw["mask"] = mask
+    if "scale" in case:  # a ControlNet case: the folder's controlnet/ on the case's control image
+        image = control.transpose(1, 0, 2) if case.get("transpose") else control
+        kw["controlnets"] = [("controlnet", np.ascontiguousarray(image), case["scale"], case["start"], case["end"])]
     return kw
 
 
@@ -101,7 +105,8 @@ def main() -> None:
                     try:
                         images = pipe(case["prompt"], case["negative_prompt"] or "",
                                       **kwargs(meta["kind"], case, refs["init_image"],
-                                                 refs["mask"] if "mask" in refs else None))
+                                                 refs["mask"] if "mask" in refs else None,
+                                                 refs["control"] if "control" in refs else None))
                         row.update(compare(np.stack(images), refs[f"{case['name']}/image"]))
                     except Exception as exc:  # noqa: BLE001
                         row["error"] = f"{type(exc).__name__}: {exc}"

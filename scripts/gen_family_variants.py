@@ -318,8 +318,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--only", nargs="*", default=list(NAMES))
+    ap.add_argument("--controlnet", action="store_true", help="only OUT/sdxl-b-cn (after the Optimum export)")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    if args.controlnet:
+        controlnet_variant(args.out)
+        return
     for name in args.only:
         pipe, kind = build(name)
         root = args.out / name
@@ -346,6 +350,86 @@ def main() -> None:
             print(name, case["name"], refs[f"{case['name']}/image"].shape)
         (root / "refs.json").write_text(json.dumps(dict(kind=kind, cases=cases), indent=1) + "\n")
         np.savez_compressed(root / "refs.npz", **refs)
+
+
+
+# ---------------------------------------------------------------- SDXL ControlNet on the sdxl-b variant
+def controlnet_variant(root: Path) -> None:
+    """``OUT/sdxl-b-cn``: Optimum's sdxl-b folder with its UNet swapped for one that takes ControlNet residuals
+    (dynamic batch, height and width) and a ``controlnet/`` (``ControlNetModel.from_unet``), in the community
+    layout gen_controlnet_refs.py writes; diffusers' StableDiffusionXLControlNetPipeline images at 96x64 and
+    64x96. Run after ``export_optimum.py`` has written ``OUT/sdxl-b/optimum``."""
+    import shutil
+
+    import gen_controlnet_refs as cn
+    from diffusers import StableDiffusionXLControlNetPipeline
+
+    pipe, _ = build("sdxl-b")
+    pipe.scheduler = type(pipe.scheduler).from_pretrained(root / "sdxl-b" / "torch" / "scheduler")
+    net = cn.make_controlnet(pipe.unet, 40)
+    out = root / "sdxl-b-cn" / "optimum"
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(root / "sdxl-b" / "optimum", out)
+    g = torch.Generator().manual_seed(7)
+    hw = {0: "batch", 2: "height", 3: "width"}
+    feeds = {"sample": torch.randn(2, 4, 8, 12, generator=g), "timestep": torch.tensor(601.0),
+             "encoder_hidden_states": torch.randn(2, 77, pipe.unet.config.cross_attention_dim, generator=g),
+             "text_embeds": torch.randn(2, pipe.text_encoder_2.config.projection_dim, generator=g),
+             "time_ids": torch.tensor([[64.0, 96.0, 0.0, 0.0, 64.0, 96.0]] * 2)}
+    cond = torch.rand(2, 3, 64, 96, generator=g)
+    wrapper = cn._ControlNet(net, True)
+    args = (feeds["sample"], feeds["timestep"], feeds["encoder_hidden_states"], cond, torch.tensor(0.8),
+            feeds["text_embeds"], feeds["time_ids"])
+    with torch.no_grad():
+        res = wrapper(*args)
+    n_down = len(res) - 1
+    outs = [f"down_block_res_samples_{i}" for i in range(n_down)] + ["mid_block_res_sample"]
+    res_axes = {n: {0: "batch", 2: f"h{i}", 3: f"w{i}"} for i, n in enumerate(outs)}
+    sd._export(wrapper, args, out / "controlnet" / "model.onnx",
+               ["sample", "timestep", "encoder_hidden_states", "controlnet_cond", "conditioning_scale",
+                "text_embeds", "time_ids"], outs,
+               {"sample": hw, "encoder_hidden_states": {0: "batch", 1: "sequence"},
+                "controlnet_cond": {0: "batch", 2: "image_height", 3: "image_width"}, "text_embeds": {0: "batch"},
+                "time_ids": {0: "batch"}, **res_axes}, external=True)
+    net.save_config(out / "controlnet")
+    ins = [f"down_block_additional_residual_{i}" for i in range(n_down)] + ["mid_block_additional_residual"]
+    unet = cn._UnetWithResiduals(pipe.unet, True, n_down)
+    for f in (out / "unet").glob("model.onnx*"):
+        f.unlink()
+    sd._export(unet, (*args[:3], feeds["text_embeds"], feeds["time_ids"], *res), out / "unet" / "model.onnx",
+               ["sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids", *ins], ["out_sample"],
+               {"sample": hw, "encoder_hidden_states": {0: "batch", 1: "sequence"}, "text_embeds": {0: "batch"},
+                "time_ids": {0: "batch"}, "out_sample": hw,
+                **{n: res_axes[o] for n, o in zip(ins, outs)}}, external=True)
+    index = json.loads((out / "model_index.json").read_text())
+    index["controlnet"] = ["diffusers", "ControlNetModel"]
+    (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+    edges = np.zeros((64, 96, 3), np.uint8)
+    edges[10:14, 8:88] = 255
+    edges[20:56, 40:44] = 255
+    yy, xx = np.mgrid[0:64, 0:96]
+    edges[np.abs(np.hypot(yy - 40, xx - 70) - 14) < 2] = 255
+    cases = [dict(prompt=PROMPT, negative_prompt=NEG, steps=4, cfg=6.0, seed=21, width=96, height=64, batch=1,
+                  sampler="Euler", mode="txt2img", name="controlnet/96x64/scale 0.8", scale=0.8, start=0.0, end=1.0),
+             dict(prompt=PROMPT, negative_prompt=NEG, steps=4, cfg=6.0, seed=22, width=64, height=96, batch=1,
+                  sampler="Euler", mode="txt2img", name="controlnet/64x96/window 0.25-0.75", scale=1.0, start=0.25,
+                  end=0.75, transpose=True)]
+    refs: dict[str, np.ndarray] = {"init_image": sd.init_image(), "control": edges}
+    for case in cases:
+        image = edges.transpose(1, 0, 2).copy() if case.get("transpose") else edges
+        p = StableDiffusionXLControlNetPipeline(**{k: v for k, v in pipe.components.items()}, controlnet=net)
+        p.set_progress_bar_config(disable=True)
+        result = p(prompt=case["prompt"], negative_prompt=case["negative_prompt"], image=Image.fromarray(image),
+                   num_inference_steps=case["steps"], guidance_scale=case["cfg"], height=case["height"],
+                   width=case["width"], generator=torch.Generator("cpu").manual_seed(case["seed"]),
+                   controlnet_conditioning_scale=case["scale"], control_guidance_start=case["start"],
+                   control_guidance_end=case["end"], output_type="np")
+        refs[f"{case['name']}/image"] = (result.images * 255).round().astype(np.uint8)
+        print("sdxl-b-cn", case["name"], refs[f"{case['name']}/image"].shape)
+    (root / "sdxl-b-cn" / "refs.json").write_text(json.dumps(dict(kind="sdxl", cases=cases), indent=1) + "\n")
+    np.savez_compressed(root / "sdxl-b-cn" / "refs.npz", **refs)
 
 
 if __name__ == "__main__":
