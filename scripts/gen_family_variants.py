@@ -44,6 +44,7 @@ from diffusers import (  # noqa: E402
     SD3Transformer2DModel,
     StableDiffusion3InpaintPipeline,
     StableDiffusion3Pipeline,
+    StableDiffusionInpaintPipeline,
     StableDiffusionPipeline,
     StableDiffusionXLInpaintPipeline,
     StableDiffusionXLPipeline,
@@ -186,12 +187,13 @@ def build(name: str):
         pipe = StableDiffusionXLPipeline(vae=vae, text_encoder=te, text_encoder_2=te2, tokenizer=tok, tokenizer_2=tok2,
                                          unet=unet, scheduler=sched, force_zeros_for_empty_prompt=True)
         kind = "sdxl"
-    elif name in ("sd2v-b", "sd2v-zsnr", "sd15-b"):
-        v = name != "sd15-b"
+    elif name in ("sd2v-b", "sd2v-zsnr", "sd15-b", "sd15-inpaint-b"):
+        v = name not in ("sd15-b", "sd15-inpaint-b")
         tok = write_tokenizer(work / "tokenizer", "!" if v else "<|endoftext|>")
         te = _scaled(clip(tok, 48, "gelu" if v else "quick_gelu", layers=4, heads=3), 1)
         unet = _scaled(UNet2DConditionModel(
-            sample_size=8, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(16, 16, 24),
+            sample_size=8, in_channels=9 if name == "sd15-inpaint-b" else 4, out_channels=4, layers_per_block=2,
+            block_out_channels=(16, 16, 24),
             down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
             up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=48,
             norm_num_groups=8, attention_head_dim=(4, 2, 3) if v else 4, use_linear_projection=v).eval(), 3)
@@ -200,9 +202,10 @@ def build(name: str):
         if name == "sd2v-zsnr":  # zero terminal SNR, as its fine-tunes ship it (Lin et al. 2023)
             cfg.update(rescale_betas_zero_snr=True, timestep_spacing="trailing")
         sched = EulerDiscreteScheduler.from_config(cfg)
-        pipe = StableDiffusionPipeline(vae=vae, text_encoder=te, tokenizer=tok, unet=unet, scheduler=sched,
-                                       safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-        kind = "sd2v" if v else "sd15"
+        cls = StableDiffusionInpaintPipeline if name == "sd15-inpaint-b" else StableDiffusionPipeline
+        pipe = cls(vae=vae, text_encoder=te, tokenizer=tok, unet=unet, scheduler=sched, safety_checker=None,
+                   feature_extractor=None, requires_safety_checker=False)
+        kind = "sd2v" if v else "sd15-inpaint" if name == "sd15-inpaint-b" else "sd15"
     else:
         raise SystemExit(f"unknown variant {name}")
     pipe.set_progress_bar_config(disable=True)
@@ -210,7 +213,7 @@ def build(name: str):
 
 
 NAMES = ("sd3-medium", "sd35-x", "flux-dev-b", "flux-schnell-b", "chroma-b", "sdxl-b", "sd2v-b", "sd2v-zsnr",
-         "sd15-b")
+         "sd15-b", "sd15-inpaint-b")
 PROMPT = flow.PROMPT
 NEG = flow.NEGATIVE
 
@@ -238,6 +241,9 @@ def cases_for(name: str, kind: str) -> list[dict]:
                 dict(base, name="64x96/cfg 3/empty negative", height=96, cfg=3.0, negative_prompt="", steps=2, seed=8)]
     base = dict(prompt=PROMPT, negative_prompt=NEG, steps=4, cfg=6.0, seed=7, width=64, height=64, batch=1,
                 clip_skip=None, sampler="Euler", mode="txt2img")
+    if kind == "sd15-inpaint":  # a 9-channel UNet (mask and masked-image latents as extra channels)
+        return [dict(base, name=f"inpaint/{st}/{s}", mode="inpaint", strength=st, sampler=s, seed=13 + i)
+                for i, (st, s) in enumerate(((1.0, "Euler a"), (0.75, "Euler"), (1.0, "DPM++ 2M Karras")))]
     return [dict(base, name="320x192/Euler", width=320, height=192),
             dict(base, name="64x96/batch 2/empty negative/Euler a", height=96, negative_prompt="", batch=2,
                  sampler="Euler a", seed=8, diffusers_negative=None),
