@@ -238,7 +238,9 @@ def cases_for(name: str, kind: str) -> list[dict]:
                 dict(base, name="inpaint/0.85", mode="inpaint", cfg=1.0, strength=0.85, steps=4, seed=12, **g)]
     if kind == "chroma":
         return [dict(base, name="320x192/cfg 4/negative", width=320, height=192, cfg=4.0, negative_prompt=NEG),
-                dict(base, name="64x96/cfg 3/empty negative", height=96, cfg=3.0, negative_prompt="", steps=2, seed=8)]
+                dict(base, name="64x96/cfg 3/empty negative", height=96, cfg=3.0, negative_prompt="", steps=2, seed=8),
+                dict(base, name="96x64/batch 2/cfg 4/negative", width=96, cfg=4.0, negative_prompt=NEG, batch=2,
+                     steps=2, seed=9)]
     base = dict(prompt=PROMPT, negative_prompt=NEG, steps=4, cfg=6.0, seed=7, width=64, height=64, batch=1,
                 clip_skip=None, sampler="Euler", mode="txt2img")
     if kind == "sd15-inpaint":  # a 9-channel UNet (mask and masked-image latents as extra channels)
@@ -270,6 +272,28 @@ def sd_case(pipe, case: dict, init: np.ndarray) -> np.ndarray:
                    generator=torch.Generator("cpu").manual_seed(case["seed"]), output_type="np")
         return (result.images * 255).round().astype(np.uint8)
     return sd.run_case(pipe, case, images)
+
+
+def chroma_batch_case(pipe, case: dict) -> np.ndarray:
+    """ChromaPipeline at batch > 1: given prompt_embeds and their mask, it repeats the embeddings for
+    num_images_per_prompt but not the mask (a size mismatch), so pass both repeated, one image per prompt:
+    the same batch, the same noise drawn in one call."""
+    enc = flow.encode(pipe, "chroma", case, case["name"], {})
+    b = case["batch"]
+
+    def rep(t):
+        return t.repeat(b, *[1] * (t.ndim - 1))
+
+    (pe, pm), (ne, nm) = enc["prompt"], enc["negative"]
+    kw = dict(prompt_embeds=rep(pe), prompt_attention_mask=rep(pm), guidance_scale=case["cfg"],
+              num_inference_steps=case["steps"], generator=torch.Generator("cpu").manual_seed(case["seed"]),
+              output_type="np", max_sequence_length=case["max_sequence_length"], height=case["height"],
+              width=case["width"])
+    if case["cfg"] > 1:
+        kw.update(negative_prompt_embeds=rep(ne), negative_prompt_attention_mask=rep(nm))
+    with torch.no_grad():
+        result = pipe(**kw)
+    return (result.images * 255).round().astype(np.uint8)
 
 
 def flow_inpaint_case(pipe, kind: str, case: dict, init: np.ndarray) -> np.ndarray:
@@ -345,7 +369,9 @@ def main() -> None:
         cases = cases_for(name, kind)
         refs: dict[str, np.ndarray] = {"init_image": sd.init_image(), "mask": sd.mask_image()}
         for case in cases:
-            if case["mode"] == "inpaint" and kind in ("sd3", "flux-dev", "flux-schnell"):
+            if kind == "chroma" and case["batch"] > 1:
+                refs[f"{case['name']}/image"] = chroma_batch_case(pipe, case)
+            elif case["mode"] == "inpaint" and kind in ("sd3", "flux-dev", "flux-schnell"):
                 refs[f"{case['name']}/image"] = flow_inpaint_case(pipe, kind, case, refs["init_image"])
             elif kind in ("sd3", "flux-dev", "flux-schnell", "chroma"):
                 flow.run_case(pipe, kind, case, refs)
