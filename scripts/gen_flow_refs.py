@@ -487,22 +487,24 @@ def export(pipe, kind: str, out: Path) -> None:
 
     # transformer
     tr = pipe.transformer
+    jd = tr.config.joint_attention_dim  # read from the model: scripts/gen_family_variants.py varies them
+    pd = getattr(tr.config, "pooled_projection_dim", None)
     path = out / "transformer" / "model.onnx"
     f32 = np.float32
     if kind == "sd3":
-        args = (torch.randn(1, 16, 8, 8), torch.randn(1, 20, T5_WIDTH), torch.randn(1, 48), torch.tensor([500.0]))
+        args = (torch.randn(1, 16, 8, 8), torch.randn(1, 20, jd), torch.randn(1, pd), torch.tensor([500.0]))
         names = ["hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"]
         dyn = {"hidden_states": {0: "batch_size", 2: "height", 3: "width"}, "encoder_hidden_states": bs,
                "pooled_projections": b, "timestep": {0: "step"},
                "out_hidden_states": {0: "batch_size", 2: "height", 3: "width"}}
         _export(_SD3(tr), args, path, names, ["out_hidden_states"], dyn, external=True)
         _check_export(path, _SD3(tr), {"hidden_states": rng.standard_normal((2, 16, 8, 12)).astype(f32),
-                                       "encoder_hidden_states": rng.standard_normal((2, 41, T5_WIDTH)).astype(f32),
-                                       "pooled_projections": rng.standard_normal((2, 48)).astype(f32),
+                                       "encoder_hidden_states": rng.standard_normal((2, 41, jd)).astype(f32),
+                                       "pooled_projections": rng.standard_normal((2, pd)).astype(f32),
                                        "timestep": np.array([700.0, 700.0], f32)})
     else:
         img = torch.randn(1, 16, 64)
-        txt = torch.randn(1, 20, T5_WIDTH)
+        txt = torch.randn(1, 20, jd)
         txt_ids = torch.zeros(20, 3)
         img_ids = torch.zeros(16, 3)
         hw = {0: "batch_size", 1: "packed_height_width"}
@@ -513,7 +515,7 @@ def export(pipe, kind: str, out: Path) -> None:
         grid[..., 1] = np.arange(4)[:, None]
         grid[..., 2] = np.arange(6)[None, :]
         feeds = {"hidden_states": rng.standard_normal((2, n_img, 64)).astype(f32),
-                 "encoder_hidden_states": rng.standard_normal((2, n_txt, T5_WIDTH)).astype(f32),
+                 "encoder_hidden_states": rng.standard_normal((2, n_txt, jd)).astype(f32),
                  "timestep": np.array([0.7, 0.7], f32), "txt_ids": np.zeros((n_txt, 3), f32),
                  "img_ids": grid.reshape(-1, 3)}
         if kind == "chroma":
@@ -532,8 +534,8 @@ def export(pipe, kind: str, out: Path) -> None:
         else:
             names = ["hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "txt_ids", "img_ids"]
             dyn["pooled_projections"] = b
-            args = (img, txt, torch.randn(1, 32), torch.tensor([0.5]), txt_ids, img_ids)
-            feeds["pooled_projections"] = rng.standard_normal((2, 32)).astype(f32)
+            args = (img, txt, torch.randn(1, pd), torch.tensor([0.5]), txt_ids, img_ids)
+            feeds["pooled_projections"] = rng.standard_normal((2, pd)).astype(f32)
             if tr.config.guidance_embeds:
                 names.append("guidance")
                 dyn["guidance"] = b

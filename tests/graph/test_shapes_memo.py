@@ -34,3 +34,26 @@ def test_a_changed_shape_constant_or_pin_is_inferred_anew():
     assert _shapes(Graph.load(_reshape_model([-1, 8])).with_shapes(x=(2, 16))) == {"y": [4, 8]}
     assert _shapes(Graph.load(_reshape_model([-1, 4])).with_shapes(x=(2, 16))) == {"y": [8, 4]}
     assert _shapes(Graph.load(_reshape_model([-1, 8])).with_shapes(x=(4, 16))) == {"y": [8, 8]}
+
+
+def _clip_projection_model() -> bytes:
+    """Optimum's CLIP-with-projection export in small: text_embeds is [batch, 4] but its declared axes are
+    labelled (batch_size, sequence_length), as Optimum's CLIPTextWithProjectionOnnxConfig writes them."""
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["table", "input_ids"], ["h"]),
+         helper.make_node("ReduceMean", ["h"], ["pooled"], axes=[1], keepdims=0),
+         helper.make_node("MatMul", ["pooled", "proj"], ["text_embeds"]),
+         helper.make_node("Identity", ["h"], ["last_hidden_state"])], "clip",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch_size", "sequence_length"])],
+        [helper.make_tensor_value_info("text_embeds", TensorProto.FLOAT, ["batch_size", "sequence_length"]),
+         helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch_size", "sequence_length", 8])],
+        [numpy_helper.from_array(np.ones((10, 8), np.float32), "table"),
+         numpy_helper.from_array(np.ones((8, 4), np.float32), "proj")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_output_axis_labels_do_not_override_inference():
+    # pinning sequence_length=77 used to write 77 into text_embeds' second dim: "shape inference failed ...
+    # Inferred shape and existing shape differ in dimension 1: (4) vs (77)" on every Optimum SDXL/SD3 folder
+    pinned = Graph.load(_clip_projection_model()).with_shapes(input_ids=(2, 77))
+    assert _shapes(pinned) == {"text_embeds": [2, 4], "last_hidden_state": [2, 77, 8]}

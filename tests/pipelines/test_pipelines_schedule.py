@@ -18,6 +18,8 @@ from sdrt.errors import ModelError
 from sdrt.pipelines.scheduling import FolderSchedule
 
 ROWS = json.loads((DATA / "schedules.json").read_text())
+#: zero terminal SNR (rescale_betas_zero_snr, v-prediction), every spacing (scripts/gen_zsnr_refs.py)
+ZSNR = json.loads((DATA / "zsnr_schedules.json").read_text())
 
 
 def _plan(ms: FolderSchedule, sampler: str, steps: int):
@@ -36,6 +38,22 @@ def test_plan_matches_diffusers(row: dict) -> None:
     if row["sigmas"]:
         np.testing.assert_allclose(plan.sigmas, row["sigmas"], rtol=2e-6, atol=1e-7)
     assert plan.init_noise_sigma == pytest.approx(row["init_noise_sigma"], rel=1e-6)
+
+
+@pytest.mark.parametrize("row", ZSNR, ids=[f"{r['config']['timestep_spacing']}:{r['sampler']}:{r['steps']}"
+                                         for r in ZSNR])
+def test_zero_terminal_snr_plan_matches_diffusers(row: dict) -> None:
+    ms = FolderSchedule.from_config(row["config"])
+    plan = _plan(ms, row["sampler"], row["steps"])
+    np.testing.assert_allclose(plan.timesteps, row["timesteps"], rtol=0, atol=1e-3)
+    if row["sigmas"]:  # sigma_max 4096: diffusers' Euler and DPM-Solver set the last alphas_cumprod to 2**-24
+        np.testing.assert_allclose(plan.sigmas, row["sigmas"], rtol=2e-6, atol=1e-7)
+    assert plan.init_noise_sigma == pytest.approx(row["init_noise_sigma"], rel=1e-6)
+    for t, want in row["alphas_cumprod"].items():
+        if row["sampler"] == "DDIM" and t == "999":
+            assert want == 0.0 and ms.alphas_cumprod_f32[999] == np.float32(2.0**-24)  # DDIM keeps the zero
+        else:
+            assert ms.alphas_cumprod_f32[int(t)] == pytest.approx(want, rel=1e-6, abs=1e-10)
 
 
 def test_table_covers_every_spacing_and_the_release_configs() -> None:
@@ -61,7 +79,6 @@ def test_diffusers_use_default_values_counts_as_unset() -> None:
     ({"prediction_type": "sample"}, "prediction_type 'sample'"),
     ({"timestep_spacing": "sideways"}, "timestep_spacing 'sideways'"),
     ({"beta_schedule": "cubic"}, "beta_schedule 'cubic'"),
-    ({"rescale_betas_zero_snr": True}, "rescale_betas_zero_snr"),
     ({"trained_betas": [0.1, 0.2]}, "trained_betas has 2 values"),
     ({"interpolation_type": "cubic"}, "interpolation_type 'cubic'"),
 ])

@@ -325,6 +325,20 @@ def test_shape_arithmetic_is_folded():
     check(m, {"x": rand(3, 4, 5)})
 
 
+def test_reduce_max_and_min_of_a_shape_constant_fold():
+    # Optimum's Flux transformer (FluxPosEmbed): ReduceMax over ConstantOfShape(the ids' length), constant once
+    # shapes are static; the ggml backend refused the whole graph for the op type
+    nodes = [mk("Shape", ["ids"], ["s"]), mk("Gather", ["s", "zero"], ["n"], axis=0),
+             mk("Unsqueeze", ["n", "ax"], ["nu"]), mk("ConstantOfShape", ["nu"], ["ones"],
+                                                       value=helper.make_tensor("v", I64, [1], [3])),
+             mk("ReduceMax", ["ones"], ["hi"], keepdims=0), mk("ReduceMin", ["ones"], ["lo"], keepdims=0),
+             mk("Add", ["hi", "lo"], ["k"]), mk("Cast", ["k"], ["kf"], to=F), mk("Mul", ["x", "kf"], ["y"])]
+    inits = {"zero": np.array(0, np.int64), "ax": np.array([0], np.int64)}
+    m = make_model(nodes, {"x": ((2, 4), F), "ids": ((5, 3), I64)}, {"y": (None, F)}, inits)
+    got = check(m, {"x": rand(2, 4), "ids": np.zeros((5, 3), np.int64)})
+    np.testing.assert_allclose(got["y"], rand(2, 4) * 6, rtol=1e-6)
+
+
 def test_batch_norm_sum_and_dropout_mask():
     c = 4
     nodes = [mk("BatchNormalization", ["x", "s", "b", "m", "v"], ["bn"], epsilon=1e-3),

@@ -69,7 +69,7 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
                 + (f"; dims: {', '.join(sorted(dim_names))}" if dim_names else ""),
             )
     model = copy_model(graph.model, value_info=False)
-    for vi in list(model.graph.input) + list(model.graph.output):
+    for vi in model.graph.input:
         tt = vi.type.tensor_type
         if not tt.HasField("shape"):
             continue
@@ -79,6 +79,17 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
                 d.dim_value = pinned[k]
             elif d.HasField("dim_param") and d.dim_param in bindings:
                 d.dim_value = bindings[d.dim_param]
+    # An output's dim names are the exporter's labels, not a promise: Optimum labels CLIP-with-projection's
+    # text_embeds [batch_size, sequence_length], though it is [batch, projection_dim]. Inference decides the
+    # outputs' dims; a label bound by the pins fills only a dim inference leaves open.
+    labels = []
+    for out in model.graph.output:
+        tt = out.type.tensor_type
+        labels.append([d.dim_param if d.HasField("dim_param") else None for d in tt.shape.dim]
+                      if tt.HasField("shape") else [])
+        for d in tt.shape.dim if tt.HasField("shape") else ():
+            if d.HasField("dim_param") and d.dim_param in bindings:
+                d.ClearField("dim_param")
     key = _memo_key(model)
     with _MEMO_LOCK:
         known = _INFERRED.get(key)
@@ -90,6 +101,12 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
     apply_inferred(model, infer(model, f"Graph.with_shapes on {graph.name}"))
     if not _all_static(model):
         _complete_with_folding(graph, model)
+    for out, names in zip(model.graph.output, labels):
+        tt = out.type.tensor_type
+        if tt.HasField("shape") and len(tt.shape.dim) == len(names):
+            for d, name in zip(tt.shape.dim, names):
+                if not d.HasField("dim_value") and name in bindings:
+                    d.dim_value = bindings[name]
     found = ([v.SerializeToString() for v in model.graph.value_info],
              [o.type.SerializeToString() for o in model.graph.output])
     with _MEMO_LOCK:

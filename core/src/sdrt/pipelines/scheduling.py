@@ -2,7 +2,7 @@
 
 ``FolderSchedule.from_config(config)`` reads the betas (``scaled_linear``, ``linear``,
 ``squaredcos_cap_v2`` or ``trained_betas``), the prediction type, ``timestep_spacing``,
-``steps_offset``, ``interpolation_type`` and ``set_alpha_to_one``, as diffusers'
+``steps_offset``, ``interpolation_type``, ``set_alpha_to_one`` and ``rescale_betas_zero_snr``, as diffusers'
 ``Scheduler.from_config(pipe.scheduler.config)`` does. It is a model sampling object
 (sigma table, ``timestep(sigma)``, ``denoised``) that ``sdrt.samplers`` can use, and it
 makes the timesteps and sigmas of diffusers' ``EulerDiscreteScheduler``,
@@ -67,6 +67,24 @@ def betas_from_config(config: dict[str, Any], where: str) -> np.ndarray:
                      fix="use scaled_linear, linear or squaredcos_cap_v2 (diffusers' schedules)")
 
 
+def _cumprod_f32(x: np.ndarray) -> np.ndarray:
+    """``torch.cumprod`` of a float32 tensor on the CPU: accumulated in float64, each product rounded to float32
+    (a float32 running product differs from it in the last bits, 944 of SD's 1000 alphas_cumprod)."""
+    return np.cumprod(x.astype(np.float64)).astype(np.float32)
+
+
+def rescale_zero_terminal_snr(betas: np.ndarray) -> np.ndarray:
+    """diffusers' ``rescale_zero_terminal_snr`` (Lin et al. 2023, algorithm 1) in float32: shift and scale
+    sqrt(alphas_cumprod) so the last step has zero signal and the first keeps its value."""
+    f = np.float32
+    ab = np.sqrt(_cumprod_f32(f(1.0) - betas.astype(f)))
+    first, last = ab[0], ab[-1]
+    ab = (ab - last) * (first / (first - last))
+    ab2 = ab * ab
+    alphas = np.concatenate([ab2[:1], ab2[1:] / ab2[:-1]]).astype(f)
+    return (f(1.0) - alphas).astype(f)
+
+
 @dataclass(frozen=True)
 class Plan:
     """The steps diffusers' scheduler takes: sigmas (k-diffusion's VE form, ending in the last sigma)
@@ -105,9 +123,6 @@ class FolderSchedule(DiscreteSchedule):
         if prediction is None:
             raise ModelError(f"prediction_type {kind!r} is not supported", where=where,
                              fix="use a model trained for 'epsilon' or 'v_prediction'")
-        if config.get("rescale_betas_zero_snr"):
-            raise ModelError("rescale_betas_zero_snr is not supported", where=where,
-                             fix="set it to false, or use a model without zero terminal SNR")
         spacing = config.get("timestep_spacing")
         if spacing is not None and spacing not in SPACINGS:
             raise ModelError(f"timestep_spacing {spacing!r} is not supported", where=where,
@@ -120,7 +135,12 @@ class FolderSchedule(DiscreteSchedule):
         if betas.shape != (n,):
             raise ModelError(f"trained_betas has {betas.size} values, not num_train_timesteps={n}", where=where,
                              fix="fix the scheduler config")
-        ac = np.cumprod(np.float32(1.0) - betas, dtype=np.float32)
+        zero_snr = bool(config.get("rescale_betas_zero_snr"))
+        if zero_snr:
+            betas = rescale_zero_terminal_snr(betas)
+        ac = _cumprod_f32(np.float32(1.0) - betas)
+        if zero_snr:  # as diffusers' Euler, Euler a and DPM-Solver do: a finite sigma_max (4096) at the last step;
+            ac[-1] = np.float32(2.0**-24)  # its DDIM keeps 0 there (v-prediction: x0 = -v), 2.4e-4 x away
         self.alphas_cumprod_f32 = ac
         self.sigmas_f32 = np.sqrt((np.float32(1.0) - ac) / ac).astype(np.float32)
         self.alphas_cumprod = ac.astype(np.float64)

@@ -18,6 +18,7 @@ FOLD_ONLY: set[str] = {
     "Constant", "ConstantOfShape", "Range", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
     "Not", "And", "Or", "Xor", "NonZero", "Floor", "Ceil", "Round", "Mod", "Max", "Min", "ReduceProd",
     "ScatterND", "Trilu", "CumSum", "OneHot", "ArgMax", "ArgMin", "Sign", "Abs", "IsNaN", "IsInf",
+    "ReduceMax", "ReduceMin",  # Optimum's Flux transformer: max over a ConstantOfShape of the ids' length
     "DequantizeLinear",  # quantized weights: folded, and kept as ggml blocks for matmuls (quant.py)
 }
 

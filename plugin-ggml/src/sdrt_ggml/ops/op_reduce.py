@@ -1,4 +1,4 @@
-"""ReduceMean, ReduceSum, ReduceMax (max: constant only) over any axes.
+"""ReduceMean and ReduceSum over any axes (ReduceMax and ReduceMin: constant inputs only, ops.FOLD_ONLY).
 
 ggml reduces the innermost dim (ggml_mean / ggml_sum_rows), so the reduced
 axes are moved last and flattened first.
