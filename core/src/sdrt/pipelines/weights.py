@@ -486,7 +486,7 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
     ``_convert_kohya_flux_lora_to_diffusers`` splits them. The result carries ``targets``
     (``{layer key: initializer}``) for ``merge``; a key it cannot place is kept, so ``merge`` names it."""
     from ..checkpoint import flow, param_map
-    from ..lora import Lora, LoraLayer
+    from ..lora import DeltaLayer, Lora, LoraLayer
 
     pmap = param_map(graph)
     modules = {c[: -len(".weight")]: s.init for c, s in pmap.items() if c.endswith(".weight")}
@@ -527,16 +527,20 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
         else:
             kept[key] = layer
     if fused:
-        split = flow.publisher_lora_modules({m: (int(v.up.shape[0]), int(v.down.shape[1])) for m, v in fused.items()},
-                                            inner, double - 1 if sd3 else -1)
+        whole = {m: v.delta(1.0) for m, v in fused.items() if not isinstance(v, LoraLayer)}  # LyCORIS
+        sizes = {m: (int(v.up.shape[0]), int(v.down.shape[1])) if m not in whole else
+                 (int(whole[m].shape[0]), int(whole[m].shape[1])) for m, v in fused.items()}
+        split = flow.publisher_lora_modules(sizes, inner, double - 1 if sd3 else -1)
         for mod, layer in fused.items():
             if mod not in split:
                 kept[mod] = layer
                 continue
             for canon, op in split[mod]:
-                up = ldm_source_rows(layer.up, op)
                 key = f"{mod}->{canon}"
-                kept[key] = LoraLayer(key, layer.down, up, layer.alpha)
+                if mod in whole:
+                    kept[key] = DeltaLayer(key, ldm_source_rows(whole[mod], op), layer.rank)
+                else:
+                    kept[key] = LoraLayer(key, layer.down, ldm_source_rows(layer.up, op), layer.alpha)
                 if canon in modules:
                     targets[key] = modules[canon]
     out = Lora(kept, lora.format, lora.source)
