@@ -49,3 +49,18 @@ def test_lycoris_with_missing_or_tucker_factors_is_one_error():
     with pytest.raises(WeightsError, match="do not make one"):
         Lora.from_arrays({"m.hada_w1_a": np.ones((32, 4), np.float32), "m.hada_w1_b": np.ones((3, 48), np.float32),
                           "m.hada_w2_a": np.ones((32, 4), np.float32), "m.hada_w2_b": np.ones((4, 48), np.float32)})
+
+
+@pytest.mark.parametrize(("name", "what"), [("ckpt/sd1/ldm.safetensors", "SD 1.x"),
+                                            ("ckpt/sd1/emb.safetensors", "textual-inversion embedding")])
+def test_a_checkpoint_or_embedding_given_as_a_lora_says_what_it_is(name, what):
+    with pytest.raises(WeightsError, match=f"is not a LoRA: it looks like {what}") as e:
+        Lora.open(D.parent / name)
+    assert "\n" not in str(e.value)
+
+
+def test_a_peft_lora_given_as_the_model_says_it_is_a_lora():
+    from sdrt.checkpoint import open_single_file
+
+    with pytest.raises(Exception, match="looks like LoRA .not a checkpoint: pass it with --lora"):
+        open_single_file(D / "flux_peft.safetensors")

@@ -245,6 +245,15 @@ class Lora:
             else:
                 al = float(alpha) if alpha is not None else float(down.shape[0])
             layers[mod] = LoraLayer(mod, down, up, al)
+        if unknown and not layers and not parts and not lyco:  # nothing in it is a LoRA: say what it is
+            from ..checkpoint.families import identify
+
+            shapes = arrays.shapes() if isinstance(arrays, Weights) else {k: tuple(np.shape(v)) for k, v in arrays.items()}
+            what = identify(shapes).label  # names and shapes only: a 6 GB checkpoint is not read
+            raise WeightsError(f"{os.path.basename(source)} is not a LoRA: it looks like {what}", where=source,
+                               fix="pass a LoRA file here (keys ending in lora_down.weight / lora_A.weight / "
+                               "hada_w1_a / lokr_w1); a checkpoint is the model (or --weights), an embedding goes to "
+                               "--embedding")
         if problems:
             raise WeightsError(
                 f"{len(problems)} LoRA keys cannot be used: " + "; ".join(problems),
