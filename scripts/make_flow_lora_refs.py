@@ -8,7 +8,9 @@ Writes ``tests/data/lora/`` (a few kB): three LoRAs for the tiny Flux.1 dev tran
 - ``flux_kohya.safetensors``: kohya sd-scripts' keys in Black Forest Labs' module names, flattened
   (``lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight``, ``.alpha`` 2.0): fused ``qkv`` and ``linear1``;
 - ``flux_comfy.safetensors``: the same layers in ComfyUI's dotted BFL names (``diffusion_model.double_blocks.0.
-  img_attn.qkv.lora_A.weight``), alpha as ``.alpha``.
+  img_attn.qkv.lora_A.weight``), alpha as ``.alpha``;
+- ``flux_xlabs.safetensors``: XLabs' attention LoRAs (``double_blocks.0.processor.qkv_lora1.down.weight``, image
+  stream 1, text stream 2; a single block's ``qkv_lora``), no alpha.
 
 The reference (``flux_lora_refs.npz``): for each file, diffusers' ``FluxPipeline.load_lora_weights`` then
 ``fuse_lora(lora_scale=0.8)`` on a FluxTransformer2DModel of the same config; the change of every parameter
@@ -68,9 +70,17 @@ def main() -> None:
                       f"diffusion_model.{mod}.alpha": torch.tensor(2.0)})
     save_file(kohya, str(OUT / "flux_kohya.safetensors"))
     save_file(comfy, str(OUT / "flux_comfy.safetensors"))
+    xlabs = {}
+    for mod, (o, i) in {"double_blocks.0.processor.qkv_lora1": (3 * d, d), "double_blocks.0.processor.qkv_lora2":
+                        (3 * d, d), "double_blocks.0.processor.proj_lora1": (d, d),
+                        "double_blocks.0.processor.proj_lora2": (d, d), "single_blocks.1.processor.qkv_lora":
+                        (3 * d, d)}.items():
+        a, b = pair(o, i)
+        xlabs.update({f"{mod}.down.weight": a, f"{mod}.up.weight": b})
+    save_file(xlabs, str(OUT / "flux_xlabs.safetensors"))
 
     refs = {}
-    for name in ("flux_peft", "flux_kohya", "flux_comfy"):
+    for name in ("flux_peft", "flux_kohya", "flux_comfy", "flux_xlabs"):
         torch.manual_seed(0)
         tr = FluxTransformer2DModel(**cfg).eval()
         before = {k: v.clone() for k, v in tr.state_dict().items()}

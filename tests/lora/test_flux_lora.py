@@ -1,7 +1,7 @@
-"""Flux.1 LoRAs in the three layouts people download, against diffusers' ``load_lora_weights`` + ``fuse_lora``.
+"""Flux.1 LoRAs in the four layouts people download, against diffusers' ``load_lora_weights`` + ``fuse_lora``.
 
 Data: ``scripts/make_flow_lora_refs.py`` (tests/data/lora/): diffusers/PEFT keys, kohya's flattened Black Forest
-Labs names (fused ``qkv``), and ComfyUI's dotted BFL names, on the tiny Flux.1 dev folder; diffusers' change of
+Labs names (fused ``qkv``), ComfyUI's dotted BFL names and XLabs' ``processor.qkv_lora1`` layers, on the tiny Flux.1 dev folder; diffusers' change of
 every parameter at ``lora_scale=0.8``. diffusers leaves ComfyUI's ``diffusion_model.`` keys unused (nothing
 changes), so that file is checked against the kohya file with the same factors. Fused ``linear1`` is split at
 Flux.1's own width by diffusers' converter, so it is checked on the shipped full-width graph (probe vectors).
@@ -48,7 +48,7 @@ def _deltas(pipe, name: str) -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("name", ["flux_peft", "flux_kohya"])
+@pytest.mark.parametrize("name", ["flux_peft", "flux_kohya", "flux_xlabs"])
 def test_flux_lora_matches_diffusers_fuse_lora(pipe, name):
     refs = np.load(D / "flux_lora_refs.npz")
     want = {k.split("/", 1)[1]: refs[k] for k in refs.files if k.startswith(name + "/")}

@@ -472,6 +472,15 @@ def _graph_kind(graph: Graph) -> str:
 
 
 _TRANSFORMER_PEFT = ("base_model.model.", "model.diffusion_model.", "diffusion_model.", "transformer.", "unet.")
+#: XLabs' Flux LoRAs (``double_blocks.0.processor.qkv_lora1.down.weight``): their modules in BFL's names, as diffusers'
+#: ``_convert_xlabs_flux_lora_to_diffusers`` places them (1: the image stream, 2: the text stream)
+_XLABS = re.compile(r"^(?:diffusion_model\.)?(?P<block>double|single)_blocks\.(?P<i>\d+)\.processor\."
+                    r"(?P<what>qkv_lora|proj_lora)(?P<n>[12]?)$")
+_XLABS_BFL = {("double", "qkv_lora", "1"): "double_blocks.{i}.img_attn.qkv",
+              ("double", "qkv_lora", "2"): "double_blocks.{i}.txt_attn.qkv",
+              ("double", "proj_lora", "1"): "double_blocks.{i}.img_attn.proj",
+              ("double", "proj_lora", "2"): "double_blocks.{i}.txt_attn.proj",
+              ("single", "proj_lora", ""): "single_blocks.{i}.linear2"}
 
 
 def transformer_lora(lora: Lora, graph: Graph) -> Lora:
@@ -507,6 +516,20 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
     targets: dict[str, str] = {}
     fused: dict[str, LoraLayer] = {}
     for key, layer in lora.layers.items():
+        x = _XLABS.match(key)
+        if x and isinstance(layer, LoraLayer):  # XLabs: attention-only layers on BFL blocks, no alpha (scale 1)
+            if x["block"] == "single" and x["what"] == "qkv_lora":  # q, k, v only (not linear1's MLP rows)
+                for i, n in enumerate(("to_q", "to_k", "to_v")):
+                    sub = f"{key}->{n}"
+                    canon = f"single_transformer_blocks.{x['i']}.attn.{n}"
+                    kept[sub] = LoraLayer(sub, layer.down, ldm_source_rows(layer.up, f"part:{i}/3"), layer.alpha)
+                    if canon in modules:
+                        targets[sub] = modules[canon]
+                continue
+            bfl = _XLABS_BFL.get((x["block"], x["what"], x["n"]))
+            if bfl is not None:
+                fused[bfl.format(i=x["i"])] = layer
+                continue
         rest = None
         for p in ("lora_unet_", "lora_transformer_"):
             if key.startswith(p):

@@ -52,10 +52,10 @@ log = logging.getLogger("sdrt.lora")
 
 KOHYA_PREFIXES = {"unet": ("lora_unet_",), "te": ("lora_te_", "lora_te1_"), "te1": ("lora_te1_", "lora_te_"),
                   "te2": ("lora_te2_",)}
-_KEY = re.compile(r"^(?P<mod>.+?)\.(?P<kind>lora_down|lora_up|lora_A|lora_B|lora\.down|lora\.up)"
-                  r"(?:\.default)?\.weight$")
+_KEY = re.compile(r"^(?:(?P<mod>.+?)\.(?P<kind>lora_down|lora_up|lora_A|lora_B|lora\.down|lora\.up)"
+                  r"|(?P<xmod>.+?\.processor\.(?:qkv|proj)_lora\d?)\.(?P<xkind>down|up))(?:\.default)?\.weight$")
 _ALPHA = re.compile(r"^(?P<mod>.+)\.alpha$")
-_DOWN = {"lora_down", "lora_A", "lora.down"}
+_DOWN = {"lora_down", "lora_A", "lora.down", "down"}  # "down": XLabs' Flux LoRAs (processor.qkv_lora1.down)
 #: module prefixes that diffusers/PEFT files put before the model's own module path
 PEFT_PREFIXES = ("base_model.model.", "unet.", "transformer.", "text_encoder.", "text_encoder_2.", "model.")
 
@@ -193,7 +193,8 @@ class Lora:
                 continue
             m = _KEY.match(key)
             if m:
-                parts.setdefault(m["mod"], {})["down" if m["kind"] in _DOWN else "up"] = key
+                mod, kind = (m["mod"], m["kind"]) if m["mod"] else (m["xmod"], m["xkind"])
+                parts.setdefault(mod, {})["down" if kind in _DOWN else "up"] = key
                 continue
             a = _ALPHA.match(key)
             if a:
