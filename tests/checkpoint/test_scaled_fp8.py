@@ -2,8 +2,9 @@
 
 Each fp8 ``X.weight`` has an ``X.scale_weight`` beside it and means ``weight * scale_weight`` (ComfyUI's
 dequantization); a ``scaled_fp8`` marker and ``scale_input`` tensors come with them. Read without the scale the
-weights are off by that factor (hundreds of times too large or small); the SD 1.x file below was refused for its
-83 unplaced ``scale_weight`` keys, and Flux/SD 3.5/T5 converters skipped them with a warning.
+weights are off by that factor (hundreds of times too large or small, what diffusers 0.42's ``from_single_file``
+does: it drops the scales with a warning). Before, sdrt refused such files ("checkpoint weights have no place in
+the graph": the SD 1.x file below for its 83 ``scale_weight`` keys, an all-in-one Flux file for 27).
 """
 
 from __future__ import annotations
@@ -66,3 +67,35 @@ def test_a_scale_without_its_weight_is_one_error(tmp_path):
     with pytest.raises(WeightsError, match=r"b.scale_weight .* b.weight is missing: not a scaled-fp8 pair") as e:
         Weights.open(f)
     assert "\n" not in str(e.value) and "bad_scaled.safetensors" in str(e.value)
+
+
+def test_all_in_one_scaled_fp8_flux_file_binds_every_part(tmp_path):
+    """ComfyUI's all-in-one Flux checkpoint (transformer, CLIP-L, T5 and VAE in one file), transformer and T5 in
+    scaled fp8: every part binds, within fp8's rounding of the separate float32 files."""
+    import single_file_helpers as h
+    from flow_file_helpers import bfl_transformer, clip_file, t5_file
+    from test_flow_single_files import PIPES, _files, _params, _vae
+
+    f = _files("flux-dev", tmp_path)
+    folder = PIPES / "tiny-flux-dev"
+    main = {"model.diffusion_model." + k: v for k, v in bfl_transformer(_params(folder, "transformer")).items()}
+    main.update({"text_encoders.clip_l.transformer." + k: v for k, v in clip_file(_params(folder, "text_encoder")).items()})
+    main.update({"text_encoders.t5xxl.transformer." + k: v for k, v in t5_file(_params(folder, "text_encoder_2")).items()})
+    main.update({"vae." + k: v for k, v in _vae(folder).items()})
+    scaled = {}
+    for k, v in main.items():
+        if k.endswith(".weight") and v.ndim == 2 and (k.startswith("model.diffusion_model.") or "t5xxl" in k):
+            s = np.float32(max(np.abs(v).max(), 1e-8) / 448)
+            scaled[k], scaled[k[: -len("weight")] + "scale_weight"] = (v / s).astype(F8), np.array(s, np.float32)
+        else:
+            scaled[k] = v
+    scaled["model.diffusion_model.scaled_fp8"] = np.zeros(0, F8)
+    path = h.write(tmp_path / "flux1-dev-aio-fp8-scaled.safetensors", scaled)
+    m = open_single_file(path, graph_paths=f["graphs"], family="flux-dev")
+    ref = open_single_file(f["file"], [*f["text_encoders"], f["vae"]], graph_paths=f["graphs"], family="flux-dev")
+    assert sorted(m.parts) == sorted(ref.parts)
+    for part, (_, w) in ref.parts.items():
+        got = m.parts[part][1]
+        for n in w:
+            a, b = np.asarray(got[n], np.float32), np.asarray(w[n], np.float32)
+            assert np.abs(a - b).max() <= 0.07 * max(float(np.abs(b).max()), 1e-6), (part, n)
