@@ -54,3 +54,14 @@ def test_sdxl_kohya_lora_matches_diffusers_fuse_lora():
             assert "self_attn" in k
             ref = kohya[k]
         np.testing.assert_allclose(v, ref.reshape(v.shape), atol=2e-5 * max(1.0, float(np.abs(ref).max())), err_msg=k)
+
+
+def test_sdxl_lora_on_sd1_says_what_it_is(registry):
+    import pytest
+
+    from sdrt import pipelines
+    from sdrt.errors import SdrtError
+
+    with pipelines.load(DATA / "pipelines" / "tiny-sd15", backend="reference") as pipe:
+        with pytest.raises(SdrtError, match=r"for no part of this SD 1.x model \(the file looks like a LoRA for SDXL\)"):
+            pipe.set_loras([(DATA / "lora" / "sdxl_kohya.safetensors", 1.0)])

@@ -235,8 +235,12 @@ class WeightState:
                     sub = transformer_lora(sub, parts[part].graph)
                 routed.setdefault(part, []).append((sub, a.scale))
         if unrouted:
-            raise WeightsError(f"{len(unrouted)} LoRA layers are for no part of this model: "
-                               + ", ".join(unrouted[:8]), where=", ".join(a.name for a in active),
+            fams = {f for a in active if (f := lora_family(a.lora.layers)) is not None}
+            looks = f" (the file looks like a LoRA for {' / '.join(sorted(fams))})" if fams else ""
+            raise WeightsError(f"{len(unrouted)} LoRA layers are for no part of this {self.pipe.family.label} "
+                               f"model{looks}: " + ", ".join(unrouted[:8])
+                               + (f", ... ({len(unrouted)} in all)" if len(unrouted) > 8 else ""),
+                               where=", ".join(a.name for a in active),
                                fix=f"use a LoRA made for {self.pipe.family.label} (SD 1.x/2.x LoRAs have lora_unet_/lora_te_ "
                                "keys, SDXL's lora_te1_/lora_te2_, SD 3.x/Flux/Chroma's transformer. or "
                                "lora_unet_double_blocks_ keys)")
