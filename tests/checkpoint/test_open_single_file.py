@@ -293,3 +293,21 @@ def test_a_bad_vae_file_gets_advice_for_what_it_is(tmp_path):
     with pytest.raises(WeightsError, match=r"not a readable GGUF file: the file ends at byte 25, before the end of "
                                            r"the 0 metadata keys and 1 tensors.*truncated.*re-download the \.gguf file"):
         check_part_file(cut, "vae", "sd1", "SD 1.x")
+
+
+def test_sdxl_v_pred_file_and_its_ztsnr_key(tmp_path, caplog):
+    """NoobAI-XL v-pred files carry empty ``v_pred`` and ``ztsnr`` tensors: v-prediction is read from the first; the
+    second (zero terminal SNR, which sdrt's schedules do not model) is said in a warning, not dropped silently."""
+    import logging
+
+    from sdrt.weights import Weights, stfile
+
+    base = Weights.open(DATA / "sdxl" / "ldm.safetensors")
+    f = tmp_path / "noob_vpred.safetensors"
+    stfile.write(f, {**{k: np.asarray(base[k]) for k in base}, "v_pred": np.zeros(0, np.float32),
+                     "ztsnr": np.zeros(0, np.float32)})
+    parts = ["unet", "text_encoder", "text_encoder_2"]
+    with caplog.at_level(logging.WARNING, logger="sdrt.checkpoint.files"):
+        m = open_single_file(f, graph_paths={p: DATA / "sdxl" / p / "model.onnx" for p in parts}, parts=parts)
+    assert m.prediction == "v_prediction" and m.release["scheduler"]["prediction_type"] == "v_prediction"
+    assert any("zero terminal SNR" in r.getMessage() for r in caplog.records)

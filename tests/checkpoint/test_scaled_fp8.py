@@ -99,3 +99,4 @@ def test_all_in_one_scaled_fp8_flux_file_binds_every_part(tmp_path):
         for n in w:
             a, b = np.asarray(got[n], np.float32), np.asarray(w[n], np.float32)
             assert np.abs(a - b).max() <= 0.07 * max(float(np.abs(b).max()), 1e-6), (part, n)
+

@@ -375,6 +375,10 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
             prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"])
         elif fam.startswith("sdxl") and "v_pred" in main.shapes:
             prediction = "v_prediction"
+            if "ztsnr" in main.shapes:
+                log.warning("%s was trained with zero terminal SNR (its ztsnr key, as NoobAI-XL v-pred); sdrt samples "
+                            "it with SDXL's release schedule, without ZTSNR's rescaled betas, so images may come out "
+                            "flatter than in ComfyUI or A1111", main.path.name)
         elif fam.startswith(("sd35", "flux", "chroma")):
             prediction = "flow"
         else:
