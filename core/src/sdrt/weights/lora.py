@@ -55,6 +55,23 @@ KOHYA_PREFIXES = {"unet": ("lora_unet_",), "te": ("lora_te_", "lora_te1_"), "te1
 _KEY = re.compile(r"^(?:(?P<mod>.+?)\.(?P<kind>lora_down|lora_up|lora_A|lora_B|lora\.down|lora\.up)"
                   r"|(?P<xmod>.+?\.processor\.(?:qkv|proj)_lora\d?)\.(?P<xkind>down|up))(?:\.default)?\.weight$")
 _ALPHA = re.compile(r"^(?P<mod>.+)\.alpha$")
+#: diffusers' older LoRA files (attention processors, 2023): ``...attn1.processor.to_q_lora.down.weight`` (UNet) or
+#: ``...self_attn.to_q_lora.down.weight`` (text encoder), and ``...q_proj.lora_linear_layer.down.weight``
+_OLD_DIFFUSERS = re.compile(r"^(?P<mod>.+?)(?:\.processor)?\.(?P<which>to_q|to_k|to_v|to_out)_lora\.(?P<kind>down|up)"
+                            r"\.weight$")
+_LINEAR_LAYER = re.compile(r"^(?P<mod>.+?)\.lora_linear_layer\.(?P<kind>down|up)\.weight$")
+_OLD_UNET = {"to_q": "to_q", "to_k": "to_k", "to_v": "to_v", "to_out": "to_out.0"}
+_OLD_TE = {"to_q": "q_proj", "to_k": "k_proj", "to_v": "v_proj", "to_out": "out_proj"}
+
+
+def _old_diffusers(key: str) -> tuple[str, str] | None:
+    """``(module, "down" | "up")`` for a key of diffusers' older LoRA formats, else None."""
+    m = _OLD_DIFFUSERS.match(key)
+    if m:
+        which = (_OLD_TE if m["mod"].endswith("self_attn") else _OLD_UNET)[m["which"]]
+        return f"{m['mod']}.{which}", m["kind"]
+    m = _LINEAR_LAYER.match(key)
+    return (m["mod"], m["kind"]) if m else None
 _DOWN = {"lora_down", "lora_A", "lora.down", "down"}  # "down": XLabs' Flux LoRAs (processor.qkv_lora1.down)
 #: module prefixes that diffusers/PEFT files put before the model's own module path
 PEFT_PREFIXES = ("base_model.model.", "unet.", "transformer.", "text_encoder.", "text_encoder_2.", "model.")
@@ -192,8 +209,9 @@ class Lora:
                 lyco.setdefault(ly["mod"], {})[ly["kind"]] = key
                 continue
             m = _KEY.match(key)
-            if m:
-                mod, kind = (m["mod"], m["kind"]) if m["mod"] else (m["xmod"], m["xkind"])
+            old_format = None if m else _old_diffusers(key)
+            if m or old_format:
+                mod, kind = old_format or ((m["mod"], m["kind"]) if m["mod"] else (m["xmod"], m["xkind"]))
                 parts.setdefault(mod, {})["down" if kind in _DOWN else "up"] = key
                 continue
             a = _ALPHA.match(key)
