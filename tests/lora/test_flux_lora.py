@@ -104,3 +104,26 @@ def test_sd1_lora_on_flux_is_one_error_naming_it(pipe):
     with pytest.raises(SdrtError, match=r"lora_kohya.safetensors looks like a LoRA for SD 1.x/2.x, and 40 of its 40 layers do not fit this Flux.1") as e:
         pipe.set_loras([(ROOT / "ckpt" / "sd1" / "lora_kohya.safetensors", 1.0)])
     assert "\n" not in str(e.value)
+
+
+def test_flux_lora_reaches_the_transformer_session_and_unapplies_bit_for_bit(pipe):
+    """The merged weights are what the transformer runs with (they were merged, then never bound: a Flux LoRA left
+    the image unchanged), diffusers' change on top of the base; removing the LoRA gives the image before, bit for bit."""
+    kw = dict(steps=2, seed=1, width=64, height=64)
+    before = np.asarray(pipe("a fox", **kw)[0], np.int16)
+    pipe.set_loras([(D / "flux_kohya.safetensors", SCALE)])
+    part = pipe.parts["transformer"]
+    bound = part.weights_factory()
+    graph = part.graph
+    refs = np.load(D / "flux_lora_refs.npz")
+    pmap = param_map(graph)
+    for k in (k for k in refs.files if k.startswith("flux_kohya/")):
+        slot = pmap[k.split("/", 1)[1]]
+        base = np.asarray(graph.initializer_arrays([slot.init])[slot.init], np.float32)
+        delta = refs[k].T if slot.layout == "T" else refs[k]
+        np.testing.assert_allclose(np.asarray(bound[slot.init], np.float32), base + delta, atol=2e-5 * max(
+            1.0, float(np.abs(delta).max())), err_msg=k)
+    with_lora = np.asarray(pipe("a fox", **kw)[0], np.int16)
+    assert np.abs(with_lora - before).mean() > 1.0
+    pipe.set_loras([])
+    assert np.array_equal(np.asarray(pipe("a fox", **kw)[0], np.int16), before)

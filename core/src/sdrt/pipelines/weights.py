@@ -182,7 +182,8 @@ class WeightState:
             else:
                 active.append(ActiveLora(item, float(scale), Path(item.source).stem,
                                          Path(item.source) if Path(item.source).is_file() else None))
-        touched = {name for name in self._parts() if name in _LORA_ROUTES}
+        # every part a LoRA can reach (SD 3.x/Flux/Chroma's transformer takes the unet route's keys)
+        touched = {name for name in self._parts() if name in _LORA_ROUTES or name == "transformer"}
         if not self.loras and not active:
             return active
         merged = self._merge(active)  # checks everything before anything changes
