@@ -311,3 +311,17 @@ def test_sdxl_v_pred_file_and_its_ztsnr_key(tmp_path, caplog):
         m = open_single_file(f, graph_paths={p: DATA / "sdxl" / p / "model.onnx" for p in parts}, parts=parts)
     assert m.prediction == "v_prediction" and m.release["scheduler"]["prediction_type"] == "v_prediction"
     assert any("zero terminal SNR" in r.getMessage() for r in caplog.records)
+
+
+def test_playground_v25_is_refused_by_name(tmp_path):
+    """Playground v2.5 has SDXL's keys plus edm_mean/edm_std (its EDM latents): run with SDXL's schedule it would
+    give noise, so it is refused by name (diffusers' loader tells it by the same keys)."""
+    from sdrt.weights import Weights, stfile
+
+    base = Weights.open(DATA / "sdxl" / "ldm.safetensors")
+    f = tmp_path / "playground-v2.5-1024px-aesthetic.fp16.safetensors"
+    stfile.write(f, {**{k: np.asarray(base[k]) for k in base}, "edm_mean": np.zeros((1, 4, 1, 1), np.float32),
+                     "edm_std": np.ones((1, 4, 1, 1), np.float32)})
+    with pytest.raises(ModelError, match="Playground v2.5 .*no schedule for") as e:
+        open_single_file(f)
+    assert "\n" not in str(e.value)

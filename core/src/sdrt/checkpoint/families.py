@@ -189,6 +189,9 @@ def identify(shapes: Shapes, family: str | None = None) -> Identity:
             fam = "sd1"
         else:
             return Identity(None, "unknown", f"{old}, which has no shipped graph")
+        if fam == "sdxl" and "edm_mean" in shapes:  # diffusers' single-file loader keys Playground v2.5 on these
+            return Identity(None, "unknown", "Playground v2.5 (an SDXL UNet trained with an EDM schedule: its "
+                            "edm_mean/edm_std keys), which sdrt has no schedule for; run as SDXL it would give noise")
         if inpaint and fam in ("sd1", "sdxl"):
             fam += "-inpaint"
         elif inpaint:
