@@ -325,3 +325,23 @@ def test_playground_v25_is_refused_by_name(tmp_path):
     with pytest.raises(ModelError, match="Playground v2.5 .*no schedule for") as e:
         open_single_file(f)
     assert "\n" not in str(e.value)
+
+
+def test_a_yaml_beside_an_sd1_or_sdxl_file_sets_v_prediction(tmp_path):
+    """A1111 reads ``<stem>.yaml`` beside any checkpoint: a v-prediction SD 1.x finetune ships LDM's
+    ``parameterization: "v"``, an SDXL one SGM's ``VScaling`` denoiser; without a yaml both stay epsilon."""
+    import shutil
+
+    cases = (("sd1", ["unet", "text_encoder", "vae_decoder"],
+              'model:\n  params:\n    parameterization: "v"   # v-pred finetune\n'),
+             ("sdxl", ["unet", "text_encoder", "text_encoder_2"],
+              "model:\n  params:\n    denoiser_config:\n      params:\n        scaling_config:\n"
+              "          target: sgm.modules.diffusionmodules.denoiser_scaling.VScaling\n"))
+    for fam, parts, yaml in cases:
+        f = tmp_path / f"{fam}-vpred.safetensors"
+        shutil.copy(DATA / fam / "ldm.safetensors", f)
+        graphs = {p: DATA / fam / p / "model.onnx" for p in parts}
+        assert open_single_file(f, graph_paths=graphs, parts=parts).prediction == "epsilon"
+        f.with_suffix(".yaml").write_text(yaml)
+        m = open_single_file(f, graph_paths=graphs, parts=parts)
+        assert m.prediction == "v_prediction" and m.release["scheduler"]["prediction_type"] == "v_prediction", fam
