@@ -65,3 +65,16 @@ def test_sdxl_lora_on_sd1_says_what_it_is(registry):
     with pipelines.load(DATA / "pipelines" / "tiny-sd15", backend="reference") as pipe:
         with pytest.raises(SdrtError, match=r"for no part of this SD 1.x model \(the file looks like a LoRA for SDXL\)"):
             pipe.set_loras([(DATA / "lora" / "sdxl_kohya.safetensors", 1.0)])
+
+
+def test_lora_family_from_key_names():
+    from sdrt.pipelines.weights import lora_family
+
+    assert lora_family(["lora_unet_double_blocks_0_img_attn_qkv"]) == "Flux.1 / Chroma"
+    assert lora_family(["transformer.transformer_blocks.5.attn.add_q_proj"]) == "SD 3.x / Flux.1"
+    assert lora_family(["lora_unet_joint_blocks_0_x_block_attn_qkv"]) == "SD 3.x"
+    assert lora_family(["unet.down_blocks.1.attentions.0.transformer_blocks.1.attn1.to_q"]) == "SDXL"
+    assert lora_family(["lora_te1_text_model_encoder_layers_0_mlp_fc1"]) == "SDXL"
+    assert lora_family(["lora_unet_down_blocks_0_attentions_0_proj_in", "lora_te_text_model_encoder_layers_0_mlp_fc1"]) \
+        == "SD 1.x/2.x"
+    assert lora_family(["something"]) is None

@@ -446,6 +446,8 @@ def lora_family(keys: Iterable[str]) -> str | None:
         return "Flux.1 / Chroma"
     if has("joint_blocks", "context_block"):
         return "SD 3.x"
+    if has("add_q_proj", "add_k_proj", "ff_context", "norm1_context", "to_add_out"):  # diffusers' MMDiT names
+        return "SD 3.x / Flux.1"
     if has("lora_te2_", "lora_te1_", "text_encoder_2.") or re.search(
             r"(transformer_blocks[._][1-9]|add_embedding|label_emb)", " ".join(keys)):
         return "SDXL"
@@ -461,8 +463,8 @@ def _lora_mismatch(report: Any, pairs: Sequence[tuple[Lora, float]], label: str)
     files = ", ".join(dict.fromkeys(Path(lora.source).name for lora, _ in pairs))
     bad = [m.split(" (")[0] for m in report.unmatched] + [m.split(":")[0] for m in report.mismatched]
     fam = lora_family(keys)
-    same = {"Flux.1 / Chroma": ("Flux", "Chroma"), "SD 3.x": ("SD 3",), "SDXL": ("SDXL",),
-            "SD 1.x/2.x": ("SD 1", "SD 2")}.get(fam or "", ())
+    same = {"Flux.1 / Chroma": ("Flux", "Chroma"), "SD 3.x": ("SD 3",), "SD 3.x / Flux.1": ("SD 3", "Flux", "Chroma"),
+            "SDXL": ("SDXL",), "SD 1.x/2.x": ("SD 1", "SD 2")}.get(fam or "", ())
     looks = f" looks like a LoRA for {fam}, and" if fam and not label.startswith(same) else ""
     shown = ", ".join(bad[:3]) + (f", ... ({len(bad)} in all)" if len(bad) > 3 else "")
     return (f"{files}{looks} {len(bad)} of its {len(set(keys))} layers do not fit this {label} model "
