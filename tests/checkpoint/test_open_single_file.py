@@ -296,8 +296,9 @@ def test_a_bad_vae_file_gets_advice_for_what_it_is(tmp_path):
 
 
 def test_sdxl_v_pred_file_and_its_ztsnr_key(tmp_path, caplog):
-    """NoobAI-XL v-pred files carry empty ``v_pred`` and ``ztsnr`` tensors: v-prediction is read from the first; the
-    second (zero terminal SNR, which sdrt's schedules do not model) is said in a warning, not dropped silently."""
+    """NoobAI-XL v-pred files carry empty ``v_pred`` and ``ztsnr`` tensors: v-prediction is read from the first, zero
+    terminal SNR from the second (the release scheduler gets ``rescale_betas_zero_snr``, as A1111 and ComfyUI rescale
+    the schedule for it; tests/pipelines/test_pipelines_schedule.py checks the rescaled schedule against diffusers)."""
     import logging
 
     from sdrt.weights import Weights, stfile
@@ -307,10 +308,14 @@ def test_sdxl_v_pred_file_and_its_ztsnr_key(tmp_path, caplog):
     stfile.write(f, {**{k: np.asarray(base[k]) for k in base}, "v_pred": np.zeros(0, np.float32),
                      "ztsnr": np.zeros(0, np.float32)})
     parts = ["unet", "text_encoder", "text_encoder_2"]
-    with caplog.at_level(logging.WARNING, logger="sdrt.checkpoint.files"):
+    with caplog.at_level(logging.INFO, logger="sdrt.checkpoint.files"):
         m = open_single_file(f, graph_paths={p: DATA / "sdxl" / p / "model.onnx" for p in parts}, parts=parts)
     assert m.prediction == "v_prediction" and m.release["scheduler"]["prediction_type"] == "v_prediction"
+    assert m.release["scheduler"]["rescale_betas_zero_snr"] is True
     assert any("zero terminal SNR" in r.getMessage() for r in caplog.records)
+    from sdrt.pipelines.scheduling import FolderSchedule
+
+    assert FolderSchedule.from_config(m.release["scheduler"]).alphas_cumprod_f32[-1] == np.float32(2.0**-24)
 
 
 def test_playground_v25_is_refused_by_name(tmp_path):

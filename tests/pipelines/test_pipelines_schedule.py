@@ -61,7 +61,6 @@ def test_diffusers_use_default_values_counts_as_unset() -> None:
     ({"prediction_type": "sample"}, "prediction_type 'sample'"),
     ({"timestep_spacing": "sideways"}, "timestep_spacing 'sideways'"),
     ({"beta_schedule": "cubic"}, "beta_schedule 'cubic'"),
-    ({"rescale_betas_zero_snr": True}, "rescale_betas_zero_snr"),
     ({"trained_betas": [0.1, 0.2]}, "trained_betas has 2 values"),
     ({"interpolation_type": "cubic"}, "interpolation_type 'cubic'"),
 ])
@@ -76,3 +75,28 @@ def test_squaredcos_and_linear_betas_build() -> None:
         ms = FolderSchedule.from_config({"beta_schedule": kind})
         assert np.all(np.diff(ms.sigmas) > 0)
         assert ms.dpm_plan(5).sigmas[-1] == 0.0
+
+
+ZTSNR = json.loads((DATA / "ztsnr_schedules.json").read_text())
+
+
+def test_zero_terminal_snr_alphas_match_diffusers() -> None:
+    """``rescale_betas_zero_snr`` (ZTSNR-trained models such as NoobAI-XL v-pred): diffusers' rescaled betas, with the
+    last alphas_cumprod set to 2**-24 as its Euler and DPM-Solver schedulers set it."""
+    ms = FolderSchedule.from_config(ZTSNR["rows"][0]["config"])
+    np.testing.assert_allclose(ms.alphas_cumprod_f32, ZTSNR["alphas_cumprod"], rtol=1e-4, atol=1e-12)
+    assert ms.alphas_cumprod_f32[-1] == np.float32(2.0**-24)
+
+
+@pytest.mark.parametrize("row", ZTSNR["rows"], ids=[f"{r['config']['timestep_spacing']}:{r['sampler']}:{r['steps']}"
+                                                    for r in ZTSNR["rows"]])
+def test_zero_terminal_snr_plan_matches_diffusers(row: dict) -> None:
+    ms = FolderSchedule.from_config(row["config"])
+    plan = _plan(ms, row["sampler"], row["steps"])
+    # the rescale subtracts the last sqrt(alphas_cumprod) from every one: float32 rounding of the cumulative product
+    # (1 ulp) comes out up to 1e-4 relative at the noisy end, in diffusers and here alike
+    np.testing.assert_allclose(plan.timesteps, row["timesteps"], rtol=0, atol=1e-3)
+    if row["sigmas"]:
+        np.testing.assert_allclose(plan.sigmas, row["sigmas"], rtol=1e-4, atol=1e-7)
+    if row["sampler"] != "DDIM":  # diffusers' DDIM keeps alphas_cumprod[-1] = 0 (its init_noise_sigma is 1 anyway)
+        assert plan.init_noise_sigma == pytest.approx(row["init_noise_sigma"], rel=1e-6)

@@ -394,15 +394,14 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
     elif prediction not in ("epsilon", "v_prediction", "flow"):
         raise ModelError(f"unknown prediction {prediction!r}", where="open_single_file(prediction=...)",
                          fix="use 'epsilon' or 'v_prediction'")
-    if "ztsnr" in main.shapes:
-        log.warning("%s was trained with zero terminal SNR (its ztsnr key, as NoobAI-XL v-pred); sdrt samples it with "
-                    "the release's schedule, without ZTSNR's rescaled betas, so images may come out flatter than in "
-                    "ComfyUI or A1111", main.path.name)
     release = release_defaults(fam)
     if fam == "sd2" and prediction == "epsilon":
         release = {**release, "scheduler": release["scheduler_eps"], "sample_size": release["sample_size_eps"]}
     elif prediction == "v_prediction" and release["scheduler"].get("prediction_type") != "v_prediction":
         release = {**release, "scheduler": {**release["scheduler"], "prediction_type": "v_prediction"}}
+    if "ztsnr" in main.shapes and "scheduler" in release:  # zero terminal SNR (NoobAI-XL v-pred), as A1111/ComfyUI read it
+        log.info("%s: zero terminal SNR (its ztsnr key): rescaled betas", main.path.name)
+        release = {**release, "scheduler": {**release["scheduler"], "rescale_betas_zero_snr": True}}
     bound: dict[str, tuple[Path, Weights]] = {}
     files: dict[str, Path] = {}
     dtypes: dict[str, set[str]] = {}

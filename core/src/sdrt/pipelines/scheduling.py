@@ -67,6 +67,19 @@ def betas_from_config(config: dict[str, Any], where: str) -> np.ndarray:
                      fix="use scaled_linear, linear or squaredcos_cap_v2 (diffusers' schedules)")
 
 
+def rescale_zero_terminal_snr(betas: np.ndarray) -> np.ndarray:
+    """diffusers' ``rescale_zero_terminal_snr`` (Lin et al. 2023, algorithm 1) in float32, in its order of operations:
+    the betas of a schedule whose last step has zero signal (``rescale_betas_zero_snr``, ZTSNR-trained models)."""
+    one = np.float32(1.0)
+    ab_sqrt = np.sqrt(np.cumprod(one - betas.astype(np.float32), dtype=np.float32))
+    first, last = ab_sqrt[0].copy(), ab_sqrt[-1].copy()
+    ab_sqrt = ab_sqrt - last
+    ab_sqrt = ab_sqrt * (first / (first - last))
+    ab = ab_sqrt ** 2
+    alphas = np.concatenate([ab[:1], ab[1:] / ab[:-1]]).astype(np.float32)
+    return (one - alphas).astype(np.float32)
+
+
 @dataclass(frozen=True)
 class Plan:
     """The steps diffusers' scheduler takes: sigmas (k-diffusion's VE form, ending in the last sigma)
@@ -105,9 +118,6 @@ class FolderSchedule(DiscreteSchedule):
         if prediction is None:
             raise ModelError(f"prediction_type {kind!r} is not supported", where=where,
                              fix="use a model trained for 'epsilon' or 'v_prediction'")
-        if config.get("rescale_betas_zero_snr"):
-            raise ModelError("rescale_betas_zero_snr is not supported", where=where,
-                             fix="set it to false, or use a model without zero terminal SNR")
         spacing = config.get("timestep_spacing")
         if spacing is not None and spacing not in SPACINGS:
             raise ModelError(f"timestep_spacing {spacing!r} is not supported", where=where,
@@ -120,7 +130,12 @@ class FolderSchedule(DiscreteSchedule):
         if betas.shape != (n,):
             raise ModelError(f"trained_betas has {betas.size} values, not num_train_timesteps={n}", where=where,
                              fix="fix the scheduler config")
+        zero_snr = bool(config.get("rescale_betas_zero_snr"))
+        if zero_snr:
+            betas = rescale_zero_terminal_snr(betas)
         ac = np.cumprod(np.float32(1.0) - betas, dtype=np.float32)
+        if zero_snr:  # as diffusers' Euler, Euler a and DPM-Solver do: a finite last sigma (about 4096)
+            ac[-1] = np.float32(2.0**-24)
         self.alphas_cumprod_f32 = ac
         self.sigmas_f32 = np.sqrt((np.float32(1.0) - ac) / ac).astype(np.float32)
         self.alphas_cumprod = ac.astype(np.float64)
