@@ -100,3 +100,29 @@ def test_zero_terminal_snr_plan_matches_diffusers(row: dict) -> None:
         np.testing.assert_allclose(plan.sigmas, row["sigmas"], rtol=1e-4, atol=1e-7)
     if row["sampler"] != "DDIM":  # diffusers' DDIM keeps alphas_cumprod[-1] = 0 (its init_noise_sigma is 1 anyway)
         assert plan.init_noise_sigma == pytest.approx(row["init_noise_sigma"], rel=1e-6)
+
+
+@pytest.mark.parametrize("sampler", ["Euler", "DPM++ 2M Karras", "DDIM"])
+def test_zero_terminal_snr_image_matches_diffusers(sampler: str, tmp_path) -> None:
+    """tiny-sdxl with ``rescale_betas_zero_snr``, v-prediction and trailing spacing (its first step at sigma 4096)
+    against diffusers' image (scripts/make_ztsnr_refs.py), with test_pipelines_diffusers.py's tolerance."""
+    import shutil
+
+    from pipeline_helpers import register
+
+    from sdrt import pipelines
+
+    register("reference")
+    folder = tmp_path / "tiny-sdxl-ztsnr"
+    shutil.copytree(DATA / "tiny-sdxl", folder)
+    cfg_path = folder / "scheduler" / "scheduler_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(rescale_betas_zero_snr=True, prediction_type="v_prediction", timestep_spacing="trailing")
+    cfg_path.write_text(json.dumps(cfg))
+    want = np.load(DATA / "ztsnr_refs.npz")[f"txt2img/{sampler}"].astype(np.int16)
+    with pipelines.load(folder, backend="reference") as pipe:
+        got = np.stack(pipe("a photo of a red cat sitting on a wooden table, sunset", "blurry, low quality", steps=8,
+                            cfg=7.0, sampler=sampler, seed=1234, width=64, height=64)).astype(np.int16)
+    diff = np.abs(got - want)
+    assert diff.max() <= 1, f"max difference {diff.max()}, mean {diff.mean():.4f}"
+    assert (diff > 0).mean() <= 0.005, f"{(diff > 0).mean():.2%} of values differ"
