@@ -93,8 +93,8 @@ def test_fused_layers_split_as_diffusers_at_full_width():
     got = {}
     for key, layer in lora.layers.items():
         mod = by_init[lora.targets[key]]
-        got[mod] = np.asarray(layer.up, np.float64) @ (np.asarray(layer.down, np.float64) @ probe) * (
-            layer.alpha / layer.rank)
+        got[mod] = (np.asarray(layer.up, np.float64) @ (np.asarray(layer.down, np.float64) @ probe) * (
+            layer.alpha / layer.rank))[::16]  # the rows the reference keeps
     assert set(got) == set(want) and len(got) == 8
     for k, ref in want.items():
         np.testing.assert_allclose(got[k], ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()), err_msg=k)
