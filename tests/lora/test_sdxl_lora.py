@@ -78,3 +78,32 @@ def test_lora_family_from_key_names():
     assert lora_family(["lora_unet_down_blocks_0_attentions_0_proj_in", "lora_te_text_model_encoder_layers_0_mlp_fc1"]) \
         == "SD 1.x/2.x"
     assert lora_family(["something"]) is None
+
+
+def test_comfyui_dotted_ldm_unet_names_equal_kohya():
+    """ComfyUI's saved SDXL LoRAs name UNet modules the LDM way, dotted, under ``diffusion_model.``: the same
+    weights as kohya's flattened names."""
+    from sdrt.checkpoint.ldm import unet_ldm_layout, unet_to_ldm
+
+    graph = Graph.load(DATA / "ckpt" / "sdxl" / "unet" / "model.onnx")
+    pmap = param_map(graph)
+    lpb, attn_up = unet_ldm_layout(pmap)
+    rng = np.random.default_rng(1)
+    kohya, comfy = {}, {}
+    for mod in ("down_blocks.1.attentions.0.transformer_blocks.0.attn2.to_k", "mid_block.attentions.0.proj_in"):
+        w = pmap[mod + ".weight"]
+        o, i = (w.shape[1], w.shape[0]) if w.layout == "T" else w.shape
+        down, up = rng.standard_normal((2, i)).astype(np.float32), rng.standard_normal((o, 2)).astype(np.float32)
+        ldm = unet_to_ldm(mod, lpb, attn_up)
+        kohya.update({f"lora_unet_{ldm.replace('.', '_')}.lora_down.weight": down,
+                      f"lora_unet_{ldm.replace('.', '_')}.lora_up.weight": up})
+        comfy.update({f"diffusion_model.{ldm}.lora_down.weight": down, f"diffusion_model.{ldm}.lora_up.weight": up})
+    a, b = Lora.from_arrays(kohya), Lora.from_arrays(comfy)
+    assert {_route(k) for k in b.layers} == {"unet"}
+    ta, tb = _targets(graph, a.layers, "unet"), _targets(graph, b.layers, "unet")
+    assert len(ta) == len(tb) == 2
+    ma = merge(graph, [(a, 1.0)], graph=graph, targets=ta)
+    mb = merge(graph, [(b, 1.0)], graph=graph, targets=tb)
+    assert set(ma.originals) == set(mb.originals)
+    for name in ma.originals:
+        np.testing.assert_array_equal(ma[name], mb[name])

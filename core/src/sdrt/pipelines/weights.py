@@ -429,7 +429,8 @@ def _targets(graph: Graph, keys: Iterable[str], part: str) -> dict[str, str]:
             for p in (*peft, "base_model.model."):
                 rest = rest.removeprefix(p)
             rest = re.sub(r"^text_model\.", "", rest)
-            mod = modules.get(rest)
+            # ComfyUI saves UNet LoRAs in LDM's dotted names (diffusion_model.input_blocks.4.1...): the flat index has them
+            mod = modules.get(rest) or (flat.get(rest.replace(".", "_")) if part == "unet" else None)
         if mod is not None:
             out[key] = mod
     return out
