@@ -169,3 +169,14 @@ def test_sdxl_kohya_lora_with_ldm_unet_names():
     assert set(ma.originals) == set(mb.originals) and len(ma.originals) == 3
     for name in ma.originals:
         np.testing.assert_array_equal(ma[name], mb[name])
+
+
+def test_a1111_pt_layout_in_a_safetensors_file(tmp_path):
+    from sdrt.weights import stfile
+
+    v = np.arange(2 * 32, dtype=np.float32).reshape(2, 32) / 64
+    f = tmp_path / "style.safetensors"
+    stfile.write(f, {"string_to_param.*": v, "string_to_token.*": np.array([265], np.int64)})
+    e = load_embedding(f)
+    assert e.name == "style" and e.count == 2
+    np.testing.assert_array_equal(e.for_encoder("clip_l"), v)

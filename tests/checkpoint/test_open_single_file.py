@@ -293,3 +293,60 @@ def test_a_bad_vae_file_gets_advice_for_what_it_is(tmp_path):
     with pytest.raises(WeightsError, match=r"not a readable GGUF file: the file ends at byte 25, before the end of "
                                            r"the 0 metadata keys and 1 tensors.*truncated.*re-download the \.gguf file"):
         check_part_file(cut, "vae", "sd1", "SD 1.x")
+
+
+def test_sdxl_v_pred_file_and_its_ztsnr_key(tmp_path, caplog):
+    """NoobAI-XL v-pred files carry empty ``v_pred`` and ``ztsnr`` tensors: v-prediction is read from the first, zero
+    terminal SNR from the second (the release scheduler gets ``rescale_betas_zero_snr``, as A1111 and ComfyUI rescale
+    the schedule for it; tests/pipelines/test_pipelines_schedule.py checks the rescaled schedule against diffusers)."""
+    import logging
+
+    from sdrt.weights import Weights, stfile
+
+    base = Weights.open(DATA / "sdxl" / "ldm.safetensors")
+    f = tmp_path / "noob_vpred.safetensors"
+    stfile.write(f, {**{k: np.asarray(base[k]) for k in base}, "v_pred": np.zeros(0, np.float32),
+                     "ztsnr": np.zeros(0, np.float32)})
+    parts = ["unet", "text_encoder", "text_encoder_2"]
+    with caplog.at_level(logging.INFO, logger="sdrt.checkpoint.files"):
+        m = open_single_file(f, graph_paths={p: DATA / "sdxl" / p / "model.onnx" for p in parts}, parts=parts)
+    assert m.prediction == "v_prediction" and m.release["scheduler"]["prediction_type"] == "v_prediction"
+    assert m.release["scheduler"]["rescale_betas_zero_snr"] is True
+    assert any("zero terminal SNR" in r.getMessage() for r in caplog.records)
+    from sdrt.pipelines.scheduling import FolderSchedule
+
+    assert FolderSchedule.from_config(m.release["scheduler"]).alphas_cumprod_f32[-1] == np.float32(2.0**-24)
+
+
+def test_playground_v25_is_refused_by_name(tmp_path):
+    """Playground v2.5 has SDXL's keys plus edm_mean/edm_std (its EDM latents): run with SDXL's schedule it would
+    give noise, so it is refused by name (diffusers' loader tells it by the same keys)."""
+    from sdrt.weights import Weights, stfile
+
+    base = Weights.open(DATA / "sdxl" / "ldm.safetensors")
+    f = tmp_path / "playground-v2.5-1024px-aesthetic.fp16.safetensors"
+    stfile.write(f, {**{k: np.asarray(base[k]) for k in base}, "edm_mean": np.zeros((1, 4, 1, 1), np.float32),
+                     "edm_std": np.ones((1, 4, 1, 1), np.float32)})
+    with pytest.raises(ModelError, match="Playground v2.5 .*no schedule for") as e:
+        open_single_file(f)
+    assert "\n" not in str(e.value)
+
+
+def test_a_yaml_beside_an_sd1_or_sdxl_file_sets_v_prediction(tmp_path):
+    """A1111 reads ``<stem>.yaml`` beside any checkpoint: a v-prediction SD 1.x finetune ships LDM's
+    ``parameterization: "v"``, an SDXL one SGM's ``VScaling`` denoiser; without a yaml both stay epsilon."""
+    import shutil
+
+    cases = (("sd1", ["unet", "text_encoder", "vae_decoder"],
+              'model:\n  params:\n    parameterization: "v"   # v-pred finetune\n'),
+             ("sdxl", ["unet", "text_encoder", "text_encoder_2"],
+              "model:\n  params:\n    denoiser_config:\n      params:\n        scaling_config:\n"
+              "          target: sgm.modules.diffusionmodules.denoiser_scaling.VScaling\n"))
+    for fam, parts, yaml in cases:
+        f = tmp_path / f"{fam}-vpred.safetensors"
+        shutil.copy(DATA / fam / "ldm.safetensors", f)
+        graphs = {p: DATA / fam / p / "model.onnx" for p in parts}
+        assert open_single_file(f, graph_paths=graphs, parts=parts).prediction == "epsilon"
+        f.with_suffix(".yaml").write_text(yaml)
+        m = open_single_file(f, graph_paths=graphs, parts=parts)
+        assert m.prediction == "v_prediction" and m.release["scheduler"]["prediction_type"] == "v_prediction", fam

@@ -93,3 +93,54 @@ def test_squaredcos_and_linear_betas_build() -> None:
         ms = FolderSchedule.from_config({"beta_schedule": kind})
         assert np.all(np.diff(ms.sigmas) > 0)
         assert ms.dpm_plan(5).sigmas[-1] == 0.0
+
+
+ZTSNR = json.loads((DATA / "ztsnr_schedules.json").read_text())
+
+
+def test_zero_terminal_snr_alphas_match_diffusers() -> None:
+    """``rescale_betas_zero_snr`` (ZTSNR-trained models such as NoobAI-XL v-pred): diffusers' rescaled betas, with the
+    last alphas_cumprod set to 2**-24 as its Euler and DPM-Solver schedulers set it."""
+    ms = FolderSchedule.from_config(ZTSNR["rows"][0]["config"])
+    np.testing.assert_allclose(ms.alphas_cumprod_f32, ZTSNR["alphas_cumprod"], rtol=1e-4, atol=1e-12)
+    assert ms.alphas_cumprod_f32[-1] == np.float32(2.0**-24)
+
+
+@pytest.mark.parametrize("row", ZTSNR["rows"], ids=[f"{r['config']['timestep_spacing']}:{r['sampler']}:{r['steps']}"
+                                                    for r in ZTSNR["rows"]])
+def test_zero_terminal_snr_plan_matches_diffusers(row: dict) -> None:
+    ms = FolderSchedule.from_config(row["config"])
+    plan = _plan(ms, row["sampler"], row["steps"])
+    # the rescale subtracts the last sqrt(alphas_cumprod) from every one: float32 rounding of the cumulative product
+    # (1 ulp) comes out up to 1e-4 relative at the noisy end, in diffusers and here alike
+    np.testing.assert_allclose(plan.timesteps, row["timesteps"], rtol=0, atol=1e-3)
+    if row["sigmas"]:
+        np.testing.assert_allclose(plan.sigmas, row["sigmas"], rtol=1e-4, atol=1e-7)
+    if row["sampler"] != "DDIM":  # diffusers' DDIM keeps alphas_cumprod[-1] = 0 (its init_noise_sigma is 1 anyway)
+        assert plan.init_noise_sigma == pytest.approx(row["init_noise_sigma"], rel=1e-6)
+
+
+@pytest.mark.parametrize("sampler", ["Euler", "DPM++ 2M Karras", "DDIM"])
+def test_zero_terminal_snr_image_matches_diffusers(sampler: str, tmp_path) -> None:
+    """tiny-sdxl with ``rescale_betas_zero_snr``, v-prediction and trailing spacing (its first step at sigma 4096)
+    against diffusers' image (scripts/make_ztsnr_refs.py), with test_pipelines_diffusers.py's tolerance."""
+    import shutil
+
+    from pipeline_helpers import register
+
+    from sdrt import pipelines
+
+    register("reference")
+    folder = tmp_path / "tiny-sdxl-ztsnr"
+    shutil.copytree(DATA / "tiny-sdxl", folder)
+    cfg_path = folder / "scheduler" / "scheduler_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(rescale_betas_zero_snr=True, prediction_type="v_prediction", timestep_spacing="trailing")
+    cfg_path.write_text(json.dumps(cfg))
+    want = np.load(DATA / "ztsnr_refs.npz")[f"txt2img/{sampler}"].astype(np.int16)
+    with pipelines.load(folder, backend="reference") as pipe:
+        got = np.stack(pipe("a photo of a red cat sitting on a wooden table, sunset", "blurry, low quality", steps=8,
+                            cfg=7.0, sampler=sampler, seed=1234, width=64, height=64)).astype(np.int16)
+    diff = np.abs(got - want)
+    assert diff.max() <= 1, f"max difference {diff.max()}, mean {diff.mean():.4f}"
+    assert (diff > 0).mean() <= 0.005, f"{(diff > 0).mean():.2%} of values differ"

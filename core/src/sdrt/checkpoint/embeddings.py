@@ -4,7 +4,8 @@ Formats read (``.safetensors`` only):
 
 - A1111 / SD 1.x-2.x: ``emb_params`` [n, d] (n vectors, the trigger word stands for n tokens);
 - SDXL: ``clip_l`` [n, 768] for the first text encoder and ``clip_g`` [n, 1280] for the second;
-- diffusers' ``learned_embeds.safetensors``: one tensor named after its token, [d] or [n, d].
+- diffusers' ``learned_embeds.safetensors``: one tensor named after its token, [d] or [n, d];
+- A1111's ``.pt`` layout flattened into a ``.safetensors`` (``string_to_param.*``, with ``string_to_token.*``).
 
 Pickle ``.pt``/``.bin`` embeddings are refused, with the one-line conversion to run.
 
@@ -87,6 +88,8 @@ def load_embedding(path: str | os.PathLike[str], name: str | None = None) -> Emb
         vectors = {k: arrays[k] for k in ("clip_l", "clip_g") if k in arrays}
     elif "emb_params" in arrays:
         vectors = {"clip_l": arrays["emb_params"]}
+    elif "string_to_param.*" in arrays:  # A1111's .pt layout, flattened into a .safetensors by a converter
+        vectors = {"clip_l": arrays["string_to_param.*"]}
     elif len(arrays) == 1:
         vectors = {"clip_l": next(iter(arrays.values()))}
     else:

@@ -39,10 +39,14 @@ def detect(shapes: Shapes) -> str:
         fam = "a ControlNet (not a checkpoint: pass it with --controlnet FILE, controlnets=[...] in the API)"
     elif has("down_blocks.") and has("conv_in."):
         fam = "diffusers UNet"
-    elif has("lora_unet_") or has("lora_te"):
-        fam = "kohya LoRA (not a checkpoint)"
+    elif has("lora_unet_") or has("lora_te") or has("lora_transformer_"):
+        fam = "kohya LoRA (not a checkpoint: pass it with --lora FILE:WEIGHT, loras=[...] in the API)"
+    elif any(k.endswith((".lora_A.weight", ".lora_B.weight", ".lora_down.weight", ".lora_up.weight", ".hada_w1_a",
+                         ".lokr_w1", ".lokr_w1_a", ".lora.down.weight")) for k in keys):
+        fam = "LoRA (not a checkpoint: pass it with --lora FILE:WEIGHT, loras=[...] in the API)"
     elif "emb_params" in keys or "clip_l" in keys or "string_to_param.*" in keys:
-        fam = "textual-inversion embedding (not a checkpoint)"
+        fam = ("textual-inversion embedding (not a checkpoint: pass it with --embedding FILE, "
+               "pipe.add_embedding in the API)")
     else:
         return "unknown"
     w = shapes.get("model.diffusion_model.input_blocks.0.0.weight")
@@ -185,6 +189,9 @@ def identify(shapes: Shapes, family: str | None = None) -> Identity:
             fam = "sd1"
         else:
             return Identity(None, "unknown", f"{old}, which has no shipped graph")
+        if fam == "sdxl" and "edm_mean" in shapes:  # diffusers' single-file loader keys Playground v2.5 on these
+            return Identity(None, "unknown", "Playground v2.5 (an SDXL UNet trained with an EDM schedule: its "
+                            "edm_mean/edm_std keys), which sdrt has no schedule for; run as SDXL it would give noise")
         if inpaint and fam in ("sd1", "sdxl"):
             fam += "-inpaint"
         elif inpaint:

@@ -261,19 +261,29 @@ def graph_kind(graph_name: str) -> str:
             "vae16_encoder": "vae16"}.get(graph_name, graph_name)
 
 
+def yaml_prediction(path: Path) -> str | None:
+    """What A1111's ``<stem>.yaml`` beside a checkpoint says: ``"v_prediction"`` for ``parameterization: "v"`` (LDM's
+    configs) or an SGM ``VScaling`` denoiser (SDXL's), else ``"epsilon"``; None without a yaml."""
+    yaml = path.with_suffix(".yaml")
+    if not yaml.is_file():
+        return None
+    try:
+        text = yaml.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    v = (re.search(r"parameterization\s*:\s*[\"']?v[\"']?\s*(#.*)?$", text, re.M) is not None
+         or re.search(r"denoiser_scaling\.VScaling", text) is not None)
+    log.info("%s: %s-prediction from %s", path.name, "v" if v else "eps", yaml.name)
+    return "v_prediction" if v else "epsilon"
+
+
 def sd2_prediction(path: Path, weights: Weights, prefix: str = "model.diffusion_model.") -> str:
     """``"v_prediction"`` or ``"epsilon"`` for an SD 2.x file: A1111's ``<stem>.yaml`` beside it when
     present (``parameterization: "v"``), else ComfyUI's test on the weights (the spread of the last
     transformer's first norm bias: std > 0.09 is v)."""
-    yaml = path.with_suffix(".yaml")
-    if yaml.is_file():
-        try:
-            text = yaml.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            text = ""
-        v = re.search(r"parameterization\s*:\s*[\"']?v[\"']?\s*$", text, re.M) is not None
-        log.info("%s: %s-prediction from %s", path.name, "v" if v else "eps", yaml.name)
-        return "v_prediction" if v else "epsilon"
+    from_yaml = yaml_prediction(path)
+    if from_yaml is not None:
+        return from_yaml
     key = SD2_V_KEY.replace("model.diffusion_model.", prefix)
     if key not in weights:
         return "epsilon"
@@ -373,6 +383,8 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
     if prediction is None:
         if fam == "sd2":
             prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"])
+        elif fam.startswith(("sd1", "sdxl")) and yaml_prediction(main.path) is not None:
+            prediction = yaml_prediction(main.path)  # A1111 reads a v-prediction SD 1.x/SDXL finetune's yaml too
         elif fam.startswith("sdxl") and "v_pred" in main.shapes:
             prediction = "v_prediction"
         elif fam.startswith(("sd35", "flux", "chroma")):
@@ -387,6 +399,9 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         release = {**release, "scheduler": release["scheduler_eps"], "sample_size": release["sample_size_eps"]}
     elif prediction == "v_prediction" and release["scheduler"].get("prediction_type") != "v_prediction":
         release = {**release, "scheduler": {**release["scheduler"], "prediction_type": "v_prediction"}}
+    if "ztsnr" in main.shapes and "scheduler" in release:  # zero terminal SNR (NoobAI-XL v-pred), as A1111/ComfyUI read it
+        log.info("%s: zero terminal SNR (its ztsnr key): rescaled betas", main.path.name)
+        release = {**release, "scheduler": {**release["scheduler"], "rescale_betas_zero_snr": True}}
     bound: dict[str, tuple[Path, Weights]] = {}
     files: dict[str, Path] = {}
     dtypes: dict[str, set[str]] = {}

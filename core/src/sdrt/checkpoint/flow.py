@@ -172,3 +172,50 @@ def convert_flux(shapes: Shapes) -> tuple[dict[str, Source], list[str]]:
                 continue
         unknown.append(full)
     return out, unknown
+
+
+def publisher_lora_modules(modules: Mapping[str, tuple[int, int]], inner: int,
+                           last_joint_block: int = -1) -> dict[str, list[tuple[str, str]]]:
+    """LoRA modules in Black Forest Labs' or Stability's names (``double_blocks.0.img_attn.qkv``,
+    ``single_blocks.3.linear1``, ``joint_blocks.2.x_block.attn.qkv``; no prefix, dotted), each with its
+    ``(out, in)`` size: ``{module: [(diffusers module, op on the LoRA's up rows), ...]}``, by the same rules
+    as the checkpoint maps above (a fused ``qkv`` patches q, k and v with a third of the up rows each,
+    ``linear1`` q, k, v and ``proj_mlp`` at (d, d, d, 4d), the final adaLN's halves swapped). ``inner`` is
+    the transformer's width; ``last_joint_block`` the index of SD 3's last joint block (its context side is
+    swapped too). A module no rule knows is left out."""
+    shapes: dict[str, tuple[int, ...]] = {m + ".weight": s for m, s in modules.items()}
+    if any(m.startswith("joint_blocks.") for m in modules):
+        if last_joint_block >= 0:
+            shapes.setdefault(f"joint_blocks.{last_joint_block}.x_block.attn.proj.weight", (inner, inner))
+        conv, _ = convert_sd3(shapes)
+    else:
+        shapes.setdefault("img_in.weight", (inner, 64))
+        conv, _ = convert_flux(shapes)
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name, src in conv.items():
+        mod = src.key[: -len(".weight")]
+        if name.endswith(".weight") and mod in modules:
+            out.setdefault(mod, []).append((name[: -len(".weight")], src.op))
+    return out
+
+
+def publisher_module_names(double: int, single: int, joint: int, approx: int = 0) -> list[str]:
+    """Every linear module of a Flux/Chroma (``double``/``single`` blocks, ``approx`` Chroma approximator
+    layers) or SD 3 (``joint`` blocks) transformer in its publisher's names: kohya's LoRA keys are these with
+    the dots turned to underscores (``lora_unet_double_blocks_0_img_attn_qkv``)."""
+    names = ["img_in", "txt_in", "final_layer.linear", "final_layer.adaLN_modulation.1",
+             "distilled_guidance_layer.in_proj", "distilled_guidance_layer.out_proj",
+             "x_embedder.proj", "context_embedder"]
+    names += [f"{a}.{b}" for a in ("time_in", "vector_in", "guidance_in") for b in ("in_layer", "out_layer")]
+    names += [f"{a}.mlp.{i}" for a in ("t_embedder", "y_embedder") for i in (0, 2)]
+    names += [f"distilled_guidance_layer.layers.{i}.{b}" for i in range(approx) for b in ("in_layer", "out_layer")]
+    for i in range(double):
+        names += [f"double_blocks.{i}.{s}_{m}" for s in ("img", "txt")
+                  for m in ("attn.qkv", "attn.proj", "mlp.0", "mlp.2", "mod.lin")]
+    for i in range(single):
+        names += [f"single_blocks.{i}.{m}" for m in ("linear1", "linear2", "modulation.lin")]
+    for i in range(joint):
+        names += [f"joint_blocks.{i}.{s}.{m}" for s in ("x_block", "context_block")
+                  for m in ("attn.qkv", "attn.proj", "attn2.qkv", "attn2.proj", "mlp.fc1", "mlp.fc2",
+                            "adaLN_modulation.1")]
+    return names

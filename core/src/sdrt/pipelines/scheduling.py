@@ -115,6 +115,8 @@ class FolderSchedule(DiscreteSchedule):
     where: str
     alphas_cumprod_f32: np.ndarray
     sigmas_f32: np.ndarray
+    #: DDIM's alphas_cumprod: the same, but under zero terminal SNR the last one stays 0 (diffusers' DDIMScheduler)
+    ddim_ac: np.ndarray
 
     @classmethod
     def from_config(cls, config: dict[str, Any], where: str = "scheduler_config.json") -> FolderSchedule:
@@ -139,8 +141,9 @@ class FolderSchedule(DiscreteSchedule):
         if zero_snr:
             betas = rescale_zero_terminal_snr(betas)
         ac = _cumprod_f32(np.float32(1.0) - betas)
-        if zero_snr:  # as diffusers' Euler, Euler a and DPM-Solver do: a finite sigma_max (4096) at the last step;
-            ac[-1] = np.float32(2.0**-24)  # its DDIM keeps 0 there (v-prediction: x0 = -v), 2.4e-4 x away
+        self.ddim_ac = ac.copy()  # diffusers' DDIM keeps the zero alpha of the last step (v-prediction: x0 = -v)
+        if zero_snr:  # as diffusers' Euler, Euler a and DPM-Solver do: a finite last sigma (about 4096)
+            ac[-1] = np.float32(2.0**-24)
         self.alphas_cumprod_f32 = ac
         self.sigmas_f32 = np.sqrt((np.float32(1.0) - ac) / ac).astype(np.float32)
         self.alphas_cumprod = ac.astype(np.float64)
@@ -249,14 +252,14 @@ class FolderSchedule(DiscreteSchedule):
 
     def ddim_alpha(self, t: int) -> np.float32:
         """alphas_cumprod[t]; below 0 the final alpha (1 with ``set_alpha_to_one``, else alphas_cumprod[0])."""
-        ac = self.alphas_cumprod_f32
+        ac = self.ddim_ac
         if t >= 0:
             return ac[t]
         return np.float32(1.0) if self.option("ddim", "set_alpha_to_one") else ac[0]
 
     def ddim_sigma(self, t: int) -> float:
         a = self.ddim_alpha(t)
-        return float(np.sqrt((np.float32(1.0) - a) / a))
+        return float("inf") if a == 0 else float(np.sqrt((np.float32(1.0) - a) / a))
 
 
 #: diffusers' schedulers of DDPM-trained (eps / v) models: one discrete model sampling, read by ``FolderSchedule``

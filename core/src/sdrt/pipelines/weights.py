@@ -60,10 +60,16 @@ def check_lora_scale(scale: object, name: str, where: str = "{@loras}") -> float
     return value
 #: part -> (kohya prefixes, PEFT prefixes, embedding vector key)
 _LORA_ROUTES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "unet": (("lora_unet_",), ("unet.", "base_model.model.", "transformer.")),
+    "unet": (("lora_unet_", "lora_transformer_"), ("unet.", "base_model.model.", "transformer.", "diffusion_model.",
+                                                   "model.diffusion_model.")),
     "text_encoder": (("lora_te_", "lora_te1_"), ("text_encoder.",)),
     "text_encoder_2": (("lora_te2_",), ("text_encoder_2.",)),
+    "text_encoder_3": (("lora_te3_",), ("text_encoder_3.",)),
 }
+#: where a LoRA's key of one route goes in a family whose parts are named otherwise: SD 3.x, Flux and Chroma
+#: denoise with a ``transformer``; kohya's Flux LoRAs name T5 ``lora_te3_`` (SD 3's third encoder), which is
+#: Flux's ``text_encoder_2``
+_ROUTE_FALLBACK = {"unet": ("transformer",), "text_encoder_3": ("text_encoder_2",)}
 _EMB_KEYS = {"text_encoder": "clip_l", "text_encoder_2": "clip_g"}
 
 
@@ -176,7 +182,8 @@ class WeightState:
             else:
                 active.append(ActiveLora(item, float(scale), Path(item.source).stem,
                                          Path(item.source) if Path(item.source).is_file() else None))
-        touched = {name for name in self._parts() if name in _LORA_ROUTES}
+        # every part a LoRA can reach (SD 3.x/Flux/Chroma's transformer takes the unet route's keys)
+        touched = {name for name in self._parts() if name in _LORA_ROUTES or name == "transformer"}
         if not self.loras and not active:
             return active
         merged = self._merge(active)  # checks everything before anything changes
@@ -215,27 +222,43 @@ class WeightState:
             by_part: dict[str, dict] = {}
             for key, layer in a.lora.layers.items():
                 target = _route(key)
-                if target is None or target not in parts:
+                if target is not None and target not in parts:
+                    target = next((t for t in _ROUTE_FALLBACK.get(target, ()) if t in parts), None)
+                    if target == "text_encoder_2" and _graph_kind(parts[target].graph) != "t5":
+                        target = None  # lora_te3_ is T5's; SDXL's text_encoder_2 is CLIP-G
+                if target is None:
                     unrouted.append(f"{key} ({a.name})")
                     continue
                 by_part.setdefault(target, {})[key] = layer
             for part, layers in by_part.items():
-                routed.setdefault(part, []).append((Lora(layers, a.lora.format, a.lora.source), a.scale))
+                sub = Lora(layers, a.lora.format, a.lora.source)
+                if part == "transformer":  # Black Forest Labs' / Stability's fused layers, split as the graph has them
+                    sub = transformer_lora(sub, parts[part].graph)
+                routed.setdefault(part, []).append((sub, a.scale))
         if unrouted:
-            raise WeightsError(f"{len(unrouted)} LoRA layers are for no part of this model: "
-                               + ", ".join(unrouted[:8]), where=", ".join(a.name for a in active),
-                               fix="use a LoRA made for this model family (SDXL LoRAs have lora_te1_/lora_te2_ keys)")
+            fams = {f for a in active if (f := lora_family(a.lora.layers)) is not None}
+            looks = f" (the file looks like a LoRA for {' / '.join(sorted(fams))})" if fams else ""
+            raise WeightsError(f"{len(unrouted)} LoRA layers are for no part of this {self.pipe.family.label} "
+                               f"model{looks}: " + ", ".join(unrouted[:8])
+                               + (f", ... ({len(unrouted)} in all)" if len(unrouted) > 8 else ""),
+                               where=", ".join(a.name for a in active),
+                               fix=f"use a LoRA made for {self.pipe.family.label} (SD 1.x/2.x LoRAs have lora_unet_/lora_te_ "
+                               "keys, SDXL's lora_te1_/lora_te2_, SD 3.x/Flux/Chroma's transformer. or "
+                               "lora_unet_double_blocks_ keys)")
         for part, pairs in routed.items():
             graph = parts[part].graph
             base = self._weights(part, self.base.get(part, {}))
             targets = _targets(graph, [key for lora, _ in pairs for key in lora.layers], part)
+            targets.update({k: v for lora, _ in pairs for k, v in getattr(lora, "targets", {}).items()})
             try:
                 m = merge(base, pairs, graph=graph, targets=targets, strict=True)
             except WeightsError as exc:  # merge's fix speaks of merge's own arguments; a pipeline has none
-                if getattr(exc, "report", None) is None:
+                report = getattr(exc, "report", None)
+                if report is None:
                     raise
-                raise WeightsError(exc.what, where=exc.where, fix="use a LoRA made for this model: each of its "
-                                   "layers must match a weight of the model, in name and shape") from exc
+                raise WeightsError(_lora_mismatch(report, pairs, self.pipe.family.label), where=exc.where,
+                                   fix=f"use a LoRA made for {self.pipe.family.label}: each of its layers must "
+                                   "match a weight of the model, in name and shape") from exc
             out[part] = {name: m[name] for name in m.originals}
         return out
 
@@ -389,7 +412,9 @@ def _targets(graph: Graph, keys: Iterable[str], part: str) -> dict[str, str]:
             ldm_name = unet_to_ldm(m, lpb, attn_up)
             if ldm_name is not None:
                 flat.setdefault(ldm_name.replace(".", "_"), init)
-    kohya, peft = _LORA_ROUTES[part]
+    # the route already chose the part (lora_te3_ is Flux's text_encoder_2): any kohya prefix names a module of it
+    kohya = tuple(sorted({p for k, _ in _LORA_ROUTES.values() for p in k}, key=len, reverse=True))
+    peft = _LORA_ROUTES["unet" if part == "transformer" else part][1]
     out: dict[str, str] = {}
     for key in keys:
         mod = None
@@ -404,10 +429,161 @@ def _targets(graph: Graph, keys: Iterable[str], part: str) -> dict[str, str]:
             for p in (*peft, "base_model.model."):
                 rest = rest.removeprefix(p)
             rest = re.sub(r"^text_model\.", "", rest)
-            mod = modules.get(rest)
+            # ComfyUI saves UNet LoRAs in LDM's dotted names (diffusion_model.input_blocks.4.1...): the flat index has them
+            mod = modules.get(rest) or (flat.get(rest.replace(".", "_")) if part == "unet" else None)
         if mod is not None:
             out[key] = mod
     return out
+
+
+def lora_family(keys: Iterable[str]) -> str | None:
+    """Which model family a LoRA's module keys are for, in words (for messages), or None when they do not say."""
+    keys = list(keys)
+
+    def has(*parts: str) -> bool:
+        return any(p in k for k in keys for p in parts)
+
+    if has("double_blocks", "single_blocks", "single_transformer_blocks"):
+        return "Flux.1 / Chroma"
+    if has("joint_blocks", "context_block"):
+        return "SD 3.x"
+    if has("add_q_proj", "add_k_proj", "ff_context", "norm1_context", "to_add_out"):  # diffusers' MMDiT names
+        return "SD 3.x / Flux.1"
+    if has("lora_te2_", "lora_te1_", "text_encoder_2.") or re.search(
+            r"(transformer_blocks[._][1-9]|add_embedding|label_emb)", " ".join(keys)):
+        return "SDXL"
+    if has("down_blocks_0_attentions", "down_blocks.0.attentions", "input_blocks_1_1", "input_blocks.1.1",
+           "lora_te_"):
+        return "SD 1.x/2.x"
+    return None
+
+
+def _lora_mismatch(report: Any, pairs: Sequence[tuple[Lora, float]], label: str) -> str:
+    """One line for a LoRA whose layers do not fit this model: what it looks like, how many fit, a few names."""
+    keys = [k for lora, _ in pairs for k in lora.layers]
+    files = ", ".join(dict.fromkeys(Path(lora.source).name for lora, _ in pairs))
+    bad = [m.split(" (")[0] for m in report.unmatched] + [m.split(":")[0] for m in report.mismatched]
+    fam = lora_family(keys)
+    same = {"Flux.1 / Chroma": ("Flux", "Chroma"), "SD 3.x": ("SD 3",), "SD 3.x / Flux.1": ("SD 3", "Flux", "Chroma"),
+            "SDXL": ("SDXL",), "SD 1.x/2.x": ("SD 1", "SD 2")}.get(fam or "", ())
+    looks = f" looks like a LoRA for {fam}, and" if fam and not label.startswith(same) else ""
+    shown = ", ".join(bad[:3]) + (f", ... ({len(bad)} in all)" if len(bad) > 3 else "")
+    return (f"{files}{looks} {len(bad)} of its {len(set(keys))} layers do not fit this {label} model "
+            f"(no weight of that name and shape): {shown}")
+
+
+def _graph_kind(graph: Graph) -> str:
+    """``"t5"`` for a T5 encoder's graph, else ``"clip"``."""
+    from ..checkpoint import param_map
+
+    return "t5" if any(c.startswith("encoder.block.") for c in param_map(graph)) else "clip"
+
+
+_TRANSFORMER_PEFT = ("base_model.model.", "model.diffusion_model.", "diffusion_model.", "transformer.", "unet.")
+#: XLabs' Flux LoRAs (``double_blocks.0.processor.qkv_lora1.down.weight``): their modules in BFL's names, as diffusers'
+#: ``_convert_xlabs_flux_lora_to_diffusers`` places them (1: the image stream, 2: the text stream)
+_XLABS = re.compile(r"^(?:diffusion_model\.)?(?P<block>double|single)_blocks\.(?P<i>\d+)\.processor\."
+                    r"(?P<what>qkv_lora|proj_lora)(?P<n>[12]?)$")
+_XLABS_BFL = {("double", "qkv_lora", "1"): "double_blocks.{i}.img_attn.qkv",
+              ("double", "qkv_lora", "2"): "double_blocks.{i}.txt_attn.qkv",
+              ("double", "proj_lora", "1"): "double_blocks.{i}.img_attn.proj",
+              ("double", "proj_lora", "2"): "double_blocks.{i}.txt_attn.proj",
+              ("single", "proj_lora", ""): "single_blocks.{i}.linear2"}
+
+
+def transformer_lora(lora: Lora, graph: Graph) -> Lora:
+    """A LoRA for an SD 3.x / Flux / Chroma transformer with its layers in the graph's (diffusers') modules.
+
+    Files name the modules three ways: diffusers' (``transformer.single_transformer_blocks.0.attn.to_q``,
+    PEFT ``lora_A``/``lora_B``), Black Forest Labs' / Stability's as ComfyUI saves them
+    (``diffusion_model.double_blocks.0.img_attn.qkv``), and kohya's (``lora_unet_double_blocks_0_img_attn_qkv``,
+    ``lora_transformer_single_transformer_blocks_0_attn_to_q``). A publisher's fused layer becomes one layer per
+    diffusers module, each with its rows of the up matrix (``flow.publisher_lora_modules``: q, k, v thirds of a
+    ``qkv``, ``linear1`` at (d, d, d, 4d), the final adaLN's halves swapped), as diffusers'
+    ``_convert_kohya_flux_lora_to_diffusers`` splits them. The result carries ``targets``
+    (``{layer key: initializer}``) for ``merge``; a key it cannot place is kept, so ``merge`` names it."""
+    from ..checkpoint import flow, param_map
+    from ..lora import DeltaLayer, Lora, LoraLayer
+
+    pmap = param_map(graph)
+    modules = {c[: -len(".weight")]: s.init for c, s in pmap.items() if c.endswith(".weight")}
+    flat = {m.replace(".", "_"): m for m in modules}
+
+    def count(prefix: str) -> int:
+        return 1 + max((int(c.split(".")[1]) for c in pmap if c.startswith(prefix)), default=-1)
+
+    double, single = count("transformer_blocks."), count("single_transformer_blocks.")
+    approx = count("distilled_guidance_layer.layers.")
+    sd3 = "pos_embed.proj.weight" in pmap
+    publisher = flow.publisher_module_names(0 if sd3 else double, single, double if sd3 else 0, approx)
+    flat_publisher = {m.replace(".", "_"): m for m in publisher}
+    inner_ref = pmap.get("x_embedder.bias") or pmap.get("context_embedder.bias")
+    inner = int(inner_ref.shape[0]) if inner_ref is not None else 3072
+
+    kept: dict[str, LoraLayer] = {}
+    targets: dict[str, str] = {}
+    fused: dict[str, LoraLayer] = {}
+    for key, layer in lora.layers.items():
+        x = _XLABS.match(key)
+        if x and isinstance(layer, LoraLayer):  # XLabs: attention-only layers on BFL blocks, no alpha (scale 1)
+            if x["block"] == "single" and x["what"] == "qkv_lora":  # q, k, v only (not linear1's MLP rows)
+                for i, n in enumerate(("to_q", "to_k", "to_v")):
+                    sub = f"{key}->{n}"
+                    canon = f"single_transformer_blocks.{x['i']}.attn.{n}"
+                    kept[sub] = LoraLayer(sub, layer.down, ldm_source_rows(layer.up, f"part:{i}/3"), layer.alpha)
+                    if canon in modules:
+                        targets[sub] = modules[canon]
+                continue
+            bfl = _XLABS_BFL.get((x["block"], x["what"], x["n"]))
+            if bfl is not None:
+                fused[bfl.format(i=x["i"])] = layer
+                continue
+        rest = None
+        for p in ("lora_unet_", "lora_transformer_"):
+            if key.startswith(p):
+                flat_name = key[len(p):]
+                rest = flat.get(flat_name) or flat_publisher.get(flat_name)
+                break
+        else:
+            rest = key
+            for p in _TRANSFORMER_PEFT:
+                if rest.startswith(p):
+                    rest = rest[len(p):]
+                    break
+        if rest is not None and rest in modules:
+            kept[key] = layer
+            targets[key] = modules[rest]
+        elif rest is not None and rest in publisher:
+            fused[rest] = layer
+        else:
+            kept[key] = layer
+    if fused:
+        whole = {m: v.delta(1.0) for m, v in fused.items() if not isinstance(v, LoraLayer)}  # LyCORIS
+        sizes = {m: (int(v.up.shape[0]), int(v.down.shape[1])) if m not in whole else
+                 (int(whole[m].shape[0]), int(whole[m].shape[1])) for m, v in fused.items()}
+        split = flow.publisher_lora_modules(sizes, inner, double - 1 if sd3 else -1)
+        for mod, layer in fused.items():
+            if mod not in split:
+                kept[mod] = layer
+                continue
+            for canon, op in split[mod]:
+                key = f"{mod}->{canon}"
+                if mod in whole:
+                    kept[key] = DeltaLayer(key, ldm_source_rows(whole[mod], op), layer.rank)
+                else:
+                    kept[key] = LoraLayer(key, layer.down, ldm_source_rows(layer.up, op), layer.alpha)
+                if canon in modules:
+                    targets[key] = modules[canon]
+    out = Lora(kept, lora.format, lora.source)
+    out.targets = targets  # type: ignore[attr-defined]
+    return out
+
+
+def ldm_source_rows(up: np.ndarray, op: str) -> np.ndarray:
+    """The rows of a LoRA's up matrix that one diffusers module of a fused layer takes (``Source``'s ops)."""
+    from ..checkpoint.ldm import Source
+
+    return np.ascontiguousarray(Source("up", op).load(lambda _k: np.asarray(up)))
 
 
 def _table_width(graph: Graph) -> int:

@@ -52,10 +52,27 @@ log = logging.getLogger("sdrt.lora")
 
 KOHYA_PREFIXES = {"unet": ("lora_unet_",), "te": ("lora_te_", "lora_te1_"), "te1": ("lora_te1_", "lora_te_"),
                   "te2": ("lora_te2_",)}
-_KEY = re.compile(r"^(?P<mod>.+?)\.(?P<kind>lora_down|lora_up|lora_A|lora_B|lora\.down|lora\.up)"
-                  r"(?:\.default)?\.weight$")
+_KEY = re.compile(r"^(?:(?P<mod>.+?)\.(?P<kind>lora_down|lora_up|lora_A|lora_B|lora\.down|lora\.up)"
+                  r"|(?P<xmod>.+?\.processor\.(?:qkv|proj)_lora\d?)\.(?P<xkind>down|up))(?:\.default)?\.weight$")
 _ALPHA = re.compile(r"^(?P<mod>.+)\.alpha$")
-_DOWN = {"lora_down", "lora_A", "lora.down"}
+#: diffusers' older LoRA files (attention processors, 2023): ``...attn1.processor.to_q_lora.down.weight`` (UNet) or
+#: ``...self_attn.to_q_lora.down.weight`` (text encoder), and ``...q_proj.lora_linear_layer.down.weight``
+_OLD_DIFFUSERS = re.compile(r"^(?P<mod>.+?)(?:\.processor)?\.(?P<which>to_q|to_k|to_v|to_out)_lora\.(?P<kind>down|up)"
+                            r"\.weight$")
+_LINEAR_LAYER = re.compile(r"^(?P<mod>.+?)\.lora_linear_layer\.(?P<kind>down|up)\.weight$")
+_OLD_UNET = {"to_q": "to_q", "to_k": "to_k", "to_v": "to_v", "to_out": "to_out.0"}
+_OLD_TE = {"to_q": "q_proj", "to_k": "k_proj", "to_v": "v_proj", "to_out": "out_proj"}
+
+
+def _old_diffusers(key: str) -> tuple[str, str] | None:
+    """``(module, "down" | "up")`` for a key of diffusers' older LoRA formats, else None."""
+    m = _OLD_DIFFUSERS.match(key)
+    if m:
+        which = (_OLD_TE if m["mod"].endswith("self_attn") else _OLD_UNET)[m["which"]]
+        return f"{m['mod']}.{which}", m["kind"]
+    m = _LINEAR_LAYER.match(key)
+    return (m["mod"], m["kind"]) if m else None
+_DOWN = {"lora_down", "lora_A", "lora.down", "down"}  # "down": XLabs' Flux LoRAs (processor.qkv_lora1.down)
 #: module prefixes that diffusers/PEFT files put before the model's own module path
 PEFT_PREFIXES = ("base_model.model.", "unet.", "transformer.", "text_encoder.", "text_encoder_2.", "model.")
 
@@ -85,10 +102,89 @@ class LoraLayer:
         return d
 
 
+#: LyCORIS LoHa / LoKr tensor names (Tucker's ``hada_t1``/``lokr_t2`` and DoRA are refused)
+_LYCORIS = re.compile(r"^(?P<mod>.+?)\.(?P<kind>hada_w1_a|hada_w1_b|hada_w2_a|hada_w2_b|lokr_w1|lokr_w1_a|lokr_w1_b|"
+                      r"lokr_w2|lokr_w2_a|lokr_w2_b)$")
+
+
+@dataclass(frozen=True)
+class LycorisLayer:
+    """A LyCORIS LoHa (``hada_w1_a @ hada_w1_b`` times ``hada_w2_a @ hada_w2_b``, element-wise) or LoKr
+    (``kron(w1, w2)``, each factor whole or ``*_a @ *_b``) layer. Scale as ComfyUI and A1111's LyCORIS code
+    apply it: LoHa ``alpha / rank`` (rank: ``hada_w1_b``'s rows); LoKr ``alpha / rank`` when a factor is
+    decomposed (rank: its ``*_b``'s rows), else 1."""
+
+    key: str
+    kind: str
+    tensors: Mapping[str, np.ndarray] = field(repr=False)
+    alpha: float | None
+
+    @property
+    def rank(self) -> int:
+        t = self.tensors
+        for k in ("hada_w1_b", "lokr_w2_b", "lokr_w1_b"):
+            if k in t:
+                return int(t[k].shape[0])
+        return 0
+
+    def shape_problem(self) -> str | None:
+        """Why the factors cannot make a delta (shapes only, nothing multiplied), or None."""
+        s = {k: tuple(np.shape(v)) for k, v in self.tensors.items()}
+        if self.kind == "loha":
+            (a1, b1, a2, b2) = (s[k] for k in ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"))
+            if len(a1) != 2 or len(b1) != 2 or a1[1] != b1[0] or a2 != a1 or b2 != b1:
+                return f"factors {a1} @ {b1} and {a2} @ {b2} do not make one [out, in] delta"
+            return None
+        for w in ("lokr_w1", "lokr_w2"):
+            if w not in s and (len(s[w + "_a"]) != 2 or s[w + "_a"][1] != s[w + "_b"][0]):
+                return f"{w}_a {s[w + '_a']} and {w}_b {s[w + '_b']} do not multiply"
+        w1 = s.get("lokr_w1") or (s["lokr_w1_a"][0], *s["lokr_w1_b"][1:])
+        if len(w1) != 2:
+            return f"lokr_w1 is {w1}, expected 2 dimensions"
+        return None
+
+    def delta(self, scale: float = 1.0) -> np.ndarray:
+        t = {k: np.asarray(v, np.float32) for k, v in self.tensors.items()}
+        if self.kind == "loha":
+            d = (t["hada_w1_a"] @ t["hada_w1_b"]) * (t["hada_w2_a"] @ t["hada_w2_b"])
+            factor = (self.alpha / self.rank) if self.alpha is not None else 1.0
+        else:
+            dim = None
+            w1 = t.get("lokr_w1")
+            if w1 is None:
+                dim = int(t["lokr_w1_b"].shape[0])
+                w1 = t["lokr_w1_a"] @ t["lokr_w1_b"]
+            w2 = t.get("lokr_w2")
+            if w2 is None:
+                dim = int(t["lokr_w2_b"].shape[0])
+                w2 = t["lokr_w2_a"] @ t["lokr_w2_b"].reshape(dim, -1)
+                b = t["lokr_w2_b"]
+                if b.ndim == 4:
+                    w2 = w2.reshape(w2.shape[0], *b.shape[1:])
+            if w2.ndim == 4:
+                w1 = w1.reshape(*w1.shape, 1, 1)
+            d = np.kron(w1, w2)
+            factor = (self.alpha / dim) if (self.alpha is not None and dim) else 1.0
+        return (d * np.float32(scale * factor)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class DeltaLayer:
+    """A layer whose change is given whole (rows of a LyCORIS layer on a fused module, split): ``delta`` is
+    ``scale * diff``."""
+
+    key: str
+    diff: np.ndarray = field(repr=False)
+    rank: int = 0
+
+    def delta(self, scale: float = 1.0) -> np.ndarray:
+        return (np.asarray(self.diff, np.float32) * np.float32(scale)).astype(np.float32)
+
+
 class Lora:
     """The layers of one LoRA file. Build with ``Lora.open(path)`` or ``Lora.from_arrays``."""
 
-    def __init__(self, layers: Mapping[str, LoraLayer], fmt: str, source: str = "<memory>") -> None:
+    def __init__(self, layers: Mapping[str, LoraLayer | LycorisLayer], fmt: str, source: str = "<memory>") -> None:
         self.layers = dict(layers)
         self.format = fmt
         self.source = source
@@ -106,10 +202,17 @@ class Lora:
                     source: str = "<memory>") -> Lora:
         parts: dict[str, dict[str, Any]] = {}
         unknown: list[str] = []
+        lyco: dict[str, dict[str, str]] = {}
         for key in arrays:
+            ly = _LYCORIS.match(key)
+            if ly:
+                lyco.setdefault(ly["mod"], {})[ly["kind"]] = key
+                continue
             m = _KEY.match(key)
-            if m:
-                parts.setdefault(m["mod"], {})["down" if m["kind"] in _DOWN else "up"] = key
+            old_format = None if m else _old_diffusers(key)
+            if m or old_format:
+                mod, kind = old_format or ((m["mod"], m["kind"]) if m["mod"] else (m["xmod"], m["xkind"]))
+                parts.setdefault(mod, {})["down" if kind in _DOWN else "up"] = key
                 continue
             a = _ALPHA.match(key)
             if a:
@@ -117,7 +220,31 @@ class Lora:
                 continue
             unknown.append(key)
         problems = [f"{k} (not a lora_down/lora_up/lora_A/lora_B/alpha key)" for k in unknown]
-        layers: dict[str, LoraLayer] = {}
+        layers: dict[str, LoraLayer | LycorisLayer] = {}
+        for mod, names in lyco.items():
+            alpha_key = parts.pop(mod, {}).get("alpha")
+            kind = "loha" if any(n.startswith("hada") for n in names) else "lokr"
+            need = ({"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"} if kind == "loha" else set())
+            if kind == "lokr" and not (("lokr_w1" in names or {"lokr_w1_a", "lokr_w1_b"} <= set(names))
+                                       and ("lokr_w2" in names or {"lokr_w2_a", "lokr_w2_b"} <= set(names))):
+                need = {"lokr_w1 (or lokr_w1_a, lokr_w1_b)", "lokr_w2 (or lokr_w2_a, lokr_w2_b)"}
+            if need - set(names):
+                problems.append(f"{mod} ({kind}: has {', '.join(sorted(names))}, needs {', '.join(sorted(need))})")
+                continue
+            al = None
+            if alpha_key is not None:
+                with np.errstate(all="ignore"):
+                    a_arr = np.asarray(arrays[alpha_key]).astype(np.float64)
+                if a_arr.size != 1 or not np.isfinite(a_arr).all():
+                    problems.append(f"{mod} (alpha is {a_arr.tolist()!r}, expected one finite number)")
+                    continue
+                al = float(a_arr.reshape(()))
+            layer = LycorisLayer(mod, kind, {n: arrays[k] for n, k in names.items()}, al)
+            bad = layer.shape_problem()
+            if bad:
+                problems.append(f"{mod} ({kind}: {bad})")
+                continue
+            layers[mod] = layer
         for mod, p in parts.items():
             if "down" not in p or "up" not in p:
                 problems.append(f"{mod} (has {', '.join(sorted(p))} but needs both down and up)")
@@ -137,17 +264,29 @@ class Lora:
             else:
                 al = float(alpha) if alpha is not None else float(down.shape[0])
             layers[mod] = LoraLayer(mod, down, up, al)
+        if unknown and not layers and not parts and not lyco:  # nothing in it is a LoRA: say what it is
+            from ..checkpoint.families import identify
+
+            shapes = arrays.shapes() if isinstance(arrays, Weights) else {k: tuple(np.shape(v)) for k, v in arrays.items()}
+            what = identify(shapes).label  # names and shapes only: a 6 GB checkpoint is not read
+            raise WeightsError(f"{os.path.basename(source)} is not a LoRA: it looks like {what}", where=source,
+                               fix="pass a LoRA file here (keys ending in lora_down.weight / lora_A.weight / "
+                               "hada_w1_a / lokr_w1); a checkpoint is the model (or --weights), an embedding goes to "
+                               "--embedding")
         if problems:
             raise WeightsError(
                 f"{len(problems)} LoRA keys cannot be used: " + "; ".join(problems),
                 where=source,
-                fix="only plain LoRA (kohya lora_down/lora_up, PEFT lora_A/lora_B) is supported; "
-                "LyCORIS formats (LoHa, LoKr, DoRA) must be converted or merged elsewhere",
+                fix="sdrt reads LoRA (kohya lora_down/lora_up, PEFT lora_A/lora_B) and LyCORIS LoHa/LoKr "
+                "without Tucker factors; other LyCORIS formats (DoRA, (IA)^3, full diffs, hada_t1/lokr_t2) must "
+                "be merged elsewhere",
             )
         if not layers:
             raise WeightsError("the file holds no LoRA layers", where=source,
                                fix="pass a LoRA .safetensors (keys ending in lora_down.weight or lora_A.weight)")
         fmt = "kohya" if all(k.startswith("lora_") for k in layers) else "peft"
+        if lyco:
+            fmt = "lycoris"
         return cls(layers, fmt, source)
 
     def __repr__(self) -> str:
@@ -335,10 +474,13 @@ def _fit(delta: np.ndarray, shape: tuple[int, ...], transposed: bool) -> np.ndar
         return delta.T if delta.T.shape == shape else None  # shape says it is stored [in, out]
     if delta.shape == shape:
         return delta
+    if delta.ndim == 2 and len(shape) == 4 and delta.shape == (shape[0], int(np.prod(shape[1:]))):
+        return delta.reshape(shape)  # LoHa on a kxk conv: [out, in * kh * kw]
     if delta.size == int(np.prod(shape)) and (len(shape) == 4 and shape[2:] == (1, 1) or delta.ndim == 4
                                              and delta.shape[2:] == (1, 1)):
         return delta.reshape(shape)  # a linear LoRA on a 1x1 conv, or the other way round
     return None
 
 
-__all__ = ["KOHYA_PREFIXES", "PEFT_PREFIXES", "Lora", "LoraLayer", "LoraReport", "MergedWeights", "merge"]
+__all__ = ["KOHYA_PREFIXES", "PEFT_PREFIXES", "Lora", "LoraLayer", "LoraReport", "LycorisLayer", "DeltaLayer", "MergedWeights",
+           "merge"]

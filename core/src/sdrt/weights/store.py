@@ -20,6 +20,7 @@ loading a pickle can execute arbitrary code.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -152,6 +153,7 @@ class Weights(Mapping[str, np.ndarray]):
         if dups:
             raise WeightsError(f"the same tensor name is in several files: {', '.join(dups)}",
                                where="Weights.open", fix="open the files separately, or drop duplicates")
+        raw = _fold_fp8_scales(raw)
         log.debug("opened %d tensors from %d files", len(raw), len(files))
         return cls(_remap(raw, mapping, "Weights.open"), dtype=dtype, sources=files)
 
@@ -325,6 +327,38 @@ class Weights(Mapping[str, np.ndarray]):
 
     def __repr__(self) -> str:
         return f"Weights({len(self)} tensors, {self.nbytes / 2**20:.1f} MiB, from {self._where()})"
+
+
+def _fold_fp8_scales(raw: dict[str, TensorRef]) -> dict[str, TensorRef]:
+    """ComfyUI's "scaled fp8" files (``t5xxl_fp8_e4m3fn_scaled``, ``*_fp8_scaled`` checkpoints): each
+    ``X.weight`` stored as fp8 with a ``X.scale_weight`` beside it is ``weight * scale_weight`` (a scalar, or
+    one value per output row), as ComfyUI dequantizes it; the ``scaled_fp8`` marker and the ``scale_input``
+    tensors (used only by fp8 matmuls) are dropped. A weight read without its scale would be garbage."""
+    scales = [n for n in raw if n.endswith(".scale_weight")]
+    if not scales and not any(n.rsplit(".", 1)[-1] == "scaled_fp8" for n in raw):
+        return raw
+    out = dict(raw)
+    for sname in scales:
+        wname = sname[: -len("scale_weight")] + "weight"
+        w, sref = raw.get(wname), raw[sname]
+        n = math.prod(sref.shape)
+        if w is None or not (n == 1 or (w.shape and n == w.shape[0])):
+            raise WeightsError(f"{sname} has shape {list(sref.shape)} and {wname} "
+                               f"{'is missing' if w is None else list(w.shape)}: not a scaled-fp8 pair",
+                               where=sref.source, fix="re-download the file, or use its fp16/bf16 version")
+
+        def load(w: TensorRef = w, sref: TensorRef = sref) -> np.ndarray:
+            a = np.asarray(w.load()).astype(np.float32)
+            sc = np.asarray(sref.load()).astype(np.float32)
+            return a * (sc.reshape(()) if sc.size == 1 else sc.reshape((-1,) + (1,) * (a.ndim - 1)))
+
+        origin = None if w.origin is None else (*w.origin[:3], f"x {sname}")
+        out[wname] = TensorRef(wname, np.dtype(np.float32), w.shape, w.source, load, origin)
+        del out[sname]
+    for n in list(out):
+        if n.rsplit(".", 1)[-1] in ("scaled_fp8", "scale_input"):
+            del out[n]
+    return out
 
 
 def _is_float_name(name: str) -> bool:

@@ -1,0 +1,129 @@
+"""Flux.1 LoRAs in the four layouts people download, against diffusers' ``load_lora_weights`` + ``fuse_lora``.
+
+Data: ``scripts/make_flow_lora_refs.py`` (tests/data/lora/): diffusers/PEFT keys, kohya's flattened Black Forest
+Labs names (fused ``qkv``), ComfyUI's dotted BFL names and XLabs' ``processor.qkv_lora1`` layers, on the tiny Flux.1 dev folder; diffusers' change of
+every parameter at ``lora_scale=0.8``. diffusers leaves ComfyUI's ``diffusion_model.`` keys unused (nothing
+changes), so that file is checked against the kohya file with the same factors. Fused ``linear1`` is split at
+Flux.1's own width by diffusers' converter, so it is checked on the shipped full-width graph (probe vectors).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sdrt import pipelines
+from sdrt.checkpoint import param_map, shipped_graph
+from sdrt.errors import SdrtError
+from sdrt.graph import Graph
+from sdrt.lora import Lora
+from sdrt.pipelines.weights import transformer_lora
+
+ROOT = Path(__file__).resolve().parents[1] / "data"
+D = ROOT / "lora"
+FLUX = ROOT / "pipelines" / "tiny-flux-dev"
+SCALE = 0.8
+
+
+@pytest.fixture
+def pipe(registry):
+    with pipelines.load(FLUX, backend="reference") as p:
+        yield p
+
+
+def _deltas(pipe, name: str) -> dict[str, np.ndarray]:
+    """``{diffusers parameter: merged - base}`` (torch layout) of the transformer with one LoRA set."""
+    pipe.set_loras([(D / f"{name}.safetensors", SCALE)])
+    merged = pipe.weights._merge(pipe.weights.loras)["transformer"]
+    graph = pipe.parts["transformer"].graph
+    by_init = {s.init: (c, s.layout) for c, s in param_map(graph).items()}
+    base = graph.initializer_arrays(list(merged))
+    out = {}
+    for init, arr in merged.items():
+        canon, layout = by_init[init]
+        d = np.asarray(arr, np.float32) - np.asarray(base[init], np.float32)
+        out[canon] = d.T if layout == "T" else d
+    return out
+
+
+@pytest.mark.parametrize("name", ["flux_peft", "flux_kohya", "flux_xlabs"])
+def test_flux_lora_matches_diffusers_fuse_lora(pipe, name):
+    refs = np.load(D / "flux_lora_refs.npz")
+    want = {k.split("/", 1)[1]: refs[k] for k in refs.files if k.startswith(name + "/")}
+    got = _deltas(pipe, name)
+    assert set(got) == set(want)
+    for k, ref in want.items():
+        np.testing.assert_allclose(got[k], ref, atol=2e-5 * max(1.0, float(np.abs(ref).max())), err_msg=k)
+    pipe.set_loras([])
+
+
+def test_comfyui_dotted_bfl_names_equal_kohya(pipe):
+    kohya, comfy = _deltas(pipe, "flux_kohya"), _deltas(pipe, "flux_comfy")
+    assert set(kohya) == set(comfy) and len(kohya) == 11
+    for k in kohya:
+        np.testing.assert_array_equal(kohya[k], comfy[k])
+    pipe.set_loras([])
+
+
+#: as in scripts/make_flow_lora_refs.py: kohya modules and their (out, in) sizes at Flux.1's width
+FULL = {"single_blocks.7.linear1": (21504, 3072), "double_blocks.3.txt_attn.qkv": (9216, 3072),
+        "double_blocks.3.img_mod.lin": (18432, 3072)}
+
+
+def full_width_lora() -> Lora:
+    rng = np.random.default_rng(7)
+    arrays = {}
+    for mod, (o, i) in FULL.items():
+        k = "lora_unet_" + mod.replace(".", "_")
+        arrays[f"{k}.lora_down.weight"] = rng.standard_normal((4, i)).astype(np.float32)
+        arrays[f"{k}.lora_up.weight"] = rng.standard_normal((o, 4)).astype(np.float32)
+        arrays[f"{k}.alpha"] = np.array(8.0, np.float32)
+    return Lora.from_arrays(arrays)
+
+
+def test_fused_layers_split_as_diffusers_at_full_width():
+    graph = Graph.load(shipped_graph("flux_dev_transformer"))
+    by_init = {s.init: c[: -len(".weight")] for c, s in param_map(graph).items() if c.endswith(".weight")}
+    lora = transformer_lora(full_width_lora(), graph)
+    refs = np.load(D / "flux_lora_refs.npz")
+    want = {k.split("/", 1)[1]: refs[k] for k in refs.files if k.startswith("full/")}
+    probe = np.random.default_rng(8).standard_normal(3072).astype(np.float32)
+    got = {}
+    for key, layer in lora.layers.items():
+        mod = by_init[lora.targets[key]]
+        got[mod] = (np.asarray(layer.up, np.float64) @ (np.asarray(layer.down, np.float64) @ probe) * (
+            layer.alpha / layer.rank))[::16]  # the rows the reference keeps
+    assert set(got) == set(want) and len(got) == 8
+    for k, ref in want.items():
+        np.testing.assert_allclose(got[k], ref, rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()), err_msg=k)
+
+
+def test_sd1_lora_on_flux_is_one_error_naming_it(pipe):
+    with pytest.raises(SdrtError, match=r"lora_kohya.safetensors looks like a LoRA for SD 1.x/2.x, and 40 of its 40 layers do not fit this Flux.1") as e:
+        pipe.set_loras([(ROOT / "ckpt" / "sd1" / "lora_kohya.safetensors", 1.0)])
+    assert "\n" not in str(e.value)
+
+
+def test_flux_lora_reaches_the_transformer_session_and_unapplies_bit_for_bit(pipe):
+    """The merged weights are what the transformer runs with (they were merged, then never bound: a Flux LoRA left
+    the image unchanged), diffusers' change on top of the base; removing the LoRA gives the image before, bit for bit."""
+    kw = dict(steps=2, seed=1, width=64, height=64)
+    before = np.asarray(pipe("a fox", **kw)[0], np.int16)
+    pipe.set_loras([(D / "flux_kohya.safetensors", SCALE)])
+    part = pipe.parts["transformer"]
+    bound = part.weights_factory()
+    graph = part.graph
+    refs = np.load(D / "flux_lora_refs.npz")
+    pmap = param_map(graph)
+    for k in (k for k in refs.files if k.startswith("flux_kohya/")):
+        slot = pmap[k.split("/", 1)[1]]
+        base = np.asarray(graph.initializer_arrays([slot.init])[slot.init], np.float32)
+        delta = refs[k].T if slot.layout == "T" else refs[k]
+        np.testing.assert_allclose(np.asarray(bound[slot.init], np.float32), base + delta, atol=2e-5 * max(
+            1.0, float(np.abs(delta).max())), err_msg=k)
+    with_lora = np.asarray(pipe("a fox", **kw)[0], np.int16)
+    assert np.abs(with_lora - before).mean() > 1.0
+    pipe.set_loras([])
+    assert np.array_equal(np.asarray(pipe("a fox", **kw)[0], np.int16), before)

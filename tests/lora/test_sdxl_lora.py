@@ -1,0 +1,109 @@
+"""An SDXL LoRA as kohya's sd-scripts saves it (LDM UNet names, ``lora_te1_``/``lora_te2_``), against diffusers.
+
+Data: ``scripts/make_sdxl_lora_refs.py``: diffusers' ``load_lora_weights`` + ``fuse_lora(lora_scale=0.8)`` on the
+tiny SDXL parts of tests/data/ckpt/sdxl. diffusers 0.42 drops kohya's text-encoder attention layers (it renames
+them ``to_q_lora`` and applies them nowhere), so those two are checked against kohya's formula
+``scale * alpha / rank * up @ down`` instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sdrt.checkpoint import param_map
+from sdrt.graph import Graph
+from sdrt.lora import Lora, merge
+from sdrt.pipelines.weights import _route, _targets
+from sdrt.weights import Weights
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+SCALE = 0.8
+
+
+def test_sdxl_kohya_lora_matches_diffusers_fuse_lora():
+    lora = Lora.open(DATA / "lora" / "sdxl_kohya.safetensors")
+    refs = np.load(DATA / "lora" / "sdxl_lora_refs.npz")
+    want = {k: refs[k] for k in refs.files}
+    by_part: dict[str, dict] = {}
+    for key, layer in lora.layers.items():
+        by_part.setdefault(_route(key), {})[key] = layer
+    assert sorted(by_part) == ["text_encoder", "text_encoder_2", "unet"]
+    got = {}
+    kohya = {}
+    for part, layers in by_part.items():
+        graph = Graph.load(DATA / "ckpt" / "sdxl" / part / "model.onnx")
+        targets = _targets(graph, layers, part)
+        assert len(targets) == len(layers)
+        base = Weights.from_graph(graph)
+        m = merge(base, [(Lora(layers, lora.format, lora.source), SCALE)], graph=graph, targets=targets)
+        by_init = {s.init: (c, s.layout) for c, s in param_map(graph).items()}
+        for init in m.originals:
+            canon, layout = by_init[init]
+            d = np.asarray(m[init], np.float32) - np.asarray(base[init], np.float32)
+            got[f"{part}/{canon.removeprefix('text_model.')}"] = d.T if layout == "T" else d
+        for key, init in targets.items():
+            canon = by_init[init][0].removeprefix("text_model.")
+            kohya[f"{part}/{canon}"] = layers[key].delta(SCALE)
+    want = {k.replace("/text_model.", "/"): v for k, v in want.items()}
+    assert len(got) == 10 and set(want) <= set(got)
+    for k, v in got.items():
+        ref = want.get(k)
+        if ref is None:  # the text-encoder attention layers diffusers drops
+            assert "self_attn" in k
+            ref = kohya[k]
+        np.testing.assert_allclose(v, ref.reshape(v.shape), atol=2e-5 * max(1.0, float(np.abs(ref).max())), err_msg=k)
+
+
+def test_sdxl_lora_on_sd1_says_what_it_is(registry):
+    import pytest
+
+    from sdrt import pipelines
+    from sdrt.errors import SdrtError
+
+    with pipelines.load(DATA / "pipelines" / "tiny-sd15", backend="reference") as pipe:
+        with pytest.raises(SdrtError, match=r"for no part of this SD 1.x model \(the file looks like a LoRA for SDXL\)"):
+            pipe.set_loras([(DATA / "lora" / "sdxl_kohya.safetensors", 1.0)])
+
+
+def test_lora_family_from_key_names():
+    from sdrt.pipelines.weights import lora_family
+
+    assert lora_family(["lora_unet_double_blocks_0_img_attn_qkv"]) == "Flux.1 / Chroma"
+    assert lora_family(["transformer.transformer_blocks.5.attn.add_q_proj"]) == "SD 3.x / Flux.1"
+    assert lora_family(["lora_unet_joint_blocks_0_x_block_attn_qkv"]) == "SD 3.x"
+    assert lora_family(["unet.down_blocks.1.attentions.0.transformer_blocks.1.attn1.to_q"]) == "SDXL"
+    assert lora_family(["lora_te1_text_model_encoder_layers_0_mlp_fc1"]) == "SDXL"
+    assert lora_family(["lora_unet_down_blocks_0_attentions_0_proj_in", "lora_te_text_model_encoder_layers_0_mlp_fc1"]) \
+        == "SD 1.x/2.x"
+    assert lora_family(["something"]) is None
+
+
+def test_comfyui_dotted_ldm_unet_names_equal_kohya():
+    """ComfyUI's saved SDXL LoRAs name UNet modules the LDM way, dotted, under ``diffusion_model.``: the same
+    weights as kohya's flattened names."""
+    from sdrt.checkpoint.ldm import unet_ldm_layout, unet_to_ldm
+
+    graph = Graph.load(DATA / "ckpt" / "sdxl" / "unet" / "model.onnx")
+    pmap = param_map(graph)
+    lpb, attn_up = unet_ldm_layout(pmap)
+    rng = np.random.default_rng(1)
+    kohya, comfy = {}, {}
+    for mod in ("down_blocks.1.attentions.0.transformer_blocks.0.attn2.to_k", "mid_block.attentions.0.proj_in"):
+        w = pmap[mod + ".weight"]
+        o, i = (w.shape[1], w.shape[0]) if w.layout == "T" else w.shape
+        down, up = rng.standard_normal((2, i)).astype(np.float32), rng.standard_normal((o, 2)).astype(np.float32)
+        ldm = unet_to_ldm(mod, lpb, attn_up)
+        kohya.update({f"lora_unet_{ldm.replace('.', '_')}.lora_down.weight": down,
+                      f"lora_unet_{ldm.replace('.', '_')}.lora_up.weight": up})
+        comfy.update({f"diffusion_model.{ldm}.lora_down.weight": down, f"diffusion_model.{ldm}.lora_up.weight": up})
+    a, b = Lora.from_arrays(kohya), Lora.from_arrays(comfy)
+    assert {_route(k) for k in b.layers} == {"unet"}
+    ta, tb = _targets(graph, a.layers, "unet"), _targets(graph, b.layers, "unet")
+    assert len(ta) == len(tb) == 2
+    ma = merge(graph, [(a, 1.0)], graph=graph, targets=ta)
+    mb = merge(graph, [(b, 1.0)], graph=graph, targets=tb)
+    assert set(ma.originals) == set(mb.originals)
+    for name in ma.originals:
+        np.testing.assert_array_equal(ma[name], mb[name])
