@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,18 +83,19 @@ def _split_args(words: list[str]) -> tuple[str | None, str]:
     if len(words) == 2:
         return words[0], words[1]
     lone = Path(words[0])
-    if lone.is_file() and lone.suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx"):
+    # os.path: a 10,000-character prompt is ENAMETOOLONG to stat, which pathlib raises
+    if os.path.isfile(lone) and lone.suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx"):
         raise InputError(f"{words[0]} is a model file, and no prompt follows it", where="PROMPT",
                          fix=f'give the prompt after the file: sdrt generate {words[0]} "a red fox in the snow"')
-    if lone.is_dir() and ((lone / "model_index.json").is_file() or (lone / "unet").is_dir()
-                          or (lone / "transformer").is_dir()):
+    if os.path.isdir(lone) and ((lone / "model_index.json").is_file() or (lone / "unet").is_dir()
+                                or (lone / "transformer").is_dir()):
         raise InputError(f"{words[0]} is a model folder, and no prompt follows it", where="PROMPT",
                          fix=f'give the prompt after the folder: sdrt generate {words[0]} "a red fox in the snow"')
     text = words[0]
     # a tag prompt without spaces ("1girl,blue/red_hair,(smile:1.2)") is a prompt: tags come with commas
     pathlike = lone.suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx") or (
         not any(c.isspace() or c in ",()[]<>{}|" for c in text) and ("/" in text or "\\" in text))
-    if pathlike and not lone.exists():  # a mistyped model path, not a prompt for the demo model
+    if pathlike and not os.path.lexists(lone):  # a mistyped model path, not a prompt for the demo model
         raise ModelNotFoundError(f"no model at {text}, and no prompt follows it", where="MODEL",
                                  fix=f'check the path; to use it as the prompt, give a model first: sdrt generate '
                                      f'MODEL "{text}"')
@@ -184,8 +186,10 @@ def run(args: argparse.Namespace) -> int:
             through = f" (through the symlink, to {outputs[i].resolve()})" if outputs[i].is_symlink() else ""
             print(f"wrote {outputs[i]}{through} (seed {info['Seed']})")
     from ..cache import deferred, wait_for_stores
+    from ..cache.store import CompileCache
 
     if deferred.pending():  # compiled in this run: the next one loads it
-        print(f"writing the compile cache for the next run ({deferred.pending()} part(s))", file=sys.stderr)
+        if CompileCache(backend.name).unusable() is None:  # else the store says once why it writes nothing
+            print(f"writing the compile cache for the next run ({deferred.pending()} part(s))", file=sys.stderr)
         wait_for_stores()
     return 0
