@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +35,18 @@ def parse_inputs(specs: list[str]) -> dict[str, Any]:
             raise InputError(f"--input {name!r} is given twice", where=f"-i {spec}",
                              fix=f"give one -i {name}=FILE.npy")
         path = Path(file)
-        if not path.is_file():
+        if os.path.isdir(path):
+            raise InputError(f"the file for {name!r} is a folder", where=f"-i {spec}",
+                             fix="pass the .npy file itself")
+        if not os.path.isfile(path):
             raise InputError(f"input file for {name!r} does not exist", where=str(path),
                              fix="save the array with numpy.save first")
-        with open(path, "rb") as f:
-            magic = f.read(6)
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(6)
+        except OSError as exc:
+            raise InputError(f"cannot read the file for {name!r} ({exc.strerror or exc})", where=f"-i {spec}",
+                             fix="check the file's permissions") from exc
         if magic != b"\x93NUMPY":  # numpy would call a PNG "pickled (object) data"
             raise InputError(f"the file for {name!r} is not a .npy file (an .npz, an image or text is not one)",
                              where=f"-i {spec}", fix="save the array with numpy.save(FILE.npy, array)")
@@ -114,7 +122,13 @@ def run(args: argparse.Namespace) -> int:
     with load(graph, weights=args.weights, backend=args.backend, device=args.device,
               shapes=pins(graph, feeds)) as session:
         outputs = session.run(feeds)
-    np.savez(output, **outputs)
+    import io
+
+    from ..pipelines.png import write_file
+
+    buf = io.BytesIO()
+    np.savez(buf, **outputs)
+    write_file(output, buf.getvalue())  # atomically: an interrupted or failed write leaves no half .npz
     for name, value in outputs.items():
         print(f"{name}: {value.dtype}{list(value.shape)}")
     print(f"wrote {output}")

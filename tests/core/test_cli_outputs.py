@@ -1,0 +1,142 @@
+"""What the commands write, tried as a new user tries it: a device or FIFO as -o (``sdrt strip -o /dev/null``
+replaced /dev/null with a regular file when run as root), a read-only file, a file written over (its mode), a
+prompt too long to be a file name, a folder given for a file."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from sdrt.cli import main
+
+
+def relu_model(path):
+    w = numpy_helper.from_array(np.ones(2, np.float32), "w")
+    g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+                          "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [w])
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    np.save(path.parent / "x.npy", np.array([-1, 2], np.float32))
+    return path
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("command", [["strip"], ["quantize", "--to", "int8"]])
+def test_strip_and_quantize_never_replace_a_fifo_or_device(tmp_path, fifo, capsys, command):
+    model = relu_model(tmp_path / "relu.onnx")
+    assert main([command[0], str(model), *command[1:], "-o", str(fifo)]) == 1
+    err = capsys.readouterr().err
+    assert "not a regular file" in err and "Traceback" not in err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the FIFO, not a file renamed over it
+
+
+def test_write_atomic_refuses_what_a_rename_would_destroy_and_writes_through_a_symlink(tmp_path, fifo):
+    from sdrt.cache.paths import write_atomic
+
+    for target in (fifo, tmp_path):
+        with pytest.raises(OSError, match="not replaced"):
+            write_atomic(target, [b"x"])
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    real = tmp_path / "real.bin"
+    real.write_bytes(b"old")
+    real.chmod(0o640)
+    link = tmp_path / "link.bin"
+    link.symlink_to(real)
+    assert write_atomic(link, [b"new"]) == link
+    assert link.is_symlink() and real.read_bytes() == b"new" and stat.S_IMODE(real.stat().st_mode) == 0o640
+    dangling = tmp_path / "dangling.bin"
+    dangling.symlink_to(tmp_path / "nodir" / "x.bin")
+    with pytest.raises(FileNotFoundError, match="symlink"):
+        write_atomic(dangling, [b"x"])
+    assert not (tmp_path / "nodir").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "demo"])
+def test_a_fifo_given_without_a_suffix_is_refused_not_written_beside_it(tmp_path, registry, fifo, capsys, command):
+    """-o /dev/null wrote /dev/null.npz (run) and /dev/null.png (demo) into /dev."""
+    model = relu_model(tmp_path / "relu.onnx")
+    args = ["run", str(model), "-i", f"x={tmp_path / 'x.npy'}"] if command == "run" else ["demo"]
+    assert main([*args, "--backend", "reference", "-o", str(fifo)]) == 1
+    err = capsys.readouterr().err
+    assert "FIFO" in err and "--output" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["pipe", "relu.onnx", "x.npy"])
+
+
+def test_every_output_written_over_keeps_its_mode(tmp_path, registry, capsys):
+    """One behaviour for PNGs, .npz and graphs: an existing file keeps its mode, as a plain open() keeps it."""
+    from sdrt.pipelines.png import write_png
+
+    png = tmp_path / "out.png"
+    png.write_bytes(b"old")
+    png.chmod(0o600)
+    write_png(png, np.zeros((8, 8, 3), np.uint8), "a cat")
+    assert stat.S_IMODE(png.stat().st_mode) == 0o600 and png.read_bytes()[:4] == b"\x89PNG"
+    model = relu_model(tmp_path / "relu.onnx")
+    npz = tmp_path / "y.npz"
+    npz.write_bytes(b"old")
+    npz.chmod(0o640)
+    assert main(["run", str(model), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(npz), "--backend", "reference"]) == 0
+    assert stat.S_IMODE(npz.stat().st_mode) == 0o640
+    np.testing.assert_array_equal(np.load(npz)["y"], [0, 2])
+
+
+@pytest.mark.parametrize("command", ["run", "demo", "generate", "quantize"])
+def test_a_read_only_output_is_refused_up_front_and_kept(tmp_path, registry, capsys, command):
+    """A rename ignores a file's write bits: a read-only output was replaced (generate, demo) or a traceback
+    (run: PermissionError from numpy)."""
+    model = relu_model(tmp_path / "relu.onnx")
+    out = tmp_path / ("out.npz" if command == "run" else "out.onnx" if command == "quantize" else "out.png")
+    out.write_bytes(b"keep me")
+    out.chmod(0o444)
+    args = {"run": ["run", str(model), "-i", f"x={tmp_path / 'x.npy'}", "--backend", "reference"],
+            "demo": ["demo", "--backend", "reference"], "generate": ["generate", "a fox", "--steps", "1"],
+            "quantize": ["quantize", str(model), "--to", "int8"]}[command]
+    assert main([*args, "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "read-only" in err and "Traceback" not in err and "backend" not in err  # nothing loaded
+    assert out.read_bytes() == b"keep me"
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into a read-only folder")
+@pytest.mark.parametrize("command", ["run", "generate"])
+def test_an_output_in_a_folder_this_user_cannot_write_is_refused_before_the_run(tmp_path, registry, capsys, command):
+    model = relu_model(tmp_path / "relu.onnx")
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o555)
+    args = (["run", str(model), "-i", f"x={tmp_path / 'x.npy'}", "--backend", "reference"] if command == "run"
+            else ["generate", "a fox", "--steps", "1"])
+    assert main([*args, "-o", str(folder / "out.png" if command == "generate" else folder / "out.npz")]) == 1
+    err = capsys.readouterr().err
+    assert "not writable" in err and "backend" not in err
+
+
+@pytest.mark.parametrize("prompt", ["fox " * 10_000, "fox" * 1000])
+def test_a_prompt_too_long_for_a_file_name_is_a_prompt(prompt, registry, capsys):
+    """The lone word was looked up as a model path: OSError 'File name too long' with a traceback."""
+    assert main(["generate", prompt, "--backend", "reference", "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert "chunks of 75 tokens" in err and "Traceback" not in err
+
+
+def test_run_input_that_is_a_folder_says_so(tmp_path, capsys):
+    model = relu_model(tmp_path / "relu.onnx")
+    assert main(["run", str(model), "-i", f"x={tmp_path}", "-o", str(tmp_path / "y.npz")]) == 1
+    assert "is a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--json", "--markdown"])
+def test_conformance_report_files_are_checked_before_the_tests_run(tmp_path, registry, capsys, flag, fifo):
+    for bad, words in ((tmp_path, "is a folder"), (fifo, "FIFO")):
+        assert main(["conformance", "reference", "-k", "test_abs$", "--no-isolate", flag, str(bad)]) == 1
+        err = capsys.readouterr().err
+        assert words in err and flag in err and "passed" not in err
