@@ -140,3 +140,12 @@ def test_conformance_report_files_are_checked_before_the_tests_run(tmp_path, reg
         assert main(["conformance", "reference", "-k", "test_abs$", "--no-isolate", flag, str(bad)]) == 1
         err = capsys.readouterr().err
         assert words in err and flag in err and "passed" not in err
+
+
+@pytest.mark.parametrize("flag", ["--seed", "--subseed"])
+def test_seed_and_subseed_out_of_range_read_alike(flag, capsys):
+    """Two range checks with two wordings ('seed N is out of range' / 'subseed must be an integer from ...')."""
+    assert main(["generate", "a fox", flag, str(2**64), "--subseed-strength", "0.5"]) == 1
+    err = capsys.readouterr().err
+    name = flag[2:]
+    assert f"{name} {2**64} is out of range. Where: {flag}. What to do: use a {flag} from -2**63 to 2**64 - 1" in err
