@@ -149,3 +149,31 @@ def test_seed_and_subseed_out_of_range_read_alike(flag, capsys):
     err = capsys.readouterr().err
     name = flag[2:]
     assert f"{name} {2**64} is out of range. Where: {flag}. What to do: use a {flag} from -2**63 to 2**64 - 1" in err
+
+
+def test_ctrl_c_while_sampling_leaves_no_image_and_exits_130(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "fox.png"
+    env = {**os.environ, "SDRT_LOAD_ENTRY_POINTS": "1", "SDRT_PLUGINS": "reference"}
+    proc = subprocess.Popen([sys.executable, "-m", "sdrt", "generate", "a fox", "--steps", "10000", "--batch-count",
+                             "2", "-o", str(out)], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    assert proc.stderr is not None
+    seen = []
+    try:
+        for line in proc.stderr:  # loaded: sampling starts now
+            seen.append(line)
+            if line.startswith("backend "):
+                break
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    err = "".join(seen) + rest
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # no image, no temporary file

@@ -42,7 +42,11 @@ def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # importing the subcommands takes a while: Ctrl-C then is one line too
+        parser = build_parser()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
