@@ -177,3 +177,20 @@ def test_ctrl_c_while_sampling_leaves_no_image_and_exits_130(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []  # no image, no temporary file
+
+
+@pytest.mark.parametrize("flag", ["--weights", "--lora", "--embedding"])
+def test_a_broken_weights_file_is_refused_before_the_load_naming_its_flag(tmp_path, registry, capsys, flag):
+    """--vae and --text-encoder said '--vae: cannot open ...' up front; these three failed after the model had
+    loaded, without the flag."""
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes((100).to_bytes(8, "little") + b"{")
+    assert main(["generate", "a fox", "--backend", "reference", flag, str(broken), "-o", str(tmp_path / "o.png")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag}: cannot open broken.safetensors:") and "backend" not in err
+
+
+def test_a_fifo_as_the_model_is_named_as_one(fifo, registry, capsys):
+    """It 'did not exist'."""
+    assert main(["generate", str(fifo), "a fox", "--backend", "reference"]) == 1
+    assert "is a FIFO (named pipe), not a model folder or file" in capsys.readouterr().err

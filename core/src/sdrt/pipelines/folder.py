@@ -189,6 +189,12 @@ class ModelFolder:
         if is_diffusers_folder(root):  # .safetensors parts, no ONNX: onto sdrt's shipped graphs
             return cls.from_diffusers(root)
         if not root.is_dir():
+            from .png import _kind
+
+            kind = _kind(root.stat().st_mode) if root.exists() else None
+            if kind:  # /dev/null, a FIFO: not "does not exist"
+                raise ModelNotFoundError(f"{root} is {kind}, not a model folder or file", where=str(root),
+                                         fix="pass the model folder, or its .safetensors checkpoint")
             if root.suffix == ".onnx" or root.is_file():
                 raise ModelError("a pipeline needs a model folder or a .safetensors checkpoint, not one .onnx graph",
                                  where=str(root),
