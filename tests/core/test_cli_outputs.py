@@ -194,3 +194,21 @@ def test_a_fifo_as_the_model_is_named_as_one(fifo, registry, capsys):
     """It 'did not exist'."""
     assert main(["generate", str(fifo), "a fox", "--backend", "reference"]) == 1
     assert "is a FIFO (named pipe), not a model folder or file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["generate", "a fox", "--device", ""], ["generate", "a fox", "--preview-dir", ""],
+                                  ["generate", "a fox", "--lora-dir", ""], ["generate", "a fox", "--weights", ""],
+                                  ["generate", "a fox", "--lora", "x.safetensors", "--lora", ""],
+                                  ["plan", "model", "--device", ""], ["run", "m.onnx", "-o", "y.npz", "--backend", ""],
+                                  ["cache", "list", "--cache-dir", ""]])
+def test_an_empty_option_value_is_refused_naming_the_flag(args, capsys):
+    """--preview-dir "" wrote no previews, --lora-dir/--weights "" were dropped, --device "" said no backend had a
+    usable device, plan --device "" planned the default device: each an unset shell variable read as not given."""
+    assert main(args) == 1
+    flag = next(a for a, b in zip(args, args[1:]) if b == "")
+    assert f"error: {flag} is given an empty value. Where: {flag}." in capsys.readouterr().err
+
+
+def test_an_empty_negative_prompt_is_no_negative_prompt(tmp_path, registry, capsys):
+    assert main(["generate", "a fox", "--negative", "", "--steps", "1", "--backend", "reference",
+                 "-o", str(tmp_path / "o.png")]) == 0

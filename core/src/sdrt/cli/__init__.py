@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 
-from ..errors import SdrtError
+from ..errors import InputError, SdrtError
 
 #: subcommand modules, in the order ``sdrt --help`` lists them
 COMMANDS = ["info", "generate", "plan", "run", "compile", "cache", "conformance", "selftest", "strip", "quantize",
@@ -28,7 +28,20 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f".{name}", __name__)
         p = module.add_parser(sub)
         p.set_defaults(_run=module.run, _names={**flag_names(p), **getattr(module, "API_NAMES", {})})
+        if hasattr(module, "EMPTY_OK"):  # the command's options that are checked to be non-empty
+            p.set_defaults(_nonempty={d: f for d, f in flag_names(p).items() if d not in module.EMPTY_OK})
     return parser
+
+
+def check_nonempty(args: argparse.Namespace) -> None:
+    """An option given an empty value (``--device ""``, ``--lora-dir "$UNSET"``) is refused naming it: it was
+    read as not given (no previews for ``--preview-dir ""``), as the current folder, or as a name no backend
+    has. A command lists the options an empty value is meaningful for in ``EMPTY_OK`` (``--negative ""``)."""
+    for dest, flag in getattr(args, "_nonempty", {}).items():
+        value = getattr(args, dest, None)
+        if value == "" or (isinstance(value, list) and any(v == "" for v in value)):
+            raise InputError(f"{flag} is given an empty value", where=flag,
+                             fix=f"give {flag} a value, or leave it out for its default")
 
 
 def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -54,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        check_nonempty(args)
         return int(args._run(args) or 0)
     except SdrtError as exc:  # in the command's words: flags, not the API's argument names
         print(f"error: {exc.render(getattr(args, '_names', None))}", file=sys.stderr)

@@ -7,6 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("cache", help="list, clear or prune the compile cache ($SDRT_CACHE_DIR/compiled)")

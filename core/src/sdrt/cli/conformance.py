@@ -16,6 +16,10 @@ from typing import Any
 API_NAMES = {"include": "-k", "plugin_modules": "--plugin-module", "compile_options": "-o"}
 
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("conformance", help="run ONNX's backend test suite against a backend, per op")
     p.add_argument("backend", help="backend name, as `sdrt info` lists it")

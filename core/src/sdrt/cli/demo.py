@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run an embedded SD-style decoder on this machine and write a PNG")

@@ -17,6 +17,11 @@ API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODE
              "preview": "--preview-decoder", "controlnets": "--control-image"}
 
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+#: (an empty negative prompt is no negative prompt)
+EMPTY_OK: frozenset[str] | set[str] = {"negative"}
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "generate", help="generate images from a prompt with a Stable Diffusion, SD3, Flux or Chroma model (an ONNX "

@@ -11,6 +11,11 @@ from typing import Any
 API_NAMES = {"backends": "--backend", "precisions": "--precision"}
 
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+#: (--precision '' has a message of its own)
+EMPTY_OK: frozenset[str] | set[str] = {"precision"}
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="predict time per image and peak memory of a model on a device, and the plan "
                                     "(backend, precision, offload) to use")

@@ -6,6 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("quantize", help="store a model's matmul and conv weights as int8, int4 or fp8")

@@ -10,6 +10,9 @@ from typing import Any
 from ..errors import InputError
 from .paths import output_file
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a model once on .npy inputs and save the outputs as .npz")

@@ -9,6 +9,10 @@ from typing import Any
 API_NAMES = {"backends": "--backend", "plugin_modules": "--plugin-module"}
 
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("selftest", help="check every installed backend here: conformance, accuracy, speed, "
                                         "features, end to end; write a report to share")
