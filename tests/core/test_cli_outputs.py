@@ -212,3 +212,28 @@ def test_an_empty_option_value_is_refused_naming_the_flag(args, capsys):
 def test_an_empty_negative_prompt_is_no_negative_prompt(tmp_path, registry, capsys):
     assert main(["generate", "a fox", "--negative", "", "--steps", "1", "--backend", "reference",
                  "-o", str(tmp_path / "o.png")]) == 0
+
+
+@pytest.mark.parametrize("action", ["list", "clear", "prune"])
+def test_cache_dir_naming_a_file_is_refused(tmp_path, capsys, action):
+    """It listed '0 entries' and cleared 'removed 0 entries' under a.png/compiled."""
+    blocker = tmp_path / "a.png"
+    blocker.write_bytes(b"x")
+    assert main(["cache", action, "--cache-dir", str(blocker)]) == 1
+    assert "is a file, not a cache folder" in capsys.readouterr().err and blocker.read_bytes() == b"x"
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root removes entries from a read-only folder")
+def test_cache_clear_of_a_folder_this_user_cannot_write_says_so(tmp_path, capsys):
+    """It said 'removed 3 entries (3.7 MiB)' and removed none."""
+    from sdrt.cache import CompileCache
+
+    cache = CompileCache("demo", tmp_path)
+    assert cache.store("ab" * 32, lambda d: (d / "blob").write_bytes(b"p")) is not None
+    (tmp_path / "compiled" / "demo").chmod(0o555)
+    try:
+        assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 1
+        assert "this user cannot write there" in capsys.readouterr().err
+    finally:
+        (tmp_path / "compiled" / "demo").chmod(0o755)
+    assert len(cache.entries()) == 1
