@@ -36,7 +36,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT",
                    help="model folder or .safetensors file (optional) and the prompt")
     p.add_argument("--negative", "-n", default="", help="negative prompt")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
     p.add_argument("--cfg", type=float, default=None,
                    help="classifier-free guidance scale (1: no negative pass; default: 7 for SD and SD3, 5 for "
                         "Chroma, 1 for Flux, whose --cfg is diffusers' true_cfg_scale)")
@@ -59,9 +59,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--mask", default=None, help="inpainting mask, white = repaint (needs --init-image)")
     p.add_argument("--batch", type=int, default=1, help="images per run")
     p.add_argument("--batch-count", type=int, default=1, help="runs, each with the next seed")
-    p.add_argument("--clip-skip", type=int, default=1)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--device", default=None)
+    p.add_argument("--clip-skip", type=int, default=1,
+                   help="A1111's CLIP skip: 2 takes the text encoder's second-to-last layer (default 1: the last)")
+    p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto, the one sdrt picks here)")
+    p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it (default: the one sdrt picks for the backend)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the run plan (every part, its input shapes and dtypes, its calls) and stop: "
                         "nothing compiles or runs and no weights load")

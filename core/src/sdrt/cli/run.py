@@ -21,8 +21,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="one graph input; repeat for each")
     p.add_argument("--output", "-o", required=True, help="where to write the outputs (.npz)")
     p.add_argument("--weights", action="append", default=None, help="a .safetensors file; repeat for several")
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--device", default=None)
+    p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto, the one sdrt picks here)")
+    p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it (default: the one sdrt picks for the backend)")
     return p
 
 
