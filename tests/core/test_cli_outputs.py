@@ -253,3 +253,34 @@ def test_cache_clear_of_a_folder_this_user_cannot_write_says_so(tmp_path, capsys
     finally:
         (tmp_path / "compiled" / "demo").chmod(0o755)
     assert len(cache.entries()) == 1
+
+
+@pytest.mark.parametrize("args", [["info"], ["generate", "a fox", "--steps", "1", "-o", "-"]])
+def test_a_full_disk_behind_stdout_is_one_line(tmp_path, args):
+    """`sdrt info > /dev/full` was an OSError traceback (ENOSPC), from print or from the PNG bytes of -o -."""
+    import subprocess
+    import sys
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    env = {**os.environ, "SDRT_LOAD_ENTRY_POINTS": "1", "SDRT_PLUGINS": "reference"}
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([sys.executable, "-m", "sdrt", *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ("error: cannot write to standard output (No space left on "
+                                                   "device). Where: standard output. What to do: free space where "
+                                                   "it goes, or redirect it elsewhere.")
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+
+
+def test_control_values_are_checked_in_the_flags_words(registry, tmp_path, capsys):
+    """It said 'controlnets[0] start must be a number from 0 to 1. Where: controlnets[0] start'."""
+    image = tmp_path / "c.png"
+    from sdrt.pipelines.png import write_png
+
+    write_png(image, np.zeros((8, 8, 3), np.uint8))
+    assert main(["generate", "a fox", "--control-image", str(image), "--control-start", "2",
+                 "-o", str(tmp_path / "o.png")]) == 1
+    assert "error: --control-start must be a number from 0 to 1, got 2.0. Where: --control-start." in \
+        capsys.readouterr().err

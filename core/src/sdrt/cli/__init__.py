@@ -66,16 +66,62 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)  # type: ignore[assignment]
     try:
         check_nonempty(args)
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # a full disk behind stdout is found here, not in Python's exit
+        return code
     except SdrtError as exc:  # in the command's words: flags, not the API's argument names
         print(f"error: {exc.render(getattr(args, '_names', None))}", file=sys.stderr)
+        if isinstance(exc, StdoutError):
+            _drop_stdout(stdout)
         return 1
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit status for SIGINT
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `sdrt ... | head`: the reader left; quiet, as other tools are
-        with contextlib.suppress(OSError):  # stdout is gone: point it at /dev/null so exit does not flush into it
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout(stdout)
         return 141
+    finally:
+        sys.stdout = stdout
+
+
+class StdoutError(SdrtError):
+    """Standard output cannot be written (a full disk, ``> /dev/full``): one line, not an OSError traceback."""
+
+
+def _drop_stdout(stdout: object) -> None:
+    """Stdout is gone: point it at /dev/null so that Python's exit does not flush into it again."""
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())  # type: ignore[attr-defined]
+
+
+class _Stdout:
+    """``sys.stdout`` while a command runs (its ``buffer`` too): a failed write or flush is a ``StdoutError``;
+    a closed pipe stays a ``BrokenPipeError``; everything else is the stream's own."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def _call(self, name: str, *args: object) -> object:
+        try:
+            return getattr(self._inner, name)(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutError(f"cannot write to standard output ({exc.strerror or exc})", where="standard output",
+                              fix="free space where it goes, or redirect it elsewhere") from None
+
+    def write(self, data: object) -> object:
+        return self._call("write", data)
+
+    def flush(self) -> object:
+        return self._call("flush")
+
+    @property
+    def buffer(self) -> _Stdout:
+        return _Stdout(self._inner.buffer)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
