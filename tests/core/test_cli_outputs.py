@@ -136,6 +136,16 @@ def test_an_output_in_a_folder_this_user_cannot_write_is_refused_before_the_run(
     assert "not writable" in err and "backend" not in err
 
 
+@PERMISSIONS
+def test_a_preview_folder_this_user_cannot_write_is_refused_before_the_run(tmp_path, capsys):
+    """It failed after the load, at the first step's preview, naming --output."""
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o555)
+    assert main(["generate", "a fox", "--steps", "1", "--preview-dir", str(folder), "-o", str(tmp_path / "o.png")]) == 1
+    err = capsys.readouterr().err
+    assert "not writable. Where: --preview-dir." in err and "backend" not in err
+
+
 @pytest.mark.parametrize("prompt", ["fox " * 10_000, "fox" * 1000])
 def test_a_prompt_too_long_for_a_file_name_is_a_prompt(prompt, registry, capsys):
     """The lone word was looked up as a model path: OSError 'File name too long' with a traceback."""

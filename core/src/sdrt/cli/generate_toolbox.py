@@ -11,6 +11,7 @@ loads (``sdrt.pipelines.toolbox.split``).
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     if args.preview_dir is not None and not Path(args.preview_dir).is_dir():
         raise InputError("the preview folder does not exist", where=args.preview_dir,
                          fix="create it, or pick another --preview-dir")
+    if args.preview_dir is not None and not os.access(args.preview_dir, os.W_OK | os.X_OK):  # not after step 1
+        raise InputError(f"cannot write into the folder {args.preview_dir}: it is not writable", where="--preview-dir",
+                         fix="pick a folder you can write to")
     return opts
 
 
