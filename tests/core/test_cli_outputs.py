@@ -294,3 +294,11 @@ def test_control_values_are_checked_in_the_flags_words(registry, tmp_path, capsy
                  "-o", str(tmp_path / "o.png")]) == 1
     assert "error: --control-start must be a number from 0 to 1, got 2.0. Where: --control-start." in \
         capsys.readouterr().err
+
+
+def test_a_clip_skip_past_the_text_encoders_layers_says_the_largest(registry, tmp_path, capsys):
+    """It said the graph lacked hidden_states outputs (export with output_hidden_states=True), which it has."""
+    assert main(["generate", "a fox", "--clip-skip", "12", "--backend", "reference", "-o", str(tmp_path / "o.png")]) == 1
+    err = capsys.readouterr().err
+    assert "--clip-skip 12 asks for layer 12 from the end" in err and "its largest clip skip is 3" in err
+    assert "Where: --clip-skip. What to do: use a --clip-skip from 1 to 3" in err
