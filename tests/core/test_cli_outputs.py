@@ -302,3 +302,22 @@ def test_a_clip_skip_past_the_text_encoders_layers_says_the_largest(registry, tm
     err = capsys.readouterr().err
     assert "--clip-skip 12 asks for layer 12 from the end" in err and "its largest clip skip is 3" in err
     assert "Where: --clip-skip. What to do: use a --clip-skip from 1 to 3" in err
+
+
+@pytest.mark.parametrize("prompt,name", [("a [fox:cat:0.5]", "prompt editing"), ("a [fox|cat]", "alternation"),
+                                         ("a fox AND a cat", "composable diffusion")])
+def test_a1111_syntax_sdrt_reads_as_text_is_said(registry, tmp_path, caplog, prompt, name):
+    """[fox:cat:0.5] was read as the text 'fox:cat:0.5' at weight 1/1.1 without a word."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, "sdrt"):
+        assert main(["generate", prompt, "--steps", "1", "--backend", "reference", "-o", str(tmp_path / "o.png")]) == 0
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1 and f"A1111's {name}" in said[0] and "does not implement" in said[0]
+
+
+def test_plain_brackets_and_escapes_are_not_taken_for_prompt_editing():
+    from sdrt.text.attention import unsupported_syntax
+
+    for text in ("a [fox] (cat:1.2)", r"a \[x:1\]", "[fox:cat:abc]", "(fox:0.5)", "ANDROID and"):
+        assert unsupported_syntax(text) == [], text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 
 from ..errors import InputError, ModelNotFoundError, SdrtError
 from . import generate_memory, generate_toolbox, generate_weights
+
+log = logging.getLogger("sdrt.cli")
 
 #: the API's argument names that are not the dest of a flag of the same name (``sdrt.cli.flag_names``)
 API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "path": "--output",
@@ -148,9 +151,12 @@ def run(args: argparse.Namespace) -> int:
     options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
     from ..text import extract_loras
+    from ..text.attention import unsupported_syntax
 
     for text, key in ((prompt, "prompt"), (args.negative, "negative_prompt")):
         extract_loras(text, key)  # a <lora:> tag whose weight is not a number, before any model loads
+        for line in unsupported_syntax(text):  # read as text, not refused: said, not silent
+            log.warning("%s%s", "" if key == "prompt" else "--negative: ", line)
     custom = generate_weights.check(args)
     memory = generate_memory.options(args)  # --memory, checked before any model loads
     outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)
