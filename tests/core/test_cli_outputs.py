@@ -321,3 +321,32 @@ def test_plain_brackets_and_escapes_are_not_taken_for_prompt_editing():
 
     for text in ("a [fox] (cat:1.2)", r"a \[x:1\]", "[fox:cat:abc]", "(fox:0.5)", "ANDROID and"):
         assert unsupported_syntax(text) == [], text
+
+
+def test_run_with_an_empty_input_is_one_line(tmp_path, registry, capsys):
+    """A (0, 4, 8, 8) latent gave a 2,650-character shape-inference error over 17 lines."""
+    np.save(tmp_path / "empty.npy", np.zeros((0, 2), np.float32))
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])])
+    model = tmp_path / "relu.onnx"
+    model.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    assert main(["run", str(model), "-i", f"x={tmp_path / 'empty.npy'}", "-o", str(tmp_path / "y.npz")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "input 'x' is empty: its shape (0, 2)" in err
+
+
+def test_a_failed_shape_inference_is_one_line():
+    """ONNX reports every node after the first failing one, a line each (17 lines for the demo VAE)."""
+    import onnx
+
+    from sdrt import pipelines
+    from sdrt.errors import ModelError
+    from sdrt.graph.protos import infer
+
+    model = onnx.load(str(pipelines.DEMO_MODEL / "vae_decoder" / "model.onnx"))
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 0  # batch 0
+    with pytest.raises(ModelError) as info:
+        infer(model, "model.onnx")
+    text = str(info.value)
+    assert "\n" not in text and text.startswith("shape inference failed: ") and "more node(s) after it" in text

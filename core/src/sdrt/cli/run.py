@@ -85,6 +85,9 @@ def check_inputs(graph: Any, feeds: dict[str, Any], specs: list[str]) -> None:
             raise InputError(f"input {name!r} is {arr.dtype} in {files[name]}, and the graph takes {want}",
                              where=f"-i {name}={files[name]}",
                              fix=f"save it as {want}: numpy.save({files[name]!r}, array.astype(numpy.{want}))")
+        if 0 in arr.shape:  # shape inference would fail on every node after the first, in many lines
+            raise InputError(f"input {name!r} is empty: its shape {tuple(arr.shape)} in {files[name]} has a 0",
+                             where=f"-i {name}={files[name]}", fix="save an array with at least one element per dim")
         if arr.ndim != len(info.shape) or any(isinstance(d, int) and d != a for d, a in zip(info.shape, arr.shape)):
             raise InputError(f"input {name!r} has shape {tuple(arr.shape)} in {files[name]}, and the graph takes "
                              f"{info}", where=f"-i {name}={files[name]}",
