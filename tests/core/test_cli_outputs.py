@@ -350,3 +350,21 @@ def test_a_failed_shape_inference_is_one_line():
         infer(model, "model.onnx")
     text = str(info.value)
     assert "\n" not in text and text.startswith("shape inference failed: ") and "more node(s) after it" in text
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--seed", str(2**64 - 1), "--batch-count", "2"], "--seed 18446744073709551615 with --batch 1 and --batch-count 2 "
+                                                        "draws seeds up to 18446744073709551616"),
+    (["--seed", str(2**64 - 1), "--batch", "2", "--rng", "gpu"], "draws seeds up to 18446744073709551616"),
+    (["--subseed", str(2**64 - 1), "--subseed-strength", "0.3", "--batch", "2"], "draws subseeds up to")])
+def test_seeds_past_2_64_are_refused_before_the_run(args, words, registry, tmp_path, capsys):
+    """The first image ran, then 'seed 18446744073709551616 is out of range' (a seed the user never gave)."""
+    assert main(["generate", "a fox", *args, "--backend", "reference", "-o", str(tmp_path / "o.png")]) == 1
+    err = capsys.readouterr().err
+    assert words in err and "backend" not in err and not list(tmp_path.iterdir())
+
+
+def test_one_stream_batch_at_the_largest_seed_runs(registry, tmp_path, capsys):
+    """rng cpu draws the batch from one stream of the one seed: 2**64 - 1 with --batch 2 is fine."""
+    assert main(["generate", "a fox", "--seed", str(2**64 - 1), "--batch", "2", "--steps", "1", "--backend",
+                 "reference", "-o", str(tmp_path / "o.png")]) == 0
