@@ -368,3 +368,15 @@ def test_one_stream_batch_at_the_largest_seed_runs(registry, tmp_path, capsys):
     """rng cpu draws the batch from one stream of the one seed: 2**64 - 1 with --batch 2 is fine."""
     assert main(["generate", "a fox", "--seed", str(2**64 - 1), "--batch", "2", "--steps", "1", "--backend",
                  "reference", "-o", str(tmp_path / "o.png")]) == 0
+
+
+@pytest.mark.parametrize("var", ["SDRT_PLUGINS", "SDRT_DISABLE_PLUGINS"])
+def test_a_plugin_variable_naming_no_plugin_is_said(var):
+    """SDRT_DISABLE_PLUGINS=OpenVINO blocked nothing (names are case-sensitive), without a word."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SDRT_LOAD_ENTRY_POINTS": "1", var: "reference,Nosuch"}
+    proc = subprocess.run([sys.executable, "-m", "sdrt", "info"], capture_output=True, text=True, env=env, timeout=120)
+    assert f"{var} names 'Nosuch', which no installed plugin is called (installed: " in proc.stderr
+    assert "reference" not in proc.stderr.split("names")[1].split("(installed")[0]
