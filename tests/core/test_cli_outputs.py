@@ -380,3 +380,25 @@ def test_a_plugin_variable_naming_no_plugin_is_said(var):
     proc = subprocess.run([sys.executable, "-m", "sdrt", "info"], capture_output=True, text=True, env=env, timeout=120)
     assert f"{var} names 'Nosuch', which no installed plugin is called (installed: " in proc.stderr
     assert "reference" not in proc.stderr.split("names")[1].split("(installed")[0]
+
+
+@PERMISSIONS
+@pytest.mark.parametrize("locked", ["", "unet"])
+@pytest.mark.parametrize("command", ["generate", "plan"])
+def test_an_unreadable_model_folder_is_one_line(tmp_path, registry, capsys, command, locked):
+    """A PermissionError traceback from a glob (the folder) or a stat (a part's folder)."""
+    import shutil
+
+    from sdrt import pipelines
+
+    model = tmp_path / "model"
+    shutil.copytree(pipelines.DEMO_MODEL, model)
+    (model / locked).chmod(0)
+    try:
+        args = ["generate", str(model), "a fox", "--backend", "reference"] if command == "generate" else ["plan",
+                                                                                                           str(model)]
+        assert main([*args]) == 1
+    finally:
+        (model / locked).chmod(0o755)
+    err = capsys.readouterr().err
+    assert f"cannot read the {locked or 'model'} folder (Permission denied)" in err and "Traceback" not in err
