@@ -402,3 +402,18 @@ def test_an_unreadable_model_folder_is_one_line(tmp_path, registry, capsys, comm
         (model / locked).chmod(0o755)
     err = capsys.readouterr().err
     assert f"cannot read the {locked or 'model'} folder (Permission denied)" in err and "Traceback" not in err
+
+
+@PERMISSIONS
+@pytest.mark.parametrize("args,words", [(["generate", "a fox", "--embedding-dir"], "cannot read the embedding folder"),
+                                        (["generate", "a fox", "--lora-dir"], "cannot read the LoRA folder"),
+                                        (["cache", "list", "--cache-dir"], "cannot read the cache folder")])
+def test_an_unreadable_folder_flag_is_one_line(tmp_path, capsys, args, words):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0)
+    try:
+        assert main([*args, str(locked)]) == 1
+    finally:
+        locked.chmod(0o755)
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err

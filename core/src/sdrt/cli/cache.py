@@ -59,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
     cache = CompileCache("-", args.cache_dir)
     named = "--cache-dir" if args.cache_dir is not None else cache.named_by
     for folder in (cache.root, cache.compiled):
+        if folder.is_dir() and not os.access(folder, os.R_OK | os.X_OK):  # a PermissionError traceback
+            raise SdrtError(f"cannot read the cache folder {folder} (Permission denied)",
+                            where=f"sdrt cache {args.action} ({named})", fix="run it as the user who owns the cache")
+    for folder in (cache.root, cache.compiled):
         if folder.exists() and not folder.is_dir():  # listed as "0 entries", cleared as "removed 0 entries"
             raise SdrtError(f"{folder} is a file, not a cache folder", where=f"sdrt cache {args.action} ({named})",
                             fix="point it at the cache folder (the default: leave --cache-dir and SDRT_CACHE_DIR "

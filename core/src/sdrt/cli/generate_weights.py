@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,9 @@ def _existing(value: str, what: str, flag: str, *, folder: bool = False) -> Path
                          fix=f"pass the folder that holds it: {flag} {p.parent}")
     if not ok:
         raise InputError(f"the {what} does not exist", where=f"{flag} {value}", fix="check the path")
+    if folder and not os.access(p, os.R_OK | os.X_OK):  # a PermissionError traceback when it is read
+        raise InputError(f"cannot read the {what} (Permission denied)", where=f"{flag} {value}",
+                         fix="check the folder's permissions (it needs read and search: chmod u+rx)")
     return p
 
 
