@@ -417,3 +417,24 @@ def test_an_unreadable_folder_flag_is_one_line(tmp_path, capsys, args, words):
         locked.chmod(0o755)
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err
+
+
+@PERMISSIONS
+def test_a_cache_folder_this_user_cannot_read_is_a_miss_and_one_warning(tmp_path, monkeypatch, caplog):
+    """lookup's is_dir raised a PermissionError: generate stopped with a traceback."""
+    import logging
+
+    from sdrt.cache import CompileCache
+
+    locked = tmp_path / "cache"
+    locked.mkdir(mode=0)
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(locked))
+    try:
+        with caplog.at_level(logging.WARNING, "sdrt"):
+            cache = CompileCache("demo")
+            assert cache.lookup("ab" * 32) is None
+            assert cache.store("ab" * 32, lambda d: (d / "blob").write_bytes(b"p")) is None
+    finally:
+        locked.chmod(0o755)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "cannot write in" in said[0]

@@ -190,7 +190,7 @@ class CompileCache:
     def lookup(self, key: str) -> Entry | None:
         """The entry stored under ``key`` with every file checked, or None (a damaged entry is discarded)."""
         folder = self.path(key)
-        if not folder.is_dir():
+        if not os.path.isdir(folder):  # also an unreadable cache folder (PermissionError from is_dir): a miss
             return None
         try:
             data = _read_manifest(folder)
