@@ -438,3 +438,10 @@ def test_a_cache_folder_this_user_cannot_read_is_a_miss_and_one_warning(tmp_path
         locked.chmod(0o755)
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(said) == 1 and "cannot write in" in said[0]
+
+
+@pytest.mark.parametrize("value,words", [("-inf", "got -inf"), ("-1e3", "got -1000.0"), ("-Infinity", "got -inf")])
+def test_a_negative_exponent_or_infinity_is_a_value_not_an_option(value, words, capsys):
+    """argparse read '--cfg -inf' as an unknown option: 'argument --cfg: expected one argument'."""
+    assert main(["generate", "a fox", "--cfg", value]) == 1
+    assert f"--cfg must be a finite number from 0 to 100, {words}" in capsys.readouterr().err

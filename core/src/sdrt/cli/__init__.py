@@ -8,6 +8,7 @@ import contextlib
 import importlib
 import logging
 import os
+import re
 import sys
 
 from ..errors import InputError, SdrtError
@@ -15,6 +16,11 @@ from ..errors import InputError, SdrtError
 #: subcommand modules, in the order ``sdrt --help`` lists them
 COMMANDS = ["info", "generate", "plan", "run", "compile", "cache", "conformance", "selftest", "strip", "quantize",
             "demo", "install", "serve"]
+
+
+#: what argparse takes for a negative number after an option, not an option itself: its own pattern (-1, -0.5)
+#: and also exponents, inf and nan, which it read as unknown options ("--cfg: expected one argument")
+NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?|inf|infinity|nan)$", re.IGNORECASE)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = importlib.import_module(f".{name}", __name__)
         p = module.add_parser(sub)
+        if hasattr(p, "_negative_number_matcher"):  # "--cfg -inf", "--shift -1e3": a value, not an unknown option
+            p._negative_number_matcher = NEGATIVE_NUMBER
         p.set_defaults(_run=module.run, _names={**flag_names(p), **getattr(module, "API_NAMES", {})})
         if hasattr(module, "EMPTY_OK"):  # the command's options that are checked to be non-empty
             p.set_defaults(_nonempty={d: f for d, f in flag_names(p).items() if d not in module.EMPTY_OK})
