@@ -445,3 +445,15 @@ def test_a_negative_exponent_or_infinity_is_a_value_not_an_option(value, words, 
     """argparse read '--cfg -inf' as an unknown option: 'argument --cfg: expected one argument'."""
     assert main(["generate", "a fox", "--cfg", value]) == 1
     assert f"--cfg must be a finite number from 0 to 100, {words}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["generate", "demo", "run"])
+def test_an_output_name_too_long_is_one_line(tmp_path, registry, capsys, command):
+    """pathlib's is_symlink raised OSError 'File name too long' with a traceback."""
+    model = relu_model(tmp_path / "relu.onnx")
+    name = str(tmp_path / ("x" * 300))
+    args = {"generate": ["generate", "a fox", "-o", name + ".png"], "demo": ["demo", "-o", name],
+            "run": ["run", str(model), "-i", f"x={tmp_path / 'x.npy'}", "-o", name]}[command]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "(File name too long). Where: --output." in err and "Traceback" not in err

@@ -127,7 +127,7 @@ def _check_outputs(args: argparse.Namespace, n_images: int) -> list[Path] | None
         check_output(args.output, "output")  # refuses the empty name
     paths = _outputs(Path(args.output), n_images)
     for path in paths:
-        if len(paths) == 1 or not (path.exists() or path.is_symlink()):  # a missing folder: its own words
+        if len(paths) == 1 or not os.path.lexists(path):  # a missing folder: its own words
             check_output(path, "output")
             continue
         try:

@@ -184,7 +184,7 @@ def output_target(path: str | os.PathLike[str], arg: str = "path", suffix: str =
     if not text:
         raise PngError("the output path is empty", where=where, fix="name a file, such as out.png")
     target = Path(text)
-    if target.is_symlink():
+    if os.path.islink(target):  # os.path: a name too long to stat is the OSError below, not a traceback here
         real = Path(os.path.realpath(target))
         if not real.exists():
             raise PngError(f"{text} is a symlink to {real}, which does not exist, and images are not written "
