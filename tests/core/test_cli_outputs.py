@@ -457,3 +457,17 @@ def test_an_output_name_too_long_is_one_line(tmp_path, registry, capsys, command
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "(File name too long). Where: --output." in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args,where", [(["generate", "{long}", "a fox"], "MODEL"),
+                                        (["generate", "a fox", "--lora", "{long}"], "--lora"),
+                                        (["generate", "a fox", "--init-image", "{long}"], "--init-image"),
+                                        (["plan", "{long}"], "MODEL"), (["cache", "list", "--cache-dir", "{long}"],
+                                                                       "--cache-dir")])
+def test_a_path_too_long_to_look_at_is_one_line_naming_its_option(args, where, registry, capsys):
+    """pathlib's is_file()/exists() raise ENAMETOOLONG (they swallow only 'no such file'): tracebacks."""
+    long = "x" * 300
+    assert main([a.format(long=long) for a in args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: a path is too long for the file system (File name too long: 'xxx")
+    assert f"Where: {where}. What to do: give a shorter path." in err and err.count("\n") == 1

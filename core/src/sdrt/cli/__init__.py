@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import logging
 import os
@@ -91,8 +92,32 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `sdrt ... | head`: the reader left; quiet, as other tools are
         _drop_stdout(stdout)
         return 141
+    except OSError as exc:
+        if exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+            raise
+        # a path that cannot even be looked at, met by any of the many is_file()/exists() checks: pathlib raises
+        # these two (it swallows "no such file"); one line naming the option that gave it
+        print(f"error: {_path_error(exc, args)}", file=sys.stderr)
+        return 1
     finally:
         sys.stdout = stdout
+
+
+def _path_error(exc: OSError, args: argparse.Namespace) -> str:
+    """An ENAMETOOLONG / ELOOP error in words, naming the option (or positional) whose value holds the path."""
+    name = os.fspath(exc.filename) if exc.filename is not None else ""
+    flags = {**getattr(args, "_names", {}), **{k: k.upper() for k in vars(args) if not k.startswith("_")}}
+    where = None
+    for dest, value in vars(args).items():
+        values = value if isinstance(value, list) else [value]
+        if not dest.startswith("_") and name and any(isinstance(v, str) and name in v for v in values):
+            where = getattr(args, "_names", {}).get(dest) or flags.get(dest, dest)
+            break
+    shown = name if len(name) <= 60 else name[:57] + "..."
+    what = ("a path is too long for the file system" if exc.errno == errno.ENAMETOOLONG
+            else "a path runs into a loop of symlinks")
+    return (f"{what} ({exc.strerror}: {shown!r}). Where: {where or 'a path given'}. What to do: "
+            + ("give a shorter path." if exc.errno == errno.ENAMETOOLONG else "fix or remove the looping symlink."))
 
 
 class StdoutError(SdrtError):

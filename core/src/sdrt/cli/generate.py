@@ -15,7 +15,7 @@ from . import generate_memory, generate_toolbox, generate_weights
 log = logging.getLogger("sdrt.cli")
 
 #: the API's argument names that are not the dest of a flag of the same name (``sdrt.cli.flag_names``)
-API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "path": "--output",
+API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "args": "MODEL", "path": "--output",
              "loras": "--lora", "scale": "the scale of --lora FILE:SCALE", "text_encoders": "--text-encoder",
              "preview": "--preview-decoder", "controlnets": "--control-image"}
 
