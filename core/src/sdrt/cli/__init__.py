@@ -75,11 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)  # type: ignore[assignment]
+    stdout = sys.stdout
+    if stdout is not None:  # None: started with stdout closed (`sdrt info >&-`), where print() writes nothing
+        sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
     try:
         check_nonempty(args)
         code = int(args._run(args) or 0)
-        sys.stdout.flush()  # a full disk behind stdout is found here, not in Python's exit
+        if sys.stdout is not None:  # a full disk behind stdout is found here, not in Python's exit
+            sys.stdout.flush()
         return code
     except SdrtError as exc:  # in the command's words: flags, not the API's argument names
         print(f"error: {exc.render(getattr(args, '_names', None))}", file=sys.stderr)
