@@ -30,7 +30,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--memory", default=None, metavar="SIZE",
                    help="memory budget, e.g. 8GiB or 8GB (default: 90%% of the device's memory, 70%% if shared)")
     p.add_argument("--width", type=int, default=None,
-                   help="image width (default: the model's own size, as sdrt generate takes it; 512 for one .onnx)")
+                   help="image width (default: the model's own size, as sdrt generate takes it; for one .onnx, the "
+                        "size its image input is fixed at, else 512)")
     p.add_argument("--height", type=int, default=None, help="image height (default as --width)")
     p.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
