@@ -471,3 +471,14 @@ def test_a_path_too_long_to_look_at_is_one_line_naming_its_option(args, where, r
     err = capsys.readouterr().err
     assert err.startswith("error: a path is too long for the file system (File name too long: 'xxx")
     assert f"Where: {where}. What to do: give a shorter path." in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args,flag", [(["run", "", "-o", "y.npz"], "MODEL"), (["strip", ""], "MODEL"),
+                                       (["quantize", "", "--to", "int8"], "MODEL"), (["plan", ""], "MODEL"),
+                                       (["generate", "", "a fox"], "MODEL"), (["conformance", ""], "BACKEND")])
+def test_an_empty_positional_is_refused_not_read_as_the_current_folder(args, flag, capsys):
+    """Path('') is '.': strip/quantize raised ValueError ('PosixPath('.') has an empty name'), the others looked
+    for a model in the current folder."""
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} is given an empty value. Where: {flag}. What to do: give ")

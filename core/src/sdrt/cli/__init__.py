@@ -37,8 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         if hasattr(p, "_negative_number_matcher"):  # "--cfg -inf", "--shift -1e3": a value, not an unknown option
             p._negative_number_matcher = NEGATIVE_NUMBER
         p.set_defaults(_run=module.run, _names={**flag_names(p), **getattr(module, "API_NAMES", {})})
-        if hasattr(module, "EMPTY_OK"):  # the command's options that are checked to be non-empty
-            p.set_defaults(_nonempty={d: f for d, f in flag_names(p).items() if d not in module.EMPTY_OK})
+        if hasattr(module, "EMPTY_OK"):  # the command's options (and positionals) checked to be non-empty
+            given = {**flag_names(p), **{a.dest: str(a.metavar or a.dest.upper()) for a in p._actions
+                                         if not a.option_strings and a.dest != "help"}}
+            p.set_defaults(_nonempty={d: f for d, f in given.items() if d not in module.EMPTY_OK})
     return parser
 
 
@@ -50,7 +52,7 @@ def check_nonempty(args: argparse.Namespace) -> None:
         value = getattr(args, dest, None)
         if value == "" or (isinstance(value, list) and any(v == "" for v in value)):
             raise InputError(f"{flag} is given an empty value", where=flag,
-                             fix=f"give {flag} a value, or leave it out for its default")
+                             fix=f"give {flag} a value" + (", or leave it out for its default" if flag[0] == "-" else ""))
 
 
 def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:

@@ -22,7 +22,7 @@ API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODE
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 #: (an empty negative prompt is no negative prompt)
-EMPTY_OK: frozenset[str] | set[str] = {"negative"}
+EMPTY_OK: frozenset[str] | set[str] = {"negative", "args"}  # an empty PROMPT is a prompt; MODEL: _split_args
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -90,6 +90,10 @@ def _split_args(words: list[str]) -> tuple[str | None, str]:
         raise InputError(f"expected [MODEL] PROMPT, got {len(words)} words", where="sdrt generate",
                          fix='quote the prompt: sdrt generate MODEL "a red fox in snow"')
     if len(words) == 2:
+        if not words[0]:  # Path("") is the current folder
+            raise InputError("MODEL is given an empty value", where="MODEL",
+                             fix='give the model folder or file, or leave it out for the demo model: sdrt generate "a '
+                                 'red fox"')
         return words[0], words[1]
     lone = Path(words[0])
     # os.path: a 10,000-character prompt is ENAMETOOLONG to stat, which pathlib raises
