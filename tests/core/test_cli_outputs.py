@@ -482,3 +482,24 @@ def test_an_empty_positional_is_refused_not_read_as_the_current_folder(args, fla
     assert main(args) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {flag} is given an empty value. Where: {flag}. What to do: give ")
+
+
+@pytest.mark.parametrize("config,words", [({"num_train_timesteps": -5}, "num_train_timesteps is -5, not a whole number"),
+                                          ({"num_train_timesteps": "x"}, "num_train_timesteps is 'x'"),
+                                          ({"num_train_timesteps": 1e12}, "num_train_timesteps is 1000000000000.0, not a whole number from 1 to 100000"),
+                                          ({"beta_start": "x"}, "beta_start is 'x', not a number above 0 and at most 1"),
+                                          ({"trained_betas": [1, "a"]}, "trained_betas are not a list of numbers")])
+def test_a_broken_scheduler_config_is_one_line(tmp_path, registry, capsys, config, words):
+    """int()'s ValueError, numpy's ValueError ('Number of samples, -5') or a 7 TiB MemoryError, with tracebacks."""
+    import json
+    import shutil
+
+    from sdrt import pipelines
+
+    model = tmp_path / "model"
+    shutil.copytree(pipelines.DEMO_MODEL, model)
+    (model / "scheduler" / "scheduler_config.json").write_text(json.dumps(config))
+    assert main(["generate", str(model), "a fox", "--steps", "1", "--backend", "reference",
+                 "-o", str(tmp_path / "o.png")]) == 1
+    err = capsys.readouterr().err
+    assert f"the scheduler config's {words}" in err and err.count("\n") == 1
