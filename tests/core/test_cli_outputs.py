@@ -503,3 +503,22 @@ def test_a_broken_scheduler_config_is_one_line(tmp_path, registry, capsys, confi
                  "-o", str(tmp_path / "o.png")]) == 1
     err = capsys.readouterr().err
     assert f"the scheduler config's {words}" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("key,value", [("scaling_factor", "x"), ("scaling_factor", 0), ("shift_factor", "x")])
+def test_a_vae_scaling_that_is_no_number_is_refused(tmp_path, registry, capsys, key, value):
+    """'x' was silently the family's 0.18215; 0 divided the latents into a NaN image, written without a word."""
+    import json
+    import shutil
+
+    from sdrt import pipelines
+
+    model = tmp_path / "model"
+    shutil.copytree(pipelines.DEMO_MODEL, model)
+    config = model / "vae_decoder" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), key: value}))
+    assert main(["generate", str(model), "a fox", "--steps", "1", "--backend", "reference",
+                 "-o", str(tmp_path / "o.png")]) == 1
+    err = capsys.readouterr().err
+    assert f"the vae_decoder config's {key} is {value!r}, not a finite number" in err
+    assert not (tmp_path / "o.png").exists()
