@@ -522,3 +522,22 @@ def test_a_vae_scaling_that_is_no_number_is_refused(tmp_path, registry, capsys, 
     err = capsys.readouterr().err
     assert f"the vae_decoder config's {key} is {value!r}, not a finite number" in err
     assert not (tmp_path / "o.png").exists()
+
+
+@pytest.mark.parametrize("size", ["x", 1e9, 64])
+def test_a_config_sample_size_the_fixed_graph_contradicts_is_not_asked_for(tmp_path, registry, capsys, size):
+    """Nothing asked, yet 'this model makes 64x64 images only ... and 512x512 was asked. Where: --width'."""
+    import json
+    import shutil
+
+    from sdrt import pipelines
+
+    model = tmp_path / "model"
+    shutil.copytree(pipelines.DEMO_MODEL, model)
+    config = model / "unet" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "sample_size": size}))
+    assert main(["generate", str(model), "a fox", "--steps", "1", "--backend", "reference",
+                 "-o", str(tmp_path / "o.png")]) == 0
+    from sdrt.pipelines.png import read_parameters
+
+    assert "Size: 64x64" in read_parameters(tmp_path / "o.png")
