@@ -115,7 +115,7 @@ def test_sdrt_cache_dir_naming_a_file_is_said_once_naming_the_variable(tmp_path,
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, warnings
     assert "is a file, not a folder (SDRT_CACHE_DIR)" in warnings[0]
-    assert "point SDRT_CACHE_DIR at a folder, or unset it" in warnings[0] and "Errno" not in warnings[0]
+    assert "point SDRT_CACHE_DIR at a folder you can write in, or unset it" in warnings[0] and "Errno" not in warnings[0]
 
 
 def test_a_large_entry_stored_in_the_background_lands_whole_and_small_ones_at_once(tmp_path, monkeypatch):

@@ -115,7 +115,7 @@ def test_output_dash_with_several_images_is_refused(capsys):
             "standard output", "2 images")
 
 
-@pytest.mark.parametrize("value,needle", [("", "the output path is empty"), ("x.gif", "cannot write images as '.gif'")])
+@pytest.mark.parametrize("value,needle", [("", "--output is given an empty value"), ("x.gif", "cannot write images as '.gif'")])
 def test_empty_or_unknown_output_names_are_refused(tmp_path, capsys, value, needle):
     refused(capsys, ["a red circle", *FAST, "--backend", "nosuch", "-o", str(tmp_path / value) if value else ""],
             needle)

@@ -103,3 +103,18 @@ def test_generate_writes_the_compile_cache_after_the_image(tmp_path: Path, capsy
     entries = [p for p in (tmp_path / "cache" / "compiled" / "openvino").glob("*/model.blob")
                if not p.parent.name.startswith(".")]
     assert len(entries) >= 3
+
+
+def test_no_compile_cache_message_when_the_cache_cannot_be_written(tmp_path: Path, capsys, monkeypatch) -> None:
+    """'writing the compile cache for the next run' was printed with SDRT_CACHE_DIR naming a file (or a folder
+    this user cannot write in); the store's one warning says why nothing is written."""
+    register("openvino")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(blocker))
+    monkeypatch.setenv("SDRT_PRECISION", "bf16")  # stores deferred to the end of the run, as above
+    out = tmp_path / "cat.png"
+    assert main(["generate", str(DATA / "tiny-sd15"), "a cat", "--steps", "1", "--backend", "openvino",
+                 "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert out.is_file() and "writing the compile cache" not in err and blocker.read_text() == "not a folder"

@@ -154,7 +154,8 @@ def test_emphasis_restores_the_mean(sd15) -> None:
 
 
 def test_clip_skip_deeper_than_the_encoder(sd15) -> None:
-    with pytest.raises(ModelError, match="clip skip 9 needs the text encoder's hidden_states"):
+    with pytest.raises(ModelError, match="clip_skip=9 asks for layer 9 from the end.* has 4 hidden states: its "
+                                         "largest clip skip is 4"):
         sd15(PROMPT, steps=1, clip_skip=9)
 
 

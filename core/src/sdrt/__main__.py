@@ -1,3 +1,10 @@
-from .cli import main
+import sys
 
-raise SystemExit(main())
+try:  # Ctrl-C while the modules import is the same one line and exit status as later (sdrt.cli.main)
+    from .cli import main
+
+    code = main()
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    code = 130
+raise SystemExit(code)

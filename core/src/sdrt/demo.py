@@ -85,9 +85,11 @@ def write_png(path: Path, rgb: Any) -> None:
     def chunk(tag: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
 
+    from .pipelines.png import write_file
+
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6))
-                     + chunk(b"IEND", b""))
+    write_file(path, b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6))
+               + chunk(b"IEND", b""))  # atomically, as generate writes its images
 
 
 def run_demo(output: Path, backend: str = "auto", device: str | None = None, seed: int = 42,

@@ -107,7 +107,14 @@ class Registry:
 
     def load_entry_points(self) -> None:
         allow, block = _split_env("SDRT_PLUGINS"), _split_env("SDRT_DISABLE_PLUGINS")
-        for ep in sorted(md.entry_points(group=GROUP), key=lambda e: e.name):
+        found = sorted(md.entry_points(group=GROUP), key=lambda e: e.name)
+        for var, names in (("SDRT_PLUGINS", allow), ("SDRT_DISABLE_PLUGINS", block)):
+            unknown = sorted(set(names) - {ep.name for ep in found})
+            if unknown:  # a typo allowed nothing or blocked nothing, without a word
+                log.warning("%s names %s, which no installed plugin is called (installed: %s); names are "
+                            "case-sensitive", var, ", ".join(map(repr, unknown)),
+                            ", ".join(sorted({ep.name for ep in found})) or "none")
+        for ep in found:
             dist = getattr(ep, "dist", None)
             record = PluginRecord(
                 name=ep.name,

@@ -99,12 +99,18 @@ def umask() -> int:
 def replace_mode(path: str | os.PathLike[str]) -> int:
     """The permission bits a file written over ``path`` should get, as a plain ``open(path, "wb")`` would give:
     an existing file keeps its own, a new one gets ``0o666 & ~umask``. Raises PermissionError when ``path`` is a
-    read-only file (not writable by this user, or with no write bit at all, which a rename would ignore)."""
+    read-only file (not writable by this user, or with no write bit at all, which a rename would ignore), and
+    IsADirectoryError / OSError when it is anything but a regular file (a folder, a device such as /dev/null, a
+    FIFO or a socket), which a rename would replace."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return 0o666 & ~umask()
-    if stat.S_ISREG(st.st_mode) and (not st.st_mode & 0o222 or not os.access(path, os.W_OK)):
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "it is a folder; not replaced", str(path))
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EEXIST, "it is not a regular file (a device, FIFO or socket); not replaced", str(path))
+    if not st.st_mode & 0o222 or not os.access(path, os.W_OK):
         raise PermissionError(errno.EACCES, "it is a read-only file; not replaced", str(path))
     return stat.S_IMODE(st.st_mode)
 
@@ -112,8 +118,14 @@ def replace_mode(path: str | os.PathLike[str]) -> int:
 def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes | memoryview]) -> Path:
     """Write ``chunks`` to ``path`` through a temporary file in the same folder, synced and renamed over
     ``path``: a reader in another process sees the old file or the new one, never half of one. The file gets the
-    mode a plain ``open`` would give it (``replace_mode``); a read-only ``path`` is refused. Raises OSError."""
+    mode a plain ``open`` would give it (``replace_mode``); a read-only ``path`` is refused, and so is anything but
+    a regular file (a rename would put a file in place of a folder or of a device such as /dev/null). A symlink
+    is written through to its target, as ``open`` would (the link stays). Raises OSError."""
     target = Path(path)
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))
+        if not target.exists():  # as cp refuses: neither a file nor the link's missing folders are made
+            raise FileNotFoundError(errno.ENOENT, f"it is a symlink to {target}, which does not exist", str(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     mode = replace_mode(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:24]}.", suffix=".tmp", dir=target.parent)
@@ -124,9 +136,10 @@ def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes | memoryvi
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)  # mkstemp makes 0600
+        replace_mode(target)  # still a regular file (or none) right before the rename
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return target
+    return Path(path)

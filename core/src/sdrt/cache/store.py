@@ -190,7 +190,7 @@ class CompileCache:
     def lookup(self, key: str) -> Entry | None:
         """The entry stored under ``key`` with every file checked, or None (a damaged entry is discarded)."""
         folder = self.path(key)
-        if not folder.is_dir():
+        if not os.path.isdir(folder):  # also an unreadable cache folder (PermissionError from is_dir): a miss
             return None
         try:
             data = _read_manifest(folder)
@@ -231,21 +231,31 @@ class CompileCache:
         return _entry(folder, data, now)
 
     # -- writing -------------------------------------------------------
-    def _blocked(self) -> bool:
-        """Whether a file (not a folder) sits where the cache's folders go: said once per root, naming what set
-        it (``SDRT_CACHE_DIR``), instead of an OS error for every part stored."""
+    def unusable(self) -> str | None:
+        """Why no entry can be written here, in words (a file where the cache's folder goes, a folder this user
+        cannot write in), or None when entries can be written."""
         p = self.dir
-        while not p.exists() and p != p.parent:
+        while not os.path.lexists(p) and p != p.parent:
             p = p.parent
-        if p.is_dir():
+        if not p.is_dir():
+            return f"{p} is a file, not a folder"
+        if not os.access(p, os.W_OK | os.X_OK):
+            return f"{p} is a folder this user cannot write in"
+        return None
+
+    def _blocked(self) -> bool:
+        """Whether the cache's folders cannot be written (``unusable``): said once per root, naming what set it
+        (``SDRT_CACHE_DIR``), instead of an OS error for every part stored."""
+        why = self.unusable()
+        if why is None:
             return False
         if str(self.root) not in _BLOCKED:
             _BLOCKED.add(str(self.root))
-            fix = {"SDRT_CACHE_DIR": "point SDRT_CACHE_DIR at a folder, or unset it",
-                   "cache_dir=": "pass cache_dir= a folder"}.get(self.named_by, "move the file, or set SDRT_CACHE_DIR "
-                                                                            "to a folder")
-            log.warning("the compile cache cannot go in %s: %s is a file, not a folder (%s); going on without the "
-                        "cache. What to do: %s", self.root, p, self.named_by, fix)
+            fix = {"SDRT_CACHE_DIR": "point SDRT_CACHE_DIR at a folder you can write in, or unset it",
+                   "cache_dir=": "pass cache_dir= a folder you can write in"}.get(
+                       self.named_by, "make it writable, or set SDRT_CACHE_DIR to a folder you can write in")
+            log.warning("the compile cache cannot go in %s: %s (%s); going on without the cache, so the next run "
+                        "compiles again. What to do: %s", self.root, why, self.named_by, fix)
         return True
 
     def store(self, key: str, write: Callable[[Path], Any], meta: Mapping[str, Any] | None = None, *,

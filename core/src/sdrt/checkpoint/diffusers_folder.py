@@ -87,9 +87,12 @@ def is_diffusers_folder(path: object) -> bool:
     if not isinstance(path, (str, os.PathLike)):
         return False
     root = Path(path)
-    if not root.is_dir() or any(root.glob("*/model.onnx")):
+    try:
+        if not root.is_dir() or any(root.glob("*/model.onnx")):
+            return False
+        return any((root / d).is_dir() and any((root / d).glob("*.safetensors")) for d in WEIGHT_FOLDERS)
+    except PermissionError:  # an unreadable folder: ModelFolder.open says which
         return False
-    return any((root / d).is_dir() and any((root / d).glob("*.safetensors")) for d in WEIGHT_FOLDERS)
 
 
 def has_tokenizer(folder: Path, kind: str) -> bool:

@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import logging
 import os
+import re
 import sys
 
-from ..errors import SdrtError
+from ..errors import InputError, SdrtError
 
 #: subcommand modules, in the order ``sdrt --help`` lists them
 COMMANDS = ["info", "generate", "plan", "run", "compile", "cache", "conformance", "selftest", "strip", "quantize",
             "demo", "install", "serve"]
+
+
+#: what argparse takes for a negative number after an option, not an option itself: its own pattern (-1, -0.5)
+#: and also exponents, inf and nan, which it read as unknown options ("--cfg: expected one argument")
+NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?|inf|infinity|nan)$", re.IGNORECASE)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,8 +34,25 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = importlib.import_module(f".{name}", __name__)
         p = module.add_parser(sub)
+        if hasattr(p, "_negative_number_matcher"):  # "--cfg -inf", "--shift -1e3": a value, not an unknown option
+            p._negative_number_matcher = NEGATIVE_NUMBER
         p.set_defaults(_run=module.run, _names={**flag_names(p), **getattr(module, "API_NAMES", {})})
+        if hasattr(module, "EMPTY_OK"):  # the command's options (and positionals) checked to be non-empty
+            given = {**flag_names(p), **{a.dest: str(a.metavar or a.dest.upper()) for a in p._actions
+                                         if not a.option_strings and a.dest != "help"}}
+            p.set_defaults(_nonempty={d: f for d, f in given.items() if d not in module.EMPTY_OK})
     return parser
+
+
+def check_nonempty(args: argparse.Namespace) -> None:
+    """An option given an empty value (``--device ""``, ``--lora-dir "$UNSET"``) is refused naming it: it was
+    read as not given (no previews for ``--preview-dir ""``), as the current folder, or as a name no backend
+    has. A command lists the options an empty value is meaningful for in ``EMPTY_OK`` (``--negative ""``)."""
+    for dest, flag in getattr(args, "_nonempty", {}).items():
+        value = getattr(args, dest, None)
+        if value == "" or (isinstance(value, list) and any(v == "" for v in value)):
+            raise InputError(f"{flag} is given an empty value", where=flag,
+                             fix=f"give {flag} a value" + (", or leave it out for its default" if flag[0] == "-" else ""))
 
 
 def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -42,22 +66,100 @@ def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # importing the subcommands takes a while: Ctrl-C then is one line too
+        parser = build_parser()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    stdout = sys.stdout
+    if stdout is not None:  # None: started with stdout closed (`sdrt info >&-`), where print() writes nothing
+        sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
     try:
-        return int(args._run(args) or 0)
+        check_nonempty(args)
+        code = int(args._run(args) or 0)
+        if sys.stdout is not None:  # a full disk behind stdout is found here, not in Python's exit
+            sys.stdout.flush()
+        return code
     except SdrtError as exc:  # in the command's words: flags, not the API's argument names
         print(f"error: {exc.render(getattr(args, '_names', None))}", file=sys.stderr)
+        if isinstance(exc, StdoutError):
+            _drop_stdout(stdout)
         return 1
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit status for SIGINT
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `sdrt ... | head`: the reader left; quiet, as other tools are
-        with contextlib.suppress(OSError):  # stdout is gone: point it at /dev/null so exit does not flush into it
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout(stdout)
         return 141
+    except OSError as exc:
+        if exc.errno not in (errno.ENAMETOOLONG, errno.ELOOP):
+            raise
+        # a path that cannot even be looked at, met by any of the many is_file()/exists() checks: pathlib raises
+        # these two (it swallows "no such file"); one line naming the option that gave it
+        print(f"error: {_path_error(exc, args)}", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout = stdout
+
+
+def _path_error(exc: OSError, args: argparse.Namespace) -> str:
+    """An ENAMETOOLONG / ELOOP error in words, naming the option (or positional) whose value holds the path."""
+    name = os.fspath(exc.filename) if exc.filename is not None else ""
+    flags = {**getattr(args, "_names", {}), **{k: k.upper() for k in vars(args) if not k.startswith("_")}}
+    where = None
+    for dest, value in vars(args).items():
+        values = value if isinstance(value, list) else [value]
+        if not dest.startswith("_") and name and any(isinstance(v, str) and name in v for v in values):
+            where = getattr(args, "_names", {}).get(dest) or flags.get(dest, dest)
+            break
+    shown = name if len(name) <= 60 else name[:57] + "..."
+    what = ("a path is too long for the file system" if exc.errno == errno.ENAMETOOLONG
+            else "a path runs into a loop of symlinks")
+    return (f"{what} ({exc.strerror}: {shown!r}). Where: {where or 'a path given'}. What to do: "
+            + ("give a shorter path." if exc.errno == errno.ENAMETOOLONG else "fix or remove the looping symlink."))
+
+
+class StdoutError(SdrtError):
+    """Standard output cannot be written (a full disk, ``> /dev/full``): one line, not an OSError traceback."""
+
+
+def _drop_stdout(stdout: object) -> None:
+    """Stdout is gone: point it at /dev/null so that Python's exit does not flush into it again."""
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())  # type: ignore[attr-defined]
+
+
+class _Stdout:
+    """``sys.stdout`` while a command runs (its ``buffer`` too): a failed write or flush is a ``StdoutError``;
+    a closed pipe stays a ``BrokenPipeError``; everything else is the stream's own."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def _call(self, name: str, *args: object) -> object:
+        try:
+            return getattr(self._inner, name)(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutError(f"cannot write to standard output ({exc.strerror or exc})", where="standard output",
+                              fix="free space where it goes, or redirect it elsewhere") from None
+
+    def write(self, data: object) -> object:
+        return self._call("write", data)
+
+    def flush(self) -> object:
+        return self._call("flush")
+
+    @property
+    def buffer(self) -> _Stdout:
+        return _Stdout(self._inner.buffer)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 from typing import Any
+
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -53,6 +57,26 @@ def run(args: argparse.Namespace) -> int:
         raise SdrtError(f"--max-size applies to prune, not to {args.action}", where="sdrt cache --max-size",
                         fix=f"leave --max-size out, or run sdrt cache prune --max-size {args.max_size}")
     cache = CompileCache("-", args.cache_dir)
+    named = "--cache-dir" if args.cache_dir is not None else cache.named_by
+    for folder in (cache.root, cache.compiled):
+        if folder.is_dir() and not os.access(folder, os.R_OK | os.X_OK):  # a PermissionError traceback
+            raise SdrtError(f"cannot read the cache folder {folder} (Permission denied)",
+                            where=f"sdrt cache {args.action} ({named})", fix="run it as the user who owns the cache")
+    for folder in (cache.root, cache.compiled):
+        if folder.exists() and not folder.is_dir():  # listed as "0 entries", cleared as "removed 0 entries"
+            raise SdrtError(f"{folder} is a file, not a cache folder", where=f"sdrt cache {args.action} ({named})",
+                            fix="point it at the cache folder (the default: leave --cache-dir and SDRT_CACHE_DIR "
+                                "unset)")
+    if args.action != "list":  # entries are removed by renaming them in their backend's folder
+        if args.backend is not None:
+            folders = [cache.compiled / args.backend]
+        else:
+            folders = [cache.compiled, *(cache.compiled / b for b in cache.backends())]
+        locked = [f for f in folders if f.is_dir() and not os.access(f, os.W_OK | os.X_OK)]
+        if locked:  # it said "removed 3 entries" and removed none
+            raise SdrtError(f"cannot remove entries from {_files(locked)}: this user cannot write there",
+                            where=f"sdrt cache {args.action}", fix="run it as the user who owns the cache, or "
+                            "make the folder writable")
     if args.backend is not None and args.action == "prune":
         raise SdrtError("prune works on the whole compile cache (one size cap for every backend)",
                         where="sdrt cache prune --backend", fix="drop --backend, or use sdrt cache clear --backend")
@@ -71,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{e.backend:<9} {e.key[:12]}  {_size(e.size):>10}  used {(now - e.last_used) / 3600:6.1f} h ago  "
                   f"{meta}")
         print(f"{len(entries)} entries, {_size(sum(e.size for e in entries))} in {cache.compiled} "
-              f"(cap {_size(cache.max_bytes)})")
+              f"(cap {_size(cache.max_bytes)})" + ("" if cache.compiled.is_dir() else "; that folder does not exist"))
         legacy = {name: _legacy_size(cache.root / name, entry) for name, entry in LEGACY.items()}
         legacy = {name: n for name, n in legacy.items() if n}
         if legacy and not args.backend:

@@ -14,6 +14,9 @@ from typing import Any
 
 from ..errors import SdrtError
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="build a model ahead of time for a target device (e.g. a TensorRT-RTX engine)")

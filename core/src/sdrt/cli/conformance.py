@@ -16,6 +16,10 @@ from typing import Any
 API_NAMES = {"include": "-k", "plugin_modules": "--plugin-module", "compile_options": "-o"}
 
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("conformance", help="run ONNX's backend test suite against a backend, per op")
     p.add_argument("backend", help="backend name, as `sdrt info` lists it")
@@ -71,6 +75,11 @@ def run(args: argparse.Namespace) -> int:
         raise SdrtError(f"{' and '.join(given)} {'limits' if one else 'limit'} the child processes of an isolated "
                         f"run, and {'does' if one else 'do'} nothing with --no-isolate", where=f"sdrt conformance {given[0]}", fix=f"drop {' and '.join(given)}, "
                         "or drop --no-isolate")
+    for key in ("json", "markdown"):  # before the (long) run: a folder, device or read-only file is refused now
+        if getattr(args, key) is not None:
+            from ..pipelines.png import output_target
+
+            output_target(getattr(args, key), key, ".json" if key == "json" else ".md")
     plugin_registry(args.plugin_module)
     suite = BackendTest(args.backend, args.device, suites=tuple(args.suite or ("node", "light")),
                         **_options(args.option))
@@ -90,11 +99,11 @@ def run(args: argparse.Namespace) -> int:
     limits = {k: v for k, v in (("timeout", args.timeout), ("batch", args.batch)) if v is not None}
     summary = suite.run(progress, isolate=args.isolate, plugin_modules=tuple(args.plugin_module), **limits)
     print(summary.render(failures=not args.no_failures))
+    from ..pipelines.png import write_file
+
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary.to_json(), f, indent=1)
+        write_file(args.json, json.dumps(summary.to_json(), indent=1).encode())
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(summary.markdown())
+        write_file(args.markdown, summary.markdown().encode())
     totals = summary.totals()
     return 1 if args.strict and (totals["failed"] or totals["crashed"] or totals["timeout"]) else 0

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run an embedded SD-style decoder on this machine and write a PNG")
-    p.add_argument("--output", "-o", default="sdrt-demo.png")
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--device", default=None)
+    p.add_argument("--output", "-o", default="sdrt-demo.png",
+                   help="the PNG to write (default sdrt-demo.png; .png is added to a name without it)")
+    p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto, the one sdrt picks here)")
+    p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it (default: the one sdrt picks for the backend)")
     p.add_argument("--seed", type=int, default=42, help="seed of the latents (-1: a random one, as generate takes it)")
     return p
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,10 +12,17 @@ from typing import Any
 from ..errors import InputError, ModelNotFoundError, SdrtError
 from . import generate_memory, generate_toolbox, generate_weights
 
+log = logging.getLogger("sdrt.cli")
+
 #: the API's argument names that are not the dest of a flag of the same name (``sdrt.cli.flag_names``)
-API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "path": "--output",
+API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "args": "MODEL", "path": "--output",
              "loras": "--lora", "scale": "the scale of --lora FILE:SCALE", "text_encoders": "--text-encoder",
              "preview": "--preview-decoder", "controlnets": "--control-image"}
+
+
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+#: (an empty negative prompt is no negative prompt)
+EMPTY_OK: frozenset[str] | set[str] = {"negative", "args"}  # an empty PROMPT is a prompt; MODEL: _split_args
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -30,7 +39,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT",
                    help="model folder or .safetensors file (optional) and the prompt")
     p.add_argument("--negative", "-n", default="", help="negative prompt")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
     p.add_argument("--cfg", type=float, default=None,
                    help="classifier-free guidance scale (1: no negative pass; default: 7 for SD and SD3, 5 for "
                         "Chroma, 1 for Flux, whose --cfg is diffusers' true_cfg_scale)")
@@ -53,9 +62,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--mask", default=None, help="inpainting mask, white = repaint (needs --init-image)")
     p.add_argument("--batch", type=int, default=1, help="images per run")
     p.add_argument("--batch-count", type=int, default=1, help="runs, each with the next seed")
-    p.add_argument("--clip-skip", type=int, default=1)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--device", default=None)
+    p.add_argument("--clip-skip", type=int, default=1,
+                   help="A1111's CLIP skip: 2 takes the text encoder's second-to-last layer (default 1: the last)")
+    p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto, the one sdrt picks here)")
+    p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it (default: the one sdrt picks for the backend)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the run plan (every part, its input shapes and dtypes, its calls) and stop: "
                         "nothing compiles or runs and no weights load")
@@ -80,20 +90,25 @@ def _split_args(words: list[str]) -> tuple[str | None, str]:
         raise InputError(f"expected [MODEL] PROMPT, got {len(words)} words", where="sdrt generate",
                          fix='quote the prompt: sdrt generate MODEL "a red fox in snow"')
     if len(words) == 2:
+        if not words[0]:  # Path("") is the current folder
+            raise InputError("MODEL is given an empty value", where="MODEL",
+                             fix='give the model folder or file, or leave it out for the demo model: sdrt generate "a '
+                                 'red fox"')
         return words[0], words[1]
     lone = Path(words[0])
-    if lone.is_file() and lone.suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx"):
+    # os.path: a 10,000-character prompt is ENAMETOOLONG to stat, which pathlib raises
+    if os.path.isfile(lone) and lone.suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx"):
         raise InputError(f"{words[0]} is a model file, and no prompt follows it", where="PROMPT",
                          fix=f'give the prompt after the file: sdrt generate {words[0]} "a red fox in the snow"')
-    if lone.is_dir() and ((lone / "model_index.json").is_file() or (lone / "unet").is_dir()
-                          or (lone / "transformer").is_dir()):
+    if os.path.isdir(lone) and ((lone / "model_index.json").is_file() or (lone / "unet").is_dir()
+                                or (lone / "transformer").is_dir()):
         raise InputError(f"{words[0]} is a model folder, and no prompt follows it", where="PROMPT",
                          fix=f'give the prompt after the folder: sdrt generate {words[0]} "a red fox in the snow"')
     text = words[0]
     # a tag prompt without spaces ("1girl,blue/red_hair,(smile:1.2)") is a prompt: tags come with commas
     pathlike = lone.suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx") or (
         not any(c.isspace() or c in ",()[]<>{}|" for c in text) and ("/" in text or "\\" in text))
-    if pathlike and not lone.exists():  # a mistyped model path, not a prompt for the demo model
+    if pathlike and not os.path.lexists(lone):  # a mistyped model path, not a prompt for the demo model
         raise ModelNotFoundError(f"no model at {text}, and no prompt follows it", where="MODEL",
                                  fix=f'check the path; to use it as the prompt, give a model first: sdrt generate '
                                      f'MODEL "{text}"')
@@ -116,7 +131,7 @@ def _check_outputs(args: argparse.Namespace, n_images: int) -> list[Path] | None
         check_output(args.output, "output")  # refuses the empty name
     paths = _outputs(Path(args.output), n_images)
     for path in paths:
-        if len(paths) == 1 or not (path.exists() or path.is_symlink()):  # a missing folder: its own words
+        if len(paths) == 1 or not os.path.lexists(path):  # a missing folder: its own words
             check_output(path, "output")
             continue
         try:
@@ -140,9 +155,12 @@ def run(args: argparse.Namespace) -> int:
     options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
     from ..text import extract_loras
+    from ..text.attention import unsupported_syntax
 
     for text, key in ((prompt, "prompt"), (args.negative, "negative_prompt")):
         extract_loras(text, key)  # a <lora:> tag whose weight is not a number, before any model loads
+        for line in unsupported_syntax(text):  # read as text, not refused: said, not silent
+            log.warning("%s%s", "" if key == "prompt" else "--negative: ", line)
     custom = generate_weights.check(args)
     memory = generate_memory.options(args)  # --memory, checked before any model loads
     outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)
@@ -184,8 +202,10 @@ def run(args: argparse.Namespace) -> int:
             through = f" (through the symlink, to {outputs[i].resolve()})" if outputs[i].is_symlink() else ""
             print(f"wrote {outputs[i]}{through} (seed {info['Seed']})")
     from ..cache import deferred, wait_for_stores
+    from ..cache.store import CompileCache
 
     if deferred.pending():  # compiled in this run: the next one loads it
-        print(f"writing the compile cache for the next run ({deferred.pending()} part(s))", file=sys.stderr)
+        if CompileCache(backend.name).unusable() is None:  # else the store says once why it writes nothing
+            print(f"writing the compile cache for the next run ({deferred.pending()} part(s))", file=sys.stderr)
         wait_for_stores()
     return 0

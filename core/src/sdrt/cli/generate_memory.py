@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory", default=None, metavar="SIZE",
                    help="memory budget, e.g. 8GB, 6GiB, 512MB: parts that do not fit together are released after "
                         "use, and a denoiser larger than the budget runs as block groups loaded in turn (default: "
-                        "what the device reports free)")
+                        "the memory the device reports; on a CPU, 90%% of what the OS has available)")
     g.add_argument("--share-blocks", action="store_true",
                    help="with a streamed denoiser, compile identical blocks once and swap their weights in")
     g.add_argument("--text-encoders-on-cpu", "--clip-on-cpu", action="store_true", dest="text_on_cpu",

@@ -11,6 +11,7 @@ loads (``sdrt.pipelines.toolbox.split``).
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +93,17 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                  fix="pass a control image file (PNG, JPEG) in that folder")
             if not Path(path).is_file():
                 raise InputError("the control image does not exist", where=path, fix="check the --control-image path")
-        from ..pipelines.controlnet import ControlNet
+        from ..pipelines.controlnet import ControlNet, _num
 
+        for flag, values, high in (("--control-scale", args.control_scale, 10.0),
+                                   ("--control-start", args.control_start, 1.0),
+                                   ("--control-end", args.control_end, 1.0)):
+            for value in values:  # in the flags' words: the pipeline speaks of "controlnets[0] start"
+                _num(value, flag, 0.0, high)
+        if len(args.control_start) == len(args.control_end) == 1 and args.control_start[0] > args.control_end[0]:
+            raise InputError(f"--control-start {args.control_start[0]:g} is after --control-end "
+                             f"{args.control_end[0]:g}", where="--control-start",
+                             fix="pass a start at or before the end (fractions of the steps, 0 to 1)")
         units = []
         for net, image, scale, start, end, pre, resize in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
@@ -136,6 +146,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     if args.preview_dir is not None and not Path(args.preview_dir).is_dir():
         raise InputError("the preview folder does not exist", where=args.preview_dir,
                          fix="create it, or pick another --preview-dir")
+    if args.preview_dir is not None and not os.access(args.preview_dir, os.W_OK | os.X_OK):  # not after step 1
+        raise InputError(f"cannot write into the folder {args.preview_dir}: it is not writable", where="--preview-dir",
+                         fix="pick a folder you can write to")
     return opts
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,9 @@ def _existing(value: str, what: str, flag: str, *, folder: bool = False) -> Path
                          fix=f"pass the folder that holds it: {flag} {p.parent}")
     if not ok:
         raise InputError(f"the {what} does not exist", where=f"{flag} {value}", fix="check the path")
+    if folder and not os.access(p, os.R_OK | os.X_OK):  # a PermissionError traceback when it is read
+        raise InputError(f"cannot read the {what} (Permission denied)", where=f"{flag} {value}",
+                         fix="check the folder's permissions (it needs read and search: chmod u+rx)")
     return p
 
 
@@ -71,6 +75,27 @@ def _one_file(value: str, what: str, flag: str) -> Path:
     if p.is_dir():
         raise InputError(f"{value} is a folder, and {flag} takes one .safetensors file", where=f"{flag} {value}",
                          fix=f"pass the file itself, e.g. {flag} {p / 'diffusion_pytorch_model.safetensors'}")
+    return p
+
+
+def _readable(p: Path, flag: str) -> Path:
+    """``p`` when it is a folder or a weights file whose header reads (``Weights.open`` reads headers only);
+    else the reader's error, naming ``flag``, before any model loads (it came after the load, without the flag)."""
+    if p.is_dir():
+        return p
+    if not p.is_file():  # a FIFO or device: the reader would say "does not exist"
+        raise InputError(f"{flag}: {p} is not a regular file", where=str(p), fix="pass the weights file itself")
+    from ..checkpoint.files import open_fix
+    from ..errors import SdrtError
+    from ..weights import Weights
+
+    try:
+        Weights.open(p)
+    except SdrtError as exc:
+        raise type(exc)(f"{flag}: cannot open {p.name}: {exc.what}", where=str(p), fix=open_fix(p, exc)) from None
+    except OSError as exc:  # unreadable: permissions, a FIFO
+        raise InputError(f"{flag}: cannot read {p.name} ({exc.strerror or exc})", where=str(p),
+                         fix="check the file and its permissions") from None
     return p
 
 
@@ -98,14 +123,14 @@ def check(args: argparse.Namespace) -> WeightArgs:
     """The options, checked; raises ``InputError`` naming the flag."""
     out = WeightArgs(low_memory=args.low_memory, vae_tile=args.vae_tile)
     if args.weights:
-        out.weights = _existing(args.weights, "checkpoint", "--weights")
+        out.weights = _readable(_existing(args.weights, "checkpoint", "--weights"), "--weights")
     if args.vae:
         out.vae = _one_file(args.vae, "VAE file", "--vae")
     out.text_encoders = [_one_file(t, "text-encoder file", "--text-encoder") for t in args.text_encoders]
-    out.loras = [parse_lora(s) for s in args.lora]
+    out.loras = [(_readable(path, "--lora"), scale) for path, scale in map(parse_lora, args.lora)]
     if args.lora_dir:
         out.lora_dir = _existing(args.lora_dir, "LoRA folder", "--lora-dir", folder=True)
-    out.embeddings = [_existing(e, "embedding file", "--embedding") for e in args.embedding]
+    out.embeddings = [_readable(_existing(e, "embedding file", "--embedding"), "--embedding") for e in args.embedding]
     if args.embedding_dir:
         d = _existing(args.embedding_dir, "embedding folder", "--embedding-dir", folder=True)
         for f in sorted(d.iterdir()):

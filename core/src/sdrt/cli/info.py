@@ -10,6 +10,9 @@ from .. import __version__
 from ..backend import API_VERSION
 from ..plugins import get_registry
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="show the core, plugins, devices and hardware")

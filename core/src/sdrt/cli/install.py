@@ -6,6 +6,9 @@ import argparse
 import sys
 from typing import Any
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     from ..installer import GGML_BUILDS, PLUGINS

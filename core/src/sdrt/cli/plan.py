@@ -11,6 +11,11 @@ from typing import Any
 API_NAMES = {"backends": "--backend", "precisions": "--precision"}
 
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+#: (--precision '' has a message of its own)
+EMPTY_OK: frozenset[str] | set[str] = {"precision"}
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="predict time per image and peak memory of a model on a device, and the plan "
                                     "(backend, precision, offload) to use")
@@ -25,7 +30,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--memory", default=None, metavar="SIZE",
                    help="memory budget, e.g. 8GiB or 8GB (default: 90%% of the device's memory, 70%% if shared)")
     p.add_argument("--width", type=int, default=None,
-                   help="image width (default: the model's own size, as sdrt generate takes it; 512 for one .onnx)")
+                   help="image width (default: the model's own size, as sdrt generate takes it; for one .onnx, the "
+                        "size its image input is fixed at, else 512)")
     p.add_argument("--height", type=int, default=None, help="image height (default as --width)")
     p.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
 from .paths import output_file
+
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -17,8 +21,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="one graph input; repeat for each")
     p.add_argument("--output", "-o", required=True, help="where to write the outputs (.npz)")
     p.add_argument("--weights", action="append", default=None, help="a .safetensors file; repeat for several")
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--device", default=None)
+    p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto, the one sdrt picks here)")
+    p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it (default: the one sdrt picks for the backend)")
     return p
 
 
@@ -34,11 +38,18 @@ def parse_inputs(specs: list[str]) -> dict[str, Any]:
             raise InputError(f"--input {name!r} is given twice", where=f"-i {spec}",
                              fix=f"give one -i {name}=FILE.npy")
         path = Path(file)
-        if not path.is_file():
+        if os.path.isdir(path):
+            raise InputError(f"the file for {name!r} is a folder", where=f"-i {spec}",
+                             fix="pass the .npy file itself")
+        if not os.path.isfile(path):
             raise InputError(f"input file for {name!r} does not exist", where=str(path),
                              fix="save the array with numpy.save first")
-        with open(path, "rb") as f:
-            magic = f.read(6)
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(6)
+        except OSError as exc:
+            raise InputError(f"cannot read the file for {name!r} ({exc.strerror or exc})", where=f"-i {spec}",
+                             fix="check the file's permissions") from exc
         if magic != b"\x93NUMPY":  # numpy would call a PNG "pickled (object) data"
             raise InputError(f"the file for {name!r} is not a .npy file (an .npz, an image or text is not one)",
                              where=f"-i {spec}", fix="save the array with numpy.save(FILE.npy, array)")
@@ -74,6 +85,9 @@ def check_inputs(graph: Any, feeds: dict[str, Any], specs: list[str]) -> None:
             raise InputError(f"input {name!r} is {arr.dtype} in {files[name]}, and the graph takes {want}",
                              where=f"-i {name}={files[name]}",
                              fix=f"save it as {want}: numpy.save({files[name]!r}, array.astype(numpy.{want}))")
+        if 0 in arr.shape:  # shape inference would fail on every node after the first, in many lines
+            raise InputError(f"input {name!r} is empty: its shape {tuple(arr.shape)} in {files[name]} has a 0",
+                             where=f"-i {name}={files[name]}", fix="save an array with at least one element per dim")
         if arr.ndim != len(info.shape) or any(isinstance(d, int) and d != a for d, a in zip(info.shape, arr.shape)):
             raise InputError(f"input {name!r} has shape {tuple(arr.shape)} in {files[name]}, and the graph takes "
                              f"{info}", where=f"-i {name}={files[name]}",
@@ -114,7 +128,13 @@ def run(args: argparse.Namespace) -> int:
     with load(graph, weights=args.weights, backend=args.backend, device=args.device,
               shapes=pins(graph, feeds)) as session:
         outputs = session.run(feeds)
-    np.savez(output, **outputs)
+    import io
+
+    from ..pipelines.png import write_file
+
+    buf = io.BytesIO()
+    np.savez(buf, **outputs)
+    write_file(output, buf.getvalue())  # atomically: an interrupted or failed write leaves no half .npz
     for name, value in outputs.items():
         print(f"{name}: {value.dtype}{list(value.shape)}")
     print(f"wrote {output}")

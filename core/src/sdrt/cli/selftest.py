@@ -9,6 +9,10 @@ from typing import Any
 API_NAMES = {"backends": "--backend", "plugin_modules": "--plugin-module"}
 
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("selftest", help="check every installed backend here: conformance, accuracy, speed, "
                                         "features, end to end; write a report to share")
@@ -213,8 +217,11 @@ def _check_folder(path: str) -> None:
     import os
 
     from ..errors import SdrtError
+    from ..pipelines.png import output_target
 
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise SdrtError(f"cannot write the report into {folder!r}: it is not a writable folder",
                         where="sdrt selftest --report", fix="create the folder first, or pass another path")
+    for target in (path, os.path.splitext(path)[0] + ".md"):  # a folder, device or read-only file: refused now
+        output_target(target, "report", ".json")

@@ -6,6 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+#: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
+EMPTY_OK: frozenset[str] | set[str] = frozenset()
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("strip", help="split a model into a weight-free graph and a .safetensors of its initializers")

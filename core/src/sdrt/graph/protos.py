@@ -65,8 +65,10 @@ def infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     try:
         return shape_inference.infer_shapes(skeleton(model), check_type=True, strict_mode=True, data_prop=True)
     except Exception as exc:
+        lines = [line for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
+        more = f" (and {len(lines) - 1} more node(s) after it)" if len(lines) > 1 else ""  # an error is one line
         raise ModelError(
-            f"shape inference failed: {str(exc).strip()}",
+            f"shape inference failed: {lines[0]}{more}",
             where=where,
             fix="check the pinned shapes against the graph's inputs (graph.inputs), or re-export the model",
         ) from exc

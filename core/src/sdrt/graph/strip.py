@@ -12,6 +12,7 @@ weights lazily and lets ``weights=`` replace them.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -65,7 +66,18 @@ def check_outputs(outputs: Mapping[str, str | os.PathLike[str]], inputs: Iterabl
     """Refuse outputs that would destroy an input or each other: ``outputs`` maps how the caller names each
     output (``"-o"``, ``"--weights"``) to its path, ``inputs`` are the files the input is read from
     (``input_files``). Raises ``ModelError`` before anything is written."""
+    from ..cache.paths import replace_mode
+
     named = list(outputs.items())
+    for flag, path in named:  # what write_atomic would refuse after the work: a device, a folder, a read-only file
+        try:
+            replace_mode(path)
+            folder = Path(path).parent
+            if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, f"its folder {folder} is not writable")
+        except OSError as exc:
+            raise ModelError(f"{flag} {path}: {exc.strerror}", where=str(path),
+                             fix=f"pass another {flag} path (a new file, or a writable regular file)") from None
     for i, (flag, path) in enumerate(named):
         for other, other_path in named[i + 1:]:
             if same_file(path, other_path):

@@ -184,11 +184,23 @@ class ModelFolder:
             raise InputError(f"the model folder must be a path, got {type(path).__name__}", where="folder",
                              fix="pass the model folder's path, e.g. pipelines.load('path/to/sd15-onnx')")
         root = Path(path)
-        from ..checkpoint.diffusers_folder import is_diffusers_folder
+        from ..checkpoint.diffusers_folder import WEIGHT_FOLDERS, is_diffusers_folder
 
+        names = dict.fromkeys([*PART_NAMES, *(p for f in registered().values() for p in f.parts), *WEIGHT_FOLDERS])
+        for folder in (root, *(root / n for n in names)):  # else a PermissionError traceback from a glob or a stat
+            if folder.is_dir() and not os.access(folder, os.R_OK | os.X_OK):
+                raise ModelError(f"cannot read the {'model' if folder == root else folder.name} folder (Permission "
+                                 "denied)", where=str(folder),
+                                 fix="check the folder's permissions (it needs read and search: chmod u+rx)")
         if is_diffusers_folder(root):  # .safetensors parts, no ONNX: onto sdrt's shipped graphs
             return cls.from_diffusers(root)
         if not root.is_dir():
+            from .png import _kind
+
+            kind = _kind(root.stat().st_mode) if root.exists() else None
+            if kind:  # /dev/null, a FIFO: not "does not exist"
+                raise ModelNotFoundError(f"{root} is {kind}, not a model folder or file", where=str(root),
+                                         fix="pass the model folder, or its .safetensors checkpoint")
             if root.suffix == ".onnx" or root.is_file():
                 raise ModelError("a pipeline needs a model folder or a .safetensors checkpoint, not one .onnx graph",
                                  where=str(root),

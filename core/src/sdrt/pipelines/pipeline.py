@@ -420,12 +420,18 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             s.width, s.height = w, h
             if s.mask is not None:
                 mask = to_mask(s.mask, h, w)
+        unset = s.width is None and s.height is None
         s.width = s.width or self.default_size
         s.height = s.height or self.default_size
-        self._family_defaults(s)
         if not self._checked:
             self.family.check(self._parts)
             self._checked = True
+        if unset:  # no size asked: a graph fixed at another size than its config's sample_size ('x', 1e9) is right
+            fixed = self.family.size_error(tuple(self.denoiser.inputs[self.family.sample_input].shape), s.width,
+                                           s.height)
+            if fixed is not None:
+                s.width, s.height = fixed
+        self._family_defaults(s)
         self._check_size(s, "init_image" if init is not None else None)
         self._prepare_extras(s)
         return s, init, mask

@@ -18,7 +18,6 @@ import json
 import os
 import stat
 import struct
-import tempfile
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,7 +25,6 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..cache.paths import umask
 from ..errors import SdrtError
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -172,20 +170,21 @@ def _kind(mode: int) -> str | None:
     return next((word for test, word in _KINDS if test(mode)), None if stat.S_ISREG(mode) else "not a regular file")
 
 
-def output_target(path: str | os.PathLike[str], arg: str = "path") -> Path:
+def output_target(path: str | os.PathLike[str], arg: str = "path", suffix: str = ".png") -> Path:
     """The regular file that writing an image to ``path`` replaces (or creates); refuses every other target.
 
     A path that exists must be a regular file: a folder, device, FIFO or socket is refused, since
     writing replaces the file by renaming a new one over it. A symlink is written through to its
     target, as ``cp`` does: the link stays and its target gets the image; a dangling symlink, or
-    one to a non-regular file, is refused. ``arg`` names the argument in the error (``{@arg}``).
+    one to a non-regular file, is refused, and so are a read-only file and a folder this user cannot write
+    in. ``arg`` names the argument in the error (``{@arg}``), ``suffix`` the kind of file its fix suggests.
     """
     where = f"{{@{arg}}}"
     text = os.fspath(path)
     if not text:
         raise PngError("the output path is empty", where=where, fix="name a file, such as out.png")
     target = Path(text)
-    if target.is_symlink():
+    if os.path.islink(target):  # os.path: a name too long to stat is the OSError below, not a traceback here
         real = Path(os.path.realpath(target))
         if not real.exists():
             raise PngError(f"{text} is a symlink to {real}, which does not exist, and images are not written "
@@ -200,40 +199,34 @@ def output_target(path: str | os.PathLike[str], arg: str = "path") -> Path:
         raise PngError(f"cannot look at {text} ({exc.strerror or exc})", where=where, fix="pick another file") from exc
     if mode is not None and _kind(mode):
         shown = text if target == Path(text) else f"{text} (a symlink to {target})"
-        raise PngError(f"{shown} is {_kind(mode)}, not a regular file; images are written only to regular files",
-                       where=where, fix="give a file name, such as " + str(Path(text) / "out.png" if
-                                                                          stat.S_ISDIR(mode) else "out.png"))
+        raise PngError(f"{shown} is {_kind(mode)}, not a regular file; sdrt writes its outputs only to regular "
+                       "files", where=where, fix="give a file name, such as " + str(Path(text) / f"out{suffix}" if
+                                                                                   stat.S_ISDIR(mode) else f"out{suffix}"))
     if not target.parent.is_dir():
         raise PngError(f"the output folder does not exist: {target.parent}", where=where,
                        fix=f"create it first (mkdir -p {target.parent}) or write somewhere else")
+    if mode is not None and (not mode & 0o222 or not os.access(target, os.W_OK)):  # as replace_mode refuses it
+        raise PngError(f"{text} is a read-only file; it is not replaced", where=where,
+                       fix=f"make it writable (chmod u+w {text}), or pick another file name")
+    if not os.access(target.parent, os.W_OK | os.X_OK):  # the new file is made there, then renamed
+        raise PngError(f"cannot write into the folder {target.parent}: it is not writable", where=where,
+                       fix="pick a folder you can write to")
     return target
 
 
 def write_file(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to the regular file ``path`` atomically (a temporary file, then a rename over
-    :func:`output_target`'s target, which is checked again right before the rename); returns ``path``."""
+    """Write ``data`` to the regular file ``path`` atomically (``sdrt.cache.write_atomic``: a temporary file,
+    synced, then a rename; written over, a file keeps its mode as a plain ``open`` would keep it, and the
+    target is checked again right before the rename); returns ``path``."""
+    from ..cache.paths import write_atomic
+
     path = Path(path)
-    target = output_target(path)
+    output_target(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-            os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600; an image gets the user's usual mode
-            try:  # nothing but a regular file (or nothing) is ever renamed over
-                mode: int | None = os.lstat(target).st_mode
-            except FileNotFoundError:
-                mode = None
-            if mode is not None and _kind(mode):
-                raise PngError(f"{target} became {_kind(mode)} while the image was written; not replaced",
-                               where=str(path), fix="pick another file name")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, [data])
     except OSError as exc:
-        raise PngError(f"cannot write the image ({exc.strerror or exc})", where=str(path),
-                       fix="check that the folder exists and is writable") from exc
+        raise PngError(f"cannot write {path} ({exc.strerror or exc})", where=str(path),
+                       fix="check that the folder exists and is writable, and that the disk has room") from exc
     return path
 
 

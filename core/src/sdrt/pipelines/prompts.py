@@ -65,6 +65,12 @@ class TextEncoder:
             self.part.require_output("last_hidden_state")
             return "last_hidden_state", False
         layers = self._layers()
+        if layers and len(layers) < skip:  # the outputs are there, and fewer than asked for
+            most = len(layers) - (1 if self.penultimate else 0)
+            raise ModelError(
+                f"{{@clip_skip=}}{clip_skip} asks for layer {clip_skip} from the end, and this text encoder "
+                f"({self.part.path}) has {len(layers)} hidden states: its largest clip skip is {most}", where="clip_skip",
+                fix=f"use a {{@clip_skip}} from 1 to {most} (A1111's 2 is the second-to-last layer)")
         if len(layers) < skip:
             raise ModelError(
                 f"clip skip {clip_skip} needs the text encoder's hidden_states outputs, and the graph has "

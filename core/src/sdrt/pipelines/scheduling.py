@@ -48,13 +48,47 @@ def _torch_linspace_f32(start: float, end: float, n: int) -> np.ndarray:
     return out
 
 
+#: the most training timesteps a scheduler config may give (diffusers' models use 1000)
+MAX_TRAIN_TIMESTEPS = 100_000
+
+
+def config_number(config: dict[str, Any], key: str, default: float, where: str, *, whole: bool = False,
+                  low: float = 0.0, high: float = math.inf, open_low: bool = False) -> Any:
+    """``config[key]`` (``default`` when unset) checked as a finite number in its range (a whole one with
+    ``whole``); else a ``ModelError`` naming the key: a hand-edited or broken scheduler config gave int()'s
+    ValueError, or numpy's MemoryError for num_train_timesteps 1e12."""
+    value = config.get(key, default)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and \
+        (low < value if open_low else low <= value) and value <= high and (not whole or float(value).is_integer())
+    if not ok:
+        kind = "a whole number" if whole else "a number"
+        span = (f"above {low:g}" + (f" and at most {high:g}" if math.isfinite(high) else "") if open_low else
+                f"from {low:g}" + (f" to {high:g}" if math.isfinite(high) else ""))
+        raise ModelError(f"the scheduler config's {key} is {value!r}, not {kind} {span}", where=where,
+                         fix=f"fix {key} in the scheduler config (diffusers' default: {default!r}), or re-export the "
+                             "model")
+    return int(value) if whole else float(value)
+
+
+def train_timesteps(config: dict[str, Any], where: str) -> int:
+    return config_number(config, "num_train_timesteps", 1000, where, whole=True, low=1, high=MAX_TRAIN_TIMESTEPS)
+
+
 def betas_from_config(config: dict[str, Any], where: str) -> np.ndarray:
-    n = int(config.get("num_train_timesteps", 1000))
+    n = train_timesteps(config, where)
     trained = config.get("trained_betas")
     if trained is not None:
-        return np.asarray(trained, dtype=np.float32)
+        try:
+            betas = np.asarray(trained, dtype=np.float32)
+        except (TypeError, ValueError):
+            betas = np.array([np.nan], np.float32)
+        if betas.ndim != 1 or not np.all(np.isfinite(betas)) or not np.all((betas > 0) & (betas < 1)):
+            raise ModelError("the scheduler config's trained_betas are not a list of numbers between 0 and 1",
+                             where=where, fix="fix trained_betas in the scheduler config, or re-export the model")
+        return betas
     kind = config.get("beta_schedule", "linear")
-    start, end = float(config.get("beta_start", 0.0001)), float(config.get("beta_end", 0.02))
+    start = config_number(config, "beta_start", 0.0001, where, low=0, high=1, open_low=True)
+    end = config_number(config, "beta_end", 0.02, where, low=0, high=1, open_low=True)
     if kind == "scaled_linear":
         return _torch_linspace_f32(start**0.5, end**0.5, n) ** 2
     if kind == "linear":
@@ -129,7 +163,7 @@ class FolderSchedule(DiscreteSchedule):
         if spacing is not None and spacing not in SPACINGS:
             raise ModelError(f"timestep_spacing {spacing!r} is not supported", where=where,
                              fix=f"use one of {', '.join(SPACINGS)}")
-        n = int(config.get("num_train_timesteps", 1000))
+        n = train_timesteps(config, where)
         self = cls(prediction=prediction, num_timesteps=n)
         self.config = dict(config)
         self.where = where
@@ -289,7 +323,7 @@ def model_sampling(config: dict[str, Any], where: str = "scheduler_config.json",
     if name in DISCRETE_SCHEDULERS:
         return FolderSchedule.from_config(config, where)
     if name in FLOW_SCHEDULERS:
-        n = int(config.get("num_train_timesteps", 1000))
+        n = train_timesteps(config, where)
         mult = float(n if multiplier is None else multiplier)
         if config.get("use_dynamic_shifting"):
             if width is None or height is None:

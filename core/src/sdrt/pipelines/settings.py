@@ -138,11 +138,12 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     clip_skip = _int("clip_skip", clip_skip, 1)
     if cfg is not None and (not isinstance(cfg, (int, float, np.floating)) or isinstance(cfg, bool)
                             or not math.isfinite(cfg) or not 0 <= cfg <= MAX_CFG):
-        raise InputError(f"cfg must be a finite number from 0 to {MAX_CFG:g}, got {cfg!r}", where="cfg", fix="use e.g. 7")
+        raise InputError(f"{{@cfg}} must be a finite number from 0 to {MAX_CFG:g}, got {cfg!r}", where="cfg",
+                         fix="use e.g. 7")
     for name, value in (("guidance", guidance), ("shift", shift)):
         if value is not None and (not isinstance(value, (int, float, np.floating)) or isinstance(value, bool)
                                   or not math.isfinite(value) or value <= (0 if name == "shift" else -1e-12)):
-            raise InputError(f"{name} must be a finite number {'> 0' if name == 'shift' else '>= 0'}, got {value!r}",
+            raise InputError(f"{{@{name}}} must be a finite number {'> 0' if name == 'shift' else '>= 0'}, got {value!r}",
                              where=name, fix=f"use e.g. {3.5 if name == 'guidance' else 3}")
     if max_sequence_length is not None:
         max_sequence_length = _int("max_sequence_length", max_sequence_length, 2)
@@ -152,6 +153,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         raise InputError("a schedule was given without a sampler", where="schedule",
                          fix="pass {@sampler} too, e.g. euler with the simple schedule")
     seed = resolve_seed(seed)  # A1111's get_fixed_seed: -1 (or none) is a random seed
+    _check_last_seeds(seed, extras, batch, batch_count)
     if mask is not None and init_image is None:
         raise InputError("a mask needs an init image", where="mask", fix="pass {@init_image=} too")
     if strength is not None:
@@ -159,7 +161,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
             raise InputError("strength applies only with an init image", where="strength",
                              fix="pass {@init_image=}, or leave {@strength} unset")
         if isinstance(strength, bool) or not isinstance(strength, (int, float, np.floating)) or not 0 < strength <= 1:
-            raise InputError(f"strength must be in (0, 1], got {strength!r}", where="strength", fix="use e.g. 0.75")
+            raise InputError(f"{{@strength}} must be in (0, 1], got {strength!r}", where="strength", fix="use e.g. 0.75")
     if init_image is not None:
         check_path(init_image, "init image")
         init_strength = strength
@@ -175,6 +177,23 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                     sampler, choice, int(seed), width, height, strength, batch, batch_count, clip_skip, init_image,
                     mask, toolbox=extras, guidance=None if guidance is None else float(guidance),
                     shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length)
+
+
+def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> None:
+    """The seeds a run draws: run ``k`` starts at ``seed + k * batch`` and, with A1111's noise (``rng`` gpu/nv, or
+    any variation), its image ``i`` draws ``seed + i`` (one seed for all with a variation strength), its variation
+    seed ``subseed + k * batch + i``. The last must be a seed too (below 2**64): said now, not after the first
+    images ran."""
+    from ..samplers.noise import _U64
+
+    per_image = toolbox.rng != "cpu" or bool(toolbox.subseed_strength)
+    last_seed = 0 if toolbox.subseed_strength else batch * batch_count - 1 if per_image else (batch_count - 1) * batch
+    for name, first, last in (("seed", seed, last_seed), ("subseed", toolbox.subseed, batch * batch_count - 1)):
+        if first is None or first + last < _U64:
+            continue
+        raise InputError(f"{{@{name}}} {first} with {{@batch}} {batch} and {{@batch_count}} {batch_count} draws "
+                         f"{name}s up to {first + last}, past the largest, 2**64 - 1", where=name,
+                         fix=f"pass a {{@{name}}} of at most {_U64 - 1 - last}, or fewer images")
 
 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)

@@ -70,10 +70,10 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
                          fix="pass e.g. {@subseed_strength=}0.3 (0: no variation)")
     tb.subseed_strength = float(strength)
     subseed = kwargs.get("subseed")
-    if subseed is not None and (isinstance(subseed, bool) or not isinstance(subseed, (int, np.integer))
-                                or not -(1 << 63) <= int(subseed) < 1 << 64):
-        raise InputError(f"{{@subseed}} must be an integer from -2**63 to 2**64 - 1, got {subseed!r}", where="subseed",
-                         fix="pass an integer, or -1 for a random one")
+    if subseed is not None:
+        from ..samplers.noise import check_seed
+
+        check_seed(subseed, "subseed")  # as the seed is checked: one range, one wording
     if tb.subseed_strength:
         tb.subseed = resolve_seed(-1 if subseed is None else int(subseed))
     elif subseed is not None and int(subseed) != -1:

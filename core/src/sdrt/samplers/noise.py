@@ -51,15 +51,16 @@ _U64 = 1 << 64
 _KERNELS = ("scalar", "avx2")
 
 
-def check_seed(seed: object) -> int:
+def check_seed(seed: object, arg: str = "seed") -> int:
     """``seed`` as an int: an integer in [-2**63, 2**64), what ``torch.Generator.manual_seed`` takes (a negative
-    seed is ``seed + 2**64``); else an error about the argument ``seed``."""
+    seed is ``seed + 2**64``); else an error about the argument ``arg`` (``seed``, ``subseed``): one check, in
+    one wording, for every seed."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise InputError(f"the seed must be an integer, got {type(seed).__name__} {str(seed)[:40]!r}", where="seed",
-                         fix="pass an integer {@seed}, such as 42")
+        raise InputError(f"the {arg} must be an integer, got {type(seed).__name__} {str(seed)[:40]!r}", where=arg,
+                         fix=f"pass an integer {{@{arg}}}, such as 42")
     if not -(1 << 63) <= int(seed) < _U64:
-        raise SamplerError(f"seed {seed} is out of range", where="seed",
-                           fix="use a {@seed} from -2**63 to 2**64 - 1 (a 64-bit seed; A1111's are below 2**32)")
+        raise SamplerError(f"{arg} {seed} is out of range", where=arg,
+                           fix=f"use a {{@{arg}}} from -2**63 to 2**64 - 1 (a 64-bit seed; A1111's are below 2**32)")
     return int(seed)
 
 

@@ -118,12 +118,12 @@ def write(report: dict[str, Any], path: str | os.PathLike[str]) -> tuple[Path, P
     """Write ``path`` (JSON) and the Markdown beside it (``.md``), atomically; return both paths."""
     import json
 
+    from ..pipelines.png import write_file
+
     out = Path(path)
     md = out.with_suffix(".md")
     for target, text in ((out, json.dumps(report, indent=2) + "\n"), (md, render_markdown(report))):
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
+        write_file(target, text.encode("utf-8"))  # never over a folder, a device or a read-only file
     return out, md
 
 

@@ -179,7 +179,11 @@ class BackendTest:
         if isolate:
             return isolation.run(self, runner, ops, progress, plugin_modules=plugin_modules, timeout=timeout,
                                  batch=batch)
-        return collect(runner.test_suite, ops, self.backend.name, str(self.device), self._xfail, progress)
+        import warnings
+
+        with warnings.catch_warnings():  # numpy's "invalid value" on the suites' NaN/inf inputs: noise between the
+            warnings.simplefilter("ignore", RuntimeWarning)  # progress lines (an isolated run keeps it in the child)
+            return collect(runner.test_suite, ops, self.backend.name, str(self.device), self._xfail, progress)
 
     # -- the job of an isolated child ---------------------------------
     def job(self, plugin_modules: tuple[str, ...] = ()) -> dict[str, Any]:

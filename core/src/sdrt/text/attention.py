@@ -98,3 +98,26 @@ def parse_prompt(text: str) -> list[tuple[str, float]]:
                              f"finite number between -{MAX_WEIGHT:g} and {MAX_WEIGHT:g}", where="prompt",
                              fix="use a weight such as (word:1.2), and fewer nested brackets")
     return [(t, w) for t, w in merged]
+
+
+#: A1111 prompt syntax sdrt reads as plain text: name -> (pattern, what it becomes here)
+_UNSUPPORTED = {
+    "prompt editing ([from:to:when])": (re.compile(r"(?<!\\)\[[^\[\]]*:\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)\s*\]"),
+                                        "the text inside at the [ ] weight (1/1.1), colons and number included"),
+    "alternation ([a|b])": (re.compile(r"(?<!\\)\[[^\[\]:]*\|[^\[\]]*\]"),
+                            "the text inside at the [ ] weight (1/1.1), the | included"),
+    "composable diffusion (AND)": (re.compile(r"\sAND\s"), "the word AND"),
+}
+
+
+def unsupported_syntax(text: str) -> list[str]:
+    """A1111's prompt syntax in ``text`` that sdrt does not implement and reads as text, one line each:
+    prompt editing ``[from:to:when]``, alternation ``[a|b]``, composable ``AND``. :func:`parse_prompt` never
+    raises on them (A1111's prompts work unchanged); a caller warns with these lines, so the difference is said."""
+    out = []
+    for name, (pattern, becomes) in _UNSUPPORTED.items():
+        m = pattern.search(text)
+        if m:
+            out.append(f"the prompt uses A1111's {name}, {m.group(0).strip()[:60]!r}, which sdrt does not "
+                       f"implement: it is read as {becomes}")
+    return out

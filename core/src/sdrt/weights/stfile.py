@@ -194,6 +194,9 @@ def write(path: str | os.PathLike[str], tensors: Mapping[str, Tensor] | Iterable
                 _write_array(f, arr)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
+    except KeyboardInterrupt:  # Ctrl-C mid-write: no half file left beside the output
+        tmp.unlink(missing_ok=True)
+        raise
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         fix = "create the folder first" if not path.parent.is_dir() else "check free disk space and permissions"

@@ -8,12 +8,15 @@ methods whose default does not fit; see docs/pipelines.md, "Adding a family".
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
+from ...errors import ModelError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..folder import ModelFolder
@@ -128,8 +131,16 @@ class Family:
         for part in ("vae_decoder", "vae_encoder"):
             for key in ("scaling_factor", "shift_factor"):
                 value = self.folder.configs.get(part, {}).get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    found.setdefault(key, float(value))
+                if value is None:  # unset (diffusers writes shift_factor: null): the family's
+                    continue
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                        or (key == "scaling_factor" and value == 0):  # "x" was the family's value, 0 a NaN image
+                    where = self.folder.parts[part].parent / "config.json" if part in self.folder.parts else part
+                    raise ModelError(f"the {part} config's {key} is {value!r}, not a finite number"
+                                     + (" other than 0" if key == "scaling_factor" else ""), where=str(where),
+                                     fix=f"fix {key} in that config.json, or remove it for the model family's "
+                                         f"({self.vae_scale if key == 'scaling_factor' else self.vae_shift:g})")
+                found.setdefault(key, float(value))
         return found.get("scaling_factor", self.vae_scale), found.get("shift_factor", self.vae_shift)
 
     def latent_shape(self, batch: int, height: int, width: int) -> tuple[int, ...]:
