@@ -108,7 +108,7 @@ def test_zero_terminal_snr_alphas_match_diffusers() -> None:
 
 @pytest.mark.parametrize("row", ZTSNR["rows"], ids=[f"{r['config']['timestep_spacing']}:{r['sampler']}:{r['steps']}"
                                                     for r in ZTSNR["rows"]])
-def test_zero_terminal_snr_plan_matches_diffusers(row: dict) -> None:
+def test_zero_terminal_snr_sdxl_rows_match_diffusers(row: dict) -> None:
     ms = FolderSchedule.from_config(row["config"])
     plan = _plan(ms, row["sampler"], row["steps"])
     # the rescale subtracts the last sqrt(alphas_cumprod) from every one: float32 rounding of the cumulative product
