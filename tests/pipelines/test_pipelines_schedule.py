@@ -52,6 +52,7 @@ def test_zero_terminal_snr_plan_matches_diffusers(row: dict) -> None:
     for t, want in row["alphas_cumprod"].items():
         if row["sampler"] == "DDIM" and t == "999":
             assert want == 0.0 and ms.alphas_cumprod_f32[999] == np.float32(2.0**-24)  # DDIM keeps the zero
+            assert ms.ddim_ac[999] == 0.0 and ms.ddim_alpha(999) == 0.0  # and DDIMLoop reads it
         else:
             assert ms.alphas_cumprod_f32[int(t)] == pytest.approx(want, rel=1e-6, abs=1e-10)
 
