@@ -531,3 +531,18 @@ def test_random_bodies_never_make_a_500(server) -> None:
             data = r.json()
             if r.status_code >= 400 and route.startswith("/sdapi"):
                 assert data["detail"] and "\n" not in data["detail"], (route, body, data)
+
+
+def test_hires_limit_is_checked_on_the_size_that_runs() -> None:
+    """hr_scale 1.5 on 1368 wide makes int(2052) // 8 * 8 = 2048, within a 2048 limit (the pipeline rounds down to
+    the latent grid, as A1111 does): it was refused as 2052; 1376 wide makes 2064 and stays refused."""
+    from sdrt.serve.a1111 import _hires
+    from sdrt.serve.config import Limits
+    from sdrt.serve.errors import ApiError
+
+    kwargs: dict = {"width": 1368, "height": 512}
+    _hires({"enable_hr": True, "hr_scale": 1.5}, kwargs, Limits(), [])
+    assert kwargs["hires_scale"] == 1.5
+    with pytest.raises(ApiError) as err:
+        _hires({"enable_hr": True, "hr_scale": 1.5}, {"width": 1376, "height": 512}, Limits(), [])
+    assert err.value.field == "hr_scale" and "makes 2064x768" in err.value.message

@@ -218,8 +218,10 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
 
     scale = get_float(body, "hr_scale", 2.0, 1.0, 8.0)
     width, height = kwargs["width"] or 0, kwargs["height"] or 0  # unset: the model's own size
-    if width * scale > limits.max_width or height * scale > limits.max_height:
-        raise ApiError(400, f"hires. fix at hr_scale {scale} makes {int(width * scale)}x{int(height * scale)}, above "
+    # the size the second pass runs at: A1111's int(side * scale), down to a multiple of 8 (Hires.target_size)
+    tw, th = (int(side * scale) // 8 * 8 for side in (width, height))
+    if tw > limits.max_width or th > limits.max_height:
+        raise ApiError(400, f"hires. fix at hr_scale {scale:g} makes {tw}x{th}, above "
                             f"this server's limit of {limits.max_width}x{limits.max_height}", field="hr_scale")
     kwargs["hires_scale"] = scale
     kwargs["hires_steps"] = get_int(body, "hr_second_pass_steps", 0, 0, limits.max_steps)
