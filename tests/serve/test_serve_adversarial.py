@@ -546,3 +546,14 @@ def test_hires_limit_is_checked_on_the_size_that_runs() -> None:
     with pytest.raises(ApiError) as err:
         _hires({"enable_hr": True, "hr_scale": 1.5}, {"width": 1376, "height": 512}, Limits(), [])
     assert err.value.field == "hr_scale" and "makes 2064x768" in err.value.message
+
+
+def test_brackets_with_a_colon_but_no_step_are_not_prompt_editing() -> None:
+    """A1111's prompt editing ends in a number (``[from:to:when]``, ``[to:when]``); ``[a:b]`` is de-emphasized text
+    there and runs alike here, so nothing is named (it was named as prompt editing)."""
+    from sdrt.serve.a1111 import _prompt_syntax
+
+    assert _prompt_syntax("a [cat:dog] photo, [best: quality]", "prompt") == []
+    for text in ("a [cat:dog:0.5]", "a [dog:10]", "a [cat::.25]", "a [cat: dog : 3 ]"):
+        assert _prompt_syntax(text, "prompt") == [
+            "prompt: A1111's prompt editing [from:to:when] is not supported; the text ran as written"], text

@@ -67,7 +67,8 @@ def randn_source(value: Any, field: str) -> str:
 
 #: A1111 prompt syntax that sdrt's prompt parser does not run: prompt editing ``[from:to:when]`` (and ``[to:when]``,
 #: ``[from::when]``), alternation ``[a|b]``, and composable diffusion's ``AND``; escaped brackets are text
-_EDITING = re.compile(r"\[[^\[\]]*:[^\[\]]*\]")
+#: A1111's grammar: ``"[" [prompt ":"] prompt ":" NUMBER "]"``; ``[a:b]`` without a number is de-emphasized text
+_EDITING = re.compile(r"\[[^\[\]]*:\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)\s*\]")
 _ALTERNATION = re.compile(r"\[[^\[\]]*\|[^\[\]]*\]")
 _AND = re.compile(r"\bAND\b")
 
