@@ -383,8 +383,8 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
     if prediction is None:
         if fam == "sd2":
             prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"])
-        elif fam.startswith(("sd1", "sdxl")) and yaml_prediction(main.path) is not None:
-            prediction = yaml_prediction(main.path)  # A1111 reads a v-prediction SD 1.x/SDXL finetune's yaml too
+        elif fam.startswith(("sd1", "sdxl")) and (from_yaml := yaml_prediction(main.path)) is not None:
+            prediction = from_yaml  # A1111 reads a v-prediction SD 1.x/SDXL finetune's yaml too
         elif fam.startswith("sdxl") and "v_pred" in main.shapes:
             prediction = "v_prediction"
         elif fam.startswith(("sd35", "flux", "chroma")):
