@@ -541,3 +541,14 @@ def test_a_config_sample_size_the_fixed_graph_contradicts_is_not_asked_for(tmp_p
     from sdrt.pipelines.png import read_parameters
 
     assert "Size: 64x64" in read_parameters(tmp_path / "o.png")
+
+
+def test_cli_and_server_read_a1111_syntax_alike():
+    """The CLI's warnings and the server's notes came from two sets of patterns that disagreed: the server named
+    [a:b] as prompt editing and the CLI missed A1111's AND next to punctuation ("cat AND(dog)"). One set now."""
+    from sdrt.serve.a1111 import _prompt_syntax
+    from sdrt.text.attention import unsupported_syntax
+
+    for text, named in (("a [cat:dog]", False), ("a [cat:dog:0.5]", True), ("cat AND(dog)", True), ("[a|b]", True),
+                        (r"a \[x:1\]", False), ("ANDROID", False), ("a (cat:1.2) [blurry]", False)):
+        assert bool(unsupported_syntax(text)) is named and bool(_prompt_syntax(text, "prompt")) is named, text

@@ -65,21 +65,15 @@ def randn_source(value: Any, field: str) -> str:
                    field=field)
 
 
-#: A1111 prompt syntax that sdrt's prompt parser does not run: prompt editing ``[from:to:when]`` (and ``[to:when]``,
-#: ``[from::when]``), alternation ``[a|b]``, and composable diffusion's ``AND``; escaped brackets are text
-#: A1111's grammar: ``"[" [prompt ":"] prompt ":" NUMBER "]"``; ``[a:b]`` without a number is de-emphasized text
-_EDITING = re.compile(r"\[[^\[\]]*:\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)\s*\]")
-_ALTERNATION = re.compile(r"\[[^\[\]]*\|[^\[\]]*\]")
-_AND = re.compile(r"\bAND\b")
-
-
 def _prompt_syntax(text: str, key: str) -> list[str]:
     """Notes for the A1111 prompt syntax in ``text`` that runs as plain words here."""
+    from ..text.attention import A1111_SYNTAX  # the CLI's patterns: one reading of A1111's grammar
+
     bare = re.sub(r"\\.", "", text)  # \[ and \] are literal brackets
     bare = re.sub(r"<[^<>]*>", "", bare)  # <lora:name:w> tags are read (and checked) elsewhere
-    found = [what for what, pattern in (("prompt editing [from:to:when]", _EDITING),
-                                        ("alternation [a|b]", _ALTERNATION), ("AND (composable diffusion)", _AND))
-             if pattern.search(bare)]
+    found = [what for what, kind in (("prompt editing [from:to:when]", "editing"),
+                                     ("alternation [a|b]", "alternation"), ("AND (composable diffusion)", "and"))
+             if A1111_SYNTAX[kind].search(bare)]
     return [f"{key}: A1111's {' and '.join(found)} is not supported; the text ran as written"] if found else []
 
 

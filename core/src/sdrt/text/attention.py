@@ -100,13 +100,21 @@ def parse_prompt(text: str) -> list[tuple[str, float]]:
     return [(t, w) for t, w in merged]
 
 
-#: A1111 prompt syntax sdrt reads as plain text: name -> (pattern, what it becomes here)
+#: A1111 prompt syntax sdrt's parser reads as plain text, as A1111's grammar has it: prompt editing ends in a step
+#: number (``[from:to:when]``, ``[to:when]``; ``[a:b]`` is de-emphasized text), alternation has a ``|`` in brackets
+#: and composable diffusion is A1111's ``\bAND\b``; an escaped bracket is text. One set for the CLI's warnings
+#: (``unsupported_syntax``) and the server's ``sdrt_not_honoured`` notes (``sdrt.serve.a1111``).
+A1111_SYNTAX = {
+    "editing": re.compile(r"(?<!\\)\[[^\[\]]*:\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)\s*\]"),
+    "alternation": re.compile(r"(?<!\\)\[[^\[\]:]*\|[^\[\]]*\]"),
+    "and": re.compile(r"\bAND\b"),
+}
+#: name -> (A1111_SYNTAX key, what it becomes here)
 _UNSUPPORTED = {
-    "prompt editing ([from:to:when])": (re.compile(r"(?<!\\)\[[^\[\]]*:\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)\s*\]"),
+    "prompt editing ([from:to:when])": ("editing",
                                         "the text inside at the [ ] weight (1/1.1), colons and number included"),
-    "alternation ([a|b])": (re.compile(r"(?<!\\)\[[^\[\]:]*\|[^\[\]]*\]"),
-                            "the text inside at the [ ] weight (1/1.1), the | included"),
-    "composable diffusion (AND)": (re.compile(r"\sAND\s"), "the word AND"),
+    "alternation ([a|b])": ("alternation", "the text inside at the [ ] weight (1/1.1), the | included"),
+    "composable diffusion (AND)": ("and", "the word AND"),
 }
 
 
@@ -115,8 +123,8 @@ def unsupported_syntax(text: str) -> list[str]:
     prompt editing ``[from:to:when]``, alternation ``[a|b]``, composable ``AND``. :func:`parse_prompt` never
     raises on them (A1111's prompts work unchanged); a caller warns with these lines, so the difference is said."""
     out = []
-    for name, (pattern, becomes) in _UNSUPPORTED.items():
-        m = pattern.search(text)
+    for name, (kind, becomes) in _UNSUPPORTED.items():
+        m = A1111_SYNTAX[kind].search(text)
         if m:
             out.append(f"the prompt uses A1111's {name}, {m.group(0).strip()[:60]!r}, which sdrt does not "
                        f"implement: it is read as {becomes}")
