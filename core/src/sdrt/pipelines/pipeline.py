@@ -498,6 +498,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         try:
             return self._generate_checked(prompt, negative_prompt, callback, kwargs)
         except ModelError as exc:
+            # only a size the graphs' shape pinning refused (onnx's Concat inference failure); any other ModelError
+            # (a clip skip the text encoder cannot give, say) is its own, at whatever size
+            if not str(exc.where or "").startswith("Graph.with_shapes"):
+                raise
             wrong = self._unet_size_error(prompt, negative_prompt, kwargs)
             if wrong is None:
                 raise
