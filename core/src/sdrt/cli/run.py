@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
     buf = io.BytesIO()
     np.savez(buf, **outputs)
-    write_file(output, buf.getvalue())  # atomically: an interrupted or failed write leaves no half .npz
+    write_file(output, buf.getbuffer())  # atomically (no half .npz), and without a second copy of the outputs
     for name, value in outputs.items():
         print(f"{name}: {value.dtype}{list(value.shape)}")
     print(f"wrote {output}")

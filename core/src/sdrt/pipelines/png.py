@@ -214,7 +214,7 @@ def output_target(path: str | os.PathLike[str], arg: str = "path", suffix: str =
     return target
 
 
-def write_file(path: str | os.PathLike[str], data: bytes) -> Path:
+def write_file(path: str | os.PathLike[str], data: bytes | memoryview) -> Path:
     """Write ``data`` to the regular file ``path`` atomically (``sdrt.cache.write_atomic``: a temporary file,
     synced, then a rename; written over, a file keeps its mode as a plain ``open`` would keep it, and the
     target is checked again right before the rename); returns ``path``."""
