@@ -210,7 +210,7 @@ def test_cli_errors_speak_flags_and_api_errors_speak_arguments(capsys, args, fla
 def test_a_lora_for_another_model_says_so_in_cli_words(tmp_path, registry, capsys):
     """tinylora is made for tiny-sd15, not for the demo model: no API arguments in the advice."""
     err = refused(capsys, ["a cat", *FAST, "--backend", "reference", "--lora", str(LORA), "-o", str(tmp_path / "x.png")],
-                  "LoRA merge failed", "use a LoRA made for this model")
+                  "do not fit this SD 1.x model", "use a LoRA made for SD 1.x")
     assert "strict=False" not in err and "component=" not in err
 
 
