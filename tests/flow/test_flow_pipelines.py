@@ -14,7 +14,7 @@ import pytest
 from flow_helpers import register
 
 from sdrt import pipelines
-from sdrt.errors import InputError
+from sdrt.errors import InputError, ModelError
 from sdrt.pipelines.png import format_parameters, read_parameters, write_png
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
@@ -153,6 +153,14 @@ def test_bad_flow_settings_are_refused() -> None:
     with pytest.raises(InputError, match="T5"):
         register("reference")
         pipelines.load(DATA / "tiny-sd15", backend="reference")("a cat", steps=1, max_sequence_length=32)
+    # clip skip reaches no CLIP hidden states on Flux (pooled output only) or Chroma (no CLIP): refused, not ignored
+    with pytest.raises(ModelError, match="Chroma has no CLIP text encoder") as chroma:
+        _pipe("chroma", "reference")("a cat", steps=1, width=64, height=64, clip_skip=2)
+    assert chroma.value.where == "clip_skip"
+    with pytest.raises(ModelError, match="Flux.1 reads only its CLIP encoder's pooled output"):
+        _pipe("flux-schnell", "reference")("a cat", steps=1, width=64, height=64, clip_skip=2)
+    assert _pipe("sd3", "reference").generate("a cat", steps=1, width=64, height=64, clip_skip=2,
+                                              seed=1).settings[0]["Clip skip"] == 2  # SD3 reads CLIP's hidden states
 
 
 @pytest.mark.parametrize(("sampler", "schedule"), [("euler", "simple"), ("Euler a", None), ("dpmpp_2m", "beta"),

@@ -306,8 +306,8 @@ def test_a_clip_skip_the_export_cannot_give_runs_at_1_and_is_named(families) -> 
             assert client.post("/sdapi/v1/options", json={"CLIP_stop_at_last_layers": 2}).status_code == 200
             flux = _info(client.post("/sdapi/v1/txt2img", json={**_on("tiny-flux-dev"), "n_iter": 2}))
             assert len(flux["all_seeds"]) == 2 and flux["sdrt_not_honoured"] == [
-                "CLIP_stop_at_last_layers: 2 needs the text encoder's hidden states, which tiny-flux-dev's export "
-                "lacks; it ran at 1"]
+                "CLIP_stop_at_last_layers: 2 ran at 1 on tiny-flux-dev: clip skip 2 picks a CLIP layer's hidden "
+                "states, and Flux.1 reads only its CLIP encoder's pooled output"]
             sd = _info(client.post("/sdapi/v1/txt2img", json=_on("tiny-sd15")))
             assert "Clip skip: 2" in sd["infotexts"][0] and sd["sdrt_not_honoured"] == []
         finally:

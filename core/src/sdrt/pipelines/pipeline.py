@@ -456,6 +456,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if s.shift is not None and not fam.flow:
             raise InputError(f"shift applies to flow-matching models (SD3, Flux, Chroma), not {fam.label}",
                              where="shift", fix="leave {@shift} unset")
+        if s.clip_skip > 1 and not fam.clip_skip:  # a ModelError starting "clip skip": serve runs it at 1, named
+            why = ("reads only its CLIP encoder's pooled output" if any(e.kind == "clip" for e in fam.encoders)
+                   else "has no CLIP text encoder")
+            raise ModelError(f"clip skip {s.clip_skip} picks a CLIP layer's hidden states, and {fam.label} {why}",
+                             where="clip_skip", fix="leave {@clip_skip} at 1 for this model")
         if s.max_sequence_length is not None and not any(e.kind == "t5" for e in fam.encoders):
             raise InputError(f"max_sequence_length sets T5's token count, and {fam.label} has no T5 encoder",
                              where="max_sequence_length", fix="leave {@max_sequence_length} unset")

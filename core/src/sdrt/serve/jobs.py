@@ -286,8 +286,7 @@ class Worker(threading.Thread):
             skip = kwargs.get("clip_skip", 1)
             if skip <= 1 or not str(getattr(exc, "what", "")).startswith("clip skip "):
                 raise
-            result.not_honoured.append(f"CLIP_stop_at_last_layers: {skip} needs the text encoder's hidden states, "
-                                       f"which {w.model.name}'s export lacks; it ran at 1")
+            result.not_honoured.append(f"CLIP_stop_at_last_layers: {skip} ran at 1 on {w.model.name}: {exc.what}")
             kwargs["clip_skip"] = 1  # and so do the job's next runs
             return run()
 

@@ -94,6 +94,9 @@ class Family:
     inpaint_channels: ClassVar[int] = 5
     #: a flow-matching family (SD3, Flux, Chroma): diffusers' FlowMatchEulerDiscreteScheduler for Euler
     flow: ClassVar[bool] = False
+    #: A1111's clip skip changes what the model reads: False where no CLIP hidden states reach it (Flux reads CLIP's
+    #: pooled output only, Chroma has no CLIP encoder), so a clip skip there is refused rather than ignored
+    clip_skip: ClassVar[bool] = True
     #: the denoiser takes packed latent tokens ``[B, tokens, 4 C]`` (Flux, Chroma; ``session`` packs them)
     packed: ClassVar[bool] = False
     #: CFG's two conditionings in one call (rows ``[uncond, cond]``); Flux and Chroma run two calls, as diffusers

@@ -60,6 +60,7 @@ class Flux(Family):
              "vae_decoder": "vae_decoder", "vae_encoder": "vae_encoder"}
     encoders = (Encoder("text_encoder", "tokenizer", pooled="pooler_output"),
                 Encoder("text_encoder_2", "tokenizer_2", kind="t5"))
+    clip_skip = False  # CLIP's pooled output only, which clip skip does not change (Chroma: no CLIP at all)
     latent_channels = 16
     vae_scale = 0.3611
     vae_shift = 0.1159
