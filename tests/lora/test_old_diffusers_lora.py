@@ -6,37 +6,17 @@ Data: ``scripts/make_old_diffusers_lora_refs.py`` on the tiny SD 1.x parts of te
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
+from lora_helpers import DATA, merged_parts
 
-from sdrt.checkpoint import param_map
-from sdrt.graph import Graph
-from sdrt.lora import Lora, merge
-from sdrt.pipelines.weights import _route, _targets
+from sdrt.lora import Lora
 from sdrt.weights import Weights
 
-DATA = Path(__file__).resolve().parents[1] / "data"
 SCALE = 0.8
 
 
 def _deltas(lora: Lora) -> dict[str, np.ndarray]:
-    by_part: dict[str, dict] = {}
-    for key, layer in lora.layers.items():
-        by_part.setdefault(_route(key), {})[key] = layer
-    out = {}
-    for part, layers in by_part.items():
-        graph = Graph.load(DATA / "ckpt" / "sd1" / part / "model.onnx")
-        targets = _targets(graph, layers, part)
-        assert len(targets) == len(layers), sorted(set(layers) - set(targets))
-        base = Weights.from_graph(graph)
-        m = merge(base, [(Lora(layers, lora.format, lora.source), SCALE)], graph=graph, targets=targets)
-        by_init = {s.init: (c, s.layout) for c, s in param_map(graph).items()}
-        for init in m.originals:
-            canon, layout = by_init[init]
-            d = np.asarray(m[init], np.float32) - np.asarray(base[init], np.float32)
-            out[f"{part}/{canon.removeprefix('text_model.')}"] = d.T if layout == "T" else d
-    return out
+    return {k: d for part in merged_parts(lora, "sd1", SCALE).values() for k, d in part.deltas.items()}
 
 
 def test_old_diffusers_lora_matches_diffusers_fuse_lora():

@@ -8,17 +8,14 @@ them ``to_q_lora`` and applies them nowhere), so those two are checked against k
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
+from lora_helpers import DATA, merged_parts
 
 from sdrt.checkpoint import param_map
 from sdrt.graph import Graph
 from sdrt.lora import Lora, merge
 from sdrt.pipelines.weights import _route, _targets
-from sdrt.weights import Weights
 
-DATA = Path(__file__).resolve().parents[1] / "data"
 SCALE = 0.8
 
 
@@ -26,26 +23,14 @@ def test_sdxl_kohya_lora_matches_diffusers_fuse_lora():
     lora = Lora.open(DATA / "lora" / "sdxl_kohya.safetensors")
     refs = np.load(DATA / "lora" / "sdxl_lora_refs.npz")
     want = {k: refs[k] for k in refs.files}
-    by_part: dict[str, dict] = {}
-    for key, layer in lora.layers.items():
-        by_part.setdefault(_route(key), {})[key] = layer
-    assert sorted(by_part) == ["text_encoder", "text_encoder_2", "unet"]
-    got = {}
+    parts = merged_parts(lora, "sdxl", SCALE)
+    assert sorted(parts) == ["text_encoder", "text_encoder_2", "unet"]
+    got = {k: d for part in parts.values() for k, d in part.deltas.items()}
     kohya = {}
-    for part, layers in by_part.items():
-        graph = Graph.load(DATA / "ckpt" / "sdxl" / part / "model.onnx")
-        targets = _targets(graph, layers, part)
-        assert len(targets) == len(layers)
-        base = Weights.from_graph(graph)
-        m = merge(base, [(Lora(layers, lora.format, lora.source), SCALE)], graph=graph, targets=targets)
-        by_init = {s.init: (c, s.layout) for c, s in param_map(graph).items()}
-        for init in m.originals:
-            canon, layout = by_init[init]
-            d = np.asarray(m[init], np.float32) - np.asarray(base[init], np.float32)
-            got[f"{part}/{canon.removeprefix('text_model.')}"] = d.T if layout == "T" else d
-        for key, init in targets.items():
-            canon = by_init[init][0].removeprefix("text_model.")
-            kohya[f"{part}/{canon}"] = layers[key].delta(SCALE)
+    for name, part in parts.items():
+        for key, init in part.targets.items():
+            canon = part.by_init[init][0].removeprefix("text_model.")
+            kohya[f"{name}/{canon}"] = part.layers[key].delta(SCALE)
     want = {k.replace("/text_model.", "/"): v for k, v in want.items()}
     assert len(got) == 10 and set(want) <= set(got)
     for k, v in got.items():
