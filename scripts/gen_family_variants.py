@@ -68,18 +68,11 @@ def write_tokenizer(folder: Path, pad: str):
     """gen_pipeline_refs.write_tokenizer without open_clip: the same cut BPE, from the SD 1.x test folder."""
     import shutil
 
-    from transformers import CLIPTokenizer
-
     src = sd.OUT / "tiny-sd15" / "tokenizer"
     folder.mkdir(parents=True, exist_ok=True)
     for f in ("vocab.json", "merges.txt"):
         shutil.copy(src / f, folder / f)
-    special = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": pad,
-               "unk_token": "<|endoftext|>"}
-    (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
-    config = dict(special, model_max_length=77, do_lower_case=True, tokenizer_class="CLIPTokenizer")
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), pad_token=pad, model_max_length=77)
+    return sd.write_tokenizer_configs(folder, pad)
 
 
 def write_t5_tokenizer(folder: Path):

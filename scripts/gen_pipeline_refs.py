@@ -94,6 +94,11 @@ def write_tokenizer(folder: Path, pad: str) -> CLIPTokenizer:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}, ensure_ascii=False))
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
+    return write_tokenizer_configs(folder, pad)
+
+
+def write_tokenizer_configs(folder: Path, pad: str) -> CLIPTokenizer:
+    """The special-token and tokenizer configs beside ``folder``'s vocab.json and merges.txt; the tokenizer."""
     special = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": pad,
                "unk_token": "<|endoftext|>"}
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
