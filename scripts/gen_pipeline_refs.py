@@ -35,6 +35,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # The torch venv's torchvision does not load against its torch ("operator torchvision::nms does not
 # exist"); nothing here needs it, so make it look absent to transformers and diffusers.
@@ -461,14 +462,19 @@ def schedule_tables() -> list[dict]:
     configs += [RELEASE_SCHEDULERS["sd15"], dict(RELEASE_SCHEDULERS["sdxl"], interpolation_type="log_linear"),
                 dict(RELEASE_SCHEDULERS["sd2v"], beta_schedule="linear", beta_start=0.0001, beta_end=0.02)]
     for cfg in configs:
-        for label, make in SCHEDULERS.items():
+        for label in SCHEDULERS:
             for steps in (1, 7, 20):
-                s = make(cfg)
-                s.set_timesteps(steps)
-                rows.append(dict(config=cfg, sampler=label, steps=steps, timesteps=[float(t) for t in s.timesteps],
-                                 sigmas=[float(x) for x in getattr(s, "sigmas", [])],
-                                 init_noise_sigma=float(s.init_noise_sigma)))
+                rows.append(schedule_row(cfg, label, steps)[0])
     return rows
+
+
+def schedule_row(cfg: dict, label: str, steps: int) -> tuple[dict, Any]:
+    """diffusers' ``label`` scheduler (``SCHEDULERS``) from ``cfg``, set to ``steps``: the row the schedule tables
+    hold (timesteps, sigmas, init_noise_sigma), and the scheduler."""
+    s = SCHEDULERS[label](cfg)
+    s.set_timesteps(steps)
+    return dict(config=cfg, sampler=label, steps=steps, timesteps=[float(t) for t in s.timesteps],
+                sigmas=[float(x) for x in getattr(s, "sigmas", [])], init_noise_sigma=float(s.init_noise_sigma)), s
 
 
 def main() -> None:

@@ -15,20 +15,10 @@ from pathlib import Path
 
 sys.modules["torchvision"] = None  # type: ignore[assignment]
 
-from diffusers import (  # noqa: E402
-    DDIMScheduler,
-    DPMSolverMultistepScheduler,
-    EulerAncestralDiscreteScheduler,
-    EulerDiscreteScheduler,
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gen_pipeline_refs as sd  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "pipelines" / "zsnr_schedules.json"
-SAMPLERS = {
-    "Euler": lambda c: EulerDiscreteScheduler.from_config(c),
-    "Euler a": lambda c: EulerAncestralDiscreteScheduler.from_config(c),
-    "DPM++ 2M Karras": lambda c: DPMSolverMultistepScheduler.from_config(c, use_karras_sigmas=True),
-    "DDIM": lambda c: DDIMScheduler.from_config(c),
-}
 BASE = {"beta_schedule": "scaled_linear", "beta_start": 0.00085, "beta_end": 0.012, "num_train_timesteps": 1000,
         "prediction_type": "v_prediction", "rescale_betas_zero_snr": True, "set_alpha_to_one": False,
         "steps_offset": 1, "clip_sample": False}
@@ -39,14 +29,10 @@ def main() -> None:
     rows = []
     for spacing in ("trailing", "leading", "linspace"):
         cfg = dict(BASE, timestep_spacing=spacing)
-        for label, make in SAMPLERS.items():
+        for label in sd.SCHEDULERS:
             for steps in (1, 4, 20):
-                s = make(cfg)
-                s.set_timesteps(steps)
-                rows.append(dict(config=cfg, sampler=label, steps=steps, timesteps=[float(t) for t in s.timesteps],
-                                 sigmas=[float(x) for x in getattr(s, "sigmas", [])],
-                                 init_noise_sigma=float(s.init_noise_sigma),
-                                 alphas_cumprod={str(i): float(s.alphas_cumprod[i]) for i in PICK}))
+                row, s = sd.schedule_row(cfg, label, steps)
+                rows.append(dict(row, alphas_cumprod={str(i): float(s.alphas_cumprod[i]) for i in PICK}))
     OUT.write_text(json.dumps(rows) + "\n")
     print(f"{len(rows)} rows -> {OUT}")
 

@@ -12,14 +12,13 @@ steps, and the Euler scheduler's ``alphas_cumprod``, into ``tests/data/pipelines
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
-from diffusers import (
-    DDIMScheduler,
-    DPMSolverMultistepScheduler,
-    EulerAncestralDiscreteScheduler,
-    EulerDiscreteScheduler,
-)
+sys.modules["torchvision"] = None  # type: ignore[assignment]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gen_pipeline_refs as sd  # noqa: E402
+from diffusers import EulerDiscreteScheduler  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "pipelines" / "ztsnr_schedules.json"
@@ -31,17 +30,9 @@ def main() -> None:
     rows = []
     for spacing in ("leading", "trailing"):
         config = {**base, "timestep_spacing": spacing}
-        for sampler, cls, extra in (("Euler", EulerDiscreteScheduler, {}), ("Euler a", EulerAncestralDiscreteScheduler, {}),
-                                    ("DPM++ 2M Karras", DPMSolverMultistepScheduler, {"use_karras_sigmas": True}),
-                                    ("DDIM", DDIMScheduler, {})):
+        for label in sd.SCHEDULERS:
             for steps in (7, 20):
-                sch = cls.from_config({**config, **extra})
-                sch.set_timesteps(steps)
-                sig = getattr(sch, "sigmas", None)
-                rows.append({"config": config, "sampler": sampler, "steps": steps,
-                             "timesteps": [float(t) for t in sch.timesteps],
-                             "sigmas": [float(s) for s in sig] if sig is not None and sampler != "DDIM" else [],
-                             "init_noise_sigma": float(sch.init_noise_sigma)})
+                rows.append(sd.schedule_row(config, label, steps)[0])
     ac = EulerDiscreteScheduler.from_config(base).alphas_cumprod
     OUT.write_text(json.dumps({"rows": rows, "alphas_cumprod": [float(a) for a in ac]}) + "\n")
     print(len(rows), "rows; last alphas_cumprod", float(ac[-1]), "first", float(ac[0]))
