@@ -30,25 +30,28 @@ def _plan(ms: FolderSchedule, sampler: str, steps: int):
     return ms.ddim_plan(steps)
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[f"{i}:{r['sampler']}:{r['steps']}" for i, r in enumerate(ROWS)])
-def test_plan_matches_diffusers(row: dict) -> None:
+def _check_plan(row: dict, sigma_rtol: float = 2e-6, noise_sigma: bool = True) -> FolderSchedule:
+    """The row's sampler planned on its config against diffusers' timesteps, sigmas and init_noise_sigma; the
+    schedule."""
     ms = FolderSchedule.from_config(row["config"])
     plan = _plan(ms, row["sampler"], row["steps"])
     np.testing.assert_allclose(plan.timesteps, row["timesteps"], rtol=0, atol=1e-3)
     if row["sigmas"]:
-        np.testing.assert_allclose(plan.sigmas, row["sigmas"], rtol=2e-6, atol=1e-7)
-    assert plan.init_noise_sigma == pytest.approx(row["init_noise_sigma"], rel=1e-6)
+        np.testing.assert_allclose(plan.sigmas, row["sigmas"], rtol=sigma_rtol, atol=1e-7)
+    if noise_sigma:
+        assert plan.init_noise_sigma == pytest.approx(row["init_noise_sigma"], rel=1e-6)
+    return ms
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[f"{i}:{r['sampler']}:{r['steps']}" for i, r in enumerate(ROWS)])
+def test_plan_matches_diffusers(row: dict) -> None:
+    _check_plan(row)
 
 
 @pytest.mark.parametrize("row", ZSNR, ids=[f"{r['config']['timestep_spacing']}:{r['sampler']}:{r['steps']}"
                                          for r in ZSNR])
 def test_zero_terminal_snr_plan_matches_diffusers(row: dict) -> None:
-    ms = FolderSchedule.from_config(row["config"])
-    plan = _plan(ms, row["sampler"], row["steps"])
-    np.testing.assert_allclose(plan.timesteps, row["timesteps"], rtol=0, atol=1e-3)
-    if row["sigmas"]:  # sigma_max 4096: diffusers' Euler and DPM-Solver set the last alphas_cumprod to 2**-24
-        np.testing.assert_allclose(plan.sigmas, row["sigmas"], rtol=2e-6, atol=1e-7)
-    assert plan.init_noise_sigma == pytest.approx(row["init_noise_sigma"], rel=1e-6)
+    ms = _check_plan(row)  # sigma_max 4096: diffusers' Euler and DPM-Solver set the last alphas_cumprod to 2**-24
     for t, want in row["alphas_cumprod"].items():
         if row["sampler"] == "DDIM" and t == "999":
             assert want == 0.0 and ms.alphas_cumprod_f32[999] == np.float32(2.0**-24)  # DDIM keeps the zero
@@ -110,15 +113,10 @@ def test_zero_terminal_snr_alphas_match_diffusers() -> None:
 @pytest.mark.parametrize("row", ZTSNR["rows"], ids=[f"{r['config']['timestep_spacing']}:{r['sampler']}:{r['steps']}"
                                                     for r in ZTSNR["rows"]])
 def test_zero_terminal_snr_sdxl_rows_match_diffusers(row: dict) -> None:
-    ms = FolderSchedule.from_config(row["config"])
-    plan = _plan(ms, row["sampler"], row["steps"])
     # the rescale subtracts the last sqrt(alphas_cumprod) from every one: float32 rounding of the cumulative product
-    # (1 ulp) comes out up to 1e-4 relative at the noisy end, in diffusers and here alike
-    np.testing.assert_allclose(plan.timesteps, row["timesteps"], rtol=0, atol=1e-3)
-    if row["sigmas"]:
-        np.testing.assert_allclose(plan.sigmas, row["sigmas"], rtol=1e-4, atol=1e-7)
-    if row["sampler"] != "DDIM":  # diffusers' DDIM keeps alphas_cumprod[-1] = 0 (its init_noise_sigma is 1 anyway)
-        assert plan.init_noise_sigma == pytest.approx(row["init_noise_sigma"], rel=1e-6)
+    # (1 ulp) comes out up to 1e-4 relative at the noisy end, in diffusers and here alike; diffusers' DDIM keeps
+    # alphas_cumprod[-1] = 0 (its init_noise_sigma is 1 anyway)
+    _check_plan(row, sigma_rtol=1e-4, noise_sigma=row["sampler"] != "DDIM")
 
 
 @pytest.mark.parametrize("sampler", ["Euler", "DPM++ 2M Karras", "DDIM"])
