@@ -305,6 +305,23 @@ def inputs() -> dict[str, np.ndarray]:
     }
 
 
+def fused_deltas(pipe, parts: dict, lora_path: Path, scale: float) -> dict[str, np.ndarray]:
+    """diffusers' ``load_lora_weights`` + ``fuse_lora(scale)`` of ``lora_path`` on ``pipe``: the change of every
+    parameter of ``parts`` ({component name: module}) it moved (fused minus before, float32, torch layout) under
+    ``<component>/<parameter>``. The LoRA is unloaded after, the fused weights stay."""
+    before = {p: {k: v.clone() for k, v in m.state_dict().items()} for p, m in parts.items()}
+    pipe.load_lora_weights(str(lora_path), adapter_name="x")
+    pipe.fuse_lora(lora_scale=scale, adapter_names=["x"], components=list(parts))
+    pipe.unload_lora_weights()
+    refs = {}
+    for p, m in parts.items():
+        for k, v in m.state_dict().items():
+            d = (v.float() - before[p][k].float()).numpy()
+            if np.abs(d).max() > 0:
+                refs[f"{p}/{k}"] = d.astype(np.float32)
+    return refs
+
+
 def run_parts(te, unet, vae, x: dict) -> dict[str, np.ndarray]:
     with torch.no_grad():
         out = {}

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers import StableDiffusionPipeline
-from gen_checkpoint_data import make_te, make_unet
+from gen_checkpoint_data import fused_deltas, make_te, make_unet
 from safetensors.torch import save_file
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "lora"
@@ -49,18 +49,9 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     save_file(lora, str(OUT / "sd1_old_diffusers.safetensors"))
 
-    before = {p: {k: v.clone() for k, v in m.state_dict().items()} for p, m in (("unet", unet), ("text_encoder", te))}
     pipe = StableDiffusionPipeline(vae=None, text_encoder=te, tokenizer=None, unet=unet, scheduler=None,
                                    safety_checker=None, feature_extractor=None, requires_safety_checker=False)
-    pipe.load_lora_weights(str(OUT / "sd1_old_diffusers.safetensors"), adapter_name="x")
-    pipe.fuse_lora(lora_scale=SCALE, adapter_names=["x"], components=["unet", "text_encoder"])
-    pipe.unload_lora_weights()
-    refs = {}
-    for p, m in (("unet", unet), ("text_encoder", te)):
-        for k, v in m.state_dict().items():
-            d = (v.float() - before[p][k].float()).numpy()
-            if np.abs(d).max() > 0:
-                refs[f"{p}/{k}"] = d.astype(np.float32)
+    refs = fused_deltas(pipe, {"unet": unet, "text_encoder": te}, OUT / "sd1_old_diffusers.safetensors", SCALE)
     print(f"{len(refs)} parameters changed:", sorted(refs))
     np.savez_compressed(OUT / "sd1_old_diffusers_refs.npz", **refs)
 

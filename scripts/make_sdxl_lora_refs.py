@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers import StableDiffusionXLPipeline
-from gen_checkpoint_data import make_te, make_unet, unet_to_ldm
+from gen_checkpoint_data import fused_deltas, make_te, make_unet, unet_to_ldm
 from safetensors.torch import save_file
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "lora"
@@ -57,19 +57,10 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     save_file(lora, str(OUT / "sdxl_kohya.safetensors"))
 
-    before = {p: {k: v.clone() for k, v in m.state_dict().items()} for p, m in
-              (("unet", unet), ("text_encoder", te1), ("text_encoder_2", te2))}
     pipe = StableDiffusionXLPipeline(vae=None, text_encoder=te1, text_encoder_2=te2, tokenizer=None, tokenizer_2=None,
                                      unet=unet, scheduler=None)
-    pipe.load_lora_weights(str(OUT / "sdxl_kohya.safetensors"), adapter_name="x")
-    pipe.fuse_lora(lora_scale=SCALE, adapter_names=["x"], components=["unet", "text_encoder", "text_encoder_2"])
-    pipe.unload_lora_weights()
-    refs = {}
-    for p, m in (("unet", unet), ("text_encoder", te1), ("text_encoder_2", te2)):
-        for k, v in m.state_dict().items():
-            d = (v.float() - before[p][k].float()).numpy()
-            if np.abs(d).max() > 0:
-                refs[f"{p}/{k}"] = d.astype(np.float32)
+    refs = fused_deltas(pipe, {"unet": unet, "text_encoder": te1, "text_encoder_2": te2},
+                        OUT / "sdxl_kohya.safetensors", SCALE)
     print(f"{len(refs)} parameters changed:", sorted(refs))
     np.savez_compressed(OUT / "sdxl_lora_refs.npz", **refs)
 
