@@ -82,8 +82,6 @@ class Job:
     worker: str = ""
     interrupt: threading.Event = field(default_factory=threading.Event)
     skip: threading.Event = field(default_factory=threading.Event)
-    #: its client went away before the answer: a queued job never runs, a running one stops at its next step
-    abandoned: bool = False
 
     @property
     def progress(self) -> float:
@@ -367,7 +365,6 @@ class JobQueue:
         queued job is dropped when a worker reaches it and a running one stops at its next step."""
         if job.future.done():
             return
-        job.abandoned = True
         job.interrupt.set()
         log.info("job %s abandoned by its client while %s; %s", job.id, job.state,
                  "it will not run" if job.state == "queued" else "stopping it")
