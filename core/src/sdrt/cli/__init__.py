@@ -121,8 +121,9 @@ def _path_error(exc: OSError, args: argparse.Namespace) -> str:
     shown = name if len(name) <= 60 else name[:57] + "..."
     what = ("a path is too long for the file system" if exc.errno == errno.ENAMETOOLONG
             else "a path runs into a loop of symlinks")
-    return (f"{what} ({exc.strerror}: {shown!r}). Where: {where or 'a path given'}. What to do: "
-            + ("give a shorter path." if exc.errno == errno.ENAMETOOLONG else "fix or remove the looping symlink."))
+    return str(InputError(f"{what} ({exc.strerror}: {shown!r})", where=where or "a path given",
+                          fix="give a shorter path" if exc.errno == errno.ENAMETOOLONG
+                          else "fix or remove the looping symlink"))
 
 
 class StdoutError(SdrtError):
