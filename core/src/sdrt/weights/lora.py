@@ -72,6 +72,8 @@ def _old_diffusers(key: str) -> tuple[str, str] | None:
         return f"{m['mod']}.{which}", m["kind"]
     m = _LINEAR_LAYER.match(key)
     return (m["mod"], m["kind"]) if m else None
+
+
 _DOWN = {"lora_down", "lora_A", "lora.down", "down"}  # "down": XLabs' Flux LoRAs (processor.qkv_lora1.down)
 #: module prefixes that diffusers/PEFT files put before the model's own module path
 PEFT_PREFIXES = ("base_model.model.", "unet.", "transformer.", "text_encoder.", "text_encoder_2.", "model.")
@@ -168,6 +170,15 @@ class LycorisLayer:
         return (d * np.float32(scale * factor)).astype(np.float32)
 
 
+def _alpha(value: Any) -> float | str:
+    """A layer's alpha tensor as a number, or what is wrong with it."""
+    with np.errstate(all="ignore"):
+        a = np.asarray(value).astype(np.float64)
+    if a.size != 1 or not np.isfinite(a).all():
+        return f"alpha is {a.tolist()!r}, expected one finite number"
+    return float(a.reshape(()))
+
+
 @dataclass(frozen=True)
 class DeltaLayer:
     """A layer whose change is given whole (rows of a LyCORIS layer on a fused module, split): ``delta`` is
@@ -231,14 +242,10 @@ class Lora:
             if need - set(names):
                 problems.append(f"{mod} ({kind}: has {', '.join(sorted(names))}, needs {', '.join(sorted(need))})")
                 continue
-            al = None
-            if alpha_key is not None:
-                with np.errstate(all="ignore"):
-                    a_arr = np.asarray(arrays[alpha_key]).astype(np.float64)
-                if a_arr.size != 1 or not np.isfinite(a_arr).all():
-                    problems.append(f"{mod} (alpha is {a_arr.tolist()!r}, expected one finite number)")
-                    continue
-                al = float(a_arr.reshape(()))
+            al = None if alpha_key is None else _alpha(arrays[alpha_key])
+            if isinstance(al, str):
+                problems.append(f"{mod} ({al})")
+                continue
             layer = LycorisLayer(mod, kind, {n: arrays[k] for n, k in names.items()}, al)
             bad = layer.shape_problem()
             if bad:
@@ -255,12 +262,10 @@ class Lora:
                 problems.append(f"{mod} (down {list(down.shape)} and up {list(up.shape)} do not make a LoRA pair)")
                 continue
             if "alpha" in p:
-                with np.errstate(all="ignore"):
-                    a_arr = np.asarray(arrays[p["alpha"]]).astype(np.float64)
-                if a_arr.size != 1 or not np.isfinite(a_arr).all():
-                    problems.append(f"{mod} (alpha is {a_arr.tolist()!r}, expected one finite number)")
+                al = _alpha(arrays[p["alpha"]])
+                if isinstance(al, str):
+                    problems.append(f"{mod} ({al})")
                     continue
-                al = float(a_arr.reshape(()))
             else:
                 al = float(alpha) if alpha is not None else float(down.shape[0])
             layers[mod] = LoraLayer(mod, down, up, al)
