@@ -322,6 +322,30 @@ def test_interrupt_from_another_thread_stops_at_the_next_step(sd15_on) -> None:
     assert len(sd15_on(PROMPT, steps=2, seed=1)) == 1
 
 
+def test_a_stopped_run_gives_its_partial_images_when_asked(sd15_on) -> None:
+    """``Interrupted.partial()``, as A1111 answers an interrupt: the finished runs' images, then the stopped batch
+    decoded from its last step's denoised estimate. Euler's last step lands on that estimate (sigma 0), so a
+    stop after the last step decodes the finished image; a stop after step 1 decodes a different one."""
+    full = sd15_on.generate(PROMPT, steps=3, seed=5, sampler="Euler", batch=2, batch_count=2)
+    with pytest.raises(Interrupted) as info:  # stopped after the last step of the second run
+        sd15_on.generate(PROMPT, steps=3, seed=5, sampler="Euler", batch=2, batch_count=2,
+                         callback=lambda i, n, x, seen=[]: seen.append(i) or len(seen) < 6)
+    part = info.value.partial()
+    assert part.seeds == full.seeds and len(part.images) == 4 and part.settings == full.settings
+    for a, b in zip(part.images[:2], full.images[:2]):
+        assert np.array_equal(a, b)  # the finished run, as it was
+    for a, b in zip(part.images[2:], full.images[2:]):
+        assert np.abs(a.astype(int) - b.astype(int)).max() <= 1  # the last step's estimate is the image
+    with pytest.raises(Interrupted) as info:
+        sd15_on.generate(PROMPT, steps=3, seed=5, sampler="Euler", batch=2, callback=lambda *a: False)
+    early = info.value.partial()
+    assert len(early.images) == 2 and early.seeds == full.seeds[:2] and early.images[0].shape == (64, 64, 3)
+    assert np.abs(early.images[0].astype(int) - full.images[0].astype(int)).max() > 1
+    assert info.value.partial().images[0].tobytes() == early.images[0].tobytes()  # asked again: the same
+    assert np.array_equal(sd15_on.generate(PROMPT, steps=3, seed=5, sampler="Euler", batch=2).images[0],
+                          full.images[0])  # and the pipeline goes on as before
+
+
 def test_one_job_at_a_time_from_two_threads(sd15_on) -> None:
     want = {seed: sd15_on(PROMPT, steps=2, seed=seed, sampler="Euler a")[0] for seed in (1, 2)}
     got: dict[int, np.ndarray] = {}

@@ -24,7 +24,8 @@ takes the arguments under other names renders the same error in its own words wi
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 _ARG = re.compile(r"\{@([A-Za-z_][A-Za-z0-9_]*)(=?)\}")
 
@@ -189,10 +190,18 @@ __all__ = [
 class Interrupted(SdrtError):
     """A generation stopped on request: ``Pipeline.interrupt()`` or a step callback that returned False.
 
-    ``step`` is the last step that finished and ``total`` the steps the run had; nothing is returned.
+    ``step`` is the last step that finished and ``total`` the steps the run had. ``partial()`` gives what the
+    job had made, as A1111 answers an interrupt: the images of its finished runs, and the stopped run's batch
+    decoded from its last step's denoised estimate (a ``Generation``; its decode runs only when asked, so an
+    app that only wants to stop pays nothing); None when nothing can be given.
     """
 
     def __init__(self, what: str, *, step: int = 0, total: int = 0, where: str | None = None,
                  fix: str | None = None) -> None:
         self.step, self.total = step, total
+        self._partial: Callable[[], Any] | None = None
         super().__init__(what, where=where, fix=fix)
+
+    def partial(self) -> Any:
+        """The ``Generation`` of what was made before the stop, or None (stopped before any step)."""
+        return None if self._partial is None else self._partial()

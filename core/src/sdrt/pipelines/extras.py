@@ -32,6 +32,7 @@ class ToolboxMixin:
     _parts: dict[str, Part]
     _dry: bool
     _current: np.ndarray | None = None
+    _denoised: np.ndarray | None = None
     _preview_fn: Any = None
     _silent_units: list[cn.ControlNet] = []  # noqa: RUF012  (set per run)
 
@@ -221,7 +222,8 @@ class ToolboxMixin:
         if state is not None:
             state.step, state.total = index + 1, total
         denoised = getattr(loop, "denoised", None)
-        self._current = np.asarray(denoised if denoised is not None else latents)[0]
+        self._denoised = np.asarray(denoised if denoised is not None else latents)  # the batch (Interrupted.partial)
+        self._current = self._denoised[0]
 
     # ------------------------------------------------------------------ hires fix
     def _hires_pass(self, s: Settings, x: np.ndarray, seed: int, subseed: int | None, cond: Any, uncond: Any,

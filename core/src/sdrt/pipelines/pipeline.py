@@ -584,11 +584,38 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         for k in range(s.batch_count):
             seed = s.seed + k * s.batch * (0 if tb.subseed_strength else 1)  # A1111: variations keep the seed
             subseed = None if tb.subseed is None else tb.subseed + k * s.batch
-            images += self._run(s, seed, cond, uncond, init, mask, callback, subseed)
+            try:
+                images += self._run(s, seed, cond, uncond, init, mask, callback, subseed)
+            except Interrupted as stop:
+                stop._partial = self._partial_result(s, images, seeds, seed, original)
+                raise
             seeds += image_seeds(tb, seed, s.batch)
+        return self._generation(s, images, seeds, original)
+
+    def _generation(self, s: Settings, images: list[np.ndarray], seeds: list[int], original: str) -> Generation:
         infos = [] if self._dry else [{**self._infotext(s, seed, i % s.batch), **self._extras_infotext(s, i)}
                                       for i, seed in enumerate(seeds)]
         return Generation(images, seeds, infos, original, s.negative_prompt)
+
+    def _partial_result(self, s: Settings, images: list[np.ndarray], seeds: list[int], seed: int,
+                        original: str) -> Callable[[], Generation]:
+        """``Interrupted.partial``: the finished runs' images, then the stopped run's batch decoded from its last
+        step's denoised estimate (A1111 decodes it too); decoded when asked, under this pipeline's lock."""
+        from .toolbox import image_seeds
+
+        x, self._denoised = self._denoised, None
+        done_images, done_seeds = list(images), list(seeds)
+
+        def make() -> Generation:
+            got, got_seeds = list(done_images), list(done_seeds)
+            if x is not None:
+                with self._lock:
+                    got += self._decode(x)
+                    self._release("vae_decoder", stage=True)
+                got_seeds += image_seeds(s.toolbox, seed, s.batch)
+            return self._generation(s, got, got_seeds, original)
+
+        return make
 
     @property
     def default_size(self) -> int:
@@ -604,6 +631,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         from .loops import KLoop
 
         assert s.width is not None and s.height is not None
+        self._current = self._denoised = None  # nothing of an earlier job's run is shown or given back
         shape = self.family.latent_shape(s.batch, s.height, s.width)
         generator = self._noise(s, shape, seed, subseed)  # diffusers' stream, or A1111's per image (toolbox.py)
         ms = self.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
@@ -669,7 +697,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             x = loop.run(model, x, callback=on_step)
         if s.toolbox.hires is not None:
             x = self._hires_pass(s, x, seed, subseed, cond, uncond, on_step, first)
-        self._current = None
+        self._current = self._denoised = None
         self._release(self.denoiser.name, "vae_encoder", stage=True)
         if not np.isfinite(x).all():
             raise SdrtError("the sampler produced NaN or infinite latents",

@@ -82,6 +82,8 @@ class Job:
     worker: str = ""
     interrupt: threading.Event = field(default_factory=threading.Event)
     skip: threading.Event = field(default_factory=threading.Event)
+    #: a stopped run answers with its partial images (A1111's interrupt); not when nobody will read them
+    wants_partial: bool = True
 
     @property
     def progress(self) -> float:
@@ -247,19 +249,19 @@ class Worker(threading.Thread):
                 job.iteration, job.step = k, 0
                 job.skip.clear()
                 try:
-                    gen = self._generate(job, pipe, on_step, k, kwargs, result)
+                    gen, stopped = self._generate(job, pipe, on_step, k, kwargs, result)
                 except SdrtError as exc:
                     raise _Generating(w.model.name) from exc
-                if gen is None:
+                if gen is not None:  # a stopped run's partial images too, as A1111 gives them
+                    result.images += gen.images
+                    result.settings += gen.settings
+                    result.seeds += gen.seeds
+                    result.prompt, result.negative = gen.prompt, gen.negative_prompt
+                if stopped:
                     if job.interrupt.is_set():
                         result.interrupted = True
                         break
                     result.skipped += 1
-                    continue
-                result.images += gen.images
-                result.settings += gen.settings
-                result.seeds += gen.seeds
-                result.prompt, result.negative = gen.prompt, gen.negative_prompt
         job.finished = time.time()
         result.seconds = job.finished - job.started
         job.state = "interrupted" if result.interrupted else "done"
@@ -268,7 +270,7 @@ class Worker(threading.Thread):
 
 
     def _generate(self, job: Job, pipe: Any, on_step: Callable[[int, int, np.ndarray], None], k: int,
-                  kwargs: dict[str, Any], result: Result) -> Any:
+                  kwargs: dict[str, Any], result: Result) -> tuple[Any, bool]:
         """Run ``k`` of the job. A clip skip the model's text encoder cannot give (an ONNX export without
         hidden_states outputs: Optimum's SD 1.x ones) runs at 1, named: A1111 users often keep CLIP skip 2 as a
         server-wide option, which would otherwise fail every request on such a model."""
@@ -276,7 +278,8 @@ class Worker(threading.Thread):
 
         def run() -> Any:
             return generate_until_stopped(pipe, lambda: job.interrupt.is_set() or job.skip.is_set(), on_step,
-                                          w.prompt, w.negative, seed=w.seed + k * w.batch, batch_count=1, **kwargs)
+                                          w.prompt, w.negative, lambda: job.wants_partial,
+                                          seed=w.seed + k * w.batch, batch_count=1, **kwargs)
 
         try:
             return run()
@@ -365,6 +368,7 @@ class JobQueue:
         queued job is dropped when a worker reaches it and a running one stops at its next step."""
         if job.future.done():
             return
+        job.wants_partial = False
         job.interrupt.set()
         log.info("job %s abandoned by its client while %s; %s", job.id, job.state,
                  "it will not run" if job.state == "queued" else "stopping it")
@@ -380,6 +384,7 @@ class JobQueue:
         with self._lock:
             pending = list(self.active.values())
         for j in pending:
+            j.wants_partial = False
             j.interrupt.set()
         for _ in self.workers:
             self._queue.put(None)

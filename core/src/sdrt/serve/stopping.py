@@ -17,20 +17,24 @@ from ..errors import Interrupted
 
 def generate_until_stopped(pipe: Any, should_stop: Callable[[], bool],
                            on_step: Callable[[int, int, np.ndarray], None], prompt: str, negative: str,
-                           **kwargs: Any) -> Any:
-    """``pipe.generate(prompt, negative, **kwargs)``, ended at the next step once ``should_stop()``
-    is true; returns the ``Generation``, or None when it was stopped."""
+                           wants_partial: Callable[[], bool] = lambda: True, **kwargs: Any) -> tuple[Any, bool]:
+    """``pipe.generate(prompt, negative, **kwargs)``, ended at the next step once ``should_stop()`` is true.
+
+    Returns ``(generation, stopped)``. A stopped run gives what it had made, as A1111 answers an interrupt or a
+    skip: its batch decoded from the last step's denoised estimate (``Interrupted.partial``), unless
+    ``wants_partial()`` is false then (a client that left, a server stopping: nobody reads it); None before
+    its first step."""
 
     def callback(step: int, total: int, latents: np.ndarray) -> bool:
         on_step(step, total, latents)
         return not should_stop()
 
     if should_stop():
-        return None
+        return None, True
     try:
-        return pipe.generate(prompt, negative, callback=callback, **kwargs)
-    except Interrupted:
-        return None
+        return pipe.generate(prompt, negative, callback=callback, **kwargs), False
+    except Interrupted as stop:
+        return (stop.partial() if wants_partial() else None), True
 
 
 __all__ = ["generate_until_stopped"]
