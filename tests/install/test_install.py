@@ -120,6 +120,29 @@ def test_extras_pull_the_matching_plugin_with_the_compatible_pin():
     assert any(r.startswith("torchruntime") for r in requires)
 
 
+MAC = Hardware(os="Darwin", arch="arm64", cpu=CPU(vendor="apple", model="Apple M3", arch="arm64"), devices=[
+    Accelerator(kind="gpu", vendor="apple", name="Apple M3", integrated=True)])
+
+
+@pytest.mark.parametrize(("plugin", "build", "hw", "says"), [
+    ("coreml", None, CPU_ONLY, "Core ML runs models only on macOS (this is Linux)"),
+    ("trt", None, CPU_ONLY, "no GPU here that trt runs on: it needs an NVIDIA RTX GPU"),
+    ("trt", None, GTX, "no GPU here that trt runs on (NVIDIA GeForce GTX 1060: compute 6.1 is older than Turing"),
+    ("migraphx", None, RTX, "no GPU here that migraphx runs on: it needs an AMD GPU on ROCm's Linux support list"),
+    ("ggml", "cuda", CPU_ONLY, "no NVIDIA GPU found here: ggml's cuda build would run on the CPU only"),
+    ("ggml", "metal", RTX, "ggml's Metal build runs only on macOS (this is Linux)"),
+])
+def test_a_plugin_asked_for_that_runs_nothing_here_is_named(plugin, build, hw, says):
+    assert says in plan(plugin, build=build, hw=hw).caveat
+
+
+@pytest.mark.parametrize(("plugin", "build", "hw"), [
+    ("trt", None, RTX), ("coreml", None, MAC), ("openvino", None, RTX), ("ggml", "cuda", GTX), ("ggml", "cpu", RTX),
+    ("ggml", "vulkan", RTX), (None, None, CPU_ONLY), ("ggml", None, RTX)])
+def test_a_plugin_that_runs_here_has_no_caveat(plugin, build, hw):
+    assert plan(plugin, build=build, hw=hw).caveat is None
+
+
 def test_sdrt_install_is_a_plain_function():
     result = sdrt.install(dry_run=True, hw=RTX)
     assert result.dry_run and result.plan.plugin == "trt" and result.added == {}

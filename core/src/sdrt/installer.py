@@ -66,6 +66,8 @@ class InstallPlan:
     build: str | None = None
     python: str = sys.executable
     tool: str = "pip"
+    #: a plugin asked for by name that will run nothing on this machine: why (``hardware.cannot_run_here``)
+    caveat: str | None = None
 
     @property
     def command(self) -> str:
@@ -104,6 +106,7 @@ def plan(plugin: str | None = None, *, build: str | None = None, use_uv: bool = 
         build = build or rec.build
     else:
         reason = "asked for with --plugin"
+        hw = hw or hardware.detect()
     if plugin == "ggml":
         if build is None:
             assert rec is not None and hw is not None
@@ -133,8 +136,11 @@ def plan(plugin: str | None = None, *, build: str | None = None, use_uv: bool = 
                 *extra]
     else:
         argv = [*_pip(target), "install", *(["-e"] if folder and CHECKOUT_EDITABLE else []), req, *extra]
+    caveat = None if rec is not None and rec.plugin == plugin else \
+        hardware.cannot_run_here(plugin, build, hw or hardware.detect())
     return InstallPlan(plugin=plugin, distribution=dist, requirement=req, reason=reason, argv=argv, env=env,
-                       build=build if plugin == "ggml" else None, python=target, tool="uv" if use_uv else "pip")
+                       build=build if plugin == "ggml" else None, python=target, tool="uv" if use_uv else "pip",
+                       caveat=caveat)
 
 
 def _checkout() -> tuple[Path | None, bool]:

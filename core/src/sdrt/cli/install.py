@@ -36,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     label = p.distribution + (f" ({p.build} build)" if p.build else "")
     print(f"plugin: {p.plugin}  ->  {label}")
     print(f"why: {p.reason}")
+    if p.caveat:
+        print(f"note: {p.caveat}")
     print(f"command: {p.command}")
     if args.dry_run:
         print("dry run: nothing was installed")

@@ -19,7 +19,7 @@ import threading
 
 from .model import CPU, Accelerator, Hardware, Recommendation
 from .probe import DEFAULT_TIMEOUT, Context, Runner
-from .recommend import PLUGINS, distribution, recommend
+from .recommend import PLUGINS, cannot_run_here, distribution, recommend
 
 log = logging.getLogger("sdrt.hardware")
 
@@ -68,5 +68,5 @@ def collect(system: str | None = None, machine: str | None = None, root: str | o
     return hw
 
 
-__all__ = ["CPU", "PLUGINS", "Accelerator", "Hardware", "Recommendation", "collect", "detect", "distribution",
+__all__ = ["CPU", "PLUGINS", "Accelerator", "Hardware", "Recommendation", "cannot_run_here", "collect", "detect", "distribution",
            "recommend"]

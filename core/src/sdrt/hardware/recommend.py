@@ -59,6 +59,37 @@ def plugin_for(dev: Accelerator, hw: Hardware) -> tuple[str, str | None, str] | 
     return None
 
 
+def cannot_run_here(plugin: str, build: str | None, hw: Hardware) -> str | None:
+    """Why ``plugin`` (ggml: its ``build``), asked for by name, will run nothing on this machine, or None.
+
+    It still installs (a plugin can build ahead of time for another machine: TensorRT-RTX engines, Core ML
+    packages), but a user who meant to run models here should hear it before the download."""
+    targets = [t for t in (plugin_for(d, hw) for d in hw.devices) if t is not None]
+    if plugin == "coreml":
+        return None if hw.os == "Darwin" else \
+            f"Core ML runs models only on macOS (this is {hw.os}); here the plugin can only convert models ahead of time"
+    if plugin in ("trt", "migraphx"):
+        if any(t[0] == plugin for t in targets):
+            return None
+        if plugin == "trt":
+            need = "an NVIDIA RTX GPU (compute 7.5, 8.6, 8.9 or 12.0) on Linux or Windows x86-64"
+            seen = [t[2] for d, t in ((d, plugin_for(d, hw)) for d in hw.devices) if t and d.vendor == NVIDIA]
+        else:
+            need = f"an AMD GPU on ROCm's Linux support list ({', '.join(sorted(MIGRAPHX_GFX))})"
+            seen = [t[2] for d, t in ((d, plugin_for(d, hw)) for d in hw.devices) if t and d.vendor == AMD]
+        found = f" ({'; '.join(seen)})" if seen else ""
+        return f"no GPU here that {plugin} runs on{found}: it needs {need}; it installs, but runs nothing here"
+    if plugin == "ggml" and build in ("cuda", "hip", "metal", "vulkan"):
+        if build == "metal":
+            return None if hw.os == "Darwin" else f"ggml's Metal build runs only on macOS (this is {hw.os})"
+        vendor = {"cuda": NVIDIA, "hip": AMD}.get(build)
+        gpus = [g for g in hw.gpus if vendor is None or g.vendor == vendor]
+        if not gpus:
+            which = {"cuda": "NVIDIA GPU", "hip": "AMD GPU"}.get(build, "GPU")
+            return f"no {which} found here: ggml's {build} build would run on the CPU only (the cpu build does that)"
+    return None
+
+
 def strength(dev: Accelerator) -> tuple[int, int, float]:
     """Sort key: discrete first, then more memory, then newer NVIDIA compute capability."""
     cc = cc_tuple(dev.compute_capability) or (0, 0)
