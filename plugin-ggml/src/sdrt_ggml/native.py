@@ -110,10 +110,39 @@ def native() -> Native | None:
     return n
 
 
+#: the pool's tuning variables (native/pool.c reads them once, with strtol) -> (default, lowest, highest)
+POOL_VARIABLES = {"SDRT_GGML_SPIN_US": (200, 0, 10**7), "SDRT_GGML_WAIT_US": (50, 0, 10**7),
+                  "SDRT_GGML_TASKS": (4, 1, 64), "SDRT_GGML_SHARED_TASKS": (1, 1, 64),
+                  "SDRT_GGML_YIELD_US": (20, -1, 10**7), "SDRT_GGML_PIN": (3, 0, 3),
+                  "SDRT_GGML_WAIT_PINNED_US": (1000, 0, 10**7), "SDRT_GGML_CONTENDED_MS": (100, 0, 10**6),
+                  "SDRT_GGML_LONG_JOB_US": (200, 0, 10**7), "SDRT_GGML_PIN_HOLD_MS": (1000, 0, 10**6)}
+
+
+def check_pool_variables(environ: Any = os.environ) -> list[str]:
+    """Pool variables that are set but not a whole number in their range are dropped from ``environ`` (the C code
+    would read "abc" as 0 and overflow on a huge value), each with a warning naming it; returns their names."""
+    dropped = []
+    for name, (default, low, high) in POOL_VARIABLES.items():
+        text = environ.get(name)
+        if text is None:
+            continue
+        try:
+            ok = low <= int(text.strip()) <= high
+        except ValueError:
+            ok = False
+        if not ok:
+            log.warning("%s=%r is not a whole number from %d to %d; using the default %d", name, text, low, high,
+                        default)
+            del environ[name]
+            dropped.append(name)
+    return dropped
+
+
 def _load() -> tuple[Native | None, str]:
     """The checked kernels, or None and why not."""
     if os.environ.get("SDRT_GGML_NATIVE", "1").lower() in ("0", "off", "false", "no"):
         return None, "SDRT_GGML_NATIVE=0"
+    check_pool_variables()  # before the pool first starts and reads them
     path = library_path()
     if path is None:
         return None, ("the compiled library sdrt_ggml/_native is not installed: pip found no C compiler when it built "

@@ -294,3 +294,21 @@ def test_contended_worker_stays_pinned_for_the_hold_in_graphs_of_tiny_ops():
             p.wait()
     assert out["main"] == out["cpus"]
     assert sum(a == [cpus[1]] for a in out["others"]) == 1, out
+
+
+def test_a_pool_variable_that_is_no_whole_number_in_range_is_named_and_dropped(caplog) -> None:
+    """native/pool.c reads its variables with strtol: "abc" would be 0 and a huge value would overflow. They are
+    checked in Python before the pool starts; a bad one is named and the default used."""
+    from sdrt_ggml.native import check_pool_variables
+
+    env = {"SDRT_GGML_SPIN_US": "abc", "SDRT_GGML_TASKS": "0", "SDRT_GGML_WAIT_US": "99999999999999999",
+           "SDRT_GGML_YIELD_US": "-1", "SDRT_GGML_PIN": " 2 ", "OTHER": "x"}
+    with caplog.at_level("WARNING", logger="sdrt.ggml.native"):
+        assert check_pool_variables(env) == ["SDRT_GGML_SPIN_US", "SDRT_GGML_WAIT_US", "SDRT_GGML_TASKS"]
+    assert env == {"SDRT_GGML_YIELD_US": "-1", "SDRT_GGML_PIN": " 2 ", "OTHER": "x"}
+    assert "SDRT_GGML_SPIN_US='abc' is not a whole number from 0 to 10000000; using the default 200" in caplog.text
+    code = ("import logging, os, sdrt_ggml.native as n; logging.basicConfig(); n.native(); "
+            "print(os.environ.get('SDRT_GGML_SPIN_US'))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "SDRT_GGML_SPIN_US": "1e3"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "None" and "SDRT_GGML_SPIN_US='1e3'" in out.stderr
