@@ -22,6 +22,8 @@ TEST_DEPS = ["pytest>=8", "setuptools>=70.1", "hypothesis>=6.100", "onnxruntime>
              # `sdrt serve` (the serve extra) and the clients its tests drive: an A1111 API client,
              # an HTTP client, and a reader of A1111/ComfyUI PNG metadata (tests/serve, about a minute)
              "starlette>=0.37", "uvicorn>=0.29", "httpx>=0.25", "webuiapi>=0.9", "sd-parsers>=0.5",
+             # the serve extra's form reader (/v1/images/edits), and OpenAI's own SDK as that route's client
+             "python-multipart>=0.0.9", "openai>=1.50",
              # GGUF files (the gguf extra): tests/gguf reads every quantized type against gguf's own dequantizer
              "gguf>=0.10"]
 

@@ -224,8 +224,8 @@ def test_openai_size_refusal_model_retrieve_and_routes_sdrt_lacks(server) -> Non
         missing = client.get("/v1/models/dall-e-3")
         assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
         # routes sdrt does not have: still a 404, saying what to use
-        edits = client.post("/v1/images/edits", json={"prompt": "x"})
-        assert edits.status_code == 404 and "POST /sdapi/v1/img2img" in edits.json()["error"]["message"]
+        variations = client.post("/v1/images/variations", json={"n": 1})
+        assert variations.status_code == 404 and "POST /sdapi/v1/img2img" in variations.json()["error"]["message"]
         r = client.post("/sdapi/v1/interrogate", json={"image": ""})
         assert r.status_code == 404 and "no image captioner" in r.json()["detail"]
         memory = client.get("/sdapi/v1/memory").json()  # webuiapi.get_memory

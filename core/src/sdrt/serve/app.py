@@ -78,7 +78,6 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 #: A1111 and OpenAI routes sdrt does not have, with what to use instead (a 404 all the same)
 _MISSING = {
-    "/v1/images/edits": ": image edits are A1111's img2img here (POST /sdapi/v1/img2img with init_images and mask)",
     "/v1/images/variations": ": variations are A1111's img2img here (POST /sdapi/v1/img2img)",
     "/sdapi/v1/interrogate": ": sdrt has no image captioner (CLIP or DeepDanbooru interrogation)",
     "/sdapi/v1/extra-single-image": ": sdrt has no upscaler or face-restoration models (A1111's Extras tab)",

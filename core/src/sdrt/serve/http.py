@@ -19,6 +19,11 @@ def _no_constant(name: str) -> Any:
 
 async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> Any:
     """The parsed body; 413 over ``max_bytes`` (checked before and while reading), 400 for bad JSON."""
+    return parse_json(await read_body(request, max_bytes), empty=empty)
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body's bytes; 413 over ``max_bytes`` (checked before and while reading)."""
     length = request.headers.get("content-length")
     if length is not None:
         if not length.isdigit():
@@ -34,7 +39,11 @@ async def read_json(request: Request, max_bytes: int, *, empty: Any = None) -> A
             chunks.append(chunk)
     except ClientDisconnect:  # the client went away mid-upload: no one to answer, nothing to log as a fault
         raise ApiError(499, "the client closed the connection while sending the body") from None
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+def parse_json(raw: bytes, *, empty: Any = None) -> Any:
+    """A JSON body's value; 400 naming what is wrong with it."""
     if not raw.strip():
         if empty is not None:
             return empty
@@ -130,4 +139,4 @@ _names = {400: "BadRequest", 401: "Unauthorized", 404: "NotFound", 405: "MethodN
           413: "PayloadTooLarge", 499: "ClientClosedRequest", 415: "UnsupportedMediaType", 422: "UnprocessableEntity", 500: "InternalError",
           501: "NotImplemented", 503: "ServiceUnavailable"}
 
-__all__ = ["error_response", "read_json", "wait_for_job"]
+__all__ = ["error_response", "parse_json", "read_body", "read_json", "wait_for_job"]

@@ -1,4 +1,5 @@
-"""OpenAI's images API: ``POST /v1/images/generations`` (and ``GET /v1/models``).
+"""OpenAI's images API: ``POST /v1/images/generations``, ``POST /v1/images/edits`` (``openai_edits``) and
+``GET /v1/models``.
 
 Fields: ``prompt`` (required), ``model`` (a model of this server; empty: the current one), ``n``,
 ``size`` (``"WxH"`` or ``"auto"``), ``response_format`` (``b64_json``, the default here; ``url``
@@ -61,16 +62,8 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     name = get_str(body, "model", None, max_len=300)
     model = st.registry.model(name, "model") if name else st.registry.model(st.options()["sd_model_checkpoint"])
     n = get_int(body, "n", 1, 1, min(limits.max_images, limits.max_batch))
-    size = get_str(body, "size", None, max_len=20)
-    width = height = None
-    if size not in (None, "", "auto"):
-        m = _SIZE.match(size)
-        if not m:
-            raise ApiError(400, f"size must be WIDTHxHEIGHT (e.g. 512x512) or auto, got {size!r}", field="size")
-        width, height = int(m.group(1)), int(m.group(2))
-        if width > limits.max_width or height > limits.max_height:
-            raise ApiError(400, f"size {size} is above this server's limit of {limits.max_width}x{limits.max_height}; "
-                                "pass a smaller size", field="size")
+    size = body.get("size")
+    width, height = parse_size(body, limits)
     fmt = get_str(body, "response_format", "b64_json")
     if fmt not in ("b64_json", "url"):
         raise ApiError(400, f"response_format must be b64_json or url, got {fmt!r}", field="response_format")
@@ -99,16 +92,32 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
         ignored, fmt
 
 
-async def generations(request: Request) -> JSONResponse:
-    st: ServerState = request.app.state.sdrt
-    body = await read_json(request, st.limits.max_body_bytes)
-    work, ignored, fmt = await run_in_threadpool(parse, body, st)
-    job = st.queue.submit(work)
+def parse_size(body: dict[str, Any], limits: Any) -> tuple[int | None, int | None]:
+    """``size``: ``"WxH"`` within this server's limits, or (None, None) for ``auto`` or none."""
+    size = get_str(body, "size", None, max_len=20)
+    if size in (None, "", "auto"):
+        return None, None
+    m = _SIZE.match(size)
+    if not m:
+        raise ApiError(400, f"size must be WIDTHxHEIGHT (e.g. 512x512) or auto, got {size!r}", field="size")
+    width, height = int(m.group(1)), int(m.group(2))
+    if width > limits.max_width or height > limits.max_height:
+        raise ApiError(400, f"size {size} is above this server's limit of {limits.max_width}x{limits.max_height}; "
+                            "pass a smaller size", field="size")
+    return width, height
+
+
+async def _answer(request: Request, st: ServerState, work: Work, job: Any, fmt: str, size: Any,
+                  ignored: list[str], renamed: Any = None) -> JSONResponse:
+    """Wait for the job; OpenAI's answer: ``data`` with one ``b64_json`` (or data: ``url``) per image. A refusal
+    found once the model loaded names the caller's field (``renamed``: an edit's A1111 fields in its own words)."""
     try:
         result = await wait_for_job(request, job, st.queue)
     except ApiError as exc:
         if exc.field in ("width", "height"):  # the model refused the size: the caller sent size, not width=
-            raise ApiError(exc.status, f"size {body.get('size') or 'auto'}: {exc.message}", field="size") from None
+            raise ApiError(exc.status, f"size {size or 'auto'}: {exc.message}", field="size") from None
+        if renamed is not None:
+            raise renamed(exc) from None
         raise
 
     def render() -> dict[str, Any]:
@@ -123,6 +132,25 @@ async def generations(request: Request) -> JSONResponse:
                 "sdrt_not_honoured": ignored + result.not_honoured, "sdrt_interrupted": result.interrupted}
 
     return JSONResponse(await run_in_threadpool(render))
+
+
+async def generations(request: Request) -> JSONResponse:
+    st: ServerState = request.app.state.sdrt
+    body = await read_json(request, st.limits.max_body_bytes)
+    work, ignored, fmt = await run_in_threadpool(parse, body, st)
+    return await _answer(request, st, work, st.queue.submit(work), fmt, body.get("size"), ignored)
+
+
+async def edits(request: Request) -> JSONResponse:
+    """``POST /v1/images/edits`` (``sdrt.serve.openai_edits``): one picture redrawn, or repainted under a mask."""
+    from . import openai_edits
+
+    st: ServerState = request.app.state.sdrt
+    body = await openai_edits.read_edit(request, st.limits.max_body_bytes)
+    req, ignored, fmt = await run_in_threadpool(openai_edits.parse, body, st)
+    size = body.get("size") if isinstance(body.get("size"), str) else None
+    return await _answer(request, st, req.work, st.queue.submit(req.work), fmt, size, ignored,
+                         openai_edits.renamed)
 
 
 async def models(request: Request) -> JSONResponse:
@@ -143,8 +171,9 @@ async def model(request: Request) -> JSONResponse:
 
 ROUTES = [
     Route("/v1/images/generations", generations, methods=["POST"]),
+    Route("/v1/images/edits", edits, methods=["POST"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/models/{model:path}", model, methods=["GET"]),
 ]
 
-__all__ = ["ROUTES", "parse"]
+__all__ = ["ROUTES", "parse", "parse_size"]
