@@ -231,3 +231,26 @@ def test_cli_flux_guidance_and_sd3_write_forge_parameters(tmp_path: Path, capsys
         with Image.open(path) as img:
             pixels = np.asarray(img.convert("RGB")).astype(int)
         assert int(np.abs(pixels - _refs(kind)[f"{case['name']}/image"][0].astype(int)).max()) <= 2
+
+
+@pytest.mark.parametrize("kind", ["flux-schnell", "sd3"])
+def test_previews_and_a_stopped_runs_partial_show_the_clean_estimate(kind: str) -> None:
+    """Flow matching's clean estimate of a step is ``x - sigma v`` (the x0 that ComfyUI's previews show); it was the
+    noisy latent. The last Euler step lands on it (sigma 0), so a stop after the last step gives the image."""
+    from sdrt.errors import Interrupted
+    from sdrt.pipelines.preview import project
+
+    pipe = _pipe(kind, "reference")
+    fmt = "flux" if kind.startswith("flux") else "sd3"
+    seen = []
+
+    def cb(step, total, latents):
+        seen.append((pipe.preview(), project(latents[0], fmt)))
+        return step < total
+
+    full = pipe.generate("a red circle", steps=3, seed=4)
+    with pytest.raises(Interrupted) as info:
+        pipe.generate("a red circle", steps=3, seed=4, callback=cb)
+    assert np.abs(seen[0][0].astype(int) - seen[0][1]).max() > 10  # step 1: the estimate, not the noisy latent
+    assert np.array_equal(seen[-1][0], seen[-1][1])
+    assert np.array_equal(info.value.partial().images[0], full.images[0])

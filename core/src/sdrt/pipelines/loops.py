@@ -253,6 +253,8 @@ class FlowLoop:
     velocity; img2img starts from ``scale_noise(image, noise, sigmas[0])``.
     """
 
+    denoised: np.ndarray | None = None
+
     def __init__(self, timesteps: np.ndarray, sigmas: np.ndarray, scale: float = 1.0) -> None:
         self.timesteps = np.asarray(timesteps, np.float32)
         self.sigmas = np.asarray(sigmas, np.float32)
@@ -278,7 +280,8 @@ class FlowLoop:
         from ..samplers.flowmatch import euler_step
 
         for i in range(self.steps):
-            v = model.predict(x, self.timestep(i))
-            x = euler_step(x, np.asarray(v, np.float32), float(self.sigmas[i]), float(self.sigmas[i + 1]))
+            v = np.asarray(model.predict(x, self.timestep(i)), np.float32)
+            self.denoised = x - self.sigmas[i] * v  # the step's clean estimate (previews, Interrupted.partial)
+            x = euler_step(x, v, float(self.sigmas[i]), float(self.sigmas[i + 1]))
             x = _SchedulerLoop._end_step(i, x, after_step, callback)
         return x
