@@ -35,6 +35,7 @@ def cn_models(tmp_path_factory) -> Path:
     shutil.copytree(DATA, root / "tiny-cn")
     (root / "ControlNet").mkdir()
     shutil.copytree(DATA / "controlnet_2", root / "ControlNet" / "tiny_scribble")
+    shutil.copytree(pipelines.DEMO_MODEL, root / "zz-demo")  # a model whose UNet takes no residuals
     return root
 
 
@@ -239,3 +240,15 @@ def test_detect(cn_server) -> None:
                                 ({"controlnet_module": "canny", "controlnet_input_images": ["@@"]}, 400, "base64")):
         r = post(body)
         assert r.status_code == status and words in r.json()["message"], r.text
+
+
+def test_a_model_without_controlnet_inputs_and_another_folders_part(cn_server) -> None:
+    demo = {"override_settings": {"sd_model_checkpoint": "zz-demo"}}
+    r = _post(cn_server, "txt2img", dict(BASE, **demo, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(_photo()), "model": "tiny_scribble"}]}}))
+    assert r.status_code == 400 and "takes no ControlNet residuals" in r.json()["message"], r.text
+    r = _post(cn_server, "txt2img", dict(BASE, **demo, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(_photo()), "model": "controlnet_2 [e3b0c442]"}]}}))
+    assert r.status_code == 400 and r.json()["field"] == "alwayson_scripts.controlnet.args[0].model"
+    assert "is a part of the model folder tiny-cn and runs with that model only" in r.json()["message"]
+    assert _post(cn_server, "txt2img", dict(BASE, **demo)).status_code == 200  # and the model runs without one
