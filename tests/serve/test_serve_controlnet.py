@@ -36,6 +36,8 @@ def cn_models(tmp_path_factory) -> Path:
     (root / "ControlNet").mkdir()
     shutil.copytree(DATA / "controlnet_2", root / "ControlNet" / "tiny_scribble")
     shutil.copytree(pipelines.DEMO_MODEL, root / "zz-demo")  # a model whose UNet takes no residuals
+    lora = Path(__file__).resolve().parents[1] / "data" / "ckpt" / "sd1" / "lora_kohya.safetensors"
+    shutil.copy(lora, root / "ControlNet" / "not_a_net.safetensors")  # listed as A1111 lists files; refused on use
     return root
 
 
@@ -174,7 +176,7 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
 
 
 @pytest.mark.parametrize("unit, status, field, words", [
-    ({"model": "nope"}, 400, "model", "no ControlNet model named 'nope'; this server has: tiny_scribble ["),
+    ({"model": "nope"}, 400, "model", "no ControlNet model named 'nope'; this server has: not_a_net ["),
     ({"model": "None"}, 400, "model", "names no ControlNet model"),
     ({"model": "controlnet", "image": "!!not base64!!"}, 400, "image", "is not valid base64"),
     ({"model": "controlnet", "image": base64.b64encode(b"not a picture").decode()}, 400, "image",
@@ -210,7 +212,7 @@ def test_controlnet_routes(cn_server) -> None:
     get = lambda route: requests.get(f"{cn_server}{route}", timeout=60)  # noqa: E731
     assert get("/controlnet/version").json() == {"version": 2}
     titles = get("/controlnet/model_list?update=true").json()["model_list"]
-    assert [t.split(" [")[0] for t in titles] == ["tiny_scribble", "controlnet", "controlnet_2"]
+    assert [t.split(" [")[0] for t in titles] == ["not_a_net", "tiny_scribble", "controlnet", "controlnet_2"]
     assert all(t.endswith("]") and len(t.split(" [")[1]) == 9 for t in titles)  # A1111's 8-digit short hash
     plain = get("/controlnet/module_list").json()
     assert plain["module_list"] == ["none", "canny", "invert", "threshold", "scribble"]
@@ -252,3 +254,14 @@ def test_a_model_without_controlnet_inputs_and_another_folders_part(cn_server) -
     assert r.status_code == 400 and r.json()["field"] == "alwayson_scripts.controlnet.args[0].model"
     assert "is a part of the model folder tiny-cn and runs with that model only" in r.json()["message"]
     assert _post(cn_server, "txt2img", dict(BASE, **demo)).status_code == 200  # and the model runs without one
+
+
+def test_a_file_that_is_no_controlnet_is_refused_on_the_units_field(cn_server) -> None:
+    """The pipeline's refusal names the unit as the request names it (the disabled unit before it counted), never
+    the file's path on the server."""
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        {"enabled": False}, {"image": _b64(_photo()), "model": "not_a_net"}]}}))
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["field"] == "alwayson_scripts.controlnet.args[1]"
+    assert "not_a_net.safetensors is not a ControlNet: it looks like kohya LoRA" in body["message"]

@@ -174,7 +174,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     else:
         _hires(body, kwargs, limits, not_honoured)
     _variation(body, kwargs)
-    nets, notes, net_fields = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4, init,
+    nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4, init,
                                                "hires_scale" in kwargs)
     not_honoured += notes
     if nets:
@@ -190,7 +190,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         params.update({k: None for k in ("init_images", "mask") if k in params})
     ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN) + net_fields
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled,
-                max_size=(limits.max_width, limits.max_height))
+                max_size=(limits.max_width, limits.max_height), fields=net_names)
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
 
 

@@ -127,13 +127,14 @@ def _image(value: Any, field: str, max_pixels: int) -> tuple[Any, Any]:
 
 
 def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixels: int,
-          init_image: Any, hires: bool) -> tuple[list[Any], list[str], list[str]]:
-    """``(sdrt ControlNet units, not honoured, ignored fields)`` of a request's ``alwayson_scripts``."""
+          init_image: Any, hires: bool) -> tuple[list[Any], list[str], list[str], dict[str, str]]:
+    """``(sdrt ControlNet units, not honoured, ignored fields, {pipeline argument: request field})`` of a request's
+    ``alwayson_scripts``."""
     from ..pipelines.controlnet import ControlNet
 
     scripts = body.get("alwayson_scripts")
     if scripts is None:
-        return [], [], []
+        return [], [], [], {}
     if not isinstance(scripts, dict):
         raise ApiError(422, "alwayson_scripts must be an object", field="alwayson_scripts")
     notes: list[str] = []
@@ -144,7 +145,7 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
         else:
             notes.append(f"alwayson_scripts.{str(name)[:60]}: this A1111 extension is not part of sdrt (ControlNet is)")
     if found is None:
-        return [], notes, []
+        return [], notes, [], {}
     key, value = found
     if not isinstance(value, dict) or not isinstance(value.get("args", []), list):
         raise ApiError(422, f"alwayson_scripts.{key} must be an object with args, a list of ControlNet units",
@@ -153,6 +154,7 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
     out: list[Any] = []
     ignored: list[str] = []
     enabled = 0
+    fields = {"controlnets": f"alwayson_scripts.{key}"}
     for k, unit in enumerate(args):
         where = f"alwayson_scripts.{key}.args[{k}]"
         if not isinstance(unit, dict):
@@ -165,8 +167,9 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
             raise ApiError(400, f"alwayson_scripts.{key} enables more than {MAX_UNITS} ControlNet units, this "
                                 "server's limit", field=f"alwayson_scripts.{key}")
         ignored += [f"{where}.{str(f)[:60]}" for f in unit if f not in _QUIET]
+        fields[f"controlnets[{len(out)}]"] = where
         out.append(_unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet))
-    return out, notes, ignored
+    return out, notes, ignored, fields
 
 
 def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntry, max_pixels: int,
