@@ -265,3 +265,27 @@ def test_a_file_that_is_no_controlnet_is_refused_on_the_units_field(cn_server) -
     body = r.json()
     assert body["field"] == "alwayson_scripts.controlnet.args[1]"
     assert "not_a_net.safetensors is not a ControlNet: it looks like kohya LoRA" in body["message"]
+
+
+def test_easy_diffusion_controlnet_request(cn_server, cn_models, pipe) -> None:
+    """Easy Diffusion 3.5 driving Forge (ui/easydiffusion/backends/webui/impl.py, generate_images() and
+    controlnet_filter()): its unit as it builds it, the model named "name [auto1111_hash]", and its /detect call."""
+    photo = _photo()
+    body = {"force_task_id": "ed-cn-1", "prompt": PROMPT, "negative_prompt": "", "sampler_name": "Euler",
+            "scheduler": "simple", "steps": 4, "seed": 11, "cfg_scale": 7, "distilled_cfg_scale": 3.5, "batch_size": 1,
+            "width": 64, "height": 64,
+            "alwayson_scripts": {"controlnet": {"args": [
+                {"image": "data:image/png;base64," + _b64(photo), "weight": 0.8, "module": "canny",
+                 "model": "tiny_scribble [e3b0c442]", "resize_mode": "Crop and Resize", "threshold_a": 50,
+                 "threshold_b": 130}]}}}
+    r = _post(cn_server, "txt2img", body)
+    assert r.status_code == 200, r.text
+    info = json.loads(r.json()["info"])
+    assert info["sdrt_not_honoured"] == [] and info["sdrt_ignored_fields"] == []
+    want = _python(pipe, [ControlNet(str(cn_models / "ControlNet" / "tiny_scribble"), photo, 0.8, 0.0, 1.0, "canny",
+                                     "Crop and Resize", 50, 130, processor_res=512)], schedule="simple")
+    assert np.array_equal(_rgb(r.json()["images"][0]), want)
+    detect = requests.post(f"{cn_server}/controlnet/detect", timeout=60, json={
+        "controlnet_module": "canny", "controlnet_input_images": [_b64(photo)], "controlnet_processor_res": 512,
+        "controlnet_threshold_a": 64, "controlnet_threshold_b": 64})
+    assert np.array_equal(_rgb(detect.json()["images"][0]), preprocess(photo, "canny", 64, 64, 512))
