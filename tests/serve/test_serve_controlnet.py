@@ -190,6 +190,8 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "resize_mode": 7}, 400, "resize_mode", "resize_mode must be 0, 1, 2"),
     ({"model": "controlnet", "control_mode": "Loud"}, 400, "control_mode", "control_mode must be 0 to 2"),
     ({"model": "controlnet", "module": "threshold", "threshold_a": 300}, 400, "threshold_a", "at most 255"),
+    ({"model": "controlnet", "module": "canny", "processor_res": 4096}, 400, "processor_res",
+     "processor_res must be at most 2048"),  # the server's largest side (--max-size)
     ({"model": "controlnet", "image": None}, 400, "image", "needs its control image"),
 ])
 def test_bad_units(cn_server, unit, status, field, words) -> None:

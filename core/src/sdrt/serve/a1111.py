@@ -174,8 +174,9 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     else:
         _hires(body, kwargs, limits, not_honoured)
     _variation(body, kwargs)
-    nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4, init,
-                                               "hires_scale" in kwargs)
+    nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
+                                                          init, "hires_scale" in kwargs,
+                                                          max(limits.max_width, limits.max_height))
     not_honoured += notes
     if nets:
         kwargs["controlnets"] = nets

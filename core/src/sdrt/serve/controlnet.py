@@ -127,7 +127,7 @@ def _image(value: Any, field: str, max_pixels: int) -> tuple[Any, Any]:
 
 
 def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixels: int,
-          init_image: Any, hires: bool) -> tuple[list[Any], list[str], list[str], dict[str, str]]:
+          init_image: Any, hires: bool, max_res: int = 2048) -> tuple[list[Any], list[str], list[str], dict[str, str]]:
     """``(sdrt ControlNet units, not honoured, ignored fields, {pipeline argument: request field})`` of a request's
     ``alwayson_scripts``."""
     from ..pipelines.controlnet import ControlNet
@@ -168,12 +168,12 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
                                 "server's limit", field=f"alwayson_scripts.{key}")
         ignored += [f"{where}.{str(f)[:60]}" for f in unit if f not in _QUIET]
         fields[f"controlnets[{len(out)}]"] = where
-        out.append(_unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet))
+        out.append(_unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res))
     return out, notes, ignored, fields
 
 
 def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntry, max_pixels: int,
-          init_image: Any, hires: bool, notes: list[str], make: Any) -> Any:
+          init_image: Any, hires: bool, notes: list[str], make: Any, max_res: int) -> Any:
     def f(name: str) -> str:
         return f"{where}.{name}"
 
@@ -203,7 +203,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         raise ApiError(400, f"{f('guidance_start')} {start:g} is after {f(end_key)} {end:g}", field=f("guidance_start"))
     resize = resize_mode(unit.get("resize_mode"), f("resize_mode"))
     sliders = SLIDERS[next(m for m, p in MODULES.items() if p == pre)]
-    res = num("processor_res", -1.0, None, 8192.0)
+    res = num("processor_res", -1.0, None, float(max_res))  # a map that size: the server's largest side
     a = num("threshold_a", -1.0, None, None)
     b = num("threshold_b", -1.0, None, None)
     defaults = [s["value"] for s in sliders] + [None] * 3
@@ -232,7 +232,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
                 pixel_perfect=bool(get_bool(unit, "pixel_perfect", False)))
 
 
-def detect(body: Any, max_pixels: int) -> dict[str, Any]:
+def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
     """``POST /controlnet/detect``: each input image's control map at the processor resolution, base64 PNGs."""
     import base64
 
@@ -255,7 +255,7 @@ def detect(body: Any, max_pixels: int) -> dict[str, Any]:
     sliders = SLIDERS[next(m for m, p in MODULES.items() if p == pre)]
     vals = []
     for k, name in enumerate(("processor_res", "threshold_a", "threshold_b")):
-        v = get_float(unit, name, -1.0, None, 8192.0 if k == 0 else None)
+        v = get_float(unit, name, -1.0, None, float(max_res) if k == 0 else None)
         vals.append((sliders[k]["value"] if v < 0 else v) if len(sliders) > k else None)
     res, a, b = vals
     if res is not None and res < 1:

@@ -245,7 +245,9 @@ async def cn_settings(request: Request) -> JSONResponse:
 async def cn_detect(request: Request) -> JSONResponse:
     st = _state(request)
     body = await read_json(request, st.limits.max_body_bytes)
-    return JSONResponse(await run_in_threadpool(controlnet.detect, body, st.limits.max_width * st.limits.max_height * 4))
+    lim = st.limits
+    return JSONResponse(await run_in_threadpool(controlnet.detect, body, lim.max_width * lim.max_height * 4,
+                                                max(lim.max_width, lim.max_height)))
 
 
 def _empty(value: Any) -> Any:
