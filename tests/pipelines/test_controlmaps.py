@@ -183,3 +183,14 @@ def test_preprocess_at_a_resolution_and_pixel_perfect():
     unit.resize = "Resize and Fill"
     assert processor_resolution(unit, 80, 96, 512, 768) == round(min(768 / 80, 512 / 96) * 80)
     assert processor_resolution(ControlNet("net", img, processor_res=300), 80, 96, 64, 64) == 300
+
+
+def test_a_strip_that_would_grow_past_max_side_on_the_way_is_refused():
+    """Crop and Resize scales a 1x4000 strip by 2048 before cropping, the processor scales its short side: both
+    would make millions of pixels of a line; a ControlImageError (an InputError) instead, before any allocation."""
+    strip = np.zeros((1, 4000, 3), np.uint8)
+    with pytest.raises(InputError, match="8192000 pixels long on the way"):
+        resize_control(strip, 2048, 2048, "Crop and Resize")
+    assert resize_control(strip, 2048, 2048, "Just Resize").shape == (2048, 2048, 3)
+    with pytest.raises(InputError, match="at processor resolution 512 would be 2048000 pixels long"):
+        processor_input(strip, 512)

@@ -291,3 +291,15 @@ def test_easy_diffusion_controlnet_request(cn_server, cn_models, pipe) -> None:
         "controlnet_module": "canny", "controlnet_input_images": [_b64(photo)], "controlnet_processor_res": 512,
         "controlnet_threshold_a": 64, "controlnet_threshold_b": 64})
     assert np.array_equal(_rgb(detect.json()["images"][0]), preprocess(photo, "canny", 64, 64, 512))
+
+
+def test_a_strip_of_a_control_image_is_refused_not_resized_to_millions_of_pixels(cn_server) -> None:
+    """A 2x2000 strip cropped and resized to cover 64x64 would be 64000 pixels long on the way: refused on the unit."""
+    strip = np.full((2, 2000, 3), 200, np.uint8)
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(strip), "model": "controlnet"}]}}))
+    assert r.status_code == 400 and r.json()["field"] == "alwayson_scripts.controlnet.args[0]", r.text
+    assert "would be 64000 pixels long on the way (the image is 2000x2), above 16384" in r.json()["message"]
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(strip[:, :100].copy()), "model": "controlnet", "module": "canny", "processor_res": 512}]}}))
+    assert r.status_code == 400 and "at processor resolution 512 would be 25600 pixels long" in r.json()["message"]

@@ -292,10 +292,24 @@ def resize_control(image: np.ndarray, width: int, height: int, mode: str = "Crop
         out[ph:ph + nh, pw:pw + nw] = small[: h - ph, : w - pw]
         return out
     k = max(k0, k1)
+    scaled_side(old_h, old_w, k, where, "a control image this narrow, cropped and resized")
     big = _hq_resize(a, int(np.round(old_w * k)), int(np.round(old_h * k)))
     nh, nw = big.shape[:2]
     ph, pw = max(0, (nh - h) // 2), max(0, (nw - w) // 2)
     return np.ascontiguousarray(big[ph:ph + h, pw:pw + w])
+
+
+def scaled_side(h: int, w: int, k: float, where: str, what: str,
+                fix: str = "crop the control image to nearer the output's shape, or use Just Resize") -> int:
+    """The longer side of an ``h x w`` image scaled by ``k``; a ``ControlImageError`` above ``MAX_SIDE`` (a 1x4000
+    strip cropped and resized to 2048x2048 would be 8 million pixels long: gigabytes, for a 2048-pixel map)."""
+    from .bounds import MAX_SIDE
+
+    side = int(np.round(max(h, w) * k))
+    if side > MAX_SIDE:
+        raise ControlImageError(f"{what} would be {side} pixels long on the way (the image is {w}x{h}), above "
+                                f"{MAX_SIDE}", where=where, fix=fix)
+    return side
 
 
 def processor_input(image: np.ndarray, resolution: int) -> tuple[np.ndarray, tuple[int, int]]:
@@ -309,6 +323,8 @@ def processor_input(image: np.ndarray, resolution: int) -> tuple[np.ndarray, tup
         raise ControlImageError(f"processor resolution {resolution}", where=where, fix="pass a positive resolution")
     h, w = a.shape[:2]
     k = float(resolution) / float(min(h, w))
+    scaled_side(h, w, k, where, f"the control image at processor resolution {resolution}",
+                "crop the control image to nearer a square, or pass a smaller processor resolution")
     th, tw = max(int(np.round(h * k)), 1), max(int(np.round(w * k)), 1)
     if (th, tw) != (h, w):
         a = _resample(a, tw, th, "cubic" if k > 1 else "area")

@@ -185,9 +185,12 @@ def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.n
     res = processor_resolution(unit, rgb.shape[0], rgb.shape[1], width, height)
     if res is not None and unit.preprocessor in AT_RESOLUTION and unit.made_at is None:
         unit.made_at = res
-    rgb = preprocess(rgb, unit.preprocessor, unit.low, unit.high, res)
-    if rgb.shape[:2] != (height, width):
-        rgb = cm.resize_control(rgb, width, height, unit.resize)
+    try:
+        rgb = preprocess(rgb, unit.preprocessor, unit.low, unit.high, res)
+        if rgb.shape[:2] != (height, width):
+            rgb = cm.resize_control(rgb, width, height, unit.resize)
+    except cm.ControlImageError as exc:  # named as the caller names the unit
+        raise cm.ControlImageError(exc.what, where=where, fix=exc.fix) from None
     return rgb
 
 
