@@ -170,7 +170,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
                                   height=height, batch=batch, clip_skip=clip_skip, rng=rng)
     init = None
     if mode == "img2img":
-        init = b64images.rgb_array(_img2img(body, kwargs, limits, not_honoured))
+        init = _img2img(body, kwargs, limits, not_honoured)
     else:
         _hires(body, kwargs, limits, not_honoured)
     _variation(body, kwargs)

@@ -129,7 +129,7 @@ def _image(value: Any, field: str, max_pixels: int) -> tuple[Any, Any]:
 def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixels: int,
           init_image: Any, hires: bool, max_res: int = 2048) -> tuple[list[Any], list[str], list[str], dict[str, str]]:
     """``(sdrt ControlNet units, not honoured, ignored fields, {pipeline argument: request field})`` of a request's
-    ``alwayson_scripts``."""
+    ``alwayson_scripts``; ``init_image``: img2img's init image as sent (a Pillow image), None for txt2img."""
     from ..pipelines.controlnet import ControlNet
 
     scripts = body.get("alwayson_scripts")
@@ -191,7 +191,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         if init_image is None:
             raise ApiError(400, f"{f('image')} is missing: a txt2img ControlNet unit needs its control image "
                                 "(base64)", field=f("image"))
-        image = init_image  # A1111's img2img: a unit without an image reads the init image
+        image = b64images.rgb_array(init_image)  # A1111's img2img: a unit without an image reads the init image
     mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
     if mask not in (None, ""):
         notes.append(f"{f('mask')}: only inpaint ControlNet modules read a mask; sdrt has none, the mask was not used")
