@@ -167,6 +167,21 @@ def test_what_sdrt_does_not_run_is_named(cn_server) -> None:
     assert info["sdrt_ignored_fields"] == ["alwayson_scripts.ControlNet.args[0].made_up"]
 
 
+def test_hr_option_other_than_both_is_named_with_hires_fix(cn_models) -> None:
+    """The tiny model's size is fixed, so no hires. fix runs on it: the unit parser itself, with hires. fix on."""
+    from sdrt.serve import controlnet
+    from sdrt.serve.registry import Registry
+
+    reg = Registry(cn_models)
+    body = {"alwayson_scripts": {"controlnet": {"args": [
+        {"image": _b64(_photo()), "model": "controlnet", "hr_option": "Low res only"}]}}}
+    for hires, notes in ((True, ["alwayson_scripts.controlnet.args[0].hr_option: 'Low res only' ran as 'Both' (the "
+                                 "control on both hires. fix passes)"]), (False, [])):
+        units, got, ignored, fields = controlnet.units(body, reg, reg.model("tiny-cn"), 1 << 24, None, hires)
+        assert got == notes and ignored == [] and len(units) == 1
+        assert fields == {"controlnets": "alwayson_scripts.controlnet", "controlnets[0]": "alwayson_scripts.controlnet.args[0]"}
+
+
 def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     plain = _post(cn_server, "txt2img", BASE)
     off = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
@@ -225,6 +240,9 @@ def test_controlnet_routes(cn_server) -> None:
     assert get("/controlnet/module_list?alias_names=maybe").status_code == 422
     assert get("/controlnet/settings").json() == {"control_net_unit_count": 8}
     assert get("/sdapi/v1/scripts").json()["txt2img"] == ["controlnet"]
+    old = requests.post(f"{cn_server}/controlnet/txt2img", json={}, timeout=60)
+    assert old.status_code == 404 and "alwayson_scripts.controlnet.args" in old.json()["message"]
+    assert "GET /controlnet/module_list" in get("/controlnet/control_types").json()["message"]
 
 
 def test_detect(cn_server) -> None:
