@@ -12,6 +12,8 @@ from sdrt.pipelines.controlmaps import (
     _resample,
     canny,
     control_tensor,
+    invert,
+    processor_input,
     resize_control,
     scribble,
     threshold,
@@ -139,3 +141,56 @@ def test_binary_maps_are_rebinarized_with_otsu_as_opencv_does(size):
     w, h = (int(v) for v in size.split("x"))
     ours = resize_control(refs["image/binary"], w, h, "Just Resize")
     assert np.array_equal(ours, refs[f"binary/{size}"])
+
+
+# ------------------------------------------------------------------ the extension's processor resolution
+def test_processor_input_scales_the_shorter_side_and_pads_to_64_with_the_edges():
+    """sd-webui-controlnet's resize_image_with_pad: shorter side to the resolution (rounded), area averaging down,
+    bicubic up (the resamplers checked against OpenCV above), bottom/right edges repeated to multiples of 64."""
+    rng = np.random.default_rng(3)
+    img = rng.integers(0, 256, (80, 96, 3), dtype=np.uint8)
+    up, (h, w) = processor_input(img, 128)
+    assert (h, w) == (128, 154) and up.shape == (128, 192, 3)
+    assert np.array_equal(up[:h, :w], _resample(img, 154, 128, "cubic"))
+    assert np.array_equal(up[:, w:], np.repeat(up[:, w - 1:w], 192 - w, axis=1))
+    down, (h, w) = processor_input(img, 40)
+    assert (h, w) == (40, 48) and down.shape == (64, 64, 3)
+    assert np.array_equal(down[:h, :w], _resample(img, 48, 40, "area"))
+    assert np.array_equal(down[h:, :w], np.repeat(down[h - 1:h, :w], 64 - h, axis=0))
+    same, (h, w) = processor_input(img, 80)
+    assert (h, w) == (80, 96) and np.array_equal(same[:80, :96], img)
+
+
+def test_invert_and_threshold_as_the_extension():
+    img = np.array([[[0, 10, 200], [255, 255, 255]], [[130, 140, 150], [100, 200, 120]]], np.uint8)
+    assert np.array_equal(invert(img), 255 - img)
+    assert threshold(img, 127)[:, :, 0].tolist() == [[0, 255], [255, 0]]  # every channel above the level
+
+
+def test_preprocess_at_a_resolution_and_pixel_perfect():
+    from sdrt.pipelines.controlnet import ControlNet, preprocess, processor_resolution
+
+    rng = np.random.default_rng(4)
+    img = rng.integers(0, 256, (80, 96, 3), dtype=np.uint8)
+    padded, (h, w) = processor_input(img, 100)
+    made = preprocess(img, "threshold", 90, None, 100)
+    assert made.shape == (h, w, 3) and np.array_equal(made, threshold(padded, 90)[:h, :w])
+    assert np.array_equal(preprocess(img, "invert", resolution=100), 255 - img)  # the extension's invert: no resize
+    assert np.array_equal(preprocess(img, "canny", 50, 150), to_rgb(canny(img, 50, 150)))  # unset: the image's size
+    # pixel perfect (the extension's pixel_perfect_resolution): the shorter side once resized to the output
+    unit = ControlNet("net", img, pixel_perfect=True)
+    assert processor_resolution(unit, 80, 96, 512, 768) == round(max(768 / 80, 512 / 96) * 80)
+    unit.resize = "Resize and Fill"
+    assert processor_resolution(unit, 80, 96, 512, 768) == round(min(768 / 80, 512 / 96) * 80)
+    assert processor_resolution(ControlNet("net", img, processor_res=300), 80, 96, 64, 64) == 300
+
+
+def test_a_strip_that_would_grow_past_max_side_on_the_way_is_refused():
+    """Crop and Resize scales a 1x4000 strip by 2048 before cropping, the processor scales its short side: both
+    would make millions of pixels of a line; a ControlImageError (an InputError) instead, before any allocation."""
+    strip = np.zeros((1, 4000, 3), np.uint8)
+    with pytest.raises(InputError, match="8192000 pixels long on the way"):
+        resize_control(strip, 2048, 2048, "Crop and Resize")
+    assert resize_control(strip, 2048, 2048, "Just Resize").shape == (2048, 2048, 3)
+    with pytest.raises(InputError, match="at processor resolution 512 would be 2048000 pixels long"):
+        processor_input(strip, 512)

@@ -149,6 +149,8 @@ def test_controlnet_given_as_its_own_folder() -> None:
     ([("nope", "EDGES")], ModelError, "no ControlNet model.onnx"),
     ([("controlnet", "EDGES", float("nan"))], InputError, "scale must be a number"),
     ([ControlNet("controlnet", "EDGES", preprocessor="depth")], InputError, "unknown ControlNet preprocessor"),
+    ([ControlNet("controlnet", "EDGES", preprocessor="canny", processor_res=0)], InputError,
+     "processor_res must be a number from 1"),
     ([("controlnet",)], InputError, r"is not \(net, image"),
     ("controlnet", InputError, "controlnets must be a list"),
 ])

@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first step, as a fraction of the steps (0)")
     g.add_argument("--control-end", action="append", type=float, default=[], metavar="B",
                    help="last step, as a fraction of the steps (1)")
-    g.add_argument("--control-preprocessor", action="append", default=[], choices=["none", "canny", "scribble"],
+    g.add_argument("--control-preprocessor", action="append", default=[], choices=["none", "canny", "scribble", "threshold", "invert"],
                    help="turn the image into a control map first (none)")
     g.add_argument("--control-resize", action="append", default=[],
                    choices=["Just Resize", "Crop and Resize", "Resize and Fill"],

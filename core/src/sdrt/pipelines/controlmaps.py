@@ -5,7 +5,12 @@
   neighbours). A colour image is handled as OpenCV does: at each pixel the channel with the largest
   gradient gives the gradient. Returns a ``(H, W)`` uint8 map of 0 and 255.
 - ``threshold(image, value)``: A1111's ControlNet "threshold" (white where every channel is above
-  ``value``); ``scribble(image, value)``: dark strokes on a light page become white strokes on black.
+  ``value``); ``scribble(image, value)``: dark strokes on a light page become white strokes on black;
+  ``invert(image)``: the extension's "invert (from white bg & black line)", ``255 - image``.
+- ``processor_input(image, resolution)``: the image a preprocessor reads at a processor resolution, as
+  the extension's ``resize_image_with_pad`` makes it (shorter side scaled to ``resolution``, area
+  averaging when shrinking and bicubic when enlarging, sides padded with their edge to multiples of 64),
+  and the size to crop its map back to.
 - ``resize_control(image, width, height, mode)``: the geometry of sd-webui-controlnet's resize modes,
   ``"Just Resize"``, ``"Crop and Resize"`` and ``"Resize and Fill"`` (scale with ``k = max`` or ``min`` of
   the two ratios, sizes rounded, centred crop, or centred paste on the median border colour), with its
@@ -25,6 +30,8 @@ __all__ = [
     "ControlImageError",
     "canny",
     "control_tensor",
+    "invert",
+    "processor_input",
     "resize_control",
     "scribble",
     "threshold",
@@ -155,6 +162,11 @@ def scribble(image: np.ndarray, value: int = 127) -> np.ndarray:
     return threshold(255 - a, value)
 
 
+def invert(image: np.ndarray) -> np.ndarray:
+    """The extension's "invert": ``255 - image`` (RGB, alpha over white first); ``(H, W, 3)``."""
+    return 255 - to_rgb(_image(image, "sdrt.pipelines.controlmaps.invert"))
+
+
 # ------------------------------------------------------------------------------------------ resizing
 def _taps_area(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
     """Area averaging as taps: (dst, k) source indices and weights; each output covers src/dst inputs."""
@@ -280,10 +292,44 @@ def resize_control(image: np.ndarray, width: int, height: int, mode: str = "Crop
         out[ph:ph + nh, pw:pw + nw] = small[: h - ph, : w - pw]
         return out
     k = max(k0, k1)
+    scaled_side(old_h, old_w, k, where, "a control image this narrow, cropped and resized")
     big = _hq_resize(a, int(np.round(old_w * k)), int(np.round(old_h * k)))
     nh, nw = big.shape[:2]
     ph, pw = max(0, (nh - h) // 2), max(0, (nw - w) // 2)
     return np.ascontiguousarray(big[ph:ph + h, pw:pw + w])
+
+
+def scaled_side(h: int, w: int, k: float, where: str, what: str,
+                fix: str = "crop the control image to nearer the output's shape, or use Just Resize") -> int:
+    """The longer side of an ``h x w`` image scaled by ``k``; a ``ControlImageError`` above ``MAX_SIDE`` (a 1x4000
+    strip cropped and resized to 2048x2048 would be 8 million pixels long: gigabytes, for a 2048-pixel map)."""
+    from .bounds import MAX_SIDE
+
+    side = int(np.round(max(h, w) * k))
+    if side > MAX_SIDE:
+        raise ControlImageError(f"{what} would be {side} pixels long on the way (the image is {w}x{h}), above "
+                                f"{MAX_SIDE}", where=where, fix=fix)
+    return side
+
+
+def processor_input(image: np.ndarray, resolution: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """``(padded image, (height, width))``: the image at a preprocessor resolution, its shorter side scaled to
+    ``resolution`` (bicubic when enlarging, area averaging otherwise) and its bottom and right edges repeated up
+    to multiples of 64, as sd-webui-controlnet's ``resize_image_with_pad``; the map is cropped back to
+    ``(height, width)``."""
+    where = "sdrt.pipelines.controlmaps.processor_input"
+    a = to_rgb(_image(image, where))
+    if int(resolution) < 1:
+        raise ControlImageError(f"processor resolution {resolution}", where=where, fix="pass a positive resolution")
+    h, w = a.shape[:2]
+    k = float(resolution) / float(min(h, w))
+    scaled_side(h, w, k, where, f"the control image at processor resolution {resolution}",
+                "crop the control image to nearer a square, or pass a smaller processor resolution")
+    th, tw = max(int(np.round(h * k)), 1), max(int(np.round(w * k)), 1)
+    if (th, tw) != (h, w):
+        a = _resample(a, tw, th, "cubic" if k > 1 else "area")
+    ph, pw = -th % 64, -tw % 64
+    return np.pad(a, ((0, ph), (0, pw), (0, 0)), mode="edge"), (th, tw)
 
 
 def control_tensor(image: np.ndarray) -> np.ndarray:

@@ -40,10 +40,13 @@ from ..errors import InputError, ModelError
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
 
-__all__ = ["PREPROCESSORS", "ControlNet", "ControlState", "hook", "infotext", "parse_units", "residual_inputs"]
+__all__ = ["PREPROCESSORS", "ControlNet", "ControlState", "hook", "infotext", "parse_units", "preprocess", "residual_inputs"]
 
 #: preprocessors that need no model (sdrt.pipelines.controlmaps); "none" feeds the image as it is
-PREPROCESSORS = ("none", "canny", "scribble")
+PREPROCESSORS = ("none", "canny", "scribble", "threshold", "invert")
+#: the preprocessors that run at a processor resolution when one is given (the extension's; "invert" runs
+#: at the image's own size there too)
+AT_RESOLUTION = ("canny", "scribble", "threshold")
 DOWN_OUT, MID_OUT = "down_block_res_samples_", "mid_block_res_sample"
 DOWN_IN, MID_IN = "down_block_additional_residual_", "mid_block_additional_residual"
 #: the weights file of a diffusers ControlNet folder (named after its folder in the infotext)
@@ -57,9 +60,12 @@ class ControlNet:
     of a part of the model folder such as ``"controlnet"``, or an ``OpenedControlNet`` from
     ``sdrt.checkpoint.controlnet.open_controlnet(file, graph=...)``), the control ``image`` (HxWx3 uint8, a
     ``PIL.Image`` or a PNG/JPEG path), ``scale``, the window ``start``..``end`` (fractions of the steps),
-    the ``preprocessor`` (``none``, ``canny``, ``scribble``; ``low``/``high`` are canny's thresholds and
-    ``low`` the scribble threshold) and ``resize`` (sd-webui-controlnet's ``Just Resize``,
-    ``Crop and Resize``, ``Resize and Fill``) to the output size."""
+    the ``preprocessor`` (``none``, ``canny``, ``scribble``, ``threshold``, ``invert``; ``low``/``high`` are
+    canny's thresholds and ``low`` the scribble and threshold level) and ``resize`` (sd-webui-controlnet's
+    ``Just Resize``, ``Crop and Resize``, ``Resize and Fill``) to the output size. ``processor_res``: the
+    canny/scribble/threshold map is made with the image's shorter side at that many pixels, as the extension
+    makes it (None: at the image's own size); ``pixel_perfect``: that resolution is the extension's "pixel
+    perfect" one, the image's shorter side once resized to the output."""
 
     net: Any
     image: Any
@@ -70,9 +76,13 @@ class ControlNet:
     resize: str = "Crop and Resize"
     low: float | None = None
     high: float | None = None
+    processor_res: int | None = None
+    pixel_perfect: bool = False
     #: filled in by the pipeline
     part: Part | None = field(default=None, repr=False)
     control: np.ndarray | None = field(default=None, repr=False)
+    #: the processor resolution the first control map was made at (the infotext's), None: the image's own
+    made_at: int | None = field(default=None, repr=False)
 
     @property
     def model_name(self) -> str:
@@ -109,7 +119,8 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         where = f"controlnets[{k}]"
         if isinstance(item, ControlNet):
             unit = ControlNet(**{f: getattr(item, f) for f in ("net", "image", "scale", "start", "end", "preprocessor",
-                                                                 "resize", "low", "high")})
+                                                                 "resize", "low", "high", "processor_res",
+                                                                 "pixel_perfect")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 5:
             unit = ControlNet(*item)
         else:
@@ -124,6 +135,8 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.preprocessor not in PREPROCESSORS:
             raise InputError(f"unknown ControlNet preprocessor {unit.preprocessor!r}", where=where,
                              fix=f"use one of {', '.join(PREPROCESSORS)}")
+        if unit.processor_res is not None:
+            unit.processor_res = int(_num(unit.processor_res, f"{where} processor_res", 1, 8192))
         if unit.resize not in RESIZE_MODES:
             raise InputError(f"unknown ControlNet resize mode {unit.resize!r}", where=where,
                              fix=f"use one of {', '.join(RESIZE_MODES)}")
@@ -169,14 +182,46 @@ def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.n
     from .images import to_rgb
 
     rgb = to_rgb(unit.image, "control image")
-    if unit.preprocessor == "canny":
-        low, high = unit.low if unit.low is not None else 100, unit.high if unit.high is not None else 200
-        rgb = cm.to_rgb(cm.canny(rgb, low, high))
-    elif unit.preprocessor == "scribble":
-        rgb = cm.to_rgb(cm.scribble(rgb, int(unit.low if unit.low is not None else 127)))
-    if rgb.shape[:2] != (height, width):
-        rgb = cm.resize_control(rgb, width, height, unit.resize)
+    res = processor_resolution(unit, rgb.shape[0], rgb.shape[1], width, height)
+    if res is not None and unit.preprocessor in AT_RESOLUTION and unit.made_at is None:
+        unit.made_at = res
+    try:
+        rgb = preprocess(rgb, unit.preprocessor, unit.low, unit.high, res)
+        if rgb.shape[:2] != (height, width):
+            rgb = cm.resize_control(rgb, width, height, unit.resize)
+    except cm.ControlImageError as exc:  # named as the caller names the unit
+        raise cm.ControlImageError(exc.what, where=where, fix=exc.fix) from None
     return rgb
+
+
+def preprocess(rgb: np.ndarray, preprocessor: str, low: float | None = None, high: float | None = None,
+               resolution: int | None = None) -> np.ndarray:
+    """The control map of an HxWx3 uint8 image (HxWx3 uint8): ``preprocessor`` with its thresholds, made at
+    ``resolution`` (the image's shorter side, as the extension makes it; None: at the image's own size)."""
+    from . import controlmaps as cm
+
+    crop = None
+    if resolution is not None and preprocessor in AT_RESOLUTION:
+        rgb, crop = cm.processor_input(rgb, resolution)
+    if preprocessor == "canny":
+        rgb = cm.to_rgb(cm.canny(rgb, 100 if low is None else low, 200 if high is None else high))
+    elif preprocessor == "scribble":
+        rgb = cm.to_rgb(cm.scribble(rgb, int(127 if low is None else low)))
+    elif preprocessor == "threshold":
+        rgb = cm.threshold(rgb, int(127 if low is None else low))
+    elif preprocessor == "invert":
+        rgb = cm.invert(rgb)
+    return rgb if crop is None else np.ascontiguousarray(rgb[:crop[0], :crop[1]])
+
+
+def processor_resolution(unit: ControlNet, image_h: int, image_w: int, width: int, height: int) -> int | None:
+    """The resolution a unit's preprocessor runs at: the extension's pixel-perfect one (the image's shorter side
+    once scaled to cover the output, or to fit in it for ``Resize and Fill``), else ``processor_res``."""
+    if not unit.pixel_perfect:
+        return unit.processor_res
+    k0, k1 = height / image_h, width / image_w
+    k = min(k0, k1) if unit.resize == "Resize and Fill" else max(k0, k1)
+    return int(np.round(k * min(image_h, image_w)))
 
 
 def residual_inputs(unet: Part) -> list[str]:
@@ -289,13 +334,15 @@ def infotext(units: Sequence[ControlNet], width: int, height: int) -> dict[str, 
     fields: dict[str, str] = {}
     for k, u in enumerate(units):
         items = [("Module", u.preprocessor), ("Model", u.model_name), ("Weight", _short(u.scale)),
-                 ("Resize Mode", u.resize), ("Processor Res", str(min(width, height)))]
+                 ("Resize Mode", u.resize),
+                 ("Processor Res", str(u.made_at if u.made_at is not None else min(width, height)))]
         if u.preprocessor == "canny":
             items += [("Threshold A", _short(u.low if u.low is not None else 100)),
                       ("Threshold B", _short(u.high if u.high is not None else 200))]
-        elif u.preprocessor == "scribble":
+        elif u.preprocessor in ("scribble", "threshold"):
             items += [("Threshold A", _short(u.low if u.low is not None else 127))]
-        items += [("Guidance Start", _short(u.start)), ("Guidance End", _short(u.end)), ("Pixel Perfect", "False"),
+        items += [("Guidance Start", _short(u.start)), ("Guidance End", _short(u.end)),
+                  ("Pixel Perfect", str(bool(u.pixel_perfect))),
                   ("Control Mode", "Balanced")]
         fields[f"ControlNet {k}"] = ", ".join(f"{a}: {b}" for a, b in items)
     return fields

@@ -2,8 +2,8 @@
 
 Field names and defaults follow A1111's API models (modules/api/models.py, built from
 ``StableDiffusionProcessingTxt2Img``/``Img2Img``). Unknown fields are ignored, as A1111 ignores them;
-known fields sdrt cannot honour (face restoration, tiling, seed resize, scripts, ...)
-are listed in the response's ``info`` under ``sdrt_not_honoured`` when a request sets them.
+known fields sdrt cannot honour (face restoration, tiling, seed resize, scripts, extensions other than
+ControlNet, ...) are listed in the response's ``info`` under ``sdrt_not_honoured`` when a request sets them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import b64images
+from . import b64images, controlnet
 from .config import Limits
 from .errors import ApiError, from_pipeline
 from .fields import get_bool, get_dict, get_float, get_int, get_list, get_str
@@ -28,7 +28,6 @@ _NOT_HONOURED: list[tuple[str, tuple[Any, ...], str]] = [
     ("seed_resize_from_w", (0, -1), "seed resize is not supported"),
     ("styles", ([],), "saved prompt styles are not supported"),
     ("script_name", ("",), "A1111 scripts are not supported"),
-    ("alwayson_scripts", ({},), "A1111 extensions (ControlNet, ADetailer, ...) are not supported"),
     ("refiner_checkpoint", ("",), "refiner models are not supported"),
     ("s_churn", (0, 0.0), "sampler churn is not supported"),
     ("s_noise", (1, 1.0), "sampler noise scale is fixed at 1"),
@@ -163,18 +162,24 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         get_bool(body, key, None)  # type-checked; sdrt never saves images on the server
     for key in ("styles", "script_args"):
         get_list(body, key)
-    get_dict(body, "alwayson_scripts")
 
     source = overrides.get("randn_source") or options.get("randn_source") or "CPU"
     rng = RANDN_SOURCES[randn_source(source, "override_settings.randn_source" if overrides.get("randn_source")
                                      else "randn_source")]
     kwargs: dict[str, Any] = dict(steps=steps, cfg=cfg, sampler=sampler, schedule=scheduler, width=width,
                                   height=height, batch=batch, clip_skip=clip_skip, rng=rng)
+    init = None
     if mode == "img2img":
-        _img2img(body, kwargs, limits, not_honoured)
+        init = _img2img(body, kwargs, limits, not_honoured)
     else:
         _hires(body, kwargs, limits, not_honoured)
     _variation(body, kwargs)
+    nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
+                                                          init, "hires_scale" in kwargs,
+                                                          max(limits.max_width, limits.max_height))
+    not_honoured += notes
+    if nets:
+        kwargs["controlnets"] = nets
     try:  # the pipeline's own checks (sampler and schedule names, sizes, strength), before any model loads
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
@@ -184,9 +189,9 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     if mode == "img2img" and not get_bool(body, "include_init_images", False):
         # A1111 echoes the images only when asked (api.py: ``if not include_init_images: init_images = None``)
         params.update({k: None for k in ("init_images", "mask") if k in params})
-    ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN)
+    ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN) + net_fields
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled,
-                max_size=(limits.max_width, limits.max_height))
+                max_size=(limits.max_width, limits.max_height), fields=net_names)
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
 
 
@@ -250,7 +255,9 @@ def _variation(body: dict[str, Any], kwargs: dict[str, Any]) -> None:
         kwargs["subseed_strength"] = strength
 
 
-def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str]) -> None:
+def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str]) -> Any:
+    """A1111's img2img fields into ``kwargs``; returns the init image as sent (ControlNet units without an image
+    read it, as the extension reads ``p.init_images[0]``)."""
     images = get_list(body, "init_images")
     if not images:
         raise ApiError(400, "img2img needs init_images: a list with one base64 PNG or JPEG", field="init_images")
@@ -297,6 +304,7 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
                                 "runs as 1 (original)")
         if get_bool(body, "inpaint_full_res", False):
             not_honoured.append("inpaint_full_res: 'only masked' inpainting runs on the whole picture")
+    return img
 
 
 def _fill_masked(kwargs: dict[str, Any]) -> None:

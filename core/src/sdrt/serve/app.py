@@ -86,6 +86,13 @@ _MISSING = {
     "/sdapi/v1/create/hypernetwork": ": sdrt does not train hypernetworks",
     "/sdapi/v1/train/embedding": ": sdrt does not train embeddings",
     "/sdapi/v1/train/hypernetwork": ": sdrt does not train hypernetworks",
+    "/controlnet/txt2img": ": ControlNet units go in POST /sdapi/v1/txt2img's alwayson_scripts.controlnet.args (the "
+                           "extension's current API)",
+    "/controlnet/img2img": ": ControlNet units go in POST /sdapi/v1/img2img's alwayson_scripts.controlnet.args (the "
+                           "extension's current API)",
+    "/controlnet/control_types": ": sdrt's ControlNet modules are in GET /controlnet/module_list, its nets in "
+                                 "/controlnet/model_list",
+    "/controlnet/render_openpose_json": ": sdrt has no openpose renderer",
 }
 
 

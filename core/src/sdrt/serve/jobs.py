@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import re
 import threading
 import time
 import uuid
@@ -48,6 +49,9 @@ class Work:
     #: this server's largest width and height, checked (with the hires. fix's scale) once the model's own size is
     #: known, for a request that leaves width or height to the model
     max_size: tuple[int, int] | None = None
+    #: the request's field of a pipeline argument a refusal may name (``controlnets[0]`` ->
+    #: ``alwayson_scripts.controlnet.args[2]``): the client reads its own field, never a server path
+    fields: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -148,7 +152,12 @@ def _public_error(exc: BaseException) -> ApiError:
         from .errors import from_pipeline
 
         inner = from_pipeline(exc.__cause__)  # what and what to do, with the field named as the request names it
-        return ApiError(400, f"the model {exc.args[0]} refused the request: {inner.message}", field=inner.field)
+        names = exc.args[1] if len(exc.args) > 1 else {}
+        # "controlnets[0] (/models/ControlNet/x.safetensors)": the unit's own field, without the file's path
+        key = re.match(r"\w+(\[\d+\])?", inner.field or "")
+        name = names.get(key.group(0)) if key else None
+        return ApiError(400, f"the model {exc.args[0]} refused the request: {inner.message}",
+                        field=name or inner.field)
     if isinstance(exc, _Generating) and exc.__cause__ is not None:
         exc = exc.__cause__
     if isinstance(exc, (InputError, SamplerError, WeightsError)):
@@ -251,7 +260,7 @@ class Worker(threading.Thread):
                 try:
                     gen, stopped = self._generate(job, pipe, on_step, k, kwargs, result)
                 except SdrtError as exc:
-                    raise _Generating(w.model.name) from exc
+                    raise _Generating(w.model.name, w.fields) from exc
                 if gen is not None:  # a stopped run's partial images too, as A1111 gives them
                     result.images += gen.images
                     result.settings += gen.settings

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,38 @@ def _short_hash(unet: Path) -> str:
     return h.hexdigest()[:10]
 
 
+@dataclass(frozen=True)
+class ControlNetEntry:
+    """A ControlNet a request can name: a ``.safetensors`` file or a folder (``model.onnx``, or diffusers'
+    weights) in the models folder's ``ControlNet/``, or a model folder's own ``controlnet*`` part (``owner``: that
+    model, the only one it runs with). ``hash``: A1111's short model hash, as sd-webui-controlnet lists it."""
+
+    name: str
+    path: Path
+    hash: str
+    owner: str | None = None
+
+    @property
+    def title(self) -> str:
+        return f"{self.name} [{self.hash}]"
+
+
+def a1111_old_hash(path: Path) -> str:
+    """A1111's short model hash (``sd_models.model_hash``), which sd-webui-controlnet puts after a ControlNet's
+    name: the first 8 hex digits of the SHA-256 of 64 KiB read at 1 MiB (of nothing, for a smaller file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(0x100000)
+        h.update(f.read(0x10000))
+    return h.hexdigest()[:8]
+
+
+#: a ControlNet name's A1111 hash suffix (``"control_v11p_sd15_canny [d14c016b]"``)
+_HASH_SUFFIX = re.compile(r"\s*\[[0-9A-Za-z]{0,64}\]\s*$")
+#: the extensions a ControlNet name may be given with
+_NET_SUFFIXES = (".safetensors", ".pth", ".pt", ".ckpt", ".bin", ".onnx")
+
+
 class Registry:
     """What the server can load. ``models=None`` serves the embedded demo model only."""
 
@@ -68,6 +101,7 @@ class Registry:
         self.embedding_dir = embedding_dir
         self._lock = threading.Lock()
         self._hashes: dict[tuple[Path, float], str] = {}
+        self._net_hashes: dict[tuple[Path, float], str] = {}
         self._models: dict[str, ModelEntry] = {}
         self.refresh()
 
@@ -173,6 +207,76 @@ class Registry:
                                 ".safetensors checkpoint")
         return models[0]
 
+    # ---------------------------------------------------------------- ControlNets
+    @property
+    def controlnet_dir(self) -> Path | None:
+        """The models folder's ``ControlNet/`` (A1111's ``models/ControlNet``; any case), if there is one."""
+        if self.models_dir is None or not self.models_dir.is_dir():
+            return None
+        return next((p for p in sorted(self.models_dir.iterdir()) if p.is_dir() and p.name.casefold() == "controlnet"
+                     and not (p / "model_index.json").is_file()), None)
+
+    def _net_hash(self, path: Path) -> str:
+        key = (path, path.stat().st_mtime)
+        if key not in self._net_hashes:
+            self._net_hashes[key] = a1111_old_hash(path)
+        return self._net_hashes[key]
+
+    @property
+    def controlnets(self) -> list[ControlNetEntry]:
+        """Every ControlNet a request can name, read from the folders now: ``ControlNet/``'s files and folders,
+        then the model folders' own ``controlnet*`` parts."""
+        from ..checkpoint.controlnet import folder_file
+
+        found: list[ControlNetEntry] = []
+        folder = self.controlnet_dir
+        for p in sorted(folder.iterdir()) if folder is not None else []:
+            if p.is_file() and p.suffix.lower() == ".safetensors":
+                found.append(ControlNetEntry(p.stem, p, self._net_hash(p)))
+            elif p.is_dir():
+                weights = p / "model.onnx_data" if (p / "model.onnx_data").is_file() else p / "model.onnx"
+                if not (p / "model.onnx").is_file():
+                    weights = folder_file(p)
+                if weights is not None:
+                    found.append(ControlNetEntry(p.name, p, self._net_hash(weights)))
+        for model in self.models:
+            if model.weights is not None or not model.path.is_dir():
+                continue
+            for p in sorted(model.path.glob("controlnet*")):
+                if (p / "model.onnx").is_file():
+                    data = p / "model.onnx_data"
+                    found.append(ControlNetEntry(p.name, p, self._net_hash(data if data.is_file() else p / "model.onnx"),
+                                                 owner=model.name))
+        return found
+
+    def controlnet(self, name: Any, model: ModelEntry, field: str) -> ControlNetEntry:
+        """The ControlNet a unit's ``model`` names for ``model`` (its title, its name with or without A1111's hash
+        suffix or a file extension, in any case); 400 naming ``field`` and the choices when none matches."""
+        if not isinstance(name, str):
+            raise ApiError(422, f"{field} must be a string (a name from /controlnet/model_list)", field=field)
+        every = self.controlnets
+        mine = [e for e in every if e.owner in (None, model.name)]
+        text = name.strip()
+        bare = _HASH_SUFFIX.sub("", text).strip().casefold()
+        stem = next((bare[: -len(x)] for x in _NET_SUFFIXES if bare.endswith(x)), bare)
+        for e in mine:
+            if text in (e.title, e.name):
+                return e
+        for key in (bare, stem):
+            for e in mine:
+                if key == e.name.casefold():
+                    return e
+        other = next((e for e in every if e.owner is not None and stem == e.name.casefold()), None)
+        if other is not None:
+            raise ApiError(400, f"the ControlNet {name[:200]!r} is a part of the model folder {other.owner} and runs "
+                                f"with that model only (this request runs {model.name})", field=field)
+        choices = ", ".join(e.title for e in mine) or "none"
+        where = "" if self.controlnet_dir is not None else (
+            "; put ControlNet .safetensors files or ONNX folders in a ControlNet folder inside the models folder")
+        if text in ("", "None"):
+            raise ApiError(400, f"{field} names no ControlNet model; this server has: {choices}{where}", field=field)
+        raise ApiError(400, f"no ControlNet model named {name[:200]!r}; this server has: {choices}{where}", field=field)
+
     # ---------------------------------------------------------------- LoRAs and embeddings
     @staticmethod
     def _files(folder: Path | None) -> dict[str, Path]:
@@ -211,4 +315,4 @@ class Registry:
                                     f"server; {where}", field=field)
 
 
-__all__ = ["ModelEntry", "Registry"]
+__all__ = ["ControlNetEntry", "ModelEntry", "Registry"]

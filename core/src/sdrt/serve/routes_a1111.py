@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..pipelines.hires import IMAGE_MODES, LATENT_MODES
-from . import a1111, responses
+from . import a1111, controlnet, responses
 from .errors import ApiError
 from .fields import get_bool, get_str
 from .http import read_json, wait_for_job
@@ -207,6 +207,49 @@ async def ping(request: Request) -> JSONResponse:
     return JSONResponse({})
 
 
+def _query_bool(request: Request, name: str, default: bool) -> bool:
+    text = request.query_params.get(name)
+    if text is None:
+        return default
+    if text.strip().lower() in ("true", "1", "yes", "on"):
+        return True
+    if text.strip().lower() in ("false", "0", "no", "off", ""):
+        return False
+    raise ApiError(422, f"{name} must be true or false, got {text[:40]!r}", field=name)
+
+
+async def cn_version(request: Request) -> JSONResponse:
+    return JSONResponse({"version": controlnet.API_VERSION})
+
+
+async def cn_models(request: Request) -> JSONResponse:
+    """sd-webui-controlnet's model list: ``name [hash]`` of each ControlNet a unit can name (read from the folders
+    on every call, so ``?update=true`` and ``false`` answer alike)."""
+    _query_bool(request, "update", True)
+    nets = await run_in_threadpool(lambda: _state(request).registry.controlnets)
+    seen: dict[str, str] = {}
+    for e in nets:  # a part name several model folders share is listed once
+        seen.setdefault(e.name.casefold(), e.title)
+    return JSONResponse({"model_list": list(seen.values())})
+
+
+async def cn_modules(request: Request) -> JSONResponse:
+    alias = _query_bool(request, "alias_names", False)
+    return JSONResponse({"module_list": controlnet.module_list(alias), "module_detail": controlnet.module_detail(alias)})
+
+
+async def cn_settings(request: Request) -> JSONResponse:
+    return JSONResponse({"control_net_unit_count": controlnet.MAX_UNITS})
+
+
+async def cn_detect(request: Request) -> JSONResponse:
+    st = _state(request)
+    body = await read_json(request, st.limits.max_body_bytes)
+    lim = st.limits
+    return JSONResponse(await run_in_threadpool(controlnet.detect, body, lim.max_width * lim.max_height * 4,
+                                                max(lim.max_width, lim.max_height)))
+
+
 def _empty(value: Any) -> Any:
     async def route(request: Request) -> JSONResponse:
         return JSONResponse(value)
@@ -241,13 +284,20 @@ ROUTES = [
     Route("/sdapi/v1/hypernetworks", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/face-restorers", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/prompt-styles", _empty([]), methods=["GET"]),
-    Route("/sdapi/v1/scripts", _empty({"txt2img": [], "img2img": []}), methods=["GET"]),
+    # the always-on scripts a request's alwayson_scripts may name (A1111 lists scripts by their lower-case titles)
+    Route("/sdapi/v1/scripts", _empty({"txt2img": ["controlnet"], "img2img": ["controlnet"]}), methods=["GET"]),
     Route("/sdapi/v1/cmd-flags", _empty({}), methods=["GET"]),
     Route("/sdapi/v1/script-info", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/memory", memory, methods=["GET"]),
     Route("/sdapi/v1/extensions", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/realesrgan-models", _empty([]), methods=["GET"]),
     Route("/internal/ping", ping, methods=["GET"]),
+    # sd-webui-controlnet's routes (its scripts/api.py)
+    Route("/controlnet/version", cn_version, methods=["GET"]),
+    Route("/controlnet/model_list", cn_models, methods=["GET"]),
+    Route("/controlnet/module_list", cn_modules, methods=["GET"]),
+    Route("/controlnet/settings", cn_settings, methods=["GET"]),
+    Route("/controlnet/detect", cn_detect, methods=["POST"]),
     Route("/internal/progress", internal_progress, methods=["POST"]),
 ]
 

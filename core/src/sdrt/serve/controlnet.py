@@ -1,0 +1,273 @@
+"""sd-webui-controlnet's API on sdrt's ControlNet: ``alwayson_scripts.controlnet`` units and ``/controlnet/*``.
+
+A unit (the extension's ``ControlNetUnit``, as ``external_code.to_processing_unit`` reads a dict: ``input_image``
+for ``image``, ``guidance`` for ``guidance_end``, ``lowvram``/``guessmode`` for ``low_vram``/``guess_mode``,
+``mask``/``mask_image`` beside the image) becomes a :class:`sdrt.pipelines.ControlNet`. Its ``model`` is looked up
+in the registry (``ControlNet/`` of the models folder, and the model folder's own ``controlnet*`` parts); its
+``module`` is one of the extension's model-free preprocessors sdrt has (``none``, ``canny``, ``invert``,
+``threshold``, and ControlNet 1.0's ``scribble``); anything else is a 400 naming the unit's field. What sdrt runs
+differently is named in ``info.sdrt_not_honoured``, and a unit's keys that are no ControlNetUnit field in
+``info.sdrt_ignored_fields``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import b64images
+from .errors import ApiError
+from .fields import get_bool, get_float
+from .registry import ModelEntry, Registry
+
+#: ``/controlnet/version``: the extension's API version
+API_VERSION = 2
+#: the most units one request may hold (each distinct net is a model the worker loads)
+MAX_UNITS = 8
+#: the extension's module names (and its UI alias names) -> sdrt's preprocessor
+MODULES = {"none": "none", "canny": "canny", "invert": "invert", "threshold": "threshold", "scribble": "scribble"}
+ALIASES = {"invert": "invert (from white bg & black line)"}
+_RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
+#: ``module_detail``'s sliders, as the extension describes them (processor_res, threshold_a, threshold_b)
+SLIDERS: dict[str, list[dict[str, Any]]] = {
+    "none": [], "invert": [],
+    "canny": [_RES, {"name": "Canny Low Threshold", "value": 100, "min": 1, "max": 255},
+              {"name": "Canny High Threshold", "value": 200, "min": 1, "max": 255}],
+    "threshold": [_RES, {"name": "Binarization Threshold", "value": 127, "min": 0, "max": 255}],
+    "scribble": [_RES],
+}
+RESIZE_MODES = ("Just Resize", "Crop and Resize", "Resize and Fill")
+#: the extension's resize mode names, with its aliases and A1111's img2img names (3: latent upscale -> just resize)
+_RESIZE_NAMES = {**{m.casefold(): m for m in RESIZE_MODES}, "inner fit (scale to fit)": "Crop and Resize",
+                 "scale to fit (inner fit)": "Crop and Resize", "outer fit (shrink to fit)": "Resize and Fill",
+                 "envelope (outer fit)": "Resize and Fill", "just resize (latent upscale)": "Just Resize"}
+CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
+HR_OPTIONS = ("Both", "Low res only", "High res only")
+#: module families sdrt cannot run, and what they need
+_NEEDS = (("inpaint", "the inpaint ControlNet's masked conditioning"), ("reference", "reference-only attention hooks"),
+          ("ip-adapter", "IP-Adapter's image encoder and attention layers"), ("ip_adapter", "IP-Adapter"),
+          ("instant_id", "InstantID's face models"), ("revision", "CLIP vision conditioning"),
+          ("clip_vision", "CLIP vision conditioning"), ("t2ia", "T2I-Adapters"), ("pulid", "PuLID's face models"))
+#: a unit's keys that are the extension's (its UI's and batch state too) and change nothing sdrt makes
+_QUIET = frozenset("""enabled image input_image mask mask_image module model weight resize_mode low_vram lowvram
+processor_res threshold_a threshold_b guidance_start guidance_end guidance pixel_perfect control_mode guess_mode
+guessmode hr_option save_detected_map inpaint_crop_input_image advanced_weighting is_ui input_mode batch_images
+output_dir loopback use_preview_as_input generated_image batch_image_dir batch_mask_dir batch_input_gallery
+batch_mask_gallery""".split())
+
+
+def module_list(alias_names: bool) -> list[str]:
+    return [ALIASES.get(m, m) if alias_names else m for m in MODULES]
+
+
+def module_detail(alias_names: bool) -> dict[str, Any]:
+    return {ALIASES.get(m, m) if alias_names else m: {"model_free": False, "sliders": SLIDERS[m]} for m in MODULES}
+
+
+def module(value: Any, field: str) -> str:
+    """sdrt's preprocessor for the extension's ``module`` (or its alias name); 400 naming what it needs otherwise."""
+    if value is None:
+        return "none"
+    if not isinstance(value, str):
+        raise ApiError(422, f"{field} must be a string (a name from /controlnet/module_list)", field=field)
+    text = value.strip().casefold()
+    for name, alias in ALIASES.items():
+        if text == alias.casefold():
+            text = name
+    if text in MODULES:
+        return MODULES[text]
+    need = next((why for key, why in _NEEDS if key in text), None)
+    have = ", ".join(MODULES)
+    if need is not None:
+        raise ApiError(400, f"{field}: the ControlNet module {value[:80]!r} needs {need}, which sdrt does not have; "
+                            f"sdrt runs {have}", field=field)
+    raise ApiError(400, f"{field}: the ControlNet preprocessor {value[:80]!r} is not one of sdrt's ({have}); make "
+                        "the control map elsewhere and send it with module none", field=field)
+
+
+def resize_mode(value: Any, field: str) -> str:
+    if value is None:
+        return "Crop and Resize"  # the extension's ControlNetUnit default (INNER_FIT)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool):
+        if 0 <= value <= 3:
+            return RESIZE_MODES[value] if value < 3 else "Just Resize"
+    elif isinstance(value, str) and value.strip().casefold() in _RESIZE_NAMES:
+        return _RESIZE_NAMES[value.strip().casefold()]
+    raise ApiError(400, f"{field} must be 0, 1, 2 or one of {', '.join(RESIZE_MODES)}, got {str(value)[:40]!r}",
+                   field=field)
+
+
+def _choice(value: Any, names: tuple[str, ...], field: str) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(names):
+        return value
+    if isinstance(value, str):
+        for k, name in enumerate(names):
+            if value.strip().casefold() == name.casefold():
+                return k
+    raise ApiError(400, f"{field} must be 0 to {len(names) - 1} or one of {', '.join(names)}, got "
+                        f"{str(value)[:40]!r}", field=field)
+
+
+def _image(value: Any, field: str, max_pixels: int) -> tuple[Any, Any]:
+    """``(image, mask)`` from a unit's image: base64, a ``{"image", "mask"}`` dict, or a list of one."""
+    if isinstance(value, list):
+        if len(value) > 1:
+            raise ApiError(400, f"{field} holds {len(value)} images; sdrt's ControlNet modules take one", field=field)
+        value = value[0] if value else None
+    mask = None
+    if isinstance(value, dict):
+        mask = value.get("mask")
+        value = value.get("image")
+    if value is None or value == "":
+        return None, mask
+    return b64images.rgb_array(b64images.decode(value, field, max_pixels)), mask
+
+
+def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixels: int,
+          init_image: Any, hires: bool, max_res: int = 2048) -> tuple[list[Any], list[str], list[str], dict[str, str]]:
+    """``(sdrt ControlNet units, not honoured, ignored fields, {pipeline argument: request field})`` of a request's
+    ``alwayson_scripts``; ``init_image``: img2img's init image as sent (a Pillow image), None for txt2img."""
+    from ..pipelines.controlnet import ControlNet
+
+    scripts = body.get("alwayson_scripts")
+    if scripts is None:
+        return [], [], [], {}
+    if not isinstance(scripts, dict):
+        raise ApiError(422, "alwayson_scripts must be an object", field="alwayson_scripts")
+    notes: list[str] = []
+    found = None
+    for name, value in scripts.items():
+        if str(name).strip().casefold() == "controlnet":
+            found = (str(name), value)
+        else:
+            notes.append(f"alwayson_scripts.{str(name)[:60]}: this A1111 extension is not part of sdrt (ControlNet is)")
+    if found is None:
+        return [], notes, [], {}
+    key, value = found
+    if not isinstance(value, dict) or not isinstance(value.get("args", []), list):
+        raise ApiError(422, f"alwayson_scripts.{key} must be an object with args, a list of ControlNet units",
+                       field=f"alwayson_scripts.{key}")
+    args = value.get("args") or []
+    out: list[Any] = []
+    ignored: list[str] = []
+    enabled = 0
+    fields = {"controlnets": f"alwayson_scripts.{key}"}
+    for k, unit in enumerate(args):
+        where = f"alwayson_scripts.{key}.args[{k}]"
+        if not isinstance(unit, dict):
+            raise ApiError(422, f"{where} must be an object (a ControlNet unit); positional script args are not read",
+                           field=where)
+        if not get_bool(unit, "enabled", True):
+            continue
+        enabled += 1
+        if enabled > MAX_UNITS:
+            raise ApiError(400, f"alwayson_scripts.{key} enables more than {MAX_UNITS} ControlNet units, this "
+                                "server's limit", field=f"alwayson_scripts.{key}")
+        ignored += [f"{where}.{str(f)[:60]}" for f in unit if f not in _QUIET]
+        fields[f"controlnets[{len(out)}]"] = where
+        out.append(_unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res))
+    return out, notes, ignored, fields
+
+
+def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntry, max_pixels: int,
+          init_image: Any, hires: bool, notes: list[str], make: Any, max_res: int) -> Any:
+    def f(name: str) -> str:
+        return f"{where}.{name}"
+
+    def num(name: str, default: Any, low: float | None, high: float | None) -> Any:
+        try:
+            return get_float(unit, name, default, low, high)
+        except ApiError as exc:  # the field as the request nests it
+            raise ApiError(exc.status, exc.message.replace(name, f(name), 1), field=f(name)) from None
+
+    pre = module(unit.get("module"), f("module"))
+    net = registry.controlnet(unit.get("model"), model, f("model"))
+    image_key = "image" if unit.get("image") not in (None, "") else "input_image"
+    image, mask = _image(unit.get(image_key), f(image_key), max_pixels)
+    if image is None:
+        if init_image is None:
+            raise ApiError(400, f"{f('image')} is missing: a txt2img ControlNet unit needs its control image "
+                                "(base64)", field=f("image"))
+        image = b64images.rgb_array(init_image)  # A1111's img2img: a unit without an image reads the init image
+    mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
+    if mask not in (None, ""):
+        notes.append(f"{f('mask')}: only inpaint ControlNet modules read a mask; sdrt has none, the mask was not used")
+    weight = num("weight", 1.0, 0.0, 10.0)
+    start = num("guidance_start", 0.0, 0.0, 1.0)
+    end_key = "guidance_end" if unit.get("guidance_end") is not None else "guidance"
+    end = num(end_key, 1.0, 0.0, 1.0)
+    if start > end:
+        raise ApiError(400, f"{f('guidance_start')} {start:g} is after {f(end_key)} {end:g}", field=f("guidance_start"))
+    resize = resize_mode(unit.get("resize_mode"), f("resize_mode"))
+    sliders = SLIDERS[next(m for m, p in MODULES.items() if p == pre)]
+    res = num("processor_res", -1.0, None, float(max_res))  # a map that size: the server's largest side
+    a = num("threshold_a", -1.0, None, None)
+    b = num("threshold_b", -1.0, None, None)
+    defaults = [s["value"] for s in sliders] + [None] * 3
+    # the extension's bound_check_params: a negative slider value takes its default; a module without the slider
+    # never reads it (its own "scribble" has a fixed level, 127)
+    res = (defaults[0] if res < 0 else res) if sliders else None
+    a = (defaults[1] if a < 0 else a) if len(sliders) > 1 else None
+    b = (defaults[2] if b < 0 else b) if len(sliders) > 2 else None
+    if res is not None and res < 1:
+        raise ApiError(400, f"{f('processor_res')} must be at least 1, got {res:g}", field=f("processor_res"))
+    if pre == "threshold" and a is not None and a > 255:
+        raise ApiError(400, f"{f('threshold_a')} must be at most 255 (a grey level), got {a:g}", field=f("threshold_a"))
+    mode = _choice(unit.get("control_mode", 0), CONTROL_MODES, f("control_mode"))
+    if mode:
+        notes.append(f"{f('control_mode')}: {CONTROL_MODES[mode]!r} ran as 'Balanced', the only control mode sdrt has")
+    if get_bool(unit, "guess_mode", None) or get_bool(unit, "guessmode", None):
+        notes.append(f"{f('guess_mode')}: guess mode is gone from the extension (1.1.136; control_mode replaced it) "
+                     "and is not run")
+    if unit.get("advanced_weighting") not in (None, []):
+        notes.append(f"{f('advanced_weighting')}: per-layer weights are not supported; weight ran for every layer")
+    hr = _choice(unit.get("hr_option", 0), HR_OPTIONS, f("hr_option"))
+    if hr and hires:
+        notes.append(f"{f('hr_option')}: {HR_OPTIONS[hr]!r} ran as 'Both' (the control on both hires. fix passes)")
+    return make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize,
+                low=a, high=b, processor_res=None if res is None else int(res),
+                pixel_perfect=bool(get_bool(unit, "pixel_perfect", False)))
+
+
+def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
+    """``POST /controlnet/detect``: each input image's control map at the processor resolution, base64 PNGs."""
+    import base64
+
+    from ..pipelines.controlnet import preprocess
+    from ..pipelines.png import encode_png
+
+    if not isinstance(body, dict):
+        raise ApiError(422, "the body must be a JSON object with controlnet_module and controlnet_input_images")
+    images = body.get("controlnet_input_images")
+    key = "controlnet_input_images"
+    if images is None:  # webuiapi's controlnet_detect sends the extension's older name
+        images, key = body.get("controlnet_images"), "controlnet_images"
+    if images is not None and not isinstance(images, list):
+        raise ApiError(422, f"{key} must be a list of base64 images", field=key)
+    pre = module(body.get("controlnet_module", "none"), "controlnet_module")
+    if not images:
+        raise ApiError(422, "No image selected: controlnet_input_images is empty", field=key)
+    unit = {"processor_res": body.get("controlnet_processor_res"), "threshold_a": body.get("controlnet_threshold_a"),
+            "threshold_b": body.get("controlnet_threshold_b")}
+    sliders = SLIDERS[next(m for m, p in MODULES.items() if p == pre)]
+    vals = []
+    for k, name in enumerate(("processor_res", "threshold_a", "threshold_b")):
+        v = get_float(unit, name, -1.0, None, float(max_res) if k == 0 else None)
+        vals.append((sliders[k]["value"] if v < 0 else v) if len(sliders) > k else None)
+    res, a, b = vals
+    if res is not None and res < 1:
+        raise ApiError(400, f"controlnet_processor_res must be at least 1, got {res:g}", field="controlnet_processor_res")
+    if pre == "threshold" and a is not None and a > 255:
+        raise ApiError(400, f"controlnet_threshold_a must be at most 255, got {a:g}", field="controlnet_threshold_a")
+    out = []
+    for k, text in enumerate(images):
+        rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
+        made = preprocess(rgb, pre, a, b, None if res is None else int(res))
+        out.append(base64.b64encode(encode_png(made)).decode("ascii"))
+    return {"images": out, "info": "Success"}
+
+
+__all__ = ["API_VERSION", "MAX_UNITS", "MODULES", "detect", "module_detail", "module_list", "units"]

@@ -1,0 +1,323 @@
+"""ControlNet through the A1111 API, as sd-webui-controlnet exposes it: ``alwayson_scripts.controlnet`` units from
+``webuiapi``'s ``ControlNetUnit`` (a client no one here wrote) and from raw HTTP, against a live server serving the
+tiny SD 1.5 ControlNet model (tests/data/pipelines/tiny-sd15-controlnet: its own ``controlnet``/``controlnet_2``
+parts, and a copy of ``controlnet_2`` in the models folder's ``ControlNet/``). Each picture equals what the Python
+API makes for the same unit (whose ControlNet is checked against diffusers in tests/pipelines); the
+``/controlnet/*`` routes answer from what the server has."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from serve_helpers import live_server, needs_server
+
+from sdrt import pipelines
+from sdrt.pipelines.controlnet import ControlNet, preprocess
+
+pytestmark = needs_server
+Image = pytest.importorskip("PIL.Image", reason="the serve tests need Pillow")
+requests = pytest.importorskip("requests", reason="the serve tests need requests")
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines" / "tiny-sd15-controlnet"
+PROMPT = "a photo of a red cat sitting on a wooden table, sunset"
+
+
+@pytest.fixture(scope="module")
+def cn_models(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cn-models")
+    shutil.copytree(DATA, root / "tiny-cn")
+    (root / "ControlNet").mkdir()
+    shutil.copytree(DATA / "controlnet_2", root / "ControlNet" / "tiny_scribble")
+    shutil.copytree(pipelines.DEMO_MODEL, root / "zz-demo")  # a model whose UNet takes no residuals
+    lora = Path(__file__).resolve().parents[1] / "data" / "ckpt" / "sd1" / "lora_kohya.safetensors"
+    shutil.copy(lora, root / "ControlNet" / "not_a_net.safetensors")  # listed as A1111 lists files; refused on use
+    return root
+
+
+@pytest.fixture(scope="module")
+def cn_server(cn_models) -> Iterator[str]:
+    from sdrt.serve import ServeConfig
+
+    with live_server(ServeConfig(models=cn_models, backend="openvino")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def pipe(cn_models):
+    with pipelines.load(cn_models / "tiny-cn", backend="openvino") as p:
+        yield p
+
+
+def _photo(h: int = 80, w: int = 96) -> np.ndarray:
+    """A picture with edges at every angle: a disc and a bar on a gradient."""
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.zeros((h, w, 3), np.uint8)
+    img[..., 0] = (x * 255 // w).astype(np.uint8)
+    img[..., 1] = (y * 255 // h).astype(np.uint8)
+    disc = (y - h / 2) ** 2 + (x - w / 3) ** 2 < (h / 4) ** 2
+    img[disc] = (250, 240, 230)
+    img[h // 5: h // 5 + 6, w // 2: w - 8] = (10, 10, 10)
+    return img
+
+
+def _b64(a: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _rgb(b64: str) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
+
+
+def _post(url: str, route: str, body: dict) -> requests.Response:
+    return requests.post(f"{url}/sdapi/v1/{route}", json=body, timeout=300)
+
+
+BASE = dict(prompt=PROMPT, steps=4, width=64, height=64, seed=11, sampler_name="Euler", cfg_scale=7)
+
+
+def _python(pipe, units: list[ControlNet], **kw) -> np.ndarray:
+    args = dict(steps=4, width=64, height=64, seed=11, sampler="Euler", cfg=7)
+    args.update(kw)
+    return pipe.generate(PROMPT, controlnets=units, **args).images[0]
+
+
+# ------------------------------------------------------------------ webuiapi's ControlNetUnit
+def test_webuiapi_controlnet_unit_gives_the_python_apis_image(cn_server, cn_models, pipe) -> None:
+    webuiapi = pytest.importorskip("webuiapi", reason="the webuiapi client is a test dependency: pip install webuiapi")
+    host, port = cn_server.removeprefix("http://").split(":")
+    api = webuiapi.WebUIApi(host=host, port=int(port), sampler="Euler", steps=4)
+    assert api.controlnet_version() == 2
+    models = api.controlnet_model_list()
+    title = next(m for m in models if m.startswith("tiny_scribble ["))
+    photo = _photo()
+    unit = webuiapi.ControlNetUnit(image=Image.fromarray(photo), module="canny", model=title, weight=0.7,
+                                   resize_mode="Just Resize", processor_res=128, threshold_a=80, threshold_b=160,
+                                   guidance_start=0.1, guidance_end=0.8)
+    # webuiapi puts the units into its txt2img's default alwayson_scripts dict, which it mutates: every later call
+    # in this process (other tests too) would send them again, so each call here passes a dict of its own
+    r = api.txt2img(prompt=PROMPT, seed=11, width=64, height=64, cfg_scale=7, controlnet_units=[unit],
+                    alwayson_scripts={})
+    # webuiapi sends its whole unit (mask None, hr_option Both, low_vram, pixel_perfect, control_mode Balanced):
+    # nothing in it is left undone or unread
+    assert r.info["sdrt_not_honoured"] == [] and r.info["sdrt_ignored_fields"] == []
+    want = _python(pipe, [ControlNet(str(cn_models / "ControlNet" / "tiny_scribble"), photo, 0.7, 0.1, 0.8, "canny",
+                                     "Just Resize", 80, 160, processor_res=128)])
+    assert np.array_equal(np.asarray(r.image.convert("RGB")), want)
+    text = r.info["infotexts"][0]
+    assert ('ControlNet 0: "Module: canny, Model: tiny_scribble, Weight: 0.7, Resize Mode: Just Resize, '
+            'Processor Res: 128, Threshold A: 80, Threshold B: 160, Guidance Start: 0.1, Guidance End: 0.8, '
+            'Pixel Perfect: False, Control Mode: Balanced"') in text
+    # the unit changed the picture
+    plain = api.txt2img(prompt=PROMPT, seed=11, width=64, height=64, cfg_scale=7, alwayson_scripts={})
+    assert np.abs(np.asarray(plain.image.convert("RGB")).astype(int) - want).max() > 8
+    detected = api.controlnet_detect([Image.fromarray(photo)], module="canny", processor_res=128, threshold_a=80,
+                                     threshold_b=160)
+    assert detected.info == "Success"  # webuiapi reads the answer as a generation's: images decoded, info kept
+    assert np.array_equal(np.asarray(detected.image.convert("RGB")), preprocess(photo, "canny", 80, 160, 128))
+
+
+# ------------------------------------------------------------------ raw HTTP
+def test_two_units_img2img_and_the_init_image_as_control(cn_server, cn_models, pipe) -> None:
+    """img2img: a unit without an image reads the init image (as the extension reads ``p.init_images[0]``); a
+    disabled unit is skipped; the model folder's own part is named as its folder names it."""
+    init = _photo(64, 64)
+    units = [{"enabled": True, "module": "invert", "model": "controlnet", "weight": 0.9, "resize_mode": 1,
+              "control_mode": "Balanced"},
+             {"enabled": False, "model": "no such net"},
+             {"input_image": _b64(_photo()), "module": "threshold", "model": "TINY_SCRIBBLE [0123abcd]",
+              "threshold_a": 100, "guidance": 0.5, "resize_mode": "Resize and Fill", "pixel_perfect": True}]
+    r = _post(cn_server, "img2img", dict(BASE, init_images=[_b64(init)], denoising_strength=0.6,
+                                         alwayson_scripts={"controlnet": {"args": units}}))
+    assert r.status_code == 200, r.text
+    info = json.loads(r.json()["info"])
+    assert info["sdrt_not_honoured"] == [] and info["sdrt_ignored_fields"] == []
+    want = _python(pipe, [ControlNet("controlnet", init, 0.9, 0.0, 1.0, "invert", "Crop and Resize"),
+                          ControlNet(str(cn_models / "ControlNet" / "tiny_scribble"), _photo(), 1.0, 0.0, 0.5,
+                                     "threshold", "Resize and Fill", 100, processor_res=512, pixel_perfect=True)],
+                   init_image=init, strength=0.6)
+    assert np.array_equal(_rgb(r.json()["images"][0]), want)
+    text = info["infotexts"][0]
+    assert 'ControlNet 0: "Module: invert, Model: controlnet, Weight: 0.9,' in text
+    # pixel perfect: the 80x96 image fitted into 64x64 has a shorter side of 53 pixels
+    assert 'ControlNet 1: "Module: threshold, Model: tiny_scribble, Weight: 1, Resize Mode: Resize and Fill, ' \
+           'Processor Res: 53, Threshold A: 100, Guidance Start: 0, Guidance End: 0.5, Pixel Perfect: True' in text
+
+
+def test_what_sdrt_does_not_run_is_named(cn_server) -> None:
+    unit = {"image": _b64(_photo(64, 64)), "model": "controlnet", "control_mode": 2, "guess_mode": True,
+            "mask": _b64(_photo(64, 64)), "advanced_weighting": [1.0] * 13, "made_up": 1}
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"ControlNet": {"args": [unit]},
+                                                                "ADetailer": {"args": [{"ad_model": "face"}]}}))
+    assert r.status_code == 200, r.text
+    info = json.loads(r.json()["info"])
+    notes = "\n".join(info["sdrt_not_honoured"])
+    for words in ("alwayson_scripts.ADetailer: this A1111 extension is not part of sdrt",
+                  "args[0].control_mode: 'ControlNet is more important' ran as 'Balanced'", "args[0].guess_mode",
+                  "args[0].mask: only inpaint ControlNet modules read a mask", "args[0].advanced_weighting"):
+        assert words in notes
+    assert info["sdrt_ignored_fields"] == ["alwayson_scripts.ControlNet.args[0].made_up"]
+
+
+def test_hr_option_other_than_both_is_named_with_hires_fix(cn_models) -> None:
+    """The tiny model's size is fixed, so no hires. fix runs on it: the unit parser itself, with hires. fix on."""
+    from sdrt.serve import controlnet
+    from sdrt.serve.registry import Registry
+
+    reg = Registry(cn_models)
+    body = {"alwayson_scripts": {"controlnet": {"args": [
+        {"image": _b64(_photo()), "model": "controlnet", "hr_option": "Low res only"}]}}}
+    for hires, notes in ((True, ["alwayson_scripts.controlnet.args[0].hr_option: 'Low res only' ran as 'Both' (the "
+                                 "control on both hires. fix passes)"]), (False, [])):
+        units, got, ignored, fields = controlnet.units(body, reg, reg.model("tiny-cn"), 1 << 24, None, hires)
+        assert got == notes and ignored == [] and len(units) == 1
+        assert fields == {"controlnets": "alwayson_scripts.controlnet", "controlnets[0]": "alwayson_scripts.controlnet.args[0]"}
+
+
+def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
+    plain = _post(cn_server, "txt2img", BASE)
+    off = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        {"enabled": False, "image": _b64(_photo()), "model": "controlnet"}]}}))
+    assert np.array_equal(_rgb(plain.json()["images"][0]), _rgb(off.json()["images"][0]))
+    assert "ControlNet" not in json.loads(off.json()["info"])["infotexts"][0]
+
+
+@pytest.mark.parametrize("unit, status, field, words", [
+    ({"model": "nope"}, 400, "model", "no ControlNet model named 'nope'; this server has: not_a_net ["),
+    ({"model": "None"}, 400, "model", "names no ControlNet model"),
+    ({"model": "controlnet", "image": "!!not base64!!"}, 400, "image", "is not valid base64"),
+    ({"model": "controlnet", "image": base64.b64encode(b"not a picture").decode()}, 400, "image",
+     "not a readable image"),
+    ({"model": "controlnet", "weight": 10.5}, 400, "weight", "weight must be at most 10"),
+    ({"model": "controlnet", "weight": -1}, 400, "weight", "weight must be at least 0"),
+    ({"model": "controlnet", "guidance_start": 0.8, "guidance_end": 0.2}, 400, "guidance_start", "is after"),
+    ({"model": "controlnet", "module": "depth_midas"}, 400, "module", "is not one of sdrt's"),
+    ({"model": "controlnet", "module": "inpaint_only"}, 400, "module", "needs the inpaint ControlNet"),
+    ({"model": "controlnet", "module": "ip-adapter_clip_sd15"}, 400, "module", "needs IP-Adapter"),
+    ({"model": "controlnet", "resize_mode": 7}, 400, "resize_mode", "resize_mode must be 0, 1, 2"),
+    ({"model": "controlnet", "control_mode": "Loud"}, 400, "control_mode", "control_mode must be 0 to 2"),
+    ({"model": "controlnet", "module": "threshold", "threshold_a": 300}, 400, "threshold_a", "at most 255"),
+    ({"model": "controlnet", "module": "canny", "processor_res": 4096}, 400, "processor_res",
+     "processor_res must be at most 2048"),  # the server's largest side (--max-size)
+    ({"model": "controlnet", "image": None}, 400, "image", "needs its control image"),
+])
+def test_bad_units(cn_server, unit, status, field, words) -> None:
+    unit = {"image": _b64(_photo()), **unit}
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}))
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["field"] == f"alwayson_scripts.controlnet.args[0].{field}" and words in body["message"]
+    assert "\n" not in body["message"]
+
+
+def test_bad_script_shapes(cn_server) -> None:
+    for scripts, status in (({"controlnet": {"args": {"model": "x"}}}, 422), ({"controlnet": {"args": [True, "canny"]}}, 422),
+                            ([], 422)):
+        r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts=scripts))
+        assert r.status_code == status, r.text
+
+
+def test_controlnet_routes(cn_server) -> None:
+    get = lambda route: requests.get(f"{cn_server}{route}", timeout=60)  # noqa: E731
+    assert get("/controlnet/version").json() == {"version": 2}
+    titles = get("/controlnet/model_list?update=true").json()["model_list"]
+    assert [t.split(" [")[0] for t in titles] == ["not_a_net", "tiny_scribble", "controlnet", "controlnet_2"]
+    assert all(t.endswith("]") and len(t.split(" [")[1]) == 9 for t in titles)  # A1111's 8-digit short hash
+    plain = get("/controlnet/module_list").json()
+    assert plain["module_list"] == ["none", "canny", "invert", "threshold", "scribble"]
+    assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
+                                                              "max": 255}
+    aliased = get("/controlnet/module_list?alias_names=true").json()
+    assert "invert (from white bg & black line)" in aliased["module_list"]
+    assert get("/controlnet/module_list?alias_names=maybe").status_code == 422
+    assert get("/controlnet/settings").json() == {"control_net_unit_count": 8}
+    assert get("/sdapi/v1/scripts").json()["txt2img"] == ["controlnet"]
+    old = requests.post(f"{cn_server}/controlnet/txt2img", json={}, timeout=60)
+    assert old.status_code == 404 and "alwayson_scripts.controlnet.args" in old.json()["message"]
+    assert "GET /controlnet/module_list" in get("/controlnet/control_types").json()["message"]
+
+
+def test_detect(cn_server) -> None:
+    photo = _photo()
+    post = lambda body: requests.post(f"{cn_server}/controlnet/detect", json=body, timeout=60)  # noqa: E731
+    r = post({"controlnet_module": "threshold", "controlnet_input_images": [_b64(photo), _b64(photo[::-1].copy())],
+              "controlnet_threshold_a": 90})
+    assert r.status_code == 200 and r.json()["info"] == "Success"
+    maps = [_rgb(b) for b in r.json()["images"]]
+    assert np.array_equal(maps[0], preprocess(photo, "threshold", 90, None, 512)) and maps[0].shape == (512, 614, 3)
+    assert np.array_equal(maps[1], preprocess(photo[::-1].copy(), "threshold", 90, None, 512))
+    none = post({"controlnet_module": "none", "controlnet_input_images": [_b64(photo)]}).json()
+    assert np.array_equal(_rgb(none["images"][0]), photo)
+    for body, status, words in (({"controlnet_module": "canny", "controlnet_input_images": []}, 422, "No image"),
+                                ({"controlnet_module": "openpose", "controlnet_input_images": [_b64(photo)]}, 400,
+                                 "not one of sdrt's"),
+                                ({"controlnet_module": "canny", "controlnet_input_images": ["@@"]}, 400, "base64")):
+        r = post(body)
+        assert r.status_code == status and words in r.json()["message"], r.text
+
+
+def test_a_model_without_controlnet_inputs_and_another_folders_part(cn_server) -> None:
+    demo = {"override_settings": {"sd_model_checkpoint": "zz-demo"}}
+    r = _post(cn_server, "txt2img", dict(BASE, **demo, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(_photo()), "model": "tiny_scribble"}]}}))
+    assert r.status_code == 400 and "takes no ControlNet residuals" in r.json()["message"], r.text
+    r = _post(cn_server, "txt2img", dict(BASE, **demo, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(_photo()), "model": "controlnet_2 [e3b0c442]"}]}}))
+    assert r.status_code == 400 and r.json()["field"] == "alwayson_scripts.controlnet.args[0].model"
+    assert "is a part of the model folder tiny-cn and runs with that model only" in r.json()["message"]
+    assert _post(cn_server, "txt2img", dict(BASE, **demo)).status_code == 200  # and the model runs without one
+
+
+def test_a_file_that_is_no_controlnet_is_refused_on_the_units_field(cn_server) -> None:
+    """The pipeline's refusal names the unit as the request names it (the disabled unit before it counted), never
+    the file's path on the server."""
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        {"enabled": False}, {"image": _b64(_photo()), "model": "not_a_net"}]}}))
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["field"] == "alwayson_scripts.controlnet.args[1]"
+    assert "not_a_net.safetensors is not a ControlNet: it looks like kohya LoRA" in body["message"]
+
+
+def test_easy_diffusion_controlnet_request(cn_server, cn_models, pipe) -> None:
+    """Easy Diffusion 3.5 driving Forge (ui/easydiffusion/backends/webui/impl.py, generate_images() and
+    controlnet_filter()): its unit as it builds it, the model named "name [auto1111_hash]", and its /detect call."""
+    photo = _photo()
+    body = {"force_task_id": "ed-cn-1", "prompt": PROMPT, "negative_prompt": "", "sampler_name": "Euler",
+            "scheduler": "simple", "steps": 4, "seed": 11, "cfg_scale": 7, "distilled_cfg_scale": 3.5, "batch_size": 1,
+            "width": 64, "height": 64,
+            "alwayson_scripts": {"controlnet": {"args": [
+                {"image": "data:image/png;base64," + _b64(photo), "weight": 0.8, "module": "canny",
+                 "model": "tiny_scribble [e3b0c442]", "resize_mode": "Crop and Resize", "threshold_a": 50,
+                 "threshold_b": 130}]}}}
+    r = _post(cn_server, "txt2img", body)
+    assert r.status_code == 200, r.text
+    info = json.loads(r.json()["info"])
+    assert info["sdrt_not_honoured"] == [] and info["sdrt_ignored_fields"] == []
+    want = _python(pipe, [ControlNet(str(cn_models / "ControlNet" / "tiny_scribble"), photo, 0.8, 0.0, 1.0, "canny",
+                                     "Crop and Resize", 50, 130, processor_res=512)], schedule="simple")
+    assert np.array_equal(_rgb(r.json()["images"][0]), want)
+    detect = requests.post(f"{cn_server}/controlnet/detect", timeout=60, json={
+        "controlnet_module": "canny", "controlnet_input_images": [_b64(photo)], "controlnet_processor_res": 512,
+        "controlnet_threshold_a": 64, "controlnet_threshold_b": 64})
+    assert np.array_equal(_rgb(detect.json()["images"][0]), preprocess(photo, "canny", 64, 64, 512))
+
+
+def test_a_strip_of_a_control_image_is_refused_not_resized_to_millions_of_pixels(cn_server) -> None:
+    """A 2x2000 strip cropped and resized to cover 64x64 would be 64000 pixels long on the way: refused on the unit."""
+    strip = np.full((2, 2000, 3), 200, np.uint8)
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(strip), "model": "controlnet"}]}}))
+    assert r.status_code == 400 and r.json()["field"] == "alwayson_scripts.controlnet.args[0]", r.text
+    assert "would be 64000 pixels long on the way (the image is 2000x2), above 16384" in r.json()["message"]
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(strip[:, :100].copy()), "model": "controlnet", "module": "canny", "processor_res": 512}]}}))
+    assert r.status_code == 400 and "at processor resolution 512 would be 25600 pixels long" in r.json()["message"]
