@@ -129,3 +129,112 @@ def test_bad_dora_files_are_one_error():
         Lora.from_arrays({"m.lora_down.weight": np.ones((2, 6, 1, 1), np.float32),
                           "m.lora_up.weight": np.ones((4, 2, 1, 1), np.float32),
                           "m.lora_mid.weight": np.ones((3, 2, 3, 3), np.float32)})
+
+
+def _sd15_dora_file(path: Path, graph) -> dict[str, str]:
+    """A kohya DoRA + Tucker LoRA for tiny-sd15's UNet, written with numpy: DoRA on two square attention weights
+    (stored [in, out] in the graph; magnitude per output row and per input column), Tucker LoCon with DoRA on a 3x3
+    conv, Tucker LoHa on another. Returns ``{kohya module: diffusers module}``."""
+    from safetensors.numpy import save_file
+
+    from sdrt.checkpoint import param_map
+
+    pmap = param_map(graph)
+    rng = np.random.default_rng(7)
+    mods = {"lora_unet_down_blocks_1_attentions_0_transformer_blocks_0_attn1_to_q":
+            "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q",
+            "lora_unet_mid_block_attentions_0_transformer_blocks_0_attn1_to_q":
+            "mid_block.attentions.0.transformer_blocks.0.attn1.to_q",
+            "lora_unet_down_blocks_1_resnets_0_conv2": "down_blocks.1.resnets.0.conv2",
+            "lora_unet_mid_block_resnets_0_conv1": "mid_block.resnets.0.conv1"}
+    t: dict[str, np.ndarray] = {}
+
+    def f(*shape):
+        return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+    for i, (k, m) in enumerate(mods.items()):
+        slot = pmap[m + ".weight"]
+        o, n = (slot.shape[1], slot.shape[0]) if slot.layout == "T" else slot.shape[:2]
+        t[f"{k}.alpha"] = np.array(2.0, np.float32)
+        if i < 2:
+            t[f"{k}.lora_down.weight"], t[f"{k}.lora_up.weight"] = f(2, n), f(o, 2)
+            t[f"{k}.dora_scale"] = np.abs(f(o, 1) + 1) if i == 0 else np.abs(f(1, n) + 1)
+        elif i == 2:
+            t[f"{k}.lora_down.weight"], t[f"{k}.lora_up.weight"] = f(2, n, 1, 1), f(o, 2, 1, 1)
+            t[f"{k}.lora_mid.weight"], t[f"{k}.dora_scale"] = f(2, 2, 3, 3), np.abs(f(o, 1, 1, 1) + 1)
+        else:
+            for h in ("1", "2"):
+                t[f"{k}.hada_w{h}_a"], t[f"{k}.hada_w{h}_b"], t[f"{k}.hada_t{h}"] = f(2, o), f(2, n), f(2, 2, 3, 3)
+    save_file(t, str(path))
+    return mods
+
+
+def test_dora_and_tucker_lora_in_the_sd15_pipeline_change_the_image_and_unapply_bit_for_bit(registry, tmp_path):
+    """The pipeline binds what ``merge`` makes of the torch-layout weights (the square attention weights are stored
+    transposed), the image changes, and removing the LoRA gives the image before, bit for bit."""
+    from sdrt import pipelines
+    from sdrt.checkpoint import param_map
+
+    with pipelines.load(D.parent / "pipelines" / "tiny-sd15", backend="reference") as pipe:
+        kw = dict(steps=2, seed=1, width=64, height=64)
+        before = np.asarray(pipe("a fox", **kw)[0], np.int16)
+        graph = pipe.parts["unet"].graph
+        mods = _sd15_dora_file(tmp_path / "dora.safetensors", graph)
+        pipe.set_loras([(tmp_path / "dora.safetensors", 0.8)])
+        bound = pipe.parts["unet"].weights_factory()
+        pmap = param_map(graph)
+        slots = {m: pmap[m + ".weight"] for m in mods.values()}
+        base = graph.initializer_arrays([s.init for s in slots.values()])
+        torch_layout = {f"{m}.weight": (base[s.init].T if s.layout == "T" else base[s.init]) for m, s in slots.items()}
+        lora = Lora.open(tmp_path / "dora.safetensors")
+        assert sum(layer.dora is not None for layer in lora.layers.values()) == 3
+        want = merge(Weights.from_arrays(torch_layout), [(lora, 0.8)],
+                     targets={k: f"{m}.weight" for k, m in mods.items()})
+        for m, s in slots.items():
+            got = np.asarray(bound[s.init], np.float32)
+            np.testing.assert_allclose(got.T if s.layout == "T" else got, want[f"{m}.weight"], atol=1e-6, err_msg=m)
+        with_lora = np.asarray(pipe("a fox", **kw)[0], np.int16)
+        assert np.abs(with_lora - before).mean() > 1.0
+        pipe.set_loras([])
+        assert np.array_equal(np.asarray(pipe("a fox", **kw)[0], np.int16), before)
+
+
+def test_dora_on_a_fused_flux_qkv_splits_by_rows(registry, tmp_path):
+    """Kohya's Flux names fuse q, k, v (``img_attn_qkv``); a magnitude per output row splits with the rows, so the
+    three merged weights are the fused weight's DoRA merge, cut in three. A magnitude per input column spans all
+    three and is refused in one line."""
+    from safetensors.numpy import save_file
+
+    from sdrt import pipelines
+    from sdrt.checkpoint import param_map
+    from sdrt.errors import SdrtError
+
+    rng = np.random.default_rng(3)
+    with pipelines.load(D.parent / "pipelines" / "tiny-flux-dev", backend="reference") as pipe:
+        graph = pipe.parts["transformer"].graph
+        pmap = param_map(graph)
+        names = [f"transformer_blocks.0.attn.to_{n}.weight" for n in "qkv"]
+        base = graph.initializer_arrays([pmap[n].init for n in names])
+        parts = [base[pmap[n].init].T if pmap[n].layout == "T" else base[pmap[n].init] for n in names]
+        fused_w = np.concatenate(parts).astype(np.float32)
+        o, i = fused_w.shape
+        k = "lora_unet_double_blocks_0_img_attn_qkv"
+        t = {f"{k}.lora_down.weight": rng.standard_normal((2, i)).astype(np.float32) * 0.3,
+             f"{k}.lora_up.weight": rng.standard_normal((o, 2)).astype(np.float32) * 0.3,
+             f"{k}.alpha": np.array(1.0, np.float32),
+             f"{k}.dora_scale": np.abs(rng.standard_normal((o, 1)).astype(np.float32) + 1)}
+        save_file(t, str(tmp_path / "qkv.safetensors"))
+        lora = Lora.open(tmp_path / "qkv.safetensors")
+        want = lora.layers[k].dora.apply(fused_w, lora.layers[k].delta(1.0), 0.7)
+        pipe.set_loras([(tmp_path / "qkv.safetensors", 0.7)])
+        merged = pipe.weights._merge(pipe.weights.loras)["transformer"]
+        for j, n in enumerate(names):
+            got = np.asarray(merged[pmap[n].init], np.float32)
+            got = got.T if pmap[n].layout == "T" else got
+            np.testing.assert_allclose(got, want[j * (o // 3):(j + 1) * (o // 3)], atol=1e-6, err_msg=n)
+        pipe.set_loras([])
+        t[f"{k}.dora_scale"] = np.ones((1, i), np.float32)
+        save_file(t, str(tmp_path / "qkv_in.safetensors"))
+        with pytest.raises(SdrtError, match="per input column of a fused weight") as e:
+            pipe.set_loras([(tmp_path / "qkv_in.safetensors", 1.0)])
+        assert "\n" not in str(e.value)

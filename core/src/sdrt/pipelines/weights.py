@@ -22,7 +22,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -566,12 +566,20 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
             if mod not in split:
                 kept[mod] = layer
                 continue
+            dora = getattr(layer, "dora", None)
+            if dora is not None and dora.axis(*sizes[mod]) != "out":  # a column's norm spans q, k and v
+                raise WeightsError(f"{Path(lora.source).name}: layer {mod} is DoRA with a magnitude "
+                                   f"{list(np.shape(dora.magnitude))} per input column of a fused weight, which "
+                                   "cannot be split into the model's separate modules", where=lora.source,
+                                   fix="use a DoRA LoRA saved with its magnitude per output row (LyCORIS's "
+                                   "wd_on_out, its default), or merge it into the checkpoint elsewhere")
             for canon, op in split[mod]:
                 key = f"{mod}->{canon}"
+                part_dora = dora.rows(op) if dora is not None else None
                 if mod in whole:
-                    kept[key] = DeltaLayer(key, ldm_source_rows(whole[mod], op), layer.rank)
+                    kept[key] = DeltaLayer(key, ldm_source_rows(whole[mod], op), layer.rank, part_dora)
                 else:
-                    kept[key] = LoraLayer(key, layer.down, ldm_source_rows(layer.up, op), layer.alpha)
+                    kept[key] = replace(layer, key=key, up=ldm_source_rows(layer.up, op), dora=part_dora)
                 if canon in modules:
                     targets[key] = modules[canon]
     out = Lora(kept, lora.format, lora.source)

@@ -291,6 +291,7 @@ class DeltaLayer:
     key: str
     diff: np.ndarray = field(repr=False)
     rank: int = 0
+    dora: Dora | None = None
 
     def delta(self, scale: float = 1.0) -> np.ndarray:
         return (np.asarray(self.diff, np.float32) * np.float32(scale)).astype(np.float32)
