@@ -447,7 +447,17 @@ def lora_family(keys: Iterable[str]) -> str | None:
         return "Flux.1 / Chroma"
     if has("joint_blocks", "context_block"):
         return "SD 3.x"
-    if has("add_q_proj", "add_k_proj", "ff_context", "norm1_context", "to_add_out"):  # diffusers' MMDiT names
+    joined = " ".join(keys)
+    unet = re.search(r"(down_blocks|up_blocks|mid_block|input_blocks|output_blocks|middle_block)", joined)
+    if not unet and (has("add_q_proj", "add_k_proj", "ff_context", "norm1_context", "to_add_out")
+                     or re.search(r"transformer_blocks[._]\d+[._]", joined)):
+        # diffusers' MMDiT names (an SDXL UNet's transformer_blocks sit in down/mid/up blocks): SD 3.x has a
+        # second attention (3.5 Medium's attn2), pos_embed and up to 38 blocks; Flux.1's double blocks are 19
+        blocks = [int(b) for b in re.findall(r"(?<!single_)transformer_blocks[._](\d+)[._]", joined)]
+        if has("pos_embed") or re.search(r"transformer_blocks[._]\d+[._]attn2[._]", joined) or max(blocks, default=0) >= 19:
+            return "SD 3.x"
+        if has("guidance_embedder", "x_embedder"):
+            return "Flux.1 / Chroma"
         return "SD 3.x / Flux.1"
     if has("lora_te2_", "lora_te1_", "text_encoder_2.") or re.search(
             r"(transformer_blocks[._][1-9]|add_embedding|label_emb)", " ".join(keys)):
