@@ -297,6 +297,22 @@ class DeltaLayer:
         return (np.asarray(self.diff, np.float32) * np.float32(scale)).astype(np.float32)
 
 
+#: Flux.1's image input (``x_embedder``, BFL's ``img_in``) takes 64 channels (16 latent channels, 2x2 patches);
+#: Black Forest Labs' Canny/Depth control LoRAs widen it to 128 (the control image's latents beside the noise)
+_FLUX_CONTROL_IN = re.compile(r"(?:^|[._])(?:x_embedder|img_in)\.(?:lora_A|lora_down|lora\.down)(?:\.default)?\.weight$")
+
+
+def _flux_control(shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """What shows a Flux Control LoRA (BFL's Canny/Depth LoRA, or diffusers' conversion of one), else None."""
+    for k, shape in shapes.items():
+        if _FLUX_CONTROL_IN.search(k) and len(shape) == 2 and shape[1] == 128:
+            return f"{k} takes {shape[1]} input channels where Flux.1's image input has 64"
+    norms = [k for k in shapes if k.endswith(("query_norm.scale", "key_norm.scale"))]
+    if norms and any(k.startswith(("img_in.", "double_blocks.", "single_blocks.")) for k in shapes):
+        return f"it replaces the attention norms whole, {norms[0]} and {len(norms) - 1} more, as BFL's control LoRAs do"
+    return None
+
+
 class Lora:
     """The layers of one LoRA file. Build with ``Lora.open(path)`` or ``Lora.from_arrays``."""
 
@@ -316,6 +332,14 @@ class Lora:
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray], *, alpha: float | None = None,
                     source: str = "<memory>") -> Lora:
+        shapes = arrays.shapes() if isinstance(arrays, Weights) else {k: tuple(np.shape(v)) for k, v in arrays.items()}
+        control = _flux_control(shapes)
+        if control:
+            raise WeightsError(f"{os.path.basename(source)} is a Flux Control LoRA (Black Forest Labs' Canny/Depth "
+                               f"LoRA: {control}); it makes Flux.1 dev a Flux Control model, which takes a control "
+                               "image beside the noise, and sdrt does not run Flux Control models", where=source,
+                               fix="use it with a tool that runs Flux Control (diffusers' FluxControlPipeline, "
+                               "ComfyUI); for sdrt pass a LoRA that keeps the model's inputs")
         parts: dict[str, dict[str, Any]] = {}
         unknown: list[str] = []
         lyco: dict[str, dict[str, str]] = {}
@@ -403,7 +427,6 @@ class Lora:
         if unknown and not layers and not parts and not lyco:  # nothing in it is a LoRA: say what it is
             from ..checkpoint.families import identify
 
-            shapes = arrays.shapes() if isinstance(arrays, Weights) else {k: tuple(np.shape(v)) for k, v in arrays.items()}
             what = identify(shapes).label  # names and shapes only: a 6 GB checkpoint is not read
             raise WeightsError(f"{os.path.basename(source)} is not a LoRA: it looks like {what}", where=source,
                                fix="pass a LoRA file here (keys ending in lora_down.weight / lora_A.weight / "
