@@ -6,6 +6,10 @@ Writes ``tests/data/lora/lycoris_{loha,lokr}.safetensors`` (kohya-style names as
 before, at adapter scale 1 (peft scales by ``alpha / r``; LoKr with ``lokr_w2`` decomposed, where peft and
 LyCORIS/ComfyUI agree on that scale). peft's code is the independent implementation.
 
+``dora_and_tucker`` writes ``lycoris_dora.safetensors``, ``lycoris_tucker.safetensors``, ``peft_dora.safetensors`` and
+``dora_tucker_refs.npz`` (whole merged weights): DoRA and Tucker conv factors as LyCORIS's own modules
+(lycoris-lora 4.1.3, which needs einops and toml) and peft merge them; see the functions' docstrings.
+
     /work/refvenv/bin/python scripts/make_lycoris_refs.py
 """
 

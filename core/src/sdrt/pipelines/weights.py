@@ -585,7 +585,12 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
                                    "wd_on_out, its default), or merge it into the checkpoint elsewhere")
             for canon, op in split[mod]:
                 key = f"{mod}->{canon}"
-                part_dora = dora.rows(op) if dora is not None else None
+                part_dora = None
+                if dora is not None:  # an output row's magnitude goes with the row
+                    m = np.asarray(dora.magnitude)
+                    rows = ldm_source_rows(m.reshape(-1, 1), op)  # [rows, 1], kept as [rows, 1(, 1, 1)] or [rows]
+                    part_dora = replace(dora, magnitude=rows.reshape(-1, *m.shape[1:]) if m.ndim > 1 and m.shape[0] != 1
+                                        else rows.reshape(-1))
                 if mod in whole:
                     kept[key] = DeltaLayer(key, ldm_source_rows(whole[mod], op), layer.rank, part_dora)
                 else:

@@ -135,15 +135,6 @@ class Dora:
             out = (w + np.float32(strength) * (out - w)).astype(np.float32)
         return out
 
-    def rows(self, op: str) -> Dora:
-        """The magnitude of the rows one module of a fused layer takes (output-axis magnitudes only)."""
-        from ..pipelines.weights import ldm_source_rows
-
-        m = np.asarray(self.magnitude)
-        flat = m.reshape(-1, 1)
-        return Dora(ldm_source_rows(flat, op).reshape(-1, *([1] * (m.ndim - 1))) if m.ndim > 1 else
-                    ldm_source_rows(flat, op).reshape(-1), self.convention)
-
 
 def _tucker(core: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """LyCORIS's Tucker rebuild ``einsum("i j ..., i p, j r -> p r ...", core, a, b)``: [p, r, kh, kw] from a core
