@@ -170,8 +170,9 @@ def _sd15_dora_file(path: Path, graph) -> dict[str, str]:
 
 
 def test_dora_and_tucker_lora_in_the_sd15_pipeline_change_the_image_and_unapply_bit_for_bit(registry, tmp_path):
-    """The pipeline binds what ``merge`` makes of the torch-layout weights (the square attention weights are stored
-    transposed), the image changes, and removing the LoRA gives the image before, bit for bit."""
+    """With a kohya DoRA + Tucker file and a PEFT DoRA file (diffusers' ``unet.`` names) set, the pipeline binds
+    what ``merge`` makes of the torch-layout weights (the square attention weights are stored transposed), the image
+    changes, and removing the LoRAs gives the image before, bit for bit."""
     from sdrt import pipelines
     from sdrt.checkpoint import param_map
 
@@ -180,7 +181,17 @@ def test_dora_and_tucker_lora_in_the_sd15_pipeline_change_the_image_and_unapply_
         before = np.asarray(pipe("a fox", **kw)[0], np.int16)
         graph = pipe.parts["unet"].graph
         mods = _sd15_dora_file(tmp_path / "dora.safetensors", graph)
-        pipe.set_loras([(tmp_path / "dora.safetensors", 0.8)])
+        # a PEFT DoRA file (diffusers' names, lora_magnitude_vector) on another attention weight, merged after
+        from safetensors.numpy import save_file
+
+        rng = np.random.default_rng(8)
+        peft_mod = "mid_block.attentions.0.transformer_blocks.0.attn2.to_q"
+        save_file({f"unet.{peft_mod}.lora_A.weight": rng.standard_normal((2, 16)).astype(np.float32) * 0.3,
+                   f"unet.{peft_mod}.lora_B.weight": rng.standard_normal((16, 2)).astype(np.float32) * 0.3,
+                   f"unet.{peft_mod}.lora_magnitude_vector": np.abs(rng.standard_normal(16).astype(np.float32) + 1)},
+                  str(tmp_path / "peft_dora.safetensors"))
+        mods[f"unet.{peft_mod}"] = peft_mod
+        pipe.set_loras([(tmp_path / "dora.safetensors", 0.8), (tmp_path / "peft_dora.safetensors", 0.5)])
         bound = pipe.parts["unet"].weights_factory()
         pmap = param_map(graph)
         slots = {m: pmap[m + ".weight"] for m in mods.values()}
@@ -188,7 +199,8 @@ def test_dora_and_tucker_lora_in_the_sd15_pipeline_change_the_image_and_unapply_
         torch_layout = {f"{m}.weight": (base[s.init].T if s.layout == "T" else base[s.init]) for m, s in slots.items()}
         lora = Lora.open(tmp_path / "dora.safetensors")
         assert sum(layer.dora is not None for layer in lora.layers.values()) == 3
-        want = merge(Weights.from_arrays(torch_layout), [(lora, 0.8)],
+        peft = Lora.open(tmp_path / "peft_dora.safetensors")
+        want = merge(Weights.from_arrays(torch_layout), [(lora, 0.8), (peft, 0.5)],
                      targets={k: f"{m}.weight" for k, m in mods.items()})
         for m, s in slots.items():
             got = np.asarray(bound[s.init], np.float32)
