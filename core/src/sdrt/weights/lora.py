@@ -119,21 +119,25 @@ class Dora:
     def apply(self, w: np.ndarray, delta: np.ndarray, strength: float | None) -> np.ndarray:
         """The DoRA-merged weight from ``w`` and ``delta`` (torch's layout, float32); ``strength``: the LyCORIS
         convention's ``s`` (None for PEFT's, whose strength is in ``delta`` already)."""
-        calc = w + delta
-        x = calc.astype(np.float64)
+        calc = np.add(w, delta, dtype=np.float32)
+        sq = np.square(calc)  # summed in float64, without a float64 copy of the weight
         axis = self.axis(int(w.shape[0]), int(w.shape[1]))
         if axis == "out":
-            norm = np.sqrt(np.square(x.reshape(x.shape[0], -1)).sum(axis=1)).reshape(x.shape[0], *[1] * (x.ndim - 1))
+            norm = np.sqrt(sq.reshape(sq.shape[0], -1).sum(axis=1, dtype=np.float64)).reshape(
+                sq.shape[0], *[1] * (sq.ndim - 1))
         else:
-            norm = np.sqrt(np.square(x).sum(axis=(0, *range(2, x.ndim)), keepdims=True))
+            norm = np.sqrt(sq.sum(axis=(0, *range(2, sq.ndim)), dtype=np.float64, keepdims=True))
+        del sq
         if self.convention == "lycoris":
             norm = norm + np.finfo(np.float32).eps
         m = np.asarray(self.magnitude, np.float64).reshape(norm.shape)
-        with np.errstate(all="ignore"):
-            out = (calc * (m / norm).astype(np.float32)).astype(np.float32)
-        if strength is not None and strength != 1.0:
-            out = (w + np.float32(strength) * (out - w)).astype(np.float32)
-        return out
+        with np.errstate(all="ignore"):  # in place: a Flux linear1 is 264 MB in float32
+            calc *= (m / norm).astype(np.float32)
+            if strength is not None and strength != 1.0:
+                calc -= w
+                calc *= np.float32(strength)
+                calc += w
+        return calc
 
 
 def _tucker(core: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
