@@ -127,3 +127,25 @@ def test_flux_lora_reaches_the_transformer_session_and_unapplies_bit_for_bit(pip
     assert np.abs(with_lora - before).mean() > 1.0
     pipe.set_loras([])
     assert np.array_equal(np.asarray(pipe("a fox", **kw)[0], np.int16), before)
+
+
+@pytest.mark.parametrize("keys", [
+    # Black Forest Labs' names (flux1-canny-dev-lora): a wider img_in, biases, whole QK norms
+    {"img_in.lora_A.weight": (4, 128), "img_in.lora_B.weight": (24, 4), "img_in.lora_B.bias": (24,),
+     "double_blocks.0.img_attn.norm.query_norm.scale": (8,), "double_blocks.0.img_attn.qkv.lora_A.weight": (4, 24),
+     "double_blocks.0.img_attn.qkv.lora_B.weight": (72, 4)},
+    # diffusers' conversion of one
+    {"transformer.x_embedder.lora_A.weight": (4, 128), "transformer.x_embedder.lora_B.weight": (24, 4)},
+    # the norms alone
+    {"double_blocks.0.img_attn.norm.key_norm.scale": (8,), "double_blocks.0.img_attn.qkv.lora_A.weight": (4, 24),
+     "double_blocks.0.img_attn.qkv.lora_B.weight": (72, 4)},
+])
+def test_flux_control_lora_is_refused_in_one_line_saying_what_it_is(pipe, tmp_path, keys):
+    from safetensors.numpy import save_file
+
+    save_file({k: np.zeros(s, np.float32) for k, s in keys.items()}, str(tmp_path / "canny.safetensors"))
+    with pytest.raises(SdrtError, match=r"canny.safetensors is a Flux Control LoRA \(Black Forest Labs' Canny/Depth "
+                       r"LoRA: .*\); .* sdrt does not run Flux Control models") as e:
+        pipe.set_loras([(tmp_path / "canny.safetensors", 1.0)])
+    assert "\n" not in str(e.value)
+    assert not pipe.weights.loras

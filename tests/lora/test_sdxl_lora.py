@@ -9,6 +9,7 @@ them ``to_q_lora`` and applies them nowhere), so those two are checked against k
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from lora_helpers import DATA, merged_parts
 
 from sdrt.checkpoint import param_map
@@ -63,6 +64,33 @@ def test_lora_family_from_key_names():
     assert lora_family(["lora_unet_down_blocks_0_attentions_0_proj_in", "lora_te_text_model_encoder_layers_0_mlp_fc1"]) \
         == "SD 1.x/2.x"
     assert lora_family(["something"]) is None
+    # attention-only MMDiT LoRAs in diffusers' names: an SDXL UNet's transformer_blocks sit in down/mid/up blocks
+    attn = [f"transformer.transformer_blocks.{b}.attn.to_{n}" for b in (0, 1) for n in "qkv"]
+    assert lora_family(attn) == "SD 3.x / Flux.1"  # the names do not say which
+    assert lora_family([*attn, "transformer.transformer_blocks.23.attn.to_q"]) == "SD 3.x"  # Flux.1 has 19
+    assert lora_family([*attn, "transformer.transformer_blocks.0.attn2.to_q"]) == "SD 3.x"  # 3.5 Medium
+    assert lora_family(["lora_transformer_transformer_blocks_20_attn_to_q"]) == "SD 3.x"
+    assert lora_family([*attn, "transformer.x_embedder"]) == "Flux.1 / Chroma"
+
+
+def test_sd3_attention_only_lora_on_sd1_and_sdxl_says_sd3(registry, tmp_path):
+    from safetensors.numpy import save_file
+
+    from sdrt import pipelines
+    from sdrt.errors import SdrtError
+
+    t = {}
+    for b in (0, 12, 23):
+        for n in ("to_q", "to_k", "to_v", "to_out.0"):
+            t[f"transformer.transformer_blocks.{b}.attn.{n}.lora_A.weight"] = np.ones((2, 1536), np.float32)
+            t[f"transformer.transformer_blocks.{b}.attn.{n}.lora_B.weight"] = np.ones((1536, 2), np.float32)
+    save_file(t, str(tmp_path / "sd3_attn.safetensors"))
+    for folder, label in (("tiny-sd15", "SD 1.x"), ("tiny-sdxl", "SDXL")):
+        with pipelines.load(DATA / "pipelines" / folder, backend="reference") as pipe:
+            with pytest.raises(SdrtError, match=rf"sd3_attn.safetensors looks like a LoRA for SD 3.x, and 12 of its "
+                               rf"12 layers do not fit this {label} model") as e:
+                pipe.set_loras([(tmp_path / "sd3_attn.safetensors", 1.0)])
+            assert "\n" not in str(e.value)
 
 
 def test_comfyui_dotted_ldm_unet_names_equal_kohya():

@@ -22,7 +22,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -447,7 +447,17 @@ def lora_family(keys: Iterable[str]) -> str | None:
         return "Flux.1 / Chroma"
     if has("joint_blocks", "context_block"):
         return "SD 3.x"
-    if has("add_q_proj", "add_k_proj", "ff_context", "norm1_context", "to_add_out"):  # diffusers' MMDiT names
+    joined = " ".join(keys)
+    unet = re.search(r"(down_blocks|up_blocks|mid_block|input_blocks|output_blocks|middle_block)", joined)
+    if not unet and (has("add_q_proj", "add_k_proj", "ff_context", "norm1_context", "to_add_out")
+                     or re.search(r"transformer_blocks[._]\d+[._]", joined)):
+        # diffusers' MMDiT names (an SDXL UNet's transformer_blocks sit in down/mid/up blocks): SD 3.x has a
+        # second attention (3.5 Medium's attn2), pos_embed and up to 38 blocks; Flux.1's double blocks are 19
+        blocks = [int(b) for b in re.findall(r"(?<!single_)transformer_blocks[._](\d+)[._]", joined)]
+        if has("pos_embed") or re.search(r"transformer_blocks[._]\d+[._]attn2[._]", joined) or max(blocks, default=0) >= 19:
+            return "SD 3.x"
+        if has("guidance_embedder", "x_embedder"):
+            return "Flux.1 / Chroma"
         return "SD 3.x / Flux.1"
     if has("lora_te2_", "lora_te1_", "text_encoder_2.") or re.search(
             r"(transformer_blocks[._][1-9]|add_embedding|label_emb)", " ".join(keys)):
@@ -566,12 +576,25 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
             if mod not in split:
                 kept[mod] = layer
                 continue
+            dora = getattr(layer, "dora", None)
+            if dora is not None and dora.axis(*sizes[mod]) != "out":  # a column's norm spans q, k and v
+                raise WeightsError(f"{Path(lora.source).name}: layer {mod} is DoRA with a magnitude "
+                                   f"{list(np.shape(dora.magnitude))} per input column of a fused weight, which "
+                                   "cannot be split into the model's separate modules", where=lora.source,
+                                   fix="use a DoRA LoRA saved with its magnitude per output row (LyCORIS's "
+                                   "wd_on_out, its default), or merge it into the checkpoint elsewhere")
             for canon, op in split[mod]:
                 key = f"{mod}->{canon}"
+                part_dora = None
+                if dora is not None:  # an output row's magnitude goes with the row
+                    m = np.asarray(dora.magnitude)
+                    rows = ldm_source_rows(m.reshape(-1, 1), op)  # [rows, 1], kept as [rows, 1(, 1, 1)] or [rows]
+                    part_dora = replace(dora, magnitude=rows.reshape(-1, *m.shape[1:]) if m.ndim > 1 and m.shape[0] != 1
+                                        else rows.reshape(-1))
                 if mod in whole:
-                    kept[key] = DeltaLayer(key, ldm_source_rows(whole[mod], op), layer.rank)
+                    kept[key] = DeltaLayer(key, ldm_source_rows(whole[mod], op), layer.rank, part_dora)
                 else:
-                    kept[key] = LoraLayer(key, layer.down, ldm_source_rows(layer.up, op), layer.alpha)
+                    kept[key] = replace(layer, key=key, up=ldm_source_rows(layer.up, op), dora=part_dora)
                 if canon in modules:
                     targets[key] = modules[canon]
     out = Lora(kept, lora.format, lora.source)

@@ -11,7 +11,12 @@ Formats (read from ``.safetensors``):
 
 Merge: ``W' = W + sum_i scale_i * (alpha_i / rank_i) * (up_i @ down_i)``,
 computed in float32 and cast back to W's dtype; linear ([out, in]) and conv
-(1x1 and kxk: down [r, in, kh, kw], up [out, r, 1, 1]) weights. The merged
+(1x1 and kxk: down [r, in, kh, kw], up [out, r, 1, 1]; LyCORIS's Tucker LoCon: down
+[r, in, 1, 1], ``lora_mid`` [r, r, kh, kw], up [out, r, 1, 1]) weights.
+
+DoRA (a ``dora_scale`` or ``lora_magnitude_vector`` beside a layer's factors) is not
+additive: the layer rescales ``W + delta`` to the trained magnitude ``m``, norm per
+output row (or per input column), see ``Dora``. The merged
 ``Weights`` keep the original arrays of every tensor they changed, and
 ``unmerge()`` gives those back: nothing is subtracted.
 
@@ -39,7 +44,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,9 +57,11 @@ log = logging.getLogger("sdrt.lora")
 
 KOHYA_PREFIXES = {"unet": ("lora_unet_",), "te": ("lora_te_", "lora_te1_"), "te1": ("lora_te1_", "lora_te_"),
                   "te2": ("lora_te2_",)}
-_KEY = re.compile(r"^(?:(?P<mod>.+?)\.(?P<kind>lora_down|lora_up|lora_A|lora_B|lora\.down|lora\.up)"
+_KEY = re.compile(r"^(?:(?P<mod>.+?)\.(?P<kind>lora_down|lora_up|lora_mid|lora_A|lora_B|lora\.down|lora\.up)"
                   r"|(?P<xmod>.+?\.processor\.(?:qkv|proj)_lora\d?)\.(?P<xkind>down|up))(?:\.default)?\.weight$")
 _ALPHA = re.compile(r"^(?P<mod>.+)\.alpha$")
+#: DoRA's magnitude: LyCORIS / kohya ``<module>.dora_scale``; PEFT / diffusers ``<module>.lora_magnitude_vector``
+_DORA = re.compile(r"^(?P<mod>.+?)\.(?P<kind>dora_scale|lora_magnitude_vector)(?:\.default)?(?:\.weight)?$")
 #: diffusers' older LoRA files (attention processors, 2023): ``...attn1.processor.to_q_lora.down.weight`` (UNet) or
 #: ``...self_attn.to_q_lora.down.weight`` (text encoder), and ``...q_proj.lora_linear_layer.down.weight``
 _OLD_DIFFUSERS = re.compile(r"^(?P<mod>.+?)(?:\.processor)?\.(?P<which>to_q|to_k|to_v|to_out)_lora\.(?P<kind>down|up)"
@@ -80,33 +87,101 @@ PEFT_PREFIXES = ("base_model.model.", "unet.", "transformer.", "text_encoder.", 
 
 
 @dataclass(frozen=True)
+class Dora:
+    """DoRA's trained magnitude ``m`` of one layer, and whose convention merges it.
+
+    ``"lycoris"`` (kohya / LyCORIS files, ``dora_scale``): ``m`` is [out, 1(, 1, 1)] for a norm per output row
+    (LyCORIS's ``wd_on_out``, its default) or [1, in(, 1, 1)] for a norm per input column (the shape says which,
+    as in ComfyUI). At strength ``s``: ``W' = W + s * (D(W + delta) - W)`` with ``D(X) = X * m / (||X|| + eps)``
+    (float32's eps) and ``delta`` the layer's change at strength 1: LyCORIS's ``get_merged_weight()`` at
+    multiplier 1, and ComfyUI's / A1111's strength (LyCORIS's own multiplier scales only ``m / ||X||``'s
+    distance from 1, so strength 0 keeps ``delta``; ComfyUI's output-axis norm is taken of ``W``, not ``X``).
+
+    ``"peft"`` (PEFT / diffusers files, ``lora_magnitude_vector``): ``m`` is [out] (linear) or [1, out, 1, 1]
+    (conv), the norm per output row, and the strength goes inside: ``W' = m * X / ||X||`` with ``X = W + s *
+    delta``, as peft's ``merge_and_unload()`` after ``scale_layer(s)`` (diffusers' ``fuse_lora(lora_scale=s)``)."""
+
+    magnitude: np.ndarray = field(repr=False)
+    convention: str  # "lycoris" or "peft"
+
+    def axis(self, out: int, inp: int) -> str | None:
+        """``"out"`` or ``"in"`` for a weight [out, in, ...] (torch's layout), None when ``m`` fits neither."""
+        m = np.shape(self.magnitude)
+        size = int(np.prod(m)) if m else 1
+        if self.convention == "peft":
+            return "out" if size == out else None
+        if len(m) >= 1 and m[0] == out and size == out:
+            return "out"
+        if len(m) >= 2 and m[0] == 1 and m[1] == inp and size == inp:
+            return "in"
+        return None
+
+    def apply(self, w: np.ndarray, delta: np.ndarray, strength: float | None) -> np.ndarray:
+        """The DoRA-merged weight from ``w`` and ``delta`` (torch's layout, float32); ``strength``: the LyCORIS
+        convention's ``s`` (None for PEFT's, whose strength is in ``delta`` already)."""
+        calc = np.add(w, delta, dtype=np.float32)
+        sq = np.square(calc)  # summed in float64, without a float64 copy of the weight
+        axis = self.axis(int(w.shape[0]), int(w.shape[1]))
+        if axis == "out":
+            norm = np.sqrt(sq.reshape(sq.shape[0], -1).sum(axis=1, dtype=np.float64)).reshape(
+                sq.shape[0], *[1] * (sq.ndim - 1))
+        else:
+            norm = np.sqrt(sq.sum(axis=(0, *range(2, sq.ndim)), dtype=np.float64, keepdims=True))
+        del sq
+        if self.convention == "lycoris":
+            norm = norm + np.finfo(np.float32).eps
+        m = np.asarray(self.magnitude, np.float64).reshape(norm.shape)
+        with np.errstate(all="ignore"):  # in place: a Flux linear1 is 264 MB in float32
+            calc *= (m / norm).astype(np.float32)
+            if strength is not None and strength != 1.0:
+                calc -= w
+                calc *= np.float32(strength)
+                calc += w
+        return calc
+
+
+def _tucker(core: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """LyCORIS's Tucker rebuild ``einsum("i j ..., i p, j r -> p r ...", core, a, b)``: [p, r, kh, kw] from a core
+    [i, j, kh, kw], ``a`` [i, p] (the output side) and ``b`` [j, r] (the input side)."""
+    return np.einsum("ijkl,ip,jr->prkl", core, a, b, optimize=True)
+
+
+@dataclass(frozen=True)
 class LoraLayer:
-    """One adapted module: ``down`` [r, in(, kh, kw)], ``up`` [out, r(, 1, 1)], ``alpha``."""
+    """One adapted module: ``down`` [r, in(, kh, kw)], ``up`` [out, r(, 1, 1)], ``alpha``; LyCORIS's Tucker LoCon
+    adds ``mid`` [r, r, kh, kw] (``down`` then [r, in, 1, 1]); ``dora`` when the file carries DoRA's magnitude."""
 
     key: str
     down: np.ndarray = field(repr=False)
     up: np.ndarray = field(repr=False)
     alpha: float
+    mid: np.ndarray | None = field(default=None, repr=False)
+    dora: Dora | None = None
 
     @property
     def rank(self) -> int:
         return int(self.down.shape[0])
 
     def delta(self, scale: float = 1.0) -> np.ndarray:
-        """``scale * alpha / rank * (up @ down)`` in float32, shaped [out, in] or [out, in, kh, kw]."""
+        """``scale * alpha / rank * (up @ down)`` in float32, shaped [out, in] or [out, in, kh, kw]; with ``mid``
+        ``up`` and ``down`` contract ``mid``'s two rank axes."""
         down = np.asarray(self.down, np.float32)
         up = np.asarray(self.up, np.float32)
-        d = up.reshape(up.shape[0], -1) @ down.reshape(down.shape[0], -1)
         factor = np.float32(scale * self.alpha / self.rank)
+        if self.mid is not None:
+            d = _tucker(np.asarray(self.mid, np.float32), up.reshape(up.shape[0], -1).T,
+                        down.reshape(down.shape[0], -1)).astype(np.float32)
+            return d * factor
+        d = up.reshape(up.shape[0], -1) @ down.reshape(down.shape[0], -1)
         d *= factor
         if down.ndim == 4:
             d = d.reshape(up.shape[0], *down.shape[1:])
         return d
 
 
-#: LyCORIS LoHa / LoKr tensor names (Tucker's ``hada_t1``/``lokr_t2`` and DoRA are refused)
-_LYCORIS = re.compile(r"^(?P<mod>.+?)\.(?P<kind>hada_w1_a|hada_w1_b|hada_w2_a|hada_w2_b|lokr_w1|lokr_w1_a|lokr_w1_b|"
-                      r"lokr_w2|lokr_w2_a|lokr_w2_b)$")
+#: LyCORIS LoHa / LoKr tensor names (with Tucker's ``hada_t1``/``hada_t2``/``lokr_t2`` for conv layers)
+_LYCORIS = re.compile(r"^(?P<mod>.+?)\.(?P<kind>hada_w1_a|hada_w1_b|hada_w2_a|hada_w2_b|hada_t1|hada_t2|lokr_w1|"
+                      r"lokr_w1_a|lokr_w1_b|lokr_w2|lokr_w2_a|lokr_w2_b|lokr_t2)$")
 
 
 @dataclass(frozen=True)
@@ -114,12 +189,16 @@ class LycorisLayer:
     """A LyCORIS LoHa (``hada_w1_a @ hada_w1_b`` times ``hada_w2_a @ hada_w2_b``, element-wise) or LoKr
     (``kron(w1, w2)``, each factor whole or ``*_a @ *_b``) layer. Scale as ComfyUI and A1111's LyCORIS code
     apply it: LoHa ``alpha / rank`` (rank: ``hada_w1_b``'s rows); LoKr ``alpha / rank`` when a factor is
-    decomposed (rank: its ``*_b``'s rows), else 1."""
+    decomposed (rank: its ``*_b``'s rows), else 1. Tucker conv factors (LyCORIS's ``use_tucker``, peft's
+    ``use_effective_conv2d``): LoHa's ``hada_t1`` [r, r, kh, kw] with ``hada_w1_a`` [r, out] and ``hada_w1_b``
+    [r, in] make ``w1`` (``hada_t2`` likewise ``w2``); LoKr's ``lokr_t2`` with ``lokr_w2_a`` [r, out2] and
+    ``lokr_w2_b`` [r, in2] make ``w2``."""
 
     key: str
     kind: str
     tensors: Mapping[str, np.ndarray] = field(repr=False)
     alpha: float | None
+    dora: Dora | None = None
 
     @property
     def rank(self) -> int:
@@ -134,10 +213,23 @@ class LycorisLayer:
         s = {k: tuple(np.shape(v)) for k, v in self.tensors.items()}
         if self.kind == "loha":
             (a1, b1, a2, b2) = (s[k] for k in ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"))
+            if "hada_t1" in s:
+                t1, t2 = s["hada_t1"], s["hada_t2"]
+                if len(t1) != 4 or t2 != t1 or len(a1) != 2 or len(b1) != 2 or (a1[0], b1[0]) != t1[:2] \
+                        or a2 != a1 or b2 != b1:
+                    return (f"Tucker factors hada_t1 {t1}, hada_w1_a {a1}, hada_w1_b {b1} (and hada_t2 {t2}, "
+                            f"hada_w2_a {a2}, hada_w2_b {b2}) do not make one [out, in, kh, kw] delta")
+                return None
             if len(a1) != 2 or len(b1) != 2 or a1[1] != b1[0] or a2 != a1 or b2 != b1:
                 return f"factors {a1} @ {b1} and {a2} @ {b2} do not make one [out, in] delta"
             return None
+        if "lokr_t2" in s:
+            t, a, b = s["lokr_t2"], s.get("lokr_w2_a"), s.get("lokr_w2_b")
+            if a is None or b is None or len(t) != 4 or len(a) != 2 or len(b) != 2 or (a[0], b[0]) != t[:2]:
+                return f"Tucker factors lokr_t2 {t}, lokr_w2_a {a} and lokr_w2_b {b} do not make one delta"
         for w in ("lokr_w1", "lokr_w2"):
+            if w == "lokr_w2" and "lokr_t2" in s:
+                continue
             if w not in s and (len(s[w + "_a"]) != 2 or s[w + "_a"][1] != s[w + "_b"][0]):
                 return f"{w}_a {s[w + '_a']} and {w}_b {s[w + '_b']} do not multiply"
         w1 = s.get("lokr_w1") or (s["lokr_w1_a"][0], *s["lokr_w1_b"][1:])
@@ -147,7 +239,11 @@ class LycorisLayer:
 
     def delta(self, scale: float = 1.0) -> np.ndarray:
         t = {k: np.asarray(v, np.float32) for k, v in self.tensors.items()}
-        if self.kind == "loha":
+        if self.kind == "loha" and "hada_t1" in t:
+            d = _tucker(t["hada_t1"], t["hada_w1_a"], t["hada_w1_b"]) * _tucker(t["hada_t2"], t["hada_w2_a"],
+                                                                               t["hada_w2_b"])
+            factor = (self.alpha / self.rank) if self.alpha is not None else 1.0
+        elif self.kind == "loha":
             d = (t["hada_w1_a"] @ t["hada_w1_b"]) * (t["hada_w2_a"] @ t["hada_w2_b"])
             factor = (self.alpha / self.rank) if self.alpha is not None else 1.0
         else:
@@ -157,7 +253,10 @@ class LycorisLayer:
                 dim = int(t["lokr_w1_b"].shape[0])
                 w1 = t["lokr_w1_a"] @ t["lokr_w1_b"]
             w2 = t.get("lokr_w2")
-            if w2 is None:
+            if w2 is None and "lokr_t2" in t:
+                dim = int(t["lokr_w2_b"].shape[0])
+                w2 = _tucker(t["lokr_t2"], t["lokr_w2_a"], t["lokr_w2_b"])
+            elif w2 is None:
                 dim = int(t["lokr_w2_b"].shape[0])
                 w2 = t["lokr_w2_a"] @ t["lokr_w2_b"].reshape(dim, -1)
                 b = t["lokr_w2_b"]
@@ -187,9 +286,26 @@ class DeltaLayer:
     key: str
     diff: np.ndarray = field(repr=False)
     rank: int = 0
+    dora: Dora | None = None
 
     def delta(self, scale: float = 1.0) -> np.ndarray:
         return (np.asarray(self.diff, np.float32) * np.float32(scale)).astype(np.float32)
+
+
+#: Flux.1's image input (``x_embedder``, BFL's ``img_in``) takes 64 channels (16 latent channels, 2x2 patches);
+#: Black Forest Labs' Canny/Depth control LoRAs widen it to 128 (the control image's latents beside the noise)
+_FLUX_CONTROL_IN = re.compile(r"(?:^|[._])(?:x_embedder|img_in)\.(?:lora_A|lora_down|lora\.down)(?:\.default)?\.weight$")
+
+
+def _flux_control(shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """What shows a Flux Control LoRA (BFL's Canny/Depth LoRA, or diffusers' conversion of one), else None."""
+    for k, shape in shapes.items():
+        if _FLUX_CONTROL_IN.search(k) and len(shape) == 2 and shape[1] == 128:
+            return f"{k} takes {shape[1]} input channels where Flux.1's image input has 64"
+    norms = [k for k in shapes if k.endswith(("query_norm.scale", "key_norm.scale"))]
+    if norms and any(k.startswith(("img_in.", "double_blocks.", "single_blocks.")) for k in shapes):
+        return f"it replaces the attention norms whole, {norms[0]} and {len(norms) - 1} more, as BFL's control LoRAs do"
+    return None
 
 
 class Lora:
@@ -211,10 +327,23 @@ class Lora:
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray], *, alpha: float | None = None,
                     source: str = "<memory>") -> Lora:
+        shapes = arrays.shapes() if isinstance(arrays, Weights) else {k: tuple(np.shape(v)) for k, v in arrays.items()}
+        control = _flux_control(shapes)
+        if control:
+            raise WeightsError(f"{os.path.basename(source)} is a Flux Control LoRA (Black Forest Labs' Canny/Depth "
+                               f"LoRA: {control}); it makes Flux.1 dev a Flux Control model, which takes a control "
+                               "image beside the noise, and sdrt does not run Flux Control models", where=source,
+                               fix="use it with a tool that runs Flux Control (diffusers' FluxControlPipeline, "
+                               "ComfyUI); for sdrt pass a LoRA that keeps the model's inputs")
         parts: dict[str, dict[str, Any]] = {}
         unknown: list[str] = []
         lyco: dict[str, dict[str, str]] = {}
+        doras: dict[str, str] = {}
         for key in arrays:
+            dm = _DORA.match(key)
+            if dm:
+                doras[dm["mod"]] = key
+                continue
             ly = _LYCORIS.match(key)
             if ly:
                 lyco.setdefault(ly["mod"], {})[ly["kind"]] = key
@@ -223,7 +352,7 @@ class Lora:
             old_format = None if m else _old_diffusers(key)
             if m or old_format:
                 mod, kind = old_format or ((m["mod"], m["kind"]) if m["mod"] else (m["xmod"], m["xkind"]))
-                parts.setdefault(mod, {})["down" if kind in _DOWN else "up"] = key
+                parts.setdefault(mod, {})["mid" if kind == "lora_mid" else "down" if kind in _DOWN else "up"] = key
                 continue
             a = _ALPHA.match(key)
             if a:
@@ -236,6 +365,8 @@ class Lora:
             alpha_key = parts.pop(mod, {}).get("alpha")
             kind = "loha" if any(n.startswith("hada") for n in names) else "lokr"
             need = ({"hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b"} if kind == "loha" else set())
+            if kind == "loha" and {"hada_t1", "hada_t2"} & set(names):
+                need |= {"hada_t1", "hada_t2"}
             if kind == "lokr" and not (("lokr_w1" in names or {"lokr_w1_a", "lokr_w1_b"} <= set(names))
                                        and ("lokr_w2" in names or {"lokr_w2_a", "lokr_w2_b"} <= set(names))):
                 need = {"lokr_w1 (or lokr_w1_a, lokr_w1_b)", "lokr_w2 (or lokr_w2_a, lokr_w2_b)"}
@@ -257,6 +388,13 @@ class Lora:
                 problems.append(f"{mod} (has {', '.join(sorted(p))} but needs both down and up)")
                 continue
             down, up = np.asarray(arrays[p["down"]]), np.asarray(arrays[p["up"]])
+            mid = np.asarray(arrays[p["mid"]]) if "mid" in p else None
+            if mid is not None and (mid.ndim != 4 or up.ndim not in (2, 4) or down.ndim not in (2, 4)
+                                    or mid.shape[:2] != (up.shape[1], down.shape[0])
+                                    or down.shape[2:] not in ((), (1, 1)) or up.shape[2:] not in ((), (1, 1))):
+                problems.append(f"{mod} (Tucker lora_mid {list(mid.shape)} does not join down {list(down.shape)} "
+                                f"and up {list(up.shape)})")
+                continue
             if down.ndim not in (2, 4) or up.ndim not in (2, 4) or up.shape[1] != down.shape[0] \
                     or (up.ndim == 4 and up.shape[2:] != (1, 1)):
                 problems.append(f"{mod} (down {list(down.shape)} and up {list(up.shape)} do not make a LoRA pair)")
@@ -268,11 +406,22 @@ class Lora:
                     continue
             else:
                 al = float(alpha) if alpha is not None else float(down.shape[0])
-            layers[mod] = LoraLayer(mod, down, up, al)
+            layers[mod] = LoraLayer(mod, down, up, al, mid)
+        for mod, key in doras.items():
+            m = np.asarray(arrays[key])
+            conv = "peft" if key[len(mod):].startswith(".lora_magnitude_vector") else "lycoris"
+            with np.errstate(all="ignore"):
+                finite = bool(np.isfinite(m.astype(np.float32)).all())
+            if mod not in layers:
+                if mod not in parts and mod not in lyco:  # (a broken layer is reported above)
+                    problems.append(f"{key} (a DoRA magnitude without a LoRA/LoHa/LoKr layer of that module)")
+            elif m.size == 0 or not finite or sum(n != 1 for n in m.shape) > 1:
+                problems.append(f"{key} (DoRA magnitude {list(m.shape)}: expected one finite vector)")
+            else:
+                layers[mod] = replace(layers[mod], dora=Dora(m, conv))
         if unknown and not layers and not parts and not lyco:  # nothing in it is a LoRA: say what it is
             from ..checkpoint.families import identify
 
-            shapes = arrays.shapes() if isinstance(arrays, Weights) else {k: tuple(np.shape(v)) for k, v in arrays.items()}
             what = identify(shapes).label  # names and shapes only: a 6 GB checkpoint is not read
             raise WeightsError(f"{os.path.basename(source)} is not a LoRA: it looks like {what}", where=source,
                                fix="pass a LoRA file here (keys ending in lora_down.weight / lora_A.weight / "
@@ -282,9 +431,9 @@ class Lora:
             raise WeightsError(
                 f"{len(problems)} LoRA keys cannot be used: " + "; ".join(problems),
                 where=source,
-                fix="sdrt reads LoRA (kohya lora_down/lora_up, PEFT lora_A/lora_B) and LyCORIS LoHa/LoKr "
-                "without Tucker factors; other LyCORIS formats (DoRA, (IA)^3, full diffs, hada_t1/lokr_t2) must "
-                "be merged elsewhere",
+                fix="sdrt reads LoRA (kohya lora_down/lora_up/lora_mid, PEFT lora_A/lora_B) and LyCORIS LoHa/LoKr "
+                "(with Tucker factors and DoRA magnitudes); other LyCORIS formats ((IA)^3, OFT/BOFT, GLoRA, full "
+                "diffs) must be merged elsewhere",
             )
         if not layers:
             raise WeightsError("the file holds no LoRA layers", where=source,
@@ -420,7 +569,7 @@ def merge(
     dotted, flat = _module_index(names, graph)
     transposed = _transposed_names(graph)
     report = LoraReport()
-    deltas: dict[str, list[np.ndarray]] = {}
+    deltas: dict[str, list[np.ndarray | _DoraStep]] = {}
     for lora, scale in pairs:
         for key, layer in lora.layers.items():
             name = _target(key, lora.format, component, dotted, flat, targets or {})
@@ -430,17 +579,28 @@ def merge(
             if name is None or name not in names:
                 report.unmatched.append(f"{key} ({lora.source})")
                 continue
-            with np.errstate(all="ignore"):
-                raw = layer.delta(scale)
+            dora = getattr(layer, "dora", None)
+            with np.errstate(all="ignore"):  # DoRA's LyCORIS convention: the change at strength 1, then interpolated
+                raw = layer.delta(1.0 if dora is not None and dora.convention == "lycoris" else scale)
             if not np.isfinite(raw).all():
                 report.mismatched.append(f"{key}: the LoRA holds NaN/Inf values or overflows float32")
                 continue
-            delta = _fit(raw, tuple(base.ref(name).shape), name in transposed)
-            if delta is None:
-                report.mismatched.append(f"{key}: delta {list(raw.shape)} vs {name} "
-                                         f"{list(base.ref(name).shape)}")
+            shape = tuple(base.ref(name).shape)
+            fitted = _fit(raw, shape, name in transposed)
+            if fitted is None:
+                report.mismatched.append(f"{key}: delta {list(raw.shape)} vs {name} {list(shape)}")
                 continue
-            deltas.setdefault(name, []).append(delta)
+            delta, flipped = fitted
+            if dora is not None:
+                torch_shape = delta.T.shape if flipped else delta.shape
+                if dora.axis(int(torch_shape[0]), int(torch_shape[1])) is None:
+                    report.mismatched.append(f"{key}: DoRA magnitude {list(np.shape(dora.magnitude))} fits neither "
+                                             f"the output ({torch_shape[0]}) nor the input ({torch_shape[1]}) axis "
+                                             f"of {name} {list(shape)}")
+                    continue
+                deltas.setdefault(name, []).append(_DoraStep(delta, flipped, dora, scale))
+            else:
+                deltas.setdefault(name, []).append(delta)
             report.applied.setdefault(name, []).append(key)
     if strict and (report.unmatched or report.mismatched):
         err = WeightsError(
@@ -460,32 +620,59 @@ def merge(
         if not (orig.dtype.kind == "f" or orig.dtype.name == "bfloat16"):
             report.mismatched.append(f"{name}: dtype {orig.dtype} cannot take a LoRA")
             continue
-        originals[name] = np.array(orig, copy=True)
         acc = np.array(orig, dtype=np.float64 if orig.dtype == np.float64 else np.float32)
-        for d in ds:
-            acc += d
+        for d in ds:  # in the order given: a DoRA layer rescales what the layers before it made
+            if isinstance(d, _DoraStep):
+                acc = d.apply(acc)
+            else:
+                acc += d
+        if any(isinstance(d, _DoraStep) for d in ds) and not np.isfinite(acc).all():
+            report.mismatched.append(f"{name}: DoRA made NaN/Inf values (a row or column of norm 0)")
+            if strict:
+                raise WeightsError(f"LoRA merge failed: {report.mismatched[-1]}",
+                                   where=", ".join(lora.source for lora, _ in pairs),
+                                   fix="the DoRA layer cannot be merged into this weight; remove that LoRA")
+            continue
+        originals[name] = np.array(orig, copy=True)
         merged[name] = acc.astype(orig.dtype)
     log.info("%s", report)
     return MergedWeights(base, merged, originals, report)
 
 
-def _fit(delta: np.ndarray, shape: tuple[int, ...], transposed: bool) -> np.ndarray | None:
-    """The delta in the weight's layout, or None when it cannot fit."""
+@dataclass(frozen=True)
+class _DoraStep:
+    """One DoRA layer's merge into a weight: its change in the weight's layout (``flipped``: stored [in, out])."""
+
+    delta: np.ndarray
+    flipped: bool
+    dora: Dora
+    scale: float
+
+    def apply(self, acc: np.ndarray) -> np.ndarray:
+        w = np.asarray(acc.T if self.flipped else acc, np.float32)
+        d = self.delta.T if self.flipped else self.delta
+        strength = self.scale if self.dora.convention == "lycoris" else None
+        out = self.dora.apply(w, d, strength).astype(acc.dtype)
+        return np.ascontiguousarray(out.T) if self.flipped else out
+
+
+def _fit(delta: np.ndarray, shape: tuple[int, ...], transposed: bool) -> tuple[np.ndarray, bool] | None:
+    """The delta in the weight's layout and whether that is transposed from torch's, or None when it cannot fit."""
     if delta.ndim == 2 and len(shape) == 2:
         if transposed:
-            return delta.T if delta.T.shape == shape else None
+            return (delta.T, True) if delta.T.shape == shape else None
         if delta.shape == shape:
-            return delta
-        return delta.T if delta.T.shape == shape else None  # shape says it is stored [in, out]
+            return delta, False
+        return (delta.T, True) if delta.T.shape == shape else None  # shape says it is stored [in, out]
     if delta.shape == shape:
-        return delta
+        return delta, False
     if delta.ndim == 2 and len(shape) == 4 and delta.shape == (shape[0], int(np.prod(shape[1:]))):
-        return delta.reshape(shape)  # LoHa on a kxk conv: [out, in * kh * kw]
+        return delta.reshape(shape), False  # LoHa on a kxk conv: [out, in * kh * kw]
     if delta.size == int(np.prod(shape)) and (len(shape) == 4 and shape[2:] == (1, 1) or delta.ndim == 4
                                              and delta.shape[2:] == (1, 1)):
-        return delta.reshape(shape)  # a linear LoRA on a 1x1 conv, or the other way round
+        return delta.reshape(shape), False  # a linear LoRA on a 1x1 conv, or the other way round
     return None
 
 
-__all__ = ["KOHYA_PREFIXES", "PEFT_PREFIXES", "Lora", "LoraLayer", "LoraReport", "LycorisLayer", "DeltaLayer", "MergedWeights",
+__all__ = ["KOHYA_PREFIXES", "PEFT_PREFIXES", "Dora", "Lora", "LoraLayer", "LoraReport", "LycorisLayer", "DeltaLayer", "MergedWeights",
            "merge"]
