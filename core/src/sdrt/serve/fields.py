@@ -103,4 +103,19 @@ def get_list(body: dict[str, Any], key: str) -> list[Any]:
     return value
 
 
-__all__ = ["get_bool", "get_dict", "get_float", "get_int", "get_list", "get_str"]
+def get_size(body: dict[str, Any], limits: Any) -> tuple[int | None, int | None]:
+    """``size``: ``"WxH"`` within this server's limits, or (None, None) for ``auto`` or none."""
+    size = get_str(body, "size", None, max_len=20)
+    if size in (None, "", "auto"):
+        return None, None
+    m = re.match(r"^(\d+)x(\d+)$", size)
+    if not m:
+        raise ApiError(400, f"size must be WIDTHxHEIGHT (e.g. 512x512) or auto, got {size!r}", field="size")
+    width, height = int(m.group(1)), int(m.group(2))
+    if width > limits.max_width or height > limits.max_height:
+        raise ApiError(400, f"size {size} is above this server's limit of {limits.max_width}x{limits.max_height}; "
+                            "pass a smaller size", field="size")
+    return width, height
+
+
+__all__ = ["get_bool", "get_dict", "get_float", "get_int", "get_list", "get_size", "get_str"]

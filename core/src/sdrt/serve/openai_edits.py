@@ -27,7 +27,7 @@ from starlette.datastructures import Headers
 
 from . import a1111, b64images
 from .errors import ApiError
-from .fields import get_float, get_str
+from .fields import get_float, get_size, get_str
 from .http import parse_json, read_body
 from .state import ServerState
 
@@ -150,8 +150,6 @@ def _png_b64(img: Any) -> str:
 
 def parse(body: dict[str, Any], st: ServerState) -> tuple[a1111.Request, list[str], str]:
     """An edit request as A1111's img2img: (the checked request, what is not honoured, the response format)."""
-    from .routes_openai import parse_size
-
     limits = st.limits
     unknown = sorted(k for k in body if k not in _KNOWN)
     if unknown:  # as OpenAI answers an unrecognized argument; dropping it would hide a typo
@@ -180,7 +178,7 @@ def parse(body: dict[str, Any], st: ServerState) -> tuple[a1111.Request, list[st
     if get_str(body, "output_format", "png") != "png":
         raise ApiError(400, f"output_format {body['output_format']!r} is not supported; this server writes png",
                        field="output_format")
-    width, height = parse_size(body, limits)
+    width, height = get_size(body, limits)
     strength = get_float(body, "strength", 1.0 if repaint is not None else 0.75, 0.0, 1.0, low_open=True)
     name = get_str(body, "model", None, max_len=300)
     model = st.registry.model(name, "model") if name else None

@@ -12,7 +12,6 @@ field is a 400 naming it, as OpenAI's own API answers an unrecognized argument.
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from typing import Any
@@ -22,14 +21,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from . import responses
+from . import openai_edits, responses
 from .errors import ApiError, from_pipeline
-from .fields import get_float, get_int, get_str
+from .fields import get_float, get_int, get_size, get_str
 from .http import read_json, wait_for_job
 from .jobs import Work
 from .state import ServerState
-
-_SIZE = re.compile(r"^(\d+)x(\d+)$")
 
 #: OpenAI's fields that Stable Diffusion has no use for: accepted, and listed under sdrt_not_honoured
 _NOT_HONOURED = ("quality", "style", "user", "background", "moderation", "output_compression", "partial_images")
@@ -63,7 +60,7 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     model = st.registry.model(name, "model") if name else st.registry.model(st.options()["sd_model_checkpoint"])
     n = get_int(body, "n", 1, 1, min(limits.max_images, limits.max_batch))
     size = body.get("size")
-    width, height = parse_size(body, limits)
+    width, height = get_size(body, limits)
     fmt = get_str(body, "response_format", "b64_json")
     if fmt not in ("b64_json", "url"):
         raise ApiError(400, f"response_format must be b64_json or url, got {fmt!r}", field="response_format")
@@ -90,21 +87,6 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
         raise from_pipeline(exc) from None
     return Work(model, prompt, negative, kwargs, seed, n, 1, max_size=(limits.max_width, limits.max_height)), \
         ignored, fmt
-
-
-def parse_size(body: dict[str, Any], limits: Any) -> tuple[int | None, int | None]:
-    """``size``: ``"WxH"`` within this server's limits, or (None, None) for ``auto`` or none."""
-    size = get_str(body, "size", None, max_len=20)
-    if size in (None, "", "auto"):
-        return None, None
-    m = _SIZE.match(size)
-    if not m:
-        raise ApiError(400, f"size must be WIDTHxHEIGHT (e.g. 512x512) or auto, got {size!r}", field="size")
-    width, height = int(m.group(1)), int(m.group(2))
-    if width > limits.max_width or height > limits.max_height:
-        raise ApiError(400, f"size {size} is above this server's limit of {limits.max_width}x{limits.max_height}; "
-                            "pass a smaller size", field="size")
-    return width, height
 
 
 async def _answer(request: Request, st: ServerState, work: Work, job: Any, fmt: str, size: Any,
@@ -143,8 +125,6 @@ async def generations(request: Request) -> JSONResponse:
 
 async def edits(request: Request) -> JSONResponse:
     """``POST /v1/images/edits`` (``sdrt.serve.openai_edits``): one picture redrawn, or repainted under a mask."""
-    from . import openai_edits
-
     st: ServerState = request.app.state.sdrt
     body = await openai_edits.read_edit(request, st.limits.max_body_bytes)
     req, ignored, fmt = await run_in_threadpool(openai_edits.parse, body, st)
@@ -176,4 +156,4 @@ ROUTES = [
     Route("/v1/models/{model:path}", model, methods=["GET"]),
 ]
 
-__all__ = ["ROUTES", "parse", "parse_size"]
+__all__ = ["ROUTES", "parse"]
