@@ -108,19 +108,24 @@ class _Sealed(type):
         raise _Malformed("the pickle tries to change a class")
 
 
+def _no_setstate(self: Any, state: Any) -> None:
+    raise _Malformed(f"the pickle tries to change a {type(self).__name__.strip('_')}")
+
+
 class _Fixed:
     """Stand-in objects and their records: ``BUILD`` (``__setstate__``) and attribute writes are refused, so what was
-    checked when a rebuild function made a record stays as it was."""
+    checked when a rebuild function made a record stays as it was. (Each dataclass below names ``__setstate__``
+    in its own body: a frozen slotted dataclass otherwise gets one that sets its fields from any state.)"""
 
     __slots__ = ()
-
-    def __setstate__(self, state: Any) -> None:
-        raise _Malformed(f"the pickle tries to change a {type(self).__name__.strip('_')}")
+    __setstate__ = _no_setstate
 
 
 @dataclass(frozen=True, slots=True)
 class _StorageType(_Fixed):
     """``torch.FloatStorage`` and the like (``dtype`` None: ``torch.storage.UntypedStorage``, counted in bytes)."""
+
+    __setstate__ = _no_setstate
 
     dtype: str | None
 
@@ -129,12 +134,16 @@ class _StorageType(_Fixed):
 class _DType(_Fixed):
     """``torch.float8_e4m3fn`` and the like, as ``_rebuild_tensor_v3`` takes them."""
 
+    __setstate__ = _no_setstate
+
     name: str
 
 
 @dataclass(eq=False, slots=True)
 class _Storage(_Fixed):
     """A storage of the file; only this module's readers change it (no pickle op reaches it)."""
+
+    __setstate__ = _no_setstate
 
     key: str
     nbytes: int              # what the pickle says the storage holds
@@ -161,6 +170,8 @@ class _Call(_Fixed):
 @dataclass(frozen=True, eq=False, slots=True)
 class _Tensor(_Fixed):
     """What a rebuild function was given: a view of ``storage``, validated against it."""
+
+    __setstate__ = _no_setstate
 
     storage: _Storage
     dtype: str
@@ -631,13 +642,13 @@ def open_refs(path: Path) -> dict[str, Any]:
     tensors, order = read(path)
     refs = {}
     for name, t in tensors.items():
+        try:  # once more, now that the pickle is done with: nothing it did after a rebuild changed the records
+            if not (isinstance(t.storage, _Storage) and type(t.storage.nbytes) is int and t.dtype in _DTYPES
+                    and t.storage.nbytes <= t.storage.size):
+                raise _Malformed(f"tensor {name!r} lost its storage")
+            _rebuild((t.storage, None), t.offset, t.shape, t.stride, t.dtype)
+        except _Malformed as exc:
+            raise _bad(f"{path.name} is not a readable PyTorch checkpoint: {exc}", path) from None
         refs[name] = TensorRef(name, _DTYPES[t.dtype](), t.shape, str(path),
                                (lambda t=t: _load(path, t, order)), _origin(path, t))
     return refs
-
-
-def is_torch_file(path: Path, head: bytes) -> bool:
-    """A torch checkpoint by name, or by its first bytes (a zip, or a pickle) whatever its name."""
-    from ..formats import PICKLE_HINT, sniff
-
-    return path.suffix.lower() in SUFFIXES and sniff(head) != "a safetensors weights file" or sniff(head) == PICKLE_HINT
