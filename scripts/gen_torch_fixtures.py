@@ -4,7 +4,8 @@ Writes ``tests/data/torch/``: each ``NAME.pt``/``.ckpt``/``.bin`` as torch itsel
 arrays ``torch.load(weights_only=False)`` gives, flattened as A1111 flattens a checkpoint (``state_dict`` when
 there is one, nested dicts joined with ``.``, a ``ParameterDict`` as its parameters, non-tensors dropped), in C
 order; bfloat16 and float8 as their bits (uint16/uint8) with the dtype names in ``__dtypes__``. Also
-``tests/data/ckpt/pipe-sd15/custom.ckpt``: ``custom.safetensors`` saved by torch as a Lightning-style ``.ckpt``.
+``pipe-sd15/``: tests/data/ckpt/pipe-sd15's checkpoint (``custom.ckpt``, Lightning-style), kohya LoRA
+(``tinylora.pt``) and embedding (``tinyemb.pt``, A1111's layout) as torch saves them.
 
 Run (torch venv):  /work/refvenv/bin/python scripts/gen_torch_fixtures.py
 """
@@ -137,14 +138,21 @@ def main() -> None:
         if f.suffix in (".pt", ".ckpt", ".bin"):
             expected(f)
 
-    # the tiny SD 1.x LDM checkpoint as a .ckpt: the same tensors as custom.safetensors, Lightning-style
+    # tests/data/ckpt/pipe-sd15's checkpoint, LoRA and embedding as torch files: the checkpoint Lightning-style
+    # (.ckpt), the kohya LoRA as a plain state dict (.pt), the embedding in A1111's .pt layout
     d = ROOT / "tests" / "data" / "ckpt" / "pipe-sd15"
+    out = OUT / "pipe-sd15"
+    out.mkdir(exist_ok=True)
     sd = load_file(d / "custom.safetensors")
-    torch.save({"state_dict": sd, "global_step": np.int64(1), "epoch": 0}, d / "custom.ckpt")
-    back = flatten(torch.load(d / "custom.ckpt", weights_only=False))
+    torch.save({"state_dict": sd, "global_step": np.int64(1), "epoch": 0}, out / "custom.ckpt")
+    torch.save(load_file(d / "tinylora.safetensors"), out / "tinylora.pt")
+    emb = load_file(d / "tinyemb.safetensors")["emb_params"]
+    torch.save({"string_to_token": {"*": 265}, "string_to_param": {"*": emb}, "name": "tinyemb", "step": 0},
+               out / "tinyemb.pt")
+    back = flatten(torch.load(out / "custom.ckpt", weights_only=False))
     assert all(torch.equal(back[k], v) for k, v in sd.items()) and len(back) == len(sd)
-    print(f"custom.ckpt: {(d / 'custom.ckpt').stat().st_size} bytes, {len(sd)} tensors")
-
+    for f in sorted(out.iterdir()):
+        print(f"pipe-sd15/{f.name}: {f.stat().st_size} bytes")
 
 if __name__ == "__main__":
     main()

@@ -187,10 +187,21 @@ def test_garbage_checkpoint_is_refused(tmp_path):
         Checkpoint.open(bad)
 
 
-def test_pickle_checkpoint_is_refused(tmp_path):
+def test_a_ckpt_reads_as_its_safetensors():
+    """custom.ckpt: custom.safetensors saved by torch, Lightning-style (state_dict, global_step as a numpy scalar)."""
+    ck = Checkpoint.open(DATA.parent / "torch" / "pipe-sd15" / "custom.ckpt")
+    st = Checkpoint.open(DATA / "pipe-sd15" / "custom.safetensors")
+    assert ck.family == st.family and ck.components.keys() == st.components.keys()
+    for comp, srcs in st.components.items():
+        assert ck.components[comp].keys() == srcs.keys()
+        for canon, src in srcs.items():
+            assert np.array_equal(ck.array(ck.components[comp][canon]), st.array(src)), (comp, canon)
+
+
+def test_a_truncated_pickle_checkpoint_is_refused(tmp_path):
     p = tmp_path / "model.ckpt"
     p.write_bytes(b"\x80\x04\x95")
-    with pytest.raises(WeightsError, match="pickle"):
+    with pytest.raises(WeightsError, match="not a readable PyTorch checkpoint"):
         Checkpoint.open(p)
 
 

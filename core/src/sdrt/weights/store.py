@@ -394,8 +394,7 @@ def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:
             raise WeightsError(f"cannot access the weights path ({exc.strerror or exc})", where=str(p)[:300],
                                fix="check the path") from exc
         if p.is_dir():
-            found = sorted(p.glob("*.safetensors")) or sorted(
-                f for f in p.iterdir() if f.suffix.lower() in PICKLE_SUFFIXES and f.is_file())
+            found = folder_files(p)
             if not found:
                 raise WeightsError("the folder holds no .safetensors files (nor PyTorch checkpoints)", where=str(p),
                                    fix="pass the .safetensors file(s) directly")
@@ -406,6 +405,15 @@ def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:
             raise WeightsError("the weights file does not exist", where=str(p), fix="check the path")
         files.append(p)
     return files
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """A folder's weights files: its ``.safetensors``, else its PyTorch checkpoints (a diffusers or transformers
+    folder of ``diffusion_pytorch_model.bin`` / ``pytorch_model.bin``), sorted; [] when none or not a folder."""
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob("*.safetensors")) or sorted(
+        f for f in folder.iterdir() if f.suffix.lower() in PICKLE_SUFFIXES and f.is_file())
 
 
 def _head(p: Path) -> bytes:
@@ -435,4 +443,4 @@ def refuse_unsafe(p: Path) -> None:
                            fix="pass it as the model; weights come from .safetensors files")
 
 
-__all__ = ["BindReport", "KeyMap", "TensorRef", "Weights", "is_torch_file", "refuse_unsafe"]
+__all__ = ["BindReport", "KeyMap", "TensorRef", "Weights", "folder_files", "is_torch_file", "refuse_unsafe"]
