@@ -255,3 +255,25 @@ def test_legacy_storage_sizes_are_checked(tmp_path):
     with pytest.raises(WeightsError, match="holds 25 items"):
         Weights.open(p)
     assert len(want) == 5
+
+
+@pytest.mark.parametrize("src", ["views.pt", "legacy.pt", "deflated.pt", "lightning.ckpt", "rinongal_emb.pt"])
+def test_damaged_files_raise_only_weights_errors(tmp_path, src):
+    """Bytes changed at random and files cut short (seeded): each opens and reads, or is one WeightsError;
+    never another exception (zipfile's, zlib's, numpy's) and never a read outside the file."""
+    import random
+
+    rng = random.Random(src)
+    raw = (DATA / src).read_bytes()
+    p = tmp_path / src
+    for _ in range(150):
+        b = bytearray(raw)
+        for _ in range(rng.choice([1, 2, 4, 8])):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        p.write_bytes(bytes(b[: rng.randrange(len(b))] if rng.random() < 0.2 else b))
+        try:
+            w = Weights.open(p)
+            for name in w:
+                np.asarray(w[name]).tobytes()
+        except WeightsError as exc:
+            assert "\n" not in str(exc)

@@ -30,6 +30,7 @@ import pickletools
 import re
 import struct
 import zipfile
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -406,12 +407,20 @@ def _storage_pid(pid: Any) -> tuple[_StorageType, str, int]:
 
 
 # -- the two layouts ------------------------------------------------------------------------------------------
+#: what a damaged zip file raises from ``zipfile`` (or from reading it)
+_ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError, NotImplementedError, RuntimeError,
+               UnicodeDecodeError, zlib.error, struct.error)
+
+
 def _read_zip(path: Path) -> tuple[Any, str]:
     try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise _bad(f"{path.name} is not a readable PyTorch checkpoint (zip: {exc})", path) from None
-    with zf:
+        return _read_zip_entries(path)
+    except _ZIP_ERRORS as exc:
+        raise _bad(f"{path.name} is not a readable PyTorch checkpoint (zip: {str(exc)[:120]})", path) from None
+
+
+def _read_zip_entries(path: Path) -> tuple[Any, str]:
+    with zipfile.ZipFile(path) as zf:
         infos = {i.filename: i for i in zf.infolist()}
         pkls = [n for n in infos if n.endswith("/data.pkl") and n.count("/") == 1]
         if len(pkls) != 1:
@@ -426,11 +435,8 @@ def _read_zip(path: Path) -> tuple[Any, str]:
         if info.file_size > MAX_PICKLE:
             raise _bad(f"{path.name}: its pickle is {info.file_size} bytes (more than {MAX_PICKLE}): not a "
                        "checkpoint", path)
-        try:
-            with zf.open(info) as f:
-                data = f.read(MAX_PICKLE + 1)
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
-            raise _bad(f"{path.name}: cannot read its pickle ({exc})", path) from None
+        with zf.open(info) as f:
+            data = f.read(MAX_PICKLE + 1)
         if len(data) > MAX_PICKLE:
             raise _bad(f"{path.name}: its pickle inflates past {MAX_PICKLE} bytes: not a checkpoint", path)
         size = path.stat().st_size
@@ -459,6 +465,8 @@ def _read_zip(path: Path) -> tuple[Any, str]:
 def _stored_begin(path: Path, zi: zipfile.ZipInfo, size: int) -> int:
     """Where an uncompressed entry's bytes start: after its local header (whose name and extra field lengths
     may differ from the central directory's)."""
+    if not 0 <= zi.header_offset < size:
+        raise _Malformed(f"entry {zi.filename} starts outside the file")
     with open(path, "rb") as f:
         f.seek(zi.header_offset)
         head = f.read(30)
@@ -471,10 +479,31 @@ def _stored_begin(path: Path, zi: zipfile.ZipInfo, size: int) -> int:
     return begin
 
 
+class _Bounded:
+    """A file read from its current position, at most ``limit`` bytes on (what ``pickletools.genops`` reads with)."""
+
+    def __init__(self, f: Any, limit: int) -> None:
+        self.f, self.end = f, f.tell() + limit
+
+    def read(self, n: int = -1) -> bytes:
+        left = self.end - self.f.tell()
+        if n < 0 or n > left:
+            raise _Malformed(f"a pickle longer than {MAX_PICKLE} bytes: not a checkpoint")
+        return self.f.read(n)
+
+    def readline(self) -> bytes:
+        return self.f.readline(max(self.end - self.f.tell(), 0))
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+
 def _read_legacy(path: Path) -> Any:
-    size = path.stat().st_size
     with open(path, "rb") as f:
-        data = f.read(min(size, MAX_PICKLE + 1))
+        return _read_legacy_from(path, f, path.stat().st_size)
+
+
+def _read_legacy_from(path: Path, f: Any, size: int) -> Any:
     storages: dict[str, _Storage] = {}
     itemsizes: dict[str, int] = {}
 
@@ -489,19 +518,21 @@ def _read_legacy(path: Path) -> Any:
     def no_storage(pid: Any) -> Any:
         raise _Malformed("a persistent id outside the object pickle")
 
-    f = io.BytesIO(data)
-
     def next_pickle(persistent: Callable[[Any], Any]) -> Any:
         start = f.tell()
         try:
-            for _ in pickletools.genops(f):  # parses up to and with STOP; runs nothing
+            for _ in pickletools.genops(_Bounded(f, MAX_PICKLE)):  # parses up to and with STOP; runs nothing
                 pass
-        except (ValueError, EOFError, UnicodeDecodeError) as exc:
+        except (ValueError, EOFError, UnicodeDecodeError, _Malformed) as exc:
             raise _bad(f"{path.name} is not a readable PyTorch checkpoint (pickle: {str(exc)[:120]})", path) from None
-        return _unpickle(data[start:f.tell()], persistent, path)
+        end = f.tell()
+        f.seek(start)
+        data = f.read(end - start)
+        return _unpickle(data, persistent, path)
 
-    if data[:1] != b"\x80":
+    if f.read(1) != b"\x80":
         raise _bad(f"{path.name} is not a PyTorch checkpoint", path)
+    f.seek(0)
     if next_pickle(no_storage) != LEGACY_MAGIC:
         raise _bad(f"{path.name} is a pickle but not a PyTorch checkpoint (no torch magic number)", path,
                    UNTRUSTED_FIX)
@@ -515,22 +546,21 @@ def _read_legacy(path: Path) -> Any:
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) or set(keys) != set(storages):
         raise _bad(f"{path.name}: the storage list does not match the tensors (corrupt file)", path)
     pos = f.tell()
-    with open(path, "rb") as fh:
-        for key in keys:
-            st = storages[key]
-            fh.seek(pos)
-            head = fh.read(8)
-            if len(head) < 8:
-                raise _bad(f"{path.name} is truncated (storage {key!r} is missing)", path)
-            count = int.from_bytes(head, "little")
-            if count * itemsizes[key] != st.nbytes:
-                raise _bad(f"{path.name}: storage {key!r} holds {count} items, its tensors say {st.nbytes} bytes",
-                           path)
-            st.begin = pos + 8
-            st.size = st.nbytes
-            pos = st.begin + st.nbytes
-            if pos > size:
-                raise _bad(f"{path.name} is truncated (storage {key!r} ends past the end of the file)", path)
+    for key in keys:
+        st = storages[key]
+        f.seek(pos)
+        head = f.read(8)
+        if len(head) < 8:
+            raise _bad(f"{path.name} is truncated (storage {key!r} is missing)", path)
+        count = int.from_bytes(head, "little")
+        if count * itemsizes[key] != st.nbytes:
+            raise _bad(f"{path.name}: storage {key!r} holds {count} items, its tensors say {st.nbytes} bytes",
+                       path)
+        st.begin = pos + 8
+        st.size = st.nbytes
+        pos = st.begin + st.nbytes
+        if pos > size:
+            raise _bad(f"{path.name} is truncated (storage {key!r} ends past the end of the file)", path)
     return obj
 
 
@@ -602,8 +632,11 @@ def _load(path: Path, t: _Tensor, order: str) -> np.ndarray:
             raise _bad(f"cannot map storage {st.key!r} ({exc})", path) from exc
         raw = np.asarray(raw)
     else:  # a compressed entry: read and inflated
-        with zipfile.ZipFile(path) as zf, zf.open(st.entry or "") as f:
-            raw = np.frombuffer(f.read(st.nbytes), np.uint8)
+        try:
+            with zipfile.ZipFile(path) as zf, zf.open(st.entry or "") as f:
+                raw = np.frombuffer(f.read(st.nbytes), np.uint8)
+        except _ZIP_ERRORS as exc:
+            raise _bad(f"cannot read storage {st.key!r} ({str(exc)[:120]})", path) from None
         if raw.size < st.nbytes:
             raise _bad(f"storage {st.key!r} is truncated", path)
     flat = raw[: st.nbytes - st.nbytes % dt.itemsize].view(dt)
