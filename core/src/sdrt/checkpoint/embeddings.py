@@ -38,6 +38,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..graph import Graph
 
 TOKEN_TABLE = "embeddings.token_embedding.weight"
+#: what an embeddings folder's files are (``--embedding-dir``, the server's): A1111's formats
+EMBEDDING_SUFFIXES = (".safetensors", ".pt", ".bin")
 
 
 @dataclass(frozen=True)

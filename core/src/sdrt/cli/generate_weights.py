@@ -18,8 +18,6 @@ from typing import Any
 from ..errors import InputError
 
 log = logging.getLogger("sdrt.cli")
-#: what --embedding-dir (and the server's embeddings folder) loads: A1111's formats
-EMBEDDING_SUFFIXES = (".safetensors", ".pt", ".bin")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -136,9 +134,11 @@ def check(args: argparse.Namespace) -> WeightArgs:
         out.lora_dir = _existing(args.lora_dir, "LoRA folder", "--lora-dir", folder=True)
     out.embeddings = [_readable(_existing(e, "embedding file", "--embedding"), "--embedding") for e in args.embedding]
     if args.embedding_dir:
+        from ..checkpoint.embeddings import EMBEDDING_SUFFIXES
+
         d = _existing(args.embedding_dir, "embedding folder", "--embedding-dir", folder=True)
         for f in sorted(d.iterdir()):
-            if f.suffix.lower() in EMBEDDING_SUFFIXES and f.is_file():
+            if f.suffix.lower() in EMBEDDING_SUFFIXES and f.is_file():  # A1111's formats
                 out.found_embeddings.append(f)
     if out.vae_tile is not None and out.vae_tile < 8:
         raise InputError(f"--vae-tile {out.vae_tile} is too small", where="--vae-tile", fix="use 32 or more")

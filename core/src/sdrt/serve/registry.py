@@ -195,7 +195,7 @@ class Registry:
 
     @property
     def embeddings(self) -> dict[str, Path]:
-        from ..cli.generate_weights import EMBEDDING_SUFFIXES
+        from ..checkpoint.embeddings import EMBEDDING_SUFFIXES
 
         return self._files(self.embedding_dir, EMBEDDING_SUFFIXES)
 

@@ -145,7 +145,8 @@ class Weights(Mapping[str, np.ndarray]):
         dups: list[str] = []
         for path in files:
             if is_torch_file(path):
-                found = torchfile.open_refs(path)
+                found = {name: TensorRef(name, dt, shape, str(path), load, origin)
+                         for name, (dt, shape, load, origin) in torchfile.open_tensors(path).items()}
             else:
                 entries, _meta = stfile.read_header(path)
                 found = {name: TensorRef(name, e.dtype, e.shape, str(path), _mapper(path, e),

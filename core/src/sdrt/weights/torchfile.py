@@ -668,10 +668,9 @@ def _origin(path: Path, t: _Tensor) -> tuple[Any, ...]:
     return (str(path), st.begin, st.nbytes, f"as_strided {t.dtype} {t.offset} {t.shape} {t.stride}")
 
 
-def open_refs(path: Path) -> dict[str, Any]:
-    """``{name: TensorRef}`` of a PyTorch checkpoint; nothing is read but its pickle."""
-    from .store import TensorRef
-
+def open_tensors(path: Path) -> dict[str, tuple[np.dtype, tuple[int, ...], Callable[[], np.ndarray], tuple[Any, ...]]]:
+    """``{name: (dtype, shape, load, origin)}`` of a PyTorch checkpoint (``store`` makes them ``TensorRef``s);
+    nothing is read but its pickle."""
     tensors, order = read(path)
     refs = {}
     for name, t in tensors.items():
@@ -682,6 +681,5 @@ def open_refs(path: Path) -> dict[str, Any]:
             _rebuild((t.storage, None), t.offset, t.shape, t.stride, t.dtype)
         except _Malformed as exc:
             raise _bad(f"{path.name} is not a readable PyTorch checkpoint: {exc}", path) from None
-        refs[name] = TensorRef(name, _DTYPES[t.dtype](), t.shape, str(path),
-                               (lambda t=t: _load(path, t, order)), _origin(path, t))
+        refs[name] = (_DTYPES[t.dtype](), t.shape, (lambda t=t: _load(path, t, order)), _origin(path, t))
     return refs
