@@ -92,7 +92,8 @@ def main() -> None:
     torch.save({
         "f32": base, "f16": base.half(), "bf16": base.bfloat16(), "f64": base[:2].double(),
         "f8_e4m3": (base * 4).to(torch.float8_e4m3fn), "f8_e5m2": (base * 4).to(torch.float8_e5m2),
-        "i64": torch.arange(5), "i32": torch.arange(-3, 3, dtype=torch.int32), "i8": torch.arange(-4, 4, dtype=torch.int8),
+        "i64": torch.arange(5), "i32": torch.arange(-3, 3, dtype=torch.int32),
+        "i8": torch.arange(-4, 4, dtype=torch.int8),
         "u8": torch.arange(200, 206, dtype=torch.uint8), "bool": torch.tensor([True, False, True]),
         "scalar": torch.tensor(3.5), "empty": torch.zeros(0, 3),
     }, OUT / "dtypes.pt")

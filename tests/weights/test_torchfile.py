@@ -172,7 +172,8 @@ def _tensor_pkl(key: str, numel: int, offset: int, shape: tuple, stride: tuple, 
     (7, 0, (2, 3), (3, 1), "holds 24 bytes"),
 ])
 def test_views_are_checked_against_their_storage(tmp_path, numel, offset, shape, stride, what):
-    p = _zip(tmp_path, _tensor_pkl("0", numel, offset, shape, stride), storages={"0": np.arange(6, dtype="<f4").tobytes()})
+    p = _zip(tmp_path, _tensor_pkl("0", numel, offset, shape, stride),
+             storages={"0": np.arange(6, dtype="<f4").tobytes()})
     if what is None:
         assert Weights.open(p)["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
         return

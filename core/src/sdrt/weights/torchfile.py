@@ -240,7 +240,8 @@ _REBUILDS = (_rebuild_tensor, _rebuild_tensor_v3, _rebuild_parameter)
 
 
 def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any = None) -> _Tensor:
-    if not isinstance(func, _Call) or func.fn not in _REBUILDS or new_type not in (_TensorClass, _Parameter) or not isinstance(args, tuple):
+    if not (isinstance(func, _Call) and func.fn in _REBUILDS and new_type in (_TensorClass, _Parameter)
+            and isinstance(args, tuple)):
         raise _Malformed("_rebuild_from_type_v2 was given something other than a tensor rebuild")
     return func(*args)
 
