@@ -112,6 +112,13 @@ def main() -> None:
         ("nested", {"deep": {"er": base[2:]}, "note": "text"}),
     ]), OUT / "params.pt")
 
+    # tensors with Python attributes: torch writes _rebuild_from_type_v2 and _rebuild_parameter_with_state
+    t = base[:2].clone()
+    t.note = "kept by torch, dropped by sdrt"
+    p = torch.nn.Parameter(base[2].clone())
+    p.extra = 1
+    torch.save({"t": t, "p": p}, OUT / "attrs.pt")
+
     # a Lightning-style checkpoint: state_dict beside global_step (a numpy scalar), epoch, hparams, callbacks
     mc = _lightning_class()
     torch.save({"state_dict": collections.OrderedDict([("model.diffusion_model.w", base), ("cond.b", base[0])]),
