@@ -278,3 +278,19 @@ def test_damaged_files_raise_only_weights_errors(tmp_path, src):
                 np.asarray(w[name]).tobytes()
         except WeightsError as exc:
             assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("via", ["stack", "memo"])
+def test_deeply_nested_tuples_are_refused_before_they_crash_the_process(tmp_path, via):
+    """A dict key nested a million tuples deep (a 1-3 MB pickle): hashing it recursed in C until the process
+    died with a segmentation fault. Refused from the opcodes; run in a child so a regression fails, not kills."""
+    import subprocess
+    import sys
+
+    step = b"\x85" if via == "stack" else b"\x85q\x000h\x00"  # TUPLE1, or TUPLE1 BINPUT 0 POP BINGET 0
+    p = _zip(tmp_path, b"\x80\x02}N" + step * 1_000_000 + b"Ns.")
+    code = ("import sys; from sdrt.weights import Weights\n"
+            "try:\n    Weights.open(sys.argv[1])\nexcept Exception as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert "tuples nested deeper than 100 levels" in out.stdout

@@ -46,6 +46,8 @@ from . import stfile
 MAX_PICKLE = 100_000_000
 #: dicts nested deeper than this are refused when flattening
 MAX_DEPTH = 64
+#: tuples nested deeper than this are refused before unpickling (hashing one recurses without a limit)
+MAX_TUPLES = 100
 #: the first pickle of a legacy (non-zip) file
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 SUFFIXES = frozenset({".ckpt", ".pt", ".pth", ".bin", ".pkl", ".pickle", ".th"})
@@ -302,6 +304,13 @@ def _encode(obj: Any, encoding: Any = "utf-8", *_: Any) -> bytes:
     return obj.encode("latin1")
 
 
+def _size(dims: Any = ()) -> tuple[int, ...]:
+    """``torch.Size(dims)``: a flat tuple of ints (the only way a stand-in makes a tuple)."""
+    if not isinstance(dims, (tuple, list)) or not all(type(d) is int for d in dims):
+        raise _Malformed("torch.Size of something other than ints")
+    return tuple(dims)
+
+
 def _np_reconstruct(*args: Any) -> Inert:
     return _NDARRAY(*args)
 
@@ -324,7 +333,7 @@ ALLOWED: dict[tuple[str, str], Any] = {
     **{("torch", n): _StorageType(d) for n, d in _STORAGES.items()},
     **{("torch.cuda", n): _StorageType(d) for n, d in _STORAGES.items()},
     **{("torch", n): _DType(n) for n in _DTYPES},
-    ("torch", "Size"): tuple,
+    ("torch", "Size"): _Call(_size),
     ("collections", "OrderedDict"): OrderedDict,
     ("builtins", "set"): set, ("__builtin__", "set"): set,
     ("builtins", "frozenset"): frozenset, ("__builtin__", "frozenset"): frozenset,
@@ -365,16 +374,57 @@ class _Unpickler(pickle.Unpickler):
 
 
 def _scan(data: bytes) -> None:
-    """Parse the pickle's opcodes (nothing runs): refuse a global outside ``ALLOWED`` and the extension opcodes
-    before the unpickler builds anything."""
+    """Parse the pickle's opcodes (nothing runs) before the unpickler builds anything: refuse a global outside
+    ``ALLOWED``, the extension opcodes, and tuples nested deeper than ``MAX_TUPLES``.
+
+    The nesting: hashing a tuple (a dict key, a set element) recurses into the tuples it holds with no recursion
+    limit in CPython, so a tuple nested a million deep (a 1 MB pickle) crashes the process. Tuples are immutable
+    and only ``TUPLE*`` opcodes make them here (no stand-in returns a nested tuple), so following each stack
+    item's tuple depth through the opcodes, and the memo, is exact."""
+    depths: list[int] = []  # tuple nesting of each stack item
+    marks: list[int] = []
+    memo: dict[Any, int] = {}
     try:
         for op, arg, _pos in pickletools.genops(data):
-            if op.name in _REFUSED_OPS:
+            name = op.name
+            if name in _REFUSED_OPS:
                 raise _Refused(f"copyreg extension {arg}")
-            if op.name in ("GLOBAL", "INST"):
-                module, _, name = str(arg).partition(" ")
-                if (module, name) not in ALLOWED:
-                    raise _Refused(f"{module}.{name}")
+            if name in ("GLOBAL", "INST"):
+                module, _, gname = str(arg).partition(" ")
+                if (module, gname) not in ALLOWED:
+                    raise _Refused(f"{module}.{gname}")
+            if name == "MARK":
+                marks.append(len(depths))
+                continue
+            if name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):  # the top of the stack, left there
+                if not depths:
+                    raise _Malformed("the pickle memoizes an empty stack")
+                memo[arg if name != "MEMOIZE" else len(memo)] = depths[-1]
+                continue
+            before = op.stack_before
+            if pickletools.markobject in before:  # the items above the last mark, and those listed below it
+                if not marks:
+                    raise _Malformed("the pickle pops a mark it never set")
+                k = marks.pop() - before.index(pickletools.markobject)
+            else:
+                k = len(depths) - len(before)
+            if k < 0:
+                raise _Malformed("the pickle pops more than its stack holds")
+            items = depths[k:]
+            del depths[k:]
+            if name in ("TUPLE", "TUPLE1", "TUPLE2", "TUPLE3"):
+                new = [1 + max(items, default=0)]
+                if new[0] > MAX_TUPLES:
+                    raise _Malformed(f"tuples nested deeper than {MAX_TUPLES} levels: not a checkpoint")
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                new = [memo.get(arg, 0)]
+            elif name == "DUP":
+                new = items * 2
+            elif name in ("APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "BUILD"):
+                new = items[:1]  # the container (a list, dict, set or object; never a tuple) stays
+            else:
+                new = [0] * len(op.stack_after)
+            depths.extend(new)
     except (ValueError, EOFError) as exc:  # genops: a truncated or garbled pickle
         raise _Malformed(f"the pickle is not readable ({exc})") from exc
 
