@@ -184,8 +184,8 @@ class _Tensor(_Fixed):
 
 
 def _ints(v: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(v, tuple) or not all(type(d) is int and d >= 0 for d in v):
-        raise _Malformed(f"a tensor's {what} {v!r:.80} is not a tuple of non-negative ints")
+    if not isinstance(v, tuple) or len(v) > 64 or not all(type(d) is int and 0 <= d < 2**63 for d in v):
+        raise _Malformed(f"a tensor's {what} {str(v)[:80]} is not a tuple of non-negative ints")
     return v
 
 
@@ -196,8 +196,8 @@ def _rebuild(storage: Any, offset: Any, size: Any, stride: Any, dtype: str | Non
     dtype = dtype or stype
     if dtype is None:
         raise _Malformed("a tensor on an untyped storage has no dtype")
-    if type(offset) is not int or offset < 0:
-        raise _Malformed(f"a tensor's storage offset {offset!r:.40} is not a non-negative int")
+    if type(offset) is not int or not 0 <= offset < 2**63:
+        raise _Malformed(f"a tensor's storage offset {str(offset)[:40]} is not a non-negative int")
     shape, strides = _ints(size, "shape"), _ints(stride, "stride")
     if len(shape) != len(strides):
         raise _Malformed(f"a tensor's shape {shape} and stride {strides} differ in length")
