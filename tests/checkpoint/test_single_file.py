@@ -217,3 +217,19 @@ def test_a_checkpoint_is_keyed_for_the_compile_cache_without_reading_it(sd1, mon
     monkeypatch.setattr(single_file.Checkpoint, "_fitted", lambda self, pl: pytest.fail("a tensor was read"))
     assert weights_identity(graph, Weights(sd1.lazy({"unet": graph})["unet"])) == first
     assert weights_identity(graph, Weights.from_graph(graph)) != first  # the export's own weights
+
+
+def test_a_ckpt_is_keyed_for_the_compile_cache_without_reading_it(monkeypatch):
+    """A PyTorch checkpoint's tensors carry their place in the file too (torchfile's origins)."""
+    from ckpt_data import PIPE_FOLDER
+
+    from sdrt.cache.identity import weights_identity
+    from sdrt.checkpoint import single_file
+
+    ck = Checkpoint.open(DATA.parent / "torch" / "pipe-sd15" / "custom.ckpt")
+    graph = Graph.load(PIPE_FOLDER / "unet" / "model.onnx")
+    refs = ck.lazy({"unet": graph})["unet"]
+    assert all(r.origin is not None and r.origin[0] == str(ck.path) for r in refs.values())
+    first = weights_identity(graph, Weights(refs))
+    monkeypatch.setattr(single_file.Checkpoint, "_fitted", lambda self, pl: pytest.fail("a tensor was read"))
+    assert weights_identity(graph, Weights(ck.lazy({"unet": graph})["unet"])) == first
