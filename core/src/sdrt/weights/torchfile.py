@@ -471,7 +471,7 @@ def _read_zip(path: Path) -> tuple[Any, str]:
 
 
 def _read_zip_entries(path: Path) -> tuple[Any, str]:
-    with zipfile.ZipFile(path) as zf:
+    with open(path, "rb") as raw, zipfile.ZipFile(path) as zf:
         infos = {i.filename: i for i in zf.infolist()}
         pkls = [n for n in infos if n.endswith("/data.pkl") and n.count("/") == 1]
         if len(pkls) != 1:
@@ -502,7 +502,7 @@ def _read_zip_entries(path: Path) -> tuple[Any, str]:
                     raise _Malformed(f"storage {key!r} is not in the file")
                 st = _Storage(key, nbytes, entry=zi.filename, size=zi.file_size)
                 if zi.compress_type == zipfile.ZIP_STORED and not zi.flag_bits & 1:
-                    st.begin = _stored_begin(path, zi, size)
+                    st.begin = _stored_begin(raw, zi, size)
                 storages[key] = st
             if nbytes > st.size:
                 raise _Malformed(f"storage {key!r} holds {st.size} bytes, its tensors say {nbytes}")
@@ -513,14 +513,13 @@ def _read_zip_entries(path: Path) -> tuple[Any, str]:
     return obj, order.decode()
 
 
-def _stored_begin(path: Path, zi: zipfile.ZipInfo, size: int) -> int:
+def _stored_begin(f: Any, zi: zipfile.ZipInfo, size: int) -> int:
     """Where an uncompressed entry's bytes start: after its local header (whose name and extra field lengths
     may differ from the central directory's)."""
     if not 0 <= zi.header_offset < size:
         raise _Malformed(f"entry {zi.filename} starts outside the file")
-    with open(path, "rb") as f:
-        f.seek(zi.header_offset)
-        head = f.read(30)
+    f.seek(zi.header_offset)
+    head = f.read(30)
     if len(head) < 30 or head[:4] != b"PK\x03\x04":
         raise _Malformed(f"entry {zi.filename} has no local header")
     n, m = struct.unpack("<HH", head[26:30])
