@@ -63,12 +63,18 @@ def test_unknown_prompt_lora_is_one_line_error(tmp_path, capsys):
     assert "no LoRA named 'nosuch'" in err and "tinylora" in err and "Traceback" not in err
 
 
-@pytest.mark.needs_backend("openvino")
-def test_pickle_embedding_is_refused_by_the_cli(tmp_path, capsys):
-    bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"\x80\x02}q\x00.")
+def test_an_embedding_pickle_that_runs_code_is_refused_by_the_cli(tmp_path, capsys):
+    """Refused while the options are checked, before a model loads; nothing in it runs."""
+    import pickle
+    import zipfile
+
+    bad, marker = tmp_path / "bad.pt", tmp_path / "MARKER"
+    with zipfile.ZipFile(bad, "w") as z:
+        z.writestr("archive/data.pkl", b"cposix\nsystem\n(" + pickle.dumps(f"touch {marker}", protocol=0)[:-1] + b"tR.")
     assert main(["generate", *BASE, "--embedding", str(bad), "-o", str(tmp_path / "z.png")]) == 1
-    assert "pickle" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--embedding: cannot open bad.pt: refusing to load bad.pt: its pickle calls posix.system" in err
+    assert "Traceback" not in err and not marker.exists()
 
 
 def test_lora_spec_parsing(tmp_path):

@@ -22,13 +22,13 @@ import pytest
 import single_file_helpers as h
 
 from sdrt import pipelines
-from sdrt.checkpoint.diffusers_folder import denoiser_family, weight_files
+from sdrt.checkpoint.diffusers_folder import denoiser_family, is_diffusers_folder, weight_files
 from sdrt.cli import main
 from sdrt.errors import ModelError, ModelNotFoundError, SdrtError
 from sdrt.graph import Graph
 from sdrt.pipelines import ModelFolder
 from sdrt.pipelines.png import read_parameters
-from sdrt.weights import stfile
+from sdrt.weights import Weights, stfile
 
 TESTS = Path(__file__).resolve().parent.parent
 SD15 = TESTS / "data" / "pipelines" / "tiny-sd15"
@@ -280,6 +280,19 @@ def test_family_from_the_denoisers_tensors():
 
 
 # -- errors -----------------------------------------------------------------------------------------
+def test_a_folder_of_pytorch_bin_files_is_a_diffusers_folder(tmp_path):
+    """Older hub folders hold ``diffusion_pytorch_model.bin`` / ``pytorch_model.bin`` (torch pickles, read by
+    sdrt.weights.torchfile); .safetensors beside them win."""
+    src = Path(__file__).resolve().parent.parent / "data" / "torch" / "views.pt"
+    (tmp_path / "unet").mkdir()
+    (tmp_path / "unet" / "diffusion_pytorch_model.bin").write_bytes(src.read_bytes())
+    assert is_diffusers_folder(tmp_path)
+    assert [p.name for p in weight_files(tmp_path / "unet")] == ["diffusion_pytorch_model.bin"]
+    assert Weights.open(weight_files(tmp_path / "unet"))["t"].shape == (6, 4)
+    h.write(tmp_path / "unet" / "diffusion_pytorch_model.safetensors", {"x": np.zeros(1, np.float32)})
+    assert [p.name for p in weight_files(tmp_path / "unet")] == ["diffusion_pytorch_model.safetensors"]
+
+
 def test_an_empty_unet_folder_is_named(sd15, tmp_path):
     _, src, _ = sd15
     folder = tmp_path / "broken"

@@ -102,12 +102,33 @@ def test_sdxl_embedding_clip_l_and_clip_g(part, key, ref_key):
     np.testing.assert_allclose(out, ref[ref_key][1:2], atol=ATOL)
 
 
-def test_pickle_embedding_is_refused_with_the_conversion(tmp_path):
-    p = tmp_path / "easynegative.pt"
-    p.write_bytes(b"\x80\x02}q\x00.")
-    with pytest.raises(WeightsError) as e:
-        load_embedding(p)
-    assert "pickle" in str(e.value) and "emb_params" in str(e.value) and "easynegative.safetensors" in str(e.value)
+@pytest.mark.parametrize("name", ["a1111_emb.pt", "rinongal_emb.pt", "learned_embeds.bin"])
+def test_torch_embeddings_are_read(name):
+    """A1111's .pt ({"string_to_param": {"*": v}}), rinongal's (a ParameterDict) and diffusers' learned_embeds.bin,
+    as torch saved them (tests/data/torch, scripts/gen_torch_fixtures.py): the vectors torch.load gives."""
+    torch_data = DATA.parent / "torch"
+    with np.load(torch_data / name.replace(".pt", ".npz").replace(".bin", ".npz")) as z:
+        want = z["string_to_param.*"] if "string_to_param.*" in z.files else z["<tiny>"]
+    emb = load_embedding(torch_data / name)
+    assert emb.name == name.split(".")[0] and emb.count == want.reshape(-1, 32).shape[0]
+    assert np.array_equal(emb.vectors["clip_l"], want.reshape(-1, 32))
+
+
+def test_an_embedding_pickle_that_runs_code_is_refused(tmp_path):
+    marker = tmp_path / "MARKER"
+    with pytest.raises(WeightsError, match="refusing to load easynegative.pt: its pickle calls posix.system") as e:
+        load_embedding(_evil_pickle(tmp_path / "easynegative.pt", marker))
+    assert "\n" not in str(e.value) and not marker.exists()
+
+
+def _evil_pickle(path, marker):
+    """A torch-style zip whose pickle, loaded by pickle.load, would run ``os.system("touch MARKER")``."""
+    import pickle
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"cposix\nsystem\n(" + pickle.dumps(f"touch {marker}", protocol=0)[:-1] + b"tR.")
+    return path
 
 
 def test_embedding_of_another_width_is_refused():

@@ -187,10 +187,21 @@ def test_garbage_checkpoint_is_refused(tmp_path):
         Checkpoint.open(bad)
 
 
-def test_pickle_checkpoint_is_refused(tmp_path):
+def test_a_ckpt_reads_as_its_safetensors():
+    """custom.ckpt: custom.safetensors saved by torch, Lightning-style (state_dict, global_step as a numpy scalar)."""
+    ck = Checkpoint.open(DATA.parent / "torch" / "pipe-sd15" / "custom.ckpt")
+    st = Checkpoint.open(DATA / "pipe-sd15" / "custom.safetensors")
+    assert ck.family == st.family and ck.components.keys() == st.components.keys()
+    for comp, srcs in st.components.items():
+        assert ck.components[comp].keys() == srcs.keys()
+        for canon, src in srcs.items():
+            assert np.array_equal(ck.array(ck.components[comp][canon]), st.array(src)), (comp, canon)
+
+
+def test_a_truncated_pickle_checkpoint_is_refused(tmp_path):
     p = tmp_path / "model.ckpt"
     p.write_bytes(b"\x80\x04\x95")
-    with pytest.raises(WeightsError, match="pickle"):
+    with pytest.raises(WeightsError, match="not a readable PyTorch checkpoint"):
         Checkpoint.open(p)
 
 
@@ -206,3 +217,19 @@ def test_a_checkpoint_is_keyed_for_the_compile_cache_without_reading_it(sd1, mon
     monkeypatch.setattr(single_file.Checkpoint, "_fitted", lambda self, pl: pytest.fail("a tensor was read"))
     assert weights_identity(graph, Weights(sd1.lazy({"unet": graph})["unet"])) == first
     assert weights_identity(graph, Weights.from_graph(graph)) != first  # the export's own weights
+
+
+def test_a_ckpt_is_keyed_for_the_compile_cache_without_reading_it(monkeypatch):
+    """A PyTorch checkpoint's tensors carry their place in the file too (torchfile's origins)."""
+    from ckpt_data import PIPE_FOLDER
+
+    from sdrt.cache.identity import weights_identity
+    from sdrt.checkpoint import single_file
+
+    ck = Checkpoint.open(DATA.parent / "torch" / "pipe-sd15" / "custom.ckpt")
+    graph = Graph.load(PIPE_FOLDER / "unet" / "model.onnx")
+    refs = ck.lazy({"unet": graph})["unet"]
+    assert all(r.origin is not None and r.origin[0] == str(ck.path) for r in refs.values())
+    again = ck.lazy({"unet": graph})["unet"]  # (binding checks the export's merged tensors: it reads those)
+    monkeypatch.setattr(single_file.Checkpoint, "_fitted", lambda self, pl: pytest.fail("a tensor was read"))
+    assert weights_identity(graph, Weights(refs)) == weights_identity(graph, Weights(again))

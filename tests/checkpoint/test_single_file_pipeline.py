@@ -109,6 +109,27 @@ def test_loras_and_embeddings_on_a_single_file_as_on_the_folder(sd1_graphs):
     assert images["file"] == images["folder"]
 
 
+def test_torch_ckpt_lora_and_embedding_give_the_safetensors_images(sd1_graphs):
+    """``custom.ckpt``, ``tinylora.pt`` and ``tinyemb.pt`` as torch saved them (tests/data/torch/pipe-sd15,
+    scripts/gen_torch_fixtures.py): the images of the same weights as .safetensors, byte for byte."""
+    t = TESTS / "data" / "torch" / "pipe-sd15"
+    d = DATA / "pipe-sd15"
+    images = {}
+    for kind, (model, loras, emb) in {"torch": (t / "custom.ckpt", t, t / "tinyemb.pt"),
+                                      "safetensors": (CUSTOM, d, d / "tinyemb.safetensors")}.items():
+        with pipelines.load(model, backend="reference", graph_paths=sd1_graphs,
+                            tokenizers={"tokenizer": PIPE_FOLDER / "tokenizer"}) as pipe:
+            plain = pipe.generate(CASE["prompt"], CASE["negative_prompt"], **QUICK)
+            pipe.weights.lora_dir = loras
+            lora = pipe.generate(CASES["lora_prompt"], CASE["negative_prompt"], **QUICK)
+            pipe.add_embedding(emb)
+            emb_gen = pipe.generate(CASES["emb_prompt"], CASE["negative_prompt"], **QUICK)
+        images[kind] = [g.images[0].tobytes() for g in (plain, lora, emb_gen)]
+        assert plain.settings[0]["Model"] == "custom" and plain.settings[0]["Model hash"] == _sha10(model)
+    assert images["torch"] == images["safetensors"]
+    assert len(set(images["torch"])) == 3  # the LoRA and the embedding each changed the image
+
+
 @pytest.mark.needs_backend("openvino")
 def test_sd1_single_file_matches_diffusers_single_file_loader(sd1_graphs):
     refs = dict(np.load(DATA / "pipe-sd15" / "refs.npz"))

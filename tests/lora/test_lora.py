@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gw_models as M
 import ml_dtypes
 import numpy as np
@@ -166,10 +168,22 @@ def test_bad_lora_files(keys, match):
         Lora.from_arrays(keys)
 
 
-def test_pickle_lora_is_refused(tmp_path):
+def test_a_torch_lora_reads_as_its_safetensors():
+    """tinylora.pt: the kohya LoRA of tests/data/ckpt/pipe-sd15 as torch.save wrote it (scripts/gen_torch_fixtures.py)."""
+    data = Path(__file__).resolve().parent.parent / "data"
+    pt, st = Lora.open(data / "torch" / "pipe-sd15" / "tinylora.pt"), Lora.open(data / "ckpt" / "pipe-sd15" /
+                                                                                 "tinylora.safetensors")
+    assert pt.format == st.format == "kohya" and list(pt.layers) == list(st.layers)
+    for name, layer in st.layers.items():
+        other = pt.layers[name]
+        assert other.alpha == layer.alpha
+        assert np.array_equal(other.down, layer.down) and np.array_equal(other.up, layer.up)
+
+
+def test_a_lora_pickle_that_is_no_checkpoint_is_refused(tmp_path):
     p = tmp_path / "lora.pt"
     p.write_bytes(b"\x80\x04.")
-    with pytest.raises(WeightsError, match="arbitrary code"):
+    with pytest.raises(WeightsError, match="not a readable PyTorch checkpoint"):
         Lora.open(p)
 
 

@@ -75,6 +75,28 @@ def test_a_complete_checkpoint_is_served_on_its_own(models, tmp_path, monkeypatc
     assert reg.model("custom") is custom
 
 
+def test_a_ckpt_loras_and_embeddings_of_torch_are_listed(models, tmp_path, monkeypatch):
+    """A .ckpt beside the .safetensors is served on its own; .pt LoRAs and .pt/.bin embeddings are listed
+    (tests/data/torch/pipe-sd15: the same weights written by torch)."""
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    t = TESTS / "data" / "torch" / "pipe-sd15"
+    shutil.copy(t / "custom.ckpt", models / "old.ckpt")
+    (models / "notes.txt").write_text("not a model")
+    loras, embs = tmp_path / "loras", tmp_path / "embs"
+    loras.mkdir()
+    embs.mkdir()
+    shutil.copy(t / "tinylora.pt", loras)
+    shutil.copy(D / "tinylora.safetensors", loras / "ink.safetensors")
+    shutil.copy(t / "tinyemb.pt", embs)
+    shutil.copy(TESTS / "data" / "torch" / "learned_embeds.bin", embs / "tok.bin")
+    reg = Registry(models, lora_dir=loras, embedding_dir=embs)
+    old = reg.model("old")
+    assert old.path == models / "old.ckpt" and old.weights is None and reg.model("old.ckpt") is old
+    assert [m.name for m in reg.models] == ["tiny-sd15", "custom.safetensors", "old.ckpt"]
+    assert reg.loras == {"ink": loras / "ink.safetensors", "tinylora": loras / "tinylora.pt"}
+    assert reg.embeddings == {"tinyemb": embs / "tinyemb.pt", "tok": embs / "tok.bin"}
+
+
 def test_checkpoint_base_binds_the_files_onto_that_folder(models, tmp_path, monkeypatch):
     monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
     reg = Registry(models, checkpoint_base="tiny-sd15")

@@ -1,4 +1,4 @@
-"""Weights.open: lazy mmap, several files, dtypes, pickle refusal, and malformed files."""
+"""Weights.open: lazy mmap, several files, dtypes, pickles that are no checkpoint, and malformed files."""
 
 from __future__ import annotations
 
@@ -89,19 +89,20 @@ def test_several_files_and_folder(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", [".ckpt", ".pt", ".pth", ".bin", ".pkl"])
-def test_pickle_formats_are_refused(tmp_path, suffix):
+def test_a_pickle_that_is_no_torch_checkpoint_is_refused(tmp_path, suffix):
+    """PyTorch checkpoints are read (tests/weights/test_torchfile.py); another pickle is not one."""
     p = tmp_path / f"model{suffix}"
     p.write_bytes(b"\x80\x04K\x01.")
-    with pytest.raises(WeightsError, match="arbitrary code") as e:
+    with pytest.raises(WeightsError, match="not a PyTorch checkpoint") as e:
         Weights.open(p)
     assert "safetensors" in e.value.fix and str(p) in str(e.value)
 
 
 @pytest.mark.parametrize("head", [b"PK\x03\x04" + b"\0" * 30, b"\x80\x02}q\x00(X" + b"\0" * 20])
-def test_pickle_in_disguise_is_refused(tmp_path, head):
+def test_a_broken_pickle_in_disguise_is_read_as_one_and_refused(tmp_path, head):
     p = tmp_path / "model.safetensors"
     p.write_bytes(head)
-    with pytest.raises(WeightsError, match="arbitrary code"):
+    with pytest.raises(WeightsError, match="PyTorch checkpoint"):
         Weights.open(p)
 
 

@@ -1,4 +1,5 @@
-"""What kind of file this is, from its first bytes: used to refuse pickles, and to say what a wrong file is."""
+"""What kind of file this is, from its first bytes: used to read PyTorch pickles as weights (``weights.torchfile``),
+and to say what a wrong file is."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelError, WeightsError
-from ..weights import Weights
+from ..weights import Weights, folder_files
 from . import ldm
 from .files import open_weights
 from .graphs import shipped_graph
@@ -209,9 +209,10 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
 
 def folder_file(folder: Path) -> Path | None:
     """The weights file of a diffusers ControlNet folder (``diffusion_pytorch_model.safetensors``, or its
-    fp16 variant), when the folder holds no ``model.onnx``."""
-    for name in ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors"):
+    fp16 variant, or an older folder's ``.bin``), when the folder holds no ``model.onnx``."""
+    for name in ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors",
+                 "diffusion_pytorch_model.bin"):
         if (folder / name).is_file():
             return folder / name
-    files = sorted(folder.glob("*.safetensors"))
+    files = folder_files(folder)
     return files[0] if len(files) == 1 else None

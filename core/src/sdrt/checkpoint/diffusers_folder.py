@@ -5,7 +5,8 @@
 
 The layout: ``model_index.json``; ``unet/`` or ``transformer/`` holding ``diffusion_pytorch_model.safetensors``
 (or its shards ``diffusion_pytorch_model-00001-of-00002.safetensors`` with their ``.index.json``, and/or the
-``.fp16`` variant); ``text_encoder*/model.safetensors`` (transformers' names); ``vae/`` (diffusers' names);
+``.fp16`` variant; or, in older folders, ``diffusion_pytorch_model.bin``, read by ``sdrt.weights.torchfile``);
+``text_encoder*/model.safetensors`` (or ``pytorch_model.bin``; transformers' names); ``vae/`` (diffusers' names);
 ``tokenizer*/`` and ``scheduler/scheduler_config.json``. Of a part's variants the plain one is taken, else fp16
 (as ``Checkpoint._open_folder`` does for ``--weights``).
 
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError, ModelNotFoundError, SdrtError, WeightsError
-from ..weights import Weights
+from ..weights import Weights, folder_files
 from . import components, families
 from .families import FAMILY_GRAPHS, LABELS, PART_KINDS
 from .files import OpenedModel, graph_kind, release_defaults
@@ -57,7 +58,7 @@ def weight_files(folder: Path) -> list[Path]:
     """A part folder's weights: its one ``.safetensors`` file or all its shards, the plain variant first, else
     ``fp16``, else another (``bf16``...). Shards an ``.index.json`` lists but the folder lacks are an error."""
     groups: dict[str, list[Path]] = {}
-    for f in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
+    for f in folder_files(folder):  # .safetensors, else PyTorch .bin files
         name = _SHARD.sub("", f.name)  # diffusion_pytorch_model[.fp16].safetensors
         groups.setdefault(".".join(name.split(".")[1:-1]), []).append(f)
     if not groups:
@@ -90,7 +91,7 @@ def is_diffusers_folder(path: object) -> bool:
     try:
         if not root.is_dir() or any(root.glob("*/model.onnx")):
             return False
-        return any((root / d).is_dir() and any((root / d).glob("*.safetensors")) for d in WEIGHT_FOLDERS)
+        return any(folder_files(root / d) for d in WEIGHT_FOLDERS)
     except PermissionError:  # an unreadable folder: ModelFolder.open says which
         return False
 

@@ -1,13 +1,15 @@
-"""Textual-inversion embeddings: A1111's safetensors files, and the token rows they add.
+"""Textual-inversion embeddings: A1111's files, and the token rows they add.
 
-Formats read (``.safetensors`` only):
+Formats read (``.safetensors``, or PyTorch ``.pt``/``.bin`` read by ``sdrt.weights.torchfile``, which runs nothing
+from the file):
 
 - A1111 / SD 1.x-2.x: ``emb_params`` [n, d] (n vectors, the trigger word stands for n tokens);
 - SDXL: ``clip_l`` [n, 768] for the first text encoder and ``clip_g`` [n, 1280] for the second;
 - diffusers' ``learned_embeds.safetensors``: one tensor named after its token, [d] or [n, d];
-- A1111's ``.pt`` layout flattened into a ``.safetensors`` (``string_to_param.*``, with ``string_to_token.*``).
-
-Pickle ``.pt``/``.bin`` embeddings are refused, with the one-line conversion to run.
+- A1111's ``.pt`` (``string_to_param`` ``{"*": vectors}``, read as ``string_to_param.*``; rinongal's original
+  textual inversion keeps it in a ``ParameterDict``, read the same way), or that layout flattened into a
+  ``.safetensors``;
+- diffusers' ``learned_embeds.bin``: one tensor named after its token.
 
 An embedding is used the way A1111 and diffusers' ``load_textual_inversion``
 use it: its trigger word (the file's stem) becomes n new tokens, and n new rows
@@ -36,12 +38,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..graph import Graph
 
 TOKEN_TABLE = "embeddings.token_embedding.weight"
-PT_HINT = (
-    "convert it once to safetensors, in an environment you trust: python -c \"import torch, "
-    "safetensors.torch as st; d = torch.load('{name}', weights_only=True); "
-    "v = d['string_to_param']['*'] if 'string_to_param' in d else next(iter(d.values())); "
-    "st.save_file({{'emb_params': v.reshape(-1, v.shape[-1]).contiguous()}}, '{stem}.safetensors')\""
-)
+#: what an embeddings folder's files are (``--embedding-dir``, the server's): A1111's formats
+EMBEDDING_SUFFIXES = (".safetensors", ".pt", ".bin")
 
 
 @dataclass(frozen=True)
@@ -77,10 +75,6 @@ def sha256_file(path: Path) -> str:
 def load_embedding(path: str | os.PathLike[str], name: str | None = None) -> Embedding:
     """Read an embedding file. The trigger word is ``name`` or, as in A1111, the file's stem."""
     p = Path(path)
-    if p.suffix.lower() in (".pt", ".bin", ".ckpt", ".pth"):
-        raise WeightsError(
-            f"refusing to load {p.name}: {p.suffix} embeddings are Python pickles, and loading a pickle can "
-            "execute arbitrary code", where=str(p), fix=PT_HINT.format(name=p.name, stem=p.stem))
     w = Weights.open(p)
     arrays = {k: np.asarray(w[k]) for k in w}
     vectors: dict[str, np.ndarray] = {}
@@ -88,7 +82,7 @@ def load_embedding(path: str | os.PathLike[str], name: str | None = None) -> Emb
         vectors = {k: arrays[k] for k in ("clip_l", "clip_g") if k in arrays}
     elif "emb_params" in arrays:
         vectors = {"clip_l": arrays["emb_params"]}
-    elif "string_to_param.*" in arrays:  # A1111's .pt layout, flattened into a .safetensors by a converter
+    elif "string_to_param.*" in arrays:  # A1111's .pt layout (or a .safetensors flattened from one)
         vectors = {"clip_l": arrays["string_to_param.*"]}
     elif len(arrays) == 1:
         vectors = {"clip_l": next(iter(arrays.values()))}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import WeightsError
-from ..weights import TensorRef, Weights
+from ..weights import TensorRef, Weights, folder_files
 from . import families, ldm
 from .ldm import Source
 from .onnxmap import Slot, _np_dtype, fit, fits_shape, param_map
@@ -65,8 +65,8 @@ class Checkpoint:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Checkpoint:
-        """A single-file ``.safetensors`` checkpoint in the LDM layout, or a diffusers folder
-        (``unet/``, ``vae/``, ``text_encoder/``, ``text_encoder_2/`` holding ``.safetensors``)."""
+        """A single-file ``.safetensors`` (or PyTorch ``.ckpt``) checkpoint in the LDM layout, or a diffusers folder
+        (``unet/``, ``vae/``, ``text_encoder/``, ``text_encoder_2/`` holding ``.safetensors`` or ``.bin``)."""
         p = Path(path)
         if p.is_dir():
             return cls._open_folder(p)
@@ -90,10 +90,9 @@ class Checkpoint:
         comps: dict[str, dict[str, Source]] = {}
         refs = {}
         for comp, sub in DIFFUSERS_FOLDERS.items():
-            d = root / sub
-            if not d.is_dir() or not any(d.glob("*.safetensors")):
+            files = folder_files(root / sub)  # .safetensors, else diffusion_pytorch_model.bin / pytorch_model.bin
+            if not files:
                 continue
-            files = sorted(d.glob("*.safetensors"))
             # a folder may hold fp16 and fp32 variants side by side: take one
             plain = [f for f in files if ".fp16." not in f.name] or files
             w = Weights.open(plain)

@@ -34,8 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-dir", default=None, metavar="DIR", help="where <lora:name:scale> in the prompt finds "
                    "name.safetensors")
     g.add_argument("--embedding", action="append", default=[], metavar="FILE",
-                   help="a textual-inversion embedding (.safetensors); its trigger word is the file's stem")
-    g.add_argument("--embedding-dir", default=None, metavar="DIR", help="load every .safetensors embedding there")
+                   help="a textual-inversion embedding (.safetensors, or A1111's .pt); its trigger word is the "
+                   "file's stem")
+    g.add_argument("--embedding-dir", default=None, metavar="DIR",
+                   help="load every embedding there (.safetensors, .pt, .bin)")
     g.add_argument("--low-memory", action="store_true", default=None,
                    help="keep only the running part loaded (default: chosen from the device's memory)")
     g.add_argument("--vae-tile", type=int, default=None, metavar="N",
@@ -132,12 +134,12 @@ def check(args: argparse.Namespace) -> WeightArgs:
         out.lora_dir = _existing(args.lora_dir, "LoRA folder", "--lora-dir", folder=True)
     out.embeddings = [_readable(_existing(e, "embedding file", "--embedding"), "--embedding") for e in args.embedding]
     if args.embedding_dir:
+        from ..checkpoint.embeddings import EMBEDDING_SUFFIXES
+
         d = _existing(args.embedding_dir, "embedding folder", "--embedding-dir", folder=True)
         for f in sorted(d.iterdir()):
-            if f.suffix.lower() == ".safetensors":
+            if f.suffix.lower() in EMBEDDING_SUFFIXES and f.is_file():  # A1111's formats
                 out.found_embeddings.append(f)
-            elif f.suffix.lower() in (".pt", ".bin"):
-                log.warning("skipping %s: pickle embeddings are not loaded (convert it to .safetensors)", f.name)
     if out.vae_tile is not None and out.vae_tile < 8:
         raise InputError(f"--vae-tile {out.vae_tile} is too small", where="--vae-tile", fix="use 32 or more")
     return out

@@ -89,7 +89,8 @@ def parse_model(data: bytes, where: str) -> onnx.ModelProto:
     if kind is not None:
         fix = "pass an .onnx file"
         if kind == PICKLE_HINT:
-            fix = "export the model to ONNX (torch.onnx.export); never load pickle files from untrusted sources"
+            fix = ("pass this file as weights=... (sdrt reads PyTorch checkpoints without running them), or as the "
+                   "model of a pipeline (a single-file .ckpt); an .onnx graph comes from torch.onnx.export")
         elif kind.startswith("a safetensors"):
             fix = "pass this file as weights=..., and the .onnx graph as the model"
         raise ModelError(f"the file is not ONNX: it looks like {kind}", where=where, fix=fix)

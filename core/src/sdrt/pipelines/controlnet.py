@@ -172,8 +172,11 @@ def locate(net: str | os.PathLike[str], root: Path) -> Path:
 
 
 def is_weights_file(path: Path) -> bool:
-    """A ControlNet given as weights (``.safetensors``) rather than an ONNX graph."""
-    return path.suffix.lower() == ".safetensors"
+    """A ControlNet given as weights (``.safetensors``, or a PyTorch ``.pth``/``.ckpt``/``.bin``) rather than an
+    ONNX graph."""
+    from ..weights import PICKLE_SUFFIXES
+
+    return path.suffix.lower() == ".safetensors" or path.suffix.lower() in PICKLE_SUFFIXES
 
 
 def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:

@@ -43,6 +43,8 @@ log = logging.getLogger("sdrt.pipelines.weights")
 RESERVED_ROWS = 16
 #: the largest LoRA scale taken (A1111 users pass -2 to 2; far past this the merged weights are noise or overflow)
 MAX_LORA_SCALE = 100.0
+#: a LoRA folder's files, as A1111 lists them (``<lora:NAME:w>`` takes the first that exists)
+LORA_SUFFIXES = (".safetensors", ".pt", ".ckpt")
 
 
 def check_lora_scale(scale: object, name: str, where: str = "{@loras}") -> float:
@@ -202,10 +204,10 @@ class WeightState:
         if self.lora_dir is None:
             raise WeightsError(f"the prompt asks for <lora:{name}:...> but no LoRA folder is set", where="prompt",
                                fix="pass --lora-dir DIR (pipe.weights.lora_dir = DIR) holding NAME.safetensors")
-        for cand in (self.lora_dir / f"{name}.safetensors", self.lora_dir / name):
+        for cand in [self.lora_dir / f"{name}{ext}" for ext in LORA_SUFFIXES] + [self.lora_dir / name]:
             if cand.is_file():
                 return cand
-        have = sorted(p.stem for p in self.lora_dir.glob("*.safetensors"))
+        have = sorted(p.stem for p in self.lora_dir.iterdir() if p.suffix.lower() in LORA_SUFFIXES)
         raise WeightsError(f"no LoRA named {name!r} in {self.lora_dir}", where=f"<lora:{name}:...> in the prompt",
                            fix=f"put {name}.safetensors there, or use one of: {', '.join(have[:12]) or 'none'}")
 
@@ -376,13 +378,15 @@ def vae_infotext(path: Path) -> dict[str, object]:
 
 
 def lora_hash(path: Path) -> str:
-    """A1111's LoRA short hash: sha256 of the safetensors file after its header (the "addnet" hash), 12 digits."""
+    """A1111's LoRA short hash, 12 digits: sha256 of a safetensors file after its header (the "addnet" hash), of
+    the whole file for another format (a ``.pt``)."""
     import hashlib
 
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        f.seek(8 + n)
+        if path.suffix.lower() == ".safetensors":
+            n = int.from_bytes(f.read(8), "little")
+            f.seek(8 + n)
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()[:12]

@@ -153,8 +153,8 @@ class Registry:
             if self.checkpoint_base and base is None:
                 log.warning("--checkpoint-base %s is not a model folder here; serving the .safetensors files on "
                             "their own", self.checkpoint_base)
-            for f in sorted(self.models_dir.glob("*.safetensors")):
-                if not f.is_file() or f.name in found:
+            for f in sorted(self.models_dir.iterdir()):
+                if f.suffix.lower() not in (".safetensors", ".ckpt") or not f.is_file() or f.name in found:
                     continue
                 if base is not None:
                     found[f.name] = ModelEntry(f.name, base.path, self._hash(f), weights=f)
@@ -279,18 +279,29 @@ class Registry:
 
     # ---------------------------------------------------------------- LoRAs and embeddings
     @staticmethod
-    def _files(folder: Path | None) -> dict[str, Path]:
+    def _files(folder: Path | None, suffixes: tuple[str, ...]) -> dict[str, Path]:
+        """``{stem: file}`` of the folder's files of these suffixes; of two with one stem, the earlier suffix."""
         if folder is None or not folder.is_dir():
             return {}
-        return {p.stem: p for p in sorted(folder.iterdir()) if p.suffix.lower() == ".safetensors" and p.is_file()}
+        out: dict[str, Path] = {}
+        for p in sorted(folder.iterdir(), key=lambda p: (p.name.lower(), p.name)):
+            if p.suffix.lower() in suffixes and p.is_file():
+                old = out.get(p.stem)
+                if old is None or suffixes.index(p.suffix.lower()) < suffixes.index(old.suffix.lower()):
+                    out[p.stem] = p
+        return dict(sorted(out.items()))
 
     @property
     def loras(self) -> dict[str, Path]:
-        return self._files(self.lora_dir)
+        from ..pipelines.weights import LORA_SUFFIXES
+
+        return self._files(self.lora_dir, LORA_SUFFIXES)
 
     @property
     def embeddings(self) -> dict[str, Path]:
-        return self._files(self.embedding_dir)
+        from ..checkpoint.embeddings import EMBEDDING_SUFFIXES
+
+        return self._files(self.embedding_dir, EMBEDDING_SUFFIXES)
 
     def check_prompt(self, text: str, field: str = "prompt") -> None:
         """A prompt's ``<lora:...>`` tags: each well formed (a 400 naming ``field`` otherwise) and a listed LoRA."""

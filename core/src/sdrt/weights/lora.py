@@ -318,7 +318,7 @@ class Lora:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, alpha: float | None = None) -> Lora:
-        """Read a LoRA ``.safetensors`` (pickle formats are refused like any weights).
+        """Read a LoRA ``.safetensors`` (or a PyTorch ``.pt``/``.ckpt``, read by ``torchfile`` like any weights).
         ``alpha`` is the default for layers without an ``.alpha`` tensor (PEFT keeps it in
         adapter_config.json as ``lora_alpha``); unset, alpha = rank."""
         w = Weights.open(path)

@@ -13,8 +13,9 @@ are supported. numpy has no bfloat16, so a bf16 tensor is returned with the
 ``.astype(np.float32)`` upcasts it). ``Weights.open(..., dtype="float32")``
 or ``weights.astype("float16")`` convert every floating tensor on access.
 
-Pickle-based checkpoints (``.ckpt``, ``.pt``, ``.pth``, ``.bin``) are refused:
-loading a pickle can execute arbitrary code.
+PyTorch checkpoints (``.ckpt``, ``.pt``, ``.pth``, ``.bin``, or a torch zip/pickle under any name) are read
+by ``torchfile`` without torch and without running anything from the file: its tensors (a ``state_dict``'s
+when it has one, nested dicts joined with ``.``) are mapped from the file like a safetensors file's.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import WeightsError
-from ..formats import sniff
+from ..formats import PICKLE_HINT, sniff
 from ..tensors import TensorInfo
-from . import keymap, stfile
+from . import keymap, stfile, torchfile
 from .keymap import KeyMap
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,12 +41,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("sdrt.weights")
 
-PICKLE_SUFFIXES = {".ckpt", ".pt", ".pth", ".bin", ".pkl", ".pickle", ".th"}
-CONVERT_HINT = (
-    "convert it once, in a throwaway environment you trust, with "
-    "`python -c \"import torch, safetensors.torch as st; sd = torch.load('model.ckpt', weights_only=True); "
-    "st.save_file(sd.get('state_dict', sd), 'model.safetensors')\"`, or download the .safetensors version"
-)
+#: PyTorch checkpoint suffixes, read by ``torchfile`` (a zip or pickle under another name is sniffed too)
+PICKLE_SUFFIXES = set(torchfile.SUFFIXES)
+#: what to do about a pickle that holds more than tensors and plain containers
+CONVERT_HINT = torchfile.UNTRUSTED_FIX
 
 PathLike = str | os.PathLike[str]
 #: readers of other file formats by suffix (``sdrt.weights`` registers ``.gguf``: ``weights.gguf.open_gguf``)
@@ -133,7 +132,7 @@ class Weights(Mapping[str, np.ndarray]):
     @classmethod
     def open(cls, paths: PathLike | Iterable[PathLike], mapping: keymap.MappingLike = None, *,
              dtype: Any = None) -> Weights:
-        """Open one or several ``.safetensors`` files (or a folder of them) lazily.
+        """Open one or several ``.safetensors`` files or PyTorch checkpoints (or a folder of them) lazily.
 
         ``mapping`` renames checkpoint keys to initializer names: a
         ``KeyMap``, a dict (explicit map) or a callable. A single ``.gguf`` file opens as
@@ -145,11 +144,17 @@ class Weights(Mapping[str, np.ndarray]):
         raw: dict[str, TensorRef] = {}
         dups: list[str] = []
         for path in files:
-            entries, _meta = stfile.read_header(path)
-            for name, e in entries.items():
+            if is_torch_file(path):
+                found = {name: TensorRef(name, dt, shape, str(path), load, origin)
+                         for name, (dt, shape, load, origin) in torchfile.open_tensors(path).items()}
+            else:
+                entries, _meta = stfile.read_header(path)
+                found = {name: TensorRef(name, e.dtype, e.shape, str(path), _mapper(path, e),
+                                         (str(path), e.begin, e.length)) for name, e in entries.items()}
+            for name, ref in found.items():
                 if name in raw:
                     dups.append(f"{name!r} ({raw[name].source} and {path})")
-                raw[name] = TensorRef(name, e.dtype, e.shape, str(path), _mapper(path, e), (str(path), e.begin, e.length))
+                raw[name] = ref
         if dups:
             raise WeightsError(f"the same tensor name is in several files: {', '.join(dups)}",
                                where="Weights.open", fix="open the files separately, or drop duplicates")
@@ -390,9 +395,9 @@ def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:
             raise WeightsError(f"cannot access the weights path ({exc.strerror or exc})", where=str(p)[:300],
                                fix="check the path") from exc
         if p.is_dir():
-            found = sorted(p.glob("*.safetensors"))
+            found = folder_files(p)
             if not found:
-                raise WeightsError("the folder holds no .safetensors files", where=str(p),
+                raise WeightsError("the folder holds no .safetensors files (nor PyTorch checkpoints)", where=str(p),
                                    fix="pass the .safetensors file(s) directly")
             files.extend(found)
             continue
@@ -403,31 +408,40 @@ def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     return files
 
 
-def refuse_unsafe(p: Path) -> None:
-    """Refuse pickle checkpoints by name and by content, and files that are not safetensors."""
-    if p.suffix.lower() in PICKLE_SUFFIXES:
-        raise WeightsError(
-            f"refusing to load {p.name}: {p.suffix} checkpoints are Python pickles, and loading a pickle can "
-            "execute arbitrary code",
-            where=str(p), fix=CONVERT_HINT,
-        )
-    if not p.is_file():
-        return
+def folder_files(folder: Path) -> list[Path]:
+    """A folder's weights files: its ``.safetensors``, else its PyTorch checkpoints (a diffusers or transformers
+    folder of ``diffusion_pytorch_model.bin`` / ``pytorch_model.bin``), sorted; [] when none or not a folder."""
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob("*.safetensors")) or sorted(
+        f for f in folder.iterdir() if f.suffix.lower() in PICKLE_SUFFIXES and f.is_file())
+
+
+def _head(p: Path) -> bytes:
     try:
         with open(p, "rb") as f:
-            head = f.read(16)
+            return f.read(16)
     except OSError as exc:
         raise WeightsError(f"cannot read the file ({exc.strerror or exc})", where=str(p),
                            fix="check permissions") from exc
-    kind = sniff(head)
-    if kind is not None and "pickle" in kind:
-        raise WeightsError(
-            f"refusing to load {p.name}: it is {kind}, whatever its name; loading a pickle can execute arbitrary code",
-            where=str(p), fix=CONVERT_HINT,
-        )
+
+
+def is_torch_file(p: Path) -> bool:
+    """Whether ``Weights.open`` reads ``p`` as a PyTorch checkpoint: by its suffix (unless its bytes are a
+    safetensors header), or by its bytes (a zip or a pickle) whatever its name."""
+    kind = sniff(_head(p)) if p.is_file() else None
+    return kind == PICKLE_HINT or (p.suffix.lower() in PICKLE_SUFFIXES and kind != "a safetensors weights file")
+
+
+def refuse_unsafe(p: Path) -> None:
+    """Refuse what ``Weights.open`` cannot read as weights: an ONNX graph. (PyTorch pickles are read by
+    ``torchfile``, which refuses any that would run code; the name stays for callers.)"""
+    if not p.is_file():
+        return
+    _head(p)
     if p.suffix.lower() == ".onnx":
         raise WeightsError("this is an ONNX graph, not a weights file", where=str(p),
                            fix="pass it as the model; weights come from .safetensors files")
 
 
-__all__ = ["BindReport", "KeyMap", "TensorRef", "Weights", "refuse_unsafe"]
+__all__ = ["BindReport", "KeyMap", "TensorRef", "Weights", "folder_files", "is_torch_file", "refuse_unsafe"]
