@@ -88,13 +88,13 @@ def test_churn_with_s_noise_matches_k_diffusion(name, s_churn, s_noise):
 
 
 def test_eta_cases_cover_every_sampler_with_eta():
-    """Every registered sampler that takes eta and s_noise (bar the DDIM family, checked against diffusers)
-    has reference cases here."""
+    """Every registered sampler that takes eta and s_noise (bar the DDIM family, checked against diffusers, and
+    dpm_fast/dpm_adaptive, whose eta cases are in test_samplers_dpm) has reference cases here."""
     import inspect
 
     takes = {n for n in S.available_samplers()
              if {"eta", "s_noise"} <= set(inspect.signature(S.get_sampler(n)).parameters)}
-    assert takes - {"ddim", "ddpm", "lcm"} <= set(ETA), takes - set(ETA)
+    assert takes - {"ddim", "ddpm", "lcm", "dpm_fast", "dpm_adaptive"} <= set(ETA), takes - set(ETA)
     ref = load("samplers_eta")
     assert all(f"kd_{n}_eta{e:g}_snoise{s:g}_karras10" in ref for n in ETA for e, s in ETA_CASES)
 

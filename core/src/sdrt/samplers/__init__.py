@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from .dd_samplers import ddim, ddpm, lcm
 from .denoisers import CFGDenoiser, Denoiser
+from .dpm_solver import dpm_adaptive, dpm_fast
 from .k_samplers import (
     dpm_2,
     dpm_2_ancestral,
@@ -98,6 +99,8 @@ __all__ = [
     "deis",
     "dpm_2",
     "dpm_2_ancestral",
+    "dpm_adaptive",
+    "dpm_fast",
     "dpmpp_2m",
     "dpmpp_2m_sde",
     "dpmpp_2s_ancestral",
