@@ -37,6 +37,10 @@ What it records:
   and ``DPM_ETA_CASES`` with the noise list) and ``sample_dpm_adaptive`` (``DPM_ADAPTIVE_CASES``) on the
   same model, each with its trajectory (the callback's sigma and x at each step or attempt) and the
   adaptive runs' accepted/rejected step counts; written alone by ``--dpm-only`` (k-diffusion alone).
+- ``samplers_plms.npz``: diffusers' ``PNDMScheduler`` with ``skip_prk_steps=True`` (PLMS; SD 1.x's
+  default scheduler config) on the eps-prediction model of the same Gaussian data, for ``PLMS_STEPS``:
+  its timesteps, final alpha and the sample after every transition (the first one's predictor call
+  left out); written alone by ``--plms-only`` (diffusers alone).
 
 Run it with the venv that has torch; nothing in sdrt imports torch.
 """
@@ -508,6 +512,38 @@ def gen_samplers_dpm(out: Path, kd) -> None:  # noqa: ANN001
     print("samplers_dpm:", len(data), "arrays")
 
 
+PLMS_STEPS = [1, 2, 3, 4, 5, 10, 20]
+
+
+def gen_samplers_plms(out: Path) -> None:
+    from diffusers import PNDMScheduler
+
+    torch.set_default_dtype(torch.float64)
+    mu = torch.from_numpy(data_mean())
+    den = ve_denoiser(mu)
+    data: dict[str, np.ndarray] = {}
+    for n in PLMS_STEPS:
+        sch = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                            num_train_timesteps=1000, skip_prk_steps=True, set_alpha_to_one=False, steps_offset=1)
+        sch.set_timesteps(n)
+        ac = sch.alphas_cumprod.double()
+        sample = torch.from_numpy(start_noise())
+        states = []
+        for k, t in enumerate(sch.timesteps):
+            a = ac[int(t)]
+            sigma = ((1 - a) / a).sqrt()
+            x_ve = sample / a.sqrt()
+            eps = (x_ve - den(x_ve, sigma)) / sigma
+            sample = sch.step(eps, t, sample).prev_sample
+            if k != 0 or n == 1:  # with two steps or more, the first call only predicts (pseudo improved Euler)
+                states.append(sample.double().numpy())
+        data[f"timesteps_{n}"] = sch.timesteps.numpy().astype(np.int64)
+        data[f"final_alpha_{n}"] = np.array(float(sch.final_alpha_cumprod))
+        data[f"traj_{n}"] = np.stack(states)
+    np.savez_compressed(out / "samplers_plms.npz", **data)
+    print("samplers_plms:", len(data), "arrays")
+
+
 def gen_randn_default_capability(out: Path) -> None:
     """torch.randn from torch's non-AVX2 kernel (run in a child with ATEN_CPU_CAPABILITY=default)."""
     assert torch.backends.cpu.get_cpu_capability() == "DEFAULT", torch.backends.cpu.get_cpu_capability()
@@ -525,6 +561,7 @@ def main() -> None:
     parser.add_argument("--default-capability-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--eta-only", action="store_true", help="write only samplers_eta.npz (k-diffusion alone)")
     parser.add_argument("--dpm-only", action="store_true", help="write only samplers_dpm.npz (k-diffusion alone)")
+    parser.add_argument("--plms-only", action="store_true", help="write only samplers_plms.npz (diffusers alone)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.eta_only:
@@ -532,6 +569,9 @@ def main() -> None:
         return
     if args.dpm_only:
         gen_samplers_dpm(args.out, load_kdiffusion())
+        return
+    if args.plms_only:
+        gen_samplers_plms(args.out)
         return
     if args.default_capability_only:
         gen_randn_default_capability(args.out)
@@ -553,6 +593,7 @@ def main() -> None:
     gen_samplers(args.out, kd, comfy)
     gen_samplers_eta(args.out, kd)
     gen_samplers_dpm(args.out, kd)
+    gen_samplers_plms(args.out)
 
 
 if __name__ == "__main__":

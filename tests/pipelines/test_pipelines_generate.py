@@ -160,7 +160,8 @@ def test_clip_skip_deeper_than_the_encoder(sd15) -> None:
 
 
 @pytest.mark.parametrize("sampler", ["Heun", "LMS", "DPM++ SDE Karras", "DPM++ 2M SDE", "UniPC", "Euler a Karras",
-                                     "Euler Karras", "DPM++ 2M", "DDIM", "DPM2 a", "DPM fast", "DPM adaptive"])
+                                     "Euler Karras", "DPM++ 2M", "DDIM", "DPM2 a", "DPM fast", "DPM adaptive",
+                                     "PLMS"])
 def test_every_sampler_family_runs(sd15, sampler: str) -> None:
     a = sd15(PROMPT, steps=3, seed=5, sampler=sampler)[0]
     assert a.shape == (64, 64, 3)

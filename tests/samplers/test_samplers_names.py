@@ -34,6 +34,7 @@ from sdrt.samplers import SamplerChoice
     ("DPM fast", SamplerChoice("dpm_fast", "normal", False, {"eta": 1.0})),  # A1111's k-diffusion eta, 1
     ("DPM adaptive", SamplerChoice("dpm_adaptive", "normal", False, {"eta": 1.0})),
     ("DPM adaptive Karras", SamplerChoice("dpm_adaptive", "karras", False, {"eta": 1.0})),
+    ("PLMS", SamplerChoice("plms", "ddim_uniform")),  # A1111's timesteps 1, 1 + 1000 // steps, ...
 ])
 def test_a1111_labels(label, expected):
     assert S.resolve(label) == expected
@@ -86,7 +87,7 @@ def test_unknown_sampler_name_lists_the_valid_ones(name):
 
 
 @pytest.mark.parametrize(("name", "nearest"), [
-    ("Restart", "Heun Karras"), ("PLMS", "iPNDM"), ("DDIM CFG++", "DDIM"), ("Euler a CFG++", "Euler a"),
+    ("Restart", "Heun Karras"), ("DDIM CFG++", "DDIM"), ("Euler a CFG++", "Euler a"),
     ("restart karras", "Heun Karras"), ("euler_cfg_pp", "euler"), ("res_multistep", "dpmpp_2m"),
     ("heunpp2", "heun"), ("ipndm_v", "ipndm"), ("gradient_estimation", "euler"), ("er_sde", "dpmpp_2m_sde"),
     ("seeds_2", "dpmpp_sde"), ("seeds_3", "dpmpp_3m_sde"), ("sa_solver", "dpmpp_2m_sde"),

@@ -33,7 +33,7 @@ from .k_samplers import (
     lms,
 )
 from .model_sampling import DiscreteSchedule, FlowSchedule, flux_mu, flux_schedule, scaled_linear_betas, sd3_schedule
-from .multistep import deis, ipndm
+from .multistep import deis, ipndm, plms
 from .names import SamplerChoice, resolve
 from .noise import BrownianTreeNoiseSampler, TorchGenerator, TorchNoiseSampler, brownian_interval, randn
 from .philox import CudaGenerator, NvGenerator, cuda_thread_capacity, philox4x32_10, randn_cuda, randn_nv
@@ -122,6 +122,7 @@ __all__ = [
     "linear_quadratic",
     "lms",
     "normal",
+    "plms",
     "polyexponential",
     "randn",
     "resolve",

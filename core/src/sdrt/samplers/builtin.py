@@ -52,6 +52,7 @@ BUILTIN_SAMPLERS: dict[str, Sampler] = {
     "uni_pc_bh2": unipc.uni_pc_bh2,
     "ipndm": multistep.ipndm,
     "deis": multistep.deis,
+    "plms": multistep.plms,
     "dpm_fast": dpm_solver.dpm_fast,
     "dpm_adaptive": dpm_solver.dpm_adaptive,
 }

@@ -56,6 +56,7 @@ A1111_SAMPLERS: dict[str, tuple[str, str, bool, dict[str, Any]]] = {
     "DEIS": ("deis", "normal", False, {}),
     "DPM fast": ("dpm_fast", "normal", False, {"eta": 1.0}),
     "DPM adaptive": ("dpm_adaptive", "normal", False, {"eta": 1.0}),
+    "PLMS": ("plms", "ddim_uniform", False, {}),
 }
 
 _NO_REFERENCE = "no independent implementation that a port could be checked against is installable"
@@ -65,7 +66,6 @@ _CFG_PP = "a CFG++ variant (Chung et al. 2024), which changes how guidance enter
 UNAVAILABLE: dict[str, tuple[str, tuple[str, ...]]] = {
     "Restart": ("A1111's own sampler (Xu et al. 2023, Heun steps with noise re-injected); " + _NO_REFERENCE,
                 ("Heun Karras", "DPM++ SDE Karras", "DPM++ 2M Karras")),
-    "PLMS": ("A1111's own port of CompVis' PLMS; " + _NO_REFERENCE, ("iPNDM", "LMS", "DDIM")),
     "DDIM CFG++": (_CFG_PP, ("DDIM",)),
     "Euler CFG++": (_CFG_PP, ("Euler",)),
     "Euler a CFG++": (_CFG_PP, ("Euler a",)),
