@@ -200,6 +200,13 @@ def test_dpm_fast_and_adaptive_run_on_the_model_range_in_txt2img(sd15, init) -> 
         assert "sigma_min" not in loop.options and len(loop.sigmas) == 4
 
 
+def test_comfyui_dpmpp_2m_sde_heun_takes_the_brownian_noise_of_its_a1111_label(sd15) -> None:
+    """The built-in dpmpp_2m_sde_heun is a functools.partial: it got the per-step generator noise, not the
+    Brownian tree that the A1111 label's dpmpp_2m_sde (solver_type heun) gets."""
+    a = sd15(PROMPT, steps=3, seed=5, sampler="dpmpp_2m_sde_heun", schedule="exponential")[0]
+    assert np.array_equal(a, sd15(PROMPT, steps=3, seed=5, sampler="DPM++ 2M SDE Heun")[0])
+
+
 def test_comfyui_sampler_and_scheduler_names(sd15) -> None:
     a = sd15(PROMPT, steps=3, seed=5, sampler="dpmpp_2m", schedule="karras")[0]
     assert np.array_equal(a, sd15(PROMPT, steps=3, seed=5, sampler="DPM++ 2M Karras")[0])
