@@ -2,8 +2,8 @@
 
 Lu et al. 2022, "DPM-Solver: A Fast ODE Solver for Diffusion Probabilistic Model Sampling in Around 10
 Steps" (arXiv:2206.00927): single-step solvers of order 1, 2 and 3 in ``t = -log(sigma)`` on the noise
-prediction ``eps = (x - denoised) / sigma``, the fixed-budget split of section 3.3 and the adaptive
-order-2/3 pair of Appendix C, as crowsonkb/k-diffusion's ``sample_dpm_fast`` and ``sample_dpm_adaptive``
+prediction ``eps = (x - denoised) / sigma``, the paper's fixed-budget split ("DPM-Solver-fast") and its
+adaptive order-2/3 pair, as crowsonkb/k-diffusion's ``sample_dpm_fast`` and ``sample_dpm_adaptive``
 run them (their step-size controller, tolerances and optional ancestral noise ``eta``). A1111's
 "DPM fast" and "DPM adaptive" call those two.
 
@@ -11,7 +11,8 @@ Both take sdrt's sampler signature ``(model, x, sigmas, ...)``, but integrate fr
 ``sigma_min`` rather than visit every sigma: by default the first sigma and the smallest positive one
 (ComfyUI's rule); A1111's txt2img passes the model's own range instead (the pipeline does so), and neither
 ends at sigma 0. ``dpm_fast`` spends exactly ``len(sigmas) - 1`` model calls. ``dpm_adaptive`` ignores the
-number of sigmas: it takes as many steps as its error control needs (about 30 to 100 model calls on SD).
+number of sigmas: it takes as many steps as its error control needs (25 model calls at the defaults on the
+tests' Gaussian model; a real model's count depends on it and on the tolerances).
 
 Progress: ``callback`` gets ``i`` on the scale of ``len(sigmas) - 1`` steps, as the pipeline counts them:
 for ``dpm_fast`` the number of model calls the step brings the run to, minus one (it moves by up to 3);
@@ -107,7 +108,7 @@ def _ancestral(t: float, t_next: float, t_end: float, eta: float) -> tuple[float
 
 
 def fast_orders(calls: int) -> list[int]:
-    """The orders of dpm_fast's steps for a budget of ``calls`` model calls (DPM-Solver's section 3.3)."""
+    """The orders of dpm_fast's steps for a budget of ``calls`` model calls (DPM-Solver-fast's split)."""
     steps = calls // 3 + 1
     if calls % 3 == 0:
         return [3] * (steps - 2) + [2, 1]
