@@ -33,6 +33,14 @@ What it records:
   DPM2 with churn (``s_churn``) and s_noise other than 1 (``CHURN_CASES``; their
   ``torch.randn_like`` draws come from the same noise list), on the same model;
   written alone by ``--eta-only`` (needs k-diffusion, not ComfyUI).
+- ``samplers_dpm.npz``: k-diffusion's ``sample_dpm_fast`` (model-call budgets ``DPM_FAST_CALLS``, eta 0,
+  and ``DPM_ETA_CASES`` with the noise list) and ``sample_dpm_adaptive`` (``DPM_ADAPTIVE_CASES``) on the
+  same model, each with its trajectory (the callback's sigma and x at each step or attempt) and the
+  adaptive runs' accepted/rejected step counts; written alone by ``--dpm-only`` (k-diffusion alone).
+- ``samplers_plms.npz``: diffusers' ``PNDMScheduler`` with ``skip_prk_steps=True`` (PLMS; SD 1.x's
+  default scheduler config) on the eps-prediction model of the same Gaussian data, for ``PLMS_STEPS``:
+  its timesteps, final alpha and the sample after every transition (the first one's predictor call
+  left out); written alone by ``--plms-only`` (diffusers alone).
 
 Run it with the venv that has torch; nothing in sdrt imports torch.
 """
@@ -456,6 +464,86 @@ def gen_samplers_eta(out: Path, kd) -> None:  # noqa: ANN001
     print("samplers_eta:", len(data), "arrays")
 
 
+#: dpm_fast's model-call budgets (each a different split into orders 3, 2, 1) and its range (SD's sigma range:
+#: A1111's txt2img passes the model's own); (eta, s_noise) of the ancestral runs; dpm_adaptive's options
+DPM_FAST_CALLS = [1, 2, 3, 4, 5, 6, 10, 20]
+DPM_RANGE = (0.0291675, 14.614642)
+DPM_ETA_CASES = [(1.0, 1.0), (0.5, 0.7)]
+DPM_ADAPTIVE_CASES = {"default": {}, "order2": {"order": 2}, "rtol01": {"rtol": 0.1, "atol": 0.02},
+                      "pid": {"pcoeff": 0.3, "icoeff": 0.9, "dcoeff": 0.2}, "eta1": {"eta": 1.0},
+                      "eta05_snoise07": {"eta": 0.5, "s_noise": 0.7}}
+
+
+def gen_samplers_dpm(out: Path, kd) -> None:  # noqa: ANN001
+    torch.set_default_dtype(torch.float64)
+    mu = torch.from_numpy(data_mean())
+    data: dict[str, np.ndarray] = {"range": np.array(DPM_RANGE)}
+    lo, hi = DPM_RANGE
+    x = torch.from_numpy(start_noise()) * hi
+
+    def run(fn, key, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen = []
+
+        def callback(d):  # noqa: ANN001, ANN202
+            seen.append((float(d["sigma"]), d["x"].double().numpy().copy()))
+
+        noise = ListNoise(noise_list(512)) if kw.get("eta") else None
+        if noise is not None:
+            kw["noise_sampler"] = noise
+        with torch.no_grad():
+            y = fn(ve_denoiser(mu), x.clone(), lo, hi, extra_args={}, callback=callback, disable=True, **kw)
+        if isinstance(y, tuple):
+            y, info = y
+            data[f"info_{key}"] = np.array([info["n_accept"], info["n_reject"], info["nfe"]])
+        data[f"kd_{key}"] = y.double().numpy()
+        data[f"sigmas_{key}"] = np.array([s for s, _ in seen])
+        data[f"traj_{key}"] = np.stack([v for _, v in seen])
+        if noise is not None:
+            data[f"calls_{key}"] = np.array(noise.calls, dtype=np.float64).reshape(-1, 2)
+
+    for n in DPM_FAST_CALLS:
+        run(kd.sample_dpm_fast, f"fast_{n}", n=n)
+        for eta, s_noise in DPM_ETA_CASES:
+            run(kd.sample_dpm_fast, f"fast_{n}_eta{eta:g}_snoise{s_noise:g}", n=n, eta=eta, s_noise=s_noise)
+    # return_info: the accepted and rejected step counts and k-diffusion's model calls
+    for key, kw in DPM_ADAPTIVE_CASES.items():
+        run(kd.sample_dpm_adaptive, f"adaptive_{key}", return_info=True, **kw)
+    np.savez_compressed(out / "samplers_dpm.npz", **data)
+    print("samplers_dpm:", len(data), "arrays")
+
+
+PLMS_STEPS = [1, 2, 3, 4, 5, 10, 20]
+
+
+def gen_samplers_plms(out: Path) -> None:
+    from diffusers import PNDMScheduler
+
+    torch.set_default_dtype(torch.float64)
+    mu = torch.from_numpy(data_mean())
+    den = ve_denoiser(mu)
+    data: dict[str, np.ndarray] = {}
+    for n in PLMS_STEPS:
+        sch = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                            num_train_timesteps=1000, skip_prk_steps=True, set_alpha_to_one=False, steps_offset=1)
+        sch.set_timesteps(n)
+        ac = sch.alphas_cumprod.double()
+        sample = torch.from_numpy(start_noise())
+        states = []
+        for k, t in enumerate(sch.timesteps):
+            a = ac[int(t)]
+            sigma = ((1 - a) / a).sqrt()
+            x_ve = sample / a.sqrt()
+            eps = (x_ve - den(x_ve, sigma)) / sigma
+            sample = sch.step(eps, t, sample).prev_sample
+            if k != 0 or n == 1:  # with two steps or more, the first call only predicts (pseudo improved Euler)
+                states.append(sample.double().numpy())
+        data[f"timesteps_{n}"] = sch.timesteps.numpy().astype(np.int64)
+        data[f"final_alpha_{n}"] = np.array(float(sch.final_alpha_cumprod))
+        data[f"traj_{n}"] = np.stack(states)
+    np.savez_compressed(out / "samplers_plms.npz", **data)
+    print("samplers_plms:", len(data), "arrays")
+
+
 def gen_randn_default_capability(out: Path) -> None:
     """torch.randn from torch's non-AVX2 kernel (run in a child with ATEN_CPU_CAPABILITY=default)."""
     assert torch.backends.cpu.get_cpu_capability() == "DEFAULT", torch.backends.cpu.get_cpu_capability()
@@ -472,10 +560,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("tests/samplers/data"))
     parser.add_argument("--default-capability-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--eta-only", action="store_true", help="write only samplers_eta.npz (k-diffusion alone)")
+    parser.add_argument("--dpm-only", action="store_true", help="write only samplers_dpm.npz (k-diffusion alone)")
+    parser.add_argument("--plms-only", action="store_true", help="write only samplers_plms.npz (diffusers alone)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.eta_only:
         gen_samplers_eta(args.out, load_kdiffusion())
+        return
+    if args.dpm_only:
+        gen_samplers_dpm(args.out, load_kdiffusion())
+        return
+    if args.plms_only:
+        gen_samplers_plms(args.out)
         return
     if args.default_capability_only:
         gen_randn_default_capability(args.out)
@@ -496,6 +592,8 @@ def main() -> None:
     gen_schedules(args.out, kd, comfy)
     gen_samplers(args.out, kd, comfy)
     gen_samplers_eta(args.out, kd)
+    gen_samplers_dpm(args.out, kd)
+    gen_samplers_plms(args.out)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,9 @@ def test_a_model_name_with_a_comma_is_json_quoted_in_the_png(tmp_path: Path, cap
 @pytest.mark.parametrize(("args", "message"), [
     (["/no/such/folder", "a cat", "--width", "65"], "width 65 is not a multiple of 8"),
     (["/no/such/folder", "a cat", "--sampler", "Euler b"], "unknown sampler 'Euler b'"),
+    (["/no/such/folder", "a cat", "--sampler", "Euler b"], "use one of the known names. A1111 labels: Euler, Euler a"),
+    (["/no/such/folder", "a cat", "--sampler", "Restart"], "the sampler 'Restart' is not available in sdrt"),
+    (["/no/such/folder", "a cat", "--sampler", "euler_cfg_pp"], "use the nearest sdrt has: euler. A1111 labels"),
     (["/no/such/folder", "a cat", "--init-image", "/no/such.png"], "the init image file does not exist"),
     (["/no/such/folder", "a cat"], "the model folder does not exist"),
     (["a", "b", "c"], "expected [MODEL] PROMPT, got 3 words"),

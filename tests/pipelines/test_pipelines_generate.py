@@ -10,7 +10,7 @@ import pytest
 from pipeline_helpers import DATA, refs, register
 
 from sdrt import pipelines
-from sdrt.errors import InputError, ModelError, SamplerError
+from sdrt.errors import InputError, Interrupted, ModelError, SamplerError
 from sdrt.pipelines.images import to_mask, to_rgb
 from sdrt.pipelines.progress import ProgressBar
 
@@ -160,11 +160,51 @@ def test_clip_skip_deeper_than_the_encoder(sd15) -> None:
 
 
 @pytest.mark.parametrize("sampler", ["Heun", "LMS", "DPM++ SDE Karras", "DPM++ 2M SDE", "UniPC", "Euler a Karras",
-                                     "Euler Karras", "DPM++ 2M", "DDIM", "DPM2 a"])
+                                     "Euler Karras", "DPM++ 2M", "DDIM", "DPM2 a", "DPM fast", "DPM adaptive",
+                                     "PLMS"])
 def test_every_sampler_family_runs(sd15, sampler: str) -> None:
     a = sd15(PROMPT, steps=3, seed=5, sampler=sampler)[0]
     assert a.shape == (64, 64, 3)
     assert np.array_equal(a, sd15(PROMPT, steps=3, seed=5, sampler=sampler)[0])
+
+
+def test_dpm_fast_and_adaptive_progress_and_interrupt(sd15) -> None:
+    """Their steps are model calls (fast) or a share of the sigma range (adaptive): the callback still counts up
+    to the steps asked for, and returning False stops the run."""
+    seen = []
+    gen = sd15.generate(PROMPT, steps=6, sampler="DPM fast", seed=1, callback=lambda i, n, x: seen.append((i, n)))
+    assert seen == [(3, 6), (5, 6), (6, 6)]  # orders 3, 2, 1: six model calls
+    assert gen.settings[0]["Sampler"] == "DPM fast" and gen.settings[0]["Steps"] == 6
+    seen.clear()
+    sd15.generate(PROMPT, steps=6, sampler="DPM adaptive", seed=1, callback=lambda i, n, x: seen.append((i, n)))
+    steps = [i for i, _ in seen]
+    assert steps == sorted(steps) and steps[-1] == 6 and {n for _, n in seen} == {6}
+    assert sd15.preview() is None  # outside a step; a step's preview is the denoised estimate (below)
+    previews = []
+    with pytest.raises(Interrupted, match="after step 1 of 6"):
+        sd15.generate(PROMPT, steps=6, sampler="DPM adaptive", seed=1,
+                      callback=lambda i, n, x: previews.append(sd15.preview()) or False)
+    assert len(previews) == 1 and previews[0].shape[-1] == 3
+
+
+def test_dpm_fast_and_adaptive_run_on_the_model_range_in_txt2img(sd15, init) -> None:
+    """A1111's txt2img passes the model's sigma range; img2img the cut schedule's ends (the samplers' default)."""
+    for sampler in ("DPM fast", "DPM adaptive"):
+        s = pipelines.validate(PROMPT, steps=6, sampler=sampler, width=64, height=64)
+        ms = sd15.family.model_sampling(64, 64)
+        loop = sd15._loop(s, ms, None, 1)
+        assert (loop.options["sigma_min"], loop.options["sigma_max"]) == (ms.sigma_min, ms.sigma_max)
+        assert loop.options["eta"] == 1.0  # A1111's "Eta for k-diffusion samplers"
+        s = pipelines.validate(PROMPT, steps=6, sampler=sampler, init_image=init, strength=0.5, width=64, height=64)
+        loop = sd15._loop(s, ms, None, 1)
+        assert "sigma_min" not in loop.options and len(loop.sigmas) == 4
+
+
+def test_comfyui_dpmpp_2m_sde_heun_takes_the_brownian_noise_of_its_a1111_label(sd15) -> None:
+    """The built-in dpmpp_2m_sde_heun is a functools.partial: it got the per-step generator noise, not the
+    Brownian tree that the A1111 label's dpmpp_2m_sde (solver_type heun) gets."""
+    a = sd15(PROMPT, steps=3, seed=5, sampler="dpmpp_2m_sde_heun", schedule="exponential")[0]
+    assert np.array_equal(a, sd15(PROMPT, steps=3, seed=5, sampler="DPM++ 2M SDE Heun")[0])
 
 
 def test_comfyui_sampler_and_scheduler_names(sd15) -> None:

@@ -31,6 +31,10 @@ from sdrt.samplers import SamplerChoice
     ("Euler a SGM Uniform", SamplerChoice("euler_ancestral", "sgm_uniform")),
     ("Euler Align Your Steps", SamplerChoice("euler", "align_your_steps")),
     ("euler a karras", SamplerChoice("euler_ancestral", "karras")),  # case and spacing do not matter
+    ("DPM fast", SamplerChoice("dpm_fast", "normal", False, {"eta": 1.0})),  # A1111's k-diffusion eta, 1
+    ("DPM adaptive", SamplerChoice("dpm_adaptive", "normal", False, {"eta": 1.0})),
+    ("DPM adaptive Karras", SamplerChoice("dpm_adaptive", "karras", False, {"eta": 1.0})),
+    ("PLMS", SamplerChoice("plms", "ddim_uniform")),  # A1111's timesteps 1, 1 + 1000 // steps, ...
 ])
 def test_a1111_labels(label, expected):
     assert S.resolve(label) == expected
@@ -62,6 +66,8 @@ def test_a_schedule_against_the_labels_own_is_refused():
     ("ddim", "ddim_uniform", SamplerChoice("ddim", "ddim_uniform")),
     ("lcm", "simple", SamplerChoice("lcm", "simple")),
     ("deis", "beta", SamplerChoice("deis", "beta")),
+    ("dpm_fast", "karras", SamplerChoice("dpm_fast", "karras")),  # ComfyUI's: eta 0
+    ("dpm_adaptive", "normal", SamplerChoice("dpm_adaptive", "normal")),
 ])
 def test_comfyui_names(name, schedule, expected):
     assert S.resolve(name, schedule) == expected
@@ -78,6 +84,51 @@ def test_unknown_sampler_name_lists_the_valid_ones(name):
         S.resolve(name)
     text = str(info.value)
     assert "Euler a" in text and "DPM++ 2M" in text and "dpmpp_2m" in text and "karras" in text
+
+
+@pytest.mark.parametrize(("name", "nearest"), [
+    ("Restart", "Heun Karras"), ("DDIM CFG++", "DDIM"), ("Euler a CFG++", "Euler a"),
+    ("restart karras", "Heun Karras"), ("euler_cfg_pp", "euler"), ("res_multistep", "dpmpp_2m"),
+    ("heunpp2", "heun"), ("ipndm_v", "ipndm"), ("gradient_estimation", "euler"), ("er_sde", "dpmpp_2m_sde"),
+    ("seeds_2", "dpmpp_sde"), ("seeds_3", "dpmpp_3m_sde"), ("sa_solver", "dpmpp_2m_sde"),
+])
+def test_a_sampler_sdrt_lacks_is_named_with_the_nearest_ones(name, nearest):
+    with pytest.raises(SamplerError) as info:
+        S.resolve(name)
+    assert f"the sampler {name!r} is not available in sdrt" in info.value.what
+    assert info.value.where == "sampler"
+    assert info.value.fix.startswith("use the nearest sdrt has: ") and nearest in info.value.fix.split(".")[0]
+    assert "dpmpp_2m" in info.value.fix and "DPM++ 2M" in info.value.fix  # and every name
+    for near in info.value.fix.split(".")[0].removeprefix("use the nearest sdrt has: ").split(", "):
+        S.resolve(near)  # each suggestion runs
+
+
+def test_every_unavailable_name_is_unknown_to_sdrt_and_its_nearest_ones_resolve():
+    from sdrt.samplers.names import UNAVAILABLE
+
+    for name, (_why, nearest) in UNAVAILABLE.items():
+        assert name not in S.available_samplers()
+        for near in nearest:
+            S.resolve(near)
+
+
+def test_a_plugin_sampler_of_an_unavailable_name_is_used(inline_plugin):
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_samplers(register):
+            register("er_sde", lambda model, x, sigmas, **kw: x)
+
+    inline_plugin(Plugin(), "er-sde")
+    assert S.resolve("er_sde", "karras") == SamplerChoice("er_sde", "karras")
+
+
+@pytest.mark.parametrize(("name", "closest"), [("Eular a", "'Euler a'"), ("DPM++ 2M Karass", "'DPM++ 2M Karras'"),
+                                               ("dpmpp_9m", "'dpmpp_2m'"), ("DPM fats", "'DPM fast'")])
+def test_a_mistyped_name_gets_the_closest_known_ones(name, closest):
+    with pytest.raises(SamplerError) as info:
+        S.resolve(name)
+    assert info.value.what.startswith(f"unknown sampler {name!r} (the closest known: {closest}")
 
 
 def test_unknown_schedule_name_is_a_sampler_error():

@@ -88,13 +88,13 @@ def test_churn_with_s_noise_matches_k_diffusion(name, s_churn, s_noise):
 
 
 def test_eta_cases_cover_every_sampler_with_eta():
-    """Every registered sampler that takes eta and s_noise (bar the DDIM family, checked against diffusers)
-    has reference cases here."""
+    """Every registered sampler that takes eta and s_noise (bar the DDIM family, checked against diffusers, and
+    dpm_fast/dpm_adaptive, whose eta cases are in test_samplers_dpm) has reference cases here."""
     import inspect
 
     takes = {n for n in S.available_samplers()
              if {"eta", "s_noise"} <= set(inspect.signature(S.get_sampler(n)).parameters)}
-    assert takes - {"ddim", "ddpm", "lcm"} <= set(ETA), takes - set(ETA)
+    assert takes - {"ddim", "ddpm", "lcm", "dpm_fast", "dpm_adaptive"} <= set(ETA), takes - set(ETA)
     ref = load("samplers_eta")
     assert all(f"kd_{n}_eta{e:g}_snoise{s:g}_karras10" in ref for n in ETA for e, s in ETA_CASES)
 
@@ -188,3 +188,26 @@ def test_stochastic_ddim_matches_diffusers_given_the_same_variance_noise():
     out = S.ddim(GaussianVE(), x, sigmas, eta=0.7, noise_sampler=noise) * np.sqrt(final_alpha)
     assert len(noise.calls) == len(timesteps)
     assert rel_err(out, ref["diffusers_ddim_eta07_final"]) <= 1e-5
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 4, 5, 10, 20])
+def test_plms_matches_diffusers_pndm_scheduler_at_every_step(steps):
+    """diffusers' PNDMScheduler with skip_prk_steps (PLMS) on the eps-prediction model of the same Gaussian data
+    (samplers_plms.npz): its sample after each transition is plms's x at the next step's start, and the last one
+    plms's result."""
+    ref = load("samplers_plms")
+    ms = S.DiscreteSchedule("eps")
+    timesteps = sorted(set(ref[f"timesteps_{steps}"].tolist()), reverse=True)  # PLMS repeats one
+    final_alpha = float(ref[f"final_alpha_{steps}"])
+    sigmas = np.append(ms.sigmas[timesteps], np.sqrt((1 - final_alpha) / final_alpha))
+    x = start_noise() * np.sqrt(1 + sigmas[0] ** 2)  # diffusers starts from unit-variance VP noise
+    model, seen = GaussianVE(), []
+    out = S.plms(model, x, sigmas, callback=seen.append)
+    states = [c["x"] for c in seen[1:]] + [out]
+    traj = ref[f"traj_{steps}"]
+    assert len(traj) == len(states) == steps
+    for k, (state, expected) in enumerate(zip(states, traj)):
+        # to VP form; diffusers keeps alphas_cumprod in float32 (its betas are float32), as for DDIM above
+        err = rel_err(state / np.sqrt(1 + sigmas[k + 1] ** 2), expected)
+        assert err <= 1e-5, f"after step {k + 1} of {steps}: relative error {err:.3g}"
+    assert model.calls == steps + (steps > 1)  # one more call than steps: the first step's corrector

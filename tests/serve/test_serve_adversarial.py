@@ -84,6 +84,8 @@ def test_known_fields_sdrt_does_not_run_are_named(server) -> None:
     cases = [  # (extra fields, the start of the note); each was dropped without a word
         ({"sampler_name": "DDIM", "eta": 1.0}, "eta: DDIM runs at eta 0 here"),
         ({"sampler_name": "Euler a", "eta": 0.0}, "eta: Euler a runs at eta 1 here"),
+        ({"sampler_name": "DPM fast", "eta": 0.5}, "eta: DPM fast runs at eta 1 here"),  # A1111's k-diffusion eta
+        ({"sampler_name": "dpm_adaptive", "eta": 1.0}, "eta: dpm_adaptive runs at eta 0 here"),  # ComfyUI's: 0
         ({"enable_hr": True, "hr_scale": 1.0, "hr_scheduler": "Karras"}, "hr_scheduler: the second pass uses"),
         ({"prompt": "x <lora:a:1>", "disable_extra_networks": True}, None),  # no LoRA here: a 400 (below)
         ({"latent_mask": "abc"}, "latent_mask: a separate latent mask"),
@@ -97,7 +99,7 @@ def test_known_fields_sdrt_does_not_run_are_named(server) -> None:
             assert [n for n in _info(r)["sdrt_not_honoured"] if n.startswith(note)], (extra, r.json()["info"])
         # eta where A1111 also runs it as sdrt does, and on a sampler that takes none: nothing to say
         for extra in ({"sampler_name": "Euler a", "eta": 1}, {"sampler_name": "DDIM", "eta": 0},
-                      {"sampler_name": "DPM++ 2M", "eta": 0.3}):
+                      {"sampler_name": "DPM++ 2M", "eta": 0.3}, {"sampler_name": "DPM adaptive", "eta": 1.0}):
             assert _info(client.post("/sdapi/v1/txt2img", json={**OK, **extra}))["sdrt_not_honoured"] == [], extra
 
 

@@ -172,7 +172,8 @@ def test_sillytavern(auth_server) -> None:
         assert [x["name"] for x in by_what["/upscalers"]] == ["None", "Lanczos", "Nearest"]
         assert "Latent" in [x["name"] for x in by_what["/upscalers (latent)"]]  # SillyTavern's hr_upscaler menu
         assert isinstance(by_what["/vaes (A1111)"], list)
-        assert "DDIM" in [x["name"] for x in by_what["/samplers"]]
+        assert {"DDIM", "DPM fast", "DPM adaptive", "PLMS"} <= {x["name"] for x in by_what["/samplers"]}
+        assert {"name": "DPM fast", "aliases": ["dpm_fast"], "options": {"scheduler": "normal"}} in by_what["/samplers"]
         assert "karras" in [x["name"] for x in by_what["/schedulers"]]
         assert [x["title"] for x in by_what["/models"]][1] == title_b
         wait = by_what["/set-model: wait for the load"]

@@ -51,8 +51,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="T5's token count (SD3, Flux, Chroma; default: 256 for SD3 and Flux schnell, 512 for Flux "
                         "dev and Chroma)")
     p.add_argument("--sampler", default=None,
-                   help='A1111 or ComfyUI sampler name, e.g. "Euler a" (default: DPM++ 2M Karras for SD, Euler '
-                        'for the flow models)')
+                   help='A1111 or ComfyUI sampler name, e.g. "Euler a", "DPM fast", "DPM adaptive" or "dpmpp_2m" '
+                        '(default: DPM++ 2M Karras for SD, Euler for the flow models); docs/samplers.md lists them, '
+                        'and a name sdrt lacks is refused with the list')
     p.add_argument("--schedule", default=None, help='schedule for a sampler name without one, e.g. "karras"')
     p.add_argument("--seed", type=int, default=None, help="random when not given or -1")
     p.add_argument("--width", type=int, default=None, help="a multiple of 8 (default: the model's size)")

@@ -240,7 +240,8 @@ class KLoop:
         return out.astype(np.float32, copy=False)
 
     def _uses_brownian(self) -> bool:
-        name = getattr(self.sampler, "__name__", "")
+        # a functools.partial (the built-in dpmpp_2m_sde_heun) has no __name__: its function has
+        name = getattr(getattr(self.sampler, "func", self.sampler), "__name__", "")
         return "sde" in name
 
 

@@ -22,7 +22,9 @@ the folder's sigma table.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -328,8 +330,12 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             return DDIMLoop(ms, ms.ddim_plan(s.steps).tail(start))
         sigmas = [float(x) for x in get_sigmas(s.choice.schedule, s.steps, ms,
                                                 discard_penultimate=s.choice.discard_penultimate)][start:]
-        return KLoop(ms, sigmas, get_sampler(s.choice.sampler), dict(s.choice.options), seed=seed,
-                     generator=generator)
+        sampler, options = get_sampler(s.choice.sampler), dict(s.choice.options)
+        if start == 0 and _takes_range(sampler) and math.isfinite(ms.sigma_max):
+            # DPM fast/adaptive integrate over a range: A1111's txt2img passes the model's own (img2img and the
+            # hires pass: the cut schedule's ends, the samplers' default)
+            options.update(sigma_min=float(ms.sigma_min), sigma_max=float(ms.sigma_max))
+        return KLoop(ms, sigmas, sampler, options, seed=seed, generator=generator)
 
     # ------------------------------------------------------------------ generation
     def __call__(self, prompt: str, negative_prompt: str | None = "", **kwargs: Any) -> list[np.ndarray]:
@@ -812,6 +818,14 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                     h.update(block)
             self._hash = h.hexdigest()[:10]
         return self._hash
+
+
+def _takes_range(sampler: Any) -> bool:
+    """A sampler that integrates over [sigma_min, sigma_max] (dpm_fast, dpm_adaptive) rather than visit each sigma."""
+    try:
+        return {"sigma_min", "sigma_max"} <= set(inspect.signature(sampler).parameters)
+    except (TypeError, ValueError):
+        return False
 
 
 def _num(value: float) -> object:

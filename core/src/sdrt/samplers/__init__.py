@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from .dd_samplers import ddim, ddpm, lcm
 from .denoisers import CFGDenoiser, Denoiser
+from .dpm_solver import dpm_adaptive, dpm_fast
 from .k_samplers import (
     dpm_2,
     dpm_2_ancestral,
@@ -32,7 +33,7 @@ from .k_samplers import (
     lms,
 )
 from .model_sampling import DiscreteSchedule, FlowSchedule, flux_mu, flux_schedule, scaled_linear_betas, sd3_schedule
-from .multistep import deis, ipndm
+from .multistep import deis, ipndm, plms
 from .names import SamplerChoice, resolve
 from .noise import BrownianTreeNoiseSampler, TorchGenerator, TorchNoiseSampler, brownian_interval, randn
 from .philox import CudaGenerator, NvGenerator, cuda_thread_capacity, philox4x32_10, randn_cuda, randn_nv
@@ -98,6 +99,8 @@ __all__ = [
     "deis",
     "dpm_2",
     "dpm_2_ancestral",
+    "dpm_adaptive",
+    "dpm_fast",
     "dpmpp_2m",
     "dpmpp_2m_sde",
     "dpmpp_2s_ancestral",
@@ -119,6 +122,7 @@ __all__ = [
     "linear_quadratic",
     "lms",
     "normal",
+    "plms",
     "polyexponential",
     "randn",
     "resolve",

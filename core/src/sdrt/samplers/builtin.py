@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..hookspecs import hookimpl
-from . import dd_samplers, k_samplers, multistep, schedules, unipc
+from . import dd_samplers, dpm_solver, k_samplers, multistep, schedules, unipc
 
 Sampler = Callable[..., np.ndarray]
 Schedule = Callable[..., np.ndarray]
@@ -52,6 +52,9 @@ BUILTIN_SAMPLERS: dict[str, Sampler] = {
     "uni_pc_bh2": unipc.uni_pc_bh2,
     "ipndm": multistep.ipndm,
     "deis": multistep.deis,
+    "plms": multistep.plms,
+    "dpm_fast": dpm_solver.dpm_fast,
+    "dpm_adaptive": dpm_solver.dpm_adaptive,
 }
 
 BUILTIN_SCHEDULES: dict[str, Schedule] = {

@@ -4,19 +4,24 @@
 ``resolve("dpmpp_2m", "karras")`` (ComfyUI's sampler and scheduler fields) gives
 the same. A1111 labels carry their own options: the default schedule of its
 "Automatic" setting, ``discard_next_to_last_sigma`` (DPM2, DPM2 a, DPM++ 3M
-SDE) and ``solver_type`` for the Heun variant of DPM++ 2M SDE.
+SDE), ``solver_type`` for the Heun variant of DPM++ 2M SDE and ``eta`` 1 for
+DPM fast and DPM adaptive (A1111's "Eta for k-diffusion samplers", 1 by default).
+A name that A1111, Forge or ComfyUI offer but sdrt does not run
+(``UNAVAILABLE``: Restart, the CFG++ variants, ...) is refused with the nearest
+names sdrt has.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from typing import Any
 
 from ..errors import SamplerError
 from .registry import available_samplers, available_schedules
 from .schedules import DISCARD_PENULTIMATE_SIGMA
 
-__all__ = ["A1111_SAMPLERS", "A1111_SCHEDULES", "SamplerChoice", "resolve"]
+__all__ = ["A1111_SAMPLERS", "A1111_SCHEDULES", "UNAVAILABLE", "SamplerChoice", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,45 @@ A1111_SAMPLERS: dict[str, tuple[str, str, bool, dict[str, Any]]] = {
     "UniPC": ("uni_pc", "normal", True, {}),
     "iPNDM": ("ipndm", "normal", False, {}),
     "DEIS": ("deis", "normal", False, {}),
+    "DPM fast": ("dpm_fast", "normal", False, {"eta": 1.0}),
+    "DPM adaptive": ("dpm_adaptive", "normal", False, {"eta": 1.0}),
+    "PLMS": ("plms", "ddim_uniform", False, {}),
+}
+
+_NO_REFERENCE = "no independent implementation that a port could be checked against is installable"
+_CFG_PP = "a CFG++ variant (Chung et al. 2024), which changes how guidance enters the step; " + _NO_REFERENCE
+
+#: names A1111, Forge or ComfyUI offer that sdrt does not run: name -> (why, the nearest names sdrt has)
+UNAVAILABLE: dict[str, tuple[str, tuple[str, ...]]] = {
+    "Restart": ("A1111's own sampler (Xu et al. 2023, Heun steps with noise re-injected); " + _NO_REFERENCE,
+                ("Heun Karras", "DPM++ SDE Karras", "DPM++ 2M Karras")),
+    "DDIM CFG++": (_CFG_PP, ("DDIM",)),
+    "Euler CFG++": (_CFG_PP, ("Euler",)),
+    "Euler a CFG++": (_CFG_PP, ("Euler a",)),
+    "DPM++ 2M CFG++": (_CFG_PP, ("DPM++ 2M",)),
+    "DPM++ 2S a CFG++": (_CFG_PP, ("DPM++ 2S a",)),
+    "euler_cfg_pp": (_CFG_PP, ("euler",)),
+    "euler_ancestral_cfg_pp": (_CFG_PP, ("euler_ancestral",)),
+    "dpmpp_2m_cfg_pp": (_CFG_PP, ("dpmpp_2m",)),
+    "dpmpp_2s_ancestral_cfg_pp": (_CFG_PP, ("dpmpp_2s_ancestral",)),
+    "res_multistep": ("ComfyUI's RES multistep sampler; " + _NO_REFERENCE, ("dpmpp_2m", "deis")),
+    "res_multistep_cfg_pp": (_CFG_PP, ("dpmpp_2m",)),
+    "res_multistep_ancestral": ("ComfyUI's ancestral RES multistep sampler; " + _NO_REFERENCE,
+                                ("dpmpp_2s_ancestral", "euler_ancestral")),
+    "res_multistep_ancestral_cfg_pp": (_CFG_PP, ("dpmpp_2s_ancestral", "euler_ancestral")),
+    "heunpp2": ("ComfyUI's Heun++ sampler; " + _NO_REFERENCE, ("heun", "dpm_2")),
+    "ipndm_v": ("ComfyUI's variable-step iPNDM; " + _NO_REFERENCE, ("ipndm", "deis")),
+    "gradient_estimation": ("ComfyUI's gradient-estimation sampler (Permenter & Yuan 2024); " + _NO_REFERENCE,
+                            ("euler", "dpmpp_2m")),
+    "gradient_estimation_cfg_pp": (_CFG_PP, ("euler", "dpmpp_2m")),
+    "er_sde": ("ComfyUI's ER-SDE solver (Cui et al. 2023); " + _NO_REFERENCE, ("dpmpp_2m_sde", "dpmpp_3m_sde")),
+    "seeds_2": ("ComfyUI's SEEDS-2 solver (Gonzalez et al. 2023); " + _NO_REFERENCE, ("dpmpp_sde", "dpmpp_2m_sde")),
+    "seeds_3": ("ComfyUI's SEEDS-3 solver (Gonzalez et al. 2023); " + _NO_REFERENCE, ("dpmpp_3m_sde", "dpmpp_sde")),
+    "sa_solver": ("ComfyUI's SA-Solver (Xue et al. 2023); " + _NO_REFERENCE, ("dpmpp_2m_sde", "uni_pc")),
+    "sa_solver_pece": ("ComfyUI's SA-Solver PECE (Xue et al. 2023); " + _NO_REFERENCE, ("dpmpp_2m_sde", "uni_pc")),
+    "exp_heun_2_x0": ("ComfyUI's exponential Heun sampler; " + _NO_REFERENCE, ("dpmpp_2m", "heun")),
+    "exp_heun_2_x0_sde": ("ComfyUI's stochastic exponential Heun sampler; " + _NO_REFERENCE,
+                          ("dpmpp_2m_sde", "dpmpp_sde")),
 }
 
 #: A1111 schedule labels (the "Schedule type" menu and the old label suffixes).
@@ -77,6 +121,28 @@ def _fold(text: str) -> str:
 
 _A1111_FOLDED = {_fold(k): k for k in A1111_SAMPLERS}
 _SCHED_FOLDED = {_fold(k): v for k, v in A1111_SCHEDULES.items()}
+
+
+def _unavailable(name: str) -> tuple[str, tuple[str, ...]] | None:
+    """(why, nearest) for a name sdrt does not run, with or without an A1111 schedule suffix; else None."""
+    if name in UNAVAILABLE:
+        return UNAVAILABLE[name]
+    folded = _fold(name)
+    for key in sorted(UNAVAILABLE, key=len, reverse=True):
+        fkey = _fold(key)
+        rest = folded[len(fkey):].strip() if folded == fkey or folded.startswith(fkey + " ") else None
+        if rest is not None and (not rest or rest in _SCHED_FOLDED or rest == "automatic"):
+            return UNAVAILABLE[key]
+    return None
+
+
+def _closest(name: str) -> list[str]:
+    """Known names close to a mistyped one (A1111 labels and ComfyUI names)."""
+    labels = [*A1111_SAMPLERS, *(f"{a} {s}" for a in A1111_SAMPLERS for s in A1111_SCHEDULES)]
+    comfy = [*available_samplers(), *_COMFY_ALIASES]
+    # "DPM fast" and "dpm_fast" fold alike: offer the kind of name that was given (a ComfyUI one has "_")
+    known = {_fold(n): n for n in ([*labels, *comfy] if "_" in name else [*comfy, *labels])}
+    return [known[k] for k in get_close_matches(_fold(name), list(known), n=3, cutoff=0.75)]
 
 
 def _valid_listing() -> str:
@@ -158,6 +224,13 @@ def resolve(name: str, schedule: str | None = None) -> SamplerChoice:
         return SamplerChoice(comfy, sched, comfy in DISCARD_PENULTIMATE_SIGMA)
     choice = _from_a1111(name, schedule)
     if choice is None:
-        raise SamplerError(f"unknown sampler {name!r}", where="sampler",
+        missing = _unavailable(name)
+        if missing is not None:
+            why, nearest = missing
+            raise SamplerError(f"the sampler {name!r} is not available in sdrt: {why}", where="sampler",
+                               fix=f"use the nearest sdrt has: {', '.join(nearest)}. {_valid_listing()}")
+        close = _closest(name)
+        hint = f" (the closest known: {', '.join(repr(c) for c in close)})" if close else ""
+        raise SamplerError(f"unknown sampler {name!r}{hint}", where="sampler",
                            fix=f"use one of the known names. {_valid_listing()}")
     return choice

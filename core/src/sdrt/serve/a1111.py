@@ -196,15 +196,19 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
 
 
 def _eta(body: dict[str, Any], sampler: str, scheduler: str | None, not_honoured: list[str]) -> None:
-    """A1111's ``eta`` sets the noise of its ancestral and SDE samplers (default 1) and of DDIM (default 0);
-    sdrt runs them at those defaults, so another value is named. Other samplers take no eta (A1111 ignores it)."""
+    """A1111's ``eta`` sets the noise of its ancestral and SDE samplers and of DPM fast/adaptive (default 1) and
+    of DDIM (default 0); sdrt runs them at those defaults (ComfyUI's dpm_fast/dpm_adaptive: at 0, theirs), so
+    another value is named. Other samplers take no eta (A1111 ignores it)."""
     from ..samplers.names import resolve
 
     eta = get_float(body, "eta", None, 0.0, None)
     if eta is None:
         return
-    name = resolve(sampler, scheduler).sampler
+    choice = resolve(sampler, scheduler)
+    name = choice.sampler
     own = 0.0 if name == "ddim" else 1.0 if ("ancestral" in name or "sde" in name) else None
+    if name in ("dpm_fast", "dpm_adaptive"):  # A1111 runs "DPM fast"/"DPM adaptive" at its k-diffusion eta, 1
+        own = float(choice.options.get("eta", 0.0))
     if own is not None and eta != own:
         not_honoured.append(f"eta: {sampler} runs at eta {own:g} here (A1111's default for it), not {eta:g}")
 
