@@ -119,6 +119,12 @@ def test_the_registry_lists_the_files_and_the_transformer_only_model(models, mon
         assert exc.value.status == 400 and exc.value.field == "f"
     with pytest.raises(Exception, match="no VAE file named 'tiny_clip'"):  # sd_vae takes the VAE folder's only
         modules.resolve(reg, "tiny_clip", "sd_vae", vae_only=True)
+    files = tmp_path / "files"  # a transformer-only file listed first is not the default model
+    files.mkdir()
+    shutil.copy(models / "flux1-dev.safetensors", files / "a-flux.safetensors")
+    shutil.copy(CUSTOM, files)
+    assert [m.name for m in Registry(files).models] == ["a-flux.safetensors", "custom.safetensors"]
+    assert Registry(files).default.name == "custom.safetensors"
     other = tmp_path / "vaes"
     other.mkdir()
     shutil.copy(vae, other / "other.safetensors")

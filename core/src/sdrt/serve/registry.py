@@ -225,7 +225,7 @@ class Registry:
             raise ApiError(503, f"the models folder {self.models_dir} holds no model folder "
                                 "(a diffusers/Optimum ONNX folder with model_index.json) and no complete "
                                 ".safetensors checkpoint")
-        return models[0]
+        return next((m for m in models if not m.needs), models[0])
 
     # ---------------------------------------------------------------- ControlNets
     @property

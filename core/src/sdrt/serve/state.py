@@ -63,8 +63,8 @@ class ServerState:
             raise InputError(exc.message, where="--default-model", fix="pass a model folder's name") from None
 
     def _first(self) -> ModelEntry | None:
-        models = self.registry.models
-        return models[0] if models else None
+        models = self.registry.models  # one that runs on its own first (not a transformer-only file)
+        return next((m for m in models if not m.needs), models[0]) if models else None
 
     def spec_for(self, model: ModelEntry, device: str | None) -> PipelineSpec:
         return PipelineSpec(model.path, self.config.backend, device, self.config.lora_dir,
