@@ -268,3 +268,44 @@ def test_a_transformer_only_flux_file_says_which_files_it_needs(server):
         e = r.json()
         assert e["field"] == "override_settings.sd_vae" and "custom_vae.safetensors" in e["message"], e
         assert "16-channel" in e["message"] and "/tmp" not in e["message"] and str(Path.home()) not in e["message"]
+
+
+def test_a_transformer_only_flux_file_with_its_files_plans_on_the_shipped_graphs(tmp_path):
+    """Full-size Flux.1 dev (BFL keys, fp8), clip_l, t5xxl and ae files (sparse: headers only) chosen as Easy Diffusion
+    sends them: each file goes to its part by its tensors (not by its folder or its place in the list), and the
+    worker's PipelineSpec builds a pipeline that plans a Flux dev job on the shipped graphs (nothing compiles: a
+    full-size Flux run is out of this machine's reach). The model file sits outside --models, so the registry does not
+    hash its 12 GB of (sparse) zeros."""
+    import sys
+
+    sys.path.insert(0, str(TESTS / "checkpoint"))
+    import single_file_helpers as h
+    from test_open_single_file import _graph_shapes, flux_shapes
+
+    from sdrt.pipelines.singlefile import missing_parts
+    from sdrt.serve import modules
+    from sdrt.serve.registry import ModelEntry
+    from sdrt.serve.spec import PipelineSpec
+
+    flux = h.sparse(tmp_path / "flux1-dev.safetensors", flux_shapes(True, "model.diffusion_model.", 19, 38), "F8_E4M3")
+    root = tmp_path / "models"
+    (root / "VAE").mkdir(parents=True)
+    (root / "text_encoder").mkdir()
+    clip = h.sparse(root / "text_encoder" / "clip_l.safetensors", _graph_shapes("clip_l"))
+    t5 = h.sparse(root / "VAE" / "t5xxl_fp16.safetensors", _graph_shapes("t5xxl"))  # in the wrong folder
+    ae = h.sparse(root / "text_encoder" / "ae.safetensors", {**_graph_shapes("vae16_decoder"),
+                                                             **_graph_shapes("vae16_encoder")}, "BF16")
+    reg = Registry(root)
+    entry = ModelEntry(flux.name, flux, "0" * 10, needs=missing_parts(flux))
+    assert modules.part_only(flux) and "T5-XXL" in entry.needs
+    notes: list[str] = []
+    model = modules.choose(reg, entry, {}, {"forge_additional_modules": [
+        "C:\\EasyDiffusion\\models\\text-encoder\\t5xxl_fp16.safetensors", "clip_l", "/ed/models/vae/ae.safetensors"]},
+        notes)
+    assert (model.vae, model.text_encoders, notes) == (ae, (t5, clip), [])
+    assert model.key != entry.key and model.module_field == "forge_additional_modules"
+    pipe = PipelineSpec(model.path, "reference", vae=model.vae, text_encoders=model.text_encoders).build()
+    assert pipe.folder.family == "flux"
+    plan = pipe.plan("a red fox", width=256, height=256, steps=4).format()
+    assert "guidance [1]" in plan and "input_ids [1, 512]" in plan
+    assert all(not p.sessions for p in pipe.parts.values())
