@@ -50,6 +50,10 @@ def test_cli_defaults_and_flags(tmp_path) -> None:
     assert config.devices == ("CPU", "CPU") and config.auth == (("u", "p"),) and config.tokens == ("t",)
     assert config.limits.max_width == 1024 and config.limits.max_steps == 50
     assert config.limits.max_body_bytes == 4 * 2**20
+    assert config.vae_dir is None and config.text_encoder_dir is None  # the models folder's VAE/, text_encoder/
+    config = config_from_args(build_parser().parse_args(["serve", "--vae-dir", str(tmp_path), "--text-encoder-dir",
+                                                         str(tmp_path)]))
+    assert config.vae_dir == config.text_encoder_dir == tmp_path.resolve()
     from sdrt.serve.state import ServerState
 
     with pytest.raises(InputError, match="no model named 'nope'"):
@@ -59,6 +63,8 @@ def test_cli_defaults_and_flags(tmp_path) -> None:
                         (["--max-steps", "100000"], "--max-steps 100000 is above 10000, the most sdrt generates"),
                         (["--max-size", "100000"], "--max-size 100000 is above 16384"),
                         (["--max-batch", "1000"], "--max-batch 1000 is above 256"),
+                        (["--vae-dir", str(tmp_path / "none")], "--vae-dir .* is not a folder"),
+                        (["--text-encoder-dir", str(tmp_path / "none")], "--text-encoder-dir .* is not a folder"),
                         (["--api-auth", "nocolon"], "user:password"),
                         (["--api-token", " "], "empty --api-token"),
                         (["--port", "99999"], "--port 99999 is not a TCP port"),

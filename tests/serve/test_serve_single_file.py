@@ -1,6 +1,7 @@
 """A ``.safetensors`` checkpoint in --models is served on its own (sdrt's shipped weight-free graphs) when
 it holds a whole model; it binds onto --checkpoint-base only when that is set; a file that is not a
-whole model (a transformer-only Flux file) is not listed.
+whole model but a denoiser (a transformer-only Flux file) is listed and runs with the files a request chooses
+(tests/serve/test_serve_modules.py).
 
 The end-to-end request runs ``tests/data/ckpt/pipe-sd15/custom.safetensors`` (an A1111/LDM file of
 tiny-sd15's architecture) with sdrt's shipped SD 1.x graphs and CLIP tokenizer swapped for tiny-sd15's
@@ -66,8 +67,13 @@ def test_a_complete_checkpoint_is_served_on_its_own(models, tmp_path, monkeypatc
     with caplog.at_level("WARNING", logger="sdrt.serve.registry"):
         reg = Registry(models)
     by_name = {m.name: m for m in reg.models}
-    assert list(by_name) == ["tiny-sd15", "custom.safetensors"]  # flux1-dev.safetensors: transformer only
-    assert "not serving flux1-dev.safetensors" in caplog.text and "T5-XXL" in caplog.text
+    # flux1-dev.safetensors: transformer only, listed; it runs with the text encoders and VAE a request chooses
+    assert list(by_name) == ["tiny-sd15", "custom.safetensors", "flux1-dev.safetensors"]
+    assert "T5-XXL" in by_name["flux1-dev.safetensors"].needs and by_name["custom.safetensors"].needs is None
+    (models / "notes.safetensors").write_bytes(b"\x08" + bytes(7) + b"{}      ")  # no model: skipped with a warning
+    with caplog.at_level("WARNING", logger="sdrt.serve.registry"):
+        again = Registry(models)
+    assert "not serving notes.safetensors" in caplog.text and "notes.safetensors" not in [m.name for m in again.models]
     custom = by_name["custom.safetensors"]
     assert custom.path == models / "custom.safetensors" and custom.weights is None
     assert custom.model_name == "custom"
@@ -125,7 +131,7 @@ def test_txt2img_on_a_single_file(models, tmp_path, monkeypatch):
     config = ServeConfig(models=models, backend="openvino")
     with live_server(config) as url, httpx.Client(base_url=url, timeout=120) as c:
         listed = c.get("/sdapi/v1/sd-models").json()
-        assert [m["model_name"] for m in listed] == ["custom"]
+        assert [m["model_name"] for m in listed] == ["custom", "flux1-dev"]  # the first is current
         r = c.post("/sdapi/v1/txt2img", json={
             "prompt": CASE["prompt"], "negative_prompt": CASE["negative_prompt"], "steps": CASE["steps"],
             "cfg_scale": CASE["cfg"], "sampler_name": CASE["sampler"], "seed": CASE["seed"], "width": CASE["width"],

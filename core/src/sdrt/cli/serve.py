@@ -31,6 +31,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "complete checkpoint is served on its own on sdrt's shipped graphs)")
     p.add_argument("--lora-dir", default=None, metavar="DIR", help="where <lora:name:w> finds name.safetensors")
     p.add_argument("--embedding-dir", default=None, metavar="DIR", help="textual-inversion embeddings to load")
+    p.add_argument("--vae-dir", default=None, metavar="DIR",
+                   help="VAE files that sd_vae and forge_additional_modules name (default: --models' VAE folder)")
+    p.add_argument("--text-encoder-dir", default=None, metavar="DIR",
+                   help="text-encoder files that forge_additional_modules names (default: --models' text_encoder folder)")
     p.add_argument("--backend", default="auto")
     p.add_argument("--device", action="append", default=None, metavar="D",
                    help="one worker per --device (repeatable; the same device twice runs two workers on it)")
@@ -112,6 +116,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
                     max_body_bytes=int(args.max_body_mb * 2**20), max_queue=args.max_queue)
     return ServeConfig(models=_folder(args.models, "--models"), lora_dir=_folder(args.lora_dir, "--lora-dir"),
                        embedding_dir=_folder(args.embedding_dir, "--embedding-dir"), backend=args.backend,
+                       vae_dir=_folder(args.vae_dir, "--vae-dir"),
+                       text_encoder_dir=_folder(args.text_encoder_dir, "--text-encoder-dir"),
                        devices=tuple(args.device) if args.device else (None,), auth=auth, tokens=tokens,
                        limits=limits, keep_models=args.keep_models, low_memory=args.low_memory or False,
                        default_model=args.default_model, checkpoint_base=args.checkpoint_base,

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import b64images, controlnet
+from . import b64images, controlnet, modules
 from .config import Limits
 from .errors import ApiError, from_pipeline
 from .fields import get_bool, get_dict, get_float, get_int, get_list, get_str
@@ -51,7 +51,7 @@ sampler_index script_name script_args send_images save_images alwayson_scripts i
 mask_blur mask_blur_x mask_blur_y inpainting_fill inpaint_full_res inpaint_full_res_padding inpainting_mask_invert
 initial_noise_multiplier latent_mask include_init_images init_images mask""".split())
 #: override_settings keys that sdrt reads; any other is named as not honoured
-_OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae", "randn_source"}
+_OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae", "randn_source", "forge_additional_modules"}
 #: A1111's ``randn_source`` option -> the pipeline's ``rng``
 RANDN_SOURCES = {"GPU": "gpu", "CPU": "cpu", "NV": "nv"}
 
@@ -153,9 +153,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
                             "of the prompt instead")
     if get_str(body, "latent_mask", None):
         not_honoured.append("latent_mask: a separate latent mask is not supported; the mask is used")
-    vae = overrides.get("sd_vae")
-    if vae not in (None, "", "Automatic", "None"):
-        not_honoured.append("override_settings.sd_vae: the model folder's own VAE is used")
+    model = modules.choose(registry, model, overrides, options, not_honoured)  # sd_vae, forge_additional_modules
     send_images = get_bool(body, "send_images", True)
     task_id = get_str(body, "force_task_id", None, max_len=200)
     for key in ("save_images", "do_not_save_samples", "do_not_save_grid", "override_settings_restore_afterwards"):

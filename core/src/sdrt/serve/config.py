@@ -29,6 +29,8 @@ class ServeConfig:
     own on sdrt's shipped weight-free graphs when it holds a whole model, or, when ``checkpoint_base`` (a
     folder name) is set, bound onto that folder; None serves the embedded demo model. ``devices``: one worker each (a device id as
     ``sdrt.load`` takes it, e.g. ``"CPU"``, ``"openvino:CPU"``, ``"cuda:0"``; None: the backend's default).
+    ``vae_dir`` / ``text_encoder_dir``: the separate VAE and text-encoder files requests choose (A1111's ``sd_vae``, Forge's
+    ``forge_additional_modules``); by default the models folder's ``VAE/`` and ``text_encoder/``.
     ``auth``: ``("user", "pass")`` pairs for HTTP basic; ``tokens``: bearer tokens. No auth when both are empty.
     """
 
@@ -45,6 +47,8 @@ class ServeConfig:
     default_model: str | None = None
     checkpoint_base: str | None = None  # a model folder that .safetensors checkpoints bind onto (None: their own)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (A1111's --cors-allow-origins)
+    vae_dir: Path | None = None  # VAE files (sd_vae, forge_additional_modules); None: the models folder's VAE/
+    text_encoder_dir: Path | None = None  # text-encoder files (forge_additional_modules); None: its text_encoder/
 
 
 __all__ = ["Limits", "ServeConfig"]

@@ -167,6 +167,22 @@ def _public_error(exc: BaseException) -> ApiError:
     return ApiError(500, f"internal error ({type(exc).__name__}: {exc}); the server logged it and keeps serving")
 
 
+def _module_error(model: ModelEntry, exc: SdrtError) -> ApiError:
+    """A 400 naming the request's field of the VAE / text encoders it chose, when the model refuses them (a file of
+    another family, of other widths, a part still missing); never a server path."""
+    from ..errors import _render
+
+    names = {"vae": "sd_vae or forge_additional_modules", "text_encoders": "forge_additional_modules"}
+    what = _render(exc.what, names)
+    fix = _render(exc.fix, names) if getattr(exc, "fix", None) else None
+    for path in (model.vae, *model.text_encoders, model.path, model.weights):
+        if path is not None:
+            what = what.replace(str(path), path.name)
+            fix = fix.replace(str(path), path.name) if fix else fix
+    return ApiError(400, f"the model {model.name} cannot run with the files chosen: {what}" + (f"; {fix}" if fix else ""),
+                    field=model.module_field)
+
+
 class Worker(threading.Thread):
     """Runs jobs from ``jobs`` on one device; ``spec_for(model, device)`` says how to build a pipeline."""
 
@@ -189,8 +205,12 @@ class Worker(threading.Thread):
             return self.pipes[key]
         try:
             pipe = self.spec_for(model, self.device).build()
-        except WeightsError as exc:  # a checkpoint of another architecture than its base folder
-            raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}") from exc
+        except SdrtError as exc:
+            if model.module_field is not None:  # a VAE / text encoder the request chose that this model refuses
+                raise _module_error(model, exc) from exc
+            if isinstance(exc, WeightsError):  # a checkpoint of another architecture than its base folder
+                raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}") from exc
+            raise
         self.pipes[key] = pipe
         while len(self.pipes) > self.keep:
             _, old = self.pipes.popitem(last=False)

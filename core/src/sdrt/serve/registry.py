@@ -30,6 +30,13 @@ class ModelEntry:
     path: Path
     hash: str
     weights: Path | None = None
+    #: a file that lacks its text encoders or VAE (a transformer-only Flux file): what it lacks (it runs once a
+    #: request chooses them: sdrt.serve.modules)
+    needs: str | None = None
+    #: the separate VAE and text-encoder files a request chose (sdrt.serve.modules.choose), and its field
+    vae: Path | None = None
+    text_encoders: tuple[Path, ...] = ()
+    module_field: str | None = None
 
     @property
     def title(self) -> str:
@@ -45,7 +52,11 @@ class ModelEntry:
 
     @property
     def key(self) -> str:
-        return str(self.weights or self.path)
+        """One pipeline per model and chosen VAE / text encoders."""
+        key = str(self.weights or self.path)
+        if self.vae is not None or self.text_encoders:
+            key += "|" + "|".join(str(p) for p in (self.vae, *self.text_encoders))
+        return key
 
 
 def _short_hash(unet: Path) -> str:
@@ -94,8 +105,11 @@ class Registry:
     """What the server can load. ``models=None`` serves the embedded demo model only."""
 
     def __init__(self, models: Path | None, lora_dir: Path | None = None, embedding_dir: Path | None = None,
-                 checkpoint_base: str | None = None) -> None:
+                 checkpoint_base: str | None = None, vae_dir: Path | None = None,
+                 text_encoder_dir: Path | None = None) -> None:
         self.models_dir = models
+        self.vae_dir = vae_dir  # None: the models folder's VAE/ (sdrt.serve.modules)
+        self.text_encoder_dir = text_encoder_dir  # None: its text_encoder/
         self.checkpoint_base = checkpoint_base
         self.lora_dir = lora_dir
         self.embedding_dir = embedding_dir
@@ -129,7 +143,8 @@ class Registry:
         """Read the models folder again (A1111's ``/refresh-checkpoints``): ONNX model folders (and diffusers
         folders of ``.safetensors``, on the shipped graphs), then
         the ``.safetensors`` checkpoints beside them: each served on its own on sdrt's shipped graphs when
-        it holds a whole model (a transformer-only Flux file, say, is skipped with a warning), or, when
+        it holds a whole model, or a denoiser of a family sdrt runs (a transformer-only Flux file, which runs once
+        a request chooses its text encoders and VAE: ``needs``; any other file is skipped with a warning), or, when
         ``checkpoint_base`` is set, bound onto that model folder."""
         found: dict[str, ModelEntry] = {}
         for folder in self._folders():
@@ -163,6 +178,11 @@ class Registry:
 
                 why = missing_parts(f)
                 if why:
+                    from .modules import part_only
+
+                    if part_only(f):  # runs with the text encoders / VAE a request chooses
+                        found[f.name] = ModelEntry(f.name, f, self._file_hash(f), needs=why)
+                        continue
                     log.warning("not serving %s: %s", f.name, why)
                     continue
                 found[f.name] = ModelEntry(f.name, f, self._file_hash(f))
@@ -205,7 +225,7 @@ class Registry:
             raise ApiError(503, f"the models folder {self.models_dir} holds no model folder "
                                 "(a diffusers/Optimum ONNX folder with model_index.json) and no complete "
                                 ".safetensors checkpoint")
-        return models[0]
+        return next((m for m in models if not m.needs), models[0])
 
     # ---------------------------------------------------------------- ControlNets
     @property

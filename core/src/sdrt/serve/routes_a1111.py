@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..pipelines.hires import IMAGE_MODES, LATENT_MODES
-from . import a1111, controlnet, responses
+from . import a1111, controlnet, modules, responses
 from .errors import ApiError
 from .fields import get_bool, get_str
 from .http import read_json, wait_for_job
@@ -44,6 +44,18 @@ async def img2img(request: Request) -> JSONResponse:
 async def sd_models(request: Request) -> JSONResponse:
     return JSONResponse([{"title": m.title, "model_name": m.model_name, "hash": m.hash, "sha256": None,
                           "filename": m.name, "config": None} for m in _state(request).registry.models])
+
+
+async def sd_vae(request: Request) -> JSONResponse:
+    """A1111's ``/sd-vae``: the VAE folder's files (``filename``: the name only, never a server path)."""
+    found = await run_in_threadpool(modules.vaes, _state(request).registry)
+    return JSONResponse([{"model_name": e.name, "filename": e.name} for e in found])
+
+
+async def sd_modules(request: Request) -> JSONResponse:
+    """Forge's ``/sd-modules``: the VAE and text-encoder files ``forge_additional_modules`` takes."""
+    found = await run_in_threadpool(modules.listing, _state(request).registry)
+    return JSONResponse([{"model_name": e.name, "filename": e.name} for e in found.values()])
 
 
 async def samplers(request: Request) -> JSONResponse:
@@ -273,14 +285,15 @@ ROUTES = [
     Route("/sdapi/v1/refresh-loras", refresh, methods=["POST"]),
     Route("/sdapi/v1/png-info", png_info, methods=["POST"]),
     Route("/sdapi/v1/refresh-embeddings", refresh, methods=["POST"]),
-    Route("/sdapi/v1/refresh-vae", _empty(None), methods=["POST"]),
+    Route("/sdapi/v1/refresh-vae", refresh, methods=["POST"]),
+    Route("/sdapi/v1/refresh-vae-and-text-encoders", refresh, methods=["POST"]),  # Forge's
     # hires. fix upscalers: sdrt's image ones (A1111's "None" is a Lanczos resize) and its latent modes
     Route("/sdapi/v1/upscalers", _empty([{"name": name, "model_name": None, "model_path": None, "model_url": None,
                                           "scale": 4} for name in ("None", *IMAGE_MODES)]), methods=["GET"]),
     Route("/sdapi/v1/latent-upscale-modes", _empty([{"name": name} for name in LATENT_MODES]), methods=["GET"]),
     # lists clients read at start-up; sdrt has none of these
-    Route("/sdapi/v1/sd-vae", _empty([]), methods=["GET"]),
-    Route("/sdapi/v1/sd-modules", _empty([]), methods=["GET"]),
+    Route("/sdapi/v1/sd-vae", sd_vae, methods=["GET"]),
+    Route("/sdapi/v1/sd-modules", sd_modules, methods=["GET"]),
     Route("/sdapi/v1/hypernetworks", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/face-restorers", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/prompt-styles", _empty([]), methods=["GET"]),

@@ -18,7 +18,7 @@ _BUILD_LOCK = threading.Lock()
 @dataclass(frozen=True)
 class PipelineSpec:
     """``folder`` + ``backend`` + ``device`` (+ a single-file checkpoint bound onto the folder, the
-    LoRA folder and the embeddings to load)."""
+    LoRA folder, the embeddings to load, and separate VAE / text-encoder files)."""
 
     folder: Path
     backend: str = "auto"
@@ -27,15 +27,24 @@ class PipelineSpec:
     embeddings: tuple[Path, ...] = ()
     low_memory: bool | None = False
     weights: Path | None = None
+    #: separate VAE and text-encoder files (``pipelines.load``'s ``vae`` and ``text_encoders``)
+    vae: Path | None = None
+    text_encoders: tuple[Path, ...] = ()
 
     def build(self) -> Any:
         """A ready ``sdrt.pipelines.Pipeline`` (its parts compile on first use)."""
         from .. import pipelines
 
         with _BUILD_LOCK:
-            pipe = pipelines.load(self.folder, backend=self.backend, device=self.device, low_memory=self.low_memory)
+            parts = {"vae": self.vae, "text_encoders": self.text_encoders} if self.weights is None else {}
+            pipe = pipelines.load(self.folder, backend=self.backend, device=self.device, low_memory=self.low_memory,
+                                  **parts)
             if self.weights is not None:
                 pipe.load_weights(self.weights)  # refused, naming the family, when it does not fit the folder
+                if self.vae is not None or self.text_encoders:  # the chosen files over the checkpoint's own
+                    from ..pipelines.singlefile import bind_part_files
+
+                    bind_part_files(pipe, self.vae, self.text_encoders)
             if self.lora_dir is not None:
                 pipe.weights.lora_dir = self.lora_dir
             if self.embeddings:

@@ -38,14 +38,16 @@ class ServerState:
     def __init__(self, config: ServeConfig, cluster: Cluster | None = None) -> None:
         self.config = config
         self.limits = config.limits
-        self.registry = Registry(config.models, config.lora_dir, config.embedding_dir, config.checkpoint_base)
+        self.registry = Registry(config.models, config.lora_dir, config.embedding_dir, config.checkpoint_base,
+                                 config.vae_dir, config.text_encoder_dir)
         self._lock = threading.Lock()
         first = self._named(config.default_model) if config.default_model else self._first()
         if first is None:
             log.warning("no model to serve in %s: put model folders (with model_index.json) there", config.models)
         # randn_source: sdrt's default noise is diffusers' CPU stream (A1111's is GPU: set it to get A1111's)
         self._options: dict[str, Any] = {"samples_format": "png", "CLIP_stop_at_last_layers": 1, "randn_source": "CPU",
-                                         "sd_model_checkpoint": first.title if first else None}
+                                         "sd_model_checkpoint": first.title if first else None,
+                                         "sd_vae": "Automatic", "forge_additional_modules": []}
         self.cluster = cluster
         self.queue = JobQueue(config.devices, self.spec_for, keep=config.keep_models,
                               max_queue=config.limits.max_queue)
@@ -61,12 +63,13 @@ class ServerState:
             raise InputError(exc.message, where="--default-model", fix="pass a model folder's name") from None
 
     def _first(self) -> ModelEntry | None:
-        models = self.registry.models
-        return models[0] if models else None
+        models = self.registry.models  # one that runs on its own first (not a transformer-only file)
+        return next((m for m in models if not m.needs), models[0]) if models else None
 
     def spec_for(self, model: ModelEntry, device: str | None) -> PipelineSpec:
         return PipelineSpec(model.path, self.config.backend, device, self.config.lora_dir,
-                            tuple(self.registry.embeddings.values()), self.config.low_memory, model.weights)
+                            tuple(self.registry.embeddings.values()), self.config.low_memory, model.weights,
+                            model.vae, model.text_encoders)
 
     # ---------------------------------------------------------------- A1111 options
     def default_options(self) -> dict[str, Any]:
@@ -84,6 +87,7 @@ class ServerState:
         return out
 
     def set_options(self, body: Any) -> None:
+        from . import modules
         from .fields import get_int
 
         if not isinstance(body, dict):
@@ -103,11 +107,17 @@ class ServerState:
             from .a1111 import randn_source
 
             updates["randn_source"] = randn_source(body["randn_source"], "randn_source")
+        if "sd_vae" in body:  # A1111's: Automatic, None or a file of the VAE folder
+            updates["sd_vae"] = modules.vae_option(self.registry, body["sd_vae"])
+        if "forge_additional_modules" in body:  # Forge's: VAE and text-encoder files, stored by their names
+            updates["forge_additional_modules"] = [e.name for e in modules.check_modules(
+                self.registry, body["forge_additional_modules"], "forge_additional_modules")]
         clip = get_int(body, "CLIP_stop_at_last_layers", None, 1, 12)
         if clip is not None:
             updates["CLIP_stop_at_last_layers"] = clip
         for key, value in body.items():
-            if key in ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_checkpoint_hash", "randn_source"):
+            if key in ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_checkpoint_hash", "randn_source", "sd_vae",
+                       "forge_additional_modules"):
                 continue
             if not isinstance(key, str) or len(key) > 100:
                 raise ApiError(400, "option names are strings of at most 100 characters", field=str(key)[:100])

@@ -1,0 +1,220 @@
+"""Separate VAE and text-encoder files, as A1111 (``sd_vae``) and Forge (``forge_additional_modules``) take them.
+
+The files live in two folders: VAEs in the models folder's ``VAE/`` (A1111's ``models/VAE``) or ``--vae-dir``, text
+encoders in its ``text_encoder/`` (Forge's ``models/text_encoder``) or ``--text-encoder-dir``. Each ``.safetensors``
+file there is listed under its file name (subfolders included, as A1111 and Forge scan them; the first of a name
+wins). A request names a file; it never gives a path: a name is matched against the listing (exact, in any case,
+without ``.safetensors``), and a path (Easy Diffusion sends its own absolute paths) by its last part, so a path
+to a file this server does not list, or one with ``..``, is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import ApiError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .registry import ModelEntry, Registry
+
+#: A1111's sd_vae choices besides a file: the model's own VAE
+VAE_AUTO = ("Automatic", "None")
+#: files a forge_additional_modules list may hold (Forge's UI takes a VAE and up to three text encoders)
+MAX_MODULES = 8
+
+
+@dataclass(frozen=True)
+class ModuleEntry:
+    """A VAE or text-encoder file a request can name: ``name`` (the file name, as A1111's ``/sd-vae`` and Forge's
+    ``/sd-modules`` list it), ``path`` and ``folder`` (``"vae"`` or ``"text_encoder"``, where it was found)."""
+
+    name: str
+    path: Path
+    folder: str
+
+
+def _subfolder(models: Path | None, name: str) -> Path | None:
+    """The models folder's ``name`` folder (any case), if there is one and it is no model folder."""
+    if models is None or not models.is_dir():
+        return None
+    return next((p for p in sorted(models.iterdir()) if p.is_dir() and p.name.casefold() == name.casefold()
+                 and not (p / "model_index.json").is_file()), None)
+
+
+def vae_folder(reg: Registry) -> Path | None:
+    return reg.vae_dir or _subfolder(reg.models_dir, "VAE")
+
+
+def text_encoder_folder(reg: Registry) -> Path | None:
+    return reg.text_encoder_dir or _subfolder(reg.models_dir, "text_encoder")
+
+
+def listing(reg: Registry) -> dict[str, ModuleEntry]:
+    """Every VAE, then every text encoder, by file name, read from the folders now."""
+    found: dict[str, ModuleEntry] = {}
+    for kind, folder in (("vae", vae_folder(reg)), ("text_encoder", text_encoder_folder(reg))):
+        if folder is None or not folder.is_dir():
+            continue
+        for p in sorted(folder.rglob("*")):
+            if p.suffix.lower() == ".safetensors" and p.is_file() and not p.name.startswith("."):
+                found.setdefault(p.name, ModuleEntry(p.name, p, kind))
+    return found
+
+
+def vaes(reg: Registry) -> list[ModuleEntry]:
+    return [e for e in listing(reg).values() if e.folder == "vae"]
+
+
+def _where(reg: Registry, vae_only: bool) -> str:
+    if vae_only:
+        return "" if vae_folder(reg) is not None else \
+            "; put VAE .safetensors files in a VAE folder inside the models folder (or pass --vae-dir)"
+    if vae_folder(reg) is None and text_encoder_folder(reg) is None:
+        return ("; put VAE files in a VAE folder and text encoders in a text_encoder folder inside the models folder "
+                "(or pass --vae-dir / --text-encoder-dir)")
+    return ""
+
+
+def resolve(reg: Registry, name: Any, field: str, vae_only: bool = False) -> ModuleEntry:
+    """The listed file ``name`` means: its file name, in any case, with or without ``.safetensors``; a path by its
+    last part (never a path with ``..``). A 400 naming ``field`` and the choices otherwise."""
+    if not isinstance(name, str):
+        raise ApiError(422, f"{field} must be a string (a file name from /sdapi/v1/{'sd-vae' if vae_only else 'sd-modules'}"
+                            f"), got {type(name).__name__}", field=field)
+    have = {k: e for k, e in listing(reg).items() if e.folder == "vae" or not vae_only}
+    text = name.strip()
+    parts = text.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise ApiError(400, f"{field}: {name[:200]!r} is a path; name a file of this server's "
+                            f"{'VAE' if vae_only else 'VAE or text-encoder'} folder", field=field)
+    last = parts[-1].casefold()
+    for e in have.values():
+        if text == e.name:
+            return e
+    for e in have.values():
+        if last in (e.name.casefold(), e.path.stem.casefold()):
+            return e
+    what = "VAE files" if vae_only else "VAE and text-encoder files"
+    choices = ", ".join(have) or "none"
+    raise ApiError(400, f"{field}: no {'VAE' if vae_only else 'VAE or text-encoder'} file named {name[:200]!r}; "
+                        f"this server's {what}: {choices}{_where(reg, vae_only)}", field=field)
+
+
+# ---------------------------------------------------------------- what a file is
+_KINDS: dict[tuple[Path, float], str] = {}
+_KINDS_LOCK = threading.Lock()
+
+
+def _kind(entry: ModuleEntry) -> str:
+    """``vae`` or ``text_encoder`` from the file's tensors (headers only, cached); the folder's when the tensors say
+    neither (the pipeline then names what the file is)."""
+    from ..checkpoint.families import PART_KINDS, identify
+    from ..errors import SdrtError
+    from ..weights import Weights
+
+    key = (entry.path, entry.path.stat().st_mtime)
+    with _KINDS_LOCK:
+        if key in _KINDS:
+            return _KINDS[key]
+    try:
+        kind = identify(Weights.open(entry.path).shapes()).kind
+    except (SdrtError, OSError):
+        kind = "unknown"
+    out = ("vae" if kind.startswith("vae") else "text_encoder") if kind in PART_KINDS else entry.folder
+    with _KINDS_LOCK:
+        _KINDS[key] = out
+    return out
+
+
+def part_only(path: Path) -> bool:
+    """Whether a ``.safetensors`` file is a denoiser of a family sdrt runs that lacks its text encoders or VAE (a
+    transformer-only Flux file): listed as a model that runs once those files are chosen."""
+    from ..checkpoint.families import identify
+    from ..errors import SdrtError
+    from ..weights import Weights
+
+    try:
+        return identify(Weights.open(path).shapes()).family is not None
+    except (SdrtError, OSError):
+        return False
+
+
+def choose(reg: Registry, model: ModelEntry, overrides: dict[str, Any], options: dict[str, Any],
+           notes: list[str]) -> ModelEntry:
+    """``model`` with the VAE and text encoders the request chose: ``override_settings.sd_vae`` or the ``sd_vae``
+    option, and ``forge_additional_modules`` (the request's ``override_settings`` first, then the option)."""
+    if "forge_additional_modules" in overrides:
+        mods, mod_field = overrides["forge_additional_modules"], "override_settings.forge_additional_modules"
+    else:
+        mods, mod_field = options.get("forge_additional_modules"), "forge_additional_modules"
+    mods = check_modules(reg, mods, mod_field)
+    if overrides.get("sd_vae") not in (None, ""):
+        vae_name, vae_field = overrides["sd_vae"], "override_settings.sd_vae"
+    else:
+        vae_name, vae_field = options.get("sd_vae"), "sd_vae"
+    vae = check_vae(reg, vae_name, vae_field)
+    chosen_vaes = [e for e in mods if _kind(e) == "vae"]
+    if len(chosen_vaes) > 1:
+        raise ApiError(400, f"{mod_field} holds {len(chosen_vaes)} VAEs ({', '.join(e.name for e in chosen_vaes)}); "
+                            "a model takes one", field=mod_field)
+    if vae is not None and chosen_vaes and chosen_vaes[0] != vae:
+        notes.append(f"{mod_field}: the VAE {chosen_vaes[0].name} was not used; {vae_field} {vae.name} was")
+    field = vae_field if vae is not None and len(mods) == len(chosen_vaes) else mod_field  # what a refusal names
+    vae = vae or (chosen_vaes[0] if chosen_vaes else None)
+    encoders = tuple(e.path for e in mods if _kind(e) == "text_encoder")
+    if model.needs and vae is None and not encoders:
+        raise ApiError(400, f"{model.name} cannot run on its own: {model.needs}; choose its files with "
+                            "forge_additional_modules (options or override_settings: file names from "
+                            "GET /sdapi/v1/sd-modules, the models folder's text_encoder and VAE folders), the VAE "
+                            f"also with sd_vae{_where(reg, False)}", field=mod_field)
+    if vae is None and not encoders:
+        return model
+    return dataclasses.replace(model, vae=vae.path if vae else None, text_encoders=encoders, module_field=field)
+
+
+def check_vae(reg: Registry, value: Any, field: str) -> ModuleEntry | None:
+    """A1111's ``sd_vae``: ``Automatic`` / ``None`` (the model's own VAE: None here) or a VAE file's name."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        for word in VAE_AUTO:
+            if value.strip().casefold() == word.casefold():
+                return None
+    return resolve(reg, value, field, vae_only=True)
+
+
+def vae_option(reg: Registry, value: Any) -> str:
+    """What the ``sd_vae`` option stores: ``Automatic``, ``None`` or the listed file's name."""
+    if value is None:
+        return "Automatic"
+    entry = check_vae(reg, value, "sd_vae")
+    if entry is not None:
+        return entry.name
+    return next(w for w in VAE_AUTO if isinstance(value, str) and value.strip().casefold() == w.casefold())
+
+
+def check_modules(reg: Registry, value: Any, field: str) -> list[ModuleEntry]:
+    """Forge's ``forge_additional_modules``: a list of file names (or paths, by their file name)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value] if value.strip() else []
+    if not isinstance(value, list):
+        raise ApiError(422, f"{field} must be a list of file names from /sdapi/v1/sd-modules, got "
+                            f"{type(value).__name__}", field=field)
+    if len(value) > MAX_MODULES:
+        raise ApiError(400, f"{field} holds {len(value)} files; at most {MAX_MODULES}", field=field)
+    out: list[ModuleEntry] = []
+    for i, name in enumerate(value):
+        e = resolve(reg, name, f"{field}[{i}]")
+        if e not in out:
+            out.append(e)
+    return out
+
+
+__all__ = ["MAX_MODULES", "ModuleEntry", "VAE_AUTO", "check_modules", "check_vae", "choose", "listing", "part_only",
+           "resolve", "text_encoder_folder", "vae_folder", "vae_option", "vaes"]
