@@ -157,6 +157,9 @@ def main() -> None:
     emb = load_file(d / "tinyemb.safetensors")["emb_params"]
     torch.save({"string_to_token": {"*": 265}, "string_to_param": {"*": emb}, "name": "tinyemb", "step": 0},
                out / "tinyemb.pt")
+    # the checkpoint's VAE alone, as A1111's models/VAE files (orangemix.vae.pt, ...) hold it: LDM names, no prefix
+    vae = {k.removeprefix("first_stage_model."): v for k, v in sd.items() if k.startswith("first_stage_model.")}
+    torch.save({"state_dict": vae}, out / "custom.vae.pt")
     back = flatten(torch.load(out / "custom.ckpt", weights_only=False))
     assert all(torch.equal(back[k], v) for k, v in sd.items()) and len(back) == len(sd)
     for f in sorted(out.iterdir()):

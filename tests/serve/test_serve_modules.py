@@ -189,6 +189,23 @@ def test_a_vae_by_sd_vae_and_by_forge_additional_modules_gives_the_python_apis_i
 
 
 @needs_server
+def test_a_pytorch_vae_file_as_a1111s_models_vae_holds_them(server, models, python_api):
+    """A1111's models/VAE holds many ``.vae.pt`` and ``.ckpt`` files: one (the same VAE, written by torch) is listed
+    and gives the image of its .safetensors twin."""
+    pt = models / "VAE" / "orange.vae.pt"
+    shutil.copyfile(TESTS / "data" / "torch" / "pipe-sd15" / "custom.vae.pt", pt)
+    try:
+        with _client(server) as c:
+            assert {"model_name": "orange.vae.pt", "filename": "orange.vae.pt"} in c.get("/sdapi/v1/sd-vae").json()
+            r = c.post("/sdapi/v1/txt2img", json={**JOB, "override_settings": {"sd_vae": "orange.vae.pt",
+                                                                               "sd_model_checkpoint": "tiny-sd15"}})
+            assert r.status_code == 200, r.text
+            assert np.array_equal(_image(r.json()["images"][0]), python_api["custom"])
+    finally:
+        pt.unlink()
+
+
+@needs_server
 def test_easy_diffusions_flush_model_changes_with_modules(server, models, python_api):
     """easydiffusion/easydiffusion ui/easydiffusion/backends/webui_common.py (commit 3262d9ef): ping() posts
     DEFAULT_WEBUI_OPTIONS and reads them back; flush_model_changes() posts the checkpoint (relative to ED's models

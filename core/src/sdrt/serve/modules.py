@@ -2,7 +2,7 @@
 
 The files live in two folders: VAEs in the models folder's ``VAE/`` (A1111's ``models/VAE``) or ``--vae-dir``, text
 encoders in its ``text_encoder/`` (Forge's ``models/text_encoder``) or ``--text-encoder-dir``. Each ``.safetensors``
-file there is listed under its file name (subfolders included, as A1111 and Forge scan them; the first of a name
+(or PyTorch ``.ckpt``/``.pt``/``.pth``/``.bin``) file there is listed under its file name (subfolders included, as A1111 and Forge scan them; the first of a name
 wins). A request names a file; it never gives a path: a name is matched against the listing (exact, in any case,
 without ``.safetensors``), and a path (Easy Diffusion sends its own absolute paths) by its last part, so a path
 to a file this server does not list, or one with ``..``, is a 400 naming the field.
@@ -53,6 +53,10 @@ def text_encoder_folder(reg: Registry) -> Path | None:
     return reg.text_encoder_dir or _subfolder(reg.models_dir, "text_encoder")
 
 
+#: the files listed: safetensors, and PyTorch files (A1111's models/VAE holds many ``.vae.pt`` and ``.ckpt``)
+_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
+
+
 def listing(reg: Registry) -> dict[str, ModuleEntry]:
     """Every VAE, then every text encoder, by file name, read from the folders now."""
     found: dict[str, ModuleEntry] = {}
@@ -60,7 +64,7 @@ def listing(reg: Registry) -> dict[str, ModuleEntry]:
         if folder is None or not folder.is_dir():
             continue
         for p in sorted(folder.rglob("*")):
-            if p.suffix.lower() == ".safetensors" and p.is_file() and not p.name.startswith("."):
+            if p.suffix.lower() in _SUFFIXES and p.is_file() and not p.name.startswith("."):
                 found.setdefault(p.name, ModuleEntry(p.name, p, kind))
     return found
 
