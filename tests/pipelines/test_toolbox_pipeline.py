@@ -235,6 +235,37 @@ def test_hires_with_an_image_upscaler_is_img2img_of_the_upscaled_first_pass(xl_d
     assert np.array_equal(hires, i2i)
 
 
+def test_hires_with_a_model_upscaler(xl_dyn, monkeypatch) -> None:
+    """An ESRGAN-family model (a small random-weight RRDBNet x4): decode, x4 in tiles, Lanczos down to the
+    target, then img2img as with Lanczos; the infotext names the model. (The tiny SD 1.5 model's UNet is
+    static, 64x64 only, so the dynamic tiny SDXL runs the fix.)"""
+    pil = pytest.importorskip("PIL.Image")
+    from sdrt.pipelines.upscaler import ModelUpscaler
+
+    model = Path(__file__).resolve().parents[1] / "data" / "upscalers" / "rrdb_x4_new.safetensors"
+    kw = dict(steps=6, sampler="Euler", seed=3, width=64, height=64)
+    plan = xl_dyn.plan("a cat", "blurry", hires_scale=2, hires_upscaler=str(model), **kw)
+    assert "rrdb_x4_new upscale x2" in plan.format()
+    gen = xl_dyn.generate("a cat", "blurry", hires_scale=2, hires_steps=4, hires_denoise=0.5,
+                          hires_upscaler=str(model), **kw)
+    assert gen.images[0].shape == (128, 128, 3)
+    assert gen.settings[0]["Hires upscaler"] == "rrdb_x4_new"
+    base = xl_dyn("a cat", "blurry", **kw)[0]
+    up = ModelUpscaler(model, backend=xl_dyn.backend).upscale(base)
+    big = np.asarray(pil.fromarray(up).resize((128, 128), pil.Resampling.LANCZOS))
+    i2i = xl_dyn("a cat", "blurry", steps=8, sampler="Euler", seed=3, init_image=big, strength=4.5 / 8)[0]
+    assert np.array_equal(gen.images[0], i2i)
+    # by name, from a folder in $SDRT_UPSCALERS
+    monkeypatch.setenv("SDRT_UPSCALERS", str(model.parent))
+    assert parse(2, None, None, "RRDB_x4_NEW").model == model
+    with pytest.raises(InputError, match="model upscalers in .SDRT_UPSCALERS: compact_x2"):
+        parse(2, None, None, "4x-UltraSharp")
+    lora = DATA.parent / "lora"
+    some = next(p for p in sorted(lora.rglob("*.safetensors")))
+    with pytest.raises(ModelError, match="no upscaler sdrt runs"):
+        parse(2, None, None, str(some))
+
+
 def test_hires_refuses_a_static_unet_and_img2img() -> None:
     with pipelines.load(DATA / "tiny-sd15", backend=_fast_backend()) as pipe:
         with pytest.raises(InputError, match="makes 64x64 images only"):

@@ -98,7 +98,7 @@ def test_a_ckpt_loras_and_embeddings_of_torch_are_listed(models, tmp_path, monke
     reg = Registry(models, lora_dir=loras, embedding_dir=embs)
     old = reg.model("old")
     assert old.path == models / "old.ckpt" and old.weights is None and reg.model("old.ckpt") is old
-    assert [m.name for m in reg.models] == ["tiny-sd15", "custom.safetensors", "old.ckpt"]
+    assert [m.name for m in reg.models] == ["tiny-sd15", "custom.safetensors", "flux1-dev.safetensors", "old.ckpt"]
     assert reg.loras == {"ink": loras / "ink.safetensors", "tinylora": loras / "tinylora.pt"}
     assert reg.embeddings == {"tinyemb": embs / "tinyemb.pt", "tok": embs / "tok.bin"}
 

@@ -16,7 +16,7 @@ from ..errors import InputError, SdrtError
 
 #: subcommand modules, in the order ``sdrt --help`` lists them
 COMMANDS = ["info", "generate", "plan", "run", "compile", "cache", "conformance", "selftest", "strip", "quantize",
-            "demo", "install", "serve"]
+            "demo", "install", "serve", "upscale"]
 
 
 #: what argparse takes for a negative number after an option, not an option itself: its own pattern (-1, -0.5)

@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--hires-steps", type=int, default=None, metavar="N", help="second-pass steps (0: as the first)")
     h.add_argument("--hires-denoise", type=float, default=None, metavar="D", help="second-pass denoising (0.7)")
     h.add_argument("--hires-upscaler", default=None, metavar="NAME",
-                   help='"Latent" (default), "Latent (bicubic)", "Latent (nearest)", ..., or "Lanczos" (Pillow)')
+                   help='"Latent" (default), "Latent (bicubic)", "Latent (nearest)", ..., "Lanczos" (Pillow), or a model upscaler: an ESRGAN-family .safetensors/.pth file or its name in $SDRT_UPSCALERS')
     s = p.add_argument_group("seeds (A1111's)")
     s.add_argument("--rng", default="cpu", choices=["cpu", "gpu", "nv"],
                    help="noise source: cpu (diffusers'; default), gpu (A1111's default CUDA noise), nv")

@@ -226,6 +226,16 @@ class ToolboxMixin:
         self._current = self._denoised[0]
 
     # ------------------------------------------------------------------ hires fix
+    def _model_upscaler(self, path: Any) -> Any:
+        """The hires fix's model upscaler for ``path``, on this pipeline's backend and device (kept)."""
+        from .upscaler import ModelUpscaler
+
+        cache = self.__dict__.setdefault("_upscalers", {})
+        if path not in cache:
+            cache.clear()  # one model upscaler at a time: its sessions hold its weights
+            cache[path] = ModelUpscaler(path, backend=self.backend, device=self.device)  # type: ignore[attr-defined]
+        return cache[path]
+
     def _hires_pass(self, s: Settings, x: np.ndarray, seed: int, subseed: int | None, cond: Any, uncond: Any,
                     on_step: Any, offset: int) -> np.ndarray:
         """A1111's second pass: upscale the first pass's latent (or image), then img2img at the target size."""
@@ -249,7 +259,13 @@ class ToolboxMixin:
             latents = upscale_latent(x, hr, th, tw)
         else:
             images = self._decode(x)  # type: ignore[attr-defined]
-            big = [upscale_image(im, tw, th, hr.upscaler) for im in images]
+            if hr.model is not None and self._dry:  # the plan: the same sizes, no model compiled or run
+                big = [upscale_image(im, tw, th, "Lanczos") for im in images]
+            elif hr.model is not None:
+                up = self._model_upscaler(hr.model)
+                big = [up.upscale_to(im, tw, th) for im in images]
+            else:
+                big = [upscale_image(im, tw, th, hr.upscaler) for im in images]
             latents = np.concatenate([self._encode_image(to_nchw(im), generator) for im in big], axis=0)  # type: ignore[attr-defined]
         noise = generator.randn(shape)
         x2 = loop.start(noise, latents)

@@ -7,7 +7,11 @@ Upscalers (A1111's names):
   ``Latent (antialiased)`` (bilinear, antialias), ``Latent (bicubic)``, ``Latent (bicubic antialiased)``,
   ``Latent (nearest)``, ``Latent (nearest-exact)``;
 - image: the first pass is decoded, resized with Pillow (``Lanczos``, ``Nearest``; Pillow is the
-  ``sdrt[images]`` extra) and encoded again.
+  ``sdrt[images]`` extra) and encoded again;
+- a model upscaler (ESRGAN, Real-ESRGAN, 4x-UltraSharp...; ``sdrt.pipelines.upscaler``): the path of its
+  ``.safetensors``/``.pth`` file, or its name (the file's stem) in a folder of ``$SDRT_UPSCALERS``
+  (folders separated by ``os.pathsep``). The decoded image is upscaled by the model's factor in tiles,
+  then resized to the target with Lanczos, as A1111 does; the infotext names the model.
 
 The second pass runs ``hires_steps`` steps (0: the first pass's count) at the end of a schedule of
 ``int(hires_steps / min(denoise, 0.999))`` steps, as A1111's ``setup_img2img_steps`` with explicit steps
@@ -18,7 +22,9 @@ seed at the new size (A1111 makes a new ``ImageRNG`` for the pass).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -49,6 +55,8 @@ class Hires:
     steps: int  # 0: the first pass's steps
     denoise: float
     upscaler: str
+    #: a model upscaler's file (``upscaler`` is then its name)
+    model: Path | None = None
 
     @property
     def latent(self) -> bool:
@@ -91,14 +99,47 @@ def parse(scale: float | None, steps: int | None, denoise: float | None, upscale
         raise InputError(f"{{@hires_denoise}} must be in (0, 1], got {denoise!r}", where="hires_denoise",
                          fix="pass e.g. {@hires_denoise=}0.5")
     upscaler = "Latent" if upscaler is None else upscaler
+    model = None
+    if isinstance(upscaler, Path):
+        upscaler = str(upscaler)
     if upscaler not in UPSCALERS:
         lower = {u.lower(): u for u in UPSCALERS}
         if isinstance(upscaler, str) and upscaler.lower() in lower:
             upscaler = lower[upscaler.lower()]
+        elif (model := model_file(upscaler)) is not None:
+            from ..weights import Weights
+            from .upscaler import detect
+
+            detect(Weights.open(model).shapes(), str(model))  # a file that is no upscaler fails now, not after pass 1
+            upscaler = model.stem
         else:
+            models = model_files()
+            named = f"; model upscalers in $SDRT_UPSCALERS: {', '.join(models)}" if models else \
+                "; or the path of an ESRGAN-family .safetensors/.pth model"
             raise InputError(f"unknown hires upscaler {upscaler!r}", where="hires_upscaler",
-                             fix=f"use one of {', '.join(repr(u) for u in UPSCALERS)}")
-    return Hires(float(scale), int(steps), float(denoise), upscaler)
+                             fix=f"use one of {', '.join(repr(u) for u in UPSCALERS)}{named}")
+    return Hires(float(scale), int(steps), float(denoise), upscaler, model)
+
+
+def model_files() -> dict[str, Path]:
+    """``{name: path}`` of the model upscalers in the folders of ``$SDRT_UPSCALERS``."""
+    from .upscaler import find_models
+
+    return find_models(*(p for p in os.environ.get("SDRT_UPSCALERS", "").split(os.pathsep) if p))
+
+
+def model_file(value: object) -> Path | None:
+    """The model upscaler file ``value`` names: a path to one, or a name in ``$SDRT_UPSCALERS``."""
+    from .upscaler import is_model_file
+
+    if not isinstance(value, str) or not value:
+        return None
+    if is_model_file(value):
+        return Path(value)
+    models = model_files()
+    if value in models:
+        return models[value]
+    return {k.casefold(): v for k, v in models.items()}.get(value.casefold())
 
 
 def second_pass_steps(hires: Hires, first_steps: int) -> tuple[int, int]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from . import b64images, controlnet, modules
+from . import b64images, controlnet, extras, modules
 from .config import Limits
 from .errors import ApiError, from_pipeline
 from .fields import get_bool, get_dict, get_float, get_int, get_list, get_str
@@ -170,7 +171,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     if mode == "img2img":
         init = _img2img(body, kwargs, limits, not_honoured)
     else:
-        _hires(body, kwargs, limits, not_honoured)
+        _hires(body, kwargs, limits, not_honoured, registry.models_dir)
     _variation(body, kwargs)
     nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
                                                           init, "hires_scale" in kwargs,
@@ -211,7 +212,8 @@ def _eta(body: dict[str, Any], sampler: str, scheduler: str | None, not_honoured
         not_honoured.append(f"eta: {sampler} runs at eta {own:g} here (A1111's default for it), not {eta:g}")
 
 
-def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str]) -> None:
+def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str],
+           models_dir: Path | None = None) -> None:
     """A1111's hires. fix (``enable_hr``): a first pass at width x height, upscaled by ``hr_scale`` with
     ``hr_upscaler``, then ``hr_second_pass_steps`` of img2img at ``denoising_strength``."""
     if not get_bool(body, "enable_hr", False):
@@ -232,13 +234,18 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
     if upscaler is not None and upscaler.strip().casefold() == "none":
         upscaler = "Lanczos"  # A1111's "None" upscaler leaves the image as it is, then resizes it with Lanczos
     known = {u.casefold(): u for u in UPSCALERS}
+    model = extras.resolve(upscaler, models_dir) if upscaler not in (None, "") else None
     if upscaler not in (None, "") and upscaler.casefold() in known:
         kwargs["hires_upscaler"] = known[upscaler.casefold()]
-    elif upscaler not in (None, ""):  # A1111's model upscalers (ESRGAN, ...) need models sdrt does not have
+    elif model is not None:  # a model upscaler in the models folder's ESRGAN/ or RealESRGAN/
+        kwargs["hires_upscaler"] = str(model)
+    elif upscaler not in (None, ""):  # a model upscaler this server does not have
         # an image upscaler stands in for an image upscaler: a client that picked ESRGAN picked a low
         # denoising_strength, at which a latent upscale leaves the picture blurred
         kwargs["hires_upscaler"] = "Lanczos"
-        not_honoured.append(f"hr_upscaler: {upscaler!r} is not one of sdrt's ({', '.join(UPSCALERS)}); Lanczos ran")
+        models = ", ".join(extras.runnable(models_dir)) or "none"
+        not_honoured.append(f"hr_upscaler: {upscaler!r} is not one of sdrt's ({', '.join(UPSCALERS)}) nor a model "
+                            f"upscaler in the models folder's ESRGAN/ or RealESRGAN/ ({models}); Lanczos ran")
     for key in ("hr_resize_x", "hr_resize_y"):
         if get_int(body, key, 0, 0, None):
             not_honoured.append(f"{key}: the target size comes from hr_scale")

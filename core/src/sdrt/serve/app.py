@@ -80,8 +80,6 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 _MISSING = {
     "/v1/images/variations": ": variations are A1111's img2img here (POST /sdapi/v1/img2img)",
     "/sdapi/v1/interrogate": ": sdrt has no image captioner (CLIP or DeepDanbooru interrogation)",
-    "/sdapi/v1/extra-single-image": ": sdrt has no upscaler or face-restoration models (A1111's Extras tab)",
-    "/sdapi/v1/extra-batch-images": ": sdrt has no upscaler or face-restoration models (A1111's Extras tab)",
     "/sdapi/v1/create/embedding": ": sdrt does not train embeddings",
     "/sdapi/v1/create/hypernetwork": ": sdrt does not train hypernetworks",
     "/sdapi/v1/train/embedding": ": sdrt does not train embeddings",

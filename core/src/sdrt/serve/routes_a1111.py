@@ -9,8 +9,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..pipelines.hires import IMAGE_MODES, LATENT_MODES
-from . import a1111, controlnet, modules, responses
+from ..pipelines.hires import LATENT_MODES
+from . import a1111, controlnet, extras, modules, responses
 from .errors import ApiError
 from .fields import get_bool, get_str
 from .http import read_json, wait_for_job
@@ -287,9 +287,11 @@ ROUTES = [
     Route("/sdapi/v1/refresh-embeddings", refresh, methods=["POST"]),
     Route("/sdapi/v1/refresh-vae", refresh, methods=["POST"]),
     Route("/sdapi/v1/refresh-vae-and-text-encoders", refresh, methods=["POST"]),  # Forge's
-    # hires. fix upscalers: sdrt's image ones (A1111's "None" is a Lanczos resize) and its latent modes
-    Route("/sdapi/v1/upscalers", _empty([{"name": name, "model_name": None, "model_path": None, "model_url": None,
-                                          "scale": 4} for name in ("None", *IMAGE_MODES)]), methods=["GET"]),
+    # upscalers: A1111's plain ones ("None" is a Lanczos resize), the models in ESRGAN/ and RealESRGAN/, the
+    # Extras tab's routes (sdrt.serve.extras), and the hires. fix's latent modes
+    Route("/sdapi/v1/upscalers", extras.upscalers, methods=["GET"]),
+    Route("/sdapi/v1/extra-single-image", extras.extra_single_image, methods=["POST"]),
+    Route("/sdapi/v1/extra-batch-images", extras.extra_batch_images, methods=["POST"]),
     Route("/sdapi/v1/latent-upscale-modes", _empty([{"name": name} for name in LATENT_MODES]), methods=["GET"]),
     # lists clients read at start-up; sdrt has none of these
     Route("/sdapi/v1/sd-vae", sd_vae, methods=["GET"]),
@@ -303,7 +305,7 @@ ROUTES = [
     Route("/sdapi/v1/script-info", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/memory", memory, methods=["GET"]),
     Route("/sdapi/v1/extensions", _empty([]), methods=["GET"]),
-    Route("/sdapi/v1/realesrgan-models", _empty([]), methods=["GET"]),
+    Route("/sdapi/v1/realesrgan-models", extras.realesrgan, methods=["GET"]),
     Route("/internal/ping", ping, methods=["GET"]),
     # sd-webui-controlnet's routes (its scripts/api.py)
     Route("/controlnet/version", cn_version, methods=["GET"]),
