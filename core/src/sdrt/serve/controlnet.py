@@ -250,12 +250,10 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
     pre = module(body.get("controlnet_module", "none"), "controlnet_module")
     if not images:
         raise ApiError(422, "No image selected: controlnet_input_images is empty", field=key)
-    unit = {"processor_res": body.get("controlnet_processor_res"), "threshold_a": body.get("controlnet_threshold_a"),
-            "threshold_b": body.get("controlnet_threshold_b")}
     sliders = SLIDERS[next(m for m, p in MODULES.items() if p == pre)]
     vals = []
-    for k, name in enumerate(("processor_res", "threshold_a", "threshold_b")):
-        v = get_float(unit, name, -1.0, None, float(max_res) if k == 0 else None)
+    for k, name in enumerate(("controlnet_processor_res", "controlnet_threshold_a", "controlnet_threshold_b")):
+        v = get_float(body, name, -1.0, None, float(max_res) if k == 0 else None)
         vals.append((sliders[k]["value"] if v < 0 else v) if len(sliders) > k else None)
     res, a, b = vals
     if res is not None and res < 1:
