@@ -208,6 +208,24 @@ def test_a_pickle_bomb_is_refused_before_it_is_inflated(tmp_path, monkeypatch):
         Weights.open(p)
 
 
+def test_a_byteorder_bomb_is_not_inflated(tmp_path):
+    """The byteorder entry is read 16 bytes at most: 64 MB of spaces deflated to 64 KB are not inflated whole."""
+    import tracemalloc
+
+    p = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", pickle.dumps({}, protocol=2))
+        z.writestr("archive/byteorder", b"little" + b" " * (64 << 20))
+    assert p.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        assert dict(Weights.open(p).items()) == {}
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+
+
 def test_build_cannot_change_a_checked_tensor(tmp_path):
     """``BUILD`` on a rebuilt tensor (to widen it past its storage after the check) is refused."""
     widen = b"}" + _s("shape") + _t((1000,)) + b"sb"

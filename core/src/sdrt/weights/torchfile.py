@@ -479,7 +479,8 @@ def _read_zip_entries(path: Path) -> tuple[Any, str]:
         prefix = pkls[0][: -len("data.pkl")]
         order = b"little"
         if prefix + "byteorder" in infos:
-            order = zf.read(prefix + "byteorder")[:16].strip()
+            with zf.open(prefix + "byteorder") as f:  # 16 bytes at most: a deflated entry may inflate to GBs
+                order = f.read(16).strip()
             if order not in (b"little", b"big"):
                 raise _bad(f"{path.name}: unknown byte order {order!r}", path)
         info = infos[pkls[0]]
