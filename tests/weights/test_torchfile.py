@@ -170,6 +170,7 @@ def _tensor_pkl(key: str, numel: int, offset: int, shape: tuple, stride: tuple, 
     (6, 0, (2, -3), (3, 1), "not a tuple of non-negative ints"),
     (6, 0, (2, 3), (3,), "differ in length"),
     (7, 0, (2, 3), (3, 1), "holds 24 bytes"),
+    (6, 0, (0, 2**31 - 1, 2**31 - 1, 2**31 - 1), (1, 1, 1, 1), "larger than any array"),  # empty, yet numpy refuses
 ])
 def test_views_are_checked_against_their_storage(tmp_path, numel, offset, shape, stride, what):
     p = _zip(tmp_path, _tensor_pkl("0", numel, offset, shape, stride),

@@ -202,6 +202,8 @@ def _rebuild(storage: Any, offset: Any, size: Any, stride: Any, dtype: str | Non
     if len(shape) != len(strides):
         raise _Malformed(f"a tensor's shape {shape} and stride {strides} differ in length")
     itemsize = _DTYPES[dtype]().itemsize
+    if math.prod(max(n, 1) for n in shape) * itemsize >= 2**63:  # numpy cannot make it, even with a 0 in it
+        raise _Malformed(f"a tensor of shape {list(shape)} is larger than any array can be")
     if math.prod(shape):
         last = offset + sum((n - 1) * s for n, s in zip(shape, strides))
         if (last + 1) * itemsize > st.nbytes:
