@@ -171,12 +171,15 @@ def _tensor_pkl(key: str, numel: int, offset: int, shape: tuple, stride: tuple, 
     (6, 0, (2, 3), (3,), "differ in length"),
     (7, 0, (2, 3), (3, 1), "holds 24 bytes"),
     (6, 0, (0, 2**31 - 1, 2**31 - 1, 2**31 - 1), (1, 1, 1, 1), "larger than any array"),  # empty, yet numpy refuses
+    (6, 0, (2**31 - 1,), (0,), "repeats its storage '0' \\(24 bytes\\) into 8589934588 bytes"),  # 8 GB from 24
+    (6, 0, (1000, 6), (0, 1), None),  # expand() of a row: read
 ])
 def test_views_are_checked_against_their_storage(tmp_path, numel, offset, shape, stride, what):
     p = _zip(tmp_path, _tensor_pkl("0", numel, offset, shape, stride),
              storages={"0": np.arange(6, dtype="<f4").tobytes()})
     if what is None:
-        assert Weights.open(p)["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
+        want = np.arange(6, dtype="<f4").reshape(2, 3) if stride[0] else np.broadcast_to(np.arange(6), shape)
+        assert np.array_equal(Weights.open(p)["w"], want)
         return
     with pytest.raises(WeightsError, match=what):
         Weights.open(p)

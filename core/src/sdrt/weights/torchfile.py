@@ -46,6 +46,9 @@ from . import stfile
 MAX_PICKLE = 100_000_000
 #: dicts nested deeper than this are refused when flattening
 MAX_DEPTH = 64
+#: a view that repeats its storage (stride 0, as ``expand`` makes) is read into at most this many bytes, or 16 times
+#: its storage: a 1 KB file could otherwise make gigabytes (real ones are small: CLIP's position_ids)
+MAX_EXPANDED = 64 << 20
 #: tuples nested deeper than this are refused before unpickling (hashing one recurses without a limit)
 MAX_TUPLES = 100
 #: the first pickle of a legacy (non-zip) file
@@ -209,6 +212,10 @@ def _rebuild(storage: Any, offset: Any, size: Any, stride: Any, dtype: str | Non
         if (last + 1) * itemsize > st.nbytes:
             raise _Malformed(f"a tensor of shape {list(shape)} (offset {offset}, stride {list(strides)}) reaches "
                              f"past its storage {st.key!r} ({st.nbytes} bytes)")
+        size = math.prod(shape) * itemsize  # what reading it makes: a view with stride 0 repeats its storage
+        if size > max(MAX_EXPANDED, 16 * st.nbytes):
+            raise _Malformed(f"a tensor of shape {list(shape)} (stride {list(strides)}) repeats its storage "
+                             f"{st.key!r} ({st.nbytes} bytes) into {size} bytes")
     return _Tensor(st, dtype, offset, shape, strides)
 
 
