@@ -346,6 +346,20 @@ def test_a_stopped_run_gives_its_partial_images_when_asked(sd15_on) -> None:
                           full.images[0])  # and the pipeline goes on as before
 
 
+def test_a_run_stopped_before_its_first_step_has_no_partial(sd15_on, monkeypatch) -> None:
+    """``partial()`` is None when nothing was made (an interrupt that lands before the first step)."""
+    prepare = sd15_on._prepare
+
+    def interrupted_while_preparing(*args):
+        sd15_on.interrupt()  # the job runs (its prompt is being read): the stop lands before step 1
+        return prepare(*args)
+
+    monkeypatch.setattr(sd15_on, "_prepare", interrupted_while_preparing)
+    with pytest.raises(Interrupted) as info:
+        sd15_on.generate(PROMPT, steps=2, seed=5, sampler="Euler")
+    assert info.value.step == 0 and info.value.partial() is None
+
+
 def test_one_job_at_a_time_from_two_threads(sd15_on) -> None:
     want = {seed: sd15_on(PROMPT, steps=2, seed=seed, sampler="Euler a")[0] for seed in (1, 2)}
     got: dict[int, np.ndarray] = {}

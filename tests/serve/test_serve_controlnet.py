@@ -262,6 +262,10 @@ def test_detect(cn_server) -> None:
                                 ({"controlnet_module": "canny", "controlnet_input_images": ["@@"]}, 400, "base64")):
         r = post(body)
         assert r.status_code == status and words in r.json()["message"], r.text
+    for module, key, value in (("canny", "controlnet_processor_res", 4096), ("canny", "controlnet_threshold_a", "x"),
+                               ("threshold", "controlnet_threshold_a", 300), ("canny", "controlnet_processor_res", 0)):
+        r = post({"controlnet_module": module, "controlnet_input_images": [_b64(photo)], key: value})
+        assert r.status_code in (400, 422) and r.json()["field"] == key and r.json()["message"].startswith(key), r.text
 
 
 def test_a_model_without_controlnet_inputs_and_another_folders_part(cn_server) -> None:

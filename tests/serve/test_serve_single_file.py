@@ -103,6 +103,26 @@ def test_a_ckpt_loras_and_embeddings_of_torch_are_listed(models, tmp_path, monke
     assert reg.embeddings == {"tinyemb": embs / "tinyemb.pt", "tok": embs / "tok.bin"}
 
 
+def test_pytorch_controlnets_are_listed_as_the_extension_lists_them(models, tmp_path, monkeypatch):
+    """ControlNet/'s .pth/.pt/.ckpt/.bin files (A1111's control_v11p_sd15_canny.pth) are listed and named, as
+    safetensors ones are (torchfile reads them); of one name in two formats, the .safetensors."""
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    nets = models / "ControlNet"
+    nets.mkdir()
+    torch_file = TESTS / "data" / "torch" / "params.pt"
+    for name in ("control_v11p_sd15_canny.pth", "both.pth", "old.ckpt", "notes.txt"):
+        shutil.copy(torch_file, nets / name)
+    shutil.copy(D / "tinylora.safetensors", nets / "both.safetensors")
+    reg = Registry(models)
+    listed = {e.name: e.path for e in reg.controlnets}
+    assert listed == {"both": nets / "both.safetensors", "control_v11p_sd15_canny": nets / "control_v11p_sd15_canny.pth",
+                      "old": nets / "old.ckpt"}
+    model = reg.model("tiny-sd15")
+    canny = reg.controlnet("control_v11p_sd15_canny", model, "f")
+    assert canny.path == nets / "control_v11p_sd15_canny.pth"
+    assert reg.controlnet(canny.title, model, "f") == canny == reg.controlnet("control_v11p_sd15_canny.pth", model, "f")
+
+
 def test_checkpoint_base_binds_the_files_onto_that_folder(models, tmp_path, monkeypatch):
     monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
     reg = Registry(models, checkpoint_base="tiny-sd15")

@@ -170,12 +170,16 @@ def _tensor_pkl(key: str, numel: int, offset: int, shape: tuple, stride: tuple, 
     (6, 0, (2, -3), (3, 1), "not a tuple of non-negative ints"),
     (6, 0, (2, 3), (3,), "differ in length"),
     (7, 0, (2, 3), (3, 1), "holds 24 bytes"),
+    (6, 0, (0, 2**31 - 1, 2**31 - 1, 2**31 - 1), (1, 1, 1, 1), "larger than any array"),  # empty, yet numpy refuses
+    (6, 0, (2**31 - 1,), (0,), "repeats its storage '0' \\(24 bytes\\) into 8589934588 bytes"),  # 8 GB from 24
+    (6, 0, (1000, 6), (0, 1), None),  # expand() of a row: read
 ])
 def test_views_are_checked_against_their_storage(tmp_path, numel, offset, shape, stride, what):
     p = _zip(tmp_path, _tensor_pkl("0", numel, offset, shape, stride),
              storages={"0": np.arange(6, dtype="<f4").tobytes()})
     if what is None:
-        assert Weights.open(p)["w"].tolist() == [[0, 1, 2], [3, 4, 5]]
+        want = np.arange(6, dtype="<f4").reshape(2, 3) if stride[0] else np.broadcast_to(np.arange(6), shape)
+        assert np.array_equal(Weights.open(p)["w"], want)
         return
     with pytest.raises(WeightsError, match=what):
         Weights.open(p)
@@ -206,6 +210,24 @@ def test_a_pickle_bomb_is_refused_before_it_is_inflated(tmp_path, monkeypatch):
     assert p.stat().st_size < 1000
     with pytest.raises(WeightsError, match="more than 1000"):
         Weights.open(p)
+
+
+def test_a_byteorder_bomb_is_not_inflated(tmp_path):
+    """The byteorder entry is read 16 bytes at most: 64 MB of spaces deflated to 64 KB are not inflated whole."""
+    import tracemalloc
+
+    p = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", pickle.dumps({}, protocol=2))
+        z.writestr("archive/byteorder", b"little" + b" " * (64 << 20))
+    assert p.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        assert dict(Weights.open(p).items()) == {}
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
 
 
 def test_build_cannot_change_a_checked_tensor(tmp_path):

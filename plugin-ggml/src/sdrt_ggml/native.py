@@ -22,6 +22,7 @@ import functools
 import importlib.machinery
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,10 +127,8 @@ def check_pool_variables(environ: Any = os.environ) -> list[str]:
         text = environ.get(name)
         if text is None:
             continue
-        try:
-            ok = low <= int(text.strip()) <= high
-        except ValueError:
-            ok = False
+        # strtol's whole numbers only: Python's int() also takes "1_000" and non-ASCII digits, which C reads as 1, 0
+        ok = re.fullmatch(r"\s*[+-]?[0-9]+\s*", text, re.ASCII) is not None and low <= int(text) <= high
         if not ok:
             log.warning("%s=%r is not a whole number from %d to %d; using the default %d", name, text, low, high,
                         default)

@@ -302,9 +302,11 @@ def test_a_pool_variable_that_is_no_whole_number_in_range_is_named_and_dropped(c
     from sdrt_ggml.native import check_pool_variables
 
     env = {"SDRT_GGML_SPIN_US": "abc", "SDRT_GGML_TASKS": "0", "SDRT_GGML_WAIT_US": "99999999999999999",
-           "SDRT_GGML_YIELD_US": "-1", "SDRT_GGML_PIN": " 2 ", "OTHER": "x"}
+           "SDRT_GGML_YIELD_US": "-1", "SDRT_GGML_PIN": " 2 ", "OTHER": "x",
+           "SDRT_GGML_WAIT_PINNED_US": "1_000", "SDRT_GGML_LONG_JOB_US": "\uff15\uff10"}  # strtol reads 1 and 0
     with caplog.at_level("WARNING", logger="sdrt.ggml.native"):
-        assert check_pool_variables(env) == ["SDRT_GGML_SPIN_US", "SDRT_GGML_WAIT_US", "SDRT_GGML_TASKS"]
+        assert check_pool_variables(env) == ["SDRT_GGML_SPIN_US", "SDRT_GGML_WAIT_US", "SDRT_GGML_TASKS",
+                                             "SDRT_GGML_WAIT_PINNED_US", "SDRT_GGML_LONG_JOB_US"]
     assert env == {"SDRT_GGML_YIELD_US": "-1", "SDRT_GGML_PIN": " 2 ", "OTHER": "x"}
     assert "SDRT_GGML_SPIN_US='abc' is not a whole number from 0 to 10000000; using the default 200" in caplog.text
     code = ("import logging, os, sdrt_ggml.native as n; logging.basicConfig(); n.native(); "

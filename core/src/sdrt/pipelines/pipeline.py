@@ -593,7 +593,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             try:
                 images += self._run(s, seed, cond, uncond, init, mask, callback, subseed)
             except Interrupted as stop:
-                stop._partial = self._partial_result(s, images, seeds, seed, original)
+                if images or self._denoised is not None:  # else stopped before any step: nothing to give
+                    stop._partial = self._partial_result(s, images, seeds, seed, original)
                 raise
             seeds += image_seeds(tb, seed, s.batch)
         return self._generation(s, images, seeds, original)

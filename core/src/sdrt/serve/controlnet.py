@@ -12,6 +12,7 @@ differently is named in ``info.sdrt_not_honoured``, and a unit's keys that are n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from . import b64images
@@ -126,6 +127,22 @@ def _image(value: Any, field: str, max_pixels: int) -> tuple[Any, Any]:
     return b64images.rgb_array(b64images.decode(value, field, max_pixels)), mask
 
 
+def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[str, str, str],
+             field: Callable[[str], str], max_res: int) -> tuple[float | None, float | None, float | None]:
+    """``(processor_res, threshold_a, threshold_b)`` for preprocessor ``pre``, each read by ``read(name, highest)``
+    (processor_res at most ``max_res``: a map that size is the server's largest side) and named ``field(name)``.
+    The extension's ``bound_check_params``: a negative value takes the slider's default; a module without the
+    slider never reads it (None; the extension's own "scribble" has a fixed level, 127)."""
+    sliders = SLIDERS[next(m for m, p in MODULES.items() if p == pre)]
+    values = [read(name, float(max_res) if k == 0 else None) for k, name in enumerate(names)]
+    res, a, b = ((sliders[k]["value"] if v < 0 else v) if len(sliders) > k else None for k, v in enumerate(values))
+    if res is not None and res < 1:
+        raise ApiError(400, f"{field(names[0])} must be at least 1, got {res:g}", field=field(names[0]))
+    if pre == "threshold" and a is not None and a > 255:
+        raise ApiError(400, f"{field(names[1])} must be at most 255 (a grey level), got {a:g}", field=field(names[1]))
+    return res, a, b
+
+
 def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixels: int,
           init_image: Any, hires: bool, max_res: int = 2048) -> tuple[list[Any], list[str], list[str], dict[str, str]]:
     """``(sdrt ControlNet units, not honoured, ignored fields, {pipeline argument: request field})`` of a request's
@@ -202,20 +219,8 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     if start > end:
         raise ApiError(400, f"{f('guidance_start')} {start:g} is after {f(end_key)} {end:g}", field=f("guidance_start"))
     resize = resize_mode(unit.get("resize_mode"), f("resize_mode"))
-    sliders = SLIDERS[next(m for m, p in MODULES.items() if p == pre)]
-    res = num("processor_res", -1.0, None, float(max_res))  # a map that size: the server's largest side
-    a = num("threshold_a", -1.0, None, None)
-    b = num("threshold_b", -1.0, None, None)
-    defaults = [s["value"] for s in sliders] + [None] * 3
-    # the extension's bound_check_params: a negative slider value takes its default; a module without the slider
-    # never reads it (its own "scribble" has a fixed level, 127)
-    res = (defaults[0] if res < 0 else res) if sliders else None
-    a = (defaults[1] if a < 0 else a) if len(sliders) > 1 else None
-    b = (defaults[2] if b < 0 else b) if len(sliders) > 2 else None
-    if res is not None and res < 1:
-        raise ApiError(400, f"{f('processor_res')} must be at least 1, got {res:g}", field=f("processor_res"))
-    if pre == "threshold" and a is not None and a > 255:
-        raise ApiError(400, f"{f('threshold_a')} must be at most 255 (a grey level), got {a:g}", field=f("threshold_a"))
+    res, a, b = _sliders(lambda name, high: num(name, -1.0, None, high), pre,
+                         ("processor_res", "threshold_a", "threshold_b"), f, max_res)
     mode = _choice(unit.get("control_mode", 0), CONTROL_MODES, f("control_mode"))
     if mode:
         notes.append(f"{f('control_mode')}: {CONTROL_MODES[mode]!r} ran as 'Balanced', the only control mode sdrt has")
@@ -250,18 +255,9 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
     pre = module(body.get("controlnet_module", "none"), "controlnet_module")
     if not images:
         raise ApiError(422, "No image selected: controlnet_input_images is empty", field=key)
-    unit = {"processor_res": body.get("controlnet_processor_res"), "threshold_a": body.get("controlnet_threshold_a"),
-            "threshold_b": body.get("controlnet_threshold_b")}
-    sliders = SLIDERS[next(m for m, p in MODULES.items() if p == pre)]
-    vals = []
-    for k, name in enumerate(("processor_res", "threshold_a", "threshold_b")):
-        v = get_float(unit, name, -1.0, None, float(max_res) if k == 0 else None)
-        vals.append((sliders[k]["value"] if v < 0 else v) if len(sliders) > k else None)
-    res, a, b = vals
-    if res is not None and res < 1:
-        raise ApiError(400, f"controlnet_processor_res must be at least 1, got {res:g}", field="controlnet_processor_res")
-    if pre == "threshold" and a is not None and a > 255:
-        raise ApiError(400, f"controlnet_threshold_a must be at most 255, got {a:g}", field="controlnet_threshold_a")
+    res, a, b = _sliders(lambda name, high: get_float(body, name, -1.0, None, high), pre,
+                         ("controlnet_processor_res", "controlnet_threshold_a", "controlnet_threshold_b"),
+                         lambda name: name, max_res)
     out = []
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))

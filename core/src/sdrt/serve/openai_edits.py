@@ -73,7 +73,9 @@ async def _form(headers: Headers, raw: bytes) -> dict[str, Any]:
         yield raw
 
     try:
-        form = await MultiPartParser(headers, stream(), max_files=8, max_fields=64, max_part_size=1 << 20).parse()
+        # a field's size: starlette's own bound (1 MiB since 0.40; max_part_size is an argument only from 0.44,
+        # and serve takes starlette>=0.37), inside the body's (read_body)
+        form = await MultiPartParser(headers, stream(), max_files=8, max_fields=64).parse()
     except AssertionError:  # starlette asserts that python-multipart is installed
         raise ApiError(501, "reading multipart forms needs python-multipart on the server: "
                             "pip install 'sdrt[serve]'") from None

@@ -99,6 +99,8 @@ def a1111_old_hash(path: Path) -> str:
 _HASH_SUFFIX = re.compile(r"\s*\[[0-9A-Za-z]{0,64}\]\s*$")
 #: the extensions a ControlNet name may be given with
 _NET_SUFFIXES = (".safetensors", ".pth", ".pt", ".ckpt", ".bin", ".onnx")
+#: the ControlNet files ``ControlNet/`` lists (sd-webui-controlnet's), preferred in this order for one name
+_NET_FILES = _NET_SUFFIXES[:-1]
 
 
 class Registry:
@@ -250,8 +252,17 @@ class Registry:
 
         found: list[ControlNetEntry] = []
         folder = self.controlnet_dir
-        for p in sorted(folder.iterdir()) if folder is not None else []:
-            if p.is_file() and p.suffix.lower() == ".safetensors":
+        entries = sorted(folder.iterdir()) if folder is not None else []
+        # the extension's files (.safetensors, and PyTorch's .pth/.pt/.ckpt/.bin, which torchfile reads); of two
+        # with one name, the earlier suffix
+        files: dict[str, Path] = {}
+        for p in entries:
+            if p.suffix.lower() in _NET_FILES and p.is_file():
+                old = files.get(p.stem)
+                if old is None or _NET_FILES.index(p.suffix.lower()) < _NET_FILES.index(old.suffix.lower()):
+                    files[p.stem] = p
+        for p in entries:
+            if files.get(p.stem) == p:
                 found.append(ControlNetEntry(p.stem, p, self._net_hash(p)))
             elif p.is_dir():
                 weights = p / "model.onnx_data" if (p / "model.onnx_data").is_file() else p / "model.onnx"

@@ -46,6 +46,9 @@ from . import stfile
 MAX_PICKLE = 100_000_000
 #: dicts nested deeper than this are refused when flattening
 MAX_DEPTH = 64
+#: a view that repeats its storage (stride 0, as ``expand`` makes) is read into at most this many bytes, or 16 times
+#: its storage: a 1 KB file could otherwise make gigabytes (real ones are small: CLIP's position_ids)
+MAX_EXPANDED = 64 << 20
 #: tuples nested deeper than this are refused before unpickling (hashing one recurses without a limit)
 MAX_TUPLES = 100
 #: the first pickle of a legacy (non-zip) file
@@ -202,11 +205,17 @@ def _rebuild(storage: Any, offset: Any, size: Any, stride: Any, dtype: str | Non
     if len(shape) != len(strides):
         raise _Malformed(f"a tensor's shape {shape} and stride {strides} differ in length")
     itemsize = _DTYPES[dtype]().itemsize
+    if math.prod(max(n, 1) for n in shape) * itemsize >= 2**63:  # numpy cannot make it, even with a 0 in it
+        raise _Malformed(f"a tensor of shape {list(shape)} is larger than any array can be")
     if math.prod(shape):
         last = offset + sum((n - 1) * s for n, s in zip(shape, strides))
         if (last + 1) * itemsize > st.nbytes:
             raise _Malformed(f"a tensor of shape {list(shape)} (offset {offset}, stride {list(strides)}) reaches "
                              f"past its storage {st.key!r} ({st.nbytes} bytes)")
+        size = math.prod(shape) * itemsize  # what reading it makes: a view with stride 0 repeats its storage
+        if size > max(MAX_EXPANDED, 16 * st.nbytes):
+            raise _Malformed(f"a tensor of shape {list(shape)} (stride {list(strides)}) repeats its storage "
+                             f"{st.key!r} ({st.nbytes} bytes) into {size} bytes")
     return _Tensor(st, dtype, offset, shape, strides)
 
 
@@ -479,7 +488,8 @@ def _read_zip_entries(path: Path) -> tuple[Any, str]:
         prefix = pkls[0][: -len("data.pkl")]
         order = b"little"
         if prefix + "byteorder" in infos:
-            order = zf.read(prefix + "byteorder")[:16].strip()
+            with zf.open(prefix + "byteorder") as f:  # 16 bytes at most: a deflated entry may inflate to GBs
+                order = f.read(16).strip()
             if order not in (b"little", b"big"):
                 raise _bad(f"{path.name}: unknown byte order {order!r}", path)
         info = infos[pkls[0]]
