@@ -116,8 +116,17 @@ class WeightState:
 
     def _bind(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef]) -> None:
         part = self._parts()[name]
-        part.update_weights(self._weights(name, overrides))
-        part.weights_factory = lambda: self._weights(name, overrides)
+        if not overrides and part.weights is not part.default_weights:
+            # back to the part's own weights (the last LoRA removed): its sessions compile again as they were at
+            # load. A session rebound to them is not always the same program: OpenVINO's swappable form feeds
+            # biases as inputs, which differs from the first compile by 1 level in fp32, 18 in bf16 (tiny SD 1.x)
+            part.close()
+            part.weights = part.default_weights
+            default = part.default_weights
+            part.weights_factory = None if default is None else (lambda: default)
+        elif overrides:
+            part.update_weights(self._weights(name, overrides))
+            part.weights_factory = lambda: self._weights(name, overrides)
         self.pipe._weights_changed(name)
 
     # -- checkpoints ------------------------------------------------------------
