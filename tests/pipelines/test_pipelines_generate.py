@@ -10,7 +10,7 @@ import pytest
 from pipeline_helpers import DATA, refs, register
 
 from sdrt import pipelines
-from sdrt.errors import InputError, ModelError, SamplerError
+from sdrt.errors import InputError, ModelError, SamplerError, WeightsError
 from sdrt.pipelines.images import to_mask, to_rgb
 from sdrt.pipelines.progress import ProgressBar
 
@@ -267,6 +267,58 @@ def test_unreadable_image_file(tmp_path) -> None:
     with pytest.raises(InputError, match="cannot read the init image"):
         to_rgb(bad)
 
+
+
+@pytest.mark.parametrize(("kwargs", "where", "message"), [
+    # numpy numbers are numbers: steps=np.int64(2) passed and cfg=np.int64(7) was "not a finite number"
+    ({"cfg": np.int64(7)}, None, None),
+    ({"init_image": np.zeros((64, 64, 3), np.uint8), "strength": np.int64(1)}, None, None),
+    ({"init_image": np.zeros((64, 64, 3), np.uint8), "strength": np.float32(0.5)}, None, None),
+    ({"cfg": np.bool_(True)}, "cfg", "cfg must be a finite number"),
+    # a schedule that is no name was an AttributeError from the samplers' name folding
+    ({"sampler": "Euler", "schedule": 5}, "schedule", "schedule must be a schedule's name, got int 5"),
+    # nested lists numpy cannot make one array of were a ValueError from np.asarray
+    ({"init_image": [[1, 2], [3]]}, "init_image", "the init image is not an image array"),
+    ({"init_image": np.zeros((64, 64, 3), np.uint8), "mask": [[1, 2], [3]]}, "mask", "the mask is not an image array"),
+    # errors about the init image name the keyword, not the label
+    ({"init_image": np.zeros((3, 64, 64), np.uint8)}, "init_image", r"the init image has shape \(3, 64, 64\)"),
+    ({"init_image": np.full((64, 64, 3), 255.0)}, "init_image", "float values run from 255 to 255"),
+    # a bytes path is a path (as open() takes it), not a 0-d array "of shape ()"
+    ({"init_image": b"/no/such/image.png"}, "/no/such/image.png", "the init image file does not exist"),
+    ({"init_image": np.zeros((64, 64, 3), np.uint8), "mask": b"/no/such/mask.png"}, "/no/such/mask.png",
+     "the mask file does not exist"),
+])
+def test_arguments_as_an_app_passes_them(sd15, kwargs: dict, where: str | None, message: str | None) -> None:
+    if message is None:
+        assert sd15.generate(PROMPT, steps=2, seed=1, **kwargs).images[0].shape == (64, 64, 3)
+        return
+    with pytest.raises(InputError, match=message) as info:
+        sd15.generate(PROMPT, steps=2, seed=1, **kwargs)
+    assert info.value.where == where
+
+
+def test_a_bytes_path_reads_the_image(sd15, init, tmp_path) -> None:
+    pytest.importorskip("PIL")
+    from sdrt.pipelines.png import write_png
+
+    path = tmp_path / "init.png"
+    write_png(path, init, "")
+    want = sd15(PROMPT, steps=2, seed=1, init_image=init, strength=0.5)[0]
+    assert sd15(PROMPT, steps=2, seed=1, init_image=bytes(path), strength=0.5)[0].tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    # load_weights(None) was a TypeError from pathlib
+    (lambda p: p.load_weights(None), InputError, "the checkpoint must be a file path .* got NoneType None"),
+    (lambda p: p.load_weights(b"/x.safetensors"), InputError, "the checkpoint must be a file path .* got bytes"),
+    # the text '1' was read as the scale 1.0
+    (lambda p: p.set_loras([(DATA.parent / "ckpt" / "pipe-sd15" / "tinylora.safetensors", "1")]), WeightsError,
+     "the scale of LoRA 'tinylora' is str '1', not a number"),
+])
+def test_weight_calls_refuse_what_is_no_path_or_number(sd15, call, error, message) -> None:
+    with pytest.raises(error, match=message):
+        call(sd15)
+    assert not sd15.weights.loras
 
 # -- progress ------------------------------------------------------------------------------------------------------
 class _Tty(io.StringIO):

@@ -168,7 +168,7 @@ def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.n
     from . import controlmaps as cm
     from .images import to_rgb
 
-    rgb = to_rgb(unit.image, "control image")
+    rgb = to_rgb(unit.image, "control image", where)
     if unit.preprocessor == "canny":
         low, high = unit.low if unit.low is not None else 100, unit.high if unit.high is not None else 200
         rgb = cm.to_rgb(cm.canny(rgb, low, high))

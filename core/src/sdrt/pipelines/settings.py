@@ -82,6 +82,11 @@ def _int(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
+def _number(value: Any) -> bool:
+    """A real number as Python or numpy gives one (``np.int64(7)`` as well as ``7.0``), not a bool."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
 def check_text(name: str, value: str, label: str) -> None:
     """``value`` (a prompt) is text that UTF-8 can write (into the PNG's infotext, the tokenizer): not a byte that
     was not UTF-8 (Python decodes such command-line bytes to surrogates) nor a lone surrogate (JSON's ``\\ud800``)."""
@@ -136,18 +141,20 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     batch = _int("batch", batch, 1)
     batch_count = _int("batch_count", batch_count, 1)
     clip_skip = _int("clip_skip", clip_skip, 1)
-    if cfg is not None and (not isinstance(cfg, (int, float, np.floating)) or isinstance(cfg, bool)
-                            or not math.isfinite(cfg) or not 0 <= cfg <= MAX_CFG):
+    if cfg is not None and (not _number(cfg) or not math.isfinite(cfg) or not 0 <= cfg <= MAX_CFG):
         raise InputError(f"{{@cfg}} must be a finite number from 0 to {MAX_CFG:g}, got {cfg!r}", where="cfg",
                          fix="use e.g. 7")
     for name, value in (("guidance", guidance), ("shift", shift)):
-        if value is not None and (not isinstance(value, (int, float, np.floating)) or isinstance(value, bool)
-                                  or not math.isfinite(value) or value <= (0 if name == "shift" else -1e-12)):
+        if value is not None and (not _number(value) or not math.isfinite(value)
+                                  or value <= (0 if name == "shift" else -1e-12)):
             raise InputError(f"{{@{name}}} must be a finite number {'> 0' if name == 'shift' else '>= 0'}, got {value!r}",
                              where=name, fix=f"use e.g. {3.5 if name == 'guidance' else 3}")
     if max_sequence_length is not None:
         max_sequence_length = _int("max_sequence_length", max_sequence_length, 2)
     # an A1111 label ("DPM++ 2M Karras") or ComfyUI names ("dpmpp_2m", "karras"); unset: the family's, at run time
+    if schedule is not None and not isinstance(schedule, str):
+        raise InputError(f"{{@schedule}} must be a schedule's name, got {type(schedule).__name__} {schedule!r:.40}",
+                         where="schedule", fix="pass e.g. {@schedule=}'karras', or leave it unset")
     choice = resolve(sampler, schedule) if sampler is not None else None
     if sampler is None and schedule is not None:
         raise InputError("a schedule was given without a sampler", where="schedule",
@@ -160,7 +167,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         if init_image is None:
             raise InputError("strength applies only with an init image", where="strength",
                              fix="pass {@init_image=}, or leave {@strength} unset")
-        if isinstance(strength, bool) or not isinstance(strength, (int, float, np.floating)) or not 0 < strength <= 1:
+        if not _number(strength) or not 0 < strength <= 1:
             raise InputError(f"{{@strength}} must be in (0, 1], got {strength!r}", where="strength", fix="use e.g. 0.75")
     if init_image is not None:
         check_path(init_image, "init image")
