@@ -48,11 +48,11 @@ MAX_LORA_SCALE = 100.0
 def check_lora_scale(scale: object, name: str, where: str = "{@loras}") -> float:
     """A LoRA's scale as a float: a finite number with ``|scale| <= MAX_LORA_SCALE``, else ``WeightsError``
     (before any merge, so that a bad scale is not blamed on the file or on the sampler)."""
-    try:
-        value = float(scale)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise WeightsError(f"the scale of LoRA {name!r} is {scale!r}, not a number", where=where,
-                           fix="use a number such as 0.8") from None
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        # float() would read the text '0.8' (or a one-element array) as a number, silently
+        raise WeightsError(f"the scale of LoRA {name!r} is {type(scale).__name__} {scale!r:.40}, not a number",
+                           where=where, fix="use a number such as 0.8")
+    value = float(scale)
     if not np.isfinite(value) or abs(value) > MAX_LORA_SCALE:
         raise WeightsError(f"the scale of LoRA {name!r} is {scale!r}; a scale must be a finite number between "
                            f"-{MAX_LORA_SCALE:g} and {MAX_LORA_SCALE:g}", where=where,
@@ -135,6 +135,10 @@ class WeightState:
         embeddings are applied again on top. Checked for every part before anything changes."""
         from ..checkpoint import Checkpoint
 
+        if not isinstance(path, (str, os.PathLike, Checkpoint)):
+            raise InputError(f"the checkpoint must be a file path or an sdrt.checkpoint.Checkpoint, got "
+                             f"{type(path).__name__} {path!r:.40}", where="load_weights",
+                             fix="pass pipe.load_weights('model.safetensors') (a str or pathlib.Path)")
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint.open(path)
         parts = self._parts()
         arrays = ckpt.lazy({name: self._graph(name) for name in parts})  # read on use: nothing held
