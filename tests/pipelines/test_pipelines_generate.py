@@ -320,6 +320,44 @@ def test_weight_calls_refuse_what_is_no_path_or_number(sd15, call, error, messag
         call(sd15)
     assert not sd15.weights.loras
 
+
+@pytest.mark.parametrize(("kwargs", "setting"), [
+    ({"memory": np.int64(2**33)}, ("memory", 2**33)),  # was "cannot read the memory size np.int64(8589934592)"
+    ({"low_memory": np.bool_(False)}, ("low_memory", False)),  # was "must be True or False, got bool np.False_"
+])
+def test_load_takes_numpy_scalars(kwargs: dict, setting: tuple) -> None:
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend(), **kwargs) as pipe:
+        assert getattr(pipe, setting[0]) == setting[1] and type(getattr(pipe, setting[0])) is type(setting[1])
+
+
+def test_load_takes_a_numpy_vae_tile() -> None:
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend(), vae_tile=np.int64(8)) as pipe:
+        assert pipe.vae_tile == 8 and type(pipe.vae_tile) is int  # was "vae_tile must be an int ..., got int64"
+
+
+@pytest.mark.parametrize("upscale", [0, -1, 2.5, "x", None, 10**6])
+def test_preview_upscale_is_checked(sd15, upscale) -> None:
+    """preview(upscale=2.5) ran as 2, 'x' and None were TypeErrors from numpy, 10**6 a MemoryError."""
+    said = []
+
+    def callback(i: int, n: int, x: np.ndarray) -> None:
+        with pytest.raises(InputError, match="upscale must be a whole number from 1 to 64") as info:
+            sd15.preview(upscale=upscale)
+        said.append(info.value.where)
+
+    sd15.generate(PROMPT, steps=1, seed=1, callback=callback)
+    assert said == ["upscale"]
+
+
+def test_a_callback_that_cannot_take_the_step_arguments_fails_before_the_job(sd15) -> None:
+    """It was a TypeError from inside the sampling loop, after the first step had run."""
+    with pytest.raises(InputError, match=r"callback must take three arguments \(step, total, latents\), and its "
+                       r"signature is \(step\)") as info:
+        sd15.generate(PROMPT, steps=1, callback=lambda step: None)
+    assert info.value.where == "callback"
+    assert sd15.generate(PROMPT, steps=1, seed=1, callback=lambda *args: None).images  # any that binds runs
+    assert sd15.generate(PROMPT, steps=1, seed=1, callback=print).images  # a builtin has no signature to check
+
 # -- progress ------------------------------------------------------------------------------------------------------
 class _Tty(io.StringIO):
     def isatty(self) -> bool:

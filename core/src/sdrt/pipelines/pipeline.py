@@ -74,7 +74,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         options = dict(options)
         for name, value, none_ok in (("low_memory", low_memory, True),
                                      ("share_blocks", options.get("share_blocks", False), False)):
-            if not (isinstance(value, bool) or (none_ok and value is None)):
+            if not (isinstance(value, (bool, np.bool_)) or (none_ok and value is None)):
                 raise InputError(f"{name} must be True or False{' or None' if none_ok else ''}, got "
                                  f"{type(value).__name__} {value!r:.40}", where=name,
                                  fix=f"pass {{@{name}=}}True or False" + (" (None: decide from the device's memory)"
@@ -90,7 +90,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 parse(quantize)
             except SdrtError as exc:
                 raise InputError(exc.what, where="quantize", fix=exc.fix) from None
-        if vae_tile is not None and (isinstance(vae_tile, bool) or not isinstance(vae_tile, int) or vae_tile < 8):
+        if vae_tile is not None and (isinstance(vae_tile, (bool, np.bool_)) or not isinstance(vae_tile, (int, np.integer))
+                                     or vae_tile < 8):
             raise InputError(f"vae_tile must be an int of 8 or more latent pixels (8 image pixels each), got "
                              f"{type(vae_tile).__name__} {vae_tile!r:.40}", where="vae_tile",
                              fix="pass {@vae_tile=}64 (512 pixels) or so, or None (the default) to decode whole images")
@@ -105,9 +106,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self.placement = parse_placement(options.pop("placement", None),
                                          {p: r for p, r in self.family.parts.items() if p in folder.parts})
         #: keep only the running part loaded (None: decide from the device's reported memory)
-        self.low_memory = low_memory
+        self.low_memory = None if low_memory is None else bool(low_memory)
         #: decode/encode the VAE by tiles of this many latent pixels (None: whole images)
-        self.vae_tile = vae_tile
+        self.vae_tile = None if vae_tile is None else int(vae_tile)
         self.backend = backend
         self.device = device
         self.options = options
@@ -372,6 +373,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if callback is not None and not callable(callback):
             raise InputError(f"callback must be a function (step, total, latents), got {type(callback).__name__}",
                              where="callback", fix="pass a function, or leave callback unset")
+        _check_callback(callback)
         with self._job("generate()"):
             with self._state:
                 self._stop.clear()
@@ -817,6 +819,24 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                     h.update(block)
             self._hash = h.hexdigest()[:10]
         return self._hash
+
+
+def _check_callback(callback: Callback | None) -> None:
+    """A step callback that cannot take ``(step, total, latents)`` fails now, by name, not as a TypeError after the
+    first step has run."""
+    import inspect
+
+    if callback is None:
+        return
+    try:
+        sig = inspect.signature(callback)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: called as it is
+        return
+    try:
+        sig.bind(1, 1, None)
+    except TypeError:
+        raise InputError(f"callback must take three arguments (step, total, latents), and its signature is {sig}",
+                         where="callback", fix="define it as def callback(step, total, latents): ...") from None
 
 
 def _num(value: float) -> object:
