@@ -63,6 +63,8 @@ def init() -> np.ndarray:
     ({"batch_count": 10**10}, InputError, "batch_count 10000000000 is above the limit of 10000"),
     ({"width": 10**6}, InputError, "width 1000000 is above the limit of 16384"),
     ({"cfg": 1e308}, InputError, "cfg must be a finite number from 0 to 100, got 1e"),
+    # T5's length: 10**6 reached OpenVINO's compile (bad_alloc) after planning 22 TiB of activations
+    ({"max_sequence_length": 10**6}, InputError, "max_sequence_length 1000000 is above the limit of 512"),
     ({"seed": 2**64}, SamplerError, "seed 18446744073709551616 is out of range"),
 ])
 def test_bad_settings_fail_before_loading(kwargs: dict, error: type, message: str) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .bounds import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_SIDE, MAX_STEPS
+from .bounds import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_SEQUENCE_LENGTH, MAX_SIDE, MAX_STEPS
 from .images import ImageLike, check_path
 from .toolbox import KEYWORDS as TOOLBOX_KEYWORDS
 
@@ -68,7 +68,7 @@ class Generation:
 
 
 _HIGH = {"steps": MAX_STEPS, "batch": MAX_BATCH, "batch_count": MAX_BATCH_COUNT, "width": MAX_SIDE,
-         "height": MAX_SIDE}
+         "height": MAX_SIDE, "max_sequence_length": MAX_SEQUENCE_LENGTH}
 
 
 def _int(name: str, value: Any, low: int) -> int:
