@@ -97,6 +97,10 @@ class WeightState:
     _cache: dict[Path, Lora] = field(default_factory=dict)
     #: separate files bound onto parts (``vae=`` / ``text_encoders=`` on an ONNX folder): part -> file
     part_files: dict[str, Path] = field(default_factory=dict)
+    #: parts running merged LoRA weights now
+    _lora_parts: set[str] = field(default_factory=set)
+    #: part -> whether its base weights (no LoRA) last ran freshly compiled (else rebound on live sessions)
+    _base_fresh: dict[str, bool] = field(default_factory=dict)
 
     # -- helpers --------------------------------------------------------------
     def _parts(self) -> dict[str, Part]:
@@ -114,17 +118,26 @@ class WeightState:
                                                                        (lambda a=v: a))
         return Weights(refs)
 
-    def _bind(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef]) -> None:
+    def _bind(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef], lora: bool = False) -> None:
+        """Bind ``overrides`` on the part's own weights; ``lora``: they hold merged LoRA weights.
+
+        Removing the last LoRA of a part binds its base weights as they ran before: a session rebound to weights
+        is not always the program a fresh compile makes with them (OpenVINO's swappable form feeds biases as
+        inputs: 1 level off in fp32, 18 in bf16 on tiny SD 1.x), so a base that first ran freshly compiled (at
+        load, a checkpoint or embedding bound before any session existed) is compiled fresh again."""
         part = self._parts()[name]
-        if not overrides and part.weights is not part.default_weights:
-            # back to the part's own weights (the last LoRA removed): its sessions compile again as they were at
-            # load. A session rebound to them is not always the same program: OpenVINO's swappable form feeds
-            # biases as inputs, which differs from the first compile by 1 level in fp32, 18 in bf16 (tiny SD 1.x)
-            part.close()
-            part.weights = part.default_weights
-            default = part.default_weights
-            part.weights_factory = None if default is None else (lambda: default)
-        elif overrides:
+        if lora:
+            self._lora_parts.add(name)
+        elif name in self._lora_parts:
+            self._lora_parts.discard(name)
+            if self._base_fresh.get(name, True):
+                part.close()
+                part.weights = part.default_weights
+                default = part.default_weights
+                part.weights_factory = None if default is None else (lambda: default)
+        else:
+            self._base_fresh[name] = not part.sessions
+        if overrides or part.weights is not part.default_weights:
             part.update_weights(self._weights(name, overrides))
             part.weights_factory = lambda: self._weights(name, overrides)
         self.pipe._weights_changed(name)
@@ -360,7 +373,7 @@ class WeightState:
             merged = self._merge(self.loras)
         for name in sorted(names):
             overrides = {**self.base.get(name, {}), **merged.get(name, {})}
-            self._bind(name, overrides)
+            self._bind(name, overrides, lora=bool(merged.get(name)))
         self.pipe._release(*names)  # low-memory mode: the graphs read for mapping are dropped again
 
     def infotext(self) -> dict[str, object]:
