@@ -360,6 +360,16 @@ def test_a_callback_that_cannot_take_the_step_arguments_fails_before_the_job(sd1
     assert sd15.generate(PROMPT, steps=1, seed=1, callback=lambda *args: None).images  # any that binds runs
     assert sd15.generate(PROMPT, steps=1, seed=1, callback=print).images  # a builtin has no signature to check
 
+
+def test_numpy_sizes_give_plain_data() -> None:
+    """validate kept width=np.int64(64) as it came, and the run plan's to_dict() could not be written as JSON."""
+    import json
+
+    s = pipelines.validate(PROMPT, width=np.int64(64), height=np.int32(64), steps=np.int64(2))
+    assert (type(s.width), type(s.height), type(s.steps)) == (int, int, int)
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend()) as pipe:
+        json.dumps(pipe.plan(PROMPT, steps=np.int64(2), width=np.int64(64), height=np.int64(64)).to_dict())
+
 # -- progress ------------------------------------------------------------------------------------------------------
 class _Tty(io.StringIO):
     def isatty(self) -> bool:

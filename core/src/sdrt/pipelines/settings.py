@@ -133,10 +133,12 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         check_text("negative_prompt", negative_prompt, "negative prompt")
     for name, value in (("width", width), ("height", height)):
         if value is not None:
-            _int(name, value, 8)
+            value = _int(name, value, 8)  # a plain int: np.int64 reached the run plan's plain data (not JSON)
             if value % 8:
                 raise InputError(f"{name} {value} is not a multiple of 8", where=name,
                                  fix=f"use {value - value % 8} or {value - value % 8 + 8}")
+    width = None if width is None else int(width)
+    height = None if height is None else int(height)
     steps = _int("steps", steps, 1)
     batch = _int("batch", batch, 1)
     batch_count = _int("batch_count", batch_count, 1)
