@@ -370,6 +370,21 @@ def test_numpy_sizes_give_plain_data() -> None:
     with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend()) as pipe:
         json.dumps(pipe.plan(PROMPT, steps=np.int64(2), width=np.int64(64), height=np.int64(64)).to_dict())
 
+
+@pytest.mark.parametrize(("key", "hint"), [
+    ("guidance_scale", "pass cfg (classifier-free guidance; for Flux dev's distilled guidance, guidance) instead"),
+    ("num_inference_steps", "pass steps instead"),  # was "did you mean hires_steps?"
+    ("cfg_scale", "pass cfg instead"),  # was "did you mean hires_scale?"
+    ("negative", "pass negative_prompt instead"),  # negative_prompt was not among the arguments listed
+    ("n_iter", "pass batch_count instead"),
+    ("stpes", "did you mean steps?"),
+])
+def test_other_libraries_argument_names_are_pointed_to_ours(key: str, hint: str) -> None:
+    with pytest.raises(InputError) as info:
+        pipelines.validate(PROMPT, **{key: 1})
+    assert info.value.where == key and info.value.fix.startswith(hint)
+    assert "the arguments are prompt, negative_prompt, steps, cfg" in info.value.fix
+
 # -- progress ------------------------------------------------------------------------------------------------------
 class _Tty(io.StringIO):
     def isatty(self) -> bool:

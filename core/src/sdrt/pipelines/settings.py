@@ -210,13 +210,30 @@ KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "i
             "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", *TOOLBOX_KEYWORDS)
 
 
+#: other libraries' names for these arguments (diffusers', A1111's API): what to pass here instead. A near spelling
+#: is no guide for them: difflib offered hires_steps for num_inference_steps, hires_scale for cfg_scale, and
+#: guidance (Flux dev's distilled guidance) for diffusers' guidance_scale, which is the CFG scale for SD
+_OTHER_NAMES = {
+    "guidance_scale": "cfg (classifier-free guidance; for Flux dev's distilled guidance, guidance)",
+    "cfg_scale": "cfg", "num_inference_steps": "steps", "negative": "negative_prompt", "neg_prompt": "negative_prompt",
+    "num_images_per_prompt": "batch", "batch_size": "batch", "n_iter": "batch_count",
+    "denoising_strength": "strength", "image": "init_image", "init_images": "init_image", "mask_image": "mask",
+    "sampler_name": "sampler", "scheduler": "schedule (a ComfyUI scheduler) or sampler (an A1111 label)",
+    "generator": "seed (an integer)", "enable_hr": "hires_scale", "hr_scale": "hires_scale",
+    "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler",
+    "controlnet": "controlnets", "control_image": "controlnets",
+}
+
+
 def check_keywords(kwargs: dict[str, Any]) -> None:
     """Unknown keyword arguments fail by name (not as a TypeError from an inner function)."""
     import difflib
 
     for key in kwargs:
         if key not in KEYWORDS:
-            close = difflib.get_close_matches(key, KEYWORDS, n=1)
+            other = _OTHER_NAMES.get(key)
+            close = None if other else difflib.get_close_matches(key, KEYWORDS, n=1)
+            hint = f"pass {other} instead; " if other else f"did you mean {close[0]}? " if close else ""
             raise InputError(f"unknown argument {key!r}", where=key,
-                             fix=(f"did you mean {close[0]}? " if close else "") + "the arguments are "
-                             + ", ".join(KEYWORDS) + ", callback")
+                             fix=hint + "the arguments are prompt, negative_prompt, " + ", ".join(KEYWORDS)
+                             + ", callback")
