@@ -385,6 +385,31 @@ def test_other_libraries_argument_names_are_pointed_to_ours(key: str, hint: str)
     assert info.value.where == key and info.value.fix.startswith(hint)
     assert "the arguments are prompt, negative_prompt, steps, cfg" in info.value.fix
 
+
+@pytest.mark.parametrize("weights", ["lora", "embedding"])
+def test_a_pipeline_with_weights_is_freed_when_dropped(weights: str) -> None:
+    """Its WeightState referred back to the pipeline: a cycle, so a pipeline an app dropped without close() kept its
+    compiled sessions until the cyclic garbage collector happened to run."""
+    import gc
+    import weakref
+
+    files = DATA.parent / "ckpt" / "pipe-sd15"
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+        if weights == "lora":
+            pipe.set_loras([(files / "tinylora.safetensors", 0.5)])
+        else:
+            pipe.add_embedding(files / "tinyemb.safetensors")
+        pipe("a tinyemb cat", steps=1, seed=1)
+        ref, unet = weakref.ref(pipe), weakref.ref(pipe.unet)
+        del pipe
+        assert ref() is None and unet() is None
+    finally:
+        if enabled:
+            gc.enable()
+
 # -- progress ------------------------------------------------------------------------------------------------------
 class _Tty(io.StringIO):
     def isatty(self) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,13 @@ class WeightState:
     _lora_parts: set[str] = field(default_factory=set)
     #: part -> whether its base weights (no LoRA) last ran freshly compiled (else rebound on live sessions)
     _base_fresh: dict[str, bool] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the pipeline owns this state (and its parts hold weights_factory closures over it): a strong reference
+        # back made a cycle, so a pipeline dropped without close() kept its sessions' memory until the cyclic
+        # garbage collector happened to run
+        if not isinstance(self.pipe, weakref.ProxyTypes):
+            self.pipe = weakref.proxy(self.pipe)
 
     # -- helpers --------------------------------------------------------------
     def _parts(self) -> dict[str, Part]:
