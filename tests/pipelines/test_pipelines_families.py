@@ -416,6 +416,24 @@ def test_weights_and_close_wait_for_the_running_job(sd15_on) -> None:
     assert len(failed) == 1 and isinstance(failed[0], Interrupted)
     assert sd15_on(PROMPT, steps=3, seed=1, sampler="Euler")[0].tobytes() == want.tobytes()  # compiles again
 
+
+def test_interrupt_from_a_signal_handler_does_not_deadlock() -> None:
+    """A SIGINT handler calling pipe.interrupt() runs on the main thread, between two bytecodes: maybe while that
+    thread holds the pipeline's state lock, at a job's start or end. The lock was not re-entrant: a deadlock."""
+    register("reference")
+    pipe = pipelines.load(DATA / "tiny-sd15", backend="reference")
+
+    def main_thread() -> None:
+        with pipe._state:  # generate() is setting _running here when the signal arrives
+            pipe.interrupt()  # the handler
+
+    t = threading.Thread(target=main_thread, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "interrupt() deadlocked on the state lock its own thread held"
+    assert pipe(PROMPT, steps=1, seed=1)[0].shape == (64, 64, 3)
+    pipe.close()
+
 # -- the denoiser the loop calls (sdrt.samplers) -------------------------------------------------------------------
 def test_batched_cfg_equals_two_passes_and_hooks_add_inputs(sd15) -> None:
     from sdrt.samplers import CFGDenoiser, Denoiser

@@ -134,7 +134,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._dry = False
         self._lock = threading.Lock()  # one job at a time
         self._owner: int | None = None  # the thread that holds _lock (a step callback runs on it)
-        self._state = threading.Lock()  # guards _running / _stop for interrupt()
+        # guards _running / _stop; re-entrant: a signal handler calling interrupt() runs on the main thread, maybe
+        # while that thread holds it at a job's start or end
+        self._state = threading.RLock()
         self._stop = threading.Event()
         self._running = False
 
