@@ -184,3 +184,23 @@ def test_removing_the_last_lora_gives_what_ran_before_it(first, low_memory):
         assert pipe("a red cat", **kw)[0].tobytes() != before.tobytes()
         pipe.set_loras([])
         assert pipe("a red cat", **kw)[0].tobytes() == before.tobytes()
+
+
+@pytest.mark.parametrize("name", ["../pipe-sd15/tinylora", str((D / "tinylora").resolve()), "../../../../../../etc/passwd"])
+def test_a_lora_tag_cannot_leave_the_lora_folder(pipe, name):
+    """A prompt (a Discord bot's, a server's) named any file on the machine: '../x' and absolute names were joined to
+    the LoRA folder and read."""
+    pipe.weights.lora_dir = DATA / "sd1"
+    with pytest.raises(WeightsError, match="leads out of the LoRA folder") as info:
+        pipe(f"a cat <lora:{name}:0.5>", **QUICK)
+    assert info.value.where == f"<lora:{name}:...> in the prompt"
+    assert not pipe.weights.loras
+
+
+def test_a_lora_tag_may_name_a_file_in_a_subfolder(pipe, tmp_path):
+    import shutil
+
+    (tmp_path / "styles").mkdir()
+    shutil.copy(D / "tinylora.safetensors", tmp_path / "styles" / "tiny.safetensors")
+    pipe.weights.lora_dir = tmp_path
+    assert "tiny: " in str(pipe.generate("a cat <lora:styles/tiny:0.5>", **QUICK).settings[0]["Lora hashes"])

@@ -236,7 +236,13 @@ class WeightState:
         if self.lora_dir is None:
             raise WeightsError(f"the prompt asks for <lora:{name}:...> but no LoRA folder is set", where="prompt",
                                fix="pass --lora-dir DIR (pipe.weights.lora_dir = DIR) holding NAME.safetensors")
+        root = self.lora_dir.resolve()
         for cand in (self.lora_dir / f"{name}.safetensors", self.lora_dir / name):
+            if not cand.resolve().is_relative_to(root):  # '../x' or '/abs/x' in a prompt: any file on the machine
+                raise WeightsError(f"the LoRA name {name!r} leads out of the LoRA folder {self.lora_dir}",
+                                   where=f"<lora:{name}:...> in the prompt",
+                                   fix="name a LoRA file in the LoRA folder (or a folder in it), without '..' or a "
+                                   "leading '/'")
             if cand.is_file():
                 return cand
         have = sorted(p.stem for p in self.lora_dir.glob("*.safetensors"))
