@@ -20,7 +20,7 @@ import pytest
 from ckpt_data import DATA, PIPE_FOLDER
 
 from sdrt import pipelines
-from sdrt.errors import WeightsError
+from sdrt.errors import InputError, WeightsError
 
 # every test here runs the pipeline on OpenVINO
 pytestmark = pytest.mark.needs_backend("openvino")
@@ -204,3 +204,12 @@ def test_a_lora_tag_may_name_a_file_in_a_subfolder(pipe, tmp_path):
     shutil.copy(D / "tinylora.safetensors", tmp_path / "styles" / "tiny.safetensors")
     pipe.weights.lora_dir = tmp_path
     assert "tiny: " in str(pipe.generate("a cat <lora:styles/tiny:0.5>", **QUICK).settings[0]["Lora hashes"])
+
+
+def test_the_lora_folder_may_be_a_str(pipe):
+    """docs/checkpoints.md sets pipe.weights.lora_dir = "loras/": a str was a TypeError at the first tag."""
+    pipe.weights.lora_dir = str(D)
+    assert "tinylora: " in str(pipe.generate("a cat <lora:tinylora:0.5>", **QUICK).settings[0]["Lora hashes"])
+    pipe.weights.lora_dir = 5
+    with pytest.raises(InputError, match="pipe.weights.lora_dir must be a folder path, got int 5"):
+        pipe("a cat <lora:tinylora:0.5>", **QUICK)

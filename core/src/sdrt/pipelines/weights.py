@@ -236,17 +236,21 @@ class WeightState:
         if self.lora_dir is None:
             raise WeightsError(f"the prompt asks for <lora:{name}:...> but no LoRA folder is set", where="prompt",
                                fix="pass --lora-dir DIR (pipe.weights.lora_dir = DIR) holding NAME.safetensors")
-        root = self.lora_dir.resolve()
-        for cand in (self.lora_dir / f"{name}.safetensors", self.lora_dir / name):
+        if not isinstance(self.lora_dir, (str, os.PathLike)):
+            raise InputError(f"pipe.weights.lora_dir must be a folder path, got {type(self.lora_dir).__name__} "
+                             f"{self.lora_dir!r:.40}", where="lora_dir", fix="set pipe.weights.lora_dir = 'loras/'")
+        folder = Path(self.lora_dir)  # docs/checkpoints.md sets a str: it was a TypeError at the first tag
+        root = folder.resolve()
+        for cand in (folder / f"{name}.safetensors", folder / name):
             if not cand.resolve().is_relative_to(root):  # '../x' or '/abs/x' in a prompt: any file on the machine
-                raise WeightsError(f"the LoRA name {name!r} leads out of the LoRA folder {self.lora_dir}",
+                raise WeightsError(f"the LoRA name {name!r} leads out of the LoRA folder {folder}",
                                    where=f"<lora:{name}:...> in the prompt",
                                    fix="name a LoRA file in the LoRA folder (or a folder in it), without '..' or a "
                                    "leading '/'")
             if cand.is_file():
                 return cand
-        have = sorted(p.stem for p in self.lora_dir.glob("*.safetensors"))
-        raise WeightsError(f"no LoRA named {name!r} in {self.lora_dir}", where=f"<lora:{name}:...> in the prompt",
+        have = sorted(p.stem for p in folder.glob("*.safetensors"))
+        raise WeightsError(f"no LoRA named {name!r} in {folder}", where=f"<lora:{name}:...> in the prompt",
                            fix=f"put {name}.safetensors there, or use one of: {', '.join(have[:12]) or 'none'}")
 
     def _merge(self, active: list[ActiveLora]) -> dict[str, dict[str, np.ndarray]]:
