@@ -20,7 +20,7 @@ import pytest
 from ckpt_data import DATA, PIPE_FOLDER
 
 from sdrt import pipelines
-from sdrt.errors import WeightsError
+from sdrt.errors import InputError, WeightsError
 
 # every test here runs the pipeline on OpenVINO
 pytestmark = pytest.mark.needs_backend("openvino")
@@ -151,3 +151,65 @@ def test_pipeline_parts_match_diffusers_exactly(pipe, refs, key):
     out = pipe.unet.run({"sample": refs["unet_sample"], "timestep": np.array([500], np.int64),
                          "encoder_hidden_states": refs[f"{key}_embeds"]})["out_sample"]
     np.testing.assert_allclose(out, refs[f"{key}_unet"], atol=1e-4)
+
+
+def test_removing_the_last_lora_gives_the_exports_image_back_bit_for_bit(pipe):
+    """No checkpoint: the sessions first compiled with the export's own weights. Rebinding those weights after a LoRA
+    ran OpenVINO's swappable form (biases fed as inputs), 1 level off in fp32 (this case) and 18 in bf16; the parts
+    compile again as they were at load instead."""
+    kw = dict(steps=2, seed=1, sampler="Euler")
+    before = pipe("a red cat", **kw)[0]
+    pipe.set_loras([(D / "tinylora.safetensors", 0.5)])
+    assert pipe("a red cat", **kw)[0].tobytes() != before.tobytes()
+    pipe.set_loras([])
+    assert pipe("a red cat", **kw)[0].tobytes() == before.tobytes()
+
+
+@pytest.mark.parametrize("low_memory", [False, True])
+@pytest.mark.parametrize("first", ["embedding", "checkpoint before a job", "checkpoint after a job", "nothing"])
+def test_removing_the_last_lora_gives_what_ran_before_it(first, low_memory):
+    """Whatever the base weights are and however they were bound, removing the LoRA gives the image the base gave.
+    With an embedding, the text encoder's base (its table with reserved rows) first ran freshly compiled and came back
+    rebound (0.025 off on OpenVINO); in low-memory mode the LoRA's weights stayed bound to be rebuilt."""
+    kw = dict(steps=2, seed=1, sampler="Euler")
+    with pipelines.load(PIPE_FOLDER, backend="openvino", low_memory=low_memory) as pipe:
+        if first == "checkpoint after a job":
+            pipe("a red cat", **kw)
+        if first.startswith("checkpoint"):
+            pipe.load_weights(D / "custom.safetensors")
+        if first == "embedding":
+            pipe.add_embedding(D / "tinyemb.safetensors")
+        before = pipe("a red cat", **kw)[0]
+        pipe.set_loras([(D / "tinylora.safetensors", 0.6)])
+        assert pipe("a red cat", **kw)[0].tobytes() != before.tobytes()
+        pipe.set_loras([])
+        assert pipe("a red cat", **kw)[0].tobytes() == before.tobytes()
+
+
+@pytest.mark.parametrize("name", ["../pipe-sd15/tinylora", str((D / "tinylora").resolve()), "../../../../../../etc/passwd"])
+def test_a_lora_tag_cannot_leave_the_lora_folder(pipe, name):
+    """A prompt (a Discord bot's, a server's) named any file on the machine: '../x' and absolute names were joined to
+    the LoRA folder and read."""
+    pipe.weights.lora_dir = DATA / "sd1"
+    with pytest.raises(WeightsError, match="leads out of the LoRA folder") as info:
+        pipe(f"a cat <lora:{name}:0.5>", **QUICK)
+    assert info.value.where == f"<lora:{name}:...> in the prompt"
+    assert not pipe.weights.loras
+
+
+def test_a_lora_tag_may_name_a_file_in_a_subfolder(pipe, tmp_path):
+    import shutil
+
+    (tmp_path / "styles").mkdir()
+    shutil.copy(D / "tinylora.safetensors", tmp_path / "styles" / "tiny.safetensors")
+    pipe.weights.lora_dir = tmp_path
+    assert "tiny: " in str(pipe.generate("a cat <lora:styles/tiny:0.5>", **QUICK).settings[0]["Lora hashes"])
+
+
+def test_the_lora_folder_may_be_a_str(pipe):
+    """docs/checkpoints.md sets pipe.weights.lora_dir = "loras/": a str was a TypeError at the first tag."""
+    pipe.weights.lora_dir = str(D)
+    assert "tinylora: " in str(pipe.generate("a cat <lora:tinylora:0.5>", **QUICK).settings[0]["Lora hashes"])
+    pipe.weights.lora_dir = 5
+    with pytest.raises(InputError, match="pipe.weights.lora_dir must be a folder path, got int 5"):
+        pipe("a cat <lora:tinylora:0.5>", **QUICK)

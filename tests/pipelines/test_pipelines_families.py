@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -381,6 +382,95 @@ def test_one_job_at_a_time_from_two_threads(sd15_on) -> None:
     assert all(np.array_equal(got[s], want[s]) for s in (1, 2))
     assert inside in ([1, 1, 2, 2], [2, 2, 1, 1]) and all(lock_seen)  # the jobs did not interleave
 
+
+
+def test_a_callback_calling_back_into_its_pipeline_is_refused_not_hung(sd15_on) -> None:
+    """generate, plan, set_loras and close wait for the running job; from that job's own step callback they waited
+    for themselves, forever."""
+    said: list[object] = []
+
+    def callback(i: int, n: int, x: np.ndarray) -> bool:
+        for call in (lambda: sd15_on(PROMPT, steps=1), lambda: sd15_on.plan(PROMPT), lambda: sd15_on.set_loras([]),
+                     sd15_on.close):
+            try:
+                call()
+            except InputError as exc:
+                said.append((exc.where, exc.what.split(" was called")[0]))
+            else:
+                said.append("returned")
+        return False
+
+    def job() -> None:
+        with pytest.raises(Interrupted, match="the step callback stopped"):
+            sd15_on(PROMPT, steps=3, seed=1, callback=callback)
+
+    t = threading.Thread(target=job, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "a call from the step callback hung"
+    assert said == [("callback", "generate()"), ("callback", "plan()"), ("callback", "set_loras()"),
+                    ("callback", "close()")]
+    assert sd15_on(PROMPT, steps=1, seed=1)[0].shape == (64, 64, 3)  # the pipeline goes on
+
+
+def test_weights_and_close_wait_for_the_running_job(sd15_on) -> None:
+    """set_loras from another thread while a job ran changed the weights between two of its steps; close closed the
+    sessions under it. Now set_loras waits for the job, and close interrupts it and waits."""
+    lora = DATA.parent / "ckpt" / "pipe-sd15" / "tinylora.safetensors"
+    want = sd15_on(PROMPT, steps=3, seed=1, sampler="Euler")[0]
+    order: list[str] = []
+    started = threading.Event()
+
+    def callback(i: int, n: int, x: np.ndarray) -> None:
+        started.set()
+        time.sleep(0.2)  # set_loras is called meanwhile
+        order.append(f"step {i}")
+
+    got = {}
+    t = threading.Thread(target=lambda: got.update(img=sd15_on(PROMPT, steps=3, seed=1, sampler="Euler",
+                                                                 callback=callback)[0]))
+    t.start()
+    started.wait(60)
+    sd15_on.set_loras([(lora, 0.8)])
+    order.append("set_loras")
+    t.join()
+    sd15_on.set_loras([])
+    assert order == ["step 1", "step 2", "step 3", "set_loras"] and got["img"].tobytes() == want.tobytes()
+    started.clear()
+    failed: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            sd15_on(PROMPT, steps=50, seed=1, callback=lambda i, n, x: started.set() or time.sleep(0.01))
+        except BaseException as exc:  # noqa: BLE001 - what the job ended with
+            failed.append(exc)
+
+    t = threading.Thread(target=job)
+    t.start()
+    started.wait(60)
+    sd15_on.close()
+    assert not sd15_on._running  # the job ended before close went on
+    t.join()
+    assert len(failed) == 1 and isinstance(failed[0], Interrupted)
+    assert sd15_on(PROMPT, steps=3, seed=1, sampler="Euler")[0].tobytes() == want.tobytes()  # compiles again
+
+
+def test_interrupt_from_a_signal_handler_does_not_deadlock() -> None:
+    """A SIGINT handler calling pipe.interrupt() runs on the main thread, between two bytecodes: maybe while that
+    thread holds the pipeline's state lock, at a job's start or end. The lock was not re-entrant: a deadlock."""
+    register("reference")
+    pipe = pipelines.load(DATA / "tiny-sd15", backend="reference")
+
+    def main_thread() -> None:
+        with pipe._state:  # generate() is setting _running here when the signal arrives
+            pipe.interrupt()  # the handler
+
+    t = threading.Thread(target=main_thread, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "interrupt() deadlocked on the state lock its own thread held"
+    assert pipe(PROMPT, steps=1, seed=1)[0].shape == (64, 64, 3)
+    pipe.close()
 
 # -- the denoiser the loop calls (sdrt.samplers) -------------------------------------------------------------------
 def test_batched_cfg_equals_two_passes_and_hooks_add_inputs(sd15) -> None:

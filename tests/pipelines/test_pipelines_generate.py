@@ -10,7 +10,7 @@ import pytest
 from pipeline_helpers import DATA, refs, register
 
 from sdrt import pipelines
-from sdrt.errors import InputError, Interrupted, ModelError, SamplerError
+from sdrt.errors import InputError, Interrupted, ModelError, SamplerError, WeightsError
 from sdrt.pipelines.images import to_mask, to_rgb
 from sdrt.pipelines.progress import ProgressBar
 
@@ -63,6 +63,8 @@ def init() -> np.ndarray:
     ({"batch_count": 10**10}, InputError, "batch_count 10000000000 is above the limit of 10000"),
     ({"width": 10**6}, InputError, "width 1000000 is above the limit of 16384"),
     ({"cfg": 1e308}, InputError, "cfg must be a finite number from 0 to 100, got 1e"),
+    # T5's length: 10**6 reached OpenVINO's compile (bad_alloc) after planning 22 TiB of activations
+    ({"max_sequence_length": 10**6}, InputError, "max_sequence_length 1000000 is above the limit of 512"),
     ({"seed": 2**64}, SamplerError, "seed 18446744073709551616 is out of range"),
 ])
 def test_bad_settings_fail_before_loading(kwargs: dict, error: type, message: str) -> None:
@@ -307,6 +309,146 @@ def test_unreadable_image_file(tmp_path) -> None:
     with pytest.raises(InputError, match="cannot read the init image"):
         to_rgb(bad)
 
+
+
+@pytest.mark.parametrize(("kwargs", "where", "message"), [
+    # numpy numbers are numbers: steps=np.int64(2) passed and cfg=np.int64(7) was "not a finite number"
+    ({"cfg": np.int64(7)}, None, None),
+    ({"init_image": np.zeros((64, 64, 3), np.uint8), "strength": np.int64(1)}, None, None),
+    ({"init_image": np.zeros((64, 64, 3), np.uint8), "strength": np.float32(0.5)}, None, None),
+    ({"cfg": np.bool_(True)}, "cfg", "cfg must be a finite number"),
+    # a schedule that is no name was an AttributeError from the samplers' name folding
+    ({"sampler": "Euler", "schedule": 5}, "schedule", "schedule must be a schedule's name, got int 5"),
+    # nested lists numpy cannot make one array of were a ValueError from np.asarray
+    ({"init_image": [[1, 2], [3]]}, "init_image", "the init image is not an image array"),
+    ({"init_image": np.zeros((64, 64, 3), np.uint8), "mask": [[1, 2], [3]]}, "mask", "the mask is not an image array"),
+    # errors about the init image name the keyword, not the label
+    ({"init_image": np.zeros((3, 64, 64), np.uint8)}, "init_image", r"the init image has shape \(3, 64, 64\)"),
+    ({"init_image": np.full((64, 64, 3), 255.0)}, "init_image", "float values run from 255 to 255"),
+    # a bytes path is a path (as open() takes it), not a 0-d array "of shape ()"
+    ({"init_image": b"/no/such/image.png"}, "/no/such/image.png", "the init image file does not exist"),
+    ({"init_image": np.zeros((64, 64, 3), np.uint8), "mask": b"/no/such/mask.png"}, "/no/such/mask.png",
+     "the mask file does not exist"),
+])
+def test_arguments_as_an_app_passes_them(sd15, kwargs: dict, where: str | None, message: str | None) -> None:
+    if message is None:
+        assert sd15.generate(PROMPT, steps=2, seed=1, **kwargs).images[0].shape == (64, 64, 3)
+        return
+    with pytest.raises(InputError, match=message) as info:
+        sd15.generate(PROMPT, steps=2, seed=1, **kwargs)
+    assert info.value.where == where
+
+
+def test_a_bytes_path_reads_the_image(sd15, init, tmp_path) -> None:
+    pytest.importorskip("PIL")
+    from sdrt.pipelines.png import write_png
+
+    path = tmp_path / "init.png"
+    write_png(path, init, "")
+    want = sd15(PROMPT, steps=2, seed=1, init_image=init, strength=0.5)[0]
+    assert sd15(PROMPT, steps=2, seed=1, init_image=bytes(path), strength=0.5)[0].tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize(("call", "error", "message"), [
+    # load_weights(None) was a TypeError from pathlib
+    (lambda p: p.load_weights(None), InputError, "the checkpoint must be a file path .* got NoneType None"),
+    (lambda p: p.load_weights(b"/x.safetensors"), InputError, "the checkpoint must be a file path .* got bytes"),
+    # the text '1' was read as the scale 1.0
+    (lambda p: p.set_loras([(DATA.parent / "ckpt" / "pipe-sd15" / "tinylora.safetensors", "1")]), WeightsError,
+     "the scale of LoRA 'tinylora' is str '1', not a number"),
+])
+def test_weight_calls_refuse_what_is_no_path_or_number(sd15, call, error, message) -> None:
+    with pytest.raises(error, match=message):
+        call(sd15)
+    assert not sd15.weights.loras
+
+
+@pytest.mark.parametrize(("kwargs", "setting"), [
+    ({"memory": np.int64(2**33)}, ("memory", 2**33)),  # was "cannot read the memory size np.int64(8589934592)"
+    ({"low_memory": np.bool_(False)}, ("low_memory", False)),  # was "must be True or False, got bool np.False_"
+])
+def test_load_takes_numpy_scalars(kwargs: dict, setting: tuple) -> None:
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend(), **kwargs) as pipe:
+        assert getattr(pipe, setting[0]) == setting[1] and type(getattr(pipe, setting[0])) is type(setting[1])
+
+
+def test_load_takes_a_numpy_vae_tile() -> None:
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend(), vae_tile=np.int64(8)) as pipe:
+        assert pipe.vae_tile == 8 and type(pipe.vae_tile) is int  # was "vae_tile must be an int ..., got int64"
+
+
+@pytest.mark.parametrize("upscale", [0, -1, 2.5, "x", None, 10**6])
+def test_preview_upscale_is_checked(sd15, upscale) -> None:
+    """preview(upscale=2.5) ran as 2, 'x' and None were TypeErrors from numpy, 10**6 a MemoryError."""
+    said = []
+
+    def callback(i: int, n: int, x: np.ndarray) -> None:
+        with pytest.raises(InputError, match="upscale must be a whole number from 1 to 64") as info:
+            sd15.preview(upscale=upscale)
+        said.append(info.value.where)
+
+    sd15.generate(PROMPT, steps=1, seed=1, callback=callback)
+    assert said == ["upscale"]
+
+
+def test_a_callback_that_cannot_take_the_step_arguments_fails_before_the_job(sd15) -> None:
+    """It was a TypeError from inside the sampling loop, after the first step had run."""
+    with pytest.raises(InputError, match=r"callback must take three arguments \(step, total, latents\), and its "
+                       r"signature is \(step\)") as info:
+        sd15.generate(PROMPT, steps=1, callback=lambda step: None)
+    assert info.value.where == "callback"
+    assert sd15.generate(PROMPT, steps=1, seed=1, callback=lambda *args: None).images  # any that binds runs
+    assert sd15.generate(PROMPT, steps=1, seed=1, callback=print).images  # a builtin has no signature to check
+
+
+def test_numpy_sizes_give_plain_data() -> None:
+    """validate kept width=np.int64(64) as it came, and the run plan's to_dict() could not be written as JSON."""
+    import json
+
+    s = pipelines.validate(PROMPT, width=np.int64(64), height=np.int32(64), steps=np.int64(2))
+    assert (type(s.width), type(s.height), type(s.steps)) == (int, int, int)
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend()) as pipe:
+        json.dumps(pipe.plan(PROMPT, steps=np.int64(2), width=np.int64(64), height=np.int64(64)).to_dict())
+
+
+@pytest.mark.parametrize(("key", "hint"), [
+    ("guidance_scale", "pass cfg (classifier-free guidance; for Flux dev's distilled guidance, guidance) instead"),
+    ("num_inference_steps", "pass steps instead"),  # was "did you mean hires_steps?"
+    ("cfg_scale", "pass cfg instead"),  # was "did you mean hires_scale?"
+    ("negative", "pass negative_prompt instead"),  # negative_prompt was not among the arguments listed
+    ("n_iter", "pass batch_count instead"),
+    ("stpes", "did you mean steps?"),
+])
+def test_other_libraries_argument_names_are_pointed_to_ours(key: str, hint: str) -> None:
+    with pytest.raises(InputError) as info:
+        pipelines.validate(PROMPT, **{key: 1})
+    assert info.value.where == key and info.value.fix.startswith(hint)
+    assert "the arguments are prompt, negative_prompt, steps, cfg" in info.value.fix
+
+
+@pytest.mark.parametrize("weights", ["lora", "embedding"])
+def test_a_pipeline_with_weights_is_freed_when_dropped(weights: str) -> None:
+    """Its WeightState referred back to the pipeline: a cycle, so a pipeline an app dropped without close() kept its
+    compiled sessions until the cyclic garbage collector happened to run."""
+    import gc
+    import weakref
+
+    files = DATA.parent / "ckpt" / "pipe-sd15"
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+        if weights == "lora":
+            pipe.set_loras([(files / "tinylora.safetensors", 0.5)])
+        else:
+            pipe.add_embedding(files / "tinyemb.safetensors")
+        pipe("a tinyemb cat", steps=1, seed=1)
+        ref, unet = weakref.ref(pipe), weakref.ref(pipe.unet)
+        del pipe
+        assert ref() is None and unet() is None
+    finally:
+        if enabled:
+            gc.enable()
 
 # -- progress ------------------------------------------------------------------------------------------------------
 class _Tty(io.StringIO):

@@ -153,6 +153,15 @@ def test_controlnet_given_as_its_own_folder() -> None:
      "processor_res must be a number from 1"),
     ([("controlnet",)], InputError, r"is not \(net, image"),
     ("controlnet", InputError, "controlnets must be a list"),
+    # thresholds, checked with the rest (a TypeError from numpy, a ValueError from int(), 2.7 run as 2 at step 1)
+    ([ControlNet("controlnet", "EDGES", preprocessor="canny", low="x")], InputError,
+     r"controlnets\[0\] low, a canny threshold, must be a finite number >= 0, got 'x'"),
+    ([ControlNet("controlnet", "EDGES", preprocessor="canny", high=float("inf"))], InputError,
+     r"controlnets\[0\] high, a canny threshold"),
+    ([ControlNet("controlnet", "EDGES", preprocessor="scribble", low="a")], InputError,
+     r"controlnets\[0\] low must be a number from 0 to 255, got 'a'"),
+    ([ControlNet("controlnet", "EDGES", preprocessor="scribble", low=2.7)], InputError,
+     "the scribble threshold, must be a whole level from 0 to 255, got 2.7"),
 ])
 def test_controlnet_bad_input(controlnets, error, words) -> None:
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")

@@ -9,5 +9,7 @@ MAX_BATCH = 256
 MAX_BATCH_COUNT = 10_000
 MAX_SIDE = 16_384
 MAX_CFG = 100.0
+#: T5's token count (SD3, Flux, Chroma): diffusers' pipelines refuse more than 512 (``check_inputs``)
+MAX_SEQUENCE_LENGTH = 512
 
-__all__ = ["MAX_BATCH", "MAX_BATCH_COUNT", "MAX_CFG", "MAX_SIDE", "MAX_STEPS"]
+__all__ = ["MAX_BATCH", "MAX_BATCH_COUNT", "MAX_CFG", "MAX_SEQUENCE_LENGTH", "MAX_SIDE", "MAX_STEPS"]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -61,7 +62,7 @@ def parse_memory(value: Any, where: str = "memory") -> int:
     fix = "give a size such as 8GB, 6GiB or 512MB (GB and MB are powers of 10, GiB, MiB, G and M of 2)"
     if isinstance(value, bool):
         raise InputError(f"{where} must be a size, got {value!r}", where=where, fix=fix)
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):  # numpy's integers and floats too
         number, unit = float(value), ""
     elif isinstance(value, str) and (m := _SIZE.match(value)):
         number, unit = float(m.group(1)), m.group(2).lower()

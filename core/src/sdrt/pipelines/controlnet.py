@@ -140,6 +140,23 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.resize not in RESIZE_MODES:
             raise InputError(f"unknown ControlNet resize mode {unit.resize!r}", where=where,
                              fix=f"use one of {', '.join(RESIZE_MODES)}")
+        # the preprocessor's thresholds: a canny threshold is a gradient level (>= 0), scribble's a pixel level;
+        # 'x' was a TypeError from numpy and 2.7 ran as 2, at the first step rather than now
+        for name in ("low", "high"):
+            value = getattr(unit, name)
+            if value is None:
+                continue
+            if unit.preprocessor == "scribble":
+                setattr(unit, name, _num(value, f"{where} {name}", 0.0, 255.0))
+            elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                    or not math.isfinite(float(value)) or value < 0:
+                raise InputError(f"{where} {name}, a canny threshold, must be a finite number >= 0, got {value!r}",
+                                 where=f"{where} {name}", fix="pass e.g. low=100, high=200 (A1111's defaults)")
+            else:
+                setattr(unit, name, float(value))
+        if unit.preprocessor == "scribble" and unit.low is not None and not float(unit.low).is_integer():
+            raise InputError(f"{where} low, the scribble threshold, must be a whole level from 0 to 255, got "
+                             f"{unit.low:g}", where=f"{where} low", fix="pass e.g. low=127")
         if not isinstance(unit.net, (str, os.PathLike, OpenedControlNet)):
             raise InputError(f"{where}: the net must be a folder, a model.onnx or .safetensors path or a part name, "
                              f"got {type(unit.net).__name__}", where=where,
@@ -184,7 +201,7 @@ def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.n
     from . import controlmaps as cm
     from .images import to_rgb
 
-    rgb = to_rgb(unit.image, "control image")
+    rgb = to_rgb(unit.image, "control image", where)
     res = processor_resolution(unit, rgb.shape[0], rgb.shape[1], width, height)
     if res is not None and unit.preprocessor in AT_RESOLUTION and unit.made_at is None:
         unit.made_at = res

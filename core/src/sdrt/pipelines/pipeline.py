@@ -6,8 +6,9 @@ Data flow: model folder -> ``Part`` graphs -> ``sdrt.load`` sessions (one per st
 :mod:`sdrt.pipelines.families`; this module owns the loop, validation, seeds, batching, callbacks,
 interruption, the run plan (:meth:`Pipeline.plan`) and the PNG settings.
 
-Threads: one pipeline runs one job at a time. ``generate``, ``__call__`` and ``plan`` hold the
-pipeline's lock, so a second thread waits for the first job to end; ``interrupt()`` may be called
+Threads: one pipeline runs one job at a time. ``generate``, ``__call__``, ``plan`` and the weight calls
+(``set_loras``, ``load_weights``, ``add_embedding``) hold the pipeline's lock, so a second thread waits for the
+first job to end (``close`` interrupts it first; from the job's own step callback these are refused); ``interrupt()`` may be called
 from any thread and stops the running job after its current step with ``sdrt.errors.Interrupted``
 (a step callback that returns ``False`` does the same). Nothing is returned from a stopped job.
 
@@ -21,13 +22,14 @@ the folder's sigma table.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +76,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         options = dict(options)
         for name, value, none_ok in (("low_memory", low_memory, True),
                                      ("share_blocks", options.get("share_blocks", False), False)):
-            if not (isinstance(value, bool) or (none_ok and value is None)):
+            if not (isinstance(value, (bool, np.bool_)) or (none_ok and value is None)):
                 raise InputError(f"{name} must be True or False{' or None' if none_ok else ''}, got "
                                  f"{type(value).__name__} {value!r:.40}", where=name,
                                  fix=f"pass {{@{name}=}}True or False" + (" (None: decide from the device's memory)"
@@ -90,7 +92,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 parse(quantize)
             except SdrtError as exc:
                 raise InputError(exc.what, where="quantize", fix=exc.fix) from None
-        if vae_tile is not None and (isinstance(vae_tile, bool) or not isinstance(vae_tile, int) or vae_tile < 8):
+        if vae_tile is not None and (isinstance(vae_tile, (bool, np.bool_)) or not isinstance(vae_tile, (int, np.integer))
+                                     or vae_tile < 8):
             raise InputError(f"vae_tile must be an int of 8 or more latent pixels (8 image pixels each), got "
                              f"{type(vae_tile).__name__} {vae_tile!r:.40}", where="vae_tile",
                              fix="pass {@vae_tile=}64 (512 pixels) or so, or None (the default) to decode whole images")
@@ -105,9 +108,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self.placement = parse_placement(options.pop("placement", None),
                                          {p: r for p, r in self.family.parts.items() if p in folder.parts})
         #: keep only the running part loaded (None: decide from the device's reported memory)
-        self.low_memory = low_memory
+        self.low_memory = None if low_memory is None else bool(low_memory)
         #: decode/encode the VAE by tiles of this many latent pixels (None: whole images)
-        self.vae_tile = vae_tile
+        self.vae_tile = None if vae_tile is None else int(vae_tile)
         self.backend = backend
         self.device = device
         self.options = options
@@ -132,7 +135,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._checked = False
         self._dry = False
         self._lock = threading.Lock()  # one job at a time
-        self._state = threading.Lock()  # guards _running / _stop for interrupt()
+        self._owner: int | None = None  # the thread that holds _lock (a step callback runs on it)
+        # guards _running / _stop; re-entrant: a signal handler calling interrupt() runs on the main thread, maybe
+        # while that thread holds it at a job's start or end
+        self._state = threading.RLock()
         self._stop = threading.Event()
         self._running = False
 
@@ -167,6 +173,14 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         return self._parts[self.family.denoiser_part]
 
     def close(self) -> None:
+        """Free every compiled session (a later job compiles them again). A running job is interrupted and waited
+        for: its sessions are never closed under it."""
+        if self._owner != threading.get_ident():  # from the job's own callback, _job refuses it: no interrupt then
+            self.interrupt()
+        with self._job("close()"):
+            self._close_parts()
+
+    def _close_parts(self) -> None:
         for p in self._parts.values():
             p.close()
         self._close_extras()  # ControlNet parts, a preview decoder
@@ -232,16 +246,22 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         return self._weight_state
 
     def load_weights(self, path: str | os.PathLike[str]) -> Any:
-        """Bind a single-file LDM checkpoint (``.safetensors``) or a diffusers folder; no recompile."""
-        return self.weights.load_checkpoint(path)
+        """Bind a single-file LDM checkpoint (``.safetensors``) or a diffusers folder; no recompile.
+        Waits for a running job to end (the weights never change under one)."""
+        with self._job("load_weights()"):
+            return self.weights.load_checkpoint(path)
 
     def set_loras(self, loras: Any) -> None:
-        """``[(path_or_Lora, scale), ...]`` active from now on; ``[]`` removes them, bit for bit."""
-        self.weights.set_loras(loras)
+        """``[(path_or_Lora, scale), ...]`` active from now on; ``[]`` removes them, bit for bit.
+        Waits for a running job to end (the weights never change under one)."""
+        with self._job("set_loras()"):
+            self.weights.set_loras(loras)
 
     def add_embedding(self, *paths: str | os.PathLike[str]) -> Any:
-        """A1111 textual-inversion embeddings; each file's stem is its trigger word."""
-        return self.weights.add_embeddings(paths)
+        """A1111 textual-inversion embeddings; each file's stem is its trigger word.
+        Waits for a running job to end (the weights never change under one)."""
+        with self._job("add_embedding()"):
+            return self.weights.add_embeddings(paths)
 
     def _weights_changed(self, part: str) -> None:
         if self._prompts is not None:
@@ -361,7 +381,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if callback is not None and not callable(callback):
             raise InputError(f"callback must be a function (step, total, latents), got {type(callback).__name__}",
                              where="callback", fix="pass a function, or leave callback unset")
-        with self._lock:
+        _check_callback(callback)
+        with self._job("generate()"):
             with self._state:
                 self._stop.clear()
                 self._running = True
@@ -373,6 +394,22 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 with self._state:
                     self._running = False
                     self._stop.clear()
+
+    @contextlib.contextmanager
+    def _job(self, call: str) -> Iterator[None]:
+        """Hold the pipeline's lock for ``call``: a second thread waits for the running job; the job's own thread
+        (a step callback calling back into this pipeline) is refused, as it would wait for itself forever."""
+        if self._owner == threading.get_ident():
+            raise InputError(f"{call} was called from inside this pipeline's running job (a step callback): it "
+                             "would wait for that job to end, which waits for the callback", where="callback",
+                             fix=f"return from the callback and call {call} after generate() returns, or use "
+                             "pipe.interrupt() to stop the job")
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
 
     def interrupt(self) -> None:
         """Stop the running job after its current step (it raises ``sdrt.errors.Interrupted``); safe from any
@@ -722,7 +759,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         from .plan import dry_run
 
         check_keywords(kwargs)
-        with self._lock:
+        with self._job("plan()"):
             memory = self.memory_plan()  # before the dry run reads any graph: the process's own base
             rp = dry_run(self, prompt, negative_prompt, kwargs)
             from .budget import calls_of
@@ -827,6 +864,24 @@ def _takes_range(sampler: Any) -> bool:
         return {"sigma_min", "sigma_max"} <= set(inspect.signature(sampler).parameters)
     except (TypeError, ValueError):
         return False
+
+
+def _check_callback(callback: Callback | None) -> None:
+    """A step callback that cannot take ``(step, total, latents)`` fails now, by name, not as a TypeError after the
+    first step has run."""
+    import inspect
+
+    if callback is None:
+        return
+    try:
+        sig = inspect.signature(callback)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: called as it is
+        return
+    try:
+        sig.bind(1, 1, None)
+    except TypeError:
+        raise InputError(f"callback must take three arguments (step, total, latents), and its signature is {sig}",
+                         where="callback", fix="define it as def callback(step, total, latents): ...") from None
 
 
 def _num(value: float) -> object:

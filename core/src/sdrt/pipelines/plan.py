@@ -106,7 +106,7 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     dry._memory_plan, dry._stage_peaks = None, None  # the budget's plan is the real pipeline's (Pipeline.plan)
     dry.low_memory = False
     dry._dry = True
-    dry._lock, dry._state, dry._stop = threading.Lock(), threading.Lock(), threading.Event()
+    dry._lock, dry._state, dry._stop, dry._owner = threading.Lock(), threading.RLock(), threading.Event(), None
     steps: list[int] = []
     dry._generate(prompt, negative_prompt, lambda i, n, x: steps.append(n) if i == 1 else None, kwargs)
     s = dry._settings

@@ -39,6 +39,8 @@ __all__ = ["DEFAULT_PREVIEW_SIZE", "LATENT_RGB", "TaesdPreview", "area_resize", 
 
 #: the longer side, in pixels, of a decoded (TAESD) preview unless asked otherwise (``bench/preview.py``)
 DEFAULT_PREVIEW_SIZE = 256
+#: the most ``project`` repeats a latent pixel (8 is the image's size; far more only fills memory)
+MAX_UPSCALE = 64
 #: TAESD-family decoders upsample the latent 8 times
 _DECODER_SCALE = 8
 
@@ -125,6 +127,11 @@ def project(latent: np.ndarray, fmt: str | None = None, *, upscale: int = 1, fac
 
     ``fmt`` names published factors; or pass your own ``factors`` ``(C, 3)`` and ``bias`` ``(3,)``.
     """
+    if isinstance(upscale, (bool, np.bool_)) or not isinstance(upscale, (int, np.integer)) \
+            or not 1 <= upscale <= MAX_UPSCALE:
+        raise InputError(f"upscale must be a whole number from 1 to {MAX_UPSCALE}, got {type(upscale).__name__} "
+                         f"{upscale!r:.40}", where="upscale",
+                         fix="pass upscale=1 (one pixel per latent pixel) or 8 (the image's size)")
     x = _latent(latent, "sdrt.pipelines.preview.project")
     if factors is not None:
         factors = np.asarray(factors, np.float32)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .bounds import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_SIDE, MAX_STEPS
+from .bounds import MAX_BATCH, MAX_BATCH_COUNT, MAX_CFG, MAX_SEQUENCE_LENGTH, MAX_SIDE, MAX_STEPS
 from .images import ImageLike, check_path
 from .toolbox import KEYWORDS as TOOLBOX_KEYWORDS
 
@@ -68,7 +68,7 @@ class Generation:
 
 
 _HIGH = {"steps": MAX_STEPS, "batch": MAX_BATCH, "batch_count": MAX_BATCH_COUNT, "width": MAX_SIDE,
-         "height": MAX_SIDE}
+         "height": MAX_SIDE, "max_sequence_length": MAX_SEQUENCE_LENGTH}
 
 
 def _int(name: str, value: Any, low: int) -> int:
@@ -80,6 +80,11 @@ def _int(name: str, value: Any, low: int) -> int:
         raise InputError(f"{{@{name}}} {value} is above the limit of {high}", where=name,
                          fix=f"pass {{@{name}=}}{high} or less")
     return int(value)
+
+
+def _number(value: Any) -> bool:
+    """A real number as Python or numpy gives one (``np.int64(7)`` as well as ``7.0``), not a bool."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 def check_text(name: str, value: str, label: str) -> None:
@@ -128,26 +133,30 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         check_text("negative_prompt", negative_prompt, "negative prompt")
     for name, value in (("width", width), ("height", height)):
         if value is not None:
-            _int(name, value, 8)
+            value = _int(name, value, 8)  # a plain int: np.int64 reached the run plan's plain data (not JSON)
             if value % 8:
                 raise InputError(f"{name} {value} is not a multiple of 8", where=name,
                                  fix=f"use {value - value % 8} or {value - value % 8 + 8}")
+    width = None if width is None else int(width)
+    height = None if height is None else int(height)
     steps = _int("steps", steps, 1)
     batch = _int("batch", batch, 1)
     batch_count = _int("batch_count", batch_count, 1)
     clip_skip = _int("clip_skip", clip_skip, 1)
-    if cfg is not None and (not isinstance(cfg, (int, float, np.floating)) or isinstance(cfg, bool)
-                            or not math.isfinite(cfg) or not 0 <= cfg <= MAX_CFG):
+    if cfg is not None and (not _number(cfg) or not math.isfinite(cfg) or not 0 <= cfg <= MAX_CFG):
         raise InputError(f"{{@cfg}} must be a finite number from 0 to {MAX_CFG:g}, got {cfg!r}", where="cfg",
                          fix="use e.g. 7")
     for name, value in (("guidance", guidance), ("shift", shift)):
-        if value is not None and (not isinstance(value, (int, float, np.floating)) or isinstance(value, bool)
-                                  or not math.isfinite(value) or value <= (0 if name == "shift" else -1e-12)):
+        if value is not None and (not _number(value) or not math.isfinite(value)
+                                  or value <= (0 if name == "shift" else -1e-12)):
             raise InputError(f"{{@{name}}} must be a finite number {'> 0' if name == 'shift' else '>= 0'}, got {value!r}",
                              where=name, fix=f"use e.g. {3.5 if name == 'guidance' else 3}")
     if max_sequence_length is not None:
         max_sequence_length = _int("max_sequence_length", max_sequence_length, 2)
     # an A1111 label ("DPM++ 2M Karras") or ComfyUI names ("dpmpp_2m", "karras"); unset: the family's, at run time
+    if schedule is not None and not isinstance(schedule, str):
+        raise InputError(f"{{@schedule}} must be a schedule's name, got {type(schedule).__name__} {schedule!r:.40}",
+                         where="schedule", fix="pass e.g. {@schedule=}'karras', or leave it unset")
     choice = resolve(sampler, schedule) if sampler is not None else None
     if sampler is None and schedule is not None:
         raise InputError("a schedule was given without a sampler", where="schedule",
@@ -160,7 +169,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         if init_image is None:
             raise InputError("strength applies only with an init image", where="strength",
                              fix="pass {@init_image=}, or leave {@strength} unset")
-        if isinstance(strength, bool) or not isinstance(strength, (int, float, np.floating)) or not 0 < strength <= 1:
+        if not _number(strength) or not 0 < strength <= 1:
             raise InputError(f"{{@strength}} must be in (0, 1], got {strength!r}", where="strength", fix="use e.g. 0.75")
     if init_image is not None:
         check_path(init_image, "init image")
@@ -201,13 +210,30 @@ KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "i
             "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", *TOOLBOX_KEYWORDS)
 
 
+#: other libraries' names for these arguments (diffusers', A1111's API): what to pass here instead. A near spelling
+#: is no guide for them: difflib offered hires_steps for num_inference_steps, hires_scale for cfg_scale, and
+#: guidance (Flux dev's distilled guidance) for diffusers' guidance_scale, which is the CFG scale for SD
+_OTHER_NAMES = {
+    "guidance_scale": "cfg (classifier-free guidance; for Flux dev's distilled guidance, guidance)",
+    "cfg_scale": "cfg", "num_inference_steps": "steps", "negative": "negative_prompt", "neg_prompt": "negative_prompt",
+    "num_images_per_prompt": "batch", "batch_size": "batch", "n_iter": "batch_count",
+    "denoising_strength": "strength", "image": "init_image", "init_images": "init_image", "mask_image": "mask",
+    "sampler_name": "sampler", "scheduler": "schedule (a ComfyUI scheduler) or sampler (an A1111 label)",
+    "generator": "seed (an integer)", "enable_hr": "hires_scale", "hr_scale": "hires_scale",
+    "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler",
+    "controlnet": "controlnets", "control_image": "controlnets",
+}
+
+
 def check_keywords(kwargs: dict[str, Any]) -> None:
     """Unknown keyword arguments fail by name (not as a TypeError from an inner function)."""
     import difflib
 
     for key in kwargs:
         if key not in KEYWORDS:
-            close = difflib.get_close_matches(key, KEYWORDS, n=1)
+            other = _OTHER_NAMES.get(key)
+            close = None if other else difflib.get_close_matches(key, KEYWORDS, n=1)
+            hint = f"pass {other} instead; " if other else f"did you mean {close[0]}? " if close else ""
             raise InputError(f"unknown argument {key!r}", where=key,
-                             fix=(f"did you mean {close[0]}? " if close else "") + "the arguments are "
-                             + ", ".join(KEYWORDS) + ", callback")
+                             fix=hint + "the arguments are prompt, negative_prompt, " + ", ".join(KEYWORDS)
+                             + ", callback")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,11 +51,11 @@ LORA_SUFFIXES = (".safetensors", ".pt", ".ckpt")
 def check_lora_scale(scale: object, name: str, where: str = "{@loras}") -> float:
     """A LoRA's scale as a float: a finite number with ``|scale| <= MAX_LORA_SCALE``, else ``WeightsError``
     (before any merge, so that a bad scale is not blamed on the file or on the sampler)."""
-    try:
-        value = float(scale)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise WeightsError(f"the scale of LoRA {name!r} is {scale!r}, not a number", where=where,
-                           fix="use a number such as 0.8") from None
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        # float() would read the text '0.8' (or a one-element array) as a number, silently
+        raise WeightsError(f"the scale of LoRA {name!r} is {type(scale).__name__} {scale!r:.40}, not a number",
+                           where=where, fix="use a number such as 0.8")
+    value = float(scale)
     if not np.isfinite(value) or abs(value) > MAX_LORA_SCALE:
         raise WeightsError(f"the scale of LoRA {name!r} is {scale!r}; a scale must be a finite number between "
                            f"-{MAX_LORA_SCALE:g} and {MAX_LORA_SCALE:g}", where=where,
@@ -99,6 +100,17 @@ class WeightState:
     _cache: dict[Path, Lora] = field(default_factory=dict)
     #: separate files bound onto parts (``vae=`` / ``text_encoders=`` on an ONNX folder): part -> file
     part_files: dict[str, Path] = field(default_factory=dict)
+    #: parts running merged LoRA weights now
+    _lora_parts: set[str] = field(default_factory=set)
+    #: part -> whether its base weights (no LoRA) last ran freshly compiled (else rebound on live sessions)
+    _base_fresh: dict[str, bool] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # the pipeline owns this state (and its parts hold weights_factory closures over it): a strong reference
+        # back made a cycle, so a pipeline dropped without close() kept its sessions' memory until the cyclic
+        # garbage collector happened to run
+        if not isinstance(self.pipe, weakref.ProxyTypes):
+            self.pipe = weakref.proxy(self.pipe)
 
     # -- helpers --------------------------------------------------------------
     def _parts(self) -> dict[str, Part]:
@@ -116,10 +128,28 @@ class WeightState:
                                                                        (lambda a=v: a))
         return Weights(refs)
 
-    def _bind(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef]) -> None:
+    def _bind(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef], lora: bool = False) -> None:
+        """Bind ``overrides`` on the part's own weights; ``lora``: they hold merged LoRA weights.
+
+        Removing the last LoRA of a part binds its base weights as they ran before: a session rebound to weights
+        is not always the program a fresh compile makes with them (OpenVINO's swappable form feeds biases as
+        inputs: 1 level off in fp32, 18 in bf16 on tiny SD 1.x), so a base that first ran freshly compiled (at
+        load, a checkpoint or embedding bound before any session existed) is compiled fresh again."""
         part = self._parts()[name]
-        part.update_weights(self._weights(name, overrides))
-        part.weights_factory = lambda: self._weights(name, overrides)
+        if lora:
+            self._lora_parts.add(name)
+        elif name in self._lora_parts:
+            self._lora_parts.discard(name)
+            if self._base_fresh.get(name, True):
+                part.close()
+                part.weights = part.default_weights
+                default = part.default_weights
+                part.weights_factory = None if default is None else (lambda: default)
+        else:
+            self._base_fresh[name] = not part.sessions
+        if overrides or part.weights is not part.default_weights:
+            part.update_weights(self._weights(name, overrides))
+            part.weights_factory = lambda: self._weights(name, overrides)
         self.pipe._weights_changed(name)
 
     # -- checkpoints ------------------------------------------------------------
@@ -128,6 +158,10 @@ class WeightState:
         embeddings are applied again on top. Checked for every part before anything changes."""
         from ..checkpoint import Checkpoint
 
+        if not isinstance(path, (str, os.PathLike, Checkpoint)):
+            raise InputError(f"the checkpoint must be a file path or an sdrt.checkpoint.Checkpoint, got "
+                             f"{type(path).__name__} {path!r:.40}", where="load_weights",
+                             fix="pass pipe.load_weights('model.safetensors') (a str or pathlib.Path)")
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint.open(path)
         parts = self._parts()
         arrays = ckpt.lazy({name: self._graph(name) for name in parts})  # read on use: nothing held
@@ -204,11 +238,21 @@ class WeightState:
         if self.lora_dir is None:
             raise WeightsError(f"the prompt asks for <lora:{name}:...> but no LoRA folder is set", where="prompt",
                                fix="pass --lora-dir DIR (pipe.weights.lora_dir = DIR) holding NAME.safetensors")
-        for cand in [self.lora_dir / f"{name}{ext}" for ext in LORA_SUFFIXES] + [self.lora_dir / name]:
+        if not isinstance(self.lora_dir, (str, os.PathLike)):
+            raise InputError(f"pipe.weights.lora_dir must be a folder path, got {type(self.lora_dir).__name__} "
+                             f"{self.lora_dir!r:.40}", where="lora_dir", fix="set pipe.weights.lora_dir = 'loras/'")
+        folder = Path(self.lora_dir)  # docs/checkpoints.md sets a str: it was a TypeError at the first tag
+        root = folder.resolve()
+        for cand in [folder / f"{name}{ext}" for ext in LORA_SUFFIXES] + [folder / name]:
+            if not cand.resolve().is_relative_to(root):  # '../x' or '/abs/x' in a prompt: any file on the machine
+                raise WeightsError(f"the LoRA name {name!r} leads out of the LoRA folder {folder}",
+                                   where=f"<lora:{name}:...> in the prompt",
+                                   fix="name a LoRA file in the LoRA folder (or a folder in it), without '..' or a "
+                                   "leading '/'")
             if cand.is_file():
                 return cand
-        have = sorted(p.stem for p in self.lora_dir.iterdir() if p.suffix.lower() in LORA_SUFFIXES)
-        raise WeightsError(f"no LoRA named {name!r} in {self.lora_dir}", where=f"<lora:{name}:...> in the prompt",
+        have = sorted(p.stem for p in folder.iterdir() if p.suffix.lower() in LORA_SUFFIXES)
+        raise WeightsError(f"no LoRA named {name!r} in {folder}", where=f"<lora:{name}:...> in the prompt",
                            fix=f"put {name}.safetensors there, or use one of: {', '.join(have[:12]) or 'none'}")
 
     def _merge(self, active: list[ActiveLora]) -> dict[str, dict[str, np.ndarray]]:
@@ -349,7 +393,7 @@ class WeightState:
             merged = self._merge(self.loras)
         for name in sorted(names):
             overrides = {**self.base.get(name, {}), **merged.get(name, {})}
-            self._bind(name, overrides)
+            self._bind(name, overrides, lora=bool(merged.get(name)))
         self.pipe._release(*names)  # low-memory mode: the graphs read for mapping are dropped again
 
     def infotext(self) -> dict[str, object]:
