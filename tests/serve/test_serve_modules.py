@@ -117,6 +117,7 @@ def test_the_registry_lists_the_files_and_the_transformer_only_model(models, mon
         with pytest.raises(Exception, match="f: ") as exc:
             modules.resolve(reg, bad, "f")
         assert exc.value.status == 400 and exc.value.field == "f"
+    assert modules.check_vae(reg, " ", "sd_vae") is None and modules.vae_option(reg, "") == "Automatic"  # as A1111
     with pytest.raises(Exception, match="no VAE file named 'tiny_clip'"):  # sd_vae takes the VAE folder's only
         modules.resolve(reg, "tiny_clip", "sd_vae", vae_only=True)
     files = tmp_path / "files"  # a transformer-only file listed first is not the default model

@@ -98,6 +98,7 @@ def test_open_webuis_form_and_a_json_body(client) -> None:
     assert len(body["data"]) == 2 and _pixels(body["data"][0]["b64_json"]).shape == (64, 64, 3)
     assert body["sdrt_not_honoured"] == ["background: not used by Stable Diffusion models"]
     url = "data:image/png;base64," + base64.b64encode(_png(_picture())).decode()
+    assert client.post("/v1/images/edits", json={**JOB, "image[]": [url], "strength": 0.6}).status_code == 200
     r = client.post("/v1/images/edits", json={**JOB, "images": [{"image_url": url}], "strength": 0.6,
                                               "response_format": "url"})
     assert r.status_code == 200, r.text

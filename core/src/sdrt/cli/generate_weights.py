@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "it is comes from its tensors; fills or replaces that encoder (on an ONNX folder too)")
     g.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]", help="a LoRA, repeatable (scale 1)")
     g.add_argument("--lora-dir", default=None, metavar="DIR", help="where <lora:name:scale> in the prompt finds "
-                   "name.safetensors")
+                   "name.safetensors (or name.pt, name.ckpt)")
     g.add_argument("--embedding", action="append", default=[], metavar="FILE",
                    help="a textual-inversion embedding (.safetensors, or A1111's .pt); its trigger word is the "
                    "file's stem")

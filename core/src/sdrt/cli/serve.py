@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-base", default=None, metavar="NAME",
                    help="a model folder that the .safetensors checkpoints in --models bind onto (default: none; each "
                         "complete checkpoint is served on its own on sdrt's shipped graphs)")
-    p.add_argument("--lora-dir", default=None, metavar="DIR", help="where <lora:name:w> finds name.safetensors")
+    p.add_argument("--lora-dir", default=None, metavar="DIR", help="where <lora:name:w> finds name.safetensors (or .pt, .ckpt)")
     p.add_argument("--embedding-dir", default=None, metavar="DIR", help="textual-inversion embeddings to load")
     p.add_argument("--vae-dir", default=None, metavar="DIR",
                    help="VAE files that sd_vae and forge_additional_modules name (default: --models' VAE folder)")

@@ -181,10 +181,13 @@ def choose(reg: Registry, model: ModelEntry, overrides: dict[str, Any], options:
 
 
 def check_vae(reg: Registry, value: Any, field: str) -> ModuleEntry | None:
-    """A1111's ``sd_vae``: ``Automatic`` / ``None`` (the model's own VAE: None here) or a VAE file's name."""
+    """A1111's ``sd_vae``: ``Automatic`` / ``None`` (the model's own VAE: None here) or a VAE file's name; an empty
+    name is ``Automatic``, as A1111 falls back when its VAE list has no such entry."""
     if value is None:
         return None
     if isinstance(value, str):
+        if not value.strip():
+            return None
         for word in VAE_AUTO:
             if value.strip().casefold() == word.casefold():
                 return None
@@ -193,7 +196,7 @@ def check_vae(reg: Registry, value: Any, field: str) -> ModuleEntry | None:
 
 def vae_option(reg: Registry, value: Any) -> str:
     """What the ``sd_vae`` option stores: ``Automatic``, ``None`` or the listed file's name."""
-    if value is None:
+    if value is None or (isinstance(value, str) and not value.strip()):
         return "Automatic"
     entry = check_vae(reg, value, "sd_vae")
     if entry is not None:

@@ -116,8 +116,10 @@ def _image_bytes(value: Any, field: str) -> bytes:
 
 
 def _pictures(body: dict[str, Any]) -> list[Any]:
-    value = body.get("image")
-    items = list(value) if isinstance(value, list) else [] if value is None else [value]
+    items: list[Any] = []
+    for key in ("image", "image[]"):  # a form's image[] parts are gathered under image; JSON may send either
+        value = body.get(key)
+        items += list(value) if isinstance(value, list) else [] if value is None else [value]
     images = body.get("images")
     if images is not None:
         if not isinstance(images, list):
