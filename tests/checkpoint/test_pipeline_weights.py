@@ -206,6 +206,18 @@ def test_a_lora_tag_may_name_a_file_in_a_subfolder(pipe, tmp_path):
     assert "tiny: " in str(pipe.generate("a cat <lora:styles/tiny:0.5>", **QUICK).settings[0]["Lora hashes"])
 
 
+def test_a_lora_file_with_an_upper_case_suffix_is_found(pipe, tmp_path):
+    """The server lists X.SAFETENSORS as X (suffixes in any case); the pipeline looked for X.safetensors only."""
+    import shutil
+
+    (tmp_path / "styles").mkdir()
+    shutil.copy(D / "tinylora.safetensors", tmp_path / "styles" / "Tiny.SAFETENSORS")
+    pipe.weights.lora_dir = tmp_path
+    assert "Tiny: " in str(pipe.generate("a cat <lora:styles/Tiny:0.5>", **QUICK).settings[0]["Lora hashes"])
+    with pytest.raises(WeightsError, match="no LoRA named 'styles/tiny'"):  # the name itself keeps its case
+        pipe("a cat <lora:styles/tiny:0.5>", **QUICK)
+
+
 def test_the_lora_folder_may_be_a_str(pipe):
     """docs/checkpoints.md sets pipe.weights.lora_dir = "loras/": a str was a TypeError at the first tag."""
     pipe.weights.lora_dir = str(D)

@@ -251,6 +251,12 @@ class WeightState:
                                    "leading '/'")
             if cand.is_file():
                 return cand
+        parent = (folder / name).parent  # the suffix in another case (X.PT, Y.SafeTensors), as the server lists it
+        stem = (folder / name).name
+        if parent.is_dir():
+            for p in sorted(parent.iterdir()):
+                if p.stem == stem and p.suffix.lower() in LORA_SUFFIXES and p.is_file():
+                    return p
         have = sorted(p.stem for p in folder.iterdir() if p.suffix.lower() in LORA_SUFFIXES)
         raise WeightsError(f"no LoRA named {name!r} in {folder}", where=f"<lora:{name}:...> in the prompt",
                            fix=f"put {name}.safetensors there, or use one of: {', '.join(have[:12]) or 'none'}")
