@@ -85,6 +85,16 @@ def test_a_mask_repaints_its_transparent_pixels(server, client) -> None:
                           _img2img(client, init_images=[base64.b64encode(_png(own)).decode()],
                                    mask=base64.b64encode(_png(white)).decode(), mask_blur=0, inpainting_fill=1,
                                    denoising_strength=1.0))
+    # a palette PNG's transparent colour (tRNS) is transparency too
+    pal = Image.fromarray(np.where(alpha == 0, 0, 1).astype(np.uint8), "P")
+    pal.putpalette([0, 0, 0, 200, 40, 40])
+    pal.info["transparency"] = 0
+    own_p = _edit(client, {"image": ("p.png", _png(pal), "image/png")})
+    assert own_p.status_code == 200, own_p.text
+    assert np.array_equal(_pixels(own_p.json()["data"][0]["b64_json"]),
+                          _img2img(client, init_images=[base64.b64encode(_png(pal)).decode()],
+                                   mask=base64.b64encode(_png(white)).decode(), mask_blur=0, inpainting_fill=1,
+                                   denoising_strength=1.0))
 
 
 def test_open_webuis_form_and_a_json_body(client) -> None:

@@ -132,6 +132,8 @@ def _repaint_mask(img: Any, mask: Any) -> Any:
     """The mask as A1111's img2img reads it (white = repaint, an L image), from OpenAI's (transparent = repaint):
     the ``mask`` given, else the picture's own transparent pixels; None when nothing is transparent."""
     source = mask if mask is not None else img
+    if source.mode in ("PA", "LA") or ("transparency" in source.info and source.mode in ("P", "L", "RGB")):
+        source = source.convert("RGBA")  # a palette or grey PNG's transparency, as the picture's own alpha
     if "A" not in source.getbands():
         if mask is not None:
             raise ApiError(400, f"mask is a {source.mode} image with no alpha channel; send a PNG with one, its fully "
