@@ -440,9 +440,11 @@ def test_a_cache_folder_this_user_cannot_read_is_a_miss_and_one_warning(tmp_path
     assert len(said) == 1 and "cannot write in" in said[0]
 
 
-@pytest.mark.parametrize("value,words", [("-inf", "got -inf"), ("-1e3", "got -1000.0"), ("-Infinity", "got -inf")])
+@pytest.mark.parametrize("value,words", [("-inf", "got -inf"), ("-1e3", "got -1000.0"), ("-Infinity", "got -inf"),
+                                         ("-nan", "got nan"), ("-NaN", "got nan")])
 def test_a_negative_exponent_or_infinity_is_a_value_not_an_option(value, words, capsys):
-    """argparse read '--cfg -inf' as an unknown option: 'argument --cfg: expected one argument'."""
+    """argparse read '--cfg -inf' as an unknown option: 'argument --cfg: expected one argument'; '-nan' it split as
+    generate's '-n' with 'an'."""
     assert main(["generate", "a fox", "--cfg", value]) == 1
     assert f"--cfg must be a finite number from 0 to 100, {words}" in capsys.readouterr().err
 

@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import sys
+from typing import Any
 
 from ..errors import InputError, SdrtError
 
@@ -24,18 +25,26 @@ COMMANDS = ["info", "generate", "plan", "run", "compile", "cache", "conformance"
 NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?|inf|infinity|nan)$", re.IGNORECASE)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, where a negative number (``NEGATIVE_NUMBER``) is always a value: its own check matched only -1 and
+    -0.5, and a value such as ``-nan`` was split as a short option (``-n an``) before that check ran."""
+
+    def _parse_optional(self, arg_string: str) -> Any:
+        if NEGATIVE_NUMBER.match(arg_string) and arg_string not in self._option_string_actions:
+            return None
+        return super()._parse_optional(arg_string)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
-    parser = argparse.ArgumentParser(prog="sdrt", description="Run Stable Diffusion-class ONNX models on this machine.")
+    parser = _Parser(prog="sdrt", description="Run Stable Diffusion-class ONNX models on this machine.")
     parser.add_argument("--version", action="version", version=f"sdrt {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f".{name}", __name__)
         p = module.add_parser(sub)
-        if hasattr(p, "_negative_number_matcher"):  # "--cfg -inf", "--shift -1e3": a value, not an unknown option
-            p._negative_number_matcher = NEGATIVE_NUMBER
         p.set_defaults(_run=module.run, _names={**flag_names(p), **getattr(module, "API_NAMES", {})})
         if hasattr(module, "EMPTY_OK"):  # the command's options (and positionals) checked to be non-empty
             given = {**flag_names(p), **{a.dest: str(a.metavar or a.dest.upper()) for a in p._actions
