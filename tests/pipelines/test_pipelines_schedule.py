@@ -110,6 +110,21 @@ def test_zero_terminal_snr_alphas_match_diffusers() -> None:
     assert ms.alphas_cumprod_f32[-1] == np.float32(2.0**-24)
 
 
+def test_a_zero_terminal_snr_schedule_written_as_trained_betas() -> None:
+    """A ZTSNR model whose scheduler config lists its betas (the last one 1, alpha 0) with rescale_betas_zero_snr:
+    diffusers' alphas again; without the flag its samplers would divide by alpha 0, so it is refused saying so."""
+    ac = np.asarray(ZTSNR["alphas_cumprod"], np.float64)
+    ac[-1] = 0.0  # diffusers' Euler set it to 2**-24; the schedule itself ends at 0
+    betas = 1 - ac / np.concatenate([[1.0], ac[:-1]])
+    cfg = {k: v for k, v in ZTSNR["rows"][0]["config"].items() if not k.startswith("beta_")}
+    ms = FolderSchedule.from_config({**cfg, "trained_betas": betas.tolist()})
+    assert betas[-1] == 1.0 and ms.alphas_cumprod_f32[-1] == np.float32(2.0**-24)
+    np.testing.assert_allclose(ms.alphas_cumprod_f32, ZTSNR["alphas_cumprod"], rtol=1e-4, atol=1e-12)
+    with pytest.raises(ModelError, match="its last beta is 1: a zero-terminal-SNR schedule") as info:
+        FolderSchedule.from_config({**cfg, "rescale_betas_zero_snr": False, "trained_betas": betas.tolist()})
+    assert "rescale_betas_zero_snr: true" in str(info.value)
+
+
 @pytest.mark.parametrize("row", ZTSNR["rows"], ids=[f"{r['config']['timestep_spacing']}:{r['sampler']}:{r['steps']}"
                                                     for r in ZTSNR["rows"]])
 def test_zero_terminal_snr_sdxl_rows_match_diffusers(row: dict) -> None:

@@ -83,8 +83,17 @@ def betas_from_config(config: dict[str, Any], where: str) -> np.ndarray:
         except (TypeError, ValueError):
             betas = np.array([np.nan], np.float32)
         if betas.ndim != 1 or not np.all(np.isfinite(betas)) or not np.all((betas > 0) & (betas < 1)):
-            raise ModelError("the scheduler config's trained_betas are not a list of numbers between 0 and 1",
-                             where=where, fix="fix trained_betas in the scheduler config, or re-export the model")
+            # a zero-terminal-SNR schedule written out: its last beta is 1 (alpha 0), which diffusers' samplers
+            # take only with rescale_betas_zero_snr (the last alpha_cumprod then set to 2**-24); elsewhere a NaN
+            zsnr_end = (betas.ndim == 1 and betas.size > 1 and betas[-1] == 1 and np.all(np.isfinite(betas[:-1]))
+                        and np.all((betas[:-1] > 0) & (betas[:-1] < 1)))
+            if zsnr_end and config.get("rescale_betas_zero_snr"):
+                return betas
+            raise ModelError("the scheduler config's trained_betas are not a list of numbers between 0 and 1"
+                             + (" (its last beta is 1: a zero-terminal-SNR schedule)" if zsnr_end else ""),
+                             where=where, fix="set rescale_betas_zero_snr: true in the scheduler config for a "
+                             "zero-terminal-SNR model" if zsnr_end else
+                             "fix trained_betas in the scheduler config, or re-export the model")
         return betas
     kind = config.get("beta_schedule", "linear")
     start = config_number(config, "beta_start", 0.0001, where, low=0, high=1, open_low=True)
