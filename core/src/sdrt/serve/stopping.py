@@ -7,12 +7,15 @@ stays usable for the next job.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..errors import Interrupted
+from ..errors import Interrupted, SdrtError
+
+log = logging.getLogger("sdrt.serve")
 
 
 def generate_until_stopped(pipe: Any, should_stop: Callable[[], bool],
@@ -34,7 +37,13 @@ def generate_until_stopped(pipe: Any, should_stop: Callable[[], bool],
     try:
         return pipe.generate(prompt, negative, callback=callback, **kwargs), False
     except Interrupted as stop:
-        return (stop.partial() if wants_partial() else None), True
+        if not wants_partial():
+            return None, True
+        try:
+            return stop.partial(), True
+        except SdrtError as exc:  # the stop stands; the finished runs' images are kept by the caller
+            log.warning("the stopped run's partial images could not be decoded: %s", exc)
+            return None, True
 
 
 __all__ = ["generate_until_stopped"]
