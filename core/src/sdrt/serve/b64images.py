@@ -34,7 +34,11 @@ def raw_bytes(text: Any, field: str) -> bytes:
 
 def decode(text: Any, field: str, max_pixels: int) -> Any:
     """A Pillow image from a base64 string; 422/400 naming ``field`` for anything else."""
-    raw = raw_bytes(text, field)
+    return open_image(raw_bytes(text, field), field, max_pixels)
+
+
+def open_image(raw: bytes, field: str, max_pixels: int) -> Any:
+    """A Pillow image from an image file's bytes (a form upload, or decoded base64); 400 naming ``field``."""
     try:
         from PIL import Image
     except ImportError:
@@ -99,4 +103,4 @@ def mask_array(img: Any, blur: int, invert: bool) -> np.ndarray:
     return np.asarray(gray, dtype=np.uint8)
 
 
-__all__ = ["decode", "fit", "mask_array", "raw_bytes", "rgb_array"]
+__all__ = ["decode", "fit", "mask_array", "open_image", "raw_bytes", "rgb_array"]

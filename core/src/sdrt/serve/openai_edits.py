@@ -173,10 +173,9 @@ def parse(body: dict[str, Any], st: ServerState) -> tuple[a1111.Request, list[st
                        field="image")
     max_pixels = limits.max_width * limits.max_height * 4
     raw = _image_bytes(pictures[0], "image")
-    img = b64images.decode(base64.b64encode(raw).decode("ascii"), "image", max_pixels)
+    img = b64images.open_image(raw, "image", max_pixels)
     mask_in = body.get("mask")
-    mask = None if mask_in in (None, "") else b64images.decode(
-        base64.b64encode(_image_bytes(mask_in, "mask")).decode("ascii"), "mask", max_pixels)
+    mask = None if mask_in in (None, "") else b64images.open_image(_image_bytes(mask_in, "mask"), "mask", max_pixels)
     repaint = _repaint_mask(img, mask)
     fmt = get_str(body, "response_format", "b64_json")
     if fmt not in ("b64_json", "url"):
