@@ -64,19 +64,19 @@ def cannot_run_here(plugin: str, build: str | None, hw: Hardware) -> str | None:
 
     It still installs (a plugin can build ahead of time for another machine: TensorRT-RTX engines, Core ML
     packages), but a user who meant to run models here should hear it before the download."""
-    targets = [t for t in (plugin_for(d, hw) for d in hw.devices) if t is not None]
     if plugin == "coreml":
         return None if hw.os == "Darwin" else \
             f"Core ML runs models only on macOS (this is {hw.os}); here the plugin can only convert models ahead of time"
     if plugin in ("trt", "migraphx"):
-        if any(t[0] == plugin for t in targets):
+        targets = [(d, t) for d, t in ((d, plugin_for(d, hw)) for d in hw.devices) if t is not None]
+        if any(t[0] == plugin for _, t in targets):
             return None
         if plugin == "trt":
             need = "an NVIDIA RTX GPU (compute 7.5, 8.6, 8.9 or 12.0) on Linux or Windows x86-64"
-            seen = [t[2] for d, t in ((d, plugin_for(d, hw)) for d in hw.devices) if t and d.vendor == NVIDIA]
         else:
             need = f"an AMD GPU on ROCm's Linux support list ({', '.join(sorted(MIGRAPHX_GFX))})"
-            seen = [t[2] for d, t in ((d, plugin_for(d, hw)) for d in hw.devices) if t and d.vendor == AMD]
+        vendor = NVIDIA if plugin == "trt" else AMD
+        seen = [t[2] for d, t in targets if d.vendor == vendor]  # why each of that maker's devices goes elsewhere
         found = f" ({'; '.join(seen)})" if seen else ""
         return f"no GPU here that {plugin} runs on{found}: it needs {need}; it installs, but runs nothing here"
     if plugin == "ggml" and build in ("cuda", "hip", "metal", "vulkan"):
