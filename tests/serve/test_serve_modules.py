@@ -56,21 +56,13 @@ def models(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
-    import os
 
     from sdrt.serve import ServeConfig
 
-    cache = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("SDRT_CACHE_DIR")
-    os.environ["SDRT_CACHE_DIR"] = str(cache)
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # a module's server: monkeypatch itself is per test
+        mp.setenv("SDRT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         with live_server(ServeConfig(models=models, backend="openvino", keep_models=3)) as url:
             yield url
-    finally:
-        if old is None:
-            os.environ.pop("SDRT_CACHE_DIR", None)
-        else:
-            os.environ["SDRT_CACHE_DIR"] = old
 
 
 def _client(url):

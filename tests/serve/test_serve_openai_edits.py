@@ -71,8 +71,13 @@ def test_a_mask_repaints_its_transparent_pixels(server, client) -> None:
     r = sdk.images.edit(image=("in.png", _png(_picture()), "image/png"), mask=("m.png", _png(mask), "image/png"),
                         prompt=JOB["prompt"], extra_body={"steps": 2, "seed": 3})
     white = Image.fromarray(np.where(alpha == 0, 255, 0).astype(np.uint8))
-    want = _img2img(client, mask=base64.b64encode(_png(white)).decode(), mask_blur=0, inpainting_fill=1,
-                    denoising_strength=1.0)
+
+    def inpainted(picture=None) -> np.ndarray:  # A1111's inpainting of the white mask's pixels, at strength 1
+        own = {} if picture is None else {"init_images": [base64.b64encode(_png(picture)).decode()]}
+        return _img2img(client, mask=base64.b64encode(_png(white)).decode(), mask_blur=0, inpainting_fill=1,
+                        denoising_strength=1.0, **own)
+
+    want = inpainted()
     got = _pixels(r.data[0].b64_json)
     assert np.array_equal(got, want)
     assert not np.array_equal(got, _img2img(client, denoising_strength=1.0))  # the mask made a difference
@@ -81,20 +86,14 @@ def test_a_mask_repaints_its_transparent_pixels(server, client) -> None:
     own.putalpha(Image.fromarray(alpha))
     r = _edit(client, {"image": ("in.png", _png(own), "image/png")})
     assert r.status_code == 200, r.text
-    assert np.array_equal(_pixels(r.json()["data"][0]["b64_json"]),
-                          _img2img(client, init_images=[base64.b64encode(_png(own)).decode()],
-                                   mask=base64.b64encode(_png(white)).decode(), mask_blur=0, inpainting_fill=1,
-                                   denoising_strength=1.0))
+    assert np.array_equal(_pixels(r.json()["data"][0]["b64_json"]), inpainted(own))
     # a palette PNG's transparent colour (tRNS) is transparency too
     pal = Image.fromarray(np.where(alpha == 0, 0, 1).astype(np.uint8), "P")
     pal.putpalette([0, 0, 0, 200, 40, 40])
     pal.info["transparency"] = 0
     own_p = _edit(client, {"image": ("p.png", _png(pal), "image/png")})
     assert own_p.status_code == 200, own_p.text
-    assert np.array_equal(_pixels(own_p.json()["data"][0]["b64_json"]),
-                          _img2img(client, init_images=[base64.b64encode(_png(pal)).decode()],
-                                   mask=base64.b64encode(_png(white)).decode(), mask_blur=0, inpainting_fill=1,
-                                   denoising_strength=1.0))
+    assert np.array_equal(_pixels(own_p.json()["data"][0]["b64_json"]), inpainted(pal))
 
 
 def test_open_webuis_form_and_a_json_body(client) -> None:
