@@ -45,6 +45,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "Chroma, 1 for Flux, whose --cfg is diffusers' true_cfg_scale)")
     p.add_argument("--guidance", type=float, default=None,
                    help="distilled guidance of guidance-distilled models (Flux dev; default 3.5)")
+    p.add_argument("--guidance-rescale", type=float, default=0.0, metavar="PHI",
+                   help="CFG rescale (diffusers' guidance_rescale, 0 to 1; 0.7 is usual for v-prediction and "
+                        "zero-terminal-SNR models; default 0, off; SD 1.x/2.x/XL)")
     p.add_argument("--shift", type=float, default=None,
                    help="flow-matching shift in place of the model's (SD3, Flux, Chroma)")
     p.add_argument("--max-sequence-length", type=int, default=None,
@@ -152,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
     options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, schedule=args.schedule, seed=args.seed,
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
                    mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip,
-                   guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length)
+                   guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length,
+                   guidance_rescale=args.guidance_rescale)
     options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
     from ..text import extract_loras

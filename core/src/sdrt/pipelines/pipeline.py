@@ -499,6 +499,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if s.shift is not None and not fam.flow:
             raise InputError(f"shift applies to flow-matching models (SD3, Flux, Chroma), not {fam.label}",
                              where="shift", fix="leave {@shift} unset")
+        if s.guidance_rescale and fam.flow:  # diffusers' SD3/Flux/Chroma pipelines have none: no reference to match
+            raise InputError(f"guidance_rescale rescales an eps or v prediction under CFG, and {fam.label} predicts a "
+                             "flow velocity", where="guidance_rescale", fix="leave {@guidance_rescale} at 0 for this model")
         if s.clip_skip > 1 and not fam.clip_skip:  # a ModelError starting "clip skip": serve runs it at 1, named
             why = ("reads only its CLIP encoder's pooled output" if any(e.kind == "clip" for e in fam.encoders)
                    else "has no CLIP text encoder")
@@ -711,7 +714,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         else:
             noise = generator.randn(shape)
             x = loop.start(noise)
-        call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance)
+        call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance,
+                         guidance_rescale=s.guidance_rescale)
         control = self._control(s, call, s.width, s.height)  # ControlNet residuals as more UNet inputs
         model = self.family.denoiser(self.denoiser, ms, call)
         first = loop.steps
@@ -834,6 +838,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         info.update(self.family.infotext(s))
         if s.init_image is not None:
             info["Denoising strength"] = _num(s.strength or 0)
+        if s.guidance_rescale:
+            info["CFG Rescale"] = _num(s.guidance_rescale)  # Forge's name (A1111's extension wrote "CFG Rescale phi")
         if s.clip_skip > 1:
             info["Clip skip"] = s.clip_skip
         if s.batch > 1:

@@ -41,6 +41,8 @@ class Settings:
     shift: float | None = None
     #: T5's token count (SD3, Flux, Chroma); None: the family's
     max_sequence_length: int | None = None
+    #: diffusers' guidance_rescale (CFG rescale phi): 0 off, up to 1
+    guidance_rescale: float = 0.0
 
     @property
     def mode(self) -> str:
@@ -108,7 +110,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              width: int | None = None, height: int | None = None, init_image: ImageLike | None = None,
              strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
              clip_skip: int = 1, guidance: float | None = None, shift: float | None = None,
-             max_sequence_length: int | None = None, **toolbox: Any) -> Settings:
+             max_sequence_length: int | None = None, guidance_rescale: float = 0.0, **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
@@ -151,6 +153,9 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                                   or value <= (0 if name == "shift" else -1e-12)):
             raise InputError(f"{{@{name}}} must be a finite number {'> 0' if name == 'shift' else '>= 0'}, got {value!r}",
                              where=name, fix=f"use e.g. {3.5 if name == 'guidance' else 3}")
+    if not _number(guidance_rescale) or not 0 <= guidance_rescale <= 1:
+        raise InputError(f"{{@guidance_rescale}} must be a number from 0 to 1, got {guidance_rescale!r}",
+                         where="guidance_rescale", fix="use e.g. 0.7 (0 turns it off)")
     if max_sequence_length is not None:
         max_sequence_length = _int("max_sequence_length", max_sequence_length, 2)
     # an A1111 label ("DPM++ 2M Karras") or ComfyUI names ("dpmpp_2m", "karras"); unset: the family's, at run time
@@ -185,7 +190,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     return Settings(prompt, negative_prompt or "", steps, float(cfg) if cfg is not None else None,  # type: ignore[arg-type]
                     sampler, choice, int(seed), width, height, strength, batch, batch_count, clip_skip, init_image,
                     mask, toolbox=extras, guidance=None if guidance is None else float(guidance),
-                    shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length)
+                    shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length,
+                    guidance_rescale=float(guidance_rescale))
 
 
 def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> None:
@@ -207,7 +213,8 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
-            "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", *TOOLBOX_KEYWORDS)
+            "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "guidance_rescale",
+            *TOOLBOX_KEYWORDS)
 
 
 #: other libraries' names for these arguments (diffusers', A1111's API): what to pass here instead. A near spelling
@@ -221,7 +228,7 @@ _OTHER_NAMES = {
     "sampler_name": "sampler", "scheduler": "schedule (a ComfyUI scheduler) or sampler (an A1111 label)",
     "generator": "seed (an integer)", "enable_hr": "hires_scale", "hr_scale": "hires_scale",
     "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler",
-    "controlnet": "controlnets", "control_image": "controlnets",
+    "controlnet": "controlnets", "control_image": "controlnets", "cfg_rescale": "guidance_rescale",
 }
 
 
