@@ -146,3 +146,28 @@ def test_reference_errors_name_the_argument(tmp_path: Path) -> None:
     pytest.importorskip("PIL")
     with pytest.raises(InputError, match="cannot read the reference image 1"):
         pipe("a", reference_images=[bad], steps=1)
+
+
+def test_cli_reference_flags(tmp_path: Path, capsys) -> None:
+    """``--reference`` (repeatable) and ``--no-reference-resize``; errors speak in flags."""
+    from sdrt.cli import main
+
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    register("reference")
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    Image.fromarray(REFS["picture/a"]).save(a)
+    Image.fromarray(REFS["picture/b"]).save(b)
+    out = tmp_path / "out.png"
+    rc = main(["generate", str(FLUX), "make the sky purple", "--reference", str(a), "--reference", str(b),
+               "--no-reference-resize", "--steps", "1", "--seed", "2", "--backend", "reference", "-o", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    text = read_parameters(out)
+    assert "Size: 80x48" in text and 'Reference images: "2 (80x48, 32x48)"' in text
+    assert main(["generate", str(FLUX), "x", "--reference", str(tmp_path / "nope.png"), "-o", str(out)]) == 1
+    assert "the reference image 1 file does not exist" in capsys.readouterr().err
+    assert main(["generate", str(DATA / "tiny-chroma"), "x", "--reference", str(a), "--backend", "reference",
+                 "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "Where: --reference." in err and "leave --reference unset (--init-image is img2img" in err

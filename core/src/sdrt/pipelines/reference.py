@@ -193,7 +193,7 @@ def check_model(pipe: Any) -> None:
     if not getattr(fam, "reference_images", False):
         raise InputError(f"reference images are FLUX.1 Kontext's input, and {fam.label} models take none",
                          where="reference_images", fix="use a Flux Kontext model (any Flux dev or Kontext "
-                         "checkpoint), or leave {@reference_images} unset (init_image is img2img's picture)")
+                         "checkpoint), or leave {@reference_images} unset ({@init_image} is img2img's picture)")
     shape = tuple(pipe.denoiser.inputs[fam.sample_input].shape)
     tokens = shape[1] if len(shape) == 3 else None
     if isinstance(tokens, int) and tokens > 0:
