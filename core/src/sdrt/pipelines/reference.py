@@ -66,8 +66,12 @@ def references_of(value: Any) -> list[Any] | None:
 def preferred_size(width: int, height: int) -> tuple[int, int]:
     """diffusers' ``_auto_resize``: the preferred (width, height) nearest in aspect ratio to the image's sides cut
     down to multiples of 16 (ties go to the smaller width, as its ``min`` over tuples does)."""
-    w, h = width - width % 16, height - height % 16
-    aspect = w / h
+    return nearest_preferred((width - width % 16) / (height - height % 16))
+
+
+def nearest_preferred(aspect: float) -> tuple[int, int]:
+    """The preferred (width, height) whose aspect ratio is nearest ``aspect`` (BFL's, diffusers' and ComfyUI's
+    rule; ComfyUI's ``FluxKontextImageScale`` and the Forge extension take the raw sides' ratio)."""
     _, pw, ph = min((abs(aspect - a / b), a, b) for a, b in PREFERRED)
     return pw, ph
 
