@@ -176,3 +176,17 @@ def test_a_t5_gguf_in_llama_cpp_names_is_a_text_encoder(stored, tmp_path):
     if stored == "F32":  # the same values as the folder: diffusers' image within the flow tolerance
         want = np.load(PIPES / "tiny-flux-dev" / "refs.npz")[f"{case['name']}/image"].astype(int)
         assert np.abs(images[0].astype(int) - want).max() <= 2
+
+
+def test_flux_kontext_single_file_takes_reference_images(tmp_path):
+    """A Kontext checkpoint is a Flux dev file (the same keys): its single file with reference images gives
+    diffusers' FluxKontextPipeline image (scripts/gen_kontext_refs.py, first case) within the flow tolerance."""
+    f = _files("flux-dev", tmp_path)
+    case = json.loads((PIPES / "tiny-flux-dev" / "kontext.json").read_text())[0]
+    refs = np.load(PIPES / "tiny-flux-dev" / "kontext.npz")
+    with _load(f) as pipe:
+        got = pipe(case["prompt"], steps=case["steps"], seed=case["seed"], guidance=case["guidance"], sampler="Euler",
+                   max_sequence_length=case["max_sequence_length"], reference_resize=False,
+                   reference_images=[refs[f"picture/{k}"] for k in case["refs"]])[0]
+    want = refs[f"{case['name']}/image"][0]
+    assert got.shape == want.shape and np.abs(got.astype(int) - want.astype(int)).max() <= 2
