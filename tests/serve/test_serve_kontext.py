@@ -58,6 +58,7 @@ def flux_server(tmp_path_factory) -> Iterator[str]:
 
     root = tmp_path_factory.mktemp("kontext-models")
     shutil.copytree(DATA, root / "tiny-flux-dev")
+    shutil.copytree(pipelines.DEMO_MODEL, root / "zz-demo")  # SD 1.x: takes no reference images
     with live_server(ServeConfig(models=root, backend="openvino")) as url:
         yield url
 
@@ -76,3 +77,13 @@ def test_txt2img_with_a_kontext_image_is_the_api_image(flux_server: str) -> None
                     reference_resize=False)[0]
     assert got.shape == (48, 80, 3)
     assert int(np.abs(got.astype(int) - want.astype(int)).max()) <= 1
+
+
+@needs_server
+def test_a_model_without_references_answers_400_naming_the_field(flux_server: str) -> None:
+    body = {"prompt": "a cat", "steps": 1, "override_settings": {"sd_model_checkpoint": "zz-demo"},
+            **_body(True, _b64(PICS["picture/a"]), None, "no change", False)}
+    r = requests.post(f"{flux_server}/sdapi/v1/txt2img", json=body, timeout=300)
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == "alwayson_scripts.Forge FluxKontext.args[1]"
+    assert "take none" in r.json()["message"]
