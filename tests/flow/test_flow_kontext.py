@@ -90,6 +90,7 @@ def test_plan_counts_the_reference_tokens() -> None:
     assert shapes == {(2, 12 + 15 + 6, 64)}  # 64x48 noise, 80x48 and 32x48 references
     vae = next(p for p in rp.parts if p.part == "vae_encoder")
     assert vae.calls == 2
+    assert "reference images: 2 (80x48, 32x48), 21 tokens beside the image's 12" in rp.format()
 
 
 def test_infotext_names_the_references(tmp_path: Path) -> None:
