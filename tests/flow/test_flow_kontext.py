@@ -172,3 +172,14 @@ def test_cli_reference_flags(tmp_path: Path, capsys) -> None:
                  "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert "Where: --reference." in err and "leave --reference unset (--init-image is img2img" in err
+
+
+def test_low_memory_gives_the_same_image() -> None:
+    """Low-memory mode (each part loaded only while it runs) encodes the references with the VAE encoder before
+    the loop and gives the resident pipeline's image."""
+    case = CASES[0]
+    register("openvino")
+    want = _pipe("openvino")(case["prompt"], **_kwargs(case))[0]
+    with pipelines.load(FLUX, backend="openvino", low_memory=True) as pipe:
+        got = pipe(case["prompt"], **_kwargs(case))[0]
+    assert np.array_equal(got, want)
