@@ -272,7 +272,7 @@ class ToolboxMixin:
         call = ModelCall(tw, th, s.batch, s.cfg, cond, uncond, guidance=s.guidance,  # Flux dev: its distilled guidance
                          guidance_rescale=s.guidance_rescale)
         state = self._control(s, call, tw, th)
-        model = self.family.denoiser(self.denoiser, ms, call)  # type: ignore[attr-defined]
+        model = self.family.denoiser(self._model_part(), ms, call)  # type: ignore[attr-defined]
         total = loop.steps
 
         def step(i: int, latents: np.ndarray) -> None:

@@ -43,6 +43,9 @@ class Settings:
     max_sequence_length: int | None = None
     #: diffusers' guidance_rescale (CFG rescale phi): 0 off, up to 1
     guidance_rescale: float = 0.0
+    #: FLUX.1 Kontext's reference images (sdrt.pipelines.reference), None without; resized to Kontext's sizes or not
+    reference_images: list[Any] | None = None
+    reference_resize: bool = True
 
     @property
     def mode(self) -> str:
@@ -110,7 +113,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              width: int | None = None, height: int | None = None, init_image: ImageLike | None = None,
              strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
              clip_skip: int = 1, guidance: float | None = None, shift: float | None = None,
-             max_sequence_length: int | None = None, guidance_rescale: float = 0.0, **toolbox: Any) -> Settings:
+             max_sequence_length: int | None = None, guidance_rescale: float = 0.0, reference_images: Any = None,
+             reference_resize: bool = True, **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
@@ -187,11 +191,19 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                              fix=f"raise {{@strength}} to at least {1 / steps:.3g}, or {{@steps}}")
     if mask is not None:
         check_path(mask, "mask")
+    from .reference import references_of
+
+    references = references_of(reference_images)
+    if not isinstance(reference_resize, (bool, np.bool_)):
+        raise InputError(f"{{@reference_resize}} must be True or False, got {reference_resize!r:.40}",
+                         where="reference_resize", fix="pass True (resize to Kontext's sizes, the default) or False (keep the "
+                         "images' sizes, cut down to multiples of 16)")
     return Settings(prompt, negative_prompt or "", steps, float(cfg) if cfg is not None else None,  # type: ignore[arg-type]
                     sampler, choice, int(seed), width, height, strength, batch, batch_count, clip_skip, init_image,
                     mask, toolbox=extras, guidance=None if guidance is None else float(guidance),
                     shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length,
-                    guidance_rescale=float(guidance_rescale))
+                    guidance_rescale=float(guidance_rescale), reference_images=references,
+                    reference_resize=bool(reference_resize))
 
 
 def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> None:
@@ -214,7 +226,7 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
             "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "guidance_rescale",
-            *TOOLBOX_KEYWORDS)
+            "reference_images", "reference_resize", *TOOLBOX_KEYWORDS)
 
 
 #: other libraries' names for these arguments (diffusers', A1111's API): what to pass here instead. A near spelling
@@ -224,11 +236,15 @@ _OTHER_NAMES = {
     "guidance_scale": "cfg (classifier-free guidance; for Flux dev's distilled guidance, guidance)",
     "cfg_scale": "cfg", "num_inference_steps": "steps", "negative": "negative_prompt", "neg_prompt": "negative_prompt",
     "num_images_per_prompt": "batch", "batch_size": "batch", "n_iter": "batch_count",
-    "denoising_strength": "strength", "image": "init_image", "init_images": "init_image", "mask_image": "mask",
+    "denoising_strength": "strength",
+    "image": "init_image (img2img), or reference_images (FLUX.1 Kontext's pictures to edit)",
+    "init_images": "init_image", "mask_image": "mask",
     "sampler_name": "sampler", "scheduler": "schedule (a ComfyUI scheduler) or sampler (an A1111 label)",
     "generator": "seed (an integer)", "enable_hr": "hires_scale", "hr_scale": "hires_scale",
     "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler",
     "controlnet": "controlnets", "control_image": "controlnets", "cfg_rescale": "guidance_rescale",
+    "_auto_resize": "reference_resize", "reference_image": "reference_images",
+    "images": "reference_images (FLUX.1 Kontext) or init_image (img2img)",
 }
 
 

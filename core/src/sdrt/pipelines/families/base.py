@@ -110,6 +110,8 @@ class Family:
     default_sampler: ClassVar[str] = "DPM++ 2M Karras"
     #: T5's ``max_sequence_length`` when the caller sets none (SD3: 256, Flux dev and Chroma: 512)
     max_sequence_length: ClassVar[int] = 256
+    #: the denoiser reads reference images as more tokens (FLUX.1 Kontext; sdrt.pipelines.reference)
+    reference_images: ClassVar[bool] = False
 
     def __init__(self, folder: ModelFolder) -> None:
         self.folder = folder
