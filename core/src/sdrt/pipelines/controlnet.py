@@ -127,7 +127,8 @@ def control_mode(value: Any, where: str) -> str:
         for name in CONTROL_MODES:
             if value.strip().casefold() == name.casefold():
                 return name
-    raise InputError(f"{where} {str(value)[:60]!r} is not a ControlNet control mode", where=where,
+    shown = repr(value[:60]) if isinstance(value, str) else repr(value)[:60]
+    raise InputError(f"{where} {shown} is not a ControlNet control mode", where=where,
                      fix=f"use {', '.join(CONTROL_MODES[:2])} or {CONTROL_MODES[2]} (or 0, 1, 2)")
 
 
