@@ -176,6 +176,20 @@ def test_cond_only_units_run_their_net_on_the_cond_half() -> None:
     assert "mode My prompt is more important" in text and "guess mode" in guess.format()
 
 
+def test_cond_only_units_in_a_batch_of_two() -> None:
+    """Rows [uncond x2, cond x2]: the cond half is each image's own (diffusers' one noise stream for the batch: the
+    first image is the one-image reference)."""
+    folder = "tiny-sd15-controlnet"
+    z = np.load(DATA / folder / "modes.npz")
+    case = next(c for c in _mode_cases(folder) if c["name"] == "two units/Balanced + ControlNet is more important")
+    with pipelines.load(DATA / folder, backend=_fast_backend()) as pipe:
+        images = pipe.generate(case["prompt"], case["negative_prompt"], steps=case["steps"], cfg=case["cfg"],
+                               sampler=case["sampler"], seed=case["seed"], width=64, height=64, batch=2,
+                               controlnets=_mode_units(case, np.load(DATA / folder / "refs.npz"))).images
+    assert np.abs(images[0].astype(int) - z[case["name"]][0]).max() <= 2
+    assert np.abs(images[1].astype(int) - images[0]).max() > 20
+
+
 def test_controlnet_mode_infotext_and_bad_input() -> None:
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
     with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
