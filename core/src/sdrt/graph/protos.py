@@ -8,7 +8,7 @@ stay, so constant shape tensors still propagate (``data_prop=True``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelError
 from . import onnxfile
@@ -59,11 +59,22 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
-    """Run ONNX shape inference; return the inferred skeleton (value_info and outputs filled)."""
+    """Run ONNX shape inference; return the inferred skeleton (value_info and outputs filled). Where ONNX's
+    inference leaves a node's outputs untyped (``_RULES``: GroupNormalization, which onnx has no inference for
+    at any opset, and onnxruntime's com.microsoft ops, which onnx does not know), the rule types them and
+    inference runs on from there, so that everything after such a node keeps its shape."""
     from onnx import shape_inference
 
+    sk = skeleton(model)
     try:
-        return shape_inference.infer_shapes(skeleton(model), check_type=True, strict_mode=True, data_prop=True)
+        out = shape_inference.infer_shapes(sk, check_type=True, strict_mode=True, data_prop=True)
+        for _ in range(64):  # each round types what the rules can, and inference runs on to the next such node
+            hints = _rule_types(out)
+            if not hints:
+                break
+            sk.graph.value_info.extend(hints)
+            out = shape_inference.infer_shapes(sk, check_type=True, strict_mode=True, data_prop=True)
+        return out
     except Exception as exc:
         lines = [line for line in str(exc).strip().splitlines() if line.strip()] or [type(exc).__name__]
         more = f" (and {len(lines) - 1} more node(s) after it)" if len(lines) > 1 else ""  # an error is one line
@@ -85,3 +96,70 @@ def apply_inferred(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
         new = by_name.get(out.name)
         if new is not None and new.type.tensor_type.HasField("shape"):
             out.type.CopyFrom(new.type)
+
+
+#: com.microsoft (and ONNX) ops whose first output (and the listed others) has the shape and type of the first input
+_SAME_AS_INPUT = {"GroupNormalization": (0,), "Gelu": (0,), "FastGelu": (0,), "BiasGelu": (0,), "QuickGelu": (0,),
+                  "SkipLayerNormalization": (0, 3), "SkipSimplifiedLayerNormalization": (0, 3),
+                  "SimplifiedLayerNormalization": (0,), "LayerNormalization": (0,), "BiasAdd": (0,),
+                  "RotaryEmbedding": (0,), "GroupNorm": (0,), "SkipGroupNorm": (0,), "BiasDropout": (0,)}
+
+
+def _rule_types(inferred: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """Types for node outputs that ONNX's inference left without a shape, from the node's input shapes (see
+    ``infer``); [] where no rule applies."""
+    from onnx import TensorProto, helper
+
+    g = inferred.graph
+    known: dict[str, tuple[int, list[Any]]] = {}
+    for v in list(g.input) + list(g.value_info) + list(g.output):
+        tt = v.type.tensor_type
+        if v.type.HasField("tensor_type") and tt.HasField("shape") and tt.elem_type:
+            known[v.name] = (tt.elem_type, [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                            for d in tt.shape.dim])
+    for t in g.initializer:
+        known[t.name] = (t.data_type, list(t.dims))
+    out: list[onnx.ValueInfoProto] = []
+
+    def give(name: str, elem: int, dims: list[Any]) -> None:
+        if name and name not in known:
+            out.append(helper.make_tensor_value_info(name, elem, dims))
+            known[name] = (elem, dims)
+
+    def attr(n: Any, name: str, default: Any) -> Any:
+        a = next((a for a in n.attribute if a.name == name), None)
+        return default if a is None else helper.get_attribute_value(a)
+
+    for n in g.node:
+        if all(o in known for o in n.output if o) or not n.input or n.input[0] not in known:
+            continue
+        op, (elem, x) = n.op_type, known[n.input[0]]
+        if op in _SAME_AS_INPUT:
+            for k in _SAME_AS_INPUT[op]:
+                if k < len(n.output):
+                    give(n.output[k], elem, x)
+        elif op in ("FusedMatMul", "FusedGemm") and len(n.input) > 1 and n.input[1] in known:
+            a, b = list(x), list(known[n.input[1]][1])
+            if len(a) < 2 or len(b) < 2:
+                continue
+            if attr(n, "transA", 0):
+                a[-2], a[-1] = a[-1], a[-2]
+            if attr(n, "transB", 0):
+                b[-2], b[-1] = b[-1], b[-2]
+            batch = a[:-2] if len(a) >= len(b) else b[:-2]
+            give(n.output[0], elem, [*batch, a[-2], b[-1]])
+        elif op == "Attention" and n.domain == "com.microsoft" and len(n.input) > 1 and n.input[1] in known:
+            w = known[n.input[1]][1]
+            sizes = list(attr(n, "qkv_hidden_sizes", []) or [])
+            hv = sizes[2] if len(sizes) == 3 else (w[-1] // 3 if isinstance(w[-1], int) else None)
+            if len(x) == 3:
+                give(n.output[0], elem, [x[0], x[1], hv])
+        elif op == "MultiHeadAttention" and n.domain == "com.microsoft" and len(x) == 3:
+            v = known.get(n.input[2])[1] if len(n.input) > 2 and n.input[2] in known else None
+            give(n.output[0], elem, [x[0], x[1], v[-1] if v is not None and len(v) == 3 else x[2]])
+        elif op == "EmbedLayerNormalization" and len(n.input) > 2 and n.input[2] in known and len(x) == 2:
+            word = known[n.input[2]]
+            give(n.output[0], word[0], [x[0], x[1], word[1][-1]])
+            if len(n.output) > 1:
+                give(n.output[1], TensorProto.INT32, [x[0]])
+    return out

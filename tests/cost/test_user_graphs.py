@@ -1,0 +1,125 @@
+"""`sdrt plan` and the cost model on graphs as exporters and tools write them, not as sdrt's own tests do: torch's
+dynamo exporter (GroupNormalization, which onnx cannot infer), onnxruntime's com.microsoft ops and QOperator
+quantization, values of unknown rank, and Optimum's one-graph folders (scripts/make_user_onnx_corpus.py builds the
+full corpus these come from)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from sdrt.cli import main
+from sdrt.cost.nodes import graph_costs
+from sdrt.graph import Graph
+
+MS = helper.make_opsetid("com.microsoft", 1)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _init(name, *shape, dtype=np.float32):
+    return numpy_helper.from_array(np.random.default_rng(0).standard_normal(shape).astype(dtype), name)
+
+
+def _save(path, nodes, inputs, outputs, inits=(), opset=21, extra=()):
+    m = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, list(inits)),
+                          opset_imports=[helper.make_opsetid("", opset), *extra])
+    onnx.save(m, str(path))
+    return path
+
+
+def _group_norm_gemm(path):
+    """Conv -> GroupNormalization -> SiLU -> ReduceMean -> Gemm, as torch.onnx.export(dynamo=True) writes a small
+    classifier at opset 21 (its ReduceMean takes its axes as an input)."""
+    return _save(path, [
+        helper.make_node("Conv", ["x", "cw", "cb"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("GroupNormalization", ["c", "gs", "gb"], ["gn"], num_groups=4),
+        helper.make_node("Sigmoid", ["gn"], ["sg"]), helper.make_node("Mul", ["gn", "sg"], ["silu"]),
+        helper.make_node("ReduceMean", ["silu", "axes"], ["mean"], keepdims=0),
+        helper.make_node("Gemm", ["mean", "lw", "lb"], ["y"], transB=1)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+        [_init("cw", 8, 3, 3, 3), _init("cb", 8), _init("gs", 8), _init("gb", 8), _init("lw", 5, 8), _init("lb", 5),
+         numpy_helper.from_array(np.array([2, 3], np.int64), "axes")])
+
+
+def test_shapes_run_on_past_a_group_norm(tmp_path):
+    """onnx infers no shape for GroupNormalization (opsets 18 and 21): everything after it was unknown, and the
+    Gemm's input read as a scalar made `sdrt plan` die with an IndexError traceback."""
+    g = Graph.load(_group_norm_gemm(tmp_path / "dynamo.onnx")).with_shapes()
+    infos = g.value_infos()
+    assert infos["gn"].shape == (2, 8, 16, 16) and infos["mean"].shape == (2, 8)
+    cost = graph_costs(g, None, "fp32", inferred=True)
+    gemm = next(n for n in cost.nodes if n.op == "Gemm")
+    assert gemm.flops == 2 * 2 * 5 * 8 + 2 * 5  # 2*M*N*K plus the bias
+    assert cost.unknown == []
+
+
+def test_plan_of_a_dynamo_export_is_one_part_with_sane_figures(tmp_path, capsys):
+    path = _group_norm_gemm(tmp_path / "dynamo.onnx")
+    assert main(["plan", str(path), "--json", "--device", "cpu"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in d["parts"]] == ["dynamo"] and d["unknown_shapes"] == []
+    assert d["predicted_ms_per_image"] > 0 and d["parts"][0]["predicted_peak_bytes"] > 0
+
+
+def test_an_unknown_rank_is_not_a_scalar(tmp_path, capsys):
+    """A custom op's output has no shape at all (not even a rank): the Gemm that reads it is left uncosted, not
+    costed as a matmul of a scalar (IndexError), and the plan says which op lost the shapes."""
+    path = _save(tmp_path / "custom.onnx", [
+        helper.make_node("MyOp", ["x"], ["h"], domain="ai.example"),
+        helper.make_node("Gemm", ["h", "w"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [_init("w", 8, 8)],
+        extra=[helper.make_opsetid("ai.example", 1)])
+    assert main(["plan", str(path), "--json", "--device", "cpu"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["unknown_shapes"] == [{"part": "custom", "values": 1, "ops": ["ai.example:MyOp"]}]
+    assert main(["plan", str(path), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "could not tell the shapes of 1 value(s) (from ai.example:MyOp)" in out and "underestimated" in out
+
+
+def test_qlinearconv_counts_its_kernel(tmp_path):
+    """QOperator quantization (onnxruntime quantize_static): the kernel is QLinearConv's 4th input, not its 2nd
+    (the input's scale), which counted a 3->16 3x3 conv at 32 pixels as 2 * outputs FLOPs."""
+    q = [numpy_helper.from_array(np.array(0.1, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint8), "z"),
+         numpy_helper.from_array(np.ones((16, 3, 3, 3), np.int8), "w"),
+         numpy_helper.from_array(np.array(0, np.int8), "wz")]
+    path = _save(tmp_path / "qconv.onnx", [
+        helper.make_node("QLinearConv", ["x", "s", "z", "w", "s", "wz", "s", "z"], ["y"], pads=[1, 1, 1, 1])],
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 16, 32, 32])], q, opset=13)
+    cost = graph_costs(Graph.load(path), None, "fp32")
+    assert cost.nodes[0].flops == 2 * 16 * 32 * 32 * 3 * 3 * 3
+
+
+def test_com_microsoft_matmul_and_attention_are_costed(tmp_path):
+    """onnxruntime's contrib ops (an ORT-optimized BERT: FusedMatMul, Attention, SkipLayerNormalization, FastGelu):
+    onnx infers none of them, so the graph after the first one had no shapes and cost nothing."""
+    path = _save(tmp_path / "ort.onnx", [
+        helper.make_node("FusedMatMul", ["x", "w"], ["m"], domain="com.microsoft", alpha=0.5, transB=1),
+        helper.make_node("Attention", ["m", "qkv", "qkv_b"], ["a"], domain="com.microsoft", num_heads=4),
+        helper.make_node("SkipLayerNormalization", ["a", "m", "g", "b"], ["n"], domain="com.microsoft"),
+        helper.make_node("FastGelu", ["n"], ["f"], domain="com.microsoft"),
+        helper.make_node("MatMul", ["f", "out_w"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 10, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10, 16])],
+        [_init("w", 32, 64), _init("qkv", 32, 96), _init("qkv_b", 96), _init("g", 32), _init("b", 32),
+         _init("out_w", 32, 16)], opset=17, extra=[MS])
+    g = Graph.load(path).with_shapes()
+    assert g.value_infos()["f"].shape == (2, 10, 32)
+    cost = graph_costs(g, None, "fp32", inferred=True)
+    assert cost.unknown == []
+    by_op = {n.op: n.flops for n in cost.nodes}
+    assert by_op["FusedMatMul"] == 2 * (2 * 10) * 32 * 64  # x (2, 10, 64) @ w^T (64, 32)
+    # the packed QKV projection, then QK^T and PV over 10 keys, then the softmax
+    assert by_op["Attention"] == 2 * 2 * 10 * 32 * 96 + 2 * 2 * 10 * 10 * (32 + 32) + 5 * 2 * 4 * 10 * 10
+    assert by_op["MatMul"] == 2 * 2 * 10 * 16 * 32
