@@ -123,3 +123,23 @@ def test_com_microsoft_matmul_and_attention_are_costed(tmp_path):
     # the packed QKV projection, then QK^T and PV over 10 keys, then the softmax
     assert by_op["Attention"] == 2 * 2 * 10 * 32 * 96 + 2 * 2 * 10 * 10 * (32 + 32) + 5 * 2 * 4 * 10 * 10
     assert by_op["MatMul"] == 2 * 2 * 10 * 16 * 32
+
+
+def test_a_folder_with_one_graph_plans_it(tmp_path, capsys):
+    """`optimum-cli export onnx` of a classifier or an encoder writes FOLDER/model.onnx and its configs: `sdrt plan
+    FOLDER` plans that graph, where it asked for text_encoder/, unet/ and vae_decoder/."""
+    (tmp_path / "m").mkdir()
+    _group_norm_gemm(tmp_path / "m" / "model.onnx")
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert main(["plan", str(tmp_path / "m"), "--json", "--device", "cpu"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["model"] == "model.onnx" and [p["name"] for p in d["parts"]] == ["model"]
+
+
+def test_a_folder_of_several_graphs_is_refused_naming_them(tmp_path, capsys):
+    for name in ("a.onnx", "b.onnx"):
+        _group_norm_gemm(tmp_path / name)
+    assert main(["plan", str(tmp_path), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds 2 .onnx files (a.onnx, b.onnx)" in err
+    assert f"sdrt plan {tmp_path / 'a.onnx'}" in err
