@@ -29,6 +29,36 @@ def test_run_writes_outputs_that_match_numpy(registry, affine_path, affine, tmp_
     assert "y: float32[2, 3]" in capsys.readouterr().out
 
 
+def test_run_takes_a_precision(registry, affine_path, affine, tmp_path, capsys):
+    """`sdrt run` had no way to ask for fp32: on a CPU with bf16 dot products (AVX-512-BF16, AMX) every run came
+    back at bf16, 3e-3 off a float32 reference such as onnxruntime's. The reference backend computes fp32 alone:
+    fp32 is taken, anything else refused in flag words."""
+    _, reference = affine
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    argv = ["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"),
+            "--backend", "reference"]
+    assert main([*argv, "--precision", "fp32"]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], reference(x), rtol=1e-6)
+    capsys.readouterr()
+    assert main([*argv, "--precision", "bf16"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("error: the reference backend computes in fp32 only, not 'bf16'. Where: --precision. "
+                   "What to do: pass --precision fp32, leave it out, or pick another --backend.\n")
+
+
+@pytest.mark.parametrize("backend", ["ggml", "openvino"])
+def test_run_at_fp32_matches_float32(backend, registry, affine_path, affine, tmp_path, monkeypatch):
+    registry.register_plugin(pytest.importorskip(f"sdrt_{backend}"), backend)
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    _, reference = affine
+    x = np.random.default_rng(4).standard_normal((2, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"),
+                 "--backend", backend, "--precision", "fp32"]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], reference(x), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("spec, message", [
     ("x", "bad --input 'x'"),
     ("x=/nonexistent/x.npy", "input file for 'x' does not exist"),
