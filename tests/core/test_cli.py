@@ -59,6 +59,25 @@ def test_run_at_fp32_matches_float32(backend, registry, affine_path, affine, tmp
     np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], reference(x), rtol=1e-5, atol=1e-6)
 
 
+def test_run_an_input_without_a_declared_shape(registry, tmp_path, capsys):
+    """An input that declares no shape, not even a rank (onnxruntime takes any array there): its TensorInfo reads
+    as a scalar's, so `sdrt run` refused a (2, 2) array ("the graph takes x: float32[]"), and pinning it did
+    nothing. The feed's shape pins it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "any.onnx"))
+    x = np.array([[-1.0, 2.0], [3.0, -4.0]], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(tmp_path / "any.onnx"), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"),
+                 "--backend", "reference"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["y"], np.maximum(x, 0))
+    assert "y: float32[2, 2]" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("spec, message", [
     ("x", "bad --input 'x'"),
     ("x=/nonexistent/x.npy", "input file for 'x' does not exist"),

@@ -80,6 +80,7 @@ def check_inputs(graph: Any, feeds: dict[str, Any], specs: list[str]) -> None:
         raise InputError(what, where="--input",
                          fix="pass -i NAME=FILE.npy for each input of the graph: "
                              + ", ".join(str(i) for i in graph.inputs))
+    unranked = _unranked(graph)
     for name, info in expected.items():
         if info.dtype == NON_TENSOR:
             continue
@@ -91,10 +92,18 @@ def check_inputs(graph: Any, feeds: dict[str, Any], specs: list[str]) -> None:
         if 0 in arr.shape:  # shape inference would fail on every node after the first, in many lines
             raise InputError(f"input {name!r} is empty: its shape {tuple(arr.shape)} in {files[name]} has a 0",
                              where=f"-i {name}={files[name]}", fix="save an array with at least one element per dim")
+        if name in unranked:  # the graph declares no shape at all: any rank will do
+            continue
         if arr.ndim != len(info.shape) or any(isinstance(d, int) and d != a for d, a in zip(info.shape, arr.shape)):
             raise InputError(f"input {name!r} has shape {tuple(arr.shape)} in {files[name]}, and the graph takes "
                              f"{info}", where=f"-i {name}={files[name]}",
                              fix="save an array of the graph's shape (a dim given by name takes any size)")
+
+
+def _unranked(graph: Any) -> set[str]:
+    """The graph's tensor inputs that declare no shape, not even a rank (their TensorInfo reads as a scalar's)."""
+    return {v.name for v in graph.model.graph.input
+            if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")}
 
 
 def pins(graph: Any, feeds: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -103,7 +112,11 @@ def pins(graph: Any, feeds: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     OpenVINO runs it faster)."""
     out: dict[str, tuple[int, ...]] = {}
     sizes: dict[str, tuple[int, str]] = {}
+    unranked = _unranked(graph)
     for info in graph.inputs:
+        if info.name in unranked and info.name in feeds:  # no shape declared (TensorInfo shows it as a scalar's)
+            out[info.name] = tuple(int(s) for s in feeds[info.name].shape)
+            continue
         if info.is_static:
             continue
         arr = feeds[info.name]
