@@ -78,6 +78,53 @@ def test_run_an_input_without_a_declared_shape(registry, tmp_path, capsys):
     assert "y: float32[2, 2]" in capsys.readouterr().out
 
 
+def _graph(path, nodes, inputs, outputs, opset=17):
+    import onnx
+    from onnx import helper
+
+    g = helper.make_graph(nodes, "g", inputs, outputs)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    return str(path)
+
+
+def test_run_feeds_bfloat16_strings_and_saves_sequences(registry, tmp_path, capsys):
+    """Inputs and outputs a .npy/.npz holds only in other words: a bfloat16 input (numpy has none; the fix said
+    numpy.bfloat16), a string input (the fix said numpy.object; a str array, which Session.run takes, was refused),
+    a string output (saved pickled: np.load refused it) and a sequence output (AttributeError traceback)."""
+    from onnx import TensorProto, helper
+
+    from sdrt.graph import Graph
+
+    vi = helper.make_tensor_value_info
+    x = np.array([1.0, 2.5, -3.0, 1 / 3], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "o.npz"
+    bf = _graph(tmp_path / "bf.onnx", [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)],
+                [vi("x", TensorProto.BFLOAT16, [4])], [vi("y", TensorProto.FLOAT, [4])])
+    assert main(["run", bf, "-i", f"x={tmp_path / 'x.npy'}", "-o", str(out), "--backend", "reference"]) == 0
+    np.testing.assert_array_equal(np.load(out)["y"], np.array([1.0, 2.5, -3.0, 0.333984375], np.float32))
+    np.save(tmp_path / "i.npy", np.arange(4))
+    assert main(["run", bf, "-i", f"x={tmp_path / 'i.npy'}", "-o", str(out), "--backend", "reference"]) == 1
+    assert "save it as float32 (rounded to bfloat16 here)" in capsys.readouterr().err
+
+    st = _graph(tmp_path / "st.onnx", [helper.make_node("Identity", ["s"], ["y"])],
+                [vi("s", TensorProto.STRING, [2])], [vi("y", TensorProto.STRING, [2])])
+    np.save(tmp_path / "s.npy", np.array(["ab", "c"]))
+    assert main(["run", st, "-i", f"s={tmp_path / 's.npy'}", "-o", str(out), "--backend", "reference"]) == 0
+    assert np.load(out)["y"].tolist() == ["ab", "c"]  # no allow_pickle
+    assert main(["run", st, "-i", f"s={tmp_path / 'x.npy'}", "-o", str(out), "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert "the graph takes strings" in err and "numpy.array(['text', ...])" in err and "numpy.object" not in err
+
+    seq = _graph(tmp_path / "seq.onnx", [helper.make_node("SequenceConstruct", ["a", "a"], ["q"])],
+                 [vi("a", TensorProto.FLOAT, [4])], [helper.make_tensor_sequence_value_info("q", TensorProto.FLOAT, [4])])
+    assert Graph.load(seq)
+    assert main(["run", seq, "-i", f"a={tmp_path / 'x.npy'}", "-o", str(out), "--backend", "reference"]) == 0
+    saved = np.load(out)
+    assert saved.files == ["q[0]", "q[1]"] and np.array_equal(saved["q[1]"], x)
+    assert "q: a sequence of 2, saved as q[0] ... q[1]" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("spec, message", [
     ("x", "bad --input 'x'"),
     ("x=/nonexistent/x.npy", "input file for 'x' does not exist"),

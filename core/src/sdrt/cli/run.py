@@ -85,10 +85,21 @@ def check_inputs(graph: Any, feeds: dict[str, Any], specs: list[str]) -> None:
         if info.dtype == NON_TENSOR:
             continue
         arr, want = feeds[name], _DTYPE_ALIASES.get(info.dtype, info.dtype)
+        if want == "bfloat16" and (arr.dtype.name == "float32" or (arr.dtype.kind == "V" and arr.dtype.itemsize == 2)):
+            import ml_dtypes  # onnx's own dependency
+
+            # numpy has no bfloat16: a float32 file is rounded to it, ml_dtypes' own .npy loads as 2-byte voids
+            feeds[name] = arr = arr.astype(ml_dtypes.bfloat16) if arr.dtype.kind == "f" else arr.view(ml_dtypes.bfloat16)
+        if want == "object" and arr.dtype.kind in "US":  # strings: a str array saves without pickling
+            continue
         if arr.dtype.name != want:
-            raise InputError(f"input {name!r} is {arr.dtype} in {files[name]}, and the graph takes {want}",
+            how = {"object": "a numpy array of str: numpy.save(FILE, numpy.array(['text', ...]))",
+                   "bfloat16": "float32 (rounded to bfloat16 here): numpy.save(FILE, array.astype(numpy.float32))"}
+            raise InputError(f"input {name!r} is {arr.dtype} in {files[name]}, and the graph takes "
+                             + ("strings" if want == "object" else want),
                              where=f"-i {name}={files[name]}",
-                             fix=f"save it as {want}: numpy.save({files[name]!r}, array.astype(numpy.{want}))")
+                             fix=f"save it as {how[want]}" if want in how else
+                             f"save it as {want}: numpy.save({files[name]!r}, array.astype(numpy.{want}))")
         if 0 in arr.shape:  # shape inference would fail on every node after the first, in many lines
             raise InputError(f"input {name!r} is empty: its shape {tuple(arr.shape)} in {files[name]} has a 0",
                              where=f"-i {name}={files[name]}", fix="save an array with at least one element per dim")
@@ -149,13 +160,39 @@ def run(args: argparse.Namespace) -> int:
 
     from ..pipelines.png import write_file
 
-    buf = io.BytesIO()
-    np.savez(buf, **outputs)
-    write_file(output, buf.getbuffer())  # atomically (no half .npz), and without a second copy of the outputs
+    arrays: dict[str, Any] = {}
+    notes = []
     for name, value in outputs.items():
+        if value is None:  # an empty optional
+            notes.append(f"{name}: an empty optional, not saved")
+        elif isinstance(value, (list, tuple)):  # a sequence: one array per element, NAME[0], NAME[1], ...
+            arrays.update((f"{name}[{i}]", _savable(v)) for i, v in enumerate(value))
+            notes.append(f"{name}: a sequence of {len(value)}, saved as {name}[0] ... {name}[{len(value) - 1}]"
+                         if value else f"{name}: an empty sequence, not saved")
+        elif isinstance(value, dict):  # a map: one array per key
+            arrays.update((f"{name}[{k}]", _savable(v)) for k, v in value.items())
+            notes.append(f"{name}: a map of {len(value)}, saved as {name}[KEY]")
+        else:
+            arrays[name] = _savable(value)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_file(output, buf.getbuffer())  # atomically (no half .npz), and without a second copy of the outputs
+    for name, value in arrays.items():
         print(f"{name}: {value.dtype}{list(value.shape)}")
+    for note in notes:
+        print(note)
     print(f"wrote {output}")
     return 0
+
+
+def _savable(value: Any) -> Any:
+    """``value`` as an array ``np.load`` reads without pickles: strings (object arrays of str) as a str array."""
+    import numpy as np
+
+    value = np.asarray(value)
+    if value.dtype == object and all(isinstance(x, str) for x in value.flat):
+        return value.astype(str)
+    return value
 
 
 def _precision_option(args: argparse.Namespace) -> dict[str, Any]:
