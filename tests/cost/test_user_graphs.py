@@ -143,3 +143,14 @@ def test_a_folder_of_several_graphs_is_refused_naming_them(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "holds 2 .onnx files (a.onnx, b.onnx)" in err
     assert f"sdrt plan {tmp_path / 'a.onnx'}" in err
+
+
+def test_an_image_classifiers_channels_are_pixels():
+    """Optimum exports ViT/ResNet classifiers with pixel_values [batch_size, num_channels, height, width]: the
+    channels were taken as 1, so the input as a latent, and a 512-pixel plan costed a 64x64 single-channel image."""
+    from sdrt.cost.shapes import single_file_shapes
+
+    class G:
+        inputs = [type("I", (), {"name": "pixel_values", "shape": ("batch_size", "num_channels", "height", "width")})]
+
+    assert single_file_shapes(G, 512, 384) == {"pixel_values": (1, 3, 384, 512)}

@@ -19,7 +19,8 @@ def fixed_size(graph: Any) -> tuple[int, int] | None:
 def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> dict[str, tuple[int, ...]]:
     """Shapes for a lone graph's dynamic inputs: batch ``batch``; 4-D image-like inputs at the latent
     (width/8) or pixel size by their channels; a dim named for image tokens (``img``) at a DiT's packed
-    latent length (width/16 x height/16), one named for T5 text (``txt``) 512 long; other token
+    latent length (width/16 x height/16), one named for T5 text (``txt``) 512 long; a 4-D input's channels named
+    as such (``num_channels``: Optimum's image classifiers) 3, so pixels; other token
     sequences 77 long; anything else 1."""
     out: dict[str, tuple[int, ...]] = {}
     for i in graph.inputs:
@@ -36,6 +37,8 @@ def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> d
                 dims[k] = (height // 16) * (width // 16)
             elif "txt" in name:
                 dims[k] = 512
+            elif len(dims) == 4 and k == 1 and "channel" in name:  # Optimum's image classifiers: num_channels
+                dims[k] = 3
             elif len(dims) == 4 and k >= 2:
                 ch = dims[1] if isinstance(dims[1], int) else 4
                 scale = 1 if ch == 3 else 8
