@@ -125,6 +125,34 @@ def test_run_feeds_bfloat16_strings_and_saves_sequences(registry, tmp_path, caps
     assert "q: a sequence of 2, saved as q[0] ... q[1]" in capsys.readouterr().out
 
 
+def test_a_negative_dim_is_any_size(registry, tmp_path, capsys):
+    """Some exporters write -1 for a dynamic dim (onnxruntime reads it as any size): sdrt took it as a size, so
+    `sdrt run` refused a (2, 4) array for float32[-1, 4] and `sdrt plan` counted -16 bytes of activations."""
+    import json
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from sdrt.graph import Graph
+
+    vi = helper.make_tensor_value_info
+    path = tmp_path / "neg.onnx"
+    m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                                            [vi("x", TensorProto.FLOAT, [-1, 4])], [vi("y", TensorProto.FLOAT, [-1, 4])]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, str(path))
+    assert Graph.load(path).inputs[0].shape == (None, 4)
+    x = np.arange(-4, 4, dtype=np.float32).reshape(2, 4)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"),
+                 "--backend", "reference"]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["y"], np.maximum(x, 0))
+    capsys.readouterr()
+    assert main(["plan", str(path), "--json", "--device", "cpu"]) == 0
+    part = json.loads(capsys.readouterr().out)["parts"][0]
+    assert part["activation_bytes"] > 0 and part["predicted_peak_bytes"] > 0
+
+
 @pytest.mark.parametrize("spec, message", [
     ("x", "bad --input 'x'"),
     ("x=/nonexistent/x.npy", "input file for 'x' does not exist"),

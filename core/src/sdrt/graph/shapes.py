@@ -74,6 +74,11 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
                 + (f"; dims: {', '.join(sorted(dim_names))}" if dim_names else ""),
             )
     model = copy_model(graph.model, value_info=False)
+    for vi in list(model.graph.input) + list(model.graph.output):  # -1 is "any size" to the exporters that write it
+        tt = vi.type.tensor_type
+        for d in tt.shape.dim if vi.type.HasField("tensor_type") and tt.HasField("shape") else ():
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.ClearField("dim_value")
     for vi in model.graph.input:
         tt = vi.type.tensor_type
         pinned = shapes.get(vi.name)
