@@ -154,3 +154,19 @@ def test_an_image_classifiers_channels_are_pixels():
         inputs = [type("I", (), {"name": "pixel_values", "shape": ("batch_size", "num_channels", "height", "width")})]
 
     assert single_file_shapes(G, 512, 384) == {"pixel_values": (1, 3, 384, 512)}
+
+
+@pytest.mark.parametrize("equation, a, b, flops", [
+    ("bij,jk->bik", (2, 8, 16), (16, 4), 2 * 2 * 8 * 16 * 4),  # a weight: class matmul, once counted 0
+    ("bhqd,bhkd->bhqk", (1, 2, 8, 4), (1, 2, 8, 4), 2 * 2 * 8 * 8 * 4),  # QK^T of two activations
+    ("...ij,jk->...ik", (3, 2, 8, 16), (16, 4), 2 * 6 * 8 * 16 * 4),
+])
+def test_einsum_counts_its_products(tmp_path, equation, a, b, flops):
+    inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(a))]
+    inits = [_init("b", *b)]
+    if equation.startswith("bhqd"):
+        inputs.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, list(b)))
+        inits = []
+    path = _save(tmp_path / "e.onnx", [helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)], inputs,
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, opset=17)
+    assert graph_costs(Graph.load(path), None, "fp32").nodes[0].flops == flops

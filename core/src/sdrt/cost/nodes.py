@@ -551,6 +551,8 @@ def _flops(n: Any, cls: str, ins: list[tuple[int, ...] | None], outs: list[tuple
         b, seq, d = ins[0]  # separate query (B, S, D), key (B, L, D) and value: QK^T and PV over L keys
         heads = next((a.i for a in n.attribute if a.name == "num_heads"), 1)
         return 4.0 * b * seq * ins[1][1] * d + 5.0 * b * heads * seq * ins[1][1]
+    if op == "Einsum" and all(ins):
+        return _einsum_flops(n, ins, out)
     if op in ("Softmax", "LogSoftmax"):
         return 5.0 * _prod(out)
     if cls == "norm":
@@ -561,6 +563,28 @@ def _flops(n: Any, cls: str, ins: list[tuple[int, ...] | None], outs: list[tuple
     if cls == "elementwise":
         return float(_ACT_HEAVY.get(op, 1) * _prod(out))
     return 0.0
+
+
+def _einsum_flops(n: Any, ins: list[Any], out: tuple[int, ...]) -> float:
+    """An Einsum's multiply-adds, 2 per product of one size of every index letter (``bij,bjk->bik``: 2*b*i*j*k);
+    an ellipsis's dims are read off the output (batch dims every operand shares)."""
+    eq = next((a.s.decode() for a in n.attribute if a.name == "equation"), "").replace(" ", "")
+    lhs = eq.split("->")[0].split(",")
+    if len(lhs) != len(ins):
+        return 2.0 * _prod(out)
+    sizes: dict[str, int] = {}
+    ellipsis = 1
+    for term, shape in zip(lhs, ins):
+        letters = term.replace("...", "")
+        if "..." in term:
+            ellipsis = max(ellipsis, _prod(shape[:len(shape) - len(letters)]) if len(shape) >= len(letters) else 1)
+            head, _, tail = term.partition("...")
+            dims = list(shape[:len(head)]) + list(shape[len(shape) - len(tail):] if tail else [])
+        else:
+            dims = list(shape)
+        for ch, d in zip(letters, dims):
+            sizes[ch] = max(sizes.get(ch, 1), int(d))
+    return 2.0 * ellipsis * _prod(list(sizes.values()))
 
 
 def _attention_scores(model: Any, origin: Mapping[str, Any]) -> set[str]:
