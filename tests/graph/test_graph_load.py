@@ -210,6 +210,30 @@ def test_external_symlink_inside_folder_is_fine(tmp_path):
     assert Graph.load(p).initializer_arrays()["fc1.bias"].shape == (16,)
 
 
+def test_the_hugging_face_cache_layout_loads(tmp_path):
+    """hf download / snapshot_download keep each file once in REPO/blobs/ and link REPO/snapshots/REV/... to it: the
+    external data of every cached ONNX export led out of its folder, and sdrt refused it (onnxruntime loads it). A
+    link into that blobs/ folder is taken; one that goes on from there (to a secret) is still refused."""
+    repo = tmp_path / "models--org--sd-onnx"
+    src = tmp_path / "export"
+    src.mkdir()
+    p = M.save_external(M.linear_model(), src / "model.onnx")
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / "0123abc" / "unet"
+    snap.mkdir(parents=True)
+    for name, blob in (("model.onnx", "h1"), ("weights.bin", "h2")):
+        os.rename(src / name, repo / "blobs" / blob)
+        os.symlink(f"../../../blobs/{blob}", snap / name)
+    assert p.name == "model.onnx"
+    g = Graph.load(snap / "model.onnx")
+    assert g.initializer_arrays()["fc1.bias"].shape == (16,)
+    secret = tmp_path / "secret.bin"
+    os.rename(repo / "blobs" / "h2", secret)
+    os.symlink(secret, repo / "blobs" / "h2")  # a blob that is itself a link out
+    with pytest.raises(ModelError, match="symbolic link"):
+        Graph.load(snap / "model.onnx")
+
+
 def test_bytes_with_external_data_need_base_dir(tmp_path):
     p = M.save_external(M.linear_model(), tmp_path / "m.onnx")
     with pytest.raises(ModelError, match="given as bytes"):

@@ -249,6 +249,22 @@ def uses_external(t: Any) -> bool:
     return t.data_location == 1  # TensorProto.EXTERNAL
 
 
+def _hub_blob(base_dir: Path, target: Path) -> bool:
+    """Whether ``target`` is a file of the Hugging Face cache that ``base_dir`` is a snapshot folder of: the hub
+    stores a repository's files once, as ``REPO/blobs/HASH``, and each revision's folder ``REPO/snapshots/REV/...``
+    holds symbolic links to them (``hf download``, ``snapshot_download``), so the external data of every cached ONNX
+    export leads out of its folder into ``REPO/blobs/``. Only a regular file directly in that ``blobs/`` counts."""
+    parts = base_dir.absolute().parts
+    if "snapshots" not in parts[:-1]:
+        return False
+    k = len(parts) - 1 - parts[::-1].index("snapshots")  # the last "snapshots" above the folder
+    blobs = Path(*parts[:k]) / "blobs"
+    try:
+        return target.parent == blobs.resolve() and target.is_file()
+    except OSError:
+        return False
+
+
 def resolve_location(base_dir: Path, location: str, tensor: str, where: str) -> Path:
     """The file that ``location`` names, refused unless it stays inside ``base_dir``."""
     bad = None
@@ -268,7 +284,7 @@ def resolve_location(base_dir: Path, location: str, tensor: str, where: str) -> 
         except (OSError, RuntimeError) as exc:  # name too long, symlink loop
             raise ModelError(f"tensor {tensor!r} names an external-data file that cannot be resolved ({exc})",
                              where=where, fix="re-export the model; keep external-data names short and plain") from exc
-        if target != base and base not in target.parents:
+        if target != base and base not in target.parents and not _hub_blob(base_dir, target):
             bad = f"{location!r}, which leads out of the model folder (through a symbolic link) to {target}"
     if bad is not None:
         raise ModelError(
