@@ -170,3 +170,18 @@ def test_einsum_counts_its_products(tmp_path, equation, a, b, flops):
     path = _save(tmp_path / "e.onnx", [helper.make_node("Einsum", ["a", "b"], ["y"], equation=equation)], inputs,
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits, opset=17)
     assert graph_costs(Graph.load(path), None, "fp32").nodes[0].flops == flops
+
+
+def test_an_asked_precision_is_planned_only_on_backends_that_run_it(tmp_path, capsys):
+    """--precision q4_0 planned OpenVINO at ggml's block format, --precision fp8 ggml on a GPU, bf16 Core ML:
+    precisions those backends do not offer. Each backend now plans the asked precisions it runs on the device."""
+    path = str(_group_norm_gemm(tmp_path / "m.onnx"))
+    assert main(["plan", path, "--json", "--device", "cpu", "--precision", "q4_0"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {(c["backend"], c["precision"]) for c in d["candidates"]} == {("ggml", "q4_0")}
+    assert main(["plan", path, "--device", "cpu", "--backend", "openvino", "--precision", "q4_0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no backend runs q4_0 on this CPU") and "Where: --precision." in err
+    assert "(openvino: fp32" in err and len(err.strip().splitlines()) == 1
+    assert main(["plan", path, "--device", "RTX 2060 6GB", "--precision", "bf16"]) == 1  # Turing: no bf16
+    assert "no backend runs bf16 on RTX 2060 6GB" in capsys.readouterr().err

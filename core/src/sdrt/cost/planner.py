@@ -353,8 +353,16 @@ def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] 
     cache: dict[str, list[PartCost]] = {}
     pinned: dict[Any, Any] = {}
     cands: list[Candidate] = []
+    if precisions:  # each backend plans the asked precisions it runs (ggml's blocks are not OpenVINO's), on this device
+        runs = {be: [p for p in precisions if p in BACKEND_PRECISIONS.get(be, ()) and device.supports(p)] for be in bes}
+        if not any(runs.values()):
+            offer = "; ".join(f"{be}: {', '.join(p for p in BACKEND_PRECISIONS.get(be, ()) if device.supports(p))}"
+                              for be in bes)
+            raise SdrtError(f"no backend runs {', '.join(precisions)} on {device.name}", where="precisions",
+                            fix=f"ask for a precision one of them runs ({offer}), or leave {{@precisions}} unset")
+        bes = [be for be in bes if runs[be]]
     for be in bes:
-        for prec in (precisions or precisions_for(be, device, calibration)):
+        for prec in (runs[be] if precisions else precisions_for(be, device, calibration)):
             if prec not in cache:
                 cache[prec] = cost_parts(parts, prec, pinned)
             kinds = offloads or (("none", "parts", "stream") if device.kind == "gpu" else ("none", "parts"))
