@@ -315,3 +315,22 @@ def test_invalid_utf8_in_names_is_a_model_error(old, new):
     assert old in data
     with pytest.raises(ModelError, match="not UTF-8"):
         Graph.load(data.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("text, kind", [
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 3438167536\n", "a Git LFS pointer"),
+    (b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head></html>\n", "an HTML page"),
+])
+def test_a_placeholder_instead_of_the_file_is_named(tmp_path, text, kind):
+    """A Hugging Face repository cloned without git-lfs holds pointers of three lines where its .onnx and
+    .safetensors files are; a download that fetched a web page holds HTML. Both read as 'malformed or truncated
+    protobuf' or as a safetensors header 'length 2336927755350992246'."""
+    from sdrt.errors import WeightsError
+    from sdrt.weights import Weights
+
+    (tmp_path / "model.onnx").write_bytes(text)
+    with pytest.raises(ModelError, match=f"not ONNX: it looks like {kind}.*git lfs pull"):
+        Graph.load(tmp_path / "model.onnx")
+    (tmp_path / "w.safetensors").write_bytes(text)
+    with pytest.raises(WeightsError, match=f"not safetensors: it looks like {kind}.*git lfs pull"):
+        Weights.open(tmp_path / "w.safetensors")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ModelError
-from ..formats import PICKLE_HINT, sniff
+from ..formats import FETCH_FIX, HTML_HINT, LFS_HINT, PICKLE_HINT, sniff
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -93,6 +93,8 @@ def parse_model(data: bytes, where: str) -> onnx.ModelProto:
                    "model of a pipeline (a single-file .ckpt); an .onnx graph comes from torch.onnx.export")
         elif kind.startswith("a safetensors"):
             fix = "pass this file as weights=..., and the .onnx graph as the model"
+        elif kind in (LFS_HINT, HTML_HINT):
+            fix = FETCH_FIX
         raise ModelError(f"the file is not ONNX: it looks like {kind}", where=where, fix=fix)
     if not data:
         raise ModelError("the file is empty, not an ONNX model", where=where, fix="pass a complete .onnx file")
