@@ -153,6 +153,28 @@ def test_a_negative_dim_is_any_size(registry, tmp_path, capsys):
     assert part["activation_bytes"] > 0 and part["predicted_peak_bytes"] > 0
 
 
+def test_run_refuses_a_sequence_input_saying_so(registry, tmp_path, capsys):
+    """A sequence input cannot come from one .npy: the refusal asked for `-i seq=FILE.npy` (seq: non-tensor[]),
+    which no file satisfies. An optional tensor input still takes its .npy."""
+    from onnx import TensorProto, helper
+
+    seq = _graph(tmp_path / "seq.onnx", [helper.make_node("ConcatFromSequence", ["seq"], ["y"], axis=0)],
+                 [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, [2])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    assert main(["run", seq, "-o", str(tmp_path / "o.npz")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: input 'seq' is a sequence of tensors, and sdrt run feeds tensors only")
+    assert "sdrt.load(MODEL, backend='reference').run({'seq': ...})" in err and len(err.splitlines()) == 1
+    opt = helper.make_value_info("m", helper.make_optional_type_proto(
+        helper.make_tensor_type_proto(TensorProto.FLOAT, [2])))
+    path = _graph(tmp_path / "opt.onnx", [helper.make_node("OptionalHasElement", ["m"], ["has"])], [opt],
+                  [helper.make_tensor_value_info("has", TensorProto.BOOL, [])], opset=18)
+    np.save(tmp_path / "m.npy", np.ones(2, np.float32))
+    assert main(["run", path, "-i", f"m={tmp_path / 'm.npy'}", "-o", str(tmp_path / "o.npz"),
+                 "--backend", "reference"]) == 0
+    assert bool(np.load(tmp_path / "o.npz")["has"])
+
+
 @pytest.mark.parametrize("spec, message", [
     ("x", "bad --input 'x'"),
     ("x=/nonexistent/x.npy", "input file for 'x' does not exist"),

@@ -71,6 +71,16 @@ def check_inputs(graph: Any, feeds: dict[str, Any], specs: list[str]) -> None:
 
     files = {spec.partition("=")[0]: spec.partition("=")[2] for spec in specs}
     expected = {i.name: i for i in graph.inputs}
+    for v in graph.model.graph.input:  # a .npy holds one tensor: a sequence, optional or map input cannot come from one
+        kind = v.type.WhichOneof("value")
+        if kind == "optional_type" and v.type.optional_type.elem_type.WhichOneof("value") == "tensor_type":
+            continue  # an optional tensor: the .npy is its value
+        if v.name in expected and kind != "tensor_type":
+            what = {"sequence_type": "a sequence of tensors", "optional_type": "an optional sequence",
+                    "map_type": "a map"}.get(kind or "", "not a tensor")
+            raise InputError(f"input {v.name!r} is {what}, and sdrt run feeds tensors only (one .npy file each)",
+                             where=f"the graph's input {v.name!r}",
+                             fix=f"run it from Python: sdrt.load(MODEL, backend='reference').run({{{v.name!r}: ...}})")
     missing = [n for n in expected if n not in feeds]
     unknown = [n for n in feeds if n not in expected]
     if missing or unknown:
