@@ -127,6 +127,10 @@ class GraphCost:
     #: the ops (``domain:op`` outside ONNX's own) of the nodes where shapes are first lost: their inputs' shapes are
     #: known and an output's is not (a custom op, control flow); every unknown value comes from them
     unknown_ops: list[str] = field(default_factory=list)
+    #: nodes left uncosted that matter: a matmul, conv, attention or normalisation that reads or writes a value of
+    #: unknown shape, or a custom-domain node whose output's shape is unknown (its work is anyone's guess); a mask or
+    #: position-id computation whose dims inference loses (CLIP's, T5's position buckets) does not count
+    uncosted_heavy: int = 0
     #: weights that Gather nodes look rows up in (token-embedding tables): a runtime keeps them as stored,
     #: never repacked for a matmul, so memory counts them apart
     table_bytes: float = 0.0
@@ -259,6 +263,9 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     unknown_ops = sorted({(f"{n.domain}:" if n.domain not in ("", "ai.onnx") else "") + n.op_type
                           for n in model.graph.node if any(o in lost for o in n.output)
                           and not any(i in lost for i in n.input)})
+    uncosted_heavy = sum(1 for n in model.graph.node if (
+        (_op_class(n, inits, consts) in ("matmul", "conv", "attention", "norm") and any(v in lost for v in [*n.input, *n.output]))
+        or (n.domain not in ("", "ai.onnx") and any(o in lost for o in n.output))))
     weight_elem: dict[str, float] = {}  # initializer -> bytes per element, as its heaviest user reads it
     origin: dict[str, set[str]] = {name: {name} for name in inits}  # constant value -> initializers it comes from
     for name in consts:
@@ -388,7 +395,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     half = WEIGHT_BYTES[precision] if precision in ("bf16", "fp16") else None
     half_source = sum(4.0 * _prod(s) for name, s in inits.items() if half is not None and weight_elem.get(name) == half)
     return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown,
-                     unknown_ops=unknown_ops,
+                     unknown_ops=unknown_ops, uncosted_heavy=uncosted_heavy,
                      table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
                      peak_activation_bytes_inplace=float(peak_inplace), input_bytes=float(ins_b),
                      output_bytes=float(outs_b), small_weight_bytes=float(small),

@@ -378,7 +378,7 @@ def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] 
     unknown = []
     for pc in next(iter(cache.values()), []):
         lost = sorted({v for cost, _ in pc.costs for v in cost.unknown})
-        if lost:
+        if lost and any(cost.uncosted_heavy for cost, _ in pc.costs):  # not a mask's or a position id's lost dims
             unknown.append({"part": pc.name, "values": len(lost),
                             "ops": sorted({op for cost, _ in pc.costs for op in cost.unknown_ops})})
     return Plan(label, device, budget, width, height, steps, chosen, runner, cands, unknown)
