@@ -59,20 +59,27 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def infer(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
-    """Run ONNX shape inference; return the inferred skeleton (value_info and outputs filled). Where ONNX's
-    inference leaves a node's outputs untyped (``_RULES``: GroupNormalization, which onnx has no inference for
-    at any opset, and onnxruntime's com.microsoft ops, which onnx does not know), the rule types them and
-    inference runs on from there, so that everything after such a node keeps its shape."""
+    """Run ONNX shape inference; return the inferred skeleton (value_info and outputs filled; its nodes are the
+    inference's, not the model's). Ops ONNX has no inference for are typed by sdrt's own rules, so that everything
+    after them keeps its shape: GroupNormalization (no inference at any opset) and onnxruntime's shape-keeping
+    com.microsoft ops (``_SAME_AS_INPUT``) are read as Identity of their input, in one pass; FusedMatMul,
+    Attention, MultiHeadAttention and EmbedLayerNormalization are typed from their inputs' inferred shapes
+    (``_rule_types``), a round of inference after each."""
     from onnx import shape_inference
 
     sk = skeleton(model)
+    _same_shape_as_identity(sk)
     try:
         out = shape_inference.infer_shapes(sk, check_type=True, strict_mode=True, data_prop=True)
-        for _ in range(64):  # each round types what the rules can, and inference runs on to the next such node
-            hints = _rule_types(out)
-            if not hints:
+        hinted: dict[str, Any] = {}
+        for _ in range(64):  # a round per chain of such nodes; a hint is redone when its inputs' shapes sharpen
+            hints = {v.name: v for v in _rule_types(out, redo=set(hinted))}
+            if all(hinted.get(k) is not None and hinted[k].SerializeToString() == v.SerializeToString()
+                   for k, v in hints.items()):
                 break
-            sk.graph.value_info.extend(hints)
+            hinted.update(hints)
+            del sk.graph.value_info[:]
+            sk.graph.value_info.extend(hinted.values())
             out = shape_inference.infer_shapes(sk, check_type=True, strict_mode=True, data_prop=True)
         return out
     except Exception as exc:
@@ -105,9 +112,25 @@ _SAME_AS_INPUT = {"GroupNormalization": (0,), "Gelu": (0,), "FastGelu": (0,), "B
                   "RotaryEmbedding": (0,), "GroupNorm": (0,), "SkipGroupNorm": (0,), "BiasDropout": (0,)}
 
 
-def _rule_types(inferred: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """Types for node outputs that ONNX's inference left without a shape, from the node's input shapes (see
-    ``infer``); [] where no rule applies."""
+def _same_shape_as_identity(sk: onnx.ModelProto) -> None:
+    """In an inference skeleton, each node of ``_SAME_AS_INPUT`` (GroupNormalization, any other outside ONNX's own
+    domain) becomes Identity of its first input for the outputs listed there (in place)."""
+    from onnx import helper
+
+    nodes = []
+    for n in sk.graph.node:
+        if n.op_type in _SAME_AS_INPUT and n.input and (n.op_type == "GroupNormalization" or n.domain not in ("", "ai.onnx")):
+            nodes.extend(helper.make_node("Identity", [n.input[0]], [n.output[k]])
+                         for k in _SAME_AS_INPUT[n.op_type] if k < len(n.output) and n.output[k])
+        else:
+            nodes.append(n)
+    del sk.graph.node[:]
+    sk.graph.node.extend(nodes)
+
+
+def _rule_types(inferred: onnx.ModelProto, redo: set[str] | frozenset[str] = frozenset()) -> list[onnx.ValueInfoProto]:
+    """Types for node outputs that ONNX's inference left without a shape (or that an earlier round typed: ``redo``),
+    from the node's input shapes (see ``infer``); [] where no rule applies."""
     from onnx import TensorProto, helper
 
     g = inferred.graph
@@ -122,7 +145,7 @@ def _rule_types(inferred: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     out: list[onnx.ValueInfoProto] = []
 
     def give(name: str, elem: int, dims: list[Any]) -> None:
-        if name and name not in known:
+        if name and (name not in known or name in redo):
             out.append(helper.make_tensor_value_info(name, elem, dims))
             known[name] = (elem, dims)
 
@@ -131,14 +154,10 @@ def _rule_types(inferred: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
         return default if a is None else helper.get_attribute_value(a)
 
     for n in g.node:
-        if all(o in known for o in n.output if o) or not n.input or n.input[0] not in known:
+        if all(o in known and o not in redo for o in n.output if o) or not n.input or n.input[0] not in known:
             continue
         op, (elem, x) = n.op_type, known[n.input[0]]
-        if op in _SAME_AS_INPUT:
-            for k in _SAME_AS_INPUT[op]:
-                if k < len(n.output):
-                    give(n.output[k], elem, x)
-        elif op in ("FusedMatMul", "FusedGemm") and len(n.input) > 1 and n.input[1] in known:
+        if op in ("FusedMatMul", "FusedGemm") and len(n.input) > 1 and n.input[1] in known:
             a, b = list(x), list(known[n.input[1]][1])
             if len(a) < 2 or len(b) < 2:
                 continue
