@@ -204,3 +204,20 @@ def test_group_norms_in_a_chain_keep_exact_shapes(tmp_path):
     assert g.value_infos()["g2"].shape == (1, 8, 256) and g.value_infos()["y"].shape == (1, 256, 4)
     cost = graph_costs(g, None, "fp32", inferred=True)
     assert cost.unknown == [] and next(c for c in cost.nodes if c.op == "MatMul").flops == 2 * 256 * 4 * 8
+
+
+def test_an_image_in_pixels_takes_any_size(tmp_path, capsys):
+    """The multiple-of-8 rule is a latent's: an Inception-style classifier fixed at 299x299 could not be planned at
+    all ('--width 299 is not a multiple of 8', with no --width given), nor a dynamic one at --width 299."""
+    conv = [helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2])]
+    out = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    fixed = _save(tmp_path / "inception.onnx", conv, [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                     [1, 3, 299, 299])], out,
+                  [_init("w", 8, 3, 3, 3)], opset=17)
+    assert main(["plan", str(fixed), "--json", "--device", "cpu"]) == 0
+    assert (json.loads(capsys.readouterr().out)["width"]) == 299
+    dyn = _save(tmp_path / "dyn.onnx", conv, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "h", "w"])],
+                out, [_init("w", 8, 3, 3, 3)], opset=17)
+    assert main(["plan", str(dyn), "--json", "--device", "cpu", "--width", "299", "--height", "227"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["width"], d["height"]) == (299, 227) and d["parts"][0]["predicted_ms_per_call"] > 0

@@ -210,7 +210,7 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
                         fix="pass a diffusers/Optimum ONNX folder or one .onnx file")
     from ..errors import InputError
     from ..graph import Graph
-    from .shapes import fixed_size
+    from .shapes import fixed_size, takes_pixels
 
     g = Graph.load(path, load_external=False)
     fixed = fixed_size(g)
@@ -219,8 +219,9 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
     else:
         width = width if width is not None else height if height is not None else 512
         height = height if height is not None else width
+    pixels = takes_pixels(g)  # an image in pixels (a classifier's, a VAE encoder's) takes any size; latents x 8
     for name, value in (("width", width), ("height", height)):  # as a pipeline folder's (pipelines.settings)
-        if value < 8 or value % 8:
+        if not pixels and (value < 8 or value % 8):
             raise InputError(f"{{@{name}}} {value} is not a multiple of 8 of at least 8", where=name,
                              fix=f"use {max(8, value - value % 8)}" + (f" or {value - value % 8 + 8}" if value > 8 else ""))
     if fixed and fixed != (width, height):

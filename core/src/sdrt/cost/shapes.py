@@ -16,6 +16,16 @@ def fixed_size(graph: Any) -> tuple[int, int] | None:
     return None
 
 
+def takes_pixels(graph: Any) -> bool:
+    """Whether a lone graph's first image-like (4-D) input is an image in pixels (3 channels, or channels named as
+    such), not a latent: its width and height are any size, a latent's are multiples of 8."""
+    for i in graph.inputs:
+        dims = list(i.shape)
+        if len(dims) == 4:
+            return dims[1] == 3 or (isinstance(dims[1], str) and "channel" in dims[1].lower())
+    return False
+
+
 def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> dict[str, tuple[int, ...]]:
     """Shapes for a lone graph's dynamic inputs: batch ``batch``; 4-D image-like inputs at the latent
     (width/8) or pixel size by their channels; a dim named for image tokens (``img``) at a DiT's packed
