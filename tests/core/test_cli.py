@@ -175,6 +175,19 @@ def test_run_refuses_a_sequence_input_saying_so(registry, tmp_path, capsys):
     assert bool(np.load(tmp_path / "o.npz")["has"])
 
 
+def test_run_device_errors_speak_flags(registry, affine_path, tmp_path, capsys):
+    """A device of another backend was refused in the API's words on the command line: 'Where:
+    sdrt.load(backend=..., device=...). What to do: drop the backend, or pass device=...'."""
+    registry.register_plugin(pytest.importorskip("sdrt_openvino"), "openvino")
+    np.save(tmp_path / "x.npy", np.ones((2, 4), np.float32))
+    argv = ["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz")]
+    assert main([*argv, "--backend", "openvino", "--device", "reference:CPU"]) == 1
+    err = capsys.readouterr().err
+    assert "Where: --device. What to do: drop --backend, or pass --device 'CPU'." in err and "sdrt.load" not in err
+    assert main([*argv, "--device", "reference:GPU"]) == 1
+    assert "pass one of those device ids as --device, or leave it unset" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("spec, message", [
     ("x", "bad --input 'x'"),
     ("x=/nonexistent/x.npy", "input file for 'x' does not exist"),
