@@ -48,7 +48,7 @@ def test_run_takes_a_precision(registry, affine_path, affine, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("backend", ["ggml", "openvino"])
-def test_run_at_fp32_matches_float32(backend, registry, affine_path, affine, tmp_path, monkeypatch):
+def test_run_at_fp32_matches_float32(backend, registry, affine_path, affine, tmp_path, monkeypatch, capsys):
     registry.register_plugin(pytest.importorskip(f"sdrt_{backend}"), backend)
     monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
     _, reference = affine
@@ -57,6 +57,10 @@ def test_run_at_fp32_matches_float32(backend, registry, affine_path, affine, tmp
     assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"),
                  "--backend", backend, "--precision", "fp32"]) == 0
     np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], reference(x), rtol=1e-5, atol=1e-6)
+    assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"),
+                 "--backend", backend, "--precision", "int8"]) == 1
+    err = capsys.readouterr().err
+    assert "precision 'int8' is not one this backend accepts" in err and "Where: --precision." in err
 
 
 def test_run_an_input_without_a_declared_shape(registry, tmp_path, capsys):

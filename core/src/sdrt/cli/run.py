@@ -214,8 +214,10 @@ def _precision_option(args: argparse.Namespace) -> dict[str, Any]:
     from ..runtime import select
 
     backend, _ = select(args.backend, args.device)
-    if backend.precisions:
-        return {"precision": args.precision}
+    if backend.precisions:  # checked here, so that a refusal names the flag (the backend's own names sdrt.load)
+        from ..precision import precision_name
+
+        return {"precision": precision_name(args.precision, backend.precisions, where="--precision")}
     if args.precision.strip().lower() in ("fp32", "f32", "float32", "float"):
         return {}
     raise InputError(f"the {backend.name} backend computes in fp32 only, not {args.precision!r}",
