@@ -334,3 +334,15 @@ def test_a_placeholder_instead_of_the_file_is_named(tmp_path, text, kind):
     (tmp_path / "w.safetensors").write_bytes(text)
     with pytest.raises(WeightsError, match=f"not safetensors: it looks like {kind}.*git lfs pull"):
         Weights.open(tmp_path / "w.safetensors")
+
+
+def test_a_windows_location_loads(tmp_path):
+    """A model exported on Windows with its external data in a subfolder names it weights\\w.bin (os.path.join
+    there): on Linux that file was 'missing'. A backslash location that names no file is read with slashes."""
+    path = _with_location(tmp_path, "weights\\w.bin")
+    (tmp_path / "weights").mkdir()
+    os.rename(tmp_path / "weights.bin", tmp_path / "weights" / "w.bin")
+    g = Graph.load(path)
+    assert g.initializer_arrays()["fc1.bias"].shape == (16,)
+    with pytest.raises(ModelError, match="'..'"):
+        Graph.load(_with_location(tmp_path, "weights\\..\\..\\w.bin"))

@@ -279,6 +279,8 @@ def resolve_location(base_dir: Path, location: str, tensor: str, where: str) -> 
         bad = f"an absolute path {location!r}"
     elif ".." in re.split(r"[\\/]+", location):
         bad = f"a path with '..' {location!r}"
+    if bad is None and "\\" in location and os.sep == "/" and not (base_dir / location).exists():
+        location = location.replace("\\", "/")  # written on Windows (os.path.join there): weights\model.onnx_data
     if bad is None:
         try:
             base = base_dir.resolve()
