@@ -211,3 +211,13 @@ def test_strip_keeps_4bit_weights_inline(tmp_path):
     x = {"x": np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)}
     ref = onnx.reference.ReferenceEvaluator(str(tmp_path / "m.int4.onnx")).run(None, x)[0]
     np.testing.assert_array_equal(onnx.reference.ReferenceEvaluator(str(tmp_path / "s.onnx")).run(None, x)[0], ref)
+
+
+def test_cli_strip_puts_a_bare_weights_name_in_the_outputs_folder(tmp_path, monkeypatch, capsys):
+    """--weights is 'the weights file to write, in the output's folder': a bare name was taken from the current
+    folder instead, and refused ('the weights file must sit in the stripped graph's folder')."""
+    src = M.save(M.linear_model(), tmp_path / "m.onnx")
+    monkeypatch.chdir(tmp_path)
+    assert main(["strip", str(src), "-o", str(tmp_path / "out" / "s.onnx"), "--weights", "w.safetensors"]) == 0
+    assert (tmp_path / "out" / "w.safetensors").is_file() and not (tmp_path / "w.safetensors").exists()
+    assert Graph.load(tmp_path / "out" / "s.onnx").initializer_arrays()["fc1.bias"].shape == (16,)
