@@ -81,7 +81,7 @@ def test_an_unknown_rank_is_not_a_scalar(tmp_path, capsys):
         extra=[helper.make_opsetid("ai.example", 1)])
     assert main(["plan", str(path), "--json", "--device", "cpu"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["unknown_shapes"] == [{"part": "custom", "values": 1, "ops": ["ai.example:MyOp"]}]
+    assert d["unknown_shapes"] == [{"part": "custom", "values": 1, "ops": ["ai.example:MyOp"], "subgraph_matmuls": 0}]
     assert main(["plan", str(path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "could not tell the shapes of 1 value(s) (from ai.example:MyOp)" in out and "underestimated" in out
@@ -221,3 +221,22 @@ def test_an_image_in_pixels_takes_any_size(tmp_path, capsys):
     assert main(["plan", str(dyn), "--json", "--device", "cpu", "--width", "299", "--height", "227"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert (d["width"], d["height"]) == (299, 227) and d["parts"][0]["predicted_ms_per_call"] > 0
+
+
+def test_matmuls_inside_a_loop_are_named_as_not_counted(tmp_path, capsys):
+    """A Loop's body runs a number of times known at run time: its matmuls are not costed, and the plan said
+    nothing (a scripted decoder loop planned as its few nodes outside)."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("MatMul", ["h", "w"], ["h_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [2, 8])])
+    path = _save(tmp_path / "loop.onnx", [helper.make_node("Loop", ["n", "cond", "x"], ["y"], body=body)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+                 [_init("w", 8, 8), numpy_helper.from_array(np.array(4, np.int64), "n"),
+                  numpy_helper.from_array(np.array(True), "cond")], opset=17)
+    assert main(["plan", str(path), "--device", "cpu"]) == 0
+    assert "loop: 1 matmul/conv node(s) inside If/Loop/Scan subgraphs are not counted" in capsys.readouterr().out

@@ -131,6 +131,8 @@ class GraphCost:
     #: unknown shape, or a custom-domain node whose output's shape is unknown (its work is anyone's guess); a mask or
     #: position-id computation whose dims inference loses (CLIP's, T5's position buckets) does not count
     uncosted_heavy: int = 0
+    #: matmul and conv nodes inside If/Loop/Scan subgraphs: not costed (how often a loop runs is a runtime value)
+    subgraph_heavy: int = 0
     #: weights that Gather nodes look rows up in (token-embedding tables): a runtime keeps them as stored,
     #: never repacked for a matmul, so memory counts them apart
     table_bytes: float = 0.0
@@ -395,7 +397,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     half = WEIGHT_BYTES[precision] if precision in ("bf16", "fp16") else None
     half_source = sum(4.0 * _prod(s) for name, s in inits.items() if half is not None and weight_elem.get(name) == half)
     return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown,
-                     unknown_ops=unknown_ops, uncosted_heavy=uncosted_heavy,
+                     unknown_ops=unknown_ops, uncosted_heavy=uncosted_heavy, subgraph_heavy=_subgraph_heavy(model.graph),
                      table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
                      peak_activation_bytes_inplace=float(peak_inplace), input_bytes=float(ins_b),
                      output_bytes=float(outs_b), small_weight_bytes=float(small),
@@ -570,6 +572,23 @@ def _flops(n: Any, cls: str, ins: list[tuple[int, ...] | None], outs: list[tuple
     if cls == "elementwise":
         return float(_ACT_HEAVY.get(op, 1) * _prod(out))
     return 0.0
+
+
+def _subgraph_heavy(graph: Any, inside: bool = False) -> int:
+    """MatMul/Gemm/Conv (and their quantized and com.microsoft forms) in the subgraphs of ``graph``'s nodes."""
+    from onnx import AttributeProto
+
+    count = 0
+    for n in graph.node:
+        if inside and (n.op_type in ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Attention")
+                       or n.op_type.startswith(("QLinear", "MatMul", "FusedMatMul", "FusedConv"))):
+            count += 1
+        for a in n.attribute:
+            if a.type == AttributeProto.GRAPH:
+                count += _subgraph_heavy(a.g, True)
+            elif a.type == AttributeProto.GRAPHS:
+                count += sum(_subgraph_heavy(g, True) for g in a.graphs)
+    return count
 
 
 def _einsum_flops(n: Any, ins: list[Any], out: tuple[int, ...]) -> float:

@@ -163,9 +163,14 @@ class Plan:
             lines.append(f"  runner-up: {r.label()}: {r.ms_per_image / 1000:.2f} s per image, peak "
                          f"{r.peak_bytes / gib:.2f} GiB")
         for u in self.unknown_shapes:
-            lines.append(f"  note: {u['part']}: shape inference could not tell the shapes of {u['values']} value(s) "
-                         f"(from {', '.join(u['ops']) or 'some node'}); the nodes that use them are not counted, so "
-                         "its time and memory are underestimated")
+            if u["values"]:
+                lines.append(f"  note: {u['part']}: shape inference could not tell the shapes of {u['values']} value(s) "
+                             f"(from {', '.join(u['ops']) or 'some node'}); the nodes that use them are not counted, so "
+                             "its time and memory are underestimated")
+            if u.get("subgraph_matmuls"):
+                lines.append(f"  note: {u['part']}: {u['subgraph_matmuls']} matmul/conv node(s) inside If/Loop/Scan "
+                             "subgraphs are not counted (how often they run is known only at run time), so its time "
+                             "is underestimated")
         return "\n".join(lines)
 
 
@@ -379,9 +384,11 @@ def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] 
     unknown = []
     for pc in next(iter(cache.values()), []):
         lost = sorted({v for cost, _ in pc.costs for v in cost.unknown})
-        if lost and any(cost.uncosted_heavy for cost, _ in pc.costs):  # not a mask's or a position id's lost dims
+        looped = max((cost.subgraph_heavy for cost, _ in pc.costs), default=0)
+        if (lost and any(cost.uncosted_heavy for cost, _ in pc.costs)) or looped:  # not a mask's lost dims alone
             unknown.append({"part": pc.name, "values": len(lost),
-                            "ops": sorted({op for cost, _ in pc.costs for op in cost.unknown_ops})})
+                            "ops": sorted({op for cost, _ in pc.costs for op in cost.unknown_ops}),
+                            "subgraph_matmuls": looped})
     return Plan(label, device, budget, width, height, steps, chosen, runner, cands, unknown)
 
 
