@@ -137,6 +137,24 @@ def test_controlnet_modes_have_teeth() -> None:
     assert all(v > 10 for v in off.values()), off
 
 
+def test_step_windows_are_diffusers_and_the_extensions() -> None:
+    """diffusers' controlnet_keep (off when i/n < start or (i+1)/n > end) and sd-webui-controlnet's
+    guidance_schedule_handler (off when i/n < start or i/n > end), both written out on 20 steps."""
+    from sdrt.errors import InputError
+    from sdrt.pipelines.controlnet import active, parse_units
+
+    for start, end in ((0.0, 1.0), (0.1, 0.8), (0.25, 0.5), (0.0, 0.33), (0.5, 0.5)):
+        unit = ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), 1.0, start, end)
+        got = [i for i in range(20) if active(unit, i, 20)]
+        assert got == [i for i in range(20) if not (i / 20 < start or (i + 1) / 20 > end)]
+        unit.window = "a1111"
+        got = [i for i in range(20) if active(unit, i, 20)]
+        assert got == [i for i in range(20) if start <= i / 20 <= end]
+    unit = ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), 1.0, 0.0, 0.5, window="A1111")
+    with pytest.raises(InputError, match=r"controlnets\[0\] window 'A1111' is not a step window rule"):
+        parse_units([unit])
+
+
 def test_residual_scales_are_the_extensions_and_diffusers() -> None:
     from sdrt.pipelines.controlnet import residual_scales
 

@@ -109,9 +109,13 @@ def test_webuiapi_controlnet_unit_gives_the_python_apis_image(cn_server, cn_mode
     # webuiapi sends its whole unit (mask None, hr_option Both, low_vram, pixel_perfect, control_mode Balanced):
     # nothing in it is left undone or unread
     assert r.info["sdrt_not_honoured"] == [] and r.info["sdrt_ignored_fields"] == []
-    want = _python(pipe, [ControlNet(str(cn_models / "ControlNet" / "tiny_scribble"), photo, 0.7, 0.1, 0.8, "canny",
-                                     "Just Resize", 80, 160, processor_res=128)])
+    # the extension's step window: on while 0.1 <= i / 4 <= 0.8, steps 1, 2 and 3 (diffusers' rule: 1 and 2)
+    unit = ControlNet(str(cn_models / "ControlNet" / "tiny_scribble"), photo, 0.7, 0.1, 0.8, "canny", "Just Resize",
+                      80, 160, processor_res=128, window="a1111")
+    want = _python(pipe, [unit])
     assert np.array_equal(np.asarray(r.image.convert("RGB")), want)
+    unit.window = "diffusers"
+    assert not np.array_equal(_python(pipe, [unit]), want)
     text = r.info["infotexts"][0]
     assert ('ControlNet 0: "Module: canny, Model: tiny_scribble, Weight: 0.7, Resize Mode: Just Resize, '
             'Processor Res: 128, Threshold A: 80, Threshold B: 160, Guidance Start: 0.1, Guidance End: 0.8, '
@@ -140,9 +144,11 @@ def test_two_units_img2img_and_the_init_image_as_control(cn_server, cn_models, p
     assert r.status_code == 200, r.text
     info = json.loads(r.json()["info"])
     assert info["sdrt_not_honoured"] == [] and info["sdrt_ignored_fields"] == []
-    want = _python(pipe, [ControlNet("controlnet", init, 0.9, 0.0, 1.0, "invert", "Crop and Resize"),
+    # the extension's step window: guidance 0.5 of 2 steps is on for i / 2 <= 0.5, both steps (diffusers': the first)
+    want = _python(pipe, [ControlNet("controlnet", init, 0.9, 0.0, 1.0, "invert", "Crop and Resize", window="a1111"),
                           ControlNet(str(cn_models / "ControlNet" / "tiny_scribble"), _photo(), 1.0, 0.0, 0.5,
-                                     "threshold", "Resize and Fill", 100, processor_res=512, pixel_perfect=True)],
+                                     "threshold", "Resize and Fill", 100, processor_res=512, pixel_perfect=True,
+                                     window="a1111")],
                    init_image=init, strength=0.6)
     assert np.array_equal(_rgb(r.json()["images"][0]), want)
     text = info["infotexts"][0]

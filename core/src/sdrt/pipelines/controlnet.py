@@ -84,7 +84,10 @@ class ControlNet:
     makes it (None: at the image's own size); ``pixel_perfect``: that resolution is the extension's "pixel
     perfect" one, the image's shorter side once resized to the output. ``control_mode``: sd-webui-controlnet's
     ``Balanced``, ``My prompt is more important``, ``ControlNet is more important`` (or 0, 1, 2);
-    ``guess_mode``: diffusers' guess mode (the residuals scaled from 0.1 to 1, none for the uncond rows)."""
+    ``guess_mode``: diffusers' guess mode (the residuals scaled from 0.1 to 1, none for the uncond rows).
+    ``window``: how ``start``/``end`` pick the steps: ``"diffusers"`` (step ``i`` of ``n`` is on unless
+    ``i / n < start or (i + 1) / n > end``) or ``"a1111"`` (sd-webui-controlnet's: on while
+    ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps)."""
 
     net: Any
     image: Any
@@ -99,6 +102,7 @@ class ControlNet:
     pixel_perfect: bool = False
     control_mode: Any = "Balanced"
     guess_mode: bool = False
+    window: str = "diffusers"
     #: filled in by the pipeline
     part: Part | None = field(default=None, repr=False)
     control: np.ndarray | None = field(default=None, repr=False)
@@ -161,7 +165,8 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if isinstance(item, ControlNet):
             unit = ControlNet(**{f: getattr(item, f) for f in ("net", "image", "scale", "start", "end", "preprocessor",
                                                                  "resize", "low", "high", "processor_res",
-                                                                 "pixel_perfect", "control_mode", "guess_mode")})
+                                                                 "pixel_perfect", "control_mode", "guess_mode",
+                                                                 "window")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
             unit = ControlNet(*item[:5])
             if len(item) == 6:
@@ -169,6 +174,9 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         else:
             raise InputError(f"{where} is not (net, image[, scale[, start[, end[, control_mode]]]])", where=where,
                              fix="pass a tuple of 2 to 6 items, or a sdrt.pipelines.ControlNet")
+        if unit.window not in ("diffusers", "a1111"):
+            raise InputError(f"{where} window {unit.window!r:.40} is not a step window rule", where=where,
+                             fix="pass window='diffusers' (the default) or 'a1111'")
         unit.scale = _num(unit.scale, f"{where} scale", 0.0, 10.0)
         unit.start = _num(unit.start, f"{where} start", 0.0, 1.0)
         unit.end = _num(unit.end, f"{where} end", 0.0, 1.0)
@@ -356,7 +364,10 @@ class ControlState:
 
 
 def active(unit: ControlNet, step: int, total: int) -> bool:
-    """diffusers' ``controlnet_keep``: on unless ``i / n < start or (i + 1) / n > end``."""
+    """diffusers' ``controlnet_keep``: on unless ``i / n < start or (i + 1) / n > end``; with ``window="a1111"``,
+    sd-webui-controlnet's ``guidance_schedule_handler``: off when ``i / n < start or i / n > end``."""
+    if unit.window == "a1111":
+        return unit.start <= step / total <= unit.end
     return not (step / total < unit.start or (step + 1) / total > unit.end)
 
 

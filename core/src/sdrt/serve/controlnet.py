@@ -238,7 +238,8 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         notes.append(f"{f('hr_option')}: {HR_OPTIONS[hr]!r} ran as 'Both' (the control on both hires. fix passes)")
     return make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize,
                 low=a, high=b, processor_res=None if res is None else int(res),
-                pixel_perfect=bool(get_bool(unit, "pixel_perfect", False)), control_mode=CONTROL_MODES[mode])
+                pixel_perfect=bool(get_bool(unit, "pixel_perfect", False)), control_mode=CONTROL_MODES[mode],
+                window="a1111")  # the extension's step window: start <= i / n <= end
 
 
 def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
