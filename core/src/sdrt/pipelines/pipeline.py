@@ -463,6 +463,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             s.width, s.height = w, h
             if s.mask is not None:
                 mask = to_mask(s.mask, h, w)
+        if init is None and not self.family.txt2img:
+            raise InputError(f"the {self.family.label} continues an image's latents and does not make images from "
+                             "noise (diffusers runs it as img2img only)", where="init_image",
+                             fix="pass {@init_image} with a low {@strength} (0.2-0.4), or run a base model with "
+                                 "{@refiner} set to this model")
         unset = s.width is None and s.height is None
         s.width = s.width or self.default_size
         s.height = s.height or self.default_size

@@ -108,6 +108,8 @@ class Family:
     default_sampler: ClassVar[str] = "DPM++ 2M Karras"
     #: T5's ``max_sequence_length`` when the caller sets none (SD3: 256, Flux dev and Chroma: 512)
     max_sequence_length: ClassVar[int] = 256
+    #: False for a model that only continues from an image's latents (the SDXL refiner): txt2img is refused
+    txt2img: ClassVar[bool] = True
 
     def __init__(self, folder: ModelFolder) -> None:
         self.folder = folder

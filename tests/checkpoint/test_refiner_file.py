@@ -1,0 +1,113 @@
+"""The SDXL refiner as a single file: what it is, and binding it onto the shipped weight-free refiner UNet.
+
+The file is written sparse (a safetensors header with the release's names and shapes, zeros the file system
+does not store) in the layout stabilityai's ``sd_xl_refiner_1.0.safetensors`` has: ``model.diffusion_model.*``
+(the SGM UNet: 4 levels of 384 x [1, 2, 4, 4] channels, 4 transformer layers at the two middle levels, context
+1280, ADM input 2560), ``conditioner.embedders.0.model.*`` (OpenCLIP ViT-bigG, the only text encoder) and
+``first_stage_model.*``. Its names come from the shipped graphs through the LDM converter's inverse, and the
+release's own key names and shapes listed below are checked to be among them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from single_file_helpers import openclip_tensors, sparse, unet_tensors, vae_tensors
+
+from sdrt.checkpoint import identify, open_single_file, shipped_graph
+from sdrt.checkpoint.families import detect
+from sdrt.errors import ModelError
+from sdrt.graph import Graph
+
+#: keys and shapes of stabilityai/stable-diffusion-xl-refiner-1.0's sd_xl_refiner_1.0.safetensors
+RELEASE_KEYS = {
+    "model.diffusion_model.label_emb.0.0.weight": (1536, 2560),
+    "model.diffusion_model.time_embed.0.weight": (1536, 384),
+    "model.diffusion_model.input_blocks.0.0.weight": (384, 4, 3, 3),
+    "model.diffusion_model.input_blocks.4.1.transformer_blocks.3.attn2.to_k.weight": (768, 1280),
+    "model.diffusion_model.input_blocks.8.1.proj_in.weight": (1536, 1536),
+    "model.diffusion_model.input_blocks.11.0.out_layers.3.weight": (1536, 1536, 3, 3),
+    "model.diffusion_model.middle_block.1.transformer_blocks.3.attn2.to_v.weight": (1536, 1280),
+    "model.diffusion_model.output_blocks.5.1.transformer_blocks.0.ff.net.0.proj.weight": (12288, 1536),
+    "model.diffusion_model.output_blocks.11.0.skip_connection.weight": (384, 768, 1, 1),
+    "model.diffusion_model.out.2.weight": (4, 384, 3, 3),
+    "conditioner.embedders.0.model.token_embedding.weight": (49408, 1280),
+    "conditioner.embedders.0.model.transformer.resblocks.31.attn.in_proj_weight": (3840, 1280),
+    "conditioner.embedders.0.model.text_projection": (1280, 1280),
+}
+NOT_IN_RELEASE = ("model.diffusion_model.input_blocks.1.1.", "model.diffusion_model.input_blocks.10.1.",
+                  "model.diffusion_model.output_blocks.0.1.", "conditioner.embedders.1.")
+
+
+def refiner_shapes(unet: bool = True, clip: bool = True, vae: bool = True) -> dict[str, tuple[int, ...]]:
+    shapes: dict = {}
+    if unet:
+        shapes.update(unet_tensors(Graph.load(shipped_graph("sdxl_refiner_unet")), sparse=True))
+    if clip:
+        shapes.update(openclip_tensors(Graph.load(shipped_graph("clip_g")), "conditioner.embedders.0.model.",
+                                       sparse=True))
+    if vae:
+        shapes.update(vae_tensors(Graph.load(shipped_graph("vae4_decoder")), Graph.load(shipped_graph("vae4_encoder")),
+                                  "first_stage_model.", sparse=True))
+    return shapes
+
+
+@pytest.fixture(scope="module")
+def refiner_file(tmp_path_factory) -> Path:
+    return sparse(tmp_path_factory.mktemp("refiner") / "sd_xl_refiner_1.0.safetensors", refiner_shapes())
+
+
+def test_the_release_layout_is_what_the_shipped_graph_takes() -> None:
+    shapes = refiner_shapes(vae=False)
+    for key, shape in RELEASE_KEYS.items():
+        assert shapes.get(key) == shape, key
+    assert not [k for k in shapes if k.startswith(NOT_IN_RELEASE)]
+    g = Graph.load(shipped_graph("sdxl_refiner_unet"))
+    infos = {i.name: i for i in g.inputs}
+    assert infos["time_ids"].shape[1] == 5 and infos["encoder_hidden_states"].shape[2] == 1280
+
+
+def test_refiner_file_is_the_refiner(refiner_file: Path) -> None:
+    from sdrt.weights import Weights
+
+    shapes = Weights.open(refiner_file).shapes()
+    assert detect(shapes) == "SDXL refiner"
+    ident = identify(shapes)
+    assert (ident.family, ident.kind, ident.label) == ("sdxl-refiner", "checkpoint", "SDXL refiner")
+    assert ident.components == {"unet": "model.diffusion_model.", "text_encoder_2": "conditioner.embedders.0.model.",
+                                "vae": "first_stage_model."}
+
+
+def test_refiner_file_binds_onto_the_shipped_graphs(refiner_file: Path) -> None:
+    opened = open_single_file(refiner_file)
+    assert opened.family == "sdxl-refiner" and opened.prediction == "epsilon"
+    assert sorted(opened.parts) == ["text_encoder_2", "unet", "vae_decoder", "vae_encoder"]
+    assert opened.parts["unet"][0] == shipped_graph("sdxl_refiner_unet")
+    assert opened.release["tokenizers"] == {"tokenizer_2": "clip-pad-bang"}
+
+
+def test_refiner_file_opens_as_an_sdxl_refiner_pipeline(refiner_file: Path) -> None:
+    from sdrt.pipelines.singlefile import folder_from_file
+
+    folder = folder_from_file(refiner_file)
+    assert folder.family == "sdxl-refiner" and folder.name == "sd_xl_refiner_1.0"
+    assert not folder.force_zeros_for_empty_prompt
+    assert folder.family_class.aesthetic_score == 6.0 and folder.family_class.negative_aesthetic_score == 2.5
+
+
+def test_refiner_unet_alone_is_named_and_needs_clip_g_and_a_vae(tmp_path: Path) -> None:
+    f = sparse(tmp_path / "refiner_unet.safetensors", refiner_shapes(clip=False, vae=False))
+    from sdrt.weights import Weights
+
+    assert detect(Weights.open(f).shapes()) == "SDXL refiner (UNet only)"
+    with pytest.raises(ModelError, match=r"SDXL refiner \(UNet only\); SDXL refiner also needs a CLIP-G"):
+        open_single_file(f)
+
+
+def test_refiner_text_encoder_beside_a_base_unet_is_refused(tmp_path: Path) -> None:
+    shapes = refiner_shapes(unet=False, vae=False)
+    shapes.update(unet_tensors(Graph.load(shipped_graph("sdxl_unet")), sparse=True))
+    f = sparse(tmp_path / "odd.safetensors", shapes)
+    with pytest.raises(ModelError, match="not the refiner's"):
+        open_single_file(f)

@@ -1,0 +1,100 @@
+"""The SDXL refiner against diffusers (tests/data/pipelines/tiny-sdxl-refiner, scripts/gen_refiner_refs.py).
+
+Alone it is diffusers' ``StableDiffusionXLImg2ImgPipeline`` with ``requires_aesthetics_score``: CLIP-G's
+penultimate layer as the only context, its pooled output, and 5 time ids ending in the aesthetic score (6.0 for
+the prompt, 2.5 for the negative prompt). After tiny-sdxl (``refiner=``) it is diffusers' ensemble of experts
+(``denoising_end`` / ``denoising_start``). Tolerance: test_pipelines_diffusers.py's (max 1 of 255, at most
+0.5 % of values off).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pipeline_helpers import DATA, call_kwargs, cases, refs, register
+
+from sdrt import pipelines
+from sdrt.errors import InputError
+
+FOLDER = "tiny-sdxl-refiner"
+#: the reference backend and ggml run a few cases; OpenVINO runs them all
+SHORT = {"img2img/Euler a/empty negative"}
+_PIPES: dict[tuple[str, str], pipelines.Pipeline] = {}
+
+
+def _pipe(folder: str, backend: str) -> pipelines.Pipeline:
+    if (folder, backend) not in _PIPES:
+        _PIPES[folder, backend] = pipelines.load(DATA / folder, backend=backend)
+    return _PIPES[folder, backend]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_pipes():
+    yield
+    for p in _PIPES.values():
+        p.close()
+    _PIPES.clear()
+
+
+def _close_enough(images: list[np.ndarray], want: np.ndarray) -> None:
+    got = np.stack(images).astype(np.int16)
+    assert got.shape == want.shape
+    diff = np.abs(got - want.astype(np.int16))
+    assert diff.max() <= 1, f"max difference {diff.max()}, mean {diff.mean():.4f}"
+    assert (diff > 0).mean() <= 0.005, f"{(diff > 0).mean():.2%} of values differ"
+
+
+def _params(mode: str, short: set[str]):
+    for case in cases(FOLDER):
+        if case["mode"] != mode:
+            continue
+        for backend in ("reference", "openvino", "ggml"):
+            if backend != "openvino" and case["name"] not in short:
+                continue
+            yield pytest.param(case["name"], backend, id=f"{case['name']}:{backend}")
+
+
+def test_folder_is_the_refiner() -> None:
+    register("reference")
+    pipe = _pipe(FOLDER, "reference")
+    assert pipe.family.name == "sdxl-refiner"
+    assert [e.part for e in pipe.family.encoders] == ["text_encoder_2"]
+    assert not pipe.folder.force_zeros_for_empty_prompt  # the release's model_index.json: encode an empty negative
+
+
+@pytest.mark.parametrize(("name", "backend"), list(_params("img2img", SHORT)))
+def test_refiner_img2img_matches_diffusers(name: str, backend: str) -> None:
+    register(backend)
+    case = next(c for c in cases(FOLDER) if c["name"] == name)
+    ref = refs(FOLDER)
+    images = _pipe(FOLDER, backend)(case["prompt"], case["negative_prompt"], **call_kwargs(case, ref))
+    _close_enough(images, ref[name])
+
+
+def test_refiner_time_ids_hold_the_aesthetic_scores() -> None:
+    """What the UNet is fed: (height, width, 0, 0, 6.0) for the prompt's rows, 2.5 for the negative's."""
+    register("reference")
+    pipe = _pipe(FOLDER, "reference")
+    fed: list[np.ndarray] = []
+    unet = pipe.denoiser
+    run = unet.run
+
+    def spy(feeds, *args, **kwargs):
+        fed.append(np.array(feeds["time_ids"]))
+        return run(feeds, *args, **kwargs)
+
+    unet.run = spy
+    try:
+        pipe("a cat", "blurry", init_image=refs(FOLDER)["init_image"], strength=0.2, steps=5, cfg=5, seed=1,
+             sampler="Euler")
+    finally:
+        del unet.run
+    assert fed and all(t.shape == (2, 5) for t in fed)
+    np.testing.assert_array_equal(fed[0], [[64, 64, 0, 0, 2.5], [64, 64, 0, 0, 6.0]])
+
+
+def test_refiner_alone_does_not_make_images_from_noise() -> None:
+    register("reference")
+    with pytest.raises(InputError, match="SDXL refiner continues an image's latents") as err:
+        _pipe(FOLDER, "reference")("a cat", steps=2)
+    assert err.value.where == "init_image"
