@@ -111,3 +111,30 @@ def test_refiner_text_encoder_beside_a_base_unet_is_refused(tmp_path: Path) -> N
     f = sparse(tmp_path / "odd.safetensors", shapes)
     with pytest.raises(ModelError, match="not the refiner's"):
         open_single_file(f)
+
+
+def test_refiner_diffusers_folder_is_the_refiner(tmp_path: Path) -> None:
+    """stabilityai/stable-diffusion-xl-refiner-1.0 as the hub serves it: unet/, text_encoder_2/, vae/ (headers)."""
+    import json
+
+    from single_file_helpers import clip_tensors
+
+    from sdrt.checkpoint.diffusers_folder import open_diffusers_folder
+    from sdrt.checkpoint.onnxmap import param_map
+
+    root = tmp_path / "stable-diffusion-xl-refiner-1.0"
+    unet = Graph.load(shipped_graph("sdxl_refiner_unet"))
+    for sub, shapes, name in (
+            ("unet", {c: s.shape for c, s in param_map(unet).items()}, "diffusion_pytorch_model.safetensors"),
+            ("text_encoder_2", clip_tensors(Graph.load(shipped_graph("clip_g")), "", sparse=True),
+             "model.safetensors"),
+            ("vae", vae_tensors(Graph.load(shipped_graph("vae4_decoder")), Graph.load(shipped_graph("vae4_encoder")),
+                                sparse=True), "diffusion_pytorch_model.safetensors")):
+        (root / sub).mkdir(parents=True)
+        sparse(root / sub / name, shapes)
+    (root / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionXLImg2ImgPipeline",
+                                                       "requires_aesthetics_score": True,
+                                                       "force_zeros_for_empty_prompt": False}))
+    opened = open_diffusers_folder(root)
+    assert opened.family == "sdxl-refiner"
+    assert sorted(opened.parts) == ["text_encoder_2", "unet", "vae_decoder", "vae_encoder"]

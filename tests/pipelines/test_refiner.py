@@ -98,3 +98,92 @@ def test_refiner_alone_does_not_make_images_from_noise() -> None:
     with pytest.raises(InputError, match="SDXL refiner continues an image's latents") as err:
         _pipe(FOLDER, "reference")("a cat", steps=2)
     assert err.value.where == "init_image"
+
+
+# ---------------------------------------------------------------- base + refiner (refiner=, refiner_switch_at=)
+REFINER = DATA / FOLDER
+
+
+@pytest.mark.parametrize(("name", "backend"), list(_params("refiner", {"refiner/Euler a/0.7"})))
+def test_base_then_refiner_matches_diffusers_ensemble(name: str, backend: str) -> None:
+    register(backend)
+    case = next(c for c in cases(FOLDER) if c["name"] == name)
+    gen = _pipe("tiny-sdxl", backend).generate(
+        case["prompt"], case["negative_prompt"], steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"],
+        seed=case["seed"], width=case["width"], height=case["height"], refiner=REFINER,
+        refiner_switch_at=case["switch_at"])
+    _close_enough(gen.images, refs(FOLDER)[name])
+    info = gen.settings[0]
+    assert info["Refiner"] == f"{FOLDER} [{_pipe(FOLDER, backend).model_hash}]"
+    assert info["Refiner switch at"] == case["switch_at"]
+
+
+def _counting(pipe: pipelines.Pipeline) -> list[float]:
+    seen: list[float] = []
+    run = pipe.denoiser.run
+
+    def spy(feeds, *args, **kwargs):
+        seen.append(float(np.asarray(feeds["timestep"]).reshape(-1)[0]))
+        return run(feeds, *args, **kwargs)
+
+    pipe.denoiser.run = spy
+    return seen
+
+
+@pytest.mark.parametrize("sampler", ["Euler", "DPM++ 2M", "Heun"])
+def test_switch_is_a1111s_timestep_rule(sampler: str) -> None:
+    """Calls at timesteps t with (999 - t) / 1000 >= switch go to the refiner, and every call after; a k-diffusion
+    sampler (DPM++ 2M, Heun: sdrt.samplers) and a diffusers-form one (Euler) alike."""
+    register("reference")
+    base, ref = _pipe("tiny-sdxl", "reference"), _pipe(FOLDER, "reference")
+    on_base, on_ref = _counting(base), _counting(ref)
+    try:
+        base("a cat", "blurry", steps=6, cfg=3, seed=2, sampler=sampler, refiner=ref, refiner_switch_at=0.6)
+    finally:
+        del base.denoiser.run, ref.denoiser.run
+    assert on_base and on_ref
+    assert all((999 - round(t)) / 1000 < 0.6 for t in on_base)
+    assert (999 - round(on_ref[0])) / 1000 >= 0.6
+
+
+@pytest.mark.parametrize(("kwargs", "where", "match"), [
+    ({"refiner_switch_at": 0.0}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner_switch_at": 1.0}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner_switch_at": float("nan")}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner_switch_at": "0.8"}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner": None, "refiner_switch_at": 0.8}, "refiner_switch_at", "without"),
+    ({"refiner": "no/such/refiner.safetensors"}, "refiner", "does not exist"),
+    ({"refiner": 3}, "refiner", "a model path or a pipeline"),
+    ({"hires_scale": 1.5, "base": "tiny-sdxl-dyn"}, "refiner", "hires fix"),
+])
+def test_refiner_arguments_are_checked(kwargs: dict, where: str, match: str) -> None:
+    register("reference")
+    args = {"refiner": REFINER, **kwargs}
+    base = args.pop("base", "tiny-sdxl")
+    with pytest.raises(InputError, match=match) as err:
+        _pipe(base, "reference")("a cat", steps=2, seed=1, **args)
+    assert err.value.where == where
+
+
+def test_refiner_after_an_sd15_base_is_refused() -> None:
+    register("reference")
+    with pytest.raises(InputError, match="SDXL refiner model and this model is SD 1.x") as err:
+        _pipe("tiny-sd15", "reference")("a cat", steps=2, seed=1, refiner=REFINER)
+    assert err.value.where == "refiner"
+
+
+def test_the_refiner_is_no_base() -> None:
+    register("reference")
+    with pytest.raises(InputError, match="it is the refiner, not a base"):
+        _pipe(FOLDER, "reference")("a cat", init_image=refs(FOLDER)["init_image"], strength=0.5, steps=4,
+                                   refiner=DATA / "tiny-sdxl")
+
+
+def test_refiner_infotext_is_a1111s() -> None:
+    from sdrt.pipelines.png import format_parameters
+
+    register("reference")
+    gen = _pipe("tiny-sdxl", "reference").generate("a cat", steps=3, seed=4, sampler="Euler", refiner=REFINER,
+                                                   refiner_switch_at=0.5)
+    text = format_parameters(gen.prompt, gen.negative_prompt, gen.settings[0])
+    assert f"Refiner: {FOLDER} [{_pipe(FOLDER, 'reference').model_hash}], Refiner switch at: 0.5" in text

@@ -482,6 +482,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._family_defaults(s)
         self._check_size(s, "init_image" if init is not None else None)
         self._prepare_extras(s)
+        if getattr(s.toolbox, "refiner", None) is not None:  # loaded and checked against this model before anything runs
+            from .refiner import resolve
+
+            resolve(self, s)
         return s, init, mask
 
     def _family_defaults(self, s: Settings) -> None:
@@ -719,6 +723,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance)
         control = self._control(s, call, s.width, s.height)  # ControlNet residuals as more UNet inputs
         model = self.family.denoiser(self.denoiser, ms, call)
+        refiner = None
+        if getattr(s.toolbox, "refiner", None) is not None:  # the refiner takes over at refiner_switch_at (sdrt.pipelines.refiner)
+            from .refiner import attach
+
+            model, refiner = attach(self, s, model, ms)
         first = loop.steps
         total = first + (second_pass_steps(s.toolbox.hires, s.steps)[1] if s.toolbox.hires else 0)
 
@@ -748,12 +757,15 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             x = self._hires_pass(s, x, seed, subseed, cond, uncond, on_step, first)
         self._current = self._denoised = None
         self._release(self.denoiser.name, "vae_encoder", stage=True)
+        if refiner is not None:
+            refiner._release(refiner.denoiser.name, stage=True)
         if not np.isfinite(x).all():
             raise SdrtError("the sampler produced NaN or infinite latents",
                             where=f"{self.denoiser.path} on {self.backend}",
                             fix="try another backend or sampler; report it with the command you ran")
-        images = self._decode(x)
-        self._release("vae_decoder", stage=True)
+        decoder = refiner if refiner is not None else self  # the model loaded last decodes, as in A1111
+        images = decoder._decode(x)
+        decoder._release("vae_decoder", stage=True)
         return images
 
     # ------------------------------------------------------------------ the run plan (sdrt.pipelines.plan)
@@ -839,6 +851,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         info.update(self.family.infotext(s))
         if s.init_image is not None:
             info["Denoising strength"] = _num(s.strength or 0)
+        if getattr(s.toolbox, "refiner", None) is not None:
+            from .refiner import infotext
+
+            info.update(infotext(self, s))
         if s.clip_skip > 1:
             info["Clip skip"] = s.clip_skip
         if s.batch > 1:
