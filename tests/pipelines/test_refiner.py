@@ -187,3 +187,24 @@ def test_refiner_infotext_is_a1111s() -> None:
                                                    refiner_switch_at=0.5)
     text = format_parameters(gen.prompt, gen.negative_prompt, gen.settings[0])
     assert f"Refiner: {FOLDER} [{_pipe(FOLDER, 'reference').model_hash}], Refiner switch at: 0.5" in text
+
+
+def test_cli_refiner_flags_give_the_api_image(tmp_path, capsys) -> None:
+    from sdrt.cli import main
+    from sdrt.pipelines.png import read_parameters
+
+    register("openvino")
+    out = tmp_path / "out.png"
+    rc = main(["generate", str(DATA / "tiny-sdxl"), "a red cat", "--steps", "10", "--sampler", "Euler", "--seed", "3",
+               "--backend", "openvino", "--refiner", str(REFINER), "--refiner-switch-at", "0.8", "-o", str(out)])
+    assert rc == 0
+    text = read_parameters(out)
+    assert f"Refiner: {FOLDER} [" in text and "Refiner switch at: 0.8" in text
+    want = _pipe("tiny-sdxl", "openvino")("a red cat", steps=10, sampler="Euler", seed=3, refiner=REFINER,
+                                          refiner_switch_at=0.8)[0]
+    from sdrt.pipelines.images import to_rgb
+
+    np.testing.assert_array_equal(to_rgb(out), want)
+    assert main(["generate", str(DATA / "tiny-sdxl"), "a red cat", "--refiner-switch-at", "0", "--refiner",
+                 str(REFINER), "--dry-run"]) == 1
+    assert "--refiner-switch-at must be between 0 and 1" in capsys.readouterr().err

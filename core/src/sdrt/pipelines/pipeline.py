@@ -184,6 +184,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         for p in self._parts.values():
             p.close()
         self._close_extras()  # ControlNet parts, a preview decoder
+        for ref in self.__dict__.pop("_refiners", {}).values():  # a refiner this pipeline loaded from a path
+            ref.close()
 
     def __enter__(self) -> Pipeline:
         return self
