@@ -113,6 +113,10 @@ def cases() -> list[dict]:
         dict(base, name="refiner/Euler/0.8", mode="refiner", sampler="Euler", switch_at=0.8, seed=61),
         dict(base, name="refiner/Euler a/0.7", mode="refiner", sampler="Euler a", switch_at=0.7, seed=62),
         dict(base, name="refiner/DDIM/0.8", mode="refiner", sampler="DDIM", switch_at=0.8, seed=63),
+        dict(base, name="refiner/Euler a/0.8/batch 2", mode="refiner", sampler="Euler a", switch_at=0.8, seed=64,
+             batch=2),
+        dict(base, name="refiner/img2img/Euler/0.8", mode="refiner-img2img", sampler="Euler", switch_at=0.8,
+             strength=0.6, seed=65),
     ]
 
 
@@ -127,12 +131,19 @@ def run_case(base: StableDiffusionXLPipeline, refiner: StableDiffusionXLImg2ImgP
     r.set_progress_bar_config(disable=True)
     if case["mode"] == "img2img":
         out = r(image=Image.fromarray(init), strength=case["strength"], output_type="np", **common)
-    else:
+    elif case["mode"] == "refiner":
         b = StableDiffusionXLPipeline(**{**base.components, "scheduler": g.SCHEDULERS[case["sampler"]](
             base.scheduler.config)}, force_zeros_for_empty_prompt=True)
         b.set_progress_bar_config(disable=True)
         latents = b(height=case["height"], width=case["width"], denoising_end=case["switch_at"], output_type="latent",
                     **common).images
+        out = r(image=latents, denoising_start=case["switch_at"], output_type="np", **common)
+    else:  # the base as img2img (its own time ids: requires_aesthetics_score False), then the refiner
+        b = StableDiffusionXLImg2ImgPipeline(**{**base.components, "scheduler": g.SCHEDULERS[case["sampler"]](
+            base.scheduler.config)}, requires_aesthetics_score=False, force_zeros_for_empty_prompt=True)
+        b.set_progress_bar_config(disable=True)
+        latents = b(image=Image.fromarray(init), strength=case["strength"], denoising_end=case["switch_at"],
+                    output_type="latent", **common).images
         out = r(image=latents, denoising_start=case["switch_at"], output_type="np", **common)
     return (out.images * 255).round().astype(np.uint8)
 

@@ -46,7 +46,7 @@ def _close_enough(images: list[np.ndarray], want: np.ndarray) -> None:
 
 def _params(mode: str, short: set[str]):
     for case in cases(FOLDER):
-        if case["mode"] != mode:
+        if not case["mode"].startswith(mode):
             continue
         for backend in ("reference", "openvino", "ggml"):
             if backend != "openvino" and case["name"] not in short:
@@ -104,15 +104,17 @@ def test_refiner_alone_does_not_make_images_from_noise() -> None:
 REFINER = DATA / FOLDER
 
 
-@pytest.mark.parametrize(("name", "backend"), list(_params("refiner", {"refiner/Euler a/0.7"})))
+@pytest.mark.parametrize(("name", "backend"), list(_params("refiner", {"refiner/Euler a/0.7", "refiner/img2img/Euler/0.8"})))
 def test_base_then_refiner_matches_diffusers_ensemble(name: str, backend: str) -> None:
     register(backend)
     case = next(c for c in cases(FOLDER) if c["name"] == name)
+    ref = refs(FOLDER)
+    init = dict(init_image=ref["init_image"], strength=case["strength"]) if case["mode"] == "refiner-img2img" else {}
     gen = _pipe("tiny-sdxl", backend).generate(
         case["prompt"], case["negative_prompt"], steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"],
-        seed=case["seed"], width=case["width"], height=case["height"], refiner=REFINER,
-        refiner_switch_at=case["switch_at"])
-    _close_enough(gen.images, refs(FOLDER)[name])
+        seed=case["seed"], width=case["width"], height=case["height"], batch=case["batch"], refiner=REFINER,
+        refiner_switch_at=case["switch_at"], **init)
+    _close_enough(gen.images, ref[name])
     info = gen.settings[0]
     assert info["Refiner"] == f"{FOLDER} [{_pipe(FOLDER, backend).model_hash}]"
     assert info["Refiner switch at"] == case["switch_at"]
