@@ -138,3 +138,17 @@ def test_refiner_diffusers_folder_is_the_refiner(tmp_path: Path) -> None:
     opened = open_diffusers_folder(root)
     assert opened.family == "sdxl-refiner"
     assert sorted(opened.parts) == ["text_encoder_2", "unet", "vae_decoder", "vae_encoder"]
+
+
+def test_refiner_unet_with_separate_clip_g_and_vae_files(tmp_path: Path) -> None:
+    """A UNet-only refiner (as some finetunes ship) with clip_g.safetensors and sdxl_vae.safetensors given."""
+    from single_file_helpers import clip_tensors
+
+    unet = sparse(tmp_path / "refiner_unet.safetensors", refiner_shapes(clip=False, vae=False))
+    clip_g = sparse(tmp_path / "clip_g.safetensors", clip_tensors(Graph.load(shipped_graph("clip_g")), "",
+                                                                  sparse=True))
+    vae = sparse(tmp_path / "sdxl_vae.safetensors", refiner_shapes(unet=False, clip=False))
+    opened = open_single_file(unet, [clip_g, vae])
+    assert opened.family == "sdxl-refiner"
+    assert sorted(opened.parts) == ["text_encoder_2", "unet", "vae_decoder", "vae_encoder"]
+    assert opened.files["text_encoder_2"] == clip_g
