@@ -144,7 +144,10 @@ class Switch:
 
     def __call__(self, x: np.ndarray, sigma: Any, **kwargs: Any) -> np.ndarray:
         s = float(np.asarray(sigma).reshape(-1)[0])
-        return self._pick(self.model_sampling.timestep(s))(x, sigma, **kwargs)
+        table = getattr(self.model_sampling, "sigmas", None)
+        # A1111: the index of the discrete sigma nearest this one (argmin |sigmas - sigma|)
+        t = float(np.abs(np.asarray(table) - s).argmin()) if table is not None else self.model_sampling.timestep(s)
+        return self._pick(t)(x, sigma, **kwargs)
 
     def __getattr__(self, name: str) -> Any:  # anything else a loop reads (quantize ...): the base's
         return getattr(self.base, name)
