@@ -152,3 +152,44 @@ def test_refiner_unet_with_separate_clip_g_and_vae_files(tmp_path: Path) -> None
     assert opened.family == "sdxl-refiner"
     assert sorted(opened.parts) == ["text_encoder_2", "unet", "vae_decoder", "vae_encoder"]
     assert opened.files["text_encoder_2"] == clip_g
+
+
+REF_FOLDER = Path(__file__).resolve().parents[1] / "data" / "pipelines" / "tiny-sdxl-refiner"
+XL = REF_FOLDER.parent / "tiny-sdxl"
+
+
+def test_tiny_refiner_file_gives_the_folders_images(tmp_path: Path) -> None:
+    """tiny-sdxl-refiner's own weights as an LDM single file (conditioner.embedders.0.model = its CLIP-G, the VAE as
+    first_stage_model) on its graphs stripped of their weights: the folder's image byte for byte, alone (img2img)
+    and as the refiner of tiny-sdxl, given as a path or as a loaded pipeline."""
+    import numpy as np
+    from backend_helpers import register
+    from single_file_helpers import stripped, write
+
+    from sdrt import pipelines
+
+    register("reference")
+    parts = ["unet", "text_encoder_2", "vae_decoder", "vae_encoder"]
+    f = write(tmp_path / "tiny_refiner.safetensors", {
+        **unet_tensors(Graph.load(REF_FOLDER / "unet" / "model.onnx")),
+        **openclip_tensors(Graph.load(REF_FOLDER / "text_encoder_2" / "model.onnx"), "conditioner.embedders.0.model."),
+        **vae_tensors(Graph.load(REF_FOLDER / "vae_decoder" / "model.onnx"),
+                      Graph.load(REF_FOLDER / "vae_encoder" / "model.onnx"), "first_stage_model.")})
+    with pytest.raises(ModelError, match="not the refiner's"):  # tiny widths: its ADM input is not 2560 wide
+        open_single_file(f)
+    graphs = stripped(REF_FOLDER, parts, tmp_path / "g")
+    init = np.load(REF_FOLDER / "refs.npz")["init_image"]
+    kw = dict(steps=4, cfg=5.0, sampler="Euler a", seed=7)
+    with pipelines.load(f, backend="reference", graph_paths=graphs, family="sdxl-refiner",
+                        tokenizers={"tokenizer_2": REF_FOLDER / "tokenizer_2"}) as ref_file, \
+            pipelines.load(REF_FOLDER, backend="reference") as ref_folder, \
+            pipelines.load(XL, backend="reference") as base:
+        assert ref_file.folder.family == "sdxl-refiner" and not ref_file.folder.force_zeros_for_empty_prompt
+        alone = ref_file("a red cat", "", init_image=init, strength=0.5, **kw)[0]
+        assert alone.tobytes() == ref_folder("a red cat", "", init_image=init, strength=0.5, **kw)[0].tobytes()
+        after = base.generate("a red cat", "blurry", width=64, height=64, refiner=ref_file, **kw)
+        want = base("a red cat", "blurry", width=64, height=64, refiner=ref_folder, **kw)[0]
+        assert after.images[0].tobytes() == want.tobytes()
+        import hashlib
+
+        assert after.settings[0]["Refiner"] == f"tiny_refiner [{hashlib.sha256(f.read_bytes()).hexdigest()[:10]}]"
