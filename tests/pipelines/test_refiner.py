@@ -210,3 +210,15 @@ def test_cli_refiner_flags_give_the_api_image(tmp_path, capsys) -> None:
     assert main(["generate", str(DATA / "tiny-sdxl"), "a red cat", "--refiner-switch-at", "0", "--refiner",
                  str(REFINER), "--dry-run"]) == 1
     assert "--refiner-switch-at must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_low_memory_base_and_refiner_give_the_same_image() -> None:
+    """In low-memory mode the base's UNet is dropped at the switch (it runs no more) and the refiner's parts after
+    use; the image does not change."""
+    register("openvino")
+    kw = dict(steps=6, sampler="Euler", seed=8, width=64, height=64, refiner=REFINER, refiner_switch_at=0.6)
+    want = _pipe("tiny-sdxl", "openvino")("a cat", "blurry", **kw)[0]
+    with pipelines.load(DATA / "tiny-sdxl", backend="openvino", low_memory=True) as pipe:
+        got = pipe("a cat", "blurry", **kw)[0]
+        assert pipe.is_low_memory and next(iter(pipe._refiners.values())).is_low_memory
+    np.testing.assert_array_equal(got, want)

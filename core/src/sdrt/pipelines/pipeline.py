@@ -133,6 +133,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._tokenizers: dict[str, Any] | None = None
         self._weight_state: WeightState | None = None
         self._checked = False
+        #: refiners loaded from a path (``refiner=``), by real path; shared with the run plan's dry copies
+        self._refiners: dict[str, Pipeline] = {}
         self._dry = False
         self._lock = threading.Lock()  # one job at a time
         self._owner: int | None = None  # the thread that holds _lock (a step callback runs on it)
@@ -184,8 +186,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         for p in self._parts.values():
             p.close()
         self._close_extras()  # ControlNet parts, a preview decoder
-        for ref in self.__dict__.pop("_refiners", {}).values():  # a refiner this pipeline loaded from a path
+        for ref in self._refiners.values():  # a refiner this pipeline loaded from a path
             ref.close()
+        self._refiners.clear()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -484,7 +487,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._family_defaults(s)
         self._check_size(s, "init_image" if init is not None else None)
         self._prepare_extras(s)
-        if getattr(s.toolbox, "refiner", None) is not None:  # loaded and checked against this model before anything runs
+        if getattr(s.toolbox, "refiner", None) is not None:  # loaded and checked before anything runs
             from .refiner import resolve
 
             resolve(self, s)
@@ -726,7 +729,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         control = self._control(s, call, s.width, s.height)  # ControlNet residuals as more UNet inputs
         model = self.family.denoiser(self.denoiser, ms, call)
         refiner = None
-        if getattr(s.toolbox, "refiner", None) is not None:  # the refiner takes over at refiner_switch_at (sdrt.pipelines.refiner)
+        if getattr(s.toolbox, "refiner", None) is not None:  # it takes over at refiner_switch_at (pipelines.refiner)
             from .refiner import attach
 
             model, refiner = attach(self, s, model, ms)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import os
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -74,13 +75,15 @@ def resolve(pipe: Pipeline, s: Settings) -> Pipeline:
         ref = spec
     else:
         key = os.path.realpath(os.fspath(spec))
-        cache: dict[str, Pipeline] = pipe.__dict__.setdefault("_refiners", {})
+        cache = pipe._refiners
         if key not in cache:
             for old in cache.values():  # one refiner held at a time, as A1111 holds one
                 old.close()
             cache.clear()
-            cache[key] = load(spec, backend=pipe.backend, device=pipe.device, low_memory=pipe.low_memory)
+            cache[key] = load(spec, backend=pipe.backend, device=pipe.device, low_memory=None)
         ref = cache[key]
+        if not pipe._dry and pipe.low_memory is not None:  # one it loaded follows the base's low-memory mode
+            ref.low_memory = pipe.low_memory
     if ref is pipe:
         raise InputError("the refiner is the base model itself", where="refiner",
                          fix="pass another model as {@refiner}, or leave it out")
@@ -122,11 +125,13 @@ def dry_twin(ref: Pipeline) -> Pipeline:
 class Switch:
     """The guided model a loop calls: the base's until the switch, the refiner's from then on."""
 
-    def __init__(self, base: Any, refiner: Any, model_sampling: Any, switch_at: float) -> None:
+    def __init__(self, base: Any, refiner: Any, model_sampling: Any, switch_at: float,
+                 on_switch: Callable[[], None] | None = None) -> None:
         self.base, self.refiner = base, refiner
         self.model_sampling = model_sampling
         self.switch_at = switch_at
         self.switched = False
+        self.on_switch = on_switch
         self.train_steps = int(getattr(model_sampling, "num_timesteps", 0) or 1000)
 
     @property
@@ -137,6 +142,8 @@ class Switch:
         if not self.switched:
             t = int(round(float(timestep)))
             self.switched = (self.train_steps - 1 - t) / self.train_steps >= self.switch_at
+            if self.switched and self.on_switch is not None:
+                self.on_switch()  # the base's UNet runs no more in this run: the memory plan may drop it
         return self.refiner if self.switched else self.base
 
     def predict(self, x_in: np.ndarray, timestep: float, **kwargs: Any) -> np.ndarray:
@@ -165,7 +172,8 @@ def attach(pipe: Pipeline, s: Settings, model: Any, ms: Any) -> tuple[Any, Pipel
     ref._release(*ref.family.text_parts, stage=True)
     call = ModelCall(s.width, s.height, s.batch, float(s.cfg or 1.0), cond, uncond)
     rmodel = ref.family.denoiser(ref.denoiser, ref.family.model_sampling(s.width, s.height), call)
-    return Switch(model, rmodel, ms, float(s.toolbox.refiner_switch_at)), ref
+    return Switch(model, rmodel, ms, float(s.toolbox.refiner_switch_at),
+                  on_switch=lambda: pipe._release(pipe.denoiser.name)), ref
 
 
 def infotext(pipe: Pipeline, s: Settings) -> dict[str, object]:
