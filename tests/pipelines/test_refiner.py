@@ -222,3 +222,12 @@ def test_low_memory_base_and_refiner_give_the_same_image() -> None:
         got = pipe("a cat", "blurry", **kw)[0]
         assert pipe.is_low_memory and next(iter(pipe._refiners.values())).is_low_memory
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(("key", "hint"), [("refiner_checkpoint", "pass refiner (a model path"),
+                                           ("denoising_end", "pass refiner and refiner_switch_at")])
+def test_other_libraries_names_point_at_refiner(key: str, hint: str) -> None:
+    register("reference")
+    with pytest.raises(InputError, match=f"unknown argument '{key}'") as err:
+        _pipe("tiny-sdxl", "reference")("a cat", steps=2, **{key: 0.8})
+    assert err.value.fix.startswith(hint)

@@ -222,6 +222,9 @@ _OTHER_NAMES = {
     "generator": "seed (an integer)", "enable_hr": "hires_scale", "hr_scale": "hires_scale",
     "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler",
     "controlnet": "controlnets", "control_image": "controlnets",
+    "refiner_checkpoint": "refiner (a model path or a loaded pipeline)",
+    "denoising_end": "refiner and refiner_switch_at (the base's denoising_end is the switch)",
+    "denoising_start": "refiner_switch_at on the base's call (the refiner continues its latents)",
 }
 
 
