@@ -193,3 +193,22 @@ def test_tiny_refiner_file_gives_the_folders_images(tmp_path: Path) -> None:
         import hashlib
 
         assert after.settings[0]["Refiner"] == f"tiny_refiner [{hashlib.sha256(f.read_bytes()).hexdigest()[:10]}]"
+
+
+def test_full_size_refiner_file_plans_on_the_shipped_graphs(refiner_file: Path) -> None:
+    """The run plan of a full-size (sparse) refiner file as img2img at 768x1024: what the shipped graphs are fed."""
+    import numpy as np
+    from backend_helpers import register
+
+    from sdrt import pipelines
+
+    register("reference")
+    with pipelines.load(refiner_file, backend="reference") as pipe:
+        plan = pipe.plan("a fox", init_image=np.zeros((1024, 768, 3), np.uint8), strength=0.3, steps=20)
+    unet = plan.part("unet")
+    assert unet is not None and unet.calls == 6
+    (sig, _), = unet.signatures
+    shapes = {name: shape for name, shape, _ in sig}
+    assert shapes["time_ids"] == (2, 5) and shapes["encoder_hidden_states"] == (2, 77, 1280)
+    assert shapes["sample"] == (2, 4, 128, 96) and shapes["text_embeds"] == (2, 1280)
+    assert plan.part("text_encoder") is None and plan.part("text_encoder_2") is not None
