@@ -135,6 +135,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._checked = False
         #: refiners loaded from a path (``refiner=``), by real path; shared with the run plan's dry copies
         self._refiners: dict[str, Pipeline] = {}
+        self._refiner_job: Pipeline | None = None  # this job's refiner (sdrt.pipelines.refiner.resolve)
         self._dry = False
         self._lock = threading.Lock()  # one job at a time
         self._owner: int | None = None  # the thread that holds _lock (a step callback runs on it)
@@ -487,10 +488,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._family_defaults(s)
         self._check_size(s, "init_image" if init is not None else None)
         self._prepare_extras(s)
+        self._refiner_job = None
         if getattr(s.toolbox, "refiner", None) is not None:  # loaded and checked before anything runs
             from .refiner import resolve
 
-            resolve(self, s)
+            self._refiner_job = resolve(self, s, load)
         return s, init, mask
 
     def _family_defaults(self, s: Settings) -> None:

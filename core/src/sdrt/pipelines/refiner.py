@@ -49,11 +49,13 @@ def check_switch_at(value: Any) -> float:
     return float(value)
 
 
+def _is_pipeline(spec: Any) -> bool:
+    return hasattr(spec, "family") and hasattr(spec, "folder") and callable(getattr(spec, "generate", None))
+
+
 def check_spec(spec: Any) -> Any:
     """``refiner``: a model path (a folder or a single file) or a loaded :class:`Pipeline`."""
-    from .pipeline import Pipeline
-
-    if isinstance(spec, Pipeline):
+    if _is_pipeline(spec):
         return spec
     if isinstance(spec, (str, os.PathLike)) and os.fspath(spec):
         if not os.path.exists(os.fspath(spec)):
@@ -65,13 +67,11 @@ def check_spec(spec: Any) -> Any:
                      where="refiner", fix="pass {@refiner=}'sd_xl_refiner_1.0.safetensors' or a loaded pipeline")
 
 
-def resolve(pipe: Pipeline, s: Settings) -> Pipeline:
-    """The refiner pipeline of this job (a path is loaded once per base pipeline, on its backend and device),
-    checked against the base."""
-    from .pipeline import Pipeline, load
-
+def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipeline:
+    """The refiner pipeline of this job (a path is loaded once per base pipeline with ``load``, which is
+    ``sdrt.pipelines.load``, on the base's backend and device), checked against the base."""
     spec = s.toolbox.refiner
-    if isinstance(spec, Pipeline):
+    if _is_pipeline(spec):
         ref = spec
     else:
         key = os.path.realpath(os.fspath(spec))
@@ -164,7 +164,8 @@ def attach(pipe: Pipeline, s: Settings, model: Any, ms: Any) -> tuple[Any, Pipel
     """``(the switching model, the refiner pipeline)`` for one run of ``pipe``."""
     from .families import ModelCall
 
-    ref = resolve(pipe, s)
+    ref = pipe._refiner_job  # resolved by the job's preparation
+    assert ref is not None
     if pipe._dry:
         ref = dry_twin(ref)
     assert s.width is not None and s.height is not None
@@ -178,7 +179,8 @@ def attach(pipe: Pipeline, s: Settings, model: Any, ms: Any) -> tuple[Any, Pipel
 
 def infotext(pipe: Pipeline, s: Settings) -> dict[str, object]:
     """A1111's ``Refiner: name [hash]`` and ``Refiner switch at``."""
-    ref = resolve(pipe, s)
+    ref = pipe._refiner_job
+    assert ref is not None
     switch = s.toolbox.refiner_switch_at
     return {"Refiner": f"{ref.folder.name} [{ref.model_hash}]",
             "Refiner switch at": int(switch) if float(switch).is_integer() else round(float(switch), 4)}
