@@ -85,6 +85,15 @@ SDXL_UNET = dict(act_fn="silu", addition_embed_type="text_time", addition_time_e
                  use_linear_projection=True)
 # diffusers/stable-diffusion-xl-1.0-inpainting-0.1 unet/config.json: SDXL with 9 input channels
 SDXL_INPAINT_UNET = {**SDXL_UNET, "in_channels": 9}
+# stabilityai/stable-diffusion-xl-refiner-1.0 unet/config.json: what diffusers 0.42.1's
+# create_unet_diffusers_config_from_ldm makes of Stability's configs/inference/sd_xl_refiner.yaml (4 levels of
+# 384 channels x [1, 2, 4, 4], 4 transformer layers at levels 1-2, context 1280 (CLIP-G only), time ids with the
+# aesthetic score: 5 x 256 + 1280 pooled = 2560)
+SDXL_REFINER_UNET = dict(SDXL_UNET, attention_head_dim=[6, 12, 24, 24], block_out_channels=[384, 768, 1536, 1536],
+                         cross_attention_dim=1280, down_block_types=["DownBlock2D", "CrossAttnDownBlock2D",
+                                                                     "CrossAttnDownBlock2D", "DownBlock2D"],
+                         projection_class_embeddings_input_dim=2560, transformer_layers_per_block=4,
+                         up_block_types=["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"])
 # stabilityai/stable-diffusion-3.5-medium transformer/config.json
 SD35M = dict(attention_head_dim=64, caption_projection_dim=1536, in_channels=16, joint_attention_dim=4096,
              num_attention_heads=24, num_layers=24, out_channels=16, patch_size=2, pooled_projection_dim=2048,
@@ -176,7 +185,9 @@ def unet_inputs(cfg: dict, s: int) -> dict:
          "encoder_hidden_states": torch.randn(n, 77 * s, cfg["cross_attention_dim"], generator=g) * 0.5}
     if cfg.get("addition_embed_type") == "text_time":
         x["text_embeds"] = torch.randn(n, 1280, generator=g) * 0.5
-        x["time_ids"] = torch.tensor([[1024.0, 1024, 0, 0, 1024, 1024]] * n)
+        ids = [1024.0, 1024, 0, 0, 1024, 1024]  # the refiner: (original size, crop, aesthetic score)
+        n_ids = (cfg["projection_class_embeddings_input_dim"] - 1280) // cfg["addition_time_embed_dim"]
+        x["time_ids"] = torch.tensor([ids if n_ids == 6 else [1024.0, 1024, 0, 0, 6.0]] * n)
     return x
 
 
@@ -191,6 +202,7 @@ def unet_dynamic(cfg: dict) -> dict:
 
 UNET_REDUCE_SD = dict(layers_per_block=1)
 UNET_REDUCE_XL = dict(layers_per_block=1, transformer_layers_per_block=[1, 1, 1])
+UNET_REDUCE_XL_REFINER = dict(layers_per_block=1, transformer_layers_per_block=1)
 
 
 # SD3 / Flux / Chroma transformers --------------------------------------------------------
@@ -443,6 +455,8 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
     _unet_spec("sdxl_unet", SDXL_UNET, UNET_REDUCE_XL, "stabilityai/stable-diffusion-xl-base-1.0 unet/config.json"),
     _unet_spec("sdxl_inpaint_unet", SDXL_INPAINT_UNET, UNET_REDUCE_XL,
                "diffusers/stable-diffusion-xl-1.0-inpainting-0.1 unet/config.json"),
+    _unet_spec("sdxl_refiner_unet", SDXL_REFINER_UNET, UNET_REDUCE_XL_REFINER,
+               "stabilityai/stable-diffusion-xl-refiner-1.0 unet/config.json (Stability's sd_xl_refiner.yaml)"),
     Spec("sd35_medium_transformer", build_sd3, SD35M, sd3_inputs, lambda c: ["out_hidden_states"], sd3_dynamic,
          dict(num_layers=2, dual_attention_layers=[0]), "stabilityai/stable-diffusion-3.5-medium "
          "transformer/config.json", 2e-4),

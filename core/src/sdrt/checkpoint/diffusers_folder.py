@@ -46,7 +46,7 @@ DENOISERS = ("unet", "transformer")
 #: the part folders whose .safetensors make a folder a diffusers folder of weights
 WEIGHT_FOLDERS = ("unet", "transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae")
 #: model_index.json's ``_class_name`` (its start) -> the families it may be (first match wins)
-PIPELINE_CLASSES = (("StableDiffusionXL", ("sdxl", "sdxl-inpaint")),
+PIPELINE_CLASSES = (("StableDiffusionXL", ("sdxl", "sdxl-inpaint", "sdxl-refiner")),
                     ("StableDiffusion3", ("sd35-medium", "sd35-large")),
                     ("Flux", ("flux-dev", "flux-schnell")), ("Chroma", ("chroma",)),
                     ("StableDiffusion", ("sd1", "sd1-inpaint", "sd2")))
@@ -137,6 +137,9 @@ def denoiser_family(shapes: families.Shapes) -> tuple[str | None, str]:
         conv_in = shapes.get("conv_in.weight", ())
         inpaint = len(conv_in) == 4 and conv_in[1] == 9
         if has("add_embedding."):
+            adm = shapes.get("add_embedding.linear_1.weight", ())
+            if len(adm) == 2 and adm[1] == 2560 and not inpaint:  # pooled 1280 + 5 time ids (aesthetic score) x 256
+                return "sdxl-refiner", "an SDXL refiner UNet"
             return ("sdxl-inpaint" if inpaint else "sdxl"), "an SDXL UNet"
         proj = next((s for k, s in shapes.items() if re.search(r"attentions\.\d+\.proj_in\.weight$", k)), None)
         if proj is not None and len(proj) == 2:  # SD 2.x: linear proj_in; SD 1.x: a 1x1 conv
@@ -196,6 +199,8 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
     if fam is None:
         raise ModelError(f"the {den} of this diffusers folder is {looks}", where=str(root / den),
                          fix="pass a folder of SD 1.x, SD 2.x, SDXL, SD 3.5, Flux.1 or Chroma")
+    if fam == "sdxl" and index.get("requires_aesthetics_score") is True:  # a refiner at other widths (graph_paths)
+        fam, looks = "sdxl-refiner", "an SDXL refiner UNet (model_index.json: requires_aesthetics_score)"
     cls_name = str(index.get("_class_name", ""))
     allowed = next((fams for prefix, fams in PIPELINE_CLASSES if cls_name.startswith(prefix)), None)
     if cls_name and allowed is not None and fam not in allowed:

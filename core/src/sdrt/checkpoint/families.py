@@ -30,7 +30,7 @@ def detect(shapes: Shapes) -> str:
     elif has("cond_stage_model.transformer."):
         fam = "SD 1.x"
     elif has("model.diffusion_model.label_emb."):
-        fam = "SDXL (UNet only)"
+        fam = "SDXL refiner (UNet only)" if _refiner_unet(shapes) else "SDXL (UNet only)"
     elif has("model.diffusion_model."):
         ctx = _context_dim(shapes)
         fam = {768: "SD 1.x (UNet only)", 1024: "SD 2.x (UNet only)", 2048: "SDXL (UNet only)"}.get(
@@ -55,6 +55,12 @@ def detect(shapes: Shapes) -> str:
     return fam
 
 
+def _refiner_unet(shapes: Shapes) -> bool:
+    """An LDM UNet whose ADM input is 2560 wide: the SDXL refiner's (pooled 1280 + 5 time ids x 256; base: 2816)."""
+    w = shapes.get("model.diffusion_model.label_emb.0.0.weight")
+    return w is not None and len(w) == 2 and int(w[1]) == 2560
+
+
 def _context_dim(shapes: Shapes) -> int | None:
     for k, s in shapes.items():
         if k.endswith("attn2.to_k.weight") and len(s) == 2:
@@ -74,6 +80,8 @@ FAMILY_GRAPHS: dict[str, dict[str, str]] = {
              "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
     "sdxl-inpaint": {"unet": "sdxl_inpaint_unet", "text_encoder": "clip_l", "text_encoder_2": "clip_g",
                      "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
+    "sdxl-refiner": {"unet": "sdxl_refiner_unet", "text_encoder_2": "clip_g", "vae_decoder": "vae4_decoder",
+                     "vae_encoder": "vae4_encoder"},
     "sd35-medium": {"transformer": "sd35_medium_transformer", "text_encoder": "clip_l_proj",
                     "text_encoder_2": "clip_g", "text_encoder_3": "t5xxl", "vae_decoder": "vae16_decoder",
                     "vae_encoder": "vae16_encoder"},
@@ -94,7 +102,8 @@ FAMILY_ENCODERS: dict[str, dict[str, str]] = {
 FAMILY_LATENT_CHANNELS = {fam: 16 if graphs["vae_decoder"] == "vae16_decoder" else 4
                           for fam, graphs in FAMILY_GRAPHS.items()}
 LABELS = {"sd1": "SD 1.x", "sd1-inpaint": "SD 1.x inpainting", "sd2": "SD 2.x", "sdxl": "SDXL",
-          "sdxl-inpaint": "SDXL inpainting", "sd35-medium": "SD 3.5 Medium", "sd35-large": "SD 3.5 Large",
+          "sdxl-inpaint": "SDXL inpainting", "sdxl-refiner": "SDXL refiner", "sd35-medium": "SD 3.5 Medium",
+          "sd35-large": "SD 3.5 Large",
           "flux-dev": "Flux.1 dev", "flux-schnell": "Flux.1 schnell", "chroma": "Chroma"}
 #: a separate part file's kind -> its human name
 PART_KINDS = {"clip_l": "a CLIP-L text encoder", "clip_g": "a CLIP-G (OpenCLIP bigG) text encoder",
@@ -181,7 +190,9 @@ def identify(shapes: Shapes, family: str | None = None) -> Identity:
     elif has("model.diffusion_model.input_blocks."):
         old = detect(shapes)
         inpaint = old.endswith(" inpainting")
-        if old.startswith("SDXL base") or old.startswith("SDXL (UNet only)"):
+        if old.startswith("SDXL refiner"):  # conditioner.embedders.0 is OpenCLIP-G alone, or a 2560-wide ADM input
+            fam = "sdxl-refiner"
+        elif old.startswith("SDXL base") or old.startswith("SDXL (UNet only)"):
             fam = "sdxl"
         elif old.startswith("SD 2.x"):
             fam = "sd2"
@@ -192,6 +203,10 @@ def identify(shapes: Shapes, family: str | None = None) -> Identity:
         if fam == "sdxl" and "edm_mean" in shapes:  # diffusers' single-file loader keys Playground v2.5 on these
             return Identity(None, "unknown", "Playground v2.5 (an SDXL UNet trained with an EDM schedule: its "
                             "edm_mean/edm_std keys), which sdrt has no schedule for; run as SDXL it would give noise")
+        if fam == "sdxl-refiner" and family != fam and not _refiner_unet(shapes):
+            return Identity(None, "unknown", "an SDXL refiner's text encoder (conditioner.embedders.0: OpenCLIP-G) "
+                            "beside a UNet that is not the refiner's (its ADM input is not 2560 wide), which has no "
+                            "shipped graph")
         if inpaint and fam in ("sd1", "sdxl"):
             fam += "-inpaint"
         elif inpaint:
@@ -201,7 +216,8 @@ def identify(shapes: Shapes, family: str | None = None) -> Identity:
         # text encoders and VAE baked into the file
         for p, part in (("cond_stage_model.transformer.", "text_encoder"), ("cond_stage_model.model.", "text_encoder"),
                         ("conditioner.embedders.0.transformer.", "text_encoder"),
-                        ("conditioner.embedders.1.model.", "text_encoder_2")):
+                        ("conditioner.embedders.1.model.", "text_encoder_2"),
+                        ("conditioner.embedders.0.model.", "text_encoder_2")):  # the refiner's only encoder
             if has(p):
                 comps[part] = p
         t = {"sd35-medium": ("text_encoder", "text_encoder_2", "text_encoder_3"),

@@ -225,7 +225,7 @@ def _fit_text_encoder(f: _File, fam: str, graph_paths: Mapping[str, PathLike]) -
 
 
 def _supported() -> str:
-    return ", ".join(LABELS[f] for f in ("sd1", "sd2", "sdxl", "sd35-medium", "sd35-large", "flux-dev",
+    return ", ".join(LABELS[f] for f in ("sd1", "sd2", "sdxl", "sdxl-refiner", "sd35-medium", "sd35-large", "flux-dev",
                                          "flux-schnell", "chroma"))
 
 

@@ -47,6 +47,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--hires-denoise", type=float, default=None, metavar="D", help="second-pass denoising (0.7)")
     h.add_argument("--hires-upscaler", default=None, metavar="NAME",
                    help='"Latent" (default), "Latent (bicubic)", "Latent (nearest)", ..., "Lanczos" (Pillow), or a model upscaler: an ESRGAN-family .safetensors/.pth file or its name in $SDRT_UPSCALERS')
+    r = p.add_argument_group("refiner (A1111's)")
+    r.add_argument("--refiner", default=None, metavar="FILE|DIR",
+                   help="a refiner that takes over from the model at --refiner-switch-at: the SDXL refiner "
+                        "(sd_xl_refiner_1.0.safetensors, or its ONNX/diffusers folder) after an SDXL model")
+    r.add_argument("--refiner-switch-at", type=float, default=None, metavar="F",
+                   help="the fraction of the schedule the model runs before the refiner (0.8)")
     s = p.add_argument_group("seeds (A1111's)")
     s.add_argument("--rng", default="cpu", choices=["cpu", "gpu", "nv"],
                    help="noise source: cpu (diffusers'; default), gpu (A1111's default CUDA noise), nv")
@@ -125,7 +131,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                     1.0 if end is None else end, pre or "none", resize or "Crop and Resize",
                                     control_mode=mode or "Balanced", guess_mode=bool(args.guess_mode)))
         opts["controlnets"] = units
-    for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed"):
+    for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed", "refiner",
+                "refiner_switch_at"):
         if getattr(args, key) is not None:
             opts[key] = getattr(args, key)
     if args.subseed is not None and not args.subseed_strength:  # A1111: a subseed at strength 0 changes nothing

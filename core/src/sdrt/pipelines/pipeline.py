@@ -133,6 +133,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._tokenizers: dict[str, Any] | None = None
         self._weight_state: WeightState | None = None
         self._checked = False
+        #: refiners loaded from a path (``refiner=``), by real path; shared with the run plan's dry copies
+        self._refiners: dict[str, Pipeline] = {}
+        self._refiner_job: Pipeline | None = None  # this job's refiner (sdrt.pipelines.refiner.resolve)
         self._dry = False
         self._lock = threading.Lock()  # one job at a time
         self._owner: int | None = None  # the thread that holds _lock (a step callback runs on it)
@@ -184,6 +187,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         for p in self._parts.values():
             p.close()
         self._close_extras()  # ControlNet parts, a preview decoder
+        for ref in self._refiners.values():  # a refiner this pipeline loaded from a path
+            ref.close()
+        self._refiners.clear()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -471,6 +477,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             s.reference_images = prepare(s.reference_images, s.reference_resize)
             if s.width is None and s.height is None:  # BFL's and ComfyUI's Kontext: the first reference's size
                 s.height, s.width = s.reference_images[0].shape[:2]
+        if init is None and not self.family.txt2img:
+            raise InputError(f"the {self.family.label} continues an image's latents and does not make images from "
+                             "noise (diffusers runs it as img2img only)", where="init_image",
+                             fix="pass {@init_image} with a low {@strength} (0.2-0.4), or run a base model with "
+                                 "{@refiner} set to this model")
         unset = s.width is None and s.height is None
         s.width = s.width or self.default_size
         s.height = s.height or self.default_size
@@ -485,6 +496,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._family_defaults(s)
         self._check_size(s, "init_image" if init is not None else None)
         self._prepare_extras(s)
+        self._refiner_job = None
+        if getattr(s.toolbox, "refiner", None) is not None:  # loaded and checked before anything runs
+            from .refiner import resolve
+
+            self._refiner_job = resolve(self, s, load)
         return s, init, mask
 
     def _family_defaults(self, s: Settings) -> None:
@@ -730,6 +746,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                          guidance_rescale=s.guidance_rescale)
         control = self._control(s, call, s.width, s.height)  # ControlNet residuals as more UNet inputs
         model = self.family.denoiser(self._model_part(), ms, call)
+        refiner = None
+        if getattr(s.toolbox, "refiner", None) is not None:  # it takes over at refiner_switch_at (pipelines.refiner)
+            from .refiner import attach
+
+            model, refiner = attach(self, s, model, ms)
         first = loop.steps
         total = first + (second_pass_steps(s.toolbox.hires, s.steps)[1] if s.toolbox.hires else 0)
 
@@ -759,12 +780,15 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             x = self._hires_pass(s, x, seed, subseed, cond, uncond, on_step, first)
         self._current = self._denoised = None
         self._release(self.denoiser.name, "vae_encoder", stage=True)
+        if refiner is not None:
+            refiner._release(refiner.denoiser.name, stage=True)
         if not np.isfinite(x).all():
             raise SdrtError("the sampler produced NaN or infinite latents",
                             where=f"{self.denoiser.path} on {self.backend}",
                             fix="try another backend or sampler; report it with the command you ran")
-        images = self._decode(x)
-        self._release("vae_decoder", stage=True)
+        decoder = refiner if refiner is not None else self  # the model loaded last decodes, as in A1111
+        images = decoder._decode(x)
+        decoder._release("vae_decoder", stage=True)
         return images
 
     def _model_part(self) -> Any:
@@ -867,6 +891,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             info["Denoising strength"] = _num(s.strength or 0)
         if s.guidance_rescale:
             info["CFG Rescale"] = _num(s.guidance_rescale)  # Forge's name (A1111's extension wrote "CFG Rescale phi")
+        if getattr(s.toolbox, "refiner", None) is not None:
+            from .refiner import infotext
+
+            info.update(infotext(self, s))
         if s.clip_skip > 1:
             info["Clip skip"] = s.clip_skip
         if s.batch > 1:

@@ -149,6 +149,13 @@ def _notes(s: Any) -> list[str]:
         length, run = second_pass_steps(hr, s.steps)
         notes.append(f"hires fix: pass 1 at {s.width}x{s.height}, {hr.upscaler} upscale x{hr.scale:g}, pass 2 at "
                      f"{tw}x{th}: the last {run} of {length} step(s) (denoise {hr.denoise:g})")
+    if getattr(tb, "refiner", None) is not None:
+        import os
+
+        ref = tb.refiner
+        name = os.fspath(ref) if isinstance(ref, (str, os.PathLike)) else ref.folder.name
+        notes.append(f"refiner: {name} takes over at {tb.refiner_switch_at:g} (timesteps under "
+                     f"{round(1000 * (1 - tb.refiner_switch_at))}); its parts' calls are not listed here")
     for k, u in enumerate(tb.controlnets if tb is not None else []):
         notes.append(f"controlnet {k}: {u.part.name if u.part is not None else u.net}, scale {u.scale:g}, "
                      f"steps {u.start:g}-{u.end:g}, preprocessor {u.preprocessor}"

@@ -33,7 +33,7 @@ log = logging.getLogger("sdrt.pipelines.singlefile")
 PathLike = str | os.PathLike[str]
 
 #: a pipeline family -> a checkpoint family with its parts (which encoder kind each text part is)
-_PARTS_OF = {"sd1": "sd1", "sd2": "sd2", "sdxl": "sdxl", "sd3": "sd35-medium", "flux": "flux-dev", "chroma": "chroma"}
+_PARTS_OF = {"sd1": "sd1", "sd2": "sd2", "sdxl": "sdxl", "sdxl-refiner": "sdxl-refiner", "sd3": "sd35-medium", "flux": "flux-dev", "chroma": "chroma"}
 
 __all__ = ["PartFile", "bind_part_files", "check_part_file", "denoiser_graph", "folder_from_file", "is_single_file",
            "missing_parts", "release_tokenizer"]

@@ -26,8 +26,8 @@ import numpy as np
 
 from ..errors import InputError
 
-KEYWORDS = ("controlnets", "guess_mode", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "rng", "subseed",
-            "subseed_strength", "preview", "preview_size")
+KEYWORDS = ("controlnets", "guess_mode", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "rng",
+            "subseed", "subseed_strength", "preview", "preview_size", "refiner", "refiner_switch_at")
 
 
 @dataclass
@@ -40,6 +40,9 @@ class Toolbox:
     preview: Any = None
     #: a TAESD preview's longer side at most, in pixels (None: the decoder's full size)
     preview_size: int | None = 256
+    #: a refiner after the base (a model path or a Pipeline) and where it takes over (sdrt.pipelines.refiner)
+    refiner: Any = None
+    refiner_switch_at: float | None = None
 
     @property
     def per_image(self) -> bool:
@@ -111,7 +114,21 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
         raise InputError("{@preview_size} bounds a TAESD decoder's previews, and none is given", where="preview_size",
                          fix="pass {@preview} (the decoder's ONNX file) too, or leave {@preview_size} out (a "
                              "TaesdPreview you pass has its own preview_size)")
+    _refiner(kwargs, tb)
     return rest, tb
+
+
+def _refiner(kwargs: dict[str, Any], tb: Toolbox) -> None:
+    from . import refiner
+
+    spec, switch = kwargs.get("refiner"), kwargs.get("refiner_switch_at")
+    if spec is None or spec == "":
+        if switch is not None:
+            raise InputError("{@refiner_switch_at} without {@refiner}", where="refiner_switch_at",
+                             fix="pass {@refiner} (the refiner model) too, or leave {@refiner_switch_at} out")
+        return
+    tb.refiner = refiner.check_spec(spec)
+    tb.refiner_switch_at = refiner.check_switch_at(refiner.DEFAULT_SWITCH_AT if switch is None else switch)
 
 
 class A1111Noise:

@@ -29,7 +29,6 @@ _NOT_HONOURED: list[tuple[str, tuple[Any, ...], str]] = [
     ("seed_resize_from_w", (0, -1), "seed resize is not supported"),
     ("styles", ([],), "saved prompt styles are not supported"),
     ("script_name", ("",), "A1111 scripts are not supported"),
-    ("refiner_checkpoint", ("",), "refiner models are not supported"),
     ("s_churn", (0, 0.0), "sampler churn is not supported"),
     ("s_noise", (1, 1.0), "sampler noise scale is fixed at 1"),
     ("s_tmin", (0, 0.0), "sampler tmin is not supported"),
@@ -173,6 +172,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     else:
         _hires(body, kwargs, limits, not_honoured, registry.models_dir)
     _variation(body, kwargs)
+    _refiner(body, kwargs, registry)
     nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
                                                           init, "hires_scale" in kwargs,
                                                           max(limits.max_width, limits.max_height))
@@ -255,6 +255,28 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
         if get_str(body, key, None) not in (None, "", "Use same checkpoint", "Use same sampler",
                                             "Use same scheduler", "Automatic"):
             not_honoured.append(f"{key}: the second pass uses the first pass's")
+
+
+def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry) -> None:
+    """A1111's ``refiner_checkpoint`` (a model of this server, by name or title) and ``refiner_switch_at``: the
+    refiner takes over at that fraction of the schedule (sdrt.pipelines.refiner). Unset, the switch is 0.8, the
+    UI's default (A1111's API would run the refiner from the first step)."""
+    name = get_str(body, "refiner_checkpoint", None)
+    if name is None or name.strip() in ("", "None", "none"):
+        return  # refiner_switch_at alone does nothing in A1111 (its example payload sends 0)
+    entry = registry.model(name, "refiner_checkpoint")
+    if entry.weights is not None or entry.needs:
+        raise ApiError(400, f"refiner_checkpoint {entry.name!r} is "
+                            + ("bound onto --checkpoint-base" if entry.weights is not None else "a part-only file")
+                            + ", which cannot run as a refiner; pass a refiner served on its own", field="refiner_checkpoint")
+    if "hires_scale" in kwargs:
+        raise ApiError(400, "a refiner with the hires. fix is not supported", field="refiner_checkpoint")
+    kwargs["refiner"] = entry.path
+    switch = get_float(body, "refiner_switch_at", 0.8)
+    if not 0 < switch < 1:
+        raise ApiError(400, f"refiner_switch_at must be between 0 and 1 (exclusive), got {switch:g}",
+                       field="refiner_switch_at")
+    kwargs["refiner_switch_at"] = switch
 
 
 def _variation(body: dict[str, Any], kwargs: dict[str, Any]) -> None:

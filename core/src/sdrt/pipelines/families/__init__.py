@@ -35,8 +35,9 @@ def registered() -> dict[str, type[Family]]:
         from .sd2 import SD2
         from .sd3 import SD3
         from .sdxl import SDXL
+        from .sdxl_refiner import SDXLRefiner
 
-        for fam in (SD1, SD2, SDXL, SD3, Flux, Chroma):
+        for fam in (SD1, SD2, SDXL, SDXLRefiner, SD3, Flux, Chroma):
             register(fam)
     return dict(_FAMILIES)
 

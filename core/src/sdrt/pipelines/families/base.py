@@ -112,6 +112,8 @@ class Family:
     max_sequence_length: ClassVar[int] = 256
     #: the denoiser reads reference images as more tokens (FLUX.1 Kontext; sdrt.pipelines.reference)
     reference_images: ClassVar[bool] = False
+    #: False for a model that only continues from an image's latents (the SDXL refiner): txt2img is refused
+    txt2img: ClassVar[bool] = True
 
     def __init__(self, folder: ModelFolder) -> None:
         self.folder = folder

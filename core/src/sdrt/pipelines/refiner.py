@@ -1,0 +1,186 @@
+"""A refiner after the base model, as A1111 runs it (``refiner=``, ``refiner_switch_at=``).
+
+One sampler run over the base model's schedule: every model call at a timestep ``t`` with
+``(N - 1 - t) / N >= switch_at`` (``N`` the training timesteps, 1000) goes to the refiner, and every call after
+it too. This is A1111's rule (``sd_samplers_common.apply_refiner``: the timestep of the sigma nearest the
+current one, ``completed_ratio = (999 - t) / 1000``; the refiner's weights are swapped in mid-run, the sampler
+and its state go on). At 0.8 the base runs the timesteps from 999 down to 200 and the refiner those under 200,
+which is where diffusers' ensemble of experts cuts the same schedule (``StableDiffusionXLPipeline(
+denoising_end=0.8)``, then ``StableDiffusionXLImg2ImgPipeline(denoising_start=0.8)`` on its latents:
+``int(round(1000 - 0.8 * 1000))`` = 200); for a sampler without memory across steps (Euler, Euler a on one
+noise stream, DDIM) the two give the same image. A multistep sampler (DPM++ 2M) keeps its history across the
+switch, as in A1111; diffusers restarts its scheduler there.
+
+The refiner has its own text encoders, tokenizers and time ids (the SDXL refiner: CLIP-G alone, the aesthetic
+scores), encodes the same prompts, and its VAE decodes the result (A1111 decodes with the model loaded last,
+diffusers with the refiner pipeline's VAE). It must continue the base's latents: the SDXL refiner after an SDXL
+model, or a model of the base's own family; with the base's prediction type (eps or v).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .pipeline import Pipeline
+    from .settings import Settings
+
+#: A1111's default ("Switch at" in the UI, refiner_switch_at in the API)
+DEFAULT_SWITCH_AT = 0.8
+
+
+def check_switch_at(value: Any) -> float:
+    """``refiner_switch_at``: a fraction of the schedule strictly between 0 and 1."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or not 0 < float(value) < 1:
+        raise InputError(f"{{@refiner_switch_at}} must be between 0 and 1 (exclusive), got {value!r}",
+                         where="refiner_switch_at",
+                         fix="pass e.g. {@refiner_switch_at=}0.8: the base runs the first 80% of the schedule")
+    return float(value)
+
+
+def _is_pipeline(spec: Any) -> bool:
+    return hasattr(spec, "family") and hasattr(spec, "folder") and callable(getattr(spec, "generate", None))
+
+
+def check_spec(spec: Any) -> Any:
+    """``refiner``: a model path (a folder or a single file) or a loaded :class:`Pipeline`."""
+    if _is_pipeline(spec):
+        return spec
+    if isinstance(spec, (str, os.PathLike)) and os.fspath(spec):
+        if not os.path.exists(os.fspath(spec)):
+            raise InputError(f"the refiner model {os.fspath(spec)!r} does not exist", where="refiner",
+                             fix="pass the refiner's .safetensors file or model folder (e.g. "
+                                 "sd_xl_refiner_1.0.safetensors), or a pipeline from sdrt.pipelines.load")
+        return spec
+    raise InputError(f"refiner must be a model path or a pipeline, got {type(spec).__name__} {spec!r:.40}",
+                     where="refiner", fix="pass {@refiner=}'sd_xl_refiner_1.0.safetensors' or a loaded pipeline")
+
+
+def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipeline:
+    """The refiner pipeline of this job (a path is loaded once per base pipeline with ``load``, which is
+    ``sdrt.pipelines.load``, on the base's backend and device), checked against the base."""
+    spec = s.toolbox.refiner
+    if _is_pipeline(spec):
+        ref = spec
+    else:
+        key = os.path.realpath(os.fspath(spec))
+        cache = pipe._refiners
+        if key not in cache:
+            for old in cache.values():  # one refiner held at a time, as A1111 holds one
+                old.close()
+            cache.clear()
+            cache[key] = load(spec, backend=pipe.backend, device=pipe.device, low_memory=None)
+        ref = cache[key]
+        if not pipe._dry and pipe.low_memory is not None:  # one it loaded follows the base's low-memory mode
+            ref.low_memory = pipe.low_memory
+    if ref is pipe:
+        raise InputError("the refiner is the base model itself", where="refiner",
+                         fix="pass another model as {@refiner}, or leave it out")
+    base, fam = pipe.family, ref.family
+    if base.name == "sdxl-refiner":
+        raise InputError(f"this model is an {base.label}: it is the refiner, not a base", where="refiner",
+                         fix="load the base model (SDXL) and pass this one as its {@refiner}")
+    same = fam.name == base.name or (fam.name == "sdxl-refiner" and base.name == "sdxl")
+    if not same or base.flow:
+        raise InputError(f"the refiner is {_a(fam.label)} model and this model is {base.label}: the refiner continues "
+                         "the base's latents, so it must be of the same kind", where="refiner",
+                         fix="use an SDXL base with the SDXL refiner (or a refiner of the base's own family)"
+                             if not base.flow else f"{base.label} models have no refiner: leave {{@refiner}} out")
+    if ref.folder.prediction != pipe.folder.prediction:
+        raise InputError(f"the refiner predicts {ref.folder.prediction} and this model {pipe.folder.prediction}",
+                         where="refiner", fix="use a refiner trained with the base model's prediction type")
+    if s.toolbox.hires is not None:
+        raise InputError("a refiner with the hires fix is not supported yet", where="refiner",
+                         fix="leave {@hires_scale} unset, or run the refiner as img2img on the hires image")
+    return ref
+
+
+def _a(label: str) -> str:
+    return ("an " if label[:1] in "AEIOS" else "a ") + label
+
+
+def dry_twin(ref: Pipeline) -> Pipeline:
+    """A copy of the refiner on recording parts (the run plan runs nothing real)."""
+    dry = copy.copy(ref)
+    dry._parts = {name: part.dry() for name, part in ref._parts.items()}
+    dry._prompts = None
+    dry._weight_state = None
+    dry.low_memory = False
+    dry._dry = True
+    dry._lock, dry._state, dry._stop, dry._owner = threading.Lock(), threading.RLock(), threading.Event(), None
+    return dry
+
+
+class Switch:
+    """The guided model a loop calls: the base's until the switch, the refiner's from then on."""
+
+    def __init__(self, base: Any, refiner: Any, model_sampling: Any, switch_at: float,
+                 on_switch: Callable[[], None] | None = None) -> None:
+        self.base, self.refiner = base, refiner
+        self.model_sampling = model_sampling
+        self.switch_at = switch_at
+        self.switched = False
+        self.on_switch = on_switch
+        self.train_steps = int(getattr(model_sampling, "num_timesteps", 0) or 1000)
+
+    @property
+    def calls(self) -> int:
+        return int(getattr(self.base, "calls", 0)) + int(getattr(self.refiner, "calls", 0))
+
+    def _pick(self, timestep: float) -> Any:
+        if not self.switched:
+            t = int(round(float(timestep)))
+            self.switched = (self.train_steps - 1 - t) / self.train_steps >= self.switch_at
+            if self.switched and self.on_switch is not None:
+                self.on_switch()  # the base's UNet runs no more in this run: the memory plan may drop it
+        return self.refiner if self.switched else self.base
+
+    def predict(self, x_in: np.ndarray, timestep: float, **kwargs: Any) -> np.ndarray:
+        return self._pick(timestep).predict(x_in, timestep, **kwargs)
+
+    def __call__(self, x: np.ndarray, sigma: Any, **kwargs: Any) -> np.ndarray:
+        s = float(np.asarray(sigma).reshape(-1)[0])
+        table = getattr(self.model_sampling, "sigmas", None)
+        # A1111: the index of the discrete sigma nearest this one (argmin |sigmas - sigma|)
+        t = float(np.abs(np.asarray(table) - s).argmin()) if table is not None else self.model_sampling.timestep(s)
+        return self._pick(t)(x, sigma, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # anything else a loop reads (quantize ...): the base's
+        return getattr(self.base, name)
+
+
+def attach(pipe: Pipeline, s: Settings, model: Any, ms: Any) -> tuple[Any, Pipeline]:
+    """``(the switching model, the refiner pipeline)`` for one run of ``pipe``."""
+    from .families import ModelCall
+
+    ref = pipe._refiner_job  # resolved by the job's preparation
+    assert ref is not None
+    if pipe._dry:
+        ref = dry_twin(ref)
+    assert s.width is not None and s.height is not None
+    cond, uncond = ref._conditioning(s)
+    ref._release(*ref.family.text_parts, stage=True)
+    call = ModelCall(s.width, s.height, s.batch, float(s.cfg or 1.0), cond, uncond, guidance_rescale=s.guidance_rescale)
+    rmodel = ref.family.denoiser(ref.denoiser, ref.family.model_sampling(s.width, s.height), call)
+    return Switch(model, rmodel, ms, float(s.toolbox.refiner_switch_at),
+                  on_switch=lambda: pipe._release(pipe.denoiser.name)), ref
+
+
+def infotext(pipe: Pipeline, s: Settings) -> dict[str, object]:
+    """A1111's ``Refiner: name [hash]`` and ``Refiner switch at``."""
+    ref = pipe._refiner_job
+    assert ref is not None
+    switch = s.toolbox.refiner_switch_at
+    return {"Refiner": f"{ref.folder.name} [{ref.model_hash}]",
+            "Refiner switch at": int(switch) if float(switch).is_integer() else round(float(switch), 4)}

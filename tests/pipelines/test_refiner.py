@@ -1,0 +1,233 @@
+"""The SDXL refiner against diffusers (tests/data/pipelines/tiny-sdxl-refiner, scripts/gen_refiner_refs.py).
+
+Alone it is diffusers' ``StableDiffusionXLImg2ImgPipeline`` with ``requires_aesthetics_score``: CLIP-G's
+penultimate layer as the only context, its pooled output, and 5 time ids ending in the aesthetic score (6.0 for
+the prompt, 2.5 for the negative prompt). After tiny-sdxl (``refiner=``) it is diffusers' ensemble of experts
+(``denoising_end`` / ``denoising_start``). Tolerance: test_pipelines_diffusers.py's (max 1 of 255, at most
+0.5 % of values off).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pipeline_helpers import DATA, call_kwargs, cases, refs, register
+
+from sdrt import pipelines
+from sdrt.errors import InputError
+
+FOLDER = "tiny-sdxl-refiner"
+#: the reference backend and ggml run a few cases; OpenVINO runs them all
+SHORT = {"img2img/Euler a/empty negative"}
+_PIPES: dict[tuple[str, str], pipelines.Pipeline] = {}
+
+
+def _pipe(folder: str, backend: str) -> pipelines.Pipeline:
+    if (folder, backend) not in _PIPES:
+        _PIPES[folder, backend] = pipelines.load(DATA / folder, backend=backend)
+    return _PIPES[folder, backend]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_pipes():
+    yield
+    for p in _PIPES.values():
+        p.close()
+    _PIPES.clear()
+
+
+def _close_enough(images: list[np.ndarray], want: np.ndarray) -> None:
+    got = np.stack(images).astype(np.int16)
+    assert got.shape == want.shape
+    diff = np.abs(got - want.astype(np.int16))
+    assert diff.max() <= 1, f"max difference {diff.max()}, mean {diff.mean():.4f}"
+    assert (diff > 0).mean() <= 0.005, f"{(diff > 0).mean():.2%} of values differ"
+
+
+def _params(mode: str, short: set[str]):
+    for case in cases(FOLDER):
+        if not case["mode"].startswith(mode):
+            continue
+        for backend in ("reference", "openvino", "ggml"):
+            if backend != "openvino" and case["name"] not in short:
+                continue
+            yield pytest.param(case["name"], backend, id=f"{case['name']}:{backend}")
+
+
+def test_folder_is_the_refiner() -> None:
+    register("reference")
+    pipe = _pipe(FOLDER, "reference")
+    assert pipe.family.name == "sdxl-refiner"
+    assert [e.part for e in pipe.family.encoders] == ["text_encoder_2"]
+    assert not pipe.folder.force_zeros_for_empty_prompt  # the release's model_index.json: encode an empty negative
+
+
+@pytest.mark.parametrize(("name", "backend"), list(_params("img2img", SHORT)))
+def test_refiner_img2img_matches_diffusers(name: str, backend: str) -> None:
+    register(backend)
+    case = next(c for c in cases(FOLDER) if c["name"] == name)
+    ref = refs(FOLDER)
+    images = _pipe(FOLDER, backend)(case["prompt"], case["negative_prompt"], **call_kwargs(case, ref))
+    _close_enough(images, ref[name])
+
+
+def test_refiner_time_ids_hold_the_aesthetic_scores() -> None:
+    """What the UNet is fed: (height, width, 0, 0, 6.0) for the prompt's rows, 2.5 for the negative's."""
+    register("reference")
+    pipe = _pipe(FOLDER, "reference")
+    fed: list[np.ndarray] = []
+    unet = pipe.denoiser
+    run = unet.run
+
+    def spy(feeds, *args, **kwargs):
+        fed.append(np.array(feeds["time_ids"]))
+        return run(feeds, *args, **kwargs)
+
+    unet.run = spy
+    try:
+        pipe("a cat", "blurry", init_image=refs(FOLDER)["init_image"], strength=0.2, steps=5, cfg=5, seed=1,
+             sampler="Euler")
+    finally:
+        del unet.run
+    assert fed and all(t.shape == (2, 5) for t in fed)
+    np.testing.assert_array_equal(fed[0], [[64, 64, 0, 0, 2.5], [64, 64, 0, 0, 6.0]])
+
+
+def test_refiner_alone_does_not_make_images_from_noise() -> None:
+    register("reference")
+    with pytest.raises(InputError, match="SDXL refiner continues an image's latents") as err:
+        _pipe(FOLDER, "reference")("a cat", steps=2)
+    assert err.value.where == "init_image"
+
+
+# ---------------------------------------------------------------- base + refiner (refiner=, refiner_switch_at=)
+REFINER = DATA / FOLDER
+
+
+@pytest.mark.parametrize(("name", "backend"), list(_params("refiner", {"refiner/Euler a/0.7", "refiner/img2img/Euler/0.8"})))
+def test_base_then_refiner_matches_diffusers_ensemble(name: str, backend: str) -> None:
+    register(backend)
+    case = next(c for c in cases(FOLDER) if c["name"] == name)
+    ref = refs(FOLDER)
+    init = dict(init_image=ref["init_image"], strength=case["strength"]) if case["mode"] == "refiner-img2img" else {}
+    gen = _pipe("tiny-sdxl", backend).generate(
+        case["prompt"], case["negative_prompt"], steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"],
+        seed=case["seed"], width=case["width"], height=case["height"], batch=case["batch"], refiner=REFINER,
+        refiner_switch_at=case["switch_at"], **init)
+    _close_enough(gen.images, ref[name])
+    info = gen.settings[0]
+    assert info["Refiner"] == f"{FOLDER} [{_pipe(FOLDER, backend).model_hash}]"
+    assert info["Refiner switch at"] == case["switch_at"]
+
+
+def _counting(pipe: pipelines.Pipeline) -> list[float]:
+    seen: list[float] = []
+    run = pipe.denoiser.run
+
+    def spy(feeds, *args, **kwargs):
+        seen.append(float(np.asarray(feeds["timestep"]).reshape(-1)[0]))
+        return run(feeds, *args, **kwargs)
+
+    pipe.denoiser.run = spy
+    return seen
+
+
+@pytest.mark.parametrize("sampler", ["Euler", "DPM++ 2M", "Heun"])
+def test_switch_is_a1111s_timestep_rule(sampler: str) -> None:
+    """Calls at timesteps t with (999 - t) / 1000 >= switch go to the refiner, and every call after; a k-diffusion
+    sampler (DPM++ 2M, Heun: sdrt.samplers) and a diffusers-form one (Euler) alike."""
+    register("reference")
+    base, ref = _pipe("tiny-sdxl", "reference"), _pipe(FOLDER, "reference")
+    on_base, on_ref = _counting(base), _counting(ref)
+    try:
+        base("a cat", "blurry", steps=6, cfg=3, seed=2, sampler=sampler, refiner=ref, refiner_switch_at=0.6)
+    finally:
+        del base.denoiser.run, ref.denoiser.run
+    assert on_base and on_ref
+    assert all((999 - round(t)) / 1000 < 0.6 for t in on_base)
+    assert (999 - round(on_ref[0])) / 1000 >= 0.6
+
+
+@pytest.mark.parametrize(("kwargs", "where", "match"), [
+    ({"refiner_switch_at": 0.0}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner_switch_at": 1.0}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner_switch_at": float("nan")}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner_switch_at": "0.8"}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner": None, "refiner_switch_at": 0.8}, "refiner_switch_at", "without"),
+    ({"refiner": "no/such/refiner.safetensors"}, "refiner", "does not exist"),
+    ({"refiner": 3}, "refiner", "a model path or a pipeline"),
+    ({"hires_scale": 1.5, "base": "tiny-sdxl-dyn"}, "refiner", "hires fix"),
+])
+def test_refiner_arguments_are_checked(kwargs: dict, where: str, match: str) -> None:
+    register("reference")
+    args = {"refiner": REFINER, **kwargs}
+    base = args.pop("base", "tiny-sdxl")
+    with pytest.raises(InputError, match=match) as err:
+        _pipe(base, "reference")("a cat", steps=2, seed=1, **args)
+    assert err.value.where == where
+
+
+def test_refiner_after_an_sd15_base_is_refused() -> None:
+    register("reference")
+    with pytest.raises(InputError, match="SDXL refiner model and this model is SD 1.x") as err:
+        _pipe("tiny-sd15", "reference")("a cat", steps=2, seed=1, refiner=REFINER)
+    assert err.value.where == "refiner"
+
+
+def test_the_refiner_is_no_base() -> None:
+    register("reference")
+    with pytest.raises(InputError, match="it is the refiner, not a base"):
+        _pipe(FOLDER, "reference")("a cat", init_image=refs(FOLDER)["init_image"], strength=0.5, steps=4,
+                                   refiner=DATA / "tiny-sdxl")
+
+
+def test_refiner_infotext_is_a1111s() -> None:
+    from sdrt.pipelines.png import format_parameters
+
+    register("reference")
+    gen = _pipe("tiny-sdxl", "reference").generate("a cat", steps=3, seed=4, sampler="Euler", refiner=REFINER,
+                                                   refiner_switch_at=0.5)
+    text = format_parameters(gen.prompt, gen.negative_prompt, gen.settings[0])
+    assert f"Refiner: {FOLDER} [{_pipe(FOLDER, 'reference').model_hash}], Refiner switch at: 0.5" in text
+
+
+def test_cli_refiner_flags_give_the_api_image(tmp_path, capsys) -> None:
+    from sdrt.cli import main
+    from sdrt.pipelines.png import read_parameters
+
+    register("openvino")
+    out = tmp_path / "out.png"
+    rc = main(["generate", str(DATA / "tiny-sdxl"), "a red cat", "--steps", "10", "--sampler", "Euler", "--seed", "3",
+               "--backend", "openvino", "--refiner", str(REFINER), "--refiner-switch-at", "0.8", "-o", str(out)])
+    assert rc == 0
+    text = read_parameters(out)
+    assert f"Refiner: {FOLDER} [" in text and "Refiner switch at: 0.8" in text
+    want = _pipe("tiny-sdxl", "openvino")("a red cat", steps=10, sampler="Euler", seed=3, refiner=REFINER,
+                                          refiner_switch_at=0.8)[0]
+    from sdrt.pipelines.images import to_rgb
+
+    np.testing.assert_array_equal(to_rgb(out), want)
+    assert main(["generate", str(DATA / "tiny-sdxl"), "a red cat", "--refiner-switch-at", "0", "--refiner",
+                 str(REFINER), "--dry-run"]) == 1
+    assert "--refiner-switch-at must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_low_memory_base_and_refiner_give_the_same_image() -> None:
+    """In low-memory mode the base's UNet is dropped at the switch (it runs no more) and the refiner's parts after
+    use; the image does not change."""
+    register("openvino")
+    kw = dict(steps=6, sampler="Euler", seed=8, width=64, height=64, refiner=REFINER, refiner_switch_at=0.6)
+    want = _pipe("tiny-sdxl", "openvino")("a cat", "blurry", **kw)[0]
+    with pipelines.load(DATA / "tiny-sdxl", backend="openvino", low_memory=True) as pipe:
+        got = pipe("a cat", "blurry", **kw)[0]
+        assert pipe.is_low_memory and next(iter(pipe._refiners.values())).is_low_memory
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(("key", "hint"), [("refiner_checkpoint", "pass refiner (a model path"),
+                                           ("denoising_end", "pass refiner and refiner_switch_at")])
+def test_other_libraries_names_point_at_refiner(key: str, hint: str) -> None:
+    register("reference")
+    with pytest.raises(InputError, match=f"unknown argument '{key}'") as err:
+        _pipe("tiny-sdxl", "reference")("a cat", steps=2, **{key: 0.8})
+    assert err.value.fix.startswith(hint)

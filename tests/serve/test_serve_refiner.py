@@ -1,0 +1,81 @@
+"""A1111's ``refiner_checkpoint`` / ``refiner_switch_at`` through the server: tiny-sdxl with tiny-sdxl-refiner (a
+model of the same models folder, named as A1111 names checkpoints) gives the pipeline's own image and writes
+A1111's ``Refiner`` fields; bad values are a 400 naming the field."""
+
+from __future__ import annotations
+
+import base64
+import io
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from serve_helpers import live_server, needs_server
+
+pytestmark = needs_server
+httpx = pytest.importorskip("httpx", reason="httpx is a test dependency: pip install httpx")
+Image = pytest.importorskip("PIL.Image", reason="reading the PNGs needs Pillow")
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    from sdrt.serve import ServeConfig
+
+    root = tmp_path_factory.mktemp("refiner")
+    for name in ("tiny-sdxl", "tiny-sdxl-refiner", "tiny-sd15"):
+        shutil.copytree(DATA / name, root / name)
+    with live_server(ServeConfig(models=root, backend="openvino")) as u:
+        yield u
+
+
+def _txt2img(url: str, status: int = 200, **body) -> dict:
+    r = httpx.post(f"{url}/sdapi/v1/txt2img", json={
+        "prompt": "a red cat", "steps": 10, "seed": 5, "sampler_name": "Euler", "width": 64, "height": 64,
+        "override_settings": {"sd_model_checkpoint": "tiny-sdxl"}, **body}, timeout=300)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def test_refiner_checkpoint_runs_the_refiner_as_the_api_does(url):
+    from backend_helpers import register
+
+    from sdrt import pipelines
+
+    out = _txt2img(url, refiner_checkpoint="tiny-sdxl-refiner", refiner_switch_at=0.7)
+    info = out["info"]
+    assert "Refiner: tiny-sdxl-refiner [" in info and "Refiner switch at: 0.7" in info
+    assert "refiner_checkpoint" not in info.split("sdrt_not_honoured")[-1]
+    got = np.asarray(Image.open(io.BytesIO(base64.b64decode(out["images"][0]))).convert("RGB"))
+    register("openvino")
+    with pipelines.load(DATA / "tiny-sdxl", backend="openvino") as pipe:
+        want = pipe("a red cat", steps=10, seed=5, sampler="Euler", width=64, height=64, cfg=7,
+                    refiner=DATA / "tiny-sdxl-refiner", refiner_switch_at=0.7)[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_refiner_switch_at_alone_changes_nothing(url):
+    """A1111's example payload sends refiner_switch_at 0 with no refiner."""
+    out = _txt2img(url, refiner_switch_at=0, refiner_checkpoint="")
+    assert "Refiner" not in out["info"].split("sdrt_not_honoured")[0]
+
+
+@pytest.mark.parametrize(("body", "field", "words"), [
+    ({"refiner_checkpoint": "tiny-sdxl-refiner", "refiner_switch_at": 1.0}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner_checkpoint": "tiny-sdxl-refiner", "refiner_switch_at": 0}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner_checkpoint": "no-such-refiner"}, "refiner_checkpoint", "no model named"),
+])
+def test_bad_refiner_fields_are_a_400(url, body, field, words):
+    r = httpx.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "a cat", "steps": 2, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert words in r.text and field in r.text
+
+
+def test_the_sdxl_refiner_after_sd15_is_refused(url):
+    r = httpx.post(f"{url}/sdapi/v1/txt2img", json={
+        "prompt": "a cat", "steps": 2, "override_settings": {"sd_model_checkpoint": "tiny-sd15"},
+        "refiner_checkpoint": "tiny-sdxl-refiner"}, timeout=300)
+    assert r.status_code == 400, r.text
+    assert "SDXL refiner model and this model is SD 1.x" in r.text
