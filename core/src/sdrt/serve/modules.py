@@ -109,29 +109,59 @@ def resolve(reg: Registry, name: Any, field: str, vae_only: bool = False) -> Mod
 
 
 # ---------------------------------------------------------------- what a file is
-_KINDS: dict[tuple[Path, float], str] = {}
+_KINDS: dict[tuple[Path, float], tuple[str, str | None]] = {}
 _KINDS_LOCK = threading.Lock()
 
 
-def _kind(entry: ModuleEntry) -> str:
-    """``vae`` or ``text_encoder`` from the file's tensors (headers only, cached); the folder's when the tensors say
-    neither (the pipeline then names what the file is)."""
-    from ..checkpoint.families import PART_KINDS, identify
+def _identify(entry: ModuleEntry) -> tuple[str, str | None]:
+    """``(kind, why)``: the file's part kind from its tensors (headers only, cached by path and mtime; ``unknown``
+    when they say no part), or why it cannot be read."""
+    from ..checkpoint.families import identify
     from ..errors import SdrtError
     from ..weights import Weights
 
-    key = (entry.path, entry.path.stat().st_mtime)
+    try:
+        key = (entry.path, entry.path.stat().st_mtime)
+    except OSError as exc:
+        return "unknown", f"it cannot be read ({exc.strerror})"
     with _KINDS_LOCK:
         if key in _KINDS:
             return _KINDS[key]
     try:
-        kind = identify(Weights.open(entry.path).shapes()).kind
-    except (SdrtError, OSError):
-        kind = "unknown"
-    out = ("vae" if kind.startswith("vae") else "text_encoder") if kind in PART_KINDS else entry.folder
+        out: tuple[str, str | None] = (identify(Weights.open(entry.path).shapes()).kind, None)
+    except SdrtError as exc:
+        out = ("unknown", exc.what.replace(str(entry.path), entry.name))
+    except OSError as exc:
+        out = ("unknown", f"it cannot be read ({exc.strerror})")
     with _KINDS_LOCK:
         _KINDS[key] = out
     return out
+
+
+def _kind(entry: ModuleEntry) -> str:
+    """``vae`` or ``text_encoder`` from the file's tensors; the folder's when the tensors say neither (the pipeline
+    then names what the file is)."""
+    from ..checkpoint.families import PART_KINDS
+
+    kind = _identify(entry)[0]
+    return ("vae" if kind.startswith("vae") else "text_encoder") if kind in PART_KINDS else entry.folder
+
+
+def check_vae_file(entry: ModuleEntry, field: str) -> ModuleEntry:
+    """A VAE file ``sd_vae`` names, checked from its header before it is stored or queued: one that cannot be read,
+    or holds another part, is a 400 naming ``field`` (the VAE in use is unchanged). Whether it fits the model is
+    the pipeline's check, when a job runs."""
+    from ..checkpoint.families import PART_KINDS
+
+    kind, why = _identify(entry)
+    if why is not None:
+        raise ApiError(400, f"{field}: the VAE file {entry.name} cannot be read: {why}; the VAE in use is unchanged "
+                            "(replace the file, or choose another of /sdapi/v1/sd-vae)", field=field)
+    if not kind.startswith("vae") and (kind in PART_KINDS or kind == "checkpoint"):
+        what = PART_KINDS.get(kind) or "a whole model"
+        raise ApiError(400, f"{field}: {entry.name} is {what}, not a VAE; the VAE in use is unchanged (choose a file "
+                            "of /sdapi/v1/sd-vae that holds a VAE)", field=field)
+    return entry
 
 
 def part_only(path: Path) -> bool:
@@ -191,7 +221,7 @@ def check_vae(reg: Registry, value: Any, field: str) -> ModuleEntry | None:
         for word in VAE_AUTO:
             if value.strip().casefold() == word.casefold():
                 return None
-    return resolve(reg, value, field, vae_only=True)
+    return check_vae_file(resolve(reg, value, field, vae_only=True), field)
 
 
 def vae_option(reg: Registry, value: Any) -> str:
@@ -223,5 +253,6 @@ def check_modules(reg: Registry, value: Any, field: str) -> list[ModuleEntry]:
     return out
 
 
-__all__ = ["MAX_MODULES", "ModuleEntry", "VAE_AUTO", "check_modules", "check_vae", "choose", "listing", "part_only",
+__all__ = ["MAX_MODULES", "ModuleEntry", "VAE_AUTO", "check_modules", "check_vae", "check_vae_file", "choose", "listing",
+           "part_only",
            "resolve", "text_encoder_folder", "vae_folder", "vae_option", "vaes"]
