@@ -175,3 +175,41 @@ def test_a_single_files_vae_switches_and_goes_back_to_its_own(vaes, sd1_graphs):
 def sd1_graphs(tmp_path_factory) -> dict[str, Path]:
     return h.stripped(PIPE_FOLDER, ["unet", "text_encoder", "vae_decoder", "vae_encoder"],
                       tmp_path_factory.mktemp("sd1-graphs"))
+
+
+def test_text_encoder_files_switch_on_a_full_size_onnx_folder_and_back(tmp_path):
+    """set_text_encoders / set_part_files on an ONNX folder of SD 1.5's full-size architecture (sdrt's shipped
+    graphs laid out as an Optimum folder; the files are full-size headers, sparse): the text encoder is bound to the
+    file and back to the folder's own, the UNet untouched; both files are checked before either changes."""
+    import json
+    import shutil
+
+    from sdrt.checkpoint import release_tokenizer, shipped_graph
+    from sdrt.graph import Graph
+
+    folder = tmp_path / "sd15-onnx"
+    for part, name in (("unet", "sd1_unet"), ("text_encoder", "clip_l"), ("vae_decoder", "vae4_decoder"),
+                       ("vae_encoder", "vae4_encoder")):
+        (folder / part).mkdir(parents=True)
+        shutil.copyfile(shipped_graph(name), folder / part / "model.onnx")
+    shutil.copytree(release_tokenizer("clip"), folder / "tokenizer")
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+
+    def g(name):
+        return Graph.load(shipped_graph(name))
+
+    clip = h.sparse(tmp_path / "clip_l.safetensors", h.clip_tensors(g("clip_l"), "", sparse=True))
+    vae = h.sparse(tmp_path / "vae.safetensors", h.vae_tensors(g("vae4_decoder"), g("vae4_encoder"), sparse=True))
+    with pipelines.load(folder, backend="reference") as pipe:
+        assert pipe.set_text_encoders([clip]) == ["text_encoder"]
+        assert pipe.text_encoder_files == (clip,) and pipe.vae_file is None
+        bound = pipe.text_encoder.weights
+        assert bound is not None and set(bound) == {t.name for t in pipe.text_encoder.graph.model.graph.initializer}
+        with pytest.raises(SdrtError, match="text_encoders: vae.safetensors is a 4-channel VAE"):
+            pipe.set_part_files(vae=vae, text_encoders=[vae])  # the VAE would fit; nothing changes
+        assert pipe.vae_file is None and pipe.text_encoder_files == (clip,)
+        assert pipe.set_part_files(vae=vae, text_encoders=[clip]) == ["vae_decoder", "vae_encoder"]
+        assert pipe.set_text_encoders([]) == ["text_encoder"]
+        assert pipe.text_encoder_files == () and pipe.vae_file == vae
+        assert pipe.text_encoder.weights is None and pipe.unet.weights is None  # the folder's own again
+        assert all(not p.sessions for p in pipe.parts.values())

@@ -416,3 +416,47 @@ def test_a_vae_switch_sent_while_a_job_runs_waits_for_it(server, models):
         assert _image(out["long"].json()["images"][0]).tobytes() == want_long.tobytes()
         assert _image(r.json()["images"][0]).tobytes() == want_custom.tobytes()
         assert c.get("/sdrt/status").json()["workers"][0]["models_loaded"] == 1
+
+
+def test_the_folder_listing_is_read_again_only_when_a_folder_changes(tmp_path, monkeypatch):
+    """The VAE and text-encoder folders are listed once and kept while no folder's mtime changes (a folder of
+    thousands of files is not walked per request); a file added, renamed or removed, in a subfolder too, shows at the
+    next call, with no refresh. A folder read within 2 s of a change is read again next time (a coarse mtime)."""
+    import os
+
+    from sdrt.serve import modules
+
+    (tmp_path / "VAE" / "sub").mkdir(parents=True)
+    for i in range(3):
+        (tmp_path / "VAE" / f"v{i}.safetensors").write_bytes(b"")
+    reg = Registry(tmp_path)
+    reads = []
+    real = modules._read_files
+    monkeypatch.setattr(modules, "_read_files", lambda folder: reads.append(folder) or real(folder))
+    old = 1_000_000_000  # folders last changed long ago: not racy
+    for d in (tmp_path / "VAE", tmp_path / "VAE" / "sub", tmp_path):
+        os.utime(d, ns=(old, old))
+    modules.forget()
+    assert list(modules.listing(reg)) == ["v0.safetensors", "v1.safetensors", "v2.safetensors"]
+    assert modules.resolve(reg, "V1", "sd_vae", vae_only=True).name == "v1.safetensors"
+    assert len(reads) == 1
+    for _ in range(3):
+        modules.listing(reg)
+    assert len(reads) == 1  # nothing changed: not read again
+    (tmp_path / "VAE" / "sub" / "new.vae.pt").write_bytes(b"")
+    assert "new.vae.pt" in modules.listing(reg) and len(reads) == 2
+    modules.listing(reg)
+    assert len(reads) == 3  # changed just now: read again until its mtime is 2 s old
+    assert modules.resolve(reg, "new.vae", "sd_vae", vae_only=True).name == "new.vae.pt"
+    (tmp_path / "VAE" / "v0.safetensors").unlink()
+    with pytest.raises(Exception, match="no VAE file named 'v0'"):
+        modules.resolve(reg, "v0", "sd_vae", vae_only=True)
+    for d in (tmp_path / "VAE", tmp_path / "VAE" / "sub"):
+        os.utime(d, ns=(old + 1, old + 1))
+    modules.listing(reg)
+    n = len(reads)
+    modules.listing(reg)
+    assert len(reads) == n
+    modules.forget()  # /refresh-vae
+    modules.listing(reg)
+    assert len(reads) == n + 1
