@@ -151,9 +151,10 @@ def test_a_checkpoint_keeps_the_chosen_vae_and_set_vae_none_gives_the_checkpoint
         np.testing.assert_array_equal(decode(pipe), want_ckpt)
 
 
-def test_a_single_files_vae_switches_and_goes_back_to_its_own(vaes, sd1_graphs):
+@pytest.mark.parametrize("backend", ["reference", "openvino"])
+def test_a_single_files_vae_switches_and_goes_back_to_its_own(backend, vaes, sd1_graphs):
     def load(**kw):
-        return pipelines.load(CUSTOM, backend="reference", graph_paths=sd1_graphs,
+        return pipelines.load(CUSTOM, backend=backend, graph_paths=sd1_graphs,
                               tokenizers={"tokenizer": PIPE_FOLDER / "tokenizer"}, **kw)
 
     with load() as ref:
