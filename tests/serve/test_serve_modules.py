@@ -172,7 +172,7 @@ def test_a_vae_by_sd_vae_and_by_forge_additional_modules_gives_the_python_apis_i
         c.post("/sdapi/v1/options", json={"forge_additional_modules": []}).raise_for_status()
         got["override_settings.forge_additional_modules"] = c.post("/sdapi/v1/txt2img", json={
             **JOB, "override_settings": {"forge_additional_modules": ["custom_vae.safetensors"]}}).json()
-        assert c.get("/sdrt/status").json()["workers"][0]["models_loaded"] == 2  # one per (model, VAE), kept warm
+        assert c.get("/sdrt/status").json()["workers"][0]["models_loaded"] == 1  # the VAE swapped on one pipeline
     for how, res in got.items():
         assert np.array_equal(_image(res["images"][0]), python_api["custom"]), how
         info = json.loads(res["info"])
@@ -313,9 +313,150 @@ def test_a_transformer_only_flux_file_with_its_files_plans_on_the_shipped_graphs
         "C:\\EasyDiffusion\\models\\text-encoder\\t5xxl_fp16.safetensors", "clip_l", "/ed/models/vae/ae.safetensors"]},
         notes)
     assert (model.vae, model.text_encoders, notes) == (ae, (t5, clip), [])
-    assert model.key != entry.key and model.module_field == "forge_additional_modules"
+    assert model.key == entry.key and model.module_field == "forge_additional_modules"  # one pipeline per model
     pipe = PipelineSpec(model.path, "reference", vae=model.vae, text_encoders=model.text_encoders).build()
     assert pipe.folder.family == "flux"
     plan = pipe.plan("a red fox", width=256, height=256, steps=4).format()
     assert "guidance [1]" in plan and "input_ids [1, 512]" in plan
     assert all(not p.sessions for p in pipe.parts.values())
+
+
+@needs_server
+def test_switching_the_vae_back_and_forth_keeps_one_pipeline_and_gives_each_vaes_image(server, models, python_api):
+    """A1111 and Forge swap only the VAE: the model's pipeline stays (one per worker, its UNet and text encoder kept
+    compiled), and each switch gives the Python API's image of a pipeline loaded with that VAE, bit for bit."""
+    with _client(server) as c:
+        c.post("/sdapi/v1/options", json={"sd_model_checkpoint": "tiny-sd15", "sd_vae": "Automatic",
+                                          "forge_additional_modules": []}).raise_for_status()
+        for vae in ("custom_vae.safetensors", "Automatic", "custom_vae", "None", "custom_vae.safetensors"):
+            c.post("/sdapi/v1/options", json={"sd_vae": vae}).raise_for_status()
+            r = c.post("/sdapi/v1/txt2img", json=JOB)
+            assert r.status_code == 200, r.text
+            want = python_api["own" if vae in ("Automatic", "None") else "custom"]
+            assert _image(r.json()["images"][0]).tobytes() == want.tobytes(), vae
+        status = c.get("/sdrt/status").json()["workers"][0]
+        assert status["models_loaded"] == 1
+        c.post("/sdapi/v1/options", json={"sd_vae": "Automatic"}).raise_for_status()
+
+
+@needs_server
+def test_a_bad_vae_file_is_one_400_about_sd_vae_and_loses_nothing(server, models, python_api):
+    """A VAE file that cannot be read is refused when it is chosen (the option is not stored); a VAE of another
+    family (16 channels, for Flux) is refused by the job, naming sd_vae; either way the VAE in use stays and the next
+    image is the one before, bit for bit, from the same pipeline."""
+    import sys
+
+    sys.path.insert(0, str(TESTS / "checkpoint"))
+    import single_file_helpers as h
+    from test_open_single_file import _graph_shapes
+
+    folder = models / "VAE"
+    data = (folder / "custom_vae.safetensors").read_bytes()
+    (folder / "broken.safetensors").write_bytes(data[: len(data) // 3])
+    h.sparse(folder / "ae.safetensors", {**_graph_shapes("vae16_decoder"), **_graph_shapes("vae16_encoder")}, "BF16")
+    try:
+        with _client(server) as c:
+            c.post("/sdapi/v1/options", json={"sd_model_checkpoint": "tiny-sd15", "sd_vae": "custom_vae",
+                                              "forge_additional_modules": []}).raise_for_status()
+            before = c.post("/sdapi/v1/txt2img", json=JOB).json()
+            assert _image(before["images"][0]).tobytes() == python_api["custom"].tobytes()
+            for body, field in (({"sd_vae": "broken"}, "sd_vae"),
+                                ({**JOB, "override_settings": {"sd_vae": "broken.safetensors"}},
+                                 "override_settings.sd_vae")):
+                r = c.post("/sdapi/v1/options" if "prompt" not in body else "/sdapi/v1/txt2img", json=body)
+                assert r.status_code == 400, r.text
+                e = r.json()
+                assert e["field"] == field and "broken.safetensors" in e["message"] and "truncated" in e["message"]
+                assert "\n" not in e["message"] and str(models) not in e["message"]
+            assert c.get("/sdapi/v1/options").json()["sd_vae"] == "custom_vae.safetensors"  # not stored
+            c.post("/sdapi/v1/options", json={"sd_vae": "ae.safetensors"}).raise_for_status()  # a VAE, of Flux
+            r = c.post("/sdapi/v1/txt2img", json=JOB)
+            assert r.status_code == 400, r.text
+            e = r.json()
+            assert e["field"] == "sd_vae" and "ae.safetensors" in e["message"] and "16-channel" in e["message"], e
+            assert "sd_vae" in e["message"] and "\n" not in e["message"] and str(models) not in e["message"]
+            c.post("/sdapi/v1/options", json={"sd_vae": "custom_vae"}).raise_for_status()
+            after = c.post("/sdapi/v1/txt2img", json=JOB).json()
+            assert _image(after["images"][0]).tobytes() == python_api["custom"].tobytes()
+            assert c.get("/sdrt/status").json()["workers"][0]["models_loaded"] == 1
+            c.post("/sdapi/v1/options", json={"sd_vae": "Automatic"}).raise_for_status()
+    finally:
+        for name in ("broken.safetensors", "ae.safetensors"):
+            (folder / name).unlink()
+
+
+@needs_server
+def test_a_vae_switch_sent_while_a_job_runs_waits_for_it(server, models):
+    """A request with another VAE, sent while a long job runs, is served after it on the same pipeline: the running
+    job's image is the Python API's with the VAE it started with."""
+    import threading
+    import time
+
+    from sdrt import pipelines
+
+    long_job = {**JOB, "steps": 40, "seed": 11}
+    kw = dict(steps=40, cfg=JOB["cfg_scale"], sampler=JOB["sampler_name"], seed=11, width=64, height=64)
+    with pipelines.load(FOLDER, backend="openvino") as pipe:
+        want_long = pipe(JOB["prompt"], JOB["negative_prompt"], **kw)[0]
+    with pipelines.load(FOLDER, backend="openvino", vae=models / "VAE" / "custom_vae.safetensors") as pipe:
+        want_custom = pipe(JOB["prompt"], JOB["negative_prompt"], **{**kw, "steps": 3, "seed": 7})[0]
+    with _client(server) as c:
+        c.post("/sdapi/v1/options", json={"sd_model_checkpoint": "tiny-sd15", "sd_vae": "Automatic",
+                                          "forge_additional_modules": []}).raise_for_status()
+        out = {}
+        first = threading.Thread(target=lambda: out.setdefault("long", c.post("/sdapi/v1/txt2img", json=long_job)))
+        first.start()
+        deadline = time.time() + 60
+        while c.get("/sdapi/v1/progress?skip_current_image=true").json()["state"]["sampling_step"] < 1:
+            assert time.time() < deadline and first.is_alive()
+            time.sleep(0.01)
+        r = c.post("/sdapi/v1/txt2img", json={**JOB, "override_settings": {"sd_vae": "custom_vae"}})
+        first.join(60)
+        assert r.status_code == 200 and out["long"].status_code == 200
+        assert _image(out["long"].json()["images"][0]).tobytes() == want_long.tobytes()
+        assert _image(r.json()["images"][0]).tobytes() == want_custom.tobytes()
+        assert c.get("/sdrt/status").json()["workers"][0]["models_loaded"] == 1
+
+
+def test_the_folder_listing_is_read_again_only_when_a_folder_changes(tmp_path, monkeypatch):
+    """The VAE and text-encoder folders are listed once and kept while no folder's mtime changes (a folder of
+    thousands of files is not walked per request); a file added, renamed or removed, in a subfolder too, shows at the
+    next call, with no refresh. A folder read within 2 s of a change is read again next time (a coarse mtime)."""
+    import os
+
+    from sdrt.serve import modules
+
+    (tmp_path / "VAE" / "sub").mkdir(parents=True)
+    for i in range(3):
+        (tmp_path / "VAE" / f"v{i}.safetensors").write_bytes(b"")
+    reg = Registry(tmp_path)
+    reads = []
+    real = modules._read_files
+    monkeypatch.setattr(modules, "_read_files", lambda folder: reads.append(folder) or real(folder))
+    old = 1_000_000_000  # folders last changed long ago: not racy
+    for d in (tmp_path / "VAE", tmp_path / "VAE" / "sub", tmp_path):
+        os.utime(d, ns=(old, old))
+    modules.forget()
+    assert list(modules.listing(reg)) == ["v0.safetensors", "v1.safetensors", "v2.safetensors"]
+    assert modules.resolve(reg, "V1", "sd_vae", vae_only=True).name == "v1.safetensors"
+    assert len(reads) == 1
+    for _ in range(3):
+        modules.listing(reg)
+    assert len(reads) == 1  # nothing changed: not read again
+    (tmp_path / "VAE" / "sub" / "new.vae.pt").write_bytes(b"")
+    assert "new.vae.pt" in modules.listing(reg) and len(reads) == 2
+    modules.listing(reg)
+    assert len(reads) == 3  # changed just now: read again until its mtime is 2 s old
+    assert modules.resolve(reg, "new.vae", "sd_vae", vae_only=True).name == "new.vae.pt"
+    (tmp_path / "VAE" / "v0.safetensors").unlink()
+    with pytest.raises(Exception, match="no VAE file named 'v0'"):
+        modules.resolve(reg, "v0", "sd_vae", vae_only=True)
+    for d in (tmp_path / "VAE", tmp_path / "VAE" / "sub"):
+        os.utime(d, ns=(old + 1, old + 1))
+    modules.listing(reg)
+    n = len(reads)
+    modules.listing(reg)
+    assert len(reads) == n
+    modules.forget()  # /refresh-vae
+    modules.listing(reg)
+    assert len(reads) == n + 1

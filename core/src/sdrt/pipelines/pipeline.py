@@ -7,8 +7,8 @@ Data flow: model folder -> ``Part`` graphs -> ``sdrt.load`` sessions (one per st
 interruption, the run plan (:meth:`Pipeline.plan`) and the PNG settings.
 
 Threads: one pipeline runs one job at a time. ``generate``, ``__call__``, ``plan`` and the weight calls
-(``set_loras``, ``load_weights``, ``add_embedding``) hold the pipeline's lock, so a second thread waits for the
-first job to end (``close`` interrupts it first; from the job's own step callback these are refused); ``interrupt()`` may be called
+(``set_loras``, ``load_weights``, ``add_embedding``, ``set_vae``, ``set_text_encoders``) hold the pipeline's lock, so
+a second thread waits for the first job to end (``close`` interrupts it first; from the job's own step callback these are refused); ``interrupt()`` may be called
 from any thread and stops the running job after its current step with ``sdrt.errors.Interrupted``
 (a step callback that returns ``False`` does the same). Nothing is returned from a stopped job.
 
@@ -268,6 +268,48 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         Waits for a running job to end (the weights never change under one)."""
         with self._job("add_embedding()"):
             return self.weights.add_embeddings(paths)
+
+    def set_vae(self, vae: str | os.PathLike[str] | None) -> list[str]:
+        """Run the VAE of this file from now on (``None``: the model's own), as ``pipelines.load(model, vae=...)``
+        would: the UNet or transformer and the text encoders stay loaded, only the VAE parts are bound again (their
+        next run compiles them). The file is checked before anything changes: a file that is no VAE, or of another
+        family or widths, raises and leaves the VAE in use. Waits for a running job to end. Returns the parts that
+        changed (none when the file already runs)."""
+        return self.set_part_files(vae=vae)
+
+    def set_text_encoders(self, text_encoders: Any) -> list[str]:
+        """Run these text-encoder files from now on (each fills the part its tensors say; ``[]``: the model's
+        own), as ``pipelines.load(model, text_encoders=...)`` would, keeping the other parts loaded. Checked before
+        anything changes; waits for a running job to end. Returns the parts that changed."""
+        return self.set_part_files(text_encoders=text_encoders)
+
+    def set_part_files(self, **files: Any) -> list[str]:
+        """``set_vae`` and ``set_text_encoders`` at once (``vae=``, ``text_encoders=``; one left out keeps what
+        runs): both are checked before either changes."""
+        from .singlefile import set_part_files
+
+        unknown = sorted(set(files) - {"vae", "text_encoders"})
+        if unknown:
+            raise InputError(f"set_part_files() takes no keyword {', '.join(unknown)}", where=unknown[0],
+                             fix="pass {@vae=} and/or {@text_encoders=}")
+        _part_files(files.get("vae"), files.get("text_encoders"))  # the types, in the caller's words
+        with self._job("set_vae()" if set(files) == {"vae"} else "set_part_files()"):
+            return set_part_files(self, **files)
+
+    @property
+    def vae_file(self) -> Path | None:
+        """The separate VAE file the pipeline runs (``vae=``, ``set_vae``), or None for the model's own."""
+        if self._weight_state is not None:
+            return self._weight_state.part_files.get("vae_decoder") or self._weight_state.part_files.get("vae_encoder")
+        return self.folder.vae_file
+
+    @property
+    def text_encoder_files(self) -> tuple[Path, ...]:
+        """The separate text-encoder files the pipeline runs (``text_encoders=``, ``set_text_encoders``)."""
+        if self._weight_state is None:
+            return ()
+        return tuple(dict.fromkeys(f for p, f in sorted(self._weight_state.part_files.items())
+                                   if p.startswith("text_encoder")))
 
     def _weights_changed(self, part: str) -> None:
         if self._prompts is not None:
@@ -876,7 +918,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             info["Schedule type"] = schedule
         info.update({"CFG scale": _num(s.cfg), "Seed": seed, "Size": f"{s.width}x{s.height}",
                      "Model hash": self.model_hash, "Model": self.folder.name})
-        if self.folder.vae_file is not None:
+        if self._weight_state is None and self.folder.vae_file is not None:  # else the weight state names it
             from .weights import vae_infotext
 
             info.update(vae_infotext(self.folder.vae_file))
@@ -978,7 +1020,7 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     release (a reduced or test model on ``graph_paths``), with text-encoder files matched to those graphs.
     """
     from ..runtime import select
-    from .singlefile import bind_part_files, folder_from_file, is_single_file
+    from .singlefile import bind_part_files, folder_from_file, is_single_file, note_part_files
 
     # resolved once (a wrong name fails now, before any file is read); every part compiles on this device
     be, dev = select(backend, device)
@@ -987,7 +1029,10 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if is_single_file(model):
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
                                   prediction=prediction, family=family)
-        return Pipeline(folder, backend=be.name, device=dev, **options)
+        pipe = Pipeline(folder, backend=be.name, device=dev, **options)
+        if vae is not None or text_encoders:
+            note_part_files(pipe, [*([vae] if vae is not None else []), *text_encoders])
+        return pipe
     from ..checkpoint.diffusers_folder import is_diffusers_folder
 
     if is_diffusers_folder(model):  # .safetensors parts and no ONNX: onto the shipped graphs

@@ -35,8 +35,8 @@ PathLike = str | os.PathLike[str]
 #: a pipeline family -> a checkpoint family with its parts (which encoder kind each text part is)
 _PARTS_OF = {"sd1": "sd1", "sd2": "sd2", "sdxl": "sdxl", "sdxl-refiner": "sdxl-refiner", "sd3": "sd35-medium", "flux": "flux-dev", "chroma": "chroma"}
 
-__all__ = ["PartFile", "bind_part_files", "check_part_file", "denoiser_graph", "folder_from_file", "is_single_file",
-           "missing_parts", "release_tokenizer"]
+__all__ = ["MAIN_FILE", "PartFile", "bind_part_files", "check_part_file", "denoiser_graph", "folder_from_file",
+           "is_single_file", "missing_parts", "note_part_files", "release_tokenizer", "set_part_files"]
 
 
 def is_single_file(path: object) -> bool:
@@ -175,12 +175,21 @@ def _unidentified(path: PathLike) -> bool:
 def bind_part_files(pipe: Pipeline, vae: PathLike | None = None, text_encoders: Iterable[PathLike] = ()) -> list[str]:
     """Replace the weights of the folder's VAE / text encoders with those files (through ``WeightState``,
     so LoRAs and embeddings apply on top). Everything is checked before anything changes. Returns the parts."""
+    encoders = [text_encoders] if isinstance(text_encoders, (str, os.PathLike)) else list(text_encoders)
+    planned, files = _plan_files(pipe, vae, encoders)
+    _bind_planned(pipe, planned, {p: f.path for f in files for p in f.parts if p in planned})
+    return sorted(planned)
+
+
+def _plan_files(pipe: Pipeline, vae: PathLike | None, encoders: list[PathLike]
+                ) -> tuple[dict[str, dict[str, Any]], list[PartFile]]:
+    """``({part: {initializer: TensorRef}}, files)`` of the files bound onto the pipeline's own graphs, every file
+    checked (its kind, then every tensor's name and shape) before anything changes."""
     from ..checkpoint.files import part_file_refs
     from ..errors import WeightsError
 
     fam = _PARTS_OF[pipe.family.name]
     label = pipe.family.label
-    encoders = [text_encoders] if isinstance(text_encoders, (str, os.PathLike)) else list(text_encoders)
     files = ([check_part_file(vae, "vae", fam, label)] if vae is not None else []) + \
         [check_part_file(t, "text_encoders", fam, label) for t in encoders]
     state = pipe.weights
@@ -195,12 +204,118 @@ def bind_part_files(pipe: Pipeline, vae: PathLike | None = None, text_encoders: 
                                f"{', '.join(parts)}: {exc.what}", where=str(pf.path),
                                fix="pass the file that belongs to this model (the same architecture and widths)"
                                ) from exc
+    return planned, files
+
+
+#: ``WeightState.own_base`` of a part that a file given to ``pipelines.load`` filled on a single file: its own
+#: weights (if the file holds that part) are read from the file again when the part goes back to them
+MAIN_FILE = "main file"
+_KEEP: Any = object()
+
+
+def _bind_planned(pipe: Pipeline, planned: Mapping[str, Mapping[str, Any] | None], files: Mapping[str, Path | None],
+                  ) -> None:
+    """Bind each part's planned weights (None: the model's own again) and record which file fills it."""
+    state = pipe.weights
     for part, refs in planned.items():
-        state.base[part] = dict(refs)
+        if part not in state.part_files:  # the model's own weights for it, to go back to (a checkpoint's, or none)
+            state.own_base[part] = state.base.get(part)
+        if refs is None:
+            own = state.own_base.pop(part, None)
+            if own is None:
+                state.base.pop(part, None)
+            else:
+                state.base[part] = dict(own)
+        else:
+            state.base[part] = dict(refs)
+        if files.get(part) is None:
+            state.part_files.pop(part, None)
+        else:
+            state.part_files[part] = Path(files[part])  # type: ignore[arg-type]
     if planned:
-        state.part_files.update({p: f.path for f in files for p in f.parts if p in planned})
+        if state.embeddings and any(p.startswith("text_encoder") for p in planned):
+            state._write_embeddings()  # the new token table gets the embedding rows again
         state._apply(set(planned))
-    return sorted(planned)
+
+
+def note_part_files(pipe: Pipeline, files: Iterable[PathLike]) -> None:
+    """On a pipeline of a single file opened with separate files (``pipelines.load(FILE, vae=, text_encoders=)``):
+    record which parts those files fill, so ``set_part_files`` knows what runs and what the model's own is."""
+    opened = pipe.folder.single_file
+    given = {Path(f) for f in files}
+    if opened is None or not given:
+        return
+    state = pipe.weights
+    for part, f in opened.files.items():
+        if Path(f) in given and part in pipe.parts:
+            state.part_files[part] = Path(f)
+            state.own_base[part] = MAIN_FILE
+
+
+def _own_of_main(pipe: Pipeline, parts: list[str], arg: str) -> dict[str, dict[str, Any]]:
+    """The main file's own weights of ``parts`` (a single file whose parts came from separate files at load)."""
+    from ..checkpoint.files import open_single_file
+
+    opened = pipe.folder.single_file
+    assert opened is not None
+    try:
+        own = open_single_file(opened.path, parts=parts, graph_paths={p: opened.parts[p][0] for p in parts})
+    except SdrtError as exc:
+        what = "VAE" if arg == "vae" else "text encoder"
+        raise ModelError(f"{{@{arg}}}: {opened.path.name} holds no {what} of its own ({exc.what})",
+                         where=str(opened.path),
+                         fix=f"pass a {what} file for it" + (" ({@vae}=FILE)" if arg == "vae" else
+                                                            " ({@text_encoders}=[FILE, ...])")) from exc
+    return {p: {n: w.ref(n) for n in w} for p, (_, w) in own.parts.items() if p in parts}
+
+
+def set_part_files(pipe: Pipeline, vae: PathLike | None = _KEEP, text_encoders: Any = _KEEP) -> list[str]:
+    """Which separate files fill a loaded pipeline's VAE and text encoders from now on, as ``pipelines.load(model,
+    vae=, text_encoders=)`` would have them: ``vae`` a file, or None for the model's own VAE; ``text_encoders`` a
+    list of files (each fills the part its tensors say; a text encoder no file names runs the model's own again).
+    An argument left out keeps what runs. Every file is checked before anything changes; a part whose file changes
+    has its sessions closed, so its next run compiles with the new weights, as a pipeline loaded with that file
+    does (bit for bit); the other parts (the UNet or transformer) keep theirs. Returns the parts that changed."""
+    state = pipe.weights
+    vae_parts = [p for p in pipe.parts if p.startswith("vae")]
+    text_parts = [p for p in pipe.parts if p.startswith("text_encoder")]
+    wanted: dict[str, Path | None] = {}
+    vae_file = None if vae is _KEEP else vae
+    encoders = [] if text_encoders is _KEEP or text_encoders is None else (
+        [text_encoders] if isinstance(text_encoders, (str, os.PathLike)) else list(text_encoders))
+    planned, files = _plan_files(pipe, vae_file, encoders)  # checks every file first
+    by_file = {p: f.path for f in files for p in f.parts if p in planned}
+    if vae is not _KEEP:
+        wanted.update({p: by_file.get(p) for p in vae_parts})
+    if text_encoders is not _KEEP:
+        wanted.update({p: by_file.get(p) for p in text_parts})
+    changed = {p: f for p, f in wanted.items() if state.part_files.get(p) != (Path(f) if f is not None else None)}
+    todo: dict[str, Mapping[str, Any] | None] = {p: planned[p] for p, f in changed.items() if f is not None}
+    back = [p for p, f in changed.items() if f is None]
+    main = [p for p in back if state.own_base.get(p) == MAIN_FILE]
+    if main:
+        for arg, group in (("vae", [p for p in main if p in vae_parts]), ("text_encoders", [p for p in main
+                                                                                             if p in text_parts])):
+            if group:
+                todo.update(_own_of_main(pipe, group, arg))
+    for p in back:
+        if p not in todo:
+            todo[p] = None
+    if not todo:
+        return []
+    for p in todo:  # closed: the next run compiles with the new weights, as a freshly loaded pipeline does
+        part = pipe.parts[p]
+        part.close()
+        part.weights = part.default_weights
+        default = part.default_weights
+        part.weights_factory = None if default is None else (lambda default=default: default)
+        state._lora_parts.discard(p)
+    _bind_planned(pipe, todo, {p: changed[p] for p in todo})
+    for p in main:  # the main file's own weights are its base now, as any model's own
+        state.own_base.pop(p, None)
+    log.info("%s: %s", pipe.folder.name, ", ".join(f"{p} {'from ' + changed[p].name if changed[p] else 'own'}"
+                                                    for p in sorted(todo)))
+    return sorted(todo)
 
 
 # -- ControlNet on a single file ----------------------------------------------------------------------

@@ -100,6 +100,9 @@ class WeightState:
     _cache: dict[Path, Lora] = field(default_factory=dict)
     #: separate files bound onto parts (``vae=`` / ``text_encoders=`` on an ONNX folder): part -> file
     part_files: dict[str, Path] = field(default_factory=dict)
+    #: part -> the base a separate file replaced (the model's own weights for it: a checkpoint's, or None for the
+    #: graph's or single file's own), bound again when the part goes back to them (``Pipeline.set_vae(None)``)
+    own_base: dict[str, Any] = field(default_factory=dict)
     #: parts running merged LoRA weights now
     _lora_parts: set[str] = field(default_factory=set)
     #: part -> whether its base weights (no LoRA) last ran freshly compiled (else rebound on live sessions)
@@ -155,7 +158,8 @@ class WeightState:
     # -- checkpoints ------------------------------------------------------------
     def load_checkpoint(self, path: str | os.PathLike[str] | Checkpoint) -> Checkpoint:
         """Bind a single-file checkpoint (or diffusers folder) to every part; active LoRAs and
-        embeddings are applied again on top. Checked for every part before anything changes."""
+        embeddings are applied again on top, and a part a separate VAE / text-encoder file fills keeps that file.
+        Checked for every part before anything changes."""
         from ..checkpoint import Checkpoint
 
         if not isinstance(path, (str, os.PathLike, Checkpoint)):
@@ -166,7 +170,10 @@ class WeightState:
         parts = self._parts()
         arrays = ckpt.lazy({name: self._graph(name) for name in parts})  # read on use: nothing held
         for name, arr in arrays.items():
-            self.base[name] = dict(arr)
+            if name in self.part_files:  # a separate VAE / text-encoder file stays: the checkpoint's is its own now
+                self.own_base[name] = dict(arr)
+            else:
+                self.base[name] = dict(arr)
         self.checkpoint = ckpt
         if self.embeddings:  # the new token table gets the embedding rows again
             self._write_embeddings()

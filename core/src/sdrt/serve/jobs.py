@@ -3,7 +3,8 @@
 A job is one A1111/OpenAI request: ``n_iter`` runs of ``batch`` images. Workers take jobs in
 arrival order from one shared queue, so several devices share the load. Each worker builds its
 own pipeline per model (from a :class:`PipelineSpec`) the first time a job asks for it and keeps
-the ``keep`` most recent ones; a pipeline is only ever used by the worker that built it.
+the ``keep`` most recent ones; the VAE and text-encoder files a job chooses are swapped on the model's
+pipeline; a pipeline is only ever used by the worker that built it.
 Progress is kept per job; an interrupt ends the running job at its next step, a skip ends the
 current run of a job and goes on with the next.
 """
@@ -11,6 +12,7 @@ current run of a job and goes on with the next.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import queue
 import re
@@ -172,7 +174,9 @@ def _module_error(model: ModelEntry, exc: SdrtError) -> ApiError:
     another family, of other widths, a part still missing); never a server path."""
     from ..errors import _render
 
-    names = {"vae": "sd_vae or forge_additional_modules", "text_encoders": "forge_additional_modules"}
+    field = model.module_field or ""
+    names = {"vae": field if field.endswith("sd_vae") else "sd_vae or forge_additional_modules",
+             "text_encoders": "forge_additional_modules"}
     what = _render(exc.what, names)
     fix = _render(exc.fix, names) if getattr(exc, "fix", None) else None
     for path in (model.vae, *model.text_encoders, model.path, model.weights):
@@ -195,26 +199,44 @@ class Worker(threading.Thread):
         self.spec_for = spec_for
         self.keep = max(keep, 1)
         self.pipes: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        #: the VAE and text-encoder files bound on each pipeline now (ModelEntry.files)
+        self.files: dict[str, tuple[Any, tuple[Any, ...]]] = {}
         self.current: Job | None = None
         self.done = 0
 
     def pipeline(self, model: ModelEntry) -> Any:
+        """The model's pipeline, with the VAE and text-encoder files the request chose bound. One pipeline per
+        model: another choice of files swaps them on it (``Pipeline.set_part_files``: only those parts compile
+        again), as A1111 and Forge swap the VAE, so a client switching VAEs holds one UNet, not one per VAE. A file
+        the model refuses is a 400 naming the request's field, and the pipeline keeps the files it had."""
         key = model.key
         if key in self.pipes:
             self.pipes.move_to_end(key)
-            return self.pipes[key]
-        try:
-            pipe = self.spec_for(model, self.device).build()
-        except SdrtError as exc:
-            if model.module_field is not None:  # a VAE / text encoder the request chose that this model refuses
+            pipe = self.pipes[key]
+        else:
+            # a model that runs on its own loads without the chosen files (a refused file then costs no load); a
+            # transformer-only file needs them to load at all
+            own = model if model.needs else dataclasses.replace(model, vae=None, text_encoders=(), module_field=None)
+            try:
+                pipe = self.spec_for(own, self.device).build()
+            except SdrtError as exc:
+                if own.module_field is not None:  # a VAE / text encoder the request chose that this model refuses
+                    raise _module_error(model, exc) from exc
+                if isinstance(exc, WeightsError):  # a checkpoint of another architecture than its base folder
+                    raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}") from exc
+                raise
+            self.pipes[key] = pipe
+            self.files[key] = own.files
+            while len(self.pipes) > self.keep:
+                old_key, old = self.pipes.popitem(last=False)
+                self.files.pop(old_key, None)
+                old.close()
+        if self.files.get(key) != model.files:
+            try:  # checked before anything changes: a refused file leaves the pipeline as it was
+                pipe.set_part_files(vae=model.vae, text_encoders=list(model.text_encoders))
+            except SdrtError as exc:
                 raise _module_error(model, exc) from exc
-            if isinstance(exc, WeightsError):  # a checkpoint of another architecture than its base folder
-                raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}") from exc
-            raise
-        self.pipes[key] = pipe
-        while len(self.pipes) > self.keep:
-            _, old = self.pipes.popitem(last=False)
-            old.close()
+            self.files[key] = model.files
         return pipe
 
     def run(self) -> None:

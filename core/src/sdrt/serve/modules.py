@@ -11,7 +11,9 @@ to a file this server does not list, or one with ``..``, is a 400 naming the fie
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,12 +39,62 @@ class ModuleEntry:
     folder: str
 
 
+# ---------------------------------------------------------------- folder listings, cached on the folders' mtimes
+#: a folder changed less than this long before it was read may change again within its mtime's granularity
+#: (2 s on FAT, 1 s on ext3 and some network file systems): read it again next time (git's "racy" rule)
+_RACY_NS = 2_000_000_000
+
+
+@dataclass
+class _Scan:
+    dirs: dict[str, int]     # every folder read -> its mtime (ns) when read
+    value: Any
+    racy: bool
+
+
+_SCANS: dict[tuple[str, str], _Scan] = {}
+_SCANS_LOCK = threading.Lock()
+
+
+def _cached(kind: str, folder: Path, read: Any) -> Any:
+    """``read(folder)`` -> ``(value, dirs)``, kept until one of ``dirs`` (the folders it read) has another mtime: a
+    file added, removed or renamed in any of them shows at the next request, with no refresh; otherwise no folder of
+    thousands of files is walked per request."""
+    key = (kind, str(folder))
+    with _SCANS_LOCK:
+        scan = _SCANS.get(key)
+    if scan is not None and not scan.racy:
+        try:
+            if all(os.stat(d).st_mtime_ns == m for d, m in scan.dirs.items()):
+                return scan.value
+        except OSError:
+            pass
+    started = time.time_ns()
+    value, dirs = read(folder)
+    racy = any(started - m < _RACY_NS for m in dirs.values())
+    with _SCANS_LOCK:
+        _SCANS[key] = _Scan(dirs, value, racy)
+    return value
+
+
+def forget() -> None:
+    """Drop the cached listings (``/refresh-vae``: the folders are read again, whatever their mtimes say)."""
+    with _SCANS_LOCK:
+        _SCANS.clear()
+
+
+def _read_subfolder(models: Path, name: str) -> tuple[Path | None, dict[str, int]]:
+    dirs = {str(models): os.stat(models).st_mtime_ns}
+    found = next((p for p in sorted(models.iterdir()) if p.is_dir() and p.name.casefold() == name.casefold()
+                  and not (p / "model_index.json").is_file()), None)
+    return found, dirs
+
+
 def _subfolder(models: Path | None, name: str) -> Path | None:
     """The models folder's ``name`` folder (any case), if there is one and it is no model folder."""
     if models is None or not models.is_dir():
         return None
-    return next((p for p in sorted(models.iterdir()) if p.is_dir() and p.name.casefold() == name.casefold()
-                 and not (p / "model_index.json").is_file()), None)
+    return _cached(f"sub:{name}", models, lambda m: _read_subfolder(m, name))
 
 
 def vae_folder(reg: Registry) -> Path | None:
@@ -57,16 +109,69 @@ def text_encoder_folder(reg: Registry) -> Path | None:
 _SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 
 
-def listing(reg: Registry) -> dict[str, ModuleEntry]:
-    """Every VAE, then every text encoder, by file name, read from the folders now."""
-    found: dict[str, ModuleEntry] = {}
-    for kind, folder in (("vae", vae_folder(reg)), ("text_encoder", text_encoder_folder(reg))):
-        if folder is None or not folder.is_dir():
+def _read_files(folder: Path) -> tuple[list[Path], dict[str, int]]:
+    """The folder's VAE / text-encoder files, subfolders included (not followed through links, as ``rglob``),
+    sorted by path; and every folder read, with its mtime (taken before it is listed)."""
+    files: list[Path] = []
+    dirs: dict[str, int] = {}
+    todo = [str(folder)]
+    while todo:
+        d = todo.pop()
+        try:
+            dirs[d] = os.stat(d).st_mtime_ns
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        todo.append(e.path)
+                    elif os.path.splitext(e.name)[1].lower() in _SUFFIXES and not e.name.startswith(".") and e.is_file():
+                        files.append(Path(e.path))
+        except OSError:  # a folder removed or unreadable while read: as rglob, what is there
             continue
-        for p in sorted(folder.rglob("*")):
-            if p.suffix.lower() in _SUFFIXES and p.is_file() and not p.name.startswith("."):
-                found.setdefault(p.name, ModuleEntry(p.name, p, kind))
-    return found
+    return sorted(files), dirs
+
+
+@dataclass
+class _Listing:
+    sources: tuple[Any, ...]                   # the cached file lists it was built from (compared by identity)
+    found: dict[str, ModuleEntry]
+    #: (vae_only) -> {name: entry}, {name or stem in any case: first entry}, for resolve
+    index: dict[bool, tuple[dict[str, ModuleEntry], dict[str, ModuleEntry]]]
+
+
+_LAST: list[_Listing] = []
+
+
+def _listing(reg: Registry) -> _Listing:
+    sources: list[Any] = []
+    for kind, folder in (("vae", vae_folder(reg)), ("text_encoder", text_encoder_folder(reg))):
+        if folder is not None and folder.is_dir():
+            sources.append((kind, _cached("files", folder, _read_files)))
+    last = _LAST[0] if _LAST else None
+    if last is not None and len(last.sources) == len(sources) and all(
+            a[0] == b[0] and a[1] is b[1] for a, b in zip(last.sources, sources)):
+        return last
+    found: dict[str, ModuleEntry] = {}
+    for kind, files in sources:
+        for p in files:
+            found.setdefault(p.name, ModuleEntry(p.name, p, kind))
+    index = {}
+    for vae_only in (False, True):
+        have = {k: e for k, e in found.items() if e.folder == "vae" or not vae_only}
+        folded: dict[str, ModuleEntry] = {}
+        for e in have.values():
+            for key in (e.name.casefold(), e.path.stem.casefold()):
+                folded.setdefault(key, e)
+        index[vae_only] = (have, folded)
+    out = _Listing(tuple(sources), found, index)
+    with _SCANS_LOCK:
+        _LAST[:] = [out]
+    return out
+
+
+def listing(reg: Registry) -> dict[str, ModuleEntry]:
+    """Every VAE, then every text encoder, by file name. The folders are read again when one of them changed
+    (its mtime: a file added, removed or renamed), so a new file shows without a refresh."""
+    return dict(_listing(reg).found)
 
 
 def vaes(reg: Registry) -> list[ModuleEntry]:
@@ -89,19 +194,17 @@ def resolve(reg: Registry, name: Any, field: str, vae_only: bool = False) -> Mod
     if not isinstance(name, str):
         raise ApiError(422, f"{field} must be a string (a file name from /sdapi/v1/{'sd-vae' if vae_only else 'sd-modules'}"
                             f"), got {type(name).__name__}", field=field)
-    have = {k: e for k, e in listing(reg).items() if e.folder == "vae" or not vae_only}
+    have, folded = _listing(reg).index[vae_only]
     text = name.strip()
     parts = text.replace("\\", "/").split("/")
     if ".." in parts:
         raise ApiError(400, f"{field}: {name[:200]!r} is a path; name a file of this server's "
                             f"{'VAE' if vae_only else 'VAE or text-encoder'} folder", field=field)
     last = parts[-1].casefold()
-    for e in have.values():
-        if text == e.name:
-            return e
-    for e in have.values():
-        if last in (e.name.casefold(), e.path.stem.casefold()):
-            return e
+    if text in have:  # the exact name first, then the first file whose name or stem it is in any case
+        return have[text]
+    if last in folded:
+        return folded[last]
     what = "VAE files" if vae_only else "VAE and text-encoder files"
     choices = ", ".join(have) or "none"
     raise ApiError(400, f"{field}: no {'VAE' if vae_only else 'VAE or text-encoder'} file named {name[:200]!r}; "
@@ -109,29 +212,59 @@ def resolve(reg: Registry, name: Any, field: str, vae_only: bool = False) -> Mod
 
 
 # ---------------------------------------------------------------- what a file is
-_KINDS: dict[tuple[Path, float], str] = {}
+_KINDS: dict[tuple[Path, float], tuple[str, str | None]] = {}
 _KINDS_LOCK = threading.Lock()
 
 
-def _kind(entry: ModuleEntry) -> str:
-    """``vae`` or ``text_encoder`` from the file's tensors (headers only, cached); the folder's when the tensors say
-    neither (the pipeline then names what the file is)."""
-    from ..checkpoint.families import PART_KINDS, identify
+def _identify(entry: ModuleEntry) -> tuple[str, str | None]:
+    """``(kind, why)``: the file's part kind from its tensors (headers only, cached by path and mtime; ``unknown``
+    when they say no part), or why it cannot be read."""
+    from ..checkpoint.families import identify
     from ..errors import SdrtError
     from ..weights import Weights
 
-    key = (entry.path, entry.path.stat().st_mtime)
+    try:
+        key = (entry.path, entry.path.stat().st_mtime)
+    except OSError as exc:
+        return "unknown", f"it cannot be read ({exc.strerror})"
     with _KINDS_LOCK:
         if key in _KINDS:
             return _KINDS[key]
     try:
-        kind = identify(Weights.open(entry.path).shapes()).kind
-    except (SdrtError, OSError):
-        kind = "unknown"
-    out = ("vae" if kind.startswith("vae") else "text_encoder") if kind in PART_KINDS else entry.folder
+        out: tuple[str, str | None] = (identify(Weights.open(entry.path).shapes()).kind, None)
+    except SdrtError as exc:
+        out = ("unknown", exc.what.replace(str(entry.path), entry.name))
+    except OSError as exc:
+        out = ("unknown", f"it cannot be read ({exc.strerror})")
     with _KINDS_LOCK:
         _KINDS[key] = out
     return out
+
+
+def _kind(entry: ModuleEntry) -> str:
+    """``vae`` or ``text_encoder`` from the file's tensors; the folder's when the tensors say neither (the pipeline
+    then names what the file is)."""
+    from ..checkpoint.families import PART_KINDS
+
+    kind = _identify(entry)[0]
+    return ("vae" if kind.startswith("vae") else "text_encoder") if kind in PART_KINDS else entry.folder
+
+
+def check_vae_file(entry: ModuleEntry, field: str) -> ModuleEntry:
+    """A VAE file ``sd_vae`` names, checked from its header before it is stored or queued: one that cannot be read,
+    or holds another part, is a 400 naming ``field`` (the VAE in use is unchanged). Whether it fits the model is
+    the pipeline's check, when a job runs."""
+    from ..checkpoint.families import PART_KINDS
+
+    kind, why = _identify(entry)
+    if why is not None:
+        raise ApiError(400, f"{field}: the VAE file {entry.name} cannot be read: {why}; the VAE in use is unchanged "
+                            "(replace the file, or choose another of /sdapi/v1/sd-vae)", field=field)
+    if not kind.startswith("vae") and (kind in PART_KINDS or kind == "checkpoint"):
+        what = PART_KINDS.get(kind) or "a whole model"
+        raise ApiError(400, f"{field}: {entry.name} is {what}, not a VAE; the VAE in use is unchanged (choose a file "
+                            "of /sdapi/v1/sd-vae that holds a VAE)", field=field)
+    return entry
 
 
 def part_only(path: Path) -> bool:
@@ -191,7 +324,7 @@ def check_vae(reg: Registry, value: Any, field: str) -> ModuleEntry | None:
         for word in VAE_AUTO:
             if value.strip().casefold() == word.casefold():
                 return None
-    return resolve(reg, value, field, vae_only=True)
+    return check_vae_file(resolve(reg, value, field, vae_only=True), field)
 
 
 def vae_option(reg: Registry, value: Any) -> str:
@@ -223,5 +356,7 @@ def check_modules(reg: Registry, value: Any, field: str) -> list[ModuleEntry]:
     return out
 
 
-__all__ = ["MAX_MODULES", "ModuleEntry", "VAE_AUTO", "check_modules", "check_vae", "choose", "listing", "part_only",
+__all__ = ["MAX_MODULES", "ModuleEntry", "VAE_AUTO", "check_modules", "check_vae", "check_vae_file", "choose", "forget",
+           "listing",
+           "part_only",
            "resolve", "text_encoder_folder", "vae_folder", "vae_option", "vaes"]

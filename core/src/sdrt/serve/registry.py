@@ -52,11 +52,14 @@ class ModelEntry:
 
     @property
     def key(self) -> str:
-        """One pipeline per model and chosen VAE / text encoders."""
-        key = str(self.weights or self.path)
-        if self.vae is not None or self.text_encoders:
-            key += "|" + "|".join(str(p) for p in (self.vae, *self.text_encoders))
-        return key
+        """One pipeline per model: the VAE and text encoders a request chooses are bound onto it
+        (``Pipeline.set_part_files``), so switching them keeps its UNet or transformer loaded."""
+        return str(self.weights or self.path)
+
+    @property
+    def files(self) -> tuple[Path | None, tuple[Path, ...]]:
+        """The chosen VAE and text-encoder files: ``(vae, text_encoders)``."""
+        return self.vae, self.text_encoders
 
 
 def _short_hash(unet: Path) -> str:

@@ -135,6 +135,9 @@ class ServerState:
     def refresh(self) -> None:
         """Read the folders again; when the current model is gone (its folder renamed or removed), the first one
         becomes current, as every request without its own model would otherwise be a 400 "no model named"."""
+        from . import modules
+
+        modules.forget()  # the VAE / text-encoder folders too, whatever their mtimes say
         self.registry.refresh()
         current = self.options().get("sd_model_checkpoint")
         try:
