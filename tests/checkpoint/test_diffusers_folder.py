@@ -304,7 +304,10 @@ def test_a_training_runs_state_beside_the_bin_weights_is_not_read(tmp_path):
     (tmp_path / "unet").mkdir()
     (tmp_path / "unet" / "pytorch_model.bin").write_bytes(src.read_bytes())
     state = pickle.dumps(argparse.Namespace(learning_rate=1e-4), protocol=2)
-    for name in ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state_0.pth", "Scaler.PT"):
+    for name in ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state_0.pth", "Scaler.PT",
+                 # accelerate's save_state: the second optimizer/scheduler, data-loader samplers, custom objects
+                 "optimizer_1.bin", "scheduler_1.bin", "sampler.bin", "sampler_1.bin", "random_states_0.pkl",
+                 "custom_checkpoint_0.pkl"):
         (tmp_path / "unet" / name).write_bytes(state)
     with pytest.raises(SdrtError, match="training_args.bin is a pickle"):  # what reading one as weights says
         Weights.open([tmp_path / "unet" / "training_args.bin"])

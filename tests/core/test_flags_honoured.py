@@ -27,6 +27,12 @@ def test_controlnet_flags_without_a_control_image_are_refused(capsys, flags):
     refused(capsys, ["generate", "a cat", *FAST, *flags], f"{flags[0]} needs a --control-image", f"Where: {flags[0]}")
 
 
+def test_no_reference_resize_without_a_reference_is_refused(capsys):
+    """--no-reference-resize sizes the --reference pictures: without one it would change nothing."""
+    refused(capsys, ["generate", "a cat", *FAST, "--no-reference-resize"], "--no-reference-resize needs a --reference",
+            "Where: --no-reference-resize")
+
+
 def test_a_subseed_without_its_strength_is_refused(capsys):
     """A1111: a subseed at strength 0 changes nothing; as --hires-steps without --hires-scale, it is an error."""
     refused(capsys, ["generate", "a cat", *FAST, "--subseed", "5"], "--subseed without --subseed-strength",
@@ -134,3 +140,13 @@ def test_a_tag_prompt_with_a_slash_is_still_a_prompt(capsys, prompt):
     """Tags come without spaces but with commas or weights: they reach the backend, not 'no model at'."""
     err = refused(capsys, ["generate", prompt, *FAST], "no backend named 'nosuch'")
     assert "no model at" not in err
+
+
+def test_guidance_rescale_on_a_flow_model_names_the_flag(registry, capsys):
+    """The refusal spoke the API's guidance_rescale in its message on the command line."""
+    from pathlib import Path
+
+    model = Path(__file__).resolve().parents[1] / "data" / "pipelines" / "tiny-flux-schnell"
+    err = refused(capsys, ["generate", str(model), "a cat", *FAST[:-2], "--dry-run", "--guidance-rescale", "0.5"],
+                  "error: --guidance-rescale rescales an eps or v prediction", "Where: --guidance-rescale.")
+    assert "guidance_rescale" not in err

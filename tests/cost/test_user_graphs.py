@@ -156,6 +156,28 @@ def test_an_image_classifiers_channels_are_pixels():
     assert single_file_shapes(G, 512, 384) == {"pixel_values": (1, 3, 384, 512)}
 
 
+def test_an_optimum_unets_num_channels_are_its_conv_ins_not_pixels(tmp_path, capsys):
+    """Optimum names a UNet's and a VAE's channels ``num_channels`` too (``sample [batch_size, num_channels, height,
+    width]``): read as pixels, a tiny UNet planned at 512x512x3 instead of its 64x64x4 latent (18 s and 15 GiB per
+    image for 0.05 s and 0.18 GiB) and took --width 300. The first Conv's in-channels say which it is."""
+    from sdrt.cost.shapes import fixed_size, single_file_shapes, takes_pixels
+
+    def graph(name, inp, cin, dims):
+        conv = [helper.make_node("Cast", [inp], ["c"], to=TensorProto.FLOAT),
+                helper.make_node("Conv", ["c", "w"], ["y"], pads=[1, 1, 1, 1])]
+        return Graph.load(str(_save(tmp_path / name, conv, [helper.make_tensor_value_info(inp, TensorProto.FLOAT, dims)],
+                                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                    [_init("w", 8, cin, 3, 3)], opset=17)))
+
+    unet = graph("unet.onnx", "sample", 4, ["batch_size", "num_channels", "height", "width"])
+    assert not takes_pixels(unet) and single_file_shapes(unet, 512, 384) == {"sample": (1, 4, 48, 64)}
+    assert main(["plan", str(tmp_path / "unet.onnx"), "--device", "cpu", "--width", "300"]) == 1
+    assert "--width 300 is not a multiple of 8" in capsys.readouterr().err
+    cls = graph("cls.onnx", "x", 3, ["batch_size", "num_channels", 224, 224])
+    assert takes_pixels(cls) and fixed_size(cls) == (224, 224)
+    assert single_file_shapes(cls, 512, 512) == {"x": (1, 3, 224, 224)}
+
+
 @pytest.mark.parametrize("equation, a, b, flops", [
     ("bij,jk->bik", (2, 8, 16), (16, 4), 2 * 2 * 8 * 16 * 4),  # a weight: class matmul, once counted 0
     ("bhqd,bhkd->bhqk", (1, 2, 8, 4), (1, 2, 8, 4), 2 * 2 * 8 * 8 * 4),  # QK^T of two activations

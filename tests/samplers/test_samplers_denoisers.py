@@ -164,6 +164,21 @@ def test_cfg_rescale_is_diffusers_rescale_in_the_network_output(registry, predic
     # levels) is checked against diffusers' images in tests/pipelines/test_pipelines_schedule.py
 
 
+def test_rescale_guidance_moves_a_guided_output_whose_spread_differs():
+    """The graph test above cannot tell a rescale from none (its guided and positive outputs have one std): here the
+    guided output has 3x the positive one's spread in image 0 and the same in image 1, per image as diffusers'."""
+    from sdrt.samplers.denoisers import rescale_guidance
+
+    pos = np.random.default_rng(1).standard_normal((2, 4, 8, 8)).astype(np.float32)
+    guided = pos.copy()
+    guided[0] *= 3.0
+    out = rescale_guidance(guided, pos, 0.7)
+    np.testing.assert_allclose(out[0], (0.7 * 1.0 + 0.3 * 3.0) * pos[0], rtol=1e-5, atol=1e-6)  # 3x -> 1.6x
+    np.testing.assert_allclose(out[1], pos[1], rtol=1e-6, atol=1e-6)  # already the positive spread: unchanged
+    flat = np.zeros_like(pos)  # no spread (the plan's dry run feeds zeros): kept, no division by zero
+    assert np.array_equal(rescale_guidance(flat, pos, 0.7), flat)
+
+
 def test_full_sampling_run_through_the_session_matches_the_numpy_model(registry):
     session = sdrt.load(build_graph("eps"), backend="reference")
     ms = S.DiscreteSchedule("eps")

@@ -246,6 +246,11 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "module": "canny", "processor_res": 4096}, 400, "processor_res",
      "processor_res must be at most 2048"),  # the server's largest side (--max-size)
     ({"model": "controlnet", "image": None}, 400, "image", "needs its control image"),
+    # a boolean field is named as the request nests it, not by its bare key
+    ({"model": "controlnet", "guess_mode": "maybe"}, 422, "guess_mode", "args[0].guess_mode must be true or false"),
+    ({"model": "controlnet", "guessmode": 7}, 422, "guessmode", "args[0].guessmode must be true or false"),
+    ({"model": "controlnet", "pixel_perfect": "sure"}, 422, "pixel_perfect", "pixel_perfect must be true or false"),
+    ({"model": "controlnet", "enabled": "on?"}, 422, "enabled", "args[0].enabled must be true or false"),
 ])
 def test_bad_units(cn_server, unit, status, field, words) -> None:
     unit = {"image": _b64(_photo()), **unit}

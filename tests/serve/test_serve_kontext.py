@@ -52,6 +52,20 @@ def test_sizing_follows_the_extension() -> None:
         kontext.references(_body("maybe", _b64(pic)), {}, 1 << 24, [])
 
 
+
+def test_a_picture_larger_than_the_servers_largest_image_is_refused() -> None:
+    """A picture's tokens go into every transformer call: "no change" on a 4x larger picture than the server's
+    largest image would run attention over that many more tokens, so it is refused naming the picture."""
+    big = np.zeros((96, 128, 3), np.uint8)
+    with pytest.raises(ApiError, match=r"args\[2\] is 128x96 and comes to 128x96, more pixels than this server's "
+                                       r"largest image \(64x64\)") as info:
+        kontext.references(_body(True, None, _b64(big), "no change"), {}, 1 << 24, [], (64, 64))
+    assert info.value.field == "alwayson_scripts.Forge FluxKontext.args[2]" and info.value.status == 400
+    kw: dict = {}
+    kontext.references(_body(True, None, _b64(big), "no change", True), kw, 1 << 24, [], (64, 64))  # reduced: 64x48
+    assert kw["reference_images"][0].shape == (48, 64, 3)
+
+
 @pytest.fixture(scope="module")
 def flux_server(tmp_path_factory) -> Iterator[str]:
     from sdrt.serve import ServeConfig

@@ -158,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
     from ..pipelines.pipeline import validate
 
     folder, prompt = _split_args(args.args)
+    if not args.reference_resize and not args.reference_images:  # it sizes the references: alone it would do nothing
+        raise InputError("--no-reference-resize needs a --reference", where="--no-reference-resize",
+                         fix="pass --reference IMAGE (FLUX.1 Kontext), or leave --no-reference-resize out")
     options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, schedule=args.schedule, seed=args.seed,
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
                    mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip,

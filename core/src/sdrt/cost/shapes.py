@@ -11,26 +11,66 @@ def fixed_size(graph: Any) -> tuple[int, int] | None:
     for i in graph.inputs:
         dims = list(i.shape)
         if len(dims) == 4 and isinstance(dims[2], int) and isinstance(dims[3], int):
-            scale = 1 if dims[1] == 3 else 8
+            scale = 1 if image_channels(graph, i.name, dims) == 3 else 8
             return dims[3] * scale, dims[2] * scale
     return None
 
 
 def takes_pixels(graph: Any) -> bool:
-    """Whether a lone graph's first image-like (4-D) input is an image in pixels (3 channels, or channels named as
-    such), not a latent: its width and height are any size, a latent's are multiples of 8."""
+    """Whether a lone graph's first image-like (4-D) input is an image in pixels (3 channels: ``image_channels``),
+    not a latent: its width and height are any size, a latent's are multiples of 8."""
     for i in graph.inputs:
         dims = list(i.shape)
         if len(dims) == 4:
-            return dims[1] == 3 or (isinstance(dims[1], str) and "channel" in dims[1].lower())
+            return image_channels(graph, i.name, dims) == 3
     return False
+
+
+#: ops a 4-D input may pass through, its channels unchanged, before the first Conv reads it
+_SAME_CHANNELS = frozenset({"Cast", "Identity", "Mul", "Div", "Add", "Sub", "Pad", "Clip", "Relu", "QuantizeLinear",
+                            "DequantizeLinear"})
+
+
+def image_channels(graph: Any, name: str, dims: list[Any]) -> int | None:
+    """A 4-D input's channels: its dim when a number; else the in-channels of the first Conv that reads it (a UNet's
+    ``conv_in``: 4; a classifier's stem: 3), as Optimum names the dim ``num_channels`` for UNets, VAEs and image
+    classifiers alike; else 3 for an input named for pixels (``pixel_values``); None when unknown."""
+    if isinstance(dims[1], int):
+        return dims[1]
+    proto = getattr(getattr(graph, "model", None), "graph", None)
+    if proto is None:
+        return 3 if "pixel" in name.lower() else None
+    inits = {t.name: list(t.dims) for t in proto.initializer}
+    made = {o: n for n in proto.node for o in n.output}
+    seen, front = {name}, [name]
+    for _ in range(8):  # a few hops: a Cast or a scaling Mul before the Conv
+        nxt = []
+        for node in proto.node:
+            if not node.input or node.input[0] not in front:
+                continue
+            if node.op_type == "Conv" and len(node.input) > 1:
+                weight = node.input[1]
+                src = made.get(weight)
+                if weight not in inits and src is not None and src.op_type in ("DequantizeLinear", "Cast", "Identity"):
+                    weight = src.input[0]
+                shape = inits.get(weight)
+                if shape and len(shape) == 4:
+                    group = next((a.i for a in node.attribute if a.name == "group"), 1) or 1
+                    return int(shape[1]) * int(group)
+            elif node.op_type in _SAME_CHANNELS:
+                nxt += [o for o in node.output if o not in seen]
+        if not nxt:
+            break
+        seen.update(nxt)
+        front = nxt
+    return 3 if "pixel" in name.lower() else None
 
 
 def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> dict[str, tuple[int, ...]]:
     """Shapes for a lone graph's dynamic inputs: batch ``batch``; 4-D image-like inputs at the latent
     (width/8) or pixel size by their channels; a dim named for image tokens (``img``) at a DiT's packed
-    latent length (width/16 x height/16), one named for T5 text (``txt``) 512 long; a 4-D input's channels named
-    as such (``num_channels``: Optimum's image classifiers) 3, so pixels; other token
+    latent length (width/16 x height/16), one named for T5 text (``txt``) 512 long; a 4-D input's symbolic channels
+    those of the first Conv reading it (``image_channels``: 3 for pixels, 4 for an SD latent); other token
     sequences 77 long; anything else 1."""
     out: dict[str, tuple[int, ...]] = {}
     for i in graph.inputs:
@@ -47,8 +87,8 @@ def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> d
                 dims[k] = (height // 16) * (width // 16)
             elif "txt" in name:
                 dims[k] = 512
-            elif len(dims) == 4 and k == 1 and "channel" in name:  # Optimum's image classifiers: num_channels
-                dims[k] = 3
+            elif len(dims) == 4 and k == 1:  # Optimum's num_channels: the first Conv's in-channels (pixels: 3)
+                dims[k] = image_channels(graph, i.name, dims) or 1
             elif len(dims) == 4 and k >= 2:
                 ch = dims[1] if isinstance(dims[1], int) else 4
                 scale = 1 if ch == 3 else 8

@@ -15,6 +15,9 @@ The family modules call these; each is checked against the values diffusers comp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from ..errors import InputError
@@ -39,6 +42,26 @@ __all__ = [
 
 _WHERE = "sdrt.pipelines.flowparts"
 VAE_FACTOR = 8
+
+
+class WrappedPart:
+    """A denoiser part seen through a wrapper that changes its feeds and its output (Flux's packing, FLUX.1 Kontext's
+    reference tokens): the part's inputs and outputs, and ``sample``/``output`` as the family names them."""
+
+    def __init__(self, part: Any, sample: str, output: str) -> None:
+        self.part, self.sample, self.output = part, sample, output
+
+    @property
+    def inputs(self) -> Any:
+        return self.part.inputs
+
+    @property
+    def outputs(self) -> Any:
+        return self.part.outputs
+
+    def output_name(self, out: Mapping[str, Any]) -> str:
+        """The family's output among ``out``, else the first (an export that names it otherwise)."""
+        return self.output if self.output in out else next(iter(out))
 
 
 def _check_size(height: int, width: int, multiple: int, what: str) -> None:

@@ -566,7 +566,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             raise InputError(f"shift applies to flow-matching models (SD3, Flux, Chroma), not {fam.label}",
                              where="shift", fix="leave {@shift} unset")
         if s.guidance_rescale and fam.flow:  # diffusers' SD3/Flux/Chroma pipelines have none: no reference to match
-            raise InputError(f"guidance_rescale rescales an eps or v prediction under CFG, and {fam.label} predicts a "
+            raise InputError(f"{{@guidance_rescale}} rescales an eps or v prediction under CFG, and {fam.label} predicts a "
                              "flow velocity", where="guidance_rescale", fix="leave {@guidance_rescale} at 0 for this model")
         if s.clip_skip > 1 and not fam.clip_skip:  # a ModelError starting "clip skip": serve runs it at 1, named
             why = ("reads only its CLIP encoder's pooled output" if any(e.kind == "clip" for e in fam.encoders)

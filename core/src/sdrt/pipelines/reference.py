@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .flowparts import WrappedPart
 from .images import PILLOW_HINT, check_path, to_nchw, to_rgb
 
 #: (width, height) Kontext was trained at: diffusers' ``PREFERRED_KONTEXT_RESOLUTIONS`` (from BFL's code)
@@ -152,21 +153,14 @@ def encode(pipe: Any, images: list[np.ndarray]) -> References:
     return References(latents, [(im.shape[1], im.shape[0]) for im in images])
 
 
-class ReferenceTokens:
+class ReferenceTokens(WrappedPart):
     """The denoiser part with the references' tokens appended to every call: the family's session (Flux's
     packing) wraps this, so ``run`` sees packed ``hidden_states`` and ``img_ids`` for the noise tokens only."""
 
     def __init__(self, part: Any, refs: References, sample: str, output: str) -> None:
-        self.part, self.refs, self.sample, self.output = part, refs, sample, output
+        super().__init__(part, sample, output)
+        self.refs = refs
         self.name, self.path = getattr(part, "name", "transformer"), getattr(part, "path", None)
-
-    @property
-    def inputs(self) -> Any:
-        return self.part.inputs
-
-    @property
-    def outputs(self) -> Any:
-        return self.part.outputs
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
         x = feeds[self.sample]
@@ -186,7 +180,7 @@ class ReferenceTokens:
             more["attention_mask"] = np.concatenate([mask, np.ones((mask.shape[0], self.refs.count), mask.dtype)],
                                                     axis=1)
         out = dict(self.part.run(more, outputs))
-        name = self.output if self.output in out else next(iter(out))
+        name = self.output_name(out)
         out[name] = np.asarray(out[name])[:, :tokens]
         return out
 

@@ -180,7 +180,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     if nets:
         kwargs["controlnets"] = nets
     # Forge's FLUX.1 Kontext extension (alwayson_scripts["Forge FluxKontext"]): reference images
-    net_names.update(kontext.references(body, kwargs, limits.max_width * limits.max_height * 4, not_honoured))
+    net_names.update(kontext.references(body, kwargs, limits.max_width * limits.max_height * 4, not_honoured,
+                                        (limits.max_width, limits.max_height)))
     try:  # the pipeline's own checks (sampler and schedule names, sizes, strength), before any model loads
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:

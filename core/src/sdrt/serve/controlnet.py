@@ -180,7 +180,7 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
         if not isinstance(unit, dict):
             raise ApiError(422, f"{where} must be an object (a ControlNet unit); positional script args are not read",
                            field=where)
-        if not get_bool(unit, "enabled", True):
+        if not get_bool({f"{where}.enabled": unit.get("enabled")}, f"{where}.enabled", True):
             continue
         enabled += 1
         if enabled > MAX_UNITS:
@@ -202,6 +202,9 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
             return get_float(unit, name, default, low, high)
         except ApiError as exc:  # the field as the request nests it
             raise ApiError(exc.status, exc.message.replace(name, f(name), 1), field=f(name)) from None
+
+    def flag(name: str, default: Any) -> Any:  # a boolean field, named as the request nests it
+        return get_bool({f(name): unit.get(name)}, f(name), default)
 
     pre = module(unit.get("module"), f("module"))
     net = registry.controlnet(unit.get("model"), model, f("model"))
@@ -226,7 +229,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
                          ("processor_res", "threshold_a", "threshold_b"), f, max_res)
     mode = _choice(unit.get("control_mode", 0), CONTROL_MODES, f("control_mode"))
     guess_key = "guess_mode" if unit.get("guess_mode") is not None else "guessmode"
-    if get_bool(unit, guess_key, None):  # the extension's own conversion while it read guess_mode (1.1.108-1.1.135)
+    if flag(guess_key, None):  # the extension's own conversion while it read guess_mode (1.1.108-1.1.135)
         if mode not in (0, 2):
             notes.append(f"{f(guess_key)}: true ran as {CONTROL_MODES[2]!r}, as the extension turned guess mode into "
                          f"it; {f('control_mode')} {CONTROL_MODES[mode]!r} was not used")
@@ -238,7 +241,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         notes.append(f"{f('hr_option')}: {HR_OPTIONS[hr]!r} ran as 'Both' (the control on both hires. fix passes)")
     return make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize,
                 low=a, high=b, processor_res=None if res is None else int(res),
-                pixel_perfect=bool(get_bool(unit, "pixel_perfect", False)), control_mode=CONTROL_MODES[mode],
+                pixel_perfect=bool(flag("pixel_perfect", False)), control_mode=CONTROL_MODES[mode],
                 window="a1111")  # the extension's step window: start <= i / n <= end
 
 

@@ -23,10 +23,12 @@ def is_title(name: Any) -> bool:
     return str(name).strip().casefold() == TITLE
 
 
-def references(body: dict[str, Any], kwargs: dict[str, Any], max_pixels: int, not_honoured: list[str]
-               ) -> dict[str, str]:
+def references(body: dict[str, Any], kwargs: dict[str, Any], max_pixels: int, not_honoured: list[str],
+               max_size: tuple[int, int] | None = None) -> dict[str, str]:
     """Put the request's Kontext images into ``kwargs`` (``reference_images``, ``reference_resize=False``);
-    returns ``{pipeline argument: request field}`` for the errors."""
+    returns ``{pipeline argument: request field}`` for the errors. ``max_pixels``: the most a picture may decode to;
+    ``max_size``: the server's largest image (width, height), whose area a sized picture may not pass (its tokens
+    ride along in every transformer call, as the image's own do)."""
     from ..pipelines.reference import nearest_preferred
     from . import b64images
 
@@ -69,6 +71,10 @@ def references(body: dict[str, Any], kwargs: dict[str, Any], max_pixels: int, no
         if w < 16 or h < 16:
             raise ApiError(400, f"{where}[{i}] is {img.width}x{img.height} and comes to {w}x{h}, under the 16x16 a "
                                 "reference needs", field=f"{where}[{i}]")
+        if max_size is not None and w * h > max_size[0] * max_size[1]:
+            raise ApiError(400, f"{where}[{i}] is {img.width}x{img.height} and comes to {w}x{h}, more pixels than this "
+                                f"server's largest image ({max_size[0]}x{max_size[1]}); send a smaller picture, or use "
+                                f"the sizing 'to BFL recommended' or reduce ({where}[4])", field=f"{where}[{i}]")
         images.append(b64images.rgb_array(b64images.fit(img, w, h, 1)))
         fields.setdefault("reference_images", f"{where}[{i}]")
     if images:

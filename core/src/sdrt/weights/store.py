@@ -409,10 +409,12 @@ def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     return files
 
 
-#: what a training run saves beside the weights (transformers' Trainer, accelerate): pickles of arguments, optimizer
-#: and random states, never weights, each of which would refuse the folder (they name classes torchfile does not take)
-TRAINING_STATE = re.compile(r"(training_args|optimizer|scheduler|scaler|rng_state.*|random_states.*)\.[a-z]+",
-                            re.IGNORECASE)
+#: what a training run saves beside the weights (transformers' Trainer, accelerate's save_state): pickles of arguments,
+#: optimizer, scheduler, data-loader sampler and random states, never weights, each of which would refuse the folder
+#: (they name classes torchfile does not take); accelerate numbers the second and later ones (optimizer_1.bin,
+#: sampler_1.bin) and writes register_for_checkpointing's objects as custom_checkpoint_0.pkl
+TRAINING_STATE = re.compile(r"(training_args|(optimizer|scheduler|sampler|scaler)(_\d+)?|rng_state.*|random_states.*"
+                            r"|custom_checkpoint_\d+)\.[a-z]+", re.IGNORECASE)
 
 
 def folder_files(folder: Path) -> list[Path]:

@@ -20,34 +20,26 @@ from typing import Any
 
 import numpy as np
 
-from ..flowparts import latent_image_ids, pack_latents, text_ids, unpack_latents
+from ..flowparts import WrappedPart, latent_image_ids, pack_latents, text_ids, unpack_latents
 from ..prompts import Conditioning
 from ..textcond import FlowConditioning
 from .base import Encoder, Family, Hook, ModelCall
 
 
-class _Packed:
+class _Packed(WrappedPart):
     """The transformer part seen with unpacked latents: packs ``hidden_states``, unpacks ``out_hidden_states``;
     drops ``attention_mask`` when the graph has no such input (an Optimum Flux export, an older Chroma one)."""
 
     def __init__(self, part: Any, sample: str, output: str) -> None:
-        self.part, self.sample, self.output = part, sample, output
+        super().__init__(part, sample, output)
         self.masked = "attention_mask" in part.inputs
-
-    @property
-    def inputs(self) -> Any:
-        return self.part.inputs
-
-    @property
-    def outputs(self) -> Any:
-        return self.part.outputs
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
         x = feeds[self.sample]
         h, w = x.shape[2], x.shape[3]
         feeds = {k: v for k, v in feeds.items() if self.masked or k != "attention_mask"}
         out = dict(self.part.run({**feeds, self.sample: pack_latents(x)}, outputs))
-        name = self.output if self.output in out else next(iter(out))
+        name = self.output_name(out)
         out[name] = unpack_latents(np.asarray(out[name], np.float32), h * 8, w * 8)
         return out
 
