@@ -203,6 +203,8 @@ class Worker(threading.Thread):
         self.files: dict[str, tuple[Any, tuple[Any, ...]]] = {}
         self.current: Job | None = None
         self.done = 0
+        #: held while a job runs: unload/reload wait for it (the pipelines are this thread's between jobs)
+        self.busy = threading.Lock()
 
     def pipeline(self, model: ModelEntry) -> Any:
         """The model's pipeline, with the VAE and text-encoder files the request chose bound. One pipeline per
@@ -246,7 +248,8 @@ class Worker(threading.Thread):
                 break
             self.current = job
             try:
-                self._run(job)
+                with self.busy:
+                    self._run(job)
             except BaseException as exc:  # noqa: BLE001 - a failed job must never end the worker
                 err = _public_error(exc)
                 if err.status >= 500:
@@ -264,6 +267,23 @@ class Worker(threading.Thread):
                 job = None  # not held (with its images) while this worker waits for the next one
         for pipe in self.pipes.values():
             pipe.close()
+
+    def unload(self) -> int:
+        """A1111's ``/unload-checkpoint`` on this device: every loaded pipeline closed (its memory freed) once the
+        running job, if any, is done; the next job loads its model again. The number closed."""
+        with self.busy:
+            pipes = list(self.pipes.values())
+            self.pipes.clear()
+            self.files.clear()
+        for pipe in pipes:
+            pipe.close()
+        return len(pipes)
+
+    def load(self, model: ModelEntry) -> None:
+        """A1111's ``/reload-checkpoint``: ``model`` loaded (and compiled) now, after the running job."""
+        with self.busy:
+            if model.key not in self.pipes:  # loaded already: kept as it is, with the files it has bound
+                self.pipeline(model)
 
     def _run(self, job: Job) -> None:
         w = job.work
@@ -423,6 +443,14 @@ class JobQueue:
         job.interrupt.set()
         log.info("job %s abandoned by its client while %s; %s", job.id, job.state,
                  "it will not run" if job.state == "queued" else "stopping it")
+
+    def unload(self) -> int:
+        """Every worker's pipelines closed, each after its running job; the number closed."""
+        return sum(w.unload() for w in self.workers)
+
+    def reload(self, model: ModelEntry) -> None:
+        for w in self.workers:
+            w.load(model)
 
     def skip(self) -> int:
         jobs = self.running()

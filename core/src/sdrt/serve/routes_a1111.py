@@ -201,6 +201,16 @@ async def refresh(request: Request) -> JSONResponse:
     return JSONResponse(None)
 
 
+async def unload_checkpoint(request: Request) -> JSONResponse:
+    await run_in_threadpool(_state(request).unload)
+    return JSONResponse({})
+
+
+async def reload_checkpoint(request: Request) -> JSONResponse:
+    await run_in_threadpool(_state(request).reload)
+    return JSONResponse({})
+
+
 async def memory(request: Request) -> JSONResponse:
     """A1111's ``/memory``: this machine's RAM in bytes (``free``, ``used``, ``total``); no torch, so ``cuda``
     holds an ``error`` as A1111's does when it cannot read it."""
@@ -286,6 +296,8 @@ ROUTES = [
     Route("/sdapi/v1/png-info", png_info, methods=["POST"]),
     Route("/sdapi/v1/refresh-embeddings", refresh, methods=["POST"]),
     Route("/sdapi/v1/refresh-vae", refresh, methods=["POST"]),
+    Route("/sdapi/v1/unload-checkpoint", unload_checkpoint, methods=["POST"]),
+    Route("/sdapi/v1/reload-checkpoint", reload_checkpoint, methods=["POST"]),
     Route("/sdapi/v1/refresh-vae-and-text-encoders", refresh, methods=["POST"]),  # Forge's
     # upscalers: A1111's plain ones ("None" is a Lanczos resize), the models in ESRGAN/ and RealESRGAN/, the
     # Extras tab's routes (sdrt.serve.extras), and the hires. fix's latent modes

@@ -168,6 +168,20 @@ class ServerState:
             self.cluster.skip()
         return self.queue.skip()
 
+    def unload(self) -> int:
+        """``POST /sdapi/v1/unload-checkpoint``: this server's loaded models closed, their memory given back (A1111
+        moves its model off the GPU); the next request loads its model again."""
+        n = self.queue.unload()
+        log.info("unloaded %d pipeline(s)", n)
+        return n
+
+    def reload(self) -> None:
+        """``POST /sdapi/v1/reload-checkpoint``: the current model loaded now, not at the next request."""
+        current = self.options().get("sd_model_checkpoint")
+        if not current:
+            raise ApiError(400, "no current model to load: this server has no model", field="sd_model_checkpoint")
+        self.queue.reload(self.registry.model(current))
+
     def progress_report(self) -> dict[str, Any]:
         """This server's running and queued jobs, as a replica reports them to the others."""
         return {"queued": self.queue.queued(),
