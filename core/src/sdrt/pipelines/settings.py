@@ -41,6 +41,9 @@ class Settings:
     shift: float | None = None
     #: T5's token count (SD3, Flux, Chroma); None: the family's
     max_sequence_length: int | None = None
+    #: a Flux.1 Canny/Depth model's control image (sdrt.pipelines.fluxtools); a ControlNet unit when it came from
+    #: ``--control-image`` (its preprocessor and resize mode)
+    control_image: Any = None
 
     @property
     def mode(self) -> str:
@@ -108,7 +111,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              width: int | None = None, height: int | None = None, init_image: ImageLike | None = None,
              strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
              clip_skip: int = 1, guidance: float | None = None, shift: float | None = None,
-             max_sequence_length: int | None = None, **toolbox: Any) -> Settings:
+             max_sequence_length: int | None = None, control_image: ImageLike | None = None,
+             **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
@@ -182,10 +186,13 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                              fix=f"raise {{@strength}} to at least {1 / steps:.3g}, or {{@steps}}")
     if mask is not None:
         check_path(mask, "mask")
+    if control_image is not None:
+        check_path(control_image, "control image")
     return Settings(prompt, negative_prompt or "", steps, float(cfg) if cfg is not None else None,  # type: ignore[arg-type]
                     sampler, choice, int(seed), width, height, strength, batch, batch_count, clip_skip, init_image,
                     mask, toolbox=extras, guidance=None if guidance is None else float(guidance),
-                    shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length)
+                    shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length,
+                    control_image=control_image)
 
 
 def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> None:
@@ -207,7 +214,8 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
-            "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", *TOOLBOX_KEYWORDS)
+            "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "control_image",
+            *TOOLBOX_KEYWORDS)
 
 
 #: other libraries' names for these arguments (diffusers', A1111's API): what to pass here instead. A near spelling
@@ -221,7 +229,7 @@ _OTHER_NAMES = {
     "sampler_name": "sampler", "scheduler": "schedule (a ComfyUI scheduler) or sampler (an A1111 label)",
     "generator": "seed (an integer)", "enable_hr": "hires_scale", "hr_scale": "hires_scale",
     "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler",
-    "controlnet": "controlnets", "control_image": "controlnets",
+    "controlnet": "controlnets",
 }
 
 
