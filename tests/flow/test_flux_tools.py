@@ -14,26 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flow_helpers import register
+from flow_helpers import register, tool_folder
 
 from sdrt import pipelines
 from sdrt.errors import InputError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
 TOOLS = ("fill", "control")
-
-
-def tool_folder(tool: str, root: Path) -> Path:
-    """tiny-flux-dev's parts with tiny-flux-TOOL's transformer and model_index.json (symbolic links)."""
-    out = root / f"tiny-flux-{tool}"
-    out.mkdir(parents=True, exist_ok=True)
-    for src in (DATA / "tiny-flux-dev", DATA / f"tiny-flux-{tool}"):
-        for p in src.iterdir():
-            if p.name in ("refs.json", "refs.npz", "t5_corpus.json") or (src.name == "tiny-flux-dev" and p.name in (
-                    "transformer", "model_index.json")):
-                continue
-            (out / p.name).symlink_to(p.resolve())
-    return out
 
 
 def _cases(tool: str) -> list[dict]:
