@@ -137,3 +137,34 @@ def test_errors_are_one_line_input_errors(folders) -> None:
             pipe("a cat", **common, **kw)
         assert exc.value.where == where and words in str(exc.value), (kw.keys(), str(exc.value))
         assert "\n" not in str(exc.value)
+
+
+def test_cli_fill_and_canny(folders, tmp_path, capsys) -> None:
+    """``sdrt generate FILL --init-image --mask`` gives diffusers' image; ``sdrt generate CANNY --control-image PNG
+    --control-preprocessor canny`` runs at the control image's size; a Fill model without a mask is one line."""
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    refs = _refs("fill")
+    case = next(c for c in _cases("fill") if c["name"] == "fill-96x64-g10")
+    init, mask = tmp_path / "init.png", tmp_path / "mask.png"
+    Image.fromarray(refs["fill-96x64-g10/init_image"]).save(init)
+    Image.fromarray(refs["fill-96x64-g10/mask"]).save(mask)
+    out = tmp_path / "fill.png"
+    rc = main(["generate", str(folders["fill"]), case["prompt"], "--init-image", str(init), "--mask", str(mask),
+               "--steps", str(case["steps"]), "--seed", str(case["seed"]), "--guidance", "10", "--sampler", "Euler",
+               "--max-sequence-length", "32", "--backend", "reference", "-o", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    got = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    assert int(np.abs(got - refs["fill-96x64-g10/image"][0].astype(int)).max()) <= 2
+    out = tmp_path / "canny.png"
+    rc = main(["generate", str(folders["control"]), "a cat", "--control-image", str(init), "--control-preprocessor",
+               "canny", "--steps", "1", "--max-sequence-length", "32", "--backend", "reference", "-o", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert Image.open(out).size == (64, 96)
+    capsys.readouterr()
+    rc = main(["generate", str(folders["fill"]), "a cat", "--steps", "1", "--backend", "reference",
+               "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Flux.1 Fill model" in err and "--mask" in err and "Traceback" not in err

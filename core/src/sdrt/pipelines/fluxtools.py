@@ -108,6 +108,19 @@ def control_from_units(units: list[Any], where: str = "controlnets") -> Any:
     return unit
 
 
+def control_size(s: Any) -> tuple[int, int] | None:
+    """The size of a run that gives none: the control image's, each side cut to a multiple of 16 (at least 16)."""
+    from .images import to_rgb
+
+    value = s.control_image
+    if value is None and len(s.toolbox.controlnets) == 1:
+        value = s.toolbox.controlnets[0].image
+    if value is None:
+        return None
+    rgb = to_rgb(getattr(value, "image", value), "control image", "control_image")
+    return max(16, rgb.shape[1] // 16 * 16), max(16, rgb.shape[0] // 16 * 16)
+
+
 def control_image(value: Any, width: int, height: int) -> np.ndarray:
     """The control image as the transformer's VAE input: HxWx3 uint8 after the unit's preprocessor (``value`` a
     ``ControlNet`` unit) or as given, resized to the output size as a ControlNet's image is."""

@@ -463,6 +463,12 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             s.width, s.height = w, h
             if s.mask is not None:
                 mask = to_mask(s.mask, h, w)
+        if init is None and s.width is None and s.height is None and self.flux_tool == "control":
+            from .fluxtools import control_size
+
+            size = control_size(s)  # a Canny/Depth run without a size: the control image's (as an init image's)
+            if size is not None:
+                s.width, s.height = size
         unset = s.width is None and s.height is None
         s.width = s.width or self.default_size
         s.height = s.height or self.default_size
