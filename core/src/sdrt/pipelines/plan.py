@@ -132,7 +132,10 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     elif pipe.family.guidance != "cfg":
         modes.append(pipe.family.guidance)
     guidance = ", ".join(modes) or "none (cfg 1)"
-    return RunPlan(pipe.family.name, pipe.family.label, s.mode, s.width, s.height, s.batch * s.batch_count, s.batch,
+    from .fluxtools import LABELS as TOOLS
+
+    tool = getattr(pipe, "flux_tool", None)  # FLUX.1 Fill / Canny / Depth: their conditioning rides on the noise
+    return RunPlan(pipe.family.name, TOOLS[tool] if tool else pipe.family.label, s.mode, s.width, s.height, s.batch * s.batch_count, s.batch,
                    s.batch_count, steps[0] if steps else 0, label, kind, guidance, s.cfg,
                    pipe.family.latent_shape(s.batch, s.height, s.width), parts, _notes(s))
 
@@ -149,6 +152,10 @@ def _notes(s: Any) -> list[str]:
         length, run = second_pass_steps(hr, s.steps)
         notes.append(f"hires fix: pass 1 at {s.width}x{s.height}, {hr.upscaler} upscale x{hr.scale:g}, pass 2 at "
                      f"{tw}x{th}: the last {run} of {length} step(s) (denoise {hr.denoise:g})")
+    control = getattr(s, "control_image", None)
+    if control is not None:
+        notes.append("control image: VAE-encoded and concatenated to the noise at every step, preprocessor "
+                     f"{getattr(control, 'preprocessor', 'none')}")
     for k, u in enumerate(tb.controlnets if tb is not None else []):
         notes.append(f"controlnet {k}: {u.part.name if u.part is not None else u.net}, scale {u.scale:g}, "
                      f"steps {u.start:g}-{u.end:g}, preprocessor {u.preprocessor}")
