@@ -427,6 +427,8 @@ def run_case(pipe, case: dict, images: dict[str, np.ndarray]) -> np.ndarray:
                   num_inference_steps=case["steps"], guidance_scale=case["cfg"],
                   generator=torch.Generator("cpu").manual_seed(case["seed"]), num_images_per_prompt=case["batch"],
                   output_type="np")
+    if case.get("guidance_rescale"):
+        common["guidance_rescale"] = case["guidance_rescale"]
     if case["clip_skip"]:
         # diffusers 0.42's clip_skip reaches for text_encoder.text_model, which transformers 5 no longer has;
         # do what it does (hidden_states[-(clip_skip + 1)], then the final layer norm) and pass the embeddings.

@@ -293,6 +293,25 @@ def test_a_folder_of_pytorch_bin_files_is_a_diffusers_folder(tmp_path):
     assert [p.name for p in weight_files(tmp_path / "unet")] == ["diffusion_pytorch_model.safetensors"]
 
 
+def test_a_training_runs_state_beside_the_bin_weights_is_not_read(tmp_path):
+    """transformers' Trainer saves ``training_args.bin`` (a pickled TrainingArguments), ``optimizer.pt``,
+    ``scheduler.pt`` and ``rng_state.pth`` beside ``pytorch_model.bin``; torchfile refuses those pickles (they name
+    classes), so taking them as weights refused the whole folder."""
+    import argparse
+    import pickle
+
+    src = Path(__file__).resolve().parent.parent / "data" / "torch" / "views.pt"
+    (tmp_path / "unet").mkdir()
+    (tmp_path / "unet" / "pytorch_model.bin").write_bytes(src.read_bytes())
+    state = pickle.dumps(argparse.Namespace(learning_rate=1e-4), protocol=2)
+    for name in ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state_0.pth", "Scaler.PT"):
+        (tmp_path / "unet" / name).write_bytes(state)
+    with pytest.raises(SdrtError, match="training_args.bin is a pickle"):  # what reading one as weights says
+        Weights.open([tmp_path / "unet" / "training_args.bin"])
+    assert [p.name for p in weight_files(tmp_path / "unet")] == ["pytorch_model.bin"]
+    assert Weights.open(weight_files(tmp_path / "unet"))["t"].shape == (6, 4)
+
+
 def test_an_empty_unet_folder_is_named(sd15, tmp_path):
     _, src, _ = sd15
     folder = tmp_path / "broken"

@@ -176,3 +176,31 @@ def test_a_t5_gguf_in_llama_cpp_names_is_a_text_encoder(stored, tmp_path):
     if stored == "F32":  # the same values as the folder: diffusers' image within the flow tolerance
         want = np.load(PIPES / "tiny-flux-dev" / "refs.npz")[f"{case['name']}/image"].astype(int)
         assert np.abs(images[0].astype(int) - want).max() <= 2
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+def test_flux_kontext_single_file_takes_reference_images(fmt, tmp_path):
+    """A Kontext checkpoint is a Flux dev file (the same keys), as a .safetensors or a GGUF (city96's layout: arch
+    ``flux``, BFL's names): with reference images it gives diffusers' FluxKontextPipeline image
+    (scripts/gen_kontext_refs.py, first case) within the flow tolerance."""
+    f = _files("flux-dev", tmp_path)
+    if fmt == "gguf":
+        gguf = pytest.importorskip("gguf", reason="the gguf package writes the test file (pip install gguf)")
+        from safetensors.numpy import load_file
+
+        w = gguf.GGUFWriter(str(tmp_path / "flux1-kontext-dev.gguf"), "flux")
+        for name, v in load_file(f["file"]).items():
+            w.add_tensor(name, np.ascontiguousarray(v, np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        f["file"] = tmp_path / "flux1-kontext-dev.gguf"
+    case = json.loads((PIPES / "tiny-flux-dev" / "kontext.json").read_text())[0]
+    refs = np.load(PIPES / "tiny-flux-dev" / "kontext.npz")
+    with _load(f) as pipe:
+        got = pipe(case["prompt"], steps=case["steps"], seed=case["seed"], guidance=case["guidance"], sampler="Euler",
+                   max_sequence_length=case["max_sequence_length"], reference_resize=False,
+                   reference_images=[refs[f"picture/{k}"] for k in case["refs"]])[0]
+    want = refs[f"{case['name']}/image"][0]
+    assert got.shape == want.shape and np.abs(got.astype(int) - want.astype(int)).max() <= 2

@@ -123,6 +123,7 @@ def test_errors_are_one_line_input_errors(folders) -> None:
         (fill, dict(width=64, height=96), "mask", "Fill"),  # txt2img on Fill
         (fill, dict(init_image=img), "mask", "Fill"),  # img2img without a mask
         (fill, dict(init_image=img, mask=mask, control_image=edges), "control_image", "Canny or Depth"),
+        (fill, dict(init_image=img, mask=mask, reference_images=[img]), "reference_images", "Kontext"),
         (control, dict(width=64, height=96), "control_image", "control image"),
         (control, dict(control_image=edges, init_image=edges), "init_image", "txt2img"),
         (control, dict(control_image=edges, hires_scale=2), "hires_scale", "hires fix"),

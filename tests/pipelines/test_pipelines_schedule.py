@@ -158,3 +158,49 @@ def test_zero_terminal_snr_image_matches_diffusers(sampler: str, tmp_path) -> No
     diff = np.abs(got - want)
     assert diff.max() <= 1, f"max difference {diff.max()}, mean {diff.mean():.4f}"
     assert (diff > 0).mean() <= 0.005, f"{(diff > 0).mean():.2%} of values differ"
+
+
+@pytest.mark.parametrize("kind,sampler", [("sdxl", "Euler"), ("sdxl", "DPM++ 2M Karras"), ("sdxl", "DDIM"),
+                                          ("sd15", "Euler"), ("sd15", "Euler a")])
+def test_guidance_rescale_matches_diffusers(kind: str, sampler: str, tmp_path) -> None:
+    """``guidance_rescale=0.7`` against diffusers' ``guidance_rescale`` (scripts/make_rescale_refs.py): tiny-sdxl under
+    the zero-terminal-SNR v-prediction schedule (where the rescale moves the image by up to 211 levels) and tiny-sd15
+    (epsilon, 30 levels), with test_pipelines_diffusers.py's tolerance; the infotext says it."""
+    import shutil
+
+    from pipeline_helpers import register
+
+    from sdrt import pipelines
+
+    register("reference")
+    folder = tmp_path / f"tiny-{kind}"
+    shutil.copytree(DATA / f"tiny-{kind}", folder)
+    if kind == "sdxl":
+        cfg_path = folder / "scheduler" / "scheduler_config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg.update(rescale_betas_zero_snr=True, prediction_type="v_prediction", timestep_spacing="trailing")
+        cfg_path.write_text(json.dumps(cfg))
+    want = np.load(DATA / "rescale_refs.npz")[f"{kind}/{sampler}"].astype(np.int16)
+    with pipelines.load(folder, backend="reference") as pipe:
+        out = pipe.generate("a photo of a red cat sitting on a wooden table, sunset", "blurry, low quality", steps=8,
+                            cfg=7.0, sampler=sampler, seed=1234, width=64, height=64, guidance_rescale=0.7)
+    got = np.stack(out.images).astype(np.int16)
+    diff = np.abs(got - want)
+    assert diff.max() <= 1, f"max difference {diff.max()}, mean {diff.mean():.4f}"
+    assert (diff > 0).mean() <= 0.005, f"{(diff > 0).mean():.2%} of values differ"
+    assert out.settings[0]["CFG Rescale"] == 0.7
+
+
+def test_guidance_rescale_refused_where_it_cannot_apply() -> None:
+    from pipeline_helpers import register
+
+    from sdrt import pipelines
+    from sdrt.errors import InputError
+
+    for bad in (-0.1, 1.5, float("nan"), "0.7", True):
+        with pytest.raises(InputError, match="guidance_rescale must be a number from 0 to 1"):
+            pipelines.validate("x", guidance_rescale=bad)
+    register("reference")
+    with pipelines.load(DATA / "tiny-flux-schnell", backend="reference") as pipe:
+        with pytest.raises(InputError, match="guidance_rescale rescales an eps or v prediction"):
+            pipe.plan("x", guidance_rescale=0.5)

@@ -138,6 +138,32 @@ def test_cfg_combines_and_skips_the_unconditional_pass_at_scale_one(registry):
     assert single.calls == 1
 
 
+@pytest.mark.parametrize("prediction", ["eps", "v"])
+def test_cfg_rescale_is_diffusers_rescale_in_the_network_output(registry, prediction):
+    """``rescale`` mixes the guided network output brought to the positive one's (Bessel-corrected) std, per image,
+    as diffusers' rescale_noise_cfg does (written out here). (This graph has batch 1: the batched form is checked
+    against diffusers' images in tests/pipelines/test_pipelines_schedule.py.)"""
+    session = sdrt.load(build_graph(prediction), backend="reference")
+    ms = S.DiscreteSchedule(prediction)
+    model = S.Denoiser(session, ms)
+    x = (start_noise() * 2.0).astype(np.float32)
+    cond, uncond = _cond(0.3), _cond(-0.1)
+    sigma, phi = 1.7, 0.7
+    t = ms.timestep(sigma)
+    x_in = ms.scale_input(x, sigma)
+    pos = model.predict(x_in, t, cond=cond).astype(np.float64)
+    neg = model.predict(x_in, t, cond=uncond).astype(np.float64)
+    guided = neg + 7.5 * (pos - neg)
+    axes = tuple(range(1, x.ndim))
+    scaled = guided * pos.std(axis=axes, ddof=1, keepdims=True) / guided.std(axis=axes, ddof=1, keepdims=True)
+    want = ms.denoised(x.astype(np.float64), sigma, phi * scaled + (1 - phi) * guided)
+    den = S.CFGDenoiser(model, cond, uncond, scale=7.5, rescale=phi)
+    assert rel_err(den(x, sigma), want) < 5e-5
+    assert den.calls == 2
+    # this graph's conditioning shifts its output, which leaves the std as it is: the rescale's effect (up to 211
+    # levels) is checked against diffusers' images in tests/pipelines/test_pipelines_schedule.py
+
+
 def test_full_sampling_run_through_the_session_matches_the_numpy_model(registry):
     session = sdrt.load(build_graph("eps"), backend="reference")
     ms = S.DiscreteSchedule("eps")

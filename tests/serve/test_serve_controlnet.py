@@ -239,7 +239,7 @@ def test_controlnet_routes(cn_server) -> None:
     assert "invert (from white bg & black line)" in aliased["module_list"]
     assert get("/controlnet/module_list?alias_names=maybe").status_code == 422
     assert get("/controlnet/settings").json() == {"control_net_unit_count": 8}
-    assert get("/sdapi/v1/scripts").json()["txt2img"] == ["controlnet"]
+    assert get("/sdapi/v1/scripts").json()["txt2img"] == ["controlnet", "forge fluxkontext"]
     old = requests.post(f"{cn_server}/controlnet/txt2img", json={}, timeout=60)
     assert old.status_code == 404 and "alwayson_scripts.controlnet.args" in old.json()["message"]
     assert "GET /controlnet/module_list" in get("/controlnet/control_types").json()["message"]

@@ -45,6 +45,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "Chroma, 1 for Flux, whose --cfg is diffusers' true_cfg_scale)")
     p.add_argument("--guidance", type=float, default=None,
                    help="distilled guidance of guidance-distilled models (Flux dev; default 3.5)")
+    p.add_argument("--guidance-rescale", type=float, default=0.0, metavar="PHI",
+                   help="CFG rescale (diffusers' guidance_rescale, 0 to 1; 0.7 is usual for v-prediction and "
+                        "zero-terminal-SNR models; default 0, off; SD 1.x/2.x/XL)")
     p.add_argument("--shift", type=float, default=None,
                    help="flow-matching shift in place of the model's (SD3, Flux, Chroma)")
     p.add_argument("--max-sequence-length", type=int, default=None,
@@ -61,6 +64,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--init-image", default=None, help="img2img / inpainting source (PNG/JPEG; needs Pillow)")
     p.add_argument("--strength", type=float, default=None, help="img2img denoising strength (default 0.75)")
     p.add_argument("--mask", default=None, help="inpainting mask, white = repaint (needs --init-image)")
+    p.add_argument("--reference", dest="reference_images", action="append", default=None, metavar="IMAGE",
+                   help="FLUX.1 Kontext: a picture to edit or draw from (repeat for several; PNG/JPEG, needs Pillow); "
+                        "the image takes the first one's size unless --width/--height say otherwise")
+    p.add_argument("--no-reference-resize", dest="reference_resize", action="store_false",
+                   help="keep the references' own sizes (cut to multiples of 16) instead of Kontext's preferred "
+                        "resolution nearest each one's aspect ratio")
     p.add_argument("--batch", type=int, default=1, help="images per run")
     p.add_argument("--batch-count", type=int, default=1, help="runs, each with the next seed")
     p.add_argument("--clip-skip", type=int, default=1,
@@ -152,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
     options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, schedule=args.schedule, seed=args.seed,
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
                    mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip,
-                   guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length)
+                   guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length,
+                   guidance_rescale=args.guidance_rescale, reference_images=args.reference_images,
+                   reference_resize=args.reference_resize)
     options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
     from ..text import extract_loras

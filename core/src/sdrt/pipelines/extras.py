@@ -269,9 +269,10 @@ class ToolboxMixin:
             latents = np.concatenate([self._encode_image(to_nchw(im), generator) for im in big], axis=0)  # type: ignore[attr-defined]
         noise = generator.randn(shape)
         x2 = loop.start(noise, latents)
-        call = ModelCall(tw, th, s.batch, s.cfg, cond, uncond, guidance=s.guidance)  # Flux dev: its distilled guidance
+        call = ModelCall(tw, th, s.batch, s.cfg, cond, uncond, guidance=s.guidance,  # Flux dev: its distilled guidance
+                         guidance_rescale=s.guidance_rescale)
         state = self._control(s, call, tw, th)
-        model = self.family.denoiser(self.denoiser, ms, call)  # type: ignore[attr-defined]
+        model = self.family.denoiser(self._model_part(), ms, call)  # type: ignore[attr-defined]
         total = loop.steps
 
         def step(i: int, latents: np.ndarray) -> None:

@@ -67,6 +67,10 @@ def fill_conditioning(masked_latents: np.ndarray, mask: np.ndarray, batch: int) 
 def check(tool: str | None, s: Any, label: str) -> None:
     """What a run asks against what the model is: one ``InputError`` naming the argument."""
     control = getattr(s, "control_image", None)
+    if tool is not None and getattr(s, "reference_images", None):
+        raise InputError(f"reference images (FLUX.1 Kontext) do not combine with a {LABELS[tool]} model: its "
+                         "transformer takes wider tokens than a reference image's", where="reference_images",
+                         fix="leave {@reference_images} out, or use a Flux.1 dev or Kontext model")
     if tool == "fill":
         if s.mask is None:
             raise InputError("this is a Flux.1 Fill model (its transformer takes 384 input channels): it repaints the "

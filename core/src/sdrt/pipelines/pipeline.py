@@ -391,6 +391,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 gen.memory = self._measured()  # the plan, with the measured peak of each stage
                 return gen
             finally:
+                self._references = None  # the job's encoded reference images
                 with self._state:
                     self._running = False
                     self._stop.clear()
@@ -463,6 +464,13 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             s.width, s.height = w, h
             if s.mask is not None:
                 mask = to_mask(s.mask, h, w)
+        if s.reference_images:  # FLUX.1 Kontext (sdrt.pipelines.reference): read and sized once, here
+            from .reference import check_model, prepare
+
+            check_model(self)
+            s.reference_images = prepare(s.reference_images, s.reference_resize)
+            if s.width is None and s.height is None:  # BFL's and ComfyUI's Kontext: the first reference's size
+                s.height, s.width = s.reference_images[0].shape[:2]
         if init is None and s.width is None and s.height is None and self.flux_tool == "control":
             from .fluxtools import control_size
 
@@ -531,6 +539,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if s.shift is not None and not fam.flow:
             raise InputError(f"shift applies to flow-matching models (SD3, Flux, Chroma), not {fam.label}",
                              where="shift", fix="leave {@shift} unset")
+        if s.guidance_rescale and fam.flow:  # diffusers' SD3/Flux/Chroma pipelines have none: no reference to match
+            raise InputError(f"guidance_rescale rescales an eps or v prediction under CFG, and {fam.label} predicts a "
+                             "flow velocity", where="guidance_rescale", fix="leave {@guidance_rescale} at 0 for this model")
         if s.clip_skip > 1 and not fam.clip_skip:  # a ModelError starting "clip skip": serve runs it at 1, named
             why = ("reads only its CLIP encoder's pooled output" if any(e.kind == "clip" for e in fam.encoders)
                    else "has no CLIP text encoder")
@@ -651,6 +662,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                           callback: Callback | None, original: str) -> Generation:
         cond, uncond = self._conditioning(s)
         self._release(*self.family.text_parts, stage=True)
+        from .reference import encode
+
+        #: this job's reference images, encoded once (sdrt.pipelines.reference); every denoiser call reads them
+        self._references = encode(self, s.reference_images) if s.reference_images else None
         images: list[np.ndarray] = []
         seeds: list[int] = []
         from .toolbox import image_seeds
@@ -754,9 +769,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 extra = self._encode_image(np.repeat(rgb, s.batch, axis=0), generator).astype(np.float32)
             noise = generator.randn(shape)
             x = loop.start(noise)
-        call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance)
+        call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance,
+                         guidance_rescale=s.guidance_rescale)
         control = self._control(s, call, s.width, s.height)  # ControlNet residuals as more UNet inputs
-        model = self.family.denoiser(self.denoiser, ms, call)
+        model = self.family.denoiser(self._model_part(), ms, call)
         first = loop.steps
         total = first + (second_pass_steps(s.toolbox.hires, s.steps)[1] if s.toolbox.hires else 0)
 
@@ -794,6 +810,16 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._release("vae_decoder", stage=True)
         return images
 
+    def _model_part(self) -> Any:
+        """The part the family's denoiser call runs: the denoiser, with this job's reference images' tokens
+        appended to every call when it has them (FLUX.1 Kontext)."""
+        refs = getattr(self, "_references", None)
+        if refs is None:
+            return self.denoiser
+        from .reference import ReferenceTokens
+
+        return ReferenceTokens(self.denoiser, refs, self.family.sample_input, self.family.output)
+
     # ------------------------------------------------------------------ the run plan (sdrt.pipelines.plan)
     def plan(self, prompt: str | Settings, negative_prompt: str | None = "", **kwargs: Any) -> Any:
         """What :meth:`generate` with these arguments would run: every part, its input shapes and dtypes, and
@@ -817,7 +843,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         from .budget import calls_of
         from .plan import dry_run
 
-        key = (object() if isinstance(prompt, Settings) else None, tuple(sorted(  # Settings: made again each time
+        fresh = isinstance(prompt, Settings) or kwargs.get("reference_images") is not None  # their sizes: read
+        key = (object() if fresh else None, tuple(sorted(  # Settings: made again each time
             (k, repr(v) if isinstance(v, (int, float, str, bool, type(None))) else
              repr(getattr(v, "shape", None) or (len(v) if isinstance(v, (list, tuple)) else type(v).__name__)))
             for k, v in kwargs.items() if "seed" not in k)))
@@ -875,8 +902,14 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if self._weight_state is not None:
             info.update(self._weight_state.infotext())
         info.update(self.family.infotext(s))
+        if s.reference_images:
+            from .reference import infotext
+
+            info.update(infotext(s.reference_images, s.reference_resize))
         if s.init_image is not None:
             info["Denoising strength"] = _num(s.strength or 0)
+        if s.guidance_rescale:
+            info["CFG Rescale"] = _num(s.guidance_rescale)  # Forge's name (A1111's extension wrote "CFG Rescale phi")
         if s.clip_skip > 1:
             info["Clip skip"] = s.clip_skip
         if s.batch > 1:

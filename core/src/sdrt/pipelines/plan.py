@@ -159,5 +159,11 @@ def _notes(s: Any) -> list[str]:
     for k, u in enumerate(tb.controlnets if tb is not None else []):
         notes.append(f"controlnet {k}: {u.part.name if u.part is not None else u.net}, scale {u.scale:g}, "
                      f"steps {u.start:g}-{u.end:g}, preprocessor {u.preprocessor}")
+    refs = getattr(s, "reference_images", None)
+    if refs:  # FLUX.1 Kontext: their tokens ride along in every transformer call
+        sizes = ", ".join(f"{im.shape[1]}x{im.shape[0]}" for im in refs)
+        tokens = sum((im.shape[0] // 16) * (im.shape[1] // 16) for im in refs)
+        notes.append(f"reference images: {len(refs)} ({sizes}), {tokens} tokens beside the image's "
+                     f"{(s.width // 16) * (s.height // 16)} in every transformer call")
     return notes
 

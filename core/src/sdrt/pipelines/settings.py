@@ -41,6 +41,11 @@ class Settings:
     shift: float | None = None
     #: T5's token count (SD3, Flux, Chroma); None: the family's
     max_sequence_length: int | None = None
+    #: diffusers' guidance_rescale (CFG rescale phi): 0 off, up to 1
+    guidance_rescale: float = 0.0
+    #: FLUX.1 Kontext's reference images (sdrt.pipelines.reference), None without; resized to Kontext's sizes or not
+    reference_images: list[Any] | None = None
+    reference_resize: bool = True
     #: a Flux.1 Canny/Depth model's control image (sdrt.pipelines.fluxtools); a ControlNet unit when it came from
     #: ``--control-image`` (its preprocessor and resize mode)
     control_image: Any = None
@@ -111,8 +116,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              width: int | None = None, height: int | None = None, init_image: ImageLike | None = None,
              strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
              clip_skip: int = 1, guidance: float | None = None, shift: float | None = None,
-             max_sequence_length: int | None = None, control_image: ImageLike | None = None,
-             **toolbox: Any) -> Settings:
+             max_sequence_length: int | None = None, guidance_rescale: float = 0.0, reference_images: Any = None,
+             reference_resize: bool = True, control_image: ImageLike | None = None, **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
@@ -155,6 +160,9 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                                   or value <= (0 if name == "shift" else -1e-12)):
             raise InputError(f"{{@{name}}} must be a finite number {'> 0' if name == 'shift' else '>= 0'}, got {value!r}",
                              where=name, fix=f"use e.g. {3.5 if name == 'guidance' else 3}")
+    if not _number(guidance_rescale) or not 0 <= guidance_rescale <= 1:
+        raise InputError(f"{{@guidance_rescale}} must be a number from 0 to 1, got {guidance_rescale!r}",
+                         where="guidance_rescale", fix="use e.g. 0.7 (0 turns it off)")
     if max_sequence_length is not None:
         max_sequence_length = _int("max_sequence_length", max_sequence_length, 2)
     # an A1111 label ("DPM++ 2M Karras") or ComfyUI names ("dpmpp_2m", "karras"); unset: the family's, at run time
@@ -188,11 +196,19 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         check_path(mask, "mask")
     if control_image is not None:
         check_path(control_image, "control image")
+    from .reference import references_of
+
+    references = references_of(reference_images)
+    if not isinstance(reference_resize, (bool, np.bool_)):
+        raise InputError(f"{{@reference_resize}} must be True or False, got {reference_resize!r:.40}",
+                         where="reference_resize", fix="pass True (resize to Kontext's sizes, the default) or False (keep the "
+                         "images' sizes, cut down to multiples of 16)")
     return Settings(prompt, negative_prompt or "", steps, float(cfg) if cfg is not None else None,  # type: ignore[arg-type]
                     sampler, choice, int(seed), width, height, strength, batch, batch_count, clip_skip, init_image,
                     mask, toolbox=extras, guidance=None if guidance is None else float(guidance),
                     shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length,
-                    control_image=control_image)
+                    guidance_rescale=float(guidance_rescale), reference_images=references,
+                    reference_resize=bool(reference_resize), control_image=control_image)
 
 
 def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> None:
@@ -214,8 +230,8 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
-            "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "control_image",
-            *TOOLBOX_KEYWORDS)
+            "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "guidance_rescale",
+            "reference_images", "reference_resize", "control_image", *TOOLBOX_KEYWORDS)
 
 
 #: other libraries' names for these arguments (diffusers', A1111's API): what to pass here instead. A near spelling
@@ -225,11 +241,15 @@ _OTHER_NAMES = {
     "guidance_scale": "cfg (classifier-free guidance; for Flux dev's distilled guidance, guidance)",
     "cfg_scale": "cfg", "num_inference_steps": "steps", "negative": "negative_prompt", "neg_prompt": "negative_prompt",
     "num_images_per_prompt": "batch", "batch_size": "batch", "n_iter": "batch_count",
-    "denoising_strength": "strength", "image": "init_image", "init_images": "init_image", "mask_image": "mask",
+    "denoising_strength": "strength",
+    "image": "init_image (img2img), or reference_images (FLUX.1 Kontext's pictures to edit)",
+    "init_images": "init_image", "mask_image": "mask",
     "sampler_name": "sampler", "scheduler": "schedule (a ComfyUI scheduler) or sampler (an A1111 label)",
     "generator": "seed (an integer)", "enable_hr": "hires_scale", "hr_scale": "hires_scale",
     "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler",
-    "controlnet": "controlnets",
+    "controlnet": "controlnets", "cfg_rescale": "guidance_rescale",
+    "_auto_resize": "reference_resize", "reference_image": "reference_images",
+    "images": "reference_images (FLUX.1 Kontext) or init_image (img2img)",
 }
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import SamplerError
 
-__all__ = ["CFGDenoiser", "Denoiser"]
+__all__ = ["CFGDenoiser", "Denoiser", "rescale_guidance"]
 
 
 class Denoiser:
@@ -126,14 +126,22 @@ class CFGDenoiser:
     stacked on the batch axis, as diffusers does) and guides the raw network
     output, then turns it into the denoised estimate; ``predict(x_in, timestep)``
     gives that guided raw output to loops that step in a scheduler's own form.
+
+    ``rescale`` (diffusers' ``guidance_rescale``, "Common Diffusion Noise Schedules and Sample Steps are Flawed"
+    section 3.4): the guided network output is rescaled to the standard deviation of the positive one and mixed
+    back, ``rescale * out * std(pos) / std(out) + (1 - rescale) * out``, per image, in the network's own output
+    (eps or v), as diffusers' ``rescale_noise_cfg`` does. Since that is not affine, it needs the raw outputs:
+    with a rescale every guided call goes through ``predict``.
     """
 
-    def __init__(self, model: Any, cond: Any, uncond: Any, scale: float, *, batched: bool = False) -> None:
+    def __init__(self, model: Any, cond: Any, uncond: Any, scale: float, *, batched: bool = False,
+                 rescale: float = 0.0) -> None:
         self.model = model
         self.cond = cond
         self.uncond = uncond
         self.scale = float(scale)
         self.batched = batched
+        self.rescale = float(rescale)
         self.model_sampling = getattr(model, "model_sampling", None)
         self.calls = 0
 
@@ -156,10 +164,11 @@ class CFGDenoiser:
             positive = self.model.predict(x_in, timestep, cond=self.cond, **kwargs)
             negative = self.model.predict(x_in, timestep, cond=self.uncond, **kwargs)
             self.calls += 2
-        return negative + self.scale * (positive - negative)
+        guided = negative + self.scale * (positive - negative)
+        return rescale_guidance(guided, positive, self.rescale) if self.rescale else guided
 
     def __call__(self, x: np.ndarray, sigma: float, **kwargs: Any) -> np.ndarray:
-        if self.batched and self.guided:
+        if self.guided and (self.batched or self.rescale):
             ms = self.model_sampling
             sigma = float(np.asarray(sigma).reshape(-1)[0])
             t = ms.timestep(sigma, quantize=getattr(self.model, "quantize", False))
@@ -171,6 +180,18 @@ class CFGDenoiser:
         negative = self.model(x, sigma, cond=self.uncond, **kwargs)
         self.calls += 1
         return negative + (positive - negative) * self.scale
+
+
+def rescale_guidance(guided: np.ndarray, positive: np.ndarray, rescale: float) -> np.ndarray:
+    """diffusers' ``rescale_noise_cfg``: ``guided`` brought to ``positive``'s standard deviation per image (torch's
+    ``std``, Bessel-corrected, over all but the batch axis), mixed ``rescale : 1 - rescale`` with ``guided``."""
+    axes = tuple(range(1, guided.ndim))
+    g = guided.astype(np.float64)
+    spread = g.std(axis=axes, ddof=1, keepdims=True)
+    # a constant guided output (the plan's dry run feeds zeros) has no spread to rescale: kept as it is
+    ratio = positive.astype(np.float64).std(axis=axes, ddof=1, keepdims=True) / np.where(spread > 0, spread, 1.0)
+    ratio = np.where(spread > 0, ratio, 1.0)
+    return (rescale * g * ratio + (1.0 - rescale) * g).astype(guided.dtype, copy=False)
 
 
 def _stack(first: Any, second: Any) -> Any:

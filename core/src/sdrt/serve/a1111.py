@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import b64images, controlnet, extras, modules
+from . import b64images, controlnet, extras, kontext, modules
 from .config import Limits
 from .errors import ApiError, from_pipeline
 from .fields import get_bool, get_dict, get_float, get_int, get_list, get_str
@@ -179,6 +179,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     not_honoured += notes
     if nets:
         kwargs["controlnets"] = nets
+    # Forge's FLUX.1 Kontext extension (alwayson_scripts["Forge FluxKontext"]): reference images
+    net_names.update(kontext.references(body, kwargs, limits.max_width * limits.max_height * 4, not_honoured))
     try:  # the pipeline's own checks (sampler and schedule names, sizes, strength), before any model loads
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:

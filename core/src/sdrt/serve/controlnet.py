@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import b64images
+from . import b64images, kontext
 from .errors import ApiError
 from .fields import get_bool, get_float
 from .registry import ModelEntry, Registry
@@ -159,6 +159,8 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
     for name, value in scripts.items():
         if str(name).strip().casefold() == "controlnet":
             found = (str(name), value)
+        elif kontext.is_title(name):  # Forge's Kontext extension: serve/kontext.py
+            continue
         else:
             notes.append(f"alwayson_scripts.{str(name)[:60]}: this A1111 extension is not part of sdrt (ControlNet is)")
     if found is None:

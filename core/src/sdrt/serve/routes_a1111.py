@@ -300,7 +300,8 @@ ROUTES = [
     Route("/sdapi/v1/face-restorers", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/prompt-styles", _empty([]), methods=["GET"]),
     # the always-on scripts a request's alwayson_scripts may name (A1111 lists scripts by their lower-case titles)
-    Route("/sdapi/v1/scripts", _empty({"txt2img": ["controlnet"], "img2img": ["controlnet"]}), methods=["GET"]),
+    Route("/sdapi/v1/scripts", _empty({"txt2img": ["controlnet", "forge fluxkontext"],
+                                       "img2img": ["controlnet", "forge fluxkontext"]}), methods=["GET"]),
     Route("/sdapi/v1/cmd-flags", _empty({}), methods=["GET"]),
     Route("/sdapi/v1/script-info", _empty([]), methods=["GET"]),
     Route("/sdapi/v1/memory", memory, methods=["GET"]),

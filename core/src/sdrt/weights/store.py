@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -408,13 +409,21 @@ def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     return files
 
 
+#: what a training run saves beside the weights (transformers' Trainer, accelerate): pickles of arguments, optimizer
+#: and random states, never weights, each of which would refuse the folder (they name classes torchfile does not take)
+TRAINING_STATE = re.compile(r"(training_args|optimizer|scheduler|scaler|rng_state.*|random_states.*)\.[a-z]+",
+                            re.IGNORECASE)
+
+
 def folder_files(folder: Path) -> list[Path]:
     """A folder's weights files: its ``.safetensors``, else its PyTorch checkpoints (a diffusers or transformers
-    folder of ``diffusion_pytorch_model.bin`` / ``pytorch_model.bin``), sorted; [] when none or not a folder."""
+    folder of ``diffusion_pytorch_model.bin`` / ``pytorch_model.bin``, not a training run's ``training_args.bin`` or
+    ``optimizer.pt``), sorted; [] when none or not a folder."""
     if not folder.is_dir():
         return []
     return sorted(folder.glob("*.safetensors")) or sorted(
-        f for f in folder.iterdir() if f.suffix.lower() in PICKLE_SUFFIXES and f.is_file())
+        f for f in folder.iterdir()
+        if f.suffix.lower() in PICKLE_SUFFIXES and not TRAINING_STATE.fullmatch(f.name) and f.is_file())
 
 
 def _head(p: Path) -> bytes:

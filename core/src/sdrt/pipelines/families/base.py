@@ -60,6 +60,8 @@ class ModelCall:
     hooks: list[Hook] = field(default_factory=list)
     #: the distilled guidance fed as a model input (Flux dev's ``guidance``), None elsewhere
     guidance: float | None = None
+    #: diffusers' ``guidance_rescale`` of the guided output (``sdrt.samplers.CFGDenoiser``'s ``rescale``)
+    guidance_rescale: float = 0.0
 
 
 class Family:
@@ -108,6 +110,8 @@ class Family:
     default_sampler: ClassVar[str] = "DPM++ 2M Karras"
     #: T5's ``max_sequence_length`` when the caller sets none (SD3: 256, Flux dev and Chroma: 512)
     max_sequence_length: ClassVar[int] = 256
+    #: the denoiser reads reference images as more tokens (FLUX.1 Kontext; sdrt.pipelines.reference)
+    reference_images: ClassVar[bool] = False
 
     def __init__(self, folder: ModelFolder) -> None:
         self.folder = folder
@@ -254,7 +258,8 @@ class Family:
                          hooks=[*self.hooks(call), *call.hooks])
         cond = self.cond_feeds(call.cond, call.batch)
         uncond = self.cond_feeds(call.uncond, call.batch) if call.uncond is not None else None
-        return CFGDenoiser(model, cond, uncond, call.cfg if self.guidance == "cfg" else 1.0, batched=self.batched_cfg)
+        return CFGDenoiser(model, cond, uncond, call.cfg if self.guidance == "cfg" else 1.0, batched=self.batched_cfg,
+                           rescale=call.guidance_rescale)
 
     # ------------------------------------------------------------------ the contract
     def check(self, parts: Mapping[str, Part]) -> None:

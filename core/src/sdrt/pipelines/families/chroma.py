@@ -25,6 +25,7 @@ from .flux import Flux
 
 class Chroma(Flux):
     name = "chroma"
+    reference_images = False  # no Kontext training: refused rather than run
     label = "Chroma"
     class_names = ("ChromaPipeline", "ORTChromaPipeline", "ChromaImg2ImgPipeline", "ORTChromaImg2ImgPipeline")
     parts = {"text_encoder": "text", "transformer": "denoiser", "vae_decoder": "vae_decoder",

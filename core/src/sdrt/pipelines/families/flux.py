@@ -78,6 +78,7 @@ class Flux(Family):
     default_cfg = 1.0
     default_sampler = "Euler"
     max_sequence_length = 512
+    reference_images = True  # FLUX.1 Kontext: the same weights and graph; sdrt.pipelines.reference
 
     @classmethod
     def matches(cls, parts: set[str], configs: Mapping[str, Mapping[str, Any]], tokenizers: Path) -> bool:
