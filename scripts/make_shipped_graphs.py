@@ -31,7 +31,9 @@ Run with the torch venv (its torchvision does not match its torch: ``tvblock`` h
 
     PYTHONPATH=scripts/_tvblock:core/src /work/refvenv/bin/python scripts/make_shipped_graphs.py export [NAME...]
     PYTHONPATH=scripts/_tvblock:core/src /work/refvenv/bin/python scripts/make_shipped_graphs.py check [NAME...]
-    PYTHONPATH=scripts/_tvblock:core/src /work/refvenv/bin/python scripts/make_shipped_graphs.py check-derived
+    PYTHONPATH=scripts/_tvblock:core/src:SHIM /work/refvenv/bin/python scripts/make_shipped_graphs.py check-derived
+
+(SHIM: a folder holding a link to pluggy, which sdrt imports and the torch venv lacks.)
 """
 
 from __future__ import annotations
