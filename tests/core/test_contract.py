@@ -76,6 +76,14 @@ def test_error_message_has_what_where_and_fix():
     err = SdrtError("it broke", where="node 7", fix="do this")
     assert str(err) == "it broke. Where: node 7. What to do: do this."
     assert (err.what, err.where, err.fix) == ("it broke", "node 7", "do this")
+    assert str(SdrtError("it broke.", fix="do this..")) == "it broke. What to do: do this."
+
+
+def test_an_ellipsis_ending_a_message_is_kept():
+    """A list cut short ("Abs, And, ...": sdrt run of an If graph on ggml) or code ("def f(): ...") kept its commas
+    and lost the dots: "Abs, And, ."."""
+    err = SdrtError("ops Abs, And, ...", fix="define it as def callback(step, total, latents): ...")
+    assert str(err) == "ops Abs, And, ... What to do: define it as def callback(step, total, latents): ..."
 
 
 def test_session_is_a_context_manager_and_refuses_runs_after_close(registry, affine_path):

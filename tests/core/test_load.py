@@ -200,3 +200,34 @@ def test_a_bad_shapes_argument_is_an_error_about_that_argument(registry, affine_
         sdrt.load(affine_path, backend="reference", shapes=shapes)
     assert info.value.where == "shapes" and "\n" not in str(info.value)
     assert "shapes=" in info.value.fix and "Graph.with_shapes" not in str(info.value)
+
+
+@pytest.mark.parametrize("opset", [7, 9, 14, 15])
+def test_reference_batch_norm_before_opset_14_is_inference(registry, opset):
+    """onnx.reference's BatchNormalization_9 reads the momentum attribute's default as training mode and normalizes
+    with the batch's statistics: an opset-9 graph (the ONNX model zoo's ResNets) ran 0.76 of its output's scale off
+    onnxruntime on the reference backend, and opset 7 raised. Constant folding uses the same fix."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from sdrt.graph import Graph
+
+    x = np.random.default_rng(0).standard_normal((1, 4, 2, 2)).astype(np.float32)
+    stats = [numpy_helper.from_array(np.full(4, v, np.float32), n) for n, v in (("g", 2.0), ("b", 0.5), ("m", 0.25),
+                                                                               ("v", 4.0))]
+    want = (x - 0.25) / np.sqrt(4 + 1e-5) * 2 + 0.5
+    vi = helper.make_tensor_value_info
+    g = helper.make_graph([helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["y"])], "g",
+                          [vi("x", TensorProto.FLOAT, [1, 4, 2, 2])], [vi("y", TensorProto.FLOAT, [1, 4, 2, 2])], stats)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 7
+    with sdrt.load(m.SerializeToString(), backend="reference") as s:
+        np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-6, atol=1e-6)
+    const = helper.make_graph([helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["bc"]),
+                               helper.make_node("Add", ["x", "bc"], ["y"])], "g",
+                              [vi("x", TensorProto.FLOAT, [1, 4, 2, 2])], [vi("y", TensorProto.FLOAT, [1, 4, 2, 2])],
+                              [numpy_helper.from_array(x, "c"), *stats])
+    m = helper.make_model(const, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 7
+    folded = Graph.load(m.SerializeToString()).fold_constants(fold_weights=True)
+    bc = next(t for t in folded.model.graph.initializer if t.name == "bc")
+    np.testing.assert_allclose(numpy_helper.to_array(bc), want, rtol=1e-6, atol=1e-6)

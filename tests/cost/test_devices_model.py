@@ -31,6 +31,15 @@ def test_library_covers_the_families_and_names_sources():
             assert d.cores and d.isa
 
 
+def test_a_chip_name_is_not_its_variants():
+    """`sdrt plan --help` names "Apple M2" as a device: it matched the M2 and the M2 Ultra and was refused."""
+    assert devices.find("Apple M2").name.startswith("Apple M2 (")
+    assert devices.find("M2 Ultra").name.startswith("Apple M2 Ultra")
+    assert devices.find("RTX 4070").name == "RTX 4070 12GB"  # not the 4070 Ti or SUPER
+    with pytest.raises(SdrtError, match="no single library device matches 'H100'"):
+        devices.find("H100")  # SXM and PCIe: boards of one chip, told apart by the user
+
+
 def test_find_by_loose_name_and_errors():
     assert devices.find("rtx 3060 12gb").name == "RTX 3060 12GB"
     assert devices.find("RTX4090").memory_bytes == 24 * 2**30

@@ -146,6 +146,15 @@ def test_parse_memory():
         parse_memory("-1G")
 
 
+def test_list_devices_needs_no_model(capsys):
+    """`sdrt plan --list-devices`, as the help says: argparse refused it for want of a MODEL."""
+    assert main(["plan", "--list-devices"]) == 0
+    assert "RTX 3060 12GB" in capsys.readouterr().out
+    assert main(["plan"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no model given") and len(err.strip().splitlines()) == 1
+
+
 def test_list_devices(capsys):
     assert main(["plan", "x", "--list-devices"]) == 0
     assert "RTX 4090 24GB" in capsys.readouterr().out

@@ -210,6 +210,30 @@ def test_external_symlink_inside_folder_is_fine(tmp_path):
     assert Graph.load(p).initializer_arrays()["fc1.bias"].shape == (16,)
 
 
+def test_the_hugging_face_cache_layout_loads(tmp_path):
+    """hf download / snapshot_download keep each file once in REPO/blobs/ and link REPO/snapshots/REV/... to it: the
+    external data of every cached ONNX export led out of its folder, and sdrt refused it (onnxruntime loads it). A
+    link into that blobs/ folder is taken; one that goes on from there (to a secret) is still refused."""
+    repo = tmp_path / "models--org--sd-onnx"
+    src = tmp_path / "export"
+    src.mkdir()
+    p = M.save_external(M.linear_model(), src / "model.onnx")
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / "0123abc" / "unet"
+    snap.mkdir(parents=True)
+    for name, blob in (("model.onnx", "h1"), ("weights.bin", "h2")):
+        os.rename(src / name, repo / "blobs" / blob)
+        os.symlink(f"../../../blobs/{blob}", snap / name)
+    assert p.name == "model.onnx"
+    g = Graph.load(snap / "model.onnx")
+    assert g.initializer_arrays()["fc1.bias"].shape == (16,)
+    secret = tmp_path / "secret.bin"
+    os.rename(repo / "blobs" / "h2", secret)
+    os.symlink(secret, repo / "blobs" / "h2")  # a blob that is itself a link out
+    with pytest.raises(ModelError, match="symbolic link"):
+        Graph.load(snap / "model.onnx")
+
+
 def test_bytes_with_external_data_need_base_dir(tmp_path):
     p = M.save_external(M.linear_model(), tmp_path / "m.onnx")
     with pytest.raises(ModelError, match="given as bytes"):
@@ -291,3 +315,34 @@ def test_invalid_utf8_in_names_is_a_model_error(old, new):
     assert old in data
     with pytest.raises(ModelError, match="not UTF-8"):
         Graph.load(data.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("text, kind", [
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 3438167536\n", "a Git LFS pointer"),
+    (b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head></html>\n", "an HTML page"),
+])
+def test_a_placeholder_instead_of_the_file_is_named(tmp_path, text, kind):
+    """A Hugging Face repository cloned without git-lfs holds pointers of three lines where its .onnx and
+    .safetensors files are; a download that fetched a web page holds HTML. Both read as 'malformed or truncated
+    protobuf' or as a safetensors header 'length 2336927755350992246'."""
+    from sdrt.errors import WeightsError
+    from sdrt.weights import Weights
+
+    (tmp_path / "model.onnx").write_bytes(text)
+    with pytest.raises(ModelError, match=f"not ONNX: it looks like {kind}.*git lfs pull"):
+        Graph.load(tmp_path / "model.onnx")
+    (tmp_path / "w.safetensors").write_bytes(text)
+    with pytest.raises(WeightsError, match=f"not safetensors: it looks like {kind}.*git lfs pull"):
+        Weights.open(tmp_path / "w.safetensors")
+
+
+def test_a_windows_location_loads(tmp_path):
+    """A model exported on Windows with its external data in a subfolder names it weights\\w.bin (os.path.join
+    there): on Linux that file was 'missing'. A backslash location that names no file is read with slashes."""
+    path = _with_location(tmp_path, "weights\\w.bin")
+    (tmp_path / "weights").mkdir()
+    os.rename(tmp_path / "weights.bin", tmp_path / "weights" / "w.bin")
+    g = Graph.load(path)
+    assert g.initializer_arrays()["fc1.bias"].shape == (16,)
+    with pytest.raises(ModelError, match="'..'"):
+        Graph.load(_with_location(tmp_path, "weights\\..\\..\\w.bin"))

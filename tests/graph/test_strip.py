@@ -186,3 +186,38 @@ def test_strip_outputs_get_the_usual_mode_and_a_read_only_file_is_refused(tmp_pa
         assert "read-only file" in err and str(target) in err and "Traceback" not in err
         assert {p: p.read_bytes() for p in (out, weights)} == kept and stat.S_IMODE(target.stat().st_mode) == 0o444
         target.chmod(0o644)
+
+
+def test_strip_keeps_4bit_weights_inline(tmp_path):
+    """`sdrt strip` of `sdrt quantize --to int4`'s own output died: 'dtype int4 cannot be stored in safetensors'.
+    4-bit initializers stay in the graph (as strings do); the rest go to the weights file, and the pair runs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from sdrt import quantization as Q
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.ones(32, np.float32), "b")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])], [w, b])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), str(src))
+    q = Q.quantize(Graph.load(src), "int4", keep_layers=())
+    q.save(tmp_path / "m.int4.onnx")
+    res = Graph.load(tmp_path / "m.int4.onnx").strip(tmp_path / "s.onnx")
+    stripped = onnx.load(str(tmp_path / "s.onnx"), load_external_data=False)
+    inline = {t.name for t in stripped.graph.initializer if t.data_location != TensorProto.EXTERNAL}
+    assert inline == {"w_quantized"} and res.tensors == len(stripped.graph.initializer) - 1
+    x = {"x": np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)}
+    ref = onnx.reference.ReferenceEvaluator(str(tmp_path / "m.int4.onnx")).run(None, x)[0]
+    np.testing.assert_array_equal(onnx.reference.ReferenceEvaluator(str(tmp_path / "s.onnx")).run(None, x)[0], ref)
+
+
+def test_cli_strip_puts_a_bare_weights_name_in_the_outputs_folder(tmp_path, monkeypatch, capsys):
+    """--weights is 'the weights file to write, in the output's folder': a bare name was taken from the current
+    folder instead, and refused ('the weights file must sit in the stripped graph's folder')."""
+    src = M.save(M.linear_model(), tmp_path / "m.onnx")
+    monkeypatch.chdir(tmp_path)
+    assert main(["strip", str(src), "-o", str(tmp_path / "out" / "s.onnx"), "--weights", "w.safetensors"]) == 0
+    assert (tmp_path / "out" / "w.safetensors").is_file() and not (tmp_path / "w.safetensors").exists()
+    assert Graph.load(tmp_path / "out" / "s.onnx").initializer_arrays()["fc1.bias"].shape == (16,)

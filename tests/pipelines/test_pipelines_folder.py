@@ -40,6 +40,15 @@ def test_missing_folder(tmp_path: Path) -> None:
         ModelFolder.open(tmp_path / "nope")
 
 
+def test_a_folder_of_model_folders_names_them(tmp_path: Path) -> None:
+    """A download that keeps the ONNX export beside the diffusers one (MODEL/onnx/, MODEL/diffusers/): the error
+    listed text_encoder/, unet/ and vae_decoder/ as missing under MODEL, three paths that never existed."""
+    shutil.copytree(DEMO_MODEL, tmp_path / "onnx")
+    (tmp_path / "notes").mkdir()
+    with pytest.raises(ModelNotFoundError, match=r"holds model folders, not a model: onnx/.*pass one of them: "):
+        ModelFolder.open(tmp_path)
+
+
 def test_a_single_onnx_file_is_not_a_folder() -> None:
     with pytest.raises(ModelError, match="needs a model folder or a .safetensors checkpoint, not one .onnx graph"):
         ModelFolder.open(DATA / "tiny-sd15" / "unet" / "model.onnx")

@@ -84,6 +84,136 @@ def test_controlnet_window_and_scale_have_teeth() -> None:
     assert off > 20 and off_scale > 20, (off, off_scale)
 
 
+# ------------------------------------------------------------------ control modes and guess mode
+def _mode_cases(folder: str) -> list[dict]:
+    return json.loads((DATA / folder / "modes.json").read_text())
+
+
+def _mode_units(case: dict, z) -> list[ControlNet]:
+    return [ControlNet(n, z[img], sc, st, en, control_mode=m) for n, img, sc, st, en, m in
+            zip(case["controlnets"], case["control_images"], case["scale"], case["start"], case["end"],
+                case["control_mode"])]
+
+
+def _run_mode_case(pipe, case: dict, z, **extra) -> np.ndarray:
+    kw = dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], seed=case["seed"], width=case["width"],
+              height=case["height"], controlnets=_mode_units(case, z), guess_mode=case["guess_mode"])
+    kw.update(extra)
+    return pipe.generate(case["prompt"], case["negative_prompt"], **kw).images[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("folder", CN_FOLDERS)
+def test_controlnet_modes_equal_their_references(folder: str, backend: str) -> None:
+    """diffusers' guess_mode=True (its pipeline) and sd-webui-controlnet's control modes (its formulas around
+    diffusers' UNet and ControlNetModel, scripts/gen_controlnet_mode_refs.py), one and two units."""
+    register(backend)
+    z = np.load(DATA / folder / "modes.npz")
+    images = np.load(DATA / folder / "refs.npz")
+    worst = {}
+    with pipelines.load(DATA / folder, backend=backend) as pipe:
+        for case in _mode_cases(folder):
+            d = np.abs(_run_mode_case(pipe, case, images).astype(int) - z[case["name"]][0].astype(int))
+            worst[case["name"]] = (int(d.max()), float((d > 0).mean()))
+    assert all(m <= 2 for m, _ in worst.values()), worst
+    assert all(share < 0.005 for _, share in worst.values()), worst
+
+
+def test_controlnet_modes_have_teeth() -> None:
+    """Another mode, or no cfg injection, is far from each reference: the test above can fail."""
+    folder = "tiny-sd15-controlnet"
+    z = np.load(DATA / folder / "modes.npz")
+    images = np.load(DATA / folder / "refs.npz")
+    cases = {c["name"]: c for c in _mode_cases(folder)}
+    with pipelines.load(DATA / folder, backend=_fast_backend()) as pipe:
+        control = cases["ControlNet is more important"]
+        prompt = _run_mode_case(pipe, dict(control, control_mode=["My prompt is more important"]), images)
+        guess = _run_mode_case(pipe, dict(control, control_mode=["Balanced"], guess_mode=True), images)
+        two = cases["two units/Balanced + ControlNet is more important"]
+        both_balanced = _run_mode_case(pipe, dict(two, control_mode=["Balanced", "Balanced"]), images)
+    off = {"no cfg injection": np.abs(prompt.astype(int) - z[control["name"]][0]).max(),
+           "guess mode's scales": np.abs(guess.astype(int) - z[control["name"]][0]).max(),
+           "second unit Balanced": np.abs(both_balanced.astype(int) - z[two["name"]][0]).max()}
+    assert all(v > 10 for v in off.values()), off
+
+
+def test_residual_scales_are_the_extensions_and_diffusers() -> None:
+    from sdrt.pipelines.controlnet import residual_scales
+
+    unit = ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), 0.8)
+    assert residual_scales(unit, 13) is None  # Balanced: the plain scale, through conditioning_scale
+    assert residual_scales(unit, 13, hires=True) is None
+    unit.preprocessor = "canny"  # the extension soft-injects canny (and mlsd) in the hires pass
+    assert residual_scales(unit, 13) is None
+    assert np.allclose(residual_scales(unit, 13, hires=True), [0.8 * 0.825 ** (12 - i) for i in range(13)])
+    unit.preprocessor, unit.control_mode = "none", "My prompt is more important"
+    sd1 = residual_scales(unit, 13)
+    assert np.isclose(sd1[-1], 0.8) and np.isclose(sd1[0], 0.8 * 0.825 ** 12)
+    sdxl = residual_scales(unit, 10)  # the extension's list cut to 10: the mid block at 0.825 ** 3
+    assert np.allclose(sdxl, sd1[:10]) and np.isclose(sdxl[-1], 0.8 * 0.825 ** 3)
+    unit.control_mode, unit.guess_mode = "Balanced", True
+    assert np.allclose(residual_scales(unit, 13), 0.8 * np.logspace(-1, 0, 13))
+    assert np.allclose(residual_scales(unit, 10), 0.8 * np.logspace(-1, 0, 10))
+
+
+def test_cond_only_units_run_their_net_on_the_cond_half() -> None:
+    """Cfg injection and guess mode: the net's calls take the cond rows only (one image: 1 row, not 2)."""
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+        plan = pipe.plan(PROMPT, "blurry", steps=4, sampler="Euler", seed=1, controlnets=[
+            ("controlnet", z["edges"], 1.0, 0.0, 1.0, "ControlNet is more important"),
+            ("controlnet_2", z["scribble"], 0.5, 0.0, 1.0, 1)])
+        guess = pipe.plan(PROMPT, "blurry", steps=4, sampler="Euler", seed=1, guess_mode=True,
+                          controlnets=[("controlnet", z["edges"])])
+        no_cfg = pipe.plan(PROMPT, steps=4, sampler="Euler", seed=1, cfg=1,
+                           controlnets=[("controlnet", z["edges"], 1.0, 0.0, 1.0, 2)])
+    rows = lambda p, name: {dict((k, s) for k, s, _ in sig)["sample"][0]  # noqa: E731
+                            for sig, _ in p.part(name).signatures}
+    assert rows(plan, "controlnet") == {1} and rows(plan, "controlnet_2") == {2} and rows(plan, "unet") == {2}
+    assert rows(guess, "controlnet") == {1} and rows(no_cfg, "controlnet") == {1}
+    text = plan.format()
+    assert "controlnet 0: controlnet, scale 1, steps 0-1, preprocessor none, mode ControlNet is more important" in text
+    assert "mode My prompt is more important" in text and "guess mode" in guess.format()
+
+
+def test_cond_only_units_in_a_batch_of_two() -> None:
+    """Rows [uncond x2, cond x2]: the cond half is each image's own (diffusers' one noise stream for the batch: the
+    first image is the one-image reference)."""
+    folder = "tiny-sd15-controlnet"
+    z = np.load(DATA / folder / "modes.npz")
+    case = next(c for c in _mode_cases(folder) if c["name"] == "two units/Balanced + ControlNet is more important")
+    with pipelines.load(DATA / folder, backend=_fast_backend()) as pipe:
+        images = pipe.generate(case["prompt"], case["negative_prompt"], steps=case["steps"], cfg=case["cfg"],
+                               sampler=case["sampler"], seed=case["seed"], width=64, height=64, batch=2,
+                               controlnets=_mode_units(case, np.load(DATA / folder / "refs.npz"))).images
+    assert np.abs(images[0].astype(int) - z[case["name"]][0]).max() <= 2
+    assert np.abs(images[1].astype(int) - images[0]).max() > 20
+
+
+def test_controlnet_mode_infotext_and_bad_input() -> None:
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+        gen = pipe.generate(PROMPT, steps=1, sampler="Euler", seed=1, controlnets=[
+            ("controlnet", z["edges"], 1.0, 0.0, 1.0, "my prompt is more important"),
+            ControlNet("controlnet_2", z["scribble"], guess_mode=True)])
+        for kw, words in (
+                (dict(controlnets=[("controlnet", z["edges"], 1.0, 0.0, 1.0, "Loud")]),
+                 "controlnets\\[0\\] control_mode 'Loud' is not a ControlNet control mode"),
+                (dict(controlnets=[("controlnet", z["edges"], 1.0, 0.0, 1.0, 3)]), "control_mode 3 is not"),
+                (dict(controlnets=[ControlNet("controlnet", z["edges"], control_mode=2, guess_mode=True)]),
+                 "guess mode and the control mode 'ControlNet is more important'"),
+                (dict(controlnets=[("controlnet", z["edges"], 1.0, 0.0, 1.0, 1)], guess_mode=True),
+                 "guess_mode and controlnets\\[0\\]'s control mode"),
+                (dict(guess_mode=True), "guess_mode without a ControlNet"),
+                (dict(controlnets=[("controlnet", z["edges"])], guess_mode="yes"), "guess_mode must be True or False")):
+            with pytest.raises(InputError, match=words) as err:
+                pipe.generate(PROMPT, steps=1, sampler="Euler", seed=1, **kw)
+            assert "\n" not in str(err.value)
+    info = gen.settings[0]
+    assert info["ControlNet 0"].endswith("Pixel Perfect: False, Control Mode: My prompt is more important")
+    assert info["ControlNet 1"].endswith("Control Mode: ControlNet is more important, Guess Mode: True")
+
+
 def test_controlnet_plan_lists_the_nets_and_their_calls() -> None:
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
     with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
@@ -400,6 +530,33 @@ def test_cli_controlnet_flags_give_diffusers_image(tmp_path: Path, capsys) -> No
     assert 'ControlNet 1: "Module: none, Model: controlnet_2, Weight: 0.6,' in text and "Guidance Start: 0.1" in text
 
 
+@pytest.mark.parametrize("name", ["two units/My prompt is more important + Balanced", "guess mode"])
+def test_cli_control_mode_and_guess_mode_flags(name: str, tmp_path: Path, capsys) -> None:
+    from sdrt.cli import main
+    from sdrt.pipelines.png import read_parameters, write_png
+
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+    case = next(c for c in _mode_cases("tiny-sd15-controlnet") if c["name"] == name)
+    out = tmp_path / "cn.png"
+    args = ["generate", str(DATA / "tiny-sd15-controlnet"), case["prompt"], "--negative", case["negative_prompt"],
+            "--steps", "8", "--sampler", "Euler", "--seed", str(case["seed"]), "--backend", _fast_backend(),
+            "-o", str(out)]
+    for k, (net, image, scale, mode) in enumerate(zip(case["controlnets"], case["control_images"], case["scale"],
+                                                      case["control_mode"])):
+        write_png(tmp_path / f"{image}.png", z[image])
+        args += ["--control-image", str(tmp_path / f"{image}.png"), "--controlnet", net, "--control-scale", str(scale),
+                 "--control-mode", str(["Balanced", "My prompt is more important"].index(mode)) if k else mode]
+    if case["guess_mode"]:
+        args += ["--guess-mode"]
+    assert main(args) == 0, capsys.readouterr().err
+    pil = pytest.importorskip("PIL.Image")
+    with pil.open(out) as img:
+        pixels = np.asarray(img.convert("RGB"))
+    assert np.abs(pixels.astype(int) - np.load(DATA / "tiny-sd15-controlnet" / "modes.npz")[name][0]).max() <= 2
+    assert f"Control Mode: {'ControlNet is more important' if case['guess_mode'] else case['control_mode'][0]}" \
+        in read_parameters(out)
+
+
 def test_cli_dry_run_shows_both_hires_passes_and_bad_flags(tmp_path: Path, capsys) -> None:
     from sdrt.cli import main
 
@@ -411,7 +568,14 @@ def test_cli_dry_run_shows_both_hires_passes_and_bad_flags(tmp_path: Path, capsy
                         (["--hires-steps", "3"], "--hires-steps needs --hires-scale. Where: --hires-steps. What to do: "
                                                  "pass --hires-scale 2 (for example) too"),
                         (["--subseed-strength", "3"], "--subseed-strength must be from 0 to 1"),
-                        (["--control-image", str(tmp_path / "none.png")], "the control image does not exist")):
+                        (["--control-image", str(tmp_path / "none.png")], "the control image does not exist"),
+                        (["--guess-mode"], "--guess-mode needs a --control-image"),
+                        (["--control-image", str(DATA / "tiny-sd15-controlnet" / "model_index.json"), "--control-mode",
+                          "loud"], "--control-mode 'loud' is not a ControlNet control mode. Where: --control-mode. "
+                                   "What to do: use Balanced, My prompt is more important or ControlNet is more "
+                                   "important (or 0, 1, 2)"),
+                        (["--control-image", str(DATA / "tiny-sd15-controlnet" / "model_index.json"), "--control-mode",
+                          "2", "--guess-mode"], "--guess-mode and --control-mode other than Balanced")):
         rc = main(["generate", str(DATA / "tiny-sd15-controlnet"), "a cat", "--dry-run", *args])
         err = capsys.readouterr().err
         assert rc != 0 and words in err and "Traceback" not in err, (args, err)

@@ -288,3 +288,52 @@ def test_cli_quantize_refuses_to_write_over_the_models_own_files(registry, unet_
     (tmp_path / "q.onnx").chmod(0o444)
     assert main(["quantize", "s.onnx", "--to", "int8", "-o", "q.onnx"]) == 1
     assert "read-only file" in capsys.readouterr().err
+
+
+def _one_matmul(path, w_dtype=np.float32, nodes=None, inits=None, opset=17):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 32)).astype(w_dtype), "w")
+    x_type = TensorProto.FLOAT16 if w_dtype == np.float16 else TensorProto.FLOAT
+    g = helper.make_graph(nodes or [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", x_type, [8, 64])],
+                          [helper.make_tensor_value_info("y", x_type, [8, 32])], inits or [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    return path
+
+
+def test_cli_refuses_a_graph_with_nothing_to_quantize(tmp_path, capsys):
+    """An fp16 export (its weights skipped without a word), a graph onnxruntime quantized already (QDQ, QOperator,
+    dynamic: its int8 weights counted as sdrt's own), or one without matmul weights: `sdrt quantize` wrote a copy
+    larger than the model, "N weights as int8". Now one line says why, and nothing is written."""
+    from onnx import helper, numpy_helper
+
+    from sdrt.cli import main
+
+    out = tmp_path / "out.onnx"
+    half = _one_matmul(tmp_path / "half.onnx", np.float16)
+    assert main(["quantize", str(half), "--to", "int8", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "no weight to quantize: 1 stored as float16" in err and f"sdrt quantize {half} --to int8 --plan" in err
+    assert main(["quantize", str(half), "--to", "int8", "--plan"]) == 0
+    assert "stored as float16 (quantize reads float32 weights: a float32 export): 1\n  w" in capsys.readouterr().out
+    qdq = _one_matmul(tmp_path / "qdq.onnx", nodes=[
+        helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"]), helper.make_node("MatMul", ["x", "w"], ["y"])],
+        inits=[numpy_helper.from_array(np.ones((64, 32), np.int8), "wq"),
+               numpy_helper.from_array(np.array(0.5, np.float32), "ws")])
+    assert main(["quantize", str(qdq), "--to", "int8", "-o", str(out)]) == 1
+    assert "already quantized (1 weight(s) stored quantized behind DequantizeLinear)" in capsys.readouterr().err
+    dyn = _one_matmul(tmp_path / "dyn.onnx", nodes=[
+        helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+        helper.make_node("MatMulInteger", ["xq", "wq", "xz"], ["y"])],
+        inits=[numpy_helper.from_array(np.ones((64, 32), np.uint8), "wq")])
+    assert main(["quantize", str(dyn), "--to", "int8", "-o", str(out)]) == 1
+    assert "already quantized (DynamicQuantizeLinear, MatMulInteger nodes)" in capsys.readouterr().err
+    relu = _one_matmul(tmp_path / "relu.onnx", nodes=[helper.make_node("Relu", ["x"], ["y"])], inits=[])
+    assert main(["quantize", str(relu), "--to", "int8", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "no weight to quantize: the graph has no MatMul, Gemm or Conv weight" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    assert main(["quantize", str(_one_matmul(tmp_path / "ok.onnx")), "--to", "int8", "-o", str(out)]) == 0
+    assert "(1 weights as int8; the model: " in capsys.readouterr().out

@@ -152,8 +152,36 @@ def test_two_units_img2img_and_the_init_image_as_control(cn_server, cn_models, p
            'Processor Res: 53, Threshold A: 100, Guidance Start: 0, Guidance End: 0.5, Pixel Perfect: True' in text
 
 
+@pytest.mark.parametrize("unit, mode", [
+    ({"control_mode": 1}, "My prompt is more important"),
+    ({"control_mode": "ControlNet is more important"}, "ControlNet is more important"),
+    ({"control_mode": "2"}, "ControlNet is more important"),
+    # the extension's conversion while it read guess_mode (1.1.108 to 1.1.135): true is "ControlNet is more important"
+    ({"guess_mode": True, "control_mode": 0}, "ControlNet is more important"),
+    ({"guessmode": True}, "ControlNet is more important"),
+])
+def test_control_modes_run_as_the_python_api(cn_server, cn_models, pipe, unit, mode) -> None:
+    photo = _photo(64, 64)
+    scribble = str(cn_models / "ControlNet" / "tiny_scribble")
+    body = dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(photo), "model": "controlnet", "weight": 0.8, **unit},
+        {"image": _b64(photo), "model": "tiny_scribble", "module": "invert", "guidance_start": 0.25}]}})
+    r = _post(cn_server, "txt2img", body)
+    assert r.status_code == 200, r.text
+    info = json.loads(r.json()["info"])
+    assert info["sdrt_not_honoured"] == [] and info["sdrt_ignored_fields"] == []
+    want = _python(pipe, [ControlNet("controlnet", photo, 0.8, control_mode=mode),
+                          ControlNet(scribble, photo, 1.0, 0.25, 1.0, "invert")])
+    assert np.array_equal(_rgb(r.json()["images"][0]), want)
+    balanced = _python(pipe, [ControlNet("controlnet", photo, 0.8),
+                              ControlNet(scribble, photo, 1.0, 0.25, 1.0, "invert")])
+    assert np.abs(want.astype(int) - balanced).max() > 10  # the mode is not Balanced's picture
+    text = info["infotexts"][0]
+    assert f"Pixel Perfect: False, Control Mode: {mode}\"" in text and "Control Mode: Balanced\"" in text
+
+
 def test_what_sdrt_does_not_run_is_named(cn_server) -> None:
-    unit = {"image": _b64(_photo(64, 64)), "model": "controlnet", "control_mode": 2, "guess_mode": True,
+    unit = {"image": _b64(_photo(64, 64)), "model": "controlnet", "control_mode": 1, "guess_mode": True,
             "mask": _b64(_photo(64, 64)), "advanced_weighting": [1.0] * 13, "made_up": 1}
     r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"ControlNet": {"args": [unit]},
                                                                 "ADetailer": {"args": [{"ad_model": "face"}]}}))
@@ -161,7 +189,9 @@ def test_what_sdrt_does_not_run_is_named(cn_server) -> None:
     info = json.loads(r.json()["info"])
     notes = "\n".join(info["sdrt_not_honoured"])
     for words in ("alwayson_scripts.ADetailer: this A1111 extension is not part of sdrt",
-                  "args[0].control_mode: 'ControlNet is more important' ran as 'Balanced'", "args[0].guess_mode",
+                  "args[0].guess_mode: true ran as 'ControlNet is more important', as the extension turned guess "
+                  "mode into it; alwayson_scripts.ControlNet.args[0].control_mode 'My prompt is more important' was "
+                  "not used",
                   "args[0].mask: only inpaint ControlNet modules read a mask", "args[0].advanced_weighting"):
         assert words in notes
     assert info["sdrt_ignored_fields"] == ["alwayson_scripts.ControlNet.args[0].made_up"]
@@ -203,7 +233,9 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "module": "inpaint_only"}, 400, "module", "needs the inpaint ControlNet"),
     ({"model": "controlnet", "module": "ip-adapter_clip_sd15"}, 400, "module", "needs IP-Adapter"),
     ({"model": "controlnet", "resize_mode": 7}, 400, "resize_mode", "resize_mode must be 0, 1, 2"),
-    ({"model": "controlnet", "control_mode": "Loud"}, 400, "control_mode", "control_mode must be 0 to 2"),
+    ({"model": "controlnet", "control_mode": "Loud"}, 400, "control_mode", "control_mode must be 0 to 2 or one of "
+     "Balanced, My prompt is more important, ControlNet is more important, got 'Loud'"),
+    ({"model": "controlnet", "control_mode": 3}, 400, "control_mode", "control_mode must be 0 to 2"),
     ({"model": "controlnet", "module": "threshold", "threshold_a": 300}, 400, "threshold_a", "at most 255"),
     ({"model": "controlnet", "module": "canny", "processor_res": 4096}, 400, "processor_res",
      "processor_res must be at most 2048"),  # the server's largest side (--max-size)

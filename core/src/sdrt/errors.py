@@ -42,6 +42,12 @@ def _render(text: str, names: Mapping[str, str] | None) -> str:
     return _ARG.sub(one, text)
 
 
+def _sentence(text: str) -> str:
+    """``text`` ending in one full stop: its own periods stripped, but an ellipsis (a list cut short, ``def f(): ...``)
+    kept as it is, where stripping left a dangling ``, .``."""
+    return text if text.endswith("...") else text.rstrip(".") + "."
+
+
 class SdrtError(Exception):
     """Root of every error that sdrt raises on purpose."""
 
@@ -52,12 +58,12 @@ class SdrtError(Exception):
         super().__init__(self._format())
 
     def _format(self, names: Mapping[str, str] | None = None) -> str:
-        parts = [_render(self.what.rstrip("."), names) + "."]
+        parts = [_sentence(_render(self.what, names))]
         if self.where:
             where = names.get(self.where, self.where) if names is not None else self.where
             parts.append(f"Where: {_render(where, names)}.")
         if self.fix:
-            parts.append(f"What to do: {_render(self.fix.rstrip('.'), names)}.")
+            parts.append(f"What to do: {_sentence(_render(self.fix, names))}")
         return " ".join(parts)
 
     def render(self, names: Mapping[str, str] | None = None) -> str:

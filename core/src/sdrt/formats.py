@@ -4,6 +4,12 @@ and to say what a wrong file is."""
 from __future__ import annotations
 
 PICKLE_HINT = "a PyTorch/pickle checkpoint (zip or pickle data)"
+#: a Git LFS pointer: what a clone of a Hugging Face repository holds in place of each large file without git-lfs
+LFS_HINT = "a Git LFS pointer (a placeholder of a few lines, not the file's data)"
+#: what a download that fetched a web page (a login or error page) instead of the file holds
+HTML_HINT = "an HTML page (a download that fetched a web page instead of the file)"
+#: the fix for either: fetch the file itself
+FETCH_FIX = "fetch the file itself: `git lfs pull` in the clone (git-lfs installed), or download it again"
 
 
 def sniff(head: bytes) -> str | None:
@@ -20,6 +26,10 @@ def sniff(head: bytes) -> str | None:
         return PICKLE_HINT
     if head[:4] == b"GGUF":
         return "a GGUF file"
+    if head.startswith(b"version https://git-lfs.github.com/spec/"):
+        return LFS_HINT
+    if head.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html")):
+        return HTML_HINT
     if head.lstrip()[:1] in (b"{", b"["):
         return "a JSON/text file"
     return None

@@ -112,7 +112,11 @@ def _targets(graph: Graph, scheme: str, block_size: int, keep: list[re.Pattern[s
 
     for name, info in infos.items():
         readers = uses.get(name, [])
-        if info.dtype != "float32" or not readers or name in outputs:
+        if not readers or name in outputs:
+            continue
+        if info.dtype != "float32":
+            if info.dtype in ("float16", "bfloat16", "float64") and any(n.op_type in _OPS and i == 1 for n, i in readers):
+                skip(f"stored as {info.dtype} (quantize reads float32 weights: a float32 export)", name)
             continue
         weights_of = [(n, i) for n, i in readers if n.op_type in _OPS and i == 1]
         if len(weights_of) != len(readers):
@@ -315,6 +319,21 @@ def _at_opset(graph: Graph, need: int) -> onnx.ModelProto:
     del conv.graph.initializer[:]
     conv.graph.initializer.extend(graph.model.graph.initializer)
     return conv
+
+
+#: ops that hold or compute quantized weights as other tools write them (onnxruntime's QOperator and dynamic
+#: quantization, its 4-bit MatMulNBits)
+_QUANTIZED_OPS = {"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "MatMulNBits", "DynamicQuantizeLinear",
+                  "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+
+
+def quantized_elsewhere(graph: Graph) -> str | None:
+    """How ``graph`` is already quantized by another tool, in words (``"2 weights stored for DequantizeLinear"``,
+    ``"QLinearConv nodes"``), or None for a float graph."""
+    ops = sorted({n.op_type for n in graph.model.graph.node if n.op_type in _QUANTIZED_OPS})
+    stored = quantized_weights(graph)
+    what = [f"{len(stored)} weight(s) stored quantized behind DequantizeLinear"] if stored else []
+    return "; ".join(what + ([f"{', '.join(ops)} nodes"] if ops else [])) or None
 
 
 def scheme_of_graph(graph: Graph) -> str | None:

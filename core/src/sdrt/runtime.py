@@ -136,8 +136,8 @@ def _split_device(reg: Registry, backend: str, device: str) -> tuple[str, str]:
         return backend, device  # a plain id, which may hold a colon itself ("cuda:0")
     if backend not in ("auto", prefix):
         raise NoDeviceError(f"device {device!r} belongs to backend {prefix!r}, but backend {backend!r} was asked for",
-                            where=f"sdrt.load(backend={backend!r}, device={device!r})",
-                            fix=f"drop the backend, or pass device={rest!r}")
+                            where="device",
+                            fix=f"drop {{@backend}}, or pass {{@device=}}{rest!r}")
     return prefix, rest
 
 
@@ -211,7 +211,7 @@ def _pick_device(be: Backend, devices: list[Device], wanted: str | Device | None
     raise NoDeviceError(
         f"backend {be.name!r} has no device {want_id!r}",
         where=f"{be.name} devices here: {', '.join(d.id for d in devices)}",
-        fix="pass one of those device ids, or leave device unset",
+        fix="pass one of those device ids as {@device}, or leave it unset",
     )
 
 

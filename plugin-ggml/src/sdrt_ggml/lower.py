@@ -371,6 +371,12 @@ class Lowering:
                     unsupported={f"input of type {dtype}": [name]}, where="graph inputs",
                     fix="run this graph on another backend (reference, openvino)",
                 )
+            if 0 in tuple(shape):  # ggml aborts allocating an empty tensor (GGML_ASSERT in ggml-backend.cpp)
+                raise UnsupportedGraph(
+                    f"graph input {name!r} is empty (shape {tuple(shape)}); the ggml backend cannot hold a tensor "
+                    "without elements", unsupported={"empty input": [name]}, where="graph inputs",
+                    fix="run this graph on another backend (reference, openvino), or give the input at least one "
+                        "element per dim")
             gtype = g.GGML_TYPE_I32 if dtype in ("int64", "int32") else g.GGML_TYPE_F32
             t = g.ggml_new_tensor_4d(self.ctx, gtype, *ne_merged(shape))  # more than 4 dims: see wide()
             g.ggml_set_name(t, name[:63].encode())

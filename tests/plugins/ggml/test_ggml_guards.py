@@ -83,3 +83,18 @@ def test_guard_errors_become_unsupported_graph_with_the_node(monkeypatch):
     finally:
         monkeypatch.undo()
         ggml_lib().__dict__.pop("ggml_mul_mat", None)
+
+
+def test_an_empty_graph_input_is_refused_not_aborted():
+    """A graph whose input declares a 0 dim (onnxruntime runs it): ggml's allocator aborted the process
+    (GGML_ASSERT(tensor->buffer == NULL) in ggml-backend.cpp). An empty Slice inside the graph, or an empty output,
+    still run."""
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": ((0, 4), F)}, {"y": ((0, 4), F)})
+    with pytest.raises(UnsupportedGraph, match=r"graph input 'x' is empty \(shape \(0, 4\)\)"):
+        compile_ggml(m)
+    starts, ends, axes = (np.array([1], np.int64) for _ in range(3))
+    axes[:] = 0
+    m = make_model([helper.make_node("Slice", ["x", "s", "e", "a"], ["y"])], {"x": ((3, 4), F)}, {"y": ((0, 4), F)},
+                   {"s": starts, "e": ends, "a": axes})
+    with compile_ggml(m) as s:
+        assert s.run({"x": np.ones((3, 4), np.float32)})["y"].shape == (0, 4)

@@ -3,8 +3,8 @@
 ControlNet flags are grouped by position: the first ``--control-image`` goes with the first
 ``--controlnet`` (a folder, a ``model.onnx`` or a ControlNet ``.safetensors``; default: the model folder's
 ``controlnet/``, then ``controlnet_2/``, ...), and so on;
-``--control-scale``/``--control-start``/``--control-end``/``--control-preprocessor``/``--control-resize``
-given once apply to every ControlNet, else once per ControlNet. Everything is checked before any model
+``--control-scale``/``--control-start``/``--control-end``/``--control-preprocessor``/``--control-resize``/
+``--control-mode`` given once apply to every ControlNet, else once per ControlNet. Everything is checked before any model
 loads (``sdrt.pipelines.toolbox.split``).
 """
 
@@ -36,6 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control-resize", action="append", default=[],
                    choices=["Just Resize", "Crop and Resize", "Resize and Fill"],
                    help="how the image meets the output size (Crop and Resize)")
+    g.add_argument("--control-mode", action="append", default=[], metavar="MODE",
+                   help='sd-webui-controlnet\'s control mode: "Balanced" (0, default), "My prompt is more important" '
+                        '(1), "ControlNet is more important" (2)')
+    g.add_argument("--guess-mode", action="store_true",
+                   help="diffusers' guess mode for every ControlNet (residuals scaled 0.1 to 1, none for the negative "
+                        "prompt)")
     h = p.add_argument_group("hires fix (A1111's)")
     h.add_argument("--hires-scale", type=float, default=None, metavar="X", help="turn it on: upscale by X (e.g. 2)")
     h.add_argument("--hires-steps", type=int, default=None, metavar="N", help="second-pass steps (0: as the first)")
@@ -76,7 +82,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     images = args.control_image
     if not images:  # every ControlNet flag shapes a control image's unit: without one it would do nothing
         for flag in ("controlnet", "control_scale", "control_start", "control_end", "control_preprocessor",
-                     "control_resize"):
+                     "control_resize", "control_mode", "guess_mode"):
             if getattr(args, flag):
                 name = "--" + flag.replace("_", "-")
                 raise InputError(f"{name} needs a --control-image", where=name,
@@ -94,7 +100,12 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                  fix="pass a control image file (PNG, JPEG) in that folder")
             if not Path(path).is_file():
                 raise InputError("the control image does not exist", where=path, fix="check the --control-image path")
-        from ..pipelines.controlnet import ControlNet, _num
+        from ..pipelines.controlnet import ControlNet, _num, control_mode
+
+        modes = [control_mode(m, "--control-mode") for m in args.control_mode]  # in the flag's words
+        if args.guess_mode and any(m != "Balanced" for m in modes):
+            raise InputError("--guess-mode and --control-mode other than Balanced are two ways of scaling the "
+                             "residuals", where="--guess-mode", fix="give one of them")
 
         for flag, values, high in (("--control-scale", args.control_scale, 10.0),
                                    ("--control-start", args.control_start, 1.0),
@@ -106,13 +117,14 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                              f"{args.control_end[0]:g}", where="--control-start",
                              fix="pass a start at or before the end (fractions of the steps, 0 to 1)")
         units = []
-        for net, image, scale, start, end, pre, resize in zip(
+        for net, image, scale, start, end, pre, resize, mode in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
                 _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
                 _per_unit(args.control_preprocessor, n, "--control-preprocessor"),
-                _per_unit(args.control_resize, n, "--control-resize")):
+                _per_unit(args.control_resize, n, "--control-resize"), _per_unit(modes, n, "--control-mode")):
             units.append(ControlNet(net, image, 1.0 if scale is None else scale, 0.0 if start is None else start,
-                                    1.0 if end is None else end, pre or "none", resize or "Crop and Resize"))
+                                    1.0 if end is None else end, pre or "none", resize or "Crop and Resize",
+                                    control_mode=mode or "Balanced", guess_mode=bool(args.guess_mode)))
         opts["controlnets"] = units
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed"):
         if getattr(args, key) is not None:

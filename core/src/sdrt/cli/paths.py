@@ -25,7 +25,8 @@ def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
         output_target(path, "output", suffix)
     if path.suffix and path.suffix.lower() != suffix:  # x.gif as x.gif.png, r.txt as r.txt.npz: not what was asked
         raise InputError(f"{option} {arg!r} ends in {path.suffix}, and this command writes {suffix} files",
-                         where=f"sdrt {option}", fix=f"end the name in {suffix} ({path.stem}{suffix}), or give none")
+                         where=f"sdrt {option}",
+                         fix=f"end the name in {suffix} ({path.stem}{suffix}), or leave the suffix out ({path.stem})")
     if path.suffix.lower() != suffix:
         path = path.with_name(path.name + suffix)
     if not path.parent.is_dir():

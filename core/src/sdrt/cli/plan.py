@@ -19,7 +19,7 @@ EMPTY_OK: frozenset[str] | set[str] = {"precision"}
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="predict time per image and peak memory of a model on a device, and the plan "
                                     "(backend, precision, offload) to use")
-    p.add_argument("model", help="a model folder (diffusers/Optimum ONNX layout) or one .onnx file")
+    p.add_argument("model", nargs="?", help="a model folder (diffusers/Optimum ONNX layout) or one .onnx file")
     p.add_argument("--device", default=None,
                    help='a device of the library ("RTX 3060 12GB", "Arc A770", "Apple M2"), or "cpu" for this '
                         "machine's CPU; --list-devices lists them (default: the device sdrt would run on here, as "
@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{d.name:<36} {d.kind:<5} {d.memory_bytes / 2**30:6.0f} GiB  {d.bandwidth_bytes_per_s / 1e9:6.0f} GB/s  "
                   + "  ".join(f"{k} {v / 1e12:.1f}T" for k, v in d.peak_flops.items()))
         return 0
+    if args.model is None:  # optional only for --list-devices
+        raise SdrtError("no model given", where="sdrt plan MODEL",
+                        fix="pass a model folder or one .onnx file: sdrt plan FOLDER_OR_ONNX [--device NAME]")
     from ..pipelines.bounds import MAX_SIDE, MAX_STEPS
 
     for flag, v, high in (("--width", args.width, MAX_SIDE), ("--height", args.height, MAX_SIDE),

@@ -39,16 +39,34 @@ def run(args: argparse.Namespace) -> int:
     data_out = out.with_name(f"{out.name}_data")  # written beside -o for a graph above 2 GB
     check_outputs({"-o": out}, inputs)
     check_outputs({f"-o's external data file {data_out.name}": data_out}, inputs)
+    planned = q.plan(graph, scheme, block_size=block_size)
     if args.plan:
-        for reason, names in q.plan(graph, scheme, block_size=block_size).items():
+        for reason, names in planned.items():
             print(f"{reason}: {len(names)}")
             for n in names:
                 print(f"  {n}")
         return 0
+    if not planned["quantized"]:  # a copy with nothing quantized, a file larger than the model, helps no one
+        _nothing_to_quantize(graph, planned, src, scheme)
     original = sum(p.stat().st_size for p in inputs)  # measured before anything is written (its data files too)
     result = q.quantize(graph, scheme, block_size=block_size)
     q.save(result, out)
     written = sum(p.stat().st_size for p in (out, data_out) if p.is_file())
-    print(f"{out}  {written:,} bytes ({len(q.quantized_weights(result))} weights as {scheme}; "
-          f"the float32 model: {original:,} bytes)")
+    print(f"{out}  {written:,} bytes ({len(planned['quantized'])} weights as {scheme}; "
+          f"the model: {original:,} bytes)")
     return 0
+
+
+def _nothing_to_quantize(graph: object, planned: dict[str, list[str]], src: Path, scheme: str) -> None:
+    """Refuse a graph none of whose weights would be quantized, saying why."""
+    from .. import quantization as q
+    from ..errors import ModelError
+
+    elsewhere = q.quantized_elsewhere(graph)  # type: ignore[arg-type]
+    if elsewhere:
+        raise ModelError(f"the graph is already quantized ({elsewhere}) and holds no float32 matmul or conv weight "
+                         "left to quantize", where=str(src), fix="quantize the float32 model, or use this one as it is")
+    reasons = "; ".join(f"{len(v)} {k}" for k, v in planned.items() if k != "quantized" and v)
+    raise ModelError("no weight to quantize: " + (reasons or "the graph has no MatMul, Gemm or Conv weight"),
+                     where=str(src), fix=f"sdrt quantize {src} --to {scheme} --plan lists every weight and why it is kept"
+                     if reasons else "quantize a graph with matmul or conv weights (a UNet, a text encoder, a VAE)")

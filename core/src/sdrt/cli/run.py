@@ -23,6 +23,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--weights", action="append", default=None, help="a .safetensors file; repeat for several")
     p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto, the one sdrt picks here)")
     p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it (default: the one sdrt picks for the backend)")
+    p.add_argument("--precision", default=None,
+                   help="compute precision, e.g. fp32 to compare with a float32 reference (default: the device's, "
+                        "as `sdrt info` shows it: bf16 on CPUs with bf16 dot products)")
     return p
 
 
@@ -68,6 +71,16 @@ def check_inputs(graph: Any, feeds: dict[str, Any], specs: list[str]) -> None:
 
     files = {spec.partition("=")[0]: spec.partition("=")[2] for spec in specs}
     expected = {i.name: i for i in graph.inputs}
+    for v in graph.model.graph.input:  # a .npy holds one tensor: a sequence, optional or map input cannot come from one
+        kind = v.type.WhichOneof("value")
+        if kind == "optional_type" and v.type.optional_type.elem_type.WhichOneof("value") == "tensor_type":
+            continue  # an optional tensor: the .npy is its value
+        if v.name in expected and kind != "tensor_type":
+            what = {"sequence_type": "a sequence of tensors", "optional_type": "an optional sequence",
+                    "map_type": "a map"}.get(kind or "", "not a tensor")
+            raise InputError(f"input {v.name!r} is {what}, and sdrt run feeds tensors only (one .npy file each)",
+                             where=f"the graph's input {v.name!r}",
+                             fix=f"run it from Python: sdrt.load(MODEL, backend='reference').run({{{v.name!r}: ...}})")
     missing = [n for n in expected if n not in feeds]
     unknown = [n for n in feeds if n not in expected]
     if missing or unknown:
@@ -77,21 +90,41 @@ def check_inputs(graph: Any, feeds: dict[str, Any], specs: list[str]) -> None:
         raise InputError(what, where="--input",
                          fix="pass -i NAME=FILE.npy for each input of the graph: "
                              + ", ".join(str(i) for i in graph.inputs))
+    unranked = _unranked(graph)
     for name, info in expected.items():
         if info.dtype == NON_TENSOR:
             continue
         arr, want = feeds[name], _DTYPE_ALIASES.get(info.dtype, info.dtype)
+        if want == "bfloat16" and (arr.dtype.name == "float32" or (arr.dtype.kind == "V" and arr.dtype.itemsize == 2)):
+            import ml_dtypes  # onnx's own dependency
+
+            # numpy has no bfloat16: a float32 file is rounded to it, ml_dtypes' own .npy loads as 2-byte voids
+            feeds[name] = arr = arr.astype(ml_dtypes.bfloat16) if arr.dtype.kind == "f" else arr.view(ml_dtypes.bfloat16)
+        if want == "object" and arr.dtype.kind in "US":  # strings: a str array saves without pickling
+            continue
         if arr.dtype.name != want:
-            raise InputError(f"input {name!r} is {arr.dtype} in {files[name]}, and the graph takes {want}",
+            how = {"object": "a numpy array of str: numpy.save(FILE, numpy.array(['text', ...]))",
+                   "bfloat16": "float32 (rounded to bfloat16 here): numpy.save(FILE, array.astype(numpy.float32))"}
+            raise InputError(f"input {name!r} is {arr.dtype} in {files[name]}, and the graph takes "
+                             + ("strings" if want == "object" else want),
                              where=f"-i {name}={files[name]}",
-                             fix=f"save it as {want}: numpy.save({files[name]!r}, array.astype(numpy.{want}))")
+                             fix=f"save it as {how[want]}" if want in how else
+                             f"save it as {want}: numpy.save({files[name]!r}, array.astype(numpy.{want}))")
         if 0 in arr.shape:  # shape inference would fail on every node after the first, in many lines
             raise InputError(f"input {name!r} is empty: its shape {tuple(arr.shape)} in {files[name]} has a 0",
                              where=f"-i {name}={files[name]}", fix="save an array with at least one element per dim")
+        if name in unranked:  # the graph declares no shape at all: any rank will do
+            continue
         if arr.ndim != len(info.shape) or any(isinstance(d, int) and d != a for d, a in zip(info.shape, arr.shape)):
             raise InputError(f"input {name!r} has shape {tuple(arr.shape)} in {files[name]}, and the graph takes "
                              f"{info}", where=f"-i {name}={files[name]}",
                              fix="save an array of the graph's shape (a dim given by name takes any size)")
+
+
+def _unranked(graph: Any) -> set[str]:
+    """The graph's tensor inputs that declare no shape, not even a rank (their TensorInfo reads as a scalar's)."""
+    return {v.name for v in graph.model.graph.input
+            if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")}
 
 
 def pins(graph: Any, feeds: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -100,7 +133,11 @@ def pins(graph: Any, feeds: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     OpenVINO runs it faster)."""
     out: dict[str, tuple[int, ...]] = {}
     sizes: dict[str, tuple[int, str]] = {}
+    unranked = _unranked(graph)
     for info in graph.inputs:
+        if info.name in unranked and info.name in feeds:  # no shape declared (TensorInfo shows it as a scalar's)
+            out[info.name] = tuple(int(s) for s in feeds[info.name].shape)
+            continue
         if info.is_static:
             continue
         arr = feeds[info.name]
@@ -125,17 +162,63 @@ def run(args: argparse.Namespace) -> int:
     feeds = parse_inputs(args.input)
     graph = Graph.load(args.model)
     check_inputs(graph, feeds, args.input)
+    options = _precision_option(args)
     with load(graph, weights=args.weights, backend=args.backend, device=args.device,
-              shapes=pins(graph, feeds)) as session:
+              shapes=pins(graph, feeds), **options) as session:
         outputs = session.run(feeds)
     import io
 
     from ..pipelines.png import write_file
 
-    buf = io.BytesIO()
-    np.savez(buf, **outputs)
-    write_file(output, buf.getbuffer())  # atomically (no half .npz), and without a second copy of the outputs
+    arrays: dict[str, Any] = {}
+    notes = []
     for name, value in outputs.items():
+        if value is None:  # an empty optional
+            notes.append(f"{name}: an empty optional, not saved")
+        elif isinstance(value, (list, tuple)):  # a sequence: one array per element, NAME[0], NAME[1], ...
+            arrays.update((f"{name}[{i}]", _savable(v)) for i, v in enumerate(value))
+            notes.append(f"{name}: a sequence of {len(value)}, saved as {name}[0] ... {name}[{len(value) - 1}]"
+                         if value else f"{name}: an empty sequence, not saved")
+        elif isinstance(value, dict):  # a map: one array per key
+            arrays.update((f"{name}[{k}]", _savable(v)) for k, v in value.items())
+            notes.append(f"{name}: a map of {len(value)}, saved as {name}[KEY]")
+        else:
+            arrays[name] = _savable(value)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_file(output, buf.getbuffer())  # atomically (no half .npz), and without a second copy of the outputs
+    for name, value in arrays.items():
         print(f"{name}: {value.dtype}{list(value.shape)}")
+    for note in notes:
+        print(note)
     print(f"wrote {output}")
     return 0
+
+
+def _savable(value: Any) -> Any:
+    """``value`` as an array ``np.load`` reads without pickles: strings (object arrays of str) as a str array."""
+    import numpy as np
+
+    value = np.asarray(value)
+    if value.dtype == object and all(isinstance(x, str) for x in value.flat):
+        return value.astype(str)
+    return value
+
+
+def _precision_option(args: argparse.Namespace) -> dict[str, Any]:
+    """``{"precision": --precision}`` for the backend, or {}: a backend that computes in fp32 alone (the reference
+    one) takes no precision option, so fp32 is dropped for it and any other precision refused in this command's
+    words."""
+    if args.precision is None:
+        return {}
+    from ..runtime import select
+
+    backend, _ = select(args.backend, args.device)
+    if backend.precisions:  # checked here, so that a refusal names the flag (the backend's own names sdrt.load)
+        from ..precision import precision_name
+
+        return {"precision": precision_name(args.precision, backend.precisions, where="--precision")}
+    if args.precision.strip().lower() in ("fp32", "f32", "float32", "float"):
+        return {}
+    raise InputError(f"the {backend.name} backend computes in fp32 only, not {args.precision!r}",
+                     where="--precision", fix="pass --precision fp32, leave it out, or pick another --backend")

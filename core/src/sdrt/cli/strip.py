@@ -27,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
     src = Path(args.model)
     out = Path(args.output) if args.output else src.with_name(src.stem + ".stripped.onnx")
     weights = Path(args.weights) if args.weights else out.with_suffix(".safetensors")
+    if args.weights and weights.name == args.weights:  # a bare file name: in the output's folder, as the help says
+        weights = out.parent / weights
     graph = Graph.load(src, load_external=False)
     inputs = input_files(graph)
     check_outputs({"-o" if args.output else "the default -o": out,

@@ -87,6 +87,10 @@ def find(name: str) -> DeviceSpec:
     if exact:
         return exact[0]
     hits = [d for d in devs if want in _norm(d.name)]
+    if len(hits) > 1:  # "Apple M2" is the M2, not the M2 Ultra; "RTX 4070" not the 4070 Ti (_VARIANT_WORDS)
+        asked = set(_tokens(name))
+        plain = [d for d in hits if not (set(_tokens(d.name)) & _VARIANT_WORDS) - asked]
+        hits = plain if len(plain) == 1 else hits
     if len(hits) == 1:
         return hits[0]
     close = hits or [d for d in devs if any(w and w in _norm(d.name) for w in name.lower().split()[-1:])]

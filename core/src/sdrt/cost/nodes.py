@@ -124,6 +124,15 @@ class GraphCost:
     io_bytes: float  # graph inputs and outputs
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     unknown: list[str] = field(default_factory=list)  # values whose shape inference could not tell (counted 0)
+    #: the ops (``domain:op`` outside ONNX's own) of the nodes where shapes are first lost: their inputs' shapes are
+    #: known and an output's is not (a custom op, control flow); every unknown value comes from them
+    unknown_ops: list[str] = field(default_factory=list)
+    #: nodes left uncosted that matter: a matmul, conv, attention or normalisation that reads or writes a value of
+    #: unknown shape, or a custom-domain node whose output's shape is unknown (its work is anyone's guess); a mask or
+    #: position-id computation whose dims inference loses (CLIP's, T5's position buckets) does not count
+    uncosted_heavy: int = 0
+    #: matmul and conv nodes inside If/Loop/Scan subgraphs: not costed (how often a loop runs is a runtime value)
+    subgraph_heavy: int = 0
     #: weights that Gather nodes look rows up in (token-embedding tables): a runtime keeps them as stored,
     #: never repacked for a matmul, so memory counts them apart
     table_bytes: float = 0.0
@@ -229,13 +238,17 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                 if a.name == "value":
                     consts[n.output[0]] = tuple(int(d) for d in a.t.dims)
 
+    # values whose rank inference could not tell: TensorInfo shows them as (), which is a scalar's shape
+    no_rank = {v.name for v in list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input)
+               if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")}
+
     def shape(name: str) -> tuple[int, ...] | None:
         if name in inits:
             return inits[name]
         if name in consts:
             return consts[name]
         info = infos.get(name)
-        if info is None or any(not isinstance(d, int) for d in info.shape):
+        if info is None or name in no_rank or any(not isinstance(d, int) for d in info.shape):
             return None
         return tuple(info.shape)
 
@@ -248,6 +261,13 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
         raise SdrtError(f"inputs of {graph.name} keep dynamic dims: {', '.join(dyn)}",
                         where="sdrt.cost.graph_costs", fix="pin every dynamic input's shape")
     unknown = [o for n in model.graph.node if n.op_type not in _VIEW for o in n.output if o and shape(o) is None]
+    lost = set(unknown)
+    unknown_ops = sorted({(f"{n.domain}:" if n.domain not in ("", "ai.onnx") else "") + n.op_type
+                          for n in model.graph.node if any(o in lost for o in n.output)
+                          and not any(i in lost for i in n.input)})
+    uncosted_heavy = sum(1 for n in model.graph.node if (
+        (_op_class(n, inits, consts) in ("matmul", "conv", "attention", "norm") and any(v in lost for v in [*n.input, *n.output]))
+        or (n.domain not in ("", "ai.onnx") and any(o in lost for o in n.output))))
     weight_elem: dict[str, float] = {}  # initializer -> bytes per element, as its heaviest user reads it
     origin: dict[str, set[str]] = {name: {name} for name in inits}  # constant value -> initializers it comes from
     for name in consts:
@@ -317,7 +337,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
             writer_class.get(i) in _FUSES_INTO and readers.get(i, 0) == 1 for i in ins if i not in origin)
         for o in n.output:
             writer_class[o] = cls
-        kind = _time_kind(n, cls, shape(ins[1]) if len(ins) > 1 else None)
+        w_at = _WEIGHT_AT.get(op, 1)
+        kind = _time_kind(n, cls, shape(ins[w_at]) if len(ins) > w_at else None)
         if cls != "view" and not kind and all(_integer(dtype(v)) for v in [o for o in n.output if o]
                                               + [i for i in ins if i not in origin]):
             kind = "int"  # integer work on integer values (token ids): a runtime may run it on the host
@@ -376,6 +397,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     half = WEIGHT_BYTES[precision] if precision in ("bf16", "fp16") else None
     half_source = sum(4.0 * _prod(s) for name, s in inits.items() if half is not None and weight_elem.get(name) == half)
     return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown,
+                     unknown_ops=unknown_ops, uncosted_heavy=uncosted_heavy, subgraph_heavy=_subgraph_heavy(model.graph),
                      table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
                      peak_activation_bytes_inplace=float(peak_inplace), input_bytes=float(ins_b),
                      output_bytes=float(outs_b), small_weight_bytes=float(small),
@@ -467,7 +489,7 @@ def _integer(dtype: str) -> bool:
 def _time_kind(n: Any, cls: str, kernel: tuple[int, ...] | None = None) -> str:
     if cls == "conv" and next((a.i for a in n.attribute if a.name == "group"), 1) > 1:
         return "dwconv"
-    if n.op_type == "Conv" and kernel is not None and len(kernel) > 2 and all(k == 1 for k in kernel[2:]):
+    if n.op_type in ("Conv", "QLinearConv") and kernel is not None and len(kernel) > 2 and all(k == 1 for k in kernel[2:]):
         return "conv1x1"  # a plain GEMM: no Winograd, no kernel transform
     if n.op_type in ("Softmax", "LogSoftmax"):
         return "softmax"
@@ -491,7 +513,8 @@ def _op_class(n: Any, inits: Mapping[str, Any], consts: Mapping[str, Any]) -> st
     if op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv"):
         return "conv"
     if op in ("MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "Einsum"):
-        weights = [i for i in n.input[:2] if i in inits or i in consts]
+        operands = [n.input[0], n.input[3]] if op == "QLinearMatMul" and len(n.input) > 3 else n.input[:2]
+        weights = [i for i in operands if i in inits or i in consts]
         return "matmul" if weights else "attention"
     if op in ("Softmax", "LogSoftmax", "Attention"):
         return "attention"
@@ -504,11 +527,16 @@ def _op_class(n: Any, inits: Mapping[str, Any], consts: Mapping[str, Any]) -> st
     return "elementwise"
 
 
+#: where an op's weight (its matmul matrix or conv kernel) sits among its inputs, where it is not the second
+_WEIGHT_AT = {"QLinearConv": 3, "QLinearMatMul": 3}
+
+
 def _flops(n: Any, cls: str, ins: list[tuple[int, ...] | None], outs: list[tuple[int, ...]]) -> float:
     op = n.op_type
     out = outs[0] if outs else ()
-    if op in ("Conv", "ConvInteger", "QLinearConv") and ins[1] is not None:
-        w = ins[1]
+    w_at = _WEIGHT_AT.get(op, 1)
+    if op in ("Conv", "ConvInteger", "QLinearConv", "FusedConv", "NhwcConv") and len(ins) > w_at and ins[w_at]:
+        w = ins[w_at]  # (Cout, Cin/groups, k...); QLinearConv's comes after its input's scale and zero point
         return 2.0 * _prod(out) * _prod(w[1:])
     if op == "ConvTranspose" and ins[1] is not None and ins[0] is not None:
         w = ins[1]  # (Cin, Cout/groups, k...): every input element scatters into Cout/g * prod(k) outputs
@@ -516,10 +544,24 @@ def _flops(n: Any, cls: str, ins: list[tuple[int, ...] | None], outs: list[tuple
     if op in ("MatMul", "MatMulInteger", "QLinearMatMul") and ins[0] is not None:
         k = ins[0][-1] if ins[0] else 1
         return 2.0 * _prod(out) * k
-    if op == "Gemm" and ins[0] is not None:
+    if op == "MatMulNBits":  # com.microsoft: K and N are attributes (the weight is packed blocks)
+        return 2.0 * _prod(out) * next((a.i for a in n.attribute if a.name == "K"), 0)
+    if op in ("Gemm", "FusedMatMul") and ins[0]:
         trans_a = next((a.i for a in n.attribute if a.name == "transA"), 0)
-        k = ins[0][0] if trans_a else ins[0][-1]
-        return 2.0 * _prod(out) * k + (_prod(out) if len(ins) > 2 else 0)
+        k = ins[0][-2] if trans_a and len(ins[0]) > 1 else ins[0][-1]
+        return 2.0 * _prod(out) * k + (_prod(out) if op == "Gemm" and len(ins) > 2 else 0)
+    if op == "Attention" and n.domain == "com.microsoft" and len(ins) > 1 and ins[0] and ins[1] and len(ins[0]) == 3:
+        # packed QKV: input (B, S, Hin) @ weights (Hin, Hq + Hk + Hv), then QK^T and PV over S keys
+        b, seq, hin = ins[0]
+        sizes = next((list(a.ints) for a in n.attribute if a.name == "qkv_hidden_sizes"), None) or [ins[1][-1] // 3] * 3
+        heads = next((a.i for a in n.attribute if a.name == "num_heads"), 1)
+        return 2.0 * b * seq * hin * ins[1][-1] + 2.0 * b * seq * seq * (sizes[0] + sizes[2]) + 5.0 * b * heads * seq * seq
+    if op == "MultiHeadAttention" and len(ins) > 2 and ins[0] and ins[1] and len(ins[0]) == 3 and len(ins[1]) == 3:
+        b, seq, d = ins[0]  # separate query (B, S, D), key (B, L, D) and value: QK^T and PV over L keys
+        heads = next((a.i for a in n.attribute if a.name == "num_heads"), 1)
+        return 4.0 * b * seq * ins[1][1] * d + 5.0 * b * heads * seq * ins[1][1]
+    if op == "Einsum" and all(ins):
+        return _einsum_flops(n, ins, out)
     if op in ("Softmax", "LogSoftmax"):
         return 5.0 * _prod(out)
     if cls == "norm":
@@ -530,6 +572,45 @@ def _flops(n: Any, cls: str, ins: list[tuple[int, ...] | None], outs: list[tuple
     if cls == "elementwise":
         return float(_ACT_HEAVY.get(op, 1) * _prod(out))
     return 0.0
+
+
+def _subgraph_heavy(graph: Any, inside: bool = False) -> int:
+    """MatMul/Gemm/Conv (and their quantized and com.microsoft forms) in the subgraphs of ``graph``'s nodes."""
+    from onnx import AttributeProto
+
+    count = 0
+    for n in graph.node:
+        if inside and (n.op_type in ("MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Attention")
+                       or n.op_type.startswith(("QLinear", "MatMul", "FusedMatMul", "FusedConv"))):
+            count += 1
+        for a in n.attribute:
+            if a.type == AttributeProto.GRAPH:
+                count += _subgraph_heavy(a.g, True)
+            elif a.type == AttributeProto.GRAPHS:
+                count += sum(_subgraph_heavy(g, True) for g in a.graphs)
+    return count
+
+
+def _einsum_flops(n: Any, ins: list[Any], out: tuple[int, ...]) -> float:
+    """An Einsum's multiply-adds, 2 per product of one size of every index letter (``bij,bjk->bik``: 2*b*i*j*k);
+    an ellipsis's dims are read off the output (batch dims every operand shares)."""
+    eq = next((a.s.decode() for a in n.attribute if a.name == "equation"), "").replace(" ", "")
+    lhs = eq.split("->")[0].split(",")
+    if len(lhs) != len(ins):
+        return 2.0 * _prod(out)
+    sizes: dict[str, int] = {}
+    ellipsis = 1
+    for term, shape in zip(lhs, ins):
+        letters = term.replace("...", "")
+        if "..." in term:
+            ellipsis = max(ellipsis, _prod(shape[:len(shape) - len(letters)]) if len(shape) >= len(letters) else 1)
+            head, _, tail = term.partition("...")
+            dims = list(shape[:len(head)]) + list(shape[len(shape) - len(tail):] if tail else [])
+        else:
+            dims = list(shape)
+        for ch, d in zip(letters, dims):
+            sizes[ch] = max(sizes.get(ch, 1), int(d))
+    return 2.0 * ellipsis * _prod(list(sizes.values()))
 
 
 def _attention_scores(model: Any, origin: Mapping[str, Any]) -> set[str]:

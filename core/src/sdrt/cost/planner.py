@@ -119,6 +119,9 @@ class Plan:
     chosen: Candidate | None
     runner_up: Candidate | None
     candidates: list[Candidate] = field(default_factory=list)
+    #: parts where shape inference lost some values' shapes (a custom-domain op, control flow): their nodes are not
+    #: costed, so the figures are low; [{"part", "values", "ops"}] (``GraphCost.unknown``, ``unknown_ops``)
+    unknown_shapes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         c = self.chosen or (min(self.candidates, key=lambda x: x.peak_bytes) if self.candidates else None)
@@ -134,6 +137,7 @@ class Plan:
             "runner_up": _cand(self.runner_up),
             "calibrated": bool(c and c.calibrated),
             "candidates": [_cand(x) for x in self.candidates],
+            "unknown_shapes": self.unknown_shapes,
         }
 
     def format(self) -> str:
@@ -158,6 +162,15 @@ class Plan:
             r = self.runner_up
             lines.append(f"  runner-up: {r.label()}: {r.ms_per_image / 1000:.2f} s per image, peak "
                          f"{r.peak_bytes / gib:.2f} GiB")
+        for u in self.unknown_shapes:
+            if u["values"]:
+                lines.append(f"  note: {u['part']}: shape inference could not tell the shapes of {u['values']} value(s) "
+                             f"(from {', '.join(u['ops']) or 'some node'}); the nodes that use them are not counted, so "
+                             "its time and memory are underestimated")
+            if u.get("subgraph_matmuls"):
+                lines.append(f"  note: {u['part']}: {u['subgraph_matmuls']} matmul/conv node(s) inside If/Loop/Scan "
+                             "subgraphs are not counted (how often they run is known only at run time), so its time "
+                             "is underestimated")
         return "\n".join(lines)
 
 
@@ -175,6 +188,8 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
     image size planned. ``width``/``height`` None: the model's own size (a folder's, as generate takes it; a lone
     graph's fixed size, else 512); one of them alone: a square, unless a lone graph fixes the other."""
     path = Path(model)
+    if path.is_dir():
+        path = _lone_graph(path)
     if path.is_dir():
         if (width is None) != (height is None):  # one side given: a square
             width = height = width if width is not None else height
@@ -200,7 +215,7 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
                         fix="pass a diffusers/Optimum ONNX folder or one .onnx file")
     from ..errors import InputError
     from ..graph import Graph
-    from .shapes import fixed_size
+    from .shapes import fixed_size, takes_pixels
 
     g = Graph.load(path, load_external=False)
     fixed = fixed_size(g)
@@ -209,8 +224,9 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
     else:
         width = width if width is not None else height if height is not None else 512
         height = height if height is not None else width
+    pixels = takes_pixels(g)  # an image in pixels (a classifier's, a VAE encoder's) takes any size; latents x 8
     for name, value in (("width", width), ("height", height)):  # as a pipeline folder's (pipelines.settings)
-        if value < 8 or value % 8:
+        if not pixels and (value < 8 or value % 8):
             raise InputError(f"{{@{name}}} {value} is not a multiple of 8 of at least 8", where=name,
                              fix=f"use {max(8, value - value % 8)}" + (f" or {value - value % 8 + 8}" if value > 8 else ""))
     if fixed and fixed != (width, height):
@@ -219,6 +235,27 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
                          fix=f"leave out {{@width}} and {{@height}} (the graph's own size is taken), or pass "
                              f"{{@width=}}{fixed[0]} {{@height=}}{fixed[1]}")
     return path.name, [PartCalls(path.stem, path, [(single_file_shapes(g, width, height, batch), 1.0)])], (width, height)
+
+
+#: the subfolders that make a folder a pipeline (diffusers/Optimum layout), not one exported graph
+_PART_DIRS = ("unet", "transformer", "text_encoder", "text_encoder_2", "vae_decoder", "vae")
+
+
+def _lone_graph(folder: Path) -> Path:
+    """A folder that holds one exported graph and no pipeline (``optimum-cli export onnx`` of a classifier, a text
+    encoder alone: ``model.onnx`` and its configs): that ``.onnx`` file, planned as one; several graphs and no
+    pipeline are refused naming them; anything else is the folder itself (a pipeline)."""
+    if (folder / "model_index.json").is_file() or any((folder / d).is_dir() for d in _PART_DIRS):
+        return folder
+    graphs = sorted(f for f in folder.glob("*.onnx") if f.is_file())
+    if len(graphs) == 1:
+        return graphs[0]
+    if len(graphs) > 1:
+        names = ", ".join(f.name for f in graphs[:4]) + (", ..." if len(graphs) > 4 else "")
+        raise SdrtError(f"the folder holds {len(graphs)} .onnx files ({names}) and no pipeline (no model_index.json, "
+                        f"no {'/'.join(_PART_DIRS[:2])}/ or text_encoder/ folder)", where=str(folder),
+                        fix=f"pass one of the files: sdrt plan {graphs[0]}")
+    return folder
 
 
 def cost_parts(parts: Sequence[PartCalls], precision: str, pinned: dict[Any, Any] | None = None) -> list[PartCost]:
@@ -322,8 +359,16 @@ def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] 
     cache: dict[str, list[PartCost]] = {}
     pinned: dict[Any, Any] = {}
     cands: list[Candidate] = []
+    if precisions:  # each backend plans the asked precisions it runs (ggml's blocks are not OpenVINO's), on this device
+        runs = {be: [p for p in precisions if p in BACKEND_PRECISIONS.get(be, ()) and device.supports(p)] for be in bes}
+        if not any(runs.values()):
+            offer = "; ".join(f"{be}: {', '.join(p for p in BACKEND_PRECISIONS.get(be, ()) if device.supports(p))}"
+                              for be in bes)
+            raise SdrtError(f"no backend runs {', '.join(precisions)} on {device.name}", where="precisions",
+                            fix=f"ask for a precision one of them runs ({offer}), or leave {{@precisions}} unset")
+        bes = [be for be in bes if runs[be]]
     for be in bes:
-        for prec in (precisions or precisions_for(be, device, calibration)):
+        for prec in (runs[be] if precisions else precisions_for(be, device, calibration)):
             if prec not in cache:
                 cache[prec] = cost_parts(parts, prec, pinned)
             kinds = offloads or (("none", "parts", "stream") if device.kind == "gpu" else ("none", "parts"))
@@ -336,7 +381,15 @@ def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] 
     runner = next((c for c in order[1:] if chosen and (c.backend, c.offload) != (chosen.backend, chosen.offload)
                    or abs(c.ms_per_image - chosen.ms_per_image) > 0.01 * chosen.ms_per_image), None)
     cands.sort(key=lambda c: (not c.fits, TIER.get(c.precision, 1), c.ms_per_image))
-    return Plan(label, device, budget, width, height, steps, chosen, runner, cands)
+    unknown = []
+    for pc in next(iter(cache.values()), []):
+        lost = sorted({v for cost, _ in pc.costs for v in cost.unknown})
+        looped = max((cost.subgraph_heavy for cost, _ in pc.costs), default=0)
+        if (lost and any(cost.uncosted_heavy for cost, _ in pc.costs)) or looped:  # not a mask's lost dims alone
+            unknown.append({"part": pc.name, "values": len(lost),
+                            "ops": sorted({op for cost, _ in pc.costs for op in cost.unknown_ops}),
+                            "subgraph_matmuls": looped})
+    return Plan(label, device, budget, width, height, steps, chosen, runner, cands, unknown)
 
 
 def parse_memory(text: str) -> float:

@@ -16,10 +16,21 @@ def fixed_size(graph: Any) -> tuple[int, int] | None:
     return None
 
 
+def takes_pixels(graph: Any) -> bool:
+    """Whether a lone graph's first image-like (4-D) input is an image in pixels (3 channels, or channels named as
+    such), not a latent: its width and height are any size, a latent's are multiples of 8."""
+    for i in graph.inputs:
+        dims = list(i.shape)
+        if len(dims) == 4:
+            return dims[1] == 3 or (isinstance(dims[1], str) and "channel" in dims[1].lower())
+    return False
+
+
 def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> dict[str, tuple[int, ...]]:
     """Shapes for a lone graph's dynamic inputs: batch ``batch``; 4-D image-like inputs at the latent
     (width/8) or pixel size by their channels; a dim named for image tokens (``img``) at a DiT's packed
-    latent length (width/16 x height/16), one named for T5 text (``txt``) 512 long; other token
+    latent length (width/16 x height/16), one named for T5 text (``txt``) 512 long; a 4-D input's channels named
+    as such (``num_channels``: Optimum's image classifiers) 3, so pixels; other token
     sequences 77 long; anything else 1."""
     out: dict[str, tuple[int, ...]] = {}
     for i in graph.inputs:
@@ -36,6 +47,8 @@ def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> d
                 dims[k] = (height // 16) * (width // 16)
             elif "txt" in name:
                 dims[k] = 512
+            elif len(dims) == 4 and k == 1 and "channel" in name:  # Optimum's image classifiers: num_channels
+                dims[k] = 3
             elif len(dims) == 4 and k >= 2:
                 ch = dims[1] if isinstance(dims[1], int) else 4
                 scale = 1 if ch == 3 else 8

@@ -42,11 +42,11 @@ def _tensor_info(value_info: Any) -> TensorInfo:
     shape: list[Dim] = []
     if ttype.HasField("shape"):
         for d in ttype.shape.dim:
-            if d.HasField("dim_value"):
+            if d.HasField("dim_value") and d.dim_value >= 0:
                 shape.append(int(d.dim_value))
-            elif d.HasField("dim_param"):
+            elif d.HasField("dim_param") and d.dim_param:
                 shape.append(d.dim_param)
-            else:
+            else:  # no size, or a negative one (-1: "any", as some exporters write it and onnxruntime reads it)
                 shape.append(None)
     return TensorInfo(value_info.name, dtype, tuple(shape))
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ModelError
-from ..formats import PICKLE_HINT, sniff
+from ..formats import FETCH_FIX, HTML_HINT, LFS_HINT, PICKLE_HINT, sniff
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -93,6 +93,8 @@ def parse_model(data: bytes, where: str) -> onnx.ModelProto:
                    "model of a pipeline (a single-file .ckpt); an .onnx graph comes from torch.onnx.export")
         elif kind.startswith("a safetensors"):
             fix = "pass this file as weights=..., and the .onnx graph as the model"
+        elif kind in (LFS_HINT, HTML_HINT):
+            fix = FETCH_FIX
         raise ModelError(f"the file is not ONNX: it looks like {kind}", where=where, fix=fix)
     if not data:
         raise ModelError("the file is empty, not an ONNX model", where=where, fix="pass a complete .onnx file")
@@ -249,6 +251,22 @@ def uses_external(t: Any) -> bool:
     return t.data_location == 1  # TensorProto.EXTERNAL
 
 
+def _hub_blob(base_dir: Path, target: Path) -> bool:
+    """Whether ``target`` is a file of the Hugging Face cache that ``base_dir`` is a snapshot folder of: the hub
+    stores a repository's files once, as ``REPO/blobs/HASH``, and each revision's folder ``REPO/snapshots/REV/...``
+    holds symbolic links to them (``hf download``, ``snapshot_download``), so the external data of every cached ONNX
+    export leads out of its folder into ``REPO/blobs/``. Only a regular file directly in that ``blobs/`` counts."""
+    parts = base_dir.absolute().parts
+    if "snapshots" not in parts[:-1]:
+        return False
+    k = len(parts) - 1 - parts[::-1].index("snapshots")  # the last "snapshots" above the folder
+    blobs = Path(*parts[:k]) / "blobs"
+    try:
+        return target.parent == blobs.resolve() and target.is_file()
+    except OSError:
+        return False
+
+
 def resolve_location(base_dir: Path, location: str, tensor: str, where: str) -> Path:
     """The file that ``location`` names, refused unless it stays inside ``base_dir``."""
     bad = None
@@ -261,6 +279,8 @@ def resolve_location(base_dir: Path, location: str, tensor: str, where: str) -> 
         bad = f"an absolute path {location!r}"
     elif ".." in re.split(r"[\\/]+", location):
         bad = f"a path with '..' {location!r}"
+    if bad is None and "\\" in location and os.sep == "/" and not (base_dir / location).exists():
+        location = location.replace("\\", "/")  # written on Windows (os.path.join there): weights\model.onnx_data
     if bad is None:
         try:
             base = base_dir.resolve()
@@ -268,7 +288,7 @@ def resolve_location(base_dir: Path, location: str, tensor: str, where: str) -> 
         except (OSError, RuntimeError) as exc:  # name too long, symlink loop
             raise ModelError(f"tensor {tensor!r} names an external-data file that cannot be resolved ({exc})",
                              where=where, fix="re-export the model; keep external-data names short and plain") from exc
-        if target != base and base not in target.parents:
+        if target != base and base not in target.parents and not _hub_blob(base_dir, target):
             bad = f"{location!r}, which leads out of the model folder (through a symbolic link) to {target}"
     if bad is not None:
         raise ModelError(

@@ -38,7 +38,12 @@ def _as_shape(name: str, value: Any) -> tuple[int, ...]:
 
 def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.ModelProto:
     """A copy of the graph's model with the given inputs/dims pinned and all shapes inferred."""
+    import onnx
+
     inputs = {i.name: i for i in graph.inputs}
+    # inputs that declare no shape, not even a rank (their TensorInfo reads as a scalar's): any rank pins them
+    unranked = {v.name for v in graph.model.graph.input
+                if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")}
     dim_names = {d for i in graph.inputs for d in i.shape if isinstance(d, str)}
     bindings: dict[str, int] = {}
     shapes: dict[str, tuple[int, ...]] = {}
@@ -46,7 +51,7 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
         if key in inputs:
             info = inputs[key]
             dims = _as_shape(key, value)
-            if len(dims) != len(info.shape) and info.shape:
+            if len(dims) != len(info.shape) and key not in unranked:
                 raise ModelError(f"input {key!r} has rank {len(info.shape)}, the pinned shape {dims} has rank {len(dims)}",
                                  where=f"Graph.with_shapes on {graph.name}", fix=f"give {len(info.shape)} dims: {info}")
             for want, got in zip(info.shape, dims):
@@ -69,11 +74,18 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
                 + (f"; dims: {', '.join(sorted(dim_names))}" if dim_names else ""),
             )
     model = copy_model(graph.model, value_info=False)
+    for vi in list(model.graph.input) + list(model.graph.output):  # -1 is "any size" to the exporters that write it
+        tt = vi.type.tensor_type
+        for d in tt.shape.dim if vi.type.HasField("tensor_type") and tt.HasField("shape") else ():
+            if d.HasField("dim_value") and d.dim_value < 0:
+                d.ClearField("dim_value")
     for vi in model.graph.input:
         tt = vi.type.tensor_type
-        if not tt.HasField("shape"):
-            continue
         pinned = shapes.get(vi.name)
+        if not tt.HasField("shape"):
+            if pinned is not None and vi.type.HasField("tensor_type"):
+                tt.shape.dim.extend(onnx.TensorShapeProto.Dimension(dim_value=d) for d in pinned)
+            continue
         for k, d in enumerate(tt.shape.dim):
             if pinned is not None:
                 d.dim_value = pinned[k]

@@ -113,8 +113,8 @@ def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os
     items = []
     kept_inline = []
     for t in graph.model.graph.initializer:
-        if onnxfile.nbytes_of(t.data_type, t.dims) is None:  # strings cannot go into safetensors
-            kept_inline.append(t.name)
+        if onnxfile.nbytes_of(t.data_type, t.dims) is None or not _safetensors_holds(t.data_type):
+            kept_inline.append(t.name)  # strings, and 4-bit types (sdrt quantize --to int4) safetensors has no code for
             continue
         ref = graph.external_refs.get(t.name)
         if ref is not None:  # mapped external data: copied file to file, never through memory
@@ -123,7 +123,8 @@ def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os
         else:
             items.append((t.name, graph.tensor_array(t)))
     if kept_inline:
-        log.warning("kept %d string initializers inline: %s", len(kept_inline), ", ".join(kept_inline))
+        log.warning("kept %d initializers inline (strings or 4-bit types, which safetensors cannot hold): %s",
+                    len(kept_inline), ", ".join(kept_inline[:8]) + (", ..." if len(kept_inline) > 8 else ""))
     offsets = stfile.write(out_weights, items, {"sdrt.source": graph.name, "format": "sdrt-stripped"})
     model = copy_model(graph.model, initializers=False)
     for t in graph.model.graph.initializer:
@@ -148,6 +149,17 @@ def strip(graph: Graph, out_graph: str | os.PathLike[str], out_weights: str | os
     log.info("stripped %s: graph %d bytes, weights %d bytes (%d tensors)", graph.name, result.graph_bytes,
              result.weights_bytes, result.tensors)
     return result
+
+
+def _safetensors_holds(data_type: int) -> bool:
+    """Whether a .safetensors file has a dtype code for this ONNX element type."""
+    from ..errors import WeightsError
+
+    try:
+        stfile.st_code(onnxfile.np_dtype(data_type))
+    except (WeightsError, KeyError, TypeError, ValueError):
+        return False
+    return True
 
 
 def save_graph(graph: Graph, path: Path) -> Path:

@@ -20,6 +20,18 @@ The rules (``StableDiffusionControlNetPipeline`` / ``StableDiffusionXLControlNet
   and run at scale 0 (as diffusers) when none is, so the UNet always gets what diffusers feeds it;
 - several nets: their residuals are summed element by element, in the order given.
 
+Control modes (per unit; :func:`residual_scales`):
+
+- sd-webui-controlnet's ``control_mode``: "Balanced" (the rules above); "My prompt is more important" (soft
+  injection: residual ``i``, counted from the first down residual with the mid block last, times
+  ``weight * 0.825 ** (12 - i)``: SD 1.x's 13 residuals 0.1 to 1, SDXL's 10 truncated, the mid at 0.825**3);
+  "ControlNet is more important" (soft injection and cfg injection: the uncond rows get no residual). In the
+  hires fix's second pass a Balanced ``canny`` unit is soft-injected too, as the extension does;
+- diffusers' ``guess_mode=True``: residual ``i`` of ``n`` times ``scale * logspace(-1, 0, n)[i]``, cond rows only.
+
+A unit whose uncond rows get nothing runs its net on the cond rows only (rows ``[uncond, cond]`` as the batched
+CFG denoiser stacks them), and zeros stand for the uncond half.
+
 :class:`ControlNet` is one unit (net, image, scale, window, preprocessor, resize mode); :func:`hook`
 builds the per-call hook the family's denoiser runs before each UNet call (``ModelCall.hooks``).
 """
@@ -40,7 +52,8 @@ from ..errors import InputError, ModelError
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
 
-__all__ = ["PREPROCESSORS", "ControlNet", "ControlState", "hook", "infotext", "parse_units", "preprocess", "residual_inputs"]
+__all__ = ["CONTROL_MODES", "PREPROCESSORS", "ControlNet", "ControlState", "control_mode", "hook", "infotext",
+           "parse_units", "preprocess", "residual_inputs", "residual_scales"]
 
 #: preprocessors that need no model (sdrt.pipelines.controlmaps); "none" feeds the image as it is
 PREPROCESSORS = ("none", "canny", "scribble", "threshold", "invert")
@@ -49,6 +62,10 @@ PREPROCESSORS = ("none", "canny", "scribble", "threshold", "invert")
 AT_RESOLUTION = ("canny", "scribble", "threshold")
 DOWN_OUT, MID_OUT = "down_block_res_samples_", "mid_block_res_sample"
 DOWN_IN, MID_IN = "down_block_additional_residual_", "mid_block_additional_residual"
+#: sd-webui-controlnet's control modes (its ``ControlMode`` enum; a number is the index, as its API took it)
+CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
+#: the extension's soft injection: residual i of 13 times SOFT_BASE ** (12 - i)
+SOFT_BASE = 0.825
 #: the weights file of a diffusers ControlNet folder (named after its folder in the infotext)
 WEIGHTS_NAMES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors")
 
@@ -65,7 +82,9 @@ class ControlNet:
     ``Just Resize``, ``Crop and Resize``, ``Resize and Fill``) to the output size. ``processor_res``: the
     canny/scribble/threshold map is made with the image's shorter side at that many pixels, as the extension
     makes it (None: at the image's own size); ``pixel_perfect``: that resolution is the extension's "pixel
-    perfect" one, the image's shorter side once resized to the output."""
+    perfect" one, the image's shorter side once resized to the output. ``control_mode``: sd-webui-controlnet's
+    ``Balanced``, ``My prompt is more important``, ``ControlNet is more important`` (or 0, 1, 2);
+    ``guess_mode``: diffusers' guess mode (the residuals scaled from 0.1 to 1, none for the uncond rows)."""
 
     net: Any
     image: Any
@@ -78,6 +97,8 @@ class ControlNet:
     high: float | None = None
     processor_res: int | None = None
     pixel_perfect: bool = False
+    control_mode: Any = "Balanced"
+    guess_mode: bool = False
     #: filled in by the pipeline
     part: Part | None = field(default=None, repr=False)
     control: np.ndarray | None = field(default=None, repr=False)
@@ -89,6 +110,26 @@ class ControlNet:
         source = self.part.source_file if self.part is not None else None  # a .safetensors on a shipped graph
         path = source or (self.part.path if self.part is not None else Path(str(getattr(self.net, "path", self.net))))
         return path.parent.name if path.name in ("model.onnx", *WEIGHTS_NAMES) else path.stem
+
+    @property
+    def cond_only(self) -> bool:
+        """Whether the uncond rows of a CFG batch get no residual (cfg injection, or diffusers' guess mode)."""
+        return self.guess_mode or self.control_mode == CONTROL_MODES[2]
+
+
+def control_mode(value: Any, where: str) -> str:
+    """The extension's control mode for its name (any case) or its number (0, 1, 2); InputError otherwise."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < len(CONTROL_MODES):
+        return CONTROL_MODES[int(value)]
+    if isinstance(value, str):
+        for name in CONTROL_MODES:
+            if value.strip().casefold() == name.casefold():
+                return name
+    shown = repr(value[:60]) if isinstance(value, str) else repr(value)[:60]
+    raise InputError(f"{where} {shown} is not a ControlNet control mode", where=where,
+                     fix=f"use {', '.join(CONTROL_MODES[:2])} or {CONTROL_MODES[2]} (or 0, 1, 2)")
 
 
 def _num(value: Any, name: str, low: float, high: float) -> float:
@@ -120,12 +161,14 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if isinstance(item, ControlNet):
             unit = ControlNet(**{f: getattr(item, f) for f in ("net", "image", "scale", "start", "end", "preprocessor",
                                                                  "resize", "low", "high", "processor_res",
-                                                                 "pixel_perfect")})
-        elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 5:
-            unit = ControlNet(*item)
+                                                                 "pixel_perfect", "control_mode", "guess_mode")})
+        elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
+            unit = ControlNet(*item[:5])
+            if len(item) == 6:
+                unit.control_mode = item[5]
         else:
-            raise InputError(f"{where} is not (net, image[, scale[, start[, end]]])", where=where,
-                             fix="pass a tuple of 2 to 5 items, or a sdrt.pipelines.ControlNet")
+            raise InputError(f"{where} is not (net, image[, scale[, start[, end[, control_mode]]]])", where=where,
+                             fix="pass a tuple of 2 to 6 items, or a sdrt.pipelines.ControlNet")
         unit.scale = _num(unit.scale, f"{where} scale", 0.0, 10.0)
         unit.start = _num(unit.start, f"{where} start", 0.0, 1.0)
         unit.end = _num(unit.end, f"{where} end", 0.0, 1.0)
@@ -135,6 +178,15 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.preprocessor not in PREPROCESSORS:
             raise InputError(f"unknown ControlNet preprocessor {unit.preprocessor!r}", where=where,
                              fix=f"use one of {', '.join(PREPROCESSORS)}")
+        unit.control_mode = control_mode(unit.control_mode, f"{where} control_mode")
+        if not isinstance(unit.guess_mode, (bool, np.bool_)):
+            raise InputError(f"{where} guess_mode must be True or False, got {unit.guess_mode!r}",
+                             where=f"{where} guess_mode", fix="pass guess_mode=True (diffusers' guess mode) or False")
+        unit.guess_mode = bool(unit.guess_mode)
+        if unit.guess_mode and unit.control_mode != CONTROL_MODES[0]:
+            raise InputError(f"{where} asks for diffusers' guess mode and the control mode {unit.control_mode!r}: "
+                             "they are two ways of scaling the residuals", where=f"{where} guess_mode",
+                             fix="pass guess_mode=True with the control mode Balanced, or a control mode alone")
         if unit.processor_res is not None:
             unit.processor_res = int(_num(unit.processor_res, f"{where} processor_res", 1, 8192))
         if unit.resize not in RESIZE_MODES:
@@ -308,18 +360,51 @@ def active(unit: ControlNet, step: int, total: int) -> bool:
     return not (step / total < unit.start or (step + 1) / total > unit.end)
 
 
-def hook(units: Sequence[ControlNet], unet: Part, state: ControlState, *, latent_channels: int,
-         sample_name: str = "sample") -> Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]:
-    """The denoiser hook: run the nets on this call's feeds, sum their residuals, feed the UNet."""
-    targets = residual_inputs(unet)
+def residual_scales(unit: ControlNet, n: int, *, hires: bool = False) -> list[float] | None:
+    """What each of a unit's ``n`` residuals (down 0..n-2, then mid) is multiplied by, its weight included; None
+    for Balanced (the plain ``scale``, which the net's ``conditioning_scale`` applies).
 
-    def run(unit: ControlNet, feeds: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
+    - diffusers' guess mode: ``scale * logspace(-1, 0, n)``, in float32 as ``torch.logspace`` gives it;
+    - the extension's soft injection ("My prompt is more important", "ControlNet is more important", and a
+      Balanced ``canny`` unit in the hires fix's second pass): ``weight * 0.825 ** (12 - i)``, its 13 scales
+      zipped with the residuals from the first: SD 1.x's 13 go from 0.099 to 1, SDXL's 10 from 0.099 to 0.56
+      (the extension cuts the list to 10, and the mid block's scale is 0.825**3), a residual past the 13th
+      gets none."""
+    if unit.guess_mode:
+        return [float(v) for v in np.logspace(-1, 0, n).astype(np.float32) * np.float32(unit.scale)]
+    soft = unit.control_mode != CONTROL_MODES[0] or (hires and unit.preprocessor == "canny")
+    if not soft:
+        return None
+    return [float(np.float32(unit.scale * SOFT_BASE ** (12 - i))) if i < 13 else 0.0 for i in range(n)]
+
+
+def hook(units: Sequence[ControlNet], unet: Part, state: ControlState, *, latent_channels: int,
+         sample_name: str = "sample", batch: int | None = None, hires: bool = False
+         ) -> Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]:
+    """The denoiser hook: run the nets on this call's feeds, sum their residuals, feed the UNet.
+
+    ``batch``: the images per call, so that a call of ``2 * batch`` rows is a CFG batch (``[uncond, cond]``, as
+    the batched CFG denoiser stacks it), whose uncond half a cond-only unit skips; ``hires``: the second pass."""
+    targets = residual_inputs(unet)
+    scales = {id(u): residual_scales(u, len(targets), hires=hires) for u in units}
+
+    def run(unit: ControlNet, feeds: dict[str, np.ndarray], on: bool) -> dict[str, np.ndarray]:
         assert unit.part is not None and unit.control is not None
         inputs = unit.part.inputs
         sample = feeds[sample_name][:, :latent_channels]  # an inpainting UNet's extra channels are not the net's
         rows = sample.shape[0]
+        # cfg injection / guess mode: the uncond rows get zeros, so the net runs on the cond half only
+        split = unit.cond_only and batch is not None and rows == 2 * batch
+        if split:
+            assert batch is not None
+            feeds = {k: (v[batch:] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == rows else v)
+                     for k, v in feeds.items() if k in inputs or k == "timestep"}
+            sample, rows = sample[batch:], batch
+        factors = scales[id(unit)]
+        scale = unit.scale if on else 0.0
         net_feeds: dict[str, np.ndarray] = {"sample": sample, "controlnet_cond": np.repeat(unit.control, rows, axis=0),
-                                            "conditioning_scale": np.asarray(scale, dtype=np.float32)}
+                                            "conditioning_scale": np.asarray(scale if factors is None else 1.0,
+                                                                             dtype=np.float32)}
         t = np.asarray(feeds["timestep"]).reshape(-1)
         ts = inputs["timestep"].shape
         net_feeds["timestep"] = t[:1].reshape(()) if len(ts) == 0 else np.resize(t, (rows,))
@@ -329,16 +414,22 @@ def hook(units: Sequence[ControlNet], unet: Part, state: ControlState, *, latent
         if "conditioning_scale" in inputs and len(inputs["conditioning_scale"].shape) == 1:
             net_feeds["conditioning_scale"] = net_feeds["conditioning_scale"].reshape(1)
         out = unit.part.run(net_feeds)
-        return {n: out[n.replace(DOWN_IN, DOWN_OUT) if n != MID_IN else MID_OUT] for n in targets}
+        res = {n: out[n.replace(DOWN_IN, DOWN_OUT) if n != MID_IN else MID_OUT] for n in targets}
+        if factors is not None:  # per-residual scales, each times the weight (0 when the unit is off)
+            res = {n: (r * np.float32(f if on else 0.0)).astype(r.dtype, copy=False)
+                   for (n, r), f in zip(res.items(), factors)}
+        if split:
+            res = {n: np.concatenate([np.zeros_like(r), r], axis=0) for n, r in res.items()}
+        return res
 
     def add(feeds: dict[str, np.ndarray]) -> Mapping[str, np.ndarray]:
         on = [u for u in units if active(u, state.step, state.total)]
         if not on:  # diffusers runs every net at scale 0: what it feeds the UNet then
             state.calls.append(0)
-            return run(units[0], feeds, 0.0)
+            return run(units[0], feeds, False)
         total: dict[str, np.ndarray] | None = None
         for unit in on:
-            res = run(unit, feeds, unit.scale)
+            res = run(unit, feeds, True)
             total = res if total is None else {k: total[k] + res[k] for k in targets}
         state.calls.append(len(on))
         assert total is not None
@@ -363,7 +454,9 @@ def infotext(units: Sequence[ControlNet], width: int, height: int) -> dict[str, 
             items += [("Threshold A", _short(u.low if u.low is not None else 127))]
         items += [("Guidance Start", _short(u.start)), ("Guidance End", _short(u.end)),
                   ("Pixel Perfect", str(bool(u.pixel_perfect))),
-                  ("Control Mode", "Balanced")]
+                  ("Control Mode", CONTROL_MODES[2] if u.guess_mode else u.control_mode)]
+        if u.guess_mode:  # the extension turned guess_mode into "ControlNet is more important"; the scales are diffusers'
+            items.append(("Guess Mode", "True"))
         fields[f"ControlNet {k}"] = ", ".join(f"{a}: {b}" for a, b in items)
     return fields
 

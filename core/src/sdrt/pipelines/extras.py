@@ -190,13 +190,15 @@ class ToolboxMixin:
         units = tb.controlnets or self._silent_units
         if not units:
             return None
-        if (width, height) != (s.width, s.height):  # the hires pass: control images at the new size
+        hires = (width, height) != (s.width, s.height)
+        if hires:  # the hires pass: control images at the new size
             for k, unit in enumerate(units):
                 unit.control = self._control_tensor(unit, width, height, k)
         state = cn.ControlState()
         call.hooks.append(cn.hook(units, self.denoiser, state,  # type: ignore[attr-defined]
                                   latent_channels=self.family.latent_channels,  # type: ignore[attr-defined]
-                                  sample_name=self.family.sample_input))  # type: ignore[attr-defined]
+                                  sample_name=self.family.sample_input,  # type: ignore[attr-defined]
+                                  batch=call.batch, hires=hires))
         return state
 
     # ------------------------------------------------------------------ previews

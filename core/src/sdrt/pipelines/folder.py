@@ -226,6 +226,12 @@ class ModelFolder:
                                              "or download the diffusers folder's .safetensors into it")
         fam = detect(index, set(parts), configs, root) or registered()["sd1"]
         missing = [p for p in fam.parts if p not in parts and p not in fam.optional]
+        if missing and not index and not parts:  # a folder of model folders (onnx/ and diffusers/ side by side)
+            inner = sorted(d.name for d in root.iterdir() if d.is_dir() and (d / "model_index.json").is_file())
+            if inner:
+                raise ModelNotFoundError(
+                    f"the folder holds model folders, not a model: {', '.join(f'{n}/' for n in inner[:6])}",
+                    where=str(root), fix=f"pass one of them: {root / inner[0]}")
         if missing:
             what = "no model_index.json and " if not index else ""
             raise ModelNotFoundError(

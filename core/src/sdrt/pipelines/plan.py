@@ -158,7 +158,9 @@ def _notes(s: Any) -> list[str]:
                      f"{getattr(control, 'preprocessor', 'none')}")
     for k, u in enumerate(tb.controlnets if tb is not None else []):
         notes.append(f"controlnet {k}: {u.part.name if u.part is not None else u.net}, scale {u.scale:g}, "
-                     f"steps {u.start:g}-{u.end:g}, preprocessor {u.preprocessor}")
+                     f"steps {u.start:g}-{u.end:g}, preprocessor {u.preprocessor}"
+                     + (", guess mode" if u.guess_mode else f", mode {u.control_mode}" if u.control_mode != "Balanced"
+                        else ""))
     refs = getattr(s, "reference_images", None)
     if refs:  # FLUX.1 Kontext: their tokens ride along in every transformer call
         sizes = ", ".join(f"{im.shape[1]}x{im.shape[0]}" for im in refs)

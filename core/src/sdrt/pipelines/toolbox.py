@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import InputError
 
-KEYWORDS = ("controlnets", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "rng", "subseed",
+KEYWORDS = ("controlnets", "guess_mode", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "rng", "subseed",
             "subseed_strength", "preview", "preview_size")
 
 
@@ -56,6 +56,20 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
     rest = {k: v for k, v in kwargs.items() if k not in KEYWORDS}
     tb = Toolbox()
     tb.controlnets = controlnet.parse_units(kwargs.get("controlnets"))
+    guess = kwargs.get("guess_mode", False)
+    if not isinstance(guess, (bool, np.bool_)):
+        raise InputError(f"{{@guess_mode}} must be True or False, got {guess!r}", where="guess_mode",
+                         fix="pass {@guess_mode=}True (diffusers' guess mode for every ControlNet) or leave it out")
+    if guess:  # diffusers' pipeline argument: every net in guess mode
+        if not tb.controlnets:
+            raise InputError("{@guess_mode} without a ControlNet", where="guess_mode",
+                             fix="pass {@controlnets} too, or leave {@guess_mode} out")
+        for k, unit in enumerate(tb.controlnets):
+            if unit.control_mode != controlnet.CONTROL_MODES[0]:
+                raise InputError(f"{{@guess_mode}} and controlnets[{k}]'s control mode {unit.control_mode!r} are two "
+                                 "ways of scaling the residuals", where="guess_mode",
+                                 fix=f"leave {{@guess_mode}} out, or controlnets[{k}]'s control mode Balanced")
+            unit.guess_mode = True
     tb.hires = hires.parse(kwargs.get("hires_scale"), kwargs.get("hires_steps"), kwargs.get("hires_denoise"),
                            kwargs.get("hires_upscaler"))
     rng = kwargs.get("rng", "cpu") or "cpu"

@@ -2,7 +2,8 @@
 
 A unit (the extension's ``ControlNetUnit``, as ``external_code.to_processing_unit`` reads a dict: ``input_image``
 for ``image``, ``guidance`` for ``guidance_end``, ``lowvram``/``guessmode`` for ``low_vram``/``guess_mode``,
-``mask``/``mask_image`` beside the image) becomes a :class:`sdrt.pipelines.ControlNet`. Its ``model`` is looked up
+``mask``/``mask_image`` beside the image; ``control_mode`` 0/1/2 or its names, run as the extension runs them, and
+``guess_mode: true`` as "ControlNet is more important", the extension's conversion while it read the field) becomes a :class:`sdrt.pipelines.ControlNet`. Its ``model`` is looked up
 in the registry (``ControlNet/`` of the models folder, and the model folder's own ``controlnet*`` parts); its
 ``module`` is one of the extension's model-free preprocessors sdrt has (``none``, ``canny``, ``invert``,
 ``threshold``, and ControlNet 1.0's ``scribble``); anything else is a 400 naming the unit's field. What sdrt runs
@@ -224,11 +225,12 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     res, a, b = _sliders(lambda name, high: num(name, -1.0, None, high), pre,
                          ("processor_res", "threshold_a", "threshold_b"), f, max_res)
     mode = _choice(unit.get("control_mode", 0), CONTROL_MODES, f("control_mode"))
-    if mode:
-        notes.append(f"{f('control_mode')}: {CONTROL_MODES[mode]!r} ran as 'Balanced', the only control mode sdrt has")
-    if get_bool(unit, "guess_mode", None) or get_bool(unit, "guessmode", None):
-        notes.append(f"{f('guess_mode')}: guess mode is gone from the extension (1.1.136; control_mode replaced it) "
-                     "and is not run")
+    guess_key = "guess_mode" if unit.get("guess_mode") is not None else "guessmode"
+    if get_bool(unit, guess_key, None):  # the extension's own conversion while it read guess_mode (1.1.108-1.1.135)
+        if mode not in (0, 2):
+            notes.append(f"{f(guess_key)}: true ran as {CONTROL_MODES[2]!r}, as the extension turned guess mode into "
+                         f"it; {f('control_mode')} {CONTROL_MODES[mode]!r} was not used")
+        mode = 2
     if unit.get("advanced_weighting") not in (None, []):
         notes.append(f"{f('advanced_weighting')}: per-layer weights are not supported; weight ran for every layer")
     hr = _choice(unit.get("hr_option", 0), HR_OPTIONS, f("hr_option"))
@@ -236,7 +238,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         notes.append(f"{f('hr_option')}: {HR_OPTIONS[hr]!r} ran as 'Both' (the control on both hires. fix passes)")
     return make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize,
                 low=a, high=b, processor_res=None if res is None else int(res),
-                pixel_perfect=bool(get_bool(unit, "pixel_perfect", False)))
+                pixel_perfect=bool(get_bool(unit, "pixel_perfect", False)), control_mode=CONTROL_MODES[mode])
 
 
 def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:

@@ -80,6 +80,11 @@ def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
                 raise _bad(f"file too short for a safetensors header ({size} bytes)", path)
             n = int.from_bytes(head, "little")
             if n > MAX_HEADER or 8 + n > size:
+                from ..formats import FETCH_FIX, HTML_HINT, LFS_HINT, sniff
+
+                kind = sniff(head + f.read(56))
+                if kind in (LFS_HINT, HTML_HINT):  # a clone without git-lfs, a download that got a web page
+                    raise _bad(f"the file is not safetensors: it looks like {kind}", path, FETCH_FIX)
                 raise _bad(f"header length {n} does not fit the file ({size} bytes): truncated or not safetensors", path)
             raw = f.read(n)
     except OSError as exc:

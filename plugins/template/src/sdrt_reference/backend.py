@@ -19,7 +19,9 @@ class ReferenceSession(Session):
 
         super().__init__(graph.inputs, graph.outputs, graph=graph)
         try:  # built without initializers: their arrays are bound below, and swapped by _update_weights
-            self._evaluator = ReferenceEvaluator(graph.model_without(arrays))
+            from sdrt.refops import REFERENCE_FIXES
+
+            self._evaluator = ReferenceEvaluator(graph.model_without(arrays), new_ops=REFERENCE_FIXES)
         except Exception as exc:  # the evaluator rejects graphs it cannot build
             raise ModelError(f"the reference evaluator cannot build this graph: {exc}", where=graph.name,
                              fix="check the model with onnx.checker.check_model") from exc
