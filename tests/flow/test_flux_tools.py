@@ -129,6 +129,8 @@ def test_errors_are_one_line_input_errors(folders) -> None:
         (control, dict(control_image=edges, hires_scale=2), "hires_scale", "hires fix"),
         (control, dict(controlnets=[("somewhere/cn.safetensors", edges)]), "controlnets", "not through a ControlNet"),
         (control, dict(controlnets=[("controlnet", edges), ("controlnet", edges)]), "controlnets", "one control image"),
+        (control, dict(controlnets=[("controlnet", edges, 1.0, 0.0, 1.0, "ControlNet is more important")]),
+         "controlnets", "not through a ControlNet"),
     ]
     register("reference")
     plain = pipelines.load(DATA / "tiny-flux-dev", backend="reference")

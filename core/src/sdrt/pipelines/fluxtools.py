@@ -104,9 +104,10 @@ def control_from_units(units: list[Any], where: str = "controlnets") -> Any:
                          where=where, fix="pass one control image")
     unit = units[0]
     if not (isinstance(unit.net, str) and unit.net == "controlnet") or unit.scale != 1.0 or unit.start != 0.0 \
-            or unit.end != 1.0:
+            or unit.end != 1.0 or getattr(unit, "control_mode", "Balanced") != "Balanced" \
+            or getattr(unit, "guess_mode", False):
         raise InputError("a Flux.1 Canny/Depth model takes its control image itself, not through a ControlNet "
-                         "(no net, scale, start or end)", where=where,
+                         "(no net, scale, start, end, control mode or guess mode)", where=where,
                          fix="pass only the image (--control-image PNG, optionally --control-preprocessor and "
                              "--control-resize; control_image= in the API)")
     return unit
