@@ -903,7 +903,7 @@ def do_check(names: list[str]) -> None:
         del model, sess, proto, state
 
 
-def do_check_derived() -> None:
+def do_check_derived(tiny: bool = False) -> None:
     """The graphs sdrt derives instead of shipping (``sdrt.checkpoint.graphs.DERIVED``: FLUX.1 Fill, 384 input
     channels, and Canny/Depth, 128), at full width and reduced depth: flux_dev_transformer's export widened by
     ``widen_flux_input`` exactly as sdrt widens the shipped graph, with the random weights of a diffusers
@@ -916,6 +916,8 @@ def do_check_derived() -> None:
     report = json.loads(REPORT.read_text()) if REPORT.exists() else {}
     spec = SPECS["flux_dev_transformer"]
     cfg = {**spec.config, **spec.reduce}
+    if tiny:  # the same export and widening at 2 heads of 16 (a quick check of the graph's structure)
+        cfg.update(attention_head_dim=16, num_attention_heads=2, axes_dims_rope=[4, 6, 6])
     t0 = time.time()
     _, prog = export_program(spec, cfg, fake=True)  # the dev graph as shipped, at reduced depth
     dev, _ = weight_free(prog, "flux_dev_transformer", spec.source)
@@ -946,8 +948,8 @@ def do_check_derived() -> None:
             results.append({"inputs": {n: list(v.shape) for n, v in x.items()},
                             "max_rel_err": float(np.abs(got - ref).max() / max(1e-6, float(np.abs(ref).max())))})
         ok = all(r["max_rel_err"] <= spec.tol for r in results)
-        report.setdefault(name, {})["torch_check"] = {
-            "config_overrides": {**spec.reduce, "in_channels": width, "out_channels": 64}, "runs": results,
+        report.setdefault(name, {})["torch_check" + ("_tiny" if tiny else "")] = {
+            "config_overrides": {k: v for k, v in wide.items() if spec.config.get(k) != v}, "runs": results,
             "params_checked": sum(int(np.prod(p.shape)) for p in model.parameters()), "tolerance": spec.tol, "ok": ok,
             "how": "flux_dev_transformer's reduced-depth export widened by sdrt.checkpoint.graphs.widen_flux_input; "
                    "random weights bound through param_map; onnxruntime CPU vs the torch module, max |diff| / max |ref|"}
@@ -1001,7 +1003,7 @@ def main(argv: list[str]) -> None:
     elif step == "check":
         do_check(names)
     elif step == "check-derived":
-        do_check_derived()
+        do_check_derived(tiny=names == ["tiny"])
     elif step == "table":
         table()
     else:
