@@ -31,6 +31,9 @@ Run with the torch venv (its torchvision does not match its torch: ``tvblock`` h
 
     PYTHONPATH=scripts/_tvblock:core/src /work/refvenv/bin/python scripts/make_shipped_graphs.py export [NAME...]
     PYTHONPATH=scripts/_tvblock:core/src /work/refvenv/bin/python scripts/make_shipped_graphs.py check [NAME...]
+    PYTHONPATH=scripts/_tvblock:core/src:SHIM /work/refvenv/bin/python scripts/make_shipped_graphs.py check-derived
+
+(SHIM: a folder holding a link to pluggy, which sdrt imports and the torch venv lacks.)
 """
 
 from __future__ import annotations
@@ -914,6 +917,62 @@ def do_check(names: list[str]) -> None:
         del model, sess, proto, state
 
 
+def do_check_derived(tiny: bool = False) -> None:
+    """The graphs sdrt derives instead of shipping (``sdrt.checkpoint.graphs.DERIVED``: FLUX.1 Fill, 384 input
+    channels, and Canny/Depth, 128), at full width and reduced depth: flux_dev_transformer's export widened by
+    ``widen_flux_input`` exactly as sdrt widens the shipped graph, with the random weights of a diffusers
+    ``FluxTransformer2DModel(in_channels=W, out_channels=64)`` bound, run by onnxruntime against that module."""
+    import onnx
+    import onnxruntime as ort
+
+    from sdrt.checkpoint.graphs import DERIVED, widen_flux_input
+
+    report = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    spec = SPECS["flux_dev_transformer"]
+    cfg = {**spec.config, **spec.reduce}
+    if tiny:  # the same export and widening at 2 heads of 16 (a quick check of the graph's structure)
+        cfg.update(attention_head_dim=16, num_attention_heads=2, axes_dims_rope=[4, 6, 6])
+    t0 = time.time()
+    _, prog = export_program(spec, cfg, fake=True)  # the dev graph as shipped, at reduced depth
+    dev, _ = weight_free(prog, "flux_dev_transformer", spec.source)
+    del prog
+    for name, (base, width) in DERIVED.items():
+        assert base == "flux_dev_transformer", base
+        proto = onnx.load_from_string(widen_flux_input(dev.SerializeToString(), name, width))
+        torch.manual_seed(0)
+        wide = {**cfg, "in_channels": width, "out_channels": 64}
+        model = build_flux(wide)
+        _randomize(model, 1)
+        state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+        bound, wfeeds = bind_as_inputs(proto, state)
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(bound.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        del bound
+        results = []
+        for k in (1, 2):
+            x = flux_inputs(wide, k)
+            g = torch.Generator().manual_seed(10 + k)
+            x["hidden_states"] = torch.randn(*x["hidden_states"].shape[:2], width, generator=g)
+            with torch.no_grad():
+                ref = model(**x).numpy()
+            got = sess.run(None, {**{i.name: x[i.name].numpy() for i in sess.get_inputs() if i.name in x},
+                                  **wfeeds})[0]
+            assert got.shape == ref.shape, (name, got.shape, ref.shape)
+            results.append({"inputs": {n: list(v.shape) for n, v in x.items()},
+                            "max_rel_err": float(np.abs(got - ref).max() / max(1e-6, float(np.abs(ref).max())))})
+        ok = all(r["max_rel_err"] <= spec.tol for r in results)
+        report.setdefault(name, {})["torch_check" + ("_tiny" if tiny else "")] = {
+            "config_overrides": {k: v for k, v in wide.items() if spec.config.get(k) != v}, "runs": results,
+            "params_checked": sum(int(np.prod(p.shape)) for p in model.parameters()), "tolerance": spec.tol, "ok": ok,
+            "how": "flux_dev_transformer's reduced-depth export widened by sdrt.checkpoint.graphs.widen_flux_input; "
+                   "random weights bound through param_map; onnxruntime CPU vs the torch module, max |diff| / max |ref|"}
+        print(f"{name}: check {'OK' if ok else 'FAILED'} {[r['max_rel_err'] for r in results]} "
+              f"({time.time() - t0:.0f}s)", flush=True)
+        REPORT.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+        del model, sess, proto, state
+
+
 #: graphs checked through check_single_files.py (a publisher's file read by diffusers vs sdrt's binding)
 SINGLE_FILE_CHECKS = {"sd1_unet": ("sd15_full_parts", "unet", "full size, diffusers from_single_file"),
                       "sd35_medium_transformer": ("sd35_medium", "transformer", "2 blocks, Stability keys"),
@@ -957,6 +1016,8 @@ def main(argv: list[str]) -> None:
         do_export(names)
     elif step == "check":
         do_check(names)
+    elif step == "check-derived":
+        do_check_derived(tiny=names == ["tiny"])
     elif step == "table":
         table()
     else:

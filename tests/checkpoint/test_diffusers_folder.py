@@ -365,7 +365,7 @@ _CLASSES = {"sd1": "StableDiffusionPipeline", "sd1-inpaint": "StableDiffusionInp
             "sd2": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeline",
             "sdxl-inpaint": "StableDiffusionXLInpaintPipeline", "sd35-medium": "StableDiffusion3Pipeline",
             "sd35-large": "StableDiffusion3Pipeline", "flux-dev": "FluxPipeline", "flux-schnell": "FluxPipeline",
-            "chroma": "ChromaPipeline"}
+            "flux-fill": "FluxFillPipeline", "flux-control": "FluxControlPipeline", "chroma": "ChromaPipeline"}
 
 
 @pytest.mark.parametrize("family", sorted(_CLASSES))

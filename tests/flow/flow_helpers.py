@@ -29,3 +29,17 @@ def refs(kind: str) -> dict[str, np.ndarray]:
         with np.load(folder(kind) / "refs.npz") as z:
             _REFS[kind] = {k: z[k] for k in z.files}
     return _REFS[kind]
+
+
+def tool_folder(tool: str, root: Path) -> Path:
+    """tiny-flux-TOOL (``fill``, ``control``: scripts/gen_flux_tools_refs.py) as a whole folder: its transformer and
+    model_index.json with tiny-flux-dev's other parts beside them (symbolic links)."""
+    out = root / f"tiny-flux-{tool}"
+    out.mkdir(parents=True, exist_ok=True)
+    for src in (DATA / "tiny-flux-dev", DATA / f"tiny-flux-{tool}"):
+        for p in src.iterdir():
+            if p.name in ("refs.json", "refs.npz", "t5_corpus.json") or (src.name == "tiny-flux-dev" and p.name in (
+                    "transformer", "model_index.json")):
+                continue
+            (out / p.name).symlink_to(p.resolve())
+    return out

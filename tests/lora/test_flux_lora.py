@@ -145,7 +145,7 @@ def test_flux_control_lora_is_refused_in_one_line_saying_what_it_is(pipe, tmp_pa
 
     save_file({k: np.zeros(s, np.float32) for k, s in keys.items()}, str(tmp_path / "canny.safetensors"))
     with pytest.raises(SdrtError, match=r"canny.safetensors is a Flux Control LoRA \(Black Forest Labs' Canny/Depth "
-                       r"LoRA: .*\); .* sdrt does not run Flux Control models") as e:
+                       r"LoRA: .*\); it widens .* FLUX.1-Canny-dev or FLUX.1-Depth-dev model") as e:
         pipe.set_loras([(tmp_path / "canny.safetensors", 1.0)])
     assert "\n" not in str(e.value)
     assert not pipe.weights.loras

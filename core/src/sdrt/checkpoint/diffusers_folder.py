@@ -48,7 +48,9 @@ WEIGHT_FOLDERS = ("unet", "transformer", "text_encoder", "text_encoder_2", "text
 #: model_index.json's ``_class_name`` (its start) -> the families it may be (first match wins)
 PIPELINE_CLASSES = (("StableDiffusionXL", ("sdxl", "sdxl-inpaint", "sdxl-refiner")),
                     ("StableDiffusion3", ("sd35-medium", "sd35-large")),
-                    ("Flux", ("flux-dev", "flux-schnell")), ("Chroma", ("chroma",)),
+                    ("FluxFill", ("flux-fill",)), ("FluxControlNet", ("flux-dev", "flux-schnell")),
+                    ("FluxControl", ("flux-control",)),
+                    ("Flux", ("flux-dev", "flux-schnell", "flux-fill", "flux-control")), ("Chroma", ("chroma",)),
                     ("StableDiffusion", ("sd1", "sd1-inpaint", "sd2")))
 _SHARD = re.compile(r"-\d{5}-of-\d{5}")
 _FLOW = ("FlowMatchEulerDiscreteScheduler",)
@@ -125,7 +127,11 @@ def denoiser_family(shapes: families.Shapes) -> tuple[str | None, str]:
         if has("distilled_guidance_layer."):
             return "chroma", "a Chroma transformer"
         if has("time_text_embed.guidance_embedder."):
-            return "flux-dev", "a Flux.1 dev transformer"
+            width = (shapes.get("x_embedder.weight") or (0, 0))[-1]
+            fam = families.FLUX_INPUTS.get(width)
+            if fam is None:
+                return None, f"a Flux.1 dev-like transformer with {width} input channels, which has no shipped graph"
+            return fam, f"a {families.LABELS[fam]} transformer"
         return "flux-schnell", "a Flux.1 schnell transformer (no guidance input)"
     if has("transformer_blocks.") and has("context_embedder.") and has("pos_embed."):
         if has("transformer_blocks.0.attn2."):

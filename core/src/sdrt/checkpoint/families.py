@@ -90,6 +90,11 @@ FAMILY_GRAPHS: dict[str, dict[str, str]] = {
                    "vae_encoder": "vae16_encoder"},
     "flux-dev": {"transformer": "flux_dev_transformer", "text_encoder": "clip_l", "text_encoder_2": "t5xxl",
                  "vae_decoder": "vae16_decoder", "vae_encoder": "vae16_encoder"},
+    # BFL's FLUX.1 Tools: Flux.1 dev with a wider x_embedder (sdrt.checkpoint.graphs.DERIVED)
+    "flux-fill": {"transformer": "flux_fill_transformer", "text_encoder": "clip_l", "text_encoder_2": "t5xxl",
+                  "vae_decoder": "vae16_decoder", "vae_encoder": "vae16_encoder"},
+    "flux-control": {"transformer": "flux_control_transformer", "text_encoder": "clip_l", "text_encoder_2": "t5xxl",
+                     "vae_decoder": "vae16_decoder", "vae_encoder": "vae16_encoder"},
     "flux-schnell": {"transformer": "flux_schnell_transformer", "text_encoder": "clip_l", "text_encoder_2": "t5xxl",
                      "vae_decoder": "vae16_decoder", "vae_encoder": "vae16_encoder"},
     "chroma": {"transformer": "chroma_transformer", "text_encoder": "t5xxl", "vae_decoder": "vae16_decoder",
@@ -104,7 +109,10 @@ FAMILY_LATENT_CHANNELS = {fam: 16 if graphs["vae_decoder"] == "vae16_decoder" el
 LABELS = {"sd1": "SD 1.x", "sd1-inpaint": "SD 1.x inpainting", "sd2": "SD 2.x", "sdxl": "SDXL",
           "sdxl-inpaint": "SDXL inpainting", "sdxl-refiner": "SDXL refiner", "sd35-medium": "SD 3.5 Medium",
           "sd35-large": "SD 3.5 Large",
-          "flux-dev": "Flux.1 dev", "flux-schnell": "Flux.1 schnell", "chroma": "Chroma"}
+          "flux-dev": "Flux.1 dev", "flux-schnell": "Flux.1 schnell", "chroma": "Chroma",
+          "flux-fill": "Flux.1 Fill dev", "flux-control": "Flux.1 Canny/Depth dev"}
+#: a Flux.1 dev transformer's input channels (x_embedder's in_features) -> its family: FLUX.1 Tools widen it
+FLUX_INPUTS = {64: "flux-dev", 384: "flux-fill", 128: "flux-control"}
 #: a separate part file's kind -> its human name
 PART_KINDS = {"clip_l": "a CLIP-L text encoder", "clip_g": "a CLIP-G (OpenCLIP bigG) text encoder",
               "openclip_h": "an OpenCLIP-H text encoder (SD 2.x)", "t5xxl": "a T5-XXL text encoder",
@@ -177,11 +185,12 @@ def identify(shapes: Shapes, family: str | None = None) -> Identity:
         if has(flow_prefix + "distilled_guidance_layer."):
             fam = "chroma"
         elif has(flow_prefix + "guidance_in."):
-            fam = "flux-dev"
+            fam = FLUX_INPUTS.get(_width(shapes, flow_prefix + "img_in.weight") or 0, "flux-dev")
         else:
             fam = "flux-schnell"
         w = _width(shapes, flow_prefix + "img_in.weight")
-        if family != fam and (shapes.get(flow_prefix + "img_in.weight", (0, 0))[0] != 3072 or w != 64):
+        if family != fam and (shapes.get(flow_prefix + "img_in.weight", (0, 0))[0] != 3072
+                              or (w != 64 and fam not in ("flux-fill", "flux-control"))):
             return Identity(None, "unknown", f"a Flux-like transformer of width "
                             f"{shapes.get(flow_prefix + 'img_in.weight', (0,))[0]} with {w} input channels "
                             f"(not Flux.1/Chroma{'; ' + LABELS[fam] + ' by its keys' if family else ''}), "
@@ -224,6 +233,8 @@ def identify(shapes: Shapes, family: str | None = None) -> Identity:
              "sd35-large": ("text_encoder", "text_encoder_2", "text_encoder_3"),
              "flux-dev": ("text_encoder", None, "text_encoder_2"), "flux-schnell": ("text_encoder", None,
                                                                                    "text_encoder_2"),
+             "flux-fill": ("text_encoder", None, "text_encoder_2"),
+             "flux-control": ("text_encoder", None, "text_encoder_2"),
              "chroma": (None, None, "text_encoder")}.get(fam)
         if t:
             for p, part in zip(("text_encoders.clip_l.transformer.", "text_encoders.clip_g.transformer.",

@@ -99,10 +99,15 @@ class OpenedModel:
                                        "(precision='fp16')")
 
 
+#: families whose release ships another's scheduler, tokenizers and VAE: FLUX.1-Fill-dev's and
+#: FLUX.1-Canny/Depth-dev's scheduler_config.json and vae/config.json are FLUX.1-dev's
+RELEASE_OF = {"flux-fill": "flux-dev", "flux-control": "flux-dev"}
+
+
 def release_defaults(family: str) -> dict[str, Any]:
     """The release's scheduler config, tokenizer folders and VAE scaling for ``family``."""
     data = json.loads((Path(str(resources.files("sdrt") / "data" / "release")) / "families.json").read_text())
-    return data[family]
+    return data[RELEASE_OF.get(family, family)]
 
 
 #: release tokenizer folders that hold only their settings take CLIP's vocabulary and merges
@@ -226,7 +231,7 @@ def _fit_text_encoder(f: _File, fam: str, graph_paths: Mapping[str, PathLike]) -
 
 def _supported() -> str:
     return ", ".join(LABELS[f] for f in ("sd1", "sd2", "sdxl", "sdxl-refiner", "sd35-medium", "sd35-large", "flux-dev",
-                                         "flux-schnell", "chroma"))
+                                         "flux-schnell", "flux-fill", "flux-control", "chroma"))
 
 
 def _sources(f: _File, comp: str, prefix: str, family: str | None) -> tuple[dict[str, Source], list[str]]:

@@ -6,6 +6,13 @@ to a file that does not exist (the ``sdrt strip`` marking), named with the diffu
 transformers parameter name, so a single file's tensors bind onto it through
 ``sdrt.checkpoint``'s key maps and ``weights=``. ``shipped_graph(name)`` unpacks one into
 sdrt's cache once (keyed by the packed file's content) and returns the path of the ``.onnx``.
+
+Some graphs are *derived* rather than shipped (``DERIVED``): BFL's FLUX.1 Tools transformers are Flux.1 dev's
+with a wider ``x_embedder`` (Fill: 384 input channels = 64 noise + 64 masked-image latent + 256 mask; Canny and
+Depth: 128 = 64 noise + 64 control-image latent), and nothing else differs. ``shipped_graph`` makes one from
+the shipped dev graph by widening ``hidden_states``' last axis and ``x_embedder.weight``'s input axis (the only
+places that width appears: ``Transpose(x_embedder.weight)`` then ``MatMul(hidden_states, .)``), so they add
+nothing to the wheel.
 """
 
 from __future__ import annotations
@@ -29,15 +36,44 @@ def _data() -> Path:
     return Path(str(resources.files("sdrt") / "data" / "graphs"))
 
 
+#: a derived graph -> (the shipped graph it is made from, its transformer's input width)
+DERIVED = {"flux_fill_transformer": ("flux_dev_transformer", 384),
+           "flux_control_transformer": ("flux_dev_transformer", 128)}
+
+
 def shipped_names() -> list[str]:
-    """The architectures sdrt ships a graph of."""
+    """The architectures sdrt ships a graph of (or derives one for)."""
     folder = _data()
-    return sorted(p.name[: -len(SUFFIX)] for p in folder.glob("*" + SUFFIX)) if folder.is_dir() else []
+    names = [p.name[: -len(SUFFIX)] for p in folder.glob("*" + SUFFIX)] if folder.is_dir() else []
+    return sorted([*names, *(d for d, (base, _) in DERIVED.items() if base in names)])
+
+
+def widen_flux_input(raw: bytes, name: str, width: int) -> bytes:
+    """A Flux transformer graph (serialized) whose ``hidden_states`` and ``x_embedder.weight`` take ``width``
+    input channels instead of 64; metadata says ``name``. ``ModelError`` if the graph is not laid out so."""
+    import onnx
+
+    model = onnx.load_from_string(raw)
+    g = model.graph
+    inp = next((i for i in g.input if i.name == "hidden_states"), None)
+    weight = next((t for t in g.initializer if t.name == "x_embedder.weight"), None)
+    users = [n for n in g.node if "x_embedder.weight" in n.input]
+    if inp is None or weight is None or len(weight.dims) != 2 or len(inp.type.tensor_type.shape.dim) != 3 \
+            or [n.op_type for n in users] != ["Transpose"]:
+        raise ModelError(f"the Flux graph for {name} does not take hidden_states through x_embedder.weight as "
+                         "sdrt's shipped graph does", where=name, fix="reinstall sdrt")
+    inp.type.tensor_type.shape.dim[2].dim_value = width
+    weight.dims[1] = width
+    for prop in model.metadata_props:
+        if prop.key == "sdrt.architecture":
+            prop.value = name
+    return model.SerializeToString()
 
 
 def shipped_graph(name: str) -> Path:
     """The path of the unpacked weight-free graph ``name`` (``sd1_unet``, ``flux_dev_transformer``, ...)."""
-    packed = _data() / (name + SUFFIX)
+    base, width = DERIVED.get(name, (name, 0))
+    packed = _data() / (base + SUFFIX)
     if not packed.is_file():
         raise ModelError(f"sdrt ships no graph named {name!r}", where=str(packed.parent),
                          fix=f"use one of: {', '.join(shipped_names()) or '(none installed: reinstall sdrt)'}")
@@ -49,8 +85,10 @@ def shipped_graph(name: str) -> Path:
     try:
         raw = lzma.decompress(data)
     except lzma.LZMAError as exc:
-        raise ModelError(f"the shipped graph {name} is damaged ({exc})", where=str(packed),
+        raise ModelError(f"the shipped graph {base} is damaged ({exc})", where=str(packed),
                          fix="reinstall sdrt") from exc
+    if width:
+        raw = widen_flux_input(raw, name, width)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, raw, "unpack the shipped graph",
                  fix="check free space and permissions of the cache folder ($SDRT_CACHE_DIR)")

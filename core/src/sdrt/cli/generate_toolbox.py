@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a ControlNet folder (model.onnx, or diffusers' diffusion_pytorch_model.safetensors), or a "
                         "ControlNet .safetensors as downloaded (control_v11p_sd15_canny.safetensors, SDXL ControlNets "
                         "in diffusers' layout); default: the model folder's controlnet/, controlnet_2/, ...")
-    g.add_argument("--control-image", action="append", default=[], metavar="PNG", help="the control image")
+    g.add_argument("--control-image", action="append", default=[], metavar="PNG",
+                   help="the control image (of a ControlNet; of a FLUX.1 Canny/Depth model itself, with no --controlnet)")
     g.add_argument("--control-scale", action="append", type=float, default=[], metavar="S", help="weight (1)")
     g.add_argument("--control-start", action="append", type=float, default=[], metavar="A",
                    help="first step, as a fraction of the steps (0)")

@@ -26,7 +26,7 @@ PART_NAMES = ("text_encoder", "text_encoder_2", "text_encoder_3", "unet", "trans
 #: sdrt.checkpoint's family of a single file -> the pipeline family (sdrt.pipelines.families) that runs it
 PIPELINE_FAMILY = {"sd1": "sd1", "sd1-inpaint": "sd1", "sd2": "sd2", "sdxl": "sdxl", "sdxl-inpaint": "sdxl",
                    "sdxl-refiner": "sdxl-refiner", "sd35-medium": "sd3", "sd35-large": "sd3", "flux-dev": "flux",
-                   "flux-schnell": "flux", "chroma": "chroma"}
+                   "flux-schnell": "flux", "flux-fill": "flux", "flux-control": "flux", "chroma": "chroma"}
 
 #: SD's scheduler when a folder has no scheduler/scheduler_config.json (the SD 1.5 release config)
 DEFAULT_SCHEDULER: dict[str, Any] = {
@@ -131,7 +131,8 @@ class ModelFolder:
         release = opened.release
         denoiser: dict[str, Any] = {"sample_size": int(release.get("sample_size", fam.default_size)) // fam.vae_factor}
         if opened.family.startswith("flux"):
-            denoiser["guidance_embeds"] = opened.family == "flux-dev"  # schnell: no guidance input, T5 length 256
+            # schnell: no guidance input, T5 length 256; FLUX.1 Tools (Fill, Canny/Depth) are dev with wider inputs
+            denoiser["guidance_embeds"] = opened.family != "flux-schnell"
         configs: dict[str, dict[str, Any]] = {}
         for part in opened.parts:
             if part in ("unet", "transformer"):

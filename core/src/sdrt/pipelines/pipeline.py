@@ -524,6 +524,12 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                              "noise (diffusers runs it as img2img only)", where="init_image",
                              fix="pass {@init_image} with a low {@strength} (0.2-0.4), or run a base model with "
                                  "{@refiner} set to this model")
+        if init is None and s.width is None and s.height is None and self.flux_tool == "control":
+            from .fluxtools import control_size
+
+            size = control_size(s)  # a Canny/Depth run without a size: the control image's (as an init image's)
+            if size is not None:
+                s.width, s.height = size
         unset = s.width is None and s.height is None
         s.width = s.width or self.default_size
         s.height = s.height or self.default_size
@@ -537,6 +543,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 s.width, s.height = fixed
         self._family_defaults(s)
         self._check_size(s, "init_image" if init is not None else None)
+        self._flux_tool_settings(s)
         self._prepare_extras(s)
         self._refiner_job = None
         if getattr(s.toolbox, "refiner", None) is not None:  # loaded and checked before anything runs
@@ -544,6 +551,28 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
             self._refiner_job = resolve(self, s, load)
         return s, init, mask
+
+    @property
+    def flux_tool(self) -> str | None:
+        """``"fill"`` or ``"control"`` for BFL's FLUX.1 Fill and Canny/Depth models, else None
+        (:mod:`sdrt.pipelines.fluxtools`)."""
+        from .fluxtools import tool_of
+
+        return tool_of(self.family, self.denoiser, self.folder.configs)
+
+    def _flux_tool_settings(self, s: Settings) -> None:
+        """A Canny/Depth model's control image (``--control-image`` comes as a ControlNet unit), checked."""
+        from . import fluxtools
+
+        tool = self.flux_tool
+        tb = s.toolbox
+        if tool == "control" and tb.controlnets and s.control_image is None:
+            s.control_image = fluxtools.control_from_units(tb.controlnets)
+            s.toolbox = dataclasses.replace(tb, controlnets=[])
+        fluxtools.check(tool, s, self.family.label)
+        if tool is not None and s.toolbox.hires is not None:
+            raise InputError(f"the hires fix is not supported with a {fluxtools.LABELS[tool]} model",
+                             where="hires_scale", fix="leave {@hires_scale} unset")
 
     def _family_defaults(self, s: Settings) -> None:
         """CFG, sampler and distilled guidance the caller left unset, from the family; settings it cannot use refused."""
@@ -561,7 +590,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                              f"Flux dev, and this {fam.label} model takes none", where="guidance",
                              fix="use {@cfg} for classifier-free guidance, or leave {@guidance} unset")
         if distilled and s.guidance is None:
-            s.guidance = 3.5  # diffusers' FluxPipeline default
+            from .fluxtools import DEFAULT_GUIDANCE
+
+            # diffusers' FluxPipeline default; FluxFillPipeline's is 30
+            s.guidance = DEFAULT_GUIDANCE.get(self.flux_tool or "", 3.5)
         if s.shift is not None and not fam.flow:
             raise InputError(f"shift applies to flow-matching models (SD3, Flux, Chroma), not {fam.label}",
                              where="shift", fix="leave {@shift} unset")
@@ -756,6 +788,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         unet_in = self.denoiser.inputs[self.family.sample_input].shape
         nine = (not self.family.flow and len(unet_in) == 4
                 and unet_in[1] == self.family.latent_channels + self.family.inpaint_channels)
+        tool = self.flux_tool  # FLUX.1 Fill / Canny / Depth: conditioning on channels (sdrt.pipelines.fluxtools)
+        fill = tool == "fill"
         if nine and mask is None:
             what = "UNet" if self.denoiser.name == "unet" else self.denoiser.name
             raise InputError(f"this is an inpainting {what} ({unet_in[1]} input channels): it needs an "
@@ -772,7 +806,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             x = loop.start(noise, image_latents)
         elif s.mode == "inpaint":
             assert init is not None and mask is not None
-            if not nine or not full:
+            if not nine or not full or fill:  # FluxFillPipeline encodes the init image first, at any strength
                 image_latents = np.repeat(self._encode_image(to_nchw(init), generator), s.batch, axis=0)
             noise = generator.randn(shape)
             x = loop.start(noise, None if full else image_latents)
@@ -781,7 +815,16 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             mask_lat = np.repeat(_nearest(mask, lh, lw)[None, None], s.batch, axis=0)
             if nine:
                 extra = np.concatenate([mask_lat, masked_latents], axis=1).astype(np.float32)
+            elif fill:
+                from .fluxtools import fill_conditioning
+
+                extra = fill_conditioning(masked_latents, mask, s.batch)
         else:
+            if tool == "control":  # FluxControlPipeline: the control image, one VAE sample per image, then noise
+                from .fluxtools import control_image
+
+                rgb = to_nchw(control_image(s.control_image, s.width, s.height))
+                extra = self._encode_image(np.repeat(rgb, s.batch, axis=0), generator).astype(np.float32)
             noise = generator.randn(shape)
             x = loop.start(noise)
         call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance,
@@ -805,7 +848,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             self._check_stop(i + 1, total)
 
         self._check_stop(0, total)
-        if s.mode == "inpaint" and not nine:
+        if s.mode == "inpaint" and not nine and not fill:
             assert image_latents is not None
             if not isinstance(loop, KLoop):  # diffusers-form loops blend after each step, as diffusers does
                 def blend(index: int, latents: np.ndarray) -> np.ndarray:

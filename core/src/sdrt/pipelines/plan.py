@@ -132,7 +132,10 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     elif pipe.family.guidance != "cfg":
         modes.append(pipe.family.guidance)
     guidance = ", ".join(modes) or "none (cfg 1)"
-    return RunPlan(pipe.family.name, pipe.family.label, s.mode, s.width, s.height, s.batch * s.batch_count, s.batch,
+    from .fluxtools import LABELS as TOOLS
+
+    tool = getattr(pipe, "flux_tool", None)  # FLUX.1 Fill / Canny / Depth: their conditioning rides on the noise
+    return RunPlan(pipe.family.name, TOOLS[tool] if tool else pipe.family.label, s.mode, s.width, s.height, s.batch * s.batch_count, s.batch,
                    s.batch_count, steps[0] if steps else 0, label, kind, guidance, s.cfg,
                    pipe.family.latent_shape(s.batch, s.height, s.width), parts, _notes(s))
 
@@ -156,6 +159,10 @@ def _notes(s: Any) -> list[str]:
         name = os.fspath(ref) if isinstance(ref, (str, os.PathLike)) else ref.folder.name
         notes.append(f"refiner: {name} takes over at {tb.refiner_switch_at:g} (timesteps under "
                      f"{round(1000 * (1 - tb.refiner_switch_at))}); its parts' calls are not listed here")
+    control = getattr(s, "control_image", None)
+    if control is not None:
+        notes.append("control image: VAE-encoded and concatenated to the noise at every step, preprocessor "
+                     f"{getattr(control, 'preprocessor', 'none')}")
     for k, u in enumerate(tb.controlnets if tb is not None else []):
         notes.append(f"controlnet {k}: {u.part.name if u.part is not None else u.net}, scale {u.scale:g}, "
                      f"steps {u.start:g}-{u.end:g}, preprocessor {u.preprocessor}"

@@ -46,6 +46,9 @@ class Settings:
     #: FLUX.1 Kontext's reference images (sdrt.pipelines.reference), None without; resized to Kontext's sizes or not
     reference_images: list[Any] | None = None
     reference_resize: bool = True
+    #: a Flux.1 Canny/Depth model's control image (sdrt.pipelines.fluxtools); a ControlNet unit when it came from
+    #: ``--control-image`` (its preprocessor and resize mode)
+    control_image: Any = None
 
     @property
     def mode(self) -> str:
@@ -114,7 +117,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
              clip_skip: int = 1, guidance: float | None = None, shift: float | None = None,
              max_sequence_length: int | None = None, guidance_rescale: float = 0.0, reference_images: Any = None,
-             reference_resize: bool = True, **toolbox: Any) -> Settings:
+             reference_resize: bool = True, control_image: ImageLike | None = None, **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
@@ -191,6 +194,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                              fix=f"raise {{@strength}} to at least {1 / steps:.3g}, or {{@steps}}")
     if mask is not None:
         check_path(mask, "mask")
+    if control_image is not None:
+        check_path(control_image, "control image")
     from .reference import references_of
 
     references = references_of(reference_images)
@@ -203,7 +208,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                     mask, toolbox=extras, guidance=None if guidance is None else float(guidance),
                     shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length,
                     guidance_rescale=float(guidance_rescale), reference_images=references,
-                    reference_resize=bool(reference_resize))
+                    reference_resize=bool(reference_resize), control_image=control_image)
 
 
 def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> None:
@@ -226,7 +231,7 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
             "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "guidance_rescale",
-            "reference_images", "reference_resize", *TOOLBOX_KEYWORDS)
+            "reference_images", "reference_resize", "control_image", *TOOLBOX_KEYWORDS)
 
 
 #: other libraries' names for these arguments (diffusers', A1111's API): what to pass here instead. A near spelling
@@ -242,7 +247,7 @@ _OTHER_NAMES = {
     "sampler_name": "sampler", "scheduler": "schedule (a ComfyUI scheduler) or sampler (an A1111 label)",
     "generator": "seed (an integer)", "enable_hr": "hires_scale", "hr_scale": "hires_scale",
     "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler",
-    "controlnet": "controlnets", "control_image": "controlnets", "cfg_rescale": "guidance_rescale",
+    "controlnet": "controlnets", "cfg_rescale": "guidance_rescale",
     "_auto_resize": "reference_resize", "reference_image": "reference_images",
     "images": "reference_images (FLUX.1 Kontext) or init_image (img2img)",
     "refiner_checkpoint": "refiner (a model path or a loaded pipeline)",

@@ -331,10 +331,12 @@ class Lora:
         control = _flux_control(shapes)
         if control:
             raise WeightsError(f"{os.path.basename(source)} is a Flux Control LoRA (Black Forest Labs' Canny/Depth "
-                               f"LoRA: {control}); it makes Flux.1 dev a Flux Control model, which takes a control "
-                               "image beside the noise, and sdrt does not run Flux Control models", where=source,
-                               fix="use it with a tool that runs Flux Control (diffusers' FluxControlPipeline, "
-                               "ComfyUI); for sdrt pass a LoRA that keeps the model's inputs")
+                               f"LoRA: {control}); it widens Flux.1 dev's input to a Flux Control model's (a control "
+                               "image beside the noise), which a LoRA merged into the loaded model cannot do",
+                               where=source,
+                               fix="run the full FLUX.1-Canny-dev or FLUX.1-Depth-dev model with a control image "
+                               "(--control-image, control_image=; docs/flow-families.md), or pass a LoRA that keeps "
+                               "the model's inputs")
         parts: dict[str, dict[str, Any]] = {}
         unknown: list[str] = []
         lyco: dict[str, dict[str, str]] = {}

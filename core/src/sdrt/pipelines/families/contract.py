@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ...errors import ModelError
+from ..fluxtools import TOOLS as _TOOLS
+
+TOOL_WIDTHS = tuple(_TOOLS)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...backend import TensorInfo
@@ -96,6 +99,8 @@ def _check_denoiser(family: Family, part: Part) -> None:
     if family.packed:  # [batch, tokens, 4 C]: 2x2 patches of C channels
         width = _static(shape[2])
         channels = width // 4 if width is not None and width % 4 == 0 else width
+        if family.name == "flux" and width in TOOL_WIDTHS:  # FLUX.1 Fill (384) and Canny/Depth (128)
+            return
         if channels is not None and channels != family.latent_channels:
             raise ModelError(f"the {part.name} takes {width}-wide latent tokens and a {family.label} model packs "
                              f"{4 * family.latent_channels}", where=str(part.path),
