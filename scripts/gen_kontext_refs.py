@@ -20,6 +20,13 @@ Cases:
 
 diffusers always rescales ``width x height`` to ``max_area`` (1024**2 by default), keeping the aspect ratio;
 each case passes ``max_area = width * height`` so that the size asked is the size made (sdrt has no ``max_area``).
+
+Inpainting (``kontext-inpaint.json``, ``kontext-inpaint.npz``): diffusers' ``FluxKontextInpaintPipeline`` with
+``_auto_resize=False`` (sdrt keeps the init image's size; diffusers would stretch it to a Kontext resolution):
+
+- ``image_reference=None``: the init image is the reference (its latent mean, index 1), strength 1, a mask whose
+  edges are off the 16-pixel grid; sdrt's call is ``reference_images=[init]``, ``init_image=init``, ``mask``;
+- ``image_reference`` another picture (32x48), strength 0.7 (3 of 4 steps), batch 2.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ sys.modules["torchvision"] = None  # type: ignore[assignment]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from diffusers import FluxKontextPipeline, FluxPipeline  # noqa: E402
+from diffusers import FluxKontextInpaintPipeline, FluxKontextPipeline, FluxPipeline  # noqa: E402
 from PIL import Image  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -99,6 +106,48 @@ class MultiReference(FluxKontextPipeline):
         return latents, torch.cat(tokens, 1), latent_ids, comfy_offset_ids(sizes).to(device=device, dtype=dtype)
 
 
+def mask_picture(width: int, height: int, box: tuple[int, int, int, int]) -> np.ndarray:
+    """White (repaint) inside ``box`` = (top, left, bottom, right), black elsewhere, with a gray 127/128 edge."""
+    m = np.zeros((height, width), np.uint8)
+    t, lft, b, r = box
+    m[t:b, lft:r] = 255
+    m[t, lft:r] = 128  # binarized to 1 (>= 0.5)
+    m[b - 1, lft:r] = 127  # binarized to 0
+    return m
+
+
+def inpaint(flux: FluxPipeline) -> None:
+    """FluxKontextInpaintPipeline cases: fixtures kontext-inpaint.json / .npz."""
+    pics = {"init": picture(64, 48, 4), "init2": picture(48, 64, 5), "ref": picture(32, 48, 2)}
+    masks = {"m1": mask_picture(64, 48, (13, 5, 38, 43)), "m2": mask_picture(48, 64, (20, 9, 57, 40))}
+    cases = [
+        dict(name="inpaint/init as reference/64x48/strength 1", init="init", mask="m1", reference=None,
+             strength=1.0, steps=3, seed=31, guidance=2.5, batch=1),
+        dict(name="inpaint/reference 32x48/48x64/strength 0.7/batch 2", init="init2", mask="m2", reference="ref",
+             strength=0.7, steps=4, seed=32, guidance=3.5, batch=2),
+    ]
+    data: dict[str, np.ndarray] = {f"picture/{k}": v for k, v in {**pics, **masks}.items()}
+    pipe = FluxKontextInpaintPipeline(**flux.components)
+    pipe.set_progress_bar_config(disable=True)
+    for case in cases:
+        case.update(prompt=PROMPT, max_sequence_length=32)
+        init = Image.fromarray(pics[case["init"]])
+        ref = None if case["reference"] is None else Image.fromarray(pics[case["reference"]])
+        with torch.no_grad():
+            out = pipe(prompt=case["prompt"], image=init, mask_image=Image.fromarray(masks[case["mask"]]),
+                       image_reference=ref, strength=case["strength"], guidance_scale=case["guidance"],
+                       num_inference_steps=case["steps"], num_images_per_prompt=case["batch"], _auto_resize=False,
+                       max_sequence_length=case["max_sequence_length"],
+                       generator=torch.Generator("cpu").manual_seed(case["seed"]), output_type="np").images
+        image = (out * 255).round().astype(np.uint8)
+        assert image.shape[1:3] == (init.height, init.width), image.shape
+        data[f"{case['name']}/image"] = image
+        print(f"  {case['name']}: {image.shape}, std {float(image.std()):.1f}")
+    (FOLDER / "kontext-inpaint.json").write_text(json.dumps(cases, indent=1) + "\n")
+    np.savez_compressed(FOLDER / "kontext-inpaint.npz", **data)
+    print(f"wrote kontext-inpaint.json and .npz ({(FOLDER / 'kontext-inpaint.npz').stat().st_size} bytes)")
+
+
 def main() -> None:
     # the folder's own tokenizers (gen_flow_refs builds CLIP's vocabulary from open_clip's BPE file, which this
     # venv need not have); the models are drawn as before, and the check below proves they are the same
@@ -116,6 +165,9 @@ def main() -> None:
     got = (img * 255).round().astype(np.uint8)
     assert np.array_equal(got, old[f"{c0['name']}/image"]), "the rebuilt tiny Flux dev is not the exported one"
     assert isinstance(flux, FluxPipeline)
+    inpaint(flux)
+    if sys.argv[1:] == ["inpaint"]:  # the inpainting fixtures only
+        return
 
     pics = {"a": picture(80, 48, 1), "b": picture(32, 48, 2), "c": picture(70, 45, 3)}
     base = dict(prompt=PROMPT, negative_prompt=None, cfg=1.0, guidance=3.5, batch=1, max_sequence_length=32)
