@@ -183,3 +183,45 @@ def test_low_memory_gives_the_same_image() -> None:
     with pipelines.load(FLUX, backend="openvino", low_memory=True) as pipe:
         got = pipe(case["prompt"], **_kwargs(case))[0]
     assert np.array_equal(got, want)
+
+
+INPAINT = json.loads((FLUX / "kontext-inpaint.json").read_text())
+INPAINT_REFS = np.load(FLUX / "kontext-inpaint.npz")
+INPAINT_PARAMS = [(c["name"], b) for c in INPAINT for b in ("openvino", "ggml", "reference")]
+
+
+def _inpaint_kwargs(case: dict) -> dict:
+    init = INPAINT_REFS[f"picture/{case['init']}"]
+    ref = init if case["reference"] is None else INPAINT_REFS[f"picture/{case['reference']}"]
+    return dict(steps=case["steps"], seed=case["seed"], batch=case["batch"], guidance=case["guidance"],
+                sampler="Euler", max_sequence_length=case["max_sequence_length"], init_image=init,
+                mask=INPAINT_REFS[f"picture/{case['mask']}"], strength=case["strength"],
+                reference_images=[ref], reference_resize=False)
+
+
+@pytest.mark.parametrize(("name", "backend"), INPAINT_PARAMS, ids=[f"{n}-{b}" for n, b in INPAINT_PARAMS])
+def test_kontext_inpaint_matches_diffusers(name: str, backend: str) -> None:
+    """diffusers' ``FluxKontextInpaintPipeline`` (``_auto_resize=False``): ``image_reference=None`` is sdrt's
+    ``reference_images=[init_image]``; the init image is encoded by its latent mean there, drawing no noise."""
+    case = next(c for c in INPAINT if c["name"] == name)
+    got = np.stack(_pipe(backend)(case["prompt"], **_inpaint_kwargs(case))).astype(int)
+    want = INPAINT_REFS[f"{name}/image"].astype(int)
+    assert got.shape == want.shape
+    diff = int(np.abs(got - want).max())
+    assert diff <= 2, f"{name} on {backend}: max difference {diff}"
+
+
+def test_img2img_with_references_is_consistent() -> None:
+    """img2img with references has no diffusers pipeline; it is Kontext inpainting with nothing kept: the same
+    image as an all-white mask, and at strength 1 the txt2img image of the same seed (the init image is encoded
+    by its mean, so it draws nothing from the seed's stream)."""
+    pipe = _pipe("openvino")
+    init, ref = INPAINT_REFS["picture/init"], INPAINT_REFS["picture/ref"]
+    kw = dict(steps=3, seed=5, guidance=2.5, sampler="Euler", reference_images=[ref], reference_resize=False,
+              max_sequence_length=32)
+    img2img = pipe("make it purple", init_image=init, strength=0.6, **kw)[0]
+    white = np.full(init.shape[:2], 255, np.uint8)
+    assert np.array_equal(img2img, pipe("make it purple", init_image=init, mask=white, strength=0.6, **kw)[0])
+    full = pipe("make it purple", init_image=init, strength=1.0, **kw)[0]
+    assert np.array_equal(full, pipe("make it purple", width=64, height=48, **kw)[0])
+    assert not np.array_equal(img2img, full)

@@ -799,15 +799,20 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         image_latents = None
         full = s.strength is None or s.strength == 1.0
         lh, lw = shape[2], shape[3]
+        # FLUX.1 Kontext (reference images): diffusers' FluxKontextInpaintPipeline encodes the init image by its
+        # latent mean (sample_mode="argmax"), drawing nothing from the seed's stream before the noise
+        init_gen = generator
+        if getattr(self, "_references", None) is not None:
+            from .reference import MEAN as init_gen
         if s.mode == "img2img":
             assert init is not None
-            image_latents = np.repeat(self._encode_image(to_nchw(init), generator), s.batch, axis=0)
+            image_latents = np.repeat(self._encode_image(to_nchw(init), init_gen), s.batch, axis=0)
             noise = generator.randn(shape)
             x = loop.start(noise, image_latents)
         elif s.mode == "inpaint":
             assert init is not None and mask is not None
             if not nine or not full or fill:  # FluxFillPipeline encodes the init image first, at any strength
-                image_latents = np.repeat(self._encode_image(to_nchw(init), generator), s.batch, axis=0)
+                image_latents = np.repeat(self._encode_image(to_nchw(init), init_gen), s.batch, axis=0)
             noise = generator.randn(shape)
             x = loop.start(noise, None if full else image_latents)
             masked = to_nchw(init) * (mask < 0.5)[None, None]

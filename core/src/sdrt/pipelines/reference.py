@@ -147,9 +147,13 @@ class _Zeros:
         return np.zeros(tuple(shape), np.float32)
 
 
+#: the "generator" that makes ``Pipeline._encode_image`` give the mean and draw nothing (diffusers' argmax)
+MEAN = _Zeros()
+
+
 def encode(pipe: Any, images: list[np.ndarray]) -> References:
     """VAE-encode each prepared reference (the mean, shifted and scaled as the family's latents)."""
-    latents = [pipe._encode_image(to_nchw(im), _Zeros()) for im in images]
+    latents = [pipe._encode_image(to_nchw(im), MEAN) for im in images]
     return References(latents, [(im.shape[1], im.shape[0]) for im in images])
 
 
