@@ -1,7 +1,8 @@
 """FLUX.1 Kontext (``reference_images``) on the tiny Flux dev against diffusers' ``FluxKontextPipeline``.
 
 References: ``scripts/gen_kontext_refs.py`` (one reference at its own size, one resized to Kontext's preferred
-1456x720, two references with batch 2 and true CFG; several references in ComfyUI's offset layout). Tolerance:
+1456x720, two references with batch 2 and true CFG; several references in ComfyUI's offset layout), and
+``FluxKontextInpaintPipeline`` for ``init_image`` + ``mask`` + ``reference_images`` (two cases). Tolerance:
 2 of 255 in any value, as the other Flux images (tests/flow/test_flow_pipelines.py).
 """
 
