@@ -131,7 +131,7 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
         modes.append(pipe.family.guidance)
     elif pipe.family.guidance != "cfg":
         modes.append(pipe.family.guidance)
-    guidance = ", ".join(modes) or "none (cfg 1)"
+    guidance = ", ".join(modes) or "none"  # the line adds "(cfg 1)"
     return RunPlan(pipe.family.name, pipe.family.label, s.mode, s.width, s.height, s.batch * s.batch_count, s.batch,
                    s.batch_count, steps[0] if steps else 0, label, kind, guidance, s.cfg,
                    pipe.family.latent_shape(s.batch, s.height, s.width), parts, _notes(s))
