@@ -65,9 +65,10 @@ def test_the_docs_submodules_work_after_a_plain_import_sdrt():
     # docs/flow-families.md: `pipe = sdrt.pipelines.load(...)`; README: sdrt.checkpoint.open_single_file,
     # sdrt.selftest.run, sdrt.pipelines.png.read_parameters; a name that is no submodule stays an AttributeError
     code = ("import sdrt; print(sdrt.pipelines.load.__name__, sdrt.checkpoint.open_single_file.__name__, "
-            "sdrt.selftest.run.__name__, sdrt.samplers.resolve.__name__, hasattr(sdrt, 'no_such_module'))")
+            "sdrt.selftest.run.__name__, sdrt.samplers.resolve.__name__, hasattr(sdrt, 'no_such_module'), "
+            "sdrt.pipelines.png.read_parameters.__name__, hasattr(sdrt.pipelines, 'no_such_module'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["load", "open_single_file", "run", "resolve", "False"]
+    assert out.split() == ["load", "open_single_file", "run", "resolve", "False", "read_parameters", "False"]
 
 
 def test_verbose_is_taken_after_the_command_too(capsys):
