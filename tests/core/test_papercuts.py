@@ -149,3 +149,14 @@ def test_ctrl_c_prints_one_line_not_a_traceback(tmp_path):
     err = "".join(seen) + rest
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+
+
+def test_serve_ray_without_ray_is_one_line(capsys):
+    # README: `sdrt serve --ray` needs sdrt[ray]; without Ray it printed import ray's traceback
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("Ray is installed here")
+    assert main(["serve", "--ray", "--port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: sdrt serve --ray needs Ray Serve") and "sdrt[ray]" in err and "Traceback" not in err
