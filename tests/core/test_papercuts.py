@@ -61,6 +61,27 @@ def test_lora_and_keymap_work_after_a_plain_import_sdrt():
     assert out.split() == ["merge", "KeyMap"]
 
 
+def test_the_docs_submodules_work_after_a_plain_import_sdrt():
+    # docs/flow-families.md: `pipe = sdrt.pipelines.load(...)`; README: sdrt.checkpoint.open_single_file,
+    # sdrt.selftest.run, sdrt.pipelines.png.read_parameters; a name that is no submodule stays an AttributeError
+    code = ("import sdrt; print(sdrt.pipelines.load.__name__, sdrt.checkpoint.open_single_file.__name__, "
+            "sdrt.selftest.run.__name__, sdrt.samplers.resolve.__name__, hasattr(sdrt, 'no_such_module'), "
+            "sdrt.pipelines.png.read_parameters.__name__, hasattr(sdrt.pipelines, 'no_such_module'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["load", "open_single_file", "run", "resolve", "False", "read_parameters", "False"]
+
+
+def test_verbose_is_taken_after_the_command_too(capsys):
+    # docs/memory.md: `sdrt generate MODEL "a fox" --memory 8GB -v`; `sdrt -v CMD` keeps working
+    from sdrt.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["info"]).verbose == 0
+    assert parser.parse_args(["-v", "info"]).verbose == 1
+    assert parser.parse_args(["info", "-vv"]).verbose == 2
+    assert parser.parse_args(["generate", "a fox", "--memory", "8GB", "-v"]).verbose == 1
+
+
 def test_the_samplers_docstring_example_runs(registry):
     import sdrt
     import sdrt.samplers
@@ -128,3 +149,14 @@ def test_ctrl_c_prints_one_line_not_a_traceback(tmp_path):
     err = "".join(seen) + rest
     assert proc.returncode == 130, err[-2000:]
     assert err.strip().splitlines()[-1] == "interrupted" and "Traceback" not in err
+
+
+def test_serve_ray_without_ray_is_one_line(capsys):
+    # README: `sdrt serve --ray` needs sdrt[ray]; without Ray it printed import ray's traceback
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is not None:
+        pytest.skip("Ray is installed here")
+    assert main(["serve", "--ray", "--port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: sdrt serve --ray needs Ray Serve") and "sdrt[ray]" in err and "Traceback" not in err

@@ -190,6 +190,12 @@ def test_plan_for_img2img_and_inpainting(sd15) -> None:
     assert [p.part for p in plan.parts] == ["text_encoder", "vae_encoder", "unet", "vae_decoder"]
 
 
+def test_plan_says_cfg_once_without_guidance(sd15) -> None:
+    # `sdrt generate tiny-flux-schnell ... --dry-run` printed "guidance none (cfg 1) (cfg 1)"
+    lines = sd15.plan(PROMPT, steps=2, cfg=1, seed=1).format().splitlines()
+    assert lines[1].endswith("guidance none (cfg 1)"), lines[1]
+
+
 def test_plan_checks_settings_like_generate(sd15) -> None:
     with pytest.raises(InputError, match="unknown argument 'stpes'"):
         sd15.plan(PROMPT, stpes=3)

@@ -92,6 +92,8 @@ def test_bad_arguments_are_one_line_errors(unet):
     with pytest.raises(SdrtError, match="block_size 48") as info:
         Q.quantize(unet, "int4", block_size=48)
     assert str(info.value).endswith("Where: block_size. What to do: pass block_size=32, 64 or 128.")
+    with pytest.raises(SdrtError, match="block_size 256"):  # the set parse() takes: `--block-size 256` got through
+        Q.quantize(unet, "int4", block_size=256)
     with pytest.raises(ModelError, match="already quantized"):
         Q.quantize(Q.quantize(unet, "int8"), "int4")
     with pytest.raises(SdrtError, match="block size 256"):

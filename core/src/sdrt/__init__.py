@@ -42,6 +42,12 @@ def __getattr__(name: str) -> Any:
         value = mod if attr is None else getattr(mod, attr)
         globals()[name] = value
         return value
+    if name.isidentifier() and not name.startswith("_"):  # any submodule: sdrt.pipelines.load(...) after import sdrt
+        import importlib
+        import importlib.util
+
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'sdrt' has no attribute {name!r}")
 
 

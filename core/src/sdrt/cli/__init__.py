@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = importlib.import_module(f".{name}", __name__)
         p = module.add_parser(sub)
+        # -v after the command too (`sdrt generate ... -v`, as docs/memory.md shows); SUPPRESS keeps `sdrt -v CMD`'s
+        p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more (-v info, -vv debug)")
         p.set_defaults(_run=module.run, _names={**flag_names(p), **getattr(module, "API_NAMES", {})})
         if hasattr(module, "EMPTY_OK"):  # the command's options (and positionals) checked to be non-empty
             given = {**flag_names(p), **{a.dest: str(a.metavar or a.dest.upper()) for a in p._actions

@@ -14,7 +14,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("quantize", help="store a model's matmul and conv weights as int8, int4 or fp8")
     p.add_argument("model", help="path to an .onnx file (external data is read from its folder)")
     p.add_argument("--to", required=True, help="int8 (per output channel), int4 (in blocks) or fp8")
-    p.add_argument("--block-size", type=int, default=None, help="int4 block size: 32, 64 or 128 (default 32)")
+    p.add_argument("--block-size", type=int, default=None, help="int4 block size: 16, 32, 64 or 128 (default 32)")
     p.add_argument("-o", "--output", default=None, help="the graph to write (default: MODEL.<--to>.onnx next to MODEL: unet.int8.onnx, unet.int4.onnx, unet.fp8.onnx)")
     p.add_argument("--plan", action="store_true", help="list which weights would be quantized and which kept, "
                                                        "and why; write nothing")

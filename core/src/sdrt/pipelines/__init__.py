@@ -36,6 +36,12 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value
+    if name.isidentifier() and not name.startswith("_"):  # a submodule: sdrt.pipelines.png.read_parameters(...)
+        import importlib
+        import importlib.util
+
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'sdrt.pipelines' has no attribute {name!r}")
 
 

@@ -131,7 +131,7 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
         modes.append(pipe.family.guidance)
     elif pipe.family.guidance != "cfg":
         modes.append(pipe.family.guidance)
-    guidance = ", ".join(modes) or "none (cfg 1)"
+    guidance = ", ".join(modes) or "none"  # the line adds "(cfg 1)"
     from .fluxtools import LABELS as TOOLS
 
     tool = getattr(pipe, "flux_tool", None)  # FLUX.1 Fill / Canny / Depth: their conditioning rides on the noise

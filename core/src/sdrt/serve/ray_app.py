@@ -191,9 +191,9 @@ def app_builder(args: dict[str, str]) -> Any:
 def run_ray(config: ServeConfig, *, host: str, port: int, address: str | None = None,
             gpus_per_replica: float = 0.0, block: bool = True) -> int:
     """``sdrt serve --ray``: connect to (or start) a Ray cluster, deploy, and serve until Ctrl-C."""
+    serve = _import_serve()  # first: without Ray, one line naming the extra, not import ray's traceback
     import ray
 
-    serve = _import_serve()
     ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     serve.start(http_options={"host": host, "port": port})
     serve.run(deployment(config, gpus_per_replica=gpus_per_replica), name="sdrt", route_prefix="/")
