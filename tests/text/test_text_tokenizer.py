@@ -194,3 +194,37 @@ def test_lone_surrogates_and_non_text(sd1_tok):
     assert sd1_tok.encode("a\ud800b") == sd1_tok.encode("ab")
     with pytest.raises(TokenizerError, match="not text"):
         sd1_tok.encode(None)
+
+
+def test_a_folder_transformers_5_saved_with_tokenizer_json_only_reads_as_transformers_reads_it(tmp_path):
+    """transformers 5 saves a CLIP tokenizer as ``tokenizer.json`` + ``tokenizer_config.json`` (no vocab.json or
+    merges.txt): the BPE model, its merges and its added token (``<my-style>``) come from that file, and the ids
+    are transformers' own (scripts/make_clip_tokenizer_json.py wrote both)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from sdrt.checkpoint.diffusers_folder import has_tokenizer
+    from sdrt.text import CLIPTokenizer
+    from sdrt.text.tokenizer import TokenizerError
+
+    data = Path(__file__).parent / "data" / "clip-tokenizer-json"
+    ref = json.loads((data / "ids.json").read_text())
+    tok = CLIPTokenizer.from_folder(data / "tokenizer")
+    assert [tok(p) for p in ref["prompts"]] == ref["ids"]
+    assert has_tokenizer(data / "tokenizer", "clip")
+    # the same folder as vocab.json + merges.txt (tiny-sd15's) gives the same ids but for the added token
+    plain = CLIPTokenizer.from_folder(Path(__file__).parents[1] / "data" / "pipelines" / "tiny-sd15" / "tokenizer")
+    assert plain(ref["prompts"][0]) == ref["ids"][0]
+    # a broken tokenizer.json is one line naming it
+    bad = tmp_path / "tok"
+    shutil.copytree(data / "tokenizer", bad)
+    spec = json.loads((bad / "tokenizer.json").read_text())
+    spec["model"]["merges"][3] = ["only-one"]
+    (bad / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(TokenizerError, match="tokenizer.json's BPE model: merge 3 is"):
+        CLIPTokenizer.from_folder(bad)
+    spec["model"] = {"type": "Unigram", "vocab": []}
+    (bad / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(TokenizerError, match="holds a Unigram model, not CLIP's BPE"):
+        CLIPTokenizer.from_folder(bad)

@@ -100,10 +100,11 @@ def is_diffusers_folder(path: object) -> bool:
 
 def has_tokenizer(folder: Path, kind: str) -> bool:
     """Whether a tokenizer folder holds what sdrt reads: T5's ``tokenizer.json`` or ``spiece.model``, CLIP's
-    ``vocab.json`` and ``merges.txt``."""
+    ``vocab.json`` and ``merges.txt``, or its ``tokenizer.json`` alone (transformers 5 saves only that)."""
     if kind == "t5":
         return any((folder / f).is_file() for f in ("tokenizer.json", "spiece.model"))
-    return all((folder / f).is_file() or (folder / f"{f}.gz").is_file() for f in ("vocab.json", "merges.txt"))
+    return (folder / "tokenizer.json").is_file() or all(
+        (folder / f).is_file() or (folder / f"{f}.gz").is_file() for f in ("vocab.json", "merges.txt"))
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:

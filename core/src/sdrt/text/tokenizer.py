@@ -114,14 +114,21 @@ class CLIPTokenizer:
         ``tokenizer_config.json``, ``special_tokens_map.json`` and ``added_tokens.json``.
 
         ``special_tokens_map.json`` overrides ``tokenizer_config.json``, as in transformers.
-        ``vocab.json.gz`` and ``merges.txt.gz`` are read when the plain files are absent.
+        ``vocab.json.gz`` and ``merges.txt.gz`` are read when the plain files are absent. A folder that
+        transformers 5 saved holds ``tokenizer.json`` alone: its BPE model's ``vocab`` and ``merges`` (and its
+        ``added_tokens``) are read then.
         """
         folder = Path(path)
         if not folder.is_dir():
             raise TokenizerError("the tokenizer folder does not exist", where=str(folder),
                                  fix="give the model's tokenizer/ folder (with vocab.json and merges.txt)")
-        vocab = _read_vocab(_find(folder, "vocab.json"))
-        merges = _read_merges(_find(folder, "merges.txt"))
+        single = folder / "tokenizer.json"
+        if not any((folder / f).is_file() for f in ("vocab.json", "vocab.json.gz")) and single.is_file():
+            vocab, merges, added = _read_tokenizer_json(single)
+        else:
+            vocab = _read_vocab(_find(folder, "vocab.json"))
+            merges = _read_merges(_find(folder, "merges.txt"))
+            added = {}
         settings: dict[str, Any] = {}
         for name in ("tokenizer_config.json", "special_tokens_map.json"):
             file = folder / name
@@ -142,12 +149,13 @@ class CLIPTokenizer:
                       _DEFAULT_MAX_LENGTH)
             max_length = _DEFAULT_MAX_LENGTH
         tok = cls(vocab, merges, max_length=max_length, source=str(folder), **kwargs)
-        tok._load_added_tokens(folder, settings)
+        tok._load_added_tokens(folder, settings, added)
         return tok
 
-    def _load_added_tokens(self, folder: Path, settings: Mapping[str, Any]) -> None:
+    def _load_added_tokens(self, folder: Path, settings: Mapping[str, Any],
+                           added: Mapping[str, int] | None = None) -> None:
         """Tokens that a saved tokenizer added beyond its vocabulary (diffusers' textual inversion saves them)."""
-        found: dict[str, int] = {}
+        found: dict[str, int] = dict(added or {})
         decoder = settings.get("added_tokens_decoder")
         if isinstance(decoder, Mapping):
             for key, value in decoder.items():
@@ -390,6 +398,37 @@ def _read_vocab(file: Path) -> dict[str, int]:
         raise TokenizerError("the vocabulary is empty", where=str(file),
                              fix="replace it with an intact copy from the model")
     return data
+
+
+def _read_tokenizer_json(file: Path) -> tuple[dict[str, int], list[tuple[str, str]], dict[str, int]]:
+    """(vocab, merges, added tokens) of a ``tokenizers`` file whose model is BPE, as transformers 5 saves CLIP's:
+    ``merges`` as ``["a", "b"]`` pairs (tokenizers 0.20 and later) or ``"a b"`` strings (earlier)."""
+    data = _read_json_object(file)
+    model = data.get("model")
+    if not isinstance(model, dict) or model.get("type") != "BPE":
+        kind = model.get("type") if isinstance(model, dict) else None
+        raise TokenizerError(f"tokenizer.json holds a {kind or 'no'} model, not CLIP's BPE", where=str(file),
+                             fix="use the tokenizer.json (or vocab.json and merges.txt) of a CLIP tokenizer")
+    vocab = model.get("vocab")
+    bad = "vocab is not an object" if not isinstance(vocab, dict) or not vocab else next(
+        (f"vocab entry {k!r} has no non-negative integer id" for k, v in vocab.items()
+         if not isinstance(v, int) or isinstance(v, bool) or v < 0), None)
+    merges: list[tuple[str, str]] = []
+    raw = model.get("merges")
+    if bad is None and not isinstance(raw, list):
+        bad = "merges is not a list"
+    for number, item in enumerate(raw if bad is None else []):
+        parts = item.split() if isinstance(item, str) else item
+        if not isinstance(parts, list) or len(parts) != 2 or not all(isinstance(p, str) for p in parts):
+            bad = f"merge {number} is {item!r:.60}, not two symbols"
+            break
+        merges.append((parts[0], parts[1]))
+    if bad is not None:
+        raise TokenizerError(f"tokenizer.json's BPE model: {bad}", where=str(file),
+                             fix="replace it with an intact copy from the model")
+    added = {t["content"]: t["id"] for t in data.get("added_tokens") or []
+             if isinstance(t, dict) and isinstance(t.get("content"), str) and isinstance(t.get("id"), int)}
+    return dict(vocab), merges, added
 
 
 def _read_merges(file: Path) -> list[tuple[str, str]]:
