@@ -282,8 +282,10 @@ class Worker(threading.Thread):
     def load(self, model: ModelEntry) -> None:
         """A1111's ``/reload-checkpoint``: ``model`` loaded (and compiled) now, after the running job."""
         with self.busy:
-            if model.key not in self.pipes:  # loaded already: kept as it is, with the files it has bound
+            try:  # the files the options choose are bound too, as a job of this model would bind them
                 self.pipeline(model)
+            except SdrtError as exc:  # a model that cannot load: the one-line error, not an internal error
+                raise _public_error(exc) from exc
 
     def _run(self, job: Job) -> None:
         w = job.work
