@@ -259,3 +259,14 @@ def test_the_bases_chosen_vae_decodes_after_the_refiner(tmp_path) -> None:
         assert got.tobytes() == own("a cat", refiner=dim_refiner, **kw)[0].tobytes()
         base.set_vae(None)  # back to the model's own: the refiner's own VAE decodes again
         assert base("a cat", refiner=DATA / FOLDER, **kw)[0].tobytes() == plain.tobytes()
+
+
+def test_the_base_models_own_path_as_its_refiner_is_refused() -> None:
+    """A path to the base's own folder was loaded a second time (twice the memory) to run the same weights."""
+    register("reference")
+    pipe = _pipe("tiny-sdxl", "reference")
+    with pytest.raises(InputError, match="the refiner is the base model itself"):
+        pipe("a cat", steps=2, width=64, height=64, refiner=DATA / "tiny-sdxl")
+    import os
+
+    assert os.path.realpath(DATA / "tiny-sdxl") not in pipe._refiners  # nothing loaded

@@ -79,3 +79,13 @@ def test_the_sdxl_refiner_after_sd15_is_refused(url):
         "refiner_checkpoint": "tiny-sdxl-refiner"}, timeout=300)
     assert r.status_code == 400, r.text
     assert "SDXL refiner model and this model is SD 1.x" in r.text
+
+
+def test_the_model_as_its_own_refiner_runs_no_refiner_as_a1111(url):
+    """A1111's apply_refiner switches nothing when refiner_checkpoint is the loaded checkpoint; sdrt loaded a second
+    copy of the model (twice its memory) to run the same weights, and wrote a Refiner field."""
+    plain = _txt2img(url)
+    out = _txt2img(url, refiner_checkpoint="tiny-sdxl", refiner_switch_at=0.5)
+    assert out["images"][0] == plain["images"][0]
+    assert "Refiner:" not in out["info"].split("sdrt_not_honoured")[0]
+    assert "refiner_checkpoint: tiny-sdxl is the model itself" in out["info"]

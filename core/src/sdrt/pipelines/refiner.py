@@ -75,6 +75,11 @@ def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipel
         ref = spec
     else:
         key = os.path.realpath(os.fspath(spec))
+        opened = getattr(pipe.folder, "single_file", None)
+        source = getattr(opened, "path", None) or pipe.folder.path
+        if key == os.path.realpath(source):  # not loaded a second time to run the same weights
+            raise InputError("the refiner is the base model itself", where="refiner",
+                             fix="pass another model as {@refiner}, or leave it out")
         cache = pipe._refiners
         if key not in cache:
             for old in cache.values():  # one refiner held at a time, as A1111 holds one
