@@ -172,7 +172,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     else:
         _hires(body, kwargs, limits, not_honoured, registry.models_dir)
     _variation(body, kwargs)
-    _refiner(body, kwargs, registry, model, not_honoured)
+    refiner = _refiner(body, kwargs, registry, model, not_honoured)
     nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
                                                           init, "hires_scale" in kwargs,
                                                           max(limits.max_width, limits.max_height))
@@ -186,6 +186,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
         raise from_pipeline(exc) from None
+    if refiner is not None:  # checked as a path; the worker runs its own pipeline of that model (jobs.Worker._run)
+        kwargs["refiner"] = refiner
     _eta(body, sampler, scheduler, not_honoured)
     params = {k: v for k, v in body.items() if k in _KNOWN}
     if mode == "img2img" and not get_bool(body, "include_init_images", False):
@@ -259,17 +261,17 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
 
 
 def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, model: ModelEntry,
-             not_honoured: list[str]) -> None:
+             not_honoured: list[str]) -> ModelEntry | None:
     """A1111's ``refiner_checkpoint`` (a model of this server, by name or title) and ``refiner_switch_at``: the
     refiner takes over at that fraction of the schedule (sdrt.pipelines.refiner). Unset, the switch is 0.8, the
     UI's default (A1111's API would run the refiner from the first step)."""
     name = get_str(body, "refiner_checkpoint", None)
     if name is None or name.strip() in ("", "None", "none"):
-        return  # refiner_switch_at alone does nothing in A1111 (its example payload sends 0)
+        return None  # refiner_switch_at alone does nothing in A1111 (its example payload sends 0)
     entry = registry.model(name, "refiner_checkpoint")
     if entry.key == model.key:  # A1111's apply_refiner: the loaded checkpoint as its own refiner switches nothing
         not_honoured.append(f"refiner_checkpoint: {entry.name} is the model itself; no refiner ran, as in A1111")
-        return
+        return None
     if entry.weights is not None or entry.needs:
         raise ApiError(400, f"refiner_checkpoint {entry.name!r} is "
                             + ("bound onto --checkpoint-base" if entry.weights is not None else "a part-only file")
@@ -282,6 +284,7 @@ def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, m
         raise ApiError(400, f"refiner_switch_at must be between 0 and 1 (exclusive), got {switch:g}",
                        field="refiner_switch_at")
     kwargs["refiner_switch_at"] = switch
+    return entry
 
 
 def _variation(body: dict[str, Any], kwargs: dict[str, Any]) -> None:

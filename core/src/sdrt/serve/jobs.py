@@ -206,7 +206,7 @@ class Worker(threading.Thread):
         #: held while a job runs: unload/reload wait for it (the pipelines are this thread's between jobs)
         self.busy = threading.Lock()
 
-    def pipeline(self, model: ModelEntry) -> Any:
+    def pipeline(self, model: ModelEntry, pinned: tuple[str, ...] = ()) -> Any:
         """The model's pipeline, with the VAE and text-encoder files the request chose bound. One pipeline per
         model: another choice of files swaps them on it (``Pipeline.set_part_files``: only those parts compile
         again), as A1111 and Forge swap the VAE, so a client switching VAEs holds one UNet, not one per VAE. A file
@@ -229,8 +229,11 @@ class Worker(threading.Thread):
                 raise
             self.pipes[key] = pipe
             self.files[key] = own.files
-            while len(self.pipes) > self.keep:
-                old_key, old = self.pipes.popitem(last=False)
+            while len(self.pipes) > self.keep:  # the least recently used, never this one nor a pinned one
+                old_key = next((k for k in self.pipes if k != key and k not in pinned), None)
+                if old_key is None:
+                    break
+                old = self.pipes.pop(old_key)
                 self.files.pop(old_key, None)
                 old.close()
         if self.files.get(key) != model.files:
@@ -299,6 +302,9 @@ class Worker(threading.Thread):
         else:
             pipe = self.pipeline(w.model)
             kwargs = dict(w.kwargs)
+            if isinstance(kwargs.get("refiner"), ModelEntry):  # refiner_checkpoint: one of this worker's pipelines,
+                # shared by every model it refines and counted in keep (a path would load one per base pipeline)
+                kwargs["refiner"] = self.pipeline(kwargs["refiner"], pinned=(w.model.key,))
             if w.max_size is not None and not (kwargs.get("width") and kwargs.get("height")):
                 _check_own_size(w, kwargs, pipe.default_size)
             if w.distilled_cfg is not None:
