@@ -205,6 +205,7 @@ class Worker(threading.Thread):
         self.done = 0
         #: held while a job runs: unload/reload wait for it (the pipelines are this thread's between jobs)
         self.busy = threading.Lock()
+        self.stopped = False
 
     def pipeline(self, model: ModelEntry, pinned: tuple[str, ...] = ()) -> Any:
         """The model's pipeline, with the VAE and text-encoder files the request chose bound. One pipeline per
@@ -268,7 +269,12 @@ class Worker(threading.Thread):
                 self.done += 1
                 self.jobs.finished(job)
                 job = None  # not held (with its images) while this worker waits for the next one
-        for pipe in self.pipes.values():
+        with self.busy:  # after a reload-checkpoint still loading: nothing is loaded onto a stopped worker
+            self.stopped = True
+            pipes = list(self.pipes.values())
+            self.pipes.clear()
+            self.files.clear()
+        for pipe in pipes:
             pipe.close()
 
     def unload(self) -> int:
@@ -285,6 +291,8 @@ class Worker(threading.Thread):
     def load(self, model: ModelEntry) -> None:
         """A1111's ``/reload-checkpoint``: ``model`` loaded (and compiled) now, after the running job."""
         with self.busy:
+            if self.stopped:
+                raise ApiError(503, "the server is stopping: no model is loaded now")
             try:  # the files the options choose are bound too, as a job of this model would bind them
                 self.pipeline(model)
             except SdrtError as exc:  # a model that cannot load: the one-line error, not an internal error
