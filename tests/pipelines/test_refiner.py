@@ -259,6 +259,10 @@ def test_the_bases_chosen_vae_decodes_after_the_refiner(tmp_path) -> None:
         assert got.tobytes() == own("a cat", refiner=dim_refiner, **kw)[0].tobytes()
         base.set_vae(None)  # back to the model's own: the refiner's own VAE decodes again
         assert base("a cat", refiner=DATA / FOLDER, **kw)[0].tobytes() == plain.tobytes()
+        # a switch past the last step ((999 - t) / 1000 is at most 0.999, for t = 0): the refiner never ran, so the
+        # base decodes, as A1111 never loads it then; the refiner's own VAE file decoded before
+        late = own("a cat", refiner=dim_refiner, refiner_switch_at=0.9995, **kw)[0]
+        assert late.tobytes() == own("a cat", **kw)[0].tobytes()
 
 
 def test_the_base_models_own_path_as_its_refiner_is_refused() -> None:
