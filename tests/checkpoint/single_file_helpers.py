@@ -131,3 +131,28 @@ def stripped(folder: Path, parts: list[str], out: Path) -> dict[str, Path]:
         result.weights_path.unlink()
         paths[part] = result.graph_path
     return paths
+
+
+def sd15_onnx_folder(tmp_path: Path, vae_name: str = "vae.safetensors") -> tuple[Path, Path, Path]:
+    """``(folder, clip, vae)``: an Optimum-layout ONNX folder of SD 1.5's full-size architecture (sdrt's shipped
+    graphs, CLIP's release tokenizer) and full-size CLIP-L and VAE files for it (headers only, sparse)."""
+    import json
+    import shutil
+
+    from sdrt.checkpoint import release_tokenizer, shipped_graph
+    from sdrt.graph import Graph
+
+    folder = tmp_path / "sd15-onnx"
+    for part, name in (("unet", "sd1_unet"), ("text_encoder", "clip_l"), ("vae_decoder", "vae4_decoder"),
+                       ("vae_encoder", "vae4_encoder")):
+        (folder / part).mkdir(parents=True)
+        shutil.copyfile(shipped_graph(name), folder / part / "model.onnx")
+    shutil.copytree(release_tokenizer("clip"), folder / "tokenizer")
+    (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
+
+    def g(name: str) -> Graph:
+        return Graph.load(shipped_graph(name))
+
+    clip = sparse(tmp_path / "clip_l.safetensors", clip_tensors(g("clip_l"), "", sparse=True))
+    vae = sparse(tmp_path / vae_name, vae_tensors(g("vae4_decoder"), g("vae4_encoder"), sparse=True))
+    return folder, clip, vae

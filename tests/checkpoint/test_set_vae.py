@@ -182,25 +182,7 @@ def test_text_encoder_files_switch_on_a_full_size_onnx_folder_and_back(tmp_path)
     """set_text_encoders / set_part_files on an ONNX folder of SD 1.5's full-size architecture (sdrt's shipped
     graphs laid out as an Optimum folder; the files are full-size headers, sparse): the text encoder is bound to the
     file and back to the folder's own, the UNet untouched; both files are checked before either changes."""
-    import json
-    import shutil
-
-    from sdrt.checkpoint import release_tokenizer, shipped_graph
-    from sdrt.graph import Graph
-
-    folder = tmp_path / "sd15-onnx"
-    for part, name in (("unet", "sd1_unet"), ("text_encoder", "clip_l"), ("vae_decoder", "vae4_decoder"),
-                       ("vae_encoder", "vae4_encoder")):
-        (folder / part).mkdir(parents=True)
-        shutil.copyfile(shipped_graph(name), folder / part / "model.onnx")
-    shutil.copytree(release_tokenizer("clip"), folder / "tokenizer")
-    (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
-
-    def g(name):
-        return Graph.load(shipped_graph(name))
-
-    clip = h.sparse(tmp_path / "clip_l.safetensors", h.clip_tensors(g("clip_l"), "", sparse=True))
-    vae = h.sparse(tmp_path / "vae.safetensors", h.vae_tensors(g("vae4_decoder"), g("vae4_encoder"), sparse=True))
+    folder, clip, vae = h.sd15_onnx_folder(tmp_path)
     with pipelines.load(folder, backend="reference") as pipe:
         assert pipe.set_text_encoders([clip]) == ["text_encoder"]
         assert pipe.text_encoder_files == (clip,) and pipe.vae_file is None

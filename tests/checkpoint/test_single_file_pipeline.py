@@ -352,23 +352,7 @@ def test_text_encoder_and_vae_files_bind_onto_a_full_size_onnx_folder(tmp_path):
     """--text-encoder / --vae on an ONNX folder of SD 1.5's full-size architecture (sdrt's shipped graphs laid out
     as an Optimum folder): full-size files (headers only, sparse) are planned onto the folder's own graphs, every
     initializer bound, nothing compiled; a file of another kind is refused naming the argument."""
-    import shutil
-
-    from sdrt.checkpoint import release_tokenizer
-
-    folder = tmp_path / "sd15-onnx"
-    for part, name in (("unet", "sd1_unet"), ("text_encoder", "clip_l"), ("vae_decoder", "vae4_decoder"),
-                       ("vae_encoder", "vae4_encoder")):
-        (folder / part).mkdir(parents=True)
-        shutil.copyfile(shipped_graph(name), folder / part / "model.onnx")
-    shutil.copytree(release_tokenizer("clip"), folder / "tokenizer")
-    (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
-
-    def g(name):
-        return Graph.load(shipped_graph(name))
-
-    clip = h.sparse(tmp_path / "clip_l.safetensors", h.clip_tensors(g("clip_l"), "", sparse=True))
-    vae = h.sparse(tmp_path / "vae-ft-mse.safetensors", h.vae_tensors(g("vae4_decoder"), g("vae4_encoder"), sparse=True))
+    folder, clip, vae = h.sd15_onnx_folder(tmp_path, "vae-ft-mse.safetensors")
     with pipelines.load(folder, backend="reference", vae=vae, text_encoders=[clip]) as pipe:
         for part in ("text_encoder", "vae_decoder", "vae_encoder"):
             bound = pipe.parts[part].weights

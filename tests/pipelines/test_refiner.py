@@ -231,3 +231,46 @@ def test_other_libraries_names_point_at_refiner(key: str, hint: str) -> None:
     with pytest.raises(InputError, match=f"unknown argument '{key}'") as err:
         _pipe("tiny-sdxl", "reference")("a cat", steps=2, **{key: 0.8})
     assert err.value.fix.startswith(hint)
+
+
+def test_the_bases_chosen_vae_decodes_after_the_refiner(tmp_path) -> None:
+    """A1111's sd_vae applies to the refiner it loads too: a base loaded with ``vae=`` (or ``set_vae``) decodes the
+    refined latents with that file, as a refiner loaded with the same file would; the refiner's own VAE decoded
+    them before, and the chosen VAE was dropped without a word (the image of the base's own VAE, bit for bit)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
+    from single_file_helpers import vae_tensors, write
+
+    from sdrt.graph import Graph
+
+    register("openvino")
+    xl = DATA / "tiny-sdxl"
+    t = vae_tensors(Graph.load(xl / "vae_decoder" / "model.onnx"), Graph.load(xl / "vae_encoder" / "model.onnx"))
+    t["decoder.conv_out.weight"] = t["decoder.conv_out.weight"] * np.float32(0.5)
+    dim = write(tmp_path / "dim_vae.safetensors", t)
+    kw = dict(steps=4, cfg=5.0, sampler="Euler", seed=3, width=64, height=64)
+    with pipelines.load(xl, backend="openvino") as own, pipelines.load(xl, backend="openvino", vae=dim) as base, \
+            pipelines.load(DATA / FOLDER, backend="openvino", vae=dim) as dim_refiner:
+        plain = own("a cat", refiner=DATA / FOLDER, **kw)[0]
+        got = base("a cat", refiner=DATA / FOLDER, **kw)[0]
+        assert np.abs(got.astype(int) - plain.astype(int)).mean() > 1  # the chosen VAE decoded
+        assert got.tobytes() == own("a cat", refiner=dim_refiner, **kw)[0].tobytes()
+        base.set_vae(None)  # back to the model's own: the refiner's own VAE decodes again
+        assert base("a cat", refiner=DATA / FOLDER, **kw)[0].tobytes() == plain.tobytes()
+        # a switch past the last step ((999 - t) / 1000 is at most 0.999, for t = 0): the refiner never ran, so the
+        # base decodes, as A1111 never loads it then; the refiner's own VAE file decoded before
+        late = own("a cat", refiner=dim_refiner, refiner_switch_at=0.9995, **kw)[0]
+        assert late.tobytes() == own("a cat", **kw)[0].tobytes()
+
+
+def test_the_base_models_own_path_as_its_refiner_is_refused() -> None:
+    """A path to the base's own folder was loaded a second time (twice the memory) to run the same weights."""
+    register("reference")
+    pipe = _pipe("tiny-sdxl", "reference")
+    with pytest.raises(InputError, match="the refiner is the base model itself"):
+        pipe("a cat", steps=2, width=64, height=64, refiner=DATA / "tiny-sdxl")
+    import os
+
+    assert os.path.realpath(DATA / "tiny-sdxl") not in pipe._refiners  # nothing loaded

@@ -65,3 +65,18 @@ def test_img2img_with_a_mask_on_a_fill_model_is_inpainting(fill_server, fill_mod
     r = requests.post(f"{fill_server}/sdapi/v1/txt2img", json=dict(prompt="a cat", steps=1, width=64, height=64),
                       timeout=300)
     assert r.status_code == 400 and "Fill" in r.text and "mask" in r.text, r.text
+
+
+def test_a_canny_depth_model_served_says_what_serve_cannot_do_in_its_own_words(tmp_path) -> None:
+    """A FLUX.1 Canny/Depth model's control image has no A1111 field here (docs/flow-families.md): the 400 says so and
+    how to run it; it told a client to "pass control_image= (or --control-image PNG ...)", neither a JSON field."""
+    from sdrt.serve import ServeConfig
+
+    tool_folder("control", tmp_path)
+    with live_server(ServeConfig(models=tmp_path, backend="openvino")) as url:
+        r = requests.post(f"{url}/sdapi/v1/txt2img", json=dict(prompt="a cat", steps=1, width=64, height=64),
+                          timeout=300)
+    assert r.status_code == 400, r.text
+    e = r.json()
+    assert "Canny/Depth" in e["message"] and "sdrt serve does not pass a control image" in e["message"], e
+    assert "--control-image PNG" not in e["message"] and e["field"] == "alwayson_scripts", e

@@ -460,3 +460,21 @@ def test_the_folder_listing_is_read_again_only_when_a_folder_changes(tmp_path, m
     modules.forget()  # /refresh-vae
     modules.listing(reg)
     assert len(reads) == n + 1
+
+
+@needs_server
+def test_reload_checkpoint_on_a_transformer_only_file_is_a_400_naming_its_files(server):
+    """``/reload-checkpoint`` loads the current model as a request without overrides would: with the sd_vae and
+    forge_additional_modules options; a transformer-only file without them was a 500 "internal error (ModelError)"
+    (a traceback in the log, the connection dropped)."""
+    with _client(server) as c:
+        assert c.post("/sdapi/v1/options", json={"sd_model_checkpoint": "flux1-dev"}).status_code == 200
+        try:
+            r = c.post("/sdapi/v1/reload-checkpoint")
+            assert r.status_code == 400, r.text
+            e = r.json()
+            assert e["field"] == "forge_additional_modules" and "T5-XXL" in e["message"], e
+        finally:
+            c.post("/sdapi/v1/options", json={"sd_model_checkpoint": "tiny-sd15"})
+        assert c.post("/sdapi/v1/reload-checkpoint").status_code == 200
+        assert c.post("/sdapi/v1/txt2img", json=JOB).status_code == 200

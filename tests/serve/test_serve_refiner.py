@@ -79,3 +79,42 @@ def test_the_sdxl_refiner_after_sd15_is_refused(url):
         "refiner_checkpoint": "tiny-sdxl-refiner"}, timeout=300)
     assert r.status_code == 400, r.text
     assert "SDXL refiner model and this model is SD 1.x" in r.text
+    assert r.json()["field"] == "refiner_checkpoint"  # the request's field, not the Python API's refiner
+
+
+def test_the_model_as_its_own_refiner_runs_no_refiner_as_a1111(url):
+    """A1111's apply_refiner switches nothing when refiner_checkpoint is the loaded checkpoint; sdrt loaded a second
+    copy of the model (twice its memory) to run the same weights, and wrote a Refiner field."""
+    plain = _txt2img(url)
+    out = _txt2img(url, refiner_checkpoint="tiny-sdxl", refiner_switch_at=0.5)
+    assert out["images"][0] == plain["images"][0]
+    assert "Refiner:" not in out["info"].split("sdrt_not_honoured")[0]
+    assert "refiner_checkpoint: tiny-sdxl is the model itself" in out["info"]
+
+
+def test_two_models_share_one_refiner_pipeline_counted_with_them(tmp_path):
+    """The refiner is one of the worker's pipelines (counted in keep_models, as A1111 holds one refiner): two SDXL
+    models refined in turn hold 3 pipelines and give the Python API's images; before, each base pipeline loaded a
+    refiner of its own, out of sight of keep_models (2 models + 2 hidden refiners)."""
+    from backend_helpers import register
+
+    from sdrt import pipelines
+    from sdrt.serve import ServeConfig
+
+    for name in ("tiny-sdxl", "tiny-sdxl-refiner"):
+        shutil.copytree(DATA / name, tmp_path / name)
+    shutil.copytree(DATA / "tiny-sdxl", tmp_path / "tiny-sdxl-b")
+    with live_server(ServeConfig(models=tmp_path, backend="openvino", keep_models=3)) as u:
+        images = [_txt2img(u, refiner_checkpoint="tiny-sdxl-refiner", steps=4,
+                           override_settings={"sd_model_checkpoint": m})["images"][0]
+                  for m in ("tiny-sdxl", "tiny-sdxl-b", "tiny-sdxl")]
+        workers = httpx.get(f"{u}/sdrt/status", timeout=60).json()["workers"]
+    assert [w["models_loaded"] for w in workers] == [3]
+    assert images[0] == images[2]
+    pixels = [np.asarray(Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB")) for b in images]
+    np.testing.assert_array_equal(pixels[0], pixels[1])  # the same weights (the PNGs name their models)
+    register("openvino")
+    with pipelines.load(DATA / "tiny-sdxl", backend="openvino") as pipe:
+        want = pipe("a red cat", steps=4, seed=5, sampler="Euler", width=64, height=64, cfg=7,
+                    refiner=DATA / "tiny-sdxl-refiner")[0]
+    np.testing.assert_array_equal(pixels[0], want)

@@ -65,3 +65,21 @@ def test_an_unload_during_a_job_waits_for_it(url) -> None:
         job.join()
         assert got["image"] == want
         assert _loaded(c) == 0
+
+
+def test_a_reload_after_the_workers_stopped_loads_nothing(models_dir) -> None:
+    """A /reload-checkpoint that reaches a worker after it stopped (the server shutting down) is a 503: the worker
+    closed its pipelines on its way out, and a pipeline loaded then would never be closed."""
+    from sdrt.serve import ServeConfig
+    from sdrt.serve.errors import ApiError
+    from sdrt.serve.state import ServerState
+
+    state = ServerState(ServeConfig(models=models_dir, backend="openvino"))
+    state.reload()
+    assert [len(w.pipes) for w in state.queue.workers] == [1]
+    state.close()
+    assert [len(w.pipes) for w in state.queue.workers] == [0]
+    with pytest.raises(ApiError, match="stopping") as exc:
+        state.reload()
+    assert exc.value.status == 503
+    assert [len(w.pipes) for w in state.queue.workers] == [0]

@@ -62,7 +62,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--width", type=int, default=None, help="a multiple of 8 (default: the model's size)")
     p.add_argument("--height", type=int, default=None, help="a multiple of 8 (default: the model's size)")
     p.add_argument("--init-image", default=None, help="img2img / inpainting source (PNG/JPEG; needs Pillow)")
-    p.add_argument("--strength", type=float, default=None, help="img2img denoising strength (default 0.75)")
+    p.add_argument("--strength", type=float, default=None, help="img2img denoising strength (default 0.75; 1 with --mask)")
     p.add_argument("--mask", default=None, help="inpainting mask, white = repaint (needs --init-image)")
     p.add_argument("--reference", dest="reference_images", action="append", default=None, metavar="IMAGE",
                    help="FLUX.1 Kontext: a picture to edit or draw from (repeat for several; PNG/JPEG, needs Pillow); "

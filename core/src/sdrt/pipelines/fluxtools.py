@@ -84,8 +84,8 @@ def check(tool: str | None, s: Any, label: str) -> None:
         if control is None:
             raise InputError("this is a Flux.1 Canny/Depth model (its transformer takes 128 input channels): it "
                              "needs a control image (an edge map for Canny, a depth map for Depth)",
-                             where="control_image", fix="pass {@control_image=} (or --control-image PNG, with "
-                                                        "--control-preprocessor canny to make the edges from a photo)")
+                             where="control_image", fix="pass {@control_image=} (an edge map or a depth map as the "
+                                                        "model was trained on)")
         if s.init_image is not None:
             raise InputError("img2img and inpainting with a Flux.1 Canny/Depth model are not supported (diffusers' "
                              "FluxControlPipeline is txt2img)", where="init_image",
@@ -108,8 +108,8 @@ def control_from_units(units: list[Any], where: str = "controlnets") -> Any:
             or getattr(unit, "guess_mode", False):
         raise InputError("a Flux.1 Canny/Depth model takes its control image itself, not through a ControlNet "
                          "(no net, scale, start, end, control mode or guess mode)", where=where,
-                         fix="pass only the image (--control-image PNG, optionally --control-preprocessor and "
-                             "--control-resize; control_image= in the API)")
+                         fix="pass the image alone as {@control_image=} (a preprocessor and a resize mode may make "
+                             "it; no net, scale 1, the whole schedule)")
     return unit
 
 

@@ -876,7 +876,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             raise SdrtError("the sampler produced NaN or infinite latents",
                             where=f"{self.denoiser.path} on {self.backend}",
                             fix="try another backend or sampler; report it with the command you ran")
-        decoder = refiner if refiner is not None else self  # the model loaded last decodes, as in A1111
+        # the model loaded last decodes, as in A1111 (a refiner whose switch never came, switch_at past the last
+        # step, was never loaded there), with the VAE file chosen for the run: A1111's sd_vae applies to the
+        # refiner it loads too, so a base's vae= / set_vae file decodes unless the refiner has its own
+        switched = refiner is not None and getattr(model, "switched", True)
+        decoder = refiner if switched and (self.vae_file is None or refiner.vae_file is not None) else self
         images = decoder._decode(x)
         decoder._release("vae_decoder", stage=True)
         return images

@@ -12,7 +12,7 @@ noise stream, DDIM) the two give the same image. A multistep sampler (DPM++ 2M) 
 switch, as in A1111; diffusers restarts its scheduler there.
 
 The refiner has its own text encoders, tokenizers and time ids (the SDXL refiner: CLIP-G alone, the aesthetic
-scores), encodes the same prompts, and its VAE decodes the result (A1111 decodes with the model loaded last,
+scores), encodes the same prompts, and its VAE decodes the result unless the base runs a chosen VAE file (A1111 decodes with the model loaded last,
 diffusers with the refiner pipeline's VAE). It must continue the base's latents: the SDXL refiner after an SDXL
 model, or a model of the base's own family; with the base's prediction type (eps or v).
 """
@@ -75,6 +75,11 @@ def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipel
         ref = spec
     else:
         key = os.path.realpath(os.fspath(spec))
+        opened = getattr(pipe.folder, "single_file", None)
+        source = getattr(opened, "path", None) or pipe.folder.path
+        if key == os.path.realpath(source):  # not loaded a second time to run the same weights
+            raise InputError("the refiner is the base model itself", where="refiner",
+                             fix="pass another model as {@refiner}, or leave it out")
         cache = pipe._refiners
         if key not in cache:
             for old in cache.values():  # one refiner held at a time, as A1111 holds one

@@ -19,7 +19,7 @@ from .config import Limits
 from .errors import ApiError, from_pipeline
 from .fields import get_bool, get_dict, get_float, get_int, get_list, get_str
 from .jobs import Work
-from .registry import Registry
+from .registry import ModelEntry, Registry
 
 #: (field, value A1111 treats as "off", why sdrt does not honour it)
 _NOT_HONOURED: list[tuple[str, tuple[Any, ...], str]] = [
@@ -172,7 +172,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     else:
         _hires(body, kwargs, limits, not_honoured, registry.models_dir)
     _variation(body, kwargs)
-    _refiner(body, kwargs, registry)
+    refiner = _refiner(body, kwargs, registry, model, not_honoured)
     nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
                                                           init, "hires_scale" in kwargs,
                                                           max(limits.max_width, limits.max_height))
@@ -186,6 +186,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
         raise from_pipeline(exc) from None
+    if refiner is not None:  # checked as a path; the worker runs its own pipeline of that model (jobs.Worker._run)
+        kwargs["refiner"] = refiner
     _eta(body, sampler, scheduler, not_honoured)
     params = {k: v for k, v in body.items() if k in _KNOWN}
     if mode == "img2img" and not get_bool(body, "include_init_images", False):
@@ -258,14 +260,18 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
             not_honoured.append(f"{key}: the second pass uses the first pass's")
 
 
-def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry) -> None:
+def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, model: ModelEntry,
+             not_honoured: list[str]) -> ModelEntry | None:
     """A1111's ``refiner_checkpoint`` (a model of this server, by name or title) and ``refiner_switch_at``: the
     refiner takes over at that fraction of the schedule (sdrt.pipelines.refiner). Unset, the switch is 0.8, the
     UI's default (A1111's API would run the refiner from the first step)."""
     name = get_str(body, "refiner_checkpoint", None)
     if name is None or name.strip() in ("", "None", "none"):
-        return  # refiner_switch_at alone does nothing in A1111 (its example payload sends 0)
+        return None  # refiner_switch_at alone does nothing in A1111 (its example payload sends 0)
     entry = registry.model(name, "refiner_checkpoint")
+    if entry.key == model.key:  # A1111's apply_refiner: the loaded checkpoint as its own refiner switches nothing
+        not_honoured.append(f"refiner_checkpoint: {entry.name} is the model itself; no refiner ran, as in A1111")
+        return None
     if entry.weights is not None or entry.needs:
         raise ApiError(400, f"refiner_checkpoint {entry.name!r} is "
                             + ("bound onto --checkpoint-base" if entry.weights is not None else "a part-only file")
@@ -278,6 +284,7 @@ def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry) -
         raise ApiError(400, f"refiner_switch_at must be between 0 and 1 (exclusive), got {switch:g}",
                        field="refiner_switch_at")
     kwargs["refiner_switch_at"] = switch
+    return entry
 
 
 def _variation(body: dict[str, Any], kwargs: dict[str, Any]) -> None:

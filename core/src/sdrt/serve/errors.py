@@ -19,7 +19,7 @@ class ApiError(Exception):
 _FIELDS = {"strength": "denoising_strength", "cfg": "cfg_scale", "batch": "batch_size", "clip_skip":
            "CLIP_stop_at_last_layers", "negative_prompt": "negative_prompt", "init_image": "init_images", "sampler": "sampler_name",
            "schedule": "scheduler", "hires_scale": "hr_scale", "hires_steps": "hr_second_pass_steps",
-           "hires_upscaler": "hr_upscaler"}
+           "hires_upscaler": "hr_upscaler", "refiner": "refiner_checkpoint"}
 
 
 def from_pipeline(exc: Exception) -> ApiError:
@@ -28,6 +28,11 @@ def from_pipeline(exc: Exception) -> ApiError:
     what = getattr(exc, "what", str(exc))
     fix = getattr(exc, "fix", None)
     where = getattr(exc, "where", None) or ""
+    if where == "control_image":  # the pipeline's own argument, which no A1111 field carries
+        return ApiError(400, f"{_render(what, _FIELDS)}; sdrt serve does not pass a control image to a FLUX.1 "
+                             "Canny/Depth model yet (a ControlNet unit is for ControlNet models): run it with "
+                             "sdrt generate --control-image or the Python API's control_image=",
+                        field="alwayson_scripts")
     field = _FIELDS.get(where, where) or None
     what, fix = _render(what, _FIELDS), _render(fix, _FIELDS) if fix else fix  # {@cfg} -> cfg_scale
     return ApiError(400, f"{what}; {fix}" if fix else what, field=field)

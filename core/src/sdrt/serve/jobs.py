@@ -205,8 +205,9 @@ class Worker(threading.Thread):
         self.done = 0
         #: held while a job runs: unload/reload wait for it (the pipelines are this thread's between jobs)
         self.busy = threading.Lock()
+        self.stopped = False
 
-    def pipeline(self, model: ModelEntry) -> Any:
+    def pipeline(self, model: ModelEntry, pinned: tuple[str, ...] = ()) -> Any:
         """The model's pipeline, with the VAE and text-encoder files the request chose bound. One pipeline per
         model: another choice of files swaps them on it (``Pipeline.set_part_files``: only those parts compile
         again), as A1111 and Forge swap the VAE, so a client switching VAEs holds one UNet, not one per VAE. A file
@@ -229,8 +230,11 @@ class Worker(threading.Thread):
                 raise
             self.pipes[key] = pipe
             self.files[key] = own.files
-            while len(self.pipes) > self.keep:
-                old_key, old = self.pipes.popitem(last=False)
+            while len(self.pipes) > self.keep:  # the least recently used, never this one nor a pinned one
+                old_key = next((k for k in self.pipes if k != key and k not in pinned), None)
+                if old_key is None:
+                    break
+                old = self.pipes.pop(old_key)
                 self.files.pop(old_key, None)
                 old.close()
         if self.files.get(key) != model.files:
@@ -265,7 +269,12 @@ class Worker(threading.Thread):
                 self.done += 1
                 self.jobs.finished(job)
                 job = None  # not held (with its images) while this worker waits for the next one
-        for pipe in self.pipes.values():
+        with self.busy:  # after a reload-checkpoint still loading: nothing is loaded onto a stopped worker
+            self.stopped = True
+            pipes = list(self.pipes.values())
+            self.pipes.clear()
+            self.files.clear()
+        for pipe in pipes:
             pipe.close()
 
     def unload(self) -> int:
@@ -282,8 +291,12 @@ class Worker(threading.Thread):
     def load(self, model: ModelEntry) -> None:
         """A1111's ``/reload-checkpoint``: ``model`` loaded (and compiled) now, after the running job."""
         with self.busy:
-            if model.key not in self.pipes:  # loaded already: kept as it is, with the files it has bound
+            if self.stopped:
+                raise ApiError(503, "the server is stopping: no model is loaded now")
+            try:  # the files the options choose are bound too, as a job of this model would bind them
                 self.pipeline(model)
+            except SdrtError as exc:  # a model that cannot load: the one-line error, not an internal error
+                raise _public_error(exc) from exc
 
     def _run(self, job: Job) -> None:
         w = job.work
@@ -297,6 +310,9 @@ class Worker(threading.Thread):
         else:
             pipe = self.pipeline(w.model)
             kwargs = dict(w.kwargs)
+            if isinstance(kwargs.get("refiner"), ModelEntry):  # refiner_checkpoint: one of this worker's pipelines,
+                # shared by every model it refines and counted in keep (a path would load one per base pipeline)
+                kwargs["refiner"] = self.pipeline(kwargs["refiner"], pinned=(w.model.key,))
             if w.max_size is not None and not (kwargs.get("width") and kwargs.get("height")):
                 _check_own_size(w, kwargs, pipe.default_size)
             if w.distilled_cfg is not None:

@@ -180,7 +180,14 @@ class ServerState:
         current = self.options().get("sd_model_checkpoint")
         if not current:
             raise ApiError(400, "no current model to load: this server has no model", field="sd_model_checkpoint")
-        self.queue.reload(self.registry.model(current))
+        from . import modules
+
+        notes: list[str] = []  # the sd_vae and forge_additional_modules options, as a request without overrides
+        model = modules.choose(self.registry, self.registry.model(current, "sd_model_checkpoint"), {}, self.options(),
+                               notes)
+        for note in notes:
+            log.info("reload-checkpoint: %s", note)
+        self.queue.reload(model)
 
     def progress_report(self) -> dict[str, Any]:
         """This server's running and queued jobs, as a replica reports them to the others."""
