@@ -123,7 +123,7 @@ def missing_parts(path: PathLike) -> str | None:
     lack = [p for p in FAMILY_GRAPHS[ident.family] if p != "vae_encoder" and p not in have]
     if lack:
         kinds = ", ".join(dict.fromkeys(PART_KINDS[graph_kind(FAMILY_GRAPHS[ident.family][p])] for p in lack))
-        return f"it is {ident.label} and holds no {kinds}"
+        return f"it is {ident.label} and lacks {kinds}"  # PART_KINDS carry their article: "a CLIP-L text encoder"
     return None
 
 
