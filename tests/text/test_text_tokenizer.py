@@ -209,7 +209,7 @@ def test_a_folder_transformers_5_saved_with_tokenizer_json_only_reads_as_transfo
     from sdrt.text.tokenizer import TokenizerError
 
     data = Path(__file__).parent / "data" / "clip-tokenizer-json"
-    ref = json.loads((data / "ids.json").read_text())
+    ref = json.loads((data / "ids.json").read_text(encoding="utf-8"))
     tok = CLIPTokenizer.from_folder(data / "tokenizer")
     assert [tok(p) for p in ref["prompts"]] == ref["ids"]
     assert has_tokenizer(data / "tokenizer", "clip")
@@ -219,7 +219,7 @@ def test_a_folder_transformers_5_saved_with_tokenizer_json_only_reads_as_transfo
     # a broken tokenizer.json is one line naming it
     bad = tmp_path / "tok"
     shutil.copytree(data / "tokenizer", bad)
-    spec = json.loads((bad / "tokenizer.json").read_text())
+    spec = json.loads((bad / "tokenizer.json").read_text(encoding="utf-8"))
     spec["model"]["merges"][3] = ["only-one"]
     (bad / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(TokenizerError, match="tokenizer.json's BPE model: merge 3 is"):
