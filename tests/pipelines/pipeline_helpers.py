@@ -17,6 +17,16 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
 FOLDERS = ["tiny-sd15", "tiny-sd15-inpaint", "tiny-sd2v", "tiny-sdxl", "tiny-sdxl-dyn"]
 
 
+def assert_matches_diffusers(images, want: np.ndarray) -> None:
+    """sdrt's images against diffusers' (uint8): the same shape, no value more than 1 level off, at most 0.5% of
+    the values off at all (float32 rounding differs between the backends and torch)."""
+    got = np.stack(images).astype(np.int16)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    diff = np.abs(got - want.astype(np.int16))
+    assert diff.max() <= 1, f"max difference {diff.max()}, mean {diff.mean():.4f}"
+    assert (diff > 0).mean() <= 0.005, f"{(diff > 0).mean():.2%} of values differ"
+
+
 def cases(folder: str) -> list[dict]:
     return json.loads((DATA / folder / "refs.json").read_text())
 

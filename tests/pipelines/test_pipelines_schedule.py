@@ -9,10 +9,11 @@ and a linear-beta config.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
-from pipeline_helpers import DATA
+from pipeline_helpers import DATA, assert_matches_diffusers
 
 from sdrt.errors import ModelError
 from sdrt.pipelines.scheduling import FolderSchedule
@@ -134,30 +135,33 @@ def test_zero_terminal_snr_sdxl_rows_match_diffusers(row: dict) -> None:
     _check_plan(row, sigma_rtol=1e-4, noise_sigma=row["sampler"] != "DDIM")
 
 
-@pytest.mark.parametrize("sampler", ["Euler", "DPM++ 2M Karras", "DDIM"])
-def test_zero_terminal_snr_image_matches_diffusers(sampler: str, tmp_path) -> None:
-    """tiny-sdxl with ``rescale_betas_zero_snr``, v-prediction and trailing spacing (its first step at sigma 4096)
-    against diffusers' image (scripts/make_ztsnr_refs.py), with test_pipelines_diffusers.py's tolerance."""
+def _zero_snr_copy(tmp_path) -> Path:
+    """A copy of tiny-sdxl whose scheduler is zero terminal SNR, v-prediction, trailing (scripts/make_ztsnr_refs.py)."""
     import shutil
 
-    from pipeline_helpers import register
-
-    from sdrt import pipelines
-
-    register("reference")
     folder = tmp_path / "tiny-sdxl-ztsnr"
     shutil.copytree(DATA / "tiny-sdxl", folder)
     cfg_path = folder / "scheduler" / "scheduler_config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg.update(rescale_betas_zero_snr=True, prediction_type="v_prediction", timestep_spacing="trailing")
     cfg_path.write_text(json.dumps(cfg))
-    want = np.load(DATA / "ztsnr_refs.npz")[f"txt2img/{sampler}"].astype(np.int16)
-    with pipelines.load(folder, backend="reference") as pipe:
-        got = np.stack(pipe("a photo of a red cat sitting on a wooden table, sunset", "blurry, low quality", steps=8,
-                            cfg=7.0, sampler=sampler, seed=1234, width=64, height=64)).astype(np.int16)
-    diff = np.abs(got - want)
-    assert diff.max() <= 1, f"max difference {diff.max()}, mean {diff.mean():.4f}"
-    assert (diff > 0).mean() <= 0.005, f"{(diff > 0).mean():.2%} of values differ"
+    return folder
+
+
+@pytest.mark.parametrize("sampler", ["Euler", "DPM++ 2M Karras", "DDIM"])
+def test_zero_terminal_snr_image_matches_diffusers(sampler: str, tmp_path) -> None:
+    """tiny-sdxl with ``rescale_betas_zero_snr``, v-prediction and trailing spacing (its first step at sigma 4096)
+    against diffusers' image (scripts/make_ztsnr_refs.py), with test_pipelines_diffusers.py's tolerance."""
+    from pipeline_helpers import register
+
+    from sdrt import pipelines
+
+    register("reference")
+    want = np.load(DATA / "ztsnr_refs.npz")[f"txt2img/{sampler}"]
+    with pipelines.load(_zero_snr_copy(tmp_path), backend="reference") as pipe:
+        got = pipe("a photo of a red cat sitting on a wooden table, sunset", "blurry, low quality", steps=8,
+                   cfg=7.0, sampler=sampler, seed=1234, width=64, height=64)
+    assert_matches_diffusers(got, want)
 
 
 @pytest.mark.parametrize("kind,sampler", [("sdxl", "Euler"), ("sdxl", "DPM++ 2M Karras"), ("sdxl", "DDIM"),
@@ -166,28 +170,17 @@ def test_guidance_rescale_matches_diffusers(kind: str, sampler: str, tmp_path) -
     """``guidance_rescale=0.7`` against diffusers' ``guidance_rescale`` (scripts/make_rescale_refs.py): tiny-sdxl under
     the zero-terminal-SNR v-prediction schedule (where the rescale moves the image by up to 211 levels) and tiny-sd15
     (epsilon, 30 levels), with test_pipelines_diffusers.py's tolerance; the infotext says it."""
-    import shutil
-
     from pipeline_helpers import register
 
     from sdrt import pipelines
 
     register("reference")
-    folder = tmp_path / f"tiny-{kind}"
-    shutil.copytree(DATA / f"tiny-{kind}", folder)
-    if kind == "sdxl":
-        cfg_path = folder / "scheduler" / "scheduler_config.json"
-        cfg = json.loads(cfg_path.read_text())
-        cfg.update(rescale_betas_zero_snr=True, prediction_type="v_prediction", timestep_spacing="trailing")
-        cfg_path.write_text(json.dumps(cfg))
-    want = np.load(DATA / "rescale_refs.npz")[f"{kind}/{sampler}"].astype(np.int16)
+    folder = _zero_snr_copy(tmp_path) if kind == "sdxl" else DATA / "tiny-sd15"
+    want = np.load(DATA / "rescale_refs.npz")[f"{kind}/{sampler}"]
     with pipelines.load(folder, backend="reference") as pipe:
         out = pipe.generate("a photo of a red cat sitting on a wooden table, sunset", "blurry, low quality", steps=8,
                             cfg=7.0, sampler=sampler, seed=1234, width=64, height=64, guidance_rescale=0.7)
-    got = np.stack(out.images).astype(np.int16)
-    diff = np.abs(got - want)
-    assert diff.max() <= 1, f"max difference {diff.max()}, mean {diff.mean():.4f}"
-    assert (diff > 0).mean() <= 0.005, f"{(diff > 0).mean():.2%} of values differ"
+    assert_matches_diffusers(out.images, want)
     assert out.settings[0]["CFG Rescale"] == 0.7
 
 
