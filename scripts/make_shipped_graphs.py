@@ -813,6 +813,17 @@ def structure_check(proto, model) -> list[str]:
 
 
 # -- numeric check --------------------------------------------------------------------------
+def ort_session_bound(proto, state: dict):
+    """(an onnxruntime session of the weight-free graph, unoptimized, and the feeds that bind its weights from
+    ``state``: ``bind_as_inputs``)."""
+    import onnxruntime as ort
+
+    bound, feeds = bind_as_inputs(proto, state)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(bound.SerializeToString(), opts, providers=["CPUExecutionProvider"]), feeds
+
+
 def bind_as_inputs(proto, state: dict):
     """The weight-free graph with its weight initializers turned into graph inputs, and the feeds that
     bind them from ``state`` through sdrt's ``param_map`` (views of the torch tensors: no copy, so a
@@ -859,7 +870,6 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
 
 
 def do_check(names: list[str]) -> None:
-    import onnxruntime as ort
 
     report = json.loads(REPORT.read_text()) if REPORT.exists() else {}
     for name in names:
@@ -872,11 +882,7 @@ def do_check(names: list[str]) -> None:
         state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
         proto, _ = weight_free(prog, name, spec.source, BUFFERS[name](cfg) if name in BUFFERS else None)
         del prog
-        bound, wfeeds = bind_as_inputs(proto, state)
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(bound.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        del bound
+        sess, wfeeds = ort_session_bound(proto, state)
         results = []
         for s in (1, 2):
             x = spec.inputs(cfg, s)
@@ -923,7 +929,6 @@ def do_check_derived(tiny: bool = False) -> None:
     ``widen_flux_input`` exactly as sdrt widens the shipped graph, with the random weights of a diffusers
     ``FluxTransformer2DModel(in_channels=W, out_channels=64)`` bound, run by onnxruntime against that module."""
     import onnx
-    import onnxruntime as ort
 
     from sdrt.checkpoint.graphs import DERIVED, widen_flux_input
 
@@ -944,11 +949,7 @@ def do_check_derived(tiny: bool = False) -> None:
         model = build_flux(wide)
         _randomize(model, 1)
         state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-        bound, wfeeds = bind_as_inputs(proto, state)
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(bound.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        del bound
+        sess, wfeeds = ort_session_bound(proto, state)
         results = []
         for k in (1, 2):
             x = flux_inputs(wide, k)
