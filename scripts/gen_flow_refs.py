@@ -80,7 +80,7 @@ from transformers import (  # noqa: E402
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_pipeline_refs import init_image, scale_weights, write_tokenizer  # noqa: E402
+from gen_pipeline_refs import init_image, optimum_model_index, scale_weights, write_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "pipelines"
@@ -561,12 +561,7 @@ def export(pipe, kind: str, out: Path) -> None:
     for part in ("vae_encoder", "vae_decoder"):
         shutil.copy(tmp / "vae" / "config.json", out / part / "config.json")
 
-    index = json.loads((tmp / "model_index.json").read_text())
-    for k in ("vae", "image_encoder", "feature_extractor"):
-        index.pop(k, None)
-    index["_class_name"] = "ORT" + index["_class_name"]
-    for part in ("vae_encoder", "vae_decoder"):
-        index[part] = ["optimum", "ORTModel"]
+    index = optimum_model_index(json.loads((tmp / "model_index.json").read_text()))
     (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     shutil.rmtree(tmp)
 

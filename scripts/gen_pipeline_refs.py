@@ -337,16 +337,19 @@ def export(pipe, kind: str, out: Path) -> None:
             ["latent_sample"], ["sample"], {"latent_sample": latent_axes, "sample": image_axes})
     for part in ("vae_encoder", "vae_decoder"):
         shutil.copy(tmp / "vae" / "config.json", out / part / "config.json")
-    index = json.loads((tmp / "model_index.json").read_text())
-    index.pop("vae", None)
-    index.pop("safety_checker", None)
-    index.pop("feature_extractor", None)
-    index.pop("image_encoder", None)
-    index["_class_name"] = "ORT" + index["_class_name"]
-    for part in ("vae_encoder", "vae_decoder"):
-        index[part] = ["optimum", "ORTModel"]
+    index = optimum_model_index(json.loads((tmp / "model_index.json").read_text()))
     (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     shutil.rmtree(tmp)
+
+
+def optimum_model_index(index: dict) -> dict:
+    """A diffusers ``model_index.json`` as Optimum's ONNX export writes it: the ORT pipeline class, the VAE split into
+    ``vae_encoder``/``vae_decoder`` ORT models, and no safety checker, feature extractor or image encoder."""
+    out = {k: v for k, v in index.items() if k not in ("vae", "safety_checker", "feature_extractor", "image_encoder")}
+    out["_class_name"] = "ORT" + index["_class_name"]
+    for part in ("vae_encoder", "vae_decoder"):
+        out[part] = ["optimum", "ORTModel"]
+    return out
 
 
 # ---------------------------------------------------------------- references

@@ -91,12 +91,7 @@ def export(pipe: StableDiffusionXLImg2ImgPipeline, tokenizer_2: Path, out: Path)
               ["latent_sample"], ["sample"], {"latent_sample": latent_axes, "sample": image_axes})
     for part in ("vae_encoder", "vae_decoder"):
         shutil.copy(tmp / "vae" / "config.json", out / part / "config.json")
-    index = json.loads((tmp / "model_index.json").read_text())
-    for k in ("vae", "image_encoder", "feature_extractor"):
-        index.pop(k, None)
-    index["_class_name"] = "ORT" + index["_class_name"]
-    for part in ("vae_encoder", "vae_decoder"):
-        index[part] = ["optimum", "ORTModel"]
+    index = g.optimum_model_index(json.loads((tmp / "model_index.json").read_text()))
     assert index["requires_aesthetics_score"] is True and index["force_zeros_for_empty_prompt"] is False, index
     (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     shutil.rmtree(tmp)

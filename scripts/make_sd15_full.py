@@ -42,6 +42,7 @@ from gen_pipeline_refs import (  # noqa: E402
     _Unet,
     _VaeDecoder,
     _VaeEncoder,
+    optimum_model_index,
     scale_weights,
 )
 
@@ -133,12 +134,7 @@ def export_onnx(pipe: StableDiffusionPipeline, tok_dir: Path, torch_dir: Path, o
     for part, src in (("text_encoder", "text_encoder"), ("unet", "unet"), ("vae_encoder", "vae"),
                       ("vae_decoder", "vae")):
         shutil.copy(torch_dir / src / "config.json", out / part / "config.json")
-    index = json.loads((torch_dir / "model_index.json").read_text())
-    for k in ("vae", "safety_checker", "feature_extractor", "image_encoder"):
-        index.pop(k, None)
-    index["_class_name"] = "ORT" + index["_class_name"]
-    for part in ("vae_encoder", "vae_decoder"):
-        index[part] = ["optimum", "ORTModel"]
+    index = optimum_model_index(json.loads((torch_dir / "model_index.json").read_text()))
     (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
