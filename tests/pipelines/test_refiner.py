@@ -145,14 +145,17 @@ def test_switch_is_a1111s_timestep_rule(sampler: str) -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "where", "match"), [
-    ({"refiner_switch_at": 0.0}, "refiner_switch_at", "between 0 and 1"),
-    ({"refiner_switch_at": 1.0}, "refiner_switch_at", "between 0 and 1"),
-    ({"refiner_switch_at": float("nan")}, "refiner_switch_at", "between 0 and 1"),
-    ({"refiner_switch_at": "0.8"}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner_switch_at": 0.0}, "refiner_switch_at", "above 0 and at most 1"),
+    ({"refiner_switch_at": 1.01}, "refiner_switch_at", "above 0 and at most 1"),
+    ({"refiner_switch_at": float("nan")}, "refiner_switch_at", "above 0 and at most 1"),
+    ({"refiner_switch_at": "0.8"}, "refiner_switch_at", "above 0 and at most 1"),
     ({"refiner": None, "refiner_switch_at": 0.8}, "refiner_switch_at", "without"),
+    ({"refiner": None, "hires_refiner_pass": "both passes"}, "hires_refiner_pass", "without"),
+    ({"hires_refiner_pass": "both passes"}, "hires_refiner_pass", "needs hires_scale"),
+    ({"hires_refiner_pass": "third pass", "hires_scale": 1.5, "base": "tiny-sdxl-dyn"}, "hires_refiner_pass",
+     "unknown hires_refiner_pass 'third pass'"),
     ({"refiner": "no/such/refiner.safetensors"}, "refiner", "does not exist"),
     ({"refiner": 3}, "refiner", "a model path or a pipeline"),
-    ({"hires_scale": 1.5, "base": "tiny-sdxl-dyn"}, "refiner", "hires fix"),
 ])
 def test_refiner_arguments_are_checked(kwargs: dict, where: str, match: str) -> None:
     register("reference")

@@ -239,8 +239,9 @@ class ToolboxMixin:
         return cache[path]
 
     def _hires_pass(self, s: Settings, x: np.ndarray, seed: int, subseed: int | None, cond: Any, uncond: Any,
-                    on_step: Any, offset: int) -> np.ndarray:
-        """A1111's second pass: upscale the first pass's latent (or image), then img2img at the target size."""
+                    on_step: Any, offset: int, refiner: Any = None) -> np.ndarray:
+        """A1111's second pass: upscale the first pass's latent (or image), then img2img at the target size.
+        ``refiner``: the run's :class:`sdrt.pipelines.refiner.Run` (the model the pass calls, the VAE between)."""
         import dataclasses
 
         from .families import ModelCall
@@ -257,10 +258,12 @@ class ToolboxMixin:
         generator = self._noise(s2, shape, seed, subseed)
         ms = self.family.model_sampling(tw, th)  # type: ignore[attr-defined]
         loop = self._loop(s2, ms, generator, seed, start=total_steps - run)  # type: ignore[attr-defined]
+        # the model loaded now decodes and encodes (A1111's sd_model): the refiner's VAE once it has taken over
+        vae = refiner.vae if refiner is not None else self
         if hr.latent:
             latents = upscale_latent(x, hr, th, tw)
         else:
-            images = self._decode(x)  # type: ignore[attr-defined]
+            images = vae._decode(x)
             if hr.model is not None and self._dry:  # the plan: the same sizes, no model compiled or run
                 big = [upscale_image(im, tw, th, "Lanczos") for im in images]
             elif hr.model is not None:
@@ -268,13 +271,15 @@ class ToolboxMixin:
                 big = [up.upscale_to(im, tw, th) for im in images]
             else:
                 big = [upscale_image(im, tw, th, hr.upscaler) for im in images]
-            latents = np.concatenate([self._encode_image(to_nchw(im), generator) for im in big], axis=0)  # type: ignore[attr-defined]
+            latents = np.concatenate([vae._encode_image(to_nchw(im), generator) for im in big], axis=0)
         noise = generator.randn(shape)
         x2 = loop.start(noise, latents)
         call = ModelCall(tw, th, s.batch, s.cfg, cond, uncond, guidance=s.guidance,  # Flux dev: its distilled guidance
                          guidance_rescale=s.guidance_rescale)
         state = self._control(s, call, tw, th)
         model = self.family.denoiser(self._model_part(), ms, call)  # type: ignore[attr-defined]
+        if refiner is not None:
+            model = refiner.second_pass(model, ms, tw, th)
         total = loop.steps
 
         def step(i: int, latents: np.ndarray) -> None:

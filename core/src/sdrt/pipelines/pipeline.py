@@ -546,6 +546,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._flux_tool_settings(s)
         self._prepare_extras(s)
         self._refiner_job = None
+        self._refiner_took = False  # set when the refiner takes over in a run (its infotext: only then)
         if getattr(s.toolbox, "refiner", None) is not None:  # loaded and checked before anything runs
             from .refiner import resolve
 
@@ -840,7 +841,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if getattr(s.toolbox, "refiner", None) is not None:  # it takes over at refiner_switch_at (pipelines.refiner)
             from .refiner import attach
 
-            model, refiner = attach(self, s, model, ms)
+            model, refiner = attach(self, s, model, ms)  # the model the first pass calls, the refiner's run
         first = loop.steps
         total = first + (second_pass_steps(s.toolbox.hires, s.steps)[1] if s.toolbox.hires else 0)
 
@@ -867,20 +868,18 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         else:
             x = loop.run(model, x, callback=on_step)
         if s.toolbox.hires is not None:
-            x = self._hires_pass(s, x, seed, subseed, cond, uncond, on_step, first)
+            x = self._hires_pass(s, x, seed, subseed, cond, uncond, on_step, first, refiner)
         self._current = self._denoised = None
         self._release(self.denoiser.name, "vae_encoder", stage=True)
-        if refiner is not None:
-            refiner._release(refiner.denoiser.name, stage=True)
+        if refiner is not None and refiner.active:
+            refiner.ref._release(refiner.ref.denoiser.name, stage=True)
         if not np.isfinite(x).all():
             raise SdrtError("the sampler produced NaN or infinite latents",
                             where=f"{self.denoiser.path} on {self.backend}",
                             fix="try another backend or sampler; report it with the command you ran")
         # the model loaded last decodes, as in A1111 (a refiner whose switch never came, switch_at past the last
-        # step, was never loaded there), with the VAE file chosen for the run: A1111's sd_vae applies to the
-        # refiner it loads too, so a base's vae= / set_vae file decodes unless the refiner has its own
-        switched = refiner is not None and getattr(model, "switched", True)
-        decoder = refiner if switched and (self.vae_file is None or refiner.vae_file is not None) else self
+        # step, was never loaded there), with the VAE file chosen for the run (refiner.Run.vae)
+        decoder = refiner.vae if refiner is not None else self
         images = decoder._decode(x)
         decoder._release("vae_decoder", stage=True)
         return images

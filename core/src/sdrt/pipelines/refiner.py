@@ -35,15 +35,28 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: A1111's default ("Switch at" in the UI, refiner_switch_at in the API)
 DEFAULT_SWITCH_AT = 0.8
+#: A1111's ``hires_fix_refiner_pass`` (its infotext's ``Hires refiner``): the passes of the hires fix the refiner may
+#: take over in (:class:`Run`); A1111's default is the second pass
+HIRES_PASSES = ("first pass", "second pass", "both passes")
+DEFAULT_HIRES_PASS = "second pass"
+
+
+def check_hires_pass(value: Any) -> str:
+    """``hires_refiner_pass``: one of :data:`HIRES_PASSES` (any case)."""
+    if isinstance(value, str) and value.strip().lower() in HIRES_PASSES:
+        return value.strip().lower()
+    raise InputError(f"unknown {{@hires_refiner_pass}} {value!r}", where="hires_refiner_pass",
+                     fix="use one of " + ", ".join(repr(v) for v in HIRES_PASSES) + " (A1111's default: 'second pass')")
 
 
 def check_switch_at(value: Any) -> float:
-    """``refiner_switch_at``: a fraction of the schedule strictly between 0 and 1."""
+    """``refiner_switch_at``: a fraction of the schedule above 0, at most 1 (A1111's slider's end: the refiner
+    never takes over, since ``(999 - t) / 1000`` is at most 0.999)."""
     import math
 
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or not 0 < float(value) < 1:
-        raise InputError(f"{{@refiner_switch_at}} must be between 0 and 1 (exclusive), got {value!r}",
+            or not math.isfinite(value) or not 0 < float(value) <= 1:
+        raise InputError(f"{{@refiner_switch_at}} must be above 0 and at most 1, got {value!r}",
                          where="refiner_switch_at",
                          fix="pass e.g. {@refiner_switch_at=}0.8: the base runs the first 80% of the schedule")
     return float(value)
@@ -105,9 +118,6 @@ def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipel
     if ref.folder.prediction != pipe.folder.prediction:
         raise InputError(f"the refiner predicts {ref.folder.prediction} and this model {pipe.folder.prediction}",
                          where="refiner", fix="use a refiner trained with the base model's prediction type")
-    if s.toolbox.hires is not None:
-        raise InputError("a refiner with the hires fix is not supported yet", where="refiner",
-                         fix="leave {@hires_scale} unset, or run the refiner as img2img on the hires image")
     return ref
 
 
@@ -128,11 +138,15 @@ def dry_twin(ref: Pipeline) -> Pipeline:
 
 
 class Switch:
-    """The guided model a loop calls: the base's until the switch, the refiner's from then on."""
+    """The guided model a loop calls: the base's until the switch, the refiner's from then on. ``refiner`` is the
+    refiner's guided model, or a function that makes it (its prompts are encoded only when it takes over, as A1111
+    encodes them at the switch)."""
 
     def __init__(self, base: Any, refiner: Any, model_sampling: Any, switch_at: float,
                  on_switch: Callable[[], None] | None = None) -> None:
-        self.base, self.refiner = base, refiner
+        self.base = base
+        self._make = refiner if callable(refiner) and not hasattr(refiner, "predict") else None
+        self.refiner = None if self._make is not None else refiner
         self.model_sampling = model_sampling
         self.switch_at = switch_at
         self.switched = False
@@ -147,8 +161,12 @@ class Switch:
         if not self.switched:
             t = int(round(float(timestep)))
             self.switched = (self.train_steps - 1 - t) / self.train_steps >= self.switch_at
-            if self.switched and self.on_switch is not None:
-                self.on_switch()  # the base's UNet runs no more in this run: the memory plan may drop it
+            if self.switched:
+                if self.refiner is None:
+                    assert self._make is not None
+                    self.refiner = self._make()
+                if self.on_switch is not None:
+                    self.on_switch()  # the base's UNet runs no more in this run: the memory plan may drop it
         return self.refiner if self.switched else self.base
 
     def predict(self, x_in: np.ndarray, timestep: float, **kwargs: Any) -> np.ndarray:
@@ -165,27 +183,96 @@ class Switch:
         return getattr(self.base, name)
 
 
-def attach(pipe: Pipeline, s: Settings, model: Any, ms: Any) -> tuple[Any, Pipeline]:
-    """``(the switching model, the refiner pipeline)`` for one run of ``pipe``."""
-    from .families import ModelCall
+class Run:
+    """The refiner across one run's passes, as A1111's ``apply_refiner`` with the hires fix.
 
-    ref = pipe._refiner_job  # resolved by the job's preparation
-    assert ref is not None
-    if pipe._dry:
-        ref = dry_twin(ref)
-    assert s.width is not None and s.height is not None
-    cond, uncond = ref._conditioning(s)
-    ref._release(*ref.family.text_parts, stage=True)
-    call = ModelCall(s.width, s.height, s.batch, float(s.cfg or 1.0), cond, uncond, guidance_rescale=s.guidance_rescale)
-    rmodel = ref.family.denoiser(ref.denoiser, ref.family.model_sampling(s.width, s.height), call)
-    return Switch(model, rmodel, ms, float(s.toolbox.refiner_switch_at),
-                  on_switch=lambda: pipe._release(pipe.denoiser.name)), ref
+    Without the hires fix the refiner takes over in the one pass. With it, ``hires_refiner_pass`` (A1111's
+    ``hires_fix_refiner_pass``) says where it may: ``"second pass"`` (A1111's default): the first pass is the
+    base's alone, and the refiner takes over in the hires pass at the first call whose timestep passes the switch
+    (the pass runs the tail of its own schedule, so at a denoise under ``1 - switch_at`` that is its first call);
+    ``"first pass"``: it may take over in the first pass only; ``"both passes"``: in either. Once it has taken
+    over it stays (A1111 keeps the refiner loaded): the whole hires pass runs on it, and its VAE decodes the
+    first pass for an image upscaler and encodes the upscaled image again, and decodes the result."""
+
+    def __init__(self, pipe: Pipeline, s: Settings) -> None:
+        ref = pipe._refiner_job  # resolved by the job's preparation
+        assert ref is not None
+        if pipe._dry:  # one recording twin per job: the run plan lists its calls (plan.dry_run)
+            twin = pipe.__dict__.get("_refiner_dry")
+            if twin is None or twin.folder is not ref.folder:
+                twin = pipe._refiner_dry = dry_twin(ref)
+            ref = twin
+        self.pipe, self.ref, self.s = pipe, ref, s
+        self.switch_at = float(s.toolbox.refiner_switch_at)
+        self.passes = s.toolbox.hires_refiner_pass if s.toolbox.hires is not None else None
+        #: the refiner has taken over (in A1111's terms: it is the model loaded now)
+        self.active = False
+        self._cond: tuple[Any, Any] | None = None
+
+    def model(self, width: int, height: int) -> Any:
+        """The refiner's guided model at this size (its time ids hold the size), its prompts encoded once."""
+        from .families import ModelCall
+
+        ref, s = self.ref, self.s
+        if self._cond is None:
+            self._cond = ref._conditioning(s)
+            ref._release(*ref.family.text_parts, stage=True)
+        cond, uncond = self._cond
+        call = ModelCall(width, height, s.batch, float(s.cfg or 1.0), cond, uncond,
+                         guidance_rescale=s.guidance_rescale)
+        return ref.family.denoiser(ref.denoiser, ref.family.model_sampling(width, height), call)
+
+    def _took_over(self) -> None:
+        self.active = True
+        self.pipe._refiner_took = True  # the infotext names the refiner only when it ran (A1111's apply_refiner)
+        self.pipe._release(self.pipe.denoiser.name)  # the base's UNet runs no more in this run
+
+    def _switch(self, model: Any, ms: Any, width: int, height: int) -> Switch:
+        return Switch(model, lambda: self.model(width, height), ms, self.switch_at, on_switch=self._took_over)
+
+    def first_pass(self, model: Any, ms: Any) -> Any:
+        """The model the first (or only) pass calls."""
+        if self.passes == "second pass":
+            return model
+        assert self.s.width is not None and self.s.height is not None
+        return self._switch(model, ms, self.s.width, self.s.height)
+
+    def second_pass(self, model: Any, ms: Any, width: int, height: int) -> Any:
+        """The model the hires pass calls (``model``: the base's at the target size)."""
+        if self.active:
+            return self.model(width, height)
+        if self.passes == "first pass":
+            return model
+        return self._switch(model, ms, width, height)
+
+    @property
+    def vae(self) -> Pipeline:
+        """The pipeline whose VAE decodes and encodes now: the model loaded last, as in A1111, with the VAE file
+        chosen for the run (A1111's sd_vae applies to the refiner it loads too, so a base's vae= / set_vae file
+        decodes unless the refiner has its own)."""
+        pipe, ref = self.pipe, self.ref
+        if self.active and (pipe.vae_file is None or ref.vae_file is not None):
+            return ref
+        return pipe
+
+
+def attach(pipe: Pipeline, s: Settings, model: Any, ms: Any) -> tuple[Any, Run]:
+    """``(the model the first pass calls, the refiner's run)`` for one run of ``pipe``."""
+    run = Run(pipe, s)
+    return run.first_pass(model, ms), run
 
 
 def infotext(pipe: Pipeline, s: Settings) -> dict[str, object]:
-    """A1111's ``Refiner: name [hash]`` and ``Refiner switch at``."""
+    """A1111's ``Refiner: name [hash]`` and ``Refiner switch at`` (and ``Hires refiner`` when not the default),
+    written only when the refiner took over: a switch past the last step's timestep (1.0, or a late switch with
+    few steps) leaves them out, as A1111's ``apply_refiner`` sets them only when it swaps the refiner in."""
     ref = pipe._refiner_job
-    assert ref is not None
+    if ref is None or not getattr(pipe, "_refiner_took", False):
+        return {}
     switch = s.toolbox.refiner_switch_at
-    return {"Refiner": f"{ref.folder.name} [{ref.model_hash}]",
-            "Refiner switch at": int(switch) if float(switch).is_integer() else round(float(switch), 4)}
+    fields: dict[str, object] = {"Refiner": f"{ref.folder.name} [{ref.model_hash}]",
+                                 "Refiner switch at": int(switch) if float(switch).is_integer()
+                                 else round(float(switch), 4)}
+    if s.toolbox.hires is not None and s.toolbox.hires_refiner_pass != DEFAULT_HIRES_PASS:
+        fields["Hires refiner"] = s.toolbox.hires_refiner_pass
+    return fields

@@ -27,7 +27,8 @@ import numpy as np
 from ..errors import InputError
 
 KEYWORDS = ("controlnets", "guess_mode", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "rng",
-            "subseed", "subseed_strength", "preview", "preview_size", "refiner", "refiner_switch_at")
+            "subseed", "subseed_strength", "preview", "preview_size", "refiner", "refiner_switch_at",
+            "hires_refiner_pass")
 
 
 @dataclass
@@ -43,6 +44,8 @@ class Toolbox:
     #: a refiner after the base (a model path or a Pipeline) and where it takes over (sdrt.pipelines.refiner)
     refiner: Any = None
     refiner_switch_at: float | None = None
+    #: with the hires fix: the passes the refiner may take over in (A1111's hires_fix_refiner_pass)
+    hires_refiner_pass: str = "second pass"
 
     @property
     def per_image(self) -> bool:
@@ -121,14 +124,20 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
 def _refiner(kwargs: dict[str, Any], tb: Toolbox) -> None:
     from . import refiner
 
-    spec, switch = kwargs.get("refiner"), kwargs.get("refiner_switch_at")
+    spec, switch, passes = kwargs.get("refiner"), kwargs.get("refiner_switch_at"), kwargs.get("hires_refiner_pass")
     if spec is None or spec == "":
-        if switch is not None:
-            raise InputError("{@refiner_switch_at} without {@refiner}", where="refiner_switch_at",
-                             fix="pass {@refiner} (the refiner model) too, or leave {@refiner_switch_at} out")
+        for name, value in (("refiner_switch_at", switch), ("hires_refiner_pass", passes)):
+            if value is not None:
+                raise InputError(f"{{@{name}}} without {{@refiner}}", where=name,
+                                 fix=f"pass {{@refiner}} (the refiner model) too, or leave {{@{name}}} out")
         return
     tb.refiner = refiner.check_spec(spec)
     tb.refiner_switch_at = refiner.check_switch_at(refiner.DEFAULT_SWITCH_AT if switch is None else switch)
+    if passes is not None:
+        if tb.hires is None:
+            raise InputError("{@hires_refiner_pass} needs {@hires_scale}", where="hires_refiner_pass",
+                             fix="pass {@hires_scale} too, or leave {@hires_refiner_pass} out")
+        tb.hires_refiner_pass = refiner.check_hires_pass(passes)
 
 
 class A1111Noise:
