@@ -908,8 +908,23 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             from .budget import calls_of
 
             memory = self.memory_plan(base=memory.base_bytes, calls=calls_of(rp))  # with the activations
+            rp.refiner_memory = self._refiner_memory(rp, memory)
         rp.memory = memory  # each part's placement under the budget, the predicted peak
         return rp
+
+    def _refiner_memory(self, rp: Any, memory: Any) -> Any:
+        """The refiner's parts' placement for the run plan (None without a refiner, or one that never runs):
+        planned on a base of the process and this model's resident parts, which stay loaded beside it."""
+        from .budget import calls_of
+        from .plan import REFINER_PREFIX
+
+        ref = getattr(rp, "_refiner", None)
+        calls = {k.removeprefix(REFINER_PREFIX): v for k, v in calls_of(rp).items() if k.startswith(REFINER_PREFIX)}
+        if ref is None or not calls:
+            return None
+        held = sum(p.weight_bytes * memory.footprints.get(p.part, memory.footprint)
+                   for p in memory.parts if p.placement == "resident" and not p.device)
+        return ref._make_memory_plan(int(memory.base_bytes + held), calls)
 
     def _job_calls(self, prompt: Any, negative_prompt: str | None, kwargs: dict[str, Any]) -> Any:
         """This job's input shapes per part, for the memory plan's activations: from a dry run, made again only

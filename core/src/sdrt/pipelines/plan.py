@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .pipeline import Pipeline
 
 Signature = tuple[tuple[str, tuple[int, ...], str], ...]  # (input, shape, dtype) for every input of one call
+#: a refiner's parts in a run plan: ``refiner.unet``, ``refiner.vae_decoder`` ...
+REFINER_PREFIX = "refiner."
 
 
 @dataclass
@@ -67,6 +69,8 @@ class RunPlan:
     notes: list[str] = field(default_factory=list)
     #: each part's placement under the memory budget and the predicted peak (sdrt.pipelines.budget.MemoryPlan)
     memory: Any = None
+    #: with a refiner: its parts' placement, planned beside the base's resident parts (both models stay loaded)
+    refiner_memory: Any = None
 
     def part(self, name: str) -> PartPlan | None:
         return next((p for p in self.parts if p.part == name), None)
@@ -92,6 +96,9 @@ class RunPlan:
                 lines.append(f"    {n} x ({shapes})")
         if self.memory is not None:
             lines.append(self.memory.format())
+        if self.refiner_memory is not None:
+            lines.append("refiner " + self.refiner_memory.format() + "\n  (its base: the process and the model's "
+                         "resident parts, which stay loaded beside the refiner's)")
         return "\n".join(lines)
 
 
@@ -111,14 +118,18 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     dry._generate(prompt, negative_prompt, lambda i, n, x: steps.append(n) if i == 1 else None, kwargs)
     s = dry._settings
     parts = []
-    order = sorted(dry._parts.items(), key=lambda kv: getattr(kv[1], "first_use", 1 << 62))
-    for name, part in order:
+    # the refiner's parts (sdrt.pipelines.refiner.Run), named "refiner.<part>", in one order of first use
+    twin = dry.__dict__.get("_refiner_dry")
+    every = [(name, part, pipe.family) for name, part in dry._parts.items()]
+    every += [(f"{REFINER_PREFIX}{name}", part, twin.family) for name, part in twin._parts.items()] if twin else []
+    for name, part, family in sorted(every, key=lambda e: getattr(e[1], "first_use", 1 << 62)):
         if not part.record:
             continue
         counts = Counter(tuple((k, shape, dtype) for k, (shape, dtype) in sorted(feeds.items()))
                          for feeds, _ in part.record)
         outputs = tuple(dict.fromkeys(o for _, outs in part.record for o in outs))
-        role = pipe.family.parts.get(name) or ("controlnet" if name.startswith("controlnet") else "?")
+        own = name.removeprefix(REFINER_PREFIX) if family is not pipe.family else name
+        role = family.parts.get(own) or ("controlnet" if name.startswith("controlnet") else "?")
         parts.append(PartPlan(name, role, str(part.path), len(part.record),
                               sorted(counts.items(), key=lambda kv: -kv[1]), outputs))
     ms = pipe.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
@@ -135,9 +146,11 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     from .fluxtools import LABELS as TOOLS
 
     tool = getattr(pipe, "flux_tool", None)  # FLUX.1 Fill / Canny / Depth: their conditioning rides on the noise
-    return RunPlan(pipe.family.name, TOOLS[tool] if tool else pipe.family.label, s.mode, s.width, s.height, s.batch * s.batch_count, s.batch,
-                   s.batch_count, steps[0] if steps else 0, label, kind, guidance, s.cfg,
-                   pipe.family.latent_shape(s.batch, s.height, s.width), parts, _notes(s))
+    rp = RunPlan(pipe.family.name, TOOLS[tool] if tool else pipe.family.label, s.mode, s.width, s.height,
+                 s.batch * s.batch_count, s.batch, s.batch_count, steps[0] if steps else 0, label, kind, guidance,
+                 s.cfg, pipe.family.latent_shape(s.batch, s.height, s.width), parts, _notes(s))
+    rp._refiner = dry._refiner_job  # type: ignore[attr-defined]  # the job's refiner pipeline (its memory plan)
+    return rp
 
 
 def _notes(s: Any) -> list[str]:
@@ -157,8 +170,14 @@ def _notes(s: Any) -> list[str]:
 
         ref = tb.refiner
         name = os.fspath(ref) if isinstance(ref, (str, os.PathLike)) else ref.folder.name
-        notes.append(f"refiner: {name} takes over at {tb.refiner_switch_at:g} (timesteps under "
-                     f"{round(1000 * (1 - tb.refiner_switch_at))}); its parts' calls are not listed here")
+        where = f"timesteps under {round(1000 * (1 - tb.refiner_switch_at))}" if tb.refiner_switch_at < 1 else \
+            "never: no timestep is past 1"
+        if tb.hires is not None:
+            where += {"second pass": ", in the hires pass only", "first pass": ", in the first pass only, then runs "
+                      "all of the hires pass", "both passes": ", in either pass; from the first, all of the hires "
+                      "pass"}[tb.hires_refiner_pass]
+        notes.append(f"refiner: {name} takes over at {tb.refiner_switch_at:g} ({where}); its parts are the "
+                     "refiner.* below")
     control = getattr(s, "control_image", None)
     if control is not None:
         notes.append("control image: VAE-encoded and concatenated to the noise at every step, preprocessor "
