@@ -208,7 +208,7 @@ def test_cli_refiner_flags_give_the_api_image(tmp_path, capsys) -> None:
     np.testing.assert_array_equal(to_rgb(out), want)
     assert main(["generate", str(DATA / "tiny-sdxl"), "a red cat", "--refiner-switch-at", "0", "--refiner",
                  str(REFINER), "--dry-run"]) == 1
-    assert "--refiner-switch-at must be between 0 and 1" in capsys.readouterr().err
+    assert "--refiner-switch-at must be above 0 and at most 1" in capsys.readouterr().err
 
 
 def test_low_memory_base_and_refiner_give_the_same_image() -> None:
@@ -388,3 +388,22 @@ def test_both_passes_is_the_first_pass_when_the_refiner_took_over_there() -> Non
     second = pipe.generate("a cat", "blurry", **kw)
     assert first.images[0].tobytes() == both.images[0].tobytes() != second.images[0].tobytes()
     assert both.settings[0]["Hires refiner"] == "both passes" and "Hires refiner" not in second.settings[0]
+
+
+def test_cli_hires_refiner_pass_gives_the_api_image(tmp_path) -> None:
+    from sdrt.cli import main
+    from sdrt.pipelines.images import to_rgb
+    from sdrt.pipelines.png import read_parameters
+
+    register("openvino")
+    out = tmp_path / "out.png"
+    assert main(["generate", str(DATA / "tiny-sdxl-dyn"), "a red cat", "--steps", "6", "--sampler", "Euler", "--seed",
+                 "3", "--width", "64", "--height", "64", "--backend", "openvino", "--hires-scale", "1.5",
+                 "--hires-steps", "3", "--refiner", str(REFINER), "--hires-refiner-pass", "first pass",
+                 "-o", str(out)]) == 0
+    text = read_parameters(out)
+    assert "Refiner switch at: 0.8" in text and "Hires refiner: first pass" in text and "Hires upscale: 1.5" in text
+    want = _pipe("tiny-sdxl-dyn", "openvino")("a red cat", steps=6, sampler="Euler", seed=3, width=64, height=64,
+                                              hires_scale=1.5, hires_steps=3, refiner=REFINER,
+                                              hires_refiner_pass="first pass")[0]
+    np.testing.assert_array_equal(to_rgb(out), want)

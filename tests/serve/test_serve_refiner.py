@@ -25,7 +25,7 @@ def url(tmp_path_factory):
     from sdrt.serve import ServeConfig
 
     root = tmp_path_factory.mktemp("refiner")
-    for name in ("tiny-sdxl", "tiny-sdxl-refiner", "tiny-sd15"):
+    for name in ("tiny-sdxl", "tiny-sdxl-refiner", "tiny-sd15", "tiny-sdxl-dyn"):
         shutil.copytree(DATA / name, root / name)
     with live_server(ServeConfig(models=root, backend="openvino")) as u:
         yield u
@@ -63,8 +63,11 @@ def test_refiner_switch_at_alone_changes_nothing(url):
 
 
 @pytest.mark.parametrize(("body", "field", "words"), [
-    ({"refiner_checkpoint": "tiny-sdxl-refiner", "refiner_switch_at": 1.0}, "refiner_switch_at", "between 0 and 1"),
-    ({"refiner_checkpoint": "tiny-sdxl-refiner", "refiner_switch_at": 0}, "refiner_switch_at", "between 0 and 1"),
+    ({"refiner_checkpoint": "tiny-sdxl-refiner", "refiner_switch_at": 1.5}, "refiner_switch_at", "above 0 and at most 1"),
+    ({"refiner_checkpoint": "tiny-sdxl-refiner", "refiner_switch_at": 0}, "refiner_switch_at", "above 0 and at most 1"),
+    ({"refiner_checkpoint": "tiny-sdxl-refiner", "enable_hr": True, "width": 64, "height": 64,
+      "override_settings": {"hires_fix_refiner_pass": "third pass"}}, "hires_fix_refiner_pass",
+     "must be one of first pass, second pass, both passes"),
     ({"refiner_checkpoint": "no-such-refiner"}, "refiner_checkpoint", "no model named"),
 ])
 def test_bad_refiner_fields_are_a_400(url, body, field, words):
@@ -118,3 +121,33 @@ def test_two_models_share_one_refiner_pipeline_counted_with_them(tmp_path):
         want = pipe("a red cat", steps=4, seed=5, sampler="Euler", width=64, height=64, cfg=7,
                     refiner=DATA / "tiny-sdxl-refiner")[0]
     np.testing.assert_array_equal(pixels[0], want)
+
+
+@pytest.mark.parametrize("passes", [None, "first pass"])
+def test_refiner_with_the_hires_fix_runs_as_the_api_does(url, passes):
+    """enable_hr with refiner_checkpoint (refused before): the pipeline's image, A1111's Refiner fields, and its
+    hires_fix_refiner_pass option (override_settings or /options) as hires_refiner_pass, named when not the default."""
+    from backend_helpers import register
+
+    from sdrt import pipelines
+
+    hr = {"enable_hr": True, "hr_scale": 1.5, "hr_second_pass_steps": 3, "denoising_strength": 0.5,
+          "hr_upscaler": "Lanczos"}
+    over = {"sd_model_checkpoint": "tiny-sdxl-dyn", **({"hires_fix_refiner_pass": passes} if passes else {})}
+    out = _txt2img(url, steps=6, refiner_checkpoint="tiny-sdxl-refiner", override_settings=over, **hr)
+    info = out["info"].split("sdrt_not_honoured")[0]
+    assert "Refiner: tiny-sdxl-refiner [" in info and "Refiner switch at: 0.8" in info
+    assert ("Hires refiner" in info) == (passes is not None) and (not passes or f"Hires refiner: {passes}" in info)
+    got = np.asarray(Image.open(io.BytesIO(base64.b64decode(out["images"][0]))).convert("RGB"))
+    register("openvino")
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend="openvino") as pipe:
+        want = pipe("a red cat", steps=6, seed=5, sampler="Euler", width=64, height=64, cfg=7, hires_scale=1.5,
+                    hires_steps=3, hires_denoise=0.5, hires_upscaler="Lanczos", refiner=DATA / "tiny-sdxl-refiner",
+                    **({"hires_refiner_pass": passes} if passes else {}))[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_hires_fix_refiner_pass_option_is_checked(url):
+    r = httpx.post(f"{url}/sdapi/v1/options", json={"hires_fix_refiner_pass": "every pass"}, timeout=60)
+    assert r.status_code == 400 and "hires_fix_refiner_pass must be one of" in r.text
+    assert httpx.get(f"{url}/sdapi/v1/options", timeout=60).json()["hires_fix_refiner_pass"] == "second pass"

@@ -53,7 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a refiner that takes over from the model at --refiner-switch-at: the SDXL refiner "
                         "(sd_xl_refiner_1.0.safetensors, or its ONNX/diffusers folder) after an SDXL model")
     r.add_argument("--refiner-switch-at", type=float, default=None, metavar="F",
-                   help="the fraction of the schedule the model runs before the refiner (0.8)")
+                   help="the fraction of the schedule the model runs before the refiner (0.8; 1: never)")
+    r.add_argument("--hires-refiner-pass", default=None, metavar="PASS",
+                   help='with --hires-scale, where the refiner may take over (A1111\'s hires_fix_refiner_pass): '
+                        '"second pass" (default), "first pass" (then it runs all of the hires pass), "both passes"')
     s = p.add_argument_group("seeds (A1111's)")
     s.add_argument("--rng", default="cpu", choices=["cpu", "gpu", "nv"],
                    help="noise source: cpu (diffusers'; default), gpu (A1111's default CUDA noise), nv")
@@ -133,7 +136,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                     control_mode=mode or "Balanced", guess_mode=bool(args.guess_mode)))
         opts["controlnets"] = units
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed", "refiner",
-                "refiner_switch_at"):
+                "refiner_switch_at", "hires_refiner_pass"):
         if getattr(args, key) is not None:
             opts[key] = getattr(args, key)
     if args.subseed is not None and not args.subseed_strength:  # A1111: a subseed at strength 0 changes nothing

@@ -51,9 +51,20 @@ sampler_index script_name script_args send_images save_images alwayson_scripts i
 mask_blur mask_blur_x mask_blur_y inpainting_fill inpaint_full_res inpaint_full_res_padding inpainting_mask_invert
 initial_noise_multiplier latent_mask include_init_images init_images mask""".split())
 #: override_settings keys that sdrt reads; any other is named as not honoured
-_OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae", "randn_source", "forge_additional_modules"}
+_OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae", "randn_source", "forge_additional_modules",
+              "hires_fix_refiner_pass"}
 #: A1111's ``randn_source`` option -> the pipeline's ``rng``
 RANDN_SOURCES = {"GPU": "gpu", "CPU": "cpu", "NV": "nv"}
+
+
+def hires_refiner_pass(value: Any, field: str) -> str:
+    """A1111's ``hires_fix_refiner_pass`` (first pass, second pass or both passes, any case); 400 naming ``field``."""
+    from ..pipelines.refiner import HIRES_PASSES
+
+    if isinstance(value, str) and value.strip().lower() in HIRES_PASSES:
+        return value.strip().lower()
+    raise ApiError(400, f"{field} must be one of {', '.join(HIRES_PASSES)} (A1111's), got {str(value)[:40]!r}",
+                   field=field)
 
 
 def randn_source(value: Any, field: str) -> str:
@@ -172,7 +183,9 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     else:
         _hires(body, kwargs, limits, not_honoured, registry.models_dir)
     _variation(body, kwargs)
-    refiner = _refiner(body, kwargs, registry, model, not_honoured)
+    passes = hires_refiner_pass(overrides["hires_fix_refiner_pass"], "override_settings.hires_fix_refiner_pass") \
+        if overrides.get("hires_fix_refiner_pass") else options.get("hires_fix_refiner_pass") or "second pass"
+    refiner = _refiner(body, kwargs, registry, model, not_honoured, passes)
     nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
                                                           init, "hires_scale" in kwargs,
                                                           max(limits.max_width, limits.max_height))
@@ -261,10 +274,11 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
 
 
 def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, model: ModelEntry,
-             not_honoured: list[str]) -> ModelEntry | None:
+             not_honoured: list[str], passes: str = "second pass") -> ModelEntry | None:
     """A1111's ``refiner_checkpoint`` (a model of this server, by name or title) and ``refiner_switch_at``: the
     refiner takes over at that fraction of the schedule (sdrt.pipelines.refiner). Unset, the switch is 0.8, the
-    UI's default (A1111's API would run the refiner from the first step)."""
+    UI's default (A1111's API would run the refiner from the first step). With the hires. fix, ``passes`` (A1111's
+    ``hires_fix_refiner_pass`` option) says in which pass it may take over."""
     name = get_str(body, "refiner_checkpoint", None)
     if name is None or name.strip() in ("", "None", "none"):
         return None  # refiner_switch_at alone does nothing in A1111 (its example payload sends 0)
@@ -276,14 +290,14 @@ def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, m
         raise ApiError(400, f"refiner_checkpoint {entry.name!r} is "
                             + ("bound onto --checkpoint-base" if entry.weights is not None else "a part-only file")
                             + ", which cannot run as a refiner; pass a refiner served on its own", field="refiner_checkpoint")
-    if "hires_scale" in kwargs:
-        raise ApiError(400, "a refiner with the hires. fix is not supported", field="refiner_checkpoint")
     kwargs["refiner"] = entry.path
     switch = get_float(body, "refiner_switch_at", 0.8)
-    if not 0 < switch < 1:
-        raise ApiError(400, f"refiner_switch_at must be between 0 and 1 (exclusive), got {switch:g}",
-                       field="refiner_switch_at")
+    if not 0 < switch <= 1:
+        raise ApiError(400, f"refiner_switch_at must be above 0 and at most 1 (1: the refiner never takes over), got "
+                            f"{switch:g}", field="refiner_switch_at")
     kwargs["refiner_switch_at"] = switch
+    if "hires_scale" in kwargs:
+        kwargs["hires_refiner_pass"] = passes
     return entry
 
 

@@ -47,7 +47,8 @@ class ServerState:
         # randn_source: sdrt's default noise is diffusers' CPU stream (A1111's is GPU: set it to get A1111's)
         self._options: dict[str, Any] = {"samples_format": "png", "CLIP_stop_at_last_layers": 1, "randn_source": "CPU",
                                          "sd_model_checkpoint": first.title if first else None,
-                                         "sd_vae": "Automatic", "forge_additional_modules": []}
+                                         "sd_vae": "Automatic", "forge_additional_modules": [],
+                                         "hires_fix_refiner_pass": "second pass"}
         self.cluster = cluster
         self.queue = JobQueue(config.devices, self.spec_for, keep=config.keep_models,
                               max_queue=config.limits.max_queue)
@@ -107,6 +108,11 @@ class ServerState:
             from .a1111 import randn_source
 
             updates["randn_source"] = randn_source(body["randn_source"], "randn_source")
+        if body.get("hires_fix_refiner_pass") is not None:
+            from .a1111 import hires_refiner_pass
+
+            updates["hires_fix_refiner_pass"] = hires_refiner_pass(body["hires_fix_refiner_pass"],
+                                                                   "hires_fix_refiner_pass")
         if "sd_vae" in body:  # A1111's: Automatic, None or a file of the VAE folder
             updates["sd_vae"] = modules.vae_option(self.registry, body["sd_vae"])
         if "forge_additional_modules" in body:  # Forge's: VAE and text-encoder files, stored by their names
@@ -117,7 +123,7 @@ class ServerState:
             updates["CLIP_stop_at_last_layers"] = clip
         for key, value in body.items():
             if key in ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_checkpoint_hash", "randn_source", "sd_vae",
-                       "forge_additional_modules"):
+                       "forge_additional_modules", "hires_fix_refiner_pass"):
                 continue
             if not isinstance(key, str) or len(key) > 100:
                 raise ApiError(400, "option names are strings of at most 100 characters", field=str(key)[:100])
