@@ -41,6 +41,22 @@ def test_folder_plan_json_follows_the_run_plan(capsys):
     assert d["runner_up"] is not None and d["calibrated"] is False
 
 
+def test_refiner_parts_join_the_plan(capsys):
+    """``--refiner``: the refiner's parts (refiner.*) with the calls it takes over, and the base's fewer UNet calls;
+    its weights count in the peak (both models stay loaded)."""
+    base = _run_json(capsys, str(DATA / "tiny-sdxl-dyn"), "--width", "64", "--steps", "10", "--device", "cpu")
+    d = _run_json(capsys, str(DATA / "tiny-sdxl-dyn"), "--width", "64", "--steps", "10", "--device", "cpu",
+                  "--refiner", str(DATA / "tiny-sdxl-refiner"), "--refiner-switch-at", "0.7")
+    calls = {p["name"]: p["calls"] for p in d["parts"]}
+    # the default DPM++ 2M Karras's 10 steps, split at the switch's timestep (test_refiner.py checks the rule)
+    assert calls["unet"] + calls["refiner.unet"] == 10 and calls["unet"] >= 3 and calls["refiner.unet"] >= 3
+    assert calls["refiner.vae_decoder"] == 1
+    assert "vae_decoder" not in calls and "refiner.text_encoder_2" in calls
+    assert sum(p["weight_bytes"] for p in d["parts"]) > sum(p["weight_bytes"] for p in base["parts"])
+    assert main(["plan", str(DATA / "tiny-sdxl-dyn"), "--device", "cpu", "--refiner", "no/such/refiner"]) == 1
+    assert "the refiner model 'no/such/refiner' does not exist" in capsys.readouterr().err
+
+
 def test_single_onnx_is_one_part_named_after_the_file(capsys):
     path = DATA / "tiny-sd15" / "vae_decoder" / "model.onnx"
     d = _run_json(capsys, str(path), "--device", "cpu")

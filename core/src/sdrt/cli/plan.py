@@ -34,6 +34,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "size its image input is fixed at, else 512)")
     p.add_argument("--height", type=int, default=None, help="image height (default as --width)")
     p.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
+    p.add_argument("--refiner", default=None, metavar="FILE|DIR",
+                   help="a refiner after the model (the SDXL refiner after SDXL): its parts and calls join the plan, "
+                        "both models loaded")
+    p.add_argument("--refiner-switch-at", type=float, default=None, metavar="F",
+                   help="where the refiner takes over (0.8; 1: never)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--list-devices", action="store_true", help="list the device library and exit")
     return p
@@ -75,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     device = devices.find(args.device) if args.device else _here()
     # a size not given is the model's own (make_plan: a folder's as generate takes it, a lone graph's fixed size)
     plan = make_plan(args.model, device, backends=args.backend or None, precisions=precisions or None,
-                     memory=memory, width=args.width, height=args.height, steps=args.steps)
+                     memory=memory, width=args.width, height=args.height, steps=args.steps, refiner=args.refiner,
+                     refiner_switch_at=args.refiner_switch_at)
     print(json.dumps(plan.to_dict(), indent=1) if args.json else plan.format())
     return 0
 

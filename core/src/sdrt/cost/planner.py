@@ -154,8 +154,9 @@ class Plan:
             return "\n".join(lines + ["  no backend can run on this device"])
         lines.append(f"  plan: {c.label()}: {c.ms_per_image / 1000:.2f} s per image, peak "
                      f"{c.peak_bytes / gib:.2f} GiB" + ("" if self.chosen else "  (too big)"))
+        width = max([16, *(len(p["name"]) for p in c.parts)])  # a refiner's parts: refiner.text_encoder_2
         for p in c.parts:
-            lines.append(f"    {p['name']:<16} {p['calls']:>6g} call(s) x {p['predicted_ms_per_call']:>10.1f} ms"
+            lines.append(f"    {p['name']:<{width}} {p['calls']:>6g} call(s) x {p['predicted_ms_per_call']:>10.1f} ms"
                          f" = {p['predicted_ms_per_image'] / 1000:>8.2f} s   peak {p['predicted_peak_bytes'] / gib:6.2f} GiB"
                          f"  (weights {p['weight_bytes'] / gib:.2f} GiB)")
         if self.runner_up:
@@ -183,11 +184,17 @@ def _cand(c: Candidate | None) -> dict[str, Any] | None:
 
 # ---------------------------------------------------------------------------- parts
 def plan_parts(model: str | Path, *, width: int | None = None, height: int | None = None, steps: int = 20,
-               cfg: float | None = None, batch: int = 1) -> tuple[str, list[PartCalls], tuple[int, int]]:
+               cfg: float | None = None, batch: int = 1, refiner: str | Path | None = None,
+               refiner_switch_at: float | None = None) -> tuple[str, list[PartCalls], tuple[int, int]]:
     """The parts of ``model`` (a pipeline folder or one ``.onnx``) with their shapes and calls per image, and the
     image size planned. ``width``/``height`` None: the model's own size (a folder's, as generate takes it; a lone
-    graph's fixed size, else 512); one of them alone: a square, unless a lone graph fixes the other."""
+    graph's fixed size, else 512); one of them alone: a square, unless a lone graph fixes the other. ``refiner``:
+    a refiner model (a folder or a single file) after a folder's model: its parts join as ``refiner.<part>``, with
+    the calls it takes over at ``refiner_switch_at`` (0.8)."""
     path = Path(model)
+    if refiner is not None and not path.is_dir():
+        raise SdrtError("a refiner follows a model folder's pipeline, not one .onnx graph", where="sdrt plan --refiner",
+                        fix="pass the base model's folder, or leave --refiner out")
     if path.is_dir():
         path = _lone_graph(path)
     if path.is_dir():
@@ -197,14 +204,19 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
         from ..pipelines.pipeline import Pipeline
 
         pipe = Pipeline(ModelFolder.open(path), backend="auto", device=None)  # dry: nothing compiles
+        ref = _refiner_pipeline(refiner) if refiner is not None else None
         try:
             kw: dict[str, Any] = {"steps": steps, "batch": batch}
             kw.update({k: v for k, v in (("width", width), ("height", height)) if v is not None})
             if cfg is not None:
                 kw["cfg"] = cfg
+            if ref is not None:
+                kw.update(refiner=ref, **({"refiner_switch_at": refiner_switch_at} if refiner_switch_at else {}))
             rp = pipe.plan("a photograph of an astronaut riding a horse", "", **kw)
         finally:
             pipe.close()
+            if ref is not None:
+                ref.close()
         parts = []
         for p in rp.parts:
             sigs = [({name: tuple(shape) for name, shape, _ in sig}, n / rp.images) for sig, n in p.signatures]
@@ -338,10 +350,12 @@ def evaluate(costs: Sequence[PartCost], device: DeviceSpec, backend: str, precis
 
 def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] | None = None,
               precisions: Sequence[str] | None = None, memory: float | None = None, width: int | None = None,
-              height: int | None = None, steps: int = 20, offloads: Sequence[str] | None = None) -> Plan:
+              height: int | None = None, steps: int = 20, offloads: Sequence[str] | None = None,
+              refiner: str | Path | None = None, refiner_switch_at: float | None = None) -> Plan:
     """Cost ``model`` on ``device`` for every candidate and pick one (see the module doc); ``width``/``height``
-    None: the model's own size (``plan_parts``)."""
-    label, parts, (width, height) = plan_parts(model, width=width, height=height, steps=steps)
+    None: the model's own size (``plan_parts``); ``refiner``: its parts too (both models stay loaded)."""
+    label, parts, (width, height) = plan_parts(model, width=width, height=height, steps=steps, refiner=refiner,
+                                               refiner_switch_at=refiner_switch_at)
     budget = budget_for(device, memory)
     bes = list(backends) if backends else backends_for(device)
     for be in backends or ():
@@ -390,6 +404,25 @@ def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] 
                             "ops": sorted({op for cost, _ in pc.costs for op in cost.unknown_ops}),
                             "subgraph_matmuls": looped})
     return Plan(label, device, budget, width, height, steps, chosen, runner, cands, unknown)
+
+
+def _refiner_pipeline(spec: str | Path) -> Any:
+    """A refiner model opened for a dry plan, as ``sdrt.pipelines.load`` opens it, on no backend (nothing compiles)."""
+    from ..checkpoint.diffusers_folder import is_diffusers_folder
+    from ..pipelines.folder import ModelFolder
+    from ..pipelines.pipeline import Pipeline
+    from ..pipelines.singlefile import folder_from_file, is_single_file
+
+    if not Path(spec).exists():
+        raise SdrtError(f"the refiner model {str(spec)!r} does not exist", where="sdrt plan --refiner",
+                        fix="pass the refiner's .safetensors file or model folder")
+    if is_single_file(spec):
+        folder = folder_from_file(spec, None, ())
+    elif is_diffusers_folder(spec):
+        folder = ModelFolder.from_diffusers(spec)
+    else:
+        folder = ModelFolder.open(spec)
+    return Pipeline(folder, backend="auto", device=None)
 
 
 def parse_memory(text: str) -> float:
