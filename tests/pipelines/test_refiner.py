@@ -407,3 +407,32 @@ def test_cli_hires_refiner_pass_gives_the_api_image(tmp_path) -> None:
                                               hires_scale=1.5, hires_steps=3, refiner=REFINER,
                                               hires_refiner_pass="first pass")[0]
     np.testing.assert_array_equal(to_rgb(out), want)
+
+
+def test_an_interrupted_run_is_decoded_by_the_refiner_once_it_took_over(tmp_path) -> None:
+    """``Interrupted.partial()`` decodes the stopped run's last estimate with the model loaded last, as the finished
+    run does: stopped after its last step, the partial image is the refined image (a refiner with a dimmed VAE file
+    tells the two VAEs apart); the base's VAE decoded it before."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
+    from single_file_helpers import vae_tensors, write
+
+    from sdrt.errors import Interrupted
+    from sdrt.graph import Graph
+
+    register("openvino")
+    xl = DATA / "tiny-sdxl"
+    t = vae_tensors(Graph.load(xl / "vae_decoder" / "model.onnx"), Graph.load(xl / "vae_encoder" / "model.onnx"))
+    t["decoder.conv_out.weight"] = t["decoder.conv_out.weight"] * np.float32(0.5)
+    dim = write(tmp_path / "dim_vae.safetensors", t)
+    kw = dict(steps=4, cfg=5.0, sampler="Euler", seed=3, width=64, height=64)
+    with pipelines.load(DATA / FOLDER, backend="openvino", vae=dim) as refiner:
+        pipe = _pipe("tiny-sdxl", "openvino")
+        full = pipe("a cat", refiner=refiner, **kw)[0]
+        with pytest.raises(Interrupted) as stop:
+            pipe("a cat", refiner=refiner, callback=lambda i, n, x: i < n, **kw)
+        part = stop.value.partial().images[0]
+        # Euler's last step lands on its denoised estimate: the same latents, to float rounding
+        assert np.abs(part.astype(int) - full.astype(int)).max() <= 1

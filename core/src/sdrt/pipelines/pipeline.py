@@ -755,13 +755,15 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
         x, self._denoised = self._denoised, None
         done_images, done_seeds = list(images), list(seeds)
+        run = getattr(self, "_refiner_run", None)
+        decoder = run.vae if run is not None else self  # the model loaded last decodes (refiner.Run.vae)
 
         def make() -> Generation:
             got, got_seeds = list(done_images), list(done_seeds)
             if x is not None:
                 with self._lock:
-                    got += self._decode(x)
-                    self._release("vae_decoder", stage=True)
+                    got += decoder._decode(x)
+                    decoder._release("vae_decoder", stage=True)
                 got_seeds += image_seeds(s.toolbox, seed, s.batch)
             return self._generation(s, got, got_seeds, original)
 
@@ -842,6 +844,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             from .refiner import attach
 
             model, refiner = attach(self, s, model, ms)  # the model the first pass calls, the refiner's run
+        self._refiner_run = refiner  # an interrupted run's partial image is decoded by the model loaded last
         first = loop.steps
         total = first + (second_pass_steps(s.toolbox.hires, s.steps)[1] if s.toolbox.hires else 0)
 
