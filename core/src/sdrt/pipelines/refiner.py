@@ -15,6 +15,11 @@ The refiner has its own text encoders, tokenizers and time ids (the SDXL refiner
 scores), encodes the same prompts, and its VAE decodes the result unless the base runs a chosen VAE file (A1111 decodes with the model loaded last,
 diffusers with the refiner pipeline's VAE). It must continue the base's latents: the SDXL refiner after an SDXL
 model, or a model of the base's own family; with the base's prediction type (eps or v).
+
+With the hires fix the switch is the same timestep rule in each pass (each runs its own schedule), and
+``hires_refiner_pass`` (A1111's ``hires_fix_refiner_pass``) says which passes it may take over in; once it has,
+it stays, its VAE decodes and encodes between the passes and decodes the result (:class:`Run`). The infotext
+names it only when it took over (A1111's ``apply_refiner`` writes its fields at the swap).
 """
 
 from __future__ import annotations

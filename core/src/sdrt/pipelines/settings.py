@@ -251,6 +251,7 @@ _OTHER_NAMES = {
     "_auto_resize": "reference_resize", "reference_image": "reference_images",
     "images": "reference_images (FLUX.1 Kontext) or init_image (img2img)",
     "refiner_checkpoint": "refiner (a model path or a loaded pipeline)",
+    "hires_fix_refiner_pass": "hires_refiner_pass (A1111's option: 'first pass', 'second pass' or 'both passes')",
     "denoising_end": "refiner and refiner_switch_at (the base's denoising_end is the switch)",
     "denoising_start": "refiner_switch_at on the base's call (the refiner continues its latents)",
 }
