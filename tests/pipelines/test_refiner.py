@@ -402,7 +402,9 @@ def test_cli_hires_refiner_pass_gives_the_api_image(tmp_path) -> None:
                  "--hires-steps", "3", "--refiner", str(REFINER), "--hires-refiner-pass", "first pass",
                  "-o", str(out)]) == 0
     text = read_parameters(out)
-    assert "Refiner switch at: 0.8" in text and "Hires refiner: first pass" in text and "Hires upscale: 1.5" in text
+    # A1111's order: the hires fields (set before sampling), then apply_refiner's at the swap
+    assert ("Hires upscale: 1.5, Hires steps: 3, Hires upscaler: Latent, Hires refiner: first pass, Refiner: "
+            f"{FOLDER} [") in text and text.endswith("Refiner switch at: 0.8")
     want = _pipe("tiny-sdxl-dyn", "openvino")("a red cat", steps=6, sampler="Euler", seed=3, width=64, height=64,
                                               hires_scale=1.5, hires_steps=3, refiner=REFINER,
                                               hires_refiner_pass="first pass")[0]

@@ -299,5 +299,9 @@ class ToolboxMixin:
             info.update(tb.hires.infotext())
         if tb.controlnets:
             info.update(cn.infotext(tb.controlnets, s.width or 0, s.height or 0))
+        if tb.refiner is not None:  # after the hires fields, as A1111 adds them when the refiner swaps in
+            from .refiner import infotext
+
+            info.update(infotext(self, s))  # type: ignore[arg-type]
         return info
 

@@ -1002,10 +1002,6 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             info["Denoising strength"] = _num(s.strength or 0)
         if s.guidance_rescale:
             info["CFG Rescale"] = _num(s.guidance_rescale)  # Forge's name (A1111's extension wrote "CFG Rescale phi")
-        if getattr(s.toolbox, "refiner", None) is not None:
-            from .refiner import infotext
-
-            info.update(infotext(self, s))
         if s.clip_skip > 1:
             info["Clip skip"] = s.clip_skip
         if s.batch > 1:

@@ -275,9 +275,9 @@ def infotext(pipe: Pipeline, s: Settings) -> dict[str, object]:
     if ref is None or not getattr(pipe, "_refiner_took", False):
         return {}
     switch = s.toolbox.refiner_switch_at
-    fields: dict[str, object] = {"Refiner": f"{ref.folder.name} [{ref.model_hash}]",
-                                 "Refiner switch at": int(switch) if float(switch).is_integer()
-                                 else round(float(switch), 4)}
+    fields: dict[str, object] = {}
     if s.toolbox.hires is not None and s.toolbox.hires_refiner_pass != DEFAULT_HIRES_PASS:
-        fields["Hires refiner"] = s.toolbox.hires_refiner_pass
+        fields["Hires refiner"] = s.toolbox.hires_refiner_pass  # A1111 sets it first, then the refiner's two
+    fields["Refiner"] = f"{ref.folder.name} [{ref.model_hash}]"
+    fields["Refiner switch at"] = int(switch) if float(switch).is_integer() else round(float(switch), 4)
     return fields
