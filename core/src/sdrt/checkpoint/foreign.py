@@ -224,16 +224,16 @@ def _language_model(k: _Keys, arch: str | None = None) -> str | None:
                     f"{'; ' + role if role else ''}), not an image model")
         return None
     if k.sub("visual.blocks.") or k.sub("visual.patch_embed."):
-        name = "Qwen2.5-VL (Qwen-Image's text encoder)"
+        name, role = "Qwen2.5-VL", "Qwen-Image's text encoder"
     elif k.pre(layer + "self_attn.q_norm."):
-        name = "Qwen3 (Z-Image's text encoder)"
+        name, role = "Qwen3", "Z-Image's text encoder"
     elif k.pre(layer + "pre_feedforward_layernorm."):
-        name = "Gemma 2/3 (Lumina 2's text encoder)"
+        name, role = "Gemma 2/3", "Lumina 2's text encoder"
     elif k.pre(layer + "self_attn.q_proj.bias"):
-        name = "Qwen2/2.5"
+        name, role = "Qwen2/2.5", "an LLM"
     else:
-        name = "Llama-architecture (Llama 3.1 8B is HiDream's text encoder, Mistral is Flux.2's)"
-    return f"a {name} language model (an LLM text encoder, which no family sdrt runs uses)"
+        name, role = "Llama-architecture", "Llama 3.1 8B is HiDream's text encoder, Mistral Flux.2's"
+    return f"a {name} language model ({role}; a text encoder of no family sdrt runs)"
 
 
 #: GGUF ``general.architecture`` values of diffusion models (city96's ComfyUI-GGUF conversions) -> what they are;
