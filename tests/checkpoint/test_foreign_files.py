@@ -361,3 +361,11 @@ def test_serve_refuses_to_switch_to_a_foreign_file_and_keeps_its_model(tmp_path)
             assert f"{name} is not served: it {words}" in detail and "which sdrt does not run" in detail, detail
             assert "this server has: tiny-sd15" in detail
         assert c.get("/sdapi/v1/options").json()["sd_model_checkpoint"] == before
+
+
+def test_a_t2i_adapter_given_as_a_controlnet_is_named(tmp_path):
+    from sdrt.checkpoint.controlnet import open_controlnet
+
+    f = sparse_safetensors(tmp_path / "t2iadapter_canny_sd15v2.safetensors", CASES["T2I-Adapter (TencentARC)"][0])
+    with pytest.raises(ModelError, match="is not a ControlNet: it looks like a T2I-Adapter"):
+        open_controlnet(f)

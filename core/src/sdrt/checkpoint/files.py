@@ -170,6 +170,8 @@ def open_weights(path: PathLike, what: str, folder_fix: str, folder_what: str = 
     try:
         return Weights.open(p)
     except SdrtError as exc:
+        if exc.what.startswith(f"{p.name} is "):  # the reader named the file and what it is (a YOLO .pt)
+            raise type(exc)(exc.what, where=str(p), fix=open_fix(p, exc)) from exc
         raise type(exc)(f"cannot open the {what} {p.name}: {exc.what}", where=str(p), fix=open_fix(p, exc)) from exc
 
 
