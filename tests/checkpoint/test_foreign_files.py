@@ -348,6 +348,8 @@ def test_serve_refuses_to_switch_to_a_foreign_file_and_keeps_its_model(tmp_path)
     (qwen / "transformer").mkdir(parents=True)
     (qwen / "model_index.json").write_text(json.dumps({"_class_name": "QwenImagePipeline"}))
     sparse_safetensors(qwen / "transformer" / "diffusion_pytorch_model.safetensors", CASES["Qwen-Image"][0])
+    (models / "VAE").mkdir()
+    sparse_safetensors(models / "VAE" / "wan_2.1_vae.safetensors", CASES["Wan VAE"][0])
     with live_server(ServeConfig(models=models, backend="openvino")) as url, httpx.Client(base_url=url,
                                                                                            timeout=60) as c:
         listed = [m["model_name"] for m in c.get("/sdapi/v1/sd-models").json()]
@@ -361,6 +363,13 @@ def test_serve_refuses_to_switch_to_a_foreign_file_and_keeps_its_model(tmp_path)
             assert f"{name} is not served: it {words}" in detail and "which sdrt does not run" in detail, detail
             assert "this server has: tiny-sd15" in detail
         assert c.get("/sdapi/v1/options").json()["sd_model_checkpoint"] == before
+        vae = c.get("/sdapi/v1/options").json().get("sd_vae")
+        r = c.post("/sdapi/v1/options", json={"sd_vae": "wan_2.1_vae.safetensors"})
+        assert r.status_code == 400, r.text
+        detail = r.json()["detail"]
+        assert "sd_vae: wan_2.1_vae.safetensors is a Wan/Qwen-Image video VAE" in detail, detail
+        assert "the VAE in use is unchanged" in detail
+        assert c.get("/sdapi/v1/options").json().get("sd_vae") == vae
 
 
 def test_a_t2i_adapter_given_as_a_controlnet_is_named(tmp_path):

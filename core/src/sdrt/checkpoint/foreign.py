@@ -151,7 +151,8 @@ def _denoiser(k: _Keys) -> str | None:
         if adm == 5632 or k.has("encoder_hid_proj.weight"):
             return "Kolors (an SDXL-shaped UNet conditioned on ChatGLM3)"
         cin = k.dim("input_blocks.0.0.weight", 1) or k.dim("conv_in.weight", 1)
-        what = {8: "an InstructPix2Pix-style editing UNet (8 input channels: CosXL Edit, InstructPix2Pix)",
+        what = {8: "an image-conditioned UNet with 8 input channels (InstructPix2Pix, CosXL Edit, IC-Light)",
+                12: "IC-Light fbc (a UNet with 12 input channels)",
                 5: "SD 2 depth-to-image (a UNet with 5 input channels)",
                 7: "the SD x4 upscaler (a UNet with 7 input channels)"}.get(cin or 0)
         if what and (k.pre("input_blocks.1.") or k.pre("down_blocks.0.")):
