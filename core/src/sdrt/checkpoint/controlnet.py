@@ -123,8 +123,9 @@ def identify(shapes: Mapping[str, tuple[int, ...]]) -> ControlNetIdentity:
 
 def _not_controlnet(keys: list[str]) -> str:
     from .families import detect
+    from .foreign import recognise
 
-    shown = detect({k: () for k in keys})
+    shown = recognise({k: () for k in keys}) or detect({k: () for k in keys})
     if shown == "unknown":
         shown = f"unknown (first keys: {', '.join(keys[:4])})"
     return f"not a ControlNet: it looks like {shown}"

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import ModelError, ModelNotFoundError, SdrtError, WeightsError
 from ..weights import Weights, folder_files
-from . import components, families
+from . import components, families, foreign
 from .families import FAMILY_GRAPHS, LABELS, PART_KINDS
 from .files import OpenedModel, graph_kind, release_defaults
 from .graphs import shipped_graph
@@ -152,6 +152,9 @@ def denoiser_family(shapes: families.Shapes) -> tuple[str | None, str]:
         if proj is not None and len(proj) == 2:  # SD 2.x: linear proj_in; SD 1.x: a 1x1 conv
             return (None, "an SD 2.x inpainting UNet, which has no shipped graph") if inpaint else ("sd2", "an SD 2.x UNet")
         return ("sd1-inpaint" if inpaint else "sd1"), "an SD 1.x UNet"
+    what = foreign.recognise(shapes)
+    if what is not None:
+        return None, f"{what}, which sdrt does not run"
     return None, f"not a diffusers UNet or transformer ({families.detect(shapes)})"
 
 
@@ -174,6 +177,33 @@ class DiffusersModel(OpenedModel):
         return model_hash(self.denoiser_file or self.path)[:10]
 
 
+def foreign_folder(root: Path, index: dict[str, Any]) -> str | None:
+    """What a diffusers folder of a pipeline sdrt does not run is (``model_index.json``'s ``_class_name``, or an
+    EDM scheduler on an SDXL pipeline: Playground v2.5), in words, or None."""
+    cls_name = str(index.get("_class_name", ""))
+    what = foreign.pipeline_class(cls_name)
+    if what is not None:
+        return f"{what} (model_index.json: {cls_name})"
+    sched = root / "scheduler" / "scheduler_config.json"
+    if sched.is_file():
+        try:
+            kind = str(json.loads(sched.read_text(encoding="utf-8")).get("_class_name", ""))
+        except (OSError, ValueError, AttributeError):
+            kind = ""
+        if kind.startswith("EDM"):  # playgroundai/playground-v2.5-1024px-aesthetic: EDMDPMSolverMultistepScheduler
+            return (f"Playground v2.5 or another EDM-trained model (its scheduler is {kind}; sdrt samples SD's "
+                    "schedules only, and run with SDXL's it would give noise)")
+    return None
+
+
+def refuse_foreign(root: Path, index: dict[str, Any]) -> None:
+    """One ``ModelError`` for a diffusers folder of a pipeline sdrt does not run (``foreign_folder``)."""
+    what = foreign_folder(root, index)
+    if what is not None:
+        raise ModelError(f"the diffusers folder {root.name} is {what}, which sdrt does not run", where=str(root),
+                         fix="sdrt runs folders of SD 1.x, SD 2.x, SDXL, SD 3.5, Flux.1 and Chroma: pass one of those")
+
+
 def _open(files: list[Path], part: str) -> Weights:
     try:
         return Weights.open(files)
@@ -192,6 +222,7 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
     root = Path(path)
     index_path = root / "model_index.json"
     index = _read_json(index_path, "model_index.json") if index_path.is_file() else {}
+    refuse_foreign(root, index)
     den = next((d for d in DENOISERS if (root / d).is_dir()), None)
     files = weight_files(root / den) if den else []
     if not files:
@@ -205,7 +236,7 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
     fam, looks = denoiser_family(shapes)
     if fam is None:
         raise ModelError(f"the {den} of this diffusers folder is {looks}", where=str(root / den),
-                         fix="pass a folder of SD 1.x, SD 2.x, SDXL, SD 3.5, Flux.1 or Chroma")
+                         fix="sdrt runs folders of SD 1.x, SD 2.x, SDXL, SD 3.5, Flux.1 and Chroma: pass one of those")
     if fam == "sdxl" and index.get("requires_aesthetics_score") is True:  # a refiner at other widths (graph_paths)
         fam, looks = "sdxl-refiner", "an SDXL refiner UNet (model_index.json: requires_aesthetics_score)"
     cls_name = str(index.get("_class_name", ""))

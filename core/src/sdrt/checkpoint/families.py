@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from . import foreign
+
 Shapes = Mapping[str, tuple[int, ...]]
 
 
@@ -127,13 +129,15 @@ class Identity:
     ``"checkpoint"`` (a denoiser, possibly with text encoders and a VAE), a ``PART_KINDS`` key for a
     separate text encoder or VAE, or ``"unknown"``; ``components``: what it holds, by part
     (``unet``/``transformer``, ``text_encoder``..., ``vae``), each with its key prefix; ``label``: what
-    it looks like, in words (for messages).
+    it looks like, in words (for messages); ``foreign``: the file is a model (or tool) sdrt knows and does not
+    run (``sdrt.checkpoint.foreign``), and ``label`` says what it is.
     """
 
     family: str | None
     kind: str
     label: str
     components: dict[str, str] = field(default_factory=dict)
+    foreign: bool = False
 
 
 def _width(shapes: Shapes, *keys: str) -> int | None:
@@ -151,12 +155,18 @@ def clip_kind(shapes: Shapes, prefix: str) -> str | None:
     return {768: "clip_l", 1024: "openclip_h", 1280: "clip_g"}.get(w or 0)
 
 
-def identify(shapes: Shapes, family: str | None = None) -> Identity:
+def identify(shapes: Shapes, family: str | None = None, arch: str | None = None) -> Identity:
     """What a file holds, from its tensor names and shapes only (no data read).
+
+    A file of a family sdrt does not run (Wan, Qwen-Image, an IP-Adapter, an LLM...: ``foreign.recognise``;
+    ``arch``: a GGUF file's ``general.architecture``) is ``Identity(None, "unknown", what it is, foreign=True)``.
 
     SD 3.5, Flux.1 and Chroma transformers are told apart by their keys and then checked against their
     release widths; ``family`` (a ``FAMILY_GRAPHS`` key) accepts a transformer whose keys say that family
     at other widths (a reduced or test model bound onto graphs of its own, ``graph_paths``)."""
+    what = foreign.recognise(shapes, arch)
+    if what is not None:
+        return Identity(None, "unknown", what, foreign=True)
     keys = list(shapes)
 
     def has(p: str) -> bool:
@@ -178,6 +188,9 @@ def identify(shapes: Shapes, family: str | None = None) -> Identity:
             fam = "sd35-large"
         else:
             by_keys = f" ({LABELS[keyed]} by its keys)" if keyed and family else ""
+            if width == 1536 and not qk and not dual:  # stabilityai/stable-diffusion-3-medium (June 2024)
+                return Identity(None, "unknown", "SD 3 Medium (the 2B original of June 2024: an MMDiT without the "
+                                "qk-norm of SD 3.5)", foreign=True)
             return Identity(None, "unknown", f"an SD 3 MMDiT of width {width}{' with' if qk else ' without'} qk-norm "
                             f"(SD 3.0 Medium?){by_keys}, which has no shipped graph")
         comps["transformer"] = flow_prefix
@@ -210,8 +223,9 @@ def identify(shapes: Shapes, family: str | None = None) -> Identity:
         else:
             return Identity(None, "unknown", f"{old}, which has no shipped graph")
         if fam == "sdxl" and "edm_mean" in shapes:  # diffusers' single-file loader keys Playground v2.5 on these
-            return Identity(None, "unknown", "Playground v2.5 (an SDXL UNet trained with an EDM schedule: its "
-                            "edm_mean/edm_std keys), which sdrt has no schedule for; run as SDXL it would give noise")
+            return Identity(None, "unknown", "Playground v2.5 (an SDXL-shaped UNet trained with an EDM noise "
+                            "schedule, its edm_mean/edm_std keys, which sdrt has no schedule for: run as SDXL it "
+                            "would give noise)", foreign=True)
         if fam == "sdxl-refiner" and family != fam and not _refiner_unet(shapes):
             return Identity(None, "unknown", "an SDXL refiner's text encoder (conditioner.embedders.0: OpenCLIP-G) "
                             "beside a UNet that is not the refiner's (its ADM input is not 2560 wide), which has no "
@@ -254,6 +268,11 @@ def identify(shapes: Shapes, family: str | None = None) -> Identity:
         return Identity(None, kind, PART_KINDS[kind], {"text_encoder": ""})
     if has("encoder.block.0.layer.0.SelfAttention.q.weight") or has("encoder.block.0.layer.0.SelfAttention."):
         d = _width(shapes, "shared.weight", "encoder.embed_tokens.weight", "encoder.final_layer_norm.weight")
+        vocab = (shapes.get("shared.weight") or shapes.get("encoder.embed_tokens.weight") or (0,))[0]
+        if vocab > 200_000 or has("encoder.block.1.layer.0.SelfAttention.relative_attention_bias."):
+            # UMT5: a 256k vocabulary and a position bias in every block (T5: 32k, block 0 only)
+            return Identity(None, "unknown", f"a UMT5{'-XXL' if d == 4096 else ''} text encoder (Wan's; not the "
+                            "T5-XXL that SD 3.5, Flux.1 and Chroma use)", foreign=True)
         if d == 4096:
             return Identity(None, "t5xxl", PART_KINDS["t5xxl"], {"text_encoder": ""})
         return Identity(None, "unknown", f"a T5 encoder of width {d} (not T5-XXL), which has no shipped graph")

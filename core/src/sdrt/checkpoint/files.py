@@ -170,6 +170,8 @@ def open_weights(path: PathLike, what: str, folder_fix: str, folder_what: str = 
     try:
         return Weights.open(p)
     except SdrtError as exc:
+        if exc.what.startswith(f"{p.name} is "):  # the reader named the file and what it is (a YOLO .pt)
+            raise type(exc)(exc.what, where=str(p), fix=open_fix(p, exc)) from exc
         raise type(exc)(f"cannot open the {what} {p.name}: {exc.what}", where=str(p), fix=open_fix(p, exc)) from exc
 
 
@@ -188,7 +190,18 @@ def open_fix(path: Path, exc: SdrtError, vae: bool = False) -> str:
 def _open(path: PathLike, what: str, family: str | None = None) -> _File:
     w = open_weights(path, what, "pass the folder to pipelines.load (a diffusers/Optimum folder), or one file here")
     shapes = w.shapes()
-    return _File(Path(path), w, shapes, families.identify(shapes, family))
+    return _File(Path(path), w, shapes, families.identify(shapes, family, gguf_arch(w)))
+
+
+def gguf_arch(weights: Weights) -> str | None:
+    """A GGUF file's ``general.architecture`` (None for other files)."""
+    arch = (getattr(weights, "metadata", None) or {}).get("general.architecture")
+    return arch if isinstance(arch, str) else None
+
+
+def unrunnable(name: str, ident: Identity) -> str:
+    """The one line for a file of a family sdrt does not run (``Identity.foreign``)."""
+    return f"{name} is {ident.label}, which sdrt does not run"
 
 
 def _fit_text_encoder(f: _File, fam: str, graph_paths: Mapping[str, PathLike]) -> tuple[_File, list[str]]:
@@ -330,6 +343,9 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
                              fix="pass the checkpoint (UNet or transformer) first and this file as an extra "
                                  "(--text-encoder FILE / --vae FILE; text_encoders= / vae= in pipelines.load, "
                                  "extra_files= in open_single_file)")
+        if main.ident.foreign:
+            raise ModelError(unrunnable(main.path.name, main.ident), where=str(main.path),
+                             fix=f"sdrt runs {_supported()}: pass a checkpoint of one of those")
         raise ModelError(f"{main.path.name} is not a model sdrt can run: it looks like {main.ident.label}",
                          where=str(main.path), fix=f"pass a checkpoint of one of: {_supported()}")
     fam = main.ident.family
@@ -351,6 +367,10 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
                 chosen[part] = (ef, part, "")
             continue
         kind = ef.ident.kind
+        if ef.ident.foreign:
+            raise ModelError(unrunnable(ef.path.name, ef.ident), where=str(ef.path),
+                             fix=f"{LABELS[fam]} takes " + ", ".join(dict.fromkeys(
+                                 PART_KINDS[graph_kind(g)] for p, g in graphs.items() if p.startswith(("text", "vae")))))
         if kind not in PART_KINDS:
             raise ModelError(f"{ef.path.name} is not a text encoder or VAE: it looks like {ef.ident.label}",
                              where=str(ef.path), fix="pass CLIP-L/CLIP-G/T5-XXL text encoders with --text-encoder "
@@ -446,6 +466,9 @@ def part_file_refs(path: PathLike, graphs: Mapping[str, Any]) -> dict[str, dict[
     (``WeightsError`` naming the first mismatches). Which kind the file is comes from its tensors."""
     f = _open(path, "file")
     kind = f.ident.kind
+    if f.ident.foreign:
+        raise ModelError(unrunnable(f.path.name, f.ident), where=str(f.path),
+                         fix="pass a CLIP-L/CLIP-G/T5-XXL text encoder or a VAE file")
     if kind not in PART_KINDS:
         raise ModelError(f"{f.path.name} is not a text encoder or VAE: it looks like {f.ident.label}",
                          where=str(f.path), fix="pass a CLIP-L/CLIP-G/T5-XXL text encoder or a VAE file")

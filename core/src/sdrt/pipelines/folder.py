@@ -211,6 +211,9 @@ class ModelFolder:
             raise ModelNotFoundError("the model folder does not exist", where=str(root), fix="check the path")
         index_path = root / "model_index.json"
         index = _read_json(index_path, "model_index.json") if index_path.is_file() else {}
+        from ..checkpoint.diffusers_folder import refuse_foreign
+
+        refuse_foreign(root, index)  # a folder of a pipeline sdrt does not run (Wan, PixArt...), named
         parts: dict[str, Path] = {}
         configs: dict[str, dict[str, Any]] = {}
         names = dict.fromkeys([*PART_NAMES, *(p for f in registered().values() for p in f.parts)])

@@ -84,10 +84,15 @@ def check_part_file(path: PathLike, arg: str, family: str, label: str) -> PartFi
 
         raise type(exc)(f"{{@{arg}}}: cannot open {p.name}: {exc.what}", where=str(p),
                         fix=open_fix(p, exc, vae=arg == "vae")) from exc
-    ident = identify(w.shapes())
+    from ..checkpoint.files import gguf_arch
+
+    ident = identify(w.shapes(), arch=gguf_arch(w))
     kinds = _kinds(family)
     vae = arg == "vae"
     wanted = sorted({k for part, k in kinds.items() if part.startswith("vae") == vae})
+    if ident.foreign:
+        raise ModelError(f"{{@{arg}}}: {p.name} is {ident.label}, which sdrt does not run", where=str(p),
+                         fix=f"{label} takes {' and '.join(PART_KINDS[k] for k in wanted)} here")
     if ident.kind not in PART_KINDS:
         what = f"a whole {ident.label} model" if ident.kind == "checkpoint" else ident.label
         raise ModelError(f"{{@{arg}}}: {p.name} is {what}, not {'a VAE' if vae else 'a text encoder'}", where=str(p),
@@ -116,7 +121,11 @@ def missing_parts(path: PathLike) -> str | None:
         w = Weights.open(path)
     except SdrtError as exc:
         return f"it cannot be opened ({exc.what})"
-    ident = identify(w.shapes())
+    from ..checkpoint.files import gguf_arch
+
+    ident = identify(w.shapes(), arch=gguf_arch(w))
+    if ident.foreign:
+        return f"it is {ident.label}, which sdrt does not run"
     if ident.family is None:
         return f"it is {ident.label}, not a model"
     have = {"vae_decoder" if c == "vae" else c for c in ident.components}

@@ -218,7 +218,8 @@ _KINDS_LOCK = threading.Lock()
 
 def _identify(entry: ModuleEntry) -> tuple[str, str | None]:
     """``(kind, why)``: the file's part kind from its tensors (headers only, cached by path and mtime; ``unknown``
-    when they say no part), or why it cannot be read."""
+    when they say no part; ``foreign`` with what it is for a file of a family sdrt does not run), or why it cannot
+    be read."""
     from ..checkpoint.families import identify
     from ..errors import SdrtError
     from ..weights import Weights
@@ -231,7 +232,9 @@ def _identify(entry: ModuleEntry) -> tuple[str, str | None]:
         if key in _KINDS:
             return _KINDS[key]
     try:
-        out: tuple[str, str | None] = (identify(Weights.open(entry.path).shapes()).kind, None)
+        ident = identify(Weights.open(entry.path).shapes())
+        # a file of a family sdrt does not run (a Wan VAE, a UMT5 encoder): "foreign", and what it is
+        out: tuple[str, str | None] = ("foreign", ident.label) if ident.foreign else (ident.kind, None)
     except SdrtError as exc:
         out = ("unknown", exc.what.replace(str(entry.path), entry.name))
     except OSError as exc:
@@ -257,6 +260,9 @@ def check_vae_file(entry: ModuleEntry, field: str) -> ModuleEntry:
     from ..checkpoint.families import PART_KINDS
 
     kind, why = _identify(entry)
+    if kind == "foreign":
+        raise ApiError(400, f"{field}: {entry.name} is {why}, which sdrt does not run; the VAE in use is unchanged "
+                            "(choose a file of /sdapi/v1/sd-vae that holds an SD or Flux VAE)", field=field)
     if why is not None:
         raise ApiError(400, f"{field}: the VAE file {entry.name} cannot be read: {why}; the VAE in use is unchanged "
                             "(replace the file, or choose another of /sdapi/v1/sd-vae)", field=field)

@@ -8,6 +8,7 @@ configured folder (exact name, A1111 title ``"name [hash]"``, or the name withou
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import threading
@@ -88,6 +89,17 @@ class ControlNetEntry:
         return f"{self.name} [{self.hash}]"
 
 
+def _foreign_folder(folder: Path) -> str | None:
+    """What a diffusers folder of a pipeline sdrt does not run is (``model_index.json``), or None."""
+    from ..checkpoint.diffusers_folder import foreign_folder
+
+    try:
+        index = json.loads((folder / "model_index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        index = {}
+    return foreign_folder(folder, index if isinstance(index, dict) else {})
+
+
 def a1111_old_hash(path: Path) -> str:
     """A1111's short model hash (``sd_models.model_hash``), which sd-webui-controlnet puts after a ControlNet's
     name: the first 8 hex digits of the SHA-256 of 64 KiB read at 1 MiB (of nothing, for a smaller file)."""
@@ -122,6 +134,7 @@ class Registry:
         self._hashes: dict[tuple[Path, float], str] = {}
         self._net_hashes: dict[tuple[Path, float], str] = {}
         self._models: dict[str, ModelEntry] = {}
+        self._skipped: dict[str, str] = {}
         self.refresh()
 
     # ---------------------------------------------------------------- models
@@ -152,6 +165,7 @@ class Registry:
         a request chooses its text encoders and VAE: ``needs``; any other file is skipped with a warning), or, when
         ``checkpoint_base`` is set, bound onto that model folder."""
         found: dict[str, ModelEntry] = {}
+        skipped: dict[str, str] = {}  # name -> why it is not served (a 400 naming it when a request asks for it)
         for folder in self._folders():
             unet = folder / "unet" / "model.onnx"
             if not unet.is_file():
@@ -160,6 +174,11 @@ class Registry:
                     from ..checkpoint.diffusers_folder import denoiser_files, is_diffusers_folder
 
                     files = denoiser_files(folder) if is_diffusers_folder(folder) else []
+                    why = _foreign_folder(folder) if files else None
+                    if why:
+                        log.warning("not serving %s: it is %s, which sdrt does not run", folder, why)
+                        skipped[folder.name] = f"it is {why}, which sdrt does not run"
+                        continue
                     if files:  # a diffusers folder of .safetensors: served on the shipped graphs
                         found[folder.name] = ModelEntry(folder.name, folder, self._file_hash(files[0]))
                         continue
@@ -189,10 +208,12 @@ class Registry:
                         found[f.name] = ModelEntry(f.name, f, self._file_hash(f), needs=why)
                         continue
                     log.warning("not serving %s: %s", f.name, why)
+                    skipped[f.name] = why
                     continue
                 found[f.name] = ModelEntry(f.name, f, self._file_hash(f))
         with self._lock:
             self._models = found
+            self._skipped = skipped
 
     @property
     def models(self) -> list[ModelEntry]:
@@ -221,6 +242,12 @@ class Registry:
                 if key in (entry.name.casefold(), entry.title.casefold(), entry.model_name.casefold()):
                     return entry
         choices = ", ".join(e.title for e in models.values()) or "none"
+        with self._lock:
+            skipped = dict(self._skipped)
+        for skip, why in skipped.items():  # a file of the models folder that is not served: say why
+            if last in (skip.casefold(), Path(skip).stem.casefold()):
+                raise ApiError(400, f"{field}: {skip} is not served: {why[:300]}; this server has: {choices}",
+                               field=field)
         raise ApiError(400, f"no model named {name[:200]!r}; this server has: {choices}", field=field)
 
     @property

@@ -444,6 +444,13 @@ def _unpickle(data: bytes, storage: Callable[[tuple[Any, ...]], Any], path: Path
             _scan(data)
         return _Unpickler(data, storage).load()
     except _Refused as exc:
+        from ..checkpoint.foreign import pickle_class
+
+        what = pickle_class(exc.name)
+        if what is not None:  # still refused (nothing of it ran): named, as a file of a tool sdrt does not run
+            raise _bad(f"{path.name} is {what}, which sdrt does not run (its pickle holds an object of {exc.name}, "
+                       "not a state dict of tensors)", path, "pass a checkpoint of SD 1.x, SD 2.x, SDXL, SD 3.5, "
+                       "Flux.1 or Chroma (a .safetensors file)") from None
         raise _bad(f"refusing to load {path.name}: its pickle calls {exc.name}, which is not a tensor or a plain "
                    "container (the file can run code, or it is not a weights file)", path, UNTRUSTED_FIX) from None
     except _Malformed as exc:
