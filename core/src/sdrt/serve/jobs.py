@@ -139,6 +139,11 @@ class FinishedJob:
     preview: None = None
 
 
+def _stopped_before_start(job: Job) -> bool:
+    """An interrupt, or a skip of the job's only run, came before it started: it answers without running."""
+    return job.interrupt.is_set() or (job.skip.is_set() and job.work.n_iter <= 1)
+
+
 class _Generating(Exception):
     """Wraps what ``Pipeline.generate`` raised on a loaded model: the request asked for something
     this model cannot do (a size its fixed-shape graph refuses, a prompt too long, a LoRA of
@@ -251,9 +256,10 @@ class Worker(threading.Thread):
             if job is None:
                 break
             self.current = job
+            held = False
             try:
-                with self.busy:
-                    self._run(job)
+                held = self._hold(job)
+                self._run(job)
             except BaseException as exc:  # noqa: BLE001 - a failed job must never end the worker
                 err = _public_error(exc)
                 if err.status >= 500:
@@ -265,6 +271,8 @@ class Worker(threading.Thread):
                 if not job.future.done():
                     job.future.set_exception(err)
             finally:
+                if held:
+                    self.busy.release()
                 self.current = None
                 self.done += 1
                 self.jobs.finished(job)
@@ -276,6 +284,15 @@ class Worker(threading.Thread):
             self.files.clear()
         for pipe in pipes:
             pipe.close()
+
+    def _hold(self, job: Job) -> bool:
+        """Take ``busy`` for ``job``. While ``/unload-checkpoint`` or ``/reload-checkpoint`` holds it (a reload may
+        compile for minutes), the job is this worker's current one: an interrupt, or a skip of its only run, answers
+        it at once without the lock (False), as the user pressing it expects, and the worker goes on with the queue."""
+        while not self.busy.acquire(timeout=0.05):
+            if _stopped_before_start(job):
+                return False
+        return True
 
     def unload(self) -> int:
         """A1111's ``/unload-checkpoint`` on this device: every loaded pipeline closed (its memory freed) once the
@@ -307,6 +324,8 @@ class Worker(threading.Thread):
         result = Result([], [], [], w.prompt, w.negative, worker=self.label)
         if job.interrupt.is_set():
             result.interrupted = True
+        elif _stopped_before_start(job):  # its only run skipped before it started: no model is loaded for it
+            result.skipped = 1
         else:
             pipe = self.pipeline(w.model)
             kwargs = dict(w.kwargs)
@@ -334,11 +353,12 @@ class Worker(threading.Thread):
                     result.interrupted = True
                     break
                 job.iteration, job.step = k, 0
-                job.skip.clear()
-                try:
+                try:  # a skip that came before this run started (the model loading, the worker held) skips it
                     gen, stopped = self._generate(job, pipe, on_step, k, kwargs, result)
                 except SdrtError as exc:
                     raise _Generating(w.model.name, w.fields) from exc
+                finally:
+                    job.skip.clear()  # a skip ends one run: the next one runs
                 if gen is not None:  # a stopped run's partial images too, as A1111 gives them
                     result.images += gen.images
                     result.settings += gen.settings
@@ -443,9 +463,20 @@ class JobQueue:
         with self._lock:
             return self.active.get(job_id) or self.recent.get(job_id)
 
+    def current(self) -> list[Job]:
+        """The job each worker holds: running, or taken from the queue and waiting while an unload or reload
+        holds the worker (A1111's "current job", which its interrupt and skip reach)."""
+        jobs = {j.id: j for j in self.running()}
+        for w in self.workers:
+            job = w.current
+            if job is not None and not job.future.done():
+                jobs.setdefault(job.id, job)
+        return list(jobs.values())
+
     def interrupt(self) -> int:
-        """Stop every running job at its next step (A1111 has one; here each device may run one)."""
-        jobs = self.running()
+        """Stop every current job (``current``) at its next step, or before it starts (A1111 has one; here each
+        device may run one). Jobs still in the queue are not touched, as in A1111."""
+        jobs = self.current()
         for j in jobs:
             j.interrupt.set()
         return len(jobs)
@@ -469,7 +500,8 @@ class JobQueue:
             w.load(model)
 
     def skip(self) -> int:
-        jobs = self.running()
+        """End the current run of every current job (``current``); one that has not started skips its first run."""
+        jobs = self.current()
         for j in jobs:
             j.skip.set()
         return len(jobs)
