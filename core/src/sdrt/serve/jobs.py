@@ -263,7 +263,9 @@ class Worker(threading.Thread):
             except BaseException as exc:  # noqa: BLE001 - a failed job must never end the worker
                 err = _public_error(exc)
                 if err.status >= 500:
-                    log.error("job %s failed on %s", job.id, self.label, exc_info=exc)
+                    log.error("job %s failed on %s: %s (traceback at debug level)", job.id, self.label,
+                              err.message)
+                    log.debug("traceback of job %s", job.id, exc_info=exc)
                 else:
                     log.info("job %s refused: %s", job.id, err.message)
                 job.state = "failed"
