@@ -22,11 +22,12 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, ModelError, SamplerError, SdrtError, WeightsError
+from ..errors import FileChanged, InputError, ModelError, SamplerError, SdrtError, WeightsError
 from .errors import ApiError
 from .registry import ModelEntry
 from .spec import PipelineSpec
@@ -139,6 +140,28 @@ class FinishedJob:
     preview: None = None
 
 
+def _main_files(model: ModelEntry) -> tuple[Path, ...]:
+    """The files a model's own weights come from: its single file (and a checkpoint bound onto a folder), or a
+    folder's part files (``unet/model.onnx`` and its data, a diffusers folder's ``.safetensors``, tokenizers)."""
+    files = [model.weights] if model.weights is not None else []
+    if model.path.is_file():
+        files.append(model.path)
+    elif model.path.is_dir():
+        files += sorted(p for p in model.path.glob("*/*") if p.is_file())
+    return tuple(files)
+
+
+def _part_files(files: tuple[Path | None, tuple[Path, ...]]) -> tuple[Path, ...]:
+    vae, encoders = files
+    return (*([vae] if vae is not None else []), *encoders)
+
+
+def _versions(files: tuple[Path, ...]) -> tuple[Any, ...]:
+    from ..weights.store import file_stamp
+
+    return tuple(file_stamp(f) for f in files)
+
+
 def _stopped_before_start(job: Job) -> bool:
     """An interrupt, or a skip of the job's only run, came before it started: it answers without running."""
     return job.interrupt.is_set() or (job.skip.is_set() and job.work.n_iter <= 1)
@@ -154,6 +177,9 @@ def _public_error(exc: BaseException) -> ApiError:
     """The HTTP error a failed job ends in: 400 for what the request asked wrongly, else 500."""
     if isinstance(exc, ApiError):
         return exc
+    changed = exc.__cause__ if isinstance(exc, _Generating) else exc
+    if isinstance(changed, FileChanged):  # not the request's fault: the next job reads the file on disk then
+        return ApiError(503, f"{changed.what}; the next request loads it again: retry once the file is complete")
     if isinstance(exc, _Generating) and isinstance(exc.__cause__, (InputError, SamplerError, WeightsError,
                                                                    ModelError)):
         from .errors import from_pipeline
@@ -206,6 +232,8 @@ class Worker(threading.Thread):
         self.pipes: collections.OrderedDict[str, Any] = collections.OrderedDict()
         #: the VAE and text-encoder files bound on each pipeline now (ModelEntry.files)
         self.files: dict[str, tuple[Any, tuple[Any, ...]]] = {}
+        #: the versions (``file_stamp``) of each pipeline's files when it read them: its model's, and those in files
+        self.versions: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
         self.current: Job | None = None
         self.done = 0
         #: held while a job runs: unload/reload wait for it (the pipelines are this thread's between jobs)
@@ -218,6 +246,10 @@ class Worker(threading.Thread):
         again), as A1111 and Forge swap the VAE, so a client switching VAEs holds one UNet, not one per VAE. A file
         the model refuses is a 400 naming the request's field, and the pipeline keeps the files it had."""
         key = model.key
+        changed = self._changed(key, model) if key in self.pipes else None
+        if changed:  # its weights were bound from the old file: the next job runs the file on disk now
+            log.info("%s changed on disk: loading %s again on %s", changed, model.name, self.label)
+            self._drop(key)
         if key in self.pipes:
             self.pipes.move_to_end(key)
             pipe = self.pipes[key]
@@ -225,9 +257,12 @@ class Worker(threading.Thread):
             # a model that runs on its own loads without the chosen files (a refused file then costs no load); a
             # transformer-only file needs them to load at all
             own = model if model.needs else dataclasses.replace(model, vae=None, text_encoders=(), module_field=None)
+            versions = _versions(_main_files(model)), _versions(_part_files(own.files))  # before anything is read
             try:
                 pipe = self.spec_for(own, self.device).build()
             except SdrtError as exc:
+                if isinstance(exc, FileChanged):
+                    raise
                 if own.module_field is not None:  # a VAE / text encoder the request chose that this model refuses
                     raise _module_error(model, exc) from exc
                 if isinstance(exc, WeightsError):  # a checkpoint of another architecture than its base folder
@@ -235,20 +270,43 @@ class Worker(threading.Thread):
                 raise
             self.pipes[key] = pipe
             self.files[key] = own.files
+            self.versions[key] = versions
             while len(self.pipes) > self.keep:  # the least recently used, never this one nor a pinned one
                 old_key = next((k for k in self.pipes if k != key and k not in pinned), None)
                 if old_key is None:
                     break
-                old = self.pipes.pop(old_key)
-                self.files.pop(old_key, None)
-                old.close()
+                self._drop(old_key)
         if self.files.get(key) != model.files:
+            parts = _versions(_part_files(model.files))
             try:  # checked before anything changes: a refused file leaves the pipeline as it was
                 pipe.set_part_files(vae=model.vae, text_encoders=list(model.text_encoders))
+            except FileChanged:
+                raise
             except SdrtError as exc:
                 raise _module_error(model, exc) from exc
             self.files[key] = model.files
+            self.versions[key] = self.versions[key][0], parts
         return pipe
+
+    def _changed(self, key: str, model: ModelEntry) -> str | None:
+        """The file a loaded model's pipeline bound that is another version on disk now (replaced, or written
+        again: ``file_stamp``), or None. A VAE or text-encoder file counts while the request keeps it; one it
+        changes for another is read anew by ``set_part_files`` anyway."""
+        main, parts = self.versions.get(key, ((), ()))
+        files = _main_files(model)
+        if self.files.get(key) == model.files:
+            files += _part_files(model.files)
+            main += parts
+        now = _versions(files)
+        if len(now) != len(main):  # a file added to or removed from the model's folder
+            return f"the folder {model.path.name}"
+        return ", ".join(f.name for f, old, new in zip(files, main, now) if old != new) or None
+
+    def _drop(self, key: str) -> None:
+        pipe = self.pipes.pop(key)
+        self.files.pop(key, None)
+        self.versions.pop(key, None)
+        pipe.close()
 
     def run(self) -> None:
         while True:
@@ -284,6 +342,7 @@ class Worker(threading.Thread):
             pipes = list(self.pipes.values())
             self.pipes.clear()
             self.files.clear()
+            self.versions.clear()
         for pipe in pipes:
             pipe.close()
 
@@ -303,6 +362,7 @@ class Worker(threading.Thread):
             pipes = list(self.pipes.values())
             self.pipes.clear()
             self.files.clear()
+            self.versions.clear()
         for pipe in pipes:
             pipe.close()
         return len(pipes)
