@@ -51,7 +51,7 @@ def _write(path: Path, source: Path, prefix: str = "", change: str = "", by: flo
 def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("replaced")
     models, loras, made = root / "models", root / "loras", root / "made"
-    for d in (models, models / "VAE", loras, made):
+    for d in (models, models / "VAE", loras, made, root / "embeddings"):
         d.mkdir()
     shutil.copytree(FOLDER, models / "tiny-sd15")
     _write(made / "vae_a.safetensors", D / "custom.safetensors", "first_stage_model.")
@@ -71,8 +71,8 @@ def root(tmp_path_factory) -> Path:
 def url(root):
     from sdrt.serve import ServeConfig
 
-    with live_server(ServeConfig(models=root / "models", lora_dir=root / "loras", backend="openvino",
-                                 checkpoint_base="tiny-sd15", keep_models=3)) as u:
+    with live_server(ServeConfig(models=root / "models", lora_dir=root / "loras", embedding_dir=root / "embeddings",
+                                 backend="openvino", checkpoint_base="tiny-sd15", keep_models=3)) as u:
         yield u
 
 
@@ -131,3 +131,25 @@ def test_a_checkpoint_replaced_is_loaded_again(url, root) -> None:
         assert title == next(m["title"] for m in c.get("/sdapi/v1/sd-models").json()
                              if m["model_name"] == "custom_b").replace("custom_b", "custom")
         assert np.array_equal(_image(c, sd_model_checkpoint=title), b)
+
+
+def test_an_embedding_added_after_the_model_loaded_works_and_one_removed_is_gone(url, root) -> None:
+    """The pipeline loaded the embeddings folder's files when it was built: one added later (and listed by
+    /embeddings) was plain text in the prompt until the model was loaded again."""
+    from sdrt import pipelines
+
+    emb = root / "embeddings" / "tinyemb.safetensors"
+    prompt = "a tinyemb cat on a mat"
+    with pipelines.load(FOLDER, backend="openvino") as pipe:
+        pipe.add_embedding(D / "tinyemb.safetensors")
+        want = pipe(prompt, JOB["negative_prompt"], steps=JOB["steps"], cfg=JOB["cfg_scale"],
+                    sampler=JOB["sampler_name"], seed=JOB["seed"], width=JOB["width"], height=JOB["height"])[0]
+    with httpx.Client(base_url=url, timeout=300) as c:
+        plain = _image(c, sd_model_checkpoint="tiny-sd15", prompt=prompt)
+        shutil.copy(D / "tinyemb.safetensors", emb)
+        assert c.post("/sdapi/v1/refresh-embeddings").status_code == 200
+        assert list(c.get("/sdapi/v1/embeddings").json()["loaded"]) == ["tinyemb"]
+        got = _image(c, sd_model_checkpoint="tiny-sd15", prompt=prompt)
+        assert np.array_equal(got, want) and not np.array_equal(got, plain)
+        emb.unlink()
+        assert np.array_equal(_image(c, sd_model_checkpoint="tiny-sd15", prompt=prompt), plain)

@@ -156,10 +156,11 @@ def _part_files(files: tuple[Path | None, tuple[Path, ...]]) -> tuple[Path, ...]
     return (*([vae] if vae is not None else []), *encoders)
 
 
-def _versions(files: tuple[Path, ...]) -> tuple[Any, ...]:
+def _versions(files: tuple[Path, ...]) -> dict[str, Any]:
+    """``{file: its version now}`` (``file_stamp``: size, mtime, inode; None once it is gone)."""
     from ..weights.store import file_stamp
 
-    return tuple(file_stamp(f) for f in files)
+    return {str(f): file_stamp(f) for f in files}
 
 
 def _stopped_before_start(job: Job) -> bool:
@@ -232,8 +233,9 @@ class Worker(threading.Thread):
         self.pipes: collections.OrderedDict[str, Any] = collections.OrderedDict()
         #: the VAE and text-encoder files bound on each pipeline now (ModelEntry.files)
         self.files: dict[str, tuple[Any, tuple[Any, ...]]] = {}
-        #: the versions (``file_stamp``) of each pipeline's files when it read them: its model's, and those in files
-        self.versions: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+        #: the versions (``file_stamp``) of each pipeline's files when it read them: its model's and the embeddings
+        #: (``_own_files``), and the VAE and text encoders of ``files``
+        self.versions: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         self.current: Job | None = None
         self.done = 0
         #: held while a job runs: unload/reload wait for it (the pipelines are this thread's between jobs)
@@ -257,7 +259,7 @@ class Worker(threading.Thread):
             # a model that runs on its own loads without the chosen files (a refused file then costs no load); a
             # transformer-only file needs them to load at all
             own = model if model.needs else dataclasses.replace(model, vae=None, text_encoders=(), module_field=None)
-            versions = _versions(_main_files(model)), _versions(_part_files(own.files))  # before anything is read
+            versions = _versions(self._own_files(model)), _versions(_part_files(own.files))  # before any read
             try:
                 pipe = self.spec_for(own, self.device).build()
             except SdrtError as exc:
@@ -288,19 +290,22 @@ class Worker(threading.Thread):
             self.versions[key] = self.versions[key][0], parts
         return pipe
 
+    def _own_files(self, model: ModelEntry) -> tuple[Path, ...]:
+        """The files a model's pipeline reads besides the VAE and text encoders a request chooses: the model's own
+        (``_main_files``) and the embeddings folder's (a pipeline loads them all when it is built)."""
+        return (*_main_files(model), *self.spec_for(model, self.device).embeddings)
+
     def _changed(self, key: str, model: ModelEntry) -> str | None:
-        """The file a loaded model's pipeline bound that is another version on disk now (replaced, or written
-        again: ``file_stamp``), or None. A VAE or text-encoder file counts while the request keeps it; one it
-        changes for another is read anew by ``set_part_files`` anyway."""
-        main, parts = self.versions.get(key, ((), ()))
-        files = _main_files(model)
+        """The files a loaded model's pipeline read that are another version on disk now (replaced, written again,
+        added or removed: ``file_stamp``), or None. A VAE or text-encoder file counts while the request keeps it;
+        one it changes for another is read anew by ``set_part_files`` anyway."""
+        main, parts = self.versions.get(key, ({}, {}))
+        old, now = dict(main), _versions(self._own_files(model))
         if self.files.get(key) == model.files:
-            files += _part_files(model.files)
-            main += parts
-        now = _versions(files)
-        if len(now) != len(main):  # a file added to or removed from the model's folder
-            return f"the folder {model.path.name}"
-        return ", ".join(f.name for f, old, new in zip(files, main, now) if old != new) or None
+            old.update(parts)
+            now.update(_versions(_part_files(model.files)))
+        changed = sorted(Path(f).name for f in old.keys() | now.keys() if old.get(f) != now.get(f))
+        return ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "") or None
 
     def _drop(self, key: str) -> None:
         pipe = self.pipes.pop(key)
