@@ -153,3 +153,21 @@ def test_an_embedding_added_after_the_model_loaded_works_and_one_removed_is_gone
         assert np.array_equal(got, want) and not np.array_equal(got, plain)
         emb.unlink()
         assert np.array_equal(_image(c, sd_model_checkpoint="tiny-sd15", prompt=prompt), plain)
+
+
+def test_a_file_that_changes_during_a_job_is_a_503_to_retry(tmp_path) -> None:
+    """A file replaced while a job reads it (a copy still under way) fails that job, not as the request's fault."""
+    from sdrt.errors import FileChanged
+    from sdrt.serve.jobs import _Generating, _public_error
+
+    p = _write(tmp_path / "v.safetensors", D / "tinylora.safetensors")
+    w = Weights.open(p)
+    _in_place(p, _write(tmp_path / "b.safetensors", D / "tinylora.safetensors", scale=2.0))
+    with pytest.raises(FileChanged) as exc:
+        w[next(iter(w))]
+    for raised in (exc.value, _Generating("tiny-sd15", {})):
+        if isinstance(raised, _Generating):
+            raised.__cause__ = exc.value
+        err = _public_error(raised)
+        assert err.status == 503 and "v.safetensors changed on disk since it was opened" in err.message
+        assert "retry" in err.message and str(tmp_path) not in err.message
