@@ -131,6 +131,14 @@ def test_a_checkpoint_replaced_is_loaded_again(url, root) -> None:
         assert title == next(m["title"] for m in c.get("/sdapi/v1/sd-models").json()
                              if m["model_name"] == "custom_b").replace("custom_b", "custom")
         assert np.array_equal(_image(c, sd_model_checkpoint=title), b)
+        # the current model's option reads as the listing does (a client shows the current model by that title)
+        c.post("/sdapi/v1/options", json={"sd_model_checkpoint": "custom.safetensors"}).raise_for_status()
+        _in_place(ckpt, D / "custom.safetensors")
+        assert c.post("/sdapi/v1/refresh-checkpoints").status_code == 200
+        title = next(m["title"] for m in c.get("/sdapi/v1/sd-models").json() if m["model_name"] == "custom")
+        assert c.get("/sdapi/v1/options").json()["sd_model_checkpoint"] == title
+        assert np.array_equal(_image(c), a)
+        c.post("/sdapi/v1/options", json={"sd_model_checkpoint": "tiny-sd15"}).raise_for_status()
 
 
 def test_an_embedding_added_after_the_model_loaded_works_and_one_removed_is_gone(url, root) -> None:
