@@ -29,13 +29,20 @@ def free_port() -> int:
 @contextmanager
 def live_server(config) -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of a uvicorn server running ``create_app(config)`` in a thread."""
-    import uvicorn
-
     from sdrt.serve import create_app
 
+    with serve_app(create_app(config)) as url:
+        yield url
+
+
+@contextmanager
+def serve_app(app) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a uvicorn server running the ASGI ``app`` in a thread (a test that reads the
+    app's state, ``app.state.sdrt``, makes it with ``create_app``)."""
+    import uvicorn
+
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 60

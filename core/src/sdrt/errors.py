@@ -84,6 +84,11 @@ class WeightsError(SdrtError):
     """Weights are missing, unsafe, malformed or do not fit the graph."""
 
 
+class FileChanged(WeightsError):
+    """A weights file changed on disk while its tensors were in use (replaced, or written again): none is read from
+    the new version with the old one's header; open the file again."""
+
+
 class UnusableEntry(SdrtError):
     """A compile cache entry that a backend cannot load (built by another driver, say): it is discarded and the
     graph compiled again. Backends raise it from ``Backend._load``."""
@@ -175,6 +180,7 @@ class SamplerError(SdrtError):
 
 __all__ = [
     "BackendUnavailable",
+    "FileChanged",
     "HardwareError",
     "InputError",
     "InstallError",

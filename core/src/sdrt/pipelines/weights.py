@@ -97,7 +97,8 @@ class WeightState:
     fixed: list[ActiveLora] = field(default_factory=list)
     _originals: dict[str, Graph] = field(default_factory=dict)  # graphs before rows were reserved
     _vocab: dict[str, int] = field(default_factory=dict)
-    _cache: dict[Path, Lora] = field(default_factory=dict)
+    #: LoRA file -> (its version, ``sdrt.weights.store.file_stamp``, and what it held then)
+    _cache: dict[Path, tuple[Any, Lora]] = field(default_factory=dict)
     #: separate files bound onto parts (``vae=`` / ``text_encoders=`` on an ONNX folder): part -> file
     part_files: dict[str, Path] = field(default_factory=dict)
     #: part -> the base a separate file replaced (the model's own weights for it: a checkpoint's, or None for the
@@ -184,11 +185,16 @@ class WeightState:
     # -- LoRA -------------------------------------------------------------------
     def lora(self, path: str | os.PathLike[str]) -> Lora:
         from ..lora import Lora
+        from ..weights.store import file_stamp
 
         p = Path(path)
-        if p not in self._cache:
-            self._cache[p] = Lora.open(p)
-        return self._cache[p]
+        stamp = file_stamp(p)
+        cached = self._cache.get(p)
+        if cached is None or cached[0] != stamp:  # a file written again is read again (A1111 reloads on its mtime)
+            if cached is not None:
+                log.info("LoRA %s changed on disk: reading it again", p.name)
+            self._cache[p] = (stamp, Lora.open(p))
+        return self._cache[p][1]
 
     def set_loras(self, loras: Sequence[tuple[Lora | str | os.PathLike[str], float]]) -> None:
         """Make exactly these LoRAs active (each with its scale) for every generation from now on;
@@ -208,8 +214,8 @@ class WeightState:
                     check_lora_scale(w, name, where=f"<lora:{name}:{w}> in {{@prompt}}")
                 wanted += [(self.lora_file(name), w) for name, w in tags]
             out.append(text)
-        current = [((a.path or a.lora.source), a.scale) for a in self.loras]
-        want_keys = [(Path(x) if isinstance(x, (str, os.PathLike)) else x.source, w) for x, w in wanted]
+        current = [(id(a.lora), a.scale) for a in self.loras]  # the Lora read from a file that changed is another
+        want_keys = [(id(self.lora(x) if isinstance(x, (str, os.PathLike)) else x), w) for x, w in wanted]
         if want_keys != current:
             self._activate(wanted)
         return out[0], out[1]

@@ -37,6 +37,45 @@ class SlashesMiddleware:
         await self.app(scope, receive, send)
 
 
+class ServerErrors:
+    """An unexpected error (a bug: no ``ApiError``) answers a JSON 500 in A1111's shape on a connection that stays
+    open, with one line in the log and the traceback at debug. Starlette's own last resort
+    (``ServerErrorMiddleware``) raises again after answering, and uvicorn then closes the keep-alive connection:
+    a client's next call on it (webuiapi's requests session, SillyTavern's) failed with "connection reset"."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            if started:  # half an answer is out: only closing the connection ends it
+                raise
+            response = _internal_error(scope.get("method", ""), scope.get("path", ""), exc)
+            await response(scope, receive, send)
+
+
+def _internal_error(method: str, path: str, exc: BaseException) -> JSONResponse:
+    """The 500 of an unexpected error: its type only for the client, one log line, the traceback at debug."""
+    text = " ".join(str(exc).split())[:300]
+    log.error("internal error on %s %s: %s%s (traceback at debug level)", method, path[:200], type(exc).__name__,
+              f": {text}" if text else "")
+    log.debug("traceback of the internal error on %s %s", method, path[:200], exc_info=exc)
+    return error_response(path, 500, f"internal error ({type(exc).__name__}); the server logged it and keeps serving")
+
+
 class AuthMiddleware:
     """Every route needs a configured user (HTTP basic) or token (bearer) when any is configured."""
 
@@ -95,9 +134,8 @@ _MISSING = {
 
 
 async def _server_error(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unexpected error on %s", request.url.path)
-    return error_response(request.url.path, 500, f"internal error ({type(exc).__name__}); the server logged it and "
-                                                 "keeps serving")
+    """Starlette's last resort, for an error outside ``ServerErrors`` (in a middleware around it)."""
+    return _internal_error(request.method, request.url.path, exc)
 
 
 async def _status(request: Request) -> JSONResponse:
@@ -127,6 +165,7 @@ def create_app(config: ServeConfig | None = None, cluster: Any = None) -> Starle
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error})
     app.state.sdrt = state
+    app.add_middleware(ServerErrors)  # innermost: its 500 passes auth's and CORS's headers as any answer does
     app.add_middleware(AuthMiddleware, config=config)
     app.add_middleware(SlashesMiddleware)
     if config.cors_origins:  # outermost: a browser's preflight is answered before auth asks for credentials

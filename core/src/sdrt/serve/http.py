@@ -124,14 +124,16 @@ async def wait_for_job(request: Request, job: Any, queue: Any) -> Any:
 
 def error_response(request_path: str, status: int, message: str, field: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    """OpenAI's error shape under ``/v1/``; elsewhere A1111's (``detail``), with ``message`` and ``field``.
+    """OpenAI's error shape under ``/v1/``; elsewhere A1111's (``error``, ``detail``, ``body``, ``errors``), with
+    ``message`` and ``field``.
     The message is one line: a library's text that spans lines (onnx's, a traceback's) is joined with "; "."""
     message = "; ".join(line.strip() for line in message.splitlines() if line.strip()) or message
     if request_path.startswith("/v1/"):
         kind = "invalid_request_error" if status < 500 else "server_error"
         body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": field, "code": None}}
     else:
-        body = {"error": _names.get(status, "Error"), "detail": message, "message": message, "field": field}
+        body = {"error": _names.get(status, "Error"), "detail": message, "body": "", "errors": message,
+                "message": message, "field": field}
     return JSONResponse(body, status_code=status, headers=headers)
 
 

@@ -22,11 +22,12 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, ModelError, SamplerError, SdrtError, WeightsError
+from ..errors import FileChanged, InputError, ModelError, SamplerError, SdrtError, WeightsError
 from .errors import ApiError
 from .registry import ModelEntry
 from .spec import PipelineSpec
@@ -139,6 +140,34 @@ class FinishedJob:
     preview: None = None
 
 
+def _main_files(model: ModelEntry) -> tuple[Path, ...]:
+    """The files a model's own weights come from: its single file (and a checkpoint bound onto a folder), or a
+    folder's part files (``unet/model.onnx`` and its data, a diffusers folder's ``.safetensors``, tokenizers)."""
+    files = [model.weights] if model.weights is not None else []
+    if model.path.is_file():
+        files.append(model.path)
+    elif model.path.is_dir():
+        files += sorted(p for p in model.path.glob("*/*") if p.is_file())
+    return tuple(files)
+
+
+def _part_files(files: tuple[Path | None, tuple[Path, ...]]) -> tuple[Path, ...]:
+    vae, encoders = files
+    return (*([vae] if vae is not None else []), *encoders)
+
+
+def _versions(files: tuple[Path, ...]) -> dict[str, Any]:
+    """``{file: its version now}`` (``file_stamp``: size, mtime, inode; None once it is gone)."""
+    from ..weights.store import file_stamp
+
+    return {str(f): file_stamp(f) for f in files}
+
+
+def _stopped_before_start(job: Job) -> bool:
+    """An interrupt, or a skip of the job's only run, came before it started: it answers without running."""
+    return job.interrupt.is_set() or (job.skip.is_set() and job.work.n_iter <= 1)
+
+
 class _Generating(Exception):
     """Wraps what ``Pipeline.generate`` raised on a loaded model: the request asked for something
     this model cannot do (a size its fixed-shape graph refuses, a prompt too long, a LoRA of
@@ -149,6 +178,9 @@ def _public_error(exc: BaseException) -> ApiError:
     """The HTTP error a failed job ends in: 400 for what the request asked wrongly, else 500."""
     if isinstance(exc, ApiError):
         return exc
+    changed = exc.__cause__ if isinstance(exc, _Generating) else exc
+    if isinstance(changed, FileChanged):  # not the request's fault: the next job reads the file on disk then
+        return ApiError(503, f"{changed.what}; the next request loads it again: retry once the file is complete")
     if isinstance(exc, _Generating) and isinstance(exc.__cause__, (InputError, SamplerError, WeightsError,
                                                                    ModelError)):
         from .errors import from_pipeline
@@ -201,6 +233,9 @@ class Worker(threading.Thread):
         self.pipes: collections.OrderedDict[str, Any] = collections.OrderedDict()
         #: the VAE and text-encoder files bound on each pipeline now (ModelEntry.files)
         self.files: dict[str, tuple[Any, tuple[Any, ...]]] = {}
+        #: the versions (``file_stamp``) of each pipeline's files when it read them: its model's and the embeddings
+        #: (``_own_files``), and the VAE and text encoders of ``files``
+        self.versions: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
         self.current: Job | None = None
         self.done = 0
         #: held while a job runs: unload/reload wait for it (the pipelines are this thread's between jobs)
@@ -213,6 +248,10 @@ class Worker(threading.Thread):
         again), as A1111 and Forge swap the VAE, so a client switching VAEs holds one UNet, not one per VAE. A file
         the model refuses is a 400 naming the request's field, and the pipeline keeps the files it had."""
         key = model.key
+        changed = self._changed(key, model) if key in self.pipes else None
+        if changed:  # its weights were bound from the old file: the next job runs the file on disk now
+            log.info("%s changed on disk: loading %s again on %s", changed, model.name, self.label)
+            self._drop(key)
         if key in self.pipes:
             self.pipes.move_to_end(key)
             pipe = self.pipes[key]
@@ -220,9 +259,12 @@ class Worker(threading.Thread):
             # a model that runs on its own loads without the chosen files (a refused file then costs no load); a
             # transformer-only file needs them to load at all
             own = model if model.needs else dataclasses.replace(model, vae=None, text_encoders=(), module_field=None)
+            versions = _versions(self._own_files(model)), _versions(_part_files(own.files))  # before any read
             try:
                 pipe = self.spec_for(own, self.device).build()
             except SdrtError as exc:
+                if isinstance(exc, FileChanged):
+                    raise
                 if own.module_field is not None:  # a VAE / text encoder the request chose that this model refuses
                     raise _module_error(model, exc) from exc
                 if isinstance(exc, WeightsError):  # a checkpoint of another architecture than its base folder
@@ -230,20 +272,46 @@ class Worker(threading.Thread):
                 raise
             self.pipes[key] = pipe
             self.files[key] = own.files
+            self.versions[key] = versions
             while len(self.pipes) > self.keep:  # the least recently used, never this one nor a pinned one
                 old_key = next((k for k in self.pipes if k != key and k not in pinned), None)
                 if old_key is None:
                     break
-                old = self.pipes.pop(old_key)
-                self.files.pop(old_key, None)
-                old.close()
+                self._drop(old_key)
         if self.files.get(key) != model.files:
+            parts = _versions(_part_files(model.files))
             try:  # checked before anything changes: a refused file leaves the pipeline as it was
                 pipe.set_part_files(vae=model.vae, text_encoders=list(model.text_encoders))
+            except FileChanged:
+                raise
             except SdrtError as exc:
                 raise _module_error(model, exc) from exc
             self.files[key] = model.files
+            self.versions[key] = self.versions[key][0], parts
         return pipe
+
+    def _own_files(self, model: ModelEntry) -> tuple[Path, ...]:
+        """The files a model's pipeline reads besides the VAE and text encoders a request chooses: the model's own
+        (``_main_files``) and the embeddings folder's (a pipeline loads them all when it is built)."""
+        return (*_main_files(model), *self.spec_for(model, self.device).embeddings)
+
+    def _changed(self, key: str, model: ModelEntry) -> str | None:
+        """The files a loaded model's pipeline read that are another version on disk now (replaced, written again,
+        added or removed: ``file_stamp``), or None. A VAE or text-encoder file counts while the request keeps it;
+        one it changes for another is read anew by ``set_part_files`` anyway."""
+        main, parts = self.versions.get(key, ({}, {}))
+        old, now = dict(main), _versions(self._own_files(model))
+        if self.files.get(key) == model.files:
+            old.update(parts)
+            now.update(_versions(_part_files(model.files)))
+        changed = sorted(Path(f).name for f in old.keys() | now.keys() if old.get(f) != now.get(f))
+        return ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "") or None
+
+    def _drop(self, key: str) -> None:
+        pipe = self.pipes.pop(key)
+        self.files.pop(key, None)
+        self.versions.pop(key, None)
+        pipe.close()
 
     def run(self) -> None:
         while True:
@@ -251,13 +319,16 @@ class Worker(threading.Thread):
             if job is None:
                 break
             self.current = job
+            held = False
             try:
-                with self.busy:
-                    self._run(job)
+                held = self._hold(job)
+                self._run(job)
             except BaseException as exc:  # noqa: BLE001 - a failed job must never end the worker
                 err = _public_error(exc)
                 if err.status >= 500:
-                    log.error("job %s failed on %s", job.id, self.label, exc_info=exc)
+                    log.error("job %s failed on %s: %s (traceback at debug level)", job.id, self.label,
+                              err.message)
+                    log.debug("traceback of job %s", job.id, exc_info=exc)
                 else:
                     log.info("job %s refused: %s", job.id, err.message)
                 job.state = "failed"
@@ -265,6 +336,8 @@ class Worker(threading.Thread):
                 if not job.future.done():
                     job.future.set_exception(err)
             finally:
+                if held:
+                    self.busy.release()
                 self.current = None
                 self.done += 1
                 self.jobs.finished(job)
@@ -274,8 +347,18 @@ class Worker(threading.Thread):
             pipes = list(self.pipes.values())
             self.pipes.clear()
             self.files.clear()
+            self.versions.clear()
         for pipe in pipes:
             pipe.close()
+
+    def _hold(self, job: Job) -> bool:
+        """Take ``busy`` for ``job``. While ``/unload-checkpoint`` or ``/reload-checkpoint`` holds it (a reload may
+        compile for minutes), the job is this worker's current one: an interrupt, or a skip of its only run, answers
+        it at once without the lock (False), as the user pressing it expects, and the worker goes on with the queue."""
+        while not self.busy.acquire(timeout=0.05):
+            if _stopped_before_start(job):
+                return False
+        return True
 
     def unload(self) -> int:
         """A1111's ``/unload-checkpoint`` on this device: every loaded pipeline closed (its memory freed) once the
@@ -284,6 +367,7 @@ class Worker(threading.Thread):
             pipes = list(self.pipes.values())
             self.pipes.clear()
             self.files.clear()
+            self.versions.clear()
         for pipe in pipes:
             pipe.close()
         return len(pipes)
@@ -307,6 +391,8 @@ class Worker(threading.Thread):
         result = Result([], [], [], w.prompt, w.negative, worker=self.label)
         if job.interrupt.is_set():
             result.interrupted = True
+        elif _stopped_before_start(job):  # its only run skipped before it started: no model is loaded for it
+            result.skipped = 1
         else:
             pipe = self.pipeline(w.model)
             kwargs = dict(w.kwargs)
@@ -334,11 +420,12 @@ class Worker(threading.Thread):
                     result.interrupted = True
                     break
                 job.iteration, job.step = k, 0
-                job.skip.clear()
-                try:
+                try:  # a skip that came before this run started (the model loading, the worker held) skips it
                     gen, stopped = self._generate(job, pipe, on_step, k, kwargs, result)
                 except SdrtError as exc:
                     raise _Generating(w.model.name, w.fields) from exc
+                finally:
+                    job.skip.clear()  # a skip ends one run: the next one runs
                 if gen is not None:  # a stopped run's partial images too, as A1111 gives them
                     result.images += gen.images
                     result.settings += gen.settings
@@ -443,9 +530,20 @@ class JobQueue:
         with self._lock:
             return self.active.get(job_id) or self.recent.get(job_id)
 
+    def current(self) -> list[Job]:
+        """The job each worker holds: running, or taken from the queue and waiting while an unload or reload
+        holds the worker (A1111's "current job", which its interrupt and skip reach)."""
+        jobs = {j.id: j for j in self.running()}
+        for w in self.workers:
+            job = w.current
+            if job is not None and not job.future.done():
+                jobs.setdefault(job.id, job)
+        return list(jobs.values())
+
     def interrupt(self) -> int:
-        """Stop every running job at its next step (A1111 has one; here each device may run one)."""
-        jobs = self.running()
+        """Stop every current job (``current``) at its next step, or before it starts (A1111 has one; here each
+        device may run one). Jobs still in the queue are not touched, as in A1111."""
+        jobs = self.current()
         for j in jobs:
             j.interrupt.set()
         return len(jobs)
@@ -469,7 +567,8 @@ class JobQueue:
             w.load(model)
 
     def skip(self) -> int:
-        jobs = self.running()
+        """End the current run of every current job (``current``); one that has not started skips its first run."""
+        jobs = self.current()
         for j in jobs:
             j.skip.set()
         return len(jobs)

@@ -146,22 +146,30 @@ class ServerState:
         modules.forget()  # the VAE / text-encoder folders too, whatever their mtimes say
         self.registry.refresh()
         current = self.options().get("sd_model_checkpoint")
-        try:
-            if current:
-                self.registry.model(current)
+        entry = None
+        if current:
+            try:
+                entry = self.registry.model(current)
+            except ApiError:
+                pass
+        if entry is not None:
+            if entry.title == current:
                 return
-        except ApiError:
-            pass
-        first = self._first()
-        if first is not None:
+            # the same model under a new title (its file replaced: another hash): the option reads as /sd-models
+            # lists it, which clients match to show the current model
+            log.info("the current model %s is %s now", current, entry.title)
+        else:
+            entry = self._first()
+            if entry is None:
+                return
             log.warning("the current model %s is gone from %s; %s is current now", current, self.config.models,
-                        first.title)
-            updates = {"sd_model_checkpoint": first.title}
-            if self.cluster is not None:
-                self.cluster.update_options(updates)
-            else:
-                with self._lock:
-                    self._options.update(updates)
+                        entry.title)
+        updates = {"sd_model_checkpoint": entry.title}
+        if self.cluster is not None:
+            self.cluster.update_options(updates)
+        else:
+            with self._lock:
+                self._options.update(updates)
 
     # ---------------------------------------------------------------- control
     def interrupt(self) -> int:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import WeightsError
+from ..errors import FileChanged, WeightsError
 from ..formats import PICKLE_HINT, sniff
 from ..tensors import TensorInfo
 from . import keymap, stfile, torchfile
@@ -145,13 +145,15 @@ class Weights(Mapping[str, np.ndarray]):
         raw: dict[str, TensorRef] = {}
         dups: list[str] = []
         for path in files:
+            stamp = file_stamp(path)
             if is_torch_file(path):
-                found = {name: TensorRef(name, dt, shape, str(path), load, origin)
+                found = {name: TensorRef(name, dt, shape, str(path), _checked(path, stamp, load), origin)
                          for name, (dt, shape, load, origin) in torchfile.open_tensors(path).items()}
             else:
                 entries, _meta = stfile.read_header(path)
-                found = {name: TensorRef(name, e.dtype, e.shape, str(path), _mapper(path, e),
+                found = {name: TensorRef(name, e.dtype, e.shape, str(path), _checked(path, stamp, _mapper(path, e)),
                                          (str(path), e.begin, e.length)) for name, e in entries.items()}
+            _check_stamp(path, stamp, "while its header was read")
             for name, ref in found.items():
                 if name in raw:
                     dups.append(f"{name!r} ({raw[name].source} and {path})")
@@ -375,6 +377,39 @@ def _mapper(path: Path, entry: stfile.Entry) -> Callable[[], np.ndarray]:
     return lambda: stfile.map_entry(path, entry)
 
 
+def file_stamp(path: PathLike) -> tuple[int, int, int, int] | None:
+    """What tells one version of a file from another without reading it: size, mtime (ns), inode and device
+    (a file replaced by a rename has another inode; one written over in place, another mtime). None: unreadable."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+
+
+def _check_stamp(path: Path, stamp: tuple[int, int, int, int] | None, when: str) -> None:
+    now = file_stamp(path)
+    if now != stamp:
+        what = "is gone" if now is None else (f"is {now[0]} bytes now, {stamp[0]} when opened" if stamp is not None
+                                              and now[0] != stamp[0] else "was replaced or written again")
+        raise FileChanged(f"{path.name} changed on disk {when} ({what}): its tensors are not read, as the old "
+                           "header with the new bytes would give wrong weights", where=str(path),
+                           fix="open the file again once it is complete (load the model or file again; sdrt serve "
+                           "does at its next job)")
+
+
+def _checked(path: Path, stamp: tuple[int, int, int, int] | None, load: Callable[[], np.ndarray]
+             ) -> Callable[[], np.ndarray]:
+    """``load``, refused once the file is another version than the one whose header gave its offsets (a VAE or
+    checkpoint replaced in place while a pipeline holds its tensors unread: they read half old, half new)."""
+
+    def read() -> np.ndarray:
+        _check_stamp(path, stamp, "since it was opened")
+        return load()
+
+    return read
+
+
 def _remap(refs: Mapping[str, TensorRef], mapping: keymap.MappingLike, where: str) -> dict[str, TensorRef]:
     if mapping is None:
         return dict(refs)
@@ -455,4 +490,5 @@ def refuse_unsafe(p: Path) -> None:
                            fix="pass it as the model; weights come from .safetensors files")
 
 
-__all__ = ["BindReport", "KeyMap", "TensorRef", "Weights", "folder_files", "is_torch_file", "refuse_unsafe"]
+__all__ = ["BindReport", "KeyMap", "TensorRef", "Weights", "file_stamp", "folder_files", "is_torch_file",
+           "refuse_unsafe"]
