@@ -1,3 +1,4 @@
+import os
 import sys
 
 try:  # Ctrl-C while the modules import is the same one line and exit status as later (sdrt.cli.main)
@@ -7,4 +8,16 @@ try:  # Ctrl-C while the modules import is the same one line and exit status as 
 except KeyboardInterrupt:
     print("interrupted", file=sys.stderr)
     code = 130
+if code == 130:
+    # Under `python -m`, CPython (3.11-3.13) ends a run by re-raising SIGINT on itself (status -2, not 130) when
+    # the Ctrl-C landed inside a string exec() (a dataclass or namedtuple being made by a lazy import), even
+    # though sdrt caught it: its runtime flag survives the catch. The run is over and cleaned up here, so leave
+    # with the status the one line promised.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(130)
 raise SystemExit(code)
