@@ -236,19 +236,9 @@ def test_the_bases_chosen_vae_decodes_after_the_refiner(tmp_path) -> None:
     """A1111's sd_vae applies to the refiner it loads too: a base loaded with ``vae=`` (or ``set_vae``) decodes the
     refined latents with that file, as a refiner loaded with the same file would; the refiner's own VAE decoded
     them before, and the chosen VAE was dropped without a word (the image of the base's own VAE, bit for bit)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
-    from single_file_helpers import vae_tensors, write
-
-    from sdrt.graph import Graph
-
     register("openvino")
     xl = DATA / "tiny-sdxl"
-    t = vae_tensors(Graph.load(xl / "vae_decoder" / "model.onnx"), Graph.load(xl / "vae_encoder" / "model.onnx"))
-    t["decoder.conv_out.weight"] = t["decoder.conv_out.weight"] * np.float32(0.5)
-    dim = write(tmp_path / "dim_vae.safetensors", t)
+    dim = _dim_vae(tmp_path)
     kw = dict(steps=4, cfg=5.0, sampler="Euler", seed=3, width=64, height=64)
     with pipelines.load(xl, backend="openvino") as own, pipelines.load(xl, backend="openvino", vae=dim) as base, \
             pipelines.load(DATA / FOLDER, backend="openvino", vae=dim) as dim_refiner:
@@ -415,20 +405,10 @@ def test_an_interrupted_run_is_decoded_by_the_refiner_once_it_took_over(tmp_path
     """``Interrupted.partial()`` decodes the stopped run's last estimate with the model loaded last, as the finished
     run does: stopped after its last step, the partial image is the refined image (a refiner with a dimmed VAE file
     tells the two VAEs apart); the base's VAE decoded it before."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
-    from single_file_helpers import vae_tensors, write
-
     from sdrt.errors import Interrupted
-    from sdrt.graph import Graph
 
     register("openvino")
-    xl = DATA / "tiny-sdxl"
-    t = vae_tensors(Graph.load(xl / "vae_decoder" / "model.onnx"), Graph.load(xl / "vae_encoder" / "model.onnx"))
-    t["decoder.conv_out.weight"] = t["decoder.conv_out.weight"] * np.float32(0.5)
-    dim = write(tmp_path / "dim_vae.safetensors", t)
+    dim = _dim_vae(tmp_path)
     kw = dict(steps=4, cfg=5.0, sampler="Euler", seed=3, width=64, height=64)
     with pipelines.load(DATA / FOLDER, backend="openvino", vae=dim) as refiner:
         pipe = _pipe("tiny-sdxl", "openvino")
@@ -438,3 +418,19 @@ def test_an_interrupted_run_is_decoded_by_the_refiner_once_it_took_over(tmp_path
         part = stop.value.partial().images[0]
         # Euler's last step lands on its denoised estimate: the same latents, to float rounding
         assert np.abs(part.astype(int) - full.astype(int)).max() <= 1
+
+
+def _dim_vae(tmp_path):
+    """tiny-sdxl's VAE as a single file with its last conv halved: a second VAE that tells the decoders apart."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
+    from single_file_helpers import vae_tensors, write
+
+    from sdrt.graph import Graph
+
+    xl = DATA / "tiny-sdxl"
+    t = vae_tensors(Graph.load(xl / "vae_decoder" / "model.onnx"), Graph.load(xl / "vae_encoder" / "model.onnx"))
+    t["decoder.conv_out.weight"] = t["decoder.conv_out.weight"] * np.float32(0.5)
+    return write(tmp_path / "dim_vae.safetensors", t)
