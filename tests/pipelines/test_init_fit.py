@@ -224,3 +224,19 @@ def test_a_large_picture_with_no_size_fails_before_running_out_of_memory(init) -
         assert "pass width=96 and height=48 (about the model's own size" in str(err.value)
     finally:
         pipe.close()
+
+
+def test_latent_upscale_on_a_fixed_size_vae_encoder_runs_as_just_resize_and_says_so(init, caplog) -> None:
+    """tiny-sd15's VAE encoder is exported for 64x64 only: it cannot take a 48x32 picture at its own size."""
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+    try:
+        small = np.ascontiguousarray(init[:32, :48])
+        kw = dict(steps=2, seed=7, sampler="Euler", init_image=small, strength=0.5)
+        with caplog.at_level("WARNING", logger="sdrt.pipelines"):
+            got = pipe(PROMPT, resize_mode=LATENT_UPSCALE, **kw)[0]
+        assert _said(caplog) == ["the init image is 48x32 and this model makes 64x64 images only: Just Resize fits it "
+                                 "(stretched to the size) (not the latent upscale: this model's VAE encoder is "
+                                 "exported for 64x64 only)"]
+        assert np.array_equal(got, pipe(PROMPT, **kw)[0])
+    finally:
+        pipe.close()

@@ -566,10 +566,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         Sizes given: the picture is fitted to them with ``s.resize_mode``; one side given: the other keeps the
         picture's aspect ratio; none: the picture's own size, each side down to the multiple this model runs
         (``_size_multiple``; diffusers' ``VaeImageProcessor`` rounds down to 8 and resizes), or a fixed-size
-        model's size. Any fit is said in one warning line. With the latent upscale mode the picture is also kept at its own size (down to a
-        multiple of 8) for the VAE encoder (``_init_latents``); the pixels others read (a mask's, an inpainting
-        model's masked image) are the plain resize's."""
-        from .images import LATENT_UPSCALE, binarize, describe_fit, fit_array, mask_gray, snap
+        model's size. Any fit is said in one warning line. With the latent upscale mode the picture is also kept
+        at its own size (down to a multiple of 8) for the VAE encoder (``_init_latents``); the pixels others read
+        (a mask's, an inpainting model's masked image) are the plain resize's. A VAE encoder exported for one
+        size cannot take the picture at its own: the latent upscale then runs as Just Resize, and says so."""
+        from .images import JUST_RESIZE, LATENT_UPSCALE, binarize, describe_fit, fit_array, mask_gray, snap
 
         picture = to_rgb(s.init_image, "init image")
         h, w = picture.shape[:2]
@@ -597,19 +598,26 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             else:
                 given = f"width {tw}" if s.width is not None else f"height {th}"
                 why = f" and {given} was asked: it runs at {tw}x{th}, in the picture's aspect ratio;"
-        mode = s.resize_mode
+        mode, note = s.resize_mode, ""
         gray = mask_gray(s.mask) if s.mask is not None else None
         if gray is not None and gray.shape not in ((h, w), (th, tw)):
             raise InputError(f"the mask is {gray.shape[1]}x{gray.shape[0]}, the init image {w}x{h}", where="mask",
                              fix="give a mask of the init image's size (white = repaint)")
+        source = snap(w, h, 8)
+        if mode == LATENT_UPSCALE and (tw, th) != (w, h):
+            sample = self.vae_encoder.inputs.get("sample") if self.vae_encoder is not None else None
+            encoder = tuple(sample.shape[2:]) if sample is not None else ()
+            if len(encoder) == 2 and all(isinstance(d, int) for d in encoder) and encoder != source[::-1]:
+                mode = JUST_RESIZE  # a VAE encoder exported for one size cannot take the picture at its own
+                note = (f" (not the latent upscale: this model's VAE encoder is exported for {encoder[1]}x"
+                        f"{encoder[0]} only)")
         if (tw, th) != (w, h):
             say = log.debug if self._dry else log.warning  # a dry run (the memory plan's, plan()) says nothing
-            say("the init image is %dx%d%s %s%s", w, h, why, describe_fit(mode),
+            say("the init image is %dx%d%s %s%s%s", w, h, why, describe_fit(mode), note,
                 ", and the mask with it" if gray is not None and gray.shape == (h, w) else "")
         init = fit_array(picture, tw, th, mode)
         if mode == LATENT_UPSCALE and (tw, th) != (w, h):
-            sw, sh = snap(w, h, 8)
-            self._init_source = fit_array(picture, sw, sh, mode)
+            self._init_source = fit_array(picture, *source, mode)
         mask = None
         if gray is not None:
             mask = binarize(fit_array(gray, tw, th, mode, "mask", "mask"))

@@ -1,5 +1,6 @@
 """Base64 images in requests (A1111's ``init_images`` and ``mask``, with or without a ``data:`` prefix),
-decoded with Pillow under a pixel limit, and fitted to the requested size as A1111's resize modes do."""
+decoded with Pillow under a pixel limit, and fitted to the requested size as A1111's resize modes do
+(``sdrt.pipelines.images``)."""
 
 from __future__ import annotations
 
@@ -58,27 +59,11 @@ def open_image(raw: bytes, field: str, max_pixels: int) -> Any:
 
 
 def fit(img: Any, width: int, height: int, mode: int) -> Any:
-    """A1111's resize modes: 0 just resize, 1 crop and resize (cover, centre crop), 2 resize and fill
-    (contain, edges stretched into the bars)."""
-    from PIL import Image
+    """A Pillow image fitted as A1111's resize modes 0 (just resize), 1 (crop and resize) and 2 (resize and fill)
+    fit it: ``sdrt.pipelines.images.fit_image``, which the Python API and ``sdrt generate`` use too."""
+    from ..pipelines.images import RESIZE_MODES, fit_image
 
-    if img.size == (width, height):
-        return img
-    if mode == 0:
-        return img.resize((width, height), Image.LANCZOS)
-    ratio_w, ratio_h = width / img.width, height / img.height
-    if mode == 1:
-        scale = max(ratio_w, ratio_h)
-        w, h = max(round(img.width * scale), width), max(round(img.height * scale), height)
-        big = img.resize((w, h), Image.LANCZOS)
-        left, top = (w - width) // 2, (h - height) // 2
-        return big.crop((left, top, left + width, top + height))
-    scale = min(ratio_w, ratio_h)
-    w, h = max(round(img.width * scale), 1), max(round(img.height * scale), 1)
-    small = img.resize((w, h), Image.LANCZOS)
-    out = small.resize((width, height), Image.NEAREST)  # edge colours in the bars, then the picture on top
-    out.paste(small, ((width - w) // 2, (height - h) // 2))
-    return out
+    return fit_image(img, width, height, RESIZE_MODES[mode])
 
 
 def rgb_array(img: Any) -> np.ndarray:
