@@ -201,3 +201,20 @@ def test_a_photo_too_large_for_memory_at_its_own_size_names_the_size_to_ask(tmp_
     assert len(err) == 1 and "the init image is 256x128, and with no width or height given it runs at 256x128" in err[0]
     assert "Where: --init-image. What to do: pass --width 96 and --height 48" in err[0], err
     assert out.read_bytes() == b"not to be destroyed"
+
+
+def test_control_resize_takes_the_same_names_as_resize_mode(tmp_path: Path, capsys) -> None:
+    """--control-resize took its three names in one spelling (argparse choices); it reads them as --resize-mode
+    does, and a wrong one is refused in its own words before any model loads."""
+    from sdrt.cli import build_parser
+    from sdrt.cli.generate_toolbox import options
+
+    image = _png(tmp_path / "edges.png", 64, 64)
+    args = build_parser().parse_args(["generate", "a cat", "--control-image", str(image), "--control-resize",
+                                      "resize_and_fill"])
+    assert options(args)["controlnets"][0].resize == "Resize and Fill"
+    assert main(["generate", "/no/such/folder", "a cat", "--control-image", str(image), "--control-resize", "fit",
+                 "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown resize mode 'fit'. Where: --control-resize. What to do: use one of 'Just Resize', 'Crop and " \
+           "Resize', 'Resize and Fill' (or 0 to 2, A1111's numbers)" in err and err.count("\n") == 1, err
