@@ -58,12 +58,23 @@ def open_image(raw: bytes, field: str, max_pixels: int) -> Any:
     return img
 
 
-def fit(img: Any, width: int, height: int, mode: int) -> Any:
+def fit(img: Any, width: int, height: int, mode: int, field: str = "init_images[0]") -> Any:
     """A Pillow image fitted as A1111's resize modes 0 (just resize), 1 (crop and resize) and 2 (resize and fill)
-    fit it: ``sdrt.pipelines.images.fit_image``, which the Python API and ``sdrt generate`` use too."""
-    from ..pipelines.images import RESIZE_MODES, fit_image
+    fit it: ``sdrt.pipelines.images.fit_image``, which the Python API and ``sdrt generate`` use too. A picture
+    with transparency is flattened on white first (``rgb_array``); a refusal (a sliver cropped to cover the size)
+    is a 400 naming ``field``."""
+    from PIL import Image
 
-    return fit_image(img, width, height, RESIZE_MODES[mode])
+    from ..errors import SdrtError
+    from ..pipelines.images import RESIZE_MODES, fit_image
+    from .errors import from_pipeline
+
+    if img.mode not in ("RGB", "L"):
+        img = Image.fromarray(rgb_array(img))
+    try:
+        return fit_image(img, width, height, RESIZE_MODES[mode], field, field)
+    except SdrtError as exc:
+        raise ApiError(400, from_pipeline(exc).message, field=field) from None
 
 
 def rgb_array(img: Any) -> np.ndarray:
