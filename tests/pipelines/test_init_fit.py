@@ -212,14 +212,28 @@ def test_a_flow_model_rounds_down_to_multiples_of_16() -> None:
     assert (plan.width, plan.height) == (64, 32)
 
 
+def test_a_picture_far_above_the_models_size_needs_a_size(dyn) -> None:
+    """No size given: the picture's own, as diffusers keeps it, up to 4 times the model's pixels; beyond, refused
+    before anything runs (a 4032x3024 photo ran SD 1.5 at 4032x3008: 16 GB after 16 minutes, still running),
+    naming a size near the model's own in the picture's aspect ratio. A size given runs, the picture fitted."""
+    with pytest.raises(InputError, match=r"the init image is 192x128, and with no width or height given it would "
+                                         r"run at 192x128, more than 4 times the pixels of this model's 64x64") as err:
+        dyn.plan(PROMPT, steps=2, init_image=_picture(192, 128))
+    assert err.value.where == "init_image" and "pass width=80 and height=48 (about the model's own size" in str(err.value)
+    plan = dyn.plan(PROMPT, steps=2, init_image=_picture(192, 128), width=192, height=128)
+    assert (plan.width, plan.height) == (192, 128)
+    plan = dyn.plan(PROMPT, steps=2, init_image=_picture(128, 128))  # 4 times: runs at its own size
+    assert (plan.width, plan.height) == (128, 128)
+
+
 def test_a_large_picture_with_no_size_fails_before_running_out_of_memory(init) -> None:
-    """A picture far above the model's size, run at its own size (diffusers keeps it), that the memory plan says
+    """A picture above the model's size, run at its own size (diffusers keeps it), that the memory plan says
     does not fit: refused before anything compiles, naming a size near the model's own in its aspect ratio."""
     pipe = pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend(), memory="4MB")
     try:
-        with pytest.raises(InputError, match=r"the init image is 256x128, and with no width or height given it runs "
-                                             r"at 256x128, for which the memory plan predicts a peak of") as err:
-            pipe(PROMPT, steps=2, init_image=_picture(256, 128))
+        with pytest.raises(InputError, match=r"the init image is 128x64, and with no width or height given it runs "
+                                             r"at 128x64, for which the memory plan predicts a peak of") as err:
+            pipe(PROMPT, steps=2, init_image=_picture(128, 64))
         assert err.value.where == "init_image"
         assert "pass width=96 and height=48 (about the model's own size" in str(err.value)
     finally:

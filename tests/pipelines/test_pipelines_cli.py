@@ -193,12 +193,12 @@ def test_resize_mode_without_an_init_image_is_refused(capsys) -> None:
 def test_a_photo_too_large_for_memory_at_its_own_size_names_the_size_to_ask(tmp_path: Path, capsys) -> None:
     """No --width/--height: the picture's own size, as diffusers keeps it; above the model's size and beyond the
     memory budget it fails before anything runs, in one line naming the flags to pass, and no file is written."""
-    init, out = _png(tmp_path / "photo.png", 256, 128), tmp_path / "keep.png"
+    init, out = _png(tmp_path / "photo.png", 128, 64), tmp_path / "keep.png"
     out.write_bytes(b"not to be destroyed")
     assert main(["generate", str(DATA / "tiny-sdxl-dyn"), "a cat", "--init-image", str(init), "--memory", "4MB",
                  "--steps", "2", "--backend", "reference", "-o", str(out)]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("backend ")]
-    assert len(err) == 1 and "the init image is 256x128, and with no width or height given it runs at 256x128" in err[0]
+    assert len(err) == 1 and "the init image is 128x64, and with no width or height given it runs at 128x64" in err[0]
     assert "Where: --init-image. What to do: pass --width 96 and --height 48" in err[0], err
     assert out.read_bytes() == b"not to be destroyed"
 
@@ -218,3 +218,14 @@ def test_control_resize_takes_the_same_names_as_resize_mode(tmp_path: Path, caps
     err = capsys.readouterr().err
     assert "unknown resize mode 'fit'. Where: --control-resize. What to do: use one of 'Just Resize', 'Crop and " \
            "Resize', 'Resize and Fill' (or 0 to 2, A1111's numbers)" in err and err.count("\n") == 1, err
+
+
+def test_a_phone_photo_with_no_size_names_the_size_to_ask(tmp_path: Path, capsys) -> None:
+    """More than 4 times the model's pixels with no --width/--height: one line before the model loads anything."""
+    init = _png(tmp_path / "photo.png", 192, 128)
+    assert main(["generate", str(DATA / "tiny-sdxl-dyn"), "a cat", "--init-image", str(init), "--steps", "2",
+                 "--backend", "reference", "-o", str(tmp_path / "o.png")]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("backend ")]
+    assert len(err) == 1 and "more than 4 times the pixels of this model's 64x64. Where: --init-image. What to do: " \
+        "pass --width 80 and --height 48" in err[0], err
+    assert not (tmp_path / "o.png").exists()

@@ -588,6 +588,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 tw, th = fixed
                 why = f" and this model makes {tw}x{th} images only:"
             self._init_sized = (w, h)  # the size came from the picture (the memory check names it)
+            self._check_init_area((w, h), tw, th)
         else:
             def other(given: int, side: int, across: int) -> int:
                 return max(int(round(given * side / across / multiple)) * multiple, multiple)
@@ -773,10 +774,32 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         with self._stores_after_job():
             return self._generate_planned(s, init, mask, callback, original)
 
+    #: how many times the model's own pixel count a picture given with no size may run at (A1111's UI stops at
+    #: 2048x2048, 4 times SDXL's; attention's cost grows with the square of the pixels)
+    MAX_INIT_AREA = 4
+
+    def _nearer_size(self, width: int, height: int) -> tuple[int, int]:
+        """A size of about the model's own pixel count in ``width:height``'s aspect ratio, in the sides it runs."""
+        step = self._size_multiple()
+        k = (self.default_size ** 2 / (width * height)) ** 0.5
+        return max(int(round(width * k / step)), 1) * step, max(int(round(height * k / step)), 1) * step
+
+    def _check_init_area(self, picture: tuple[int, int], width: int, height: int) -> None:
+        """A size taken from an init image (no width or height given: diffusers keeps a picture's size) of more than
+        ``MAX_INIT_AREA`` times the model's own pixels fails before anything runs, naming a size to ask for: a
+        4032x3024 phone photo ran SD 1.5 at 4032x3008 (16 GB and counting after 16 minutes on 2 cores)."""
+        if width * height <= self.MAX_INIT_AREA * self.default_size ** 2:
+            return
+        sw, sh = self._nearer_size(width, height)
+        raise InputError(f"the init image is {picture[0]}x{picture[1]}, and with no width or height given it would "
+                         f"run at {width}x{height}, more than {self.MAX_INIT_AREA} times the pixels of this model's "
+                         f"{self.default_size}x{self.default_size}", where="init_image",
+                         fix=f"pass {{@width=}}{sw} and {{@height=}}{sh} (about the model's own size, the picture's "
+                             "aspect ratio; any width and height run): the picture is fitted to them ({@resize_mode})")
+
     def _check_init_size(self, s: Settings, plan: Any) -> None:
-        """A run whose size came from its init image (no width or height given: diffusers keeps a picture's size)
-        and is larger than the model's own, which the memory plan says does not fit the budget, fails now, naming
-        the size to ask for, rather than running out of memory (a 4032x3024 phone photo at its own size)."""
+        """A size taken from an init image larger than the model's own, which the memory plan says does not fit
+        the budget, fails now, naming the size to ask for, rather than running out of memory."""
         picture = getattr(self, "_init_sized", None)
         if picture is None or plan.fits or plan.budget_bytes is None:
             return
@@ -785,9 +808,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             return
         from .budget import _size
 
-        step = self._size_multiple()
-        k = (self.default_size ** 2 / (s.width * s.height)) ** 0.5
-        sw, sh = (max(int(round(side * k / step)), 1) * step for side in (s.width, s.height))
+        sw, sh = self._nearer_size(s.width, s.height)
         raise InputError(f"the init image is {picture[0]}x{picture[1]}, and with no width or height given it runs at "
                          f"{s.width}x{s.height}, for which the memory plan predicts a peak of {_size(plan.peak_bytes)}, "
                          f"above the budget of {_size(plan.budget_bytes)} ({plan.budget_source})", where="init_image",
