@@ -87,15 +87,20 @@ def test_a_seed_out_of_range_names_the_flag(registry, tmp_path, capsys):
 
 
 def test_a_size_from_the_init_image_or_the_hires_scale_blames_that_flag(registry, tmp_path, capsys):
-    """The demo model makes 64x64 only: a 128x128 init image, or a hires pass at 128x128, is not --width's fault."""
+    """The demo model makes 64x64 only: a hires pass at 128x128 is not --width's fault. A 128x128 init image with no
+    size is fitted to the model's 64x64 (it was refused, "resize or crop the image to 64x64"); with --width 128 the
+    size asked is."""
     import numpy as np
 
     from sdrt.pipelines.png import write_png
 
     write_png(tmp_path / "red128.png", np.full((128, 128, 3), 200, np.uint8))
-    refused(capsys, ["generate", "a cat", *FAST[:-2], "--dry-run", "--steps", "4",
+    assert main(["generate", "a cat", *FAST[:-2], "--dry-run", "--steps", "4",
+                 "--init-image", str(tmp_path / "red128.png")]) == 0
+    assert "64x64" in capsys.readouterr().out
+    refused(capsys, ["generate", "a cat", *FAST[:-2], "--dry-run", "--steps", "4", "--width", "128",
              "--init-image", str(tmp_path / "red128.png")],
-            "and the init image is 128x128. Where: --init-image. What to do: resize or crop the image to 64x64.")
+            "Where: --width. What to do: pass --width 64 and --height 64, or leave them unset.")
     refused(capsys, ["generate", "a cat", *FAST[:-2], "--dry-run", "--hires-scale", "2"],
             "the hires fix's second pass is 128x128. Where: --hires-scale.")
     refused(capsys, ["generate", "a cat", *FAST[:-2], "--dry-run", "--width", "128"],

@@ -121,3 +121,111 @@ def test_no_compile_cache_message_when_the_cache_cannot_be_written(tmp_path: Pat
                  "-o", str(out)]) == 0
     err = capsys.readouterr().err
     assert out.is_file() and "writing the compile cache" not in err and blocker.read_text() == "not a folder"
+
+
+# -- init images of any size (sdrt.pipelines.images.fit_image) -----------------------------------------------------
+def _png(path: Path, w: int, h: int, gray: bool = False) -> Path:
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is a test dependency")
+    rng = np.random.default_rng(w * h)
+    pixels = rng.integers(0, 256, (h, w) if gray else (h, w, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def _fit_lines(caplog) -> list[str]:
+    """The fit's line (``sdrt generate`` logs WARNING lines to stderr as ``WARNING sdrt.pipelines: ...``; under
+    pytest its log capture holds them)."""
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("the init image is")]
+
+
+def test_generate_fits_a_photo_of_any_size_and_says_so(tmp_path: Path, capsys, caplog) -> None:
+    """A 100x70 photo (and its mask) on the fixed 64x64 tiny-sd15: it was refused ("not a multiple of 8 ... crop
+    or resize it to 96x64"); now it is fitted to the model's size, in one line on stderr."""
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is a test dependency")
+    init, mask, out = _png(tmp_path / "photo.png", 100, 70), _png(tmp_path / "mask.png", 100, 70, True), tmp_path / "o.png"
+    rc = main(["generate", str(DATA / "tiny-sd15"), "a cat", "--init-image", str(init), "--mask", str(mask),
+               "--steps", "2", "--seed", "1", "--backend", "reference", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert _fit_lines(caplog) == ["the init image is 100x70 and this model makes 64x64 images only: Just Resize "
+                                  "fits it (stretched to the size), and the mask with it"]
+    with Image.open(out) as img:
+        assert img.size == (64, 64) and "Size: 64x64" in img.text["parameters"]
+
+
+def test_generate_fits_the_photo_to_the_size_asked_with_the_resize_mode(tmp_path: Path, capsys, caplog) -> None:
+    Image = pytest.importorskip("PIL.Image", reason="Pillow is a test dependency")
+    init, out = _png(tmp_path / "photo.png", 300, 200), tmp_path / "o.png"
+    rc = main(["generate", str(DATA / "tiny-sdxl-dyn"), "a cat", "--init-image", str(init), "--width", "64",
+               "--height", "96", "--resize-mode", "crop and resize", "--steps", "2", "--seed", "1", "--backend",
+               "reference", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert _fit_lines(caplog) == ["the init image is 300x200 and 64x96 was asked: Crop and Resize fits it (scaled to "
+                                  "cover the size, the overflow cropped)"]
+    with Image.open(out) as img:
+        assert img.size == (64, 96) and "Size: 64x96" in img.text["parameters"]
+        assert "Resize" not in img.text["parameters"]  # A1111's infotext records the size, not the mode
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--resize-mode", "stretch"], "unknown resize mode 'stretch'. Where: --resize-mode. What to do: use one of "
+                                   "'Just Resize', 'Crop and Resize', 'Resize and Fill', 'Just Resize (latent upscale)'"),
+    (["--resize-mode", "7"], "unknown resize mode 7. Where: --resize-mode"),
+])
+def test_a_bad_resize_mode_is_one_line_before_the_model_loads(tmp_path: Path, capsys, extra, message) -> None:
+    init, out = _png(tmp_path / "photo.png", 100, 70), tmp_path / "keep.png"
+    out.write_bytes(b"not to be destroyed")
+    assert main(["generate", "/no/such/folder", "a cat", "--init-image", str(init), *extra, "--backend",
+                 "reference", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert out.read_bytes() == b"not to be destroyed"
+
+
+def test_resize_mode_without_an_init_image_is_refused(capsys) -> None:
+    assert main(["generate", "/no/such/folder", "a cat", "--resize-mode", "1", "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert "--resize-mode fits an init image (and its mask) to the size, and none was given. Where: --resize-mode. " \
+           "What to do: pass --init-image too, or leave --resize-mode unset." in err and err.count("\n") == 1
+
+
+def test_a_photo_too_large_for_memory_at_its_own_size_names_the_size_to_ask(tmp_path: Path, capsys) -> None:
+    """No --width/--height: the picture's own size, as diffusers keeps it; above the model's size and beyond the
+    memory budget it fails before anything runs, in one line naming the flags to pass, and no file is written."""
+    init, out = _png(tmp_path / "photo.png", 128, 64), tmp_path / "keep.png"
+    out.write_bytes(b"not to be destroyed")
+    assert main(["generate", str(DATA / "tiny-sdxl-dyn"), "a cat", "--init-image", str(init), "--memory", "4MB",
+                 "--steps", "2", "--backend", "reference", "-o", str(out)]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("backend ")]
+    assert len(err) == 1 and "the init image is 128x64, and with no width or height given it runs at 128x64" in err[0]
+    assert "Where: --init-image. What to do: pass --width 96 and --height 48" in err[0], err
+    assert out.read_bytes() == b"not to be destroyed"
+
+
+def test_control_resize_takes_the_same_names_as_resize_mode(tmp_path: Path, capsys) -> None:
+    """--control-resize took its three names in one spelling (argparse choices); it reads them as --resize-mode
+    does, and a wrong one is refused in its own words before any model loads."""
+    from sdrt.cli import build_parser
+    from sdrt.cli.generate_toolbox import options
+
+    image = _png(tmp_path / "edges.png", 64, 64)
+    args = build_parser().parse_args(["generate", "a cat", "--control-image", str(image), "--control-resize",
+                                      "resize_and_fill"])
+    assert options(args)["controlnets"][0].resize == "Resize and Fill"
+    assert main(["generate", "/no/such/folder", "a cat", "--control-image", str(image), "--control-resize", "fit",
+                 "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown resize mode 'fit'. Where: --control-resize. What to do: use one of 'Just Resize', 'Crop and " \
+           "Resize', 'Resize and Fill' (or 0 to 2, A1111's numbers)" in err and err.count("\n") == 1, err
+
+
+def test_a_phone_photo_with_no_size_names_the_size_to_ask(tmp_path: Path, capsys) -> None:
+    """More than 4 times the model's pixels with no --width/--height: one line before the model loads anything."""
+    init = _png(tmp_path / "photo.png", 192, 128)
+    assert main(["generate", str(DATA / "tiny-sdxl-dyn"), "a cat", "--init-image", str(init), "--steps", "2",
+                 "--backend", "reference", "-o", str(tmp_path / "o.png")]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("backend ")]
+    assert len(err) == 1 and "more than 4 times the pixels of this model's 64x64. Where: --init-image. What to do: " \
+        "pass --width 80 and --height 48" in err[0], err
+    assert not (tmp_path / "o.png").exists()

@@ -232,16 +232,26 @@ def test_pillow_images_equal_arrays(sd15, init) -> None:
     assert np.array_equal(a, b)
 
 
-def test_init_image_size_must_match(sd15, init) -> None:
-    with pytest.raises(InputError, match="the init image is 64x64, the requested size 128x64"):
+def test_an_init_image_of_another_size_meets_a_fixed_size_model(sd15, init, caplog) -> None:
+    """A fixed 64x64 export: a 100x70 picture with no size runs at 64x64, fitted and said once (it was refused:
+    "not a multiple of 8"); a size the model cannot make is the size's error, not the picture's."""
+    pil = pytest.importorskip("PIL.Image", reason="Pillow is a test dependency (sdrt[images] extra)")
+    odd = np.asarray(pil.fromarray(init).resize((100, 70)))
+    with caplog.at_level("WARNING", logger="sdrt.pipelines"):
+        gen = sd15.generate(PROMPT, steps=2, seed=1, init_image=odd, strength=0.5)
+    assert gen.images[0].shape == (64, 64, 3) and gen.settings[0]["Size"] == "64x64"
+    said = [r.getMessage() for r in caplog.records if "init image" in r.getMessage()]
+    assert said == ["the init image is 100x70 and this model makes 64x64 images only: Just Resize fits it "
+                    "(stretched to the size)"], said
+    with pytest.raises(InputError, match="this model makes 64x64 images only") as err:
         sd15(PROMPT, steps=2, init_image=init, width=128)
-    with pytest.raises(InputError, match="not a multiple of 8"):
-        sd15(PROMPT, steps=2, init_image=init[:60, :60])
+    assert err.value.where == "width"
 
 
 def test_mask_size_must_match(sd15, init) -> None:
-    with pytest.raises(InputError, match="the mask is 32x32, the image 64x64"):
-        sd15(PROMPT, steps=2, init_image=init, mask=np.ones((32, 32), np.uint8))
+    with pytest.raises(InputError, match="the mask is 32x32, the init image 64x64") as err:
+        sd15(PROMPT, steps=2, init_image=init, mask=np.ones((32, 32), np.uint8), width=64, height=64)
+    assert err.value.where == "mask"
 
 
 def test_nine_channel_unet_needs_a_mask() -> None:

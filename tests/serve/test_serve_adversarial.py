@@ -11,6 +11,7 @@ import json
 import threading
 import time
 
+import numpy as np
 import pytest
 from serve_helpers import needs_server
 
@@ -277,6 +278,31 @@ def test_hires_fix_on_flux_dev(families) -> None:
     info = _info(r)
     assert Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))).size == (96, 96)
     assert "Hires upscale: 1.5" in info["infotexts"][0] and "Distilled CFG Scale: 3.5" in info["infotexts"][0]
+
+
+def test_resize_mode_3_encodes_the_picture_at_its_own_size_and_resizes_its_latents(families) -> None:
+    """A1111's "Just resize (latent upscale)": it ran as 0 and was named as not honoured. On tiny SDXL (dynamic
+    sizes) the 64x64 picture is encoded as it is and its latents are resized to 128x96; with a mask (fitted to the
+    size) and inpainting_fill 0 too."""
+    picture = Image.new("RGB", (64, 64), (200, 40, 30))
+    picture.paste((20, 200, 40), (0, 0, 32, 64))
+    raw = base64.b64encode(_png(picture)).decode()
+    mask = Image.new("L", (64, 64), 0)
+    mask.paste(255, (16, 16, 48, 48))
+    with httpx.Client(base_url=families, timeout=300) as client:
+        runs = {}
+        for mode in (0, 3):
+            r = client.post("/sdapi/v1/img2img", json=_on("tiny-sdxl-dyn", init_images=[raw], resize_mode=mode,
+                                                          width=128, height=96, denoising_strength=0.5))
+            info = _info(r)
+            assert info["sdrt_not_honoured"] == [], info["sdrt_not_honoured"]
+            runs[mode] = Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0])))
+            assert runs[mode].size == (128, 96)
+        assert not np.array_equal(np.asarray(runs[0]), np.asarray(runs[3]))
+        r = client.post("/sdapi/v1/img2img", json=_on("tiny-sdxl-dyn", init_images=[raw], resize_mode=3, width=128,
+                                                      height=96, mask=base64.b64encode(_png(mask)).decode(),
+                                                      inpainting_fill=0))
+        assert _info(r)["sdrt_not_honoured"] == [] and r.status_code == 200
 
 
 def test_distilled_cfg_scale_and_the_cfg_default_follow_the_model(families) -> None:

@@ -128,7 +128,8 @@ def test_open_webuis_form_and_a_json_body(client) -> None:
     ("picture", {"n": "0"}, "n", "n must be at least 1"),
     ("picture", {"model": "nope"}, "model", "nope"),
     ("picture", {"output_format": "webp"}, "output_format", "this server writes png"),
-    ("picture", {"size": "64x48"}, "image", "this model makes 64x64 images only"),  # found once the model loaded
+    # found once the model loaded: the size asked (a picture is fitted to any size the model makes)
+    ("picture", {"size": "64x48"}, "size", "this model makes 64x64 images only"),
 ])
 def test_bad_edits_are_one_line_naming_the_field(client, files, fields, param, says) -> None:
     if files == "picture":

@@ -59,9 +59,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         'and a name sdrt lacks is refused with the list')
     p.add_argument("--schedule", default=None, help='schedule for a sampler name without one, e.g. "karras"')
     p.add_argument("--seed", type=int, default=None, help="random when not given or -1")
-    p.add_argument("--width", type=int, default=None, help="a multiple of 8 (default: the model's size)")
-    p.add_argument("--height", type=int, default=None, help="a multiple of 8 (default: the model's size)")
-    p.add_argument("--init-image", default=None, help="img2img / inpainting source (PNG/JPEG; needs Pillow)")
+    p.add_argument("--width", type=int, default=None,
+                   help="a multiple of 8, 16 for SD3/Flux/Chroma (default: the model's size; with --init-image, the "
+                        "picture's, each side down to that multiple; one side alone: the other in its aspect ratio)")
+    p.add_argument("--height", type=int, default=None, help="as --width")
+    p.add_argument("--init-image", default=None,
+                   help="img2img / inpainting source (PNG/JPEG; needs Pillow), of any size: it is fitted to "
+                        "--width/--height with --resize-mode")
+    p.add_argument("--resize-mode", default=None, metavar="MODE",
+                   help='how --init-image and --mask meet the size when theirs differs (A1111\'s img2img modes): '
+                        '"Just Resize" (0, default: stretched), "Crop and Resize" (1: cover, centre crop), '
+                        '"Resize and Fill" (2: fit inside, edges stretched into the bars), "Just Resize (latent '
+                        'upscale)" (3: encoded at its own size, latents resized); any case, or the number')
     p.add_argument("--strength", type=float, default=None, help="img2img denoising strength (default 0.75; 1 with --mask)")
     p.add_argument("--mask", default=None, help="inpainting mask, white = repaint (needs --init-image)")
     p.add_argument("--reference", dest="reference_images", action="append", default=None, metavar="IMAGE",
@@ -163,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
                          fix="pass --reference IMAGE (FLUX.1 Kontext), or leave --no-reference-resize out")
     options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, schedule=args.schedule, seed=args.seed,
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
-                   mask=args.mask, batch=args.batch, batch_count=args.batch_count, clip_skip=args.clip_skip,
+                   mask=args.mask, resize_mode=args.resize_mode, batch=args.batch, batch_count=args.batch_count,
+                   clip_skip=args.clip_skip,
                    guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length,
                    guidance_rescale=args.guidance_rescale, reference_images=args.reference_images,
                    reference_resize=args.reference_resize)

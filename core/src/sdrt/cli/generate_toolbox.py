@@ -33,9 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="last step, as a fraction of the steps (1)")
     g.add_argument("--control-preprocessor", action="append", default=[], choices=["none", "canny", "scribble", "threshold", "invert"],
                    help="turn the image into a control map first (none)")
-    g.add_argument("--control-resize", action="append", default=[],
-                   choices=["Just Resize", "Crop and Resize", "Resize and Fill"],
-                   help="how the image meets the output size (Crop and Resize)")
+    g.add_argument("--control-resize", action="append", default=[], metavar="MODE",
+                   help='how the image meets the output size: "Just Resize", "Crop and Resize" (default), "Resize '
+                        'and Fill" (sd-webui-controlnet\'s, with its own resampling; any case, or 0 to 2, as '
+                        '--resize-mode takes them)')
     g.add_argument("--control-mode", action="append", default=[], metavar="MODE",
                    help='sd-webui-controlnet\'s control mode: "Balanced" (0, default), "My prompt is more important" '
                         '(1), "ControlNet is more important" (2)')
@@ -112,6 +113,10 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         from ..pipelines.controlnet import ControlNet, _num, control_mode
 
         modes = [control_mode(m, "--control-mode") for m in args.control_mode]  # in the flag's words
+        from ..pipelines.controlmaps import RESIZE_MODES
+        from ..pipelines.images import resize_mode
+
+        resizes = [resize_mode(m, "--control-resize", RESIZE_MODES) for m in args.control_resize]
         if args.guess_mode and any(m != "Balanced" for m in modes):
             raise InputError("--guess-mode and --control-mode other than Balanced are two ways of scaling the "
                              "residuals", where="--guess-mode", fix="give one of them")
@@ -130,7 +135,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
                 _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
                 _per_unit(args.control_preprocessor, n, "--control-preprocessor"),
-                _per_unit(args.control_resize, n, "--control-resize"), _per_unit(modes, n, "--control-mode")):
+                _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode")):
             units.append(ControlNet(net, image, 1.0 if scale is None else scale, 0.0 if start is None else start,
                                     1.0 if end is None else end, pre or "none", resize or "Crop and Resize",
                                     control_mode=mode or "Balanced", guess_mode=bool(args.guess_mode)))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from .controlnet import ControlNet
     from .folder import ModelFolder
+    from .images import RESIZE_MODES
     from .pipeline import Generation, Pipeline, load, validate
     from .plan import RunPlan
     from .settings import Settings
@@ -26,7 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
 DEMO_MODEL = Path(__file__).resolve().parent.parent / "data" / "demo-sd"
 
 _LAZY = {"load": "pipeline", "Pipeline": "pipeline", "Generation": "pipeline", "validate": "pipeline",
-         "ModelFolder": "folder", "Settings": "settings", "RunPlan": "plan", "ControlNet": "controlnet"}
+         "ModelFolder": "folder", "Settings": "settings", "RunPlan": "plan", "ControlNet": "controlnet",
+         "RESIZE_MODES": "images"}
 
 
 def __getattr__(name: str) -> Any:
@@ -45,5 +47,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'sdrt.pipelines' has no attribute {name!r}")
 
 
-__all__ = ["DEMO_MODEL", "ControlNet", "Generation", "ModelFolder", "Pipeline", "RunPlan", "Settings", "load",
-           "validate"]
+__all__ = ["DEMO_MODEL", "RESIZE_MODES", "ControlNet", "Generation", "ModelFolder", "Pipeline", "RunPlan", "Settings",
+           "load", "validate"]

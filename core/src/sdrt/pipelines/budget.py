@@ -37,7 +37,7 @@ import math
 import numbers
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -586,17 +586,20 @@ class MemoryMixin:
         self._hosts = {} if host is None else {f"{host[1].backend}:{host[1].id}": host}
         return plan
 
-    def _apply_memory_plan(self, calls: Mapping[str, Any] | None = None) -> None:
+    def _apply_memory_plan(self, calls: Mapping[str, Any] | None = None,
+                           check: Callable[[MemoryPlan], None] | None = None) -> None:
         """Tell the parts the plan: released and streamed ones keep their external data mapped; a streamed
         one compiles group by group (``Part.stream_bytes``); a part placed on another device compiles there.
-        ``calls``: this job's input shapes per part (the plan is made again, with activations, when they change).
-        Starts the first stage's peak."""
+        ``calls``: this job's input shapes per part (the plan is made again, with activations, when they change);
+        ``check(plan)`` may refuse the job first (before anything is told or said). Starts the first stage's peak."""
         if calls is not None and calls != getattr(self, "_memory_calls", None):
             made = getattr(self, "_memory_plan", None)  # the process's base as first measured (or given) stays
             plan = self.memory_plan(base=made.base_bytes if made is not None else None, calls=calls)
             self._memory_calls = calls
         else:
             plan = self.memory_plan()
+        if check is not None:
+            check(plan)
         for p in plan.parts:
             part = self._parts.get(p.part)
             if part is not None and p.device:

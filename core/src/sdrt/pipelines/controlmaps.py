@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
+from .images import RESIZE_MODES as IMAGE_RESIZE_MODES
 
 __all__ = [
     "RESIZE_MODES",
@@ -38,7 +39,8 @@ __all__ = [
     "to_rgb",
 ]
 
-RESIZE_MODES = ("Just Resize", "Crop and Resize", "Resize and Fill")
+#: sd-webui-controlnet's resize modes: the init image's first three (``sdrt.pipelines.images.RESIZE_MODES``)
+RESIZE_MODES = IMAGE_RESIZE_MODES[:3]
 _TG22 = int(0.4142135623730950488016887242097 * (1 << 15) + 0.5)
 
 

@@ -148,7 +148,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
     """``controlnets=[(net, image, scale, start, end), ...]`` (or :class:`ControlNet` objects), checked."""
     from ..checkpoint.controlnet import OpenedControlNet
     from .controlmaps import RESIZE_MODES
-    from .images import check_path
+    from .images import check_path, resize_mode
 
     if controlnets is None:
         return []
@@ -197,9 +197,9 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                              fix="pass guess_mode=True with the control mode Balanced, or a control mode alone")
         if unit.processor_res is not None:
             unit.processor_res = int(_num(unit.processor_res, f"{where} processor_res", 1, 8192))
-        if unit.resize not in RESIZE_MODES:
-            raise InputError(f"unknown ControlNet resize mode {unit.resize!r}", where=where,
-                             fix=f"use one of {', '.join(RESIZE_MODES)}")
+        # the init image's names (sdrt.pipelines.images.resize_mode): any case, A1111's 0 to 2, the extension's aliases
+        unit.resize = resize_mode(RESIZE_MODES[1] if unit.resize is None else unit.resize, f"{where} resize",
+                                  RESIZE_MODES)
         # the preprocessor's thresholds: a canny threshold is a gradient level (>= 0), scribble's a pixel level;
         # 'x' was a TypeError from numpy and 2.7 ran as 2, at the first step rather than now
         for name in ("low", "high"):

@@ -102,30 +102,40 @@ def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None)
     return np.ascontiguousarray(arr[..., :3])
 
 
-def to_mask(value: ImageLike, height: int, width: int) -> np.ndarray:
-    """HxW float32 in {0, 1}, 1 where the image is repainted (diffusers: grayscale, then binarized at 0.5)."""
+def mask_gray(value: ImageLike) -> np.ndarray:
+    """The mask's grey levels, HxW uint8 (white = repaint), at its own size: a path, a Pillow image, an HxW array
+    (bool, uint8, or float in [0, 1]) or an HxWx3/4 image (luma, as Pillow's ``convert("L")``)."""
     path = _path(value)
     if path is not None:
-        gray = _open_file(path, "mask").astype(np.float32) / 255
-    elif _is_pil(value):
-        gray = np.asarray(value.convert("L")).astype(np.float32) / 255
-    else:
-        arr = _array(value, "mask", "mask")
-        if arr.dtype == bool:
-            arr = arr.astype(np.uint8) * 255
-        if arr.ndim == 3 and arr.shape[-1] in (3, 4):
-            rgb = _to_uint8(arr[..., :3], "mask").astype(np.uint32)
-            arr = ((rgb[..., 0] * 299 + rgb[..., 1] * 587 + rgb[..., 2] * 114 + 500) // 1000).astype(np.uint8)
-        elif arr.ndim == 3 and arr.shape[-1] == 1:
-            arr = arr[..., 0]
-        if arr.ndim != 2 or 0 in arr.shape:
-            raise InputError(f"the mask has shape {_array(value, 'mask', 'mask').shape}", where="mask",
-                             fix="pass an HxW array (white = repaint), or an HxWx3 image")
-        gray = _to_uint8(arr[..., None], "mask")[..., 0].astype(np.float32) / 255
+        return _open_file(path, "mask")
+    if _is_pil(value):
+        return np.asarray(value.convert("L"))
+    arr = _array(value, "mask", "mask")
+    if arr.dtype == bool:
+        arr = arr.astype(np.uint8) * 255
+    if arr.ndim == 3 and arr.shape[-1] in (3, 4):
+        rgb = _to_uint8(arr[..., :3], "mask").astype(np.uint32)
+        arr = ((rgb[..., 0] * 299 + rgb[..., 1] * 587 + rgb[..., 2] * 114 + 500) // 1000).astype(np.uint8)
+    elif arr.ndim == 3 and arr.shape[-1] == 1:
+        arr = arr[..., 0]
+    if arr.ndim != 2 or 0 in arr.shape:
+        raise InputError(f"the mask has shape {_array(value, 'mask', 'mask').shape}", where="mask",
+                         fix="pass an HxW array (white = repaint), or an HxWx3 image")
+    return np.ascontiguousarray(_to_uint8(arr[..., None], "mask")[..., 0])
+
+
+def binarize(gray: np.ndarray) -> np.ndarray:
+    """HxW float32 in {0, 1}, 1 where the image is repainted (diffusers: grayscale, then binarized at 0.5)."""
+    return (gray.astype(np.float32) / 255 >= 0.5).astype(np.float32)
+
+
+def to_mask(value: ImageLike, height: int, width: int) -> np.ndarray:
+    """The mask of an ``width x height`` image, binarized (``binarize``); its size must be the image's."""
+    gray = mask_gray(value)
     if gray.shape != (height, width):
         raise InputError(f"the mask is {gray.shape[1]}x{gray.shape[0]}, the image {width}x{height}", where="mask",
                          fix="give a mask of the image's size")
-    return (gray >= 0.5).astype(np.float32)
+    return binarize(gray)
 
 
 def _to_uint8(arr: np.ndarray, what: str, where: str | None = None) -> np.ndarray:
@@ -168,3 +178,117 @@ def to_pil(image: np.ndarray) -> Any:
     from PIL import Image
 
     return Image.fromarray(image)
+
+
+# ------------------------------------------------------------------ fitting a picture to the generation's size
+#: how an init image (and its mask) meets the generation's size: A1111's img2img ``resize_mode`` 0 to 3, spelt as
+#: sd-webui-controlnet spells its first three (``ControlNet(resize=...)``); matched without case
+RESIZE_MODES = ("Just Resize", "Crop and Resize", "Resize and Fill", "Just Resize (latent upscale)")
+JUST_RESIZE, CROP_AND_RESIZE, RESIZE_AND_FILL, LATENT_UPSCALE = RESIZE_MODES
+#: what each mode does, in a word or two (the log line that says a picture was fitted)
+_DOES = {JUST_RESIZE: "stretched to the size", CROP_AND_RESIZE: "scaled to cover the size, the overflow cropped",
+         RESIZE_AND_FILL: "scaled to fit inside the size, its edges stretched into the bars",
+         LATENT_UPSCALE: "encoded at its own size, its latents resized bilinearly"}
+#: sd-webui-controlnet's other names for its modes (its API takes them too)
+ALIASES = {"inner fit (scale to fit)": CROP_AND_RESIZE, "scale to fit (inner fit)": CROP_AND_RESIZE,
+           "outer fit (shrink to fit)": RESIZE_AND_FILL, "envelope (outer fit)": RESIZE_AND_FILL}
+
+
+def resize_mode(value: Any, where: str = "resize_mode", modes: tuple[str, ...] = RESIZE_MODES) -> str:
+    """The canonical name of a resize mode: one of ``modes`` (any case, ``_`` or ``-`` for spaces), a ControlNet
+    alias, or A1111's index (0 just resize, 1 crop and resize, 2 resize and fill, 3 latent upscale); None is
+    Just Resize, A1111's default."""
+    if value is None:
+        return JUST_RESIZE
+    if isinstance(value, str) and value.strip().isdigit():  # the number, as a command line gives it
+        value = int(value.strip())
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and 0 <= value < len(modes):
+        return modes[int(value)]
+    if isinstance(value, str):
+        key = " ".join(value.replace("_", " ").replace("-", " ").split()).casefold()
+        key = key.replace("( ", "(").replace(" )", ")")
+        for mode in modes:
+            if key == mode.casefold():
+                return mode
+        alias = ALIASES.get(key)
+        if alias in modes:
+            return alias
+    raise InputError(f"unknown resize mode {value!r:.60}", where=where,
+                     fix="use one of " + ", ".join(repr(m) for m in modes) + f" (or 0 to {len(modes) - 1}, A1111's "
+                     "numbers)")
+
+
+def describe_fit(mode: str) -> str:
+    """How ``mode`` fitted a picture, for the line that says so: ``"Crop and Resize fits it (scaled to ...)"``."""
+    return f"{mode} fits it ({_DOES[mode]})"
+
+
+def snap(width: int, height: int, multiple: int) -> tuple[int, int]:
+    """Each side down to a multiple of ``multiple`` (at least one multiple), as diffusers' ``VaeImageProcessor``
+    sizes a picture given without a size."""
+    return max(width - width % multiple, multiple), max(height - height % multiple, multiple)
+
+
+def _scaled(iw: int, ih: int, width: int, height: int, cover: bool) -> tuple[int, int]:
+    """The picture's size once scaled to cover (``cover``) or to fit inside ``width x height``, aspect kept, in
+    A1111's integer arithmetic: the matched side exact, the other floored (at least 1)."""
+    wider = width * ih > iw * height  # the target is wider than the picture (exact: integers, not float ratios)
+    narrower = width * ih < iw * height
+    if (wider if cover else narrower):
+        return width, max(ih * width // iw, 1)
+    return max(iw * height // ih, 1), height
+
+
+def fit_image(img: Any, width: int, height: int, mode: str, what: str = "init image",
+              where: str = "init_image") -> Any:
+    """A Pillow image at ``width x height``, fitted as A1111's ``images.resize_image`` does (Lanczos throughout):
+
+    - Just Resize (and its latent upscale, whose pixels it gives for a mask): stretched to the size;
+    - Crop and Resize: scaled (aspect kept) to cover the size, centred, the overflow cropped;
+    - Resize and Fill: scaled to fit inside, centred, and each bar filled with the picture's nearest edge
+      stretched across it (a bicubic resample of the edge row or column).
+
+    The picture keeps its Pillow mode (RGB, or L for a mask)."""
+    from PIL import Image
+
+    mode = resize_mode(mode)
+    if img.size == (width, height):
+        return img
+    if mode in (JUST_RESIZE, LATENT_UPSCALE):
+        return img.resize((width, height), Image.Resampling.LANCZOS)
+    iw, ih = img.size
+    cover = mode == CROP_AND_RESIZE
+    sw, sh = _scaled(iw, ih, width, height, cover)
+    from .bounds import MAX_SIDE
+
+    if max(sw, sh) > MAX_SIDE:  # a 1x4000 strip cropped to 2048x2048 would be 8 million pixels long on the way
+        raise InputError(f"the {what} is {iw}x{ih}: scaled to cover {width}x{height} it would be {sw}x{sh}, above "
+                         f"the limit of {MAX_SIDE} pixels a side", where=where,
+                         fix=f"crop it nearer to the shape of {width}x{height}, or use {{@resize_mode=}}'{JUST_RESIZE}'")
+    scaled = img.resize((sw, sh), Image.Resampling.LANCZOS)
+    out = Image.new(img.mode, (width, height))
+    left, top = width // 2 - sw // 2, height // 2 - sh // 2  # negative when cropping: the paste crops
+    out.paste(scaled, (left, top))
+    if cover or (sw, sh) == (width, height):
+        return out
+    bicubic = Image.Resampling.BICUBIC
+    if sw == width and top > 0:  # bars above and below: the top and bottom rows, stretched down and up
+        out.paste(scaled.resize((width, top), bicubic, box=(0, 0, width, 0)), (0, 0))
+        out.paste(scaled.resize((width, top), bicubic, box=(0, sh, width, sh)), (0, top + sh))
+    elif sh == height and left > 0:  # bars left and right: the first and last columns
+        out.paste(scaled.resize((left, height), bicubic, box=(0, 0, 0, height)), (0, 0))
+        out.paste(scaled.resize((left, height), bicubic, box=(sw, 0, sw, height)), (left + sw, 0))
+    return out
+
+
+def fit_array(image: np.ndarray, width: int, height: int, mode: str, what: str = "init image",
+              where: str = "init_image") -> np.ndarray:
+    """``fit_image`` for an HxWx3 (or HxW, a mask) uint8 array; Pillow does the resampling."""
+    if image.shape[:2] == (height, width):
+        return image
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise InputError(f"the {what} is {image.shape[1]}x{image.shape[0]} and is fitted to {width}x{height}, which "
+                         "needs Pillow", where=where, fix=PILLOW_HINT + f", or pass a {width}x{height} {what}") from exc
+    return np.asarray(fit_image(Image.fromarray(image), width, height, mode, what, where), dtype=np.uint8)

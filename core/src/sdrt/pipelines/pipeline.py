@@ -41,7 +41,7 @@ from .budget import MemoryMixin
 from .extras import ToolboxMixin
 from .families import ModelCall
 from .folder import ModelFolder
-from .images import from_nchw, to_mask, to_nchw, to_rgb
+from .images import from_nchw, to_nchw, to_rgb
 from .parts import Part
 from .prompts import Conditioning, PromptEncoder
 from .settings import Generation, Settings, check_keywords, validate
@@ -349,6 +349,17 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             latent = latent - np.float32(shift)
         return (latent * np.float32(scale)).astype(np.float32)
 
+    def _init_latents(self, init: np.ndarray, generator: Any, lh: int, lw: int) -> np.ndarray:
+        """The init image's latents: ``init`` encoded; with the latent upscale resize mode, the picture encoded at
+        its own size and its latents resized to ``lh x lw`` as A1111 does (``torch.nn.functional.interpolate``,
+        bilinear, after the VAE's scale and shift, which commute with it)."""
+        source = getattr(self, "_init_source", None)
+        if source is None:
+            return self._encode_image(to_nchw(init), generator)
+        from .hires import interpolate
+
+        return interpolate(self._encode_image(to_nchw(source), generator), lh, lw, "bilinear")
+
     def _decode(self, latents: np.ndarray) -> list[np.ndarray]:
         scale, shift = self.family.scaling
         z = (latents / np.float32(scale)).astype(np.float32)
@@ -416,8 +427,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
         Keywords: ``steps=20, cfg=7.0, sampler="DPM++ 2M Karras", schedule=None (a ComfyUI scheduler or
         A1111 schedule label, for sampler names without one), seed=None (random), width, height
-        (default: the init image's size, else the model's), init_image, strength (0.75; 1.0 with a
-        mask), mask (white = repaint), batch=1, batch_count=1, clip_skip=1``; the toolbox's
+        (default: the init image's size, else the model's), init_image (any size), strength (0.75; 1.0 with a
+        mask), mask (white = repaint), resize_mode ("Just Resize"; how the init image and mask meet width and height:
+        ``sdrt.pipelines.RESIZE_MODES``), batch=1, batch_count=1, clip_skip=1``; the toolbox's
         ``controlnets=[(net, image, scale, start, end)]``, ``hires_scale, hires_steps, hires_denoise,
         hires_upscaler``, ``rng="cpu"|"gpu"|"nv", subseed, subseed_strength``, ``preview`` and ``preview_size``
         (docs/toolbox.md). ``callback(step, total, latents)`` is called after every step (it may call
@@ -440,6 +452,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 return gen
             finally:
                 self._references = None  # the job's encoded reference images
+                self._init_source = self._init_sized = None  # the job's init image at its own size
                 with self._state:
                     self._running = False
                     self._stop.clear()
@@ -497,21 +510,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         else:
             s = validate(prompt, negative_prompt, **kwargs)
         init = mask = None
+        self._init_source = self._init_sized = None
         if s.init_image is not None:
-            init = to_rgb(s.init_image, "init image")
-            h, w = init.shape[:2]
-            if w < 8 or h < 8:
-                raise InputError(f"the init image is {w}x{h}, smaller than the smallest image (8x8)",
-                                 where="init_image", fix="use an image of at least 8x8 pixels, a multiple of 8")
-            if (s.width or w) != w or (s.height or h) != h:
-                raise InputError(f"the init image is {w}x{h}, the requested size {s.width or w}x{s.height or h}",
-                                 where="init_image", fix="resize the image first, or leave width and height unset")
-            if w % 8 or h % 8:
-                raise InputError(f"the init image is {w}x{h}, not a multiple of 8", where="init_image",
-                                 fix=f"crop or resize it to {w - w % 8}x{h - h % 8}")
-            s.width, s.height = w, h
-            if s.mask is not None:
-                mask = to_mask(s.mask, h, w)
+            init, mask = self._fit_init(s)
         if s.reference_images:  # FLUX.1 Kontext (sdrt.pipelines.reference): read and sized once, here
             from .reference import check_model, prepare
 
@@ -542,7 +543,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             if fixed is not None:
                 s.width, s.height = fixed
         self._family_defaults(s)
-        self._check_size(s, "init_image" if init is not None else None)
+        self._check_size(s, "init_image" if self._init_sized is not None else None)
         self._flux_tool_settings(s)
         self._prepare_extras(s)
         self._refiner_job = None
@@ -552,6 +553,79 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
             self._refiner_job = resolve(self, s, load)
         return s, init, mask
+
+    def _size_multiple(self) -> int:
+        """The multiple of which every side this model runs is: 16 for the flow models (VAE 8 x patch 2); for a
+        UNet, 8 x 2 ** (down blocks - 1) (64 for SD 1.x and 2.x, 32 for SDXL: ``_unet_size_error``); else 8."""
+        if self.family.flow:
+            return 16
+        blocks = self.folder.configs.get("unet", {}).get("block_out_channels")
+        return 8 * 2 ** (len(blocks) - 1) if isinstance(blocks, list) and len(blocks) >= 2 else 8
+
+    def _fit_init(self, s: Settings) -> tuple[np.ndarray, np.ndarray | None]:
+        """The init image (and mask) fitted to the run's size, which it settles (``s.width``, ``s.height``).
+
+        Sizes given: the picture is fitted to them with ``s.resize_mode``; one side given: the other keeps the
+        picture's aspect ratio; none: the picture's own size, each side down to the multiple this model runs
+        (``_size_multiple``; diffusers' ``VaeImageProcessor`` rounds down to 8 and resizes), or a fixed-size
+        model's size. Any fit is said in one warning line. With the latent upscale mode the picture is also kept
+        at its own size (down to a multiple of 8) for the VAE encoder (``_init_latents``); the pixels others read
+        (a mask's, an inpainting model's masked image) are the plain resize's. A VAE encoder exported for one
+        size cannot take the picture at its own: the latent upscale then runs as Just Resize, and says so."""
+        from .images import JUST_RESIZE, LATENT_UPSCALE, binarize, describe_fit, fit_array, mask_gray, snap
+
+        picture = to_rgb(s.init_image, "init image")
+        h, w = picture.shape[:2]
+        if w < 8 or h < 8:
+            raise InputError(f"the init image is {w}x{h}, smaller than the smallest image (8x8)",
+                             where="init_image", fix="use an image of at least 8x8 pixels")
+        multiple = self._size_multiple()
+        if s.width is None and s.height is None:
+            tw, th = snap(w, h, multiple)
+            why = f" and this model makes sides that are multiples of {multiple}: it runs at {tw}x{th};"
+            shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
+            fixed = self.family.size_error(shape, tw, th)
+            if fixed is not None:  # a graph exported for one size: the picture meets it
+                tw, th = fixed
+                why = f" and this model makes {tw}x{th} images only:"
+            self._init_sized = (w, h)  # the size came from the picture (the memory check names it)
+            self._check_init_area((w, h), tw, th)
+        else:
+            def other(given: int, side: int, across: int) -> int:
+                return max(int(round(given * side / across / multiple)) * multiple, multiple)
+
+            tw = s.width if s.width is not None else other(s.height, w, h)  # type: ignore[arg-type]
+            th = s.height if s.height is not None else other(s.width, h, w)  # type: ignore[arg-type]
+            if s.width is not None and s.height is not None:
+                why = f" and {tw}x{th} was asked:"
+            else:
+                given = f"width {tw}" if s.width is not None else f"height {th}"
+                why = f" and {given} was asked: it runs at {tw}x{th}, in the picture's aspect ratio;"
+        mode, note = s.resize_mode, ""
+        gray = mask_gray(s.mask) if s.mask is not None else None
+        if gray is not None and gray.shape not in ((h, w), (th, tw)):
+            raise InputError(f"the mask is {gray.shape[1]}x{gray.shape[0]}, the init image {w}x{h}", where="mask",
+                             fix="give a mask of the init image's size (white = repaint)")
+        source = snap(w, h, 8)
+        if mode == LATENT_UPSCALE and (tw, th) != (w, h):
+            sample = self.vae_encoder.inputs.get("sample") if self.vae_encoder is not None else None
+            encoder = tuple(sample.shape[2:]) if sample is not None else ()
+            if len(encoder) == 2 and all(isinstance(d, int) for d in encoder) and encoder != source[::-1]:
+                mode = JUST_RESIZE  # a VAE encoder exported for one size cannot take the picture at its own
+                note = (f" (not the latent upscale: this model's VAE encoder is exported for {encoder[1]}x"
+                        f"{encoder[0]} only)")
+        if (tw, th) != (w, h):
+            say = log.debug if self._dry else log.warning  # a dry run (the memory plan's, plan()) says nothing
+            say("the init image is %dx%d%s %s%s%s", w, h, why, describe_fit(mode), note,
+                ", and the mask with it" if gray is not None and gray.shape == (h, w) else "")
+        init = fit_array(picture, tw, th, mode)
+        if mode == LATENT_UPSCALE and (tw, th) != (w, h):
+            self._init_source = fit_array(picture, *source, mode)
+        mask = None
+        if gray is not None:
+            mask = binarize(fit_array(gray, tw, th, mode, "mask", "mask"))
+        s.width, s.height = tw, th
+        return init, mask
 
     @property
     def flux_tool(self) -> str | None:
@@ -617,7 +691,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if source is not None and max(s.width, s.height) > MAX_SIDE:  # width and height themselves: validate
             what = "init image" if source == "init_image" else "hires fix's second pass"
             raise InputError(f"the {what} is {s.width}x{s.height}, above the limit of {MAX_SIDE} pixels a side",
-                             where=source, fix="resize the image smaller" if source == "init_image" else
+                             where=source, fix="pass {@width} and {@height}: the picture is fitted to them "
+                             "({@resize_mode})" if source == "init_image" else
                              "pass a smaller {@hires_scale} or {@width} and {@height}")
         if self.family.flow and (s.width % 16 or s.height % 16):  # 8 (VAE) x 2 (patch)
             where = "width" if s.width % 16 else "height"
@@ -696,9 +771,50 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         self._settings = s  # the last job's checked settings (the run plan reads them)
         _ = self.is_low_memory  # decided (and the parts told) before any part loads
         if not self._dry:  # each part resident, released after use or streamed, and where (budget.py)
-            self._apply_memory_plan(calls)
+            self._apply_memory_plan(calls, check=lambda plan: self._check_init_size(s, plan))
         with self._stores_after_job():
             return self._generate_planned(s, init, mask, callback, original)
+
+    #: how many times the model's own pixel count a picture given with no size may run at (A1111's UI stops at
+    #: 2048x2048, 4 times SDXL's; attention's cost grows with the square of the pixels)
+    MAX_INIT_AREA = 4
+
+    def _nearer_size(self, width: int, height: int) -> tuple[int, int]:
+        """A size of about the model's own pixel count in ``width:height``'s aspect ratio, in the sides it runs."""
+        step = self._size_multiple()
+        k = (self.default_size ** 2 / (width * height)) ** 0.5
+        return max(int(round(width * k / step)), 1) * step, max(int(round(height * k / step)), 1) * step
+
+    def _check_init_area(self, picture: tuple[int, int], width: int, height: int) -> None:
+        """A size taken from an init image (no width or height given: diffusers keeps a picture's size) of more than
+        ``MAX_INIT_AREA`` times the model's own pixels fails before anything runs, naming a size to ask for: a
+        4032x3024 phone photo ran SD 1.5 at 4032x3008 (16 GB and counting after 16 minutes on 2 cores)."""
+        if width * height <= self.MAX_INIT_AREA * self.default_size ** 2:
+            return
+        sw, sh = self._nearer_size(width, height)
+        raise InputError(f"the init image is {picture[0]}x{picture[1]}, and with no width or height given it would "
+                         f"run at {width}x{height}, more than {self.MAX_INIT_AREA} times the pixels of this model's "
+                         f"{self.default_size}x{self.default_size}", where="init_image",
+                         fix=f"pass {{@width=}}{sw} and {{@height=}}{sh} (about the model's own size, the picture's "
+                             "aspect ratio; any width and height run): the picture is fitted to them ({@resize_mode})")
+
+    def _check_init_size(self, s: Settings, plan: Any) -> None:
+        """A size taken from an init image larger than the model's own, which the memory plan says does not fit
+        the budget, fails now, naming the size to ask for, rather than running out of memory."""
+        picture = getattr(self, "_init_sized", None)
+        if picture is None or plan.fits or plan.budget_bytes is None:
+            return
+        assert s.width is not None and s.height is not None
+        if s.width * s.height <= self.default_size ** 2:  # the model's own size or less: the plan's warning says it
+            return
+        from .budget import _size
+
+        sw, sh = self._nearer_size(s.width, s.height)
+        raise InputError(f"the init image is {picture[0]}x{picture[1]}, and with no width or height given it runs at "
+                         f"{s.width}x{s.height}, for which the memory plan predicts a peak of {_size(plan.peak_bytes)}, "
+                         f"above the budget of {_size(plan.budget_bytes)} ({plan.budget_source})", where="init_image",
+                         fix=f"pass {{@width=}}{sw} and {{@height=}}{sh} (about the model's own size, the picture's "
+                             "aspect ratio): the picture is fitted to them ({@resize_mode})")
 
     def _stores_after_job(self) -> Any:
         """Compile-cache stores wait until this job has returned (``sdrt.cache.deferred``), when every part stays
@@ -809,13 +925,13 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             from .reference import MEAN as init_gen
         if s.mode == "img2img":
             assert init is not None
-            image_latents = np.repeat(self._encode_image(to_nchw(init), init_gen), s.batch, axis=0)
+            image_latents = np.repeat(self._init_latents(init, init_gen, lh, lw), s.batch, axis=0)
             noise = generator.randn(shape)
             x = loop.start(noise, image_latents)
         elif s.mode == "inpaint":
             assert init is not None and mask is not None
             if not nine or not full or fill:  # FluxFillPipeline encodes the init image first, at any strength
-                image_latents = np.repeat(self._encode_image(to_nchw(init), init_gen), s.batch, axis=0)
+                image_latents = np.repeat(self._init_latents(init, init_gen, lh, lw), s.batch, axis=0)
             noise = generator.randn(shape)
             x = loop.start(noise, None if full else image_latents)
             masked = to_nchw(init) * (mask < 0.5)[None, None]

@@ -46,6 +46,8 @@ class Settings:
     #: FLUX.1 Kontext's reference images (sdrt.pipelines.reference), None without; resized to Kontext's sizes or not
     reference_images: list[Any] | None = None
     reference_resize: bool = True
+    #: how the init image and mask meet the size when theirs differs (sdrt.pipelines.images.RESIZE_MODES)
+    resize_mode: str = "Just Resize"
     #: a Flux.1 Canny/Depth model's control image (sdrt.pipelines.fluxtools); a ControlNet unit when it came from
     #: ``--control-image`` (its preprocessor and resize mode)
     control_image: Any = None
@@ -117,11 +119,15 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              strength: float | None = None, mask: ImageLike | None = None, batch: int = 1, batch_count: int = 1,
              clip_skip: int = 1, guidance: float | None = None, shift: float | None = None,
              max_sequence_length: int | None = None, guidance_rescale: float = 0.0, reference_images: Any = None,
-             reference_resize: bool = True, control_image: ImageLike | None = None, **toolbox: Any) -> Settings:
+             reference_resize: bool = True, control_image: ImageLike | None = None, resize_mode: Any = None,
+             **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
     DPM++ 2M Karras for SD; CFG 1 and Euler for Flux, whose ``guidance`` is the distilled scale).
+    ``resize_mode``: how ``init_image`` and ``mask`` meet ``width`` and ``height`` when their size differs:
+    ``"Just Resize"`` (default), ``"Crop and Resize"``, ``"Resize and Fill"``, ``"Just Resize (latent upscale)"``
+    (A1111's img2img modes 0 to 3; any case).
     ``toolbox``: ControlNet, hires fix, preview and seed arguments (:mod:`sdrt.pipelines.toolbox`)."""
     from ..samplers import resolve
     from ..samplers.seeds import resolve_seed
@@ -194,6 +200,12 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                              fix=f"raise {{@strength}} to at least {1 / steps:.3g}, or {{@steps}}")
     if mask is not None:
         check_path(mask, "mask")
+    if resize_mode is not None and init_image is None:
+        raise InputError("{@resize_mode} fits an init image (and its mask) to the size, and none was given",
+                         where="resize_mode", fix="pass {@init_image=} too, or leave {@resize_mode} unset")
+    from .images import resize_mode as resize_mode_of
+
+    fit = resize_mode_of(resize_mode)
     if control_image is not None:
         check_path(control_image, "control image")
     from .reference import references_of
@@ -208,7 +220,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                     mask, toolbox=extras, guidance=None if guidance is None else float(guidance),
                     shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length,
                     guidance_rescale=float(guidance_rescale), reference_images=references,
-                    reference_resize=bool(reference_resize), control_image=control_image)
+                    reference_resize=bool(reference_resize), control_image=control_image, resize_mode=fit)
 
 
 def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> None:
@@ -231,7 +243,7 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
             "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "guidance_rescale",
-            "reference_images", "reference_resize", "control_image", *TOOLBOX_KEYWORDS)
+            "reference_images", "reference_resize", "control_image", "resize_mode", *TOOLBOX_KEYWORDS)
 
 
 #: other libraries' names for these arguments (diffusers', A1111's API): what to pass here instead. A near spelling

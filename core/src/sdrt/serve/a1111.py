@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..pipelines.images import JUST_RESIZE, LATENT_UPSCALE, RESIZE_MODES
 from . import b64images, controlnet, extras, kontext, modules
 from .config import Limits
 from .errors import ApiError, from_pipeline
@@ -195,6 +196,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     # Forge's FLUX.1 Kontext extension (alwayson_scripts["Forge FluxKontext"]): reference images
     net_names.update(kontext.references(body, kwargs, limits.max_width * limits.max_height * 4, not_honoured,
                                         (limits.max_width, limits.max_height)))
+    if mode == "img2img" and width is None and height is None:  # the size is the init image's: a size the model
+        net_names.update(width="init_images", height="init_images")  # refuses is that image's field
     try:  # the pipeline's own checks (sampler and schedule names, sizes, strength), before any model loads
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
@@ -321,9 +324,6 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
     max_pixels = limits.max_width * limits.max_height * 4
     img = b64images.decode(images[0], "init_images[0]", max_pixels)
     resize_mode = get_int(body, "resize_mode", 0, 0, 3)
-    if resize_mode == 3:
-        not_honoured.append("resize_mode: 3 (latent upscale) runs as 0 (just resize)")
-        resize_mode = 0
     width, height = kwargs["width"] or img.width, kwargs["height"] or img.height
     # sides left unset take the image's, within this server's limits (a 4096x4096 photo ran at 4096x4096)
     scale = min([1.0, *(limit / side for side, given, limit in ((width, kwargs["width"], limits.max_width),
@@ -339,7 +339,14 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
         raise ApiError(400, f"init_images[0] is {img.width}x{img.height}, too small for an 8x8 image",
                        field="init_images")
     kwargs["width"], kwargs["height"] = width, height
-    kwargs["init_image"] = b64images.rgb_array(b64images.fit(img, width, height, resize_mode))
+    # A1111's processing: the picture flattened, then fitted (images.resize_image); resize_mode 3 (latent upscale)
+    # leaves it at its own size for the VAE and resizes its latents: the pipeline does that (resize_mode=)
+    mode = RESIZE_MODES[resize_mode]
+    picture = b64images.rgb_array(img)
+    latent = mode == LATENT_UPSCALE
+    kwargs["init_image"] = picture if latent else _fit(picture, width, height, mode, "init_images[0]")
+    if latent:
+        kwargs["resize_mode"] = mode
     kwargs["strength"] = get_float(body, "denoising_strength", 0.75, 0.0, 1.0, low_open=True)
     mask = body.get("mask")
     if mask is not None and mask != "":
@@ -348,12 +355,14 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
         if blur is None:
             blur = max(get_int(body, "mask_blur_x", 4, 0, 64), get_int(body, "mask_blur_y", 4, 0, 64))
         invert = get_int(body, "inpainting_mask_invert", 0, 0, 1) == 1
-        # A1111 fits the mask with the init images' resize_mode (processing.py: images.resize_image(
-        # self.resize_mode, image_mask, ...)); clients send masks at their own canvas size, so it is kept
-        kwargs["mask"] = b64images.mask_array(b64images.fit(m, width, height, resize_mode), blur, invert)
+        # A1111 blurs the mask at its own size, then fits it with the init images' resize_mode (processing.py:
+        # images.resize_image(self.resize_mode, image_mask, ...)); clients send masks at their own canvas size.
+        # Under latent upscale it is stretched to the size, as the picture's latents are
+        gray = b64images.mask_array(m, blur, invert)
+        kwargs["mask"] = _fit(gray, width, height, JUST_RESIZE if latent else mode, "mask")
         fill = get_int(body, "inpainting_fill", 1, 0, 3)
         if fill == 0:
-            _fill_masked(kwargs)
+            kwargs["init_image"] = _fill_masked(kwargs["init_image"], kwargs["mask"])
         elif fill in (2, 3):
             not_honoured.append(f"inpainting_fill: {fill} ({'latent noise' if fill == 2 else 'latent nothing'}) "
                                 "runs as 1 (original)")
@@ -362,14 +371,30 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
     return img
 
 
-def _fill_masked(kwargs: dict[str, Any]) -> None:
-    """inpainting_fill 0 ("fill"): the area to repaint starts as the mean colour of the rest."""
-    image, mask = kwargs["init_image"], kwargs["mask"] >= 128
-    keep = image[~mask]
-    if keep.size and mask.any():
+def _fit(image: Any, width: int, height: int, mode: str, field: str) -> Any:
+    """``sdrt.pipelines.images.fit_array``, its refusal (a sliver cropped and resized) a 400 naming ``field``."""
+    from ..errors import SdrtError
+    from ..pipelines.images import fit_array
+
+    try:
+        return fit_array(image, width, height, mode, "init image" if field != "mask" else "mask", field)
+    except SdrtError as exc:
+        raise from_pipeline(exc) from None
+
+
+def _fill_masked(image: Any, mask: Any) -> Any:
+    """inpainting_fill 0 ("fill"): the area to repaint starts as the mean colour of the rest (the mask stretched to
+    the picture's size where they differ: latent upscale keeps the picture at its own)."""
+    if mask.shape != image.shape[:2]:
+        from ..pipelines.images import fit_array
+
+        mask = fit_array(mask, image.shape[1], image.shape[0], JUST_RESIZE, "mask", "mask")
+    repaint = mask >= 128
+    keep = image[~repaint]
+    if keep.size and repaint.any():
         image = image.copy()
-        image[mask] = keep.reshape(-1, 3).mean(axis=0).round().astype(image.dtype)
-        kwargs["init_image"] = image
+        image[repaint] = keep.reshape(-1, 3).mean(axis=0).round().astype(image.dtype)
+    return image
 
 
 __all__ = ["Request", "parse"]

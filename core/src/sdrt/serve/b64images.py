@@ -1,5 +1,6 @@
 """Base64 images in requests (A1111's ``init_images`` and ``mask``, with or without a ``data:`` prefix),
-decoded with Pillow under a pixel limit, and fitted to the requested size as A1111's resize modes do."""
+decoded with Pillow under a pixel limit, and fitted to the requested size as A1111's resize modes do
+(``sdrt.pipelines.images``)."""
 
 from __future__ import annotations
 
@@ -57,28 +58,23 @@ def open_image(raw: bytes, field: str, max_pixels: int) -> Any:
     return img
 
 
-def fit(img: Any, width: int, height: int, mode: int) -> Any:
-    """A1111's resize modes: 0 just resize, 1 crop and resize (cover, centre crop), 2 resize and fill
-    (contain, edges stretched into the bars)."""
+def fit(img: Any, width: int, height: int, mode: int, field: str = "init_images[0]") -> Any:
+    """A Pillow image fitted as A1111's resize modes 0 (just resize), 1 (crop and resize) and 2 (resize and fill)
+    fit it: ``sdrt.pipelines.images.fit_image``, which the Python API and ``sdrt generate`` use too. A picture
+    with transparency is flattened on white first (``rgb_array``); a refusal (a sliver cropped to cover the size)
+    is a 400 naming ``field``."""
     from PIL import Image
 
-    if img.size == (width, height):
-        return img
-    if mode == 0:
-        return img.resize((width, height), Image.LANCZOS)
-    ratio_w, ratio_h = width / img.width, height / img.height
-    if mode == 1:
-        scale = max(ratio_w, ratio_h)
-        w, h = max(round(img.width * scale), width), max(round(img.height * scale), height)
-        big = img.resize((w, h), Image.LANCZOS)
-        left, top = (w - width) // 2, (h - height) // 2
-        return big.crop((left, top, left + width, top + height))
-    scale = min(ratio_w, ratio_h)
-    w, h = max(round(img.width * scale), 1), max(round(img.height * scale), 1)
-    small = img.resize((w, h), Image.LANCZOS)
-    out = small.resize((width, height), Image.NEAREST)  # edge colours in the bars, then the picture on top
-    out.paste(small, ((width - w) // 2, (height - h) // 2))
-    return out
+    from ..errors import SdrtError
+    from ..pipelines.images import RESIZE_MODES, fit_image
+    from .errors import from_pipeline
+
+    if img.mode not in ("RGB", "L"):
+        img = Image.fromarray(rgb_array(img))
+    try:
+        return fit_image(img, width, height, RESIZE_MODES[mode], field, field)
+    except SdrtError as exc:
+        raise ApiError(400, from_pipeline(exc).message, field=field) from None
 
 
 def rgb_array(img: Any) -> np.ndarray:

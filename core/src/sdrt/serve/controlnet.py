@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..pipelines.controlmaps import RESIZE_MODES as CONTROL_RESIZE_MODES
 from . import b64images, kontext
 from .errors import ApiError
 from .fields import get_bool, get_float
@@ -37,11 +38,8 @@ SLIDERS: dict[str, list[dict[str, Any]]] = {
     "threshold": [_RES, {"name": "Binarization Threshold", "value": 127, "min": 0, "max": 255}],
     "scribble": [_RES],
 }
-RESIZE_MODES = ("Just Resize", "Crop and Resize", "Resize and Fill")
-#: the extension's resize mode names, with its aliases and A1111's img2img names (3: latent upscale -> just resize)
-_RESIZE_NAMES = {**{m.casefold(): m for m in RESIZE_MODES}, "inner fit (scale to fit)": "Crop and Resize",
-                 "scale to fit (inner fit)": "Crop and Resize", "outer fit (shrink to fit)": "Resize and Fill",
-                 "envelope (outer fit)": "Resize and Fill", "just resize (latent upscale)": "Just Resize"}
+#: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
+RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
 HR_OPTIONS = ("Both", "Low res only", "High res only")
 #: module families sdrt cannot run, and what they need
@@ -87,17 +85,22 @@ def module(value: Any, field: str) -> str:
 
 
 def resize_mode(value: Any, field: str) -> str:
+    """A unit's resize mode by the extension's name, an alias or A1111's number; 3 (latent upscale), which the
+    extension runs as a plain resize, is Just Resize."""
+    from ..errors import InputError
+    from ..pipelines.images import LATENT_UPSCALE
+    from ..pipelines.images import resize_mode as named
+
     if value is None:
         return "Crop and Resize"  # the extension's ControlNetUnit default (INNER_FIT)
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value.strip())
-    if isinstance(value, int) and not isinstance(value, bool):
-        if 0 <= value <= 3:
-            return RESIZE_MODES[value] if value < 3 else "Just Resize"
-    elif isinstance(value, str) and value.strip().casefold() in _RESIZE_NAMES:
-        return _RESIZE_NAMES[value.strip().casefold()]
-    raise ApiError(400, f"{field} must be 0, 1, 2 or one of {', '.join(RESIZE_MODES)}, got {str(value)[:40]!r}",
-                   field=field)
+    try:
+        mode = named(value, field)
+    except InputError:
+        raise ApiError(400, f"{field} must be 0, 1, 2 or one of {', '.join(RESIZE_MODES)}, got {str(value)[:40]!r}",
+                       field=field) from None
+    return RESIZE_MODES[0] if mode == LATENT_UPSCALE else mode
 
 
 def _choice(value: Any, names: tuple[str, ...], field: str) -> int:

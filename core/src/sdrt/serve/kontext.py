@@ -75,7 +75,7 @@ def references(body: dict[str, Any], kwargs: dict[str, Any], max_pixels: int, no
             raise ApiError(400, f"{where}[{i}] is {img.width}x{img.height} and comes to {w}x{h}, more pixels than this "
                                 f"server's largest image ({max_size[0]}x{max_size[1]}); send a smaller picture, or use "
                                 f"the sizing 'to BFL recommended' or reduce ({where}[4])", field=f"{where}[{i}]")
-        images.append(b64images.rgb_array(b64images.fit(img, w, h, 1)))
+        images.append(b64images.rgb_array(b64images.fit(img, w, h, 1, f"{where}[{i}]")))
         fields.setdefault("reference_images", f"{where}[{i}]")
     if images:
         kwargs["reference_images"] = images
