@@ -210,6 +210,11 @@ class OpenVINOBackend(Backend):
     conformance: ClassVar[Mapping[str, Any]] = CONFORMANCE
     precisions: ClassVar[Mapping[str, Mapping[str, Any]]] = {
         "fp32": {"precision": "fp32"}, "fp16": {"precision": "fp16"}, "bf16": {"precision": "bf16"}}
+    #: onnxruntime contrib ops OpenVINO's ONNX frontend converts itself (the tiny optimized SD folders give the
+    #: unoptimized folders' images with them); the others are rewritten by the core (sdrt.graph.contrib): it has
+    #: no BiasAdd, BiasSplitGelu, NhwcConv or SkipGroupNorm, and its QuickGelu fails on float16
+    contrib_ops: ClassVar[frozenset[str]] = frozenset(f"com.microsoft.{op}" for op in (
+        "MultiHeadAttention", "Attention", "GroupNorm", "Gelu", "BiasGelu", "SkipLayerNormalization"))
     caches = True
     stores_in_background = True  # _open needs no entry: a large blob is checksummed and synced in a thread
 
