@@ -585,6 +585,15 @@ def rewrite_contrib(model: onnx.ModelProto, keep: Iterable[str] = (), *, where: 
     kept: dict[str, list[str]] = {}
     for i, n in enumerate(model.graph.node):
         key = f"{n.domain}.{n.op_type}" if n.domain else n.op_type
+        if n.op_type == "Resize" and not n.domain and len(n.input) > 2 and types.get(n.input[2]) == _FLOAT16:
+            # onnxruntime's float16 converter turns Resize's scales float16 as well; ONNX (and shape inference)
+            # takes them only as float32
+            em = _Emit(n, opset, types, ranks)
+            fixed = type(n).FromString(n.SerializeToString())
+            fixed.input[2] = em.one("Cast", [n.input[2]], to=_FLOAT)
+            nodes.extend([*em.nodes, fixed])
+            done["Resize (float16 scales)"] += 1
+            continue
         if not (is_contrib(n) and n.op_type not in keep and key not in keep):
             nodes.append(n)
             continue
@@ -660,8 +669,9 @@ def rewrite_graph(graph: Any, keep: Iterable[str] = (), backend: str = "") -> An
     r = rewrite_contrib(graph.model, keep, where=graph.name)
     if not r.rewritten:
         return graph
-    for_whom = f" for {backend}" if backend else ""
-    log.info("%s: rewrote onnxruntime contrib ops into standard ONNX ops%s: %s", graph.name, for_whom, r.summary())
+    # a backend's compile says it (info); the cost model's costing of the same ops does not need to (debug)
+    log.log(logging.INFO if backend else logging.DEBUG, "%s: rewrote onnxruntime contrib ops into standard ONNX ops%s: "
+            "%s", graph.name, f" for {backend}" if backend else "", r.summary())
     return graph.derive(r.model)
 
 
