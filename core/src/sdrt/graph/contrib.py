@@ -321,14 +321,15 @@ def _op_simplified_layer_norm(em: _Emit, node: Any) -> list[str] | None:
     return [em.rms_norm(node.input[0], node.input[1], float(a.get("epsilon", 1e-5)), node.output[0])]
 
 
-def _group_norm(em: _Emit, node: Any, x: str, out: str) -> str:
+def _group_norm(em: _Emit, node: Any, x: str, out: str, *, nchw: bool = False) -> str:
+    """GroupNorm / SkipGroupNorm's normalization of ``x`` (channels-first already when ``nchw``) into ``out``."""
     a = _attrs(node)
-    last = int(a.get("channels_last", 1))
     act = int(a.get("activation", 0))
     if act not in (0, 1):
         raise _Skip
     rank = em.ranks.get(x, 4)
-    if last:
+    last = int(a.get("channels_last", 1))
+    if last and not nchw:
         x = em.one("Transpose", [x], perm=[0, rank - 1, *range(1, rank - 1)])
         em.ranks[x] = rank
     y = em.group_norm(x, node.input[1], node.input[2], int(a["groups"]), float(a.get("epsilon", 1e-5)),
@@ -351,13 +352,23 @@ def _op_group_norm(em: _Emit, node: Any) -> list[str] | None:
 
 @_rewrite("SkipGroupNorm")
 def _op_skip_group_norm(em: _Emit, node: Any) -> list[str] | None:
-    s = em.one("Add", [node.input[0], node.input[3]])
+    # the sum is taken channels-first, so that the Transposes around it cancel with those of the NhwcConvs that
+    # feed it and of the ops that read its sum
+    x, skip, rank = node.input[0], node.input[3], em.ranks.get(node.input[0], 4)
+    last = int(_attrs(node).get("channels_last", 1))
+    if last:
+        to_first = [0, rank - 1, *range(1, rank - 1)]
+        x, skip = (em.one("Transpose", [v], perm=to_first) for v in (x, skip))  # skip may be (N, 1, 1, C)
+    s = em.one("Add", [x, skip])
     if _inp(node, 4):
-        s = em.one("Add", [s, node.input[4]])
+        s = em.one("Add", [s, em.one("Reshape", [node.input[4], em.ints([-1] + [1] * (rank - 2))])])
+    em.ranks[s] = rank
     if len(node.output) > 1 and node.output[1]:
-        s = em.one("Identity", [s], node.output[1])
-    em.ranks.setdefault(s, em.ranks.get(node.input[0], 4))
-    return [_group_norm(em, node, s, node.output[0])]
+        if last:
+            em.one("Transpose", [s], node.output[1], perm=[0, *range(2, rank), 1])
+        else:
+            em.one("Identity", [s], node.output[1])
+    return [_group_norm(em, node, s, node.output[0], nchw=True)]
 
 
 # -- convolutions and matmuls ----------------------------------------------------------------------------
@@ -612,7 +623,7 @@ def rewrite_contrib(model: onnx.ModelProto, keep: Iterable[str] = (), *, where: 
     out = copy_model(model, initializers=False, value_info=False)
     out.graph.initializer.extend(model.graph.initializer)
     del out.graph.node[:]
-    out.graph.node.extend(_cancel_transposes(nodes, {o.name for o in model.graph.output}))
+    out.graph.node.extend(_cancel_transposes(nodes, {o.name for o in model.graph.output}, types))
     if not any(n.domain == MS for n in nodes):
         keep_ops = [o for o in out.opset_import if o.domain != MS]
         del out.opset_import[:]
@@ -620,10 +631,18 @@ def rewrite_contrib(model: onnx.ModelProto, keep: Iterable[str] = (), *, where: 
     return Rewritten(out, dict(done), kept)
 
 
-def _cancel_transposes(nodes: list[Any], outputs: set[str]) -> list[Any]:
-    """Readers of Transpose(Transpose(x, p), q) with q undoing p read x instead; Transposes nobody reads go
-    (what NhwcConv and channels-last GroupNorm leave between each other). Nodes are copied before any change."""
+def _cancel_transposes(nodes: list[Any], outputs: set[str], types: dict[str, int]) -> list[Any]:
+    """Readers of Transpose(Transpose(x, p), q) with q undoing p read x instead, also through Identity and Casts to
+    the type a value has already (onnxruntime's optimizer leaves such Casts between its NHWC ops); Transposes (and
+    those Casts) nobody reads go: what NhwcConv and channels-last GroupNorm leave between each other. Nodes are
+    copied before any change."""
     producer = {o: n for n in nodes for o in n.output}
+
+    def transparent(n: Any) -> bool:
+        if n.domain or n.op_type not in ("Identity", "Cast"):
+            return False
+        to = next((a.i for a in n.attribute if a.name == "to"), None)
+        return n.op_type == "Identity" or (to is not None and types.get(n.input[0]) == to)
 
     def perm(n: Any) -> list[int] | None:
         p = next((list(a.ints) for a in n.attribute if a.name == "perm"), None)
@@ -634,6 +653,8 @@ def _cancel_transposes(nodes: list[Any], outputs: set[str]) -> list[Any]:
         if n.op_type != "Transpose" or n.domain or n.output[0] in outputs:
             continue
         first = producer.get(n.input[0])
+        while first is not None and transparent(first):
+            first = producer.get(first.input[0])
         if first is None or first.op_type != "Transpose" or first.domain:
             continue
         p, q = perm(first), perm(n)
@@ -653,7 +674,8 @@ def _cancel_transposes(nodes: list[Any], outputs: set[str]) -> list[Any]:
     read = Counter(i for n in nodes for i in n.input)
     keep = []
     for n in reversed(nodes):  # drop Transposes nobody reads any more (and chains of them)
-        if n.op_type == "Transpose" and not n.domain and not read[n.output[0]] and n.output[0] not in outputs:
+        if (n.op_type == "Transpose" and not n.domain or transparent(n)) and not read[n.output[0]] \
+                and n.output[0] not in outputs:
             for i in n.input:
                 read[i] -= 1
             continue
