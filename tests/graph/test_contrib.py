@@ -130,6 +130,14 @@ def test_skip_simplified_layer_normalization(elem: int) -> None:
                        inits=["gamma"], outputs=["y0", "", "", "y3"], epsilon=1e-6)
 
 
+@ELEMS
+def test_simplified_layer_normalization(elem: int) -> None:
+    """onnxruntime registers it in the ONNX domain (no standard op of that name): rewritten there too."""
+    x, gamma = _r(2, 7, 32), _r(32)
+    _check_against_ort("SimplifiedLayerNormalization", {"x": x, "gamma": gamma}, elem=elem, inits=["gamma"],
+                       domain="", epsilon=1e-6, axis=-1)
+
+
 @pytest.mark.parametrize("variant", ["plain", "alpha+transB", "transA"])
 def test_fused_matmul(variant: str) -> None:
     a, b = _r(2, 3, 6, 5), _r(2, 3, 5, 4)
