@@ -257,9 +257,7 @@ class Backend(ABC):
                                 fix=f"pass one of the devices of backend {self.name!r} (sdrt info lists them)")
         cache, rest = self._cache_options(options)
         opts = self.parse_options(rest, device)
-        from .graph.contrib import rewrite_graph
-
-        graph = self._prepare(rewrite_graph(graph, self.contrib_ops, self.name), device, opts)
+        graph = self._prepare(graph.without_contrib_ops(self.contrib_ops, self.name), device, opts)
         log = logging.getLogger(f"sdrt.{self.name}")
         key = None
         if cache is not None:

@@ -261,7 +261,6 @@ def _lone_graph(folder: Path) -> Path:
 def cost_parts(parts: Sequence[PartCalls], precision: str, pinned: dict[Any, Any] | None = None) -> list[PartCost]:
     """Each part's cost per signature at ``precision``; ``pinned`` caches the shape-inferred graphs."""
     from ..graph import Graph
-    from ..graph.contrib import rewrite_graph
 
     pinned = {} if pinned is None else pinned
     out = []
@@ -271,7 +270,7 @@ def cost_parts(parts: Sequence[PartCalls], precision: str, pinned: dict[Any, Any
             key = (str(p.path), tuple(sorted(shapes.items())))
             if key not in pinned:
                 # onnxruntime's contrib ops costed as the standard ops the backends run (sdrt.graph.contrib)
-                pinned[key] = rewrite_graph(Graph.load(p.path, load_external=False)).with_shapes(shapes)
+                pinned[key] = Graph.load(p.path, load_external=False).without_contrib_ops().with_shapes(shapes)
             costs.append((graph_costs(pinned[key], None, precision, inferred=True), n))
         out.append(PartCost(p.name, p.calls, costs))
     return out

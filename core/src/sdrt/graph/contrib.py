@@ -361,7 +361,8 @@ def _op_skip_group_norm(em: _Emit, node: Any) -> list[str] | None:
         x, skip = (em.one("Transpose", [v], perm=to_first) for v in (x, skip))  # skip may be (N, 1, 1, C)
     s = em.one("Add", [x, skip])
     if _inp(node, 4):
-        s = em.one("Add", [s, em.one("Reshape", [node.input[4], em.ints([-1] + [1] * (rank - 2))])])
+        bias = em.like(node.input[4], em.elem(node.input[0]))
+        s = em.one("Add", [s, em.one("Reshape", [bias, em.ints([-1] + [1] * (rank - 2))])])
     em.ranks[s] = rank
     if len(node.output) > 1 and node.output[1]:
         if last:
