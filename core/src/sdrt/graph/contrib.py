@@ -8,7 +8,8 @@ NhwcConv, FusedConv and FusedMatMul. ``rewrite_contrib`` replaces each node by t
 same thing, in the forms the usual exporters write (so that a backend's own pattern matchers for attention,
 group norm and GELU still fire), at the graph's opset (nothing here needs more than the opset the exporter
 used: LayerNormalization is written only at opset 17 and above, decomposed below). Weights are untouched: new
-constants are ``Constant`` nodes, and no initializer is added or removed.
+constants are ``Constant`` nodes, and no initializer is added or removed. The Transposes that NHWC ops leave
+between each other cancel, and Resize scales that onnxruntime's float16 converter made float16 are cast back.
 
 A node whose attributes or inputs this module does not handle (past key/value caches, rotary attention,
 unusual mask formats) is left as it is, so the backend names it in its usual ``UnsupportedGraph``
@@ -35,7 +36,7 @@ log = logging.getLogger("sdrt.graph.contrib")
 
 MS = "com.microsoft"
 
-#: (domain, op type) -> the rewrite; filled by ``_rewrites`` below
+#: (domain, op type) -> the rewrite (registered by ``@_rewrite``): the new nodes' outputs, or None to keep the node
 REWRITES: dict[tuple[str, str], Callable[[_Emit, Any], list[str] | None]] = {}
 
 _FLOAT = 1  # TensorProto.FLOAT
@@ -237,6 +238,10 @@ class _Emit:
         return self.one("Where", [later, self.const(fill, elem), self.const(0.0, elem)])
 
 
+class _Skip(Exception):
+    """Raised by a rewrite that finds attributes it does not handle: the node stays as it is."""
+
+
 def _attrs(node: Any) -> dict[str, Any]:
     from onnx import helper
 
@@ -339,10 +344,6 @@ def _group_norm(em: _Emit, node: Any, x: str, out: str, *, nchw: bool = False) -
     if last:
         y = em.one("Transpose", [y], out, perm=[0, *range(2, rank), 1])
     return y
-
-
-class _Skip(Exception):
-    """Raised by a rewrite that finds attributes it does not handle: the node stays as it is."""
 
 
 @_rewrite("GroupNorm")
