@@ -229,6 +229,10 @@ class Backend(ABC):
         tell, and for a CPU (whose memory the process's resident size measures)."""
         return None
 
+    #: onnxruntime contrib ops (``"com.microsoft.GroupNorm"``...) that this backend runs as they are; ``compile``
+    #: rewrites every other one that ``sdrt.graph.contrib`` knows into standard ONNX ops before ``_prepare``
+    contrib_ops: ClassVar[frozenset[str]] = frozenset()
+
     #: whether ``compile`` keeps this backend's results in the compile cache (``sdrt.cache``). A backend
     #: that sets it writes ``_cache_parts``, ``_save`` and ``_load``; the ``cache=`` and ``cache_dir=``
     #: options are then the core's.
@@ -241,7 +245,8 @@ class Backend(ABC):
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
         """Compile ``graph`` for ``device`` and return a Session built with ``graph=``.
 
-        The steps: check the device; parse the options; ``_prepare`` the graph (refusing what the
+        The steps: check the device; parse the options; rewrite onnxruntime contrib ops the backend does not run
+        (``contrib_ops``) into standard ops; ``_prepare`` the graph (refusing what the
         backend cannot run before any long work); key the compile cache from the graph's and the
         weights' identity and look it up (a hit is ``_load``-ed, with no weight resolved); else
         resolve every initializer's final array, ``_compile``, and store what ``_save`` writes.
@@ -252,7 +257,7 @@ class Backend(ABC):
                                 fix=f"pass one of the devices of backend {self.name!r} (sdrt info lists them)")
         cache, rest = self._cache_options(options)
         opts = self.parse_options(rest, device)
-        graph = self._prepare(graph, device, opts)
+        graph = self._prepare(graph.without_contrib_ops(self.contrib_ops, self.name), device, opts)
         log = logging.getLogger(f"sdrt.{self.name}")
         key = None
         if cache is not None:

@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         from ..quantization import for_backend
 
         graph = for_backend(graph, backend)
+    graph = graph.without_contrib_ops(backend.contrib_ops, backend.name)  # onnxruntime's contrib ops, as compile does
     weights = _open_weights(args.weights)
     start = time.perf_counter()
     path = Path(backend.build(graph, weights, args.target, args.output, **options))

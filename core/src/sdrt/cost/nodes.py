@@ -226,6 +226,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     if precision not in WEIGHT_BYTES:
         raise SdrtError(f"unknown precision {precision!r}", where="sdrt.cost.graph_costs(precision=...)",
                         fix=f"use one of: {', '.join(PRECISIONS)}")
+    if not inferred:  # onnxruntime's contrib ops costed as the standard ops backends run
+        graph = graph.without_contrib_ops()
     g = graph if inferred else graph.with_shapes(dict(shapes or {})) if shapes else graph.with_shapes()
     infos = g.value_infos()
     model = g.model

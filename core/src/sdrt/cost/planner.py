@@ -281,7 +281,8 @@ def cost_parts(parts: Sequence[PartCalls], precision: str, pinned: dict[Any, Any
         for shapes, n in p.signatures:
             key = (str(p.path), tuple(sorted(shapes.items())))
             if key not in pinned:
-                pinned[key] = Graph.load(p.path, load_external=False).with_shapes(shapes)
+                # onnxruntime's contrib ops costed as the standard ops the backends run (sdrt.graph.contrib)
+                pinned[key] = Graph.load(p.path, load_external=False).without_contrib_ops().with_shapes(shapes)
             costs.append((graph_costs(pinned[key], None, precision, inferred=True), n))
         out.append(PartCost(p.name, p.calls, costs))
     return out

@@ -298,6 +298,14 @@ class Graph:
         """
         return self.derive(fold_constants(self, max_bytes=max_bytes, fold_weights=fold_weights))
 
+    def without_contrib_ops(self, keep: Iterable[str] = (), backend: str = "") -> Graph:
+        """onnxruntime's contrib ops (``com.microsoft``: MultiHeadAttention, GroupNorm, NhwcConv...) rewritten
+        into standard ONNX ops, except those in ``keep`` (``"com.microsoft.GroupNorm"``), with a log line naming
+        what was rewritten for ``backend``; the graph itself when it has none (see ``sdrt.graph.contrib``)."""
+        from .contrib import rewrite_graph
+
+        return rewrite_graph(self, keep, backend)
+
     def strip(self, out_graph: str | os.PathLike[str], out_weights: str | os.PathLike[str] | None = None
               ) -> StripResult:
         """Write a weight-free copy of this graph plus a .safetensors with every initializer
