@@ -106,6 +106,15 @@ def layout(shapes: Mapping[str, tuple[int, ...]]) -> FluxNetLayout | str:
                          int(emb[1]))
 
 
+def unused_keys(net: FluxNetLayout) -> tuple[str, ...]:
+    """Key prefixes of a net's file that no output depends on: with no single blocks, the text stream the last
+    double block computes after its attention (diffusers computes it and nothing reads it)."""
+    if net.single:
+        return ()
+    last = f"transformer_blocks.{net.double - 1}."
+    return (last + "attn.to_add_out.", last + "ff_context.", last + "norm2_context.")
+
+
 # ------------------------------------------------------------------------------------------------ graph edits
 class _Index:
     """Producers and consumers of a graph's values."""
@@ -257,7 +266,7 @@ def controlnet_graph(model: onnx.ModelProto, net: FluxNetLayout, where: str = "f
                          f"{where}'s {len(dbl)} and {len(sgl)}", where=where, fix="use a Flux.1 ControlNet")
     width = int(inits["x_embedder.bias"].dims[0])
     if width != net.width:
-        raise ModelError(f"the ControlNet is {net.width} wide and the {where} {width}", where=where,
+        raise ModelError(f"its blocks are {net.width} wide and the Flux transformer's {width}", where=where,
                          fix="use a ControlNet made for Flux.1")
     elem = inits["x_embedder.bias"].data_type
     location = next((p.value for p in model.metadata_props if p.key == "sdrt.stripped_weights"),
