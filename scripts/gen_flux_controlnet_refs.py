@@ -63,6 +63,8 @@ CASES = [
          scale=[0.8], start=[0.0], end=[1.0], mode=2),
     dict(name="multi", nets=["canny", "canny2"], width=64, height=64, steps=3, seed=12, guidance=3.5, batch=1,
          scale=[0.6, 0.5], start=[0.0, 0.0], end=[1.0, 0.67], mode=None),
+    dict(name="canny-true-cfg", nets=["canny"], width=64, height=64, steps=2, seed=4, guidance=3.5, batch=1,
+         scale=[0.9], start=[0.0], end=[0.5], mode=None, negative_prompt="blurry, dark", true_cfg=2.0),
 ]
 PROMPT = "a photo of a red cat sitting on a wooden table, sunset"
 
@@ -257,7 +259,8 @@ def run(base, nets: dict, case: dict, refs: dict) -> None:
                       controlnet_conditioning_scale=case["scale"] if multi else case["scale"][0],
                       control_guidance_start=case["start"] if multi else case["start"][0],
                       control_guidance_end=case["end"] if multi else case["end"][0],
-                      control_mode=case["mode"])
+                      control_mode=case["mode"], negative_prompt=case.get("negative_prompt"),
+                      true_cfg_scale=case.get("true_cfg", 1.0))
     image = (result.images * 255).round().astype(np.uint8)
     refs[f"{name}/image"] = image
     case.update(max_sequence_length=g.MAX_SEQ, prompt=PROMPT)

@@ -62,7 +62,10 @@ PARAMS = [(c["name"], b) for c in CASES for b in ("reference", "openvino", "ggml
 @pytest.mark.parametrize(("name", "backend"), PARAMS, ids=[f"{n}-{b}" for n, b in PARAMS])
 def test_image_matches_diffusers(name: str, backend: str) -> None:
     case = next(c for c in CASES if c["name"] == name)
-    got = np.stack(_pipe(backend)(case["prompt"], **_kwargs(case))).astype(int)
+    gen = _pipe(backend).generate(case["prompt"], **_kwargs(case))
+    got = np.stack(gen.images).astype(int)
+    if case["mode"] is not None:
+        assert f"Union Mode: {case['mode']}" in gen.settings[0]["ControlNet 0"]
     want = REFS[f"{name}/image"].astype(int)
     assert got.shape == want.shape
     diff = int(np.abs(got - want).max())
@@ -102,6 +105,9 @@ def test_layouts_and_refusals() -> None:
     xlabs = identify({"double_blocks.0.img_attn.proj.weight": (8, 8), "controlnet_blocks.0.weight": (8, 8),
                       "input_hint_block.0.weight": (16, 3, 3, 3)})
     assert xlabs.base is None and "XLabs" in xlabs.label
+    from sdrt.checkpoint.families import detect
+
+    assert detect(canny.weights.shapes()).startswith("a ControlNet")  # passed as the model: named as a ControlNet
     pipe = _pipe("reference")
     case = next(c for c in CASES if c["mode"] is not None)
     image = REFS[f"{case['name']}/control_image_0"][:64, :64]

@@ -217,6 +217,8 @@ def residual_graph(model: onnx.ModelProto, double: int, single: int, where: str 
     dbl, sgl = block_outputs(g, where)
     hidden = next((i for i in g.input if i.name == "hidden_states"), None)
     elem = hidden.type.tensor_type.elem_type if hidden is not None else onnx.TensorProto.FLOAT
+    bias = next((t for t in g.initializer if t.name.endswith("x_embedder.bias") and len(t.dims) == 1), None)
+    width: Any = int(bias.dims[0]) if bias is not None else "width"
     for outs, n, prefix in ((dbl, double, DOUBLE_IN), (sgl, single, SINGLE_IN)):
         used: set[int] = set()
         for k, j in enumerate(residual_map(len(outs), n)):
@@ -231,7 +233,7 @@ def residual_graph(model: onnx.ModelProto, double: int, single: int, where: str 
             used.add(j)
         for j in sorted(used):
             tokens = "image" if prefix == DOUBLE_IN else "tokens"
-            g.input.append(_value_info(f"{prefix}{j}", elem, ["batch", tokens, "width"]))
+            g.input.append(_value_info(f"{prefix}{j}", elem, ["batch", tokens, width]))
     return model
 
 

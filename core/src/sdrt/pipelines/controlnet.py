@@ -1,5 +1,8 @@
 """ControlNet for SD 1.x and SDXL: control images -> residuals the UNet adds, as diffusers computes them.
 
+(Flux.1 ControlNets share the unit, its image preparation and window rule; their nets and hook are in
+:mod:`sdrt.pipelines.fluxcontrolnet`.)
+
 Layout (diffusers' community ONNX ControlNet pipelines): a ControlNet is its own ``model.onnx`` with inputs
 ``sample``, ``timestep``, ``encoder_hidden_states``, ``controlnet_cond`` (RGB in [0, 1], NCHW, at the
 output size), ``conditioning_scale`` (SDXL adds ``text_embeds``, ``time_ids``) and outputs
@@ -87,7 +90,9 @@ class ControlNet:
     ``guess_mode``: diffusers' guess mode (the residuals scaled from 0.1 to 1, none for the uncond rows).
     ``window``: how ``start``/``end`` pick the steps: ``"diffusers"`` (step ``i`` of ``n`` is on unless
     ``i / n < start or (i + 1) / n > end``) or ``"a1111"`` (sd-webui-controlnet's: on while
-    ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps)."""
+    ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps).
+    ``union_mode``: a union Flux ControlNet's control type (diffusers' ``control_mode``); Flux ControlNets run
+    through :mod:`sdrt.pipelines.fluxcontrolnet`."""
 
     net: Any
     image: Any
@@ -479,6 +484,8 @@ def infotext(units: Sequence[ControlNet], width: int, height: int) -> dict[str, 
                   ("Control Mode", CONTROL_MODES[2] if u.guess_mode else u.control_mode)]
         if u.guess_mode:  # the extension turned guess_mode into "ControlNet is more important"; the scales are diffusers'
             items.append(("Guess Mode", "True"))
+        if u.union_mode is not None:  # a union Flux ControlNet's control type
+            items.append(("Union Mode", str(u.union_mode)))
         fields[f"ControlNet {k}"] = ", ".join(f"{a}: {b}" for a, b in items)
     return fields
 
