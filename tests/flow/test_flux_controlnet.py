@@ -196,3 +196,56 @@ def test_cli_flags_reach_the_net(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert rc != 0 and "Flux.1 ControlNet" in err and "32 wide" in err and "3072" in err, err
     assert "Traceback" not in err and err.count("error:") == 1
+
+
+def _published_shapes(double: int, single: int, modes: int | None) -> dict[str, tuple[int, ...]]:
+    """A full-size diffusers Flux ControlNet's tensors: Flux dev's embeddings and first blocks (their names and shapes
+    as the shipped dev graph holds them, which make_shipped_graphs.py checks against FluxTransformer2DModel), plus
+    FluxControlNetModel's own: the control embedder, one 3072x3072 linear per block, the mode embedding."""
+    import onnx
+
+    from sdrt.checkpoint.graphs import shipped_graph
+
+    dev = onnx.load(str(shipped_graph("flux_dev_transformer")), load_external_data=False)
+    shapes = {}
+    for t in dev.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        parts = t.name.split(".")
+        if parts[0] == "transformer_blocks" and int(parts[1]) >= double or \
+                parts[0] == "single_transformer_blocks" and int(parts[1]) >= single or \
+                parts[0] in ("norm_out", "proj_out"):
+            continue
+        shapes[t.name] = tuple(t.dims)
+    shapes.update({"controlnet_x_embedder.weight": (3072, 64), "controlnet_x_embedder.bias": (3072,)})
+    for prefix, n in (("controlnet_blocks", double), ("controlnet_single_blocks", single)):
+        for j in range(n):
+            shapes.update({f"{prefix}.{j}.weight": (3072, 3072), f"{prefix}.{j}.bias": (3072,)})
+    if modes:
+        shapes["controlnet_mode_embedder.weight"] = (modes, 3072)
+    return shapes
+
+
+@pytest.mark.parametrize(("name", "double", "single", "modes"), [
+    ("FLUX.1-dev-Controlnet-Canny", 5, 10, None), ("FLUX.1-dev-ControlNet-Union-Pro", 5, 10, 10),
+    ("FLUX.1-dev-ControlNet-Union-Pro-2.0", 6, 0, None)])
+def test_full_size_files_bind_onto_the_derived_graph(tmp_path, name: str, double: int, single: int,
+                                                     modes: int | None) -> None:
+    """Full-size files of the published layouts (bf16, written sparse: nothing is read) bind tensor for tensor onto
+    the graph cut from the shipped dev graph (Union Pro 2.0's last block's text-stream weights, which nothing reads
+    without single blocks, are left out); a file with a block of another width is one line naming it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
+    from single_file_helpers import sparse
+
+    shapes = _published_shapes(double, single, modes)
+    path = sparse(tmp_path / f"{name}.safetensors", shapes, "BF16")
+    opened = open_controlnet(path, base="flux")
+    assert (opened.flux.double, opened.flux.single, opened.flux.modes) == (double, single, modes)
+    dead = 6 if single == 0 else 0  # to_add_out and ff_context.net.{0.proj,2}, weight and bias
+    assert len([k for k in opened.weights.shapes() if k in shapes]) == len(shapes) - dead
+    shapes["controlnet_blocks.0.weight"] = (3072, 1536)
+    with pytest.raises(ModelError) as exc:
+        open_controlnet(sparse(tmp_path / "bad.safetensors", shapes, "BF16"), base="flux")
+    assert "bad.safetensors" in str(exc.value) and "\n" not in str(exc.value)
