@@ -32,6 +32,7 @@ from ..errors import ModelError, WeightsError
 from ..weights import Weights, folder_files
 from . import ldm
 from .files import open_weights
+from .fluxcontrolnet import FluxNetLayout
 from .graphs import shipped_graph
 from .ldm import Source
 from .single_file import with_own_constants
@@ -47,10 +48,11 @@ CONTROLNET_GRAPHS = {"sd1": "sd1_controlnet", "sdxl": "sdxl_controlnet"}
 #: ``mid_block_additional_residual``): a single-file checkpoint's UNet binds onto it (``open_single_file(...,
 #: graph_paths={"unet": shipped_graph(...)})``) when ControlNets are used
 CONTROLNET_UNET_GRAPHS = {"sd1": "sd1_unet_controlnet", "sdxl": "sdxl_unet_controlnet"}
-BASE_LABELS = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL"}
+BASE_LABELS = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "flux": "Flux.1"}
 #: what to pass, by base, in messages
 EXAMPLES = {"sd1": "control_v11p_sd15_canny.safetensors", "sdxl": "diffusers/controlnet-canny-sdxl-1.0's "
-            "diffusion_pytorch_model.safetensors", "sd2": "an SD 2.x ControlNet"}
+            "diffusion_pytorch_model.safetensors", "sd2": "an SD 2.x ControlNet",
+            "flux": "InstantX/FLUX.1-dev-Controlnet-Canny's diffusion_pytorch_model.safetensors"}
 _CONTEXT = {768: "sd1", 1024: "sd2", 2048: "sdxl"}
 
 
@@ -77,6 +79,8 @@ class OpenedControlNet:
     ident: ControlNetIdentity
     graph: Path
     weights: Weights
+    #: a Flux ControlNet's layout (block counts, union modes); None for SD ones
+    flux: FluxNetLayout | None = None
 
     @property
     def base(self) -> str:
@@ -95,6 +99,13 @@ def identify(shapes: Mapping[str, tuple[int, ...]]) -> ControlNetIdentity:
     def has(p: str) -> bool:
         return any(k.startswith(p) for k in keys)
 
+    from . import fluxcontrolnet
+
+    if fluxcontrolnet.is_flux(shapes):
+        lay = fluxcontrolnet.layout(shapes)
+        if isinstance(lay, str):
+            return ControlNetIdentity(None, None, "", lay)
+        return ControlNetIdentity("flux", "diffusers", "", lay.label)
     if any(k.startswith("lora_controlnet") or k == "lora_controlnet" for k in keys):
         return ControlNetIdentity(None, None, "", "a Control-LoRA (Stability AI's control-lora), which sdrt does "
                                                   "not run")
@@ -184,6 +195,8 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
         raise ModelError(f"{p.name} is {ident.label}, and the model is {want}", where=str(p),
                          fix=f"pass a ControlNet made for {want}" + (f" (e.g. {EXAMPLES[base]})" if base in EXAMPLES
                                                                      else ""))
+    if ident.base == "flux":
+        return _open_flux(p, w, shapes, ident, graph)
     if graph is None and ident.base not in CONTROLNET_GRAPHS:
         raise ModelError(f"{p.name} is {ident.label}; sdrt ships ControlNet graphs for SD 1.x and SDXL only",
                          where=str(p), fix="export this ControlNet to an ONNX folder (model.onnx) and pass the folder")
@@ -206,6 +219,36 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
         log.warning("%s takes a %d-channel control image; sdrt feeds RGB", p.name, ident.hint_channels)
     log.info("%s: %s, %d tensors bound onto %s", p.name, ident.label, len(refs), gpath.name)
     return OpenedControlNet(p, ident, gpath, with_own_constants(cgraph, refs, p))
+
+
+def _open_flux(p: Path, w: Weights, shapes: Mapping[str, tuple[int, ...]], ident: ControlNetIdentity,
+               graph: PathLike | None) -> OpenedControlNet:
+    """A diffusers Flux ControlNet bound onto the graph cut from the shipped Flux transformer graph (dev, or
+    schnell for a net without guidance embeddings), or from ``graph`` (a weight-free Flux transformer graph)."""
+    from ..graph import Graph
+    from . import fluxcontrolnet as fcn
+    from .single_file import Checkpoint
+
+    lay = fcn.layout(shapes)
+    assert isinstance(lay, fcn.FluxNetLayout)
+    base = Path(graph) if graph is not None else shipped_graph(fcn.BASES[lay.guidance])
+    what = f"the graph {base.name}" if graph is not None else f"sdrt's Flux.1 graph ({fcn.BASES[lay.guidance]})"
+    try:
+        gpath = fcn.derived_controlnet_graph(base, lay)
+    except ModelError as exc:
+        raise ModelError(f"{p.name} is {ident.label}, which {what} cannot take: {exc.what}", where=str(p),
+                         fix="pass a ControlNet made for Flux.1 dev (e.g. InstantX/FLUX.1-dev-Controlnet-Canny)"
+                         if graph is None else exc.fix) from exc
+    dead = fcn.unused_keys(lay)
+    ck = Checkpoint(w, {"controlnet": {k: Source(k) for k in shapes if not k.startswith(dead)}}, ident.label, p)
+    try:
+        cgraph = Graph.load(gpath)
+        (refs,) = ck.lazy({"controlnet": cgraph}).values()
+    except WeightsError as exc:
+        raise ModelError(f"{p.name} is {ident.label} of another size than {what}: {exc.what}"[:1500], where=str(p),
+                         fix="pass a ControlNet made for Flux.1 dev (its widths)") from exc
+    log.info("%s: %s, %d tensors bound onto %s", p.name, ident.label, len(refs), gpath.name)
+    return OpenedControlNet(p, ident, gpath, with_own_constants(cgraph, refs, p), lay)
 
 
 def folder_file(folder: Path) -> Path | None:

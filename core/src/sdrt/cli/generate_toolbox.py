@@ -4,7 +4,7 @@ ControlNet flags are grouped by position: the first ``--control-image`` goes wit
 ``--controlnet`` (a folder, a ``model.onnx`` or a ControlNet ``.safetensors``; default: the model folder's
 ``controlnet/``, then ``controlnet_2/``, ...), and so on;
 ``--control-scale``/``--control-start``/``--control-end``/``--control-preprocessor``/``--control-resize``/
-``--control-mode`` given once apply to every ControlNet, else once per ControlNet. Everything is checked before any model
+``--control-mode``/``--control-union-mode`` given once apply to every ControlNet, else once per ControlNet. Everything is checked before any model
 loads (``sdrt.pipelines.toolbox.split``).
 """
 
@@ -23,7 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--controlnet", action="append", default=[], metavar="DIR|FILE",
                    help="a ControlNet folder (model.onnx, or diffusers' diffusion_pytorch_model.safetensors), or a "
                         "ControlNet .safetensors as downloaded (control_v11p_sd15_canny.safetensors, SDXL ControlNets "
-                        "in diffusers' layout); default: the model folder's controlnet/, controlnet_2/, ...")
+                        "in diffusers' layout, Flux.1 dev ControlNets in diffusers' layout such as "
+                        "InstantX/FLUX.1-dev-Controlnet-Canny); default: the model folder's controlnet/, controlnet_2/, ...")
     g.add_argument("--control-image", action="append", default=[], metavar="PNG",
                    help="the control image (of a ControlNet; of a FLUX.1 Canny/Depth model itself, with no --controlnet)")
     g.add_argument("--control-scale", action="append", type=float, default=[], metavar="S", help="weight (1)")
@@ -40,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control-mode", action="append", default=[], metavar="MODE",
                    help='sd-webui-controlnet\'s control mode: "Balanced" (0, default), "My prompt is more important" '
                         '(1), "ControlNet is more important" (2)')
+    g.add_argument("--control-union-mode", action="append", type=int, default=[], metavar="N",
+                   help="a union Flux ControlNet's mode (diffusers' control_mode: the control type's number on the "
+                        "net's model card, e.g. 0 canny, 2 depth for InstantX/Shakker-Labs Union)")
     g.add_argument("--guess-mode", action="store_true",
                    help="diffusers' guess mode for every ControlNet (residuals scaled 0.1 to 1, none for the negative "
                         "prompt)")
@@ -92,7 +96,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     images = args.control_image
     if not images:  # every ControlNet flag shapes a control image's unit: without one it would do nothing
         for flag in ("controlnet", "control_scale", "control_start", "control_end", "control_preprocessor",
-                     "control_resize", "control_mode", "guess_mode"):
+                     "control_resize", "control_mode", "control_union_mode", "guess_mode"):
             if getattr(args, flag):
                 name = "--" + flag.replace("_", "-")
                 raise InputError(f"{name} needs a --control-image", where=name,
@@ -131,14 +135,16 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                              f"{args.control_end[0]:g}", where="--control-start",
                              fix="pass a start at or before the end (fractions of the steps, 0 to 1)")
         units = []
-        for net, image, scale, start, end, pre, resize, mode in zip(
+        for net, image, scale, start, end, pre, resize, mode, union in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
                 _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
                 _per_unit(args.control_preprocessor, n, "--control-preprocessor"),
-                _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode")):
+                _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode"),
+                _per_unit(args.control_union_mode, n, "--control-union-mode")):
             units.append(ControlNet(net, image, 1.0 if scale is None else scale, 0.0 if start is None else start,
                                     1.0 if end is None else end, pre or "none", resize or "Crop and Resize",
-                                    control_mode=mode or "Balanced", guess_mode=bool(args.guess_mode)))
+                                    control_mode=mode or "Balanced", guess_mode=bool(args.guess_mode),
+                                    union_mode=union))
         opts["controlnets"] = units
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed", "refiner",
                 "refiner_switch_at", "hires_refiner_pass"):

@@ -1,5 +1,8 @@
 """ControlNet for SD 1.x and SDXL: control images -> residuals the UNet adds, as diffusers computes them.
 
+(Flux.1 ControlNets share the unit, its image preparation and window rule; their nets and hook are in
+:mod:`sdrt.pipelines.fluxcontrolnet`.)
+
 Layout (diffusers' community ONNX ControlNet pipelines): a ControlNet is its own ``model.onnx`` with inputs
 ``sample``, ``timestep``, ``encoder_hidden_states``, ``controlnet_cond`` (RGB in [0, 1], NCHW, at the
 output size), ``conditioning_scale`` (SDXL adds ``text_embeds``, ``time_ids``) and outputs
@@ -87,7 +90,9 @@ class ControlNet:
     ``guess_mode``: diffusers' guess mode (the residuals scaled from 0.1 to 1, none for the uncond rows).
     ``window``: how ``start``/``end`` pick the steps: ``"diffusers"`` (step ``i`` of ``n`` is on unless
     ``i / n < start or (i + 1) / n > end``) or ``"a1111"`` (sd-webui-controlnet's: on while
-    ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps)."""
+    ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps).
+    ``union_mode``: a union Flux ControlNet's control type (diffusers' ``control_mode``); Flux ControlNets run
+    through :mod:`sdrt.pipelines.fluxcontrolnet`."""
 
     net: Any
     image: Any
@@ -103,11 +108,16 @@ class ControlNet:
     control_mode: Any = "Balanced"
     guess_mode: bool = False
     window: str = "diffusers"
+    #: a union Flux ControlNet's mode (diffusers' ``control_mode``: the index of the control type in the net's model
+    #: card, e.g. 0 canny, 2 depth for InstantX/Shakker-Labs Union); None for any other net
+    union_mode: int | None = None
     #: filled in by the pipeline
     part: Part | None = field(default=None, repr=False)
     control: np.ndarray | None = field(default=None, repr=False)
     #: the processor resolution the first control map was made at (the infotext's), None: the image's own
     made_at: int | None = field(default=None, repr=False)
+    #: a Flux ControlNet's packed control latents ``[batch, tokens, 64]`` (sdrt.pipelines.fluxcontrolnet)
+    latents: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def model_name(self) -> str:
@@ -166,7 +176,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
             unit = ControlNet(**{f: getattr(item, f) for f in ("net", "image", "scale", "start", "end", "preprocessor",
                                                                  "resize", "low", "high", "processor_res",
                                                                  "pixel_perfect", "control_mode", "guess_mode",
-                                                                 "window")})
+                                                                 "window", "union_mode")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
             unit = ControlNet(*item[:5])
             if len(item) == 6:
@@ -177,6 +187,12 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.window not in ("diffusers", "a1111"):
             raise InputError(f"{where} window {unit.window!r:.40} is not a step window rule", where=where,
                              fix="pass window='diffusers' (the default) or 'a1111'")
+        if unit.union_mode is not None:
+            if isinstance(unit.union_mode, bool) or not isinstance(unit.union_mode, (int, np.integer)) \
+                    or unit.union_mode < 0:
+                raise InputError(f"{where} union_mode must be a mode number (0, 1, ...), got {unit.union_mode!r:.40}",
+                                 where=f"{where} union_mode", fix="pass e.g. union_mode=0 (see the net's model card)")
+            unit.union_mode = int(unit.union_mode)
         unit.scale = _num(unit.scale, f"{where} scale", 0.0, 10.0)
         unit.start = _num(unit.start, f"{where} start", 0.0, 1.0)
         unit.end = _num(unit.end, f"{where} end", 0.0, 1.0)
@@ -468,6 +484,8 @@ def infotext(units: Sequence[ControlNet], width: int, height: int) -> dict[str, 
                   ("Control Mode", CONTROL_MODES[2] if u.guess_mode else u.control_mode)]
         if u.guess_mode:  # the extension turned guess_mode into "ControlNet is more important"; the scales are diffusers'
             items.append(("Guess Mode", "True"))
+        if u.union_mode is not None:  # a union Flux ControlNet's control type
+            items.append(("Union Mode", str(u.union_mode)))
         fields[f"ControlNet {k}"] = ", ".join(f"{a}: {b}" for a, b in items)
     return fields
 

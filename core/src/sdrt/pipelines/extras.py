@@ -47,9 +47,17 @@ class ToolboxMixin:
         graph = denoiser_graph(self.folder, bool(tb.controlnets))  # type: ignore[attr-defined]
         if graph is not None:  # a single file: its UNet runs the twin that takes residuals only when needed
             self.denoiser.retarget(graph)  # type: ignore[attr-defined]
-        if not tb.controlnets and cn.residual_inputs(self.denoiser):  # type: ignore[attr-defined]
+        flux = self.family.name == "flux"  # type: ignore[attr-defined]
+        if flux:  # Flux ControlNets: residual inputs on the transformer only while a net is asked for
+            from . import fluxcontrolnet
+
+            if tb.controlnets:
+                fluxcontrolnet.prepare(self, s)
+            else:
+                fluxcontrolnet.use_residuals(self.denoiser, None)  # type: ignore[attr-defined]
+        elif not tb.controlnets and cn.residual_inputs(self.denoiser):  # type: ignore[attr-defined]
             self._silent_units = self._zero_residuals(s)
-        if tb.controlnets:
+        if tb.controlnets and not flux:
             unet = self.denoiser  # type: ignore[attr-defined]
             if not cn.residual_inputs(unet):
                 raise InputError(f"this model's {unet.name} takes no ControlNet residuals", where="controlnets",
@@ -57,7 +65,7 @@ class ToolboxMixin:
                                      "down_block_additional_residual_*), or leave {@controlnets} out")
             if self.family.name not in ("sd1", "sd2", "sdxl"):  # type: ignore[attr-defined]
                 raise InputError(f"ControlNet is not supported for {self.family.label}", where="controlnets",
-                                 fix="use an SD 1.x or SDXL model")
+                                 fix="use an SD 1.x, SDXL or Flux.1 dev model")
             for k, unit in enumerate(tb.controlnets):
                 unit.part = self._control_part(unit.net, f"controlnets[{k}]")
                 cn.check_net(unit.part, unet, f"controlnets[{k}]")
@@ -156,6 +164,7 @@ class ToolboxMixin:
         if self._dry:
             part = part.dry()
         part.weights, part.source_file = opened.weights, source
+        part.flux_layout = opened.flux  # a Flux net's block counts and modes
         parts[name] = part
         return part
 
@@ -195,6 +204,11 @@ class ToolboxMixin:
             for k, unit in enumerate(units):
                 unit.control = self._control_tensor(unit, width, height, k)
         state = cn.ControlState()
+        if self.family.name == "flux":  # type: ignore[attr-defined]
+            from . import fluxcontrolnet
+
+            call.hooks.append(fluxcontrolnet.hook(self, units, state, call))
+            return state
         call.hooks.append(cn.hook(units, self.denoiser, state,  # type: ignore[attr-defined]
                                   latent_channels=self.family.latent_channels,  # type: ignore[attr-defined]
                                   sample_name=self.family.sample_input,  # type: ignore[attr-defined]
@@ -281,6 +295,8 @@ class ToolboxMixin:
         if refiner is not None:
             model = refiner.second_pass(model, ms, tw, th)
         total = loop.steps
+        if state is not None:
+            state.total = total
 
         def step(i: int, latents: np.ndarray) -> None:
             self._step_done(loop, latents, state, i, total)

@@ -93,7 +93,7 @@ def check(tool: str | None, s: Any, label: str) -> None:
     elif control is not None:
         raise InputError(f"control_image is the control map of a Flux.1 Canny or Depth model, and this {label} model "
                          "takes none", where="control_image",
-                         fix="use a Flux.1 Canny/Depth model, or a ControlNet with {@controlnets} (SD 1.x, SDXL)")
+                         fix="use a Flux.1 Canny/Depth model, or a ControlNet with {@controlnets} (SD 1.x, SDXL, Flux.1 dev)")
 
 
 def control_from_units(units: list[Any], where: str = "controlnets") -> Any:

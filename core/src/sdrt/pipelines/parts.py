@@ -45,6 +45,8 @@ class Part:
         self.default_weights: Weights | None = None
         #: the weights file bound onto a shipped weight-free graph (a ControlNet .safetensors), if any
         self.source_file: Path | None = None
+        #: a Flux ControlNet's layout (``sdrt.checkpoint.fluxcontrolnet.FluxNetLayout``), None for any other part
+        self.flux_layout: Any = None
         #: rebuilds ``weights`` after low-memory mode dropped them with the graph (sdrt.pipelines.lowmem)
         self.weights_factory: Callable[[], Weights] | None = None
         #: leave external initializer data mapped from disk (set by low-memory mode)
@@ -54,6 +56,10 @@ class Part:
         #: streamed: identical groups share one compiled session, their weights swapped in (update_weights)
         self.stream_share = False
         self._graph: Graph | None = None
+        #: an edit applied to the graph each time it loads (a Flux transformer given ControlNet residual inputs,
+        #: ``sdrt.pipelines.fluxcontrolnet``), and what it is (sessions compiled for another edit are closed)
+        self.graph_edit: Callable[[Graph], Graph] | None = None
+        self.graph_edit_key: Any = None
         #: a dry run (``Pipeline.plan``): ``run`` records its calls here and returns zeros, compiling nothing
         self.record: list[tuple[dict[str, tuple[tuple[int, ...], str]], tuple[str, ...]]] | None = None
 
@@ -61,6 +67,7 @@ class Part:
         """A recording twin: same graph and paths, no sessions; its ``run`` only records and returns zeros."""
         twin = Part(self.name, self.path, backend=self.backend, device=self.device, options=self.options)
         twin._graph, twin.lazy_external, twin.record = self._graph, True, []
+        twin.graph_edit, twin.graph_edit_key = self.graph_edit, self.graph_edit_key
         twin.default_weights = self.default_weights
         return twin
 
@@ -78,7 +85,18 @@ class Part:
             except SdrtError as exc:
                 raise type(exc)(f"the {self.name} part cannot be loaded: {exc.what}", where=exc.where or str(self.path),
                                 fix=exc.fix) from exc
+            if self.graph_edit is not None:
+                self._graph = self.graph_edit(self._graph)
         return self._graph
+
+    def edit_graph(self, edit: Callable[[Graph], Graph] | None, key: Any = None) -> None:
+        """Run the graph as ``edit`` makes it from the file's (None: as the file has it) from now on; ``key``
+        names the edit, so that asking for the same one again keeps the compiled sessions."""
+        if edit is None and self.graph_edit is None or edit is not None and key == self.graph_edit_key:
+            return
+        self.close()
+        self._graph = None
+        self.graph_edit, self.graph_edit_key = edit, (key if edit is not None else None)
 
     @property
     def inputs(self) -> dict[str, TensorInfo]:

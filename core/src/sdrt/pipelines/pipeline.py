@@ -949,6 +949,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
                 rgb = to_nchw(control_image(s.control_image, s.width, s.height))
                 extra = self._encode_image(np.repeat(rgb, s.batch, axis=0), generator).astype(np.float32)
+            elif self.family.name == "flux" and s.toolbox.controlnets:  # FluxControlNetPipeline: the same, per net
+                from .fluxcontrolnet import encode_controls
+
+                encode_controls(self, s.toolbox.controlnets, s.batch, generator)
             noise = generator.randn(shape)
             x = loop.start(noise)
         call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance,
@@ -962,6 +966,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             model, refiner = attach(self, s, model, ms)  # the model the first pass calls, the refiner's run
         self._refiner_run = refiner  # an interrupted run's partial image is decoded by the model loaded last
         first = loop.steps
+        if control is not None:  # the window of step 0 is judged against the run's steps, as the later steps'
+            control.total = first
         total = first + (second_pass_steps(s.toolbox.hires, s.steps)[1] if s.toolbox.hires else 0)
 
         def on_step(i: int, latents: np.ndarray) -> None:
