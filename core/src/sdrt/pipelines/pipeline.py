@@ -452,7 +452,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 return gen
             finally:
                 self._references = None  # the job's encoded reference images
-                self._init_source = self._init_sized = None  # the job's init image at its own size
+                self._init_source = self._init_sized = self._init_side = None  # the job's init image at its own size
                 with self._state:
                     self._running = False
                     self._stop.clear()
@@ -510,7 +510,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         else:
             s = validate(prompt, negative_prompt, **kwargs)
         init = mask = None
-        self._init_source = self._init_sized = None
+        self._init_source = self._init_sized = self._init_side = None
         if s.init_image is not None:
             init, mask = self._fit_init(s)
         if s.reference_images:  # FLUX.1 Kontext (sdrt.pipelines.reference): read and sized once, here
@@ -600,6 +600,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 why = f" and {tw}x{th} was asked:"
             else:
                 given = f"width {tw}" if s.width is not None else f"height {th}"
+                self._init_side = ("width" if s.width is not None else "height", w, h)  # the other: the aspect
                 why = f" and {given} was asked: it runs at {tw}x{th}, in the picture's aspect ratio;"
         mode, note = s.resize_mode, ""
         gray = mask_gray(s.mask) if s.mask is not None else None
@@ -715,6 +716,13 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             if source == "hires_scale":
                 raise InputError(f"{what}, and the hires fix's second pass is {s.width}x{s.height}",
                                  where="hires_scale", fix="leave {@hires_scale} unset: this model's size is fixed")
+            side = getattr(self, "_init_side", None)
+            if side is not None:  # one side given, the other from the init image's aspect ratio
+                given, iw, ih = side
+                raise InputError(f"{what}, and {given} {getattr(s, given)} in the init image's aspect ratio ({iw}x"
+                                 f"{ih}) is {s.width}x{s.height}", where=given,
+                                 fix=f"pass {{@width=}}{w} and {{@height=}}{h}: the picture is fitted to them "
+                                     "({@resize_mode})")
             raise InputError(f"{what} and {s.width}x{s.height} was asked", where="width" if w != s.width else "height",
                              fix=f"pass {{@width=}}{w} and {{@height=}}{h}, or leave them unset")
 
