@@ -72,3 +72,13 @@ def test_an_rgba_mask_with_transparency_is_its_alpha_and_an_opaque_one_its_grey(
     img = Image.fromarray(opaque, "RGBA")
     np.testing.assert_array_equal(mask_gray(img), want)
     np.testing.assert_array_equal(mask_array(img, 0, False), want)  # serve repainted all of it (its alpha)
+
+
+def test_an_rgba_array_is_read_as_the_same_picture_as_a_pillow_image() -> None:
+    rgba = np.zeros((4, 64, 4), np.uint8)
+    rgba[..., 0] = 200
+    rgba[..., 3] = np.arange(0, 256, 4, dtype=np.uint8)  # every level of transparency
+    from_array = to_rgb(rgba)  # dropped the alpha: the colour under it, black where transparent
+    from_pillow = to_rgb(Image.fromarray(rgba, "RGBA"))
+    assert np.abs(from_array.astype(int) - from_pillow).max() <= 1
+    assert tuple(from_array[0, 0]) == (255, 255, 255)

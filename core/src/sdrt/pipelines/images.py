@@ -146,6 +146,9 @@ def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None)
     arr = _to_uint8(arr, what, where)
     if arr.shape[-1] == 1:
         arr = np.repeat(arr, 3, axis=-1)
+    if arr.shape[-1] == 4:  # alpha over white, as a Pillow RGBA image and a file are read (``pil_rgb``)
+        alpha = arr[..., 3:].astype(np.uint32)
+        arr = ((arr[..., :3] * alpha + 255 * (255 - alpha) + 127) // 255).astype(np.uint8)
     return np.ascontiguousarray(arr[..., :3])
 
 
