@@ -82,3 +82,17 @@ def test_an_rgba_array_is_read_as_the_same_picture_as_a_pillow_image() -> None:
     from_pillow = to_rgb(Image.fromarray(rgba, "RGBA"))
     assert np.abs(from_array.astype(int) - from_pillow).max() <= 1
     assert tuple(from_array[0, 0]) == (255, 255, 255)
+
+
+def test_serve_reads_an_exif_rotated_jpeg_upright_as_a1111s_api_does(tmp_path) -> None:
+    """A1111's decode_base64_to_image reads with images.read, whose fix_image applies the EXIF orientation."""
+    import io
+
+    from sdrt.serve.b64images import open_image
+
+    img = Image.new("RGB", (80, 40), (255, 255, 255))
+    exif = img.getexif()
+    exif[0x0112] = 8  # rotate 90 degrees counter-clockwise to view
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", exif=exif)
+    assert open_image(buf.getvalue(), "init_images[0]", 10**6).size == (40, 80)  # was 80x40

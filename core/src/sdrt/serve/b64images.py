@@ -51,6 +51,9 @@ def open_image(raw: bytes, field: str, max_pixels: int) -> Any:
         if w * h > max_pixels:
             raise ApiError(400, f"{field} is {w}x{h}, above this server's limit of {max_pixels} pixels", field=field)
         img.load()
+        from PIL import ImageOps
+
+        img = ImageOps.exif_transpose(img)  # A1111's decode_base64_to_image reads with images.read: fix_image
     except ApiError:
         raise
     except (OSError, ValueError, Image.DecompressionBombError, SyntaxError) as exc:
