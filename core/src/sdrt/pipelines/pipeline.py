@@ -615,6 +615,14 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 mode = JUST_RESIZE  # a VAE encoder exported for one size cannot take the picture at its own
                 note = (f" (not the latent upscale: this model's VAE encoder is exported for {encoder[1]}x"
                         f"{encoder[0]} only)")
+            elif source[0] * source[1] > max(self.MAX_INIT_AREA * self.default_size ** 2, tw * th):
+                # the VAE encoder runs at the picture's own size: a 6000x4000 photo fitted to 512x512 would encode
+                # 24 million pixels (SD 1.5's encoder: about 1.5 GB of activations per million)
+                raise InputError(f"the init image is {w}x{h}, and {mode} VAE-encodes it at its own size: more than "
+                                 f"{self.MAX_INIT_AREA} times the pixels of this model's {self.default_size}x"
+                                 f"{self.default_size} and more than the {tw}x{th} run's", where="resize_mode",
+                                 fix=f"use {{@resize_mode=}}'{JUST_RESIZE}' (the picture is resized in pixels), or "
+                                     "pass a smaller picture")
         if (tw, th) != (w, h):
             say = log.debug if self._dry else log.warning  # a dry run (the memory plan's, plan()) says nothing
             say("the init image is %dx%d%s %s%s%s", w, h, why, describe_fit(mode), note,
