@@ -96,3 +96,11 @@ def test_serve_reads_an_exif_rotated_jpeg_upright_as_a1111s_api_does(tmp_path) -
     buf = io.BytesIO()
     img.save(buf, format="JPEG", exif=exif)
     assert open_image(buf.getvalue(), "init_images[0]", 10**6).size == (40, 80)  # was 80x40
+
+
+def test_a_32_bit_integer_picture_of_8_bit_levels_keeps_them_and_of_16_bit_levels_is_scaled() -> None:
+    eight = np.arange(256, dtype=np.int32).reshape(16, 16)
+    assert Image.fromarray(eight).mode == "I"
+    np.testing.assert_array_equal(to_rgb(Image.fromarray(eight))[..., 0], eight.astype(np.uint8))
+    sixteen = eight * 257
+    np.testing.assert_array_equal(to_rgb(Image.fromarray(sixteen))[..., 0], eight.astype(np.uint8))

@@ -72,12 +72,15 @@ _WIDE_GREY = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
 def _eight_bit(img: Any) -> Any:
     """A 16-bit greyscale picture's levels scaled to 8 bits (v / 257, rounded); Pillow's ``convert`` clips them at
-    255, which turned all but the darkest 0.4% of a 16-bit PNG white. Other pictures unchanged."""
+    255, which turned all but the darkest 0.4% of a 16-bit PNG white. A 32-bit integer picture (mode I: older
+    Pillows open a 16-bit PNG so) is taken as 8-bit levels when none is above 255. Other pictures unchanged."""
     if img.mode not in _WIDE_GREY:
         return img
     from PIL import Image
 
     levels = np.clip(np.asarray(img).astype(np.float64), 0, 65535)
+    if img.mode == "I" and levels.max() <= 255:  # 32-bit integers holding 8-bit levels (Image.fromarray of int32)
+        return Image.fromarray(levels.astype(np.uint8), "L")
     return Image.fromarray(np.rint(levels / 257).astype(np.uint8), "L")
 
 
