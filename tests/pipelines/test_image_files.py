@@ -104,3 +104,10 @@ def test_a_32_bit_integer_picture_of_8_bit_levels_keeps_them_and_of_16_bit_level
     np.testing.assert_array_equal(to_rgb(Image.fromarray(eight))[..., 0], eight.astype(np.uint8))
     sixteen = eight * 257
     np.testing.assert_array_equal(to_rgb(Image.fromarray(sixteen))[..., 0], eight.astype(np.uint8))
+
+
+def test_a_float_grey_tiff_of_unit_levels_is_read_in_0_to_255(tmp_path) -> None:
+    path = tmp_path / "grey.tiff"
+    Image.fromarray(np.full((16, 16), 0.5, np.float32), "F").save(path)
+    assert tuple(to_rgb(path)[0, 0]) == (128, 128, 128)  # was black: Pillow's convert truncates 0.5 to 0
+    assert mask_gray(path)[0, 0] == 128

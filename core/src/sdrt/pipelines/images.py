@@ -74,9 +74,14 @@ def _eight_bit(img: Any) -> Any:
     """A 16-bit greyscale picture's levels scaled to 8 bits (v / 257, rounded); Pillow's ``convert`` clips them at
     255, which turned all but the darkest 0.4% of a 16-bit PNG white. A 32-bit integer picture (mode I: older
     Pillows open a 16-bit PNG so) is taken as 8-bit levels when none is above 255. Other pictures unchanged."""
+    from PIL import Image
+
+    if img.mode == "F":  # 32-bit float grey (a TIFF): levels in [0, 1] as float images hold them, else 0-255
+        levels = np.nan_to_num(np.asarray(img, dtype=np.float64))
+        levels = levels * 255 if levels.max() <= 1 else levels
+        return Image.fromarray(np.rint(np.clip(levels, 0, 255)).astype(np.uint8), "L")
     if img.mode not in _WIDE_GREY:
         return img
-    from PIL import Image
 
     levels = np.clip(np.asarray(img).astype(np.float64), 0, 65535)
     if img.mode == "I" and levels.max() <= 255:  # 32-bit integers holding 8-bit levels (Image.fromarray of int32)
@@ -91,7 +96,7 @@ def _has_alpha(img: Any) -> bool:
 def pil_rgb(img: Any) -> Any:
     """A Pillow picture in RGB as A1111's img2img reads it: transparency flattened on white (its
     ``img2img_background_color``; Pillow's ``convert`` gave the colour under the transparent pixels, black
-    mostly), 16-bit grey levels scaled (``_eight_bit``)."""
+    mostly), 16-bit and float grey levels scaled (``_eight_bit``)."""
     img = _eight_bit(img)
     if _has_alpha(img):
         from PIL import Image
