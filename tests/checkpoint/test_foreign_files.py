@@ -378,3 +378,17 @@ def test_a_t2i_adapter_given_as_a_controlnet_is_named(tmp_path):
     f = sparse_safetensors(tmp_path / "t2iadapter_canny_sd15v2.safetensors", CASES["T2I-Adapter (TencentARC)"][0])
     with pytest.raises(ModelError, match="is not a ControlNet: it looks like a T2I-Adapter"):
         open_controlnet(f)
+
+
+def test_a_checkpoint_keeping_its_clip_vision_tower_is_not_taken_for_a_vision_encoder():
+    """An SD 2.x checkpoint whose OpenCLIP kept its visual tower (cond_stage_model.model.visual.*) was named 'a CLIP
+    ViT-H vision encoder' and refused; its UNet and text encoder say what it is."""
+    sd2 = {M + "input_blocks.0.0.weight": (320, 4, 3, 3),
+           M + "input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight": (320, 1024),
+           "cond_stage_model.model.transformer.resblocks.0.attn.in_proj_weight": (3072, 1024),
+           "cond_stage_model.model.token_embedding.weight": (49408, 1024),
+           "cond_stage_model.model.visual.conv1.weight": (1280, 3, 14, 14),
+           "cond_stage_model.model.visual.transformer.resblocks.0.attn.in_proj_weight": (3840, 1280)}
+    assert recognise(sd2) is None
+    alone = {k.removeprefix("cond_stage_model.model."): v for k, v in sd2.items() if ".visual." in k}
+    assert "CLIP ViT-H" in recognise(alone)  # open_clip's visual tower alone still is one

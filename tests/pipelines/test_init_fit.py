@@ -254,3 +254,32 @@ def test_latent_upscale_on_a_fixed_size_vae_encoder_runs_as_just_resize_and_says
         assert np.array_equal(got, pipe(PROMPT, **kw)[0])
     finally:
         pipe.close()
+
+
+def test_one_side_given_on_a_fixed_size_model_names_the_side_given(init) -> None:
+    """width alone on a model exported for 64x64: the height came from the picture's aspect ratio, which the
+    message says (it said '64x192 was asked', naming height, which the caller never gave)."""
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+    try:
+        tall = np.ascontiguousarray(np.concatenate([init, init, init], axis=0))  # 64x192
+        with pytest.raises(InputError, match=r"this model makes 64x64 images only \(its unet is exported for that "
+                                             r"size\), and width 64 in the init image's aspect ratio \(64x192\) is "
+                                             r"64x192") as err:
+            pipe.plan(PROMPT, steps=2, init_image=tall, width=64)
+        assert err.value.where == "width"
+        assert "pass width=64 and height=64: the picture is fitted to them (resize_mode)" in str(err.value)
+    finally:
+        pipe.close()
+
+
+def test_latent_upscale_of_a_picture_far_above_the_models_size_is_refused(dyn) -> None:
+    """Resize mode 3 VAE-encodes the picture at its own size: 512x512 on a 64x64 model (64 times its pixels) for a
+    64x64 run was encoded whole; refused, naming Just Resize. Up to 4 times the model's pixels, or the run's own
+    size, it runs."""
+    with pytest.raises(InputError, match=r"the init image is 512x512, and Just Resize \(latent upscale\) VAE-encodes "
+                                         r"it at its own size: more than 4 times the pixels") as err:
+        dyn.plan(PROMPT, steps=2, init_image=_picture(512, 512), width=64, height=64, resize_mode=LATENT_UPSCALE)
+    assert err.value.where == "resize_mode"
+    assert "use resize_mode='Just Resize'" in str(err.value)
+    dyn.plan(PROMPT, steps=2, init_image=_picture(128, 128), width=64, height=64, resize_mode=LATENT_UPSCALE)
+    dyn.plan(PROMPT, steps=2, init_image=_picture(256, 256), width=256, height=256, resize_mode=LATENT_UPSCALE)

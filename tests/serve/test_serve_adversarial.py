@@ -303,6 +303,10 @@ def test_resize_mode_3_encodes_the_picture_at_its_own_size_and_resizes_its_laten
                                                       height=96, mask=base64.b64encode(_png(mask)).decode(),
                                                       inpainting_fill=0))
         assert _info(r)["sdrt_not_honoured"] == [] and r.status_code == 200
+        big = base64.b64encode(_png(picture.resize((512, 512)))).decode()  # 64x the model's pixels, encoded whole
+        r = client.post("/sdapi/v1/img2img", json=_on("tiny-sdxl-dyn", init_images=[big], resize_mode=3, width=64,
+                                                      height=64))
+        assert r.status_code == 400 and "resize_mode='Just Resize'" in r.json()["detail"], r.text
 
 
 def test_distilled_cfg_scale_and_the_cfg_default_follow_the_model(families) -> None:

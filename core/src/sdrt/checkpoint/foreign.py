@@ -177,7 +177,11 @@ def _other(k: _Keys, arch: str | None = None) -> str | None:
     vision = next((w for w in ("vision_model.embeddings.patch_embedding.weight", "visual.conv1.weight",
                                "vision_model.embeddings.patch_embeddings.projection.weight")
                    if any(key.endswith(w) for key in k.shapes)), None)
-    if vision and not k.sub("text_model.") and not k.pre("transformer.resblocks.") and not k.pre("token_embedding."):
+    # a text encoder or a denoiser beside it anywhere (an SD 2.x checkpoint keeping OpenCLIP's visual tower under
+    # cond_stage_model.model.) is no vision encoder alone
+    beside = any("text_model." in key or "token_embedding." in key or "diffusion_model." in key
+                 or ("transformer.resblocks." in key and "visual." not in key) for key in k.shapes)
+    if vision and not beside:
         width = next((int(s[0]) for key, s in k.shapes.items() if key.endswith(vision)), 0)
         name = {1024: "CLIP ViT-L", 1280: "CLIP ViT-H (IP-Adapter's and SVD's)", 1664: "CLIP ViT-bigG",
                 1152: "SigLIP (Flux Redux's)"}.get(width, "CLIP")

@@ -33,7 +33,11 @@ def _open_file(path: Path, what: str) -> np.ndarray:
     try:
         with Image.open(path) as img:
             img.load()
-            return _from_pil(img, what)
+            from PIL import ImageOps
+
+            # a phone's JPEG stores its pixels sideways and says so in EXIF: the picture as viewers show it (as
+            # diffusers' load_image and A1111's img2img tab read it)
+            return _from_pil(ImageOps.exif_transpose(img), what)
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         raise InputError(f"cannot read the {what} as an image ({exc})", where=str(path),
                          fix="use a PNG or JPEG file") from exc
@@ -62,9 +66,60 @@ def _array(value: Any, what: str, where: str) -> np.ndarray:
                          fix="pass an HxWx3 uint8 numpy array, a Pillow image or an image file path") from None
 
 
+#: Pillow's modes of 16-bit (and 32-bit integer) grey levels: a 16-bit greyscale PNG opens as one of them
+_WIDE_GREY = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def _eight_bit(img: Any) -> Any:
+    """A 16-bit greyscale picture's levels scaled to 8 bits (v / 257, rounded); Pillow's ``convert`` clips them at
+    255, which turned all but the darkest 0.4% of a 16-bit PNG white. A 32-bit integer picture (mode I: older
+    Pillows open a 16-bit PNG so) is taken as 8-bit levels when none is above 255. Other pictures unchanged."""
+    from PIL import Image
+
+    if img.mode == "F":  # 32-bit float grey (a TIFF): levels in [0, 1] as float images hold them, else 0-255
+        levels = np.nan_to_num(np.asarray(img, dtype=np.float64))
+        levels = levels * 255 if levels.max() <= 1 else levels
+        return Image.fromarray(np.rint(np.clip(levels, 0, 255)).astype(np.uint8), "L")
+    if img.mode not in _WIDE_GREY:
+        return img
+
+    levels = np.clip(np.asarray(img).astype(np.float64), 0, 65535)
+    if img.mode == "I" and levels.max() <= 255:  # 32-bit integers holding 8-bit levels (Image.fromarray of int32)
+        return Image.fromarray(levels.astype(np.uint8), "L")
+    return Image.fromarray(np.rint(levels / 257).astype(np.uint8), "L")
+
+
+def _has_alpha(img: Any) -> bool:
+    return img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or "transparency" in img.info
+
+
+def pil_rgb(img: Any) -> Any:
+    """A Pillow picture in RGB as A1111's img2img reads it: transparency flattened on white (its
+    ``img2img_background_color``; Pillow's ``convert`` gave the colour under the transparent pixels, black
+    mostly), 16-bit and float grey levels scaled (``_eight_bit``)."""
+    img = _eight_bit(img)
+    if _has_alpha(img):
+        from PIL import Image
+
+        rgba = img.convert("RGBA")
+        flat = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        flat.alpha_composite(rgba)
+        img = flat
+    return img.convert("RGB")
+
+
+def pil_mask(img: Any) -> Any:
+    """A Pillow mask's grey levels (mode L), white = repaint, as A1111 reads a mask (``create_binary_mask``): an
+    RGBA mask with transparency is its alpha channel (painted = opaque), else its luma (an opaque RGBA mask too);
+    16-bit levels scaled."""
+    img = _eight_bit(img)
+    if img.mode == "RGBA" and img.getchannel("A").getextrema() != (255, 255):
+        return img.getchannel("A")
+    return img.convert("L")
+
+
 def _from_pil(img: Any, what: str) -> np.ndarray:
-    mode = "L" if what == "mask" else "RGB"
-    return np.asarray(img.convert(mode))
+    return np.asarray(pil_mask(img) if what == "mask" else pil_rgb(img))
 
 
 def _is_pil(value: Any) -> bool:
@@ -99,6 +154,9 @@ def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None)
     arr = _to_uint8(arr, what, where)
     if arr.shape[-1] == 1:
         arr = np.repeat(arr, 3, axis=-1)
+    if arr.shape[-1] == 4:  # alpha over white, as a Pillow RGBA image and a file are read (``pil_rgb``)
+        alpha = arr[..., 3:].astype(np.uint32)
+        arr = ((arr[..., :3] * alpha + 255 * (255 - alpha) + 127) // 255).astype(np.uint8)
     return np.ascontiguousarray(arr[..., :3])
 
 
@@ -109,7 +167,7 @@ def mask_gray(value: ImageLike) -> np.ndarray:
     if path is not None:
         return _open_file(path, "mask")
     if _is_pil(value):
-        return np.asarray(value.convert("L"))
+        return _from_pil(value, "mask")
     arr = _array(value, "mask", "mask")
     if arr.dtype == bool:
         arr = arr.astype(np.uint8) * 255

@@ -452,7 +452,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 return gen
             finally:
                 self._references = None  # the job's encoded reference images
-                self._init_source = self._init_sized = None  # the job's init image at its own size
+                self._init_source = self._init_sized = self._init_side = None  # the job's init image at its own size
                 with self._state:
                     self._running = False
                     self._stop.clear()
@@ -510,7 +510,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         else:
             s = validate(prompt, negative_prompt, **kwargs)
         init = mask = None
-        self._init_source = self._init_sized = None
+        self._init_source = self._init_sized = self._init_side = None
         if s.init_image is not None:
             init, mask = self._fit_init(s)
         if s.reference_images:  # FLUX.1 Kontext (sdrt.pipelines.reference): read and sized once, here
@@ -600,6 +600,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 why = f" and {tw}x{th} was asked:"
             else:
                 given = f"width {tw}" if s.width is not None else f"height {th}"
+                self._init_side = ("width" if s.width is not None else "height", w, h)  # the other: the aspect
                 why = f" and {given} was asked: it runs at {tw}x{th}, in the picture's aspect ratio;"
         mode, note = s.resize_mode, ""
         gray = mask_gray(s.mask) if s.mask is not None else None
@@ -614,6 +615,14 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 mode = JUST_RESIZE  # a VAE encoder exported for one size cannot take the picture at its own
                 note = (f" (not the latent upscale: this model's VAE encoder is exported for {encoder[1]}x"
                         f"{encoder[0]} only)")
+            elif source[0] * source[1] > max(self.MAX_INIT_AREA * self.default_size ** 2, tw * th):
+                # the VAE encoder runs at the picture's own size: a 6000x4000 photo fitted to 512x512 would encode
+                # 24 million pixels (SD 1.5's encoder: about 1.5 GB of activations per million)
+                raise InputError(f"the init image is {w}x{h}, and {mode} VAE-encodes it at its own size: more than "
+                                 f"{self.MAX_INIT_AREA} times the pixels of this model's {self.default_size}x"
+                                 f"{self.default_size} and more than the {tw}x{th} run's", where="resize_mode",
+                                 fix=f"use {{@resize_mode=}}'{JUST_RESIZE}' (the picture is resized in pixels), or "
+                                     "pass a smaller picture")
         if (tw, th) != (w, h):
             say = log.debug if self._dry else log.warning  # a dry run (the memory plan's, plan()) says nothing
             say("the init image is %dx%d%s %s%s%s", w, h, why, describe_fit(mode), note,
@@ -715,6 +724,13 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             if source == "hires_scale":
                 raise InputError(f"{what}, and the hires fix's second pass is {s.width}x{s.height}",
                                  where="hires_scale", fix="leave {@hires_scale} unset: this model's size is fixed")
+            side = getattr(self, "_init_side", None)
+            if side is not None:  # one side given, the other from the init image's aspect ratio
+                given, iw, ih = side
+                raise InputError(f"{what}, and {given} {getattr(s, given)} in the init image's aspect ratio ({iw}x"
+                                 f"{ih}) is {s.width}x{s.height}", where=given,
+                                 fix=f"pass {{@width=}}{w} and {{@height=}}{h}: the picture is fitted to them "
+                                     "({@resize_mode})")
             raise InputError(f"{what} and {s.width}x{s.height} was asked", where="width" if w != s.width else "height",
                              fix=f"pass {{@width=}}{w} and {{@height=}}{h}, or leave them unset")
 

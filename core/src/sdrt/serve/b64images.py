@@ -51,6 +51,9 @@ def open_image(raw: bytes, field: str, max_pixels: int) -> Any:
         if w * h > max_pixels:
             raise ApiError(400, f"{field} is {w}x{h}, above this server's limit of {max_pixels} pixels", field=field)
         img.load()
+        from PIL import ImageOps
+
+        img = ImageOps.exif_transpose(img)  # A1111's decode_base64_to_image reads with images.read: fix_image
     except ApiError:
         raise
     except (OSError, ValueError, Image.DecompressionBombError, SyntaxError) as exc:
@@ -69,7 +72,7 @@ def fit(img: Any, width: int, height: int, mode: int, field: str = "init_images[
     from ..pipelines.images import RESIZE_MODES, fit_image
     from .errors import from_pipeline
 
-    if img.mode not in ("RGB", "L"):
+    if img.mode not in ("RGB", "L") or "transparency" in img.info:
         img = Image.fromarray(rgb_array(img))
     try:
         return fit_image(img, width, height, RESIZE_MODES[mode], field, field)
@@ -78,20 +81,21 @@ def fit(img: Any, width: int, height: int, mode: int, field: str = "init_images[
 
 
 def rgb_array(img: Any) -> np.ndarray:
-    if img.mode in ("RGBA", "LA", "P"):
-        img = img.convert("RGBA")
-        background = img.copy()
-        background.paste((255, 255, 255, 255), (0, 0, *img.size))
-        background.alpha_composite(img)
-        img = background
-    return np.ascontiguousarray(np.asarray(img.convert("RGB"), dtype=np.uint8))
+    """HxWx3 uint8 as A1111 reads an init image: transparency flattened on white, 16-bit grey levels scaled
+    (``sdrt.pipelines.images.pil_rgb``, which the Python API and ``sdrt generate`` use too)."""
+    from ..pipelines.images import pil_rgb
+
+    return np.ascontiguousarray(np.asarray(pil_rgb(img), dtype=np.uint8))
 
 
 def mask_array(img: Any, blur: int, invert: bool) -> np.ndarray:
-    """HxW uint8, white = repaint: A1111 takes the alpha channel of an RGBA mask, else its grey levels."""
+    """HxW uint8, white = repaint: A1111 takes the alpha channel of an RGBA mask with transparency, else its grey
+    levels (an opaque RGBA mask's too: its alpha would repaint everything) (``pil_mask``)."""
     from PIL import ImageFilter, ImageOps
 
-    gray = img.getchannel("A") if img.mode == "RGBA" else img.convert("L")
+    from ..pipelines.images import pil_mask
+
+    gray = pil_mask(img)
     if invert:
         gray = ImageOps.invert(gray)
     if blur > 0:
