@@ -10,11 +10,23 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from backend_helpers import PLUGINS, REQUIRED, register  # noqa: F401  (re-exported for the tests here)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
 #: tiny-sdxl-dyn: SDXL exported with dynamic height and width (as Optimum does), with non-square references
 FOLDERS = ["tiny-sd15", "tiny-sd15-inpaint", "tiny-sd2v", "tiny-sdxl", "tiny-sdxl-dyn"]
+
+
+def fast_backend() -> str:
+    """OpenVINO when installed (for tests of many short runs whose numerics test_pipelines_diffusers checks), else
+    the reference backend."""
+    try:
+        register("openvino")
+        return "openvino"
+    except pytest.skip.Exception:
+        register("reference")
+        return "reference"
 
 
 def assert_matches_diffusers(images, want: np.ndarray) -> None:

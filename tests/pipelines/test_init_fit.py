@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pipeline_helpers import DATA, refs, register
+from pipeline_helpers import DATA, fast_backend, refs, register
 
 from sdrt import pipelines
 from sdrt.errors import InputError
@@ -120,19 +120,10 @@ def test_a_sliver_cropped_to_cover_is_refused_before_it_allocates() -> None:
 
 
 # -- the pipeline fits what it is given --------------------------------------------------------------------------
-def _fast_backend() -> str:
-    try:
-        register("openvino")
-        return "openvino"
-    except pytest.skip.Exception:
-        register("reference")
-        return "reference"
-
-
 @pytest.fixture(scope="module")
 def dyn():
     """SDXL's tiny export with dynamic sizes (its UNet takes sides that are multiples of 16 pixels)."""
-    pipe = pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend())
+    pipe = pipelines.load(DATA / "tiny-sdxl-dyn", backend=fast_backend())
     yield pipe
     pipe.close()
 
@@ -229,7 +220,7 @@ def test_a_picture_far_above_the_models_size_needs_a_size(dyn) -> None:
 def test_a_large_picture_with_no_size_fails_before_running_out_of_memory(init) -> None:
     """A picture above the model's size, run at its own size (diffusers keeps it), that the memory plan says
     does not fit: refused before anything compiles, naming a size near the model's own in its aspect ratio."""
-    pipe = pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend(), memory="4MB")
+    pipe = pipelines.load(DATA / "tiny-sdxl-dyn", backend=fast_backend(), memory="4MB")
     try:
         with pytest.raises(InputError, match=r"the init image is 128x64, and with no width or height given it runs "
                                              r"at 128x64, for which the memory plan predicts a peak of") as err:
@@ -242,7 +233,7 @@ def test_a_large_picture_with_no_size_fails_before_running_out_of_memory(init) -
 
 def test_latent_upscale_on_a_fixed_size_vae_encoder_runs_as_just_resize_and_says_so(init, caplog) -> None:
     """tiny-sd15's VAE encoder is exported for 64x64 only: it cannot take a 48x32 picture at its own size."""
-    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=fast_backend())
     try:
         small = np.ascontiguousarray(init[:32, :48])
         kw = dict(steps=2, seed=7, sampler="Euler", init_image=small, strength=0.5)
@@ -259,7 +250,7 @@ def test_latent_upscale_on_a_fixed_size_vae_encoder_runs_as_just_resize_and_says
 def test_one_side_given_on_a_fixed_size_model_names_the_side_given(init) -> None:
     """width alone on a model exported for 64x64: the height came from the picture's aspect ratio, which the
     message says (it said '64x192 was asked', naming height, which the caller never gave)."""
-    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=fast_backend())
     try:
         tall = np.ascontiguousarray(np.concatenate([init, init, init], axis=0))  # 64x192
         with pytest.raises(InputError, match=r"this model makes 64x64 images only \(its unet is exported for that "

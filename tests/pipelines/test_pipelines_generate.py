@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from pipeline_helpers import DATA, refs, register
+from pipeline_helpers import DATA, fast_backend, refs, register
 
 from sdrt import pipelines
 from sdrt.errors import InputError, Interrupted, ModelError, SamplerError, WeightsError
@@ -17,20 +17,9 @@ from sdrt.pipelines.progress import ProgressBar
 PROMPT = "a photo of a red cat"
 
 
-def _fast_backend() -> str:
-    """OpenVINO when installed (these tests are many short runs; the numerics are test_pipelines_diffusers'),
-    else the reference backend."""
-    try:
-        register("openvino")
-        return "openvino"
-    except pytest.skip.Exception:
-        register("reference")
-        return "reference"
-
-
 @pytest.fixture(scope="module")
 def sd15():
-    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=fast_backend())
     yield pipe
     pipe.close()
 
@@ -378,12 +367,12 @@ def test_weight_calls_refuse_what_is_no_path_or_number(sd15, call, error, messag
     ({"low_memory": np.bool_(False)}, ("low_memory", False)),  # was "must be True or False, got bool np.False_"
 ])
 def test_load_takes_numpy_scalars(kwargs: dict, setting: tuple) -> None:
-    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend(), **kwargs) as pipe:
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=fast_backend(), **kwargs) as pipe:
         assert getattr(pipe, setting[0]) == setting[1] and type(getattr(pipe, setting[0])) is type(setting[1])
 
 
 def test_load_takes_a_numpy_vae_tile() -> None:
-    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend(), vae_tile=np.int64(8)) as pipe:
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=fast_backend(), vae_tile=np.int64(8)) as pipe:
         assert pipe.vae_tile == 8 and type(pipe.vae_tile) is int  # was "vae_tile must be an int ..., got int64"
 
 
@@ -417,7 +406,7 @@ def test_numpy_sizes_give_plain_data() -> None:
 
     s = pipelines.validate(PROMPT, width=np.int64(64), height=np.int32(64), steps=np.int64(2))
     assert (type(s.width), type(s.height), type(s.steps)) == (int, int, int)
-    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend()) as pipe:
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=fast_backend()) as pipe:
         json.dumps(pipe.plan(PROMPT, steps=np.int64(2), width=np.int64(64), height=np.int64(64)).to_dict())
 
 
@@ -447,7 +436,7 @@ def test_a_pipeline_with_weights_is_freed_when_dropped(weights: str) -> None:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+        pipe = pipelines.load(DATA / "tiny-sd15", backend=fast_backend())
         if weights == "lora":
             pipe.set_loras([(files / "tinylora.safetensors", 0.5)])
         else:
@@ -526,7 +515,7 @@ def test_update_weights_on_a_text_encoder_cut_to_one_output() -> None:
 def test_every_sampler_and_schedule_by_its_comfyui_name() -> None:
     from sdrt.samplers import available_samplers, available_schedules
 
-    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=fast_backend())
     try:
         for sampler in available_samplers():
             img = pipe(PROMPT, steps=3, cfg=1.0, seed=1, sampler=sampler)[0]
@@ -580,7 +569,7 @@ def test_stores_wait_for_the_job_only_with_room_beside_the_plans_peak() -> None:
 
     from sdrt.pipelines.budget import MemoryPlan, Placement
 
-    pipe = pipelines.load(DATA / "tiny-sd15", backend=_fast_backend())
+    pipe = pipelines.load(DATA / "tiny-sd15", backend=fast_backend())
 
     def plan(budget, placement="resident"):
         return MemoryPlan(budget_bytes=budget, budget_source="memory=", base_bytes=100, footprint=1.0,
@@ -618,18 +607,18 @@ def test_stores_wait_for_the_job_only_with_room_beside_the_plans_peak() -> None:
 ])
 def test_load_refuses_bad_arguments_at_load(kwargs, message) -> None:
     with pytest.raises(InputError, match=message) as exc:
-        pipelines.load(pipelines.DEMO_MODEL, backend=_fast_backend(), **kwargs)
+        pipelines.load(pipelines.DEMO_MODEL, backend=fast_backend(), **kwargs)
     assert "\n" not in str(exc.value)
 
 
 def test_load_takes_its_own_and_the_backends_options() -> None:
-    pipe = pipelines.load(pipelines.DEMO_MODEL, backend=_fast_backend(), low_memory=None, share_blocks=True, quantize="int8", vae_tile=None)
+    pipe = pipelines.load(pipelines.DEMO_MODEL, backend=fast_backend(), low_memory=None, share_blocks=True, quantize="int8", vae_tile=None)
     assert pipe.low_memory is None and pipe.share_blocks and pipe.quantize == "int8"
     pipe.close()
 
 
 def test_vae_tile_on_a_vae_with_dynamic_axes() -> None:
-    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend(), vae_tile=8) as pipe:
+    with pipelines.load(DATA / "tiny-sdxl-dyn", backend=fast_backend(), vae_tile=8) as pipe:
         assert pipe.generate(PROMPT, steps=1, width=128, height=128, seed=1).images[0].shape == (128, 128, 3)
 
 
@@ -640,7 +629,7 @@ def test_vae_tile_on_a_vae_with_dynamic_axes() -> None:
     (lambda p: p.add_embedding(5), r"an embedding must be a file path or an sdrt\.checkpoint\.Embedding, got int 5"),
 ])
 def test_weight_calls_refuse_bad_arguments(call, message) -> None:
-    pipe = pipelines.load(pipelines.DEMO_MODEL, backend=_fast_backend())
+    pipe = pipelines.load(pipelines.DEMO_MODEL, backend=fast_backend())
     with pytest.raises(InputError, match=message):
         call(pipe)
     pipe.set_loras([])  # the empty list stays the way to remove them

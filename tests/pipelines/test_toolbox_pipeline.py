@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pipeline_helpers import DATA, register
+from pipeline_helpers import DATA, fast_backend, register
 
 from sdrt import pipelines
 from sdrt.errors import InputError, ModelError, SamplerError
@@ -27,15 +27,6 @@ PREVIEW = Path(__file__).resolve().parents[1] / "data" / "preview"
 CN_FOLDERS = ["tiny-sd15-controlnet", "tiny-sdxl-controlnet"]
 BACKENDS = ["reference", "openvino", "ggml"]
 PROMPT = "a photo of a red cat sitting on a wooden table, sunset"
-
-
-def _fast_backend() -> str:
-    try:
-        register("openvino")
-        return "openvino"
-    except pytest.skip.Exception:
-        register("reference")
-        return "reference"
 
 
 def _cases(folder: str) -> list[dict]:
@@ -72,7 +63,7 @@ def test_controlnet_images_equal_diffusers(folder: str, backend: str) -> None:
 
 def test_controlnet_window_and_scale_have_teeth() -> None:
     """The window ignored, or the scale ignored, is far from diffusers' image: the test above can fail."""
-    backend = _fast_backend()
+    backend = fast_backend()
     folder = "tiny-sd15-controlnet"
     z = np.load(DATA / folder / "refs.npz")
     cases = {c["name"]: c for c in _cases(folder)}
@@ -125,7 +116,7 @@ def test_controlnet_modes_have_teeth() -> None:
     z = np.load(DATA / folder / "modes.npz")
     images = np.load(DATA / folder / "refs.npz")
     cases = {c["name"]: c for c in _mode_cases(folder)}
-    with pipelines.load(DATA / folder, backend=_fast_backend()) as pipe:
+    with pipelines.load(DATA / folder, backend=fast_backend()) as pipe:
         control = cases["ControlNet is more important"]
         prompt = _run_mode_case(pipe, dict(control, control_mode=["My prompt is more important"]), images)
         guess = _run_mode_case(pipe, dict(control, control_mode=["Balanced"], guess_mode=True), images)
@@ -177,7 +168,7 @@ def test_residual_scales_are_the_extensions_and_diffusers() -> None:
 def test_cond_only_units_run_their_net_on_the_cond_half() -> None:
     """Cfg injection and guess mode: the net's calls take the cond rows only (one image: 1 row, not 2)."""
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
-    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as pipe:
         plan = pipe.plan(PROMPT, "blurry", steps=4, sampler="Euler", seed=1, controlnets=[
             ("controlnet", z["edges"], 1.0, 0.0, 1.0, "ControlNet is more important"),
             ("controlnet_2", z["scribble"], 0.5, 0.0, 1.0, 1)])
@@ -200,7 +191,7 @@ def test_cond_only_units_in_a_batch_of_two() -> None:
     folder = "tiny-sd15-controlnet"
     z = np.load(DATA / folder / "modes.npz")
     case = next(c for c in _mode_cases(folder) if c["name"] == "two units/Balanced + ControlNet is more important")
-    with pipelines.load(DATA / folder, backend=_fast_backend()) as pipe:
+    with pipelines.load(DATA / folder, backend=fast_backend()) as pipe:
         images = pipe.generate(case["prompt"], case["negative_prompt"], steps=case["steps"], cfg=case["cfg"],
                                sampler=case["sampler"], seed=case["seed"], width=64, height=64, batch=2,
                                controlnets=_mode_units(case, np.load(DATA / folder / "refs.npz"))).images
@@ -210,7 +201,7 @@ def test_cond_only_units_in_a_batch_of_two() -> None:
 
 def test_controlnet_mode_infotext_and_bad_input() -> None:
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
-    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as pipe:
         gen = pipe.generate(PROMPT, steps=1, sampler="Euler", seed=1, controlnets=[
             ("controlnet", z["edges"], 1.0, 0.0, 1.0, "my prompt is more important"),
             ControlNet("controlnet_2", z["scribble"], guess_mode=True)])
@@ -234,7 +225,7 @@ def test_controlnet_mode_infotext_and_bad_input() -> None:
 
 def test_controlnet_plan_lists_the_nets_and_their_calls() -> None:
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
-    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as pipe:
         one = pipe.plan(PROMPT, "blurry", steps=8, sampler="Euler", seed=1,
                         controlnets=[("controlnet", z["edges"], 1.0, 0.25, 0.75)])
         two = pipe.plan(PROMPT, "blurry", steps=8, sampler="Euler", seed=1,
@@ -256,7 +247,7 @@ def test_controlnet_infotext_as_the_extension_writes_it() -> None:
     from sdrt.pipelines.png import format_parameters
 
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
-    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as pipe:
         gen = pipe.generate(PROMPT, steps=2, sampler="Euler", seed=1, controlnets=[
             ControlNet("controlnet", z["edges"], 0.8, 0.1, 0.9, preprocessor="canny", low=50, high=150)])
     info = gen.settings[0]
@@ -270,7 +261,7 @@ def test_preprocessor_and_resize_run_before_the_net() -> None:
     """canny in the pipeline equals canny done by hand; a larger image is resized to the output first."""
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
     photo = np.kron(z["scribble"], np.ones((2, 2, 1), np.uint8))  # 128x128
-    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as pipe:
         auto = pipe(PROMPT, steps=8, sampler="Euler", seed=4,
                     controlnets=[ControlNet("controlnet", photo, preprocessor="canny")])[0]
         edges = controlmaps.resize_control(controlmaps.to_rgb(controlmaps.canny(photo)), 64, 64, "Crop and Resize")
@@ -283,7 +274,7 @@ def test_preprocessor_and_resize_run_before_the_net() -> None:
 def test_controlnet_given_as_its_own_folder() -> None:
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
     case = _cases("tiny-sd15-controlnet")[0]
-    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe:
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as pipe:
         by_name = _run_case(pipe, case, z)
         by_dir = _run_case(pipe, case, z, controlnets=[(str(DATA / "tiny-sd15-controlnet" / "controlnet"), z["edges"])])
         # a real run keeps the nets out of the model's parts (checkpoints and LoRAs never meet them)
@@ -322,12 +313,12 @@ def test_controlnet_bad_input(controlnets, error, words) -> None:
         return v
 
     arg = [fill(u) for u in controlnets] if isinstance(controlnets, list) else controlnets
-    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=_fast_backend()) as pipe, pytest.raises(error, match=words):
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as pipe, pytest.raises(error, match=words):
         pipe.plan(PROMPT, steps=2, controlnets=arg)
 
 
 def test_controlnet_on_a_unet_without_residual_inputs() -> None:
-    with pipelines.load(DATA / "tiny-sd15", backend=_fast_backend()) as pipe, pytest.raises(InputError, match="no ControlNet"):
+    with pipelines.load(DATA / "tiny-sd15", backend=fast_backend()) as pipe, pytest.raises(InputError, match="no ControlNet"):
         pipe.plan(PROMPT, steps=2, controlnets=[(str(DATA / "tiny-sd15-controlnet" / "controlnet"),
                                                  np.zeros((64, 64, 3), np.uint8))])
 
@@ -358,7 +349,7 @@ def test_hires_settings_and_infotext() -> None:
 
 @pytest.fixture(scope="module")
 def xl_dyn():
-    pipe = pipelines.load(DATA / "tiny-sdxl-dyn", backend=_fast_backend())
+    pipe = pipelines.load(DATA / "tiny-sdxl-dyn", backend=fast_backend())
     yield pipe
     pipe.close()
 
@@ -424,7 +415,7 @@ def test_hires_with_a_model_upscaler(xl_dyn, monkeypatch) -> None:
 
 
 def test_hires_refuses_a_static_unet_and_img2img() -> None:
-    with pipelines.load(DATA / "tiny-sd15", backend=_fast_backend()) as pipe:
+    with pipelines.load(DATA / "tiny-sd15", backend=fast_backend()) as pipe:
         with pytest.raises(InputError, match="makes 64x64 images only"):
             pipe.plan(PROMPT, steps=2, hires_scale=2)
         with pytest.raises(InputError, match="txt2img pass"):
@@ -524,7 +515,7 @@ def test_cli_controlnet_flags_give_diffusers_image(tmp_path: Path, capsys) -> No
     from sdrt.cli import main
     from sdrt.pipelines.png import read_parameters, write_png
 
-    backend = _fast_backend()
+    backend = fast_backend()
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
     case = next(c for c in _cases("tiny-sd15-controlnet") if c["name"] == "controlnet/two nets")
     paths = []
@@ -557,7 +548,7 @@ def test_cli_control_mode_and_guess_mode_flags(name: str, tmp_path: Path, capsys
     case = next(c for c in _mode_cases("tiny-sd15-controlnet") if c["name"] == name)
     out = tmp_path / "cn.png"
     args = ["generate", str(DATA / "tiny-sd15-controlnet"), case["prompt"], "--negative", case["negative_prompt"],
-            "--steps", "8", "--sampler", "Euler", "--seed", str(case["seed"]), "--backend", _fast_backend(),
+            "--steps", "8", "--sampler", "Euler", "--seed", str(case["seed"]), "--backend", fast_backend(),
             "-o", str(out)]
     for k, (net, image, scale, mode) in enumerate(zip(case["controlnets"], case["control_images"], case["scale"],
                                                       case["control_mode"])):
@@ -602,7 +593,7 @@ def test_cli_dry_run_shows_both_hires_passes_and_bad_flags(tmp_path: Path, capsy
 def test_a_controlnet_unet_without_a_controlnet_is_the_plain_unet() -> None:
     """No ControlNet asked for: the folder's net at scale 0 feeds zero residuals, which is the plain UNet
     (tiny-sd15-controlnet's UNet has tiny-sd15's weights: gen_controlnet_refs.py builds both the same way)."""
-    backend = _fast_backend()
+    backend = fast_backend()
     kw = dict(steps=4, sampler="Euler", seed=5)
     with pipelines.load(DATA / "tiny-sd15-controlnet", backend=backend) as cn_pipe, \
             pipelines.load(DATA / "tiny-sd15", backend=backend) as plain:
