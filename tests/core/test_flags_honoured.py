@@ -100,7 +100,8 @@ def test_a_size_from_the_init_image_or_the_hires_scale_blames_that_flag(registry
     assert "64x64" in capsys.readouterr().out
     refused(capsys, ["generate", "a cat", *FAST[:-2], "--dry-run", "--steps", "4", "--width", "128",
              "--init-image", str(tmp_path / "red128.png")],
-            "Where: --width. What to do: pass --width 64 and --height 64, or leave them unset.")
+            "asks for 128x128. Where: --width. What to do: pass --width 64 and --height 64, or leave both unset: the "
+            "picture is fitted to 64x64 (--resize-mode).")
     refused(capsys, ["generate", "a cat", *FAST[:-2], "--dry-run", "--hires-scale", "2"],
             "the hires fix's second pass is 128x128. Where: --hires-scale.")
     refused(capsys, ["generate", "a cat", *FAST[:-2], "--dry-run", "--width", "128"],

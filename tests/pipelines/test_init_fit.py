@@ -254,11 +254,11 @@ def test_one_side_given_on_a_fixed_size_model_names_the_side_given(init) -> None
     try:
         tall = np.ascontiguousarray(np.concatenate([init, init, init], axis=0))  # 64x192
         with pytest.raises(InputError, match=r"this model makes 64x64 images only \(its unet is exported for that "
-                                             r"size\), and width 64 in the init image's aspect ratio \(64x192\) is "
-                                             r"64x192") as err:
+                                             r"size\), and width 64 with the init image's aspect ratio \(64x192\) "
+                                             r"asks for 64x192") as err:
             pipe.plan(PROMPT, steps=2, init_image=tall, width=64)
         assert err.value.where == "width"
-        assert "pass width=64 and height=64: the picture is fitted to them (resize_mode)" in str(err.value)
+        assert "pass width=64 and height=64, or leave both unset: the picture is fitted to 64x64 (resize_mode)" in str(err.value)
     finally:
         pipe.close()
 

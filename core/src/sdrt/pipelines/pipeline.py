@@ -727,10 +727,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             side = getattr(self, "_init_side", None)
             if side is not None:  # one side given, the other from the init image's aspect ratio
                 given, iw, ih = side
-                raise InputError(f"{what}, and {given} {getattr(s, given)} in the init image's aspect ratio ({iw}x"
-                                 f"{ih}) is {s.width}x{s.height}", where=given,
-                                 fix=f"pass {{@width=}}{w} and {{@height=}}{h}: the picture is fitted to them "
-                                     "({@resize_mode})")
+                raise InputError(f"{what}, and {given} {getattr(s, given)} with the init image's aspect ratio "
+                                 f"({iw}x{ih}) asks for {s.width}x{s.height}", where=given,
+                                 fix=f"pass {{@width=}}{w} and {{@height=}}{h}, or leave both unset: the picture is "
+                                     f"fitted to {w}x{h} ({{@resize_mode}})")
             raise InputError(f"{what} and {s.width}x{s.height} was asked", where="width" if w != s.width else "height",
                              fix=f"pass {{@width=}}{w} and {{@height=}}{h}, or leave them unset")
 
