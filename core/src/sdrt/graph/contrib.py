@@ -438,6 +438,19 @@ def _op_fused_matmul(em: _Emit, node: Any) -> list[str] | None:
 
 
 # -- attention -------------------------------------------------------------------------------------------
+def _mask_and_bias(em: _Emit, node: Any, mask_at: int, elem: int, fill: float) -> tuple[str | None, bool]:
+    """An attention node's additive bias: its key padding mask (input ``mask_at``) as a bias, plus its attention
+    bias (input 5); ``(None, True)`` with neither, ``(None, False)`` for a mask format not rewritten."""
+    extra = None
+    if _inp(node, mask_at):
+        extra = _mask_to_bias(em, node.input[mask_at], elem, fill)
+        if extra is None:
+            return None, False
+    if _inp(node, 5):
+        extra = em.one("Add", [extra, node.input[5]]) if extra else node.input[5]
+    return extra, True
+
+
 def _mask_to_bias(em: _Emit, mask: str, elem: int, fill: float) -> str | None:
     """A (B, L) 0/1 key padding mask as an additive (B, 1, 1, L) bias; None for other mask formats."""
     if em.ranks.get(mask) != 2:
@@ -473,13 +486,9 @@ def _op_multi_head_attention(em: _Emit, node: Any) -> list[str] | None:
         bq, bk, bv = em.op("Split", [bias], 3, axis=0, **({"num_outputs": 3} if em.opset >= 18 else {}))
         q, k, v = em.one("Add", [q, bq]), em.one("Add", [k, bk]), em.one("Add", [v, bv])
     fill = float(a.get("mask_filter_value", -10000.0))
-    extra = None
-    if _inp(node, 4):
-        extra = _mask_to_bias(em, node.input[4], e, fill)
-        if extra is None:
-            return None
-    if _inp(node, 5):
-        extra = em.one("Add", [extra, node.input[5]]) if extra else node.input[5]
+    extra, ok = _mask_and_bias(em, node, 4, e, fill)
+    if not ok:
+        return None
     scale = a.get("scale")
     return [em.attention(q, k, v, heads, float(scale) if scale else None, bias_add=extra, packed=packed,
                          out=node.output[0])]
@@ -507,13 +516,9 @@ def _op_attention(em: _Emit, node: Any) -> list[str] | None:
     else:
         q, k, v = em.op("Split", [qkv], 3, axis=-1, **({"num_outputs": 3} if em.opset >= 18 else {}))
     fill = float(a.get("mask_filter_value", -10000.0))
-    extra = None
-    if _inp(node, 3):
-        extra = _mask_to_bias(em, node.input[3], e, fill)
-        if extra is None:
-            return None
-    if _inp(node, 5):
-        extra = em.one("Add", [extra, node.input[5]]) if extra else node.input[5]
+    extra, ok = _mask_and_bias(em, node, 3, e, fill)
+    if not ok:
+        return None
     scale = a.get("scale")
     if int(a.get("unidirectional", 0)):  # query i sees keys 0..i (no past here)
         s = em.one("Gather", [em.one("Shape", [x]), em.const(np.int64(1))])
