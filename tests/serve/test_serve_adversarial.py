@@ -309,6 +309,22 @@ def test_resize_mode_3_encodes_the_picture_at_its_own_size_and_resizes_its_laten
         assert r.status_code == 400 and "resize_mode='Just Resize'" in r.json()["detail"], r.text
 
 
+def test_resize_mode_3_on_a_fixed_size_vae_encoder_is_named_as_not_honoured(families) -> None:
+    """tiny-sd15's VAE encoder takes 64x64 only: a 128x64 picture cannot be encoded at its own size, so the latent
+    upscale runs as just resize. That was said in the server's log only; the request hears it now."""
+    picture = Image.new("RGB", (128, 64), (200, 40, 30))
+    raw = base64.b64encode(_png(picture)).decode()
+    with httpx.Client(base_url=families, timeout=300) as client:
+        r = client.post("/sdapi/v1/img2img", json=_on("tiny-sd15", init_images=[raw], resize_mode=3,
+                                                      denoising_strength=0.5))
+        assert _info(r)["sdrt_not_honoured"] == [
+            "resize_mode: 3 (latent upscale) ran as 0 (just resize): this model's VAE encoder is exported for 64x64 "
+            "only"]
+        same = client.post("/sdapi/v1/img2img", json=_on("tiny-sd15", init_images=[base64.b64encode(
+            _png(picture.resize((64, 64)))).decode()], resize_mode=3, denoising_strength=0.5))
+        assert _info(same)["sdrt_not_honoured"] == []  # a picture of the run's size: nothing to resize
+
+
 def test_distilled_cfg_scale_and_the_cfg_default_follow_the_model(families) -> None:
     """Forge's distilled_cfg_scale is Flux dev's guidance input (it was named as not honoured, and 3.5 always ran);
     on a model without one it is named. cfg_scale left out is the family's (Flux 1, SD 7 as A1111): it was 7

@@ -554,6 +554,17 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             self._refiner_job = resolve(self, s, load)
         return s, init, mask
 
+    def latent_upscale_blocked(self, width: int, height: int) -> str | None:
+        """Why the latent upscale resize mode cannot run on a ``width`` x ``height`` picture here (this model's VAE
+        encoder is exported for one other size: it cannot take the picture at its own), or None when it can."""
+        from .images import snap
+
+        sample = self.vae_encoder.inputs.get("sample") if self.vae_encoder is not None else None
+        encoder = tuple(sample.shape[2:]) if sample is not None else ()
+        if len(encoder) == 2 and all(isinstance(d, int) for d in encoder) and encoder != snap(width, height, 8)[::-1]:
+            return f"this model's VAE encoder is exported for {encoder[1]}x{encoder[0]} only"
+        return None
+
     def _size_multiple(self) -> int:
         """The multiple of which every side this model runs is: 16 for the flow models (VAE 8 x patch 2); for a
         UNet, 8 x 2 ** (down blocks - 1) (64 for SD 1.x and 2.x, 32 for SDXL: ``_unet_size_error``); else 8."""
@@ -609,12 +620,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                              fix="give a mask of the init image's size (white = repaint)")
         source = snap(w, h, 8)
         if mode == LATENT_UPSCALE and (tw, th) != (w, h):
-            sample = self.vae_encoder.inputs.get("sample") if self.vae_encoder is not None else None
-            encoder = tuple(sample.shape[2:]) if sample is not None else ()
-            if len(encoder) == 2 and all(isinstance(d, int) for d in encoder) and encoder != source[::-1]:
+            fixed_encoder = self.latent_upscale_blocked(w, h)
+            if fixed_encoder is not None:
                 mode = JUST_RESIZE  # a VAE encoder exported for one size cannot take the picture at its own
-                note = (f" (not the latent upscale: this model's VAE encoder is exported for {encoder[1]}x"
-                        f"{encoder[0]} only)")
+                note = f" (not the latent upscale: {fixed_encoder})"
             elif source[0] * source[1] > max(self.MAX_INIT_AREA * self.default_size ** 2, tw * th):
                 # the VAE encoder runs at the picture's own size: a 6000x4000 photo fitted to 512x512 would encode
                 # 24 million pixels (SD 1.5's encoder: about 1.5 GB of activations per million)

@@ -408,6 +408,8 @@ class Worker(threading.Thread):
                     result.not_honoured.append(f"distilled_cfg_scale: {w.model.name} is no guidance-distilled model "
                                                "(Flux dev is); cfg_scale is its guidance")
 
+            _latent_upscale_note(pipe, kwargs, result)
+
             def on_step(step: int, total: int, latents: np.ndarray) -> None:
                 job.step, job.total = step, total
                 try:  # the denoised estimate, in the family's own colours (as A1111's live preview shows it)
@@ -464,6 +466,22 @@ class Worker(threading.Thread):
             result.not_honoured.append(f"CLIP_stop_at_last_layers: {skip} ran at 1 on {w.model.name}: {exc.what}")
             kwargs["clip_skip"] = 1  # and so do the job's next runs
             return run()
+
+
+def _latent_upscale_note(pipe: Any, kwargs: dict[str, Any], result: Result) -> None:
+    """img2img's resize_mode 3 on a model whose VAE encoder takes one size only runs as 0 (the pipeline says so
+    in the log): the request hears it in ``sdrt_not_honoured``."""
+    from ..pipelines.images import LATENT_UPSCALE
+
+    picture = kwargs.get("init_image")
+    if kwargs.get("resize_mode") != LATENT_UPSCALE or picture is None:
+        return
+    h, w = picture.shape[:2]
+    if (w, h) == (kwargs.get("width"), kwargs.get("height")):
+        return  # nothing to resize
+    why = pipe.latent_upscale_blocked(w, h)
+    if why is not None:
+        result.not_honoured.append(f"resize_mode: 3 (latent upscale) ran as 0 (just resize): {why}")
 
 
 class JobQueue:
