@@ -97,7 +97,10 @@ def test_a_size_from_the_init_image_or_the_hires_scale_blames_that_flag(registry
     write_png(tmp_path / "red128.png", np.full((128, 128, 3), 200, np.uint8))
     assert main(["generate", "a cat", *FAST[:-2], "--dry-run", "--steps", "4",
                  "--init-image", str(tmp_path / "red128.png")]) == 0
-    assert "64x64" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "64x64" in out
+    # the fit the run would warn about is a line of the plan (a dry run said nothing about it)
+    assert "the init image is 128x128 and this model makes 64x64 images only: Just Resize fits it" in out, out
     refused(capsys, ["generate", "a cat", *FAST[:-2], "--dry-run", "--steps", "4", "--width", "128",
              "--init-image", str(tmp_path / "red128.png")],
             "asks for 128x128. Where: --width. What to do: pass --width 64 and --height 64, or leave both unset: the "

@@ -633,9 +633,12 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                                  fix=f"use {{@resize_mode=}}'{JUST_RESIZE}' (the picture is resized in pixels), or "
                                      "pass a smaller picture")
         if (tw, th) != (w, h):
-            say = log.debug if self._dry else log.warning  # a dry run (the memory plan's, plan()) says nothing
-            say("the init image is %dx%d%s %s%s%s", w, h, why, describe_fit(mode), note,
-                ", and the mask with it" if gray is not None and gray.shape == (h, w) else "")
+            fit = (f"the init image is {w}x{h}{why} {describe_fit(mode)}{note}"
+                   f"{', and the mask with it' if gray is not None and gray.shape == (h, w) else ''}")
+            if self._dry:  # a dry run (the memory plan's, plan()) says nothing: plan() lists it
+                self._init_fit = fit
+            else:
+                log.warning("%s", fit)
         init = fit_array(picture, tw, th, mode)
         if mode == LATENT_UPSCALE and (tw, th) != (w, h):
             self._init_source = fit_array(picture, *source, mode)

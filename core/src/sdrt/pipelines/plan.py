@@ -113,6 +113,7 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     dry._memory_plan, dry._stage_peaks = None, None  # the budget's plan is the real pipeline's (Pipeline.plan)
     dry.low_memory = False
     dry._dry = True
+    dry._init_fit = None  # how the init image is fitted to the run's size (Pipeline._fit_init), a line of the plan
     dry._lock, dry._state, dry._stop, dry._owner = threading.Lock(), threading.RLock(), threading.Event(), None
     steps: list[int] = []
     dry._generate(prompt, negative_prompt, lambda i, n, x: steps.append(n) if i == 1 else None, kwargs)
@@ -148,7 +149,8 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     tool = getattr(pipe, "flux_tool", None)  # FLUX.1 Fill / Canny / Depth: their conditioning rides on the noise
     rp = RunPlan(pipe.family.name, TOOLS[tool] if tool else pipe.family.label, s.mode, s.width, s.height,
                  s.batch * s.batch_count, s.batch, s.batch_count, steps[0] if steps else 0, label, kind, guidance,
-                 s.cfg, pipe.family.latent_shape(s.batch, s.height, s.width), parts, _notes(s))
+                 s.cfg, pipe.family.latent_shape(s.batch, s.height, s.width), parts,
+                 [dry._init_fit, *_notes(s)] if dry._init_fit else _notes(s))
     rp._refiner = dry._refiner_job  # type: ignore[attr-defined]  # the job's refiner pipeline (its memory plan)
     return rp
 
