@@ -104,6 +104,24 @@ def test_layouts_and_refusals() -> None:
             pipe("a cat", **common, **kw)
         assert exc.value.where == where and words in str(exc.value), (where, str(exc.value))
         assert "\n" not in str(exc.value)
+    register("reference")
+    with pytest.raises(InputError) as exc:  # schnell: no guidance input
+        pipelines.load(DATA / "tiny-flux-schnell", backend="reference")("a cat", **common,
+                                                                        controlnets=[ControlNet(xl, image)])
+    assert exc.value.where == "controlnets" and "dev" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_plan_feeds_the_picture() -> None:
+    """The dry run's plan: the net reads the control picture at the output size; tiny-flux-dev's one double block
+    takes the net's first residual (0 % 2), its single blocks none."""
+    case = CASES[0]
+    plan = _pipe("reference").plan(case["prompt"], **_kwargs(case))
+    shapes = {name: tuple(shape) for p in plan.parts for sig, _ in p.signatures for name, shape, _ in sig}
+    assert shapes["controlnet_cond"] == (1, 3, case["height"], case["width"])
+    tokens = (case["height"] // 16) * (case["width"] // 16)
+    assert shapes["controlnet_block_sample_0"] == (1, tokens, 32)
+    assert not any(n.startswith("controlnet_single_block_sample_") or n == "controlnet_block_sample_1"
+                   for n in shapes)
 
 
 def test_xlabs_file_without_hint_block_is_one_line(tmp_path) -> None:
