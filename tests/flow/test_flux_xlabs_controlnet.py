@@ -124,17 +124,24 @@ def test_plan_feeds_the_picture() -> None:
                    for n in shapes)
 
 
-def test_xlabs_file_without_hint_block_is_one_line(tmp_path) -> None:
-    """A file of XLabs' key layout without the hint convolutions (another design) is refused in one line."""
+def test_other_designs_in_xlabs_keys_are_one_line(tmp_path) -> None:
+    """A file of XLabs' key layout without the hint convolutions, or with block layers of another design
+    (MistoLine's ``controlnet_blocks.N.linear``), is refused in one line."""
     from safetensors.numpy import save_file
 
-    path = tmp_path / "flux-latent-controlnet.safetensors"
-    save_file({"double_blocks.0.img_attn.proj.weight": np.zeros((8, 8), np.float32),
-               "controlnet_blocks.0.weight": np.zeros((8, 8), np.float32),
-               "pos_embed_input.weight": np.zeros((8, 64), np.float32)}, str(path))
-    with pytest.raises(ModelError) as exc:
-        open_controlnet(path, base="flux")
-    assert "input_hint_block" in str(exc.value) and "\n" not in str(exc.value)
+    z = np.zeros((8, 8), np.float32)
+    hint = {f"input_hint_block.{2 * i}.weight": np.zeros((16, 3 if i == 0 else 16, 3, 3), np.float32)
+            for i in range(8)}
+    files = {"flux-latent-controlnet": ({"double_blocks.0.img_attn.proj.weight": z, "controlnet_blocks.0.weight": z,
+                                         "pos_embed_input.weight": np.zeros((8, 64), np.float32)}, "input_hint_block"),
+             "mistoline": ({"double_blocks.0.img_attn.proj.weight": z, "controlnet_blocks.0.linear.weight": z,
+                            "pos_embed_input.weight": np.zeros((8, 64), np.float32), **hint}, "MistoLine")}
+    for name, (tensors, words) in files.items():
+        path = tmp_path / f"{name}.safetensors"
+        save_file(tensors, str(path))
+        with pytest.raises(ModelError) as exc:
+            open_controlnet(path, base="flux")
+        assert words in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
 
 
 def test_full_size_repeat_rule_and_binding(tmp_path) -> None:

@@ -48,6 +48,10 @@ def check(shapes: Mapping[str, tuple[int, ...]]) -> str | None:
     if missing or embed not in shapes:
         return (f"a Flux ControlNet with an input_hint_block but without {(missing or [embed])[0]} (not XLabs' "
                 "design: eight convolutions and a patch embedding)")
+    if "controlnet_blocks.0.weight" not in shapes:  # TheMistoAI's MistoLine keeps its own block layers
+        block = next((k for k in shapes if k.startswith("controlnet_blocks.0.")), "controlnet_blocks.0")
+        return (f"a Flux ControlNet with input_hint_block and {block} (not XLabs' design, e.g. MistoLine's), which "
+                "sdrt does not run")
     out = shapes[convs[-1]]
     emb = shapes[embed]
     if len(out) != 4 or len(emb) != 2 or emb[1] != 4 * out[0]:
