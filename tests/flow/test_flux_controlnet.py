@@ -95,8 +95,9 @@ def test_plain_run_after_a_controlnet_run_is_the_plain_model() -> None:
 
 
 def test_layouts_and_refusals() -> None:
-    """The layout read from a file's keys; XLabs' format, an SD net on Flux and a Flux net on SD, a union net
-    without its mode: one line each, naming the argument."""
+    """The layout read from a file's keys; an XLabs-layout file without its hint convolutions, an SD net on Flux and
+    a Flux net on SD, a union net without its mode: one line each, naming the argument (XLabs' nets that run:
+    test_flux_xlabs_controlnet.py)."""
     from sdrt.checkpoint.controlnet import identify
 
     canny, union = _net("canny"), _net("union")
@@ -104,7 +105,7 @@ def test_layouts_and_refusals() -> None:
     assert (union.flux.double, union.flux.single, union.flux.modes) == (2, 0, 4)
     xlabs = identify({"double_blocks.0.img_attn.proj.weight": (8, 8), "controlnet_blocks.0.weight": (8, 8),
                       "input_hint_block.0.weight": (16, 3, 3, 3)})
-    assert xlabs.base is None and "XLabs" in xlabs.label
+    assert xlabs.base is None and "input_hint_block.2.weight" in xlabs.label and "XLabs" in xlabs.label
     from sdrt.checkpoint.families import detect
 
     assert detect(canny.weights.shapes()).startswith("a ControlNet")  # passed as the model: named as a ControlNet
@@ -135,7 +136,8 @@ def test_layouts_and_refusals() -> None:
     assert "Flux.1 ControlNet" in str(exc.value) and "SD 1.x" in str(exc.value), str(exc.value)
 
 
-def test_xlabs_file_is_refused_in_one_line(tmp_path) -> None:
+def test_incomplete_xlabs_file_is_refused_in_one_line(tmp_path) -> None:
+    """A file of XLabs' key layout whose hint block lacks convolutions is not XLabs' design: one line."""
     from safetensors.numpy import save_file
 
     path = tmp_path / "flux-canny-controlnet-v3.safetensors"

@@ -105,7 +105,7 @@ def identify(shapes: Mapping[str, tuple[int, ...]]) -> ControlNetIdentity:
         lay = fluxcontrolnet.layout(shapes)
         if isinstance(lay, str):
             return ControlNetIdentity(None, None, "", lay)
-        return ControlNetIdentity("flux", "diffusers", "", lay.label)
+        return ControlNetIdentity("flux", "xlabs" if lay.bfl else "diffusers", "", lay.label)
     if any(k.startswith("lora_controlnet") or k == "lora_controlnet" for k in keys):
         return ControlNetIdentity(None, None, "", "a Control-LoRA (Stability AI's control-lora), which sdrt does "
                                                   "not run")
@@ -223,8 +223,9 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
 
 def _open_flux(p: Path, w: Weights, shapes: Mapping[str, tuple[int, ...]], ident: ControlNetIdentity,
                graph: PathLike | None) -> OpenedControlNet:
-    """A diffusers Flux ControlNet bound onto the graph cut from the shipped Flux transformer graph (dev, or
-    schnell for a net without guidance embeddings), or from ``graph`` (a weight-free Flux transformer graph)."""
+    """A Flux ControlNet (diffusers' or XLabs' layout) bound onto the graph cut from the shipped Flux transformer
+    graph (dev, or schnell for a net without guidance embeddings), or from ``graph`` (a weight-free Flux transformer
+    graph)."""
     from ..graph import Graph
     from . import fluxcontrolnet as fcn
     from .single_file import Checkpoint
@@ -240,7 +241,16 @@ def _open_flux(p: Path, w: Weights, shapes: Mapping[str, tuple[int, ...]], ident
                          fix="pass a ControlNet made for Flux.1 dev (e.g. InstantX/FLUX.1-dev-Controlnet-Canny)"
                          if graph is None else exc.fix) from exc
     dead = fcn.unused_keys(lay)
-    ck = Checkpoint(w, {"controlnet": {k: Source(k) for k in shapes if not k.startswith(dead)}}, ident.label, p)
+    if lay.bfl:  # XLabs' own names
+        from .xlabscontrolnet import sources
+
+        srcs, unused = sources(shapes)
+        if unused:
+            log.info("%s: %d keys not used (%s)", p.name, len(unused), ", ".join(unused[:4]))
+    else:
+        srcs = {k: Source(k) for k in shapes}
+    srcs = {k: v for k, v in srcs.items() if not k.startswith(dead)}
+    ck = Checkpoint(w, {"controlnet": srcs}, ident.label, p)
     try:
         cgraph = Graph.load(gpath)
         (refs,) = ck.lazy({"controlnet": cgraph}).values()

@@ -21,8 +21,10 @@ Two graph edits, both made once and cached (``sdrt`` cache, ``graphs/``):
   ``single_transformer_blocks.k.proj_out.bias``, so any export of diffusers' Flux transformer, Optimum's
   included, takes it). A single-block input covers text and image tokens (zeros on the text).
 
-XLabs' Flux ControlNets (``double_blocks.N`` keys with ``controlnet_blocks`` and an ``input_hint_block``) are
-another design and are refused.
+XLabs' Flux ControlNets (``double_blocks.N`` keys with ``controlnet_blocks`` and an ``input_hint_block``, or that
+design in diffusers' names) take the control picture in pixels through the hint convolutions
+:mod:`sdrt.checkpoint.xlabscontrolnet` adds in place of the latent embedding, and repeat their residuals over the
+double blocks (``residual_graph(..., repeat=True)``).
 """
 
 from __future__ import annotations
@@ -47,8 +49,6 @@ DOUBLE_IN, SINGLE_IN = "controlnet_block_sample_", "controlnet_single_block_samp
 DOUBLE_OUT, SINGLE_OUT = DOUBLE_IN, SINGLE_IN
 #: the shipped graph a net is cut from, by whether it has guidance embeddings (dev) or not (schnell)
 BASES = {True: "flux_dev_transformer", False: "flux_schnell_transformer"}
-XLABS = ("an XLabs-format Flux ControlNet (double_blocks.N / controlnet_blocks keys), which sdrt does not run; "
-         "use a diffusers-layout one (e.g. InstantX/FLUX.1-dev-Controlnet-Canny)")
 _DOUBLE_BIAS = re.compile(r"(?:^|\.)transformer_blocks\.(\d+)\.ff\.net\.2\.bias$")
 _CONTEXT_BIAS = re.compile(r"(?:^|\.)transformer_blocks\.(\d+)\.ff_context\.net\.2\.bias$")
 _SINGLE_BIAS = re.compile(r"(?:^|\.)single_transformer_blocks\.(\d+)\.proj_out\.bias$")
@@ -65,9 +65,16 @@ class FluxNetLayout:
     guidance: bool
     width: int
     in_channels: int = 64
+    #: XLabs' design: the control picture in pixels through ``input_hint_block``, residuals repeated over the blocks
+    hint: bool = False
+    #: its keys in Black Forest Labs' names (XLabs' own files)
+    bfl: bool = False
 
     @property
     def label(self) -> str:
+        if self.hint:
+            return (f"an XLabs Flux.1 ControlNet ({'XLabs' if self.bfl else 'diffusers'} layout, {self.double} double "
+                    "blocks)")
         union = f", union of {self.modes} modes" if self.modes else ""
         return (f"a Flux.1 ControlNet (diffusers layout, {self.double} double + {self.single} single blocks{union})")
 
@@ -84,18 +91,26 @@ def is_flux(shapes: Mapping[str, Any]) -> bool:
 
 
 def layout(shapes: Mapping[str, tuple[int, ...]]) -> FluxNetLayout | str:
-    """The layout of a Flux ControlNet file, or why sdrt cannot run it (a phrase: "an XLabs-format ...")."""
+    """The layout of a Flux ControlNet file, or why sdrt cannot run it (a phrase: "a Flux ControlNet without ...")."""
+    from . import xlabscontrolnet as xlabs
+
     keys = list(shapes)
-    if any(k.startswith("double_blocks.") for k in keys):
-        return XLABS
-    if any(k.startswith("input_hint_block.") for k in keys):
-        return ("a Flux ControlNet with an input_hint_block (XLabs' design in diffusers' names), which sdrt does not "
-                "run; use one that takes VAE latents (e.g. InstantX/FLUX.1-dev-Controlnet-Canny)")
 
     def count(prefix: str) -> int:
         found = {int(m[1]) for k in keys if (m := re.match(re.escape(prefix) + r"(\d+)\.", k))}
         return max(found) + 1 if found else 0
 
+    if xlabs.is_bfl(shapes) or xlabs.has_hint(shapes):
+        why = xlabs.check(shapes)
+        if why is not None:
+            return why
+        bfl = xlabs.is_bfl(shapes)
+        img = shapes.get("img_in.weight" if bfl else "x_embedder.weight")
+        if img is None or len(img) != 2:
+            return "an XLabs-style Flux ControlNet without its image embedding (img_in.weight)"
+        return FluxNetLayout(count("controlnet_blocks."), count("controlnet_single_blocks."), None,
+                             any(k.startswith("guidance_in." if bfl else "time_text_embed.guidance_embedder.")
+                                 for k in keys), int(img[0]), int(img[1]), hint=True, bfl=bfl)
     emb = shapes.get("controlnet_x_embedder.weight")
     if emb is None or len(emb) != 2:
         return "a Flux ControlNet without controlnet_x_embedder.weight (not diffusers' FluxControlNetModel)"
@@ -180,10 +195,13 @@ def block_outputs(g: onnx.GraphProto, where: str, context: bool = False) -> tupl
     return lists[0], lists[1]
 
 
-def residual_map(blocks: int, samples: int) -> list[int]:
-    """diffusers' ``FluxTransformer2DModel``: block ``k`` of ``blocks`` adds residual ``k // ceil(blocks / samples)``."""
+def residual_map(blocks: int, samples: int, repeat: bool = False) -> list[int]:
+    """diffusers' ``FluxTransformer2DModel``: block ``k`` of ``blocks`` adds residual ``k // ceil(blocks / samples)``,
+    or ``k % samples`` with ``repeat`` (``controlnet_blocks_repeat``: XLabs' nets)."""
     if samples <= 0:
         return []
+    if repeat:
+        return [k % samples for k in range(blocks)]
     interval = int(math.ceil(blocks / samples))
     return [k // interval for k in range(blocks)]
 
@@ -206,11 +224,13 @@ def _value_info(name: str, elem: int, dims: list[Any]) -> Any:
     return onnx.helper.make_tensor_value_info(name, elem, dims)
 
 
-def residual_graph(model: onnx.ModelProto, double: int, single: int, where: str = "transformer") -> onnx.ModelProto:
+def residual_graph(model: onnx.ModelProto, double: int, single: int, where: str = "transformer",
+                   repeat: bool = False) -> onnx.ModelProto:
     """``model`` (a Flux transformer, edited in place and returned) with the residual inputs of a ControlNet of
     ``double`` and ``single`` block samples: ``controlnet_block_sample_j`` ``[batch, image, width]`` added after
     the double blocks, ``controlnet_single_block_sample_j`` ``[batch, text + image, width]`` (zeros on the text)
-    after the single blocks, each block taking the one diffusers' interval rule gives it."""
+    after the single blocks, each block taking the one diffusers' interval rule gives it (``repeat``: the double
+    blocks take them in turn, as for XLabs' nets)."""
     import onnx
 
     g = model.graph
@@ -221,7 +241,7 @@ def residual_graph(model: onnx.ModelProto, double: int, single: int, where: str 
     width: Any = int(bias.dims[0]) if bias is not None else "width"
     for outs, n, prefix in ((dbl, double, DOUBLE_IN), (sgl, single, SINGLE_IN)):
         used: set[int] = set()
-        for k, j in enumerate(residual_map(len(outs), n)):
+        for k, j in enumerate(residual_map(len(outs), n, repeat and prefix == DOUBLE_IN)):
             name = f"{prefix}{j}"
             value = outs[k]
             added = f"{value}_plus_{name}"
@@ -283,12 +303,22 @@ def controlnet_graph(model: onnx.ModelProto, net: FluxNetLayout, where: str = "f
                       onnx.helper.make_node("MatMul", [x, f"{prefix}.weight_T"], [f"{prefix}.mm"]),
                       onnx.helper.make_node("Add", [f"{prefix}.mm", f"{prefix}.bias"], [out])])
 
-    # the control latents, embedded and added to the embedded image tokens
+    # the control latents (XLabs: the control picture through the hint convolutions), embedded and added to the
+    # embedded image tokens
     x_out = next(n for n in idx.consumers["x_embedder.bias"] if n.op_type == "Add").output[0]
-    linear("controlnet_cond", "controlnet_x_embedder", net.in_channels, "sdrt_cond_embedded")
+    if net.hint:
+        from .xlabscontrolnet import hint_nodes
+
+        hint_inits, hint = hint_nodes(width, lambda name, dims: _external(name, dims, elem, location),
+                                      "sdrt_cond_embedded")
+        new.extend(hint_inits)
+        nodes.extend(hint)
+        g.input.append(_value_info("controlnet_cond", elem, ["batch", 3, "height", "width"]))
+    else:
+        linear("controlnet_cond", "controlnet_x_embedder", net.in_channels, "sdrt_cond_embedded")
+        g.input.append(_value_info("controlnet_cond", elem, ["batch", "image", net.in_channels]))
     nodes.append(onnx.helper.make_node("Add", [x_out, "sdrt_cond_embedded"], ["sdrt_x_with_cond"]))
     _rewire(g, x_out, "sdrt_x_with_cond", None)
-    g.input.append(_value_info("controlnet_cond", elem, ["batch", "image", net.in_channels]))
     hidden = next(i for i in g.input if i.name == "hidden_states")
     hidden.type.tensor_type.shape.dim[2].dim_value = net.in_channels
     for t in g.initializer:
@@ -332,7 +362,8 @@ def controlnet_graph(model: onnx.ModelProto, net: FluxNetLayout, where: str = "f
     _prune(g)
     for prop in model.metadata_props:
         if prop.key == "sdrt.architecture":
-            prop.value = f"flux_controlnet_{net.double}x{net.single}" + (f"_union{net.modes}" if net.modes else "")
+            prop.value = f"flux_controlnet_{net.double}x{net.single}" + (f"_union{net.modes}" if net.modes else "") \
+                + ("_xlabs" if net.hint else "")
     return model
 
 
@@ -396,7 +427,8 @@ def derived_controlnet_graph(base: Path, net: FluxNetLayout) -> Path:
     from ..graph.strip import write_atomic
 
     raw = base.read_bytes()
-    tag = f"{net.double}x{net.single}" + (f"u{net.modes}" if net.modes else "") + f"c{net.in_channels}"
+    tag = f"{net.double}x{net.single}" + (f"u{net.modes}" if net.modes else "") + f"c{net.in_channels}" + \
+        ("h" if net.hint else "")
     digest = hashlib.sha256(raw + tag.encode()).hexdigest()[:16]
     out = cache_dir("graphs") / f"flux_controlnet_{tag}-{digest}.onnx"
     if out.is_file():

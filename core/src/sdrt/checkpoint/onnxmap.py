@@ -65,6 +65,8 @@ ROOTS = frozenset({"conv_in", "time_embedding", "add_embedding", "down_blocks", 
                    "embeddings", "final_layer_norm", "text_projection", "text_model", "class_embedding",
                    "encoder_hid_proj", "controlnet_cond_embedding", "controlnet_down_blocks",
                    "controlnet_mid_block", "shared",
+                   # a Flux ControlNet's hint convolutions (XLabs' design: ``input_hint_block.conv_in``)
+                   "input_hint_block",
                    # flow transformers (SD3, Flux, Chroma) and T5, exported through a wrapper module
                    "transformer_blocks", "single_transformer_blocks", "time_text_embed", "context_embedder",
                    "x_embedder", "pos_embed", "norm_out", "proj_out", "distilled_guidance_layer"})

@@ -12,6 +12,9 @@ pipeline, as diffusers 0.42's ``FluxControlNetPipeline`` runs them.
   union net takes its ``union_mode`` as one more text token. Its residuals times ``scale`` go to the transformer;
   a net outside its window (diffusers' ``controlnet_keep``) adds nothing; several nets' residuals are summed
   (they must have the same block counts, as diffusers' ``FluxMultiControlNetModel`` needs);
+- XLabs' nets (``input_hint_block``) take the control picture itself (RGB in [-1, 1], no VAE, no sample drawn),
+  and the transformer's double blocks take their residuals in turn (diffusers' ``controlnet_blocks_repeat``);
+  nets of the two designs do not mix;
 - txt2img only (``FluxControlNetPipeline``); no hires fix, reference images or FLUX.1 Tools model with it.
 """
 
@@ -87,6 +90,10 @@ def prepare(pipe: Any, s: Settings) -> None:
         if unit.union_mode is not None and not 0 <= unit.union_mode < (lay.modes or 0):
             raise InputError(f"{where} union_mode {unit.union_mode} is not one of the net's {lay.modes} modes",
                              where=f"{where} union_mode", fix=f"pass 0..{(lay.modes or 1) - 1}")
+        if first is not None and lay.hint != first.hint:
+            raise InputError(f"{where} is {lay.label} and controlnets[0] {first.label}: the transformer takes the "
+                             "residuals of XLabs' nets in turn and the others' by blocks, not both", where=where,
+                             fix="use XLabs' nets together, or diffusers-layout ones (e.g. InstantX) together")
         if first is not None and (lay.double, lay.single) != (first.double, first.single):
             raise InputError(f"{where} has {lay.double} double + {lay.single} single blocks and controlnets[0] "
                              f"{first.double} + {first.single}: their residuals cannot be summed", where=where,
@@ -97,12 +104,12 @@ def prepare(pipe: Any, s: Settings) -> None:
 
         unit.control = control_image(unit, s.width, s.height)  # HxWx3 uint8; encoded with the run's generator
     assert first is not None
-    use_residuals(pipe.denoiser, (first.double, first.single))
+    use_residuals(pipe.denoiser, (first.double, first.single), first.hint)
 
 
-def use_residuals(part: Part, counts: tuple[int, int] | None) -> None:
+def use_residuals(part: Part, counts: tuple[int, int] | None, repeat: bool = False) -> None:
     """The transformer part runs its graph with the residual inputs of a ControlNet of ``counts`` (double, single
-    block samples), or as its file has it (None)."""
+    block samples; ``repeat``: the double blocks take them in turn, XLabs' rule), or as its file has it (None)."""
     if counts is None:
         part.edit_graph(None)
         return
@@ -111,20 +118,24 @@ def use_residuals(part: Part, counts: tuple[int, int] | None) -> None:
     def edit(graph: Graph) -> Graph:
         from ..checkpoint.fluxcontrolnet import residual_graph
 
-        return graph.derive(residual_graph(graph.model, counts[0], counts[1], where))
+        return graph.derive(residual_graph(graph.model, counts[0], counts[1], where, repeat))
 
-    part.edit_graph(edit, ("flux_controlnet_residuals", counts))
+    part.edit_graph(edit, ("flux_controlnet_residuals", counts, repeat))
 
 
 def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], batch: int, generator: Any) -> None:
     """diffusers: each control image, repeated for the batch, VAE-encoded with a sample from the run's generator
-    (before the noise), shifted, scaled and packed: ``unit.latents`` ``[batch, tokens, 64]``."""
+    (before the noise), shifted, scaled and packed: ``unit.latents`` ``[batch, tokens, 64]``; an XLabs net's is the
+    picture itself, ``[batch, 3, height, width]`` in [-1, 1] (nothing drawn)."""
     from .flowparts import pack_latents
     from .images import to_nchw
 
     for unit in units:
         assert unit.control is not None
         rgb = np.repeat(to_nchw(unit.control), batch, axis=0)
+        if layout_of(unit).hint:
+            unit.latents = rgb
+            continue
         unit.latents = pack_latents(pipe._encode_image(rgb, generator).astype(np.float32))
 
 
