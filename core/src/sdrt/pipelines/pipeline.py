@@ -576,11 +576,14 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
         picture = to_rgb(s.init_image, "init image")
         h, w = picture.shape[:2]
-        if w < 8 or h < 8:
-            raise InputError(f"the init image is {w}x{h}, smaller than the smallest image (8x8)",
-                             where="init_image", fix="use an image of at least 8x8 pixels")
         multiple = self._size_multiple()
         if s.width is None and s.height is None:
+            if w < 8 or h < 8:  # a size given fits any picture (a 1x1 one stretched, as A1111 and serve do)
+                side = f"width ({w} pixels)" if w < 8 else f"height ({h} pixels)"
+                raise InputError(f"the init image is {w}x{h}: its {side} is too small to take the run's size from "
+                                 "(the smallest image is 8x8)", where="init_image",
+                                 fix="pass {@width} and {@height} to fit it to a size, or use a picture of at least "
+                                     "8x8 pixels")
             tw, th = snap(w, h, multiple)
             why = f" and this model makes sides that are multiples of {multiple}: it runs at {tw}x{th};"
             shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
