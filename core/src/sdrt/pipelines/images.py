@@ -9,6 +9,7 @@ work, and PNG output needs no Pillow (``sdrt.pipelines.png``).
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +32,25 @@ def _open_file(path: Path, what: str) -> np.ndarray:
         raise InputError(f"reading the {what} from a file needs Pillow, which is not installed", where=str(path),
                          fix=PILLOW_HINT) from exc
     try:
-        with Image.open(path) as img:
-            img.load()
-            from PIL import ImageOps
+        with warnings.catch_warnings():
+            # Pillow warns (two lines on stderr) above 89 million pixels and refuses above twice that: the refusal
+            # is the limit here, said in one line below
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                img.load()
+                from PIL import ImageOps
 
-            # a phone's JPEG stores its pixels sideways and says so in EXIF: the picture as viewers show it (as
-            # diffusers' load_image and A1111's img2img tab read it)
-            return _from_pil(ImageOps.exif_transpose(img), what)
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+                # a phone's JPEG stores its pixels sideways and says so in EXIF: the picture as viewers show it (as
+                # diffusers' load_image and A1111's img2img tab read it)
+                return _from_pil(ImageOps.exif_transpose(img), what)
+    except Image.DecompressionBombError as exc:
+        raise InputError(f"the {what} is too large to read: {exc}".rstrip("."), where=str(path),
+                         fix="use a smaller picture (Pillow reads up to about 179 million pixels)") from exc
+    except (OSError, ValueError) as exc:
+        truncated = "truncated" in str(exc)
         raise InputError(f"cannot read the {what} as an image ({exc})", where=str(path),
-                         fix="use a PNG or JPEG file") from exc
+                         fix="the file is incomplete: save or download it again" if truncated else
+                         "use a PNG or JPEG file (or another format Pillow reads)") from exc
 
 
 #: the keyword each image is given as (its errors name it): the label otherwise
@@ -127,13 +137,15 @@ def _is_pil(value: Any) -> bool:
 
 
 def check_path(value: Any, what: str) -> None:
-    """Fail early (before any model loads) on a path that does not exist."""
+    """Fail early (before any model loads) on a path that does not exist or is not a picture Pillow can read."""
     path = _path(value)
     if path is not None and path.is_dir():
         raise InputError(f"the {what} {path} is a folder, not an image file", where=str(path),
                          fix="pass an image file (PNG, JPEG) in that folder")
     if path is not None and not path.is_file():
         raise InputError(f"the {what} file does not exist", where=str(path), fix="check the path")
+    if path is not None:  # read now: a 0-byte or truncated file found before the model loads, not after
+        _open_file(path, what)
 
 
 def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None) -> np.ndarray:
