@@ -555,9 +555,8 @@ def test_cli_union_mode_errors_speak_flags(tmp_path: Path, capsys) -> None:
     assert rc == 1 and err.startswith("error: --control-union-mode must be a mode number (0, 1, ...), got -1. "
                                       "Where: --control-union-mode. What to do: pass e.g. --control-union-mode 0"), err
     assert "backend" not in err and err.count("\n") == 1
-    from sdrt.cli import build_parser
-
     from sdrt.checkpoint.controlnet import open_controlnet
+    from sdrt.cli import build_parser
 
     names = build_parser().parse_args(["generate", "a cat"])._names
     nets = DATA / "tiny-flux-controlnet"
