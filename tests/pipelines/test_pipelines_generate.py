@@ -296,6 +296,10 @@ def test_image_conversions() -> None:
     (np.full((8, 8, 3), -5.0, np.float64), "float values run from -5 to -5"),
     (np.zeros((8, 8, 3), np.complex64), "dtype complex64"),
     (np.zeros((8, 8, 3), bool), "is a bool array.*uint8 values 0..255 or float values 0..1"),
+    # a torch tensor's layouts (tensor.numpy()): said how to turn them into HxWxC
+    (np.zeros((3, 8, 8), np.uint8), r"has shape \(3, 8, 8\); it looks channels-first \(CxHxW\): pass "
+                                    r"arr.transpose\(1, 2, 0\)"),
+    (np.zeros((1, 8, 8, 3), np.uint8), r"has shape \(1, 8, 8, 3\); it has a batch axis: pass one image, arr\[0\]"),
 ])
 def test_bad_images(value: np.ndarray, message: str) -> None:
     with pytest.raises(InputError, match=message):

@@ -161,7 +161,12 @@ def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None)
     if arr.ndim == 2:
         arr = arr[..., None]
     if arr.ndim != 3 or arr.shape[-1] not in (1, 3, 4) or 0 in arr.shape:
-        raise InputError(f"the {what} has shape {arr.shape}", where=where,
+        # torch's layouts, as a tensor's .numpy() gives them: say how to turn them into HxWxC
+        hint = ("; it looks channels-first (CxHxW): pass arr.transpose(1, 2, 0)" if arr.ndim == 3 and
+                arr.shape[0] in (1, 3, 4) and 0 not in arr.shape else
+                "; it has a batch axis: pass one image, arr[0]" if arr.ndim == 4 and arr.shape[0] == 1 and
+                arr.shape[-1] in (1, 3, 4) else "")
+        raise InputError(f"the {what} has shape {arr.shape}{hint}", where=where,
                          fix="pass an HxWx3 uint8 array (HxW, HxWx1 and HxWx4 are accepted too)")
     arr = _to_uint8(arr, what, where)
     if arr.shape[-1] == 1:
