@@ -157,3 +157,19 @@ def test_an_unreadable_picture_is_refused_by_validate_before_any_model_loads(tmp
             with pytest.raises(InputError, match=what) as err:
                 pipelines.validate("a cat", **kwargs)
         assert fix in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_serve_refuses_a_huge_header_in_one_line_and_no_pillow_warning(tmp_path) -> None:
+    """A 10000x10000 header (100 million pixels) logged Pillow's DecompressionBombWarning, two lines in the server's
+    log, before the server's own pixel limit refused it."""
+    import warnings
+
+    from sdrt.serve.b64images import open_image
+    from sdrt.serve.errors import ApiError
+
+    path = tmp_path / "big.png"
+    _png_header_only(path, 10_000, 10_000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ApiError, match=r"init_images\[0\] is 10000x10000, above this server's limit"):
+            open_image(path.read_bytes(), "init_images[0]", 2048 * 2048 * 4)
