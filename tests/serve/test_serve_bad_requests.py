@@ -198,3 +198,14 @@ def test_queue_full_is_503(models_dir) -> None:
                     client.post("/sdapi/v1/interrupt")
                     t.join(timeout=0.2)
             assert client.post("/sdapi/v1/txt2img", json=OK).status_code == 200
+
+
+def test_a_pipeline_refusal_names_request_fields_without_python_keyword_syntax() -> None:
+    """An inpainting model sent no mask: the fix read "pass init_images and mask=" ({@mask=}, the Python keyword)."""
+    from sdrt.errors import InputError
+    from sdrt.serve.errors import from_pipeline
+
+    exc = InputError("this is an inpainting UNet (9 input channels): it needs an init image and a mask", where="mask",
+                     fix="pass {@init_image=} and {@mask=}, or use an ordinary model")
+    err = from_pipeline(exc)
+    assert err.message.endswith("; pass init_images and mask, or use an ordinary model") and err.field == "mask"
