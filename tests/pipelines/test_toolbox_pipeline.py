@@ -420,6 +420,10 @@ def test_hires_refuses_a_static_unet_and_img2img() -> None:
             pipe.plan(PROMPT, steps=2, hires_scale=2)
         with pytest.raises(InputError, match="txt2img pass"):
             pipe.plan(PROMPT, steps=2, hires_scale=1, init_image=np.zeros((64, 64, 3), np.uint8))
+    # before any model loads (sdrt generate refused it after loading the model)
+    with pytest.raises(InputError, match="the hires fix is a txt2img pass followed by img2img") as err:
+        pipelines.validate(PROMPT, hires_scale=1.5, init_image=np.zeros((64, 64, 3), np.uint8))
+    assert err.value.where == "hires_scale"
 
 
 # ------------------------------------------------------------------ previews
