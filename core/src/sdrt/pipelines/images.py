@@ -38,7 +38,7 @@ def _open_file(path: Path, what: str) -> np.ndarray:
 
 def _read_through(path: Path, what: str) -> None:
     """Read the picture at ``path`` through, for ``check_path``: what ``_open_file`` would refuse is refused, a JPEG
-    decoded at 1/8 scale (which reads every byte: 0.57 s in full for a 24 MP photo, about a tenth of that so)."""
+    decoded at 1/8 scale, which reads every byte (a 24 MP photo: 0.13 s, against 0.37 s for ``_open_file``)."""
     with _reading(path, what) as img:
         if img.format == "JPEG":
             img.draft("RGB", (max(img.width // 8, 1), max(img.height // 8, 1)))
