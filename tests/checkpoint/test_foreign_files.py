@@ -163,6 +163,10 @@ CASES = {
                            "Ultralytics YOLO"),
     "ESRGAN upscaler": ({"conv_first.weight": (64, 3, 3, 3), "body.0.rdb1.conv1.weight": (32, 64, 3, 3)},
                         "upscaler"),
+    # SRVGGNetCompact (realesr-general-x4v3): was "no family sdrt knows ... its keys: body.0.bias, ..."
+    "Compact upscaler": ({"body.0.weight": (64, 3, 3, 3), "body.0.bias": (64,), "body.1.weight": (64,),
+                          "body.2.weight": (64, 64, 3, 3), "body.2.bias": (64,), "body.3.weight": (64,),
+                          "body.4.weight": (48, 64, 3, 3), "body.4.bias": (48,)}, "ESRGAN-family upscaler"),
     "Wan VAE": ({"decoder.middle.0.residual.0.gamma": (384, 1, 1, 1), "decoder.conv1.weight": (384, 16, 3, 3, 3),
                  "encoder.conv1.weight": (96, 3, 3, 3, 3)}, "Wan/Qwen-Image video VAE"),
     # language models given as a model (text encoders of families sdrt does not run)

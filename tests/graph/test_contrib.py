@@ -324,6 +324,28 @@ def test_kept_ops_and_unhandled_nodes_stay() -> None:
     assert r.rewritten == {} and r.kept == {"com.microsoft.MultiHeadAttention": ["the_MultiHeadAttention"]}
 
 
+@pytest.mark.parametrize(("op", "attrs", "said"), [
+    ("MultiHeadAttention", {"num_heads": 0}, "has num_heads=0; it must be a whole number of 1 or more"),
+    ("MultiHeadAttention", {}, "has no num_heads attribute"),
+    ("Attention", {"num_heads": -2}, "has num_heads=-2"),
+    ("GroupNorm", {"groups": 0, "activation": 0}, "has groups=0"),
+    ("QuickGelu", {"alpha": "x"}, r"has an attribute or input onnxruntime's schema does not allow \(ValueError"),
+])
+def test_a_node_with_attributes_its_schema_forbids_is_a_model_error(op: str, attrs: dict, said: str) -> None:
+    """num_heads=0 was rewritten into a Reshape to (B, S, 0, -1), which keeps the width: attention over one head,
+    a different image (32 levels on tiny-sd15-ort); a missing num_heads left the node to the backend (OpenVINO:
+    "com.microsoft.MultiHeadAttention: Summary:"), and a string alpha was a traceback. Each names the node now."""
+    from sdrt.errors import ModelError
+
+    x = _r(2, 3, 8)
+    inputs = {"MultiHeadAttention": {"q": x, "k": x, "v": x}, "Attention": {"x": x, "w": _r(8, 24)},
+              "GroupNorm": {"x": _r(1, 4, 4, 8), "gamma": _r(8), "beta": _r(8)}, "QuickGelu": {"x": x}}[op]
+    m, _ = _model(op, inputs, **attrs)
+    with pytest.raises(ModelError, match=f"the com.microsoft.{op} node 'the_{op}' {said}") as err:
+        rewrite_contrib(m, where="unet/model.onnx")
+    assert err.value.where == "unet/model.onnx" and "re-export" in str(err.value)
+
+
 def test_opset_is_kept() -> None:
     """The rewrite uses the graph's opset: at 13 no LayerNormalization (opset 17), ReduceMean with axes attribute."""
     x, skip, gamma = _r(2, 3, 8), _r(2, 3, 8), _r(8)

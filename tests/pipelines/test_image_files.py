@@ -111,3 +111,65 @@ def test_a_float_grey_tiff_of_unit_levels_is_read_in_0_to_255(tmp_path) -> None:
     Image.fromarray(np.full((16, 16), 0.5, np.float32), "F").save(path)
     assert tuple(to_rgb(path)[0, 0]) == (128, 128, 128)  # was black: Pillow's convert truncates 0.5 to 0
     assert mask_gray(path)[0, 0] == 128
+
+
+def _png_header_only(path, width: int, height: int) -> None:
+    """A PNG whose header says ``width x height`` and whose pixel data stops at once (a decompression-bomb-like
+    file: a few bytes that claim a huge picture)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 10))
+                     + chunk(b"IEND", b""))
+
+
+def test_an_unreadable_picture_is_refused_by_validate_before_any_model_loads(tmp_path) -> None:
+    """A 0-byte, a truncated and a huge-header file were found only once the model had loaded (the file's
+    existence was all ``validate`` checked); a truncated one was told to "use a PNG or JPEG file" it was."""
+    import warnings
+
+    from sdrt import pipelines
+    from sdrt.errors import InputError
+
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    whole = tmp_path / "whole.png"
+    Image.fromarray(np.full((64, 64, 3), 200, np.uint8)).save(whole)
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(whole.read_bytes()[:60])
+    huge = tmp_path / "huge.png"
+    _png_header_only(huge, 100_000, 100_000)
+    big = tmp_path / "big.png"
+    _png_header_only(big, 12_000, 12_000)  # 144 million pixels: Pillow's warning, then the missing data
+    cases = [(empty, "init_image", "cannot identify image file", "use a PNG or JPEG file"),
+             (cut, "init_image", "truncated", "the file is incomplete: save or download it again"),
+             (huge, "init_image", "too large to read", "use a smaller picture"),
+             (big, "init_image", "truncated", "the file is incomplete"),
+             (cut, "mask", "truncated", "the file is incomplete")]
+    for path, arg, what, fix in cases:
+        kwargs = {"init_image": whole, "mask": path} if arg == "mask" else {"init_image": path}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # Pillow's DecompressionBombWarning was two more lines on stderr
+            with pytest.raises(InputError, match=what) as err:
+                pipelines.validate("a cat", **kwargs)
+        assert fix in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_serve_refuses_a_huge_header_in_one_line_and_no_pillow_warning(tmp_path) -> None:
+    """A 10000x10000 header (100 million pixels) logged Pillow's DecompressionBombWarning, two lines in the server's
+    log, before the server's own pixel limit refused it."""
+    import warnings
+
+    from sdrt.serve.b64images import open_image
+    from sdrt.serve.errors import ApiError
+
+    path = tmp_path / "big.png"
+    _png_header_only(path, 10_000, 10_000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ApiError, match=r"init_images\[0\] is 10000x10000, above this server's limit"):
+            open_image(path.read_bytes(), "init_images[0]", 2048 * 2048 * 4)

@@ -155,6 +155,22 @@ def test_the_picture_and_its_mask_run_as_fitted(dyn, mode: str, caplog) -> None:
     assert got.settings[0]["Size"] == "64x96" and "Resize mode" not in got.settings[0]  # A1111 records none
 
 
+@pytest.mark.parametrize("mode", [JUST_RESIZE, RESIZE_AND_FILL, LATENT_UPSCALE])
+@pytest.mark.parametrize("size", [(1, 1), (300, 3)])
+def test_a_picture_under_8_pixels_a_side_fits_a_size_given(dyn, mode: str, size: tuple[int, int]) -> None:
+    """A 1x1 or 300x3 picture with a size given is fitted as any other (A1111 and sdrt serve did; the pipeline
+    refused it: "smaller than the smallest image (8x8)", which also stopped serve's resize_mode 3)."""
+    kw = dict(steps=2, seed=3, sampler="Euler", strength=0.6, width=64, height=32)
+    picture = _picture(*size)
+    got = dyn(PROMPT, init_image=picture, resize_mode=mode, **kw)[0]
+    assert got.shape == (32, 64, 3)
+    if mode != LATENT_UPSCALE:
+        assert np.array_equal(got, dyn(PROMPT, init_image=fit_array(picture, 64, 32, mode), **kw)[0])
+    with pytest.raises(InputError, match=r"too small to take the run's size from") as err:  # no size: nothing to fit
+        dyn.plan(PROMPT, steps=2, init_image=picture)
+    assert err.value.where == "init_image"
+
+
 def test_a_size_not_a_multiple_of_8_rounds_down_as_diffusers_does(dyn, caplog) -> None:
     """diffusers' VaeImageProcessor: no size given, each side down to a multiple of 8, the picture resized
     (Lanczos) to it. It was refused: "not a multiple of 8, crop or resize it to 96x64"."""

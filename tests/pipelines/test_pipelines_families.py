@@ -290,8 +290,11 @@ def test_the_demo_models_size_limit_in_pixels() -> None:
 
 
 def test_a_tiny_init_image_is_called_too_small(sd15) -> None:
-    with pytest.raises(InputError, match="the init image is 3x3, smaller than the smallest image"):
+    """With no size to fit it to (a size given fits any picture: test_init_fit)."""
+    with pytest.raises(InputError, match=r"the init image is 3x3: its width \(3 pixels\) is too small to take the "
+                                         r"run's size from") as err:
         sd15(PROMPT, steps=4, init_image=np.zeros((3, 3, 3), np.uint8))
+    assert err.value.where == "init_image" and "pass width and height to fit it to a size" in str(err.value)
 
 
 @pytest.mark.parametrize("prompt", ["a (red:" + "1" + "0" * 40 + ") cat", "(" * 3000 + "red"])

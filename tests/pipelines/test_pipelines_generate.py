@@ -296,6 +296,10 @@ def test_image_conversions() -> None:
     (np.full((8, 8, 3), -5.0, np.float64), "float values run from -5 to -5"),
     (np.zeros((8, 8, 3), np.complex64), "dtype complex64"),
     (np.zeros((8, 8, 3), bool), "is a bool array.*uint8 values 0..255 or float values 0..1"),
+    # a torch tensor's layouts (tensor.numpy()): said how to turn them into HxWxC
+    (np.zeros((3, 8, 8), np.uint8), r"has shape \(3, 8, 8\); it looks channels-first \(CxHxW\): pass "
+                                    r"arr.transpose\(1, 2, 0\)"),
+    (np.zeros((1, 8, 8, 3), np.uint8), r"has shape \(1, 8, 8, 3\); it has a batch axis: pass one image, arr\[0\]"),
 ])
 def test_bad_images(value: np.ndarray, message: str) -> None:
     with pytest.raises(InputError, match=message):
@@ -647,3 +651,29 @@ def test_an_off_grid_size_names_the_unet_only_when_the_unet_refused_it() -> None
         with pytest.raises(ModelError) as skip:
             pipe("a cat", steps=1, width=72, height=64, clip_skip=12)
         assert skip.value.where == "clip_skip" and "asks for layer 12" in skip.value.what
+
+
+def test_a_negative_prompt_cfg_1_does_not_use_is_said(sd15, caplog) -> None:
+    """CFG 1 runs the prompt alone (diffusers and A1111 skip the negative pass): a negative prompt then did nothing,
+    in silence (Flux's default CFG is 1, so `--negative` on Flux dev was always dropped so)."""
+    with caplog.at_level("WARNING", logger="sdrt.pipelines"):
+        plain = sd15(PROMPT, "blurry", steps=2, seed=1, cfg=1)[0]
+        quiet = [r.getMessage() for r in caplog.records if "negative prompt" in r.getMessage()]
+        assert quiet == ["the negative prompt is not used: CFG 1 runs one pass, with the prompt only (a CFG above 1 "
+                         "runs the negative pass)"]
+        caplog.clear()
+        assert np.array_equal(plain, sd15(PROMPT, "", steps=2, seed=1, cfg=1)[0])  # the same image: unused
+        sd15(PROMPT, "blurry", steps=2, seed=1, cfg=7)
+    assert not [r for r in caplog.records if "negative prompt" in r.getMessage()]
+
+
+def test_a_flow_side_under_16_is_told_16_not_0() -> None:
+    """width 8 on Flux: "use 0 or 16" offered a width of 0."""
+    register("reference")
+    with pipelines.load(DATA / "tiny-flux-dev", backend="reference") as pipe:
+        with pytest.raises(InputError, match=r"width 8 is not a multiple of 16") as err:
+            pipe.plan(PROMPT, steps=1, width=8, height=16)
+        assert err.value.fix == "use 16"
+        with pytest.raises(InputError, match=r"width 40 is not a multiple of 16") as err:
+            pipe.plan(PROMPT, steps=1, width=40, height=16)
+        assert err.value.fix == "use 32 or 48"

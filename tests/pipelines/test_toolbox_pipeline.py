@@ -420,6 +420,10 @@ def test_hires_refuses_a_static_unet_and_img2img() -> None:
             pipe.plan(PROMPT, steps=2, hires_scale=2)
         with pytest.raises(InputError, match="txt2img pass"):
             pipe.plan(PROMPT, steps=2, hires_scale=1, init_image=np.zeros((64, 64, 3), np.uint8))
+    # before any model loads (sdrt generate refused it after loading the model)
+    with pytest.raises(InputError, match="the hires fix is a txt2img pass followed by img2img") as err:
+        pipelines.validate(PROMPT, hires_scale=1.5, init_image=np.zeros((64, 64, 3), np.uint8))
+    assert err.value.where == "hires_scale"
 
 
 # ------------------------------------------------------------------ previews
@@ -537,6 +541,42 @@ def test_cli_controlnet_flags_give_diffusers_image(tmp_path: Path, capsys) -> No
     text = read_parameters(out)
     assert 'ControlNet 0: "Module: none, Model: controlnet, Weight: 0.9,' in text
     assert 'ControlNet 1: "Module: none, Model: controlnet_2, Weight: 0.6,' in text and "Guidance Start: 0.1" in text
+
+
+def test_cli_union_mode_errors_speak_flags(tmp_path: Path, capsys) -> None:
+    """``--control-union-mode -1`` was refused in the API's words ("controlnets[0] union_mode ... pass e.g.
+    union_mode=0") after the model had loaded; it is refused first, naming the flag, and the net-dependent refusals
+    (a mode a net does not have) name the flag too."""
+    from sdrt.cli import main
+    from sdrt.errors import InputError
+    from sdrt.pipelines.png import write_png
+
+    png = tmp_path / "edges.png"
+    write_png(png, np.zeros((64, 64, 3), np.uint8))
+    rc = main(["generate", str(DATA / "tiny-flux-dev"), "a cat", "--controlnet", str(tmp_path / "any"),
+               "--control-image", str(png), "--control-union-mode", "-1", "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("error: --control-union-mode must be a mode number (0, 1, ...), got -1. "
+                                      "Where: --control-union-mode. What to do: pass e.g. --control-union-mode 0"), err
+    assert "backend" not in err and err.count("\n") == 1
+    from sdrt.checkpoint.controlnet import open_controlnet
+    from sdrt.cli import build_parser
+
+    names = build_parser().parse_args(["generate", "a cat"])._names
+    nets = DATA / "tiny-flux-controlnet"
+    register("reference")
+    pipe = pipelines.load(DATA / "tiny-flux-dev", backend="reference")
+    for net, mode, said in (("union", 4, "4 is not one of the net's 4 modes"), ("canny", 1, "is no union ControlNet")):
+        cn = open_controlnet(nets / net / "diffusion_pytorch_model.safetensors", graph=nets / "flux_dev_transformer.onnx")
+        with pytest.raises(InputError, match=said) as exc:
+            pipe("a cat", steps=1, width=64, height=64, max_sequence_length=32,
+                 controlnets=[ControlNet(cn, np.zeros((64, 64, 3), np.uint8), union_mode=mode)])
+        line = exc.value.render(names)  # as sdrt generate prints it
+        assert "--control-union-mode" in line.split(" Where:")[0] and "--control-union-mode" in line.split("do:")[1]
+        assert "union_mode" not in line.replace("controlnets[0] union_mode", ""), line  # Where keeps the API's
+    pipe.close()
+    with pytest.raises(InputError, match=r"union_mode must be a mode number .* pass e\.g\. union_mode=0"):
+        pipelines.validate("a cat", controlnets=[ControlNet("controlnet", png, union_mode=-1)])
 
 
 @pytest.mark.parametrize("name", ["two units/My prompt is more important + Balanced", "guess mode"])

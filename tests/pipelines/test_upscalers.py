@@ -130,4 +130,15 @@ def test_cli_upscale(tmp_path, refs, capsys):
     capsys.readouterr()
     assert main(["upscale", str(tmp_path / "in.png"), "-m", str(tmp_path / "in.png"), "-o",
                  str(tmp_path / "y.png")]) == 1
-    assert "error: no upscaler model" in capsys.readouterr().err
+    # an existing file that is no model file: said so ("no upscaler model" sounded like a wrong path)
+    assert "in.png is not a .safetensors or .pth file; an upscaler model is one" in capsys.readouterr().err
+    assert main(["upscale", str(tmp_path / "in.png"), "-m", "no-such-model", "-o", str(tmp_path / "y.png")]) == 1
+    assert "error: no upscaler model 'no-such-model'" in capsys.readouterr().err
+    base = ["upscale", str(tmp_path / "in.png"), "-m", str(model), "-o", str(tmp_path / "y.png")]
+    # --tile 3 ran as 16 in silence; an overlap above half the tile was named as the API's tile
+    for extra, said in ((["--tile", "3"], "error: --tile must be 0 (untiled) or a size of at least 16 pixels, got 3."),
+                        (["--tile", "32", "--tile-overlap", "40"], "error: --tile-overlap must be from 0 to half the "
+                                                                   "tile (16), got 40. Where: --tile-overlap.")):
+        assert main(base + extra) == 1
+        assert capsys.readouterr().err.startswith(said)
+    assert not (tmp_path / "y.png").exists()

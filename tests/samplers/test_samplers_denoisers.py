@@ -236,6 +236,26 @@ def test_missing_conditioning_is_a_sampler_error(registry):
         S.Denoiser(session, S.DiscreteSchedule())(start_noise().astype(np.float32), 1.0)
 
 
+def test_an_output_of_another_shape_than_the_sample_is_a_model_error(registry):
+    """A graph whose output is not its sample's shape (a learned-sigma UNet's 2C channels, a convolution exported
+    with other dilations) gave numpy's broadcast error, a traceback, from inside the sampler."""
+    from sdrt.errors import ModelError
+
+    c = SHAPE[1]
+    nodes = [helper.make_node("Concat", ["sample", "sample"], ["out"], axis=1)]
+    graph = helper.make_graph(nodes, "twice_the_channels", [
+        helper.make_tensor_value_info("sample", TensorProto.FLOAT, SHAPE),
+        helper.make_tensor_value_info("timestep", TensorProto.FLOAT, [1]),
+        helper.make_tensor_value_info("encoder_hidden_states", TensorProto.FLOAT, COND_SHAPE)],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [SHAPE[0], 2 * c, *SHAPE[2:]])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = sdrt.load(model.SerializeToString(), backend="reference")
+    x = start_noise().astype(np.float32)
+    with pytest.raises(ModelError, match=rf"output has shape \[{SHAPE[0]}, {2 * c}, .* for a sample of shape"):
+        S.get_sampler("euler")(S.CFGDenoiser(S.Denoiser(session, S.DiscreteSchedule("eps")), _cond(0.0), None, 1.0),
+                               x, np.array([14.6, 1.0, 0.0]))
+
+
 @pytest.mark.parametrize(("x", "sigmas", "match"), [
     (np.zeros(SHAPE, np.int32), [1.0, 0.0], "floating-point"),
     ([0.0, 1.0], [1.0, 0.0], "floating-point"),

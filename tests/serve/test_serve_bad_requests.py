@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 
+import numpy as np
 import pytest
 from serve_helpers import live_server, needs_server
 
@@ -25,6 +26,8 @@ def _png(img) -> str:
 def _cases():
     tiny = _png(Image.new("RGB", (64, 64), (1, 2, 3)))
     huge = _png(Image.new("1", (8200, 8200)))  # 67 Mpixels in a few KB of PNG
+    noise = base64.b64decode(_png(Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8))))
+    cut = base64.b64encode(noise[: len(noise) // 2]).decode()  # an upload cut short, inside the pixel data
     t2i, i2i, oai = "/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/v1/images/generations"
     # (kind, method, path, json body or raw bytes, status, words the message must hold)
     return [
@@ -119,6 +122,13 @@ def _cases():
         # size errors spoke of width= (the Python keyword); the caller sent size
         ("OpenAI: size not a multiple of 8", "POST", oai, {"prompt": "x", "size": "65x64"}, 400,
          "size 65x64: width 65 is not a multiple of 8; pass a size whose sides are multiples of 8"),
+        # a size the model cannot make: its fix read "pass width=64 and height=64", fields the caller has not
+        ("OpenAI: size the model cannot take", "POST", oai, {"prompt": "x", "size": "128x128"}, 400,
+         "size 128x128: the model demo-a refused the request: this model makes 64x64 images only (its unet is "
+         "exported for that size) and 128x128 was asked; pass size 64x64, or leave size unset"),
+        # a cut upload said only "(OSError)"
+        ("init image truncated", "POST", i2i, {**OK, "init_images": [cut]}, 400,
+         "init_images[0] is not a readable image (the image file is truncated (an incomplete upload?))"),
         ("OpenAI: size far too large", "POST", oai, {"prompt": "x", "size": "99999999x99999999"}, 400,
          "size 99999999x99999999 is above this server's limit"),  # was "size must be WIDTHxHEIGHT"
         ("OpenAI: unknown field", "POST", oai, {"prompt": "x", "sizee": "64x64"}, 400,
@@ -188,3 +198,14 @@ def test_queue_full_is_503(models_dir) -> None:
                     client.post("/sdapi/v1/interrupt")
                     t.join(timeout=0.2)
             assert client.post("/sdapi/v1/txt2img", json=OK).status_code == 200
+
+
+def test_a_pipeline_refusal_names_request_fields_without_python_keyword_syntax() -> None:
+    """An inpainting model sent no mask: the fix read "pass init_images and mask=" ({@mask=}, the Python keyword)."""
+    from sdrt.errors import InputError
+    from sdrt.serve.errors import from_pipeline
+
+    exc = InputError("this is an inpainting UNet (9 input channels): it needs an init image and a mask", where="mask",
+                     fix="pass {@init_image=} and {@mask=}, or use an ordinary model")
+    err = from_pipeline(exc)
+    assert err.message.endswith("; pass init_images and mask, or use an ordinary model") and err.field == "mask"

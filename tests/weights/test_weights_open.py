@@ -160,6 +160,28 @@ def test_truncated_and_short_files(tmp_path):
         Weights.open(cut)
 
 
+@pytest.mark.parametrize(("head", "kind"), [
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "a PNG image"), (b"\xff\xd8\xff\xe0\x00\x10JFIF", "a JPEG image"),
+    (b"RIFF\x10\x00\x00\x00WEBPVP8 ", "a WebP image"), (b"GIF89a\x01\x00\x01\x00", "a GIF image"),
+])
+def test_a_picture_given_as_weights_is_named_a_picture(tmp_path, capsys, head: bytes, kind: str) -> None:
+    """``sdrt generate in.png "..."`` (the picture where the model goes) said "header length 727905341920923785 does
+    not fit the file: truncated or not safetensors ... re-download the file"."""
+    from backend_helpers import register
+
+    from sdrt.cli import main
+
+    register("reference")
+    p = tmp_path / "in.png"
+    p.write_bytes(head + bytes(300))
+    with pytest.raises(WeightsError, match=f"in.png is {kind}, not a model or weights file") as err:
+        Weights.open(p)
+    assert "{@init_image} for img2img" in err.value.fix
+    assert main(["generate", str(p), "a cat", "-o", str(tmp_path / "o.png")]) == 1
+    err = capsys.readouterr().err
+    assert f"is {kind}, not a model" in err and "--init-image for img2img" in err and err.count("\n") == 1, err
+
+
 def test_writer_into_missing_folder(tmp_path):
     with pytest.raises(WeightsError, match="cannot write weights") as e:
         stfile.write(tmp_path / "no" / "w.safetensors", {"a": np.zeros(1, np.float32)})

@@ -32,4 +32,16 @@ def sniff(head: bytes) -> str | None:
         return HTML_HINT
     if head.lstrip()[:1] in (b"{", b"["):
         return "a JSON/text file"
-    return None
+    return image_kind(head)
+
+
+#: the first bytes of the picture formats people pass by mistake for a model (``sdrt generate in.png "..."``)
+_IMAGES = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
+           (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"))  # not BMP's "BM": an ONNX file may start so
+
+
+def image_kind(head: bytes) -> str | None:
+    """``"a PNG image"`` (JPEG, WebP, GIF, TIFF) for a picture's first bytes, else None."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "a WebP image"
+    return next((f"a {name} image" for magic, name in _IMAGES if head.startswith(magic)), None)

@@ -169,8 +169,8 @@ BLOCK_SIZES = (16, 32, 64, 128)
 
 def _block(block_size: int) -> int:
     if not isinstance(block_size, int) or block_size not in BLOCK_SIZES:  # parse()'s set: 256 was let through
-        raise SdrtError(f"block_size {block_size!r} is not supported", where="block_size",
-                        fix="pass {@block_size=}32, 64 or 128")
+        raise SdrtError(f"{{@block_size}} {block_size!r} is not supported", where="block_size",
+                        fix="pass {@block_size=}" + ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}")
     return block_size
 
 

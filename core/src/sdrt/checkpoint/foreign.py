@@ -208,7 +208,10 @@ def _other(k: _Keys, arch: str | None = None) -> str | None:
         return "Segment Anything (SAM: a segmentation model, not an image generator)"
     if k.ends(".dfl.conv.weight"):
         return "an Ultralytics YOLO detector (ADetailer's face/hand model, not an image generator)"
-    if (k.ends("conv_first.weight") and k.sub("body.0.rdb1.")) or k.sub("model.1.sub.0.RDB1."):
+    # SRVGGNetCompact (realesr-general-x4v3, realesr-animevideov3): only body.N, a 3-channel conv then PReLUs
+    compact = k.has("body.0.weight", "body.1.weight") and k.ndim("body.0.weight") == 4 and \
+        k.dim("body.0.weight", 1) == 3 and k.ndim("body.1.weight") == 1 and all(n.startswith("body.") for n in k.shapes)
+    if (k.ends("conv_first.weight") and k.sub("body.0.rdb1.")) or k.sub("model.1.sub.0.RDB1.") or compact:
         return ("an ESRGAN-family upscaler (not an image generator: pass it as the hires upscaler, "
                 "--hires-upscaler FILE, or to `sdrt upscale`)")
     return None

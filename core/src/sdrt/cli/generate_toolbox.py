@@ -130,6 +130,11 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                    ("--control-end", args.control_end, 1.0)):
             for value in values:  # in the flags' words: the pipeline speaks of "controlnets[0] start"
                 _num(value, flag, 0.0, high)
+        for value in args.control_union_mode:  # the pipeline speaks of "controlnets[0] union_mode"
+            if value < 0:
+                raise InputError(f"--control-union-mode must be a mode number (0, 1, ...), got {value}",
+                                 where="--control-union-mode", fix="pass e.g. --control-union-mode 0 (the net's "
+                                                                   "model card lists its modes)")
         if len(args.control_start) == len(args.control_end) == 1 and args.control_start[0] > args.control_end[0]:
             raise InputError(f"--control-start {args.control_start[0]:g} is after --control-end "
                              f"{args.control_end[0]:g}", where="--control-start",

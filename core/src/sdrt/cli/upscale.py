@@ -41,16 +41,24 @@ def run(args: argparse.Namespace) -> int:
 
     out = check_output(args.output, "output")
     path = model_file(args.model)
+    if path is None and Path(args.model).exists():  # a file or folder, not an upscaler file: say so, not "no model"
+        kind = "a folder" if Path(args.model).is_dir() else "not a .safetensors or .pth file"
+        raise InputError(f"--model {args.model} is {kind}; an upscaler model is one .safetensors or .pth file",
+                         where="--model", fix="give the path of an ESRGAN-family .safetensors/.pth file (4x-UltraSharp, "
+                                              "RealESRGAN_x4plus, ...), or a model's name in a folder of $SDRT_UPSCALERS")
     if path is None:
         raise InputError(f"no upscaler model {args.model!r}", where="--model",
                          fix="give the path of a .safetensors/.pth file, or a model's name in a folder of $SDRT_UPSCALERS")
     if args.scale is not None and not (math.isfinite(args.scale) and 1 <= args.scale <= 8):
         raise InputError(f"--scale must be from 1 to 8, got {args.scale}", where="--scale", fix="give e.g. --scale 2")
-    if args.tile < 0:
-        raise InputError(f"--tile must be 0 (untiled) or a size, got {args.tile}", where="--tile", fix="give --tile 192")
+    if args.tile < 0 or 0 < args.tile < 16:  # 1 to 15 were raised to 16 in silence
+        raise InputError(f"--tile must be 0 (untiled) or a size of at least 16 pixels, got {args.tile}", where="--tile",
+                         fix="give --tile 192 (A1111's), or 0")
+    if not 0 <= args.tile_overlap <= (args.tile or 1 << 30) // 2:
+        raise InputError(f"--tile-overlap must be from 0 to half the tile ({(args.tile or 1 << 30) // 2}), got "
+                         f"{args.tile_overlap}", where="--tile-overlap", fix="give --tile-overlap 8 (A1111's)")
     tile = args.tile or 1 << 30
-    up = ModelUpscaler(path, backend=args.backend, device=args.device, tile=max(tile, 16),
-                       overlap=args.tile_overlap)
+    up = ModelUpscaler(path, backend=args.backend, device=args.device, tile=tile, overlap=args.tile_overlap)
     image = to_rgb(Path(args.image), "image")
     h, w = image.shape[:2]
     if args.scale is None:

@@ -13,7 +13,8 @@ between each other cancel, and Resize scales that onnxruntime's float16 converte
 
 A node whose attributes or inputs this module does not handle (past key/value caches, rotary attention,
 unusual mask formats) is left as it is, so the backend names it in its usual ``UnsupportedGraph``
-refusal; so is every op not listed in ``REWRITES``.
+refusal; so is every op not listed in ``REWRITES``. A node whose attributes onnxruntime's schema does not allow
+(``num_heads`` or ``groups`` missing or below 1, an attribute of the wrong type) is a ``ModelError`` naming it.
 
 One small function per op (``_op_<name>``), registered in ``REWRITES``; shared helpers below.
 """
@@ -242,6 +243,22 @@ class _Skip(Exception):
     """Raised by a rewrite that finds attributes it does not handle: the node stays as it is."""
 
 
+class _Malformed(Exception):
+    """Raised by a rewrite that finds an attribute onnxruntime's schema does not allow (a required one missing, a
+    count below 1): the graph is refused naming the node, where leaving it to the backend gave a backend's own
+    unclear message, or a graph that computes something else (``num_heads=0`` reshapes to the width unchanged)."""
+
+
+def _count(a: dict[str, Any], name: str) -> int:
+    """The required positive integer attribute ``name`` (``num_heads``, ``groups``)."""
+    if name not in a:
+        raise _Malformed(f"has no {name} attribute, which onnxruntime requires")
+    value = a[name]
+    if not isinstance(value, (int, np.integer)) or value < 1:
+        raise _Malformed(f"has {name}={value!r:.40}; it must be a whole number of 1 or more")
+    return int(value)
+
+
 def _attrs(node: Any) -> dict[str, Any]:
     from onnx import helper
 
@@ -337,7 +354,7 @@ def _group_norm(em: _Emit, node: Any, x: str, out: str, *, nchw: bool = False) -
     if last and not nchw:
         x = em.one("Transpose", [x], perm=[0, rank - 1, *range(1, rank - 1)])
         em.ranks[x] = rank
-    y = em.group_norm(x, node.input[1], node.input[2], int(a["groups"]), float(a.get("epsilon", 1e-5)),
+    y = em.group_norm(x, node.input[1], node.input[2], _count(a, "groups"), float(a.get("epsilon", 1e-5)),
                       None if (last or act) else out)
     if act:
         y = em.silu(y, None if last else out)
@@ -467,7 +484,7 @@ def _op_multi_head_attention(em: _Emit, node: Any) -> list[str] | None:
         return None
     if any(_inp(node, i) for i in range(6, len(node.input))):  # past key/value, cache indirection
         return None
-    heads = int(a["num_heads"])
+    heads = _count(a, "num_heads")
     q, k, v, bias = _inp(node, 0), _inp(node, 1), _inp(node, 2), _inp(node, 3)
     e = em.elem(q, k, v)
     if not k and not v:
@@ -503,7 +520,7 @@ def _op_attention(em: _Emit, node: Any) -> list[str] | None:
         return None
     if any(_inp(node, i) for i in range(6, len(node.input))):
         return None
-    heads = int(a["num_heads"])
+    heads = _count(a, "num_heads")
     x, w, b = node.input[0], node.input[1], _inp(node, 2)
     e = em.elem(x, w)
     qkv = em.one("MatMul", [x, w])
@@ -619,8 +636,17 @@ def rewrite_contrib(model: onnx.ModelProto, keep: Iterable[str] = (), *, where: 
         em.uses_stats = _used(n, 1, uses) or _used(n, 2, uses)
         try:
             outs = REWRITES[((n.domain or ""), n.op_type)](em, n)
-        except (_Skip, KeyError):
+        except _Skip:
             outs = None
+        except (_Malformed, KeyError, ValueError, TypeError, IndexError) as exc:
+            # an attribute of the wrong type (QuickGelu's alpha a string) was a traceback from float()
+            why = str(exc) if isinstance(exc, _Malformed) else (
+                f"has an attribute or input onnxruntime's schema does not allow ({type(exc).__name__}: {exc})")
+            from ..errors import ModelError
+
+            raise ModelError(f"the {key} node {n.name or f'#{i}'!r} {why}", where=where,
+                             fix="re-export or re-optimize the model (onnxruntime's optimizer writes valid "
+                                 "attributes), or use the model as exported before optimization") from None
         if outs is None:
             nodes.append(n)
             kept.setdefault(key, []).append(n.name or f"#{i} {n.op_type}")

@@ -190,8 +190,9 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.union_mode is not None:
             if isinstance(unit.union_mode, bool) or not isinstance(unit.union_mode, (int, np.integer)) \
                     or unit.union_mode < 0:
-                raise InputError(f"{where} union_mode must be a mode number (0, 1, ...), got {unit.union_mode!r:.40}",
-                                 where=f"{where} union_mode", fix="pass e.g. union_mode=0 (see the net's model card)")
+                raise InputError(f"{where} {{@union_mode}} must be a mode number (0, 1, ...), got "
+                                 f"{unit.union_mode!r:.40}", where=f"{where} union_mode",
+                                 fix="pass e.g. {@union_mode=}0 (see the net's model card)")
             unit.union_mode = int(unit.union_mode)
         unit.scale = _num(unit.scale, f"{where} scale", 0.0, 10.0)
         unit.start = _num(unit.start, f"{where} start", 0.0, 1.0)

@@ -82,14 +82,14 @@ def prepare(pipe: Any, s: Settings) -> None:
         if lay.modes and unit.union_mode is None:
             raise InputError(f"{where} is a union ControlNet ({lay.modes} modes): it needs the mode of its control "
                              "image", where=f"{where} union_mode",
-                             fix=f"pass union_mode=0..{lay.modes - 1} (--control-union-mode N; the net's model card "
-                                 "lists its modes, e.g. 0 canny, 2 depth for InstantX/Shakker-Labs Union)")
+                             fix=f"pass {{@union_mode}} 0 to {lay.modes - 1} (the net's model card lists its modes, "
+                                 "e.g. 0 canny, 2 depth for InstantX/Shakker-Labs Union)")
         if unit.union_mode is not None and not lay.modes:
-            raise InputError(f"{where} has a union_mode and is no union ControlNet", where=f"{where} union_mode",
-                             fix="leave union_mode out for this net")
+            raise InputError(f"{where} has a {{@union_mode}} and is no union ControlNet", where=f"{where} union_mode",
+                             fix="leave {@union_mode} out for this net")
         if unit.union_mode is not None and not 0 <= unit.union_mode < (lay.modes or 0):
-            raise InputError(f"{where} union_mode {unit.union_mode} is not one of the net's {lay.modes} modes",
-                             where=f"{where} union_mode", fix=f"pass 0..{(lay.modes or 1) - 1}")
+            raise InputError(f"{where} {{@union_mode}} {unit.union_mode} is not one of the net's {lay.modes} modes",
+                             where=f"{where} union_mode", fix=f"pass {{@union_mode}} 0 to {(lay.modes or 1) - 1}")
         if first is not None and lay.hint != first.hint:
             raise InputError(f"{where} is {lay.label} and controlnets[0] {first.label}: the transformer takes the "
                              "residuals of XLabs' nets in turn and the others' by blocks, not both", where=where,

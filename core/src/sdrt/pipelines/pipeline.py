@@ -214,6 +214,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         t5 = {"max_length": s.max_sequence_length} if s.max_sequence_length else {}
         cond = self._limit(self.prompts.encode(s.prompt, s.clip_skip, **t5), "prompt")
         if not self.family.negative_pass(s.cfg, s.negative_prompt):
+            if s.negative_prompt and not self._dry:  # said, not dropped in silence (as diffusers and A1111 drop it)
+                log.warning("the negative prompt is not used: CFG %g runs one pass, with the prompt only (a CFG "
+                            "above 1 runs the negative pass%s)", s.cfg,
+                            f"; {self.family.label}'s default is 1" if self.family.default_cfg == 1 else "")
             return cond, None
         if self.folder.force_zeros_for_empty_prompt and not s.negative_prompt:
             uncond = self.prompts.zeros_like(cond)
@@ -587,11 +591,14 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
         picture = to_rgb(s.init_image, "init image")
         h, w = picture.shape[:2]
-        if w < 8 or h < 8:
-            raise InputError(f"the init image is {w}x{h}, smaller than the smallest image (8x8)",
-                             where="init_image", fix="use an image of at least 8x8 pixels")
         multiple = self._size_multiple()
         if s.width is None and s.height is None:
+            if w < 8 or h < 8:  # a size given fits any picture (a 1x1 one stretched, as A1111 and serve do)
+                side = f"width ({w} pixels)" if w < 8 else f"height ({h} pixels)"
+                raise InputError(f"the init image is {w}x{h}: its {side} is too small to take the run's size from "
+                                 "(the smallest image is 8x8)", where="init_image",
+                                 fix="pass {@width} and {@height} to fit it to a size, or use a picture of at least "
+                                     "8x8 pixels")
             tw, th = snap(w, h, multiple)
             why = f" and this model makes sides that are multiples of {multiple}: it runs at {tw}x{th};"
             shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
@@ -723,8 +730,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                                  f"{s.width}x{s.height}, and {self.family.label} needs multiples of 16 (VAE 8 x "
                                  "patch 2)", where=source,
                                  fix=f"make it {s.width - s.width % 16}x{s.height - s.height % 16}")
+            down = value - value % 16
             raise InputError(f"{where} {value} is not a multiple of 16, which {self.family.label} needs (VAE 8 x "
-                             "patch 2)", where=where, fix=f"use {value - value % 16} or {value - value % 16 + 16}")
+                             "patch 2)", where=where, fix=f"use {down} or {down + 16}" if down else "use 16")
         shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
         wrong = self.family.size_error(shape, s.width, s.height)
         if wrong is not None:

@@ -215,6 +215,9 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         raise InputError(f"{{@reference_resize}} must be True or False, got {reference_resize!r:.40}",
                          where="reference_resize", fix="pass True (resize to Kontext's sizes, the default) or False (keep the "
                          "images' sizes, cut down to multiples of 16)")
+    if init_image is not None and getattr(extras, "hires", None) is not None:  # found once the model had loaded
+        raise InputError("the hires fix is a txt2img pass followed by img2img", where="hires_scale",
+                         fix="leave {@init_image} and {@mask} out, or {@hires_scale} unset")
     return Settings(prompt, negative_prompt or "", steps, float(cfg) if cfg is not None else None,  # type: ignore[arg-type]
                     sampler, choice, int(seed), width, height, strength, batch, batch_count, clip_skip, init_image,
                     mask, toolbox=extras, guidance=None if guidance is None else float(guidance),

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SamplerError
+from ..errors import ModelError, SamplerError
 
 __all__ = ["CFGDenoiser", "Denoiser", "rescale_guidance"]
 
@@ -103,6 +103,12 @@ class Denoiser:
             inputs.update(hook(inputs))
         outputs = self.session.run(inputs)
         out = np.asarray(outputs[self.output_name] if self.output_name else next(iter(outputs.values())))
+        if out.shape != x_in.shape:  # the samplers mix it with the sample: numpy's broadcast error, a traceback
+            where = getattr(self.session, "path", None) or getattr(self.session, "name", None) or "the denoiser"
+            raise ModelError(f"the denoiser's output has shape {list(out.shape)} for a sample of shape "
+                             f"{list(x_in.shape)}; a denoiser's output must have its sample's shape", where=str(where),
+                             fix="check that the graph is the model's UNet or transformer as exported (its output "
+                                 "is the noise, v or velocity prediction of the sample), or re-export it")
         return out.astype(np.float32) if out.dtype.kind == "f" and out.dtype.itemsize < 4 else out
 
     def __call__(self, x: np.ndarray, sigma: float, *, cond: Any = None, **feeds: np.ndarray) -> np.ndarray:

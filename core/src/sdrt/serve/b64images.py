@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import warnings
 from typing import Any
 
 import numpy as np
@@ -46,18 +47,25 @@ def open_image(raw: bytes, field: str, max_pixels: int) -> Any:
         raise ApiError(501, "reading init images needs Pillow on the server: pip install 'sdrt[serve]'",
                        field=field) from None
     try:
-        img = Image.open(io.BytesIO(raw))
-        w, h = img.size
-        if w * h > max_pixels:
-            raise ApiError(400, f"{field} is {w}x{h}, above this server's limit of {max_pixels} pixels", field=field)
-        img.load()
+        with warnings.catch_warnings():
+            # Pillow's DecompressionBombWarning (two lines in the server's log from 89 million pixels): the limit
+            # here is max_pixels, checked from the header before the pixels are decoded
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(raw))
+            w, h = img.size
+            if w * h > max_pixels:
+                raise ApiError(400, f"{field} is {w}x{h}, above this server's limit of {max_pixels} pixels",
+                               field=field)
+            img.load()
         from PIL import ImageOps
 
         img = ImageOps.exif_transpose(img)  # A1111's decode_base64_to_image reads with images.read: fix_image
     except ApiError:
         raise
     except (OSError, ValueError, Image.DecompressionBombError, SyntaxError) as exc:
-        raise ApiError(400, f"{field} is not a readable image ({type(exc).__name__})", field=field) from None
+        # what Pillow found, where it says more than its class: "image file is truncated" (a cut upload)
+        said = "the image file is truncated (an incomplete upload?)" if "truncated" in str(exc) else type(exc).__name__
+        raise ApiError(400, f"{field} is not a readable image ({said})", field=field) from None
     return img
 
 

@@ -118,4 +118,11 @@ def get_size(body: dict[str, Any], limits: Any) -> tuple[int | None, int | None]
     return width, height
 
 
-__all__ = ["get_bool", "get_dict", "get_float", "get_int", "get_list", "get_size", "get_str"]
+def size_words(message: str) -> str:
+    """A message in the words of a caller that sends ``size`` (OpenAI's routes), not width and height: the pipeline's
+    "pass width=64 and height=64, or leave them unset" read "pass size=64 and size=64" once renamed."""
+    message = re.sub(r"\bwidth=(\d+) and height=(\d+)", r"size=\1x\2", message)
+    return message.replace("size=", "size ").replace("or leave them unset", "or leave size unset")
+
+
+__all__ = ["get_bool", "get_dict", "get_float", "get_int", "get_list", "get_size", "get_str", "size_words"]

@@ -27,7 +27,7 @@ from starlette.datastructures import Headers
 
 from . import a1111, b64images
 from .errors import ApiError
-from .fields import get_float, get_size, get_str
+from .fields import get_float, get_size, get_str, size_words
 from .http import parse_json, read_body
 from .state import ServerState
 
@@ -207,7 +207,7 @@ def parse(body: dict[str, Any], st: ServerState) -> tuple[a1111.Request, list[st
 def renamed(exc: ApiError) -> ApiError:
     """An error of the img2img checks, in the edit request's words (``denoising_strength`` -> ``strength``...)."""
     field = _RENAMED.get(exc.field or "", exc.field)
-    message = exc.message
+    message = size_words(exc.message)  # width and height are one field here
     for old, new in _RENAMED.items():
         message = re.sub(rf"(?<![\w.\[]){re.escape(old)}(?![\w\[])", new, message)
     return ApiError(exc.status, message, field=field)

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from . import openai_edits, responses
 from .errors import ApiError, from_pipeline
-from .fields import get_float, get_int, get_size, get_str
+from .fields import get_float, get_int, get_size, get_str, size_words
 from .http import read_json, wait_for_job
 from .jobs import Work
 from .state import ServerState
@@ -97,7 +97,7 @@ async def _answer(request: Request, st: ServerState, work: Work, job: Any, fmt: 
         result = await wait_for_job(request, job, st.queue)
     except ApiError as exc:
         if exc.field in ("width", "height"):  # the model refused the size: the caller sent size, not width=
-            raise ApiError(exc.status, f"size {size or 'auto'}: {exc.message}", field="size") from None
+            raise ApiError(exc.status, f"size {size or 'auto'}: {size_words(exc.message)}", field="size") from None
         if renamed is not None:
             raise renamed(exc) from None
         raise

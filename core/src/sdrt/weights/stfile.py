@@ -85,6 +85,10 @@ def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
                 kind = sniff(head + f.read(56))
                 if kind in (LFS_HINT, HTML_HINT):  # a clone without git-lfs, a download that got a web page
                     raise _bad(f"the file is not safetensors: it looks like {kind}", path, FETCH_FIX)
+                if kind is not None and kind.endswith(" image"):  # `sdrt generate in.png "..."`: "re-download" it?
+                    raise _bad(f"{path.name} is {kind}, not a model or weights file", path,
+                               "pass a model folder or checkpoint here; a picture is an input: {@init_image} for "
+                               "img2img")
                 raise _bad(f"header length {n} does not fit the file ({size} bytes): truncated or not safetensors", path)
             raw = f.read(n)
     except OSError as exc:
