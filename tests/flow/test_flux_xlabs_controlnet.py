@@ -220,3 +220,17 @@ def test_cli_flags_reach_the_net(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert rc != 0 and "XLabs Flux.1 ControlNet" in err and "32 wide" in err and "3072" in err, err
     assert "Traceback" not in err and err.count("error:") == 1
+
+
+def test_a_changed_graph_edit_is_not_read_from_the_cache(tmp_path, monkeypatch) -> None:
+    """The derived net graph is cached by the base graph and the layout, and by the code that cuts it: an sdrt whose
+    edit differs (a fixed hint convolution, say) makes its graph again instead of reading an older one."""
+    from sdrt.checkpoint import fluxcontrolnet as fcn
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    lay = _net("xlabs-canny").flux
+    first = fcn.derived_controlnet_graph(BASE, lay)
+    assert fcn.derived_controlnet_graph(BASE, lay) == first
+    monkeypatch.setattr(fcn, "edit_digest", lambda: b"another edit")
+    second = fcn.derived_controlnet_graph(BASE, lay)
+    assert second != first and second.is_file()
