@@ -137,13 +137,21 @@ def test_other_designs_in_xlabs_keys_are_one_line(tmp_path) -> None:
     (MistoLine's ``controlnet_blocks.N.linear``), is refused in one line."""
     from safetensors.numpy import save_file
 
+    from sdrt.checkpoint.xlabscontrolnet import HINT
+
     z = np.zeros((8, 8), np.float32)
     hint = {f"input_hint_block.{2 * i}.weight": np.zeros((16, 3 if i == 0 else 16, 3, 3), np.float32)
             for i in range(8)}
     files = {"flux-latent-controlnet": ({"double_blocks.0.img_attn.proj.weight": z, "controlnet_blocks.0.weight": z,
                                          "pos_embed_input.weight": np.zeros((8, 64), np.float32)}, "input_hint_block"),
              "mistoline": ({"double_blocks.0.img_attn.proj.weight": z, "controlnet_blocks.0.linear.weight": z,
-                            "pos_embed_input.weight": np.zeros((8, 64), np.float32), **hint}, "MistoLine")}
+                            "pos_embed_input.weight": np.zeros((8, 64), np.float32), **hint}, "MistoLine"),
+             # diffusers' names, its image embedding left out: the key it lacks, in those names
+             "no-x-embedder": ({"transformer_blocks.0.attn.to_out.0.weight": z, "controlnet_blocks.0.weight": z,
+                                "controlnet_x_embedder.weight": np.zeros((8, 64), np.float32),
+                                **{f"input_hint_block.{n}.weight": np.zeros((16, 3 if n == "conv_in" else 16, 3, 3),
+                                                                            np.float32) for n in HINT}},
+                               "without its image embedding (x_embedder.weight)")}
     for name, (tensors, words) in files.items():
         path = tmp_path / f"{name}.safetensors"
         save_file(tensors, str(path))
@@ -153,7 +161,7 @@ def test_other_designs_in_xlabs_keys_are_one_line(tmp_path) -> None:
 
 
 def test_full_size_repeat_rule_and_binding(tmp_path) -> None:
-    """At full size: an XLabs v3-sized file (4 double blocks, fp16, written sparse) binds tensor for tensor onto the
+    """At full size: an XLabs-layout file of 4 double blocks (XLabs' own have 2; fp16, written sparse) binds tensor for tensor onto the
     graph cut from the shipped dev graph, whose control input is the picture; the dev transformer's 19 double blocks
     take its residuals in turn (block k: k % 4) and its single blocks none."""
     import sys

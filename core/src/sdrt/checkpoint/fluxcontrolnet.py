@@ -105,9 +105,10 @@ def layout(shapes: Mapping[str, tuple[int, ...]]) -> FluxNetLayout | str:
         if why is not None:
             return why
         bfl = xlabs.is_bfl(shapes)
-        img = shapes.get("img_in.weight" if bfl else "x_embedder.weight")
+        key = "img_in.weight" if bfl else "x_embedder.weight"
+        img = shapes.get(key)
         if img is None or len(img) != 2:
-            return "an XLabs-style Flux ControlNet without its image embedding (img_in.weight)"
+            return f"an XLabs-style Flux ControlNet without its image embedding ({key})"
         return FluxNetLayout(count("controlnet_blocks."), count("controlnet_single_blocks."), None,
                              any(k.startswith("guidance_in." if bfl else "time_text_embed.guidance_embedder.")
                                  for k in keys), int(img[0]), int(img[1]), hint=True, bfl=bfl)
