@@ -158,6 +158,7 @@ def test_other_designs_in_xlabs_keys_are_one_line(tmp_path) -> None:
         with pytest.raises(ModelError) as exc:
             open_controlnet(path, base="flux")
         assert words in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+        assert "InstantX" in exc.value.fix and "SD 1.x" not in exc.value.fix, exc.value.fix  # a Flux net is wanted
 
 
 def test_full_size_repeat_rule_and_binding(tmp_path) -> None:
