@@ -59,7 +59,8 @@ _CONTEXT = {768: "sd1", 1024: "sd2", 2048: "sdxl"}
 @dataclass(frozen=True)
 class ControlNetIdentity:
     """What a file holds: ``base`` (``sd1``/``sd2``/``sdxl``, None when not a ControlNet sdrt can read),
-    ``layout`` (``ldm``/``diffusers``), the key ``prefix`` and a ``label`` in words."""
+    ``layout`` (``ldm``/``diffusers``; ``xlabs`` for XLabs' Flux nets in their own names), the key ``prefix`` and a
+    ``label`` in words."""
 
     base: str | None
     layout: str | None
