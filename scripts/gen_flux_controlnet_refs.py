@@ -236,32 +236,46 @@ def save_net(net: FluxControlNetModel, folder: Path) -> None:
     net.save_config(folder)
 
 
-def run(base, nets: dict, case: dict, refs: dict) -> None:
-    name, h, w = case["name"], case["height"], case["width"]
-    used = [nets[n] for n in case["nets"]]
+def pipeline(base, used: list) -> FluxControlNetPipeline:
+    """``FluxControlNetPipeline`` on tiny-flux-dev's parts with the nets ``used`` (one, or a list)."""
     pipe = FluxControlNetPipeline(scheduler=base.scheduler, vae=base.vae, text_encoder=base.text_encoder,
                                   tokenizer=base.tokenizer, text_encoder_2=base.text_encoder_2,
                                   tokenizer_2=base.tokenizer_2, transformer=base.transformer,
                                   controlnet=used if len(used) > 1 else used[0])
     pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def control_images(case: dict, count: int, refs: dict) -> list:
+    """The case's control pictures (edges, then an inverted picture), kept in ``refs``."""
+    h, w = case["height"], case["width"]
     images = []
-    for k in range(len(used)):
+    for k in range(count):
         c = tools.edges(h, w) if k == 0 else 255 - tools.picture(h, w)
-        refs[f"{name}/control_image_{k}"] = c
+        refs[f"{case['name']}/control_image_{k}"] = c
         images.append(Image.fromarray(c))
-    multi = len(used) > 1
-    gen = torch.Generator("cpu").manual_seed(case["seed"])
+    return images
+
+
+def generate(pipe: FluxControlNetPipeline, case: dict, images: list, scale: list | None = None) -> np.ndarray:
+    """diffusers' images (float, NHWC) for ``case`` with these control images, at the case's scales or ``scale``."""
+    def each(values: list) -> object:
+        return values if len(images) > 1 else values[0]
+
     with torch.no_grad():
-        result = pipe(prompt=PROMPT, height=h, width=w, num_inference_steps=case["steps"],
-                      guidance_scale=case["guidance"], generator=gen, num_images_per_prompt=case["batch"],
-                      output_type="np", max_sequence_length=g.MAX_SEQ,
-                      control_image=images if multi else images[0],
-                      controlnet_conditioning_scale=case["scale"] if multi else case["scale"][0],
-                      control_guidance_start=case["start"] if multi else case["start"][0],
-                      control_guidance_end=case["end"] if multi else case["end"][0],
-                      control_mode=case["mode"], negative_prompt=case.get("negative_prompt"),
-                      true_cfg_scale=case.get("true_cfg", 1.0))
-    image = (result.images * 255).round().astype(np.uint8)
+        return pipe(prompt=PROMPT, height=case["height"], width=case["width"], num_inference_steps=case["steps"],
+                    guidance_scale=case["guidance"], generator=torch.Generator("cpu").manual_seed(case["seed"]),
+                    num_images_per_prompt=case["batch"], output_type="np", max_sequence_length=g.MAX_SEQ,
+                    control_image=each(images), controlnet_conditioning_scale=each(scale or case["scale"]),
+                    control_guidance_start=each(case["start"]), control_guidance_end=each(case["end"]),
+                    control_mode=case["mode"], negative_prompt=case.get("negative_prompt"),
+                    true_cfg_scale=case.get("true_cfg", 1.0)).images
+
+
+def run(base, nets: dict, case: dict, refs: dict) -> None:
+    name = case["name"]
+    used = [nets[n] for n in case["nets"]]
+    image = (generate(pipeline(base, used), case, control_images(case, len(used), refs)) * 255).round().astype(np.uint8)
     refs[f"{name}/image"] = image
     case.update(max_sequence_length=g.MAX_SEQ, prompt=PROMPT)
     print(f"  {name}: {image.shape} std {float(image.std()):.1f}")

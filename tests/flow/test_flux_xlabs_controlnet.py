@@ -4,8 +4,8 @@ tests/data/pipelines/tiny-flux-xlabs-controlnet (scripts/gen_flux_xlabs_controln
 XLabs-style nets of tiny-flux-dev's widths (2 double blocks, fp16), each saved with XLabs' own keys
 (``double_blocks.N``, ``input_hint_block.{0,2,..,14}``, ``pos_embed_input``) as a downloaded file has them, the first
 also in diffusers' names, and the images diffusers 0.42.1's ``FluxControlNetPipeline`` made with them. Their graphs
-are cut from tiny-flux-controlnet's weight-free dev graph. Tolerance: 1 of 255 (the nets move the images by 140 to
-190 levels). tiny-flux-dev has one double block, where the repeat rule and diffusers' interval rule agree: the rule
+are cut from tiny-flux-controlnet's weight-free dev graph. Tolerance: 1 of 255 (the nets move the images by 121 to
+255 levels, and their control pictures, against black ones, by 116 to 232: a net that misread its picture fails). tiny-flux-dev has one double block, where the repeat rule and diffusers' interval rule agree: the rule
 is checked here on the shipped full-size graph, and by the script against diffusers' transformer on 3 blocks.
 """
 
@@ -72,6 +72,14 @@ def test_image_matches_diffusers(name: str, backend: str) -> None:
     _check(name, backend, np.stack(gen.images))
 
 
+def test_the_pictures_steer_the_reference_images() -> None:
+    """The fixtures can tell a net that reads its control picture from one that does not: in diffusers' images the
+    picture (against a black one) moves the result by far more than the tolerance (at the hint convolutions' first
+    draw it moved them by 1-4 levels, and a blank picture or transposed 2x2 patches passed)."""
+    for case in CASES:
+        assert case["picture_moves_image_by"] > 50, (case["name"], case["picture_moves_image_by"])
+
+
 def test_diffusers_layout_file_gives_the_same_image() -> None:
     """The same net in diffusers' names (input_hint_block.conv_in, controlnet_x_embedder) binds to the same graph
     and gives diffusers' image."""
@@ -129,23 +137,32 @@ def test_other_designs_in_xlabs_keys_are_one_line(tmp_path) -> None:
     (MistoLine's ``controlnet_blocks.N.linear``), is refused in one line."""
     from safetensors.numpy import save_file
 
+    from sdrt.checkpoint.xlabscontrolnet import HINT
+
     z = np.zeros((8, 8), np.float32)
     hint = {f"input_hint_block.{2 * i}.weight": np.zeros((16, 3 if i == 0 else 16, 3, 3), np.float32)
             for i in range(8)}
     files = {"flux-latent-controlnet": ({"double_blocks.0.img_attn.proj.weight": z, "controlnet_blocks.0.weight": z,
                                          "pos_embed_input.weight": np.zeros((8, 64), np.float32)}, "input_hint_block"),
              "mistoline": ({"double_blocks.0.img_attn.proj.weight": z, "controlnet_blocks.0.linear.weight": z,
-                            "pos_embed_input.weight": np.zeros((8, 64), np.float32), **hint}, "MistoLine")}
+                            "pos_embed_input.weight": np.zeros((8, 64), np.float32), **hint}, "MistoLine"),
+             # diffusers' names, its image embedding left out: the key it lacks, in those names
+             "no-x-embedder": ({"transformer_blocks.0.attn.to_out.0.weight": z, "controlnet_blocks.0.weight": z,
+                                "controlnet_x_embedder.weight": np.zeros((8, 64), np.float32),
+                                **{f"input_hint_block.{n}.weight": np.zeros((16, 3 if n == "conv_in" else 16, 3, 3),
+                                                                            np.float32) for n in HINT}},
+                               "without its image embedding (x_embedder.weight)")}
     for name, (tensors, words) in files.items():
         path = tmp_path / f"{name}.safetensors"
         save_file(tensors, str(path))
         with pytest.raises(ModelError) as exc:
             open_controlnet(path, base="flux")
         assert words in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+        assert "InstantX" in exc.value.fix and "SD 1.x" not in exc.value.fix, exc.value.fix  # a Flux net is wanted
 
 
 def test_full_size_repeat_rule_and_binding(tmp_path) -> None:
-    """At full size: an XLabs v3-sized file (4 double blocks, fp16, written sparse) binds tensor for tensor onto the
+    """At full size: an XLabs-layout file of 4 double blocks (XLabs' own have 2; fp16, written sparse) binds tensor for tensor onto the
     graph cut from the shipped dev graph, whose control input is the picture; the dev transformer's 19 double blocks
     take its residuals in turn (block k: k % 4) and its single blocks none."""
     import sys
@@ -212,3 +229,17 @@ def test_cli_flags_reach_the_net(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert rc != 0 and "XLabs Flux.1 ControlNet" in err and "32 wide" in err and "3072" in err, err
     assert "Traceback" not in err and err.count("error:") == 1
+
+
+def test_a_changed_graph_edit_is_not_read_from_the_cache(tmp_path, monkeypatch) -> None:
+    """The derived net graph is cached by the base graph and the layout, and by the code that cuts it: an sdrt whose
+    edit differs (a fixed hint convolution, say) makes its graph again instead of reading an older one."""
+    from sdrt.checkpoint import fluxcontrolnet as fcn
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    lay = _net("xlabs-canny").flux
+    first = fcn.derived_controlnet_graph(BASE, lay)
+    assert fcn.derived_controlnet_graph(BASE, lay) == first
+    monkeypatch.setattr(fcn, "edit_digest", lambda: b"another edit")
+    second = fcn.derived_controlnet_graph(BASE, lay)
+    assert second != first and second.is_file()

@@ -59,7 +59,8 @@ _CONTEXT = {768: "sd1", 1024: "sd2", 2048: "sdxl"}
 @dataclass(frozen=True)
 class ControlNetIdentity:
     """What a file holds: ``base`` (``sd1``/``sd2``/``sdxl``, None when not a ControlNet sdrt can read),
-    ``layout`` (``ldm``/``diffusers``), the key ``prefix`` and a ``label`` in words."""
+    ``layout`` (``ldm``/``diffusers``; ``xlabs`` for XLabs' Flux nets in their own names), the key ``prefix`` and a
+    ``label`` in words."""
 
     base: str | None
     layout: str | None
@@ -187,9 +188,14 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
     if ident.base is None and graph is not None and ident.shape_of is not None:
         ident = dataclasses.replace(ident, base=ident.shape_of)  # a reduced/other width: the graph given decides
     if ident.base is None:
+        from .fluxcontrolnet import is_flux
+
         raise ModelError(f"{p.name} is {ident.label}", where=str(p),
-                         fix="pass a ControlNet file for SD 1.x (e.g. control_v11p_sd15_canny.safetensors) or SDXL "
-                             "(e.g. diffusers/controlnet-canny-sdxl-1.0), or a ControlNet ONNX folder")
+                         fix="pass a Flux.1 dev ControlNet in diffusers' layout (e.g. "
+                             "InstantX/FLUX.1-dev-Controlnet-Canny) or XLabs' (e.g. flux-canny-controlnet-v3"
+                             ".safetensors)" if is_flux(shapes) else
+                         "pass a ControlNet file for SD 1.x (e.g. control_v11p_sd15_canny.safetensors) or SDXL "
+                         "(e.g. diffusers/controlnet-canny-sdxl-1.0), or a ControlNet ONNX folder")
     if base is not None and base != ident.base:
         want = BASE_LABELS.get(base, base)
         raise ModelError(f"{p.name} is {ident.label}, and the model is {want}", where=str(p),

@@ -105,9 +105,10 @@ def layout(shapes: Mapping[str, tuple[int, ...]]) -> FluxNetLayout | str:
         if why is not None:
             return why
         bfl = xlabs.is_bfl(shapes)
-        img = shapes.get("img_in.weight" if bfl else "x_embedder.weight")
+        key = "img_in.weight" if bfl else "x_embedder.weight"
+        img = shapes.get(key)
         if img is None or len(img) != 2:
-            return "an XLabs-style Flux ControlNet without its image embedding (img_in.weight)"
+            return f"an XLabs-style Flux ControlNet without its image embedding ({key})"
         return FluxNetLayout(count("controlnet_blocks."), count("controlnet_single_blocks."), None,
                              any(k.startswith("guidance_in." if bfl else "time_text_embed.guidance_embedder.")
                                  for k in keys), int(img[0]), int(img[1]), hint=True, bfl=bfl)
@@ -419,8 +420,17 @@ def _toposort(g: onnx.GraphProto) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ cached files
+def edit_digest() -> bytes:
+    """The source of the code that cuts a net's graph (this module and :mod:`sdrt.checkpoint.xlabscontrolnet`),
+    hashed: part of the cached graph's key, so a changed edit is made again, not read from an older sdrt's cache."""
+    from . import xlabscontrolnet
+
+    return hashlib.sha256(Path(__file__).read_bytes() + Path(xlabscontrolnet.__file__).read_bytes()).digest()
+
+
 def derived_controlnet_graph(base: Path, net: FluxNetLayout) -> Path:
-    """The cached weight-free ControlNet graph of ``net``'s layout cut from the graph file ``base``."""
+    """The cached weight-free ControlNet graph of ``net``'s layout cut from the graph file ``base`` (keyed by the
+    file, the layout and :func:`edit_digest`)."""
     import onnx
 
     from ..cache import cache_dir
@@ -429,7 +439,7 @@ def derived_controlnet_graph(base: Path, net: FluxNetLayout) -> Path:
     raw = base.read_bytes()
     tag = f"{net.double}x{net.single}" + (f"u{net.modes}" if net.modes else "") + f"c{net.in_channels}" + \
         ("h" if net.hint else "")
-    digest = hashlib.sha256(raw + tag.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(raw + tag.encode() + edit_digest()).hexdigest()[:16]
     out = cache_dir("graphs") / f"flux_controlnet_{tag}-{digest}.onnx"
     if out.is_file():
         return out
