@@ -11,17 +11,19 @@ diffusers samples the control image's VAE latents from torch's global generator 
 ControlNets do. The cases seed the global generator with the run's seed and pass the noise drawn after those
 samples from ``torch.Generator("cpu").manual_seed(seed)``, which is the same stream.
 
-Also writes the tiny weight-free SD3 transformer graph sdrt cuts these nets' graphs from (what
-``sd35_medium_transformer`` is at full size: ``scripts/make_shipped_graphs.py``'s dynamo export at tiny-sd3's widths,
-3 blocks), and checks, with onnxruntime against torch: the ControlNet graphs ``sdrt.checkpoint.sd3controlnet``
+Also writes the tiny weight-free SD3 transformer graphs sdrt cuts these nets' graphs from (what
+``sd35_medium_transformer`` and ``sd35_large_transformer`` are at full size: ``scripts/make_shipped_graphs.py``'s
+dynamo export at tiny-sd3's widths, 3 blocks, dual attention in block 0 for the first), and checks, with onnxruntime against torch: the ControlNet graphs ``sdrt.checkpoint.sd3controlnet``
 derives (their weights bound by name), and tiny-sd3's ONNX transformer with the residual inputs ``residual_graph``
 adds, against diffusers' transformer given the same ``block_controlnet_hidden_states``. At full size it checks the
 structure: the graph derived from the shipped SD3.5 graphs for nets of their widths has exactly
 ``SD3ControlNetModel``'s parameters (less the last block's text-stream output weights, which nothing reads).
 
-Writes ``tests/data/pipelines/tiny-sd3-controlnet/``: ``sd3_transformer.onnx`` (weight-free, tiny), ``canny/``,
-``canny2/``, ``depth/`` (``diffusion_pytorch_model.safetensors`` in fp16 and ``config.json`` each; ``depth`` has
-``force_zeros_for_pooled_projection: false``), ``refs.json``, ``refs.npz`` and ``checks.json``.
+Writes ``tests/data/pipelines/tiny-sd3-controlnet/``: ``sd35_medium_transformer.onnx`` and
+``sd35_large_transformer.onnx`` (weight-free, tiny), ``canny/``, ``canny2/``, ``depth/`` (nets with a text stream;
+``depth`` has ``force_zeros_for_pooled_projection: false``), ``blur/`` (Stability's SD3.5 Large design:
+image-only blocks, the transformer's pos_embed), each ``diffusion_pytorch_model.safetensors`` in fp16 and
+``config.json``; ``refs.json``, ``refs.npz`` and ``checks.json``.
 
     PYTHONPATH=scripts:scripts/_tvblock:core/src:SHIM /work/refvenv/bin/python scripts/gen_sd3_controlnet_refs.py
 
@@ -59,7 +61,16 @@ TINY = dict(sample_size=16, patch_size=2, in_channels=16, attention_head_dim=8, 
             pos_embed_max_size=16, dual_attention_layers=(0,), qk_norm="rms_norm")
 #: the nets: name -> (SD3ControlNetModel overrides, seed)
 NETS = {"canny": (dict(num_layers=2), 41), "canny2": (dict(num_layers=2), 42),
-        "depth": (dict(num_layers=1, force_zeros_for_pooled_projection=False), 43)}
+        "depth": (dict(num_layers=1, force_zeros_for_pooled_projection=False), 43),
+        # Stability's SD3.5 Large design (as diffusers' convert_sd3_controlnet_to_diffusers.py configures it):
+        # image-only blocks, the transformer's pos_embed, the prompt's pooled projections
+        "blur": (dict(num_layers=2, joint_attention_dim=None, use_pos_embed=False, pos_embed_type=None,
+                      pos_embed_max_size=None, force_zeros_for_pooled_projection=False, qk_norm=None,
+                      dual_attention_layers=()), 44)}
+#: the tiny weight-free base graph each net is cut from: SD3.5 Medium's design (dual attention in block 0) for the
+#: nets with a text stream, SD3.5 Large's (no dual attention) for the image-only one
+BASE_OF = {"canny": "sd35_medium_transformer", "canny2": "sd35_medium_transformer",
+           "depth": "sd35_medium_transformer", "blur": "sd35_large_transformer"}
 CASES = [
     dict(name="canny-64x96-cfg5", nets=["canny"], width=96, height=64, steps=3, seed=5, cfg=5.0, batch=1,
          scale=[0.7], start=[0.0], end=[1.0], negative_prompt="blurry, low quality"),
@@ -69,6 +80,8 @@ CASES = [
          scale=[0.8], start=[0.0], end=[1.0], negative_prompt=None),
     dict(name="multi", nets=["canny", "canny2"], width=64, height=64, steps=3, seed=12, cfg=3.5, batch=1,
          scale=[0.6, 0.5], start=[0.0, 0.0], end=[1.0, 0.67], negative_prompt=None),
+    dict(name="blur-96x64-cfg4", nets=["blur"], width=96, height=64, steps=3, seed=7, cfg=4.0, batch=1,
+         scale=[0.9], start=[0.0], end=[0.8], negative_prompt="blurry, low quality"),
 ]
 PROMPT = "a photo of a red cat sitting on a wooden table, sunset"
 
@@ -82,11 +95,12 @@ def tiny_inputs(cfg: dict, s: int) -> dict:
             "timestep": torch.tensor([981.0, 17.5])}
 
 
-def base_graph() -> onnx.ModelProto:
-    spec = dataclasses.replace(msg.SPECS["sd35_medium_transformer"], inputs=tiny_inputs)
-    cfg = {**spec.config, **TINY, "dual_attention_layers": [0], "num_layers": 3}
+def base_graph(name: str) -> onnx.ModelProto:
+    spec = dataclasses.replace(msg.SPECS[name], inputs=tiny_inputs)
+    dual = [0] if name == "sd35_medium_transformer" else []
+    cfg = {**spec.config, **TINY, "dual_attention_layers": dual, "num_layers": 3}
     _, prog = msg.export_program(spec, cfg, fake=True)
-    proto, _ = msg.weight_free(prog, "sd35_medium_transformer", "tests: tiny-sd3's widths")
+    proto, _ = msg.weight_free(prog, name, "tests: tiny-sd3's widths")
     return proto
 
 
@@ -112,10 +126,12 @@ def check_transformer(tr: SD3Transformer2DModel) -> None:
     print(f"  transformer: rebuilt = tiny-sd3's ONNX part (max error {err:.1e})")
 
 
-def check_net_graph(base: onnx.ModelProto, net: SD3ControlNetModel, name: str) -> dict:
-    """sdrt's derived graph of ``net``'s layout, its weights bound by name, against the torch module."""
+def check_net_graph(base: onnx.ModelProto, net: SD3ControlNetModel, name: str,
+                    tr: SD3Transformer2DModel) -> dict:
+    """sdrt's derived graph of ``net``'s layout, its weights bound by name, against the torch module (an image-only
+    net: given the transformer's pos_embed, as the pipeline gives it, and sdrt's graph the tokens it makes)."""
     state = {k: v.detach().numpy() for k, v in net.state_dict().items()}
-    lay = scn.layout({k: tuple(v.shape) for k, v in state.items()})
+    lay = scn.layout({k: tuple(v.shape) for k, v in state.items()}, net.config)
     assert isinstance(lay, scn.SD3NetLayout), lay
     proto = onnx.ModelProto()
     proto.CopyFrom(base)
@@ -124,11 +140,23 @@ def check_net_graph(base: onnx.ModelProto, net: SD3ControlNetModel, name: str) -
     sess, wfeeds = msg.ort_session_bound(proto, {k: v for k, v in state.items() if not k.startswith(dead)})
     feeds = transformer_feeds(1, rows=2)
     cond = np.random.default_rng(2).standard_normal((2, 16, 8, 12)).astype(np.float32)
-    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {**feeds, "controlnet_cond": cond,
+    x = {**feeds, "controlnet_cond": cond}
+    torch_net = net
+    if lay.image_only:
+        torch_net = SD3ControlNetModel.from_config(net.config)
+        torch_net.load_state_dict(net.state_dict())
+        torch_net.pos_embed = torch_net._get_pos_embed_from_transformer(tr)
+        del x["encoder_hidden_states"]
+        with torch.no_grad():
+            x[scn.EMBEDDED] = tr.pos_embed(torch.from_numpy(feeds["hidden_states"])).numpy()
+    names = {i.name for i in sess.get_inputs()}
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {**{k: v for k, v in x.items() if k in names},
                                                                           **wfeeds})))
     with torch.no_grad():
-        (blocks,) = net(**{k: torch.from_numpy(v) for k, v in feeds.items()}, controlnet_cond=torch.from_numpy(cond),
-                        conditioning_scale=1.0, return_dict=False)
+        t = {k: torch.from_numpy(v) for k, v in feeds.items()}
+        if lay.image_only:
+            t["encoder_hidden_states"] = None
+        (blocks,) = torch_net(**t, controlnet_cond=torch.from_numpy(cond), conditioning_scale=1.0, return_dict=False)
     worst = max(float(np.abs(got[f"{scn.SAMPLE}{j}"] - r.numpy()).max()) for j, r in enumerate(blocks))
     assert len(got) == len(blocks), sorted(got)
     assert worst < 1e-4, f"{name}: the derived graph differs from SD3ControlNetModel by {worst}"
@@ -143,19 +171,23 @@ def check_residual_graph(tr: SD3Transformer2DModel) -> dict:
     for samples in (1, 2, 3):
         m = onnx.ModelProto()
         m.CopyFrom(model)
-        scn.residual_graph(m, samples)
+        scn.residual_graph(m, samples, embedded=samples == 2)
         sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
         feeds = transformer_feeds(4)
         rng = np.random.default_rng(5)
         res = [rng.standard_normal((1, 24, 32)).astype(np.float32) for _ in range(samples)]
         names = {i.name for i in sess.get_inputs()}
         x = {**feeds, **{f"{scn.SAMPLE}{j}": r for j, r in enumerate(res) if f"{scn.SAMPLE}{j}" in names}}
-        got = sess.run(None, x)[0]
+        outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, x)))
+        got = outs["out_hidden_states"]
         with torch.no_grad():
             t = {k: torch.from_numpy(v) for k, v in feeds.items()}
             want = tr(**t, block_controlnet_hidden_states=[torch.from_numpy(r) for r in res],
                       return_dict=False)[0].numpy()
             plain = tr(**t, return_dict=False)[0].numpy()
+            if scn.EMBEDDED in outs:  # the image-only nets' input: the transformer's own patch embedding
+                emb = tr.pos_embed(t["hidden_states"]).numpy()
+                assert float(np.abs(outs[scn.EMBEDDED] - emb).max()) < 1e-5
         err, moved = float(np.abs(got - want).max()), float(np.abs(plain - want).max())
         assert err < 1e-4 and moved > 1e-2, (samples, err, moved)
         out[str(samples)] = {"max_abs_err": err, "residuals_move_output_by": moved}
@@ -186,6 +218,22 @@ def check_full_size() -> dict:
         assert not diff, (base, diff[:10])
         out[base] = {"layout": lay.label, "params": len(want), "nodes": len(model.graph.node)}
         print(f"  {base}: derived graph's initializers = SD3ControlNetModel's {len(want)} parameters")
+    # Stability's SD3.5 Large nets, configured as diffusers' convert_sd3_controlnet_to_diffusers.py does
+    with torch.device("meta"):
+        net = SD3ControlNetModel(patch_size=2, in_channels=16, num_layers=19, attention_head_dim=64,
+                                 num_attention_heads=38, joint_attention_dim=None, caption_projection_dim=2048,
+                                 pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=None,
+                                 pos_embed_type=None, use_pos_embed=False, force_zeros_for_pooled_projection=False)
+    params = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    lay = scn.layout(params)
+    assert isinstance(lay, scn.SD3NetLayout) and lay.image_only and not lay.zero_pooled, lay
+    model = onnx.load(str(shipped_graph("sd35_large_transformer")), load_external_data=False)
+    scn.controlnet_graph(model, lay, "sd35_large_transformer")
+    inits = {t.name: tuple(t.dims) for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    diff = sorted(set(inits) ^ set(params)) + sorted(k for k in set(inits) & set(params) if inits[k] != params[k])
+    assert not diff, ("sd3.5 large controlnet", diff[:10])
+    out["sd3.5_large_controlnet"] = {"layout": lay.label, "params": len(params), "nodes": len(model.graph.node)}
+    print(f"  sd3.5 Large ControlNet: derived graph's initializers = SD3ControlNetModel's {len(params)} parameters")
     return out
 
 
@@ -264,10 +312,12 @@ def main() -> None:
         shutil.rmtree(OUT)
     OUT.mkdir(parents=True)
     report: dict = {"full_size": check_full_size()}
-    tiny = base_graph()
-    onnx.save(tiny, str(OUT / "sd3_transformer.onnx"))
+    bases = {name: base_graph(name) for name in sorted(set(BASE_OF.values()))}
+    for name, proto in bases.items():
+        onnx.save(proto, str(OUT / f"{name}.onnx"))
     nets = {name: make_net(name) for name in NETS}
-    report["nets"] = {name: check_net_graph(tiny, net, name) for name, net in nets.items()}
+    report["nets"] = {name: check_net_graph(bases[BASE_OF[name]], net, name, base.transformer)
+                      for name, net in nets.items()}
     report["residual_graph"] = check_residual_graph(base.transformer)
     for name, net in nets.items():
         save_net(net, OUT / name)

@@ -26,7 +26,9 @@ from sdrt.pipelines.controlnet import ControlNet
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
 NETS = DATA / "tiny-sd3-controlnet"
-BASE = NETS / "sd3_transformer.onnx"
+#: the tiny weight-free graphs the nets are cut from: SD3.5 Medium's design, and Large's for the image-only net
+BASES = {"blur": NETS / "sd35_large_transformer.onnx"}
+BASE = NETS / "sd35_medium_transformer.onnx"
 CASES = json.loads((NETS / "refs.json").read_text())
 REFS = np.load(NETS / "refs.npz")
 
@@ -41,7 +43,7 @@ def _pipe(backend: str):
 
 
 def _net(name: str):
-    return open_controlnet(NETS / name / "diffusion_pytorch_model.safetensors", graph=BASE)
+    return open_controlnet(NETS / name / "diffusion_pytorch_model.safetensors", graph=BASES.get(name, BASE))
 
 
 def _kwargs(case: dict) -> dict:
@@ -187,25 +189,93 @@ def test_full_size_files_bind_onto_the_derived_graph(tmp_path, base: str, blocks
     assert "\n" not in str(exc.value)
 
 
-def test_designs_sdrt_does_not_run_are_named(tmp_path) -> None:
-    """Stability's SD3.5 Large ControlNets (image-only blocks; their single file and diffusers' conversion) and
-    alimama's inpainting net: refused in one line saying why."""
+def _stability_file(path: Path) -> Path:
+    """The tiny image-only net in Stability's single-file keys (``sd3.5_large_controlnet_*.safetensors``): q, k, v
+    fused into ``attn.qkv``, ``attn.proj``, ``mlp.fc1``/``fc2``, ``adaLN_modulation.1``; no config.json."""
+    from safetensors.numpy import load_file, save_file
+
+    d = load_file(str(NETS / "blur" / "diffusion_pytorch_model.safetensors"))
+    out = {}
+    names = {"attn.to_out.0.": "attn.proj.", "ff.net.0.proj.": "mlp.fc1.", "ff.net.2.": "mlp.fc2.",
+             "norm1.linear.": "adaLN_modulation.1."}
+    for k, v in d.items():
+        head, _, rest = k.partition(".")
+        if head == "transformer_blocks":
+            block, _, rest = rest.partition(".")
+            if rest.startswith(("attn.to_k.", "attn.to_v.")):
+                continue
+            if rest.startswith("attn.to_q."):
+                kind = rest.rsplit(".", 1)[1]
+                out[f"transformer_blocks.{block}.attn.qkv.{kind}"] = np.concatenate(
+                    [d[f"transformer_blocks.{block}.attn.to_{x}.{kind}"] for x in "qkv"])
+                continue
+            new = next((n + rest[len(o):] for o, n in names.items() if rest.startswith(o)), rest)
+            out[f"transformer_blocks.{block}.{new}"] = v
+        else:
+            out[k] = v
+    save_file(out, str(path))
+    return path
+
+
+def test_stability_single_file_is_the_diffusers_net(tmp_path) -> None:
+    """Stability's single-file layout of the SD3.5 Large nets binds onto the same graph (q, k, v split from
+    ``attn.qkv``) and gives the diffusers folder's image; with no config.json it takes the prompt's pooled
+    projections and the shifted latents, as diffusers' conversion of those files says."""
+    path = _stability_file(tmp_path / "sd3.5_large_controlnet_blur.safetensors")
+    opened = open_controlnet(path, graph=BASES["blur"])
+    assert opened.sd3.image_only and not opened.sd3.zero_pooled and "SD3.5 Large" in opened.sd3.label
+    case = next(c for c in CASES if c["nets"] == ["blur"])
+    kw = _kwargs(case)
+    kw["controlnets"][0].net = opened
+    got = np.stack(_pipe("reference")(case["prompt"], **kw)).astype(int)
+    assert int(np.abs(got - REFS[f"{case['name']}/image"].astype(int)).max()) <= 1
+
+
+def test_inpainting_net_is_refused_in_one_line(tmp_path) -> None:
+    """alimama's inpainting net (the mask as a 17th input channel) needs diffusers' inpainting pipeline."""
     from safetensors.numpy import save_file
 
-    stability = {"pos_embed_input.proj.weight": (2432, 16, 2, 2), "transformer_blocks.0.attn.qkv.weight": (7296, 2432),
-                 "controlnet_blocks.0.weight": (2432, 2432)}
-    converted = {"pos_embed_input.proj.weight": (2432, 16, 2, 2), "transformer_blocks.0.attn.to_q.weight": (2432, 2432),
-                 "controlnet_blocks.0.weight": (2432, 2432)}
     inpaint = {"pos_embed_input.proj.weight": (1536, 17, 2, 2), "context_embedder.weight": (1536, 4096),
                "controlnet_blocks.0.weight": (1536, 1536)}
-    for shapes in (stability, converted):
-        ident = identify(shapes)
-        assert ident.base is None and "SD3.5 Large" in ident.label
     assert identify(inpaint).base is None and "inpainting" in identify(inpaint).label
-    path = tmp_path / "sd3.5_large_controlnet_canny.safetensors"
-    save_file({k: np.zeros((2,) * len(v), np.float16) for k, v in stability.items()}, str(path))
+    path = tmp_path / "SD3-Controlnet-Inpainting.safetensors"
+    save_file({k: np.zeros((2,) * len(v), np.float16) for k, v in inpaint.items()}, str(path))
     with pytest.raises(ModelError) as exc:
         open_controlnet(path, base="sd3")
+    assert "inpainting" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_full_size_stability_file_binds_onto_the_large_graph(tmp_path) -> None:
+    """sd3.5_large_controlnet_{canny,depth,blur}.safetensors' keys and shapes (as diffusers' conversion script reads
+    them; fp16, written sparse) bind onto the graph cut from the shipped SD3.5 Large graph; a 1536-wide net of
+    that design is one line (sdrt runs it with SD3.5 Large)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
+    from single_file_helpers import sparse
+
+    w, ff = 2432, 9728
+    shapes = {"pos_embed_input.proj.weight": (w, 16, 2, 2), "pos_embed_input.proj.bias": (w,),
+              "time_text_embed.timestep_embedder.linear_1.weight": (w, 256),
+              "time_text_embed.timestep_embedder.linear_1.bias": (w,),
+              "time_text_embed.timestep_embedder.linear_2.weight": (w, w),
+              "time_text_embed.timestep_embedder.linear_2.bias": (w,),
+              "time_text_embed.text_embedder.linear_1.weight": (w, 2048),
+              "time_text_embed.text_embedder.linear_1.bias": (w,),
+              "time_text_embed.text_embedder.linear_2.weight": (w, w), "time_text_embed.text_embedder.linear_2.bias": (w,)}
+    for i in range(19):
+        b = f"transformer_blocks.{i}."
+        shapes.update({b + "attn.qkv.weight": (3 * w, w), b + "attn.qkv.bias": (3 * w,), b + "attn.proj.weight": (w, w),
+                       b + "attn.proj.bias": (w,), b + "mlp.fc1.weight": (ff, w), b + "mlp.fc1.bias": (ff,),
+                       b + "mlp.fc2.weight": (w, ff), b + "mlp.fc2.bias": (w,),
+                       b + "adaLN_modulation.1.weight": (6 * w, w), b + "adaLN_modulation.1.bias": (6 * w,),
+                       f"controlnet_blocks.{i}.weight": (w, w), f"controlnet_blocks.{i}.bias": (w,)})
+    opened = open_controlnet(sparse(tmp_path / "sd3.5_large_controlnet_canny.safetensors", shapes), base="sd3")
+    assert (opened.sd3.blocks, opened.sd3.image_only, opened.sd3.zero_pooled) == (19, True, False)
+    assert len(opened.weights.shapes()) >= 19 * 14 + 8 + 2 + 38
+    small = {k: tuple(1536 if d == w else d for d in v) for k, v in shapes.items()}
+    with pytest.raises(ModelError) as exc:
+        open_controlnet(sparse(tmp_path / "small.safetensors", small), base="sd3")
     assert "SD3.5 Large" in str(exc.value) and "\n" not in str(exc.value)
 
 

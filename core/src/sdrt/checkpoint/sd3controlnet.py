@@ -42,10 +42,10 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sdrt.checkpoint.sd3controlnet")
 
 SAMPLE = "controlnet_block_sample_"
+#: the image tokens after the model's ``pos_embed``: an output of the edited transformer, an input of an image-only net
+EMBEDDED = "sdrt_embedded_hidden_states"
 #: the shipped graph a net is cut from, by its width
 BASES = {1536: "sd35_medium_transformer", 2432: "sd35_large_transformer"}
-IMAGE_ONLY = ("Stability's SD3.5 Large ControlNet design (blocks that see the image tokens only: no text stream, "
-              "no q/k norm), which sdrt does not run yet")
 EXAMPLE = "a diffusers SD3ControlNetModel with a text stream made for this model's architecture"
 
 
@@ -60,9 +60,15 @@ class SD3NetLayout:
     width: int
     in_channels: int = 16
     zero_pooled: bool = True
+    #: Stability's SD3.5 Large design: blocks that see the image tokens only (no text stream, no q/k norm), the
+    #: image tokens embedded by the model's own ``pos_embed`` (diffusers' ``use_pos_embed: false``)
+    image_only: bool = False
 
     @property
     def label(self) -> str:
+        if self.image_only:
+            return (f"an SD3.5 Large ControlNet (Stability's design: {self.blocks} image-only blocks, "
+                    f"{self.width} wide)")
         return f"an SD3 ControlNet (diffusers layout, {self.blocks} joint blocks, {self.width} wide)"
 
 
@@ -72,20 +78,50 @@ def is_sd3(shapes: Mapping[str, Any]) -> bool:
 
 
 def layout(shapes: Mapping[str, tuple[int, ...]], config: Mapping[str, Any] | None = None) -> SD3NetLayout | str:
-    """The layout of an SD3 ControlNet file, or why sdrt cannot run it (a phrase: "Stability's ...")."""
+    """The layout of an SD3 ControlNet file (diffusers' names or Stability's single file), or why sdrt cannot
+    run it (a phrase: "an SD3 inpainting ControlNet ...")."""
     keys = list(shapes)
     emb = shapes.get("pos_embed_input.proj.weight")
     if emb is None or len(emb) != 4:
         return "an SD3 ControlNet without pos_embed_input.proj.weight [width, channels, 2, 2]"
-    if not any(k.startswith("context_embedder.") for k in keys):
-        return IMAGE_ONLY
     if int(emb[1]) != 16:
         return (f"an SD3 inpainting ControlNet ({emb[1]} input channels: the latents and the mask, alimama's "
                 "design), which needs diffusers' StableDiffusion3ControlNetInpaintingPipeline; sdrt runs txt2img "
                 "ControlNets only")
     found = {int(m[1]) for k in keys if (m := re.match(r"controlnet_blocks\.(\d+)\.", k))}
-    zero = True if config is None else bool(config.get("force_zeros_for_pooled_projection", True))
-    return SD3NetLayout(max(found) + 1 if found else 0, int(emb[0]), int(emb[1]), zero)
+    image_only = not any(k.startswith("context_embedder.") for k in keys)
+    if image_only and any(k.startswith(("pos_embed.", "transformer_blocks.0.attn.norm_q.")) for k in keys):
+        return ("an SD3 ControlNet without a text stream and with its own pos_embed or q/k norm, a design sdrt "
+                "has no graph for")
+    # diffusers' default is True; Stability's files (no config) and their diffusers conversion say False
+    zero = (not image_only) if config is None else bool(config.get("force_zeros_for_pooled_projection", True))
+    return SD3NetLayout(max(found) + 1 if found else 0, int(emb[0]), int(emb[1]), zero, image_only)
+
+
+def stability_sources(keys: list[str]) -> dict[str, Any] | None:
+    """``{diffusers name: Source}`` for Stability's single-file SD3.5 Large ControlNet keys (``attn.qkv``,
+    ``attn.proj``, ``mlp.fc1``/``fc2``, ``adaLN_modulation.1``, as diffusers' convert_sd3_controlnet_to_diffusers
+    reads them), None for a file in diffusers' names."""
+    from .ldm import Source
+
+    if not any(re.match(r"transformer_blocks\.\d+\.attn\.qkv\.", k) for k in keys):
+        return None
+    renames = {"attn.proj.": "attn.to_out.0.", "mlp.fc1.": "ff.net.0.proj.", "mlp.fc2.": "ff.net.2.",
+               "adaLN_modulation.1.": "norm1.linear."}
+    out: dict[str, Any] = {}
+    for k in keys:
+        m = re.match(r"(transformer_blocks\.\d+\.)(.*)$", k)
+        if m is None:
+            out[k] = Source(k)
+            continue
+        head, rest = m[1], m[2]
+        if rest.startswith("attn.qkv."):
+            for i, name in enumerate(("to_q", "to_k", "to_v")):
+                out[f"{head}attn.{name}.{rest.rsplit('.', 1)[1]}"] = Source(k, f"part:{i}/3")
+            continue
+        new = next((head + v + rest[len(o):] for o, v in renames.items() if rest.startswith(o)), None)
+        out[new or k] = Source(k)
+    return out
 
 
 def folder_config(path: Path) -> dict[str, Any] | None:
@@ -102,6 +138,8 @@ def folder_config(path: Path) -> dict[str, Any] | None:
 def unused_keys(net: SD3NetLayout) -> tuple[str, ...]:
     """Key prefixes of a net's file that no output depends on: the text stream its last block computes after
     the attention (diffusers computes it and nothing reads it)."""
+    if net.image_only:
+        return ()
     last = f"transformer_blocks.{net.blocks - 1}."
     return (last + "attn.to_add_out.", last + "ff_context.")
 
@@ -116,14 +154,22 @@ def residual_map(blocks: int, samples: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------ graph edits
-def residual_graph(model: onnx.ModelProto, samples: int, where: str = "transformer") -> onnx.ModelProto:
+def residual_graph(model: onnx.ModelProto, samples: int, where: str = "transformer", embedded: bool = False
+                   ) -> onnx.ModelProto:
     """``model`` (an SD3 transformer, edited in place and returned) with the residual inputs
     ``controlnet_block_sample_j`` ``[batch, image, width]`` of a ControlNet of ``samples`` blocks, each block
-    taking the one diffusers' interval rule gives it."""
+    taking the one diffusers' interval rule gives it; ``embedded``: also the output ``EMBEDDED``, the image tokens
+    after ``pos_embed`` (what an image-only net takes: run with that output alone, the rest is folded away)."""
     import onnx
 
     g = model.graph
     outs, _ = block_outputs(g, where)
+    if embedded:
+        x_in = _block_input(_Index(g), g, where)
+        hidden = next((i for i in g.input if i.name == "hidden_states"), None)
+        elem0 = hidden.type.tensor_type.elem_type if hidden is not None else onnx.TensorProto.FLOAT
+        g.node.append(onnx.helper.make_node("Identity", [x_in], [EMBEDDED], name="sdrt_controlnet_embedded"))
+        g.output.append(_value_info(EMBEDDED, elem0, ["batch", "image", "width"]))
     hidden = next((i for i in g.input if i.name == "hidden_states"), None)
     elem = hidden.type.tensor_type.elem_type if hidden is not None else onnx.TensorProto.FLOAT
     bias = next((t for t in g.initializer if t.name.endswith("pos_embed.proj.bias") and len(t.dims) == 1), None)
@@ -166,7 +212,7 @@ def controlnet_graph(model: onnx.ModelProto, net: SD3NetLayout, where: str = "SD
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     idx = _Index(g)
-    for name in ("pos_embed.proj.bias", "context_embedder.bias"):
+    for name in ("pos_embed.proj.bias", "context_embedder.bias")[:1 if net.image_only else 2]:
         if name not in inits or name not in idx.consumers:
             raise ModelError(f"the {where} has no {name} (it is not an SD3 transformer graph with diffusers' "
                              "parameter names)", where=where, fix="use sdrt's shipped SD3.5 graph")
@@ -182,6 +228,11 @@ def controlnet_graph(model: onnx.ModelProto, net: SD3NetLayout, where: str = "SD
     location = next((p.value for p in model.metadata_props if p.key == "sdrt.stripped_weights"),
                     "sd3_controlnet.weights.safetensors")
     x_in = _block_input(idx, g, where)
+    if net.image_only:  # the model's pos_embed runs in the transformer (EMBEDDED): its tokens are an input here
+        _image_only(g, idx, net.blocks, width, where)
+        _rewire(g, x_in, EMBEDDED, None)
+        g.input.append(_value_info(EMBEDDED, elem, ["batch", "image", width]))
+        x_in = EMBEDDED
     new: list[Any] = [_external("pos_embed_input.proj.weight", [width, net.in_channels, 2, 2], elem, location),
                       _external("pos_embed_input.proj.bias", [width], elem, location)]
     shape = onnx.numpy_helper.from_array(np.array([0, width, -1], np.int64), "sdrt_cond_shape")
@@ -205,14 +256,84 @@ def controlnet_graph(model: onnx.ModelProto, net: SD3NetLayout, where: str = "SD
         outputs.append(_value_info(f"{SAMPLE}{j}", elem, ["batch", "image", width]))
     g.node.extend(nodes)
     g.initializer.extend(new)
+    if net.image_only:  # what still reads the model's patch embedding reads its shape: take the control's (the same)
+        conv = idx.sole("pos_embed.proj.weight", "Conv")
+        if conv is not None:
+            _rewire(g, conv.output[0], "sdrt_cond_conv", None)
     del g.output[:]
     g.output.extend(outputs)
     _toposort(g)
     _prune(g)
+    if net.image_only and any(t.name.startswith("pos_embed.") for t in g.initializer):
+        raise ModelError(f"the {where}'s image-only cut still reads the model's pos_embed weights", where=where,
+                         fix="use sdrt's shipped SD3.5 Large graph")
     for prop in model.metadata_props:
         if prop.key == "sdrt.architecture":
-            prop.value = f"sd3_controlnet_{net.blocks}"
+            prop.value = f"sd3_controlnet_{net.blocks}" + ("_image_only" if net.image_only else "")
     return model
+
+
+def _first_concat(idx: _Index, start: str, limit: int = 40) -> tuple[Any, str | None]:
+    """The first ``Concat`` downstream of ``start`` (breadth first) and its input that is not (None: both are)."""
+    seen, queue = {start}, [start]
+    while queue and limit:
+        limit -= 1
+        value = queue.pop(0)
+        for n in idx.consumers.get(value, []):
+            if n.op_type == "Concat":
+                other = [i for i in n.input if i != value]
+                return n, (other[0] if len(other) == 1 and other[0] not in seen else None)
+            for o in n.output:
+                if o not in seen:
+                    seen.add(o)
+                    queue.append(o)
+    return None, None
+
+
+def _image_only(g: onnx.GraphProto, idx: _Index, blocks: int, width: int, where: str) -> None:
+    """Blocks ``0..blocks-1`` of an SD3 transformer graph made image-only, as diffusers' ``SD3SingleTransformerBlock``
+    (edited in place): each joint attention's q/k/v ``Concat`` with the text's replaced by the image's, the
+    attention output reshaped to the image tokens (``[0, -1, width]``, not text + image), the q/k RMS norms dropped.
+    The text stream is then read by nothing and pruned."""
+    import numpy as np
+    import onnx
+
+    def fail(what: str) -> ModelError:
+        return ModelError(f"the {where} does not build block attention as diffusers' SD3 transformer does ({what})",
+                          where=where, fix="use sdrt's shipped SD3.5 Large graph")
+
+    shape = "sdrt_image_tokens_shape"
+    g.initializer.append(onnx.numpy_helper.from_array(np.array([0, -1, width], np.int64), shape))
+    names = {t.name for t in g.initializer}
+    for k in range(blocks):
+        pre = f"transformer_blocks.{k}.attn."
+        for proj in ("add_q_proj", "add_k_proj", "add_v_proj"):
+            if pre + proj + ".weight" not in names:
+                raise fail(f"no {pre}{proj}.weight")
+            cat, image = _first_concat(idx, pre + proj + ".weight")
+            if cat is None or len(cat.input) != 2 or image is None:
+                raise fail(f"no Concat of the image's and {pre}{proj}'s tokens")
+            _rewire(g, cat.output[0], image, cat)
+        t = idx.sole(pre + "to_out.0.weight", "Transpose")
+        mm = idx.sole(t.output[0], "MatMul") if t is not None else None
+        sl = idx.producer.get(mm.input[0]) if mm is not None else None
+        rs = idx.producer.get(sl.input[0]) if sl is not None and sl.op_type == "Slice" else None
+        if rs is None or rs.op_type != "Reshape":
+            raise fail(f"no Reshape -> Slice -> to_out.0 in block {k}")
+        rs.input[1] = shape
+        kept = [a for a in rs.attribute if a.name != "allowzero"]  # 0 copies the batch dimension
+        del rs.attribute[:]
+        rs.attribute.extend(kept)
+        for norm in ("norm_q", "norm_k"):
+            mul = idx.sole(pre + norm + ".weight", "Mul")
+            if mul is None:
+                continue  # a base without q/k norm
+            inner = idx.producer.get(next(i for i in mul.input if i != pre + norm + ".weight"))
+            x = next((i for i in inner.input if any(c.op_type == "Pow" for c in idx.consumers.get(i, []))), None) \
+                if inner is not None and inner.op_type == "Mul" else None
+            if x is None:
+                raise fail(f"the {norm} RMS norm (x * rsqrt(mean(x ** 2) + eps) * weight)")
+            _rewire(g, mul.output[0], x, None)
 
 
 # ------------------------------------------------------------------------------------------------ cached files
@@ -224,7 +345,7 @@ def derived_controlnet_graph(base: Path, net: SD3NetLayout) -> Path:
     from ..graph.strip import write_atomic
 
     raw = base.read_bytes()
-    tag = f"{net.blocks}c{net.in_channels}"
+    tag = f"{net.blocks}c{net.in_channels}" + ("i" if net.image_only else "")
     digest = hashlib.sha256(raw + tag.encode()).hexdigest()[:16]
     out = cache_dir("graphs") / f"sd3_controlnet_{tag}-{digest}.onnx"
     if out.is_file():
@@ -254,6 +375,10 @@ def open_sd3(p: Path, w: Any, shapes: Mapping[str, tuple[int, ...]], ident: Any,
 
     lay = layout(shapes, folder_config(p))
     assert isinstance(lay, SD3NetLayout)
+    sources = stability_sources(list(shapes)) or {k: Source(k) for k in shapes}
+    if lay.image_only and graph is None and lay.width != 2432:
+        raise ModelError(f"{p.name} is {lay.label}; sdrt runs that design with SD3.5 Large (2432 wide)",
+                         where=str(p), fix="use it with an SD3.5 Large model")
     if graph is None and lay.width not in BASES:
         raise ModelError(f"{p.name} is {ident.label}; sdrt ships SD3.5 Medium (1536 wide) and Large (2432) graphs",
                          where=str(p), fix="pass graph= a weight-free SD3 transformer graph of its width (sdrt strip)")
@@ -265,7 +390,7 @@ def open_sd3(p: Path, w: Any, shapes: Mapping[str, tuple[int, ...]], ident: Any,
         raise ModelError(f"{p.name} is {lay.label}, which {what} cannot take: {exc.what}", where=str(p),
                          fix=f"pass {EXAMPLE}" if graph is None else exc.fix) from exc
     dead = unused_keys(lay)
-    ck = Checkpoint(w, {"controlnet": {k: Source(k) for k in shapes if not k.startswith(dead)}}, lay.label, p)
+    ck = Checkpoint(w, {"controlnet": {k: v for k, v in sources.items() if not k.startswith(dead)}}, lay.label, p)
     try:
         cgraph = Graph.load(gpath)
         (refs,) = ck.lazy({"controlnet": cgraph}).values()

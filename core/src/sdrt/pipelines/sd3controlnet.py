@@ -79,12 +79,12 @@ def prepare(pipe: Any, s: Settings) -> None:
 
         unit.control = control_image(unit, s.width, s.height)  # HxWx3 uint8; encoded with the run's generator
     assert first is not None
-    use_residuals(pipe.denoiser, first.blocks)
+    use_residuals(pipe.denoiser, first.blocks, any(layout_of(u).image_only for u in units))
 
 
-def use_residuals(part: Part, blocks: int | None) -> None:
-    """The transformer part runs its graph with the residual inputs of a ControlNet of ``blocks`` blocks, or as
-    its file has it (None)."""
+def use_residuals(part: Part, blocks: int | None, embedded: bool = False) -> None:
+    """The transformer part runs its graph with the residual inputs of a ControlNet of ``blocks`` blocks (and, for
+    an image-only net, the output of its ``pos_embed``), or as its file has it (None)."""
     if blocks is None:
         part.edit_graph(None)
         return
@@ -93,9 +93,9 @@ def use_residuals(part: Part, blocks: int | None) -> None:
     def edit(graph: Graph) -> Graph:
         from ..checkpoint.sd3controlnet import residual_graph
 
-        return graph.derive(residual_graph(graph.model, blocks, where))
+        return graph.derive(residual_graph(graph.model, blocks, where, embedded))
 
-    part.edit_graph(edit, ("sd3_controlnet_residuals", blocks))
+    part.edit_graph(edit, ("sd3_controlnet_residuals", blocks, embedded))
 
 
 def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], rows: int, generator: Any) -> None:
@@ -118,10 +118,11 @@ def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], rows: int, genera
 def hook(pipe: Any, units: Sequence[cn.ControlNet], state: cn.ControlState
          ) -> Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]:
     """The denoiser hook: the nets on this call's inputs, their residuals as the transformer's inputs."""
-    from ..checkpoint.sd3controlnet import SAMPLE
+    from ..checkpoint.sd3controlnet import EMBEDDED, SAMPLE
 
     family = pipe.family
-    targets = [n for n in pipe.denoiser.inputs if n.startswith(SAMPLE)]
+    model = pipe.denoiser
+    targets = [n for n in model.inputs if n.startswith(SAMPLE)]
     first = layout_of(units[0])
 
     def add(feeds: dict[str, np.ndarray]) -> Mapping[str, np.ndarray]:
@@ -132,6 +133,11 @@ def hook(pipe: Any, units: Sequence[cn.ControlNet], state: cn.ControlState
                      "encoder_hidden_states": feeds["encoder_hidden_states"],
                      "pooled_projections": np.zeros_like(pooled) if first.zero_pooled else pooled}
         on = [u for u in units if cn.active(u, state.step, state.total)]
+        if any(layout_of(u).image_only for u in on):  # the model's pos_embed on the latents: the transformer's own
+            zeros = {n: np.zeros((rows, tokens, first.width), np.float32) for n in targets}
+            inputs = model.inputs
+            net_feeds[EMBEDDED] = model.run({k: v for k, v in {**feeds, **zeros}.items() if k in inputs},
+                                            outputs=(EMBEDDED,))[EMBEDDED]
         total: dict[str, np.ndarray] = {}
         for unit in on:
             assert unit.part is not None and unit.latents is not None
