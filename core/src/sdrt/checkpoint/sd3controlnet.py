@@ -1,24 +1,27 @@
-"""SD3 / SD3.5 ControlNets in diffusers' layout (``SD3ControlNetModel`` with a text stream: InstantX's SD3
-ControlNets and their kind), on graphs derived from sdrt's shipped SD3.5 transformer graphs (the wheel grows by
-nothing).
+"""SD3 / SD3.5 ControlNets (diffusers' ``SD3ControlNetModel``), on graphs derived from sdrt's shipped SD3.5
+transformer graphs (the wheel grows by nothing). Two designs:
 
-Such a net is a short SD3 transformer: its own ``pos_embed``, time/text embeddings and ``context_embedder``,
-``n`` joint blocks, ``pos_embed_input`` (a 2x2 patch embedding of the control image's VAE latents, added to the
-embedded image tokens) and one linear per block (``controlnet_blocks.j``). Its outputs, times the conditioning
-scale, are added by ``SD3Transformer2DModel`` to the image tokens after each block that keeps its text stream
-(all but the last): block ``k`` of ``N`` gets residual ``int(k / (N / n))``.
+- **with a text stream** (InstantX's SD3 ControlNets and their kind): a short SD3 transformer, its own
+  ``pos_embed``, time/text embeddings and ``context_embedder``, ``n`` joint blocks;
+- **image-only** (Stability's SD3.5 Large ControlNets, ``sd3.5_large_controlnet_{canny,depth,blur}``, in their
+  single-file keys or diffusers' conversion): ``n`` blocks that see the image tokens only (no text stream, no q/k
+  norm, diffusers' ``SD3SingleTransformerBlock``), the image tokens embedded by the *model's* ``pos_embed``.
+
+Both add ``pos_embed_input`` (a 2x2 patch embedding of the control image's VAE latents) to the embedded image
+tokens and have one linear per block (``controlnet_blocks.j``). Their outputs, times the conditioning scale, are
+added by ``SD3Transformer2DModel`` to the image tokens after each block that keeps its text stream (all but the
+last): block ``k`` of ``N`` gets residual ``int(k / (N / n))``.
 
 - :func:`controlnet_graph`: the net, cut from an SD3 transformer graph with diffusers' parameter names (the
   shipped ``sd35_medium_transformer`` or ``sd35_large_transformer``, by the net's width): the first ``n`` blocks
   kept, ``controlnet_cond`` patch-embedded and added after ``pos_embed``, one output per block
-  (``controlnet_block_sample_j``). The conditioning scale is applied by the pipeline.
+  (``controlnet_block_sample_j``); for an image-only net each block's joint attention is made image-only
+  (:func:`_image_only`) and the embedded tokens are an input (``EMBEDDED``). The scale is applied by the pipeline.
 - :func:`residual_graph`: the SD3 transformer taking those residuals as inputs, an ``Add`` after each block's
   last image residual ``Add`` (found from ``transformer_blocks.k.ff.net.2.bias``, so a torch export of diffusers'
-  transformer takes it too).
+  transformer takes it too), and for image-only nets the output ``EMBEDDED`` (its ``pos_embed``'s tokens).
 
-Not run (refused in one line): Stability's SD3.5 Large ControlNets (``sd3.5_large_controlnet_*.safetensors``
-and their diffusers conversion), whose blocks see the image tokens only (no text stream, no q/k norm), a design
-no shipped graph has; and inpainting nets (alimama's: the mask as a 17th input channel), which need diffusers'
+Refused in one line: inpainting nets (alimama's: the mask as a 17th input channel), which need diffusers'
 ``StableDiffusion3ControlNetInpaintingPipeline``.
 """
 

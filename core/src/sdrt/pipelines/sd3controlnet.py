@@ -1,5 +1,5 @@
-"""SD3 / SD3.5 ControlNets (diffusers' ``SD3ControlNetModel`` with a text stream) in the SD3 pipeline, as
-diffusers 0.42's ``StableDiffusion3ControlNetPipeline`` runs them.
+"""SD3 / SD3.5 ControlNets (diffusers' ``SD3ControlNetModel``: with a text stream, or Stability's image-only SD3.5
+Large design) in the SD3 pipeline, as diffusers 0.42's ``StableDiffusion3ControlNetPipeline`` runs them.
 
 - a net is its ``.safetensors`` (or the diffusers folder holding it), bound onto a graph cut from sdrt's shipped
   SD3.5 transformer graph of its width (:mod:`sdrt.checkpoint.sd3controlnet`); the model's transformer runs a copy
@@ -9,7 +9,9 @@ diffusers 0.42's ``StableDiffusion3ControlNetPipeline`` runs them.
   run's generator before the noise (several nets: in the order given), and scaled; shifted by the VAE's shift
   factor only for a net with ``force_zeros_for_pooled_projection: false`` (diffusers: "instantx sd3 controlnet
   does not apply shift factor"), whose pooled projections are the prompt's; the others get zeros;
-- every step the net runs on the transformer's own inputs (latents, timestep, both CFG halves' text); its
+- every step the net runs on the transformer's own inputs (latents, timestep, both CFG halves' text; an
+  image-only net: the tokens the model's ``pos_embed`` makes of the latents, which the transformer's graph gives
+  as an extra output, run alone, instead of the latents and text); its
   residuals times ``scale`` go to the transformer; a net outside its window (diffusers' ``controlnet_keep``) adds
   nothing; several nets' residuals are summed (they must have the same block count, as in diffusers'
   ``SD3MultiControlNetModel``), and the first net's config decides the pooled projections and the shift for all,
