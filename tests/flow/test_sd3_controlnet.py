@@ -111,6 +111,14 @@ def test_layouts_and_refusals(tmp_path) -> None:
         (dict(controlnets=[ControlNet(canny, image, control_mode=1)]), "controlnets[0]", "scale and window only"),
         (dict(controlnets=[ControlNet(canny, image, union_mode=1)]), "controlnets[0] union_mode", "no union"),
     ]
+    import dataclasses
+    import shutil
+
+    shutil.copytree(NETS / "canny", tmp_path / "wide")  # a net of SD3.5 Large's width on this 32-wide model
+    wide = _net("canny")
+    wide = dataclasses.replace(wide, path=tmp_path / "wide" / "diffusion_pytorch_model.safetensors",
+                               sd3=dataclasses.replace(wide.sd3, width=2432))
+    errors.append((dict(controlnets=[ControlNet(wide, image)]), "controlnets[0]", "32 wide"))
     for kw, where, words in errors:
         with pytest.raises(InputError) as exc:
             pipe("a cat", **common, **kw)

@@ -36,6 +36,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .settings import Settings
 
 
+#: transformer width -> the SD3 models of it
+_MODELS = {1536: "SD3 Medium / SD3.5 Medium", 2432: "SD3.5 Large"}
+
+
 def layout_of(unit: cn.ControlNet) -> SD3NetLayout:
     lay = getattr(unit.part, "sd3_layout", None)
     assert lay is not None
@@ -82,6 +86,16 @@ def prepare(pipe: Any, s: Settings) -> None:
         unit.control = control_image(unit, s.width, s.height)  # HxWx3 uint8; encoded with the run's generator
     assert first is not None
     use_residuals(pipe.denoiser, first.blocks, any(layout_of(u).image_only for u in units))
+    from ..checkpoint.sd3controlnet import SAMPLE
+
+    info = pipe.denoiser.inputs.get(f"{SAMPLE}0")
+    width = info.shape[-1] if info is not None else None
+    for k, unit in enumerate(units):
+        lay = layout_of(unit)
+        if isinstance(width, int) and lay.width != width:
+            raise InputError(f"controlnets[{k}] is {lay.label}, and this model's transformer is {width} wide "
+                             f"({_MODELS.get(width, 'another SD3')})", where=f"controlnets[{k}]",
+                             fix=f"use it with {_MODELS.get(lay.width, 'the model it was made for')}")
 
 
 def use_residuals(part: Part, blocks: int | None, embedded: bool = False) -> None:
