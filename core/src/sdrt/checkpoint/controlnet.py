@@ -198,7 +198,8 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
     if ident.base is None:
         sd3 = "SD3" in ident.label
         raise ModelError(f"{p.name} is {ident.label}", where=str(p),
-                         fix="pass a diffusers SD3ControlNetModel with a text stream (context_embedder keys)" if sd3
+                         fix="pass a txt2img SD3 ControlNet (Stability's sd3.5_large_controlnet_*.safetensors, or a "
+                             "diffusers SD3ControlNetModel)" if sd3
                          else "pass a ControlNet file for SD 1.x (e.g. control_v11p_sd15_canny.safetensors) or SDXL "
                               "(e.g. diffusers/controlnet-canny-sdxl-1.0), or a ControlNet ONNX folder")
     if base is not None and base != ident.base:

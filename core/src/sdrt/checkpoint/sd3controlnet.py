@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelError
-from .fluxcontrolnet import _external, _Index, _prune, _rewire, _toposort, _value_info, block_outputs
+from .fluxcontrolnet import _external, _Index, _prune, _rewire, _toposort, _value_info
+from .fluxcontrolnet import block_outputs as _flux_block_outputs
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -145,6 +146,17 @@ def unused_keys(net: SD3NetLayout) -> tuple[str, ...]:
         return ()
     last = f"transformer_blocks.{net.blocks - 1}."
     return (last + "attn.to_add_out.", last + "ff_context.")
+
+
+def block_outputs(g: onnx.GraphProto, where: str) -> tuple[list[str], list[str]]:
+    """The values after each block of an SD3 transformer graph (Flux's double blocks are SD3's joint blocks: the
+    same names and residual chain), errors in SD3's words."""
+    try:
+        return _flux_block_outputs(g, where)
+    except ModelError as exc:
+        raise ModelError(exc.what.replace("Flux double blocks", "SD3 blocks").replace("Flux", "SD3"), where=where,
+                         fix="use sdrt's shipped SD3.5 graph or a whole export of diffusers' SD3Transformer2DModel"
+                         ) from exc
 
 
 def residual_map(blocks: int, samples: int) -> list[int]:
