@@ -48,6 +48,8 @@ log = logging.getLogger("sdrt.checkpoint.sd3controlnet")
 SAMPLE = "controlnet_block_sample_"
 #: the image tokens after the model's ``pos_embed``: an output of the edited transformer, an input of an image-only net
 EMBEDDED = "sdrt_embedded_hidden_states"
+#: how the graphs are cut (part of the cache key: a graph cut by an older sdrt is cut again)
+DERIVATION = 1
 #: the shipped graph a net is cut from, by its width
 BASES = {1536: "sd35_medium_transformer", 2432: "sd35_large_transformer"}
 EXAMPLE = "a diffusers SD3ControlNetModel with a text stream made for this model's architecture"
@@ -361,7 +363,7 @@ def derived_controlnet_graph(base: Path, net: SD3NetLayout) -> Path:
 
     raw = base.read_bytes()
     tag = f"{net.blocks}c{net.in_channels}" + ("i" if net.image_only else "")
-    digest = hashlib.sha256(raw + tag.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(raw + f"{tag}/{DERIVATION}".encode()).hexdigest()[:16]
     out = cache_dir("graphs") / f"sd3_controlnet_{tag}-{digest}.onnx"
     if out.is_file():
         return out
