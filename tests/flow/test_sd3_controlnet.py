@@ -193,7 +193,12 @@ def test_full_size_files_bind_onto_the_derived_graph(tmp_path, base: str, blocks
     instantx = {k: v for k, v in shapes.items() if ".norm_" not in k and ".attn2." not in k}
     with pytest.raises(ModelError) as exc:
         open_controlnet(sparse(tmp_path / "instantx.safetensors", instantx), base="sd3")
-    assert "instantx.safetensors" in str(exc.value) and "architecture" in str(exc.value)
+    assert "instantx.safetensors" in str(exc.value) and "SD3 Medium's architecture" in str(exc.value)
+    assert "\n" not in str(exc.value)
+    other = {k: v for k, v in shapes.items() if ".attn2." not in k and "norm1.linear" not in k}  # blocks unlike the graph's
+    with pytest.raises(ModelError) as exc:
+        open_controlnet(sparse(tmp_path / "other.safetensors", other), base="sd3")
+    assert "other.safetensors" in str(exc.value) and "another architecture" in str(exc.value)
     assert "\n" not in str(exc.value)
 
 

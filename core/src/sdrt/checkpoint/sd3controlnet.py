@@ -396,6 +396,11 @@ def open_sd3(p: Path, w: Any, shapes: Mapping[str, tuple[int, ...]], ident: Any,
     if lay.image_only and graph is None and lay.width != 2432:
         raise ModelError(f"{p.name} is {lay.label}; sdrt runs that design with SD3.5 Large (2432 wide)",
                          where=str(p), fix="use it with an SD3.5 Large model")
+    if graph is None and not lay.image_only and not any(".attn.norm_q." in k for k in shapes):
+        raise ModelError(f"{p.name} is {lay.label} of SD3 Medium's architecture (no q/k norm: InstantX's SD3 "
+                         "ControlNets), and sdrt ships SD3.5 transformer graphs only", where=str(p),
+                         fix="in the API: open_controlnet(file, graph=a weight-free SD3 Medium transformer graph "
+                             "with diffusers' names, e.g. sdrt strip of an export)")
     if graph is None and lay.width not in BASES:
         raise ModelError(f"{p.name} is {ident.label}; sdrt ships SD3.5 Medium (1536 wide) and Large (2432) graphs",
                          where=str(p), fix="pass graph= a weight-free SD3 transformer graph of its width (sdrt strip)")
