@@ -35,6 +35,7 @@ from .files import open_weights
 from .fluxcontrolnet import FluxNetLayout
 from .graphs import shipped_graph
 from .ldm import Source
+from .sd3controlnet import SD3NetLayout
 from .single_file import with_own_constants
 
 log = logging.getLogger("sdrt.checkpoint.controlnet")
@@ -48,11 +49,12 @@ CONTROLNET_GRAPHS = {"sd1": "sd1_controlnet", "sdxl": "sdxl_controlnet"}
 #: ``mid_block_additional_residual``): a single-file checkpoint's UNet binds onto it (``open_single_file(...,
 #: graph_paths={"unet": shipped_graph(...)})``) when ControlNets are used
 CONTROLNET_UNET_GRAPHS = {"sd1": "sd1_unet_controlnet", "sdxl": "sdxl_unet_controlnet"}
-BASE_LABELS = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "flux": "Flux.1"}
+BASE_LABELS = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "flux": "Flux.1", "sd3": "SD3"}
 #: what to pass, by base, in messages
 EXAMPLES = {"sd1": "control_v11p_sd15_canny.safetensors", "sdxl": "diffusers/controlnet-canny-sdxl-1.0's "
             "diffusion_pytorch_model.safetensors", "sd2": "an SD 2.x ControlNet",
-            "flux": "InstantX/FLUX.1-dev-Controlnet-Canny's diffusion_pytorch_model.safetensors"}
+            "flux": "InstantX/FLUX.1-dev-Controlnet-Canny's diffusion_pytorch_model.safetensors",
+            "sd3": "a diffusers SD3ControlNetModel's diffusion_pytorch_model.safetensors"}
 _CONTEXT = {768: "sd1", 1024: "sd2", 2048: "sdxl"}
 
 
@@ -82,6 +84,8 @@ class OpenedControlNet:
     weights: Weights
     #: a Flux ControlNet's layout (block counts, union modes); None for SD ones
     flux: FluxNetLayout | None = None
+    #: an SD3 ControlNet's layout (block count, width, pooled projections); None for others
+    sd3: SD3NetLayout | None = None
 
     @property
     def base(self) -> str:
@@ -100,8 +104,13 @@ def identify(shapes: Mapping[str, tuple[int, ...]]) -> ControlNetIdentity:
     def has(p: str) -> bool:
         return any(k.startswith(p) for k in keys)
 
-    from . import fluxcontrolnet
+    from . import fluxcontrolnet, sd3controlnet
 
+    if sd3controlnet.is_sd3(shapes):
+        sd3 = sd3controlnet.layout(shapes)
+        if isinstance(sd3, str):
+            return ControlNetIdentity(None, None, "", sd3)
+        return ControlNetIdentity("sd3", "diffusers", "", sd3.label)
     if fluxcontrolnet.is_flux(shapes):
         lay = fluxcontrolnet.layout(shapes)
         if isinstance(lay, str):
@@ -190,10 +199,13 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
     if ident.base is None:
         from .fluxcontrolnet import is_flux
 
+        sd3 = "SD3" in ident.label
         raise ModelError(f"{p.name} is {ident.label}", where=str(p),
-                         fix="pass a Flux.1 dev ControlNet in diffusers' layout (e.g. "
-                             "InstantX/FLUX.1-dev-Controlnet-Canny) or XLabs' (e.g. flux-canny-controlnet-v3"
-                             ".safetensors)" if is_flux(shapes) else
+                         fix="pass a txt2img SD3 ControlNet (Stability's sd3.5_large_controlnet_*.safetensors, or a "
+                             "diffusers SD3ControlNetModel)" if sd3 else
+                         "pass a Flux.1 dev ControlNet in diffusers' layout (e.g. "
+                         "InstantX/FLUX.1-dev-Controlnet-Canny) or XLabs' (e.g. flux-canny-controlnet-v3"
+                         ".safetensors)" if is_flux(shapes) else
                          "pass a ControlNet file for SD 1.x (e.g. control_v11p_sd15_canny.safetensors) or SDXL "
                          "(e.g. diffusers/controlnet-canny-sdxl-1.0), or a ControlNet ONNX folder")
     if base is not None and base != ident.base:
@@ -203,6 +215,10 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
                                                                      else ""))
     if ident.base == "flux":
         return _open_flux(p, w, shapes, ident, graph)
+    if ident.base == "sd3":
+        from .sd3controlnet import open_sd3
+
+        return open_sd3(p, w, shapes, ident, graph)
     if graph is None and ident.base not in CONTROLNET_GRAPHS:
         raise ModelError(f"{p.name} is {ident.label}; sdrt ships ControlNet graphs for SD 1.x and SDXL only",
                          where=str(p), fix="export this ControlNet to an ONNX folder (model.onnx) and pass the folder")

@@ -38,7 +38,8 @@ def detect(shapes: Shapes) -> str:
         fam = {768: "SD 1.x (UNet only)", 1024: "SD 2.x (UNet only)", 2048: "SDXL (UNet only)"}.get(
             ctx or 0, "LDM UNet")
     elif has("control_model.") or has("zero_convs.") or has("controlnet_cond_embedding.") or has("lora_controlnet") \
-            or has("controlnet_x_embedder.") or (has("controlnet_blocks.") and has("double_blocks.")):
+            or has("controlnet_x_embedder.") or (has("controlnet_blocks.") and has("double_blocks.")) \
+            or has("pos_embed_input."):
         fam = "a ControlNet (not a checkpoint: pass it with --controlnet FILE, controlnets=[...] in the API)"
     elif has("down_blocks.") and has("conv_in."):
         fam = "diffusers UNet"

@@ -55,9 +55,16 @@ class ToolboxMixin:
                 fluxcontrolnet.prepare(self, s)
             else:
                 fluxcontrolnet.use_residuals(self.denoiser, None)  # type: ignore[attr-defined]
+        elif self.family.name == "sd3":  # type: ignore[attr-defined]  # SD3 ControlNets: the same, per net
+            from . import sd3controlnet
+
+            if tb.controlnets:
+                sd3controlnet.prepare(self, s)
+            else:
+                sd3controlnet.use_residuals(self.denoiser, None)  # type: ignore[attr-defined]
         elif not tb.controlnets and cn.residual_inputs(self.denoiser):  # type: ignore[attr-defined]
             self._silent_units = self._zero_residuals(s)
-        if tb.controlnets and not flux:
+        if tb.controlnets and self.family.name not in ("flux", "sd3"):  # type: ignore[attr-defined]
             unet = self.denoiser  # type: ignore[attr-defined]
             if not cn.residual_inputs(unet):
                 raise InputError(f"this model's {unet.name} takes no ControlNet residuals", where="controlnets",
@@ -65,7 +72,7 @@ class ToolboxMixin:
                                      "down_block_additional_residual_*), or leave {@controlnets} out")
             if self.family.name not in ("sd1", "sd2", "sdxl"):  # type: ignore[attr-defined]
                 raise InputError(f"ControlNet is not supported for {self.family.label}", where="controlnets",
-                                 fix="use an SD 1.x, SDXL or Flux.1 dev model")
+                                 fix="use an SD 1.x, SDXL, SD3 or Flux.1 dev model")
             for k, unit in enumerate(tb.controlnets):
                 unit.part = self._control_part(unit.net, f"controlnets[{k}]")
                 cn.check_net(unit.part, unet, f"controlnets[{k}]")
@@ -165,6 +172,7 @@ class ToolboxMixin:
             part = part.dry()
         part.weights, part.source_file = opened.weights, source
         part.flux_layout = opened.flux  # a Flux net's block counts and modes
+        part.sd3_layout = opened.sd3  # an SD3 net's block count and width
         parts[name] = part
         return part
 
@@ -208,6 +216,11 @@ class ToolboxMixin:
             from . import fluxcontrolnet
 
             call.hooks.append(fluxcontrolnet.hook(self, units, state, call))
+            return state
+        if self.family.name == "sd3":  # type: ignore[attr-defined]
+            from . import sd3controlnet
+
+            call.hooks.append(sd3controlnet.hook(self, units, state))
             return state
         call.hooks.append(cn.hook(units, self.denoiser, state,  # type: ignore[attr-defined]
                                   latent_channels=self.family.latent_channels,  # type: ignore[attr-defined]

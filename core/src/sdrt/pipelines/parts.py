@@ -47,6 +47,8 @@ class Part:
         self.source_file: Path | None = None
         #: a Flux ControlNet's layout (``sdrt.checkpoint.fluxcontrolnet.FluxNetLayout``), None for any other part
         self.flux_layout: Any = None
+        #: an SD3 ControlNet's layout (``sdrt.checkpoint.sd3controlnet.SD3NetLayout``), None for any other part
+        self.sd3_layout: Any = None
         #: rebuilds ``weights`` after low-memory mode dropped them with the graph (sdrt.pipelines.lowmem)
         self.weights_factory: Callable[[], Weights] | None = None
         #: leave external initializer data mapped from disk (set by low-memory mode)

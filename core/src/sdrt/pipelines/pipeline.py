@@ -989,6 +989,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 from .fluxcontrolnet import encode_controls
 
                 encode_controls(self, s.toolbox.controlnets, s.batch, generator)
+            elif self.family.name == "sd3" and s.toolbox.controlnets:  # StableDiffusion3ControlNetPipeline
+                from .sd3controlnet import encode_controls as encode_sd3
+
+                guided = uncond is not None and s.cfg != 1.0  # diffusers encodes both CFG halves' rows
+                encode_sd3(self, s.toolbox.controlnets, s.batch * (2 if guided else 1), generator)
             noise = generator.randn(shape)
             x = loop.start(noise)
         call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance,
