@@ -240,6 +240,6 @@ def test_a_changed_graph_edit_is_not_read_from_the_cache(tmp_path, monkeypatch) 
     lay = _net("xlabs-canny").flux
     first = fcn.derived_controlnet_graph(BASE, lay)
     assert fcn.derived_controlnet_graph(BASE, lay) == first
-    monkeypatch.setattr(fcn, "edit_digest", lambda: b"another edit")
+    monkeypatch.setattr(fcn, "edit_sources", lambda: [__file__])
     second = fcn.derived_controlnet_graph(BASE, lay)
     assert second != first and second.is_file()

@@ -29,7 +29,6 @@ double blocks (``residual_graph(..., repeat=True)``).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import re
@@ -420,37 +419,21 @@ def _toposort(g: onnx.GraphProto) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ cached files
-def edit_digest() -> bytes:
-    """The source of the code that cuts a net's graph (this module and :mod:`sdrt.checkpoint.xlabscontrolnet`),
-    hashed: part of the cached graph's key, so a changed edit is made again, not read from an older sdrt's cache."""
+def edit_sources() -> list[str]:
+    """The source files of the code that cuts a net's graph (this module and :mod:`sdrt.checkpoint.xlabscontrolnet`):
+    part of the cached graph's key, so a changed edit is made again, not read from an older sdrt's cache."""
     from . import xlabscontrolnet
 
-    return hashlib.sha256(Path(__file__).read_bytes() + Path(xlabscontrolnet.__file__).read_bytes()).digest()
+    return [__file__, xlabscontrolnet.__file__]
 
 
 def derived_controlnet_graph(base: Path, net: FluxNetLayout) -> Path:
     """The cached weight-free ControlNet graph of ``net``'s layout cut from the graph file ``base`` (keyed by the
-    file, the layout and :func:`edit_digest`)."""
-    import onnx
+    file, the layout and :func:`edit_sources`)."""
+    from .graphs import derived_graph
 
-    from ..cache import cache_dir
-    from ..graph.strip import write_atomic
-
-    raw = base.read_bytes()
     tag = f"{net.double}x{net.single}" + (f"u{net.modes}" if net.modes else "") + f"c{net.in_channels}" + \
         ("h" if net.hint else "")
-    digest = hashlib.sha256(raw + tag.encode() + edit_digest()).hexdigest()[:16]
-    out = cache_dir("graphs") / f"flux_controlnet_{tag}-{digest}.onnx"
-    if out.is_file():
-        return out
-    model = onnx.load_from_string(raw)
-    if not any(p.key == "sdrt.stripped_weights" for p in model.metadata_props):
-        raise ModelError(f"{base.name} holds its own weights: a Flux ControlNet graph is cut from a weight-free Flux "
-                         "transformer graph", where=str(base), fix="leave graph= out (sdrt's shipped Flux graph), or "
-                                                                   "pass a weight-free graph (sdrt strip)")
-    controlnet_graph(model, net, base.name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, model.SerializeToString(), "write the derived Flux ControlNet graph",
-                 fix="check free space and permissions of the cache folder ($SDRT_CACHE_DIR)")
-    log.info("derived the Flux ControlNet graph %s from %s", out.name, base.name)
-    return out
+    return derived_graph(base, "flux_controlnet", tag, lambda model: controlnet_graph(model, net, base.name),
+                         edit_sources(), "Flux ControlNet", "leave graph= out (sdrt's shipped Flux graph), or pass a "
+                                                            "weight-free graph (sdrt strip)")

@@ -20,8 +20,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import lzma
+from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from ..cache import cache_dir
 from ..errors import ModelError
@@ -94,3 +96,31 @@ def shipped_graph(name: str) -> Path:
                  fix="check free space and permissions of the cache folder ($SDRT_CACHE_DIR)")
     log.info("unpacked %s (%d kB) to %s", name, len(raw) // 1024, out)
     return out
+
+
+def derived_graph(base: Path, name: str, tag: str, edit: Callable[[Any], None], sources: Iterable[str],
+                  what: str, fix_graph: str) -> Path:
+    """The cached graph ``edit`` makes of the weight-free graph file ``base`` (a ControlNet cut from a shipped
+    transformer), as ``graphs/<name>_<tag>-<digest>.onnx``. The key hashes the base graph, ``tag`` (the layout) and
+    the source files of the code that edits (``sources``, e.g. ``[__file__]``), so a graph cut by an older sdrt is
+    cut again, not read from its cache. ``what`` names the graph in messages ("Flux ControlNet"); ``fix_graph``
+    says what to pass instead of a graph that holds its own weights."""
+    import onnx
+
+    raw = base.read_bytes()
+    code = hashlib.sha256(b"".join(Path(s).read_bytes() for s in sources)).digest()
+    digest = hashlib.sha256(raw + tag.encode() + code).hexdigest()[:16]
+    out = cache_dir("graphs") / f"{name}_{tag}-{digest}.onnx"
+    if out.is_file():
+        return out
+    model = onnx.load_from_string(raw)
+    if not any(p.key == "sdrt.stripped_weights" for p in model.metadata_props):
+        raise ModelError(f"{base.name} holds its own weights: a {what} graph is cut from a weight-free transformer "
+                         "graph", where=str(base), fix=fix_graph)
+    edit(model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(out, model.SerializeToString(), f"write the derived {what} graph",
+                 fix="check free space and permissions of the cache folder ($SDRT_CACHE_DIR)")
+    log.info("derived the %s graph %s from %s", what, out.name, base.name)
+    return out
+

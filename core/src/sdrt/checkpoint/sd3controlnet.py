@@ -27,7 +27,6 @@ Refused in one line: inpainting nets (alimama's: the mask as a 17th input channe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -48,8 +47,6 @@ log = logging.getLogger("sdrt.checkpoint.sd3controlnet")
 SAMPLE = "controlnet_block_sample_"
 #: the image tokens after the model's ``pos_embed``: an output of the edited transformer, an input of an image-only net
 EMBEDDED = "sdrt_embedded_hidden_states"
-#: how the graphs are cut (part of the cache key: a graph cut by an older sdrt is cut again)
-DERIVATION = 1
 #: the shipped graph a net is cut from, by its width
 BASES = {1536: "sd35_medium_transformer", 2432: "sd35_large_transformer"}
 EXAMPLE = "a diffusers SD3ControlNetModel with a text stream made for this model's architecture"
@@ -79,8 +76,9 @@ class SD3NetLayout:
 
 
 def is_sd3(shapes: Mapping[str, Any]) -> bool:
-    """True for a file of SD3 ControlNet keys (diffusers' or Stability's single file)."""
-    return any(k.startswith("pos_embed_input.") for k in shapes)
+    """True for a file of SD3 ControlNet keys (diffusers' or Stability's single file): a patch embedding of the
+    control latents, ``pos_embed_input.proj`` (XLabs' Flux nets have a ``pos_embed_input`` linear)."""
+    return any(k.startswith("pos_embed_input.proj.") for k in shapes)
 
 
 def layout(shapes: Mapping[str, tuple[int, ...]], config: Mapping[str, Any] | None = None) -> SD3NetLayout | str:
@@ -355,29 +353,15 @@ def _image_only(g: onnx.GraphProto, idx: _Index, blocks: int, width: int, where:
 
 # ------------------------------------------------------------------------------------------------ cached files
 def derived_controlnet_graph(base: Path, net: SD3NetLayout) -> Path:
-    """The cached weight-free ControlNet graph of ``net``'s layout cut from the graph file ``base``."""
-    import onnx
+    """The cached weight-free ControlNet graph of ``net``'s layout cut from the graph file ``base`` (keyed by the
+    file, the layout and the source of the code that cuts it: this module and the Flux edits it builds on)."""
+    from . import fluxcontrolnet
+    from .graphs import derived_graph
 
-    from ..cache import cache_dir
-    from ..graph.strip import write_atomic
-
-    raw = base.read_bytes()
     tag = f"{net.blocks}c{net.in_channels}" + ("i" if net.image_only else "")
-    digest = hashlib.sha256(raw + f"{tag}/{DERIVATION}".encode()).hexdigest()[:16]
-    out = cache_dir("graphs") / f"sd3_controlnet_{tag}-{digest}.onnx"
-    if out.is_file():
-        return out
-    model = onnx.load_from_string(raw)
-    if not any(p.key == "sdrt.stripped_weights" for p in model.metadata_props):
-        raise ModelError(f"{base.name} holds its own weights: an SD3 ControlNet graph is cut from a weight-free SD3 "
-                         "transformer graph", where=str(base), fix="leave graph= out (sdrt's shipped SD3.5 graph), "
-                                                                   "or pass a weight-free graph (sdrt strip)")
-    controlnet_graph(model, net, base.name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, model.SerializeToString(), "write the derived SD3 ControlNet graph",
-                 fix="check free space and permissions of the cache folder ($SDRT_CACHE_DIR)")
-    log.info("derived the SD3 ControlNet graph %s from %s", out.name, base.name)
-    return out
+    return derived_graph(base, "sd3_controlnet", tag, lambda model: controlnet_graph(model, net, base.name),
+                         [__file__, fluxcontrolnet.__file__], "SD3 ControlNet",
+                         "leave graph= out (sdrt's shipped SD3.5 graph), or pass a weight-free graph (sdrt strip)")
 
 
 def open_sd3(p: Path, w: Any, shapes: Mapping[str, tuple[int, ...]], ident: Any, graph: Any) -> Any:
