@@ -112,7 +112,7 @@ class Session(ABC):
         self.outputs = list(outputs)
         self.graph = graph
         self._closed = False
-        #: initializer name -> (file, version) its array maps (``sdrt.weights.stamps``), for those that map a file
+        #: initializer name -> (file, version) its array maps (``sdrt.stamps``), for those that map a file
         self._watched: dict[str, tuple[str, Any]] = {}
         self._files: dict[str, Any] = {}
 
@@ -139,7 +139,7 @@ class Session(ABC):
         the end of a file that shrank) and raises ``FileChanged`` instead. Backends whose sessions keep file-mapped
         arrays to read later (weights shared with the device runtime, arrays compared on a rebind) call it; the
         base ``Backend.compile`` does for the arrays it resolves."""
-        from .weights.stamps import mapped_files
+        from .stamps import mapped_files
 
         watched = getattr(self, "_watched", {})
         for name, arr in arrays.items():
@@ -155,7 +155,7 @@ class Session(ABC):
         """``FileChanged`` when a file this session's weights map is another version now (``watch_weights``)."""
         files = getattr(self, "_files", None)
         if files:
-            from .weights.stamps import check_files
+            from .stamps import check_files
 
             check_files(files, "since this session's weights were bound")
 

@@ -150,7 +150,7 @@ def private_map(arr: np.ndarray) -> np.ndarray | None:
         base = getattr(base, "base", None)
     if base is None:
         return None
-    from sdrt.weights.stamps import check, mark, version_of
+    from sdrt.stamps import check, mark, version_of
 
     version = version_of(base)
     if version is not None:  # mapped again by name: only while the name is still the version ``arr`` maps

@@ -116,7 +116,7 @@ class Graph:
                     "the model file does not exist", where=where,
                     fix="check the path, or export the model to ONNX first",
                 )
-            from ..weights.stamps import file_stamp
+            from ..stamps import file_stamp
 
             version = file_stamp(path)  # the inline weights left in the file are mapped from this version only
             # large inline weights stay in the file and are mapped from it (never read into memory)
@@ -151,7 +151,7 @@ class Graph:
         if external:
             log.debug("%s: %d initializers left as external references", where, len(external))
         if own:  # the offsets of its inline weights are those of the version read, which the refs must be
-            from ..weights.stamps import check
+            from ..stamps import check
 
             assert path is not None
             check(path, version, "while it was read")

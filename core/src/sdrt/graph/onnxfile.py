@@ -228,7 +228,7 @@ class ExternalRef:
     path: Path
     offset: int
     length: int
-    #: the file's version (``sdrt.weights.stamps.file_stamp``) when the range was checked: a read or map of a file
+    #: the file's version (``sdrt.stamps.file_stamp``) when the range was checked: a read or map of a file
     #: that is another version since is refused (``FileChanged``); None: not checked
     stamp: tuple[int, int, int, int] | None = dc_field(default=None, compare=False)
 
@@ -328,7 +328,7 @@ def external_ref(t: Any, base_dir: Path | None, where: str, *, must_exist: bool 
             f"tensor {t.name!r} has a non-numeric external-data offset or length",
             where=where, fix="re-export the model",
         ) from exc
-    from ..weights.stamps import file_stamp
+    from ..stamps import file_stamp
 
     try:
         present = path.is_file()
@@ -366,7 +366,7 @@ def _unchanged(ref: ExternalRef) -> None:
     """``FileChanged`` when the file of ``ref`` is another version than the one its range was checked on (replaced
     or written again since the model was read): its bytes at the old offsets would be wrong weights, or past its end."""
     if ref.stamp is not None:
-        from ..weights.stamps import check, file_stamp
+        from ..stamps import check, file_stamp
 
         if file_stamp(ref.path) is not None:  # a file gone is said by the read, with the tensor's name
             check(ref.path, ref.stamp, "since the model was read")
@@ -404,7 +404,7 @@ def map_external(ref: ExternalRef, dtype: np.dtype, shape: tuple[int, ...], wher
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot map external data ({exc})", where=f"{where}: {ref.path}",
                          fix="check the file") from exc
-    from ..weights.stamps import mark
+    from ..stamps import mark
 
     return mark(np.asarray(arr).view(dtype).reshape(shape), ref.path, ref.stamp)
 

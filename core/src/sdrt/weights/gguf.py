@@ -36,8 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import stamps
 from ..errors import WeightsError
-from . import keymap, stamps
+from . import keymap
 from .blocks import BlockMatrix, dequantize_rows
 from .store import TensorRef, Weights
 

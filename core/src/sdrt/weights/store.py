@@ -31,12 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import stamps
 from ..errors import WeightsError
 from ..formats import PICKLE_HINT, sniff
+from ..stamps import Stamp, file_stamp
 from ..tensors import TensorInfo
-from . import keymap, stamps, stfile, torchfile
+from . import keymap, stfile, torchfile
 from .keymap import KeyMap
-from .stamps import Stamp, file_stamp
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..graph import Graph

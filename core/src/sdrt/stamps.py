@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FileChanged
+from .errors import FileChanged
 
 Stamp = tuple[int, int, int, int]
 #: attribute of an ``np.memmap`` holding ``(path, stamp)`` of the version it maps
