@@ -322,7 +322,7 @@ class Worker(threading.Thread):
         Anything else (a single file, a tokenizer, the scheduler's config) loads the model again. LoRA files are no
         pipeline's files here: the pipeline reads one again when its version changes (``WeightState.lora``)."""
         pipe = self.pipes[key]
-        main, parts = self.versions[key]
+        parts = self.versions[key][1]
         now = _versions(self._own_files(model)), _versions(_part_files(model.files))  # before anything is read
         embeddings = {str(p) for p in self.spec_for(model, self.device).embeddings}
         chosen = set(parts) if self.files.get(key) == model.files else set()
@@ -335,7 +335,7 @@ class Worker(threading.Thread):
             else:
                 owner = [name for name, part in pipe.parts.items()
                          if model.path.is_dir() and Path(f).parent == part.path.parent == model.path / part.path.parent.name]
-                if len(owner) != 1 or now[0].get(f) is None and main.get(f) is None:
+                if len(owner) != 1 or now[0].get(f) is None:  # a part's file removed: the model loads again
                     return False
                 folder_parts.add(owner[0])
         try:
@@ -352,8 +352,10 @@ class Worker(threading.Thread):
                         raise
                     # a new file of another family is skipped, as when the pipeline was built
                     log.warning("embedding %s not loaded for %s: %s", Path(f).name, model.name, exc)
-        except SdrtError as exc:  # refused (weights bound over a part, an embedding's tokens changed) or unreadable
-            log.info("%s changed on disk and cannot be bound again alone (%s)", _names(changed), exc.what)
+        except Exception as exc:  # noqa: BLE001 - refused (weights bound over a part, an embedding's tokens
+            # changed) or unreadable: the model loads again, whatever was bound already
+            what = exc.what if isinstance(exc, SdrtError) else f"{type(exc).__name__}: {exc}"
+            log.info("%s changed on disk and cannot be bound again alone (%s)", _names(changed), what)
             return False
         log.info("%s changed on disk: %s of %s bound again on %s", _names(changed),
                  ", ".join(sorted(folder_parts) + (["the chosen VAE/text encoders"] if part_files else [])
