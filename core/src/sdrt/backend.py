@@ -112,6 +112,9 @@ class Session(ABC):
         self.outputs = list(outputs)
         self.graph = graph
         self._closed = False
+        #: initializer name -> (file, version) its array maps (``sdrt.stamps``), for those that map a file
+        self._watched: dict[str, tuple[str, Any]] = {}
+        self._files: dict[str, Any] = {}
 
     @property
     def closed(self) -> bool:
@@ -126,7 +129,35 @@ class Session(ABC):
         """Run once. ``feeds`` maps every input name to an array of the declared dtype and shape."""
         self._check_open("run")
         arrays = check_feeds(self.inputs, feeds)
+        self.check_files()
         return self._run(arrays)
+
+    def watch_weights(self, arrays: Mapping[str, Any]) -> None:
+        """Note the file versions the mapped arrays among ``arrays`` (initializer name -> array, as compiled or
+        rebound; names not given keep theirs) read: ``run`` and ``update_weights`` check them first, so a session
+        never reads the mapping of a file replaced or written again since (new bytes at old offsets, or SIGBUS past
+        the end of a file that shrank) and raises ``FileChanged`` instead. Backends whose sessions keep file-mapped
+        arrays to read later (weights shared with the device runtime, arrays compared on a rebind) call it; the
+        base ``Backend.compile`` does for the arrays it resolves."""
+        from .stamps import mapped_files
+
+        watched = getattr(self, "_watched", {})
+        for name, arr in arrays.items():
+            files = mapped_files([arr])
+            if files:
+                watched[name] = next(iter(files.items()))
+            else:
+                watched.pop(name, None)
+        self._watched = watched
+        self._files = dict(watched.values())
+
+    def check_files(self) -> None:
+        """``FileChanged`` when a file this session's weights map is another version now (``watch_weights``)."""
+        files = getattr(self, "_files", None)
+        if files:
+            from .stamps import check_files
+
+            check_files(files, "since this session's weights were bound")
 
     @abstractmethod
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -159,7 +190,10 @@ class Session(ABC):
         from .weights.resolve import as_arrays
         from .weights.resolve import bind as bind_weights
 
-        self._update_weights(as_arrays(bind_weights(weights, self.graph, self.weight_blocks)))
+        self.check_files()  # a backend compares the new arrays with the mapped ones it holds: never on a changed file
+        arrays = as_arrays(bind_weights(weights, self.graph, self.weight_blocks))
+        self._update_weights(arrays)
+        self.watch_weights(arrays)
 
     def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
         """Swap in new initializer values, checked by ``update_weights``. Override to support it."""
@@ -178,6 +212,13 @@ class Session(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _watching(session: Session, arrays: Mapping[str, Any]) -> Session:
+    """``session``, noting the file versions its mapped ``arrays`` read (``Session.watch_weights``)."""
+    if isinstance(session, Session) and not getattr(session, "_watched", None):
+        session.watch_weights(arrays)
+    return session
 
 
 class Backend(ABC):
@@ -280,7 +321,8 @@ class Backend(ABC):
                         return session
         from .weights.resolve import resolve_weights  # the contract's one function of the weights layer
 
-        compiled = self._compile(graph, resolve_weights(graph, weights, blocks=self.weight_blocks()), device, opts)
+        arrays = resolve_weights(graph, weights, blocks=self.weight_blocks())
+        compiled = self._compile(graph, arrays, device, opts)
         stored = None
         if key is not None and cache is not None:
             meta = {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)}
@@ -292,12 +334,12 @@ class Backend(ABC):
                                    f"{graph.name} ({self.name})"):
                     log.info("compiled %s on %s (compile cache %s: stored after this job)", graph.name, device.id,
                              key[:12])
-                    return self._open(compiled, None)
+                    return _watching(self._open(compiled, None), arrays)
             stored = cache.store(key, lambda folder: self._save(compiled, folder), meta,
                                  background=self.stores_in_background)
             log.info("compiled %s on %s (compile cache %s: %s)", graph.name, device.id, key[:12],
                      "stored" if stored is not None else "not stored, or storing in the background")
-        return self._open(compiled, stored)
+        return _watching(self._open(compiled, stored), arrays)
 
     def parse_options(self, options: Mapping[str, Any], device: Device) -> Any:
         """Check ``sdrt.load(..., **options)`` (less ``cache``/``cache_dir`` for a caching backend) and

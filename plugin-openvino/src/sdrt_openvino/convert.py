@@ -143,16 +143,25 @@ def private_map(arr: np.ndarray) -> np.ndarray | None:
     if arr.flags.writeable or not arr.flags.c_contiguous or arr.nbytes == 0:
         return None
     base: Any = arr
-    while base is not None and not (isinstance(base, np.memmap) and getattr(base, "filename", None)):
+    # the memmap numpy made from the file (over an ``mmap``): a slice of it is a memmap too, but keeps the first's
+    # ``offset`` (a GGUF reader's tensors are slices of its one map of the file: they mapped the file's start)
+    while base is not None and not (isinstance(base, np.memmap) and getattr(base, "filename", None)
+                                    and not isinstance(base.base, np.ndarray)):
         base = getattr(base, "base", None)
     if base is None:
         return None
+    from sdrt.stamps import check, mark, version_of
+
+    version = version_of(base)
+    if version is not None:  # mapped again by name: only while the name is still the version ``arr`` maps
+        check(version[0], version[1], "since its weights were read")
     start = int(base.offset) + arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
     try:
         cow = np.memmap(base.filename, dtype=np.uint8, mode="c", offset=start, shape=(arr.nbytes,))
     except (OSError, ValueError):  # the file went away or cannot be mapped again: the caller copies
         return None
-    return cow.view(arr.dtype).reshape(arr.shape)
+    out = cow.view(arr.dtype).reshape(arr.shape)
+    return mark(out, *version) if version is not None else out
 
 
 def make_constant(arr: np.ndarray, name: str, maps: list[np.ndarray] | None = None) -> Any:

@@ -83,11 +83,13 @@ class OpenVINOSession(Session):
         if self._current is None:
             self._current = dict(self._pending()) if self._pending is not None else {}
             self._pending = None
+            self.watch_weights(self._current)  # run checks their files first: OpenVINO may read these maps
         return self._current
 
     @_arrays.setter
     def _arrays(self, value: dict[str, np.ndarray]) -> None:
         self._current, self._pending = value, None
+        self.watch_weights(value)
 
     @property
     def compiled(self) -> Any:

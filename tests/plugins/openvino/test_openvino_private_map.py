@@ -28,3 +28,35 @@ def test_arrays_that_are_not_read_only_file_maps_are_left_alone():
     frozen.flags.writeable = False
     assert private_map(frozen) is None  # read-only but in memory: the caller copies it
     assert private_map(np.frombuffer(b"\0" * 32, np.float32)) is None
+
+
+def test_a_slice_of_a_map_is_mapped_again_at_its_own_offset(tmp_path):
+    """A slice of an ``np.memmap`` is a memmap that keeps the first one's ``offset``: a GGUF reader's tensors are
+    slices of its one map of the file, and their private map read the file's first bytes (the GGUF header)."""
+    values = np.arange(1000, dtype=np.float32)
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"GGUF" + b"\1" * 96 + values.tobytes())
+    whole = np.memmap(path, dtype=np.uint8, mode="r")
+    tensor = whole[100:].view(np.float32)[10:500]  # as gguf's reader slices its map
+    assert isinstance(tensor, np.memmap) and tensor.offset == 0
+    cow = private_map(np.asarray(tensor))
+    assert cow is not None
+    np.testing.assert_array_equal(cow, values[10:500])
+
+
+def test_a_file_changed_since_it_was_mapped_is_not_mapped_again(tmp_path):
+    """A map made again by the file's name would read the new file at the old offsets: refused (FileChanged)."""
+    import os
+
+    import pytest
+
+    from sdrt.errors import FileChanged
+    from sdrt.weights import Weights, stfile
+
+    path = tmp_path / "w.safetensors"
+    stfile.write(path, {"w": np.arange(4096, dtype=np.float32)})
+    arr = Weights.open(path)["w"]
+    stfile.write(tmp_path / "b.safetensors", {"w": np.zeros(4096, np.float32)})
+    os.replace(tmp_path / "b.safetensors", path)
+    with pytest.raises(FileChanged, match="w.safetensors changed on disk"):
+        private_map(arr)

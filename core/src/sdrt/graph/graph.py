@@ -12,6 +12,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -115,6 +116,9 @@ class Graph:
                     "the model file does not exist", where=where,
                     fix="check the path, or export the model to ONNX first",
                 )
+            from ..stamps import file_stamp
+
+            version = file_stamp(path)  # the inline weights left in the file are mapped from this version only
             # large inline weights stay in the file and are mapped from it (never read into memory)
             data, own = onnxfile.read_model_file(path, map_inline=load_external is not True and base_dir is None)
             model = onnxfile.parse_model(data, where)
@@ -146,6 +150,13 @@ class Graph:
                 onnxfile.inline(t, onnxfile.read_external(ref, where))
         if external:
             log.debug("%s: %d initializers left as external references", where, len(external))
+        if own:  # the offsets of its inline weights are those of the version read, which the refs must be
+            from ..stamps import check
+
+            assert path is not None
+            check(path, version, "while it was read")
+            external = {k: (replace(r, stamp=version) if r is not None and k in own else r)
+                        for k, r in external.items()}
         read_from = dict.fromkeys(r.path for _, r in refs if r is not None)
         return cls(model, path, base_dir=folder, external=external, read_from=read_from)
 

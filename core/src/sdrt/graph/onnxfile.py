@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING, Any
 
@@ -227,6 +228,9 @@ class ExternalRef:
     path: Path
     offset: int
     length: int
+    #: the file's version (``sdrt.stamps.file_stamp``) when the range was checked: a read or map of a file
+    #: that is another version since is refused (``FileChanged``); None: not checked
+    stamp: tuple[int, int, int, int] | None = dc_field(default=None, compare=False)
 
 
 def iter_tensors(g: Any, *, top_initializers: bool = True) -> Iterator[Any]:
@@ -324,9 +328,12 @@ def external_ref(t: Any, base_dir: Path | None, where: str, *, must_exist: bool 
             f"tensor {t.name!r} has a non-numeric external-data offset or length",
             where=where, fix="re-export the model",
         ) from exc
+    from ..stamps import file_stamp
+
     try:
         present = path.is_file()
-        size = path.stat().st_size if present else 0
+        stamp = file_stamp(path) if present else None  # the size checked below is this version's
+        size = stamp[0] if stamp is not None else path.stat().st_size if present else 0
     except OSError as exc:
         raise ModelError(f"cannot access external-data file for tensor {t.name!r} ({exc.strerror or exc})",
                          where=f"{where} (looked for {path})", fix="check the file and its permissions") from exc
@@ -352,10 +359,21 @@ def external_ref(t: Any, base_dir: Path | None, where: str, *, must_exist: bool 
             f"tensor {t.name!r} has shape {list(t.dims)} ({expected} bytes) but its external data is {length} bytes",
             where=where, fix="re-export the model",
         )
-    return ExternalRef(path, offset, length)
+    return ExternalRef(path, offset, length, stamp)
+
+
+def _unchanged(ref: ExternalRef) -> None:
+    """``FileChanged`` when the file of ``ref`` is another version than the one its range was checked on (replaced
+    or written again since the model was read): its bytes at the old offsets would be wrong weights, or past its end."""
+    if ref.stamp is not None:
+        from ..stamps import check, file_stamp
+
+        if file_stamp(ref.path) is not None:  # a file gone is said by the read, with the tensor's name
+            check(ref.path, ref.stamp, "since the model was read")
 
 
 def read_external(ref: ExternalRef, where: str) -> bytes:
+    _unchanged(ref)
     try:
         with open(ref.path, "rb") as f:
             f.seek(ref.offset)
@@ -380,12 +398,15 @@ def map_external(ref: ExternalRef, dtype: np.dtype, shape: tuple[int, ...], wher
     """A read-only view of external bytes through mmap (nothing is copied)."""
     if ref.length == 0:
         return np.zeros(shape, dtype)
+    _unchanged(ref)
     try:
         arr = np.memmap(ref.path, dtype=np.uint8, mode="r", offset=ref.offset, shape=(ref.length,))
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot map external data ({exc})", where=f"{where}: {ref.path}",
                          fix="check the file") from exc
-    return np.asarray(arr).view(dtype).reshape(shape)
+    from ..stamps import mark
+
+    return mark(np.asarray(arr).view(dtype).reshape(shape), ref.path, ref.stamp)
 
 
 def tensor_array(t: Any, where: str) -> np.ndarray:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, Interrupted, ModelError, SdrtError, UnknownOptions
+from ..errors import InputError, Interrupted, ModelError, SdrtError, UnknownOptions, WeightsError
 from .bounds import MAX_SIDE
 from .budget import MemoryMixin
 from .extras import ToolboxMixin
@@ -299,6 +299,75 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         _part_files(files.get("vae"), files.get("text_encoders"))  # the types, in the caller's words
         with self._job("set_vae()" if set(files) == {"vae"} else "set_part_files()"):
             return set_part_files(self, **files)
+
+    def reread_part_files(self, *paths: str | os.PathLike[str]) -> list[str]:
+        """Read these separate VAE / text-encoder files (``vae=``, ``set_vae``, ``text_encoders=``) again, written
+        anew on disk under their name: the parts they fill are bound again (their next run compiles), as
+        ``set_part_files`` binds another file; the UNet or transformer keeps its sessions. Waits for a running job
+        to end. Returns the parts bound again."""
+        from .singlefile import set_part_files
+
+        with self._job("reread_part_files()"):
+            return set_part_files(self, vae=self.vae_file, text_encoders=list(self.text_encoder_files), again=paths)
+
+    def reread_parts(self, *names: str) -> list[str]:
+        """Load these parts' graphs again from their files (a folder's ``vae_decoder/model.onnx`` and its data,
+        written anew on disk): their sessions close and their next run compiles; the other parts keep theirs.
+        Only parts that run their graph's own weights (nothing bound over them: no checkpoint, LoRA, embedding or
+        separate file) can; ``WeightsError`` names one that cannot, and nothing changes. Waits for a running job."""
+        state = self._weight_state
+        with self._job("reread_parts()"):
+            for name in names:
+                part = self.parts.get(name)
+                if part is None:
+                    raise InputError(f"this pipeline has no part {name!r}", where="reread_parts",
+                                     fix=f"name one of {', '.join(self.parts)}")
+                bound = state is not None and (name in state.base or name in state._lora_parts or name in
+                                               state.part_files or name in state._originals or name in state.own_base)
+                if bound or part.default_weights is not None or part.graph_edit is not None or part.stream_bytes:
+                    raise WeightsError(f"the {name} part runs weights bound over its graph's, which re-reading its "
+                                       "file would not keep", where=str(part.path),
+                                       fix="load the model again (sdrt serve does when this is refused)")
+            for name in names:
+                part = self.parts[name]
+                part.close()
+                part._graph = None
+                part.weights, part.weights_factory = None, None
+                self._weights_changed(name)
+            log.info("%s: %s read again", self.folder.name, ", ".join(names))
+            return list(names)
+
+    def reread_embeddings(self, *paths: str | os.PathLike[str]) -> list[str]:
+        """Read these textual-inversion embedding files again (written anew on disk), and add those not loaded
+        yet: their rows of the token table are bound again (``update_weights``; the UNet is untouched). An
+        embedding whose trigger word, vector count or widths changed cannot be swapped in place (its token ids
+        are given): ``WeightsError``, and nothing changes. Waits for a running job. Returns the trigger words."""
+        from ..checkpoint import load_embedding
+
+        with self._job("reread_embeddings()"):
+            state = self.weights
+            loaded = {str(Path(e.source)): i for i, e in enumerate(state.embeddings)}
+            swap: dict[int, Any] = {}
+            new = []
+            for p in paths:
+                i = loaded.get(str(Path(p)))
+                if i is None:
+                    new.append(p)
+                    continue
+                old, e = state.embeddings[i], load_embedding(p)
+                shapes = {k: v.shape for k, v in e.vectors.items()}
+                if e.name.lower() != old.name.lower() or shapes != {k: v.shape for k, v in old.vectors.items()}:
+                    raise WeightsError(f"embedding {Path(p).name} holds {shapes} now, "
+                                       f"{ {k: v.shape for k, v in old.vectors.items()} } when loaded: its token ids "
+                                       "cannot hold it", where=str(p), fix="load the model again")
+                swap[i] = e
+            if swap:
+                for i, e in swap.items():
+                    state.embeddings[i] = e
+                state._write_embeddings()
+                state._apply({n for n in ("text_encoder", "text_encoder_2") if n in self.parts})
+            added = state.add_embeddings(new) if new else []
+            return [e.name for e in swap.values()] + [e.name for e in added]
 
     @property
     def vae_file(self) -> Path | None:

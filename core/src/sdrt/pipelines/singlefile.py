@@ -278,14 +278,17 @@ def _own_of_main(pipe: Pipeline, parts: list[str], arg: str) -> dict[str, dict[s
     return {p: {n: w.ref(n) for n in w} for p, (_, w) in own.parts.items() if p in parts}
 
 
-def set_part_files(pipe: Pipeline, vae: PathLike | None = _KEEP, text_encoders: Any = _KEEP) -> list[str]:
+def set_part_files(pipe: Pipeline, vae: PathLike | None = _KEEP, text_encoders: Any = _KEEP,
+                   again: Iterable[PathLike] = ()) -> list[str]:
     """Which separate files fill a loaded pipeline's VAE and text encoders from now on, as ``pipelines.load(model,
     vae=, text_encoders=)`` would have them: ``vae`` a file, or None for the model's own VAE; ``text_encoders`` a
     list of files (each fills the part its tensors say; a text encoder no file names runs the model's own again).
     An argument left out keeps what runs. Every file is checked before anything changes; a part whose file changes
     has its sessions closed, so its next run compiles with the new weights, as a pipeline loaded with that file
-    does (bit for bit); the other parts (the UNet or transformer) keep theirs. Returns the parts that changed."""
+    does (bit for bit); the other parts (the UNet or transformer) keep theirs. Returns the parts that changed.
+    ``again``: files read again although the parts run them already (written anew on disk under their name)."""
     state = pipe.weights
+    reread = {Path(f) for f in again}
     vae_parts = [p for p in pipe.parts if p.startswith("vae")]
     text_parts = [p for p in pipe.parts if p.startswith("text_encoder")]
     wanted: dict[str, Path | None] = {}
@@ -298,7 +301,8 @@ def set_part_files(pipe: Pipeline, vae: PathLike | None = _KEEP, text_encoders: 
         wanted.update({p: by_file.get(p) for p in vae_parts})
     if text_encoders is not _KEEP:
         wanted.update({p: by_file.get(p) for p in text_parts})
-    changed = {p: f for p, f in wanted.items() if state.part_files.get(p) != (Path(f) if f is not None else None)}
+    changed = {p: f for p, f in wanted.items() if state.part_files.get(p) != (Path(f) if f is not None else None)
+               or (f is not None and Path(f) in reread)}
     todo: dict[str, Mapping[str, Any] | None] = {p: planned[p] for p, f in changed.items() if f is not None}
     back = [p for p, f in changed.items() if f is None]
     main = [p for p in back if state.own_base.get(p) == MAIN_FILE]

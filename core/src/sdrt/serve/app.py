@@ -168,12 +168,38 @@ def create_app(config: ServeConfig | None = None, cluster: Any = None) -> Starle
     app.add_middleware(ServerErrors)  # innermost: its 500 passes auth's and CORS's headers as any answer does
     app.add_middleware(AuthMiddleware, config=config)
     app.add_middleware(SlashesMiddleware)
-    if config.cors_origins:  # outermost: a browser's preflight is answered before auth asks for credentials
-        from starlette.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+    if config.cors_origins:  # a browser's preflight is answered before auth asks for credentials
+        app.add_middleware(_cors_middleware(), allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"], allow_credentials=True)
+    # outermost: an error in auth or CORS is a JSON 500 on a connection that stays open too (Starlette's last
+    # resort, around this, answers and raises again: uvicorn then closes the connection)
+    app.add_middleware(ServerErrors)
     return app
+
+
+def _cors_middleware() -> type:
+    """Starlette's CORS middleware, whose refused preflight is a JSON 400 in A1111's shape saying what was refused
+    and what is allowed (Starlette's is the text "Disallowed CORS origin")."""
+    from starlette.datastructures import Headers
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.responses import Response
+
+    class Cors(CORSMiddleware):
+        def preflight_response(self, request_headers: Headers) -> Response:
+            response = super().preflight_response(request_headers)
+            if response.status_code != 400:
+                return response
+            text = bytes(response.body).decode("utf-8", "replace")
+            allowed = {"origin": ", ".join(sorted(self.allow_origins)), "method": ", ".join(sorted(self.allow_methods)),
+                       "headers": ", ".join(sorted(self.allow_headers))}
+            refused = [w for w in allowed if w in text.removeprefix("Disallowed CORS ")]
+            message = (f"CORS preflight refused: {text.removeprefix('Disallowed CORS ')} not allowed; "
+                       + "; ".join(f"allowed {w}: {allowed[w]}" for w in refused)
+                       + ("; the server allows origins with --cors-allow-origins" if "origin" in refused else ""))
+            headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+            return error_response("", 400, message, headers=headers)
+
+    return Cors
 
 
 __all__ = ["create_app"]

@@ -35,9 +35,9 @@ def allowed(header: str | None, users: Sequence[tuple[str, str]], tokens: Sequen
     if scheme == "bearer":
         return any(hmac.compare_digest(value.encode(), t.encode()) for t in tokens)
     if scheme == "basic":
-        try:
+        try:  # a header with bytes outside ASCII is refused (b64decode raises ValueError on them), not a 500
             decoded = base64.b64decode(value, validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
+        except (binascii.Error, ValueError):
             return False
         user, _, password = decoded.partition(":")
         ok = False

@@ -163,6 +163,11 @@ def _versions(files: tuple[Path, ...]) -> dict[str, Any]:
     return {str(f): file_stamp(f) for f in files}
 
 
+def _names(files: list[str]) -> str:
+    names = sorted(Path(f).name for f in files)
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def _stopped_before_start(job: Job) -> bool:
     """An interrupt, or a skip of the job's only run, came before it started: it answers without running."""
     return job.interrupt.is_set() or (job.skip.is_set() and job.work.n_iter <= 1)
@@ -248,10 +253,10 @@ class Worker(threading.Thread):
         again), as A1111 and Forge swap the VAE, so a client switching VAEs holds one UNet, not one per VAE. A file
         the model refuses is a 400 naming the request's field, and the pipeline keeps the files it had."""
         key = model.key
-        changed = self._changed(key, model) if key in self.pipes else None
-        if changed:  # its weights were bound from the old file: the next job runs the file on disk now
-            log.info("%s changed on disk: loading %s again on %s", changed, model.name, self.label)
-            self._drop(key)
+        changed = self._changed(key, model) if key in self.pipes else []
+        if changed and not self._reread(key, model, changed):  # bound from the old files: the next job runs the
+            log.info("%s changed on disk: loading %s again on %s", _names(changed), model.name, self.label)
+            self._drop(key)  # files on disk now
         if key in self.pipes:
             self.pipes.move_to_end(key)
             pipe = self.pipes[key]
@@ -295,17 +300,68 @@ class Worker(threading.Thread):
         (``_main_files``) and the embeddings folder's (a pipeline loads them all when it is built)."""
         return (*_main_files(model), *self.spec_for(model, self.device).embeddings)
 
-    def _changed(self, key: str, model: ModelEntry) -> str | None:
+    def _changed(self, key: str, model: ModelEntry) -> list[str]:
         """The files a loaded model's pipeline read that are another version on disk now (replaced, written again,
-        added or removed: ``file_stamp``), or None. A VAE or text-encoder file counts while the request keeps it;
-        one it changes for another is read anew by ``set_part_files`` anyway."""
+        added or removed: ``file_stamp``). A VAE or text-encoder file counts while the request keeps it; one it
+        changes for another is read anew by ``set_part_files`` anyway."""
         main, parts = self.versions.get(key, ({}, {}))
         old, now = dict(main), _versions(self._own_files(model))
         if self.files.get(key) == model.files:
             old.update(parts)
             now.update(_versions(_part_files(model.files)))
-        changed = sorted(Path(f).name for f in old.keys() | now.keys() if old.get(f) != now.get(f))
-        return ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "") or None
+        return sorted(f for f in old.keys() | now.keys() if old.get(f) != now.get(f))
+
+    def _reread(self, key: str, model: ModelEntry, changed: list[str]) -> bool:
+        """Bind again only what ``changed`` files feed, where the pipeline allows it; False: load the model again.
+
+        - a VAE or text-encoder file the request chose: those parts (``Pipeline.reread_part_files``);
+        - an embedding, changed or added: its rows of the token table (``Pipeline.reread_embeddings``; the UNet and
+          its sessions stay); one removed, or whose vector count changed, loads the model again;
+        - a file of a folder's part (``vae_decoder/model.onnx``, ``unet/model.onnx_data``): that part's graph
+          (``Pipeline.reread_parts``), unless weights are bound over it.
+        Anything else (a single file, a tokenizer, the scheduler's config) loads the model again. LoRA files are no
+        pipeline's files here: the pipeline reads one again when its version changes (``WeightState.lora``)."""
+        pipe = self.pipes[key]
+        parts = self.versions[key][1]
+        now = _versions(self._own_files(model)), _versions(_part_files(model.files))  # before anything is read
+        embeddings = {str(p) for p in self.spec_for(model, self.device).embeddings}
+        chosen = set(parts) if self.files.get(key) == model.files else set()
+        part_files, emb_files, folder_parts = [], [], set()
+        for f in changed:
+            if f in chosen and now[1].get(f) is not None:
+                part_files.append(f)
+            elif f in embeddings and now[0].get(f) is not None:
+                emb_files.append(f)
+            else:
+                owner = [name for name, part in pipe.parts.items()
+                         if model.path.is_dir() and Path(f).parent == part.path.parent == model.path / part.path.parent.name]
+                if len(owner) != 1 or now[0].get(f) is None:  # a part's file removed: the model loads again
+                    return False
+                folder_parts.add(owner[0])
+        try:
+            if folder_parts:
+                pipe.reread_parts(*sorted(folder_parts))
+            if part_files:
+                pipe.reread_part_files(*part_files)
+            loaded = {str(Path(e.source)) for e in pipe.weights.embeddings}
+            for f in emb_files:
+                try:
+                    pipe.reread_embeddings(f)
+                except WeightsError as exc:
+                    if f in loaded:
+                        raise
+                    # a new file of another family is skipped, as when the pipeline was built
+                    log.warning("embedding %s not loaded for %s: %s", Path(f).name, model.name, exc)
+        except Exception as exc:  # noqa: BLE001 - refused (weights bound over a part, an embedding's tokens
+            # changed) or unreadable: the model loads again, whatever was bound already
+            what = exc.what if isinstance(exc, SdrtError) else f"{type(exc).__name__}: {exc}"
+            log.info("%s changed on disk and cannot be bound again alone (%s)", _names(changed), what)
+            return False
+        log.info("%s changed on disk: %s of %s bound again on %s", _names(changed),
+                 ", ".join(sorted(folder_parts) + (["the chosen VAE/text encoders"] if part_files else [])
+                           + (["embeddings"] if emb_files else [])), model.name, self.label)
+        self.versions[key] = now[0], (now[1] if chosen else parts)
+        return True
 
     def _drop(self, key: str) -> None:
         pipe = self.pipes.pop(key)

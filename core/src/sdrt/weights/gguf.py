@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import stamps
 from ..errors import WeightsError
 from . import keymap
 from .blocks import BlockMatrix, dequantize_rows
@@ -163,12 +164,15 @@ def open_gguf(path: str | os.PathLike[str], mapping: keymap.MappingLike = None) 
     p = Path(path)
     if not p.is_file():
         raise WeightsError("the weights file does not exist", where=str(p), fix="check the path")
+    version = stamps.file_stamp(p)  # the offsets read below are this version's: another one is never read with them
     try:
         reader = gguf.GGUFReader(p, "r")
     except Exception as exc:  # noqa: BLE001 - the reader raises ValueError, struct.error, OSError...
         raise WeightsError(f"not a readable GGUF file: {_what_is_wrong(p)}", where=str(p),
                            fix="re-download the .gguf file (its size should match the source's), or re-convert "
                                "the model to GGUF") from exc
+    stamps.check(p, version, "while its header was read")
+    stamps.mark(reader.data, p, version)  # the one mapping every tensor views: a session holding one checks it
     meta: dict[str, Any] = {}
     orig_shapes: dict[str, tuple[int, ...]] = {}
     for key, field in reader.fields.items():
@@ -190,20 +194,20 @@ def open_gguf(path: str | os.PathLike[str], mapping: keymap.MappingLike = None) 
         shape = orig_shapes.get(t.name, tuple(int(d) for d in reversed([int(x) for x in t.shape])))
         data = t.data
         types[t.name] = tname
-        raw[t.name] = lambda d=data: d
+        raw[t.name] = _checked(p, version, lambda d=data: d)
         if tname in _PLAIN:
             dt = _np_dtype(_PLAIN[tname])
             refs[t.name] = TensorRef(t.name, dt, shape, str(p),
-                                     lambda d=data, dt=dt, s=shape: np.asarray(d).view(dt).reshape(s))
+                                     _checked(p, version, lambda d=data, dt=dt, s=shape: np.asarray(d).view(dt).reshape(s)))
             continue
         if not _can_dequantize(quants, qtype, gguf):
             bad.setdefault(tname, []).append(t.name)
             continue
         blocks = None
         if len(shape) == 2 and t.name not in orig_shapes:  # a matrix: rows of blocks along its last axis
-            blocks = _block_reader(data, tname, shape, f"{p.name}: {t.name}")
+            blocks = _checked(p, version, _block_reader(data, tname, shape, f"{p.name}: {t.name}"))
         refs[t.name] = TensorRef(t.name, np.dtype(np.float32), shape, str(p),
-                                 (lambda d=data, q=qtype, s=shape: quants.dequantize(d, q).reshape(s)),
+                                 _checked(p, version, lambda d=data, q=qtype, s=shape: quants.dequantize(d, q).reshape(s)),
                                  blocks=blocks)
     if bad:
         what = "; ".join(f"{k} ({len(v)} tensors, e.g. {v[0]})" for k, v in bad.items())
@@ -240,6 +244,17 @@ def llama_t5_name(key: str, gated: bool = True) -> str:
         if inner:
             return f"encoder.block.{parts[2]}.{inner}.weight"
     return key
+
+
+def _checked(path: Path, version: stamps.Stamp | None, read: Callable[[], Any]) -> Callable[[], Any]:
+    """``read``, refused (``FileChanged``) once the file is another version than the one whose header gave the
+    offsets: the reader's mapping would show the new bytes at the old places, or raise SIGBUS past a shorter end."""
+
+    def checked() -> Any:
+        stamps.check(path, version, "since it was opened")
+        return read()
+
+    return checked
 
 
 def _block_reader(data: Any, type_name: str, shape: tuple[int, ...], source: str) -> Callable[[], BlockMatrix]:

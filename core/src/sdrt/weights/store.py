@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import FileChanged, WeightsError
+from .. import stamps
+from ..errors import WeightsError
 from ..formats import PICKLE_HINT, sniff
+from ..stamps import Stamp, file_stamp
 from ..tensors import TensorInfo
 from . import keymap, stfile, torchfile
 from .keymap import KeyMap
@@ -377,35 +379,19 @@ def _mapper(path: Path, entry: stfile.Entry) -> Callable[[], np.ndarray]:
     return lambda: stfile.map_entry(path, entry)
 
 
-def file_stamp(path: PathLike) -> tuple[int, int, int, int] | None:
-    """What tells one version of a file from another without reading it: size, mtime (ns), inode and device
-    (a file replaced by a rename has another inode; one written over in place, another mtime). None: unreadable."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+def _check_stamp(path: Path, stamp: Stamp | None, when: str) -> None:
+    stamps.check(path, stamp, when)
 
 
-def _check_stamp(path: Path, stamp: tuple[int, int, int, int] | None, when: str) -> None:
-    now = file_stamp(path)
-    if now != stamp:
-        what = "is gone" if now is None else (f"is {now[0]} bytes now, {stamp[0]} when opened" if stamp is not None
-                                              and now[0] != stamp[0] else "was replaced or written again")
-        raise FileChanged(f"{path.name} changed on disk {when} ({what}): its tensors are not read, as the old "
-                           "header with the new bytes would give wrong weights", where=str(path),
-                           fix="open the file again once it is complete (load the model or file again; sdrt serve "
-                           "does at its next job)")
-
-
-def _checked(path: Path, stamp: tuple[int, int, int, int] | None, load: Callable[[], np.ndarray]
-             ) -> Callable[[], np.ndarray]:
+def _checked(path: Path, stamp: Stamp | None, load: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
     """``load``, refused once the file is another version than the one whose header gave its offsets (a VAE or
-    checkpoint replaced in place while a pipeline holds its tensors unread: they read half old, half new)."""
+    checkpoint replaced in place while a pipeline holds its tensors unread: they read half old, half new); the
+    mapped array is marked with that version (``stamps.mark``), so a session holding it checks it before reading
+    it again."""
 
     def read() -> np.ndarray:
         _check_stamp(path, stamp, "since it was opened")
-        return load()
+        return stamps.mark(load(), path, stamp)
 
     return read
 
