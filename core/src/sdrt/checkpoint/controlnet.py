@@ -218,7 +218,8 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
     if ident.base == "sd3":
         from .sd3controlnet import open_sd3
 
-        return open_sd3(p, w, shapes, ident, graph)
+        gpath, bound, lay = open_sd3(p, w, shapes, ident, graph)
+        return OpenedControlNet(p, ident, gpath, bound, sd3=lay)
     if graph is None and ident.base not in CONTROLNET_GRAPHS:
         raise ModelError(f"{p.name} is {ident.label}; sdrt ships ControlNet graphs for SD 1.x and SDXL only",
                          where=str(p), fix="export this ControlNet to an ONNX folder (model.onnx) and pass the folder")

@@ -364,12 +364,13 @@ def derived_controlnet_graph(base: Path, net: SD3NetLayout) -> Path:
                          "leave graph= out (sdrt's shipped SD3.5 graph), or pass a weight-free graph (sdrt strip)")
 
 
-def open_sd3(p: Path, w: Any, shapes: Mapping[str, tuple[int, ...]], ident: Any, graph: Any) -> Any:
+def open_sd3(p: Path, w: Any, shapes: Mapping[str, tuple[int, ...]], ident: Any,
+             graph: Any) -> tuple[Path, Any, SD3NetLayout]:
     """A diffusers SD3 ControlNet bound onto the graph cut from the shipped SD3.5 transformer graph of its width
-    (or from ``graph``, a weight-free SD3 transformer graph): an ``OpenedControlNet``."""
+    (or from ``graph``, a weight-free SD3 transformer graph): (the graph's path, the bound graph, the layout), of
+    which ``sdrt.checkpoint.controlnet`` makes its ``OpenedControlNet``."""
     from ..errors import WeightsError
     from ..graph import Graph
-    from .controlnet import OpenedControlNet
     from .graphs import shipped_graph
     from .ldm import Source
     from .single_file import Checkpoint, with_own_constants
@@ -405,4 +406,4 @@ def open_sd3(p: Path, w: Any, shapes: Mapping[str, tuple[int, ...]], ident: Any,
                          where=str(p), fix="pass a ControlNet made for this SD3 model (InstantX's SD3 Medium nets "
                                            "need an SD3 Medium graph: graph=, as sdrt ships SD3.5 ones)") from exc
     log.info("%s: %s, %d tensors bound onto %s", p.name, lay.label, len(refs), gpath.name)
-    return OpenedControlNet(p, ident, gpath, with_own_constants(cgraph, refs, p), sd3=lay)
+    return gpath, with_own_constants(cgraph, refs, p), lay
