@@ -376,3 +376,34 @@ def test_tiny_sd15_image_at_bf16_within_the_bar(registry):
                                           cfg=7.0, sampler="Euler", seed=1).images[0]
     value = psnr(images["bf16"], images["fp32"])
     assert PSNR_BAR_DB <= value < float("inf"), value
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_float16_matmul_weight_takes_the_native_gemm(precision):
+    """A float16 graph (onnxruntime's float16 converter, Olive's float16 folders) holds float16 MatMul weights:
+    they take the native GEMM like float32 ones (they fell to ggml's mul_mat before). Reference: numpy in
+    float32 on the float16 weight (rounded to bf16 by ml_dtypes at bf16), within the bounds above plus the
+    float16 output's rounding."""
+    from sdrt_ggml import native
+    from sdrt_ggml.ops._common import ggml_lib
+
+    if native.native() is None:
+        pytest.skip("sdrt-ggml's native kernels are not loaded")
+    h = onnx.TensorProto.FLOAT16
+    w = (rand(64, 48, seed=3) * 0.2).astype(np.float16)
+    b = rand(48, seed=4).astype(np.float16)
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])],
+                       {"x": ((2, 8, 64), h)}, {"y": ((2, 8, 48), h)}, {"w": w, "b": b})
+    x = rand(2, 8, 64, seed=5).astype(np.float16)
+    wf = rounded("bf16", w) if precision == "bf16" else w.astype(np.float32)
+    xf = rounded("bf16", x) if precision == "bf16" else x.astype(np.float32)
+    want = xf @ wf + b.astype(np.float32)
+    with compile_ggml(model, precision=precision) as s:
+        got = s.run({"x": x})["y"].astype(np.float32)
+        g = ggml_lib()
+        ops = {g.ggml_op_desc(g.ggml_graph_node(s._graph, i)).decode() for i in range(g.ggml_graph_n_nodes(s._graph))}
+        assert "MUL_MAT" not in ops, ops
+        if precision == "bf16":
+            assert s.impl_hits.get("gemm bf16") == 1, s.impl_hits
+    scale = np.abs(xf) @ np.abs(wf) + np.abs(b.astype(np.float32))
+    assert np.all(np.abs(got - want) <= 1e-5 * scale + 2.0 ** -11 * np.abs(want) + 1e-6)

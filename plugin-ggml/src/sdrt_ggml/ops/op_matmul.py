@@ -186,8 +186,10 @@ def matmul(lowering: Any, a: Value, b: Value) -> GTensor:
     halved = half.kind(lowering) is not None and isinstance(b, np.ndarray) and a.dtype == "float32"
     if halved and b.ndim == 2 and native.bf16_for(lowering):
         halved = False  # bf16 panels of the native GEMM (native_matmul)
+    # a float16 weight matrix (float16 exports, onnxruntime's and Olive's float16 folders) packs like a float32 one
+    f16_weight = isinstance(b, np.ndarray) and b.ndim == 2 and b.dtype == np.float16
     if (nat is not None and not halved and len(batch) <= 2 and a.dtype == "float32"
-            and getattr(b, "dtype", "float32") == "float32"):
+            and (getattr(b, "dtype", "float32") == "float32" or f16_weight)):
         out = native_matmul(lowering, nat, a, b, batch)
         if squeeze_a:
             out = reshape(lowering, out, batch + (n,))
