@@ -852,5 +852,16 @@ def main() -> None:
         print(f"  {kind} folder size {size / 1e6:.2f} MB")
 
 
+def write_refs(folder: Path, cases: list[dict], refs: dict[str, np.ndarray], report: dict | None = None) -> None:
+    """A reference folder's tail: ``refs.json`` (the cases), ``refs.npz`` (the images), ``checks.json`` (the
+    script's own checks, when it makes some); prints the folder's size."""
+    (folder / "refs.json").write_text(json.dumps(cases, indent=1) + "\n")
+    if report is not None:
+        (folder / "checks.json").write_text(json.dumps(report, indent=1) + "\n")
+    np.savez_compressed(folder / "refs.npz", **refs)
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    print(f"  {folder.name}: {size / 1e6:.2f} MB")
+
+
 if __name__ == "__main__":
     main()

@@ -29,7 +29,6 @@ nets); the nets' graphs are cut from ``tiny-flux-controlnet/flux_dev_transformer
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -261,11 +260,7 @@ def main() -> None:
     cases = [dict(c) for c in CASES]
     for case in cases:
         run(base, nets, case, refs)
-    (OUT / "refs.json").write_text(json.dumps(cases, indent=1) + "\n")
-    (OUT / "checks.json").write_text(json.dumps(report, indent=1) + "\n")
-    np.savez_compressed(OUT / "refs.npz", **refs)
-    size = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
-    print(f"  tiny-flux-xlabs-controlnet: {size / 1e6:.2f} MB")
+    g.write_refs(OUT, cases, refs, report)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ image-only blocks, the transformer's pos_embed), each ``diffusion_pytorch_model.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -325,11 +324,7 @@ def main() -> None:
     cases = [dict(c) for c in CASES]
     for case in cases:
         run(base, nets, case, refs)
-    (OUT / "refs.json").write_text(json.dumps(cases, indent=1) + "\n")
-    (OUT / "checks.json").write_text(json.dumps(report, indent=1) + "\n")
-    np.savez_compressed(OUT / "refs.npz", **refs)
-    size = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
-    print(f"  tiny-sd3-controlnet: {size / 1e6:.2f} MB")
+    g.write_refs(OUT, cases, refs, report)
 
 
 if __name__ == "__main__":
