@@ -321,6 +321,25 @@ def processor_resolution(unit: ControlNet, image_h: int, image_w: int, width: in
     return int(np.round(k * min(image_h, image_w)))
 
 
+def check_transformer_run(s: Any, net: str, pipeline: str) -> None:
+    """What a transformer family's ControlNet (``net``: "a Flux ControlNet") does not run with, as diffusers'
+    ``pipeline`` runs it: img2img, inpainting and the hires fix are refused in one line."""
+    if s.mode != "txt2img":
+        raise InputError(f"{net} runs in txt2img (diffusers' {pipeline}); img2img and inpainting with one are not "
+                         "supported", where="init_image", fix="leave {@init_image} and {@mask} out")
+    if s.toolbox.hires is not None:
+        raise InputError(f"the hires fix is not supported with {net}", where="hires_scale",
+                         fix="leave {@hires_scale} unset")
+
+
+def check_transformer_unit(unit: ControlNet, where: str, net: str) -> None:
+    """A transformer family's ControlNet unit takes its scale and window only: a control mode or guess mode (which
+    scale an SD UNet's residuals) is refused."""
+    if unit.control_mode != CONTROL_MODES[0] or unit.guess_mode:
+        raise InputError(f"{where}: control modes and guess mode scale an SD UNet's residuals; {net} takes its "
+                         "scale and window only", where=where, fix="leave the control mode Balanced and guess mode off")
+
+
 def residual_inputs(unet: Part) -> list[str]:
     """The UNet's ControlNet residual inputs in order (down 0..N, then mid); empty for a plain UNet."""
     names = list(unet.inputs)

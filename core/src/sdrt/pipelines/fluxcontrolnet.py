@@ -56,23 +56,14 @@ def prepare(pipe: Any, s: Settings) -> None:
     if "guidance" not in pipe.denoiser.inputs:
         raise InputError("Flux ControlNets run with Flux.1 dev models, and this transformer takes no guidance "
                          "(Flux.1 schnell?)", where="controlnets", fix="use a Flux.1 dev model")
-    if s.mode != "txt2img":
-        raise InputError("a Flux ControlNet runs in txt2img (diffusers' FluxControlNetPipeline); img2img and "
-                         "inpainting with one are not supported", where="init_image",
-                         fix="leave {@init_image} and {@mask} out")
+    cn.check_transformer_run(s, "a Flux ControlNet", "FluxControlNetPipeline")
     if s.reference_images:
         raise InputError("reference images (FLUX.1 Kontext) do not combine with a Flux ControlNet",
                          where="reference_images", fix="leave {@reference_images} or {@controlnets} out")
-    if tb.hires is not None:
-        raise InputError("the hires fix is not supported with a Flux ControlNet", where="hires_scale",
-                         fix="leave {@hires_scale} unset")
     first = None
     for k, unit in enumerate(units):
         where = f"controlnets[{k}]"
-        if unit.control_mode != cn.CONTROL_MODES[0] or unit.guess_mode:
-            raise InputError(f"{where}: control modes and guess mode scale an SD UNet's residuals; a Flux ControlNet "
-                             "takes its scale and window only", where=where,
-                             fix="leave the control mode Balanced and guess mode off")
+        cn.check_transformer_unit(unit, where, "a Flux ControlNet")
         unit.part = pipe._control_part(unit.net, where)
         lay = getattr(unit.part, "flux_layout", None)
         if lay is None:

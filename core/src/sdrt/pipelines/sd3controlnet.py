@@ -50,20 +50,11 @@ def prepare(pipe: Any, s: Settings) -> None:
     """Check the run, bind each unit's net, give the transformer the residual inputs of their block count."""
     tb = s.toolbox
     units: list[cn.ControlNet] = tb.controlnets
-    if s.mode != "txt2img":
-        raise InputError("an SD3 ControlNet runs in txt2img (diffusers' StableDiffusion3ControlNetPipeline); "
-                         "img2img and inpainting with one are not supported", where="init_image",
-                         fix="leave {@init_image} and {@mask} out")
-    if tb.hires is not None:
-        raise InputError("the hires fix is not supported with an SD3 ControlNet", where="hires_scale",
-                         fix="leave {@hires_scale} unset")
+    cn.check_transformer_run(s, "an SD3 ControlNet", "StableDiffusion3ControlNetPipeline")
     first = None
     for k, unit in enumerate(units):
         where = f"controlnets[{k}]"
-        if unit.control_mode != cn.CONTROL_MODES[0] or unit.guess_mode:
-            raise InputError(f"{where}: control modes and guess mode scale an SD UNet's residuals; an SD3 ControlNet "
-                             "takes its scale and window only", where=where,
-                             fix="leave the control mode Balanced and guess mode off")
+        cn.check_transformer_unit(unit, where, "an SD3 ControlNet")
         if unit.union_mode is not None:
             raise InputError(f"{where} has a union_mode: SD3 ControlNets have no union modes",
                              where=f"{where} union_mode", fix="leave union_mode out")
