@@ -150,3 +150,25 @@ def test_cors_allow_origins(models_dir) -> None:
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://app.local"
         other = c.get("/sdapi/v1/options", headers={"Origin": "http://evil.example", "Authorization": "Bearer tok"})
         assert "access-control-allow-origin" not in other.headers
+
+
+def test_a_folder_whose_model_index_is_broken_is_not_listed(tmp_path, caplog) -> None:
+    """A model folder whose model_index.json is not valid JSON was listed in sd-models and failed every request
+    naming it with a 500; it is skipped with a warning, and a request naming it is a 400 that says why."""
+    import shutil
+
+    from sdrt import pipelines
+    from sdrt.serve.errors import ApiError
+    from sdrt.serve.registry import Registry
+
+    for name in ("demo-b", "demo-c"):
+        shutil.copytree(pipelines.DEMO_MODEL, tmp_path / name)
+    (tmp_path / "demo-c" / "model_index.json").write_text('{"_class_name": "StableDiffusionPipeline", ')
+    with caplog.at_level("WARNING", logger="sdrt.serve.registry"):
+        reg = Registry(tmp_path)
+    assert [m.name for m in reg.models] == ["demo-b"]
+    assert "not serving" in caplog.text and "demo-c" in caplog.text
+    with pytest.raises(ApiError) as exc:
+        reg.model("demo-c")
+    assert exc.value.status == 400 and "demo-c is not served: the model_index.json is not valid JSON" in str(
+        exc.value), str(exc.value)

@@ -35,7 +35,8 @@ DEFAULT_SCHEDULER: dict[str, Any] = {
 }
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A model folder's JSON file as a dict, or one ``ModelError`` naming the file and what is wrong with it."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
@@ -176,7 +177,7 @@ class ModelFolder:
                 log.warning("%s has no usable %s/; using the %s release's", root, enc.tokenizer, fam.label)
         folder = cls.from_single_file(opened, tokenizers={**own, **(tokenizers or {})})
         index_path = root / "model_index.json"
-        index = _read_json(index_path, "model_index.json") if index_path.is_file() else {}
+        index = read_json(index_path, "model_index.json") if index_path.is_file() else {}
         return dataclasses.replace(folder, index=index)
 
     @classmethod
@@ -210,7 +211,7 @@ class ModelFolder:
                 raise ModelNotFoundError("the model file does not exist", where=str(root), fix="check the path")
             raise ModelNotFoundError("the model folder does not exist", where=str(root), fix="check the path")
         index_path = root / "model_index.json"
-        index = _read_json(index_path, "model_index.json") if index_path.is_file() else {}
+        index = read_json(index_path, "model_index.json") if index_path.is_file() else {}
         from ..checkpoint.diffusers_folder import refuse_foreign
 
         refuse_foreign(root, index)  # a folder of a pipeline sdrt does not run (Wan, PixArt...), named
@@ -222,7 +223,7 @@ class ModelFolder:
             if model.is_file():
                 parts[part] = model
                 config = root / part / "config.json"
-                configs[part] = _read_json(config, f"{part} config.json") if config.is_file() else {}
+                configs[part] = read_json(config, f"{part} config.json") if config.is_file() else {}
             elif (root / part).is_dir():
                 raise ModelNotFoundError(f"the {part} folder has no model.onnx", where=str(model),
                                          fix="export that part to ONNX again (Optimum's layout: PART/model.onnx), "
@@ -258,7 +259,7 @@ class ModelFolder:
             tokenizers[tok] = folder
         sched_path = root / "scheduler" / "scheduler_config.json"
         if sched_path.is_file():
-            scheduler = _read_json(sched_path, "scheduler config")
+            scheduler = read_json(sched_path, "scheduler config")
         else:
             log.warning("%s has no scheduler/scheduler_config.json; using SD's release schedule", root)
             scheduler = dict(DEFAULT_SCHEDULER)

@@ -100,6 +100,19 @@ def _foreign_folder(folder: Path) -> str | None:
     return foreign_folder(folder, index if isinstance(index, dict) else {})
 
 
+def _broken_index(folder: Path) -> str | None:
+    """Why a folder's ``model_index.json`` cannot be read (not JSON, not an object, unreadable), in the words
+    ``pipelines.load`` would fail with, or None."""
+    from ..errors import ModelError
+    from ..pipelines.folder import read_json
+
+    try:
+        read_json(folder / "model_index.json", "model_index.json")
+    except ModelError as exc:
+        return f"{exc.what} ({exc.fix})"
+    return None
+
+
 def a1111_old_hash(path: Path) -> str:
     """A1111's short model hash (``sd_models.model_hash``), which sd-webui-controlnet puts after a ControlNet's
     name: the first 8 hex digits of the SHA-256 of 64 KiB read at 1 MiB (of nothing, for a smaller file)."""
@@ -167,6 +180,11 @@ class Registry:
         found: dict[str, ModelEntry] = {}
         skipped: dict[str, str] = {}  # name -> why it is not served (a 400 naming it when a request asks for it)
         for folder in self._folders():
+            broken = _broken_index(folder)
+            if broken:  # loading it would fail every request naming it: not listed, and a 400 says why
+                log.warning("not serving %s: %s", folder, broken)
+                skipped[folder.name] = broken
+                continue
             unet = folder / "unet" / "model.onnx"
             if not unet.is_file():
                 denoiser = folder / "transformer" / "model.onnx"
