@@ -346,6 +346,17 @@ def test_a_node_with_attributes_its_schema_forbids_is_a_model_error(op: str, att
     assert err.value.where == "unet/model.onnx" and "re-export" in str(err.value)
 
 
+def test_rotary_attention_is_refused_not_left_to_the_backend() -> None:
+    """Attention with do_rotary=1 was left as it is for the backend to refuse; OpenVINO converts it and drops the
+    rotation (the image equalled do_rotary=0's). It is a ModelError naming the node now."""
+    from sdrt.errors import ModelError
+
+    m, _ = _model("Attention", {"x": _r(2, 3, 8), "w": _r(8, 24)}, num_heads=2, do_rotary=1)
+    with pytest.raises(ModelError, match="the com.microsoft.Attention node 'the_Attention' has do_rotary=1") as err:
+        rewrite_contrib(m, where="unet/model.onnx")
+    assert "before onnxruntime's optimizer" in err.value.fix and "\n" not in str(err.value)
+
+
 def test_opset_is_kept() -> None:
     """The rewrite uses the graph's opset: at 13 no LayerNormalization (opset 17), ReduceMean with axes attribute."""
     x, skip, gamma = _r(2, 3, 8), _r(2, 3, 8), _r(8)

@@ -11,9 +11,10 @@ used: LayerNormalization is written only at opset 17 and above, decomposed below
 constants are ``Constant`` nodes, and no initializer is added or removed. The Transposes that NHWC ops leave
 between each other cancel, and Resize scales that onnxruntime's float16 converter made float16 are cast back.
 
-A node whose attributes or inputs this module does not handle (past key/value caches, rotary attention,
-unusual mask formats) is left as it is, so the backend names it in its usual ``UnsupportedGraph``
-refusal; so is every op not listed in ``REWRITES``. A node whose attributes onnxruntime's schema does not allow
+A node whose attributes or inputs this module does not handle (past key/value caches, unusual mask formats) is
+left as it is, so the backend names it in its usual ``UnsupportedGraph`` refusal; so is every op not listed in
+``REWRITES``. Rotary attention (``Attention`` with ``do_rotary=1``) is a ``ModelError`` here instead: OpenVINO
+converts that node and silently runs it without the rotation. A node whose attributes onnxruntime's schema does not allow
 (``num_heads`` or ``groups`` missing or below 1, an attribute of the wrong type) is a ``ModelError`` naming it.
 
 One small function per op (``_op_<name>``), registered in ``REWRITES``; shared helpers below.
@@ -241,6 +242,11 @@ class _Emit:
 
 class _Skip(Exception):
     """Raised by a rewrite that finds attributes it does not handle: the node stays as it is."""
+
+
+class _Dropped(Exception):
+    """A node whose meaning rests on an attribute sdrt does not rewrite and a backend converting the op itself
+    ignores (OpenVINO runs com.microsoft.Attention with ``do_rotary=1`` as without it): refused, not left."""
 
 
 class _Malformed(Exception):
@@ -514,7 +520,10 @@ def _op_multi_head_attention(em: _Emit, node: Any) -> list[str] | None:
 @_rewrite("Attention")
 def _op_attention(em: _Emit, node: Any) -> list[str] | None:
     a = _attrs(node)
-    if int(a.get("do_rotary", 0)) or int(a.get("past_present_share_buffer", 0)):
+    if int(a.get("do_rotary", 0)):
+        raise _Dropped("has do_rotary=1 (rotary position embedding inside the attention), which sdrt does not "
+                       "rewrite and OpenVINO would run without the rotation")
+    if int(a.get("past_present_share_buffer", 0)):
         return None
     if _inp(node, 4) or len(node.output) > 1 and any(node.output[1:]):  # past / present
         return None
@@ -638,6 +647,12 @@ def rewrite_contrib(model: onnx.ModelProto, keep: Iterable[str] = (), *, where: 
             outs = REWRITES[((n.domain or ""), n.op_type)](em, n)
         except _Skip:
             outs = None
+        except _Dropped as exc:
+            from ..errors import ModelError
+
+            raise ModelError(f"the {key} node {n.name or f'#{i}'!r} {exc}", where=where,
+                             fix="use the model as exported before onnxruntime's optimizer fused it (or optimize "
+                                 "it without rotary fusion)") from None
         except (_Malformed, KeyError, ValueError, TypeError, IndexError) as exc:
             # an attribute of the wrong type (QuickGelu's alpha a string) was a traceback from float()
             why = str(exc) if isinstance(exc, _Malformed) else (
