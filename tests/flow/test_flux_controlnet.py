@@ -189,6 +189,7 @@ def test_cli_flags_reach_the_net(tmp_path, capsys) -> None:
 
     from sdrt.cli import main
 
+    register("reference")  # the test alone: no earlier test registered it
     png = tmp_path / "edges.png"
     Image.fromarray(REFS["canny-64x96/control_image_0"]).save(png)
     rc = main(["generate", str(DATA / "tiny-flux-dev"), "a cat", "--controlnet",
