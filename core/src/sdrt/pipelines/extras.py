@@ -146,13 +146,16 @@ class ToolboxMixin:
         ``OpenedControlNet`` already bound onto a graph of the caller's), checked against the model's family."""
         from ..checkpoint.controlnet import BASE_LABELS, open_controlnet
         from ..errors import SdrtError
+        from ..stamps import file_stamp
         from .parts import Part
 
         source = path.resolve()
         name = f"controlnet:{path.parent.name if path.name in cn.WEIGHTS_NAMES else path.stem}"
         parts = self._parts if self._dry else self.control_parts
         part = parts.get(name)
-        if part is not None and part.source_file == source and (opened is None or part.path == opened.graph):
+        version = file_stamp(source)  # a file written anew since the part was made: a new part of the new weights
+        if part is not None and part.source_file == source and part.source_stamp == version and (
+                opened is None or part.path == opened.graph):
             return part
         family = self.family.name  # type: ignore[attr-defined]
         try:
@@ -171,6 +174,7 @@ class ToolboxMixin:
         if self._dry:
             part = part.dry()
         part.weights, part.source_file = opened.weights, source
+        part.source_stamp = version
         part.flux_layout = opened.flux  # a Flux net's block counts and modes
         part.sd3_layout = opened.sd3  # an SD3 net's block count and width
         parts[name] = part
