@@ -133,11 +133,13 @@ class ToolboxMixin:
         # checkpoint, LoRA or low-memory pass over the model's parts never meets a ControlNet
         parts = self._parts if self._dry else self.control_parts
         part = parts.get(name)
-        if part is None or part.path != path:
+        version = _folder_version(path)  # the graph or its external data written anew: a new part reads them
+        if part is None or part.path != path or part.source_stamp != version:
             part = Part(name, path, backend=self.backend, device=self.device,  # type: ignore[attr-defined]
                         options=self.options)  # type: ignore[attr-defined]
             if self._dry:
                 part = part.dry()
+            part.source_stamp = version
             parts[name] = part
         return part
 
@@ -338,3 +340,14 @@ class ToolboxMixin:
             info.update(infotext(self, s))  # type: ignore[arg-type]
         return info
 
+
+def _folder_version(path: Path) -> Any:
+    """The versions (``stamps.file_stamp``) of an ONNX graph's file and the files beside it (its external data,
+    which old exports keep one file per tensor): a stat each."""
+    from ..stamps import file_stamp
+
+    try:
+        files = sorted(p for p in path.parent.iterdir() if p.is_file())
+    except OSError:
+        files = [path]
+    return tuple((p.name, file_stamp(p)) for p in files)
