@@ -308,3 +308,42 @@ def test_cli_flags_reach_the_net(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert rc != 0 and "SD3 ControlNet" in err and "1536" in err, err
     assert "Traceback" not in err and err.count("error:") == 1
+
+
+def test_the_control_image_moves_the_image() -> None:
+    """The tiny nets matter: a blank control image moves the image of a case by 100+ levels from diffusers' (so
+    the 1-level image tests above see a control path gone wrong), and a net file rewritten on disk with another
+    net's weights and opened again runs the new weights, not the ControlNet part compiled from the old ones."""
+    pipe = _pipe("reference")
+    for case in CASES:
+        kw = _kwargs(case)
+        for unit in kw["controlnets"]:
+            unit.image = np.full_like(unit.image, 255)
+        got = np.stack(pipe(case["prompt"], **kw)).astype(int)
+        moved = int(np.abs(got - REFS[f"{case['name']}/image"].astype(int)).max())
+        assert moved >= 100, f"{case['name']}: a blank control image moves the image by {moved} levels only"
+
+
+def test_a_net_file_written_again_is_read_again(tmp_path) -> None:
+    """A net's file written anew in place (``cp``) and opened again: the next run binds the new weights (the
+    ControlNet part kept from the last run is of the old version), as a fresh pipeline does."""
+    import shutil
+
+    case = next(c for c in CASES if c["nets"] == ["canny"] and c["batch"] == 1)
+    folder = tmp_path / "net"
+    shutil.copytree(NETS / "canny", folder)
+    path = folder / "diffusion_pytorch_model.safetensors"
+    pipe = _pipe("reference")
+
+    def run(net) -> np.ndarray:
+        kw = {**_kwargs(case), "steps": 1}
+        kw["controlnets"][0].net = net
+        return np.stack(pipe(case["prompt"], **kw)).astype(int)
+
+    first = run(open_controlnet(path, graph=BASE))
+    with open(path, "r+b") as f:  # written again in place: the same inode, another mtime
+        f.write((NETS / "canny2" / "diffusion_pytorch_model.safetensors").read_bytes())
+    want = run(_net("canny2"))
+    assert int(np.abs(want - first).max()) > 10  # the two nets give other images
+    got = run(open_controlnet(path, graph=BASE))
+    assert int(np.abs(got - want).max()) == 0

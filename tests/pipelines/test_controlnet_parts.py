@@ -105,3 +105,32 @@ def test_part_runs_on_backend_like_onnxruntime_and_torch(folder, part, backend):
                                    err_msg=f"{backend} vs onnxruntime: {folder}/{part}:{name}")
         np.testing.assert_allclose(got[name], expected[name], atol=ATOL, rtol=RTOL,
                                    err_msg=f"{backend} vs torch: {folder}/{part}:{name}")
+
+
+def test_a_net_written_anew_on_disk_runs_its_new_weights(tmp_path):
+    """An ONNX ControlNet (its model.onnx and data) written again in place under its name: the next run makes a
+    new part of the files on disk, not the sessions compiled from the old ones (which ran the old net silently,
+    132 levels off the new net's image on tiny SD 1.5)."""
+    import shutil
+
+    from sdrt import pipelines
+    from sdrt.pipelines.controlnet import ControlNet
+
+    register("reference")
+    src = DATA / "tiny-sd15-controlnet"
+    shutil.copytree(src / "controlnet", tmp_path / "net")
+    image = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    with pipelines.load(src, backend="reference") as pipe:
+
+        def run(net) -> np.ndarray:
+            return np.stack(pipe("a cat", steps=2, seed=1, width=64, height=64,
+                                 controlnets=[ControlNet(net, image, 1.0)])).astype(int)
+
+        old = run(tmp_path / "net" / "model.onnx")
+        for name in ("model.onnx", "model.onnx_data"):
+            with open(tmp_path / "net" / name, "r+b") as f:
+                f.write((src / "controlnet_2" / name).read_bytes())
+                f.truncate()
+        want = run(src / "controlnet_2" / "model.onnx")
+        assert int(np.abs(want - old).max()) > 10
+        assert int(np.abs(run(tmp_path / "net" / "model.onnx") - want).max()) == 0

@@ -186,15 +186,45 @@ def test_an_embedding_replaced_or_added_keeps_the_unet(server, root) -> None:
         assert _unet(worker)[0] is not before[0]
 
 
+def _lora(path: Path, scale: float) -> Path:
+    """tinylora with its up weights times ``scale`` (the UNet's and the text encoder's layers)."""
+    w = Weights.open(D / "tinylora.safetensors")
+    stfile.write(path, {k: np.array(w[k], np.float32) * np.float32(scale if "lora_up" in k else 1.0) for k in w})
+    return path
+
+
 def test_a_lora_replaced_keeps_the_unets_sessions(server, root) -> None:
     url, worker = server
     lora = root / "loras" / "style.safetensors"
     prompt = JOB["prompt"] + " <lora:style:1>"
+    emb = root / "embeddings" / "tinyemb.safetensors"
+    new = _lora(root / "made" / "style_b.safetensors", 4.0)
     with httpx.Client(base_url=url, timeout=300) as c:
-        _image(c, prompt=prompt)
+        a = _image(c, prompt=prompt)
         before = _unet(worker)
-        _in_place(lora, D / "tinylora.safetensors")  # rewritten: another mtime
+        _in_place(lora, new)  # written again in place with other weights: the next job merges the new ones
         b = _image(c, prompt=prompt)
         _kept(worker, before)
-        assert np.array_equal(b, _want(FOLDER, prompt=JOB["prompt"], emb=root / "embeddings" / "tinyemb.safetensors",
-                                       lora=lora))
+        assert np.abs(a.astype(int) - b.astype(int)).mean() > 1
+        _close(b, _want(FOLDER, prompt=JOB["prompt"], emb=emb, lora=new))  # the text encoder's LoRA: rebound
+        _in_place(lora, D / "tinylora.safetensors")
+
+
+def test_an_embedding_replaced_under_a_lora_on_the_text_encoder(server, root) -> None:
+    """The embedding's rows bound again while a LoRA is merged into the text encoder: the image of a pipeline
+    loaded with the new embedding and that LoRA (neither the LoRA dropped nor merged over the old rows)."""
+    url, worker = server
+    emb = root / "embeddings" / "tinyemb.safetensors"
+    lora = root / "loras" / "style.safetensors"
+    prompt = JOB["prompt"] + " <lora:style:1>"
+    (root / "made" / "c").mkdir(exist_ok=True)
+    new = _emb(root / "made" / "c" / "tinyemb.safetensors", 4.0)  # unlike the folder's now, whichever it holds
+    with httpx.Client(base_url=url, timeout=300) as c:
+        a = _image(c, prompt=prompt)
+        before = _unet(worker)
+        _in_place(emb, new)
+        b = _image(c, prompt=prompt)
+        _kept(worker, before)
+        assert np.abs(a.astype(int) - b.astype(int)).mean() > 1
+        _close(b, _want(FOLDER, prompt=JOB["prompt"], emb=new, lora=lora))
+        _in_place(emb, D / "tinyemb.safetensors")

@@ -133,11 +133,13 @@ class ToolboxMixin:
         # checkpoint, LoRA or low-memory pass over the model's parts never meets a ControlNet
         parts = self._parts if self._dry else self.control_parts
         part = parts.get(name)
-        if part is None or part.path != path:
+        version = _folder_version(path)  # the graph or its external data written anew: a new part reads them
+        if part is None or part.path != path or part.source_stamp != version:
             part = Part(name, path, backend=self.backend, device=self.device,  # type: ignore[attr-defined]
                         options=self.options)  # type: ignore[attr-defined]
             if self._dry:
                 part = part.dry()
+            part.source_stamp = version
             parts[name] = part
         return part
 
@@ -146,13 +148,16 @@ class ToolboxMixin:
         ``OpenedControlNet`` already bound onto a graph of the caller's), checked against the model's family."""
         from ..checkpoint.controlnet import BASE_LABELS, open_controlnet
         from ..errors import SdrtError
+        from ..stamps import file_stamp
         from .parts import Part
 
         source = path.resolve()
         name = f"controlnet:{path.parent.name if path.name in cn.WEIGHTS_NAMES else path.stem}"
         parts = self._parts if self._dry else self.control_parts
         part = parts.get(name)
-        if part is not None and part.source_file == source and (opened is None or part.path == opened.graph):
+        version = file_stamp(source)  # a file written anew since the part was made: a new part of the new weights
+        if part is not None and part.source_file == source and part.source_stamp == version and (
+                opened is None or part.path == opened.graph):
             return part
         family = self.family.name  # type: ignore[attr-defined]
         try:
@@ -171,6 +176,7 @@ class ToolboxMixin:
         if self._dry:
             part = part.dry()
         part.weights, part.source_file = opened.weights, source
+        part.source_stamp = version
         part.flux_layout = opened.flux  # a Flux net's block counts and modes
         part.sd3_layout = opened.sd3  # an SD3 net's block count and width
         parts[name] = part
@@ -334,3 +340,14 @@ class ToolboxMixin:
             info.update(infotext(self, s))  # type: ignore[arg-type]
         return info
 
+
+def _folder_version(path: Path) -> Any:
+    """The versions (``stamps.file_stamp``) of an ONNX graph's file and the files beside it (its external data,
+    which old exports keep one file per tensor): a stat each."""
+    from ..stamps import file_stamp
+
+    try:
+        files = sorted(p for p in path.parent.iterdir() if p.is_file())
+    except OSError:
+        files = [path]
+    return tuple((p.name, file_stamp(p)) for p in files)

@@ -45,6 +45,8 @@ class Part:
         self.default_weights: Weights | None = None
         #: the weights file bound onto a shipped weight-free graph (a ControlNet .safetensors), if any
         self.source_file: Path | None = None
+        #: its version (``stamps.file_stamp``) when the part was made: one written anew makes a new part
+        self.source_stamp: Any = None
         #: a Flux ControlNet's layout (``sdrt.checkpoint.fluxcontrolnet.FluxNetLayout``), None for any other part
         self.flux_layout: Any = None
         #: an SD3 ControlNet's layout (``sdrt.checkpoint.sd3controlnet.SD3NetLayout``), None for any other part
