@@ -27,9 +27,9 @@ PILLOW_HINT = "install Pillow: pip install pillow (from a checkout of sdrt: pip 
 
 def _open_file(path: Path, what: str) -> np.ndarray:
     """The picture at ``path`` as ``to_rgb`` (or, for a mask, ``mask_gray``) reads it."""
-    from PIL import ImageOps
+    with _reading(path, what) as img:  # without Pillow: the one-line PILLOW_HINT refusal
+        from PIL import ImageOps
 
-    with _reading(path, what) as img:
         img.load()
         # a phone's JPEG stores its pixels sideways and says so in EXIF: the picture as viewers show it (as
         # diffusers' load_image and A1111's img2img tab read it)
