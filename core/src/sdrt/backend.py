@@ -114,7 +114,6 @@ class Session(ABC):
         self._closed = False
         #: initializer name -> (file, version) its array maps (``sdrt.stamps``), for those that map a file
         self._watched: dict[str, tuple[str, Any]] = {}
-        self._files: dict[str, Any] = {}
 
     @property
     def closed(self) -> bool:
@@ -149,15 +148,14 @@ class Session(ABC):
             else:
                 watched.pop(name, None)
         self._watched = watched
-        self._files = dict(watched.values())
 
     def check_files(self) -> None:
         """``FileChanged`` when a file this session's weights map is another version now (``watch_weights``)."""
-        files = getattr(self, "_files", None)
-        if files:
+        watched = getattr(self, "_watched", None)
+        if watched:
             from .stamps import check_files
 
-            check_files(files, "since this session's weights were bound")
+            check_files(dict(watched.values()), "since this session's weights were bound")
 
     @abstractmethod
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

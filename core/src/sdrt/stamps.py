@@ -21,7 +21,7 @@ The check cannot close the window between the stat and the read; a writer that r
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,27 +73,23 @@ def check(path: str | os.PathLike[str], stamp: Stamp | None, when: str = "since 
                           "does at its next job)")
 
 
-def _memmap(arr: Any) -> np.memmap | None:
-    seen = 0
-    while arr is not None and seen < 16:
+def _mappings(arr: Any) -> Iterator[np.memmap]:
+    """The ``np.memmap`` objects under ``arr``, nearest first (along ``.base``; at most 16 deep)."""
+    for _ in range(16):
+        if arr is None:
+            return
         if isinstance(arr, np.memmap):
-            return arr
+            yield arr
         arr = getattr(arr, "base", None)
-        seen += 1
-    return None
+
+
+def _memmap(arr: Any) -> np.memmap | None:
+    return next(_mappings(arr), None)
 
 
 def version_of(arr: Any) -> tuple[str, Stamp] | None:
     """The version marked on any mapping under ``arr`` (a slice of a marked ``np.memmap`` is a memmap too)."""
-    seen = 0
-    while arr is not None and seen < 16:
-        if isinstance(arr, np.memmap):
-            version = getattr(arr, _ATTR, None)
-            if version is not None:
-                return version
-        arr = getattr(arr, "base", None)
-        seen += 1
-    return None
+    return next((v for m in _mappings(arr) if (v := getattr(m, _ATTR, None)) is not None), None)
 
 
 def mark(arr: Any, path: str | os.PathLike[str], stamp: Stamp | None) -> Any:

@@ -356,10 +356,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                     continue
                 old, e = state.embeddings[i], load_embedding(p)
                 shapes = {k: v.shape for k, v in e.vectors.items()}
-                if e.name.lower() != old.name.lower() or shapes != {k: v.shape for k, v in old.vectors.items()}:
-                    raise WeightsError(f"embedding {Path(p).name} holds {shapes} now, "
-                                       f"{ {k: v.shape for k, v in old.vectors.items()} } when loaded: its token ids "
-                                       "cannot hold it", where=str(p), fix="load the model again")
+                was = {k: v.shape for k, v in old.vectors.items()}
+                if e.name.lower() != old.name.lower() or shapes != was:
+                    raise WeightsError(f"embedding {Path(p).name} holds {shapes} now, {was} when loaded: its token "
+                                       "ids cannot hold it", where=str(p), fix="load the model again")
                 swap[i] = e
             if swap:
                 for i, e in swap.items():

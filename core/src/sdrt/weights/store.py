@@ -155,7 +155,7 @@ class Weights(Mapping[str, np.ndarray]):
                 entries, _meta = stfile.read_header(path)
                 found = {name: TensorRef(name, e.dtype, e.shape, str(path), _checked(path, stamp, _mapper(path, e)),
                                          (str(path), e.begin, e.length)) for name, e in entries.items()}
-            _check_stamp(path, stamp, "while its header was read")
+            stamps.check(path, stamp, "while its header was read")
             for name, ref in found.items():
                 if name in raw:
                     dups.append(f"{name!r} ({raw[name].source} and {path})")
@@ -379,10 +379,6 @@ def _mapper(path: Path, entry: stfile.Entry) -> Callable[[], np.ndarray]:
     return lambda: stfile.map_entry(path, entry)
 
 
-def _check_stamp(path: Path, stamp: Stamp | None, when: str) -> None:
-    stamps.check(path, stamp, when)
-
-
 def _checked(path: Path, stamp: Stamp | None, load: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
     """``load``, refused once the file is another version than the one whose header gave its offsets (a VAE or
     checkpoint replaced in place while a pipeline holds its tensors unread: they read half old, half new); the
@@ -390,7 +386,7 @@ def _checked(path: Path, stamp: Stamp | None, load: Callable[[], np.ndarray]) ->
     it again."""
 
     def read() -> np.ndarray:
-        _check_stamp(path, stamp, "since it was opened")
+        stamps.check(path, stamp, "since it was opened")
         return stamps.mark(load(), path, stamp)
 
     return read
