@@ -47,24 +47,15 @@ class ToolboxMixin:
         graph = denoiser_graph(self.folder, bool(tb.controlnets))  # type: ignore[attr-defined]
         if graph is not None:  # a single file: its UNet runs the twin that takes residuals only when needed
             self.denoiser.retarget(graph)  # type: ignore[attr-defined]
-        flux = self.family.name == "flux"  # type: ignore[attr-defined]
-        if flux:  # Flux ControlNets: residual inputs on the transformer only while a net is asked for
-            from . import fluxcontrolnet
-
+        nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
+        if nets is not None:  # Flux / SD3 ControlNets: residual inputs on the transformer only while a net is asked
             if tb.controlnets:
-                fluxcontrolnet.prepare(self, s)
+                nets.prepare(self, s)
             else:
-                fluxcontrolnet.use_residuals(self.denoiser, None)  # type: ignore[attr-defined]
-        elif self.family.name == "sd3":  # type: ignore[attr-defined]  # SD3 ControlNets: the same, per net
-            from . import sd3controlnet
-
-            if tb.controlnets:
-                sd3controlnet.prepare(self, s)
-            else:
-                sd3controlnet.use_residuals(self.denoiser, None)  # type: ignore[attr-defined]
+                nets.use_residuals(self.denoiser, None)  # type: ignore[attr-defined]
         elif not tb.controlnets and cn.residual_inputs(self.denoiser):  # type: ignore[attr-defined]
             self._silent_units = self._zero_residuals(s)
-        if tb.controlnets and self.family.name not in ("flux", "sd3"):  # type: ignore[attr-defined]
+        if tb.controlnets and nets is None:
             unet = self.denoiser  # type: ignore[attr-defined]
             if not cn.residual_inputs(unet):
                 raise InputError(f"this model's {unet.name} takes no ControlNet residuals", where="controlnets",
@@ -218,15 +209,9 @@ class ToolboxMixin:
             for k, unit in enumerate(units):
                 unit.control = self._control_tensor(unit, width, height, k)
         state = cn.ControlState()
-        if self.family.name == "flux":  # type: ignore[attr-defined]
-            from . import fluxcontrolnet
-
-            call.hooks.append(fluxcontrolnet.hook(self, units, state, call))
-            return state
-        if self.family.name == "sd3":  # type: ignore[attr-defined]
-            from . import sd3controlnet
-
-            call.hooks.append(sd3controlnet.hook(self, units, state))
+        nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
+        if nets is not None:
+            call.hooks.append(nets.hook(self, units, state, call))
             return state
         call.hooks.append(cn.hook(units, self.denoiser, state,  # type: ignore[attr-defined]
                                   latent_channels=self.family.latent_channels,  # type: ignore[attr-defined]
@@ -351,3 +336,18 @@ def _folder_version(path: Path) -> Any:
     except OSError:
         files = [path]
     return tuple((p.name, file_stamp(p)) for p in files)
+
+
+def _transformer_nets(family: str) -> Any:
+    """The module that runs this family's ControlNets on its transformer (``prepare``, ``use_residuals``,
+    ``hook``: residual inputs added by a graph edit), or None for the UNet families (``sdrt.pipelines.controlnet``)."""
+    if family == "flux":
+        from . import fluxcontrolnet
+
+        return fluxcontrolnet
+    if family == "sd3":
+        from . import sd3controlnet
+
+        return sd3controlnet
+    return None
+

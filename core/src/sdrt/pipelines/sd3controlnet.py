@@ -122,9 +122,10 @@ def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], rows: int, genera
         unit.latents = latents
 
 
-def hook(pipe: Any, units: Sequence[cn.ControlNet], state: cn.ControlState
+def hook(pipe: Any, units: Sequence[cn.ControlNet], state: cn.ControlState, call: Any = None
          ) -> Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]:
-    """The denoiser hook: the nets on this call's inputs, their residuals as the transformer's inputs."""
+    """The denoiser hook: the nets on this call's inputs, their residuals as the transformer's inputs (``call``,
+    the model call Flux's hook reads its prompt from, is not needed: the nets read the transformer's feeds)."""
     from ..checkpoint.sd3controlnet import EMBEDDED, SAMPLE
 
     family = pipe.family
