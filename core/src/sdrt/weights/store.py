@@ -36,7 +36,7 @@ from ..errors import WeightsError
 from ..formats import PICKLE_HINT, sniff
 from ..stamps import Stamp, file_stamp
 from ..tensors import TensorInfo
-from . import keymap, stfile, torchfile
+from . import bnb, keymap, stfile, torchfile
 from .keymap import KeyMap
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -164,6 +164,10 @@ class Weights(Mapping[str, np.ndarray]):
             raise WeightsError(f"the same tensor name is in several files: {', '.join(dups)}",
                                where="Weights.open", fix="open the files separately, or drop duplicates")
         raw = _fold_fp8_scales(raw)
+        raw, packed = bnb.fold(raw)  # bitsandbytes NF4/FP4 weights: each read as its bf16/fp16 values
+        if packed:
+            log.info("%s: %s bitsandbytes weights, dequantized when read", ", ".join(p.name for p in files),
+                     ", ".join(f"{n} {kind}" for kind, n in sorted(packed.items())))
         log.debug("opened %d tensors from %d files", len(raw), len(files))
         return cls(_remap(raw, mapping, "Weights.open"), dtype=dtype, sources=files)
 

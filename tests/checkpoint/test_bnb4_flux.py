@@ -1,0 +1,100 @@
+"""bitsandbytes NF4 Flux checkpoints as people download them, end to end on tiny-flux-dev.
+
+tests/data/bnb4/ (scripts/gen_bnb4_fixtures.py, written by bitsandbytes 0.50.2 itself):
+
+- ``flux1-dev-bnb-nf4-tiny.safetensors``: tiny-flux-dev's transformer in Forge's layout (BFL keys under ComfyUI's
+  ``model.diffusion_model.``, bf16, every Linear weight NF4 in blocks of 64 with double-quantized absmax: Forge's
+  ``flux1-dev-bnb-nf4.safetensors``), and its T5 under ``text_encoders.t5xxl.transformer.`` with every Linear NF4
+  and float32 absmax (Forge's v2). Forge's file bakes in CLIP-L and the VAE too: the test adds them from the
+  folder (float32), so the file read is the all-in-one file Forge ships;
+- ``diffusers-transformer-nf4/``: the same transformer as diffusers saves a bnb 4-bit model (diffusers' names,
+  each ``nn.Linear`` a ``bitsandbytes.nn.Linear4bit``, ``config.json`` with ``quantization_config``);
+- ``refs.npz``: diffusers' ``FluxPipeline`` image of tiny-flux-dev's first case with the weights bitsandbytes
+  dequantizes from each file (float32 otherwise). The NF4 image is 15 levels (mean) from the float model's.
+
+Before this, sdrt refused Forge's file with a shape mismatch ("time_in.in_layer.weight [4096, 1] vs ... [32,
+256]": the packed codes read as the weight) after warning about 105 unused keys.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import single_file_helpers as h
+import test_flow_single_files as flow
+from flow_file_helpers import clip_file
+
+from sdrt import pipelines
+from sdrt.weights import Weights, stfile
+
+BNB = Path(__file__).resolve().parent.parent / "data" / "bnb4"
+FORGE = BNB / "flux1-dev-bnb-nf4-tiny.safetensors"
+
+
+def _raw(path: Path) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors exactly as stored (sdrt's header reader, no folding)."""
+    entries, _ = stfile.read_header(path)
+    return {k: np.array(stfile.map_entry(path, e)) for k, e in entries.items()}
+
+
+def _all_in_one(tmp: Path) -> tuple[Path, dict]:
+    """Forge's all-in-one file: the fixture's NF4 transformer and T5 as bnb wrote them, plus CLIP-L and the VAE."""
+    f = flow._files("flux-dev", tmp)
+    tensors = _raw(FORGE)
+    tensors.update({"text_encoders.clip_l.transformer." + k: v
+                    for k, v in clip_file(flow._params(flow.PIPES / "tiny-flux-dev", "text_encoder")).items()})
+    tensors.update({"vae." + k: v for k, v in flow._vae(flow.PIPES / "tiny-flux-dev").items()})
+    path = tmp / "flux1-dev-bnb-nf4.safetensors"
+    stfile.write(path, tensors)
+    return path, f
+
+
+def _image(pipe) -> np.ndarray:
+    case, kw = flow._case("flux-dev")
+    return np.stack(pipe(case["prompt"], case["negative_prompt"] or "", **kw)).astype(int)
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+def test_forge_nf4_all_in_one_gives_diffusers_image(backend, tmp_path):
+    path, f = _all_in_one(tmp_path)
+    w = Weights.open(path)
+    qkv = w.info("model.diffusion_model.double_blocks.0.img_attn.qkv.weight")
+    assert (qkv.dtype, tuple(qkv.shape)) == ("bfloat16", (96, 32))  # the codes' [1536, 1] uint8 read as the weight
+    assert not any(".weight." in k for k in w)  # absmax, quant_map, quant_state... folded into their weights
+    with pipelines.load(path, backend=backend, graph_paths=f["graphs"], tokenizers=f["tokenizers"],
+                        family="flux-dev", **({} if backend == "reference" else {"precision": "fp32"})) as pipe:
+        assert set(pipe.folder.single_file.files.values()) == {path}  # transformer, T5, CLIP-L and VAE from it
+        got = _image(pipe)
+    want = np.load(BNB / "refs.npz")["forge/image"].astype(int)
+    diff = np.abs(got - want)
+    assert diff.max() <= 1, f"{backend}: max {diff.max()} levels from diffusers' image of the dequantized weights"
+
+
+def test_diffusers_folder_with_a_bnb4_transformer(tmp_path):
+    """A diffusers folder whose ``transformer/`` was saved by a bnb 4-bit model (``quantization_config``)."""
+    src = flow.PIPES / "tiny-flux-dev"
+    f = flow._files("flux-dev", tmp_path)
+    root = tmp_path / "FLUX.1-dev-bnb-nf4"
+    shutil.copytree(BNB / "diffusers-transformer-nf4", root / "transformer")
+    for part in ("text_encoder", "text_encoder_2"):
+        (root / part).mkdir()
+        h.write(root / part / "model.safetensors", flow._params(src, part))
+    (root / "vae").mkdir()
+    h.write(root / "vae" / "diffusion_pytorch_model.safetensors",
+            {**flow._params(src, "vae_decoder"), **flow._params(src, "vae_encoder")})
+    (root / "vae" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKL", "scaling_factor": 0.3611,
+                                                          "shift_factor": 0.1159, "latent_channels": 16}))
+    for part in ("tokenizer", "tokenizer_2", "scheduler"):
+        shutil.copytree(src / part, root / part)
+    index = json.loads((src / "model_index.json").read_text())
+    index["_class_name"] = "FluxPipeline"
+    (root / "model_index.json").write_text(json.dumps(index))
+    with pipelines.load(root, backend="reference", graph_paths=f["graphs"]) as pipe:
+        got = _image(pipe)
+    want = np.load(BNB / "refs.npz")["diffusers/image"].astype(int)
+    diff = np.abs(got - want)
+    assert diff.max() <= 1, f"max {diff.max()} levels from diffusers' image of the dequantized weights"
