@@ -67,7 +67,15 @@ def test_forge_nf4_all_in_one_gives_diffusers_image(backend, tmp_path):
     assert not any(".weight." in k for k in w)  # absmax, quant_map, quant_state... folded into their weights
     with pipelines.load(path, backend=backend, graph_paths=f["graphs"], tokenizers=f["tokenizers"],
                         family="flux-dev", **({} if backend == "reference" else {"precision": "fp32"})) as pipe:
-        assert set(pipe.folder.single_file.files.values()) == {path}  # transformer, T5, CLIP-L and VAE from it
+        opened = pipe.folder.single_file
+        assert set(opened.files.values()) == {path}  # transformer, T5, CLIP-L and VAE from it
+        assert opened.dtypes["transformer"] == {"nf4", "bfloat16"} and opened.dtypes["text_encoder"] == {"float32"}
+        if backend == "reference":  # the run plan (sdrt generate --dry-run) says which parts run from NF4 weights
+            case, kw = flow._case("flux-dev")
+            text = pipe.plan(case["prompt"], **kw).format()
+            assert "transformer weights: nf4 (bitsandbytes 4-bit) in flux1-dev-bnb-nf4.safetensors, dequantized " \
+                   "when bound; the rest bfloat16" in text, text
+            assert "text_encoder_2 weights: nf4" in text and "vae_decoder weights" not in text
         got = _image(pipe)
     want = np.load(BNB / "refs.npz")["forge/image"].astype(int)
     diff = np.abs(got - want)

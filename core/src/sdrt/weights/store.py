@@ -71,6 +71,9 @@ class TensorRef:
     #: as they are: the reader of its ``BlockMatrix`` (``sdrt.weights.blocks``), which a backend that runs the
     #: type (``Backend.weight_blocks``) receives instead of the float32 array ``load`` makes
     blocks: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
+    #: how the file stores a tensor that ``load`` decodes into ``dtype`` (``"nf4"``, ``"fp4"``: bitsandbytes 4-bit,
+    #: ``sdrt.weights.bnb``); None when the file holds ``dtype`` itself
+    stored: str | None = None
 
 
 def _float_kind(dt: np.dtype) -> bool:
@@ -401,7 +404,7 @@ def _remap(refs: Mapping[str, TensorRef], mapping: keymap.MappingLike, where: st
         return dict(refs)
     targets = keymap.apply(refs, mapping, where)
     return {t: TensorRef(t, refs[k].dtype, refs[k].shape, refs[k].source, refs[k].load, refs[k].origin,
-                         refs[k].blocks) for t, k in targets.items()}
+                         refs[k].blocks, refs[k].stored) for t, k in targets.items()}
 
 
 def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:
