@@ -106,3 +106,32 @@ def test_diffusers_folder_with_a_bnb4_transformer(tmp_path):
     want = np.load(BNB / "refs.npz")["diffusers/image"].astype(int)
     diff = np.abs(got - want)
     assert diff.max() <= 1, f"max {diff.max()} levels from diffusers' image of the dequantized weights"
+
+
+def test_a_lora_merges_onto_the_dequantized_weights(tmp_path):
+    """A kohya Flux LoRA on Forge's NF4 file: each bound transformer weight is the NF4 weight bitsandbytes' values
+    give plus diffusers' own ``fuse_lora`` change (tests/data/lora/flux_lora_refs.npz); removing it gives them back."""
+    from sdrt.checkpoint import param_map
+
+    data = Path(__file__).resolve().parent.parent / "data" / "lora"
+    path, f = _all_in_one(tmp_path)
+    with pipelines.load(path, backend="reference", graph_paths=f["graphs"], tokenizers=f["tokenizers"],
+                        family="flux-dev") as pipe:
+        part = pipe.parts["transformer"]
+        pmap = param_map(part.graph)
+        refs = np.load(data / "flux_lora_refs.npz")
+        keys = [k for k in refs.files if k.startswith("flux_kohya/")]
+        slots = {k: pmap[k.split("/", 1)[1]] for k in keys}
+        base = {k: np.asarray(part.weights_factory()[s.init], np.float32) for k, s in slots.items()}
+        pipe.set_loras([(data / "flux_kohya.safetensors", 0.8)])
+        bound = part.weights_factory()
+        changed = 0
+        for k, s in slots.items():
+            delta = refs[k].T if s.layout == "T" else refs[k]
+            np.testing.assert_allclose(np.asarray(bound[s.init], np.float32), base[k] + delta,
+                                       atol=2e-5 * max(1.0, float(np.abs(delta).max())), err_msg=k)
+            changed += bool(np.abs(delta).max() > 0)
+        assert changed >= 10
+        pipe.set_loras([])
+        again = part.weights_factory()
+        assert all(np.array_equal(np.asarray(again[s.init], np.float32), base[k]) for k, s in slots.items())
