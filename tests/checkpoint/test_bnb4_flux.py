@@ -135,3 +135,29 @@ def test_a_lora_merges_onto_the_dequantized_weights(tmp_path):
         pipe.set_loras([])
         again = part.weights_factory()
         assert all(np.array_equal(np.asarray(again[s.init], np.float32), base[k]) for k, s in slots.items())
+
+
+def test_fused_weights_are_decoded_once(tmp_path, monkeypatch):
+    """Flux's fused ``qkv`` (3 graph weights) and ``linear1`` (4) are decoded a third / a part at a time from their
+    own blocks: binding the transformer decodes each NF4 value once, not once per graph weight it feeds."""
+    from sdrt.checkpoint import open_single_file
+    from sdrt.weights import bnb
+
+    path, f = _all_in_one(tmp_path)
+    decoded = []
+    real = bnb.dequantize
+
+    def counting(packed, absmax, state, lo=0, hi=None):
+        out = real(packed, absmax, state, lo, hi)
+        decoded.append(out.size)
+        return out
+
+    monkeypatch.setattr(bnb, "dequantize", counting)
+    m = open_single_file(path, graph_paths=f["graphs"], family="flux-dev")
+    _, w = m.parts["transformer"]
+    for name in w:
+        np.asarray(w[name])
+    nf4 = Weights.open(FORGE)
+    total = sum(int(np.prod(nf4.ref(k).shape)) for k in nf4
+                if k.startswith("model.") and nf4.ref(k).stored == "nf4")
+    assert sum(decoded) == total, (sum(decoded), total)

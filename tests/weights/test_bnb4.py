@@ -143,3 +143,16 @@ def test_the_origin_says_how_the_bytes_are_read(tmp_path, raw):
     ref = w.ref("c20.weight")
     assert ref.origin[0] == str(tmp_path / "model.safetensors") and ref.origin[3] == "bnb nf4 128 nested bfloat16"
     assert ref.origin[2] == (16 * 64 + 1) // 2
+
+
+def test_rows_read_alone_equal_the_whole_tensors_rows(raw):
+    """``Weights.rows``: a fused qkv's third, Flux's linear1 split, decoded from their own blocks only."""
+    w = Weights.open(BNB / "cases.safetensors")
+    for c in CASES:
+        want = raw[f"{c['name']}.want"]
+        n = want.shape[0]
+        for lo, hi in {(0, n), (0, 1), (n // 3, 2 * n // 3), (n - 1, n), (1, n + 5)}:
+            got = w.rows(f"{c['name']}.weight", lo, hi)
+            assert np.array_equal(got.view(np.uint8), want[lo:hi].view(np.uint8)), (c, lo, hi)
+    assert w.rows("c01.want", 0, 1) is None  # a plain tensor: no reader of its own
+    assert w.astype("float32").rows("c01.weight", 0, 2).dtype == np.float32

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -94,27 +94,31 @@ class State:
         return -(-self.size // self.blocksize)
 
 
-def dequantize(packed: np.ndarray, absmax: np.ndarray, state: State, out: np.ndarray | None = None) -> np.ndarray:
-    """The weight's values in ``state.dtype`` and ``state.shape`` from its packed codes (any dtype: their bytes)
-    and its float32 ``absmax`` (one per block), a chunk of blocks at a time."""
+def dequantize(packed: np.ndarray, absmax: np.ndarray, state: State, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """Values ``lo:hi`` of the weight's flattened values (all of them, in ``state.shape``, by default) in
+    ``state.dtype``, from its packed codes (any dtype: their bytes) and its float32 ``absmax`` (one per block), a
+    chunk of blocks at a time."""
     codes = np.ascontiguousarray(packed).reshape(-1).view(np.uint8)
     n, bs = state.size, state.blocksize
+    whole_tensor = lo == 0 and hi is None
+    hi = n if hi is None else min(hi, n)
+    first, end = lo // bs * bs, min(-(-hi // bs) * bs, n)  # the whole blocks that hold lo:hi
     pairs = PAIRS[state.quant_type]
     scale = np.asarray(absmax, np.float32).reshape(-1)
-    flat = np.empty(n, state.dtype) if out is None else out.reshape(-1)
+    flat = np.empty(end - first, state.dtype)
     step = max(1, CHUNK // (2 * bs)) * 2 * bs  # whole blocks and whole bytes
-    for lo in range(0, n, step):
-        hi = min(lo + step, n)
+    for a in range(first, end, step):
+        b = min(a + step, end)
         # float32 scratch, this chunk only (np.take: ~10x numpy's fancy indexing on a 2-D table)
-        vals = np.take(pairs, codes[lo // 2:(hi + 1) // 2], axis=0).reshape(-1)[:hi - lo]
-        whole = (hi - lo) // bs
-        b0 = lo // bs
+        vals = np.take(pairs, codes[a // 2:(b + 1) // 2], axis=0).reshape(-1)[:b - a]
+        whole = (b - a) // bs
+        b0 = a // bs
         if whole:
             vals[:whole * bs].reshape(whole, bs)[...] *= scale[b0:b0 + whole, None]
-        if whole * bs < hi - lo:  # the last, short block
+        if whole * bs < b - a:  # the last, short block
             vals[whole * bs:] *= scale[b0 + whole]
-        flat[lo:hi] = vals  # rounded once to the recorded dtype
-    return flat.reshape(state.shape)
+        flat[a - first:b - first] = vals  # rounded once to the recorded dtype
+    return flat.reshape(state.shape) if whole_tensor else flat[lo - first:hi - first]
 
 
 def nested_absmax(codes: np.ndarray, nested_map: np.ndarray, nested_absmax: np.ndarray, state: State) -> np.ndarray:
@@ -223,16 +227,25 @@ def fold(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
         if problem:
             raise _bad(problem, w.source)
 
-        def load(w: Any = w, parts: dict[str, Any] = parts, st: State = st) -> np.ndarray:
+        def scales(parts: dict[str, Any] = parts, st: State = st) -> np.ndarray:
             scale = parts["absmax"].load()
             if st.nested_blocksize is not None:
                 scale = nested_absmax(scale, parts["nested_quant_map"].load(), parts["nested_absmax"].load(), st)
-            return dequantize(w.load(), scale, st)
+            return scale
+
+        def load(w: Any = w, st: State = st, scales: Callable[[], np.ndarray] = scales) -> np.ndarray:
+            return dequantize(w.load(), scales(), st)
+
+        def rows(lo: int, hi: int, w: Any = w, st: State = st, scales: Callable[[], np.ndarray] = scales) -> np.ndarray:
+            """Rows ``lo:hi`` alone (a fused qkv's third, Flux's linear1 split): only their blocks are decoded."""
+            hi = min(hi, st.shape[0])
+            inner = math.prod(st.shape[1:])
+            return dequantize(w.load(), scales(), st, lo * inner, hi * inner).reshape((hi - lo, *st.shape[1:]))
 
         how = f"bnb {kind} {st.blocksize}{' nested' if st.nested_blocksize else ''} {st.dtype.name}"
         origin = None if w.origin is None else (*w.origin[:3], how)
         out[wname] = dataclasses.replace(w, dtype=st.dtype, shape=st.shape, load=load, origin=origin, blocks=None,
-                                          stored=kind)
+                                          stored=kind, rows=rows if st.shape else None)
         del out[sname]
         for p in PARTS:
             out.pop(f"{wname}.{p}", None)
