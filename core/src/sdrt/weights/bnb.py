@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -101,7 +101,7 @@ def dequantize(packed: np.ndarray, absmax: np.ndarray, state: State, lo: int = 0
     codes = np.ascontiguousarray(packed).reshape(-1).view(np.uint8)
     n, bs = state.size, state.blocksize
     whole_tensor = lo == 0 and hi is None
-    hi = n if hi is None else min(hi, n)
+    hi = n if hi is None else max(lo, min(hi, n))
     first, end = lo // bs * bs, min(-(-hi // bs) * bs, n)  # the whole blocks that hold lo:hi
     pairs = PAIRS[state.quant_type]
     scale = np.asarray(absmax, np.float32).reshape(-1)
@@ -121,11 +121,11 @@ def dequantize(packed: np.ndarray, absmax: np.ndarray, state: State, lo: int = 0
     return flat.reshape(state.shape) if whole_tensor else flat[lo - first:hi - first]
 
 
-def nested_absmax(codes: np.ndarray, nested_map: np.ndarray, nested_absmax: np.ndarray, state: State) -> np.ndarray:
-    """Double quantization undone: ``nested_map[code] * nested_absmax[block] + offset``, in float32."""
+def nested_absmax(codes: np.ndarray, nested_map: np.ndarray, nested_scales: np.ndarray, state: State) -> np.ndarray:
+    """Double quantization undone: ``nested_map[code] * nested_scales[block] + offset``, in float32 (the absmax)."""
     q = np.asarray(codes).reshape(-1).view(np.uint8)
     table = np.asarray(nested_map, np.float32).reshape(-1)
-    scales = np.asarray(nested_absmax, np.float32).reshape(-1)
+    scales = np.asarray(nested_scales, np.float32).reshape(-1)
     bs = int(state.nested_blocksize or 1)
     vals = np.take(table, q)
     whole = q.size // bs
@@ -257,9 +257,4 @@ def fold(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
     return out, counts
 
 
-def is_bnb4(names: Iterable[str]) -> bool:
-    """Whether these tensor names hold bitsandbytes 4-bit weights."""
-    return any(STATE in n for n in names)
-
-
-__all__ = ["FP4", "NF4", "State", "dequantize", "fold", "is_bnb4", "nested_absmax", "parse_state"]
+__all__ = ["FP4", "NF4", "State", "dequantize", "fold", "nested_absmax", "parse_state"]
