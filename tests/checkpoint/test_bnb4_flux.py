@@ -161,3 +161,30 @@ def test_fused_weights_are_decoded_once(tmp_path, monkeypatch):
     total = sum(int(np.prod(nf4.ref(k).shape)) for k in nf4
                 if k.startswith("model.") and nf4.ref(k).stored == "nf4")
     assert sum(decoded) == total, (sum(decoded), total)
+
+
+def test_forge_v2_layout_nf4_transformer_with_an_fp8_t5(tmp_path):
+    """Forge's v2 bakes the T5 in as plain fp8 e4m3fn beside the NF4 transformer: every part binds, the T5 to the
+    fp8 values and the transformer to the same NF4 values as in the all-in-one file with an NF4 T5."""
+    import ml_dtypes
+    from flow_file_helpers import t5_file
+
+    from sdrt.checkpoint import open_single_file
+
+    path, f = _all_in_one(tmp_path)
+    tensors = {k: v for k, v in _raw(path).items() if not k.startswith("text_encoders.t5xxl.")}
+    t5 = t5_file(flow._params(flow.PIPES / "tiny-flux-dev", "text_encoder_2"))
+    tensors.update({"text_encoders.t5xxl.transformer." + k: v.astype(ml_dtypes.float8_e4m3fn) for k, v in t5.items()})
+    v2 = tmp_path / "flux1-dev-bnb-nf4-v2.safetensors"
+    stfile.write(v2, tensors)
+    got = open_single_file(v2, graph_paths=f["graphs"], family="flux-dev")
+    ref = open_single_file(path, graph_paths=f["graphs"], family="flux-dev")
+    assert sorted(got.parts) == sorted(ref.parts) and got.dtypes["text_encoder_2"] == {"float8_e4m3fn"}
+    assert got.dtypes["transformer"] == {"nf4", "bfloat16"}
+    (_, a), (_, b) = got.parts["transformer"], ref.parts["transformer"]
+    assert all(np.array_equal(np.asarray(a[n]), np.asarray(b[n])) for n in b)
+    t5_values = h.write(tmp_path / "t5_fp8_values.safetensors",
+                        {k: v.astype(ml_dtypes.float8_e4m3fn).astype(np.float32) for k, v in t5.items()})
+    fp8 = open_single_file(path, [t5_values], graph_paths=f["graphs"], family="flux-dev")  # the T5 file replaces
+    (_, c), (_, d) = got.parts["text_encoder_2"], fp8.parts["text_encoder_2"]
+    assert all(np.array_equal(np.asarray(c[n], np.float32), np.asarray(d[n], np.float32)) for n in d)
