@@ -33,7 +33,7 @@ from ..errors import ModelError, ModelNotFoundError, SdrtError, WeightsError
 from ..weights import Weights, folder_files
 from . import components, families, foreign
 from .families import FAMILY_GRAPHS, LABELS, PART_KINDS
-from .files import OpenedModel, graph_kind, release_defaults
+from .files import OpenedModel, graph_kind, release_defaults, stored_type
 from .graphs import shipped_graph
 from .hashing import model_hash
 from .ldm import Source
@@ -311,7 +311,7 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
         first = Path(next(iter(w.ref(k).source for k in w)))
         bound[part] = (gpath, with_own_constants(graph, refs, first))
         used[part] = first
-        dtypes[part] = {str(w.ref(s.key).dtype) for s in srcs.values()}
+        dtypes[part] = {stored_type(w.ref(s.key)) for s in srcs.values()}
     if problems:
         raise WeightsError("; ".join(problems)[:2000], where=str(root),
                            fix=f"the folder does not match the {LABELS[fam]} architecture sdrt ships; check it "

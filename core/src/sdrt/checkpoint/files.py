@@ -65,7 +65,8 @@ class OpenedModel:
     parts: dict[str, tuple[Path, Weights]]   # part -> (shipped graph path, weights in its names)
     files: dict[str, Path]                   # part -> the file its weights come from
     path: Path                               # the main file
-    dtypes: dict[str, set[str]] = field(default_factory=dict)   # part -> the dtypes its file holds
+    #: part -> the types its file stores its tensors in ("bfloat16", "float8_e4m3fn"; "nf4"/"fp4": bitsandbytes 4-bit)
+    dtypes: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -97,6 +98,12 @@ class OpenedModel:
                                    where=str(self.files[part]),
                                    fix="pass an fp16/bf16 version of this file, or let sdrt convert it "
                                        "(precision='fp16')")
+
+
+def stored_type(ref: Any) -> str:
+    """The type a tensor is stored as in its file: its dtype's name, or the bitsandbytes 4-bit type (``"nf4"``,
+    ``"fp4"``) it is dequantized from."""
+    return getattr(ref, "stored", None) or str(ref.dtype)
 
 
 #: families whose release ships another's scheduler, tokenizers and VAE: FLUX.1-Fill-dev's and
@@ -451,7 +458,7 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         (only,) = refs.values()
         bound[part] = (gpath, with_own_constants(graph, only, f.path))
         files[part] = f.path
-        dtypes[part] = {str(f.weights.ref(s.key).dtype) for s in srcs.values()}
+        dtypes[part] = {stored_type(f.weights.ref(s.key)) for s in srcs.values()}
     if problems:
         raise WeightsError("; ".join(problems)[:2000], where=str(main.path),
                            fix="the file does not match the release architecture sdrt ships for "

@@ -92,6 +92,18 @@ class Source:
             return a.reshape(*a.shape, 1, 1) if a.ndim == 2 else a
         raise ValueError(self.op)
 
+    def rows(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
+        """The rows ``(lo, hi)`` of a source tensor of ``shape`` that this op takes as they are (``part:`` and
+        ``rows:``), for a reader that can read them alone; None for the other ops."""
+        if self.op.startswith("part:") and shape:
+            i, n = (int(v) for v in self.op[5:].split("/"))
+            step = shape[0] // n
+            return i * step, (i + 1) * step
+        if self.op.startswith("rows:") and shape:
+            lo, hi = (int(v) for v in self.op[5:].split(":"))
+            return lo, min(hi, shape[0])
+        return None
+
     def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The converted shape for a source tensor of ``shape`` (no data read)."""
         if self.op == "T" and len(shape) == 2:

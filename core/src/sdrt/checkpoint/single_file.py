@@ -117,7 +117,9 @@ class Checkpoint:
 
     def array(self, src: Source) -> np.ndarray:
         try:
-            return src.load(self.weights.__getitem__)
+            span = src.rows(tuple(self.weights.ref(src.key).shape))
+            part = None if span is None else self.weights.rows(src.key, *span)  # its rows alone, where cheaper
+            return part if part is not None else src.load(self.weights.__getitem__)
         except WeightsError:
             raise
         except (OSError, ValueError) as exc:

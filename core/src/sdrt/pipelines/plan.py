@@ -150,9 +150,28 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     rp = RunPlan(pipe.family.name, TOOLS[tool] if tool else pipe.family.label, s.mode, s.width, s.height,
                  s.batch * s.batch_count, s.batch, s.batch_count, steps[0] if steps else 0, label, kind, guidance,
                  s.cfg, pipe.family.latent_shape(s.batch, s.height, s.width), parts,
-                 [dry._init_fit, *_notes(s)] if dry._init_fit else _notes(s))
+                 [*([dry._init_fit] if dry._init_fit else []), *_notes(s), *_stored_notes(pipe)])
     rp._refiner = dry._refiner_job  # type: ignore[attr-defined]  # the job's refiner pipeline (its memory plan)
     return rp
+
+
+#: file storage types that are not the dtype a part's weights are bound in, and what they are
+PACKED = {"nf4": "bitsandbytes 4-bit", "fp4": "bitsandbytes 4-bit"}
+
+
+def _stored_notes(pipe: Pipeline) -> list[str]:
+    """One line per part whose checkpoint stores weights packed (bitsandbytes NF4/FP4): the run reads them
+    dequantized, so the plan says so where the file's precision would otherwise not show."""
+    opened = getattr(getattr(pipe, "folder", None), "single_file", None)
+    out = []
+    for part, types in sorted((getattr(opened, "dtypes", None) or {}).items()):
+        packed = sorted(t for t in types if t in PACKED)
+        if packed:
+            plain = sorted(t for t in types if t not in PACKED)
+            name = getattr(opened.files.get(part), "name", "its file")
+            out.append(f"{part} weights: {', '.join(packed)} ({PACKED[packed[0]]}) in {name}, dequantized when bound"
+                       + (f"; the rest {', '.join(plain)}" if plain else ""))
+    return out
 
 
 def _notes(s: Any) -> list[str]:

@@ -7,6 +7,7 @@
 - ``store``: ``Weights``, named tensors read on access, and ``bind`` (checking them against a graph);
 - ``resolve``: ``resolve_weights``, every initializer's final array for a backend;
 - ``gguf``: GGUF files (the optional ``gguf`` package) as ``GGUFWeights``;
+- ``bnb``: bitsandbytes 4-bit (NF4/FP4) weights, folded on open into tensors dequantized when read;
 - ``lora``: merging LoRA adapters (imported on first use: ``sdrt.lora`` or ``sdrt.weights.lora``).
 
 Nothing here imports ``sdrt.graph`` at run time except ``lora``, which finds

@@ -36,7 +36,7 @@ from ..errors import WeightsError
 from ..formats import PICKLE_HINT, sniff
 from ..stamps import Stamp, file_stamp
 from ..tensors import TensorInfo
-from . import keymap, stfile, torchfile
+from . import bnb, keymap, stfile, torchfile
 from .keymap import KeyMap
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,6 +71,12 @@ class TensorRef:
     #: as they are: the reader of its ``BlockMatrix`` (``sdrt.weights.blocks``), which a backend that runs the
     #: type (``Backend.weight_blocks``) receives instead of the float32 array ``load`` makes
     blocks: Callable[[], Any] | None = field(default=None, repr=False, compare=False)
+    #: how the file stores a tensor that ``load`` decodes into ``dtype`` (``"nf4"``, ``"fp4"``: bitsandbytes 4-bit,
+    #: ``sdrt.weights.bnb``); None when the file holds ``dtype`` itself
+    stored: str | None = None
+    #: reads rows ``lo:hi`` (of the first axis) alone, when that is cheaper than the whole tensor (a bitsandbytes
+    #: 4-bit weight decodes only their blocks): a fused qkv's thirds, Flux's ``linear1`` split
+    rows: Callable[[int, int], np.ndarray] | None = field(default=None, repr=False, compare=False)
 
 
 def _float_kind(dt: np.dtype) -> bool:
@@ -164,6 +170,10 @@ class Weights(Mapping[str, np.ndarray]):
             raise WeightsError(f"the same tensor name is in several files: {', '.join(dups)}",
                                where="Weights.open", fix="open the files separately, or drop duplicates")
         raw = _fold_fp8_scales(raw)
+        raw, packed = bnb.fold(raw)  # bitsandbytes NF4/FP4 weights: each read as its bf16/fp16 values
+        if packed:
+            log.info("%s: %s bitsandbytes weights, dequantized when read", ", ".join(p.name for p in files),
+                     ", ".join(f"{n} {kind}" for kind, n in sorted(packed.items())))
         log.debug("opened %d tensors from %d files", len(raw), len(files))
         return cls(_remap(raw, mapping, "Weights.open"), dtype=dtype, sources=files)
 
@@ -201,6 +211,12 @@ class Weights(Mapping[str, np.ndarray]):
         if name not in self._refs:
             raise WeightsError(f"no tensor named {name!r}", where=self._where(), fix="see weights.keys()")
         return _convert(self[name], _as_dtype(dtype))
+
+    def rows(self, name: str, lo: int, hi: int) -> np.ndarray | None:
+        """Rows ``lo:hi`` of tensor ``name`` read alone, when its reader can (``TensorRef.rows``: a bitsandbytes
+        4-bit weight decodes only their blocks); None when it cannot (then ``self[name][lo:hi]`` is the way)."""
+        ref = self._refs[name]
+        return None if ref.rows is None else _convert(ref.rows(lo, hi), self.dtype)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._refs)
@@ -397,7 +413,7 @@ def _remap(refs: Mapping[str, TensorRef], mapping: keymap.MappingLike, where: st
         return dict(refs)
     targets = keymap.apply(refs, mapping, where)
     return {t: TensorRef(t, refs[k].dtype, refs[k].shape, refs[k].source, refs[k].load, refs[k].origin,
-                         refs[k].blocks) for t, k in targets.items()}
+                         refs[k].blocks, refs[k].stored, refs[k].rows) for t, k in targets.items()}
 
 
 def _expand(paths: PathLike | Iterable[PathLike]) -> list[Path]:
