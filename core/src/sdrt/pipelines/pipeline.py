@@ -466,6 +466,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             ts, sigmas = self.family.flow_timesteps(s.steps, s.width, s.height, s.shift)
             if s.strength is not None:
                 ts, sigmas, _ = img2img_timesteps(ts, sigmas, s.steps, s.strength)
+            elif start:  # the hires pass: the last steps of its schedule (A1111's steps rule), from the upscaled image
+                ts, sigmas = ts[start:], sigmas[start:]
             return FlowLoop(ts, sigmas, self.family.timestep_scale)
         if start is not None:  # the hires pass: A1111's steps rule (sdrt.pipelines.hires)
             pass
