@@ -21,7 +21,7 @@ from sdrt.pipelines.controlnet import ControlNet
 
 pytestmark = needs_server
 Image = pytest.importorskip("PIL.Image", reason="the serve tests need Pillow")
-pytest.importorskip("requests", reason="the serve tests need requests")
+requests = pytest.importorskip("requests", reason="the serve tests need requests")
 
 PIPES = Path(__file__).resolve().parents[1] / "data" / "pipelines"
 NETS = PIPES / "tiny-flux-controlnet"
@@ -37,6 +37,7 @@ def flux_models(tmp_path_factory) -> Iterator[Path]:
     shutil.copytree(PIPES / "tiny-flux-dev", root / "tiny-flux-dev")
     (root / "ControlNet").mkdir()
     shutil.copytree(NETS / "canny", root / "ControlNet" / "flux-canny")
+    shutil.copytree(NETS / "union", root / "ControlNet" / "flux-union")
     shipped = ckpt.shipped_graph
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ckpt, "shipped_graph", lambda name: NETS / "flux_dev_transformer.onnx"
@@ -75,3 +76,17 @@ def test_webuiapi_img2img_with_a_flux_controlnet_unit(flux_server, flux_models) 
         plain = pipe(PROMPT, **args)[0].astype(int)
     assert int(np.abs(got - want).max()) == 0
     assert int(np.abs(got - plain).max()) > 10  # the unit changed the picture
+
+
+def test_a_union_net_needs_a_mode_no_unit_field_carries(flux_server) -> None:
+    """A union Flux ControlNet needs its mode (``union_mode`` in the API, ``--control-union-mode`` on the command line);
+    no A1111 unit field carries one: a 400 naming the unit and the mode."""
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(buf, "PNG")
+    unit = {"image": base64.b64encode(buf.getvalue()).decode(), "model": "flux-union"}
+    r = requests.post(f"{flux_server}/sdapi/v1/txt2img", timeout=300, json=dict(
+        prompt=PROMPT, steps=1, width=64, height=64, alwayson_scripts={"controlnet": {"args": [unit]}}))
+    assert r.status_code == 400 and "union ControlNet" in r.text and "mode" in r.text, r.text
