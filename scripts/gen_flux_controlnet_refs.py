@@ -21,6 +21,14 @@ Writes ``tests/data/pipelines/tiny-flux-controlnet/``: ``flux_dev_transformer.on
     PYTHONPATH=scripts:scripts/_tvblock:core/src:SHIM /work/refvenv/bin/python scripts/gen_flux_controlnet_refs.py
 
 (SHIM: a folder holding a link to pluggy, which sdrt imports and the torch venv lacks.)
+
+With the argument ``img2img`` it writes only ``img2img.json`` and ``img2img.npz`` there: diffusers 0.42's
+``FluxControlNetImg2ImgPipeline`` and ``FluxControlNetInpaintPipeline`` (a plain Flux.1 dev model, not Fill) on
+tiny-flux-dev's parts with the nets as the fixtures hold them (``canny/``, ``union/`` and
+``tiny-flux-xlabs-controlnet/xlabs-diffusers/``, read back with ``from_pretrained``): strengths below 1 (the
+schedule cut), windows that are not 0..1 (judged over the steps the cut schedule runs), a mask with grays around
+0.5, a union mode, batch 2, XLabs' design; the init picture, the mask and the control pictures are kept with the
+images.
 """
 
 from __future__ import annotations
@@ -39,7 +47,13 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-from diffusers import FluxControlNetModel, FluxControlNetPipeline, FluxTransformer2DModel  # noqa: E402
+from diffusers import (  # noqa: E402
+    FluxControlNetImg2ImgPipeline,
+    FluxControlNetInpaintPipeline,
+    FluxControlNetModel,
+    FluxControlNetPipeline,
+    FluxTransformer2DModel,
+)
 from PIL import Image  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
@@ -280,6 +294,86 @@ def run(base, nets: dict, case: dict, refs: dict) -> None:
     print(f"  {name}: {image.shape} std {float(image.std()):.1f}")
 
 
+# -------------------------------------------------------------------------------- img2img and inpainting
+XLABS = g.OUT / "tiny-flux-xlabs-controlnet" / "xlabs-diffusers"
+#: the nets' folders, read back as the fixtures hold them (xlabs-canny: XLabs' file in diffusers' names)
+NET_FOLDERS = {"canny": OUT / "canny", "union": OUT / "union", "xlabs-canny": XLABS}
+#: img2img / inpaint cases. A window is judged over the steps the cut schedule runs: canny's 0.3-0.7 over 3 run steps
+#: (5 at strength 0.6) is on at run step 1 only, where over the whole schedule (steps 2-4 of 5) it would be on at the
+#: first run step; xlabs' 0-0.5 over 2 run steps is on at the first only
+IMG2IMG_CASES = [
+    dict(name="img2img/canny/96x64/strength 0.6/window 0.3-0.7", mode="img2img", nets=["canny"], width=96, height=64,
+         steps=5, strength=0.6, seed=7, guidance=3.5, batch=1, scale=[0.8], start=[0.3], end=[0.7], union=None),
+    dict(name="img2img/union mode 1/64x64/strength 0.75/batch 2", mode="img2img", nets=["union"], width=64,
+         height=64, steps=4, strength=0.75, seed=8, guidance=4.0, batch=2, scale=[0.9], start=[0.0], end=[1.0],
+         union=1),
+    dict(name="img2img/xlabs/64x64/strength 0.5/window 0-0.5", mode="img2img", nets=["xlabs-canny"], width=64,
+         height=64, steps=4, strength=0.5, seed=10, guidance=3.5, batch=1, scale=[0.7], start=[0.0], end=[0.5],
+         union=None),
+    dict(name="inpaint/canny/64x96/strength 0.6/window 0-0.67", mode="inpaint", nets=["canny"], width=64, height=96,
+         steps=5, strength=0.6, seed=11, guidance=3.5, batch=1, scale=[0.9], start=[0.0], end=[0.67], union=None),
+    dict(name="inpaint/canny/64x64/strength 1/window 0.34-1", mode="inpaint", nets=["canny"], width=64, height=64,
+         steps=3, strength=1.0, seed=13, guidance=3.5, batch=1, scale=[1.0], start=[0.34], end=[1.0], union=None),
+    dict(name="inpaint/union mode 2/64x64/strength 0.7/batch 2", mode="inpaint", nets=["union"], width=64, height=64,
+         steps=4, strength=0.7, seed=14, guidance=3.5, batch=2, scale=[0.8], start=[0.25], end=[1.0], union=2),
+    dict(name="inpaint/xlabs/96x64/strength 0.7", mode="inpaint", nets=["xlabs-canny"], width=96, height=64,
+         steps=4, strength=0.7, seed=15, guidance=3.5, batch=1, scale=[0.8], start=[0.0], end=[1.0], union=None),
+]
+
+
+def img2img_image(base, case: dict, refs: dict) -> None:
+    """diffusers' image for an img2img / inpaint case; its pictures and image kept in ``refs``."""
+    name, h, w = case["name"], case["height"], case["width"]
+    net = FluxControlNetModel.from_pretrained(NET_FOLDERS[case["nets"][0]], torch_dtype=torch.float32).eval()
+    parts = dict(scheduler=base.scheduler, vae=base.vae, text_encoder=base.text_encoder, tokenizer=base.tokenizer,
+                 text_encoder_2=base.text_encoder_2, tokenizer_2=base.tokenizer_2, transformer=base.transformer,
+                 controlnet=net)
+    init = tools.picture(h, w)
+    control = tools.edges(h, w) if case["union"] is None else np.ascontiguousarray(255 - tools.picture(h, w)[::-1])
+    refs[f"{name}/init_image"] = init
+    refs[f"{name}/control_image_0"] = control
+    kw = dict(prompt=PROMPT, image=Image.fromarray(init), control_image=Image.fromarray(control), height=h, width=w,
+              strength=case["strength"], num_inference_steps=case["steps"], guidance_scale=case["guidance"],
+              control_guidance_start=case["start"][0], control_guidance_end=case["end"][0],
+              controlnet_conditioning_scale=case["scale"][0], num_images_per_prompt=case["batch"],
+              generator=torch.Generator("cpu").manual_seed(case["seed"]), output_type="np",
+              max_sequence_length=g.MAX_SEQ)
+    if case["union"] is not None:  # one per image: the pipeline reshapes it to [-1, 1], which batch 2 must fill
+        kw["control_mode"] = [case["union"]] * case["batch"]
+    if case["mode"] == "inpaint":
+        mask = tools.mask(h, w)
+        refs[f"{name}/mask"] = mask
+        pipe = FluxControlNetInpaintPipeline(**parts)
+        kw["mask_image"] = Image.fromarray(mask)
+    else:
+        pipe = FluxControlNetImg2ImgPipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    with torch.no_grad():
+        image = (pipe(**kw).images * 255).round().astype(np.uint8)
+    refs[f"{name}/image"] = image
+    case.update(max_sequence_length=g.MAX_SEQ, prompt=PROMPT)
+    print(f"  {name}: {image.shape} std {float(image.std()):.1f}")
+
+
+def img2img_main() -> None:
+    """``img2img.json`` and ``img2img.npz`` in tiny-flux-controlnet (the other fixtures are left as they are)."""
+    import json
+
+    torch.set_num_threads(2)
+    tools._tokenizers_from_dev()
+    base = g.build("flux-dev")
+    tools.check_shared_parts(base)
+    check_dev_transformer(base.transformer)
+    base.scheduler = g.FlowMatchEulerDiscreteScheduler.from_pretrained(DEV / "scheduler")
+    refs: dict[str, np.ndarray] = {}
+    cases = [dict(c) for c in IMG2IMG_CASES]
+    for case in cases:
+        img2img_image(base, case, refs)
+    (OUT / "img2img.json").write_text(json.dumps(cases, indent=1) + "\n")
+    np.savez_compressed(OUT / "img2img.npz", **refs)
+    print(f"  img2img.npz: {(OUT / 'img2img.npz').stat().st_size / 1e6:.2f} MB")
+
+
 def main() -> None:
     torch.set_num_threads(2)
     tools._tokenizers_from_dev()
@@ -306,4 +400,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    img2img_main() if sys.argv[1:] == ["img2img"] else main()

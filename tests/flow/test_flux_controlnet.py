@@ -117,8 +117,6 @@ def test_layouts_and_refusals() -> None:
         (dict(controlnets=[ControlNet(union, image)]), "controlnets[0] union_mode", "union ControlNet"),
         (dict(controlnets=[ControlNet(canny, image, union_mode=1)]), "controlnets[0] union_mode", "no union"),
         (dict(controlnets=[ControlNet(union, image, union_mode=4)]), "controlnets[0] union_mode", "4 modes"),
-        (dict(controlnets=[ControlNet(canny, image)], init_image=image), "init_image", "txt2img"),
-        (dict(controlnets=[ControlNet(canny, image)], hires_scale=2), "hires_scale", "hires fix"),
         (dict(controlnets=[ControlNet(canny, image), ControlNet(union, image, union_mode=0)]), "controlnets[1]",
          "cannot be summed"),
         (dict(controlnets=[ControlNet(canny, image, control_mode=1)]), "controlnets[0]", "scale and window only"),

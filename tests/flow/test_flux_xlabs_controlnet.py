@@ -102,8 +102,6 @@ def test_layouts_and_refusals() -> None:
                             graph=BASE)
     common = dict(steps=2, width=64, height=64, max_sequence_length=32)
     errors = [
-        (dict(controlnets=[ControlNet(xl, image)], init_image=image), "init_image", "txt2img"),
-        (dict(controlnets=[ControlNet(xl, image)], hires_scale=2), "hires_scale", "hires fix"),
         (dict(controlnets=[ControlNet(xl, image, union_mode=1)]), "controlnets[0] union_mode", "no union"),
         (dict(controlnets=[ControlNet(xl, image), ControlNet(canny, image)]), "controlnets[1]", "in turn"),
     ]

@@ -322,7 +322,7 @@ def processor_resolution(unit: ControlNet, image_h: int, image_w: int, width: in
 
 
 def check_transformer_run(s: Any, net: str, pipeline: str) -> None:
-    """What a transformer family's ControlNet (``net``: "a Flux ControlNet") does not run with, as diffusers'
+    """What a transformer family's ControlNet (``net``: "an SD3 ControlNet") does not run with, as diffusers'
     ``pipeline`` runs it: img2img, inpainting and the hires fix are refused in one line."""
     if s.mode != "txt2img":
         raise InputError(f"{net} runs in txt2img (diffusers' {pipeline}); img2img and inpainting with one are not "

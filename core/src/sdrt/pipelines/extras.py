@@ -205,14 +205,14 @@ class ToolboxMixin:
         if not units:
             return None
         hires = (width, height) != (s.width, s.height)
+        state = cn.ControlState()
+        nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
+        if nets is not None:  # (a Flux net's control latents of the hires pass: _hires_pass, before the image's)
+            call.hooks.append(nets.hook(self, units, state, call))
+            return state
         if hires:  # the hires pass: control images at the new size
             for k, unit in enumerate(units):
                 unit.control = self._control_tensor(unit, width, height, k)
-        state = cn.ControlState()
-        nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
-        if nets is not None:
-            call.hooks.append(nets.hook(self, units, state, call))
-            return state
         call.hooks.append(cn.hook(units, self.denoiser, state,  # type: ignore[attr-defined]
                                   latent_channels=self.family.latent_channels,  # type: ignore[attr-defined]
                                   sample_name=self.family.sample_input,  # type: ignore[attr-defined]
@@ -278,6 +278,12 @@ class ToolboxMixin:
         loop = self._loop(s2, ms, generator, seed, start=total_steps - run)  # type: ignore[attr-defined]
         # the model loaded now decodes and encodes (A1111's sd_model): the refiner's VAE once it has taken over
         vae = refiner.vae if refiner is not None else self
+        if tb.controlnets and self.family.name == "flux":  # type: ignore[attr-defined]
+            # as FluxControlNetImg2ImgPipeline at the target size: the control images made again at that size, their
+            # latents drawn before the upscaled image's
+            from .fluxcontrolnet import second_pass
+
+            second_pass(self, tb.controlnets, tw, th, s.batch, generator)
         if hr.latent:
             latents = upscale_latent(x, hr, th, tw)
         else:

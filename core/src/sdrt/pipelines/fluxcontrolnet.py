@@ -15,7 +15,13 @@ pipeline, as diffusers 0.42's ``FluxControlNetPipeline`` runs them.
 - XLabs' nets (``input_hint_block``) take the control picture itself (RGB in [-1, 1], no VAE, no sample drawn),
   and the transformer's double blocks take their residuals in turn (diffusers' ``controlnet_blocks_repeat``);
   nets of the two designs do not mix;
-- txt2img only (``FluxControlNetPipeline``); no hires fix, reference images or FLUX.1 Tools model with it.
+- img2img and inpainting (with a plain Flux.1 dev model) run as ``FluxControlNetImg2ImgPipeline`` and
+  ``FluxControlNetInpaintPipeline``: the control latents are drawn first, then the init image's, then the noise
+  (inpainting: then the masked image's); the window is judged over the steps the cut schedule runs (diffusers'
+  ``controlnet_keep`` over ``len(timesteps)`` after ``get_timesteps``), which the pipeline's step count already is;
+- the hires fix's second pass makes each control image again at the target size and encodes it with the second
+  pass's generator before the upscaled image (:func:`second_pass`), as that img2img pass would;
+- no reference images or FLUX.1 Tools model with it.
 """
 
 from __future__ import annotations
@@ -56,7 +62,6 @@ def prepare(pipe: Any, s: Settings) -> None:
     if "guidance" not in pipe.denoiser.inputs:
         raise InputError("Flux ControlNets run with Flux.1 dev models, and this transformer takes no guidance "
                          "(Flux.1 schnell?)", where="controlnets", fix="use a Flux.1 dev model")
-    cn.check_transformer_run(s, "a Flux ControlNet", "FluxControlNetPipeline")
     if s.reference_images:
         raise InputError("reference images (FLUX.1 Kontext) do not combine with a Flux ControlNet",
                          where="reference_images", fix="leave {@reference_images} or {@controlnets} out")
@@ -114,20 +119,34 @@ def use_residuals(part: Part, counts: tuple[int, int] | None, repeat: bool = Fal
     part.edit_graph(edit, ("flux_controlnet_residuals", counts, repeat))
 
 
-def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], batch: int, generator: Any) -> None:
+def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], batch: int, generator: Any,
+                    pictures: Sequence[np.ndarray] | None = None) -> None:
     """diffusers: each control image, repeated for the batch, VAE-encoded with a sample from the run's generator
     (before the noise), shifted, scaled and packed: ``unit.latents`` ``[batch, tokens, 64]``; an XLabs net's is the
-    picture itself, ``[batch, 3, height, width]`` in [-1, 1] (nothing drawn)."""
+    picture itself, ``[batch, 3, height, width]`` in [-1, 1] (nothing drawn). ``pictures``: HxWx3 uint8 images in
+    place of the units' own (the hires pass's, at its size)."""
     from .flowparts import pack_latents
     from .images import to_nchw
 
-    for unit in units:
-        assert unit.control is not None
-        rgb = np.repeat(to_nchw(unit.control), batch, axis=0)
+    for k, unit in enumerate(units):
+        picture = unit.control if pictures is None else pictures[k]
+        assert picture is not None
+        rgb = np.repeat(to_nchw(picture), batch, axis=0)
         if layout_of(unit).hint:
             unit.latents = rgb
             continue
         unit.latents = pack_latents(pipe._encode_image(rgb, generator).astype(np.float32))
+
+
+def second_pass(pipe: Any, units: Sequence[cn.ControlNet], width: int, height: int, batch: int,
+                generator: Any) -> None:
+    """The hires fix's second pass: each control image made again at the target size (its preprocessor and resize,
+    as sd-webui-controlnet and Forge resize the map to the hires size) and encoded with the pass's generator before
+    the upscaled image is, the order ``FluxControlNetImg2ImgPipeline`` draws in."""
+    from .fluxtools import control_image
+
+    # the units keep the first pass's pictures: the next image of the job (batch_count) starts at that size again
+    encode_controls(pipe, units, batch, generator, [control_image(unit, width, height) for unit in units])
 
 
 def hook(pipe: Any, units: Sequence[cn.ControlNet], state: cn.ControlState, call: Any

@@ -466,6 +466,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             ts, sigmas = self.family.flow_timesteps(s.steps, s.width, s.height, s.shift)
             if s.strength is not None:
                 ts, sigmas, _ = img2img_timesteps(ts, sigmas, s.steps, s.strength)
+            elif start:  # the hires pass: the last steps of its schedule (A1111's steps rule), from the upscaled image
+                ts, sigmas = ts[start:], sigmas[start:]
             return FlowLoop(ts, sigmas, self.family.timestep_scale)
         if start is not None:  # the hires pass: A1111's steps rule (sdrt.pipelines.hires)
             pass
@@ -1028,6 +1030,12 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         init_gen = generator
         if getattr(self, "_references", None) is not None:
             from .reference import MEAN as init_gen
+        if self.family.name == "flux" and s.toolbox.controlnets:
+            # FluxControlNet(Img2Img|Inpaint)Pipeline: each control image, one VAE sample per image, before the init
+            # image's and the noise
+            from .fluxcontrolnet import encode_controls
+
+            encode_controls(self, s.toolbox.controlnets, s.batch, generator)
         if s.mode == "img2img":
             assert init is not None
             image_latents = np.repeat(self._init_latents(init, init_gen, lh, lw), s.batch, axis=0)
@@ -1054,10 +1062,6 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
                 rgb = to_nchw(control_image(s.control_image, s.width, s.height))
                 extra = self._encode_image(np.repeat(rgb, s.batch, axis=0), generator).astype(np.float32)
-            elif self.family.name == "flux" and s.toolbox.controlnets:  # FluxControlNetPipeline: the same, per net
-                from .fluxcontrolnet import encode_controls
-
-                encode_controls(self, s.toolbox.controlnets, s.batch, generator)
             elif self.family.name == "sd3" and s.toolbox.controlnets:  # StableDiffusion3ControlNetPipeline
                 from .sd3controlnet import encode_controls as encode_sd3
 

@@ -1,0 +1,151 @@
+"""Flux.1 ControlNets in img2img, inpainting and the hires fix on tiny-flux-dev.
+
+img2img and inpainting against diffusers 0.42.1's ``FluxControlNetImg2ImgPipeline`` and
+``FluxControlNetInpaintPipeline`` (a plain Flux.1 dev model): ``tiny-flux-controlnet/img2img.json`` and
+``img2img.npz`` (``scripts/gen_flux_controlnet_refs.py img2img``), with the tiny nets of tiny-flux-controlnet
+(diffusers' design, a union net) and tiny-flux-xlabs-controlnet (XLabs' design, from its XLabs-named file).
+Tolerance: 1 of 255. Strengths below 1 cut the schedule, and the windows are not 0..1, so a window judged over the
+whole schedule instead of the steps run, control latents drawn after the init image's, or a control picture or init
+image not read shows as tens of levels.
+
+The hires fix has no diffusers reference (diffusers has no hires fix): the test checks that it runs and that the
+second pass encodes the control picture again at the target size, before the upscaled image.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flow_helpers import register
+
+from sdrt import pipelines
+from sdrt.checkpoint.controlnet import open_controlnet
+from sdrt.pipelines.controlnet import ControlNet
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
+NETS = DATA / "tiny-flux-controlnet"
+BASE = NETS / "flux_dev_transformer.onnx"
+FILES = {"canny": NETS / "canny" / "diffusion_pytorch_model.safetensors",
+         "union": NETS / "union" / "diffusion_pytorch_model.safetensors",
+         "xlabs-canny": DATA / "tiny-flux-xlabs-controlnet" / "xlabs-canny.safetensors"}  # XLabs' own key names
+CASES = json.loads((NETS / "img2img.json").read_text())
+REFS = np.load(NETS / "img2img.npz")
+
+_PIPES: dict = {}
+
+
+def _pipe(backend: str):
+    register(backend)
+    if backend not in _PIPES:
+        _PIPES[backend] = pipelines.load(DATA / "tiny-flux-dev", backend=backend)
+    return _PIPES[backend]
+
+
+def _case(name: str) -> dict:
+    return next(c for c in CASES if c["name"] == name)
+
+
+def _kwargs(case: dict, control: np.ndarray | None = None, init: np.ndarray | None = None) -> dict:
+    name = case["name"]
+    unit = ControlNet(open_controlnet(FILES[case["nets"][0]], graph=BASE),
+                      REFS[f"{name}/control_image_0"] if control is None else control, case["scale"][0],
+                      case["start"][0], case["end"][0], union_mode=case["union"])
+    kw = dict(steps=case["steps"], seed=case["seed"], width=case["width"], height=case["height"], batch=case["batch"],
+              sampler="Euler", guidance=case["guidance"], max_sequence_length=case["max_sequence_length"],
+              controlnets=[unit], init_image=REFS[f"{name}/init_image"] if init is None else init,
+              strength=case["strength"])
+    if case["mode"] == "inpaint":
+        kw["mask"] = REFS[f"{name}/mask"]
+    return kw
+
+
+def _diff(case: dict, images: list[np.ndarray]) -> int:
+    got = np.stack(images).astype(int)
+    want = REFS[f"{case['name']}/image"].astype(int)
+    assert got.shape == want.shape
+    return int(np.abs(got - want).max())
+
+
+PARAMS = [(c["name"], b) for c in CASES for b in ("reference", "openvino", "ggml")]
+
+
+@pytest.mark.parametrize(("name", "backend"), PARAMS, ids=[f"{n}-{b}" for n, b in PARAMS])
+def test_image_matches_diffusers(name: str, backend: str) -> None:
+    case = _case(name)
+    gen = _pipe(backend).generate(case["prompt"], **_kwargs(case))
+    info = gen.settings[0]
+    assert info["Denoising strength"] == case["strength"] and "ControlNet 0" in info
+    diff = _diff(case, gen.images)
+    assert diff <= 1, f"{name} on {backend}: max difference {diff}"
+
+
+@pytest.mark.parametrize("name", [CASES[0]["name"], CASES[2]["name"], CASES[3]["name"], CASES[5]["name"]])
+def test_control_picture_and_init_image_each_matter(name: str) -> None:
+    """A blank control picture, or another init image, moves sdrt's image far past the tolerance: the net reads its
+    picture and the run starts from the init image (its known part kept, when inpainting)."""
+    case = _case(name)
+    pipe = _pipe("reference")
+    plain = np.stack(pipe(case["prompt"], **_kwargs(case))).astype(int)
+    blank = np.zeros_like(REFS[f"{name}/control_image_0"])
+    other = np.ascontiguousarray(REFS[f"{name}/init_image"][::-1, ::-1])
+    moved = {what: int(np.abs(np.stack(pipe(case["prompt"], **_kwargs(case, **kw))).astype(int) - plain).max())
+             for what, kw in (("control", dict(control=blank)), ("init", dict(init=other)))}
+    assert min(moved.values()) > 10, moved
+
+def test_hires_fix_encodes_the_control_again_at_the_second_pass_size() -> None:
+    """txt2img at 64x64, then img2img at 96x96: the control picture is made again at 96x96 and VAE-encoded before
+    the upscaled image (FluxControlNetImg2ImgPipeline's order), so the net reads 36 control tokens in the second
+    pass; the plan lists the same calls."""
+    pipe = _pipe("reference")
+    edges = REFS[f"{CASES[0]['name']}/control_image_0"]  # 96x64: resized to each pass's size
+    unit = ControlNet(open_controlnet(FILES["canny"], graph=BASE), edges, 0.8, 0.0, 0.8)
+    kw = dict(steps=3, seed=4, width=64, height=64, sampler="Euler", guidance=3.5, max_sequence_length=32,
+              controlnets=[unit], hires_scale=1.5, hires_steps=2, hires_denoise=0.6, hires_upscaler="Lanczos")
+    encoded: list[tuple[int, ...]] = []
+    fed: list[tuple[int, ...]] = []
+    own = pipe._encode_image
+
+    def record(image, generator):
+        encoded.append(tuple(image.shape))
+        return own(image, generator)
+
+    pipe._encode_image = record
+    try:
+        gen = pipe.generate("a cat", batch_count=2, **kw)
+        part = pipe.control_parts["controlnet:canny"]
+        run = part.run
+        part.run = lambda feeds, *a, **k: fed.append(tuple(feeds["controlnet_cond"].shape)) or run(feeds, *a, **k)
+        try:
+            blank = pipe("a cat", **{**kw, "controlnets": [ControlNet(unit.net, np.zeros_like(edges), 0.8, 0.0, 0.8)]})
+        finally:
+            del part.run
+    finally:
+        del pipe._encode_image
+    assert [im.shape for im in gen.images] == [(96, 96, 3)] * 2 and "Hires upscale" in gen.settings[0]
+    # first pass: the control picture; second pass: the control picture at 96x96, then the upscaled image; the
+    # job's second image (batch_count 2) starts again at 64x64
+    assert encoded[:6] == [(1, 3, 64, 64), (1, 3, 96, 96), (1, 3, 96, 96)] * 2, encoded
+    # the window 0-0.8 over each pass's steps run: steps 0 and 1 of 3, then step 0 of the 2 the second pass runs
+    assert fed == [(1, 16, 64)] * 2 + [(1, 36, 64)], fed
+    assert int(np.abs(blank[0].astype(int) - gen.images[0].astype(int)).max()) > 10
+    plan = pipe.plan("a cat", **kw)
+    conds = [dict((n, tuple(s)) for n, s, _ in sig)["controlnet_cond"] for sig, _ in plan.part("controlnet:canny").signatures]
+    assert set(conds) == {(1, 16, 64), (1, 36, 64)}, conds
+
+
+
+def test_flux_hires_second_pass_continues_the_first() -> None:
+    """The hires fix's second pass on Flux (Euler, the diffusers-form flow loop) runs the last ``hires_steps`` of its
+    schedule from the upscaled first pass, as A1111's steps rule says: 3 + 2 steps, and a different first pass gives
+    a different image (the loop once ran the whole schedule from pure noise, the first pass unread)."""
+    pipe = _pipe("reference")
+    kw = dict(seed=4, width=64, height=64, sampler="Euler", guidance=3.5, max_sequence_length=32, hires_scale=1.5,
+              hires_steps=2, hires_denoise=0.6)
+    calls: list[tuple[int, int]] = []
+    a = pipe.generate("a cat", steps=3, callback=lambda i, n, x: calls.append((i, n)), **kw).images[0]
+    assert calls == [(i, 5) for i in range(1, 6)], calls
+    b = pipe("a cat", steps=2, **kw)[0]
+    assert int(np.abs(a.astype(int) - b.astype(int)).max()) > 10
