@@ -283,6 +283,25 @@ def test_controlnet_given_as_its_own_folder() -> None:
     assert np.array_equal(by_name, by_dir)
 
 
+def test_controlnet_image_follows_each_pass_size() -> None:
+    """A hires pass prepares the control image at its size, and the next image's first pass (``batch_count`` > 1)
+    at the first size again: it kept the hires size, which the net's latents no longer match. (The tiny folders
+    are fixed at 64x64, so the passes are called directly rather than through a hires run.)"""
+    from sdrt.pipelines.families.base import ModelCall
+
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+    case = _cases("tiny-sd15-controlnet")[0]
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as pipe:
+        s, _, _ = pipe._prepare(case["prompt"], case["negative_prompt"],
+                                dict(steps=2, width=64, height=64, controlnets=_units(case, z)))
+        unit = s.toolbox.controlnets[0]
+        sizes = []
+        for w, h in ((64, 64), (128, 96), (64, 64)):  # first pass, hires pass, the next image's first pass
+            pipe._control(s, ModelCall(w, h, 1, 7.0, None, None), w, h)
+            sizes.append(tuple(unit.control.shape[-2:]))
+    assert sizes == [(64, 64), (96, 128), (64, 64)]
+
+
 @pytest.mark.parametrize("controlnets, error, words", [
     ([("controlnet", "EDGES", 1.0, 0.8, 0.5)], InputError, "after its end"),
     ([("nope", "EDGES")], ModelError, "no ControlNet model.onnx"),

@@ -210,8 +210,8 @@ class ToolboxMixin:
         if nets is not None:  # (a Flux net's control latents of the hires pass: _hires_pass, before the image's)
             call.hooks.append(nets.hook(self, units, state, call))
             return state
-        if hires:  # the hires pass: control images at the new size
-            for k, unit in enumerate(units):
+        for k, unit in enumerate(units):  # the hires pass at its size; the next image's first pass at its own again
+            if unit.control is None or tuple(unit.control.shape[-2:]) != (height, width):
                 unit.control = self._control_tensor(unit, width, height, k)
         call.hooks.append(cn.hook(units, self.denoiser, state,  # type: ignore[attr-defined]
                                   latent_channels=self.family.latent_channels,  # type: ignore[attr-defined]
