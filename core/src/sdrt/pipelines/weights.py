@@ -586,8 +586,8 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
     modules = {c[: -len(".weight")]: s.init for c, s in pmap.items() if c.endswith(".weight")}
     flat = {m.replace(".", "_"): m for m in modules}
 
-    def count(prefix: str) -> int:
-        return 1 + max((int(c.split(".")[1]) for c in pmap if c.startswith(prefix)), default=-1)
+    def count(prefix: str) -> int:  # the index right after the prefix (Chroma's "distilled_guidance_layer.layers.N")
+        return 1 + max((int(c[len(prefix):].split(".")[0]) for c in pmap if c.startswith(prefix)), default=-1)
 
     double, single = count("transformer_blocks."), count("single_transformer_blocks.")
     approx = count("distilled_guidance_layer.layers.")
