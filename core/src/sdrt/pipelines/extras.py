@@ -57,13 +57,13 @@ class ToolboxMixin:
             self._silent_units = self._zero_residuals(s)
         if tb.controlnets and nets is None:
             unet = self.denoiser  # type: ignore[attr-defined]
+            if self.family.name not in ("sd1", "sd2", "sdxl"):  # type: ignore[attr-defined]  # first: Chroma has no nets
+                raise InputError(f"ControlNet is not supported for {self.family.label}", where="controlnets",
+                                 fix="use an SD 1.x, SDXL, SD3 or Flux.1 dev model")
             if not cn.residual_inputs(unet):
                 raise InputError(f"this model's {unet.name} takes no ControlNet residuals", where="controlnets",
                                  fix="use a model folder exported for ControlNet (its UNet takes "
                                      "down_block_additional_residual_*), or leave {@controlnets} out")
-            if self.family.name not in ("sd1", "sd2", "sdxl"):  # type: ignore[attr-defined]
-                raise InputError(f"ControlNet is not supported for {self.family.label}", where="controlnets",
-                                 fix="use an SD 1.x, SDXL, SD3 or Flux.1 dev model")
             for k, unit in enumerate(tb.controlnets):
                 unit.part = self._control_part(unit.net, f"controlnets[{k}]")
                 cn.check_net(unit.part, unet, f"controlnets[{k}]")
