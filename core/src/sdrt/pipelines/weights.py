@@ -167,6 +167,13 @@ class WeightState:
             raise InputError(f"the checkpoint must be a file path or an sdrt.checkpoint.Checkpoint, got "
                              f"{type(path).__name__} {path!r:.40}", where="load_weights",
                              fix="pass pipe.load_weights('model.safetensors') (a str or pathlib.Path)")
+        family = self.pipe.family
+        if family.name in ("sd3", "flux", "chroma"):  # Checkpoint reads LDM files: it named the file's layout as wrong
+            raise InputError(f"a checkpoint bound onto a loaded model (--weights, pipe.load_weights) must be SD 1.x, "
+                             f"SD 2.x or SDXL, and this model is {family.label}", where=str(path),
+                             fix=f"run a {family.label} checkpoint as the model itself: sdrt generate FILE \"prompt\" "
+                                 f"(pipelines.load(FILE) in the API), with --text-encoder / --vae files where it holds "
+                                 f"the transformer only")
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint.open(path)
         parts = self._parts()
         arrays = ckpt.lazy({name: self._graph(name) for name in parts})  # read on use: nothing held
