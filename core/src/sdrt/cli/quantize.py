@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _not_a_checkpoint(src: Path, scheme: str) -> None:
-    """Refuse a checkpoint file in sdrt quantize's words (Graph.load's refusal says to pass it as weights=...)."""
+    """Refuse a checkpoint file in sdrt quantize's words (Graph.load's refusal says to pass it as weights, an argument quantize has not)."""
     from ..errors import ModelError
     from ..formats import weights_kind
 

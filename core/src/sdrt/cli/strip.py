@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from ..formats import weights_kind
 
     kind = weights_kind(src)
-    if kind is not None:  # Graph.load's refusal says to pass it as weights=..., an argument strip has not
+    if kind is not None:  # Graph.load's refusal says to pass it as weights; strip's --weights names its output
         raise ModelError(f"{src.name} is {kind}: it holds weights only, and sdrt strip splits an ONNX graph from its "
                          "weights", where=str(src), fix="pass an .onnx file (a .safetensors file is what strip writes "
                                                         "beside the weight-free graph)")
