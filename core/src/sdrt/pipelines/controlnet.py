@@ -347,7 +347,7 @@ def check_transformer_unit(unit: ControlNet, where: str, net: str) -> None:
     scale an SD UNet's residuals) is refused."""
     if unit.control_mode != CONTROL_MODES[0] or unit.guess_mode:
         raise InputError(f"{where}: control modes and guess mode scale an SD UNet's residuals; {net} takes its "
-                         "scale and window only", where=where, fix="leave the control mode Balanced and guess mode off")
+                         "scale and window only", where=where, fix="leave {@control_mode} Balanced and {@guess_mode} off")
 
 
 def residual_inputs(unet: Part) -> list[str]:
