@@ -58,6 +58,18 @@ def test_overrides_kept_afterwards_are_said_to_apply_to_the_request_only(server)
     assert api.txt2img(**kw, override_settings_restore_afterwards=False).info["sdrt_not_honoured"] == []
 
 
+def test_a_negative_prompt_that_cfg_1_leaves_unused_is_named(server) -> None:
+    """At cfg_scale 1 (Flux's default) the run makes one pass and the negative prompt does nothing: the command line
+    and the API warn, and the server said nothing. It is named in info.sdrt_not_honoured."""
+    api = _api(server)
+    kw = dict(prompt="a red circle", seed=7, width=64, height=64, steps=1)
+    r = api.txt2img(**kw, negative_prompt="green", cfg_scale=1)
+    assert r.info["sdrt_not_honoured"] == ["negative_prompt: cfg_scale 1 runs one pass, with the prompt only; a "
+                                           "cfg_scale above 1 runs the negative prompt's pass"], r.info
+    assert api.txt2img(**kw, negative_prompt="green", cfg_scale=2).info["sdrt_not_honoured"] == []
+    assert api.txt2img(**kw, negative_prompt="", cfg_scale=1).info["sdrt_not_honoured"] == []
+
+
 def test_a_scheduler_beside_a_label_that_names_its_own_runs_the_labels_as_a1111_and_says_so(server) -> None:
     """A client that saved "DPM++ 2M Karras" sends its scheduler menu's value beside it: A1111 runs Karras (the label's
     suffix wins), and so does sdrt, listing the scheduler it did not use (the command line refuses the pair)."""
