@@ -177,3 +177,7 @@ def test_a_chroma_lora_merges_into_its_approximator_and_blocks(registry, tmp_pat
             base = np.asarray(graph.initializer_arrays([slot.init])[slot.init], np.float32)
             got = np.asarray(merged[slot.init], np.float32) - base
             np.testing.assert_allclose(got.T if slot.layout == "T" else got, delta, atol=1e-5, err_msg=canon)
+        # a Flux LoRA on Chroma: Chroma has no per-block modulation (norm1.linear); said in one sentence (it read
+        # "flux_peft.safetensors 1 of its 7 layers do not fit", no verb, when the family was not named)
+        with pytest.raises(SdrtError, match=r"^flux_peft\.safetensors: 1 of its 7 layers do not fit this Chroma model"):
+            pipe.set_loras([(D / "flux_peft.safetensors", 0.5)])

@@ -550,7 +550,7 @@ def _lora_mismatch(report: Any, pairs: Sequence[tuple[Lora, float]], label: str)
     fam = lora_family(keys)
     same = {"Flux.1 / Chroma": ("Flux", "Chroma"), "SD 3.x": ("SD 3",), "SD 3.x / Flux.1": ("SD 3", "Flux", "Chroma"),
             "SDXL": ("SDXL",), "SD 1.x/2.x": ("SD 1", "SD 2")}.get(fam or "", ())
-    looks = f" looks like a LoRA for {fam}, and" if fam and not label.startswith(same) else ""
+    looks = f" looks like a LoRA for {fam}, and" if fam and not label.startswith(same) else ":"
     shown = ", ".join(bad[:3]) + (f", ... ({len(bad)} in all)" if len(bad) > 3 else "")
     return (f"{files}{looks} {len(bad)} of its {len(set(keys))} layers do not fit this {label} model "
             f"(no weight of that name and shape): {shown}")
