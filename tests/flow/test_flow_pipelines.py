@@ -184,6 +184,15 @@ def test_weights_on_a_flow_model_say_to_run_the_file_itself(tmp_path: Path, caps
     assert "LDM layout" not in err
 
 
+def test_a_hires_scale_off_the_16_grid_names_scales_that_fit() -> None:
+    """The hires pass of a flow model must be a multiple of 16: the fix said "make it 80x80", which no argument
+    does; it names the hires_scale values nearest below and above that give such a size."""
+    with pytest.raises(InputError) as exc:
+        _pipe("flux-dev", "reference")("a cat", steps=1, width=64, height=64, hires_scale=1.4)
+    assert exc.value.where == "hires_scale" and "the hires pass is 88x88 (64x64 x 1.4)" in str(exc.value)
+    assert "pass hires_scale=1.25 (80x80) or hires_scale=1.5 (96x96)" in str(exc.value), str(exc.value)
+
+
 @pytest.mark.parametrize(("sampler", "schedule"), [("euler", "simple"), ("Euler a", None), ("dpmpp_2m", "beta"),
                                                    ("dpmpp_2m", "sgm_uniform")])
 def test_k_samplers_run_on_flow_models(sampler: str, schedule: str | None) -> None:

@@ -75,6 +75,13 @@ class ToolboxMixin:
             import dataclasses
 
             tw, th = tb.hires.target(s.width, s.height)
+            if self.family.flow and (tw % 16 or th % 16):  # type: ignore[attr-defined]  # said in scales, not sizes
+                fits = tb.hires.fitting_scales(s.width, s.height, 16)
+                raise InputError(f"the hires pass is {tw}x{th} ({s.width}x{s.height} x {tb.hires.scale:g}), and "
+                                 f"{self.family.label} needs multiples of 16 (VAE 8 x patch 2)",  # type: ignore[attr-defined]
+                                 where="hires_scale", fix="pass " + " or ".join(
+                                     f"{{@hires_scale=}}{sc:g} ({w}x{h})" for sc, w, h in fits) if fits else
+                                 "leave {@hires_scale} unset")
             self._check_size(dataclasses.replace(s, width=tw, height=th), "hires_scale")  # type: ignore[attr-defined]
         if tb.preview is not None and not callable(tb.preview) and tb.preview != "approx" and not self._dry:
             from .preview import TaesdPreview
