@@ -192,6 +192,26 @@ def test_run_device_errors_speak_flags(registry, affine_path, tmp_path, capsys):
     assert "pass one of those device ids as --device, or leave it unset" in capsys.readouterr().err
 
 
+def test_run_given_a_weights_file_as_the_model_names_the_weights_flag(registry, tmp_path, capsys):
+    """A .safetensors or PyTorch file given as the graph: the fix said 'pass this file as weights=...', the API's
+    keyword, on the command line, where the flag is --weights; the API keeps weights=."""
+    from safetensors.numpy import save_file
+
+    import sdrt
+    from sdrt.errors import ModelError
+
+    st = tmp_path / "unet.safetensors"
+    save_file({"w": np.zeros((2, 2), np.float32)}, str(st))
+    pt = tmp_path / "unet.ckpt"
+    pt.write_bytes(b"\x80\x02}q\x00.")
+    for path in (st, pt):
+        assert main(["run", str(path), "-o", str(tmp_path / "o.npz")]) == 1
+        err = capsys.readouterr().err
+        assert "pass this file as --weights FILE" in err and "weights=" not in err, err
+        with pytest.raises(ModelError, match=r"pass this file as weights=FILE"):
+            sdrt.load(path, backend="reference")
+
+
 @pytest.mark.parametrize("spec, message", [
     ("x", "bad --input 'x'"),
     ("x=/nonexistent/x.npy", "input file for 'x' does not exist"),

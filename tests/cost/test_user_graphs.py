@@ -178,6 +178,22 @@ def test_an_optimum_unets_num_channels_are_its_conv_ins_not_pixels(tmp_path, cap
     assert single_file_shapes(cls, 512, 512) == {"x": (1, 3, 224, 224)}
 
 
+def test_an_optimum_flux_transformer_plans_with_one_value_per_dim_name(capsys):
+    """Optimum's Flux transformer names its text length ``sequence_length`` on ``encoder_hidden_states [batch_size,
+    sequence_length, 64]`` and on ``txt_ids [sequence_length, 3]``, its image tokens ``packed_height_width``: the first
+    axis of txt_ids was taken as the batch, so ``sdrt plan transformer/model.onnx`` said "dim 'sequence_length'
+    pinned to both 77 and 1. Where: Graph.with_shapes on model.onnx", and the image tokens were 77."""
+    from pathlib import Path
+
+    from sdrt.cost.shapes import single_file_shapes
+
+    path = Path(__file__).resolve().parents[1] / "data" / "pipelines" / "tiny-flux-dev" / "transformer" / "model.onnx"
+    shapes = single_file_shapes(Graph.load(path, load_external=False), 128, 64)
+    assert shapes["encoder_hidden_states"][1] == shapes["txt_ids"][0]
+    assert shapes["hidden_states"][:2] == (1, 32) and shapes["img_ids"] == (32, 3)  # (64 / 16) x (128 / 16) tokens
+    assert main(["plan", str(path), "--device", "cpu", "--width", "128", "--height", "64"]) == 0, capsys.readouterr()
+
+
 @pytest.mark.parametrize("equation, a, b, flops", [
     ("bij,jk->bik", (2, 8, 16), (16, 4), 2 * 2 * 8 * 16 * 4),  # a weight: class matmul, once counted 0
     ("bhqd,bhkd->bhqk", (1, 2, 8, 4), (1, 2, 8, 4), 2 * 2 * 8 * 8 * 4),  # QK^T of two activations

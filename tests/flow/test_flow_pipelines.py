@@ -163,6 +163,36 @@ def test_bad_flow_settings_are_refused() -> None:
                                               seed=1).settings[0]["Clip skip"] == 2  # SD3 reads CLIP's hidden states
 
 
+def test_weights_on_a_flow_model_say_to_run_the_file_itself(tmp_path: Path, capsys) -> None:
+    """``--weights`` (pipe.load_weights) binds SD 1.x/2.x/SDXL (LDM) checkpoints only. A Flux file on a Flux folder
+    was told "no model weights in the LDM layout: this file looks like Flux ... pass a single-file checkpoint (keys
+    model.diffusion_model.*, ...)", as if the file were broken; it is told to run the file as the model."""
+    from safetensors.numpy import save_file
+
+    from sdrt.cli import main
+
+    flux = tmp_path / "flux1-dev.safetensors"
+    save_file({"double_blocks.0.img_attn.proj.weight": np.zeros((4, 4), np.float32),
+               "img_in.weight": np.zeros((4, 64), np.float32)}, str(flux))
+    with pytest.raises(InputError, match=r"must be SD 1.x, SD 2.x or SDXL, and this model is Flux.1") as exc:
+        _pipe("flux-dev", "reference").load_weights(flux)
+    assert "pipelines.load(FILE)" in str(exc.value) and exc.value.where == str(flux)
+    rc = main(["generate", str(DATA / "tiny-sd3"), "a cat", "--weights", str(flux), "--steps", "1", "--backend",
+               "reference", "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert rc != 0 and err.count("error:") == 1 and "this model is SD3" in err and "sdrt generate FILE" in err, err
+    assert "LDM layout" not in err
+
+
+def test_a_hires_scale_off_the_16_grid_names_scales_that_fit() -> None:
+    """The hires pass of a flow model must be a multiple of 16: the fix said "make it 80x80", which no argument
+    does; it names the hires_scale values nearest below and above that give such a size."""
+    with pytest.raises(InputError) as exc:
+        _pipe("flux-dev", "reference")("a cat", steps=1, width=64, height=64, hires_scale=1.4)
+    assert exc.value.where == "hires_scale" and "the hires pass is 88x88 (64x64 x 1.4)" in str(exc.value)
+    assert "pass hires_scale=1.25 (80x80) or hires_scale=1.5 (96x96)" in str(exc.value), str(exc.value)
+
+
 @pytest.mark.parametrize(("sampler", "schedule"), [("euler", "simple"), ("Euler a", None), ("dpmpp_2m", "beta"),
                                                    ("dpmpp_2m", "sgm_uniform")])
 def test_k_samplers_run_on_flow_models(sampler: str, schedule: str | None) -> None:

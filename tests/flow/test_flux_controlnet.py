@@ -134,6 +134,18 @@ def test_layouts_and_refusals() -> None:
     assert "Flux.1 ControlNet" in str(exc.value) and "SD 1.x" in str(exc.value), str(exc.value)
 
 
+def test_a_flux_controlnet_on_chroma_says_chroma_takes_none() -> None:
+    """Chroma runs no ControlNet: a Flux net on it said "this model's transformer takes no ControlNet residuals ...
+    use a model folder exported for ControlNet (its UNet takes down_block_additional_residual_*)", advice for an SD
+    UNet export that no Chroma model can follow. The family is named first now."""
+    register("reference")
+    image = np.zeros((64, 64, 3), np.uint8)
+    with pipelines.load(DATA / "tiny-chroma", backend="reference") as pipe, pytest.raises(InputError) as exc:
+        pipe("a cat", steps=1, width=64, height=64, controlnets=[ControlNet(_net("canny"), image)])
+    assert "ControlNet is not supported for Chroma" in str(exc.value), str(exc.value)
+    assert "down_block_additional_residual" not in str(exc.value) and exc.value.where == "controlnets"
+
+
 def test_incomplete_xlabs_file_is_refused_in_one_line(tmp_path) -> None:
     """A file of XLabs' key layout whose hint block lacks convolutions is not XLabs' design: one line."""
     from safetensors.numpy import save_file

@@ -310,6 +310,26 @@ def test_cli_flags_reach_the_net(tmp_path, capsys) -> None:
     assert "Traceback" not in err and err.count("error:") == 1
 
 
+@pytest.mark.parametrize("flags, said, unsaid", [
+    (["--control-union-mode", "2"], "leave --control-union-mode out", "leave union_mode out"),
+    (["--guess-mode"], "leave --control-mode Balanced and --guess-mode off", "guess mode off"),
+])
+def test_cli_refusals_of_sd_only_flags_name_the_flags(tmp_path, capsys, flags, said, unsaid) -> None:
+    """A union mode, or guess mode, on an SD3 net was refused in the API's words on the command line ("leave
+    union_mode out", "leave the control mode Balanced and guess mode off"); Flux's union refusals named the flag."""
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    register("reference")
+    png = tmp_path / "edges.png"
+    Image.fromarray(REFS["multi/control_image_0"]).save(png)
+    rc = main(["generate", str(DATA / "tiny-sd3"), "a cat", "--controlnet", str(NETS / "canny"), "--control-image",
+               str(png), *flags, "--steps", "1", "--backend", "reference", "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert rc != 0 and err.count("error:") == 1 and said in err and unsaid not in err, err
+
+
 def test_the_control_image_moves_the_image() -> None:
     """The tiny nets matter: a blank control image moves the image of a case by 100+ levels from diffusers' (so
     the 1-level image tests above see a control path gone wrong), and a net file rewritten on disk with another

@@ -149,3 +149,35 @@ def test_flux_control_lora_is_refused_in_one_line_saying_what_it_is(pipe, tmp_pa
         pipe.set_loras([(tmp_path / "canny.safetensors", 1.0)])
     assert "\n" not in str(e.value)
     assert not pipe.weights.loras
+
+
+def test_a_chroma_lora_merges_into_its_approximator_and_blocks(registry, tmp_path):
+    """Chroma's transformer has ``distilled_guidance_layer.layers.N`` (the approximator): counting them read the
+    word ``layers`` as the index, so every LoRA on Chroma was a ValueError traceback. A kohya file (Black Forest
+    Labs' names, as ComfyUI trains Chroma LoRAs) now merges: each layer's change is scale * alpha / rank * up @ down."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    mods = {"distilled_guidance_layer.layers.1.in_layer": "distilled_guidance_layer.layers.1.linear_1",
+            "double_blocks.0.img_attn.proj": "transformer_blocks.0.attn.to_out.0"}
+    arrays, want = {}, {}
+    for bfl, canon in mods.items():
+        k = "lora_unet_" + bfl.replace(".", "_")
+        down, up = rng.standard_normal((2, 32)).astype(np.float32), rng.standard_normal((32, 2)).astype(np.float32)
+        arrays.update({f"{k}.lora_down.weight": down, f"{k}.lora_up.weight": up, f"{k}.alpha": np.array(4.0, np.float32)})
+        want[canon] = 0.5 * 4.0 / 2 * (up @ down)
+    save_file(arrays, str(tmp_path / "chroma_lora.safetensors"))
+    with pipelines.load(ROOT / "pipelines" / "tiny-chroma", backend="reference") as pipe:
+        pipe.set_loras([(tmp_path / "chroma_lora.safetensors", 0.5)])
+        merged = pipe.weights._merge(pipe.weights.loras)["transformer"]
+        graph = pipe.parts["transformer"].graph
+        pmap = param_map(graph)
+        for canon, delta in want.items():
+            slot = pmap[canon + ".weight"]
+            base = np.asarray(graph.initializer_arrays([slot.init])[slot.init], np.float32)
+            got = np.asarray(merged[slot.init], np.float32) - base
+            np.testing.assert_allclose(got.T if slot.layout == "T" else got, delta, atol=1e-5, err_msg=canon)
+        # a Flux LoRA on Chroma: Chroma has no per-block modulation (norm1.linear); said in one sentence (it read
+        # "flux_peft.safetensors 1 of its 7 layers do not fit", no verb, when the family was not named)
+        with pytest.raises(SdrtError, match=r"^flux_peft\.safetensors: 1 of its 7 layers do not fit this Chroma model"):
+            pipe.set_loras([(D / "flux_peft.safetensors", 0.5)])

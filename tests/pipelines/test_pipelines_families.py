@@ -116,6 +116,26 @@ def test_detect_prefers_the_subclass_that_fits() -> None:
     assert detect({"_class_name": "StableDiffusionPipeline"}, parts, configs, sd2) is by_name("sd2")
 
 
+@pytest.mark.parametrize("class_name", ["ORTFluxPipeline", "ORTFluxFillPipeline", "FluxKontextPipeline"])
+def test_a_flux_folder_missing_its_t5_is_told_so_not_taken_for_chroma(tmp_path, class_name) -> None:
+    """A Flux ONNX folder whose T5 (text_encoder_2, the part whose export most often fails: over 2 GB) is missing has
+    Chroma's parts (transformer + text_encoder): Chroma, a subclass of Flux, won over the folder's own Flux class
+    name, and the error was "the model folder's tokenizer has no tokenizer.json or spiece.model (T5)" about the CLIP
+    tokenizer. The folder's class names it Flux, and the missing part is named."""
+    from sdrt.errors import ModelNotFoundError
+
+    src = DATA / "tiny-flux-dev"
+    for p in src.iterdir():
+        if p.name not in ("text_encoder_2", "model_index.json"):
+            (tmp_path / p.name).symlink_to(p)
+    index = json.loads((src / "model_index.json").read_text())
+    (tmp_path / "model_index.json").write_text(json.dumps({**index, "_class_name": class_name}))
+    assert detect({"_class_name": class_name}, {"transformer", "text_encoder", "vae_decoder"}, {}, tmp_path) \
+        is by_name("flux")
+    with pytest.raises(ModelNotFoundError, match=r"the model folder lacks text_encoder_2 \(not a complete"):
+        pipelines.load(tmp_path, backend="reference")
+
+
 # -- model sampling by the scheduler's class name ------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["EulerDiscreteScheduler", "DPMSolverMultistepScheduler", "DDIMScheduler",
                                   "PNDMScheduler", "EulerAncestralDiscreteScheduler", "UniPCMultistepScheduler"])

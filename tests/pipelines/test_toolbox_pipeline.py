@@ -304,7 +304,7 @@ def test_controlnet_image_follows_each_pass_size() -> None:
 
 @pytest.mark.parametrize("controlnets, error, words", [
     ([("controlnet", "EDGES", 1.0, 0.8, 0.5)], InputError, "after its end"),
-    ([("nope", "EDGES")], ModelError, "no ControlNet model.onnx"),
+    ([("nope", "EDGES")], ModelError, "no ControlNet named 'nope': the model has no nope/ part"),
     ([("controlnet", "EDGES", float("nan"))], InputError, "scale must be a number"),
     ([ControlNet("controlnet", "EDGES", preprocessor="depth")], InputError, "unknown ControlNet preprocessor"),
     ([ControlNet("controlnet", "EDGES", preprocessor="canny", processor_res=0)], InputError,
@@ -660,3 +660,24 @@ def test_a_controlnet_unet_without_a_controlnet_is_the_plain_unet() -> None:
         assert np.array_equal(gen.images[0], plain("a cat", "blurry", **kw)[0])
         assert not any(k.startswith("ControlNet") for k in gen.settings[0])
         assert cn_pipe.plan("a cat", **kw).part("controlnet").calls == 4
+
+
+def test_control_image_without_a_controlnet_on_a_model_that_has_none(tmp_path, capsys) -> None:
+    """``--control-image`` alone uses the model's own ``controlnet/`` part. On a model without one (a Flux dev folder
+    or single file, an SD single file) the error read "no ControlNet model.onnx or .safetensors at
+    'controlnet'. Where: --controlnet", a flag the user never gave; it names the folder looked in and --controlnet."""
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    png = tmp_path / "edges.png"
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(png)
+    rc = main(["generate", str(DATA / "tiny-flux-dev"), "a cat", "--control-image", str(png), "--steps", "1",
+               "--backend", fast_backend(), "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert rc != 0 and err.count("error:") == 1 and "Traceback" not in err, err
+    assert "no ControlNet named 'controlnet': the model has no controlnet/ part" in err, err
+    assert f"Where: {DATA / 'tiny-flux-dev' / 'controlnet'}." in err and "--controlnet FILE" in err, err
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as pipe, \
+            pytest.raises(ModelError, match=r"no ControlNet at '/no/such/net.safetensors': no such file or folder"):
+        pipe.plan(PROMPT, steps=2, controlnets=[("/no/such/net.safetensors", np.zeros((64, 64, 3), np.uint8))])

@@ -341,3 +341,25 @@ def test_cli_refuses_a_graph_with_nothing_to_quantize(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and not out.exists()
     assert main(["quantize", str(_one_matmul(tmp_path / "ok.onnx")), "--to", "int8", "-o", str(out)]) == 0
     assert "(1 weights as int8; the model: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["quantize", "strip"])
+def test_cli_a_checkpoint_file_is_told_in_the_commands_words(tmp_path, capsys, command):
+    """A .safetensors or .gguf checkpoint given to sdrt quantize / sdrt strip was told "pass this file as
+    weights=..., and the .onnx graph as the model": an argument neither command has (strip's --weights names the file
+    it writes). It is named for what it is, with what the command takes."""
+    from safetensors.numpy import save_file
+
+    from sdrt.cli import main
+
+    st = tmp_path / "flux1-dev.safetensors"
+    save_file({"img_in.weight": np.zeros((4, 4), np.float32)}, str(st))
+    gg = tmp_path / "flux1-dev-Q8_0.gguf"
+    gg.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(16))
+    for path, words in ((st, "is a safetensors weights file"), (gg, "is a GGUF file")):
+        args = [command, str(path)] + (["--to", "int8", "-o", str(tmp_path / "q.onnx")] if command == "quantize" else [])
+        assert main(args) == 1
+        err = capsys.readouterr().err
+        assert f"{path.name} {words}" in err and f"sdrt {command}" in err and "weights=" not in err, err
+        assert err.count("error:") == 1 and "\n" not in err.strip()
+    assert not (tmp_path / "q.onnx").exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted([st.name, gg.name])

@@ -92,3 +92,17 @@ def test_sde_sampler_reaches_the_data_distribution():
 def test_empty_interval_is_a_sampler_error():
     with pytest.raises(SamplerError, match="t0 < t1"):
         S.brownian_interval((4,), 1.0, 1.0, seed=0)
+
+
+@pytest.mark.parametrize("name", ["dpmpp_sde", "dpmpp_2m_sde", "dpmpp_3m_sde"])
+def test_sde_samplers_run_one_step(name):
+    """One step (``sdrt generate --steps 1 --sampler "DPM++ SDE Karras"``, as SDXL Turbo/Lightning are run) has a
+    single positive sigma, so the Brownian tree's range [sigma_min, sigma_max] was a point: 'Brownian interval needs
+    t0 < t1 ... Where: sdrt.samplers.brownian_interval'. Its one step goes to 0 and draws no noise: it gives the
+    model's denoised estimate, as k-diffusion's last step does."""
+    sampler = getattr(S, name)
+    model = GaussianVE()
+    sigmas = np.array([14.6, 0.0])
+    x = start_noise() * sigmas[0]
+    out = sampler(model, x, sigmas, extra_args={"seed": 1})
+    np.testing.assert_allclose(out, model(x, 14.6), rtol=1e-6, atol=1e-9)

@@ -325,13 +325,18 @@ def test_resize_mode_3_on_a_fixed_size_vae_encoder_is_named_as_not_honoured(fami
         assert _info(same)["sdrt_not_honoured"] == []  # a picture of the run's size: nothing to resize
 
 
+#: what a job with a negative prompt at Flux's default cfg_scale 1 says (one pass: the negative prompt is unused)
+UNUSED_NEGATIVE = ("negative_prompt: cfg_scale 1 runs one pass, with the prompt only; a cfg_scale above 1 runs the "
+                   "negative prompt's pass")
+
+
 def test_distilled_cfg_scale_and_the_cfg_default_follow_the_model(families) -> None:
     """Forge's distilled_cfg_scale is Flux dev's guidance input (it was named as not honoured, and 3.5 always ran);
     on a model without one it is named. cfg_scale left out is the family's (Flux 1, SD 7 as A1111): it was 7
     everywhere, which on Flux with a negative prompt runs true CFG at 7, two passes a step."""
     with httpx.Client(base_url=families, timeout=300) as client:
         flux = _info(client.post("/sdapi/v1/txt2img", json=_on("tiny-flux-dev", distilled_cfg_scale=2)))
-        assert "Distilled CFG Scale: 2," in flux["infotexts"][0] + "," and flux["sdrt_not_honoured"] == []
+        assert "Distilled CFG Scale: 2," in flux["infotexts"][0] + "," and flux["sdrt_not_honoured"] == [UNUSED_NEGATIVE]
         assert flux["cfg_scale"] == 1 and "CFG scale: 1," in flux["infotexts"][0]
         sd = _info(client.post("/sdapi/v1/txt2img", json=_on("tiny-sd15", distilled_cfg_scale=2)))
         assert sd["sdrt_not_honoured"] == ["distilled_cfg_scale: tiny-sd15 is no guidance-distilled model (Flux dev "
@@ -353,7 +358,7 @@ def test_a_clip_skip_the_export_cannot_give_runs_at_1_and_is_named(families) -> 
         try:
             assert client.post("/sdapi/v1/options", json={"CLIP_stop_at_last_layers": 2}).status_code == 200
             flux = _info(client.post("/sdapi/v1/txt2img", json={**_on("tiny-flux-dev"), "n_iter": 2}))
-            assert len(flux["all_seeds"]) == 2 and flux["sdrt_not_honoured"] == [
+            assert len(flux["all_seeds"]) == 2 and flux["sdrt_not_honoured"] == [UNUSED_NEGATIVE,
                 "CLIP_stop_at_last_layers: 2 ran at 1 on tiny-flux-dev: clip skip 2 picks a CLIP layer's hidden "
                 "states, and Flux.1 reads only its CLIP encoder's pooled output"]
             sd = _info(client.post("/sdapi/v1/txt2img", json=_on("tiny-sd15")))

@@ -172,3 +172,29 @@ def test_a_folder_whose_model_index_is_broken_is_not_listed(tmp_path, caplog) ->
         reg.model("demo-c")
     assert exc.value.status == 400 and "demo-c is not served: the model_index.json is not valid JSON" in str(
         exc.value), str(exc.value)
+
+
+def test_a_folder_missing_a_part_is_not_listed(tmp_path, caplog) -> None:
+    """A model folder missing a part (a Flux export whose T5 failed, a transformer folder alone) was listed in
+    sd-models, and a request naming it was a 500 "internal error" carrying the loader's message; it is skipped with a
+    warning, and a request naming it is a 400 that says which part is missing."""
+    from pathlib import Path
+
+    from sdrt.serve.errors import ApiError
+    from sdrt.serve.registry import Registry
+
+    flux = Path(__file__).resolve().parents[1] / "data" / "pipelines" / "tiny-flux-dev"
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "no-t5").mkdir()
+    for p in flux.iterdir():
+        (tmp_path / "whole" / p.name).symlink_to(p)
+        if p.name != "text_encoder_2":
+            (tmp_path / "no-t5" / p.name).symlink_to(p)
+    with caplog.at_level("WARNING", logger="sdrt.serve.registry"):
+        reg = Registry(tmp_path)
+    assert [m.name for m in reg.models] == ["whole"]
+    assert "not serving" in caplog.text and "no-t5" in caplog.text
+    with pytest.raises(ApiError) as exc:
+        reg.model("no-t5")
+    assert exc.value.status == 400 and "no-t5 is not served: the model folder lacks text_encoder_2" in str(
+        exc.value), str(exc.value)

@@ -46,6 +46,30 @@ def test_txt2img(server) -> None:
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(again.images, r.images))
 
 
+def test_overrides_kept_afterwards_are_said_to_apply_to_the_request_only(server) -> None:
+    """webuiapi's override_settings_restore_afterwards=False asks A1111 to keep the overrides as options; sdrt applies
+    them to the request only, and took the field in silence. It is named now (only with overrides to keep)."""
+    api = _api(server)
+    kw = dict(prompt="a red circle", seed=7, width=64, height=64, steps=1)
+    r = api.txt2img(**kw, override_settings={"CLIP_stop_at_last_layers": 1}, override_settings_restore_afterwards=False)
+    assert [n for n in r.info["sdrt_not_honoured"] if n.startswith("override_settings_restore_afterwards")] == [
+        "override_settings_restore_afterwards: false: override_settings apply to this request only; POST them to "
+        "/sdapi/v1/options to keep them"], r.info["sdrt_not_honoured"]
+    assert api.txt2img(**kw, override_settings_restore_afterwards=False).info["sdrt_not_honoured"] == []
+
+
+def test_a_negative_prompt_that_cfg_1_leaves_unused_is_named(server) -> None:
+    """At cfg_scale 1 (Flux's default) the run makes one pass and the negative prompt does nothing: the command line
+    and the API warn, and the server said nothing. It is named in info.sdrt_not_honoured."""
+    api = _api(server)
+    kw = dict(prompt="a red circle", seed=7, width=64, height=64, steps=1)
+    r = api.txt2img(**kw, negative_prompt="green", cfg_scale=1)
+    assert r.info["sdrt_not_honoured"] == ["negative_prompt: cfg_scale 1 runs one pass, with the prompt only; a "
+                                           "cfg_scale above 1 runs the negative prompt's pass"], r.info
+    assert api.txt2img(**kw, negative_prompt="green", cfg_scale=2).info["sdrt_not_honoured"] == []
+    assert api.txt2img(**kw, negative_prompt="", cfg_scale=1).info["sdrt_not_honoured"] == []
+
+
 def test_a_scheduler_beside_a_label_that_names_its_own_runs_the_labels_as_a1111_and_says_so(server) -> None:
     """A client that saved "DPM++ 2M Karras" sends its scheduler menu's value beside it: A1111 runs Karras (the label's
     suffix wins), and so does sdrt, listing the scheduler it did not use (the command line refuses the pair)."""

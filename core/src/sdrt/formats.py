@@ -12,6 +12,17 @@ HTML_HINT = "an HTML page (a download that fetched a web page instead of the fil
 FETCH_FIX = "fetch the file itself: `git lfs pull` in the clone (git-lfs installed), or download it again"
 
 
+def weights_kind(path: object) -> str | None:
+    """What a weights file that is no ONNX graph is (``"a safetensors weights file"``, ``"a GGUF file"``, a PyTorch
+    pickle), from its first bytes; None for anything else, or a path that cannot be read (its reader says why)."""
+    try:
+        with open(path, "rb") as f:  # type: ignore[call-overload]
+            kind = sniff(f.read(64))
+    except OSError:
+        return None
+    return kind if kind in ("a safetensors weights file", "a GGUF file", PICKLE_HINT) else None
+
+
 def sniff(head: bytes) -> str | None:
     """Name the kind of a file that is clearly not ONNX, from its first bytes."""
     # safetensors first: a header of 640, 896, 1152 or 1408 bytes starts with b"\x80\x02".."\x80\x05",

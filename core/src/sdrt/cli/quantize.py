@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     block_size = 32 if args.block_size is None else args.block_size
     src = Path(args.model)
     out = Path(args.output) if args.output else src.with_name(f"{src.stem}.{scheme}.onnx")
+    _not_a_checkpoint(src, scheme)
     graph = Graph.load(src)
     inputs = input_files(graph)
     data_out = out.with_name(f"{out.name}_data")  # written beside -o for a graph above 2 GB
@@ -55,6 +56,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"{out}  {written:,} bytes ({len(planned['quantized'])} weights as {scheme}; "
           f"the model: {original:,} bytes)")
     return 0
+
+
+def _not_a_checkpoint(src: Path, scheme: str) -> None:
+    """Refuse a checkpoint file in sdrt quantize's words (Graph.load's refusal says to pass it as weights, an argument quantize has not)."""
+    from ..errors import ModelError
+    from ..formats import weights_kind
+
+    kind = weights_kind(src)
+    if kind is None:
+        return
+    fix = ("a GGUF file is quantized already: run it as it is (sdrt generate FILE)" if "GGUF" in kind else
+           f"pass the model's .onnx graph; a checkpoint file is quantized as it loads: "
+           f"pipelines.load(FILE, quantize={scheme!r}) in the Python API")
+    raise ModelError(f"{src.name} is {kind}, and sdrt quantize rewrites the weights of an ONNX graph", where=str(src),
+                     fix=fix)
 
 
 def _nothing_to_quantize(graph: object, planned: dict[str, list[str]], src: Path, scheme: str) -> None:

@@ -29,6 +29,14 @@ def run(args: argparse.Namespace) -> int:
     weights = Path(args.weights) if args.weights else out.with_suffix(".safetensors")
     if args.weights and weights.name == args.weights:  # a bare file name: in the output's folder, as the help says
         weights = out.parent / weights
+    from ..errors import ModelError
+    from ..formats import weights_kind
+
+    kind = weights_kind(src)
+    if kind is not None:  # Graph.load's refusal says to pass it as weights; strip's --weights names its output
+        raise ModelError(f"{src.name} is {kind}: it holds weights only, and sdrt strip splits an ONNX graph from its "
+                         "weights", where=str(src), fix="pass an .onnx file (a .safetensors file is what strip writes "
+                                                        "beside the weight-free graph)")
     graph = Graph.load(src, load_external=False)
     inputs = input_files(graph)
     check_outputs({"-o" if args.output else "the default -o": out,

@@ -68,34 +68,47 @@ def image_channels(graph: Any, name: str, dims: list[Any]) -> int | None:
 
 def single_file_shapes(graph: Any, width: int, height: int, batch: int = 1) -> dict[str, tuple[int, ...]]:
     """Shapes for a lone graph's dynamic inputs: batch ``batch``; 4-D image-like inputs at the latent
-    (width/8) or pixel size by their channels; a dim named for image tokens (``img``) at a DiT's packed
-    latent length (width/16 x height/16), one named for T5 text (``txt``) 512 long; a 4-D input's symbolic channels
-    those of the first Conv reading it (``image_channels``: 3 for pixels, 4 for an SD latent); other token
-    sequences 77 long; anything else 1."""
-    out: dict[str, tuple[int, ...]] = {}
-    for i in graph.inputs:
-        dims = list(i.shape)
-        if all(isinstance(d, int) for d in dims):
-            continue
-        for k, d in enumerate(dims):
-            if isinstance(d, int):
+    (width/8) or pixel size by their channels; a dim named for image tokens (``img``, Optimum's
+    ``packed_height_width``) at a DiT's packed latent length (width/16 x height/16), one named for T5 text
+    (``txt``) 512 long; a 4-D input's symbolic channels those of the first Conv reading it (``image_channels``: 3 for
+    pixels, 4 for an SD latent); other token sequences 77 long; anything else 1. A dim name has one value on every
+    input, the one its place after the first axis gives it (Optimum's Flux transformer has ``txt_ids
+    [sequence_length, 3]`` beside ``encoder_hidden_states [batch_size, sequence_length, 64]``: read as a batch
+    there, the pin was refused as 'sequence_length pinned to both 77 and 1')."""
+    named: dict[str, int] = {}
+    for first in (True, False):  # first: what each name means after the first axis; then every input with those
+        out: dict[str, tuple[int, ...]] = {}
+        for i in graph.inputs:
+            dims = list(i.shape)
+            if all(isinstance(d, int) for d in dims):
                 continue
-            name = str(d).lower()
-            if k == 0:
-                dims[k] = batch
-            elif "img" in name or "image" in name:
-                dims[k] = (height // 16) * (width // 16)
-            elif "txt" in name:
-                dims[k] = 512
-            elif len(dims) == 4 and k == 1:  # Optimum's num_channels: the first Conv's in-channels (pixels: 3)
-                dims[k] = image_channels(graph, i.name, dims) or 1
-            elif len(dims) == 4 and k >= 2:
-                ch = dims[1] if isinstance(dims[1], int) else 4
-                scale = 1 if ch == 3 else 8
-                dims[k] = (height if k == 2 else width) // scale
-            elif len(dims) in (2, 3) and k == 1:
-                dims[k] = 77
-            else:
-                dims[k] = 1
-        out[i.name] = tuple(int(d) for d in dims)
+            for k, d in enumerate(dims):
+                if isinstance(d, int):
+                    continue
+                if not first and str(d) in named:
+                    dims[k] = named[str(d)]
+                    continue
+                dims[k] = _guess(graph, i.name, dims, k, str(d).lower(), width, height, batch)
+                if first and k > 0:
+                    named.setdefault(str(d), dims[k])
+            out[i.name] = tuple(int(d) for d in dims)
     return out
+
+
+def _guess(graph: Any, name: str, dims: list[Any], k: int, dim: str, width: int, height: int, batch: int) -> int:
+    """One dynamic dim's value (``single_file_shapes``)."""
+    if k == 0:
+        return batch
+    if "img" in dim or "image" in dim or "packed" in dim:
+        return (height // 16) * (width // 16)
+    if "txt" in dim:
+        return 512
+    if len(dims) == 4 and k == 1:  # Optimum's num_channels: the first Conv's in-channels (pixels: 3)
+        return image_channels(graph, name, dims) or 1
+    if len(dims) == 4 and k >= 2:
+        ch = dims[1] if isinstance(dims[1], int) else 4
+        scale = 1 if ch == 3 else 8
+        return (height if k == 2 else width) // scale
+    if len(dims) in (2, 3) and k == 1:
+        return 77
+    return 1

@@ -90,10 +90,10 @@ def parse_model(data: bytes, where: str) -> onnx.ModelProto:
     if kind is not None:
         fix = "pass an .onnx file"
         if kind == PICKLE_HINT:
-            fix = ("pass this file as weights=... (sdrt reads PyTorch checkpoints without running them), or as the "
+            fix = ("pass this file as {@weights=}FILE (sdrt reads PyTorch checkpoints without running them), or as the "
                    "model of a pipeline (a single-file .ckpt); an .onnx graph comes from torch.onnx.export")
         elif kind.startswith("a safetensors"):
-            fix = "pass this file as weights=..., and the .onnx graph as the model"
+            fix = "pass this file as {@weights=}FILE, and the .onnx graph as the model"
         elif kind in (LFS_HINT, HTML_HINT):
             fix = FETCH_FIX
         raise ModelError(f"the file is not ONNX: it looks like {kind}", where=where, fix=fix)

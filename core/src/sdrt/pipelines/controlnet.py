@@ -260,8 +260,18 @@ def locate(net: str | os.PathLike[str], root: Path) -> Path:
         if found_file is not None:
             return found_file
     found = sorted(p.name for p in root.glob("controlnet*") if (p / "model.onnx").is_file())
-    raise ModelError(f"no ControlNet model.onnx or .safetensors at {text!r}", where=text,
-                     fix="pass a folder holding the ControlNet's model.onnx, or a ControlNet .safetensors file"
+    given = Path(text)
+    if given.exists() or (root / text).exists():
+        what, where = f"no ControlNet model.onnx or .safetensors at {text!r}", text
+    elif given.is_absolute() or len(given.parts) > 1 or given.suffix:
+        what, where = f"no ControlNet at {text!r}: no such file or folder", text
+    else:  # a part name, as --control-image without --controlnet names the model's own "controlnet"
+        what = (f"no ControlNet named {text!r}: the model has no {text}/ part (a folder holding a model.onnx beside "
+                f"its other parts), and there is no file or folder {text!r} here")
+        where = str(root / text)
+    raise ModelError(what, where=where,
+                     fix="pass the ControlNet's .safetensors file, or a folder holding its model.onnx (--controlnet FILE "
+                         "on the command line, controlnets=[(FILE, image)] in the API)"
                          + (f", or one of this model's: {', '.join(found)}" if found else ""))
 
 
@@ -337,7 +347,7 @@ def check_transformer_unit(unit: ControlNet, where: str, net: str) -> None:
     scale an SD UNet's residuals) is refused."""
     if unit.control_mode != CONTROL_MODES[0] or unit.guess_mode:
         raise InputError(f"{where}: control modes and guess mode scale an SD UNet's residuals; {net} takes its "
-                         "scale and window only", where=where, fix="leave the control mode Balanced and guess mode off")
+                         "scale and window only", where=where, fix="leave {@control_mode} Balanced and {@guess_mode} off")
 
 
 def residual_inputs(unet: Part) -> list[str]:

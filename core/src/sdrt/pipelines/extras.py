@@ -57,13 +57,13 @@ class ToolboxMixin:
             self._silent_units = self._zero_residuals(s)
         if tb.controlnets and nets is None:
             unet = self.denoiser  # type: ignore[attr-defined]
+            if self.family.name not in ("sd1", "sd2", "sdxl"):  # type: ignore[attr-defined]  # first: Chroma has no nets
+                raise InputError(f"ControlNet is not supported for {self.family.label}", where="controlnets",
+                                 fix="use an SD 1.x, SDXL, SD3 or Flux.1 dev model")
             if not cn.residual_inputs(unet):
                 raise InputError(f"this model's {unet.name} takes no ControlNet residuals", where="controlnets",
                                  fix="use a model folder exported for ControlNet (its UNet takes "
                                      "down_block_additional_residual_*), or leave {@controlnets} out")
-            if self.family.name not in ("sd1", "sd2", "sdxl"):  # type: ignore[attr-defined]
-                raise InputError(f"ControlNet is not supported for {self.family.label}", where="controlnets",
-                                 fix="use an SD 1.x, SDXL, SD3 or Flux.1 dev model")
             for k, unit in enumerate(tb.controlnets):
                 unit.part = self._control_part(unit.net, f"controlnets[{k}]")
                 cn.check_net(unit.part, unet, f"controlnets[{k}]")
@@ -75,6 +75,13 @@ class ToolboxMixin:
             import dataclasses
 
             tw, th = tb.hires.target(s.width, s.height)
+            if self.family.flow and (tw % 16 or th % 16):  # type: ignore[attr-defined]  # said in scales, not sizes
+                fits = tb.hires.fitting_scales(s.width, s.height, 16)
+                raise InputError(f"the hires pass is {tw}x{th} ({s.width}x{s.height} x {tb.hires.scale:g}), and "
+                                 f"{self.family.label} needs multiples of 16 (VAE 8 x patch 2)",  # type: ignore[attr-defined]
+                                 where="hires_scale", fix="pass " + " or ".join(
+                                     f"{{@hires_scale=}}{sc:g} ({w}x{h})" for sc, w, h in fits) if fits else
+                                 "leave {@hires_scale} unset")
             self._check_size(dataclasses.replace(s, width=tw, height=th), "hires_scale")  # type: ignore[attr-defined]
         if tb.preview is not None and not callable(tb.preview) and tb.preview != "approx" and not self._dry:
             from .preview import TaesdPreview

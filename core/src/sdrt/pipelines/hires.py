@@ -66,6 +66,19 @@ class Hires:
         """A1111's ``int(size * scale)``, down to a multiple of 8 (the latent grid)."""
         return int(width * self.scale) // 8 * 8, int(height * self.scale) // 8 * 8
 
+    def fitting_scales(self, width: int, height: int, multiple: int) -> list[tuple[float, int, int]]:
+        """``[(scale, w, h), ...]``: the scales (in steps of 0.05, the smallest for each size) whose second pass is
+        nearest below and above this one's with both sides multiples of ``multiple`` (16 for the flow models)."""
+        sizes: dict[tuple[int, int], float] = {}
+        for k in range(21, 161):  # 1.05 to 8.00
+            w, h = int(width * k / 20) // 8 * 8, int(height * k / 20) // 8 * 8
+            if w % multiple == 0 and h % multiple == 0 and (w, h) != (width, height):
+                sizes.setdefault((w, h), k / 20)
+        tw, th = self.target(width, height)
+        below = [(sc, w, h) for (w, h), sc in sizes.items() if w * h < tw * th]
+        above = [(sc, w, h) for (w, h), sc in sizes.items() if w * h > tw * th]
+        return ([max(below)] if below else []) + ([min(above)] if above else [])
+
     def infotext(self) -> dict[str, object]:
         fields: dict[str, object] = {"Denoising strength": _num(self.denoise), "Hires upscale": _num(self.scale)}
         if self.steps:

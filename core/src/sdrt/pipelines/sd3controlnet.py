@@ -56,8 +56,8 @@ def prepare(pipe: Any, s: Settings) -> None:
         where = f"controlnets[{k}]"
         cn.check_transformer_unit(unit, where, "an SD3 ControlNet")
         if unit.union_mode is not None:
-            raise InputError(f"{where} has a union_mode: SD3 ControlNets have no union modes",
-                             where=f"{where} union_mode", fix="leave union_mode out")
+            raise InputError(f"{where} has a {{@union_mode}}: SD3 ControlNets have no union modes",
+                             where=f"{where} union_mode", fix="leave {@union_mode} out")
         unit.part = pipe._control_part(unit.net, where)
         lay = getattr(unit.part, "sd3_layout", None)
         if lay is None:

@@ -167,6 +167,13 @@ class WeightState:
             raise InputError(f"the checkpoint must be a file path or an sdrt.checkpoint.Checkpoint, got "
                              f"{type(path).__name__} {path!r:.40}", where="load_weights",
                              fix="pass pipe.load_weights('model.safetensors') (a str or pathlib.Path)")
+        family = self.pipe.family
+        if family.name in ("sd3", "flux", "chroma"):  # Checkpoint reads LDM files: it named the file's layout as wrong
+            raise InputError(f"a checkpoint bound onto a loaded model (--weights, pipe.load_weights) must be SD 1.x, "
+                             f"SD 2.x or SDXL, and this model is {family.label}", where=str(path),
+                             fix=f"run a {family.label} checkpoint as the model itself: sdrt generate FILE \"prompt\" "
+                                 f"(pipelines.load(FILE) in the API), with --text-encoder / --vae files where it holds "
+                                 f"the transformer only")
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint.open(path)
         parts = self._parts()
         arrays = ckpt.lazy({name: self._graph(name) for name in parts})  # read on use: nothing held
@@ -543,7 +550,7 @@ def _lora_mismatch(report: Any, pairs: Sequence[tuple[Lora, float]], label: str)
     fam = lora_family(keys)
     same = {"Flux.1 / Chroma": ("Flux", "Chroma"), "SD 3.x": ("SD 3",), "SD 3.x / Flux.1": ("SD 3", "Flux", "Chroma"),
             "SDXL": ("SDXL",), "SD 1.x/2.x": ("SD 1", "SD 2")}.get(fam or "", ())
-    looks = f" looks like a LoRA for {fam}, and" if fam and not label.startswith(same) else ""
+    looks = f" looks like a LoRA for {fam}, and" if fam and not label.startswith(same) else ":"
     shown = ", ".join(bad[:3]) + (f", ... ({len(bad)} in all)" if len(bad) > 3 else "")
     return (f"{files}{looks} {len(bad)} of its {len(set(keys))} layers do not fit this {label} model "
             f"(no weight of that name and shape): {shown}")
@@ -586,8 +593,8 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
     modules = {c[: -len(".weight")]: s.init for c, s in pmap.items() if c.endswith(".weight")}
     flat = {m.replace(".", "_"): m for m in modules}
 
-    def count(prefix: str) -> int:
-        return 1 + max((int(c.split(".")[1]) for c in pmap if c.startswith(prefix)), default=-1)
+    def count(prefix: str) -> int:  # the index right after the prefix (Chroma's "distilled_guidance_layer.layers.N")
+        return 1 + max((int(c[len(prefix):].split(".")[0]) for c in pmap if c.startswith(prefix)), default=-1)
 
     double, single = count("transformer_blocks."), count("single_transformer_blocks.")
     approx = count("distilled_guidance_layer.layers.")

@@ -279,6 +279,8 @@ class BrownianTreeNoiseSampler:
         self.transform = transform
         t0, t1 = float(transform(float(sigma_min))), float(transform(float(sigma_max)))
         lo, hi = min(t0, t1), max(t0, t1)
+        if not hi > lo:  # one step: a single positive sigma, whose step (to 0) draws no noise; any range serves
+            hi = lo + 1.0
         self.tree = brownian_interval(np.shape(x), lo, hi, seed, dtype=np.asarray(x).dtype)
 
     def __call__(self, sigma: float, sigma_next: float) -> np.ndarray:

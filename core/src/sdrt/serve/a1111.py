@@ -168,8 +168,11 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     model = modules.choose(registry, model, overrides, options, not_honoured)  # sd_vae, forge_additional_modules
     send_images = get_bool(body, "send_images", True)
     task_id = get_str(body, "force_task_id", None, max_len=200)
-    for key in ("save_images", "do_not_save_samples", "do_not_save_grid", "override_settings_restore_afterwards"):
+    for key in ("save_images", "do_not_save_samples", "do_not_save_grid"):
         get_bool(body, key, None)  # type-checked; sdrt never saves images on the server
+    if get_bool(body, "override_settings_restore_afterwards", True) is False and overrides:
+        not_honoured.append("override_settings_restore_afterwards: false: override_settings apply to this request "
+                            "only; POST them to /sdapi/v1/options to keep them")
     for key in ("styles", "script_args"):
         get_list(body, key)
 

@@ -465,6 +465,10 @@ class Worker(threading.Thread):
                                                "(Flux dev is); cfg_scale is its guidance")
 
             _latent_upscale_note(pipe, kwargs, result)
+            cfg = pipe.family.default_cfg if kwargs.get("cfg") is None else kwargs["cfg"]
+            if w.negative.strip() and not pipe.family.negative_pass(cfg, w.negative):  # the pipeline logs it only
+                result.not_honoured.append(f"negative_prompt: cfg_scale {cfg:g} runs one pass, with the prompt only; "
+                                           "a cfg_scale above 1 runs the negative prompt's pass")
 
             def on_step(step: int, total: int, latents: np.ndarray) -> None:
                 job.step, job.total = step, total

@@ -113,6 +113,19 @@ def _broken_index(folder: Path) -> str | None:
     return None
 
 
+def _incomplete(folder: Path) -> str | None:
+    """Why an ONNX model folder cannot load (a part or a tokenizer missing), in ``pipelines.load``'s words, or None.
+    Reads the folder's layout and JSON files only: nothing is compiled."""
+    from ..errors import ModelError
+    from ..pipelines.folder import ModelFolder
+
+    try:
+        ModelFolder.open(folder)
+    except ModelError as exc:
+        return f"{exc.what} ({exc.fix})"
+    return None
+
+
 def a1111_old_hash(path: Path) -> str:
     """A1111's short model hash (``sd_models.model_hash``), which sd-webui-controlnet puts after a ControlNet's
     name: the first 8 hex digits of the SHA-256 of 64 KiB read at 1 MiB (of nothing, for a smaller file)."""
@@ -204,6 +217,11 @@ class Registry:
                                 "diffusers .safetensors", folder)
                     continue
                 unet = denoiser
+            incomplete = _incomplete(folder)
+            if incomplete:  # a part missing (an export that failed): every request naming it would fail with a 500
+                log.warning("not serving %s: %s", folder, incomplete)
+                skipped[folder.name] = incomplete
+                continue
             found[folder.name] = ModelEntry(folder.name, folder, self._hash(unet))
         if self.models_dir is not None:
             base = found.get(self.checkpoint_base or "") if self.checkpoint_base else None

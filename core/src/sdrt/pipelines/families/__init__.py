@@ -56,8 +56,11 @@ def detect(index: Mapping[str, Any], parts: set[str], configs: Mapping[str, Mapp
     families = list(registered().values())
     name = str(index.get("_class_name", ""))
     for fam in families:
-        if name in fam.class_names:  # SD 1.x's class names also cover SD 2.x folders: a subclass that fits wins
-            better = [f for f in families if issubclass(f, fam) and f is not fam and f.matches(parts, configs, root)]
+        if name in fam.class_names:  # SD 1.x's class names also cover SD 2.x folders: a subclass that fits wins,
+            # unless it has class names of its own that are not this one (an ORTFluxPipeline folder missing its T5
+            # has Chroma's parts, and is a Flux folder missing a part)
+            better = [f for f in families if issubclass(f, fam) and f is not fam and f.matches(parts, configs, root)
+                      and (not f.class_names or name in f.class_names)]
             return better[0] if better else fam
     for fam in reversed(families):
         if fam.matches(parts, configs, root):

@@ -47,7 +47,10 @@ class _Packed(WrappedPart):
 class Flux(Family):
     name = "flux"
     label = "Flux.1"
-    class_names = ("FluxPipeline", "ORTFluxPipeline", "FluxImg2ImgPipeline", "ORTFluxImg2ImgPipeline")
+    class_names = ("FluxPipeline", "ORTFluxPipeline", "FluxImg2ImgPipeline", "ORTFluxImg2ImgPipeline",
+                   # FLUX.1 Tools and Kontext folders: Flux dev transformers (Fill / Canny, Depth read from its width)
+                   "FluxFillPipeline", "ORTFluxFillPipeline", "FluxControlPipeline", "ORTFluxControlPipeline",
+                   "FluxInpaintPipeline", "ORTFluxInpaintPipeline", "FluxKontextPipeline", "FluxKontextInpaintPipeline")
     parts = {"text_encoder": "text", "text_encoder_2": "text", "transformer": "denoiser",
              "vae_decoder": "vae_decoder", "vae_encoder": "vae_encoder"}
     encoders = (Encoder("text_encoder", "tokenizer", pooled="pooler_output"),
