@@ -101,6 +101,7 @@ def dequantize(packed: np.ndarray, absmax: np.ndarray, state: State, lo: int = 0
     codes = np.ascontiguousarray(packed).reshape(-1).view(np.uint8)
     n, bs = state.size, state.blocksize
     whole_tensor = lo == 0 and hi is None
+    lo = min(lo, n)  # rows past the end read as empty, as numpy's slicing gives them
     hi = n if hi is None else max(lo, min(hi, n))
     first, end = lo // bs * bs, min(-(-hi // bs) * bs, n)  # the whole blocks that hold lo:hi
     pairs = PAIRS[state.quant_type]
@@ -110,7 +111,8 @@ def dequantize(packed: np.ndarray, absmax: np.ndarray, state: State, lo: int = 0
     for a in range(first, end, step):
         b = min(a + step, end)
         # float32 scratch, this chunk only (np.take: ~10x numpy's fancy indexing on a 2-D table)
-        vals = np.take(pairs, codes[a // 2:(b + 1) // 2], axis=0).reshape(-1)[:b - a]
+        # (a block of odd size can start in a byte's low nibble: skip the high one)
+        vals = np.take(pairs, codes[a // 2:(b + 1) // 2], axis=0).reshape(-1)[a % 2:a % 2 + b - a]
         whole = (b - a) // bs
         b0 = a // bs
         if whole:
@@ -238,7 +240,8 @@ def fold(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
 
         def rows(lo: int, hi: int, w: Any = w, st: State = st, scales: Callable[[], np.ndarray] = scales) -> np.ndarray:
             """Rows ``lo:hi`` alone (a fused qkv's third, Flux's linear1 split): only their blocks are decoded."""
-            hi = min(hi, st.shape[0])
+            lo, hi = min(lo, st.shape[0]), min(hi, st.shape[0])
+            hi = max(lo, hi)
             inner = math.prod(st.shape[1:])
             return dequantize(w.load(), scales(), st, lo * inner, hi * inner).reshape((hi - lo, *st.shape[1:]))
 
