@@ -108,8 +108,11 @@ def test_hires_fix_encodes_the_control_again_at_the_second_pass_size() -> None:
     fed: list[tuple[int, ...]] = []
     own = pipe._encode_image
 
+    pictures: list[np.ndarray] = []
+
     def record(image, generator):
         encoded.append(tuple(image.shape))
+        pictures.append(np.array(image))
         return own(image, generator)
 
     pipe._encode_image = record
@@ -128,6 +131,13 @@ def test_hires_fix_encodes_the_control_again_at_the_second_pass_size() -> None:
     # first pass: the control picture; second pass: the control picture at 96x96, then the upscaled image; the
     # job's second image (batch_count 2) starts again at 64x64
     assert encoded[:6] == [(1, 3, 64, 64), (1, 3, 96, 96), (1, 3, 96, 96)] * 2, encoded
+    # which 96x96 picture is which (the shapes alone do not tell the order): the control map made at 96x96 first
+    from sdrt.pipelines.fluxtools import control_image
+    from sdrt.pipelines.images import to_nchw
+
+    at_96 = to_nchw(control_image(unit, 96, 96))
+    assert np.array_equal(pictures[1], at_96) and np.array_equal(pictures[4], at_96)
+    assert not np.array_equal(pictures[2], at_96)  # then the upscaled image
     # the window 0-0.8 over each pass's steps run: steps 0 and 1 of 3, then step 0 of the 2 the second pass runs
     assert fed == [(1, 16, 64)] * 2 + [(1, 36, 64)], fed
     assert int(np.abs(blank[0].astype(int) - gen.images[0].astype(int)).max()) > 10
