@@ -130,6 +130,15 @@ def test_a_broken_group_is_one_line_naming_the_tensor(raw, tmp_path, change, say
     assert says in _error(tmp_path, one)
 
 
+@pytest.mark.parametrize("offset", ["NaN", "Infinity"])
+def test_a_nested_offset_that_is_not_finite_is_refused(raw, tmp_path, offset):
+    """Python's json reads ``NaN`` / ``Infinity`` as floats: every scale would be NaN or infinite, silently."""
+    one = _one(raw, "c20")
+    key, d = _state(raw, "c20")
+    one[key] = np.frombuffer(json.dumps({**d, "nested_offset": 0.0}).replace("0.0", offset).encode(), np.uint8).copy()
+    assert f"nested_offset {float(offset)!r}" in _error(tmp_path, one)
+
+
 def test_nested_scales_that_do_not_fit_are_refused(raw, tmp_path):
     one = _one(raw, "c20")
     one["c20.weight.nested_absmax"] = np.ones(5, np.float32)

@@ -171,7 +171,7 @@ def _state(d: Mapping[str, Any], wname: str, kind: str, where: str) -> State:
     if "nested_blocksize" in d or "nested_offset" in d:
         nb, off, ndt = d.get("nested_blocksize"), d.get("nested_offset"), d.get("nested_dtype", "float32")
         if type(nb) is not int or nb <= 0 or not isinstance(off, (int, float)) or isinstance(off, bool) \
-                or ndt != "float32":
+                or not math.isfinite(off) or ndt != "float32":  # (json reads NaN and Infinity as floats)
             raise _bad(f"{sname}: nested_blocksize {nb!r}, nested_offset {off!r}, nested_dtype {ndt!r} are not a "
                        "double quantization bitsandbytes writes", where)
         nested = {"nested_blocksize": nb, "nested_offset": float(off)}
