@@ -58,7 +58,7 @@ NF4 = np.array([-1.0, -0.6961928009986877, -0.5250730514526367, -0.3949174880981
                 0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
                 0.7229568362236023, 1.0], np.float32)
 #: bitsandbytes' FP4 (1 sign, 2 exponent, 1 mantissa bit, its own bias): code ``s eee`` -> these magnitudes over
-#: 12 (the largest), in code order; the upper 8 codes are the negatives, code 8 a positive zero as bnb has it
+#: 12 (the largest), in code order; the upper 8 codes are the negatives, code 8 a positive zero as bnb's portable kernel has it (its CUDA kernel gives -0.0)
 FP4 = np.array([0.0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0.0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0],
                np.float32) / np.float32(12.0)
 
