@@ -159,3 +159,24 @@ def test_flux_hires_second_pass_continues_the_first() -> None:
     assert calls == [(i, 5) for i in range(1, 6)], calls
     b = pipe("a cat", steps=2, **kw)[0]
     assert int(np.abs(a.astype(int) - b.astype(int)).max()) > 10
+
+
+def test_flux_hires_second_pass_runs_the_tail_of_the_target_size_schedule() -> None:
+    """The second pass's timesteps: the last 2 of a 3-step schedule (A1111's steps rule: int(2 / 0.6) = 3) made at
+    the target size, 96x96 (Flux's resolution-dependent shift, mu from 36 image tokens, not the first pass's 16).
+    Reference: diffusers 0.42.1's ``FlowMatchEulerDiscreteScheduler`` on tiny-flux-dev's scheduler config,
+    ``set_timesteps(sigmas=linspace(1, 1/3, 3), mu=calculate_shift(...))`` as ``FluxPipeline`` calls it, / 1000."""
+    pipe = _pipe("reference")
+    first_64 = [1.0, 0.7599713134765625, 0.4418216552734375]  # diffusers at 64x64 (16 tokens)
+    at_96 = [1.0, 0.7605883178710937, 0.4426567077636719]  # diffusers at 96x96 (36 tokens)
+    seen: list[float] = []
+    part = pipe.parts["transformer"]
+    run = part.run
+    part.run = lambda feeds, *a, **k: seen.append(float(np.asarray(feeds["timestep"]).reshape(-1)[0])) or \
+        run(feeds, *a, **k)
+    try:
+        pipe("a cat", seed=4, width=64, height=64, steps=3, sampler="Euler", guidance=3.5, max_sequence_length=32,
+             hires_scale=1.5, hires_steps=2, hires_denoise=0.6, hires_upscaler="Latent")
+    finally:
+        del part.run
+    np.testing.assert_allclose(seen, first_64 + at_96[1:], rtol=0, atol=2e-6)
