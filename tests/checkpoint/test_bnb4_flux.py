@@ -10,7 +10,8 @@ tests/data/bnb4/ (scripts/gen_bnb4_fixtures.py, written by bitsandbytes 0.50.2 i
 - ``diffusers-transformer-nf4/``: the same transformer as diffusers saves a bnb 4-bit model (diffusers' names,
   each ``nn.Linear`` a ``bitsandbytes.nn.Linear4bit``, ``config.json`` with ``quantization_config``);
 - ``refs.npz``: diffusers' ``FluxPipeline`` image of tiny-flux-dev's first case with the weights bitsandbytes
-  dequantizes from each file (float32 otherwise). The NF4 image is 15 levels (mean) from the float model's.
+  dequantizes from each file (float32 otherwise). The NF4 images are 7.8 and 7.5 levels (mean; 55 max)
+  from the float model's.
 
 Before this, sdrt refused Forge's file with a shape mismatch ("time_in.in_layer.weight [4096, 1] vs ... [32,
 256]": the packed codes read as the weight) after warning about 105 unused keys.

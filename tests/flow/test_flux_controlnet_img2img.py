@@ -108,8 +108,11 @@ def test_hires_fix_encodes_the_control_again_at_the_second_pass_size() -> None:
     fed: list[tuple[int, ...]] = []
     own = pipe._encode_image
 
+    pictures: list[np.ndarray] = []
+
     def record(image, generator):
         encoded.append(tuple(image.shape))
+        pictures.append(np.array(image))
         return own(image, generator)
 
     pipe._encode_image = record
@@ -128,6 +131,13 @@ def test_hires_fix_encodes_the_control_again_at_the_second_pass_size() -> None:
     # first pass: the control picture; second pass: the control picture at 96x96, then the upscaled image; the
     # job's second image (batch_count 2) starts again at 64x64
     assert encoded[:6] == [(1, 3, 64, 64), (1, 3, 96, 96), (1, 3, 96, 96)] * 2, encoded
+    # which 96x96 picture is which (the shapes alone do not tell the order): the control map made at 96x96 first
+    from sdrt.pipelines.fluxtools import control_image
+    from sdrt.pipelines.images import to_nchw
+
+    at_96 = to_nchw(control_image(unit, 96, 96))
+    assert np.array_equal(pictures[1], at_96) and np.array_equal(pictures[4], at_96)
+    assert not np.array_equal(pictures[2], at_96)  # then the upscaled image
     # the window 0-0.8 over each pass's steps run: steps 0 and 1 of 3, then step 0 of the 2 the second pass runs
     assert fed == [(1, 16, 64)] * 2 + [(1, 36, 64)], fed
     assert int(np.abs(blank[0].astype(int) - gen.images[0].astype(int)).max()) > 10
@@ -149,3 +159,24 @@ def test_flux_hires_second_pass_continues_the_first() -> None:
     assert calls == [(i, 5) for i in range(1, 6)], calls
     b = pipe("a cat", steps=2, **kw)[0]
     assert int(np.abs(a.astype(int) - b.astype(int)).max()) > 10
+
+
+def test_flux_hires_second_pass_runs_the_tail_of_the_target_size_schedule() -> None:
+    """The second pass's timesteps: the last 2 of a 3-step schedule (A1111's steps rule: int(2 / 0.6) = 3) made at
+    the target size, 96x96 (Flux's resolution-dependent shift, mu from 36 image tokens, not the first pass's 16).
+    Reference: diffusers 0.42.1's ``FlowMatchEulerDiscreteScheduler`` on tiny-flux-dev's scheduler config,
+    ``set_timesteps(sigmas=linspace(1, 1/3, 3), mu=calculate_shift(...))`` as ``FluxPipeline`` calls it, / 1000."""
+    pipe = _pipe("reference")
+    first_64 = [1.0, 0.7599713134765625, 0.4418216552734375]  # diffusers at 64x64 (16 tokens)
+    at_96 = [1.0, 0.7605883178710937, 0.4426567077636719]  # diffusers at 96x96 (36 tokens)
+    seen: list[float] = []
+    part = pipe.parts["transformer"]
+    run = part.run
+    part.run = lambda feeds, *a, **k: seen.append(float(np.asarray(feeds["timestep"]).reshape(-1)[0])) or \
+        run(feeds, *a, **k)
+    try:
+        pipe("a cat", seed=4, width=64, height=64, steps=3, sampler="Euler", guidance=3.5, max_sequence_length=32,
+             hires_scale=1.5, hires_steps=2, hires_denoise=0.6, hires_upscaler="Latent")
+    finally:
+        del part.run
+    np.testing.assert_allclose(seen, first_64 + at_96[1:], rtol=0, atol=2e-6)

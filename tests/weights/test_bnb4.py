@@ -130,6 +130,15 @@ def test_a_broken_group_is_one_line_naming_the_tensor(raw, tmp_path, change, say
     assert says in _error(tmp_path, one)
 
 
+@pytest.mark.parametrize("offset", ["NaN", "Infinity"])
+def test_a_nested_offset_that_is_not_finite_is_refused(raw, tmp_path, offset):
+    """Python's json reads ``NaN`` / ``Infinity`` as floats: every scale would be NaN or infinite, silently."""
+    one = _one(raw, "c20")
+    key, d = _state(raw, "c20")
+    one[key] = np.frombuffer(json.dumps({**d, "nested_offset": 0.0}).replace("0.0", offset).encode(), np.uint8).copy()
+    assert f"nested_offset {float(offset)!r}" in _error(tmp_path, one)
+
+
 def test_nested_scales_that_do_not_fit_are_refused(raw, tmp_path):
     one = _one(raw, "c20")
     one["c20.weight.nested_absmax"] = np.ones(5, np.float32)
@@ -156,3 +165,29 @@ def test_rows_read_alone_equal_the_whole_tensors_rows(raw):
             assert np.array_equal(got.view(np.uint8), want[lo:hi].view(np.uint8)), (c, lo, hi)
     assert w.rows("c01.want", 0, 1) is None  # a plain tensor: no reader of its own
     assert w.astype("float32").rows("c01.weight", 0, 2).dtype == np.float32
+
+
+def test_rows_of_blocks_that_start_inside_a_byte(raw, tmp_path):
+    """A group whose block size is odd (bnb writes powers of two, but the packing does not need one): a block can
+    start in a byte's low nibble, and the rows read alone must still be the whole tensor's rows (they took the
+    byte's high nibble: every value one code off)."""
+    c = next(c for c in CASES if c["shape"] == [33, 31] and c["quant_type"] == "nf4" and not c["nested"])
+    one = _one(raw, c["name"])
+    key, d = _state(raw, c["name"])
+    n = 33 * 31
+    one[key] = _packed({**d, "blocksize": 31})
+    one[f"{c['name']}.weight.absmax"] = np.linspace(0.5, 2.0, -(-n // 31), dtype=np.float32)
+    w = _open(tmp_path, one)
+    whole = w[f"{c['name']}.weight"]
+    for lo, hi in ((1, 2), (3, 9), (10, 33), (0, 33)):
+        got = w.rows(f"{c['name']}.weight", lo, hi)
+        assert np.array_equal(got.view(np.uint8), whole[lo:hi].view(np.uint8)), (lo, hi)
+
+
+def test_rows_past_the_end_read_as_empty(raw):
+    """As numpy slices them (``Source`` ``rows:A:B`` past a smaller tensor's end): empty, not a crash."""
+    w = Weights.open(BNB / "cases.safetensors")
+    want = raw["c01.want"]
+    for lo, hi in ((len(want) + 2, len(want) + 5), (len(want), len(want) + 1), (5, 2)):
+        got = w.rows("c01.weight", lo, hi)
+        assert got.shape == want[lo:hi].shape, (lo, hi, got.shape)

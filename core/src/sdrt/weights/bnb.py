@@ -58,7 +58,7 @@ NF4 = np.array([-1.0, -0.6961928009986877, -0.5250730514526367, -0.3949174880981
                 0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
                 0.7229568362236023, 1.0], np.float32)
 #: bitsandbytes' FP4 (1 sign, 2 exponent, 1 mantissa bit, its own bias): code ``s eee`` -> these magnitudes over
-#: 12 (the largest), in code order; the upper 8 codes are the negatives, code 8 a positive zero as bnb has it
+#: 12 (the largest), in code order; the upper 8 codes are the negatives, code 8 a positive zero as bnb's portable kernel has it (its CUDA kernel gives -0.0)
 FP4 = np.array([0.0, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0, 0.0, -0.0625, -8.0, -12.0, -4.0, -6.0, -2.0, -3.0],
                np.float32) / np.float32(12.0)
 
@@ -101,6 +101,7 @@ def dequantize(packed: np.ndarray, absmax: np.ndarray, state: State, lo: int = 0
     codes = np.ascontiguousarray(packed).reshape(-1).view(np.uint8)
     n, bs = state.size, state.blocksize
     whole_tensor = lo == 0 and hi is None
+    lo = min(lo, n)  # rows past the end read as empty, as numpy's slicing gives them
     hi = n if hi is None else max(lo, min(hi, n))
     first, end = lo // bs * bs, min(-(-hi // bs) * bs, n)  # the whole blocks that hold lo:hi
     pairs = PAIRS[state.quant_type]
@@ -110,7 +111,8 @@ def dequantize(packed: np.ndarray, absmax: np.ndarray, state: State, lo: int = 0
     for a in range(first, end, step):
         b = min(a + step, end)
         # float32 scratch, this chunk only (np.take: ~10x numpy's fancy indexing on a 2-D table)
-        vals = np.take(pairs, codes[a // 2:(b + 1) // 2], axis=0).reshape(-1)[:b - a]
+        # (a block of odd size can start in a byte's low nibble: skip the high one)
+        vals = np.take(pairs, codes[a // 2:(b + 1) // 2], axis=0).reshape(-1)[a % 2:a % 2 + b - a]
         whole = (b - a) // bs
         b0 = a // bs
         if whole:
@@ -169,7 +171,7 @@ def _state(d: Mapping[str, Any], wname: str, kind: str, where: str) -> State:
     if "nested_blocksize" in d or "nested_offset" in d:
         nb, off, ndt = d.get("nested_blocksize"), d.get("nested_offset"), d.get("nested_dtype", "float32")
         if type(nb) is not int or nb <= 0 or not isinstance(off, (int, float)) or isinstance(off, bool) \
-                or ndt != "float32":
+                or not math.isfinite(off) or ndt != "float32":  # (json reads NaN and Infinity as floats)
             raise _bad(f"{sname}: nested_blocksize {nb!r}, nested_offset {off!r}, nested_dtype {ndt!r} are not a "
                        "double quantization bitsandbytes writes", where)
         nested = {"nested_blocksize": nb, "nested_offset": float(off)}
@@ -238,7 +240,8 @@ def fold(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
 
         def rows(lo: int, hi: int, w: Any = w, st: State = st, scales: Callable[[], np.ndarray] = scales) -> np.ndarray:
             """Rows ``lo:hi`` alone (a fused qkv's third, Flux's linear1 split): only their blocks are decoded."""
-            hi = min(hi, st.shape[0])
+            lo, hi = min(lo, st.shape[0]), min(hi, st.shape[0])
+            hi = max(lo, hi)
             inner = math.prod(st.shape[1:])
             return dequantize(w.load(), scales(), st, lo * inner, hi * inner).reshape((hi - lo, *st.shape[1:]))
 
