@@ -871,6 +871,12 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         original = prompt.prompt if isinstance(prompt, Settings) else prompt
         # this job's shapes per part, from a dry run made first (its ControlNet units get dry parts; this job's
         # own preparation below gives them the real ones again)
+        if not self._dry and isinstance(original, str) and "<lora:" in original + str(
+                prompt.negative_prompt if isinstance(prompt, Settings) else negative_prompt):
+            # the prompt's LoRAs first: a Flux control LoRA changes the transformer's graph the dry run plans
+            # (sdrt.pipelines.fluxcontrollora); _prepare below finds them active
+            neg = prompt.negative_prompt if isinstance(prompt, Settings) else negative_prompt
+            self.weights.prepare(original, neg)
         calls = None if self._dry else self._job_calls(prompt, negative_prompt, kwargs)
         s, init, mask = self._prepare(prompt, negative_prompt, kwargs)
         self._settings = s  # the last job's checked settings (the run plan reads them)

@@ -1,0 +1,116 @@
+"""Black Forest Labs' FLUX.1 Canny/Depth control LoRAs on a Flux.1 dev model, against diffusers.
+
+tests/data/lora/flux_control_lora_{bfl,diffusers}.safetensors: one random rank-4 control LoRA for tiny-flux-dev's
+transformer, in BFL's layout (``img_in.lora_A.weight`` [4, 128], fused ``qkv`` / ``linear1``, ``lora_B.bias`` on
+every layer, the qk-norm ``*.scale`` whole) and in diffusers' (scripts/gen_flux_control_lora_refs.py). The
+reference images: diffusers 0.42.1's ``FluxControlPipeline`` with ``load_lora_weights`` (x_embedder zero-padded to
+128 inputs, the norms loaded whole) and ``fuse_lora(lora_scale=s)``. Here tiny-flux-dev as release files (BFL's
+transformer keys, bound onto its weight-free graphs) takes the LoRA: its transformer runs the 128-input graph.
+Tolerance: 1 level of 255.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import test_flow_single_files as flow
+
+from sdrt import pipelines
+from sdrt.errors import InputError, WeightsError
+from sdrt.lora import Lora
+
+LORA = Path(__file__).resolve().parents[1] / "data" / "lora"
+FILES = {"bfl": LORA / "flux_control_lora_bfl.safetensors", "diffusers": LORA / "flux_control_lora_diffusers.safetensors"}
+CASES = {c["name"]: c for c in json.loads((LORA / "flux_control_lora_refs.json").read_text())}
+REFS = np.load(LORA / "flux_control_lora_refs.npz")
+
+
+def _kw(case: dict, control=None) -> dict:
+    return dict(steps=case["steps"], seed=case["seed"], width=case["width"], height=case["height"], sampler="Euler",
+                guidance=case["guidance"], max_sequence_length=case["max_sequence_length"],
+                control_image=REFS["control_image"] if control is None else control)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return flow._files("flux-dev", tmp_path_factory.mktemp("flux-dev"))
+
+
+def _load(f: dict, backend: str = "reference", loras=None, lora_dir=None):
+    pipe = pipelines.load(f["file"], backend=backend, text_encoders=f["text_encoders"], vae=f["vae"],
+                          graph_paths=f["graphs"], tokenizers=f["tokenizers"], family=f["family"])
+    if loras:
+        pipe.set_loras(loras)
+    if lora_dir is not None:
+        pipe.weights.lora_dir = lora_dir
+    return pipe
+
+
+def _diff(got, name: str) -> int:
+    want = REFS[f"{name}/image"].astype(int)
+    got = np.stack(got).astype(int)
+    assert got.shape == want.shape
+    return int(np.abs(got - want).max())
+
+
+def test_reads_as_a_control_lora():
+    for layout, path in FILES.items():
+        lora = Lora.open(path)
+        assert lora.control is not None, layout
+        assert len(lora.control.sets) == 8 and len(lora.control.biases) == len(lora.layers), layout
+
+
+@pytest.mark.parametrize("layout", ["bfl", "diffusers"])
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+def test_image_matches_diffusers(files, layout, backend, request):
+    if backend != "reference":
+        request.applymarker(pytest.mark.needs_backend(backend))
+        pytest.importorskip(f"sdrt_{backend}")
+    case = CASES["scale1"]
+    with _load(files, backend, loras=[(FILES[layout], case["scale"])]) as pipe:
+        assert pipe.flux_tool == "control"
+        diff = _diff(pipe(case["prompt"], **_kw(case)), case["name"])
+    assert diff <= 1, f"{layout} on {backend}: {diff} levels from diffusers' image"
+
+
+def test_scale_matters_and_prompt_tag_works(files, tmp_path):
+    """The LoRA at 0.5 gives diffusers' image at 0.5 (norms whole, deltas and biases halved), through a prompt tag;
+    the image at scale 1 is far from it."""
+    (tmp_path / "canny.safetensors").write_bytes(FILES["bfl"].read_bytes())
+    half = CASES["scale0.5"]
+    with _load(files, lora_dir=tmp_path) as pipe:
+        assert pipe.flux_tool is None
+        got = pipe(half["prompt"] + " <lora:canny:0.5>", **_kw(half))
+        assert pipe.flux_tool == "control"
+    assert _diff(got, "scale0.5") <= 1
+    assert _diff(got, "scale1") > 10
+
+
+def test_control_image_matters_and_is_required(files):
+    case = CASES["scale1"]
+    with _load(files, loras=[(FILES["bfl"], 1.0)]) as pipe:
+        other = np.zeros_like(REFS["control_image"])
+        assert _diff(pipe(case["prompt"], **_kw(case, other)), "scale1") > 10
+        kw = _kw(case)
+        kw.pop("control_image")
+        with pytest.raises(InputError, match="control image") as e:
+            pipe(case["prompt"], **kw)
+        assert "\n" not in str(e.value)
+        pipe.set_loras([])  # back to Flux.1 dev: its own graph and weights
+        assert pipe.flux_tool is None
+        pipe(case["prompt"], **kw)
+
+
+def test_refusals_are_one_line(files, tmp_path):
+    with _load(files) as pipe:
+        with pytest.raises(WeightsError, match="Flux Control LoRAs at once"):
+            pipe.set_loras([(FILES["bfl"], 1.0), (FILES["diffusers"], 1.0)])
+        assert pipe.flux_tool is None
+    f = flow._files("flux-schnell", tmp_path)
+    with _load(f) as pipe:
+        with pytest.raises(WeightsError, match="schnell") as e:
+            pipe.set_loras([(FILES["bfl"], 1.0)])
+        assert "\n" not in str(e.value)
