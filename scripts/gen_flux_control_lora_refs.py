@@ -10,6 +10,9 @@ layers split as diffusers' ``_convert_bfl_flux_control_lora_to_diffusers`` split
 ``FluxControlPipeline`` with tiny-flux-dev's transformer, ``load_lora_weights(diffusers file)`` (which zero-pads
 ``x_embedder`` to 128 inputs and loads the norms whole), ``fuse_lora(lora_scale=s)``, and a control image.
 
+A third case adds an ordinary Flux LoRA (``flux_peft.safetensors``) at 0.8 beside the control LoRA at 1
+(``set_adapters`` then ``fuse_lora``).
+
 Writes ``tests/data/lora/flux_control_lora_{bfl,diffusers}.safetensors`` and ``flux_control_lora_refs.{json,npz}``.
 
     PYTHONPATH=scripts /work/refvenv/bin/python scripts/gen_flux_control_lora_refs.py
@@ -36,7 +39,9 @@ from safetensors.torch import save_file  # noqa: E402
 OUT = g.OUT.parent / "lora"
 RANK = 4
 CASES = [dict(name="scale1", scale=1.0, width=64, height=64, steps=3, seed=5, guidance=10.0),
-         dict(name="scale0.5", scale=0.5, width=64, height=64, steps=3, seed=5, guidance=10.0)]
+         dict(name="scale0.5", scale=0.5, width=64, height=64, steps=3, seed=5, guidance=10.0),
+         # the control LoRA with an ordinary one (flux_peft.safetensors of make_flow_lora_refs.py) at 0.8
+         dict(name="mixed", scale=1.0, width=64, height=64, steps=3, seed=5, guidance=10.0, other=0.8)]
 
 
 def check_transformer(tr) -> None:
@@ -116,9 +121,14 @@ def main() -> None:
                                    tokenizer=base.tokenizer, text_encoder_2=base.text_encoder_2,
                                    tokenizer_2=base.tokenizer_2, transformer=copy.deepcopy(base.transformer))
         pipe.set_progress_bar_config(disable=True)
-        pipe.load_lora_weights(str(OUT / "flux_control_lora_diffusers.safetensors"))
+        pipe.load_lora_weights(str(OUT / "flux_control_lora_diffusers.safetensors"), adapter_name="control")
         assert pipe.transformer.x_embedder.weight.shape[1] == 128
-        pipe.fuse_lora(lora_scale=case["scale"])
+        if "other" in case:
+            pipe.load_lora_weights(str(OUT / "flux_peft.safetensors"), adapter_name="other")
+            pipe.set_adapters(["control", "other"], [case["scale"], case["other"]])
+            pipe.fuse_lora(adapter_names=["control", "other"])
+        else:
+            pipe.fuse_lora(lora_scale=case["scale"])
         h, w = case["height"], case["width"]
         c = tools.edges(h, w)
         refs["control_image"] = c

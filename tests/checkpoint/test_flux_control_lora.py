@@ -92,6 +92,7 @@ def test_scale_matters_and_prompt_tag_works(files, tmp_path):
 def test_control_image_matters_and_is_required(files):
     case = CASES["scale1"]
     with _load(files, loras=[(FILES["bfl"], 1.0)]) as pipe:
+        assert _diff(pipe(case["prompt"], **_kw(case)), "scale1") <= 1
         other = np.zeros_like(REFS["control_image"])
         assert _diff(pipe(case["prompt"], **_kw(case, other)), "scale1") > 10
         kw = _kw(case)
@@ -114,3 +115,54 @@ def test_refusals_are_one_line(files, tmp_path):
         with pytest.raises(WeightsError, match="schnell") as e:
             pipe.set_loras([(FILES["bfl"], 1.0)])
         assert "\n" not in str(e.value)
+
+
+def test_with_an_ordinary_lora_and_in_the_infotext(files):
+    """The control LoRA at 1 with an ordinary Flux LoRA at 0.8 (diffusers: set_adapters, fuse_lora); both named in
+    the PNG's ``Lora hashes``."""
+    case = CASES["mixed"]
+    with _load(files, loras=[(FILES["bfl"], case["scale"]), (LORA / "flux_peft.safetensors", case["other"])]) as pipe:
+        gen = pipe.generate(case["prompt"], **_kw(case))
+        assert _diff(gen.images, "mixed") <= 1
+        assert _diff(gen.images, "scale1") > 10
+        hashes = str(gen.settings[0]["Lora hashes"])
+        assert "flux_control_lora_bfl: " in hashes and "flux_peft: " in hashes
+
+
+def test_run_plan_says_the_control_lora_makes_it_canny_depth(files, tmp_path):
+    """A run plan made before the LoRA is active (a prompt tag; the CLI's --dry-run --lora) runs the 128-input
+    transformer and says so; without a control image it is the one-line error the run gives."""
+    (tmp_path / "canny.safetensors").write_bytes(FILES["bfl"].read_bytes())
+    case = CASES["scale1"]
+    with _load(files, lora_dir=tmp_path) as pipe:
+        plan = pipe.plan(case["prompt"] + " <lora:canny:1>", **_kw(case))
+        assert "Flux.1 Canny/Depth (Flux.1 dev + control LoRA canny)" in plan.format()
+        tr = next(p for p in plan.parts if p.part == "transformer")
+        assert all(dict((k, s) for k, s, _ in sig)["hidden_states"][2] == 128 for sig, _ in tr.signatures)
+        assert pipe.flux_tool is None  # a plan changes nothing
+        kw = _kw(case)
+        kw.pop("control_image")
+        with pytest.raises(InputError, match="control LoRA canny makes this Flux.1 dev model a Canny/Depth model"):
+            pipe.plan(case["prompt"] + " <lora:canny:1>", **kw)
+        pipe.weights.planned = [FILES["diffusers"]]
+        assert "control LoRA flux_control_lora_diffusers" in pipe.plan(case["prompt"], **_kw(case)).format()
+
+
+@pytest.mark.needs_backend("ggml")
+def test_gguf_dev_model_takes_the_control_lora_on_ggml(files, tmp_path):
+    """Flux.1 dev as city96's GGUF files hold it (BFL keys, big matrices Q8_0): the control LoRA widens its
+    dequantized img_in; diffusers' image within the GGUF Flux test's bound (35 dB PSNR)."""
+    pytest.importorskip("gguf", reason="the optional gguf package is not installed (pip install gguf)")
+    from flow_file_helpers import bfl_transformer, diffusers_params
+    from test_gguf_flux import _psnr, _write
+
+    params = bfl_transformer(diffusers_params(flow.PIPES / "tiny-flux-dev" / "transformer" / "model.onnx"))
+    path = tmp_path / "flux1-dev-Q8_0.gguf"
+    _write(path, params, "Q8_0")
+    case = CASES["scale1"]
+    with pipelines.load(path, backend="ggml", text_encoders=files["text_encoders"], vae=files["vae"],
+                        graph_paths=files["graphs"], tokenizers=files["tokenizers"], family="flux-dev") as pipe:
+        pipe.set_loras([(FILES["bfl"], 1.0)])
+        assert pipe.flux_tool == "control"
+        got = np.stack(pipe(case["prompt"], **_kw(case)))
+    assert _psnr(got, REFS["scale1/image"]) >= 35, _psnr(got, REFS["scale1/image"])

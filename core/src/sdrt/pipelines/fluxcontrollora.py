@@ -46,19 +46,20 @@ def control_loras(active: Sequence[Any]) -> list[Any]:
     return [a for a in active if getattr(a.lora, "control", None) is not None]
 
 
-def check(pipe: Any, part: Part | None, plain: Path, found: Sequence[Any]) -> None:
-    """One ``WeightsError`` when these control LoRAs cannot run on this model: more than one, a model that is not
-    Flux.1 dev (schnell, Chroma, SD, a Fill or Canny/Depth model already), or a graph that holds its weights."""
-    names = ", ".join(a.name for a in found)
+def check(pipe: Any, part: Part | None, plain: Path | None, found: Sequence[tuple[str, str]]) -> None:
+    """One ``WeightsError`` when these control LoRAs (``(name, what showed it)``) cannot run on this model: more
+    than one, a model that is not Flux.1 dev (schnell, Chroma, SD, a Fill or Canny/Depth model already), or a
+    graph that holds its weights."""
+    names = ", ".join(n for n, _ in found)
     if len(found) > 1:
         raise WeightsError(f"{len(found)} Flux Control LoRAs at once ({names}): each makes the model a FLUX.1 "
                            "Canny or Depth model with its own control input", where=names,
                            fix="pass one control LoRA (Canny or Depth); other LoRAs may go with it")
-    a = found[0]
+    name, shown = found[0]
     label = pipe.family.label
-    why = f"{a.name} is a Flux Control LoRA (Black Forest Labs' FLUX.1 Canny/Depth dev LoRA: {a.lora.control.why})"
-    if pipe.family.name != "flux" or part is None:
-        raise WeightsError(f"{why}, made for Flux.1 dev, and this is a {label} model", where=a.name,
+    why = f"{name} is a Flux Control LoRA (Black Forest Labs' FLUX.1 Canny/Depth dev LoRA: {shown})"
+    if pipe.family.name != "flux" or part is None or plain is None:
+        raise WeightsError(f"{why}, made for Flux.1 dev, and this is a {label} model", where=name,
                            fix="load a Flux.1 dev model with it, or use a LoRA made for this model")
     from ..graph import Graph
 
@@ -67,10 +68,10 @@ def check(pipe: Any, part: Part | None, plain: Path, found: Sequence[Any]) -> No
     width = shape[2] if len(shape) == 3 else None
     if "guidance" not in {t.name for t in graph.inputs}:
         raise WeightsError(f"{why}, made for Flux.1 dev (guidance-distilled), and this is Flux.1 schnell (its "
-                           "transformer takes no guidance)", where=a.name, fix="load a Flux.1 dev model with it")
+                           "transformer takes no guidance)", where=name, fix="load a Flux.1 dev model with it")
     if width != 64:
         raise WeightsError(f"{why}, made for Flux.1 dev, and this model's transformer already takes {width} input "
-                           "channels (a FLUX.1 Fill or Canny/Depth model)", where=a.name,
+                           "channels (a FLUX.1 Fill or Canny/Depth model)", where=name,
                            fix="load a Flux.1 dev model with it, or run this model without the control LoRA")
     if not graph.is_stripped:
         raise WeightsError(f"{why}; it widens the transformer's image input to 128 channels, and this ONNX folder's "
@@ -228,3 +229,51 @@ def _strip(key: str) -> str:
             return key[len(p):]
     return key
 
+
+
+def is_control_file(path: Path) -> bool:
+    """Whether a LoRA file is a Flux control LoRA, from its names and shapes only (nothing read)."""
+    from ..weights import Weights
+    from ..weights.lora import _flux_control
+
+    try:
+        return _flux_control(Weights.open(path).shapes()) is not None
+    except Exception:  # noqa: BLE001  (the run itself reports a file it cannot read)
+        return False
+
+
+def pending(pipe: Any, texts: Sequence[Any], files: Sequence[Path] = ()) -> tuple[str, Path] | None:
+    """For a run plan: the control LoRA a run would make active (``<lora:name:w>`` in ``texts``, found in the
+    LoRA folder, or one of ``files``, the CLI's ``--lora``) while none is active now, as ``(name, file)``."""
+    state = pipe._weight_state
+    if pipe.control_lora is not None or pipe.family.name != "flux":
+        return None
+    cands = list(files)
+    folder = getattr(state, "lora_dir", None) if state is not None else None
+    if folder is not None:
+        from ..text import extract_loras
+
+        for text in texts:
+            if isinstance(text, str) and "<lora:" in text:
+                for name, _ in extract_loras(text)[1]:
+                    try:
+                        cands.append(state.lora_file(name))
+                    except Exception:  # noqa: BLE001,S112  (the run names a missing file)
+                        continue
+    for p in cands:
+        if is_control_file(Path(p)):
+            return Path(p).stem, Path(p)
+    return None
+
+
+def plan_graph(pipe: Any, dry_parts: Mapping[str, Part], found: tuple[str, Path]) -> None:
+    """A run plan's recording transformer runs the 128-input graph the control LoRA ``found`` would bring."""
+    part = dry_parts.get("transformer")
+    plain = pipe.parts["transformer"].path if "transformer" in pipe.parts else None
+    state = pipe._weight_state
+    if state is not None and state._plain_graph is not None:
+        plain = state._plain_graph
+    check(pipe, part, plain, [(found[0], "its image input takes 128 channels")])
+    assert part is not None and plain is not None
+    part.path = widened_graph(plain)
+    part._graph = None

@@ -732,6 +732,16 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
         return tool_of(self.family, self.denoiser, self.folder.configs)
 
+    @property
+    def control_lora(self) -> str | None:
+        """The name of the Flux control LoRA (BFL's Canny/Depth dev LoRA) that makes this Flux.1 dev model a
+        Canny/Depth one now (:mod:`sdrt.pipelines.fluxcontrollora`), or None."""
+        planned = self.__dict__.get("_planned_control")  # a run plan's, for a LoRA the run will make active
+        state = self._weight_state
+        if planned is not None or state is None:
+            return planned
+        return next((a.name for a in state.loras if getattr(a.lora, "control", None) is not None), None)
+
     def _flux_tool_settings(self, s: Settings) -> None:
         """A Canny/Depth model's control image (``--control-image`` comes as a ControlNet unit), checked."""
         from . import fluxtools
@@ -741,7 +751,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if tool == "control" and tb.controlnets and s.control_image is None:
             s.control_image = fluxtools.control_from_units(tb.controlnets)
             s.toolbox = dataclasses.replace(tb, controlnets=[])
-        fluxtools.check(tool, s, self.family.label)
+        fluxtools.check(tool, s, self.family.label, self.control_lora)
         if tool is not None and s.toolbox.hires is not None:
             raise InputError(f"the hires fix is not supported with a {fluxtools.LABELS[tool]} model",
                              where="hires_scale", fix="leave {@hires_scale} unset")

@@ -113,6 +113,8 @@ class WeightState:
     _plain_graph: Path | None = None
     #: the transformer graph the last ``_merge`` merged for (the 128-input twin with a control LoRA, else None)
     _want_graph: Path | None = None
+    #: LoRA files a run will make active, for a run plan made before they are (the CLI's ``--dry-run --lora``)
+    planned: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # the pipeline owns this state (and its parts hold weights_factory closures over it): a strong reference
@@ -289,7 +291,7 @@ class WeightState:
         if controls:  # BFL's Canny/Depth LoRA: the transformer takes 128 channels (sdrt.pipelines.fluxcontrollora)
             part = parts.get("transformer")
             plain = self._plain_graph or (part.path if part is not None else None)
-            fluxcontrollora.check(self.pipe, part, plain, controls)  # type: ignore[arg-type]
+            fluxcontrollora.check(self.pipe, part, plain, [(a.name, a.lora.control.why) for a in controls])
             self._want_graph = fluxcontrollora.widened_graph(plain)  # type: ignore[arg-type]
         if not active:
             return out
