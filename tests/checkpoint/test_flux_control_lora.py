@@ -110,11 +110,13 @@ def test_refusals_are_one_line(files, tmp_path):
         with pytest.raises(WeightsError, match="Flux Control LoRAs at once"):
             pipe.set_loras([(FILES["bfl"], 1.0), (FILES["diffusers"], 1.0)])
         assert pipe.flux_tool is None
-    f = flow._files("flux-schnell", tmp_path)
-    with _load(f) as pipe:
-        with pytest.raises(WeightsError, match="schnell") as e:
-            pipe.set_loras([(FILES["bfl"], 1.0)])
-        assert "\n" not in str(e.value)
+    for kind, says in (("flux-schnell", "this is Flux.1 schnell"), ("chroma", "made for Flux.1 dev, and this is a "
+                                                                             "Chroma")):
+        f = flow._files(kind, tmp_path / kind)
+        with _load(f) as pipe:
+            with pytest.raises(WeightsError, match=says) as e:
+                pipe.set_loras([(FILES["bfl"], 1.0)])
+            assert "\n" not in str(e.value) and not pipe.weights.loras
 
 
 def test_with_an_ordinary_lora_and_in_the_infotext(files):
@@ -166,3 +168,28 @@ def test_gguf_dev_model_takes_the_control_lora_on_ggml(files, tmp_path):
         assert pipe.flux_tool == "control"
         got = np.stack(pipe(case["prompt"], **_kw(case)))
     assert _psnr(got, REFS["scale1/image"]) >= 35, _psnr(got, REFS["scale1/image"])
+
+
+def test_on_and_off(files):
+    """Flux.1 dev's image, then the control LoRA's, then dev's again bit for bit after it goes."""
+    case = CASES["scale1"]
+    kw = _kw(case)
+    kw.pop("control_image")
+    with _load(files) as pipe:
+        before = np.stack(pipe(case["prompt"], **kw))
+        pipe.set_loras([(FILES["diffusers"], 1.0)])
+        assert pipe.flux_tool == "control"
+        assert _diff(pipe(case["prompt"], **_kw(case)), "scale1") <= 1
+        pipe.set_loras([])
+        assert pipe.flux_tool is None
+        assert np.array_equal(np.stack(pipe(case["prompt"], **kw)), before)
+
+
+def test_a_fill_model_refuses_it(tmp_path):
+    from test_flux_tools_files import _fill_files
+
+    f = _fill_files(tmp_path)
+    with flow._load(f) as pipe:
+        with pytest.raises(WeightsError, match="already takes 384 input channels") as e:
+            pipe.set_loras([(FILES["bfl"], 1.0)])
+        assert "\n" not in str(e.value) and pipe.flux_tool == "fill"
