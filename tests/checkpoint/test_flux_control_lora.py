@@ -193,3 +193,60 @@ def test_a_fill_model_refuses_it(tmp_path):
         with pytest.raises(WeightsError, match="already takes 384 input channels") as e:
             pipe.set_loras([(FILES["bfl"], 1.0)])
         assert "\n" not in str(e.value) and pipe.flux_tool == "fill"
+
+
+def _full_size_bfl_keys() -> dict[str, tuple[int, ...]]:
+    """Every tensor diffusers' ``_convert_bfl_flux_control_lora_to_diffusers`` takes from BFL's file (19 + 38 blocks,
+    width 3072), rank 1, with a ``lora_B.bias`` on every layer."""
+    d, mlp = 3072, 12288
+    mods = {"img_in": (d, 128), "txt_in": (d, 4096), "time_in.in_layer": (d, 256), "time_in.out_layer": (d, d),
+            "vector_in.in_layer": (d, 768), "vector_in.out_layer": (d, d), "guidance_in.in_layer": (d, 256),
+            "guidance_in.out_layer": (d, d), "final_layer.linear": (64, d), "final_layer.adaLN_modulation.1": (2 * d, d)}
+    for i in range(19):
+        for s in ("img", "txt"):
+            mods.update({f"double_blocks.{i}.{s}_mod.lin": (6 * d, d), f"double_blocks.{i}.{s}_attn.qkv": (3 * d, d),
+                         f"double_blocks.{i}.{s}_attn.proj": (d, d), f"double_blocks.{i}.{s}_mlp.0": (mlp, d),
+                         f"double_blocks.{i}.{s}_mlp.2": (d, mlp)})
+    for i in range(38):
+        mods.update({f"single_blocks.{i}.modulation.lin": (3 * d, d), f"single_blocks.{i}.linear1": (3 * d + mlp, d),
+                     f"single_blocks.{i}.linear2": (d, d + mlp)})
+    keys: dict[str, tuple[int, ...]] = {}
+    for m, (o, i) in mods.items():
+        keys.update({f"{m}.lora_A.weight": (1, i), f"{m}.lora_B.weight": (o, 1), f"{m}.lora_B.bias": (o,)})
+    for i in range(19):
+        for s in ("img", "txt"):
+            keys.update({f"double_blocks.{i}.{s}_attn.norm.{n}_norm.scale": (128,) for n in ("query", "key")})
+    for i in range(38):
+        keys.update({f"single_blocks.{i}.norm.{n}_norm.scale": (128,) for n in ("query", "key")})
+    return keys
+
+
+def test_full_size_bfl_control_lora_finds_every_place_in_the_shipped_graph(tmp_path, monkeypatch):
+    """BFL's full-size key set (shapes as flux1-canny-dev-lora.safetensors has them, rank 1 here): every low-rank
+    layer, bias and norm scale lands on an initializer of the shipped 128-input graph with its shape."""
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    from sdrt.checkpoint import param_map, shipped_graph
+    from sdrt.graph import Graph
+    from sdrt.pipelines import fluxcontrollora
+    from sdrt.pipelines.weights import transformer_lora
+
+    lora = Lora.from_arrays({k: np.full(s, 0.01, np.float32) for k, s in _full_size_bfl_keys().items()},
+                            source="flux1-canny-dev-lora.safetensors")
+    assert lora.control is not None and len(lora.control.sets) == 2 * (2 * 19 + 38)
+    path = fluxcontrollora.widened_graph(shipped_graph("flux_dev_transformer"))
+    assert path == shipped_graph("flux_control_transformer")
+    graph = Graph.load(path, load_external=False)
+    pmap = param_map(graph)
+    assert pmap["x_embedder.weight"].shape == (3072, 128)
+    split = transformer_lora(lora, graph)
+    assert set(split.targets) == set(split.layers)  # every layer, fused ones split, has its initializer
+    # biases and norms on zero base values (the large weights are not made)
+    small = {s.init: np.zeros(s.shape, np.float32) for c, s in pmap.items() if not c.endswith(".weight")
+             or "norm" in c}
+    extras = fluxcontrollora.extras(lora, 0.5, graph, small)
+    wanted = {pmap[c].init for c in pmap if c.endswith(".bias") and not c.startswith(("pos_embed", "norm_out.norm"))}
+    assert wanted <= set(extras)  # every linear layer's bias moves
+    norms = [pmap[c].init for c in pmap if c.endswith(("norm_q.weight", "norm_k.weight", "added_q.weight", "added_k.weight"))]
+    assert len(norms) == 2 * (2 * 19 + 38) and all(np.allclose(extras[n], 0.01) for n in norms)  # whole, not 0.5x
+    bias = pmap["x_embedder.bias"].init
+    assert np.allclose(extras[bias], 0.5 * 0.01)  # s * alpha / rank * lora_B.bias, alpha = rank
