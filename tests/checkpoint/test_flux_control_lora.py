@@ -250,3 +250,36 @@ def test_full_size_bfl_control_lora_finds_every_place_in_the_shipped_graph(tmp_p
     assert len(norms) == 2 * (2 * 19 + 38) and all(np.allclose(extras[n], 0.01) for n in norms)  # whole, not 0.5x
     bias = pmap["x_embedder.bias"].init
     assert np.allclose(extras[bias], 0.5 * 0.01)  # s * alpha / rank * lora_B.bias, alpha = rank
+
+
+def test_a_diffusers_folder_takes_it(files, tmp_path):
+    """Flux.1 dev as a diffusers folder (``transformer/diffusion_pytorch_model.safetensors`` in diffusers' keys)."""
+    import shutil
+
+    import single_file_helpers as h
+    from flow_file_helpers import diffusers_params
+
+    src = flow.PIPES / "tiny-flux-dev"
+    root = tmp_path / "FLUX.1-dev"
+    (root / "transformer").mkdir(parents=True)
+    h.write(root / "transformer" / "diffusion_pytorch_model.safetensors",
+            diffusers_params(src / "transformer" / "model.onnx"))
+    shutil.copy(src / "transformer" / "config.json", root / "transformer" / "config.json")
+    for part in ("text_encoder", "text_encoder_2"):
+        (root / part).mkdir()
+        h.write(root / part / "model.safetensors", flow._params(src, part))
+    (root / "vae").mkdir()
+    h.write(root / "vae" / "diffusion_pytorch_model.safetensors",
+            {**flow._params(src, "vae_decoder"), **flow._params(src, "vae_encoder")})
+    (root / "vae" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKL", "scaling_factor": 0.3611,
+                                                          "shift_factor": 0.1159, "latent_channels": 16}))
+    for part in ("tokenizer", "tokenizer_2", "scheduler"):
+        shutil.copytree(src / part, root / part)
+    index = json.loads((src / "model_index.json").read_text())
+    index["_class_name"] = "FluxPipeline"
+    (root / "model_index.json").write_text(json.dumps(index))
+    case = CASES["scale1"]
+    with pipelines.load(root, backend="reference", graph_paths=files["graphs"]) as pipe:
+        pipe.set_loras([(FILES["bfl"], 1.0)])
+        assert pipe.flux_tool == "control"
+        assert _diff(pipe(case["prompt"], **_kw(case)), "scale1") <= 1
