@@ -201,7 +201,11 @@ def run(args: argparse.Namespace) -> int:
 
     pipe = pipelines.load(folder, backend=args.backend, device=args.device,
                           **generate_weights.pipeline_options(custom), **memory)
-    if args.dry_run:  # the model's graphs: a checkpoint or LoRA changes values, not shapes or calls
+    if args.dry_run:  # the model's graphs: a checkpoint or LoRA changes values, not shapes or calls, except a
+        # Flux control LoRA's (BFL's Canny/Depth LoRA: the transformer takes 128 channels), which the plan shows
+        if custom.lora_dir is not None:
+            pipe.weights.lora_dir = custom.lora_dir
+        pipe.weights.planned = [path for path, _ in custom.loras]
         print(pipe.plan(settings).format())
         return 0
     backend, device = select(args.backend, args.device)

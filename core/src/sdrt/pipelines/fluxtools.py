@@ -64,8 +64,9 @@ def fill_conditioning(masked_latents: np.ndarray, mask: np.ndarray, batch: int) 
     return np.repeat(cond, batch // cond.shape[0], axis=0) if cond.shape[0] != batch else cond
 
 
-def check(tool: str | None, s: Any, label: str) -> None:
-    """What a run asks against what the model is: one ``InputError`` naming the argument."""
+def check(tool: str | None, s: Any, label: str, lora: str | None = None) -> None:
+    """What a run asks against what the model is: one ``InputError`` naming the argument; ``lora``: the control
+    LoRA that makes a Flux.1 dev model a Canny/Depth one (:mod:`.fluxcontrollora`)."""
     control = getattr(s, "control_image", None)
     if tool is not None and getattr(s, "reference_images", None):
         raise InputError(f"reference images (FLUX.1 Kontext) do not combine with a {LABELS[tool]} model: its "
@@ -82,7 +83,9 @@ def check(tool: str | None, s: Any, label: str) -> None:
                              "Flux.1 Fill model", where="control_image", fix="leave {@control_image} out")
     elif tool == "control":
         if control is None:
-            raise InputError("this is a Flux.1 Canny/Depth model (its transformer takes 128 input channels): it "
+            what = (f"the control LoRA {lora} makes this Flux.1 dev model a Canny/Depth model" if lora else
+                    "this is a Flux.1 Canny/Depth model")
+            raise InputError(f"{what} (its transformer takes 128 input channels): it "
                              "needs a control image (an edge map for Canny, a depth map for Depth)",
                              where="control_image", fix="pass {@control_image=} (an edge map or a depth map as the "
                                                         "model was trained on)")

@@ -734,6 +734,16 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
         return tool_of(self.family, self.denoiser, self.folder.configs)
 
+    @property
+    def control_lora(self) -> str | None:
+        """The name of the Flux control LoRA (BFL's Canny/Depth dev LoRA) that makes this Flux.1 dev model a
+        Canny/Depth one now (:mod:`sdrt.pipelines.fluxcontrollora`), or None."""
+        planned = self.__dict__.get("_planned_control")  # a run plan's, for a LoRA the run will make active
+        state = self._weight_state
+        if planned is not None or state is None:
+            return planned
+        return next((a.name for a in state.loras if getattr(a.lora, "control", None) is not None), None)
+
     def _flux_tool_settings(self, s: Settings) -> None:
         """A Canny/Depth model's control image (``--control-image`` comes as a ControlNet unit), checked."""
         from . import fluxtools
@@ -743,7 +753,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if tool == "control" and tb.controlnets and s.control_image is None:
             s.control_image = fluxtools.control_from_units(tb.controlnets)
             s.toolbox = dataclasses.replace(tb, controlnets=[])
-        fluxtools.check(tool, s, self.family.label)
+        fluxtools.check(tool, s, self.family.label, self.control_lora)
         if tool is not None and s.toolbox.hires is not None:
             raise InputError(f"the hires fix is not supported with a {fluxtools.LABELS[tool]} model",
                              where="hires_scale", fix="leave {@hires_scale} unset")
@@ -873,6 +883,12 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         original = prompt.prompt if isinstance(prompt, Settings) else prompt
         # this job's shapes per part, from a dry run made first (its ControlNet units get dry parts; this job's
         # own preparation below gives them the real ones again)
+        if not self._dry and isinstance(original, str) and "<lora:" in original + str(
+                prompt.negative_prompt if isinstance(prompt, Settings) else negative_prompt):
+            # the prompt's LoRAs first: a Flux control LoRA changes the transformer's graph the dry run plans
+            # (sdrt.pipelines.fluxcontrollora); _prepare below finds them active
+            neg = prompt.negative_prompt if isinstance(prompt, Settings) else negative_prompt
+            self.weights.prepare(original, neg)
         calls = None if self._dry else self._job_calls(prompt, negative_prompt, kwargs)
         s, init, mask = self._prepare(prompt, negative_prompt, kwargs)
         self._settings = s  # the last job's checked settings (the run plan reads them)

@@ -115,6 +115,14 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     dry._dry = True
     dry._init_fit = None  # how the init image is fitted to the run's size (Pipeline._fit_init), a line of the plan
     dry._lock, dry._state, dry._stop, dry._owner = threading.Lock(), threading.RLock(), threading.Event(), None
+    from . import fluxcontrollora
+
+    texts = [prompt.prompt, prompt.negative_prompt] if hasattr(prompt, "negative_prompt") else [prompt, negative_prompt]
+    state = pipe._weight_state
+    control = fluxcontrollora.pending(pipe, texts, getattr(state, "planned", ()) if state is not None else ())
+    if control is not None:  # a control LoRA the run brings: the 128-input transformer (BFL's Canny/Depth LoRA)
+        fluxcontrollora.plan_graph(pipe, dry._parts, control)
+        dry.__dict__["_planned_control"] = control[0]
     steps: list[int] = []
     dry._generate(prompt, negative_prompt, lambda i, n, x: steps.append(n) if i == 1 else None, kwargs)
     s = dry._settings
@@ -146,8 +154,12 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     guidance = ", ".join(modes) or "none"  # the line adds "(cfg 1)"
     from .fluxtools import LABELS as TOOLS
 
-    tool = getattr(pipe, "flux_tool", None)  # FLUX.1 Fill / Canny / Depth: their conditioning rides on the noise
-    rp = RunPlan(pipe.family.name, TOOLS[tool] if tool else pipe.family.label, s.mode, s.width, s.height,
+    tool = getattr(dry, "flux_tool", None)  # FLUX.1 Fill / Canny / Depth: their conditioning rides on the noise
+    what = TOOLS[tool] if tool else pipe.family.label
+    control = control[0] if control is not None else getattr(pipe, "control_lora", None)
+    if tool == "control" and control:  # BFL's Canny/Depth LoRA on Flux.1 dev (sdrt.pipelines.fluxcontrollora)
+        what += f" (Flux.1 dev + control LoRA {control})"
+    rp = RunPlan(pipe.family.name, what, s.mode, s.width, s.height,
                  s.batch * s.batch_count, s.batch, s.batch_count, steps[0] if steps else 0, label, kind, guidance,
                  s.cfg, pipe.family.latent_shape(s.batch, s.height, s.width), parts,
                  [*([dry._init_fit] if dry._init_fit else []), *_notes(s), *_stored_notes(pipe)])

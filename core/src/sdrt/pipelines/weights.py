@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import InputError, WeightsError
 from ..weights import TensorRef, Weights
+from . import fluxcontrollora
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..checkpoint import Checkpoint, Embedding
@@ -108,6 +109,12 @@ class WeightState:
     _lora_parts: set[str] = field(default_factory=set)
     #: part -> whether its base weights (no LoRA) last ran freshly compiled (else rebound on live sessions)
     _base_fresh: dict[str, bool] = field(default_factory=dict)
+    #: a Flux Control LoRA is active: the transformer's own (64-input) graph, which it runs again without one
+    _plain_graph: Path | None = None
+    #: the transformer graph the last ``_merge`` merged for (the 128-input twin with a control LoRA, else None)
+    _want_graph: Path | None = None
+    #: LoRA files a run will make active, for a run plan made before they are (the CLI's ``--dry-run --lora``)
+    planned: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # the pipeline owns this state (and its parts hold weights_factory closures over it): a strong reference
@@ -285,11 +292,18 @@ class WeightState:
         from ..lora import Lora, merge
 
         out: dict[str, dict[str, np.ndarray]] = {}
+        parts = self._parts()
+        self._want_graph = None
+        controls = fluxcontrollora.control_loras(active)
+        if controls:  # BFL's Canny/Depth LoRA: the transformer takes 128 channels (sdrt.pipelines.fluxcontrollora)
+            part = parts.get("transformer")
+            plain = self._plain_graph or (part.path if part is not None else None)
+            fluxcontrollora.check(self.pipe, part, plain, [(a.name, a.lora.control.why) for a in controls])
+            self._want_graph = fluxcontrollora.widened_graph(plain)  # type: ignore[arg-type]
         if not active:
             return out
         routed: dict[str, list[tuple[Lora, float]]] = {}
         unrouted: list[str] = []
-        parts = self._parts()
         for a in active:
             by_part: dict[str, dict] = {}
             for key, layer in a.lora.layers.items():
@@ -305,7 +319,7 @@ class WeightState:
             for part, layers in by_part.items():
                 sub = Lora(layers, a.lora.format, a.lora.source)
                 if part == "transformer":  # Black Forest Labs' / Stability's fused layers, split as the graph has them
-                    sub = transformer_lora(sub, parts[part].graph)
+                    sub = transformer_lora(sub, self._denoiser_graph(part))
                 routed.setdefault(part, []).append((sub, a.scale))
         if unrouted:
             fams = {f for a in active if (f := lora_family(a.lora.layers)) is not None}
@@ -318,8 +332,12 @@ class WeightState:
                                "keys, SDXL's lora_te1_/lora_te2_, SD 3.x/Flux/Chroma's transformer. or "
                                "lora_unet_double_blocks_ keys)")
         for part, pairs in routed.items():
-            graph = parts[part].graph
+            graph = self._denoiser_graph(part)
             base = self._weights(part, self.base.get(part, {}))
+            padded: dict[str, np.ndarray] = {}
+            if part == "transformer" and self._want_graph is not None:  # dev's img_in, zeros on the control inputs
+                padded = fluxcontrollora.padded_input(graph, base, self._plain_part_graph())
+                base = base.replaced(padded)
             targets = _targets(graph, [key for lora, _ in pairs for key in lora.layers], part)
             targets.update({k: v for lora, _ in pairs for k, v in getattr(lora, "targets", {}).items()})
             try:
@@ -331,8 +349,29 @@ class WeightState:
                 raise WeightsError(_lora_mismatch(report, pairs, self.pipe.family.label), where=exc.where,
                                    fix=f"use a LoRA made for {self.pipe.family.label}: each of its layers must "
                                    "match a weight of the model, in name and shape") from exc
-            out[part] = {name: m[name] for name in m.originals}
+            out[part] = {**padded, **{name: m[name] for name in m.originals}}
+            if part == "transformer":
+                for a in controls:
+                    out[part].update(fluxcontrollora.extras(a.lora, a.scale, graph, base))
         return out
+
+    def _plain_part_graph(self) -> Graph:
+        """The transformer's own (64-input) graph."""
+        from ..graph import Graph
+
+        part = self._parts()["transformer"]
+        if self._plain_graph is None or part.path == self._plain_graph:
+            return part.graph
+        return Graph.load(self._plain_graph, load_external=False)
+
+    def _denoiser_graph(self, part: str) -> Graph:
+        """The graph a part's LoRAs merge into: the transformer's 128-input twin while a control LoRA is asked."""
+        if part == "transformer" and self._want_graph is not None:
+            from ..graph import Graph
+
+            current = self._parts()[part]
+            return current.graph if current.path == self._want_graph else Graph.load(self._want_graph)
+        return self._parts()[part].graph
 
     # -- embeddings -------------------------------------------------------------
     def add_embeddings(self, items: Iterable[str | os.PathLike[str] | Embedding]) -> list[Embedding]:
@@ -417,6 +456,14 @@ class WeightState:
     def _apply(self, names: set[str], merged: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> None:
         if merged is None:
             merged = self._merge(self.loras)
+        part = self._parts().get("transformer")
+        if part is not None and "transformer" in names:  # a control LoRA's 128-input graph, or back to the model's
+            if self._want_graph is not None:
+                self._plain_graph = self._plain_graph or part.path
+                part.retarget(self._want_graph)
+            elif self._plain_graph is not None:
+                part.retarget(self._plain_graph)
+                self._plain_graph = None
         for name in sorted(names):
             overrides = {**self.base.get(name, {}), **merged.get(name, {})}
             self._bind(name, overrides, lora=bool(merged.get(name)))

@@ -295,6 +295,11 @@ class DeltaLayer:
 #: Flux.1's image input (``x_embedder``, BFL's ``img_in``) takes 64 channels (16 latent channels, 2x2 patches);
 #: Black Forest Labs' Canny/Depth control LoRAs widen it to 128 (the control image's latents beside the noise)
 _FLUX_CONTROL_IN = re.compile(r"(?:^|[._])(?:x_embedder|img_in)\.(?:lora_A|lora_down|lora\.down)(?:\.default)?\.weight$")
+#: what a control LoRA replaces whole: BFL's qk-norm scales (``double_blocks.0.img_attn.norm.query_norm.scale``,
+#: ``single_blocks.0.norm.key_norm.scale``) or diffusers' (``transformer.transformer_blocks.0.attn.norm_added_q.weight``)
+_FLUX_CONTROL_SET = re.compile(r"(?:(?:query|key)_norm\.scale|\.attn\.norm_(?:added_)?[qk]\.weight)$")
+#: a LoRA's bias on its up layer (PEFT's ``lora_bias=True``): BFL's control LoRAs have one on every layer
+_LORA_B_BIAS = re.compile(r"^(?P<mod>.+?)\.(?:lora_B|lora_up)(?:\.default)?\.bias$")
 
 
 def _flux_control(shapes: Mapping[str, tuple[int, ...]]) -> str | None:
@@ -308,6 +313,22 @@ def _flux_control(shapes: Mapping[str, tuple[int, ...]]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class FluxControl:
+    """What a Flux Control LoRA (BFL's FLUX.1 Canny/Depth dev LoRA) holds beside its low-rank layers.
+
+    ``why``: what showed it (for messages); ``sets``: tensors that replace the model's whole, at any scale (the
+    qk-norm scales: diffusers' ``load_lora_weights`` loads them into the transformer directly, ComfyUI's
+    ``set_weight`` patch); ``biases``: ``{module: lora_B.bias}``, merged as ``scale * alpha / rank * bias`` into
+    the module's bias (peft's ``lora_bias``, ComfyUI's ``diff_b``). The image input's LoRA takes 128 channels:
+    the model's ``img_in`` / ``x_embedder`` weight is zero-padded to 128 inputs before the merge (diffusers'
+    ``_maybe_expand_transformer_param_shape_or_error_``, ComfyUI's ``reshape_weight``)."""
+
+    why: str
+    sets: Mapping[str, np.ndarray] = field(repr=False)
+    biases: Mapping[str, np.ndarray] = field(repr=False)
+
+
 class Lora:
     """The layers of one LoRA file. Build with ``Lora.open(path)`` or ``Lora.from_arrays``."""
 
@@ -315,6 +336,8 @@ class Lora:
         self.layers = dict(layers)
         self.format = fmt
         self.source = source
+        #: a Flux Control LoRA's whole-tensor replacements and biases (``FluxControl``), else None
+        self.control: FluxControl | None = None
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, alpha: float | None = None) -> Lora:
@@ -329,14 +352,17 @@ class Lora:
                     source: str = "<memory>") -> Lora:
         shapes = arrays.shapes() if isinstance(arrays, Weights) else {k: tuple(np.shape(v)) for k, v in arrays.items()}
         control = _flux_control(shapes)
-        if control:
-            raise WeightsError(f"{os.path.basename(source)} is a Flux Control LoRA (Black Forest Labs' Canny/Depth "
-                               f"LoRA: {control}); it widens Flux.1 dev's input to a Flux Control model's (a control "
-                               "image beside the noise), which a LoRA merged into the loaded model cannot do",
-                               where=source,
-                               fix="run the full FLUX.1-Canny-dev or FLUX.1-Depth-dev model with a control image "
-                               "(--control-image, control_image=; docs/flow-families.md), or pass a LoRA that keeps "
-                               "the model's inputs")
+        sets: dict[str, np.ndarray] = {}
+        biases: dict[str, np.ndarray] = {}
+        if control:  # the tensors it replaces whole, and its up layers' biases, are not low-rank layers
+            keys = list(arrays)
+            for key in keys:
+                b = _LORA_B_BIAS.match(key)
+                if b:
+                    biases[b["mod"]] = np.asarray(arrays[key])
+                elif _FLUX_CONTROL_SET.search(key):
+                    sets[key] = np.asarray(arrays[key])
+            arrays = {k: arrays[k] for k in keys if k not in sets and not _LORA_B_BIAS.match(k)}
         parts: dict[str, dict[str, Any]] = {}
         unknown: list[str] = []
         lyco: dict[str, dict[str, str]] = {}
@@ -443,7 +469,15 @@ class Lora:
         fmt = "kohya" if all(k.startswith("lora_") for k in layers) else "peft"
         if lyco:
             fmt = "lycoris"
-        return cls(layers, fmt, source)
+        out = cls(layers, fmt, source)
+        if control:
+            stray = sorted(m for m in biases if m not in layers)
+            if stray:
+                raise WeightsError(f"{os.path.basename(source)}: {len(stray)} lora_B.bias tensors belong to no LoRA "
+                                   f"layer of the file: {', '.join(stray[:4])}", where=source,
+                                   fix="use the control LoRA as Black Forest Labs or diffusers saved it")
+            out.control = FluxControl(control, sets, biases)
+        return out
 
     def __repr__(self) -> str:
         ranks = sorted({layer.rank for layer in self.layers.values()})
@@ -676,5 +710,5 @@ def _fit(delta: np.ndarray, shape: tuple[int, ...], transposed: bool) -> tuple[n
     return None
 
 
-__all__ = ["KOHYA_PREFIXES", "PEFT_PREFIXES", "Dora", "Lora", "LoraLayer", "LoraReport", "LycorisLayer", "DeltaLayer", "MergedWeights",
+__all__ = ["KOHYA_PREFIXES", "PEFT_PREFIXES", "Dora", "Lora", "LoraLayer", "LoraReport", "LycorisLayer", "DeltaLayer", "FluxControl", "MergedWeights",
            "merge"]
