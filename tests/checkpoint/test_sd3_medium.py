@@ -27,7 +27,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import single_file_helpers as h
-from flow_file_helpers import clip_file, diffusers_params, ldm_vae, sd3_transformer, stripped, t5_file
+from flow_file_helpers import (
+    clip_file,
+    diffusers_params,
+    ldm_vae,
+    sd3_medium_shapes,
+    sd3_transformer,
+    stripped,
+    t5_file,
+)
 
 from sdrt import pipelines
 from sdrt.checkpoint import open_single_file, shipped_graph
@@ -197,29 +205,6 @@ def test_instantx_controlnet_gives_diffusers_image(backend, folder):
 
 
 # -- full size: Stability's files, headers only ----------------------------------------------------
-def stability_shapes(prefix: str = "model.diffusion_model.", depth: int = 24, d: int = 1536) -> dict:
-    """sd3_medium.safetensors' MMDiT (Stability's sd3_impls/mmdit.py names and shapes: 24 joint blocks of 1536 =
-    24 heads x 64, no q/k norm, one attention per block, the last block's context side pre-only: qkv and a 2d
-    adaLN)."""
-    s = {"pos_embed": (1, 192 * 192, d), "x_embedder.proj.weight": (d, 16, 2, 2), "x_embedder.proj.bias": (d,),
-         "t_embedder.mlp.0.weight": (d, 256), "t_embedder.mlp.0.bias": (d,), "t_embedder.mlp.2.weight": (d, d),
-         "t_embedder.mlp.2.bias": (d,), "y_embedder.mlp.0.weight": (d, 2048), "y_embedder.mlp.0.bias": (d,),
-         "y_embedder.mlp.2.weight": (d, d), "y_embedder.mlp.2.bias": (d,), "context_embedder.weight": (d, 4096),
-         "context_embedder.bias": (d,), "final_layer.linear.weight": (64, d), "final_layer.linear.bias": (64,),
-         "final_layer.adaLN_modulation.1.weight": (2 * d, d), "final_layer.adaLN_modulation.1.bias": (2 * d,)}
-    for i in range(depth):
-        for side in ("x_block", "context_block"):
-            b = f"joint_blocks.{i}.{side}."
-            pre_only = side == "context_block" and i == depth - 1
-            m = 2 if pre_only else 6
-            s.update({b + "attn.qkv.weight": (3 * d, d), b + "attn.qkv.bias": (3 * d,),
-                      b + "adaLN_modulation.1.weight": (m * d, d), b + "adaLN_modulation.1.bias": (m * d,)})
-            if not pre_only:
-                s.update({b + "attn.proj.weight": (d, d), b + "attn.proj.bias": (d,), b + "mlp.fc1.weight": (4 * d, d),
-                          b + "mlp.fc1.bias": (4 * d,), b + "mlp.fc2.weight": (d, 4 * d), b + "mlp.fc2.bias": (d,)})
-    return {prefix + k: v for k, v in s.items()}
-
-
 def _graph_shapes(name: str) -> dict[str, tuple[int, ...]]:
     return {t.name: tuple(t.dims) for t in Graph.load(shipped_graph(name)).model.graph.initializer if t.external_data}
 
@@ -256,7 +241,7 @@ def test_full_size_stability_files_bind_every_tensor(name, tmp_path, caplog):
     """Stability's three files (fp16; the T5 of the last in fp8 e4m3): the family is read from the keys (width 1536,
     no q/k norm, no attn2), every tensor of the file binds onto the shipped graphs and each graph's every weight is
     bound: the MMDiT's 491 tensors onto sd3_medium_transformer, the VAE, CLIP-L/G and T5-XXL onto theirs."""
-    tr = stability_shapes()
+    tr = sd3_medium_shapes()
     assert len(tr) == 491
     shapes = {k: (v, "F16") for k, v in {**tr, **_ldm_vae_shapes()}.items()}
     if "clips" in name:
