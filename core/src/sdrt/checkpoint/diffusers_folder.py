@@ -52,6 +52,8 @@ PIPELINE_CLASSES = (("StableDiffusionXL", ("sdxl", "sdxl-inpaint", "sdxl-refiner
                     ("FluxControl", ("flux-control",)),
                     ("Flux", ("flux-dev", "flux-schnell", "flux-fill", "flux-control")), ("Chroma", ("chroma",)),
                     ("StableDiffusion", ("sd1", "sd1-inpaint", "sd2")))
+#: the families of diffusers folders sdrt runs, in words (for messages)
+RUNS = "SD 1.x, SD 2.x, SDXL, SD 3 Medium, SD 3.5, Flux.1 and Chroma"
 _SHARD = re.compile(r"-\d{5}-of-\d{5}")
 _FLOW = ("FlowMatchEulerDiscreteScheduler",)
 
@@ -201,7 +203,7 @@ def refuse_foreign(root: Path, index: dict[str, Any]) -> None:
     what = foreign_folder(root, index)
     if what is not None:
         raise ModelError(f"the diffusers folder {root.name} is {what}, which sdrt does not run", where=str(root),
-                         fix="sdrt runs folders of SD 1.x, SD 2.x, SDXL, SD 3 Medium, SD 3.5, Flux.1 and Chroma: pass one of those")
+                         fix=f"sdrt runs folders of {RUNS}: pass one of those")
 
 
 def _open(files: list[Path], part: str) -> Weights:
@@ -236,7 +238,7 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
     fam, looks = denoiser_family(shapes)
     if fam is None:
         raise ModelError(f"the {den} of this diffusers folder is {looks}", where=str(root / den),
-                         fix="sdrt runs folders of SD 1.x, SD 2.x, SDXL, SD 3 Medium, SD 3.5, Flux.1 and Chroma: pass one of those")
+                         fix=f"sdrt runs folders of {RUNS}: pass one of those")
     if fam == "sdxl" and index.get("requires_aesthetics_score") is True:  # a refiner at other widths (graph_paths)
         fam, looks = "sdxl-refiner", "an SDXL refiner UNet (model_index.json: requires_aesthetics_score)"
     cls_name = str(index.get("_class_name", ""))

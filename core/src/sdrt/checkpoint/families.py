@@ -168,9 +168,10 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
     A file of a family sdrt does not run (Wan, Qwen-Image, an IP-Adapter, an LLM...: ``foreign.recognise``;
     ``arch``: a GGUF file's ``general.architecture``) is ``Identity(None, "unknown", what it is, foreign=True)``.
 
-    SD 3.5, Flux.1 and Chroma transformers are told apart by their keys and then checked against their
-    release widths; ``family`` (a ``FAMILY_GRAPHS`` key) accepts a transformer whose keys say that family
-    at other widths (a reduced or test model bound onto graphs of its own, ``graph_paths``)."""
+    SD 3 Medium, SD 3.5, Flux.1 and Chroma transformers are told apart by their keys (SD 3.5's q/k norm,
+    SD 3.5 Medium's ``attn2``) and then checked against their release widths; ``family`` (a ``FAMILY_GRAPHS``
+    key) accepts a transformer whose keys say that family at other widths (a reduced or test model bound onto
+    graphs of its own, ``graph_paths``)."""
     what = foreign.recognise(shapes, arch)
     if what is not None:
         return Identity(None, "unknown", what, foreign=True)
