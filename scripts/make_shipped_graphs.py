@@ -97,6 +97,11 @@ SDXL_REFINER_UNET = dict(SDXL_UNET, attention_head_dim=[6, 12, 24, 24], block_ou
                                                                      "CrossAttnDownBlock2D", "DownBlock2D"],
                          projection_class_embeddings_input_dim=2560, transformer_layers_per_block=4,
                          up_block_types=["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"])
+# stabilityai/stable-diffusion-3-medium-diffusers transformer/config.json (SD 3 Medium, June 2024: no q/k norm, no
+# dual attention; pos_embed 192x192, as diffusers' single-file loader tells it from SD 3.5 Medium's 384x384)
+SD3M = dict(attention_head_dim=64, caption_projection_dim=1536, in_channels=16, joint_attention_dim=4096,
+            num_attention_heads=24, num_layers=24, out_channels=16, patch_size=2, pooled_projection_dim=2048,
+            pos_embed_max_size=192, sample_size=128)
 # stabilityai/stable-diffusion-3.5-medium transformer/config.json
 SD35M = dict(attention_head_dim=64, caption_projection_dim=1536, in_channels=16, joint_attention_dim=4096,
              num_attention_heads=24, num_layers=24, out_channels=16, patch_size=2, pooled_projection_dim=2048,
@@ -460,6 +465,8 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
                "diffusers/stable-diffusion-xl-1.0-inpainting-0.1 unet/config.json"),
     _unet_spec("sdxl_refiner_unet", SDXL_REFINER_UNET, UNET_REDUCE_XL_REFINER,
                "stabilityai/stable-diffusion-xl-refiner-1.0 unet/config.json (Stability's sd_xl_refiner.yaml)"),
+    Spec("sd3_medium_transformer", build_sd3, SD3M, sd3_inputs, lambda c: ["out_hidden_states"], sd3_dynamic,
+         dict(num_layers=2), "stabilityai/stable-diffusion-3-medium-diffusers transformer/config.json", 2e-4),
     Spec("sd35_medium_transformer", build_sd3, SD35M, sd3_inputs, lambda c: ["out_hidden_states"], sd3_dynamic,
          dict(num_layers=2, dual_attention_layers=[0]), "stabilityai/stable-diffusion-3.5-medium "
          "transformer/config.json", 2e-4),

@@ -161,6 +161,30 @@ def sd3_transformer(p: dict[str, np.ndarray], pos_embed: tuple[int, ...]) -> dic
     return out
 
 
+def sd3_medium_shapes(prefix: str = "model.diffusion_model.", depth: int = 24, d: int = 1536) -> dict:
+    """sd3_medium.safetensors' MMDiT, names and shapes (Stability's MMDiT: 24 joint blocks of 1536 =
+    24 heads x 64, no q/k norm, one attention per block, the last block's context side pre-only: qkv and a 2d
+    adaLN). scripts/check_sd3_medium_keys.py has diffusers' single-file loader call this key set ``sd3`` and
+    convert it into exactly the parameters of SD3Transformer2DModel with SD 3 Medium's config."""
+    s = {"pos_embed": (1, 192 * 192, d), "x_embedder.proj.weight": (d, 16, 2, 2), "x_embedder.proj.bias": (d,),
+         "t_embedder.mlp.0.weight": (d, 256), "t_embedder.mlp.0.bias": (d,), "t_embedder.mlp.2.weight": (d, d),
+         "t_embedder.mlp.2.bias": (d,), "y_embedder.mlp.0.weight": (d, 2048), "y_embedder.mlp.0.bias": (d,),
+         "y_embedder.mlp.2.weight": (d, d), "y_embedder.mlp.2.bias": (d,), "context_embedder.weight": (d, 4096),
+         "context_embedder.bias": (d,), "final_layer.linear.weight": (64, d), "final_layer.linear.bias": (64,),
+         "final_layer.adaLN_modulation.1.weight": (2 * d, d), "final_layer.adaLN_modulation.1.bias": (2 * d,)}
+    for i in range(depth):
+        for side in ("x_block", "context_block"):
+            b = f"joint_blocks.{i}.{side}."
+            pre_only = side == "context_block" and i == depth - 1
+            m = 2 if pre_only else 6
+            s.update({b + "attn.qkv.weight": (3 * d, d), b + "attn.qkv.bias": (3 * d,),
+                      b + "adaLN_modulation.1.weight": (m * d, d), b + "adaLN_modulation.1.bias": (m * d,)})
+            if not pre_only:
+                s.update({b + "attn.proj.weight": (d, d), b + "attn.proj.bias": (d,), b + "mlp.fc1.weight": (4 * d, d),
+                          b + "mlp.fc1.bias": (4 * d,), b + "mlp.fc2.weight": (d, 4 * d), b + "mlp.fc2.bias": (d,)})
+    return {prefix + k: v for k, v in s.items()}
+
+
 def ldm_vae(p: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A diffusers ``AutoencoderKL``'s parameters in LDM keys (BFL's ``ae.safetensors``; ``first_stage_model.*``)."""
     ups = 1 + max(int(m[1]) for k in p if (m := re.match(r"decoder\.up_blocks\.(\d+)\.", k)))

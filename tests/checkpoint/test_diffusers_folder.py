@@ -277,6 +277,8 @@ def test_family_from_the_denoisers_tensors():
            "transformer_blocks.0.attn.norm_q.weight": (64,)}
     assert denoiser_family({**sd3, "transformer_blocks.0.attn2.to_q.weight": (1536, 1536)})[0] == "sd35-medium"
     assert denoiser_family(sd3)[0] == "sd35-large"
+    sd3_medium = {k: v for k, v in sd3.items() if "norm_q" not in k}
+    assert denoiser_family({**sd3_medium, "transformer_blocks.0.attn.to_q.weight": (1536, 1536)})[0] == "sd3-medium"
 
 
 # -- errors -----------------------------------------------------------------------------------------
@@ -363,7 +365,8 @@ def test_cli_names_the_empty_unet(sd15, tmp_path, capsys):
 # -- every family, full size (sparse files: headers only) -------------------------------------------
 _CLASSES = {"sd1": "StableDiffusionPipeline", "sd1-inpaint": "StableDiffusionInpaintPipeline",
             "sd2": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeline",
-            "sdxl-inpaint": "StableDiffusionXLInpaintPipeline", "sd35-medium": "StableDiffusion3Pipeline",
+            "sdxl-inpaint": "StableDiffusionXLInpaintPipeline", "sd3-medium": "StableDiffusion3Pipeline",
+            "sd35-medium": "StableDiffusion3Pipeline",
             "sd35-large": "StableDiffusion3Pipeline", "flux-dev": "FluxPipeline", "flux-schnell": "FluxPipeline",
             "flux-fill": "FluxFillPipeline", "flux-control": "FluxControlPipeline", "chroma": "ChromaPipeline"}
 

@@ -174,27 +174,34 @@ def _shapes(base: str, blocks: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-@pytest.mark.parametrize(("base", "blocks"), [("sd35_medium_transformer", 6), ("sd35_large_transformer", 12)])
+@pytest.mark.parametrize(("base", "blocks"), [("sd3_medium_transformer", 6), ("sd35_medium_transformer", 6),
+                                             ("sd35_large_transformer", 12)])
 def test_full_size_files_bind_onto_the_derived_graph(tmp_path, base: str, blocks: int) -> None:
     """Full-size files (fp16, written sparse: nothing is read) bind tensor for tensor onto the graph cut from the
-    shipped graph of their width; a net of another architecture (InstantX's SD3 Medium nets have no q/k norm) is
-    one line naming it."""
+    shipped graph of their architecture, without graph=: InstantX's SD3 Medium nets (1536 wide, no q/k norm, a
+    192x192 pos_embed) onto SD3 Medium's, 1536-wide nets with q/k norm onto SD3.5 Medium's, 2432-wide onto SD3.5
+    Large's; a net of another architecture is one line naming it."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
     from single_file_helpers import sparse
 
+    from sdrt.checkpoint.sd3controlnet import base_of
+
     shapes = _shapes(base, blocks)
     opened = open_controlnet(sparse(tmp_path / "net.safetensors", shapes), base="sd3")
     assert (opened.sd3.blocks, opened.sd3.zero_pooled) == (blocks, True)
+    assert base_of(opened.sd3, shapes) == base
     last = f"transformer_blocks.{blocks - 1}."
     dead = [k for k in shapes if k.startswith((last + "attn.to_add_out.", last + "ff_context."))]
     assert len([k for k in opened.weights.shapes() if k in shapes]) == len(shapes) - len(dead)
-    instantx = {k: v for k, v in shapes.items() if ".norm_" not in k and ".attn2." not in k}
-    with pytest.raises(ModelError) as exc:
-        open_controlnet(sparse(tmp_path / "instantx.safetensors", instantx), base="sd3")
-    assert "instantx.safetensors" in str(exc.value) and "SD3 Medium's architecture" in str(exc.value)
-    assert "\n" not in str(exc.value)
+    if base != "sd3_medium_transformer":  # the same net without q/k norm: SD3 Medium's design at another width
+        plain = {k: v for k, v in shapes.items() if ".norm_" not in k and ".attn2." not in k}
+        with pytest.raises(ModelError) as exc:
+            open_controlnet(sparse(tmp_path / "plain.safetensors", plain), base="sd3")
+        assert "plain.safetensors" in str(exc.value) and "\n" not in str(exc.value)
+        assert ("another architecture" if base == "sd35_medium_transformer" else "sdrt ships SD3 Medium") in str(
+            exc.value), str(exc.value)  # 1536 wide: SD3 Medium's graph, whose pos_embed is 192x192, not 384x384
     other = {k: v for k, v in shapes.items() if ".attn2." not in k and "norm1.linear" not in k}  # blocks unlike the graph's
     with pytest.raises(ModelError) as exc:
         open_controlnet(sparse(tmp_path / "other.safetensors", other), base="sd3")

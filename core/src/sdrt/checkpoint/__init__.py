@@ -1,7 +1,7 @@
 """Custom weights for an ONNX export, and single files onto sdrt's shipped graphs.
 
 - ``open_single_file(path, extra_files=[...])``: a checkpoint as people download it (A1111/LDM
-  SD 1.x/2.x/SDXL, SD 3.5, Flux.1 and Chroma as their publishers and ComfyUI ship them, plus
+  SD 1.x/2.x/SDXL, SD 3 Medium, SD 3.5, Flux.1 and Chroma as their publishers and ComfyUI ship them, plus
   separate ``clip_l``/``clip_g``/``t5xxl``/``ae``/VAE files) -> ``OpenedModel``: its family,
   release defaults, and each part's shipped weight-free graph with the weights bound to it
   (``files``); ``shipped_graph(name)`` (``graphs``); ``model_hash(path)`` (``hashing``).

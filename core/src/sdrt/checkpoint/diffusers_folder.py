@@ -47,11 +47,13 @@ DENOISERS = ("unet", "transformer")
 WEIGHT_FOLDERS = ("unet", "transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae")
 #: model_index.json's ``_class_name`` (its start) -> the families it may be (first match wins)
 PIPELINE_CLASSES = (("StableDiffusionXL", ("sdxl", "sdxl-inpaint", "sdxl-refiner")),
-                    ("StableDiffusion3", ("sd35-medium", "sd35-large")),
+                    ("StableDiffusion3", ("sd3-medium", "sd35-medium", "sd35-large")),
                     ("FluxFill", ("flux-fill",)), ("FluxControlNet", ("flux-dev", "flux-schnell")),
                     ("FluxControl", ("flux-control",)),
                     ("Flux", ("flux-dev", "flux-schnell", "flux-fill", "flux-control")), ("Chroma", ("chroma",)),
                     ("StableDiffusion", ("sd1", "sd1-inpaint", "sd2")))
+#: the families of diffusers folders sdrt runs, in words (for messages)
+RUNS = "SD 1.x, SD 2.x, SDXL, SD 3 Medium, SD 3.5, Flux.1 and Chroma"
 _SHARD = re.compile(r"-\d{5}-of-\d{5}")
 _FLOW = ("FlowMatchEulerDiscreteScheduler",)
 
@@ -139,7 +141,7 @@ def denoiser_family(shapes: families.Shapes) -> tuple[str | None, str]:
             return "sd35-medium", "an SD 3.5 Medium transformer"
         if has("transformer_blocks.0.attn.norm_q."):
             return "sd35-large", "an SD 3.5 Large transformer"
-        return None, "an SD 3 transformer without qk-norm (SD 3.0?), which has no shipped graph"
+        return "sd3-medium", "an SD 3 Medium transformer"
     if has("down_blocks.") and has("conv_in."):
         conv_in = shapes.get("conv_in.weight", ())
         inpaint = len(conv_in) == 4 and conv_in[1] == 9
@@ -201,7 +203,7 @@ def refuse_foreign(root: Path, index: dict[str, Any]) -> None:
     what = foreign_folder(root, index)
     if what is not None:
         raise ModelError(f"the diffusers folder {root.name} is {what}, which sdrt does not run", where=str(root),
-                         fix="sdrt runs folders of SD 1.x, SD 2.x, SDXL, SD 3.5, Flux.1 and Chroma: pass one of those")
+                         fix=f"sdrt runs folders of {RUNS}: pass one of those")
 
 
 def _open(files: list[Path], part: str) -> Weights:
@@ -236,7 +238,7 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
     fam, looks = denoiser_family(shapes)
     if fam is None:
         raise ModelError(f"the {den} of this diffusers folder is {looks}", where=str(root / den),
-                         fix="sdrt runs folders of SD 1.x, SD 2.x, SDXL, SD 3.5, Flux.1 and Chroma: pass one of those")
+                         fix=f"sdrt runs folders of {RUNS}: pass one of those")
     if fam == "sdxl" and index.get("requires_aesthetics_score") is True:  # a refiner at other widths (graph_paths)
         fam, looks = "sdxl-refiner", "an SDXL refiner UNet (model_index.json: requires_aesthetics_score)"
     cls_name = str(index.get("_class_name", ""))

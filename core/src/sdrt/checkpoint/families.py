@@ -86,6 +86,10 @@ FAMILY_GRAPHS: dict[str, dict[str, str]] = {
                      "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
     "sdxl-refiner": {"unet": "sdxl_refiner_unet", "text_encoder_2": "clip_g", "vae_decoder": "vae4_decoder",
                      "vae_encoder": "vae4_encoder"},
+    # SD 3 Medium (June 2024): the SD 3.5 parts around an MMDiT without q/k norm or dual attention
+    "sd3-medium": {"transformer": "sd3_medium_transformer", "text_encoder": "clip_l_proj",
+                   "text_encoder_2": "clip_g", "text_encoder_3": "t5xxl", "vae_decoder": "vae16_decoder",
+                   "vae_encoder": "vae16_encoder"},
     "sd35-medium": {"transformer": "sd35_medium_transformer", "text_encoder": "clip_l_proj",
                     "text_encoder_2": "clip_g", "text_encoder_3": "t5xxl", "vae_decoder": "vae16_decoder",
                     "vae_encoder": "vae16_encoder"},
@@ -111,7 +115,8 @@ FAMILY_ENCODERS: dict[str, dict[str, str]] = {
 FAMILY_LATENT_CHANNELS = {fam: 16 if graphs["vae_decoder"] == "vae16_decoder" else 4
                           for fam, graphs in FAMILY_GRAPHS.items()}
 LABELS = {"sd1": "SD 1.x", "sd1-inpaint": "SD 1.x inpainting", "sd2": "SD 2.x", "sdxl": "SDXL",
-          "sdxl-inpaint": "SDXL inpainting", "sdxl-refiner": "SDXL refiner", "sd35-medium": "SD 3.5 Medium",
+          "sdxl-inpaint": "SDXL inpainting", "sdxl-refiner": "SDXL refiner", "sd3-medium": "SD 3 Medium",
+          "sd35-medium": "SD 3.5 Medium",
           "sd35-large": "SD 3.5 Large",
           "flux-dev": "Flux.1 dev", "flux-schnell": "Flux.1 schnell", "chroma": "Chroma",
           "flux-fill": "Flux.1 Fill dev", "flux-control": "Flux.1 Canny/Depth dev"}
@@ -163,9 +168,10 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
     A file of a family sdrt does not run (Wan, Qwen-Image, an IP-Adapter, an LLM...: ``foreign.recognise``;
     ``arch``: a GGUF file's ``general.architecture``) is ``Identity(None, "unknown", what it is, foreign=True)``.
 
-    SD 3.5, Flux.1 and Chroma transformers are told apart by their keys and then checked against their
-    release widths; ``family`` (a ``FAMILY_GRAPHS`` key) accepts a transformer whose keys say that family
-    at other widths (a reduced or test model bound onto graphs of its own, ``graph_paths``)."""
+    SD 3 Medium, SD 3.5, Flux.1 and Chroma transformers are told apart by their keys (SD 3.5's q/k norm,
+    SD 3.5 Medium's ``attn2``) and then checked against their release widths; ``family`` (a ``FAMILY_GRAPHS``
+    key) accepts a transformer whose keys say that family at other widths (a reduced or test model bound onto
+    graphs of its own, ``graph_paths``)."""
     what = foreign.recognise(shapes, arch)
     if what is not None:
         return Identity(None, "unknown", what, foreign=True)
@@ -181,20 +187,19 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
         width = _width(shapes, flow_prefix + "context_embedder.bias") or 0
         dual = has(flow_prefix + "joint_blocks.0.x_block.attn2.")
         qk = has(flow_prefix + "joint_blocks.0.x_block.attn.ln_q.")
-        keyed = ("sd35-medium" if dual else "sd35-large") if qk else None
+        keyed = ("sd35-medium" if dual else "sd35-large") if qk else (None if dual else "sd3-medium")
         if keyed is not None and family == keyed:
             fam = keyed
         elif dual and qk and width == 1536:
             fam = "sd35-medium"
         elif qk and width == 2432:
             fam = "sd35-large"
+        elif not qk and not dual and width == 1536:  # stabilityai/stable-diffusion-3-medium (June 2024)
+            fam = "sd3-medium"
         else:
             by_keys = f" ({LABELS[keyed]} by its keys)" if keyed and family else ""
-            if width == 1536 and not qk and not dual:  # stabilityai/stable-diffusion-3-medium (June 2024)
-                return Identity(None, "unknown", "SD 3 Medium (the 2B original of June 2024: an MMDiT without the "
-                                "qk-norm of SD 3.5)", foreign=True)
-            return Identity(None, "unknown", f"an SD 3 MMDiT of width {width}{' with' if qk else ' without'} qk-norm "
-                            f"(SD 3.0 Medium?){by_keys}, which has no shipped graph")
+            return Identity(None, "unknown", f"an SD 3 MMDiT of width {width}{' with' if qk else ' without'} qk-norm"
+                            f"{' and with dual attention' if dual else ''}{by_keys}, which has no shipped graph")
         comps["transformer"] = flow_prefix
     elif has(flow_prefix + "double_blocks.") and has(flow_prefix + "single_blocks."):
         if has(flow_prefix + "distilled_guidance_layer."):
@@ -245,7 +250,8 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
                         ("conditioner.embedders.0.model.", "text_encoder_2")):  # the refiner's only encoder
             if has(p):
                 comps[part] = p
-        t = {"sd35-medium": ("text_encoder", "text_encoder_2", "text_encoder_3"),
+        t = {"sd3-medium": ("text_encoder", "text_encoder_2", "text_encoder_3"),
+             "sd35-medium": ("text_encoder", "text_encoder_2", "text_encoder_3"),
              "sd35-large": ("text_encoder", "text_encoder_2", "text_encoder_3"),
              "flux-dev": ("text_encoder", None, "text_encoder_2"), "flux-schnell": ("text_encoder", None,
                                                                                    "text_encoder_2"),

@@ -250,15 +250,15 @@ def _fit_text_encoder(f: _File, fam: str, graph_paths: Mapping[str, PathLike]) -
 
 
 def _supported() -> str:
-    return ", ".join(LABELS[f] for f in ("sd1", "sd2", "sdxl", "sdxl-refiner", "sd35-medium", "sd35-large", "flux-dev",
-                                         "flux-schnell", "flux-fill", "flux-control", "chroma"))
+    return ", ".join(LABELS[f] for f in ("sd1", "sd2", "sdxl", "sdxl-refiner", "sd3-medium", "sd35-medium", "sd35-large",
+                                         "flux-dev", "flux-schnell", "flux-fill", "flux-control", "chroma"))
 
 
 def _sources(f: _File, comp: str, prefix: str, family: str | None) -> tuple[dict[str, Source], list[str]]:
     """``({canonical: Source}, unknown keys)`` for one component of a file."""
     keys = [k for k in f.shapes if k.startswith(prefix)]
     if comp == "transformer":
-        return (flow.convert_sd3 if family and family.startswith("sd35") else flow.convert_flux)(
+        return (flow.convert_sd3 if family and family.startswith("sd3") else flow.convert_flux)(
             {k: f.shapes[k] for k in keys})
     if comp == "unet":
         return ldm.convert_unet(keys)
@@ -419,7 +419,7 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
             prediction = from_yaml  # A1111 reads a v-prediction SD 1.x/SDXL finetune's yaml too
         elif fam.startswith("sdxl") and "v_pred" in main.shapes:
             prediction = "v_prediction"
-        elif fam.startswith(("sd35", "flux", "chroma")):
+        elif fam.startswith(("sd3", "flux", "chroma")):
             prediction = "flow"
         else:
             prediction = "epsilon"

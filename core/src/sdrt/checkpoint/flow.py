@@ -1,10 +1,11 @@
-"""Flow-model single files (SD 3.5, Flux.1, Chroma) -> diffusers parameter names, as ``Source``s.
+"""Flow-model single files (SD 3 / 3.5, Flux.1, Chroma) -> diffusers parameter names, as ``Source``s.
 
 Key layouts as their publishers ship them, with or without ComfyUI's ``model.diffusion_model.``
 prefix (transformer-only files as Black Forest Labs publish them have none):
 
-- SD 3.x (Stability's ``sd3.5_*.safetensors``): ``joint_blocks.N.{x,context}_block.*`` with
-  fused ``attn.qkv``; MMDiT-X (3.5 Medium) adds ``x_block.attn2``;
+- SD 3.x (Stability's ``sd3_medium*.safetensors``, ``sd3.5_*.safetensors``): ``joint_blocks.N.{x,context}_block.*``
+  with fused ``attn.qkv``; SD 3.5 adds q/k RMS norms (``attn.ln_q``/``ln_k``), MMDiT-X (3.5 Medium)
+  ``x_block.attn2``;
 - Flux.1 (``flux1-dev.safetensors``, ``flux1-schnell.safetensors``): ``double_blocks.N.{img,txt}_*``
   with fused ``qkv``, ``single_blocks.N.linear1`` fusing q, k, v and the MLP input;
   ``guidance_in`` only in guidance-distilled (dev) files;

@@ -1,4 +1,4 @@
-"""SD3 / SD3.5 ControlNets (diffusers' ``SD3ControlNetModel``), on graphs derived from sdrt's shipped SD3.5
+"""SD3 / SD3.5 ControlNets (diffusers' ``SD3ControlNetModel``), on graphs derived from sdrt's shipped SD3 / SD3.5
 transformer graphs (the wheel grows by nothing). Two designs:
 
 - **with a text stream** (InstantX's SD3 ControlNets and their kind): a short SD3 transformer, its own
@@ -13,7 +13,8 @@ added by ``SD3Transformer2DModel`` to the image tokens after each block that kee
 last): block ``k`` of ``N`` gets residual ``int(k / (N / n))``.
 
 - :func:`controlnet_graph`: the net, cut from an SD3 transformer graph with diffusers' parameter names (the
-  shipped ``sd35_medium_transformer`` or ``sd35_large_transformer``, by the net's width): the first ``n`` blocks
+  shipped ``sd3_medium_transformer``, ``sd35_medium_transformer`` or ``sd35_large_transformer``, by the net's
+  width and q/k norm, :func:`base_of`): the first ``n`` blocks
   kept, ``controlnet_cond`` patch-embedded and added after ``pos_embed``, one output per block
   (``controlnet_block_sample_j``); for an image-only net each block's joint attention is made image-only
   (:func:`_image_only`) and the embedded tokens are an input (``EMBEDDED``). The scale is applied by the pipeline.
@@ -47,8 +48,11 @@ log = logging.getLogger("sdrt.checkpoint.sd3controlnet")
 SAMPLE = "controlnet_block_sample_"
 #: the image tokens after the model's ``pos_embed``: an output of the edited transformer, an input of an image-only net
 EMBEDDED = "sdrt_embedded_hidden_states"
-#: the shipped graph a net is cut from, by its width
-BASES = {1536: "sd35_medium_transformer", 2432: "sd35_large_transformer"}
+#: the shipped graph a net is cut from, by its width and whether its blocks have SD 3.5's q/k norm: InstantX's SD3
+#: Medium nets (none) are cut from SD 3 Medium's graph, the SD 3.5 Medium ones (1536 wide, q/k norm) from SD 3.5
+#: Medium's; Stability's image-only SD3.5 Large nets (no q/k norm in their blocks) from SD 3.5 Large's
+BASES = {(1536, False): "sd3_medium_transformer", (1536, True): "sd35_medium_transformer",
+         (2432, True): "sd35_large_transformer"}
 EXAMPLE = "a diffusers SD3ControlNetModel with a text stream made for this model's architecture"
 
 
@@ -155,8 +159,16 @@ def block_outputs(g: onnx.GraphProto, where: str) -> tuple[list[str], list[str]]
         return _flux_block_outputs(g, where)
     except ModelError as exc:
         raise ModelError(exc.what.replace("Flux double blocks", "SD3 blocks").replace("Flux", "SD3"), where=where,
-                         fix="use sdrt's shipped SD3.5 graph or a whole export of diffusers' SD3Transformer2DModel"
+                         fix="use sdrt's shipped SD3 graph or a whole export of diffusers' SD3Transformer2DModel"
                          ) from exc
+
+
+def base_of(net: SD3NetLayout, shapes: Mapping[str, Any]) -> str | None:
+    """The shipped transformer graph a net of this layout is cut from (``BASES``), or None: an image-only net's is
+    SD 3.5 Large's; a net with a text stream is told by its width and whether its blocks have q/k norm."""
+    if net.image_only:
+        return BASES.get((net.width, True))
+    return BASES.get((net.width, any(".attn.norm_q." in k for k in shapes)))
 
 
 def residual_map(blocks: int, samples: int) -> list[int]:
@@ -213,7 +225,7 @@ def _block_input(idx: _Index, g: onnx.GraphProto, where: str) -> str:
     res = idx.sole(gate.output[0], "Add") if gate is not None else None
     if res is None:
         raise ModelError(f"the {where} does not end block 0's attention as diffusers' SD3 transformer does "
-                         "(to_out.0.bias -> Add -> Mul -> Add)", where=where, fix="use sdrt's shipped SD3.5 graph")
+                         "(to_out.0.bias -> Add -> Mul -> Add)", where=where, fix="use sdrt's shipped SD3 graph")
     return str(next(i for i in res.input if i != gate.output[0]))
 
 
@@ -230,7 +242,7 @@ def controlnet_graph(model: onnx.ModelProto, net: SD3NetLayout, where: str = "SD
     for name in ("pos_embed.proj.bias", "context_embedder.bias")[:1 if net.image_only else 2]:
         if name not in inits or name not in idx.consumers:
             raise ModelError(f"the {where} has no {name} (it is not an SD3 transformer graph with diffusers' "
-                             "parameter names)", where=where, fix="use sdrt's shipped SD3.5 graph")
+                             "parameter names)", where=where, fix="use sdrt's shipped SD3 graph")
     outs, _ = block_outputs(g, where)
     if not 1 <= net.blocks < len(outs):
         raise ModelError(f"the ControlNet has {net.blocks} blocks; the {where} has {len(outs)}, of which the first "
@@ -361,14 +373,14 @@ def derived_controlnet_graph(base: Path, net: SD3NetLayout) -> Path:
     tag = f"{net.blocks}c{net.in_channels}" + ("i" if net.image_only else "")
     return derived_graph(base, "sd3_controlnet", tag, lambda model: controlnet_graph(model, net, base.name),
                          [__file__, fluxcontrolnet.__file__], "SD3 ControlNet",
-                         "leave graph= out (sdrt's shipped SD3.5 graph), or pass a weight-free graph (sdrt strip)")
+                         "leave graph= out (sdrt's shipped SD3 graph), or pass a weight-free graph (sdrt strip)")
 
 
 def open_sd3(p: Path, w: Any, shapes: Mapping[str, tuple[int, ...]], ident: Any,
              graph: Any) -> tuple[Path, Any, SD3NetLayout]:
-    """A diffusers SD3 ControlNet bound onto the graph cut from the shipped SD3.5 transformer graph of its width
-    (or from ``graph``, a weight-free SD3 transformer graph): (the graph's path, the bound graph, the layout), of
-    which ``sdrt.checkpoint.controlnet`` makes its ``OpenedControlNet``."""
+    """A diffusers SD3 ControlNet bound onto the graph cut from the shipped SD3 transformer graph of its architecture
+    (``base_of``; or from ``graph``, a weight-free SD3 transformer graph): (the graph's path, the bound graph, the
+    layout), of which ``sdrt.checkpoint.controlnet`` makes its ``OpenedControlNet``."""
     from ..errors import WeightsError
     from ..graph import Graph
     from .graphs import shipped_graph
@@ -381,16 +393,13 @@ def open_sd3(p: Path, w: Any, shapes: Mapping[str, tuple[int, ...]], ident: Any,
     if lay.image_only and graph is None and lay.width != 2432:
         raise ModelError(f"{p.name} is {lay.label}; sdrt runs that design with SD3.5 Large (2432 wide)",
                          where=str(p), fix="use it with an SD3.5 Large model")
-    if graph is None and not lay.image_only and not any(".attn.norm_q." in k for k in shapes):
-        raise ModelError(f"{p.name} is {lay.label} of SD3 Medium's architecture (no q/k norm: InstantX's SD3 "
-                         "ControlNets), and sdrt ships SD3.5 transformer graphs only", where=str(p),
-                         fix="in the API: open_controlnet(file, graph=a weight-free SD3 Medium transformer graph "
-                             "with diffusers' names, e.g. sdrt strip of an export)")
-    if graph is None and lay.width not in BASES:
-        raise ModelError(f"{p.name} is {ident.label}; sdrt ships SD3.5 Medium (1536 wide) and Large (2432) graphs",
-                         where=str(p), fix="pass graph= a weight-free SD3 transformer graph of its width (sdrt strip)")
-    base = Path(graph) if graph is not None else shipped_graph(BASES[lay.width])
-    what = f"the graph {base.name}" if graph is not None else f"sdrt's SD3.5 graph ({BASES[lay.width]})"
+    name = base_of(lay, shapes)
+    if graph is None and name is None:
+        raise ModelError(f"{p.name} is {ident.label}; sdrt ships SD3 Medium (1536 wide, no q/k norm), SD3.5 Medium "
+                         "(1536, q/k norm) and SD3.5 Large (2432, q/k norm) graphs", where=str(p),
+                         fix="pass graph= a weight-free SD3 transformer graph of its architecture (sdrt strip)")
+    base = Path(graph) if graph is not None else shipped_graph(str(name))
+    what = f"the graph {base.name}" if graph is not None else f"sdrt's SD3 graph ({name})"
     try:
         gpath = derived_controlnet_graph(base, lay)
     except ModelError as exc:
@@ -403,7 +412,6 @@ def open_sd3(p: Path, w: Any, shapes: Mapping[str, tuple[int, ...]], ident: Any,
         (refs,) = ck.lazy({"controlnet": cgraph}).values()
     except WeightsError as exc:
         raise ModelError(f"{p.name} is {lay.label} of another architecture than {what}: {exc.what}"[:1500],
-                         where=str(p), fix="pass a ControlNet made for this SD3 model (InstantX's SD3 Medium nets "
-                                           "need an SD3 Medium graph: graph=, as sdrt ships SD3.5 ones)") from exc
+                         where=str(p), fix="pass a ControlNet made for this SD3 model") from exc
     log.info("%s: %s, %d tensors bound onto %s", p.name, lay.label, len(refs), gpath.name)
     return gpath, with_own_constants(cgraph, refs, p), lay

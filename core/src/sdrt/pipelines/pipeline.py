@@ -1323,8 +1323,8 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     """Open a model; the parts compile on first use, per shape.
 
     ``model``: a diffusers/Optimum ONNX model folder, or a single-file ``.safetensors`` checkpoint (A1111/LDM
-    SD 1.x/2.x/XL, SD 3.5, Flux.1 and Chroma as their publishers and ComfyUI ship them), which runs on sdrt's
-    shipped weight-free graphs with the release's scheduler and tokenizers (docs/single-files.md).
+    SD 1.x/2.x/XL, SD 3 Medium, SD 3.5, Flux.1 and Chroma as their publishers and ComfyUI ship them), which runs
+    on sdrt's shipped weight-free graphs with the release's scheduler and tokenizers (docs/single-files.md).
     ``vae``: a VAE file; ``text_encoders``: text-encoder files (``clip_l``, ``clip_g``, ``t5xxl``...; which
     encoder each is comes from its tensors). With a single file they fill or replace its parts; on a folder
     they replace the weights of its own VAE / text encoders.

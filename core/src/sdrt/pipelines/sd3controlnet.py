@@ -2,7 +2,7 @@
 Large design) in the SD3 pipeline, as diffusers 0.42's ``StableDiffusion3ControlNetPipeline`` runs them.
 
 - a net is its ``.safetensors`` (or the diffusers folder holding it), bound onto a graph cut from sdrt's shipped
-  SD3.5 transformer graph of its width (:mod:`sdrt.checkpoint.sd3controlnet`); the model's transformer runs a copy
+  SD3 / SD3.5 transformer graph of its architecture (:mod:`sdrt.checkpoint.sd3controlnet`); the model's transformer runs a copy
   of its own graph with the residual inputs added (``Part.edit_graph``), the plain one again when no net is asked;
 - the control image (after the unit's preprocessor and resize, as an SD ControlNet's) is VAE-encoded once per row
   of the transformer's batch (both CFG halves: diffusers encodes the doubled batch), with samples drawn from the
