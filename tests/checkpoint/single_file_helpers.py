@@ -107,12 +107,14 @@ def write(path: Path, tensors: dict, dtype=np.float32) -> Path:
 
 
 def sparse(path: Path, shapes: dict, dtype: str = "F16") -> Path:
-    """A valid safetensors file whose data are zeros the file system does not store (headers only matter)."""
-    size = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1}[dtype]
+    """A valid safetensors file whose data are zeros the file system does not store (headers only matter).
+    ``shapes``: ``{key: shape}`` in ``dtype``, or ``{key: (shape, dtype)}`` for mixed dtypes."""
+    size = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1}
     header, off = {}, 0
-    for name, shape in shapes.items():
-        n = int(np.prod(shape)) * size
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
+    for name, v in shapes.items():
+        shape, dt = v if len(v) == 2 and isinstance(v[1], str) else (v, dtype)
+        n = int(np.prod(shape)) * size[dt]
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)

@@ -216,22 +216,6 @@ def _ldm_vae_shapes() -> dict[str, tuple[int, ...]]:
     return {"first_stage_model." + k: tuple(v.shape) for k, v in ldm.items()}
 
 
-def _sparse(path: Path, shapes: dict[str, tuple[tuple[int, ...], str]]) -> Path:
-    """A safetensors file of mixed dtypes whose data the file system does not store; ``{key: (shape, dtype)}``."""
-    size = {"F32": 4, "F16": 2, "F8_E4M3": 1}
-    header, off = {}, 0
-    for name, (shape, dtype) in shapes.items():
-        n = int(np.prod(shape)) * size[dtype]
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
-        off += n
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little") + raw)
-        f.truncate(8 + len(raw) + off)
-    return path
-
-
 def _clip_shapes(name: str, prefix: str) -> dict[str, tuple[int, ...]]:
     return h.clip_tensors(Graph.load(shipped_graph(name)), prefix, sparse=True)
 
@@ -258,7 +242,7 @@ def test_full_size_stability_files_bind_every_tensor(name, tmp_path, caplog):
         if "clips" not in name:
             extras += [h.sparse(tmp_path / "clip_g.safetensors", _clip_shapes("clip_g", "")),
                        h.sparse(tmp_path / "clip_l.safetensors", _clip_shapes("clip_l_proj", ""))]
-    f = _sparse(tmp_path / f"{name}.safetensors", shapes)
+    f = h.sparse(tmp_path / f"{name}.safetensors", shapes)
     with caplog.at_level(logging.WARNING, logger="sdrt"):
         m = open_single_file(f, extras)
     assert not [r for r in caplog.records if "not used" in r.getMessage()], caplog.text
