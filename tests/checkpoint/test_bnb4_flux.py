@@ -19,7 +19,6 @@ Before this, sdrt refused Forge's file with a shape mismatch ("time_in.in_layer.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -85,23 +84,10 @@ def test_forge_nf4_all_in_one_gives_diffusers_image(backend, tmp_path):
 
 def test_diffusers_folder_with_a_bnb4_transformer(tmp_path):
     """A diffusers folder whose ``transformer/`` was saved by a bnb 4-bit model (``quantization_config``)."""
-    src = flow.PIPES / "tiny-flux-dev"
     f = flow._files("flux-dev", tmp_path)
     root = tmp_path / "FLUX.1-dev-bnb-nf4"
     shutil.copytree(BNB / "diffusers-transformer-nf4", root / "transformer")
-    for part in ("text_encoder", "text_encoder_2"):
-        (root / part).mkdir()
-        h.write(root / part / "model.safetensors", flow._params(src, part))
-    (root / "vae").mkdir()
-    h.write(root / "vae" / "diffusion_pytorch_model.safetensors",
-            {**flow._params(src, "vae_decoder"), **flow._params(src, "vae_encoder")})
-    (root / "vae" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKL", "scaling_factor": 0.3611,
-                                                          "shift_factor": 0.1159, "latent_channels": 16}))
-    for part in ("tokenizer", "tokenizer_2", "scheduler"):
-        shutil.copytree(src / part, root / part)
-    index = json.loads((src / "model_index.json").read_text())
-    index["_class_name"] = "FluxPipeline"
-    (root / "model_index.json").write_text(json.dumps(index))
+    flow.flux_dev_folder_parts(root)
     with pipelines.load(root, backend="reference", graph_paths=f["graphs"]) as pipe:
         got = _image(pipe)
     want = np.load(BNB / "refs.npz")["diffusers/image"].astype(int)

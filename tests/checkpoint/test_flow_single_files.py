@@ -39,6 +39,31 @@ def _vae(folder: Path) -> dict[str, np.ndarray]:
     return ldm_vae({**_params(folder, "vae_decoder"), **_params(folder, "vae_encoder")})
 
 
+def flux_dev_folder_parts(root: Path) -> Path:
+    """tiny-flux-dev as a diffusers folder of ``.safetensors`` at ``root``, all but ``transformer/`` (the caller
+    writes that one): text encoders in transformers' names, the VAE in diffusers', tokenizers and scheduler."""
+    import json
+    import shutil
+
+    import single_file_helpers as h
+
+    src = PIPES / "tiny-flux-dev"
+    for part in ("text_encoder", "text_encoder_2"):
+        (root / part).mkdir(parents=True)
+        h.write(root / part / "model.safetensors", _params(src, part))
+    (root / "vae").mkdir()
+    h.write(root / "vae" / "diffusion_pytorch_model.safetensors",
+            {**_params(src, "vae_decoder"), **_params(src, "vae_encoder")})
+    (root / "vae" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKL", "scaling_factor": 0.3611,
+                                                          "shift_factor": 0.1159, "latent_channels": 16}))
+    for part in ("tokenizer", "tokenizer_2", "scheduler"):
+        shutil.copytree(src / part, root / part)
+    index = json.loads((src / "model_index.json").read_text())
+    index["_class_name"] = "FluxPipeline"
+    (root / "model_index.json").write_text(json.dumps(index))
+    return root
+
+
 def _files(kind: str, tmp: Path) -> dict:
     """The publisher-format files of tiny-KIND and its weight-free graphs: ``{file, text_encoders, vae, graphs,
     tokenizers, family}``."""

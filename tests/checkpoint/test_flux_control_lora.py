@@ -265,19 +265,7 @@ def test_a_diffusers_folder_takes_it(files, tmp_path):
     h.write(root / "transformer" / "diffusion_pytorch_model.safetensors",
             diffusers_params(src / "transformer" / "model.onnx"))
     shutil.copy(src / "transformer" / "config.json", root / "transformer" / "config.json")
-    for part in ("text_encoder", "text_encoder_2"):
-        (root / part).mkdir()
-        h.write(root / part / "model.safetensors", flow._params(src, part))
-    (root / "vae").mkdir()
-    h.write(root / "vae" / "diffusion_pytorch_model.safetensors",
-            {**flow._params(src, "vae_decoder"), **flow._params(src, "vae_encoder")})
-    (root / "vae" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKL", "scaling_factor": 0.3611,
-                                                          "shift_factor": 0.1159, "latent_channels": 16}))
-    for part in ("tokenizer", "tokenizer_2", "scheduler"):
-        shutil.copytree(src / part, root / part)
-    index = json.loads((src / "model_index.json").read_text())
-    index["_class_name"] = "FluxPipeline"
-    (root / "model_index.json").write_text(json.dumps(index))
+    flow.flux_dev_folder_parts(root)
     case = CASES["scale1"]
     with pipelines.load(root, backend="reference", graph_paths=files["graphs"]) as pipe:
         pipe.set_loras([(FILES["bfl"], 1.0)])
