@@ -103,6 +103,18 @@ def _outputs(path: Path, n: int) -> list[Path]:
     return [path.with_name(f"{path.stem}-{i + 1}{path.suffix or '.png'}") for i in range(n)]
 
 
+def _input_files(args: argparse.Namespace, model: str | None) -> dict[str, Any]:
+    """Every file this run reads, by its flag (for ``check_writes``)."""
+    loras = [s for spec in (args.lora or []) for s in (spec, spec.rpartition(":")[0]) if s]  # FILE[:SCALE]
+    names = ("init_image", "mask", "reference_images", "control_image", "controlnet", "weights", "vae",
+             "text_encoders", "embedding", "refiner", "preview_decoder")
+    flags = {"reference_images": "--reference", "text_encoders": "--text-encoder"}
+    files: dict[str, Any] = {"MODEL": model, "--lora": loras}
+    for name in names:
+        files[flags.get(name, "--" + name.replace("_", "-"))] = getattr(args, name, None)
+    return files
+
+
 def _split_args(words: list[str]) -> tuple[str | None, str]:
     """(model, prompt) of ``[MODEL] PROMPT``; a lone model folder is a forgotten prompt, not a prompt."""
     if len(words) > 2:
@@ -189,6 +201,10 @@ def run(args: argparse.Namespace) -> int:
     custom = generate_weights.check(args)
     memory = generate_memory.options(args)  # --memory, checked before any model loads
     outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)
+    if outputs:  # -o init.png (or the model, a LoRA) would destroy that input
+        from .paths import check_writes
+
+        check_writes({"-o": outputs}, _input_files(args, folder))
     if folder is None:
         folder = pipelines.DEMO_MODEL
         if not (folder / "model_index.json").is_file():

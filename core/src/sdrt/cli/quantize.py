@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import SdrtError
     from ..graph import Graph
     from ..graph.strip import check_outputs, input_files
+    from .paths import check_writes
 
     scheme = q.scheme_of(args.to, where="sdrt quantize", arg="--to")
     if args.block_size is not None and scheme != "int4":  # int8 and fp8 scale per output channel: no blocks
@@ -35,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     src = Path(args.model)
     out = Path(args.output) if args.output else src.with_name(f"{src.stem}.{scheme}.onnx")
     _not_a_checkpoint(src, scheme)
+    check_writes({"-o": out}, {"MODEL": src})  # its folder exists (as generate's -o): nothing is created
     graph = Graph.load(src)
     inputs = input_files(graph)
     data_out = out.with_name(f"{out.name}_data")  # written beside -o for a graph above 2 GB
