@@ -222,6 +222,10 @@ def run(args: argparse.Namespace) -> int:
         if custom.lora_dir is not None:
             pipe.weights.lora_dir = custom.lora_dir
         pipe.weights.planned = [path for path, _ in custom.loras]
+        from ..weights.lora import Lora
+
+        for path in pipe.weights.planned:  # a file that is no LoRA: refused as the run refuses it (mapped, not read)
+            Lora.open(path)
         print(pipe.plan(settings).format())
         return 0
     backend, device = select(args.backend, args.device)
