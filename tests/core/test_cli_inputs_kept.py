@@ -91,3 +91,10 @@ def test_run_refuses_writing_over_an_input(tmp_path, capsys):
     assert main(["run", str(model), "-i", f"x={feed}", "-o", str(npz)]) == 1
     assert "is the same file as --input" in capsys.readouterr().err
     assert np.load(feed).tolist() == [-1, 2]
+
+
+@pytest.mark.parametrize("command", ["quantize", "strip"])
+def test_a_missing_model_is_named_as_missing_not_its_default_output_folder(tmp_path, capsys, command):
+    args = [command, str(tmp_path / "nope" / "m.onnx")] + (["--to", "int8"] if command == "quantize" else [])
+    assert main(args) == 1
+    assert "the model file does not exist" in capsys.readouterr().err

@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         raise ModelError(f"{src.name} is {kind}: it holds weights only, and sdrt strip splits an ONNX graph from its "
                          "weights", where=str(src), fix="pass an .onnx file (a .safetensors file is what strip writes "
                                                         "beside the weight-free graph)")
-    check_writes({"-o": out, "--weights": weights}, {"MODEL": src})  # folders exist (as generate's -o)
+    # given paths' folders exist (as generate's -o): nothing is created; the defaults sit beside MODEL or -o
+    check_writes({"-o": out if args.output else None, "--weights": weights if args.weights else None}, {"MODEL": src})
     graph = Graph.load(src, load_external=False)
     inputs = input_files(graph)
     check_outputs({"-o" if args.output else "the default -o": out,
