@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
                          "weights", where=str(src), fix="pass an .onnx file (a .safetensors file is what strip writes "
                                                         "beside the weight-free graph)")
     # given paths' folders exist (as generate's -o): nothing is created; the defaults sit beside MODEL or -o
-    check_writes({"-o": out if args.output else None, "--weights": weights if args.weights else None}, {"MODEL": src})
+    # (check_outputs below refuses an output that is one of the model's files, its external data included)
+    check_writes({"-o": out if args.output else None, "--weights": weights if args.weights else None}, {})
     graph = Graph.load(src, load_external=False)
     inputs = input_files(graph)
     check_outputs({"-o" if args.output else "the default -o": out,
