@@ -82,3 +82,18 @@ def test_lora_spec_parsing(tmp_path):
     f.write_bytes(b"")
     assert parse_lora(f"{f}:0.25") == (f, 0.25)
     assert parse_lora(str(f)) == (f, 1.0)
+
+
+def test_dry_run_checks_the_lora_as_the_run_does(tmp_path, capsys):
+    """``--lora FILE --dry-run`` planned a file that is no LoRA; the run then refused it. Now the plan refuses it too
+    (its header and keys, mapped), and a real LoRA still plans."""
+    import numpy as np
+
+    from sdrt.weights import stfile
+
+    bad = tmp_path / "not_a_lora.safetensors"
+    stfile.write(bad, [("foo.weight", np.zeros((2, 2), np.float32))], {})
+    assert main(["generate", *BASE, "--lora", str(bad), "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert "not_a_lora.safetensors is not a LoRA" in err and err.count("\n") == 1, err
+    assert main(["generate", *BASE, "--lora", f"{D / 'tinylora.safetensors'}:0.5", "--dry-run"]) == 0

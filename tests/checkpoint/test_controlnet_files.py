@@ -290,6 +290,13 @@ def test_cli_controlnet_file_and_diffusers_folder(tmp_path, capsys, backends):
         err = capsys.readouterr().err
         assert rc != 0 and "Traceback" not in err, err
         assert f"{name} is an SDXL ControlNet" in err and "the model is SD 1.x" in err and "--controlnet FILE" in err
+        # in the flag's words, not the API's "Where: controlnets[0] (...)"
+        assert "controlnets[" not in err and "Where: --controlnet (" in err, err
+    rc = main(["generate", str(DATA / FOLDERS["sd1"]), "a cat", "--dry-run", "--backend", _fast_backend(backends),
+               "--controlnet", str(loose), "--control-image", str(png), "--controlnet", str(loose),
+               "--control-image", str(png)])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Where: the 1st --controlnet (" in err and "controlnets[" not in err, err
 
 
 def test_a_single_file_unet_binds_onto_the_shipped_unet_with_residual_inputs(tmp_path):

@@ -117,7 +117,11 @@ def test_save_too_large_or_elsewhere(tmp_path):
 
 def test_cli_strip_output_options(tmp_path, registry, capsys):
     src = M.save(M.conv_model(), tmp_path / "conv.onnx")
-    out = tmp_path / "out"  # created, with out/w, by strip
+    out = tmp_path / "out"
+    # a missing output folder is refused, as sdrt generate refuses it (strip created it): nothing is made
+    assert main(["strip", str(src), "-o", str(out / "c.onnx")]) == 1
+    assert "the folder of -o" in capsys.readouterr().err and not out.exists()
+    (out / "w").mkdir(parents=True)
     assert main(["strip", str(src), "-o", str(out / "c.onnx"), "--weights", str(out / "w" / "c.safetensors")]) == 0
     x = np.random.default_rng(0).standard_normal((1, 3, 5, 5)).astype(np.float32)
     with sdrt.load(out / "c.onnx", backend="reference") as s:  # finds w/c.safetensors by its relative location
@@ -218,6 +222,7 @@ def test_cli_strip_puts_a_bare_weights_name_in_the_outputs_folder(tmp_path, monk
     folder instead, and refused ('the weights file must sit in the stripped graph's folder')."""
     src = M.save(M.linear_model(), tmp_path / "m.onnx")
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
     assert main(["strip", str(src), "-o", str(tmp_path / "out" / "s.onnx"), "--weights", "w.safetensors"]) == 0
     assert (tmp_path / "out" / "w.safetensors").is_file() and not (tmp_path / "w.safetensors").exists()
     assert Graph.load(tmp_path / "out" / "s.onnx").initializer_arrays()["fc1.bias"].shape == (16,)

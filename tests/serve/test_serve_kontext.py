@@ -101,3 +101,6 @@ def test_a_model_without_references_answers_400_naming_the_field(flux_server: st
     assert r.status_code == 400, r.text
     assert r.json()["field"] == "alwayson_scripts.Forge FluxKontext.args[1]"
     assert "take none" in r.json()["message"]
+    # the fix names the field the request used, not the Python API's reference_images
+    assert "reference_images" not in r.json()["message"], r.json()["message"]
+    assert "leave alwayson_scripts.Forge FluxKontext.args[1] unset" in r.json()["message"]

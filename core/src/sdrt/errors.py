@@ -42,6 +42,15 @@ def _render(text: str, names: Mapping[str, str] | None) -> str:
     return _ARG.sub(one, text)
 
 
+def _items(text: str, names: Mapping[str, str] | None) -> str:
+    """``text`` with each item of a list argument that ``names`` maps (``controlnets[0]`` -> ``--controlnet``) in
+    the caller's words: the pipeline names a unit ``controlnets[k]``, which no ``{@name}`` can say per item."""
+    for key, name in (names or {}).items():
+        if key.endswith("]") and key in text:
+            text = text.replace(key, name)
+    return text
+
+
 def _sentence(text: str) -> str:
     """``text`` ending in one full stop: its own periods stripped, but an ellipsis (a list cut short, ``def f(): ...``)
     kept as it is, where stripping left a dangling ``, .``."""
@@ -58,12 +67,12 @@ class SdrtError(Exception):
         super().__init__(self._format())
 
     def _format(self, names: Mapping[str, str] | None = None) -> str:
-        parts = [_sentence(_render(self.what, names))]
+        parts = [_sentence(_items(_render(self.what, names), names))]
         if self.where:
             where = names.get(self.where, self.where) if names is not None else self.where
-            parts.append(f"Where: {_render(where, names)}.")
+            parts.append(f"Where: {_items(_render(where, names), names)}.")
         if self.fix:
-            parts.append(f"What to do: {_sentence(_render(self.fix, names))}")
+            parts.append(f"What to do: {_sentence(_items(_render(self.fix, names), names))}")
         return " ".join(parts)
 
     def render(self, names: Mapping[str, str] | None = None) -> str:

@@ -103,6 +103,58 @@ def _outputs(path: Path, n: int) -> list[Path]:
     return [path.with_name(f"{path.stem}-{i + 1}{path.suffix or '.png'}") for i in range(n)]
 
 
+def _input_files(args: argparse.Namespace, model: str | None) -> dict[str, Any]:
+    """Every file this run reads, by its flag (for ``check_writes``)."""
+    loras = [s for spec in (args.lora or []) for s in (spec, spec.rpartition(":")[0]) if s]  # FILE[:SCALE]
+    names = ("init_image", "mask", "reference_images", "control_image", "controlnet", "weights", "vae",
+             "text_encoders", "embedding", "refiner", "preview_decoder")
+    flags = {"reference_images": "--reference", "text_encoders": "--text-encoder"}
+    files: dict[str, Any] = {"MODEL": model, "--lora": loras}
+    for name in names:
+        files[flags.get(name, "--" + name.replace("_", "-"))] = getattr(args, name, None)
+    return files
+
+
+def _flow_label(model: Path) -> str | None:
+    """The family label of an SD3/Flux/Chroma model known without loading it (a diffusers folder's
+    ``model_index.json`` ``_class_name``, a single .safetensors file's tensor names and shapes), else None."""
+    import json
+
+    from ..errors import SdrtError
+
+    try:
+        if model.is_dir() and (model / "model_index.json").is_file():
+            from ..pipelines.families import registered
+
+            name = json.loads((model / "model_index.json").read_text(encoding="utf-8")).get("_class_name")
+            fam = next((f for f in registered().values() if name in f.class_names), None)
+            return fam.label if fam is not None and fam.flow else None
+        if model.is_file() and model.suffix.lower() == ".safetensors":
+            from ..checkpoint.families import LABELS, identify
+            from ..weights import Weights
+
+            family = identify(Weights.open(model).shapes()).family  # the header only
+            return LABELS[family] if family and family.startswith(("flux", "sd3", "sd35", "chroma")) else None
+    except (SdrtError, OSError, ValueError, AttributeError):  # the load says what is wrong with the file
+        return None
+    return None
+
+
+def _check_flow_size(model: str | None, args: argparse.Namespace) -> None:
+    """--width/--height not a multiple of 16 on an SD3/Flux/Chroma model (VAE 8 x patch 2), refused before the
+    model loads when its family is known from the file (the pipeline refuses it too, after the load)."""
+    odd = [(f, v) for f, v in (("width", args.width), ("height", args.height)) if v is not None and v % 16]
+    if not odd or model is None:
+        return
+    label = _flow_label(Path(model))
+    if label is None:
+        return
+    where, value = odd[0]
+    down = value - value % 16
+    raise InputError(f"{{@{where}}} {value} is not a multiple of 16, which {label} needs (VAE 8 x patch 2)",
+                     where=where, fix=f"use {down} or {down + 16}" if down else "use 16")
+
+
 def _split_args(words: list[str]) -> tuple[str | None, str]:
     """(model, prompt) of ``[MODEL] PROMPT``; a lone model folder is a forgotten prompt, not a prompt."""
     if len(words) > 2:
@@ -186,9 +238,14 @@ def run(args: argparse.Namespace) -> int:
         extract_loras(text, key)  # a <lora:> tag whose weight is not a number, before any model loads
         for line in unsupported_syntax(text):  # read as text, not refused: said, not silent
             log.warning("%s%s", "" if key == "prompt" else "--negative: ", line)
+    _check_flow_size(folder, args)  # before the model loads, where its family is known from the file
     custom = generate_weights.check(args)
     memory = generate_memory.options(args)  # --memory, checked before any model loads
     outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)
+    if outputs:  # -o init.png (or the model, a LoRA) would destroy that input
+        from .paths import check_writes
+
+        check_writes({"-o": outputs}, _input_files(args, folder))
     if folder is None:
         folder = pipelines.DEMO_MODEL
         if not (folder / "model_index.json").is_file():
@@ -206,6 +263,10 @@ def run(args: argparse.Namespace) -> int:
         if custom.lora_dir is not None:
             pipe.weights.lora_dir = custom.lora_dir
         pipe.weights.planned = [path for path, _ in custom.loras]
+        from ..weights.lora import Lora
+
+        for path in pipe.weights.planned:  # a file that is no LoRA: refused as the run refuses it (mapped, not read)
+            Lora.open(path)
         print(pipe.plan(settings).format())
         return 0
     backend, device = select(args.backend, args.device)

@@ -107,6 +107,12 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         if nets and len(nets) != n:
             raise InputError(f"{len(nets)} --controlnet for {n} --control-image", where="--controlnet",
                              fix="give one --controlnet per --control-image (or none: the folder's own)")
+        # the pipeline names each unit controlnets[k]: errors say the flag, and which one when there are several
+        flag = "--controlnet" if nets else "--control-image"
+        ordinal = ("1st", "2nd", "3rd")
+        args._names = {**getattr(args, "_names", {}), **{
+            f"controlnets[{k}]": flag if n == 1 else f"the {ordinal[k] if k < 3 else f'{k + 1}th'} {flag}"
+            for k in range(n)}}
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         for path in images:
             if Path(path).is_dir():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ..errors import InputError
@@ -34,3 +35,42 @@ def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
                          fix=f"create it first (mkdir -p {path.parent}) or write somewhere else")
     output_target(path, "output", suffix)  # a regular file or none: never a device, FIFO or socket
     return path
+
+
+def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file: the same resolved path (a symlink to it), or the same inode (a hard link)."""
+    try:
+        if Path(a).resolve() == Path(b).resolve():
+            return True
+        return os.path.samefile(a, b)
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def check_writes(outputs: Mapping[str, str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None],
+                 inputs: Mapping[str, str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None]) -> None:
+    """Refuse, before any work, an output whose folder does not exist or that is one of the input files.
+
+    ``outputs`` and ``inputs`` map each flag (``"-o"``, ``"--init-image"``) to a path, a list of paths
+    or None (not given). An output that is the same file as an input (the same path, a symlink to it,
+    a hard link) would destroy that input; a missing folder is not created (as ``sdrt generate`` refuses it)."""
+    def paths(value: object) -> list[str | os.PathLike[str]]:
+        if value is None or value == "":
+            return []
+        if isinstance(value, (str, os.PathLike)):
+            return [value]
+        return [v for v in value if v]  # type: ignore[attr-defined]
+
+    for flag, value in outputs.items():
+        for out in paths(value):
+            folder = Path(out).parent
+            if not folder.is_dir():
+                raise InputError(f"the folder of {flag} {out} does not exist", where=flag,
+                                 fix=f"create it first (mkdir -p {folder}) or write somewhere else")
+            for in_flag, in_value in inputs.items():
+                for src in paths(in_value):
+                    if _same_file(out, src):
+                        shown = in_flag if os.fspath(src) == os.fspath(out) else f"{in_flag} {src}"
+                        raise InputError(f"{flag} {out} is the same file as {shown}; writing it would destroy "
+                                         "that input", where=flag,
+                                         fix=f"pass another {flag} path (a new file name)")

@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import SdrtError
     from ..graph import Graph
     from ..graph.strip import check_outputs, input_files
+    from .paths import check_writes
 
     scheme = q.scheme_of(args.to, where="sdrt quantize", arg="--to")
     if args.block_size is not None and scheme != "int4":  # int8 and fp8 scale per output channel: no blocks
@@ -35,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     src = Path(args.model)
     out = Path(args.output) if args.output else src.with_name(f"{src.stem}.{scheme}.onnx")
     _not_a_checkpoint(src, scheme)
+    # a given -o's folder exists (as generate's -o): nothing is created; the default sits beside MODEL
+    # (check_outputs below refuses an output that is one of the model's files, its external data included)
+    check_writes({"-o": out if args.output else None}, {})
     graph = Graph.load(src)
     inputs = input_files(graph)
     data_out = out.with_name(f"{out.name}_data")  # written beside -o for a graph above 2 GB

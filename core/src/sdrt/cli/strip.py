@@ -23,6 +23,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..graph import Graph
     from ..graph.strip import check_outputs, input_files
+    from .paths import check_writes
 
     src = Path(args.model)
     out = Path(args.output) if args.output else src.with_name(src.stem + ".stripped.onnx")
@@ -37,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
         raise ModelError(f"{src.name} is {kind}: it holds weights only, and sdrt strip splits an ONNX graph from its "
                          "weights", where=str(src), fix="pass an .onnx file (a .safetensors file is what strip writes "
                                                         "beside the weight-free graph)")
+    # given paths' folders exist (as generate's -o): nothing is created; the defaults sit beside MODEL or -o
+    # (check_outputs below refuses an output that is one of the model's files, its external data included)
+    check_writes({"-o": out if args.output else None, "--weights": weights if args.weights else None}, {})
     graph = Graph.load(src, load_external=False)
     inputs = input_files(graph)
     check_outputs({"-o" if args.output else "the default -o": out,

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from ..pipelines.images import to_rgb
     from ..pipelines.save import check_output, save_image
     from ..pipelines.upscaler import ModelUpscaler
+    from .paths import check_writes
 
     out = check_output(args.output, "output")
     path = model_file(args.model)
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if path is None:
         raise InputError(f"no upscaler model {args.model!r}", where="--model",
                          fix="give the path of a .safetensors/.pth file, or a model's name in a folder of $SDRT_UPSCALERS")
+    check_writes({"-o": out}, {"IMAGE": args.image, "--model": path})  # upscale IN -o IN: the input is kept
     if args.scale is not None and not (math.isfinite(args.scale) and 1 <= args.scale <= 8):
         raise InputError(f"--scale must be from 1 to 8, got {args.scale}", where="--scale", fix="give e.g. --scale 2")
     if args.tile < 0 or 0 < args.tile < 16:  # 1 to 15 were raised to 16 in silence

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ..errors import _render
 
 
@@ -23,19 +25,21 @@ _FIELDS = {"strength": "denoising_strength", "cfg": "cfg_scale", "batch": "batch
            "hires_refiner_pass": "override_settings.hires_fix_refiner_pass", "mask": "mask"}
 
 
-def from_pipeline(exc: Exception) -> ApiError:
+def from_pipeline(exc: Exception, fields: Mapping[str, str] | None = None) -> ApiError:
     """A 400 from the pipeline's own check (``sdrt.pipelines.validate``): what was wrong and what to do,
-    with the field named as the request names it."""
+    with the field named as the request names it. ``fields``: this request's own fields of pipeline
+    arguments (``reference_images`` -> ``alwayson_scripts.Forge FluxKontext.args[1]``), over the A1111 ones."""
+    names = {**_FIELDS, **(fields or {})}
     what = getattr(exc, "what", str(exc))
     fix = getattr(exc, "fix", None)
     where = getattr(exc, "where", None) or ""
     if where == "control_image":  # the pipeline's own argument, which no A1111 field carries
-        return ApiError(400, f"{_render(what, _FIELDS)}; sdrt serve does not pass a control image to a FLUX.1 "
+        return ApiError(400, f"{_render(what, names)}; sdrt serve does not pass a control image to a FLUX.1 "
                              "Canny/Depth model yet (a ControlNet unit is for ControlNet models): run it with "
                              "sdrt generate --control-image or the Python API's control_image=",
                         field="alwayson_scripts")
-    field = _FIELDS.get(where, where) or None
-    what, fix = _render(what, _FIELDS), _render(fix, _FIELDS) if fix else fix  # {@cfg} -> cfg_scale
+    field = names.get(where, where) or None
+    what, fix = _render(what, names), _render(fix, names) if fix else fix  # {@cfg} -> cfg_scale
     return ApiError(400, f"{what}; {fix}" if fix else what, field=field)
 
 

@@ -190,8 +190,8 @@ def _public_error(exc: BaseException) -> ApiError:
                                                                    ModelError)):
         from .errors import from_pipeline
 
-        inner = from_pipeline(exc.__cause__)  # what and what to do, with the field named as the request names it
         names = exc.args[1] if len(exc.args) > 1 else {}
+        inner = from_pipeline(exc.__cause__, names)  # what and what to do, in the request's fields
         # "controlnets[0] (/models/ControlNet/x.safetensors)": the unit's own field, without the file's path
         key = re.match(r"\w+(\[\d+\])?", inner.field or "")
         name = names.get(key.group(0)) if key else None

@@ -1,0 +1,100 @@
+"""No command writes over one of its own inputs, and none creates a missing output folder (as ``sdrt generate``
+refuses it): ``sdrt upscale IN -o IN`` replaced the image it read, ``sdrt quantize -o /missing/x.onnx`` made the
+folders. Every refusal comes before any work, in one line that names the flag."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from sdrt.cli import main
+from sdrt.pipelines.png import write_png
+
+
+def relu_model(path):
+    w = numpy_helper.from_array(np.ones(2, np.float32), "w")
+    g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
+                          "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [w])
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    np.save(path.parent / "x.npy", np.array([-1, 2], np.float32))
+    return path
+
+
+UPSCALER = Path(__file__).resolve().parents[1] / "data" / "upscalers" / "compact_x4.safetensors"
+
+
+def _image(path: Path) -> Path:
+    write_png(path, np.full((8, 8, 3), 7, np.uint8))
+    return path
+
+
+def _as(tmp_path: Path, target: Path, how: str) -> Path:
+    """``target`` itself, a symlink to it, or a hard link to it."""
+    if how == "same":
+        return target
+    link = tmp_path / f"link-{how}{target.suffix}"
+    (os.symlink if how == "symlink" else os.link)(target, link)
+    return link
+
+
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink"])
+def test_upscale_refuses_writing_over_its_image(tmp_path, capsys, how):
+    image = _image(tmp_path / "in.png")
+    before = image.read_bytes()
+    out = _as(tmp_path, image, how)
+    assert main(["upscale", str(image), "-m", str(UPSCALER), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "-o" in err and "the same file as IMAGE" in err and "pass another -o" in err
+    assert image.read_bytes() == before
+
+
+@pytest.mark.parametrize("flag", ["--init-image", "--mask"])
+def test_generate_refuses_writing_over_an_input_image(tmp_path, capsys, flag):
+    image = _image(tmp_path / "in.png")
+    before = image.read_bytes()
+    extra = ["--init-image", str(_image(tmp_path / "init.png"))] if flag == "--mask" else []
+    assert main(["generate", "a fox", flag, str(image), *extra, "-o", str(_as(tmp_path, image, "symlink"))]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"is the same file as {flag}" in err
+    assert image.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["quantize", "strip"])
+def test_quantize_and_strip_refuse_a_missing_output_folder(tmp_path, capsys, command):
+    model = relu_model(tmp_path / "m.onnx")
+    args = [command, str(model), "-o", str(tmp_path / "no" / "such" / "x.onnx")]
+    assert main(args + (["--to", "int8"] if command == "quantize" else [])) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the folder of -o" in err and "does not exist" in err and "mkdir -p" in err
+    assert not (tmp_path / "no").exists()
+
+
+def test_quantize_refuses_a_hard_link_to_its_model(tmp_path, capsys):
+    model = relu_model(tmp_path / "m.onnx")
+    before = model.read_bytes()
+    link = _as(tmp_path, model, "hardlink")
+    assert main(["quantize", str(model), "--to", "int8", "-o", str(link)]) == 1
+    assert "-o" in capsys.readouterr().err
+    assert model.read_bytes() == before
+
+
+def test_run_refuses_writing_over_an_input(tmp_path, capsys):
+    model = relu_model(tmp_path / "m.onnx")
+    feed = tmp_path / "x.npy"
+    npz = tmp_path / "x.npz"
+    os.link(feed, npz)  # an .npz name that is the .npy file read as -i
+    assert main(["run", str(model), "-i", f"x={feed}", "-o", str(npz)]) == 1
+    assert "is the same file as --input" in capsys.readouterr().err
+    assert np.load(feed).tolist() == [-1, 2]
+
+
+@pytest.mark.parametrize("command", ["quantize", "strip"])
+def test_a_missing_model_is_named_as_missing_not_its_default_output_folder(tmp_path, capsys, command):
+    args = [command, str(tmp_path / "nope" / "m.onnx")] + (["--to", "int8"] if command == "quantize" else [])
+    assert main(args) == 1
+    assert "the model file does not exist" in capsys.readouterr().err
