@@ -4,9 +4,12 @@ Builds tiny-flux-dev's pipeline again (gen_flux_tools_refs.py: the same seeds; c
 parts, the transformer too), writes a random rank-4 control LoRA in Black Forest Labs' layout
 (``flux1-canny-dev-lora.safetensors``: ``img_in.lora_A.weight`` [4, 128], fused ``qkv`` / ``linear1`` layers, a
 ``lora_B.bias`` on every layer, the qk-norm ``*.scale`` tensors whole) and the same LoRA in diffusers' layout
-(``transformer.x_embedder.lora_A.weight``, ``transformer.transformer_blocks.0.attn.norm_q.weight``; the fused
-layers split as diffusers' ``_convert_bfl_flux_control_lora_to_diffusers`` splits them, which itself only takes
-19 + 38 blocks of width 3072, so it cannot convert a tiny file). The reference: diffusers 0.42.1's
+(``transformer.x_embedder.lora_A.weight``, ``transformer.transformer_blocks.0.attn.norm_q.weight``), converted
+by diffusers' own ``_convert_bfl_flux_control_lora_to_diffusers`` (its block counts and width, 19 / 38 / 3072,
+set to the tiny model's in its code object; ``bfl_converter``), every linear layer of the model carrying a LoRA
+and a ``lora_B.bias``, so a wrong split, order or swap of any BFL tensor shows. One correction: the converter
+swaps the final adaLN's ``lora_A`` rows as well as ``lora_B``'s, which changes the product; the reference takes
+``lora_A`` unswapped (see ``main``). The reference: diffusers 0.42.1's
 ``FluxControlPipeline`` with tiny-flux-dev's transformer, ``load_lora_weights(diffusers file)`` (which zero-pads
 ``x_embedder`` to 128 inputs and loads the norms whole), ``fuse_lora(lora_scale=s)``, and a control image.
 
@@ -60,45 +63,56 @@ def check_transformer(tr) -> None:
     print(f"  transformer: rebuilt = tiny-flux-dev's ONNX part (max error {err:.1e})")
 
 
-def control_lora(d: int, mlp: int, norm: int) -> tuple[dict, dict]:
-    """The same LoRA in BFL's and diffusers' keys."""
+def bfl_converter(n_double: int, n_single: int, d: int):
+    """diffusers' own ``_convert_bfl_flux_control_lora_to_diffusers`` for this model's size: the function as diffusers
+    ships it, its constants 19 / 38 / 3072 (blocks, width) set to tiny-flux-dev's. Patched in place, so
+    ``load_lora_weights`` of BFL's file converts it with diffusers' code, not this script's."""
+    from diffusers.loaders import lora_conversion_utils as lcu
+
+    fn = lcu._convert_bfl_flux_control_lora_to_diffusers
+    code = fn.__code__
+    consts = list(code.co_consts)
+    for old, new in ((19, n_double), (38, n_single), (3072, d)):
+        assert consts.count(old) == 1, (old, code.co_consts)
+        consts[consts.index(old)] = new
+    fn.__code__ = code.replace(co_consts=tuple(consts))
+    return fn
+
+
+def control_lora(cfg) -> dict:
+    """A control LoRA in BFL's keys on every layer diffusers' converter takes (all of tiny-flux-dev's linear modules,
+    a ``lora_B.bias`` on each, every qk-norm scale)."""
     gen = torch.Generator().manual_seed(3)
+    d = cfg.num_attention_heads * cfg.attention_head_dim
+    mlp, head = 4 * d, cfg.attention_head_dim
 
     def t(*shape, s=0.3):
         return (torch.randn(*shape, generator=gen) * s).contiguous()
 
+    mods = {"img_in": (d, 128), "txt_in": (d, cfg.joint_attention_dim), "time_in.in_layer": (d, 256),
+            "time_in.out_layer": (d, d), "vector_in.in_layer": (d, cfg.pooled_projection_dim),
+            "vector_in.out_layer": (d, d), "guidance_in.in_layer": (d, 256), "guidance_in.out_layer": (d, d),
+            "final_layer.linear": (cfg.patch_size ** 2 * cfg.in_channels, d),
+            "final_layer.adaLN_modulation.1": (2 * d, d)}
+    for i in range(cfg.num_layers):
+        for x in ("img", "txt"):
+            mods.update({f"double_blocks.{i}.{x}_mod.lin": (6 * d, d), f"double_blocks.{i}.{x}_attn.qkv": (3 * d, d),
+                         f"double_blocks.{i}.{x}_attn.proj": (d, d), f"double_blocks.{i}.{x}_mlp.0": (mlp, d),
+                         f"double_blocks.{i}.{x}_mlp.2": (d, mlp)})
+    for i in range(cfg.num_single_layers):
+        mods.update({f"single_blocks.{i}.modulation.lin": (3 * d, d), f"single_blocks.{i}.linear1": (3 * d + mlp, d),
+                     f"single_blocks.{i}.linear2": (d, d + mlp)})
     bfl: dict[str, torch.Tensor] = {}
-    dif: dict[str, torch.Tensor] = {}
-
-    def layer(b_name, out_f, in_f, d_names, splits):
-        a, b, bias = t(RANK, in_f), t(out_f, RANK), t(out_f, s=0.2)
-        bfl[f"{b_name}.lora_A.weight"], bfl[f"{b_name}.lora_B.weight"], bfl[f"{b_name}.lora_B.bias"] = a, b, bias
-        start = 0
-        for name, size in zip(d_names, splits):
-            dif[f"transformer.{name}.lora_A.weight"] = a.clone()
-            dif[f"transformer.{name}.lora_B.weight"] = b[start:start + size].clone()
-            dif[f"transformer.{name}.lora_B.bias"] = bias[start:start + size].clone()
-            start += size
-
-    layer("img_in", d, 128, ["x_embedder"], [d])
-    layer("double_blocks.0.img_attn.qkv", 3 * d, d, [f"transformer_blocks.0.attn.to_{x}" for x in "qkv"], [d] * 3)
-    layer("double_blocks.0.txt_mlp.0", mlp, d, ["transformer_blocks.0.ff_context.net.0.proj"], [mlp])
-    layer("single_blocks.1.linear1", 3 * d + mlp, d,
-          [*(f"single_transformer_blocks.1.attn.to_{x}" for x in "qkv"), "single_transformer_blocks.1.proj_mlp"],
-          [d, d, d, mlp])
-    layer("single_blocks.0.modulation.lin", 3 * d, d, ["single_transformer_blocks.0.norm.linear"], [3 * d])
-    norms = {"double_blocks.0.img_attn.norm.query_norm.scale": "transformer_blocks.0.attn.norm_q.weight",
-             "double_blocks.0.img_attn.norm.key_norm.scale": "transformer_blocks.0.attn.norm_k.weight",
-             "double_blocks.0.txt_attn.norm.query_norm.scale": "transformer_blocks.0.attn.norm_added_q.weight",
-             "double_blocks.0.txt_attn.norm.key_norm.scale": "transformer_blocks.0.attn.norm_added_k.weight",
-             "single_blocks.0.norm.query_norm.scale": "single_transformer_blocks.0.attn.norm_q.weight",
-             "single_blocks.0.norm.key_norm.scale": "single_transformer_blocks.0.attn.norm_k.weight",
-             "single_blocks.1.norm.query_norm.scale": "single_transformer_blocks.1.attn.norm_q.weight",
-             "single_blocks.1.norm.key_norm.scale": "single_transformer_blocks.1.attn.norm_k.weight"}
-    for b_name, d_name in norms.items():
-        v = 1.0 + t(norm, s=0.5)
-        bfl[b_name], dif[f"transformer.{d_name}"] = v, v.clone()
-    return bfl, dif
+    for m, (o, i) in mods.items():
+        s = 0.1 if m.startswith(("time_in", "guidance_in", "vector_in")) else 0.3
+        bfl[f"{m}.lora_A.weight"], bfl[f"{m}.lora_B.weight"] = t(RANK, i, s=s), t(o, RANK, s=s)
+        bfl[f"{m}.lora_B.bias"] = t(o, s=0.2)
+    norms = [f"double_blocks.{i}.{x}_attn.norm.{n}_norm.scale" for i in range(cfg.num_layers) for x in ("img", "txt")
+             for n in ("query", "key")]
+    norms += [f"single_blocks.{i}.norm.{n}_norm.scale" for i in range(cfg.num_single_layers) for n in ("query", "key")]
+    for n in norms:
+        bfl[n] = 1.0 + t(head, s=0.5)
+    return bfl
 
 
 def main() -> None:
@@ -109,8 +123,16 @@ def main() -> None:
     check_transformer(base.transformer)
     base.scheduler = g.FlowMatchEulerDiscreteScheduler.from_pretrained(tools.DEV / "scheduler")
     cfg = base.transformer.config
-    d = cfg.num_attention_heads * cfg.attention_head_dim
-    bfl, dif = control_lora(d, 4 * d, cfg.attention_head_dim)
+    convert = bfl_converter(cfg.num_layers, cfg.num_single_layers, cfg.num_attention_heads * cfg.attention_head_dim)
+    bfl = control_lora(cfg)
+    dif = convert({k: v.clone() for k, v in bfl.items()})  # diffusers' layout, by diffusers' converter
+    # ... but for one tensor: diffusers 0.42.1's converter runs swap_scale_shift on the final adaLN's lora_A too,
+    # whose rows are the LoRA's rank components, not (shift, scale) outputs: swap(B) @ swap(A) != swap(B @ A), the
+    # final layer's modulation of BFL's file (as BFL's own code and ComfyUI apply it, on BFL's layout). Only
+    # lora_B's rows swap; the reference keeps diffusers' conversion of every other tensor.
+    key = "transformer.norm_out.linear.lora_A.weight"
+    assert not torch.equal(dif[key], bfl["final_layer.adaLN_modulation.1.lora_A.weight"])
+    dif[key] = bfl["final_layer.adaLN_modulation.1.lora_A.weight"].clone()
     OUT.mkdir(parents=True, exist_ok=True)
     save_file(bfl, str(OUT / "flux_control_lora_bfl.safetensors"))
     save_file(dif, str(OUT / "flux_control_lora_diffusers.safetensors"))

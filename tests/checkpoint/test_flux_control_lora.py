@@ -1,8 +1,10 @@
 """Black Forest Labs' FLUX.1 Canny/Depth control LoRAs on a Flux.1 dev model, against diffusers.
 
 tests/data/lora/flux_control_lora_{bfl,diffusers}.safetensors: one random rank-4 control LoRA for tiny-flux-dev's
-transformer, in BFL's layout (``img_in.lora_A.weight`` [4, 128], fused ``qkv`` / ``linear1``, ``lora_B.bias`` on
-every layer, the qk-norm ``*.scale`` whole) and in diffusers' (scripts/gen_flux_control_lora_refs.py). The
+transformer on every linear layer, in BFL's layout (``img_in.lora_A.weight`` [4, 128], fused ``qkv`` / ``linear1``,
+``final_layer.adaLN_modulation.1``, ``lora_B.bias`` on every layer, the qk-norm ``*.scale`` whole) and in diffusers'
+as diffusers' own BFL converter writes it, but for the final adaLN's ``lora_A``, which that converter swaps by
+mistake (scripts/gen_flux_control_lora_refs.py). The
 reference images: diffusers 0.42.1's ``FluxControlPipeline`` with ``load_lora_weights`` (x_embedder zero-padded to
 128 inputs, the norms loaded whole) and ``fuse_lora(lora_scale=s)``. Here tiny-flux-dev as release files (BFL's
 transformer keys, bound onto its weight-free graphs) takes the LoRA: its transformer runs the 128-input graph.

@@ -281,3 +281,21 @@ def test_full_size_diffusers_transformer_is_sd3_medium():
     assert denoiser_family(shapes) == ("sd3-medium", "an SD 3 Medium transformer")
     assert denoiser_family(_graph_shapes("sd35_medium_transformer"))[0] == "sd35-medium"
     assert denoiser_family(_graph_shapes("sd35_large_transformer"))[0] == "sd35-large"
+
+
+def test_a_flux_control_lora_on_sd3_medium_is_refused_in_one_line(folder, tmp_path):
+    """BFL's Canny/Depth LoRA on an SD 3 Medium model: one line naming the model as the user knows it (it read
+    'this is a SD3 model'); a truncated copy of it is a truncated file. Nothing changes."""
+    from sdrt.errors import WeightsError
+
+    lora = Path(__file__).resolve().parents[1] / "data" / "lora" / "flux_control_lora_bfl.safetensors"
+    cut = tmp_path / "canny.safetensors"
+    cut.write_bytes(lora.read_bytes()[: lora.stat().st_size // 2])
+    root, graphs = folder
+    with pipelines.load(root, backend="reference", graph_paths=graphs) as pipe:
+        with pytest.raises(WeightsError, match="made for Flux.1 dev, and this is an SD 3 Medium model") as e:
+            pipe.set_loras([(lora, 1.0)])
+        assert "\n" not in str(e.value) and not pipe.weights.loras
+        with pytest.raises(WeightsError, match="truncated or corrupt file") as e:
+            pipe.set_loras([(cut, 1.0)])
+        assert "\n" not in str(e.value) and not pipe.weights.loras

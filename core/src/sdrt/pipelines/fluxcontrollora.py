@@ -57,9 +57,15 @@ def check(pipe: Any, part: Part | None, plain: Path | None, found: Sequence[tupl
                            fix="pass one control LoRA (Canny or Depth); other LoRAs may go with it")
     name, shown = found[0]
     label = pipe.family.label
+    single = getattr(pipe.folder, "single_file", None)
+    if single is not None:  # the checkpoint's family in words ("SD 3 Medium", not the pipeline's "SD3")
+        from ..checkpoint.families import LABELS
+
+        label = LABELS.get(single.family, label)
     why = f"{name} is a Flux Control LoRA (Black Forest Labs' FLUX.1 Canny/Depth dev LoRA: {shown})"
     if pipe.family.name != "flux" or part is None or plain is None:
-        raise WeightsError(f"{why}, made for Flux.1 dev, and this is a {label} model", where=name,
+        article = "an" if label[:1] in "AEIOS" else "a"  # an SD 3 Medium, an SDXL, a Chroma
+        raise WeightsError(f"{why}, made for Flux.1 dev, and this is {article} {label} model", where=name,
                            fix="load a Flux.1 dev model with it, or use a LoRA made for this model")
     from ..graph import Graph
 
