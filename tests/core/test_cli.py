@@ -323,3 +323,11 @@ def test_an_output_with_another_extension_is_refused(registry, affine_path, tmp_
     # "or give none" read as "give no -o", which sdrt run requires: the suffix is what may be left out
     assert "or leave the suffix out (r)" in err or "or leave the suffix out (x)" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["affine.onnx", "x.npy"]
+
+
+def test_controlnet_ordinals_in_cli_errors() -> None:
+    """Errors name one of several --controlnet flags by its English ordinal (it said "21th")."""
+    from sdrt.cli.generate_toolbox import _ordinal
+
+    assert [_ordinal(i) for i in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 111)] == \
+        ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "111th"]

@@ -109,10 +109,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                              fix="give one --controlnet per --control-image (or none: the folder's own)")
         # the pipeline names each unit controlnets[k]: errors say the flag, and which one when there are several
         flag = "--controlnet" if nets else "--control-image"
-        ordinal = ("1st", "2nd", "3rd")
         args._names = {**getattr(args, "_names", {}), **{
-            f"controlnets[{k}]": flag if n == 1 else f"the {ordinal[k] if k < 3 else f'{k + 1}th'} {flag}"
-            for k in range(n)}}
+            f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)}}
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         for path in images:
             if Path(path).is_dir():
@@ -216,3 +214,8 @@ class PreviewWriter:
             if image is not None:
                 write_png(self.folder / f"preview-{self.run}-{step:03d}.png", image)
         self.inner(step, total, latents)
+
+
+def _ordinal(i: int) -> str:
+    """1st, 2nd, 3rd, 4th, ... 11th, 12th, 13th, ... 21st."""
+    return f"{i}{'th' if 10 <= i % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(i % 10, 'th')}"
