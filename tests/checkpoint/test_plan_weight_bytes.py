@@ -123,3 +123,33 @@ def test_plan_counts_the_bytes_the_backend_is_given(storage, backend, tmp_path):
                          and part.weights.ref(n).origin is not None]
         unmapped = sum(floats[n].nbytes for n in floats if n not in mapped_floats)  # the graph's own (none here)
         assert predicted == pytest.approx(bound + stored + unmapped, rel=1e-9), (predicted, bound, stored)
+
+
+@pytest.mark.parametrize("stored", ["F16", "F8_E4M3"])
+def test_full_size_sdxl_refiner_file_counts_each_file_tensor_once(stored, tmp_path):
+    """The full-size SDXL refiner single file (headers only, sparse), in fp16 or with its matrices and convs in fp8:
+    every part's predicted weight footprint is its float32 bound bytes plus its tensors' bytes in the file, each
+    file tensor once: CLIP-G's fused ``in_proj_weight`` binds as three weights (each slice counting the whole
+    tensor's pages over-predicted the fp16 file's CLIP-G by 300 MiB)."""
+    from single_file_helpers import sparse
+    from test_refiner_file import refiner_shapes
+
+    from sdrt.pipelines.budget import _lean_graph
+    from sdrt.pipelines.streaming import _nbytes
+
+    shapes = {k: (v, stored if len(v) >= 2 and "embedding" not in k else "F16") for k, v in refiner_shapes().items()}
+    f = sparse(tmp_path / "sd_xl_refiner_1.0.safetensors", shapes)
+    with pipelines.load(f, backend="reference", memory="64GB") as pipe:
+        plan = pipe.memory_plan()
+        for name, part in pipe.parts.items():
+            info = _lean_graph(part).initializer_info()
+            bound = sum(_nbytes(i) for i in info.values())
+            mapped = _stored(part.weights, info)
+            w = part.weights
+            own = sum(_nbytes(i) for n, i in info.items()  # the graph's own constants: no file pages of theirs
+                      if w is None or n not in w or w.ref(n).origin is None)
+            p = plan.placement(name)
+            assert p.weight_bytes == bound, name
+            assert mapped < 0.6 * bound, name
+            predicted = p.weight_bytes * plan.footprints.get(name, plan.footprint)
+            assert predicted == pytest.approx(bound + mapped + own, rel=1e-9), (name, predicted, bound, mapped)
