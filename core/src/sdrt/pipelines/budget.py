@@ -443,7 +443,8 @@ def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, in
         return total, 0, 0
     # a block tensor read by anything but a matmul (an embedding table's Gather) is dequantized to float32
     matmul_read = {x for n in graph.model.graph.node if n.op_type in ("MatMul", "Gemm", "Transpose") for x in n.input}
-    stored = floats = narrow = 0
+    stored = floats = 0
+    files: dict[tuple[Any, Any], list[int]] = {}  # a file tensor's stored bytes and the graph bytes bound from it
     for name, i in info.items():
         ref = w.ref(name) if name in w else None
         if ref is None:
@@ -455,7 +456,10 @@ def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, in
                 floats += _nbytes(i)
                 continue
         if ref.blocks is None and ref.origin is not None and len(ref.origin) >= 3:
-            narrow += max(_nbytes(i) - int(ref.origin[2]), 0)
+            # slices of one file tensor (a fused qkv bound as three weights) share its mapped pages: once
+            got = files.setdefault((ref.origin[0], ref.origin[1]), [int(ref.origin[2]), 0])
+            got[1] += _nbytes(i)
+    narrow = sum(max(held - size, 0) for size, held in files.values())
     return total - floats + stored, stored, narrow
 
 
