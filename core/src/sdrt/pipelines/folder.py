@@ -36,6 +36,14 @@ DEFAULT_SCHEDULER: dict[str, Any] = {
 }
 
 
+def no_t5(fam: Any, parts: Mapping[str, Any], where: Path) -> None:
+    """One warning when a family that can run without its T5 encoder (SD3) has none."""
+    if any(e.kind == "t5" and e.part not in parts and e.part in fam.optional for e in fam.encoders):
+        log.warning("%s has no T5 text encoder: %s runs on CLIP-L and CLIP-G alone (T5's states zeros, as diffusers' "
+                    "text_encoder_3=None), and follows long prompts worse; add one with --text-encoder "
+                    "t5xxl_fp16.safetensors", where, fam.label)
+
+
 def read_json(path: Path, what: str) -> dict[str, Any]:
     """A model folder's JSON file as a dict, or one ``ModelError`` naming the file and what is wrong with it."""
     try:
@@ -244,9 +252,11 @@ class ModelFolder:
                 where=", ".join(str(root / p / "model.onnx") for p in missing),
                 fix="export every part (optimum-cli export onnx --model ID FOLDER), or point at the right folder",
             )
+        no_t5(fam, parts, root)
         tokenizers: dict[str, Path] = {}
         kinds = {e.tokenizer: e.kind for e in fam.encoders}
-        for tok in dict.fromkeys(e.tokenizer for e in fam.encoders):
+        absent = {e.tokenizer for e in fam.encoders if e.part not in parts and e.part in fam.optional}
+        for tok in dict.fromkeys(e.tokenizer for e in fam.encoders if e.tokenizer not in absent):
             folder = root / tok
             if kinds[tok] == "t5":
                 if not any((folder / f).is_file() for f in ("tokenizer.json", "spiece.model")):
