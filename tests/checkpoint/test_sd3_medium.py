@@ -299,3 +299,24 @@ def test_a_flux_control_lora_on_sd3_medium_is_refused_in_one_line(folder, tmp_pa
         with pytest.raises(WeightsError, match="truncated or corrupt file") as e:
             pipe.set_loras([(cut, 1.0)])
         assert "\n" not in str(e.value) and not pipe.weights.loras
+
+
+def test_stability_incl_clips_without_t5_runs_on_clips_alone(tmp_path, caplog):
+    """sd3_medium_incl_clips.safetensors without its T5 (as Stability ships it, no t5xxl file given): it loads with
+    one warning, T5's states are zeros [1, max_sequence_length, the transformer's text width] after CLIP's 77
+    tokens (diffusers' text_encoder_3=None), and an image comes out; tests/flow/test_sd3_no_t5.py holds the
+    diffusers comparison of the same conditioning on the tiny SD3.5 folder."""
+    f, _, _ = _single_file("incl_clips", tmp_path)
+    from safetensors.numpy import load_file
+
+    main = {k: v for k, v in load_file(str(f)).items() if not k.startswith("text_encoders.t5xxl.")}
+    f = h.write(tmp_path / "sd3_medium_incl_clips_no_t5.safetensors", main)
+    caplog.set_level(logging.WARNING)
+    with pipelines.load(f, backend="reference", graph_paths=_graphs(tmp_path), tokenizers=_tokenizers(),
+                        family="sd3-medium") as pipe:
+        assert "text_encoder_3" not in pipe.folder.single_file.parts
+        hidden = pipe.prompts.encode("a cat", 1, max_length=16).hidden
+        assert hidden.shape[:2] == (1, 77 + 16) and not hidden[:, 77:].any() and hidden[:, :77].any()
+        image = pipe("a cat", steps=1, width=64, height=64, seed=1, cfg=3.0, max_sequence_length=16)[0]
+        assert np.asarray(image).std() > 0
+    assert caplog.text.count("no T5 text encoder") == 1, caplog.text

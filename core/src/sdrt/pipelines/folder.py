@@ -158,6 +158,7 @@ class ModelFolder:
         folder = cls(opened.path, {}, fam.name, {p: g for p, (g, _) in opened.parts.items()}, configs, toks,
                      opened.scheduler_config(), fam, weights={p: w for p, (_, w) in opened.parts.items()},
                      single_file=opened, vae_file=vae_file)
+        no_t5(fam, opened.parts, opened.path)
         folder.prediction  # noqa: B018 - validates prediction_type now, before any model loads
         log.info("%s: %s (%s-prediction), shipped graphs for %s", opened.path.name, fam.name, folder.prediction,
                  ", ".join(folder.parts))
