@@ -10,6 +10,12 @@ with-T5 reference image again, then runs it with ``text_encoder_3=None, tokenize
 ``_get_t5_prompt_embeds`` then gives zeros ``[batch, max_sequence_length, joint_attention_dim]`` for the prompt and
 the negative prompt alike. Writes ``tests/data/pipelines/tiny-sd3/refs_not5.json`` and ``refs_not5.npz``
 (per case: the image, ``prompt_embeds``, ``negative_prompt_embeds``).
+
+The same for the tiny SD 3 Medium (``gen_sd3_medium_refs.make_transformer``, checked against
+``tests/data/pipelines/tiny-sd3-medium``'s first image), written to that folder's ``refs_not5.*``: the single
+files and the diffusers folder without T5 are checked against it.
+
+    PYTHONPATH=scripts:scripts/_tvblock:core/src /work/refvenv/bin/python scripts/gen_sd3_not5_refs.py
 """
 
 from __future__ import annotations
@@ -64,6 +70,29 @@ def main() -> None:
         print(case["name"], out[f"{case['name']}/prompt_embeds"].shape)
     (FOLDER / "refs_not5.json").write_text(json.dumps(out_cases, indent=1) + "\n")
     np.savez_compressed(FOLDER / "refs_not5.npz", **out)
+    medium(pipe)
+
+
+def medium(pipe) -> None:
+    import gen_sd3_medium_refs as m
+
+    folder = g.OUT / "tiny-sd3-medium"
+    pipe.scheduler = g.FlowMatchEulerDiscreteScheduler.from_pretrained(FOLDER / "scheduler")
+    tr = m.make_transformer()
+    pipe.transformer = tr
+    pipe.register_modules(transformer=tr)
+    cases = json.loads((folder / "refs.json").read_text())
+    first = next(c for c in cases if c["mode"] == "txt2img" and c["batch"] == 1)
+    again = _run(pipe, first)["image"]
+    diff = int(np.abs(again.astype(int) - np.load(folder / "refs.npz")[f"{first['name']}/image"].astype(int)).max())
+    assert diff <= 1, f"the rebuilt SD 3 Medium pipeline is not the fixture's (image differs by {diff})"
+    bare = StableDiffusion3Pipeline(**dict(pipe.components, text_encoder_3=None, tokenizer_3=None))
+    bare.set_progress_bar_config(disable=True)
+    case = dict(first, name="no t5/" + first["name"].split("/", 1)[1])
+    out = {f"{case['name']}/{k}": v for k, v in _run(bare, case).items()}
+    print(case["name"], out[f"{case['name']}/prompt_embeds"].shape)
+    (folder / "refs_not5.json").write_text(json.dumps([case], indent=1) + "\n")
+    np.savez_compressed(folder / "refs_not5.npz", **out)
 
 
 if __name__ == "__main__":

@@ -301,14 +301,26 @@ def test_a_flux_control_lora_on_sd3_medium_is_refused_in_one_line(folder, tmp_pa
         assert "\n" not in str(e.value) and not pipe.weights.loras
 
 
-def test_stability_incl_clips_without_t5_runs_on_clips_alone(tmp_path, caplog):
-    """sd3_medium_incl_clips.safetensors without its T5 (as Stability ships it, no t5xxl file given): it loads with
-    one warning, T5's states are zeros [1, max_sequence_length, the transformer's text width] after CLIP's 77
-    tokens (diffusers' text_encoder_3=None), and an image comes out; tests/flow/test_sd3_no_t5.py holds the
-    diffusers comparison of the same conditioning on the tiny SD3.5 folder."""
-    f, _, _ = _single_file("incl_clips", tmp_path)
+
+# -- SD 3 Medium without T5 (diffusers' text_encoder_3=None; scripts/gen_sd3_not5_refs.py) ---------------------
+NOT5 = json.loads((MED / "refs_not5.json").read_text())
+NOT5_REFS = np.load(MED / "refs_not5.npz")
+
+
+def _diff_not5(pipe, case: dict) -> int:
+    got = np.stack(pipe(case["prompt"], case["negative_prompt"] or "", **_kwargs(case))).astype(int)
+    want = NOT5_REFS[f"{case['name']}/image"].astype(int)
+    assert got.shape == want.shape
+    return int(np.abs(got - want).max())
+
+
+def test_stability_incl_clips_without_t5_gives_diffusers_image(tmp_path, caplog):
+    """sd3_medium_incl_clips.safetensors on its own (its T5 not in it, no t5xxl file given): it loads with one
+    warning instead of a refusal, the plan names the missing T5, and the image is diffusers' with
+    text_encoder_3=None within 1 level (T5's states zeros [1, max_sequence_length, joint width])."""
     from safetensors.numpy import load_file
 
+    f, _, _ = _single_file("incl_clips", tmp_path)
     main = {k: v for k, v in load_file(str(f)).items() if not k.startswith("text_encoders.t5xxl.")}
     f = h.write(tmp_path / "sd3_medium_incl_clips_no_t5.safetensors", main)
     caplog.set_level(logging.WARNING)
@@ -317,6 +329,37 @@ def test_stability_incl_clips_without_t5_runs_on_clips_alone(tmp_path, caplog):
         assert "text_encoder_3" not in pipe.folder.single_file.parts
         hidden = pipe.prompts.encode("a cat", 1, max_length=16).hidden
         assert hidden.shape[:2] == (1, 77 + 16) and not hidden[:, 77:].any() and hidden[:, :77].any()
-        image = pipe("a cat", steps=1, width=64, height=64, seed=1, cfg=3.0, max_sequence_length=16)[0]
-        assert np.asarray(image).std() > 0
+        plan = pipe.plan("a cat", steps=1, width=64, height=64).format()
+        assert "text_encoder_3: none (no T5 text encoder)" in plan and "text_encoder_3 " not in plan, plan
+        for case in NOT5:
+            assert _diff_not5(pipe, case) <= 1, case["name"]
     assert caplog.text.count("no T5 text encoder") == 1, caplog.text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_diffusers_folder_without_t5_gives_diffusers_image(backend, tmp_path):
+    """A stable-diffusion-3-medium-diffusers folder saved by diffusers with text_encoder_3=None: model_index.json
+    names [null, null], no text_encoder_3/ or tokenizer_3/; diffusers' image within 1 level, and the same case
+    with T5 (the fixture's own reference) is another image."""
+    root = _diffusers_folder(tmp_path / "sd3-medium-no-t5")
+    shutil.rmtree(root / "text_encoder_3")
+    shutil.rmtree(root / "tokenizer_3")
+    index = json.loads((root / "model_index.json").read_text())
+    (root / "model_index.json").write_text(json.dumps({**index, "text_encoder_3": [None, None],
+                                                       "tokenizer_3": [None, None]}))
+    with pipelines.load(root, backend=backend, graph_paths=_graphs(tmp_path)) as pipe:
+        assert pipe.folder.single_file.family == "sd3-medium" and "text_encoder_3" not in pipe.folder.parts
+        for case in NOT5:
+            assert _diff_not5(pipe, case) <= 1, f"{backend} {case['name']}"
+    case = NOT5[0]
+    with_t5 = next(c for c in CASES if c["name"].split("/", 1)[1] == case["name"].split("/", 1)[1])
+    assert np.abs(REFS[f"{with_t5['name']}/image"].astype(int) - NOT5_REFS[f"{case['name']}/image"]).mean() > 3
+
+
+def test_diffusers_folder_with_an_empty_text_encoder_3_is_refused(tmp_path):
+    """A text_encoder_3/ without weights is an incomplete download, not a model without T5: refused in one line."""
+    root = _diffusers_folder(tmp_path / "sd3-medium-broken")
+    for f in (root / "text_encoder_3").glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(ModelError, match="no text_encoder_3 weights"):
+        pipelines.load(root, backend="reference", graph_paths=_graphs(tmp_path))

@@ -82,3 +82,19 @@ def test_missing_t5_matters_and_warns_once(bare: Path, caplog) -> None:
         pipelines.load(bare, backend="reference").close()
     lines = [r.getMessage() for r in caplog.records if "T5" in r.getMessage()]
     assert len(lines) == 1 and "no T5 text encoder" in lines[0], lines
+
+
+def test_folder_without_model_index_is_sd3_not_flux(bare: Path, tmp_path: Path) -> None:
+    """No model_index.json: transformer/ and text_encoder_2/ alone would be Flux's parts; the transformer's
+    config (SD3Transformer2DModel) says SD3, and the plan names the missing T5."""
+    root = tmp_path / "no-index"
+    root.mkdir()
+    for entry in bare.iterdir():
+        if entry.name != "model_index.json":
+            (root / entry.name).symlink_to(entry.resolve())
+    with pipelines.load(root, backend="reference") as pipe:
+        assert pipe.family.name == "sd3"
+        plan = pipe.plan("a cat", steps=1, width=64, height=64).format()
+        assert "text_encoder_3: none (no T5 text encoder)" in plan, plan
+        assert "[1, 333, 64]" in plan or "[2, 333, 64]" in plan  # 77 CLIP tokens + 256 zero rows
+        assert "text_encoder_3 " not in plan.split("memory:")[1]  # no memory counted for a part not loaded

@@ -50,7 +50,9 @@ class SD3(Family):
 
     @classmethod
     def matches(cls, parts: set[str], configs: Mapping[str, Mapping[str, Any]], tokenizers: Path) -> bool:
-        return {"transformer", "text_encoder_3"} <= parts
+        # without T5 (no text_encoder_3/): the transformer's config says SD3 (Flux's has no caption projection)
+        return {"transformer", "text_encoder_3"} <= parts or ({"transformer", "text_encoder_2"} <= parts
+                                                               and is_sd3_transformer(configs))
 
     def missing_t5(self, parts: Mapping[str, Any]) -> Any:
         from ..textcond import ZeroT5
@@ -88,6 +90,12 @@ class SD3(Family):
     def infotext(self, settings: Any) -> dict[str, object]:
         # Forge writes the flow shift as "Shift" for the models it shifts (SD3, Chroma), when it is set
         return {} if settings.shift is None else {"Shift": _num(settings.shift)}
+
+
+def is_sd3_transformer(configs: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether the folder's ``transformer/config.json`` is an ``SD3Transformer2DModel``'s."""
+    cfg = configs.get("transformer", {})
+    return cfg.get("_class_name") == "SD3Transformer2DModel" or "caption_projection_dim" in cfg
 
 
 def _num(value: float) -> object:
