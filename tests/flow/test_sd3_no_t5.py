@@ -98,3 +98,31 @@ def test_folder_without_model_index_is_sd3_not_flux(bare: Path, tmp_path: Path) 
         assert "text_encoder_3: none (no T5 text encoder)" in plan, plan
         assert "[1, 333, 64]" in plan or "[2, 333, 64]" in plan  # 77 CLIP tokens + 256 zero rows
         assert "text_encoder_3 " not in plan.split("memory:")[1]  # no memory counted for a part not loaded
+
+
+def test_t5_false_leaves_a_present_t5_out() -> None:
+    """``t5=False`` on the full tiny SD3 folder (T5 present): diffusers' text_encoder_3=None image, T5 not loaded."""
+    case = CASES[0]
+    refs = np.load(SD3 / "refs_not5.npz")
+    register("reference")
+    with pipelines.load(SD3, backend="reference", t5=False) as pipe:
+        assert "text_encoder_3" not in pipe.parts
+        got = np.stack(pipe(case["prompt"], case["negative_prompt"] or "", **_kwargs(case))).astype(int)
+    assert int(np.abs(got - refs[f"{case['name']}/image"].astype(int)).max()) <= 1
+
+
+def test_no_t5_flag_and_its_refusals(tmp_path: Path, capsys) -> None:
+    from sdrt.cli import main
+    from sdrt.errors import InputError
+
+    register("reference")
+    assert main(["generate", str(SD3), "a cat", "--no-t5", "--steps", "1", "--width", "64", "--height", "64",
+                 "--backend", "reference", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "text_encoder_3: none" in out and "text_encoder_3 (text)" not in out, out
+    with pytest.raises(InputError, match="needs its T5 encoder"):
+        pipelines.load(DATA / "tiny-flux-dev", backend="reference", t5=False)
+    rc = main(["generate", str(DATA / "tiny-flux-dev"), "a cat", "--no-t5", "--steps", "1", "--backend", "reference",
+               "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert rc != 0 and err.count("error:") == 1 and "--no-t5" in err and "Traceback" not in err, err

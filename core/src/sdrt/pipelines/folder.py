@@ -37,11 +37,13 @@ DEFAULT_SCHEDULER: dict[str, Any] = {
 
 
 def no_t5(fam: Any, parts: Mapping[str, Any], where: Path) -> None:
-    """One warning when a family that can run without its T5 encoder (SD3) has none."""
+    """One warning when a family that can run without its T5 encoder (SD3) has none: a single file takes a T5-XXL
+    file beside it; a folder's parts are its own, so there the fix is the folder's text_encoder_3/."""
     if any(e.kind == "t5" and e.part not in parts and e.part in fam.optional for e in fam.encoders):
+        fix = ("add the release's text_encoder_3/ and tokenizer_3/ to the folder" if where.is_dir() else
+               "add one with --text-encoder t5xxl_fp16.safetensors (text_encoders=[...] in pipelines.load)")
         log.warning("%s has no T5 text encoder: %s runs on CLIP-L and CLIP-G alone (T5's states zeros, as diffusers' "
-                    "text_encoder_3=None), and follows long prompts worse; add one with --text-encoder "
-                    "t5xxl_fp16.safetensors", where, fam.label)
+                    "text_encoder_3=None), and follows long prompts worse; %s", where, fam.label, fix)
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
@@ -181,6 +183,8 @@ class ModelFolder:
         fam = by_name(PIPELINE_FAMILY[opened.family])
         own: dict[str, str | os.PathLike[str]] = {}
         for enc in fam.encoders:
+            if enc.part not in opened.parts and enc.part in fam.optional:  # SD3 without T5: no tokenizer_3 either
+                continue
             if has_tokenizer(root / enc.tokenizer, enc.kind):
                 own[enc.tokenizer] = root / enc.tokenizer
             else:
