@@ -363,3 +363,30 @@ def test_diffusers_folder_with_an_empty_text_encoder_3_is_refused(tmp_path):
         f.unlink()
     with pytest.raises(ModelError, match="no text_encoder_3 weights"):
         pipelines.load(root, backend="reference", graph_paths=_graphs(tmp_path))
+
+
+def test_a_diffusion_model_prefix_reads_as_comfyuis(tmp_path):
+    """An SD 3 transformer saved with the bare ``diffusion_model.`` prefix (no ``model.``; some trainers and
+    ComfyUI's model-only saves; the same prefix foreign.PREFIXES reads) is the same model as with ComfyUI's:
+    diffusers' image within 1 level, with the encoders and VAE as separate files."""
+    _, extras, vae = _single_file("bare", tmp_path)
+    f = h.write(tmp_path / "sd3_medium_diffusion_model.safetensors", _stability("diffusion_model."))
+    with pipelines.load(f, backend="reference", text_encoders=extras, vae=vae, graph_paths=_graphs(tmp_path),
+                        tokenizers=_tokenizers(), family="sd3-medium") as pipe:
+        assert pipe.folder.single_file.family == "sd3-medium"
+        assert _diff(pipe, CASES[0]) <= 1
+
+
+@pytest.mark.parametrize("prefix", ["model.diffusion_model.", "diffusion_model.", ""])
+def test_full_size_sd3_medium_is_read_with_any_transformer_prefix(prefix):
+    """Stability's SD 3 Medium transformer at full size, keyed with ComfyUI's prefix, the bare ``diffusion_model.``
+    or none: the keys say SD 3 Medium each time, and every one of its 491 tensors maps onto the shipped graph."""
+    from sdrt.checkpoint.families import detect, identify
+    from sdrt.checkpoint.flow import convert_sd3
+
+    shapes = sd3_medium_shapes(prefix)
+    ident = identify(shapes)
+    assert ident.family == "sd3-medium" and ident.components["transformer"] == prefix, ident
+    assert detect(shapes) == "SD 3"
+    srcs, unknown = convert_sd3(shapes)
+    assert not unknown and len({s.key for s in srcs.values()}) == 491

@@ -212,7 +212,7 @@ def _no_t5(root: Path, index: dict[str, Any]) -> bool:
     A ``text_encoder_3/`` without weights, or one the index names, is an incomplete download and refused."""
     entry = index.get("text_encoder_3", None)
     named = isinstance(entry, list) and any(e is not None for e in entry)
-    return not named and not weight_files(root / "text_encoder_3")
+    return not named and not (root / "text_encoder_3").is_dir()  # asked only when it holds no weights
 
 
 def _open(files: list[Path], part: str) -> Weights:
