@@ -390,3 +390,21 @@ def test_full_size_sd3_medium_is_read_with_any_transformer_prefix(prefix):
     assert detect(shapes) == "SD 3"
     srcs, unknown = convert_sd3(shapes)
     assert not unknown and len({s.key for s in srcs.values()}) == 491
+
+
+def test_full_size_incl_clips_without_t5_is_complete(tmp_path):
+    """Full-size sd3_medium_incl_clips.safetensors (sparse): transformer, VAE, CLIP-L and CLIP-G, no T5. It opens
+    without a T5 file (no refusal), every tensor binds, no text_encoder_3 part; the server's scan (missing_parts)
+    takes it as a whole model, while the transformer alone still lacks its CLIPs and VAE (and T5 is not named)."""
+    from sdrt.pipelines.singlefile import missing_parts
+
+    shapes = {k: (v, "F16") for k, v in {**sd3_medium_shapes(), **_ldm_vae_shapes()}.items()}
+    for enc, graph in (("clip_l", "clip_l_proj"), ("clip_g", "clip_g")):
+        shapes.update({k: (v, "F16") for k, v in _clip_shapes(graph, f"text_encoders.{enc}.transformer.").items()})
+    f = h.sparse(tmp_path / "sd3_medium_incl_clips.safetensors", shapes)
+    m = open_single_file(f)
+    assert m.family == "sd3-medium" and set(m.parts) == {"transformer", "text_encoder", "text_encoder_2",
+                                                         "vae_decoder", "vae_encoder"}
+    assert missing_parts(f) is None
+    bare = h.sparse(tmp_path / "sd3_medium.safetensors", {k: (v, "F16") for k, v in sd3_medium_shapes().items()})
+    assert "lacks" in (missing_parts(bare) or "") and "T5" not in missing_parts(bare)
