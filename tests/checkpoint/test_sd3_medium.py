@@ -299,3 +299,112 @@ def test_a_flux_control_lora_on_sd3_medium_is_refused_in_one_line(folder, tmp_pa
         with pytest.raises(WeightsError, match="truncated or corrupt file") as e:
             pipe.set_loras([(cut, 1.0)])
         assert "\n" not in str(e.value) and not pipe.weights.loras
+
+
+
+# -- SD 3 Medium without T5 (diffusers' text_encoder_3=None; scripts/gen_sd3_not5_refs.py) ---------------------
+NOT5 = json.loads((MED / "refs_not5.json").read_text())
+NOT5_REFS = np.load(MED / "refs_not5.npz")
+
+
+def _diff_not5(pipe, case: dict) -> int:
+    got = np.stack(pipe(case["prompt"], case["negative_prompt"] or "", **_kwargs(case))).astype(int)
+    want = NOT5_REFS[f"{case['name']}/image"].astype(int)
+    assert got.shape == want.shape
+    return int(np.abs(got - want).max())
+
+
+def test_stability_incl_clips_without_t5_gives_diffusers_image(tmp_path, caplog):
+    """sd3_medium_incl_clips.safetensors on its own (its T5 not in it, no t5xxl file given): it loads with one
+    warning instead of a refusal, the plan names the missing T5, and the image is diffusers' with
+    text_encoder_3=None within 1 level (T5's states zeros [1, max_sequence_length, joint width])."""
+    from safetensors.numpy import load_file
+
+    f, _, _ = _single_file("incl_clips", tmp_path)
+    main = {k: v for k, v in load_file(str(f)).items() if not k.startswith("text_encoders.t5xxl.")}
+    f = h.write(tmp_path / "sd3_medium_incl_clips_no_t5.safetensors", main)
+    caplog.set_level(logging.WARNING)
+    with pipelines.load(f, backend="reference", graph_paths=_graphs(tmp_path), tokenizers=_tokenizers(),
+                        family="sd3-medium") as pipe:
+        assert "text_encoder_3" not in pipe.folder.single_file.parts
+        hidden = pipe.prompts.encode("a cat", 1, max_length=16).hidden
+        assert hidden.shape[:2] == (1, 77 + 16) and not hidden[:, 77:].any() and hidden[:, :77].any()
+        plan = pipe.plan("a cat", steps=1, width=64, height=64).format()
+        assert "text_encoder_3: none (no T5 text encoder)" in plan and "text_encoder_3 " not in plan, plan
+        for case in NOT5:
+            assert _diff_not5(pipe, case) <= 1, case["name"]
+    assert caplog.text.count("no T5 text encoder") == 1, caplog.text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_diffusers_folder_without_t5_gives_diffusers_image(backend, tmp_path):
+    """A stable-diffusion-3-medium-diffusers folder saved by diffusers with text_encoder_3=None: model_index.json
+    names [null, null], no text_encoder_3/ or tokenizer_3/; diffusers' image within 1 level, and the same case
+    with T5 (the fixture's own reference) is another image."""
+    root = _diffusers_folder(tmp_path / "sd3-medium-no-t5")
+    shutil.rmtree(root / "text_encoder_3")
+    shutil.rmtree(root / "tokenizer_3")
+    index = json.loads((root / "model_index.json").read_text())
+    (root / "model_index.json").write_text(json.dumps({**index, "text_encoder_3": [None, None],
+                                                       "tokenizer_3": [None, None]}))
+    with pipelines.load(root, backend=backend, graph_paths=_graphs(tmp_path)) as pipe:
+        assert pipe.folder.single_file.family == "sd3-medium" and "text_encoder_3" not in pipe.folder.parts
+        for case in NOT5:
+            assert _diff_not5(pipe, case) <= 1, f"{backend} {case['name']}"
+    case = NOT5[0]
+    with_t5 = next(c for c in CASES if c["name"].split("/", 1)[1] == case["name"].split("/", 1)[1])
+    assert np.abs(REFS[f"{with_t5['name']}/image"].astype(int) - NOT5_REFS[f"{case['name']}/image"]).mean() > 3
+
+
+def test_diffusers_folder_with_an_empty_text_encoder_3_is_refused(tmp_path):
+    """A text_encoder_3/ without weights is an incomplete download, not a model without T5: refused in one line."""
+    root = _diffusers_folder(tmp_path / "sd3-medium-broken")
+    for f in (root / "text_encoder_3").glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(ModelError, match="no text_encoder_3 weights"):
+        pipelines.load(root, backend="reference", graph_paths=_graphs(tmp_path))
+
+
+def test_a_diffusion_model_prefix_reads_as_comfyuis(tmp_path):
+    """An SD 3 transformer saved with the bare ``diffusion_model.`` prefix (no ``model.``; some trainers and
+    ComfyUI's model-only saves; the same prefix foreign.PREFIXES reads) is the same model as with ComfyUI's:
+    diffusers' image within 1 level, with the encoders and VAE as separate files."""
+    _, extras, vae = _single_file("bare", tmp_path)
+    f = h.write(tmp_path / "sd3_medium_diffusion_model.safetensors", _stability("diffusion_model."))
+    with pipelines.load(f, backend="reference", text_encoders=extras, vae=vae, graph_paths=_graphs(tmp_path),
+                        tokenizers=_tokenizers(), family="sd3-medium") as pipe:
+        assert pipe.folder.single_file.family == "sd3-medium"
+        assert _diff(pipe, CASES[0]) <= 1
+
+
+@pytest.mark.parametrize("prefix", ["model.diffusion_model.", "diffusion_model.", ""])
+def test_full_size_sd3_medium_is_read_with_any_transformer_prefix(prefix):
+    """Stability's SD 3 Medium transformer at full size, keyed with ComfyUI's prefix, the bare ``diffusion_model.``
+    or none: the keys say SD 3 Medium each time, and every one of its 491 tensors maps onto the shipped graph."""
+    from sdrt.checkpoint.families import detect, identify
+    from sdrt.checkpoint.flow import convert_sd3
+
+    shapes = sd3_medium_shapes(prefix)
+    ident = identify(shapes)
+    assert ident.family == "sd3-medium" and ident.components["transformer"] == prefix, ident
+    assert detect(shapes) == "SD 3"
+    srcs, unknown = convert_sd3(shapes)
+    assert not unknown and len({s.key for s in srcs.values()}) == 491
+
+
+def test_full_size_incl_clips_without_t5_is_complete(tmp_path):
+    """Full-size sd3_medium_incl_clips.safetensors (sparse): transformer, VAE, CLIP-L and CLIP-G, no T5. It opens
+    without a T5 file (no refusal), every tensor binds, no text_encoder_3 part; the server's scan (missing_parts)
+    takes it as a whole model, while the transformer alone still lacks its CLIPs and VAE (and T5 is not named)."""
+    from sdrt.pipelines.singlefile import missing_parts
+
+    shapes = {k: (v, "F16") for k, v in {**sd3_medium_shapes(), **_ldm_vae_shapes()}.items()}
+    for enc, graph in (("clip_l", "clip_l_proj"), ("clip_g", "clip_g")):
+        shapes.update({k: (v, "F16") for k, v in _clip_shapes(graph, f"text_encoders.{enc}.transformer.").items()})
+    f = h.sparse(tmp_path / "sd3_medium_incl_clips.safetensors", shapes)
+    m = open_single_file(f)
+    assert m.family == "sd3-medium" and set(m.parts) == {"transformer", "text_encoder", "text_encoder_2",
+                                                         "vae_decoder", "vae_encoder"}
+    assert missing_parts(f) is None
+    bare = h.sparse(tmp_path / "sd3_medium.safetensors", {k: (v, "F16") for k, v in sd3_medium_shapes().items()})
+    assert "lacks" in (missing_parts(bare) or "") and "T5" not in missing_parts(bare)

@@ -206,6 +206,15 @@ def refuse_foreign(root: Path, index: dict[str, Any]) -> None:
                          fix=f"sdrt runs folders of {RUNS}: pass one of those")
 
 
+def _no_t5(root: Path, index: dict[str, Any]) -> bool:
+    """Whether an SD3 folder is meant to run without T5: ``model_index.json`` names none (``"text_encoder_3":
+    [null, null]``, as diffusers saves ``text_encoder_3=None``), or names none and has no ``text_encoder_3/``.
+    A ``text_encoder_3/`` without weights, or one the index names, is an incomplete download and refused."""
+    entry = index.get("text_encoder_3", None)
+    named = isinstance(entry, list) and any(e is not None for e in entry)
+    return not named and not (root / "text_encoder_3").is_dir()  # asked only when it holds no weights
+
+
 def _open(files: list[Path], part: str) -> Weights:
     try:
         return Weights.open(files)
@@ -285,6 +294,8 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
             if not pf:
                 if part == "vae_encoder":
                     continue
+                if part == "text_encoder_3" and fam.startswith("sd3") and _no_t5(root, index):
+                    continue  # SD 3 without T5 (diffusers' text_encoder_3=None): zeros in its place, one warning
                 what = "the denoiser" if sub in DENOISERS else PART_KINDS.get(graph_kind(gname), sub)
                 raise ModelNotFoundError(f"the diffusers folder has no {sub} weights ({LABELS[fam]} needs {what})",
                                          where=str(root / sub), fix=f"download {sub}/ with its .safetensors")

@@ -19,9 +19,10 @@ def detect(shapes: Shapes) -> str:
     def has(prefix: str) -> bool:
         return any(k.startswith(prefix) for k in keys)
 
-    if has("model.diffusion_model.joint_blocks.") or has("text_encoders.clip_g."):
+    if has("model.diffusion_model.joint_blocks.") or has("diffusion_model.joint_blocks.") or has("joint_blocks.") \
+            or has("text_encoders.clip_g."):
         fam = "SD 3"
-    elif has("model.diffusion_model.double_blocks.") or has("double_blocks."):
+    elif has("model.diffusion_model.double_blocks.") or has("diffusion_model.double_blocks.") or has("double_blocks."):
         fam = "Flux"
     elif has("conditioner.embedders.1.model."):
         fam = "SDXL base"
@@ -181,7 +182,8 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
         return any(k.startswith(p) for k in keys)
 
     comps: dict[str, str] = {}
-    flow_prefix = "model.diffusion_model." if has("model.diffusion_model.") else ""
+    # ComfyUI's prefix, the bare "diffusion_model." some trainers save (as foreign.PREFIXES reads), or none
+    flow_prefix = next((p for p in ("model.diffusion_model.", "diffusion_model.") if has(p)), "")
     fam: str | None = None
     if has(flow_prefix + "joint_blocks."):
         width = _width(shapes, flow_prefix + "context_embedder.bias") or 0

@@ -405,6 +405,8 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
                              f"needs {PART_KINDS[graph_kind(graphs[part])]}", where=str(f.path),
                              fix="pass the right part as an extra file (--vae / --text-encoder)")
     missing = [p for p in wanted if p not in chosen and p != "vae_encoder"]
+    if fam.startswith("sd3") and "text_encoder_3" in missing:  # SD 3 without T5 (sd3_medium_incl_clips): zeros
+        missing.remove("text_encoder_3")  # in its place, as diffusers' text_encoder_3=None; the pipeline warns
     if missing:
         kinds = [PART_KINDS[graph_kind(graphs[p])] for p in missing]
         flags = " ".join(f"--{'vae' if p.startswith('vae') else 'text-encoder'} FILE" for p in missing)

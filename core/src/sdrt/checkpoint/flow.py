@@ -29,10 +29,16 @@ PREFIX = "model.diffusion_model."
 Shapes = Mapping[str, tuple[int, ...]]
 
 
+#: the prefixes a transformer's keys may carry: ComfyUI's, and the bare one some trainers save (none: BFL's files)
+PREFIXES = (PREFIX, "diffusion_model.")
+
+
 def strip_prefix(shapes: Shapes) -> tuple[dict[str, str], str]:
-    """``({relative key: full key}, prefix)`` for a transformer's keys (ComfyUI's prefix or none)."""
-    if any(k.startswith(PREFIX) for k in shapes):
-        return {k[len(PREFIX):]: k for k in shapes if k.startswith(PREFIX)}, PREFIX
+    """``({relative key: full key}, prefix)`` for a transformer's keys (ComfyUI's prefix, ``diffusion_model.``
+    or none)."""
+    for prefix in PREFIXES:
+        if any(k.startswith(prefix) for k in shapes):
+            return {k[len(prefix):]: k for k in shapes if k.startswith(prefix)}, prefix
     return {k: k for k in shapes}, ""
 
 

@@ -17,7 +17,8 @@ log = logging.getLogger("sdrt.cli")
 #: the API's argument names that are not the dest of a flag of the same name (``sdrt.cli.flag_names``)
 API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "args": "MODEL", "path": "--output",
              "loras": "--lora", "scale": "the scale of --lora FILE:SCALE", "text_encoders": "--text-encoder",
-             "preview": "--preview-decoder", "controlnets": "--control-image", "union_mode": "--control-union-mode"}
+             "preview": "--preview-decoder", "controlnets": "--control-image", "union_mode": "--control-union-mode",
+             "t5": "--no-t5"}
 
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)

@@ -30,6 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--text-encoder", action="append", default=[], metavar="FILE", dest="text_encoders",
                    help="a text-encoder file (clip_l, clip_g, t5xxl_fp16.safetensors, ...), repeatable; which encoder "
                         "it is comes from its tensors; fills or replaces that encoder (on an ONNX folder too)")
+    g.add_argument("--no-t5", action="store_false", dest="t5", default=True,
+                   help="SD 3 / 3.5: run without the T5-XXL text encoder even when the model has one (CLIP-L and "
+                        "CLIP-G alone, T5's states zeros, as diffusers' text_encoder_3=None): less memory, worse "
+                        "prompt following")
     g.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]", help="a LoRA, repeatable (scale 1)")
     g.add_argument("--lora-dir", default=None, metavar="DIR", help="where <lora:name:scale> in the prompt finds "
                    "name.safetensors (or name.pt, name.ckpt)")
@@ -56,6 +60,7 @@ class WeightArgs:
     found_embeddings: list[Path] = field(default_factory=list)
     low_memory: bool | None = None
     vae_tile: int | None = None
+    t5: bool = True
 
 
 def _existing(value: str, what: str, flag: str, *, folder: bool = False) -> Path:
@@ -123,7 +128,7 @@ def parse_lora(spec: str) -> tuple[Path, float]:
 
 def check(args: argparse.Namespace) -> WeightArgs:
     """The options, checked; raises ``InputError`` naming the flag."""
-    out = WeightArgs(low_memory=args.low_memory, vae_tile=args.vae_tile)
+    out = WeightArgs(low_memory=args.low_memory, vae_tile=args.vae_tile, t5=getattr(args, "t5", True))
     if args.weights:
         out.weights = _readable(_existing(args.weights, "checkpoint", "--weights"), "--weights")
     if args.vae:
@@ -147,7 +152,8 @@ def check(args: argparse.Namespace) -> WeightArgs:
 
 def pipeline_options(w: WeightArgs) -> dict[str, Any]:
     """``pipelines.load`` keywords: memory options, and the separate VAE / text-encoder files."""
-    return {"low_memory": w.low_memory, "vae_tile": w.vae_tile, "vae": w.vae, "text_encoders": w.text_encoders}
+    return {"low_memory": w.low_memory, "vae_tile": w.vae_tile, "vae": w.vae, "text_encoders": w.text_encoders,
+            **({} if w.t5 else {"t5": False})}
 
 
 def apply(pipe: Any, w: WeightArgs, prompts: tuple[str, str | None] = ("", None)) -> None:

@@ -36,6 +36,16 @@ DEFAULT_SCHEDULER: dict[str, Any] = {
 }
 
 
+def no_t5(fam: Any, parts: Mapping[str, Any], where: Path) -> None:
+    """One warning when a family that can run without its T5 encoder (SD3) has none: a single file takes a T5-XXL
+    file beside it; a folder's parts are its own, so there the fix is the folder's text_encoder_3/."""
+    if any(e.kind == "t5" and e.part not in parts and e.part in fam.optional for e in fam.encoders):
+        fix = ("add the release's text_encoder_3/ and tokenizer_3/ to the folder" if where.is_dir() else
+               "add one with --text-encoder t5xxl_fp16.safetensors (text_encoders=[...] in pipelines.load)")
+        log.warning("%s has no T5 text encoder: %s runs on CLIP-L and CLIP-G alone (T5's states zeros, as diffusers' "
+                    "text_encoder_3=None), and follows long prompts worse; %s", where, fam.label, fix)
+
+
 def read_json(path: Path, what: str) -> dict[str, Any]:
     """A model folder's JSON file as a dict, or one ``ModelError`` naming the file and what is wrong with it."""
     try:
@@ -150,6 +160,7 @@ class ModelFolder:
         folder = cls(opened.path, {}, fam.name, {p: g for p, (g, _) in opened.parts.items()}, configs, toks,
                      opened.scheduler_config(), fam, weights={p: w for p, (_, w) in opened.parts.items()},
                      single_file=opened, vae_file=vae_file)
+        no_t5(fam, opened.parts, opened.path)
         folder.prediction  # noqa: B018 - validates prediction_type now, before any model loads
         log.info("%s: %s (%s-prediction), shipped graphs for %s", opened.path.name, fam.name, folder.prediction,
                  ", ".join(folder.parts))
@@ -172,6 +183,8 @@ class ModelFolder:
         fam = by_name(PIPELINE_FAMILY[opened.family])
         own: dict[str, str | os.PathLike[str]] = {}
         for enc in fam.encoders:
+            if enc.part not in opened.parts and enc.part in fam.optional:  # SD3 without T5: no tokenizer_3 either
+                continue
             if has_tokenizer(root / enc.tokenizer, enc.kind):
                 own[enc.tokenizer] = root / enc.tokenizer
             else:
@@ -244,9 +257,11 @@ class ModelFolder:
                 where=", ".join(str(root / p / "model.onnx") for p in missing),
                 fix="export every part (optimum-cli export onnx --model ID FOLDER), or point at the right folder",
             )
+        no_t5(fam, parts, root)
         tokenizers: dict[str, Path] = {}
         kinds = {e.tokenizer: e.kind for e in fam.encoders}
-        for tok in dict.fromkeys(e.tokenizer for e in fam.encoders):
+        absent = {e.tokenizer for e in fam.encoders if e.part not in parts and e.part in fam.optional}
+        for tok in dict.fromkeys(e.tokenizer for e in fam.encoders if e.tokenizer not in absent):
             folder = root / tok
             if kinds[tok] == "t5":
                 if not any((folder / f).is_file() for f in ("tokenizer.json", "spiece.model")):

@@ -1319,7 +1319,7 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
          vae: str | os.PathLike[str] | None = None, text_encoders: Any = (),
          graph_paths: Mapping[str, str | os.PathLike[str]] | None = None,
          tokenizers: Mapping[str, str | os.PathLike[str]] | None = None, prediction: str | None = None,
-         family: str | None = None, **options: Any) -> Pipeline:
+         family: str | None = None, t5: bool = True, **options: Any) -> Pipeline:
     """Open a model; the parts compile on first use, per shape.
 
     ``model``: a diffusers/Optimum ONNX model folder, or a single-file ``.safetensors`` checkpoint (A1111/LDM
@@ -1330,6 +1330,8 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     they replace the weights of its own VAE / text encoders.
     A diffusers folder of ``.safetensors`` (``unet/`` or ``transformer/``, ``text_encoder*/``, ``vae/``, no ONNX
     parts) runs on the shipped graphs too, with its own scheduler, tokenizers and VAE scaling.
+    ``t5=False`` (SD 3 / 3.5): run without the T5-XXL encoder even when the model has one (its states zeros, as
+    diffusers' ``text_encoder_3=None``; the T5 part is not loaded). A model without T5 runs so anyway, with a warning.
     Advanced, single files and diffusers folders only: ``graph_paths={part: .onnx}`` binds onto other weight-free graphs than the
     shipped ones (same parameter names), ``tokenizers={"tokenizer": folder, ...}`` replaces the release's,
     ``prediction="epsilon"|"v_prediction"`` overrides what the file implies, ``family="flux-dev"`` (a key of
@@ -1346,7 +1348,7 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if is_single_file(model):
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
                                   prediction=prediction, family=family)
-        pipe = Pipeline(folder, backend=be.name, device=dev, **options)
+        pipe = Pipeline(_without_t5(folder, t5), backend=be.name, device=dev, **options)
         if vae is not None or text_encoders:
             note_part_files(pipe, [*([vae] if vae is not None else []), *text_encoders])
         return pipe
@@ -1355,7 +1357,7 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if is_diffusers_folder(model):  # .safetensors parts and no ONNX: onto the shipped graphs
         folder = ModelFolder.from_diffusers(model, graph_paths=graph_paths, tokenizers=tokenizers,
                                             prediction=prediction)
-        pipe = Pipeline(folder, backend=be.name, device=dev, **options)
+        pipe = Pipeline(_without_t5(folder, t5), backend=be.name, device=dev, **options)
         if vae is not None or text_encoders:
             bind_part_files(pipe, vae, text_encoders)
         return pipe
@@ -1365,14 +1367,34 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
         raise InputError(f"{', '.join(advanced)} applies to a single-file checkpoint or a diffusers folder of "
                          f".safetensors, and {model} is an ONNX model folder",
                          where=next(iter(advanced)), fix="leave it unset for a folder")
-    pipe = Pipeline(ModelFolder.open(model), backend=be.name, device=dev, **options)
+    pipe = Pipeline(_without_t5(ModelFolder.open(model), t5), backend=be.name, device=dev, **options)
     if vae is not None or text_encoders:
         bind_part_files(pipe, vae, text_encoders)
     return pipe
 
 
+def _without_t5(folder: ModelFolder, t5: Any) -> ModelFolder:
+    """``t5=False``: the folder without its T5 part (SD3, whose T5 is optional), so it is neither loaded nor
+    counted in the memory plan; T5's states are zeros (``textcond.ZeroT5``)."""
+    if t5 is True:
+        return folder
+    fam = folder.family_class
+    if t5 is not False:
+        raise InputError(f"t5 must be True or False, got {t5!r}", where="t5", fix="pass t5=False to run without T5")
+    parts = [e.part for e in fam.encoders if e.kind == "t5"]
+    if not parts or any(p not in fam.optional for p in parts):
+        raise InputError(f"t5=False (--no-t5) runs SD 3 / 3.5 without T5-XXL, and {fam.label} "
+                         + ("has no T5 encoder" if not parts else "needs its T5 encoder"), where="t5",
+                         fix="leave T5 on for this model (drop --no-t5 / t5=False)")
+    import dataclasses
+
+    log.info("%s: T5 left out (t5=False): %s runs on its CLIP encoders alone", folder.path.name, fam.label)
+    return dataclasses.replace(folder, parts={k: v for k, v in folder.parts.items() if k not in parts},
+                               weights={k: v for k, v in folder.weights.items() if k not in parts})
+
+
 #: load's keywords besides the backend's options (Pipeline's own: low_memory ... quantize)
-LOAD_KEYWORDS = ("backend", "device", "vae", "text_encoders", "graph_paths", "tokenizers", "prediction", "family",
+LOAD_KEYWORDS = ("backend", "device", "vae", "text_encoders", "graph_paths", "tokenizers", "prediction", "family", "t5",
                  "low_memory", "vae_tile", "memory", "share_blocks", "placement", "quantize")
 _PIPELINE_OPTIONS = frozenset(("low_memory", "vae_tile", "memory", "share_blocks", "placement", "quantize"))
 #: what a keyword that load does not take is done with instead

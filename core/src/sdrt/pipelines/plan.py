@@ -176,6 +176,11 @@ def _stored_notes(pipe: Pipeline) -> list[str]:
     dequantized, so the plan says so where the file's precision would otherwise not show."""
     opened = getattr(getattr(pipe, "folder", None), "single_file", None)
     out = []
+    fam = pipe.family
+    for e in fam.encoders:  # SD3 without T5: the part that is not there, and what stands for it
+        if e.kind == "t5" and e.part not in pipe._parts and e.part in fam.optional:
+            out.append(f"{e.part}: none (no T5 text encoder): T5's states are zeros after CLIP's, as diffusers' "
+                       "text_encoder_3=None")
     for part, types in sorted((getattr(opened, "dtypes", None) or {}).items()):
         packed = sorted(t for t in types if t in PACKED)
         if packed:

@@ -129,7 +129,8 @@ def missing_parts(path: PathLike) -> str | None:
     if ident.family is None:
         return f"it is {ident.label}, not a model"
     have = {"vae_decoder" if c == "vae" else c for c in ident.components}
-    lack = [p for p in FAMILY_GRAPHS[ident.family] if p != "vae_encoder" and p not in have]
+    optional = {"vae_encoder", *(("text_encoder_3",) if ident.family.startswith("sd3") else ())}  # SD3: T5 too
+    lack = [p for p in FAMILY_GRAPHS[ident.family] if p not in optional and p not in have]
     if lack:
         kinds = ", ".join(dict.fromkeys(PART_KINDS[graph_kind(FAMILY_GRAPHS[ident.family][p])] for p in lack))
         return f"it is {ident.label} and lacks {kinds}"  # PART_KINDS carry their article: "a CLIP-L text encoder"

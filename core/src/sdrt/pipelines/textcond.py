@@ -87,6 +87,20 @@ class T5Encoder:
         return np.asarray(mask)
 
 
+class ZeroT5:
+    """No T5 encoder (SD 3 without T5-XXL, diffusers' ``text_encoder_3=None``): T5's states are zeros
+    ``[1, max_length, width]`` (``width``: the transformer's ``joint_attention_dim``), for the prompt and the
+    negative prompt alike, as ``StableDiffusion3Pipeline._get_t5_prompt_embeds`` gives them."""
+
+    part = None
+
+    def __init__(self, width: int) -> None:
+        self.width = int(width)
+
+    def encode(self, prompt: str, max_length: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros((1, max_length, self.width), np.float32), np.ones((1, max_length), np.int64)
+
+
 #: ``join(clip conditioning or None, T5 states [1, L, D], tokenizer mask [1, L]) -> FlowConditioning``
 Join = Callable[[Conditioning | None, np.ndarray, np.ndarray], FlowConditioning]
 
@@ -94,13 +108,13 @@ Join = Callable[[Conditioning | None, np.ndarray, np.ndarray], FlowConditioning]
 class TextConditioner:
     """CLIP chunks (A1111 syntax) and T5's sequence, joined by the family; caches the last few prompts."""
 
-    def __init__(self, clip: PromptEncoder | None, t5: T5Encoder, join: Join, max_length: int) -> None:
+    def __init__(self, clip: PromptEncoder | None, t5: T5Encoder | ZeroT5, join: Join, max_length: int) -> None:
         self.clip, self.t5, self.join, self.max_length = clip, t5, join, max_length
         self._cache: dict[tuple[str, int, int], FlowConditioning] = {}
 
     @property
     def encoders(self) -> list[Any]:
-        return [*(self.clip.encoders if self.clip is not None else []), self.t5]
+        return [*(self.clip.encoders if self.clip is not None else []), *([] if self.t5.part is None else [self.t5])]
 
     def _length(self, max_length: int | None) -> int:
         return int(max_length or self.max_length)

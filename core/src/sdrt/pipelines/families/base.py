@@ -171,9 +171,14 @@ class Family:
         from ..textcond import T5Encoder, TextConditioner
 
         enc = t5[0]
-        return TextConditioner(PromptEncoder(clips) if clips else None,
-                               T5Encoder(tokenizers[enc.tokenizer], parts[enc.part], mask=enc.mask),
-                               self.join_text, self.default_max_length)
+        encoder = (T5Encoder(tokenizers[enc.tokenizer], parts[enc.part], mask=enc.mask) if enc.part in parts
+                   else self.missing_t5(parts))
+        return TextConditioner(PromptEncoder(clips) if clips else None, encoder, self.join_text,
+                               self.default_max_length)
+
+    def missing_t5(self, parts: Mapping[str, Part]) -> Any:
+        """What stands for the T5 encoder when the model has none (SD3: zeros); others cannot run without it."""
+        raise NotImplementedError(f"{self.name} cannot run without its T5 encoder")
 
     @property
     def default_max_length(self) -> int:

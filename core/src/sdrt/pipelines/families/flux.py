@@ -77,7 +77,10 @@ class Flux(Family):
 
     @classmethod
     def matches(cls, parts: set[str], configs: Mapping[str, Mapping[str, Any]], tokenizers: Path) -> bool:
-        return {"transformer", "text_encoder_2"} <= parts and "text_encoder_3" not in parts
+        from .sd3 import is_sd3_transformer
+
+        return {"transformer", "text_encoder_2"} <= parts and "text_encoder_3" not in parts \
+            and not is_sd3_transformer(configs)
 
     @property
     def default_max_length(self) -> int:
