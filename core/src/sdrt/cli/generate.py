@@ -144,16 +144,14 @@ def _flow_label(model: Path) -> str | None:
 def _check_flow_size(model: str | None, args: argparse.Namespace) -> None:
     """--width/--height not a multiple of 16 on an SD3/Flux/Chroma model (VAE 8 x patch 2), refused before the
     model loads when its family is known from the file (the pipeline refuses it too, after the load)."""
-    odd = [(f, v) for f, v in (("width", args.width), ("height", args.height)) if v is not None and v % 16]
-    if not odd or model is None:
+    if model is None or not ((args.width or 0) % 16 or (args.height or 0) % 16):
         return
+    from ..pipelines.pipeline import flow_size_error
+
     label = _flow_label(Path(model))
-    if label is None:
-        return
-    where, value = odd[0]
-    down = value - value % 16
-    raise InputError(f"{{@{where}}} {value} is not a multiple of 16, which {label} needs (VAE 8 x patch 2)",
-                     where=where, fix=f"use {down} or {down + 16}" if down else "use 16")
+    error = None if label is None else flow_size_error(args.width, args.height, label)
+    if error is not None:
+        raise error
 
 
 def _split_args(words: list[str]) -> tuple[str | None, str]:

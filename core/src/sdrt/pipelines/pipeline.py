@@ -804,16 +804,12 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                              "({@resize_mode})" if source == "init_image" else
                              "pass a smaller {@hires_scale} or {@width} and {@height}")
         if self.family.flow and (s.width % 16 or s.height % 16):  # 8 (VAE) x 2 (patch)
-            where = "width" if s.width % 16 else "height"
-            value = s.width if s.width % 16 else s.height
             if source is not None:  # the size came from the init image or the hires scale, not from width/height
                 raise InputError(f"the {'init image' if source == 'init_image' else 'hires pass'} is "
                                  f"{s.width}x{s.height}, and {self.family.label} needs multiples of 16 (VAE 8 x "
                                  "patch 2)", where=source,
                                  fix=f"make it {s.width - s.width % 16}x{s.height - s.height % 16}")
-            down = value - value % 16
-            raise InputError(f"{where} {value} is not a multiple of 16, which {self.family.label} needs (VAE 8 x "
-                             "patch 2)", where=where, fix=f"use {down} or {down + 16}" if down else "use 16")
+            raise flow_size_error(s.width, s.height, self.family.label)  # type: ignore[misc]
         shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
         wrong = self.family.size_error(shape, s.width, s.height)
         if wrong is not None:
@@ -1371,6 +1367,18 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if vae is not None or text_encoders:
         bind_part_files(pipe, vae, text_encoders)
     return pipe
+
+
+def flow_size_error(width: int | None, height: int | None, label: str) -> InputError | None:
+    """A width or height (the first, width before height) that is not a multiple of 16, which a flow model
+    (``label``: SD3, Flux.1, Chroma) needs (VAE 8 x patch 2), as an error naming the argument; else None."""
+    where, value = next(((w, v) for w, v in (("width", width), ("height", height)) if v is not None and v % 16),
+                        (None, 0))
+    if where is None:
+        return None
+    down = value - value % 16
+    return InputError(f"{{@{where}}} {value} is not a multiple of 16, which {label} needs (VAE 8 x patch 2)",
+                      where=where, fix=f"use {down} or {down + 16}" if down else "use 16")
 
 
 def _without_t5(folder: ModelFolder, t5: Any) -> ModelFolder:
