@@ -302,6 +302,13 @@ class WeightState:
             self._want_graph = fluxcontrollora.widened_graph(plain)  # type: ignore[arg-type]
         if not active:
             return out
+        graphs: dict[str, Graph] = {}  # per part, read once for every LoRA routed to it (a widened twin is loaded)
+
+        def graph_of(part: str) -> Graph:
+            if part not in graphs:
+                graphs[part] = self._denoiser_graph(part)
+            return graphs[part]
+
         routed: dict[str, list[tuple[Lora, float]]] = {}
         unrouted: list[str] = []
         for a in active:
@@ -319,7 +326,7 @@ class WeightState:
             for part, layers in by_part.items():
                 sub = Lora(layers, a.lora.format, a.lora.source)
                 if part == "transformer":  # Black Forest Labs' / Stability's fused layers, split as the graph has them
-                    sub = transformer_lora(sub, self._denoiser_graph(part))
+                    sub = transformer_lora(sub, graph_of(part))
                 routed.setdefault(part, []).append((sub, a.scale))
         if unrouted:
             fams = {f for a in active if (f := lora_family(a.lora.layers)) is not None}
@@ -332,7 +339,7 @@ class WeightState:
                                "keys, SDXL's lora_te1_/lora_te2_, SD 3.x/Flux/Chroma's transformer. or "
                                "lora_unet_double_blocks_ keys)")
         for part, pairs in routed.items():
-            graph = self._denoiser_graph(part)
+            graph = graph_of(part)
             base = self._weights(part, self.base.get(part, {}))
             padded: dict[str, np.ndarray] = {}
             if part == "transformer" and self._want_graph is not None:  # dev's img_in, zeros on the control inputs
