@@ -9,21 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from test_cli_outputs import relu_model  # the same tiny graph and input
 
 from sdrt.cli import main
 from sdrt.pipelines.png import write_png
-
-
-def relu_model(path):
-    w = numpy_helper.from_array(np.ones(2, np.float32), "w")
-    g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
-                          "relu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [w])
-    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
-    np.save(path.parent / "x.npy", np.array([-1, 2], np.float32))
-    return path
-
 
 UPSCALER = Path(__file__).resolve().parents[1] / "data" / "upscalers" / "compact_x4.safetensors"
 
