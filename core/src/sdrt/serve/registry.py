@@ -100,27 +100,18 @@ def _foreign_folder(folder: Path) -> str | None:
     return foreign_folder(folder, index if isinstance(index, dict) else {})
 
 
-def _broken_index(folder: Path) -> str | None:
-    """Why a folder's ``model_index.json`` cannot be read (not JSON, not an object, unreadable), in the words
-    ``pipelines.load`` would fail with, or None."""
+def _unloadable(folder: Path, what: str) -> str | None:
+    """Why ``pipelines.load`` would fail on the folder, in its words, or None. ``what``: ``"index"`` reads
+    ``model_index.json`` alone (not JSON, not an object, unreadable); ``"parts"`` opens the ONNX folder's layout
+    (a part or a tokenizer missing). Reads JSON files and the layout only: nothing is compiled."""
     from ..errors import ModelError
-    from ..pipelines.folder import read_json
+    from ..pipelines.folder import ModelFolder, read_json
 
     try:
-        read_json(folder / "model_index.json", "model_index.json")
-    except ModelError as exc:
-        return f"{exc.what} ({exc.fix})"
-    return None
-
-
-def _incomplete(folder: Path) -> str | None:
-    """Why an ONNX model folder cannot load (a part or a tokenizer missing), in ``pipelines.load``'s words, or None.
-    Reads the folder's layout and JSON files only: nothing is compiled."""
-    from ..errors import ModelError
-    from ..pipelines.folder import ModelFolder
-
-    try:
-        ModelFolder.open(folder)
+        if what == "index":
+            read_json(folder / "model_index.json", "model_index.json")
+        else:
+            ModelFolder.open(folder)
     except ModelError as exc:
         return f"{exc.what} ({exc.fix})"
     return None
@@ -193,7 +184,7 @@ class Registry:
         found: dict[str, ModelEntry] = {}
         skipped: dict[str, str] = {}  # name -> why it is not served (a 400 naming it when a request asks for it)
         for folder in self._folders():
-            broken = _broken_index(folder)
+            broken = _unloadable(folder, "index")
             if broken:  # loading it would fail every request naming it: not listed, and a 400 says why
                 log.warning("not serving %s: %s", folder, broken)
                 skipped[folder.name] = broken
@@ -217,7 +208,7 @@ class Registry:
                                 "diffusers .safetensors", folder)
                     continue
                 unet = denoiser
-            incomplete = _incomplete(folder)
+            incomplete = _unloadable(folder, "parts")
             if incomplete:  # a part missing (an export that failed): every request naming it would fail with a 500
                 log.warning("not serving %s: %s", folder, incomplete)
                 skipped[folder.name] = incomplete
