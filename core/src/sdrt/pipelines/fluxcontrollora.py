@@ -131,28 +131,32 @@ def widen(model: Any, where: str, width: int = WIDTH) -> None:
     # through Identity nodes: a control LoRA sets each norm apart, so each gets its own initializer
     import onnx
 
-    outputs = {o.name for o in g.output}
-    keep, copies = [], []
-    for n in g.node:
-        if n.op_type == "Identity" and n.input[0] in inits and n.output[0] not in inits and n.output[0] not in outputs:
+    named = _named_copies(g)
+    if named:
+        copies = []
+        for out, src in named.items():
             t = onnx.TensorProto()
-            t.CopyFrom(inits[n.input[0]])
-            t.name = n.output[0]
+            t.CopyFrom(inits[src])
+            t.name = out
             copies.append(t)
-        else:
-            keep.append(n)
-    if copies:
+        keep = [n for n in g.node if not (n.op_type == "Identity" and n.output[0] in named)]
         del g.node[:]
         g.node.extend(keep)
         g.initializer.extend(copies)
 
 
+def _named_copies(g: Any) -> dict[str, str]:
+    """``{Identity output: the initializer it names}`` for the Identity nodes of graph proto ``g`` that give an
+    initializer another name (neither an initializer nor a graph output itself): what ``widen`` makes initializers."""
+    inits = {t.name for t in g.initializer}
+    outputs = {o.name for o in g.output}
+    return {n.output[0]: n.input[0] for n in g.node if n.op_type == "Identity"
+            and n.input[0] in inits and n.output[0] not in inits and n.output[0] not in outputs}
+
+
 def shared(plain: Graph) -> dict[str, str]:
     """``{initializer of the widened graph: the plain graph's initializer it copies}`` (``widen``'s copies)."""
-    inits = {t.name for t in plain.model.graph.initializer}
-    outputs = {o.name for o in plain.model.graph.output}
-    return {n.output[0]: n.input[0] for n in plain.model.graph.node if n.op_type == "Identity"
-            and n.input[0] in inits and n.output[0] not in inits and n.output[0] not in outputs}
+    return _named_copies(plain.model.graph)
 
 
 def padded_input(graph: Graph, base: Mapping[str, Any], plain: Graph) -> dict[str, Any]:
