@@ -75,6 +75,8 @@ SD1_INPAINT_UNET = {**SD1_UNET, "in_channels": 9}
 # stabilityai/stable-diffusion-2-1 unet/config.json (2-base: sample_size 64, otherwise equal)
 SD2_UNET = {**SD1_UNET, "attention_head_dim": [5, 10, 20, 20], "cross_attention_dim": 1024,
             "use_linear_projection": True, "sample_size": 96}
+# stabilityai/stable-diffusion-2-inpainting unet/config.json: SD 2.x (512, from 2-base) with 9 input channels
+SD2_INPAINT_UNET = {**SD2_UNET, "in_channels": 9, "sample_size": 64}
 # stabilityai/stable-diffusion-xl-base-1.0 unet/config.json
 SDXL_UNET = dict(act_fn="silu", addition_embed_type="text_time", addition_time_embed_dim=256,
                  attention_head_dim=[5, 10, 20], block_out_channels=[320, 640, 1280], center_input_sample=False,
@@ -460,6 +462,8 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
     _unet_spec("sd1_inpaint_unet", SD1_INPAINT_UNET, UNET_REDUCE_SD,
                "runwayml/stable-diffusion-inpainting unet/config.json"),
     _unet_spec("sd2_unet", SD2_UNET, UNET_REDUCE_SD, "stabilityai/stable-diffusion-2-1 unet/config.json"),
+    _unet_spec("sd2_inpaint_unet", SD2_INPAINT_UNET, UNET_REDUCE_SD,
+               "stabilityai/stable-diffusion-2-inpainting unet/config.json"),
     _unet_spec("sdxl_unet", SDXL_UNET, UNET_REDUCE_XL, "stabilityai/stable-diffusion-xl-base-1.0 unet/config.json"),
     _unet_spec("sdxl_inpaint_unet", SDXL_INPAINT_UNET, UNET_REDUCE_XL,
                "diffusers/stable-diffusion-xl-1.0-inpainting-0.1 unet/config.json"),

@@ -268,6 +268,8 @@ def test_family_from_the_denoisers_tensors():
                             (320, 320, 1, 1)})[0] == "sd1-inpaint"
     assert denoiser_family({"conv_in.weight": (320, 4, 3, 3), "down_blocks.0.attentions.0.proj_in.weight":
                             (320, 320)})[0] == "sd2"
+    assert denoiser_family({"conv_in.weight": (320, 9, 3, 3), "down_blocks.0.attentions.0.proj_in.weight":
+                            (320, 320)})[0] == "sd2-inpaint"
     assert denoiser_family({"conv_in.weight": (320, 4, 3, 3), "down_blocks.1.attentions.0.proj_in.weight": (640, 640),
                             "add_embedding.linear_1.weight": (1280, 2816)})[0] == "sdxl"
     flux = {"x_embedder.weight": (3072, 64), "single_transformer_blocks.0.proj_out.weight": (3072, 15360)}
@@ -364,7 +366,8 @@ def test_cli_names_the_empty_unet(sd15, tmp_path, capsys):
 
 # -- every family, full size (sparse files: headers only) -------------------------------------------
 _CLASSES = {"sd1": "StableDiffusionPipeline", "sd1-inpaint": "StableDiffusionInpaintPipeline",
-            "sd2": "StableDiffusionPipeline", "sdxl": "StableDiffusionXLPipeline",
+            "sd2": "StableDiffusionPipeline", "sd2-inpaint": "StableDiffusionInpaintPipeline",
+            "sdxl": "StableDiffusionXLPipeline",
             "sdxl-inpaint": "StableDiffusionXLInpaintPipeline", "sd3-medium": "StableDiffusion3Pipeline",
             "sd35-medium": "StableDiffusion3Pipeline",
             "sd35-large": "StableDiffusion3Pipeline", "flux-dev": "FluxPipeline", "flux-schnell": "FluxPipeline",

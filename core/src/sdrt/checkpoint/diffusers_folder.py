@@ -51,7 +51,7 @@ PIPELINE_CLASSES = (("StableDiffusionXL", ("sdxl", "sdxl-inpaint", "sdxl-refiner
                     ("FluxFill", ("flux-fill",)), ("FluxControlNet", ("flux-dev", "flux-schnell")),
                     ("FluxControl", ("flux-control",)),
                     ("Flux", ("flux-dev", "flux-schnell", "flux-fill", "flux-control")), ("Chroma", ("chroma",)),
-                    ("StableDiffusion", ("sd1", "sd1-inpaint", "sd2")))
+                    ("StableDiffusion", ("sd1", "sd1-inpaint", "sd2", "sd2-inpaint")))
 #: the families of diffusers folders sdrt runs, in words (for messages)
 RUNS = "SD 1.x, SD 2.x, SDXL, SD 3 Medium, SD 3.5, Flux.1 and Chroma"
 _SHARD = re.compile(r"-\d{5}-of-\d{5}")
@@ -152,7 +152,7 @@ def denoiser_family(shapes: families.Shapes) -> tuple[str | None, str]:
             return ("sdxl-inpaint" if inpaint else "sdxl"), "an SDXL UNet"
         proj = next((s for k, s in shapes.items() if re.search(r"attentions\.\d+\.proj_in\.weight$", k)), None)
         if proj is not None and len(proj) == 2:  # SD 2.x: linear proj_in; SD 1.x: a 1x1 conv
-            return (None, "an SD 2.x inpainting UNet, which has no shipped graph") if inpaint else ("sd2", "an SD 2.x UNet")
+            return ("sd2-inpaint", "an SD 2.x inpainting UNet") if inpaint else ("sd2", "an SD 2.x UNet")
         return ("sd1-inpaint" if inpaint else "sd1"), "an SD 1.x UNet"
     what = foreign.recognise(shapes)
     if what is not None:

@@ -81,6 +81,9 @@ FAMILY_GRAPHS: dict[str, dict[str, str]] = {
                     "vae_encoder": "vae4_encoder"},
     "sd2": {"unet": "sd2_unet", "text_encoder": "openclip_h", "vae_decoder": "vae4_decoder",
             "vae_encoder": "vae4_encoder"},
+    # stabilityai/stable-diffusion-2-inpainting (512-inpainting-ema) and its finetunes: SD 2.x with 9 input channels
+    "sd2-inpaint": {"unet": "sd2_inpaint_unet", "text_encoder": "openclip_h", "vae_decoder": "vae4_decoder",
+                    "vae_encoder": "vae4_encoder"},
     "sdxl": {"unet": "sdxl_unet", "text_encoder": "clip_l", "text_encoder_2": "clip_g",
              "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
     "sdxl-inpaint": {"unet": "sdxl_inpaint_unet", "text_encoder": "clip_l", "text_encoder_2": "clip_g",
@@ -115,7 +118,8 @@ FAMILY_ENCODERS: dict[str, dict[str, str]] = {
 }
 FAMILY_LATENT_CHANNELS = {fam: 16 if graphs["vae_decoder"] == "vae16_decoder" else 4
                           for fam, graphs in FAMILY_GRAPHS.items()}
-LABELS = {"sd1": "SD 1.x", "sd1-inpaint": "SD 1.x inpainting", "sd2": "SD 2.x", "sdxl": "SDXL",
+LABELS = {"sd1": "SD 1.x", "sd1-inpaint": "SD 1.x inpainting", "sd2": "SD 2.x", "sd2-inpaint": "SD 2.x inpainting",
+          "sdxl": "SDXL",
           "sdxl-inpaint": "SDXL inpainting", "sdxl-refiner": "SDXL refiner", "sd3-medium": "SD 3 Medium",
           "sd35-medium": "SD 3.5 Medium",
           "sd35-large": "SD 3.5 Large",
@@ -239,7 +243,7 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
             return Identity(None, "unknown", "an SDXL refiner's text encoder (conditioner.embedders.0: OpenCLIP-G) "
                             "beside a UNet that is not the refiner's (its ADM input is not 2560 wide), which has no "
                             "shipped graph")
-        if inpaint and fam in ("sd1", "sdxl"):
+        if inpaint and fam in ("sd1", "sd2", "sdxl"):
             fam += "-inpaint"
         elif inpaint:
             return Identity(None, "unknown", f"{old}, which has no shipped graph")

@@ -417,8 +417,11 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
     if prediction is None:
         if fam == "sd2":
             prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"])
-        elif fam.startswith(("sd1", "sdxl")) and (from_yaml := yaml_prediction(main.path)) is not None:
-            prediction = from_yaml  # A1111 reads a v-prediction SD 1.x/SDXL finetune's yaml too
+        # A1111 reads a v-prediction SD 1.x/SDXL finetune's yaml too. An SD 2.x inpainting file without one is eps
+        # (Stability's v2-inpainting-inference.yaml), as A1111 (config_sd2_inpainting for every 9-channel SD 2.x
+        # file) and diffusers (inpainting_v2) read it: no bias test
+        elif fam.startswith(("sd1", "sdxl", "sd2-inpaint")) and (from_yaml := yaml_prediction(main.path)) is not None:
+            prediction = from_yaml
         elif fam.startswith("sdxl") and "v_pred" in main.shapes:
             prediction = "v_prediction"
         elif fam.startswith(("sd3", "flux", "chroma")):
