@@ -27,10 +27,13 @@ def convert_clip(keys: Iterable[str], prefix: str = "") -> tuple[dict[str, Sourc
     """A CLIP text tower under ``prefix``, in transformers' or OpenCLIP's layout."""
     keys = [k for k in keys if k.startswith(prefix)]
     if any(k[len(prefix):].startswith("transformer.resblocks.") for k in keys):
-        return convert_openclip(keys, prefix)
-    conv, unknown = convert_hf_clip(keys, prefix)
-    # position_ids: a buffer transformers < 4.31 saved (A1111's SD 1.5 files, diffusers folders): graphs keep their own
-    conv = {c: src for c, src in conv.items() if not c.endswith("position_ids")}
+        conv, unknown = convert_openclip(keys, prefix)
+    else:
+        conv, unknown = convert_hf_clip(keys, prefix)
+        # position_ids: a buffer transformers < 4.31 saved (A1111's SD 1.5 files, diffusers folders): graphs keep their
+        # own
+        conv = {c: src for c, src in conv.items() if not c.endswith("position_ids")}
+    # logit_scale: CLIP's contrastive temperature, in every OpenCLIP tower of an SD 2.x/SDXL file; no text encoder uses it
     return conv, [k for k in unknown if not k.endswith(("logit_scale", "position_ids"))]
 
 
