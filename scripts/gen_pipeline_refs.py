@@ -55,6 +55,7 @@ from diffusers import (  # noqa: E402
     StableDiffusionInpaintPipeline,
     StableDiffusionPipeline,
     StableDiffusionXLImg2ImgPipeline,
+    StableDiffusionXLInpaintPipeline,
     StableDiffusionXLPipeline,
     UNet2DConditionModel,
 )
@@ -85,9 +86,12 @@ def write_tokenizer(folder: Path, pad: str) -> CLIPTokenizer:
     import importlib.util
 
     spec = importlib.util.find_spec("open_clip")  # not imported: it needs torchvision
-    assert spec is not None and spec.origin, "open_clip_torch is not installed"
-    bpe = Path(spec.origin).parent / "bpe_simple_vocab_16e6.txt.gz"
-    lines = gzip.open(bpe).read().decode("utf-8").split("\n")[1 : 1 + MERGES]
+    if spec is None or not spec.origin:  # the cut merges as the committed folders hold them (the same lines)
+        merged = (OUT / "tiny-sd15" / "tokenizer" / "merges.txt").read_text(encoding="utf-8").split("\n")[1:]
+        lines = [line for line in merged if line][:MERGES]
+    else:
+        bpe = Path(spec.origin).parent / "bpe_simple_vocab_16e6.txt.gz"
+        lines = gzip.open(bpe).read().decode("utf-8").split("\n")[1 : 1 + MERGES]
     merges = [tuple(line.split()) for line in lines]
     vocab = list(_bytes_to_unicode().values())
     vocab = vocab + [v + "</w>" for v in vocab] + ["".join(m) for m in merges]
@@ -125,8 +129,8 @@ def tiny_vae(scaling: float) -> AutoencoderKL:
     )
 
 
-def tiny_unet(in_channels: int = 4, xl: bool = False, cross: int = 32) -> UNet2DConditionModel:
-    kw: dict = {}
+def tiny_unet(in_channels: int = 4, xl: bool = False, cross: int = 32, linear: bool = False) -> UNet2DConditionModel:
+    kw: dict = {"use_linear_projection": True} if linear else {}
     if xl:
         kw = dict(addition_embed_type="text_time", addition_time_embed_dim=8,
                   projection_class_embeddings_input_dim=6 * 8 + 32, use_linear_projection=True,
@@ -176,42 +180,68 @@ RELEASE_SCHEDULERS = {
 }
 RELEASE_SCHEDULERS["sd15-inpaint"] = dict(RELEASE_SCHEDULERS["sd15"], timestep_spacing="leading")
 RELEASE_SCHEDULERS["sdxl-dyn"] = RELEASE_SCHEDULERS["sdxl"]
+#: stabilityai/stable-diffusion-2-inpainting: PNDM, epsilon, no timestep_spacing (sdrt's release defaults for a single
+#: file, so the folder, the diffusers folder and the LDM file of gen_sd2_inpaint_files.py all run one schedule)
+RELEASE_SCHEDULERS["sd2-inpaint"] = {**RELEASE_SCHEDULERS["sd15"], "_diffusers_version": "0.8.0",
+                                     "prediction_type": "epsilon"}
+#: diffusers/stable-diffusion-xl-1.0-inpainting-0.1: SDXL's Euler, leading
+RELEASE_SCHEDULERS["sdxl-inpaint"] = RELEASE_SCHEDULERS["sdxl"]
+#: the SDXL architecture (two text encoders, time ids): exported and run as SDXL
+XL_KINDS = ("sdxl", "sdxl-dyn", "sdxl-inpaint")
+#: 9-channel UNets (mask and masked-image latents), run by diffusers' inpainting pipelines
+INPAINT_KINDS = ("sd15-inpaint", "sd2-inpaint", "sdxl-inpaint")
+
+
+def fp16_exact(*modules: torch.nn.Module) -> None:
+    """Round every weight to a float16 value (kept in float32): files stored as fp16 hold them exactly."""
+    with torch.no_grad():
+        for m in modules:
+            for p in m.parameters():
+                p.copy_(p.half().float())
 #: kinds exported with dynamic height and width axes (Optimum's names), the others with fixed 64x64 shapes
 DYNAMIC_HW = {"sdxl-dyn"}
 
 
 def build(kind: str):
-    """kind: sd15 (SD 1.x eps), sd2v (SD 2.x v-prediction, pads with '!'), sd15-inpaint (9 channels), sdxl."""
+    """kind: sd15 (SD 1.x eps), sd2v (SD 2.x v-prediction, pads with '!'), sd15-inpaint (9 channels), sdxl;
+    sd2-inpaint (SD 2.x's structure: linear proj_in/proj_out, OpenCLIP's gelu, pads with '!'; 9 channels, eps) and
+    sdxl-inpaint (SDXL with 9 channels), their weights float16 values (gen_sd2_inpaint_files.py stores fp16 files)."""
     torch.manual_seed(0)
     work = Path(tempfile.mkdtemp())
-    pad = "!" if kind in ("sd2v",) else "<|endoftext|>"
+    pad = "!" if kind in ("sd2v", "sd2-inpaint") else "<|endoftext|>"
     tok = write_tokenizer(work / "tokenizer", pad)
-    act = "gelu" if kind in ("sd2v", "sdxl") else "quick_gelu"
+    act = "gelu" if kind in ("sd2v", "sd2-inpaint", *XL_KINDS) else "quick_gelu"
     text = CLIPTextModel(text_config(tok, act)).eval()
     scale_weights(text, 1)
-    if kind in ("sdxl", "sdxl-dyn"):
+    nine = kind in INPAINT_KINDS
+    if kind in XL_KINDS:
         tok2 = write_tokenizer(work / "tokenizer_2", "!")
         text2 = CLIPTextModelWithProjection(text_config(tok2, "gelu")).eval()
         scale_weights(text2, 2)
-        unet = tiny_unet(xl=True, cross=64).eval()
+        unet = tiny_unet(in_channels=9 if nine else 4, xl=True, cross=64).eval()
         scale_weights(unet, 3)
         vae = tiny_vae(0.13025).eval()
         scale_weights(vae, 4)
+        if kind == "sdxl-inpaint":
+            fp16_exact(text, text2, unet, vae)
         sched = EulerDiscreteScheduler.from_config(dict(SD_SCHEDULER, interpolation_type="linear",
                                                         timestep_spacing="leading"))
-        pipe = StableDiffusionXLPipeline(vae=vae, text_encoder=text, text_encoder_2=text2, tokenizer=tok,
-                                         tokenizer_2=tok2, unet=unet, scheduler=sched,
-                                         force_zeros_for_empty_prompt=True)
+        xl_cls = StableDiffusionXLInpaintPipeline if nine else StableDiffusionXLPipeline
+        pipe = xl_cls(vae=vae, text_encoder=text, text_encoder_2=text2, tokenizer=tok,
+                      tokenizer_2=tok2, unet=unet, scheduler=sched, force_zeros_for_empty_prompt=True,
+                      **({"requires_aesthetics_score": False} if nine else {}))
     else:
-        unet = tiny_unet(in_channels=9 if kind == "sd15-inpaint" else 4).eval()
+        unet = tiny_unet(in_channels=9 if nine else 4, linear=kind == "sd2-inpaint").eval()
         scale_weights(unet, 3)
         vae = tiny_vae(0.18215).eval()
         scale_weights(vae, 4)
+        if kind == "sd2-inpaint":
+            fp16_exact(text, unet, vae)
         cfg = dict(SD_SCHEDULER)
         if kind == "sd2v":
             cfg["prediction_type"] = "v_prediction"
         sched = PNDMScheduler.from_config(cfg)
-        cls = StableDiffusionInpaintPipeline if kind == "sd15-inpaint" else StableDiffusionPipeline
+        cls = StableDiffusionInpaintPipeline if nine else StableDiffusionPipeline
         pipe = cls(vae=vae, text_encoder=text, tokenizer=tok, unet=unet, scheduler=sched, safety_checker=None,
                    feature_extractor=None, requires_safety_checker=False)
     pipe.set_progress_bar_config(disable=True)
@@ -282,7 +312,7 @@ def export(pipe, kind: str, out: Path) -> None:
     (out / "scheduler" / "scheduler_config.json").write_text(json.dumps(RELEASE_SCHEDULERS[kind], indent=2) + "\n")
     # the references use the scheduler as a user gets it from this folder
     pipe.scheduler = type(pipe.scheduler).from_pretrained(out / "scheduler")
-    xl = kind in ("sdxl", "sdxl-dyn")
+    xl = kind in XL_KINDS
     dyn_hw = kind in DYNAMIC_HW
     for name in ("tokenizer", "tokenizer_2") if xl else ("tokenizer",):  # the slow-tokenizer files, as written
         shutil.copytree(pipe.tokenizer_dir[name], out / name)
@@ -318,7 +348,7 @@ def export(pipe, kind: str, out: Path) -> None:
         names = ["sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"]
         dyn = {"sample": image_axes, "encoder_hidden_states": {0: "batch_size", 1: "sequence_length"},
                "text_embeds": {0: "batch_size"}, "time_ids": {0: "batch_size"}, "out_sample": image_axes}
-    elif kind == "sdxl":
+    elif kind in ("sdxl", "sdxl-inpaint"):
         ts = torch.tensor(999.0)
         args = (sample, ts, cond, torch.randn(2, 32), torch.randn(2, 6))
         names = ["sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"]
@@ -394,6 +424,14 @@ def cases_for(kind: str) -> list[dict]:
         out.append(dict(base, name="txt2img/Euler/cfg1", mode="txt2img", sampler="Euler", cfg=1.0, seed=9))
         out.append(dict(base, name="txt2img/DPM++ 2M Karras/20 steps/clip skip 2", mode="txt2img",
                         sampler="DPM++ 2M Karras", steps=20, clip_skip=2, seed=3))
+    elif kind in ("sd2-inpaint", "sdxl-inpaint"):  # diffusers' SDXL inpaint defaults to strength 0.9999: 1 given
+        seed = 13 if kind == "sd2-inpaint" else 17
+        for s in SCHEDULERS:
+            out.append(dict(base, name=f"inpaint/{s}", mode="inpaint", sampler=s, strength=1.0, seed=seed))
+        out.append(dict(base, name="inpaint/Euler a/strength 0.7", mode="inpaint", sampler="Euler a",
+                        strength=0.7, seed=seed + 1))
+        out.append(dict(base, name="inpaint/Euler/batch2", mode="inpaint", sampler="Euler", strength=1.0,
+                        batch=2, seed=seed + 2))
     elif kind == "sd15-inpaint":
         for s in ("Euler", "Euler a", "DDIM"):
             out.append(dict(base, name=f"inpaint/{s}", mode="inpaint", sampler=s, strength=1.0, seed=11))
@@ -441,7 +479,8 @@ def run_case(pipe, case: dict, images: dict[str, np.ndarray]) -> np.ndarray:
     init = Image.fromarray(images["init_image"])
     mode = case["mode"]
     if mode == "txt2img":
-        p = type(pipe)(**{**pipe.components, "scheduler": sched}) if not isinstance(pipe, StableDiffusionInpaintPipeline) else None
+        p = type(pipe)(**{**pipe.components, "scheduler": sched}) if not isinstance(
+            pipe, (StableDiffusionInpaintPipeline, StableDiffusionXLInpaintPipeline)) else None
         result = p(height=case["height"], width=case["width"], **common)
     elif mode == "img2img" and isinstance(pipe, StableDiffusionXLPipeline):
         p = StableDiffusionXLImg2ImgPipeline(**{**pipe.components, "scheduler": sched},
@@ -450,6 +489,11 @@ def run_case(pipe, case: dict, images: dict[str, np.ndarray]) -> np.ndarray:
     elif mode == "img2img":
         p = StableDiffusionImg2ImgPipeline(**{**pipe.components, "scheduler": sched})
         result = p(image=init, strength=case["strength"], **common)
+    elif isinstance(pipe, (StableDiffusionXLPipeline, StableDiffusionXLInpaintPipeline)):
+        p = StableDiffusionXLInpaintPipeline(**{**pipe.components, "scheduler": sched},
+                                             requires_aesthetics_score=False, force_zeros_for_empty_prompt=True)
+        result = p(image=init, mask_image=Image.fromarray(images["mask"]), strength=case["strength"],
+                   height=case["height"], width=case["width"], **common)
     else:
         comps = {**pipe.components, "scheduler": sched}
         p = StableDiffusionInpaintPipeline(**comps)
@@ -486,7 +530,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demo", type=Path, help="write only the tiny SD 1.x demo folder there (no references)")
     ap.add_argument("--only", nargs="*", help="build only these folders, and not schedules.json "
-                    "(sd15, sd15-inpaint, sd2v, sdxl, sdxl-dyn; default: all of them)")
+                    "(sd15, sd15-inpaint, sd2v, sdxl, sdxl-dyn, sd2-inpaint, sdxl-inpaint; default: all of them)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.demo:
@@ -496,7 +540,7 @@ def main() -> None:
     images = {"init_image": init_image(), "mask": mask_image()}
     if args.only is None:
         (OUT / "schedules.json").write_text(json.dumps(schedule_tables()) + "\n")
-    for kind in args.only or ["sd15", "sd15-inpaint", "sd2v", "sdxl", "sdxl-dyn"]:
+    for kind in args.only or ["sd15", "sd15-inpaint", "sd2v", "sdxl", "sdxl-dyn", "sd2-inpaint", "sdxl-inpaint"]:
         pipe = build(kind)
         folder = OUT / f"tiny-{kind}"
         export(pipe, kind, folder)

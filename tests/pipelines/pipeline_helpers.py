@@ -14,8 +14,11 @@ import pytest
 from backend_helpers import PLUGINS, REQUIRED, register  # noqa: F401  (re-exported for the tests here)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
-#: tiny-sdxl-dyn: SDXL exported with dynamic height and width (as Optimum does), with non-square references
-FOLDERS = ["tiny-sd15", "tiny-sd15-inpaint", "tiny-sd2v", "tiny-sdxl", "tiny-sdxl-dyn"]
+#: tiny-sdxl-dyn: SDXL exported with dynamic height and width (as Optimum does), with non-square references;
+#: tiny-sd2-inpaint / tiny-sdxl-inpaint: 9-channel UNets against StableDiffusionInpaintPipeline /
+#: StableDiffusionXLInpaintPipeline
+FOLDERS = ["tiny-sd15", "tiny-sd15-inpaint", "tiny-sd2v", "tiny-sdxl", "tiny-sdxl-dyn", "tiny-sd2-inpaint",
+           "tiny-sdxl-inpaint"]
 
 
 def fast_backend() -> str:

@@ -24,6 +24,8 @@ SHORT_LIST = {
     "tiny-sd2v": {"txt2img/DDIM"},
     "tiny-sdxl": {"txt2img/Euler a"},
     "tiny-sdxl-dyn": {"txt2img/Euler/64x96", "txt2img/Euler a/96x64"},
+    "tiny-sd2-inpaint": {"inpaint/DPM++ 2M Karras", "inpaint/Euler a/strength 0.7"},
+    "tiny-sdxl-inpaint": {"inpaint/Euler a", "inpaint/DDIM", "inpaint/Euler/batch2"},
 }
 _PIPES: dict[tuple[str, str], pipelines.Pipeline] = {}
 

@@ -48,7 +48,8 @@ def _copy(tmp_path: Path, name: str) -> Path:
 
 # -- families ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("folder", "family"), [("tiny-sd15", "sd1"), ("tiny-sd15-inpaint", "sd1"),
-                                                ("tiny-sd2v", "sd2"), ("tiny-sdxl", "sdxl")])
+                                                ("tiny-sd2v", "sd2"), ("tiny-sdxl", "sdxl"),
+                                                ("tiny-sd2-inpaint", "sd2"), ("tiny-sdxl-inpaint", "sdxl")])
 def test_family_from_class_name_and_from_parts_alone(tmp_path: Path, folder: str, family: str) -> None:
     assert ModelFolder.open(DATA / folder).family == family
     bare = _copy(tmp_path, folder)

@@ -15,7 +15,7 @@ from sdrt.pipelines import DEMO_MODEL, ModelFolder
 
 @pytest.mark.parametrize(("folder", "family", "prediction"), [
     ("tiny-sd15", "sd1", "eps"), ("tiny-sd15-inpaint", "sd1", "eps"), ("tiny-sd2v", "sd2", "v"),
-    ("tiny-sdxl", "sdxl", "eps"),
+    ("tiny-sdxl", "sdxl", "eps"), ("tiny-sd2-inpaint", "sd2", "eps"), ("tiny-sdxl-inpaint", "sdxl", "eps"),
 ])
 def test_family_and_prediction(folder: str, family: str, prediction: str) -> None:
     f = ModelFolder.open(DATA / folder)
