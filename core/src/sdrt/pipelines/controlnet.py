@@ -331,17 +331,6 @@ def processor_resolution(unit: ControlNet, image_h: int, image_w: int, width: in
     return int(np.round(k * min(image_h, image_w)))
 
 
-def check_transformer_run(s: Any, net: str, pipeline: str) -> None:
-    """What a transformer family's ControlNet (``net``: "an SD3 ControlNet") does not run with, as diffusers'
-    ``pipeline`` runs it: img2img, inpainting and the hires fix are refused in one line."""
-    if s.mode != "txt2img":
-        raise InputError(f"{net} runs in txt2img (diffusers' {pipeline}); img2img and inpainting with one are not "
-                         "supported", where="init_image", fix="leave {@init_image} and {@mask} out")
-    if s.toolbox.hires is not None:
-        raise InputError(f"the hires fix is not supported with {net}", where="hires_scale",
-                         fix="leave {@hires_scale} unset")
-
-
 def check_transformer_unit(unit: ControlNet, where: str, net: str) -> None:
     """A transformer family's ControlNet unit takes its scale and window only: a control mode or guess mode (which
     scale an SD UNet's residuals) is refused."""

@@ -1042,12 +1042,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         init_gen = generator
         if getattr(self, "_references", None) is not None:
             from .reference import MEAN as init_gen
-        if self.family.name == "flux" and s.toolbox.controlnets:
-            # FluxControlNet(Img2Img|Inpaint)Pipeline: each control image, one VAE sample per image, before the init
-            # image's and the noise
-            from .fluxcontrolnet import encode_controls
-
-            encode_controls(self, s.toolbox.controlnets, s.batch, generator)
+        # Flux / SD3 ControlNets: each control image VAE-encoded before the init image's and the noise
+        self._encode_controls(s, uncond, generator)
         if s.mode == "img2img":
             assert init is not None
             image_latents = np.repeat(self._init_latents(init, init_gen, lh, lw), s.batch, axis=0)
@@ -1074,11 +1070,6 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
                 rgb = to_nchw(control_image(s.control_image, s.width, s.height))
                 extra = self._encode_image(np.repeat(rgb, s.batch, axis=0), generator).astype(np.float32)
-            elif self.family.name == "sd3" and s.toolbox.controlnets:  # StableDiffusion3ControlNetPipeline
-                from .sd3controlnet import encode_controls as encode_sd3
-
-                guided = uncond is not None and s.cfg != 1.0  # diffusers encodes both CFG halves' rows
-                encode_sd3(self, s.toolbox.controlnets, s.batch * (2 if guided else 1), generator)
             noise = generator.randn(shape)
             x = loop.start(noise)
         call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance,

@@ -16,7 +16,12 @@ Large design) in the SD3 pipeline, as diffusers 0.42's ``StableDiffusion3Control
   nothing; several nets' residuals are summed (they must have the same block count, as in diffusers'
   ``SD3MultiControlNetModel``), and the first net's config decides the pooled projections and the shift for all,
   as diffusers' pipeline reads ``nets[0].config``;
-- txt2img only (``StableDiffusion3ControlNetPipeline``); no hires fix with it.
+- img2img and inpainting (with a plain SD3 / SD3.5 model) run as txt2img does on the img2img and inpaint
+  pipelines' schedule (diffusers has no such SD3 pipeline; the order is its Flux ControlNet img2img / inpaint
+  pipelines'): the control latents are drawn first, then the init image's, then the noise (inpainting: then the
+  masked image's); the window is judged over the steps the cut schedule runs, which the pipeline's step count
+  already is; the hires fix's second pass makes each control image again at the target size and encodes it before
+  the upscaled image (``ToolboxMixin._encode_controls``, shared with Flux's nets).
 """
 
 from __future__ import annotations
@@ -50,7 +55,6 @@ def prepare(pipe: Any, s: Settings) -> None:
     """Check the run, bind each unit's net, give the transformer the residual inputs of their block count."""
     tb = s.toolbox
     units: list[cn.ControlNet] = tb.controlnets
-    cn.check_transformer_run(s, "an SD3 ControlNet", "StableDiffusion3ControlNetPipeline")
     first = None
     for k, unit in enumerate(units):
         where = f"controlnets[{k}]"
@@ -105,17 +109,21 @@ def use_residuals(part: Part, blocks: int | None, embedded: bool = False) -> Non
     part.edit_graph(edit, ("sd3_controlnet_residuals", blocks, embedded))
 
 
-def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], rows: int, generator: Any) -> None:
-    """diffusers: each control image, repeated for the transformer's ``rows`` (the batch, twice under CFG),
-    VAE-encoded with a sample per row from the run's generator (before the noise) and scaled, shifted only for a
-    net that takes the prompt's pooled projections: ``unit.latents`` ``[rows, 16, h, w]``."""
+def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], batch: int, generator: Any,
+                    pictures: Sequence[np.ndarray] | None = None, guided: bool = False) -> None:
+    """diffusers: each control image, repeated for the transformer's rows (the batch, twice when ``guided``: CFG),
+    VAE-encoded with a sample per row from the run's generator (before the init image's and the noise) and scaled,
+    shifted only for a net that takes the prompt's pooled projections: ``unit.latents`` ``[rows, 16, h, w]``.
+    ``pictures``: HxWx3 uint8 images in place of the units' own (the hires pass's, at its size)."""
     from .images import to_nchw
 
     scale, shift = pipe.family.scaling
     keep_shift = not layout_of(units[0]).zero_pooled
-    for unit in units:
-        assert unit.control is not None
-        rgb = np.repeat(to_nchw(unit.control), rows, axis=0)
+    rows = batch * (2 if guided else 1)  # diffusers encodes both CFG halves' rows
+    for k, unit in enumerate(units):
+        picture = unit.control if pictures is None else pictures[k]
+        assert picture is not None
+        rgb = np.repeat(to_nchw(picture), rows, axis=0)
         latents = pipe._encode_image(rgb, generator).astype(np.float32)
         if shift and not keep_shift:  # sdrt's encoding subtracts the shift: give it back
             latents = latents + np.float32(shift) * np.float32(scale)
