@@ -29,6 +29,13 @@ its ``controlnet_keep`` over ``len(timesteps)`` of the cut schedule, the pooled 
 nets). The control samples are drawn from the run's generator before the pipeline's own draws (init image, noise,
 masked image), the order diffusers' Flux ControlNet img2img / inpaint pipelines draw in.
 
+With the argument ``inpaint-net`` it writes only ``inpaint/`` (a tiny random inpainting net of alimama's design:
+``SD3ControlNetModel`` with ``extra_conditioning_channels=1``, checked against sdrt's derived graph as the others
+are), ``inpaint-net.json`` and ``inpaint-net.npz``: diffusers 0.42's ``StableDiffusion3ControlNetInpaintingPipeline``
+with it (txt2img; the picture and its mask are the control input). That pipeline samples the masked picture's
+latents from torch's global generator (one per image, before CFG doubles them), seeded and drawn as the txt2img
+cases above do.
+
 Writes ``tests/data/pipelines/tiny-sd3-controlnet/``: ``sd35_medium_transformer.onnx`` and
 ``sd35_large_transformer.onnx`` (weight-free, tiny), ``canny/``, ``canny2/``, ``depth/`` (nets with a text stream;
 ``depth`` has ``force_zeros_for_pooled_projection: false``), ``blur/`` (Stability's SD3.5 Large design:
@@ -59,6 +66,7 @@ import torch  # noqa: E402
 from diffusers import (  # noqa: E402
     SD3ControlNetModel,
     SD3Transformer2DModel,
+    StableDiffusion3ControlNetInpaintingPipeline,
     StableDiffusion3ControlNetPipeline,
     StableDiffusion3Img2ImgPipeline,
     StableDiffusion3InpaintPipeline,
@@ -154,7 +162,7 @@ def check_net_graph(base: onnx.ModelProto, net: SD3ControlNetModel, name: str,
     dead = scn.unused_keys(lay)
     sess, wfeeds = msg.ort_session_bound(proto, {k: v for k, v in state.items() if not k.startswith(dead)})
     feeds = transformer_feeds(1, rows=2)
-    cond = np.random.default_rng(2).standard_normal((2, 16, 8, 12)).astype(np.float32)
+    cond = np.random.default_rng(2).standard_normal((2, lay.in_channels, 8, 12)).astype(np.float32)
     x = {**feeds, "controlnet_cond": cond}
     torch_net = net
     if lay.image_only:
@@ -474,5 +482,71 @@ def img2img_main() -> None:
     print(f"  img2img.npz: {(OUT / 'img2img.npz').stat().st_size / 1e6:.2f} MB")
 
 
+# -------------------------------------------------------------------------------- alimama's inpainting design
+#: the tiny inpainting net (alimama's design: a text-stream net, 17 control channels), its seed
+INPAINT_NET = (dict(num_layers=2, extra_conditioning_channels=1), 45)
+INPAINT_CASES = [
+    dict(name="inpaint net/96x64/cfg 5", width=96, height=64, steps=3, seed=21, cfg=5.0, batch=1, scale=0.9,
+         start=0.0, end=1.0, negative_prompt="blurry, low quality"),
+    dict(name="inpaint net/64x64/cfg 4/batch 2/window 0.25-0.75", width=64, height=64, steps=4, seed=22, cfg=4.0,
+         batch=2, scale=1.0, start=0.25, end=0.75, negative_prompt=None),
+    dict(name="inpaint net/64x96/cfg 1", width=64, height=96, steps=3, seed=23, cfg=1.0, batch=1, scale=0.8,
+         start=0.0, end=1.0, negative_prompt=None),
+]
+
+
+def inpaint_net_image(base, net: SD3ControlNetModel, case: dict, refs: dict) -> None:
+    name, h, w, batch = case["name"], case["height"], case["width"], case["batch"]
+    parts = {k: v for k, v in base.components.items() if k not in ("image_encoder", "feature_extractor")}
+    pipe = StableDiffusion3ControlNetInpaintingPipeline(**parts, controlnet=net)
+    pipe.set_progress_bar_config(disable=True)
+    picture, mask = tools.picture(h, w), tools.mask(h, w)
+    refs[f"{name}/control_image_0"], refs[f"{name}/control_mask_0"] = picture, mask
+    gen = torch.Generator("cpu").manual_seed(case["seed"])
+    torch.randn(batch, 16, h // 8, w // 8, generator=gen)  # the masked picture's samples, from the global generator
+    latents = torch.randn(batch, 16, h // 8, w // 8, generator=gen)
+    torch.manual_seed(case["seed"])
+    with torch.no_grad():
+        result = pipe(prompt=PROMPT, negative_prompt=case["negative_prompt"], height=h, width=w,
+                      num_inference_steps=case["steps"], guidance_scale=case["cfg"], latents=latents,
+                      num_images_per_prompt=batch, output_type="np", max_sequence_length=g.MAX_SEQ,
+                      control_image=Image.fromarray(picture), control_mask=Image.fromarray(mask),
+                      controlnet_conditioning_scale=case["scale"], control_guidance_start=case["start"],
+                      control_guidance_end=case["end"])
+    image = (result.images * 255).round().astype(np.uint8)
+    refs[f"{name}/image"] = image
+    case.update(max_sequence_length=g.MAX_SEQ, prompt=PROMPT)
+    print(f"  {name}: {image.shape} std {float(image.std()):.1f}")
+
+
+def inpaint_net_main() -> None:
+    """``inpaint/``, ``inpaint-net.json`` and ``inpaint-net.npz`` in tiny-sd3-controlnet (the rest left as it is)."""
+    import json
+
+    torch.set_num_threads(2)
+    _tokenizers_from_sd3()
+    base = g.build("sd3")
+    check_transformer(base.transformer)
+    base.scheduler = g.FlowMatchEulerDiscreteScheduler.from_pretrained(SD3 / "scheduler")
+    over, seed = INPAINT_NET
+    torch.manual_seed(seed)
+    net = SD3ControlNetModel(**{**TINY, **over}).eval()
+    g.scale_weights(net, seed)
+    net = net.half().float()
+    graph = onnx.load(str(OUT / "sd35_medium_transformer.onnx"), load_external_data=False)
+    report = {"net": check_net_graph(graph, net, "inpaint", base.transformer)}
+    if (OUT / "inpaint").exists():
+        shutil.rmtree(OUT / "inpaint")
+    save_net(net, OUT / "inpaint")
+    refs: dict[str, np.ndarray] = {}
+    cases = [dict(c) for c in INPAINT_CASES]
+    for case in cases:
+        inpaint_net_image(base, net, case, refs)
+    (OUT / "inpaint-net.json").write_text(json.dumps({"cases": cases, "checks": report}, indent=1) + "\n")
+    np.savez_compressed(OUT / "inpaint-net.npz", **refs)
+    print(f"  inpaint-net.npz: {(OUT / 'inpaint-net.npz').stat().st_size / 1e6:.2f} MB")
+
+
 if __name__ == "__main__":
-    img2img_main() if sys.argv[1:] == ["img2img"] else main()
+    mains = {"img2img": img2img_main, "inpaint-net": inpaint_net_main}
+    mains[sys.argv[1]]() if sys.argv[1:2] and sys.argv[1] in mains else main()

@@ -65,6 +65,7 @@ class ToolboxMixin:
                                  fix="use a model folder exported for ControlNet (its UNet takes "
                                      "down_block_additional_residual_*), or leave {@controlnets} out")
             for k, unit in enumerate(tb.controlnets):
+                cn.check_no_control_mask(unit, f"controlnets[{k}]", f"a {self.family.label} ControlNet")  # type: ignore[attr-defined]
                 unit.part = self._control_part(unit.net, f"controlnets[{k}]")
                 cn.check_net(unit.part, unet, f"controlnets[{k}]")
                 unit.control = self._control_tensor(unit, s.width, s.height, k)

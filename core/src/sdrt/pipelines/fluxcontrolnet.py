@@ -70,6 +70,7 @@ def prepare(pipe: Any, s: Settings) -> None:
     for k, unit in enumerate(units):
         where = f"controlnets[{k}]"
         cn.check_transformer_unit(unit, where, "a Flux ControlNet")
+        cn.check_no_control_mask(unit, where, "a Flux ControlNet")
         unit.part = pipe._control_part(unit.net, where)
         lay = getattr(unit.part, "flux_layout", None)
         if lay is None:

@@ -255,6 +255,13 @@ def _to_uint8(arr: np.ndarray, what: str, where: str | None = None) -> np.ndarra
                      fix="pass uint8 values 0..255 or float values 0..1")
 
 
+def nearest(mask: np.ndarray, h: int, w: int) -> np.ndarray:
+    """torch.nn.functional.interpolate(mode="nearest") to (h, w): source index floor(i * in / out)."""
+    rows = (np.arange(h) * mask.shape[0] // h).astype(np.int64)
+    cols = (np.arange(w) * mask.shape[1] // w).astype(np.int64)
+    return mask[rows][:, cols].astype(np.float32)
+
+
 def to_nchw(rgb: np.ndarray) -> np.ndarray:
     """uint8 HxWx3 -> float32 1x3xHxW in [-1, 1] (diffusers' VaeImageProcessor.preprocess)."""
     x = rgb.astype(np.float32) / np.float32(255.0)

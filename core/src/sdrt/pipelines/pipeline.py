@@ -41,7 +41,7 @@ from .budget import MemoryMixin
 from .extras import ToolboxMixin
 from .families import ModelCall
 from .folder import ModelFolder
-from .images import from_nchw, to_nchw, to_rgb
+from .images import from_nchw, nearest, to_nchw, to_rgb
 from .parts import Part
 from .prompts import Conditioning, PromptEncoder
 from .settings import Generation, Settings, check_keywords, validate
@@ -1057,7 +1057,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             x = loop.start(noise, None if full else image_latents)
             masked = to_nchw(init) * (mask < 0.5)[None, None]
             masked_latents = np.repeat(self._encode_image(masked.astype(np.float32), generator), s.batch, axis=0)
-            mask_lat = np.repeat(_nearest(mask, lh, lw)[None, None], s.batch, axis=0)
+            mask_lat = np.repeat(nearest(mask, lh, lw)[None, None], s.batch, axis=0)
             if nine:
                 extra = np.concatenate([mask_lat, masked_latents], axis=1).astype(np.float32)
             elif fill:
@@ -1293,13 +1293,6 @@ def _check_callback(callback: Callback | None) -> None:
 
 def _num(value: float) -> object:
     return int(value) if float(value).is_integer() else round(float(value), 4)
-
-
-def _nearest(mask: np.ndarray, h: int, w: int) -> np.ndarray:
-    """torch.nn.functional.interpolate(mode="nearest") to (h, w): source index floor(i * in / out)."""
-    rows = (np.arange(h) * mask.shape[0] // h).astype(np.int64)
-    cols = (np.arange(w) * mask.shape[1] // w).astype(np.int64)
-    return mask[rows][:, cols].astype(np.float32)
 
 
 def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = None, *,
