@@ -97,6 +97,8 @@ def test_refusals_name_the_argument() -> None:
         (dict(controlnets=[ControlNet(inpaint, picture)]), "controlnets[0] control_mask", "needs the mask"),
         (dict(controlnets=[ControlNet(canny, picture, control_mask=mask)]), "controlnets[0] control_mask",
          "reads none"),
+        (dict(controlnets=[ControlNet(inpaint, picture, control_mask=np.zeros((4, 4, 4, 4), np.uint8))]),
+         "controlnets[0] control_mask", "the mask has shape"),
         (dict(controlnets=[ControlNet(inpaint, picture, control_mask=mask), ControlNet(canny, picture)]),
          "controlnets[1]", "do not run together"),
         (dict(controlnets=[ControlNet(inpaint, picture, control_mask=mask)], init_image=picture), "init_image",

@@ -76,6 +76,10 @@ def prepare(pipe: Any, s: Settings) -> None:
         if lay.inpaint and unit.control_mask is None:
             raise InputError(f"{where} is {lay.label}: it needs the mask of its picture", where=f"{where} control_mask",
                              fix="pass {@control_mask=}MASK (white = repaint) with the picture as the unit's image")
+        if lay.inpaint:  # read now: a mask that is no picture is refused before the run, naming the unit
+            from .images import mask_gray
+
+            mask_gray(unit.control_mask, f"{where} control_mask")
         if unit.control_mask is not None and not lay.inpaint:
             raise InputError(f"{where} has a {{@control_mask}} and is {lay.label}, which reads none (only SD3 "
                              "inpainting ControlNets do)", where=f"{where} control_mask",
@@ -148,7 +152,7 @@ def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], batch: int, gener
         picture = unit.control if pictures is None else pictures[k]
         assert picture is not None
         if layout_of(unit).inpaint:
-            unit.latents = inpaint_latents(pipe, unit, picture, batch, generator, guided)
+            unit.latents = inpaint_latents(pipe, unit, picture, batch, generator, guided, f"controlnets[{k}]")
             continue
         rgb = np.repeat(to_nchw(picture), rows, axis=0)
         latents = pipe._encode_image(rgb, generator).astype(np.float32)
@@ -158,7 +162,7 @@ def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], batch: int, gener
 
 
 def inpaint_latents(pipe: Any, unit: cn.ControlNet, picture: np.ndarray, batch: int, generator: Any,
-                    guided: bool) -> np.ndarray:
+                    guided: bool, unit_where: str = "controlnets[0]") -> np.ndarray:
     """diffusers' ``StableDiffusion3ControlNetInpaintingPipeline.prepare_image_with_mask``: the picture with the
     pixels to repaint set to -1 (black), repeated for the batch, VAE-encoded with a sample per image (not per CFG
     row), shifted and scaled; then ``1 - mask`` at the latent size (nearest); both CFG halves the same rows:
@@ -166,7 +170,8 @@ def inpaint_latents(pipe: Any, unit: cn.ControlNet, picture: np.ndarray, batch: 
     from .images import binarize, fit_array, mask_gray, nearest, to_nchw
 
     height, width = picture.shape[:2]
-    gray = fit_array(mask_gray(unit.control_mask), width, height, unit.resize, "control mask", "control_mask")
+    where = f"{unit_where} control_mask"
+    gray = fit_array(mask_gray(unit.control_mask, where), width, height, unit.resize, "control mask", where)
     mask = binarize(gray)
     masked = np.where(mask[None, None] > 0.5, np.float32(-1.0), to_nchw(picture)).astype(np.float32)
     latents = pipe._encode_image(np.repeat(masked, batch, axis=0), generator).astype(np.float32)
