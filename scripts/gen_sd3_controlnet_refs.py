@@ -19,6 +19,23 @@ adds, against diffusers' transformer given the same ``block_controlnet_hidden_st
 structure: the graph derived from the shipped SD3.5 graphs for nets of their widths has exactly
 ``SD3ControlNetModel``'s parameters (less the last block's text-stream output weights, which nothing reads).
 
+With the argument ``img2img`` it writes only ``img2img.json`` and ``img2img.npz`` there (the nets read back from
+their folders): the nets in img2img and inpainting with tiny-sd3. diffusers has no SD3 ControlNet img2img or
+(plain-net) inpaint pipeline, so the reference is diffusers' own ``StableDiffusion3Img2ImgPipeline`` /
+``StableDiffusion3InpaintPipeline`` (their timesteps cut by ``get_timesteps`` with the scheduler's begin index,
+``prepare_latents``, the inpaint blend) with ``StableDiffusion3ControlNetPipeline``'s ControlNet step on every
+transformer call (its ``prepare_image``, the nets with the transformer's ``pos_embed`` copied in, the window as
+its ``controlnet_keep`` over ``len(timesteps)`` of the cut schedule, the pooled projections and text it gives the
+nets). The control samples are drawn from the run's generator before the pipeline's own draws (init image, noise,
+masked image), the order diffusers' Flux ControlNet img2img / inpaint pipelines draw in.
+
+With the argument ``inpaint-net`` it writes only ``inpaint/`` (a tiny random inpainting net of alimama's design:
+``SD3ControlNetModel`` with ``extra_conditioning_channels=1``, checked against sdrt's derived graph as the others
+are), ``inpaint-net.json`` and ``inpaint-net.npz``: diffusers 0.42's ``StableDiffusion3ControlNetInpaintingPipeline``
+with it (txt2img; the picture and its mask are the control input). That pipeline samples the masked picture's
+latents from torch's global generator (one per image, before CFG doubles them), seeded and drawn as the txt2img
+cases above do.
+
 Writes ``tests/data/pipelines/tiny-sd3-controlnet/``: ``sd35_medium_transformer.onnx`` and
 ``sd35_large_transformer.onnx`` (weight-free, tiny), ``canny/``, ``canny2/``, ``depth/`` (nets with a text stream;
 ``depth`` has ``force_zeros_for_pooled_projection: false``), ``blur/`` (Stability's SD3.5 Large design:
@@ -46,7 +63,14 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 import torch  # noqa: E402
-from diffusers import SD3ControlNetModel, SD3Transformer2DModel, StableDiffusion3ControlNetPipeline  # noqa: E402
+from diffusers import (  # noqa: E402
+    SD3ControlNetModel,
+    SD3Transformer2DModel,
+    StableDiffusion3ControlNetInpaintingPipeline,
+    StableDiffusion3ControlNetPipeline,
+    StableDiffusion3Img2ImgPipeline,
+    StableDiffusion3InpaintPipeline,
+)
 from PIL import Image  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
@@ -138,7 +162,7 @@ def check_net_graph(base: onnx.ModelProto, net: SD3ControlNetModel, name: str,
     dead = scn.unused_keys(lay)
     sess, wfeeds = msg.ort_session_bound(proto, {k: v for k, v in state.items() if not k.startswith(dead)})
     feeds = transformer_feeds(1, rows=2)
-    cond = np.random.default_rng(2).standard_normal((2, 16, 8, 12)).astype(np.float32)
+    cond = np.random.default_rng(2).standard_normal((2, lay.in_channels, 8, 12)).astype(np.float32)
     x = {**feeds, "controlnet_cond": cond}
     torch_net = net
     if lay.image_only:
@@ -327,5 +351,202 @@ def main() -> None:
     g.write_refs(OUT, cases, refs, report)
 
 
+# -------------------------------------------------------------------------------- img2img and inpainting
+#: img2img / inpaint cases. A window is judged over the steps the cut schedule runs: canny's 0.3-0.7 over 3 run steps
+#: (5 at strength 0.6) is on at run step 1 only, where over the whole schedule (steps 2-4 of 5) it would be on at the
+#: first run step; the inpaint windows likewise
+IMG2IMG_CASES = [
+    dict(name="img2img/canny/96x64/cfg 5/strength 0.6/window 0.3-0.7", mode="img2img", nets=["canny"], width=96,
+         height=64, steps=5, strength=0.6, seed=7, cfg=5.0, batch=1, scale=[0.8], start=[0.3], end=[0.7],
+         negative_prompt="blurry, low quality"),
+    dict(name="img2img/blur/64x64/cfg 4/strength 0.75/batch 2", mode="img2img", nets=["blur"], width=64, height=64,
+         steps=4, strength=0.75, seed=8, cfg=4.0, batch=2, scale=[0.9], start=[0.0], end=[1.0], negative_prompt=None),
+    dict(name="img2img/depth/64x96/cfg 1/strength 0.7", mode="img2img", nets=["depth"], width=64, height=96,
+         steps=4, strength=0.7, seed=3, cfg=1.0, batch=1, scale=[0.8], start=[0.0], end=[1.0], negative_prompt=None),
+    dict(name="img2img/two nets/64x64/cfg 3.5/strength 0.8", mode="img2img", nets=["canny", "canny2"], width=64,
+         height=64, steps=4, strength=0.8, seed=12, cfg=3.5, batch=1, scale=[0.6, 0.5], start=[0.0, 0.0],
+         end=[1.0, 0.67], negative_prompt=None),
+    dict(name="inpaint/canny/64x96/cfg 5/strength 0.6/window 0-0.67", mode="inpaint", nets=["canny"], width=64,
+         height=96, steps=5, strength=0.6, seed=11, cfg=5.0, batch=1, scale=[0.9], start=[0.0], end=[0.67],
+         negative_prompt="blurry, low quality"),
+    dict(name="inpaint/canny/64x64/cfg 4/strength 1/window 0.34-1", mode="inpaint", nets=["canny"], width=64,
+         height=64, steps=3, strength=1.0, seed=13, cfg=4.0, batch=1, scale=[1.0], start=[0.34], end=[1.0],
+         negative_prompt=None),
+    dict(name="inpaint/blur/96x64/cfg 4/strength 0.7/batch 2", mode="inpaint", nets=["blur"], width=96, height=64,
+         steps=4, strength=0.7, seed=15, cfg=4.0, batch=2, scale=[0.8], start=[0.0], end=[1.0], negative_prompt=None),
+]
+
+
+def controlled(pipe, cn_pipe: StableDiffusion3ControlNetPipeline, controls, case: dict):
+    """``pipe``'s transformer with ``StableDiffusion3ControlNetPipeline``'s ControlNet step before every call (the
+    loop body of its ``__call__``: ``controlnet_keep`` over the steps ``pipe`` runs, the scale, the nets' pooled
+    projections and text), as a bound ``forward`` on the module; the original is given back by ``del``."""
+    tr, net = pipe.transformer, cn_pipe.controlnet
+    # the first net's config decides for all, as the pipeline's controlnet_config (nets[0].config for several)
+    cfg0 = net.nets[0].config if hasattr(net, "nets") else net.config
+    multi = len(case["nets"]) > 1
+    forward = tr.forward
+    calls: list[int] = []
+
+    def step(hidden_states, timestep, encoder_hidden_states, pooled_projections, joint_attention_kwargs=None,
+             return_dict=True, **kw):
+        i, n = len(calls), pipe._num_timesteps  # len(timesteps) after get_timesteps
+        calls.append(i)
+        keeps = [1.0 - float(i / n < s or (i + 1) / n > e) for s, e in zip(case["start"], case["end"])]
+        if multi:
+            cond_scale = [c * k for c, k in zip(case["scale"], keeps)]
+        else:
+            cond_scale = case["scale"][0] * keeps[0]
+        pooled = torch.zeros_like(pooled_projections) if cfg0.force_zeros_for_pooled_projection else pooled_projections
+        text = encoder_hidden_states if cfg0.joint_attention_dim is not None else None
+        samples = net(hidden_states=hidden_states, timestep=timestep, encoder_hidden_states=text,
+                      pooled_projections=pooled, joint_attention_kwargs=joint_attention_kwargs,
+                      controlnet_cond=controls if multi else controls[0], conditioning_scale=cond_scale,
+                      return_dict=False)[0]
+        return forward(hidden_states=hidden_states, timestep=timestep, encoder_hidden_states=encoder_hidden_states,
+                       pooled_projections=pooled_projections, block_controlnet_hidden_states=samples,
+                       joint_attention_kwargs=joint_attention_kwargs, return_dict=return_dict, **kw)
+
+    tr.forward = step
+    return calls
+
+
+def img2img_image(base, case: dict, refs: dict) -> None:
+    """The reference image of an img2img / inpaint case; its pictures and image kept in ``refs``."""
+    name, h, w, batch = case["name"], case["height"], case["width"], case["batch"]
+    nets = [SD3ControlNetModel.from_pretrained(OUT / n, torch_dtype=torch.float32).eval() for n in case["nets"]]
+    parts = {k: v for k, v in base.components.items() if k not in ("image_encoder", "feature_extractor")}
+    cn_pipe = StableDiffusion3ControlNetPipeline(**parts, controlnet=nets if len(nets) > 1 else nets[0])
+    init = tools.picture(h, w)
+    refs[f"{name}/init_image"] = init
+    pictures = []
+    for k in range(len(nets)):
+        c = tools.edges(h, w) if k == 0 else 255 - tools.picture(h, w)
+        refs[f"{name}/control_image_{k}"] = c
+        pictures.append(Image.fromarray(c))
+    guided = case["cfg"] > 1
+    cfg0 = nets[0].config
+    shift = 0 if cfg0.force_zeros_for_pooled_projection else base.vae.config.shift_factor
+    gen = torch.Generator("cpu").manual_seed(case["seed"])
+    controls = []
+    with torch.no_grad():
+        for picture in pictures:  # StableDiffusion3ControlNetPipeline's step 3, its samples from the run's generator
+            image = cn_pipe.prepare_image(image=picture, width=w, height=h, batch_size=batch, num_images_per_prompt=batch,
+                                          device="cpu", dtype=torch.float32, do_classifier_free_guidance=guided)
+            lat = base.vae.encode(image).latent_dist.sample(generator=gen)
+            controls.append((lat - shift) * base.vae.config.scaling_factor)
+    kw = dict(prompt=PROMPT, negative_prompt=case["negative_prompt"], image=Image.fromarray(init), height=h, width=w,
+              strength=case["strength"], num_inference_steps=case["steps"], guidance_scale=case["cfg"],
+              num_images_per_prompt=batch, generator=gen, max_sequence_length=g.MAX_SEQ)
+    if case["mode"] == "inpaint":
+        mask = tools.mask(h, w)
+        refs[f"{name}/mask"] = mask
+        pipe = StableDiffusion3InpaintPipeline(**parts)
+        # SD3's inpaint pipeline decodes without the VAE's shift_factor (diffusers issue #13611), unlike every other
+        # SD3 pipeline; its latents are decoded as the others decode (gen_family_variants.py does the same)
+        kw.update(mask_image=Image.fromarray(mask), output_type="latent")
+    else:
+        pipe = StableDiffusion3Img2ImgPipeline(**parts)
+        kw.update(output_type="np")
+    pipe.set_progress_bar_config(disable=True)
+    calls = controlled(pipe, cn_pipe, controls, case)
+    try:
+        with torch.no_grad():
+            images = pipe(**kw).images
+            if case["mode"] == "inpaint":
+                lat = images / base.vae.config.scaling_factor + base.vae.config.shift_factor
+                images = pipe.image_processor.postprocess(base.vae.decode(lat, return_dict=False)[0], output_type="np")
+    finally:
+        del base.transformer.forward
+    image = (images * 255).round().astype(np.uint8)
+    refs[f"{name}/image"] = image
+    case.update(max_sequence_length=g.MAX_SEQ, prompt=PROMPT, steps_run=len(calls))
+    print(f"  {name}: {image.shape} std {float(image.std()):.1f}, {len(calls)} steps run")
+
+
+def img2img_main() -> None:
+    """``img2img.json`` and ``img2img.npz`` in tiny-sd3-controlnet (the other fixtures are left as they are)."""
+    import json
+
+    torch.set_num_threads(2)
+    _tokenizers_from_sd3()
+    base = g.build("sd3")
+    check_transformer(base.transformer)
+    base.scheduler = g.FlowMatchEulerDiscreteScheduler.from_pretrained(SD3 / "scheduler")
+    refs: dict[str, np.ndarray] = {}
+    cases = [dict(c) for c in IMG2IMG_CASES]
+    for case in cases:
+        img2img_image(base, case, refs)
+    (OUT / "img2img.json").write_text(json.dumps(cases, indent=1) + "\n")
+    np.savez_compressed(OUT / "img2img.npz", **refs)
+    print(f"  img2img.npz: {(OUT / 'img2img.npz').stat().st_size / 1e6:.2f} MB")
+
+
+# -------------------------------------------------------------------------------- alimama's inpainting design
+#: the tiny inpainting net (alimama's design: a text-stream net, 17 control channels), its seed
+INPAINT_NET = (dict(num_layers=2, extra_conditioning_channels=1), 45)
+INPAINT_CASES = [
+    dict(name="inpaint net/96x64/cfg 5", width=96, height=64, steps=3, seed=21, cfg=5.0, batch=1, scale=0.9,
+         start=0.0, end=1.0, negative_prompt="blurry, low quality"),
+    dict(name="inpaint net/64x64/cfg 4/batch 2/window 0.25-0.75", width=64, height=64, steps=4, seed=22, cfg=4.0,
+         batch=2, scale=1.0, start=0.25, end=0.75, negative_prompt=None),
+    dict(name="inpaint net/64x96/cfg 1", width=64, height=96, steps=3, seed=23, cfg=1.0, batch=1, scale=0.8,
+         start=0.0, end=1.0, negative_prompt=None),
+]
+
+
+def inpaint_net_image(base, net: SD3ControlNetModel, case: dict, refs: dict) -> None:
+    name, h, w, batch = case["name"], case["height"], case["width"], case["batch"]
+    parts = {k: v for k, v in base.components.items() if k not in ("image_encoder", "feature_extractor")}
+    pipe = StableDiffusion3ControlNetInpaintingPipeline(**parts, controlnet=net)
+    pipe.set_progress_bar_config(disable=True)
+    picture, mask = tools.picture(h, w), tools.mask(h, w)
+    refs[f"{name}/control_image_0"], refs[f"{name}/control_mask_0"] = picture, mask
+    gen = torch.Generator("cpu").manual_seed(case["seed"])
+    torch.randn(batch, 16, h // 8, w // 8, generator=gen)  # the masked picture's samples, from the global generator
+    latents = torch.randn(batch, 16, h // 8, w // 8, generator=gen)
+    torch.manual_seed(case["seed"])
+    with torch.no_grad():
+        result = pipe(prompt=PROMPT, negative_prompt=case["negative_prompt"], height=h, width=w,
+                      num_inference_steps=case["steps"], guidance_scale=case["cfg"], latents=latents,
+                      num_images_per_prompt=batch, output_type="np", max_sequence_length=g.MAX_SEQ,
+                      control_image=Image.fromarray(picture), control_mask=Image.fromarray(mask),
+                      controlnet_conditioning_scale=case["scale"], control_guidance_start=case["start"],
+                      control_guidance_end=case["end"])
+    image = (result.images * 255).round().astype(np.uint8)
+    refs[f"{name}/image"] = image
+    case.update(max_sequence_length=g.MAX_SEQ, prompt=PROMPT)
+    print(f"  {name}: {image.shape} std {float(image.std()):.1f}")
+
+
+def inpaint_net_main() -> None:
+    """``inpaint/``, ``inpaint-net.json`` and ``inpaint-net.npz`` in tiny-sd3-controlnet (the rest left as it is)."""
+    import json
+
+    torch.set_num_threads(2)
+    _tokenizers_from_sd3()
+    base = g.build("sd3")
+    check_transformer(base.transformer)
+    base.scheduler = g.FlowMatchEulerDiscreteScheduler.from_pretrained(SD3 / "scheduler")
+    over, seed = INPAINT_NET
+    torch.manual_seed(seed)
+    net = SD3ControlNetModel(**{**TINY, **over}).eval()
+    g.scale_weights(net, seed)
+    net = net.half().float()
+    graph = onnx.load(str(OUT / "sd35_medium_transformer.onnx"), load_external_data=False)
+    report = {"net": check_net_graph(graph, net, "inpaint", base.transformer)}
+    if (OUT / "inpaint").exists():
+        shutil.rmtree(OUT / "inpaint")
+    save_net(net, OUT / "inpaint")
+    refs: dict[str, np.ndarray] = {}
+    cases = [dict(c) for c in INPAINT_CASES]
+    for case in cases:
+        inpaint_net_image(base, net, case, refs)
+    (OUT / "inpaint-net.json").write_text(json.dumps({"cases": cases, "checks": report}, indent=1) + "\n")
+    np.savez_compressed(OUT / "inpaint-net.npz", **refs)
+    print(f"  inpaint-net.npz: {(OUT / 'inpaint-net.npz').stat().st_size / 1e6:.2f} MB")
+
+
 if __name__ == "__main__":
-    main()
+    mains = {"img2img": img2img_main, "inpaint-net": inpaint_net_main}
+    mains[sys.argv[1]]() if sys.argv[1:2] and sys.argv[1] in mains else main()

@@ -201,8 +201,8 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
 
         sd3 = "SD3" in ident.label
         raise ModelError(f"{p.name} is {ident.label}", where=str(p),
-                         fix="pass a txt2img SD3 ControlNet (Stability's sd3.5_large_controlnet_*.safetensors, or a "
-                             "diffusers SD3ControlNetModel)" if sd3 else
+                         fix="pass an SD3 ControlNet (Stability's sd3.5_large_controlnet_*.safetensors, a diffusers "
+                             "SD3ControlNetModel, or alimama's SD3-Controlnet-Inpainting)" if sd3 else
                          "pass a Flux.1 dev ControlNet in diffusers' layout (e.g. "
                          "InstantX/FLUX.1-dev-Controlnet-Canny) or XLabs' (e.g. flux-canny-controlnet-v3"
                          ".safetensors)" if is_flux(shapes) else

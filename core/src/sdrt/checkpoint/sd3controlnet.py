@@ -22,8 +22,10 @@ last): block ``k`` of ``N`` gets residual ``int(k / (N / n))``.
   last image residual ``Add`` (found from ``transformer_blocks.k.ff.net.2.bias``, so a torch export of diffusers'
   transformer takes it too), and for image-only nets the output ``EMBEDDED`` (its ``pos_embed``'s tokens).
 
-Refused in one line: inpainting nets (alimama's: the mask as a 17th input channel), which need diffusers'
-``StableDiffusion3ControlNetInpaintingPipeline``.
+alimama's inpainting nets (``alimama-creative/SD3-Controlnet-Inpainting``: a text-stream net whose control input
+is the masked picture's latents and the mask, 17 channels, diffusers' ``extra_conditioning_channels=1``) take the
+same graph with a 17-channel ``pos_embed_input``; the pipeline feeds them as diffusers'
+``StableDiffusion3ControlNetInpaintingPipeline`` does (``sdrt.pipelines.sd3controlnet``).
 """
 
 from __future__ import annotations
@@ -72,7 +74,15 @@ class SD3NetLayout:
     image_only: bool = False
 
     @property
+    def inpaint(self) -> bool:
+        """alimama's inpainting design: the control input is the masked picture's 16 latent channels and the mask."""
+        return self.in_channels == 17
+
+    @property
     def label(self) -> str:
+        if self.inpaint:
+            return (f"an SD3 inpainting ControlNet (alimama's design: {self.blocks} joint blocks, {self.width} wide, "
+                    "the mask as a 17th input channel)")
         if self.image_only:
             return (f"an SD3.5 Large ControlNet (Stability's design: {self.blocks} image-only blocks, "
                     f"{self.width} wide)")
@@ -92,17 +102,19 @@ def layout(shapes: Mapping[str, tuple[int, ...]], config: Mapping[str, Any] | No
     emb = shapes.get("pos_embed_input.proj.weight")
     if emb is None or len(emb) != 4:
         return "an SD3 ControlNet without pos_embed_input.proj.weight [width, channels, 2, 2]"
-    if int(emb[1]) != 16:
-        return (f"an SD3 inpainting ControlNet ({emb[1]} input channels: the latents and the mask, alimama's "
-                "design), which needs diffusers' StableDiffusion3ControlNetInpaintingPipeline; sdrt runs txt2img "
-                "ControlNets only")
     found = {int(m[1]) for k in keys if (m := re.match(r"controlnet_blocks\.(\d+)\.", k))}
     image_only = not any(k.startswith("context_embedder.") for k in keys)
+    if int(emb[1]) not in (16, 17) or (int(emb[1]) == 17 and image_only):
+        return (f"an SD3 ControlNet of {emb[1]} control input channels{' without a text stream' if image_only else ''}"
+                ", a design sdrt has no graph for (it runs 16: the control image's latents, and 17 with a text "
+                "stream: alimama's inpainting nets, the masked picture's latents and the mask)")
     if image_only and any(k.startswith(("pos_embed.", "transformer_blocks.0.attn.norm_q.")) for k in keys):
         return ("an SD3 ControlNet without a text stream and with its own pos_embed or q/k norm, a design sdrt "
                 "has no graph for")
     # diffusers' default is True; Stability's files (no config) and their diffusers conversion say False
     zero = (not image_only) if config is None else bool(config.get("force_zeros_for_pooled_projection", True))
+    if int(emb[1]) == 17:  # StableDiffusion3ControlNetInpaintingPipeline gives an inpainting net zeros, whatever its config
+        zero = True
     return SD3NetLayout(max(found) + 1 if found else 0, int(emb[0]), int(emb[1]), zero, image_only)
 
 

@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "InstantX/FLUX.1-dev-Controlnet-Canny); default: the model folder's controlnet/, controlnet_2/, ...")
     g.add_argument("--control-image", action="append", default=[], metavar="PNG",
                    help="the control image (of a ControlNet; of a FLUX.1 Canny/Depth model itself, with no --controlnet)")
+    g.add_argument("--control-mask", action="append", default=[], metavar="PNG",
+                   help="the mask (white = repaint) of an SD3 inpainting ControlNet's --control-image, the picture "
+                        "to inpaint (alimama's SD3-Controlnet-Inpainting)")
     g.add_argument("--control-scale", action="append", type=float, default=[], metavar="S", help="weight (1)")
     g.add_argument("--control-start", action="append", type=float, default=[], metavar="A",
                    help="first step, as a fraction of the steps (0)")
@@ -95,8 +98,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     images = args.control_image
     if not images:  # every ControlNet flag shapes a control image's unit: without one it would do nothing
-        for flag in ("controlnet", "control_scale", "control_start", "control_end", "control_preprocessor",
-                     "control_resize", "control_mode", "control_union_mode", "guess_mode"):
+        for flag in ("controlnet", "control_mask", "control_scale", "control_start", "control_end",
+                     "control_preprocessor", "control_resize", "control_mode", "control_union_mode", "guess_mode"):
             if getattr(args, flag):
                 name = "--" + flag.replace("_", "-")
                 raise InputError(f"{name} needs a --control-image", where=name,
@@ -144,16 +147,17 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                              f"{args.control_end[0]:g}", where="--control-start",
                              fix="pass a start at or before the end (fractions of the steps, 0 to 1)")
         units = []
-        for net, image, scale, start, end, pre, resize, mode, union in zip(
+        for net, image, scale, start, end, pre, resize, mode, union, mask in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
                 _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
                 _per_unit(args.control_preprocessor, n, "--control-preprocessor"),
                 _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode"),
-                _per_unit(args.control_union_mode, n, "--control-union-mode")):
+                _per_unit(args.control_union_mode, n, "--control-union-mode"),
+                _per_unit(args.control_mask, n, "--control-mask")):
             units.append(ControlNet(net, image, 1.0 if scale is None else scale, 0.0 if start is None else start,
                                     1.0 if end is None else end, pre or "none", resize or "Crop and Resize",
                                     control_mode=mode or "Balanced", guess_mode=bool(args.guess_mode),
-                                    union_mode=union))
+                                    union_mode=union, control_mask=mask))
         opts["controlnets"] = units
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed", "refiner",
                 "refiner_switch_at", "hires_refiner_pass"):

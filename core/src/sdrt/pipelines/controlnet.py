@@ -92,7 +92,8 @@ class ControlNet:
     ``i / n < start or (i + 1) / n > end``) or ``"a1111"`` (sd-webui-controlnet's: on while
     ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps).
     ``union_mode``: a union Flux ControlNet's control type (diffusers' ``control_mode``); Flux ControlNets run
-    through :mod:`sdrt.pipelines.fluxcontrolnet`."""
+    through :mod:`sdrt.pipelines.fluxcontrolnet`. ``control_mask``: an SD3 inpainting ControlNet's mask (alimama's;
+    white = repaint, diffusers' ``control_mask``; a path, ``PIL.Image`` or HxW array) for its picture ``image``."""
 
     net: Any
     image: Any
@@ -111,6 +112,8 @@ class ControlNet:
     #: a union Flux ControlNet's mode (diffusers' ``control_mode``: the index of the control type in the net's model
     #: card, e.g. 0 canny, 2 depth for InstantX/Shakker-Labs Union); None for any other net
     union_mode: int | None = None
+    #: an SD3 inpainting ControlNet's mask (white = repaint) for its picture ``image``; None for any other net
+    control_mask: Any = None
     #: filled in by the pipeline
     part: Part | None = field(default=None, repr=False)
     control: np.ndarray | None = field(default=None, repr=False)
@@ -176,7 +179,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
             unit = ControlNet(**{f: getattr(item, f) for f in ("net", "image", "scale", "start", "end", "preprocessor",
                                                                  "resize", "low", "high", "processor_res",
                                                                  "pixel_perfect", "control_mode", "guess_mode",
-                                                                 "window", "union_mode")})
+                                                                 "window", "union_mode", "control_mask")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
             unit = ControlNet(*item[:5])
             if len(item) == 6:
@@ -241,6 +244,8 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.image is None:
             raise InputError(f"{where} has no control image", where=where, fix="pass the control image")
         check_path(unit.image, "control image")
+        if unit.control_mask is not None:
+            check_path(unit.control_mask, "control mask")
         units.append(unit)
     return units
 
@@ -331,23 +336,20 @@ def processor_resolution(unit: ControlNet, image_h: int, image_w: int, width: in
     return int(np.round(k * min(image_h, image_w)))
 
 
-def check_transformer_run(s: Any, net: str, pipeline: str) -> None:
-    """What a transformer family's ControlNet (``net``: "an SD3 ControlNet") does not run with, as diffusers'
-    ``pipeline`` runs it: img2img, inpainting and the hires fix are refused in one line."""
-    if s.mode != "txt2img":
-        raise InputError(f"{net} runs in txt2img (diffusers' {pipeline}); img2img and inpainting with one are not "
-                         "supported", where="init_image", fix="leave {@init_image} and {@mask} out")
-    if s.toolbox.hires is not None:
-        raise InputError(f"the hires fix is not supported with {net}", where="hires_scale",
-                         fix="leave {@hires_scale} unset")
-
-
 def check_transformer_unit(unit: ControlNet, where: str, net: str) -> None:
     """A transformer family's ControlNet unit takes its scale and window only: a control mode or guess mode (which
     scale an SD UNet's residuals) is refused."""
     if unit.control_mode != CONTROL_MODES[0] or unit.guess_mode:
         raise InputError(f"{where}: control modes and guess mode scale an SD UNet's residuals; {net} takes its "
                          "scale and window only", where=where, fix="leave {@control_mode} Balanced and {@guess_mode} off")
+
+
+def check_no_control_mask(unit: ControlNet, where: str, net: str) -> None:
+    """A unit's ``control_mask`` is read by SD3 inpainting ControlNets only: refused on ``net`` ("a Flux
+    ControlNet") in one line."""
+    if unit.control_mask is not None:
+        raise InputError(f"{where} has a {{@control_mask}}, which only SD3 inpainting ControlNets read, and is {net}",
+                         where=f"{where} control_mask", fix="leave {@control_mask} out for this net")
 
 
 def residual_inputs(unet: Part) -> list[str]:

@@ -65,6 +65,7 @@ class ToolboxMixin:
                                  fix="use a model folder exported for ControlNet (its UNet takes "
                                      "down_block_additional_residual_*), or leave {@controlnets} out")
             for k, unit in enumerate(tb.controlnets):
+                cn.check_no_control_mask(unit, f"controlnets[{k}]", f"a {self.family.label} ControlNet")  # type: ignore[attr-defined]
                 unit.part = self._control_part(unit.net, f"controlnets[{k}]")
                 cn.check_net(unit.part, unet, f"controlnets[{k}]")
                 unit.control = self._control_tensor(unit, s.width, s.height, k)
@@ -205,6 +206,26 @@ class ToolboxMixin:
 
         return noise_source(s.toolbox, shape, seed, subseed)
 
+    # ------------------------------------------------------------------ a transformer's ControlNets' latents
+    def _encode_controls(self, s: Settings, uncond: Any, generator: Any, size: tuple[int, int] | None = None) -> None:
+        """Flux / SD3 ControlNets: each unit's control picture VAE-encoded with samples from the run's generator
+        before the init image's and the noise are drawn, in txt2img, img2img and inpainting alike (diffusers'
+        ControlNet pipelines of the family prepare the control image first); nothing for other families.
+        ``size``: the hires fix's second pass, whose pictures are made again at its (width, height) (the unit's
+        preprocessor and resize, as sd-webui-controlnet and Forge resize the map to the hires size) and encoded
+        before the upscaled image is, the order the ControlNet img2img pipeline at that size draws in."""
+        tb: Toolbox = s.toolbox
+        nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
+        if nets is None or not tb.controlnets:
+            return
+        pictures = None
+        if size is not None:  # the units keep the first pass's pictures: the job's next image starts at that size
+            from .fluxtools import control_image
+
+            pictures = [control_image(unit, *size) for unit in tb.controlnets]
+        guided = uncond is not None and s.cfg != 1.0  # SD3's nets read both CFG halves' rows
+        nets.encode_controls(self, tb.controlnets, s.batch, generator, pictures, guided=guided)
+
     # ------------------------------------------------------------------ ControlNet on the model call
     def _control(self, s: Settings, call: Any, width: int, height: int) -> cn.ControlState | None:
         tb: Toolbox = s.toolbox
@@ -214,7 +235,7 @@ class ToolboxMixin:
         hires = (width, height) != (s.width, s.height)
         state = cn.ControlState()
         nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
-        if nets is not None:  # (a Flux net's control latents of the hires pass: _hires_pass, before the image's)
+        if nets is not None:  # (the control latents: _encode_controls, before the init or upscaled image's)
             call.hooks.append(nets.hook(self, units, state, call))
             return state
         for k, unit in enumerate(units):  # the hires pass at its size; the next image's first pass at its own again
@@ -285,12 +306,9 @@ class ToolboxMixin:
         loop = self._loop(s2, ms, generator, seed, start=total_steps - run)  # type: ignore[attr-defined]
         # the model loaded now decodes and encodes (A1111's sd_model): the refiner's VAE once it has taken over
         vae = refiner.vae if refiner is not None else self
-        if tb.controlnets and self.family.name == "flux":  # type: ignore[attr-defined]
-            # as FluxControlNetImg2ImgPipeline at the target size: the control images made again at that size, their
-            # latents drawn before the upscaled image's
-            from .fluxcontrolnet import second_pass
-
-            second_pass(self, tb.controlnets, tw, th, s.batch, generator)
+        # a Flux / SD3 net's control images made again at the target size, their latents drawn before the upscaled
+        # image's (the order of the ControlNet img2img pipeline at that size)
+        self._encode_controls(s, uncond, generator, (tw, th))
         if hr.latent:
             latents = upscale_latent(x, hr, th, tw)
         else:

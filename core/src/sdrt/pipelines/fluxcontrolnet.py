@@ -20,7 +20,8 @@ pipeline, as diffusers 0.42's ``FluxControlNetPipeline`` runs them.
   (inpainting: then the masked image's); the window is judged over the steps the cut schedule runs (diffusers'
   ``controlnet_keep`` over ``len(timesteps)`` after ``get_timesteps``), which the pipeline's step count already is;
 - the hires fix's second pass makes each control image again at the target size and encodes it with the second
-  pass's generator before the upscaled image (:func:`second_pass`), as that img2img pass would;
+  pass's generator before the upscaled image (``ToolboxMixin._encode_controls``, shared with SD3's nets), as that
+  img2img pass would;
 - no reference images or FLUX.1 Tools model with it.
 """
 
@@ -69,6 +70,7 @@ def prepare(pipe: Any, s: Settings) -> None:
     for k, unit in enumerate(units):
         where = f"controlnets[{k}]"
         cn.check_transformer_unit(unit, where, "a Flux ControlNet")
+        cn.check_no_control_mask(unit, where, "a Flux ControlNet")
         unit.part = pipe._control_part(unit.net, where)
         lay = getattr(unit.part, "flux_layout", None)
         if lay is None:
@@ -120,11 +122,12 @@ def use_residuals(part: Part, counts: tuple[int, int] | None, repeat: bool = Fal
 
 
 def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], batch: int, generator: Any,
-                    pictures: Sequence[np.ndarray] | None = None) -> None:
+                    pictures: Sequence[np.ndarray] | None = None, guided: bool = False) -> None:
     """diffusers: each control image, repeated for the batch, VAE-encoded with a sample from the run's generator
     (before the noise), shifted, scaled and packed: ``unit.latents`` ``[batch, tokens, 64]``; an XLabs net's is the
     picture itself, ``[batch, 3, height, width]`` in [-1, 1] (nothing drawn). ``pictures``: HxWx3 uint8 images in
-    place of the units' own (the hires pass's, at its size)."""
+    place of the units' own (the hires pass's, at its size). ``guided`` changes nothing: the negative pass of true
+    CFG gets the positive pass's residuals, so diffusers encodes the batch once."""
     from .flowparts import pack_latents
     from .images import to_nchw
 
@@ -136,17 +139,6 @@ def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], batch: int, gener
             unit.latents = rgb
             continue
         unit.latents = pack_latents(pipe._encode_image(rgb, generator).astype(np.float32))
-
-
-def second_pass(pipe: Any, units: Sequence[cn.ControlNet], width: int, height: int, batch: int,
-                generator: Any) -> None:
-    """The hires fix's second pass: each control image made again at the target size (its preprocessor and resize,
-    as sd-webui-controlnet and Forge resize the map to the hires size) and encoded with the pass's generator before
-    the upscaled image is, the order ``FluxControlNetImg2ImgPipeline`` draws in."""
-    from .fluxtools import control_image
-
-    # the units keep the first pass's pictures: the next image of the job (batch_count) starts at that size again
-    encode_controls(pipe, units, batch, generator, [control_image(unit, width, height) for unit in units])
 
 
 def hook(pipe: Any, units: Sequence[cn.ControlNet], state: cn.ControlState, call: Any

@@ -196,26 +196,27 @@ def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None)
     return np.ascontiguousarray(arr[..., :3])
 
 
-def mask_gray(value: ImageLike) -> np.ndarray:
+def mask_gray(value: ImageLike, where: str = "mask") -> np.ndarray:
     """The mask's grey levels, HxW uint8 (white = repaint), at its own size: a path, a Pillow image, an HxW array
-    (bool, uint8, or float in [0, 1]) or an HxWx3/4 image (luma, as Pillow's ``convert("L")``)."""
+    (bool, uint8, or float in [0, 1]) or an HxWx3/4 image (luma, as Pillow's ``convert("L")``); ``where``: the
+    argument it was given as (its errors name it)."""
     path = _path(value)
     if path is not None:
         return _open_file(path, "mask")
     if _is_pil(value):
         return _from_pil(value, "mask")
-    arr = _array(value, "mask", "mask")
+    arr = _array(value, "mask", where)
     if arr.dtype == bool:
         arr = arr.astype(np.uint8) * 255
     if arr.ndim == 3 and arr.shape[-1] in (3, 4):
-        rgb = _to_uint8(arr[..., :3], "mask").astype(np.uint32)
+        rgb = _to_uint8(arr[..., :3], "mask", where).astype(np.uint32)
         arr = ((rgb[..., 0] * 299 + rgb[..., 1] * 587 + rgb[..., 2] * 114 + 500) // 1000).astype(np.uint8)
     elif arr.ndim == 3 and arr.shape[-1] == 1:
         arr = arr[..., 0]
     if arr.ndim != 2 or 0 in arr.shape:
-        raise InputError(f"the mask has shape {_array(value, 'mask', 'mask').shape}", where="mask",
+        raise InputError(f"the mask has shape {_array(value, 'mask', where).shape}", where=where,
                          fix="pass an HxW array (white = repaint), or an HxWx3 image")
-    return np.ascontiguousarray(_to_uint8(arr[..., None], "mask")[..., 0])
+    return np.ascontiguousarray(_to_uint8(arr[..., None], "mask", where)[..., 0])
 
 
 def binarize(gray: np.ndarray) -> np.ndarray:
@@ -253,6 +254,13 @@ def _to_uint8(arr: np.ndarray, what: str, where: str | None = None) -> np.ndarra
         return arr.astype(np.uint8)
     raise InputError(f"the {what} has dtype {arr.dtype}", where=where,
                      fix="pass uint8 values 0..255 or float values 0..1")
+
+
+def nearest(mask: np.ndarray, h: int, w: int) -> np.ndarray:
+    """torch.nn.functional.interpolate(mode="nearest") to (h, w): source index floor(i * in / out)."""
+    rows = (np.arange(h) * mask.shape[0] // h).astype(np.int64)
+    cols = (np.arange(w) * mask.shape[1] // w).astype(np.int64)
+    return mask[rows][:, cols].astype(np.float32)
 
 
 def to_nchw(rgb: np.ndarray) -> np.ndarray:

@@ -41,7 +41,7 @@ from .budget import MemoryMixin
 from .extras import ToolboxMixin
 from .families import ModelCall
 from .folder import ModelFolder
-from .images import from_nchw, to_nchw, to_rgb
+from .images import from_nchw, nearest, to_nchw, to_rgb
 from .parts import Part
 from .prompts import Conditioning, PromptEncoder
 from .settings import Generation, Settings, check_keywords, validate
@@ -1042,12 +1042,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         init_gen = generator
         if getattr(self, "_references", None) is not None:
             from .reference import MEAN as init_gen
-        if self.family.name == "flux" and s.toolbox.controlnets:
-            # FluxControlNet(Img2Img|Inpaint)Pipeline: each control image, one VAE sample per image, before the init
-            # image's and the noise
-            from .fluxcontrolnet import encode_controls
-
-            encode_controls(self, s.toolbox.controlnets, s.batch, generator)
+        # Flux / SD3 ControlNets: each control image VAE-encoded before the init image's and the noise
+        self._encode_controls(s, uncond, generator)
         if s.mode == "img2img":
             assert init is not None
             image_latents = np.repeat(self._init_latents(init, init_gen, lh, lw), s.batch, axis=0)
@@ -1061,7 +1057,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             x = loop.start(noise, None if full else image_latents)
             masked = to_nchw(init) * (mask < 0.5)[None, None]
             masked_latents = np.repeat(self._encode_image(masked.astype(np.float32), generator), s.batch, axis=0)
-            mask_lat = np.repeat(_nearest(mask, lh, lw)[None, None], s.batch, axis=0)
+            mask_lat = np.repeat(nearest(mask, lh, lw)[None, None], s.batch, axis=0)
             if nine:
                 extra = np.concatenate([mask_lat, masked_latents], axis=1).astype(np.float32)
             elif fill:
@@ -1074,11 +1070,6 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
                 rgb = to_nchw(control_image(s.control_image, s.width, s.height))
                 extra = self._encode_image(np.repeat(rgb, s.batch, axis=0), generator).astype(np.float32)
-            elif self.family.name == "sd3" and s.toolbox.controlnets:  # StableDiffusion3ControlNetPipeline
-                from .sd3controlnet import encode_controls as encode_sd3
-
-                guided = uncond is not None and s.cfg != 1.0  # diffusers encodes both CFG halves' rows
-                encode_sd3(self, s.toolbox.controlnets, s.batch * (2 if guided else 1), generator)
             noise = generator.randn(shape)
             x = loop.start(noise)
         call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance,
@@ -1302,13 +1293,6 @@ def _check_callback(callback: Callback | None) -> None:
 
 def _num(value: float) -> object:
     return int(value) if float(value).is_integer() else round(float(value), 4)
-
-
-def _nearest(mask: np.ndarray, h: int, w: int) -> np.ndarray:
-    """torch.nn.functional.interpolate(mode="nearest") to (h, w): source index floor(i * in / out)."""
-    rows = (np.arange(h) * mask.shape[0] // h).astype(np.int64)
-    cols = (np.arange(w) * mask.shape[1] // w).astype(np.int64)
-    return mask[rows][:, cols].astype(np.float32)
 
 
 def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = None, *,

@@ -16,7 +16,16 @@ Large design) in the SD3 pipeline, as diffusers 0.42's ``StableDiffusion3Control
   nothing; several nets' residuals are summed (they must have the same block count, as in diffusers'
   ``SD3MultiControlNetModel``), and the first net's config decides the pooled projections and the shift for all,
   as diffusers' pipeline reads ``nets[0].config``;
-- txt2img only (``StableDiffusion3ControlNetPipeline``); no hires fix with it.
+- img2img and inpainting (with a plain SD3 / SD3.5 model) run as txt2img does on the img2img and inpaint
+  pipelines' schedule (diffusers has no such SD3 pipeline; the order is its Flux ControlNet img2img / inpaint
+  pipelines'): the control latents are drawn first, then the init image's, then the noise (inpainting: then the
+  masked image's); the window is judged over the steps the cut schedule runs, which the pipeline's step count
+  already is; the hires fix's second pass makes each control image again at the target size and encodes it before
+  the upscaled image (``ToolboxMixin._encode_controls``, shared with Flux's nets).
+- alimama's inpainting nets (17 control channels) run as ``StableDiffusion3ControlNetInpaintingPipeline``: txt2img,
+  the unit's picture with the pixels its ``control_mask`` repaints set to black, encoded once per image before the
+  noise, shifted and scaled, and ``1 - mask`` at the latent size as the 17th channel (:func:`inpaint_latents`);
+  with an init image or the hires fix they are refused.
 """
 
 from __future__ import annotations
@@ -50,7 +59,6 @@ def prepare(pipe: Any, s: Settings) -> None:
     """Check the run, bind each unit's net, give the transformer the residual inputs of their block count."""
     tb = s.toolbox
     units: list[cn.ControlNet] = tb.controlnets
-    cn.check_transformer_run(s, "an SD3 ControlNet", "StableDiffusion3ControlNetPipeline")
     first = None
     for k, unit in enumerate(units):
         where = f"controlnets[{k}]"
@@ -65,6 +73,21 @@ def prepare(pipe: Any, s: Settings) -> None:
                              "ControlNets are given as their diffusers .safetensors file (or the folder holding it)",
                              where=where, fix="pass diffusion_pytorch_model.safetensors of an SD3 ControlNet "
                                               "(--controlnet FILE --control-image PNG on the command line)")
+        if lay.inpaint and unit.control_mask is None:
+            raise InputError(f"{where} is {lay.label}: it needs the mask of its picture", where=f"{where} control_mask",
+                             fix="pass {@control_mask=}MASK (white = repaint) with the picture as the unit's image")
+        if lay.inpaint:  # read now: a mask that is no picture is refused before the run, naming the unit
+            from .images import mask_gray
+
+            mask_gray(unit.control_mask, f"{where} control_mask")
+        if unit.control_mask is not None and not lay.inpaint:
+            raise InputError(f"{where} has a {{@control_mask}} and is {lay.label}, which reads none (only SD3 "
+                             "inpainting ControlNets do)", where=f"{where} control_mask",
+                             fix="leave {@control_mask} out for this net")
+        if first is not None and lay.inpaint != first.inpaint:
+            raise InputError(f"{where} is {lay.label} and controlnets[0] {first.label}: an inpainting net and "
+                             "another do not run together (diffusers runs them in two different pipelines)",
+                             where=where, fix="use SD3 inpainting ControlNets alone, or the others together")
         if first is not None and lay.blocks != first.blocks:
             raise InputError(f"{where} has {lay.blocks} blocks and controlnets[0] {first.blocks}: their residuals "
                              "cannot be summed", where=where,
@@ -76,6 +99,15 @@ def prepare(pipe: Any, s: Settings) -> None:
 
         unit.control = control_image(unit, s.width, s.height)  # HxWx3 uint8; encoded with the run's generator
     assert first is not None
+    if first.inpaint and (s.mode != "txt2img" or tb.hires is not None):
+        hires = s.mode == "txt2img"
+        raise InputError("an SD3 inpainting ControlNet runs as diffusers' StableDiffusion3ControlNetInpaintingPipeline"
+                         ": a txt2img run whose unit carries the picture and its mask; "
+                         f"{'the hires fix' if hires else 'an init image'} with one is not supported",
+                         where="hires_scale" if hires else "init_image",
+                         fix="leave {@hires_scale} unset" if hires else
+                         "leave {@init_image} and {@mask} out, and give the picture as the unit's image with its "
+                         "{@control_mask}")
     use_residuals(pipe.denoiser, first.blocks, any(layout_of(u).image_only for u in units))
     from ..checkpoint.sd3controlnet import SAMPLE
 
@@ -105,21 +137,47 @@ def use_residuals(part: Part, blocks: int | None, embedded: bool = False) -> Non
     part.edit_graph(edit, ("sd3_controlnet_residuals", blocks, embedded))
 
 
-def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], rows: int, generator: Any) -> None:
-    """diffusers: each control image, repeated for the transformer's ``rows`` (the batch, twice under CFG),
-    VAE-encoded with a sample per row from the run's generator (before the noise) and scaled, shifted only for a
-    net that takes the prompt's pooled projections: ``unit.latents`` ``[rows, 16, h, w]``."""
+def encode_controls(pipe: Any, units: Sequence[cn.ControlNet], batch: int, generator: Any,
+                    pictures: Sequence[np.ndarray] | None = None, guided: bool = False) -> None:
+    """diffusers: each control image, repeated for the transformer's rows (the batch, twice when ``guided``: CFG),
+    VAE-encoded with a sample per row from the run's generator (before the init image's and the noise) and scaled,
+    shifted only for a net that takes the prompt's pooled projections: ``unit.latents`` ``[rows, 16, h, w]``.
+    ``pictures``: HxWx3 uint8 images in place of the units' own (the hires pass's, at its size)."""
     from .images import to_nchw
 
     scale, shift = pipe.family.scaling
     keep_shift = not layout_of(units[0]).zero_pooled
-    for unit in units:
-        assert unit.control is not None
-        rgb = np.repeat(to_nchw(unit.control), rows, axis=0)
+    rows = batch * (2 if guided else 1)  # diffusers encodes both CFG halves' rows
+    for k, unit in enumerate(units):
+        picture = unit.control if pictures is None else pictures[k]
+        assert picture is not None
+        if layout_of(unit).inpaint:
+            unit.latents = inpaint_latents(pipe, unit, picture, batch, generator, guided, f"controlnets[{k}]")
+            continue
+        rgb = np.repeat(to_nchw(picture), rows, axis=0)
         latents = pipe._encode_image(rgb, generator).astype(np.float32)
         if shift and not keep_shift:  # sdrt's encoding subtracts the shift: give it back
             latents = latents + np.float32(shift) * np.float32(scale)
         unit.latents = latents
+
+
+def inpaint_latents(pipe: Any, unit: cn.ControlNet, picture: np.ndarray, batch: int, generator: Any,
+                    guided: bool, unit_where: str = "controlnets[0]") -> np.ndarray:
+    """diffusers' ``StableDiffusion3ControlNetInpaintingPipeline.prepare_image_with_mask``: the picture with the
+    pixels to repaint set to -1 (black), repeated for the batch, VAE-encoded with a sample per image (not per CFG
+    row), shifted and scaled; then ``1 - mask`` at the latent size (nearest); both CFG halves the same rows:
+    ``[rows, 17, h, w]``. The mask is binarized at 0.5 after its resize to the picture's size (the unit's mode)."""
+    from .images import binarize, fit_array, mask_gray, nearest, to_nchw
+
+    height, width = picture.shape[:2]
+    where = f"{unit_where} control_mask"
+    gray = fit_array(mask_gray(unit.control_mask, where), width, height, unit.resize, "control mask", where)
+    mask = binarize(gray)
+    masked = np.where(mask[None, None] > 0.5, np.float32(-1.0), to_nchw(picture)).astype(np.float32)
+    latents = pipe._encode_image(np.repeat(masked, batch, axis=0), generator).astype(np.float32)
+    keep = 1.0 - nearest(mask, latents.shape[2], latents.shape[3])
+    cond = np.concatenate([latents, np.repeat(keep[None, None], batch, axis=0)], axis=1).astype(np.float32)
+    return np.concatenate([cond, cond], axis=0) if guided else cond
 
 
 def hook(pipe: Any, units: Sequence[cn.ControlNet], state: cn.ControlState, call: Any = None

@@ -1,0 +1,84 @@
+"""A1111's img2img with a ControlNet unit on an SD3 model, from ``webuiapi`` (a client no one here wrote): the served
+picture is the Python API's for the same unit (whose SD3 ControlNet img2img and inpainting are checked against
+diffusers in tests/flow/test_sd3_controlnet_img2img.py), with and without a ``mask``.
+
+The tiny net (tests/data/pipelines/tiny-sd3-controlnet/canny, a diffusers ControlNet folder in the models folder's
+``ControlNet/``) is of tiny-sd3's widths: it binds onto the tiny weight-free SD3.5 Medium graph beside it, which this
+module's fixture gives in place of the shipped full-size one (sdrt's own lookup, not a vendor library)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from serve_helpers import live_server, needs_server
+
+from sdrt import pipelines
+from sdrt.pipelines.controlnet import ControlNet
+
+pytestmark = needs_server
+Image = pytest.importorskip("PIL.Image", reason="the serve tests need Pillow")
+
+PIPES = Path(__file__).resolve().parents[1] / "data" / "pipelines"
+NETS = PIPES / "tiny-sd3-controlnet"
+PROMPT = "a red cat on a table"
+
+
+@pytest.fixture(scope="module")
+def sd3_models(tmp_path_factory) -> Iterator[Path]:
+    from sdrt.checkpoint import graphs
+    from sdrt.checkpoint import sd3controlnet as scn
+
+    root = tmp_path_factory.mktemp("sd3-cn-models")
+    shutil.copytree(PIPES / "tiny-sd3", root / "tiny-sd3")
+    (root / "ControlNet").mkdir()
+    shutil.copytree(NETS / "canny", root / "ControlNet" / "sd3-canny")
+    shipped = graphs.shipped_graph
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scn, "base_of", lambda lay, shapes: "sd35_medium_transformer")
+        mp.setattr(graphs, "shipped_graph", lambda name: NETS / "sd35_medium_transformer.onnx"
+                   if name == "sd35_medium_transformer" else shipped(name))
+        yield root
+
+
+@pytest.fixture(scope="module")
+def sd3_server(sd3_models) -> Iterator[str]:
+    from sdrt.serve import ServeConfig
+
+    with live_server(ServeConfig(models=sd3_models, backend="openvino")) as url:
+        yield url
+
+
+@pytest.mark.parametrize("case", ["img2img/canny/96x64/cfg 5/strength 0.6/window 0.3-0.7",
+                                  "inpaint/canny/64x96/cfg 5/strength 0.6/window 0-0.67"])
+def test_webuiapi_img2img_with_an_sd3_controlnet_unit(sd3_server, sd3_models, case) -> None:
+    webuiapi = pytest.importorskip("webuiapi", reason="the webuiapi client is a test dependency: pip install webuiapi")
+    refs = np.load(NETS / "img2img.npz")
+    init, edges = refs[f"{case}/init_image"], refs[f"{case}/control_image_0"]
+    h, w = init.shape[:2]
+    host, port = sd3_server.removeprefix("http://").split(":")
+    api = webuiapi.WebUIApi(host=host, port=int(port), sampler="Euler", steps=5)
+    title = next(m for m in api.controlnet_model_list() if m.startswith("sd3-canny ["))
+    unit = webuiapi.ControlNetUnit(image=Image.fromarray(edges), module="none", model=title, weight=0.8,
+                                   resize_mode="Just Resize", guidance_start=0.3, guidance_end=0.7)
+    kw = dict(prompt=PROMPT, seed=7, width=w, height=h, cfg_scale=5, denoising_strength=0.6, alwayson_scripts={})
+    args = dict(init_image=init, strength=0.6, steps=5, seed=7, sampler="Euler", cfg=5, width=w, height=h)
+    if case.startswith("inpaint"):
+        mask = refs[f"{case}/mask"]
+        kw.update(mask_image=Image.fromarray(mask), inpainting_fill=1, inpaint_full_res=False, mask_blur=0)
+        args["mask"] = mask
+    r = api.img2img(images=[Image.fromarray(init)], controlnet_units=[unit], **kw)
+    assert not any("ontrol" in note for note in r.info["sdrt_not_honoured"]), r.info["sdrt_not_honoured"]
+    assert 'ControlNet 0: "Module: none, Model: sd3-canny, Weight: 0.8' in r.info["infotexts"][0]
+    got = np.asarray(r.image.convert("RGB")).astype(int)
+    # the extension's step window (on while 0.3 <= i / 3 <= 0.7 over the 3 steps strength 0.6 runs: step 1)
+    net = ControlNet(str(sd3_models / "ControlNet" / "sd3-canny"), edges, 0.8, 0.3, 0.7, "none", "Just Resize",
+                     window="a1111")
+    with pipelines.load(sd3_models / "tiny-sd3", backend="openvino") as pipe:
+        want = pipe(PROMPT, controlnets=[net], **args)[0].astype(int)
+        plain = pipe(PROMPT, **args)[0].astype(int)
+    assert int(np.abs(got - want).max()) == 0
+    assert int(np.abs(got - plain).max()) > 10  # the unit changed the picture
