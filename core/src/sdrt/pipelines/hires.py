@@ -156,9 +156,12 @@ def model_file(value: object) -> Path | None:
 
 
 def second_pass_steps(hires: Hires, first_steps: int) -> tuple[int, int]:
-    """(schedule length, steps run at its end) of the second pass, A1111's ``setup_img2img_steps``."""
+    """(schedule length, steps run at its end) of the second pass, A1111's ``setup_img2img_steps`` with the steps
+    given (its hires fix passes them): the img2img rule ``"a1111-fix-steps"`` (:mod:`sdrt.pipelines.strength`)."""
+    from .strength import schedule
+
     run = hires.steps or first_steps
-    return max(int(run / min(hires.denoise, 0.999)), run), run
+    return schedule(run, hires.denoise, "a1111-fix-steps", where="hires_denoise")[0], run
 
 
 # ------------------------------------------------------------------ torch's interpolate, in numpy

@@ -53,7 +53,9 @@ mask_blur mask_blur_x mask_blur_y inpainting_fill inpaint_full_res inpaint_full_
 initial_noise_multiplier latent_mask include_init_images init_images mask""".split())
 #: override_settings keys that sdrt reads; any other is named as not honoured
 _OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae", "randn_source", "forge_additional_modules",
-              "hires_fix_refiner_pass"}
+              "hires_fix_refiner_pass", "img2img_fix_steps"}
+#: A1111's boolean options sdrt reads (from override_settings, else the server's options); all off by default
+BOOL_OPTIONS = ("img2img_fix_steps",)
 #: A1111's ``randn_source`` option -> the pipeline's ``rng``
 RANDN_SOURCES = {"GPU": "gpu", "CPU": "cpu", "NV": "nv"}
 
@@ -66,6 +68,17 @@ def hires_refiner_pass(value: Any, field: str) -> str:
         return value.strip().lower()
     raise ApiError(400, f"{field} must be one of {', '.join(HIRES_PASSES)} (A1111's), got {str(value)[:40]!r}",
                    field=field)
+
+
+def option_bool(overrides: dict[str, Any], options: dict[str, Any], key: str) -> bool:
+    """A boolean A1111 option: the request's ``override_settings`` over the server's options (off when neither
+    sets it); a value that is no boolean is a 422 naming ``override_settings.KEY``."""
+    if overrides.get(key) is not None:
+        try:
+            return bool(get_bool(overrides, key, False))
+        except ApiError as exc:
+            raise ApiError(exc.status, f"override_settings.{exc.message}", field=f"override_settings.{key}") from None
+    return bool(get_bool(options, key, False))
 
 
 def randn_source(value: Any, field: str) -> str:
@@ -184,6 +197,10 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     init = None
     if mode == "img2img":
         init = _img2img(body, kwargs, limits, not_honoured)
+        # A1111's img2img steps (sdrt.pipelines.strength): t_enc + 1 steps of the schedule, or with its
+        # img2img_fix_steps option a schedule stretched so that exactly the steps run
+        kwargs["strength_rule"] = "a1111-fix-steps" if option_bool(overrides, options, "img2img_fix_steps") \
+            else "a1111"
     else:
         _hires(body, kwargs, limits, not_honoured, registry.models_dir)
     _variation(body, kwargs)
