@@ -1097,7 +1097,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if getattr(s.toolbox, "refiner", None) is not None:  # it takes over at refiner_switch_at (pipelines.refiner)
             from .refiner import attach
 
-            model, refiner = attach(self, s, model, ms)  # the model the first pass calls, the refiner's run
+            model, refiner = attach(self, s, model, ms, loop.steps)  # the model the first pass calls, the refiner's run
         self._refiner_run = refiner  # an interrupted run's partial image is decoded by the model loaded last
         first = loop.steps
         if control is not None:  # the window of step 0 is judged against the run's steps, as the later steps'

@@ -53,9 +53,9 @@ mask_blur mask_blur_x mask_blur_y inpainting_fill inpaint_full_res inpaint_full_
 initial_noise_multiplier latent_mask include_init_images init_images mask""".split())
 #: override_settings keys that sdrt reads; any other is named as not honoured
 _OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae", "randn_source", "forge_additional_modules",
-              "hires_fix_refiner_pass", "img2img_fix_steps"}
+              "hires_fix_refiner_pass", "img2img_fix_steps", "refiner_switch_by_sample_steps"}
 #: A1111's boolean options sdrt reads (from override_settings, else the server's options); all off by default
-BOOL_OPTIONS = ("img2img_fix_steps",)
+BOOL_OPTIONS = ("img2img_fix_steps", "refiner_switch_by_sample_steps")
 #: A1111's ``randn_source`` option -> the pipeline's ``rng``
 RANDN_SOURCES = {"GPU": "gpu", "CPU": "cpu", "NV": "nv"}
 
@@ -206,7 +206,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     _variation(body, kwargs)
     passes = hires_refiner_pass(overrides["hires_fix_refiner_pass"], "override_settings.hires_fix_refiner_pass") \
         if overrides.get("hires_fix_refiner_pass") else options.get("hires_fix_refiner_pass") or "second pass"
-    refiner = _refiner(body, kwargs, registry, model, not_honoured, passes)
+    refiner = _refiner(body, kwargs, registry, model, not_honoured, passes,
+                       option_bool(overrides, options, "refiner_switch_by_sample_steps"))
     nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
                                                           init, "hires_scale" in kwargs,
                                                           max(limits.max_width, limits.max_height))
@@ -297,11 +298,12 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
 
 
 def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, model: ModelEntry,
-             not_honoured: list[str], passes: str = "second pass") -> ModelEntry | None:
+             not_honoured: list[str], passes: str = "second pass", by_steps: bool = False) -> ModelEntry | None:
     """A1111's ``refiner_checkpoint`` (a model of this server, by name or title) and ``refiner_switch_at``: the
     refiner takes over at that fraction of the schedule (sdrt.pipelines.refiner). Unset, the switch is 0.8, the
     UI's default (A1111's API would run the refiner from the first step). With the hires. fix, ``passes`` (A1111's
-    ``hires_fix_refiner_pass`` option) says in which pass it may take over."""
+    ``hires_fix_refiner_pass`` option) says in which pass it may take over; ``by_steps`` (A1111's
+    ``refiner_switch_by_sample_steps`` option) switches at that fraction of the sampler's denoiser calls."""
     name = get_str(body, "refiner_checkpoint", None)
     if name is None or name.strip() in ("", "None", "none"):
         return None  # refiner_switch_at alone does nothing in A1111 (its example payload sends 0)
@@ -319,6 +321,8 @@ def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, m
         raise ApiError(400, f"refiner_switch_at must be above 0 and at most 1 (1: the refiner never takes over), got "
                             f"{switch:g}", field="refiner_switch_at")
     kwargs["refiner_switch_at"] = switch
+    if by_steps:
+        kwargs["refiner_switch_by_steps"] = True
     if "hires_scale" in kwargs:
         kwargs["hires_refiner_pass"] = passes
     return entry

@@ -48,7 +48,8 @@ class ServerState:
         self._options: dict[str, Any] = {"samples_format": "png", "CLIP_stop_at_last_layers": 1, "randn_source": "CPU",
                                          "sd_model_checkpoint": first.title if first else None,
                                          "sd_vae": "Automatic", "forge_additional_modules": [],
-                                         "hires_fix_refiner_pass": "second pass", "img2img_fix_steps": False}
+                                         "hires_fix_refiner_pass": "second pass", "img2img_fix_steps": False,
+                                         "refiner_switch_by_sample_steps": False}
         self.cluster = cluster
         self.queue = JobQueue(config.devices, self.spec_for, keep=config.keep_models,
                               max_queue=config.limits.max_queue)
