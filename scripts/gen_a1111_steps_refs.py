@@ -15,6 +15,10 @@ The functions are taken out of the files with ``ast`` and run as A1111 runs them
   index of the first sigma and the number of steps run (``len(sigma_sched) - 1``).
 - ``hires``: the same with the steps given, as ``processing.py``'s hires pass calls ``sample_img2img(...,
   steps=hr_second_pass_steps or steps)``.
+- with ``--resize-out``, an ``.npz`` of ``images.resize_image`` with A1111's ``upscaler_for_img2img`` set to
+  ``None``, ``Lanczos`` and ``Nearest`` (``upscaler.py``'s ``Upscaler.upscale`` and the two upscalers' ``do_upscale``
+  run on Pillow), resize modes 0 to 2, on a 16x20 picture enlarged to 40x48 and 48x32 and shrunk to 8x8: key
+  ``{upscaler}/{mode}/{width}x{height}``, and ``picture``. Needs Pillow.
 - ``refiner_by_steps``: ``sd_samplers_common.apply_refiner`` with ``refiner_switch_by_sample_steps`` on, and
   ``SamplerData.total_steps`` with each k-diffusion label's options (``samplers_k_diffusion`` of
   ``sd_samplers_kdiffusion.py``): for each (label, steps, switch_at) the index of the denoiser call that loads the
@@ -60,7 +64,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--a1111", type=Path, required=True, help="a stable-diffusion-webui checkout")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--resize-out", type=Path, default=None, help="also write resize_image's outputs here (.npz)")
     args = ap.parse_args()
+    if args.resize_out is not None:
+        _resize_refs(args.a1111, args.resize_out)
     common = ast.parse((args.a1111 / "modules" / "sd_samplers_common.py").read_text())
     kdiff = ast.parse((args.a1111 / "modules" / "sd_samplers_kdiffusion.py").read_text())
 
@@ -120,6 +127,39 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=0, separators=(",", ":")) + "\n")
     print(f"wrote {args.out}: {len(out['img2img'])} img2img, {len(out['hires'])} hires, {len(rows)} refiner rows")
+
+
+def _resize_refs(root: Path, out: Path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    images = ast.parse((root / "modules" / "images.py").read_text())
+    upscaler = ast.parse((root / "modules" / "upscaler.py").read_text())
+    lanczos, nearest = Image.Resampling.LANCZOS, Image.Resampling.NEAREST
+    base = {"LANCZOS": lanczos, "NEAREST": nearest, "shared": SimpleNamespace(state=SimpleNamespace(interrupted=False))}
+    upscale = _compile(_function(upscaler, "upscale", "Upscaler"), dict(base))
+    scalers = []
+    for cls, name in (("UpscalerNone", "None"), ("UpscalerLanczos", "Lanczos"), ("UpscalerNearest", "Nearest")):
+        kind = type(cls, (), {"upscale": upscale, "do_upscale": _compile(_function(upscaler, "do_upscale", cls),
+                                                                        dict(base)), "scale": 1})
+        scalers.append(SimpleNamespace(name=name, scaler=kind(), data_path=None))
+    opts = SimpleNamespace(upscaler_for_img2img=None)
+    resize_image = _compile(_function(images, "resize_image"), {
+        **base, "Image": Image, "opts": opts, "shared": SimpleNamespace(sd_upscalers=scalers)})
+    rng = np.random.default_rng(7)
+    yy, xx = np.mgrid[0:20, 0:16]
+    smooth = np.stack([xx * 15, yy * 12, (xx + yy) * 7], axis=-1)
+    picture = np.clip(smooth + rng.integers(-40, 40, smooth.shape), 0, 255).astype(np.uint8)
+    data = {"picture": picture}
+    for name in ("None", "Lanczos", "Nearest"):
+        opts.upscaler_for_img2img = name
+        for mode in (0, 1, 2):
+            for w, h in ((40, 48), (48, 32), (8, 8)):
+                got = resize_image(mode, Image.fromarray(picture), w, h)
+                data[f"{name}/{mode}/{w}x{h}"] = np.asarray(got.convert("RGB"), dtype=np.uint8)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, **data)
+    print(f"wrote {out}: {len(data) - 1} resized pictures")
 
 
 if __name__ == "__main__":

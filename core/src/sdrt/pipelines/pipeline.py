@@ -724,7 +724,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 self._init_fit = fit
             else:
                 log.warning("%s", fit)
-        init = fit_array(picture, tw, th, mode)
+        init = fit_array(picture, tw, th, mode, enlarge=self._init_enlarge(s, mode))
         if mode == LATENT_UPSCALE and (tw, th) != (w, h):
             self._init_source = fit_array(picture, *source, mode)
         mask = None
@@ -732,6 +732,27 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             mask = binarize(fit_array(gray, tw, th, mode, "mask", "mask"))
         s.width, s.height = tw, th
         return init, mask
+
+    def _init_enlarge(self, s: Settings, mode: str) -> Any:
+        """A1111's ``upscaler_for_img2img`` (``init_upscaler``) as :func:`sdrt.pipelines.images.fit_image`'s
+        ``enlarge``, or None (a Lanczos resize; the latent upscale mode resizes latents, not pixels)."""
+        from .images import LATENT_UPSCALE, plain_upscale, upscaler_enlarge
+
+        if s.init_upscaler is None or mode == LATENT_UPSCALE:
+            return None
+        name, path = s.init_upscaler
+        if path is None:
+            return upscaler_enlarge(plain_upscale(name))
+        if self._dry:  # the plan: the sizes alone, no model compiled or run
+            return upscaler_enlarge(plain_upscale("Lanczos"))
+        up = self._model_upscaler(path)
+
+        def step(img: Any, scale: float) -> Any:  # an ESRGAN-family model: by its own factor, in tiles
+            from PIL import Image
+
+            return Image.fromarray(up.upscale(np.asarray(img.convert("RGB"))))
+
+        return upscaler_enlarge(step)
 
     @property
     def flux_tool(self) -> str | None:
@@ -1257,6 +1278,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if s.init_image is not None:
             info["Denoising strength"] = _num(s.strength or 0)
             info["Strength rule"] = s.strength_rule  # sdrt's: A1111 writes no field for its own rule
+            if s.init_upscaler is not None:
+                info["Init upscaler"] = s.init_upscaler[0]  # sdrt's: A1111 writes none for upscaler_for_img2img
         if s.guidance_rescale:
             info["CFG Rescale"] = _num(s.guidance_rescale)  # Forge's name (A1111's extension wrote "CFG Rescale phi")
         if s.clip_skip > 1:

@@ -53,6 +53,8 @@ class Settings:
     control_image: Any = None
     #: which part of the schedule img2img's strength runs (sdrt.pipelines.strength.RULES)
     strength_rule: str = "diffusers"
+    #: A1111's upscaler_for_img2img: (name, model file or None) of what enlarges the init image; None: Lanczos
+    init_upscaler: tuple[str, Any] | None = None
 
     @property
     def mode(self) -> str:
@@ -122,7 +124,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              clip_skip: int = 1, guidance: float | None = None, shift: float | None = None,
              max_sequence_length: int | None = None, guidance_rescale: float = 0.0, reference_images: Any = None,
              reference_resize: bool = True, control_image: ImageLike | None = None, resize_mode: Any = None,
-             strength_rule: str | None = None, **toolbox: Any) -> Settings:
+             strength_rule: str | None = None, init_upscaler: Any = None, **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
@@ -132,6 +134,9 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     (A1111's img2img modes 0 to 3; any case).
     ``strength_rule``: which part of the schedule ``strength`` runs: ``"diffusers"`` (default), ``"a1111"`` or
     ``"a1111-fix-steps"`` (:mod:`sdrt.pipelines.strength`).
+    ``init_upscaler``: what enlarges an init image that grows to the size (A1111's ``upscaler_for_img2img``):
+    ``"Lanczos"``, ``"Nearest"`` or a model upscaler (a path, or a name in ``$SDRT_UPSCALERS``); None: a Lanczos
+    resize.
     ``toolbox``: ControlNet, hires fix, preview and seed arguments (:mod:`sdrt.pipelines.toolbox`)."""
     from ..samplers import resolve
     from ..samplers.seeds import resolve_seed
@@ -213,6 +218,12 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                              fix=f"raise {{@strength}} to at least {1 / steps:.3g}, or {{@steps}}")
     if mask is not None:
         check_path(mask, "mask")
+    from .hires import init_upscaler as upscaler_of
+
+    upscaler = upscaler_of(init_upscaler)
+    if upscaler is not None and init_image is None:
+        raise InputError("{@init_upscaler} enlarges an init image, and none was given", where="init_upscaler",
+                         fix="pass {@init_image=} too, or leave {@init_upscaler} unset")
     if resize_mode is not None and init_image is None:
         raise InputError("{@resize_mode} fits an init image (and its mask) to the size, and none was given",
                          where="resize_mode", fix="pass {@init_image=} too, or leave {@resize_mode} unset")
@@ -241,7 +252,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                     shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length,
                     guidance_rescale=float(guidance_rescale), reference_images=references,
                     reference_resize=bool(reference_resize), control_image=control_image, resize_mode=fit,
-                    strength_rule=rule)
+                    strength_rule=rule, init_upscaler=upscaler)
 
 
 def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> None:
@@ -264,7 +275,7 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
             "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "guidance_rescale",
-            "reference_images", "reference_resize", "control_image", "resize_mode", "strength_rule",
+            "reference_images", "reference_resize", "control_image", "resize_mode", "strength_rule", "init_upscaler",
             *TOOLBOX_KEYWORDS)
 
 
@@ -284,6 +295,8 @@ _OTHER_NAMES = {
     "controlnet": "controlnets", "cfg_rescale": "guidance_rescale",
     "_auto_resize": "reference_resize", "reference_image": "reference_images",
     "images": "reference_images (FLUX.1 Kontext) or init_image (img2img)",
+    "upscaler_for_img2img": "init_upscaler", "img2img_fix_steps": "strength_rule='a1111-fix-steps'",
+    "refiner_switch_by_sample_steps": "refiner_switch_by_steps",
     "refiner_checkpoint": "refiner (a model path or a loaded pipeline)",
     "hires_fix_refiner_pass": "hires_refiner_pass (A1111's option: 'first pass', 'second pass' or 'both passes')",
     "denoising_end": "refiner and refiner_switch_at (the base's denoising_end is the switch)",
