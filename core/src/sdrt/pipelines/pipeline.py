@@ -511,7 +511,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         A1111 schedule label, for sampler names without one), seed=None (random), width, height
         (default: the init image's size, else the model's), init_image (any size), strength (0.75; 1.0 with a
         mask), mask (white = repaint), resize_mode ("Just Resize"; how the init image and mask meet width and height:
-        ``sdrt.pipelines.RESIZE_MODES``), batch=1, batch_count=1, clip_skip=1``; the toolbox's
+        ``sdrt.pipelines.RESIZE_MODES``), strength_rule ("diffusers", "a1111" or "a1111-fix-steps": which steps
+        strength runs, sdrt.pipelines.strength), init_upscaler (A1111's upscaler_for_img2img: what enlarges an init
+        image that grows), batch=1, batch_count=1, clip_skip=1``; the toolbox's
         ``controlnets=[(net, image, scale, start, end)]``, ``hires_scale, hires_steps, hires_denoise,
         hires_upscaler``, ``rng="cpu"|"gpu"|"nv", subseed, subseed_strength``, ``preview`` and ``preview_size``
         (docs/toolbox.md). ``callback(step, total, latents)`` is called after every step (it may call
