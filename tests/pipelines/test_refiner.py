@@ -434,3 +434,59 @@ def _dim_vae(tmp_path):
     t = vae_tensors(Graph.load(xl / "vae_decoder" / "model.onnx"), Graph.load(xl / "vae_encoder" / "model.onnx"))
     t["decoder.conv_out.weight"] = t["decoder.conv_out.weight"] * np.float32(0.5)
     return write(tmp_path / "dim_vae.safetensors", t)
+
+
+def _by_steps_rows():
+    import json
+    from pathlib import Path
+
+    table = json.loads((Path(__file__).parent / "data" / "a1111_steps.json").read_text())["refiner_by_steps"]
+    return [r for r in table if r["label"] in ("Euler", "DPM++ 2M", "Heun", "DPM2 a") and r["steps"] in (4, 10)
+            and r["switch_at"] in (0.25, 0.5, 0.8, 1.0)]
+
+
+@pytest.mark.parametrize("row", _by_steps_rows(), ids=lambda r: f"{r['label']}-{r['steps']}-{r['switch_at']}")
+def test_switch_by_sampling_steps_is_a1111s(row) -> None:
+    """``refiner_switch_by_steps`` (A1111's refiner_switch_by_sample_steps): the refiner takes the denoiser calls from
+    the one A1111's own apply_refiner and SamplerData.total_steps pick (tests/pipelines/data/a1111_steps.json,
+    scripts/gen_a1111_steps_refs.py); a diffusers-form sampler (Euler), k-diffusion ones and second-order ones."""
+    from pipeline_helpers import fast_backend
+
+    backend = fast_backend()
+    base, ref = _pipe("tiny-sdxl", backend), _pipe(FOLDER, backend)
+    on_base, on_ref = _counting(base), _counting(ref)
+    try:
+        gen = base.generate("a cat", "blurry", steps=row["steps"], cfg=3, seed=2, sampler=row["label"], refiner=ref,
+                            refiner_switch_at=row["switch_at"], refiner_switch_by_steps=True)
+    finally:
+        del base.denoiser.run, ref.denoiser.run
+    made = len(on_base) + len(on_ref)
+    at = row["switch_call"] if row["switch_call"] is not None else made
+    assert len(on_base) == min(at, made), (len(on_base), len(on_ref))
+    info = gen.settings[0]
+    assert info["Refiner switch by sampling steps"] is True
+    assert ("Refiner" in info) == bool(on_ref)
+
+
+def test_switch_by_steps_needs_a_refiner_and_a_boolean() -> None:
+    register("reference")
+    with pytest.raises(InputError, match="refiner_switch_by_steps without refiner") as err:
+        _pipe("tiny-sdxl", "reference")("a cat", steps=2, seed=1, refiner_switch_by_steps=True)
+    assert err.value.where == "refiner_switch_by_steps"
+    with pytest.raises(InputError, match="must be True or False"):
+        _pipe("tiny-sdxl", "reference")("a cat", steps=2, seed=1, refiner=REFINER, refiner_switch_by_steps="yes")
+
+
+def test_cli_refiner_switch_by_steps(tmp_path, capsys) -> None:
+    from pipeline_helpers import fast_backend
+
+    from sdrt.cli import main
+    from sdrt.pipelines.png import read_parameters
+
+    backend = fast_backend()
+    out = tmp_path / "out.png"
+    assert main(["generate", str(DATA / "tiny-sdxl"), "a red cat", "--steps", "4", "--sampler", "Heun", "--seed", "3",
+                 "--backend", backend, "--refiner", str(REFINER), "--refiner-switch-at", "0.5",
+                 "--refiner-switch-by-steps", "-o", str(out)]) == 0
+    text = read_parameters(out)
+    assert "Refiner switch by sampling steps: True, Refiner: tiny-sdxl-refiner [" in text, text

@@ -144,12 +144,12 @@ def test_two_units_img2img_and_the_init_image_as_control(cn_server, cn_models, p
     assert r.status_code == 200, r.text
     info = json.loads(r.json()["info"])
     assert info["sdrt_not_honoured"] == [] and info["sdrt_ignored_fields"] == []
-    # the extension's step window: guidance 0.5 of 2 steps is on for i / 2 <= 0.5, both steps (diffusers': the first)
+    # the extension's step window: guidance 0.5 of the 3 steps A1111's rule runs at 0.6 of 4 is on for i / 3 <= 0.5: two
     want = _python(pipe, [ControlNet("controlnet", init, 0.9, 0.0, 1.0, "invert", "Crop and Resize", window="a1111"),
                           ControlNet(str(cn_models / "ControlNet" / "tiny_scribble"), _photo(), 1.0, 0.0, 0.5,
                                      "threshold", "Resize and Fill", 100, processor_res=512, pixel_perfect=True,
                                      window="a1111")],
-                   init_image=init, strength=0.6)
+                   init_image=init, strength=0.6, strength_rule="a1111")  # serve runs A1111's img2img steps
     assert np.array_equal(_rgb(r.json()["images"][0]), want)
     text = info["infotexts"][0]
     assert 'ControlNet 0: "Module: invert, Model: controlnet, Weight: 0.9,' in text

@@ -67,11 +67,13 @@ def test_webuiapi_img2img_with_a_flux_controlnet_unit(flux_server, flux_models) 
     assert not any("ontrol" in note for note in r.info["sdrt_not_honoured"]), r.info["sdrt_not_honoured"]
     assert 'ControlNet 0: "Module: none, Model: flux-canny, Weight: 0.8' in r.info["infotexts"][0]
     got = np.asarray(r.image.convert("RGB")).astype(int)
-    # the extension's step window (on while 0.3 <= i / 3 <= 0.7 over the 3 steps strength 0.6 runs: step 1)
+    # the extension's step window (on while 0.3 <= i / 4 <= 0.7 over the 4 steps A1111's rule runs at strength 0.6:
+    # step 2)
     net = ControlNet(str(flux_models / "ControlNet" / "flux-canny"), edges, 0.8, 0.3, 0.7, "none", "Just Resize",
                      window="a1111")
     with pipelines.load(flux_models / "tiny-flux-dev", backend="openvino") as pipe:
-        args = dict(init_image=init, strength=0.6, steps=5, seed=7, sampler="Euler", cfg=1, width=96, height=64)
+        args = dict(init_image=init, strength=0.6, steps=5, seed=7, sampler="Euler", cfg=1, width=96, height=64,
+                    strength_rule="a1111")  # serve's A1111 routes run A1111's img2img steps
         want = pipe(PROMPT, controlnets=[net], **args)[0].astype(int)
         plain = pipe(PROMPT, **args)[0].astype(int)
     assert int(np.abs(got - want).max()) == 0

@@ -151,3 +151,37 @@ def test_hires_fix_refiner_pass_option_is_checked(url):
     r = httpx.post(f"{url}/sdapi/v1/options", json={"hires_fix_refiner_pass": "every pass"}, timeout=60)
     assert r.status_code == 400 and "hires_fix_refiner_pass must be one of" in r.text
     assert httpx.get(f"{url}/sdapi/v1/options", timeout=60).json()["hires_fix_refiner_pass"] == "second pass"
+
+
+def test_refiner_switch_by_sample_steps_runs_as_the_api_does(url):
+    """A1111's refiner_switch_by_sample_steps option, per request and server-wide: the switch counts denoiser calls
+    (Heun: two a step), the pipeline's refiner_switch_by_steps=True image, and the infotext says so."""
+    from backend_helpers import register
+
+    from sdrt import pipelines
+
+    body = dict(refiner_checkpoint="tiny-sdxl-refiner", refiner_switch_at=0.5, sampler_name="Heun", steps=6)
+    out = _txt2img(url, override_settings={"sd_model_checkpoint": "tiny-sdxl", "refiner_switch_by_sample_steps": True},
+                   **body)
+    assert "Refiner switch by sampling steps: True" in out["info"]
+    got = np.asarray(Image.open(io.BytesIO(base64.b64decode(out["images"][0]))).convert("RGB"))
+    register("openvino")
+    with pipelines.load(DATA / "tiny-sdxl", backend="openvino") as pipe:
+        want = pipe("a red cat", steps=6, seed=5, sampler="Heun", width=64, height=64, cfg=7,
+                    refiner=DATA / "tiny-sdxl-refiner", refiner_switch_at=0.5, refiner_switch_by_steps=True)[0]
+        by_time = pipe("a red cat", steps=6, seed=5, sampler="Heun", width=64, height=64, cfg=7,
+                       refiner=DATA / "tiny-sdxl-refiner", refiner_switch_at=0.5)[0]
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(want, by_time)  # the two rules switch at different calls here
+    httpx.post(f"{url}/sdapi/v1/options", json={"refiner_switch_by_sample_steps": True}, timeout=60).raise_for_status()
+    try:
+        again = _txt2img(url, **body)
+    finally:
+        httpx.post(f"{url}/sdapi/v1/options", json={"refiner_switch_by_sample_steps": False},
+                   timeout=60).raise_for_status()
+    assert again["images"] == out["images"] and "Refiner switch by sampling steps: True" in again["info"]
+    plain = _txt2img(url, **body)
+    assert "Refiner switch by sampling steps" not in plain["info"]
+    r = httpx.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "override_settings": {
+        "refiner_switch_by_sample_steps": "often"}}, timeout=60)
+    assert r.status_code == 422 and "override_settings.refiner_switch_by_sample_steps must be true or false" in r.text

@@ -121,3 +121,42 @@ def test_hr_upscaler_runs_a_model(up_server) -> None:
         assert "junk" not in notes[0]
         r = client.post("/sdapi/v1/txt2img", json={**OK, "enable_hr": True, "hr_scale": 1.0, "hr_upscaler": "junk"})
         assert r.status_code == 200 and "Lanczos ran" in json.loads(r.json()["info"])["sdrt_not_honoured"][0]
+
+
+def test_upscaler_for_img2img_enlarges_the_init_image(up_server) -> None:
+    """A1111's upscaler_for_img2img (override_settings, then the server's option): a model of ESRGAN/ enlarges the
+    20x24 init image to 64x64, as the pipeline's init_upscaler does; a name the server lacks is named and the picture
+    is resized with Lanczos (A1111's None); None and a shrinking picture change nothing."""
+    from backend_helpers import register
+
+    body = {**OK, "init_images": [_b64(_image())], "denoising_strength": 0.5, "cfg_scale": 1}
+
+    def run(client, **extra):
+        r = client.post("/sdapi/v1/img2img", json={**body, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with httpx.Client(base_url=up_server, timeout=300) as client:
+        model = run(client, override_settings={"upscaler_for_img2img": "4x-tiny"})
+        assert "Init upscaler: 4x-Tiny" in model["info"] and json.loads(model["info"])["sdrt_not_honoured"] == []
+        plain = run(client)
+        assert "Init upscaler" not in plain["info"] and plain["images"] != model["images"]
+        assert run(client, override_settings={"upscaler_for_img2img": "None"})["images"] == plain["images"]
+        unknown = run(client, override_settings={"upscaler_for_img2img": "R-ESRGAN 4x+"})
+        notes = json.loads(unknown["info"])["sdrt_not_honoured"]
+        assert notes and "upscaler_for_img2img: 'R-ESRGAN 4x+'" in notes[0] and "4x-Tiny" in notes[0]
+        assert unknown["images"] == plain["images"]
+        client.post("/sdapi/v1/options", json={"upscaler_for_img2img": "4x-Tiny"}).raise_for_status()
+        try:
+            assert client.get("/sdapi/v1/options").json()["upscaler_for_img2img"] == "4x-Tiny"
+            assert run(client)["images"] == model["images"]
+        finally:
+            client.post("/sdapi/v1/options", json={"upscaler_for_img2img": None}).raise_for_status()
+        r = client.post("/sdapi/v1/options", json={"upscaler_for_img2img": 4})
+        assert r.status_code == 422 and "upscaler_for_img2img must be an upscaler's name" in r.text
+    register("openvino")
+    with pipelines.load(pipelines.DEMO_MODEL, backend="openvino") as pipe:
+        want = pipe("a red circle", init_image=np.asarray(_image()), width=64, height=64, steps=3, seed=1, cfg=1,
+                    sampler="Euler",
+                    strength=0.5, strength_rule="a1111", init_upscaler=str(DATA / "rrdb_x4_new.safetensors"))[0]
+    np.testing.assert_array_equal(np.asarray(_decoded(model["images"][0])), want)

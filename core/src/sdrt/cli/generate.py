@@ -72,7 +72,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         '"Just Resize" (0, default: stretched), "Crop and Resize" (1: cover, centre crop), '
                         '"Resize and Fill" (2: fit inside, edges stretched into the bars), "Just Resize (latent '
                         'upscale)" (3: encoded at its own size, latents resized); any case, or the number')
+    p.add_argument("--init-upscaler", default=None, metavar="NAME|FILE",
+                   help="what enlarges an --init-image that grows to the size (A1111's upscaler_for_img2img): Lanczos, "
+                        "Nearest, or a model upscaler's .safetensors/.pth file or name in $SDRT_UPSCALERS (default: a "
+                        "Lanczos resize)")
     p.add_argument("--strength", type=float, default=None, help="img2img denoising strength (default 0.75; 1 with --mask)")
+    p.add_argument("--strength-rule", default=None, metavar="RULE",
+                   help="which steps --strength runs: diffusers (default: the last int(steps * strength) of the "
+                        "schedule), a1111 (A1111's: int(min(strength, 0.999) * steps) + 1 of them) or a1111-fix-steps "
+                        "(A1111's img2img_fix_steps option: a schedule stretched so that exactly --steps run)")
     p.add_argument("--mask", default=None, help="inpainting mask, white = repaint (needs --init-image)")
     p.add_argument("--reference", dest="reference_images", action="append", default=None, metavar="IMAGE",
                    help="FLUX.1 Kontext: a picture to edit or draw from (repeat for several; PNG/JPEG, needs Pillow); "
@@ -223,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
                          fix="pass --reference IMAGE (FLUX.1 Kontext), or leave --no-reference-resize out")
     options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, schedule=args.schedule, seed=args.seed,
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
+                   strength_rule=args.strength_rule, init_upscaler=args.init_upscaler,
                    mask=args.mask, resize_mode=args.resize_mode, batch=args.batch, batch_count=args.batch_count,
                    clip_skip=args.clip_skip,
                    guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length,

@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(sd_xl_refiner_1.0.safetensors, or its ONNX/diffusers folder) after an SDXL model")
     r.add_argument("--refiner-switch-at", type=float, default=None, metavar="F",
                    help="the fraction of the schedule the model runs before the refiner (0.8; 1: never)")
+    r.add_argument("--refiner-switch-by-steps", action="store_true", default=None,
+                   help="switch at --refiner-switch-at of the sampler's denoiser calls, not of the timesteps (A1111's "
+                        "refiner_switch_by_sample_steps option)")
     r.add_argument("--hires-refiner-pass", default=None, metavar="PASS",
                    help='with --hires-scale, where the refiner may take over (A1111\'s hires_fix_refiner_pass): '
                         '"second pass" (default), "first pass" (then it runs all of the hires pass), "both passes"')
@@ -160,7 +163,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                     union_mode=union, control_mask=mask))
         opts["controlnets"] = units
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed", "refiner",
-                "refiner_switch_at", "hires_refiner_pass"):
+                "refiner_switch_at", "refiner_switch_by_steps", "hires_refiner_pass"):
         if getattr(args, key) is not None:
             opts[key] = getattr(args, key)
     if args.subseed is not None and not args.subseed_strength:  # A1111: a subseed at strength 0 changes nothing

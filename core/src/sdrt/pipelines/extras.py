@@ -328,7 +328,7 @@ class ToolboxMixin:
         state = self._control(s, call, tw, th)
         model = self.family.denoiser(self._model_part(), ms, call)  # type: ignore[attr-defined]
         if refiner is not None:
-            model = refiner.second_pass(model, ms, tw, th)
+            model = refiner.second_pass(model, ms, tw, th, loop.steps)
         total = loop.steps
         if state is not None:
             state.total = total

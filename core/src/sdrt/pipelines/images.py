@@ -341,9 +341,57 @@ def _scaled(iw: int, ih: int, width: int, height: int, cover: bool) -> tuple[int
     return max(iw * height // ih, 1), height
 
 
+#: A1111's ``Upscaler.upscale(img, scale)`` for an upscaler: the picture enlarged to ``int(side * scale) // 8 * 8``
+Enlarge = Any  # Callable[[PIL.Image.Image, float], PIL.Image.Image]
+
+
+def _resized(img: Any, width: int, height: int, enlarge: Enlarge | None) -> Any:
+    """A1111's ``resize_image`` inner ``resize``: with an upscaler (``upscaler_for_img2img``) a picture that grows
+    (and is no mask, mode ``L``) is first enlarged by it (by ``max(width / w, height / h)``), then any size left
+    over is a Lanczos resize; without one, a Lanczos resize."""
+    from PIL import Image
+
+    if enlarge is not None and img.mode != "L":
+        scale = max(width / img.width, height / img.height)
+        if scale > 1.0:
+            img = enlarge(img, scale)
+    if img.size != (width, height):
+        img = img.resize((width, height), Image.Resampling.LANCZOS)
+    return img
+
+
+def upscaler_enlarge(do_upscale: Any) -> Enlarge:
+    """A1111's ``Upscaler.upscale`` around one upscale step ``do_upscale(img, scale)``: the target is
+    ``int(side * scale) // 8 * 8``; the step runs until the picture reaches it (3 times at most, and no more once a
+    step leaves the size as it was), then a Lanczos resize makes it exactly that size."""
+    from PIL import Image
+
+    def enlarge(img: Any, scale: float) -> Any:
+        dest = (int((img.width * scale) // 8 * 8), int((img.height * scale) // 8 * 8))
+        for _ in range(3):
+            if img.width >= dest[0] and img.height >= dest[1]:
+                break
+            size = img.size
+            img = do_upscale(img, scale)
+            if img.size == size:
+                break
+        return img if img.size == dest else img.resize(dest, Image.Resampling.LANCZOS)
+
+    return enlarge
+
+
+def plain_upscale(name: str) -> Any:
+    """A1111's ``Lanczos`` and ``Nearest`` upscalers' step: the picture resized to ``int(side * scale)``."""
+    from PIL import Image
+
+    resample = Image.Resampling.LANCZOS if name == "Lanczos" else Image.Resampling.NEAREST
+    return lambda img, scale: img.resize((int(img.width * scale), int(img.height * scale)), resample)
+
+
 def fit_image(img: Any, width: int, height: int, mode: str, what: str = "init image",
-              where: str = "init_image") -> Any:
-    """A Pillow image at ``width x height``, fitted as A1111's ``images.resize_image`` does (Lanczos throughout):
+              where: str = "init_image", enlarge: Enlarge | None = None) -> Any:
+    """A Pillow image at ``width x height``, fitted as A1111's ``images.resize_image`` does (Lanczos throughout;
+    ``enlarge``: an upscaler for a picture that grows, A1111's ``upscaler_for_img2img``, :func:`_resized`):
 
     - Just Resize (and its latent upscale, whose pixels it gives for a mask): stretched to the size;
     - Crop and Resize: scaled (aspect kept) to cover the size, centred, the overflow cropped;
@@ -357,7 +405,7 @@ def fit_image(img: Any, width: int, height: int, mode: str, what: str = "init im
     if img.size == (width, height):
         return img
     if mode in (JUST_RESIZE, LATENT_UPSCALE):
-        return img.resize((width, height), Image.Resampling.LANCZOS)
+        return _resized(img, width, height, enlarge)
     iw, ih = img.size
     cover = mode == CROP_AND_RESIZE
     sw, sh = _scaled(iw, ih, width, height, cover)
@@ -367,7 +415,7 @@ def fit_image(img: Any, width: int, height: int, mode: str, what: str = "init im
         raise InputError(f"the {what} is {iw}x{ih}: scaled to cover {width}x{height} it would be {sw}x{sh}, above "
                          f"the limit of {MAX_SIDE} pixels a side", where=where,
                          fix=f"crop it nearer to the shape of {width}x{height}, or use {{@resize_mode=}}'{JUST_RESIZE}'")
-    scaled = img.resize((sw, sh), Image.Resampling.LANCZOS)
+    scaled = _resized(img, sw, sh, enlarge)
     out = Image.new(img.mode, (width, height))
     left, top = width // 2 - sw // 2, height // 2 - sh // 2  # negative when cropping: the paste crops
     out.paste(scaled, (left, top))
@@ -384,7 +432,7 @@ def fit_image(img: Any, width: int, height: int, mode: str, what: str = "init im
 
 
 def fit_array(image: np.ndarray, width: int, height: int, mode: str, what: str = "init image",
-              where: str = "init_image") -> np.ndarray:
+              where: str = "init_image", enlarge: Enlarge | None = None) -> np.ndarray:
     """``fit_image`` for an HxWx3 (or HxW, a mask) uint8 array; Pillow does the resampling."""
     if image.shape[:2] == (height, width):
         return image
@@ -393,4 +441,4 @@ def fit_array(image: np.ndarray, width: int, height: int, mode: str, what: str =
     except ImportError as exc:
         raise InputError(f"the {what} is {image.shape[1]}x{image.shape[0]} and is fitted to {width}x{height}, which "
                          "needs Pillow", where=where, fix=PILLOW_HINT + f", or pass a {width}x{height} {what}") from exc
-    return np.asarray(fit_image(Image.fromarray(image), width, height, mode, what, where), dtype=np.uint8)
+    return np.asarray(fit_image(Image.fromarray(image), width, height, mode, what, where, enlarge), dtype=np.uint8)

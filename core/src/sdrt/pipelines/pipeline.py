@@ -458,36 +458,43 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
         # diffusers' own scheduler arithmetic for the DDPM-trained families; k-diffusion's form otherwise
         kind = _DIFFUSERS_FORM.get((s.choice.sampler, s.choice.schedule)) if isinstance(ms, FolderSchedule) else None
+        steps = s.steps  # the schedule's length: img2img under A1111's fixed steps stretches it
+        if start is not None:  # the hires pass: A1111's steps rule (sdrt.pipelines.hires)
+            pass
+        elif s.strength is None:
+            start = 0
+        elif self.family.flow and s.strength_rule == "diffusers":
+            start = None  # the flow pipelines' own cut, below
+        else:  # img2img's rule (sdrt.pipelines.strength): diffusers' last int(steps * strength) steps, or A1111's
+            from .strength import schedule
+
+            steps, start = schedule(s.steps, s.strength, s.strength_rule)
         if self.family.flow and (s.choice.sampler, s.choice.schedule) == ("euler", "normal"):
             from ..samplers.flowmatch import img2img_timesteps
             from .loops import FlowLoop
 
             assert s.width is not None and s.height is not None
-            ts, sigmas = self.family.flow_timesteps(s.steps, s.width, s.height, s.shift)
-            if s.strength is not None:
+            ts, sigmas = self.family.flow_timesteps(steps, s.width, s.height, s.shift)
+            if start is None:  # SD3's and Flux's img2img pipelines
                 ts, sigmas, _ = img2img_timesteps(ts, sigmas, s.steps, s.strength)
-            elif start:  # the hires pass: the last steps of its schedule (A1111's steps rule), from the upscaled image
+            elif start:  # the hires pass or A1111's rule: the last steps of the schedule, from the noised image
                 ts, sigmas = ts[start:], sigmas[start:]
             return FlowLoop(ts, sigmas, self.family.timestep_scale)
-        if start is not None:  # the hires pass: A1111's steps rule (sdrt.pipelines.hires)
-            pass
-        elif s.strength is None:
-            start = 0
-        else:  # diffusers' get_timesteps: run the last int(steps * strength) steps
+        if start is None:  # a flow model on another sampler: diffusers' rule as the other families
             start = max(s.steps - min(int(s.steps * s.strength), s.steps), 0)
         if kind in ("euler", "euler-karras", "euler_a", "euler_a-karras"):
-            plan = ms.euler_plan(s.steps, karras=kind.endswith("karras"), ancestral=kind.startswith("euler_a")).tail(start)
+            plan = ms.euler_plan(steps, karras=kind.endswith("karras"), ancestral=kind.startswith("euler_a")).tail(start)
             return EulerLoop(ms, plan, ancestral=kind.startswith("euler_a"), generator=generator)
         if kind in ("dpm", "dpm-karras"):
-            return DPMSolverLoop(ms, ms.dpm_plan(s.steps, karras=kind == "dpm-karras").tail(start), offset=start)
+            return DPMSolverLoop(ms, ms.dpm_plan(steps, karras=kind == "dpm-karras").tail(start), offset=start)
         if kind == "ddim":
-            return DDIMLoop(ms, ms.ddim_plan(s.steps).tail(start))
-        sigmas = [float(x) for x in get_sigmas(s.choice.schedule, s.steps, ms,
+            return DDIMLoop(ms, ms.ddim_plan(steps).tail(start))
+        sigmas = [float(x) for x in get_sigmas(s.choice.schedule, steps, ms,
                                                 discard_penultimate=s.choice.discard_penultimate)][start:]
         sampler, options = get_sampler(s.choice.sampler), dict(s.choice.options)
-        if start == 0 and _takes_range(sampler) and math.isfinite(ms.sigma_max):
-            # DPM fast/adaptive integrate over a range: A1111's txt2img passes the model's own (img2img and the
-            # hires pass: the cut schedule's ends, the samplers' default)
+        # DPM fast/adaptive integrate over a range: A1111's txt2img passes the model's own (img2img and the hires
+        # pass: the cut schedule's ends, the samplers' default); diffusers' rule at strength 1 kept the model's
+        if start == 0 and s.strength_rule == "diffusers" and _takes_range(sampler) and math.isfinite(ms.sigma_max):
             options.update(sigma_min=float(ms.sigma_min), sigma_max=float(ms.sigma_max))
         return KLoop(ms, sigmas, sampler, options, seed=seed, generator=generator)
 
@@ -504,7 +511,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         A1111 schedule label, for sampler names without one), seed=None (random), width, height
         (default: the init image's size, else the model's), init_image (any size), strength (0.75; 1.0 with a
         mask), mask (white = repaint), resize_mode ("Just Resize"; how the init image and mask meet width and height:
-        ``sdrt.pipelines.RESIZE_MODES``), batch=1, batch_count=1, clip_skip=1``; the toolbox's
+        ``sdrt.pipelines.RESIZE_MODES``), strength_rule ("diffusers", "a1111" or "a1111-fix-steps": which steps
+        strength runs, sdrt.pipelines.strength), init_upscaler (A1111's upscaler_for_img2img: what enlarges an init
+        image that grows), batch=1, batch_count=1, clip_skip=1``; the toolbox's
         ``controlnets=[(net, image, scale, start, end)]``, ``hires_scale, hires_steps, hires_denoise,
         hires_upscaler``, ``rng="cpu"|"gpu"|"nv", subseed, subseed_strength``, ``preview`` and ``preview_size``
         (docs/toolbox.md). ``callback(step, total, latents)`` is called after every step (it may call
@@ -717,7 +726,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 self._init_fit = fit
             else:
                 log.warning("%s", fit)
-        init = fit_array(picture, tw, th, mode)
+        init = fit_array(picture, tw, th, mode, enlarge=self._init_enlarge(s, mode))
         if mode == LATENT_UPSCALE and (tw, th) != (w, h):
             self._init_source = fit_array(picture, *source, mode)
         mask = None
@@ -725,6 +734,27 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             mask = binarize(fit_array(gray, tw, th, mode, "mask", "mask"))
         s.width, s.height = tw, th
         return init, mask
+
+    def _init_enlarge(self, s: Settings, mode: str) -> Any:
+        """A1111's ``upscaler_for_img2img`` (``init_upscaler``) as :func:`sdrt.pipelines.images.fit_image`'s
+        ``enlarge``, or None (a Lanczos resize; the latent upscale mode resizes latents, not pixels)."""
+        from .images import LATENT_UPSCALE, plain_upscale, upscaler_enlarge
+
+        if s.init_upscaler is None or mode == LATENT_UPSCALE:
+            return None
+        name, path = s.init_upscaler
+        if path is None:
+            return upscaler_enlarge(plain_upscale(name))
+        if self._dry:  # the plan: the sizes alone, no model compiled or run
+            return upscaler_enlarge(plain_upscale("Lanczos"))
+        up = self._model_upscaler(path)
+
+        def step(img: Any, scale: float) -> Any:  # an ESRGAN-family model: by its own factor, in tiles
+            from PIL import Image
+
+            return Image.fromarray(up.upscale(np.asarray(img.convert("RGB"))))
+
+        return upscaler_enlarge(step)
 
     @property
     def flux_tool(self) -> str | None:
@@ -1035,7 +1065,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                              "ordinary model")
         extra = None
         image_latents = None
-        full = s.strength is None or s.strength == 1.0
+        # diffusers starts from pure noise at strength 1; A1111 noises the image latent whatever the strength
+        full = s.strength is None or (s.strength == 1.0 and s.strength_rule == "diffusers")
         lh, lw = shape[2], shape[3]
         # FLUX.1 Kontext (reference images): diffusers' FluxKontextInpaintPipeline encodes the init image by its
         # latent mean (sample_mode="argmax"), drawing nothing from the seed's stream before the noise
@@ -1080,7 +1111,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         if getattr(s.toolbox, "refiner", None) is not None:  # it takes over at refiner_switch_at (pipelines.refiner)
             from .refiner import attach
 
-            model, refiner = attach(self, s, model, ms)  # the model the first pass calls, the refiner's run
+            model, refiner = attach(self, s, model, ms, loop.steps)  # the model the first pass calls, the refiner's run
         self._refiner_run = refiner  # an interrupted run's partial image is decoded by the model loaded last
         first = loop.steps
         if control is not None:  # the window of step 0 is judged against the run's steps, as the later steps'
@@ -1239,6 +1270,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             info.update(infotext(s.reference_images, s.reference_resize))
         if s.init_image is not None:
             info["Denoising strength"] = _num(s.strength or 0)
+            info["Strength rule"] = s.strength_rule  # sdrt's: A1111 writes no field for its own rule
+            if s.init_upscaler is not None:
+                info["Init upscaler"] = s.init_upscaler[0]  # sdrt's: A1111 writes none for upscaler_for_img2img
         if s.guidance_rescale:
             info["CFG Rescale"] = _num(s.guidance_rescale)  # Forge's name (A1111's extension wrote "CFG Rescale phi")
         if s.clip_skip > 1:

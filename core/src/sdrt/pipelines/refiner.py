@@ -16,6 +16,12 @@ scores), encodes the same prompts, and its VAE decodes the result unless the bas
 diffusers with the refiner pipeline's VAE). It must continue the base's latents: the SDXL refiner after an SDXL
 model, or a model of the base's own family; with the base's prediction type (eps or v).
 
+``refiner_switch_by_steps=True`` is A1111's ``refiner_switch_by_sample_steps`` option: the switch counts the
+sampler's denoiser calls instead (``apply_refiner``: ``completed_ratio = step / total_steps``, ``step`` the calls made
+so far in this pass, ``total_steps`` the steps the pass runs, doubled for A1111's second-order samplers), so the call
+``k`` with ``k / total >= switch_at`` and every later one go to the refiner; the infotext says ``Refiner switch by
+sampling steps: True``, as A1111 writes it whenever the option is on.
+
 With the hires fix the switch is the same timestep rule in each pass (each runs its own schedule), and
 ``hires_refiner_pass`` (A1111's ``hires_fix_refiner_pass``) says which passes it may take over in; once it has,
 it stays, its VAE decodes and encodes between the passes and decodes the result (:class:`Run`). The infotext
@@ -44,6 +50,14 @@ DEFAULT_SWITCH_AT = 0.8
 #: take over in (:class:`Run`); A1111's default is the second pass
 HIRES_PASSES = ("first pass", "second pass", "both passes")
 DEFAULT_HIRES_PASS = "second pass"
+#: the samplers A1111 counts two denoiser calls a step for (``"second_order"`` in its sampler tables: Heun, DPM2,
+#: DPM2 a, DPM++ 2S a, DPM++ SDE; its Restart, which sdrt does not run, too): ``SamplerData.total_steps``
+SECOND_ORDER = frozenset({"heun", "dpm_2", "dpm_2_ancestral", "dpmpp_2s_ancestral", "dpmpp_sde"})
+
+
+def calls_per_step(sampler: str) -> int:
+    """What A1111's ``total_steps`` counts a step as, for ``sampler`` (sdrt's name, ``SamplerChoice.sampler``)."""
+    return 2 if sampler in SECOND_ORDER else 1
 
 
 def check_hires_pass(value: Any) -> str:
@@ -148,7 +162,7 @@ class Switch:
     encodes them at the switch)."""
 
     def __init__(self, base: Any, refiner: Any, model_sampling: Any, switch_at: float,
-                 on_switch: Callable[[], None] | None = None) -> None:
+                 on_switch: Callable[[], None] | None = None, by_calls: int | None = None) -> None:
         self.base = base
         self._make = refiner if callable(refiner) and not hasattr(refiner, "predict") else None
         self.refiner = None if self._make is not None else refiner
@@ -157,6 +171,8 @@ class Switch:
         self.switched = False
         self.on_switch = on_switch
         self.train_steps = int(getattr(model_sampling, "num_timesteps", 0) or 1000)
+        #: A1111's refiner_switch_by_sample_steps: the calls the pass counts on (None: by timestep), and those made
+        self.by_calls, self.made = by_calls, 0
 
     @property
     def calls(self) -> int:
@@ -164,8 +180,12 @@ class Switch:
 
     def _pick(self, timestep: float) -> Any:
         if not self.switched:
-            t = int(round(float(timestep)))
-            self.switched = (self.train_steps - 1 - t) / self.train_steps >= self.switch_at
+            if self.by_calls is not None:  # the calls made before this one, of the pass's total
+                self.switched = self.made / self.by_calls >= self.switch_at
+                self.made += 1
+            else:
+                t = int(round(float(timestep)))
+                self.switched = (self.train_steps - 1 - t) / self.train_steps >= self.switch_at
             if self.switched:
                 if self.refiner is None:
                     assert self._make is not None
@@ -210,6 +230,8 @@ class Run:
         self.pipe, self.ref, self.s = pipe, ref, s
         self.switch_at = float(s.toolbox.refiner_switch_at)
         self.passes = s.toolbox.hires_refiner_pass if s.toolbox.hires is not None else None
+        #: A1111's refiner_switch_by_sample_steps: denoiser calls a step count for (None: switch by timestep)
+        self.per_step = calls_per_step(s.choice.sampler) if s.toolbox.refiner_switch_by_steps else None
         #: the refiner has taken over (in A1111's terms: it is the model loaded now)
         self.active = False
         self._cond: tuple[Any, Any] | None = None
@@ -232,23 +254,25 @@ class Run:
         self.pipe._refiner_took = True  # the infotext names the refiner only when it ran (A1111's apply_refiner)
         self.pipe._release(self.pipe.denoiser.name)  # the base's UNet runs no more in this run
 
-    def _switch(self, model: Any, ms: Any, width: int, height: int) -> Switch:
-        return Switch(model, lambda: self.model(width, height), ms, self.switch_at, on_switch=self._took_over)
+    def _switch(self, model: Any, ms: Any, width: int, height: int, steps: int) -> Switch:
+        by_calls = steps * self.per_step if self.per_step is not None else None
+        return Switch(model, lambda: self.model(width, height), ms, self.switch_at, on_switch=self._took_over,
+                      by_calls=by_calls)
 
-    def first_pass(self, model: Any, ms: Any) -> Any:
-        """The model the first (or only) pass calls."""
+    def first_pass(self, model: Any, ms: Any, steps: int) -> Any:
+        """The model the first (or only) pass calls; ``steps``: the steps it runs."""
         if self.passes == "second pass":
             return model
         assert self.s.width is not None and self.s.height is not None
-        return self._switch(model, ms, self.s.width, self.s.height)
+        return self._switch(model, ms, self.s.width, self.s.height, steps)
 
-    def second_pass(self, model: Any, ms: Any, width: int, height: int) -> Any:
-        """The model the hires pass calls (``model``: the base's at the target size)."""
+    def second_pass(self, model: Any, ms: Any, width: int, height: int, steps: int) -> Any:
+        """The model the hires pass calls (``model``: the base's at the target size; ``steps``: the steps it runs)."""
         if self.active:
             return self.model(width, height)
         if self.passes == "first pass":
             return model
-        return self._switch(model, ms, width, height)
+        return self._switch(model, ms, width, height, steps)
 
     @property
     def vae(self) -> Pipeline:
@@ -261,10 +285,11 @@ class Run:
         return pipe
 
 
-def attach(pipe: Pipeline, s: Settings, model: Any, ms: Any) -> tuple[Any, Run]:
-    """``(the model the first pass calls, the refiner's run)`` for one run of ``pipe``."""
+def attach(pipe: Pipeline, s: Settings, model: Any, ms: Any, steps: int) -> tuple[Any, Run]:
+    """``(the model the first pass calls, the refiner's run)`` for one run of ``pipe`` whose first pass runs
+    ``steps`` steps."""
     run = Run(pipe, s)
-    return run.first_pass(model, ms), run
+    return run.first_pass(model, ms, steps), run
 
 
 def infotext(pipe: Pipeline, s: Settings) -> dict[str, object]:
@@ -272,10 +297,12 @@ def infotext(pipe: Pipeline, s: Settings) -> dict[str, object]:
     written only when the refiner took over: a switch past the last step's timestep (1.0, or a late switch with
     few steps) leaves them out, as A1111's ``apply_refiner`` sets them only when it swaps the refiner in."""
     ref = pipe._refiner_job
+    # A1111 writes this one at every denoiser call while its option is on, whether the refiner swaps in or not
+    fields: dict[str, object] = {"Refiner switch by sampling steps": True} \
+        if ref is not None and s.toolbox.refiner_switch_by_steps else {}
     if ref is None or not getattr(pipe, "_refiner_took", False):
-        return {}
+        return fields
     switch = s.toolbox.refiner_switch_at
-    fields: dict[str, object] = {}
     if s.toolbox.hires is not None and s.toolbox.hires_refiner_pass != DEFAULT_HIRES_PASS:
         fields["Hires refiner"] = s.toolbox.hires_refiner_pass  # A1111 sets it first, then the refiner's two
     fields["Refiner"] = f"{ref.folder.name} [{ref.model_hash}]"

@@ -51,6 +51,10 @@ class Settings:
     #: a Flux.1 Canny/Depth model's control image (sdrt.pipelines.fluxtools); a ControlNet unit when it came from
     #: ``--control-image`` (its preprocessor and resize mode)
     control_image: Any = None
+    #: which part of the schedule img2img's strength runs (sdrt.pipelines.strength.RULES)
+    strength_rule: str = "diffusers"
+    #: A1111's upscaler_for_img2img: (name, model file or None) of what enlarges the init image; None: Lanczos
+    init_upscaler: tuple[str, Any] | None = None
 
     @property
     def mode(self) -> str:
@@ -120,7 +124,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              clip_skip: int = 1, guidance: float | None = None, shift: float | None = None,
              max_sequence_length: int | None = None, guidance_rescale: float = 0.0, reference_images: Any = None,
              reference_resize: bool = True, control_image: ImageLike | None = None, resize_mode: Any = None,
-             **toolbox: Any) -> Settings:
+             strength_rule: str | None = None, init_upscaler: Any = None, **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
@@ -128,6 +132,11 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     ``resize_mode``: how ``init_image`` and ``mask`` meet ``width`` and ``height`` when their size differs:
     ``"Just Resize"`` (default), ``"Crop and Resize"``, ``"Resize and Fill"``, ``"Just Resize (latent upscale)"``
     (A1111's img2img modes 0 to 3; any case).
+    ``strength_rule``: which part of the schedule ``strength`` runs: ``"diffusers"`` (default), ``"a1111"`` or
+    ``"a1111-fix-steps"`` (:mod:`sdrt.pipelines.strength`).
+    ``init_upscaler``: what enlarges an init image that grows to the size (A1111's ``upscaler_for_img2img``):
+    ``"Lanczos"``, ``"Nearest"`` or a model upscaler (a path, or a name in ``$SDRT_UPSCALERS``); None: a Lanczos
+    resize.
     ``toolbox``: ControlNet, hires fix, preview and seed arguments (:mod:`sdrt.pipelines.toolbox`)."""
     from ..samplers import resolve
     from ..samplers.seeds import resolve_seed
@@ -189,17 +198,32 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                              fix="pass {@init_image=}, or leave {@strength} unset")
         if not _number(strength) or not 0 < strength <= 1:
             raise InputError(f"{{@strength}} must be in (0, 1], got {strength!r}", where="strength", fix="use e.g. 0.75")
+    from .strength import DEFAULT, check_rule, schedule
+
+    rule = DEFAULT
+    if strength_rule is not None:
+        rule = check_rule(strength_rule)
+        if init_image is None:
+            raise InputError("{@strength_rule} applies only with an init image", where="strength_rule",
+                             fix="pass {@init_image=}, or leave {@strength_rule} unset")
     if init_image is not None:
         check_path(init_image, "init image")
         init_strength = strength
         strength = float(strength if strength is not None else (1.0 if mask is not None else 0.75))
-        if min(int(steps * strength), steps) < 1:
+        schedule(steps, strength, rule)  # A1111's fixed steps: a stretched schedule within the bounds
+        if rule == "diffusers" and min(int(steps * strength), steps) < 1:  # A1111's rules run one step at least
             given = "strength" if init_strength is not None else "steps"  # the default strength is not the user's
             said = "{@strength}" if given == "strength" else "the default strength"
             raise InputError(f"{said} {strength} of {steps} steps leaves no step to run", where=given,
                              fix=f"raise {{@strength}} to at least {1 / steps:.3g}, or {{@steps}}")
     if mask is not None:
         check_path(mask, "mask")
+    from .hires import init_upscaler as upscaler_of
+
+    upscaler = upscaler_of(init_upscaler)
+    if upscaler is not None and init_image is None:
+        raise InputError("{@init_upscaler} enlarges an init image, and none was given", where="init_upscaler",
+                         fix="pass {@init_image=} too, or leave {@init_upscaler} unset")
     if resize_mode is not None and init_image is None:
         raise InputError("{@resize_mode} fits an init image (and its mask) to the size, and none was given",
                          where="resize_mode", fix="pass {@init_image=} too, or leave {@resize_mode} unset")
@@ -218,12 +242,17 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     if init_image is not None and getattr(extras, "hires", None) is not None:  # found once the model had loaded
         raise InputError("the hires fix is a txt2img pass followed by img2img", where="hires_scale",
                          fix="leave {@init_image} and {@mask} out, or {@hires_scale} unset")
+    if getattr(extras, "hires", None) is not None:
+        from .hires import second_pass_steps
+
+        second_pass_steps(extras.hires, steps)  # its stretched schedule within the bounds, before any model loads
     return Settings(prompt, negative_prompt or "", steps, float(cfg) if cfg is not None else None,  # type: ignore[arg-type]
                     sampler, choice, int(seed), width, height, strength, batch, batch_count, clip_skip, init_image,
                     mask, toolbox=extras, guidance=None if guidance is None else float(guidance),
                     shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length,
                     guidance_rescale=float(guidance_rescale), reference_images=references,
-                    reference_resize=bool(reference_resize), control_image=control_image, resize_mode=fit)
+                    reference_resize=bool(reference_resize), control_image=control_image, resize_mode=fit,
+                    strength_rule=rule, init_upscaler=upscaler)
 
 
 def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> None:
@@ -246,7 +275,8 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 #: the keyword arguments of generate / __call__ / plan (validate's; generate also takes callback)
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
             "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "guidance_rescale",
-            "reference_images", "reference_resize", "control_image", "resize_mode", *TOOLBOX_KEYWORDS)
+            "reference_images", "reference_resize", "control_image", "resize_mode", "strength_rule", "init_upscaler",
+            *TOOLBOX_KEYWORDS)
 
 
 #: other libraries' names for these arguments (diffusers', A1111's API): what to pass here instead. A near spelling
@@ -265,6 +295,8 @@ _OTHER_NAMES = {
     "controlnet": "controlnets", "cfg_rescale": "guidance_rescale",
     "_auto_resize": "reference_resize", "reference_image": "reference_images",
     "images": "reference_images (FLUX.1 Kontext) or init_image (img2img)",
+    "upscaler_for_img2img": "init_upscaler", "img2img_fix_steps": "strength_rule='a1111-fix-steps'",
+    "refiner_switch_by_sample_steps": "refiner_switch_by_steps",
     "refiner_checkpoint": "refiner (a model path or a loaded pipeline)",
     "hires_fix_refiner_pass": "hires_refiner_pass (A1111's option: 'first pass', 'second pass' or 'both passes')",
     "denoising_end": "refiner and refiner_switch_at (the base's denoising_end is the switch)",

@@ -28,7 +28,7 @@ from ..errors import InputError
 
 KEYWORDS = ("controlnets", "guess_mode", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "rng",
             "subseed", "subseed_strength", "preview", "preview_size", "refiner", "refiner_switch_at",
-            "hires_refiner_pass")
+            "refiner_switch_by_steps", "hires_refiner_pass")
 
 
 @dataclass
@@ -44,6 +44,8 @@ class Toolbox:
     #: a refiner after the base (a model path or a Pipeline) and where it takes over (sdrt.pipelines.refiner)
     refiner: Any = None
     refiner_switch_at: float | None = None
+    #: A1111's refiner_switch_by_sample_steps: the switch counts the sampler's denoiser calls, not timesteps
+    refiner_switch_by_steps: bool = False
     #: with the hires fix: the passes the refiner may take over in (A1111's hires_fix_refiner_pass)
     hires_refiner_pass: str = "second pass"
 
@@ -125,14 +127,22 @@ def _refiner(kwargs: dict[str, Any], tb: Toolbox) -> None:
     from . import refiner
 
     spec, switch, passes = kwargs.get("refiner"), kwargs.get("refiner_switch_at"), kwargs.get("hires_refiner_pass")
+    by_steps = kwargs.get("refiner_switch_by_steps")
     if spec is None or spec == "":
-        for name, value in (("refiner_switch_at", switch), ("hires_refiner_pass", passes)):
+        for name, value in (("refiner_switch_at", switch), ("hires_refiner_pass", passes),
+                            ("refiner_switch_by_steps", by_steps or None)):
             if value is not None:
                 raise InputError(f"{{@{name}}} without {{@refiner}}", where=name,
                                  fix=f"pass {{@refiner}} (the refiner model) too, or leave {{@{name}}} out")
         return
     tb.refiner = refiner.check_spec(spec)
     tb.refiner_switch_at = refiner.check_switch_at(refiner.DEFAULT_SWITCH_AT if switch is None else switch)
+    if by_steps is not None:
+        if not isinstance(by_steps, (bool, np.bool_)):
+            raise InputError(f"{{@refiner_switch_by_steps}} must be True or False, got {by_steps!r:.40}",
+                             where="refiner_switch_by_steps",
+                             fix="pass True (switch by the sampler's steps) or False (by timestep, A1111's default)")
+        tb.refiner_switch_by_steps = bool(by_steps)
     if passes is not None:
         if tb.hires is None:
             raise InputError("{@hires_refiner_pass} needs {@hires_scale}", where="hires_refiner_pass",

@@ -53,7 +53,9 @@ mask_blur mask_blur_x mask_blur_y inpainting_fill inpaint_full_res inpaint_full_
 initial_noise_multiplier latent_mask include_init_images init_images mask""".split())
 #: override_settings keys that sdrt reads; any other is named as not honoured
 _OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae", "randn_source", "forge_additional_modules",
-              "hires_fix_refiner_pass"}
+              "hires_fix_refiner_pass", "img2img_fix_steps", "refiner_switch_by_sample_steps", "upscaler_for_img2img"}
+#: A1111's boolean options sdrt reads (from override_settings, else the server's options); all off by default
+BOOL_OPTIONS = ("img2img_fix_steps", "refiner_switch_by_sample_steps")
 #: A1111's ``randn_source`` option -> the pipeline's ``rng``
 RANDN_SOURCES = {"GPU": "gpu", "CPU": "cpu", "NV": "nv"}
 
@@ -66,6 +68,17 @@ def hires_refiner_pass(value: Any, field: str) -> str:
         return value.strip().lower()
     raise ApiError(400, f"{field} must be one of {', '.join(HIRES_PASSES)} (A1111's), got {str(value)[:40]!r}",
                    field=field)
+
+
+def option_bool(overrides: dict[str, Any], options: dict[str, Any], key: str) -> bool:
+    """A boolean A1111 option: the request's ``override_settings`` over the server's options (off when neither
+    sets it); a value that is no boolean is a 422 naming ``override_settings.KEY``."""
+    if overrides.get(key) is not None:
+        try:
+            return bool(get_bool(overrides, key, False))
+        except ApiError as exc:
+            raise ApiError(exc.status, f"override_settings.{exc.message}", field=f"override_settings.{key}") from None
+    return bool(get_bool(options, key, False))
 
 
 def randn_source(value: Any, field: str) -> str:
@@ -183,13 +196,19 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
                                   height=height, batch=batch, clip_skip=clip_skip, rng=rng)
     init = None
     if mode == "img2img":
-        init = _img2img(body, kwargs, limits, not_honoured)
+        upscaler = _img2img_upscaler(overrides, options, registry.models_dir, not_honoured)
+        init = _img2img(body, kwargs, limits, not_honoured, upscaler)
+        # A1111's img2img steps (sdrt.pipelines.strength): t_enc + 1 steps of the schedule, or with its
+        # img2img_fix_steps option a schedule stretched so that exactly the steps run
+        kwargs["strength_rule"] = "a1111-fix-steps" if option_bool(overrides, options, "img2img_fix_steps") \
+            else "a1111"
     else:
         _hires(body, kwargs, limits, not_honoured, registry.models_dir)
     _variation(body, kwargs)
     passes = hires_refiner_pass(overrides["hires_fix_refiner_pass"], "override_settings.hires_fix_refiner_pass") \
         if overrides.get("hires_fix_refiner_pass") else options.get("hires_fix_refiner_pass") or "second pass"
-    refiner = _refiner(body, kwargs, registry, model, not_honoured, passes)
+    refiner = _refiner(body, kwargs, registry, model, not_honoured, passes,
+                       option_bool(overrides, options, "refiner_switch_by_sample_steps"))
     nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
                                                           init, "hires_scale" in kwargs,
                                                           max(limits.max_width, limits.max_height))
@@ -280,11 +299,12 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
 
 
 def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, model: ModelEntry,
-             not_honoured: list[str], passes: str = "second pass") -> ModelEntry | None:
+             not_honoured: list[str], passes: str = "second pass", by_steps: bool = False) -> ModelEntry | None:
     """A1111's ``refiner_checkpoint`` (a model of this server, by name or title) and ``refiner_switch_at``: the
     refiner takes over at that fraction of the schedule (sdrt.pipelines.refiner). Unset, the switch is 0.8, the
     UI's default (A1111's API would run the refiner from the first step). With the hires. fix, ``passes`` (A1111's
-    ``hires_fix_refiner_pass`` option) says in which pass it may take over."""
+    ``hires_fix_refiner_pass`` option) says in which pass it may take over; ``by_steps`` (A1111's
+    ``refiner_switch_by_sample_steps`` option) switches at that fraction of the sampler's denoiser calls."""
     name = get_str(body, "refiner_checkpoint", None)
     if name is None or name.strip() in ("", "None", "none"):
         return None  # refiner_switch_at alone does nothing in A1111 (its example payload sends 0)
@@ -302,6 +322,8 @@ def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, m
         raise ApiError(400, f"refiner_switch_at must be above 0 and at most 1 (1: the refiner never takes over), got "
                             f"{switch:g}", field="refiner_switch_at")
     kwargs["refiner_switch_at"] = switch
+    if by_steps:
+        kwargs["refiner_switch_by_steps"] = True
     if "hires_scale" in kwargs:
         kwargs["hires_refiner_pass"] = passes
     return entry
@@ -316,9 +338,42 @@ def _variation(body: dict[str, Any], kwargs: dict[str, Any]) -> None:
         kwargs["subseed_strength"] = strength
 
 
-def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str]) -> Any:
+def _img2img_upscaler(overrides: dict[str, Any], options: dict[str, Any], models_dir: Path | None,
+                      not_honoured: list[str]) -> str | None:
+    """A1111's ``upscaler_for_img2img`` (``override_settings`` over the server's option): ``Lanczos``, ``Nearest``
+    or a model upscaler of the models folder (its path), for the pipeline's ``init_upscaler``; None for A1111's
+    default (``None``: a Lanczos resize) and for a name this server lacks, which is named, as an unknown
+    ``hr_upscaler`` is (A1111 falls back to ``None`` then too)."""
+    from ..pipelines.hires import IMAGE_MODES
+
+    key = "upscaler_for_img2img"
+    given = overrides.get(key) if overrides.get(key) is not None else options.get(key)
+    if given is None:
+        return None
+    if not isinstance(given, str):
+        field = f"override_settings.{key}" if overrides.get(key) is not None else key
+        raise ApiError(422, f"{field} must be an upscaler's name (a string), got {type(given).__name__}", field=field)
+    name = given.strip()
+    if name.casefold() in ("", "none"):
+        return None
+    plain = {u.casefold(): u for u in IMAGE_MODES}
+    if name.casefold() in plain:
+        return plain[name.casefold()]
+    model = extras.resolve(name, models_dir)
+    if model is not None:
+        return str(model)
+    models = ", ".join(extras.runnable(models_dir)) or "none"
+    not_honoured.append(f"{key}: {name[:60]!r} is not one of sdrt's ({', '.join(IMAGE_MODES)}) nor a model upscaler "
+                        f"in the models folder's ESRGAN/ or RealESRGAN/ ({models}); the init image was resized with "
+                        "Lanczos (A1111's None)")
+    return None
+
+
+def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str],
+             upscaler: str | None = None) -> Any:
     """A1111's img2img fields into ``kwargs``; returns the init image as sent (ControlNet units without an image
-    read it, as the extension reads ``p.init_images[0]``)."""
+    read it, as the extension reads ``p.init_images[0]``). ``upscaler``: A1111's ``upscaler_for_img2img`` (the
+    pipeline's ``init_upscaler``): the picture is then fitted by the worker's pipeline, which runs it."""
     images = get_list(body, "init_images")
     if not images:
         raise ApiError(400, "img2img needs init_images: a list with one base64 PNG or JPEG", field="init_images")
@@ -347,9 +402,13 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
     mode = RESIZE_MODES[resize_mode]
     picture = b64images.rgb_array(img)
     latent = mode == LATENT_UPSCALE
-    kwargs["init_image"] = picture if latent else _fit(picture, width, height, mode, "init_images[0]")
-    if latent:
+    # an upscaler runs a model on the worker's device: the pipeline fits the picture then (the same fit_image)
+    fitted_later = latent or upscaler is not None
+    kwargs["init_image"] = picture if fitted_later else _fit(picture, width, height, mode, "init_images[0]")
+    if fitted_later:
         kwargs["resize_mode"] = mode
+    if upscaler is not None and not latent:
+        kwargs["init_upscaler"] = upscaler
     kwargs["strength"] = get_float(body, "denoising_strength", 0.75, 0.0, 1.0, low_open=True)
     mask = body.get("mask")
     if mask is not None and mask != "":

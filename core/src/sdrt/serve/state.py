@@ -48,7 +48,8 @@ class ServerState:
         self._options: dict[str, Any] = {"samples_format": "png", "CLIP_stop_at_last_layers": 1, "randn_source": "CPU",
                                          "sd_model_checkpoint": first.title if first else None,
                                          "sd_vae": "Automatic", "forge_additional_modules": [],
-                                         "hires_fix_refiner_pass": "second pass"}
+                                         "hires_fix_refiner_pass": "second pass", "img2img_fix_steps": False,
+                                         "refiner_switch_by_sample_steps": False, "upscaler_for_img2img": None}
         self.cluster = cluster
         self.queue = JobQueue(config.devices, self.spec_for, keep=config.keep_models,
                               max_queue=config.limits.max_queue)
@@ -118,12 +119,24 @@ class ServerState:
         if "forge_additional_modules" in body:  # Forge's: VAE and text-encoder files, stored by their names
             updates["forge_additional_modules"] = [e.name for e in modules.check_modules(
                 self.registry, body["forge_additional_modules"], "forge_additional_modules")]
+        from .a1111 import BOOL_OPTIONS
+        from .fields import get_bool
+
+        for key in BOOL_OPTIONS:
+            if body.get(key) is not None:
+                updates[key] = get_bool(body, key, False)
+        if "upscaler_for_img2img" in body:  # A1111's: an upscaler's name (None: a Lanczos resize), read per request
+            value = body["upscaler_for_img2img"]
+            if value is not None and (not isinstance(value, str) or len(value) > 500):
+                raise ApiError(422, "upscaler_for_img2img must be an upscaler's name (GET /sdapi/v1/upscalers lists "
+                                    "them) or null", field="upscaler_for_img2img")
+            updates["upscaler_for_img2img"] = value
         clip = get_int(body, "CLIP_stop_at_last_layers", None, 1, 12)
         if clip is not None:
             updates["CLIP_stop_at_last_layers"] = clip
         for key, value in body.items():
             if key in ("sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_checkpoint_hash", "randn_source", "sd_vae",
-                       "forge_additional_modules", "hires_fix_refiner_pass"):
+                       "forge_additional_modules", "hires_fix_refiner_pass", "upscaler_for_img2img", *BOOL_OPTIONS):
                 continue
             if not isinstance(key, str) or len(key) > 100:
                 raise ApiError(400, "option names are strings of at most 100 characters", field=str(key)[:100])
