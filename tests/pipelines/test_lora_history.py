@@ -44,3 +44,20 @@ def test_a_lora_job_is_the_same_first_in_a_fresh_pipeline_and_after_other_jobs(b
         diff = np.abs(first.astype(int) - got.astype(int))
         assert diff.max() == 0, f"{backend}: the LoRA job {what} is {diff.max()} levels off the first ({(diff > 0).sum()} values)"
     assert np.array_equal(plain, fresh_plain), "a job without a LoRA after one with it differs from a fresh pipeline's"
+
+
+@pytest.mark.xfail(strict=True, reason="left: a checkpoint bound on live OpenVINO sessions runs the swappable form, "
+                   "one bound before the first job the default compile (24 levels apart at bf16 on tiny SD 1.x); "
+                   "docs/checkpoints.md, LoRA")
+def test_a_checkpoint_job_is_the_same_bound_before_the_first_job_and_after_one(monkeypatch):
+    monkeypatch.delenv("SDRT_PRECISION", raising=False)
+    register("openvino")
+    ckpt = DATA.parent / "ckpt" / "pipe-sd15" / "custom.safetensors"
+    with pipelines.load(DATA / "tiny-sd15", backend="openvino") as pipe:
+        pipe.load_weights(ckpt)
+        before = _image(pipe, [])
+    with pipelines.load(DATA / "tiny-sd15", backend="openvino") as pipe:
+        _image(pipe, [])
+        pipe.load_weights(ckpt)
+        after = _image(pipe, [])
+    assert np.array_equal(before, after)
