@@ -87,3 +87,25 @@ def test_a_missing_model_is_named_as_missing_not_its_default_output_folder(tmp_p
     args = [command, str(tmp_path / "nope" / "m.onnx")] + (["--to", "int8"] if command == "quantize" else [])
     assert main(args) == 1
     assert "the model file does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink"])
+def test_generate_refuses_a_preview_dir_whose_previews_would_overwrite_an_input(registry, tmp_path, capsys, how):
+    """--preview-dir writes preview-R-NNN.png: an input under such a name there (or a link to one) was overwritten
+    by the first preview; --init-image previews/preview-1-001.png is refused before the model loads."""
+    previews = tmp_path / "previews"
+    previews.mkdir()
+    image = _image(tmp_path / "init.png")
+    before = image.read_bytes()
+    if how == "same":
+        image = previews / "preview-1-001.png"
+        _image(image)
+        before = image.read_bytes()
+    else:
+        (os.symlink if how == "symlink" else os.link)(image, previews / "preview-1-001.png")
+    args = ["generate", "a fox", "--init-image", str(image), "--steps", "4", "--preview-dir", str(previews),
+            "-o", str(tmp_path / "out.png"), "--backend", "reference"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--preview-dir" in err and "preview-1-001.png" in err and "--init-image" in err, err
+    assert "Traceback" not in err and image.read_bytes() == before

@@ -108,10 +108,6 @@ def test_a_vae_replaced_in_place_or_renamed_over_is_the_next_jobs(url, root) -> 
 def test_a_lora_replaced_is_read_again(url, root) -> None:
     lora = root / "loras" / "style.safetensors"
     with httpx.Client(base_url=url, timeout=300) as c:
-        # a job without a LoRA first: the UNet's first compile then holds the base weights and every LoRA below is
-        # bound on that session, as when this file runs whole (a LoRA merged into the first compile can be 1 level
-        # off the same LoRA bound later: docs/openvino.md, "Exactness")
-        _image(c, sd_model_checkpoint="tiny-sd15")
         b = _image(c, sd_model_checkpoint="tiny-sd15", prompt=JOB["prompt"] + " <lora:style_b:1>")
         a = _image(c, sd_model_checkpoint="tiny-sd15", prompt=JOB["prompt"] + " <lora:style:1>")
         assert np.abs(a.astype(int) - b.astype(int)).mean() > 1

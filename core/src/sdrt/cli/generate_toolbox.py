@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,10 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"cannot write into the folder {args.preview_dir}: it is not writable", where="--preview-dir",
                          fix="pick a folder you can write to")
     return opts
+
+
+#: the names ``PreviewWriter`` writes (``--preview-dir`` is checked against the inputs with it)
+PREVIEW_NAMES = re.compile(r"preview-\d+-\d{3,}\.png")
 
 
 class PreviewWriter:

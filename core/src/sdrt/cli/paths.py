@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -37,6 +38,33 @@ def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
     return path
 
 
+def _paths(value: object) -> list[str | os.PathLike[str]]:
+    """A flag's value as a list of paths (none for None or "")."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [value]
+    return [v for v in value if v]  # type: ignore[attr-defined]
+
+
+def check_folder_writes(flag: str, folder: str | os.PathLike[str], names: re.Pattern[str],
+                        inputs: Mapping[str, str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None]) -> None:
+    """Refuse, before any work, a folder the run writes files into (``--preview-dir``: ``names`` matches the
+    names it writes) that holds one of the input files under such a name (or a link to one): writing there would
+    destroy that input."""
+    try:
+        written = [e for e in Path(folder).iterdir() if names.fullmatch(e.name)]
+    except OSError:  # an unreadable folder is refused by the folder's own checks
+        return
+    for target in written:
+        for in_flag, in_value in inputs.items():
+            for src in _paths(in_value):
+                if _same_file(target, src):
+                    raise InputError(f"{flag} {folder} holds {target.name}, which is {in_flag} {src}, and a file of "
+                                     f"that name is written there: it would destroy that input", where=flag,
+                                     fix=f"pass another {flag} (an empty folder), or move the input out of it")
+
+
 def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     """Whether two paths name one file: the same resolved path (a symlink to it), or the same inode (a hard link)."""
     try:
@@ -54,13 +82,7 @@ def check_writes(outputs: Mapping[str, str | os.PathLike[str] | Iterable[str | o
     ``outputs`` and ``inputs`` map each flag (``"-o"``, ``"--init-image"``) to a path, a list of paths
     or None (not given). An output that is the same file as an input (the same path, a symlink to it,
     a hard link) would destroy that input; a missing folder is not created (as ``sdrt generate`` refuses it)."""
-    def paths(value: object) -> list[str | os.PathLike[str]]:
-        if value is None or value == "":
-            return []
-        if isinstance(value, (str, os.PathLike)):
-            return [value]
-        return [v for v in value if v]  # type: ignore[attr-defined]
-
+    paths = _paths
     for flag, value in outputs.items():
         for out in paths(value):
             folder = Path(out).parent

@@ -53,6 +53,10 @@ class Part:
         self.sd3_layout: Any = None
         #: rebuilds ``weights`` after low-memory mode dropped them with the graph (sdrt.pipelines.lowmem)
         self.weights_factory: Callable[[], Weights] | None = None
+        #: the part's weights without its LoRAs (``weights`` holds them merged), or None: a new session compiles with
+        #: these and gets ``weights`` through ``update_weights``, the path a LoRA bound on a live session takes, so
+        #: that a LoRA's image does not depend on whether a session existed before it (``WeightState._bind``)
+        self.compile_factory: Callable[[], Weights] | None = None
         #: leave external initializer data mapped from disk (set by low-memory mode)
         self.lazy_external = False
         #: run as block groups of at most this many weight bytes, one loaded at a time (sdrt.pipelines.streaming)
@@ -148,7 +152,14 @@ class Part:
                 sess = StreamedSession(pinned, self.weights, max_weight_bytes=self.stream_bytes, backend=self.backend,
                                        device=self.device, share=self.stream_share, options=self.options)
             else:
-                sess = load(pinned, weights=self.weights, backend=self.backend, device=self.device, **self.options)
+                first = self.compile_factory() if self.compile_factory is not None else self.weights
+                sess = load(pinned, weights=first, backend=self.backend, device=self.device, **self.options)
+                if first is not self.weights and self.weights is not None:
+                    try:
+                        sess.update_weights(self.weights)
+                    except BaseException:
+                        sess.close()
+                        raise
             self.sessions[key] = sess
         return sess
 

@@ -1359,6 +1359,8 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     be, dev = select(backend, device)
     _check_options(be, dev, options)
     text_encoders = _part_files(vae, text_encoders)
+    if t5 is False:
+        _refuse_unused_t5(text_encoders)
     if is_single_file(model):
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
                                   prediction=prediction, family=family)
@@ -1397,6 +1399,23 @@ def flow_size_error(width: int | None, height: int | None, label: str) -> InputE
     down = value - value % 16
     return InputError(f"{{@{where}}} {value} is not a multiple of 16, which {label} needs (VAE 8 x patch 2)",
                       where=where, fix=f"use {down} or {down + 16}" if down else "use 16")
+
+
+def _refuse_unused_t5(files: list[Any]) -> None:
+    """``t5=False`` with a T5-XXL file among ``text_encoders``: the file would be read and checked, then left out
+    with the T5 part; refused (a file that cannot be opened is left to the part-file checks that name it)."""
+    from ..checkpoint.families import identify
+    from ..weights import Weights
+
+    for f in files:
+        try:
+            kind = identify(Weights.open(f).shapes()).kind
+        except (SdrtError, OSError):
+            continue
+        if kind == "t5xxl":
+            raise InputError(f"t5=False (--no-t5) leaves T5-XXL out, and {{@text_encoders}} {Path(f).name} is a T5-XXL "
+                             "text encoder, which would not be used", where=str(f),
+                             fix="drop --no-t5 / t5=False to run with that T5 file, or leave the file out")
 
 
 def _without_t5(folder: ModelFolder, t5: Any) -> ModelFolder:

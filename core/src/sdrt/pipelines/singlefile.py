@@ -206,6 +206,13 @@ def _plan_files(pipe: Pipeline, vae: PathLike | None, encoders: list[PathLike]
     planned: dict[str, dict[str, Any]] = {}
     for pf in files:
         parts = [p for p in pf.parts if p in pipe.parts]
+        if not parts:  # SD3's optional T5 on a folder without text_encoder_3/: the file was checked, then unused
+            arg = "vae" if pf.kind.startswith("vae") else "text_encoders"
+            toks = [f"{e.tokenizer}/" for e in pipe.family.encoders if e.part in pf.parts]
+            raise ModelError(f"{{@{arg}}}: {pf.path.name} is {pf.label}, and this {label} folder has no "
+                             f"{' or '.join(pf.parts)} for it to fill (a folder runs the parts it holds)",
+                             where=str(pf.path), fix=f"add the release's {' and '.join([f'{pf.parts[0]}/', *toks])} "
+                             "to the folder, or leave the file out")
         try:
             planned.update(part_file_refs(pf.path, {p: state._graph(p) for p in parts}))
         except WeightsError as exc:

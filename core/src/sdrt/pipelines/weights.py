@@ -142,15 +142,28 @@ class WeightState:
     def _bind(self, name: str, overrides: Mapping[str, np.ndarray | TensorRef], lora: bool = False) -> None:
         """Bind ``overrides`` on the part's own weights; ``lora``: they hold merged LoRA weights.
 
-        Removing the last LoRA of a part binds its base weights as they ran before: a session rebound to weights
-        is not always the program a fresh compile makes with them (OpenVINO's swappable form feeds biases as
-        inputs: 1 level off in fp32, 18 in bf16 on tiny SD 1.x), so a base that first ran freshly compiled (at
-        load, a checkpoint or embedding bound before any session existed) is compiled fresh again."""
+        A session rebound to weights is not always the program a fresh compile makes with them: OpenVINO's
+        swappable form feeds biases and norm vectors as inputs, which its CPU plugin adds after the kernel instead
+        of fusing them as constants (1 level of 255 off in fp32, up to 22 in bf16 on tiny SD 1.x). So a part's
+        LoRA weights always come through ``update_weights``: a session compiled while LoRAs are active compiles
+        the base weights and then binds the merged ones (``Part.compile_factory``), as a LoRA bound on a live
+        session does, and a LoRA's image does not depend on what ran before (in low-memory mode every compile is
+        fresh, sessions being closed after use, so LoRAs are compiled in there). Removing the last LoRA binds the base
+        weights as they ran before: a base that first ran freshly compiled (at load, a checkpoint or embedding
+        bound before any session existed) is compiled fresh again."""
         part = self._parts()[name]
         if lora:
             self._lora_parts.add(name)
+            # not for a control LoRA's 128-input twin (its base is merged: the padded img_in), nor in low-memory mode,
+            # where every session is closed after use: no LoRA is ever bound on a live one, each compile is fresh
+            if not (name == "transformer" and self._want_graph is not None) and not self.pipe.is_low_memory:
+                base = self._weights(name, self.base.get(name, {}))
+                part.compile_factory = lambda: base
+            else:
+                part.compile_factory = None
         elif name in self._lora_parts:
             self._lora_parts.discard(name)
+            part.compile_factory = None
             if self._base_fresh.get(name, True):
                 part.close()
                 part.weights = part.default_weights
