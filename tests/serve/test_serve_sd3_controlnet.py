@@ -65,7 +65,8 @@ def test_webuiapi_img2img_with_an_sd3_controlnet_unit(sd3_server, sd3_models, ca
     unit = webuiapi.ControlNetUnit(image=Image.fromarray(edges), module="none", model=title, weight=0.8,
                                    resize_mode="Just Resize", guidance_start=0.3, guidance_end=0.7)
     kw = dict(prompt=PROMPT, seed=7, width=w, height=h, cfg_scale=5, denoising_strength=0.6, alwayson_scripts={})
-    args = dict(init_image=init, strength=0.6, steps=5, seed=7, sampler="Euler", cfg=5, width=w, height=h)
+    args = dict(init_image=init, strength=0.6, steps=5, seed=7, sampler="Euler", cfg=5, width=w, height=h,
+                strength_rule="a1111")  # serve's A1111 routes run A1111's img2img steps
     if case.startswith("inpaint"):
         mask = refs[f"{case}/mask"]
         kw.update(mask_image=Image.fromarray(mask), inpainting_fill=1, inpaint_full_res=False, mask_blur=0)
@@ -74,7 +75,8 @@ def test_webuiapi_img2img_with_an_sd3_controlnet_unit(sd3_server, sd3_models, ca
     assert not any("ontrol" in note for note in r.info["sdrt_not_honoured"]), r.info["sdrt_not_honoured"]
     assert 'ControlNet 0: "Module: none, Model: sd3-canny, Weight: 0.8' in r.info["infotexts"][0]
     got = np.asarray(r.image.convert("RGB")).astype(int)
-    # the extension's step window (on while 0.3 <= i / 3 <= 0.7 over the 3 steps strength 0.6 runs: step 1)
+    # the extension's step window (on while 0.3 <= i / 4 <= 0.7 over the 4 steps A1111's rule runs at strength 0.6:
+    # step 2)
     net = ControlNet(str(sd3_models / "ControlNet" / "sd3-canny"), edges, 0.8, 0.3, 0.7, "none", "Just Resize",
                      window="a1111")
     with pipelines.load(sd3_models / "tiny-sd3", backend="openvino") as pipe:
