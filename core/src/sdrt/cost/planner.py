@@ -210,6 +210,7 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
             kw.update({k: v for k, v in (("width", width), ("height", height)) if v is not None})
             if cfg is not None:
                 kw["cfg"] = cfg
+            kw.update(_images_needed(pipe, width, height))
             if ref is not None:
                 kw.update(refiner=ref, **({"refiner_switch_at": refiner_switch_at} if refiner_switch_at else {}))
             rp = pipe.plan("a photograph of an astronaut riding a horse", "", **kw)
@@ -247,6 +248,31 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
                          fix=f"leave out {{@width}} and {{@height}} (the graph's own size is taken), or pass "
                              f"{{@width=}}{fixed[0]} {{@height=}}{fixed[1]}")
     return path.name, [PartCalls(path.stem, path, [(single_file_shapes(g, width, height, batch), 1.0)])], (width, height)
+
+
+#: the strength a plan runs a model that only continues an image at (the SDXL refiner: 0.2-0.4 is usual)
+REFINER_STRENGTH = 0.3
+
+
+def _images_needed(pipe: Any, width: int | None, height: int | None) -> dict[str, Any]:
+    """The images a model cannot run without, as blank pictures of the planned size: an inpainting UNet's (or
+    FLUX.1 Fill's) init image and mask, the SDXL refiner's init image (at :data:`REFINER_STRENGTH`), a FLUX.1
+    Canny/Depth model's control image. ``sdrt plan`` has no flags for them, and every other model runs without."""
+    import numpy as np
+
+    w, h = width or pipe.default_size, height or pipe.default_size
+    picture = np.zeros((h, w, 3), np.uint8)
+    fam = pipe.family
+    unet_in = pipe.denoiser.inputs[fam.sample_input].shape
+    nine = (not fam.flow and len(unet_in) == 4 and unet_in[1] == fam.latent_channels + fam.inpaint_channels)
+    tool = pipe.flux_tool
+    if nine or tool == "fill":
+        return {"init_image": picture, "mask": np.full((h, w), 255, np.uint8)}
+    if tool == "control":
+        return {"control_image": picture}
+    if not fam.txt2img:
+        return {"init_image": picture, "strength": REFINER_STRENGTH}
+    return {}
 
 
 #: the subfolders that make a folder a pipeline (diffusers/Optimum layout), not one exported graph
