@@ -150,8 +150,10 @@ def test_the_default_size_is_the_models_own(capsys):
 
 def test_not_a_model(capsys, tmp_path):
     (tmp_path / "x.txt").write_text("hi")
-    assert main(["plan", str(tmp_path / "x.txt")]) == 1
-    assert "neither a model folder nor an .onnx file" in capsys.readouterr().err
+    assert main(["plan", str(tmp_path / "x.txt")]) == 1  # a file is read as a checkpoint, as sdrt generate reads it
+    assert "cannot open the checkpoint x.txt" in capsys.readouterr().err
+    assert main(["plan", str(tmp_path / "nothing")]) == 1
+    assert "neither a model folder, a checkpoint file nor an .onnx file" in capsys.readouterr().err
 
 
 def test_parse_memory():

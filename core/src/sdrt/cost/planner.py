@@ -191,19 +191,23 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
     graph's fixed size, else 512); one of them alone: a square, unless a lone graph fixes the other. ``refiner``:
     a refiner model (a folder or a single file) after a folder's model: its parts join as ``refiner.<part>``, with
     the calls it takes over at ``refiner_switch_at`` (0.8)."""
+    from ..pipelines.singlefile import is_single_file
+
     path = Path(model)
-    if refiner is not None and not path.is_dir():
+    if refiner is not None and not (path.is_dir() or is_single_file(path)):
         raise SdrtError("a refiner follows a model folder's pipeline, not one .onnx graph", where="sdrt plan --refiner",
                         fix="pass the base model's folder, or leave --refiner out")
     if path.is_dir():
         path = _lone_graph(path)
-    if path.is_dir():
+    if path.is_dir() or is_single_file(path):  # a model folder, or a checkpoint file as sdrt generate takes it
         if (width is None) != (height is None):  # one side given: a square
             width = height = width if width is not None else height
         from ..pipelines.folder import ModelFolder
         from ..pipelines.pipeline import Pipeline
+        from ..pipelines.singlefile import folder_from_file
 
-        pipe = Pipeline(ModelFolder.open(path), backend="auto", device=None)  # dry: nothing compiles
+        folder = ModelFolder.open(path) if path.is_dir() else folder_from_file(path)
+        pipe = Pipeline(folder, backend="auto", device=None)  # dry: nothing compiles
         ref = _refiner_pipeline(refiner) if refiner is not None else None
         try:
             kw: dict[str, Any] = {"steps": steps, "batch": batch}
@@ -224,8 +228,8 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
             parts.append(PartCalls(p.part, Path(p.path), sigs))
         return f"{rp.label} ({path.name})", parts, (rp.width, rp.height)
     if path.suffix.lower() != ".onnx" or not path.is_file():
-        raise SdrtError(f"{str(path)!r} is neither a model folder nor an .onnx file", where="sdrt plan MODEL",
-                        fix="pass a diffusers/Optimum ONNX folder or one .onnx file")
+        raise SdrtError(f"{str(path)!r} is neither a model folder, a checkpoint file nor an .onnx file",
+                        where="sdrt plan MODEL", fix="pass a model folder, a .safetensors checkpoint or one .onnx file")
     from ..errors import InputError
     from ..graph import Graph
     from .shapes import fixed_size, takes_pixels
