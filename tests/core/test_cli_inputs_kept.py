@@ -87,3 +87,18 @@ def test_a_missing_model_is_named_as_missing_not_its_default_output_folder(tmp_p
     args = [command, str(tmp_path / "nope" / "m.onnx")] + (["--to", "int8"] if command == "quantize" else [])
     assert main(args) == 1
     assert "the model file does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["same", "symlink"])
+def test_generate_refuses_previews_writing_over_an_input_image(tmp_path, capsys, how):
+    """``--preview-dir`` writes preview-R-NNN.png: a step's preview taken as the next run's --init-image (or a link
+    there to an input) was written over by the run's own first preview."""
+    source = _image(tmp_path / ("preview-1-001.png" if how == "same" else "kept.png"))
+    before = source.read_bytes()
+    if how == "symlink":
+        os.symlink(source, tmp_path / "preview-1-002.png")
+    assert main(["generate", "a fox", "--init-image", str(source), "--strength", "1", "--steps", "2",
+                 "--preview-dir", str(tmp_path), "-o", str(tmp_path / "out.png")]) == 1
+    err = capsys.readouterr().err
+    assert "--preview-dir" in err and "--init-image" in err and "destroy" in err and len(err.splitlines()) == 1, err
+    assert source.read_bytes() == before and not (tmp_path / "out.png").exists()

@@ -245,6 +245,10 @@ def run(args: argparse.Namespace) -> int:
         from .paths import check_writes
 
         check_writes({"-o": outputs}, _input_files(args, folder))
+    if args.preview_dir is not None and not args.dry_run:  # preview-1-001.png as --init-image: not written over
+        from .paths import check_folder_writes
+
+        check_folder_writes("--preview-dir", args.preview_dir, generate_toolbox.PREVIEW_NAME, _input_files(args, folder))
     if folder is None:
         folder = pipelines.DEMO_MODEL
         if not (folder / "model_index.json").is_file():

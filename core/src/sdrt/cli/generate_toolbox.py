@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,10 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"cannot write into the folder {args.preview_dir}: it is not writable", where="--preview-dir",
                          fix="pick a folder you can write to")
     return opts
+
+
+#: the names PreviewWriter gives its files (``preview-R-NNN.png``: the run R, the step NNN)
+PREVIEW_NAME = re.compile(r"preview-[0-9]+-[0-9]{3,}\.png")
 
 
 class PreviewWriter:

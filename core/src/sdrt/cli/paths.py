@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -47,6 +48,32 @@ def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
         return False
 
 
+def _paths(value: object) -> list[str | os.PathLike[str]]:
+    """The paths a flag's value names: none (None, ""), one, or each of a list."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [value]
+    return [v for v in value if v]  # type: ignore[attr-defined]
+
+
+def check_folder_writes(flag: str, folder: str | os.PathLike[str], written: re.Pattern[str],
+                        inputs: Mapping[str, str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None]) -> None:
+    """Refuse, before any work, an input file that a file written into ``folder`` under a name ``written`` matches
+    (``--preview-dir``'s ``preview-1-001.png``) would overwrite: the file itself, or a link there to it."""
+    sources = [(in_flag, src) for in_flag, value in inputs.items() for src in _paths(value)]
+    try:
+        entries = [e for e in Path(folder).iterdir() if written.fullmatch(e.name)]
+    except OSError:
+        return
+    for entry in entries:
+        for in_flag, src in sources:
+            if _same_file(entry, src):
+                raise InputError(f"{in_flag} {src} is {entry.name} in {flag} {folder}, a name this run writes there; "
+                                 "writing it would destroy that input", where=flag,
+                                 fix=f"copy {entry.name} out of {folder} first, or pass another {flag}")
+
+
 def check_writes(outputs: Mapping[str, str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None],
                  inputs: Mapping[str, str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None]) -> None:
     """Refuse, before any work, an output whose folder does not exist or that is one of the input files.
@@ -54,21 +81,14 @@ def check_writes(outputs: Mapping[str, str | os.PathLike[str] | Iterable[str | o
     ``outputs`` and ``inputs`` map each flag (``"-o"``, ``"--init-image"``) to a path, a list of paths
     or None (not given). An output that is the same file as an input (the same path, a symlink to it,
     a hard link) would destroy that input; a missing folder is not created (as ``sdrt generate`` refuses it)."""
-    def paths(value: object) -> list[str | os.PathLike[str]]:
-        if value is None or value == "":
-            return []
-        if isinstance(value, (str, os.PathLike)):
-            return [value]
-        return [v for v in value if v]  # type: ignore[attr-defined]
-
     for flag, value in outputs.items():
-        for out in paths(value):
+        for out in _paths(value):
             folder = Path(out).parent
             if not folder.is_dir():
                 raise InputError(f"the folder of {flag} {out} does not exist", where=flag,
                                  fix=f"create it first (mkdir -p {folder}) or write somewhere else")
             for in_flag, in_value in inputs.items():
-                for src in paths(in_value):
+                for src in _paths(in_value):
                     if _same_file(out, src):
                         shown = in_flag if os.fspath(src) == os.fspath(out) else f"{in_flag} {src}"
                         raise InputError(f"{flag} {out} is the same file as {shown}; writing it would destroy "
