@@ -126,3 +126,7 @@ def test_no_t5_flag_and_its_refusals(tmp_path: Path, capsys) -> None:
                "-o", str(tmp_path / "x.png")])
     err = capsys.readouterr().err
     assert rc != 0 and err.count("error:") == 1 and "--no-t5" in err and "Traceback" not in err, err
+    assert "t5=False" not in err, err  # the command line's words only: it said "t5=False (--no-t5)"
+    with pytest.raises(InputError) as e:
+        pipelines.load(DATA / "tiny-flux-dev", backend="reference", t5=False)
+    assert str(e.value).startswith("t5=False runs SD 3") and "--no-t5" not in str(e.value)  # the API's words only

@@ -1391,9 +1391,9 @@ def _without_t5(folder: ModelFolder, t5: Any) -> ModelFolder:
         raise InputError(f"t5 must be True or False, got {t5!r}", where="t5", fix="pass t5=False to run without T5")
     parts = [e.part for e in fam.encoders if e.kind == "t5"]
     if not parts or any(p not in fam.optional for p in parts):
-        raise InputError(f"t5=False (--no-t5) runs SD 3 / 3.5 without T5-XXL, and {fam.label} "
+        raise InputError(f"{{@t5=}}False runs SD 3 / 3.5 without T5-XXL, and {fam.label} "
                          + ("has no T5 encoder" if not parts else "needs its T5 encoder"), where="t5",
-                         fix="leave T5 on for this model (drop --no-t5 / t5=False)")
+                         fix="leave T5 on for this model (drop {@t5=}False)")
     import dataclasses
 
     log.info("%s: T5 left out (t5=False): %s runs on its CLIP encoders alone", folder.path.name, fam.label)
