@@ -408,3 +408,22 @@ def test_full_size_incl_clips_without_t5_is_complete(tmp_path):
     assert missing_parts(f) is None
     bare = h.sparse(tmp_path / "sd3_medium.safetensors", {k: (v, "F16") for k, v in sd3_medium_shapes().items()})
     assert "lacks" in (missing_parts(bare) or "") and "T5" not in missing_parts(bare)
+
+
+def test_a_t5_file_with_t5_false_is_refused_not_ignored(tmp_path, capsys):
+    """``--text-encoder t5xxl_fp16.safetensors --no-t5`` asks for two opposite things: refused in one line, in the
+    caller's words, on a single file and on an ONNX folder alike. The T5 file was dropped without a word."""
+    from sdrt.cli import main
+    from sdrt.errors import InputError
+
+    t5 = h.sparse(tmp_path / "t5xxl_fp16.safetensors", h._torch_layout(Graph.load(shipped_graph("t5xxl")), True))
+    shapes = {k: (v, "F16") for k, v in {**sd3_medium_shapes(), **_ldm_vae_shapes()}.items()}
+    for enc, graph in (("clip_l", "clip_l_proj"), ("clip_g", "clip_g")):
+        shapes.update({k: (v, "F16") for k, v in _clip_shapes(graph, f"text_encoders.{enc}.transformer.").items()})
+    f = h.sparse(tmp_path / "sd3_medium_incl_clips.safetensors", shapes)
+    for model in (f, SD3):
+        with pytest.raises(InputError, match=r"t5xxl_fp16.safetensors is a T5-XXL text encoder, and t5=False leaves"):
+            pipelines.load(model, backend="reference", t5=False, text_encoders=[t5])
+    assert main(["generate", str(f), "a cat", "--text-encoder", str(t5), "--no-t5", "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert "--text-encoder" in err and "--no-t5" in err and "t5=False" not in err and err.count("\n") == 1, err
