@@ -410,6 +410,52 @@ def test_full_size_incl_clips_without_t5_is_complete(tmp_path):
     assert "lacks" in (missing_parts(bare) or "") and "T5" not in missing_parts(bare)
 
 
+def _incl_clips_and_t5(tmp_path: Path) -> tuple[Path, Path]:
+    """Full-size sd3_medium_incl_clips.safetensors (no T5) and t5xxl_fp16.safetensors, sparse (headers only)."""
+    t5 = h.sparse(tmp_path / "t5xxl_fp16.safetensors", h._torch_layout(Graph.load(shipped_graph("t5xxl")), True))
+    shapes = {k: (v, "F16") for k, v in {**sd3_medium_shapes(), **_ldm_vae_shapes()}.items()}
+    for enc, graph in (("clip_l", "clip_l_proj"), ("clip_g", "clip_g")):
+        shapes.update({k: (v, "F16") for k, v in _clip_shapes(graph, f"text_encoders.{enc}.transformer.").items()})
+    return h.sparse(tmp_path / "sd3_medium_incl_clips.safetensors", shapes), t5
+
+
+def test_swapping_t5_on_a_model_loaded_without_or_with_it_is_refused_in_one_line(tmp_path):
+    """``set_text_encoders([t5])`` on an SD 3 file loaded without T5 returned [] and ran without it, the file unread
+    and unmentioned; ``set_text_encoders([])`` on one loaded with a T5 file it lacks raised a bare ValueError
+    ("dictionary update sequence element #0 ..."). Both are one-line refusals now, and the pipeline keeps its
+    parts."""
+    from sdrt.errors import SdrtError
+
+    f, t5 = _incl_clips_and_t5(tmp_path)
+    with pipelines.load(f, backend="reference") as pipe:
+        with pytest.raises(SdrtError, match=r"t5xxl_fp16.safetensors is a T5-XXL text encoder for text_encoder_3, "
+                                            r"which this SD3 model was loaded without") as e:
+            pipe.set_text_encoders([t5])
+        assert "\n" not in str(e.value) and "text_encoder_3" not in pipe.parts
+    with pipelines.load(f, backend="reference", text_encoders=[t5]) as pipe:
+        with pytest.raises(SdrtError, match=r"sd3_medium_incl_clips.safetensors holds no text encoder of its own "
+                                            r"for text_encoder_3") as e:
+            pipe.set_text_encoders([])
+        assert "\n" not in str(e.value) and pipe.weights.part_files["text_encoder_3"] == t5
+
+
+def test_a_t5_file_on_a_folder_without_t5_is_refused_not_ignored(tmp_path):
+    """``--text-encoder t5xxl_fp16.safetensors`` on an SD 3 ONNX folder without text_encoder_3/: the folder ran
+    without T5 and the file was dropped without a word."""
+    from sdrt.errors import InputError
+
+    _, t5 = _incl_clips_and_t5(tmp_path)
+    root = tmp_path / "sd3-no-t5"
+    root.mkdir()
+    for entry in SD3.iterdir():
+        if entry.name not in ("text_encoder_3", "tokenizer_3") and not entry.name.startswith("refs"):
+            (root / entry.name).symlink_to(entry)
+    with pytest.raises(InputError, match=r"t5xxl_fp16.safetensors is a T5-XXL text encoder for text_encoder_3, "
+                                         r"which this SD3 model folder does not have") as e:
+        pipelines.load(root, backend="reference", text_encoders=[t5])
+    assert "\n" not in str(e.value)
+
+
 def test_a_t5_file_with_t5_false_is_refused_not_ignored(tmp_path, capsys):
     """``--text-encoder t5xxl_fp16.safetensors --no-t5`` asks for two opposite things: refused in one line, in the
     caller's words, on a single file and on an ONNX folder alike. The T5 file was dropped without a word."""
