@@ -810,6 +810,19 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                                  "patch 2)", where=source,
                                  fix=f"make it {s.width - s.width % 16}x{s.height - s.height % 16}")
             raise flow_size_error(s.width, s.height, self.family.label)  # type: ignore[misc]
+        if self.family.name == "sd3":  # its learned position table, cropped to the image: no larger image
+            largest = largest_side(self.folder.configs.get(self.family.denoiser_part, {}), self.denoiser.graph)
+            if largest is not None and max(s.width, s.height) > largest:
+                where = "width" if s.width > largest else "height"
+                if source is not None:
+                    what = "init image" if source == "init_image" else "hires fix's second pass"
+                    raise InputError(f"the {what} is {s.width}x{s.height}, above the {largest} pixels a side "
+                                     f"{self.family.label} makes (its transformer's position table)", where=source,
+                                     fix=f"pass {{@width}} and {{@height}} of {largest} or less" if source == "init_image"
+                                     else "pass a smaller {@hires_scale} or {@width} and {@height}")
+                raise InputError(f"{{@{where}}} {getattr(s, where)} is above the {largest} pixels a side "
+                                 f"{self.family.label} makes (its transformer's position table is {largest // 16} "
+                                 "patches of 16 pixels a side)", where=where, fix=f"use {largest} or less")
         shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
         wrong = self.family.size_error(shape, s.width, s.height)
         if wrong is not None:
@@ -1367,6 +1380,21 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if vae is not None or text_encoders:
         bind_part_files(pipe, vae, text_encoders)
     return pipe
+
+
+def largest_side(config: Mapping[str, Any], graph: Any) -> int | None:
+    """The largest side in pixels an SD 3 transformer makes: its position table's patches a side (the config's
+    ``pos_embed_max_size``, else the ``pos_embed.pos_embed`` table of the graph, ``[1, n*n, width]``) x 16 (patch 2 x
+    VAE 8), as diffusers' ``PatchEmbed.cropped_pos_embed`` refuses more; None when neither says."""
+    size = config.get("pos_embed_max_size")
+    if not isinstance(size, int) or size <= 0:
+        table = next((t for n, t in graph.initializer_info().items() if n.endswith("pos_embed.pos_embed")), None)
+        if table is None or len(table.shape) != 3 or not isinstance(table.shape[1], int):
+            return None
+        size = math.isqrt(table.shape[1])
+        if size * size != table.shape[1]:
+            return None
+    return size * 16
 
 
 def flow_size_error(width: int | None, height: int | None, label: str) -> InputError | None:
