@@ -790,7 +790,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             raise ModelError(f"clip skip {s.clip_skip} picks a CLIP layer's hidden states, and {fam.label} {why}",
                              where="clip_skip", fix="leave {@clip_skip} at 1 for this model")
         if s.max_sequence_length is not None and not any(e.kind == "t5" for e in fam.encoders):
-            raise InputError(f"max_sequence_length sets T5's token count, and {fam.label} has no T5 encoder",
+            raise InputError(f"{{@max_sequence_length}} sets T5's token count, and {fam.label} has no T5 encoder",
                              where="max_sequence_length", fix="leave {@max_sequence_length} unset")
 
     def _check_size(self, s: Settings, source: str | None = None) -> None:
