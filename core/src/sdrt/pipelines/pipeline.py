@@ -779,7 +779,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             # diffusers' FluxPipeline default; FluxFillPipeline's is 30
             s.guidance = DEFAULT_GUIDANCE.get(self.flux_tool or "", 3.5)
         if s.shift is not None and not fam.flow:
-            raise InputError(f"shift applies to flow-matching models (SD3, Flux, Chroma), not {fam.label}",
+            raise InputError(f"{{@shift}} applies to flow-matching models (SD3, Flux, Chroma), not {fam.label}",
                              where="shift", fix="leave {@shift} unset")
         if s.guidance_rescale and fam.flow:  # diffusers' SD3/Flux/Chroma pipelines have none: no reference to match
             raise InputError(f"{{@guidance_rescale}} rescales an eps or v prediction under CFG, and {fam.label} predicts a "
