@@ -225,3 +225,25 @@ def test_the_lora_folder_may_be_a_str(pipe):
     pipe.weights.lora_dir = 5
     with pytest.raises(InputError, match="pipe.weights.lora_dir must be a folder path, got int 5"):
         pipe("a cat <lora:tinylora:0.5>", **QUICK)
+
+
+def test_a_checkpoint_whose_yaml_says_v_on_an_eps_folder_is_said(pipe, tmp_path, caplog):
+    """A1111 reads a checkpoint's ``<stem>.yaml`` (``parameterization: "v"``) and samples it as v-prediction; bound
+    onto an eps ONNX folder (``--weights``) it was sampled as eps, without a word. The folder's scheduler still
+    decides (the export's), and the mismatch is said in one warning naming the file, the two predictions and the way
+    to run the file as its yaml says."""
+    import logging
+    import shutil
+
+    f = tmp_path / "custom_v.safetensors"
+    shutil.copy(D / "custom.safetensors", f)
+    with caplog.at_level(logging.WARNING, logger="sdrt"):
+        pipe.load_weights(f)
+    assert not [r for r in caplog.records if "prediction" in r.getMessage()]  # no yaml: nothing said
+    f.with_suffix(".yaml").write_text('model:\n  params:\n    parameterization: "v"\n')
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sdrt"):
+        pipe.load_weights(f)
+    said = [r.getMessage() for r in caplog.records if "prediction" in r.getMessage()]
+    assert len(said) == 1 and "custom_v.safetensors is v-prediction (custom_v.yaml)" in said[0], said
+    assert "eps-prediction" in said[0] and "sdrt generate custom_v.safetensors" in said[0], said

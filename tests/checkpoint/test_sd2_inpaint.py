@@ -175,3 +175,19 @@ def test_full_size_diffusers_folder_plans_as_sd2_inpainting(tmp_path):
         image = np.zeros((512, 512, 3), np.uint8)
         plan = pipe.plan("a red fox", init_image=image, mask=image[..., 0], steps=4).format()
     assert "[2, 9, 64, 64]" in plan and all(not p.sessions for p in pipe.parts.values())
+
+
+def test_sdrt_plan_takes_the_checkpoint_file(tmp_path, capsys, monkeypatch):
+    """``sdrt plan FILE``: a checkpoint as downloaded is planned as ``sdrt generate FILE`` runs it (an inpainting
+    UNet with its blank init image and mask), where plan refused every file that was not an .onnx."""
+    from sdrt.cli import main
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    f = h.sparse(tmp_path / "512-inpainting-ema.safetensors", _full_size())
+    assert main(["plan", str(f), "--device", "cpu", "--steps", "4", "--json"]) == 0, capsys.readouterr().err
+    d = json.loads(capsys.readouterr().out)
+    calls = {p["name"]: p["calls"] for p in d["parts"]}
+    assert calls == {"text_encoder": 2, "vae_encoder": 1, "unet": 4, "vae_decoder": 1}
+    assert (d["width"], d["height"]) == (512, 512)
+    unet = next(p for p in d["parts"] if p["name"] == "unet")
+    assert unet["weight_bytes"] > 3e9  # the file's 865M UNet values, bound as float32

@@ -408,3 +408,51 @@ def test_full_size_incl_clips_without_t5_is_complete(tmp_path):
     assert missing_parts(f) is None
     bare = h.sparse(tmp_path / "sd3_medium.safetensors", {k: (v, "F16") for k, v in sd3_medium_shapes().items()})
     assert "lacks" in (missing_parts(bare) or "") and "T5" not in missing_parts(bare)
+
+
+def _incl_clips_and_t5(tmp_path: Path) -> tuple[Path, Path]:
+    """Full-size sd3_medium_incl_clips.safetensors (no T5) and t5xxl_fp16.safetensors, sparse (headers only)."""
+    t5 = h.sparse(tmp_path / "t5xxl_fp16.safetensors", h._torch_layout(Graph.load(shipped_graph("t5xxl")), True))
+    shapes = {k: (v, "F16") for k, v in {**sd3_medium_shapes(), **_ldm_vae_shapes()}.items()}
+    for enc, graph in (("clip_l", "clip_l_proj"), ("clip_g", "clip_g")):
+        shapes.update({k: (v, "F16") for k, v in _clip_shapes(graph, f"text_encoders.{enc}.transformer.").items()})
+    return h.sparse(tmp_path / "sd3_medium_incl_clips.safetensors", shapes), t5
+
+
+def test_swapping_t5_on_a_model_loaded_without_or_with_it_is_refused_in_one_line(tmp_path):
+    """``set_text_encoders([t5])`` on an SD 3 file loaded without T5 returned [] and ran without it, the file unread
+    and unmentioned; ``set_text_encoders([])`` on one loaded with a T5 file it lacks raised a bare ValueError
+    ("dictionary update sequence element #0 ..."). Both are one-line refusals now, and the pipeline keeps its
+    parts."""
+    from sdrt.errors import SdrtError
+
+    f, t5 = _incl_clips_and_t5(tmp_path)
+    with pipelines.load(f, backend="reference") as pipe:
+        with pytest.raises(SdrtError, match=r"t5xxl_fp16.safetensors is a T5-XXL text encoder for text_encoder_3, "
+                                            r"which this SD3 model was loaded without") as e:
+            pipe.set_text_encoders([t5])
+        assert "\n" not in str(e.value) and "text_encoder_3" not in pipe.parts
+    with pipelines.load(f, backend="reference", text_encoders=[t5]) as pipe:
+        with pytest.raises(SdrtError, match=r"sd3_medium_incl_clips.safetensors holds no text encoder of its own "
+                                            r"for text_encoder_3") as e:
+            pipe.set_text_encoders([])
+        assert "\n" not in str(e.value) and pipe.weights.part_files["text_encoder_3"] == t5
+
+
+def test_a_t5_file_with_t5_false_is_refused_not_ignored(tmp_path, capsys):
+    """``--text-encoder t5xxl_fp16.safetensors --no-t5`` asks for two opposite things: refused in one line, in the
+    caller's words, on a single file and on an ONNX folder alike. The T5 file was dropped without a word."""
+    from sdrt.cli import main
+    from sdrt.errors import InputError
+
+    t5 = h.sparse(tmp_path / "t5xxl_fp16.safetensors", h._torch_layout(Graph.load(shipped_graph("t5xxl")), True))
+    shapes = {k: (v, "F16") for k, v in {**sd3_medium_shapes(), **_ldm_vae_shapes()}.items()}
+    for enc, graph in (("clip_l", "clip_l_proj"), ("clip_g", "clip_g")):
+        shapes.update({k: (v, "F16") for k, v in _clip_shapes(graph, f"text_encoders.{enc}.transformer.").items()})
+    f = h.sparse(tmp_path / "sd3_medium_incl_clips.safetensors", shapes)
+    for model in (f, SD3):
+        with pytest.raises(InputError, match=r"t5xxl_fp16.safetensors is a T5-XXL text encoder, and t5=False leaves"):
+            pipelines.load(model, backend="reference", t5=False, text_encoders=[t5])
+    assert main(["generate", str(f), "a cat", "--text-encoder", str(t5), "--no-t5", "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert "--text-encoder" in err and "--no-t5" in err and "t5=False" not in err and err.count("\n") == 1, err

@@ -160,3 +160,17 @@ def test_serve_ray_without_ray_is_one_line(capsys):
     assert main(["serve", "--ray", "--port", "0"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: sdrt serve --ray needs Ray Serve") and "sdrt[ray]" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag, value, words", [("--shift", "3", "--shift applies to flow-matching models"),
+                                                ("--strength", "0.5", "--strength applies only with an init image")])
+def test_refusals_name_the_flag_not_the_api_argument(capsys, flag, value, words):
+    """`sdrt generate --shift 3` on SD 1.x read "error: shift applies to ...": the API's name on the command line."""
+    from backend_helpers import register
+
+    from sdrt.cli import main
+
+    register("reference")
+    assert main(["generate", "a fox", flag, value, "--steps", "1", "--backend", "reference", "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {words}"), err

@@ -150,8 +150,10 @@ def test_the_default_size_is_the_models_own(capsys):
 
 def test_not_a_model(capsys, tmp_path):
     (tmp_path / "x.txt").write_text("hi")
-    assert main(["plan", str(tmp_path / "x.txt")]) == 1
-    assert "neither a model folder nor an .onnx file" in capsys.readouterr().err
+    assert main(["plan", str(tmp_path / "x.txt")]) == 1  # a file is read as a checkpoint, as sdrt generate reads it
+    assert "cannot open the checkpoint x.txt" in capsys.readouterr().err
+    assert main(["plan", str(tmp_path / "nothing")]) == 1
+    assert "neither a model folder, a checkpoint file nor an .onnx file" in capsys.readouterr().err
 
 
 def test_parse_memory():
@@ -281,3 +283,18 @@ def test_the_default_device_on_a_machine_without_a_gpu_is_this_cpu(capsys):
     assert main(["plan", str(DATA / "tiny-sd15"), "--width", "64", "--steps", "2"]) == 0
     out, err = capsys.readouterr()
     assert " on this CPU" in out.splitlines()[0] and "note:" not in err
+
+
+@pytest.mark.parametrize("name, calls", [
+    ("tiny-sd15-inpaint", {"text_encoder": 2, "unet": 4, "vae_encoder": 1, "vae_decoder": 1}),
+    ("tiny-sd2-inpaint", {"text_encoder": 2, "unet": 4, "vae_encoder": 1, "vae_decoder": 1}),
+    ("tiny-sdxl-refiner", {"unet": 1, "vae_encoder": 1, "vae_decoder": 1}),
+])
+def test_models_that_need_an_image_are_planned_with_one(capsys, name, calls):
+    """An inpainting UNet needs an init image and a mask, the SDXL refiner an init image: the plan takes the run
+    they make (the refiner at its usual low strength), where it refused them with the pipeline's API words
+    ("Where: mask. What to do: pass init_image= and mask=") with no flag to pass them."""
+    d = _run_json(capsys, str(DATA / name), "--steps", "4", "--device", "cpu")
+    got = {p["name"]: p["calls"] for p in d["parts"]}
+    assert {k: v for k, v in got.items() if k in calls} == calls
+    assert d["predicted_ms_per_image"] > 0

@@ -284,3 +284,29 @@ def test_previews_and_a_stopped_runs_partial_show_the_clean_estimate(kind: str) 
     assert np.abs(seen[0][0].astype(int) - seen[0][1]).max() > 10  # step 1: the estimate, not the noisy latent
     assert np.array_equal(seen[-1][0], seen[-1][1])
     assert np.array_equal(info.value.partial().images[0], full.images[0])
+
+
+def test_sd3_above_its_position_table_is_refused_in_one_line(tmp_path, capsys):
+    """SD 3's transformer crops its learned position table (pos_embed_max_size patches a side; diffusers refuses
+    more: "Height (64) cannot be greater than pos_embed_max_size: 16"). Asked for more, the tiny SD3 (16 patches:
+    256 px) failed inside the backend ("the reference evaluator failed: TypeError(... 'Add')"), a 500 in sdrt serve;
+    now one line naming the size, before anything runs. The full-size graphs' tables say theirs (192 and 384 patches)."""
+    from sdrt.checkpoint import shipped_graph
+    from sdrt.cli import main
+    from sdrt.graph import Graph
+    from sdrt.pipelines.pipeline import largest_side
+
+    register("reference")
+    with pipelines.load(DATA / "tiny-sd3", backend="reference") as pipe:
+        with pytest.raises(InputError, match=r"width 512 is above the 256 pixels a side SD3") as e:
+            pipe("a cat", steps=1, width=512, height=256)
+        assert e.value.where == "width" and "\n" not in str(e.value)
+        with pytest.raises(InputError, match=r"hires fix's second pass is 512x512"):
+            pipe("a cat", steps=1, width=256, height=256, hires_scale=2)
+        assert pipe("a cat", steps=1, width=256, height=64)[0].shape == (64, 256, 3)
+    rc = main(["generate", str(DATA / "tiny-sd3"), "a cat", "--steps", "1", "--height", "1024", "--width", "64",
+               "--backend", "reference", "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "--height 1024 is above the 256 pixels" in err and "Traceback" not in err, err
+    assert largest_side({}, Graph.load(shipped_graph("sd3_medium_transformer"), load_external=False)) == 3072
+    assert largest_side({}, Graph.load(shipped_graph("sd35_medium_transformer"), load_external=False)) == 6144

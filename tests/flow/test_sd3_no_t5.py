@@ -126,3 +126,19 @@ def test_no_t5_flag_and_its_refusals(tmp_path: Path, capsys) -> None:
                "-o", str(tmp_path / "x.png")])
     err = capsys.readouterr().err
     assert rc != 0 and err.count("error:") == 1 and "--no-t5" in err and "Traceback" not in err, err
+    assert "t5=False" not in err, err  # the command line's words only: it said "t5=False (--no-t5)"
+    with pytest.raises(InputError) as e:
+        pipelines.load(DATA / "tiny-flux-dev", backend="reference", t5=False)
+    assert str(e.value).startswith("t5=False runs SD 3") and "--no-t5" not in str(e.value)  # the API's words only
+
+
+def test_max_sequence_length_on_a_model_without_t5_is_refused_in_the_callers_words(capsys) -> None:
+    """It read "error: max_sequence_length sets T5's token count" on the command line, the API's name."""
+    from sdrt.cli import main
+
+    register("reference")
+    rc = main(["generate", str(DATA / "tiny-sd15"), "a cat", "--max-sequence-length", "64", "--steps", "1",
+               "--backend", "reference", "--dry-run"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("error: --max-sequence-length sets T5's token count"), err
+    assert "max_sequence_length" not in err, err

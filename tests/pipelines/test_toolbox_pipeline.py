@@ -214,7 +214,10 @@ def test_controlnet_mode_infotext_and_bad_input() -> None:
                 (dict(controlnets=[("controlnet", z["edges"], 1.0, 0.0, 1.0, 1)], guess_mode=True),
                  "guess_mode and controlnets\\[0\\]'s control mode"),
                 (dict(guess_mode=True), "guess_mode without a ControlNet"),
-                (dict(controlnets=[("controlnet", z["edges"])], guess_mode="yes"), "guess_mode must be True or False")):
+                (dict(controlnets=[("controlnet", z["edges"])], guess_mode="yes"), "guess_mode must be True or False"),
+                # a union Flux net's mode on an SD ControlNet: it ran and the mode was dropped without a word
+                (dict(controlnets=[ControlNet("controlnet", z["edges"], union_mode=2)]),
+                 "controlnets\\[0\\] has a union_mode: an SD ControlNet has no union modes")):
             with pytest.raises(InputError, match=words) as err:
                 pipe.generate(PROMPT, steps=1, sampler="Euler", seed=1, **kw)
             assert "\n" not in str(err.value)

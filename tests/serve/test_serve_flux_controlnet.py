@@ -92,3 +92,6 @@ def test_a_union_net_needs_a_mode_no_unit_field_carries(flux_server) -> None:
     r = requests.post(f"{flux_server}/sdapi/v1/txt2img", timeout=300, json=dict(
         prompt=PROMPT, steps=1, width=64, height=64, alwayson_scripts={"controlnet": {"args": [unit]}}))
     assert r.status_code == 400 and "union ControlNet" in r.text and "mode" in r.text, r.text
+    # the unit as the request names it, not the pipeline's controlnets[0]
+    assert "alwayson_scripts.controlnet.args[0] is a union ControlNet" in r.json()["detail"], r.text
+    assert "controlnets[" not in r.text, r.text

@@ -80,3 +80,13 @@ def test_a_canny_depth_model_served_says_what_serve_cannot_do_in_its_own_words(t
     e = r.json()
     assert "Canny/Depth" in e["message"] and "sdrt serve does not pass a control image" in e["message"], e
     assert "--control-image PNG" not in e["message"] and e["field"] == "alwayson_scripts", e
+
+
+def test_openai_generations_on_a_model_that_needs_a_picture_sends_it_to_edits(fill_server) -> None:
+    """OpenAI's generations route takes no picture: a Fill model's refusal names the edits route and its fields
+    (image, mask), where it said "pass init_images and mask", A1111's fields, which this route has not."""
+    r = requests.post(f"{fill_server}/v1/images/generations", json=dict(prompt="a cat", size="64x64"), timeout=300)
+    assert r.status_code == 400, r.text
+    e = r.json()["error"]
+    assert "init_images" not in e["message"] and "/v1/images/edits" in e["message"], e
+    assert "image and mask" in e["message"] and e["param"] == "mask", e

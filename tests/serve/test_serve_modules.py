@@ -478,3 +478,35 @@ def test_reload_checkpoint_on_a_transformer_only_file_is_a_400_naming_its_files(
             c.post("/sdapi/v1/options", json={"sd_model_checkpoint": "tiny-sd15"})
         assert c.post("/sdapi/v1/reload-checkpoint").status_code == 200
         assert c.post("/sdapi/v1/txt2img", json=JOB).status_code == 200
+
+
+def test_a_t5_chosen_for_an_sd3_file_without_one_is_a_400_not_ignored(tmp_path):
+    """Full-size sd3_medium_incl_clips.safetensors (sparse; no T5, a whole model to the server) with
+    forge_additional_modules naming t5xxl_fp16: the worker ran it without T5, the file dropped without a word (the
+    Python API's set_part_files returned no part). Now a 400 naming the field, in the server's words; nothing
+    compiles."""
+    import dataclasses
+    import sys
+
+    sys.path.insert(0, str(TESTS / "checkpoint"))
+    from test_sd3_medium import _incl_clips_and_t5
+
+    from sdrt.serve.errors import ApiError
+    from sdrt.serve.jobs import Worker
+    from sdrt.serve.registry import ModelEntry
+    from sdrt.serve.spec import PipelineSpec
+
+    f, t5 = _incl_clips_and_t5(tmp_path)
+    entry = ModelEntry(f.name, f, "0" * 10)
+    worker = Worker("w", None, None, lambda m, d: PipelineSpec(m.path, "reference", vae=m.vae,  # type: ignore[arg-type]
+                                                                   text_encoders=m.text_encoders))
+    pipe = worker.pipeline(entry)
+    chosen = dataclasses.replace(entry, text_encoders=(t5,), module_field="forge_additional_modules")
+    with pytest.raises(ApiError) as e:
+        worker.pipeline(chosen)
+    msg = e.value.message
+    assert e.value.status == 400 and e.value.field == "forge_additional_modules", msg
+    assert "t5xxl_fp16.safetensors is a T5-XXL text encoder" in msg and "leave it out" in msg, msg
+    assert "load the model with the file" not in msg and str(tmp_path) not in msg, msg
+    assert worker.pipeline(entry) is pipe and "text_encoder_3" not in pipe.parts
+    pipe.close()

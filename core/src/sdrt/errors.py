@@ -14,7 +14,8 @@ A message that names an argument of the API writes it as ``{@name}`` (or ``{@nam
     raise InputError("a mask needs an init image", where="mask", fix="pass {@init_image=} too")
 
 ``{@name=}`` followed by a value (``"pass {@steps=}1 or more"``) reads ``steps=1`` in the API and
-``--steps 1`` on the command line.
+``--steps 1`` on the command line; followed by ``True`` or ``False`` it is a switch, the flag alone on the command line
+(``{@t5=}False``: ``t5=False``, ``--no-t5``).
 
 ``str(exc)`` speaks the API (``Where: mask. What to do: pass init_image= too.``); a tool that
 takes the arguments under other names renders the same error in its own words with
@@ -27,12 +28,16 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-_ARG = re.compile(r"\{@([A-Za-z_][A-Za-z0-9_]*)(=?)\}")
+_ARG = re.compile(r"\{@([A-Za-z_][A-Za-z0-9_]*)(=?)\}(?:(True|False)(?![A-Za-z0-9_]))?")
 
 
 def _render(text: str, names: Mapping[str, str] | None) -> str:
     def one(m: re.Match[str]) -> str:
-        name, eq = m.group(1), m.group(2)
+        name, eq, flag = m.group(1), m.group(2), m.group(3)
+        if flag and eq:  # "{@t5=}False": a switch, "t5=False" in the API, its flag alone on the command line
+            return names[name] if names is not None and name in names else f"{name}={flag}"
+        if flag:  # "{@name}True": no value glued to it, the word kept
+            return (names[name] if names is not None and name in names else name) + flag
         if names is not None and name in names:
             # "{@steps=}1" is "steps=1" in the API and "--steps 1" on the command line
             glued = eq and m.end() < len(text) and not text[m.end()].isspace() and text[m.end()] not in ",.;:)"

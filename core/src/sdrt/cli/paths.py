@@ -82,15 +82,14 @@ def check_writes(outputs: Mapping[str, str | os.PathLike[str] | Iterable[str | o
     ``outputs`` and ``inputs`` map each flag (``"-o"``, ``"--init-image"``) to a path, a list of paths
     or None (not given). An output that is the same file as an input (the same path, a symlink to it,
     a hard link) would destroy that input; a missing folder is not created (as ``sdrt generate`` refuses it)."""
-    paths = _paths
     for flag, value in outputs.items():
-        for out in paths(value):
+        for out in _paths(value):
             folder = Path(out).parent
             if not folder.is_dir():
                 raise InputError(f"the folder of {flag} {out} does not exist", where=flag,
                                  fix=f"create it first (mkdir -p {folder}) or write somewhere else")
             for in_flag, in_value in inputs.items():
-                for src in paths(in_value):
+                for src in _paths(in_value):
                     if _same_file(out, src):
                         shown = in_flag if os.fspath(src) == os.fspath(out) else f"{in_flag} {src}"
                         raise InputError(f"{flag} {out} is the same file as {shown}; writing it would destroy "

@@ -19,7 +19,8 @@ EMPTY_OK: frozenset[str] | set[str] = {"precision"}
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="predict time per image and peak memory of a model on a device, and the plan "
                                     "(backend, precision, offload) to use")
-    p.add_argument("model", nargs="?", help="a model folder (diffusers/Optimum ONNX layout) or one .onnx file")
+    p.add_argument("model", nargs="?", help="a model folder (diffusers/Optimum ONNX layout, or a diffusers folder of "
+                                            ".safetensors), a single-file checkpoint (.safetensors), or one .onnx file")
     p.add_argument("--device", default=None,
                    help='a device of the library ("RTX 3060 12GB", "Arc A770", "Apple M2"), or "cpu" for this '
                         "machine's CPU; --list-devices lists them (default: the device sdrt would run on here, as "
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.model is None:  # optional only for --list-devices
         raise SdrtError("no model given", where="sdrt plan MODEL",
-                        fix="pass a model folder or one .onnx file: sdrt plan FOLDER_OR_ONNX [--device NAME]")
+                        fix="pass a model folder, a checkpoint file or one .onnx file: sdrt plan MODEL [--device NAME]")
     from ..pipelines.bounds import MAX_SIDE, MAX_STEPS
 
     for flag, v, high in (("--width", args.width, MAX_SIDE), ("--height", args.height, MAX_SIDE),

@@ -191,25 +191,30 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
     graph's fixed size, else 512); one of them alone: a square, unless a lone graph fixes the other. ``refiner``:
     a refiner model (a folder or a single file) after a folder's model: its parts join as ``refiner.<part>``, with
     the calls it takes over at ``refiner_switch_at`` (0.8)."""
+    from ..pipelines.singlefile import is_single_file
+
     path = Path(model)
-    if refiner is not None and not path.is_dir():
+    if refiner is not None and not (path.is_dir() or is_single_file(path)):
         raise SdrtError("a refiner follows a model folder's pipeline, not one .onnx graph", where="sdrt plan --refiner",
                         fix="pass the base model's folder, or leave --refiner out")
     if path.is_dir():
         path = _lone_graph(path)
-    if path.is_dir():
+    if path.is_dir() or is_single_file(path):  # a model folder, or a checkpoint file as sdrt generate takes it
         if (width is None) != (height is None):  # one side given: a square
             width = height = width if width is not None else height
         from ..pipelines.folder import ModelFolder
         from ..pipelines.pipeline import Pipeline
+        from ..pipelines.singlefile import folder_from_file
 
-        pipe = Pipeline(ModelFolder.open(path), backend="auto", device=None)  # dry: nothing compiles
+        folder = ModelFolder.open(path) if path.is_dir() else folder_from_file(path)
+        pipe = Pipeline(folder, backend="auto", device=None)  # dry: nothing compiles
         ref = _refiner_pipeline(refiner) if refiner is not None else None
         try:
             kw: dict[str, Any] = {"steps": steps, "batch": batch}
             kw.update({k: v for k, v in (("width", width), ("height", height)) if v is not None})
             if cfg is not None:
                 kw["cfg"] = cfg
+            kw.update(_images_needed(pipe, width, height))
             if ref is not None:
                 kw.update(refiner=ref, **({"refiner_switch_at": refiner_switch_at} if refiner_switch_at else {}))
             rp = pipe.plan("a photograph of an astronaut riding a horse", "", **kw)
@@ -223,8 +228,8 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
             parts.append(PartCalls(p.part, Path(p.path), sigs))
         return f"{rp.label} ({path.name})", parts, (rp.width, rp.height)
     if path.suffix.lower() != ".onnx" or not path.is_file():
-        raise SdrtError(f"{str(path)!r} is neither a model folder nor an .onnx file", where="sdrt plan MODEL",
-                        fix="pass a diffusers/Optimum ONNX folder or one .onnx file")
+        raise SdrtError(f"{str(path)!r} is neither a model folder, a checkpoint file nor an .onnx file",
+                        where="sdrt plan MODEL", fix="pass a model folder, a .safetensors checkpoint or one .onnx file")
     from ..errors import InputError
     from ..graph import Graph
     from .shapes import fixed_size, takes_pixels
@@ -247,6 +252,31 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
                          fix=f"leave out {{@width}} and {{@height}} (the graph's own size is taken), or pass "
                              f"{{@width=}}{fixed[0]} {{@height=}}{fixed[1]}")
     return path.name, [PartCalls(path.stem, path, [(single_file_shapes(g, width, height, batch), 1.0)])], (width, height)
+
+
+#: the strength a plan runs a model that only continues an image at (the SDXL refiner: 0.2-0.4 is usual)
+REFINER_STRENGTH = 0.3
+
+
+def _images_needed(pipe: Any, width: int | None, height: int | None) -> dict[str, Any]:
+    """The images a model cannot run without, as blank pictures of the planned size: an inpainting UNet's (or
+    FLUX.1 Fill's) init image and mask, the SDXL refiner's init image (at :data:`REFINER_STRENGTH`), a FLUX.1
+    Canny/Depth model's control image. ``sdrt plan`` has no flags for them, and every other model runs without."""
+    import numpy as np
+
+    w, h = width or pipe.default_size, height or pipe.default_size
+    picture = np.zeros((h, w, 3), np.uint8)
+    fam = pipe.family
+    unet_in = pipe.denoiser.inputs[fam.sample_input].shape
+    nine = (not fam.flow and len(unet_in) == 4 and unet_in[1] == fam.latent_channels + fam.inpaint_channels)
+    tool = pipe.flux_tool
+    if nine or tool == "fill":
+        return {"init_image": picture, "mask": np.full((h, w), 255, np.uint8)}
+    if tool == "control":
+        return {"control_image": picture}
+    if not fam.txt2img:
+        return {"init_image": picture, "strength": REFINER_STRENGTH}
+    return {}
 
 
 #: the subfolders that make a folder a pipeline (diffusers/Optimum layout), not one exported graph

@@ -66,6 +66,10 @@ class ToolboxMixin:
                                      "down_block_additional_residual_*), or leave {@controlnets} out")
             for k, unit in enumerate(tb.controlnets):
                 cn.check_no_control_mask(unit, f"controlnets[{k}]", f"a {self.family.label} ControlNet")  # type: ignore[attr-defined]
+                if unit.union_mode is not None:  # a union Flux ControlNet's control type: no SD net has one
+                    raise InputError(f"controlnets[{k}] has a {{@union_mode}}: an SD ControlNet has no union modes "
+                                     "(a union Flux.1 ControlNet has)", where=f"controlnets[{k}] {{@union_mode}}",
+                                     fix="leave {@union_mode} out")
                 unit.part = self._control_part(unit.net, f"controlnets[{k}]")
                 cn.check_net(unit.part, unet, f"controlnets[{k}]")
                 unit.control = self._control_tensor(unit, s.width, s.height, k)

@@ -79,7 +79,7 @@ def check(tool: str | None, s: Any, label: str, lora: str | None = None) -> None
                              fix="pass {@init_image=} and {@mask=} (white = repaint; an outpainting canvas is the "
                                  "image padded, with the padding white in the mask)")
         if control is not None:
-            raise InputError("control_image is the control map of a Flux.1 Canny or Depth model, and this is a "
+            raise InputError("{@control_image} is the control map of a Flux.1 Canny or Depth model, and this is a "
                              "Flux.1 Fill model", where="control_image", fix="leave {@control_image} out")
     elif tool == "control":
         if control is None:
@@ -94,7 +94,7 @@ def check(tool: str | None, s: Any, label: str, lora: str | None = None) -> None
                              "FluxControlPipeline is txt2img)", where="init_image",
                              fix="leave {@init_image} and {@mask} out")
     elif control is not None:
-        raise InputError(f"control_image is the control map of a Flux.1 Canny or Depth model, and this {label} model "
+        raise InputError(f"{{@control_image}} is the control map of a Flux.1 Canny or Depth model, and this {label} model "
                          "takes none", where="control_image",
                          fix="use a Flux.1 Canny/Depth model, or a ControlNet with {@controlnets} (SD 1.x, SDXL, Flux.1 dev)")
 

@@ -809,7 +809,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             # diffusers' FluxPipeline default; FluxFillPipeline's is 30
             s.guidance = DEFAULT_GUIDANCE.get(self.flux_tool or "", 3.5)
         if s.shift is not None and not fam.flow:
-            raise InputError(f"shift applies to flow-matching models (SD3, Flux, Chroma), not {fam.label}",
+            raise InputError(f"{{@shift}} applies to flow-matching models (SD3, Flux, Chroma), not {fam.label}",
                              where="shift", fix="leave {@shift} unset")
         if s.guidance_rescale and fam.flow:  # diffusers' SD3/Flux/Chroma pipelines have none: no reference to match
             raise InputError(f"{{@guidance_rescale}} rescales an eps or v prediction under CFG, and {fam.label} predicts a "
@@ -820,7 +820,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             raise ModelError(f"clip skip {s.clip_skip} picks a CLIP layer's hidden states, and {fam.label} {why}",
                              where="clip_skip", fix="leave {@clip_skip} at 1 for this model")
         if s.max_sequence_length is not None and not any(e.kind == "t5" for e in fam.encoders):
-            raise InputError(f"max_sequence_length sets T5's token count, and {fam.label} has no T5 encoder",
+            raise InputError(f"{{@max_sequence_length}} sets T5's token count, and {fam.label} has no T5 encoder",
                              where="max_sequence_length", fix="leave {@max_sequence_length} unset")
 
     def _check_size(self, s: Settings, source: str | None = None) -> None:
@@ -840,6 +840,19 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                                  "patch 2)", where=source,
                                  fix=f"make it {s.width - s.width % 16}x{s.height - s.height % 16}")
             raise flow_size_error(s.width, s.height, self.family.label)  # type: ignore[misc]
+        if self.family.name == "sd3":  # its learned position table, cropped to the image: no larger image
+            largest = largest_side(self.folder.configs.get(self.family.denoiser_part, {}), self.denoiser.graph)
+            if largest is not None and max(s.width, s.height) > largest:
+                where = "width" if s.width > largest else "height"
+                if source is not None:
+                    what = "init image" if source == "init_image" else "hires fix's second pass"
+                    raise InputError(f"the {what} is {s.width}x{s.height}, above the {largest} pixels a side "
+                                     f"{self.family.label} makes (its transformer's position table)", where=source,
+                                     fix=f"pass {{@width}} and {{@height}} of {largest} or less" if source == "init_image"
+                                     else "pass a smaller {@hires_scale} or {@width} and {@height}")
+                raise InputError(f"{{@{where}}} {getattr(s, where)} is above the {largest} pixels a side "
+                                 f"{self.family.label} makes (its transformer's position table is {largest // 16} "
+                                 "patches of 16 pixels a side)", where=where, fix=f"use {largest} or less")
         shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
         wrong = self.family.size_error(shape, s.width, s.height)
         if wrong is not None:
@@ -1359,12 +1372,10 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     be, dev = select(backend, device)
     _check_options(be, dev, options)
     text_encoders = _part_files(vae, text_encoders)
-    if t5 is False:
-        _refuse_unused_t5(text_encoders)
     if is_single_file(model):
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
                                   prediction=prediction, family=family)
-        pipe = Pipeline(_without_t5(folder, t5), backend=be.name, device=dev, **options)
+        pipe = Pipeline(_without_t5(folder, t5, text_encoders), backend=be.name, device=dev, **options)
         if vae is not None or text_encoders:
             note_part_files(pipe, [*([vae] if vae is not None else []), *text_encoders])
         return pipe
@@ -1373,7 +1384,7 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if is_diffusers_folder(model):  # .safetensors parts and no ONNX: onto the shipped graphs
         folder = ModelFolder.from_diffusers(model, graph_paths=graph_paths, tokenizers=tokenizers,
                                             prediction=prediction)
-        pipe = Pipeline(_without_t5(folder, t5), backend=be.name, device=dev, **options)
+        pipe = Pipeline(_without_t5(folder, t5, text_encoders), backend=be.name, device=dev, **options)
         if vae is not None or text_encoders:
             bind_part_files(pipe, vae, text_encoders)
         return pipe
@@ -1383,10 +1394,25 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
         raise InputError(f"{', '.join(advanced)} applies to a single-file checkpoint or a diffusers folder of "
                          f".safetensors, and {model} is an ONNX model folder",
                          where=next(iter(advanced)), fix="leave it unset for a folder")
-    pipe = Pipeline(_without_t5(ModelFolder.open(model), t5), backend=be.name, device=dev, **options)
+    pipe = Pipeline(_without_t5(ModelFolder.open(model), t5, text_encoders), backend=be.name, device=dev, **options)
     if vae is not None or text_encoders:
         bind_part_files(pipe, vae, text_encoders)
     return pipe
+
+
+def largest_side(config: Mapping[str, Any], graph: Any) -> int | None:
+    """The largest side in pixels an SD 3 transformer makes: its position table's patches a side (the config's
+    ``pos_embed_max_size``, else the ``pos_embed.pos_embed`` table of the graph, ``[1, n*n, width]``) x 16 (patch 2 x
+    VAE 8), as diffusers' ``PatchEmbed.cropped_pos_embed`` refuses more; None when neither says."""
+    size = config.get("pos_embed_max_size")
+    if not isinstance(size, int) or size <= 0:
+        table = next((t for n, t in graph.initializer_info().items() if n.endswith("pos_embed.pos_embed")), None)
+        if table is None or len(table.shape) != 3 or not isinstance(table.shape[1], int):
+            return None
+        size = math.isqrt(table.shape[1])
+        if size * size != table.shape[1]:
+            return None
+    return size * 16
 
 
 def flow_size_error(width: int | None, height: int | None, label: str) -> InputError | None:
@@ -1401,26 +1427,10 @@ def flow_size_error(width: int | None, height: int | None, label: str) -> InputE
                       where=where, fix=f"use {down} or {down + 16}" if down else "use 16")
 
 
-def _refuse_unused_t5(files: list[Any]) -> None:
-    """``t5=False`` with a T5-XXL file among ``text_encoders``: the file would be read and checked, then left out
-    with the T5 part; refused (a file that cannot be opened is left to the part-file checks that name it)."""
-    from ..checkpoint.families import identify
-    from ..weights import Weights
-
-    for f in files:
-        try:
-            kind = identify(Weights.open(f).shapes()).kind
-        except (SdrtError, OSError):
-            continue
-        if kind == "t5xxl":
-            raise InputError(f"t5=False (--no-t5) leaves T5-XXL out, and {{@text_encoders}} {Path(f).name} is a T5-XXL "
-                             "text encoder, which would not be used", where=str(f),
-                             fix="drop --no-t5 / t5=False to run with that T5 file, or leave the file out")
-
-
-def _without_t5(folder: ModelFolder, t5: Any) -> ModelFolder:
+def _without_t5(folder: ModelFolder, t5: Any, text_encoders: Any = ()) -> ModelFolder:
     """``t5=False``: the folder without its T5 part (SD3, whose T5 is optional), so it is neither loaded nor
-    counted in the memory plan; T5's states are zeros (``textcond.ZeroT5``)."""
+    counted in the memory plan; T5's states are zeros (``textcond.ZeroT5``). A T5 file among ``text_encoders`` is
+    refused: dropped, it would be ignored without a word."""
     if t5 is True:
         return folder
     fam = folder.family_class
@@ -1428,14 +1438,31 @@ def _without_t5(folder: ModelFolder, t5: Any) -> ModelFolder:
         raise InputError(f"t5 must be True or False, got {t5!r}", where="t5", fix="pass t5=False to run without T5")
     parts = [e.part for e in fam.encoders if e.kind == "t5"]
     if not parts or any(p not in fam.optional for p in parts):
-        raise InputError(f"t5=False (--no-t5) runs SD 3 / 3.5 without T5-XXL, and {fam.label} "
+        raise InputError(f"{{@t5=}}False runs SD 3 / 3.5 without T5-XXL, and {fam.label} "
                          + ("has no T5 encoder" if not parts else "needs its T5 encoder"), where="t5",
-                         fix="leave T5 on for this model (drop --no-t5 / t5=False)")
+                         fix="leave T5 on for this model (drop {@t5=}False)")
+    t5_file = next((f for f in text_encoders if _is_t5_file(f)), None)
+    if t5_file is not None:
+        raise InputError(f"{{@text_encoders}} {Path(t5_file).name} is a T5-XXL text encoder, and {{@t5=}}False leaves "
+                         "T5 out", where="t5", fix="drop {@t5=}False to run with this T5, or leave the file out")
     import dataclasses
 
     log.info("%s: T5 left out (t5=False): %s runs on its CLIP encoders alone", folder.path.name, fam.label)
     return dataclasses.replace(folder, parts={k: v for k, v in folder.parts.items() if k not in parts},
                                weights={k: v for k, v in folder.weights.items() if k not in parts})
+
+
+def _is_t5_file(path: Any) -> bool:
+    """Whether a text-encoder file's tensors (headers only) are a T5-XXL encoder's."""
+    from ..checkpoint.families import identify
+    from ..checkpoint.files import gguf_arch
+    from ..weights import Weights
+
+    try:
+        w = Weights.open(path)
+        return identify(w.shapes(), arch=gguf_arch(w)).kind == "t5xxl"
+    except (SdrtError, OSError):
+        return False  # an unreadable file is named by the code that binds it
 
 
 #: load's keywords besides the backend's options (Pipeline's own: low_memory ... quantize)

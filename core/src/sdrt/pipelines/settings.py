@@ -194,7 +194,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         raise InputError("a mask needs an init image", where="mask", fix="pass {@init_image=} too")
     if strength is not None:
         if init_image is None:
-            raise InputError("strength applies only with an init image", where="strength",
+            raise InputError("{@strength} applies only with an init image", where="strength",
                              fix="pass {@init_image=}, or leave {@strength} unset")
         if not _number(strength) or not 0 < strength <= 1:
             raise InputError(f"{{@strength}} must be in (0, 1], got {strength!r}", where="strength", fix="use e.g. 0.75")

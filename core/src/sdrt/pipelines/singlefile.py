@@ -181,20 +181,25 @@ def _unidentified(path: PathLike) -> bool:
     return identify(w.shapes()).kind == "unknown"
 
 
+class PartNotLoaded(InputError):
+    """A VAE / text-encoder file for a part the loaded pipeline does not have (SD 3 loaded without T5)."""
+
+
 # -- separate files onto an ONNX folder --------------------------------------------------------------
 def bind_part_files(pipe: Pipeline, vae: PathLike | None = None, text_encoders: Iterable[PathLike] = ()) -> list[str]:
     """Replace the weights of the folder's VAE / text encoders with those files (through ``WeightState``,
     so LoRAs and embeddings apply on top). Everything is checked before anything changes. Returns the parts."""
     encoders = [text_encoders] if isinstance(text_encoders, (str, os.PathLike)) else list(text_encoders)
-    planned, files = _plan_files(pipe, vae, encoders)
+    planned, files = _plan_files(pipe, vae, encoders, at_load=True)
     _bind_planned(pipe, planned, {p: f.path for f in files for p in f.parts if p in planned})
     return sorted(planned)
 
 
-def _plan_files(pipe: Pipeline, vae: PathLike | None, encoders: list[PathLike]
+def _plan_files(pipe: Pipeline, vae: PathLike | None, encoders: list[PathLike], at_load: bool = False
                 ) -> tuple[dict[str, dict[str, Any]], list[PartFile]]:
     """``({part: {initializer: TensorRef}}, files)`` of the files bound onto the pipeline's own graphs, every file
-    checked (its kind, then every tensor's name and shape) before anything changes."""
+    checked (its kind, then every tensor's name and shape) before anything changes. ``at_load``: bound by
+    ``pipelines.load`` onto a folder's own parts (not swapped on a loaded pipeline)."""
     from ..checkpoint.files import part_file_refs
     from ..errors import WeightsError
 
@@ -206,13 +211,17 @@ def _plan_files(pipe: Pipeline, vae: PathLike | None, encoders: list[PathLike]
     planned: dict[str, dict[str, Any]] = {}
     for pf in files:
         parts = [p for p in pf.parts if p in pipe.parts]
-        if not parts:  # SD3's optional T5 on a folder without text_encoder_3/: the file was checked, then unused
+        if not parts:  # SD 3's T5 on a folder without text_encoder_3/, or on a model loaded without T5: unused
             arg = "vae" if pf.kind.startswith("vae") else "text_encoders"
-            toks = [f"{e.tokenizer}/" for e in pipe.family.encoders if e.part in pf.parts]
-            raise ModelError(f"{{@{arg}}}: {pf.path.name} is {pf.label}, and this {label} folder has no "
-                             f"{' or '.join(pf.parts)} for it to fill (a folder runs the parts it holds)",
-                             where=str(pf.path), fix=f"add the release's {' and '.join([f'{pf.parts[0]}/', *toks])} "
-                             "to the folder, or leave the file out")
+            if at_load:  # a folder runs the parts it holds
+                toks = [f"{e.tokenizer}/" for e in pipe.family.encoders if e.part in pf.parts]
+                raise ModelError(f"{{@{arg}}}: {pf.path.name} is {pf.label}, and this {label} folder has no "
+                                 f"{' or '.join(pf.parts)} for it to fill (a folder runs the parts it holds)",
+                                 where=str(pf.path), fix=f"add the release's {' and '.join([f'{pf.parts[0]}/', *toks])} "
+                                 "to the folder, or leave the file out")
+            raise PartNotLoaded(f"{{@{arg}}}: {pf.path.name} is {pf.label} for {', '.join(pf.parts)}, which this "
+                                f"{label} model was loaded without", where=arg,
+                                fix=f"load the model with the file (it adds {', '.join(pf.parts)}), or leave it out")
         try:
             planned.update(part_file_refs(pf.path, {p: state._graph(p) for p in parts}))
         except WeightsError as exc:
@@ -283,6 +292,11 @@ def _own_of_main(pipe: Pipeline, parts: list[str], arg: str) -> dict[str, dict[s
                          where=str(opened.path),
                          fix=f"pass a {what} file for it" + (" ({@vae}=FILE)" if arg == "vae" else
                                                             " ({@text_encoders}=[FILE, ...])")) from exc
+    missing = [p for p in parts if p not in own.parts]  # SD 3's T5, which a file filled at load: none to go back to
+    if missing:
+        what = "VAE" if arg == "vae" else "text encoder"
+        raise ModelError(f"{{@{arg}}}: {opened.path.name} holds no {what} of its own for {', '.join(missing)}",
+                         where=str(opened.path), fix=f"keep a {what} file for it, or load the model again without one")
     return {p: {n: w.ref(n) for n in w} for p, (_, w) in own.parts.items() if p in parts}
 
 

@@ -207,7 +207,30 @@ class WeightState:
             self._write_embeddings()
         self._apply(set(arrays))
         log.info("loaded %s", ckpt)
+        self._say_prediction(ckpt)
         return ckpt
+
+    def _say_prediction(self, ckpt: Any) -> None:
+        """Warn when the file says another prediction than the folder's scheduler, which still decides (A1111 would
+        sample the file as its ``<stem>.yaml``, SDXL's ``v_pred`` key or, for SD 2.x, its weights say)."""
+        from ..checkpoint.files import SD2_V_KEY, sd2_prediction, yaml_prediction
+
+        path = Path(getattr(ckpt, "path", "") or "")
+        folder = {"eps": "epsilon", "v": "v_prediction"}.get(self.pipe.folder.prediction)
+        if folder is None or not path.is_file():
+            return
+        said, why = yaml_prediction(path), path.with_suffix(".yaml").name
+        if said is None and "v_pred" in ckpt.weights:
+            said, why = "v_prediction", "its v_pred key"
+        elif said is None and str(ckpt.family).startswith("SD 2") and SD2_V_KEY in ckpt.weights:
+            said, why = sd2_prediction(path, ckpt.weights), "its weights, as ComfyUI tells SD 2.x files apart"
+        if said is None or said == folder:
+            return
+        words = {"epsilon": "eps", "v_prediction": "v"}
+        log.warning("%s is %s-prediction (%s) and this model folder's scheduler %s-prediction, which it runs with: "
+                    "the images may come out wrong; run the file itself (sdrt generate %s \"prompt\", or "
+                    "pipelines.load(FILE)) to sample it as %s-prediction", path.name, words[said], why,
+                    words[folder], path.name, words[said])
 
     # -- LoRA -------------------------------------------------------------------
     def lora(self, path: str | os.PathLike[str]) -> Lora:

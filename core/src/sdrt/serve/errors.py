@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..errors import _render
+from ..errors import _items, _render
 
 
 class ApiError(Exception):
@@ -40,7 +40,8 @@ def from_pipeline(exc: Exception, fields: Mapping[str, str] | None = None) -> Ap
                              "sdrt generate --control-image or the Python API's control_image=",
                         field="alwayson_scripts")
     field = names.get(where, where) or None
-    what, fix = _render(what, names), _render(fix, names) if fix else fix  # {@cfg} -> cfg_scale
+    # {@cfg} -> cfg_scale; a list item (controlnets[0]) -> the request's own (alwayson_scripts.controlnet.args[0])
+    what, fix = _items(_render(what, names), names), _items(_render(fix, names), names) if fix else fix
     return ApiError(400, f"{what}; {fix}" if fix else what, field=field)
 
 

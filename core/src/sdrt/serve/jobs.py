@@ -216,6 +216,10 @@ def _module_error(model: ModelEntry, exc: SdrtError) -> ApiError:
              "text_encoders": "forge_additional_modules"}
     what = _render(exc.what, names)
     fix = _render(exc.fix, names) if getattr(exc, "fix", None) else None
+    from ..pipelines.singlefile import PartNotLoaded
+
+    if isinstance(exc, PartNotLoaded):  # SD 3's T5 for a file without one: the server runs the model as it holds it
+        fix = "leave it out: the server runs this model as its file holds it, without that part"
     for path in (model.vae, *model.text_encoders, model.path, model.weights):
         if path is not None:
             what = what.replace(str(path), path.name)

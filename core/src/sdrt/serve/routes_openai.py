@@ -120,7 +120,17 @@ async def generations(request: Request) -> JSONResponse:
     st: ServerState = request.app.state.sdrt
     body = await read_json(request, st.limits.max_body_bytes)
     work, ignored, fmt = await run_in_threadpool(parse, body, st)
-    return await _answer(request, st, work, st.queue.submit(work), fmt, body.get("size"), ignored)
+    return await _answer(request, st, work, st.queue.submit(work), fmt, body.get("size"), ignored, _to_edits)
+
+
+def _to_edits(exc: ApiError) -> ApiError:
+    """A model's refusal for want of a picture (an inpainting or Fill model's mask, the refiner's init image) in
+    the generations request's words: this route takes no picture, ``/v1/images/edits`` does (``image``, ``mask``)."""
+    if exc.field not in ("init_images", "init_images[0]", "mask", "denoising_strength"):
+        return exc
+    edit = openai_edits.renamed(exc)
+    return ApiError(exc.status, f"{edit.message} (at /v1/images/edits: /v1/images/generations takes no picture)",
+                    field=edit.field)
 
 
 async def edits(request: Request) -> JSONResponse:
