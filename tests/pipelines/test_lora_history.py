@@ -24,11 +24,12 @@ def _image(pipe, loras) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("backend", "precision", "low_memory"), [
-    ("reference", "fp32", False), ("ggml", "fp32", False), ("openvino", "fp32", False), ("openvino", "default", False),
+    ("reference", "fp32", False), ("ggml", "fp32", False), ("ggml", "default", False), ("openvino", "fp32", False),
+    ("openvino", "default", False),
     ("openvino", "default", True)])
 def test_a_lora_job_is_the_same_first_in_a_fresh_pipeline_and_after_other_jobs(backend, precision, low_memory,
                                                                                  monkeypatch):
-    if precision == "default":  # the device's own (bf16 on a CPU with AVX-512-BF16 or AMX: 22 levels off before)
+    if precision == "default":  # the device's own (bf16 on a CPU with AVX-512-BF16 or AMX: OpenVINO 22 levels off before)
         monkeypatch.delenv("SDRT_PRECISION", raising=False)
     register(backend)
     with pipelines.load(DATA / "tiny-sd15", backend=backend, low_memory=low_memory) as pipe:

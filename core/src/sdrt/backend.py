@@ -276,6 +276,12 @@ class Backend(ABC):
     #: that sets it writes ``_cache_parts``, ``_save`` and ``_load``; the ``cache=`` and ``cache_dir=``
     #: options are then the core's.
     caches: ClassVar[bool] = False
+    #: True when a session rebound with ``update_weights`` runs exactly the program a fresh compile with those
+    #: weights makes (bit for bit). A pipeline then compiles a LoRA's merged weights in directly; when False (the
+    #: default: not known, or OpenVINO, whose swappable form adds biases after the kernel) it compiles the base
+    #: weights and binds the merged ones, so that a LoRA's image never depends on what ran before
+    #: (``Part.compile_factory``; tests/pipelines/test_lora_history.py holds each backend to its answer)
+    rebinds_as_compiled: ClassVar[bool] = False
     #: True when ``_open`` does not need the stored entry: a large entry is then synced, checksummed and renamed
     #: into place in a background thread while the session already runs (``CompileCache.store(background=)``)
     stores_in_background: ClassVar[bool] = False

@@ -72,6 +72,9 @@ class GgmlBackend(Backend):
     #: stored weight types run natively: matmul weights as ggml's Q8_0 / Q4_0 blocks (quant.py); conv
     #: weights of those types are dequantized while lowering. fp8 (no ggml type) is dequantized at load.
     quantized_weights = frozenset({"int8", "int4"})
+    #: ``update_weights`` writes the new values into the tensors a compile would have made (and lowers again where
+    #: a changed weight was folded): the same program, so a LoRA is compiled in directly (no base compile first)
+    rebinds_as_compiled = True
     conformance: dict[str, Any] = {}
     #: fp32; bf16 and fp16 store the weights of MatMul, Gemm and dense convs in ggml's half types and compute
     #: them with ggml's mixed kernels, the rest in float32 (half.py). The default per device is

@@ -156,7 +156,8 @@ class WeightState:
             self._lora_parts.add(name)
             # not for a control LoRA's 128-input twin (its base is merged: the padded img_in), nor in low-memory mode,
             # where every session is closed after use: no LoRA is ever bound on a live one, each compile is fresh
-            if not (name == "transformer" and self._want_graph is not None) and not self.pipe.is_low_memory:
+            if not (name == "transformer" and self._want_graph is not None) and not self.pipe.is_low_memory \
+                    and not _rebinds_as_compiled(part.backend):
                 base = self._weights(name, self.base.get(name, {}))
                 part.compile_factory = lambda: base
             else:
@@ -793,3 +794,12 @@ def check_lora_list(loras: Any) -> list[tuple[Any, Any]]:
             raise InputError(f"loras[{i}] must be a (path, scale) pair, got {type(item).__name__} {item!r:.40}",
                              where="loras", fix=fix)
     return [(a, b) for a, b in out]
+
+
+def _rebinds_as_compiled(backend: str) -> bool:
+    """Whether the backend named ``backend`` runs a rebound session as it runs a fresh compile
+    (``Backend.rebinds_as_compiled``); an unknown name (not resolved yet) takes the safe answer, False."""
+    from ..plugins import get_registry
+
+    be = get_registry().backends.get(backend)
+    return bool(getattr(be, "rebinds_as_compiled", False))

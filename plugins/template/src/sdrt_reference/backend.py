@@ -56,6 +56,8 @@ class ReferenceBackend(Backend):
     priority = 0  # lowest: any real backend wins an automatic choice
     #: stored weight types run as they are (onnx.reference evaluates DequantizeLinear exactly)
     quantized_weights = frozenset({"int8", "int4", "float8_e4m3fn"})
+    #: a rebind evaluates the graph with the new initializers, as a fresh compile does
+    rebinds_as_compiled = True
     # What `sdrt conformance reference` should expect: limits of onnx.reference itself.
     conformance = {
         "xfail": {
