@@ -218,7 +218,11 @@ class Store:
         self._meta = dict(meta)
 
     def load(self, arrays: Mapping[str, np.ndarray], device_id: str, props: Mapping[str, Any]) -> Rebinder | None:
-        """The stored swappable form for ``arrays``, or None (a miss; an unreadable entry is discarded)."""
+        """The stored swappable form for ``arrays``, or None (a miss; an unreadable entry is discarded). None at
+        once for weights mostly non-float (int8 weights, baked in): such a form is not stored (``save``), and its
+        key would hash them all."""
+        if _baked_bytes(arrays) > sum(np.asarray(a).nbytes for a in arrays.values()) // 2:
+            return None
         key = self._key_of(props, arrays)
         entry = self.cache.lookup(key)
         if entry is None:
@@ -238,7 +242,8 @@ class Store:
         bytes than the weights it binds from the file (int8 weights, which stay constants), it is not stored: the
         cache is to stay no larger than the model it holds, and the model's own compiled entry holds them already."""
         extras = sum(len(d) for _, d in rebinder.extras)
-        if extras > rebinder.weight_bytes:
+        if extras > rebinder.weight_bytes or _baked_bytes(arrays) > sum(np.asarray(a).nbytes
+                                                                        for a in arrays.values()) // 2:
             log.info("not caching the swappable form: it would hold %d bytes of constants against %d of weights",
                      extras, rebinder.weight_bytes)
             return
@@ -273,6 +278,11 @@ def key_values(arrays: Mapping[str, np.ndarray]) -> str:
         if arr.dtype.kind in "iub":
             h.update(f"{name}|{_digest(arr)}|".encode())
     return h.hexdigest()
+
+
+def _baked_bytes(arrays: Mapping[str, np.ndarray]) -> int:
+    """The bytes of the non-float initializers, which a swappable form bakes in (``key_values``)."""
+    return sum(np.asarray(a).nbytes for a in arrays.values() if np.asarray(a).dtype.kind in "iub")
 
 
 def _digest(arr: np.ndarray) -> str:

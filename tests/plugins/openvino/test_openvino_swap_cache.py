@@ -103,3 +103,26 @@ def test_a_stored_swappable_form_that_does_not_fit_the_graph_is_discarded_and_co
     assert "is unusable" in log and "compiled once more to a weightless blob" in log, log
     assert np.array_equal(first, again)
     assert _swap_entries(tmp_path / "cache"), "the rebuilt swappable form was not stored again"
+
+
+def test_a_swappable_form_is_stored_only_while_it_holds_fewer_bytes_than_the_weights_it_leaves_out(tmp_path):
+    pytest.importorskip("openvino", reason="the openvino package is not installed (pip install openvino)")
+    from sdrt.cache import CompileCache
+    from sdrt_openvino import swap
+
+    arrays = {"w": np.arange(64, dtype=np.float32).reshape(8, 8), "b": np.ones(8, np.float32),
+              "shape": np.array([1, 64], np.int64)}
+    layout = {"w": (0, 256, np.dtype(np.float32))}
+    store = swap.Store(CompileCache("openvino", tmp_path), lambda props, a: "k" * 64, {"model": "m"})
+
+    def form(extras: bytes) -> swap.Rebinder:
+        return swap.Rebinder(b"blob", "CPU", {}, layout, [(256, extras)], 256 + len(extras),
+                             {"b": np.dtype(np.float32)}, {"shape": arrays["shape"]})
+
+    store.save(form(b"\1" * 300), arrays, {})  # more bytes of constants than of weights: int8 weights, say
+    assert store.load(arrays, "CPU", {}) is None
+    store.save(form(b"\1" * 16), arrays, {})
+    back = store.load(arrays, "CPU", {})
+    assert back is not None and back.blob == b"blob" and back.layout == layout and back.extras == [(256, b"\1" * 16)]
+    assert back.inputs == {"b": np.dtype(np.float32)} and back.fits(arrays)
+    assert store.load({**arrays, "shape": np.array([2, 32], np.int64)}, "CPU", {}) is None  # another baked value
