@@ -304,10 +304,11 @@ class OpenVINOBackend(Backend):
         cache, rest = self._cache_options(options)
         later = deferred.holding() and self._defers_store(self.parse_options(rest, device))
         self._local.staging = cache.dir if cache is not None and not later else None
+        self._local.cache = cache  # where the session keeps its swappable form (_swap_store)
         try:
             return super().compile(graph, weights, device, **options)
         finally:
-            self._local.staging = None
+            self._local.staging = self._local.cache = None
 
     def parse_options(self, options: Mapping[str, Any], device: Device) -> Options:
         return parse_options(options, default=self.precision_for(device))
@@ -343,10 +344,11 @@ class OpenVINOBackend(Backend):
                 raise self._compile_error(exc, graph, device, opts) from exc
 
         rebinder = None
-        if opts.swappable is True:  # the form a swap imports (not cached: its blob needs a weights file)
+        if opts.swappable is True:  # the form a swap imports, its weightless blob kept apart from the weights
             lazy()  # converting raises UnsupportedGraph first
             try:
-                compiled, rebinder, views = swap.build(core, graph, arrays, device.id, props)
+                compiled, rebinder, views, _ = swap.obtain(core, graph, arrays, device.id, props,
+                                                           self._swap_store(graph, device, opts))
                 arrays = {**arrays, **views}  # held once: OpenVINO keeps the weights file's mapping
             except swap.NotSwappable as exc:
                 log.info("%s: not compiled swappable (%s)", graph.name, exc)
@@ -384,9 +386,31 @@ class OpenVINOBackend(Backend):
         converted = getattr(lazy, "_done", None)  # the constants' copy-on-write maps of the same files
         if converted is not None:
             release_pages(converted.maps)
+        swappable = opts.swappable is not False
         return OpenVINOSession(graph, arrays, lazy, compiled, compile_, lambda a: convert.read(core, graph, a),
-                               device.id, core=core if opts.swappable is not False else None,
-                               props=opts.properties(), rebinder=rebinder)
+                               device.id, core=core if swappable else None, props=opts.properties(),
+                               rebinder=rebinder, store=self._swap_store(graph, device, opts) if swappable else None)
+
+    def _swap_store(self, graph: Graph, device: Device, opts: Options) -> swap.Store | None:
+        """Where the swappable form of ``graph`` is kept across processes: the compile cache this compile uses
+        (none with ``cache=False``), under a key of the graph without its weights' values (``swap.Store``)."""
+        from sdrt.cache import make_key
+
+        cache = getattr(self._local, "cache", None)
+        if cache is None or not device.id.startswith(swap.SUPPORTED_DEVICES):
+            return None
+        parts = [device.id, device.name, str(device.properties.get("architecture", "")), self.version(),
+                 PLUGIN_VERSION, "swappable", swap.FORMAT]
+        shape_key: list[str] = []
+
+        def key_of(props: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> str:
+            if not shape_key:  # the graph and its initializers' names, dtypes and shapes: once per session
+                shape_key.append(self.cache_key(graph, None, parts, with_weights=False))
+            return make_key([shape_key[0], repr(sorted((str(k), str(v)) for k, v in props.items())),
+                             swap.key_values(arrays)])
+
+        return swap.Store(cache, key_of, {"model": graph.name, "device": device.id,
+                                          **self._cache_meta(graph, device, opts)})
 
     # -- the compile cache -----------------------------------------------
     def _cache_parts(self, graph: Graph, device: Device, opts: Options) -> list[str] | None:

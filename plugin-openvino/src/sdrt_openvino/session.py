@@ -47,7 +47,7 @@ class OpenVINOSession(Session):
                  compiled: Any, recompile: Callable[[ov.Model], Any],
                  reconvert: Callable[[dict[str, np.ndarray]], Any], device_id: str, *,
                  core: Any = None, props: Mapping[str, Any] | None = None,
-                 rebinder: swap.Rebinder | None = None) -> None:
+                 rebinder: swap.Rebinder | None = None, store: swap.Store | None = None) -> None:
         super().__init__(graph.inputs, graph.outputs, graph=graph)
         self._graph = graph
         #: the converted model, made on first need (a session loaded from the cache has none until then)
@@ -69,6 +69,8 @@ class OpenVINOSession(Session):
         #: rebinds weights through a weightless blob (swap.py), made at the first update_weights
         self._rebinder = rebinder
         self._swappable = core is not None
+        #: where the swappable form is kept across processes (the compile cache), or None
+        self._store = store
         #: weights fed as inputs of the compiled model (its Parameters), kept alive for OpenVINO
         self._weight_inputs: dict[str, np.ndarray] = {}
         self._lock = threading.Lock()
@@ -231,7 +233,8 @@ class OpenVINOSession(Session):
         """Bind new weights: import the session's weightless blob with them, or compile again.
 
         On the CPU the first update compiles the graph once more in a swappable form and
-        keeps its weightless export (``swap.py``); every later update writes the weights
+        keeps its weightless export (``swap.py``; imported from the compile cache where an
+        earlier process stored it for this graph); every later update writes the weights
         file and imports that blob, which skips OpenVINO's transformations. Elsewhere, or
         when the graph does not allow it, the weight constants of the converted
         ``ov.Model`` are replaced and the model is compiled again. The session keeps
@@ -264,10 +267,11 @@ class OpenVINOSession(Session):
             if rebinder is not None and rebinder.fits(merged):
                 compiled, views = rebinder.compile(self._core, merged)
                 how = "weightless import"
-            else:  # first update, or a shape/index initializer changed: compile the swappable form
-                compiled, rebinder, views = swap.build(self._core, self._graph, merged, self._device_id,
-                                                       self._props)
-                how = "compiled once more to a weightless blob"
+            else:  # first update, or a shape/index initializer changed: the swappable form, stored or compiled
+                compiled, rebinder, views, stored = swap.obtain(self._core, self._graph, merged, self._device_id,
+                                                                self._props, self._store)
+                how = ("weightless import of the swappable form from the compile cache" if stored else
+                       "compiled once more to a weightless blob")
         except swap.NotSwappable as exc:
             log.info("%s: weights are bound by compiling again from now on (%s)", self._graph.name, exc)
             self._swappable, self._rebinder = False, None

@@ -29,16 +29,24 @@ same weights (tested bit for bit).
 other constants as they were) to a RAM-backed temporary folder where there is one
 (``/dev/shm``) and imports the blob with it. The file is removed right after: OpenVINO
 has its own copy (or mapping) by then.
+
+The swappable form holds no weight, so it is kept in the compile cache across processes
+(``Store``): keyed by the graph, the initializers' names, dtypes and shapes, the values of
+the non-float ones (baked in), the device, OpenVINO's version and the compile properties, never
+by the float weights' values. A hit imports the stored blob with the weights of the call, as
+every later swap does (``obtain``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +58,7 @@ from . import convert
 if TYPE_CHECKING:  # pragma: no cover
     import openvino as ov
 
+    from sdrt.cache import CompileCache
     from sdrt.graph import Graph
 
 log = logging.getLogger("sdrt.openvino.swap")
@@ -67,6 +76,10 @@ _SHAPE_OPS = {"Interpolate", "Reshape", "Broadcast", "Tile", "Pad", "Slice", "St
 _INPUT_DTYPES = {"float16", "float32", "float64"}
 #: devices whose plugin imports weightless blobs with WEIGHTS_PATH (tested)
 SUPPORTED_DEVICES = ("CPU",)
+#: bump to orphan every stored swappable form (``Store``)
+FORMAT = "1"
+#: the files of a stored swappable form: the weightless blob, the graph's other constants, the layout
+BLOB, EXTRAS, LAYOUT = "weightless.blob", "extras.bin", "swap.json"
 
 
 class NotSwappable(Exception):
@@ -139,6 +152,153 @@ class Rebinder:
             _remove(path)
         log.debug("weights file %.3f s, import %.3f s", written - start, time.perf_counter() - written)
         return compiled, views
+
+    def write(self, folder: Path) -> None:
+        """Write this swappable form into ``folder`` (a compile cache entry): the blob, the bytes of the graph's
+        other constants, and the layout, with a digest of each value baked into the blob (``fixed``)."""
+        (folder / BLOB).write_bytes(self.blob)
+        spans = []
+        with open(folder / EXTRAS, "wb") as f:
+            for offset, data in self.extras:
+                f.write(data)
+                spans.append([offset, len(data)])
+        layout = {"size": self.size, "extras": spans,
+                  "weights": {k: [o, n, d.name] for k, (o, n, d) in self.layout.items()},
+                  "inputs": {k: d.name for k, d in self.inputs.items()},
+                  "fixed": {k: _digest(v) for k, v in self.fixed.items()}}
+        (folder / LAYOUT).write_text(json.dumps(layout, sort_keys=True))
+
+    @classmethod
+    def read(cls, folder: Path, arrays: Mapping[str, np.ndarray], device_id: str,
+             props: Mapping[str, Any]) -> Rebinder | None:
+        """The swappable form ``write`` put in ``folder``, for ``arrays``; None when a value baked into its blob
+        (a float weight that sets a shape) differs from ``arrays``'. Raises ``ValueError`` for an entry that does
+        not fit the graph (other initializers, sizes that disagree)."""
+        data = json.loads((folder / LAYOUT).read_text())
+        layout = {k: (int(o), int(n), _dtype(d)) for k, (o, n, d) in data["weights"].items()}
+        inputs = {k: _dtype(d) for k, d in data["inputs"].items()}
+        if set(layout) | set(inputs) | set(data["fixed"]) != set(arrays) or set(layout) & set(inputs):
+            raise ValueError("its weights are not the graph's initializers")
+        for k, (offset, nbytes, dtype) in layout.items():
+            arr = arrays[k]
+            if nbytes != int(np.prod(np.shape(arr), dtype=np.int64)) * dtype.itemsize or offset + nbytes > data["size"]:
+                raise ValueError(f"weight {k!r} does not fit its place in the weights file")
+        fixed = {k: np.array(arrays[k]) for k in data["fixed"]}
+        changed = [k for k, v in fixed.items() if _digest(v) != data["fixed"][k]]
+        if changed:
+            log.info("the stored swappable form has other values baked in (%s): compiling it again", changed[0])
+            return None
+        extras, raw = [], (folder / EXTRAS).read_bytes()
+        at = 0
+        for offset, length in data["extras"]:
+            if at + length > len(raw) or offset + length > data["size"]:
+                raise ValueError("its constants do not fit the weights file")
+            extras.append((int(offset), raw[at:at + length]))
+            at += length
+        if at != len(raw):
+            raise ValueError("its constants file has bytes no constant takes")
+        return cls((folder / BLOB).read_bytes(), device_id, dict(props), layout, extras, int(data["size"]), inputs,
+                   fixed)
+
+    @property
+    def weight_bytes(self) -> int:
+        """The bytes of the weights the blob takes from the weights file (those it does not hold)."""
+        return sum(n for _, n, _ in self.layout.values())
+
+
+class Store:
+    """Where swappable forms are kept across processes: entries of the compile cache whose key is the graph,
+    the device, OpenVINO's version and the compile properties (``key_of``) and the values baked into the blob
+    (non-float initializers), not the float weights, which every import binds anew."""
+
+    def __init__(self, cache: CompileCache, key_of: Callable[[Mapping[str, Any], Mapping[str, np.ndarray]], str],
+                 meta: Mapping[str, Any]) -> None:
+        self.cache = cache
+        self._key_of = key_of
+        self._meta = dict(meta)
+
+    def load(self, arrays: Mapping[str, np.ndarray], device_id: str, props: Mapping[str, Any]) -> Rebinder | None:
+        """The stored swappable form for ``arrays``, or None (a miss; an unreadable entry is discarded). None at
+        once for weights mostly non-float (int8 weights, baked in): such a form is not stored (``save``), and its
+        key would hash them all."""
+        if _baked_bytes(arrays) > sum(np.asarray(a).nbytes for a in arrays.values()) // 2:
+            return None
+        key = self._key_of(props, arrays)
+        entry = self.cache.lookup(key)
+        if entry is None:
+            return None
+        try:
+            return Rebinder.read(entry.path, arrays, device_id, props)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            self.cache.discard(key, f"its swappable form is unreadable: {exc}")
+            return None
+
+    def discard(self, arrays: Mapping[str, np.ndarray], props: Mapping[str, Any], reason: str) -> None:
+        self.cache.discard(self._key_of(props, arrays), reason)
+
+    def save(self, rebinder: Rebinder, arrays: Mapping[str, np.ndarray], props: Mapping[str, Any]) -> None:
+        """Store ``rebinder`` (replacing an entry whose baked values differ). The blob holds no weight (``build``
+        refuses one that does); the graph's other constants it needs are stored beside it, and when those are more
+        bytes than the weights it binds from the file (int8 weights, which stay constants), it is not stored: the
+        cache is to stay no larger than the model it holds, and the model's own compiled entry holds them already."""
+        extras = sum(len(d) for _, d in rebinder.extras)
+        if extras > rebinder.weight_bytes or _baked_bytes(arrays) > sum(np.asarray(a).nbytes
+                                                                        for a in arrays.values()) // 2:
+            log.info("not caching the swappable form: it would hold %d bytes of constants against %d of weights",
+                     extras, rebinder.weight_bytes)
+            return
+        self.cache.store(self._key_of(props, arrays), rebinder.write, {**self._meta, "form": "swappable"},
+                         replace=True)
+
+
+def obtain(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray], device_id: str, props: Mapping[str, Any],
+           store: Store | None) -> tuple[Any, Rebinder, dict[str, np.ndarray], bool]:
+    """The swappable form with ``arrays`` bound: imported from ``store`` when it holds it, else compiled
+    (``build``) and stored. Returns what ``build`` does and whether it came from the store. Raises
+    ``NotSwappable`` as ``build`` does."""
+    stored = store.load(arrays, device_id, props) if store is not None else None
+    if stored is not None:
+        try:
+            compiled, views = stored.compile(core, arrays)
+            return compiled, stored, views, True
+        except (RuntimeError, NotSwappable) as exc:  # a blob OpenVINO refuses: rebuilt below
+            assert store is not None
+            store.discard(arrays, props, f"OpenVINO could not import its swappable form ({exc})")
+    compiled, rebinder, views = build(core, graph, arrays, device_id, props)
+    if store is not None:
+        store.save(rebinder, arrays, props)
+    return compiled, rebinder, views, False
+
+
+def key_values(arrays: Mapping[str, np.ndarray]) -> str:
+    """A digest of the values a swappable form bakes in whatever the weights: every non-float initializer."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        arr = np.asarray(arrays[name])
+        if arr.dtype.kind in "iub":
+            h.update(f"{name}|{_digest(arr)}|".encode())
+    return h.hexdigest()
+
+
+def _baked_bytes(arrays: Mapping[str, np.ndarray]) -> int:
+    """The bytes of the non-float initializers, which a swappable form bakes in (``key_values``)."""
+    return sum(np.asarray(a).nbytes for a in arrays.values() if np.asarray(a).dtype.kind in "iub")
+
+
+def _digest(arr: np.ndarray) -> str:
+    a = np.ascontiguousarray(arr)
+    h = hashlib.sha256(f"{a.dtype.name}|{a.shape}|".encode())
+    h.update(a.reshape(-1).view(np.uint8).data)
+    return h.hexdigest()
+
+
+def _dtype(name: str) -> np.dtype[Any]:
+    try:
+        return np.dtype(name)
+    except TypeError:  # bfloat16, float8: ml_dtypes' names
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, name))
 
 
 def build(core: ov.Core, graph: Graph, arrays: Mapping[str, np.ndarray], device_id: str,
