@@ -106,3 +106,13 @@ def test_the_cli_takes_an_init_upscaler(tmp_path, capsys) -> None:
                  "--backend", "reference"]) == 1
     err = capsys.readouterr().err
     assert "unknown init upscaler 'SwinIR 4x'. Where: --init-upscaler." in err and err.count("\n") == 1, err
+
+
+def test_a_thin_picture_filled_is_no_crash() -> None:
+    """Resize and Fill scales a 100x1 picture to 512x5: A1111's upscaler target (int(side * scale) // 8 * 8) is 0
+    pixels high, and Pillow's resize to it raised a bare ValueError; the Lanczos resize makes it, as without one."""
+    thin = np.full((1, 100, 3), 128, np.uint8)
+    plain = fit_array(thin, 512, 64, RESIZE_MODES[2])
+    for name in ("Lanczos", "Nearest"):
+        got = fit_array(thin, 512, 64, RESIZE_MODES[2], enlarge=upscaler_enlarge(plain_upscale(name)))
+        np.testing.assert_array_equal(got, plain)
