@@ -214,3 +214,19 @@ def test_an_inpainting_file_on_an_inpainting_folder_is_not_said_to_be_v(tmp_path
             with caplog.at_level(logging.WARNING, logger="sdrt"):
                 pipe.weights._say_prediction(SimpleNamespace(path=f, weights=wide, family=family))
             assert bool([r for r in caplog.records if "v-prediction" in r.getMessage()]) == said, (family, caplog.text)
+
+
+@pytest.mark.parametrize(("unet", "encoders", "family"), [
+    ("sd1_inpaint_unet", (("clip_l", "cond_stage_model.transformer.", "clip"),), "sd1-inpaint"),
+    ("sd1_inpaint_unet", (), "sd1-inpaint"),
+    ("sdxl_inpaint_unet", (("clip_l", "conditioner.embedders.0.transformer.", "clip"),
+                           ("clip_g", "conditioner.embedders.1.model.", "openclip")), "sdxl-inpaint"),
+    ("sdxl_inpaint_unet", (), "sdxl-inpaint"),
+    ("sd2_inpaint_unet", (), "sd2-inpaint"),
+])
+def test_other_nine_channel_unets_are_not_sd2_inpainting(unet, encoders, family):
+    """Every 9-channel UNet full size (with its file's text encoders, or alone): only SD 2.x's is sd2-inpaint."""
+    shapes = h.unet_tensors(_g(unet), sparse=True)
+    for graph, prefix, kind in encoders:
+        shapes.update((h.clip_tensors if kind == "clip" else h.openclip_tensors)(_g(graph), prefix, sparse=True))
+    assert identify(shapes).family == family
