@@ -191,3 +191,42 @@ def test_sdrt_plan_takes_the_checkpoint_file(tmp_path, capsys, monkeypatch):
     assert (d["width"], d["height"]) == (512, 512)
     unet = next(p for p in d["parts"] if p["name"] == "unet")
     assert unet["weight_bytes"] > 3e9  # the file's 865M UNet values, bound as float32
+
+
+
+def test_an_inpainting_file_on_an_inpainting_folder_is_not_said_to_be_v(tmp_path, caplog):
+    """``--weights`` with an SD 2.x inpainting file onto an SD 2.x inpainting ONNX folder: the file is eps (A1111's
+    config_sd2_inpainting; ComfyUI's weight test skips 9-channel UNets, as open_single_file does), so no weight
+    spread makes it v; the warning said v-prediction for a file whose last norm bias is spread wide. (The tiny LDM
+    file's blocks do not map onto the tiny ONNX export, so the checkpoint load_weights returns is given as it is.)"""
+    import logging
+    from types import SimpleNamespace
+
+    from sdrt.checkpoint.files import SD2_V_KEY
+
+    register("reference")
+    f = tmp_path / "sd2_inpainting_finetune.safetensors"
+    f.write_bytes(b"")
+    wide = {SD2_V_KEY: np.random.default_rng(0).normal(0, 0.5, 64).astype(np.float32)}  # std 0.5: v by the test
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        for family, said in (("SD 2.x inpainting", False), ("SD 2.x", True)):  # a plain SD 2.x file is still said
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="sdrt"):
+                pipe.weights._say_prediction(SimpleNamespace(path=f, weights=wide, family=family))
+            assert bool([r for r in caplog.records if "v-prediction" in r.getMessage()]) == said, (family, caplog.text)
+
+
+@pytest.mark.parametrize(("unet", "encoders", "family"), [
+    ("sd1_inpaint_unet", (("clip_l", "cond_stage_model.transformer.", "clip"),), "sd1-inpaint"),
+    ("sd1_inpaint_unet", (), "sd1-inpaint"),
+    ("sdxl_inpaint_unet", (("clip_l", "conditioner.embedders.0.transformer.", "clip"),
+                           ("clip_g", "conditioner.embedders.1.model.", "openclip")), "sdxl-inpaint"),
+    ("sdxl_inpaint_unet", (), "sdxl-inpaint"),
+    ("sd2_inpaint_unet", (), "sd2-inpaint"),
+])
+def test_other_nine_channel_unets_are_not_sd2_inpainting(unet, encoders, family):
+    """Every 9-channel UNet full size (with its file's text encoders, or alone): only SD 2.x's is sd2-inpaint."""
+    shapes = h.unet_tensors(_g(unet), sparse=True)
+    for graph, prefix, kind in encoders:
+        shapes.update((h.clip_tensors if kind == "clip" else h.openclip_tensors)(_g(graph), prefix, sparse=True))
+    assert identify(shapes).family == family

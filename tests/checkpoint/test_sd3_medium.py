@@ -445,11 +445,7 @@ def test_a_t5_file_with_t5_false_is_refused_not_ignored(tmp_path, capsys):
     from sdrt.cli import main
     from sdrt.errors import InputError
 
-    t5 = h.sparse(tmp_path / "t5xxl_fp16.safetensors", h._torch_layout(Graph.load(shipped_graph("t5xxl")), True))
-    shapes = {k: (v, "F16") for k, v in {**sd3_medium_shapes(), **_ldm_vae_shapes()}.items()}
-    for enc, graph in (("clip_l", "clip_l_proj"), ("clip_g", "clip_g")):
-        shapes.update({k: (v, "F16") for k, v in _clip_shapes(graph, f"text_encoders.{enc}.transformer.").items()})
-    f = h.sparse(tmp_path / "sd3_medium_incl_clips.safetensors", shapes)
+    f, t5 = _incl_clips_and_t5(tmp_path)
     for model in (f, SD3):
         with pytest.raises(InputError, match=r"t5xxl_fp16.safetensors is a T5-XXL text encoder, and t5=False leaves"):
             pipelines.load(model, backend="reference", t5=False, text_encoders=[t5])

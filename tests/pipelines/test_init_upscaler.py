@@ -106,3 +106,25 @@ def test_the_cli_takes_an_init_upscaler(tmp_path, capsys) -> None:
                  "--backend", "reference"]) == 1
     err = capsys.readouterr().err
     assert "unknown init upscaler 'SwinIR 4x'. Where: --init-upscaler." in err and err.count("\n") == 1, err
+
+
+def test_a_thin_picture_filled_is_no_crash() -> None:
+    """Resize and Fill scales a 100x1 picture to 512x5: A1111's upscaler target (int(side * scale) // 8 * 8) is 0
+    pixels high, and Pillow's resize to it raised a bare ValueError; the Lanczos resize makes it, as without one."""
+    thin = np.full((1, 100, 3), 128, np.uint8)
+    plain = fit_array(thin, 512, 64, RESIZE_MODES[2])
+    for name in ("Lanczos", "Nearest"):
+        got = fit_array(thin, 512, 64, RESIZE_MODES[2], enlarge=upscaler_enlarge(plain_upscale(name)))
+        np.testing.assert_array_equal(got, plain)
+
+
+def test_a_file_that_is_no_upscaler_is_named_before_any_model_loads() -> None:
+    """docs/pipelines.md: a LoRA given as the init upscaler is a one-line ModelError naming the file and what it looks
+    like (as for hires_upscaler), raised by validate."""
+    from sdrt.errors import ModelError
+
+    lora = DATA.parent / "ckpt" / "pipe-sd15" / "tinylora.safetensors"
+    with pytest.raises(ModelError) as exc:
+        pipelines.validate("a cat", init_image=np.zeros((8, 8, 3), np.uint8), init_upscaler=str(lora))
+    assert "no upscaler sdrt runs: it looks like a LoRA" in str(exc.value) and "\n" not in str(exc.value)
+    assert exc.value.where == str(lora)

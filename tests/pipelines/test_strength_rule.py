@@ -144,3 +144,15 @@ def test_the_cli_takes_the_rule_and_writes_it(tmp_path, capsys) -> None:
                  "--backend", "reference"]) == 1
     err = capsys.readouterr().err
     assert "unknown --strength-rule 'webui'. Where: --strength-rule." in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("tiny", [1e-320, 5e-324])
+def test_a_subnormal_strength_under_fixed_steps_is_refused_in_one_line(init, tiny) -> None:
+    """steps / strength overflows to inf for a subnormal strength: int() of it raised a bare OverflowError, for
+    strength under a1111-fix-steps and for hires_denoise (whose second pass runs the same rule)."""
+    with pytest.raises(InputError, match="stretches 2 steps to a schedule of countless steps") as exc:
+        pipelines.validate(PROMPT, steps=2, init_image=init, strength=tiny, strength_rule="a1111-fix-steps")
+    assert exc.value.where == "strength"
+    with pytest.raises(InputError, match="stretches 2 steps to a schedule of countless steps") as exc:
+        pipelines.validate(PROMPT, steps=2, hires_scale=2, hires_denoise=tiny)
+    assert exc.value.where == "hires_denoise"

@@ -368,6 +368,8 @@ def upscaler_enlarge(do_upscale: Any) -> Enlarge:
 
     def enlarge(img: Any, scale: float) -> Any:
         dest = (int((img.width * scale) // 8 * 8), int((img.height * scale) // 8 * 8))
+        if 0 in dest:  # a side under 8 pixels even enlarged (a thin picture filled): A1111 fails; Lanczos resizes it
+            return img
         for _ in range(3):
             if img.width >= dest[0] and img.height >= dest[1]:
                 break

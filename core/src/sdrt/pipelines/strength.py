@@ -14,6 +14,7 @@ The schedule itself (its sigmas, timesteps) is the sampler's; only its length an
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..errors import InputError
@@ -46,9 +47,11 @@ def schedule(steps: int, strength: float, rule: str, where: str = "strength") ->
         t_enc = int(min(strength, _TOP) * steps)
         return steps, steps - t_enc - 1
     if rule == "a1111-fix-steps":
-        length = int(steps / min(strength, _TOP))
+        stretched = steps / min(strength, _TOP)  # inf for a subnormal strength: int() of it raised OverflowError
+        length = int(stretched) if math.isfinite(stretched) else MAX_STEPS + 1
         if length > MAX_STEPS:
-            raise InputError(f"{{@{where}}} {strength:g} stretches {steps} steps to a schedule of {length} steps, above "
+            said = length if math.isfinite(stretched) else "countless"
+            raise InputError(f"{{@{where}}} {strength:g} stretches {steps} steps to a schedule of {said} steps, above "
                              f"the limit of {MAX_STEPS}", where=where,
                              fix=f"raise {{@{where}}} to at least {steps / MAX_STEPS:.3g}, or lower the steps")
         return length, length - steps

@@ -223,7 +223,9 @@ class WeightState:
         said, why = yaml_prediction(path), path.with_suffix(".yaml").name
         if said is None and "v_pred" in ckpt.weights:
             said, why = "v_prediction", "its v_pred key"
-        elif said is None and str(ckpt.family).startswith("SD 2") and SD2_V_KEY in ckpt.weights:
+        # ComfyUI's weight test is for 4-channel SD 2.x UNets: an inpainting one (A1111's config_sd2_inpainting) is eps
+        elif said is None and str(ckpt.family).startswith("SD 2") and not str(ckpt.family).endswith("inpainting") \
+                and SD2_V_KEY in ckpt.weights:
             said, why = sd2_prediction(path, ckpt.weights), "its weights, as ComfyUI tells SD 2.x files apart"
         if said is None or said == folder:
             return

@@ -424,7 +424,11 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
         kwargs["mask"] = _fit(gray, width, height, JUST_RESIZE if latent else mode, "mask")
         fill = get_int(body, "inpainting_fill", 1, 0, 3)
         if fill == 0:
-            kwargs["init_image"] = _fill_masked(kwargs["init_image"], kwargs["mask"])
+            # a picture fitted later (an upscaler, latent upscale) is filled at its own size: with the mask as sent
+            # when it has that size (A1111 fills the fitted picture where the fitted mask repaints: the same pixels),
+            # where the fitted mask stretched back moved the area under Crop and Resize and Resize and Fill
+            own = gray if fitted_later and gray.shape == picture.shape[:2] else kwargs["mask"]
+            kwargs["init_image"] = _fill_masked(kwargs["init_image"], own)
         elif fill in (2, 3):
             not_honoured.append(f"inpainting_fill: {fill} ({'latent noise' if fill == 2 else 'latent nothing'}) "
                                 "runs as 1 (original)")
