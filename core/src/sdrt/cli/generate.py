@@ -99,7 +99,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "nothing compiles or runs and no weights load")
     p.add_argument("-o", "--output", default="sdrt-out.png",
                    help="image file: .png, or .jpg/.jpeg/.webp (needs Pillow), or - for a PNG on standard output; "
-                   "with several images, -1, -2, ... are added")
+                   "a name without a suffix gets .png; with several images, -1, -2, ... are added")
     generate_weights.add_arguments(p)
     generate_toolbox.add_arguments(p)
     generate_memory.add_arguments(p)
@@ -109,7 +109,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def _outputs(path: Path, n: int) -> list[Path]:
     if n == 1:
         return [path]
-    return [path.with_name(f"{path.stem}-{i + 1}{path.suffix or '.png'}") for i in range(n)]
+    return [path.with_name(f"{path.stem}-{i + 1}{path.suffix}") for i in range(n)]
 
 
 def _input_files(args: argparse.Namespace, model: str | None) -> dict[str, Any]:
@@ -207,7 +207,15 @@ def _check_outputs(args: argparse.Namespace, n_images: int) -> list[Path] | None
         return None
     if not args.output:
         check_output(args.output, "output")  # refuses the empty name
-    paths = _outputs(Path(args.output), n_images)
+    if args.output.endswith(("/", "\\")):  # Path() drops the slash: "newdir/" was written as a file "newdir"
+        raise InputError(f"-o {args.output!r} names a folder, not a file", where="--output",
+                         fix=f"give a file name, such as {Path(args.output) / 'out.png'}")
+    path = Path(args.output)
+    if not path.suffix:  # as demo and run add theirs: -o noext writes noext.png
+        if os.path.lexists(path):  # -o /dev/null or a folder: refused, not written as /dev/null.png beside it
+            check_output(path, "output")
+        path = path.with_name(path.name + ".png")
+    paths = _outputs(path, n_images)
     for path in paths:
         if len(paths) == 1 or not os.path.lexists(path):  # a missing folder: its own words
             check_output(path, "output")
