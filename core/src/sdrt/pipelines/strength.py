@@ -48,8 +48,8 @@ def schedule(steps: int, strength: float, rule: str, where: str = "strength") ->
     if rule == "a1111-fix-steps":
         length = int(steps / min(strength, _TOP))
         if length > MAX_STEPS:
-            raise InputError(f"{{@{where}}} {strength:g} stretches {steps} steps to a schedule of {length} steps, above "
-                             f"the limit of {MAX_STEPS}", where=where,
+            raise InputError(f"{{@{where}}} {strength:g} stretches {steps} step{'' if steps == 1 else 's'} to a schedule "
+                             f"of {length} steps, above the limit of {MAX_STEPS}", where=where,
                              fix=f"raise {{@{where}}} to at least {steps / MAX_STEPS:.3g}, or lower the steps")
         return length, length - steps
     raise AssertionError(rule)  # pragma: no cover - check_rule ran first
