@@ -154,7 +154,10 @@ def test_flux_transformer_only_without_text_encoders_is_refused(tmp_path):
         open_single_file(f)
     msg = str(e.value)
     assert "flux1-dev.safetensors" in msg and "Flux.1 dev (transformer only)" in msg
-    assert "CLIP-L" in msg and "T5-XXL" in msg and "--text-encoder" in msg and "--vae" in msg
+    assert "CLIP-L" in msg and "T5-XXL" in msg and "with text_encoders (" in msg and "with vae (" in msg
+    assert "--" not in msg  # the API's words; the command's its own:
+    cli = e.value.render({"text_encoders": "--text-encoder", "vae": "--vae"})
+    assert "with --text-encoder (" in cli and "with --vae (" in cli and "text_encoders" not in cli
 
 
 def test_vae_of_the_wrong_channel_count_is_refused(tmp_path):
@@ -186,8 +189,9 @@ def test_unknown_architecture_is_refused(tmp_path):
 
 def test_part_file_given_as_the_model_is_refused(tmp_path):
     f = sparse_safetensors(tmp_path / "t5xxl_fp16.safetensors", t5_shapes())
-    with pytest.raises(ModelError, match="is a T5-XXL text encoder, not a model.*extra"):
+    with pytest.raises(ModelError, match="is a T5-XXL text encoder, not a model.*this file with text_encoders") as e:
         open_single_file(f)
+    assert "this file with --text-encoder." in e.value.render({"text_encoders": "--text-encoder"})
 
 
 def test_truncated_file_is_refused_naming_it(tmp_path):

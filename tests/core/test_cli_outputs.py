@@ -77,11 +77,12 @@ def test_write_atomic_refuses_what_a_rename_would_destroy_and_writes_through_a_s
     assert not (tmp_path / "nodir").exists()
 
 
-@pytest.mark.parametrize("command", ["run", "demo"])
+@pytest.mark.parametrize("command", ["run", "demo", "generate"])
 def test_a_fifo_given_without_a_suffix_is_refused_not_written_beside_it(tmp_path, registry, fifo, capsys, command):
     """-o /dev/null wrote /dev/null.npz (run) and /dev/null.png (demo) into /dev."""
     model = relu_model(tmp_path / "relu.onnx")
-    args = ["run", str(model), "-i", f"x={tmp_path / 'x.npy'}"] if command == "run" else ["demo"]
+    args = {"run": ["run", str(model), "-i", f"x={tmp_path / 'x.npy'}"], "demo": ["demo"],
+            "generate": ["generate", "a fox", "--steps", "1"]}[command]
     assert main([*args, "--backend", "reference", "-o", str(fifo)]) == 1
     err = capsys.readouterr().err
     assert "FIFO" in err and "--output" in err and "Traceback" not in err
@@ -554,3 +555,28 @@ def test_cli_and_server_read_a1111_syntax_alike():
     for text, named in (("a [cat:dog]", False), ("a [cat:dog:0.5]", True), ("cat AND(dog)", True), ("[a|b]", True),
                         (r"a \[x:1\]", False), ("ANDROID", False), ("a (cat:1.2) [blurry]", False)):
         assert bool(unsupported_syntax(text)) is named and bool(_prompt_syntax(text, "prompt")) is named, text
+
+
+def test_generate_adds_png_to_a_name_without_a_suffix_as_the_other_commands_do(tmp_path, registry, capsys):
+    """`sdrt generate -o noext` wrote a PNG named `noext` (demo and run add their suffix), and `-o newdir/` wrote a
+    file named `newdir`; the input check sees the name written (`--init-image x.png -o x` would replace x.png)."""
+    from sdrt.pipelines.png import read_parameters
+
+    assert main(["generate", "a fox", "--steps", "1", "--backend", "reference", "-o", str(tmp_path / "noext")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["noext.png"]
+    assert "Steps: 1" in read_parameters(tmp_path / "noext.png")
+    assert f"wrote {tmp_path / 'noext.png'} " in capsys.readouterr().out
+    assert main(["generate", "a fox", "--steps", "1", "--backend", "reference", "--batch", "2",
+                 "-o", str(tmp_path / "many")]) == 0  # numbered as before
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many-1.png", "many-2.png", "noext.png"]
+    before = (tmp_path / "noext.png").read_bytes()
+    assert main(["generate", "a fox", "--steps", "4", "--init-image", str(tmp_path / "noext.png"),
+                 "-o", str(tmp_path / "noext")]) == 1
+    err = capsys.readouterr().err
+    assert "is the same file as --init-image" in err and "backend" not in err
+    assert (tmp_path / "noext.png").read_bytes() == before
+    assert main(["generate", "a fox", "--steps", "1", "-o", str(tmp_path / "newdir") + "/"]) == 1
+    err = capsys.readouterr().err
+    assert "names a folder, not a file" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many-1.png", "many-2.png", "noext.png"]

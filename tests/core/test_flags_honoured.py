@@ -139,7 +139,7 @@ def test_the_default_strength_is_not_blamed_on_strength(capsys, tmp_path):
 
     write_png(tmp_path / "i.png", np.zeros((64, 64, 3), np.uint8))
     refused(capsys, ["generate", "a cat", *FAST, "--init-image", str(tmp_path / "i.png")],
-            "the default strength 0.75 of 1 steps leaves no step to run. Where: --steps.")
+            "the default strength 0.75 of 1 step leaves no step to run. Where: --steps.")  # "of 1 steps" read
     refused(capsys, ["generate", "a cat", *FAST, "--steps", "4", "--strength", "0.1", "--init-image",
                      str(tmp_path / "i.png")], "--strength 0.1 of 4 steps leaves no step to run. Where: --strength.")
 

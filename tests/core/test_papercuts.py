@@ -174,3 +174,69 @@ def test_refusals_name_the_flag_not_the_api_argument(capsys, flag, value, words)
     assert main(["generate", "a fox", flag, value, "--steps", "1", "--backend", "reference", "--dry-run"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {words}"), err
+
+
+def _flux_transformer_only(path):
+    """A header of Black Forest Labs' Flux.1 dev transformer keys (one block; no data stored)."""
+    import json
+
+    d = 3072
+    shapes = {"img_in.weight": (d, 64), "txt_in.weight": (d, 4096), "guidance_in.in_layer.weight": (d, 256),
+              "double_blocks.0.img_attn.qkv.weight": (3 * d, d), "single_blocks.0.linear1.weight": (3 * d + 12288, d)}
+    header, off = {}, 0
+    for name, shape in shapes.items():
+        header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [off, off + int(np.prod(shape)) * 2]}
+        off = header[name]["data_offsets"][1]
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + off)
+    return path
+
+
+def test_missing_parts_are_said_in_each_callers_words(tmp_path, capsys, registry):
+    """A transformer-only file's refusal read "pass them: --text-encoder FILE ... (text_encoders=[...] / vae= in
+    pipelines.load, extra_files=[...] in open_single_file)" everywhere: flags in the API, the API on the command line,
+    and flags `sdrt plan` has not."""
+    from sdrt import pipelines
+    from sdrt.errors import SdrtError
+
+    f = _flux_transformer_only(tmp_path / "flux1-dev.safetensors")
+    fix = ("pass the text encoders with {te} (one file each: clip_l.safetensors, t5xxl_fp16.safetensors) and the VAE "
+           "with {vae} (ae.safetensors)")
+    assert main(["generate", str(f), "a fox", "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert fix.format(te="--text-encoder", vae="--vae") in err and "pipelines.load" not in err, err
+    assert "text_encoders" not in err and "extra_files" not in err
+    assert main(["plan", str(f)]) == 1  # plan takes no part files: sdrt generate does
+    err = capsys.readouterr().err
+    assert fix.format(te="sdrt generate's --text-encoder", vae="sdrt generate's --vae") in err, err
+    with pytest.raises(SdrtError) as exc:
+        pipelines.load(f)
+    assert fix.format(te="text_encoders", vae="vae") in str(exc.value) and "--" not in str(exc.value), exc.value
+
+
+def test_the_no_t5_warning_is_said_in_each_callers_words(caplog, monkeypatch):
+    """SD3 without T5 warned "add one with --text-encoder t5xxl_fp16.safetensors (text_encoders=[...] in
+    pipelines.load)" to every caller, `sdrt plan` (which has no --text-encoder) among them."""
+    import importlib
+    import logging
+    from pathlib import Path
+
+    from sdrt.pipelines.families import by_name
+    from sdrt.pipelines.folder import no_t5
+
+    def warn(args=None):  # the warning as a run gives it, a model without T5 being loaded
+        no_t5(by_name("sd3"), {}, Path("sd3_medium_incl_clips.safetensors"))
+        return 0
+
+    caplog.set_level(logging.WARNING)
+    warn()
+    tail = "; pass a T5-XXL file with {} (t5xxl_fp16.safetensors)"
+    assert caplog.records[-1].getMessage().endswith(tail.format("text_encoders")), caplog.text
+    for command, words in (("generate", "--text-encoder"), ("plan", "sdrt generate's --text-encoder")):
+        monkeypatch.setattr(importlib.import_module(f"sdrt.cli.{command}"), "run", warn)
+        caplog.clear()
+        assert main([command, "x", "a fox"] if command == "generate" else [command, "x"]) == 0
+        assert caplog.records[-1].getMessage().endswith(tail.format(words)), caplog.text

@@ -102,6 +102,14 @@ def test_a1111_rule_runs_one_step_where_diffusers_runs_none(init) -> None:
     assert s.strength_rule == "a1111"
 
 
+def test_one_step_is_said_in_the_singular() -> None:
+    """"stretches 1 steps", "0.75 of 1 steps": the count said as a count."""
+    from sdrt.pipelines.strength import schedule
+
+    with pytest.raises(InputError, match=r"^strength 1e-05 stretches 1 step to a schedule of 99999 steps, above"):
+        schedule(1, 1e-5, "a1111-fix-steps")
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"strength_rule": "comfy"}, "unknown strength_rule 'comfy'"),
     ({"strength_rule": 3}, "unknown strength_rule '3'"),

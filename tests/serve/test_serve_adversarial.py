@@ -201,6 +201,18 @@ def test_a_refusal_by_the_model_names_the_field(server) -> None:
                    timeout=120)
     assert r.status_code == 400 and r.json()["field"] == "init_images", r.text
     assert r.json()["detail"].startswith("the model demo-a refused the request: ") and "Where:" not in r.text
+    # the size was the picture's: what to do in the request's fields (it read "pass init_images 64 and init_images
+    # 64, or leave them unset", and SD3's "init_images 512 is above the 256 pixels a side ...; use 256 or less")
+    assert r.json()["detail"].endswith("this model makes 64x64 images only (its unet is exported for that size) and "
+                                       "128x128 was asked: the size is init_images[0]'s, as the request sets no width "
+                                       "and height; pass width and height (the picture is fitted to that size, at most "
+                                       "2048x2048 on this server), or send a picture of a size it takes"), r.text
+    r = httpx.post(f"{server}/v1/images/edits", files={"image": ("a.png", _png(Image.new("RGB", (128, 128))),
+                                                                 "image/png")}, data={"prompt": "x"}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "image", r.text
+    assert r.json()["error"]["message"].endswith("128x128 was asked: the size is image's, as the request sets no size; "
+                                                 "pass size (the picture is fitted to that size, at most 2048x2048 on "
+                                                 "this server), or send a picture of a size it takes"), r.text
 
 
 def test_serve_refuses_a_models_folder_with_nothing_to_serve(tmp_path, capsys) -> None:

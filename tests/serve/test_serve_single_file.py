@@ -163,3 +163,50 @@ def test_txt2img_on_a_single_file(models, tmp_path, monkeypatch):
     assert float(np.abs(img.astype(np.int32) - ref.astype(np.int32)).mean()) < 24
     info = json.loads(data["info"])["infotexts"][0]
     assert "Model: custom" in info and f"Model hash: {listed[0]['hash']}" in info
+
+
+def test_the_default_model_is_the_first_that_makes_images_from_a_prompt(tmp_path, monkeypatch):
+    """The first model in order was the default even when it cannot run txt2img (an inpainting model, the SDXL
+    refiner, FLUX.1 Fill or Canny/Depth): every plain txt2img client then got a 400. A model a request or
+    --default-model names stays the model."""
+    from sdrt.serve import ServeConfig
+    from sdrt.serve.state import ServerState
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    pipelines = TESTS / "data" / "pipelines"
+    root = tmp_path / "models"
+    root.mkdir()
+    inpaint = pipelines / "tiny-sd15-inpaint"
+    for name in ("a-inpaint", "a2-inpaint"):  # told by model_index.json's class (a UNet without its config.json), or
+        (root / name / "unet").mkdir(parents=True)  # the UNet config's 9 input channels (the plain pipeline's class)
+        for part in inpaint.iterdir():
+            if part.name not in ("model_index.json", "unet"):
+                (root / name / part.name).symlink_to(part)
+        for part in (inpaint / "unet").iterdir():
+            if part.name != "config.json" or name == "a2-inpaint":
+                (root / name / "unet" / part.name).symlink_to(part)
+    index = json.loads((inpaint / "model_index.json").read_text())  # ORTStableDiffusionInpaintPipeline
+    (root / "a-inpaint" / "model_index.json").write_text(json.dumps(index))
+    (root / "a2-inpaint" / "model_index.json").write_text(json.dumps({**index, "_class_name": "StableDiffusionPipeline"}))
+    flux = pipelines / "tiny-flux-dev"  # as FLUX.1 Fill: its transformer config's 384 input channels
+    (root / "a3-fill" / "transformer").mkdir(parents=True)
+    for part in [*flux.iterdir(), *(flux / "transformer").iterdir()]:
+        if part.name not in ("transformer", "config.json"):
+            (root / "a3-fill" / part.relative_to(flux)).symlink_to(part)
+    config = json.loads((flux / "transformer" / "config.json").read_text())
+    (root / "a3-fill" / "transformer" / "config.json").write_text(json.dumps({**config, "in_channels": 384}))
+    (root / "b-refiner").symlink_to(pipelines / "tiny-sdxl-refiner")
+    (root / "c-inpainting.safetensors").symlink_to(TESTS / "data" / "ckpt" / "sd2-inpaint" / "512-inpainting-tiny"
+                                                   ".safetensors")  # a single SD 2.x inpainting file
+    (root / "d-custom.safetensors").symlink_to(D / "custom.safetensors")  # SD 1.x
+    reg = Registry(root)
+    assert [m.name for m in reg.models] == ["a-inpaint", "a2-inpaint", "a3-fill", "b-refiner",
+                                            "c-inpainting.safetensors", "d-custom.safetensors"]
+    assert reg.default.name == "d-custom.safetensors"
+    assert ServerState(ServeConfig(models=root)).options()["sd_model_checkpoint"] == reg.default.title
+    chosen = ServerState(ServeConfig(models=root, default_model="a-inpaint"))  # --default-model: as given
+    assert chosen.options()["sd_model_checkpoint"] == reg.model("a-inpaint").title
+    (root / "d-custom.safetensors").unlink()  # none can: the first, whose refusal says what it needs
+    assert Registry(root).default.name == "a-inpaint"
+    (root / "b-sd15").symlink_to(pipelines / "tiny-sd15")  # a folder that can, before the files
+    assert Registry(root).default.name == "b-sd15"

@@ -20,12 +20,17 @@ A message that names an argument of the API writes it as ``{@name}`` (or ``{@nam
 ``str(exc)`` speaks the API (``Where: mask. What to do: pass init_image= too.``); a tool that
 takes the arguments under other names renders the same error in its own words with
 ``exc.render(names)`` (the ``sdrt`` command: ``Where: --mask. What to do: pass --init-image too.``).
+
+A warning, which no ``render`` reaches, is logged with ``in_caller_words(text)``: the API's words, or the names of
+the tool that runs it inside ``with caller_words(names):`` (the ``sdrt`` command around each command's run).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 _ARG = re.compile(r"\{@([A-Za-z_][A-Za-z0-9_]*)(=?)\}(?:(True|False)(?![A-Za-z0-9_]))?")
@@ -45,6 +50,26 @@ def _render(text: str, names: Mapping[str, str] | None) -> str:
         return name + eq
 
     return _ARG.sub(one, text)
+
+
+_CALLER_WORDS: ContextVar[Mapping[str, str] | None] = ContextVar("sdrt_caller_words", default=None)
+
+
+@contextmanager
+def caller_words(names: Mapping[str, str] | None) -> Iterator[None]:
+    """Inside it, ``in_caller_words`` names arguments as ``names`` maps them (``{"text_encoders": "--text-encoder"}``)."""
+    token = _CALLER_WORDS.set(names)
+    try:
+        yield
+    finally:
+        _CALLER_WORDS.reset(token)
+
+
+def in_caller_words(text: str) -> str:
+    """``text`` with its ``{@name}`` arguments in the words of the caller running now (``caller_words``), else the
+    API's: for a warning's text, which is logged, not raised."""
+    names = _CALLER_WORDS.get()
+    return _items(_render(text, names), names)
 
 
 def _items(text: str, names: Mapping[str, str] | None) -> str:
@@ -194,6 +219,8 @@ class SamplerError(SdrtError):
 
 __all__ = [
     "BackendUnavailable",
+    "caller_words",
+    "in_caller_words",
     "FileChanged",
     "HardwareError",
     "InputError",

@@ -347,9 +347,8 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
     if main.ident.family is None:
         if main.ident.kind in PART_KINDS:
             raise ModelError(f"{main.path.name} is {main.ident.label}, not a model", where=str(main.path),
-                             fix="pass the checkpoint (UNet or transformer) first and this file as an extra "
-                                 "(--text-encoder FILE / --vae FILE; text_encoders= / vae= in pipelines.load, "
-                                 "extra_files= in open_single_file)")
+                             fix="pass the checkpoint (UNet or transformer) as the model, and this file with "
+                                 f"{'{@vae}' if main.ident.kind.startswith('vae') else '{@text_encoders}'}")
         if main.ident.foreign:
             raise ModelError(unrunnable(main.path.name, main.ident), where=str(main.path),
                              fix=f"sdrt runs {_supported()}: pass a checkpoint of one of those")
@@ -380,8 +379,8 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
                                  PART_KINDS[graph_kind(g)] for p, g in graphs.items() if p.startswith(("text", "vae")))))
         if kind not in PART_KINDS:
             raise ModelError(f"{ef.path.name} is not a text encoder or VAE: it looks like {ef.ident.label}",
-                             where=str(ef.path), fix="pass CLIP-L/CLIP-G/T5-XXL text encoders with --text-encoder "
-                             "and VAEs with --vae (extra_files in the API)")
+                             where=str(ef.path), fix="pass CLIP-L/CLIP-G/T5-XXL text encoders with {@text_encoders} "
+                             "and VAEs with {@vae}")
         targets = [p for p, g in graphs.items() if graph_kind(g) == kind]
         if not targets:
             need = sorted({PART_KINDS[graph_kind(g)] for p, g in graphs.items() if not p.startswith("unet")
@@ -403,17 +402,15 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         if kind in PART_KINDS and kind != graph_kind(graphs[part]):
             raise ModelError(f"{f.path.name} holds {PART_KINDS.get(kind, kind)} as its {part}, and {LABELS[fam]} "
                              f"needs {PART_KINDS[graph_kind(graphs[part])]}", where=str(f.path),
-                             fix="pass the right part as an extra file (--vae / --text-encoder)")
+                             fix="pass the right part with {@vae}" if part.startswith("vae") else
+                             "pass the right part with {@text_encoders}")
     missing = [p for p in wanted if p not in chosen and p != "vae_encoder"]
     if fam.startswith("sd3") and "text_encoder_3" in missing:  # SD 3 without T5 (sd3_medium_incl_clips): zeros
         missing.remove("text_encoder_3")  # in its place, as diffusers' text_encoder_3=None; the pipeline warns
     if missing:
         kinds = [PART_KINDS[graph_kind(graphs[p])] for p in missing]
-        flags = " ".join(f"--{'vae' if p.startswith('vae') else 'text-encoder'} FILE" for p in missing)
         raise ModelError(f"{main.path.name} is {main.ident.label}; {LABELS[fam]} also needs {', '.join(kinds)}, "
-                         "and no file given holds them", where=str(main.path),
-                         fix=f"pass them: {flags} (text_encoders=[...] / vae= in pipelines.load, extra_files=[...] "
-                             "in open_single_file), e.g. " + _example_files(fam, missing))
+                         "and no file given holds them", where=str(main.path), fix=_missing_fix(fam, missing))
     if prediction is None:
         if fam == "sd2":
             prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"])
@@ -492,13 +489,25 @@ def part_file_refs(path: PathLike, graphs: Mapping[str, Any]) -> dict[str, dict[
     return Checkpoint(f.weights, comps, f.ident.label, f.path).lazy(graphs)
 
 
-def _example_files(fam: str, missing: list[str]) -> str:
+def _missing_fix(fam: str, missing: list[str]) -> str:
+    """What to pass for the parts a file lacks, with the usual file names, its arguments as ``{@text_encoders}`` and
+    ``{@vae}``: each caller reads its own (``--text-encoder`` on the command line, ``text_encoders`` in
+    ``pipelines.load``, a request's field in sdrt serve)."""
     names = {"clip_l": "clip_l.safetensors", "clip_l_proj": "clip_l.safetensors", "clip_g": "clip_g.safetensors",
              "t5xxl": "t5xxl_fp16.safetensors", "openclip_h": "sd2_text_encoder.safetensors",
              "vae4_decoder": "sdxl_vae.safetensors" if fam.startswith("sdxl") else "vae-ft-mse-840000.safetensors",
              "vae16_decoder": "ae.safetensors" if fam.startswith(("flux", "chroma")) else "sd3_vae.safetensors"}
-    return " ".join(dict.fromkeys(f"--{'vae' if p.startswith('vae') else 'text-encoder'} "
-                                  f"{names.get(FAMILY_GRAPHS[fam][p], FAMILY_GRAPHS[fam][p])}" for p in missing))
+    files = {p: names.get(FAMILY_GRAPHS[fam][p], FAMILY_GRAPHS[fam][p]) for p in missing}
+    texts = list(dict.fromkeys(f for p, f in files.items() if not p.startswith("vae")))
+    vaes = list(dict.fromkeys(f for p, f in files.items() if p.startswith("vae")))
+    said = []
+    if len(texts) > 1:
+        said.append(f"the text encoders with {{@text_encoders}} (one file each: {', '.join(texts)})")
+    elif texts:
+        said.append(f"the text encoder with {{@text_encoders}} ({texts[0]})")
+    if vaes:
+        said.append(f"the VAE with {{@vae}} ({vaes[0]})")
+    return "pass " + " and ".join(said)
 
 
 def open_parts(path: PathLike, extra_files: Iterable[PathLike] = (), **kw: Any) -> tuple[str, Mapping[str, tuple[

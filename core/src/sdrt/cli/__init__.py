@@ -93,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = _Stdout(stdout)  # type: ignore[assignment]
     try:
         check_nonempty(args)
-        code = int(args._run(args) or 0)
+        from ..errors import caller_words
+
+        with caller_words(getattr(args, "_names", None)):  # its warnings in the command's words, as its errors
+            code = int(args._run(args) or 0)
         if sys.stdout is not None:  # a full disk behind stdout is found here, not in Python's exit
             sys.stdout.flush()
         return code

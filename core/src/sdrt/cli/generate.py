@@ -33,8 +33,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         usage="sdrt generate [MODEL] PROMPT [options]",
         description="Generate an image. MODEL is a diffusers/Optimum ONNX model folder, a diffusers folder of "
                     ".safetensors (unet/ or transformer/, text_encoder/, vae/: no ONNX needed), or a single-file checkpoint "
-                    "(.safetensors: SD 1.x/2.x/XL, SD 3.5, Flux.1, Chroma; add --vae/--text-encoder files where the "
-                    "checkpoint lacks them); without it, the tiny model that ships with sdrt is used. One prompt a "
+                    "(.safetensors: SD 1.x, SD 2.x and SDXL with their inpainting models, the SDXL refiner (img2img), "
+                    "SD 3 Medium, SD 3.5 Medium and Large, Flux.1 dev and schnell, FLUX.1 Fill and Canny/Depth, Chroma; "
+                    "add --vae/--text-encoder files where the checkpoint lacks them); without it, the tiny model that ships with sdrt is used. One prompt a "
                     "run: quote it.",
     )
     p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT",
@@ -99,7 +100,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "nothing compiles or runs and no weights load")
     p.add_argument("-o", "--output", default="sdrt-out.png",
                    help="image file: .png, or .jpg/.jpeg/.webp (needs Pillow), or - for a PNG on standard output; "
-                   "with several images, -1, -2, ... are added")
+                   "a name without a suffix gets .png; with several images, -1, -2, ... are added")
     generate_weights.add_arguments(p)
     generate_toolbox.add_arguments(p)
     generate_memory.add_arguments(p)
@@ -109,7 +110,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def _outputs(path: Path, n: int) -> list[Path]:
     if n == 1:
         return [path]
-    return [path.with_name(f"{path.stem}-{i + 1}{path.suffix or '.png'}") for i in range(n)]
+    return [path.with_name(f"{path.stem}-{i + 1}{path.suffix}") for i in range(n)]
 
 
 def _input_files(args: argparse.Namespace, model: str | None) -> dict[str, Any]:
@@ -207,7 +208,15 @@ def _check_outputs(args: argparse.Namespace, n_images: int) -> list[Path] | None
         return None
     if not args.output:
         check_output(args.output, "output")  # refuses the empty name
-    paths = _outputs(Path(args.output), n_images)
+    if args.output.endswith(("/", "\\")):  # Path() drops the slash: "newdir/" was written as a file "newdir"
+        raise InputError(f"-o {args.output!r} names a folder, not a file", where="--output",
+                         fix=f"give a file name, such as {Path(args.output) / 'out.png'}")
+    path = Path(args.output)
+    if not path.suffix:  # as demo and run add theirs: -o noext writes noext.png
+        if os.path.lexists(path):  # -o /dev/null or a folder: refused, not written as /dev/null.png beside it
+            check_output(path, "output")
+        path = path.with_name(path.name + ".png")
+    paths = _outputs(path, n_images)
     for path in paths:
         if len(paths) == 1 or not os.path.lexists(path):  # a missing folder: its own words
             check_output(path, "output")

@@ -8,7 +8,9 @@ import json
 from typing import Any
 
 #: make_plan's argument names -> this command's flags
-API_NAMES = {"backends": "--backend", "precisions": "--precision"}
+API_NAMES = {"backends": "--backend", "precisions": "--precision",
+             # files a plan does not take (a single file's missing parts): the run takes them
+             "text_encoders": "sdrt generate's --text-encoder", "vae": "sdrt generate's --vae"}
 
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)

@@ -40,8 +40,10 @@ def no_t5(fam: Any, parts: Mapping[str, Any], where: Path) -> None:
     """One warning when a family that can run without its T5 encoder (SD3) has none: a single file takes a T5-XXL
     file beside it; a folder's parts are its own, so there the fix is the folder's text_encoder_3/."""
     if any(e.kind == "t5" and e.part not in parts and e.part in fam.optional for e in fam.encoders):
+        from ..errors import in_caller_words
+
         fix = ("add the release's text_encoder_3/ and tokenizer_3/ to the folder" if where.is_dir() else
-               "add one with --text-encoder t5xxl_fp16.safetensors (text_encoders=[...] in pipelines.load)")
+               in_caller_words("pass a T5-XXL file with {@text_encoders} (t5xxl_fp16.safetensors)"))
         log.warning("%s has no T5 text encoder: %s runs on CLIP-L and CLIP-G alone (T5's states zeros, as diffusers' "
                     "text_encoder_3=None), and follows long prompts worse; %s", where, fam.label, fix)
 

@@ -214,7 +214,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         if rule == "diffusers" and min(int(steps * strength), steps) < 1:  # A1111's rules run one step at least
             given = "strength" if init_strength is not None else "steps"  # the default strength is not the user's
             said = "{@strength}" if given == "strength" else "the default strength"
-            raise InputError(f"{said} {strength} of {steps} steps leaves no step to run", where=given,
+            raise InputError(f"{said} {strength} of {steps} step{'' if steps == 1 else 's'} leaves no step to run",
+                             where=given,
                              fix=f"raise {{@strength}} to at least {1 / steps:.3g}, or {{@steps}}")
     if mask is not None:
         check_path(mask, "mask")

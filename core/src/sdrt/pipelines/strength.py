@@ -51,8 +51,8 @@ def schedule(steps: int, strength: float, rule: str, where: str = "strength") ->
         length = int(stretched) if math.isfinite(stretched) else MAX_STEPS + 1
         if length > MAX_STEPS:
             said = length if math.isfinite(stretched) else "countless"
-            raise InputError(f"{{@{where}}} {strength:g} stretches {steps} steps to a schedule of {said} steps, above "
-                             f"the limit of {MAX_STEPS}", where=where,
+            raise InputError(f"{{@{where}}} {strength:g} stretches {steps} step{'' if steps == 1 else 's'} to a schedule "
+                             f"of {said} steps, above the limit of {MAX_STEPS}", where=where,
                              fix=f"raise {{@{where}}} to at least {steps / MAX_STEPS:.3g}, or lower the steps")
         return length, length - steps
     raise AssertionError(rule)  # pragma: no cover - check_rule ran first

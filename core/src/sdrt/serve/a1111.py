@@ -218,8 +218,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     # Forge's FLUX.1 Kontext extension (alwayson_scripts["Forge FluxKontext"]): reference images
     net_names.update(kontext.references(body, kwargs, limits.max_width * limits.max_height * 4, not_honoured,
                                         (limits.max_width, limits.max_height)))
-    if mode == "img2img" and width is None and height is None:  # the size is the init image's: a size the model
-        net_names.update(width="init_images", height="init_images")  # refuses is that image's field
+    # the size is the init image's: a size the model refuses is said as that picture's (jobs._public_error)
+    size_from = "init_images[0]" if mode == "img2img" and width is None and height is None else None
     try:  # the pipeline's own checks (sampler and schedule names, sizes, strength), before any model loads
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
@@ -233,7 +233,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         params.update({k: None for k in ("init_images", "mask") if k in params})
     ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN) + net_fields
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled,
-                max_size=(limits.max_width, limits.max_height), fields=net_names)
+                max_size=(limits.max_width, limits.max_height), fields=net_names, size_from=size_from)
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
 
 

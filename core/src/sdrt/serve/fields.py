@@ -122,6 +122,7 @@ def size_words(message: str) -> str:
     """A message in the words of a caller that sends ``size`` (OpenAI's routes), not width and height: the pipeline's
     "pass width=64 and height=64, or leave them unset" read "pass size=64 and size=64" once renamed."""
     message = re.sub(r"\bwidth=(\d+) and height=(\d+)", r"size=\1x\2", message)
+    message = re.sub(r"\b(pass|sets no) width and height\b", r"\1 size", message)
     return message.replace("size=", "size ").replace("or leave them unset", "or leave size unset")
 
 

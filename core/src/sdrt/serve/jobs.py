@@ -55,6 +55,9 @@ class Work:
     #: the request's field of a pipeline argument a refusal may name (``controlnets[0]`` ->
     #: ``alwayson_scripts.controlnet.args[2]``): the client reads its own field, never a server path
     fields: dict[str, str] = field(default_factory=dict)
+    #: the request's picture whose size the run took, width and height not being sent (``init_images[0]``): a size
+    #: the model refuses is said as that picture's, with what to send instead
+    size_from: str | None = None
 
 
 @dataclass
@@ -191,6 +194,10 @@ def _public_error(exc: BaseException) -> ApiError:
         from .errors import from_pipeline
 
         names = exc.args[1] if len(exc.args) > 1 else {}
+        work = exc.args[2] if len(exc.args) > 2 else None
+        if work is not None and work.size_from and getattr(exc.__cause__, "where", None) in ("width", "height"):
+            return ApiError(400, f"the model {exc.args[0]} refused the request: {_picture_size(exc.__cause__, work)}",
+                            field=work.size_from.partition("[")[0])
         inner = from_pipeline(exc.__cause__, names)  # what and what to do, in the request's fields
         # "controlnets[0] (/models/ControlNet/x.safetensors)": the unit's own field, without the file's path
         key = re.match(r"\w+(\[\d+\])?", inner.field or "")
@@ -204,6 +211,17 @@ def _public_error(exc: BaseException) -> ApiError:
     if isinstance(exc, SdrtError):
         return ApiError(500, str(exc))
     return ApiError(500, f"internal error ({type(exc).__name__}: {exc}); the server logged it and keeps serving")
+
+
+def _picture_size(exc: SdrtError, work: Work) -> str:
+    """A size the model refused that was the picture's (``Work.size_from``; the request sent no width and height):
+    the pipeline's words for its width and height, said as that picture's, and what to send instead (the pipeline's
+    own fix speaks of width and height as the caller's: "pass width=64 ..., or leave them unset")."""
+    from ..errors import _render
+
+    limit = f", at most {work.max_size[0]}x{work.max_size[1]} on this server" if work.max_size else ""
+    return (f"{_render(exc.what, None)}: the size is {work.size_from}'s, as the request sets no width and height; pass "
+            f"width and height (the picture is fitted to that size{limit}), or send a picture of a size it takes")
 
 
 def _module_error(model: ModelEntry, exc: SdrtError) -> ApiError:
@@ -489,7 +507,7 @@ class Worker(threading.Thread):
                 try:  # a skip that came before this run started (the model loading, the worker held) skips it
                     gen, stopped = self._generate(job, pipe, on_step, k, kwargs, result)
                 except SdrtError as exc:
-                    raise _Generating(w.model.name, w.fields) from exc
+                    raise _Generating(w.model.name, w.fields, w) from exc
                 finally:
                     job.skip.clear()  # a skip ends one run: the next one runs
                 if gen is not None:  # a stopped run's partial images too, as A1111 gives them

@@ -154,8 +154,8 @@ def deployment(config: ServeConfig, *, replicas: int | None = None, gpus_per_rep
         from .app import create_app
         from .registry import Registry
 
-        entry = Registry(replica_config.models).models
-        first = replica_config.default_model or (entry[0].title if entry else None)
+        entry = Registry(replica_config.models).first()  # as ServerState picks it
+        first = replica_config.default_model or (entry.title if entry else None)
         actor = ray.remote(num_cpus=0)(SharedState).options(name=shared_name, get_if_exists=True,
                                                              lifetime="detached").remote(
             {"samples_format": "png", "CLIP_stop_at_last_layers": 1, "sd_model_checkpoint": first})

@@ -117,6 +117,46 @@ def _unloadable(folder: Path, what: str) -> str | None:
     return None
 
 
+#: single-file families that make no image from a prompt alone: an init image, a mask or a control image is needed
+_NO_TXT2IMG = ("sd1-inpaint", "sd2-inpaint", "sdxl-inpaint", "sdxl-refiner", "flux-fill", "flux-control")
+
+
+def _no_txt2img(entry: ModelEntry) -> str | None:
+    """What the model is when it makes no image from a prompt alone (an inpainting model, the SDXL refiner, FLUX.1
+    Fill or Canny/Depth), read from headers and JSON files (nothing is compiled); None when it does, or when that
+    cannot be told without loading it."""
+    from ..errors import SdrtError
+
+    try:
+        if entry.weights is None and entry.path.is_file():  # a single file served on its own
+            from ..checkpoint.families import LABELS, identify
+            from ..checkpoint.files import gguf_arch
+            from ..weights import Weights
+
+            w = Weights.open(entry.path)
+            family = identify(w.shapes(), arch=gguf_arch(w)).family
+            return LABELS[family] if family in _NO_TXT2IMG else None
+        from ..pipelines.fluxtools import LABELS as TOOL_LABELS
+        from ..pipelines.fluxtools import TOOLS
+        from ..pipelines.folder import ModelFolder
+
+        folder = ModelFolder.open(entry.path)  # a --checkpoint-base file: its base folder's architecture
+    except (SdrtError, OSError, ValueError):
+        return None
+    fam = folder.family_class
+    if fam is None:
+        return None
+    if not fam.txt2img:
+        return fam.label
+    in_channels = (folder.configs.get("unet") or folder.configs.get("transformer") or {}).get("in_channels")
+    if folder.family == "flux" and in_channels in TOOLS:
+        return TOOL_LABELS[TOOLS[in_channels]]
+    if "Inpaint" in str(folder.index.get("_class_name", "")) or (
+            not fam.flow and in_channels == fam.latent_channels + fam.inpaint_channels):
+        return f"{fam.label} inpainting"
+    return None
+
+
 def a1111_old_hash(path: Path) -> str:
     """A1111's short model hash (``sd_models.model_hash``), which sd-webui-controlnet puts after a ControlNet's
     name: the first 8 hex digits of the SHA-256 of 64 KiB read at 1 MiB (of nothing, for a smaller file)."""
@@ -277,14 +317,28 @@ class Registry:
                                field=field)
         raise ApiError(400, f"no model named {name[:200]!r}; this server has: {choices}", field=field)
 
+    def first(self) -> ModelEntry | None:
+        """The model a request that names none runs, when no other is chosen (``--default-model``, the
+        ``sd_model_checkpoint`` option): the first that runs on its own (not a transformer-only file) and makes images
+        from a prompt alone (not an inpainting model, the SDXL refiner, FLUX.1 Fill or Canny/Depth), else the first
+        that runs on its own, else the first; None when there is none."""
+        models = self.models
+        own = [m for m in models if not m.needs] or models
+        for m in own:
+            why = _no_txt2img(m)
+            if why is None:
+                return m
+            log.info("%s is %s, which makes no image from a prompt alone: not the default model", m.name, why)
+        return own[0] if own else None
+
     @property
     def default(self) -> ModelEntry:
-        models = self.models
-        if not models:
+        first = self.first()
+        if first is None:
             raise ApiError(503, f"the models folder {self.models_dir} holds no model folder "
                                 "(a diffusers/Optimum ONNX folder with model_index.json) and no complete "
                                 ".safetensors checkpoint")
-        return next((m for m in models if not m.needs), models[0])
+        return first
 
     # ---------------------------------------------------------------- ControlNets
     @property

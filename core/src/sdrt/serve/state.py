@@ -65,8 +65,7 @@ class ServerState:
             raise InputError(exc.message, where="--default-model", fix="pass a model folder's name") from None
 
     def _first(self) -> ModelEntry | None:
-        models = self.registry.models  # one that runs on its own first (not a transformer-only file)
-        return next((m for m in models if not m.needs), models[0]) if models else None
+        return self.registry.first()  # one that runs on its own and answers txt2img, before the others
 
     def spec_for(self, model: ModelEntry, device: str | None) -> PipelineSpec:
         return PipelineSpec(model.path, self.config.backend, device, self.config.lora_dir,
