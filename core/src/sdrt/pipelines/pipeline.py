@@ -726,7 +726,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 self._init_fit = fit
             else:
                 log.warning("%s", fit)
-        init = fit_array(picture, tw, th, mode, enlarge=self._init_enlarge(s, mode))
+        init = fit_array(picture, tw, th, mode, enlarge=self._init_enlarge(s.init_upscaler, mode))
         if mode == LATENT_UPSCALE and (tw, th) != (w, h):
             self._init_source = fit_array(picture, *source, mode)
         mask = None
@@ -735,14 +735,28 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         s.width, s.height = tw, th
         return init, mask
 
-    def _init_enlarge(self, s: Settings, mode: str) -> Any:
-        """A1111's ``upscaler_for_img2img`` (``init_upscaler``) as :func:`sdrt.pipelines.images.fit_image`'s
-        ``enlarge``, or None (a Lanczos resize; the latent upscale mode resizes latents, not pixels)."""
+    def fit_init_image(self, picture: Any, width: int, height: int, resize_mode: Any = None,
+                       init_upscaler: Any = None) -> np.ndarray:
+        """``picture`` fitted to ``width`` x ``height`` as a run fits its init image: ``resize_mode``, and
+        ``init_upscaler`` (A1111's ``upscaler_for_img2img``) enlarging it. sdrt serve fills A1111's
+        ``inpainting_fill`` 0 into the fitted picture, as A1111 does, before the run (which then fits nothing)."""
+        from .hires import init_upscaler as upscaler_of
+        from .images import fit_array
+        from .images import resize_mode as resize_mode_of
+
+        mode = resize_mode_of(resize_mode)
+        return fit_array(to_rgb(picture, "init image"), width, height, mode,
+                         enlarge=self._init_enlarge(upscaler_of(init_upscaler), mode))
+
+    def _init_enlarge(self, upscaler: tuple[str, Any] | None, mode: str) -> Any:
+        """A1111's ``upscaler_for_img2img`` (``init_upscaler``: ``(name, model file or None)``) as
+        :func:`sdrt.pipelines.images.fit_image`'s ``enlarge``, or None (a Lanczos resize; the latent upscale mode
+        resizes latents, not pixels)."""
         from .images import LATENT_UPSCALE, plain_upscale, upscaler_enlarge
 
-        if s.init_upscaler is None or mode == LATENT_UPSCALE:
+        if upscaler is None or mode == LATENT_UPSCALE:
             return None
-        name, path = s.init_upscaler
+        name, path = upscaler
         if path is None:
             return upscaler_enlarge(plain_upscale(name))
         if self._dry:  # the plan: the sizes alone, no model compiled or run

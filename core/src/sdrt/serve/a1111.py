@@ -194,10 +194,11 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
                                      else "randn_source")]
     kwargs: dict[str, Any] = dict(steps=steps, cfg=cfg, sampler=sampler, schedule=scheduler, width=width,
                                   height=height, batch=batch, clip_skip=clip_skip, rng=rng)
-    init = None
+    init, fill_after_fit = None, False
     if mode == "img2img":
         upscaler = _img2img_upscaler(overrides, options, registry.models_dir, not_honoured)
         init = _img2img(body, kwargs, limits, not_honoured, upscaler)
+        fill_after_fit = kwargs.pop("_fill_after_fit", False)
         # A1111's img2img steps (sdrt.pipelines.strength): t_enc + 1 steps of the schedule, or with its
         # img2img_fix_steps option a schedule stretched so that exactly the steps run
         kwargs["strength_rule"] = "a1111-fix-steps" if option_bool(overrides, options, "img2img_fix_steps") \
@@ -233,7 +234,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         params.update({k: None for k in ("init_images", "mask") if k in params})
     ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN) + net_fields
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled,
-                max_size=(limits.max_width, limits.max_height), fields=net_names, size_from=size_from)
+                max_size=(limits.max_width, limits.max_height), fields=net_names, size_from=size_from,
+                fill_after_fit=fill_after_fit)
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
 
 
@@ -423,11 +425,16 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
         gray = b64images.mask_array(m, blur, invert)
         kwargs["mask"] = _fit(gray, width, height, JUST_RESIZE if latent else mode, "mask")
         fill = get_int(body, "inpainting_fill", 1, 0, 3)
-        if fill == 0:
-            # a picture fitted later (an upscaler, latent upscale) is filled at its own size: with the mask as sent
-            # when it has that size (A1111 fills the fitted picture where the fitted mask repaints: the same pixels),
-            # where the fitted mask stretched back moved the area under Crop and Resize and Resize and Fill
-            own = gray if fitted_later and gray.shape == picture.shape[:2] else kwargs["mask"]
+        if fill == 0 and upscaler is not None and not latent:
+            # A1111 fits (upscales) the picture, then fills it where the fitted mask repaints, with the colour of
+            # the fitted picture's rest (Crop and Resize: the cropped picture's): the worker does both, the
+            # upscaler being its pipeline's (jobs.Worker._run)
+            kwargs["_fill_after_fit"] = True
+        elif fill == 0:
+            # latent upscale keeps the picture at its own size: it is filled there, with the mask as sent when it
+            # has that size, else the fitted mask stretched to it (A1111 fails: masking.fill pastes a mask of
+            # another size)
+            own = gray if latent and gray.shape == picture.shape[:2] else kwargs["mask"]
             kwargs["init_image"] = _fill_masked(kwargs["init_image"], own)
         elif fill in (2, 3):
             not_honoured.append(f"inpainting_fill: {fill} ({'latent noise' if fill == 2 else 'latent nothing'}) "
@@ -450,7 +457,8 @@ def _fit(image: Any, width: int, height: int, mode: str, field: str) -> Any:
 
 def _fill_masked(image: Any, mask: Any) -> Any:
     """inpainting_fill 0 ("fill"): the area to repaint starts as the mean colour of the rest (the mask stretched to
-    the picture's size where they differ: latent upscale keeps the picture at its own)."""
+    the picture's size where they differ: latent upscale keeps the picture at its own). The worker fills a picture
+    its pipeline upscales after the fit (jobs.Worker._run)."""
     if mask.shape != image.shape[:2]:
         from ..pipelines.images import fit_array
 

@@ -58,6 +58,9 @@ class Work:
     #: the request's picture whose size the run took, width and height not being sent (``init_images[0]``): a size
     #: the model refuses is said as that picture's, with what to send instead
     size_from: str | None = None
+    #: A1111's inpainting_fill 0 with an ``init_upscaler``: the worker fits the init image with its pipeline, then
+    #: fills it where the (fitted) mask repaints, as A1111 does (a1111._img2img)
+    fill_after_fit: bool = False
 
 
 @dataclass
@@ -477,6 +480,11 @@ class Worker(threading.Thread):
             if isinstance(kwargs.get("refiner"), ModelEntry):  # refiner_checkpoint: one of this worker's pipelines,
                 # shared by every model it refines and counted in keep (a path would load one per base pipeline)
                 kwargs["refiner"] = self.pipeline(kwargs["refiner"], pinned=(w.model.key,))
+            if w.fill_after_fit:
+                try:
+                    _fill_after_fit(pipe, kwargs)
+                except SdrtError as exc:
+                    raise _Generating(w.model.name, w.fields, w) from exc
             if w.max_size is not None and not (kwargs.get("width") and kwargs.get("height")):
                 _check_own_size(w, kwargs, pipe.default_size)
             if w.distilled_cfg is not None:
@@ -548,6 +556,18 @@ class Worker(threading.Thread):
             result.not_honoured.append(f"CLIP_stop_at_last_layers: {skip} ran at 1 on {w.model.name}: {exc.what}")
             kwargs["clip_skip"] = 1  # and so do the job's next runs
             return run()
+
+
+def _fill_after_fit(pipe: Any, kwargs: dict[str, Any]) -> None:
+    """A1111's inpainting_fill 0 on a picture an upscaler enlarges (its img2img init: resize, then
+    ``masking.fill``): the init image fitted as the run would fit it, then filled where the fitted mask repaints
+    with the mean colour of the fitted picture's rest. The run then fits nothing (the upscaler stays named in its
+    infotext)."""
+    from .a1111 import _fill_masked
+
+    fitted = pipe.fit_init_image(kwargs["init_image"], kwargs["width"], kwargs["height"], kwargs.get("resize_mode"),
+                                 kwargs.get("init_upscaler"))
+    kwargs["init_image"] = _fill_masked(fitted, kwargs["mask"])
 
 
 def _latent_upscale_note(pipe: Any, kwargs: dict[str, Any], result: Result) -> None:
