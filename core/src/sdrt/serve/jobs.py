@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FileChanged, InputError, ModelError, SamplerError, SdrtError, WeightsError
+from ..errors import FileChanged, InputError, ModelError, SamplerError, SdrtError, WeightsError, caller_words
 from .errors import ApiError
 from .registry import ModelEntry
 from .spec import PipelineSpec
@@ -183,6 +183,16 @@ class _Generating(Exception):
     """Wraps what ``Pipeline.generate`` raised on a loaded model: the request asked for something
     this model cannot do (a size its fixed-shape graph refuses, a prompt too long, a LoRA of
     another family), so the client gets a 400."""
+
+
+def _caller_names(work: Work) -> dict[str, str]:
+    """The request's fields of the pipeline's arguments (errors.from_pipeline's, and the model's VAE / text encoder
+    fields): a warning a job logs (``in_caller_words``) names what the client sent."""
+    from .errors import _FIELDS
+
+    field = work.model.module_field or ""
+    return {**_FIELDS, "vae": field if field.endswith("sd_vae") else "sd_vae or forge_additional_modules",
+            "text_encoders": "forge_additional_modules", **work.fields}
 
 
 def _public_error(exc: BaseException) -> ApiError:
@@ -403,7 +413,8 @@ class Worker(threading.Thread):
             held = False
             try:
                 held = self._hold(job)
-                self._run(job)
+                with caller_words(_caller_names(job.work)):  # its warnings in the request's fields, as its errors
+                    self._run(job)
             except BaseException as exc:  # noqa: BLE001 - a failed job must never end the worker
                 err = _public_error(exc)
                 if err.status >= 500:
