@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shutil
 from pathlib import Path
 
@@ -185,3 +186,22 @@ def test_refiner_switch_by_sample_steps_runs_as_the_api_does(url):
     r = httpx.post(f"{url}/sdapi/v1/txt2img", json={"prompt": "x", "override_settings": {
         "refiner_switch_by_sample_steps": "often"}}, timeout=60)
     assert r.status_code == 422 and "override_settings.refiner_switch_by_sample_steps must be true or false" in r.text
+
+
+def _pixels(out: dict) -> bytes:
+    return Image.open(io.BytesIO(base64.b64decode(out["images"][0]))).convert("RGB").tobytes()
+
+
+def test_refiner_switch_by_sample_steps_is_in_the_infotext_without_a_refiner(url):
+    """A1111's apply_refiner (sd_samplers_common.py), called at every denoiser call, writes "Refiner switch by
+    sampling steps: True" while the option is on before it looks for a refiner: a run without one says it too (and
+    one whose refiner is the model itself, which A1111 never swaps in), its image the plain run's."""
+    on = {"override_settings": {"sd_model_checkpoint": "tiny-sdxl", "refiner_switch_by_sample_steps": True}}
+    plain = _txt2img(url, steps=3)
+    alone = _txt2img(url, steps=3, **on)
+    itself = _txt2img(url, steps=3, refiner_checkpoint="tiny-sdxl", **on)
+    assert "Refiner switch by sampling steps" not in plain["info"]
+    for out in (alone, itself):
+        assert _pixels(out) == _pixels(plain)  # the PNG's own infotext differs
+        assert "Refiner switch by sampling steps: True" in out["info"]
+        assert json.loads(out["info"])["infotexts"][0].endswith("Refiner switch by sampling steps: True")

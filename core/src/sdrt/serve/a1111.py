@@ -208,8 +208,11 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     _variation(body, kwargs)
     passes = hires_refiner_pass(overrides["hires_fix_refiner_pass"], "override_settings.hires_fix_refiner_pass") \
         if overrides.get("hires_fix_refiner_pass") else options.get("hires_fix_refiner_pass") or "second pass"
-    refiner = _refiner(body, kwargs, registry, model, not_honoured, passes,
-                       option_bool(overrides, options, "refiner_switch_by_sample_steps"))
+    by_steps = option_bool(overrides, options, "refiner_switch_by_sample_steps")
+    refiner = _refiner(body, kwargs, registry, model, not_honoured, passes, by_steps)
+    # A1111's apply_refiner writes it at every denoiser call while the option is on, with a refiner or without
+    # (sd_samplers_common.py); the pipeline writes it with its refiner, the worker without one
+    extra_infotext = {"Refiner switch by sampling steps": True} if by_steps and refiner is None else {}
     nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
                                                           init, "hires_scale" in kwargs,
                                                           max(limits.max_width, limits.max_height))
@@ -235,7 +238,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN) + net_fields
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled,
                 max_size=(limits.max_width, limits.max_height), fields=net_names, size_from=size_from,
-                fill_after_fit=fill_after_fit)
+                fill_after_fit=fill_after_fit, extra_infotext=extra_infotext)
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
 
 

@@ -61,6 +61,9 @@ class Work:
     #: A1111's inpainting_fill 0 with an ``init_upscaler``: the worker fits the init image with its pipeline, then
     #: fills it where the (fitted) mask repaints, as A1111 does (a1111._img2img)
     fill_after_fit: bool = False
+    #: A1111 infotext fields the pipeline does not write for this request (an option's, written whatever ran):
+    #: added to each image's settings where the pipeline wrote none
+    extra_infotext: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -530,6 +533,9 @@ class Worker(threading.Thread):
                 finally:
                     job.skip.clear()  # a skip ends one run: the next one runs
                 if gen is not None:  # a stopped run's partial images too, as A1111 gives them
+                    for settings in gen.settings:
+                        for key, value in w.extra_infotext.items():
+                            settings.setdefault(key, value)
                     result.images += gen.images
                     result.settings += gen.settings
                     result.seeds += gen.seeds
