@@ -164,3 +164,33 @@ def test_a_subnormal_strength_under_fixed_steps_is_refused_in_one_line(init, tin
     with pytest.raises(InputError, match="stretches 2 steps to a schedule of countless steps") as exc:
         pipelines.validate(PROMPT, steps=2, hires_scale=2, hires_denoise=tiny)
     assert exc.value.where == "hires_denoise"
+
+
+def test_a_stretched_schedule_refusal_names_the_steps_argument(init, capsys, tmp_path) -> None:
+    """The refusal of a schedule stretched past the bound said "or lower the steps": it names the argument that
+    sets them in the caller's words (steps, --steps; hires_steps / --hires-steps for the hires fix's second pass,
+    hr_second_pass_steps and denoising_strength in serve)."""
+    from PIL import Image
+
+    from sdrt.cli import main
+    from sdrt.serve.errors import from_pipeline
+
+    with pytest.raises(InputError) as exc:
+        pipelines.validate(PROMPT, steps=2, init_image=init, strength=1e-5, strength_rule="a1111-fix-steps")
+    assert str(exc.value).endswith("What to do: raise strength to at least 0.0002, or lower steps."), exc.value
+    with pytest.raises(InputError) as exc:
+        pipelines.validate(PROMPT, steps=2, hires_scale=2, hires_denoise=1e-5)
+    assert str(exc.value).endswith("or pass a lower hires_steps (or lower steps, which it runs)."), exc.value
+    said = from_pipeline(exc.value).message
+    assert said.startswith("denoising_strength 1e-05") and "pass a lower hr_second_pass_steps" in said, said
+    with pytest.raises(InputError) as exc:
+        pipelines.validate(PROMPT, steps=2, hires_scale=2, hires_denoise=1e-5, hires_steps=3)
+    assert str(exc.value).endswith("raise hires_denoise to at least 0.0003, or lower hires_steps."), exc.value
+    Image.fromarray(init).save(tmp_path / "init.png")
+    for extra, words in ((["--init-image", str(tmp_path / "init.png"), "--strength", "1e-5", "--strength-rule",
+                           "a1111-fix-steps"], "raise --strength to at least 0.0002, or lower --steps."),
+                         (["--hires-scale", "2", "--hires-denoise", "1e-5", "--hires-steps", "3"],
+                          "raise --hires-denoise to at least 0.0003, or lower --hires-steps.")):
+        assert main(["generate", "/no/such/folder", "a cat", "--steps", "2", "--backend", "reference", *extra]) == 1
+        err = capsys.readouterr().err
+        assert err.rstrip().endswith(words) and err.count("\n") == 1, err

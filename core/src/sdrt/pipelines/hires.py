@@ -187,7 +187,8 @@ def second_pass_steps(hires: Hires, first_steps: int) -> tuple[int, int]:
     from .strength import schedule
 
     run = hires.steps or first_steps
-    return schedule(run, hires.denoise, "a1111-fix-steps", where="hires_denoise")[0], run
+    fix = "lower {@hires_steps}" if hires.steps else "pass a lower {@hires_steps} (or lower {@steps}, which it runs)"
+    return schedule(run, hires.denoise, "a1111-fix-steps", where="hires_denoise", steps_fix=fix)[0], run
 
 
 # ------------------------------------------------------------------ torch's interpolate, in numpy

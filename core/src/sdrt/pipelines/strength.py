@@ -38,9 +38,11 @@ def check_rule(value: Any) -> str:
                          "its img2img_fix_steps option: exactly {@steps} steps run)")
 
 
-def schedule(steps: int, strength: float, rule: str, where: str = "strength") -> tuple[int, int]:
+def schedule(steps: int, strength: float, rule: str, where: str = "strength",
+             steps_fix: str = "lower {@steps}") -> tuple[int, int]:
     """``(length, start)``: the sampler's schedule is made for ``length`` steps and runs from step index ``start``
-    to its end (``length - start`` steps). ``where``: the argument a too long stretched schedule is said of."""
+    to its end (``length - start`` steps). ``where``: the argument a too long stretched schedule is said of;
+    ``steps_fix``: the other way out, naming the argument that sets ``steps`` (the hires fix's ``hires_steps``)."""
     if rule == "diffusers":
         return steps, max(steps - min(int(steps * strength), steps), 0)
     if rule == "a1111":
@@ -53,6 +55,6 @@ def schedule(steps: int, strength: float, rule: str, where: str = "strength") ->
             said = length if math.isfinite(stretched) else "countless"
             raise InputError(f"{{@{where}}} {strength:g} stretches {steps} step{'' if steps == 1 else 's'} to a schedule "
                              f"of {said} steps, above the limit of {MAX_STEPS}", where=where,
-                             fix=f"raise {{@{where}}} to at least {steps / MAX_STEPS:.3g}, or lower the steps")
+                             fix=f"raise {{@{where}}} to at least {steps / MAX_STEPS:.3g}, or {steps_fix}")
         return length, length - steps
     raise AssertionError(rule)  # pragma: no cover - check_rule ran first

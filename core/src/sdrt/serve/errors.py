@@ -21,6 +21,7 @@ class ApiError(Exception):
 _FIELDS = {"strength": "denoising_strength", "cfg": "cfg_scale", "batch": "batch_size", "clip_skip":
            "CLIP_stop_at_last_layers", "negative_prompt": "negative_prompt", "init_image": "init_images", "sampler": "sampler_name",
            "schedule": "scheduler", "hires_scale": "hr_scale", "hires_steps": "hr_second_pass_steps",
+           "hires_denoise": "denoising_strength",
            "hires_upscaler": "hr_upscaler", "refiner": "refiner_checkpoint",
            "hires_refiner_pass": "override_settings.hires_fix_refiner_pass", "mask": "mask",
            "init_upscaler": "upscaler_for_img2img"}
