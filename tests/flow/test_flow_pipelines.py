@@ -301,6 +301,10 @@ def test_sd3_above_its_position_table_is_refused_in_one_line(tmp_path, capsys):
         with pytest.raises(InputError, match=r"width 512 is above the 256 pixels a side SD3") as e:
             pipe("a cat", steps=1, width=512, height=256)
         assert e.value.where == "width" and "\n" not in str(e.value)
+        assert str(e.value).endswith("What to do: pass width=256 or less, the largest side this model makes.")
+        with pytest.raises(InputError) as e:
+            pipe("a cat", steps=1, width=512, height=272)
+        assert str(e.value).endswith("pass width=256 and height=256 or less, the largest side this model makes.")
         with pytest.raises(InputError, match=r"hires fix's second pass is 512x512"):
             pipe("a cat", steps=1, width=256, height=256, hires_scale=2)
         assert pipe("a cat", steps=1, width=256, height=64)[0].shape == (64, 256, 3)
@@ -308,5 +312,6 @@ def test_sd3_above_its_position_table_is_refused_in_one_line(tmp_path, capsys):
                "--backend", "reference", "-o", str(tmp_path / "x.png")])
     err = capsys.readouterr().err
     assert rc == 1 and "--height 1024 is above the 256 pixels" in err and "Traceback" not in err, err
+    assert err.rstrip().endswith("What to do: pass --height 256 or less, the largest side this model makes."), err
     assert largest_side({}, Graph.load(shipped_graph("sd3_medium_transformer"), load_external=False)) == 3072
     assert largest_side({}, Graph.load(shipped_graph("sd35_medium_transformer"), load_external=False)) == 6144

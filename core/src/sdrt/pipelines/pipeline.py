@@ -864,9 +864,12 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                                      f"{self.family.label} makes (its transformer's position table)", where=source,
                                      fix=f"pass {{@width}} and {{@height}} of {largest} or less" if source == "init_image"
                                      else "pass a smaller {@hires_scale} or {@width} and {@height}")
+                sides = " and ".join(f"{{@{side}=}}{largest}" for side in ("width", "height")
+                                     if getattr(s, side) > largest)
                 raise InputError(f"{{@{where}}} {getattr(s, where)} is above the {largest} pixels a side "
                                  f"{self.family.label} makes (its transformer's position table is {largest // 16} "
-                                 "patches of 16 pixels a side)", where=where, fix=f"use {largest} or less")
+                                 "patches of 16 pixels a side)", where=where,
+                                 fix=f"pass {sides} or less, the largest side this model makes")
         shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
         wrong = self.family.size_error(shape, s.width, s.height)
         if wrong is not None:
