@@ -75,3 +75,22 @@ def test_fill_takes_the_colour_of_the_fitted_picture(pipe) -> None:
     np.testing.assert_array_equal(np.all(sent == sent[repaint][0], axis=-1), repaint)  # one colour, where it repaints
     np.testing.assert_allclose(sent[repaint][0], colour, atol=1.5)
     np.testing.assert_allclose(sent[~repaint], fitted[~repaint], atol=4)  # the rest: the fitted picture
+
+
+def test_a_request_fills_after_the_upscaler(server) -> None:
+    """Through the server: the worker fits and fills, the run fits nothing more and names its upscaler."""
+    import json
+
+    import httpx
+
+    picture, mask = _picture_and_mask()
+    body = {"prompt": "a red circle", "steps": 2, "seed": 1, "cfg_scale": 1, "width": 64, "height": 64,
+            "init_images": [_b64(picture)], "mask": _b64(mask), "mask_blur": 0, "resize_mode": 1,
+            "denoising_strength": 0.5, "override_settings": {"upscaler_for_img2img": "Lanczos"}}
+    with httpx.Client(base_url=server, timeout=300) as client:
+        fill = client.post("/sdapi/v1/img2img", json={**body, "inpainting_fill": 0})
+        original = client.post("/sdapi/v1/img2img", json={**body, "inpainting_fill": 1})
+    assert fill.status_code == 200 and original.status_code == 200, fill.text
+    info = json.loads(fill.json()["info"])
+    assert info["sdrt_not_honoured"] == [] and "Init upscaler: Lanczos" in info["infotexts"][0]
+    assert fill.json()["images"] != original.json()["images"]

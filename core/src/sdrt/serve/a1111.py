@@ -438,7 +438,7 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
             # has that size, else the fitted mask stretched to it (A1111 fails: masking.fill pastes a mask of
             # another size)
             own = gray if latent and gray.shape == picture.shape[:2] else kwargs["mask"]
-            kwargs["init_image"] = _fill_masked(kwargs["init_image"], own)
+            kwargs["init_image"] = b64images.fill_masked(kwargs["init_image"], own)
         elif fill in (2, 3):
             not_honoured.append(f"inpainting_fill: {fill} ({'latent noise' if fill == 2 else 'latent nothing'}) "
                                 "runs as 1 (original)")
@@ -456,22 +456,6 @@ def _fit(image: Any, width: int, height: int, mode: str, field: str) -> Any:
         return fit_array(image, width, height, mode, "init image" if field != "mask" else "mask", field)
     except SdrtError as exc:
         raise from_pipeline(exc) from None
-
-
-def _fill_masked(image: Any, mask: Any) -> Any:
-    """inpainting_fill 0 ("fill"): the area to repaint starts as the mean colour of the rest (the mask stretched to
-    the picture's size where they differ: latent upscale keeps the picture at its own). The worker fills a picture
-    its pipeline upscales after the fit (jobs.Worker._run)."""
-    if mask.shape != image.shape[:2]:
-        from ..pipelines.images import fit_array
-
-        mask = fit_array(mask, image.shape[1], image.shape[0], JUST_RESIZE, "mask", "mask")
-    repaint = mask >= 128
-    keep = image[~repaint]
-    if keep.size and repaint.any():
-        image = image.copy()
-        image[repaint] = keep.reshape(-1, 3).mean(axis=0).round().astype(image.dtype)
-    return image
 
 
 __all__ = ["Request", "parse"]

@@ -111,4 +111,20 @@ def mask_array(img: Any, blur: int, invert: bool) -> np.ndarray:
     return np.asarray(gray, dtype=np.uint8)
 
 
-__all__ = ["decode", "fit", "mask_array", "open_image", "raw_bytes", "rgb_array"]
+def fill_masked(image: Any, mask: Any) -> Any:
+    """inpainting_fill 0 ("fill"): the area to repaint starts as the mean colour of the rest (the mask stretched to
+    the picture's size where they differ: latent upscale keeps the picture at its own). The worker fills a picture
+    its pipeline upscales after the fit (jobs.Worker._run); a1111._img2img fills the others."""
+    if mask.shape != image.shape[:2]:
+        from ..pipelines.images import JUST_RESIZE, fit_array
+
+        mask = fit_array(mask, image.shape[1], image.shape[0], JUST_RESIZE, "mask", "mask")
+    repaint = mask >= 128
+    keep = image[~repaint]
+    if keep.size and repaint.any():
+        image = image.copy()
+        image[repaint] = keep.reshape(-1, 3).mean(axis=0).round().astype(image.dtype)
+    return image
+
+
+__all__ = ["decode", "fill_masked", "fit", "mask_array", "open_image", "raw_bytes", "rgb_array"]

@@ -580,11 +580,11 @@ def _fill_after_fit(pipe: Any, kwargs: dict[str, Any]) -> None:
     ``masking.fill``): the init image fitted as the run would fit it, then filled where the fitted mask repaints
     with the mean colour of the fitted picture's rest. The run then fits nothing (the upscaler stays named in its
     infotext)."""
-    from .a1111 import _fill_masked
+    from .b64images import fill_masked
 
     fitted = pipe.fit_init_image(kwargs["init_image"], kwargs["width"], kwargs["height"], kwargs.get("resize_mode"),
                                  kwargs.get("init_upscaler"))
-    kwargs["init_image"] = _fill_masked(fitted, kwargs["mask"])
+    kwargs["init_image"] = fill_masked(fitted, kwargs["mask"])
 
 
 def _latent_upscale_note(pipe: Any, kwargs: dict[str, Any], result: Result) -> None:
