@@ -40,6 +40,7 @@ from .bounds import MAX_SIDE
 from .budget import MemoryMixin
 from .extras import ToolboxMixin
 from .families import ModelCall
+from .flowparts import flow_size_error, largest_side, sd3_size_error
 from .folder import ModelFolder
 from .images import from_nchw, nearest, to_nchw, to_rgb
 from .parts import Part
@@ -833,26 +834,13 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                              where=source, fix="pass {@width} and {@height}: the picture is fitted to them "
                              "({@resize_mode})" if source == "init_image" else
                              "pass a smaller {@hires_scale} or {@width} and {@height}")
-        if self.family.flow and (s.width % 16 or s.height % 16):  # 8 (VAE) x 2 (patch)
-            if source is not None:  # the size came from the init image or the hires scale, not from width/height
-                raise InputError(f"the {'init image' if source == 'init_image' else 'hires pass'} is "
-                                 f"{s.width}x{s.height}, and {self.family.label} needs multiples of 16 (VAE 8 x "
-                                 "patch 2)", where=source,
-                                 fix=f"make it {s.width - s.width % 16}x{s.height - s.height % 16}")
-            raise flow_size_error(s.width, s.height, self.family.label)  # type: ignore[misc]
-        if self.family.name == "sd3":  # its learned position table, cropped to the image: no larger image
-            largest = largest_side(self.folder.configs.get(self.family.denoiser_part, {}), self.denoiser.graph)
-            if largest is not None and max(s.width, s.height) > largest:
-                where = "width" if s.width > largest else "height"
-                if source is not None:
-                    what = "init image" if source == "init_image" else "hires fix's second pass"
-                    raise InputError(f"the {what} is {s.width}x{s.height}, above the {largest} pixels a side "
-                                     f"{self.family.label} makes (its transformer's position table)", where=source,
-                                     fix=f"pass {{@width}} and {{@height}} of {largest} or less" if source == "init_image"
-                                     else "pass a smaller {@hires_scale} or {@width} and {@height}")
-                raise InputError(f"{{@{where}}} {getattr(s, where)} is above the {largest} pixels a side "
-                                 f"{self.family.label} makes (its transformer's position table is {largest // 16} "
-                                 "patches of 16 pixels a side)", where=where, fix=f"use {largest} or less")
+        wrong = flow_size_error(s.width, s.height, self.family.label, source) if self.family.flow else None
+        if wrong is None and self.family.name == "sd3":  # its learned position table, cropped to the image
+            config = self.folder.configs.get(self.family.denoiser_part, {})
+            wrong = sd3_size_error(s.width, s.height, largest_side(config, self.denoiser.graph), self.family.label,
+                                   source)
+        if wrong is not None:
+            raise wrong
         shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
         wrong = self.family.size_error(shape, s.width, s.height)
         if wrong is not None:
@@ -1398,33 +1386,6 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if vae is not None or text_encoders:
         bind_part_files(pipe, vae, text_encoders)
     return pipe
-
-
-def largest_side(config: Mapping[str, Any], graph: Any) -> int | None:
-    """The largest side in pixels an SD 3 transformer makes: its position table's patches a side (the config's
-    ``pos_embed_max_size``, else the ``pos_embed.pos_embed`` table of the graph, ``[1, n*n, width]``) x 16 (patch 2 x
-    VAE 8), as diffusers' ``PatchEmbed.cropped_pos_embed`` refuses more; None when neither says."""
-    size = config.get("pos_embed_max_size")
-    if not isinstance(size, int) or size <= 0:
-        table = next((t for n, t in graph.initializer_info().items() if n.endswith("pos_embed.pos_embed")), None)
-        if table is None or len(table.shape) != 3 or not isinstance(table.shape[1], int):
-            return None
-        size = math.isqrt(table.shape[1])
-        if size * size != table.shape[1]:
-            return None
-    return size * 16
-
-
-def flow_size_error(width: int | None, height: int | None, label: str) -> InputError | None:
-    """A width or height (the first, width before height) that is not a multiple of 16, which a flow model
-    (``label``: SD3, Flux.1, Chroma) needs (VAE 8 x patch 2), as an error naming the argument; else None."""
-    where, value = next(((w, v) for w, v in (("width", width), ("height", height)) if v is not None and v % 16),
-                        (None, 0))
-    if where is None:
-        return None
-    down = value - value % 16
-    return InputError(f"{{@{where}}} {value} is not a multiple of 16, which {label} needs (VAE 8 x patch 2)",
-                      where=where, fix=f"use {down} or {down + 16}" if down else "use 16")
 
 
 def _without_t5(folder: ModelFolder, t5: Any, text_encoders: Any = ()) -> ModelFolder:
