@@ -41,7 +41,7 @@ from .budget import MemoryMixin
 from .extras import ToolboxMixin
 from .families import ModelCall
 from .flowparts import flow_size_error, largest_side, sd3_size_error
-from .folder import ModelFolder
+from .folder import ModelFolder, without_t5
 from .images import from_nchw, nearest, to_nchw, to_rgb
 from .parts import Part
 from .prompts import Conditioning, PromptEncoder
@@ -1363,7 +1363,7 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if is_single_file(model):
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
                                   prediction=prediction, family=family)
-        pipe = Pipeline(_without_t5(folder, t5, text_encoders), backend=be.name, device=dev, **options)
+        pipe = Pipeline(without_t5(folder, t5, text_encoders), backend=be.name, device=dev, **options)
         if vae is not None or text_encoders:
             note_part_files(pipe, [*([vae] if vae is not None else []), *text_encoders])
         return pipe
@@ -1372,7 +1372,7 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if is_diffusers_folder(model):  # .safetensors parts and no ONNX: onto the shipped graphs
         folder = ModelFolder.from_diffusers(model, graph_paths=graph_paths, tokenizers=tokenizers,
                                             prediction=prediction)
-        pipe = Pipeline(_without_t5(folder, t5, text_encoders), backend=be.name, device=dev, **options)
+        pipe = Pipeline(without_t5(folder, t5, text_encoders), backend=be.name, device=dev, **options)
         if vae is not None or text_encoders:
             bind_part_files(pipe, vae, text_encoders)
         return pipe
@@ -1382,48 +1382,10 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
         raise InputError(f"{', '.join(advanced)} applies to a single-file checkpoint or a diffusers folder of "
                          f".safetensors, and {model} is an ONNX model folder",
                          where=next(iter(advanced)), fix="leave it unset for a folder")
-    pipe = Pipeline(_without_t5(ModelFolder.open(model), t5, text_encoders), backend=be.name, device=dev, **options)
+    pipe = Pipeline(without_t5(ModelFolder.open(model), t5, text_encoders), backend=be.name, device=dev, **options)
     if vae is not None or text_encoders:
         bind_part_files(pipe, vae, text_encoders)
     return pipe
-
-
-def _without_t5(folder: ModelFolder, t5: Any, text_encoders: Any = ()) -> ModelFolder:
-    """``t5=False``: the folder without its T5 part (SD3, whose T5 is optional), so it is neither loaded nor
-    counted in the memory plan; T5's states are zeros (``textcond.ZeroT5``). A T5 file among ``text_encoders`` is
-    refused: dropped, it would be ignored without a word."""
-    if t5 is True:
-        return folder
-    fam = folder.family_class
-    if t5 is not False:
-        raise InputError(f"t5 must be True or False, got {t5!r}", where="t5", fix="pass t5=False to run without T5")
-    parts = [e.part for e in fam.encoders if e.kind == "t5"]
-    if not parts or any(p not in fam.optional for p in parts):
-        raise InputError(f"{{@t5=}}False runs SD 3 / 3.5 without T5-XXL, and {fam.label} "
-                         + ("has no T5 encoder" if not parts else "needs its T5 encoder"), where="t5",
-                         fix="leave T5 on for this model (drop {@t5=}False)")
-    t5_file = next((f for f in text_encoders if _is_t5_file(f)), None)
-    if t5_file is not None:
-        raise InputError(f"{{@text_encoders}} {Path(t5_file).name} is a T5-XXL text encoder, and {{@t5=}}False leaves "
-                         "T5 out", where="t5", fix="drop {@t5=}False to run with this T5, or leave the file out")
-    import dataclasses
-
-    log.info("%s: T5 left out (t5=False): %s runs on its CLIP encoders alone", folder.path.name, fam.label)
-    return dataclasses.replace(folder, parts={k: v for k, v in folder.parts.items() if k not in parts},
-                               weights={k: v for k, v in folder.weights.items() if k not in parts})
-
-
-def _is_t5_file(path: Any) -> bool:
-    """Whether a text-encoder file's tensors (headers only) are a T5-XXL encoder's."""
-    from ..checkpoint.families import identify
-    from ..checkpoint.files import gguf_arch
-    from ..weights import Weights
-
-    try:
-        w = Weights.open(path)
-        return identify(w.shapes(), arch=gguf_arch(w)).kind == "t5xxl"
-    except (SdrtError, OSError):
-        return False  # an unreadable file is named by the code that binds it
 
 
 #: load's keywords besides the backend's options (Pipeline's own: low_memory ... quantize)
