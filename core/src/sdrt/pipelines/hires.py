@@ -134,32 +134,6 @@ def parse(scale: float | None, steps: int | None, denoise: float | None, upscale
     return Hires(float(scale), int(steps), float(denoise), upscaler, model)
 
 
-def init_upscaler(value: object) -> tuple[str, Path | None] | None:
-    """``init_upscaler`` (A1111's ``upscaler_for_img2img``): ``(name, model file or None)`` of the upscaler that
-    enlarges an init image; None or ``"None"``: none (a Lanczos resize, A1111's default). ``"Lanczos"``,
-    ``"Nearest"`` (any case), or a model upscaler as ``hires_upscaler`` takes one (a path, or a name in
-    ``$SDRT_UPSCALERS``)."""
-    if value is None or (isinstance(value, str) and value.strip().casefold() in ("", "none")):
-        return None
-    if isinstance(value, Path):
-        value = str(value)
-    plain = {u.casefold(): u for u in IMAGE_MODES}
-    if isinstance(value, str) and value.strip().casefold() in plain:
-        return plain[value.strip().casefold()], None
-    model = model_file(value)
-    if model is None:
-        models = model_files()
-        named = f"; model upscalers in $SDRT_UPSCALERS: {', '.join(models)}" if models else \
-            "; or the path of an ESRGAN-family .safetensors/.pth model"
-        raise InputError(f"unknown init upscaler {str(value)[:60]!r}", where="init_upscaler",
-                         fix=f"use 'Lanczos' or 'Nearest'{named} (None: a Lanczos resize)")
-    from ..weights import Weights
-    from .upscaler import detect
-
-    detect(Weights.open(model).shapes(), str(model))  # a file that is no upscaler fails now, before any model loads
-    return model.stem, model
-
-
 def model_files() -> dict[str, Path]:
     """``{name: path}`` of the model upscalers in the folders of ``$SDRT_UPSCALERS``."""
     from .upscaler import find_models

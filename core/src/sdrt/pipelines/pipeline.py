@@ -669,6 +669,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         (a mask's, an inpainting model's masked image) are the plain resize's. A VAE encoder exported for one
         size cannot take the picture at its own: the latent upscale then runs as Just Resize, and says so."""
         from .images import JUST_RESIZE, LATENT_UPSCALE, binarize, describe_fit, fit_array, mask_gray, snap
+        from .initupscaler import enlarge
 
         picture = to_rgb(s.init_image, "init image")
         h, w = picture.shape[:2]
@@ -727,7 +728,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 self._init_fit = fit
             else:
                 log.warning("%s", fit)
-        init = fit_array(picture, tw, th, mode, enlarge=self._init_enlarge(s, mode))
+        # A1111's upscaler_for_img2img (init_upscaler) for a picture that grows; the plan takes the sizes alone
+        init = fit_array(picture, tw, th, mode,
+                         enlarge=enlarge(s.init_upscaler, mode, None if self._dry else self._model_upscaler))
         if mode == LATENT_UPSCALE and (tw, th) != (w, h):
             self._init_source = fit_array(picture, *source, mode)
         mask = None
@@ -735,27 +738,6 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             mask = binarize(fit_array(gray, tw, th, mode, "mask", "mask"))
         s.width, s.height = tw, th
         return init, mask
-
-    def _init_enlarge(self, s: Settings, mode: str) -> Any:
-        """A1111's ``upscaler_for_img2img`` (``init_upscaler``) as :func:`sdrt.pipelines.images.fit_image`'s
-        ``enlarge``, or None (a Lanczos resize; the latent upscale mode resizes latents, not pixels)."""
-        from .images import LATENT_UPSCALE, plain_upscale, upscaler_enlarge
-
-        if s.init_upscaler is None or mode == LATENT_UPSCALE:
-            return None
-        name, path = s.init_upscaler
-        if path is None:
-            return upscaler_enlarge(plain_upscale(name))
-        if self._dry:  # the plan: the sizes alone, no model compiled or run
-            return upscaler_enlarge(plain_upscale("Lanczos"))
-        up = self._model_upscaler(path)
-
-        def step(img: Any, scale: float) -> Any:  # an ESRGAN-family model: by its own factor, in tiles
-            from PIL import Image
-
-            return Image.fromarray(up.upscale(np.asarray(img.convert("RGB"))))
-
-        return upscaler_enlarge(step)
 
     @property
     def flux_tool(self) -> str | None:
