@@ -25,7 +25,7 @@ def parse(value: object) -> tuple[str, Path | None] | None:
     enlarges an init image; None or ``"None"``: none (a Lanczos resize, A1111's default). ``"Lanczos"``,
     ``"Nearest"`` (any case), or a model upscaler as ``hires_upscaler`` takes one (a path, or a name in
     ``$SDRT_UPSCALERS``)."""
-    from .hires import IMAGE_MODES, model_file, model_files
+    from .hires import IMAGE_MODES, model_upscaler, models_hint
 
     if value is None or (isinstance(value, str) and value.strip().casefold() in ("", "none")):
         return None
@@ -34,17 +34,10 @@ def parse(value: object) -> tuple[str, Path | None] | None:
     plain = {u.casefold(): u for u in IMAGE_MODES}
     if isinstance(value, str) and value.strip().casefold() in plain:
         return plain[value.strip().casefold()], None
-    model = model_file(value)
+    model = model_upscaler(value)  # a file that is no upscaler fails now, before any model loads
     if model is None:
-        models = model_files()
-        named = f"; model upscalers in $SDRT_UPSCALERS: {', '.join(models)}" if models else \
-            "; or the path of an ESRGAN-family .safetensors/.pth model"
         raise InputError(f"unknown init upscaler {str(value)[:60]!r}", where="init_upscaler",
-                         fix=f"use 'Lanczos' or 'Nearest'{named} (None: a Lanczos resize)")
-    from ..weights import Weights
-    from .upscaler import detect
-
-    detect(Weights.open(model).shapes(), str(model))  # a file that is no upscaler fails now, before any model loads
+                         fix=f"use 'Lanczos' or 'Nearest'{models_hint()} (None: a Lanczos resize)")
     return model.stem, model
 
 
