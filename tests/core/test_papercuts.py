@@ -178,21 +178,15 @@ def test_refusals_name_the_flag_not_the_api_argument(capsys, flag, value, words)
 
 def _flux_transformer_only(path):
     """A header of Black Forest Labs' Flux.1 dev transformer keys (one block; no data stored)."""
-    import json
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint"))
+    from single_file_helpers import sparse
 
     d = 3072
-    shapes = {"img_in.weight": (d, 64), "txt_in.weight": (d, 4096), "guidance_in.in_layer.weight": (d, 256),
-              "double_blocks.0.img_attn.qkv.weight": (3 * d, d), "single_blocks.0.linear1.weight": (3 * d + 12288, d)}
-    header, off = {}, 0
-    for name, shape in shapes.items():
-        header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [off, off + int(np.prod(shape)) * 2]}
-        off = header[name]["data_offsets"][1]
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little") + raw)
-        f.truncate(8 + len(raw) + off)
-    return path
+    return sparse(path, {"img_in.weight": (d, 64), "txt_in.weight": (d, 4096), "guidance_in.in_layer.weight": (d, 256),
+                         "double_blocks.0.img_attn.qkv.weight": (3 * d, d),
+                         "single_blocks.0.linear1.weight": (3 * d + 12288, d)})
 
 
 def test_missing_parts_are_said_in_each_callers_words(tmp_path, capsys, registry):

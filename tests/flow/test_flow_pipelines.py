@@ -294,7 +294,7 @@ def test_sd3_above_its_position_table_is_refused_in_one_line(tmp_path, capsys):
     from sdrt.checkpoint import shipped_graph
     from sdrt.cli import main
     from sdrt.graph import Graph
-    from sdrt.pipelines.pipeline import largest_side
+    from sdrt.pipelines.flowparts import largest_side
 
     register("reference")
     with pipelines.load(DATA / "tiny-sd3", backend="reference") as pipe:

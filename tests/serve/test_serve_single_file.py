@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -36,20 +37,13 @@ CASE = CASES["case"]
 
 def _flux_transformer_only(path: Path) -> Path:
     """A header of Black Forest Labs' Flux.1 dev keys (one block; the data section is not stored)."""
+    sys.path.insert(0, str(TESTS / "checkpoint"))
+    from single_file_helpers import sparse
+
     d = 3072
-    shapes = {"img_in.weight": (d, 64), "txt_in.weight": (d, 4096), "guidance_in.in_layer.weight": (d, 256),
-              "double_blocks.0.img_attn.qkv.weight": (3 * d, d), "single_blocks.0.linear1.weight": (3 * d + 12288, d)}
-    header, off = {}, 0
-    for name, shape in shapes.items():
-        n = int(np.prod(shape)) * 2
-        header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [off, off + n]}
-        off += n
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(len(raw).to_bytes(8, "little") + raw)
-        f.truncate(8 + len(raw) + off)
-    return path
+    return sparse(path, {"img_in.weight": (d, 64), "txt_in.weight": (d, 4096), "guidance_in.in_layer.weight": (d, 256),
+                         "double_blocks.0.img_attn.qkv.weight": (3 * d, d),
+                         "single_blocks.0.linear1.weight": (3 * d + 12288, d)})
 
 
 @pytest.fixture

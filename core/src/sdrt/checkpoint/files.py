@@ -206,6 +206,15 @@ def gguf_arch(weights: Weights) -> str | None:
     return arch if isinstance(arch, str) else None
 
 
+def is_t5_file(path: PathLike) -> bool:
+    """Whether a text-encoder file's tensors (headers only) are a T5-XXL encoder's."""
+    try:
+        w = Weights.open(path)
+        return families.identify(w.shapes(), arch=gguf_arch(w)).kind == "t5xxl"
+    except (SdrtError, OSError):
+        return False  # an unreadable file is named by the code that binds it
+
+
 def unrunnable(name: str, ident: Identity) -> str:
     """The one line for a file of a family sdrt does not run (``Identity.foreign``)."""
     return f"{name} is {ident.label}, which sdrt does not run"

@@ -155,7 +155,7 @@ def _check_flow_size(model: str | None, args: argparse.Namespace) -> None:
     model loads when its family is known from the file (the pipeline refuses it too, after the load)."""
     if model is None or not ((args.width or 0) % 16 or (args.height or 0) % 16):
         return
-    from ..pipelines.pipeline import flow_size_error
+    from ..pipelines.flowparts import flow_size_error
 
     label = _flow_label(Path(model))
     error = None if label is None else flow_size_error(args.width, args.height, label)

@@ -11,10 +11,13 @@ The family modules call these; each is checked against the values diffusers comp
 - VAE: ``vae_latent`` (a ``latent_parameters`` output to a latent, the sample drawn as diffusers draws it), and the
   16-channel scale *and* shift: ``to_vae`` (before ``vae_decoder``) and ``from_vae`` (after ``vae_encoder``).
 - ``transformer_timestep``: what the exported transformer takes as ``timestep`` for a scheduler timestep.
+- Sizes: ``flow_size_error`` (sides a multiple of 16: VAE 8 x patch 2), ``largest_side`` and ``sd3_size_error``
+  (SD 3's learned position table, which bounds the image), as errors in the caller's words.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,14 +28,17 @@ from ..errors import InputError
 __all__ = [
     "chroma_attention_mask",
     "chroma_text_mask",
+    "flow_size_error",
     "flux_latent_shape",
     "from_vae",
+    "largest_side",
     "latent_image_ids",
     "pack_latents",
     "sd3_clip_output",
     "sd3_latent_shape",
     "sd3_pooled",
     "sd3_prompt_embeds",
+    "sd3_size_error",
     "text_ids",
     "to_vae",
     "transformer_timestep",
@@ -68,6 +74,60 @@ def _check_size(height: int, width: int, multiple: int, what: str) -> None:
     if height <= 0 or width <= 0 or height % multiple or width % multiple:
         raise InputError(f"image size {width}x{height} is not a positive multiple of {multiple}", where=what,
                          fix=f"pass a width and height divisible by {multiple}")
+
+
+# ---------------------------------------------------------------- sizes
+def flow_size_error(width: int | None, height: int | None, label: str, source: str | None = None
+                    ) -> InputError | None:
+    """A width or height (the first, width before height) that is not a multiple of 16, which a flow model
+    (``label``: SD3, Flux.1, Chroma) needs (VAE 8 x patch 2), as an error naming the argument; else None.
+    ``source``: the argument the size came from when not width and height (``init_image``, ``hires_scale``)."""
+    where, value = next(((w, v) for w, v in (("width", width), ("height", height)) if v is not None and v % 16),
+                        (None, 0))
+    if where is None:
+        return None
+    if source is not None:  # the size came from the init image or the hires scale, not from width/height
+        assert width is not None and height is not None
+        return InputError(f"the {'init image' if source == 'init_image' else 'hires pass'} is {width}x{height}, and "
+                          f"{label} needs multiples of 16 (VAE 8 x patch 2)", where=source,
+                          fix=f"make it {width - width % 16}x{height - height % 16}")
+    down = value - value % 16
+    return InputError(f"{{@{where}}} {value} is not a multiple of 16, which {label} needs (VAE 8 x patch 2)",
+                      where=where, fix=f"use {down} or {down + 16}" if down else "use 16")
+
+
+def largest_side(config: Mapping[str, Any], graph: Any) -> int | None:
+    """The largest side in pixels an SD 3 transformer makes: its position table's patches a side (the config's
+    ``pos_embed_max_size``, else the ``pos_embed.pos_embed`` table of the graph, ``[1, n*n, width]``) x 16 (patch 2 x
+    VAE 8), as diffusers' ``PatchEmbed.cropped_pos_embed`` refuses more; None when neither says."""
+    size = config.get("pos_embed_max_size")
+    if not isinstance(size, int) or size <= 0:
+        table = next((t for n, t in graph.initializer_info().items() if n.endswith("pos_embed.pos_embed")), None)
+        if table is None or len(table.shape) != 3 or not isinstance(table.shape[1], int):
+            return None
+        size = math.isqrt(table.shape[1])
+        if size * size != table.shape[1]:
+            return None
+    return size * 16
+
+
+def sd3_size_error(width: int, height: int, largest: int | None, label: str, source: str | None = None
+                   ) -> InputError | None:
+    """A side above ``largest`` (:func:`largest_side`; None: no bound known), as an error naming the argument
+    (``source``: as :func:`flow_size_error`'s); else None."""
+    if largest is None or max(width, height) <= largest:
+        return None
+    if source is not None:
+        what = "init image" if source == "init_image" else "hires fix's second pass"
+        return InputError(f"the {what} is {width}x{height}, above the {largest} pixels a side "
+                          f"{label} makes (its transformer's position table)", where=source,
+                          fix=f"pass {{@width}} and {{@height}} of {largest} or less" if source == "init_image"
+                          else "pass a smaller {@hires_scale} or {@width} and {@height}")
+    where, value = ("width", width) if width > largest else ("height", height)
+    sides = " and ".join(f"{{@{side}=}}{largest}" for side, v in (("width", width), ("height", height)) if v > largest)
+    return InputError(f"{{@{where}}} {value} is above the {largest} pixels a side {label} makes (its transformer's "
+                      f"position table is {largest // 16} patches of 16 pixels a side)", where=where,
+                      fix=f"pass {sides} or less, the largest side this model makes")
 
 
 # ---------------------------------------------------------------- latents

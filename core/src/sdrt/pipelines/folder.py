@@ -48,6 +48,31 @@ def no_t5(fam: Any, parts: Mapping[str, Any], where: Path) -> None:
                     "text_encoder_3=None), and follows long prompts worse; %s", where, fam.label, fix)
 
 
+def without_t5(folder: ModelFolder, t5: Any, text_encoders: Any = ()) -> ModelFolder:
+    """``t5=False``: the folder without its T5 part (SD3, whose T5 is optional), so it is neither loaded nor
+    counted in the memory plan; T5's states are zeros (``textcond.ZeroT5``). A T5 file among ``text_encoders`` is
+    refused: dropped, it would be ignored without a word."""
+    if t5 is True:
+        return folder
+    fam = folder.family_class
+    if t5 is not False:
+        raise InputError(f"t5 must be True or False, got {t5!r}", where="t5", fix="pass t5=False to run without T5")
+    parts = [e.part for e in fam.encoders if e.kind == "t5"]
+    if not parts or any(p not in fam.optional for p in parts):
+        raise InputError(f"{{@t5=}}False runs SD 3 / 3.5 without T5-XXL, and {fam.label} "
+                         + ("has no T5 encoder" if not parts else "needs its T5 encoder"), where="t5",
+                         fix="leave T5 on for this model (drop {@t5=}False)")
+    from ..checkpoint.files import is_t5_file
+
+    t5_file = next((f for f in text_encoders if is_t5_file(f)), None)
+    if t5_file is not None:
+        raise InputError(f"{{@text_encoders}} {Path(t5_file).name} is a T5-XXL text encoder, and {{@t5=}}False leaves "
+                         "T5 out", where="t5", fix="drop {@t5=}False to run with this T5, or leave the file out")
+    log.info("%s: T5 left out (t5=False): %s runs on its CLIP encoders alone", folder.path.name, fam.label)
+    return dataclasses.replace(folder, parts={k: v for k, v in folder.parts.items() if k not in parts},
+                               weights={k: v for k, v in folder.weights.items() if k not in parts})
+
+
 def read_json(path: Path, what: str) -> dict[str, Any]:
     """A model folder's JSON file as a dict, or one ``ModelError`` naming the file and what is wrong with it."""
     try:

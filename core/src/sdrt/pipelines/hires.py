@@ -119,45 +119,12 @@ def parse(scale: float | None, steps: int | None, denoise: float | None, upscale
         lower = {u.lower(): u for u in UPSCALERS}
         if isinstance(upscaler, str) and upscaler.lower() in lower:
             upscaler = lower[upscaler.lower()]
-        elif (model := model_file(upscaler)) is not None:
-            from ..weights import Weights
-            from .upscaler import detect
-
-            detect(Weights.open(model).shapes(), str(model))  # a file that is no upscaler fails now, not after pass 1
+        elif (model := model_upscaler(upscaler)) is not None:  # checked now, not after pass 1
             upscaler = model.stem
         else:
-            models = model_files()
-            named = f"; model upscalers in $SDRT_UPSCALERS: {', '.join(models)}" if models else \
-                "; or the path of an ESRGAN-family .safetensors/.pth model"
             raise InputError(f"unknown hires upscaler {upscaler!r}", where="hires_upscaler",
-                             fix=f"use one of {', '.join(repr(u) for u in UPSCALERS)}{named}")
+                             fix=f"use one of {', '.join(repr(u) for u in UPSCALERS)}{models_hint()}")
     return Hires(float(scale), int(steps), float(denoise), upscaler, model)
-
-
-def init_upscaler(value: object) -> tuple[str, Path | None] | None:
-    """``init_upscaler`` (A1111's ``upscaler_for_img2img``): ``(name, model file or None)`` of the upscaler that
-    enlarges an init image; None or ``"None"``: none (a Lanczos resize, A1111's default). ``"Lanczos"``,
-    ``"Nearest"`` (any case), or a model upscaler as ``hires_upscaler`` takes one (a path, or a name in
-    ``$SDRT_UPSCALERS``)."""
-    if value is None or (isinstance(value, str) and value.strip().casefold() in ("", "none")):
-        return None
-    if isinstance(value, Path):
-        value = str(value)
-    plain = {u.casefold(): u for u in IMAGE_MODES}
-    if isinstance(value, str) and value.strip().casefold() in plain:
-        return plain[value.strip().casefold()], None
-    model = model_file(value)
-    if model is None:
-        models = model_files()
-        named = f"; model upscalers in $SDRT_UPSCALERS: {', '.join(models)}" if models else \
-            "; or the path of an ESRGAN-family .safetensors/.pth model"
-        raise InputError(f"unknown init upscaler {str(value)[:60]!r}", where="init_upscaler",
-                         fix=f"use 'Lanczos' or 'Nearest'{named} (None: a Lanczos resize)")
-    from ..weights import Weights
-    from .upscaler import detect
-
-    detect(Weights.open(model).shapes(), str(model))  # a file that is no upscaler fails now, before any model loads
-    return model.stem, model
 
 
 def model_files() -> dict[str, Path]:
@@ -179,6 +146,25 @@ def model_file(value: object) -> Path | None:
     if value in models:
         return models[value]
     return {k.casefold(): v for k, v in models.items()}.get(value.casefold())
+
+
+def model_upscaler(value: object) -> Path | None:
+    """The model upscaler file ``value`` names (:func:`model_file`), its tensors checked (headers only): a file that
+    is no upscaler fails now, before any model loads; None when ``value`` names no file."""
+    model = model_file(value)
+    if model is not None:
+        from ..weights import Weights
+        from .upscaler import detect
+
+        detect(Weights.open(model).shapes(), str(model))
+    return model
+
+
+def models_hint() -> str:
+    """The rest of an unknown upscaler's fix: the model upscalers in ``$SDRT_UPSCALERS``, else that a path works."""
+    models = model_files()
+    return f"; model upscalers in $SDRT_UPSCALERS: {', '.join(models)}" if models else \
+        "; or the path of an ESRGAN-family .safetensors/.pth model"
 
 
 def second_pass_steps(hires: Hires, first_steps: int) -> tuple[int, int]:

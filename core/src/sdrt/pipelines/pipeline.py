@@ -40,7 +40,8 @@ from .bounds import MAX_SIDE
 from .budget import MemoryMixin
 from .extras import ToolboxMixin
 from .families import ModelCall
-from .folder import ModelFolder
+from .flowparts import flow_size_error, largest_side, sd3_size_error
+from .folder import ModelFolder, without_t5
 from .images import from_nchw, nearest, to_nchw, to_rgb
 from .parts import Part
 from .prompts import Conditioning, PromptEncoder
@@ -668,6 +669,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         (a mask's, an inpainting model's masked image) are the plain resize's. A VAE encoder exported for one
         size cannot take the picture at its own: the latent upscale then runs as Just Resize, and says so."""
         from .images import JUST_RESIZE, LATENT_UPSCALE, binarize, describe_fit, fit_array, mask_gray, snap
+        from .initupscaler import enlarge
 
         picture = to_rgb(s.init_image, "init image")
         h, w = picture.shape[:2]
@@ -726,7 +728,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 self._init_fit = fit
             else:
                 log.warning("%s", fit)
-        init = fit_array(picture, tw, th, mode, enlarge=self._init_enlarge(s.init_upscaler, mode))
+        # A1111's upscaler_for_img2img (init_upscaler) for a picture that grows; the plan takes the sizes alone
+        init = fit_array(picture, tw, th, mode,
+                         enlarge=enlarge(s.init_upscaler, mode, None if self._dry else self._model_upscaler))
         if mode == LATENT_UPSCALE and (tw, th) != (w, h):
             self._init_source = fit_array(picture, *source, mode)
         mask = None
@@ -740,35 +744,13 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         """``picture`` fitted to ``width`` x ``height`` as a run fits its init image: ``resize_mode``, and
         ``init_upscaler`` (A1111's ``upscaler_for_img2img``) enlarging it. sdrt serve fills A1111's
         ``inpainting_fill`` 0 into the fitted picture, as A1111 does, before the run (which then fits nothing)."""
-        from .hires import init_upscaler as upscaler_of
         from .images import fit_array
         from .images import resize_mode as resize_mode_of
+        from .initupscaler import enlarge, parse
 
         mode = resize_mode_of(resize_mode)
         return fit_array(to_rgb(picture, "init image"), width, height, mode,
-                         enlarge=self._init_enlarge(upscaler_of(init_upscaler), mode))
-
-    def _init_enlarge(self, upscaler: tuple[str, Any] | None, mode: str) -> Any:
-        """A1111's ``upscaler_for_img2img`` (``init_upscaler``: ``(name, model file or None)``) as
-        :func:`sdrt.pipelines.images.fit_image`'s ``enlarge``, or None (a Lanczos resize; the latent upscale mode
-        resizes latents, not pixels)."""
-        from .images import LATENT_UPSCALE, plain_upscale, upscaler_enlarge
-
-        if upscaler is None or mode == LATENT_UPSCALE:
-            return None
-        name, path = upscaler
-        if path is None:
-            return upscaler_enlarge(plain_upscale(name))
-        if self._dry:  # the plan: the sizes alone, no model compiled or run
-            return upscaler_enlarge(plain_upscale("Lanczos"))
-        up = self._model_upscaler(path)
-
-        def step(img: Any, scale: float) -> Any:  # an ESRGAN-family model: by its own factor, in tiles
-            from PIL import Image
-
-            return Image.fromarray(up.upscale(np.asarray(img.convert("RGB"))))
-
-        return upscaler_enlarge(step)
+                         enlarge=enlarge(parse(init_upscaler), mode, None if self._dry else self._model_upscaler))
 
     @property
     def flux_tool(self) -> str | None:
@@ -847,29 +829,13 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                              where=source, fix="pass {@width} and {@height}: the picture is fitted to them "
                              "({@resize_mode})" if source == "init_image" else
                              "pass a smaller {@hires_scale} or {@width} and {@height}")
-        if self.family.flow and (s.width % 16 or s.height % 16):  # 8 (VAE) x 2 (patch)
-            if source is not None:  # the size came from the init image or the hires scale, not from width/height
-                raise InputError(f"the {'init image' if source == 'init_image' else 'hires pass'} is "
-                                 f"{s.width}x{s.height}, and {self.family.label} needs multiples of 16 (VAE 8 x "
-                                 "patch 2)", where=source,
-                                 fix=f"make it {s.width - s.width % 16}x{s.height - s.height % 16}")
-            raise flow_size_error(s.width, s.height, self.family.label)  # type: ignore[misc]
-        if self.family.name == "sd3":  # its learned position table, cropped to the image: no larger image
-            largest = largest_side(self.folder.configs.get(self.family.denoiser_part, {}), self.denoiser.graph)
-            if largest is not None and max(s.width, s.height) > largest:
-                where = "width" if s.width > largest else "height"
-                if source is not None:
-                    what = "init image" if source == "init_image" else "hires fix's second pass"
-                    raise InputError(f"the {what} is {s.width}x{s.height}, above the {largest} pixels a side "
-                                     f"{self.family.label} makes (its transformer's position table)", where=source,
-                                     fix=f"pass {{@width}} and {{@height}} of {largest} or less" if source == "init_image"
-                                     else "pass a smaller {@hires_scale} or {@width} and {@height}")
-                sides = " and ".join(f"{{@{side}=}}{largest}" for side in ("width", "height")
-                                     if getattr(s, side) > largest)
-                raise InputError(f"{{@{where}}} {getattr(s, where)} is above the {largest} pixels a side "
-                                 f"{self.family.label} makes (its transformer's position table is {largest // 16} "
-                                 "patches of 16 pixels a side)", where=where,
-                                 fix=f"pass {sides} or less, the largest side this model makes")
+        wrong = flow_size_error(s.width, s.height, self.family.label, source) if self.family.flow else None
+        if wrong is None and self.family.name == "sd3":  # its learned position table, cropped to the image
+            config = self.folder.configs.get(self.family.denoiser_part, {})
+            wrong = sd3_size_error(s.width, s.height, largest_side(config, self.denoiser.graph), self.family.label,
+                                   source)
+        if wrong is not None:
+            raise wrong
         shape = tuple(self.denoiser.inputs[self.family.sample_input].shape)
         wrong = self.family.size_error(shape, s.width, s.height)
         if wrong is not None:
@@ -1392,7 +1358,7 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if is_single_file(model):
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,
                                   prediction=prediction, family=family)
-        pipe = Pipeline(_without_t5(folder, t5, text_encoders), backend=be.name, device=dev, **options)
+        pipe = Pipeline(without_t5(folder, t5, text_encoders), backend=be.name, device=dev, **options)
         if vae is not None or text_encoders:
             note_part_files(pipe, [*([vae] if vae is not None else []), *text_encoders])
         return pipe
@@ -1401,7 +1367,7 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     if is_diffusers_folder(model):  # .safetensors parts and no ONNX: onto the shipped graphs
         folder = ModelFolder.from_diffusers(model, graph_paths=graph_paths, tokenizers=tokenizers,
                                             prediction=prediction)
-        pipe = Pipeline(_without_t5(folder, t5, text_encoders), backend=be.name, device=dev, **options)
+        pipe = Pipeline(without_t5(folder, t5, text_encoders), backend=be.name, device=dev, **options)
         if vae is not None or text_encoders:
             bind_part_files(pipe, vae, text_encoders)
         return pipe
@@ -1411,75 +1377,10 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
         raise InputError(f"{', '.join(advanced)} applies to a single-file checkpoint or a diffusers folder of "
                          f".safetensors, and {model} is an ONNX model folder",
                          where=next(iter(advanced)), fix="leave it unset for a folder")
-    pipe = Pipeline(_without_t5(ModelFolder.open(model), t5, text_encoders), backend=be.name, device=dev, **options)
+    pipe = Pipeline(without_t5(ModelFolder.open(model), t5, text_encoders), backend=be.name, device=dev, **options)
     if vae is not None or text_encoders:
         bind_part_files(pipe, vae, text_encoders)
     return pipe
-
-
-def largest_side(config: Mapping[str, Any], graph: Any) -> int | None:
-    """The largest side in pixels an SD 3 transformer makes: its position table's patches a side (the config's
-    ``pos_embed_max_size``, else the ``pos_embed.pos_embed`` table of the graph, ``[1, n*n, width]``) x 16 (patch 2 x
-    VAE 8), as diffusers' ``PatchEmbed.cropped_pos_embed`` refuses more; None when neither says."""
-    size = config.get("pos_embed_max_size")
-    if not isinstance(size, int) or size <= 0:
-        table = next((t for n, t in graph.initializer_info().items() if n.endswith("pos_embed.pos_embed")), None)
-        if table is None or len(table.shape) != 3 or not isinstance(table.shape[1], int):
-            return None
-        size = math.isqrt(table.shape[1])
-        if size * size != table.shape[1]:
-            return None
-    return size * 16
-
-
-def flow_size_error(width: int | None, height: int | None, label: str) -> InputError | None:
-    """A width or height (the first, width before height) that is not a multiple of 16, which a flow model
-    (``label``: SD3, Flux.1, Chroma) needs (VAE 8 x patch 2), as an error naming the argument; else None."""
-    where, value = next(((w, v) for w, v in (("width", width), ("height", height)) if v is not None and v % 16),
-                        (None, 0))
-    if where is None:
-        return None
-    down = value - value % 16
-    return InputError(f"{{@{where}}} {value} is not a multiple of 16, which {label} needs (VAE 8 x patch 2)",
-                      where=where, fix=f"use {down} or {down + 16}" if down else "use 16")
-
-
-def _without_t5(folder: ModelFolder, t5: Any, text_encoders: Any = ()) -> ModelFolder:
-    """``t5=False``: the folder without its T5 part (SD3, whose T5 is optional), so it is neither loaded nor
-    counted in the memory plan; T5's states are zeros (``textcond.ZeroT5``). A T5 file among ``text_encoders`` is
-    refused: dropped, it would be ignored without a word."""
-    if t5 is True:
-        return folder
-    fam = folder.family_class
-    if t5 is not False:
-        raise InputError(f"t5 must be True or False, got {t5!r}", where="t5", fix="pass t5=False to run without T5")
-    parts = [e.part for e in fam.encoders if e.kind == "t5"]
-    if not parts or any(p not in fam.optional for p in parts):
-        raise InputError(f"{{@t5=}}False runs SD 3 / 3.5 without T5-XXL, and {fam.label} "
-                         + ("has no T5 encoder" if not parts else "needs its T5 encoder"), where="t5",
-                         fix="leave T5 on for this model (drop {@t5=}False)")
-    t5_file = next((f for f in text_encoders if _is_t5_file(f)), None)
-    if t5_file is not None:
-        raise InputError(f"{{@text_encoders}} {Path(t5_file).name} is a T5-XXL text encoder, and {{@t5=}}False leaves "
-                         "T5 out", where="t5", fix="drop {@t5=}False to run with this T5, or leave the file out")
-    import dataclasses
-
-    log.info("%s: T5 left out (t5=False): %s runs on its CLIP encoders alone", folder.path.name, fam.label)
-    return dataclasses.replace(folder, parts={k: v for k, v in folder.parts.items() if k not in parts},
-                               weights={k: v for k, v in folder.weights.items() if k not in parts})
-
-
-def _is_t5_file(path: Any) -> bool:
-    """Whether a text-encoder file's tensors (headers only) are a T5-XXL encoder's."""
-    from ..checkpoint.families import identify
-    from ..checkpoint.files import gguf_arch
-    from ..weights import Weights
-
-    try:
-        w = Weights.open(path)
-        return identify(w.shapes(), arch=gguf_arch(w)).kind == "t5xxl"
-    except (SdrtError, OSError):
-        return False  # an unreadable file is named by the code that binds it
 
 
 #: load's keywords besides the backend's options (Pipeline's own: low_memory ... quantize)

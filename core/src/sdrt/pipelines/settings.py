@@ -219,7 +219,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                              fix=f"raise {{@strength}} to at least {1 / steps:.3g}, or {{@steps}}")
     if mask is not None:
         check_path(mask, "mask")
-    from .hires import init_upscaler as upscaler_of
+    from .initupscaler import parse as upscaler_of
 
     upscaler = upscaler_of(init_upscaler)
     if upscaler is not None and init_image is None:

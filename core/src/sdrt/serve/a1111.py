@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,19 +282,14 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
     upscaler = get_str(body, "hr_upscaler", None)
     if upscaler is not None and upscaler.strip().casefold() == "none":
         upscaler = "Lanczos"  # A1111's "None" upscaler leaves the image as it is, then resizes it with Lanczos
-    known = {u.casefold(): u for u in UPSCALERS}
-    model = extras.resolve(upscaler, models_dir) if upscaler not in (None, "") else None
-    if upscaler not in (None, "") and upscaler.casefold() in known:
-        kwargs["hires_upscaler"] = known[upscaler.casefold()]
-    elif model is not None:  # a model upscaler in the models folder's ESRGAN/ or RealESRGAN/
-        kwargs["hires_upscaler"] = str(model)
+    found = _upscaler(upscaler, UPSCALERS, models_dir) if upscaler not in (None, "") else None
+    if found is not None:
+        kwargs["hires_upscaler"] = found
     elif upscaler not in (None, ""):  # a model upscaler this server does not have
         # an image upscaler stands in for an image upscaler: a client that picked ESRGAN picked a low
         # denoising_strength, at which a latent upscale leaves the picture blurred
         kwargs["hires_upscaler"] = "Lanczos"
-        models = ", ".join(extras.runnable(models_dir)) or "none"
-        not_honoured.append(f"hr_upscaler: {upscaler!r} is not one of sdrt's ({', '.join(UPSCALERS)}) nor a model "
-                            f"upscaler in the models folder's ESRGAN/ or RealESRGAN/ ({models}); Lanczos ran")
+        not_honoured.append(f"{_lacking('hr_upscaler', repr(upscaler), UPSCALERS, models_dir)}; Lanczos ran")
     for key in ("hr_resize_x", "hr_resize_y"):
         if get_int(body, key, 0, 0, None):
             not_honoured.append(f"{key}: the target size comes from hr_scale")
@@ -361,17 +357,29 @@ def _img2img_upscaler(overrides: dict[str, Any], options: dict[str, Any], models
     name = given.strip()
     if name.casefold() in ("", "none"):
         return None
-    plain = {u.casefold(): u for u in IMAGE_MODES}
+    found = _upscaler(name, IMAGE_MODES, models_dir)
+    if found is None:
+        not_honoured.append(f"{_lacking(key, repr(name[:60]), IMAGE_MODES, models_dir)}; the init image was resized "
+                            "with Lanczos (A1111's None)")
+    return found
+
+
+def _upscaler(name: str, known: Iterable[str], models_dir: Path | None) -> str | None:
+    """An upscaler a request names (``hr_upscaler``, ``upscaler_for_img2img``): one of sdrt's ``known`` names (any
+    case), else the path of a model upscaler sdrt can run in the models folder's ESRGAN/ or RealESRGAN/; None when
+    this server has neither (:func:`_lacking` says so)."""
+    plain = {u.casefold(): u for u in known}
     if name.casefold() in plain:
         return plain[name.casefold()]
     model = extras.resolve(name, models_dir)
-    if model is not None:
-        return str(model)
+    return None if model is None else str(model)
+
+
+def _lacking(field: str, shown: str, known: Iterable[str], models_dir: Path | None) -> str:
+    """The not-honoured line for an upscaler name (``shown``, quoted) this server lacks, up to what ran instead."""
     models = ", ".join(extras.runnable(models_dir)) or "none"
-    not_honoured.append(f"{key}: {name[:60]!r} is not one of sdrt's ({', '.join(IMAGE_MODES)}) nor a model upscaler "
-                        f"in the models folder's ESRGAN/ or RealESRGAN/ ({models}); the init image was resized with "
-                        "Lanczos (A1111's None)")
-    return None
+    return (f"{field}: {shown} is not one of sdrt's ({', '.join(known)}) nor a model upscaler in the models folder's "
+            f"ESRGAN/ or RealESRGAN/ ({models})")
 
 
 def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str],
