@@ -62,12 +62,18 @@ def _cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     mask[3, 4] = mask[20, 27] = 0
     mask[31, 0] = 40
     cases["almost_all"] = (pic, mask)
-    # a picture wider than the largest blur radius (256): the far side's colour does not reach the near one
+    # a picture wider than the widest blur (radius 256): each end of the masked span takes its side's colour
     pic = _picture(rng, 8, 600)
     mask = np.zeros((8, 600), np.uint8)
     mask[:, 250:560] = 255
     mask[2:5, 100:110] = 128
     cases["wider_than_radius"] = (pic, mask)
+    # the size of the demo model's requests (tests/serve/test_serve_img2img_fill.py sends it): a disc with a
+    # grey rim
+    pic = _picture(rng, 64, 64)
+    yy, xx = np.mgrid[0:64, 0:64]
+    dist = np.hypot(yy - 30, xx - 36)
+    cases["request_64"] = (pic, np.clip((14 - dist) * 64, 0, 255).astype(np.uint8))
     return cases
 
 

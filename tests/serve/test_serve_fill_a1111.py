@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("PIL.Image", reason="the fill is Pillow's")
 
 DATA = Path(__file__).parent / "data" / "a1111_fill.npz"
-CASES = ("wide_blob", "tall_soft_border", "all_kept", "almost_all", "wider_than_radius")
+CASES = ("wide_blob", "tall_soft_border", "all_kept", "almost_all", "wider_than_radius", "request_64")
 
 
 @pytest.fixture(scope="module")
