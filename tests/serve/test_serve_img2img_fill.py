@@ -1,8 +1,10 @@
 """A1111's inpainting_fill 0 ("fill") when an upscaler_for_img2img enlarges the picture: A1111's img2img init
 (modules/processing.py, StableDiffusionProcessingImg2Img.init) resizes the picture to the size first, through the
 upscaler, then fills it (masking.fill) where the mask fitted the same way repaints. Under Crop and Resize the fill's
-colour is then the cropped picture's. sdrt fills with the mean colour of the rest (docs/serve.md); the reference
-below is that rule applied, in numpy and Pillow, to A1111's geometry, not sdrt's output."""
+colours are then the cropped picture's. The fill itself is checked pixel for pixel against A1111's own in
+test_serve_fill_a1111.py; here the order: the reference is that fill applied to A1111's geometry computed in numpy
+and Pillow (the crop, then the fill), which filling first and cropping after would miss by far. The last test sends
+a request and checks that the picture its run starts from is A1111's filled one (tests/serve/data/a1111_fill.npz)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def _picture_and_mask() -> tuple[np.ndarray, np.ndarray]:
     picture[10:30, :, 0] = 20 + 4 * np.arange(20)[:, None]  # the kept rows darker: the whole picture's mean is not
     picture[10:30, :, 1:] = 40                              # theirs
     mask = np.zeros((40, 20), np.uint8)
-    mask[20:25] = 255  # five rows inside the crop
+    mask[22:30] = 255  # eight rows down to the crop's edge: uncropped, the pale rows below would fill them
     return picture, mask
 
 
@@ -52,6 +54,7 @@ def pipe():
 
 def test_fill_takes_the_colour_of_the_fitted_picture(pipe) -> None:
     from sdrt.serve.a1111 import _img2img
+    from sdrt.serve.b64images import fill_masked
     from sdrt.serve.config import Limits
     from sdrt.serve.jobs import _fill_after_fit
 
@@ -66,15 +69,17 @@ def test_fill_takes_the_colour_of_the_fitted_picture(pipe) -> None:
     sent = kwargs["init_image"]
     assert sent.shape == (64, 64, 3) and kwargs["init_upscaler"] == "Lanczos"
 
-    # A1111: the picture and the mask cropped and resized, then the masked area filled from the rest of the picture
-    fitted = _crop_and_resize(picture, 64, 64).astype(np.float64)
-    repaint = _crop_and_resize(mask, 64, 64) >= 128
-    colour = fitted[~repaint].mean(axis=0)
-    whole = picture[mask < 128].mean(axis=0)
-    assert abs(colour - whole).max() > 20  # the picture's own mean would be another colour
-    np.testing.assert_array_equal(np.all(sent == sent[repaint][0], axis=-1), repaint)  # one colour, where it repaints
-    np.testing.assert_allclose(sent[repaint][0], colour, atol=1.5)
-    np.testing.assert_allclose(sent[~repaint], fitted[~repaint], atol=4)  # the rest: the fitted picture
+    # A1111: the picture and the mask cropped and resized, then the whole picture replaced by masking.fill's
+    fitted = _crop_and_resize(picture, 64, 64)
+    fitted_mask = _crop_and_resize(mask, 64, 64)
+    want = fill_masked(fitted, fitted_mask).astype(np.int16)
+    repaint = fitted_mask >= 128
+    # the other order, filled at the picture's own size then cropped, takes the pale rows' colours (below the crop)
+    wrong = _crop_and_resize(fill_masked(picture, mask), 64, 64).astype(np.int16)
+    assert np.abs(wrong - want)[repaint].max() > 40
+    assert len(np.unique(sent[repaint], axis=0)) > 10  # no single colour: spread from the surroundings
+    # sdrt's Lanczos upscaler and Pillow's LANCZOS differ by a few levels at most
+    np.testing.assert_allclose(sent.astype(np.int16), want, atol=4)
 
 
 def test_a_request_fills_after_the_upscaler(server) -> None:
@@ -94,3 +99,25 @@ def test_a_request_fills_after_the_upscaler(server) -> None:
     info = json.loads(fill.json()["info"])
     assert info["sdrt_not_honoured"] == [] and "Init upscaler: Lanczos" in info["infotexts"][0]
     assert fill.json()["images"] != original.json()["images"]
+
+
+def test_a_request_starts_from_a1111s_filled_picture(server) -> None:
+    """Through the server, no upscaler, the picture at the size: inpainting_fill 0 on a picture runs as
+    inpainting_fill 1 (the picture kept as sent) on A1111's own fill of it, the same seed giving the same image;
+    the unfilled picture gives another."""
+    from pathlib import Path
+
+    import httpx
+
+    with np.load(Path(__file__).parent / "data" / "a1111_fill.npz") as data:
+        picture, mask, filled = (data[f"request_64/{k}"] for k in ("picture", "mask", "filled"))
+    body = {"prompt": "a red circle", "steps": 2, "seed": 3, "cfg_scale": 1, "width": 64, "height": 64,
+            "mask": _b64(mask), "mask_blur": 0, "resize_mode": 0, "denoising_strength": 0.6}
+    with httpx.Client(base_url=server, timeout=300) as client:
+        fill = client.post("/sdapi/v1/img2img", json={**body, "init_images": [_b64(picture)], "inpainting_fill": 0})
+        a1111 = client.post("/sdapi/v1/img2img", json={**body, "init_images": [_b64(filled)], "inpainting_fill": 1})
+        plain = client.post("/sdapi/v1/img2img", json={**body, "init_images": [_b64(picture)], "inpainting_fill": 1})
+    for r in (fill, a1111, plain):
+        assert r.status_code == 200, r.text
+    assert fill.json()["images"] == a1111.json()["images"]
+    assert fill.json()["images"] != plain.json()["images"]

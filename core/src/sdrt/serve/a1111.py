@@ -437,8 +437,8 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
         kwargs["mask"] = _fit(gray, width, height, JUST_RESIZE if latent else mode, "mask")
         fill = get_int(body, "inpainting_fill", 1, 0, 3)
         if fill == 0 and upscaler is not None and not latent:
-            # A1111 fits (upscales) the picture, then fills it where the fitted mask repaints, with the colour of
-            # the fitted picture's rest (Crop and Resize: the cropped picture's): the worker does both, the
+            # A1111 fits (upscales) the picture, then fills it where the fitted mask repaints, from the colours of
+            # the fitted picture (Crop and Resize: the cropped picture's): the worker does both, the
             # upscaler being its pipeline's (jobs.Worker._run)
             kwargs["_fill_after_fit"] = True
         elif fill == 0:

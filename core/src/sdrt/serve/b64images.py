@@ -111,20 +111,37 @@ def mask_array(img: Any, blur: int, invert: bool) -> np.ndarray:
     return np.asarray(gray, dtype=np.uint8)
 
 
+#: A1111's fill (modules/masking.py): Gaussian blurs of the kept picture, widest first, each laid over the last
+#: the given number of times; the last, unblurred, puts the kept pixels back
+_FILL_BLURS = ((256, 1), (64, 1), (16, 2), (4, 4), (2, 2), (0, 1))
+
+
 def fill_masked(image: Any, mask: Any) -> Any:
-    """inpainting_fill 0 ("fill"): the area to repaint starts as the mean colour of the rest (the mask stretched to
-    the picture's size where they differ: latent upscale keeps the picture at its own). The worker fills a picture
-    its pipeline upscales after the fit (jobs.Worker._run); a1111._img2img fills the others."""
+    """inpainting_fill 0 ("fill"), as A1111's ``masking.fill``: the picture where the mask keeps it (white =
+    repaint; grey levels, a blurred mask's edge, keep it partly) becomes a premultiplied-alpha layer; Gaussian blurs
+    of it at falling radii are alpha-composited, one over the other, on a transparent canvas, so the area to repaint
+    takes a smooth colour field spread from its surroundings and the kept pixels come back as they were. The mask
+    is the one the run uses (blurred, then fitted), stretched to the picture's size where they differ (latent
+    upscale keeps the picture at its own). The worker fills a picture its pipeline upscales after the fit
+    (jobs.Worker._run); a1111._img2img fills the others."""
+    from PIL import Image, ImageFilter, ImageOps
+
     if mask.shape != image.shape[:2]:
         from ..pipelines.images import JUST_RESIZE, fit_array
 
         mask = fit_array(mask, image.shape[1], image.shape[0], JUST_RESIZE, "mask", "mask")
-    repaint = mask >= 128
-    keep = image[~repaint]
-    if keep.size and repaint.any():
-        image = image.copy()
-        image[repaint] = keep.reshape(-1, 3).mean(axis=0).round().astype(image.dtype)
-    return image
+    if not np.any(mask):
+        return image  # nothing to repaint: the composite gives the picture back unchanged
+    size = (image.shape[1], image.shape[0])
+    kept = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).convert("RGBA").convert("RGBa")
+    layer = Image.new("RGBa", size)  # transparent: the area to repaint
+    layer.paste(kept, mask=ImageOps.invert(Image.fromarray(np.ascontiguousarray(mask, dtype=np.uint8), "L")))
+    canvas = Image.new("RGBA", size)
+    for radius, times in _FILL_BLURS:
+        spread = layer.filter(ImageFilter.GaussianBlur(radius)).convert("RGBA")
+        for _ in range(times):
+            canvas.alpha_composite(spread)
+    return np.asarray(canvas.convert("RGB"), dtype=np.uint8)
 
 
 __all__ = ["decode", "fill_masked", "fit", "mask_array", "open_image", "raw_bytes", "rgb_array"]

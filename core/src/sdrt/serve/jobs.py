@@ -578,8 +578,8 @@ class Worker(threading.Thread):
 def _fill_after_fit(pipe: Any, kwargs: dict[str, Any]) -> None:
     """A1111's inpainting_fill 0 on a picture an upscaler enlarges (its img2img init: resize, then
     ``masking.fill``): the init image fitted as the run would fit it, then filled where the fitted mask repaints
-    with the mean colour of the fitted picture's rest. The run then fits nothing (the upscaler stays named in its
-    infotext)."""
+    from the fitted picture's colours (``b64images.fill_masked``). The run then fits nothing (the upscaler stays
+    named in its infotext)."""
     from .b64images import fill_masked
 
     fitted = pipe.fit_init_image(kwargs["init_image"], kwargs["width"], kwargs["height"], kwargs.get("resize_mode"),
