@@ -83,6 +83,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "schedule), a1111 (A1111's: int(min(strength, 0.999) * steps) + 1 of them) or a1111-fix-steps "
                         "(A1111's img2img_fix_steps option: a schedule stretched so that exactly --steps run)")
     p.add_argument("--mask", default=None, help="inpainting mask, white = repaint (needs --init-image)")
+    p.add_argument("--masked-content", default=None, metavar="MODE",
+                   help='what the area --mask repaints starts from (A1111\'s "Masked content"): original (default: '
+                        'the init image), "latent noise" (the run\'s noise there) or "latent nothing" (zeros there)')
     p.add_argument("--reference", dest="reference_images", action="append", default=None, metavar="IMAGE",
                    help="FLUX.1 Kontext: a picture to edit or draw from (repeat for several; PNG/JPEG, needs Pillow); "
                         "the image takes the first one's size unless --width/--height say otherwise")
@@ -241,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     options = dict(steps=args.steps, cfg=args.cfg, sampler=args.sampler, schedule=args.schedule, seed=args.seed,
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
                    strength_rule=args.strength_rule, init_upscaler=args.init_upscaler,
-                   mask=args.mask, resize_mode=args.resize_mode, batch=args.batch, batch_count=args.batch_count,
+                   mask=args.mask, masked_content=args.masked_content, resize_mode=args.resize_mode, batch=args.batch, batch_count=args.batch_count,
                    clip_skip=args.clip_skip,
                    guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length,
                    guidance_rescale=args.guidance_rescale, reference_images=args.reference_images,

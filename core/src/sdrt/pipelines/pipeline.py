@@ -514,7 +514,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         mask), mask (white = repaint), resize_mode ("Just Resize"; how the init image and mask meet width and height:
         ``sdrt.pipelines.RESIZE_MODES``), strength_rule ("diffusers", "a1111" or "a1111-fix-steps": which steps
         strength runs, sdrt.pipelines.strength), init_upscaler (A1111's upscaler_for_img2img: what enlarges an init
-        image that grows), batch=1, batch_count=1, clip_skip=1``; the toolbox's
+        image that grows), masked_content ("original", "latent noise" or "latent nothing": what the area a mask
+        repaints starts from, A1111's inpainting_fill 1, 2, 3; sdrt.pipelines.maskedcontent), batch=1, batch_count=1, clip_skip=1``; the toolbox's
         ``controlnets=[(net, image, scale, start, end)]``, ``hires_scale, hires_steps, hires_denoise,
         hires_upscaler``, ``rng="cpu"|"gpu"|"nv", subseed, subseed_strength``, ``preview`` and ``preview_size``
         (docs/toolbox.md). ``callback(step, total, latents)`` is called after every step (it may call
@@ -605,6 +606,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             s.reference_images = prepare(s.reference_images, s.reference_resize)
             if s.width is None and s.height is None:  # BFL's and ComfyUI's Kontext: the first reference's size
                 s.height, s.width = s.reference_images[0].shape[:2]
+        if s.masked_content != "original" and self.family.flow:
+            raise InputError(f"{{@masked_content}} {s.masked_content!r} is A1111's, for SD 1.x/2.x/XL inpainting; "
+                             f"this is a {self.family.label} model", where="masked_content",
+                             fix="leave {@masked_content} unset (\"original\")")
         if init is None and not self.family.txt2img:
             raise InputError(f"the {self.family.label} continues an image's latents and does not make images from "
                              "noise (diffusers runs it as img2img only)", where="init_image",
@@ -1081,7 +1086,13 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             if not nine or not full or fill:  # FluxFillPipeline encodes the init image first, at any strength
                 image_latents = np.repeat(self._init_latents(init, init_gen, lh, lw), s.batch, axis=0)
             noise = generator.randn(shape)
-            x = loop.start(noise, None if full else image_latents)
+            start = image_latents
+            if s.masked_content != "original" and image_latents is not None:  # A1111's masked content 2 / 3: the
+                from .maskedcontent import start_latents  # start changes, not the blend (strength 1 under
+                # diffusers' rule starts from noise alone)
+
+                start = start_latents(s.masked_content, image_latents, noise, mask)
+            x = loop.start(noise, None if full else start)
             masked = to_nchw(init) * (mask < 0.5)[None, None]
             masked_latents = np.repeat(self._encode_image(masked.astype(np.float32), generator), s.batch, axis=0)
             mask_lat = np.repeat(nearest(mask, lh, lw)[None, None], s.batch, axis=0)
@@ -1269,6 +1280,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             info["Strength rule"] = s.strength_rule  # sdrt's: A1111 writes no field for its own rule
             if s.init_upscaler is not None:
                 info["Init upscaler"] = s.init_upscaler[0]  # sdrt's: A1111 writes none for upscaler_for_img2img
+        if s.mask is not None and s.masked_content != "original":
+            info["Masked content"] = s.masked_content  # sdrt's: A1111 writes none for inpainting_fill
         if s.guidance_rescale:
             info["CFG Rescale"] = _num(s.guidance_rescale)  # Forge's name (A1111's extension wrote "CFG Rescale phi")
         if s.clip_skip > 1:

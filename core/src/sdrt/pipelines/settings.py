@@ -55,6 +55,8 @@ class Settings:
     strength_rule: str = "diffusers"
     #: A1111's upscaler_for_img2img: (name, model file or None) of what enlarges the init image; None: Lanczos
     init_upscaler: tuple[str, Any] | None = None
+    #: what the area to repaint starts from (sdrt.pipelines.maskedcontent.MODES; A1111's inpainting_fill)
+    masked_content: str = "original"
 
     @property
     def mode(self) -> str:
@@ -124,7 +126,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              clip_skip: int = 1, guidance: float | None = None, shift: float | None = None,
              max_sequence_length: int | None = None, guidance_rescale: float = 0.0, reference_images: Any = None,
              reference_resize: bool = True, control_image: ImageLike | None = None, resize_mode: Any = None,
-             strength_rule: str | None = None, init_upscaler: Any = None, **toolbox: Any) -> Settings:
+             strength_rule: str | None = None, init_upscaler: Any = None, masked_content: str | None = None,
+             **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
@@ -137,6 +140,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     ``init_upscaler``: what enlarges an init image that grows to the size (A1111's ``upscaler_for_img2img``):
     ``"Lanczos"``, ``"Nearest"`` or a model upscaler (a path, or a name in ``$SDRT_UPSCALERS``); None: a Lanczos
     resize.
+    ``masked_content``: what the area a ``mask`` repaints starts from: ``"original"`` (default), ``"latent noise"``
+    or ``"latent nothing"`` (A1111's masked content 1, 2, 3; :mod:`sdrt.pipelines.maskedcontent`).
     ``toolbox``: ControlNet, hires fix, preview and seed arguments (:mod:`sdrt.pipelines.toolbox`)."""
     from ..samplers import resolve
     from ..samplers.seeds import resolve_seed
@@ -219,6 +224,14 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                              fix=f"raise {{@strength}} to at least {1 / steps:.3g}, or {{@steps}}")
     if mask is not None:
         check_path(mask, "mask")
+    from .maskedcontent import check as check_content
+
+    content = "original"
+    if masked_content is not None:
+        content = check_content(masked_content)
+        if mask is None:
+            raise InputError("{@masked_content} says what the area a mask repaints starts from, and no mask was "
+                             "given", where="masked_content", fix="pass {@mask=} too, or leave {@masked_content} unset")
     from .initupscaler import parse as upscaler_of
 
     upscaler = upscaler_of(init_upscaler)
@@ -253,7 +266,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                     shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length,
                     guidance_rescale=float(guidance_rescale), reference_images=references,
                     reference_resize=bool(reference_resize), control_image=control_image, resize_mode=fit,
-                    strength_rule=rule, init_upscaler=upscaler)
+                    strength_rule=rule, init_upscaler=upscaler, masked_content=content)
 
 
 def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> None:
@@ -277,6 +290,7 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
             "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "guidance_rescale",
             "reference_images", "reference_resize", "control_image", "resize_mode", "strength_rule", "init_upscaler",
+            "masked_content",
             *TOOLBOX_KEYWORDS)
 
 
@@ -297,6 +311,7 @@ _OTHER_NAMES = {
     "_auto_resize": "reference_resize", "reference_image": "reference_images",
     "images": "reference_images (FLUX.1 Kontext) or init_image (img2img)",
     "upscaler_for_img2img": "init_upscaler", "img2img_fix_steps": "strength_rule='a1111-fix-steps'",
+    "inpainting_fill": "masked_content",
     "refiner_switch_by_sample_steps": "refiner_switch_by_steps",
     "refiner_checkpoint": "refiner (a model path or a loaded pipeline)",
     "hires_fix_refiner_pass": "hires_refiner_pass (A1111's option: 'first pass', 'second pass' or 'both passes')",
