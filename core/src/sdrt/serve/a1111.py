@@ -436,20 +436,22 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
         gray = b64images.mask_array(m, blur, invert)
         kwargs["mask"] = _fit(gray, width, height, JUST_RESIZE if latent else mode, "mask")
         fill = get_int(body, "inpainting_fill", 1, 0, 3)
-        if fill == 0 and upscaler is not None and not latent:
+        # A1111's img2img init fills the picture (masking.fill) for every fill but 1 (original); 2 (latent noise)
+        # and 3 (latent nothing) then change the VAE-encoded latent where the mask repaints: the pipeline's
+        # masked_content (sdrt.pipelines.maskedcontent)
+        if fill != 1 and upscaler is not None and not latent:
             # A1111 fits (upscales) the picture, then fills it where the fitted mask repaints, from the colours of
             # the fitted picture (Crop and Resize: the cropped picture's): the worker does both, the
             # upscaler being its pipeline's (jobs.Worker._run)
             kwargs["_fill_after_fit"] = True
-        elif fill == 0:
+        elif fill != 1:
             # latent upscale keeps the picture at its own size: it is filled there, with the mask as sent when it
             # has that size, else the fitted mask stretched to it (A1111 fails: masking.fill pastes a mask of
             # another size)
             own = gray if latent and gray.shape == picture.shape[:2] else kwargs["mask"]
             kwargs["init_image"] = b64images.fill_masked(kwargs["init_image"], own)
-        elif fill in (2, 3):
-            not_honoured.append(f"inpainting_fill: {fill} ({'latent noise' if fill == 2 else 'latent nothing'}) "
-                                "runs as 1 (original)")
+        if fill in (2, 3):
+            kwargs["masked_content"] = "latent noise" if fill == 2 else "latent nothing"
         if get_bool(body, "inpaint_full_res", False):
             not_honoured.append("inpaint_full_res: 'only masked' inpainting runs on the whole picture")
     return img
