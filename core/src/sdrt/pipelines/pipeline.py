@@ -1281,7 +1281,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             if s.init_upscaler is not None:
                 info["Init upscaler"] = s.init_upscaler[0]  # sdrt's: A1111 writes none for upscaler_for_img2img
         if s.mask is not None and s.masked_content != "original":
-            info["Masked content"] = s.masked_content  # sdrt's: A1111 writes none for inpainting_fill
+            info["Masked content"] = s.masked_content  # sdrt's field, named as A1111's UI control
         if s.guidance_rescale:
             info["CFG Rescale"] = _num(s.guidance_rescale)  # Forge's name (A1111's extension wrote "CFG Rescale phi")
         if s.clip_skip > 1:
