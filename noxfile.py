@@ -53,7 +53,14 @@ def tests(session: nox.Session) -> None:
     # the plugins installed here must import and run: tests/core/test_required_plugins.py fails otherwise
     required = ",".join(p.removeprefix("plugin-") for p in INSTALLABLE_PLUGINS
                         if (ROOT / p / "pyproject.toml").exists() and p not in NO_DEVICE_HERE)
-    session.run("pytest", "-q", "-ra", *(session.posargs or ["tests"]), env={"SDRT_REQUIRE_PLUGINS": required})
+    env = {"SDRT_REQUIRE_PLUGINS": required}
+    if session.posargs:
+        session.run("pytest", "-q", "-ra", *session.posargs, env=env)
+        return
+    # one pytest process per test folder: a single process over the whole suite ran out of memory maps
+    # (vm.max_map_count, 65530) at 95%, anonymous maps of compiled models and server threads adding up module by module
+    for folder in sorted(d for d in (ROOT / "tests").iterdir() if d.is_dir() and any(d.rglob("test_*.py"))):
+        session.run("pytest", "-q", "-ra", str(folder.relative_to(ROOT)), env=env)
 
 
 @nox.session
