@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .names import spelled
 
 ORIGINAL = "original"
 MODES = (ORIGINAL, "latent noise", "latent nothing")
@@ -26,7 +27,7 @@ MODES = (ORIGINAL, "latent noise", "latent nothing")
 def check(value: Any) -> str:
     """``masked_content``: one of :data:`MODES` (any case; ``_`` or ``-`` for the space)."""
     if isinstance(value, str):
-        key = " ".join(value.strip().lower().replace("_", " ").replace("-", " ").split())
+        key = spelled(value)
         if key in MODES:
             return key
     raise InputError(f"unknown {{@masked_content}} {str(value)[:40]!r}", where="masked_content",

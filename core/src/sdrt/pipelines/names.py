@@ -1,4 +1,4 @@
-"""A1111's infotext labels for a resolved sampler: ``("DPM++ 2M", "Karras")``."""
+"""A1111's infotext labels for a resolved sampler (``("DPM++ 2M", "Karras")``), and how option values are spelled."""
 
 from __future__ import annotations
 
@@ -21,3 +21,9 @@ def sampler_labels(choice: Any) -> tuple[str, str]:
     if schedule is None:
         schedule = next((k for k, v in A1111_SCHEDULES.items() if v == choice.schedule), choice.schedule)
     return sampler, schedule
+
+
+def spelled(value: str, sep: str = " ") -> str:
+    """An option value's words in lower case joined by ``sep``, ``_`` and ``-`` read as spaces: how
+    ``strength_rule`` ("A1111_fix steps") and ``masked_content`` ("latent-noise") are matched to their names."""
+    return sep.join(value.strip().lower().replace("_", " ").replace("-", " ").split())

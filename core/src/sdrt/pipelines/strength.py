@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import InputError
 from .bounds import MAX_STEPS
+from .names import spelled
 
 __all__ = ["DEFAULT", "RULES", "check_rule", "schedule"]
 
@@ -30,7 +31,7 @@ _TOP = 0.999  # A1111's min(denoising_strength, 0.999)
 def check_rule(value: Any) -> str:
     """``strength_rule``: one of :data:`RULES` (any case; ``_`` or a space for ``-``)."""
     if isinstance(value, str):
-        key = "-".join(value.strip().lower().replace("_", " ").replace("-", " ").split())
+        key = spelled(value, "-")
         if key in RULES:
             return key
     raise InputError(f"unknown {{@strength_rule}} {str(value)[:40]!r}", where="strength_rule",
