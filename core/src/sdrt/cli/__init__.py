@@ -94,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_nonempty(args)
         from ..errors import caller_words
+        from . import interrupt
 
-        with caller_words(getattr(args, "_names", None)):  # its warnings in the command's words, as its errors
+        # its warnings in the command's words, as its errors; a Ctrl-C that CPython swallowed still ends it
+        with caller_words(getattr(args, "_names", None)), interrupt.watch():
             code = int(args._run(args) or 0)
         if sys.stdout is not None:  # a full disk behind stdout is found here, not in Python's exit
             sys.stdout.flush()

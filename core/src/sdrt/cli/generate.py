@@ -301,6 +301,9 @@ def run(args: argparse.Namespace) -> int:
         # checked once, above, before the model loaded
         writer = generate_toolbox.PreviewWriter(pipe, args.preview_dir, bar, args.preview_every)
         gen = pipe.generate(settings, callback=writer)
+        from .interrupt import check
+
+        check()  # pressed during the last step: no image
     finally:
         bar.close()
         pipe.close()

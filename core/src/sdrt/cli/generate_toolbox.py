@@ -217,6 +217,9 @@ class PreviewWriter:
         self.run = 0
 
     def __call__(self, step: int, total: int, latents: Any = None) -> None:
+        from .interrupt import check
+
+        check()  # a Ctrl-C that CPython swallowed (sdrt.cli.interrupt) ends the run at this step
         if step == 1:
             self.run += 1
         if self.folder is not None and (step % self.every == 0 or step == total):
