@@ -193,9 +193,14 @@ def _caller_names(work: Work) -> dict[str, str]:
     fields): a warning a job logs (``in_caller_words``) names what the client sent."""
     from .errors import _FIELDS
 
-    field = work.model.module_field or ""
-    return {**_FIELDS, "vae": field if field.endswith("sd_vae") else "sd_vae or forge_additional_modules",
-            "text_encoders": "forge_additional_modules", **work.fields}
+    return {**_FIELDS, **_module_fields(work.model), **work.fields}
+
+
+def _module_fields(model: ModelEntry) -> dict[str, str]:
+    """The request's fields that chose the model's VAE and text encoders, by the pipeline's argument names."""
+    field = model.module_field or ""
+    return {"vae": field if field.endswith("sd_vae") else "sd_vae or forge_additional_modules",
+            "text_encoders": "forge_additional_modules"}
 
 
 def _public_error(exc: BaseException) -> ApiError:
@@ -245,9 +250,7 @@ def _module_error(model: ModelEntry, exc: SdrtError) -> ApiError:
     another family, of other widths, a part still missing); never a server path."""
     from ..errors import _render
 
-    field = model.module_field or ""
-    names = {"vae": field if field.endswith("sd_vae") else "sd_vae or forge_additional_modules",
-             "text_encoders": "forge_additional_modules"}
+    names = _module_fields(model)
     what = _render(exc.what, names)
     fix = _render(exc.fix, names) if getattr(exc, "fix", None) else None
     from ..pipelines.singlefile import PartNotLoaded
