@@ -39,27 +39,12 @@ def pipe():
 
 
 def starts(pipe, monkeypatch, **kwargs) -> tuple[np.ndarray, np.ndarray]:
-    """(noise, image latent) the run's loop.start got (the last call: a dry run that plans the job's shapes comes
-    first)."""
-    seen = []
-    make = type(pipe)._loop
+    from loop_helpers import recorded_start
 
-    def recording(self, *a, **k):
-        loop = make(self, *a, **k)
-        start = loop.start
-
-        def rec(noise, image=None):
-            seen.append((noise.copy(), None if image is None else image.copy()))
-            return start(noise, image)
-
-        loop.start = rec
-        return loop
-
-    monkeypatch.setattr(type(pipe), "_loop", recording)
-    pipe.generate(kwargs.pop("prompt", "a red circle"), steps=2, cfg=1, seed=kwargs.pop("seed", 7), **kwargs)
-    monkeypatch.undo()
-    assert seen and seen[-1][1] is not None
-    return seen[-1]
+    noise, latent = recorded_start(pipe, monkeypatch, kwargs.pop("prompt", "a red circle"), kwargs.pop("seed", 7),
+                                   **kwargs)
+    assert latent is not None
+    return noise, latent
 
 
 @pytest.mark.parametrize("rule, rng", [("diffusers", "cpu"), ("a1111", "gpu")])

@@ -78,25 +78,9 @@ def pipe():
 
 
 def _start(pipe, monkeypatch, kwargs: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(noise, image latent) the run's loop.start got last (a dry run plans the shapes first)."""
-    seen = []
-    make = type(pipe)._loop
+    from loop_helpers import recorded_start
 
-    def recording(self, *a, **k):
-        loop = make(self, *a, **k)
-        start = loop.start
-
-        def rec(noise, image=None):
-            seen.append((noise.copy(), None if image is None else image.copy()))
-            return start(noise, image)
-
-        loop.start = rec
-        return loop
-
-    monkeypatch.setattr(type(pipe), "_loop", recording)
-    pipe.generate(BODY["prompt"], steps=2, cfg=1, seed=5, **kwargs)
-    monkeypatch.undo()
-    return seen[-1]
+    return recorded_start(pipe, monkeypatch, BODY["prompt"], 5, **kwargs)
 
 
 def test_fill_3_starts_from_a1111s_latent(pipe, monkeypatch) -> None:
