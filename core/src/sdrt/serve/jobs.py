@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FileChanged, InputError, ModelError, SamplerError, SdrtError, WeightsError, caller_words
+from . import mapcount
 from .errors import ApiError
 from .registry import ModelEntry
 from .spec import PipelineSpec
@@ -440,6 +441,7 @@ class Worker(threading.Thread):
                 self.done += 1
                 self.jobs.finished(job)
                 job = None  # not held (with its images) while this worker waits for the next one
+                mapcount.check()  # models compiled and released over a long run: warned before the limit
         with self.busy:  # after a reload-checkpoint still loading: nothing is loaded onto a stopped worker
             self.stopped = True
             pipes = list(self.pipes.values())
