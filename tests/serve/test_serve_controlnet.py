@@ -198,7 +198,7 @@ def test_what_sdrt_does_not_run_is_named(cn_server) -> None:
                   "args[0].guess_mode: true ran as 'ControlNet is more important', as the extension turned guess "
                   "mode into it; alwayson_scripts.ControlNet.args[0].control_mode 'My prompt is more important' was "
                   "not used",
-                  "args[0].mask: only inpaint ControlNet modules read a mask", "args[0].advanced_weighting"):
+                  "args[0].mask: only inpainting ControlNets read a mask", "args[0].advanced_weighting"):
         assert words in notes
     assert info["sdrt_ignored_fields"] == ["alwayson_scripts.ControlNet.args[0].made_up"]
 

@@ -191,6 +191,7 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
                                 "server's limit", field=f"alwayson_scripts.{key}")
         ignored += [f"{where}.{str(f)[:60]}" for f in unit if f not in _QUIET]
         fields[f"controlnets[{len(out)}]"] = where
+        fields.setdefault("control_mask", f"{where}.mask")  # an SD3 inpainting net's mask, in the pipeline's words
         out.append(_unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res))
     return out, notes, ignored, fields
 
@@ -219,8 +220,15 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
                                 "(base64)", field=f("image"))
         image = b64images.rgb_array(init_image)  # A1111's img2img: a unit without an image reads the init image
     mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
+    control_mask = None
     if mask not in (None, ""):
-        notes.append(f"{f('mask')}: only inpaint ControlNet modules read a mask; sdrt has none, the mask was not used")
+        from ..checkpoint.sd3controlnet import reads_mask
+
+        if net.owner is None and reads_mask(net.path):  # alimama's SD3 inpainting net: white = repaint
+            control_mask = b64images.mask_array(b64images.decode(mask, f("mask"), max_pixels), 0, False)
+        else:
+            notes.append(f"{f('mask')}: only inpainting ControlNets read a mask (sdrt runs SD3's, alimama's design); "
+                         "this unit's net reads none, the mask was not used")
     weight = num("weight", 1.0, 0.0, 10.0)
     start = num("guidance_start", 0.0, 0.0, 1.0)
     end_key = "guidance_end" if unit.get("guidance_end") is not None else "guidance"
@@ -245,7 +253,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     return make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize,
                 low=a, high=b, processor_res=None if res is None else int(res),
                 pixel_perfect=bool(flag("pixel_perfect", False)), control_mode=CONTROL_MODES[mode],
-                window="a1111")  # the extension's step window: start <= i / n <= end
+                window="a1111", control_mask=control_mask)  # the extension's step window: start <= i / n <= end
 
 
 def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
