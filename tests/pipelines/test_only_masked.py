@@ -1,0 +1,136 @@
+"""inpaint_area="only masked" (A1111's Inpaint area: Only masked; diffusers' padding_mask_crop) against diffusers.
+
+The references (tests/data/pipelines/only_masked.*, scripts/gen_onlymasked_refs.py) are diffusers'
+``StableDiffusionInpaintPipeline`` / ``StableDiffusionXLInpaintPipeline`` with ``padding_mask_crop`` on the tiny
+models: a picture larger than the 64x64 run, the mask's padded box grown to a square (moved inside at a border; a
+wide strip filled with bars), run, and pasted back with the mask as the overlay's alpha. Tolerance: the existing
+inpainting cases' (pipeline_helpers.assert_matches_diffusers). The crop box is also checked alone against the one
+diffusers' ``get_crop_region`` gave, and the arithmetic against A1111's documented examples.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from pipeline_helpers import DATA, assert_matches_diffusers, fast_backend, register
+
+from sdrt import pipelines
+from sdrt.errors import InputError
+from sdrt.pipelines.onlymasked import crop_box
+
+pytest.importorskip("PIL.Image", reason="the crop is fitted and pasted with Pillow")
+
+CASES = json.loads((DATA / "only_masked.json").read_text())
+REFS = np.load(DATA / "only_masked.npz")
+#: the reference backend is slow: it runs one case of each kind of UNet
+SHORT = {"sd15/blend/padded square", "sd15-inpaint/corner, moved inside"}
+_PIPES: dict[tuple[str, str], pipelines.Pipeline] = {}
+
+
+def _pipe(folder: str, backend: str) -> pipelines.Pipeline:
+    if (folder, backend) not in _PIPES:
+        _PIPES[(folder, backend)] = pipelines.load(DATA / folder, backend=backend)
+    return _PIPES[(folder, backend)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close():
+    yield
+    for p in _PIPES.values():
+        p.close()
+    _PIPES.clear()
+
+
+def _run(case: dict, backend: str, **extra):
+    name = case["name"]
+    return _pipe(case["folder"], backend).generate(
+        case["prompt"], case["negative_prompt"], steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"],
+        seed=case["seed"], batch=case["batch"], width=case["width"], height=case["height"],
+        init_image=REFS[f"{name}/picture"], mask=REFS[f"{name}/mask"], strength=case["strength"],
+        inpaint_area="only masked", inpaint_padding=case["padding"], **extra)
+
+
+def _params():
+    for case in CASES:
+        for backend in ("openvino", "reference"):
+            if backend == "reference" and case["name"] not in SHORT:
+                continue
+            yield pytest.param(case, backend, id=f"{case['name']}:{backend}")
+
+
+@pytest.mark.parametrize(("case", "backend"), list(_params()))
+def test_matches_diffusers_padding_mask_crop(case: dict, backend: str) -> None:
+    register(backend)
+    gen = _run(case, backend)
+    want = REFS[f"{case['name']}/image"]
+    assert gen.images[0].shape == REFS[f"{case['name']}/picture"].shape  # the picture's size, not the run's
+    assert_matches_diffusers(gen.images, want)
+    assert gen.settings[0]["Inpaint area"] == "Only masked"
+    assert gen.settings[0]["Masked area padding"] == case["padding"]
+    assert gen.settings[0]["Size"] == f"{case['width']}x{case['height']}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_crop_box_is_diffusers(case: dict) -> None:
+    mask = REFS[f"{case['name']}/mask"]
+    assert list(crop_box(mask, case["width"], case["height"], case["padding"])) == case["crop"]
+
+
+def test_crop_box_a1111_examples() -> None:
+    """A1111's expand_crop_region docstring: a 128x32 mask area processed at 512x512 becomes 128x128; at a
+    border the grown box moves inside; a box that no picture side can hold is cut to the picture."""
+    mask = np.zeros((400, 600), np.uint8)
+    mask[200:232, 100:228] = 255
+    assert crop_box(mask, 512, 512, 0) == (100, 152, 228, 280)
+    assert crop_box(mask, 512, 256, 0) == (100, 184, 228, 248)  # 2:1 already
+    mask[:] = 0
+    mask[100:110, 200:213] = 255
+    assert crop_box(mask, 512, 512, 0) == (200, 99, 213, 112)  # 3 rows more: 1 above, 2 below (A1111's split)
+    mask[:] = 0
+    mask[0:10, 590:600] = 255
+    assert crop_box(mask, 512, 512, 4) == (586, 0, 600, 14)  # padded, cut at the corner: 14x14
+    assert crop_box(mask, 1024, 512, 4) == (572, 0, 600, 14)  # grown left only: the right edge holds
+    mask[:] = 0
+    mask[100:110, 0:600] = 255
+    assert crop_box(mask, 512, 512, 8) == (0, 0, 600, 400)  # no square fits: the whole height
+    assert crop_box(np.zeros((8, 8), np.uint8), 64, 64, 32) is None
+
+
+def test_only_the_masked_box_changes() -> None:
+    """The run's pixels land only in the crop box, and only where the mask is not black (the overlay keeps the
+    picture elsewhere, byte for byte)."""
+    case = CASES[0]
+    gen = _run(case, fast_backend())
+    picture, mask = REFS[f"{case['name']}/picture"], REFS[f"{case['name']}/mask"]
+    changed = np.any(gen.images[0] != picture, axis=-1)
+    assert changed.any()
+    assert not changed[mask == 0].any()
+
+
+def test_refusals() -> None:
+    """An all-black mask, a mask of another size, and the options without what they act on: one-line errors
+    naming the argument."""
+    case = CASES[0]
+    pipe = _pipe(case["folder"], fast_backend())
+    picture = REFS[f"{case['name']}/picture"]
+    with pytest.raises(InputError, match="all black") as e:
+        pipe.generate("x", steps=1, init_image=picture, mask=np.zeros(picture.shape[:2], np.uint8),
+                      inpaint_area="only masked", width=64, height=64)
+    assert e.value.where == "mask"
+    with pytest.raises(InputError, match="the init image's size|init image 96x80") as e:
+        pipe.generate("x", steps=1, init_image=picture, mask=np.full((64, 64), 255, np.uint8),
+                      inpaint_area="only masked", width=64, height=64)
+    for kwargs, where in ((dict(inpaint_area="only masked"), "inpaint_area"),
+                          (dict(inpaint_padding=8, mask=REFS[f"{case['name']}/mask"]), "inpaint_padding"),
+                          (dict(inpaint_area="only masked", mask=REFS[f"{case['name']}/mask"], resize_mode=1),
+                           "resize_mode"),
+                          (dict(inpaint_area="most of it", mask=REFS[f"{case['name']}/mask"]), "inpaint_area"),
+                          (dict(inpaint_area="only masked", inpaint_padding=-1, mask=REFS[f"{case['name']}/mask"]),
+                           "inpaint_padding")):
+        with pytest.raises(InputError) as e:
+            pipelines.validate("x", init_image=picture, **kwargs)
+        assert e.value.where == where, (kwargs, e.value)
+    s = pipelines.validate("x", init_image=picture, mask=REFS[f"{case['name']}/mask"], inpaint_area="Only_Masked")
+    assert (s.inpaint_area, s.inpaint_padding) == ("only masked", 32)  # A1111's default padding
