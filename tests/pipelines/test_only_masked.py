@@ -134,3 +134,51 @@ def test_refusals() -> None:
         assert e.value.where == where, (kwargs, e.value)
     s = pipelines.validate("x", init_image=picture, mask=REFS[f"{case['name']}/mask"], inpaint_area="Only_Masked")
     assert (s.inpaint_area, s.inpaint_padding) == ("only masked", 32)  # A1111's default padding
+
+
+def test_cli_only_masked_writes_the_picture_with_a1111s_fields(tmp_path, capsys) -> None:
+    """``sdrt generate --inpaint-area only-masked --inpaint-padding 8``: the PNG is the picture's size, its
+    parameters say A1111's two fields, and its pixels are the API's."""
+    from PIL import Image
+
+    from sdrt.cli import main
+    from sdrt.pipelines.png import read_parameters
+
+    case, backend = CASES[0], fast_backend()
+    init, mask, out = tmp_path / "init.png", tmp_path / "mask.png", tmp_path / "out.png"
+    Image.fromarray(REFS[f"{case['name']}/picture"]).save(init)
+    Image.fromarray(REFS[f"{case['name']}/mask"]).save(mask)
+    rc = main(["generate", str(DATA / case["folder"]), case["prompt"], "--negative", case["negative_prompt"],
+               "--init-image", str(init), "--mask", str(mask), "--inpaint-area", "only-masked", "--inpaint-padding",
+               str(case["padding"]), "--steps", str(case["steps"]), "--sampler", case["sampler"], "--seed",
+               str(case["seed"]), "--strength", str(case["strength"]), "--backend", backend, "-o", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    with Image.open(out) as img:
+        text = img.text["parameters"]
+        pixels = np.asarray(img.convert("RGB"))
+    assert pixels.shape == REFS[f"{case['name']}/picture"].shape
+    assert "Size: 64x64, " in text and "Inpaint area: Only masked, Masked area padding: 8" in text, text
+    assert read_parameters(out) == text
+    assert np.array_equal(pixels, _run(case, backend).images[0])
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--inpaint-area", "only-masked"], "--inpaint-area says which area a mask's run paints, and no mask was given. "
+     "Where: --inpaint-area. What to do: pass --mask too, or leave --inpaint-area unset."),
+    (["--mask", "m.png", "--inpaint-padding", "8"], "--inpaint-padding widens the area 'only masked' inpainting cuts "
+     "out, and --inpaint-area is 'whole picture'. Where: --inpaint-padding. What to do: pass --inpaint-area 'only "
+     "masked' too, or leave --inpaint-padding unset."),
+    (["--mask", "m.png", "--inpaint-area", "some"], "unknown --inpaint-area 'some'. Where: --inpaint-area."),
+])
+def test_cli_refusals_are_one_line_before_the_model_loads(tmp_path, capsys, monkeypatch, extra, message) -> None:
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save("init.png")
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save("m.png")
+    assert main(["generate", "/no/such/folder", "a cat", "--init-image", "init.png", *extra,
+                 "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1, err
