@@ -763,6 +763,9 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                              fix="give a mask of the init image's size (white = repaint)")
         grow = enlarge(s.init_upscaler, RESIZE_AND_FILL, None if self._dry else self._model_upscaler)
         init, mask, paste = prepare(picture, gray, tw, th, s.inpaint_padding, grow)
+        fill = getattr(self, "_init_fill", None)  # sdrt serve's A1111 fill 0, of the fitted cut-out (A1111's order)
+        if fill is not None and not self._dry:
+            init = fill(init, mask)
         x1, y1, x2, y2 = paste.box
         line = (f"only masked: the init image's {x2 - x1}x{y2 - y1} area at ({x1}, {y1}) (the mask's box and "
                 f"{s.inpaint_padding} pixels, in the run's aspect ratio) runs at {tw}x{th}, and is pasted back "
