@@ -182,3 +182,21 @@ def test_cli_refusals_are_one_line_before_the_model_loads(tmp_path, capsys, monk
                  "--backend", "reference"]) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_a_stopped_runs_partial_images_are_pasted_back_too() -> None:
+    """A run stopped by its callback gives its batch decoded from the last estimate (Interrupted.partial), put back
+    into the picture as the finished images are."""
+    from sdrt.errors import Interrupted
+
+    case = CASES[0]
+    picture = REFS[f"{case['name']}/picture"]
+    pipe = _pipe(case["folder"], fast_backend())
+    with pytest.raises(Interrupted) as stop:
+        pipe.generate("a cat", steps=4, seed=1, init_image=picture, mask=REFS[f"{case['name']}/mask"],
+                      inpaint_area="only masked", inpaint_padding=4, width=64, height=64,
+                      callback=lambda step, total, latents: step < 2)
+    partial = stop.value.partial()
+    assert partial.images[0].shape == picture.shape
+    assert np.array_equal(partial.images[0][REFS[f"{case['name']}/mask"] == 0],
+                          picture[REFS[f"{case['name']}/mask"] == 0])
