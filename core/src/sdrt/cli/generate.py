@@ -86,6 +86,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--masked-content", default=None, metavar="MODE",
                    help='what the area --mask repaints starts from (A1111\'s "Masked content"): original (default: '
                         'the init image), "latent noise" (the run\'s noise there) or "latent nothing" (zeros there)')
+    p.add_argument("--inpaint-area", default=None, metavar="AREA",
+                   help='which area a --mask run paints at --width/--height (A1111\'s "Inpaint area"): whole-picture '
+                        '(default) or only-masked (the mask\'s box, --inpaint-padding pixels wider and grown to the '
+                        'run\'s aspect ratio, cut out, run at the size and pasted back into the picture)')
+    p.add_argument("--inpaint-padding", type=int, default=None, metavar="PIXELS",
+                   help="with --inpaint-area only-masked: the pixels around the mask's box (default 32, A1111's "
+                        '"Only masked padding")')
     p.add_argument("--reference", dest="reference_images", action="append", default=None, metavar="IMAGE",
                    help="FLUX.1 Kontext: a picture to edit or draw from (repeat for several; PNG/JPEG, needs Pillow); "
                         "the image takes the first one's size unless --width/--height say otherwise")
@@ -245,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
                    width=args.width, height=args.height, init_image=args.init_image, strength=args.strength,
                    strength_rule=args.strength_rule, init_upscaler=args.init_upscaler,
                    mask=args.mask, masked_content=args.masked_content, resize_mode=args.resize_mode, batch=args.batch, batch_count=args.batch_count,
+                   inpaint_area=args.inpaint_area, inpaint_padding=args.inpaint_padding,
                    clip_skip=args.clip_skip,
                    guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length,
                    guidance_rescale=args.guidance_rescale, reference_images=args.reference_images,

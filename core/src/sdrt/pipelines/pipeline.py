@@ -539,6 +539,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             finally:
                 self._references = None  # the job's encoded reference images
                 self._init_source = self._init_sized = self._init_side = None  # the job's init image at its own size
+                self._paste = None  # the job's only-masked paste (sdrt.pipelines.onlymasked)
                 with self._state:
                     self._running = False
                     self._stop.clear()
@@ -596,7 +597,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         else:
             s = validate(prompt, negative_prompt, **kwargs)
         init = mask = None
-        self._init_source = self._init_sized = self._init_side = None
+        self._init_source = self._init_sized = self._init_side = self._paste = None
         if s.init_image is not None:
             init, mask = self._fit_init(s)
         if s.reference_images:  # FLUX.1 Kontext (sdrt.pipelines.reference): read and sized once, here
@@ -675,6 +676,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         size cannot take the picture at its own: the latent upscale then runs as Just Resize, and says so."""
         from .images import JUST_RESIZE, LATENT_UPSCALE, binarize, describe_fit, fit_array, mask_gray, snap
         from .initupscaler import enlarge
+        from .onlymasked import ONLY_MASKED
 
         picture = to_rgb(s.init_image, "init image")
         h, w = picture.shape[:2]
@@ -709,6 +711,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 why = f" and {given} was asked: it runs at {tw}x{th}, in the picture's aspect ratio;"
         mode, note = s.resize_mode, ""
         gray = mask_gray(s.mask) if s.mask is not None else None
+        if gray is not None and s.inpaint_area == ONLY_MASKED:  # the mask's area cut out, run, pasted back
+            return self._fit_masked_area(s, picture, gray, tw, th)
         if gray is not None and gray.shape not in ((h, w), (th, tw)):
             raise InputError(f"the mask is {gray.shape[1]}x{gray.shape[0]}, the init image {w}x{h}", where="mask",
                              fix="give a mask of the init image's size (white = repaint)")
@@ -743,6 +747,43 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             mask = binarize(fit_array(gray, tw, th, mode, "mask", "mask"))
         s.width, s.height = tw, th
         return init, mask
+
+    def _fit_masked_area(self, s: Settings, picture: np.ndarray, gray: np.ndarray, tw: int,
+                         th: int) -> tuple[np.ndarray, np.ndarray]:
+        """``inpaint_area="only masked"`` (:mod:`sdrt.pipelines.onlymasked`): the init image and mask cut to the
+        mask's area and fitted to the run's ``tw x th``; the job's ``_paste`` puts its images back."""
+        from .images import RESIZE_AND_FILL, binarize
+        from .initupscaler import enlarge
+        from .onlymasked import prepare
+
+        h, w = picture.shape[:2]
+        if gray.shape != (h, w):
+            raise InputError(f"the mask is {gray.shape[1]}x{gray.shape[0]}, the init image {w}x{h}: with "
+                             "{@inpaint_area} 'only masked' the mask's area is cut out of the picture", where="mask",
+                             fix="give a mask of the init image's size (white = repaint)")
+        grow = enlarge(s.init_upscaler, RESIZE_AND_FILL, None if self._dry else self._model_upscaler)
+        init, mask, paste = prepare(picture, gray, tw, th, s.inpaint_padding, grow)
+        fill = getattr(self, "_init_fill", None)  # sdrt serve's A1111 fill 0, of the fitted cut-out (A1111's order)
+        if fill is not None and not self._dry:
+            init = fill(init, mask)
+        x1, y1, x2, y2 = paste.box
+        line = (f"only masked: the init image's {x2 - x1}x{y2 - y1} area at ({x1}, {y1}) (the mask's box and "
+                f"{s.inpaint_padding} pixels, in the run's aspect ratio) runs at {tw}x{th}, and is pasted back "
+                f"into the {w}x{h} picture")
+        if self._dry:
+            self._init_fit = line
+        else:
+            log.info("%s", line)
+        self._paste = paste
+        s.width, s.height = tw, th
+        return init, binarize(mask)
+
+    def _pasted(self, images: list[np.ndarray], paste: Any = None) -> list[np.ndarray]:
+        """A run's images put back into its init image (``inpaint_area="only masked"``), else as they are."""
+        paste = paste if paste is not None else getattr(self, "_paste", None)
+        if paste is None or self._dry:
+            return images
+        return [paste(image) for image in images]
 
     def fit_init_image(self, picture: Any, width: int, height: int, resize_mode: Any = None,
                        init_upscaler: Any = None) -> np.ndarray:
@@ -1021,6 +1062,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
 
         x, self._denoised = self._denoised, None
         done_images, done_seeds = list(images), list(seeds)
+        paste = getattr(self, "_paste", None)  # the job's, gone when make() is called after it
         run = getattr(self, "_refiner_run", None)
         decoder = run.vae if run is not None else self  # the model loaded last decodes (refiner.Run.vae)
 
@@ -1028,7 +1070,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             got, got_seeds = list(done_images), list(done_seeds)
             if x is not None:
                 with self._lock:
-                    got += decoder._decode(x)
+                    got += self._pasted(decoder._decode(x), paste)
                     decoder._release("vae_decoder", stage=True)
                 got_seeds += image_seeds(s.toolbox, seed, s.batch)
             return self._generation(s, got, got_seeds, original)
@@ -1160,7 +1202,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         # the model loaded last decodes, as in A1111 (a refiner whose switch never came, switch_at past the last
         # step, was never loaded there), with the VAE file chosen for the run (refiner.Run.vae)
         decoder = refiner.vae if refiner is not None else self
-        images = decoder._decode(x)
+        images = self._pasted(decoder._decode(x))
         decoder._release("vae_decoder", stage=True)
         return images
 
@@ -1282,6 +1324,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 info["Init upscaler"] = s.init_upscaler[0]  # sdrt's: A1111 writes none for upscaler_for_img2img
         if s.mask is not None and s.masked_content != "original":
             info["Masked content"] = s.masked_content  # sdrt's field, named as A1111's UI control
+        if s.mask is not None and s.inpaint_area == "only masked":
+            from .onlymasked import infotext as masked_area
+
+            info.update(masked_area(s.inpaint_padding))
         if s.guidance_rescale:
             info["CFG Rescale"] = _num(s.guidance_rescale)  # Forge's name (A1111's extension wrote "CFG Rescale phi")
         if s.clip_skip > 1:

@@ -57,6 +57,10 @@ class Settings:
     init_upscaler: tuple[str, Any] | None = None
     #: what the area to repaint starts from (sdrt.pipelines.maskedcontent.MODES; A1111's inpainting_fill)
     masked_content: str = "original"
+    #: which area a mask's run paints at the size: "whole picture", or "only masked" (sdrt.pipelines.onlymasked;
+    #: A1111's inpaint_full_res) with inpaint_padding pixels around the mask's box
+    inpaint_area: str = "whole picture"
+    inpaint_padding: int = 32
 
     @property
     def mode(self) -> str:
@@ -127,7 +131,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              max_sequence_length: int | None = None, guidance_rescale: float = 0.0, reference_images: Any = None,
              reference_resize: bool = True, control_image: ImageLike | None = None, resize_mode: Any = None,
              strength_rule: str | None = None, init_upscaler: Any = None, masked_content: str | None = None,
-             **toolbox: Any) -> Settings:
+             inpaint_area: str | None = None, inpaint_padding: int | None = None, **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
@@ -142,6 +146,9 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     resize.
     ``masked_content``: what the area a ``mask`` repaints starts from: ``"original"`` (default), ``"latent noise"``
     or ``"latent nothing"`` (A1111's masked content 1, 2, 3; :mod:`sdrt.pipelines.maskedcontent`).
+    ``inpaint_area``: which area a ``mask``'s run paints at ``width`` x ``height``: ``"whole picture"`` (default) or
+    ``"only masked"`` (the mask's box, ``inpaint_padding`` pixels wider, default 32, cut out, run and pasted back;
+    A1111's "Inpaint area"; :mod:`sdrt.pipelines.onlymasked`).
     ``toolbox``: ControlNet, hires fix, preview and seed arguments (:mod:`sdrt.pipelines.toolbox`)."""
     from ..samplers import resolve
     from ..samplers.seeds import resolve_seed
@@ -232,6 +239,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         if mask is None:
             raise InputError("{@masked_content} says what the area a mask repaints starts from, and no mask was "
                              "given", where="masked_content", fix="pass {@mask=} too, or leave {@masked_content} unset")
+    area, padding = _inpaint_area(inpaint_area, inpaint_padding, mask, resize_mode, extras)
     from .initupscaler import parse as upscaler_of
 
     upscaler = upscaler_of(init_upscaler)
@@ -266,7 +274,33 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                     shift=None if shift is None else float(shift), max_sequence_length=max_sequence_length,
                     guidance_rescale=float(guidance_rescale), reference_images=references,
                     reference_resize=bool(reference_resize), control_image=control_image, resize_mode=fit,
-                    strength_rule=rule, init_upscaler=upscaler, masked_content=content)
+                    strength_rule=rule, init_upscaler=upscaler, masked_content=content,
+                    inpaint_area=area, inpaint_padding=padding)
+
+
+def _inpaint_area(area: Any, padding: Any, mask: Any, resize_mode: Any, toolbox: Any) -> tuple[str, int]:
+    """``inpaint_area`` and ``inpaint_padding`` checked (sdrt.pipelines.onlymasked): each needs what it acts on."""
+    from .onlymasked import DEFAULT_PADDING, ONLY_MASKED, WHOLE_PICTURE, check_area, check_padding
+
+    chosen = WHOLE_PICTURE if area is None else check_area(area)
+    if area is not None and mask is None:
+        raise InputError("{@inpaint_area} says which area a mask's run paints, and no mask was given",
+                         where="inpaint_area", fix="pass {@mask=} too, or leave {@inpaint_area} unset")
+    if padding is not None:
+        padding = check_padding(padding)
+        if chosen != ONLY_MASKED:
+            raise InputError("{@inpaint_padding} widens the area 'only masked' inpainting cuts out, and "
+                             f"{{@inpaint_area}} is {chosen!r}", where="inpaint_padding",
+                             fix="pass {@inpaint_area=}'only masked' too, or leave {@inpaint_padding} unset")
+    if chosen == ONLY_MASKED and resize_mode is not None:
+        raise InputError("{@resize_mode} fits the whole picture to the size, and with {@inpaint_area} 'only masked' "
+                         "the masked area is cut out and fitted with Resize and Fill (as A1111 does)",
+                         where="resize_mode", fix="leave {@resize_mode} unset, or {@inpaint_area} unset")
+    if chosen == ONLY_MASKED and getattr(toolbox, "controlnets", None):
+        raise InputError("ControlNet units with {@inpaint_area} 'only masked' are not supported: their control "
+                         "images would not be cut to the masked area", where="inpaint_area",
+                         fix="leave {@inpaint_area} unset (the whole picture), or run without {@controlnets}")
+    return chosen, DEFAULT_PADDING if padding is None else padding
 
 
 def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> None:
@@ -290,7 +324,7 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
             "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "guidance_rescale",
             "reference_images", "reference_resize", "control_image", "resize_mode", "strength_rule", "init_upscaler",
-            "masked_content",
+            "masked_content", "inpaint_area", "inpaint_padding",
             *TOOLBOX_KEYWORDS)
 
 
@@ -312,6 +346,8 @@ _OTHER_NAMES = {
     "images": "reference_images (FLUX.1 Kontext) or init_image (img2img)",
     "upscaler_for_img2img": "init_upscaler", "img2img_fix_steps": "strength_rule='a1111-fix-steps'",
     "inpainting_fill": "masked_content",
+    "inpaint_full_res": "inpaint_area='only masked'", "inpaint_full_res_padding": "inpaint_padding",
+    "padding_mask_crop": "inpaint_area='only masked' and inpaint_padding",
     "refiner_switch_by_sample_steps": "refiner_switch_by_steps",
     "refiner_checkpoint": "refiner (a model path or a loaded pipeline)",
     "hires_fix_refiner_pass": "hires_refiner_pass (A1111's option: 'first pass', 'second pass' or 'both passes')",

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..pipelines.images import JUST_RESIZE, LATENT_UPSCALE, RESIZE_MODES
 from . import b64images, controlnet, extras, kontext, modules
 from .config import Limits
@@ -414,6 +416,19 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
     # leaves it at its own size for the VAE and resizes its latents: the pipeline does that (resize_mode=)
     mode = RESIZE_MODES[resize_mode]
     picture = b64images.rgb_array(img)
+    mask = body.get("mask")
+    gray = blank = None
+    if mask is not None and mask != "":
+        gray = _mask(body, mask, max_pixels)
+        if get_bool(body, "inpaint_full_res", False):
+            if gray.any():
+                return _only_masked(body, kwargs, img, picture, gray, upscaler)
+            # A1111: 'Unable to perform "Inpaint Only mask" because mask is blank, switch to img2img mode': the
+            # whole picture repainted, no fill, no overlay; here an all-white mask (an inpainting UNet's
+            # conditioning is then A1111's for no mask: the mask all ones, the masked picture all zeros)
+            not_honoured.append("inpaint_full_res: the mask is blank (nothing to repaint), so there is no masked "
+                                "area to cut out: the whole picture ran as img2img, as in A1111")
+            blank = gray = np.full_like(gray, 255)
     latent = mode == LATENT_UPSCALE
     # an upscaler runs a model on the worker's device: the pipeline fits the picture then (the same fit_image)
     fitted_later = latent or upscaler is not None
@@ -423,19 +438,12 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
     if upscaler is not None and not latent:
         kwargs["init_upscaler"] = upscaler
     kwargs["strength"] = get_float(body, "denoising_strength", 0.75, 0.0, 1.0, low_open=True)
-    mask = body.get("mask")
-    if mask is not None and mask != "":
-        m = b64images.decode(mask, "mask", max_pixels)
-        blur = get_int(body, "mask_blur", None, 0, 64)
-        if blur is None:
-            blur = max(get_int(body, "mask_blur_x", 4, 0, 64), get_int(body, "mask_blur_y", 4, 0, 64))
-        invert = get_int(body, "inpainting_mask_invert", 0, 0, 1) == 1
+    if gray is not None:
         # A1111 blurs the mask at its own size, then fits it with the init images' resize_mode (processing.py:
         # images.resize_image(self.resize_mode, image_mask, ...)); clients send masks at their own canvas size.
         # Under latent upscale it is stretched to the size, as the picture's latents are
-        gray = b64images.mask_array(m, blur, invert)
         kwargs["mask"] = _fit(gray, width, height, JUST_RESIZE if latent else mode, "mask")
-        fill = get_int(body, "inpainting_fill", 1, 0, 3)
+        fill = 1 if blank is not None else get_int(body, "inpainting_fill", 1, 0, 3)
         # A1111's img2img init fills the picture (masking.fill) for every fill but 1 (original); 2 (latent noise)
         # and 3 (latent nothing) then change the VAE-encoded latent where the mask repaints: the pipeline's
         # masked_content (sdrt.pipelines.maskedcontent)
@@ -452,8 +460,40 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
             kwargs["init_image"] = b64images.fill_masked(kwargs["init_image"], own)
         if fill in (2, 3):
             kwargs["masked_content"] = "latent noise" if fill == 2 else "latent nothing"
-        if get_bool(body, "inpaint_full_res", False):
-            not_honoured.append("inpaint_full_res: 'only masked' inpainting runs on the whole picture")
+    return img
+
+
+def _mask(body: dict[str, Any], mask: Any, max_pixels: int) -> Any:
+    """The request's mask, HxW uint8 at its own size: inverted (inpainting_mask_invert), then blurred (mask_blur)."""
+    m = b64images.decode(mask, "mask", max_pixels)
+    blur = get_int(body, "mask_blur", None, 0, 64)
+    if blur is None:
+        blur = max(get_int(body, "mask_blur_x", 4, 0, 64), get_int(body, "mask_blur_y", 4, 0, 64))
+    invert = get_int(body, "inpainting_mask_invert", 0, 0, 1) == 1
+    return b64images.mask_array(m, blur, invert)
+
+
+def _only_masked(body: dict[str, Any], kwargs: dict[str, Any], img: Any, picture: Any, gray: Any,
+                 upscaler: str | None) -> Any:
+    """A1111's "Inpaint area: Only masked" (``inpaint_full_res``, ``inpaint_full_res_padding``): the pipeline's
+    ``inpaint_area="only masked"`` (sdrt.pipelines.onlymasked) on the picture at its own size and the blurred mask
+    (stretched to the picture's size where the client sent another): the mask's box cut out, fitted with Resize and
+    Fill (resize_mode does not apply, as in A1111), run at width x height and pasted back with the blurred mask.
+    inpainting_fill 0 fills the cut-out picture, as A1111 fills it (the worker, jobs.Worker._run), 2 and 3 change
+    its latent (masked_content)."""
+    kwargs["strength"] = get_float(body, "denoising_strength", 0.75, 0.0, 1.0, low_open=True)
+    padding = get_int(body, "inpaint_full_res_padding", 32, 0, 4096)
+    if gray.shape != picture.shape[:2]:
+        gray = _fit(gray, picture.shape[1], picture.shape[0], JUST_RESIZE, "mask")
+    kwargs["init_image"], kwargs["mask"] = picture, gray
+    if upscaler is not None:  # the pipeline enlarges the cut-out with it (A1111's resize_image(2, ...) does)
+        kwargs["init_upscaler"] = upscaler
+    fill = get_int(body, "inpainting_fill", 1, 0, 3)
+    kwargs["inpaint_area"], kwargs["inpaint_padding"] = "only masked", padding
+    if fill == 0:
+        kwargs["_fill_after_fit"] = True  # the cut-out, once fitted (jobs.Worker._run)
+    elif fill in (2, 3):
+        kwargs["masked_content"] = "latent noise" if fill == 2 else "latent nothing"
     return img
 
 

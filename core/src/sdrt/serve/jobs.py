@@ -499,7 +499,9 @@ class Worker(threading.Thread):
             if isinstance(kwargs.get("refiner"), ModelEntry):  # refiner_checkpoint: one of this worker's pipelines,
                 # shared by every model it refines and counted in keep (a path would load one per base pipeline)
                 kwargs["refiner"] = self.pipeline(kwargs["refiner"], pinned=(w.model.key,))
-            if w.fill_after_fit:
+            # only masked (inpaint_area): the pipeline fills the cut-out once fitted, as A1111's img2img init does
+            fill_cut_out = w.fill_after_fit and kwargs.get("inpaint_area") == "only masked"
+            if w.fill_after_fit and not fill_cut_out:
                 try:
                     _fill_after_fit(pipe, kwargs)
                 except SdrtError as exc:
@@ -526,30 +528,36 @@ class Worker(threading.Thread):
                 except SdrtError:
                     job.preview = None
 
-            for k in range(w.n_iter):
-                if job.interrupt.is_set():
-                    result.interrupted = True
-                    break
-                job.iteration, job.step = k, 0
-                try:  # a skip that came before this run started (the model loading, the worker held) skips it
-                    gen, stopped = self._generate(job, pipe, on_step, k, kwargs, result)
-                except SdrtError as exc:
-                    raise _Generating(w.model.name, w.fields, w) from exc
-                finally:
-                    job.skip.clear()  # a skip ends one run: the next one runs
-                if gen is not None:  # a stopped run's partial images too, as A1111 gives them
-                    for settings in gen.settings:
-                        for key, value in w.extra_infotext.items():
-                            settings.setdefault(key, value)
-                    result.images += gen.images
-                    result.settings += gen.settings
-                    result.seeds += gen.seeds
-                    result.prompt, result.negative = gen.prompt, gen.negative_prompt
-                if stopped:
+            from .b64images import fill_masked
+
+            pipe._init_fill = fill_masked if fill_cut_out else None  # sdrt.pipelines.onlymasked's A1111 fill 0
+            try:
+                for k in range(w.n_iter):
                     if job.interrupt.is_set():
                         result.interrupted = True
                         break
-                    result.skipped += 1
+                    job.iteration, job.step = k, 0
+                    try:  # a skip that came before this run started (the model loading, the worker held) skips it
+                        gen, stopped = self._generate(job, pipe, on_step, k, kwargs, result)
+                    except SdrtError as exc:
+                        raise _Generating(w.model.name, w.fields, w) from exc
+                    finally:
+                        job.skip.clear()  # a skip ends one run: the next one runs
+                    if gen is not None:  # a stopped run's partial images too, as A1111 gives them
+                        for settings in gen.settings:
+                            for key, value in w.extra_infotext.items():
+                                settings.setdefault(key, value)
+                        result.images += gen.images
+                        result.settings += gen.settings
+                        result.seeds += gen.seeds
+                        result.prompt, result.negative = gen.prompt, gen.negative_prompt
+                    if stopped:
+                        if job.interrupt.is_set():
+                            result.interrupted = True
+                            break
+                        result.skipped += 1
+            finally:
+                pipe._init_fill = None
         job.finished = time.time()
         result.seconds = job.finished - job.started
         job.state = "interrupted" if result.interrupted else "done"
