@@ -206,7 +206,7 @@ def test_ctrl_c_while_sampling_leaves_no_image_and_exits_130(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no image, no temporary file
 
 
-def test_a_ctrl_c_that_python_swallows_still_ends_the_run(tmp_path, registry, monkeypatch, capsys):
+def test_a_ctrl_c_that_python_swallows_still_ends_the_run(tmp_path, registry, monkeypatch, capsys, request):
     """A SIGINT handled inside a weakref callback (the import system's module locks use them) raised its
     KeyboardInterrupt there, where CPython prints "Exception ignored in" and goes on: the run sampled on and wrote
     its image (the Ctrl-C test above timed out once in CI that way)."""
@@ -230,9 +230,10 @@ def test_a_ctrl_c_that_python_swallows_still_ends_the_run(tmp_path, registry, mo
             assert ref() is None
 
     monkeypatch.setattr(ProgressBar, "__call__", press_inside_a_callback)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (CI may ignore SIGINT)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     dropped = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))  # where CPython reports it
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     code = main(["generate", "a fox", "--steps", "6", "--backend", "reference", "-o", str(tmp_path / "o.png")])
     err = capsys.readouterr().err
     assert dropped == [KeyboardInterrupt]  # CPython did swallow it

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelError, WeightsError
+from ..errors import ModelError, SdrtError, WeightsError
 from ..weights import Weights, folder_files
 from . import ldm
 from .files import open_weights
@@ -282,6 +282,23 @@ def _open_flux(p: Path, w: Weights, shapes: Mapping[str, tuple[int, ...]], ident
                          fix="pass a ControlNet made for Flux.1 dev (its widths)") from exc
     log.info("%s: %s, %d tensors bound onto %s", p.name, ident.label, len(refs), gpath.name)
     return OpenedControlNet(p, ident, gpath, with_own_constants(cgraph, refs, p), lay)
+
+
+def reads_mask(path: Path) -> bool:
+    """Whether the ControlNet at ``path`` (its ``.safetensors``, or the diffusers folder holding it) is an SD3
+    inpainting net (alimama's: 17 control channels), which reads a mask of its picture; from the file's header."""
+    from ..weights.stfile import read_header
+
+    weights = folder_file(path) if path.is_dir() else path
+    if weights is None or weights.suffix.lower() != ".safetensors":
+        return False
+    try:
+        entries, _ = read_header(weights)
+    except SdrtError:  # a broken file: its own load says what is wrong
+        return False
+    emb = entries.get("pos_embed_input.proj.weight")
+    return emb is not None and len(emb.shape) == 4 and int(emb.shape[1]) == 17 and \
+        any(k.startswith("context_embedder.") for k in entries)
 
 
 def folder_file(folder: Path) -> Path | None:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ModelError, SdrtError
+from ..errors import ModelError
 from .fluxcontrolnet import _external, _Index, _prune, _rewire, _toposort, _value_info
 from .fluxcontrolnet import block_outputs as _flux_block_outputs
 
@@ -116,24 +116,6 @@ def layout(shapes: Mapping[str, tuple[int, ...]], config: Mapping[str, Any] | No
     if int(emb[1]) == 17:  # StableDiffusion3ControlNetInpaintingPipeline gives an inpainting net zeros, whatever its config
         zero = True
     return SD3NetLayout(max(found) + 1 if found else 0, int(emb[0]), int(emb[1]), zero, image_only)
-
-
-def reads_mask(path: Path) -> bool:
-    """Whether the ControlNet at ``path`` (its ``.safetensors``, or the diffusers folder holding it) is an SD3
-    inpainting net (alimama's: 17 control channels), which reads a mask of its picture; from the file's header."""
-    from ..weights.stfile import read_header
-    from .controlnet import folder_file
-
-    weights = folder_file(path) if path.is_dir() else path
-    if weights is None or weights.suffix.lower() != ".safetensors":
-        return False
-    try:
-        entries, _ = read_header(weights)
-    except SdrtError:  # a broken file: its own load says what is wrong
-        return False
-    emb = entries.get("pos_embed_input.proj.weight")
-    return emb is not None and len(emb.shape) == 4 and int(emb.shape[1]) == 17 and \
-        any(k.startswith("context_embedder.") for k in entries)
 
 
 def stability_sources(keys: list[str]) -> dict[str, Any] | None:

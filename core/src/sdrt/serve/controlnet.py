@@ -222,7 +222,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
     control_mask = None
     if mask not in (None, ""):
-        from ..checkpoint.sd3controlnet import reads_mask
+        from ..checkpoint.controlnet import reads_mask
 
         if net.owner is None and reads_mask(net.path):  # alimama's SD3 inpainting net: white = repaint
             control_mask = b64images.mask_array(b64images.decode(mask, f("mask"), max_pixels), 0, False)
