@@ -227,23 +227,38 @@ def test_the_lora_folder_may_be_a_str(pipe):
         pipe("a cat <lora:tinylora:0.5>", **QUICK)
 
 
-def test_a_checkpoint_whose_yaml_says_v_on_an_eps_folder_is_said(pipe, tmp_path, caplog):
-    """A1111 reads a checkpoint's ``<stem>.yaml`` (``parameterization: "v"``) and samples it as v-prediction; bound
-    onto an eps ONNX folder (``--weights``) it was sampled as eps, without a word. The folder's scheduler still
-    decides (the export's), and the mismatch is said in one warning naming the file, the two predictions and the way
-    to run the file as its yaml says."""
+def test_a_checkpoint_that_says_v_on_an_eps_folder_is_sampled_as_v(pipe, refs, tmp_path, caplog):
+    """A1111 reads a checkpoint's ``<stem>.yaml`` (``parameterization: "v"``) and samples it as v-prediction, and a
+    ``ztsnr`` key as zero terminal SNR; bound onto an eps ONNX folder (``--weights``) it was sampled as eps with a
+    warning only. The image is diffusers' of the same weights with its scheduler set so (pipe-sd15/vpred.npz,
+    ``scripts/gen_checkpoint_data.py vpred``); a file that says nothing runs as the folder's scheduler again."""
     import logging
     import shutil
 
+    from safetensors.numpy import load_file, save_file
+
+    vpred = np.load(D / "vpred.npz")
     f = tmp_path / "custom_v.safetensors"
     shutil.copy(D / "custom.safetensors", f)
-    with caplog.at_level(logging.WARNING, logger="sdrt"):
-        pipe.load_weights(f)
-    assert not [r for r in caplog.records if "prediction" in r.getMessage()]  # no yaml: nothing said
     f.with_suffix(".yaml").write_text('model:\n  params:\n    parameterization: "v"\n')
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="sdrt"):
+    with caplog.at_level(logging.INFO, logger="sdrt"):
         pipe.load_weights(f)
-    said = [r.getMessage() for r in caplog.records if "prediction" in r.getMessage()]
-    assert len(said) == 1 and "custom_v.safetensors is v-prediction (custom_v.yaml)" in said[0], said
-    assert "eps-prediction" in said[0] and "sdrt generate custom_v.safetensors" in said[0], said
+    said = [r.getMessage() for r in caplog.records if "sampled as" in r.getMessage()]
+    assert len(said) == 1 and "custom_v.safetensors is sampled as v-prediction (custom_v.yaml" in said[0], said
+    img = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+    assert _mean_diff(img, vpred["v"]) < MEAN_TOL
+    assert 3 * _mean_diff(img, vpred["v"]) < _mean_diff(img, refs["ckpt"])  # sampled as eps it was diffusers' eps image
+
+    z = tmp_path / "custom_z.safetensors"  # the yaml's v and a ztsnr key (NoobAI-XL's marker)
+    save_file({**load_file(f), "ztsnr": np.zeros((0,), np.float16)}, str(z))
+    shutil.copy(f.with_suffix(".yaml"), z.with_suffix(".yaml"))
+    pipe.load_weights(z)
+    img = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+    assert _mean_diff(img, vpred["v_ztsnr"]) < MEAN_TOL  # (1.3 levels from the v image: the betas rescaled only)
+    config = pipe.family.scheduler_config()  # the rescaled schedule itself is checked against diffusers' elsewhere
+    assert config["prediction_type"] == "v_prediction" and config["rescale_betas_zero_snr"] is True
+
+    pipe.load_weights(D / "custom.safetensors")  # says nothing: the folder's eps again
+    assert pipe.family.scheduler_overrides == {}
+    img = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+    assert _mean_diff(img, refs["ckpt"]) < MEAN_TOL

@@ -209,11 +209,12 @@ def test_an_inpainting_file_on_an_inpainting_folder_is_not_said_to_be_v(tmp_path
     f.write_bytes(b"")
     wide = {SD2_V_KEY: np.random.default_rng(0).normal(0, 0.5, 64).astype(np.float32)}  # std 0.5: v by the test
     with pipelines.load(FOLDER, backend="reference") as pipe:
-        for family, said in (("SD 2.x inpainting", False), ("SD 2.x", True)):  # a plain SD 2.x file is still said
+        for family, said in (("SD 2.x inpainting", False), ("SD 2.x", True)):  # a plain SD 2.x file is still v
             caplog.clear()
-            with caplog.at_level(logging.WARNING, logger="sdrt"):
-                pipe.weights._say_prediction(SimpleNamespace(path=f, weights=wide, family=family))
+            with caplog.at_level(logging.INFO, logger="sdrt"):
+                pipe.weights._follow_prediction(SimpleNamespace(path=f, weights=wide, family=family))
             assert bool([r for r in caplog.records if "v-prediction" in r.getMessage()]) == said, (family, caplog.text)
+            assert (pipe.family.prediction == "v") == said
 
 
 @pytest.mark.parametrize(("unet", "encoders", "family"), [

@@ -134,8 +134,8 @@ def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipel
                          "the base's latents, so it must be of the same kind", where="refiner",
                          fix="use an SDXL base with the SDXL refiner (or a refiner of the base's own family)"
                              if not base.flow else f"{base.label} models have no refiner: leave {{@refiner}} out")
-    if ref.folder.prediction != pipe.folder.prediction:
-        raise InputError(f"the refiner predicts {ref.folder.prediction} and this model {pipe.folder.prediction}",
+    if ref.family.prediction != pipe.family.prediction:  # a bound checkpoint's own (load_weights) included
+        raise InputError(f"the refiner predicts {ref.family.prediction} and this model {pipe.family.prediction}",
                          where="refiner", fix="use a refiner trained with the base model's prediction type")
     return ref
 

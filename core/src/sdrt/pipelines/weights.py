@@ -208,14 +208,18 @@ class WeightState:
             self._write_embeddings()
         self._apply(set(arrays))
         log.info("loaded %s", ckpt)
-        self._say_prediction(ckpt)
+        self._follow_prediction(ckpt)
         return ckpt
 
-    def _say_prediction(self, ckpt: Any) -> None:
-        """Warn when the file says another prediction than the folder's scheduler, which still decides (A1111 would
-        sample the file as its ``<stem>.yaml``, SDXL's ``v_pred`` key or, for SD 2.x, its weights say)."""
+    def _follow_prediction(self, ckpt: Any) -> None:
+        """Sample the checkpoint as A1111 does when it says its own prediction: its ``<stem>.yaml``, SDXL's
+        ``v_pred`` key or, for SD 2.x, its weights (as ComfyUI tells them apart); a ``ztsnr`` key rescales the
+        betas to zero terminal SNR. Each bound checkpoint decides anew: one that says nothing runs with the
+        folder's scheduler."""
         from ..checkpoint.files import SD2_V_KEY, sd2_prediction, yaml_prediction
 
+        family = self.pipe.family
+        family.scheduler_overrides = {}
         path = Path(getattr(ckpt, "path", "") or "")
         folder = {"eps": "epsilon", "v": "v_prediction"}.get(self.pipe.folder.prediction)
         if folder is None or not path.is_file():
@@ -227,13 +231,19 @@ class WeightState:
         elif said is None and str(ckpt.family).startswith("SD 2") and not str(ckpt.family).endswith("inpainting") \
                 and SD2_V_KEY in ckpt.weights:
             said, why = sd2_prediction(path, ckpt.weights), "its weights, as ComfyUI tells SD 2.x files apart"
-        if said is None or said == folder:
+        overrides: dict[str, Any] = {}
+        if said is not None and said != folder:
+            overrides["prediction_type"] = said
+        if "ztsnr" in ckpt.weights and not self.pipe.folder.scheduler.get("rescale_betas_zero_snr"):
+            overrides["rescale_betas_zero_snr"] = True
+        if not overrides:
             return
+        family.scheduler_overrides = overrides
         words = {"epsilon": "eps", "v_prediction": "v"}
-        log.warning("%s is %s-prediction (%s) and this model folder's scheduler %s-prediction, which it runs with: "
-                    "the images may come out wrong; run the file itself (sdrt generate %s \"prompt\", or "
-                    "pipelines.load(FILE)) to sample it as %s-prediction", path.name, words[said], why,
-                    words[folder], path.name, words[said])
+        what = [f"{words[said]}-prediction ({why}; the model folder's scheduler says {words[folder]})"] \
+            if "prediction_type" in overrides else []
+        what += ["with zero terminal SNR (its ztsnr key)"] if "rescale_betas_zero_snr" in overrides else []
+        log.info("%s is sampled as %s, as A1111 samples it", path.name, " and ".join(what))
 
     # -- LoRA -------------------------------------------------------------------
     def lora(self, path: str | os.PathLike[str]) -> Lora:

@@ -117,6 +117,9 @@ class Family:
 
     def __init__(self, folder: ModelFolder) -> None:
         self.folder = folder
+        #: scheduler config entries a bound checkpoint decides over the folder's (its prediction type and zero
+        #: terminal SNR, as A1111 reads them: ``WeightState.load_checkpoint``)
+        self.scheduler_overrides: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ detection
     @classmethod
@@ -217,9 +220,17 @@ class Family:
         return FlowMatchSchedule.from_config(self.scheduler_config(shift),
                                              where=str(self.folder.path / "scheduler")).timesteps(steps)
 
+    @property
+    def prediction(self) -> str:
+        """``"eps"``, ``"v"`` or ``"flow"``: the folder's scheduler's, or what a bound checkpoint says
+        (``scheduler_overrides``)."""
+        kind = self.scheduler_overrides.get("prediction_type")
+        return self.folder.prediction if kind is None else {"epsilon": "eps", "v_prediction": "v"}[kind]
+
     def scheduler_config(self, shift: float | None = None) -> dict[str, Any]:
-        """The folder's scheduler config, with ``shift`` (when given) fixed in place of any dynamic shift."""
-        config = dict(self.folder.scheduler)
+        """The folder's scheduler config (with what a bound checkpoint decides: ``scheduler_overrides``), with
+        ``shift`` (when given) fixed in place of any dynamic shift."""
+        config = {**self.folder.scheduler, **self.scheduler_overrides}
         if shift is not None:
             config.update(shift=float(shift), use_dynamic_shifting=False)
         return config
