@@ -1,0 +1,137 @@
+"""LoRA files as diffusers' training scripts and SimpleTuner's LyCORIS save them, and their references.
+
+Writes into ``tests/data/lora/`` (random factors on the tiny models the other LoRA tests use):
+
+- ``peft_meta_sd1.safetensors``: a PEFT LoRA on the tiny SD 1.x UNet of ``tests/data/ckpt/sd1`` (``make_unet(0)``)
+  saved by ``StableDiffusionPipeline.save_lora_weights(..., unet_lora_adapter_metadata=LoraConfig.to_dict())``, as
+  diffusers' training scripts save (``_collate_lora_metadata``): no alpha tensors; ``lora_alpha`` 8 against ``r``
+  4, a ``rank_pattern`` (``to_k``: 2) and an ``alpha_pattern`` (``attn1.to_q``: 16), all in the header's
+  ``lora_adapter_metadata``. ``peft_meta_rslora_sd1.safetensors``: the same with ``use_rslora``. Reference:
+  diffusers' ``load_lora_weights`` + ``fuse_lora(lora_scale=0.8)``, which builds its ``LoraConfig`` from that
+  metadata (``peft_meta_refs.npz``: ``<file>/unet/<parameter>`` = fused minus before).
+- ``flux_peft_meta.safetensors``: the same on the tiny Flux.1 dev transformer (``tests/data/pipelines/tiny-flux-dev``)
+  by ``FluxPipeline.save_lora_weights(..., transformer_lora_adapter_metadata=...)``, ``lora_alpha`` 16, ``r`` 4;
+  reference likewise (``<file>/<parameter>``).
+- ``lycoris_prefix_sd1_{lora,loha,lokr}.safetensors`` and ``lycoris_prefix_flux_lokr.safetensors``: LyCORIS's own
+  wrapper (``lycoris.create_lycoris``, as SimpleTuner trains and saves LyCORIS), whose keys are the model's module
+  names flattened after ``lycoris_`` (``lycoris_down_blocks_0_attentions_0_proj_in.lokr_w1``,
+  ``lycoris_transformer_blocks_0_attn_to_q.lokr_w1``). Reference: LyCORIS's own ``merge_to(1.0)``
+  (``lycoris_prefix_refs.npz``). alpha = rank (lycoris-lora 4.1.3 scales LoHa/LoKr by alpha/rank twice, see
+  docs/checkpoints.md), 2 for the LoCon file.
+
+    PYTHONPATH=scripts/_tvblock:scripts /work/refvenv/bin/python scripts/make_lora_layout_refs.py
+    (needs lycoris-lora 4.1.3, einops and toml beside torch, diffusers 0.42.1 and peft)
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import tvblock  # noqa: F401  (before transformers is used)
+from diffusers import EulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel, StableDiffusionPipeline
+from gen_checkpoint_data import fused_deltas, make_unet
+from peft import LoraConfig, get_peft_model_state_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "data" / "lora"
+FLUX_CONFIG = ROOT / "tests" / "data" / "pipelines" / "tiny-flux-dev" / "transformer" / "config.json"
+SCALE = 0.8
+SD1_MODULES = ["down_blocks.0.attentions.0.proj_in", "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q",
+               "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_k",
+               "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_q",
+               "up_blocks.1.attentions.0.transformer_blocks.0.ff.net.2", "up_blocks.0.resnets.0.conv1"]
+FLUX_MODULES = ["transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.add_k_proj", "transformer_blocks.0.ff.net.2",
+                "single_transformer_blocks.0.proj_mlp", "single_transformer_blocks.1.attn.to_v"]
+
+
+def _randomize(model: torch.nn.Module, seed: int, scale: float = 0.3) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n or "lokr_" in n or "hada_" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+
+
+def _sd1_pipe(unet):
+    return StableDiffusionPipeline(vae=None, text_encoder=None, tokenizer=None, unet=unet,
+                                   scheduler=EulerDiscreteScheduler(), safety_checker=None, feature_extractor=None,
+                                   requires_safety_checker=False)
+
+
+def _flux():
+    cfg = {k: v for k, v in json.loads(FLUX_CONFIG.read_text()).items() if not k.startswith("_")}
+    torch.manual_seed(0)
+    return FluxTransformer2DModel(**cfg).eval()
+
+
+def peft_metadata() -> None:
+    refs = {}
+    for name, extra in (("peft_meta_sd1", {}), ("peft_meta_rslora_sd1", {"use_rslora": True})):
+        cfg = LoraConfig(r=4, lora_alpha=8, target_modules=SD1_MODULES, init_lora_weights=False,
+                         rank_pattern={"to_k": 2}, alpha_pattern={"attn1.to_q": 16}, **extra)
+        unet = make_unet(0)
+        unet.add_adapter(cfg)
+        _randomize(unet, 5)
+        StableDiffusionPipeline.save_lora_weights(OUT, unet_lora_layers=get_peft_model_state_dict(unet),
+                                                  unet_lora_adapter_metadata=cfg.to_dict(),
+                                                  weight_name=f"{name}.safetensors")
+        fresh = make_unet(0)
+        for k, v in fused_deltas(_sd1_pipe(fresh), {"unet": fresh}, OUT / f"{name}.safetensors", SCALE).items():
+            refs[f"{name}/{k}"] = v
+    cfg = LoraConfig(r=4, lora_alpha=16, target_modules=FLUX_MODULES, init_lora_weights=False)
+    model = _flux()
+    model.add_adapter(cfg)
+    _randomize(model, 6, 0.5)
+    FluxPipeline.save_lora_weights(OUT, transformer_lora_layers=get_peft_model_state_dict(model),
+                                   transformer_lora_adapter_metadata=cfg.to_dict(),
+                                   weight_name="flux_peft_meta.safetensors")
+    fresh = _flux()
+    pipe = FluxPipeline(scheduler=None, vae=None, text_encoder=None, tokenizer=None, text_encoder_2=None,
+                        tokenizer_2=None, transformer=fresh)
+    for k, v in fused_deltas(pipe, {"transformer": fresh}, OUT / "flux_peft_meta.safetensors", SCALE).items():
+        refs[f"flux_peft_meta/{k.split('/', 1)[1]}"] = v
+    np.savez_compressed(OUT / "peft_meta_refs.npz", **refs)
+    print(f"peft metadata: {len(refs)} parameters changed")
+
+
+def lycoris_prefix() -> None:
+    from lycoris import LycorisNetwork, create_lycoris
+
+    refs = {}
+    cases = [(f"lycoris_prefix_sd1_{algo}", make_unet, SD1_MODULES, algo, alpha)
+             for algo, alpha in (("lora", 2.0), ("loha", 4.0), ("lokr", 4.0))]
+    cases.append(("lycoris_prefix_flux_lokr", _flux, FLUX_MODULES, "lokr", 4.0))
+    for name, build, modules, algo, alpha in cases:
+        model = build(0) if build is make_unet else build()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        LycorisNetwork.LORA_PREFIX = "lycoris"
+        with tempfile.TemporaryDirectory() as tmp:  # a preset file naming the modules (LyCORIS reads toml)
+            preset = Path(tmp) / "preset.toml"
+            preset.write_text("target_module = []\ntarget_name = [" + ", ".join(f'"{m}"' for m in modules) + "]\n")
+            net = create_lycoris(model, 1.0, linear_dim=4, linear_alpha=alpha, algo=algo, factor=4, preset=str(preset))
+        net.apply_to()
+        g = torch.Generator().manual_seed(9)
+        with torch.no_grad():
+            for _, p in net.named_parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        net.save_weights(str(OUT / f"{name}.safetensors"), torch.float32, {})
+        net.merge_to(1.0)
+        changed = 0
+        for k, v in model.state_dict().items():
+            d = (v.float() - before[k].float()).numpy()
+            if np.abs(d).max() > 0:
+                refs[f"{name}/{k}"] = d
+                changed += 1
+        assert changed == len(modules), (name, changed)
+    np.savez_compressed(OUT / "lycoris_prefix_refs.npz", **refs)
+    print(f"lycoris_ prefix: {len(refs)} parameters changed")
+
+
+if __name__ == "__main__":
+    OUT.mkdir(parents=True, exist_ok=True)
+    peft_metadata()
+    lycoris_prefix()
