@@ -18,6 +18,9 @@ Writes into ``tests/data/lora/`` (random factors on the tiny models the other Lo
   ``lycoris_transformer_blocks_0_attn_to_q.lokr_w1``). Reference: LyCORIS's own ``merge_to(1.0)``
   (``lycoris_prefix_refs.npz``). alpha = rank (lycoris-lora 4.1.3 scales LoHa/LoKr by alpha/rank twice, see
   docs/checkpoints.md), 2 for the LoCon file.
+- ``peft_meta_{loha,lokr}_sd1.safetensors``: peft's LoHa / LoKr (``alpha`` 8, ``r`` 4) saved by diffusers'
+  ``save_lora_adapter`` (bare keys, the config as bare ``lora_adapter_metadata``); reference: peft's ``merge()``
+  (``peft_meta_lycoris_refs.npz``).
 
     PYTHONPATH=scripts/_tvblock:scripts /work/refvenv/bin/python scripts/make_lora_layout_refs.py
     (needs lycoris-lora 4.1.3, einops and toml beside torch, diffusers 0.42.1 and peft)
@@ -131,7 +134,37 @@ def lycoris_prefix() -> None:
     print(f"lycoris_ prefix: {len(refs)} parameters changed")
 
 
+def peft_lycoris_metadata() -> None:
+    """``peft_meta_{loha,lokr}_sd1.safetensors``: peft's LoHa / LoKr (``alpha`` 8, ``r`` 4) on the tiny SD 1.x UNet,
+    saved by diffusers' ``save_lora_adapter`` (bare module keys, the config as bare ``lora_adapter_metadata``);
+    reference: peft's own ``merge()`` of each layer (``peft_meta_lycoris_refs.npz``)."""
+    from peft import LoHaConfig, LoKrConfig
+
+    refs = {}
+    for name, cfg in (("peft_meta_loha_sd1", LoHaConfig(r=4, alpha=8, target_modules=SD1_MODULES[:5],
+                                                         init_weights=False)),
+                      ("peft_meta_lokr_sd1", LoKrConfig(r=4, alpha=8, target_modules=SD1_MODULES[:5],
+                                                         init_weights=False, decompose_factor=4))):
+        unet = make_unet(0)
+        before = {k: v.clone() for k, v in unet.state_dict().items()}
+        unet.add_adapter(cfg)
+        _randomize(unet, 7)
+        with tempfile.TemporaryDirectory() as tmp:
+            unet.save_lora_adapter(tmp, weight_name="x.safetensors")
+            (OUT / f"{name}.safetensors").write_bytes((Path(tmp) / "x.safetensors").read_bytes())
+        for m in unet.modules():
+            if hasattr(m, "merge") and hasattr(m, "get_delta_weight"):
+                m.merge()
+        for k, v in unet.state_dict().items():
+            k = k.replace("base_layer.", "")
+            if k in before and not torch.equal(v, before[k]):
+                refs[f"{name}/unet/{k}"] = (v.float() - before[k].float()).numpy()
+    np.savez_compressed(OUT / "peft_meta_lycoris_refs.npz", **refs)
+    print(f"peft LoHa/LoKr metadata: {len(refs)} parameters changed")
+
+
 if __name__ == "__main__":
     OUT.mkdir(parents=True, exist_ok=True)
     peft_metadata()
     lycoris_prefix()
+    peft_lycoris_metadata()

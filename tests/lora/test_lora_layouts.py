@@ -116,3 +116,10 @@ def _flux_deltas(pipe, name: str, scale: float) -> dict[str, np.ndarray]:
 def test_flux_lora_with_adapter_metadata_and_lycoris_prefix(flux):
     _close(_flux_deltas(flux, "flux_peft_meta", 0.8), _refs("peft_meta_refs.npz", "flux_peft_meta"))
     _close(_flux_deltas(flux, "lycoris_prefix_flux_lokr", 1.0), _refs("lycoris_prefix_refs.npz", "lycoris_prefix_flux_lokr"))
+
+
+@pytest.mark.parametrize("name", ["peft_meta_loha_sd1", "peft_meta_lokr_sd1"])
+def test_peft_loha_and_lokr_scaled_by_their_adapter_metadata_as_peft(name):
+    """peft's LoHa / LoKr saved by diffusers' ``save_lora_adapter`` (``alpha`` 8, ``r`` 4 in the header) against
+    peft's own ``merge()``: scaled ``alpha / r`` (a LoKr with whole factors too, where LyCORIS's files scale 1)."""
+    _close(_sd1_deltas(Lora.open(D / f"{name}.safetensors"), 1.0), _refs("peft_meta_lycoris_refs.npz", name))
