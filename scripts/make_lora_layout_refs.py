@@ -38,6 +38,7 @@ import tvblock  # noqa: F401  (before transformers is used)
 from diffusers import EulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel, StableDiffusionPipeline
 from gen_checkpoint_data import fused_deltas, make_unet
 from peft import LoraConfig, get_peft_model_state_dict
+from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "lora"
@@ -163,8 +164,60 @@ def peft_lycoris_metadata() -> None:
     print(f"peft LoHa/LoKr metadata: {len(refs)} parameters changed")
 
 
+SD3_CONFIG = ROOT / "tests" / "data" / "pipelines" / "tiny-sd3" / "transformer" / "config.json"
+#: kohya sd-scripts' SD3 LoRA modules (``networks/lora_sd3.py``: Stability's MMDiT names flattened after ``lora_unet_``)
+SD3_KOHYA = ["joint_blocks.0.x_block.attn.qkv", "joint_blocks.0.x_block.attn2.qkv", "joint_blocks.0.context_block.attn.qkv",
+             "joint_blocks.0.x_block.adaLN_modulation.1", "joint_blocks.1.context_block.adaLN_modulation.1",
+             "joint_blocks.1.x_block.attn.proj", "joint_blocks.0.x_block.mlp.fc1", "final_layer.adaLN_modulation.1",
+             "final_layer.linear", "x_embedder.proj", "context_embedder", "t_embedder.mlp.0", "y_embedder.mlp.2"]
+
+
+def sd3_kohya() -> None:
+    """``sd3_kohya.safetensors``: a LoRA on the tiny SD3 transformer of ``tests/data/pipelines/tiny-sd3`` in kohya
+    sd-scripts' SD3 names (``lora_unet_joint_blocks_0_x_block_attn_qkv.lora_down.weight``, ``.alpha`` 2, rank 4; the
+    fused ``qkv`` and adaLN layers, the last block's pre-only context adaLN, the final layer, the patch embedder's
+    conv). diffusers 0.42 does not load such files, so the reference is diffusers' own single-file converter
+    (``convert_sd3_transformer_checkpoint_to_diffusers``) applied to each layer's full change
+    ``0.8 * alpha / rank * up @ down`` written under its Stability name, every other tensor zero: it splits q, k, v
+    and swaps the adaLN halves as it does for weights (``sd3_kohya_refs.npz``: ``<diffusers parameter>``)."""
+    import re
+    import sys
+
+    from diffusers import SD3Transformer2DModel
+    from diffusers.loaders.single_file_utils import convert_sd3_transformer_checkpoint_to_diffusers
+
+    sys.path.insert(0, str(ROOT / "tests" / "checkpoint"))
+    from flow_file_helpers import sd3_transformer  # diffusers -> Stability names (checked by the converter below)
+
+    cfg = {k: v for k, v in json.loads(SD3_CONFIG.read_text()).items() if not k.startswith("_")}
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel(**cfg).eval()
+    params = {k: v.numpy() for k, v in model.state_dict().items() if k != "pos_embed.pos_embed"}
+    stability = sd3_transformer(params, tuple(model.state_dict()["pos_embed.pos_embed"].shape))
+    g = torch.Generator().manual_seed(11)
+    lora, full = {}, {k: torch.zeros(v.shape) for k, v in stability.items()}
+    for mod in SD3_KOHYA:
+        w = stability[mod + ".weight"]
+        conv = w.ndim == 4
+        down = torch.randn(4, *w.shape[1:], generator=g) * 0.3 if conv else torch.randn(4, w.shape[1], generator=g) * 0.3
+        up = torch.randn(w.shape[0], 4, *((1, 1) if conv else ()), generator=g) * 0.3
+        key = "lora_unet_" + mod.replace(".", "_")
+        lora.update({f"{key}.lora_down.weight": down.half(), f"{key}.lora_up.weight": up.half(),
+                     f"{key}.alpha": torch.tensor(2.0)})
+        delta = (up.half().float().reshape(w.shape[0], 4) @ down.half().float().reshape(4, -1)).reshape(w.shape)
+        full[mod + ".weight"] = SCALE * 2.0 / 4 * delta
+    save_file(lora, str(OUT / "sd3_kohya.safetensors"))
+    conv = convert_sd3_transformer_checkpoint_to_diffusers(dict(full))
+    refs = {k: v.numpy() for k, v in conv.items() if v.abs().max() > 0}
+    assert all(re.search(r"\.weight$", k) for k in refs), sorted(refs)
+    assert set(refs) <= set(model.state_dict()), sorted(set(refs) - set(model.state_dict()))
+    np.savez_compressed(OUT / "sd3_kohya_refs.npz", **refs)
+    print(f"SD3 kohya: {len(lora) // 3} layers, {len(refs)} parameters changed")
+
+
 if __name__ == "__main__":
     OUT.mkdir(parents=True, exist_ok=True)
     peft_metadata()
     lycoris_prefix()
     peft_lycoris_metadata()
+    sd3_kohya()

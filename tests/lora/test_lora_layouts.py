@@ -123,3 +123,12 @@ def test_peft_loha_and_lokr_scaled_by_their_adapter_metadata_as_peft(name):
     """peft's LoHa / LoKr saved by diffusers' ``save_lora_adapter`` (``alpha`` 8, ``r`` 4 in the header) against
     peft's own ``merge()``: scaled ``alpha / r`` (a LoKr with whole factors too, where LyCORIS's files scale 1)."""
     _close(_sd1_deltas(Lora.open(D / f"{name}.safetensors"), 1.0), _refs("peft_meta_lycoris_refs.npz", name))
+
+
+def test_sd3_kohya_lora_splits_as_diffusers_single_file_converter(registry):
+    """kohya sd-scripts' SD3 LoRA (Stability's MMDiT names after ``lora_unet_``: fused ``qkv`` of both streams and of
+    the dual attention, adaLN layers (the last block's pre-only context adaLN swapped), the final layer, the patch
+    embedder's conv) against diffusers' ``convert_sd3_transformer_checkpoint_to_diffusers`` of each layer's change
+    (diffusers 0.42 loads no such LoRA itself)."""
+    with pipelines.load(DATA / "pipelines" / "tiny-sd3", backend="reference") as pipe:
+        _close(_flux_deltas(pipe, "sd3_kohya", 0.8), dict(np.load(D / "sd3_kohya_refs.npz")))
