@@ -79,3 +79,19 @@ def test_a_diffusers_named_transformer_of_another_width_has_no_graph():
     ident = identify(shapes)
     assert ident.family is None and "width 2048 (the release's is 3072)" in ident.label
     assert identify(shapes, "flux-dev").family == "flux-dev"  # a reduced model on graphs of its own (family=)
+
+
+def test_an_sd2_unet_in_diffusers_names_is_told_v_or_eps_by_the_same_bias(tmp_path):
+    """ComfyUI's v test (the spread of the last transformer's first norm bias; LDM's output_blocks.11.1) reads that
+    tensor under its diffusers name, up_blocks.3.attentions.2."""
+    import numpy as np
+
+    from sdrt.checkpoint.files import sd2_prediction
+    from sdrt.weights import Weights
+
+    key = "up_blocks.3.attentions.2.transformer_blocks.0.norm1.bias"
+    spread = np.random.default_rng(0).normal(0, 0.2, 1024).astype(np.float32)
+    assert sd2_prediction(tmp_path / "u.safetensors", Weights.from_arrays({key: spread}), "", diffusers=True) \
+        == "v_prediction"
+    assert sd2_prediction(tmp_path / "u.safetensors", Weights.from_arrays({key: spread * 0.1}), "", diffusers=True) \
+        == "epsilon"
