@@ -132,3 +132,15 @@ def test_sd3_kohya_lora_splits_as_diffusers_single_file_converter(registry):
     (diffusers 0.42 loads no such LoRA itself)."""
     with pipelines.load(DATA / "pipelines" / "tiny-sd3", backend="reference") as pipe:
         _close(_flux_deltas(pipe, "sd3_kohya", 0.8), dict(np.load(D / "sd3_kohya_refs.npz")))
+
+
+def test_an_adapter_config_applies_only_to_peft_s_own_adapter_file(tmp_path):
+    """A loras folder holding one peft adapter's ``adapter_config.json`` beside other LoRAs: the others keep alpha =
+    rank (the config belongs to ``adapter_model.safetensors`` alone)."""
+    src = Weights.open(D / "peft_meta_sd1.safetensors")
+    plain = {k: np.asarray(src[k]) for k in src}
+    stfile.write(tmp_path / "other_lora.safetensors", plain)
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 64, "peft_type": "LORA"}))
+    lora = Lora.open(tmp_path / "other_lora.safetensors")
+    layer = lora.layers["unet.down_blocks.0.attentions.0.proj_in"]
+    assert layer.alpha == layer.rank

@@ -60,8 +60,9 @@ def _check(cfg: Mapping[str, Any], path: Path, where: str) -> dict[str, Any]:
 
 def configs_for(path: str | Path, metadata: Mapping[str, str] | None) -> dict[str, dict[str, Any]]:
     """``{component prefix: config}`` from the file's ``lora_adapter_metadata`` (prefix ``"unet"``,
-    ``"transformer"``, ``"text_encoder"``...; ``""`` for one model's bare configuration), else from an
-    ``adapter_config.json`` beside it (prefix ``""``); ``{}`` when neither is there. A configuration that
+    ``"transformer"``, ``"text_encoder"``...; ``""`` for one model's bare configuration), else, for peft's
+    ``adapter_model.safetensors`` / ``.bin``, from the ``adapter_config.json`` beside it (prefix ``""``); ``{}``
+    when neither is there. A configuration that
     cannot be read is one ``WeightsError`` naming the file."""
     p = Path(path)
     raw = (metadata or {}).get(METADATA_KEY)
@@ -79,7 +80,7 @@ def configs_for(path: str | Path, metadata: Mapping[str, str] | None) -> dict[st
         return {pre: _check(cfg, p, f"{METADATA_KEY} ({pre or 'the model'})") for pre, cfg in grouped.items()
                 if "r" in cfg}
     side = p.with_name(ADAPTER_CONFIG)
-    if side.is_file():
+    if p.stem == "adapter_model" and side.is_file():  # peft's own pair, not any LoRA in a folder that has one
         try:
             data = json.loads(side.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
