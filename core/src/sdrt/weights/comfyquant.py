@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -53,8 +54,6 @@ def fold(raw: dict[str, Any], headers: Mapping[str, Mapping[str, str]]) -> dict[
     """``raw`` with every ComfyUI-quantized layer's ``X.weight`` read as its float32 values and its side tensors
     dropped; ``headers``: each file's safetensors ``__metadata__`` (by path). ``raw`` as given when no layer is
     marked. Raises ``WeightsError`` for a format or a layer that cannot be read."""
-    from .store import TensorRef
-
     layers: dict[str, tuple[dict[str, Any], str]] = {}
     for path, meta in headers.items():
         text = meta.get(HEADER_KEY)
@@ -87,11 +86,12 @@ def fold(raw: dict[str, Any], headers: Mapping[str, Mapping[str, str]]) -> dict[
                     f"its weight_scale has shape {list(s.shape)}, not one value per tensor")
             raise _bad(source, f"ComfyUI {fmt} layer {layer}: {what}")
 
-        def load(w: TensorRef = w, s: TensorRef = s) -> np.ndarray:
+        def load(w: Any = w, s: Any = s) -> np.ndarray:
             return np.asarray(w.load()).astype(np.float32) * np.float32(np.asarray(s.load(), np.float32).reshape(()))
 
         origin = None if w.origin is None else (*w.origin[:3], f"x {layer}.weight_scale")
-        out[layer + ".weight"] = TensorRef(w.name, np.dtype(np.float32), w.shape, w.source, load, origin)
+        out[layer + ".weight"] = replace(w, dtype=np.dtype(np.float32), load=load, origin=origin, blocks=None, stored=None,
+                                         rows=None)  # a store.TensorRef
         for side in _SIDE:
             out.pop(f"{layer}.{side}", None)
     if other:
