@@ -201,3 +201,20 @@ def test_a1111_pt_layout_in_a_safetensors_file(tmp_path):
     e = load_embedding(f)
     assert e.name == "style" and e.count == 2
     np.testing.assert_array_equal(e.for_encoder("clip_l"), v)
+
+
+def test_a1111_layout_with_another_placeholder_than_star(tmp_path):
+    """rinongal's textual inversion saves its term under the placeholder it was trained with (``S*``, ...), its token
+    id as a tensor beside it; A1111 takes the file's one term whatever its name. Before, sdrt read only ``*`` and
+    refused the file ("not a textual-inversion embedding")."""
+    from sdrt.weights import stfile
+
+    vec = np.random.default_rng(3).normal(size=(2, 32)).astype(np.float32)
+    f = tmp_path / "mystyle.safetensors"
+    stfile.write(f, {"string_to_token.S*": np.array(265, np.int64), "string_to_param.S*": vec})
+    emb = load_embedding(f)
+    assert emb.name == "mystyle" and np.array_equal(emb.vectors["clip_l"], vec)
+    stfile.write(f, {"string_to_param.S*": vec, "string_to_param.T*": vec})
+    with pytest.raises(WeightsError, match=r"holds 2 terms .*A1111's format holds one") as e:
+        load_embedding(f)
+    assert "\n" not in str(e.value)

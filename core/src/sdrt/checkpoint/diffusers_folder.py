@@ -31,8 +31,9 @@ from typing import Any
 
 from ..errors import ModelError, ModelNotFoundError, SdrtError, WeightsError
 from ..weights import Weights, folder_files
-from . import components, families, foreign
+from . import components, foreign
 from .families import FAMILY_GRAPHS, LABELS, PART_KINDS
+from .families import diffusers_denoiser as denoiser_family
 from .files import OpenedModel, graph_kind, release_defaults, stored_type
 from .graphs import shipped_graph
 from .hashing import model_hash
@@ -117,47 +118,6 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelError(f"the {what} is not a JSON object", where=str(path), fix="re-download the folder")
     return data
-
-
-def denoiser_family(shapes: families.Shapes) -> tuple[str | None, str]:
-    """``(family, what it looks like)`` of a diffusers UNet / transformer from its tensor names and shapes."""
-    keys = list(shapes)
-
-    def has(p: str) -> bool:
-        return any(k.startswith(p) for k in keys)
-
-    if has("single_transformer_blocks.") and has("x_embedder."):
-        if has("distilled_guidance_layer."):
-            return "chroma", "a Chroma transformer"
-        if has("time_text_embed.guidance_embedder."):
-            width = (shapes.get("x_embedder.weight") or (0, 0))[-1]
-            fam = families.FLUX_INPUTS.get(width)
-            if fam is None:
-                return None, f"a Flux.1 dev-like transformer with {width} input channels, which has no shipped graph"
-            return fam, f"a {families.LABELS[fam]} transformer"
-        return "flux-schnell", "a Flux.1 schnell transformer (no guidance input)"
-    if has("transformer_blocks.") and has("context_embedder.") and has("pos_embed."):
-        if has("transformer_blocks.0.attn2."):
-            return "sd35-medium", "an SD 3.5 Medium transformer"
-        if has("transformer_blocks.0.attn.norm_q."):
-            return "sd35-large", "an SD 3.5 Large transformer"
-        return "sd3-medium", "an SD 3 Medium transformer"
-    if has("down_blocks.") and has("conv_in."):
-        conv_in = shapes.get("conv_in.weight", ())
-        inpaint = len(conv_in) == 4 and conv_in[1] == 9
-        if has("add_embedding."):
-            adm = shapes.get("add_embedding.linear_1.weight", ())
-            if len(adm) == 2 and adm[1] == 2560 and not inpaint:  # pooled 1280 + 5 time ids (aesthetic score) x 256
-                return "sdxl-refiner", "an SDXL refiner UNet"
-            return ("sdxl-inpaint" if inpaint else "sdxl"), "an SDXL UNet"
-        proj = next((s for k, s in shapes.items() if re.search(r"attentions\.\d+\.proj_in\.weight$", k)), None)
-        if proj is not None and len(proj) == 2:  # SD 2.x: linear proj_in; SD 1.x: a 1x1 conv
-            return ("sd2-inpaint", "an SD 2.x inpainting UNet") if inpaint else ("sd2", "an SD 2.x UNet")
-        return ("sd1-inpaint" if inpaint else "sd1"), "an SD 1.x UNet"
-    what = foreign.recognise(shapes)
-    if what is not None:
-        return None, f"{what}, which sdrt does not run"
-    return None, f"not a diffusers UNet or transformer ({families.detect(shapes)})"
 
 
 @dataclass

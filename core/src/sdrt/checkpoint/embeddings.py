@@ -7,8 +7,8 @@ from the file):
 - SDXL: ``clip_l`` [n, 768] for the first text encoder and ``clip_g`` [n, 1280] for the second;
 - diffusers' ``learned_embeds.safetensors``: one tensor named after its token, [d] or [n, d];
 - A1111's ``.pt`` (``string_to_param`` ``{"*": vectors}``, read as ``string_to_param.*``; rinongal's original
-  textual inversion keeps it in a ``ParameterDict``, read the same way), or that layout flattened into a
-  ``.safetensors``;
+  textual inversion keeps it in a ``ParameterDict``, read the same way, its one term ``*`` or the placeholder the
+  trainer was given), or that layout flattened into a ``.safetensors``;
 - diffusers' ``learned_embeds.bin``: one tensor named after its token.
 
 An embedding is used the way A1111 and diffusers' ``load_textual_inversion``
@@ -82,8 +82,13 @@ def load_embedding(path: str | os.PathLike[str], name: str | None = None) -> Emb
         vectors = {k: arrays[k] for k in ("clip_l", "clip_g") if k in arrays}
     elif "emb_params" in arrays:
         vectors = {"clip_l": arrays["emb_params"]}
-    elif "string_to_param.*" in arrays:  # A1111's .pt layout (or a .safetensors flattened from one)
-        vectors = {"clip_l": arrays["string_to_param.*"]}
+    elif params := [k for k in arrays if k.startswith("string_to_param.")]:
+        # A1111's .pt layout (or a .safetensors flattened from one); its one term is "*", or the placeholder a
+        # textual-inversion trainer was given (rinongal's placeholder_strings): A1111 takes the one term, whatever it is
+        if len(params) > 1:
+            raise WeightsError(f"the embedding holds {len(params)} terms ({', '.join(params[:4])}), A1111's format "
+                               "holds one", where=str(p), fix="split it into one file per term")
+        vectors = {"clip_l": arrays[params[0]]}
     elif len(arrays) == 1:
         vectors = {"clip_l": next(iter(arrays.values()))}
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -150,6 +151,10 @@ class Identity:
     label: str
     components: dict[str, str] = field(default_factory=dict)
     foreign: bool = False
+    #: the denoiser's key names: ``"publisher"`` (LDM / Stability / BFL, as checkpoints ship) or ``"diffusers"`` (a
+    #: ``UNet2DConditionModel`` / transformer's own names, the file of a diffusers folder's ``unet/`` or
+    #: ``transformer/`` given alone)
+    layout: str = "publisher"
 
 
 def _width(shapes: Shapes, *keys: str) -> int | None:
@@ -165,6 +170,52 @@ def clip_kind(shapes: Shapes, prefix: str) -> str | None:
     w = _width(shapes, prefix + "text_model.embeddings.token_embedding.weight", prefix + "token_embedding.weight",
                prefix + "embeddings.token_embedding.weight")
     return {768: "clip_l", 1024: "openclip_h", 1280: "clip_g"}.get(w or 0)
+
+
+#: the width of each flow family's transformer at its release (x_embedder / context_embedder rows)
+_RELEASE_WIDTH = {"sd3-medium": 1536, "sd35-medium": 1536, "sd35-large": 2432, "flux-dev": 3072, "flux-schnell": 3072,
+                  "flux-fill": 3072, "flux-control": 3072, "chroma": 3072}
+
+
+def diffusers_denoiser(shapes: Shapes) -> tuple[str | None, str]:
+    """``(family, what it looks like)`` of a diffusers UNet / transformer from its tensor names and shapes."""
+    keys = list(shapes)
+
+    def has(p: str) -> bool:
+        return any(k.startswith(p) for k in keys)
+
+    if has("single_transformer_blocks.") and has("x_embedder."):
+        if has("distilled_guidance_layer."):
+            return "chroma", "a Chroma transformer"
+        if has("time_text_embed.guidance_embedder."):
+            width = (shapes.get("x_embedder.weight") or (0, 0))[-1]
+            fam = FLUX_INPUTS.get(width)
+            if fam is None:
+                return None, f"a Flux.1 dev-like transformer with {width} input channels, which has no shipped graph"
+            return fam, f"a {LABELS[fam]} transformer"
+        return "flux-schnell", "a Flux.1 schnell transformer (no guidance input)"
+    if has("transformer_blocks.") and has("context_embedder.") and has("pos_embed."):
+        if has("transformer_blocks.0.attn2."):
+            return "sd35-medium", "an SD 3.5 Medium transformer"
+        if has("transformer_blocks.0.attn.norm_q."):
+            return "sd35-large", "an SD 3.5 Large transformer"
+        return "sd3-medium", "an SD 3 Medium transformer"
+    if has("down_blocks.") and has("conv_in."):
+        conv_in = shapes.get("conv_in.weight", ())
+        inpaint = len(conv_in) == 4 and conv_in[1] == 9
+        if has("add_embedding."):
+            adm = shapes.get("add_embedding.linear_1.weight", ())
+            if len(adm) == 2 and adm[1] == 2560 and not inpaint:  # pooled 1280 + 5 time ids (aesthetic score) x 256
+                return "sdxl-refiner", "an SDXL refiner UNet"
+            return ("sdxl-inpaint" if inpaint else "sdxl"), "an SDXL UNet"
+        proj = next((s for k, s in shapes.items() if re.search(r"attentions\.\d+\.proj_in\.weight$", k)), None)
+        if proj is not None and len(proj) == 2:  # SD 2.x: linear proj_in; SD 1.x: a 1x1 conv
+            return ("sd2-inpaint", "an SD 2.x inpainting UNet") if inpaint else ("sd2", "an SD 2.x UNet")
+        return ("sd1-inpaint" if inpaint else "sd1"), "an SD 1.x UNet"
+    what = foreign.recognise(shapes)
+    if what is not None:
+        return None, f"{what}, which sdrt does not run"
+    return None, f"not a diffusers UNet or transformer ({detect(shapes)})"
 
 
 def identify(shapes: Shapes, family: str | None = None, arch: str | None = None) -> Identity:
@@ -248,6 +299,20 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
         elif inpaint:
             return Identity(None, "unknown", f"{old}, which has no shipped graph")
         comps["unet"] = "model.diffusion_model."
+    elif detect(shapes) in ("diffusers UNet", "unknown") and (dfam := diffusers_denoiser(shapes)[0]) is not None:
+        # a UNet / transformer in diffusers' names as one file: a diffusers folder's unet/ or transformer/ file given
+        # alone, SDXL-Lightning's sdxl_lightning_4step_unet.safetensors, diffusers-format finetunes (ComfyUI's "Load
+        # Diffusion Model" reads them); the shipped graphs' parameters carry these names
+        width = (shapes.get("x_embedder.weight") or shapes.get("context_embedder.weight") or (0,))[0]
+        want = _RELEASE_WIDTH.get(dfam)
+        if want is not None and width != want and family != dfam:
+            return Identity(None, "unknown", f"{diffusers_denoiser(shapes)[1]} in diffusers' names of width {width} "
+                            f"(the release's is {want}), which has no shipped graph")
+        fam = dfam
+        den = "transformer" if dfam.startswith(("sd3", "sd35", "flux", "chroma")) else "unet"
+        shown = LABELS[fam] + (" (transformer only, diffusers' names)" if den == "transformer" else
+                               " (UNet only, diffusers' names)")
+        return Identity(fam, "checkpoint", shown, {den: ""}, layout="diffusers")
     if fam is not None:
         # text encoders and VAE baked into the file
         for p, part in (("cond_stage_model.transformer.", "text_encoder"), ("cond_stage_model.model.", "text_encoder"),

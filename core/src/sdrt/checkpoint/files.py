@@ -266,6 +266,8 @@ def _supported() -> str:
 def _sources(f: _File, comp: str, prefix: str, family: str | None) -> tuple[dict[str, Source], list[str]]:
     """``({canonical: Source}, unknown keys)`` for one component of a file."""
     keys = [k for k in f.shapes if k.startswith(prefix)]
+    if comp in ("unet", "transformer") and f.ident.layout == "diffusers":  # the graphs' own names
+        return {k: Source(k) for k in keys}, []
     if comp == "transformer":
         return (flow.convert_sd3 if family and family.startswith("sd3") else flow.convert_flux)(
             {k: f.shapes[k] for k in keys})
@@ -311,7 +313,7 @@ def yaml_prediction(path: Path) -> str | None:
     return "v_prediction" if v else "epsilon"
 
 
-def sd2_prediction(path: Path, weights: Weights, prefix: str = "model.diffusion_model.") -> str:
+def sd2_prediction(path: Path, weights: Weights, prefix: str = "model.diffusion_model.", diffusers: bool = False) -> str:
     """``"v_prediction"`` or ``"epsilon"`` for an SD 2.x file: A1111's ``<stem>.yaml`` beside it when
     present (``parameterization: "v"``), else ComfyUI's test on the weights (the spread of the last
     transformer's first norm bias: std > 0.09 is v)."""
@@ -319,6 +321,8 @@ def sd2_prediction(path: Path, weights: Weights, prefix: str = "model.diffusion_
     if from_yaml is not None:
         return from_yaml
     key = SD2_V_KEY.replace("model.diffusion_model.", prefix)
+    if diffusers:  # the same tensor in a diffusers UNet: output_blocks.11.1 is the last up block's third attention
+        key = prefix + "up_blocks.3.attentions.2.transformer_blocks.0.norm1.bias"
     if key not in weights:
         return "epsilon"
     std = float(np.asarray(weights[key], dtype=np.float32).std())
@@ -422,7 +426,8 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
                          "and no file given holds them", where=str(main.path), fix=_missing_fix(fam, missing))
     if prediction is None:
         if fam == "sd2":
-            prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"])
+            prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"],
+                                        diffusers=main.ident.layout == "diffusers")
         # A1111 reads a v-prediction SD 1.x/SDXL finetune's yaml too. An SD 2.x inpainting file without one is eps
         # (Stability's v2-inpainting-inference.yaml), as A1111 (config_sd2_inpainting for every 9-channel SD 2.x
         # file) and diffusers (inpainting_v2) read it: no bias test

@@ -64,8 +64,8 @@ def check_lora_scale(scale: object, name: str, where: str = "{@loras}") -> float
     return value
 #: part -> (kohya prefixes, PEFT prefixes, embedding vector key)
 _LORA_ROUTES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "unet": (("lora_unet_", "lora_transformer_"), ("unet.", "base_model.model.", "transformer.", "diffusion_model.",
-                                                   "model.diffusion_model.")),
+    "unet": (("lora_unet_", "lora_transformer_", "lycoris_"),
+             ("unet.", "base_model.model.", "transformer.", "diffusion_model.", "model.diffusion_model.")),
     "text_encoder": (("lora_te_", "lora_te1_"), ("text_encoder.",)),
     "text_encoder_2": (("lora_te2_",), ("text_encoder_2.",)),
     "text_encoder_3": (("lora_te3_",), ("text_encoder_3.",)),
@@ -726,7 +726,7 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
                 fused[bfl.format(i=x["i"])] = layer
                 continue
         rest = None
-        for p in ("lora_unet_", "lora_transformer_"):
+        for p in ("lora_unet_", "lora_transformer_", "lycoris_"):  # kohya, OneTrainer, LyCORIS (SimpleTuner)
             if key.startswith(p):
                 flat_name = key[len(p):]
                 rest = flat.get(flat_name) or flat_publisher.get(flat_name)

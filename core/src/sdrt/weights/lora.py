@@ -45,6 +45,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,9 @@ from .store import Weights
 
 log = logging.getLogger("sdrt.lora")
 
-KOHYA_PREFIXES = {"unet": ("lora_unet_",), "te": ("lora_te_", "lora_te1_"), "te1": ("lora_te1_", "lora_te_"),
+#: kohya's flattened module names per model; ``lycoris_`` is LyCORIS's own wrapper (``create_lycoris``, as SimpleTuner
+#: saves its LyCORIS files: ``lycoris_down_blocks_0_attentions_0_proj_in.lokr_w1``), on the UNet or transformer
+KOHYA_PREFIXES = {"unet": ("lora_unet_", "lycoris_"), "te": ("lora_te_", "lora_te1_"), "te1": ("lora_te1_", "lora_te_"),
                   "te2": ("lora_te2_",)}
 _KEY = re.compile(r"^(?:(?P<mod>.+?)\.(?P<kind>lora_down|lora_up|lora_mid|lora_A|lora_B|lora\.down|lora\.up)"
                   r"|(?P<xmod>.+?\.processor\.(?:qkv|proj)_lora\d?)\.(?P<xkind>down|up))(?:\.default)?\.weight$")
@@ -199,6 +202,8 @@ class LycorisLayer:
     tensors: Mapping[str, np.ndarray] = field(repr=False)
     alpha: float | None
     dora: Dora | None = None
+    #: peft's scaling (``alpha / r`` of a PEFT LoHa/LoKr config), which replaces the LyCORIS factor when set
+    scaling: float | None = None
 
     @property
     def rank(self) -> int:
@@ -266,6 +271,8 @@ class LycorisLayer:
                 w1 = w1.reshape(*w1.shape, 1, 1)
             d = np.kron(w1, w2)
             factor = (self.alpha / dim) if (self.alpha is not None and dim) else 1.0
+        if self.scaling is not None:
+            factor = self.scaling
         return (d * np.float32(scale * factor)).astype(np.float32)
 
 
@@ -342,14 +349,25 @@ class Lora:
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, alpha: float | None = None) -> Lora:
         """Read a LoRA ``.safetensors`` (or a PyTorch ``.pt``/``.ckpt``, read by ``torchfile`` like any weights).
-        ``alpha`` is the default for layers without an ``.alpha`` tensor (PEFT keeps it in
-        adapter_config.json as ``lora_alpha``); unset, alpha = rank."""
+        Layers without an ``.alpha`` tensor (PEFT's) are scaled as the file's PEFT configuration says
+        (``sdrt.weights.peftconfig``: diffusers' ``lora_adapter_metadata`` header, or peft's
+        ``adapter_config.json`` beside the file), else by ``alpha`` when given, else alpha = rank."""
+        from . import peftconfig, stfile
+
         w = Weights.open(path)
-        return cls.from_arrays(w, alpha=alpha, source=str(path))
+        try:  # diffusers keeps PEFT's lora_alpha / r in the safetensors header (lora_adapter_metadata)
+            meta = stfile.read_header(Path(path))[1]
+        except WeightsError:  # a PyTorch file: no header
+            meta = {}
+        return cls.from_arrays(w, alpha=alpha, source=str(path), peft=peftconfig.configs_for(path, meta))
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray], *, alpha: float | None = None,
-                    source: str = "<memory>") -> Lora:
+                    source: str = "<memory>", peft: Mapping[str, Mapping[str, Any]] | None = None) -> Lora:
+        """The layers of ``arrays``; ``peft``: ``{component prefix: PEFT adapter config}``
+        (``peftconfig.configs_for``), which scales layers without an ``.alpha`` tensor, as peft does."""
+        from .peftconfig import layer_scaling
+
         shapes = arrays.shapes() if isinstance(arrays, Weights) else {k: tuple(np.shape(v)) for k, v in arrays.items()}
         control = _flux_control(shapes)
         sets: dict[str, np.ndarray] = {}
@@ -405,7 +423,8 @@ class Lora:
             if isinstance(al, str):
                 problems.append(f"{mod} ({al})")
                 continue
-            layer = LycorisLayer(mod, kind, {n: arrays[k] for n, k in names.items()}, al)
+            scaling = layer_scaling(peft, mod) if (peft and al is None) else None  # PEFT's LoHa / LoKr
+            layer = LycorisLayer(mod, kind, {n: arrays[k] for n, k in names.items()}, al, scaling=scaling)
             bad = layer.shape_problem()
             if bad:
                 problems.append(f"{mod} ({kind}: {bad})")
@@ -433,7 +452,9 @@ class Lora:
                     problems.append(f"{mod} ({al})")
                     continue
             else:
-                al = float(alpha) if alpha is not None else float(down.shape[0])
+                scaling = layer_scaling(peft, mod) if peft else None
+                al = (scaling * float(down.shape[0]) if scaling is not None else
+                      float(alpha) if alpha is not None else float(down.shape[0]))
             layers[mod] = LoraLayer(mod, down, up, al, mid)
         for mod, key in doras.items():
             m = np.asarray(arrays[key])
@@ -557,7 +578,7 @@ def _target(key: str, fmt: str, component: str | None, dotted: dict[str, str], f
     """The weight name for one LoRA key; None when nothing matches, False when skipped."""
     if key in targets:
         return targets[key]
-    if key.startswith("lora_"):
+    if key.startswith(("lora_", "lycoris_")):
         allowed = KOHYA_PREFIXES.get(component, ()) if component else tuple(p for v in KOHYA_PREFIXES.values()
                                                                              for p in v)
         for prefix in sorted({p for v in KOHYA_PREFIXES.values() for p in v}, key=len, reverse=True):

@@ -36,7 +36,7 @@ from ..errors import WeightsError
 from ..formats import PICKLE_HINT, sniff
 from ..stamps import Stamp, file_stamp
 from ..tensors import TensorInfo
-from . import bnb, keymap, stfile, torchfile
+from . import bnb, comfyquant, keymap, stfile, torchfile
 from .keymap import KeyMap
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -152,13 +152,14 @@ class Weights(Mapping[str, np.ndarray]):
         files = _expand(paths)
         raw: dict[str, TensorRef] = {}
         dups: list[str] = []
+        headers: dict[str, dict[str, str]] = {}
         for path in files:
             stamp = file_stamp(path)
             if is_torch_file(path):
                 found = {name: TensorRef(name, dt, shape, str(path), _checked(path, stamp, load), origin)
                          for name, (dt, shape, load, origin) in torchfile.open_tensors(path).items()}
             else:
-                entries, _meta = stfile.read_header(path)
+                entries, headers[str(path)] = stfile.read_header(path)
                 found = {name: TensorRef(name, e.dtype, e.shape, str(path), _checked(path, stamp, _mapper(path, e)),
                                          (str(path), e.begin, e.length)) for name, e in entries.items()}
             stamps.check(path, stamp, "while its header was read")
@@ -169,6 +170,7 @@ class Weights(Mapping[str, np.ndarray]):
         if dups:
             raise WeightsError(f"the same tensor name is in several files: {', '.join(dups)}",
                                where="Weights.open", fix="open the files separately, or drop duplicates")
+        raw = comfyquant.fold(raw, headers)  # ComfyUI's per-layer fp8/int8 (X.comfy_quant, X.weight_scale)
         raw = _fold_fp8_scales(raw)
         raw, packed = bnb.fold(raw)  # bitsandbytes NF4/FP4 weights: each read as its bf16/fp16 values
         if packed:

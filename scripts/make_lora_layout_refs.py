@@ -1,0 +1,223 @@
+"""LoRA files as diffusers' training scripts and SimpleTuner's LyCORIS save them, and their references.
+
+Writes into ``tests/data/lora/`` (random factors on the tiny models the other LoRA tests use):
+
+- ``peft_meta_sd1.safetensors``: a PEFT LoRA on the tiny SD 1.x UNet of ``tests/data/ckpt/sd1`` (``make_unet(0)``)
+  saved by ``StableDiffusionPipeline.save_lora_weights(..., unet_lora_adapter_metadata=LoraConfig.to_dict())``, as
+  diffusers' training scripts save (``_collate_lora_metadata``): no alpha tensors; ``lora_alpha`` 8 against ``r``
+  4, a ``rank_pattern`` (``to_k``: 2) and an ``alpha_pattern`` (``attn1.to_q``: 16), all in the header's
+  ``lora_adapter_metadata``. ``peft_meta_rslora_sd1.safetensors``: the same with ``use_rslora``. Reference:
+  diffusers' ``load_lora_weights`` + ``fuse_lora(lora_scale=0.8)``, which builds its ``LoraConfig`` from that
+  metadata (``peft_meta_refs.npz``: ``<file>/unet/<parameter>`` = fused minus before).
+- ``flux_peft_meta.safetensors``: the same on the tiny Flux.1 dev transformer (``tests/data/pipelines/tiny-flux-dev``)
+  by ``FluxPipeline.save_lora_weights(..., transformer_lora_adapter_metadata=...)``, ``lora_alpha`` 16, ``r`` 4;
+  reference likewise (``<file>/<parameter>``).
+- ``lycoris_prefix_sd1_{lora,loha,lokr}.safetensors`` and ``lycoris_prefix_flux_lokr.safetensors``: LyCORIS's own
+  wrapper (``lycoris.create_lycoris``, as SimpleTuner trains and saves LyCORIS), whose keys are the model's module
+  names flattened after ``lycoris_`` (``lycoris_down_blocks_0_attentions_0_proj_in.lokr_w1``,
+  ``lycoris_transformer_blocks_0_attn_to_q.lokr_w1``). Reference: LyCORIS's own ``merge_to(1.0)``
+  (``lycoris_prefix_refs.npz``). alpha = rank (lycoris-lora 4.1.3 scales LoHa/LoKr by alpha/rank twice, see
+  docs/checkpoints.md), 2 for the LoCon file.
+- ``peft_meta_{loha,lokr}_sd1.safetensors``: peft's LoHa / LoKr (``alpha`` 8, ``r`` 4) saved by diffusers'
+  ``save_lora_adapter`` (bare keys, the config as bare ``lora_adapter_metadata``); reference: peft's ``merge()``
+  (``peft_meta_lycoris_refs.npz``).
+
+    PYTHONPATH=scripts/_tvblock:scripts /work/refvenv/bin/python scripts/make_lora_layout_refs.py
+    (needs lycoris-lora 4.1.3, einops and toml beside torch, diffusers 0.42.1 and peft)
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import tvblock  # noqa: F401  (before transformers is used)
+from diffusers import EulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel, StableDiffusionPipeline
+from gen_checkpoint_data import fused_deltas, make_unet
+from peft import LoraConfig, get_peft_model_state_dict
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "data" / "lora"
+FLUX_CONFIG = ROOT / "tests" / "data" / "pipelines" / "tiny-flux-dev" / "transformer" / "config.json"
+SCALE = 0.8
+SD1_MODULES = ["down_blocks.0.attentions.0.proj_in", "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q",
+               "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_k",
+               "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_q",
+               "up_blocks.1.attentions.0.transformer_blocks.0.ff.net.2", "up_blocks.0.resnets.0.conv1"]
+FLUX_MODULES = ["transformer_blocks.0.attn.to_q", "transformer_blocks.0.attn.add_k_proj", "transformer_blocks.0.ff.net.2",
+                "single_transformer_blocks.0.proj_mlp", "single_transformer_blocks.1.attn.to_v"]
+
+
+def _randomize(model: torch.nn.Module, seed: int, scale: float = 0.3) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n or "lokr_" in n or "hada_" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+
+
+def _sd1_pipe(unet):
+    return StableDiffusionPipeline(vae=None, text_encoder=None, tokenizer=None, unet=unet,
+                                   scheduler=EulerDiscreteScheduler(), safety_checker=None, feature_extractor=None,
+                                   requires_safety_checker=False)
+
+
+def _flux():
+    cfg = {k: v for k, v in json.loads(FLUX_CONFIG.read_text()).items() if not k.startswith("_")}
+    torch.manual_seed(0)
+    return FluxTransformer2DModel(**cfg).eval()
+
+
+def peft_metadata() -> None:
+    refs = {}
+    for name, extra in (("peft_meta_sd1", {}), ("peft_meta_rslora_sd1", {"use_rslora": True})):
+        cfg = LoraConfig(r=4, lora_alpha=8, target_modules=SD1_MODULES, init_lora_weights=False,
+                         rank_pattern={"to_k": 2}, alpha_pattern={"attn1.to_q": 16}, **extra)
+        unet = make_unet(0)
+        unet.add_adapter(cfg)
+        _randomize(unet, 5)
+        StableDiffusionPipeline.save_lora_weights(OUT, unet_lora_layers=get_peft_model_state_dict(unet),
+                                                  unet_lora_adapter_metadata=cfg.to_dict(),
+                                                  weight_name=f"{name}.safetensors")
+        fresh = make_unet(0)
+        for k, v in fused_deltas(_sd1_pipe(fresh), {"unet": fresh}, OUT / f"{name}.safetensors", SCALE).items():
+            refs[f"{name}/{k}"] = v
+    cfg = LoraConfig(r=4, lora_alpha=16, target_modules=FLUX_MODULES, init_lora_weights=False)
+    model = _flux()
+    model.add_adapter(cfg)
+    _randomize(model, 6, 0.5)
+    FluxPipeline.save_lora_weights(OUT, transformer_lora_layers=get_peft_model_state_dict(model),
+                                   transformer_lora_adapter_metadata=cfg.to_dict(),
+                                   weight_name="flux_peft_meta.safetensors")
+    fresh = _flux()
+    pipe = FluxPipeline(scheduler=None, vae=None, text_encoder=None, tokenizer=None, text_encoder_2=None,
+                        tokenizer_2=None, transformer=fresh)
+    for k, v in fused_deltas(pipe, {"transformer": fresh}, OUT / "flux_peft_meta.safetensors", SCALE).items():
+        refs[f"flux_peft_meta/{k.split('/', 1)[1]}"] = v
+    np.savez_compressed(OUT / "peft_meta_refs.npz", **refs)
+    print(f"peft metadata: {len(refs)} parameters changed")
+
+
+def lycoris_prefix() -> None:
+    from lycoris import LycorisNetwork, create_lycoris
+
+    refs = {}
+    cases = [(f"lycoris_prefix_sd1_{algo}", make_unet, SD1_MODULES, algo, alpha)
+             for algo, alpha in (("lora", 2.0), ("loha", 4.0), ("lokr", 4.0))]
+    cases.append(("lycoris_prefix_flux_lokr", _flux, FLUX_MODULES, "lokr", 4.0))
+    for name, build, modules, algo, alpha in cases:
+        model = build(0) if build is make_unet else build()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        LycorisNetwork.LORA_PREFIX = "lycoris"
+        with tempfile.TemporaryDirectory() as tmp:  # a preset file naming the modules (LyCORIS reads toml)
+            preset = Path(tmp) / "preset.toml"
+            preset.write_text("target_module = []\ntarget_name = [" + ", ".join(f'"{m}"' for m in modules) + "]\n")
+            net = create_lycoris(model, 1.0, linear_dim=4, linear_alpha=alpha, algo=algo, factor=4, preset=str(preset))
+        net.apply_to()
+        g = torch.Generator().manual_seed(9)
+        with torch.no_grad():
+            for _, p in net.named_parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        net.save_weights(str(OUT / f"{name}.safetensors"), torch.float32, {})
+        net.merge_to(1.0)
+        changed = 0
+        for k, v in model.state_dict().items():
+            d = (v.float() - before[k].float()).numpy()
+            if np.abs(d).max() > 0:
+                refs[f"{name}/{k}"] = d
+                changed += 1
+        assert changed == len(modules), (name, changed)
+    np.savez_compressed(OUT / "lycoris_prefix_refs.npz", **refs)
+    print(f"lycoris_ prefix: {len(refs)} parameters changed")
+
+
+def peft_lycoris_metadata() -> None:
+    """``peft_meta_{loha,lokr}_sd1.safetensors``: peft's LoHa / LoKr (``alpha`` 8, ``r`` 4) on the tiny SD 1.x UNet,
+    saved by diffusers' ``save_lora_adapter`` (bare module keys, the config as bare ``lora_adapter_metadata``);
+    reference: peft's own ``merge()`` of each layer (``peft_meta_lycoris_refs.npz``)."""
+    from peft import LoHaConfig, LoKrConfig
+
+    refs = {}
+    for name, cfg in (("peft_meta_loha_sd1", LoHaConfig(r=4, alpha=8, target_modules=SD1_MODULES[:5],
+                                                         init_weights=False)),
+                      ("peft_meta_lokr_sd1", LoKrConfig(r=4, alpha=8, target_modules=SD1_MODULES[:5],
+                                                         init_weights=False, decompose_factor=4))):
+        unet = make_unet(0)
+        before = {k: v.clone() for k, v in unet.state_dict().items()}
+        unet.add_adapter(cfg)
+        _randomize(unet, 7)
+        with tempfile.TemporaryDirectory() as tmp:
+            unet.save_lora_adapter(tmp, weight_name="x.safetensors")
+            (OUT / f"{name}.safetensors").write_bytes((Path(tmp) / "x.safetensors").read_bytes())
+        for m in unet.modules():
+            if hasattr(m, "merge") and hasattr(m, "get_delta_weight"):
+                m.merge()
+        for k, v in unet.state_dict().items():
+            k = k.replace("base_layer.", "")
+            if k in before and not torch.equal(v, before[k]):
+                refs[f"{name}/unet/{k}"] = (v.float() - before[k].float()).numpy()
+    np.savez_compressed(OUT / "peft_meta_lycoris_refs.npz", **refs)
+    print(f"peft LoHa/LoKr metadata: {len(refs)} parameters changed")
+
+
+SD3_CONFIG = ROOT / "tests" / "data" / "pipelines" / "tiny-sd3" / "transformer" / "config.json"
+#: kohya sd-scripts' SD3 LoRA modules (``networks/lora_sd3.py``: Stability's MMDiT names flattened after ``lora_unet_``)
+SD3_KOHYA = ["joint_blocks.0.x_block.attn.qkv", "joint_blocks.0.x_block.attn2.qkv", "joint_blocks.0.context_block.attn.qkv",
+             "joint_blocks.0.x_block.adaLN_modulation.1", "joint_blocks.1.context_block.adaLN_modulation.1",
+             "joint_blocks.1.x_block.attn.proj", "joint_blocks.0.x_block.mlp.fc1", "final_layer.adaLN_modulation.1",
+             "final_layer.linear", "x_embedder.proj", "context_embedder", "t_embedder.mlp.0", "y_embedder.mlp.2"]
+
+
+def sd3_kohya() -> None:
+    """``sd3_kohya.safetensors``: a LoRA on the tiny SD3 transformer of ``tests/data/pipelines/tiny-sd3`` in kohya
+    sd-scripts' SD3 names (``lora_unet_joint_blocks_0_x_block_attn_qkv.lora_down.weight``, ``.alpha`` 2, rank 4; the
+    fused ``qkv`` and adaLN layers, the last block's pre-only context adaLN, the final layer, the patch embedder's
+    conv). diffusers 0.42 does not load such files, so the reference is diffusers' own single-file converter
+    (``convert_sd3_transformer_checkpoint_to_diffusers``) applied to each layer's full change
+    ``0.8 * alpha / rank * up @ down`` written under its Stability name, every other tensor zero: it splits q, k, v
+    and swaps the adaLN halves as it does for weights (``sd3_kohya_refs.npz``: ``<diffusers parameter>``)."""
+    import re
+    import sys
+
+    from diffusers import SD3Transformer2DModel
+    from diffusers.loaders.single_file_utils import convert_sd3_transformer_checkpoint_to_diffusers
+
+    sys.path.insert(0, str(ROOT / "tests" / "checkpoint"))
+    from flow_file_helpers import sd3_transformer  # diffusers -> Stability names (checked by the converter below)
+
+    cfg = {k: v for k, v in json.loads(SD3_CONFIG.read_text()).items() if not k.startswith("_")}
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel(**cfg).eval()
+    params = {k: v.numpy() for k, v in model.state_dict().items() if k != "pos_embed.pos_embed"}
+    stability = sd3_transformer(params, tuple(model.state_dict()["pos_embed.pos_embed"].shape))
+    g = torch.Generator().manual_seed(11)
+    lora, full = {}, {k: torch.zeros(v.shape) for k, v in stability.items()}
+    for mod in SD3_KOHYA:
+        w = stability[mod + ".weight"]
+        conv = w.ndim == 4
+        down = torch.randn(4, *w.shape[1:], generator=g) * 0.3 if conv else torch.randn(4, w.shape[1], generator=g) * 0.3
+        up = torch.randn(w.shape[0], 4, *((1, 1) if conv else ()), generator=g) * 0.3
+        key = "lora_unet_" + mod.replace(".", "_")
+        lora.update({f"{key}.lora_down.weight": down.half(), f"{key}.lora_up.weight": up.half(),
+                     f"{key}.alpha": torch.tensor(2.0)})
+        delta = (up.half().float().reshape(w.shape[0], 4) @ down.half().float().reshape(4, -1)).reshape(w.shape)
+        full[mod + ".weight"] = SCALE * 2.0 / 4 * delta
+    save_file(lora, str(OUT / "sd3_kohya.safetensors"))
+    conv = convert_sd3_transformer_checkpoint_to_diffusers(dict(full))
+    refs = {k: v.numpy() for k, v in conv.items() if v.abs().max() > 0}
+    assert all(re.search(r"\.weight$", k) for k in refs), sorted(refs)
+    assert set(refs) <= set(model.state_dict()), sorted(set(refs) - set(model.state_dict()))
+    np.savez_compressed(OUT / "sd3_kohya_refs.npz", **refs)
+    print(f"SD3 kohya: {len(lora) // 3} layers, {len(refs)} parameters changed")
+
+
+if __name__ == "__main__":
+    OUT.mkdir(parents=True, exist_ok=True)
+    peft_metadata()
+    lycoris_prefix()
+    peft_lycoris_metadata()
+    sd3_kohya()
