@@ -191,9 +191,19 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
                                 "server's limit", field=f"alwayson_scripts.{key}")
         ignored += [f"{where}.{str(f)[:60]}" for f in unit if f not in _QUIET]
         fields[f"controlnets[{len(out)}]"] = where
-        fields.setdefault("control_mask", f"{where}.mask")  # an SD3 inpainting net's mask, in the pipeline's words
         out.append(_unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res))
+        if _reads_mask(out[-1].net):  # an SD3 inpainting net's mask, as the pipeline's errors name it
+            fields.setdefault("control_mask", f"{where}.mask")
     return out, notes, ignored, fields
+
+
+def _reads_mask(net: Any) -> bool:
+    """Whether a unit's net (a file or folder path; a model folder's own part by name) reads a mask of its picture."""
+    from pathlib import Path
+
+    from ..checkpoint.controlnet import reads_mask
+
+    return isinstance(net, str) and Path(net).exists() and reads_mask(Path(net))
 
 
 def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntry, max_pixels: int,
@@ -222,9 +232,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
     control_mask = None
     if mask not in (None, ""):
-        from ..checkpoint.controlnet import reads_mask
-
-        if net.owner is None and reads_mask(net.path):  # alimama's SD3 inpainting net: white = repaint
+        if net.owner is None and _reads_mask(str(net.path)):  # alimama's SD3 inpainting net: white = repaint
             control_mask = b64images.mask_array(b64images.decode(mask, f("mask"), max_pixels), 0, False)
         else:
             notes.append(f"{f('mask')}: only inpainting ControlNets read a mask (sdrt runs SD3's, alimama's design); "
