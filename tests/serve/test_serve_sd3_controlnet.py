@@ -104,7 +104,8 @@ def test_webuiapi_txt2img_with_an_sd3_inpainting_net_reads_the_units_mask(sd3_se
     title = next(m for m in api.controlnet_model_list() if m.startswith("sd3-inpaint ["))
     unit = webuiapi.ControlNetUnit(image=Image.fromarray(picture), mask=Image.fromarray(mask), module="none",
                                    model=title, weight=0.9, resize_mode="Just Resize")
-    r = api.txt2img(prompt=PROMPT, seed=21, width=w, height=h, cfg_scale=5, controlnet_units=[unit])
+    # a dict of its own: webuiapi writes the units into its mutable default alwayson_scripts, which later calls share
+    r = api.txt2img(prompt=PROMPT, seed=21, width=w, height=h, cfg_scale=5, controlnet_units=[unit], alwayson_scripts={})
     assert not any("mask" in note for note in r.info["sdrt_not_honoured"]), r.info["sdrt_not_honoured"]
     got = np.asarray(r.image.convert("RGB")).astype(int)
     path = str(sd3_models / "ControlNet" / "sd3-inpaint")
