@@ -202,7 +202,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     if mode == "img2img":
         upscaler = _img2img_upscaler(overrides, options, registry.models_dir, not_honoured)
         init = _img2img(body, kwargs, limits, not_honoured, upscaler)
-        if body.get("mask") not in (None, ""):  # A1111's "Mask blur: 4", whoever blurred (the pipeline, or _mask_of)
+        if body.get("mask") not in (None, ""):  # A1111's "Mask blur: 4", whoever blurred (the pipeline or _img2img)
             from ..pipelines.maskblur import infotext as blur_infotext
 
             extra_infotext.update(blur_infotext(*_blur_of(body)))
