@@ -3,7 +3,7 @@ from, checked against A1111's rule written here in numpy and Pillow (modules/pro
 mask resized to the latent grid as A1111 resizes it (``Image.resize``'s default filter on the mask as RGB), divided
 by 255 and rounded; then ``init_latent * (1 - latmask) + noise * latmask`` for latent noise (the noise being the
 run's own, the seed's first draw) and ``init_latent * (1 - latmask)`` for latent nothing. The init latent and the
-noise are those the "original" run of the same seed starts from."""
+noise are those the "fill" run of the same seed starts from: A1111 fills the picture (masking.fill) for both."""
 
 from __future__ import annotations
 
@@ -52,7 +52,9 @@ def test_start_latents_are_a1111s(pipe, monkeypatch, rule, rng) -> None:
     """rng="gpu": A1111's per-image noise, each image's seed's first draw, as A1111's create_random_tensors."""
     picture, mask = _picture_and_mask()
     common = dict(init_image=picture, mask=mask, strength=0.6, strength_rule=rule, batch=2, rng=rng)
-    noise, latent = starts(pipe, monkeypatch, **common)
+    noise, latent = starts(pipe, monkeypatch, masked_content="fill", **common)
+    _, original = starts(pipe, monkeypatch, **common)
+    assert np.abs(original - latent).max() > 0.1  # the filled picture encodes to another latent
     h, w = latent.shape[2:]
     lat = a1111_latmask(mask, h, w)[None, None]
     # the mask is one A1111 and the nearest sampling see differently
@@ -84,8 +86,8 @@ def test_refusals(pipe) -> None:
     picture, mask = _picture_and_mask()
     with pytest.raises(InputError, match="masked_content.*no mask"):
         validate("x", init_image=picture, masked_content="latent noise")
-    with pytest.raises(InputError, match="unknown masked_content 'fill'"):
-        validate("x", init_image=picture, mask=mask, masked_content="fill")
+    with pytest.raises(InputError, match="unknown masked_content 'blur'"):
+        validate("x", init_image=picture, mask=mask, masked_content="blur")
     with pytest.raises(InputError, match="unknown argument .inpainting_fill.*pass masked_content instead"):
         pipe.generate("x", init_image=picture, mask=mask, inpainting_fill=2)
 

@@ -4,7 +4,8 @@ upscaler, then fills it (masking.fill) where the mask fitted the same way repain
 colours are then the cropped picture's. The fill itself is checked pixel for pixel against A1111's own in
 test_serve_fill_a1111.py; here the order: the reference is that fill applied to A1111's geometry computed in numpy
 and Pillow (the crop, then the fill), which filling first and cropping after would miss by far. The last test sends
-a request and checks that the picture its run starts from is A1111's filled one (tests/serve/data/a1111_fill.npz)."""
+a request and checks that the picture its run starts from is A1111's filled one (tests/serve/data/a1111_fill.npz). The fill
+is the pipeline's masked_content="fill" (tests/pipelines/test_masked_fill.py)."""
 
 from __future__ import annotations
 
@@ -53,20 +54,22 @@ def pipe():
 
 
 def test_fill_takes_the_colour_of_the_fitted_picture(pipe) -> None:
+    from sdrt.pipelines import validate
     from sdrt.serve.a1111 import _img2img
     from sdrt.serve.b64images import fill_masked
     from sdrt.serve.config import Limits
-    from sdrt.serve.jobs import _fill_after_fit
 
     picture, mask = _picture_and_mask()
     body = {"init_images": [_b64(picture)], "mask": _b64(mask), "mask_blur": 0, "inpainting_fill": 0,
             "resize_mode": 1, "denoising_strength": 0.5}
     kwargs: dict = {"width": 64, "height": 64}
     _img2img(body, kwargs, Limits(), [], upscaler="Lanczos")
-    assert kwargs.pop("_fill_after_fit") is True  # the worker fills, after its pipeline fitted the picture
+    assert kwargs["masked_content"] == "fill"  # the pipeline fills, after it fitted the picture
     np.testing.assert_array_equal(kwargs["init_image"], picture)  # nothing filled before the fit
-    _fill_after_fit(pipe, kwargs)
-    sent = kwargs["init_image"]
+    try:
+        sent, _ = pipe._fit_init(validate("x", **kwargs))  # the picture the run starts from
+    finally:
+        pipe._paste = None
     assert sent.shape == (64, 64, 3) and kwargs["init_upscaler"] == "Lanczos"
 
     # A1111: the picture and the mask cropped and resized, then the whole picture replaced by masking.fill's
@@ -103,8 +106,8 @@ def test_a_request_fills_after_the_upscaler(server) -> None:
 
 def test_a_request_starts_from_a1111s_filled_picture(server) -> None:
     """Through the server, no upscaler, the picture at the size: inpainting_fill 0 on a picture runs as
-    inpainting_fill 1 (the picture kept as sent) on A1111's own fill of it, the same seed giving the same image;
-    the unfilled picture gives another."""
+    inpainting_fill 1 (the picture kept as sent) on A1111's own fill of it, the same seed giving the same image
+    (but for the overlay's rim); the unfilled picture gives another."""
     from pathlib import Path
 
     import httpx
@@ -119,5 +122,12 @@ def test_a_request_starts_from_a1111s_filled_picture(server) -> None:
         plain = client.post("/sdapi/v1/img2img", json={**body, "init_images": [_b64(picture)], "inpainting_fill": 1})
     for r in (fill, a1111, plain):
         assert r.status_code == 200, r.text
-    assert fill.json()["images"] == a1111.json()["images"]
-    assert fill.json()["images"] != plain.json()["images"]
+    pixels = {k: [np.asarray(Image.open(io.BytesIO(base64.b64decode(b))).convert("RGB")) for b in r.json()["images"]]
+              for k, r in (("fill", fill), ("a1111", a1111), ("plain", plain))}
+    # the PNGs' infotexts differ (Masked content), and so does A1111's overlay on the mask's grey rim below 128: it
+    # pastes back the picture as sent (unfilled) there, through the doubled mask; elsewhere the same pixels
+    same = (mask >= 128) | (mask == 0)
+    assert same.mean() > 0.9
+    np.testing.assert_array_equal(pixels["fill"][0][same], pixels["a1111"][0][same])
+    np.testing.assert_array_equal(pixels["fill"][0][mask == 0], picture[mask == 0])
+    assert np.abs(pixels["fill"][0].astype(int) - pixels["plain"][0].astype(int)).max() > 0

@@ -54,16 +54,14 @@ def _parsed(fill: int) -> tuple[dict, list]:
 
 
 def test_fill_2_and_3_map_to_masked_content() -> None:
-    from sdrt.serve.b64images import fill_masked
-
     picture, mask = _picture_and_mask()
-    for fill, content in ((2, "latent noise"), (3, "latent nothing")):
+    for fill, content in ((0, "fill"), (2, "latent noise"), (3, "latent nothing")):
         kwargs, notes = _parsed(fill)
         assert notes == [] and kwargs["masked_content"] == content
-        # A1111 fills the picture for every fill but 1, before the VAE encodes it
-        np.testing.assert_array_equal(kwargs["init_image"], fill_masked(picture, mask))
-    for fill in (0, 1):
-        assert "masked_content" not in _parsed(fill)[0]
+        # the pipeline fills the picture for every value but "original", as A1111 for every fill but 1, before the
+        # VAE encodes it (tests/pipelines/test_masked_fill.py)
+        np.testing.assert_array_equal(kwargs["init_image"], picture)
+    assert "masked_content" not in _parsed(1)[0]
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,9 @@
 sends 0) and ``inpaint_full_res_padding`` (A1111's default 32) run as the pipeline's ``inpaint_area="only masked"``
 (its images against diffusers' padding_mask_crop: tests/pipelines/test_only_masked.py). Here: the request's fields
 reach it (the picture at its own size, the blurred mask, the padding), the answer is the picture's size with A1111's
-infotext fields and nothing named as not honoured, inpainting_fill 0 fills the fitted cut-out (A1111's order: crop,
-fit, then masking.fill), and a blank mask runs as A1111's img2img fallback, named."""
+infotext fields and nothing named as not honoured, inpainting_fill 0, 2 and 3 are the pipeline's masked_content
+(which fills the fitted cut-out: tests/pipelines/test_masked_fill.py), and a blank mask runs as A1111's img2img
+fallback, named."""
 
 from __future__ import annotations
 
@@ -50,8 +51,10 @@ def test_the_fields_reach_the_pipeline() -> None:
     assert notes == []
     assert (kwargs["inpaint_area"], kwargs["inpaint_padding"]) == ("only masked", 8)
     np.testing.assert_array_equal(kwargs["init_image"], picture)  # its own size: the pipeline cuts it
-    np.testing.assert_array_equal(kwargs["mask"], mask_array(Image.fromarray(mask), 4, False))  # blurred, own size
-    assert "resize_mode" not in kwargs and "_fill_after_fit" not in kwargs
+    np.testing.assert_array_equal(kwargs["mask"], mask_array(Image.fromarray(mask), 0, False))  # its own size
+    assert kwargs["mask_blur"] == (4, 4)  # the pipeline blurs it there (sdrt.pipelines.maskblur)
+    assert "resize_mode" not in kwargs and "masked_content" not in kwargs
+    assert "mask_overlay" not in kwargs  # only masked pastes back anyway
     kwargs = {"width": 64, "height": 64}
     _img2img({**body, "inpaint_full_res": True, "inpaint_full_res_padding": None}, kwargs, Limits(), notes)
     assert kwargs["inpaint_padding"] == 32  # A1111's default
@@ -71,25 +74,19 @@ def pipe():
         yield p
 
 
-def test_fill_0_fills_the_fitted_cut_out(pipe) -> None:
-    """The worker's fill (jobs.Worker._run sets it on the pipeline) runs on the cut-out once fitted, from its own
-    colours, as A1111's img2img init does; filling the whole picture first and cutting after gives other colours."""
-    from sdrt.pipelines import validate
-    from sdrt.pipelines.onlymasked import prepare
-    from sdrt.serve.b64images import fill_masked
+def test_fill_0_is_the_pipelines_fill(pipe) -> None:
+    """inpainting_fill 0, 2 and 3 are the pipeline's masked_content, which fills the cut-out once fitted, as A1111's
+    img2img init does (tests/pipelines/test_masked_fill.py checks the order)."""
+    from sdrt.serve.a1111 import _img2img
+    from sdrt.serve.config import Limits
 
     picture, mask = _picture_and_mask()
-    s = validate("x", init_image=picture, mask=mask, inpaint_area="only masked", inpaint_padding=4, width=64,
-                 height=64)
-    pipe._init_fill = fill_masked
-    try:
-        init, _ = pipe._fit_init(s)
-    finally:
-        pipe._init_fill = pipe._paste = None
-    cut, cut_mask, _ = prepare(picture, mask, 64, 64, 4)
-    np.testing.assert_array_equal(init, fill_masked(cut, cut_mask))
-    wrong, _, _ = prepare(fill_masked(picture, mask), mask, 64, 64, 4)
-    assert np.abs(wrong.astype(int) - init.astype(int)).max() > 10
+    body = {"init_images": [_b64(picture)], "mask": _b64(mask), "mask_blur": 0, "inpaint_full_res": 1}
+    for fill, content in ((0, "fill"), (2, "latent noise"), (3, "latent nothing")):
+        kwargs: dict = {"width": 64, "height": 64}
+        _img2img({**body, "inpainting_fill": fill}, kwargs, Limits(), [])
+        assert kwargs["masked_content"] == content
+        np.testing.assert_array_equal(kwargs["init_image"], picture)
 
 
 def test_a_request_runs_only_the_masked_area(server) -> None:
@@ -112,9 +109,9 @@ def test_a_request_runs_only_the_masked_area(server) -> None:
     assert "Inpaint area: Only masked, Masked area padding: 6" in info["infotexts"][0]
     image = _decode(only.json()["images"][0])
     assert image.shape == picture.shape  # pasted back into the picture, at its size
-    from PIL import ImageFilter
+    from sdrt.pipelines.maskblur import blur
 
-    blurred = np.asarray(Image.fromarray(mask).filter(ImageFilter.GaussianBlur(2)))
+    blurred = blur(mask, 2, 2)  # A1111's blur (OpenCV's), at the picture's size
     changed = np.any(image != picture, axis=-1)
     assert changed.any() and not changed[blurred == 0].any()  # the picture kept wherever the mask is black
     assert filled.json()["images"] != only.json()["images"]

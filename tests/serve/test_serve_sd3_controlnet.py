@@ -71,7 +71,7 @@ def test_webuiapi_img2img_with_an_sd3_controlnet_unit(sd3_server, sd3_models, ca
     if case.startswith("inpaint"):
         mask = refs[f"{case}/mask"]
         kw.update(mask_image=Image.fromarray(mask), inpainting_fill=1, inpaint_full_res=False, mask_blur=0)
-        args["mask"] = mask
+        args["mask"], args["mask_overlay"] = mask, True  # serve's A1111 routes paste the picture back, as A1111
     r = api.img2img(images=[Image.fromarray(init)], controlnet_units=[unit], **kw)
     assert not any("ontrol" in note for note in r.info["sdrt_not_honoured"]), r.info["sdrt_not_honoured"]
     assert 'ControlNet 0: "Module: none, Model: sd3-canny, Weight: 0.8' in r.info["infotexts"][0]

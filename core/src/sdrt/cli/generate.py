@@ -85,7 +85,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--mask", default=None, help="inpainting mask, white = repaint (needs --init-image)")
     p.add_argument("--masked-content", default=None, metavar="MODE",
                    help='what the area --mask repaints starts from (A1111\'s "Masked content"): original (default: '
-                        'the init image), "latent noise" (the run\'s noise there) or "latent nothing" (zeros there)')
+                        'the init image), fill (the picture filled there from its surroundings, A1111\'s masking.fill), '
+                        '"latent noise" (filled, then the run\'s noise there) or "latent nothing" (filled, then zeros)')
+    p.add_argument("--mask-blur", default=None, metavar="PIXELS",
+                   help="blur --mask by this many pixels at its own size, as A1111's \"Mask blur\" (a Gaussian of "
+                        "that sigma, OpenCV's); X,Y blurs across and down apart (default 0; A1111's is 4)")
+    p.add_argument("--mask-overlay", action="store_true", default=None,
+                   help="composite the init image back over the result where --mask keeps it (A1111 always does; "
+                        "--inpaint-area only-masked always pastes back)")
     p.add_argument("--inpaint-area", default=None, metavar="AREA",
                    help='which area a --mask run paints at --width/--height (A1111\'s "Inpaint area"): whole-picture '
                         '(default) or only-masked (the mask\'s box, --inpaint-padding pixels wider and grown to the '
@@ -253,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
                    strength_rule=args.strength_rule, init_upscaler=args.init_upscaler,
                    mask=args.mask, masked_content=args.masked_content, resize_mode=args.resize_mode, batch=args.batch, batch_count=args.batch_count,
                    inpaint_area=args.inpaint_area, inpaint_padding=args.inpaint_padding,
+                   mask_blur=_mask_blur(args.mask_blur), mask_overlay=args.mask_overlay,
                    clip_skip=args.clip_skip,
                    guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length,
                    guidance_rescale=args.guidance_rescale, reference_images=args.reference_images,
@@ -334,3 +342,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"writing the compile cache for the next run ({deferred.pending()} part(s))", file=sys.stderr)
         wait_for_stores()
     return 0
+
+
+def _mask_blur(text: str | None) -> object:
+    """``--mask-blur N`` or ``X,Y`` as validate's ``mask_blur`` (an int or a pair); anything else goes as given, for
+    validate to refuse by name."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
+        values = [int(p) for p in parts]
+        return values[0] if len(values) == 1 else tuple(values)
+    return text
+

@@ -18,7 +18,10 @@ A small area to repaint is cut out of the init image, run at the full ``width x 
 
 The images come back at the init image's size. The infotext says ``Inpaint area: Only masked`` and ``Masked area
 padding: N`` as A1111 writes them. A mask with nothing to repaint (all black) is refused: A1111 then runs plain
-img2img without the mask and says so in a comment, diffusers' crop region is undefined."""
+img2img without the mask and says so in a comment, diffusers' crop region is undefined.
+
+The whole-picture mode's paste-back (``mask_overlay=True``) is :class:`Overlay`: A1111's ``apply_overlay`` without
+the crop, the fitted picture composited over each image through the fitted mask doubled (:func:`overlay_alpha`)."""
 
 from __future__ import annotations
 
@@ -103,20 +106,51 @@ class Paste:
 
     def __call__(self, image: np.ndarray) -> np.ndarray:
         """One HxWx3 uint8 image of the run, pasted (the module's step 3)."""
-        from PIL import Image, ImageOps
+        from PIL import Image
 
         from .images import CROP_AND_RESIZE, fit_array
 
         x1, y1, x2, y2 = self.box
         back = fit_array(np.ascontiguousarray(image, dtype=np.uint8), x2 - x1, y2 - y1, CROP_AND_RESIZE,
                          enlarge=self.enlarge)
-        h, w = self.picture.shape[:2]
-        picture = Image.fromarray(self.picture)
-        kept = Image.new("RGBa", (w, h))  # the picture, premultiplied by its kept share (255 - mask)
-        kept.paste(picture.convert("RGBA").convert("RGBa"), mask=ImageOps.invert(Image.fromarray(self.overlay, "L")))
-        base = picture.convert("RGBA")  # outside the box the mask is black: the picture, whatever lies below
+        base = Image.fromarray(self.picture).convert("RGBA")  # outside the box the mask is black: the picture
         base.paste(Image.fromarray(back).convert("RGBA"), (x1, y1))
-        base.alpha_composite(kept.convert("RGBA"))
+        base.alpha_composite(kept_layer(self.picture, self.overlay))
+        return np.asarray(base.convert("RGB"), dtype=np.uint8)
+
+
+def kept_layer(picture: np.ndarray, alpha: np.ndarray) -> Any:
+    """A1111's overlay image: the picture (HxWx3 uint8) premultiplied by its kept share, 255 - ``alpha`` (HxW uint8,
+    white = repaint), as an RGBA Pillow image to alpha-composite over a run's image (``apply_overlay``)."""
+    from PIL import Image, ImageOps
+
+    h, w = picture.shape[:2]
+    kept = Image.new("RGBa", (w, h))
+    kept.paste(Image.fromarray(np.ascontiguousarray(picture, np.uint8)).convert("RGBA").convert("RGBa"),
+               mask=ImageOps.invert(Image.fromarray(np.ascontiguousarray(alpha, np.uint8), "L")))
+    return kept.convert("RGBA")
+
+
+def overlay_alpha(fitted: np.ndarray) -> np.ndarray:
+    """A1111's whole-picture ``mask_for_overlay``: the fitted grey mask doubled, clipped to 255 (processing.py:
+    ``np.clip(mask * 2, 0, 255)``): half a level of blur already keeps the run's pixels alone."""
+    return np.clip(fitted.astype(np.float32) * 2, 0, 255).astype(np.uint8)
+
+
+@dataclass
+class Overlay:
+    """``mask_overlay`` in the whole-picture mode: the fitted init image (before any fill) composited over each
+    image of the run where :func:`overlay_alpha` of the fitted mask keeps it, as A1111's ``apply_overlay`` without
+    a paste location: where the mask is black the picture comes back byte for byte."""
+
+    picture: np.ndarray
+    alpha: np.ndarray
+
+    def __call__(self, image: np.ndarray) -> np.ndarray:
+        from PIL import Image
+
+        base = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).convert("RGBA")
+        base.alpha_composite(kept_layer(self.picture, self.alpha))
         return np.asarray(base.convert("RGB"), dtype=np.uint8)
 
 
@@ -144,5 +178,5 @@ def infotext(padding: int) -> dict[str, object]:
     return {"Inpaint area": "Only masked", "Masked area padding": padding}
 
 
-__all__ = ["AREAS", "DEFAULT_PADDING", "ONLY_MASKED", "WHOLE_PICTURE", "Paste", "check_area", "check_padding",
-           "crop_box", "infotext", "prepare"]
+__all__ = ["AREAS", "DEFAULT_PADDING", "ONLY_MASKED", "WHOLE_PICTURE", "Overlay", "Paste", "check_area",
+           "check_padding", "crop_box", "infotext", "kept_layer", "overlay_alpha", "prepare"]

@@ -514,8 +514,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         mask), mask (white = repaint), resize_mode ("Just Resize"; how the init image and mask meet width and height:
         ``sdrt.pipelines.RESIZE_MODES``), strength_rule ("diffusers", "a1111" or "a1111-fix-steps": which steps
         strength runs, sdrt.pipelines.strength), init_upscaler (A1111's upscaler_for_img2img: what enlarges an init
-        image that grows), masked_content ("original", "latent noise" or "latent nothing": what the area a mask
-        repaints starts from, A1111's inpainting_fill 1, 2, 3; sdrt.pipelines.maskedcontent), batch=1, batch_count=1, clip_skip=1``; the toolbox's
+        image that grows), masked_content ("original", "fill", "latent noise" or "latent nothing": what the area a
+        mask repaints starts from, A1111's inpainting_fill 1, 0, 2, 3; sdrt.pipelines.maskedcontent), mask_blur (0;
+        pixels, or (x, y): A1111's mask blur, sdrt.pipelines.maskblur), mask_overlay (False; True: the init image
+        composited back where the mask keeps it, as A1111), inpaint_area and inpaint_padding
+        (sdrt.pipelines.onlymasked), batch=1, batch_count=1, clip_skip=1``; the toolbox's
         ``controlnets=[(net, image, scale, start, end)]``, ``hires_scale, hires_steps, hires_denoise,
         hires_upscaler``, ``rng="cpu"|"gpu"|"nv", subseed, subseed_strength``, ``preview`` and ``preview_size``
         (docs/toolbox.md). ``callback(step, total, latents)`` is called after every step (it may call
@@ -607,7 +610,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             s.reference_images = prepare(s.reference_images, s.reference_resize)
             if s.width is None and s.height is None:  # BFL's and ComfyUI's Kontext: the first reference's size
                 s.height, s.width = s.reference_images[0].shape[:2]
-        if s.masked_content != "original" and self.family.flow:
+        if s.masked_content not in ("original", "fill") and self.family.flow:  # the fill is pixels, any model's
             raise InputError(f"{{@masked_content}} {s.masked_content!r} is A1111's, for SD 1.x/2.x/XL inpainting; "
                              f"this is a {self.family.label} model", where="masked_content",
                              fix="leave {@masked_content} unset (\"original\")")
@@ -711,6 +714,10 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 why = f" and {given} was asked: it runs at {tw}x{th}, in the picture's aspect ratio;"
         mode, note = s.resize_mode, ""
         gray = mask_gray(s.mask) if s.mask is not None else None
+        if gray is not None and s.mask_blur != (0, 0):  # A1111's mask blur, at the mask's own size
+            from .maskblur import blur
+
+            gray = blur(gray, *s.mask_blur)
         if gray is not None and s.inpaint_area == ONLY_MASKED:  # the mask's area cut out, run, pasted back
             return self._fit_masked_area(s, picture, gray, tw, th)
         if gray is not None and gray.shape not in ((h, w), (th, tw)):
@@ -744,9 +751,27 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             self._init_source = fit_array(picture, *source, mode)
         mask = None
         if gray is not None:
-            mask = binarize(fit_array(gray, tw, th, mode, "mask", "mask"))
+            fitted = fit_array(gray, tw, th, mode, "mask", "mask")
+            mask = binarize(fitted)
+            init = self._masked_start(s, init, fitted, gray)
         s.width, s.height = tw, th
         return init, mask
+
+    def _masked_start(self, s: Settings, init: np.ndarray, fitted: np.ndarray, gray: np.ndarray) -> np.ndarray:
+        """The whole-picture run's init image, as A1111's img2img init makes it: the fitted picture, before any
+        fill, kept for ``mask_overlay`` (sdrt.pipelines.onlymasked.Overlay), then filled where the fitted grey mask
+        repaints for every ``masked_content`` but "original" (sdrt.pipelines.maskedcontent.fill); the latent
+        upscale's picture at its own size is filled there, with the mask stretched to it."""
+        from .maskedcontent import fill, fills
+        from .onlymasked import Overlay, overlay_alpha
+
+        if s.mask_overlay:
+            self._paste = Overlay(init, overlay_alpha(fitted))
+        if not fills(s.masked_content) or self._dry:
+            return init
+        if getattr(self, "_init_source", None) is not None:
+            self._init_source = fill(self._init_source, gray)
+        return fill(init, fitted)
 
     def _fit_masked_area(self, s: Settings, picture: np.ndarray, gray: np.ndarray, tw: int,
                          th: int) -> tuple[np.ndarray, np.ndarray]:
@@ -754,6 +779,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         mask's area and fitted to the run's ``tw x th``; the job's ``_paste`` puts its images back."""
         from .images import RESIZE_AND_FILL, binarize
         from .initupscaler import enlarge
+        from .maskedcontent import fill, fills
         from .onlymasked import prepare
 
         h, w = picture.shape[:2]
@@ -763,8 +789,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                              fix="give a mask of the init image's size (white = repaint)")
         grow = enlarge(s.init_upscaler, RESIZE_AND_FILL, None if self._dry else self._model_upscaler)
         init, mask, paste = prepare(picture, gray, tw, th, s.inpaint_padding, grow)
-        fill = getattr(self, "_init_fill", None)  # sdrt serve's A1111 fill 0, of the fitted cut-out (A1111's order)
-        if fill is not None and not self._dry:
+        if fills(s.masked_content) and not self._dry:  # the fitted cut-out filled (A1111's order: crop, fit, fill)
             init = fill(init, mask)
         x1, y1, x2, y2 = paste.box
         line = (f"only masked: the init image's {x2 - x1}x{y2 - y1} area at ({x1}, {y1}) (the mask's box and "
@@ -788,8 +813,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
     def fit_init_image(self, picture: Any, width: int, height: int, resize_mode: Any = None,
                        init_upscaler: Any = None) -> np.ndarray:
         """``picture`` fitted to ``width`` x ``height`` as a run fits its init image: ``resize_mode``, and
-        ``init_upscaler`` (A1111's ``upscaler_for_img2img``) enlarging it. sdrt serve fills A1111's
-        ``inpainting_fill`` 0 into the fitted picture, as A1111 does, before the run (which then fits nothing)."""
+        ``init_upscaler`` (A1111's ``upscaler_for_img2img``) enlarging it (no mask, no fill: a run with
+        ``masked_content="fill"`` fills the picture so fitted)."""
         from .images import fit_array
         from .images import resize_mode as resize_mode_of
         from .initupscaler import enlarge, parse
@@ -1322,8 +1347,14 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             info["Strength rule"] = s.strength_rule  # sdrt's: A1111 writes no field for its own rule
             if s.init_upscaler is not None:
                 info["Init upscaler"] = s.init_upscaler[0]  # sdrt's: A1111 writes none for upscaler_for_img2img
+        if s.mask is not None:
+            from .maskblur import infotext as blur_infotext
+
+            info.update(blur_infotext(*s.mask_blur))  # A1111's "Mask blur: 4"
         if s.mask is not None and s.masked_content != "original":
-            info["Masked content"] = s.masked_content  # sdrt's field, named as A1111's UI control
+            info["Masked content"] = s.masked_content  # A1111's field and values (it writes none for "original")
+        if s.mask is not None and s.mask_overlay and s.inpaint_area != "only masked":
+            info["Mask overlay"] = True  # sdrt's: A1111 writes none (it always composites)
         if s.mask is not None and s.inpaint_area == "only masked":
             from .onlymasked import infotext as masked_area
 

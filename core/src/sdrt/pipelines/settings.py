@@ -61,6 +61,11 @@ class Settings:
     #: A1111's inpaint_full_res) with inpaint_padding pixels around the mask's box
     inpaint_area: str = "whole picture"
     inpaint_padding: int = 32
+    #: A1111's mask blur (sdrt.pipelines.maskblur): (x, y) pixels, the mask blurred at its own size; (0, 0): not
+    mask_blur: tuple[int, int] = (0, 0)
+    #: A1111's overlay of the whole-picture run (sdrt.pipelines.onlymasked.Overlay): the fitted picture composited
+    #: back over each image where the mask keeps it
+    mask_overlay: bool = False
 
     @property
     def mode(self) -> str:
@@ -131,7 +136,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              max_sequence_length: int | None = None, guidance_rescale: float = 0.0, reference_images: Any = None,
              reference_resize: bool = True, control_image: ImageLike | None = None, resize_mode: Any = None,
              strength_rule: str | None = None, init_upscaler: Any = None, masked_content: str | None = None,
-             inpaint_area: str | None = None, inpaint_padding: int | None = None, **toolbox: Any) -> Settings:
+             inpaint_area: str | None = None, inpaint_padding: int | None = None, mask_blur: Any = None,
+             mask_overlay: Any = None, **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
@@ -144,8 +150,12 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     ``init_upscaler``: what enlarges an init image that grows to the size (A1111's ``upscaler_for_img2img``):
     ``"Lanczos"``, ``"Nearest"`` or a model upscaler (a path, or a name in ``$SDRT_UPSCALERS``); None: a Lanczos
     resize.
-    ``masked_content``: what the area a ``mask`` repaints starts from: ``"original"`` (default), ``"latent noise"``
-    or ``"latent nothing"`` (A1111's masked content 1, 2, 3; :mod:`sdrt.pipelines.maskedcontent`).
+    ``masked_content``: what the area a ``mask`` repaints starts from: ``"original"`` (default), ``"fill"``,
+    ``"latent noise"`` or ``"latent nothing"`` (A1111's masked content 1, 0, 2, 3; :mod:`sdrt.pipelines.maskedcontent`).
+    ``mask_blur``: pixels to blur the ``mask`` by at its own size, an integer or ``(x, y)`` (A1111's mask blur;
+    default 0, diffusers'; :mod:`sdrt.pipelines.maskblur`).
+    ``mask_overlay``: composite the fitted init image back over each image where the mask keeps it, as A1111 does
+    (default False, diffusers'; "only masked" always pastes back; :mod:`sdrt.pipelines.onlymasked`).
     ``inpaint_area``: which area a ``mask``'s run paints at ``width`` x ``height``: ``"whole picture"`` (default) or
     ``"only masked"`` (the mask's box, ``inpaint_padding`` pixels wider, default 32, cut out, run and pasted back;
     A1111's "Inpaint area"; :mod:`sdrt.pipelines.onlymasked`).
@@ -240,6 +250,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
             raise InputError("{@masked_content} says what the area a mask repaints starts from, and no mask was "
                              "given", where="masked_content", fix="pass {@mask=} too, or leave {@masked_content} unset")
     area, padding = _inpaint_area(inpaint_area, inpaint_padding, mask, resize_mode, extras)
+    blur, overlay = _mask_options(mask_blur, mask_overlay, mask)
     from .initupscaler import parse as upscaler_of
 
     upscaler = upscaler_of(init_upscaler)
@@ -275,7 +286,22 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                     guidance_rescale=float(guidance_rescale), reference_images=references,
                     reference_resize=bool(reference_resize), control_image=control_image, resize_mode=fit,
                     strength_rule=rule, init_upscaler=upscaler, masked_content=content,
-                    inpaint_area=area, inpaint_padding=padding)
+                    inpaint_area=area, inpaint_padding=padding, mask_blur=blur, mask_overlay=overlay)
+
+
+def _mask_options(blur: Any, overlay: Any, mask: Any) -> tuple[tuple[int, int], bool]:
+    """``mask_blur`` and ``mask_overlay`` checked: each acts on a mask."""
+    from .maskblur import check as check_blur
+
+    xy = (0, 0) if blur is None else check_blur(blur)
+    if overlay is not None and not isinstance(overlay, (bool, np.bool_)):
+        raise InputError(f"{{@mask_overlay}} must be True or False, got {overlay!r:.40}", where="mask_overlay",
+                         fix="pass True (the init image composited back where the mask keeps it, as A1111) or False")
+    for name, given in (("mask_blur", blur is not None and xy != (0, 0)), ("mask_overlay", bool(overlay))):
+        if given and mask is None:
+            raise InputError(f"{{@{name}}} acts on a mask, and no mask was given", where=name,
+                             fix=f"pass {{@mask=}} too, or leave {{@{name}}} unset")
+    return xy, bool(overlay)
 
 
 def _inpaint_area(area: Any, padding: Any, mask: Any, resize_mode: Any, toolbox: Any) -> tuple[str, int]:
@@ -324,7 +350,7 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
             "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "guidance_rescale",
             "reference_images", "reference_resize", "control_image", "resize_mode", "strength_rule", "init_upscaler",
-            "masked_content", "inpaint_area", "inpaint_padding",
+            "masked_content", "inpaint_area", "inpaint_padding", "mask_blur", "mask_overlay",
             *TOOLBOX_KEYWORDS)
 
 
@@ -348,6 +374,7 @@ _OTHER_NAMES = {
     "inpainting_fill": "masked_content",
     "inpaint_full_res": "inpaint_area='only masked'", "inpaint_full_res_padding": "inpaint_padding",
     "padding_mask_crop": "inpaint_area='only masked' and inpaint_padding",
+    "mask_blur_x": "mask_blur=(x, y)", "mask_blur_y": "mask_blur=(x, y)",
     "refiner_switch_by_sample_steps": "refiner_switch_by_steps",
     "refiner_checkpoint": "refiner (a model path or a loaded pipeline)",
     "hires_fix_refiner_pass": "hires_refiner_pass (A1111's option: 'first pass', 'second pass' or 'both passes')",

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..pipelines.images import JUST_RESIZE, LATENT_UPSCALE, RESIZE_MODES
+from ..pipelines.maskedcontent import A1111_FILL
 from . import b64images, controlnet, extras, kontext, modules
 from .config import Limits
 from .errors import ApiError, from_pipeline
@@ -52,7 +53,7 @@ override_settings override_settings_restore_afterwards refiner_checkpoint refine
 firstpass_image comments enable_hr firstphase_width firstphase_height hr_scale hr_upscaler hr_second_pass_steps
 hr_resize_x hr_resize_y hr_checkpoint_name hr_sampler_name hr_scheduler hr_prompt hr_negative_prompt force_task_id
 sampler_index script_name script_args send_images save_images alwayson_scripts infotext resize_mode image_cfg_scale
-mask_blur mask_blur_x mask_blur_y inpainting_fill inpaint_full_res inpaint_full_res_padding inpainting_mask_invert
+mask_blur mask_blur_x mask_blur_y mask_round inpainting_fill inpaint_full_res inpaint_full_res_padding inpainting_mask_invert
 initial_noise_multiplier latent_mask include_init_images init_images mask""".split())
 #: override_settings keys that sdrt reads; any other is named as not honoured
 _OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae", "randn_source", "forge_additional_modules",
@@ -197,11 +198,14 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
                                      else "randn_source")]
     kwargs: dict[str, Any] = dict(steps=steps, cfg=cfg, sampler=sampler, schedule=scheduler, width=width,
                                   height=height, batch=batch, clip_skip=clip_skip, rng=rng)
-    init, fill_after_fit = None, False
+    init, extra_infotext = None, {}
     if mode == "img2img":
         upscaler = _img2img_upscaler(overrides, options, registry.models_dir, not_honoured)
         init = _img2img(body, kwargs, limits, not_honoured, upscaler)
-        fill_after_fit = kwargs.pop("_fill_after_fit", False)
+        if body.get("mask") not in (None, ""):  # A1111's "Mask blur: 4", whoever blurred (the pipeline or _img2img)
+            from ..pipelines.maskblur import infotext as blur_infotext
+
+            extra_infotext.update(blur_infotext(*_blur_of(body)))
         # A1111's img2img steps (sdrt.pipelines.strength): t_enc + 1 steps of the schedule, or with its
         # img2img_fix_steps option a schedule stretched so that exactly the steps run
         kwargs["strength_rule"] = "a1111-fix-steps" if option_bool(overrides, options, "img2img_fix_steps") \
@@ -215,7 +219,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     refiner = _refiner(body, kwargs, registry, model, not_honoured, passes, by_steps)
     # A1111's apply_refiner writes it at every denoiser call while the option is on, with a refiner or without
     # (sd_samplers_common.py); the pipeline writes it with its refiner, the worker without one
-    extra_infotext = {"Refiner switch by sampling steps": True} if by_steps and refiner is None else {}
+    if by_steps and refiner is None:
+        extra_infotext["Refiner switch by sampling steps"] = True
     nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
                                                           init, "hires_scale" in kwargs,
                                                           max(limits.max_width, limits.max_height))
@@ -241,7 +246,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN) + net_fields
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled,
                 max_size=(limits.max_width, limits.max_height), fields=net_names, size_from=size_from,
-                fill_after_fit=fill_after_fit, extra_infotext=extra_infotext)
+                extra_infotext=extra_infotext)
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
 
 
@@ -418,17 +423,20 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
     picture = b64images.rgb_array(img)
     mask = body.get("mask")
     gray = blank = None
+    blur = (0, 0)
     if mask is not None and mask != "":
-        gray = _mask(body, mask, max_pixels)
+        gray = _mask(body, mask, max_pixels, not_honoured)
+        blur = _blur_of(body)
         if get_bool(body, "inpaint_full_res", False):
-            if gray.any():
-                return _only_masked(body, kwargs, img, picture, gray, upscaler)
+            if _blurred(gray, blur).any():  # A1111 looks for the box in the blurred mask
+                return _only_masked(body, kwargs, img, picture, gray, blur, upscaler)
             # A1111: 'Unable to perform "Inpaint Only mask" because mask is blank, switch to img2img mode': the
             # whole picture repainted, no fill, no overlay; here an all-white mask (an inpainting UNet's
             # conditioning is then A1111's for no mask: the mask all ones, the masked picture all zeros)
             not_honoured.append("inpaint_full_res: the mask is blank (nothing to repaint), so there is no masked "
                                 "area to cut out: the whole picture ran as img2img, as in A1111")
             blank = gray = np.full_like(gray, 255)
+            blur = (0, 0)
     latent = mode == LATENT_UPSCALE
     # an upscaler runs a model on the worker's device: the pipeline fits the picture then (the same fit_image)
     fitted_later = latent or upscaler is not None
@@ -439,61 +447,76 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
         kwargs["init_upscaler"] = upscaler
     kwargs["strength"] = get_float(body, "denoising_strength", 0.75, 0.0, 1.0, low_open=True)
     if gray is not None:
-        # A1111 blurs the mask at its own size, then fits it with the init images' resize_mode (processing.py:
-        # images.resize_image(self.resize_mode, image_mask, ...)); clients send masks at their own canvas size.
-        # Under latent upscale it is stretched to the size, as the picture's latents are
-        kwargs["mask"] = _fit(gray, width, height, JUST_RESIZE if latent else mode, "mask")
+        # A1111 blurs the mask at its own size (mask_blur_x, mask_blur_y), then fits it with the init images'
+        # resize_mode (processing.py: images.resize_image(self.resize_mode, image_mask, ...)): the pipeline's
+        # mask_blur and fit where the pipeline fits the picture (an upscaler, latent upscale) and the mask has its
+        # size. Clients send masks at their own canvas size (under latent upscale stretched, as the latents are); a
+        # mask that meets the picture here (fitted here too, or of another size) is blurred here, by the same code
+        if fitted_later and gray.shape == picture.shape[:2]:
+            kwargs["mask"] = gray
+            if blur != (0, 0):
+                kwargs["mask_blur"] = blur
+        else:
+            kwargs["mask"] = _fit(_blurred(gray, blur), width, height, JUST_RESIZE if latent else mode, "mask")
         fill = 1 if blank is not None else get_int(body, "inpainting_fill", 1, 0, 3)
-        # A1111's img2img init fills the picture (masking.fill) for every fill but 1 (original); 2 (latent noise)
-        # and 3 (latent nothing) then change the VAE-encoded latent where the mask repaints: the pipeline's
-        # masked_content (sdrt.pipelines.maskedcontent)
-        if fill != 1 and upscaler is not None and not latent:
-            # A1111 fits (upscales) the picture, then fills it where the fitted mask repaints, from the colours of
-            # the fitted picture (Crop and Resize: the cropped picture's): the worker does both, the
-            # upscaler being its pipeline's (jobs.Worker._run)
-            kwargs["_fill_after_fit"] = True
-        elif fill != 1:
-            # latent upscale keeps the picture at its own size: it is filled there, with the mask as sent when it
-            # has that size, else the fitted mask stretched to it (A1111 fails: masking.fill pastes a mask of
-            # another size)
-            own = gray if latent and gray.shape == picture.shape[:2] else kwargs["mask"]
-            kwargs["init_image"] = b64images.fill_masked(kwargs["init_image"], own)
-        if fill in (2, 3):
-            kwargs["masked_content"] = "latent noise" if fill == 2 else "latent nothing"
+        # A1111's img2img init fills the fitted picture (masking.fill) for every fill but 1 (original); 2 (latent
+        # noise) and 3 (latent nothing) then change the VAE-encoded latent where the mask repaints: the pipeline's
+        # masked_content (sdrt.pipelines.maskedcontent), which fits (through the upscaler), then fills, as A1111
+        if fill != 1:
+            kwargs["masked_content"] = A1111_FILL[fill]
+        if blank is None:  # A1111 pastes the fitted picture back where the mask keeps it (apply_overlay)
+            kwargs["mask_overlay"] = True
     return img
 
 
-def _mask(body: dict[str, Any], mask: Any, max_pixels: int) -> Any:
-    """The request's mask, HxW uint8 at its own size: inverted (inpainting_mask_invert), then blurred (mask_blur)."""
-    m = b64images.decode(mask, "mask", max_pixels)
+def _blur_of(body: dict[str, Any]) -> tuple[int, int]:
+    """A1111's mask blur: ``mask_blur`` sets both directions, else ``mask_blur_x`` and ``mask_blur_y`` (4 each)."""
     blur = get_int(body, "mask_blur", None, 0, 64)
-    if blur is None:
-        blur = max(get_int(body, "mask_blur_x", 4, 0, 64), get_int(body, "mask_blur_y", 4, 0, 64))
+    if blur is not None:
+        return blur, blur
+    return get_int(body, "mask_blur_x", 4, 0, 64), get_int(body, "mask_blur_y", 4, 0, 64)
+
+
+def _blurred(gray: Any, blur: tuple[int, int]) -> Any:
+    """``gray`` blurred as A1111 blurs a mask (sdrt.pipelines.maskblur, the pipeline's mask_blur)."""
+    from ..pipelines.maskblur import blur as mask_blur
+
+    return mask_blur(gray, *blur)
+
+
+def _mask(body: dict[str, Any], mask: Any, max_pixels: int, not_honoured: list[str]) -> Any:
+    """The request's mask, HxW uint8 at its own size, as A1111's create_binary_mask reads it (an alpha mask rounded
+    unless mask_round is false), then inverted (inpainting_mask_invert); not yet blurred."""
+    m = b64images.decode(mask, "mask", max_pixels)
     invert = get_int(body, "inpainting_mask_invert", 0, 0, 1) == 1
-    return b64images.mask_array(m, blur, invert)
+    round_alpha = get_bool(body, "mask_round", True)
+    if not round_alpha:
+        not_honoured.append("mask_round: false keeps an alpha mask's levels, but the run's latent mask is still "
+                            "rounded (sdrt's pipeline binarizes it)")
+    return b64images.mask_array(m, 0, invert, round_alpha)
 
 
 def _only_masked(body: dict[str, Any], kwargs: dict[str, Any], img: Any, picture: Any, gray: Any,
-                 upscaler: str | None) -> Any:
+                 blur: tuple[int, int], upscaler: str | None) -> Any:
     """A1111's "Inpaint area: Only masked" (``inpaint_full_res``, ``inpaint_full_res_padding``): the pipeline's
-    ``inpaint_area="only masked"`` (sdrt.pipelines.onlymasked) on the picture at its own size and the blurred mask
-    (stretched to the picture's size where the client sent another): the mask's box cut out, fitted with Resize and
-    Fill (resize_mode does not apply, as in A1111), run at width x height and pasted back with the blurred mask.
-    inpainting_fill 0 fills the cut-out picture, as A1111 fills it (the worker, jobs.Worker._run), 2 and 3 change
-    its latent (masked_content)."""
+    ``inpaint_area="only masked"`` (sdrt.pipelines.onlymasked) on the picture at its own size and the mask, blurred
+    by the pipeline's ``mask_blur`` (a mask of another size is blurred here and stretched to the picture's): the
+    blurred mask's box cut out, fitted with Resize and Fill (resize_mode does not apply, as in A1111), run at
+    width x height and pasted back with the blurred mask. inpainting_fill 0, 2 and 3 are the pipeline's
+    masked_content, which fills the fitted cut-out, as A1111 fills it."""
     kwargs["strength"] = get_float(body, "denoising_strength", 0.75, 0.0, 1.0, low_open=True)
     padding = get_int(body, "inpaint_full_res_padding", 32, 0, 4096)
     if gray.shape != picture.shape[:2]:
-        gray = _fit(gray, picture.shape[1], picture.shape[0], JUST_RESIZE, "mask")
+        gray, blur = _fit(_blurred(gray, blur), picture.shape[1], picture.shape[0], JUST_RESIZE, "mask"), (0, 0)
     kwargs["init_image"], kwargs["mask"] = picture, gray
+    if blur != (0, 0):
+        kwargs["mask_blur"] = blur
     if upscaler is not None:  # the pipeline enlarges the cut-out with it (A1111's resize_image(2, ...) does)
         kwargs["init_upscaler"] = upscaler
     fill = get_int(body, "inpainting_fill", 1, 0, 3)
     kwargs["inpaint_area"], kwargs["inpaint_padding"] = "only masked", padding
-    if fill == 0:
-        kwargs["_fill_after_fit"] = True  # the cut-out, once fitted (jobs.Worker._run)
-    elif fill in (2, 3):
-        kwargs["masked_content"] = "latent noise" if fill == 2 else "latent nothing"
+    if fill != 1:
+        kwargs["masked_content"] = A1111_FILL[fill]
     return img
 
 

@@ -96,52 +96,33 @@ def rgb_array(img: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(pil_rgb(img), dtype=np.uint8))
 
 
-def mask_array(img: Any, blur: int, invert: bool) -> np.ndarray:
-    """HxW uint8, white = repaint: A1111 takes the alpha channel of an RGBA mask with transparency, else its grey
-    levels (an opaque RGBA mask's too: its alpha would repaint everything) (``pil_mask``)."""
-    from PIL import ImageFilter, ImageOps
+def mask_array(img: Any, blur: Any, invert: bool, round_alpha: bool = False) -> np.ndarray:
+    """HxW uint8, white = repaint, as A1111's ``create_binary_mask`` reads a mask: the alpha channel of an RGBA mask
+    with transparency, rounded to 0 or 255 (above 128: 255) unless ``round_alpha`` is off (A1111's ``mask_round``),
+    else its grey levels as they are (an opaque RGBA mask's too: its alpha would repaint everything) (``pil_mask``);
+    then inverted where asked (``inpainting_mask_invert``), then blurred by ``blur`` pixels (an int, or (x, y)) as
+    A1111 blurs it (``mask_blur``: sdrt.pipelines.maskblur)."""
+    from PIL import ImageOps
 
     from ..pipelines.images import pil_mask
 
     gray = pil_mask(img)
+    if round_alpha and img.mode == "RGBA" and img.getchannel("A").getextrema() != (255, 255):
+        gray = gray.point(lambda x: 255 if x > 128 else 0)
     if invert:
         gray = ImageOps.invert(gray)
-    if blur > 0:
-        gray = gray.filter(ImageFilter.GaussianBlur(blur))
-    return np.asarray(gray, dtype=np.uint8)
+    x, y = (blur, blur) if isinstance(blur, int) else blur
+    from ..pipelines.maskblur import blur as mask_blur
 
-
-#: A1111's fill (modules/masking.py): Gaussian blurs of the kept picture, widest first, each laid over the last
-#: the given number of times; the last, unblurred, puts the kept pixels back
-_FILL_BLURS = ((256, 1), (64, 1), (16, 2), (4, 4), (2, 2), (0, 1))
+    return mask_blur(np.asarray(gray, dtype=np.uint8), x, y)
 
 
 def fill_masked(image: Any, mask: Any) -> Any:
-    """inpainting_fill 0 ("fill"), as A1111's ``masking.fill``: the picture where the mask keeps it (white =
-    repaint; grey levels, a blurred mask's edge, keep it partly) becomes a premultiplied-alpha layer; Gaussian blurs
-    of it at falling radii are alpha-composited, one over the other, on a transparent canvas, so the area to repaint
-    takes a smooth colour field spread from its surroundings and the kept pixels come back as they were. The mask
-    is the one the run uses (blurred, then fitted), stretched to the picture's size where they differ (latent
-    upscale keeps the picture at its own). The worker fills a picture its pipeline upscales after the fit
-    (jobs.Worker._run); a1111._img2img fills the others."""
-    from PIL import Image, ImageFilter, ImageOps
+    """inpainting_fill 0 ("fill"), as A1111's ``masking.fill``: the pipeline's (``masked_content="fill"``,
+    ``sdrt.pipelines.maskedcontent.fill``), which runs it on the fitted picture."""
+    from ..pipelines.maskedcontent import fill
 
-    if mask.shape != image.shape[:2]:
-        from ..pipelines.images import JUST_RESIZE, fit_array
-
-        mask = fit_array(mask, image.shape[1], image.shape[0], JUST_RESIZE, "mask", "mask")
-    if not np.any(mask):
-        return image  # nothing to repaint: the composite gives the picture back unchanged
-    size = (image.shape[1], image.shape[0])
-    kept = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).convert("RGBA").convert("RGBa")
-    layer = Image.new("RGBa", size)  # transparent: the area to repaint
-    layer.paste(kept, mask=ImageOps.invert(Image.fromarray(np.ascontiguousarray(mask, dtype=np.uint8), "L")))
-    canvas = Image.new("RGBA", size)
-    for radius, times in _FILL_BLURS:
-        spread = layer.filter(ImageFilter.GaussianBlur(radius)).convert("RGBA")
-        for _ in range(times):
-            canvas.alpha_composite(spread)
-    return np.asarray(canvas.convert("RGB"), dtype=np.uint8)
+    return fill(image, mask)
 
 
 __all__ = ["decode", "fill_masked", "fit", "mask_array", "open_image", "raw_bytes", "rgb_array"]

@@ -59,9 +59,6 @@ class Work:
     #: the request's picture whose size the run took, width and height not being sent (``init_images[0]``): a size
     #: the model refuses is said as that picture's, with what to send instead
     size_from: str | None = None
-    #: A1111's inpainting_fill 0 with an ``init_upscaler``: the worker fits the init image with its pipeline, then
-    #: fills it where the (fitted) mask repaints, as A1111 does (a1111._img2img)
-    fill_after_fit: bool = False
     #: A1111 infotext fields the pipeline does not write for this request (an option's, written whatever ran):
     #: added to each image's settings where the pipeline wrote none
     extra_infotext: dict[str, object] = field(default_factory=dict)
@@ -499,13 +496,6 @@ class Worker(threading.Thread):
             if isinstance(kwargs.get("refiner"), ModelEntry):  # refiner_checkpoint: one of this worker's pipelines,
                 # shared by every model it refines and counted in keep (a path would load one per base pipeline)
                 kwargs["refiner"] = self.pipeline(kwargs["refiner"], pinned=(w.model.key,))
-            # only masked (inpaint_area): the pipeline fills the cut-out once fitted, as A1111's img2img init does
-            fill_cut_out = w.fill_after_fit and kwargs.get("inpaint_area") == "only masked"
-            if w.fill_after_fit and not fill_cut_out:
-                try:
-                    _fill_after_fit(pipe, kwargs)
-                except SdrtError as exc:
-                    raise _Generating(w.model.name, w.fields, w) from exc
             if w.max_size is not None and not (kwargs.get("width") and kwargs.get("height")):
                 _check_own_size(w, kwargs, pipe.default_size)
             if w.distilled_cfg is not None:
@@ -528,36 +518,30 @@ class Worker(threading.Thread):
                 except SdrtError:
                     job.preview = None
 
-            from .b64images import fill_masked
-
-            pipe._init_fill = fill_masked if fill_cut_out else None  # sdrt.pipelines.onlymasked's A1111 fill 0
-            try:
-                for k in range(w.n_iter):
+            for k in range(w.n_iter):
+                if job.interrupt.is_set():
+                    result.interrupted = True
+                    break
+                job.iteration, job.step = k, 0
+                try:  # a skip that came before this run started (the model loading, the worker held) skips it
+                    gen, stopped = self._generate(job, pipe, on_step, k, kwargs, result)
+                except SdrtError as exc:
+                    raise _Generating(w.model.name, w.fields, w) from exc
+                finally:
+                    job.skip.clear()  # a skip ends one run: the next one runs
+                if gen is not None:  # a stopped run's partial images too, as A1111 gives them
+                    for settings in gen.settings:
+                        for key, value in w.extra_infotext.items():
+                            settings.setdefault(key, value)
+                    result.images += gen.images
+                    result.settings += gen.settings
+                    result.seeds += gen.seeds
+                    result.prompt, result.negative = gen.prompt, gen.negative_prompt
+                if stopped:
                     if job.interrupt.is_set():
                         result.interrupted = True
                         break
-                    job.iteration, job.step = k, 0
-                    try:  # a skip that came before this run started (the model loading, the worker held) skips it
-                        gen, stopped = self._generate(job, pipe, on_step, k, kwargs, result)
-                    except SdrtError as exc:
-                        raise _Generating(w.model.name, w.fields, w) from exc
-                    finally:
-                        job.skip.clear()  # a skip ends one run: the next one runs
-                    if gen is not None:  # a stopped run's partial images too, as A1111 gives them
-                        for settings in gen.settings:
-                            for key, value in w.extra_infotext.items():
-                                settings.setdefault(key, value)
-                        result.images += gen.images
-                        result.settings += gen.settings
-                        result.seeds += gen.seeds
-                        result.prompt, result.negative = gen.prompt, gen.negative_prompt
-                    if stopped:
-                        if job.interrupt.is_set():
-                            result.interrupted = True
-                            break
-                        result.skipped += 1
-            finally:
-                pipe._init_fill = None
+                    result.skipped += 1
         job.finished = time.time()
         result.seconds = job.finished - job.started
         job.state = "interrupted" if result.interrupted else "done"
@@ -586,18 +570,6 @@ class Worker(threading.Thread):
             result.not_honoured.append(f"CLIP_stop_at_last_layers: {skip} ran at 1 on {w.model.name}: {exc.what}")
             kwargs["clip_skip"] = 1  # and so do the job's next runs
             return run()
-
-
-def _fill_after_fit(pipe: Any, kwargs: dict[str, Any]) -> None:
-    """A1111's inpainting_fill 0 on a picture an upscaler enlarges (its img2img init: resize, then
-    ``masking.fill``): the init image fitted as the run would fit it, then filled where the fitted mask repaints
-    from the fitted picture's colours (``b64images.fill_masked``). The run then fits nothing (the upscaler stays
-    named in its infotext)."""
-    from .b64images import fill_masked
-
-    fitted = pipe.fit_init_image(kwargs["init_image"], kwargs["width"], kwargs["height"], kwargs.get("resize_mode"),
-                                 kwargs.get("init_upscaler"))
-    kwargs["init_image"] = fill_masked(fitted, kwargs["mask"])
 
 
 def _latent_upscale_note(pipe: Any, kwargs: dict[str, Any], result: Result) -> None:
