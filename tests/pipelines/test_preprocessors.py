@@ -176,3 +176,64 @@ def test_infotext_thresholds_follow_the_sliders() -> None:
     assert threshold_fields("blur_gaussian", 2.5, None) == [("Threshold A", "2.5")]
     assert threshold_fields("shuffle", None, None) == [] and threshold_fields("canny", 50, None)[1][1] == "200"
     assert all(SPECS[n].resolution in (None, "pad", "scale", "own") for n in NAMES)
+
+
+# ------------------------------------------------------------------ through the pipeline and the CLI
+PROMPT = "a photo of a red cat sitting on a wooden table, sunset"
+
+
+def _photo() -> np.ndarray:
+    from pipeline_helpers import DATA
+
+    z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")
+    return np.ascontiguousarray(np.kron(z["scribble"], np.ones((2, 2, 1), np.uint8)))  # 128x128
+
+
+def test_shuffle_in_the_pipeline_is_seeded_from_the_run_as_the_extension_seeds_numpy() -> None:
+    """A unit's shuffle map is made with numpy seed (seed + subseed) & 0xFFFFFFFF (subseed = seed without a
+    variation seed): the image equals a run fed that map by hand; ``seed=`` on the unit overrides it."""
+    from pipeline_helpers import DATA, fast_backend
+
+    from sdrt import pipelines
+    from sdrt.pipelines.controlmaps import resize_control
+    from sdrt.pipelines.controlnet import ControlNet
+
+    photo = _photo()
+    kw = dict(steps=2, sampler="Euler", seed=5)
+    hand = resize_control(shufflemap.content_shuffle(photo, shufflemap.numpy_seed(5)), 64, 64)
+    mine = resize_control(shufflemap.content_shuffle(photo, 77), 64, 64)
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as pipe:
+        auto = pipe(PROMPT, controlnets=[ControlNet("controlnet", photo, preprocessor="shuffle")], **kw)[0]
+        by_hand = pipe(PROMPT, controlnets=[("controlnet", hand)], **kw)[0]
+        seeded = pipe(PROMPT, controlnets=[ControlNet("controlnet", photo, preprocessor="shuffle", seed=77)], **kw)[0]
+        by_hand_77 = pipe(PROMPT, controlnets=[("controlnet", mine)], **kw)[0]
+        gen = pipe.generate(PROMPT, controlnets=[ControlNet("controlnet", photo, 0.5, preprocessor="tile_resample",
+                                                            low=2)], **kw)
+        with pytest.raises(InputError, match=r"controlnets\[0\] low, the blur's sigma, must be a number above 0"):
+            pipe(PROMPT, controlnets=[ControlNet("controlnet", photo, preprocessor="blur_gaussian", low=0)], **kw)
+        with pytest.raises(InputError, match=r"controlnets\[0\] seed must be a whole number"):
+            pipe(PROMPT, controlnets=[ControlNet("controlnet", photo, preprocessor="shuffle", seed=-1)], **kw)
+    assert np.array_equal(auto, by_hand) and np.array_equal(seeded, by_hand_77) and not np.array_equal(auto, seeded)
+    info = gen.settings[0]["ControlNet 0"]
+    assert info.startswith("Module: tile_resample, Model: controlnet, Weight: 0.5,") and "Threshold A: 2," in info
+
+
+def test_the_cli_offers_every_preprocessor_by_the_extensions_name(tmp_path, capsys) -> None:
+    from PIL import Image
+    from pipeline_helpers import DATA, fast_backend
+
+    from sdrt.cli import build_parser, main
+
+    for name in NAMES:
+        assert build_parser().parse_args(["generate", "m", "p", "--control-preprocessor", name]).control_preprocessor
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "m", "p", "--control-preprocessor", "lineart"])
+    assert "lineart_standard" in capsys.readouterr().err  # argparse lists the choices
+    png = tmp_path / "lines.png"
+    Image.fromarray(_photo()).save(png)
+    out = tmp_path / "out.png"
+    rc = main(["generate", str(DATA / "tiny-sd15-controlnet"), "a cat", "--steps", "1", "--seed", "3",
+               "--backend", fast_backend(), "--control-image", str(png), "--control-preprocessor",
+               "lineart_standard", "-o", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert "Module: lineart_standard, Model: controlnet" in Image.open(out).text["parameters"]

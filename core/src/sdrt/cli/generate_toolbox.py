@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..pipelines.preprocessors import NAMES as PREPROCESSORS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,8 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first step, as a fraction of the steps (0)")
     g.add_argument("--control-end", action="append", type=float, default=[], metavar="B",
                    help="last step, as a fraction of the steps (1)")
-    g.add_argument("--control-preprocessor", action="append", default=[], choices=["none", "canny", "scribble", "threshold", "invert"],
-                   help="turn the image into a control map first (none)")
+    g.add_argument("--control-preprocessor", action="append", default=[], choices=list(PREPROCESSORS),
+                   metavar="NAME", help="turn the image into a control map first, with sd-webui-controlnet's "
+                   "model-free preprocessors at their default sliders: " + ", ".join(PREPROCESSORS) + " (none)")
     g.add_argument("--control-resize", action="append", default=[], metavar="MODE",
                    help='how the image meets the output size: "Just Resize", "Crop and Resize" (default), "Resize '
                         'and Fill" (sd-webui-controlnet\'s, with its own resampling; any case, or 0 to 2, as '
