@@ -18,7 +18,8 @@ import functools
 
 import numpy as np
 
-from .controlmaps import ControlImageError, _image, _resample, to_rgb
+from .controlmaps import ControlImageError, _image, to_rgb
+from .cvresize import resample
 
 __all__ = ["color_grid", "recolor_intensity", "recolor_luminance"]
 
@@ -95,6 +96,6 @@ def color_grid(image: np.ndarray, resolution: int | None = None) -> np.ndarray:
     else:
         nh, nw = int(round(h / w * size)), size
     if (nh, nw) != (h, w):
-        a = _resample(a, nw, nh, "area")  # the extension's INTER_AREA, enlarging too
-    cells = _resample(a, nw // 64, nh // 64, "cubic")
-    return _resample(cells, nw, nh, "nearest")
+        a = resample(a, nw, nh, "area")  # the extension's INTER_AREA, enlarging too
+    cells = resample(a, nw // 64, nh // 64, "cubic")
+    return resample(cells, nw, nh, "nearest")

@@ -83,17 +83,18 @@ class ControlNet:
     ``PIL.Image`` or a PNG/JPEG path), ``scale``, the window ``start``..``end`` (fractions of the steps),
     the ``preprocessor`` (``none``, ``canny``, ``scribble``, ``threshold``, ``invert``, ``tile_resample``,
     ``lineart_standard``, ``scribble_xdog``, ``shuffle``, ``color``, ``blur_gaussian``, ``recolor_luminance``,
-    ``recolor_intensity``: sd-webui-controlnet's model-free ones, :mod:`sdrt.pipelines.preprocessors`; ``low``/``high``
-    are its ``threshold_a``/``threshold_b``: canny's two thresholds, the scribble and threshold level, the
-    down sampling rate, XDoG threshold, sigma or gamma) and ``resize`` (sd-webui-controlnet's
-    ``Just Resize``, ``Crop and Resize``, ``Resize and Fill``) to the output size. ``processor_res``: the
-    canny/scribble/threshold map is made with the image's shorter side at that many pixels, as the extension
+    ``recolor_intensity``: sd-webui-controlnet's model-free ones, :mod:`sdrt.pipelines.preprocessors`;
+    ``low``/``high`` are its ``threshold_a``/``threshold_b``: canny's two thresholds, the scribble and threshold
+    level, the down sampling rate, XDoG threshold, sigma or gamma) and ``resize`` (sd-webui-controlnet's
+    ``Just Resize``, ``Crop and Resize``, ``Resize and Fill``) to the output size. ``processor_res``: the map of
+    a preprocessor that reads a resolution is made with the image's shorter side at that many pixels, as the extension
     makes it (None: at the image's own size); ``pixel_perfect``: that resolution is the extension's "pixel
     perfect" one, the image's shorter side once resized to the output. ``control_mode``: sd-webui-controlnet's
     ``Balanced``, ``My prompt is more important``, ``ControlNet is more important`` (or 0, 1, 2);
     ``guess_mode``: diffusers' guess mode (the residuals scaled from 0.1 to 1, none for the uncond rows).
-    ``seed``: the ``shuffle`` map's numpy seed (None: the extension's, ``(seed + subseed) & 0xFFFFFFFF`` of the run,
-    the subseed being the seed without a variation seed). ``window``: how ``start``/``end`` pick the steps: ``"diffusers"`` (step ``i`` of ``n`` is on unless
+    ``seed``: the ``shuffle`` map's numpy seed (None: the extension's, ``(seed + subseed) & 0xFFFFFFFF`` of the
+    run, the subseed being the seed without a variation seed). ``window``: how ``start``/``end`` pick the steps:
+    ``"diffusers"`` (step ``i`` of ``n`` is on unless
     ``i / n < start or (i + 1) / n > end``) or ``"a1111"`` (sd-webui-controlnet's: on while
     ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps).
     ``union_mode``: a union Flux ControlNet's control type (diffusers' ``control_mode``); Flux ControlNets run

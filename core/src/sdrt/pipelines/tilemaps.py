@@ -1,9 +1,9 @@
 """sd-webui-controlnet's maps for the Tile ControlNet, in numpy: ``tile_resample`` and ``blur_gaussian``.
 
 - ``tile_resample(image, rate)``: the image shrunk by its "Down Sampling Rate" (sides ``int(side / rate)``,
-  OpenCV's area averaging, :func:`sdrt.pipelines.controlmaps._resample`; within one level of
-  ``cv2.INTER_AREA``), or the image as it is for a rate below 1.1; it is then resized to the output as any
-  control map is, so a rate of 2 to 8 softens detail the Tile ControlNet then re-invents;
+  OpenCV's ``INTER_AREA``, :mod:`sdrt.pipelines.cvresize`), or the image as it is for a rate below 1.1; it is
+  then resized to the output as any control map is, so a rate of 2 to 8 softens detail the Tile ControlNet
+  then re-invents;
 - ``blur_gaussian(image, sigma)``: ``cv2.GaussianBlur(image, (0, 0), sigma)`` of the 8-bit image, bit-exact
   (:mod:`sdrt.pipelines.gaussian`), the caller having scaled it to the processor resolution without padding.
 """
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .controlmaps import ControlImageError, _image, _resample, to_rgb
+from .controlmaps import ControlImageError, _image, to_rgb
+from .cvresize import resample
 from .gaussian import gaussian_blur
 
 __all__ = ["blur_gaussian", "tile_resample"]
@@ -36,7 +37,7 @@ def tile_resample(image: np.ndarray, rate: float = 1.0) -> np.ndarray:
     if h < 1 or w < 1:
         raise ControlImageError(f"a down sampling rate of {r:g} leaves nothing of a {a.shape[1]}x{a.shape[0]} "
                                 "image", where=where, fix="pass a smaller rate (the extension's slider: 1 to 8)")
-    return _resample(a, w, h, "area")
+    return resample(a, w, h, "area")
 
 
 def blur_gaussian(image: np.ndarray, sigma: float = 9.0) -> np.ndarray:

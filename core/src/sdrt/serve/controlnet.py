@@ -58,7 +58,8 @@ CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more 
 HR_OPTIONS = ("Both", "Low res only", "High res only")
 #: module families sdrt cannot run, and what they need
 _NEEDS = (("tile_colorfix", "the extension's colour fix of the latents while sampling (tile_resample is the map "
-                            "without it)"), ("inpaint", "the inpaint ControlNet's masked conditioning"), ("reference", "reference-only attention hooks"),
+                            "without it)"),
+          ("inpaint", "the inpaint ControlNet's masked conditioning"), ("reference", "reference-only attention hooks"),
           ("ip-adapter", "IP-Adapter's image encoder and attention layers"), ("ip_adapter", "IP-Adapter"),
           ("instant_id", "InstantID's face models"), ("revision", "CLIP vision conditioning"),
           ("clip_vision", "CLIP vision conditioning"), ("t2ia", "T2I-Adapters"), ("pulid", "PuLID's face models"))
