@@ -11,8 +11,8 @@ variation seed has subseed -1, which A1111 reads as the seed itself). sdrt draws
 numpy seed gives the extension's map; the pipeline passes that run-derived seed (:func:`numpy_seed`).
 
 Arithmetic as OpenCV 5's: the resize's cubic weights in float32, its sums in double; the remap bilinear in
-float32 at the exact coordinates. OpenCV 4.x (what most A1111 installs run) quantises the remap's coordinates
-to 1/32 pixel with 15-bit fixed-point weights instead, which moves a few pixels at sharp edges by a few levels.
+float32 at the exact coordinates. OpenCV 4.x quantises the remap's coordinates to 1/32 pixel with 15-bit
+fixed-point weights instead: against OpenCV 4.10 the map is up to 5 levels apart on 10 % of values.
 """
 
 from __future__ import annotations
