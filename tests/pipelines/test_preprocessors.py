@@ -236,3 +236,25 @@ def test_the_cli_offers_every_preprocessor_by_the_extensions_name(tmp_path, caps
                "lineart_standard", "-o", str(out)])
     assert rc == 0, capsys.readouterr().err
     assert "Module: lineart_standard, Model: controlnet" in Image.open(out).text["parameters"]
+    # the sliders: --control-threshold-a / -b, the extension's threshold_a / threshold_b, checked in the flags' words
+    rc = main(["generate", str(DATA / "tiny-sd15-controlnet"), "a cat", "--steps", "1", "--seed", "3",
+               "--backend", fast_backend(), "--control-image", str(png), "--control-preprocessor", "tile_resample",
+               "--control-threshold-a", "2.5", "-o", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert "Module: tile_resample, Model: controlnet, Weight: 1, Resize Mode: Crop and Resize, Processor Res: 64, " \
+           "Threshold A: 2.5, Guidance Start" in Image.open(out).text["parameters"]
+    capsys.readouterr()
+    for flags, words in (
+            (["--control-preprocessor", "tile_resample", "--control-threshold-a", "-1"],
+             "error: --control-threshold-a, the down sampling rate, must be a number >= 0, got -1. Where: "
+             "--control-threshold-a. What to do: pass e.g. --control-threshold-a 1 (the extension's default)"),
+            (["--control-preprocessor", "lineart_standard", "--control-threshold-a", "3"],
+             "error: --control-threshold-a: the lineart_standard preprocessor reads no --control-threshold-a"),
+            (["--control-preprocessor", "canny", "--control-threshold-b", "-5"],
+             "error: --control-threshold-b, a canny threshold, must be a number >= 0, got -5")):
+        rc = main(["generate", str(DATA / "tiny-sd15-controlnet"), "a cat", "--steps", "1", "--backend", "nosuch",
+                   "--control-image", str(png), *flags, "-o", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 1 and err.startswith(words) and err.count("\n") == 1, err
+    rc = main(["generate", "a cat", "--steps", "1", "--backend", "nosuch", "--control-threshold-a", "2"])
+    assert rc == 1 and "--control-threshold-a needs a --control-image" in capsys.readouterr().err

@@ -81,36 +81,39 @@ NAMES = tuple(SPECS)
 AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
 
 
-def check_thresholds(name: str, low: Any, high: Any, where: str) -> tuple[float | None, float | None]:
-    """``(low, high)`` as floats, checked against the sliders of one of the preprocessors after the first five
-    (``controlnet.parse_units`` checks those as it always has); an ``InputError`` naming ``{where} low`` /
-    ``high`` for a value it cannot use, or for a threshold the preprocessor does not read."""
+def check_thresholds(name: str, low: Any, high: Any, where: str,
+                     names: tuple[str, str] | None = None) -> tuple[float | None, float | None]:
+    """``(low, high)`` as floats, checked against the preprocessor's sliders (``controlnet.parse_units`` checks
+    the first five's as it always has); an ``InputError`` naming ``{where} low`` / ``high`` (or ``names``, the
+    caller's words for the two) for a value it cannot use, or for a threshold the preprocessor does not read."""
     spec = SPECS[name]
     out: list[float | None] = []
-    for arg, value, slider in (("low", low, spec.low), ("high", high, spec.high)):
+    for k, (arg, value, slider) in enumerate((("low", low, spec.low), ("high", high, spec.high))):
         if value is None:
             out.append(None)
             continue
-        field = f"{where} {arg}"
+        field = names[k] if names else f"{where} {arg}"
         if slider is None:
-            raise InputError(f"{field}: the {name} preprocessor reads no {arg} threshold", where=field,
-                             fix=f"leave {arg} out for {name}")
+            what = names[k] if names else f"{arg} threshold"
+            raise InputError(f"{field}: the {name} preprocessor reads no {what}", where=field,
+                             fix=f"leave {names[k] if names else arg} out for {name}")
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
                 or not math.isfinite(float(value)):
             raise InputError(f"{field}, {_what(name)}, must be a finite number, got {value!r:.40}", where=field,
-                             fix=_fix(arg, slider))
+                             fix=_fix(names[k] + " " if names else arg + "=", slider))
         v = float(value)
         bad = v <= slider.low if slider.above else v < slider.low
         if bad or v > slider.high or (slider.whole and not v.is_integer()):
             raise InputError(f"{field}, {_what(name)}, must be {_range(slider)}, got {v:g}", where=field,
-                             fix=_fix(arg, slider))
+                             fix=_fix(names[k] + " " if names else arg + "=", slider))
         out.append(v)
     return out[0], out[1]
 
 
 def _what(name: str) -> str:
     return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
-            "blur_gaussian": "the blur's sigma"}.get(name, "the gamma correction")
+            "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
+            "threshold": "the threshold level"}.get(name, "the gamma correction")
 
 
 def _range(s: Slider) -> str:
@@ -123,7 +126,7 @@ def _range(s: Slider) -> str:
 
 
 def _fix(arg: str, slider: Slider) -> str:
-    return f"pass e.g. {arg}={slider.default:g} (the extension's default)"
+    return f"pass e.g. {arg}{slider.default:g} (the extension's default)"
 
 
 def threshold_fields(name: str, low: float | None, high: float | None) -> list[tuple[str, str]]:
