@@ -275,7 +275,9 @@ def test_controlnet_routes(cn_server) -> None:
     assert [t.split(" [")[0] for t in titles] == ["not_a_net", "tiny_scribble", "controlnet", "controlnet_2"]
     assert all(t.endswith("]") and len(t.split(" [")[1]) == 9 for t in titles)  # A1111's 8-digit short hash
     plain = get("/controlnet/module_list").json()
-    assert plain["module_list"] == ["none", "canny", "invert", "threshold", "scribble"]
+    assert plain["module_list"] == ["none", "canny", "invert", "threshold", "scribble", "tile_resample",
+                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
+                                    "recolor_luminance", "recolor_intensity"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()
@@ -368,3 +370,50 @@ def test_a_strip_of_a_control_image_is_refused_not_resized_to_millions_of_pixels
     r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
         {"image": _b64(strip[:, :100].copy()), "model": "controlnet", "module": "canny", "processor_res": 512}]}}))
     assert r.status_code == 400 and "at processor resolution 512 would be 25600 pixels long" in r.json()["message"]
+
+
+# ------------------------------------------------------------------ the extension's other model-free modules
+def test_the_model_free_modules_as_the_extension_lists_and_runs_them(cn_server, cn_models, pipe) -> None:
+    """module_list / module_detail as the extension's preprocessor_sliders_config gives them, /detect by name or
+    UI alias (the slider defaults for -1), a txt2img unit equal to the Python API's, and tile_colorfix refused."""
+    get = lambda route: requests.get(f"{cn_server}{route}", timeout=60).json()  # noqa: E731
+    aliased = get("/controlnet/module_list?alias_names=true")
+    assert {"lineart_standard (from white bg & black line)", "t2ia_color_grid"} <= set(aliased["module_list"])
+    detail = get("/controlnet/module_list")["module_detail"]
+    assert detail["tile_resample"]["sliders"] == [None, {"name": "Down Sampling Rate", "value": 1.0, "min": 1.0,
+                                                         "max": 8.0, "step": 0.01}]
+    assert detail["scribble_xdog"]["sliders"][1] == {"name": "XDoG Threshold", "min": 1, "max": 64, "value": 32}
+    assert detail["blur_gaussian"]["sliders"][1] == {"name": "Sigma", "min": 0.01, "max": 64.0, "value": 9.0}
+    assert detail["recolor_intensity"]["sliders"][1]["name"] == "Gamma Correction"
+    assert detail["lineart_standard"]["sliders"] == [] and detail["shuffle"]["sliders"] == []
+    photo = _photo()
+    post = lambda body: requests.post(f"{cn_server}/controlnet/detect", timeout=60,  # noqa: E731
+                                      json={"controlnet_input_images": [_b64(photo)], **body})
+    for body, want in (
+            ({"controlnet_module": "lineart_standard (from white bg & black line)"},
+             preprocess(photo, "lineart_standard", None, None, 512)),
+            ({"controlnet_module": "tile_resample", "controlnet_threshold_a": 2}, preprocess(photo, "tile_resample", 2)),
+            ({"controlnet_module": "recolor_luminance", "controlnet_threshold_a": -1},
+             preprocess(photo, "recolor_luminance", 1.0)),
+            ({"controlnet_module": "scribble_xdog", "controlnet_processor_res": 128, "controlnet_threshold_a": 20},
+             preprocess(photo, "scribble_xdog", 20, None, 128)),
+            ({"controlnet_module": "t2ia_color_grid"}, preprocess(photo, "color", None, None, 512)),
+            ({"controlnet_module": "blur_gaussian"}, preprocess(photo, "blur_gaussian", 9.0, None, 512))):
+        r = post(body)
+        assert r.status_code == 200, r.text
+        assert np.array_equal(_rgb(r.json()["images"][0]), want), body
+    assert _rgb(post({"controlnet_module": "shuffle"}).json()["images"][0]).shape == (512, 614, 3)
+    for body, field, words in (({"controlnet_module": "tile_colorfix+sharp"}, "controlnet_module", "colour fix"),
+                               ({"controlnet_module": "blur_gaussian", "controlnet_threshold_a": 0},
+                                "controlnet_threshold_a", "the blur's sigma, must be above 0")):
+        r = post(body)
+        assert r.status_code == 400 and r.json()["field"] == field and words in r.json()["message"], r.text
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(photo), "model": "controlnet", "module": "shuffle"},
+        {"image": _b64(photo), "model": "controlnet_2", "module": "tile_resample", "threshold_a": 2, "weight": 0.5}]}}))
+    assert r.status_code == 200, r.text
+    text = json.loads(r.json()["info"])["infotexts"][0]
+    assert 'ControlNet 1: "Module: tile_resample, Model: controlnet_2, Weight: 0.5,' in text and "Threshold A: 2," in text
+    want = _python(pipe, [ControlNet("controlnet", photo, preprocessor="shuffle", processor_res=512, window="a1111"),
+                          ControlNet("controlnet_2", photo, 0.5, preprocessor="tile_resample", low=2, window="a1111")])
+    assert np.array_equal(_rgb(r.json()["images"][0]), want)

@@ -3,9 +3,9 @@
 ControlNet flags are grouped by position: the first ``--control-image`` goes with the first
 ``--controlnet`` (a folder, a ``model.onnx`` or a ControlNet ``.safetensors``; default: the model folder's
 ``controlnet/``, then ``controlnet_2/``, ...), and so on;
-``--control-scale``/``--control-start``/``--control-end``/``--control-preprocessor``/``--control-resize``/
-``--control-mode``/``--control-union-mode`` given once apply to every ControlNet, else once per ControlNet. Everything is checked before any model
-loads (``sdrt.pipelines.toolbox.split``).
+``--control-scale``/``--control-start``/``--control-end``/``--control-preprocessor``/``--control-threshold-a``/
+``--control-threshold-b``/``--control-resize``/``--control-mode``/``--control-union-mode`` given once apply to every
+ControlNet, else once per ControlNet. Everything is checked before any model loads (``sdrt.pipelines.toolbox.split``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..pipelines.preprocessors import NAMES as PREPROCESSORS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,8 +37,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first step, as a fraction of the steps (0)")
     g.add_argument("--control-end", action="append", type=float, default=[], metavar="B",
                    help="last step, as a fraction of the steps (1)")
-    g.add_argument("--control-preprocessor", action="append", default=[], choices=["none", "canny", "scribble", "threshold", "invert"],
-                   help="turn the image into a control map first (none)")
+    g.add_argument("--control-preprocessor", action="append", default=[], choices=list(PREPROCESSORS),
+                   metavar="NAME", help="turn the image into a control map first, with sd-webui-controlnet's "
+                   "model-free preprocessors at their default sliders: " + ", ".join(PREPROCESSORS) + " (none)")
+    g.add_argument("--control-threshold-a", action="append", type=float, default=[], metavar="A",
+                   help="the preprocessor's first slider (the extension's threshold_a): canny's low threshold (100), "
+                        "the scribble/threshold level (127), tile_resample's down sampling rate (1), scribble_xdog's "
+                        "threshold (32), blur_gaussian's sigma (9), the recolor gamma (1)")
+    g.add_argument("--control-threshold-b", action="append", type=float, default=[], metavar="B",
+                   help="the preprocessor's second slider (threshold_b): canny's high threshold (200)")
     g.add_argument("--control-resize", action="append", default=[], metavar="MODE",
                    help='how the image meets the output size: "Just Resize", "Crop and Resize" (default), "Resize '
                         'and Fill" (sd-webui-controlnet\'s, with its own resampling; any case, or 0 to 2, as '
@@ -103,7 +111,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     images = args.control_image
     if not images:  # every ControlNet flag shapes a control image's unit: without one it would do nothing
         for flag in ("controlnet", "control_mask", "control_scale", "control_start", "control_end",
-                     "control_preprocessor", "control_resize", "control_mode", "control_union_mode", "guess_mode"):
+                     "control_preprocessor", "control_threshold_a", "control_threshold_b", "control_resize",
+                     "control_mode", "control_union_mode", "guess_mode"):
             if getattr(args, flag):
                 name = "--" + flag.replace("_", "-")
                 raise InputError(f"{name} needs a --control-image", where=name,
@@ -150,18 +159,24 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             raise InputError(f"--control-start {args.control_start[0]:g} is after --control-end "
                              f"{args.control_end[0]:g}", where="--control-start",
                              fix="pass a start at or before the end (fractions of the steps, 0 to 1)")
+        pres = _per_unit(args.control_preprocessor, n, "--control-preprocessor")
+        lows = _per_unit(args.control_threshold_a, n, "--control-threshold-a")
+        highs = _per_unit(args.control_threshold_b, n, "--control-threshold-b")
+        from ..pipelines.preprocessors import check_thresholds
+
+        for pre, low, high in zip(pres, lows, highs):  # in the flags' words (the pipeline's: "controlnets[0] low")
+            check_thresholds(pre or "none", low, high, "", ("--control-threshold-a", "--control-threshold-b"))
         units = []
-        for net, image, scale, start, end, pre, resize, mode, union, mask in zip(
+        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
                 _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
-                _per_unit(args.control_preprocessor, n, "--control-preprocessor"),
-                _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode"),
+                pres, _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode"),
                 _per_unit(args.control_union_mode, n, "--control-union-mode"),
-                _per_unit(args.control_mask, n, "--control-mask")):
+                _per_unit(args.control_mask, n, "--control-mask"), lows, highs):
             units.append(ControlNet(net, image, 1.0 if scale is None else scale, 0.0 if start is None else start,
                                     1.0 if end is None else end, pre or "none", resize or "Crop and Resize",
-                                    control_mode=mode or "Balanced", guess_mode=bool(args.guess_mode),
-                                    union_mode=union, control_mask=mask))
+                                    low=low, high=high, control_mode=mode or "Balanced",
+                                    guess_mode=bool(args.guess_mode), union_mode=union, control_mask=mask))
         opts["controlnets"] = units
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed", "refiner",
                 "refiner_switch_at", "refiner_switch_by_steps", "hires_refiner_pass"):

@@ -14,8 +14,8 @@
 - ``resize_control(image, width, height, mode)``: the geometry of sd-webui-controlnet's resize modes,
   ``"Just Resize"``, ``"Crop and Resize"`` and ``"Resize and Fill"`` (scale with ``k = max`` or ``min`` of
   the two ratios, sizes rounded, centred crop, or centred paste on the median border colour), with its
-  choice of resampling: nearest for maps of 3 to 199 colours, area averaging when shrinking, bicubic
-  when enlarging, and a black/white map re-binarized with Otsu's threshold.
+  choice of resampling (OpenCV's, :mod:`sdrt.pipelines.cvresize`): nearest for maps of 3 to 199 colours, area
+  averaging when shrinking, bicubic when enlarging, and a black/white map re-binarized with Otsu's threshold.
 - ``control_tensor(image)``: the ``controlnet_cond`` input, float32 RGB in [0, 1], ``(1, 3, H, W)``.
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
+from .cvresize import resample as _resample
 from .images import RESIZE_MODES as IMAGE_RESIZE_MODES
 
 __all__ = [
@@ -170,69 +171,6 @@ def invert(image: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------ resizing
-def _taps_area(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
-    """Area averaging as taps: (dst, k) source indices and weights; each output covers src/dst inputs."""
-    scale = src / dst
-    rows = []
-    for i in range(dst):
-        a, b = i * scale, (i + 1) * scale
-        j0, j1 = int(np.floor(a)), min(int(np.ceil(b)), src)
-        idx = np.arange(j0, j1)
-        w = np.minimum(b, idx + 1) - np.maximum(a, idx)
-        rows.append((idx, w / w.sum()))
-    return _pad_taps(rows)
-
-
-def _taps_cubic(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bicubic taps (a = -0.75, pixel centres aligned, edges replicated), as cv2.INTER_CUBIC."""
-    x = (np.arange(dst) + 0.5) * (src / dst) - 0.5
-    x0 = np.floor(x).astype(int)
-    t = x - x0
-    idx = np.clip(x0[:, None] + np.arange(-1, 3)[None, :], 0, src - 1)
-    w = _cubic(np.stack([1 + t, t, 1 - t, 2 - t], axis=1))
-    return idx, w
-
-
-def _pad_taps(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    k = max(len(i) for i, _ in rows)
-    idx = np.zeros((len(rows), k), int)
-    w = np.zeros((len(rows), k))
-    for r, (i, wt) in enumerate(rows):
-        idx[r, : len(i)] = i
-        w[r, : len(i)] = wt
-    return idx, w
-
-
-def _cubic(d: np.ndarray, a: float = -0.75) -> np.ndarray:
-    d = np.abs(d)
-    return np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
-                    np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0))
-
-
-def _apply_taps(a: np.ndarray, idx: np.ndarray, w: np.ndarray, axis: int) -> np.ndarray:
-    out = None
-    for t in range(idx.shape[1]):
-        shape = [1] * a.ndim
-        shape[axis] = -1
-        term = np.take(a, idx[:, t], axis=axis) * w[:, t].reshape(shape)
-        out = term if out is None else out + term
-    assert out is not None
-    return out
-
-
-def _resample(a: np.ndarray, width: int, height: int, kind: str) -> np.ndarray:
-    h, w = a.shape[:2]
-    if kind == "nearest":
-        # OpenCV: floor(x * (1 / fx)) with fx = dst / src, in doubles
-        ys = np.minimum(np.floor(np.arange(height) * (1.0 / (height / h))).astype(int), h - 1)
-        xs = np.minimum(np.floor(np.arange(width) * (1.0 / (width / w))).astype(int), w - 1)
-        return a[ys][:, xs]
-    make = _taps_area if kind == "area" else _taps_cubic
-    out = _apply_taps(a.astype(np.float64), *make(h, height), axis=0)
-    out = _apply_taps(out, *make(w, width), axis=1)
-    return np.clip(np.floor(out + 0.5), 0, 255).astype(np.uint8)  # halves round up, as OpenCV's
-
-
 def _otsu(gray: np.ndarray) -> int:
     hist = np.bincount(gray.reshape(-1), minlength=256).astype(np.float64)
     total = hist.sum()

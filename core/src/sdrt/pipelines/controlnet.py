@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError, ModelError
+from .preprocessors import AT_RESOLUTION, NAMES, check_thresholds, threshold_fields
+from .preprocessors import preprocess as _preprocess
 
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
@@ -58,11 +60,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["CONTROL_MODES", "PREPROCESSORS", "ControlNet", "ControlState", "control_mode", "hook", "infotext",
            "parse_units", "preprocess", "residual_inputs", "residual_scales"]
 
-#: preprocessors that need no model (sdrt.pipelines.controlmaps); "none" feeds the image as it is
-PREPROCESSORS = ("none", "canny", "scribble", "threshold", "invert")
-#: the preprocessors that run at a processor resolution when one is given (the extension's; "invert" runs
-#: at the image's own size there too)
-AT_RESOLUTION = ("canny", "scribble", "threshold")
+#: preprocessors that need no model (sdrt.pipelines.preprocessors); "none" feeds the image as it is
+PREPROCESSORS = NAMES
+#: the first five, whose thresholds parse_units checks itself
+_FIRST = ("none", "canny", "scribble", "threshold", "invert")
 DOWN_OUT, MID_OUT = "down_block_res_samples_", "mid_block_res_sample"
 DOWN_IN, MID_IN = "down_block_additional_residual_", "mid_block_additional_residual"
 #: sd-webui-controlnet's control modes (its ``ControlMode`` enum; a number is the index, as its API took it)
@@ -80,15 +81,20 @@ class ControlNet:
     of a part of the model folder such as ``"controlnet"``, or an ``OpenedControlNet`` from
     ``sdrt.checkpoint.controlnet.open_controlnet(file, graph=...)``), the control ``image`` (HxWx3 uint8, a
     ``PIL.Image`` or a PNG/JPEG path), ``scale``, the window ``start``..``end`` (fractions of the steps),
-    the ``preprocessor`` (``none``, ``canny``, ``scribble``, ``threshold``, ``invert``; ``low``/``high`` are
-    canny's thresholds and ``low`` the scribble and threshold level) and ``resize`` (sd-webui-controlnet's
-    ``Just Resize``, ``Crop and Resize``, ``Resize and Fill``) to the output size. ``processor_res``: the
-    canny/scribble/threshold map is made with the image's shorter side at that many pixels, as the extension
+    the ``preprocessor`` (``none``, ``canny``, ``scribble``, ``threshold``, ``invert``, ``tile_resample``,
+    ``lineart_standard``, ``scribble_xdog``, ``shuffle``, ``color``, ``blur_gaussian``, ``recolor_luminance``,
+    ``recolor_intensity``: sd-webui-controlnet's model-free ones, :mod:`sdrt.pipelines.preprocessors`;
+    ``low``/``high`` are its ``threshold_a``/``threshold_b``: canny's two thresholds, the scribble and threshold
+    level, the down sampling rate, XDoG threshold, sigma or gamma) and ``resize`` (sd-webui-controlnet's
+    ``Just Resize``, ``Crop and Resize``, ``Resize and Fill``) to the output size. ``processor_res``: the map of
+    a preprocessor that reads a resolution is made with the image's shorter side at that many pixels, as the extension
     makes it (None: at the image's own size); ``pixel_perfect``: that resolution is the extension's "pixel
     perfect" one, the image's shorter side once resized to the output. ``control_mode``: sd-webui-controlnet's
     ``Balanced``, ``My prompt is more important``, ``ControlNet is more important`` (or 0, 1, 2);
     ``guess_mode``: diffusers' guess mode (the residuals scaled from 0.1 to 1, none for the uncond rows).
-    ``window``: how ``start``/``end`` pick the steps: ``"diffusers"`` (step ``i`` of ``n`` is on unless
+    ``seed``: the ``shuffle`` map's numpy seed (None: the extension's, ``(seed + subseed) & 0xFFFFFFFF`` of the
+    run, the subseed being the seed without a variation seed). ``window``: how ``start``/``end`` pick the steps:
+    ``"diffusers"`` (step ``i`` of ``n`` is on unless
     ``i / n < start or (i + 1) / n > end``) or ``"a1111"`` (sd-webui-controlnet's: on while
     ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps).
     ``union_mode``: a union Flux ControlNet's control type (diffusers' ``control_mode``); Flux ControlNets run
@@ -114,11 +120,15 @@ class ControlNet:
     union_mode: int | None = None
     #: an SD3 inpainting ControlNet's mask (white = repaint) for its picture ``image``; None for any other net
     control_mask: Any = None
+    #: the shuffle preprocessor's numpy seed; None: derived from the run's seed (the pipeline fills run_seed)
+    seed: int | None = None
     #: filled in by the pipeline
     part: Part | None = field(default=None, repr=False)
     control: np.ndarray | None = field(default=None, repr=False)
     #: the processor resolution the first control map was made at (the infotext's), None: the image's own
     made_at: int | None = field(default=None, repr=False)
+    #: the numpy seed the run gives the shuffle map when ``seed`` is None (:func:`seed_units`)
+    run_seed: int | None = field(default=None, repr=False)
     #: a Flux ControlNet's packed control latents ``[batch, tokens, 64]`` (sdrt.pipelines.fluxcontrolnet)
     latents: np.ndarray | None = field(default=None, repr=False)
 
@@ -179,7 +189,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
             unit = ControlNet(**{f: getattr(item, f) for f in ("net", "image", "scale", "start", "end", "preprocessor",
                                                                  "resize", "low", "high", "processor_res",
                                                                  "pixel_perfect", "control_mode", "guess_mode",
-                                                                 "window", "union_mode", "control_mask")})
+                                                                 "window", "union_mode", "control_mask", "seed")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
             unit = ControlNet(*item[:5])
             if len(item) == 6:
@@ -220,23 +230,32 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         # the init image's names (sdrt.pipelines.images.resize_mode): any case, A1111's 0 to 2, the extension's aliases
         unit.resize = resize_mode(RESIZE_MODES[1] if unit.resize is None else unit.resize, f"{where} resize",
                                   RESIZE_MODES)
-        # the preprocessor's thresholds: a canny threshold is a gradient level (>= 0), scribble's a pixel level;
-        # 'x' was a TypeError from numpy and 2.7 ran as 2, at the first step rather than now
-        for name in ("low", "high"):
-            value = getattr(unit, name)
-            if value is None:
-                continue
-            if unit.preprocessor == "scribble":
-                setattr(unit, name, _num(value, f"{where} {name}", 0.0, 255.0))
-            elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(float(value)) or value < 0:
-                raise InputError(f"{where} {name}, a canny threshold, must be a finite number >= 0, got {value!r}",
-                                 where=f"{where} {name}", fix="pass e.g. low=100, high=200 (A1111's defaults)")
-            else:
-                setattr(unit, name, float(value))
-        if unit.preprocessor == "scribble" and unit.low is not None and not float(unit.low).is_integer():
-            raise InputError(f"{where} low, the scribble threshold, must be a whole level from 0 to 255, got "
-                             f"{unit.low:g}", where=f"{where} low", fix="pass e.g. low=127")
+        if unit.seed is not None:
+            if isinstance(unit.seed, bool) or not isinstance(unit.seed, (int, np.integer)) \
+                    or not 0 <= unit.seed < 2**32:
+                raise InputError(f"{where} seed must be a whole number from 0 to 4294967295, got {unit.seed!r:.40}",
+                                 where=f"{where} seed", fix="pass e.g. seed=1234, or leave it out (the run's)")
+            unit.seed = int(unit.seed)
+        if unit.preprocessor not in _FIRST:
+            unit.low, unit.high = check_thresholds(unit.preprocessor, unit.low, unit.high, where)
+        else:
+            # the preprocessor's thresholds: a canny threshold is a gradient level (>= 0), scribble's a pixel level;
+            # 'x' was a TypeError from numpy and 2.7 ran as 2, at the first step rather than now
+            for name in ("low", "high"):
+                value = getattr(unit, name)
+                if value is None:
+                    continue
+                if unit.preprocessor == "scribble":
+                    setattr(unit, name, _num(value, f"{where} {name}", 0.0, 255.0))
+                elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                        or not math.isfinite(float(value)) or value < 0:
+                    raise InputError(f"{where} {name}, a canny threshold, must be a finite number >= 0, got {value!r}",
+                                     where=f"{where} {name}", fix="pass e.g. low=100, high=200 (A1111's defaults)")
+                else:
+                    setattr(unit, name, float(value))
+            if unit.preprocessor == "scribble" and unit.low is not None and not float(unit.low).is_integer():
+                raise InputError(f"{where} low, the scribble threshold, must be a whole level from 0 to 255, got "
+                                 f"{unit.low:g}", where=f"{where} low", fix="pass e.g. low=127")
         if not isinstance(unit.net, (str, os.PathLike, OpenedControlNet)):
             raise InputError(f"{where}: the net must be a folder, a model.onnx or .safetensors path or a part name, "
                              f"got {type(unit.net).__name__}", where=where,
@@ -297,8 +316,9 @@ def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.n
     res = processor_resolution(unit, rgb.shape[0], rgb.shape[1], width, height)
     if res is not None and unit.preprocessor in AT_RESOLUTION and unit.made_at is None:
         unit.made_at = res
+    seed = unit.seed if unit.seed is not None else unit.run_seed
     try:
-        rgb = preprocess(rgb, unit.preprocessor, unit.low, unit.high, res)
+        rgb = preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed)
         if rgb.shape[:2] != (height, width):
             rgb = cm.resize_control(rgb, width, height, unit.resize)
     except cm.ControlImageError as exc:  # named as the caller names the unit
@@ -306,24 +326,21 @@ def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.n
     return rgb
 
 
-def preprocess(rgb: np.ndarray, preprocessor: str, low: float | None = None, high: float | None = None,
-               resolution: int | None = None) -> np.ndarray:
-    """The control map of an HxWx3 uint8 image (HxWx3 uint8): ``preprocessor`` with its thresholds, made at
-    ``resolution`` (the image's shorter side, as the extension makes it; None: at the image's own size)."""
-    from . import controlmaps as cm
+def seed_units(units: Sequence[ControlNet], seed: int, subseed: int | None) -> None:
+    """Give each unit the numpy seed sd-webui-controlnet seeds its preprocessors with (``set_numpy_seed``):
+    ``(seed + subseed) & 0xFFFFFFFF`` of the run's first image, the subseed being the seed without one."""
+    from .shufflemap import numpy_seed
 
-    crop = None
-    if resolution is not None and preprocessor in AT_RESOLUTION:
-        rgb, crop = cm.processor_input(rgb, resolution)
-    if preprocessor == "canny":
-        rgb = cm.to_rgb(cm.canny(rgb, 100 if low is None else low, 200 if high is None else high))
-    elif preprocessor == "scribble":
-        rgb = cm.to_rgb(cm.scribble(rgb, int(127 if low is None else low)))
-    elif preprocessor == "threshold":
-        rgb = cm.threshold(rgb, int(127 if low is None else low))
-    elif preprocessor == "invert":
-        rgb = cm.invert(rgb)
-    return rgb if crop is None else np.ascontiguousarray(rgb[:crop[0], :crop[1]])
+    for unit in units:
+        unit.run_seed = numpy_seed(seed, subseed)
+
+
+def preprocess(rgb: np.ndarray, preprocessor: str, low: float | None = None, high: float | None = None,
+               resolution: int | None = None, seed: int | None = None) -> np.ndarray:
+    """The control map of an HxWx3 uint8 image (HxWx3 uint8): ``preprocessor`` with its thresholds, made at
+    ``resolution`` (the image's shorter side, as the extension makes it; None: at the image's own size);
+    ``seed``: the shuffle map's numpy seed (:mod:`sdrt.pipelines.preprocessors`)."""
+    return _preprocess(rgb, preprocessor, low, high, resolution, seed)
 
 
 def processor_resolution(unit: ControlNet, image_h: int, image_w: int, width: int, height: int) -> int | None:
@@ -506,11 +523,7 @@ def infotext(units: Sequence[ControlNet], width: int, height: int) -> dict[str, 
         items = [("Module", u.preprocessor), ("Model", u.model_name), ("Weight", _short(u.scale)),
                  ("Resize Mode", u.resize),
                  ("Processor Res", str(u.made_at if u.made_at is not None else min(width, height)))]
-        if u.preprocessor == "canny":
-            items += [("Threshold A", _short(u.low if u.low is not None else 100)),
-                      ("Threshold B", _short(u.high if u.high is not None else 200))]
-        elif u.preprocessor in ("scribble", "threshold"):
-            items += [("Threshold A", _short(u.low if u.low is not None else 127))]
+        items += threshold_fields(u.preprocessor, u.low, u.high)
         items += [("Guidance Start", _short(u.start)), ("Guidance End", _short(u.end)),
                   ("Pixel Perfect", str(bool(u.pixel_perfect))),
                   ("Control Mode", CONTROL_MODES[2] if u.guess_mode else u.control_mode)]

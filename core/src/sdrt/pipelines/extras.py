@@ -42,6 +42,7 @@ class ToolboxMixin:
         tb: Toolbox = s.toolbox
         assert s.width is not None and s.height is not None
         self._silent_units: list[cn.ControlNet] = []
+        cn.seed_units(tb.controlnets, s.seed, tb.subseed)  # the shuffle map's numpy seed, as the extension's
         from .singlefile import denoiser_graph
 
         graph = denoiser_graph(self.folder, bool(tb.controlnets))  # type: ignore[attr-defined]

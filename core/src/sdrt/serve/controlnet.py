@@ -26,24 +26,40 @@ from .registry import ModelEntry, Registry
 API_VERSION = 2
 #: the most units one request may hold (each distinct net is a model the worker loads)
 MAX_UNITS = 8
-#: the extension's module names (and its UI alias names) -> sdrt's preprocessor
-MODULES = {"none": "none", "canny": "canny", "invert": "invert", "threshold": "threshold", "scribble": "scribble"}
-ALIASES = {"invert": "invert (from white bg & black line)"}
+#: the extension's module names (and its UI alias names) -> sdrt's preprocessor (sdrt.pipelines.preprocessors)
+MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
+                                   "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
+                                   "recolor_luminance", "recolor_intensity")}
+ALIASES = {"invert": "invert (from white bg & black line)",
+           "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
-#: ``module_detail``'s sliders, as the extension describes them (processor_res, threshold_a, threshold_b)
-SLIDERS: dict[str, list[dict[str, Any]]] = {
+_GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
+#: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
+#: ``preprocessor_sliders_config`` gives them (1.1.4xx), None where the module has no such slider
+SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "none": [], "invert": [],
     "canny": [_RES, {"name": "Canny Low Threshold", "value": 100, "min": 1, "max": 255},
               {"name": "Canny High Threshold", "value": 200, "min": 1, "max": 255}],
-    "threshold": [_RES, {"name": "Binarization Threshold", "value": 127, "min": 0, "max": 255}],
+    "threshold": [_RES, {"name": "Binarization Threshold", "min": 0, "max": 255, "value": 127}],
     "scribble": [_RES],
+    "tile_resample": [None, {"name": "Down Sampling Rate", "value": 1.0, "min": 1.0, "max": 8.0, "step": 0.01}],
+    "scribble_xdog": [_RES, {"name": "XDoG Threshold", "min": 1, "max": 64, "value": 32}],
+    "blur_gaussian": [_RES, {"name": "Sigma", "min": 0.01, "max": 64.0, "value": 9.0}],
+    "color": [_RES],
+    "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
+    # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
+    "lineart_standard": [], "shuffle": [],
 }
+#: the resolution a module outside the extension's slider config runs at (its UI's default slider)
+_UI_RES = {"lineart_standard": _RES, "shuffle": _RES}
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
 HR_OPTIONS = ("Both", "Low res only", "High res only")
 #: module families sdrt cannot run, and what they need
-_NEEDS = (("inpaint", "the inpaint ControlNet's masked conditioning"), ("reference", "reference-only attention hooks"),
+_NEEDS = (("tile_colorfix", "the extension's colour fix of the latents while sampling (tile_resample is the map "
+                            "without it)"),
+          ("inpaint", "the inpaint ControlNet's masked conditioning"), ("reference", "reference-only attention hooks"),
           ("ip-adapter", "IP-Adapter's image encoder and attention layers"), ("ip_adapter", "IP-Adapter"),
           ("instant_id", "InstantID's face models"), ("revision", "CLIP vision conditioning"),
           ("clip_vision", "CLIP vision conditioning"), ("t2ia", "T2I-Adapters"), ("pulid", "PuLID's face models"))
@@ -137,13 +153,21 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
     (processor_res at most ``max_res``: a map that size is the server's largest side) and named ``field(name)``.
     The extension's ``bound_check_params``: a negative value takes the slider's default; a module without the
     slider never reads it (None; the extension's own "scribble" has a fixed level, 127)."""
-    sliders = SLIDERS[next(m for m, p in MODULES.items() if p == pre)]
+    module_name = next(m for m, p in MODULES.items() if p == pre)
+    sliders = SLIDERS[module_name] or ([_UI_RES[module_name]] if module_name in _UI_RES else [])
     values = [read(name, float(max_res) if k == 0 else None) for k, name in enumerate(names)]
-    res, a, b = ((sliders[k]["value"] if v < 0 else v) if len(sliders) > k else None for k, v in enumerate(values))
+    res, a, b = ((s["value"] if v < 0 else v) if (s := sliders[k] if len(sliders) > k else None) is not None
+                 else None for k, v in enumerate(values))
     if res is not None and res < 1:
         raise ApiError(400, f"{field(names[0])} must be at least 1, got {res:g}", field=field(names[0]))
     if pre == "threshold" and a is not None and a > 255:
         raise ApiError(400, f"{field(names[1])} must be at most 255 (a grey level), got {a:g}", field=field(names[1]))
+    if pre == "blur_gaussian" and a is not None and not 0 < a <= 256:
+        raise ApiError(400, f"{field(names[1])}, the blur's sigma, must be above 0 and at most 256, got {a:g}",
+                       field=field(names[1]))
+    if pre.startswith("recolor") and a is not None and a > 10:
+        raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most 10, got {a:g}",
+                       field=field(names[1]))
     return res, a, b
 
 
@@ -267,6 +291,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
 def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
     """``POST /controlnet/detect``: each input image's control map at the processor resolution, base64 PNGs."""
     import base64
+    import secrets
 
     from ..pipelines.controlnet import preprocess
     from ..pipelines.png import encode_png
@@ -288,7 +313,9 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
     out = []
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
-        made = preprocess(rgb, pre, a, b, None if res is None else int(res))
+        # shuffle: the extension's detect draws from numpy's unseeded global generator, a new map each call
+        seed = secrets.randbelow(2**32) if pre == "shuffle" else None
+        made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed)
         out.append(base64.b64encode(encode_png(made)).decode("ascii"))
     return {"images": out, "info": "Success"}
 

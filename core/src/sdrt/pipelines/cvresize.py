@@ -1,0 +1,136 @@
+"""OpenCV's ``cv2.resize`` of uint8 images in numpy, as sd-webui-controlnet's preprocessors and resize modes call it.
+
+- ``"nearest"``: ``floor(x * (1 / fx))`` in doubles, as OpenCV picks the source pixel; exact;
+- ``"area"`` shrinking: OpenCV's area table (``computeResizeAreaTab``), summed in float32 (rows first) and rounded
+  half to even, or its integer-factor path (``(sum + 2) >> 2`` for 2x, ``sum * (1 / area)`` otherwise); exact;
+- ``"area"`` enlarging a side: OpenCV's linear mode for INTER_AREA (two taps, positions in OpenCV's doubles,
+  11-bit weights, its vector code's rounding); exact against OpenCV 5.0;
+- ``"cubic"``: bicubic taps (a = -0.75, edges replicated) in float64, halves rounded up; OpenCV's fixed-point
+  weights put 1 level between them on a few values in ten thousand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["resample"]
+
+
+def _taps_area(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
+    """Area averaging as taps, OpenCV's table (``computeResizeAreaTab``): (dst, k) source indices and float32
+    weights; each output covers src/dst inputs, a sliver under 1e-3 of a pixel at either end left out."""
+    scale = src / dst
+    rows = []
+    for i in range(dst):
+        f1 = i * scale
+        f2 = f1 + scale
+        cell = min(scale, src - f1)
+        s2 = min(int(np.floor(f2)), src - 1)
+        s1 = min(int(np.ceil(f1)), s2)
+        idx, w = [], []
+        if s1 - f1 > 1e-3:
+            idx.append(s1 - 1)
+            w.append((s1 - f1) / cell)
+        idx += list(range(s1, s2))
+        w += [1.0 / cell] * (s2 - s1)
+        if f2 - s2 > 1e-3:
+            idx.append(s2)
+            w.append(min(min(f2 - s2, 1.0), cell) / cell)
+        rows.append((np.array(idx, int), np.array(w, np.float32)))
+    return _pad_taps(rows)
+
+
+def _taps_cubic(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bicubic taps (a = -0.75, pixel centres aligned, edges replicated), as cv2.INTER_CUBIC."""
+    x = (np.arange(dst) + 0.5) * (src / dst) - 0.5
+    x0 = np.floor(x).astype(int)
+    t = x - x0
+    idx = np.clip(x0[:, None] + np.arange(-1, 3)[None, :], 0, src - 1)
+    w = _cubic(np.stack([1 + t, t, 1 - t, 2 - t], axis=1))
+    return idx, w
+
+
+def _pad_taps(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    k = max(len(i) for i, _ in rows)
+    idx = np.zeros((len(rows), k), int)
+    w = np.zeros((len(rows), k), rows[0][1].dtype)
+    for r, (i, wt) in enumerate(rows):
+        idx[r, : len(i)] = i
+        w[r, : len(i)] = wt
+    return idx, w
+
+
+def _cubic(d: np.ndarray, a: float = -0.75) -> np.ndarray:
+    d = np.abs(d)
+    return np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1,
+                    np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0))
+
+
+def _apply_taps(a: np.ndarray, idx: np.ndarray, w: np.ndarray, axis: int) -> np.ndarray:
+    out = None
+    for t in range(idx.shape[1]):
+        shape = [1] * a.ndim
+        shape[axis] = -1
+        term = np.take(a, idx[:, t], axis=axis) * w[:, t].reshape(shape)
+        out = term if out is None else out + term
+    assert out is not None
+    return out
+
+
+def resample(a: np.ndarray, width: int, height: int, kind: str) -> np.ndarray:
+    """``cv2.resize(a, (width, height), interpolation=...)`` of a uint8 image: ``kind`` "nearest", "area" or
+    "cubic"."""
+    h, w = a.shape[:2]
+    if kind == "nearest":
+        # OpenCV: floor(x * (1 / fx)) with fx = dst / src, in doubles
+        ys = np.minimum(np.floor(np.arange(height) * (1.0 / (height / h))).astype(int), h - 1)
+        xs = np.minimum(np.floor(np.arange(width) * (1.0 / (width / w))).astype(int), w - 1)
+        return a[ys][:, xs]
+    if kind == "area" and (height > h or width > w):  # OpenCV's INTER_AREA enlarging either side: its linear mode
+        return _area_linear(a, width, height)
+    if kind == "area" and (w / width).is_integer() and (h / height).is_integer():  # OpenCV's resizeAreaFast
+        fx, fy = w // width, h // height
+        s = a.astype(np.int64).reshape(height, fy, width, fx, *a.shape[2:]).sum(axis=(1, 3))
+        if fx == fy == 2:
+            return ((s + 2) >> 2).astype(np.uint8)
+        return np.clip(np.rint(s.astype(np.float32) * np.float32(1.0 / (fx * fy))), 0, 255).astype(np.uint8)
+    if kind == "area":  # OpenCV's sums in float32, rows first, rounded half to even
+        out = _apply_taps(a.astype(np.float32), *_taps_area(w, width), axis=1)
+        out = _apply_taps(out, *_taps_area(h, height), axis=0)
+        return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    out = _apply_taps(a.astype(np.float64), *_taps_cubic(h, height), axis=0)
+    out = _apply_taps(out, *_taps_cubic(w, width), axis=1)
+    return np.clip(np.floor(out + 0.5), 0, 255).astype(np.uint8)  # halves round up, as OpenCV's
+
+
+def _area_linear_axis(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
+    """OpenCV's INTER_AREA taps where the image is enlarged: two taps, the second weighted by the share of the
+    output pixel past the source pixel's edge, the positions in OpenCV's doubles (``floor(dx * scale)`` may land
+    one pixel early where ``dx * scale`` is whole), weights in 11-bit fixed point."""
+    inv = dst / src
+    scale = 1.0 / inv
+    dx = np.arange(dst)
+    sx = np.floor(dx * scale).astype(np.int64)
+    fx = ((dx + 1) - (sx + 1) * inv).astype(np.float32)
+    fx = np.where(fx <= 0, np.float32(0), fx - np.floor(fx)).astype(np.float32)
+    last = sx >= src - 1
+    fx = np.where(last, np.float32(0), fx)
+    sx = np.minimum(sx, src - 1)
+    idx = np.stack([sx, np.minimum(sx + 1, src - 1)], axis=1)
+    w = np.rint(np.stack([np.float32(1) - fx, fx], axis=1) * np.float32(2048)).astype(np.int64)
+    return idx, w
+
+
+def _area_linear(a: np.ndarray, width: int, height: int) -> np.ndarray:
+    """``cv2.resize(a, (width, height), interpolation=cv2.INTER_AREA)`` of a uint8 image enlarged on a side
+    (bit-exact against OpenCV 5.0's vector code)."""
+    ix, wx = _area_linear_axis(a.shape[1], width)
+    iy, wy = _area_linear_axis(a.shape[0], height)
+    x = a.astype(np.int64)
+    rows = x[:, ix[:, 0]] * wx[:, 0].reshape(1, -1, *([1] * (a.ndim - 2))) \
+        + x[:, ix[:, 1]] * wx[:, 1].reshape(1, -1, *([1] * (a.ndim - 2)))
+    shape = (-1, 1, *([1] * (a.ndim - 2)))
+    # OpenCV's vector path: rows in 7 fractional bits, each product's high 16 bits, then rounded from 2 bits
+    out = ((rows[iy[:, 0]] >> 4) * wy[:, 0].reshape(shape) >> 16) \
+        + ((rows[iy[:, 1]] >> 4) * wy[:, 1].reshape(shape) >> 16)
+    return np.clip((out + 2) >> 2, 0, 255).astype(np.uint8)

@@ -1,0 +1,183 @@
+"""The ControlNet preprocessors that need no model: their names, sliders, resolutions, and the one call that runs them.
+
+Names and sliders are sd-webui-controlnet's (``low`` is its ``threshold_a``, ``high`` its ``threshold_b``):
+
+======================  ===========================================  ==================  ==========
+preprocessor            low / high                                   at a resolution     module
+======================  ===========================================  ==================  ==========
+none                    -                                            -                   -
+canny                   Canny low 100 / high 200 (>= 0)              padded to 64        controlmaps
+scribble, threshold     level 127 (0 to 255)                         padded to 64        controlmaps
+invert                  -                                            -                   controlmaps
+tile_resample           Down Sampling Rate 1 (>= 0; < 1.1: as is)    -                   tilemaps
+blur_gaussian           Sigma 9 (above 0, up to 256)                 scaled, no padding  tilemaps
+lineart_standard        -                                            padded to 64        linemaps
+scribble_xdog           XDoG Threshold 32 (>= 0)                     padded to 64        linemaps
+shuffle                 - (seeded: :mod:`shufflemap`)                scaled, no padding  shufflemap
+color                   -                                            its own (area)      colormaps
+recolor_luminance       Gamma Correction 1 (0 to 10)                 -                   colormaps
+recolor_intensity       Gamma Correction 1 (0 to 10)                 -                   colormaps
+======================  ===========================================  ==================  ==========
+
+"At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
+extension's ``resize_image_with_pad`` does; "padded to 64" maps are made on the image padded with its edges to
+multiples of 64 and cropped back (the padding can change a map that looks at whole-image statistics, as
+lineart_standard's median does, exactly as in the extension); without a resolution (None) the map is made at
+the image's own size. The extension's ``tile_colorfix`` / ``tile_colorfix+sharp`` are ``tile_resample``'s map
+plus a colour correction of the latents while sampling, which sdrt does not have.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+
+__all__ = ["NAMES", "SPECS", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+
+
+@dataclass(frozen=True)
+class Slider:
+    """A threshold a preprocessor reads: its default and the values the pipeline takes (``above``: the lower
+    bound is excluded)."""
+
+    default: float
+    low: float
+    high: float = math.inf
+    above: bool = False
+    whole: bool = False
+
+
+@dataclass(frozen=True)
+class Spec:
+    #: "pad" (scaled and padded to 64, cropped after), "scale" (scaled only), "own" (the map scales itself), None
+    resolution: str | None
+    low: Slider | None = None
+    high: Slider | None = None
+    seeded: bool = False
+
+
+SPECS: dict[str, Spec] = {
+    "none": Spec(None),
+    "canny": Spec("pad", Slider(100, 0), Slider(200, 0)),
+    "scribble": Spec("pad", Slider(127, 0, 255, whole=True)),
+    "threshold": Spec("pad", Slider(127, 0, 255)),
+    "invert": Spec(None),
+    "tile_resample": Spec(None, Slider(1.0, 0)),
+    "lineart_standard": Spec("pad"),
+    "scribble_xdog": Spec("pad", Slider(32, 0)),
+    "shuffle": Spec("scale", seeded=True),
+    "color": Spec("own"),
+    "blur_gaussian": Spec("scale", Slider(9.0, 0, 256, above=True)),
+    "recolor_luminance": Spec(None, Slider(1.0, 0, 10)),
+    "recolor_intensity": Spec(None, Slider(1.0, 0, 10)),
+}
+NAMES = tuple(SPECS)
+#: the preprocessors that read a processor resolution
+AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
+
+
+def check_thresholds(name: str, low: Any, high: Any, where: str,
+                     names: tuple[str, str] | None = None) -> tuple[float | None, float | None]:
+    """``(low, high)`` as floats, checked against the preprocessor's sliders (``controlnet.parse_units`` checks
+    the first five's as it always has); an ``InputError`` naming ``{where} low`` / ``high`` (or ``names``, the
+    caller's words for the two) for a value it cannot use, or for a threshold the preprocessor does not read."""
+    spec = SPECS[name]
+    out: list[float | None] = []
+    for k, (arg, value, slider) in enumerate((("low", low, spec.low), ("high", high, spec.high))):
+        if value is None:
+            out.append(None)
+            continue
+        field = names[k] if names else f"{where} {arg}"
+        if slider is None:
+            what = names[k] if names else f"{arg} threshold"
+            raise InputError(f"{field}: the {name} preprocessor reads no {what}", where=field,
+                             fix=f"leave {names[k] if names else arg} out for {name}")
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(float(value)):
+            raise InputError(f"{field}, {_what(name)}, must be a finite number, got {value!r:.40}", where=field,
+                             fix=_fix(names[k] + " " if names else arg + "=", slider))
+        v = float(value)
+        bad = v <= slider.low if slider.above else v < slider.low
+        if bad or v > slider.high or (slider.whole and not v.is_integer()):
+            raise InputError(f"{field}, {_what(name)}, must be {_range(slider)}, got {v:g}", where=field,
+                             fix=_fix(names[k] + " " if names else arg + "=", slider))
+        out.append(v)
+    return out[0], out[1]
+
+
+def _what(name: str) -> str:
+    return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
+            "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
+            "threshold": "the threshold level"}.get(name, "the gamma correction")
+
+
+def _range(s: Slider) -> str:
+    kind = "a whole number" if s.whole else "a number"
+    if math.isinf(s.high):
+        return f"{kind} >= {s.low:g}"
+    if s.above:
+        return f"{kind} above {s.low:g}, up to {s.high:g}"
+    return f"{kind} from {s.low:g} to {s.high:g}"
+
+
+def _fix(arg: str, slider: Slider) -> str:
+    return f"pass e.g. {arg}{slider.default:g} (the extension's default)"
+
+
+def threshold_fields(name: str, low: float | None, high: float | None) -> list[tuple[str, str]]:
+    """The infotext's ``Threshold A`` / ``Threshold B`` of a preprocessor that reads them (defaults filled in)."""
+    spec = SPECS.get(name, SPECS["none"])
+    items = []
+    for label, value, slider in (("Threshold A", low, spec.low), ("Threshold B", high, spec.high)):
+        if slider is not None:
+            v = slider.default if value is None else value
+            items.append((label, str(int(v)) if float(v).is_integer() else f"{float(v):g}"))
+    return items
+
+
+def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float | None = None,
+               resolution: int | None = None, seed: int | None = None) -> np.ndarray:
+    """The control map (HxWx3 uint8) of an HxWx3 uint8 image: ``name`` with its thresholds (None: the defaults),
+    at ``resolution`` (the shorter side; None: the image's own size); ``seed``: shuffle's numpy seed (None: 0)."""
+    from . import controlmaps as cm
+
+    spec = SPECS[name]
+    lo = spec.low.default if spec.low is not None and low is None else low
+    hi = spec.high.default if spec.high is not None and high is None else high
+    crop = None
+    if resolution is not None and spec.resolution in ("pad", "scale"):
+        rgb, crop = cm.processor_input(rgb, resolution)
+        if spec.resolution == "scale":  # the extension crops its padding off before these maps
+            rgb, crop = np.ascontiguousarray(rgb[:crop[0], :crop[1]]), None
+    if name == "canny":
+        rgb = cm.to_rgb(cm.canny(rgb, lo, hi))
+    elif name == "scribble":
+        rgb = cm.to_rgb(cm.scribble(rgb, int(lo)))
+    elif name == "threshold":
+        rgb = cm.threshold(rgb, int(lo))
+    elif name == "invert":
+        rgb = cm.invert(rgb)
+    elif name in ("tile_resample", "blur_gaussian"):
+        from . import tilemaps
+
+        rgb = tilemaps.tile_resample(rgb, lo) if name == "tile_resample" else tilemaps.blur_gaussian(rgb, lo)
+    elif name in ("lineart_standard", "scribble_xdog"):
+        from . import linemaps
+
+        rgb = linemaps.lineart_standard(rgb) if name == "lineart_standard" else linemaps.scribble_xdog(rgb, lo)
+    elif name == "shuffle":
+        from .shufflemap import content_shuffle
+
+        rgb = content_shuffle(rgb, 0 if seed is None else seed)
+    elif name in ("color", "recolor_luminance", "recolor_intensity"):
+        from . import colormaps
+
+        rgb = (colormaps.color_grid(rgb, resolution) if name == "color" else
+               colormaps.recolor_luminance(rgb, lo) if name == "recolor_luminance" else
+               colormaps.recolor_intensity(rgb, lo))
+    return rgb if crop is None else np.ascontiguousarray(rgb[:crop[0], :crop[1]])
