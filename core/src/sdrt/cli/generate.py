@@ -262,6 +262,13 @@ def run(args: argparse.Namespace) -> int:
     custom = generate_weights.check(args)
     memory = generate_memory.options(args)  # --memory, checked before any model loads
     outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)
+    if outputs and settings.width and settings.height:  # a WebP over 16383 pixels a side: said before the run
+        from ..pipelines.save import check_size
+
+        hires = getattr(settings.toolbox, "hires", None)
+        size = hires.target(settings.width, settings.height) if hires is not None else (settings.width, settings.height)
+        for path in outputs:
+            check_size(path, *size, "output")
     if outputs:  # -o init.png (or the model, a LoRA) would destroy that input
         from .paths import check_writes
 
