@@ -42,3 +42,37 @@ def test_save_image_says_the_webp_limit_in_one_line(tmp_path):
     with pytest.raises(PngError, match="at most 16383 pixels a side"):
         save_image(tmp_path / "x.webp", np.zeros((1, 16384, 3), np.uint8))
     assert not (tmp_path / "x.webp").exists()
+
+
+# -- <lora:name:te:unet> and unet=: the UNet's weight was dropped (the UNet ran at the text encoder's) ----------
+LORA = DATA / "ckpt" / "pipe-sd15" / "tinylora.safetensors"
+
+
+def test_a_lora_tags_unet_weight_is_the_unets(tmp_path, registry):
+    """A1111's ``<lora:x:TE:UNET>`` (and ``unet=``): each part at its own weight. The reference: the file's text
+    encoder layers alone, and its UNet layers alone, as two LoRA files, each at weight 1."""
+    from safetensors.numpy import load_file, save_file
+
+    from sdrt import pipelines
+    from sdrt.text import extract_lora_tags
+
+    assert extract_lora_tags("a <lora:x:0.5:0.2> b <lora:y:unet=0.3> <lora:z:0.7>")[1] == [
+        ("x", 0.5, 0.2), ("y", 1.0, 0.3), ("z", 0.7, 0.7)]
+    tensors = load_file(str(LORA))
+    save_file({k: v for k, v in tensors.items() if k.startswith("lora_te_")}, str(tmp_path / "te.safetensors"))
+    save_file({k: v for k, v in tensors.items() if k.startswith("lora_unet_")}, str(tmp_path / "un.safetensors"))
+    (tmp_path / "tinylora.safetensors").write_bytes(LORA.read_bytes())
+    pipe = pipelines.load(DATA / "pipelines" / "tiny-sd15", backend="reference")
+    pipe.weights.lora_dir = tmp_path
+
+    def image(prompt):
+        return pipe.generate(prompt, steps=2, seed=1, sampler="Euler").images[0].astype(int)
+
+    try:
+        te_alone, unet_alone = image("a fox <lora:te:1>"), image("a fox <lora:un:1>")
+        assert np.abs(te_alone - unet_alone).max() > 20  # the two halves make different pictures
+        assert np.abs(image("a fox <lora:tinylora:1:0>") - te_alone).max() <= 1
+        assert np.abs(image("a fox <lora:tinylora:0:1>") - unet_alone).max() <= 1
+        assert np.abs(image("a fox <lora:tinylora:te=0:unet=1>") - unet_alone).max() <= 1
+    finally:
+        pipe.close()
