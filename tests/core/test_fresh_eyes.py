@@ -76,3 +76,25 @@ def test_a_lora_tags_unet_weight_is_the_unets(tmp_path, registry):
         assert np.abs(image("a fox <lora:tinylora:te=0:unet=1>") - unet_alone).max() <= 1
     finally:
         pipe.close()
+
+
+# -- <hypernet:x:1> stayed in the prompt as text (A1111 removes every extra-network tag); <lyco:> was ignored ------
+def test_other_extra_network_tags_are_removed_and_said(registry):
+    from sdrt import pipelines
+    from sdrt.errors import SdrtError
+    from sdrt.serve.a1111 import _prompt_syntax
+    from sdrt.text.attention import unsupported_syntax
+
+    assert any("<hypernet:foo:1>" in line and "removed" in line for line in unsupported_syntax("a <hypernet:foo:1>"))
+    assert any("hypernet" in note for note in _prompt_syntax("a <hypernet:foo:1>", "prompt"))
+    assert unsupported_syntax("a <lora:ink:1>") == [] and _prompt_syntax("a <lora:ink:1>", "prompt") == []
+    pipe = pipelines.load(DATA / "pipelines" / "tiny-sd15", backend="reference")
+    try:
+        tagged = pipe.generate("a fox <hypernet:foo:1>", "ugly <hypernet:bar:0.5>", steps=1, seed=1)
+        plain = pipe.generate("a fox ", "ugly ", steps=1, seed=1)
+        assert np.array_equal(tagged.images[0], plain.images[0])
+        assert tagged.prompt == "a fox <hypernet:foo:1>"  # the infotext keeps the prompt as typed
+        with pytest.raises(SdrtError, match="no LoRA folder"):  # A1111's old name of <lora:>, read as text before
+            pipe.generate("a fox <lyco:tinylora:1>", steps=1, seed=1)
+    finally:
+        pipe.close()

@@ -589,8 +589,13 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             prompt = extract_loras(prompt)[0] if isinstance(prompt, str) else prompt
             if isinstance(negative_prompt, str):
                 negative_prompt = extract_loras(negative_prompt, "negative_prompt")[0]
-        elif self._weight_state is not None or (isinstance(prompt, str) and "<lora:" in prompt):
+        elif self._weight_state is not None or _has_lora_tag(prompt, negative_prompt):
             prompt, negative_prompt = self.weights.prepare(prompt, negative_prompt)  # type: ignore[arg-type]
+        else:  # <hypernet:x:1>: removed as A1111 removes it (left in, its words were encoded as text)
+            from ..text.loras import strip_tags
+
+            prompt = strip_tags(prompt) if isinstance(prompt, str) else prompt
+            negative_prompt = strip_tags(negative_prompt) if isinstance(negative_prompt, str) else negative_prompt
         if given is not None:
             s = dataclasses.replace(given, prompt=prompt, negative_prompt=negative_prompt or "")
         else:
@@ -910,8 +915,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         original = prompt.prompt if isinstance(prompt, Settings) else prompt
         # this job's shapes per part, from a dry run made first (its ControlNet units get dry parts; this job's
         # own preparation below gives them the real ones again)
-        if not self._dry and isinstance(original, str) and "<lora:" in original + str(
-                prompt.negative_prompt if isinstance(prompt, Settings) else negative_prompt):
+        if not self._dry and isinstance(original, str) and _has_lora_tag(
+                original, prompt.negative_prompt if isinstance(prompt, Settings) else negative_prompt):
             # the prompt's LoRAs first: a Flux control LoRA changes the transformer's graph the dry run plans
             # (sdrt.pipelines.fluxcontrollora); _prepare below finds them active
             neg = prompt.negative_prompt if isinstance(prompt, Settings) else negative_prompt
@@ -1450,3 +1455,9 @@ def _part_files(vae: Any, text_encoders: Any) -> list[Any]:
             raise InputError(f"text_encoders[{i}] must be a file path, got {type(f).__name__} {f!r:.40}",
                              where="text_encoders", fix=fix)
     return files
+
+
+def _has_lora_tag(*texts: object) -> bool:
+    from ..text.loras import has_lora_tag
+
+    return has_lora_tag(*texts)

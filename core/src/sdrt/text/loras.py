@@ -7,7 +7,8 @@ a missing text-encoder weight is 1.0 and a missing UNet weight is the text-encod
 :func:`extract_loras` returns the prompt without those tags and ``(name, weight)`` with the
 text-encoder weight; :func:`extract_lora_tags` gives ``(name, te_weight, unet_weight)``, which the
 pipeline applies (the UNet weight was dropped: ``<lora:x:1:0.3>`` ran the UNet at 1). Other tag types
-(``<hypernet:...>``) stay in the text. A tag whose weight is not a number, or that names no
+(``<hypernet:...>``, which sdrt does not run) are removed from the text too, as A1111 removes them
+(``sdrt.text.attention.unsupported_syntax`` names them, so the difference is said). A tag whose weight is not a number, or that names no
 LoRA, is an ``InputError`` naming the tag (it was skipped with a warning, and the image made
 without the LoRA the user asked for).
 """
@@ -18,6 +19,17 @@ import re
 
 _TAG = re.compile(r"<(\w+):([^>]+)>")
 _LORA_TYPES = {"lora", "lyco"}
+_LORA_TAG = re.compile(r"<(?:lora|lyco):[^>]+>")
+
+
+def has_lora_tag(*texts: object) -> bool:
+    """Whether any of ``texts`` holds a ``<lora:...>`` or ``<lyco:...>`` tag (the LoRAs a job must load)."""
+    return any(isinstance(t, str) and _LORA_TAG.search(t) is not None for t in texts)
+
+
+def strip_tags(text: str) -> str:
+    """``text`` without A1111's extra-network tags that are no LoRA (``<hypernet:x:1>``), as A1111 removes them."""
+    return _TAG.sub(lambda m: m.group(0) if m.group(1) in _LORA_TYPES else "", text)
 
 
 def extract_loras(text: str, where: str = "prompt") -> tuple[str, list[tuple[str, float]]]:
@@ -46,8 +58,8 @@ def extract_lora_tags(text: str, where: str = "prompt") -> tuple[str, list[tuple
     found: list[tuple[str, float, float]] = []
 
     def take(m: re.Match[str]) -> str:
-        if m.group(1) not in _LORA_TYPES:
-            return m.group(0)
+        if m.group(1) not in _LORA_TYPES:  # <hypernet:x:1>: A1111 removes every extra-network tag from the text
+            return ""  # (and skips a type it lacks); left in, its words were encoded into the prompt
         items = m.group(2).split(":")
         positional = [i for i in items if "=" not in i]
         named = dict(i.split("=", 1) for i in items if "=" in i)
