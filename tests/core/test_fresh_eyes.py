@@ -98,3 +98,15 @@ def test_other_extra_network_tags_are_removed_and_said(registry):
             pipe.generate("a fox <lyco:tinylora:1>", steps=1, seed=1)
     finally:
         pipe.close()
+
+
+# -- a <lora:> tag with no --lora-dir: refused after the model loaded, in the API's words (pipe.weights.lora_dir) ---
+@pytest.mark.parametrize("args, where", [(["a fox <lora:ink:1>"], "Where: PROMPT."),
+                                         (["a fox", "--negative", "<lora:ink:0.5>"], "Where: --negative.")])
+def test_a_lora_tag_without_lora_dir_is_refused_before_the_model_loads(capsys, monkeypatch, args, where):
+    from sdrt import pipelines
+
+    monkeypatch.setattr(pipelines, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    assert main(["generate", *args, "-o", "never.png"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and where in err and "--lora-dir" in err and "pipe.weights" not in err

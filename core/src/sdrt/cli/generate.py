@@ -255,7 +255,13 @@ def run(args: argparse.Namespace) -> int:
     from ..text.attention import unsupported_syntax
 
     for text, key in ((prompt, "prompt"), (args.negative, "negative_prompt")):
-        extract_loras(text, key)  # a <lora:> tag whose weight is not a number, before any model loads
+        tags = extract_loras(text, key)[1]  # a <lora:> tag whose weight is not a number, before any model loads
+        if tags and not args.lora_dir:  # refused after the model loaded, in the API's words (pipe.weights.lora_dir)
+            raise InputError(f"the {'prompt' if key == 'prompt' else 'negative prompt'} asks for "
+                             f"<lora:{tags[0][0]}:...> and no --lora-dir says where LoRAs are",
+                             where="PROMPT" if key == "prompt" else "--negative",
+                             fix=f"pass --lora-dir DIR, the folder holding {tags[0][0]}.safetensors (or give the "
+                                 "file as --lora FILE:SCALE and leave the tag out)")
         for line in unsupported_syntax(text):  # read as text, not refused: said, not silent
             log.warning("%s%s", "" if key == "prompt" else "--negative: ", line)
     _check_flow_size(folder, args)  # before the model loads, where its family is known from the file
