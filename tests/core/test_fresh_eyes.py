@@ -110,3 +110,21 @@ def test_a_lora_tag_without_lora_dir_is_refused_before_the_model_loads(capsys, m
     assert main(["generate", *args, "-o", "never.png"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and where in err and "--lora-dir" in err and "pipe.weights" not in err
+
+
+# -- Flux: --cfg above 1 with no negative prompt ran one pass (diffusers' rule) with no word; the PNG said CFG 3 -----
+def test_a_flux_cfg_that_runs_no_pass_is_said(registry, caplog):
+    from sdrt import pipelines
+
+    pipe = pipelines.load(DATA / "pipelines" / "tiny-flux-dev", backend="reference")
+    try:
+        caplog.clear()
+        pipe.generate("a fox", steps=1, seed=1, cfg=3, width=64, height=64)
+        said = [r.getMessage() for r in caplog.records if "is not used" in r.getMessage()]
+        assert len(said) == 1 and "cfg 3" in said[0] and "negative_prompt" in said[0]
+        caplog.clear()
+        pipe.generate("a fox", "blurry", steps=1, seed=1, cfg=3, width=64, height=64)  # the CFG pass runs
+        pipe.generate("a fox", steps=1, seed=1, width=64, height=64)  # cfg 1: nothing to say
+        assert not [r for r in caplog.records if "is not used" in r.getMessage()]
+    finally:
+        pipe.close()

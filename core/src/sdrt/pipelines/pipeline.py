@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, Interrupted, ModelError, SdrtError, UnknownOptions, WeightsError
+from ..errors import InputError, Interrupted, ModelError, SdrtError, UnknownOptions, WeightsError, in_caller_words
 from .bounds import MAX_SIDE
 from .budget import MemoryMixin
 from .extras import ToolboxMixin
@@ -219,6 +219,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 log.warning("the negative prompt is not used: CFG %g runs one pass, with the prompt only (a CFG "
                             "above 1 runs the negative pass%s)", s.cfg,
                             f"; {self.family.label}'s default is 1" if self.family.default_cfg == 1 else "")
+            elif s.cfg != 1 and self.family.negative_pass(s.cfg, "x") and not self._dry:  # Flux: true CFG needs one
+                log.warning(in_caller_words(
+                    f"{{@cfg}} {s.cfg:g} is not used: {self.family.label} runs its true-CFG pass only with a negative "
+                    "prompt (diffusers' true_cfg_scale rule), so this run makes one pass, with the prompt only; give "
+                    "a {@negative_prompt} for the CFG pass, or leave {@cfg} at 1"))
             return cond, None
         if self.folder.force_zeros_for_empty_prompt and not s.negative_prompt:
             uncond = self.prompts.zeros_like(cond)
