@@ -128,3 +128,24 @@ def test_a_flux_cfg_that_runs_no_pass_is_said(registry, caplog):
         assert not [r for r in caplog.records if "is not used" in r.getMessage()]
     finally:
         pipe.close()
+
+
+# -- a compile cache hit skipped the weights check: a file that fits nothing of the graph ran the graph's own -------
+def test_weights_that_do_not_fit_are_refused_on_a_cache_hit_too(tmp_path, monkeypatch):
+    from test_cache import _Counting, _matmul_graph
+
+    from sdrt.errors import WeightsError
+    from sdrt.weights import Weights
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    c = _Counting()
+    graph = _matmul_graph(np.ones(16))
+    assert c.backend.compile(graph, None, c.device).value == 16 and c.compiles == 1  # the graph's own, cached
+    other = Weights.from_arrays({"body.0.weight": np.ones((3, 3), np.float32)})  # names nothing of the graph
+    with pytest.raises(WeightsError, match="1 missing .*1 unexpected"):
+        c.backend.compile(graph, other, c.device, cache=False)  # refused when compiled fresh
+    with pytest.raises(WeightsError, match="1 missing .*1 unexpected"):
+        c.backend.compile(graph, other, c.device)  # and on the hit (it loaded the graph's own entry)
+    assert c.loads == 0
+    fits = Weights.from_arrays({"w": np.full((4, 4), 2, np.float32)})
+    assert c.backend.compile(graph, fits, c.device).value == 32  # weights that fit: as before
