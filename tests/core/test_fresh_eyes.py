@@ -149,3 +149,10 @@ def test_weights_that_do_not_fit_are_refused_on_a_cache_hit_too(tmp_path, monkey
     assert c.loads == 0
     fits = Weights.from_arrays({"w": np.full((4, 4), 2, np.float32)})
     assert c.backend.compile(graph, fits, c.device).value == 32  # weights that fit: as before
+
+
+# -- sdrt plan --backend reference said "unknown backend" of a backend `sdrt info` lists ---------------------------
+def test_plan_says_why_it_cannot_plan_the_reference_backend(capsys):
+    assert main(["plan", str(DATA / "pipelines" / "tiny-sd15"), "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no cost model for the reference backend" in err and "unknown" not in err
