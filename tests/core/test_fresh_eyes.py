@@ -156,3 +156,18 @@ def test_plan_says_why_it_cannot_plan_the_reference_backend(capsys):
     assert main(["plan", str(DATA / "pipelines" / "tiny-sd15"), "--backend", "reference"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no cost model for the reference backend" in err and "unknown" not in err
+
+
+# -- an SD 1.x-named file of other shapes: "does not fit this model: it looks like SD 1.x" (it is SD 1.x), three
+# times over, cut at 2000 characters mid-name --------------------------------------------------------------------
+def test_a_file_with_a_familys_names_and_other_shapes_says_so_once(registry):
+    from sdrt import pipelines
+    from sdrt.errors import WeightsError
+
+    with pytest.raises(WeightsError) as info:
+        pipelines.load(DATA / "ckpt" / "sd1" / "ldm.safetensors", backend="reference")  # the tests' tiny SD 1.x
+    what = info.value.what
+    assert what.startswith("ldm.safetensors has SD 1.x's tensor names, but does not fit the SD 1.x architecture")
+    assert "it looks like" not in what and "this model" not in what and len(what) < 1500
+    assert "conv_in.weight [320, 4, 3, 3]" in what and what.endswith("; ...")
+    assert "export of its own" in info.value.fix
