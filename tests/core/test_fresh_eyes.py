@@ -171,3 +171,20 @@ def test_a_file_with_a_familys_names_and_other_shapes_says_so_once(registry):
     assert "it looks like" not in what and "this model" not in what and len(what) < 1500
     assert "conv_in.weight [320, 4, 3, 3]" in what and what.endswith("; ...")
     assert "export of its own" in info.value.fix
+
+
+# -- SDXL's clip skip 2 read the third-to-last layer: A1111 (which leaves SDXL at the penultimate) and Forge
+# (minimal_clip_skip 2) read the penultimate for 1 and 2, so a Pony/Illustrious "Clip skip: 2" changed the picture ---
+def test_sdxl_clip_skip_counts_from_the_end_as_a1111_and_forge_do(registry):
+    from sdrt import pipelines
+
+    pipe = pipelines.load(DATA / "pipelines" / "tiny-sdxl", backend="reference")
+    try:
+        enc = pipe.prompts.encoders[1]  # CLIP-G (CLIP-L reads the same way)
+        images = {n: pipe.generate("a fox", steps=1, seed=1, clip_skip=n).images[0] for n in (1, 2, 3)}
+        assert np.array_equal(images[1], images[2])  # both the penultimate layer, the family's own
+        assert not np.array_equal(images[2], images[3])
+        assert enc._output_for(2) == enc._output_for(1) == (enc._layers()[-2], False)
+        assert enc._output_for(3) == (enc._layers()[-3], False)
+    finally:
+        pipe.close()

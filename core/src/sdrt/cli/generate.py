@@ -95,7 +95,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1, help="images per run")
     p.add_argument("--batch-count", type=int, default=1, help="runs, each with the next seed")
     p.add_argument("--clip-skip", type=int, default=1,
-                   help="A1111's CLIP skip: 2 takes the text encoder's second-to-last layer (default 1: the last)")
+                   help="A1111's CLIP skip: 2 takes the text encoder's second-to-last layer (default 1: the last; SDXL "
+                        "and SD3 read the second-to-last already, so 1 and 2 are alike there, as in A1111 and Forge, "
+                        "and 3 takes the third-to-last)")
     p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto, the one sdrt picks here)")
     p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it (default: the one sdrt picks for the backend)")
     p.add_argument("--dry-run", action="store_true",
