@@ -60,7 +60,7 @@ class TextEncoder:
 
     def _output_for(self, clip_skip: int) -> tuple[str, bool]:
         """(output name, apply final layer norm) for A1111's clip skip (1 = last layer). An encoder read at its
-        penultimate layer (SDXL, SD3) counts from the end as A1111, Forge and ComfyUI do: clip skip 1 and 2 both
+        penultimate layer (SDXL, SD3) counts from the end as A1111 and Forge do: clip skip 1 and 2 both
         read that layer (Forge's ``minimal_clip_skip`` 2; A1111 leaves SDXL's at it), 3 the one before. It read one
         layer deeper (2: the third-to-last), so the "Clip skip: 2" that Pony and Illustrious images carry changed
         the picture that A1111 and Forge make."""
