@@ -188,3 +188,16 @@ def test_sdxl_clip_skip_counts_from_the_end_as_a1111_and_forge_do(registry):
         assert enc._output_for(3) == (enc._layers()[-3], False)
     finally:
         pipe.close()
+
+
+# -- read_parameters on the JPEG sdrt generate -o x.jpg wrote: "not a PNG ... give a .png file" --------------------
+def test_read_parameters_on_a_jpeg_points_to_its_exif_reader(tmp_path):
+    pytest.importorskip("PIL")
+    from sdrt.pipelines.png import read_parameters
+    from sdrt.pipelines.save import read_user_comment
+
+    out = save_image(tmp_path / "x.jpg", np.zeros((8, 8, 3), np.uint8), "a fox\nSteps: 1")
+    with pytest.raises(PngError) as info:
+        read_parameters(out)
+    assert "a JPEG image" in info.value.what and "read_user_comment" in info.value.fix
+    assert read_user_comment(out) == "a fox\nSteps: 1"
