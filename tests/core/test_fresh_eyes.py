@@ -201,3 +201,17 @@ def test_read_parameters_on_a_jpeg_points_to_its_exif_reader(tmp_path):
         read_parameters(out)
     assert "a JPEG image" in info.value.what and "read_user_comment" in info.value.fix
     assert read_user_comment(out) == "a fox\nSteps: 1"
+
+
+# -- --backend OpenVINO: "no backend named 'OpenVINO' ... install the plugin that provides it" of an installed one --
+def test_a_backend_name_in_another_case_is_told_its_spelling(registry, capsys):
+    import sdrt
+    from sdrt.errors import UnknownBackendError
+
+    model = DATA / "pipelines" / "tiny-sd15" / "vae_decoder" / "model.onnx"
+    with pytest.raises(UnknownBackendError) as info:
+        sdrt.load(model, backend="Reference")
+    assert "lower case" in info.value.what and str(info.value).endswith("What to do: pass backend='reference'.")
+    assert main(["run", str(model), "--backend", "REFERENCE", "-o", "never.npz"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pass --backend 'reference'" in err and "install" not in err
