@@ -212,6 +212,6 @@ def test_a_backend_name_in_another_case_is_told_its_spelling(registry, capsys):
     with pytest.raises(UnknownBackendError) as info:
         sdrt.load(model, backend="Reference")
     assert "lower case" in info.value.what and str(info.value).endswith("What to do: pass backend='reference'.")
-    assert main(["run", str(model), "--backend", "REFERENCE", "-o", "never.npz"]) == 1
+    assert main(["generate", "a fox", "--backend", "REFERENCE", "-o", "never.png"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "pass --backend 'reference'" in err and "install" not in err
+    assert err.count("\n") == 1 and "pass --backend 'reference'" in err and "sdrt install" not in err
