@@ -215,3 +215,22 @@ def test_a_backend_name_in_another_case_is_told_its_spelling(registry, capsys):
     assert main(["generate", "a fox", "--backend", "REFERENCE", "-o", "never.png"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pass --backend 'reference'" in err and "sdrt install" not in err
+
+
+# -- a prompt past T5's max_sequence_length was cut with no word (diffusers warns) ---------------------------------
+def test_a_prompt_t5_cuts_is_said_once(registry, caplog):
+    from sdrt import pipelines
+
+    pipe = pipelines.load(DATA / "pipelines" / "tiny-flux-schnell", backend="reference")
+    try:
+        caplog.clear()
+        for _ in range(2):
+            pipe.generate("a red fox in the snow (test_fresh_eyes)", steps=1, seed=1, width=64, height=64,
+                          max_sequence_length=4)
+        cut = [r.getMessage() for r in caplog.records if "T5 tokens" in r.getMessage()]
+        assert len(cut) == 1 and "T5 reads 4 (max_sequence_length)" in cut[0] and "cut" in cut[0]
+        caplog.clear()
+        pipe.generate("a fox", steps=1, seed=1, width=64, height=64, max_sequence_length=32)
+        assert not [r for r in caplog.records if "T5 tokens" in r.getMessage()]
+    finally:
+        pipe.close()
