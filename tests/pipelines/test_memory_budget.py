@@ -176,7 +176,7 @@ def test_dry_run_prints_placements_and_the_prediction(capsys):
     assert main(["generate", str(DATA / "tiny-flux-dev"), "a fox", "--dry-run", "--steps", "2",
                  "--backend", "reference", "--memory", "8GB"]) == 0
     out = capsys.readouterr().out
-    assert "memory: budget 7.45 GiB (memory=), predicted peak" in out
+    assert "memory: budget 7.45 GiB (--memory), predicted peak" in out
     assert "transformer      resident" in out
 
 
@@ -205,7 +205,7 @@ def test_cli_reports_the_measured_peak_beside_the_prediction(capsys, tmp_path):
     assert main(["generate", str(DATA / "tiny-sd15"), "a fox", "--steps", "1", "--backend", "reference",
                  "--memory", "16GiB", "-o", str(out)]) == 0
     err = capsys.readouterr().err
-    assert out.is_file() and "memory: budget 16.00 GiB (memory=)" in err
+    assert out.is_file() and "memory: budget 16.00 GiB (--memory)" in err
     assert "unet             resident" in err and ("measured peak RSS (VmHWM)" in err or sys.platform != "linux")
 
 

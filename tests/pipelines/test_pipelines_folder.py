@@ -80,7 +80,10 @@ def test_sdxl_without_second_encoder(tmp_path: Path) -> None:
 def test_missing_tokenizer(tmp_path: Path) -> None:
     folder = _copy(tmp_path)
     (folder / "tokenizer" / "merges.txt").unlink()
-    with pytest.raises(ModelNotFoundError, match="tokenizer has no vocab.json and merges.txt"):
+    with pytest.raises(ModelNotFoundError, match=r"tokenizer/ lacks merges.txt\. Where"):  # the one it lacks
+        ModelFolder.open(folder)
+    shutil.rmtree(folder / "tokenizer")  # no folder at all: said so, not "has no vocab.json and merges.txt"
+    with pytest.raises(ModelNotFoundError, match="has no tokenizer/ folder"):
         ModelFolder.open(folder)
 
 

@@ -20,9 +20,11 @@ def test_named_and_extra_arguments():
     assert extract_loras("<lora:a:-1>")[1] == [("a", -1.0)]
 
 
-def test_other_tags_and_lookalikes_stay():
-    for text in ("<hypernet:h:1>", "<lora>", "<lora:>", "a < b > c", "<embedding:x>"):
+def test_lookalikes_stay_and_other_tags_go_as_in_a1111():
+    for text in ("<lora>", "<lora:>", "a < b > c"):
         assert extract_loras(text) == (text, [])
+    for text in ("a <hypernet:h:1>", "a <embedding:x>"):  # A1111 removes every extra-network tag from the text
+        assert extract_loras(text) == ("a ", [])
 
 
 def test_a_bad_weight_or_no_name_is_an_error_naming_the_tag():

@@ -308,6 +308,9 @@ class Backend(ABC):
         if cache is not None:
             parts = self._cache_parts(graph, device, opts)
             if parts is not None:
+                from .weights.resolve import check_fits
+
+                check_fits(graph, weights)  # refused as a fresh compile refuses it, before a hit could skip that
                 key = self.cache_key(graph, weights, parts, with_weights=self._weights_in_key(opts))
                 entry = cache.lookup(key)
                 if entry is not None:

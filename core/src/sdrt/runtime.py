@@ -183,6 +183,10 @@ def _named_backend(reg: Registry, name: str) -> Backend:
             fix="run `sdrt info` for details; reinstall or update the plugin",
         )
     known = sorted(reg.backends) or ["none installed"]
+    same = [b for b in reg.backends if isinstance(name, str) and b.lower() == name.lower()]
+    if same:  # --backend OpenVINO: "install the plugin" sent a user with it installed to reinstall it
+        raise UnknownBackendError(f"no backend named {name!r}: backend names are lower case", where=f"installed "
+                                  f"backends: {', '.join(known)}", fix=f"pass {{@backend=}}{same[0]!r}")
     raise UnknownBackendError(
         f"no backend named {name!r}",
         where=f"installed backends: {', '.join(known)}",

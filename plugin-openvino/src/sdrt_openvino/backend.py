@@ -486,9 +486,11 @@ class OpenVINOBackend(Backend):
             twin = self.core.compile_model(model, twin_of.device_id, {**twin_of.props, "CACHE_DIR": str(staged)})
             del twin, model
             blobs = sorted(staged.glob("*.blob"))
-            if len(blobs) != 1 or blob_offset(blobs[0]) is None:
-                log.info("not caching: OpenVINO wrote no blob of the bf16 twin in %s (is the disk full?)", staged)
-                return False
+            if len(blobs) != 1 or blob_offset(blobs[0]) is None:  # OpenVINO gives up a failed write in silence:
+                # raised, so that the store warns (it was an info line, and the command had said it was writing)
+                free = shutil.disk_usage(folder).free
+                raise OSError(f"OpenVINO wrote no usable blob ({free / 2**20:.0f} MiB free in {folder.parent}: is "
+                              "the disk full?)")
             os.replace(blobs[0], folder / BLOB)
             return True
         finally:

@@ -118,3 +118,24 @@ def test_the_twin_is_written_only_where_every_weighted_layer_ran_bf16(layers, wa
     from sdrt_openvino import bf16
 
     assert bf16.runs_weights_in_bf16(layers) is want
+
+
+@needs_bf16
+def test_a_twin_openvino_could_not_write_is_a_warning_not_an_info_line(ov_registry, tmp_path, monkeypatch, caplog):
+    """A full disk: OpenVINO gives up writing the twin's blob in silence. It was an info line (and `sdrt generate`
+    had printed 'writing the compile cache for the next run'); now the store's one warning names the cause."""
+    import logging
+
+    import sdrt_openvino.backend as ov_backend
+    from sdrt.cache import deferred, wait_for_stores
+
+    model = tmp_path / "cm.onnx"
+    model.write_bytes(_conv_matmul_model())
+    monkeypatch.setattr(ov_backend, "blob_offset", lambda path: None)  # as where the write was cut short
+    caplog.set_level(logging.INFO)
+    with deferred.hold():
+        sdrt.load(model, backend="openvino", device="CPU", precision="bf16").run({"x": X})
+    assert wait_for_stores(timeout=120)
+    said = [r for r in caplog.records if "no usable blob" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and "is the disk full?" in said[0].getMessage()
+    assert not [e for e in (tmp_path / "cache" / "compiled" / "openvino").iterdir() if not e.name.startswith(".")]

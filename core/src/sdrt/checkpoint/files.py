@@ -468,17 +468,22 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         ck = Checkpoint(f.weights, {comp: srcs}, f.ident.label, f.path)
         try:
             refs = ck.lazy({part: graph})
-        except WeightsError as exc:
-            problems.append(exc.what)
+        except WeightsError as exc:  # Checkpoint.plan speaks of "this model"; here it is the shipped graph
+            problems.append(exc.what.split("first mismatches: ", 1)[-1])
             continue
         (only,) = refs.values()
         bound[part] = (gpath, with_own_constants(graph, only, f.path))
         files[part] = f.path
         dtypes[part] = {stored_type(f.weights.ref(s.key)) for s in srcs.values()}
     if problems:
-        raise WeightsError("; ".join(problems)[:2000], where=str(main.path),
-                           fix="the file does not match the release architecture sdrt ships for "
-                               f"{LABELS[fam]}; check it loads in diffusers or ComfyUI")
+        listed = "; ".join(problems)
+        if len(listed) > 1200:
+            listed = listed[:1200].rsplit("; ", 1)[0] + "; ..."
+        raise WeightsError(f"{main.path.name} has {LABELS[fam]}'s tensor names, but does not fit the {LABELS[fam]} "
+                           f"architecture sdrt ships (its release's): {listed}", where=str(main.path),
+                           fix="a pruned, distilled or resized variant (BK-SDM, small-sd, ...) runs from an ONNX "
+                               "export of its own (optimum-cli export onnx); otherwise check the file loads in "
+                               "diffusers or ComfyUI (it may be damaged)")
     log.info("%s: %s (%s), parts %s", main.path.name, LABELS[fam], prediction, ", ".join(bound))
     return OpenedModel(fam, main.ident.label, prediction, release, bound, files, main.path, dtypes)
 

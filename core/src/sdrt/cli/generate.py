@@ -109,7 +109,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1, help="images per run")
     p.add_argument("--batch-count", type=int, default=1, help="runs, each with the next seed")
     p.add_argument("--clip-skip", type=int, default=1,
-                   help="A1111's CLIP skip: 2 takes the text encoder's second-to-last layer (default 1: the last)")
+                   help="A1111's CLIP skip: 2 takes the text encoder's second-to-last layer (default 1: the last; SDXL "
+                        "and SD3 read the second-to-last already, so 1 and 2 are alike there, as in A1111 and Forge, "
+                        "and 3 takes the third-to-last)")
     p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto, the one sdrt picks here)")
     p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it (default: the one sdrt picks for the backend)")
     p.add_argument("--dry-run", action="store_true",
@@ -271,13 +273,26 @@ def run(args: argparse.Namespace) -> int:
     from ..text.attention import unsupported_syntax
 
     for text, key in ((prompt, "prompt"), (args.negative, "negative_prompt")):
-        extract_loras(text, key)  # a <lora:> tag whose weight is not a number, before any model loads
+        tags = extract_loras(text, key)[1]  # a <lora:> tag whose weight is not a number, before any model loads
+        if tags and not args.lora_dir:  # refused after the model loaded, in the API's words (pipe.weights.lora_dir)
+            raise InputError(f"the {'prompt' if key == 'prompt' else 'negative prompt'} asks for "
+                             f"<lora:{tags[0][0]}:...> and no --lora-dir says where LoRAs are",
+                             where="PROMPT" if key == "prompt" else "--negative",
+                             fix=f"pass --lora-dir DIR, the folder holding {tags[0][0]}.safetensors (or give the "
+                                 "file as --lora FILE:SCALE and leave the tag out)")
         for line in unsupported_syntax(text):  # read as text, not refused: said, not silent
             log.warning("%s%s", "" if key == "prompt" else "--negative: ", line)
     _check_flow_size(folder, args)  # before the model loads, where its family is known from the file
     custom = generate_weights.check(args)
     memory = generate_memory.options(args)  # --memory, checked before any model loads
     outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)
+    if outputs and settings.width and settings.height:  # a WebP over 16383 pixels a side: said before the run
+        from ..pipelines.save import check_size
+
+        hires = getattr(settings.toolbox, "hires", None)
+        size = hires.target(settings.width, settings.height) if hires is not None else (settings.width, settings.height)
+        for path in outputs:
+            check_size(path, *size, "output")
     if outputs:  # -o init.png (or the model, a LoRA) would destroy that input
         from .paths import check_writes
 

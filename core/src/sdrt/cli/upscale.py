@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
     from ..pipelines.hires import model_file
     from ..pipelines.images import to_rgb
-    from ..pipelines.save import check_output, save_image
+    from ..pipelines.save import check_output, check_size, save_image
     from ..pipelines.upscaler import ModelUpscaler
     from .paths import check_writes
 
@@ -63,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
     up = ModelUpscaler(path, backend=args.backend, device=args.device, tile=tile, overlap=args.tile_overlap)
     image = to_rgb(Path(args.image), "image")
     h, w = image.shape[:2]
+    size = (w * up.scale, h * up.scale) if args.scale is None else (int(w * args.scale), int(h * args.scale))
+    check_size(out, *size, "output")  # a WebP over 16383 pixels a side: said now, not after the whole upscale
     if args.scale is None:
         result = up.upscale(image)
     else:
-        result = up.upscale_to(image, int(w * args.scale), int(h * args.scale))
+        result = up.upscale_to(image, *size)
     save_image(out, result)
     print(f"{out}: {result.shape[1]}x{result.shape[0]} ({up.name}: {up.arch.describe()})")
     return 0

@@ -391,7 +391,9 @@ def make_plan(model: str | Path, device: DeviceSpec, *, backends: Sequence[str] 
     bes = list(backends) if backends else backends_for(device)
     for be in backends or ():
         if be not in BACKEND_PRECISIONS:
-            raise SdrtError(f"unknown backend {be!r}", where="backends",
+            known = be in {"reference"}  # sdrt's own backends, which run anything slowly: nothing to plan
+            raise SdrtError(f"the planner has no cost model for the {be} backend (onnx's evaluator in numpy, the "
+                            "tests' backend)" if known else f"unknown backend {be!r}", where="backends",
                             fix=f"use one of: {', '.join(BACKEND_PRECISIONS)}")
         if be not in backends_for(device):
             raise SdrtError(f"the {be} backend does not run on {device.name}", where="backends",

@@ -208,8 +208,11 @@ class MemoryPlan:
         return d
 
     def format(self) -> str:
+        from ..errors import in_caller_words
+
         budget = "none" if self.budget_bytes is None else _size(self.budget_bytes)
-        lines = [f"memory: budget {budget} ({self.budget_source}), predicted peak {_size(self.peak_bytes)} "
+        source = in_caller_words("{@memory=}") if self.budget_source == "memory=" else self.budget_source  # --memory
+        lines = [f"memory: budget {budget} ({source}), predicted peak {_size(self.peak_bytes)} "
                  f"(base {_size(self.base_bytes)} + {self.footprint:g} x weights + activations"
                  + "".join(f", {f:.2g} x {p}'s" for p, f in self.footprints.items()) + ")"
                  + (f" on {self.device}" if self.device and self.host_peak_bytes else "")

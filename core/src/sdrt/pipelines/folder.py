@@ -296,9 +296,13 @@ class ModelFolder:
                                              where=str(folder), fix="copy the tokenizer folder of the original model")
                 tokenizers[tok] = folder
                 continue
-            if not all((folder / f).is_file() or (folder / f"{f}.gz").is_file() for f in ("vocab.json", "merges.txt")):
-                raise ModelNotFoundError(f"the model folder's {tok} has no vocab.json and merges.txt",
-                                         where=str(folder), fix="copy the tokenizer folder of the original model")
+            lacking = [f for f in ("vocab.json", "merges.txt") if not (folder / f).is_file()
+                       and not (folder / f"{f}.gz").is_file()]
+            if lacking:  # which one: "no vocab.json and merges.txt" was said of a folder missing one, or none at all
+                what = (f"has no {tok}/ folder (its CLIP tokenizer: vocab.json and merges.txt)" if not folder.is_dir()
+                        else f"{tok}/ lacks {' and '.join(lacking)}")
+                raise ModelNotFoundError(f"the model folder {what}", where=str(folder),
+                                         fix="copy the tokenizer folder of the original model")
             tokenizers[tok] = folder
         sched_path = root / "scheduler" / "scheduler_config.json"
         if sched_path.is_file():

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, Interrupted, ModelError, SdrtError, UnknownOptions, WeightsError
+from ..errors import InputError, Interrupted, ModelError, SdrtError, UnknownOptions, WeightsError, in_caller_words
 from .bounds import MAX_SIDE
 from .budget import MemoryMixin
 from .extras import ToolboxMixin
@@ -219,6 +219,11 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 log.warning("the negative prompt is not used: CFG %g runs one pass, with the prompt only (a CFG "
                             "above 1 runs the negative pass%s)", s.cfg,
                             f"; {self.family.label}'s default is 1" if self.family.default_cfg == 1 else "")
+            elif s.cfg != 1 and self.family.negative_pass(s.cfg, "x") and not self._dry:  # Flux: true CFG needs one
+                log.warning(in_caller_words(
+                    f"{{@cfg}} {s.cfg:g} is not used: {self.family.label} runs its true-CFG pass only with a negative "
+                    "prompt (diffusers' true_cfg_scale rule), so this run makes one pass, with the prompt only; give "
+                    "a {@negative_prompt} for the CFG pass, or leave {@cfg} at 1"))
             return cond, None
         if self.folder.force_zeros_for_empty_prompt and not s.negative_prompt:
             uncond = self.prompts.zeros_like(cond)
@@ -593,8 +598,13 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             prompt = extract_loras(prompt)[0] if isinstance(prompt, str) else prompt
             if isinstance(negative_prompt, str):
                 negative_prompt = extract_loras(negative_prompt, "negative_prompt")[0]
-        elif self._weight_state is not None or (isinstance(prompt, str) and "<lora:" in prompt):
+        elif self._weight_state is not None or _has_lora_tag(prompt, negative_prompt):
             prompt, negative_prompt = self.weights.prepare(prompt, negative_prompt)  # type: ignore[arg-type]
+        else:  # <hypernet:x:1>: removed as A1111 removes it (left in, its words were encoded as text)
+            from ..text.loras import strip_tags
+
+            prompt = strip_tags(prompt) if isinstance(prompt, str) else prompt
+            negative_prompt = strip_tags(negative_prompt) if isinstance(negative_prompt, str) else negative_prompt
         if given is not None:
             s = dataclasses.replace(given, prompt=prompt, negative_prompt=negative_prompt or "")
         else:
@@ -976,8 +986,8 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         original = prompt.prompt if isinstance(prompt, Settings) else prompt
         # this job's shapes per part, from a dry run made first (its ControlNet units get dry parts; this job's
         # own preparation below gives them the real ones again)
-        if not self._dry and isinstance(original, str) and "<lora:" in original + str(
-                prompt.negative_prompt if isinstance(prompt, Settings) else negative_prompt):
+        if not self._dry and isinstance(original, str) and _has_lora_tag(
+                original, prompt.negative_prompt if isinstance(prompt, Settings) else negative_prompt):
             # the prompt's LoRAs first: a Flux control LoRA changes the transformer's graph the dry run plans
             # (sdrt.pipelines.fluxcontrollora); _prepare below finds them active
             neg = prompt.negative_prompt if isinstance(prompt, Settings) else negative_prompt
@@ -1527,3 +1537,9 @@ def _part_files(vae: Any, text_encoders: Any) -> list[Any]:
             raise InputError(f"text_encoders[{i}] must be a file path, got {type(f).__name__} {f!r:.40}",
                              where="text_encoders", fix=fix)
     return files
+
+
+def _has_lora_tag(*texts: object) -> bool:
+    from ..text.loras import has_lora_tag
+
+    return has_lora_tag(*texts)

@@ -237,6 +237,12 @@ def read_text_chunks(path_or_file: str | os.PathLike[str] | IO[bytes] | bytes) -
     """Every ``tEXt``, ``zTXt`` and ``iTXt`` chunk of a PNG as ``{key: text}`` (the first of a repeated key)."""
     data, where = _read_bytes(path_or_file)
     if not data.startswith(SIGNATURE):
+        from ..formats import image_kind
+
+        kind = image_kind(data[:16])
+        if kind in ("a JPEG image", "a WebP image"):  # what sdrt generate -o x.jpg / x.webp writes
+            raise PngError(f"the file is {kind}, not a PNG: its generation parameters are in EXIF UserComment",
+                           where=where, fix="read them with sdrt.pipelines.save.read_user_comment(path)")
         raise PngError("the file is not a PNG (no PNG signature)", where=where, fix="give a .png file")
     texts: dict[str, str] = {}
     pos = len(SIGNATURE)

@@ -59,14 +59,18 @@ class TextEncoder:
         return sorted(names, key=lambda n: int(n.rsplit(".", 1)[1]) if n.rsplit(".", 1)[1].isdigit() else -1)
 
     def _output_for(self, clip_skip: int) -> tuple[str, bool]:
-        """(output name, apply final layer norm) for A1111's clip skip (1 = last layer)."""
-        skip = clip_skip + (1 if self.penultimate else 0)
+        """(output name, apply final layer norm) for A1111's clip skip (1 = last layer). An encoder read at its
+        penultimate layer (SDXL, SD3) counts from the end as A1111 and Forge do: clip skip 1 and 2 both
+        read that layer (Forge's ``minimal_clip_skip`` 2; A1111 leaves SDXL's at it), 3 the one before. It read one
+        layer deeper (2: the third-to-last), so the "Clip skip: 2" that Pony and Illustrious images carry changed
+        the picture that A1111 and Forge make."""
+        skip = max(clip_skip, 2) if self.penultimate else clip_skip
         if skip <= 1:
             self.part.require_output("last_hidden_state")
             return "last_hidden_state", False
         layers = self._layers()
         if layers and len(layers) < skip:  # the outputs are there, and fewer than asked for
-            most = len(layers) - (1 if self.penultimate else 0)
+            most = len(layers)
             raise ModelError(
                 f"{{@clip_skip=}}{clip_skip} asks for layer {clip_skip} from the end, and this text encoder "
                 f"({self.part.path}) has {len(layers)} hidden states: its largest clip skip is {most}", where="clip_skip",

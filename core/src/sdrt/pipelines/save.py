@@ -25,6 +25,8 @@ from .png import PngError, output_target, write_file, write_png
 FORMATS = {".png": None, "": None, ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
 #: A1111's defaults (``jpeg_quality`` 80, used for WebP too; ``webp_lossless`` off)
 QUALITY = 80
+#: the largest side each Pillow format can store (WebP's is 14 bits; JPEG's header holds 16-bit sides)
+MAX_SIDE = {"WEBP": 16383, "JPEG": 65535}
 EXIF_IFD, USER_COMMENT = 0x8769, 0x9286
 
 
@@ -56,6 +58,19 @@ def check_output(path: str | os.PathLike[str], arg: str = "path") -> Path:
     return output_target(path, arg)
 
 
+def check_size(path: str | os.PathLike[str], width: int, height: int, arg: str = "path") -> None:
+    """Refuses a ``width x height`` image that ``path``'s format cannot store (WebP: 16383 pixels a side, JPEG:
+    65535), so that a caller can say so before the run that makes it, not after."""
+    fmt = image_format(path, arg)
+    limit = MAX_SIDE.get(fmt or "")
+    if limit is not None and max(width, height) > limit:
+        name = "WebP" if fmt == "WEBP" else fmt
+        raise PngError(f"a {name} image is at most {limit} pixels a side, and this one is {width}x{height}",
+                       where=f"{{@{arg}}} {os.fspath(path)}",
+                       fix="write a .png (no such limit)" + (", or a .jpg (65535 a side)" if fmt == "WEBP" else "")
+                       + ", or make a smaller image")
+
+
 def user_comment(text: str) -> bytes:
     """EXIF ``UserComment`` bytes for ``text`` as A1111 writes them: the ``UNICODE`` code and UTF-16-BE."""
     return b"UNICODE\0" + text.encode("utf-16-be")
@@ -72,6 +87,12 @@ def encode_image(image: Any, fmt: str | None, parameters: str | None = None) -> 
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
         raise PngError(f"the image has shape {pixels.shape} and dtype {pixels.dtype}, not HxWx3 uint8",
                        where="save_image", fix="pass one RGB image as a uint8 array")
+    limit = MAX_SIDE.get(fmt)
+    if limit is not None and max(pixels.shape[:2]) > limit:  # Pillow's own error was a traceback (ValueError, OSError)
+        name = "WebP" if fmt == "WEBP" else fmt
+        raise PngError(f"a {name} image is at most {limit} pixels a side, and this one is "
+                       f"{pixels.shape[1]}x{pixels.shape[0]}", where="save_image",
+                       fix="write it as a .png (no such limit), or make a smaller image")
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format=fmt, quality=QUALITY, exif=exif_block(parameters) if parameters else b"")
     return buf.getvalue()
@@ -111,5 +132,5 @@ def read_user_comment(path: str | os.PathLike[str]) -> str | None:
     return body.decode("ascii" if code == b"ASCII\0\0\0" else "latin-1", errors="replace")
 
 
-__all__ = ["FORMATS", "check_output", "encode_image", "exif_block", "image_format", "read_user_comment",
+__all__ = ["FORMATS", "MAX_SIDE", "check_output", "check_size", "encode_image", "exif_block", "image_format", "read_user_comment",
            "save_image", "user_comment"]

@@ -58,6 +58,10 @@ class FlowConditioning(Conditioning):
 T5_MASKS = ("ones", "tokenizer", "keep_first")
 
 
+#: (prompt text, max_length) pairs whose cut was said (``T5Encoder._say_cut``)
+_SAID: set[tuple[str, int]] = set()
+
+
 class T5Encoder:
     """A T5 tokenizer and its encoder part; ``mask`` (one of ``T5_MASKS``) is what the encoder's
     ``attention_mask`` input gets when the graph has one."""
@@ -67,7 +71,9 @@ class T5Encoder:
 
     def encode(self, prompt: str, max_length: int) -> tuple[np.ndarray, np.ndarray]:
         """(``last_hidden_state`` [1, max_length, D] float32, the tokenizer's mask [1, max_length] int64)."""
-        batch = self.tokenizer([t5_text(prompt)], max_length=max_length)
+        text = t5_text(prompt)
+        self._say_cut(text, max_length)
+        batch = self.tokenizer([text], max_length=max_length)
         ids, mask = batch.ids, batch.mask
         inputs = self.part.inputs
         feeds: dict[str, np.ndarray] = {"input_ids": ids.astype(np.dtype(self.part.input("input_ids").dtype))}
@@ -76,6 +82,26 @@ class T5Encoder:
         self.part.require_output("last_hidden_state")
         out = self.part.run(feeds, ("last_hidden_state",))
         return np.asarray(out["last_hidden_state"], dtype=np.float32), mask
+
+    def _say_cut(self, text: str, max_length: int) -> None:
+        """A prompt longer than T5's ``max_length`` tokens is cut there (diffusers cuts it too, with a warning):
+        said once per prompt and length (the conditioner encodes a prompt again per job), where it was cut in
+        silence."""
+        if (text, max_length) in _SAID or len(text) < max_length:  # a token is a character or more
+            return
+        n = len(self.tokenizer.encode(text)) + 1  # and </s>
+        if n > max_length:
+            import logging
+
+            from ..errors import in_caller_words
+
+            if len(_SAID) > 256:
+                _SAID.clear()
+            _SAID.add((text, max_length))
+            logging.getLogger("sdrt.pipelines").warning(in_caller_words(
+                f"a prompt is {n} T5 tokens and T5 reads {max_length} ({{@max_sequence_length}}): its last "
+                f"{n - max_length} tokens are cut, as diffusers cuts them ({text[:40]!r}...); raise "
+                "{@max_sequence_length} (up to 512) or shorten the prompt"))
 
     def _encoder_mask(self, mask: np.ndarray) -> np.ndarray:
         if self.mask == "ones":

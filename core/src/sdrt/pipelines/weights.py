@@ -83,6 +83,12 @@ class ActiveLora:
     scale: float
     name: str
     path: Path | None = None
+    #: the UNet's (or transformer's) scale where a prompt tag gives its own (``<lora:name:te:unet>``); None: ``scale``
+    unet_scale: float | None = None
+
+    def scale_for(self, part: str) -> float:
+        """The scale on ``part``: ``scale`` on the text encoders, ``unet_scale`` (when set) on the denoiser."""
+        return self.scale if self.unet_scale is None or part.startswith("text_encoder") else self.unet_scale
 
 
 @dataclass
@@ -267,33 +273,37 @@ class WeightState:
     def prepare(self, prompt: str, negative_prompt: str | None) -> tuple[str, str | None]:
         """Remove A1111's ``<lora:name:w>`` tags from both prompts and make those LoRAs (from
         ``lora_dir``) active, with the ones given to ``set_loras``; refuses an unknown name first."""
-        wanted: list[tuple[Lora | str | os.PathLike[str], float]] = [
-            (a.path if a.path is not None else a.lora, a.scale) for a in self.fixed]
+        wanted: list[tuple[Lora | str | os.PathLike[str], float] | tuple[Any, float, float | None]] = [
+            (a.path if a.path is not None else a.lora, a.scale, a.unet_scale) for a in self.fixed]
         out = []
         for text, key in ((prompt, "prompt"), (negative_prompt, "negative_prompt")):
             if isinstance(text, str) and "<" in text:
-                text, tags = self.resolve_prompt(text, key)
-                for name, w in tags:
+                text, tags = self.resolve_tags(text, key)
+                for name, w, u in tags:
                     check_lora_scale(w, name, where=f"<lora:{name}:{w}> in {{@prompt}}")
-                wanted += [(self.lora_file(name), w) for name, w in tags]
+                    check_lora_scale(u, name, where=f"<lora:{name}:{w}:{u}> in {{@prompt}}")
+                wanted += [(self.lora_file(name), w, None if u == w else u) for name, w, u in tags]
             out.append(text)
-        current = [(id(a.lora), a.scale) for a in self.loras]  # the Lora read from a file that changed is another
-        want_keys = [(id(self.lora(x) if isinstance(x, (str, os.PathLike)) else x), w) for x, w in wanted]
+        current = [(id(a.lora), a.scale, a.unet_scale) for a in self.loras]  # a changed file's Lora is another
+        want_keys = [(id(self.lora(x[0]) if isinstance(x[0], (str, os.PathLike)) else x[0]), x[1],
+                      x[2] if len(x) > 2 else None) for x in wanted]
         if want_keys != current:
             self._activate(wanted)
         return out[0], out[1]
 
-    def _activate(self, loras: Sequence[tuple[Lora | str | os.PathLike[str], float]]) -> list[ActiveLora]:
+    def _activate(self, loras: Sequence[tuple[Any, ...]]) -> list[ActiveLora]:
+        """``(path or Lora, scale)`` pairs, or ``(path or Lora, scale, unet_scale)`` from a prompt tag."""
         active = []
-        for item, scale in loras:
+        for item, scale, *rest in loras:
+            unet = rest[0] if rest else None
             source = item if isinstance(item, (str, os.PathLike)) else item.source
             scale = check_lora_scale(scale, Path(source).stem)
             if isinstance(item, (str, os.PathLike)):
                 lora = self.lora(item)
-                active.append(ActiveLora(lora, float(scale), Path(item).stem, Path(item)))
+                active.append(ActiveLora(lora, float(scale), Path(item).stem, Path(item), unet))
             else:
                 active.append(ActiveLora(item, float(scale), Path(item.source).stem,
-                                         Path(item.source) if Path(item.source).is_file() else None))
+                                         Path(item.source) if Path(item.source).is_file() else None, unet))
         # every part a LoRA can reach (SD 3.x/Flux/Chroma's transformer takes the unet route's keys)
         touched = {name for name in self._parts() if name in _LORA_ROUTES or name == "transformer"}
         if not self.loras and not active:
@@ -309,6 +319,12 @@ class WeightState:
 
         clean, tags = extract_loras(text, where)
         return clean, tags
+
+    def resolve_tags(self, text: str, where: str = "prompt") -> tuple[str, list[tuple[str, float, float]]]:
+        """As :meth:`resolve_prompt`, each tag with its text-encoder and UNet weights (``<lora:name:te:unet>``)."""
+        from ..text import extract_lora_tags
+
+        return extract_lora_tags(text, where)
 
     def lora_file(self, name: str) -> Path:
         if self.lora_dir is None:
@@ -376,7 +392,7 @@ class WeightState:
                 sub = Lora(layers, a.lora.format, a.lora.source)
                 if part == "transformer":  # Black Forest Labs' / Stability's fused layers, split as the graph has them
                     sub = transformer_lora(sub, graph_of(part))
-                routed.setdefault(part, []).append((sub, a.scale))
+                routed.setdefault(part, []).append((sub, a.scale_for(part)))
         if unrouted:
             fams = {f for a in active if (f := lora_family(a.lora.layers)) is not None}
             looks = f" (the file looks like a LoRA for {' / '.join(sorted(fams))})" if fams else ""
@@ -408,7 +424,7 @@ class WeightState:
             out[part] = {**padded, **{name: m[name] for name in m.originals}}
             if part == "transformer":
                 for a in controls:
-                    out[part].update(fluxcontrollora.extras(a.lora, a.scale, graph, base))
+                    out[part].update(fluxcontrollora.extras(a.lora, a.scale_for(part), graph, base))
         return out
 
     def _plain_part_graph(self) -> Graph:

@@ -102,7 +102,12 @@ def _prompt_syntax(text: str, key: str) -> list[str]:
     found = [what for what, kind in (("prompt editing [from:to:when]", "editing"),
                                      ("alternation [a|b]", "alternation"), ("AND (composable diffusion)", "and"))
              if A1111_SYNTAX[kind].search(bare)]
-    return [f"{key}: A1111's {' and '.join(found)} is not supported; the text ran as written"] if found else []
+    notes = [f"{key}: A1111's {' and '.join(found)} is not supported; the text ran as written"] if found else []
+    network = A1111_SYNTAX["network"].search(re.sub(r"\\.", "", text))
+    if network:  # <hypernet:x:1>: removed from the prompt (sdrt.text.loras), as A1111 removes it
+        notes.append(f"{key}: extra network {network.group(0)[:60]!r} is not supported; it was removed from the "
+                     "prompt, as A1111 removes such tags")
+    return notes
 
 
 @dataclass

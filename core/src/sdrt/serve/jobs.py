@@ -510,6 +510,11 @@ class Worker(threading.Thread):
             if w.negative.strip() and not pipe.family.negative_pass(cfg, w.negative):  # the pipeline logs it only
                 result.not_honoured.append(f"negative_prompt: cfg_scale {cfg:g} runs one pass, with the prompt only; "
                                            "a cfg_scale above 1 runs the negative prompt's pass")
+            elif (cfg != 1 and not pipe.family.negative_pass(cfg, w.negative)
+                  and pipe.family.negative_pass(cfg, "x")):  # Flux: its true CFG runs with a negative prompt only
+                result.not_honoured.append(f"cfg_scale: {cfg:g} runs one pass on {pipe.family.label}, with the prompt "
+                                           "only: its true CFG runs with a negative_prompt (diffusers' rule); send "
+                                           "one, or cfg_scale 1")
 
             def on_step(step: int, total: int, latents: np.ndarray) -> None:
                 job.step, job.total = step, total

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .attention import BREAK, parse_prompt
 from .chunks import PromptChunk, empty_chunk, tokenize_prompt
-from .loras import extract_loras
+from .loras import extract_lora_tags, extract_loras
 from .t5 import T5Batch, T5Tokenizer, keep_first_pad
 from .tokenizer import CLIPTokenizer, TokenizerError
 
@@ -25,6 +25,7 @@ __all__ = [
     "T5Tokenizer",
     "TokenizerError",
     "empty_chunk",
+    "extract_lora_tags",
     "extract_loras",
     "keep_first_pad",
     "parse_prompt",

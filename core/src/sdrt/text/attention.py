@@ -108,6 +108,7 @@ A1111_SYNTAX = {
     "editing": re.compile(r"(?<!\\)\[[^\[\]]*:\s*[+-]?(?:\d+(?:\.\d*)?|\.\d+)\s*\]"),
     "alternation": re.compile(r"(?<!\\)\[[^\[\]:]*\|[^\[\]]*\]"),
     "and": re.compile(r"\bAND\b"),
+    "network": re.compile(r"<(?!(?:lora|lyco):)\w+:[^>]+>"),
 }
 #: name -> (A1111_SYNTAX key, what it becomes here)
 _UNSUPPORTED = {
@@ -116,6 +117,9 @@ _UNSUPPORTED = {
     "alternation ([a|b])": ("alternation", "the text inside at the [ ] weight (1/1.1), the | included"),
     "composable diffusion (AND)": ("and", "the word AND"),
 }
+#: extra networks other than LoRA (``<hypernet:name:w>``): removed from the prompt, as A1111 removes them
+_NETWORK_NOTE = ("the prompt uses A1111's extra network tag {tag!r}, which sdrt does not run: the tag is removed "
+                 "from the prompt (as A1111 removes every such tag) and the image is made without it")
 
 
 def unsupported_syntax(text: str) -> list[str]:
@@ -123,6 +127,10 @@ def unsupported_syntax(text: str) -> list[str]:
     prompt editing ``[from:to:when]``, alternation ``[a|b]``, composable ``AND``. :func:`parse_prompt` never
     raises on them (A1111's prompts work unchanged); a caller warns with these lines, so the difference is said."""
     out = []
+    m = A1111_SYNTAX["network"].search(text)
+    if m:
+        out.append(_NETWORK_NOTE.format(tag=m.group(0)[:60]))
+    text = re.sub(r"<\w+:[^>]+>", "", text)  # removed from the prompt before anything is read
     for name, (kind, becomes) in _UNSUPPORTED.items():
         m = A1111_SYNTAX[kind].search(text)
         if m:

@@ -40,6 +40,16 @@ def resolve_weights(graph: Graph, weights: Weights | None = None, *, blocks: Ite
     return {name: _array(given[name]) if name in given else own[name] for name in names}
 
 
+def check_fits(graph: Graph, weights: Any) -> None:
+    """What ``resolve_weights`` refuses about ``weights`` (names, dtypes, shapes), raised now with nothing read: a
+    compile cache hit resolves no weight, and its key counts only the tensors the graph names, so a file that fits
+    nothing of the graph hit the graph's own entry and ran the graph's own weights in silence."""
+    from .store import Weights
+
+    if isinstance(weights, Weights):
+        weights.fits(graph)
+
+
 def bind(weights: Any, graph: Graph, blocks: Iterable[str] = ()) -> dict[str, Any]:
     """``weights.bind(graph)``, with the block types a backend keeps (``Weights.bind(..., blocks=)``) when
     ``weights`` is sdrt's ``Weights``; any other object with a ``bind(graph)`` is called as it is."""

@@ -303,6 +303,23 @@ class Weights(Mapping[str, np.ndarray]):
                     f"{name}: weights {have.dtype}{list(have.shape)} vs graph {want.dtype}{list(want.shape)}")
         return report
 
+    def fits(self, graph: Graph, *, strict: bool = True, convert: bool = False) -> None:
+        """What ``bind`` refuses (every missing, unexpected or mismatched tensor, one ``WeightsError``), checked
+        from names, dtypes and shapes alone: nothing is read."""
+        report = self.check(graph, convert=convert)
+        if not strict:
+            report.unexpected = []
+            report.missing = [n for n in report.missing if not graph.has_data(n)]
+        if not report.ok:
+            err = WeightsError(
+                f"the weights do not fit graph {graph.name}: {report}",
+                where=f"{self._where()} -> {graph.name}",
+                fix="map checkpoint keys to initializer names with Weights.open(..., mapping=KeyMap(...)); "
+                "pass convert=True for dtype differences; see docs/graphs-and-weights.md",
+            )
+            err.report = report  # type: ignore[attr-defined]
+            raise err
+
     def bind(self, graph: Graph | None, *, strict: bool = True, convert: bool = False,
              blocks: Iterable[str] = ()) -> dict[str, np.ndarray]:
         """``{initializer name: array}`` for the graph, or a ``WeightsError`` listing every problem.
@@ -317,19 +334,7 @@ class Weights(Mapping[str, np.ndarray]):
         """
         if graph is None:
             return {name: self[name] for name in self._refs}
-        report = self.check(graph, convert=convert)
-        if not strict:
-            report.unexpected = []
-            report.missing = [n for n in report.missing if not graph.has_data(n)]
-        if not report.ok:
-            err = WeightsError(
-                f"the weights do not fit graph {graph.name}: {report}",
-                where=f"{self._where()} -> {graph.name}",
-                fix="map checkpoint keys to initializer names with Weights.open(..., mapping=KeyMap(...)); "
-                "pass convert=True for dtype differences; see docs/graphs-and-weights.md",
-            )
-            err.report = report  # type: ignore[attr-defined]
-            raise err
+        self.fits(graph, strict=strict, convert=convert)
         infos = graph.initializer_info()
         keep = frozenset(blocks)
         out: dict[str, np.ndarray] = {}
