@@ -257,7 +257,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     control_mask = None
     if mask not in (None, ""):
         if net.owner is None and _reads_mask(str(net.path)):  # alimama's SD3 inpainting net: white = repaint
-            control_mask = b64images.mask_array(b64images.decode(mask, f("mask"), max_pixels), 0, False)
+            control_mask = b64images.mask_array(b64images.decode(mask, f("mask"), max_pixels))
         else:
             notes.append(f"{f('mask')}: only inpainting ControlNets read a mask (sdrt runs SD3's, alimama's design); "
                          "this unit's net reads none, the mask was not used")
