@@ -257,8 +257,9 @@ def test_a_checkpoint_that_says_v_on_an_eps_folder_is_sampled_as_v(pipe, refs, t
     assert _mean_diff(img, vpred["v_ztsnr"]) < MEAN_TOL  # (1.3 levels from the v image: the betas rescaled only)
     config = pipe.family.scheduler_config()  # the rescaled schedule itself is checked against diffusers' elsewhere
     assert config["prediction_type"] == "v_prediction" and config["rescale_betas_zero_snr"] is True
+    assert pipe.schedule.prediction == "v" and pipe.family.prediction == "v"  # the public view follows the file
 
     pipe.load_weights(D / "custom.safetensors")  # says nothing: the folder's eps again
-    assert pipe.family.scheduler_overrides == {}
+    assert pipe.family.scheduler_overrides == {} and pipe.schedule.prediction == "eps"
     img = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
     assert _mean_diff(img, refs["ckpt"]) < MEAN_TOL

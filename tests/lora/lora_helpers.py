@@ -47,3 +47,22 @@ def merged_parts(lora: Lora, ckpt: str, scale: float) -> dict[str, MergedPart]:
             deltas[f"{part}/{canon.removeprefix('text_model.')}"] = d.T if layout == "T" else d
         out[part] = MergedPart(layers, targets, by_init, deltas)
     return out
+
+
+def transformer_deltas(pipe: Any, lora: Path, scale: float) -> dict[str, np.ndarray]:
+    """``{diffusers parameter: merged - base}`` (torch's layout) of a loaded pipeline's transformer with ``lora`` set
+    at ``scale``, as the pipeline merges it; the LoRA is unset after."""
+    pipe.set_loras([(lora, scale)])
+    try:
+        merged = pipe.weights._merge(pipe.weights.loras)["transformer"]
+        graph = pipe.parts["transformer"].graph
+        by_init = {s.init: (c, s.layout) for c, s in param_map(graph).items()}
+        base = graph.initializer_arrays(list(merged))
+        out = {}
+        for init, arr in merged.items():
+            canon, layout = by_init[init]
+            d = np.asarray(arr, np.float32) - np.asarray(base[init], np.float32)
+            out[canon] = d.T if layout == "T" else d
+        return out
+    finally:
+        pipe.set_loras([])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lora_helpers import transformer_deltas
 
 from sdrt import pipelines
 from sdrt.checkpoint import param_map, shipped_graph
@@ -35,17 +36,7 @@ def pipe(registry):
 
 def _deltas(pipe, name: str) -> dict[str, np.ndarray]:
     """``{diffusers parameter: merged - base}`` (torch layout) of the transformer with one LoRA set."""
-    pipe.set_loras([(D / f"{name}.safetensors", SCALE)])
-    merged = pipe.weights._merge(pipe.weights.loras)["transformer"]
-    graph = pipe.parts["transformer"].graph
-    by_init = {s.init: (c, s.layout) for c, s in param_map(graph).items()}
-    base = graph.initializer_arrays(list(merged))
-    out = {}
-    for init, arr in merged.items():
-        canon, layout = by_init[init]
-        d = np.asarray(arr, np.float32) - np.asarray(base[init], np.float32)
-        out[canon] = d.T if layout == "T" else d
-    return out
+    return transformer_deltas(pipe, D / f"{name}.safetensors", SCALE)
 
 
 @pytest.mark.parametrize("name", ["flux_peft", "flux_kohya", "flux_xlabs"])

@@ -18,10 +18,9 @@ import json
 
 import numpy as np
 import pytest
-from lora_helpers import DATA, merged_parts
+from lora_helpers import DATA, merged_parts, transformer_deltas
 
 from sdrt import pipelines
-from sdrt.checkpoint import param_map
 from sdrt.errors import WeightsError
 from sdrt.lora import Lora
 from sdrt.weights import Weights, stfile
@@ -99,18 +98,7 @@ def flux(registry):
 
 
 def _flux_deltas(pipe, name: str, scale: float) -> dict[str, np.ndarray]:
-    pipe.set_loras([(D / f"{name}.safetensors", scale)])
-    merged = pipe.weights._merge(pipe.weights.loras)["transformer"]
-    graph = pipe.parts["transformer"].graph
-    by_init = {s.init: (c, s.layout) for c, s in param_map(graph).items()}
-    base = graph.initializer_arrays(list(merged))
-    out = {}
-    for init, arr in merged.items():
-        canon, layout = by_init[init]
-        d = np.asarray(arr, np.float32) - np.asarray(base[init], np.float32)
-        out[canon] = d.T if layout == "T" else d
-    pipe.set_loras([])
-    return out
+    return transformer_deltas(pipe, D / f"{name}.safetensors", scale)
 
 
 def test_flux_lora_with_adapter_metadata_and_lycoris_prefix(flux):

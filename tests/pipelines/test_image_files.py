@@ -21,7 +21,7 @@ def test_a_16_bit_grey_png_keeps_its_levels(tmp_path) -> None:
     with Image.open(path) as img:
         assert img.mode.startswith("I")
         np.testing.assert_array_equal(rgb_array(img), np.repeat(want[..., None], 3, -1))  # serve
-        np.testing.assert_array_equal(mask_array(img, 0, False), want)
+        np.testing.assert_array_equal(mask_array(img), want)
     rgb = to_rgb(path)  # was 255 everywhere but the darkest 0.4%: Pillow clips I;16 at 255
     np.testing.assert_array_equal(rgb, np.repeat(want[..., None], 3, -1))
     np.testing.assert_array_equal(mask_gray(path), want)
@@ -71,7 +71,7 @@ def test_an_rgba_mask_with_transparency_is_its_alpha_and_an_opaque_one_its_grey(
     want[:, 8:] = 255
     img = Image.fromarray(opaque, "RGBA")
     np.testing.assert_array_equal(mask_gray(img), want)
-    np.testing.assert_array_equal(mask_array(img, 0, False), want)  # serve repainted all of it (its alpha)
+    np.testing.assert_array_equal(mask_array(img), want)  # serve repainted all of it (its alpha)
 
 
 def test_an_rgba_array_is_read_as_the_same_picture_as_a_pillow_image() -> None:

@@ -20,6 +20,18 @@ needs_server = pytest.mark.skipif(bool(_MISSING), reason=f"sdrt serve needs {' a
                                                          "pip install 'sdrt[serve]'")
 
 
+def png_b64(arr) -> str:
+    """An HxW or HxWx3 uint8 array as a request sends a picture: a PNG, base64."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

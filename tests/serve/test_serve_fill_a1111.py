@@ -24,11 +24,11 @@ def refs():
 
 @pytest.mark.parametrize("case", CASES)
 def test_fill_is_a1111s(refs, case: str) -> None:
-    from sdrt.serve.b64images import fill_masked
+    from sdrt.pipelines.maskedcontent import fill
 
     picture, mask, want = refs[f"{case}/picture"], refs[f"{case}/mask"], refs[f"{case}/filled"]
     before = picture.copy()
-    got = fill_masked(picture, mask)
+    got = fill(picture, mask)
     np.testing.assert_array_equal(picture, before)  # the caller's picture is not written to
     assert got.shape == want.shape and got.dtype == np.uint8
     np.testing.assert_array_equal(got, want)

@@ -14,14 +14,9 @@ import io
 
 import numpy as np
 import pytest
+from serve_helpers import png_b64 as _b64
 
 Image = pytest.importorskip("PIL.Image", reason="the request's pictures are PNGs")
-
-
-def _b64(arr: np.ndarray) -> str:
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _crop_and_resize(arr: np.ndarray, width: int, height: int) -> np.ndarray:
@@ -55,8 +50,8 @@ def pipe():
 
 def test_fill_takes_the_colour_of_the_fitted_picture(pipe) -> None:
     from sdrt.pipelines import validate
+    from sdrt.pipelines.maskedcontent import fill
     from sdrt.serve.a1111 import _img2img
-    from sdrt.serve.b64images import fill_masked
     from sdrt.serve.config import Limits
 
     picture, mask = _picture_and_mask()
@@ -75,10 +70,10 @@ def test_fill_takes_the_colour_of_the_fitted_picture(pipe) -> None:
     # A1111: the picture and the mask cropped and resized, then the whole picture replaced by masking.fill's
     fitted = _crop_and_resize(picture, 64, 64)
     fitted_mask = _crop_and_resize(mask, 64, 64)
-    want = fill_masked(fitted, fitted_mask).astype(np.int16)
+    want = fill(fitted, fitted_mask).astype(np.int16)
     repaint = fitted_mask >= 128
     # the other order, filled at the picture's own size then cropped, takes the pale rows' colours (below the crop)
-    wrong = _crop_and_resize(fill_masked(picture, mask), 64, 64).astype(np.int16)
+    wrong = _crop_and_resize(fill(picture, mask), 64, 64).astype(np.int16)
     assert np.abs(wrong - want)[repaint].max() > 40
     assert len(np.unique(sent[repaint], axis=0)) > 10  # no single colour: spread from the surroundings
     # sdrt's Lanczos upscaler and Pillow's LANCZOS differ by a few levels at most

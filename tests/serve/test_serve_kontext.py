@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from serve_helpers import live_server, needs_server
+from serve_helpers import png_b64 as _b64
 
 from sdrt import pipelines
 from sdrt.serve import kontext
@@ -23,12 +24,6 @@ Image = pytest.importorskip("PIL.Image", reason="the serve tests need Pillow")
 requests = pytest.importorskip("requests", reason="the serve tests need requests")
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines" / "tiny-flux-dev"
 PICS = np.load(DATA / "kontext.npz")
-
-
-def _b64(arr: np.ndarray) -> str:
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _body(*args) -> dict:

@@ -13,14 +13,9 @@ import json
 
 import numpy as np
 import pytest
+from serve_helpers import png_b64 as _b64
 
 Image = pytest.importorskip("PIL.Image", reason="the request's pictures are PNGs")
-
-
-def _b64(arr: np.ndarray) -> str:
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _picture_and_mask() -> tuple[np.ndarray, np.ndarray]:

@@ -14,14 +14,9 @@ import json
 
 import numpy as np
 import pytest
+from serve_helpers import png_b64 as _b64
 
 Image = pytest.importorskip("PIL.Image", reason="the request's pictures are PNGs")
-
-
-def _b64(arr: np.ndarray) -> str:
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _picture_and_mask() -> tuple[np.ndarray, np.ndarray]:
@@ -51,7 +46,7 @@ def test_the_fields_reach_the_pipeline() -> None:
     assert notes == []
     assert (kwargs["inpaint_area"], kwargs["inpaint_padding"]) == ("only masked", 8)
     np.testing.assert_array_equal(kwargs["init_image"], picture)  # its own size: the pipeline cuts it
-    np.testing.assert_array_equal(kwargs["mask"], mask_array(Image.fromarray(mask), 0, False))  # its own size
+    np.testing.assert_array_equal(kwargs["mask"], mask_array(Image.fromarray(mask)))  # its own size
     assert kwargs["mask_blur"] == (4, 4)  # the pipeline blurs it there (sdrt.pipelines.maskblur)
     assert "resize_mode" not in kwargs and "masked_content" not in kwargs
     assert "mask_overlay" not in kwargs  # only masked pastes back anyway

@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-from .controlmaps import ControlImageError, _image, to_rgb
+from .controlmaps import ControlImageError, checked_rgb
 from .cvresize import resample
 
 __all__ = ["color_grid", "recolor_intensity", "recolor_luminance"]
@@ -67,20 +67,20 @@ def recolor_luminance(image: np.ndarray, gamma: float = 1.0) -> np.ndarray:
     """The extension's ``recolor_luminance``: Lab lightness to the power ``gamma``, ``(H, W, 3)`` grey."""
     where = "sdrt.pipelines.colormaps.recolor_luminance"
     g = _gamma(gamma, where)
-    return _curve(_lab_lightness(to_rgb(_image(image, where))), g)
+    return _curve(_lab_lightness(checked_rgb(image, where)), g)
 
 
 def recolor_intensity(image: np.ndarray, gamma: float = 1.0) -> np.ndarray:
     """The extension's ``recolor_intensity``: HSV value (max of R, G, B) to the power ``gamma``, grey RGB."""
     where = "sdrt.pipelines.colormaps.recolor_intensity"
     g = _gamma(gamma, where)
-    return _curve(to_rgb(_image(image, where)).max(axis=2), g)
+    return _curve(checked_rgb(image, where).max(axis=2), g)
 
 
 def color_grid(image: np.ndarray, resolution: int | None = None) -> np.ndarray:
     """The extension's ``color`` (t2ia_color_grid) at ``resolution`` (the shorter side; None: the image's own)."""
     where = "sdrt.pipelines.colormaps.color_grid"
-    a = to_rgb(_image(image, where))
+    a = checked_rgb(image, where)
     h, w = a.shape[:2]
     size = min(h, w) if resolution is None else int(resolution)
     if size < 64:

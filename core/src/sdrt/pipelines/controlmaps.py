@@ -58,6 +58,12 @@ def _image(image: np.ndarray, where: str) -> np.ndarray:
     return a
 
 
+def checked_rgb(image: np.ndarray, where: str) -> np.ndarray:
+    """A control image as ``(H, W, 3)`` uint8 (:func:`to_rgb`), checked first: a ``ControlImageError`` naming
+    ``where`` (the map's function) for anything but an 8-bit image. What every preprocessor's module starts with."""
+    return to_rgb(_image(image, where))
+
+
 def to_rgb(image: np.ndarray) -> np.ndarray:
     """``(H, W)``, ``(H, W, 1)``, ``(H, W, 3)`` or ``(H, W, 4)`` uint8 -> ``(H, W, 3)`` (alpha over white, as A1111's HWC3)."""
     a = _image(image, "sdrt.pipelines.controlmaps.to_rgb")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["gaussian_blur", "kernel_size", "reflect101"]
+__all__ = ["convolve_along", "fixed_kernel", "gaussian_blur", "kernel_size", "reflect101"]
 
 
 def kernel_size(sigma: float, eight_bit: bool) -> int:
@@ -33,8 +33,9 @@ def _kernel(n: int, sigma: float) -> np.ndarray:
     return np.concatenate([left, centre, left[::-1]])
 
 
-def _fixed_kernel(n: int, sigma: float) -> np.ndarray:
-    """The 8-bit path's kernel: 8 fractional bits, error diffusion from the outside in, the centre the rest."""
+def fixed_kernel(n: int, sigma: float) -> np.ndarray:
+    """The 8-bit path's kernel: 8 fractional bits, error diffusion from the outside in, the centre the rest
+    (integers summing to 256)."""
     k = _kernel(n, sigma)
     out = np.zeros(n, np.int64)
     err = 0.0
@@ -57,7 +58,9 @@ def reflect101(length: int, before: int, after: int) -> np.ndarray:
     return np.where(idx >= length, period - idx, idx)
 
 
-def _along(a: np.ndarray, taps: np.ndarray, axis: int, acc: type) -> np.ndarray:
+def convolve_along(a: np.ndarray, taps: np.ndarray, axis: int, acc: type) -> np.ndarray:
+    """``a`` convolved with ``taps`` along ``axis``, borders ``BORDER_REFLECT_101``, summed in ``acc``
+    (``np.int64`` for fixed-point taps, exactly; ``np.float32``)."""
     n = taps.size
     half = n // 2
     length = a.shape[axis]
@@ -76,21 +79,21 @@ def gaussian_blur(image: np.ndarray, sigma: float) -> np.ndarray:
     eight_bit = a.dtype == np.uint8
     n = kernel_size(float(sigma), eight_bit)
     if eight_bit:
-        taps = _fixed_kernel(n, float(sigma))
+        taps = fixed_kernel(n, float(sigma))
         x = a.astype(np.int64)
         if a.shape[1] > 1:
-            x = _along(x, taps, 1, np.int64)  # 8 fractional bits
+            x = convolve_along(x, taps, 1, np.int64)  # 8 fractional bits
         else:
             x = x * 256
         if a.shape[0] > 1:
-            x = _along(x, taps, 0, np.int64)  # 16 fractional bits
+            x = convolve_along(x, taps, 0, np.int64)  # 16 fractional bits
         else:
             x = x * 256
         return np.clip((x + (1 << 15)) >> 16, 0, 255).astype(np.uint8)
     taps = _kernel(n, float(sigma)).astype(np.float32)
     x = a.astype(np.float32)
     if a.shape[1] > 1:
-        x = _along(x, taps, 1, np.float32)
+        x = convolve_along(x, taps, 1, np.float32)
     if a.shape[0] > 1:
-        x = _along(x, taps, 0, np.float32)
+        x = convolve_along(x, taps, 0, np.float32)
     return x

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .controlmaps import ControlImageError, _image, to_rgb
+from .controlmaps import ControlImageError, checked_rgb
 from .gaussian import gaussian_blur
 
 __all__ = ["lineart_standard", "scribble_xdog"]
@@ -27,7 +27,7 @@ __all__ = ["lineart_standard", "scribble_xdog"]
 
 def lineart_standard(image: np.ndarray) -> np.ndarray:
     """White lines on black from dark lines on a light image; ``(H, W, 3)`` uint8 grey."""
-    x = to_rgb(_image(image, "sdrt.pipelines.linemaps.lineart_standard")).astype(np.float32)
+    x = checked_rgb(image, "sdrt.pipelines.linemaps.lineart_standard").astype(np.float32)
     intensity = np.min(gaussian_blur(x, 6.0) - x, axis=2).clip(0, 255)
     strong = intensity[intensity > 8]
     intensity /= max(16.0, float(np.median(strong))) if strong.size else 16.0
@@ -39,7 +39,7 @@ def lineart_standard(image: np.ndarray) -> np.ndarray:
 def scribble_xdog(image: np.ndarray, threshold: float = 32) -> np.ndarray:
     """The extension's XDoG scribble: 255 where the difference of Gaussians passes ``threshold``; ``(H, W, 3)``."""
     where = "sdrt.pipelines.linemaps.scribble_xdog"
-    a = to_rgb(_image(image, where))
+    a = checked_rgb(image, where)
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
             or not np.isfinite(threshold):
         raise ControlImageError(f"XDoG threshold {threshold!r} is not a number", where=where,

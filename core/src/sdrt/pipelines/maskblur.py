@@ -7,7 +7,8 @@ above 0. This is OpenCV's 8-bit path written in numpy: its Gaussian taps (``getG
 / (2 sigma^2))`` normalised), made 8-bit fixed point by error diffusion (``getGaussianKernelFixedPoint_ED``: the
 taps sum to exactly 256), each output the integer sum of taps times pixels, rounded half up to 8 bits; borders
 reflected without repeating the edge pixel (``BORDER_REFLECT_101``, OpenCV's default, folded again where the kernel
-is wider than the mask). tests/pipelines/test_mask_blur.py checks it against OpenCV's own output."""
+is wider than the mask): :mod:`sdrt.pipelines.gaussian`'s kernel and convolution, with A1111's kernel size.
+tests/pipelines/test_mask_blur.py checks it against OpenCV's own output."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .gaussian import convolve_along, fixed_kernel
 
 #: the largest blur radius taken (A1111's UI slider goes to 64)
 MAX_BLUR = 256
@@ -36,42 +38,11 @@ def kernel_size(sigma: int) -> int:
     return 2 * int(2.5 * sigma + 0.5) + 1
 
 
-def fixed_kernel(size: int, sigma: float) -> np.ndarray:
-    """OpenCV's 8-bit Gaussian taps (odd ``size``, ``sigma`` > 0): integers summing to 256."""
-    half = size // 2
-    x = np.arange(1 - size, 0, 2, dtype=np.float64)[:half]  # twice the distance of each tap left of the centre
-    side = np.exp(x * x * (-0.125 / (sigma * sigma)))
-    scale = 1.0 / (side.sum() * 2 + 1)
-    taps = np.zeros(size, np.int64)
-    err = 0.0
-    for i, v in enumerate(side * scale):
-        adj = v * 256 + err
-        taps[i] = taps[size - 1 - i] = int(np.rint(adj))
-        err = adj - taps[i]
-    taps[half] = 256 - 2 * int(taps[:half].sum())
-    return taps
-
-
-def _reflect101(index: np.ndarray, n: int) -> np.ndarray:
-    """Indices outside ``[0, n)`` reflected about the edge pixels (``dcb|abcd|cba``), folded as often as needed."""
-    if n == 1:
-        return np.zeros_like(index)
-    period = 2 * (n - 1)
-    index = np.mod(index, period)
-    return np.where(index >= n, period - index, index)
-
-
-def _blur_rows(gray: np.ndarray, sigma: int) -> np.ndarray:
-    """``cv2.GaussianBlur(gray, (kernel_size(sigma), 1), sigma)`` of an HxW uint8 array: along axis 1."""
-    size = kernel_size(sigma)
-    taps = fixed_kernel(size, float(sigma))
-    w = gray.shape[1]
-    cols = _reflect101(np.arange(w)[:, None] + np.arange(size)[None, :] - size // 2, w)  # W x taps
-    total = np.zeros(gray.shape, np.int64)
-    src = gray.astype(np.int64)
-    for t in range(size):
-        if taps[t]:
-            total += taps[t] * src[:, cols[:, t]]
+def _blur_along(gray: np.ndarray, sigma: int, axis: int) -> np.ndarray:
+    """``cv2.GaussianBlur`` of an HxW uint8 array with ``kernel_size(sigma)`` taps along ``axis`` only (1: x, the
+    kernel ``(size, 1)``; 0: y), rounded to 8 bits as OpenCV's 8-bit path rounds."""
+    taps = fixed_kernel(kernel_size(sigma), float(sigma))
+    total = convolve_along(gray.astype(np.int64), taps, axis, np.int64)
     return np.clip((total + 128) >> 8, 0, 255).astype(np.uint8)
 
 
@@ -79,9 +50,9 @@ def blur(gray: np.ndarray, x: int, y: int) -> np.ndarray:
     """An HxW uint8 mask blurred as A1111 blurs it: along x by ``x`` pixels, then along y by ``y`` (0: not)."""
     out = np.ascontiguousarray(gray, dtype=np.uint8)
     if x > 0:
-        out = _blur_rows(out, x)
+        out = _blur_along(out, x, 1)
     if y > 0:
-        out = np.ascontiguousarray(_blur_rows(out.T, y).T)
+        out = _blur_along(out, y, 0)
     return out
 
 

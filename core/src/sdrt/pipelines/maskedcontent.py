@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from .names import spelled
+from .names import one_of
 
 ORIGINAL = "original"
 FILL = "fill"
@@ -32,12 +31,7 @@ A1111_FILL = {0: FILL, 1: ORIGINAL, 2: "latent noise", 3: "latent nothing"}
 
 def check(value: Any) -> str:
     """``masked_content``: one of :data:`MODES` (any case; ``_`` or ``-`` for the space)."""
-    if isinstance(value, str):
-        key = spelled(value)
-        if key in MODES:
-            return key
-    raise InputError(f"unknown {{@masked_content}} {str(value)[:40]!r}", where="masked_content",
-                     fix=f"use one of {', '.join(repr(m) for m in MODES)}")
+    return one_of(value, MODES, "masked_content")
 
 
 def latent_mask(mask: np.ndarray, h: int, w: int) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import InputError
 from ..samplers.names import A1111_SAMPLERS, A1111_SCHEDULES
 
 #: preferred A1111 label of each schedule (A1111_SCHEDULES maps several labels to one schedule)
@@ -27,3 +28,14 @@ def spelled(value: str, sep: str = " ") -> str:
     """An option value's words in lower case joined by ``sep``, ``_`` and ``-`` read as spaces: how
     ``strength_rule`` ("A1111_fix steps") and ``masked_content`` ("latent-noise") are matched to their names."""
     return sep.join(value.strip().lower().replace("_", " ").replace("-", " ").split())
+
+
+def one_of(value: Any, choices: tuple[str, ...], name: str) -> str:
+    """The argument ``name``'s ``value`` as one of ``choices`` (spelled in any case, ``_`` or ``-`` for a space:
+    :func:`spelled`); else an ``InputError`` naming it and the choices."""
+    if isinstance(value, str):
+        key = spelled(value)
+        if key in choices:
+            return key
+    raise InputError(f"unknown {{@{name}}} {str(value)[:40]!r}", where=name,
+                     fix=f"use one of {', '.join(repr(c) for c in choices)}")

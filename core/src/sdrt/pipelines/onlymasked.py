@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
-from .names import spelled
+from .names import one_of
 
 WHOLE_PICTURE = "whole picture"
 ONLY_MASKED = "only masked"
@@ -43,12 +43,7 @@ DEFAULT_PADDING = 32
 
 def check_area(value: Any) -> str:
     """``inpaint_area``: one of :data:`AREAS` (any case; ``_`` or ``-`` for the space)."""
-    if isinstance(value, str):
-        key = spelled(value)
-        if key in AREAS:
-            return key
-    raise InputError(f"unknown {{@inpaint_area}} {str(value)[:40]!r}", where="inpaint_area",
-                     fix=f"use one of {', '.join(repr(a) for a in AREAS)}")
+    return one_of(value, AREAS, "inpaint_area")
 
 
 def check_padding(value: Any) -> int:

@@ -129,7 +129,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             if part is not None:
                 part.default_weights = part.weights = bound
                 part.weights_factory = lambda bound=bound: bound  # low-memory mode drops and rebuilds them
-        self.schedule = self.family.model_sampling(self.default_size, self.default_size)
+        self.family.model_sampling(self.default_size, self.default_size)  # a bad scheduler config fails at load
         self._prompts: PromptEncoder | None = None
         self._tokenizers: dict[str, Any] | None = None
         self._weight_state: WeightState | None = None
@@ -170,6 +170,12 @@ class Pipeline(ToolboxMixin, MemoryMixin):
     @property
     def parts(self) -> dict[str, Part]:
         return dict(self._parts)
+
+    @property
+    def schedule(self) -> Any:
+        """The model sampling at the default size: the folder's scheduler, with what a checkpoint bound by
+        ``load_weights`` decides (its prediction, zero terminal SNR: ``family.scheduler_overrides``)."""
+        return self.family.model_sampling(self.default_size, self.default_size)
 
     @property
     def denoiser(self) -> Part:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .controlmaps import _image, to_rgb
+from .controlmaps import checked_rgb
 
 __all__ = ["content_shuffle", "noise_disk", "numpy_seed"]
 
@@ -91,7 +91,7 @@ def _remap_linear(img: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def content_shuffle(image: np.ndarray, seed: int) -> np.ndarray:
     """The extension's ``shuffle`` of an image (already at its processor resolution): ``(H, W, 3)`` uint8, the
     noise drawn from ``numpy.random.RandomState(seed)`` (x's disk first, then y's)."""
-    a = to_rgb(_image(image, "sdrt.pipelines.shufflemap.content_shuffle"))
+    a = checked_rgb(image, "sdrt.pipelines.shufflemap.content_shuffle")
     h, w = a.shape[:2]
     rng = np.random.RandomState(int(seed) & 0xFFFFFFFF)
     x = noise_disk(h, w, rng) * float(w - 1)

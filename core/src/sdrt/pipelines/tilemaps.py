@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .controlmaps import ControlImageError, _image, to_rgb
+from .controlmaps import ControlImageError, checked_rgb
 from .cvresize import resample
 from .gaussian import gaussian_blur
 
@@ -29,7 +29,7 @@ def _number(value: float, what: str, where: str, fix: str) -> float:
 def tile_resample(image: np.ndarray, rate: float = 1.0) -> np.ndarray:
     """The extension's ``tile_resample``: ``(int(H / rate), int(W / rate), 3)`` by area averaging; as is below 1.1."""
     where = "sdrt.pipelines.tilemaps.tile_resample"
-    a = to_rgb(_image(image, where))
+    a = checked_rgb(image, where)
     r = _number(rate, "down sampling rate", where, "pass a rate such as 2 (the extension's slider: 1 to 8)")
     if r < 1.1:
         return a
@@ -43,7 +43,7 @@ def tile_resample(image: np.ndarray, rate: float = 1.0) -> np.ndarray:
 def blur_gaussian(image: np.ndarray, sigma: float = 9.0) -> np.ndarray:
     """The extension's ``blur_gaussian``: OpenCV's Gaussian blur of the image with ``sigma``; ``(H, W, 3)``."""
     where = "sdrt.pipelines.tilemaps.blur_gaussian"
-    a = to_rgb(_image(image, where))
+    a = checked_rgb(image, where)
     s = _number(sigma, "sigma", where, "pass a sigma such as 9 (the extension's slider: 0.01 to 64)")
     if not 0 < s <= 256:
         raise ControlImageError(f"sigma {s:g} is outside (0, 256]", where=where,

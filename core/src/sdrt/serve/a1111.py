@@ -498,7 +498,7 @@ def _mask(body: dict[str, Any], mask: Any, max_pixels: int, not_honoured: list[s
     if not round_alpha:
         not_honoured.append("mask_round: false keeps an alpha mask's levels, but the run's latent mask is still "
                             "rounded (sdrt's pipeline binarizes it)")
-    return b64images.mask_array(m, 0, invert, round_alpha)
+    return b64images.mask_array(m, invert, round_alpha)
 
 
 def _only_masked(body: dict[str, Any], kwargs: dict[str, Any], img: Any, picture: Any, gray: Any,

@@ -96,12 +96,12 @@ def rgb_array(img: Any) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(pil_rgb(img), dtype=np.uint8))
 
 
-def mask_array(img: Any, blur: Any, invert: bool, round_alpha: bool = False) -> np.ndarray:
+def mask_array(img: Any, invert: bool = False, round_alpha: bool = False) -> np.ndarray:
     """HxW uint8, white = repaint, as A1111's ``create_binary_mask`` reads a mask: the alpha channel of an RGBA mask
     with transparency, rounded to 0 or 255 (above 128: 255) unless ``round_alpha`` is off (A1111's ``mask_round``),
     else its grey levels as they are (an opaque RGBA mask's too: its alpha would repaint everything) (``pil_mask``);
-    then inverted where asked (``inpainting_mask_invert``), then blurred by ``blur`` pixels (an int, or (x, y)) as
-    A1111 blurs it (``mask_blur``: sdrt.pipelines.maskblur)."""
+    then inverted where asked (``inpainting_mask_invert``). Not blurred: A1111's ``mask_blur`` is the pipeline's
+    (sdrt.pipelines.maskblur), and a1111._img2img's where it fits the mask itself."""
     from PIL import ImageOps
 
     from ..pipelines.images import pil_mask
@@ -111,18 +111,7 @@ def mask_array(img: Any, blur: Any, invert: bool, round_alpha: bool = False) -> 
         gray = gray.point(lambda x: 255 if x > 128 else 0)
     if invert:
         gray = ImageOps.invert(gray)
-    x, y = (blur, blur) if isinstance(blur, int) else blur
-    from ..pipelines.maskblur import blur as mask_blur
-
-    return mask_blur(np.asarray(gray, dtype=np.uint8), x, y)
+    return np.asarray(gray, dtype=np.uint8)
 
 
-def fill_masked(image: Any, mask: Any) -> Any:
-    """inpainting_fill 0 ("fill"), as A1111's ``masking.fill``: the pipeline's (``masked_content="fill"``,
-    ``sdrt.pipelines.maskedcontent.fill``), which runs it on the fitted picture."""
-    from ..pipelines.maskedcontent import fill
-
-    return fill(image, mask)
-
-
-__all__ = ["decode", "fill_masked", "fit", "mask_array", "open_image", "raw_bytes", "rgb_array"]
+__all__ = ["decode", "fit", "mask_array", "open_image", "raw_bytes", "rgb_array"]

@@ -215,23 +215,26 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
                                 "server's limit", field=f"alwayson_scripts.{key}")
         ignored += [f"{where}.{str(f)[:60]}" for f in unit if f not in _QUIET]
         fields[f"controlnets[{len(out)}]"] = where
-        out.append(_unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res))
-        if _reads_mask(out[-1].net):  # an SD3 inpainting net's mask, as the pipeline's errors name it
+        made, reads = _unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res)
+        out.append(made)
+        if reads:  # an SD3 inpainting net's mask, as the pipeline's errors name it
             fields.setdefault("control_mask", f"{where}.mask")
     return out, notes, ignored, fields
 
 
 def _reads_mask(net: Any) -> bool:
-    """Whether a unit's net (a file or folder path; a model folder's own part by name) reads a mask of its picture."""
-    from pathlib import Path
-
+    """Whether a unit's net (the registry's entry: a file or folder of the ControlNet folder; a model folder's own
+    part is none of alimama's) reads a mask of its picture. The entry, not the unit's net string: a part's name is
+    no path, and a file of that name in the server's working folder is not the net."""
     from ..checkpoint.controlnet import reads_mask
 
-    return isinstance(net, str) and Path(net).exists() and reads_mask(Path(net))
+    return net.owner is None and net.path.exists() and reads_mask(net.path)
 
 
 def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntry, max_pixels: int,
-          init_image: Any, hires: bool, notes: list[str], make: Any, max_res: int) -> Any:
+          init_image: Any, hires: bool, notes: list[str], make: Any, max_res: int) -> tuple[Any, bool]:
+    """The unit made (``make(...)``: the pipeline's ControlNet), and whether its net reads a mask."""
+
     def f(name: str) -> str:
         return f"{where}.{name}"
 
@@ -254,10 +257,10 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
                                 "(base64)", field=f("image"))
         image = b64images.rgb_array(init_image)  # A1111's img2img: a unit without an image reads the init image
     mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
-    control_mask = None
+    control_mask, reads = None, _reads_mask(net)
     if mask not in (None, ""):
-        if net.owner is None and _reads_mask(str(net.path)):  # alimama's SD3 inpainting net: white = repaint
-            control_mask = b64images.mask_array(b64images.decode(mask, f("mask"), max_pixels), 0, False)
+        if reads:  # alimama's SD3 inpainting net: white = repaint
+            control_mask = b64images.mask_array(b64images.decode(mask, f("mask"), max_pixels))
         else:
             notes.append(f"{f('mask')}: only inpainting ControlNets read a mask (sdrt runs SD3's, alimama's design); "
                          "this unit's net reads none, the mask was not used")
@@ -282,10 +285,11 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     hr = _choice(unit.get("hr_option", 0), HR_OPTIONS, f("hr_option"))
     if hr and hires:
         notes.append(f"{f('hr_option')}: {HR_OPTIONS[hr]!r} ran as 'Both' (the control on both hires. fix passes)")
-    return make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize,
+    made = make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize,
                 low=a, high=b, processor_res=None if res is None else int(res),
                 pixel_perfect=bool(flag("pixel_perfect", False)), control_mode=CONTROL_MODES[mode],
                 window="a1111", control_mask=control_mask)  # the extension's step window: start <= i / n <= end
+    return made, reads
 
 
 def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
