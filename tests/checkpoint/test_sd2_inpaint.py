@@ -231,3 +231,25 @@ def test_other_nine_channel_unets_are_not_sd2_inpainting(unet, encoders, family)
     for graph, prefix, kind in encoders:
         shapes.update((h.clip_tensors if kind == "clip" else h.openclip_tensors)(_g(graph), prefix, sparse=True))
     assert identify(shapes).family == family
+
+
+def test_a_diffusers_folder_bound_onto_a_folder_samples_as_its_scheduler_config_says(tmp_path):
+    """A diffusers folder given to load_weights / --weights carries its prediction in scheduler_config.json; a
+    v-prediction one bound onto an eps ONNX folder ran as eps without a word (only single files were read)."""
+    import json
+    import shutil
+
+    register("reference")
+    v = tmp_path / "v-folder"
+    shutil.copytree(DIFFUSERS, v)
+    config = v / "scheduler" / "scheduler_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "prediction_type": "v_prediction",
+                                  "rescale_betas_zero_snr": True}))
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        assert pipe.family.prediction == "eps"
+        pipe.load_weights(v)
+        assert pipe.family.prediction == "v"
+        config = pipe.family.scheduler_config()
+        assert config["prediction_type"] == "v_prediction" and config["rescale_betas_zero_snr"] is True
+        pipe.load_weights(DIFFUSERS)  # its own config says epsilon: the folder's scheduler again
+        assert pipe.family.prediction == "eps" and pipe.family.scheduler_overrides == {}

@@ -91,6 +91,21 @@ class ActiveLora:
         return self.scale if self.unet_scale is None or part.startswith("text_encoder") else self.unet_scale
 
 
+def _folder_prediction(root: Path) -> tuple[str | None, bool]:
+    """(prediction_type, rescale_betas_zero_snr) a diffusers folder's ``scheduler/scheduler_config.json`` says
+    (diffusers' default ``"epsilon"`` where the config has no prediction_type); (None, False) without a readable one."""
+    import json
+
+    try:
+        config = json.loads((root / "scheduler" / "scheduler_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, False
+    if not isinstance(config, dict):
+        return None, False
+    kind = config.get("prediction_type", "epsilon")
+    return (kind if kind in ("epsilon", "v_prediction") else None), bool(config.get("rescale_betas_zero_snr"))
+
+
 @dataclass
 class WeightState:
     """What ``pipe.load_weights``, ``pipe.set_loras`` and ``pipe.add_embedding`` changed."""
@@ -220,7 +235,7 @@ class WeightState:
     def _follow_prediction(self, ckpt: Any) -> None:
         """Sample the checkpoint as A1111 does when it says its own prediction: its ``<stem>.yaml``, SDXL's
         ``v_pred`` key or, for SD 2.x, its weights (as ComfyUI tells them apart); a ``ztsnr`` key rescales the
-        betas to zero terminal SNR. Each bound checkpoint decides anew: one that says nothing runs with the
+        betas to zero terminal SNR. A diffusers folder's own scheduler config says both. Each bound checkpoint decides anew: one that says nothing runs with the
         folder's scheduler."""
         from ..checkpoint.files import SD2_V_KEY, sd2_prediction, yaml_prediction
 
@@ -228,10 +243,17 @@ class WeightState:
         family.scheduler_overrides = {}
         path = Path(getattr(ckpt, "path", "") or "")
         folder = {"eps": "epsilon", "v": "v_prediction"}.get(self.pipe.folder.prediction)
-        if folder is None or not path.is_file():
+        if folder is None or not (path.is_file() or path.is_dir()):
             return
-        said, why = yaml_prediction(path), path.with_suffix(".yaml").name
-        if said is None and "v_pred" in ckpt.weights:
+        zero_snr = "ztsnr" in ckpt.weights
+        if path.is_dir():  # a diffusers folder: its own scheduler config says it
+            said, zero_snr = _folder_prediction(path)
+            why = "its scheduler/scheduler_config.json"
+        else:
+            said, why = yaml_prediction(path), path.with_suffix(".yaml").name
+        if path.is_dir():
+            pass  # the folder's config decides, as diffusers reads it
+        elif said is None and "v_pred" in ckpt.weights:
             said, why = "v_prediction", "its v_pred key"
         # ComfyUI's weight test is for 4-channel SD 2.x UNets: an inpainting one (A1111's config_sd2_inpainting) is eps
         elif said is None and str(ckpt.family).startswith("SD 2") and not str(ckpt.family).endswith("inpainting") \
@@ -240,7 +262,7 @@ class WeightState:
         overrides: dict[str, Any] = {}
         if said is not None and said != folder:
             overrides["prediction_type"] = said
-        if "ztsnr" in ckpt.weights and not self.pipe.folder.scheduler.get("rescale_betas_zero_snr"):
+        if zero_snr and not self.pipe.folder.scheduler.get("rescale_betas_zero_snr"):
             overrides["rescale_betas_zero_snr"] = True
         if not overrides:
             return
@@ -248,7 +270,7 @@ class WeightState:
         words = {"epsilon": "eps", "v_prediction": "v"}
         what = [f"{words[said]}-prediction ({why}; the model folder's scheduler says {words[folder]})"] \
             if "prediction_type" in overrides else []
-        what += ["with zero terminal SNR (its ztsnr key)"] if "rescale_betas_zero_snr" in overrides else []
+        what += [f"with zero terminal SNR ({'its scheduler config' if path.is_dir() else 'its ztsnr key'})"] if "rescale_betas_zero_snr" in overrides else []
         log.info("%s is sampled as %s, as A1111 samples it", path.name, " and ".join(what))
 
     # -- LoRA -------------------------------------------------------------------
