@@ -417,3 +417,17 @@ def test_the_model_free_modules_as_the_extension_lists_and_runs_them(cn_server, 
     want = _python(pipe, [ControlNet("controlnet", photo, preprocessor="shuffle", processor_res=512, window="a1111"),
                           ControlNet("controlnet_2", photo, 0.5, preprocessor="tile_resample", low=2, window="a1111")])
     assert np.array_equal(_rgb(r.json()["images"][0]), want)
+
+
+@pytest.mark.parametrize(("module", "key", "value", "words"), [
+    ("tile_resample", "controlnet_threshold_a", 100, "leaves nothing of a 96x80 image"),
+    ("color", "controlnet_processor_res", 1, "has no 64-pixel cell"),
+])
+def test_detect_a_slider_the_picture_cannot_take_is_a_400_naming_it(cn_server, module, key, value, words) -> None:
+    """A slider value in range that the picture cannot take (a down sampling rate leaving no pixel of it, a colour
+    grid with no cell) is the preprocessor's refusal: a 400 naming the slider's field, not a 500."""
+    photo = _photo()[:80, :96].copy()
+    r = requests.post(f"{cn_server}/controlnet/detect", json={
+        "controlnet_module": module, "controlnet_input_images": [_b64(photo)], key: value}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == key and r.json()["message"].startswith(key) and words in r.json()["message"], r.text
