@@ -431,3 +431,16 @@ def test_detect_a_slider_the_picture_cannot_take_is_a_400_naming_it(cn_server, m
         "controlnet_module": module, "controlnet_input_images": [_b64(photo)], key: value}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["field"] == key and r.json()["message"].startswith(key) and words in r.json()["message"], r.text
+
+
+def test_only_masked_with_a_unit_names_the_requests_controlnet_field(cn_server) -> None:
+    """inpaint_full_res with a ControlNet unit is a 400 whose message names the request's fields (the units are
+    alwayson_scripts.controlnet), never the pipeline's argument ``controlnets``."""
+    init, mask = _photo(64, 64), np.zeros((64, 64), np.uint8)
+    mask[20:40, 20:40] = 255
+    r = _post(cn_server, "img2img", dict(BASE, init_images=[_b64(init)], mask=_b64(mask), inpaint_full_res=1,
+                                         alwayson_scripts={"controlnet": {"args": [
+                                             {"module": "invert", "model": "controlnet"}]}}))
+    assert r.status_code == 400 and r.json()["field"] == "inpaint_full_res", r.text
+    message = r.json()["message"]
+    assert "without alwayson_scripts.controlnet" in message and "controlnets" not in message, message
