@@ -444,3 +444,24 @@ def test_only_masked_with_a_unit_names_the_requests_controlnet_field(cn_server) 
     assert r.status_code == 400 and r.json()["field"] == "inpaint_full_res", r.text
     message = r.json()["message"]
     assert "without alwayson_scripts.controlnet" in message and "controlnets" not in message, message
+
+
+@pytest.mark.parametrize("module", ["tile_resample", "lineart_standard", "scribble_xdog", "shuffle", "color",
+                                    "blur_gaussian", "recolor_luminance", "recolor_intensity"])
+def test_webuiapi_detect_with_its_default_sliders(cn_server, module) -> None:
+    """webuiapi's controlnet_detect sends processor_res 512 and threshold_a/_b 64 whatever the module: the extension
+    takes them (its recolor gamma is a plain power, 64 included), so sdrt does too, each map the Python API's."""
+    webuiapi = pytest.importorskip("webuiapi", reason="the webuiapi client is a test dependency: pip install webuiapi")
+    host, port = cn_server.removeprefix("http://").split(":")
+    api = webuiapi.WebUIApi(host=host, port=int(port))
+    photo = _photo()
+    detected = api.controlnet_detect([Image.fromarray(photo)], module=module)
+    assert detected.info == "Success"
+    if module != "shuffle":  # a new random map each call, as the extension's detect
+        from sdrt.serve.controlnet import SLIDERS
+
+        sliders = SLIDERS[module]
+        a = 64 if len(sliders) > 1 and sliders[1] is not None else None
+        res = 512 if module in ("lineart_standard", "shuffle") or (sliders and sliders[0] is not None) else None
+        want = preprocess(photo, module, a, None, res)
+        assert np.array_equal(np.asarray(detected.image.convert("RGB")), want)

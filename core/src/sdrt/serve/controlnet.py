@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import InputError
+from ..pipelines.colormaps import MAX_GAMMA
 from ..pipelines.controlmaps import RESIZE_MODES as CONTROL_RESIZE_MODES
 from . import b64images, kontext
 from .errors import ApiError
@@ -166,8 +167,8 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
     if pre == "blur_gaussian" and a is not None and not 0 < a <= 256:
         raise ApiError(400, f"{field(names[1])}, the blur's sigma, must be above 0 and at most 256, got {a:g}",
                        field=field(names[1]))
-    if pre.startswith("recolor") and a is not None and a > 10:
-        raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most 10, got {a:g}",
+    if pre.startswith("recolor") and a is not None and a > MAX_GAMMA:
+        raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most {MAX_GAMMA}, got {a:g}",
                        field=field(names[1]))
     return res, a, b
 
