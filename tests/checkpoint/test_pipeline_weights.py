@@ -263,3 +263,29 @@ def test_a_checkpoint_that_says_v_on_an_eps_folder_is_sampled_as_v(pipe, refs, t
     assert pipe.family.scheduler_overrides == {} and pipe.schedule.prediction == "eps"
     img = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
     assert _mean_diff(img, refs["ckpt"]) < MEAN_TOL
+
+
+def test_dry_run_plans_the_prediction_the_checkpoint_says(tmp_path, capsys):
+    """``sdrt generate --weights FILE --dry-run`` binds no weights, but a checkpoint that says v-prediction (its yaml)
+    and zero terminal SNR (a ztsnr key) is sampled so (load_weights): the plan's model sampling line says what the
+    run samples as, not the folder's eps."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from sdrt.cli import main
+
+    f = tmp_path / "custom_v.safetensors"
+    save_file({**load_file(D / "custom.safetensors"), "ztsnr": np.zeros((0,), np.float16)}, str(f))
+    f.with_suffix(".yaml").write_text('model:\n  params:\n    parameterization: "v"\n')
+    argv = ["generate", str(PIPE_FOLDER), "a cat", "--steps", "2", "--dry-run", "--backend", "openvino"]
+    assert main([*argv, "--weights", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "model sampling v," in out, out
+    with pipelines.load(PIPE_FOLDER, backend="openvino") as p:
+        p.load_weights(f)
+        want = p.family.model_sampling(64, 64)
+    assert "model sampling v," in out and want.prediction == "v"
+    shutil.copy(D / "custom.safetensors", tmp_path / "plain.safetensors")  # says nothing: the folder's eps
+    assert main([*argv, "--weights", str(tmp_path / "plain.safetensors")]) == 0
+    assert "model sampling eps," in capsys.readouterr().out

@@ -200,3 +200,23 @@ def test_a_stopped_runs_partial_images_are_pasted_back_too() -> None:
     assert partial.images[0].shape == picture.shape
     assert np.array_equal(partial.images[0][REFS[f"{case['name']}/mask"] == 0],
                           picture[REFS[f"{case['name']}/mask"] == 0])
+
+
+def test_the_paste_back_enlarges_through_the_init_upscaler_as_a1111() -> None:
+    """A crop larger than the run is shrunk for it (no upscaler then), and each image is enlarged back to the crop by
+    A1111's uncrop, ``resize_image(1, ...)`` with no upscaler name, which falls back to ``upscaler_for_img2img``: the
+    init_upscaler ("Nearest" here) makes the pasted area, Lanczos without one; outside the box the picture stays."""
+    rng = np.random.default_rng(5)
+    picture = rng.integers(0, 256, (160, 176, 3), dtype=np.uint8)
+    mask = np.zeros((160, 176), np.uint8)
+    mask[20:140, 30:150] = 255  # a 120x120 box, padded: shrunk to 64x64 for the run
+    pipe = _pipe(CASES[0]["folder"], fast_backend())
+    kw = dict(steps=2, seed=3, init_image=picture, mask=mask, inpaint_area="only masked", inpaint_padding=4,
+              width=64, height=64)
+    plain = pipe.generate("a cat", **kw).images[0]
+    nearest = pipe.generate("a cat", init_upscaler="Nearest", **kw).images[0]
+    assert not np.array_equal(nearest[mask > 0], plain[mask > 0])
+    assert np.array_equal(nearest[mask == 0], plain[mask == 0])
+    blocks = nearest[20:140, 30:150].astype(int)  # Nearest's 1.9x: runs of equal neighbours, Lanczos' none
+    assert (np.abs(np.diff(blocks, axis=1)).sum(-1) == 0).mean() > 0.3 > (
+        np.abs(np.diff(plain[20:140, 30:150].astype(int), axis=1)).sum(-1) == 0).mean()

@@ -417,3 +417,51 @@ def test_the_model_free_modules_as_the_extension_lists_and_runs_them(cn_server, 
     want = _python(pipe, [ControlNet("controlnet", photo, preprocessor="shuffle", processor_res=512, window="a1111"),
                           ControlNet("controlnet_2", photo, 0.5, preprocessor="tile_resample", low=2, window="a1111")])
     assert np.array_equal(_rgb(r.json()["images"][0]), want)
+
+
+@pytest.mark.parametrize(("module", "key", "value", "words"), [
+    ("tile_resample", "controlnet_threshold_a", 100, "leaves nothing of a 96x80 image"),
+    ("color", "controlnet_processor_res", 1, "has no 64-pixel cell"),
+])
+def test_detect_a_slider_the_picture_cannot_take_is_a_400_naming_it(cn_server, module, key, value, words) -> None:
+    """A slider value in range that the picture cannot take (a down sampling rate leaving no pixel of it, a colour
+    grid with no cell) is the preprocessor's refusal: a 400 naming the slider's field, not a 500."""
+    photo = _photo()[:80, :96].copy()
+    r = requests.post(f"{cn_server}/controlnet/detect", json={
+        "controlnet_module": module, "controlnet_input_images": [_b64(photo)], key: value}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == key and r.json()["message"].startswith(key) and words in r.json()["message"], r.text
+
+
+def test_only_masked_with_a_unit_names_the_requests_controlnet_field(cn_server) -> None:
+    """inpaint_full_res with a ControlNet unit is a 400 whose message names the request's fields (the units are
+    alwayson_scripts.controlnet), never the pipeline's argument ``controlnets``."""
+    init, mask = _photo(64, 64), np.zeros((64, 64), np.uint8)
+    mask[20:40, 20:40] = 255
+    r = _post(cn_server, "img2img", dict(BASE, init_images=[_b64(init)], mask=_b64(mask), inpaint_full_res=1,
+                                         alwayson_scripts={"controlnet": {"args": [
+                                             {"module": "invert", "model": "controlnet"}]}}))
+    assert r.status_code == 400 and r.json()["field"] == "inpaint_full_res", r.text
+    message = r.json()["message"]
+    assert "without alwayson_scripts.controlnet" in message and "controlnets" not in message, message
+
+
+@pytest.mark.parametrize("module", ["tile_resample", "lineart_standard", "scribble_xdog", "shuffle", "color",
+                                    "blur_gaussian", "recolor_luminance", "recolor_intensity"])
+def test_webuiapi_detect_with_its_default_sliders(cn_server, module) -> None:
+    """webuiapi's controlnet_detect sends processor_res 512 and threshold_a/_b 64 whatever the module: the extension
+    takes them (its recolor gamma is a plain power, 64 included), so sdrt does too, each map the Python API's."""
+    webuiapi = pytest.importorskip("webuiapi", reason="the webuiapi client is a test dependency: pip install webuiapi")
+    host, port = cn_server.removeprefix("http://").split(":")
+    api = webuiapi.WebUIApi(host=host, port=int(port))
+    photo = _photo()
+    detected = api.controlnet_detect([Image.fromarray(photo)], module=module)
+    assert detected.info == "Success"
+    if module != "shuffle":  # a new random map each call, as the extension's detect
+        from sdrt.serve.controlnet import SLIDERS
+
+        sliders = SLIDERS[module]
+        a = 64 if len(sliders) > 1 and sliders[1] is not None else None
+        res = 512 if module in ("lineart_standard", "shuffle") or (sliders and sliders[0] is not None) else None
+        want = preprocess(photo, module, a, None, res)
+        assert np.array_equal(np.asarray(detected.image.convert("RGB")), want)

@@ -91,3 +91,16 @@ def test_openai_generations_on_a_model_that_needs_a_picture_sends_it_to_edits(fi
     e = r.json()["error"]
     assert "init_images" not in e["message"] and "/v1/images/edits" in e["message"], e
     assert "image and mask" in e["message"] and e["param"] == "mask", e
+
+
+def test_a_latent_fill_on_a_flux_model_names_inpainting_fill(fill_server) -> None:
+    """inpainting_fill 2 / 3 (A1111's latent noise / nothing) on a Flux model: the pipeline refuses its masked_content,
+    and the 400 names the request's field, inpainting_fill, never the pipeline's argument."""
+    refs = np.load(PIPES / "tiny-flux-fill" / "refs.npz")
+    init, mask = refs[f"{CASE}/init_image"], refs[f"{CASE}/mask"]
+    for fill in (2, 3):
+        body = dict(prompt="a red cat", init_images=[_b64(init)], mask=_b64(mask), mask_blur=0, inpainting_fill=fill,
+                    steps=1, seed=5, width=64, height=96)
+        r = requests.post(f"{fill_server}/sdapi/v1/img2img", json=body, timeout=300)
+        assert r.status_code == 400 and r.json()["field"] == "inpainting_fill", r.text
+        assert "masked_content" not in r.json()["message"] and "inpainting_fill" in r.json()["message"], r.text

@@ -133,3 +133,26 @@ def test_an_sd3_inpainting_unit_without_a_mask_is_a_400_naming_the_units_mask(sd
     detail = r.json()["detail"]
     assert "needs the mask of its picture" in detail and "alwayson_scripts.controlnet.args[0].mask" in detail
     assert "control_mask" not in detail
+
+
+
+def test_img2img_with_an_inpainting_unit_is_refused_for_the_init_image_not_the_units_mask(sd3_server) -> None:
+    """A1111's img2img with a mask and an SD3 inpainting unit that brings no mask (sd-webui-controlnet would hand it
+    the img2img's): the net runs in txt2img only (diffusers' StableDiffusion3ControlNetInpaintingPipeline), so the
+    400 says that. It asked for the unit's mask first, and a client that then sent one met the init-image refusal."""
+    import base64
+    import io
+
+    httpx = pytest.importorskip("httpx", reason="httpx is a test dependency of the server")
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(buf, "PNG")
+    picture = base64.b64encode(buf.getvalue()).decode()
+    buf = io.BytesIO()
+    Image.new("L", (64, 64), 255).save(buf, "PNG")
+    body = {"prompt": PROMPT, "steps": 1, "width": 64, "height": 64, "init_images": [picture],
+            "mask": base64.b64encode(buf.getvalue()).decode(),
+            "alwayson_scripts": {"controlnet": {"args": [{"model": "sd3-inpaint", "module": "none"}]}}}
+    r = httpx.post(f"{sd3_server}/sdapi/v1/img2img", json=body, timeout=300)
+    assert r.status_code == 400 and r.json()["field"] == "init_images", r.text
+    assert "an init image with one is not supported" in r.json()["message"]
+    assert "needs the mask" not in r.json()["message"]

@@ -318,6 +318,8 @@ def run(args: argparse.Namespace) -> int:
         if custom.lora_dir is not None:
             pipe.weights.lora_dir = custom.lora_dir
         pipe.weights.planned = [path for path, _ in custom.loras]
+        if custom.weights is not None:  # a checkpoint that says v-prediction or zero terminal SNR is sampled so
+            pipe.weights.plan_checkpoint(custom.weights)
         from ..weights.lora import Lora
 
         for path in pipe.weights.planned:  # a file that is no LoRA: refused as the run refuses it (mapped, not read)

@@ -49,10 +49,15 @@ def _lab_lightness(rgb: np.ndarray) -> np.ndarray:
     return np.clip((lscale * fy + lshift + (1 << 14)) >> 15, 0, 255).astype(np.uint8)
 
 
+#: the largest recolor gamma taken: the extension's is a plain power of any value (webuiapi's controlnet_detect
+#: sends 64 to every module), its slider going to 2; above this every grey level but 255 is 0 already
+MAX_GAMMA = 256
+
+
 def _gamma(value: float, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(value) or not 0 <= value <= 10:
-        raise ControlImageError(f"gamma {value!r} is not a number from 0 to 10", where=where,
+            or not np.isfinite(value) or not 0 <= value <= MAX_GAMMA:
+        raise ControlImageError(f"gamma {value!r} is not a number from 0 to {MAX_GAMMA}", where=where,
                                 fix="pass a gamma correction such as 1.0 (the extension's slider: 0.1 to 2)")
     return float(value)
 

@@ -15,8 +15,8 @@ lineart_standard        -                                            padded to 6
 scribble_xdog           XDoG Threshold 32 (>= 0)                     padded to 64        linemaps
 shuffle                 - (seeded: :mod:`shufflemap`)                scaled, no padding  shufflemap
 color                   -                                            its own (area)      colormaps
-recolor_luminance       Gamma Correction 1 (0 to 10)                 -                   colormaps
-recolor_intensity       Gamma Correction 1 (0 to 10)                 -                   colormaps
+recolor_luminance       Gamma Correction 1 (0 to 256)                -                   colormaps
+recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .colormaps import MAX_GAMMA
 
 __all__ = ["NAMES", "SPECS", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
@@ -73,8 +74,8 @@ SPECS: dict[str, Spec] = {
     "shuffle": Spec("scale", seeded=True),
     "color": Spec("own"),
     "blur_gaussian": Spec("scale", Slider(9.0, 0, 256, above=True)),
-    "recolor_luminance": Spec(None, Slider(1.0, 0, 10)),
-    "recolor_intensity": Spec(None, Slider(1.0, 0, 10)),
+    "recolor_luminance": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
+    "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
 }
 NAMES = tuple(SPECS)
 #: the preprocessors that read a processor resolution

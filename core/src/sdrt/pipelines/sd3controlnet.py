@@ -73,6 +73,15 @@ def prepare(pipe: Any, s: Settings) -> None:
                              "ControlNets are given as their diffusers .safetensors file (or the folder holding it)",
                              where=where, fix="pass diffusion_pytorch_model.safetensors of an SD3 ControlNet "
                                               "(--controlnet FILE --control-image PNG on the command line)")
+        if lay.inpaint and (s.mode != "txt2img" or tb.hires is not None):  # before its mask: one would not help
+            hires = s.mode == "txt2img"
+            raise InputError("an SD3 inpainting ControlNet runs as diffusers' "
+                             "StableDiffusion3ControlNetInpaintingPipeline: a txt2img run whose unit carries the "
+                             f"picture and its mask; {'the hires fix' if hires else 'an init image'} with one is not "
+                             "supported", where="hires_scale" if hires else "init_image",
+                             fix="leave {@hires_scale} unset" if hires else
+                             "leave {@init_image} and {@mask} out, and give the picture as the unit's image with its "
+                             "{@control_mask}")
         if lay.inpaint and unit.control_mask is None:
             raise InputError(f"{where} is {lay.label}: it needs the mask of its picture", where=f"{where} control_mask",
                              fix="pass {@control_mask=}MASK (white = repaint) with the picture as the unit's image")
@@ -99,15 +108,6 @@ def prepare(pipe: Any, s: Settings) -> None:
 
         unit.control = control_image(unit, s.width, s.height)  # HxWx3 uint8; encoded with the run's generator
     assert first is not None
-    if first.inpaint and (s.mode != "txt2img" or tb.hires is not None):
-        hires = s.mode == "txt2img"
-        raise InputError("an SD3 inpainting ControlNet runs as diffusers' StableDiffusion3ControlNetInpaintingPipeline"
-                         ": a txt2img run whose unit carries the picture and its mask; "
-                         f"{'the hires fix' if hires else 'an init image'} with one is not supported",
-                         where="hires_scale" if hires else "init_image",
-                         fix="leave {@hires_scale} unset" if hires else
-                         "leave {@init_image} and {@mask} out, and give the picture as the unit's image with its "
-                         "{@control_mask}")
     use_residuals(pipe.denoiser, first.blocks, any(layout_of(u).image_only for u in units))
     from ..checkpoint.sd3controlnet import SAMPLE
 

@@ -232,6 +232,16 @@ class WeightState:
         self._follow_prediction(ckpt)
         return ckpt
 
+    def plan_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """What a checkpoint decides of the sampling (its prediction, zero terminal SNR: ``_follow_prediction``),
+        without binding its weights: a dry run's plan (``sdrt generate --weights FILE --dry-run``) says the model
+        sampling the run will have."""
+        from ..checkpoint import Checkpoint
+
+        if self.pipe.family.name in ("sd3", "flux", "chroma"):  # the run refuses these (load_checkpoint)
+            return
+        self._follow_prediction(Checkpoint.open(path))
+
     def _follow_prediction(self, ckpt: Any) -> None:
         """Sample the checkpoint as A1111 does when it says its own prediction: its ``<stem>.yaml``, SDXL's
         ``v_pred`` key or, for SD 2.x, its weights (as ComfyUI tells them apart); a ``ztsnr`` key rescales the

@@ -240,7 +240,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     try:  # the pipeline's own checks (sampler and schedule names, sizes, strength), before any model loads
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
-        raise from_pipeline(exc) from None
+        raise from_pipeline(exc, net_names) from None
     if refiner is not None:  # checked as a path; the worker runs its own pipeline of that model (jobs.Worker._run)
         kwargs["refiner"] = refiner
     _eta(body, sampler, scheduler, not_honoured)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import InputError
+from ..pipelines.colormaps import MAX_GAMMA
 from ..pipelines.controlmaps import RESIZE_MODES as CONTROL_RESIZE_MODES
 from . import b64images, kontext
 from .errors import ApiError
@@ -165,8 +167,8 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
     if pre == "blur_gaussian" and a is not None and not 0 < a <= 256:
         raise ApiError(400, f"{field(names[1])}, the blur's sigma, must be above 0 and at most 256, got {a:g}",
                        field=field(names[1]))
-    if pre.startswith("recolor") and a is not None and a > 10:
-        raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most 10, got {a:g}",
+    if pre.startswith("recolor") and a is not None and a > MAX_GAMMA:
+        raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most {MAX_GAMMA}, got {a:g}",
                        field=field(names[1]))
     return res, a, b
 
@@ -319,9 +321,25 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
         # shuffle: the extension's detect draws from numpy's unseeded global generator, a new map each call
         seed = secrets.randbelow(2**32) if pre == "shuffle" else None
-        made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed)
+        try:
+            made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed)
+        except InputError as exc:  # a slider in range the picture cannot take: the request's, a 400
+            raise _detect_refusal(exc, key, k) from None
         out.append(base64.b64encode(encode_png(made)).decode("ascii"))
     return {"images": out, "info": "Success"}
+
+
+#: the preprocessor whose refusal (its ``where``'s last name) is about a slider, and that slider's detect field
+_REFUSED_SLIDER = {"tile_resample": "controlnet_threshold_a", "color_grid": "controlnet_processor_res",
+                   "blur_gaussian": "controlnet_threshold_a", "scribble_xdog": "controlnet_threshold_a"}
+
+
+def _detect_refusal(exc: InputError, key: str, k: int) -> ApiError:
+    """The preprocessor's refusal of one detect image as a 400 naming the slider it is about (else the image)."""
+    field = _REFUSED_SLIDER.get(str(getattr(exc, "where", "") or "").rsplit(".", 1)[-1], f"{key}[{k}]")
+    fix = getattr(exc, "fix", None)
+    what = getattr(exc, "what", str(exc))
+    return ApiError(400, f"{field}: {what}" + (f"; {fix}" if fix else ""), field=field)
 
 
 __all__ = ["API_VERSION", "MAX_UNITS", "MODULES", "detect", "module_detail", "module_list", "units"]

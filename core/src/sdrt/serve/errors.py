@@ -25,7 +25,7 @@ _FIELDS = {"strength": "denoising_strength", "cfg": "cfg_scale", "batch": "batch
            "hires_upscaler": "hr_upscaler", "refiner": "refiner_checkpoint",
            "hires_refiner_pass": "override_settings.hires_fix_refiner_pass", "mask": "mask",
            "init_upscaler": "upscaler_for_img2img", "inpaint_area": "inpaint_full_res",
-           "inpaint_padding": "inpaint_full_res_padding"}
+           "inpaint_padding": "inpaint_full_res_padding", "masked_content": "inpainting_fill"}
 
 
 def from_pipeline(exc: Exception, fields: Mapping[str, str] | None = None) -> ApiError:
