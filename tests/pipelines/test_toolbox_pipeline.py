@@ -316,13 +316,18 @@ def test_controlnet_image_follows_each_pass_size() -> None:
     ("controlnet", InputError, "controlnets must be a list"),
     # thresholds, checked with the rest (a TypeError from numpy, a ValueError from int(), 2.7 run as 2 at step 1)
     ([ControlNet("controlnet", "EDGES", preprocessor="canny", low="x")], InputError,
-     r"controlnets\[0\] low, a canny threshold, must be a finite number >= 0, got 'x'"),
+     r"controlnets\[0\] low, a canny threshold, must be a finite number, got 'x'"),
     ([ControlNet("controlnet", "EDGES", preprocessor="canny", high=float("inf"))], InputError,
      r"controlnets\[0\] high, a canny threshold"),
     ([ControlNet("controlnet", "EDGES", preprocessor="scribble", low="a")], InputError,
-     r"controlnets\[0\] low must be a number from 0 to 255, got 'a'"),
+     r"controlnets\[0\] low, the scribble level, must be a finite number, got 'a'"),
     ([ControlNet("controlnet", "EDGES", preprocessor="scribble", low=2.7)], InputError,
-     "the scribble threshold, must be a whole level from 0 to 255, got 2.7"),
+     "the scribble level, must be a whole number from 0 to 255, got 2.7"),
+    # a level past the threshold's 255 made an all-black map; a threshold none / invert read not, silently dropped
+    ([ControlNet("controlnet", "EDGES", preprocessor="threshold", low=300)], InputError,
+     r"controlnets\[0\] low, the threshold level, must be a number from 0 to 255, got 300"),
+    ([ControlNet("controlnet", "EDGES", preprocessor="invert", low=10)], InputError,
+     r"controlnets\[0\] low: the invert preprocessor reads no low threshold"),
 ])
 def test_controlnet_bad_input(controlnets, error, words) -> None:
     z = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")

@@ -62,8 +62,6 @@ __all__ = ["CONTROL_MODES", "PREPROCESSORS", "ControlNet", "ControlState", "cont
 
 #: preprocessors that need no model (sdrt.pipelines.preprocessors); "none" feeds the image as it is
 PREPROCESSORS = NAMES
-#: the first five, whose thresholds parse_units checks itself
-_FIRST = ("none", "canny", "scribble", "threshold", "invert")
 DOWN_OUT, MID_OUT = "down_block_res_samples_", "mid_block_res_sample"
 DOWN_IN, MID_IN = "down_block_additional_residual_", "mid_block_additional_residual"
 #: sd-webui-controlnet's control modes (its ``ControlMode`` enum; a number is the index, as its API took it)
@@ -236,26 +234,9 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                 raise InputError(f"{where} seed must be a whole number from 0 to 4294967295, got {unit.seed!r:.40}",
                                  where=f"{where} seed", fix="pass e.g. seed=1234, or leave it out (the run's)")
             unit.seed = int(unit.seed)
-        if unit.preprocessor not in _FIRST:
-            unit.low, unit.high = check_thresholds(unit.preprocessor, unit.low, unit.high, where)
-        else:
-            # the preprocessor's thresholds: a canny threshold is a gradient level (>= 0), scribble's a pixel level;
-            # 'x' was a TypeError from numpy and 2.7 ran as 2, at the first step rather than now
-            for name in ("low", "high"):
-                value = getattr(unit, name)
-                if value is None:
-                    continue
-                if unit.preprocessor == "scribble":
-                    setattr(unit, name, _num(value, f"{where} {name}", 0.0, 255.0))
-                elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                        or not math.isfinite(float(value)) or value < 0:
-                    raise InputError(f"{where} {name}, a canny threshold, must be a finite number >= 0, got {value!r}",
-                                     where=f"{where} {name}", fix="pass e.g. low=100, high=200 (A1111's defaults)")
-                else:
-                    setattr(unit, name, float(value))
-            if unit.preprocessor == "scribble" and unit.low is not None and not float(unit.low).is_integer():
-                raise InputError(f"{where} low, the scribble threshold, must be a whole level from 0 to 255, got "
-                                 f"{unit.low:g}", where=f"{where} low", fix="pass e.g. low=127")
+        # each preprocessor's thresholds against its sliders (sdrt.pipelines.preprocessors.SPECS): a level it cannot
+        # use, or one it does not read (none, invert), is refused now rather than at the first step or silently
+        unit.low, unit.high = check_thresholds(unit.preprocessor, unit.low, unit.high, where)
         if not isinstance(unit.net, (str, os.PathLike, OpenedControlNet)):
             raise InputError(f"{where}: the net must be a folder, a model.onnx or .safetensors path or a part name, "
                              f"got {type(unit.net).__name__}", where=where,

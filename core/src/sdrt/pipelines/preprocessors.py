@@ -84,8 +84,8 @@ AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
 
 def check_thresholds(name: str, low: Any, high: Any, where: str,
                      names: tuple[str, str] | None = None) -> tuple[float | None, float | None]:
-    """``(low, high)`` as floats, checked against the preprocessor's sliders (``controlnet.parse_units`` checks
-    the first five's as it always has); an ``InputError`` naming ``{where} low`` / ``high`` (or ``names``, the
+    """``(low, high)`` as floats, checked against the preprocessor's sliders (every unit's, in
+    ``controlnet.parse_units``); an ``InputError`` naming ``{where} low`` / ``high`` (or ``names``, the
     caller's words for the two) for a value it cannot use, or for a threshold the preprocessor does not read."""
     spec = SPECS[name]
     out: list[float | None] = []
