@@ -43,6 +43,7 @@ from .families import ModelCall
 from .flowparts import flow_size_error, largest_side, sd3_size_error
 from .folder import ModelFolder, without_t5
 from .images import from_nchw, nearest, to_nchw, to_rgb
+from .inpaint import InpaintMixin
 from .parts import Part
 from .prompts import Conditioning, PromptEncoder
 from .settings import Generation, Settings, check_keywords, validate
@@ -61,7 +62,7 @@ _DIFFUSERS_FORM = {
 }
 
 
-class Pipeline(ToolboxMixin, MemoryMixin):
+class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
     """A model folder ready to generate. Build one with :func:`sdrt.pipelines.load`.
 
     ``family`` is the folder's :class:`sdrt.pipelines.families.Family`. The parts are reachable as
@@ -693,7 +694,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
         at its own size (down to a multiple of 8) for the VAE encoder (``_init_latents``); the pixels others read
         (a mask's, an inpainting model's masked image) are the plain resize's. A VAE encoder exported for one
         size cannot take the picture at its own: the latent upscale then runs as Just Resize, and says so."""
-        from .images import JUST_RESIZE, LATENT_UPSCALE, binarize, describe_fit, fit_array, mask_gray, snap
+        from .images import JUST_RESIZE, LATENT_UPSCALE, binarize, describe_fit, fit_array, snap
         from .initupscaler import enlarge
         from .onlymasked import ONLY_MASKED
 
@@ -729,11 +730,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
                 self._init_side = ("width" if s.width is not None else "height", w, h)  # the other: the aspect
                 why = f" and {given} was asked: it runs at {tw}x{th}, in the picture's aspect ratio;"
         mode, note = s.resize_mode, ""
-        gray = mask_gray(s.mask) if s.mask is not None else None
-        if gray is not None and s.mask_blur != (0, 0):  # A1111's mask blur, at the mask's own size
-            from .maskblur import blur
-
-            gray = blur(gray, *s.mask_blur)
+        gray = self._mask_gray(s)
         if gray is not None and s.inpaint_area == ONLY_MASKED:  # the mask's area cut out, run, pasted back
             return self._fit_masked_area(s, picture, gray, tw, th)
         if gray is not None and gray.shape not in ((h, w), (th, tw)):
@@ -772,59 +769,6 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             init = self._masked_start(s, init, fitted, gray)
         s.width, s.height = tw, th
         return init, mask
-
-    def _masked_start(self, s: Settings, init: np.ndarray, fitted: np.ndarray, gray: np.ndarray) -> np.ndarray:
-        """The whole-picture run's init image, as A1111's img2img init makes it: the fitted picture, before any
-        fill, kept for ``mask_overlay`` (sdrt.pipelines.onlymasked.Overlay), then filled where the fitted grey mask
-        repaints for every ``masked_content`` but "original" (sdrt.pipelines.maskedcontent.fill); the latent
-        upscale's picture at its own size is filled there, with the mask stretched to it."""
-        from .maskedcontent import fill, fills
-        from .onlymasked import Overlay, overlay_alpha
-
-        if s.mask_overlay:
-            self._paste = Overlay(init, overlay_alpha(fitted))
-        if not fills(s.masked_content) or self._dry:
-            return init
-        if getattr(self, "_init_source", None) is not None:
-            self._init_source = fill(self._init_source, gray)
-        return fill(init, fitted)
-
-    def _fit_masked_area(self, s: Settings, picture: np.ndarray, gray: np.ndarray, tw: int,
-                         th: int) -> tuple[np.ndarray, np.ndarray]:
-        """``inpaint_area="only masked"`` (:mod:`sdrt.pipelines.onlymasked`): the init image and mask cut to the
-        mask's area and fitted to the run's ``tw x th``; the job's ``_paste`` puts its images back."""
-        from .images import RESIZE_AND_FILL, binarize
-        from .initupscaler import enlarge
-        from .maskedcontent import fill, fills
-        from .onlymasked import prepare
-
-        h, w = picture.shape[:2]
-        if gray.shape != (h, w):
-            raise InputError(f"the mask is {gray.shape[1]}x{gray.shape[0]}, the init image {w}x{h}: with "
-                             "{@inpaint_area} 'only masked' the mask's area is cut out of the picture", where="mask",
-                             fix="give a mask of the init image's size (white = repaint)")
-        grow = enlarge(s.init_upscaler, RESIZE_AND_FILL, None if self._dry else self._model_upscaler)
-        init, mask, paste = prepare(picture, gray, tw, th, s.inpaint_padding, grow)
-        if fills(s.masked_content) and not self._dry:  # the fitted cut-out filled (A1111's order: crop, fit, fill)
-            init = fill(init, mask)
-        x1, y1, x2, y2 = paste.box
-        line = (f"only masked: the init image's {x2 - x1}x{y2 - y1} area at ({x1}, {y1}) (the mask's box and "
-                f"{s.inpaint_padding} pixels, in the run's aspect ratio) runs at {tw}x{th}, and is pasted back "
-                f"into the {w}x{h} picture")
-        if self._dry:
-            self._init_fit = line
-        else:
-            log.info("%s", line)
-        self._paste = paste
-        s.width, s.height = tw, th
-        return init, binarize(mask)
-
-    def _pasted(self, images: list[np.ndarray], paste: Any = None) -> list[np.ndarray]:
-        """A run's images put back into its init image (``inpaint_area="only masked"``), else as they are."""
-        paste = paste if paste is not None else getattr(self, "_paste", None)
-        if paste is None or self._dry:
-            return images
-        return [paste(image) for image in images]
 
     def fit_init_image(self, picture: Any, width: int, height: int, resize_mode: Any = None,
                        init_upscaler: Any = None) -> np.ndarray:
@@ -1364,17 +1308,7 @@ class Pipeline(ToolboxMixin, MemoryMixin):
             if s.init_upscaler is not None:
                 info["Init upscaler"] = s.init_upscaler[0]  # sdrt's: A1111 writes none for upscaler_for_img2img
         if s.mask is not None:
-            from .maskblur import infotext as blur_infotext
-
-            info.update(blur_infotext(*s.mask_blur))  # A1111's "Mask blur: 4"
-        if s.mask is not None and s.masked_content != "original":
-            info["Masked content"] = s.masked_content  # A1111's field and values (it writes none for "original")
-        if s.mask is not None and s.mask_overlay and s.inpaint_area != "only masked":
-            info["Mask overlay"] = True  # sdrt's: A1111 writes none (it always composites)
-        if s.mask is not None and s.inpaint_area == "only masked":
-            from .onlymasked import infotext as masked_area
-
-            info.update(masked_area(s.inpaint_padding))
+            info.update(self._mask_infotext(s))  # in A1111's place: after the init image's, before CFG Rescale
         if s.guidance_rescale:
             info["CFG Rescale"] = _num(s.guidance_rescale)  # Forge's name (A1111's extension wrote "CFG Rescale phi")
         if s.clip_skip > 1:
