@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from ..pipelines.images import JUST_RESIZE, LATENT_UPSCALE, RESIZE_MODES
-from ..pipelines.maskedcontent import A1111_FILL
 from . import b64images, controlnet, extras, kontext, modules
 from .config import Limits
 from .errors import ApiError, from_pipeline
 from .fields import get_bool, get_dict, get_float, get_int, get_list, get_str
+from .inpaint import blur_of, blurred, denoising_strength, fit, masked_content, only_masked, read_mask
 from .jobs import Work
 from .registry import ModelEntry, Registry
 
@@ -210,7 +210,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         if body.get("mask") not in (None, ""):  # A1111's "Mask blur: 4", whoever blurred (the pipeline or _img2img)
             from ..pipelines.maskblur import infotext as blur_infotext
 
-            extra_infotext.update(blur_infotext(*_blur_of(body)))
+            extra_infotext.update(blur_infotext(*blur_of(body)))
         # A1111's img2img steps (sdrt.pipelines.strength): t_enc + 1 steps of the schedule, or with its
         # img2img_fix_steps option a schedule stretched so that exactly the steps run
         kwargs["strength_rule"] = "a1111-fix-steps" if option_bool(overrides, options, "img2img_fix_steps") \
@@ -430,11 +430,11 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
     gray = blank = None
     blur = (0, 0)
     if mask is not None and mask != "":
-        gray = _mask(body, mask, max_pixels, not_honoured)
-        blur = _blur_of(body)
+        gray = read_mask(body, mask, max_pixels, not_honoured)
+        blur = blur_of(body)
         if get_bool(body, "inpaint_full_res", False):
-            if _blurred(gray, blur).any():  # A1111 looks for the box in the blurred mask
-                return _only_masked(body, kwargs, img, picture, gray, blur, upscaler)
+            if blurred(gray, blur).any():  # A1111 looks for the box in the blurred mask
+                return only_masked(body, kwargs, img, picture, gray, blur, upscaler)
             # A1111: 'Unable to perform "Inpaint Only mask" because mask is blank, switch to img2img mode': the
             # whole picture repainted, no fill, no overlay; here an all-white mask (an inpainting UNet's
             # conditioning is then A1111's for no mask: the mask all ones, the masked picture all zeros)
@@ -445,12 +445,12 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
     latent = mode == LATENT_UPSCALE
     # an upscaler runs a model on the worker's device: the pipeline fits the picture then (the same fit_image)
     fitted_later = latent or upscaler is not None
-    kwargs["init_image"] = picture if fitted_later else _fit(picture, width, height, mode, "init_images[0]")
+    kwargs["init_image"] = picture if fitted_later else fit(picture, width, height, mode, "init_images[0]")
     if fitted_later:
         kwargs["resize_mode"] = mode
     if upscaler is not None and not latent:
         kwargs["init_upscaler"] = upscaler
-    kwargs["strength"] = get_float(body, "denoising_strength", 0.75, 0.0, 1.0, low_open=True)
+    kwargs["strength"] = denoising_strength(body)
     if gray is not None:
         # A1111 blurs the mask at its own size (mask_blur_x, mask_blur_y), then fits it with the init images'
         # resize_mode (processing.py: images.resize_image(self.resize_mode, image_mask, ...)): the pipeline's
@@ -462,78 +462,14 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
             if blur != (0, 0):
                 kwargs["mask_blur"] = blur
         else:
-            kwargs["mask"] = _fit(_blurred(gray, blur), width, height, JUST_RESIZE if latent else mode, "mask")
-        fill = 1 if blank is not None else get_int(body, "inpainting_fill", 1, 0, 3)
+            kwargs["mask"] = fit(blurred(gray, blur), width, height, JUST_RESIZE if latent else mode, "mask")
         # A1111's img2img init fills the fitted picture (masking.fill) for every fill but 1 (original); 2 (latent
         # noise) and 3 (latent nothing) then change the VAE-encoded latent where the mask repaints: the pipeline's
         # masked_content (sdrt.pipelines.maskedcontent), which fits (through the upscaler), then fills, as A1111
-        if fill != 1:
-            kwargs["masked_content"] = A1111_FILL[fill]
-        if blank is None:  # A1111 pastes the fitted picture back where the mask keeps it (apply_overlay)
-            kwargs["mask_overlay"] = True
+        if blank is None:  # a blank mask's whole-picture run reads no inpainting_fill (1, original)
+            masked_content(body, kwargs)
+            kwargs["mask_overlay"] = True  # A1111 pastes the fitted picture back where the mask keeps it (apply_overlay)
     return img
-
-
-def _blur_of(body: dict[str, Any]) -> tuple[int, int]:
-    """A1111's mask blur: ``mask_blur`` sets both directions, else ``mask_blur_x`` and ``mask_blur_y`` (4 each)."""
-    blur = get_int(body, "mask_blur", None, 0, 64)
-    if blur is not None:
-        return blur, blur
-    return get_int(body, "mask_blur_x", 4, 0, 64), get_int(body, "mask_blur_y", 4, 0, 64)
-
-
-def _blurred(gray: Any, blur: tuple[int, int]) -> Any:
-    """``gray`` blurred as A1111 blurs a mask (sdrt.pipelines.maskblur, the pipeline's mask_blur)."""
-    from ..pipelines.maskblur import blur as mask_blur
-
-    return mask_blur(gray, *blur)
-
-
-def _mask(body: dict[str, Any], mask: Any, max_pixels: int, not_honoured: list[str]) -> Any:
-    """The request's mask, HxW uint8 at its own size, as A1111's create_binary_mask reads it (an alpha mask rounded
-    unless mask_round is false), then inverted (inpainting_mask_invert); not yet blurred."""
-    m = b64images.decode(mask, "mask", max_pixels)
-    invert = get_int(body, "inpainting_mask_invert", 0, 0, 1) == 1
-    round_alpha = get_bool(body, "mask_round", True)
-    if not round_alpha:
-        not_honoured.append("mask_round: false keeps an alpha mask's levels, but the run's latent mask is still "
-                            "rounded (sdrt's pipeline binarizes it)")
-    return b64images.mask_array(m, invert, round_alpha)
-
-
-def _only_masked(body: dict[str, Any], kwargs: dict[str, Any], img: Any, picture: Any, gray: Any,
-                 blur: tuple[int, int], upscaler: str | None) -> Any:
-    """A1111's "Inpaint area: Only masked" (``inpaint_full_res``, ``inpaint_full_res_padding``): the pipeline's
-    ``inpaint_area="only masked"`` (sdrt.pipelines.onlymasked) on the picture at its own size and the mask, blurred
-    by the pipeline's ``mask_blur`` (a mask of another size is blurred here and stretched to the picture's): the
-    blurred mask's box cut out, fitted with Resize and Fill (resize_mode does not apply, as in A1111), run at
-    width x height and pasted back with the blurred mask. inpainting_fill 0, 2 and 3 are the pipeline's
-    masked_content, which fills the fitted cut-out, as A1111 fills it."""
-    kwargs["strength"] = get_float(body, "denoising_strength", 0.75, 0.0, 1.0, low_open=True)
-    padding = get_int(body, "inpaint_full_res_padding", 32, 0, 4096)
-    if gray.shape != picture.shape[:2]:
-        gray, blur = _fit(_blurred(gray, blur), picture.shape[1], picture.shape[0], JUST_RESIZE, "mask"), (0, 0)
-    kwargs["init_image"], kwargs["mask"] = picture, gray
-    if blur != (0, 0):
-        kwargs["mask_blur"] = blur
-    if upscaler is not None:  # the pipeline enlarges the cut-out with it (A1111's resize_image(2, ...) does)
-        kwargs["init_upscaler"] = upscaler
-    fill = get_int(body, "inpainting_fill", 1, 0, 3)
-    kwargs["inpaint_area"], kwargs["inpaint_padding"] = "only masked", padding
-    if fill != 1:
-        kwargs["masked_content"] = A1111_FILL[fill]
-    return img
-
-
-def _fit(image: Any, width: int, height: int, mode: str, field: str) -> Any:
-    """``sdrt.pipelines.images.fit_array``, its refusal (a sliver cropped and resized) a 400 naming ``field``."""
-    from ..errors import SdrtError
-    from ..pipelines.images import fit_array
-
-    try:
-        return fit_array(image, width, height, mode, "init image" if field != "mask" else "mask", field)
-    except SdrtError as exc:
-        raise from_pipeline(exc) from None
 
 
 __all__ = ["Request", "parse"]
