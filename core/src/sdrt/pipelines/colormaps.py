@@ -18,7 +18,7 @@ import functools
 
 import numpy as np
 
-from .controlmaps import ControlImageError, checked_rgb
+from .controlmaps import ControlImageError, checked_rgb, finite_number
 from .cvresize import resample
 
 __all__ = ["color_grid", "recolor_intensity", "recolor_luminance"]
@@ -55,8 +55,7 @@ MAX_GAMMA = 256
 
 
 def _gamma(value: float, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(value) or not 0 <= value <= MAX_GAMMA:
+    if not finite_number(value) or not 0 <= value <= MAX_GAMMA:
         raise ControlImageError(f"gamma {value!r} is not a number from 0 to {MAX_GAMMA}", where=where,
                                 fix="pass a gamma correction such as 1.0 (the extension's slider: 0.1 to 2)")
     return float(value)

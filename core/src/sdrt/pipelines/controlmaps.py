@@ -21,6 +21,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import InputError
@@ -47,6 +49,25 @@ _TG22 = int(0.4142135623730950488016887242097 * (1 << 15) + 0.5)
 
 class ControlImageError(InputError):
     """A control image or preprocessor argument that cannot be used."""
+
+
+def finite_number(value: object) -> bool:
+    """Whether ``value`` is a finite real number (a Python or numpy int or float, not a bool): the check every
+    preprocessor and ControlNet argument makes before its own range (a number too large for a float is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def checked_number(value: float, what: str, where: str, fix: str) -> float:
+    """``value`` as a float; a :class:`ControlImageError` "``what`` ``value`` is not a number" for a value that is no
+    finite number (:func:`finite_number`)."""
+    if not finite_number(value):
+        raise ControlImageError(f"{what} {value!r} is not a number", where=where, fix=fix)
+    return float(value)
 
 
 def _image(image: np.ndarray, where: str) -> np.ndarray:

@@ -41,7 +41,6 @@ builds the per-call hook the family's denoiser runs before each UNet call (``Mod
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError, ModelError
+from .controlmaps import finite_number
 from .preprocessors import AT_RESOLUTION, NAMES, check_thresholds, threshold_fields
 from .preprocessors import preprocess as _preprocess
 
@@ -158,8 +158,7 @@ def control_mode(value: Any, where: str) -> str:
 
 
 def _num(value: Any, name: str, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(float(value)) or not low <= float(value) <= high:
+    if not finite_number(value) or not low <= float(value) <= high:
         raise InputError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}", where=name,
                          fix=f"pass {name} between {low:g} and {high:g}")
     return float(value)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .controlmaps import ControlImageError, checked_rgb
+from .controlmaps import checked_number, checked_rgb
 from .gaussian import gaussian_blur
 
 __all__ = ["lineart_standard", "scribble_xdog"]
@@ -40,10 +40,7 @@ def scribble_xdog(image: np.ndarray, threshold: float = 32) -> np.ndarray:
     """The extension's XDoG scribble: 255 where the difference of Gaussians passes ``threshold``; ``(H, W, 3)``."""
     where = "sdrt.pipelines.linemaps.scribble_xdog"
     a = checked_rgb(image, where)
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(threshold):
-        raise ControlImageError(f"XDoG threshold {threshold!r} is not a number", where=where,
-                                fix="pass a threshold such as 32 (the extension's slider: 1 to 64)")
+    checked_number(threshold, "XDoG threshold", where, "pass a threshold such as 32 (the extension's slider: 1 to 64)")
     x = a.astype(np.float32)
     dog = (255 - np.min(gaussian_blur(x, 5.0) - gaussian_blur(x, 0.5), axis=2)).clip(0, 255).astype(np.uint8)
     out = np.zeros_like(a)

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import InputError
 from .colormaps import MAX_GAMMA
+from .controlmaps import finite_number
 
 __all__ = ["NAMES", "SPECS", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
@@ -98,8 +99,7 @@ def check_thresholds(name: str, low: Any, high: Any, where: str,
             what = names[k] if names else f"{arg} threshold"
             raise InputError(f"{field}: the {name} preprocessor reads no {what}", where=field,
                              fix=f"leave {names[k] if names else arg} out for {name}")
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(float(value)):
+        if not finite_number(value):
             raise InputError(f"{field}, {_what(name)}, must be a finite number, got {value!r:.40}", where=field,
                              fix=_fix(names[k] + " " if names else arg + "=", slider))
         v = float(value)

@@ -12,25 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .controlmaps import ControlImageError, checked_rgb
+from .controlmaps import ControlImageError, checked_number, checked_rgb
 from .cvresize import resample
 from .gaussian import gaussian_blur
 
 __all__ = ["blur_gaussian", "tile_resample"]
 
 
-def _number(value: float, what: str, where: str, fix: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(value):
-        raise ControlImageError(f"{what} {value!r} is not a number", where=where, fix=fix)
-    return float(value)
-
-
 def tile_resample(image: np.ndarray, rate: float = 1.0) -> np.ndarray:
     """The extension's ``tile_resample``: ``(int(H / rate), int(W / rate), 3)`` by area averaging; as is below 1.1."""
     where = "sdrt.pipelines.tilemaps.tile_resample"
     a = checked_rgb(image, where)
-    r = _number(rate, "down sampling rate", where, "pass a rate such as 2 (the extension's slider: 1 to 8)")
+    r = checked_number(rate, "down sampling rate", where, "pass a rate such as 2 (the extension's slider: 1 to 8)")
     if r < 1.1:
         return a
     h, w = int(a.shape[0] / r), int(a.shape[1] / r)
@@ -44,7 +37,7 @@ def blur_gaussian(image: np.ndarray, sigma: float = 9.0) -> np.ndarray:
     """The extension's ``blur_gaussian``: OpenCV's Gaussian blur of the image with ``sigma``; ``(H, W, 3)``."""
     where = "sdrt.pipelines.tilemaps.blur_gaussian"
     a = checked_rgb(image, where)
-    s = _number(sigma, "sigma", where, "pass a sigma such as 9 (the extension's slider: 0.01 to 64)")
+    s = checked_number(sigma, "sigma", where, "pass a sigma such as 9 (the extension's slider: 0.01 to 64)")
     if not 0 < s <= 256:
         raise ControlImageError(f"sigma {s:g} is outside (0, 256]", where=where,
                                 fix="pass a sigma such as 9 (the extension's slider: 0.01 to 64)")
