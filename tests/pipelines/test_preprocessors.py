@@ -258,3 +258,20 @@ def test_the_cli_offers_every_preprocessor_by_the_extensions_name(tmp_path, caps
         assert rc == 1 and err.startswith(words) and err.count("\n") == 1, err
     rc = main(["generate", "a cat", "--steps", "1", "--backend", "nosuch", "--control-threshold-a", "2"])
     assert rc == 1 and "--control-threshold-a needs a --control-image" in capsys.readouterr().err
+
+
+def test_one_finite_number_check_serves_every_preprocessor_and_unit_argument() -> None:
+    """controlmaps.finite_number: ints and floats (Python's, numpy's) that are finite; not bools, strings, NaN,
+    infinities, or an int too large for a float (that was an OverflowError/TypeError, not the caller's error)."""
+    from sdrt.pipelines.controlmaps import finite_number
+    from sdrt.pipelines.controlnet import _num
+
+    for good in (0, 2.5, -3, np.int8(4), np.float32(1.5), np.uint64(2 ** 63)):
+        assert finite_number(good), good
+    for bad in (True, "1", None, float("nan"), float("-inf"), np.float64("inf"), 10 ** 400, [1]):
+        assert not finite_number(bad), bad
+    with pytest.raises(InputError, match=r"^scale must be a number from 0 to 2, got 1000"):
+        _num(10 ** 400, "scale", 0, 2)
+    image = np.zeros((8, 8, 3), np.uint8)
+    with pytest.raises(ControlImageError, match=r"^XDoG threshold 10000\d+ is not a number"):
+        linemaps.scribble_xdog(image, 10 ** 400)
