@@ -1,0 +1,68 @@
+"""Leftovers of the fresh-eyes passes over the CLI and the API (each test failed before its fix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from sdrt.cli import main
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+TINY = DATA / "pipelines" / "tiny-sd15"
+
+
+def _diffusers_unet(path: Path, lcm: bool = False) -> Path:
+    """A UNet file in diffusers' names (SDXL-Lightning's ``sdxl_lightning_4step_unet.safetensors`` layout); ``lcm``:
+    with LCM's guidance embedding (``time_embedding.cond_proj``), as LCM_Dreamshaper_v7's unet is."""
+    t = {"conv_in.weight": np.zeros((16, 4, 3, 3), np.float32), "conv_in.bias": np.zeros(16, np.float32),
+         "time_embedding.linear_1.weight": np.zeros((64, 16), np.float32),
+         "down_blocks.0.resnets.0.conv1.weight": np.zeros((16, 16, 3, 3), np.float32),
+         "conv_out.weight": np.zeros((4, 16, 3, 3), np.float32)}
+    if lcm:
+        t["time_embedding.cond_proj.weight"] = np.zeros((64, 256), np.float32)
+    save_file(t, str(path))
+    return path
+
+
+def _error(capsys) -> str:
+    """The one error line of a failed command (after the "backend ..." line a loaded model prints)."""
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("backend ")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+# -- --weights with a UNet in diffusers' names: "no model weights in the LDM layout", and nothing to do ---------
+def test_weights_given_a_diffusers_unet_says_to_run_the_file_itself(tmp_path, capsys, registry):
+    unet = _diffusers_unet(tmp_path / "unet.safetensors")
+    args = ["generate", str(TINY), "a fox", "--weights", str(unet), "--steps", "1", "--backend", "reference",
+            "-o", str(tmp_path / "o.png")]
+    assert main(args) == 1
+    err = _error(capsys)
+    assert "diffusers' own tensor names" in err
+    assert "run the file itself as the MODEL" in err and "--text-encoder" in err and "--vae" in err
+    assert "text_encoders=" not in err
+
+
+def test_load_weights_given_a_diffusers_unet_speaks_the_api(tmp_path, registry):
+    from sdrt import pipelines
+    from sdrt.errors import WeightsError
+
+    pipe = pipelines.load(TINY, backend="reference")
+    try:
+        with pytest.raises(WeightsError, match=r"run the file itself as the model, .*text_encoders=.*vae="):
+            pipe.load_weights(_diffusers_unet(tmp_path / "unet.safetensors"))
+    finally:
+        pipe.close()
+
+
+# -- an LCM UNet (time_embedding.cond_proj): refused as "does not fit" or "needs a text encoder", not as LCM ------
+@pytest.mark.parametrize("as_weights", [False, True])
+def test_an_lcm_unet_is_named_as_one(tmp_path, capsys, registry, as_weights):
+    lcm = _diffusers_unet(tmp_path / "lcm_unet.safetensors", lcm=True)
+    model = [str(TINY), "a fox", "--weights", str(lcm)] if as_weights else [str(lcm), "a fox"]
+    assert main(["generate", *model, "--steps", "1", "--backend", "reference", "-o", str(tmp_path / "o.png")]) == 1
+    err = _error(capsys)
+    assert "LCM-distilled UNet" in err and "no graph" in err and "LCM-LoRA" in err
