@@ -66,3 +66,28 @@ def test_an_lcm_unet_is_named_as_one(tmp_path, capsys, registry, as_weights):
     assert main(["generate", *model, "--steps", "1", "--backend", "reference", "-o", str(tmp_path / "o.png")]) == 1
     err = _error(capsys)
     assert "LCM-distilled UNet" in err and "no graph" in err and "LCM-LoRA" in err
+
+
+# -- a picture given as a model: plan said "init_image" (the API's word), --vae / --weights "a model folder" -------
+def test_a_picture_given_as_a_model_is_told_in_the_commands_words(tmp_path, capsys, registry):
+    from sdrt.pipelines.png import write_png
+
+    pic = tmp_path / "fox.png"
+    write_png(pic, np.zeros((8, 8, 3), np.uint8))
+    assert main(["plan", str(pic)]) == 1
+    err = _error(capsys)
+    assert "`sdrt generate --init-image`" in err and "init_image" not in err
+    for flag in ("--vae", "--weights"):
+        assert main(["generate", str(TINY), "a fox", flag, str(pic), "--backend", "reference"]) == 1
+        err = _error(capsys)
+        assert err.startswith(f"error: {flag}: ") and "--init-image" in err and "folder" not in err
+
+
+# -- sdrt plan --json --list-devices printed the table -------------------------------------------------------------
+def test_plan_list_devices_speaks_json(capsys):
+    import json
+
+    assert main(["plan", "--json", "--list-devices"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed[0]["kind"] == "cpu" and len(listed) > 5
+    assert all({"name", "memory_bytes", "peak_flops"} <= set(d) for d in listed)

@@ -47,12 +47,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+#: the API's words in errors that are not plan's flags: a picture given as MODEL is generate's input
+API_NAMES = {"init_image": "`sdrt generate --init-image`"}
+
+
 def run(args: argparse.Namespace) -> int:
     from ..cost import devices
     from ..cost.planner import make_plan, parse_memory
     from ..errors import SdrtError
 
     if args.list_devices:
+        if args.json:
+            print(json.dumps([d.to_dict() for d in (devices.this_cpu(), *devices.library())], indent=1))
+            return 0
         for d in (devices.this_cpu(), *devices.library()):
             print(f"{d.name:<36} {d.kind:<5} {d.memory_bytes / 2**30:6.0f} GiB  {d.bandwidth_bytes_per_s / 1e9:6.0f} GB/s  "
                   + "  ".join(f"{k} {v / 1e12:.1f}T" for k, v in d.peak_flops.items()))
