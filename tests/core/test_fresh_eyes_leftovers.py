@@ -91,3 +91,26 @@ def test_plan_list_devices_speaks_json(capsys):
     listed = json.loads(capsys.readouterr().out)
     assert listed[0]["kind"] == "cpu" and len(listed) > 5
     assert all({"name", "memory_bytes", "peak_flops"} <= set(d) for d in listed)
+
+
+# -- --preview-size's errors named TaesdPreview (an API class) and "None, or full on the command line" ---------------
+@pytest.mark.parametrize("size", ["abc", "300"])
+def test_preview_size_errors_speak_the_command_line(tmp_path, capsys, size):
+    args = ["generate", "a red circle", "--preview-dir", str(tmp_path), "--preview-size", size, "--steps", "1",
+            "-o", str(tmp_path / "o.png")]
+    assert main(args) == 1
+    err = _error(capsys)
+    assert "--preview-size" in err and "TaesdPreview" not in err and "preview_size" not in err
+    assert "on the command line" not in err
+
+
+def test_preview_size_none_on_the_command_line_is_full_size(tmp_path, capsys, registry):
+    """The error's fix writes "--preview-size None": the command line takes it, as it takes "full"."""
+    pil = pytest.importorskip("PIL.Image")
+    decoder = DATA / "preview" / "tiny-taesd" / "vae_decoder" / "model.onnx"
+    args = ["generate", str(TINY), "a cat", "--steps", "1", "--width", "64", "--height", "64", "--backend",
+            "reference", "-o", str(tmp_path / "out.png"), "--preview-dir", str(tmp_path), "--preview-decoder",
+            str(decoder), "--preview-size", "None"]
+    assert main(args) == 0, capsys.readouterr().err
+    with pil.open(tmp_path / "preview-1-001.png") as img:
+        assert img.size == (64, 64)

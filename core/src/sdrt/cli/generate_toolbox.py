@@ -91,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode previews with this TAESD/TAESDXL/TAEF1 decoder (default: the linear projection)")
     v.add_argument("--preview-size", default=None, metavar="PX|full",
                    help="the longer side of a decoded preview at most (default 256: the latent is shrunk before "
-                        "the decode, a quarter of a 512x512 decode's cost), or full")
+                        "the decode, a quarter of a 512x512 decode's cost), or full (or None) for the decoder's full size")
 
 
 def _per_unit(values: list[Any], n: int, flag: str) -> list[Any]:
@@ -193,7 +193,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         opts["preview"] = args.preview_decoder
     if args.preview_size is not None:
         text = str(args.preview_size).strip().lower()
-        opts["preview_size"] = None if text == "full" else int(text) if text.lstrip("-").isdigit() else text
+        opts["preview_size"] = None if text in ("full", "none") else int(text) if text.lstrip("-").isdigit() else text
     if args.preview_every is not None:
         every = args.preview_every
         if not str(every).strip().isdigit() or int(every) < 1:
