@@ -114,3 +114,25 @@ def test_preview_size_none_on_the_command_line_is_full_size(tmp_path, capsys, re
     assert main(args) == 0, capsys.readouterr().err
     with pil.open(tmp_path / "preview-1-001.png") as img:
         assert img.size == (64, 64)
+
+
+# -- a <lora:...> tag in the negative prompt: the errors said "Where: prompt" ---------------------------------------
+def test_a_lora_tag_in_the_negative_prompt_is_named_there(tmp_path, registry):
+    from sdrt import pipelines
+    from sdrt.errors import WeightsError
+
+    pipe = pipelines.load(TINY, backend="reference")
+    try:
+        with pytest.raises(WeightsError, match="the negative prompt asks for <lora:ink:...>") as info:
+            pipe.generate("a fox", negative_prompt="blurry <lora:ink:1>", steps=1)
+        assert info.value.where == "negative_prompt" and "Where: negative_prompt." in str(info.value)
+        assert "Where: --negative." in info.value.render({"negative_prompt": "--negative"})
+        pipe.weights.lora_dir = tmp_path
+        with pytest.raises(WeightsError, match="no LoRA named 'ink'") as info:
+            pipe.generate("a fox", negative_prompt="blurry <lora:ink:1>", steps=1)
+        assert info.value.where == "<lora:ink:...> in the negative prompt"
+        with pytest.raises(WeightsError, match="no LoRA named 'ink'") as info:
+            pipe.generate("a fox <lora:ink:1>", steps=1)
+        assert info.value.where == "<lora:ink:...> in the prompt"
+    finally:
+        pipe.close()
