@@ -136,3 +136,14 @@ def test_a_lora_tag_in_the_negative_prompt_is_named_there(tmp_path, registry):
         assert info.value.where == "<lora:ink:...> in the prompt"
     finally:
         pipe.close()
+
+
+# -- --weights of another family: "has no VAE weights" warnings came before the refusal ---------------------------
+def test_a_checkpoint_of_another_family_is_refused_quietly(tmp_path, capsys, caplog, registry):
+    sdxl = DATA / "ckpt" / "sdxl" / "ldm.safetensors"  # its VAE is not in the file
+    args = ["generate", str(TINY), "a fox", "--weights", str(sdxl), "--steps", "1", "--backend", "reference",
+            "-o", str(tmp_path / "o.png")]
+    assert main(args) == 1
+    err = _error(capsys)
+    assert "does not fit this model" in err and "SDXL" in err
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.records

@@ -141,12 +141,13 @@ class Checkpoint:
         does not fit (nothing has been read or changed then)."""
         out: dict[str, dict[str, Planned]] = {}
         problems: list[str] = []
+        kept: list[str] = []  # parts without the file's VAE: said once the file is known to fit, not before a refusal
         for part, graph in parts.items():
             comp_name, prefixes = PARTS.get(part, (part, ()))
             comp = self.components.get(comp_name)
             if comp is None:
                 if comp_name == "vae":
-                    log.warning("%s has no VAE weights; %s keeps its own", self.path.name, part)
+                    kept.append(part)
                     continue
                 problems.append(f"{part}: the checkpoint has no {comp_name} weights")
                 continue
@@ -182,6 +183,8 @@ class Checkpoint:
                 + "; ".join(shown) + more,
                 where=str(self.path),
                 fix="use a checkpoint of the same architecture as the ONNX export (or export that architecture)")
+        for part in kept:
+            log.warning("%s has no VAE weights; %s keeps its own", self.path.name, part)
         return out
 
     def lazy(self, parts: Mapping[str, Graph]) -> dict[str, dict[str, TensorRef]]:
