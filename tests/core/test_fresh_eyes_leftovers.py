@@ -147,3 +147,20 @@ def test_a_checkpoint_of_another_family_is_refused_quietly(tmp_path, capsys, cap
     err = _error(capsys)
     assert "does not fit this model" in err and "SDXL" in err
     assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.records
+
+
+# -- a bad $SDRT_CACHE_MAX_SIZE was refused at the first compile, after the model had loaded ---------------------
+def test_a_bad_cache_size_is_refused_before_the_model_loads(monkeypatch, registry):
+    """On a backend with a compile cache (OpenVINO's); ``cache=False`` keeps no cache, so no cap is read."""
+    pytest.importorskip("openvino")
+    import sdrt_openvino
+
+    registry.register_plugin(sdrt_openvino, "openvino", distribution="sdrt-openvino", version="0.1.0")
+    from sdrt import pipelines
+    from sdrt.errors import SdrtError
+
+    monkeypatch.setenv("SDRT_CACHE_MAX_SIZE", "lots")
+    with pytest.raises(SdrtError, match="cache size 'lots' is not a size") as info:
+        pipelines.load(pipelines.DEMO_MODEL, backend="openvino")
+    assert info.value.where == "SDRT_CACHE_MAX_SIZE"
+    pipelines.load(pipelines.DEMO_MODEL, backend="openvino", cache=False).close()
