@@ -164,3 +164,19 @@ def test_a_bad_cache_size_is_refused_before_the_model_loads(monkeypatch, registr
         pipelines.load(pipelines.DEMO_MODEL, backend="openvino")
     assert info.value.where == "SDRT_CACHE_MAX_SIZE"
     pipelines.load(pipelines.DEMO_MODEL, backend="openvino", cache=False).close()
+
+
+# -- a newline in an output path broke the one-line messages (printed raw) ----------------------------------------
+def test_control_characters_in_an_output_path_are_printed_escaped(tmp_path, capsys, registry):
+    from sdrt.errors import printable
+
+    assert printable("a\nb\tc\x1bd é") == "a\\nb\\tc\\x1bd é"
+    odd = tmp_path / "a\nb.png"
+    args = ["generate", str(TINY), "a fox", "--steps", "1", "--width", "64", "--height", "64", "--backend",
+            "reference", "-o"]
+    assert main([*args, str(odd)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "a\\nb.png" in out and odd.is_file()
+    assert main([*args, str(tmp_path / "no\x1bdir" / "x.png")]) == 1
+    err = _error(capsys)
+    assert "no\\x1bdir" in err and "\x1b" not in err
