@@ -76,7 +76,7 @@ def test_a_picture_given_as_a_model_is_told_in_the_commands_words(tmp_path, caps
     write_png(pic, np.zeros((8, 8, 3), np.uint8))
     assert main(["plan", str(pic)]) == 1
     err = _error(capsys)
-    assert "`sdrt generate --init-image`" in err and "init_image" not in err
+    assert "sdrt generate's --init-image" in err and "init_image" not in err
     for flag in ("--vae", "--weights"):
         assert main(["generate", str(TINY), "a fox", flag, str(pic), "--backend", "reference"]) == 1
         err = _error(capsys)

@@ -10,7 +10,8 @@ from typing import Any
 #: make_plan's argument names -> this command's flags
 API_NAMES = {"backends": "--backend", "precisions": "--precision",
              # files a plan does not take (a single file's missing parts): the run takes them
-             "text_encoders": "sdrt generate's --text-encoder", "vae": "sdrt generate's --vae"}
+             "text_encoders": "sdrt generate's --text-encoder", "vae": "sdrt generate's --vae",
+             "init_image": "sdrt generate's --init-image"}  # a picture given as MODEL: generate's input
 
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
@@ -45,10 +46,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--list-devices", action="store_true", help="list the device library and exit")
     return p
-
-
-#: the API's words in errors that are not plan's flags: a picture given as MODEL is generate's input
-API_NAMES = {"init_image": "`sdrt generate --init-image`"}
 
 
 def run(args: argparse.Namespace) -> int:
