@@ -180,3 +180,29 @@ def test_control_characters_in_an_output_path_are_printed_escaped(tmp_path, caps
     assert main([*args, str(tmp_path / "no\x1bdir" / "x.png")]) == 1
     err = _error(capsys)
     assert "no\\x1bdir" in err and "\x1b" not in err
+
+
+# -- tile_resample with a rate the picture cannot take: the error named the control image, not its threshold A ------
+def test_a_tile_rate_too_large_names_the_threshold(tmp_path, capsys, registry):
+    from sdrt import pipelines
+    from sdrt.pipelines.controlmaps import ControlImageError
+    from sdrt.pipelines.controlnet import ControlNet
+    from sdrt.pipelines.png import write_png
+
+    folder = DATA / "pipelines" / "tiny-sd15-controlnet"
+    small = tmp_path / "small.png"
+    write_png(small, np.zeros((16, 16, 3), np.uint8))
+    args = ["generate", str(folder), "a fox", "--control-image", str(small), "--control-preprocessor",
+            "tile_resample", "--control-threshold-a", "500", "--steps", "1", "--backend", "reference",
+            "-o", str(tmp_path / "o.png")]
+    assert main(args) == 1
+    err = _error(capsys)
+    assert "down sampling rate of 500" in err and "Where: --control-threshold-a." in err, err
+    pipe = pipelines.load(folder, backend="reference")
+    try:
+        unit = ControlNet("controlnet", np.zeros((16, 16, 3), np.uint8), preprocessor="tile_resample", low=500)
+        with pytest.raises(ControlImageError, match="down sampling rate") as info:
+            pipe.generate("a fox", steps=1, width=64, height=64, controlnets=[unit])
+        assert info.value.where == "controlnets[0] low"
+    finally:
+        pipe.close()

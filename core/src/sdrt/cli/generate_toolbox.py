@@ -126,7 +126,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         # the pipeline names each unit controlnets[k]: errors say the flag, and which one when there are several
         flag = "--controlnet" if nets else "--control-image"
         args._names = {**getattr(args, "_names", {}), **{
-            f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)}}
+            f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)}, **{
+            f"controlnets[{k}] {arg}": name if n == 1 else f"the {_ordinal(k + 1)} {name}" for k in range(n)
+            for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"))}}
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         for path in images:
             if Path(path).is_dir():
