@@ -206,3 +206,11 @@ def test_a_tile_rate_too_large_names_the_threshold(tmp_path, capsys, registry):
         assert info.value.where == "controlnets[0] low"
     finally:
         pipe.close()
+
+
+# -- --preview-every past the step count: A1111 shows the last step's preview; so does sdrt ------------------------
+def test_preview_every_past_the_steps_writes_the_last_steps(tmp_path, capsys, registry):
+    args = ["generate", str(TINY), "a fox", "--steps", "3", "--width", "64", "--height", "64", "--backend",
+            "reference", "-o", str(tmp_path / "o.png"), "--preview-dir", str(tmp_path), "--preview-every", "10"]
+    assert main(args) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.glob("preview-*.png")) == ["preview-1-003.png"]
