@@ -36,6 +36,16 @@ from typing import Any
 _ARG = re.compile(r"\{@([A-Za-z_][A-Za-z0-9_]*)(=?)\}(?:(True|False)(?![A-Za-z0-9_]))?")
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: object) -> str:
+    """``text`` (a path, a message) with its control characters escaped as ``repr`` writes them (``\\n``, ``\\t``,
+    ``\\x1b``): a newline in a file name must not break a one-line message, nor an escape sequence reach the
+    terminal."""
+    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), str(text))
+
+
 def _render(text: str, names: Mapping[str, str] | None) -> str:
     def one(m: re.Match[str]) -> str:
         name, eq, flag = m.group(1), m.group(2), m.group(3)
@@ -228,6 +238,7 @@ __all__ = [
     "Interrupted",
     "ModelError",
     "ModelNotFoundError",
+    "printable",
     "NoDeviceError",
     "PluginError",
     "PluginVersionError",

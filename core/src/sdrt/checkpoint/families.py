@@ -11,6 +11,12 @@ from . import foreign
 Shapes = Mapping[str, tuple[int, ...]]
 
 
+#: an LCM-distilled UNet in diffusers' names (SimianLuo's LCM_Dreamshaper_v7, latent-consistency/lcm-sdxl): its
+#: guidance scale goes in through ``time_embedding.cond_proj``, an input the shipped graphs do not have
+LCM_UNET = ("an LCM-distilled UNet (its time_embedding.cond_proj takes the guidance scale), which sdrt has no graph "
+            "for; an LCM-LoRA (lcm-lora-sdv1-5, lcm-lora-sdxl) on its base model runs instead, with the LCM sampler")
+
+
 def detect(shapes: Shapes) -> str:
     """A family name for a checkpoint given ``{key: shape}``: ``"SD 1.x"``, ``"SD 2.x"``,
     ``"SDXL base"``, ``"SDXL refiner"``, ``"SD 3"``, ``"Flux"``, ``"diffusers UNet"``, ... or
@@ -303,6 +309,8 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
         # a UNet / transformer in diffusers' names as one file: a diffusers folder's unet/ or transformer/ file given
         # alone, SDXL-Lightning's sdxl_lightning_4step_unet.safetensors, diffusers-format finetunes (ComfyUI's "Load
         # Diffusion Model" reads them); the shipped graphs' parameters carry these names
+        if "time_embedding.cond_proj.weight" in shapes:  # LCM's guidance embedding: run as its base it is noise
+            return Identity(None, "unknown", LCM_UNET)
         width = (shapes.get("x_embedder.weight") or shapes.get("context_embedder.weight") or (0,))[0]
         want = _RELEASE_WIDTH.get(dfam)
         if want is not None and width != want and family != dfam:

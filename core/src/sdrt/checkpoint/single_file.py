@@ -74,6 +74,16 @@ class Checkpoint:
         shapes = {k: w.ref(k).shape for k in w}
         family = families.detect(shapes)
         conv = ldm.convert(w)
+        if not conv.components and any(k.endswith("time_embedding.cond_proj.weight") for k in shapes):
+            raise WeightsError(f"{p.name} is {families.LCM_UNET}", where=str(p),
+                               fix="use the LCM-LoRA (with {@loras=}) on this model, or an LDM checkpoint")
+        if not conv.components and families.diffusers_denoiser(shapes)[0] is not None:
+            den = "transformer" if any(k.startswith("transformer_blocks.") for k in shapes) else "UNet"
+            raise WeightsError(
+                f"{p.name} is a {den} alone in diffusers' own tensor names (as "
+                "SDXL-Lightning's unet file is), not a checkpoint to bind onto a model folder", where=str(p),
+                fix="run the file itself as the {@model}, with its text encoders ({@text_encoders=}) and VAE "
+                "({@vae=}), or pass a single-file LDM checkpoint (keys model.diffusion_model.*)")
         if not conv.components:
             raise WeightsError(
                 f"no model weights in the LDM layout: this file looks like {family}"
@@ -131,12 +141,13 @@ class Checkpoint:
         does not fit (nothing has been read or changed then)."""
         out: dict[str, dict[str, Planned]] = {}
         problems: list[str] = []
+        kept: list[str] = []  # parts without the file's VAE: said once the file is known to fit, not before a refusal
         for part, graph in parts.items():
             comp_name, prefixes = PARTS.get(part, (part, ()))
             comp = self.components.get(comp_name)
             if comp is None:
                 if comp_name == "vae":
-                    log.warning("%s has no VAE weights; %s keeps its own", self.path.name, part)
+                    kept.append(part)
                     continue
                 problems.append(f"{part}: the checkpoint has no {comp_name} weights")
                 continue
@@ -172,6 +183,8 @@ class Checkpoint:
                 + "; ".join(shown) + more,
                 where=str(self.path),
                 fix="use a checkpoint of the same architecture as the ONNX export (or export that architecture)")
+        for part in kept:
+            log.warning("%s has no VAE weights; %s keeps its own", self.path.name, part)
         return out
 
     def lazy(self, parts: Mapping[str, Graph]) -> dict[str, dict[str, TensorRef]]:

@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
         return code
     except SdrtError as exc:  # in the command's words: flags, not the API's argument names
-        print(f"error: {exc.render(getattr(args, '_names', None))}", file=sys.stderr)
+        from ..errors import printable  # a path's newline or escape sequence: as repr writes it, one line
+
+        print(f"error: {printable(exc.render(getattr(args, '_names', None)))}", file=sys.stderr)
         if isinstance(exc, StdoutError):
             _drop_stdout(stdout)
         return 1

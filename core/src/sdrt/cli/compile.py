@@ -95,5 +95,7 @@ def run(args: argparse.Namespace) -> int:
     path = Path(backend.build(graph, weights, args.target, args.output, **options))
     seconds = time.perf_counter() - start
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
-    print(f"wrote {path}  {size:,} bytes  ({backend.name} {args.target}, {seconds:.1f} s)")
+    from ..errors import printable
+
+    print(printable(f"wrote {path}  {size:,} bytes  ({backend.name} {args.target}, {seconds:.1f} s)"))
     return 0

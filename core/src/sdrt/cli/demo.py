@@ -27,5 +27,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"backend {result['backend']} on {result['device']}")
     print(f"decoded latents {result['shape']} in {result['run_s'] * 1e3:.1f} ms "
           f"(compile {result['compile_s'] * 1e3:.0f} ms)")
-    print(f"wrote {result['output']} (seed {result['seed']})")
+    from ..errors import printable
+
+    print(printable(f"wrote {result['output']} (seed {result['seed']})"))
     return 0

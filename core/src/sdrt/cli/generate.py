@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, ModelNotFoundError, SdrtError
+from ..errors import InputError, ModelNotFoundError, SdrtError, printable
 from . import generate_memory, generate_toolbox, generate_weights
 
 log = logging.getLogger("sdrt.cli")
@@ -350,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             save_image(outputs[i], image, text)
             through = f" (through the symlink, to {outputs[i].resolve()})" if outputs[i].is_symlink() else ""
-            print(f"wrote {outputs[i]}{through} (seed {info['Seed']})")
+            print(printable(f"wrote {outputs[i]}{through} (seed {info['Seed']})"))
     from ..cache import deferred, wait_for_stores
     from ..cache.store import CompileCache
 

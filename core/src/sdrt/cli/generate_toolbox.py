@@ -91,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decode previews with this TAESD/TAESDXL/TAEF1 decoder (default: the linear projection)")
     v.add_argument("--preview-size", default=None, metavar="PX|full",
                    help="the longer side of a decoded preview at most (default 256: the latent is shrunk before "
-                        "the decode, a quarter of a 512x512 decode's cost), or full")
+                        "the decode, a quarter of a 512x512 decode's cost), or full (or None) for the decoder's full size")
 
 
 def _per_unit(values: list[Any], n: int, flag: str) -> list[Any]:
@@ -126,7 +126,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         # the pipeline names each unit controlnets[k]: errors say the flag, and which one when there are several
         flag = "--controlnet" if nets else "--control-image"
         args._names = {**getattr(args, "_names", {}), **{
-            f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)}}
+            f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)}, **{
+            f"controlnets[{k}] {arg}": name if n == 1 else f"the {_ordinal(k + 1)} {name}" for k in range(n)
+            for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"))}}
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         for path in images:
             if Path(path).is_dir():
@@ -193,7 +195,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         opts["preview"] = args.preview_decoder
     if args.preview_size is not None:
         text = str(args.preview_size).strip().lower()
-        opts["preview_size"] = None if text == "full" else int(text) if text.lstrip("-").isdigit() else text
+        opts["preview_size"] = None if text in ("full", "none") else int(text) if text.lstrip("-").isdigit() else text
     if args.preview_every is not None:
         every = args.preview_every
         if not str(every).strip().isdigit() or int(every) < 1:

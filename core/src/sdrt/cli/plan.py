@@ -10,7 +10,8 @@ from typing import Any
 #: make_plan's argument names -> this command's flags
 API_NAMES = {"backends": "--backend", "precisions": "--precision",
              # files a plan does not take (a single file's missing parts): the run takes them
-             "text_encoders": "sdrt generate's --text-encoder", "vae": "sdrt generate's --vae"}
+             "text_encoders": "sdrt generate's --text-encoder", "vae": "sdrt generate's --vae",
+             "init_image": "sdrt generate's --init-image"}  # a picture given as MODEL: generate's input
 
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
@@ -53,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import SdrtError
 
     if args.list_devices:
+        if args.json:
+            print(json.dumps([d.to_dict() for d in (devices.this_cpu(), *devices.library())], indent=1))
+            return 0
         for d in (devices.this_cpu(), *devices.library()):
             print(f"{d.name:<36} {d.kind:<5} {d.memory_bytes / 2**30:6.0f} GiB  {d.bandwidth_bytes_per_s / 1e9:6.0f} GB/s  "
                   + "  ".join(f"{k} {v / 1e12:.1f}T" for k, v in d.peak_flops.items()))

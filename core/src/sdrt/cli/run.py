@@ -193,7 +193,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name}: {value.dtype}{list(value.shape)}")
     for note in notes:
         print(note)
-    print(f"wrote {output}")
+    from ..errors import printable
+
+    print(printable(f"wrote {output}"))
     return 0
 
 

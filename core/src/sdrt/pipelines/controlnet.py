@@ -301,8 +301,10 @@ def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.n
         rgb = preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed)
         if rgb.shape[:2] != (height, width):
             rgb = cm.resize_control(rgb, width, height, unit.resize)
-    except cm.ControlImageError as exc:  # named as the caller names the unit
-        raise cm.ControlImageError(exc.what, where=where, fix=exc.fix) from None
+    except cm.ControlImageError as exc:  # named as the caller names the unit, or its threshold ("... low")
+        threshold = getattr(exc, "threshold", None)
+        raise cm.ControlImageError(exc.what, where=f"{where} {threshold}" if threshold else where,
+                                   fix=exc.fix) from None
     return rgb
 
 

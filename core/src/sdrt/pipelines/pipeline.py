@@ -1394,6 +1394,10 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     # resolved once (a wrong name fails now, before any file is read); every part compiles on this device
     be, dev = select(backend, device)
     _check_options(be, dev, options)
+    if be.caches and options.get("cache", True) is not False:  # a bad $SDRT_CACHE_MAX_SIZE: now, not at the first
+        from ..cache.paths import max_bytes  # compile, after the model has loaded
+
+        max_bytes()
     text_encoders = _part_files(vae, text_encoders)
     if is_single_file(model):
         folder = folder_from_file(model, vae, text_encoders, graph_paths=graph_paths, tokenizers=tokenizers,

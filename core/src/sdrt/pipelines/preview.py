@@ -166,8 +166,8 @@ def check_preview_size(value: Any, where: str = "preview_size") -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < _DECODER_SCALE:
         raise InputError(f"{{@preview_size}} must be a whole number of pixels, at least {_DECODER_SCALE}, got "
-                         f"{value!r}", where=where, fix="give the preview's longer side in pixels, e.g. 256 (None, "
-                                                        "or full on the command line: the decoder's full size)")
+                         f"{value!r}", where=where, fix="give the preview's longer side in pixels, e.g. 256, or "
+                                                        "{@preview_size=}None for the decoder's full size")
     return int(value)
 
 

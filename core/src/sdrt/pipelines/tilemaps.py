@@ -28,8 +28,10 @@ def tile_resample(image: np.ndarray, rate: float = 1.0) -> np.ndarray:
         return a
     h, w = int(a.shape[0] / r), int(a.shape[1] / r)
     if h < 1 or w < 1:
-        raise ControlImageError(f"a down sampling rate of {r:g} leaves nothing of a {a.shape[1]}x{a.shape[0]} "
+        err = ControlImageError(f"a down sampling rate of {r:g} leaves nothing of a {a.shape[1]}x{a.shape[0]} "
                                 "image", where=where, fix="pass a smaller rate (the extension's slider: 1 to 8)")
+        err.threshold = "low"  # the unit's threshold_a was wrong, not its image: a unit's error names it
+        raise err
     return resample(a, w, h, "area")
 
 

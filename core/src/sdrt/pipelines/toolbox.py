@@ -116,9 +116,11 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
                              where="preview", fix="pass preview='approx' or a TAESD decoder file")
     tb.preview_size = check_preview_size(kwargs.get("preview_size", DEFAULT_PREVIEW_SIZE))
     if "preview_size" in kwargs and (not isinstance(tb.preview, str) or tb.preview == "approx"):
+        fix = "pass {@preview} (the decoder's ONNX file) too, or leave {@preview_size} out"
+        if callable(tb.preview):  # only the API passes a function: a TaesdPreview sizes its own previews
+            fix = "leave preview_size out: a TaesdPreview you pass has its own preview_size"
         raise InputError("{@preview_size} bounds a TAESD decoder's previews, and none is given", where="preview_size",
-                         fix="pass {@preview} (the decoder's ONNX file) too, or leave {@preview_size} out (a "
-                             "TaesdPreview you pass has its own preview_size)")
+                         fix=fix)
     _refiner(kwargs, tb)
     return rest, tb
 

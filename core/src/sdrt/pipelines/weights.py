@@ -312,9 +312,9 @@ class WeightState:
             if isinstance(text, str) and "<" in text:
                 text, tags = self.resolve_tags(text, key)
                 for name, w, u in tags:
-                    check_lora_scale(w, name, where=f"<lora:{name}:{w}> in {{@prompt}}")
-                    check_lora_scale(u, name, where=f"<lora:{name}:{w}:{u}> in {{@prompt}}")
-                wanted += [(self.lora_file(name), w, None if u == w else u) for name, w, u in tags]
+                    check_lora_scale(w, name, where=f"<lora:{name}:{w}> in {{@{key}}}")
+                    check_lora_scale(u, name, where=f"<lora:{name}:{w}:{u}> in {{@{key}}}")
+                wanted += [(self.lora_file(name, key), w, None if u == w else u) for name, w, u in tags]
             out.append(text)
         current = [(id(a.lora), a.scale, a.unet_scale) for a in self.loras]  # a changed file's Lora is another
         want_keys = [(id(self.lora(x[0]) if isinstance(x[0], (str, os.PathLike)) else x[0]), x[1],
@@ -358,9 +358,12 @@ class WeightState:
 
         return extract_lora_tags(text, where)
 
-    def lora_file(self, name: str) -> Path:
+    def lora_file(self, name: str, where: str = "prompt") -> Path:
+        """The file of a prompt's ``<lora:name:...>`` tag in ``lora_dir``; ``where``: the prompt it is in
+        (``prompt`` or ``negative_prompt``), which the errors name."""
+        said = "the negative prompt" if where == "negative_prompt" else "the prompt"
         if self.lora_dir is None:
-            raise WeightsError(f"the prompt asks for <lora:{name}:...> but no LoRA folder is set", where="prompt",
+            raise WeightsError(f"{said} asks for <lora:{name}:...> but no LoRA folder is set", where=where,
                                fix="pass --lora-dir DIR (pipe.weights.lora_dir = DIR) holding NAME.safetensors")
         if not isinstance(self.lora_dir, (str, os.PathLike)):
             raise InputError(f"pipe.weights.lora_dir must be a folder path, got {type(self.lora_dir).__name__} "
@@ -370,7 +373,7 @@ class WeightState:
         for cand in [folder / f"{name}{ext}" for ext in LORA_SUFFIXES] + [folder / name]:
             if not cand.resolve().is_relative_to(root):  # '../x' or '/abs/x' in a prompt: any file on the machine
                 raise WeightsError(f"the LoRA name {name!r} leads out of the LoRA folder {folder}",
-                                   where=f"<lora:{name}:...> in the prompt",
+                                   where=f"<lora:{name}:...> in {said}",
                                    fix="name a LoRA file in the LoRA folder (or a folder in it), without '..' or a "
                                    "leading '/'")
             if cand.is_file():
@@ -382,7 +385,7 @@ class WeightState:
                 if p.stem == stem and p.suffix.lower() in LORA_SUFFIXES and p.is_file():
                     return p
         have = sorted(p.stem for p in folder.iterdir() if p.suffix.lower() in LORA_SUFFIXES)
-        raise WeightsError(f"no LoRA named {name!r} in {folder}", where=f"<lora:{name}:...> in the prompt",
+        raise WeightsError(f"no LoRA named {name!r} in {folder}", where=f"<lora:{name}:...> in {said}",
                            fix=f"put {name}.safetensors there, or use one of: {', '.join(have[:12]) or 'none'}")
 
     def _merge(self, active: list[ActiveLora]) -> dict[str, dict[str, np.ndarray]]:

@@ -87,8 +87,8 @@ def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
                     raise _bad(f"the file is not safetensors: it looks like {kind}", path, FETCH_FIX)
                 if kind is not None and kind.endswith(" image"):  # `sdrt generate in.png "..."`: "re-download" it?
                     raise _bad(f"{path.name} is {kind}, not a model or weights file", path,
-                               "pass a model folder or checkpoint here; a picture is an input: {@init_image} for "
-                               "img2img")
+                               "pass the model or weights file this takes; a picture is an input: {@init_image} "
+                               "for img2img")
                 raise _bad(f"header length {n} does not fit the file ({size} bytes): truncated or not safetensors", path)
             raw = f.read(n)
     except OSError as exc:
