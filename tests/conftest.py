@@ -33,6 +33,18 @@ def registry():
         plugins.reset_registry()
 
 
+@pytest.fixture(scope="module")
+def demo_pipe():
+    """The embedded demo model's pipeline on OpenVINO, one per test module (no pipeline state crosses modules)."""
+    from backend_helpers import register
+
+    from sdrt import pipelines
+
+    register("openvino")
+    with pipelines.load(pipelines.DEMO_MODEL, backend="openvino") as p:
+        yield p
+
+
 @pytest.fixture
 def inline_plugin(registry):
     added: list[str] = []

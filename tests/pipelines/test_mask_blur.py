@@ -56,17 +56,6 @@ def test_kernels_sum_to_256() -> None:
             assert (np.diff(taps[:len(taps) // 2 + 1]) >= 0).all()
 
 
-@pytest.fixture(scope="module")
-def pipe():
-    from backend_helpers import register
-
-    from sdrt import pipelines
-
-    register("openvino")
-    with pipelines.load(pipelines.DEMO_MODEL, backend="openvino") as p:
-        yield p
-
-
 def _picture_and_mask() -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(1)
     picture = rng.integers(0, 255, (40, 48, 3)).astype(np.uint8)
@@ -75,7 +64,7 @@ def _picture_and_mask() -> tuple[np.ndarray, np.ndarray]:
     return picture, mask
 
 
-def test_the_pipeline_blurs_at_the_masks_size(pipe) -> None:
+def test_the_pipeline_blurs_at_the_masks_size(demo_pipe) -> None:
     """The run's mask: the mask blurred at its own size, then fitted (A1111's order), binarized; only masked cuts
     the box of the blurred mask and pastes with it."""
     from sdrt.pipelines import validate
@@ -84,7 +73,7 @@ def test_the_pipeline_blurs_at_the_masks_size(pipe) -> None:
 
     picture, mask = _picture_and_mask()
     s = validate("x", init_image=picture, mask=mask, width=64, height=64, mask_blur=(6, 2))
-    _, run_mask = pipe._fit_init(s)
+    _, run_mask = demo_pipe._fit_init(s)
     want = binarize(fit_array(blur(mask, 6, 2), 64, 64, "Just Resize", "mask", "mask"))
     np.testing.assert_array_equal(run_mask, want)
     plain = binarize(fit_array(mask, 64, 64, "Just Resize", "mask", "mask"))
@@ -92,16 +81,16 @@ def test_the_pipeline_blurs_at_the_masks_size(pipe) -> None:
     s = validate("x", init_image=picture, mask=mask, width=64, height=64, mask_blur=5, inpaint_area="only masked",
                  inpaint_padding=0)
     try:
-        pipe._fit_init(s)
-        paste = pipe._paste
+        demo_pipe._fit_init(s)
+        paste = demo_pipe._paste
     finally:
-        pipe._paste = None
+        demo_pipe._paste = None
     np.testing.assert_array_equal(paste.overlay, blur(mask, 5, 5))  # the paste's alpha: the blurred mask
     x1, y1, x2, y2 = paste.box
     assert x1 < 9 and y1 < 11 and x2 > 33 and y2 > 27  # the box covers the blur
 
 
-def test_infotext_and_cli(pipe, tmp_path, capsys) -> None:
+def test_infotext_and_cli(demo_pipe, tmp_path, capsys) -> None:
     from PIL import Image
 
     from sdrt import pipelines
@@ -109,9 +98,9 @@ def test_infotext_and_cli(pipe, tmp_path, capsys) -> None:
 
     picture, mask = _picture_and_mask()
     common = dict(init_image=picture, mask=mask, strength=0.6, steps=2, cfg=1, seed=3, width=64, height=64)
-    same = pipe.generate("a red circle", mask_blur=4, **common)
-    apart = pipe.generate("a red circle", mask_blur=(4, 2), **common)
-    none = pipe.generate("a red circle", **common)
+    same = demo_pipe.generate("a red circle", mask_blur=4, **common)
+    apart = demo_pipe.generate("a red circle", mask_blur=(4, 2), **common)
+    none = demo_pipe.generate("a red circle", **common)
     assert same.settings[0]["Mask blur"] == 4  # A1111's field; it writes none when x and y differ, nor for 0
     assert "Mask blur" not in apart.settings[0] and "Mask blur" not in none.settings[0]
     init, m, out = tmp_path / "init.png", tmp_path / "mask.png", tmp_path / "out.png"

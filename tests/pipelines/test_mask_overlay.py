@@ -25,17 +25,6 @@ def a1111_overlay(image: np.ndarray, picture: np.ndarray, fitted_mask: np.ndarra
     return np.asarray(out.convert("RGB"))
 
 
-@pytest.fixture(scope="module")
-def pipe():
-    from backend_helpers import register
-
-    from sdrt import pipelines
-
-    register("openvino")
-    with pipelines.load(pipelines.DEMO_MODEL, backend="openvino") as p:
-        yield p
-
-
 def _picture_and_mask() -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(2)
     yy, xx = np.mgrid[0:48, 0:40]
@@ -47,7 +36,7 @@ def _picture_and_mask() -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("content", ["original", "fill"])
-def test_the_overlay_is_a1111s(pipe, content) -> None:
+def test_the_overlay_is_a1111s(demo_pipe, content) -> None:
     """A blurred mask, the picture fitted from 40x48 to 64x64, a batch of 2: each image is A1111's composite of
     the run's image and the fitted picture (not the filled one); where the overlay mask is black, the picture."""
     from sdrt.pipelines.images import fit_array
@@ -56,8 +45,8 @@ def test_the_overlay_is_a1111s(pipe, content) -> None:
     picture, mask = _picture_and_mask()
     common = dict(init_image=picture, mask=mask, mask_blur=3, strength=0.7, steps=2, cfg=1, seed=4, width=64,
                   height=64, batch=2, masked_content=content)
-    plain = pipe.generate("a red circle", **common)
-    over = pipe.generate("a red circle", mask_overlay=True, **common)
+    plain = demo_pipe.generate("a red circle", **common)
+    over = demo_pipe.generate("a red circle", mask_overlay=True, **common)
     fitted = fit_array(picture, 64, 64, "Just Resize")
     fitted_mask = fit_array(blur(mask, 3, 3), 64, 64, "Just Resize", "mask", "mask")
     assert 0 < fitted_mask.min() or ((fitted_mask > 0) & (fitted_mask < 255)).any()  # grey levels: a soft edge
@@ -71,7 +60,7 @@ def test_the_overlay_is_a1111s(pipe, content) -> None:
     assert over.settings[0]["Mask overlay"] is True and "Mask overlay" not in plain.settings[0]
 
 
-def test_the_cli_flag_and_refusals(pipe, tmp_path, capsys) -> None:
+def test_the_cli_flag_and_refusals(demo_pipe, tmp_path, capsys) -> None:
     from sdrt import pipelines
     from sdrt.cli import main
     from sdrt.errors import InputError
@@ -85,7 +74,7 @@ def test_the_cli_flag_and_refusals(pipe, tmp_path, capsys) -> None:
                  "--mask-overlay", "--strength", "0.7", "--steps", "2", "--seed", "4", "--cfg", "1", "--width", "64",
                  "--height", "64", "--backend", "openvino", "-o", str(out)]) == 0
     capsys.readouterr()
-    want = pipe.generate("a red circle", init_image=picture, mask=mask, mask_overlay=True, strength=0.7, steps=2,
+    want = demo_pipe.generate("a red circle", init_image=picture, mask=mask, mask_overlay=True, strength=0.7, steps=2,
                          cfg=1, seed=4, width=64, height=64).images[0]
     with Image.open(out) as img:
         np.testing.assert_array_equal(np.asarray(img.convert("RGB")), want)

@@ -27,59 +27,48 @@ def a1111_latmask(mask: np.ndarray, h: int, w: int) -> np.ndarray:
     return np.around(small)
 
 
-@pytest.fixture(scope="module")
-def pipe():
-    from backend_helpers import register
-
-    from sdrt import pipelines
-
-    register("openvino")
-    with pipelines.load(pipelines.DEMO_MODEL, backend="openvino") as p:
-        yield p
-
-
-def starts(pipe, monkeypatch, **kwargs) -> tuple[np.ndarray, np.ndarray]:
+def starts(demo_pipe, monkeypatch, **kwargs) -> tuple[np.ndarray, np.ndarray]:
     from loop_helpers import recorded_start
 
-    noise, latent = recorded_start(pipe, monkeypatch, kwargs.pop("prompt", "a red circle"), kwargs.pop("seed", 7),
+    noise, latent = recorded_start(demo_pipe, monkeypatch, kwargs.pop("prompt", "a red circle"), kwargs.pop("seed", 7),
                                    **kwargs)
     assert latent is not None
     return noise, latent
 
 
 @pytest.mark.parametrize("rule, rng", [("diffusers", "cpu"), ("a1111", "gpu")])
-def test_start_latents_are_a1111s(pipe, monkeypatch, rule, rng) -> None:
+def test_start_latents_are_a1111s(demo_pipe, monkeypatch, rule, rng) -> None:
     """rng="gpu": A1111's per-image noise, each image's seed's first draw, as A1111's create_random_tensors."""
     picture, mask = _picture_and_mask()
     common = dict(init_image=picture, mask=mask, strength=0.6, strength_rule=rule, batch=2, rng=rng)
-    noise, latent = starts(pipe, monkeypatch, masked_content="fill", **common)
-    _, original = starts(pipe, monkeypatch, **common)
+    noise, latent = starts(demo_pipe, monkeypatch, masked_content="fill", **common)
+    _, original = starts(demo_pipe, monkeypatch, **common)
     assert np.abs(original - latent).max() > 0.1  # the filled picture encodes to another latent
     h, w = latent.shape[2:]
     lat = a1111_latmask(mask, h, w)[None, None]
     # the mask is one A1111 and the nearest sampling see differently
     nearest = mask[::8, ::8] >= 128
     assert (nearest != (lat[0, 0] == 1)).any()
-    noise2, nothing = starts(pipe, monkeypatch, masked_content="latent nothing", **common)
+    noise2, nothing = starts(demo_pipe, monkeypatch, masked_content="latent nothing", **common)
     np.testing.assert_array_equal(noise2, noise)
     np.testing.assert_allclose(nothing, latent * (1 - lat), rtol=0, atol=1e-6)
-    noise3, noisy = starts(pipe, monkeypatch, masked_content="Latent_Noise", **common)
+    noise3, noisy = starts(demo_pipe, monkeypatch, masked_content="Latent_Noise", **common)
     np.testing.assert_array_equal(noise3, noise)
     np.testing.assert_allclose(noisy, latent * (1 - lat) + noise * lat, rtol=0, atol=1e-6)
     assert np.abs(noisy - latent).max() > 0.5 and np.abs(nothing - latent).max() > 0.5
 
 
-def test_infotext_and_images(pipe) -> None:
+def test_infotext_and_images(demo_pipe) -> None:
     picture, mask = _picture_and_mask()
     common = dict(init_image=picture, mask=mask, strength=0.6, steps=2, cfg=1, seed=7)
-    base = pipe.generate("a red circle", **common)
-    nothing = pipe.generate("a red circle", masked_content="latent nothing", **common)
+    base = demo_pipe.generate("a red circle", **common)
+    nothing = demo_pipe.generate("a red circle", masked_content="latent nothing", **common)
     assert nothing.settings[0]["Masked content"] == "latent nothing"
     assert "Masked content" not in base.settings[0]
     assert np.abs(nothing.images[0].astype(int) - base.images[0].astype(int)).max() > 10
 
 
-def test_refusals(pipe) -> None:
+def test_refusals(demo_pipe) -> None:
     from sdrt.errors import InputError
     from sdrt.pipelines import validate
 
@@ -89,21 +78,21 @@ def test_refusals(pipe) -> None:
     with pytest.raises(InputError, match="unknown masked_content 'blur'"):
         validate("x", init_image=picture, mask=mask, masked_content="blur")
     with pytest.raises(InputError, match="unknown argument .inpainting_fill.*pass masked_content instead"):
-        pipe.generate("x", init_image=picture, mask=mask, inpainting_fill=2)
+        demo_pipe.generate("x", init_image=picture, mask=mask, inpainting_fill=2)
 
 
-def test_refused_on_flow_models(pipe, monkeypatch) -> None:
+def test_refused_on_flow_models(demo_pipe, monkeypatch) -> None:
     """SD3, Flux and Chroma: A1111's fill is for SD 1.x/2.x/XL; refused before any part runs."""
     from sdrt.errors import InputError
 
     picture, mask = _picture_and_mask()
-    monkeypatch.setattr(pipe.family, "flow", True)
+    monkeypatch.setattr(demo_pipe.family, "flow", True)
     with pytest.raises(InputError, match="masked_content 'latent nothing' is A1111's, for SD 1.x/2.x/XL"):
-        pipe.generate("x", init_image=picture, mask=mask, masked_content="latent nothing", steps=2, width=64,
+        demo_pipe.generate("x", init_image=picture, mask=mask, masked_content="latent nothing", steps=2, width=64,
                       height=64)
 
 
-def test_the_cli_flag(pipe, tmp_path, capsys) -> None:
+def test_the_cli_flag(demo_pipe, tmp_path, capsys) -> None:
     from sdrt import pipelines
     from sdrt.cli import main
 

@@ -16,39 +16,28 @@ Image = pytest.importorskip("PIL.Image", reason="the fill is Pillow's")
 FILL_REFS = Path(__file__).parents[1] / "serve" / "data" / "a1111_fill.npz"
 
 
-@pytest.fixture(scope="module")
-def pipe():
-    from backend_helpers import register
-
-    from sdrt import pipelines
-
-    register("openvino")
-    with pipelines.load(pipelines.DEMO_MODEL, backend="openvino") as p:
-        yield p
-
-
 def _request_64() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     with np.load(FILL_REFS) as data:
         return tuple(data[f"request_64/{k}"] for k in ("picture", "mask", "filled"))  # type: ignore[return-value]
 
 
-def _fit(pipe, **kwargs) -> np.ndarray:
+def _fit(demo_pipe, **kwargs) -> np.ndarray:
     from sdrt.pipelines import validate
 
     s = validate("x", **kwargs)
     try:
-        init, _ = pipe._fit_init(s)
+        init, _ = demo_pipe._fit_init(s)
     finally:
-        pipe._paste = pipe._init_source = None
+        demo_pipe._paste = demo_pipe._init_source = None
     return init
 
 
 @pytest.mark.parametrize("content", ["fill", "latent noise", "latent nothing"])
-def test_the_run_starts_from_a1111s_filled_picture(pipe, content) -> None:
+def test_the_run_starts_from_a1111s_filled_picture(demo_pipe, content) -> None:
     picture, mask, filled = _request_64()
-    np.testing.assert_array_equal(_fit(pipe, init_image=picture, mask=mask, masked_content=content, width=64,
+    np.testing.assert_array_equal(_fit(demo_pipe, init_image=picture, mask=mask, masked_content=content, width=64,
                                        height=64), filled)
-    np.testing.assert_array_equal(_fit(pipe, init_image=picture, mask=mask, width=64, height=64), picture)
+    np.testing.assert_array_equal(_fit(demo_pipe, init_image=picture, mask=mask, width=64, height=64), picture)
 
 
 def _tall_picture_and_mask() -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +49,7 @@ def _tall_picture_and_mask() -> tuple[np.ndarray, np.ndarray]:
     return picture, mask
 
 
-def test_fill_comes_after_the_fit(pipe) -> None:
+def test_fill_comes_after_the_fit(demo_pipe) -> None:
     """A1111 fits the picture (through its upscaler_for_img2img), then fills it: the colours are the cropped
     picture's; filling first and cropping after takes the pale rows' colours."""
     from sdrt.pipelines.images import CROP_AND_RESIZE, fit_array
@@ -69,17 +58,17 @@ def test_fill_comes_after_the_fit(pipe) -> None:
     picture, mask = _tall_picture_and_mask()
     common = dict(init_image=picture, mask=mask, resize_mode="Crop and Resize", width=64, height=64,
                   init_upscaler="Lanczos")
-    got = _fit(pipe, masked_content="fill", **common)
-    fitted = pipe.fit_init_image(picture, 64, 64, CROP_AND_RESIZE, "Lanczos")
+    got = _fit(demo_pipe, masked_content="fill", **common)
+    fitted = demo_pipe.fit_init_image(picture, 64, 64, CROP_AND_RESIZE, "Lanczos")
     fitted_mask = fit_array(mask, 64, 64, CROP_AND_RESIZE, "mask", "mask")
     np.testing.assert_array_equal(got, fill(fitted, fitted_mask))
-    wrong = pipe.fit_init_image(fill(picture, mask), 64, 64, CROP_AND_RESIZE, "Lanczos")
+    wrong = demo_pipe.fit_init_image(fill(picture, mask), 64, 64, CROP_AND_RESIZE, "Lanczos")
     repaint = fitted_mask >= 128
     assert np.abs(wrong.astype(int) - got.astype(int))[repaint].max() > 40
     np.testing.assert_array_equal(got[~repaint & (fitted_mask == 0)], fitted[~repaint & (fitted_mask == 0)])
 
 
-def test_only_masked_fills_the_fitted_cut_out(pipe) -> None:
+def test_only_masked_fills_the_fitted_cut_out(demo_pipe) -> None:
     """inpaint_area="only masked": the cut-out is filled once fitted, from its own colours, as A1111's init does;
     filling the whole picture first and cutting after gives other colours."""
     from sdrt.pipelines.maskedcontent import fill
@@ -91,7 +80,7 @@ def test_only_masked_fills_the_fitted_cut_out(pipe) -> None:
                       255).astype(np.uint8)
     mask = np.zeros((80, 96), np.uint8)
     mask[30:44, 52:70] = 255
-    init = _fit(pipe, init_image=picture, mask=mask, inpaint_area="only masked", inpaint_padding=4, width=64,
+    init = _fit(demo_pipe, init_image=picture, mask=mask, inpaint_area="only masked", inpaint_padding=4, width=64,
                 height=64, masked_content="fill")
     cut, cut_mask, _ = prepare(picture, mask, 64, 64, 4)
     np.testing.assert_array_equal(init, fill(cut, cut_mask))
@@ -99,7 +88,7 @@ def test_only_masked_fills_the_fitted_cut_out(pipe) -> None:
     assert np.abs(wrong.astype(int) - init.astype(int)).max() > 10
 
 
-def test_latent_upscale_fills_the_picture_at_its_size(pipe, monkeypatch) -> None:
+def test_latent_upscale_fills_the_picture_at_its_size(demo_pipe, monkeypatch) -> None:
     """Just Resize (latent upscale) VAE-encodes the picture at its own size: that picture is filled, with the
     mask at its size (the demo model's encoder takes 64x64 only: the fit alone is run, as if it took any)."""
     from sdrt.pipelines import validate
@@ -109,23 +98,23 @@ def test_latent_upscale_fills_the_picture_at_its_size(pipe, monkeypatch) -> None
     small = np.ascontiguousarray(picture[::2, ::2])
     s = validate("x", init_image=small, mask=mask[::2, ::2], masked_content="fill", width=64, height=64,
                  resize_mode="Just Resize (latent upscale)")
-    monkeypatch.setattr(pipe, "latent_upscale_blocked", lambda w, h: None)
+    monkeypatch.setattr(demo_pipe, "latent_upscale_blocked", lambda w, h: None)
     try:
-        pipe._fit_init(s)
-        source = pipe._init_source
+        demo_pipe._fit_init(s)
+        source = demo_pipe._init_source
     finally:
-        pipe._paste = pipe._init_source = None
+        demo_pipe._paste = demo_pipe._init_source = None
     np.testing.assert_array_equal(source, fill(small, mask[::2, ::2]))
 
 
-def test_infotext_images_and_cli(pipe, tmp_path, capsys) -> None:
+def test_infotext_images_and_cli(demo_pipe, tmp_path, capsys) -> None:
     from sdrt import pipelines
     from sdrt.cli import main
 
     picture, mask, _ = _request_64()
     common = dict(init_image=picture, mask=mask, strength=0.6, steps=2, cfg=1, seed=3)
-    base = pipe.generate("a red circle", **common)
-    filled = pipe.generate("a red circle", masked_content="Fill", **common)
+    base = demo_pipe.generate("a red circle", **common)
+    filled = demo_pipe.generate("a red circle", masked_content="Fill", **common)
     assert filled.settings[0]["Masked content"] == "fill" and "Masked content" not in base.settings[0]
     assert np.abs(filled.images[0].astype(int) - base.images[0].astype(int)).max() > 3  # measured: 9
     init, m, out = tmp_path / "init.png", tmp_path / "mask.png", tmp_path / "out.png"

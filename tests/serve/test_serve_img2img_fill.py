@@ -37,18 +37,7 @@ def _picture_and_mask() -> tuple[np.ndarray, np.ndarray]:
     return picture, mask
 
 
-@pytest.fixture(scope="module")
-def pipe():
-    from backend_helpers import register
-
-    from sdrt import pipelines
-
-    register("openvino")
-    with pipelines.load(pipelines.DEMO_MODEL, backend="openvino") as p:
-        yield p
-
-
-def test_fill_takes_the_colour_of_the_fitted_picture(pipe) -> None:
+def test_fill_takes_the_colour_of_the_fitted_picture(demo_pipe) -> None:
     from sdrt.pipelines import validate
     from sdrt.pipelines.maskedcontent import fill
     from sdrt.serve.a1111 import _img2img
@@ -62,9 +51,9 @@ def test_fill_takes_the_colour_of_the_fitted_picture(pipe) -> None:
     assert kwargs["masked_content"] == "fill"  # the pipeline fills, after it fitted the picture
     np.testing.assert_array_equal(kwargs["init_image"], picture)  # nothing filled before the fit
     try:
-        sent, _ = pipe._fit_init(validate("x", **kwargs))  # the picture the run starts from
+        sent, _ = demo_pipe._fit_init(validate("x", **kwargs))  # the picture the run starts from
     finally:
-        pipe._paste = None
+        demo_pipe._paste = None
     assert sent.shape == (64, 64, 3) and kwargs["init_upscaler"] == "Lanczos"
 
     # A1111: the picture and the mask cropped and resized, then the whole picture replaced by masking.fill's

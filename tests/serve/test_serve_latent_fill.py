@@ -59,32 +59,21 @@ def test_fill_2_and_3_map_to_masked_content() -> None:
     assert "masked_content" not in _parsed(1)[0]
 
 
-@pytest.fixture(scope="module")
-def pipe():
-    from backend_helpers import register
-
-    from sdrt import pipelines
-
-    register("openvino")
-    with pipelines.load(pipelines.DEMO_MODEL, backend="openvino") as p:
-        yield p
-
-
-def _start(pipe, monkeypatch, kwargs: dict) -> tuple[np.ndarray, np.ndarray]:
+def _start(demo_pipe, monkeypatch, kwargs: dict) -> tuple[np.ndarray, np.ndarray]:
     from loop_helpers import recorded_start
 
-    return recorded_start(pipe, monkeypatch, BODY["prompt"], 5, **kwargs)
+    return recorded_start(demo_pipe, monkeypatch, BODY["prompt"], 5, **kwargs)
 
 
-def test_fill_3_starts_from_a1111s_latent(pipe, monkeypatch) -> None:
+def test_fill_3_starts_from_a1111s_latent(demo_pipe, monkeypatch) -> None:
     """The request's arguments run: fill 3 starts from fill 0's latent (the same filled picture, encoded) times
     1 - A1111's latent mask; fill 2 adds the run's noise there."""
     _, mask = _picture_and_mask()
-    noise, filled = _start(pipe, monkeypatch, _parsed(0)[0])
+    noise, filled = _start(demo_pipe, monkeypatch, _parsed(0)[0])
     lat = a1111_latmask(mask, *filled.shape[2:])[None, None]
-    _, nothing = _start(pipe, monkeypatch, _parsed(3)[0])
+    _, nothing = _start(demo_pipe, monkeypatch, _parsed(3)[0])
     np.testing.assert_allclose(nothing, filled * (1 - lat), rtol=0, atol=1e-6)
-    _, noisy = _start(pipe, monkeypatch, _parsed(2)[0])
+    _, noisy = _start(demo_pipe, monkeypatch, _parsed(2)[0])
     np.testing.assert_allclose(noisy, filled * (1 - lat) + noise * lat, rtol=0, atol=1e-6)
 
 

@@ -58,18 +58,7 @@ def test_the_fields_reach_the_pipeline() -> None:
     assert "inpaint_area" not in kwargs and kwargs["mask"].shape == (64, 64) and notes == []
 
 
-@pytest.fixture(scope="module")
-def pipe():
-    from backend_helpers import register
-
-    from sdrt import pipelines
-
-    register("openvino")
-    with pipelines.load(pipelines.DEMO_MODEL, backend="openvino") as p:
-        yield p
-
-
-def test_fill_0_is_the_pipelines_fill(pipe) -> None:
+def test_fill_0_is_the_pipelines_fill(demo_pipe) -> None:
     """inpainting_fill 0, 2 and 3 are the pipeline's masked_content, which fills the cut-out once fitted, as A1111's
     img2img init does (tests/pipelines/test_masked_fill.py checks the order)."""
     from sdrt.serve.a1111 import _img2img
