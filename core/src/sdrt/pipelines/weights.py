@@ -245,8 +245,8 @@ class WeightState:
     def _follow_prediction(self, ckpt: Any) -> None:
         """Sample the checkpoint as A1111 does when it says its own prediction: its ``<stem>.yaml``, SDXL's
         ``v_pred`` key or, for SD 2.x, its weights (as ComfyUI tells them apart); a ``ztsnr`` key rescales the
-        betas to zero terminal SNR. A diffusers folder's own scheduler config says both. Each bound checkpoint decides anew: one that says nothing runs with the
-        folder's scheduler."""
+        betas to zero terminal SNR. A diffusers folder's own scheduler config says both. Each bound checkpoint
+        decides anew: one that says nothing runs with the folder's scheduler."""
         from ..checkpoint.files import SD2_V_KEY, sd2_prediction, yaml_prediction
 
         family = self.pipe.family
@@ -255,20 +255,19 @@ class WeightState:
         folder = {"eps": "epsilon", "v": "v_prediction"}.get(self.pipe.folder.prediction)
         if folder is None or not (path.is_file() or path.is_dir()):
             return
-        zero_snr = "ztsnr" in ckpt.weights
-        if path.is_dir():  # a diffusers folder: its own scheduler config says it
+        if path.is_dir():  # a diffusers folder: its own scheduler config says both, as diffusers reads it
             said, zero_snr = _folder_prediction(path)
-            why = "its scheduler/scheduler_config.json"
+            why, zero_why = "its scheduler/scheduler_config.json", "its scheduler config"
         else:
             said, why = yaml_prediction(path), path.with_suffix(".yaml").name
-        if path.is_dir():
-            pass  # the folder's config decides, as diffusers reads it
-        elif said is None and "v_pred" in ckpt.weights:
-            said, why = "v_prediction", "its v_pred key"
-        # ComfyUI's weight test is for 4-channel SD 2.x UNets: an inpainting one (A1111's config_sd2_inpainting) is eps
-        elif said is None and str(ckpt.family).startswith("SD 2") and not str(ckpt.family).endswith("inpainting") \
-                and SD2_V_KEY in ckpt.weights:
-            said, why = sd2_prediction(path, ckpt.weights), "its weights, as ComfyUI tells SD 2.x files apart"
+            zero_snr, zero_why = "ztsnr" in ckpt.weights, "its ztsnr key"
+            if said is None and "v_pred" in ckpt.weights:
+                said, why = "v_prediction", "its v_pred key"
+            # ComfyUI's weight test is for 4-channel SD 2.x UNets: an inpainting one (A1111's config_sd2_inpainting)
+            # is eps
+            elif said is None and str(ckpt.family).startswith("SD 2") and \
+                    not str(ckpt.family).endswith("inpainting") and SD2_V_KEY in ckpt.weights:
+                said, why = sd2_prediction(path, ckpt.weights), "its weights, as ComfyUI tells SD 2.x files apart"
         overrides: dict[str, Any] = {}
         if said is not None and said != folder:
             overrides["prediction_type"] = said
@@ -280,7 +279,7 @@ class WeightState:
         words = {"epsilon": "eps", "v_prediction": "v"}
         what = [f"{words[said]}-prediction ({why}; the model folder's scheduler says {words[folder]})"] \
             if "prediction_type" in overrides else []
-        what += [f"with zero terminal SNR ({'its scheduler config' if path.is_dir() else 'its ztsnr key'})"] if "rescale_betas_zero_snr" in overrides else []
+        what += [f"with zero terminal SNR ({zero_why})"] if "rescale_betas_zero_snr" in overrides else []
         log.info("%s is sampled as %s, as A1111 samples it", path.name, " and ".join(what))
 
     # -- LoRA -------------------------------------------------------------------
