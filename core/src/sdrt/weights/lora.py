@@ -45,7 +45,6 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -352,13 +351,13 @@ class Lora:
         Layers without an ``.alpha`` tensor (PEFT's) are scaled as the file's PEFT configuration says
         (``sdrt.weights.peftconfig``: diffusers' ``lora_adapter_metadata`` header, or peft's
         ``adapter_config.json`` beside the file), else by ``alpha`` when given, else alpha = rank."""
-        from . import peftconfig, stfile
+        from . import peftconfig
 
         w = Weights.open(path)
-        try:  # diffusers keeps PEFT's lora_alpha / r in the safetensors header (lora_adapter_metadata)
-            meta = stfile.read_header(Path(path))[1]
-        except WeightsError:  # a PyTorch file: no header
-            meta = {}
+        # diffusers keeps PEFT's lora_alpha / r in the safetensors header (lora_adapter_metadata); a PyTorch file
+        # has none
+        headers = getattr(w, "file_metadata", {})  # as Weights.open read them (a GGUF file: none)
+        meta = next(iter(headers.values())) if len(headers) == 1 and os.path.isfile(path) else {}
         return cls.from_arrays(w, alpha=alpha, source=str(path), peft=peftconfig.configs_for(path, meta))
 
     @classmethod

@@ -132,10 +132,13 @@ class BindReport:
 class Weights(Mapping[str, np.ndarray]):
     """Named tensors, read on access. Build with ``open``, ``from_arrays`` or ``from_graph``."""
 
-    def __init__(self, refs: Mapping[str, TensorRef], *, dtype: Any = None, sources: Iterable[Path] = ()) -> None:
+    def __init__(self, refs: Mapping[str, TensorRef], *, dtype: Any = None, sources: Iterable[Path] = (),
+                 file_metadata: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self._refs = dict(refs)
         self.dtype = _as_dtype(dtype)
         self.sources = list(sources)
+        #: each safetensors file's ``__metadata__`` as ``open`` read it, by path (PyTorch files have none)
+        self.file_metadata: dict[str, dict[str, str]] = {k: dict(v) for k, v in (file_metadata or {}).items()}
 
     # -- construction ----------------------------------------------------
     @classmethod
@@ -177,7 +180,7 @@ class Weights(Mapping[str, np.ndarray]):
             log.info("%s: %s bitsandbytes weights, dequantized when read", ", ".join(p.name for p in files),
                      ", ".join(f"{n} {kind}" for kind, n in sorted(packed.items())))
         log.debug("opened %d tensors from %d files", len(raw), len(files))
-        return cls(_remap(raw, mapping, "Weights.open"), dtype=dtype, sources=files)
+        return cls(_remap(raw, mapping, "Weights.open"), dtype=dtype, sources=files, file_metadata=headers)
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, Any], mapping: keymap.MappingLike = None, *,
