@@ -480,33 +480,44 @@ def test_reload_checkpoint_on_a_transformer_only_file_is_a_400_naming_its_files(
         assert c.post("/sdapi/v1/txt2img", json=JOB).status_code == 200
 
 
-def test_a_t5_chosen_for_an_sd3_file_without_one_is_a_400_not_ignored(tmp_path):
+def test_a_t5_chosen_for_an_sd3_file_without_one_loads_it_again_with_and_without(tmp_path):
     """Full-size sd3_medium_incl_clips.safetensors (sparse; no T5, a whole model to the server) with
-    forge_additional_modules naming t5xxl_fp16: the worker ran it without T5, the file dropped without a word (the
-    Python API's set_part_files returned no part). Now a 400 naming the field, in the server's words; nothing
-    compiles."""
+    forge_additional_modules naming t5xxl_fp16: the worker first ran it without T5, the file dropped without a word,
+    then refused it with a 400. Forge loads the model again when its modules change; so does the worker now: the
+    pipeline holds text_encoder_3 from the T5 file, as ``pipelines.load(f, text_encoders=[t5])`` does, and a later
+    request without the T5 loads it again without that part. A refused file on the way keeps the pipeline held."""
     import dataclasses
     import sys
 
     sys.path.insert(0, str(TESTS / "checkpoint"))
     from test_sd3_medium import _incl_clips_and_t5
 
+    from sdrt import pipelines
     from sdrt.serve.errors import ApiError
     from sdrt.serve.jobs import Worker
     from sdrt.serve.registry import ModelEntry
     from sdrt.serve.spec import PipelineSpec
 
     f, t5 = _incl_clips_and_t5(tmp_path)
+    bad = tmp_path / "cut.safetensors"
+    bad.write_bytes(t5.read_bytes()[:100])
     entry = ModelEntry(f.name, f, "0" * 10)
     worker = Worker("w", None, None, lambda m, d: PipelineSpec(m.path, "reference", vae=m.vae,  # type: ignore[arg-type]
                                                                    text_encoders=m.text_encoders))
     pipe = worker.pipeline(entry)
+    assert "text_encoder_3" not in pipe.parts
+    with pipelines.load(f, backend="reference", text_encoders=[t5]) as ref:
+        want = set(ref.parts)
     chosen = dataclasses.replace(entry, text_encoders=(t5,), module_field="forge_additional_modules")
-    with pytest.raises(ApiError) as e:
-        worker.pipeline(chosen)
-    msg = e.value.message
-    assert e.value.status == 400 and e.value.field == "forge_additional_modules", msg
-    assert "t5xxl_fp16.safetensors is a T5-XXL text encoder" in msg and "leave it out" in msg, msg
-    assert "load the model with the file" not in msg and str(tmp_path) not in msg, msg
-    assert worker.pipeline(entry) is pipe and "text_encoder_3" not in pipe.parts
-    pipe.close()
+    with_t5 = worker.pipeline(chosen)
+    assert with_t5 is not pipe and set(with_t5.parts) == want and "text_encoder_3" in want
+    assert with_t5.weights.part_files["text_encoder_3"] == t5 and list(worker.pipes.values()) == [with_t5]
+    assert worker.pipeline(chosen) is with_t5  # the same choice again: no load
+    with pytest.raises(ApiError) as e:  # a refused file: a 400 naming the field, the pipeline kept
+        worker.pipeline(dataclasses.replace(chosen, text_encoders=(t5, bad)))
+    assert e.value.status == 400 and e.value.field == "forge_additional_modules", e.value.message
+    assert "cut.safetensors" in e.value.message and str(tmp_path) not in e.value.message, e.value.message
+    assert list(worker.pipes.values()) == [with_t5]
+    again = worker.pipeline(entry)  # no T5 chosen any more: loaded again without it
+    assert again is not with_t5 and "text_encoder_3" not in again.parts and list(worker.pipes.values()) == [again]
+    again.close()

@@ -182,7 +182,13 @@ def _unidentified(path: PathLike) -> bool:
 
 
 class PartNotLoaded(InputError):
-    """A VAE / text-encoder file for a part the loaded pipeline does not have (SD 3 loaded without T5)."""
+    """A VAE / text-encoder file for a part the loaded pipeline does not have (SD 3 loaded without T5). Loading the
+    model again with the file gives that part (``sdrt serve`` does)."""
+
+
+class PartNotOwned(ModelError):
+    """A part a file filled at load (SD 3's T5 on a file without one) that the model has no weights of its own to go
+    back to. Loading the model again without the file drops that part (``sdrt serve`` does)."""
 
 
 # -- separate files onto an ONNX folder --------------------------------------------------------------
@@ -295,7 +301,7 @@ def _own_of_main(pipe: Pipeline, parts: list[str], arg: str) -> dict[str, dict[s
     missing = [p for p in parts if p not in own.parts]  # SD 3's T5, which a file filled at load: none to go back to
     if missing:
         what = "VAE" if arg == "vae" else "text encoder"
-        raise ModelError(f"{{@{arg}}}: {opened.path.name} holds no {what} of its own for {', '.join(missing)}",
+        raise PartNotOwned(f"{{@{arg}}}: {opened.path.name} holds no {what} of its own for {', '.join(missing)}",
                          where=str(opened.path), fix=f"keep a {what} file for it, or load the model again without one")
     return {p: {n: w.ref(n) for n in w} for p, (_, w) in own.parts.items() if p in parts}
 

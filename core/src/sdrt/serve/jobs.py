@@ -251,10 +251,6 @@ def _module_error(model: ModelEntry, exc: SdrtError) -> ApiError:
     names = _module_fields(model)
     what = _render(exc.what, names)
     fix = _render(exc.fix, names) if getattr(exc, "fix", None) else None
-    from ..pipelines.singlefile import PartNotLoaded
-
-    if isinstance(exc, PartNotLoaded):  # SD 3's T5 for a file without one: the server runs the model as it holds it
-        fix = "leave it out: the server runs this model as its file holds it, without that part"
     for path in (model.vae, *model.text_encoders, model.path, model.weights):
         if path is not None:
             what = what.replace(str(path), path.name)
@@ -290,7 +286,11 @@ class Worker(threading.Thread):
         """The model's pipeline, with the VAE and text-encoder files the request chose bound. One pipeline per
         model: another choice of files swaps them on it (``Pipeline.set_part_files``: only those parts compile
         again), as A1111 and Forge swap the VAE, so a client switching VAEs holds one UNet, not one per VAE. A file
-        the model refuses is a 400 naming the request's field, and the pipeline keeps the files it had."""
+        the model refuses is a 400 naming the request's field, and the pipeline keeps the files it had. A part only
+        a load adds or drops (a T5 file chosen for, or no longer chosen for, an SD 3 file without one) loads the model
+        again with the chosen files."""
+        from ..pipelines.singlefile import PartNotLoaded, PartNotOwned
+
         key = model.key
         changed = self._changed(key, model) if key in self.pipes else []
         if changed and not self._reread(key, model, changed):  # bound from the old files: the next job runs the
@@ -303,20 +303,7 @@ class Worker(threading.Thread):
             # a model that runs on its own loads without the chosen files (a refused file then costs no load); a
             # transformer-only file needs them to load at all
             own = model if model.needs else dataclasses.replace(model, vae=None, text_encoders=(), module_field=None)
-            versions = _versions(self._own_files(model)), _versions(_part_files(own.files))  # before any read
-            try:
-                pipe = self.spec_for(own, self.device).build()
-            except SdrtError as exc:
-                if isinstance(exc, FileChanged):
-                    raise
-                if own.module_field is not None:  # a VAE / text encoder the request chose that this model refuses
-                    raise _module_error(model, exc) from exc
-                if isinstance(exc, WeightsError):  # a checkpoint of another architecture than its base folder
-                    raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}") from exc
-                raise
-            self.pipes[key] = pipe
-            self.files[key] = own.files
-            self.versions[key] = versions
+            pipe = self._build(model, own)
             while len(self.pipes) > self.keep:  # the least recently used, never this one nor a pinned one
                 old_key = next((k for k in self.pipes if k != key and k not in pinned), None)
                 if old_key is None:
@@ -328,10 +315,39 @@ class Worker(threading.Thread):
                 pipe.set_part_files(vae=model.vae, text_encoders=list(model.text_encoders))
             except FileChanged:
                 raise
+            except (PartNotLoaded, PartNotOwned) as exc:
+                # a part only a load adds or drops (SD 3's T5 on a file without one): the model loads again with the
+                # files chosen, as Forge reloads it when its modules change; the old pipeline stays if that is refused
+                log.info("loading %s again on %s: %s", model.name, self.label, exc.what)
+                pipe = self._build(model, model, replaces=pipe)
+                return pipe
             except SdrtError as exc:
                 raise _module_error(model, exc) from exc
             self.files[key] = model.files
             self.versions[key] = self.versions[key][0], parts
+        return pipe
+
+    def _build(self, model: ModelEntry, own: ModelEntry, replaces: Any = None) -> Any:
+        """Build ``model``'s pipeline with ``own``'s VAE and text-encoder files bound at load, and hold it under the
+        model's key; ``replaces``: the pipeline held there now, closed once the new one is built (a refusal keeps
+        it). A file the model refuses is a 400 naming the request's field."""
+        key = model.key
+        versions = _versions(self._own_files(model)), _versions(_part_files(own.files))  # before any read
+        try:
+            pipe = self.spec_for(own, self.device).build()
+        except SdrtError as exc:
+            if isinstance(exc, FileChanged):
+                raise
+            if own.module_field is not None:  # a VAE / text encoder the request chose that this model refuses
+                raise _module_error(model, exc) from exc
+            if isinstance(exc, WeightsError):  # a checkpoint of another architecture than its base folder
+                raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}") from exc
+            raise
+        if replaces is not None:
+            self._drop(key)
+        self.pipes[key] = pipe
+        self.files[key] = own.files
+        self.versions[key] = versions
         return pipe
 
     def _own_files(self, model: ModelEntry) -> tuple[Path, ...]:
