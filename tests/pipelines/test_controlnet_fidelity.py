@@ -100,3 +100,39 @@ def test_bad_inpaint_crop_is_refused() -> None:
 
     with pytest.raises(InputError, match=r"controlnets\[0\] inpaint_crop must be True or False, got 'no'"):
         pipelines.validate(PROMPT, controlnets=[_canny("Just Resize", inpaint_crop="no")])
+
+
+def test_cli_only_masked_with_a_control_image(pipe, tmp_path: Path, capsys) -> None:
+    """``sdrt generate --inpaint-area only-masked --control-image ...`` cuts the control image as the API does (the
+    image equals the API's run fed the extension's map); ``--control-inpaint-crop off`` feeds the whole image; the
+    flag without only-masked is refused, naming it."""
+    from sdrt.cli import main
+    from sdrt.pipelines.png import write_png
+
+    pil = pytest.importorskip("PIL.Image")
+    for name in ("picture", "mask", "control"):
+        write_png(tmp_path / f"{name}.png", REFS[name])
+    mode = "Crop and Resize"
+    args = ["generate", str(DATA / "tiny-sd15-controlnet"), PROMPT, "--steps", "3", "--seed", "5", "--sampler",
+            "Euler", "--cfg", "7", "--backend", fast_backend(), "--width", "64", "--height", "64",
+            "--init-image", str(tmp_path / "picture.png"), "--mask", str(tmp_path / "mask.png"),
+            "--inpaint-area", "only-masked", "--inpaint-padding", "8", "--control-image", str(tmp_path / "control.png"),
+            "--control-preprocessor", "canny", "--control-threshold-a", "50", "--control-threshold-b", "150",
+            "--control-resize", mode]
+
+    def run(*more: str) -> np.ndarray:
+        out = tmp_path / "out.png"
+        assert main([*args, "-o", str(out), *more]) == 0, capsys.readouterr().err
+        with pil.open(out) as img:
+            return np.asarray(img.convert("RGB"))
+
+    given = ControlNet("controlnet", REFS[f"crop/{mode}/map"], resize=mode, inpaint_crop=False)
+    kw = dict(steps=3, seed=5, sampler="Euler", cfg=7, **ONLY_MASKED)
+    assert np.array_equal(run(), pipe.generate(PROMPT, controlnets=[given], **kw).images[0])
+    whole = ControlNet("controlnet", REFS["control"], 1.0, 0.0, 1.0, "canny", mode, 50, 150, inpaint_crop=False)
+    assert np.array_equal(run("--control-inpaint-crop", "off"), pipe.generate(PROMPT, controlnets=[whole], **kw).images[0])
+    cut = [a for a in args if a not in ("--inpaint-area", "only-masked", "--inpaint-padding", "8")]
+    assert main([*cut, "-o", str(tmp_path / "x.png"), "--control-inpaint-crop", "off"]) == 1
+    err = capsys.readouterr().err
+    assert "--control-inpaint-crop says whether an only-masked run cuts its control images" in err
+    assert "Where: --control-inpaint-crop" in err, err
