@@ -20,6 +20,10 @@ The images come back at the init image's size. The infotext says ``Inpaint area:
 padding: N`` as A1111 writes them. A mask with nothing to repaint (all black) is refused: A1111 then runs plain
 img2img without the mask and says so in a comment, diffusers' crop region is undefined.
 
+ControlNet units (:func:`cut_control`) see the same area: each unit's input image, before its preprocessor, is fitted to
+the init image's size in the unit's resize mode, cut to the crop and fitted with Resize and Fill, as
+sd-webui-controlnet's ``try_crop_image_with_a1111_mask`` does (a unit's ``inpaint_crop=False``: the whole image).
+
 The whole-picture mode's paste-back (``mask_overlay=True``) is :class:`Overlay`: A1111's ``apply_overlay`` without
 the crop, the fitted picture composited over each image through the fitted mask doubled (:func:`overlay_alpha`)."""
 
