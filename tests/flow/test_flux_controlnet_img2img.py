@@ -180,3 +180,60 @@ def test_flux_hires_second_pass_runs_the_tail_of_the_target_size_schedule() -> N
     finally:
         del part.run
     np.testing.assert_allclose(seen, first_64 + at_96[1:], rtol=0, atol=2e-6)
+
+
+# ------------------------------------------------------------------ sd-webui-controlnet's map: only masked, hires
+FIDELITY = np.load(Path(__file__).resolve().parents[1] / "data" / "control" / "cn_fidelity_refs.npz")
+
+
+def _picture(encoded: np.ndarray) -> np.ndarray:
+    """The HxWx3 uint8 picture a VAE input (1x3xHxW in [-1, 1], ``to_nchw``) was made from."""
+    return np.round((encoded[0].transpose(1, 2, 0) + 1) * np.float32(127.5)).astype(np.uint8)
+
+
+def test_only_masked_cuts_a_flux_units_image_as_the_extension() -> None:
+    """A Flux ControlNet unit in an only-masked run: its image is cut to the area repainted before its preprocessor,
+    as SD units' are (sd-webui-controlnet's crop; scripts/gen_cn_fidelity_refs.py), and the net reads it: the run
+    equals the one fed the extension's map of the cut-out as it is, and differs from the uncut one's."""
+    pipe = _pipe("reference")
+    net = open_controlnet(FILES["canny"], graph=BASE)
+    mode = "Crop and Resize"
+
+    def unit(image, pre="canny", **kw):
+        low, high = (50, 150) if pre == "canny" else (None, None)
+        return ControlNet(net, image, 0.8, 0.0, 1.0, pre, mode, low, high, pixel_perfect=True, **kw)
+
+    kw = dict(steps=2, seed=4, sampler="Euler", guidance=3.5, max_sequence_length=32, init_image=FIDELITY["picture"],
+              mask=FIDELITY["mask"], inpaint_area="only masked", inpaint_padding=8, width=64, height=64)
+    s, _, _ = pipe._prepare("a cat", "", dict(controlnets=[unit(FIDELITY["control"])], **kw))
+    assert np.array_equal(s.toolbox.controlnets[0].control, FIDELITY[f"crop/{mode}/map"])
+    got = pipe("a cat", controlnets=[unit(FIDELITY["control"])], **kw)[0]
+    want = pipe("a cat", controlnets=[unit(FIDELITY[f"crop/{mode}/map"], "none", inpaint_crop=False)], **kw)[0]
+    whole = pipe("a cat", controlnets=[unit(FIDELITY["control"], inpaint_crop=False)], **kw)[0]
+    assert got.shape == (80, 96, 3) and np.array_equal(got, want)
+    assert int(np.abs(whole.astype(int) - got).max()) > 10
+
+
+def test_hires_fix_resizes_the_first_pass_map() -> None:
+    """A pixel-perfect blur_gaussian unit through a hires run (64x64, then 96x96): the first pass encodes the map
+    made at 64; the second pass encodes that map resized to 96x96 (the extension's detectmap_proc at the hires size,
+    OpenCV's cubic: one level off on a few pixels), not a map made again at 96."""
+    pipe = _pipe("reference")
+    mode = "Crop and Resize"
+    unit = ControlNet(open_controlnet(FILES["canny"], graph=BASE), FIDELITY["hires_image"], 0.8, 0.0, 1.0,
+                      "blur_gaussian", mode, 3.0, pixel_perfect=True)
+    pictures: list[np.ndarray] = []
+    own = pipe._encode_image
+    pipe._encode_image = lambda image, generator: pictures.append(np.array(image)) or own(image, generator)
+    try:
+        gen = pipe.generate("a cat", steps=2, seed=4, width=64, height=64, sampler="Euler", guidance=3.5,
+                            max_sequence_length=32, controlnets=[unit], hires_scale=1.5, hires_steps=1,
+                            hires_denoise=0.6, hires_upscaler="Lanczos")
+    finally:
+        del pipe._encode_image
+    pictures = pictures[-3:]  # the run's (the memory plan's dry run encodes first)
+    assert [p.shape for p in pictures] == [(1, 3, 64, 64), (1, 3, 96, 96), (1, 3, 96, 96)]  # control, control, image
+    assert np.array_equal(_picture(pictures[0]), FIDELITY[f"hires/{mode}/64x64"])
+    d = np.abs(_picture(pictures[1]).astype(int) - FIDELITY[f"hires/{mode}/96x96"])
+    assert d.max() <= 1 and (d > 0).mean() <= 0.005, (int(d.max()), float((d > 0).mean()))
+    assert "Processor Res: 64" in gen.settings[0]["ControlNet 0"]

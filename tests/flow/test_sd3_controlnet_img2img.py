@@ -209,3 +209,25 @@ def test_cli_runs_an_sd3_controlnet_with_init_image_mask_and_hires(tmp_path, cap
     assert int(np.abs(got - want).max()) == 0
     if mode != "hires":  # the same picture as diffusers' (the PNG's control picture and init image are the case's)
         assert _diff(case, [got.astype(np.uint8)]) <= 1
+
+
+def test_only_masked_cuts_an_sd3_units_image_and_refuses_an_inpainting_net() -> None:
+    """An SD3 ControlNet unit in an only-masked run: its image is cut to the area repainted before its preprocessor,
+    as sd-webui-controlnet cuts SD units' (the map equals scripts/gen_cn_fidelity_refs.py's), and the run pastes
+    back; alimama's inpainting net, which reads its own picture and mask, is refused with an init image, naming it."""
+    from sdrt.errors import InputError
+
+    fidelity = np.load(Path(__file__).resolve().parents[1] / "data" / "control" / "cn_fidelity_refs.npz")
+    pipe = _pipe("reference")
+    mode = "Crop and Resize"
+    kw = dict(steps=2, seed=4, sampler="Euler", max_sequence_length=32, init_image=fidelity["picture"],
+              mask=fidelity["mask"], inpaint_area="only masked", inpaint_padding=8, width=64, height=64)
+    unit = ControlNet(_net("canny"), fidelity["control"], 0.8, 0.0, 1.0, "canny", mode, 50, 150, pixel_perfect=True)
+    s, _, _ = pipe._prepare("a cat", "", dict(controlnets=[unit], **kw))
+    assert np.array_equal(s.toolbox.controlnets[0].control, fidelity[f"crop/{mode}/map"])
+    gen = pipe.generate("a cat", controlnets=[unit], **kw)
+    assert gen.images[0].shape == (80, 96, 3) and gen.settings[0]["Inpaint area"] == "Only masked"
+    inpainting = ControlNet(_net("inpaint"), fidelity["control"], control_mask=fidelity["mask"])
+    with pytest.raises(InputError, match="an init image with one is not supported") as err:
+        pipe.generate("a cat", controlnets=[inpainting], **kw)
+    assert err.value.where == "init_image"

@@ -433,17 +433,47 @@ def test_detect_a_slider_the_picture_cannot_take_is_a_400_naming_it(cn_server, m
     assert r.json()["field"] == key and r.json()["message"].startswith(key) and words in r.json()["message"], r.text
 
 
-def test_only_masked_with_a_unit_names_the_requests_controlnet_field(cn_server) -> None:
-    """inpaint_full_res with a ControlNet unit is a 400 whose message names the request's fields (the units are
-    alwayson_scripts.controlnet), never the pipeline's argument ``controlnets``."""
-    init, mask = _photo(64, 64), np.zeros((64, 64), np.uint8)
-    mask[20:40, 20:40] = 255
-    r = _post(cn_server, "img2img", dict(BASE, init_images=[_b64(init)], mask=_b64(mask), inpaint_full_res=1,
-                                         alwayson_scripts={"controlnet": {"args": [
-                                             {"module": "invert", "model": "controlnet"}]}}))
-    assert r.status_code == 400 and r.json()["field"] == "inpaint_full_res", r.text
-    message = r.json()["message"]
-    assert "without alwayson_scripts.controlnet" in message and "controlnets" not in message, message
+FIDELITY = np.load(Path(__file__).resolve().parents[1] / "data" / "control" / "cn_fidelity_refs.npz")
+
+
+def test_webuiapi_only_masked_unit_sees_the_area_repainted(cn_server, cn_models, pipe) -> None:
+    """img2img with inpaint_full_res and a canny unit (webuiapi's client): the unit's image is cut to the area
+    repainted before its preprocessor, as sd-webui-controlnet's inpaint_crop_input_image (on by default) does. The
+    picture equals the Python API's run fed the extension's own map for that cut-out (scripts/gen_cn_fidelity_refs.py:
+    Pillow and OpenCV as A1111 and the extension call them); ``inpaint_crop_input_image: false`` (raw HTTP) feeds
+    the whole image's map, as the Python API's ``inpaint_crop=False``."""
+    webuiapi = pytest.importorskip("webuiapi", reason="the webuiapi client is a test dependency: pip install webuiapi")
+    host, port = cn_server.removeprefix("http://").split(":")
+    api = webuiapi.WebUIApi(host=host, port=int(port), sampler="Euler", steps=4)
+    title = next(m for m in api.controlnet_model_list() if m.startswith("tiny_scribble ["))
+    picture, mask, control = FIDELITY["picture"], FIDELITY["mask"], FIDELITY["control"]
+    unit = webuiapi.ControlNetUnit(image=Image.fromarray(control), module="canny", model=title, threshold_a=50,
+                                   threshold_b=150, pixel_perfect=True, resize_mode="Crop and Resize")
+    r = api.img2img(images=[Image.fromarray(picture)], mask_image=Image.fromarray(mask), mask_blur=0,
+                    inpainting_fill=1, inpaint_full_res=True, inpaint_full_res_padding=8, denoising_strength=0.75,
+                    prompt=PROMPT, seed=11, width=64, height=64, cfg_scale=7, controlnet_units=[unit],
+                    alwayson_scripts={})  # webuiapi mutates its default dict: a dict of this call's own
+    assert r.info["sdrt_not_honoured"] == [], r.info
+    got = np.asarray(r.image.convert("RGB"))
+    assert got.shape == (80, 96, 3) and "Inpaint area: Only masked" in r.info["infotexts"][0]
+    net = str(cn_models / "ControlNet" / "tiny_scribble")
+    area = dict(init_image=picture, mask=mask, inpaint_area="only masked", inpaint_padding=8, strength=0.75,
+                strength_rule="a1111")  # serve runs A1111's img2img steps
+    extensions = ControlNet(net, FIDELITY["crop/Crop and Resize/map"], resize="Crop and Resize", window="a1111",
+                            inpaint_crop=False)  # the extension's map of the cut-out, fed as it is
+    assert np.array_equal(got, _python(pipe, [extensions], **area))
+    body = dict(BASE, init_images=[_b64(picture)], mask=_b64(mask), mask_blur=0, inpainting_fill=1,
+                inpaint_full_res=True, inpaint_full_res_padding=8, denoising_strength=0.75,
+                alwayson_scripts={"controlnet": {"args": [
+                    {"image": _b64(control), "module": "canny", "model": title, "threshold_a": 50, "threshold_b": 150,
+                     "pixel_perfect": True, "resize_mode": "Crop and Resize", "inpaint_crop_input_image": False}]}})
+    r = _post(cn_server, "img2img", body)
+    assert r.status_code == 200, r.text
+    whole = _rgb(r.json()["images"][0])
+    uncut = ControlNet(net, control, 1.0, 0.0, 1.0, "canny", "Crop and Resize", 50, 150, pixel_perfect=True,
+                       window="a1111", inpaint_crop=False)
+    assert np.array_equal(whole, _python(pipe, [uncut], **area))
+    assert int(np.abs(whole.astype(int) - got).max()) > 10
 
 
 @pytest.mark.parametrize("module", ["tile_resample", "lineart_standard", "scribble_xdog", "shuffle", "color",

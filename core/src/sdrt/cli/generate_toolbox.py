@@ -56,6 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control-union-mode", action="append", type=int, default=[], metavar="N",
                    help="a union Flux ControlNet's mode (diffusers' control_mode: the control type's number on the "
                         "net's model card, e.g. 0 canny, 2 depth for InstantX/Shakker-Labs Union)")
+    g.add_argument("--control-inpaint-crop", action="append", default=[], choices=("on", "off"),
+                   help="with --inpaint-area only-masked: on (default) cuts the control image to the area repainted "
+                        "before its preprocessor, as sd-webui-controlnet's inpaint_crop_input_image; off: the whole "
+                        "image")
     g.add_argument("--guess-mode", action="store_true",
                    help="diffusers' guess mode for every ControlNet (residuals scaled 0.1 to 1, none for the negative "
                         "prompt)")
@@ -112,7 +116,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     if not images:  # every ControlNet flag shapes a control image's unit: without one it would do nothing
         for flag in ("controlnet", "control_mask", "control_scale", "control_start", "control_end",
                      "control_preprocessor", "control_threshold_a", "control_threshold_b", "control_resize",
-                     "control_mode", "control_union_mode", "guess_mode"):
+                     "control_mode", "control_union_mode", "control_inpaint_crop", "guess_mode"):
             if getattr(args, flag):
                 name = "--" + flag.replace("_", "-")
                 raise InputError(f"{name} needs a --control-image", where=name,
@@ -161,6 +165,15 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             raise InputError(f"--control-start {args.control_start[0]:g} is after --control-end "
                              f"{args.control_end[0]:g}", where="--control-start",
                              fix="pass a start at or before the end (fractions of the steps, 0 to 1)")
+        if args.control_inpaint_crop:  # it cuts an only-masked run's control images: elsewhere it would do nothing
+            from ..pipelines.onlymasked import ONLY_MASKED, check_area
+
+            area = getattr(args, "inpaint_area", None)
+            if area is None or check_area(area) != ONLY_MASKED:
+                raise InputError("--control-inpaint-crop says whether an only-masked run cuts its control images, "
+                                 "and --inpaint-area is not only-masked", where="--control-inpaint-crop",
+                                 fix="pass --inpaint-area only-masked (with --mask), or leave --control-inpaint-crop "
+                                     "out")
         pres = _per_unit(args.control_preprocessor, n, "--control-preprocessor")
         lows = _per_unit(args.control_threshold_a, n, "--control-threshold-a")
         highs = _per_unit(args.control_threshold_b, n, "--control-threshold-b")
@@ -169,16 +182,18 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         for pre, low, high in zip(pres, lows, highs):  # in the flags' words (the pipeline's: "controlnets[0] low")
             check_thresholds(pre or "none", low, high, "", ("--control-threshold-a", "--control-threshold-b"))
         units = []
-        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high in zip(
+        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
                 _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
                 pres, _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode"),
                 _per_unit(args.control_union_mode, n, "--control-union-mode"),
-                _per_unit(args.control_mask, n, "--control-mask"), lows, highs):
+                _per_unit(args.control_mask, n, "--control-mask"), lows, highs,
+                _per_unit(args.control_inpaint_crop, n, "--control-inpaint-crop")):
             units.append(ControlNet(net, image, 1.0 if scale is None else scale, 0.0 if start is None else start,
                                     1.0 if end is None else end, pre or "none", resize or "Crop and Resize",
                                     low=low, high=high, control_mode=mode or "Balanced",
-                                    guess_mode=bool(args.guess_mode), union_mode=union, control_mask=mask))
+                                    guess_mode=bool(args.guess_mode), union_mode=union, control_mask=mask,
+                                    inpaint_crop=crop != "off"))
         opts["controlnets"] = units
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed", "refiner",
                 "refiner_switch_at", "refiner_switch_by_steps", "hires_refiner_pass"):

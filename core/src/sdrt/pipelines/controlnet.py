@@ -120,6 +120,9 @@ class ControlNet:
     control_mask: Any = None
     #: the shuffle preprocessor's numpy seed; None: derived from the run's seed (the pipeline fills run_seed)
     seed: int | None = None
+    #: with ``inpaint_area="only masked"``: cut the control image to the area the run repaints before its
+    #: preprocessor (sd-webui-controlnet's ``inpaint_crop_input_image``, on by default); False: the whole image
+    inpaint_crop: bool = True
     #: filled in by the pipeline
     part: Part | None = field(default=None, repr=False)
     control: np.ndarray | None = field(default=None, repr=False)
@@ -129,6 +132,12 @@ class ControlNet:
     run_seed: int | None = field(default=None, repr=False)
     #: a Flux ControlNet's packed control latents ``[batch, tokens, 64]`` (sdrt.pipelines.fluxcontrolnet)
     latents: np.ndarray | None = field(default=None, repr=False)
+    #: an only-masked run's paste (sdrt.pipelines.onlymasked.Paste: the picture's size and the crop box) that the
+    #: control image is cut to (:func:`prepare_image`); None: the whole image
+    region: Any = field(default=None, repr=False)
+    #: the run's control map as the preprocessor made it, before its resize to a pass's size: made once, at the
+    #: first pass, and resized again for the hires fix's second pass (:func:`prepare_image`)
+    detected: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def model_name(self) -> str:
@@ -186,7 +195,8 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
             unit = ControlNet(**{f: getattr(item, f) for f in ("net", "image", "scale", "start", "end", "preprocessor",
                                                                  "resize", "low", "high", "processor_res",
                                                                  "pixel_perfect", "control_mode", "guess_mode",
-                                                                 "window", "union_mode", "control_mask", "seed")})
+                                                                 "window", "union_mode", "control_mask", "seed",
+                                                                 "inpaint_crop")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
             unit = ControlNet(*item[:5])
             if len(item) == 6:
@@ -214,6 +224,11 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
             raise InputError(f"unknown ControlNet preprocessor {unit.preprocessor!r}", where=where,
                              fix=f"use one of {', '.join(PREPROCESSORS)}")
         unit.control_mode = control_mode(unit.control_mode, f"{where} control_mode")
+        if not isinstance(unit.inpaint_crop, (bool, np.bool_)):
+            raise InputError(f"{where} inpaint_crop must be True or False, got {unit.inpaint_crop!r:.40}",
+                             where=f"{where} inpaint_crop",
+                             fix="pass inpaint_crop=True (cut to the only-masked area, the default) or False")
+        unit.inpaint_crop = bool(unit.inpaint_crop)
         if not isinstance(unit.guess_mode, (bool, np.bool_)):
             raise InputError(f"{where} guess_mode must be True or False, got {unit.guess_mode!r}",
                              where=f"{where} guess_mode", fix="pass guess_mode=True (diffusers' guess mode) or False")
@@ -288,17 +303,19 @@ def is_weights_file(path: Path) -> bool:
 
 
 def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
-    """The control image after its preprocessor, resized to the output size: HxWx3 uint8."""
-    from . import controlmaps as cm
-    from .images import to_rgb
+    """The control image after its preprocessor, resized to the output size: HxWx3 uint8.
 
-    rgb = to_rgb(unit.image, "control image", where)
-    res = processor_resolution(unit, rgb.shape[0], rgb.shape[1], width, height)
-    if res is not None and unit.preprocessor in AT_RESOLUTION and unit.made_at is None:
-        unit.made_at = res
-    seed = unit.seed if unit.seed is not None else unit.run_seed
+    As sd-webui-controlnet's ``get_control``: the map is made once, at the first call (the first pass's size, which
+    a pixel-perfect resolution is worked out for), and kept (``unit.detected``); each call resizes that map to its
+    size with the unit's resize mode (``detectmap_proc``), so the hires fix's second pass gets the first pass's map
+    resized, not a map made again at its size. With an only-masked run (``unit.region``) the input image is first
+    cut to the area the run repaints (:func:`sdrt.pipelines.onlymasked.cut_control`)."""
+    from . import controlmaps as cm
+
+    if unit.detected is None:
+        unit.detected = detect(unit, width, height, where)
+    rgb = unit.detected
     try:
-        rgb = preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed)
         if rgb.shape[:2] != (height, width):
             rgb = cm.resize_control(rgb, width, height, unit.resize)
     except cm.ControlImageError as exc:  # named as the caller names the unit, or its threshold ("... low")
@@ -306,6 +323,29 @@ def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.n
         raise cm.ControlImageError(exc.what, where=f"{where} {threshold}" if threshold else where,
                                    fix=exc.fix) from None
     return rgb
+
+
+def detect(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
+    """A unit's control map (HxWx3 uint8) before its resize: the image (cut to an only-masked run's area), its
+    preprocessor at the resolution the unit asks for a ``width x height`` pass."""
+    from . import controlmaps as cm
+    from .images import to_rgb
+
+    rgb = to_rgb(unit.image, "control image", where)
+    if unit.region is not None and unit.inpaint_crop:
+        from .onlymasked import cut_control
+
+        rgb = cut_control(rgb, unit.region, unit.resize, width, height, "control image", where)
+    res = processor_resolution(unit, rgb.shape[0], rgb.shape[1], width, height)
+    if res is not None and unit.preprocessor in AT_RESOLUTION and unit.made_at is None:
+        unit.made_at = res
+    seed = unit.seed if unit.seed is not None else unit.run_seed
+    try:
+        return preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed)
+    except cm.ControlImageError as exc:  # named as the caller names the unit, or its threshold ("... low")
+        threshold = getattr(exc, "threshold", None)
+        raise cm.ControlImageError(exc.what, where=f"{where} {threshold}" if threshold else where,
+                                   fix=exc.fix) from None
 
 
 def seed_units(units: Sequence[ControlNet], seed: int, subseed: int | None) -> None:

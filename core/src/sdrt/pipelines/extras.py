@@ -43,6 +43,7 @@ class ToolboxMixin:
         assert s.width is not None and s.height is not None
         self._silent_units: list[cn.ControlNet] = []
         cn.seed_units(tb.controlnets, s.seed, tb.subseed)  # the shuffle map's numpy seed, as the extension's
+        self._unit_regions(s)
         from .singlefile import denoiser_graph
 
         graph = denoiser_graph(self.folder, bool(tb.controlnets))  # type: ignore[attr-defined]
@@ -106,6 +107,20 @@ class ToolboxMixin:
             self._preview_fn = tb.preview
         else:
             self._preview_fn = None
+
+    def _unit_regions(self, s: Settings) -> None:
+        """Each unit's control map is made afresh for this run (``detected``, then kept for its passes), cut to the
+        area an only-masked run repaints (``region``: the job's paste, sdrt.pipelines.onlymasked.Paste), as
+        sd-webui-controlnet cuts a unit's input image with A1111's crop region."""
+        from .onlymasked import ONLY_MASKED, Paste
+
+        paste = getattr(self, "_paste", None)
+        region = paste if s.inpaint_area == ONLY_MASKED and isinstance(paste, Paste) else None
+        units = list(s.toolbox.controlnets)
+        if isinstance(s.control_image, cn.ControlNet):  # a Flux.1 Canny/Depth model's, from --control-image
+            units.append(s.control_image)
+        for unit in units:
+            unit.detected, unit.region = None, region
 
     def _zero_residuals(self, s: Settings) -> list[cn.ControlNet]:
         """A UNet exported with ControlNet inputs and no ControlNet asked for: the folder's first net at scale 0,
@@ -216,9 +231,10 @@ class ToolboxMixin:
         """Flux / SD3 ControlNets: each unit's control picture VAE-encoded with samples from the run's generator
         before the init image's and the noise are drawn, in txt2img, img2img and inpainting alike (diffusers'
         ControlNet pipelines of the family prepare the control image first); nothing for other families.
-        ``size``: the hires fix's second pass, whose pictures are made again at its (width, height) (the unit's
-        preprocessor and resize, as sd-webui-controlnet and Forge resize the map to the hires size) and encoded
-        before the upscaled image is, the order the ControlNet img2img pipeline at that size draws in."""
+        ``size``: the hires fix's second pass, whose pictures are the first pass's control maps resized to its
+        (width, height) with each unit's resize mode (sd-webui-controlnet's ``detectmap_proc`` at the hires size; the
+        preprocessor is not run again) and encoded before the upscaled image is, the order the ControlNet img2img
+        pipeline at that size draws in."""
         tb: Toolbox = s.toolbox
         nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
         if nets is None or not tb.controlnets:
@@ -243,7 +259,8 @@ class ToolboxMixin:
         if nets is not None:  # (the control latents: _encode_controls, before the init or upscaled image's)
             call.hooks.append(nets.hook(self, units, state, call))
             return state
-        for k, unit in enumerate(units):  # the hires pass at its size; the next image's first pass at its own again
+        # the hires pass: the first pass's map resized to its size; the next image's first pass at its own again
+        for k, unit in enumerate(units):
             if unit.control is None or tuple(unit.control.shape[-2:]) != (height, width):
                 unit.control = self._control_tensor(unit, width, height, k)
         call.hooks.append(cn.hook(units, self.denoiser, state,  # type: ignore[attr-defined]
@@ -311,7 +328,7 @@ class ToolboxMixin:
         loop = self._loop(s2, ms, generator, seed, start=total_steps - run)  # type: ignore[attr-defined]
         # the model loaded now decodes and encodes (A1111's sd_model): the refiner's VAE once it has taken over
         vae = refiner.vae if refiner is not None else self
-        # a Flux / SD3 net's control images made again at the target size, their latents drawn before the upscaled
+        # a Flux / SD3 net's control maps resized to the target size, their latents drawn before the upscaled
         # image's (the order of the ControlNet img2img pipeline at that size)
         self._encode_controls(s, uncond, generator, (tw, th))
         if hr.latent:

@@ -19,7 +19,7 @@ pipeline, as diffusers 0.42's ``FluxControlNetPipeline`` runs them.
   ``FluxControlNetInpaintPipeline``: the control latents are drawn first, then the init image's, then the noise
   (inpainting: then the masked image's); the window is judged over the steps the cut schedule runs (diffusers'
   ``controlnet_keep`` over ``len(timesteps)`` after ``get_timesteps``), which the pipeline's step count already is;
-- the hires fix's second pass makes each control image again at the target size and encodes it with the second
+- the hires fix's second pass resizes each control map (made once) to the target size and encodes it with the second
   pass's generator before the upscaled image (``ToolboxMixin._encode_controls``, shared with SD3's nets), as that
   img2img pass would;
 - no reference images or FLUX.1 Tools model with it.

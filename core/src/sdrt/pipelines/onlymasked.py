@@ -20,6 +20,10 @@ The images come back at the init image's size. The infotext says ``Inpaint area:
 padding: N`` as A1111 writes them. A mask with nothing to repaint (all black) is refused: A1111 then runs plain
 img2img without the mask and says so in a comment, diffusers' crop region is undefined.
 
+ControlNet units (:func:`cut_control`) see the same area: each unit's input image, before its preprocessor, is fitted to
+the init image's size in the unit's resize mode, cut to the crop and fitted with Resize and Fill, as
+sd-webui-controlnet's ``try_crop_image_with_a1111_mask`` does (a unit's ``inpaint_crop=False``: the whole image).
+
 The whole-picture mode's paste-back (``mask_overlay=True``) is :class:`Overlay`: A1111's ``apply_overlay`` without
 the crop, the fitted picture composited over each image through the fitted mask doubled (:func:`overlay_alpha`)."""
 
@@ -168,10 +172,25 @@ def prepare(picture: np.ndarray, gray: np.ndarray, width: int, height: int, padd
                              box, padding, enlarge)
 
 
+def cut_control(image: np.ndarray, paste: Paste, mode: str, width: int, height: int, what: str = "control image",
+                where: str = "controlnets") -> np.ndarray:
+    """A ControlNet unit's input image (HxWx3 uint8) cut to the area an only-masked run repaints, before its
+    preprocessor, as sd-webui-controlnet's ``try_crop_image_with_a1111_mask`` cuts it (its
+    ``inpaint_crop_input_image``, on by default): fitted to the init image's size with the unit's resize ``mode``
+    (A1111's ``resize_image``, Lanczos), cut to the run's crop box (``paste.box``, the box the picture is cut to), and
+    fitted to ``width x height`` with Resize and Fill, as the picture's cut-out is."""
+    from .images import RESIZE_AND_FILL, fit_array
+
+    ph, pw = paste.picture.shape[:2]
+    x1, y1, x2, y2 = paste.box
+    full = fit_array(np.ascontiguousarray(image, dtype=np.uint8), pw, ph, mode, what, where)
+    return fit_array(np.ascontiguousarray(full[y1:y2, x1:x2]), width, height, RESIZE_AND_FILL, what, where)
+
+
 def infotext(padding: int) -> dict[str, object]:
     """A1111's fields for an only-masked run (processing.py's ``extra_generation_params``)."""
     return {"Inpaint area": "Only masked", "Masked area padding": padding}
 
 
 __all__ = ["AREAS", "DEFAULT_PADDING", "ONLY_MASKED", "WHOLE_PICTURE", "Overlay", "Paste", "check_area",
-           "check_padding", "crop_box", "infotext", "kept_layer", "overlay_alpha", "prepare"]
+           "check_padding", "crop_box", "cut_control", "infotext", "kept_layer", "overlay_alpha", "prepare"]

@@ -20,7 +20,7 @@ Large design) in the SD3 pipeline, as diffusers 0.42's ``StableDiffusion3Control
   pipelines' schedule (diffusers has no such SD3 pipeline; the order is its Flux ControlNet img2img / inpaint
   pipelines'): the control latents are drawn first, then the init image's, then the noise (inpainting: then the
   masked image's); the window is judged over the steps the cut schedule runs, which the pipeline's step count
-  already is; the hires fix's second pass makes each control image again at the target size and encodes it before
+  already is; the hires fix's second pass resizes each control map (made once) to the target size and encodes it before
   the upscaled image (``ToolboxMixin._encode_controls``, shared with Flux's nets).
 - alimama's inpainting nets (17 control channels) run as ``StableDiffusion3ControlNetInpaintingPipeline``: txt2img,
   the unit's picture with the pixels its ``control_mask`` repaints set to black, encoded once per image before the

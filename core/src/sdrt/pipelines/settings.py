@@ -249,7 +249,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         if mask is None:
             raise InputError("{@masked_content} says what the area a mask repaints starts from, and no mask was "
                              "given", where="masked_content", fix="pass {@mask=} too, or leave {@masked_content} unset")
-    area, padding = _inpaint_area(inpaint_area, inpaint_padding, mask, resize_mode, extras)
+    area, padding = _inpaint_area(inpaint_area, inpaint_padding, mask, resize_mode)
     blur, overlay = _mask_options(mask_blur, mask_overlay, mask)
     from .initupscaler import parse as upscaler_of
 
@@ -304,7 +304,7 @@ def _mask_options(blur: Any, overlay: Any, mask: Any) -> tuple[tuple[int, int], 
     return xy, bool(overlay)
 
 
-def _inpaint_area(area: Any, padding: Any, mask: Any, resize_mode: Any, toolbox: Any) -> tuple[str, int]:
+def _inpaint_area(area: Any, padding: Any, mask: Any, resize_mode: Any) -> tuple[str, int]:
     """``inpaint_area`` and ``inpaint_padding`` checked (sdrt.pipelines.onlymasked): each needs what it acts on."""
     from .onlymasked import DEFAULT_PADDING, ONLY_MASKED, WHOLE_PICTURE, check_area, check_padding
 
@@ -322,10 +322,6 @@ def _inpaint_area(area: Any, padding: Any, mask: Any, resize_mode: Any, toolbox:
         raise InputError("{@resize_mode} fits the whole picture to the size, and with {@inpaint_area} 'only masked' "
                          "the masked area is cut out and fitted with Resize and Fill (as A1111 does)",
                          where="resize_mode", fix="leave {@resize_mode} unset, or {@inpaint_area} unset")
-    if chosen == ONLY_MASKED and getattr(toolbox, "controlnets", None):
-        raise InputError("ControlNet units with {@inpaint_area} 'only masked' are not supported: their control "
-                         "images would not be cut to the masked area", where="inpaint_area",
-                         fix="leave {@inpaint_area} unset (the whole picture), or run without {@controlnets}")
     return chosen, DEFAULT_PADDING if padding is None else padding
 
 

@@ -290,7 +290,9 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     made = make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize,
                 low=a, high=b, processor_res=None if res is None else int(res),
                 pixel_perfect=bool(flag("pixel_perfect", False)), control_mode=CONTROL_MODES[mode],
-                window="a1111", control_mask=control_mask)  # the extension's step window: start <= i / n <= end
+                window="a1111", control_mask=control_mask,  # the extension's step window: start <= i / n <= end
+                # inpaint_full_res: the control image cut to the area repainted, as the extension (on by default)
+                inpaint_crop=bool(flag("inpaint_crop_input_image", True)))
     return made, reads
 
 

@@ -1,0 +1,138 @@
+"""Where a run cuts or resizes a ControlNet unit's map, it does so as sd-webui-controlnet does:
+
+- with ``inpaint_area="only masked"`` a unit's input image is cut to the area the run repaints (the picture's crop
+  box), before its preprocessor (the extension's ``try_crop_image_with_a1111_mask``; ``inpaint_crop=False`` is its
+  ``inpaint_crop_input_image`` off: the whole image);
+- the hires fix's second pass gets the first pass's map (made once, pixel perfect for the first pass's size)
+  resized to its size in the unit's resize mode (the extension's ``detectmap_proc`` at ``hr_y``, ``hr_x``), not a
+  map made again.
+
+The expected maps come from ``scripts/gen_cn_fidelity_refs.py`` (Pillow and OpenCV called as A1111 and the
+extension call them; nothing of sdrt) -> ``tests/data/control/cn_fidelity_refs.npz``. The model is the tiny
+SD 1.5 ControlNet folder (its nets take 64x64 control images only; the demo model's UNet takes no residuals), so the
+second pass is driven through the pipeline's own hires hook (``_control`` at the second pass's size); the hires run
+end to end is on Flux (tests/flow/test_flux_controlnet_img2img.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pipeline_helpers import DATA, fast_backend
+
+from sdrt import pipelines
+from sdrt.pipelines.controlnet import ControlNet
+from sdrt.pipelines.families.base import ModelCall
+
+REFS = np.load(Path(__file__).resolve().parents[1] / "data" / "control" / "cn_fidelity_refs.npz")
+MODES = ("Just Resize", "Crop and Resize", "Resize and Fill")
+PROMPT = "a photo of a red cat sitting on a wooden table, sunset"
+ONLY_MASKED = dict(init_image=REFS["picture"], mask=REFS["mask"], inpaint_area="only masked", inpaint_padding=8,
+                   width=64, height=64)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as p:
+        yield p
+
+
+def _fed(control: np.ndarray) -> np.ndarray:
+    """The HxWx3 uint8 map a unit's ``controlnet_cond`` (1x3xHxW in [0, 1]) holds."""
+    return np.round(control[0].transpose(1, 2, 0) * 255).astype(np.uint8)
+
+
+def _canny(mode: str, **kw) -> ControlNet:
+    return ControlNet("controlnet", REFS["control"], 1.0, 0.0, 1.0, "canny", mode, 50, 150, pixel_perfect=True, **kw)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_only_masked_units_map_is_the_extensions(pipe, mode: str) -> None:
+    """The 128x84 control image fitted to the 96x80 picture in the unit's mode, cut to the picture's box (44, 13)
+    to (78, 47), fitted to 64x64 with Resize and Fill, then canny (pixel perfect: at 64): equal to the extension's,
+    byte for byte; without the cut (inpaint_crop=False) the map is the whole image's."""
+    s, _, _ = pipe._prepare(PROMPT, "", dict(steps=2, controlnets=[_canny(mode)], **ONLY_MASKED))
+    unit = s.toolbox.controlnets[0]
+    assert unit.made_at == 64
+    assert np.array_equal(_fed(unit.control), REFS[f"crop/{mode}/map"])
+    s, _, _ = pipe._prepare(PROMPT, "", dict(steps=2, controlnets=[_canny(mode, inpaint_crop=False)], **ONLY_MASKED))
+    assert not np.array_equal(_fed(s.toolbox.controlnets[0].control), REFS[f"crop/{mode}/map"])
+
+
+def test_only_masked_run_feeds_its_units_the_cut_out(pipe) -> None:
+    """End to end: an only-masked run with the canny unit gives the image of the same run fed the extension's map
+    as it is (module none, not cut); with inpaint_crop=False it gives another (the net sees the whole image)."""
+    kw = dict(steps=3, seed=5, sampler="Euler", cfg=7, **ONLY_MASKED)
+    mode = "Crop and Resize"
+    got = pipe.generate(PROMPT, controlnets=[_canny(mode)], **kw)
+    given = ControlNet("controlnet", REFS[f"crop/{mode}/map"], resize=mode, inpaint_crop=False)  # fed as it is
+    want = pipe.generate(PROMPT, controlnets=[given], **kw)
+    whole = pipe.generate(PROMPT, controlnets=[_canny(mode, inpaint_crop=False)], **kw)
+    assert got.images[0].shape == (80, 96, 3)  # pasted back into the picture
+    assert np.array_equal(got.images[0], want.images[0])
+    assert int(np.abs(whole.images[0].astype(int) - got.images[0]).max()) > 10
+    assert got.settings[0]["Inpaint area"] == "Only masked"
+    assert "Processor Res: 64" in got.settings[0]["ControlNet 0"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hires_pass_resizes_the_first_pass_map(pipe, mode: str) -> None:
+    """blur_gaussian, pixel perfect, on a 64x64 image: the first pass's map is made at 64 and fed as it is; the
+    second pass (here 128x96) gets that map resized in the unit's mode as the extension's detectmap_proc resizes it
+    (OpenCV's cubic; sdrt's resampler lands one level off on a few pixels), not a map made again at 128."""
+    unit = ControlNet("controlnet", REFS["hires_image"], preprocessor="blur_gaussian", low=3.0, resize=mode,
+                      pixel_perfect=True)
+    s, _, _ = pipe._prepare(PROMPT, "", dict(steps=2, width=64, height=64, controlnets=[unit]))
+    unit = s.toolbox.controlnets[0]
+    assert np.array_equal(_fed(unit.control), REFS[f"hires/{mode}/64x64"])
+    pipe._control(s, ModelCall(128, 96, 1, 7.0, None, None), 128, 96)  # the hires fix's second pass
+    d = np.abs(_fed(unit.control).astype(int) - REFS[f"hires/{mode}/128x96"])
+    assert d.max() <= 1 and (d > 0).mean() <= 0.005, (int(d.max()), float((d > 0).mean()))
+    assert unit.made_at == 64  # the infotext's Processor Res: the one map's
+    pipe._control(s, ModelCall(64, 64, 1, 7.0, None, None), 64, 64)  # the job's next image: the first map again
+    assert np.array_equal(_fed(unit.control), REFS[f"hires/{mode}/64x64"])
+
+
+def test_bad_inpaint_crop_is_refused() -> None:
+    from sdrt.errors import InputError
+
+    with pytest.raises(InputError, match=r"controlnets\[0\] inpaint_crop must be True or False, got 'no'"):
+        pipelines.validate(PROMPT, controlnets=[_canny("Just Resize", inpaint_crop="no")])
+
+
+def test_cli_only_masked_with_a_control_image(pipe, tmp_path: Path, capsys) -> None:
+    """``sdrt generate --inpaint-area only-masked --control-image ...`` cuts the control image as the API does (the
+    image equals the API's run fed the extension's map); ``--control-inpaint-crop off`` feeds the whole image; the
+    flag without only-masked is refused, naming it."""
+    from sdrt.cli import main
+    from sdrt.pipelines.png import write_png
+
+    pil = pytest.importorskip("PIL.Image")
+    for name in ("picture", "mask", "control"):
+        write_png(tmp_path / f"{name}.png", REFS[name])
+    mode = "Crop and Resize"
+    args = ["generate", str(DATA / "tiny-sd15-controlnet"), PROMPT, "--steps", "3", "--seed", "5", "--sampler",
+            "Euler", "--cfg", "7", "--backend", fast_backend(), "--width", "64", "--height", "64",
+            "--init-image", str(tmp_path / "picture.png"), "--mask", str(tmp_path / "mask.png"),
+            "--inpaint-area", "only-masked", "--inpaint-padding", "8", "--control-image", str(tmp_path / "control.png"),
+            "--control-preprocessor", "canny", "--control-threshold-a", "50", "--control-threshold-b", "150",
+            "--control-resize", mode]
+
+    def run(*more: str) -> np.ndarray:
+        out = tmp_path / "out.png"
+        assert main([*args, "-o", str(out), *more]) == 0, capsys.readouterr().err
+        with pil.open(out) as img:
+            return np.asarray(img.convert("RGB"))
+
+    given = ControlNet("controlnet", REFS[f"crop/{mode}/map"], resize=mode, inpaint_crop=False)
+    kw = dict(steps=3, seed=5, sampler="Euler", cfg=7, **ONLY_MASKED)
+    assert np.array_equal(run(), pipe.generate(PROMPT, controlnets=[given], **kw).images[0])
+    whole = ControlNet("controlnet", REFS["control"], 1.0, 0.0, 1.0, "canny", mode, 50, 150, inpaint_crop=False)
+    assert np.array_equal(run("--control-inpaint-crop", "off"), pipe.generate(PROMPT, controlnets=[whole], **kw).images[0])
+    cut = [a for a in args if a not in ("--inpaint-area", "only-masked", "--inpaint-padding", "8")]
+    assert main([*cut, "-o", str(tmp_path / "x.png"), "--control-inpaint-crop", "off"]) == 1
+    err = capsys.readouterr().err
+    assert "--control-inpaint-crop says whether an only-masked run cuts its control images" in err
+    assert "Where: --control-inpaint-crop" in err, err
