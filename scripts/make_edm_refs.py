@@ -15,7 +15,7 @@
 k-diffusion, ComfyUI and A1111 start (the pipeline's own ``randn`` draw, passed as ``latents`` divided by
 ``init_noise_sigma``, which diffusers' EDM schedulers set to ``sqrt(sigma_max^2 + 1)``; sdrt follows ComfyUI). Writes ``tests/data/pipelines/edm_refs.npz`` (the
 images) and ``edm_refs.json`` (the scheduler and VAE configs and the cases, which the tests apply to a copy of
-tiny-sdxl).
+tiny-sdxl; diffusers' EDM preconditioning at a few sigmas, and its schedulers' sigmas and timesteps).
 
     PYTHONPATH=scripts /work/refvenv/bin/python scripts/make_edm_refs.py
 """
@@ -92,6 +92,40 @@ def run(base, case: dict) -> np.ndarray:
     return (out.images * 255).round().astype(np.uint8)
 
 
+def preconditioning() -> list[dict]:
+    """diffusers' EDM arithmetic at a few sigmas, for eps (sigma_data 0.5) and v (sigma_data 1.0): the scaled input
+    (c_in x), the timestep (c_noise) and the denoised estimate (c_skip x + c_out F) of fixed x and F."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 4, 2, 2)).astype(np.float32)
+    f = rng.standard_normal((1, 4, 2, 2)).astype(np.float32)
+    rows = []
+    for pred, sd in (("epsilon", 0.5), ("v_prediction", 1.0)):
+        sched = EDMEulerScheduler(sigma_data=sd, prediction_type=pred)
+        for sigma in (0.002, 0.3, 2.5, 80.0, 120.0):
+            s = torch.tensor(sigma, dtype=torch.float64)
+            rows.append({"prediction_type": pred, "sigma_data": sd, "sigma": sigma, "x": x.tolist(), "output": f.tolist(),
+                         "scaled": sched.precondition_inputs(torch.from_numpy(x).double(), s).numpy().tolist(),
+                         "timestep": float(sched.precondition_noise(s)),
+                         "denoised": sched.precondition_outputs(torch.from_numpy(x).double(), torch.from_numpy(f).double(),
+                                                                s).numpy().tolist()})
+    return rows
+
+
+def schedules() -> list[dict]:
+    """The sigmas and timesteps diffusers' EDM schedulers set for 8 and 20 steps."""
+    rows = []
+    for label, make in (("DPM++ 2M Karras", lambda: EDMDPMSolverMultistepScheduler.from_config(PLAYGROUND)),
+                        ("Euler Karras", lambda: scheduler({"model": "playground", "sampler": "Euler Karras"})),
+                        ("Euler Exponential", lambda: EDMEulerScheduler.from_config(COSXL))):
+        for steps in (8, 20):
+            sched = make()
+            sched.set_timesteps(steps)
+            rows.append({"sampler": label, "steps": steps,
+                         "config": {**dict(sched.config), "_class_name": type(sched).__name__},
+                         "sigmas": [float(v) for v in sched.sigmas], "timesteps": [float(v) for v in sched.timesteps]})
+    return rows
+
+
 def main() -> None:
     g.write_tokenizer = _folder_tokenizer
     base = build("sdxl")
@@ -103,7 +137,8 @@ def main() -> None:
     np.savez_compressed(OUT, **refs)
     OUT.with_suffix(".json").write_text(json.dumps({
         "playground": {"scheduler": PLAYGROUND, "vae": PLAYGROUND_VAE}, "cosxl": {"scheduler": COSXL},
-        "common": {**COMMON, "prompt": PROMPT, "negative_prompt": NEGATIVE}, "cases": CASES}, indent=1) + "\n")
+        "common": {**COMMON, "prompt": PROMPT, "negative_prompt": NEGATIVE}, "cases": CASES,
+        "preconditioning": preconditioning(), "schedules": schedules()}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,171 @@
+"""EDM-trained SDXL models (Playground v2.5, CosXL) against diffusers' EDM schedulers.
+
+``scripts/make_edm_refs.py`` captured diffusers' preconditioning (c_in, c_noise, c_skip / c_out), its EDM schedulers'
+sigmas and timesteps, and the images of tiny-sdxl run as Playground v2.5 (``EDMDPMSolverMultistepScheduler``, a VAE
+config with ``latents_mean`` / ``latents_std``) and as CosXL (``EDMEulerScheduler``, v-prediction, sigma_data 1).
+Here a copy of the tiny-sdxl ONNX folder gets the same scheduler and VAE configs; every image must match with
+test_pipelines_diffusers.py's tolerance. tests/checkpoint/test_edm_files.py runs the same models as a diffusers folder
+of safetensors, as single files with their EDM keys, and through ``sdrt generate``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pipeline_helpers import assert_matches_diffusers, register
+
+from sdrt import pipelines
+from sdrt.errors import ModelError
+from sdrt.pipelines.scheduling import model_sampling
+from sdrt.samplers import EDMSchedule, available_samplers, get_sigmas
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "pipelines"
+SPEC = json.loads((DATA / "edm_refs.json").read_text())
+REFS = np.load(DATA / "edm_refs.npz")
+COMMON = SPEC["common"]
+
+
+def edm_copy(model: str, out: Path, **vae: object) -> Path:
+    """tiny-sdxl with the scheduler and VAE configs diffusers ran it with as ``model`` (``playground``, ``cosxl``)."""
+    shutil.copytree(DATA / "tiny-sdxl", out)
+    (out / "scheduler" / "scheduler_config.json").write_text(json.dumps(SPEC[model]["scheduler"]))
+    for part in ("vae_decoder", "vae_encoder"):
+        cfg = out / part / "config.json"
+        cfg.write_text(json.dumps({**json.loads(cfg.read_text()), **SPEC[model].get("vae", {}), **vae}))
+    return out
+
+
+def init_image() -> np.ndarray:
+    """gen_pipeline_refs.init_image (64x64): a gradient, a red square and a blue disc."""
+    y, x = np.mgrid[0:64, 0:64].astype(np.float32) / 63
+    img = np.stack([x, y, 1 - (x + y) / 2], axis=-1)
+    img[16:40, 20:44] = (0.9, 0.2, 0.1)
+    yy, xx = np.mgrid[0:64, 0:64]
+    img[(yy - 44) ** 2 + (xx - 18) ** 2 < 100] = (0.1, 0.3, 0.9)
+    return (img * 255).round().astype(np.uint8)
+
+
+def case_kwargs(case: dict) -> dict:
+    kw = dict(steps=COMMON["steps"], cfg=COMMON["cfg"], sampler=case["sampler"], seed=COMMON["seed"],
+              width=COMMON["width"], height=COMMON["height"])
+    if case["mode"] == "img2img":
+        kw.update(init_image=init_image(), strength=case["strength"])
+    return kw
+
+
+def ref_name(case: dict) -> str:
+    return f"{case['model']}/{case['mode']}/{case['sampler']}"
+
+
+# ---------------------------------------------------------------- the model sampling
+@pytest.mark.parametrize("row", SPEC["preconditioning"],
+                         ids=[f"{r['prediction_type']}:{r['sigma']}" for r in SPEC["preconditioning"]])
+def test_edm_preconditioning_matches_diffusers(row: dict) -> None:
+    """c_in x, c_noise = 0.25 ln sigma (the UNet's timestep) and c_skip x + c_out F, as diffusers' EDM schedulers."""
+    ms = EDMSchedule({"epsilon": "eps", "v_prediction": "v"}[row["prediction_type"]], sigma_data=row["sigma_data"],
+                     sigma_max=200.0)
+    x, out, sigma = np.asarray(row["x"]), np.asarray(row["output"]), row["sigma"]
+    np.testing.assert_allclose(ms.scale_input(x, sigma), row["scaled"], rtol=1e-12)
+    assert float(ms.timestep(sigma)) == pytest.approx(row["timestep"], rel=1e-12)
+    assert float(ms.sigma(ms.timestep(sigma))) == pytest.approx(sigma, rel=1e-12)
+    np.testing.assert_allclose(ms.denoised(x, sigma, out), row["denoised"], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("row", SPEC["schedules"], ids=[f"{r['sampler']}:{r['steps']}" for r in SPEC["schedules"]])
+def test_edm_schedules_match_diffusers(row: dict) -> None:
+    """The folder's EDM scheduler config gives diffusers' sigmas through sdrt's own schedules (karras, exponential)
+    over the config's range, and c_noise of each is the timestep diffusers feeds the UNet."""
+    from sdrt.samplers import resolve
+
+    ms = model_sampling(row["config"])
+    assert isinstance(ms, EDMSchedule)
+    sigmas = get_sigmas(resolve(row["sampler"]).schedule, row["steps"], ms)
+    np.testing.assert_allclose(sigmas, row["sigmas"], rtol=1e-5, atol=0)
+    np.testing.assert_allclose(ms.timestep(sigmas[:-1]), row["timesteps"], rtol=1e-5, atol=1e-6)
+
+
+def test_edm_scheduler_configs_are_checked() -> None:
+    base = SPEC["playground"]["scheduler"]
+    ms = model_sampling(base)
+    assert (ms.prediction, ms.sigma_min, ms.sigma_max, ms.sigma_data, ms.kind) == ("eps", 0.002, 80.0, 0.5, "edm")
+    assert model_sampling(SPEC["cosxl"]["scheduler"]).prediction == "v"
+    for bad, msg in (({"sigma_min": 90.0}, "sigma_min 90 is not below its sigma_max 80"),
+                     ({"sigma_data": 0}, "sigma_data is 0, not a number above 0"),
+                     ({"sigma_max": "80"}, "sigma_max is '80', not a number above 0"),
+                     ({"prediction_type": "sample"}, "prediction_type 'sample' is not supported")):
+        with pytest.raises(ModelError, match=msg) as e:
+            model_sampling({**base, **bad}, "scheduler_config.json")
+        assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- images
+@pytest.mark.parametrize("case", SPEC["cases"], ids=[ref_name(c) for c in SPEC["cases"]])
+def test_edm_image_matches_diffusers(case: dict, tmp_path) -> None:
+    """Playground v2.5 (txt2img with DPM++ 2M Karras and Euler Karras, img2img at 0.6) and CosXL (Euler
+    Exponential) on tiny-sdxl, against diffusers' EDM schedulers and VAE latent stats."""
+    register("reference")
+    folder = edm_copy(case["model"], tmp_path / case["model"])
+    with pipelines.load(folder, backend="reference") as pipe:
+        assert pipe.folder.family == "sdxl"
+        assert isinstance(pipe.schedule, EDMSchedule)
+        got = pipe(COMMON["prompt"], COMMON["negative_prompt"], **case_kwargs(case))
+    assert_matches_diffusers(got, REFS[ref_name(case)])
+
+
+@pytest.fixture(scope="module")
+def playground_pipe(tmp_path_factory):
+    register("reference")
+    folder = edm_copy("playground", tmp_path_factory.mktemp("edm") / "playground")
+    with pipelines.load(folder, backend="reference") as pipe:
+        yield pipe
+
+
+#: the samplers that add no noise of their own: at 8 steps each lands near DPM++ 2M Karras's image
+DETERMINISTIC = {"ddim", "deis", "dpm_2", "dpm_adaptive", "dpm_fast", "dpmpp_2m", "euler", "heun", "ipndm", "lms", "plms",
+                 "uni_pc", "uni_pc_bh2"}
+
+
+@pytest.mark.parametrize("sampler", available_samplers())
+def test_every_sampler_runs_on_an_edm_model(sampler: str, playground_pipe) -> None:
+    """Each of sdrt's samplers on Playground v2.5's model sampling (Karras sigmas over its 0.002..80): a finite image;
+    those without noise of their own within 36 levels (mean) of diffusers' DPM++ 2M Karras image (they differ from it
+    by 0 to 21 at 8 steps; the ancestral and SDE ones by about 60, as a run with SDXL's schedule does)."""
+    gen = playground_pipe.generate(COMMON["prompt"], COMMON["negative_prompt"], steps=8, cfg=COMMON["cfg"],
+                                   sampler=sampler, schedule="karras", seed=COMMON["seed"], width=64, height=64)
+    got = np.stack(gen.images).astype(np.float64)
+    assert got.shape == (1, 64, 64, 3) and got.std() > 10
+    if sampler in DETERMINISTIC:
+        want = REFS["playground/txt2img/DPM++ 2M Karras"].astype(np.float64)
+        assert np.abs(got - want).mean() < 36, np.abs(got - want).mean()
+
+
+def test_the_vae_latent_stats_scale_both_ways(playground_pipe) -> None:
+    """latents_mean / latents_std: the encoder's latent is normalized, ``(z - mean) * 0.5 / std``, and the decoder gets
+    ``x * std / 0.5 + mean`` (diffusers' SDXL pipelines); the preview maps them to SDXL's usual space."""
+    fam = playground_pipe.family
+    mean, std = (np.asarray(SPEC["playground"]["vae"][k], np.float32).reshape(1, 4, 1, 1)
+                 for k in ("latents_mean", "latents_std"))
+    z = np.random.default_rng(3).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(fam.to_model_latents(z), (z - mean) * 0.5 / std, rtol=1e-6)
+    np.testing.assert_allclose(fam.to_vae_latents(fam.to_model_latents(z)), z, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fam.preview_latents(z[0]), fam.to_vae_latents(z)[0] * np.float32(0.13025), rtol=1e-6)
+
+
+def test_broken_latent_stats_are_named(tmp_path) -> None:
+    register("reference")
+    for vae, msg in (({"latents_mean": [0.0, 1.0, 2.0]}, "latents_mean is .* not 4 finite numbers"),
+                     ({"latents_std": [1.0, 0.0, 1.0, 1.0]}, "latents_std is .* not 4 finite numbers above 0")):
+        folder = edm_copy("playground", tmp_path / f"bad{len(msg)}", **vae)
+        with pytest.raises(ModelError, match=msg) as e:
+            with pipelines.load(folder, backend="reference") as pipe:
+                pipe("x", steps=1, width=64, height=64)
+        assert "\n" not in str(e.value) and "vae_decoder" in str(e.value)
+
+
+def test_plan_says_the_edm_model_sampling(playground_pipe) -> None:
+    plan = playground_pipe.plan("a red cat", steps=4, width=64, height=64)
+    assert "model sampling edm eps (sigma 0.002..80, sigma_data 0.5)" in plan.format()
