@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from edm_helpers import COMMON, REFS, SPEC, case_kwargs, edm_copy, ref_name
+from edm_helpers import COMMON, DATA, REFS, SPEC, case_kwargs, edm_copy, ref_name
 from pipeline_helpers import assert_matches_diffusers, register
 
 from sdrt import pipelines
@@ -129,3 +129,36 @@ def test_broken_latent_stats_are_named(tmp_path) -> None:
 def test_plan_says_the_edm_model_sampling(playground_pipe) -> None:
     plan = playground_pipe.plan("a red cat", steps=4, width=64, height=64)
     assert "model sampling edm eps (sigma 0.002..80, sigma_data 0.5)" in plan.format()
+
+
+def test_an_integer_timestep_input_is_refused_for_edm() -> None:
+    """c_noise (0.25 ln sigma, -1.55 at sigma 0.002) passes as a float: a UNet exported with an int64 timestep would
+    get it rounded (-2, 0, 1), so the Denoiser refuses it for an EDM model and still rounds for a DDPM one."""
+    from sdrt.backend import TensorInfo
+    from sdrt.samplers import Denoiser, DiscreteSchedule
+
+    class Session:
+        path = "unet/model.onnx"
+
+        def __init__(self, dtype: str) -> None:
+            self.inputs = [TensorInfo("sample", "float32", ("batch", 4, "h", "w")),
+                           TensorInfo("timestep", dtype, ("batch",)),
+                           TensorInfo("encoder_hidden_states", "float32", ("batch", 77, 2048))]
+
+    ms = model_sampling(SPEC["playground"]["scheduler"])
+    assert Denoiser(Session("float32"), ms)._timestep(float(ms.timestep(0.002)), 2).tolist() == \
+        pytest.approx([0.25 * np.log(0.002)] * 2)
+    with pytest.raises(ModelError, match="timestep input is int64, and an EDM-trained model .* float timestep") as e:
+        Denoiser(Session("int64"), ms)
+    assert "\n" not in str(e.value) and "unet/model.onnx" in str(e.value)
+    assert Denoiser(Session("int64"), DiscreteSchedule())._timestep(17.6, 1).tolist() == [18]
+
+
+def test_an_sdxl_refiner_does_not_continue_an_edm_model(playground_pipe) -> None:
+    """The SDXL refiner reads SDXL's latents at SDXL's sigmas: after Playground v2.5 it would refine noise."""
+    from sdrt.errors import InputError
+
+    with pytest.raises(InputError, match=r"this model \(playground\) is EDM-trained and the refiner "
+                                         r"\(tiny-sdxl-refiner\) is not") as e:
+        playground_pipe("a cat", steps=2, width=64, height=64, refiner=DATA / "tiny-sdxl-refiner")
+    assert "\n" not in str(e.value)
