@@ -343,7 +343,7 @@ def test_playground_v25_opens_with_its_edm_scheduler_and_latent_stats(tmp_path):
     """Playground v2.5 has SDXL's keys plus edm_mean/edm_std: its release's EDM scheduler (EDMDPMSolverMultistep, sigma
     0.002..80, sigma_data 0.5, epsilon) and, as diffusers' single-file loader writes them, the VAE's scaling_factor 0.5
     with the keys' values as latents_mean / latents_std. CosXL's edm_vpred keys: v-prediction EDM, sigma_data 1, the
-    keys' sigmas (ComfyUI's reading). tests/checkpoint/test_edm_files.py runs both against diffusers' images."""
+    keys' sigmas (ComfyUI's reading; the release's 0.002..120 where a key is missing). tests/checkpoint/test_edm_files.py runs both against diffusers' images."""
     mean, std = [-1.6574, 1.886, -1.383, 2.5155], [8.4927, 5.9022, 6.5498, 5.2299]
     f = _edm_file(tmp_path, "playground-v2.5-1024px-aesthetic.fp16.safetensors",
                   {"edm_mean": np.asarray(mean, np.float32).reshape(1, 4, 1, 1),
@@ -356,13 +356,13 @@ def test_playground_v25_opens_with_its_edm_scheduler_and_latent_stats(tmp_path):
     assert m.release["vae"]["scaling_factor"] == 0.5
     np.testing.assert_allclose(m.release["vae"]["latents_mean"], mean, rtol=1e-6)
     np.testing.assert_allclose(m.release["vae"]["latents_std"], std, rtol=1e-6)
-    cos = _open_xl(_edm_file(tmp_path, "cosxl.safetensors", {"edm_vpred.sigma_min": np.asarray([0.002], np.float32),
-                                                             "edm_vpred.sigma_max": np.asarray([120.0], np.float32)}))
+    cos = _open_xl(_edm_file(tmp_path, "cosxl.safetensors", {"edm_vpred.sigma_min": np.float32(0.003),
+                                                             "edm_vpred.sigma_max": np.float32(100.0)}))
     sched = cos.release["scheduler"]
     assert cos.label.startswith("CosXL") and cos.prediction == "v_prediction"
     assert (sched["_class_name"], sched["sigma_data"], sched["prediction_type"]) == \
         ("EDMEulerScheduler", 1.0, "v_prediction")
-    assert sched["sigma_max"] == 120.0 and abs(sched["sigma_min"] - 0.002) < 1e-9
+    assert sched["sigma_max"] == 100.0 and abs(sched["sigma_min"] - 0.003) < 1e-9  # the keys' (release: 0.002..120)
     assert "latents_mean" not in cos.release["vae"]
 
 
