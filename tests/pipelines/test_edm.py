@@ -63,13 +63,20 @@ def test_edm_scheduler_configs_are_checked() -> None:
 
 
 # ---------------------------------------------------------------- images
-@pytest.mark.parametrize("case", SPEC["cases"], ids=[ref_name(c) for c in SPEC["cases"]])
-def test_edm_image_matches_diffusers(case: dict, tmp_path) -> None:
+def _image_params():
+    for case in SPEC["cases"]:
+        for backend in ("reference", "openvino", "ggml"):  # ggml compiles slowly: the first case only
+            if backend != "ggml" or case is SPEC["cases"][0]:
+                yield pytest.param(case, backend, id=f"{ref_name(case)}:{backend}")
+
+
+@pytest.mark.parametrize(("case", "backend"), list(_image_params()))
+def test_edm_image_matches_diffusers(case: dict, backend: str, tmp_path) -> None:
     """Playground v2.5 (txt2img with DPM++ 2M Karras and Euler Karras, img2img at 0.6) and CosXL (Euler
     Exponential) on tiny-sdxl, against diffusers' EDM schedulers and VAE latent stats."""
-    register("reference")
+    register(backend)
     folder = edm_copy(case["model"], tmp_path / case["model"])
-    with pipelines.load(folder, backend="reference") as pipe:
+    with pipelines.load(folder, backend=backend) as pipe:
         assert pipe.folder.family == "sdxl"
         assert isinstance(pipe.schedule, EDMSchedule)
         got = pipe(COMMON["prompt"], COMMON["negative_prompt"], **case_kwargs(case))
