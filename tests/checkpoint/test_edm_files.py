@@ -145,7 +145,8 @@ def test_cli_generate_on_a_playground_file(files, monkeypatch, tmp_path, capsys)
 
 def test_an_edm_checkpoint_is_not_bound_onto_a_ddpm_model(files, tmp_path) -> None:
     """load_weights (--weights): Playground's file onto plain SDXL would be sampled with SDXL's betas, a plain SDXL
-    file onto Playground with EDM: both are refused in one line before anything changes."""
+    file onto Playground with EDM, CosXL's (v, sigma_data 1) onto Playground (eps, 0.5): each is refused in one line
+    before anything changes."""
     register("reference")
     with pipelines.load(XL, backend="reference") as pipe:
         with pytest.raises(InputError, match="playground-v2.5-tiny.safetensors is Playground v2.5 .*run it as the "
@@ -155,5 +156,8 @@ def test_an_edm_checkpoint_is_not_bound_onto_a_ddpm_model(files, tmp_path) -> No
     with pipelines.load(edm_copy("playground", tmp_path / "pg"), backend="reference") as pipe:
         with pytest.raises(InputError, match="sdxl-tiny.safetensors is not EDM-trained"):
             pipe.load_weights(files["plain"])
-        pipe.load_weights(files["playground"])  # EDM onto EDM: bound
+        with pytest.raises(InputError, match="cosxl-tiny.safetensors is CosXL .*predicting v_prediction with "
+                                             "sigma_data 1, and this model .* epsilon and sigma_data 0.5"):
+            pipe.load_weights(files["cosxl"])
+        pipe.load_weights(files["playground"])  # Playground onto Playground: bound
         assert pipe.weights.checkpoint is not None
