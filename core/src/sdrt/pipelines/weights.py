@@ -254,8 +254,10 @@ class WeightState:
     def _check_edm(self, ckpt: Any) -> None:
         """An EDM-trained checkpoint (Playground v2.5's ``edm_mean``/``edm_std``, CosXL's ``edm_vpred.*``; a diffusers
         folder with an EDM scheduler) samples and scales its latents unlike a DDPM-trained model: bound onto a model
-        of the other kind it would give noise, so that is refused before anything changes."""
+        of the other kind, or onto an EDM model of another prediction or sigma_data (CosXL onto Playground), it would
+        give noise, so that is refused before anything changes."""
         from ..checkpoint.edm import edm_key, edm_label
+        from ..checkpoint.files import release_defaults
         from .scheduling import EDM_SCHEDULERS
 
         path = Path(getattr(ckpt, "path", "") or "")
@@ -264,9 +266,22 @@ class WeightState:
             theirs = sched.get("_class_name") in EDM_SCHEDULERS
             what = f"an EDM-trained model (its scheduler is {sched.get('_class_name')})"
         else:
-            theirs = edm_key(ckpt.weights) is not None
+            key = edm_key(ckpt.weights)
+            theirs = key is not None
+            sched = release_defaults("sdxl")["edm"][key]["scheduler"] if key is not None else {}
             what = edm_label(ckpt.weights) or ""
-        ours = self.pipe.folder.scheduler.get("_class_name") in EDM_SCHEDULERS
+        mine = self.pipe.folder.scheduler
+        ours = mine.get("_class_name") in EDM_SCHEDULERS
+        if theirs and ours:
+            def form(config: dict[str, Any]) -> tuple[str, float]:
+                return str(config.get("prediction_type", "epsilon")), float(config.get("sigma_data", 0.5))
+
+            if form(sched) != form(mine):
+                raise InputError(f"{path.name} is {what}, predicting {form(sched)[0]} with sigma_data {form(sched)[1]:g}, "
+                                 f"and this model ({self.pipe.folder.name}) is EDM-trained with {form(mine)[0]} and "
+                                 f"sigma_data {form(mine)[1]:g}: it would give noise", where=str(path),
+                                 fix=f"run it as the model itself: sdrt generate {path.name} \"prompt\" "
+                                     "(pipelines.load(FILE) in the API)")
         if theirs == ours:
             return
         if theirs:
