@@ -169,3 +169,20 @@ def test_an_sdxl_refiner_does_not_continue_an_edm_model(playground_pipe) -> None
                                          r"\(tiny-sdxl-refiner\) is not") as e:
         playground_pipe("a cat", steps=2, width=64, height=64, refiner=DATA / "tiny-sdxl-refiner")
     assert "\n" not in str(e.value)
+
+
+def test_inpainting_previews_and_sde_samplers_run_on_an_edm_model(playground_pipe) -> None:
+    """The toolbox on an EDM model: inpainting (the KLoop blend re-noises the kept area at each EDM sigma) with a live
+    preview every step (the normalized latents mapped to SDXL's space first), batch 2 with an SDE sampler: they run
+    (the tiny random VAE does not reconstruct its input, so the kept area is not compared with the init image)."""
+    from edm_helpers import init_image
+
+    mask = np.zeros((64, 64), np.uint8)
+    mask[12:44, 16:52] = 255
+    seen = []
+    gen = playground_pipe.generate("a cat", "blurry", steps=4, seed=1, width=64, height=64, init_image=init_image(),
+                                   mask=mask, callback=lambda i, t, x: seen.append(playground_pipe.preview()) or True)
+    assert gen.images[0].shape == (64, 64, 3) and gen.images[0].std() > 10
+    assert len(seen) == 4 and seen[-1].shape == (8, 8, 3)
+    gen = playground_pipe.generate("a cat", steps=3, seed=1, width=64, height=64, batch=2, sampler="DPM++ 2M SDE Karras")
+    assert len(gen.images) == 2 and gen.images[0].tobytes() != gen.images[1].tobytes()
