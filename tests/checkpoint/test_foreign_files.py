@@ -317,23 +317,6 @@ def test_pipelines_sdrt_runs_are_not_taken(cls):
     assert pipeline_class(cls) is None
 
 
-def test_a_playground_v25_diffusers_folder_is_refused(tmp_path):
-    """An SDXL pipeline with an EDM scheduler (playgroundai/playground-v2.5-1024px-aesthetic) would run with SDXL's
-    betas and give noise: refused by its scheduler, before any part is read."""
-    from sdrt import pipelines
-
-    root = tmp_path / "playground-v2.5-1024px-aesthetic"
-    (root / "unet").mkdir(parents=True)
-    (root / "scheduler").mkdir()
-    (root / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionXLPipeline"}))
-    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(
-        {"_class_name": "EDMDPMSolverMultistepScheduler", "sigma_data": 0.5}))
-    sparse_safetensors(root / "unet" / "diffusion_pytorch_model.safetensors", {"conv_in.weight": (320, 4, 3, 3),
-                                                                               "down_blocks.0.resnets.0.conv1.weight": (320, 320, 3, 3)})
-    with pytest.raises(ModelError, match="Playground v2.5 .*EDMDPMSolverMultistepScheduler"):
-        pipelines.load(root, backend="reference")
-
-
 def test_serve_refuses_to_switch_to_a_foreign_file_and_keeps_its_model(tmp_path):
     pytest.importorskip("starlette", reason="sdrt serve needs starlette: pip install 'sdrt[serve]'")
     pytest.importorskip("uvicorn", reason="sdrt serve needs uvicorn: pip install 'sdrt[serve]'")

@@ -322,18 +322,62 @@ def test_sdxl_v_pred_file_and_its_ztsnr_key(tmp_path, caplog):
     assert FolderSchedule.from_config(m.release["scheduler"]).alphas_cumprod_f32[-1] == np.float32(2.0**-24)
 
 
-def test_playground_v25_is_refused_by_name(tmp_path):
-    """Playground v2.5 has SDXL's keys plus edm_mean/edm_std (its EDM latents): run with SDXL's schedule it would
-    give noise, so it is refused by name (diffusers' loader tells it by the same keys)."""
+def _edm_file(tmp_path, name: str, extra: dict) -> Path:
     from sdrt.weights import Weights, stfile
 
     base = Weights.open(DATA / "sdxl" / "ldm.safetensors")
-    f = tmp_path / "playground-v2.5-1024px-aesthetic.fp16.safetensors"
-    stfile.write(f, {**{k: np.asarray(base[k]) for k in base}, "edm_mean": np.zeros((1, 4, 1, 1), np.float32),
-                     "edm_std": np.ones((1, 4, 1, 1), np.float32)})
-    with pytest.raises(ModelError, match="Playground v2.5 .*no schedule for") as e:
-        open_single_file(f)
-    assert "\n" not in str(e.value)
+    f = tmp_path / name
+    stfile.write(f, {**{k: np.asarray(base[k]) for k in base}, **extra})
+    return f
+
+
+XL_PARTS = ["unet", "text_encoder", "text_encoder_2"]
+
+
+def _open_xl(f, **kw):
+    return open_single_file(f, graph_paths={p: DATA / "sdxl" / p / "model.onnx" for p in XL_PARTS}, parts=XL_PARTS,
+                            **kw)
+
+
+def test_playground_v25_opens_with_its_edm_scheduler_and_latent_stats(tmp_path):
+    """Playground v2.5 has SDXL's keys plus edm_mean/edm_std: its release's EDM scheduler (EDMDPMSolverMultistep, sigma
+    0.002..80, sigma_data 0.5, epsilon) and, as diffusers' single-file loader writes them, the VAE's scaling_factor 0.5
+    with the keys' values as latents_mean / latents_std. CosXL's edm_vpred keys: v-prediction EDM, sigma_data 1, the
+    keys' sigmas (ComfyUI's reading; the release's 0.002..120 where a key is missing). tests/checkpoint/test_edm_files.py runs both against diffusers' images."""
+    mean, std = [-1.6574, 1.886, -1.383, 2.5155], [8.4927, 5.9022, 6.5498, 5.2299]
+    f = _edm_file(tmp_path, "playground-v2.5-1024px-aesthetic.fp16.safetensors",
+                  {"edm_mean": np.asarray(mean, np.float32).reshape(1, 4, 1, 1),
+                   "edm_std": np.asarray(std, np.float32).reshape(1, 4, 1, 1)})
+    m = _open_xl(f)
+    assert m.family == "sdxl" and m.label.startswith("Playground v2.5") and m.prediction == "epsilon"
+    sched = m.release["scheduler"]
+    assert (sched["_class_name"], sched["sigma_min"], sched["sigma_max"], sched["sigma_data"],
+            sched["prediction_type"]) == ("EDMDPMSolverMultistepScheduler", 0.002, 80.0, 0.5, "epsilon")
+    assert m.release["vae"]["scaling_factor"] == 0.5
+    np.testing.assert_allclose(m.release["vae"]["latents_mean"], mean, rtol=1e-6)
+    np.testing.assert_allclose(m.release["vae"]["latents_std"], std, rtol=1e-6)
+    cos = _open_xl(_edm_file(tmp_path, "cosxl.safetensors", {"edm_vpred.sigma_min": np.float32(0.003),
+                                                             "edm_vpred.sigma_max": np.float32(100.0)}))
+    sched = cos.release["scheduler"]
+    assert cos.label.startswith("CosXL") and cos.prediction == "v_prediction"
+    assert (sched["_class_name"], sched["sigma_data"], sched["prediction_type"]) == \
+        ("EDMEulerScheduler", 1.0, "v_prediction")
+    assert sched["sigma_max"] == 100.0 and abs(sched["sigma_min"] - 0.003) < 1e-9  # the keys' (release: 0.002..120)
+    assert "latents_mean" not in cos.release["vae"]
+
+
+def test_broken_edm_keys_are_named(tmp_path):
+    """edm_mean of the wrong size, an edm_std of 0, CosXL sigmas the wrong way round: one line naming the key."""
+    cases = [({"edm_mean": np.zeros((1, 3, 1, 1), np.float32), "edm_std": np.ones((1, 4, 1, 1), np.float32)},
+              "its edm_mean tensor holds 3 value"),
+             ({"edm_mean": np.zeros((1, 4, 1, 1), np.float32), "edm_std": np.zeros((1, 4, 1, 1), np.float32)},
+              "its edm_std tensor .* not 4 finite numbers above 0"),
+             ({"edm_vpred.sigma_min": np.asarray([200.0], np.float32),
+               "edm_vpred.sigma_max": np.asarray([120.0], np.float32)}, "edm_vpred.sigma_min 200 is not below")]
+    for i, (extra, msg) in enumerate(cases):
+        with pytest.raises(ModelError, match=msg) as e:
+            _open_xl(_edm_file(tmp_path, f"bad{i}.safetensors", extra))
+        assert "\n" not in str(e.value)
 
 
 def test_a_yaml_beside_an_sd1_or_sdxl_file_sets_v_prediction(tmp_path):

@@ -15,7 +15,8 @@ denoiser and VAE, transformers' for the text encoders), so each part binds throu
 single file's. The family comes from the denoiser's tensors (SDXL's ``add_embedding``, SD 2.x's linear
 ``proj_in``, 9 input channels for inpainting, Flux's ``single_transformer_blocks``...), checked against
 ``model_index.json``'s ``_class_name``. Unlike a single file, the folder's own scheduler config, VAE
-``config.json`` (``scaling_factor``, ``shift_factor``) and denoiser ``sample_size`` are used; its tokenizers
+``config.json`` (``scaling_factor``, ``shift_factor``, and ``latents_mean`` / ``latents_std``: Playground v2.5)
+and denoiser ``sample_size`` are used; its tokenizers
 are taken by the pipeline (``sdrt.pipelines.ModelFolder.from_diffusers``).
 """
 
@@ -57,6 +58,8 @@ PIPELINE_CLASSES = (("StableDiffusionXL", ("sdxl", "sdxl-inpaint", "sdxl-refiner
 RUNS = "SD 1.x, SD 2.x, SDXL, SD 3 Medium, SD 3.5, Flux.1 and Chroma"
 _SHARD = re.compile(r"-\d{5}-of-\d{5}")
 _FLOW = ("FlowMatchEulerDiscreteScheduler",)
+#: what the pipelines read of the folder's ``vae/config.json``
+VAE_KEYS = ("scaling_factor", "shift_factor", "latents_mean", "latents_std")
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -140,21 +143,12 @@ class DiffusersModel(OpenedModel):
 
 
 def foreign_folder(root: Path, index: dict[str, Any]) -> str | None:
-    """What a diffusers folder of a pipeline sdrt does not run is (``model_index.json``'s ``_class_name``, or an
-    EDM scheduler on an SDXL pipeline: Playground v2.5), in words, or None."""
+    """What a diffusers folder of a pipeline sdrt does not run is (``model_index.json``'s ``_class_name``), in
+    words, or None. (An EDM scheduler on an SDXL pipeline, Playground v2.5, runs: ``sdrt.samplers.EDMSchedule``.)"""
     cls_name = str(index.get("_class_name", ""))
     what = foreign.pipeline_class(cls_name)
     if what is not None:
         return f"{what} (model_index.json: {cls_name})"
-    sched = root / "scheduler" / "scheduler_config.json"
-    if sched.is_file():
-        try:
-            kind = str(json.loads(sched.read_text(encoding="utf-8")).get("_class_name", ""))
-        except (OSError, ValueError, AttributeError):
-            kind = ""
-        if kind.startswith("EDM"):  # playgroundai/playground-v2.5-1024px-aesthetic: EDMDPMSolverMultistepScheduler
-            return (f"Playground v2.5 or another EDM-trained model (its scheduler is {kind}; sdrt samples SD's "
-                    "schedules only, and run with SDXL's it would give noise)")
     return None
 
 
@@ -226,7 +220,7 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
     vae_cfg = root / "vae" / "config.json"
     if vae_cfg.is_file():
         cfg = _read_json(vae_cfg, "VAE config.json")
-        release["vae"] = {k: cfg[k] for k in ("scaling_factor", "shift_factor") if cfg.get(k) is not None}
+        release["vae"] = {k: cfg[k] for k in VAE_KEYS if cfg.get(k) is not None}
     den_cfg = root / den / "config.json"
     if den_cfg.is_file():
         size = _read_json(den_cfg, f"{den} config.json").get("sample_size")

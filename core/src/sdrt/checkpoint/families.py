@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from . import foreign
+from . import edm, foreign
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -292,10 +292,6 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
             fam = "sd1"
         else:
             return Identity(None, "unknown", f"{old}, which has no shipped graph")
-        if fam == "sdxl" and "edm_mean" in shapes:  # diffusers' single-file loader keys Playground v2.5 on these
-            return Identity(None, "unknown", "Playground v2.5 (an SDXL-shaped UNet trained with an EDM noise "
-                            "schedule, its edm_mean/edm_std keys, which sdrt has no schedule for: run as SDXL it "
-                            "would give noise)", foreign=True)
         if fam == "sdxl-refiner" and family != fam and not _refiner_unet(shapes):
             return Identity(None, "unknown", "an SDXL refiner's text encoder (conditioner.embedders.0: OpenCLIP-G) "
                             "beside a UNet that is not the refiner's (its ADM input is not 2560 wide), which has no "
@@ -345,8 +341,10 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
         for p in ("first_stage_model.", "vae."):
             if has(p + "decoder.") or has(p + "encoder."):
                 comps["vae"] = p
-        shown = LABELS[fam] + ("" if set(comps) - {"unet", "transformer"} else
-                               (" (transformer only)" if "transformer" in comps else " (UNet only)"))
+        # Playground v2.5 (edm_mean/edm_std) and CosXL (edm_vpred.*): SDXL trained with EDM (sdrt.checkpoint.edm)
+        edm_label = edm.edm_label(shapes) if fam == "sdxl" else None
+        shown = (edm_label or LABELS[fam]) + ("" if set(comps) - {"unet", "transformer"} else
+                                              (" (transformer only)" if "transformer" in comps else " (UNet only)"))
         return Identity(fam, "checkpoint", shown, comps)
     # a separate part
     kind = clip_kind(shapes, "")

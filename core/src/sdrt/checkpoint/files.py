@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import ModelError, ModelNotFoundError, SdrtError, WeightsError
 from ..weights import Weights
-from . import components, families, flow, ldm
+from . import components, edm, families, flow, ldm
 from .families import FAMILY_GRAPHS, LABELS, PART_KINDS, Identity
 from .graphs import shipped_graph
 from .hashing import model_hash
@@ -425,7 +425,9 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         raise ModelError(f"{main.path.name} is {main.ident.label}; {LABELS[fam]} also needs {', '.join(kinds)}, "
                          "and no file given holds them", where=str(main.path), fix=_missing_fix(fam, missing))
     if prediction is None:
-        if fam == "sd2":
+        if fam == "sdxl" and (key := edm.edm_key(main.shapes)) is not None:  # Playground v2.5: eps; CosXL: v
+            prediction = "epsilon" if key == "edm_mean" else "v_prediction"
+        elif fam == "sd2":
             prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"],
                                         diffusers=main.ident.layout == "diffusers")
         # A1111 reads a v-prediction SD 1.x/SDXL finetune's yaml too. An SD 2.x inpainting file without one is eps
@@ -443,7 +445,11 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         raise ModelError(f"unknown prediction {prediction!r}", where="open_single_file(prediction=...)",
                          fix="use 'epsilon' or 'v_prediction'")
     release = release_defaults(fam)
-    if fam == "sd2" and prediction == "epsilon":
+    if fam == "sdxl" and (with_edm := edm.edm_release(release, main.weights, main.path)) is not None:
+        # EDM-trained (Playground v2.5, CosXL): its scheduler (and latent normalization) from its keys
+        log.info("%s: %s: %s", main.path.name, with_edm["edm_label"], with_edm["scheduler"]["_class_name"])
+        release = {**with_edm, "scheduler": {**with_edm["scheduler"], "prediction_type": prediction}}
+    elif fam == "sd2" and prediction == "epsilon":
         release = {**release, "scheduler": release["scheduler_eps"], "sample_size": release["sample_size_eps"]}
     elif prediction == "v_prediction" and release["scheduler"].get("prediction_type") != "v_prediction":
         release = {**release, "scheduler": {**release["scheduler"], "prediction_type": "v_prediction"}}

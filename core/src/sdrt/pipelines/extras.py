@@ -279,10 +279,14 @@ class ToolboxMixin:
         x = self._current
         if x is None:
             return None
+        from .preview import TaesdPreview, project
+
+        if self._preview_fn is not None and not isinstance(self._preview_fn, TaesdPreview):
+            return self._preview_fn(x)  # the caller's own function: the latent as the sampler holds it
+        # the family's usual latent space (Playground v2.5's normalized latents mapped back to SDXL's)
+        x = self.family.preview_latents(x)  # type: ignore[attr-defined]
         if self._preview_fn is not None:
             return self._preview_fn(x)
-        from .preview import project
-
         # the family's own factors (sd2 -> sd1, chroma -> flux): SD3, Flux and Chroma got SD 1.x's 4-channel ones
         return project(x, self.family.name, upscale=upscale)  # type: ignore[attr-defined]
 

@@ -430,10 +430,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         else:
             raise ModelError(f"the vae_encoder output {name!r} has {out.shape[1]} channels, not {2 * c} or {c}",
                              where=str(self.vae_encoder.path), fix="export the VAE encoder's latent parameters")
-        scale, shift = self.family.scaling
-        if shift:
-            latent = latent - np.float32(shift)
-        return (latent * np.float32(scale)).astype(np.float32)
+        return self.family.to_model_latents(latent)
 
     def _init_latents(self, init: np.ndarray, generator: Any, lh: int, lw: int) -> np.ndarray:
         """The init image's latents: ``init`` encoded; with the latent upscale resize mode, the picture encoded at
@@ -447,10 +444,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         return interpolate(self._encode_image(to_nchw(source), generator), lh, lw, "bilinear")
 
     def _decode(self, latents: np.ndarray) -> list[np.ndarray]:
-        scale, shift = self.family.scaling
-        z = (latents / np.float32(scale)).astype(np.float32)
-        if shift:
-            z = (z + np.float32(shift)).astype(np.float32)
+        z = self.family.to_vae_latents(latents)
 
         def decode(t: np.ndarray) -> np.ndarray:
             out = self.vae_decoder.run({"latent_sample": t})

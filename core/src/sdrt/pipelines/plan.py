@@ -145,6 +145,8 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     kind = getattr(ms, "prediction", "?")
     if getattr(ms, "kind", "") == "flow":
         kind = f"flow (shift {ms.shift:g})" if ms.mu is None else f"flow (mu {ms.mu:.3f})"
+    elif getattr(ms, "kind", "") == "edm":  # Playground v2.5, CosXL
+        kind = f"edm {ms.prediction} (sigma {ms.sigma_min:g}..{ms.sigma_max:g}, sigma_data {ms.sigma_data:g})"
     label = " ".join(x for x in sampler_labels(s.choice) if x)
     modes = [f"distilled {s.guidance:g}"] if s.guidance is not None else []
     if pipe.family.negative_pass(s.cfg, s.negative_prompt):

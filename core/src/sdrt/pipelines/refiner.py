@@ -134,6 +134,13 @@ def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipel
                          "the base's latents, so it must be of the same kind", where="refiner",
                          fix="use an SDXL base with the SDXL refiner (or a refiner of the base's own family)"
                              if not base.flow else f"{base.label} models have no refiner: leave {{@refiner}} out")
+    kinds = [getattr(p.schedule, "kind", "") for p in (pipe, ref)]
+    if kinds[0] != kinds[1] and "edm" in kinds:  # Playground v2.5 / CosXL: their latents and sigmas are not SDXL's
+        edm, other = (pipe, ref) if kinds[0] == "edm" else (ref, pipe)
+        raise InputError(f"{'this model' if edm is pipe else 'the refiner'} ({edm.folder.name}) is EDM-trained and "
+                         f"{'the refiner' if edm is pipe else 'this model'} ({other.folder.name}) is not: their noise "
+                         "schedules and latents differ, so one cannot continue the other's latents", where="refiner",
+                         fix="leave {@refiner} out for this model, or use a refiner trained as the base was")
     if ref.family.prediction != pipe.family.prediction:  # a bound checkpoint's own (load_weights) included
         raise InputError(f"the refiner predicts {ref.family.prediction} and this model {pipe.family.prediction}",
                          where="refiner", fix="use a refiner trained with the base model's prediction type")

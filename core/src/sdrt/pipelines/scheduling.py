@@ -314,6 +314,27 @@ DISCRETE_SCHEDULERS = frozenset({
 })
 #: rectified-flow schedulers (SD3, Flux, Chroma): velocity prediction with a shift
 FLOW_SCHEDULERS = frozenset({"FlowMatchEulerDiscreteScheduler", "FlowMatchHeunDiscreteScheduler"})
+#: schedulers of EDM-trained models (Playground v2.5, CosXL in diffusers): continuous sigmas, EDM preconditioning
+EDM_SCHEDULERS = frozenset({"EDMDPMSolverMultistepScheduler", "EDMEulerScheduler"})
+
+
+def edm_sampling(config: dict[str, Any], where: str) -> Any:
+    """The ``EDMSchedule`` an EDM scheduler config describes: its ``sigma_min``, ``sigma_max``, ``sigma_data`` and
+    ``prediction_type`` (diffusers' EDM schedulers' defaults where unset: 0.002, 80, 0.5, epsilon)."""
+    from ..samplers.model_sampling import EDMSchedule
+
+    kind = str(config.get("prediction_type", "epsilon"))
+    prediction = {"epsilon": "eps", "v_prediction": "v"}.get(kind)
+    if prediction is None:
+        raise ModelError(f"prediction_type {kind!r} is not supported", where=where,
+                         fix="use a model trained for 'epsilon' or 'v_prediction'")
+    lo = config_number(config, "sigma_min", 0.002, where, open_low=True)
+    hi = config_number(config, "sigma_max", 80.0, where, open_low=True)
+    if lo >= hi:
+        raise ModelError(f"the scheduler config's sigma_min {lo:g} is not below its sigma_max {hi:g}", where=where,
+                         fix="fix sigma_min / sigma_max in the scheduler config, or re-export the model")
+    return EDMSchedule(prediction, lo, hi, config_number(config, "sigma_data", 0.5, where, open_low=True),
+                       train_timesteps(config, where))
 
 
 def model_sampling(config: dict[str, Any], where: str = "scheduler_config.json", *, shift: float | None = None,
@@ -325,12 +346,15 @@ def model_sampling(config: dict[str, Any], where: str = "scheduler_config.json",
     ``use_dynamic_shifting``, Flux's resolution-dependent ``mu`` for ``width`` x ``height``. A folder
     without a class name is read as a DDPM scheduler (the older exports). ``multiplier`` maps sigma to
     the timestep the network takes (``num_train_timesteps`` by default, as SD3; Flux takes sigma: 1).
+    EDM schedulers (Playground v2.5) give an ``EDMSchedule`` (``edm_sampling``).
     """
     from ..samplers.model_sampling import FlowSchedule, flux_mu
 
     name = str(config.get("_class_name") or "PNDMScheduler")
     if name in DISCRETE_SCHEDULERS:
         return FolderSchedule.from_config(config, where)
+    if name in EDM_SCHEDULERS:
+        return edm_sampling(config, where)
     if name in FLOW_SCHEDULERS:
         n = train_timesteps(config, where)
         mult = float(n if multiplier is None else multiplier)
@@ -347,4 +371,4 @@ def model_sampling(config: dict[str, Any], where: str = "scheduler_config.json",
         return FlowSchedule(shift=value, multiplier=mult, num_timesteps=n)
     raise ModelError(f"the scheduler {name!r} is not supported", where=where,
                      fix="use a folder whose scheduler_config.json names one of diffusers' schedulers: "
-                         + ", ".join(sorted(DISCRETE_SCHEDULERS | FLOW_SCHEDULERS)))
+                         + ", ".join(sorted(DISCRETE_SCHEDULERS | FLOW_SCHEDULERS | EDM_SCHEDULERS)))

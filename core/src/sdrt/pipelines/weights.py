@@ -91,16 +91,22 @@ class ActiveLora:
         return self.scale if self.unet_scale is None or part.startswith("text_encoder") else self.unet_scale
 
 
-def _folder_prediction(root: Path) -> tuple[str | None, bool]:
-    """(prediction_type, rescale_betas_zero_snr) a diffusers folder's ``scheduler/scheduler_config.json`` says
-    (diffusers' default ``"epsilon"`` where the config has no prediction_type); (None, False) without a readable one."""
+def _folder_scheduler(root: Path) -> dict[str, Any]:
+    """A diffusers folder's ``scheduler/scheduler_config.json`` ({} without a readable one)."""
     import json
 
     try:
         config = json.loads((root / "scheduler" / "scheduler_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None, False
-    if not isinstance(config, dict):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _folder_prediction(root: Path) -> tuple[str | None, bool]:
+    """(prediction_type, rescale_betas_zero_snr) a diffusers folder's ``scheduler/scheduler_config.json`` says
+    (diffusers' default ``"epsilon"`` where the config has no prediction_type); (None, False) without a readable one."""
+    config = _folder_scheduler(root)
+    if not config:
         return None, False
     kind = config.get("prediction_type", "epsilon")
     return (kind if kind in ("epsilon", "v_prediction") else None), bool(config.get("rescale_betas_zero_snr"))
@@ -217,6 +223,7 @@ class WeightState:
                                  f"(pipelines.load(FILE) in the API), with --text-encoder / --vae files where it holds "
                                  f"the transformer only")
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint.open(path)
+        self._check_edm(ckpt)
         parts = self._parts()
         arrays = ckpt.lazy({name: self._graph(name) for name in parts})  # read on use: nothing held
         for name, arr in arrays.items():
@@ -240,7 +247,52 @@ class WeightState:
 
         if self.pipe.family.name in ("sd3", "flux", "chroma"):  # the run refuses these (load_checkpoint)
             return
-        self._follow_prediction(Checkpoint.open(path))
+        ckpt = Checkpoint.open(path)
+        self._check_edm(ckpt)
+        self._follow_prediction(ckpt)
+
+    def _check_edm(self, ckpt: Any) -> None:
+        """An EDM-trained checkpoint (Playground v2.5's ``edm_mean``/``edm_std``, CosXL's ``edm_vpred.*``; a diffusers
+        folder with an EDM scheduler) samples and scales its latents unlike a DDPM-trained model: bound onto a model
+        of the other kind, or onto an EDM model of another prediction or sigma_data (CosXL onto Playground), it would
+        give noise, so that is refused before anything changes."""
+        from ..checkpoint.edm import edm_key, edm_label
+        from ..checkpoint.files import release_defaults
+        from .scheduling import EDM_SCHEDULERS
+
+        path = Path(getattr(ckpt, "path", "") or "")
+        if path.is_dir():
+            sched = _folder_scheduler(path)
+            theirs = sched.get("_class_name") in EDM_SCHEDULERS
+            what = f"an EDM-trained model (its scheduler is {sched.get('_class_name')})"
+        else:
+            key = edm_key(ckpt.weights)
+            theirs = key is not None
+            sched = release_defaults("sdxl")["edm"][key]["scheduler"] if key is not None else {}
+            what = edm_label(ckpt.weights) or ""
+        mine = self.pipe.folder.scheduler
+        ours = mine.get("_class_name") in EDM_SCHEDULERS
+        if theirs and ours:
+            def form(config: dict[str, Any]) -> tuple[str, float]:
+                return str(config.get("prediction_type", "epsilon")), float(config.get("sigma_data", 0.5))
+
+            if form(sched) != form(mine):
+                raise InputError(f"{path.name} is {what}, predicting {form(sched)[0]} with sigma_data {form(sched)[1]:g}, "
+                                 f"and this model ({self.pipe.folder.name}) is EDM-trained with {form(mine)[0]} and "
+                                 f"sigma_data {form(mine)[1]:g}: it would give noise", where=str(path),
+                                 fix=f"run it as the model itself: sdrt generate {path.name} \"prompt\" "
+                                     "(pipelines.load(FILE) in the API)")
+        if theirs == ours:
+            return
+        if theirs:
+            raise InputError(f"{path.name} is {what}, and this model samples as {self.pipe.family.label} does: its "
+                             "noise schedule and latents would not fit", where=str(path),
+                             fix=f"run it as the model itself: sdrt generate {path.name} \"prompt\" "
+                                 "(pipelines.load(FILE) in the API)")
+        raise InputError(f"{path.name} is not EDM-trained, and this model ({self.pipe.folder.name}) samples with an "
+                         f"EDM schedule ({self.pipe.folder.scheduler.get('_class_name')}): it would give noise",
+                         where=str(path), fix=f"run it as the model itself: sdrt generate {path.name} \"prompt\" "
+                                              "(pipelines.load(FILE) in the API)")
 
     def _follow_prediction(self, ckpt: Any) -> None:
         """Sample the checkpoint as A1111 does when it says its own prediction: its ``<stem>.yaml``, SDXL's

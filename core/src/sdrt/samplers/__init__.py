@@ -32,7 +32,15 @@ from .k_samplers import (
     heun,
     lms,
 )
-from .model_sampling import DiscreteSchedule, FlowSchedule, flux_mu, flux_schedule, scaled_linear_betas, sd3_schedule
+from .model_sampling import (
+    DiscreteSchedule,
+    EDMSchedule,
+    FlowSchedule,
+    flux_mu,
+    flux_schedule,
+    scaled_linear_betas,
+    sd3_schedule,
+)
 from .multistep import deis, ipndm, plms
 from .names import SamplerChoice, resolve
 from .noise import BrownianTreeNoiseSampler, TorchGenerator, TorchNoiseSampler, brownian_interval, randn
@@ -84,6 +92,7 @@ __all__ = [
     "CFGDenoiser",
     "Denoiser",
     "DiscreteSchedule",
+    "EDMSchedule",
     "FlowSchedule",
     "SamplerChoice",
     "TorchGenerator",

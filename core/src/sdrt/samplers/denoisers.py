@@ -71,6 +71,13 @@ class Denoiser:
             info = declared.get(timestep_name)
             timestep_dtype = info.dtype if info is not None else "float32"
         self.timestep_dtype = np.dtype(timestep_dtype)
+        if getattr(model_sampling, "kind", None) == "edm" and self.timestep_dtype.kind in "iu":
+            where = getattr(session, "path", None) or getattr(session, "name", None) or "the denoiser"
+            raise ModelError(f"the denoiser's {timestep_name} input is {self.timestep_dtype}, and an EDM-trained model "
+                             "(Playground v2.5, CosXL) takes c_noise = 0.25 ln sigma, a fraction from about -1.6 to "
+                             "1.2: rounded to whole numbers it would give noise", where=str(where),
+                             fix="export the UNet with a float timestep input (diffusers' UNet2DConditionModel takes "
+                                 "float timesteps), or use sdrt's shipped graphs")
         ts_info = declared.get(timestep_name)
         self._timestep_shape = tuple(ts_info.shape) if ts_info is not None else None
         sample_info = declared.get(sample_name)

@@ -5,6 +5,10 @@
   sigma <-> t is linear interpolation in log sigma (k-diffusion's
   ``DiscreteSchedule.sigma_to_t``/``t_to_sigma``), or nearest index with
   ``quantize=True`` (ComfyUI's ``ModelSamplingDiscrete.timestep``).
+- ``EDMSchedule``: a model trained in Karras et al.'s EDM form (Playground v2.5, CosXL): continuous sigmas
+  from ``sigma_min`` to ``sigma_max``, ``c_in = 1 / sqrt(sigma^2 + sigma_data^2)``, the timestep
+  ``c_noise = 0.25 ln sigma``, and ``denoised = c_skip x + c_out F`` (diffusers' ``EDMEulerScheduler`` /
+  ``EDMDPMSolverMultistepScheduler``, ComfyUI's ``ModelSamplingContinuousEDM``).
 - ``FlowSchedule``: rectified flow, ``x_t = (1 - sigma) x0 + sigma noise``.
   SD3 uses a constant shift (3.0) and feeds ``timestep = 1000 sigma``; Flux uses
   a resolution-dependent shift ``mu`` (``flux_mu``) and feeds ``timestep = sigma``.
@@ -21,6 +25,7 @@ from ..errors import SamplerError
 
 __all__ = [
     "DiscreteSchedule",
+    "EDMSchedule",
     "FlowSchedule",
     "flux_mu",
     "flux_schedule",
@@ -95,6 +100,65 @@ class DiscreteSchedule:
 
     def noise_scaling(self, sigma: float, noise: np.ndarray, latent: np.ndarray | None = None) -> np.ndarray:
         """The starting latent at ``sigma`` from unit noise (plus an image latent for img2img)."""
+        out = noise * sigma
+        return out if latent is None else out + latent
+
+
+@dataclass
+class EDMSchedule:
+    """An EDM-trained model (Karras et al. 2022): the network sees ``x c_in`` at timestep ``0.25 ln sigma``.
+
+    ``prediction`` is diffusers' word for the output: ``"eps"`` (diffusers' ``"epsilon"``, Playground v2.5:
+    ``denoised = c_skip x + c_out F``) or ``"v"`` (``"v_prediction"``, CosXL: ``c_out`` negated), with
+    ``c_skip = sd^2 / (sigma^2 + sd^2)`` and ``c_out = sigma sd / sqrt(sigma^2 + sd^2)`` for ``sd = sigma_data``,
+    as diffusers' EDM schedulers and ComfyUI's ``EDM`` / ``V_PREDICTION_EDM`` compute it. The table of
+    ``num_timesteps`` sigmas, log-spaced from ``sigma_min`` to ``sigma_max``, is ComfyUI's
+    ``ModelSamplingContinuousEDM`` table (what the ``simple``, ``beta`` and ``ddim_uniform`` schedules walk).
+    """
+
+    prediction: str = "eps"
+    sigma_min: float = 0.002
+    sigma_max: float = 80.0
+    sigma_data: float = 0.5
+    num_timesteps: int = 1000
+    sigmas: np.ndarray = field(init=False, repr=False)
+
+    kind = "edm"
+
+    def __post_init__(self) -> None:
+        if self.prediction not in ("eps", "v"):
+            raise SamplerError(f"unknown prediction type {self.prediction!r} for an EDM model",
+                               where="sdrt.samplers.EDMSchedule", fix="use prediction='eps' or 'v'")
+        for name in ("sigma_min", "sigma_max", "sigma_data"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise SamplerError(f"{name} must be a positive number, got {value!r}",
+                                   where="sdrt.samplers.EDMSchedule", fix=f"pass a positive {name}")
+        if self.sigma_min >= self.sigma_max:
+            raise SamplerError(f"sigma_min {self.sigma_min:g} is not below sigma_max {self.sigma_max:g}",
+                               where="sdrt.samplers.EDMSchedule", fix="pass sigma_min < sigma_max")
+        self.sigma_min, self.sigma_max, self.sigma_data = (float(self.sigma_min), float(self.sigma_max),
+                                                           float(self.sigma_data))
+        self.sigmas = np.exp(np.linspace(math.log(self.sigma_min), math.log(self.sigma_max), self.num_timesteps))
+
+    def timestep(self, sigma: float | np.ndarray, *, quantize: bool = False) -> np.ndarray:
+        """``c_noise = 0.25 ln sigma``: continuous, so ``quantize`` changes nothing."""
+        return 0.25 * np.log(np.asarray(sigma, dtype=np.float64))
+
+    def sigma(self, timestep: float | np.ndarray) -> np.ndarray:
+        return np.exp(np.asarray(timestep, dtype=np.float64) / 0.25)
+
+    def scale_input(self, x: np.ndarray, sigma: float) -> np.ndarray:
+        return x / math.sqrt(sigma * sigma + self.sigma_data * self.sigma_data)
+
+    def denoised(self, x: np.ndarray, sigma: float, output: np.ndarray) -> np.ndarray:
+        sd2 = self.sigma_data * self.sigma_data
+        s2 = sigma * sigma + sd2
+        c_out = sigma * self.sigma_data / math.sqrt(s2)
+        return x * (sd2 / s2) + output * (c_out if self.prediction == "eps" else -c_out)
+
+    def noise_scaling(self, sigma: float, noise: np.ndarray, latent: np.ndarray | None = None) -> np.ndarray:
+        """The starting latent at ``sigma``: ``latent + sigma noise``, as for the other VE (eps / v) models."""
         out = noise * sigma
         return out if latent is None else out + latent
 

@@ -155,6 +155,62 @@ class Family:
                 found.setdefault(key, float(value))
         return found.get("scaling_factor", self.vae_scale), found.get("shift_factor", self.vae_shift)
 
+    @property
+    def latent_stats(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The VAE config's ``latents_mean`` and ``latents_std`` (Playground v2.5's), each ``(1, C, 1, 1)`` float32, or
+        None where the config sets neither: then the latents are scaled by ``scaling`` alone."""
+        for part in ("vae_decoder", "vae_encoder"):
+            cfg = self.folder.configs.get(part, {})
+            mean, std = cfg.get("latents_mean"), cfg.get("latents_std")
+            if mean is None and std is None:
+                continue
+            where = self.folder.parts[part].parent / "config.json" if part in self.folder.parts else part
+            c = self.latent_channels
+            got = []
+            for key, value in (("latents_mean", mean), ("latents_std", std)):
+                try:
+                    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+                except (TypeError, ValueError):
+                    arr = np.zeros(0)
+                if arr.size != c or not np.all(np.isfinite(arr)) or (key == "latents_std" and np.any(arr <= 0)):
+                    raise ModelError(f"the {part} config's {key} is {value!r:.80}, not {c} finite numbers"
+                                     + (" above 0" if key == "latents_std" else ""), where=str(where),
+                                     fix="fix latents_mean / latents_std in that config.json (one number per latent "
+                                         "channel), or remove both for plain scaling_factor scaling")
+                got.append(arr.astype(np.float32).reshape(1, c, 1, 1))
+            return got[0], got[1]
+        return None
+
+    def to_model_latents(self, latent: np.ndarray) -> np.ndarray:
+        """A VAE encoder's latent in the denoiser's space: ``(latent - shift) * scale``, or, with the VAE config's
+        ``latents_mean`` / ``latents_std``, ``(latent - mean) * scale / std`` (diffusers' SDXL pipelines)."""
+        scale, shift = self.scaling
+        stats = self.latent_stats
+        if stats is not None:
+            return ((latent - stats[0]) * np.float32(scale) / stats[1]).astype(np.float32)
+        if shift:
+            latent = latent - np.float32(shift)
+        return (latent * np.float32(scale)).astype(np.float32)
+
+    def to_vae_latents(self, latents: np.ndarray) -> np.ndarray:
+        """The denoiser's latents as the VAE decoder takes them: ``latents / scale + shift``, or, with
+        ``latents_mean`` / ``latents_std``, ``latents * std / scale + mean``."""
+        scale, shift = self.scaling
+        stats = self.latent_stats
+        if stats is not None:
+            return (latents * stats[1] / np.float32(scale) + stats[0]).astype(np.float32)
+        z = (latents / np.float32(scale)).astype(np.float32)
+        return (z + np.float32(shift)).astype(np.float32) if shift else z
+
+    def preview_latents(self, latent: np.ndarray) -> np.ndarray:
+        """A ``(C, h, w)`` latent of the denoiser's space in the family's usual one (the VAE latent times
+        ``vae_scale``), which the latent-to-RGB factors and TAESD decoders take: the same array unless the VAE config
+        sets ``latents_mean`` / ``latents_std`` (Playground v2.5's latents are normalized per channel)."""
+        if self.latent_stats is None:
+            return latent
+        return (self.to_vae_latents(np.asarray(latent, np.float32)[None])[0] * np.float32(self.vae_scale)).astype(
+            np.float32)
+
     def latent_shape(self, batch: int, height: int, width: int) -> tuple[int, ...]:
         return (batch, self.latent_channels, height // self.vae_factor, width // self.vae_factor)
 
