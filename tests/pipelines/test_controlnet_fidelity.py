@@ -136,3 +136,88 @@ def test_cli_only_masked_with_a_control_image(pipe, tmp_path: Path, capsys) -> N
     err = capsys.readouterr().err
     assert "--control-inpaint-crop says whether an only-masked run cuts its control images" in err
     assert "Where: --control-inpaint-crop" in err, err
+
+
+# ------------------------------------------------------------------ a black/white map resized (high_quality_resize)
+SIZES = ((768, 640), (384, 384))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def test_canny_map_resized_as_the_extension(mode: str, size: tuple[int, int]) -> None:
+    """A canny map made at processor resolution 512 (pixel perfect off) fitted to a 768x640 or 384x384 run: the
+    extension's detectmap_proc / high_quality_resize, byte for byte: the map is black and white with one-pixel edges,
+    so it is resized (cubic up, area down), suppressed to its ridges, thresholded at Otsu's level and thinned (pruned
+    when enlarged). The unit's own map (the image through canny at 512, then resized to the run) is the same."""
+    from sdrt.pipelines import controlnet as cn
+    from sdrt.pipelines.controlmaps import resize_control
+
+    w, h = size
+    want = REFS[f"resize/{mode}/{w}x{h}"]
+    got = resize_control(REFS["resize/detected"], w, h, mode)
+    assert got.shape == (h, w, 3) and np.array_equal(got[:, :, 0], want), int((got[:, :, 0] != want).sum())
+    assert set(np.unique(got)) == {0, 255}
+    unit = cn.parse_units([ControlNet("controlnet", REFS["resize/image"], 1.0, 0.0, 1.0, "canny", mode, 50, 150,
+                                      processor_res=512)])[0]
+    fed = cn.prepare_image(unit, w, h, "controlnets[0]")
+    assert np.array_equal(unit.detected[:, :, 0], REFS["resize/detected"])
+    assert np.array_equal(fed[:, :, 0], want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_black_and_white_steps_on_opencvs_resized_map(mode: str) -> None:
+    """The steps after the resize, on OpenCV's own cubic output (its INTER_CUBIC of 8-bit images runs through Intel
+    IPP where the wheel has it, rounding of its own): the channels' mean, nake_nms, Otsu and lvmin_thin with prunings
+    give the extension's map exactly."""
+    from sdrt.pipelines.edgethin import binarize
+
+    resampled = REFS[f"resize/{mode}/768x640/resampled"]
+    got = binarize(np.repeat(resampled[:, :, None], 3, axis=2), True, True)[:, :, 0]
+    h, w = got.shape
+    want = REFS[f"resize/{mode}/768x640"]
+    if mode == "Crop and Resize":  # 768x768, cut to 768x640
+        got = got[(h - 640) // 2:(h - 640) // 2 + 640]
+    elif mode == "Resize and Fill":  # 640x640 on the border's colour (black)
+        got = np.pad(got, ((0, 0), ((768 - w) // 2, 768 - w - (768 - w) // 2)))
+    assert np.array_equal(got, want)
+
+
+def test_edge_thinning_pieces() -> None:
+    """Small cases, their expected values as OpenCV 5.0 and the extension's functions give them (cv2.threshold with
+    THRESH_OTSU, nake_nms, lvmin_thin): Otsu's level (the first best, a single class skipped), nake_nms keeping the
+    maxima of any line, and a 3-pixel bar thinned to its spine with forks at its ends, which the prunings cut."""
+    from sdrt.pipelines.edgethin import lvmin_thin, nake_nms, one_pixel_edges, otsu
+
+    assert otsu(np.array([[0, 0, 255, 255]], np.uint8)) == 0
+    assert otsu(np.full((4, 4), 7, np.uint8)) == 0
+    assert otsu(np.array([[10, 10, 10, 200, 210]], np.uint8)) == 10
+    assert np.array_equal(nake_nms(np.array([[9, 9, 9], [9, 3, 9], [9, 9, 9]], np.uint8)),
+                          [[9, 9, 9], [9, 0, 9], [9, 9, 9]])
+    cross = np.array([[0, 5, 0], [3, 9, 3], [0, 5, 0]], np.uint8)
+    assert np.array_equal(nake_nms(cross), cross)
+    bar = np.zeros((7, 12), np.uint8)
+    bar[2:5, 1:11] = 255
+    spine = np.zeros_like(bar)
+    spine[3, 1:11] = 255
+    spine[[2, 4, 2, 4], [1, 1, 10, 10]] = 255
+    assert np.array_equal(lvmin_thin(bar.copy(), prunings=False), spine)
+    pruned = np.zeros_like(bar)
+    pruned[3, 1:9] = 255
+    assert np.array_equal(lvmin_thin(bar.copy(), prunings=True), pruned)
+    edges = np.zeros((9, 9, 3), np.uint8)
+    edges[4, 1:8] = 255
+    assert one_pixel_edges(edges) and not one_pixel_edges(np.repeat(bar[:, :, None], 3, axis=2))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hires_pass_resizes_a_canny_map_as_the_extension(pipe, mode: str) -> None:
+    """A canny unit (pixel perfect) in the hires fix: the first pass's map made at 64, the second pass's (128x96 and
+    96x96) that map through high_quality_resize's black-and-white path, byte for byte."""
+    unit = ControlNet("controlnet", REFS["hires_image"], preprocessor="canny", low=50, high=150, resize=mode,
+                      pixel_perfect=True)
+    s, _, _ = pipe._prepare(PROMPT, "", dict(steps=2, width=64, height=64, controlnets=[unit]))
+    unit = s.toolbox.controlnets[0]
+    assert np.array_equal(_fed(unit.control), REFS[f"hires_canny/{mode}/64x64"])
+    for w, h in ((128, 96), (96, 96)):
+        pipe._control(s, ModelCall(w, h, 1, 7.0, None, None), w, h)
+        assert np.array_equal(_fed(unit.control), REFS[f"hires_canny/{mode}/{w}x{h}"]), (w, h)
