@@ -221,3 +221,79 @@ def test_hires_pass_resizes_a_canny_map_as_the_extension(pipe, mode: str) -> Non
     for w, h in ((128, 96), (96, 96)):
         pipe._control(s, ModelCall(w, h, 1, 7.0, None, None), w, h)
         assert np.array_equal(_fed(unit.control), REFS[f"hires_canny/{mode}/{w}x{h}"]), (w, h)
+
+
+# ------------------------------------------------------------------ hr_option: the passes of the hires fix a unit is in
+#: sd-webui-controlnet's ControlParams.disabled_by_hr_option (scripts/hook.py), read as a table: whether a unit with
+#: each hr_option is off in the (first pass, second pass) of a hires-fix run; without the fix every unit is "Both"
+EXTENSION_OFF = {"Both": (False, False), "Low res only": (False, True), "High res only": (True, False)}
+HIRES = dict(hires_scale=1, hires_steps=2, hires_denoise=0.5, hires_upscaler="Lanczos")
+EDGES = np.load(DATA / "tiny-sd15-controlnet" / "refs.npz")["edges"]
+
+
+@pytest.mark.parametrize("option", list(EXTENSION_OFF))
+def test_hr_option_puts_the_unit_on_its_passes_only(pipe, option: str) -> None:
+    """A hires-fix run (hires_scale 1 with Lanczos: the tiny folder's UNet is fixed at 64x64, so the second pass runs
+    at 64x64 too; sdrt's hires pass is then img2img of the first pass's image on A1111's steps: the last 2 of
+    int(2 / 0.5) = 4) with the unit's hr_option equals the two passes composed from the API, each with the unit only
+    where the extension's table has it on: a txt2img run with or without the unit, then img2img of its image with or
+    without it. The options give three different pictures."""
+    from sdrt.pipelines.controlnet import HR_OPTIONS
+
+    assert tuple(EXTENSION_OFF) == HR_OPTIONS
+    kw = dict(steps=3, seed=5, sampler="Euler", cfg=7, width=64, height=64)
+
+    def unit(opt: str = "Both") -> ControlNet:
+        return ControlNet("controlnet", EDGES, 1.0, 0.0, 1.0, hr_option=opt)
+
+    got = pipe("a cat", controlnets=[unit(option)], **kw, **HIRES)[0]
+    off_first, off_second = EXTENSION_OFF[option]
+    first = pipe("a cat", controlnets=[] if off_first else [unit()], **kw)[0]
+    want = pipe("a cat", init_image=first, controlnets=[] if off_second else [unit()], steps=4, strength=2.5 / 4,
+                seed=5, sampler="Euler", cfg=7)[0]
+    assert np.array_equal(got, want)
+    if option != "Both":
+        both = pipe("a cat", controlnets=[unit()], **kw, **HIRES)[0]
+        assert int(np.abs(both.astype(int) - got).max()) > 10
+
+
+def test_hr_option_checked() -> None:
+    from sdrt.errors import InputError
+
+    with pytest.raises(InputError, match=r"controlnets\[0\] hr_option 'High res only' picks a pass of the hires fix, "
+                                         "and the run has no hires fix") as err:
+        pipelines.validate(PROMPT, controlnets=[ControlNet("controlnet", EDGES, hr_option="high RES only")])
+    assert err.value.where == "controlnets[0] hr_option"
+    with pytest.raises(InputError, match=r"controlnets\[0\] hr_option 'Low res' is not a hires-fix option"):
+        pipelines.validate(PROMPT, controlnets=[ControlNet("controlnet", EDGES, hr_option="Low res")], hires_scale=2)
+    s = pipelines.validate(PROMPT, controlnets=[ControlNet("controlnet", EDGES, hr_option=2)], hires_scale=2)
+    assert s.toolbox.controlnets[0].hr_option == "High res only"
+    assert pipelines.validate(PROMPT, controlnets=[ControlNet("controlnet", EDGES)]).toolbox.controlnets[0].hr_option \
+        == "Both"
+
+
+def test_cli_control_hr_option(pipe, tmp_path: Path, capsys) -> None:
+    """``sdrt generate --hires-scale 1 ... --control-hr-option "High res only"`` gives the API's run with that
+    hr_option (composed from its passes in test_hr_option_puts_the_unit_on_its_passes_only); without --hires-scale,
+    or with a name that is no option, it is refused in one line naming the flag."""
+    from sdrt.cli import main
+    from sdrt.pipelines.png import write_png
+
+    pil = pytest.importorskip("PIL.Image")
+    write_png(tmp_path / "edges.png", EDGES)
+    args = ["generate", str(DATA / "tiny-sd15-controlnet"), "a cat", "--steps", "3", "--seed", "5", "--sampler",
+            "Euler", "--cfg", "7", "--backend", fast_backend(), "--width", "64", "--height", "64",
+            "--control-image", str(tmp_path / "edges.png"), "-o", str(tmp_path / "out.png")]
+    hires = ["--hires-scale", "1", "--hires-steps", "2", "--hires-denoise", "0.5", "--hires-upscaler", "Lanczos"]
+    assert main([*args, *hires, "--control-hr-option", "high res only"]) == 0, capsys.readouterr().err
+    with pil.open(tmp_path / "out.png") as img:
+        got = np.asarray(img.convert("RGB"))
+    want = pipe("a cat", controlnets=[ControlNet("controlnet", EDGES, hr_option="High res only")], steps=3, seed=5,
+                sampler="Euler", cfg=7, width=64, height=64, **HIRES)[0]
+    assert np.array_equal(got, want)
+    assert main([*args, "--control-hr-option", "Low res only"]) == 1
+    err = capsys.readouterr().err
+    assert "--control-hr-option picks a pass of the hires fix, and there is no --hires-scale" in err, err
+    assert main([*args, *hires, "--control-hr-option", "hires"]) == 1
+    err = capsys.readouterr().err
+    assert "--control-hr-option 'hires' is not a hires-fix option" in err and err.count("\n") == 1, err
