@@ -11,7 +11,15 @@ test_controlnet_fidelity.py, tests/serve/test_serve_controlnet.py, tests/flow/te
 2. the hires fix: ``get_control`` runs the preprocessor once (pixel perfect: for the first pass's size) and
    ``detectmap_proc`` resizes that one detected map to the first pass's size and, again, to the hires size
    (``hr_y``, ``hr_x``) in the unit's resize mode; here blur_gaussian (``resize_image_with_pad``, then
-   ``cv2.GaussianBlur``) on a 64x64 image.
+   ``cv2.GaussianBlur``) on a 64x64 image, and canny (whose map is black and white: see 3.);
+3. ``detectmap_proc``'s ``high_quality_resize`` of a black/white map (``resize/``): a canny map made at processor
+   resolution 512 fitted to 768x640 and to 384x384 in each resize mode. Its two colours (below 16 and above 240)
+   make it "binary": the 3x3 opening test for one-pixel edges, OpenCV's area (shrinking) or cubic (enlarging)
+   resize, the channels' mean, ``nake_nms``, Otsu's threshold and Lvmin Zhang's thinning (``lvmin_thin``, its
+   prunings when enlarging), all written here from reading scripts/controlnet.py and scripts/lvminthin.py. The
+   cubic resize's own output is kept too (``.../resampled``, one channel): OpenCV runs INTER_CUBIC of 8-bit
+   images through Intel IPP where the wheel has it (this one: ``cv2.ipp.useIPP()``), whose rounding is its own and
+   its CPU's, so the test checks the steps after the resize on OpenCV's resized map exactly.
 
 The operations are written here from reading the extension (scripts/controlnet.py, scripts/preprocessor/legacy/
 processor.py, internal_controlnet/external_code.py) and A1111 (modules/images.py, modules/masking.py): Pillow and
@@ -76,6 +84,19 @@ def hires_image() -> np.ndarray:
     img = np.stack([f, 255 - f * 0.7, 60 + x * 2.5], axis=-1)
     img[12:30, 8:28] = (240, 20, 30)
     img[(y - 44) ** 2 + (x - 44) ** 2 < 120] = (10, 40, 220)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def edge_image() -> np.ndarray:
+    """A 512x512 picture for canny: discs, bars, a ring and a diagonal on a soft gradient, edges of every slope."""
+    y, x = np.mgrid[0:512, 0:512].astype(np.float64)
+    img = np.stack([60 + x / 4, 80 + y / 5, 140 + 30 * np.sin(x / 40)], axis=-1)
+    img[(y - 150) ** 2 + (x - 160) ** 2 < 90 ** 2] = (230, 200, 40)
+    img[(y - 360) ** 2 + (x - 330) ** 2 < 110 ** 2] = (30, 60, 200)
+    img[(y - 360) ** 2 + (x - 330) ** 2 < 50 ** 2] = (200, 60, 60)
+    img[60:90, 280:480] = (20, 20, 20)
+    img[300:480, 40:70] = (240, 240, 240)
+    img[np.abs(x - 0.6 * y - 200) < 3] = (250, 250, 250)
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
@@ -186,19 +207,76 @@ def hwc3(x: np.ndarray) -> np.ndarray:
     return np.repeat(x[:, :, None], 3, axis=2) if x.ndim == 2 else x
 
 
+# ------------------------------------------------------------------ high_quality_resize (scripts/lvminthin.py)
+def _rot4(kernels: list[list[list[int]]]) -> list[np.ndarray]:
+    return [np.rot90(np.array(k, np.int32), r) for r in range(4) for k in kernels]
+
+
+THIN = _rot4([[[-1, -1, -1], [0, 1, 0], [1, 1, 1]], [[0, -1, -1], [1, 1, -1], [0, 1, 0]]])
+PRUNE = _rot4([[[-1, -1, -1], [-1, 1, -1], [0, 0, -1]], [[-1, -1, -1], [-1, 1, -1], [-1, 0, 0]]])
+
+
+def thin_round(x: np.ndarray, kernels: list[np.ndarray]) -> bool:
+    """Each pattern's hit-or-miss hits set to 0 in place, in turn; whether any pattern hit."""
+    done = True
+    for k in kernels:
+        hits = np.where(cv2.morphologyEx(x, cv2.MORPH_HITMISS, k) > 127)
+        x[hits] = 0
+        done = done and hits[0].shape[0] == 0
+    return not done
+
+
+def thin(x: np.ndarray, prunings: bool) -> np.ndarray:
+    for _ in range(32):
+        if not thin_round(x, THIN):
+            break
+    if prunings:
+        thin_round(x, PRUNE)
+    return x
+
+
+def nms(x: np.ndarray) -> np.ndarray:
+    lines = [np.array(k, np.uint8) for k in ([[0, 0, 0], [1, 1, 1], [0, 0, 0]], [[0, 1, 0], [0, 1, 0], [0, 1, 0]],
+                                             [[1, 0, 0], [0, 1, 0], [0, 0, 1]], [[0, 0, 1], [0, 1, 0], [1, 0, 0]])]
+    y = np.zeros_like(x)
+    for k in lines:
+        np.putmask(y, cv2.dilate(x, kernel=k) == x, x)
+    return y
+
+
+RESAMPLED: dict[tuple[int, int], np.ndarray] = {}  # a binary map's cv2.resize output, by (w, h), before the steps
+
+
 def map_resize(x: np.ndarray, w: int, h: int) -> np.ndarray:
-    """The extension's resize of a map that is neither binary nor of 3 to 199 colours (asserted): area when it
-    shrinks, cubic otherwise."""
+    """``high_quality_resize(x, (w, h))`` of an (H, W, 3) uint8 map: nearest for 3..199 colours, area when it shrinks,
+    cubic otherwise; a two-colour map darker than 16 and lighter than 240 made black and white again."""
     if x.shape[:2] == (h, w):
         return x
     colours = len(np.unique(x.reshape(-1, x.shape[2]), axis=0))
-    assert colours >= 200, colours
-    smaller = w * h < x.shape[0] * x.shape[1]
-    return cv2.resize(x, (w, h), interpolation=cv2.INTER_AREA if smaller else cv2.INTER_CUBIC)
+    binary = colours == 2 and x.min() < 16 and x.max() > 240
+    one_pixel = False
+    if binary:
+        square = np.ones((3, 3), np.uint8)
+        opened = cv2.dilate(cv2.erode(x, square, iterations=1), square, iterations=1)
+        one_pixel = np.where(opened < x)[0].shape[0] * 2 > np.where(x > 127)[0].shape[0]
+    area = w * h < x.shape[0] * x.shape[1]
+    bigger = w * h > x.shape[0] * x.shape[1]
+    inter = cv2.INTER_NEAREST if 2 < colours < 200 else cv2.INTER_AREA if area else cv2.INTER_CUBIC
+    y = cv2.resize(x, (w, h), interpolation=inter)
+    if binary:
+        RESAMPLED[(w, h)] = y[:, :, 0].copy()
+        y = np.mean(y.astype(np.float32), axis=2).clip(0, 255).astype(np.uint8)
+        if one_pixel:
+            y = nms(y)
+        _, y = cv2.threshold(y, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
+        if one_pixel:
+            y = thin(y, bigger)
+        y = np.stack([y] * 3, axis=2)
+    return y
 
 
 def detectmap(x: np.ndarray, mode: int, h: int, w: int) -> np.ndarray:
-    """``detectmap_proc`` for an image map (not an inpaint one) of many colours."""
+    """``detectmap_proc`` for an image map (not an inpaint one)."""
     x = hwc3(x)
     if mode == 0:
         return map_resize(x, w, h)
@@ -239,6 +317,24 @@ def main() -> None:
         for w, h in ((128, 96), (96, 96)):
             out[f"hires/{name}/{w}x{h}"] = detectmap(detected, mode, h, w)
         print(name, "resolution", res, "detected", detected.shape)
+    for mode, name in enumerate(MODES):  # the hires fix with a canny unit: its map is black and white
+        res = pixel_perfect(image, 64, 64, mode)
+        detected = hwc3(canny(image, res))
+        out[f"hires_canny/{name}/64x64"] = detectmap(detected, mode, 64, 64)
+        for w, h in ((128, 96), (96, 96)):
+            out[f"hires_canny/{name}/{w}x{h}"] = detectmap(detected, mode, h, w)
+    big = edge_image()
+    out["resize/image"] = big
+    detected = hwc3(canny(big, 512))  # processor resolution 512, pixel perfect off
+    out["resize/detected"] = detected[:, :, 0]
+    for mode, name in enumerate(MODES):
+        for w, h in ((768, 640), (384, 384)):
+            RESAMPLED.clear()
+            out[f"resize/{name}/{w}x{h}"] = detectmap(detected, mode, h, w)[:, :, 0]
+            for (rw, rh), y in RESAMPLED.items():
+                if rw * rh > 512 * 512:  # enlarged: OpenCV's (IPP's) cubic; the area resize is sdrt's exactly
+                    out[f"resize/{name}/{w}x{h}/resampled"] = y
+        print(name, "edges", {k: int((out[k] > 0).sum()) for k in out if k.startswith(f"resize/{name}/")})
     OUT.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(OUT, **out)
     print(OUT, OUT.stat().st_size, "bytes; OpenCV", cv2.__version__, "Pillow", Image.__version__)

@@ -23,7 +23,7 @@ def refused(capsys, argv: list[str], *needles: str) -> str:
 @pytest.mark.parametrize("flags", [["--control-scale", "0.2"], ["--control-start", "0.5"], ["--control-end", "0.5"],
                                    ["--control-preprocessor", "canny"], ["--control-resize", "Just Resize"],
                                    ["--controlnet", "cn"], ["--control-mode", "1"], ["--guess-mode"],
-                                   ["--control-inpaint-crop", "off"]])
+                                   ["--control-inpaint-crop", "off"], ["--control-hr-option", "Low res only"]])
 def test_controlnet_flags_without_a_control_image_are_refused(capsys, flags):
     refused(capsys, ["generate", "a cat", *FAST, *flags], f"{flags[0]} needs a --control-image", f"Where: {flags[0]}")
 

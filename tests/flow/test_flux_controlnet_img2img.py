@@ -237,3 +237,31 @@ def test_hires_fix_resizes_the_first_pass_map() -> None:
     d = np.abs(_picture(pictures[1]).astype(int) - FIDELITY[f"hires/{mode}/96x96"])
     assert d.max() <= 1 and (d > 0).mean() <= 0.005, (int(d.max()), float((d > 0).mean()))
     assert "Processor Res: 64" in gen.settings[0]["ControlNet 0"]
+
+
+@pytest.mark.parametrize("option", ["Low res only", "High res only"])
+def test_hr_option_leaves_a_flux_unit_out_of_the_other_pass(option: str) -> None:
+    """A Flux canny unit (pixel perfect) in a hires run, 64x64 then 96x96, with hr_option: the run equals the two
+    passes composed from the API, the unit only on its pass (sd-webui-controlnet's disabled_by_hr_option): a txt2img
+    run with or without it, then img2img of its image resized with Lanczos (the last 2 of int(2 / 0.6) = 3 steps),
+    with the extension's map for the second pass (the first pass's canny map through detectmap_proc at 96x96,
+    scripts/gen_cn_fidelity_refs.py) fed as it is, or without the unit. A unit left out of a pass is not encoded
+    there either (its latents would draw from the pass's generator)."""
+    pil = pytest.importorskip("PIL.Image")
+    pipe = _pipe("reference")
+    net = open_controlnet(FILES["canny"], graph=BASE)
+    mode = "Crop and Resize"
+    kw = dict(seed=4, sampler="Euler", guidance=3.5, max_sequence_length=32)
+    unit = ControlNet(net, FIDELITY["hires_image"], 0.8, 0.0, 1.0, "canny", mode, 50, 150, pixel_perfect=True,
+                      hr_option=option)
+    got = pipe("a cat", controlnets=[unit], steps=2, width=64, height=64, hires_scale=1.5, hires_steps=2,
+               hires_denoise=0.6, hires_upscaler="Lanczos", **kw)[0]
+    first_units = [ControlNet(net, FIDELITY["hires_image"], 0.8, 0.0, 1.0, "canny", mode, 50, 150,
+                              pixel_perfect=True)] if option == "Low res only" else []
+    first = pipe("a cat", controlnets=first_units, steps=2, width=64, height=64, **kw)[0]
+    big = np.asarray(pil.fromarray(first).resize((96, 96), pil.Resampling.LANCZOS))
+    second_units = [ControlNet(net, FIDELITY[f"hires_canny/{mode}/96x96"], 0.8, 0.0, 1.0, resize=mode)] \
+        if option == "High res only" else []
+    want = pipe("a cat", init_image=big, controlnets=second_units, steps=3, strength=2 / 3, width=96, height=96,
+                **kw)[0]
+    assert got.shape == (96, 96, 3) and np.array_equal(got, want)

@@ -203,19 +203,32 @@ def test_what_sdrt_does_not_run_is_named(cn_server) -> None:
     assert info["sdrt_ignored_fields"] == ["alwayson_scripts.ControlNet.args[0].made_up"]
 
 
-def test_hr_option_other_than_both_is_named_with_hires_fix(cn_models) -> None:
-    """The tiny model's size is fixed, so no hires. fix runs on it: the unit parser itself, with hires. fix on."""
-    from sdrt.serve import controlnet
-    from sdrt.serve.registry import Registry
+@pytest.mark.parametrize("option", ["Low res only", "High res only", 2])
+def test_hr_option_picks_the_hires_fix_passes(cn_server, pipe, option) -> None:
+    """A unit's hr_option with enable_hr (hr_scale 1: the tiny model's size is fixed, so the second pass runs at 64x64
+    too): the picture is the Python API's run with the unit's hr_option (whose passes tests/pipelines/
+    test_controlnet_fidelity.py composes), no note; without enable_hr the option is ignored, as the extension runs
+    every unit as "Both" then, and the picture is the plain unit's."""
+    unit = {"image": _b64(_photo()), "model": "controlnet", "hr_option": option}
+    hires = dict(enable_hr=True, hr_scale=1, hr_upscaler="Lanczos", hr_second_pass_steps=2, denoising_strength=0.5)
+    r = _post(cn_server, "txt2img", dict(BASE, **hires, alwayson_scripts={"controlnet": {"args": [unit]}}))
+    assert r.status_code == 200, r.text
+    assert "sdrt_not_honoured" not in json.loads(r.json()["info"]) or not any(
+        "hr_option" in n for n in json.loads(r.json()["info"])["sdrt_not_honoured"])
+    name = option if isinstance(option, str) else "High res only"
 
-    reg = Registry(cn_models)
-    body = {"alwayson_scripts": {"controlnet": {"args": [
-        {"image": _b64(_photo()), "model": "controlnet", "hr_option": "Low res only"}]}}}
-    for hires, notes in ((True, ["alwayson_scripts.controlnet.args[0].hr_option: 'Low res only' ran as 'Both' (the "
-                                 "control on both hires. fix passes)"]), (False, [])):
-        units, got, ignored, fields = controlnet.units(body, reg, reg.model("tiny-cn"), 1 << 24, None, hires)
-        assert got == notes and ignored == [] and len(units) == 1
-        assert fields == {"controlnets": "alwayson_scripts.controlnet", "controlnets[0]": "alwayson_scripts.controlnet.args[0]"}
+    def made(opt: str, **kw) -> np.ndarray:
+        return _python(pipe, [ControlNet("controlnet", _photo(), window="a1111", hr_option=opt)], **kw)
+
+    got = _rgb(r.json()["images"][0])
+    assert np.array_equal(got, made(name, hires_scale=1, hires_steps=2, hires_denoise=0.5, hires_upscaler="Lanczos"))
+    assert not np.array_equal(got, made("Both", hires_scale=1, hires_steps=2, hires_denoise=0.5,
+                                        hires_upscaler="Lanczos"))
+    plain = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}))
+    assert np.array_equal(_rgb(plain.json()["images"][0]), made("Both"))
+    bad = _post(cn_server, "txt2img", dict(BASE, **hires, alwayson_scripts={"controlnet": {"args": [
+        dict(unit, hr_option="Hires only")]}}))
+    assert bad.status_code == 400 and "hr_option must be 0 to 2 or one of Both, Low res only, High res only" in bad.text
 
 
 def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:

@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --inpaint-area only-masked: on (default) cuts the control image to the area repainted "
                         "before its preprocessor, as sd-webui-controlnet's inpaint_crop_input_image; off: the whole "
                         "image")
+    g.add_argument("--control-hr-option", action="append", default=[], metavar="PASS",
+                   help='with --hires-scale, the passes the ControlNet takes part in (sd-webui-controlnet\'s hr_option): '
+                        '"Both" (0, default), "Low res only" (1: the first pass), "High res only" (2: the second)')
     g.add_argument("--guess-mode", action="store_true",
                    help="diffusers' guess mode for every ControlNet (residuals scaled 0.1 to 1, none for the negative "
                         "prompt)")
@@ -116,7 +119,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
     if not images:  # every ControlNet flag shapes a control image's unit: without one it would do nothing
         for flag in ("controlnet", "control_mask", "control_scale", "control_start", "control_end",
                      "control_preprocessor", "control_threshold_a", "control_threshold_b", "control_resize",
-                     "control_mode", "control_union_mode", "control_inpaint_crop", "guess_mode"):
+                     "control_mode", "control_union_mode", "control_inpaint_crop", "control_hr_option",
+                     "guess_mode"):
             if getattr(args, flag):
                 name = "--" + flag.replace("_", "-")
                 raise InputError(f"{name} needs a --control-image", where=name,
@@ -132,7 +136,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         args._names = {**getattr(args, "_names", {}), **{
             f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)}, **{
             f"controlnets[{k}] {arg}": name if n == 1 else f"the {_ordinal(k + 1)} {name}" for k in range(n)
-            for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"))}}
+            for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"),
+                              ("hr_option", "--control-hr-option"))}}
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         for path in images:
             if Path(path).is_dir():
@@ -143,6 +148,12 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         from ..pipelines.controlnet import ControlNet, _num, control_mode
 
         modes = [control_mode(m, "--control-mode") for m in args.control_mode]  # in the flag's words
+        from ..pipelines.controlnet import hr_option
+
+        passes = [hr_option(m, "--control-hr-option") for m in args.control_hr_option]
+        if any(o != "Both" for o in passes) and getattr(args, "hires_scale", None) is None:
+            raise InputError("--control-hr-option picks a pass of the hires fix, and there is no --hires-scale",
+                             where="--control-hr-option", fix="pass --hires-scale too, or leave --control-hr-option out")
         from ..pipelines.controlmaps import RESIZE_MODES
         from ..pipelines.images import resize_mode
 
@@ -182,18 +193,19 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         for pre, low, high in zip(pres, lows, highs):  # in the flags' words (the pipeline's: "controlnets[0] low")
             check_thresholds(pre or "none", low, high, "", ("--control-threshold-a", "--control-threshold-b"))
         units = []
-        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop in zip(
+        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
                 _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
                 pres, _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode"),
                 _per_unit(args.control_union_mode, n, "--control-union-mode"),
                 _per_unit(args.control_mask, n, "--control-mask"), lows, highs,
-                _per_unit(args.control_inpaint_crop, n, "--control-inpaint-crop")):
+                _per_unit(args.control_inpaint_crop, n, "--control-inpaint-crop"),
+                _per_unit(passes, n, "--control-hr-option")):
             units.append(ControlNet(net, image, 1.0 if scale is None else scale, 0.0 if start is None else start,
                                     1.0 if end is None else end, pre or "none", resize or "Crop and Resize",
                                     low=low, high=high, control_mode=mode or "Balanced",
                                     guess_mode=bool(args.guess_mode), union_mode=union, control_mask=mask,
-                                    inpaint_crop=crop != "off"))
+                                    inpaint_crop=crop != "off", hr_option=hr or "Both"))
         opts["controlnets"] = units
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed", "refiner",
                 "refiner_switch_at", "refiner_switch_by_steps", "hires_refiner_pass"):

@@ -15,7 +15,9 @@
   ``"Just Resize"``, ``"Crop and Resize"`` and ``"Resize and Fill"`` (scale with ``k = max`` or ``min`` of
   the two ratios, sizes rounded, centred crop, or centred paste on the median border colour), with its
   choice of resampling (OpenCV's, :mod:`sdrt.pipelines.cvresize`): nearest for maps of 3 to 199 colours, area
-  averaging when shrinking, bicubic when enlarging, and a black/white map re-binarized with Otsu's threshold.
+  averaging when shrinking, bicubic when enlarging, and a black/white map made black and white again
+  (:mod:`sdrt.pipelines.edgethin`: Otsu's level, and for one-pixel edges the extension's non-maximum suppression
+  and thinning first and after, so that a one-pixel edge stays one pixel wide).
 - ``control_tensor(image)``: the ``controlnet_cond`` input, float32 RGB in [0, 1], ``(1, 3, H, W)``.
 """
 
@@ -198,21 +200,13 @@ def invert(image: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------ resizing
-def _otsu(gray: np.ndarray) -> int:
-    hist = np.bincount(gray.reshape(-1), minlength=256).astype(np.float64)
-    total = hist.sum()
-    levels = np.arange(256)
-    w0 = np.cumsum(hist)
-    m0 = np.cumsum(hist * levels)
-    w1 = total - w0
-    mean_all = m0[-1]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        between = (mean_all * w0 / total - m0) ** 2 / (w0 * w1 / total)
-    between = np.nan_to_num(between, nan=-1.0, posinf=-1.0)
-    return int(np.argmax(between))
-
-
 def _hq_resize(a: np.ndarray, width: int, height: int) -> np.ndarray:
+    """sd-webui-controlnet's ``high_quality_resize`` of an ``(H, W, 3)`` map: nearest for 3 to 199 colours, area
+    averaging when it shrinks, bicubic otherwise; a map of two colours, one darker than 16 and one lighter than 240,
+    made black and white again after (:func:`sdrt.pipelines.edgethin.binarize`: its one-pixel edges kept one pixel
+    wide)."""
+    from .edgethin import binarize, one_pixel_edges
+
     h, w = a.shape[:2]
     if (h, w) == (height, width):
         return a
@@ -220,6 +214,7 @@ def _hq_resize(a: np.ndarray, width: int, height: int) -> np.ndarray:
     ordered = np.sort(packed, axis=None)  # a sort: numpy's hashing np.unique is ~30x slower on photos
     colors = int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
     binary = colors == 2 and int(a.min()) < 16 and int(a.max()) > 240
+    one_pixel = binary and one_pixel_edges(a)
     if 2 < colors < 200:
         kind = "nearest"
     elif width * height < w * h:
@@ -228,8 +223,7 @@ def _hq_resize(a: np.ndarray, width: int, height: int) -> np.ndarray:
         kind = "cubic"
     y = _resample(a, width, height, kind)
     if binary:
-        gray = y.astype(np.float32).mean(axis=2).clip(0, 255).astype(np.uint8)
-        y = np.repeat(np.where(gray > _otsu(gray), 255, 0).astype(np.uint8)[:, :, None], 3, axis=2)
+        y = binarize(y, one_pixel, width * height > w * h)
     return y
 
 

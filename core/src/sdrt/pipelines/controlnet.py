@@ -57,8 +57,8 @@ from .preprocessors import preprocess as _preprocess
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
 
-__all__ = ["CONTROL_MODES", "PREPROCESSORS", "ControlNet", "ControlState", "control_mode", "hook", "infotext",
-           "parse_units", "preprocess", "residual_inputs", "residual_scales"]
+__all__ = ["CONTROL_MODES", "HR_OPTIONS", "PREPROCESSORS", "ControlNet", "ControlState", "control_mode", "hook",
+           "hr_option", "infotext", "on_pass", "parse_units", "preprocess", "residual_inputs", "residual_scales"]
 
 #: preprocessors that need no model (sdrt.pipelines.preprocessors); "none" feeds the image as it is
 PREPROCESSORS = NAMES
@@ -66,6 +66,8 @@ DOWN_OUT, MID_OUT = "down_block_res_samples_", "mid_block_res_sample"
 DOWN_IN, MID_IN = "down_block_additional_residual_", "mid_block_additional_residual"
 #: sd-webui-controlnet's control modes (its ``ControlMode`` enum; a number is the index, as its API took it)
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
+#: sd-webui-controlnet's ``hr_option`` (its ``HiResFixOption``): which passes of a hires-fix run a unit takes part in
+HR_OPTIONS = ("Both", "Low res only", "High res only")
 #: the extension's soft injection: residual i of 13 times SOFT_BASE ** (12 - i)
 SOFT_BASE = 0.825
 #: the weights file of a diffusers ControlNet folder (named after its folder in the infotext)
@@ -90,6 +92,9 @@ class ControlNet:
     perfect" one, the image's shorter side once resized to the output. ``control_mode``: sd-webui-controlnet's
     ``Balanced``, ``My prompt is more important``, ``ControlNet is more important`` (or 0, 1, 2);
     ``guess_mode``: diffusers' guess mode (the residuals scaled from 0.1 to 1, none for the uncond rows).
+    ``hr_option``: with the hires fix, the passes the unit takes part in (sd-webui-controlnet's ``hr_option``):
+    ``"Both"`` (the default), ``"Low res only"`` (the first pass), ``"High res only"`` (the second pass), or 0, 1, 2;
+    on the other pass the unit is left out, as if not given (its map is still made from the first pass's size).
     ``seed``: the ``shuffle`` map's numpy seed (None: the extension's, ``(seed + subseed) & 0xFFFFFFFF`` of the
     run, the subseed being the seed without a variation seed). ``window``: how ``start``/``end`` pick the steps:
     ``"diffusers"`` (step ``i`` of ``n`` is on unless
@@ -123,6 +128,8 @@ class ControlNet:
     #: with ``inpaint_area="only masked"``: cut the control image to the area the run repaints before its
     #: preprocessor (sd-webui-controlnet's ``inpaint_crop_input_image``, on by default); False: the whole image
     inpaint_crop: bool = True
+    #: with the hires fix: "Both" passes, "Low res only" (the first), "High res only" (the second); :data:`HR_OPTIONS`
+    hr_option: Any = "Both"
     #: filled in by the pipeline
     part: Part | None = field(default=None, repr=False)
     control: np.ndarray | None = field(default=None, repr=False)
@@ -166,6 +173,29 @@ def control_mode(value: Any, where: str) -> str:
                      fix=f"use {', '.join(CONTROL_MODES[:2])} or {CONTROL_MODES[2]} (or 0, 1, 2)")
 
 
+def hr_option(value: Any, where: str) -> str:
+    """The extension's hr_option for its name (any case) or its number (0, 1, 2); InputError otherwise."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < len(HR_OPTIONS):
+        return HR_OPTIONS[int(value)]
+    if isinstance(value, str):
+        for name in HR_OPTIONS:
+            if value.strip().casefold() == name.casefold():
+                return name
+    shown = repr(value[:60]) if isinstance(value, str) else repr(value)[:60]
+    raise InputError(f"{where} {shown} is not a hires-fix option", where=where,
+                     fix=f"use {', '.join(repr(o) for o in HR_OPTIONS)} (or 0, 1, 2)")
+
+
+def on_pass(unit: ControlNet, hires_pass: bool | None) -> bool:
+    """Whether a unit takes part in a pass (``hires_pass``: None in a run without the hires fix, where every unit
+    does; else whether this is its second pass), as the extension's ``disabled_by_hr_option``."""
+    if hires_pass is None or unit.hr_option == HR_OPTIONS[0]:
+        return True
+    return hires_pass == (unit.hr_option == HR_OPTIONS[2])
+
+
 def _num(value: Any, name: str, low: float, high: float) -> float:
     if not finite_number(value) or not low <= float(value) <= high:
         raise InputError(f"{name} must be a number from {low:g} to {high:g}, got {value!r}", where=name,
@@ -196,7 +226,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                                                                  "resize", "low", "high", "processor_res",
                                                                  "pixel_perfect", "control_mode", "guess_mode",
                                                                  "window", "union_mode", "control_mask", "seed",
-                                                                 "inpaint_crop")})
+                                                                 "inpaint_crop", "hr_option")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
             unit = ControlNet(*item[:5])
             if len(item) == 6:
@@ -224,6 +254,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
             raise InputError(f"unknown ControlNet preprocessor {unit.preprocessor!r}", where=where,
                              fix=f"use one of {', '.join(PREPROCESSORS)}")
         unit.control_mode = control_mode(unit.control_mode, f"{where} control_mode")
+        unit.hr_option = hr_option(unit.hr_option, f"{where} hr_option")
         if not isinstance(unit.inpaint_crop, (bool, np.bool_)):
             raise InputError(f"{where} inpaint_crop must be True or False, got {unit.inpaint_crop!r:.40}",
                              where=f"{where} inpaint_crop",
@@ -448,6 +479,12 @@ class ControlState:
     step: int = 0
     total: int = 1
     calls: list[int] = field(default_factory=list)
+    #: None: a run without the hires fix; else whether this is the hires fix's second pass (:func:`on_pass`)
+    hires_pass: bool | None = None
+
+    def on(self, unit: ControlNet) -> bool:
+        """Whether a unit runs at this step: its window (:func:`active`) and its pass (:func:`on_pass`)."""
+        return active(unit, self.step, self.total) and on_pass(unit, self.hires_pass)
 
 
 def active(unit: ControlNet, step: int, total: int) -> bool:
@@ -521,8 +558,8 @@ def hook(units: Sequence[ControlNet], unet: Part, state: ControlState, *, latent
         return res
 
     def add(feeds: dict[str, np.ndarray]) -> Mapping[str, np.ndarray]:
-        on = [u for u in units if active(u, state.step, state.total)]
-        if not on:  # diffusers runs every net at scale 0: what it feeds the UNet then
+        on = [u for u in units if state.on(u)]
+        if not on:  # diffusers runs every net at scale 0: what it feeds the UNet then (also: every unit off this pass)
             state.calls.append(0)
             return run(units[0], feeds, False)
         total: dict[str, np.ndarray] | None = None

@@ -239,22 +239,30 @@ class ToolboxMixin:
         nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
         if nets is None or not tb.controlnets:
             return
+        # a unit left out of this pass (its hr_option) is not encoded: the pass draws as it would without it
+        hires_pass = None if tb.hires is None else size is not None
+        units = [unit for unit in tb.controlnets if cn.on_pass(unit, hires_pass)]
+        if not units:
+            return
         pictures = None
         if size is not None:  # the units keep the first pass's pictures: the job's next image starts at that size
             from .fluxtools import control_image
 
-            pictures = [control_image(unit, *size) for unit in tb.controlnets]
+            pictures = [control_image(unit, *size) for unit in units]
         guided = uncond is not None and s.cfg != 1.0  # SD3's nets read both CFG halves' rows
-        nets.encode_controls(self, tb.controlnets, s.batch, generator, pictures, guided=guided)
+        nets.encode_controls(self, units, s.batch, generator, pictures, guided=guided)
 
     # ------------------------------------------------------------------ ControlNet on the model call
-    def _control(self, s: Settings, call: Any, width: int, height: int) -> cn.ControlState | None:
+    def _control(self, s: Settings, call: Any, width: int, height: int,
+                 second: bool | None = None) -> cn.ControlState | None:
+        """The ControlNet hook of a pass at ``width x height``; ``second``: whether it is the hires fix's second pass
+        (None: judged by its size), which a unit's hr_option and the hires pass's soft injection of canny read."""
         tb: Toolbox = s.toolbox
         units = tb.controlnets or self._silent_units
         if not units:
             return None
-        hires = (width, height) != (s.width, s.height)
-        state = cn.ControlState()
+        hires = (width, height) != (s.width, s.height) if second is None else second
+        state = cn.ControlState(hires_pass=hires if tb.hires is not None else None)
         nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
         if nets is not None:  # (the control latents: _encode_controls, before the init or upscaled image's)
             call.hooks.append(nets.hook(self, units, state, call))
@@ -351,7 +359,7 @@ class ToolboxMixin:
         x2 = loop.start(noise, latents)
         call = ModelCall(tw, th, s.batch, s.cfg, cond, uncond, guidance=s.guidance,  # Flux dev: its distilled guidance
                          guidance_rescale=s.guidance_rescale)
-        state = self._control(s, call, tw, th)
+        state = self._control(s, call, tw, th, second=True)
         model = self.family.denoiser(self._model_part(), ms, call)  # type: ignore[attr-defined]
         if refiner is not None:
             model = refiner.second_pass(model, ms, tw, th, loop.steps)

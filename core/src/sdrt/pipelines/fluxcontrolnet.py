@@ -158,7 +158,7 @@ def hook(pipe: Any, units: Sequence[cn.ControlNet], state: cn.ControlState, call
         text_feeds = family.cond_feeds(call.cond, rows)  # the positive prompt's, for the negative pass too
         text = text_feeds["encoder_hidden_states"].shape[1]
         joint = feeds["encoder_hidden_states"].shape[1]  # the transformer's text tokens (this pass's prompt)
-        on = [u for u in units if cn.active(u, state.step, state.total)]
+        on = [u for u in units if state.on(u)]  # its window, and its hires pass
         width = layout_of(units[0]).width
         total: dict[str, np.ndarray] = {}
         for unit in on:

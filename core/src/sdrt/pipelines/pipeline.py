@@ -1133,7 +1133,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             x = loop.start(noise)
         call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance,
                          guidance_rescale=s.guidance_rescale)
-        control = self._control(s, call, s.width, s.height)  # ControlNet residuals as more UNet inputs
+        control = self._control(s, call, s.width, s.height, second=False)  # ControlNet residuals as more UNet inputs
         model = self.family.denoiser(self._model_part(), ms, call)
         refiner = None
         if getattr(s.toolbox, "refiner", None) is not None:  # it takes over at refiner_switch_at (pipelines.refiner)

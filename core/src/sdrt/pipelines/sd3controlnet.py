@@ -198,7 +198,7 @@ def hook(pipe: Any, units: Sequence[cn.ControlNet], state: cn.ControlState, call
         net_feeds = {"hidden_states": x, "timestep": feeds["timestep"],
                      "encoder_hidden_states": feeds["encoder_hidden_states"],
                      "pooled_projections": np.zeros_like(pooled) if first.zero_pooled else pooled}
-        on = [u for u in units if cn.active(u, state.step, state.total)]
+        on = [u for u in units if state.on(u)]  # its window, and its hires pass
         if any(layout_of(u).image_only for u in on):  # the model's pos_embed on the latents: the transformer's own
             zeros = {n: np.zeros((rows, tokens, first.width), np.float32) for n in targets}
             inputs = model.inputs

@@ -80,6 +80,12 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
             unit.guess_mode = True
     tb.hires = hires.parse(kwargs.get("hires_scale"), kwargs.get("hires_steps"), kwargs.get("hires_denoise"),
                            kwargs.get("hires_upscaler"))
+    if tb.hires is None:  # the extension ignores hr_option without the fix: here it is said rather than dropped
+        for k, unit in enumerate(tb.controlnets):
+            if unit.hr_option != controlnet.HR_OPTIONS[0]:
+                raise InputError(f"controlnets[{k}] hr_option {unit.hr_option!r} picks a pass of the hires fix, and "
+                                 "the run has no hires fix", where=f"controlnets[{k}] hr_option",
+                                 fix="pass {@hires_scale} too, or leave hr_option 'Both'")
     rng = kwargs.get("rng", "cpu") or "cpu"
     if not isinstance(rng, str) or rng.lower() not in RNG_SOURCES:
         raise InputError(f"unknown random source {{@rng=}}{rng!r}", where="rng",

@@ -284,15 +284,15 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         mode = 2
     if unit.get("advanced_weighting") not in (None, []):
         notes.append(f"{f('advanced_weighting')}: per-layer weights are not supported; weight ran for every layer")
-    hr = _choice(unit.get("hr_option", 0), HR_OPTIONS, f("hr_option"))
-    if hr and hires:
-        notes.append(f"{f('hr_option')}: {HR_OPTIONS[hr]!r} ran as 'Both' (the control on both hires. fix passes)")
+    # the passes of the hires fix the unit takes part in; without the fix the extension runs every unit as "Both"
+    hr = _choice(unit.get("hr_option") if unit.get("hr_option") is not None else 0, HR_OPTIONS, f("hr_option"))
     made = make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize,
                 low=a, high=b, processor_res=None if res is None else int(res),
                 pixel_perfect=bool(flag("pixel_perfect", False)), control_mode=CONTROL_MODES[mode],
                 window="a1111", control_mask=control_mask,  # the extension's step window: start <= i / n <= end
                 # inpaint_full_res: the control image cut to the area repainted, as the extension (on by default)
-                inpaint_crop=bool(flag("inpaint_crop_input_image", True)))
+                inpaint_crop=bool(flag("inpaint_crop_input_image", True)),
+                hr_option=HR_OPTIONS[hr] if hires else HR_OPTIONS[0])
     return made, reads
 
 
