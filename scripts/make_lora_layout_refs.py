@@ -18,11 +18,14 @@ Writes into ``tests/data/lora/`` (random factors on the tiny models the other Lo
   ``lycoris_transformer_blocks_0_attn_to_q.lokr_w1``). Reference: LyCORIS's own ``merge_to(1.0)``
   (``lycoris_prefix_refs.npz``). alpha = rank (lycoris-lora 4.1.3 scales LoHa/LoKr by alpha/rank twice, see
   docs/checkpoints.md), 2 for the LoCon file.
+- ``lycoris_full_sd1.safetensors`` / ``lycoris_full_prefix_sd1.safetensors``: LyCORIS's full weight differences
+  (``algo="full"``: ``diff``, ``diff_b``) and norm deltas (``train_norm=True``: ``w_norm``, ``b_norm``); reference:
+  LyCORIS's ``create_lycoris_from_weights`` + ``merge_to(0.7)`` (``lycoris_full_refs.npz``), see ``lycoris_full_norm``.
 - ``peft_meta_{loha,lokr}_sd1.safetensors``: peft's LoHa / LoKr (``alpha`` 8, ``r`` 4) saved by diffusers'
   ``save_lora_adapter`` (bare keys, the config as bare ``lora_adapter_metadata``); reference: peft's ``merge()``
   (``peft_meta_lycoris_refs.npz``).
 
-    PYTHONPATH=scripts/_tvblock:scripts /work/refvenv/bin/python scripts/make_lora_layout_refs.py
+    PYTHONPATH=scripts/_tvblock:scripts /work/refvenv/bin/python scripts/make_lora_layout_refs.py [step ...]
     (needs lycoris-lora 4.1.3, einops and toml beside torch, diffusers 0.42.1 and peft)
 """
 
@@ -215,9 +218,58 @@ def sd3_kohya() -> None:
     print(f"SD3 kohya: {len(lora) // 3} layers, {len(refs)} parameters changed")
 
 
+#: the modules of the full-diff / norm files: linear, 1x1 and 3x3 convs with and without a bias, and the GroupNorm and
+#: LayerNorm norms LyCORIS's ``train_norm`` trains (``w_norm`` / ``b_norm``)
+FULL_MODULES = ["down_blocks.0.attentions.0.proj_in", "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q",
+                "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_out.0", "up_blocks.0.resnets.0.conv1",
+                "up_blocks.0.resnets.0.time_emb_proj", "down_blocks.0.attentions.0.norm",
+                "down_blocks.0.attentions.0.transformer_blocks.0.norm1", "up_blocks.0.resnets.0.norm2"]
+
+
+def lycoris_full_norm() -> None:
+    """``lycoris_full_sd1.safetensors`` (LyCORIS's ``algo="full"`` with ``train_norm=True`` through
+    ``create_lycoris``, kohya names as sd-scripts' ``lycoris.kohya`` network writes them: ``lora_unet_<module>.diff``,
+    ``.diff_b``, ``.w_norm``, ``.b_norm``) and ``lycoris_full_prefix_sd1.safetensors`` (the same layers under LyCORIS's
+    own ``lycoris_`` prefix, as SimpleTuner saves). The trained change is random: the full modules' weights and biases
+    moved after ``apply_to`` (LyCORIS saves the new weight minus the old), the norms' deltas set. Reference: the file
+    loaded back by ``create_lycoris_from_weights`` into a fresh UNet and merged by LyCORIS's ``merge_to(0.7)``
+    (``lycoris_full_refs.npz``: ``<file>/unet/<parameter>`` = merged minus before)."""
+    from lycoris import LycorisNetwork, create_lycoris, create_lycoris_from_weights
+
+    refs = {}
+    for name, prefix in (("lycoris_full_sd1", "lora_unet"), ("lycoris_full_prefix_sd1", "lycoris")):
+        LycorisNetwork.LORA_PREFIX = prefix
+        model = make_unet(0)
+        with tempfile.TemporaryDirectory() as tmp:
+            preset = Path(tmp) / "preset.toml"
+            preset.write_text("target_module = []\ntarget_name = [" + ", ".join(f'"{m}"' for m in FULL_MODULES) + "]\n")
+            net = create_lycoris(model, 1.0, linear_dim=4, linear_alpha=1.0, algo="full", train_norm=True,
+                                 preset=str(preset))
+        net.apply_to()
+        g = torch.Generator().manual_seed(13)
+        with torch.no_grad():
+            for n, p in net.named_parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.2)
+        path = OUT / f"{name}.safetensors"
+        net.save_weights(str(path), torch.float32, {})
+        fresh = make_unet(0)
+        before = {k: v.clone() for k, v in fresh.state_dict().items()}
+        loaded, _ = create_lycoris_from_weights(0.7, str(path), fresh)
+        assert len(loaded.loras) == len(FULL_MODULES), (name, len(loaded.loras))
+        loaded.merge_to(0.7)
+        for k, v in fresh.state_dict().items():
+            d = (v.float() - before[k].float()).numpy()
+            if np.abs(d).max() > 0:
+                refs[f"{name}/unet/{k}"] = d
+    LycorisNetwork.LORA_PREFIX = "lycoris"
+    np.savez_compressed(OUT / "lycoris_full_refs.npz", **refs)
+    print(f"LyCORIS full / norm: {len(refs)} parameters changed")
+
+
 if __name__ == "__main__":
+    import sys
+
     OUT.mkdir(parents=True, exist_ok=True)
-    peft_metadata()
-    lycoris_prefix()
-    peft_lycoris_metadata()
-    sd3_kohya()
+    steps = {f.__name__: f for f in (peft_metadata, lycoris_prefix, peft_lycoris_metadata, sd3_kohya, lycoris_full_norm)}
+    for step in sys.argv[1:] or steps:  # one step by name, or all
+        steps[step]()

@@ -625,11 +625,44 @@ def _route(key: str) -> str | None:
 
 
 def _targets(graph: Graph, keys: Iterable[str], part: str) -> dict[str, str]:
-    """``{LoRA module key: initializer}`` from the graph's own parameter map (kohya and PEFT names)."""
+    """``{LoRA module key: initializer}`` from the graph's own parameter map (kohya and PEFT names); a LyCORIS bias
+    key (``<module>.diff_b`` / ``<module>.b_norm``) maps to the module's bias."""
     from ..checkpoint import param_map
+    from ..lora import bias_module
 
     pmap = param_map(graph)
-    modules = {c[: -len(".weight")]: s.init for c, s in pmap.items() if c.endswith(".weight")}
+    index = {param: _module_names(pmap, param, part) for param in (".weight", ".bias")}
+    # the route already chose the part (lora_te3_ is Flux's text_encoder_2): any kohya prefix names a module of it
+    kohya = tuple(sorted({p for k, _ in _LORA_ROUTES.values() for p in k}, key=len, reverse=True))
+    peft = _LORA_ROUTES["unet" if part == "transformer" else part][1]
+    out: dict[str, str] = {}
+    for key in keys:
+        bmod = bias_module(key)
+        modules, flat = index[".weight" if bmod is None else ".bias"]
+        key_mod = key if bmod is None else bmod
+        mod = None
+        for p in kohya:
+            if key_mod.startswith(p):
+                rest = key_mod[len(p):]
+                rest = rest.removeprefix("text_model_")
+                mod = flat.get(rest)
+                break
+        else:
+            rest = key_mod
+            for p in (*peft, "base_model.model."):
+                rest = rest.removeprefix(p)
+            rest = re.sub(r"^text_model\.", "", rest)
+            # ComfyUI saves UNet LoRAs in LDM's dotted names (diffusion_model.input_blocks.4.1...): the flat index has them
+            mod = modules.get(rest) or (flat.get(rest.replace(".", "_")) if part == "unet" else None)
+        if mod is not None:
+            out[key] = mod
+    return out
+
+
+def _module_names(pmap: Mapping[str, Any], param: str, part: str) -> tuple[dict[str, str], dict[str, str]]:
+    """``({dotted module: initializer}, {underscored module: initializer})`` of the graph's ``param`` tensors
+    (``".weight"`` or ``".bias"``); a UNet's modules also under their LDM names."""
+    modules = {c[: -len(param)]: s.init for c, s in pmap.items() if c.endswith(param)}
     flat = {m.replace(".", "_"): init for m, init in modules.items()}
     if part == "unet":  # kohya's SDXL LoRAs name UNet modules the LDM way (input_blocks_4_1_...)
         from ..checkpoint.ldm import unet_ldm_layout, unet_to_ldm
@@ -639,28 +672,7 @@ def _targets(graph: Graph, keys: Iterable[str], part: str) -> dict[str, str]:
             ldm_name = unet_to_ldm(m, lpb, attn_up)
             if ldm_name is not None:
                 flat.setdefault(ldm_name.replace(".", "_"), init)
-    # the route already chose the part (lora_te3_ is Flux's text_encoder_2): any kohya prefix names a module of it
-    kohya = tuple(sorted({p for k, _ in _LORA_ROUTES.values() for p in k}, key=len, reverse=True))
-    peft = _LORA_ROUTES["unet" if part == "transformer" else part][1]
-    out: dict[str, str] = {}
-    for key in keys:
-        mod = None
-        for p in kohya:
-            if key.startswith(p):
-                rest = key[len(p):]
-                rest = rest.removeprefix("text_model_")
-                mod = flat.get(rest)
-                break
-        else:
-            rest = key
-            for p in (*peft, "base_model.model."):
-                rest = rest.removeprefix(p)
-            rest = re.sub(r"^text_model\.", "", rest)
-            # ComfyUI saves UNet LoRAs in LDM's dotted names (diffusion_model.input_blocks.4.1...): the flat index has them
-            mod = modules.get(rest) or (flat.get(rest.replace(".", "_")) if part == "unet" else None)
-        if mod is not None:
-            out[key] = mod
-    return out
+    return modules, flat
 
 
 def lora_family(keys: Iterable[str]) -> str | None:
