@@ -248,7 +248,7 @@ def lycoris_full_norm() -> None:
         net.apply_to()
         g = torch.Generator().manual_seed(13)
         with torch.no_grad():
-            for n, p in net.named_parameters():
+            for p in net.parameters():
                 p.add_(torch.randn(p.shape, generator=g) * 0.2)
         path = OUT / f"{name}.safetensors"
         net.save_weights(str(path), torch.float32, {})
