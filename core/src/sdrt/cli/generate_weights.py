@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "name.safetensors (or name.pt, name.ckpt)")
     g.add_argument("--embedding", action="append", default=[], metavar="FILE",
                    help="a textual-inversion embedding (.safetensors, or A1111's .pt); its trigger word is the "
-                   "file's stem")
+                   "file's stem. diffusers' SDXL pair (learned_embeds.safetensors + learned_embeds_2.safetensors): "
+                   "either file or their folder, triggered by its placeholder token")
     g.add_argument("--embedding-dir", default=None, metavar="DIR",
                    help="load every embedding there (.safetensors, .pt, .bin)")
     g.add_argument("--low-memory", action="store_true", default=None,
@@ -106,6 +107,23 @@ def _readable(p: Path, flag: str) -> Path:
     return p
 
 
+def _embedding(value: str) -> Path:
+    """An ``--embedding`` path: a file whose header reads, or diffusers' SDXL pair (either file, or its folder) with
+    both halves there, checked before any model loads."""
+    from ..checkpoint.embeddings import embedding_files
+    from ..errors import SdrtError
+
+    p = _existing(value, "embedding file", "--embedding")
+    try:
+        files = embedding_files(p)
+    except SdrtError as exc:
+        raise type(exc)(f"--embedding {value}: {exc.what}", where=exc.where, fix=exc.fix) from None
+    for f in files:
+        if f is not None:
+            _readable(f, "--embedding")
+    return p
+
+
 def parse_lora(spec: str) -> tuple[Path, float]:
     """``FILE`` or ``FILE:SCALE`` (a Windows drive letter's colon is not a scale); the scale must be a
     finite number of sane size (``check_lora_scale``)."""
@@ -137,7 +155,7 @@ def check(args: argparse.Namespace) -> WeightArgs:
     out.loras = [(_readable(path, "--lora"), scale) for path, scale in map(parse_lora, args.lora)]
     if args.lora_dir:
         out.lora_dir = _existing(args.lora_dir, "LoRA folder", "--lora-dir", folder=True)
-    out.embeddings = [_readable(_existing(e, "embedding file", "--embedding"), "--embedding") for e in args.embedding]
+    out.embeddings = [_embedding(e) for e in args.embedding]
     if args.embedding_dir:
         from ..checkpoint.embeddings import EMBEDDING_SUFFIXES
 

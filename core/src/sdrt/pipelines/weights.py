@@ -483,6 +483,7 @@ class WeightState:
     def add_embeddings(self, items: Iterable[str | os.PathLike[str] | Embedding]) -> list[Embedding]:
         """Load embeddings (A1111 ``.safetensors``); their trigger words work in prompts from now on."""
         from ..checkpoint import Embedding, load_embedding
+        from ..checkpoint.embeddings import missing_half
 
         items = list(items)
         for i, e in enumerate(items):
@@ -508,6 +509,12 @@ class WeightState:
                     + f", and this {label} model has only {', '.join(sorted(keys))}", where=e.source,
                     fix=f"use an embedding made for {label} (SD 1.x/2.x: emb_params [n, width]; SDXL: clip_l and "
                     "clip_g)")
+            half = missing_half(e) if "text_encoder_2" in encoders else None
+            if half is not None and _graph_kind(self._graph("text_encoder_2")) != "t5":  # SDXL's CLIP-G
+                raise WeightsError(f"embedding {e.name!r} ({Path(e.source).name}) is the text_encoder half of diffusers' "
+                                   f"SDXL textual inversion, and its text_encoder_2 half {half} is not beside it",
+                                   where=str(Path(e.source).parent), fix="put the learned_embeds_2 file "
+                                   "textual_inversion_sdxl.py saved with it beside it, or pass an SDXL embedding")
             for n in encoders:
                 v = e.for_encoder(_EMB_KEYS[n])
                 width = _table_width(self._graph(n))
