@@ -30,6 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--text-encoder", action="append", default=[], metavar="FILE", dest="text_encoders",
                    help="a text-encoder file (clip_l, clip_g, t5xxl_fp16.safetensors, ...), repeatable; which encoder "
                         "it is comes from its tensors; fills or replaces that encoder (on an ONNX folder too)")
+    g.add_argument("--prediction", default=None, choices=("epsilon", "v_prediction", "sample"),
+                   help="what the model predicts, in place of what the file implies (a single file or diffusers "
+                        "folder): sample is x0, run with trailing timesteps (SDXL-Lightning's 1-step x0 UNet; a file "
+                        "named *_x0.safetensors says so itself)")
     g.add_argument("--no-t5", action="store_false", dest="t5", default=True,
                    help="SD 3 / 3.5: run without the T5-XXL text encoder even when the model has one (CLIP-L and "
                         "CLIP-G alone, T5's states zeros, as diffusers' text_encoder_3=None): less memory, worse "
@@ -62,6 +66,7 @@ class WeightArgs:
     low_memory: bool | None = None
     vae_tile: int | None = None
     t5: bool = True
+    prediction: str | None = None
 
 
 def _existing(value: str, what: str, flag: str, *, folder: bool = False) -> Path:
@@ -146,7 +151,8 @@ def parse_lora(spec: str) -> tuple[Path, float]:
 
 def check(args: argparse.Namespace) -> WeightArgs:
     """The options, checked; raises ``InputError`` naming the flag."""
-    out = WeightArgs(low_memory=args.low_memory, vae_tile=args.vae_tile, t5=getattr(args, "t5", True))
+    out = WeightArgs(low_memory=args.low_memory, vae_tile=args.vae_tile, t5=getattr(args, "t5", True),
+                     prediction=getattr(args, "prediction", None))
     if args.weights:
         out.weights = _readable(_existing(args.weights, "checkpoint", "--weights"), "--weights")
     if args.vae:
@@ -171,7 +177,7 @@ def check(args: argparse.Namespace) -> WeightArgs:
 def pipeline_options(w: WeightArgs) -> dict[str, Any]:
     """``pipelines.load`` keywords: memory options, and the separate VAE / text-encoder files."""
     return {"low_memory": w.low_memory, "vae_tile": w.vae_tile, "vae": w.vae, "text_encoders": w.text_encoders,
-            **({} if w.t5 else {"t5": False})}
+            **({} if w.t5 else {"t5": False}), **({"prediction": w.prediction} if w.prediction else {})}
 
 
 def apply(pipe: Any, w: WeightArgs, prompts: tuple[str, str | None] = ("", None)) -> None:

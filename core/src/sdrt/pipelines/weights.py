@@ -103,7 +103,7 @@ def _folder_prediction(root: Path) -> tuple[str | None, bool]:
     if not isinstance(config, dict):
         return None, False
     kind = config.get("prediction_type", "epsilon")
-    return (kind if kind in ("epsilon", "v_prediction") else None), bool(config.get("rescale_betas_zero_snr"))
+    return (kind if kind in ("epsilon", "v_prediction", "sample") else None), bool(config.get("rescale_betas_zero_snr"))
 
 
 @dataclass
@@ -252,7 +252,7 @@ class WeightState:
         family = self.pipe.family
         family.scheduler_overrides = {}
         path = Path(getattr(ckpt, "path", "") or "")
-        folder = {"eps": "epsilon", "v": "v_prediction"}.get(self.pipe.folder.prediction)
+        folder = {"eps": "epsilon", "v": "v_prediction", "x0": "sample"}.get(self.pipe.folder.prediction)
         if folder is None or not (path.is_file() or path.is_dir()):
             return
         if path.is_dir():  # a diffusers folder: its own scheduler config says both, as diffusers reads it
@@ -276,7 +276,7 @@ class WeightState:
         if not overrides:
             return
         family.scheduler_overrides = overrides
-        words = {"epsilon": "eps", "v_prediction": "v"}
+        words = {"epsilon": "eps", "v_prediction": "v", "sample": "x0"}
         what = [f"{words[said]}-prediction ({why}; the model folder's scheduler says {words[folder]})"] \
             if "prediction_type" in overrides else []
         what += [f"with zero terminal SNR ({zero_why})"] if "rescale_betas_zero_snr" in overrides else []
