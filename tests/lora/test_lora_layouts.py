@@ -130,6 +130,23 @@ def test_flux_lora_with_adapter_metadata_and_lycoris_prefix(flux):
     _close(_flux_deltas(flux, "lycoris_prefix_flux_lokr", 1.0), _refs("lycoris_prefix_refs.npz", "lycoris_prefix_flux_lokr"))
 
 
+def test_lycoris_full_diffs_on_flux_merge_weights_and_biases_as_lycoris(flux):
+    """SimpleTuner's Flux LyCORIS with ``algo="full"`` (``lycoris_transformer_blocks_0_attn_to_q.diff`` / ``.diff_b``)
+    against LyCORIS's ``merge_to(0.7)``: every linear's weight and bias."""
+    want = _refs("lycoris_full_refs.npz", "lycoris_full_flux")
+    assert sum(k.endswith(".bias") for k in want) == 5
+    _close(_flux_deltas(flux, "lycoris_full_flux", 0.7), want)
+
+
+def test_lycoris_full_diffs_in_bfl_fused_names_split_as_diffusers_converter(flux):
+    """sd-scripts' LyCORIS full diffs on Flux (Black Forest Labs' names: ``lora_unet_double_blocks_0_img_attn_qkv.diff``
+    and ``.diff_b``) against diffusers' single-file converter of the whole change: ``qkv`` weight and bias rows split
+    into q, k, v, the final adaLN's halves swapped, bias and weight alike."""
+    want = _refs("lycoris_full_refs.npz", "lycoris_full_bfl_flux")
+    assert {"transformer_blocks.0.attn.to_k.bias", "norm_out.linear.bias"} <= set(want)
+    _close(_flux_deltas(flux, "lycoris_full_bfl_flux", 0.7), want)
+
+
 @pytest.mark.parametrize("name", ["peft_meta_loha_sd1", "peft_meta_lokr_sd1"])
 def test_peft_loha_and_lokr_scaled_by_their_adapter_metadata_as_peft(name):
     """peft's LoHa / LoKr saved by diffusers' ``save_lora_adapter`` (``alpha`` 8, ``r`` 4 in the header) against

@@ -759,11 +759,12 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
     ``_convert_kohya_flux_lora_to_diffusers`` splits them. The result carries ``targets``
     (``{layer key: initializer}``) for ``merge``; a key it cannot place is kept, so ``merge`` names it."""
     from ..checkpoint import flow, param_map
-    from ..lora import DeltaLayer, Lora, LoraLayer
+    from ..lora import DeltaLayer, Lora, LoraLayer, bias_module
 
     pmap = param_map(graph)
     modules = {c[: -len(".weight")]: s.init for c, s in pmap.items() if c.endswith(".weight")}
-    flat = {m.replace(".", "_"): m for m in modules}
+    biases = {c[: -len(".bias")]: s.init for c, s in pmap.items() if c.endswith(".bias")}
+    flat = {m.replace(".", "_"): m for m in {**modules, **biases}}
 
     def count(prefix: str) -> int:  # the index right after the prefix (Chroma's "distilled_guidance_layer.layers.N")
         return 1 + max((int(c[len(prefix):].split(".")[0]) for c in pmap if c.startswith(prefix)), default=-1)
@@ -779,7 +780,19 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
     kept: dict[str, LoraLayer] = {}
     targets: dict[str, str] = {}
     fused: dict[str, LoraLayer] = {}
+    fused_bias: dict[str, tuple[str, DeltaLayer]] = {}  # publisher module -> (key ending, LyCORIS diff_b / b_norm)
     for key, layer in lora.layers.items():
+        bmod = bias_module(key) if isinstance(layer, DeltaLayer) else None
+        if bmod is not None:  # LyCORIS's whole bias change: the module's bias, rows split as its weight's
+            rest = _transformer_module(bmod, flat, flat_publisher)
+            if rest is not None and rest in biases:
+                kept[key] = layer
+                targets[key] = biases[rest]
+            elif rest is not None and rest in publisher:
+                fused_bias[rest] = (key[len(bmod):], layer)
+            else:
+                kept[key] = layer
+            continue
         x = _XLABS.match(key)
         if x and isinstance(layer, LoraLayer):  # XLabs: attention-only layers on BFL blocks, no alpha (scale 1)
             if x["block"] == "single" and x["what"] == "qkv_lora":  # q, k, v only (not linear1's MLP rows)
@@ -794,18 +807,7 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
             if bfl is not None:
                 fused[bfl.format(i=x["i"])] = layer
                 continue
-        rest = None
-        for p in ("lora_unet_", "lora_transformer_", "lycoris_"):  # kohya, OneTrainer, LyCORIS (SimpleTuner)
-            if key.startswith(p):
-                flat_name = key[len(p):]
-                rest = flat.get(flat_name) or flat_publisher.get(flat_name)
-                break
-        else:
-            rest = key
-            for p in _TRANSFORMER_PEFT:
-                if rest.startswith(p):
-                    rest = rest[len(p):]
-                    break
+        rest = _transformer_module(key, flat, flat_publisher)
         if rest is not None and rest in modules:
             kept[key] = layer
             targets[key] = modules[rest]
@@ -843,9 +845,35 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
                     kept[key] = replace(layer, key=key, up=ldm_source_rows(layer.up, op), dora=part_dora)
                 if canon in modules:
                     targets[key] = modules[canon]
+    if fused_bias:  # the same row ops as the module's weight (q, k, v thirds, linear1's (d, d, d, 4d), swapped halves)
+        split = flow.publisher_lora_modules({m: (int(np.shape(b.diff)[0]), inner) for m, (_, b) in fused_bias.items()},
+                                            inner, double - 1 if sd3 else -1)
+        for mod, (end, layer) in fused_bias.items():
+            if mod not in split:
+                kept[mod + end] = layer
+                continue
+            for canon, op in split[mod]:
+                key = f"{mod}->{canon}{end}"
+                rows = ldm_source_rows(np.asarray(layer.diff).reshape(-1, 1), op).reshape(-1)
+                kept[key] = DeltaLayer(key, rows)
+                if canon in biases:
+                    targets[key] = biases[canon]
     out = Lora(kept, lora.format, lora.source)
     out.targets = targets  # type: ignore[attr-defined]
     return out
+
+
+def _transformer_module(key: str, flat: Mapping[str, str], flat_publisher: Mapping[str, str]) -> str | None:
+    """The module a transformer LoRA key names: diffusers' (dotted, after a PEFT prefix) or, after a kohya /
+    OneTrainer / LyCORIS prefix, diffusers' or the publisher's flattened (None when neither knows it)."""
+    for p in ("lora_unet_", "lora_transformer_", "lycoris_"):  # kohya, OneTrainer, LyCORIS (SimpleTuner)
+        if key.startswith(p):
+            flat_name = key[len(p):]
+            return flat.get(flat_name) or flat_publisher.get(flat_name)
+    for p in _TRANSFORMER_PEFT:
+        if key.startswith(p):
+            return key[len(p):]
+    return key
 
 
 def ldm_source_rows(up: np.ndarray, op: str) -> np.ndarray:
