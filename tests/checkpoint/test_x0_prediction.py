@@ -80,6 +80,18 @@ def test_prediction_sample_says_it_for_a_file_named_otherwise(files, tmp_path):
         assert_matches_diffusers(_run(pipe, "Euler", 1, 1.0), want)
 
 
+def test_an_x0_named_checkpoint_bound_onto_a_folder_runs_as_x0(files):
+    """``--weights`` / ``load_weights``: an LDM file named ``..._x0`` on tiny-sdxl's ONNX folder (eps) is sampled as
+    x0 with trailing timesteps while bound, as when it is the model itself; a file that says nothing gives eps back."""
+    with pipelines.load(XL, backend="reference") as pipe:
+        pipe.load_weights(files[0])
+        assert pipe.family.prediction == "x0" and pipe.family.scheduler_config()["timestep_spacing"] == "trailing"
+        assert_matches_diffusers(_run(pipe, "Euler", 4, 5.0), np.load(REFS)["Euler/4"])
+        plain = shutil.copy(files[0], files[0].with_name("tinyxl_plain.safetensors"))
+        pipe.load_weights(plain)
+        assert pipe.family.prediction == "eps" and not pipe.family.scheduler_overrides
+
+
 def test_an_onnx_folder_whose_scheduler_says_sample_runs_as_x0(tmp_path):
     """tiny-sdxl's ONNX folder with ByteDance's scheduler config (``prediction_type="sample"``, trailing), as
     ``save_pretrained`` would write it: diffusers' image (it refused "prediction_type 'sample' is not supported")."""

@@ -247,7 +247,7 @@ class WeightState:
         ``v_pred`` key or, for SD 2.x, its weights (as ComfyUI tells them apart); a ``ztsnr`` key rescales the
         betas to zero terminal SNR. A diffusers folder's own scheduler config says both. Each bound checkpoint
         decides anew: one that says nothing runs with the folder's scheduler."""
-        from ..checkpoint.files import SD2_V_KEY, sd2_prediction, yaml_prediction
+        from ..checkpoint.files import SD2_V_KEY, X0_SCHEDULER, name_prediction, sd2_prediction, yaml_prediction
 
         family = self.pipe.family
         family.scheduler_overrides = {}
@@ -259,7 +259,9 @@ class WeightState:
             said, zero_snr = _folder_prediction(path)
             why, zero_why = "its scheduler/scheduler_config.json", "its scheduler config"
         else:
-            said, why = yaml_prediction(path), path.with_suffix(".yaml").name
+            said, why = name_prediction(path), "its name says x0"  # SDXL-Lightning's 1-step x0 UNet, as the model does
+            if said is None:
+                said, why = yaml_prediction(path), path.with_suffix(".yaml").name
             zero_snr, zero_why = "ztsnr" in ckpt.weights, "its ztsnr key"
             if said is None and "v_pred" in ckpt.weights:
                 said, why = "v_prediction", "its v_pred key"
@@ -271,6 +273,8 @@ class WeightState:
         overrides: dict[str, Any] = {}
         if said is not None and said != folder:
             overrides["prediction_type"] = said
+            if said == "sample":  # with the trailing timesteps it is run with, as when it is the model itself
+                overrides.update(X0_SCHEDULER)
         if zero_snr and not self.pipe.folder.scheduler.get("rescale_betas_zero_snr"):
             overrides["rescale_betas_zero_snr"] = True
         if not overrides:
