@@ -74,3 +74,18 @@ def test_the_cli_refuses_a_lone_second_half_before_loading(tmp_path, capsys):
     assert f"--embedding {tmp_path / 'learned_embeds_2.safetensors'}: learned_embeds_2.safetensors is the " \
         "text_encoder_2 (CLIP-G) half" in err
     assert "Traceback" not in err and not out.exists()
+
+
+def test_a_pair_of_two_tokens_or_an_empty_folder_is_refused(tmp_path):
+    from sdrt.weights import Weights, stfile
+
+    shutil.copy(TI / "learned_embeds.safetensors", tmp_path)
+    w = Weights.open(TI / "learned_embeds_2.safetensors")
+    stfile.write(tmp_path / "learned_embeds_2.safetensors", {"<dog>": np.asarray(w["<cat-toy>"])})
+    with pytest.raises(WeightsError, match=r"learned_embeds.safetensors holds the token '<cat-toy>' and "
+                       r"learned_embeds_2.safetensors '<dog>': they are not one training run's pair"):
+        load_embedding(tmp_path / "learned_embeds_2.safetensors")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(WeightsError, match="the folder empty holds no learned_embeds.safetensors") as e:
+        load_embedding(tmp_path / "empty")
+    assert "--embedding-dir" in str(e.value)
