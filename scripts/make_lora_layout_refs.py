@@ -18,11 +18,17 @@ Writes into ``tests/data/lora/`` (random factors on the tiny models the other Lo
   ``lycoris_transformer_blocks_0_attn_to_q.lokr_w1``). Reference: LyCORIS's own ``merge_to(1.0)``
   (``lycoris_prefix_refs.npz``). alpha = rank (lycoris-lora 4.1.3 scales LoHa/LoKr by alpha/rank twice, see
   docs/checkpoints.md), 2 for the LoCon file.
+- ``lycoris_full_sd1.safetensors`` / ``lycoris_full_prefix_sd1.safetensors``: LyCORIS's full weight differences
+  (``algo="full"``: ``diff``, ``diff_b``) and norm deltas (``train_norm=True``: ``w_norm``, ``b_norm``); reference:
+  LyCORIS's ``create_lycoris_from_weights`` + ``merge_to(0.7)`` (``lycoris_full_refs.npz``), see ``lycoris_full_norm``;
+  ``lycoris_full_flux.safetensors``: the same full diffs (weights and biases) on the tiny Flux.1 dev transformer;
+  ``lycoris_full_bfl_flux.safetensors``: full diffs in Black Forest Labs' fused names (sd-scripts), see
+  ``lycoris_full_bfl`` (after ``lycoris_full_norm``: it adds to the same npz).
 - ``peft_meta_{loha,lokr}_sd1.safetensors``: peft's LoHa / LoKr (``alpha`` 8, ``r`` 4) saved by diffusers'
   ``save_lora_adapter`` (bare keys, the config as bare ``lora_adapter_metadata``); reference: peft's ``merge()``
   (``peft_meta_lycoris_refs.npz``).
 
-    PYTHONPATH=scripts/_tvblock:scripts /work/refvenv/bin/python scripts/make_lora_layout_refs.py
+    PYTHONPATH=scripts/_tvblock:scripts:core/src /work/refvenv/bin/python scripts/make_lora_layout_refs.py [step ...]
     (needs lycoris-lora 4.1.3, einops and toml beside torch, diffusers 0.42.1 and peft)
 """
 
@@ -215,9 +221,105 @@ def sd3_kohya() -> None:
     print(f"SD3 kohya: {len(lora) // 3} layers, {len(refs)} parameters changed")
 
 
+#: the modules of the full-diff / norm files: linear, 1x1 and 3x3 convs with and without a bias, and the GroupNorm and
+#: LayerNorm norms LyCORIS's ``train_norm`` trains (``w_norm`` / ``b_norm``)
+FULL_MODULES = ["down_blocks.0.attentions.0.proj_in", "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q",
+                "down_blocks.0.attentions.0.transformer_blocks.0.attn2.to_out.0", "up_blocks.0.resnets.0.conv1",
+                "up_blocks.0.resnets.0.time_emb_proj", "down_blocks.0.attentions.0.norm",
+                "down_blocks.0.attentions.0.transformer_blocks.0.norm1", "up_blocks.0.resnets.0.norm2"]
+
+
+def lycoris_full_norm() -> None:
+    """``lycoris_full_sd1.safetensors`` (LyCORIS's ``algo="full"`` with ``train_norm=True`` through
+    ``create_lycoris``, kohya names as sd-scripts' ``lycoris.kohya`` network writes them: ``lora_unet_<module>.diff``,
+    ``.diff_b``, ``.w_norm``, ``.b_norm``) and ``lycoris_full_prefix_sd1.safetensors`` (the same layers under LyCORIS's
+    own ``lycoris_`` prefix, as SimpleTuner saves), and ``lycoris_full_flux.safetensors`` (full diffs on the tiny Flux.1
+dev transformer's ``FLUX_MODULES``, ``lycoris_`` names: SimpleTuner's Flux LyCORIS). The trained change is random: the full modules' weights and biases
+    moved after ``apply_to`` (LyCORIS saves the new weight minus the old), the norms' deltas set. Reference: the file
+    loaded back by ``create_lycoris_from_weights`` into a fresh UNet and merged by LyCORIS's ``merge_to(0.7)``
+    (``lycoris_full_refs.npz``: ``<file>/unet/<parameter>`` = merged minus before)."""
+    from lycoris import LycorisNetwork, create_lycoris, create_lycoris_from_weights
+
+    refs = {}
+    for name, prefix, build, modules in (("lycoris_full_sd1", "lora_unet", make_unet, FULL_MODULES),
+                                         ("lycoris_full_prefix_sd1", "lycoris", make_unet, FULL_MODULES),
+                                         ("lycoris_full_flux", "lycoris", _flux, FLUX_MODULES)):
+        LycorisNetwork.LORA_PREFIX = prefix
+        model = build(0) if build is make_unet else build()
+        with tempfile.TemporaryDirectory() as tmp:
+            preset = Path(tmp) / "preset.toml"
+            preset.write_text("target_module = []\ntarget_name = [" + ", ".join(f'"{m}"' for m in modules) + "]\n")
+            net = create_lycoris(model, 1.0, linear_dim=4, linear_alpha=1.0, algo="full", train_norm=True,
+                                 preset=str(preset))
+        net.apply_to()
+        g = torch.Generator().manual_seed(13)
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.2)
+        path = OUT / f"{name}.safetensors"
+        net.save_weights(str(path), torch.float32, {})
+        fresh = build(0) if build is make_unet else build()
+        before = {k: v.clone() for k, v in fresh.state_dict().items()}
+        loaded, _ = create_lycoris_from_weights(0.7, str(path), fresh)
+        assert len(loaded.loras) == len(modules), (name, len(loaded.loras))
+        loaded.merge_to(0.7)
+        for k, v in fresh.state_dict().items():
+            d = (v.float() - before[k].float()).numpy()
+            if np.abs(d).max() > 0:
+                refs[f"{name}/{'unet/' if build is make_unet else ''}{k}"] = d
+    LycorisNetwork.LORA_PREFIX = "lycoris"
+    np.savez_compressed(OUT / "lycoris_full_refs.npz", **refs)
+    print(f"LyCORIS full / norm: {len(refs)} parameters changed")
+
+
+#: Black Forest Labs' fused modules of the BFL-named full-diff file: q, k, v in one ``qkv``, the final adaLN (its halves
+#: swapped against diffusers'), and unfused ones (not ``linear1``: diffusers' converter splits it at the full model's
+#: 3072 / 12288 rows, whatever the file's width)
+BFL_FULL = ["double_blocks.0.img_attn.qkv", "double_blocks.0.txt_attn.qkv", "double_blocks.0.txt_attn.proj",
+            "double_blocks.0.img_mod.lin", "single_blocks.1.linear2", "final_layer.adaLN_modulation.1"]
+
+
+def lycoris_full_bfl() -> None:
+    """``lycoris_full_bfl_flux.safetensors``: LyCORIS full diffs as sd-scripts' ``lycoris.kohya`` network saves them on
+    a Flux model (sd-scripts' Flux is Black Forest Labs' layout: ``lora_unet_double_blocks_0_img_attn_qkv.diff`` and
+    ``.diff_b``), on the tiny Flux.1 dev transformer's ``BFL_FULL`` modules. diffusers 0.42 loads no such file, so the
+    reference is its own single-file converter (``convert_flux_transformer_checkpoint_to_diffusers``) applied to the
+    whole change ``0.7 * diff`` written under BFL's names (every other tensor zero): it splits ``qkv`` and swaps the final adaLN's halves as it does for weights and biases (``lycoris_full_refs.npz``:
+    ``lycoris_full_bfl_flux/<diffusers parameter>``)."""
+    import sys
+
+    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers
+
+    sys.path.insert(0, str(ROOT / "tests" / "checkpoint"))
+    from flow_file_helpers import bfl_transformer  # diffusers -> BFL names (checked by the converter below)
+
+    model = _flux()
+    bfl = bfl_transformer({k: v.numpy() for k, v in model.state_dict().items()})
+    g = torch.Generator().manual_seed(17)
+    lyco, full = {}, {k: torch.zeros(v.shape) for k, v in bfl.items()}
+    for mod in BFL_FULL:
+        key = "lora_unet_" + mod.replace(".", "_")
+        for end, tensor in (("diff", ".weight"), ("diff_b", ".bias")):
+            d = torch.randn(bfl[mod + tensor].shape, generator=g) * 0.2
+            lyco[f"{key}.{end}"] = d
+            full[mod + tensor] = 0.7 * d
+    save_file(lyco, str(OUT / "lycoris_full_bfl_flux.safetensors"))
+    for k in [k for k in full if ".linear1." in k]:  # zeros, at the rows the converter splits (3 x 3072 + 12288)
+        full[k] = torch.zeros((21504, 1) if k.endswith(".weight") else (21504,))
+    conv = convert_flux_transformer_checkpoint_to_diffusers(dict(full))
+    refs = dict(np.load(OUT / "lycoris_full_refs.npz"))
+    refs = {k: v for k, v in refs.items() if not k.startswith("lycoris_full_bfl_flux/")}
+    new = {f"lycoris_full_bfl_flux/{k}": v.numpy() for k, v in conv.items() if v.abs().max() > 0}
+    assert set(k.split("/", 1)[1] for k in new) <= set(model.state_dict()), sorted(new)
+    np.savez_compressed(OUT / "lycoris_full_refs.npz", **refs, **new)
+    print(f"LyCORIS full, BFL names: {len(lyco)} tensors, {len(new)} diffusers parameters changed")
+
+
 if __name__ == "__main__":
+    import sys
+
     OUT.mkdir(parents=True, exist_ok=True)
-    peft_metadata()
-    lycoris_prefix()
-    peft_lycoris_metadata()
-    sd3_kohya()
+    steps = {f.__name__: f for f in (peft_metadata, lycoris_prefix, peft_lycoris_metadata, sd3_kohya, lycoris_full_norm,
+                                     lycoris_full_bfl)}
+    for step in sys.argv[1:] or steps:  # one step by name, or all
+        steps[step]()

@@ -10,6 +10,8 @@ Data: ``scripts/make_lora_layout_refs.py`` (tests/data/lora/):
 - LyCORIS's own wrapper (``create_lycoris``, how SimpleTuner trains LyCORIS) names modules ``lycoris_<module
   path flattened>`` (ComfyUI reads them); sdrt refused every layer ("match no weight") before. Reference:
   LyCORIS's ``merge_to``.
+- LyCORIS's full weight differences and norm deltas (``diff`` / ``diff_b`` / ``w_norm`` / ``b_norm``), under both
+  prefixes; sdrt refused them before. Reference: LyCORIS's ``merge_to``.
 """
 
 from __future__ import annotations
@@ -91,6 +93,28 @@ def test_lycoris_wrapper_prefix_merges_as_lycoris(algo):
     _close(_sd1_deltas(lora, 1.0), {f"unet/{k}": v for k, v in _refs("lycoris_prefix_refs.npz", name).items()})
 
 
+@pytest.mark.parametrize("name", ["lycoris_full_sd1", "lycoris_full_prefix_sd1"])
+def test_lycoris_full_diffs_and_norms_merge_as_lycoris(name):
+    """LyCORIS's ``algo="full"`` (``diff``, ``diff_b``) with ``train_norm`` (``w_norm`` / ``b_norm`` on GroupNorm and
+    LayerNorm) against LyCORIS's own ``create_lycoris_from_weights`` + ``merge_to(0.7)``: weights and biases of linear
+    and conv layers, and the norms' weight and bias (a GroupNorm's kept [C, 1, 1] in the graph). sdrt refused every
+    such key before ("not a lora_down/lora_up/lora_A/lora_B/alpha key")."""
+    lora = Lora.open(D / f"{name}.safetensors")
+    assert lora.format == "lycoris"
+    want = _refs("lycoris_full_refs.npz", name)
+    assert any(k.endswith("norm2.bias") for k in want) and any(k.endswith("norm1.weight") for k in want)
+    _close(_sd1_deltas(lora, 0.7), want)
+
+
+def test_a_full_diff_beside_lora_factors_of_one_module_is_one_error():
+    arrays = {"lora_unet_fc.diff": np.ones((4, 4), np.float32), "lora_unet_fc.lora_down.weight": np.ones((2, 4), np.float32),
+              "lora_unet_fc.lora_up.weight": np.ones((4, 2), np.float32), "lora_unet_nm.b_norm": np.ones((4, 2), np.float32)}
+    with pytest.raises(WeightsError, match=r"2 LoRA keys cannot be used: .*lora_unet_fc \(has diff, down, up: a full "
+                       r"diff .*lora_unet_nm.b_norm \(\[4, 2\]: expected one vector\)") as e:
+        Lora.from_arrays(arrays)
+    assert "\n" not in str(e.value)
+
+
 @pytest.fixture
 def flux(registry):
     with pipelines.load(FLUX, backend="reference") as p:
@@ -104,6 +128,23 @@ def _flux_deltas(pipe, name: str, scale: float) -> dict[str, np.ndarray]:
 def test_flux_lora_with_adapter_metadata_and_lycoris_prefix(flux):
     _close(_flux_deltas(flux, "flux_peft_meta", 0.8), _refs("peft_meta_refs.npz", "flux_peft_meta"))
     _close(_flux_deltas(flux, "lycoris_prefix_flux_lokr", 1.0), _refs("lycoris_prefix_refs.npz", "lycoris_prefix_flux_lokr"))
+
+
+def test_lycoris_full_diffs_on_flux_merge_weights_and_biases_as_lycoris(flux):
+    """SimpleTuner's Flux LyCORIS with ``algo="full"`` (``lycoris_transformer_blocks_0_attn_to_q.diff`` / ``.diff_b``)
+    against LyCORIS's ``merge_to(0.7)``: every linear's weight and bias."""
+    want = _refs("lycoris_full_refs.npz", "lycoris_full_flux")
+    assert sum(k.endswith(".bias") for k in want) == 5
+    _close(_flux_deltas(flux, "lycoris_full_flux", 0.7), want)
+
+
+def test_lycoris_full_diffs_in_bfl_fused_names_split_as_diffusers_converter(flux):
+    """sd-scripts' LyCORIS full diffs on Flux (Black Forest Labs' names: ``lora_unet_double_blocks_0_img_attn_qkv.diff``
+    and ``.diff_b``) against diffusers' single-file converter of the whole change: ``qkv`` weight and bias rows split
+    into q, k, v, the final adaLN's halves swapped, bias and weight alike."""
+    want = _refs("lycoris_full_refs.npz", "lycoris_full_bfl_flux")
+    assert {"transformer_blocks.0.attn.to_k.bias", "norm_out.linear.bias"} <= set(want)
+    _close(_flux_deltas(flux, "lycoris_full_bfl_flux", 0.7), want)
 
 
 @pytest.mark.parametrize("name", ["peft_meta_loha_sd1", "peft_meta_lokr_sd1"])

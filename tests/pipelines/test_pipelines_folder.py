@@ -106,9 +106,11 @@ def test_json_that_is_not_an_object(tmp_path: Path) -> None:
 def test_unsupported_prediction_type(tmp_path: Path) -> None:
     folder = _copy(tmp_path)
     cfg = folder / "scheduler" / "scheduler_config.json"
-    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "prediction_type": "sample"}))
-    with pytest.raises(ModelError, match="prediction_type 'sample' is not supported"):
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "prediction_type": "x_start"}))
+    with pytest.raises(ModelError, match="prediction_type 'x_start' is not supported"):
         ModelFolder.open(folder)
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "prediction_type": "sample"}))
+    assert ModelFolder.open(folder).prediction == "x0"  # diffusers' x0 (tests/checkpoint/test_x0_prediction.py)
 
 
 def test_missing_scheduler_uses_sd_release_schedule(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -81,7 +81,7 @@ def test_diffusers_use_default_values_counts_as_unset() -> None:
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ({"prediction_type": "sample"}, "prediction_type 'sample'"),
+    ({"prediction_type": "x_start"}, "prediction_type 'x_start'"),  # 'sample' is x0 (test_x0_prediction.py)
     ({"timestep_spacing": "sideways"}, "timestep_spacing 'sideways'"),
     ({"beta_schedule": "cubic"}, "beta_schedule 'cubic'"),
     ({"trained_betas": [0.1, 0.2]}, "trained_betas has 2 values"),

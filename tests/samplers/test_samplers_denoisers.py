@@ -77,8 +77,10 @@ def build_graph(prediction: str, *, timestep_type: int = TensorProto.FLOAT, name
             helper.make_node("Add", ["s2x", "sig2m"], ["num"]), helper.make_node("Add", ["s2", "sig2"], ["den"]),
             helper.make_node("Div", ["num", "den"], ["D"]),
             helper.make_node("Sub", ["x", "D"], ["xmd"]),
-            helper.make_node("Div", ["xmd", "sigma"], ["eps" if prediction == "v" else "out"]),
+            helper.make_node("Div", ["xmd", "sigma"], ["eps" if prediction in ("v", "x0") else "out"]),
         ]
+        if prediction == "x0":  # the denoised sample itself (diffusers' prediction_type="sample")
+            nodes += [helper.make_node("Identity", ["D"], ["out"])]
         if prediction == "v":  # v = (eps - sigma D) / sqrt(1 + sigma^2)
             nodes += [helper.make_node("Mul", ["sigma", "D"], ["sD"]), helper.make_node("Sub", ["eps", "sD"], ["vn"]),
                       helper.make_node("Div", ["vn", "root"], ["out"])]
@@ -99,7 +101,7 @@ def _cond(value: float) -> np.ndarray:
     return np.full(COND_SHAPE, value, np.float32)
 
 
-@pytest.mark.parametrize("prediction", ["eps", "v"])
+@pytest.mark.parametrize("prediction", ["eps", "v", "x0"])
 def test_discrete_denoiser_over_a_real_session_is_the_exact_denoiser(registry, prediction):
     session = sdrt.load(build_graph(prediction), backend="reference")
     model = S.Denoiser(session, S.DiscreteSchedule(prediction))

@@ -116,6 +116,6 @@ def test_unknown_schedule_lists_the_valid_ones():
 
 def test_bad_model_sampling_arguments():
     with pytest.raises(SamplerError, match="prediction"):
-        S.DiscreteSchedule("x0")
+        S.DiscreteSchedule("x_start")  # "x0" is diffusers' "sample" (test_samplers_denoisers.py)
     with pytest.raises(SamplerError, match="not positive"):
         S.flux_mu(0, 512)

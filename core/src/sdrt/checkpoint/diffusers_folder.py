@@ -231,8 +231,13 @@ def open_diffusers_folder(path: PathLike, *, graph_paths: dict[str, PathLike] | 
         prediction = "flow" if kind in _FLOW else str(release["scheduler"].get("prediction_type", "epsilon"))
     elif prediction in ("epsilon", "v_prediction"):
         release["scheduler"] = {**release["scheduler"], "prediction_type": prediction}
+    elif prediction == "sample":  # x0, with the trailing timesteps a few-step x0 model is run with
+        from .files import X0_SCHEDULER
+
+        release["scheduler"] = {**release["scheduler"], **X0_SCHEDULER}
     else:
-        raise ModelError(f"unknown prediction {prediction!r}", where="prediction", fix="use 'epsilon' or 'v_prediction'")
+        raise ModelError(f"unknown prediction {prediction!r}", where="prediction",
+                         fix="use 'epsilon', 'v_prediction' or 'sample'")
     # each part: its folder's files and the canonical names of their tensors
     bound: dict[str, tuple[Path, Weights]] = {}
     used: dict[str, Path] = {}

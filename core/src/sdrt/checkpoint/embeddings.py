@@ -9,7 +9,14 @@ from the file):
 - A1111's ``.pt`` (``string_to_param`` ``{"*": vectors}``, read as ``string_to_param.*``; rinongal's original
   textual inversion keeps it in a ``ParameterDict``, read the same way, its one term ``*`` or the placeholder the
   trainer was given), or that layout flattened into a ``.safetensors``;
-- diffusers' ``learned_embeds.bin``: one tensor named after its token.
+- diffusers' ``learned_embeds.bin``: one tensor named after its token;
+- diffusers' SDXL textual inversion (``examples/textual_inversion/textual_inversion_sdxl.py``): two files,
+  ``learned_embeds.safetensors`` (``text_encoder``, CLIP-L) and ``learned_embeds_2.safetensors`` (``text_encoder_2``,
+  CLIP-G), each ``{placeholder token: [n, d]}`` (``learned_embeds[_2]-steps-N.safetensors`` while it trains). Given
+  either file, or the folder holding them, the pair is one SDXL embedding (``clip_l`` + ``clip_g``) whose trigger
+  word is the placeholder token the files hold (``<cat-toy>``), as diffusers' two ``load_textual_inversion`` calls
+  (one per text encoder) use it; ``learned_embeds.safetensors`` without a ``_2`` beside it is a one-encoder
+  embedding (diffusers' SD 1.x/2.x script writes that name too).
 
 An embedding is used the way A1111 and diffusers' ``load_textual_inversion``
 use it: its trigger word (the file's stem) becomes n new tokens, and n new rows
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,9 +80,82 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_embedding(path: str | os.PathLike[str], name: str | None = None) -> Embedding:
-    """Read an embedding file. The trigger word is ``name`` or, as in A1111, the file's stem."""
+#: diffusers' textual-inversion outputs: ``learned_embeds[-steps-N]`` (text_encoder) and, from its SDXL script,
+#: ``learned_embeds_2[-steps-N]`` (text_encoder_2)
+_DIFFUSERS_TI = re.compile(r"^learned_embeds(?P<two>_2)?(?P<steps>-steps-\d+)?(?P<ext>\.safetensors|\.bin)$",
+                           re.IGNORECASE)
+_PAIR_FIX = "textual_inversion_sdxl.py saves learned_embeds.safetensors (text_encoder) and learned_embeds_2.safetensors " \
+    "(text_encoder_2) together: keep both in one folder and pass either file or the folder"
+
+
+def _sibling(p: Path, stem: str) -> Path | None:
+    """``stem`` beside ``p`` with ``p``'s suffix, else with the other one diffusers writes (.safetensors / .bin)."""
+    for ext in dict.fromkeys((p.suffix, ".safetensors", ".bin")):
+        q = p.with_name(stem + ext)
+        if q.is_file():
+            return q
+    return None
+
+
+def embedding_files(path: str | os.PathLike[str]) -> tuple[Path, Path | None]:
+    """The file(s) an embedding path stands for: ``(file, None)``, or for diffusers' SDXL textual inversion
+    ``(learned_embeds, learned_embeds_2)`` from either file or the folder holding them. Reads no tensors;
+    ``WeightsError`` when one half of the pair is missing, or a folder holds no such file."""
     p = Path(path)
+    if p.is_dir():
+        first = _sibling(p / "learned_embeds.safetensors", "learned_embeds")
+        second = _sibling(p / "learned_embeds_2.safetensors", "learned_embeds_2")
+        if first is None and second is None:
+            raise WeightsError(f"the folder {p.name} holds no learned_embeds.safetensors (diffusers' textual-inversion "
+                               "output)", where=str(p), fix="pass the embedding file itself, or a folder of A1111 "
+                               "embeddings with --embedding-dir (embedding_dir= in the server)")
+        p = first or second  # type: ignore[assignment]
+    m = _DIFFUSERS_TI.match(p.name)
+    if not m:
+        return p, None
+    steps = m["steps"] or ""
+    if m["two"]:
+        first = _sibling(p, "learned_embeds" + steps)
+        if first is None:
+            raise WeightsError(f"{p.name} is the text_encoder_2 (CLIP-G) half of diffusers' SDXL textual inversion, and "
+                               f"its text_encoder (CLIP-L) half learned_embeds{steps}{p.suffix} is not beside it",
+                               where=str(p.parent), fix=_PAIR_FIX)
+        return first, p
+    return p, _sibling(p, "learned_embeds_2" + steps)
+
+
+def missing_half(emb: Embedding) -> str | None:
+    """For an SDXL model given diffusers' ``learned_embeds`` alone: which file is missing beside it, else None."""
+    m = _DIFFUSERS_TI.match(Path(emb.source).name)
+    if m is None or m["two"] or "clip_g" in emb.vectors:
+        return None
+    return f"learned_embeds_2{m['steps'] or ''}{Path(emb.source).suffix}"
+
+
+def _diffusers_pair(first: Path, second: Path, name: str | None) -> Embedding:
+    """diffusers' SDXL textual inversion: ``{token: vectors}`` in each file, CLIP-L's and CLIP-G's."""
+    tokens, vectors = [], {}
+    for key, f in (("clip_l", first), ("clip_g", second)):
+        w = Weights.open(f)
+        keys = list(w)
+        if len(keys) != 1:
+            raise WeightsError(f"{f.name} holds {len(keys)} tensors ({', '.join(keys[:4])}), diffusers' "
+                               "textual-inversion file holds one, named after its placeholder token", where=str(f),
+                               fix="pass the learned_embeds files textual_inversion_sdxl.py saved")
+        tokens.append(keys[0])
+        vectors[key] = np.asarray(w[keys[0]])
+    if tokens[0] != tokens[1]:
+        raise WeightsError(f"{first.name} holds the token {tokens[0]!r} and {second.name} {tokens[1]!r}: they are not "
+                           "one training run's pair", where=str(first.parent), fix=_PAIR_FIX)
+    return Embedding(name or tokens[0], _checked(vectors, first), str(first))
+
+
+def load_embedding(path: str | os.PathLike[str], name: str | None = None) -> Embedding:
+    """Read an embedding file. The trigger word is ``name`` or, as in A1111, the file's stem (for diffusers' SDXL
+    pair, given as either file or their folder: the placeholder token the files hold)."""
+    p, second = embedding_files(path)
+    if second is not None:
+        return _diffusers_pair(p, second, name)
     w = Weights.open(p)
     arrays = {k: np.asarray(w[k]) for k in w}
     vectors: dict[str, np.ndarray] = {}
@@ -95,6 +176,11 @@ def load_embedding(path: str | os.PathLike[str], name: str | None = None) -> Emb
         raise WeightsError(
             f"not a textual-inversion embedding: keys {', '.join(list(arrays)[:6])}", where=str(p),
             fix="pass an A1111 embedding (.safetensors with emb_params, or clip_l/clip_g for SDXL)")
+    return Embedding(name or p.stem, _checked(vectors, p), str(p))
+
+
+def _checked(vectors: Mapping[str, np.ndarray], p: Path) -> dict[str, np.ndarray]:
+    """Each encoder's vectors as float32 [tokens, width], finite, one token count for all."""
     out: dict[str, np.ndarray] = {}
     for k, v in vectors.items():
         v = v.reshape(1, -1) if v.ndim == 1 else v
@@ -112,7 +198,7 @@ def load_embedding(path: str | os.PathLike[str], name: str | None = None) -> Emb
     if len(counts) != 1:
         raise WeightsError(f"clip_l and clip_g hold different token counts {sorted(counts)}", where=str(p),
                            fix="re-export the embedding")
-    return Embedding(name or p.stem, out, str(p))
+    return out
 
 
 def token_table(graph: Graph) -> tuple[str, tuple[int, int], str]:

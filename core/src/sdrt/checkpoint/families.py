@@ -54,7 +54,7 @@ def detect(shapes: Shapes) -> str:
     elif has("lora_unet_") or has("lora_te") or has("lora_transformer_"):
         fam = "kohya LoRA (not a checkpoint: pass it with --lora FILE:WEIGHT, loras=[...] in the API)"
     elif any(k.endswith((".lora_A.weight", ".lora_B.weight", ".lora_down.weight", ".lora_up.weight", ".hada_w1_a",
-                         ".lokr_w1", ".lokr_w1_a", ".lora.down.weight")) for k in keys):
+                         ".lokr_w1", ".lokr_w1_a", ".lora.down.weight", ".diff", ".w_norm")) for k in keys):
         fam = "LoRA (not a checkpoint: pass it with --lora FILE:WEIGHT, loras=[...] in the API)"
     elif "emb_params" in keys or "clip_l" in keys or "string_to_param.*" in keys:
         fam = ("textual-inversion embedding (not a checkpoint: pass it with --embedding FILE, "

@@ -297,6 +297,25 @@ def graph_kind(graph_name: str) -> str:
             "vae16_encoder": "vae16"}.get(graph_name, graph_name)
 
 
+#: an x0-prediction UNet's name (SDXL-Lightning's ``sdxl_lightning_1step_unet_x0.safetensors``): its tensors are
+#: those of any UNet of its family, so only its name tells it, as ByteDance and diffusers' docs name it
+_X0_NAME = re.compile(r"(?:^|[_.-])x0(?:$|[_.-])", re.IGNORECASE)
+#: how diffusers runs an x0 UNet, as ByteDance's model card does: EulerDiscreteScheduler(timestep_spacing="trailing",
+#: prediction_type="sample") (a few-step distilled model: leading spacing's one step would be at t = 1)
+X0_SCHEDULER = {"prediction_type": "sample", "timestep_spacing": "trailing"}
+#: the predictions a model file or ``prediction=`` may say (diffusers' ``prediction_type`` names)
+PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
+
+
+def name_prediction(path: Path) -> str | None:
+    """``"sample"`` (x0) when the file's name says ``x0`` as a word (``..._unet_x0.safetensors``), else None."""
+    if _X0_NAME.search(Path(path).stem):
+        log.info("%s: x0-prediction (its name says x0, as SDXL-Lightning's 1-step UNet), trailing timesteps",
+                 Path(path).name)
+        return "sample"
+    return None
+
+
 def yaml_prediction(path: Path) -> str | None:
     """What A1111's ``<stem>.yaml`` beside a checkpoint says: ``"v_prediction"`` for ``parameterization: "v"`` (LDM's
     configs) or an SGM ``VScaling`` denoiser (SDXL's), else ``"epsilon"``; None without a yaml."""
@@ -339,8 +358,9 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
 
     ``extra_files``: ``clip_l.safetensors``, ``clip_g.safetensors``, ``t5xxl_fp16.safetensors``,
     ``ae.safetensors``, ``sdxl_vae.safetensors``...: each fills (or replaces) the part its tensors say
-    it is. ``prediction``: ``"epsilon"`` or ``"v_prediction"`` to override what the file implies
-    (SD 2.x 768 vs 512, SDXL v-pred finetunes). ``parts``: bind only these parts (default: every part
+    it is. ``prediction``: ``"epsilon"``, ``"v_prediction"`` or ``"sample"`` (x0, run with trailing timesteps as
+    ``X0_SCHEDULER``) to override what the file implies (SD 2.x 768 vs 512, SDXL v-pred finetunes; a name with
+    ``x0`` as a word, SDXL-Lightning's ``sdxl_lightning_1step_unet_x0.safetensors``, says ``"sample"``). ``parts``: bind only these parts (default: every part
     of the family; ``vae_encoder`` is bound when the VAE is there). ``graph_paths``: ``{part: .onnx}``
     to bind onto other graphs than the shipped ones (an export of your own with the same names).
     ``family``: a ``FAMILY_GRAPHS`` key (``"flux-dev"``, ``"sd35-medium"``, ``"chroma"``...) for a model at other
@@ -427,6 +447,8 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
     if prediction is None:
         if fam == "sdxl" and (key := edm.edm_key(main.shapes)) is not None:  # Playground v2.5: eps; CosXL: v
             prediction = "epsilon" if key == "edm_mean" else "v_prediction"
+        elif not fam.startswith(("sd3", "flux", "chroma")) and (from_name := name_prediction(main.path)) is not None:
+            prediction = from_name
         elif fam == "sd2":
             prediction = sd2_prediction(main.path, main.weights, main.ident.components["unet"],
                                         diffusers=main.ident.layout == "diffusers")
@@ -441,9 +463,12 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
             prediction = "flow"
         else:
             prediction = "epsilon"
-    elif prediction not in ("epsilon", "v_prediction", "flow"):
+    elif prediction not in (*PREDICTION_TYPES, "flow"):
         raise ModelError(f"unknown prediction {prediction!r}", where="open_single_file(prediction=...)",
-                         fix="use 'epsilon' or 'v_prediction'")
+                         fix="use 'epsilon', 'v_prediction' or 'sample'")
+    elif prediction in PREDICTION_TYPES and fam.startswith(("sd3", "flux", "chroma")):
+        raise ModelError(f"{LABELS[fam]} is a flow-matching model: prediction {prediction!r} does not apply",
+                         where="prediction", fix="leave prediction unset for this model")
     release = release_defaults(fam)
     if fam == "sdxl" and (with_edm := edm.edm_release(release, main.weights, main.path)) is not None:
         # EDM-trained (Playground v2.5, CosXL): its scheduler (and latent normalization) from its keys
@@ -453,6 +478,8 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         release = {**release, "scheduler": release["scheduler_eps"], "sample_size": release["sample_size_eps"]}
     elif prediction == "v_prediction" and release["scheduler"].get("prediction_type") != "v_prediction":
         release = {**release, "scheduler": {**release["scheduler"], "prediction_type": "v_prediction"}}
+    elif prediction == "sample":
+        release = {**release, "scheduler": {**release["scheduler"], **X0_SCHEDULER}}
     if "ztsnr" in main.shapes and "scheduler" in release:  # zero terminal SNR (NoobAI-XL v-pred), as A1111/ComfyUI read it
         log.info("%s: zero terminal SNR (its ztsnr key): rescaled betas", main.path.name)
         release = {**release, "scheduler": {**release["scheduler"], "rescale_betas_zero_snr": True}}

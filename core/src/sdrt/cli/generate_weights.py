@@ -30,6 +30,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--text-encoder", action="append", default=[], metavar="FILE", dest="text_encoders",
                    help="a text-encoder file (clip_l, clip_g, t5xxl_fp16.safetensors, ...), repeatable; which encoder "
                         "it is comes from its tensors; fills or replaces that encoder (on an ONNX folder too)")
+    g.add_argument("--prediction", default=None, choices=("epsilon", "v_prediction", "sample"),
+                   help="what the model predicts, in place of what the file implies (a single file or diffusers "
+                        "folder): sample is x0, run with trailing timesteps (SDXL-Lightning's 1-step x0 UNet; a file "
+                        "named *_x0.safetensors says so itself)")
     g.add_argument("--no-t5", action="store_false", dest="t5", default=True,
                    help="SD 3 / 3.5: run without the T5-XXL text encoder even when the model has one (CLIP-L and "
                         "CLIP-G alone, T5's states zeros, as diffusers' text_encoder_3=None): less memory, worse "
@@ -39,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "name.safetensors (or name.pt, name.ckpt)")
     g.add_argument("--embedding", action="append", default=[], metavar="FILE",
                    help="a textual-inversion embedding (.safetensors, or A1111's .pt); its trigger word is the "
-                   "file's stem")
+                   "file's stem. diffusers' SDXL pair (learned_embeds.safetensors + learned_embeds_2.safetensors): "
+                   "either file or their folder, triggered by its placeholder token")
     g.add_argument("--embedding-dir", default=None, metavar="DIR",
                    help="load every embedding there (.safetensors, .pt, .bin)")
     g.add_argument("--low-memory", action="store_true", default=None,
@@ -61,6 +66,7 @@ class WeightArgs:
     low_memory: bool | None = None
     vae_tile: int | None = None
     t5: bool = True
+    prediction: str | None = None
 
 
 def _existing(value: str, what: str, flag: str, *, folder: bool = False) -> Path:
@@ -106,6 +112,23 @@ def _readable(p: Path, flag: str) -> Path:
     return p
 
 
+def _embedding(value: str) -> Path:
+    """An ``--embedding`` path: a file whose header reads, or diffusers' SDXL pair (either file, or its folder) with
+    both halves there, checked before any model loads."""
+    from ..checkpoint.embeddings import embedding_files
+    from ..errors import SdrtError
+
+    p = _existing(value, "embedding file", "--embedding")
+    try:
+        files = embedding_files(p)
+    except SdrtError as exc:
+        raise type(exc)(f"--embedding {value}: {exc.what}", where=exc.where, fix=exc.fix) from None
+    for f in files:
+        if f is not None:
+            _readable(f, "--embedding")
+    return p
+
+
 def parse_lora(spec: str) -> tuple[Path, float]:
     """``FILE`` or ``FILE:SCALE`` (a Windows drive letter's colon is not a scale); the scale must be a
     finite number of sane size (``check_lora_scale``)."""
@@ -128,7 +151,8 @@ def parse_lora(spec: str) -> tuple[Path, float]:
 
 def check(args: argparse.Namespace) -> WeightArgs:
     """The options, checked; raises ``InputError`` naming the flag."""
-    out = WeightArgs(low_memory=args.low_memory, vae_tile=args.vae_tile, t5=getattr(args, "t5", True))
+    out = WeightArgs(low_memory=args.low_memory, vae_tile=args.vae_tile, t5=getattr(args, "t5", True),
+                     prediction=getattr(args, "prediction", None))
     if args.weights:
         out.weights = _readable(_existing(args.weights, "checkpoint", "--weights"), "--weights")
     if args.vae:
@@ -137,7 +161,7 @@ def check(args: argparse.Namespace) -> WeightArgs:
     out.loras = [(_readable(path, "--lora"), scale) for path, scale in map(parse_lora, args.lora)]
     if args.lora_dir:
         out.lora_dir = _existing(args.lora_dir, "LoRA folder", "--lora-dir", folder=True)
-    out.embeddings = [_readable(_existing(e, "embedding file", "--embedding"), "--embedding") for e in args.embedding]
+    out.embeddings = [_embedding(e) for e in args.embedding]
     if args.embedding_dir:
         from ..checkpoint.embeddings import EMBEDDING_SUFFIXES
 
@@ -153,7 +177,7 @@ def check(args: argparse.Namespace) -> WeightArgs:
 def pipeline_options(w: WeightArgs) -> dict[str, Any]:
     """``pipelines.load`` keywords: memory options, and the separate VAE / text-encoder files."""
     return {"low_memory": w.low_memory, "vae_tile": w.vae_tile, "vae": w.vae, "text_encoders": w.text_encoders,
-            **({} if w.t5 else {"t5": False})}
+            **({} if w.t5 else {"t5": False}), **({"prediction": w.prediction} if w.prediction else {})}
 
 
 def apply(pipe: Any, w: WeightArgs, prompts: tuple[str, str | None] = ("", None)) -> None:

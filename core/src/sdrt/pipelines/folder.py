@@ -116,18 +116,17 @@ class ModelFolder:
 
     @property
     def prediction(self) -> str:
-        """``"eps"`` or ``"v"``, from the scheduler config's ``prediction_type``; ``"flow"`` for a flow scheduler."""
-        from .scheduling import FLOW_SCHEDULERS
+        """``"eps"``, ``"v"`` or ``"x0"`` (``"sample"``), from the scheduler config's ``prediction_type``; ``"flow"``
+        for a flow scheduler."""
+        from .scheduling import FLOW_SCHEDULERS, PREDICTIONS
 
         if self.scheduler.get("_class_name") in FLOW_SCHEDULERS:
             return "flow"
         kind = str(self.scheduler.get("prediction_type", "epsilon"))
-        if kind == "epsilon":
-            return "eps"
-        if kind == "v_prediction":
-            return "v"
+        if kind in PREDICTIONS:
+            return PREDICTIONS[kind]
         raise ModelError(f"prediction_type {kind!r} is not supported", where=str(self.path / "scheduler"),
-                         fix="use a model trained for 'epsilon' or 'v_prediction'")
+                         fix="use a model trained for 'epsilon', 'v_prediction' or 'sample'")
 
     @property
     def is_xl(self) -> bool:

@@ -82,6 +82,8 @@ class EulerLoop(_SchedulerLoop):
             out = model.predict(x / ((sigma * sigma + F32(1)) ** F32(0.5)), p.timesteps[i])
             if v:
                 x0 = out * (-sigma / (sigma * sigma + F32(1)) ** F32(0.5)) + x / (sigma * sigma + F32(1))
+            elif self.ms.prediction == "x0":  # diffusers' prediction_type="sample": the output is the sample
+                x0 = out
             else:
                 x0 = x - sigma * out
             self.denoised = x0  # the step's denoised estimate (live previews)
@@ -126,7 +128,10 @@ class DPMSolverLoop(_SchedulerLoop):
             i = j + self.offset  # diffusers' step_index counts from the full schedule's start
             out = model.predict(x, p.timesteps[j])
             alpha_s, sigma_s = self._alpha_sigma(p.sigmas[j])
-            x0 = alpha_s * x - sigma_s * out if v else (x - sigma_s * out) / alpha_s
+            if self.ms.prediction == "x0":
+                x0 = out
+            else:
+                x0 = alpha_s * x - sigma_s * out if v else (x - sigma_s * out) / alpha_s
             outputs = [*outputs[-1:], x0]
             self.denoised = x0
             final = i == total - 1 and (self.euler_at_final or (self.lower_order_final and total < 15)
@@ -172,6 +177,9 @@ class DDIMLoop(_SchedulerLoop):
             if v:
                 x0 = a_t ** F32(0.5) * x - b_t ** F32(0.5) * out
                 eps = a_t ** F32(0.5) * out + b_t ** F32(0.5) * x
+            elif self.ms.prediction == "x0":
+                x0 = out
+                eps = (x - a_t ** F32(0.5) * x0) / b_t ** F32(0.5)
             else:
                 x0 = (x - b_t ** F32(0.5) * out) / a_t ** F32(0.5)
                 eps = out

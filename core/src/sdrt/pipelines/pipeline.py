@@ -1378,7 +1378,8 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     diffusers' ``text_encoder_3=None``; the T5 part is not loaded). A model without T5 runs so anyway, with a warning.
     Advanced, single files and diffusers folders only: ``graph_paths={part: .onnx}`` binds onto other weight-free graphs than the
     shipped ones (same parameter names), ``tokenizers={"tokenizer": folder, ...}`` replaces the release's,
-    ``prediction="epsilon"|"v_prediction"`` overrides what the file implies, ``family="flux-dev"`` (a key of
+    ``prediction="epsilon"|"v_prediction"|"sample"`` overrides what the file implies (``"sample"``: x0, with trailing
+    timesteps, as SDXL-Lightning's 1-step x0 UNet runs; a file named ``*_x0.safetensors`` says it itself), ``family="flux-dev"`` (a key of
     ``sdrt.checkpoint.FAMILY_GRAPHS``) takes a transformer whose keys say that family at other widths than its
     release (a reduced or test model on ``graph_paths``), with text-encoder files matched to those graphs.
     """
@@ -1412,7 +1413,8 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     advanced = {k: v for k, v in (("graph_paths", graph_paths), ("tokenizers", tokenizers),
                                   ("prediction", prediction), ("family", family)) if v is not None}
     if advanced:
-        raise InputError(f"{', '.join(advanced)} applies to a single-file checkpoint or a diffusers folder of "
+        raise InputError(f"{', '.join('{@' + k + '}' for k in advanced)} applies to a single-file checkpoint or a "
+                         "diffusers folder of "
                          f".safetensors, and {model} is an ONNX model folder",
                          where=next(iter(advanced)), fix="leave it unset for a folder")
     pipe = Pipeline(without_t5(ModelFolder.open(model), t5, text_encoders), backend=be.name, device=dev, **options)

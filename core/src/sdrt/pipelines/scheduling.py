@@ -23,6 +23,8 @@ from ..errors import ModelError
 from ..samplers.model_sampling import DiscreteSchedule
 
 SPACINGS = ("leading", "linspace", "trailing")
+#: diffusers' ``prediction_type`` -> sdrt's prediction (``sdrt.samplers.DiscreteSchedule``): ``"sample"`` is x0
+PREDICTIONS = {"epsilon": "eps", "v_prediction": "v", "sample": "x0"}
 
 #: each scheduler's own defaults, used for keys the folder's config does not set (diffusers'
 #: ``from_config`` ignores a value that was itself a default of the saved scheduler: ``_use_default_values``)
@@ -164,10 +166,10 @@ class FolderSchedule(DiscreteSchedule):
     @classmethod
     def from_config(cls, config: dict[str, Any], where: str = "scheduler_config.json") -> FolderSchedule:
         kind = str(config.get("prediction_type", "epsilon"))
-        prediction = {"epsilon": "eps", "v_prediction": "v"}.get(kind)
+        prediction = PREDICTIONS.get(kind)
         if prediction is None:
             raise ModelError(f"prediction_type {kind!r} is not supported", where=where,
-                             fix="use a model trained for 'epsilon' or 'v_prediction'")
+                             fix="use a model trained for 'epsilon', 'v_prediction' or 'sample'")
         spacing = config.get("timestep_spacing")
         if spacing is not None and spacing not in SPACINGS:
             raise ModelError(f"timestep_spacing {spacing!r} is not supported", where=where,

@@ -109,7 +109,7 @@ def _folder_prediction(root: Path) -> tuple[str | None, bool]:
     if not config:
         return None, False
     kind = config.get("prediction_type", "epsilon")
-    return (kind if kind in ("epsilon", "v_prediction") else None), bool(config.get("rescale_betas_zero_snr"))
+    return (kind if kind in ("epsilon", "v_prediction", "sample") else None), bool(config.get("rescale_betas_zero_snr"))
 
 
 @dataclass
@@ -299,19 +299,21 @@ class WeightState:
         ``v_pred`` key or, for SD 2.x, its weights (as ComfyUI tells them apart); a ``ztsnr`` key rescales the
         betas to zero terminal SNR. A diffusers folder's own scheduler config says both. Each bound checkpoint
         decides anew: one that says nothing runs with the folder's scheduler."""
-        from ..checkpoint.files import SD2_V_KEY, sd2_prediction, yaml_prediction
+        from ..checkpoint.files import SD2_V_KEY, X0_SCHEDULER, name_prediction, sd2_prediction, yaml_prediction
 
         family = self.pipe.family
         family.scheduler_overrides = {}
         path = Path(getattr(ckpt, "path", "") or "")
-        folder = {"eps": "epsilon", "v": "v_prediction"}.get(self.pipe.folder.prediction)
+        folder = {"eps": "epsilon", "v": "v_prediction", "x0": "sample"}.get(self.pipe.folder.prediction)
         if folder is None or not (path.is_file() or path.is_dir()):
             return
         if path.is_dir():  # a diffusers folder: its own scheduler config says both, as diffusers reads it
             said, zero_snr = _folder_prediction(path)
             why, zero_why = "its scheduler/scheduler_config.json", "its scheduler config"
         else:
-            said, why = yaml_prediction(path), path.with_suffix(".yaml").name
+            said, why = name_prediction(path), "its name says x0"  # SDXL-Lightning's 1-step x0 UNet, as the model does
+            if said is None:
+                said, why = yaml_prediction(path), path.with_suffix(".yaml").name
             zero_snr, zero_why = "ztsnr" in ckpt.weights, "its ztsnr key"
             if said is None and "v_pred" in ckpt.weights:
                 said, why = "v_prediction", "its v_pred key"
@@ -323,12 +325,14 @@ class WeightState:
         overrides: dict[str, Any] = {}
         if said is not None and said != folder:
             overrides["prediction_type"] = said
+            if said == "sample":  # with the trailing timesteps it is run with, as when it is the model itself
+                overrides.update(X0_SCHEDULER)
         if zero_snr and not self.pipe.folder.scheduler.get("rescale_betas_zero_snr"):
             overrides["rescale_betas_zero_snr"] = True
         if not overrides:
             return
         family.scheduler_overrides = overrides
-        words = {"epsilon": "eps", "v_prediction": "v"}
+        words = {"epsilon": "eps", "v_prediction": "v", "sample": "x0"}
         what = [f"{words[said]}-prediction ({why}; the model folder's scheduler says {words[folder]})"] \
             if "prediction_type" in overrides else []
         what += [f"with zero terminal SNR ({zero_why})"] if "rescale_betas_zero_snr" in overrides else []
@@ -535,6 +539,7 @@ class WeightState:
     def add_embeddings(self, items: Iterable[str | os.PathLike[str] | Embedding]) -> list[Embedding]:
         """Load embeddings (A1111 ``.safetensors``); their trigger words work in prompts from now on."""
         from ..checkpoint import Embedding, load_embedding
+        from ..checkpoint.embeddings import missing_half
 
         items = list(items)
         for i, e in enumerate(items):
@@ -560,6 +565,12 @@ class WeightState:
                     + f", and this {label} model has only {', '.join(sorted(keys))}", where=e.source,
                     fix=f"use an embedding made for {label} (SD 1.x/2.x: emb_params [n, width]; SDXL: clip_l and "
                     "clip_g)")
+            half = missing_half(e) if "text_encoder_2" in encoders else None
+            if half is not None and _graph_kind(self._graph("text_encoder_2")) != "t5":  # SDXL's CLIP-G
+                raise WeightsError(f"embedding {e.name!r} ({Path(e.source).name}) is the text_encoder half of diffusers' "
+                                   f"SDXL textual inversion, and its text_encoder_2 half {half} is not beside it",
+                                   where=str(Path(e.source).parent), fix="put the learned_embeds_2 file "
+                                   "textual_inversion_sdxl.py saved with it beside it, or pass an SDXL embedding")
             for n in encoders:
                 v = e.for_encoder(_EMB_KEYS[n])
                 width = _table_width(self._graph(n))
@@ -677,11 +688,44 @@ def _route(key: str) -> str | None:
 
 
 def _targets(graph: Graph, keys: Iterable[str], part: str) -> dict[str, str]:
-    """``{LoRA module key: initializer}`` from the graph's own parameter map (kohya and PEFT names)."""
+    """``{LoRA module key: initializer}`` from the graph's own parameter map (kohya and PEFT names); a LyCORIS bias
+    key (``<module>.diff_b`` / ``<module>.b_norm``) maps to the module's bias."""
     from ..checkpoint import param_map
+    from ..lora import bias_module
 
     pmap = param_map(graph)
-    modules = {c[: -len(".weight")]: s.init for c, s in pmap.items() if c.endswith(".weight")}
+    index = {param: _module_names(pmap, param, part) for param in (".weight", ".bias")}
+    # the route already chose the part (lora_te3_ is Flux's text_encoder_2): any kohya prefix names a module of it
+    kohya = tuple(sorted({p for k, _ in _LORA_ROUTES.values() for p in k}, key=len, reverse=True))
+    peft = _LORA_ROUTES["unet" if part == "transformer" else part][1]
+    out: dict[str, str] = {}
+    for key in keys:
+        bmod = bias_module(key)
+        modules, flat = index[".weight" if bmod is None else ".bias"]
+        key_mod = key if bmod is None else bmod
+        mod = None
+        for p in kohya:
+            if key_mod.startswith(p):
+                rest = key_mod[len(p):]
+                rest = rest.removeprefix("text_model_")
+                mod = flat.get(rest)
+                break
+        else:
+            rest = key_mod
+            for p in (*peft, "base_model.model."):
+                rest = rest.removeprefix(p)
+            rest = re.sub(r"^text_model\.", "", rest)
+            # ComfyUI saves UNet LoRAs in LDM's dotted names (diffusion_model.input_blocks.4.1...): the flat index has them
+            mod = modules.get(rest) or (flat.get(rest.replace(".", "_")) if part == "unet" else None)
+        if mod is not None:
+            out[key] = mod
+    return out
+
+
+def _module_names(pmap: Mapping[str, Any], param: str, part: str) -> tuple[dict[str, str], dict[str, str]]:
+    """``({dotted module: initializer}, {underscored module: initializer})`` of the graph's ``param`` tensors
+    (``".weight"`` or ``".bias"``); a UNet's modules also under their LDM names."""
+    modules = {c[: -len(param)]: s.init for c, s in pmap.items() if c.endswith(param)}
     flat = {m.replace(".", "_"): init for m, init in modules.items()}
     if part == "unet":  # kohya's SDXL LoRAs name UNet modules the LDM way (input_blocks_4_1_...)
         from ..checkpoint.ldm import unet_ldm_layout, unet_to_ldm
@@ -691,28 +735,7 @@ def _targets(graph: Graph, keys: Iterable[str], part: str) -> dict[str, str]:
             ldm_name = unet_to_ldm(m, lpb, attn_up)
             if ldm_name is not None:
                 flat.setdefault(ldm_name.replace(".", "_"), init)
-    # the route already chose the part (lora_te3_ is Flux's text_encoder_2): any kohya prefix names a module of it
-    kohya = tuple(sorted({p for k, _ in _LORA_ROUTES.values() for p in k}, key=len, reverse=True))
-    peft = _LORA_ROUTES["unet" if part == "transformer" else part][1]
-    out: dict[str, str] = {}
-    for key in keys:
-        mod = None
-        for p in kohya:
-            if key.startswith(p):
-                rest = key[len(p):]
-                rest = rest.removeprefix("text_model_")
-                mod = flat.get(rest)
-                break
-        else:
-            rest = key
-            for p in (*peft, "base_model.model."):
-                rest = rest.removeprefix(p)
-            rest = re.sub(r"^text_model\.", "", rest)
-            # ComfyUI saves UNet LoRAs in LDM's dotted names (diffusion_model.input_blocks.4.1...): the flat index has them
-            mod = modules.get(rest) or (flat.get(rest.replace(".", "_")) if part == "unet" else None)
-        if mod is not None:
-            out[key] = mod
-    return out
+    return modules, flat
 
 
 def lora_family(keys: Iterable[str]) -> str | None:
@@ -792,11 +815,12 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
     ``_convert_kohya_flux_lora_to_diffusers`` splits them. The result carries ``targets``
     (``{layer key: initializer}``) for ``merge``; a key it cannot place is kept, so ``merge`` names it."""
     from ..checkpoint import flow, param_map
-    from ..lora import DeltaLayer, Lora, LoraLayer
+    from ..lora import DeltaLayer, Lora, LoraLayer, bias_module
 
     pmap = param_map(graph)
     modules = {c[: -len(".weight")]: s.init for c, s in pmap.items() if c.endswith(".weight")}
-    flat = {m.replace(".", "_"): m for m in modules}
+    biases = {c[: -len(".bias")]: s.init for c, s in pmap.items() if c.endswith(".bias")}
+    flat = {m.replace(".", "_"): m for m in {**modules, **biases}}
 
     def count(prefix: str) -> int:  # the index right after the prefix (Chroma's "distilled_guidance_layer.layers.N")
         return 1 + max((int(c[len(prefix):].split(".")[0]) for c in pmap if c.startswith(prefix)), default=-1)
@@ -812,7 +836,19 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
     kept: dict[str, LoraLayer] = {}
     targets: dict[str, str] = {}
     fused: dict[str, LoraLayer] = {}
+    fused_bias: dict[str, tuple[str, DeltaLayer]] = {}  # publisher module -> (key ending, LyCORIS diff_b / b_norm)
     for key, layer in lora.layers.items():
+        bmod = bias_module(key) if isinstance(layer, DeltaLayer) else None
+        if bmod is not None:  # LyCORIS's whole bias change: the module's bias, rows split as its weight's
+            rest = _transformer_module(bmod, flat, flat_publisher)
+            if rest is not None and rest in biases:
+                kept[key] = layer
+                targets[key] = biases[rest]
+            elif rest is not None and rest in publisher:
+                fused_bias[rest] = (key[len(bmod):], layer)
+            else:
+                kept[key] = layer
+            continue
         x = _XLABS.match(key)
         if x and isinstance(layer, LoraLayer):  # XLabs: attention-only layers on BFL blocks, no alpha (scale 1)
             if x["block"] == "single" and x["what"] == "qkv_lora":  # q, k, v only (not linear1's MLP rows)
@@ -827,18 +863,7 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
             if bfl is not None:
                 fused[bfl.format(i=x["i"])] = layer
                 continue
-        rest = None
-        for p in ("lora_unet_", "lora_transformer_", "lycoris_"):  # kohya, OneTrainer, LyCORIS (SimpleTuner)
-            if key.startswith(p):
-                flat_name = key[len(p):]
-                rest = flat.get(flat_name) or flat_publisher.get(flat_name)
-                break
-        else:
-            rest = key
-            for p in _TRANSFORMER_PEFT:
-                if rest.startswith(p):
-                    rest = rest[len(p):]
-                    break
+        rest = _transformer_module(key, flat, flat_publisher)
         if rest is not None and rest in modules:
             kept[key] = layer
             targets[key] = modules[rest]
@@ -876,9 +901,35 @@ def transformer_lora(lora: Lora, graph: Graph) -> Lora:
                     kept[key] = replace(layer, key=key, up=ldm_source_rows(layer.up, op), dora=part_dora)
                 if canon in modules:
                     targets[key] = modules[canon]
+    if fused_bias:  # the same row ops as the module's weight (q, k, v thirds, linear1's (d, d, d, 4d), swapped halves)
+        split = flow.publisher_lora_modules({m: (int(np.shape(b.diff)[0]), inner) for m, (_, b) in fused_bias.items()},
+                                            inner, double - 1 if sd3 else -1)
+        for mod, (end, layer) in fused_bias.items():
+            if mod not in split:
+                kept[mod + end] = layer
+                continue
+            for canon, op in split[mod]:
+                key = f"{mod}->{canon}{end}"
+                rows = ldm_source_rows(np.asarray(layer.diff).reshape(-1, 1), op).reshape(-1)
+                kept[key] = DeltaLayer(key, rows)
+                if canon in biases:
+                    targets[key] = biases[canon]
     out = Lora(kept, lora.format, lora.source)
     out.targets = targets  # type: ignore[attr-defined]
     return out
+
+
+def _transformer_module(key: str, flat: Mapping[str, str], flat_publisher: Mapping[str, str]) -> str | None:
+    """The module a transformer LoRA key names: diffusers' (dotted, after a PEFT prefix) or, after a kohya /
+    OneTrainer / LyCORIS prefix, diffusers' or the publisher's flattened (None when neither knows it)."""
+    for p in ("lora_unet_", "lora_transformer_", "lycoris_"):  # kohya, OneTrainer, LyCORIS (SimpleTuner)
+        if key.startswith(p):
+            flat_name = key[len(p):]
+            return flat.get(flat_name) or flat_publisher.get(flat_name)
+    for p in _TRANSFORMER_PEFT:
+        if key.startswith(p):
+            return key[len(p):]
+    return key
 
 
 def ldm_source_rows(up: np.ndarray, op: str) -> np.ndarray:

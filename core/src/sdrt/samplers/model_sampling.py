@@ -1,6 +1,6 @@
 """How a model maps noise level sigma to its timestep input, for discrete and flow models.
 
-- ``DiscreteSchedule``: SD1.x/SD2.x/SDXL, eps- or v-prediction, with the
+- ``DiscreteSchedule``: SD1.x/SD2.x/SDXL, eps-, v- or x0-prediction, with the
   scaled-linear betas of Stable Diffusion (0.00085 -> 0.012 over 1000 steps).
   sigma <-> t is linear interpolation in log sigma (k-diffusion's
   ``DiscreteSchedule.sigma_to_t``/``t_to_sigma``), or nearest index with
@@ -43,7 +43,8 @@ def scaled_linear_betas(beta_start: float = 0.00085, beta_end: float = 0.012, n:
 class DiscreteSchedule:
     """A DDPM-trained model: 1000 discrete timesteps, each with its sigma.
 
-    ``prediction`` is ``"eps"`` (SD1.x, SDXL) or ``"v"`` (SD2.x 768, some SDXL finetunes).
+    ``prediction`` is ``"eps"`` (SD1.x, SDXL), ``"v"`` (SD2.x 768, some SDXL finetunes) or ``"x0"`` (the model
+    outputs the denoised sample itself: diffusers' ``prediction_type="sample"``, SDXL-Lightning's 1-step x0 UNet).
     """
 
     prediction: str = "eps"
@@ -57,9 +58,9 @@ class DiscreteSchedule:
     kind = "discrete"
 
     def __post_init__(self) -> None:
-        if self.prediction not in ("eps", "v"):
+        if self.prediction not in ("eps", "v", "x0"):
             raise SamplerError(f"unknown prediction type {self.prediction!r} for a discrete model",
-                               where="sdrt.samplers.DiscreteSchedule", fix="use prediction='eps' or 'v'")
+                               where="sdrt.samplers.DiscreteSchedule", fix="use prediction='eps', 'v' or 'x0'")
         betas = scaled_linear_betas(self.beta_start, self.beta_end, self.num_timesteps)
         self.alphas_cumprod = np.cumprod(1.0 - betas)
         self.sigmas = np.sqrt((1.0 - self.alphas_cumprod) / self.alphas_cumprod)
@@ -95,6 +96,8 @@ class DiscreteSchedule:
     def denoised(self, x: np.ndarray, sigma: float, output: np.ndarray) -> np.ndarray:
         if self.prediction == "eps":
             return x - output * sigma
+        if self.prediction == "x0":
+            return output
         s2 = sigma * sigma + 1.0
         return x / s2 - output * (sigma / math.sqrt(s2))
 

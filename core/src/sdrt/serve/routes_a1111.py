@@ -94,7 +94,9 @@ async def embeddings(request: Request) -> JSONResponse:
                                  "vectors": 0}
                 continue
             v = next(iter(e.vectors.values()))
-            loaded[name] = {"step": None, "sd_checkpoint": None, "sd_checkpoint_name": None,
+            # by trigger word, as A1111 lists them: a file's stem, or the placeholder token of diffusers' SDXL pair
+            # (learned_embeds + learned_embeds_2: one entry)
+            loaded[e.name] = {"step": None, "sd_checkpoint": None, "sd_checkpoint_name": None,
                             "shape": int(v.shape[1]), "vectors": int(v.shape[0])}
         return {"loaded": loaded, "skipped": skipped}
 

@@ -14,6 +14,12 @@ computed in float32 and cast back to W's dtype; linear ([out, in]) and conv
 (1x1 and kxk: down [r, in, kh, kw], up [out, r, 1, 1]; LyCORIS's Tucker LoCon: down
 [r, in, 1, 1], ``lora_mid`` [r, r, kh, kw], up [out, r, 1, 1]) weights.
 
+LyCORIS's whole changes: ``diff`` (``algo="full"``: the weight's change, any shape) and ``diff_b`` (its bias's),
+``w_norm`` / ``b_norm`` (a GroupNorm / LayerNorm's weight and bias change, ``train_norm``): ``W' = W + scale * diff``,
+as LyCORIS's ``merge_to`` and A1111's built-in Lora extension (``network_full.py``, ``network_norm.py``) merge them
+(an ``.alpha`` beside them scales nothing). A bias layer is keyed by its file key (``<module>.diff_b``,
+``<module>.b_norm``) and patches ``<module>.bias``; every other layer is keyed by its module and patches its weight.
+
 DoRA (a ``dora_scale`` or ``lora_magnitude_vector`` beside a layer's factors) is not
 additive: the layer rescales ``W + delta`` to the trained magnitude ``m``, norm per
 output row (or per input column), see ``Dora``. The merged
@@ -181,6 +187,20 @@ class LoraLayer:
         return d
 
 
+#: LyCORIS's whole changes (``DeltaLayer``): the full algo's ``diff`` / ``diff_b``, the norm algo's ``w_norm`` / ``b_norm``
+_WHOLE = re.compile(r"^(?P<mod>.+?)\.(?P<kind>diff|diff_b|w_norm|b_norm)$")
+#: the file key endings of a whole change to a module's bias (its layer patches ``<module>.bias``)
+BIAS_KEYS = (".diff_b", ".b_norm")
+
+
+def bias_module(key: str) -> str | None:
+    """The module whose bias a layer key changes (``<module>.diff_b`` / ``<module>.b_norm``), else None."""
+    for end in BIAS_KEYS:
+        if key.endswith(end):
+            return key[: -len(end)]
+    return None
+
+
 #: LyCORIS LoHa / LoKr tensor names (with Tucker's ``hada_t1``/``hada_t2``/``lokr_t2`` for conv layers)
 _LYCORIS = re.compile(r"^(?P<mod>.+?)\.(?P<kind>hada_w1_a|hada_w1_b|hada_w2_a|hada_w2_b|hada_t1|hada_t2|lokr_w1|"
                       r"lokr_w1_a|lokr_w1_b|lokr_w2|lokr_w2_a|lokr_w2_b|lokr_t2)$")
@@ -286,8 +306,8 @@ def _alpha(value: Any) -> float | str:
 
 @dataclass(frozen=True)
 class DeltaLayer:
-    """A layer whose change is given whole (rows of a LyCORIS layer on a fused module, split): ``delta`` is
-    ``scale * diff``."""
+    """A layer whose change is given whole (LyCORIS's ``diff`` / ``diff_b`` / ``w_norm`` / ``b_norm``, or rows of a
+    LyCORIS layer on a fused module, split): ``delta`` is ``scale * diff``."""
 
     key: str
     diff: np.ndarray = field(repr=False)
@@ -384,7 +404,12 @@ class Lora:
         unknown: list[str] = []
         lyco: dict[str, dict[str, str]] = {}
         doras: dict[str, str] = {}
+        whole: dict[str, dict[str, str]] = {}
         for key in arrays:
+            wm = _WHOLE.match(key)
+            if wm:
+                whole.setdefault(wm["mod"], {})[wm["kind"]] = key
+                continue
             dm = _DORA.match(key)
             if dm:
                 doras[dm["mod"]] = key
@@ -429,6 +454,23 @@ class Lora:
                 problems.append(f"{mod} ({kind}: {bad})")
                 continue
             layers[mod] = layer
+        for mod, kinds in whole.items():
+            other = {k for k in parts.get(mod, {}) if k != "alpha"}  # an alpha beside a full diff scales nothing
+            if other or mod in lyco or mod in layers or ("diff" in kinds) + ("w_norm" in kinds) > 1 \
+                    or ("diff_b" in kinds) + ("b_norm" in kinds) > 1:
+                have = sorted({*kinds, *other, *lyco.get(mod, {})})
+                problems.append(f"{mod} (has {', '.join(have)}: a full diff or norm delta goes alone on a module)")
+                parts.pop(mod, None)
+                continue
+            parts.pop(mod, None)
+            for kind, key in sorted(kinds.items()):
+                arr = np.asarray(arrays[key])
+                if kind != "diff" and arr.ndim != 1 or arr.size == 0:
+                    problems.append(f"{key} ({list(arr.shape)}: expected one vector)" if kind != "diff" else
+                                    f"{key} (empty)")
+                    continue
+                name = f"{mod}.{kind}" if kind in ("diff_b", "b_norm") else mod
+                layers[name] = DeltaLayer(name, arr)
         for mod, p in parts.items():
             if "down" not in p or "up" not in p:
                 problems.append(f"{mod} (has {', '.join(sorted(p))} but needs both down and up)")
@@ -467,27 +509,27 @@ class Lora:
                 problems.append(f"{key} (DoRA magnitude {list(m.shape)}: expected one finite vector)")
             else:
                 layers[mod] = replace(layers[mod], dora=Dora(m, conv))
-        if unknown and not layers and not parts and not lyco:  # nothing in it is a LoRA: say what it is
+        if unknown and not layers and not parts and not lyco and not whole:  # nothing in it is a LoRA: say what it is
             from ..checkpoint.families import identify
 
             what = identify(shapes).label  # names and shapes only: a 6 GB checkpoint is not read
             raise WeightsError(f"{os.path.basename(source)} is not a LoRA: it looks like {what}", where=source,
                                fix="pass a LoRA file here (keys ending in lora_down.weight / lora_A.weight / "
-                               "hada_w1_a / lokr_w1); a checkpoint is the model (or --weights), an embedding goes to "
+                               "hada_w1_a / lokr_w1 / diff); a checkpoint is the model (or --weights), an embedding goes to "
                                "--embedding")
         if problems:
             raise WeightsError(
                 f"{len(problems)} LoRA keys cannot be used: " + "; ".join(problems),
                 where=source,
                 fix="sdrt reads LoRA (kohya lora_down/lora_up/lora_mid, PEFT lora_A/lora_B) and LyCORIS LoHa/LoKr "
-                "(with Tucker factors and DoRA magnitudes); other LyCORIS formats ((IA)^3, OFT/BOFT, GLoRA, full "
-                "diffs) must be merged elsewhere",
+                "(with Tucker factors and DoRA magnitudes), full diffs (diff/diff_b) and norms (w_norm/b_norm); other "
+                "LyCORIS formats ((IA)^3, OFT/BOFT, GLoRA) must be merged elsewhere",
             )
         if not layers:
             raise WeightsError("the file holds no LoRA layers", where=source,
                                fix="pass a LoRA .safetensors (keys ending in lora_down.weight or lora_A.weight)")
         fmt = "kohya" if all(k.startswith("lora_") for k in layers) else "peft"
-        if lyco:
+        if lyco or whole:
             fmt = "lycoris"
         out = cls(layers, fmt, source)
         if control:
@@ -540,12 +582,13 @@ class MergedWeights(Weights):
         return self.base.replaced(self.originals)
 
 
-def _module_index(names: Iterable[str], graph: Graph | None) -> tuple[dict[str, str], dict[str, str]]:
-    """``(dotted module -> weight name, underscored module -> weight name)``."""
+def _module_index(names: Iterable[str], graph: Graph | None,
+                  param: str = ".weight") -> tuple[dict[str, str], dict[str, str]]:
+    """``(dotted module -> weight name, underscored module -> weight name)``; ``param=".bias"``: bias names."""
     dotted: dict[str, str] = {}
     for n in names:
-        if n.endswith(".weight"):
-            dotted[n[: -len(".weight")]] = n
+        if n.endswith(param):
+            dotted[n[: -len(param)]] = n
     if graph is not None:
         for node in graph.model.graph.node:
             if node.op_type in ("MatMul", "Gemm", "Conv") and len(node.input) > 1 and node.name.startswith("/"):
@@ -623,12 +666,17 @@ def merge(
              for item in ([loras] if isinstance(loras, Lora) else loras)]
     names = set(base)
     dotted, flat = _module_index(names, graph)
+    bias_index = _module_index(names, None, ".bias")
     transposed = _transposed_names(graph)
     report = LoraReport()
     deltas: dict[str, list[np.ndarray | _DoraStep]] = {}
     for lora, scale in pairs:
         for key, layer in lora.layers.items():
-            name = _target(key, lora.format, component, dotted, flat, targets or {})
+            bmod = bias_module(key) if isinstance(layer, DeltaLayer) else None
+            if bmod is not None and key not in (targets or {}):  # LyCORIS's diff_b / b_norm: the module's bias
+                name = _target(bmod, lora.format, component, *bias_index, {})
+            else:
+                name = _target(key, lora.format, component, dotted, flat, targets or {})
             if name is False:
                 report.skipped.append(key)
                 continue
@@ -727,8 +775,10 @@ def _fit(delta: np.ndarray, shape: tuple[int, ...], transposed: bool) -> tuple[n
     if delta.size == int(np.prod(shape)) and (len(shape) == 4 and shape[2:] == (1, 1) or delta.ndim == 4
                                              and delta.shape[2:] == (1, 1)):
         return delta.reshape(shape), False  # a linear LoRA on a 1x1 conv, or the other way round
+    if delta.ndim == 1 and delta.size == int(np.prod(shape)) and sum(n != 1 for n in shape) <= 1:
+        return delta.reshape(shape), False  # a norm's vector kept [C, 1, 1] for a GroupNorm's Mul / Add
     return None
 
 
-__all__ = ["KOHYA_PREFIXES", "PEFT_PREFIXES", "Dora", "Lora", "LoraLayer", "LoraReport", "LycorisLayer", "DeltaLayer", "FluxControl", "MergedWeights",
+__all__ = ["BIAS_KEYS", "KOHYA_PREFIXES", "bias_module", "PEFT_PREFIXES", "Dora", "Lora", "LoraLayer", "LoraReport", "LycorisLayer", "DeltaLayer", "FluxControl", "MergedWeights",
            "merge"]

@@ -280,8 +280,10 @@ class Family:
     def prediction(self) -> str:
         """``"eps"``, ``"v"`` or ``"flow"``: the folder's scheduler's, or what a bound checkpoint says
         (``scheduler_overrides``)."""
+        from ..scheduling import PREDICTIONS
+
         kind = self.scheduler_overrides.get("prediction_type")
-        return self.folder.prediction if kind is None else {"epsilon": "eps", "v_prediction": "v"}[kind]
+        return self.folder.prediction if kind is None else PREDICTIONS[kind]
 
     def scheduler_config(self, shift: float | None = None) -> dict[str, Any]:
         """The folder's scheduler config (with what a bound checkpoint decides: ``scheduler_overrides``), with
