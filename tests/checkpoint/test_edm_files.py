@@ -161,3 +161,18 @@ def test_an_edm_checkpoint_is_not_bound_onto_a_ddpm_model(files, tmp_path) -> No
             pipe.load_weights(files["cosxl"])
         pipe.load_weights(files["playground"])  # Playground onto Playground: bound
         assert pipe.weights.checkpoint is not None
+
+
+def test_an_x0_prediction_on_an_edm_file_is_refused_in_one_line(files, capsys) -> None:
+    """``--prediction sample`` (x0, landed beside EDM) on a Playground file: EDM's preconditioning is for eps or v
+    outputs, so it is refused in the caller's words before anything loads; it raised EDMSchedule's own error."""
+    from sdrt.checkpoint.files import open_single_file
+    from sdrt.errors import ModelError
+
+    with pytest.raises(ModelError, match=r"playground-v2.5-tiny.safetensors is Playground v2.5.*prediction 'sample' "
+                                         r"does not apply to its EDM sampling"):
+        open_single_file(files["playground"], prediction="sample", graph_paths=_graphs(files))
+    assert main(["generate", str(files["playground"]), "x", "--prediction", "sample", "--dry-run", "--backend",
+                 "reference", "--width", "64", "--height", "64"]) == 1
+    err = capsys.readouterr().err
+    assert "--prediction" in err and "does not apply to its EDM sampling" in err and err.count("\n") == 1, err

@@ -472,6 +472,10 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
     release = release_defaults(fam)
     if fam == "sdxl" and (with_edm := edm.edm_release(release, main.weights, main.path)) is not None:
         # EDM-trained (Playground v2.5, CosXL): its scheduler (and latent normalization) from its keys
+        if prediction not in ("epsilon", "v_prediction"):  # EDM's preconditioning is for eps or v outputs
+            raise ModelError(f"{main.path.name} is {with_edm['edm_label']}: prediction {prediction!r} does not apply "
+                             "to its EDM sampling", where="prediction", fix="use 'epsilon' or 'v_prediction', or "
+                             "leave prediction unset (its keys say which)")
         log.info("%s: %s: %s", main.path.name, with_edm["edm_label"], with_edm["scheduler"]["_class_name"])
         release = {**with_edm, "scheduler": {**with_edm["scheduler"], "prediction_type": prediction}}
     elif fam == "sd2" and prediction == "epsilon":
