@@ -35,6 +35,14 @@ class _Parser(argparse.ArgumentParser):
         return super()._parse_optional(arg_string)
 
 
+#: ``{@@name}`` (sdrt.errors) on the command line: how a file of that kind is passed, for every command (generate
+#: says its own flags alone)
+CLI_USAGE = {"@loras": "sdrt generate --lora FILE:WEIGHT", "@controlnets": "sdrt generate --controlnet FILE "
+             "--control-image PNG", "@embeddings": "sdrt generate --embedding FILE",
+             "@model": "sdrt generate FILE PROMPT", "@weights": "sdrt generate MODEL PROMPT --weights FILE",
+             "@lora_dir": "--lora-dir"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -47,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = module.add_parser(sub)
         # -v after the command too (`sdrt generate ... -v`, as docs/memory.md shows); SUPPRESS keeps `sdrt -v CMD`'s
         p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more (-v info, -vv debug)")
-        p.set_defaults(_run=module.run, _names={**flag_names(p), **getattr(module, "API_NAMES", {})})
+        p.set_defaults(_run=module.run, _names={**CLI_USAGE, **flag_names(p), **getattr(module, "API_NAMES", {})})
         if hasattr(module, "EMPTY_OK"):  # the command's options (and positionals) checked to be non-empty
             given = {**flag_names(p), **{a.dest: str(a.metavar or a.dest.upper()) for a in p._actions
                                          if not a.option_strings and a.dest != "help"}}

@@ -18,7 +18,8 @@ log = logging.getLogger("sdrt.cli")
 API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "args": "MODEL", "path": "--output",
              "loras": "--lora", "scale": "the scale of --lora FILE:SCALE", "text_encoders": "--text-encoder",
              "preview": "--preview-decoder", "controlnets": "--control-image", "union_mode": "--control-union-mode",
-             "t5": "--no-t5"}
+             "t5": "--no-t5", "@loras": "--lora FILE:WEIGHT", "@controlnets": "--controlnet FILE --control-image PNG",
+             "@embeddings": "--embedding FILE", "@weights": "--weights FILE"}
 
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)

@@ -211,11 +211,10 @@ class WeightState:
                              fix="pass pipe.load_weights('model.safetensors') (a str or pathlib.Path)")
         family = self.pipe.family
         if family.name in ("sd3", "flux", "chroma"):  # Checkpoint reads LDM files: it named the file's layout as wrong
-            raise InputError(f"a checkpoint bound onto a loaded model (--weights, pipe.load_weights) must be SD 1.x, "
+            raise InputError(f"a checkpoint bound onto a loaded model ({{@@weights}}) must be SD 1.x, "
                              f"SD 2.x or SDXL, and this model is {family.label}", where=str(path),
-                             fix=f"run a {family.label} checkpoint as the model itself: sdrt generate FILE \"prompt\" "
-                                 f"(pipelines.load(FILE) in the API), with --text-encoder / --vae files where it holds "
-                                 f"the transformer only")
+                             fix=f"run a {family.label} checkpoint as the model itself ({{@@model}}), with "
+                                 "{@text_encoders} / {@vae} files where it holds the transformer only")
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint.open(path)
         parts = self._parts()
         arrays = ckpt.lazy({name: self._graph(name) for name in parts})  # read on use: nothing held
@@ -363,7 +362,7 @@ class WeightState:
         said = "the negative prompt" if where == "negative_prompt" else "the prompt"
         if self.lora_dir is None:
             raise WeightsError(f"{said} asks for <lora:{name}:...> but no LoRA folder is set", where=where,
-                               fix="pass --lora-dir DIR (pipe.weights.lora_dir = DIR) holding NAME.safetensors")
+                               fix="set {@@lora_dir} to a folder holding NAME.safetensors")
         if not isinstance(self.lora_dir, (str, os.PathLike)):
             raise InputError(f"pipe.weights.lora_dir must be a folder path, got {type(self.lora_dir).__name__} "
                              f"{self.lora_dir!r:.40}", where="lora_dir", fix="set pipe.weights.lora_dir = 'loras/'")

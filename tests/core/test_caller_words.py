@@ -1,0 +1,65 @@
+"""Each caller reads its own words (issue: a newcomer's hunt): a LoRA, ControlNet or embedding given as the model
+names the way in of the caller that gave it (a flag on the command line, a call in the API, a prompt tag in a served
+request), never the other callers' in the same line."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sdrt.cli import main
+from sdrt.errors import SdrtError
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+LORA = DATA / "ckpt" / "sd1" / "lora_kohya.safetensors"
+pytestmark = pytest.mark.usefixtures("registry")
+
+
+def _write(path: Path, tensors: dict[str, tuple[int, ...]]) -> Path:
+    from safetensors.numpy import save_file
+
+    save_file({k: np.zeros(s, np.float32) for k, s in tensors.items()}, str(path))
+    return path
+
+
+@pytest.fixture()
+def not_models(tmp_path) -> dict[str, Path]:
+    cn = _write(tmp_path / "canny.safetensors", {"controlnet_cond_embedding.conv_in.weight": (16, 3, 3, 3)})
+    emb = _write(tmp_path / "easyneg.safetensors", {"emb_params": (2, 768)})
+    return {"lora": LORA, "controlnet": cn, "embedding": emb}
+
+
+CLI = {"lora": "--lora FILE:WEIGHT", "controlnet": "--controlnet FILE --control-image PNG",
+       "embedding": "--embedding FILE"}
+API = {"lora": "pipe.set_loras([(FILE, WEIGHT)])", "controlnet": "controlnets=[(FILE, image)]",
+       "embedding": "pipe.add_embedding(FILE)"}
+
+
+@pytest.mark.parametrize("kind", ["lora", "controlnet", "embedding"])
+def test_a_file_that_is_no_model_names_the_cli_flag_alone(kind, not_models, capsys):
+    assert main(["generate", str(not_models[kind]), "a cat", "--backend", "reference"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"not a checkpoint: pass it with {CLI[kind]})" in err, err
+    assert "in the API" not in err and "set_loras" not in err and "add_embedding" not in err and "controlnets=" not in err
+
+
+@pytest.mark.parametrize("kind", ["lora", "controlnet", "embedding"])
+def test_a_file_that_is_no_model_names_the_api_call_alone(kind, not_models):
+    from sdrt import pipelines
+
+    with pytest.raises(SdrtError) as e:
+        pipelines.load(not_models[kind], backend="reference")
+    msg = str(e.value)
+    assert API[kind] in msg and "--" not in msg.split("Where:")[0], msg
+
+
+def test_a_lora_given_as_a_controlnet_says_where_it_goes_not_that_it_is_no_checkpoint():
+    from sdrt.checkpoint.controlnet import open_controlnet
+
+    with pytest.raises(SdrtError) as e:
+        open_controlnet(LORA)
+    msg = str(e.value)
+    assert "kohya LoRA (not a ControlNet: pass it with pipe.set_loras([(FILE, WEIGHT)]))" in msg, msg
