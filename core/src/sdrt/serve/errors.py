@@ -8,13 +8,16 @@ from ..errors import _items, _render
 
 
 class ApiError(Exception):
-    """A request the server refuses (4xx) or cannot serve now (503). ``field`` names the request field."""
+    """A request the server refuses (4xx) or cannot serve now (503), or a job that failed (500). ``field`` names
+    the request field; ``kind``: a 500's exception type name, which A1111's answer carries in ``error``
+    (``modules/api/api.py``'s ``handle_exception``: ``type(e).__name__``)."""
 
-    def __init__(self, status: int, message: str, *, field: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, field: str | None = None, kind: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.field = field
+        self.kind = kind
 
 
 #: the pipeline's argument names -> A1111's request fields

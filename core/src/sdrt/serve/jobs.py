@@ -228,8 +228,9 @@ def _public_error(exc: BaseException) -> ApiError:
     if isinstance(exc, (InputError, SamplerError, WeightsError)):
         return ApiError(400, str(exc))
     if isinstance(exc, SdrtError):
-        return ApiError(500, str(exc))
-    return ApiError(500, f"internal error ({type(exc).__name__}: {exc}); the server logged it and keeps serving")
+        return ApiError(500, str(exc), kind=type(exc).__name__)
+    return ApiError(500, f"internal error ({type(exc).__name__}: {exc}); the server logged it and keeps serving",
+                    kind=type(exc).__name__)
 
 
 def _picture_size(exc: SdrtError, work: Work) -> str:
@@ -312,7 +313,8 @@ class Worker(threading.Thread):
                 if own.module_field is not None:  # a VAE / text encoder the request chose that this model refuses
                     raise _module_error(model, exc) from exc
                 if isinstance(exc, WeightsError):  # a checkpoint of another architecture than its base folder
-                    raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}") from exc
+                    raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}",
+                                   kind=type(exc).__name__) from exc
                 raise
             self.pipes[key] = pipe
             self.files[key] = own.files
