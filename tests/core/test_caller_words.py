@@ -4,7 +4,7 @@ request), never the other callers' in the same line."""
 
 from __future__ import annotations
 
-import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -63,3 +63,20 @@ def test_a_lora_given_as_a_controlnet_says_where_it_goes_not_that_it_is_no_check
         open_controlnet(LORA)
     msg = str(e.value)
     assert "kohya LoRA (not a ControlNet: pass it with pipe.set_loras([(FILE, WEIGHT)]))" in msg, msg
+
+
+def test_a_warning_naming_a_path_is_one_line_with_its_control_characters_escaped(tmp_path):
+    """A warning printed a file name raw: its newline broke the line, an escape sequence reached the terminal (the
+    command's errors and "wrote" lines escape them, sdrt.errors.printable)."""
+    import subprocess
+    import sys
+
+    embs = tmp_path / "embs"
+    embs.mkdir()
+    (embs / "bad\nname\x1b[31m.safetensors").write_bytes(b"garbage")
+    proc = subprocess.run([sys.executable, "-m", "sdrt", "generate", "a cat", "--embedding-dir", str(embs),
+                           "--backend", "reference", "--steps", "1", "-o", str(tmp_path / "o.png")], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300, env={**os.environ, "SDRT_LOAD_ENTRY_POINTS": "1"})
+    warned = [ln for ln in proc.stderr.splitlines() if ln.startswith("WARNING")]
+    assert warned and "bad\\nname\\x1b[31m.safetensors" in warned[0], proc.stderr
+    assert "\x1b" not in proc.stderr and not any(ln.startswith("name") for ln in proc.stderr.splitlines())

@@ -84,6 +84,20 @@ def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
     return names
 
 
+_LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+class _OneLine(logging.Formatter):
+    """Each log line as the command's errors and "wrote" lines print paths: a newline or escape sequence in a file
+    name (a warning naming a skipped embedding, a folder not served) escaped as repr writes it (``printable``), so
+    it can neither break the line nor reach the terminal; a traceback (``-vv``) keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        from ..errors import printable
+
+        return printable(super().formatMessage(record))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:  # importing the subcommands takes a while: Ctrl-C then is one line too
         parser = build_parser()
@@ -92,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format=_LOG_FORMAT)
+    for handler in logging.getLogger().handlers:  # basicConfig's own (not one an embedding program set up)
+        if type(handler.formatter) is logging.Formatter and handler.formatter._fmt == _LOG_FORMAT:
+            handler.setFormatter(_OneLine(_LOG_FORMAT))
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
