@@ -801,6 +801,17 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             return planned
         return next((a.name for a in state.loras if getattr(a.lora, "control", None) is not None), None)
 
+    def _control_lora_said(self) -> str | None:
+        """``control_lora`` for a message: its name, with "(at scale 0)" when it runs at 0 (diffusers' weight 0:
+        still the Canny/Depth model)."""
+        lora = self.control_lora
+        state = self._weight_state
+        if lora is not None and state is not None and any(
+                a.name == lora and getattr(a.lora, "control", None) is not None and a.scale_for("transformer") == 0
+                for a in state.loras):
+            lora += " (at scale 0)"
+        return lora
+
     def _flux_tool_settings(self, s: Settings) -> None:
         """A Canny/Depth model's control image (``--control-image`` comes as a ControlNet unit), checked."""
         from . import fluxtools
@@ -810,7 +821,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         if tool == "control" and tb.controlnets and s.control_image is None:
             s.control_image = fluxtools.control_from_units(tb.controlnets)
             s.toolbox = dataclasses.replace(tb, controlnets=[])
-        fluxtools.check(tool, s, self.family.label, self.control_lora)
+        fluxtools.check(tool, s, self.family.label, self._control_lora_said())
         if tool is not None and s.toolbox.hires is not None:
             raise InputError(f"the hires fix is not supported with a {fluxtools.LABELS[tool]} model",
                              where="hires_scale", fix="leave {@hires_scale} unset")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError, WeightsError
+from ..errors import InputError, WeightsError, in_caller_words
 from ..weights import TensorRef, Weights
 from . import fluxcontrollora
 
@@ -398,6 +398,12 @@ class WeightState:
             plain = self._plain_graph or (part.path if part is not None else None)
             fluxcontrollora.check(self.pipe, part, plain, [(a.name, a.lora.control.why) for a in controls])
             self._want_graph = fluxcontrollora.widened_graph(plain)  # type: ignore[arg-type]
+            for a in controls:
+                if a.scale_for("transformer") == 0:  # diffusers' weight 0; ComfyUI's strength 0 drops the LoRA
+                    log.warning(in_caller_words(
+                        f"{a.name} is a Flux Control LoRA at scale 0: the model still runs as FLUX.1 Canny/Depth "
+                        "(its 128-channel input, which needs a control image, and the LoRA's qk-norm scales), as "
+                        "diffusers runs one at weight 0; leave the LoRA out to run Flux.1 dev"))
         if not active:
             return out
         graphs: dict[str, Graph] = {}  # per part, read once for every LoRA routed to it (a widened twin is loaded)
