@@ -27,6 +27,8 @@ def models(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("words-models")
     shutil.copytree(CN, root / "tiny-cn")
     shutil.copy(LORA, root / "ink.safetensors")  # a LoRA in the checkpoints folder: not served, and why
+    (root / "Lora").mkdir()
+    shutil.copy(LORA, root / "Lora" / "ink.safetensors")  # made for another SD 1.x width: refused by the model
     return root
 
 
@@ -34,7 +36,7 @@ def models(tmp_path_factory) -> Path:
 def url(models) -> Iterator[str]:
     from sdrt.serve import ServeConfig
 
-    with live_server(ServeConfig(models=models, backend="openvino")) as u:
+    with live_server(ServeConfig(models=models, backend="openvino", lora_dir=models / "Lora")) as u:
         yield u
 
 
@@ -65,3 +67,13 @@ def test_a_threshold_a_the_picture_cannot_take_names_threshold_a(url) -> None:
     body = r.json()
     assert body.get("field") == "alwayson_scripts.controlnet.args[0].threshold_a", body
     assert "args[0].threshold_a" in body["detail"] and " low" not in body["detail"], body
+
+
+@pytest.mark.parametrize("key", ["prompt", "negative_prompt"])
+def test_a_lora_the_model_refuses_names_the_prompt_not_a_server_path(url, models, key) -> None:
+    """The LoRA of a prompt tag that does not fit the model: the field was the LoRA's path on the server."""
+    r = _post(url, "txt2img", dict(BASE, **{key: "a cat <lora:ink:1>"}))
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["field"] == key, body
+    assert str(models) not in r.text and "ink.safetensors" in body["detail"], body

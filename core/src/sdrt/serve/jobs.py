@@ -221,8 +221,10 @@ def _public_error(exc: BaseException) -> ApiError:
         # "controlnets[0] (/models/ControlNet/x.safetensors)": the unit's own field, without the file's path
         key = re.match(r"\w+(\[\d+\])?", inner.field or "")
         name = names.get(key.group(0)) if key else None
-        return ApiError(400, f"the model {exc.args[0]} refused the request: {inner.message}",
-                        field=name or inner.field)
+        field = name or inner.field
+        if field and ("/" in field or "\\" in field):  # a server file (a prompt's LoRA), never a request field
+            field = _tag_field(Path(field).stem, work)
+        return ApiError(400, f"the model {exc.args[0]} refused the request: {inner.message}", field=field)
     if isinstance(exc, _Generating) and exc.__cause__ is not None:
         exc = exc.__cause__
     if isinstance(exc, (InputError, SamplerError, WeightsError)):
@@ -231,6 +233,17 @@ def _public_error(exc: BaseException) -> ApiError:
         return ApiError(500, str(exc), kind=type(exc).__name__)
     return ApiError(500, f"internal error ({type(exc).__name__}: {exc}); the server logged it and keeps serving",
                     kind=type(exc).__name__)
+
+
+def _tag_field(stem: str, work: Work | None) -> str | None:
+    """The prompt field whose ``<lora:NAME:...>`` tag names the file ``stem`` (the LoRA a job refused), else None."""
+    from ..text import extract_loras
+
+    for text, key in ((getattr(work, "prompt", None), "prompt"), (getattr(work, "negative", None), "negative_prompt")):
+        if isinstance(text, str) and "<" in text and any(
+                Path(name).name.casefold() == stem.casefold() for name, _ in extract_loras(text)[1]):
+            return key
+    return None
 
 
 def _picture_size(exc: SdrtError, work: Work) -> str:
