@@ -80,3 +80,14 @@ def test_a_warning_naming_a_path_is_one_line_with_its_control_characters_escaped
     warned = [ln for ln in proc.stderr.splitlines() if ln.startswith("WARNING")]
     assert warned and "bad\\nname\\x1b[31m.safetensors" in warned[0], proc.stderr
     assert "\x1b" not in proc.stderr and not any(ln.startswith("name") for ln in proc.stderr.splitlines())
+
+
+@pytest.mark.parametrize("words", [["a cat", "on a mat"], ["cat", "dog"]])
+def test_an_unquoted_prompt_read_as_a_model_says_to_quote_it(words, tmp_path, monkeypatch, capsys):
+    """``sdrt generate "a cat" "on a mat"``: the first argument is MODEL; it said "the model folder does not exist.
+    Where: a cat", as if the prompt were a path."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["generate", *words, "--backend", "reference", "-o", "x.png"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"there is no model file or folder {words[0]!r}" in err, err
+    assert f'quote it whole, sdrt generate "{words[0]} {words[1]}"' in err and "Where: MODEL." in err, err

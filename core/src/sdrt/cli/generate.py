@@ -183,6 +183,21 @@ def _check_flow_size(model: str | None, args: argparse.Namespace) -> None:
         raise error
 
 
+def _check_model_word(model: str | None, prompt: str) -> None:
+    """A MODEL that is no path and names nothing here: most likely the first word of an unquoted prompt (``sdrt
+    generate a cat``, ``sdrt generate "a cat" "a dog"``). Said so; a path (``x.safetensors``, ``dir/x``) that does
+    not exist is the loader's own "does not exist"."""
+    if model is None or os.path.lexists(model):
+        return
+    pathlike = Path(model).suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx") or "/" in model \
+        or "\\" in model
+    if not pathlike:
+        raise ModelNotFoundError(f"there is no model file or folder {model!r} (MODEL, the first of the two "
+                                 "arguments)", where="MODEL",
+                                 fix=f'check the path; a prompt of several words is one argument: quote it whole, '
+                                     f'sdrt generate "{model} {prompt}" (or give a model before it)')
+
+
 def _split_args(words: list[str]) -> tuple[str | None, str]:
     """(model, prompt) of ``[MODEL] PROMPT``; a lone model folder is a forgotten prompt, not a prompt."""
     if len(words) > 2:
@@ -302,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
         from .paths import check_folder_writes
 
         check_folder_writes("--preview-dir", args.preview_dir, generate_toolbox.PREVIEW_NAMES, _input_files(args, folder))
+    _check_model_word(folder, prompt)
     if folder is None:
         folder = pipelines.DEMO_MODEL
         if not (folder / "model_index.json").is_file():
