@@ -91,3 +91,13 @@ def test_an_unquoted_prompt_read_as_a_model_says_to_quote_it(words, tmp_path, mo
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"there is no model file or folder {words[0]!r}" in err, err
     assert f'quote it whole, sdrt generate "{words[0]} {words[1]}"' in err and "Where: MODEL." in err, err
+
+
+@pytest.mark.parametrize("model", [5, None, ["a.safetensors"]])
+def test_load_names_its_own_argument_for_a_model_that_is_no_path(model):
+    from sdrt import pipelines
+    from sdrt.errors import InputError
+
+    with pytest.raises(InputError) as e:
+        pipelines.load(model, backend="reference")
+    assert e.value.where == "model" and str(e.value).startswith("model must be a path"), str(e.value)

@@ -1402,6 +1402,10 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     from ..runtime import select
     from .singlefile import bind_part_files, folder_from_file, is_single_file, note_part_files
 
+    if not isinstance(model, (str, os.PathLike)):  # ModelFolder.open named its own parameter, "folder"
+        raise InputError(f"{{@model}} must be a path, got {type(model).__name__} {model!r:.40}", where="model",
+                         fix="pass a model folder's or a checkpoint file's path, e.g. "
+                             "pipelines.load('sd15-onnx/') or pipelines.load('model.safetensors')")
     # resolved once (a wrong name fails now, before any file is read); every part compiles on this device
     be, dev = select(backend, device)
     _check_options(be, dev, options)
