@@ -101,3 +101,23 @@ def test_load_names_its_own_argument_for_a_model_that_is_no_path(model):
     with pytest.raises(InputError) as e:
         pipelines.load(model, backend="reference")
     assert e.value.where == "model" and str(e.value).startswith("model must be a path"), str(e.value)
+
+
+def test_a_lora_or_controlnet_given_as_a_vae_or_text_encoder_says_where_it_goes(not_models, capsys):
+    """It said "lora.safetensors is kohya LoRA (not a checkpoint: ...), not a VAE"."""
+    ckpt = DATA / "ckpt" / "sd1" / "ldm.safetensors"
+    for flag, kind, said in (("--vae", "lora", "(not a VAE: pass it with --lora FILE:WEIGHT)"),
+                             ("--text-encoder", "controlnet",
+                              "(not a text encoder: pass it with --controlnet FILE --control-image PNG)")):
+        assert main(["generate", str(ckpt), "a cat", flag, str(not_models[kind]), "--backend", "reference"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert said in err and "not a checkpoint" not in err, err
+
+
+def test_a_lora_given_as_an_embedding_says_what_it_is_in_the_callers_words():
+    from sdrt.checkpoint import load_embedding
+    from sdrt.errors import WeightsError
+
+    with pytest.raises(WeightsError) as e:
+        load_embedding(LORA)
+    assert "it looks like kohya LoRA (not an embedding: pass it with pipe.set_loras([(FILE, WEIGHT)]))" in str(e.value)

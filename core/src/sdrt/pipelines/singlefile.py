@@ -94,6 +94,12 @@ def check_part_file(path: PathLike, arg: str, family: str, label: str) -> PartFi
         raise ModelError(f"{{@{arg}}}: {p.name} is {ident.label}, which sdrt does not run", where=str(p),
                          fix=f"{label} takes {' and '.join(PART_KINDS[k] for k in wanted)} here")
     if ident.kind not in PART_KINDS:
+        from ..checkpoint.families import NOT_CHECKPOINTS, detect, with_use
+
+        plain = detect(w.shapes())  # a LoRA, ControlNet or embedding: where it goes instead ("not a checkpoint")
+        if plain in NOT_CHECKPOINTS:
+            raise ModelError(f"{{@{arg}}}: {p.name} is {with_use(plain, 'a VAE' if vae else 'a text encoder')}",
+                             where=str(p), fix=f"{label} takes {' and '.join(PART_KINDS[k] for k in wanted)} here")
         what = f"a whole {ident.label} model" if ident.kind == "checkpoint" else ident.label
         raise ModelError(f"{{@{arg}}}: {p.name} is {what}, not {'a VAE' if vae else 'a text encoder'}", where=str(p),
                          fix=f"{label} takes {' and '.join(PART_KINDS[k] for k in wanted)} here")
