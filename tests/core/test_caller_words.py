@@ -121,3 +121,14 @@ def test_a_lora_given_as_an_embedding_says_what_it_is_in_the_callers_words():
     with pytest.raises(WeightsError) as e:
         load_embedding(LORA)
     assert "it looks like kohya LoRA (not an embedding: pass it with pipe.set_loras([(FILE, WEIGHT)]))" in str(e.value)
+
+
+def test_sdrt_run_names_the_option_at_fault(affine_path, tmp_path, capsys):
+    """ "Where: sdrt run." / "Where: sdrt -o." named the command, not the option."""
+    np.save(tmp_path / "x.npy", np.zeros((2, 4), np.float32))
+    assert main(["run", str(affine_path), "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "r.npz")]) == 1
+    err = capsys.readouterr().err
+    assert "bad --input" in err and "Where: --input." in err, err
+    assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "names a folder" in err and "Where: -o." in err, err
