@@ -132,3 +132,17 @@ def test_sdrt_run_names_the_option_at_fault(affine_path, tmp_path, capsys):
     assert main(["run", str(affine_path), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "names a folder" in err and "Where: -o." in err, err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["generate", "a cat", "--steps", "2.5"], "argument --steps: invalid int value: '2.5'. Where: sdrt generate."),
+    (["generate"], "the following arguments are required: [MODEL] PROMPT. Where: sdrt generate."),
+    (["nosuch"], "invalid choice: 'nosuch'")])
+def test_an_argument_argparse_refuses_is_one_line_in_the_usual_form(argv, said, capsys):
+    """argparse printed its usage and then "sdrt generate: error: ..." on a second line."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and said in err and "usage:" not in err, err
+    assert "What to do: see `sdrt" in err

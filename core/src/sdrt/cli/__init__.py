@@ -29,6 +29,14 @@ class _Parser(argparse.ArgumentParser):
     """argparse, where a negative number (``NEGATIVE_NUMBER``) is always a value: its own check matched only -1 and
     -0.5, and a value such as ``-nan`` was split as a short option (``-n an``) before that check ran."""
 
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        """argparse's refusal (a bad value for its type, a missing or unknown argument) in one line, as every other
+        refusal of the command: it printed the usage, then ``sdrt generate: error: ...``, on two lines."""
+        from ..errors import printable
+
+        self.exit(2, f"error: {printable(message)}. Where: {self.prog}. What to do: see `{self.prog} --help` for "
+                     "its arguments.\n")
+
     def _parse_optional(self, arg_string: str) -> Any:
         if NEGATIVE_NUMBER.match(arg_string) and arg_string not in self._option_string_actions:
             return None
