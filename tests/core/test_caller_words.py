@@ -146,3 +146,11 @@ def test_an_argument_argparse_refuses_is_one_line_in_the_usual_form(argv, said, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and said in err and "usage:" not in err, err
     assert "What to do: see `sdrt" in err
+
+
+def test_a_mistyped_backend_names_the_closest_installed_one(capsys):
+    """--backend referenc said "install the plugin that provides it" for a backend that is installed."""
+    assert main(["generate", "a cat", "--backend", "referenc"]) == 1
+    err = capsys.readouterr().err
+    assert "no backend named 'referenc' (the closest installed: 'reference')" in err, err
+    assert "What to do: pass --backend reference." in err and "sdrt install" not in err, err
