@@ -4,6 +4,7 @@ request), never the other callers' in the same line."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -154,3 +155,20 @@ def test_a_mistyped_backend_names_the_closest_installed_one(capsys):
     err = capsys.readouterr().err
     assert "no backend named 'referenc' (the closest installed: 'reference')" in err, err
     assert "What to do: pass --backend reference." in err and "sdrt install" not in err, err
+
+
+def test_a_guidance_rescale_with_no_cfg_pass_is_said_and_not_written_as_run(caplog):
+    """--guidance-rescale 0.7 --cfg 1: no CFG to rescale (diffusers rescales only under CFG); it ran silently and
+    the PNG said "CFG Rescale: 0.7"."""
+    from sdrt import pipelines
+
+    demo_pipe = pipelines.load(pipelines.DEMO_MODEL, backend="reference")
+    with caplog.at_level(logging.WARNING, logger="sdrt"):
+        gen = demo_pipe.generate("a cat", steps=1, seed=1, cfg=1, guidance_rescale=0.7)
+    said = [r.getMessage() for r in caplog.records if "guidance_rescale 0.7 is not used" in r.getMessage()]
+    assert len(said) == 1 and "cfg 1 runs one pass" in said[0], [r.getMessage() for r in caplog.records]
+    assert "CFG Rescale" not in gen.settings[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sdrt"):
+        gen = demo_pipe.generate("a cat", steps=1, seed=1, cfg=7, guidance_rescale=0.7)
+    assert gen.settings[0]["CFG Rescale"] == 0.7 and not [r for r in caplog.records if "not used" in r.getMessage()]

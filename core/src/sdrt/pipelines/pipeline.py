@@ -852,6 +852,13 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         if s.guidance_rescale and fam.flow:  # diffusers' SD3/Flux/Chroma pipelines have none: no reference to match
             raise InputError(f"{{@guidance_rescale}} rescales an eps or v prediction under CFG, and {fam.label} predicts a "
                              "flow velocity", where="guidance_rescale", fix="leave {@guidance_rescale} at 0 for this model")
+        if s.guidance_rescale and not fam.negative_pass(s.cfg, s.negative_prompt):  # diffusers: only under CFG
+            if not self._dry:  # said, and not written into the PNG as if it had run
+                log.warning(in_caller_words(
+                    f"{{@guidance_rescale}} {s.guidance_rescale:g} is not used: {{@cfg}} {s.cfg:g} runs one pass, "
+                    "with no CFG to rescale (diffusers rescales only under CFG); raise {@cfg} above 1, or leave "
+                    "{@guidance_rescale} at 0"))
+            s.guidance_rescale = 0.0
         if s.clip_skip > 1 and not fam.clip_skip:  # a ModelError starting "clip skip": serve runs it at 1, named
             why = ("reads only its CLIP encoder's pooled output" if any(e.kind == "clip" for e in fam.encoders)
                    else "has no CLIP text encoder")
