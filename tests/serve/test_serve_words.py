@@ -55,7 +55,7 @@ def test_a_lora_asked_for_as_the_checkpoint_names_the_prompt_tag(url) -> None:
     assert r.status_code == 400, r.text
     msg = r.json()["detail"]
     assert "kohya LoRA (not a checkpoint: pass it with a <lora:NAME:WEIGHT> tag in the prompt" in msg, msg
-    assert "--lora " not in msg and "set_loras" not in msg and "in the API" not in msg
+    assert "--lora " not in msg and "set_loras" not in msg and "in the API" not in msg and "not a model" not in msg
 
 
 def test_a_threshold_a_the_picture_cannot_take_names_threshold_a(url) -> None:

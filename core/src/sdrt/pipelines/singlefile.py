@@ -132,8 +132,8 @@ def missing_parts(path: PathLike) -> str | None:
     ident = identify(w.shapes(), arch=gguf_arch(w))
     if ident.foreign:
         return f"it is {ident.label}, which sdrt does not run"
-    if ident.family is None:
-        return f"it is {ident.label}, not a model"
+    if ident.family is None:  # a LoRA's label says "(not a checkpoint: pass it with ...)" itself
+        return f"it is {ident.label}" + ("" if "(not a checkpoint: " in ident.label else ", not a model")
     have = {"vae_decoder" if c == "vae" else c for c in ident.components}
     optional = {"vae_encoder", *(("text_encoder_3",) if ident.family.startswith("sd3") else ())}  # SD3: T5 too
     lack = [p for p in FAMILY_GRAPHS[ident.family] if p not in optional and p not in have]
