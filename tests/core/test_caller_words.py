@@ -172,3 +172,18 @@ def test_a_guidance_rescale_with_no_cfg_pass_is_said_and_not_written_as_run(capl
     with caplog.at_level(logging.WARNING, logger="sdrt"):
         gen = demo_pipe.generate("a cat", steps=1, seed=1, cfg=7, guidance_rescale=0.7)
     assert gen.settings[0]["CFG Rescale"] == 0.7 and not [r for r in caplog.records if "not used" in r.getMessage()]
+
+
+def test_save_image_with_its_arguments_swapped_or_a_bad_image_names_the_argument(tmp_path):
+    """save_image(image, path) was os.fspath's TypeError; a list image was named "write_png"."""
+    from sdrt.pipelines.png import PngError
+    from sdrt.pipelines.save import save_image
+
+    img = np.zeros((8, 8, 3), np.uint8)
+    with pytest.raises(PngError) as e:
+        save_image(img, tmp_path / "x.png")  # type: ignore[arg-type]
+    assert e.value.where == "path" and "the path comes first" in str(e.value), str(e.value)
+    with pytest.raises(PngError) as e:
+        save_image(tmp_path / "x.png", [[0, 1]])
+    assert e.value.where == "image", str(e.value)
+    assert not list(tmp_path.iterdir())
