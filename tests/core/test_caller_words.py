@@ -187,3 +187,14 @@ def test_save_image_with_its_arguments_swapped_or_a_bad_image_names_the_argument
         save_image(tmp_path / "x.png", [[0, 1]])
     assert e.value.where == "image", str(e.value)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_lora_folder_with_no_lora_in_it_is_refused_naming_the_flag_before_the_model_loads(tmp_path, capsys,
+                                                                                            monkeypatch):
+    from sdrt import pipelines
+
+    monkeypatch.setattr(pipelines, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    (tmp_path / "empty").mkdir()
+    assert main(["generate", "a cat", "--lora", str(tmp_path / "empty"), "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --lora: cannot open empty: the folder holds no .safetensors files"), err

@@ -215,7 +215,9 @@ def test_hr_option_other_than_both_is_named_with_hires_fix(cn_models) -> None:
                                  "control on both hires. fix passes)"]), (False, [])):
         units, got, ignored, fields = controlnet.units(body, reg, reg.model("tiny-cn"), 1 << 24, None, hires)
         assert got == notes and ignored == [] and len(units) == 1
-        assert fields == {"controlnets": "alwayson_scripts.controlnet", "controlnets[0]": "alwayson_scripts.controlnet.args[0]"}
+        assert fields == {"controlnets": "alwayson_scripts.controlnet", "controlnets[0]": "alwayson_scripts.controlnet.args[0]",
+                          "controlnets[0] low": "alwayson_scripts.controlnet.args[0].threshold_a",
+                          "controlnets[0] high": "alwayson_scripts.controlnet.args[0].threshold_b"}
 
 
 def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
