@@ -198,3 +198,10 @@ def test_a_lora_folder_with_no_lora_in_it_is_refused_naming_the_flag_before_the_
     assert main(["generate", "a cat", "--lora", str(tmp_path / "empty"), "--backend", "reference"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: --lora: cannot open empty: the folder holds no .safetensors files"), err
+
+
+def test_vae_tile_on_a_fixed_size_vae_speaks_the_flag_on_the_command_line(capsys):
+    """It began "vae_tile=64 needs ..." (the API's words) after "error:" on the command line."""
+    assert main(["generate", "a cat", "--vae-tile", "64", "--backend", "reference", "--steps", "1"]) == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("error: --vae-tile 64 needs a VAE with dynamic height and width") and "vae_tile" not in err

@@ -155,7 +155,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             info = next(iter(part.inputs.values()), None)
             dims = tuple(info.shape[2:]) if info is not None and len(info.shape) == 4 else ()
             if dims and all(isinstance(d, int) for d in dims):
-                raise InputError(f"vae_tile={tile} needs a VAE with dynamic height and width, and this model's "
+                raise InputError(f"{{@vae_tile=}}{tile} needs a VAE with dynamic height and width, and this model's "
                                  f"{part.name} is exported for {'x'.join(map(str, dims))} only", where="vae_tile",
                                  fix="leave {@vae_tile} unset for this model, or export its VAE with dynamic axes")
 
