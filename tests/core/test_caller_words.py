@@ -138,7 +138,8 @@ def test_sdrt_run_names_the_option_at_fault(affine_path, tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "said"), [
     (["generate", "a cat", "--steps", "2.5"], "argument --steps: invalid int value: '2.5'. Where: sdrt generate."),
     (["generate"], "the following arguments are required: [MODEL] PROMPT. Where: sdrt generate."),
-    (["nosuch"], "invalid choice: 'nosuch'")])
+    (["nosuch"], "invalid choice: 'nosuch'"),
+    (["info", "extra"], "unrecognized arguments: extra. Where: sdrt info.")])
 def test_an_argument_argparse_refuses_is_one_line_in_the_usual_form(argv, said, capsys):
     """argparse printed its usage and then "sdrt generate: error: ..." on a second line."""
     with pytest.raises(SystemExit) as e:

@@ -112,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # refused by the command's own parser: "Where: sdrt plan", not the top-level "sdrt"
+        sub = parser._subparsers._group_actions[0].choices.get(args.command) if parser._subparsers and \
+            getattr(args, "command", None) else None
+        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format=_LOG_FORMAT)
     for handler in logging.getLogger().handlers:  # basicConfig's own (not one an embedding program set up)

@@ -187,8 +187,13 @@ def _check_model_word(model: str | None, prompt: str) -> None:
     """A MODEL that is no path and names nothing here: most likely the first word of an unquoted prompt (``sdrt
     generate a cat``, ``sdrt generate "a cat" "a dog"``). Said so; a path (``x.safetensors``, ``dir/x``) that does
     not exist is the loader's own "does not exist"."""
-    if model is None or os.path.lexists(model):
+    if model is None:
         return
+    try:
+        os.lstat(model)  # os.path.lexists is False for a name too long to look at: main says that one
+        return
+    except (FileNotFoundError, NotADirectoryError):
+        pass
     pathlike = Path(model).suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx") or "/" in model \
         or "\\" in model
     if not pathlike:
