@@ -206,3 +206,20 @@ def test_vae_tile_on_a_fixed_size_vae_speaks_the_flag_on_the_command_line(capsys
     assert main(["generate", "a cat", "--vae-tile", "64", "--backend", "reference", "--steps", "1"]) == 1
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith("error: --vae-tile 64 needs a VAE with dynamic height and width") and "vae_tile" not in err
+
+
+def test_a_lora_with_two_scales_says_it_takes_one(tmp_path, capsys):
+    """--lora FILE:1.5:2 said "the LoRA file does not exist. Where: --lora FILE:1.5" (it read "FILE:1.5" as the file)."""
+    lora = tmp_path / "ink.safetensors"
+    lora.write_bytes(LORA.read_bytes())
+    assert main(["generate", "a cat", "--lora", f"{lora}:1.5:2", "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert "--lora takes one scale, FILE:SCALE" in err and f"write --lora {lora}:1.5" in err, err
+    assert "does not exist" not in err
+
+
+def test_a_hires_upscaler_file_that_is_not_there_is_said_missing_not_unknown(capsys):
+    assert main(["generate", "a cat", "--hires-scale", "2", "--hires-upscaler", "4x-nope.pth", "--backend",
+                 "reference"]) == 1
+    err = capsys.readouterr().err
+    assert "the hires upscaler file '4x-nope.pth' does not exist. Where: --hires-upscaler." in err, err

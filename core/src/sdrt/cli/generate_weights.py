@@ -124,6 +124,16 @@ def parse_lora(spec: str) -> tuple[Path, float]:
         else:
             path = head
             check_lora_scale(scale, Path(head).stem, where=f"--lora {spec}")
+            first, colon, rest = head.rpartition(":")
+            if colon and first and not Path(head).exists() and Path(first).is_file():
+                try:
+                    float(rest)
+                except ValueError:
+                    pass
+                else:  # FILE:1.5:2 (a prompt tag's <lora:name:te:unet>): read as a file "FILE:1.5" that is not there
+                    raise InputError(f"--lora takes one scale, FILE:SCALE, and {spec!r} gives two", where=f"--lora {spec}",
+                                     fix=f"write --lora {first}:{rest} (separate text-encoder and UNet scales are a "
+                                         "prompt tag's, <lora:NAME:TE:UNET> with --lora-dir)")
     return _existing(path, "LoRA file", "--lora"), scale
 
 
