@@ -223,3 +223,13 @@ def test_a_hires_upscaler_file_that_is_not_there_is_said_missing_not_unknown(cap
                  "reference"]) == 1
     err = capsys.readouterr().err
     assert "the hires upscaler file '4x-nope.pth' does not exist. Where: --hires-upscaler." in err, err
+
+
+def test_the_lines_strip_prints_escape_a_newline_in_a_file_name(affine_path, tmp_path, capsys):
+    """``sdrt strip`` (and quantize, upscale, selftest, cache) printed their output paths raw, as "wrote" lines
+    no longer do: a newline in a name broke the line."""
+    out = tmp_path / "two\nlines.onnx"
+    assert main(["strip", str(affine_path), "-o", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("graph:   ") and "two\\nlines.onnx" in lines[0], lines
+    assert lines[1].startswith("weights: ") and lines[2].startswith("original: "), lines
