@@ -233,3 +233,33 @@ def test_the_lines_strip_prints_escape_a_newline_in_a_file_name(affine_path, tmp
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("graph:   ") and "two\\nlines.onnx" in lines[0], lines
     assert lines[1].startswith("weights: ") and lines[2].startswith("original: "), lines
+
+
+def _esrgan(path: Path) -> Path:
+    return _write(path, {"body.0.weight": (64, 3, 3, 3), "body.0.bias": (64,), "body.1.weight": (64,),
+                         "body.2.weight": (64, 64, 3, 3)})
+
+
+def test_an_upscaler_given_as_the_model_says_where_it_goes_per_caller(tmp_path, capsys):
+    """It said "--hires-upscaler FILE, or `sdrt upscale`" to every caller, then "which sdrt does not run"."""
+    from sdrt import pipelines
+
+    esr = _esrgan(tmp_path / "4x-esr.safetensors")
+    assert main(["generate", str(esr), "a cat", "--backend", "reference"]) == 1
+    err = capsys.readouterr().err
+    assert "(not an image generator: pass it as the hires upscaler, --hires-upscaler FILE" in err, err
+    assert "hires_upscaler=" not in err and "does not run" not in err, err
+    with pytest.raises(SdrtError) as e:
+        pipelines.load(esr, backend="reference")
+    assert "generate(..., hires_upscaler=FILE)" in str(e.value) and "--hires-upscaler" not in str(e.value)
+
+
+def test_an_upscaler_chosen_as_a_served_vae_is_said_in_the_requests_words(tmp_path):
+    from sdrt.serve.errors import ApiError
+    from sdrt.serve.modules import ModuleEntry, check_vae_file
+
+    esr = _esrgan(tmp_path / "4x-esr.safetensors")
+    with pytest.raises(ApiError) as e:
+        check_vae_file(ModuleEntry(esr.name, esr, "vae"), "sd_vae")
+    msg = e.value.message
+    assert "hr_upscaler" in msg and "{@" not in msg and "--hires-upscaler" not in msg, msg

@@ -45,7 +45,8 @@ _USE = re.compile(r"\{@@([A-Za-z_][A-Za-z0-9_]*)\}")
 #: ``{@@name}`` in the API's words: how a program passes a file of that kind (a tool maps ``"@name"`` to its own)
 USAGE = {"loras": "pipe.set_loras([(FILE, WEIGHT)])", "controlnets": "generate(..., controlnets=[(FILE, image)])",
          "embeddings": "pipe.add_embedding(FILE)", "model": "sdrt.pipelines.load(FILE)",
-         "weights": "pipe.load_weights(FILE)", "lora_dir": "pipe.weights.lora_dir"}
+         "weights": "pipe.load_weights(FILE)", "lora_dir": "pipe.weights.lora_dir",
+         "hires_upscaler": "generate(..., hires_upscaler=FILE), or sdrt.pipelines.upscaler.ModelUpscaler(FILE)"}
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")

@@ -48,7 +48,7 @@ class _Parser(argparse.ArgumentParser):
 CLI_USAGE = {"@loras": "sdrt generate --lora FILE:WEIGHT", "@controlnets": "sdrt generate --controlnet FILE "
              "--control-image PNG", "@embeddings": "sdrt generate --embedding FILE",
              "@model": "sdrt generate FILE PROMPT", "@weights": "sdrt generate MODEL PROMPT --weights FILE",
-             "@lora_dir": "--lora-dir"}
+             "@lora_dir": "--lora-dir", "@hires_upscaler": "sdrt generate --hires-upscaler FILE, or sdrt upscale -m FILE"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,8 @@ API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODE
              "loras": "--lora", "scale": "the scale of --lora FILE:SCALE", "text_encoders": "--text-encoder",
              "preview": "--preview-decoder", "controlnets": "--control-image", "union_mode": "--control-union-mode",
              "t5": "--no-t5", "@loras": "--lora FILE:WEIGHT", "@controlnets": "--controlnet FILE --control-image PNG",
-             "@embeddings": "--embedding FILE", "@weights": "--weights FILE"}
+             "@embeddings": "--embedding FILE", "@weights": "--weights FILE",
+             "@hires_upscaler": "--hires-upscaler FILE (or sdrt upscale -m FILE)"}
 
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)

@@ -36,7 +36,9 @@ _FIELDS = {"strength": "denoising_strength", "cfg": "cfg_scale", "batch": "batch
            "@embeddings": "its name in the prompt (the file in the embeddings folder, --embedding-dir)",
            "@model": "sd_model_checkpoint (the file in the models folder, --models)",
            "@weights": "sd_model_checkpoint (the file in the models folder, --models)",
-           "@lora_dir": "the server's --lora-dir"}
+           "@lora_dir": "the server's --lora-dir",
+           "@hires_upscaler": "hr_upscaler, or /sdapi/v1/extra-single-image (the file in the models folder's "
+                              "ESRGAN/)"}
 
 
 def in_request_words(text: str) -> str:
