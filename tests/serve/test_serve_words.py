@@ -77,3 +77,11 @@ def test_a_lora_the_model_refuses_names_the_prompt_not_a_server_path(url, models
     body = r.json()
     assert body["field"] == key, body
     assert str(models) not in r.text and "ink.safetensors" in body["detail"], body
+
+
+def test_a_size_the_model_refuses_says_the_width_that_was_sent(url) -> None:
+    """width 100 runs as 96 (A1111's multiple of 8); the refusal said "96x64 was asked" of a request that sent 100."""
+    r = _post(url, "txt2img", dict(BASE, width=100))
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["field"] == "width" and "(width: 100 ran as 96, a multiple of 8, as A1111 runs it)" in body["detail"]

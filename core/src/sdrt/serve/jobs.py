@@ -62,6 +62,9 @@ class Work:
     #: A1111 infotext fields the pipeline does not write for this request (an option's, written whatever ran):
     #: added to each image's settings where the pipeline wrote none
     extra_infotext: dict[str, object] = field(default_factory=dict)
+    #: the request's width / height brought down to a multiple of 8 (A1111's rule), as sent: a size the model
+    #: refuses is said with them ("width: 100 ran as 96"), not as if 96 had been sent
+    rounded: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -218,6 +221,8 @@ def _public_error(exc: BaseException) -> ApiError:
             return ApiError(400, f"the model {exc.args[0]} refused the request: {_picture_size(exc.__cause__, work)}",
                             field=work.size_from.partition("[")[0])
         inner = from_pipeline(exc.__cause__, names)  # what and what to do, in the request's fields
+        if work is not None and work.rounded and getattr(exc.__cause__, "where", None) in ("width", "height"):
+            inner.message += f" ({'; '.join(work.rounded)})"  # "96x64 was asked" of a request that sent 100
         # "controlnets[0] (/models/ControlNet/x.safetensors)": the unit's own field, without the file's path
         key = re.match(r"\w+(\[\d+\])?", inner.field or "")
         name = names.get(key.group(0)) if key else None
