@@ -13,7 +13,8 @@ swaps the final adaLN's ``lora_A`` rows as well as ``lora_B``'s, which changes t
 ``FluxControlPipeline`` with tiny-flux-dev's transformer, ``load_lora_weights(diffusers file)`` (which zero-pads
 ``x_embedder`` to 128 inputs and loads the norms whole), ``fuse_lora(lora_scale=s)``, and a control image.
 
-A third case adds an ordinary Flux LoRA (``flux_peft.safetensors``) at 0.8 beside the control LoRA at 1
+A case at weight 0 (``fuse_lora(lora_scale=0)``): diffusers still runs the control model (the widened input and the
+LoRA's norms), which sdrt matches. A last case adds an ordinary Flux LoRA (``flux_peft.safetensors``) at 0.8 beside the control LoRA at 1
 (``set_adapters`` then ``fuse_lora``).
 
 Writes ``tests/data/lora/flux_control_lora_{bfl,diffusers}.safetensors`` and ``flux_control_lora_refs.{json,npz}``.
@@ -43,6 +44,8 @@ OUT = g.OUT.parent / "lora"
 RANK = 4
 CASES = [dict(name="scale1", scale=1.0, width=64, height=64, steps=3, seed=5, guidance=10.0),
          dict(name="scale0.5", scale=0.5, width=64, height=64, steps=3, seed=5, guidance=10.0),
+         # weight 0: diffusers keeps the 128-input x_embedder and the LoRA's norms (loaded whole); only the deltas go
+         dict(name="scale0", scale=0.0, width=64, height=64, steps=3, seed=5, guidance=10.0),
          # the control LoRA with an ordinary one (flux_peft.safetensors of make_flow_lora_refs.py) at 0.8
          dict(name="mixed", scale=1.0, width=64, height=64, steps=3, seed=5, guidance=10.0, other=0.8)]
 

@@ -255,7 +255,8 @@ def test_pipeline_refuses_a_controlnet_file_for_another_base_or_size(tmp_path, b
             pipe.plan("a cat", steps=2, controlnets=[(str(xl), image)])
         text = str(exc.value)
         assert "controlnet-canny-sdxl-1.0.safetensors is an SDXL ControlNet (diffusers layout), and the model is " \
-               "SD 1.x" in text and "controlnets[0]" in text and "--controlnet FILE" in text
+               "SD 1.x" in text and "controlnets[0]" in text and "controlnets=[(FILE, image)]" in text
+        assert "--controlnet" not in text  # the API's words alone (it named the flag and the argument)
         # the right base at full size on the tiny UNet: refused before anything compiles
         with pytest.raises(ModelError, match="gives 12 down residuals and the unet takes 4"):
             pipe.plan("a cat", steps=2, controlnets=[(str(sd1), image)])
@@ -267,8 +268,9 @@ def test_a_controlnet_given_as_the_model_says_so(layout, tmp_path):
 
     f = tmp_path / "control_v11p_sd15_canny.safetensors"
     _sparse_safetensors(f, _published_shapes("sd1", layout))
-    with pytest.raises(ModelError, match="looks like a ControlNet .*--controlnet FILE"):
+    with pytest.raises(ModelError, match=r"looks like a ControlNet .*controlnets=\[\(FILE, image\)\]") as e:
         open_single_file(f)
+    assert "--controlnet" not in str(e.value)  # the API's words alone
 
 
 def test_cli_controlnet_file_and_diffusers_folder(tmp_path, capsys, backends):

@@ -273,3 +273,25 @@ def test_a_diffusers_folder_takes_it(files, tmp_path):
         pipe.set_loras([(FILES["bfl"], 1.0)])
         assert pipe.flux_tool == "control"
         assert _diff(pipe(case["prompt"], **_kw(case)), "scale1") <= 1
+
+
+def test_scale_zero_runs_as_diffusers_at_weight_zero_and_says_so(files, caplog):
+    """At scale 0 diffusers (fuse_lora(lora_scale=0)) still runs the control model: the 128-input x_embedder and the
+    LoRA's norms, loaded whole; only the deltas go. sdrt gives that image, and says so: a warning when the LoRA
+    comes in, and the missing control image's refusal names the LoRA at scale 0 and how to run Flux.1 dev."""
+    import logging
+
+    case = CASES["scale0"]
+    with caplog.at_level(logging.WARNING, logger="sdrt"), _load(files, loras=[(FILES["bfl"], 0.0)]) as pipe:
+        said = [r.getMessage() for r in caplog.records if "at scale 0" in r.getMessage()]
+        assert len(said) == 1 and "leave the LoRA out to run Flux.1 dev" in said[0], said
+        assert pipe.flux_tool == "control"
+        assert _diff(pipe(case["prompt"], **_kw(case)), "scale0") <= 1
+        assert _diff(pipe(case["prompt"], **_kw(case)), "scale1") > 10
+        kw = _kw(case)
+        kw.pop("control_image")
+        with pytest.raises(InputError, match="control image") as e:
+            pipe(case["prompt"], **kw)
+        msg = str(e.value)
+        assert "flux_control_lora_bfl (at scale 0) makes this Flux.1 dev model" in msg, msg
+        assert "leave the LoRA out for Flux.1 dev" in msg and "\n" not in msg

@@ -151,8 +151,7 @@ def test_diffusers_folder_of_safetensors(sd1, tmp_path, inputs):
 
 @pytest.mark.parametrize("name,family", [("sd1/ldm.safetensors", "SD 1.x"), ("sd2_te/ldm.safetensors", "SD 2.x"),
                                          ("sdxl/ldm.safetensors", "SDXL base"),
-                                         ("sd1/lora_kohya.safetensors", "kohya LoRA (not a checkpoint: pass it "
-                                          "with --lora FILE:WEIGHT, loras=[...] in the API)")])
+                                         ("sd1/lora_kohya.safetensors", "kohya LoRA")])
 def test_family_detection(name, family):
     w = Weights.open(DATA / name)
     assert detect_family({k: w.ref(k).shape for k in w}) == family

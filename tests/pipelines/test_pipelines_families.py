@@ -277,8 +277,9 @@ def test_callback_that_is_not_callable_fails_before_running(sd15) -> None:
 
 def test_load_none_and_unknown_arguments_name_the_argument(sd15) -> None:
     register("reference")
-    with pytest.raises(InputError, match="the model folder must be a path, got NoneType"):
+    with pytest.raises(InputError, match="model must be a path, got NoneType") as e:
         pipelines.load(None, backend="reference")  # type: ignore[arg-type]
+    assert e.value.where == "model"  # load's argument (it said "folder", ModelFolder.open's)
     with pytest.raises(InputError, match="unknown argument 'stpes'.*did you mean steps"):
         sd15(PROMPT, stpes=3)
 

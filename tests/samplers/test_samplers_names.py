@@ -136,6 +136,15 @@ def test_unknown_schedule_name_is_a_sampler_error():
         S.resolve("euler", "Karass")
 
 
+@pytest.mark.parametrize(("name", "closest"), [("karas", "'Karras'"), ("simpel", "'Simple'"),
+                                               ("sgm_unifrm", "'sgm_uniform'"), ("exponental", "'Exponential'")])
+def test_a_mistyped_schedule_gets_the_closest_known_ones(name, closest):
+    """As a mistyped sampler does: an A1111 label for a label-like name, a ComfyUI name for one with "_"."""
+    with pytest.raises(SamplerError) as info:
+        S.resolve("euler", name)
+    assert info.value.what.startswith(f"unknown schedule {name!r} (the closest known: {closest}"), info.value.what
+
+
 def test_get_sampler_unknown_lists_the_valid_ones():
     with pytest.raises(SamplerError) as info:
         S.get_sampler("euler_b")

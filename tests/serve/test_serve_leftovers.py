@@ -32,6 +32,7 @@ def test_a_listed_model_that_cannot_load_is_named_with_why(url):
         for _ in range(2):
             r = client.post("/sdapi/v1/txt2img", json={"prompt": "a fox", "steps": 1, "width": 64, "height": 64})
             assert r.status_code == 500, r.text
+            assert r.json()["error"] == "WeightsError"  # the exception's type name, as A1111's handle_exception
             detail = r.json()["detail"]
             assert detail.startswith("the model resized.safetensors cannot be loaded: ") and "\n" not in detail
             assert "does not fit the SD 1.x architecture" in detail and "What to do:" in detail

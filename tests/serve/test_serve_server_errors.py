@@ -40,6 +40,7 @@ def _check_500(r, openai: bool = False) -> None:
         assert body["error"]["type"] == "server_error" and "KeyError" in body["error"]["message"]
         return
     assert set(body) >= {"error", "detail", "body", "errors"}
+    assert body["error"] == "KeyError"  # A1111's handle_exception: type(e).__name__, not a status word
     assert "internal error (KeyError)" in body["detail"] and body["errors"] == body["detail"]
 
 

@@ -17,6 +17,10 @@ A message that names an argument of the API writes it as ``{@name}`` (or ``{@nam
 ``--steps 1`` on the command line; followed by ``True`` or ``False`` it is a switch, the flag alone on the command line
 (``{@t5=}False``: ``t5=False``, ``--no-t5``).
 
+``{@@name}`` says how a caller passes a file of the kind ``name`` takes, in whole (``{@@loras}``: the API's
+``pipe.set_loras([(FILE, WEIGHT)])``, ``USAGE``; on the command line ``--lora FILE:WEIGHT``): for a hint that names
+the way in, where the value's form differs per caller too. A tool maps ``"@name"`` to its own words.
+
 ``str(exc)`` speaks the API (``Where: mask. What to do: pass init_image= too.``); a tool that
 takes the arguments under other names renders the same error in its own words with
 ``exc.render(names)`` (the ``sdrt`` command: ``Where: --mask. What to do: pass --init-image too.``).
@@ -36,6 +40,15 @@ from typing import Any
 _ARG = re.compile(r"\{@([A-Za-z_][A-Za-z0-9_]*)(=?)\}(?:(True|False)(?![A-Za-z0-9_]))?")
 
 
+_USE = re.compile(r"\{@@([A-Za-z_][A-Za-z0-9_]*)\}")
+
+#: ``{@@name}`` in the API's words: how a program passes a file of that kind (a tool maps ``"@name"`` to its own)
+USAGE = {"loras": "pipe.set_loras([(FILE, WEIGHT)])", "controlnets": "generate(..., controlnets=[(FILE, image)])",
+         "embeddings": "pipe.add_embedding(FILE)", "model": "sdrt.pipelines.load(FILE)",
+         "weights": "pipe.load_weights(FILE)", "lora_dir": "pipe.weights.lora_dir",
+         "hires_upscaler": "generate(..., hires_upscaler=FILE), or sdrt.pipelines.upscaler.ModelUpscaler(FILE)"}
+
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
@@ -47,6 +60,12 @@ def printable(text: object) -> str:
 
 
 def _render(text: str, names: Mapping[str, str] | None) -> str:
+    def use(m: re.Match[str]) -> str:
+        key = "@" + m.group(1)
+        return names[key] if names is not None and key in names else USAGE.get(m.group(1), m.group(1))
+
+    text = _USE.sub(use, text)
+
     def one(m: re.Match[str]) -> str:
         name, eq, flag = m.group(1), m.group(2), m.group(3)
         if flag and eq:  # "{@t5=}False": a switch, "t5=False" in the API, its flag alone on the command line
@@ -85,8 +104,9 @@ def in_caller_words(text: str) -> str:
 def _items(text: str, names: Mapping[str, str] | None) -> str:
     """``text`` with each item of a list argument that ``names`` maps (``controlnets[0]`` -> ``--controlnet``) in
     the caller's words: the pipeline names a unit ``controlnets[k]``, which no ``{@name}`` can say per item."""
-    for key, name in (names or {}).items():
-        if key.endswith("]") and key in text:
+    # the longest first: a unit's "controlnets[0] low" (a threshold of it) before the unit "controlnets[0]"
+    for key, name in sorted((names or {}).items(), key=lambda kv: -len(kv[0])):
+        if (key.endswith("]") or "] " in key) and key in text:
             text = text.replace(key, name)
     return text
 

@@ -187,6 +187,12 @@ def _named_backend(reg: Registry, name: str) -> Backend:
     if same:  # --backend OpenVINO: "install the plugin" sent a user with it installed to reinstall it
         raise UnknownBackendError(f"no backend named {name!r}: backend names are lower case", where=f"installed "
                                   f"backends: {', '.join(known)}", fix=f"pass {{@backend=}}{same[0]!r}")
+    from difflib import get_close_matches
+
+    close = get_close_matches(name.lower(), list(reg.backends), n=1, cutoff=0.75) if isinstance(name, str) else []
+    if close:  # --backend referenc, openvno: a typo of an installed one, not a plugin to install
+        raise UnknownBackendError(f"no backend named {name!r} (the closest installed: {close[0]!r})",
+                                  where=f"installed backends: {', '.join(known)}", fix=f"pass {{@backend=}}{close[0]}")
     raise UnknownBackendError(
         f"no backend named {name!r}",
         where=f"installed backends: {', '.join(known)}",

@@ -143,10 +143,10 @@ def identify(shapes: Mapping[str, tuple[int, ...]]) -> ControlNetIdentity:
 
 
 def _not_controlnet(keys: list[str]) -> str:
-    from .families import detect
+    from .families import detect, with_use
     from .foreign import recognise
 
-    shown = recognise({k: () for k in keys}) or detect({k: () for k in keys})
+    shown = recognise({k: () for k in keys}) or with_use(detect({k: () for k in keys}), "a ControlNet")
     if shown == "unknown":
         shown = f"unknown (first keys: {', '.join(keys[:4])})"
     return f"not a ControlNet: it looks like {shown}"

@@ -157,7 +157,21 @@ def load_embedding(path: str | os.PathLike[str], name: str | None = None) -> Emb
     if second is not None:
         return _diffusers_pair(p, second, name)
     w = Weights.open(p)
-    arrays = {k: np.asarray(w[k]) for k in w}
+    keys = list(w)
+    if not ({"clip_l", "clip_g", "emb_params"} & set(keys) or len(keys) == 1
+            or any(k.startswith("string_to_param.") for k in keys)):
+        # headers only: a 6 GB checkpoint given as an embedding is not read into memory to be refused
+        from .families import NOT_CHECKPOINTS, detect, identify, with_use
+
+        shapes = w.shapes()
+        plain = detect(shapes)
+        what = with_use(plain, "an embedding") if plain in NOT_CHECKPOINTS else identify(shapes).label
+        raise WeightsError(
+            f"not a textual-inversion embedding: it looks like {what} (keys {', '.join(keys[:4])}"
+            f"{', ...' if len(keys) > 4 else ''})", where=str(p),
+            fix="pass an A1111 embedding (.safetensors with emb_params, or clip_l/clip_g for SDXL)")
+    arrays = {k: np.asarray(w[k]) for k in keys if k in ("clip_l", "clip_g", "emb_params")
+              or k.startswith("string_to_param.") or len(keys) == 1}
     vectors: dict[str, np.ndarray] = {}
     if "clip_l" in arrays or "clip_g" in arrays:
         vectors = {k: arrays[k] for k in ("clip_l", "clip_g") if k in arrays}

@@ -48,23 +48,35 @@ def detect(shapes: Shapes) -> str:
     elif has("control_model.") or has("zero_convs.") or has("controlnet_cond_embedding.") or has("lora_controlnet") \
             or has("controlnet_x_embedder.") or (has("controlnet_blocks.") and has("double_blocks.")) \
             or has("pos_embed_input."):
-        fam = "a ControlNet (not a checkpoint: pass it with --controlnet FILE, controlnets=[...] in the API)"
+        fam = "a ControlNet"
     elif has("down_blocks.") and has("conv_in."):
         fam = "diffusers UNet"
     elif has("lora_unet_") or has("lora_te") or has("lora_transformer_"):
-        fam = "kohya LoRA (not a checkpoint: pass it with --lora FILE:WEIGHT, loras=[...] in the API)"
+        fam = "kohya LoRA"
     elif any(k.endswith((".lora_A.weight", ".lora_B.weight", ".lora_down.weight", ".lora_up.weight", ".hada_w1_a",
                          ".lokr_w1", ".lokr_w1_a", ".lora.down.weight", ".diff", ".w_norm")) for k in keys):
-        fam = "LoRA (not a checkpoint: pass it with --lora FILE:WEIGHT, loras=[...] in the API)"
+        fam = "LoRA"
     elif "emb_params" in keys or "clip_l" in keys or "string_to_param.*" in keys:
-        fam = ("textual-inversion embedding (not a checkpoint: pass it with --embedding FILE, "
-               "pipe.add_embedding in the API)")
+        fam = "textual-inversion embedding"
     else:
         return "unknown"
     w = shapes.get("model.diffusion_model.input_blocks.0.0.weight")
     if w is not None and len(w) == 4 and w[1] == 9:
         fam += " inpainting"
     return fam
+
+
+#: what ``detect`` calls a file that goes in beside a model, not as one -> the argument that takes it (``{@@name}``)
+NOT_CHECKPOINTS = {"a ControlNet": "controlnets", "kohya LoRA": "loras", "LoRA": "loras",
+                   "textual-inversion embedding": "embeddings"}
+
+
+def with_use(label: str, given_as: str = "a checkpoint") -> str:
+    """``label`` (``detect``'s) with, for a LoRA, ControlNet or embedding, where that file goes instead, as
+    ``{@@name}`` (sdrt.errors): each caller reads its own way in (``--lora FILE:WEIGHT`` on the command line,
+    ``pipe.set_loras(...)`` in the API, a ``<lora:...>`` tag in a served prompt)."""
+    use = NOT_CHECKPOINTS.get(label.removesuffix(" inpainting"))
+    return f"{label} (not {given_as}: pass it with {{@@{use}}})" if use else label
 
 
 def _refiner_unet(shapes: Shapes) -> bool:
@@ -369,7 +381,7 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
             if kind:
                 return Identity(None, kind, PART_KINDS[kind], {"vae": p})
             return Identity(None, "unknown", f"a {ch}-channel VAE, which no shipped family uses")
-    label = detect(shapes)
+    label = with_use(detect(shapes))
     if label == "unknown":  # say what was looked for and what is there, not "it looks like unknown"
         keys = sorted(shapes)
         shown = ", ".join(keys[:4]) + (f", ... ({len(keys)} tensors)" if len(keys) > 4 else "")

@@ -216,7 +216,10 @@ def is_t5_file(path: PathLike) -> bool:
 
 
 def unrunnable(name: str, ident: Identity) -> str:
-    """The one line for a file of a family sdrt does not run (``Identity.foreign``)."""
+    """The one line for a file of a family sdrt does not run (``Identity.foreign``), or runs elsewhere (an upscaler,
+    whose label says where it goes: not "which sdrt does not run" after "pass it as the hires upscaler")."""
+    if "(not an image generator: pass it" in ident.label:
+        return f"{name} is {ident.label}, not a model"
     return f"{name} is {ident.label}, which sdrt does not run"
 
 

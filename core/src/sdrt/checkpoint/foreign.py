@@ -213,7 +213,7 @@ def _other(k: _Keys, arch: str | None = None) -> str | None:
         k.dim("body.0.weight", 1) == 3 and k.ndim("body.1.weight") == 1 and all(n.startswith("body.") for n in k.shapes)
     if (k.ends("conv_first.weight") and k.sub("body.0.rdb1.")) or k.sub("model.1.sub.0.RDB1.") or compact:
         return ("an ESRGAN-family upscaler (not an image generator: pass it as the hires upscaler, "
-                "--hires-upscaler FILE, or to `sdrt upscale`)")
+                "{@@hires_upscaler})")
     return None
 
 

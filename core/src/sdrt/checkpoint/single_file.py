@@ -86,7 +86,7 @@ class Checkpoint:
                 "({@vae=}), or pass a single-file LDM checkpoint (keys model.diffusion_model.*)")
         if not conv.components:
             raise WeightsError(
-                f"no model weights in the LDM layout: this file looks like {family}"
+                f"no model weights in the LDM layout: this file looks like {families.with_use(family)}"
                 f" (first keys: {', '.join(list(w)[:_SHOW])})", where=str(p),
                 fix="pass a single-file checkpoint (keys model.diffusion_model.*, first_stage_model.*, "
                 "cond_stage_model.* or conditioner.embedders.*), or a diffusers folder")

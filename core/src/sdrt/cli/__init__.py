@@ -29,10 +29,26 @@ class _Parser(argparse.ArgumentParser):
     """argparse, where a negative number (``NEGATIVE_NUMBER``) is always a value: its own check matched only -1 and
     -0.5, and a value such as ``-nan`` was split as a short option (``-n an``) before that check ran."""
 
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        """argparse's refusal (a bad value for its type, a missing or unknown argument) in one line, as every other
+        refusal of the command: it printed the usage, then ``sdrt generate: error: ...``, on two lines."""
+        from ..errors import printable
+
+        self.exit(2, f"error: {printable(message)}. Where: {self.prog}. What to do: see `{self.prog} --help` for "
+                     "its arguments.\n")
+
     def _parse_optional(self, arg_string: str) -> Any:
         if NEGATIVE_NUMBER.match(arg_string) and arg_string not in self._option_string_actions:
             return None
         return super()._parse_optional(arg_string)
+
+
+#: ``{@@name}`` (sdrt.errors) on the command line: how a file of that kind is passed, for every command (generate
+#: says its own flags alone)
+CLI_USAGE = {"@loras": "sdrt generate --lora FILE:WEIGHT", "@controlnets": "sdrt generate --controlnet FILE "
+             "--control-image PNG", "@embeddings": "sdrt generate --embedding FILE",
+             "@model": "sdrt generate FILE PROMPT", "@weights": "sdrt generate MODEL PROMPT --weights FILE",
+             "@lora_dir": "--lora-dir", "@hires_upscaler": "sdrt generate --hires-upscaler FILE, or sdrt upscale -m FILE"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = module.add_parser(sub)
         # -v after the command too (`sdrt generate ... -v`, as docs/memory.md shows); SUPPRESS keeps `sdrt -v CMD`'s
         p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more (-v info, -vv debug)")
-        p.set_defaults(_run=module.run, _names={**flag_names(p), **getattr(module, "API_NAMES", {})})
+        p.set_defaults(_run=module.run, _names={**CLI_USAGE, **flag_names(p), **getattr(module, "API_NAMES", {})})
         if hasattr(module, "EMPTY_OK"):  # the command's options (and positionals) checked to be non-empty
             given = {**flag_names(p), **{a.dest: str(a.metavar or a.dest.upper()) for a in p._actions
                                          if not a.option_strings and a.dest != "help"}}
@@ -76,15 +92,36 @@ def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
     return names
 
 
+_LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+class _OneLine(logging.Formatter):
+    """Each log line as the command's errors and "wrote" lines print paths: a newline or escape sequence in a file
+    name (a warning naming a skipped embedding, a folder not served) escaped as repr writes it (``printable``), so
+    it can neither break the line nor reach the terminal; a traceback (``-vv``) keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        from ..errors import printable
+
+        return printable(super().formatMessage(record))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:  # importing the subcommands takes a while: Ctrl-C then is one line too
         parser = build_parser()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # refused by the command's own parser: "Where: sdrt plan", not the top-level "sdrt"
+        sub = parser._subparsers._group_actions[0].choices.get(args.command) if parser._subparsers and \
+            getattr(args, "command", None) else None
+        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     level = logging.WARNING - 10 * min(args.verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format=_LOG_FORMAT)
+    for handler in logging.getLogger().handlers:  # basicConfig's own (not one an embedding program set up)
+        if type(handler.formatter) is logging.Formatter and handler.formatter._fmt == _LOG_FORMAT:
+            handler.setFormatter(_OneLine(_LOG_FORMAT))
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import printable
+
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
 
@@ -112,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             n = len(done.foreign)
             kind = "file" if all(p.is_file() for p in done.foreign) else "file or folder"
             kind = kind if n == 1 else kind.replace("file", "files").replace("folder", "folders")
-            print(f"left {n} {kind} sdrt did not write: {_files(done.foreign)}")
+            print(printable(f"left {n} {kind} sdrt did not write: {_files(done.foreign)}"))
         return 0
     cap = parse_size(args.max_size, "sdrt cache prune --max-size") if args.max_size else None
     cache.sweep()

@@ -18,7 +18,9 @@ log = logging.getLogger("sdrt.cli")
 API_NAMES = {"negative_prompt": "--negative", "prompt": "PROMPT", "model": "MODEL", "args": "MODEL", "path": "--output",
              "loras": "--lora", "scale": "the scale of --lora FILE:SCALE", "text_encoders": "--text-encoder",
              "preview": "--preview-decoder", "controlnets": "--control-image", "union_mode": "--control-union-mode",
-             "t5": "--no-t5"}
+             "t5": "--no-t5", "@loras": "--lora FILE:WEIGHT", "@controlnets": "--controlnet FILE --control-image PNG",
+             "@embeddings": "--embedding FILE", "@weights": "--weights FILE",
+             "@hires_upscaler": "--hires-upscaler FILE (or sdrt upscale -m FILE)"}
 
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
@@ -182,6 +184,26 @@ def _check_flow_size(model: str | None, args: argparse.Namespace) -> None:
         raise error
 
 
+def _check_model_word(model: str | None, prompt: str) -> None:
+    """A MODEL that is no path and names nothing here: most likely the first word of an unquoted prompt (``sdrt
+    generate a cat``, ``sdrt generate "a cat" "a dog"``). Said so; a path (``x.safetensors``, ``dir/x``) that does
+    not exist is the loader's own "does not exist"."""
+    if model is None:
+        return
+    try:
+        os.lstat(model)  # os.path.lexists is False for a name too long to look at: main says that one
+        return
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    pathlike = Path(model).suffix.lower() in (".safetensors", ".gguf", ".ckpt", ".onnx") or "/" in model \
+        or "\\" in model
+    if not pathlike:
+        raise ModelNotFoundError(f"there is no model file or folder {model!r} (MODEL, the first of the two "
+                                 "arguments)", where="MODEL",
+                                 fix=f'check the path; a prompt of several words is one argument: quote it whole, '
+                                     f'sdrt generate "{model} {prompt}" (or give a model before it)')
+
+
 def _split_args(words: list[str]) -> tuple[str | None, str]:
     """(model, prompt) of ``[MODEL] PROMPT``; a lone model folder is a forgotten prompt, not a prompt."""
     if len(words) > 2:
@@ -301,6 +323,7 @@ def run(args: argparse.Namespace) -> int:
         from .paths import check_folder_writes
 
         check_folder_writes("--preview-dir", args.preview_dir, generate_toolbox.PREVIEW_NAMES, _input_files(args, folder))
+    _check_model_word(folder, prompt)
     if folder is None:
         folder = pipelines.DEMO_MODEL
         if not (folder / "model_index.json").is_file():

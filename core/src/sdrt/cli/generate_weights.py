@@ -91,12 +91,13 @@ def _one_file(value: str, what: str, flag: str) -> Path:
     return p
 
 
-def _readable(p: Path, flag: str) -> Path:
+def _readable(p: Path, flag: str, *, folder: bool = False) -> Path:
     """``p`` when it is a folder or a weights file whose header reads (``Weights.open`` reads headers only);
-    else the reader's error, naming ``flag``, before any model loads (it came after the load, without the flag)."""
-    if p.is_dir():
+    else the reader's error, naming ``flag``, before any model loads (it came after the load, without the flag).
+    ``folder``: a folder is read as weights too (a LoRA's: PEFT's adapter_model.safetensors)."""
+    if p.is_dir() and not folder:
         return p
-    if not p.is_file():  # a FIFO or device: the reader would say "does not exist"
+    if not p.is_file() and not p.is_dir():  # a FIFO or device: the reader would say "does not exist"
         raise InputError(f"{flag}: {p} is not a regular file", where=str(p), fix="pass the weights file itself")
     from ..checkpoint.files import open_fix
     from ..errors import SdrtError
@@ -146,6 +147,16 @@ def parse_lora(spec: str) -> tuple[Path, float]:
         else:
             path = head
             check_lora_scale(scale, Path(head).stem, where=f"--lora {spec}")
+            first, colon, rest = head.rpartition(":")
+            if colon and first and not Path(head).exists() and Path(first).is_file():
+                try:
+                    float(rest)
+                except ValueError:
+                    pass
+                else:  # FILE:1.5:2 (a prompt tag's <lora:name:te:unet>): read as a file "FILE:1.5" that is not there
+                    raise InputError(f"--lora takes one scale, FILE:SCALE, and {spec!r} gives two", where=f"--lora {spec}",
+                                     fix=f"write --lora {first}:{rest} (separate text-encoder and UNet scales are a "
+                                         "prompt tag's, <lora:NAME:TE:UNET> with --lora-dir)")
     return _existing(path, "LoRA file", "--lora"), scale
 
 
@@ -158,7 +169,7 @@ def check(args: argparse.Namespace) -> WeightArgs:
     if args.vae:
         out.vae = _one_file(args.vae, "VAE file", "--vae")
     out.text_encoders = [_one_file(t, "text-encoder file", "--text-encoder") for t in args.text_encoders]
-    out.loras = [(_readable(path, "--lora"), scale) for path, scale in map(parse_lora, args.lora)]
+    out.loras = [(_readable(path, "--lora", folder=True), scale) for path, scale in map(parse_lora, args.lora)]
     if args.lora_dir:
         out.lora_dir = _existing(args.lora_dir, "LoRA folder", "--lora-dir", folder=True)
     out.embeddings = [_embedding(e) for e in args.embedding]

@@ -18,7 +18,7 @@ def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
     so that a run never computes for minutes and then fails to write.
     """
     if not arg or arg.endswith(("/", "\\")) or os.path.isdir(arg):
-        raise InputError(f"{option} {arg!r} names a folder, not a file", where=f"sdrt {option}",
+        raise InputError(f"{option} {arg!r} names a folder, not a file", where=option,
                          fix=f"give a file name, such as {Path(arg or '.') / ('out' + suffix)}")
     from ..pipelines.png import output_target
 
@@ -27,7 +27,7 @@ def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
         output_target(path, "output", suffix)
     if path.suffix and path.suffix.lower() != suffix:  # x.gif as x.gif.png, r.txt as r.txt.npz: not what was asked
         raise InputError(f"{option} {arg!r} ends in {path.suffix}, and this command writes {suffix} files",
-                         where=f"sdrt {option}",
+                         where=option,
                          fix=f"end the name in {suffix} ({path.stem}{suffix}), or leave the suffix out ({path.stem})")
     if path.suffix.lower() != suffix:
         path = path.with_name(path.name + suffix)

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..errors import printable
+
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
 
@@ -57,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
     result = q.quantize(graph, scheme, block_size=block_size)
     q.save(result, out)
     written = sum(p.stat().st_size for p in (out, data_out) if p.is_file())
-    print(f"{out}  {written:,} bytes ({len(planned['quantized'])} weights as {scheme}; "
-          f"the model: {original:,} bytes)")
+    print(printable(f"{out}  {written:,} bytes ({len(planned['quantized'])} weights as {scheme}; "
+                    f"the model: {original:,} bytes)"))
     return 0
 
 

@@ -36,7 +36,7 @@ def parse_inputs(specs: list[str]) -> dict[str, Any]:
     for spec in specs:
         name, sep, file = spec.partition("=")
         if not sep or not name or not file:
-            raise InputError(f"bad --input {spec!r}", where="sdrt run", fix="write it as NAME=FILE.npy")
+            raise InputError(f"bad --input {spec!r}", where="--input", fix="write it as NAME=FILE.npy, e.g. -i x=x.npy")
         if name in feeds:
             raise InputError(f"--input {name!r} is given twice", where=f"-i {spec}",
                              fix=f"give one -i {name}=FILE.npy")

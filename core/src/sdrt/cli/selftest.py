@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from ..errors import printable
+
 API_NAMES = {"backends": "--backend", "plugin_modules": "--plugin-module"}
 
 
@@ -100,7 +102,7 @@ def _calibrate(args: argparse.Namespace) -> int:
                         if args.device else "see the lines above for each backend")
     for dev_name, found in entries.items():
         path = save_calibration(found, specs[dev_name].to_dict())
-    print(f"stored in {path}")
+    print(printable(f"stored in {path}"))
     if args.report:
         from ..selftest.report import assemble, write
 
@@ -108,7 +110,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         report["mode"] = "calibrate"
         report["calibration_measurements"] = measured
         out, md = write(report, args.report)
-        print(f"wrote {out} and {md}")
+        print(printable(f"wrote {out} and {md}"))
     return 0
 
 
@@ -206,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     print(render_text(report))
     if args.report:
         out, md = write(report, args.report)
-        print(f"\nwrote {out} and {md}: paste the .md into an issue, or attach the .json")
+        print("\n" + printable(f"wrote {out} and {md}: paste the .md into an issue, or attach the .json"))
     if not report["backends"]:
         print("no backend could be tested: install a plugin (`sdrt install`)", file=sys.stderr)
     return 0 if report["passed"] else 1

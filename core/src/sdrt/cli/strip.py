@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..errors import printable
+
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
 
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
                    "--weights" if args.weights else "the default --weights (-o with .safetensors)": weights}, inputs)
     original = sum(p.stat().st_size for p in inputs)  # measured before anything is written
     res = graph.strip(out, weights)
-    print(f"graph:   {res.graph_path}  {res.graph_bytes:,} bytes")
-    print(f"weights: {res.weights_path}  {res.weights_bytes:,} bytes ({res.tensors} tensors)")
+    print(printable(f"graph:   {res.graph_path}  {res.graph_bytes:,} bytes"))
+    print(printable(f"weights: {res.weights_path}  {res.weights_bytes:,} bytes ({res.tensors} tensors)"))
     print(f"original: {original:,} bytes")
     return 0

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..errors import printable
+
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
 
@@ -70,5 +72,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = up.upscale_to(image, *size)
     save_image(out, result)
-    print(f"{out}: {result.shape[1]}x{result.shape[0]} ({up.name}: {up.arch.describe()})")
+    print(printable(f"{out}: {result.shape[1]}x{result.shape[0]} ({up.name}: {up.arch.describe()})"))
     return 0

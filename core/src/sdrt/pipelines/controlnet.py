@@ -320,8 +320,7 @@ def locate(net: str | os.PathLike[str], root: Path) -> Path:
                 f"its other parts), and there is no file or folder {text!r} here")
         where = str(root / text)
     raise ModelError(what, where=where,
-                     fix="pass the ControlNet's .safetensors file, or a folder holding its model.onnx (--controlnet FILE "
-                         "on the command line, controlnets=[(FILE, image)] in the API)"
+                     fix="pass the ControlNet's .safetensors file, or a folder holding its model.onnx ({@@controlnets})"
                          + (f", or one of this model's: {', '.join(found)}" if found else ""))
 
 

@@ -129,8 +129,7 @@ class ToolboxMixin:
         nets = sorted(p.name for p in self.folder.path.glob("controlnet*") if (p / "model.onnx").is_file())  # type: ignore[attr-defined]
         if not nets:
             raise InputError(f"this model's {unet.name} takes ControlNet residuals and the folder has no ControlNet",
-                             where="controlnets", fix="pass controlnets=[(folder, image)] (--controlnet DIR "
-                                                      "--control-image PNG)")
+                             where="controlnets", fix="pass a ControlNet ({@@controlnets})")
         assert s.width is not None and s.height is not None
         unit = cn.ControlNet(nets[0], np.zeros((s.height, s.width, 3), np.uint8), 0.0)
         unit.part = self._control_part(unit.net, "controlnets")
@@ -188,8 +187,7 @@ class ToolboxMixin:
                                  fix=f"pass a ControlNet made for {BASE_LABELS.get(family, family)}")
         except SdrtError as exc:  # in the caller's words: which unit, and the flag
             raise type(exc)(exc.what, where=f"{where} ({exc.where})" if exc.where else where,
-                            fix=f"{exc.fix} (--controlnet FILE on the command line, controlnets=[(FILE, image)] "
-                                "in the API)" if exc.fix else None) from exc
+                            fix=f"{exc.fix} ({{@@controlnets}})" if exc.fix else None) from exc
         part = Part(name, opened.graph, backend=self.backend, device=self.device,  # type: ignore[attr-defined]
                     options=self.options)  # type: ignore[attr-defined]
         if self._dry:

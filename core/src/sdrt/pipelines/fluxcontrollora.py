@@ -83,7 +83,7 @@ def check(pipe: Any, part: Part | None, plain: Path | None, found: Sequence[tupl
         raise WeightsError(f"{why}; it widens the transformer's image input to 128 channels, and this ONNX folder's "
                            "transformer graph holds its own weights, which sdrt does not rewrite", where=str(plain),
                            fix="load Flux.1 dev as a single file (.safetensors / .gguf) or a diffusers folder, or use "
-                               "an ONNX export of FLUX.1-Canny-dev / FLUX.1-Depth-dev with --control-image")
+                               "an ONNX export of FLUX.1-Canny-dev / FLUX.1-Depth-dev with {@control_image}")
 
 
 def widened_graph(plain: Path) -> Path:

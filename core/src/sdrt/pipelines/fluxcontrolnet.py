@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
     from .settings import Settings
 
-_FIX = "(--controlnet FILE --control-image PNG on the command line)"
+_FIX = "({@@controlnets})"
 
 
 def layout_of(unit: cn.ControlNet) -> FluxNetLayout:

@@ -88,7 +88,9 @@ def check(tool: str | None, s: Any, label: str, lora: str | None = None) -> None
             raise InputError(f"{what} (its transformer takes 128 input channels): it "
                              "needs a control image (an edge map for Canny, a depth map for Depth)",
                              where="control_image", fix="pass {@control_image=} (an edge map or a depth map as the "
-                                                        "model was trained on)")
+                                                        "model was trained on)" + (
+                                 ", or leave the LoRA out for Flux.1 dev: at any scale, 0 too, it makes the model "
+                                 "Canny/Depth, as diffusers loads one" if lora else ""))
         if s.init_image is not None:
             raise InputError("img2img and inpainting with a Flux.1 Canny/Depth model are not supported (diffusers' "
                              "FluxControlPipeline is txt2img)", where="init_image",

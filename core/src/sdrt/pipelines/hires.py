@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, ModelNotFoundError
 from .bounds import MAX_STEPS
 
 __all__ = ["LATENT_MODES", "UPSCALERS", "Hires", "interpolate", "parse", "second_pass_steps", "upscale_image"]
@@ -121,6 +121,11 @@ def parse(scale: float | None, steps: int | None, denoise: float | None, upscale
             upscaler = lower[upscaler.lower()]
         elif (model := model_upscaler(upscaler)) is not None:  # checked now, not after pass 1
             upscaler = model.stem
+        elif isinstance(upscaler, str) and Path(upscaler).suffix.lower() in (".safetensors", ".pth", ".pt", ".ckpt"):
+            # a model file's path that is not there: said so, not "unknown upscaler" with a list of names
+            raise ModelNotFoundError(f"the hires upscaler file {upscaler!r} does not exist", where="hires_upscaler",
+                                     fix="check the path (an ESRGAN-family .safetensors/.pth model), or use one of "
+                                         f"{', '.join(repr(u) for u in UPSCALERS)}")
         else:
             raise InputError(f"unknown hires upscaler {upscaler!r}", where="hires_upscaler",
                              fix=f"use one of {', '.join(repr(u) for u in UPSCALERS)}{models_hint()}")

@@ -155,7 +155,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             info = next(iter(part.inputs.values()), None)
             dims = tuple(info.shape[2:]) if info is not None and len(info.shape) == 4 else ()
             if dims and all(isinstance(d, int) for d in dims):
-                raise InputError(f"vae_tile={tile} needs a VAE with dynamic height and width, and this model's "
+                raise InputError(f"{{@vae_tile=}}{tile} needs a VAE with dynamic height and width, and this model's "
                                  f"{part.name} is exported for {'x'.join(map(str, dims))} only", where="vae_tile",
                                  fix="leave {@vae_tile} unset for this model, or export its VAE with dynamic axes")
 
@@ -795,6 +795,17 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             return planned
         return next((a.name for a in state.loras if getattr(a.lora, "control", None) is not None), None)
 
+    def _control_lora_said(self) -> str | None:
+        """``control_lora`` for a message: its name, with "(at scale 0)" when it runs at 0 (diffusers' weight 0:
+        still the Canny/Depth model)."""
+        lora = self.control_lora
+        state = self._weight_state
+        if lora is not None and state is not None and any(
+                a.name == lora and getattr(a.lora, "control", None) is not None and a.scale_for("transformer") == 0
+                for a in state.loras):
+            lora += " (at scale 0)"
+        return lora
+
     def _flux_tool_settings(self, s: Settings) -> None:
         """A Canny/Depth model's control image (``--control-image`` comes as a ControlNet unit), checked."""
         from . import fluxtools
@@ -804,7 +815,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         if tool == "control" and tb.controlnets and s.control_image is None:
             s.control_image = fluxtools.control_from_units(tb.controlnets)
             s.toolbox = dataclasses.replace(tb, controlnets=[])
-        fluxtools.check(tool, s, self.family.label, self.control_lora)
+        fluxtools.check(tool, s, self.family.label, self._control_lora_said())
         if tool is not None and s.toolbox.hires is not None:
             raise InputError(f"the hires fix is not supported with a {fluxtools.LABELS[tool]} model",
                              where="hires_scale", fix="leave {@hires_scale} unset")
@@ -835,6 +846,13 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         if s.guidance_rescale and fam.flow:  # diffusers' SD3/Flux/Chroma pipelines have none: no reference to match
             raise InputError(f"{{@guidance_rescale}} rescales an eps or v prediction under CFG, and {fam.label} predicts a "
                              "flow velocity", where="guidance_rescale", fix="leave {@guidance_rescale} at 0 for this model")
+        if s.guidance_rescale and not fam.negative_pass(s.cfg, s.negative_prompt):  # diffusers: only under CFG
+            if not self._dry:  # said, and not written into the PNG as if it had run
+                log.warning(in_caller_words(
+                    f"{{@guidance_rescale}} {s.guidance_rescale:g} is not used: {{@cfg}} {s.cfg:g} runs one pass, "
+                    "with no CFG to rescale (diffusers rescales only under CFG); raise {@cfg} above 1, or leave "
+                    "{@guidance_rescale} at 0"))
+            s.guidance_rescale = 0.0
         if s.clip_skip > 1 and not fam.clip_skip:  # a ModelError starting "clip skip": serve runs it at 1, named
             why = ("reads only its CLIP encoder's pooled output" if any(e.kind == "clip" for e in fam.encoders)
                    else "has no CLIP text encoder")
@@ -1386,6 +1404,10 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
     from ..runtime import select
     from .singlefile import bind_part_files, folder_from_file, is_single_file, note_part_files
 
+    if not isinstance(model, (str, os.PathLike)):  # ModelFolder.open named its own parameter, "folder"
+        raise InputError(f"{{@model}} must be a path, got {type(model).__name__} {model!r:.40}", where="model",
+                         fix="pass a model folder's or a checkpoint file's path, e.g. "
+                             "pipelines.load('sd15-onnx/') or pipelines.load('model.safetensors')")
     # resolved once (a wrong name fails now, before any file is read); every part compiles on this device
     be, dev = select(backend, device)
     _check_options(be, dev, options)

@@ -123,6 +123,8 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     if control is not None:  # a control LoRA the run brings: the 128-input transformer (BFL's Canny/Depth LoRA)
         fluxcontrollora.plan_graph(pipe, dry._parts, control)
         dry.__dict__["_planned_control"] = control[0]
+    elif pipe.control_lora is not None:  # active now: the twin has no weight state, and names it all the same
+        dry.__dict__["_planned_control"] = pipe._control_lora_said()
     steps: list[int] = []
     dry._generate(prompt, negative_prompt, lambda i, n, x: steps.append(n) if i == 1 else None, kwargs)
     s = dry._settings

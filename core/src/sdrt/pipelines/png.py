@@ -118,16 +118,16 @@ def encode_png(image: Any, parameters: str | None = None, extra: Mapping[str, st
     """The bytes of a PNG of ``image`` (HxWx3 uint8; HxW, HxWx1, HxWx2 and HxWx4 also work) with text chunks."""
     pixels = np.asarray(image)
     if pixels.dtype != np.uint8:
-        raise PngError(f"the image has dtype {pixels.dtype}, not uint8", where="write_png",
+        raise PngError(f"the image has dtype {pixels.dtype}, not uint8", where="image",
                        fix="convert it first, e.g. (x.clip(0, 1) * 255).round().astype(np.uint8)")
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
     if pixels.ndim != 3 or pixels.shape[2] not in _COLOR_TYPES or 0 in pixels.shape[:2]:
         raise PngError(f"the image has shape {tuple(np.shape(image))}, not HxWx3 (or HxW, HxWx4) with H, W > 0",
-                       where="write_png", fix="pass one image as height x width x channels; index a batch first")
+                       where="image", fix="pass one image as height x width x channels; index a batch first")
     h, w, c = pixels.shape
     if h >= 2**31 or w >= 2**31:
-        raise PngError(f"the image is {w}x{h}, larger than PNG allows", where="write_png", fix="tile it")
+        raise PngError(f"the image is {w}x{h}, larger than PNG allows", where="image", fix="tile it")
     texts = {} if parameters is None else {"parameters": parameters}
     for key, value in (extra or {}).items():
         texts[str(key)] = str(value)

@@ -111,6 +111,10 @@ def exif_block(text: str) -> bytes:
 
 def save_image(path: str | os.PathLike[str], image: Any, parameters: str | None = None) -> Path:
     """Write ``image`` to ``path`` in the format its suffix names, atomically; returns ``path``."""
+    if not isinstance(path, (str, os.PathLike)):  # save_image(image, path): os.fspath's TypeError, a traceback
+        hint = " (the image first? the path comes first)" if isinstance(image, (str, os.PathLike)) else ""
+        raise PngError(f"path must be a file path (str or pathlib.Path), got {type(path).__name__}{hint}",
+                       where="path", fix="call save_image(path, image)")
     fmt = image_format(path)
     if fmt is None:
         out = write_png(path, image, parameters)

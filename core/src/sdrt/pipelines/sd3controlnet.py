@@ -72,7 +72,7 @@ def prepare(pipe: Any, s: Settings) -> None:
             raise InputError(f"{where} is an ONNX ControlNet (an SD 1.x / SDXL UNet's), and the model is SD3, whose "
                              "ControlNets are given as their diffusers .safetensors file (or the folder holding it)",
                              where=where, fix="pass diffusion_pytorch_model.safetensors of an SD3 ControlNet "
-                                              "(--controlnet FILE --control-image PNG on the command line)")
+                                              "({@@controlnets})")
         if lay.inpaint and (s.mode != "txt2img" or tb.hires is not None):  # before its mask: one would not help
             hires = s.mode == "txt2img"
             raise InputError("an SD3 inpainting ControlNet runs as diffusers' "

@@ -94,6 +94,12 @@ def check_part_file(path: PathLike, arg: str, family: str, label: str) -> PartFi
         raise ModelError(f"{{@{arg}}}: {p.name} is {ident.label}, which sdrt does not run", where=str(p),
                          fix=f"{label} takes {' and '.join(PART_KINDS[k] for k in wanted)} here")
     if ident.kind not in PART_KINDS:
+        from ..checkpoint.families import NOT_CHECKPOINTS, detect, with_use
+
+        plain = detect(w.shapes())  # a LoRA, ControlNet or embedding: where it goes instead ("not a checkpoint")
+        if plain in NOT_CHECKPOINTS:
+            raise ModelError(f"{{@{arg}}}: {p.name} is {with_use(plain, 'a VAE' if vae else 'a text encoder')}",
+                             where=str(p), fix=f"{label} takes {' and '.join(PART_KINDS[k] for k in wanted)} here")
         what = f"a whole {ident.label} model" if ident.kind == "checkpoint" else ident.label
         raise ModelError(f"{{@{arg}}}: {p.name} is {what}, not {'a VAE' if vae else 'a text encoder'}", where=str(p),
                          fix=f"{label} takes {' and '.join(PART_KINDS[k] for k in wanted)} here")
@@ -126,8 +132,8 @@ def missing_parts(path: PathLike) -> str | None:
     ident = identify(w.shapes(), arch=gguf_arch(w))
     if ident.foreign:
         return f"it is {ident.label}, which sdrt does not run"
-    if ident.family is None:
-        return f"it is {ident.label}, not a model"
+    if ident.family is None:  # a LoRA's label says "(not a checkpoint: pass it with ...)" itself
+        return f"it is {ident.label}" + ("" if "(not a checkpoint: " in ident.label else ", not a model")
     have = {"vae_decoder" if c == "vae" else c for c in ident.components}
     optional = {"vae_encoder", *(("text_encoder_3",) if ident.family.startswith("sd3") else ())}  # SD3: T5 too
     lack = [p for p in FAMILY_GRAPHS[ident.family] if p not in optional and p not in have]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError, WeightsError
+from ..errors import InputError, WeightsError, in_caller_words
 from ..weights import TensorRef, Weights
 from . import fluxcontrollora
 
@@ -217,11 +217,10 @@ class WeightState:
                              fix="pass pipe.load_weights('model.safetensors') (a str or pathlib.Path)")
         family = self.pipe.family
         if family.name in ("sd3", "flux", "chroma"):  # Checkpoint reads LDM files: it named the file's layout as wrong
-            raise InputError(f"a checkpoint bound onto a loaded model (--weights, pipe.load_weights) must be SD 1.x, "
+            raise InputError(f"a checkpoint bound onto a loaded model ({{@@weights}}) must be SD 1.x, "
                              f"SD 2.x or SDXL, and this model is {family.label}", where=str(path),
-                             fix=f"run a {family.label} checkpoint as the model itself: sdrt generate FILE \"prompt\" "
-                                 f"(pipelines.load(FILE) in the API), with --text-encoder / --vae files where it holds "
-                                 f"the transformer only")
+                             fix=f"run a {family.label} checkpoint as the model itself ({{@@model}}), with "
+                                 "{@text_encoders} / {@vae} files where it holds the transformer only")
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint.open(path)
         self._check_edm(ckpt)
         parts = self._parts()
@@ -419,7 +418,7 @@ class WeightState:
         said = "the negative prompt" if where == "negative_prompt" else "the prompt"
         if self.lora_dir is None:
             raise WeightsError(f"{said} asks for <lora:{name}:...> but no LoRA folder is set", where=where,
-                               fix="pass --lora-dir DIR (pipe.weights.lora_dir = DIR) holding NAME.safetensors")
+                               fix="set {@@lora_dir} to a folder holding NAME.safetensors")
         if not isinstance(self.lora_dir, (str, os.PathLike)):
             raise InputError(f"pipe.weights.lora_dir must be a folder path, got {type(self.lora_dir).__name__} "
                              f"{self.lora_dir!r:.40}", where="lora_dir", fix="set pipe.weights.lora_dir = 'loras/'")
@@ -455,6 +454,12 @@ class WeightState:
             plain = self._plain_graph or (part.path if part is not None else None)
             fluxcontrollora.check(self.pipe, part, plain, [(a.name, a.lora.control.why) for a in controls])
             self._want_graph = fluxcontrollora.widened_graph(plain)  # type: ignore[arg-type]
+            for a in controls:
+                if a.scale_for("transformer") == 0:  # diffusers' weight 0; ComfyUI's strength 0 drops the LoRA
+                    log.warning(in_caller_words(
+                        f"{a.name} is a Flux Control LoRA at scale 0: the model still runs as FLUX.1 Canny/Depth "
+                        "(its 128-channel input, which needs a control image, and the LoRA's qk-norm scales), as "
+                        "diffusers runs one at weight 0; leave the LoRA out to run Flux.1 dev"))
         if not active:
             return out
         graphs: dict[str, Graph] = {}  # per part, read once for every LoRA routed to it (a widened twin is loaded)

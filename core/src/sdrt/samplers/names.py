@@ -207,7 +207,12 @@ def _schedule_name(schedule: str) -> str:
         return "normal"
     folded = _SCHED_FOLDED.get(_fold(schedule))
     if folded is None:
-        raise SamplerError(f"unknown schedule {schedule!r}", where="schedule",
+        # "karas": the closest, as an unknown sampler gets (a ComfyUI name for a name with "_", else a label)
+        names = [*available_schedules(), *A1111_SCHEDULES]
+        known = {_fold(n): n for n in (reversed(names) if "_" in schedule else names)}
+        close = [known[k] for k in get_close_matches(_fold(schedule), list(known), n=3, cutoff=0.75)]
+        hint = f" (the closest known: {', '.join(repr(c) for c in close)})" if close else ""
+        raise SamplerError(f"unknown schedule {schedule!r}{hint}", where="schedule",
                            fix=f"use one of: {', '.join(available_schedules())} or an A1111 label: "
                                f"{', '.join(A1111_SCHEDULES)}")
     return folded

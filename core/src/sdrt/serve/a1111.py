@@ -251,7 +251,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN) + net_fields
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled,
                 max_size=(limits.max_width, limits.max_height), fields=net_names, size_from=size_from,
-                extra_infotext=extra_infotext)
+                extra_infotext=extra_infotext, rounded=rounded)
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
 
 

@@ -73,7 +73,8 @@ def _internal_error(method: str, path: str, exc: BaseException) -> JSONResponse:
     log.error("internal error on %s %s: %s%s (traceback at debug level)", method, path[:200], type(exc).__name__,
               f": {text}" if text else "")
     log.debug("traceback of the internal error on %s %s", method, path[:200], exc_info=exc)
-    return error_response(path, 500, f"internal error ({type(exc).__name__}); the server logged it and keeps serving")
+    return error_response(path, 500, f"internal error ({type(exc).__name__}); the server logged it and keeps serving",
+                          kind=type(exc).__name__)
 
 
 class AuthMiddleware:
@@ -103,7 +104,7 @@ class AuthMiddleware:
 async def _api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
     headers = {"Retry-After": "2"} if exc.status == 503 else None
-    return error_response(request.url.path, exc.status, exc.message, exc.field, headers)
+    return error_response(request.url.path, exc.status, exc.message, exc.field, headers, kind=exc.kind)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:

@@ -217,6 +217,9 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
                                 "server's limit", field=f"alwayson_scripts.{key}")
         ignored += [f"{where}.{str(f)[:60]}" for f in unit if f not in _QUIET]
         fields[f"controlnets[{len(out)}]"] = where
+        # the pipeline names a unit's thresholds "controlnets[k] low" / "high": the unit's threshold_a / threshold_b
+        fields[f"controlnets[{len(out)}] low"] = f"{where}.threshold_a"
+        fields[f"controlnets[{len(out)}] high"] = f"{where}.threshold_b"
         made, reads = _unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res)
         out.append(made)
         if reads:  # an SD3 inpainting net's mask, as the pipeline's errors name it

@@ -8,13 +8,16 @@ from ..errors import _items, _render
 
 
 class ApiError(Exception):
-    """A request the server refuses (4xx) or cannot serve now (503). ``field`` names the request field."""
+    """A request the server refuses (4xx) or cannot serve now (503), or a job that failed (500). ``field`` names
+    the request field; ``kind``: a 500's exception type name, which A1111's answer carries in ``error``
+    (``modules/api/api.py``'s ``handle_exception``: ``type(e).__name__``)."""
 
-    def __init__(self, status: int, message: str, *, field: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, field: str | None = None, kind: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.field = field
+        self.kind = kind
 
 
 #: the pipeline's argument names -> A1111's request fields
@@ -25,7 +28,22 @@ _FIELDS = {"strength": "denoising_strength", "cfg": "cfg_scale", "batch": "batch
            "hires_upscaler": "hr_upscaler", "refiner": "refiner_checkpoint",
            "hires_refiner_pass": "override_settings.hires_fix_refiner_pass", "mask": "mask",
            "init_upscaler": "upscaler_for_img2img", "inpaint_area": "inpaint_full_res",
-           "inpaint_padding": "inpaint_full_res_padding", "masked_content": "inpainting_fill"}
+           "inpaint_padding": "inpaint_full_res_padding", "masked_content": "inpainting_fill",
+           # {@@name}: how a request brings in a file of that kind
+           "@loras": "a <lora:NAME:WEIGHT> tag in the prompt (the file in the LoRA folder, --lora-dir)",
+           "@controlnets": "a ControlNet unit's model (alwayson_scripts.controlnet.args; the file in the models "
+                           "folder's ControlNet/)",
+           "@embeddings": "its name in the prompt (the file in the embeddings folder, --embedding-dir)",
+           "@model": "sd_model_checkpoint (the file in the models folder, --models)",
+           "@weights": "sd_model_checkpoint (the file in the models folder, --models)",
+           "@lora_dir": "the server's --lora-dir",
+           "@hires_upscaler": "hr_upscaler, or /sdapi/v1/extra-single-image (the file in the models folder's "
+                              "ESRGAN/)"}
+
+
+def in_request_words(text: str) -> str:
+    """``text`` (a message with ``{@name}`` / ``{@@name}`` arguments, sdrt.errors) in the request's fields."""
+    return _items(_render(text, _FIELDS), _FIELDS)
 
 
 def from_pipeline(exc: Exception, fields: Mapping[str, str] | None = None) -> ApiError:
@@ -44,7 +62,9 @@ def from_pipeline(exc: Exception, fields: Mapping[str, str] | None = None) -> Ap
     field = names.get(where, where) or None
     # {@cfg} -> cfg_scale; a list item (controlnets[0]) -> the request's own (alwayson_scripts.controlnet.args[0])
     what, fix = _items(_render(what, names), names), _items(_render(fix, names), names) if fix else fix
+    if "[" in where and where in names and field and field not in what:  # a unit's threshold_a, which the
+        what = f"{field}: {what}"  # pipeline's message ("a down sampling rate of 500 ...") does not name
     return ApiError(400, f"{what}; {fix}" if fix else what, field=field)
 
 
-__all__ = ["ApiError", "from_pipeline"]
+__all__ = ["ApiError", "from_pipeline", "in_request_words"]

@@ -123,16 +123,18 @@ async def wait_for_job(request: Request, job: Any, queue: Any) -> Any:
 
 
 def error_response(request_path: str, status: int, message: str, field: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+                   headers: dict[str, str] | None = None, kind: str | None = None) -> JSONResponse:
     """OpenAI's error shape under ``/v1/``; elsewhere A1111's (``error``, ``detail``, ``body``, ``errors``), with
-    ``message`` and ``field``.
+    ``message`` and ``field``. A 500's ``error`` is the failed exception's type name (``kind``), as A1111's
+    ``handle_exception`` answers one (``type(e).__name__``); no traceback, which the server logs at debug.
     The message is one line: a library's text that spans lines (onnx's, a traceback's) is joined with "; "."""
     message = "; ".join(line.strip() for line in message.splitlines() if line.strip()) or message
     if request_path.startswith("/v1/"):
         kind = "invalid_request_error" if status < 500 else "server_error"
         body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": field, "code": None}}
     else:
-        body = {"error": _names.get(status, "Error"), "detail": message, "body": "", "errors": message,
+        name = kind if status >= 500 and kind else _names.get(status, "Error")
+        body = {"error": name, "detail": message, "body": "", "errors": message,
                 "message": message, "field": field}
     return JSONResponse(body, status_code=status, headers=headers)
 

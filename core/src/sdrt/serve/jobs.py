@@ -62,6 +62,9 @@ class Work:
     #: A1111 infotext fields the pipeline does not write for this request (an option's, written whatever ran):
     #: added to each image's settings where the pipeline wrote none
     extra_infotext: dict[str, object] = field(default_factory=dict)
+    #: the request's width / height brought down to a multiple of 8 (A1111's rule), as sent: a size the model
+    #: refuses is said with them ("width: 100 ran as 96"), not as if 96 had been sent
+    rounded: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -218,18 +221,34 @@ def _public_error(exc: BaseException) -> ApiError:
             return ApiError(400, f"the model {exc.args[0]} refused the request: {_picture_size(exc.__cause__, work)}",
                             field=work.size_from.partition("[")[0])
         inner = from_pipeline(exc.__cause__, names)  # what and what to do, in the request's fields
+        if work is not None and work.rounded and getattr(exc.__cause__, "where", None) in ("width", "height"):
+            inner.message += f" ({'; '.join(work.rounded)})"  # "96x64 was asked" of a request that sent 100
         # "controlnets[0] (/models/ControlNet/x.safetensors)": the unit's own field, without the file's path
         key = re.match(r"\w+(\[\d+\])?", inner.field or "")
         name = names.get(key.group(0)) if key else None
-        return ApiError(400, f"the model {exc.args[0]} refused the request: {inner.message}",
-                        field=name or inner.field)
+        field = name or inner.field
+        if field and ("/" in field or "\\" in field):  # a server file (a prompt's LoRA), never a request field
+            field = _tag_field(Path(field).stem, work)
+        return ApiError(400, f"the model {exc.args[0]} refused the request: {inner.message}", field=field)
     if isinstance(exc, _Generating) and exc.__cause__ is not None:
         exc = exc.__cause__
     if isinstance(exc, (InputError, SamplerError, WeightsError)):
         return ApiError(400, str(exc))
     if isinstance(exc, SdrtError):
-        return ApiError(500, str(exc))
-    return ApiError(500, f"internal error ({type(exc).__name__}: {exc}); the server logged it and keeps serving")
+        return ApiError(500, str(exc), kind=type(exc).__name__)
+    return ApiError(500, f"internal error ({type(exc).__name__}: {exc}); the server logged it and keeps serving",
+                    kind=type(exc).__name__)
+
+
+def _tag_field(stem: str, work: Work | None) -> str | None:
+    """The prompt field whose ``<lora:NAME:...>`` tag names the file ``stem`` (the LoRA a job refused), else None."""
+    from ..text import extract_loras
+
+    for text, key in ((getattr(work, "prompt", None), "prompt"), (getattr(work, "negative", None), "negative_prompt")):
+        if isinstance(text, str) and "<" in text and any(
+                Path(name).name.casefold() == stem.casefold() for name, _ in extract_loras(text)[1]):
+            return key
+    return None
 
 
 def _picture_size(exc: SdrtError, work: Work) -> str:
@@ -341,7 +360,8 @@ class Worker(threading.Thread):
             if own.module_field is not None:  # a VAE / text encoder the request chose that this model refuses
                 raise _module_error(model, exc) from exc
             if isinstance(exc, WeightsError):  # a checkpoint of another architecture than its base folder
-                raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}") from exc
+                raise ApiError(500, f"the model {model.name} cannot be loaded: {exc}",
+                               kind=type(exc).__name__) from exc
             raise
         if replaces is not None:
             self._drop(key)

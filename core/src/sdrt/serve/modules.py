@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ApiError
+from .errors import ApiError, in_request_words
 
 if TYPE_CHECKING:  # pragma: no cover
     from .registry import ModelEntry, Registry
@@ -234,7 +234,8 @@ def _identify(entry: ModuleEntry) -> tuple[str, str | None]:
     try:
         ident = identify(Weights.open(entry.path).shapes())
         # a file of a family sdrt does not run (a Wan VAE, a UMT5 encoder): "foreign", and what it is
-        out: tuple[str, str | None] = ("foreign", ident.label) if ident.foreign else (ident.kind, None)
+        out: tuple[str, str | None] = (("foreign", in_request_words(ident.label)) if ident.foreign
+                                       else (ident.kind, None))
     except SdrtError as exc:
         out = ("unknown", exc.what.replace(str(entry.path), entry.name))
     except OSError as exc:

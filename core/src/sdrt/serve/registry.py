@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ApiError
+from .errors import ApiError, in_request_words
 
 log = logging.getLogger("sdrt.serve.registry")
 
@@ -269,6 +269,7 @@ class Registry:
 
                 why = missing_parts(f)
                 if why:
+                    why = in_request_words(why)  # a LoRA's "pass it with {@@loras}": a <lora:...> tag
                     from .modules import part_only
 
                     if part_only(f):  # runs with the text encoders / VAE a request chooses

@@ -510,13 +510,14 @@ class Lora:
             else:
                 layers[mod] = replace(layers[mod], dora=Dora(m, conv))
         if unknown and not layers and not parts and not lyco and not whole:  # nothing in it is a LoRA: say what it is
-            from ..checkpoint.families import identify
+            from ..checkpoint.families import NOT_CHECKPOINTS, detect, identify, with_use
 
-            what = identify(shapes).label  # names and shapes only: a 6 GB checkpoint is not read
+            plain = detect(shapes)  # names and shapes only: a 6 GB checkpoint is not read
+            what = with_use(plain, "a LoRA") if plain in NOT_CHECKPOINTS else identify(shapes).label
             raise WeightsError(f"{os.path.basename(source)} is not a LoRA: it looks like {what}", where=source,
                                fix="pass a LoRA file here (keys ending in lora_down.weight / lora_A.weight / "
-                               "hada_w1_a / lokr_w1 / diff); a checkpoint is the model (or --weights), an embedding goes to "
-                               "--embedding")
+                               "hada_w1_a / lokr_w1 / diff); a checkpoint is the model ({@@model}, or {@@weights} "
+                               "onto a loaded one), an embedding goes in with {@@embeddings}")
         if problems:
             raise WeightsError(
                 f"{len(problems)} LoRA keys cannot be used: " + "; ".join(problems),
