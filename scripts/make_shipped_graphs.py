@@ -72,6 +72,8 @@ SD1_UNET = dict(act_fn="silu", attention_head_dim=8, block_out_channels=[320, 64
                 up_block_types=["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3)
 # runwayml/stable-diffusion-inpainting unet/config.json: SD 1.x with 9 input channels
 SD1_INPAINT_UNET = {**SD1_UNET, "in_channels": 9}
+# timbrooks/instruct-pix2pix unet/config.json: SD 1.x with 8 input channels (noise + the input image's latent)
+SD1_IP2P_UNET = {**SD1_UNET, "in_channels": 8}
 # stabilityai/stable-diffusion-2-1 unet/config.json (2-base: sample_size 64, otherwise equal)
 SD2_UNET = {**SD1_UNET, "attention_head_dim": [5, 10, 20, 20], "cross_attention_dim": 1024,
             "use_linear_projection": True, "sample_size": 96}
@@ -461,6 +463,7 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
     _unet_spec("sd1_unet", SD1_UNET, UNET_REDUCE_SD, "runwayml/stable-diffusion-v1-5 unet/config.json"),
     _unet_spec("sd1_inpaint_unet", SD1_INPAINT_UNET, UNET_REDUCE_SD,
                "runwayml/stable-diffusion-inpainting unet/config.json"),
+    _unet_spec("sd1_ip2p_unet", SD1_IP2P_UNET, UNET_REDUCE_SD, "timbrooks/instruct-pix2pix unet/config.json"),
     _unet_spec("sd2_unet", SD2_UNET, UNET_REDUCE_SD, "stabilityai/stable-diffusion-2-1 unet/config.json"),
     _unet_spec("sd2_inpaint_unet", SD2_INPAINT_UNET, UNET_REDUCE_SD,
                "stabilityai/stable-diffusion-2-inpainting unet/config.json"),

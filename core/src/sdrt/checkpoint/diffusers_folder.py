@@ -53,6 +53,7 @@ PIPELINE_CLASSES = (("StableDiffusionXL", ("sdxl", "sdxl-inpaint", "sdxl-refiner
                     ("FluxFill", ("flux-fill",)), ("FluxControlNet", ("flux-dev", "flux-schnell")),
                     ("FluxControl", ("flux-control",)),
                     ("Flux", ("flux-dev", "flux-schnell", "flux-fill", "flux-control")), ("Chroma", ("chroma",)),
+                    ("StableDiffusionInstructPix2Pix", ("sd1-ip2p",)),
                     ("StableDiffusion", ("sd1", "sd1-inpaint", "sd2", "sd2-inpaint")))
 #: the families of diffusers folders sdrt runs, in words (for messages)
 RUNS = "SD 1.x, SD 2.x, SDXL, SD 3 Medium, SD 3.5, Flux.1 and Chroma"

@@ -221,7 +221,12 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
     def _conditioning(self, s: Settings) -> tuple[Conditioning, Conditioning | None]:
         t5 = {"max_length": s.max_sequence_length} if s.max_sequence_length else {}
         cond = self._limit(self.prompts.encode(s.prompt, s.clip_skip, **t5), "prompt")
-        if not self.family.negative_pass(s.cfg, s.negative_prompt):
+        negative = self.family.negative_pass(s.cfg, s.negative_prompt)
+        if s.image_cfg is not None and self.instruct_pix2pix:  # its rule (sdrt.pipelines.edit.guidance)
+            from .edit import guidance
+
+            negative = guidance(s.cfg, s.image_cfg, s.strength_rule) != "none"
+        if not negative:
             if s.negative_prompt and not self._dry:  # said, not dropped in silence (as diffusers and A1111 drop it)
                 log.warning("the negative prompt is not used: CFG %g runs one pass, with the prompt only (a CFG "
                             "above 1 runs the negative pass%s)", s.cfg,
@@ -778,6 +783,16 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                          enlarge=enlarge(parse(init_upscaler), mode, None if self._dry else self._model_upscaler))
 
     @property
+    def instruct_pix2pix(self) -> bool:
+        """Whether the denoiser is an InstructPix2Pix editing UNet (its sample takes the picture's latent too:
+        :mod:`sdrt.pipelines.edit`)."""
+        fam = self.family
+        if fam.flow or fam.packed or not fam.edit_channels:
+            return False
+        shape = self.denoiser.inputs[fam.sample_input].shape
+        return len(shape) == 4 and shape[1] == fam.latent_channels + fam.edit_channels
+
+    @property
     def flux_tool(self) -> str | None:
         """``"fill"`` or ``"control"`` for BFL's FLUX.1 Fill and Canny/Depth models, else None
         (:mod:`sdrt.pipelines.fluxtools`)."""
@@ -809,11 +824,34 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             raise InputError(f"the hires fix is not supported with a {fluxtools.LABELS[tool]} model",
                              where="hires_scale", fix="leave {@hires_scale} unset")
 
+    def _edit_defaults(self, s: Settings) -> None:
+        """An InstructPix2Pix model's settings: the picture to edit is needed, ``image_cfg`` defaults to 1.5, and
+        without a ``strength`` the run starts from noise alone (diffusers'); ``image_cfg`` elsewhere is refused."""
+        from .edit import DEFAULT_IMAGE_CFG
+
+        if not self.instruct_pix2pix:
+            if s.image_cfg is not None:
+                raise InputError(f"{{@image_cfg}} guides an InstructPix2Pix editing model, and this {self.family.label} "
+                                 "model is not one", where="image_cfg",
+                                 fix="leave {@image_cfg} unset, or load an InstructPix2Pix model")
+            return
+        if s.init_image is None:
+            raise InputError("this is an InstructPix2Pix editing model (8 input channels): it edits a picture",
+                             where="init_image", fix="pass {@init_image=} (the picture) and a prompt saying the edit")
+        if s.mask is not None:
+            raise InputError("a mask with an InstructPix2Pix model is not supported", where="mask",
+                             fix="leave {@mask} out (the prompt says what to change)")
+        if s.image_cfg is None:
+            s.image_cfg = DEFAULT_IMAGE_CFG
+        if not s.strength_given:
+            s.strength = None
+
     def _family_defaults(self, s: Settings) -> None:
         """CFG, sampler and distilled guidance the caller left unset, from the family; settings it cannot use refused."""
         fam = self.family
         if s.cfg is None:
             s.cfg = fam.default_cfg
+        self._edit_defaults(s)
         if s.choice is None:
             from ..samplers import resolve
 
@@ -1097,7 +1135,17 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             from .reference import MEAN as init_gen
         # Flux / SD3 ControlNets: each control image VAE-encoded before the init image's and the noise
         self._encode_controls(s, uncond, generator)
-        if s.mode == "img2img":
+        edit = None
+        if s.image_cfg is not None and self.instruct_pix2pix:  # sdrt.pipelines.edit
+            from .reference import MEAN
+
+            assert init is not None
+            # the picture as the model was trained on it: the VAE's mean, without the family's scale and shift
+            edit = np.repeat(self.family.to_vae_latents(self._init_latents(init, MEAN, lh, lw)), s.batch, axis=0)
+        if edit is not None and s.strength is None:  # diffusers' InstructPix2Pix: noise alone, the whole schedule
+            noise = generator.randn(shape)
+            x = loop.start(noise)
+        elif s.mode == "img2img":
             assert init is not None
             image_latents = np.repeat(self._init_latents(init, init_gen, lh, lw), s.batch, axis=0)
             noise = generator.randn(shape)
@@ -1133,6 +1181,11 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             x = loop.start(noise)
         call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance,
                          guidance_rescale=s.guidance_rescale)
+        if edit is not None:
+            from .edit import guidance
+
+            call.edit, call.image_cfg = edit, float(s.image_cfg or 0)
+            call.edit_guidance = guidance(s.cfg, call.image_cfg, s.strength_rule)
         control = self._control(s, call, s.width, s.height)  # ControlNet residuals as more UNet inputs
         model = self.family.denoiser(self._model_part(), ms, call)
         refiner = None
@@ -1285,6 +1338,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             info["Schedule type"] = schedule
         info.update({"CFG scale": _num(s.cfg), "Seed": seed, "Size": f"{s.width}x{s.height}",
                      "Model hash": self.model_hash, "Model": self.folder.name})
+        if s.image_cfg is not None:  # A1111's infotext name (an InstructPix2Pix model's only: _edit_defaults)
+            info["Image CFG scale"] = _num(s.image_cfg)
         if self._weight_state is None and self.folder.vae_file is not None:  # else the weight state names it
             from .weights import vae_infotext
 
