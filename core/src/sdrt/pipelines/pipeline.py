@@ -1352,7 +1352,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
 
             info.update(infotext(s.reference_images, s.reference_resize))
         if s.init_image is not None:
-            info["Denoising strength"] = _num(s.strength or 0)
+            if s.strength is not None:  # None: an InstructPix2Pix run from noise alone (sdrt.pipelines.edit)
+                info["Denoising strength"] = _num(s.strength)
             info["Strength rule"] = s.strength_rule  # sdrt's: A1111 writes no field for its own rule
             if s.init_upscaler is not None:
                 info["Init upscaler"] = s.init_upscaler[0]  # sdrt's: A1111 writes none for upscaler_for_img2img

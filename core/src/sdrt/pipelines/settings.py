@@ -247,7 +247,9 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         init_strength = strength
         strength = float(strength if strength is not None else (1.0 if mask is not None else 0.75))
         schedule(steps, strength, rule)  # A1111's fixed steps: a stretched schedule within the bounds
-        if rule == "diffusers" and min(int(steps * strength), steps) < 1:  # A1111's rules run one step at least
+        # (an InstructPix2Pix run without a strength runs every step: image_cfg says the model is one)
+        if rule == "diffusers" and min(int(steps * strength), steps) < 1 and (init_strength is not None
+                                                                              or image_cfg is None):  # A1111's rules run one step at least
             given = "strength" if init_strength is not None else "steps"  # the default strength is not the user's
             said = "{@strength}" if given == "strength" else "the default strength"
             raise InputError(f"{said} {strength} of {steps} step{'' if steps == 1 else 's'} leaves no step to run",
