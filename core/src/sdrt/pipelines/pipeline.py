@@ -529,7 +529,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         mask repaints starts from, A1111's inpainting_fill 1, 0, 2, 3; sdrt.pipelines.maskedcontent), mask_blur (0;
         pixels, or (x, y): A1111's mask blur, sdrt.pipelines.maskblur), mask_overlay (False; True: the init image
         composited back where the mask keeps it, as A1111), inpaint_area and inpaint_padding
-        (sdrt.pipelines.onlymasked), batch=1, batch_count=1, clip_skip=1``; the toolbox's
+        (sdrt.pipelines.onlymasked), image_cfg (an InstructPix2Pix model's image guidance, 1.5; without a strength
+        it starts from noise alone: sdrt.pipelines.edit), batch=1, batch_count=1, clip_skip=1``; the toolbox's
         ``controlnets=[(net, image, scale, start, end)]``, ``hires_scale, hires_steps, hires_denoise,
         hires_upscaler``, ``rng="cpu"|"gpu"|"nv", subseed, subseed_strength``, ``preview`` and ``preview_size``
         (docs/toolbox.md). ``callback(step, total, latents)`` is called after every step (it may call
