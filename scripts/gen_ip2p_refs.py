@@ -1,7 +1,7 @@
 """A tiny InstructPix2Pix model (SD 1.x with an 8-channel UNet) in the three forms people hold it, and diffusers'
 ``StableDiffusionInstructPix2PixPipeline`` images for sdrt to match.
 
-    PYTHONPATH=scripts:core/src /work/refvenv/bin/python scripts/gen_ip2p_refs.py
+    PYTHONPATH=scripts:scripts/_tvblock:core/src /work/refvenv/bin/python scripts/gen_ip2p_refs.py [--cosxl]
 
 The model is ``gen_pipeline_refs.build("sd15")``'s text encoder and VAE with ``tiny_unet(in_channels=8)`` (random
 weights, every one a float16 value so the fp16 single file holds them exactly) and timbrooks/instruct-pix2pix's
@@ -15,6 +15,11 @@ scheduler (``EulerAncestralDiscreteScheduler``, scaled_linear, epsilon).
   ``instruct-pix2pix-00-22000.safetensors``: ``model.diffusion_model.*`` (``input_blocks.0.0.weight`` 8 channels
   wide), ``cond_stage_model.transformer.*``, ``first_stage_model.*``, fp16. diffusers' ``from_single_file`` reads
   the UNet and VAE back equal (checked here).
+
+``--cosxl``: CosXL Edit, ``tests/data/pipelines/tiny-sdxl-ip2p``: ``gen_pipeline_refs.build("sdxl")``'s encoders and
+VAE with ``tiny_unet(in_channels=8, xl=True)``, CosXL's EDM v-prediction scheduler (``EDMEulerScheduler``, sigma_data 1,
+0.002..120: sdrt's release data for ``edm_vpred`` keys), run by ``StableDiffusionXLInstructPix2PixPipeline`` with
+``is_cosxl_edit=True`` (the picture's latent scaled), starting from ``noise * sigma_max`` as make_edm_refs.py does.
 """
 
 from __future__ import annotations
@@ -32,8 +37,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from diffusers import (  # noqa: E402
     AutoencoderKL,
+    EDMEulerScheduler,
     EulerAncestralDiscreteScheduler,
     StableDiffusionInstructPix2PixPipeline,
+    StableDiffusionXLInstructPix2PixPipeline,
     UNet2DConditionModel,
 )
 from gen_checkpoint_data import assert_same, half, unet_to_ldm, vae_to_ldm  # noqa: E402
@@ -119,8 +126,73 @@ def write_files(pipe) -> None:
     assert_same(vae_l.state_dict(), pipe.vae.state_dict(), "ip2p vae single-file")
 
 
+XL_FOLDER = gp.OUT / "tiny-sdxl-ip2p"
+RELEASE = json.loads((ROOT / "core" / "src" / "sdrt" / "data" / "release" / "families.json").read_text())
+COSXL = {**RELEASE["sdxl"]["edm"]["edm_vpred.sigma_max"]["scheduler"]}
+
+
+def build_cosxl() -> StableDiffusionXLInstructPix2PixPipeline:
+    base = gp.build("sdxl")
+    torch.manual_seed(0)
+    unet = gp.tiny_unet(in_channels=8, xl=True, cross=64).eval()
+    gp.scale_weights(unet, 5)
+    gp.fp16_exact(base.text_encoder, base.text_encoder_2, unet, base.vae)
+    pipe = StableDiffusionXLInstructPix2PixPipeline(
+        vae=base.vae, text_encoder=base.text_encoder, text_encoder_2=base.text_encoder_2, tokenizer=base.tokenizer,
+        tokenizer_2=base.tokenizer_2, unet=unet, scheduler=EDMEulerScheduler.from_config(COSXL),
+        force_zeros_for_empty_prompt=True, is_cosxl_edit=True)
+    pipe.set_progress_bar_config(disable=True)
+    pipe.tokenizer_dir = base.tokenizer_dir
+    return pipe
+
+
+def cosxl_cases() -> list[dict]:
+    base = dict(prompt=PROMPT, negative_prompt="blurry, low quality", steps=8, cfg=5.0, image_cfg=1.5, seed=1234,
+                batch=1, sampler="Euler Exponential", sigma_schedule="exponential")
+    return [dict(base, name="cosxl/Euler Exponential"),
+            dict(base, name="cosxl/Euler Karras/image cfg 2", sampler="Euler Karras", sigma_schedule="karras",
+                 image_cfg=2.0, seed=5)]
+
+
+def run_cosxl(pipe, case: dict, image: np.ndarray) -> np.ndarray:
+    sched = EDMEulerScheduler.from_config({**COSXL, "sigma_schedule": case["sigma_schedule"]})
+    p = StableDiffusionXLInstructPix2PixPipeline(**{**pipe.components, "scheduler": sched},
+                                                 force_zeros_for_empty_prompt=True, is_cosxl_edit=True)
+    p.set_progress_bar_config(disable=True)
+    g = torch.Generator("cpu").manual_seed(case["seed"])
+    f = gp.SIZE // 8
+    noise = torch.randn((case["batch"], 4, f, f), generator=g, dtype=torch.float32)
+    result = p(prompt=case["prompt"], negative_prompt=case["negative_prompt"], image=Image.fromarray(image),
+               num_inference_steps=case["steps"], guidance_scale=case["cfg"], image_guidance_scale=case["image_cfg"],
+               num_images_per_prompt=case["batch"], height=gp.SIZE, width=gp.SIZE, generator=g,
+               latents=noise * (sched.config.sigma_max / sched.init_noise_sigma), output_type="np")
+    return (result.images * 255).round().astype(np.uint8)
+
+
+def main_cosxl() -> None:
+    pipe = build_cosxl()
+    saved = gp.RELEASE_SCHEDULERS["sdxl-inpaint"]
+    gp.RELEASE_SCHEDULERS["sdxl-inpaint"] = {"_class_name": "EDMEulerScheduler", **COSXL}
+    try:  # the SDXL export (float scalar timestep, text_embeds and time_ids), with CosXL's scheduler config
+        gp.export(pipe, "sdxl-inpaint", XL_FOLDER)
+    finally:
+        gp.RELEASE_SCHEDULERS["sdxl-inpaint"] = saved
+    image = gp.init_image()
+    refs = {"init_image": image}
+    cases = cosxl_cases()
+    for case in cases:
+        refs[case["name"]] = run_cosxl(pipe, case, image)
+        print(case["name"], refs[case["name"]].shape, float(refs[case["name"]].std()))
+    (XL_FOLDER / "refs.json").write_text(json.dumps(cases, indent=1) + "\n")
+    np.savez_compressed(XL_FOLDER / "refs.npz", **refs)
+    print(XL_FOLDER, sum(f.stat().st_size for f in XL_FOLDER.rglob("*") if f.is_file()))
+
+
 def main() -> None:
     torch.set_num_threads(1)
+    if "--cosxl" in sys.argv:
+        main_cosxl()
+        return
     gp.RELEASE_SCHEDULERS["sd15-ip2p"] = SCHEDULER
     pipe = build()
     write_files(pipe)

@@ -196,7 +196,84 @@ def test_full_size_diffusers_folder_opens_onto_the_shipped_graph(tmp_path):
              h.vae_tensors(_g("vae4_decoder"), _g("vae4_encoder"), sparse=True))
     opened = open_diffusers_folder(root)
     assert opened.family == "sd1-ip2p" and opened.parts["unet"][0] == shipped_graph("sd1_ip2p_unet")
-    # an SDXL InstructPix2Pix folder (CosXL Edit) is still refused, by name
+    # a folder whose model_index.json says SDXL InstructPix2Pix and whose UNet is SD 1.x's is refused
     (root / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionXLInstructPix2PixPipeline"}))
-    with pytest.raises(ModelError, match="CosXL Edit"):
+    with pytest.raises(ModelError, match="model_index.json names StableDiffusionXLInstructPix2PixPipeline"):
         open_diffusers_folder(root)
+
+
+# -- CosXL Edit: SDXL with 8 input channels, EDM v-prediction ---------------------------------------
+XL = TESTS / "data" / "pipelines" / "tiny-sdxl-ip2p"
+XL_PARTS = ["unet", "text_encoder", "text_encoder_2", "vae_decoder", "vae_encoder"]
+XL_TOKENIZERS = {"tokenizer": XL / "tokenizer", "tokenizer_2": XL / "tokenizer_2"}
+
+
+def _xl_compare(pipe) -> int:
+    cases = json.loads((XL / "refs.json").read_text())
+    refs = np.load(XL / "refs.npz")
+    for case in cases:
+        images = pipe(case["prompt"], case["negative_prompt"], steps=case["steps"], cfg=case["cfg"],
+                      image_cfg=case["image_cfg"], sampler=case["sampler"], seed=case["seed"], batch=case["batch"],
+                      init_image=refs["init_image"])
+        diff = np.abs(np.stack(images).astype(np.int16) - refs[case["name"]].astype(np.int16))
+        assert diff.max() <= 1 and (diff > 0).mean() <= 0.005, \
+            f"{case['name']}: max difference {diff.max()}, {(diff > 0).mean():.2%} of values differ"
+    return len(cases)
+
+
+def test_cosxl_edit_onnx_folder_gives_diffusers_images():
+    """CosXL Edit as an ONNX folder (EDMEulerScheduler v-prediction, sigma_data 1, 0.002..120): diffusers'
+    StableDiffusionXLInstructPix2PixPipeline with is_cosxl_edit (the picture's latent scaled) at Euler Exponential and
+    Euler Karras, image CFG 1.5 and 2."""
+    from sdrt.samplers import EDMSchedule
+
+    register("openvino")
+    with pipelines.load(XL, backend="openvino") as pipe:
+        assert pipe.family.name == "sdxl" and pipe.instruct_pix2pix and isinstance(pipe.schedule, EDMSchedule)
+        assert _xl_compare(pipe) == 2
+
+
+def test_cosxl_edit_single_file_gives_diffusers_images(tmp_path):
+    """cosxl_edit.safetensors' layout: an LDM SDXL checkpoint with an 8-channel UNet and the edm_vpred.sigma_min /
+    sigma_max keys (its VAE baked in): SDXL InstructPix2Pix, EDM v-prediction, diffusers' images."""
+    from sdrt.samplers import EDMSchedule
+
+    cfg = json.loads((XL / "scheduler" / "scheduler_config.json").read_text())
+    tensors = {**h.unet_tensors(Graph.load(XL / "unet" / "model.onnx")),
+               **h.clip_tensors(Graph.load(XL / "text_encoder" / "model.onnx"), "conditioner.embedders.0.transformer."),
+               **h.openclip_tensors(Graph.load(XL / "text_encoder_2" / "model.onnx"), "conditioner.embedders.1.model."),
+               **h.vae_tensors(Graph.load(XL / "vae_decoder" / "model.onnx"),
+                               Graph.load(XL / "vae_encoder" / "model.onnx"), "first_stage_model."),
+               "edm_vpred.sigma_min": np.float32(cfg["sigma_min"]), "edm_vpred.sigma_max": np.float32(cfg["sigma_max"])}
+    f = h.write(tmp_path / "cosxl_edit-tiny.safetensors", tensors)
+    graphs = h.stripped(XL, XL_PARTS, tmp_path / "g")
+    register("openvino")
+    with pipelines.load(f, backend="openvino", graph_paths=graphs, tokenizers=XL_TOKENIZERS) as pipe:
+        opened = pipe.folder.single_file
+        assert (opened.family, opened.prediction) == ("sdxl-ip2p", "v_prediction")
+        assert pipe.instruct_pix2pix and isinstance(pipe.schedule, EDMSchedule)
+        assert _xl_compare(pipe) == 2
+
+
+def test_full_size_cosxl_edit_binds_onto_the_shipped_graph(tmp_path):
+    """cosxl_edit.safetensors' names and shapes (SDXL's with an 8-channel UNet and the edm_vpred keys): every part
+    onto the shipped graphs, EDM v-prediction with CosXL's sigmas."""
+    shapes = {**h.unet_tensors(_g("sdxl_ip2p_unet"), sparse=True),
+              **h.clip_tensors(_g("clip_l"), "conditioner.embedders.0.transformer.", sparse=True),
+              **h.openclip_tensors(_g("clip_g"), "conditioner.embedders.1.model.", sparse=True),
+              **h.vae_tensors(_g("vae4_decoder"), _g("vae4_encoder"), "first_stage_model.", sparse=True),
+              "edm_vpred.sigma_min": ((), "F32"), "edm_vpred.sigma_max": ((), "F32")}
+    f = h.sparse(tmp_path / "cosxl_edit.safetensors", shapes)
+    raw = f.read_bytes()  # the two sigmas written in (the rest stays sparse zeros)
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    with open(f, "r+b") as out:
+        for key, value in (("edm_vpred.sigma_min", 0.002), ("edm_vpred.sigma_max", 120.0)):
+            out.seek(8 + n + header[key]["data_offsets"][0])
+            out.write(np.float32(value).tobytes())
+    opened = open_single_file(f)
+    assert (opened.family, opened.prediction) == ("sdxl-ip2p", "v_prediction")
+    assert opened.parts["unet"][0] == shipped_graph("sdxl_ip2p_unet")
+    assert opened.release["scheduler"]["_class_name"] == "EDMEulerScheduler"
+    for part, (gpath, weights) in opened.parts.items():
+        assert set(weights) == set(Graph.load(gpath).initializer_names), part

@@ -48,7 +48,8 @@ DENOISERS = ("unet", "transformer")
 #: the part folders whose .safetensors make a folder a diffusers folder of weights
 WEIGHT_FOLDERS = ("unet", "transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae")
 #: model_index.json's ``_class_name`` (its start) -> the families it may be (first match wins)
-PIPELINE_CLASSES = (("StableDiffusionXL", ("sdxl", "sdxl-inpaint", "sdxl-refiner")),
+PIPELINE_CLASSES = (("StableDiffusionXLInstructPix2Pix", ("sdxl-ip2p",)),
+                    ("StableDiffusionXL", ("sdxl", "sdxl-inpaint", "sdxl-refiner")),
                     ("StableDiffusion3", ("sd3-medium", "sd35-medium", "sd35-large")),
                     ("FluxFill", ("flux-fill",)), ("FluxControlNet", ("flux-dev", "flux-schnell")),
                     ("FluxControl", ("flux-control",)),

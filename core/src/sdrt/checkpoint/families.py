@@ -101,6 +101,9 @@ FAMILY_GRAPHS: dict[str, dict[str, str]] = {
              "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
     "sdxl-inpaint": {"unet": "sdxl_inpaint_unet", "text_encoder": "clip_l", "text_encoder_2": "clip_g",
                      "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
+    # stabilityai/cosxl's cosxl_edit.safetensors (EDM v-prediction: sdrt.checkpoint.edm): SDXL with 8 input channels
+    "sdxl-ip2p": {"unet": "sdxl_ip2p_unet", "text_encoder": "clip_l", "text_encoder_2": "clip_g",
+                  "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
     "sdxl-refiner": {"unet": "sdxl_refiner_unet", "text_encoder_2": "clip_g", "vae_decoder": "vae4_decoder",
                      "vae_encoder": "vae4_encoder"},
     # SD 3 Medium (June 2024): the SD 3.5 parts around an MMDiT without q/k norm or dual attention
@@ -133,7 +136,7 @@ FAMILY_LATENT_CHANNELS = {fam: 16 if graphs["vae_decoder"] == "vae16_decoder" el
                           for fam, graphs in FAMILY_GRAPHS.items()}
 LABELS = {"sd1": "SD 1.x", "sd1-inpaint": "SD 1.x inpainting", "sd1-ip2p": "SD 1.x InstructPix2Pix", "sd2": "SD 2.x", "sd2-inpaint": "SD 2.x inpainting",
           "sdxl": "SDXL",
-          "sdxl-inpaint": "SDXL inpainting", "sdxl-refiner": "SDXL refiner", "sd3-medium": "SD 3 Medium",
+          "sdxl-inpaint": "SDXL inpainting", "sdxl-ip2p": "SDXL InstructPix2Pix (CosXL Edit)", "sdxl-refiner": "SDXL refiner", "sd3-medium": "SD 3 Medium",
           "sd35-medium": "SD 3.5 Medium",
           "sd35-large": "SD 3.5 Large",
           "flux-dev": "Flux.1 dev", "flux-schnell": "Flux.1 schnell", "chroma": "Chroma",
@@ -217,8 +220,7 @@ def diffusers_denoiser(shapes: Shapes) -> tuple[str | None, str]:
         inpaint = len(conv_in) == 4 and conv_in[1] == 9
         ip2p = len(conv_in) == 4 and conv_in[1] == 8
         if ip2p and has("add_embedding."):
-            return None, ("an SDXL UNet with 8 input channels (CosXL Edit or another SDXL InstructPix2Pix), which sdrt "
-                          "does not run; SD 1.x InstructPix2Pix runs")
+            return "sdxl-ip2p", "an SDXL InstructPix2Pix UNet (8 input channels: CosXL Edit)"
         if has("add_embedding."):
             adm = shapes.get("add_embedding.linear_1.weight", ())
             if len(adm) == 2 and adm[1] == 2560 and not inpaint:  # pooled 1280 + 5 time ids (aesthetic score) x 256
@@ -313,8 +315,8 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
                             "shipped graph")
         if inpaint and fam in ("sd1", "sd2", "sdxl"):
             fam += "-inpaint"
-        elif ip2p and fam == "sd1":
-            fam = "sd1-ip2p"
+        elif ip2p and fam in ("sd1", "sdxl"):
+            fam += "-ip2p"
         elif inpaint or ip2p:
             return Identity(None, "unknown", f"{old}, which has no shipped graph")
         comps["unet"] = "model.diffusion_model."

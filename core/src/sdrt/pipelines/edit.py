@@ -1,8 +1,9 @@
-"""InstructPix2Pix editing models: an SD 1.x UNet with 8 input channels, the picture to edit beside the noise.
+"""InstructPix2Pix editing models: an SD 1.x or SDXL UNet with 8 input channels, the picture to edit beside the noise.
 
 The picture's latent is the VAE encoder's mean, unscaled (``vae.encode(image).latent_dist.mode()``, as the model was
 trained; diffusers' ``StableDiffusionInstructPix2PixPipeline`` and the original ``edit_cli.py``), concatenated to the
-sample on channels. Guidance runs three ways, ``[prompt + image, negative + image, negative + no image]``:
+sample on channels; an EDM-trained one (CosXL Edit) takes it scaled by the VAE's scaling factor (diffusers'
+``StableDiffusionXLInstructPix2PixPipeline`` with ``is_cosxl_edit``). Guidance runs three ways, ``[prompt + image, negative + image, negative + no image]``:
 ``uncond + cfg * (text - image) + image_cfg * (image - uncond)``.
 
 When the guidance runs (``guidance``) is where diffusers and A1111 differ; ``strength_rule`` says whose rule a run

@@ -1142,7 +1142,11 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
 
             assert init is not None
             # the picture as the model was trained on it: the VAE's mean, without the family's scale and shift
-            edit = np.repeat(self.family.to_vae_latents(self._init_latents(init, MEAN, lh, lw)), s.batch, axis=0)
+            # (InstructPix2Pix), or with it for an EDM-trained one (CosXL Edit: diffusers' is_cosxl_edit)
+            edit = self._init_latents(init, MEAN, lh, lw)
+            if getattr(ms, "kind", None) != "edm":
+                edit = self.family.to_vae_latents(edit)
+            edit = np.repeat(edit, s.batch, axis=0)
         if edit is not None and s.strength is None:  # diffusers' InstructPix2Pix: noise alone, the whole schedule
             noise = generator.randn(shape)
             x = loop.start(noise)
