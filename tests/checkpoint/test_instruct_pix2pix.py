@@ -277,3 +277,15 @@ def test_full_size_cosxl_edit_binds_onto_the_shipped_graph(tmp_path):
     assert opened.release["scheduler"]["_class_name"] == "EDMEulerScheduler"
     for part, (gpath, weights) in opened.parts.items():
         assert set(weights) == set(Graph.load(gpath).initializer_names), part
+
+
+@pytest.mark.parametrize(("cfg", "image_cfg", "diffusers", "a1111"), [
+    (7.5, 1.5, "edit", "edit"), (7.5, 1.0, "cfg", "cfg"), (1.0, 1.5, "none", "edit"), (7.5, 0.5, "none", "edit"),
+    (0.5, 1.5, "none", "edit"), (1.0, 1.0, "none", "none")])
+def test_when_the_guidance_runs(cfg, image_cfg, diffusers, a1111):
+    """diffusers' rule (guided with cfg > 1 and image_cfg >= 1) and A1111's (image_cfg 1: ordinary CFG, else three-way),
+    by strength_rule: sdrt.pipelines.edit.guidance."""
+    from sdrt.pipelines.edit import guidance
+
+    assert guidance(cfg, image_cfg, "diffusers") == diffusers
+    assert guidance(cfg, image_cfg, "a1111") == guidance(cfg, image_cfg, "a1111-fix-steps") == a1111
