@@ -72,6 +72,8 @@ SD1_UNET = dict(act_fn="silu", attention_head_dim=8, block_out_channels=[320, 64
                 up_block_types=["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3)
 # runwayml/stable-diffusion-inpainting unet/config.json: SD 1.x with 9 input channels
 SD1_INPAINT_UNET = {**SD1_UNET, "in_channels": 9}
+# timbrooks/instruct-pix2pix unet/config.json: SD 1.x with 8 input channels (noise + the input image's latent)
+SD1_IP2P_UNET = {**SD1_UNET, "in_channels": 8}
 # stabilityai/stable-diffusion-2-1 unet/config.json (2-base: sample_size 64, otherwise equal)
 SD2_UNET = {**SD1_UNET, "attention_head_dim": [5, 10, 20, 20], "cross_attention_dim": 1024,
             "use_linear_projection": True, "sample_size": 96}
@@ -90,6 +92,8 @@ SDXL_UNET = dict(act_fn="silu", addition_embed_type="text_time", addition_time_e
                  use_linear_projection=True)
 # diffusers/stable-diffusion-xl-1.0-inpainting-0.1 unet/config.json: SDXL with 9 input channels
 SDXL_INPAINT_UNET = {**SDXL_UNET, "in_channels": 9}
+# stabilityai/cosxl cosxl_edit.safetensors (diffusers' from_single_file(num_in_channels=8)): SDXL with 8 input channels
+SDXL_IP2P_UNET = {**SDXL_UNET, "in_channels": 8}
 # stabilityai/stable-diffusion-xl-refiner-1.0 unet/config.json: what diffusers 0.42.1's
 # create_unet_diffusers_config_from_ldm makes of Stability's configs/inference/sd_xl_refiner.yaml (4 levels of
 # 384 channels x [1, 2, 4, 4], 4 transformer layers at levels 1-2, context 1280 (CLIP-G only), time ids with the
@@ -461,12 +465,15 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
     _unet_spec("sd1_unet", SD1_UNET, UNET_REDUCE_SD, "runwayml/stable-diffusion-v1-5 unet/config.json"),
     _unet_spec("sd1_inpaint_unet", SD1_INPAINT_UNET, UNET_REDUCE_SD,
                "runwayml/stable-diffusion-inpainting unet/config.json"),
+    _unet_spec("sd1_ip2p_unet", SD1_IP2P_UNET, UNET_REDUCE_SD, "timbrooks/instruct-pix2pix unet/config.json"),
     _unet_spec("sd2_unet", SD2_UNET, UNET_REDUCE_SD, "stabilityai/stable-diffusion-2-1 unet/config.json"),
     _unet_spec("sd2_inpaint_unet", SD2_INPAINT_UNET, UNET_REDUCE_SD,
                "stabilityai/stable-diffusion-2-inpainting unet/config.json"),
     _unet_spec("sdxl_unet", SDXL_UNET, UNET_REDUCE_XL, "stabilityai/stable-diffusion-xl-base-1.0 unet/config.json"),
     _unet_spec("sdxl_inpaint_unet", SDXL_INPAINT_UNET, UNET_REDUCE_XL,
                "diffusers/stable-diffusion-xl-1.0-inpainting-0.1 unet/config.json"),
+    _unet_spec("sdxl_ip2p_unet", SDXL_IP2P_UNET, UNET_REDUCE_XL,
+               "stabilityai/cosxl cosxl_edit.safetensors (SDXL base's unet/config.json, in_channels 8)"),
     _unet_spec("sdxl_refiner_unet", SDXL_REFINER_UNET, UNET_REDUCE_XL_REFINER,
                "stabilityai/stable-diffusion-xl-refiner-1.0 unet/config.json (Stability's sd_xl_refiner.yaml)"),
     Spec("sd3_medium_transformer", build_sd3, SD3M, sd3_inputs, lambda c: ["out_hidden_states"], sd3_dynamic,

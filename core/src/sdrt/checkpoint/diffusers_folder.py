@@ -48,11 +48,13 @@ DENOISERS = ("unet", "transformer")
 #: the part folders whose .safetensors make a folder a diffusers folder of weights
 WEIGHT_FOLDERS = ("unet", "transformer", "text_encoder", "text_encoder_2", "text_encoder_3", "vae")
 #: model_index.json's ``_class_name`` (its start) -> the families it may be (first match wins)
-PIPELINE_CLASSES = (("StableDiffusionXL", ("sdxl", "sdxl-inpaint", "sdxl-refiner")),
+PIPELINE_CLASSES = (("StableDiffusionXLInstructPix2Pix", ("sdxl-ip2p",)),
+                    ("StableDiffusionXL", ("sdxl", "sdxl-inpaint", "sdxl-refiner")),
                     ("StableDiffusion3", ("sd3-medium", "sd35-medium", "sd35-large")),
                     ("FluxFill", ("flux-fill",)), ("FluxControlNet", ("flux-dev", "flux-schnell")),
                     ("FluxControl", ("flux-control",)),
                     ("Flux", ("flux-dev", "flux-schnell", "flux-fill", "flux-control")), ("Chroma", ("chroma",)),
+                    ("StableDiffusionInstructPix2Pix", ("sd1-ip2p",)),
                     ("StableDiffusion", ("sd1", "sd1-inpaint", "sd2", "sd2-inpaint")))
 #: the families of diffusers folders sdrt runs, in words (for messages)
 RUNS = "SD 1.x, SD 2.x, SDXL, SD 3 Medium, SD 3.5, Flux.1 and Chroma"

@@ -20,7 +20,8 @@ LCM_UNET = ("an LCM-distilled UNet (its time_embedding.cond_proj takes the guida
 def detect(shapes: Shapes) -> str:
     """A family name for a checkpoint given ``{key: shape}``: ``"SD 1.x"``, ``"SD 2.x"``,
     ``"SDXL base"``, ``"SDXL refiner"``, ``"SD 3"``, ``"Flux"``, ``"diffusers UNet"``, ... or
-    ``"unknown"``. Inpainting UNets (9 input channels) get an ``" inpainting"`` suffix."""
+    ``"unknown"``. Inpainting UNets (9 input channels) get an ``" inpainting"`` suffix, image-conditioned ones
+    (8: InstructPix2Pix, CosXL Edit) an ``" InstructPix2Pix"`` suffix."""
     keys = shapes.keys()
 
     def has(prefix: str) -> bool:
@@ -63,6 +64,8 @@ def detect(shapes: Shapes) -> str:
     w = shapes.get("model.diffusion_model.input_blocks.0.0.weight")
     if w is not None and len(w) == 4 and w[1] == 9:
         fam += " inpainting"
+    elif w is not None and len(w) == 4 and w[1] == 8:
+        fam += " InstructPix2Pix"
     return fam
 
 
@@ -98,6 +101,9 @@ FAMILY_GRAPHS: dict[str, dict[str, str]] = {
     "sd1": {"unet": "sd1_unet", "text_encoder": "clip_l", "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
     "sd1-inpaint": {"unet": "sd1_inpaint_unet", "text_encoder": "clip_l", "vae_decoder": "vae4_decoder",
                     "vae_encoder": "vae4_encoder"},
+    # timbrooks/instruct-pix2pix (instruct-pix2pix-00-22000): SD 1.x with 8 input channels (noise + the image's latent)
+    "sd1-ip2p": {"unet": "sd1_ip2p_unet", "text_encoder": "clip_l", "vae_decoder": "vae4_decoder",
+                 "vae_encoder": "vae4_encoder"},
     "sd2": {"unet": "sd2_unet", "text_encoder": "openclip_h", "vae_decoder": "vae4_decoder",
             "vae_encoder": "vae4_encoder"},
     # stabilityai/stable-diffusion-2-inpainting (512-inpainting-ema) and its finetunes: SD 2.x with 9 input channels
@@ -107,6 +113,9 @@ FAMILY_GRAPHS: dict[str, dict[str, str]] = {
              "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
     "sdxl-inpaint": {"unet": "sdxl_inpaint_unet", "text_encoder": "clip_l", "text_encoder_2": "clip_g",
                      "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
+    # stabilityai/cosxl's cosxl_edit.safetensors (EDM v-prediction: sdrt.checkpoint.edm): SDXL with 8 input channels
+    "sdxl-ip2p": {"unet": "sdxl_ip2p_unet", "text_encoder": "clip_l", "text_encoder_2": "clip_g",
+                  "vae_decoder": "vae4_decoder", "vae_encoder": "vae4_encoder"},
     "sdxl-refiner": {"unet": "sdxl_refiner_unet", "text_encoder_2": "clip_g", "vae_decoder": "vae4_decoder",
                      "vae_encoder": "vae4_encoder"},
     # SD 3 Medium (June 2024): the SD 3.5 parts around an MMDiT without q/k norm or dual attention
@@ -137,9 +146,9 @@ FAMILY_ENCODERS: dict[str, dict[str, str]] = {
 }
 FAMILY_LATENT_CHANNELS = {fam: 16 if graphs["vae_decoder"] == "vae16_decoder" else 4
                           for fam, graphs in FAMILY_GRAPHS.items()}
-LABELS = {"sd1": "SD 1.x", "sd1-inpaint": "SD 1.x inpainting", "sd2": "SD 2.x", "sd2-inpaint": "SD 2.x inpainting",
+LABELS = {"sd1": "SD 1.x", "sd1-inpaint": "SD 1.x inpainting", "sd1-ip2p": "SD 1.x InstructPix2Pix", "sd2": "SD 2.x", "sd2-inpaint": "SD 2.x inpainting",
           "sdxl": "SDXL",
-          "sdxl-inpaint": "SDXL inpainting", "sdxl-refiner": "SDXL refiner", "sd3-medium": "SD 3 Medium",
+          "sdxl-inpaint": "SDXL inpainting", "sdxl-ip2p": "SDXL InstructPix2Pix (CosXL Edit)", "sdxl-refiner": "SDXL refiner", "sd3-medium": "SD 3 Medium",
           "sd35-medium": "SD 3.5 Medium",
           "sd35-large": "SD 3.5 Large",
           "flux-dev": "Flux.1 dev", "flux-schnell": "Flux.1 schnell", "chroma": "Chroma",
@@ -221,14 +230,21 @@ def diffusers_denoiser(shapes: Shapes) -> tuple[str | None, str]:
     if has("down_blocks.") and has("conv_in."):
         conv_in = shapes.get("conv_in.weight", ())
         inpaint = len(conv_in) == 4 and conv_in[1] == 9
+        ip2p = len(conv_in) == 4 and conv_in[1] == 8
+        if ip2p and has("add_embedding."):
+            return "sdxl-ip2p", "an SDXL InstructPix2Pix UNet (8 input channels: CosXL Edit)"
         if has("add_embedding."):
             adm = shapes.get("add_embedding.linear_1.weight", ())
             if len(adm) == 2 and adm[1] == 2560 and not inpaint:  # pooled 1280 + 5 time ids (aesthetic score) x 256
                 return "sdxl-refiner", "an SDXL refiner UNet"
             return ("sdxl-inpaint" if inpaint else "sdxl"), "an SDXL UNet"
         proj = next((s for k, s in shapes.items() if re.search(r"attentions\.\d+\.proj_in\.weight$", k)), None)
+        if proj is not None and len(proj) == 2 and ip2p:
+            return None, "an SD 2.x UNet with 8 input channels, which has no shipped graph; SD 1.x InstructPix2Pix runs"
         if proj is not None and len(proj) == 2:  # SD 2.x: linear proj_in; SD 1.x: a 1x1 conv
             return ("sd2-inpaint", "an SD 2.x inpainting UNet") if inpaint else ("sd2", "an SD 2.x UNet")
+        if ip2p:
+            return "sd1-ip2p", "an SD 1.x InstructPix2Pix UNet (8 input channels)"
         return ("sd1-inpaint" if inpaint else "sd1"), "an SD 1.x UNet"
     what = foreign.recognise(shapes)
     if what is not None:
@@ -294,6 +310,7 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
     elif has("model.diffusion_model.input_blocks."):
         old = detect(shapes)
         inpaint = old.endswith(" inpainting")
+        ip2p = old.endswith(" InstructPix2Pix")
         if old.startswith("SDXL refiner"):  # conditioner.embedders.0 is OpenCLIP-G alone, or a 2560-wide ADM input
             fam = "sdxl-refiner"
         elif old.startswith("SDXL base") or old.startswith("SDXL (UNet only)"):
@@ -310,7 +327,9 @@ def identify(shapes: Shapes, family: str | None = None, arch: str | None = None)
                             "shipped graph")
         if inpaint and fam in ("sd1", "sd2", "sdxl"):
             fam += "-inpaint"
-        elif inpaint:
+        elif ip2p and fam in ("sd1", "sdxl"):
+            fam += "-ip2p"
+        elif inpaint or ip2p:
             return Identity(None, "unknown", f"{old}, which has no shipped graph")
         comps["unet"] = "model.diffusion_model."
     elif detect(shapes) in ("diffusers UNet", "unknown") and (dfam := diffusers_denoiser(shapes)[0]) is not None:

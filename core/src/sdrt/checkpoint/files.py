@@ -108,7 +108,7 @@ def stored_type(ref: Any) -> str:
 
 #: families whose release ships another's scheduler, tokenizers and VAE: FLUX.1-Fill-dev's and
 #: FLUX.1-Canny/Depth-dev's scheduler_config.json and vae/config.json are FLUX.1-dev's
-RELEASE_OF = {"flux-fill": "flux-dev", "flux-control": "flux-dev"}
+RELEASE_OF = {"flux-fill": "flux-dev", "flux-control": "flux-dev", "sdxl-ip2p": "sdxl"}
 
 
 def release_defaults(family: str) -> dict[str, Any]:
@@ -448,7 +448,7 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         raise ModelError(f"{main.path.name} is {main.ident.label}; {LABELS[fam]} also needs {', '.join(kinds)}, "
                          "and no file given holds them", where=str(main.path), fix=_missing_fix(fam, missing))
     if prediction is None:
-        if fam == "sdxl" and (key := edm.edm_key(main.shapes)) is not None:  # Playground v2.5: eps; CosXL: v
+        if fam in ("sdxl", "sdxl-ip2p") and (key := edm.edm_key(main.shapes)) is not None:  # Playground v2.5: eps; CosXL: v
             prediction = "epsilon" if key == "edm_mean" else "v_prediction"
         elif not fam.startswith(("sd3", "flux", "chroma")) and (from_name := name_prediction(main.path)) is not None:
             prediction = from_name
@@ -473,7 +473,7 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
         raise ModelError(f"{LABELS[fam]} is a flow-matching model: prediction {prediction!r} does not apply",
                          where="prediction", fix="leave prediction unset for this model")
     release = release_defaults(fam)
-    if fam == "sdxl" and (with_edm := edm.edm_release(release, main.weights, main.path)) is not None:
+    if fam in ("sdxl", "sdxl-ip2p") and (with_edm := edm.edm_release(release, main.weights, main.path)) is not None:
         # EDM-trained (Playground v2.5, CosXL): its scheduler (and latent normalization) from its keys
         if prediction not in ("epsilon", "v_prediction"):  # EDM's preconditioning is for eps or v outputs
             raise ModelError(f"{main.path.name} is {with_edm['edm_label']}: prediction {prediction!r} does not apply "

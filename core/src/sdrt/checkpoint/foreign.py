@@ -53,6 +53,8 @@ class _Keys:
 def recognise(shapes: Shapes, arch: str | None = None) -> str | None:
     """What a file sdrt does not run is, in words, from its tensor names and shapes (and a GGUF file's
     ``general.architecture``), or None when it is none of the known ones."""
+    if instruct_pix2pix(shapes):  # runs (family sd1-ip2p / sdxl-ip2p)
+        return None
     for p in PREFIXES:
         if p and not any(k.startswith(p) for k in shapes):
             continue
@@ -60,6 +62,20 @@ def recognise(shapes: Shapes, arch: str | None = None) -> str | None:
         if what:
             return what
     return _other(_Keys(shapes), arch) or GGUF_IMAGE_ARCHS.get((arch or "").strip().lower())
+
+
+def instruct_pix2pix(shapes: Shapes) -> bool:
+    """An InstructPix2Pix checkpoint as released: an LDM UNet with 8 input channels beside its text encoders, SD 1.x
+    (timbrooks' ``instruct-pix2pix-00-22000.safetensors``: CLIP-L, no ADM input) or SDXL (stabilityai's
+    ``cosxl_edit.safetensors``: both SDXL encoders and the ADM input). A UNet-only 8-channel file stays refused:
+    IC-Light's fc UNet has the same shapes and means something else."""
+    w = shapes.get("model.diffusion_model.input_blocks.0.0.weight")
+    if w is None or len(w) != 4 or int(w[1]) != 8:
+        return False
+    adm = any(k.startswith("model.diffusion_model.label_emb.") for k in shapes)
+    if adm:
+        return any(k.startswith("conditioner.embedders.1.model.") for k in shapes)
+    return any(k.startswith("cond_stage_model.transformer.") for k in shapes)
 
 
 def _sized(width: int | None, sizes: Mapping[int, str]) -> str:
@@ -151,7 +167,9 @@ def _denoiser(k: _Keys) -> str | None:
         if adm == 5632 or k.has("encoder_hid_proj.weight"):
             return "Kolors (an SDXL-shaped UNet conditioned on ChatGLM3)"
         cin = k.dim("input_blocks.0.0.weight", 1) or k.dim("conv_in.weight", 1)
-        what = {8: "an image-conditioned UNet with 8 input channels (InstructPix2Pix, CosXL Edit, IC-Light)",
+        what = {8: "an image-conditioned UNet with 8 input channels alone (IC-Light fc, or an InstructPix2Pix / CosXL "
+                   "Edit UNet without its text encoders: those run as the whole checkpoint, a diffusers or an ONNX "
+                   "folder)",
                 12: "IC-Light fbc (a UNet with 12 input channels)",
                 5: "SD 2 depth-to-image (a UNet with 5 input channels)",
                 7: "the SD x4 upscaler (a UNet with 7 input channels)"}.get(cin or 0)
@@ -264,8 +282,6 @@ _LLM_ROLES = {"llama": "HiDream's text encoder is a Llama 3.1 8B", "qwen2vl": "Q
 #: model_index.json ``_class_name`` prefixes of diffusers pipelines sdrt does not run -> what the folder is
 PIPELINES = (
     ("StableDiffusion3", None),  # its transformer's keys say 3.5 (runs) or 3.0 Medium (refused by identify)
-    ("StableDiffusionXLInstructPix2Pix", "an SDXL InstructPix2Pix editing model"),
-    ("StableDiffusionInstructPix2Pix", "an InstructPix2Pix editing model"),
     ("StableDiffusionDepth2Img", "SD 2 depth-to-image"),
     ("StableDiffusionUpscale", "the SD x4 upscaler"),
     ("StableDiffusionLatentUpscale", "the SD x2 latent upscaler"),

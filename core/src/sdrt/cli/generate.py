@@ -47,6 +47,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--cfg", type=float, default=None,
                    help="classifier-free guidance scale (1: no negative pass; default: 7 for SD and SD3, 5 for "
                         "Chroma, 1 for Flux, whose --cfg is diffusers' true_cfg_scale)")
+    p.add_argument("--image-cfg", type=float, default=None,
+                   help="image guidance scale of an InstructPix2Pix model, which edits the --init-image as the prompt "
+                        "says (diffusers' image_guidance_scale, A1111's Image CFG Scale; default 1.5)")
     p.add_argument("--guidance", type=float, default=None,
                    help="distilled guidance of guidance-distilled models (Flux dev; default 3.5)")
     p.add_argument("--guidance-rescale", type=float, default=0.0, metavar="PHI",
@@ -288,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
                    clip_skip=args.clip_skip,
                    guidance=args.guidance, shift=args.shift, max_sequence_length=args.max_sequence_length,
                    guidance_rescale=args.guidance_rescale, reference_images=args.reference_images,
-                   reference_resize=args.reference_resize)
+                   reference_resize=args.reference_resize, image_cfg=args.image_cfg)
     options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
     settings = validate(prompt, args.negative, **options)  # before any model loads
     from ..text import extract_loras

@@ -24,7 +24,8 @@ log = logging.getLogger("sdrt.pipelines.folder")
 PART_NAMES = ("text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "vae_encoder", "vae_decoder")
 
 #: sdrt.checkpoint's family of a single file -> the pipeline family (sdrt.pipelines.families) that runs it
-PIPELINE_FAMILY = {"sd1": "sd1", "sd1-inpaint": "sd1", "sd2": "sd2", "sd2-inpaint": "sd2", "sdxl": "sdxl", "sdxl-inpaint": "sdxl",
+PIPELINE_FAMILY = {"sd1": "sd1", "sd1-inpaint": "sd1", "sd1-ip2p": "sd1", "sd2": "sd2", "sd2-inpaint": "sd2", "sdxl": "sdxl", "sdxl-inpaint": "sdxl",
+                   "sdxl-ip2p": "sdxl",
                    "sdxl-refiner": "sdxl-refiner", "sd3-medium": "sd3", "sd35-medium": "sd3",
                    "sd35-large": "sd3", "flux-dev": "flux",
                    "flux-schnell": "flux", "flux-fill": "flux", "flux-control": "flux", "chroma": "chroma"}

@@ -221,7 +221,12 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
     def _conditioning(self, s: Settings) -> tuple[Conditioning, Conditioning | None]:
         t5 = {"max_length": s.max_sequence_length} if s.max_sequence_length else {}
         cond = self._limit(self.prompts.encode(s.prompt, s.clip_skip, **t5), "prompt")
-        if not self.family.negative_pass(s.cfg, s.negative_prompt):
+        negative = self.family.negative_pass(s.cfg, s.negative_prompt)
+        if s.image_cfg is not None and self.instruct_pix2pix:  # its rule (sdrt.pipelines.edit.guidance)
+            from .edit import guidance
+
+            negative = guidance(s.cfg, s.image_cfg, s.strength_rule) != "none"
+        if not negative:
             if s.negative_prompt and not self._dry:  # said, not dropped in silence (as diffusers and A1111 drop it)
                 log.warning("the negative prompt is not used: CFG %g runs one pass, with the prompt only (a CFG "
                             "above 1 runs the negative pass%s)", s.cfg,
@@ -524,7 +529,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         mask repaints starts from, A1111's inpainting_fill 1, 0, 2, 3; sdrt.pipelines.maskedcontent), mask_blur (0;
         pixels, or (x, y): A1111's mask blur, sdrt.pipelines.maskblur), mask_overlay (False; True: the init image
         composited back where the mask keeps it, as A1111), inpaint_area and inpaint_padding
-        (sdrt.pipelines.onlymasked), batch=1, batch_count=1, clip_skip=1``; the toolbox's
+        (sdrt.pipelines.onlymasked), image_cfg (an InstructPix2Pix model's image guidance, 1.5; without a strength
+        it starts from noise alone: sdrt.pipelines.edit), batch=1, batch_count=1, clip_skip=1``; the toolbox's
         ``controlnets=[(net, image, scale, start, end)]``, ``hires_scale, hires_steps, hires_denoise,
         hires_upscaler``, ``rng="cpu"|"gpu"|"nv", subseed, subseed_strength``, ``preview`` and ``preview_size``
         (docs/toolbox.md). ``callback(step, total, latents)`` is called after every step (it may call
@@ -778,6 +784,16 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                          enlarge=enlarge(parse(init_upscaler), mode, None if self._dry else self._model_upscaler))
 
     @property
+    def instruct_pix2pix(self) -> bool:
+        """Whether the denoiser is an InstructPix2Pix editing UNet (its sample takes the picture's latent too:
+        :mod:`sdrt.pipelines.edit`)."""
+        fam = self.family
+        if fam.flow or fam.packed or not fam.edit_channels:
+            return False
+        shape = self.denoiser.inputs[fam.sample_input].shape
+        return len(shape) == 4 and shape[1] == fam.latent_channels + fam.edit_channels
+
+    @property
     def flux_tool(self) -> str | None:
         """``"fill"`` or ``"control"`` for BFL's FLUX.1 Fill and Canny/Depth models, else None
         (:mod:`sdrt.pipelines.fluxtools`)."""
@@ -820,11 +836,34 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             raise InputError(f"the hires fix is not supported with a {fluxtools.LABELS[tool]} model",
                              where="hires_scale", fix="leave {@hires_scale} unset")
 
+    def _edit_defaults(self, s: Settings) -> None:
+        """An InstructPix2Pix model's settings: the picture to edit is needed, ``image_cfg`` defaults to 1.5, and
+        without a ``strength`` the run starts from noise alone (diffusers'); ``image_cfg`` elsewhere is refused."""
+        from .edit import DEFAULT_IMAGE_CFG
+
+        if not self.instruct_pix2pix:
+            if s.image_cfg is not None:
+                raise InputError(f"{{@image_cfg}} guides an InstructPix2Pix editing model, and this {self.family.label} "
+                                 "model is not one", where="image_cfg",
+                                 fix="leave {@image_cfg} unset, or load an InstructPix2Pix model")
+            return
+        if s.init_image is None:
+            raise InputError("this is an InstructPix2Pix editing model (8 input channels): it edits a picture",
+                             where="init_image", fix="pass {@init_image=} (the picture) and a prompt saying the edit")
+        if s.mask is not None:
+            raise InputError("a mask with an InstructPix2Pix model is not supported", where="mask",
+                             fix="leave {@mask} out (the prompt says what to change)")
+        if s.image_cfg is None:
+            s.image_cfg = DEFAULT_IMAGE_CFG
+        if not s.strength_given:
+            s.strength = None
+
     def _family_defaults(self, s: Settings) -> None:
         """CFG, sampler and distilled guidance the caller left unset, from the family; settings it cannot use refused."""
         fam = self.family
         if s.cfg is None:
             s.cfg = fam.default_cfg
+        self._edit_defaults(s)
         if s.choice is None:
             from ..samplers import resolve
 
@@ -1115,7 +1154,21 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             from .reference import MEAN as init_gen
         # Flux / SD3 ControlNets: each control image VAE-encoded before the init image's and the noise
         self._encode_controls(s, uncond, generator)
-        if s.mode == "img2img":
+        edit = None
+        if s.image_cfg is not None and self.instruct_pix2pix:  # sdrt.pipelines.edit
+            from .reference import MEAN
+
+            assert init is not None
+            # the picture as the model was trained on it: the VAE's mean, without the family's scale and shift
+            # (InstructPix2Pix), or with it for an EDM-trained one (CosXL Edit: diffusers' is_cosxl_edit)
+            edit = self._init_latents(init, MEAN, lh, lw)
+            if getattr(ms, "kind", None) != "edm":
+                edit = self.family.to_vae_latents(edit)
+            edit = np.repeat(edit, s.batch, axis=0)
+        if edit is not None and s.strength is None:  # diffusers' InstructPix2Pix: noise alone, the whole schedule
+            noise = generator.randn(shape)
+            x = loop.start(noise)
+        elif s.mode == "img2img":
             assert init is not None
             image_latents = np.repeat(self._init_latents(init, init_gen, lh, lw), s.batch, axis=0)
             noise = generator.randn(shape)
@@ -1151,6 +1204,11 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             x = loop.start(noise)
         call = ModelCall(s.width, s.height, s.batch, s.cfg, cond, uncond, extra, guidance=s.guidance,
                          guidance_rescale=s.guidance_rescale)
+        if edit is not None:
+            from .edit import guidance
+
+            call.edit, call.image_cfg = edit, float(s.image_cfg or 0)
+            call.edit_guidance = guidance(s.cfg, call.image_cfg, s.strength_rule)
         control = self._control(s, call, s.width, s.height, second=False)  # ControlNet residuals as more UNet inputs
         model = self.family.denoiser(self._model_part(), ms, call)
         refiner = None
@@ -1303,6 +1361,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             info["Schedule type"] = schedule
         info.update({"CFG scale": _num(s.cfg), "Seed": seed, "Size": f"{s.width}x{s.height}",
                      "Model hash": self.model_hash, "Model": self.folder.name})
+        if s.image_cfg is not None:  # A1111's infotext name (an InstructPix2Pix model's only: _edit_defaults)
+            info["Image CFG scale"] = _num(s.image_cfg)
         if self._weight_state is None and self.folder.vae_file is not None:  # else the weight state names it
             from .weights import vae_infotext
 
@@ -1315,7 +1375,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
 
             info.update(infotext(s.reference_images, s.reference_resize))
         if s.init_image is not None:
-            info["Denoising strength"] = _num(s.strength or 0)
+            if s.strength is not None:  # None: an InstructPix2Pix run from noise alone (sdrt.pipelines.edit)
+                info["Denoising strength"] = _num(s.strength)
             info["Strength rule"] = s.strength_rule  # sdrt's: A1111 writes no field for its own rule
             if s.init_upscaler is not None:
                 info["Init upscaler"] = s.init_upscaler[0]  # sdrt's: A1111 writes none for upscaler_for_img2img

@@ -66,6 +66,11 @@ class Settings:
     #: A1111's overlay of the whole-picture run (sdrt.pipelines.onlymasked.Overlay): the fitted picture composited
     #: back over each image where the mask keeps it
     mask_overlay: bool = False
+    #: an InstructPix2Pix model's image guidance scale (diffusers' image_guidance_scale, A1111's Image CFG Scale);
+    #: None: 1.5, both's default. Refused on other models (the pipeline's check)
+    image_cfg: float | None = None
+    #: whether the caller set ``strength`` (an InstructPix2Pix run starts from noise alone without one, as diffusers')
+    strength_given: bool = False
 
     @property
     def mode(self) -> str:
@@ -137,7 +142,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
              reference_resize: bool = True, control_image: ImageLike | None = None, resize_mode: Any = None,
              strength_rule: str | None = None, init_upscaler: Any = None, masked_content: str | None = None,
              inpaint_area: str | None = None, inpaint_padding: int | None = None, mask_blur: Any = None,
-             mask_overlay: Any = None, **toolbox: Any) -> Settings:
+             mask_overlay: Any = None, image_cfg: float | None = None, **toolbox: Any) -> Settings:
     """Check every setting; raises a clear ``SdrtError`` on the first bad one, before any model loads.
 
     ``cfg`` and ``sampler`` left unset take the model family's defaults when the pipeline runs (CFG 7 and
@@ -159,6 +164,8 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     ``inpaint_area``: which area a ``mask``'s run paints at ``width`` x ``height``: ``"whole picture"`` (default) or
     ``"only masked"`` (the mask's box, ``inpaint_padding`` pixels wider, default 32, cut out, run and pasted back;
     A1111's "Inpaint area"; :mod:`sdrt.pipelines.onlymasked`).
+    ``image_cfg``: an InstructPix2Pix model's image guidance scale (diffusers' ``image_guidance_scale``, A1111's
+    Image CFG Scale; default 1.5); it needs ``init_image``, the picture to edit.
     ``toolbox``: ControlNet, hires fix, preview and seed arguments (:mod:`sdrt.pipelines.toolbox`)."""
     from ..samplers import resolve
     from ..samplers.seeds import resolve_seed
@@ -192,6 +199,13 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     if cfg is not None and (not _number(cfg) or not math.isfinite(cfg) or not 0 <= cfg <= MAX_CFG):
         raise InputError(f"{{@cfg}} must be a finite number from 0 to {MAX_CFG:g}, got {cfg!r}", where="cfg",
                          fix="use e.g. 7")
+    if image_cfg is not None:
+        if not _number(image_cfg) or not math.isfinite(image_cfg) or not 0 <= image_cfg <= MAX_CFG:
+            raise InputError(f"{{@image_cfg}} must be a finite number from 0 to {MAX_CFG:g}, got {image_cfg!r}",
+                             where="image_cfg", fix="use e.g. 1.5 (InstructPix2Pix's default)")
+        if init_image is None:
+            raise InputError("{@image_cfg} guides an InstructPix2Pix model by its input image", where="image_cfg",
+                             fix="pass {@init_image=} (the picture to edit), or leave {@image_cfg} unset")
     for name, value in (("guidance", guidance), ("shift", shift)):
         if value is not None and (not _number(value) or not math.isfinite(value)
                                   or value <= (0 if name == "shift" else -1e-12)):
@@ -233,7 +247,9 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
         init_strength = strength
         strength = float(strength if strength is not None else (1.0 if mask is not None else 0.75))
         schedule(steps, strength, rule)  # A1111's fixed steps: a stretched schedule within the bounds
-        if rule == "diffusers" and min(int(steps * strength), steps) < 1:  # A1111's rules run one step at least
+        # (an InstructPix2Pix run without a strength runs every step: image_cfg says the model is one)
+        if rule == "diffusers" and min(int(steps * strength), steps) < 1 and (init_strength is not None
+                                                                              or image_cfg is None):  # A1111's rules run one step at least
             given = "strength" if init_strength is not None else "steps"  # the default strength is not the user's
             said = "{@strength}" if given == "strength" else "the default strength"
             raise InputError(f"{said} {strength} of {steps} step{'' if steps == 1 else 's'} leaves no step to run",
@@ -286,7 +302,9 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                     guidance_rescale=float(guidance_rescale), reference_images=references,
                     reference_resize=bool(reference_resize), control_image=control_image, resize_mode=fit,
                     strength_rule=rule, init_upscaler=upscaler, masked_content=content,
-                    inpaint_area=area, inpaint_padding=padding, mask_blur=blur, mask_overlay=overlay)
+                    inpaint_area=area, inpaint_padding=padding, mask_blur=blur, mask_overlay=overlay,
+                    image_cfg=None if image_cfg is None else float(image_cfg), strength_given=strength is not None
+                    and init_image is not None and init_strength is not None)
 
 
 def _mask_options(blur: Any, overlay: Any, mask: Any) -> tuple[tuple[int, int], bool]:
@@ -346,7 +364,7 @@ def _check_last_seeds(seed: int, toolbox: Any, batch: int, batch_count: int) -> 
 KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "init_image", "strength", "mask",
             "batch", "batch_count", "clip_skip", "guidance", "shift", "max_sequence_length", "guidance_rescale",
             "reference_images", "reference_resize", "control_image", "resize_mode", "strength_rule", "init_upscaler",
-            "masked_content", "inpaint_area", "inpaint_padding", "mask_blur", "mask_overlay",
+            "masked_content", "inpaint_area", "inpaint_padding", "mask_blur", "mask_overlay", "image_cfg",
             *TOOLBOX_KEYWORDS)
 
 
@@ -364,6 +382,7 @@ _OTHER_NAMES = {
     "generator": "seed (an integer)", "enable_hr": "hires_scale", "hr_scale": "hires_scale",
     "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler",
     "controlnet": "controlnets", "cfg_rescale": "guidance_rescale",
+    "image_guidance_scale": "image_cfg", "image_cfg_scale": "image_cfg",
     "_auto_resize": "reference_resize", "reference_image": "reference_images",
     "images": "reference_images (FLUX.1 Kontext) or init_image (img2img)",
     "upscaler_for_img2img": "init_upscaler", "img2img_fix_steps": "strength_rule='a1111-fix-steps'",

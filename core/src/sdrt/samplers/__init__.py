@@ -17,7 +17,7 @@ This package is not imported by ``import sdrt``.
 from __future__ import annotations
 
 from .dd_samplers import ddim, ddpm, lcm
-from .denoisers import CFGDenoiser, Denoiser
+from .denoisers import CFGDenoiser, Denoiser, EditCFGDenoiser
 from .dpm_solver import dpm_adaptive, dpm_fast
 from .k_samplers import (
     dpm_2,
@@ -90,6 +90,7 @@ __all__ = [
     "DISCARD_PENULTIMATE_SIGMA",
     "BrownianTreeNoiseSampler",
     "CFGDenoiser",
+    "EditCFGDenoiser",
     "Denoiser",
     "DiscreteSchedule",
     "EDMSchedule",

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import ModelError, SamplerError
 
-__all__ = ["CFGDenoiser", "Denoiser", "rescale_guidance"]
+__all__ = ["CFGDenoiser", "Denoiser", "EditCFGDenoiser", "rescale_guidance"]
 
 
 class Denoiser:
@@ -193,6 +193,30 @@ class CFGDenoiser:
         negative = self.model(x, sigma, cond=self.uncond, **kwargs)
         self.calls += 1
         return negative + (positive - negative) * self.scale
+
+
+class EditCFGDenoiser(CFGDenoiser):
+    """InstructPix2Pix's guidance by text and by image (diffusers' ``StableDiffusionInstructPix2PixPipeline``, A1111's
+    ``combine_denoised_for_edit_model``): one call of three row blocks ``[cond, uncond, uncond]``, the input image's
+    latent concatenated to the first two and zeros to the third (the model's hook does that: it sees 3 blocks), and
+    ``uncond_noimage + scale * (cond - uncond) + image_scale * (uncond - uncond_noimage)``. Affine in the outputs,
+    so guiding the raw output equals guiding the denoised estimates."""
+
+    def __init__(self, model: Any, cond: Any, uncond: Any, scale: float, image_scale: float) -> None:
+        super().__init__(model, cond, uncond, scale, batched=True)
+        self.image_scale = float(image_scale)
+
+    @property
+    def guided(self) -> bool:
+        return True
+
+    def predict(self, x_in: np.ndarray, timestep: float, **kwargs: Any) -> np.ndarray:
+        n = x_in.shape[0]
+        out = self.model.predict(np.concatenate([x_in, x_in, x_in], axis=0), timestep,
+                                 cond=_stack(_stack(self.cond, self.uncond), self.uncond), **kwargs)
+        self.calls += 3
+        text, image, plain = out[:n], out[n:2 * n], out[2 * n:]
+        return plain + self.scale * (text - image) + self.image_scale * (image - plain)
 
 
 def rescale_guidance(guided: np.ndarray, positive: np.ndarray, rescale: float) -> np.ndarray:

@@ -41,7 +41,6 @@ _NOT_HONOURED: list[tuple[str, tuple[Any, ...], str]] = [
     ("s_min_uncond", (0, 0.0), "negative-guidance minimum sigma is not supported"),
     ("infotext", ("",), "infotext parameters are not read; pass the fields themselves"),
     ("firstpass_image", ("",), "hires. fix first-pass images are not supported"),
-    ("image_cfg_scale", (1.5, 0, 0.0, 1.0), "instruct-pix2pix image guidance is not supported"),
     ("initial_noise_multiplier", (1, 1.0), "the initial noise multiplier is fixed at 1"),
 ]
 #: A1111's request fields (txt2img and img2img); ``parameters`` echoes only these, never a client's own
@@ -146,6 +145,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     steps = get_int(body, "steps", 20, 1, limits.max_steps)
     cfg = get_float(body, "cfg_scale", None, 0.0, MAX_CFG)  # unset: the family's (7 for SD, as A1111; 1 for Flux)
     distilled = get_float(body, "distilled_cfg_scale", None, 0.0, MAX_CFG)  # Forge's: Flux dev's guidance input
+    # A1111's Image CFG Scale: an InstructPix2Pix model's image guidance in img2img (the worker knows the model)
+    image_cfg = get_float(body, "image_cfg_scale", None, 0.0, MAX_CFG)
     sampler = get_str(body, "sampler_name", None) or get_str(body, "sampler_index", None) or "Euler"
     scheduler = get_str(body, "scheduler", None)
     if scheduler is not None and scheduler.strip().casefold() in ("", "automatic"):
@@ -249,7 +250,10 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         # A1111 echoes the images only when asked (api.py: ``if not include_init_images: init_images = None``)
         params.update({k: None for k in ("init_images", "mask") if k in params})
     ignored = sorted(str(k)[:100] for k in body if k not in _KNOWN) + net_fields
+    if image_cfg is not None and mode != "img2img" and image_cfg not in (1.5, 0.0, 1.0):
+        not_honoured.append("image_cfg_scale: an InstructPix2Pix model's image guidance applies in img2img")
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled,
+                image_cfg=image_cfg if mode == "img2img" else None,
                 max_size=(limits.max_width, limits.max_height), fields=net_names, size_from=size_from,
                 extra_infotext=extra_infotext, rounded=rounded)
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)

@@ -50,6 +50,9 @@ class Work:
     n_iter: int = 1
     #: Forge's distilled_cfg_scale: the ``guidance`` of a guidance-distilled model (Flux dev); others take none
     distilled_cfg: float | None = None
+    #: A1111's image_cfg_scale (img2img): an InstructPix2Pix model's image guidance; None (A1111's API default)
+    #: runs it as A1111 does then, ordinary CFG with the image on both rows (image_cfg 1); others take none
+    image_cfg: float | None = None
     #: this server's largest width and height, checked (with the hires. fix's scale) once the model's own size is
     #: known, for a request that leaves width or height to the model
     max_size: tuple[int, int] | None = None
@@ -541,6 +544,11 @@ class Worker(threading.Thread):
                     result.not_honoured.append(f"distilled_cfg_scale: {w.model.name} is no guidance-distilled model "
                                                "(Flux dev is); cfg_scale is its guidance")
 
+            if "init_image" in kwargs and pipe.instruct_pix2pix:  # A1111's edit model (sdrt.pipelines.edit)
+                kwargs["image_cfg"] = 1.0 if w.image_cfg is None else w.image_cfg
+            elif w.image_cfg is not None and w.image_cfg not in (1.5, 0.0, 1.0):  # 1.5: what clients always send
+                result.not_honoured.append(f"image_cfg_scale: {w.model.name} is no InstructPix2Pix model; its "
+                                           "image guidance applies to those only")
             _latent_upscale_note(pipe, kwargs, result)
             cfg = pipe.family.default_cfg if kwargs.get("cfg") is None else kwargs["cfg"]
             if w.negative.strip() and not pipe.family.negative_pass(cfg, w.negative):  # the pipeline logs it only

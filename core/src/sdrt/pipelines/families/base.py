@@ -62,6 +62,12 @@ class ModelCall:
     guidance: float | None = None
     #: diffusers' ``guidance_rescale`` of the guided output (``sdrt.samplers.CFGDenoiser``'s ``rescale``)
     guidance_rescale: float = 0.0
+    #: an InstructPix2Pix model's input-image latent (the VAE's mean, unscaled), one row per image, None elsewhere;
+    #: ``edit_guidance`` how it is guided (``sdrt.pipelines.edit.guidance``: "edit", "cfg" or "none"), ``image_cfg``
+    #: the image guidance scale
+    edit: np.ndarray | None = None
+    edit_guidance: str = "none"
+    image_cfg: float = 1.5
 
 
 class Family:
@@ -94,6 +100,9 @@ class Family:
     optional_inputs: ClassVar[dict[str, int]] = {}
     #: a sample input with this many channels more than the latent is an inpainting model (mask + masked image)
     inpaint_channels: ClassVar[int] = 5
+    #: a sample input with this many channels more is an InstructPix2Pix editing model (the input image's latent);
+    #: None where the family has no such model sdrt runs
+    edit_channels: ClassVar[int | None] = None
     #: a flow-matching family (SD3, Flux, Chroma): diffusers' FlowMatchEulerDiscreteScheduler for Euler
     flow: ClassVar[bool] = False
     #: A1111's clip skip changes what the model reads: False where no CLIP hidden states reach it (Flux reads CLIP's
@@ -318,6 +327,21 @@ class Family:
                 return {self.sample_input: np.concatenate([sample, rows], axis=1)}
 
             hooks.append(inpaint)
+        if call.edit is not None:
+            image = call.edit
+
+            def edit(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+                # InstructPix2Pix: the image latent beside the sample; a call of three blocks (EditCFGDenoiser's
+                # [cond, uncond, uncond]) takes zeros in the third, the "no image" guidance pass
+                sample = feeds[self.sample_input]
+                blocks = sample.shape[0] // image.shape[0]
+                rows = [image] * blocks
+                if blocks == 3:
+                    rows[2] = np.zeros_like(image)
+                return {self.sample_input: np.concatenate([sample, np.concatenate(rows, axis=0).astype(
+                    sample.dtype, copy=False)], axis=1)}
+
+            hooks.append(edit)
         return hooks
 
     def session(self, part: Part) -> Any:
@@ -326,7 +350,7 @@ class Family:
 
     def denoiser(self, part: Part, model_sampling: Any, call: ModelCall) -> Any:
         """The guided denoiser the loop calls: ``sdrt.samplers.CFGDenoiser`` around a ``Denoiser``."""
-        from ...samplers import CFGDenoiser, Denoiser
+        from ...samplers import CFGDenoiser, Denoiser, EditCFGDenoiser
 
         outputs = part.outputs
         model = Denoiser(self.session(part), model_sampling, sample_name=self.sample_input, cond_name=self.text_input,
@@ -334,6 +358,10 @@ class Family:
                          hooks=[*self.hooks(call), *call.hooks])
         cond = self.cond_feeds(call.cond, call.batch)
         uncond = self.cond_feeds(call.uncond, call.batch) if call.uncond is not None else None
+        if call.edit is not None and call.edit_guidance == "edit" and uncond is not None:
+            return EditCFGDenoiser(model, cond, uncond, call.cfg, call.image_cfg)
+        if call.edit is not None and call.edit_guidance == "none":
+            return CFGDenoiser(model, cond, None, 1.0, batched=self.batched_cfg)
         return CFGDenoiser(model, cond, uncond, call.cfg if self.guidance == "cfg" else 1.0, batched=self.batched_cfg,
                            rescale=call.guidance_rescale)
 

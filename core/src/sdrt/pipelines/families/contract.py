@@ -108,7 +108,8 @@ def _check_denoiser(family: Family, part: Part) -> None:
         return
     channels = _static(shape[1])
     allowed = (family.latent_channels, family.latent_channels + family.inpaint_channels)
-    if channels is not None and channels not in allowed:
+    edit = family.latent_channels + family.edit_channels if family.edit_channels else None
+    if channels is not None and channels not in allowed and channels != edit:
         raise ModelError(f"the {part.name} takes {channels}-channel samples and a {family.label} model feeds "
                          f"{allowed[0]} (or {allowed[1]} for inpainting)", where=str(part.path),
                          fix="use a model folder of one family (this UNet belongs to another)")

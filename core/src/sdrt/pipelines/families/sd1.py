@@ -14,10 +14,13 @@ class SD1(Family):
     label = "SD 1.x"
     class_names = ("StableDiffusionPipeline", "ORTStableDiffusionPipeline", "StableDiffusionImg2ImgPipeline",
                    "StableDiffusionInpaintPipeline", "ORTStableDiffusionImg2ImgPipeline",
-                   "ORTStableDiffusionInpaintPipeline", "OnnxStableDiffusionPipeline")
+                   "ORTStableDiffusionInpaintPipeline", "OnnxStableDiffusionPipeline",
+                   "StableDiffusionInstructPix2PixPipeline", "ORTStableDiffusionInstructPix2PixPipeline")
     parts = {"text_encoder": "text", "unet": "denoiser", "vae_decoder": "vae_decoder", "vae_encoder": "vae_encoder"}
     encoders = (Encoder("text_encoder", "tokenizer"),)
     default_size = 512
+    #: an 8-channel UNet is InstructPix2Pix: the input image's latent on the sample's channels
+    edit_channels = 4
 
     @classmethod
     def matches(cls, parts: set[str], configs: Mapping[str, Mapping[str, Any]], tokenizers: Path) -> bool:

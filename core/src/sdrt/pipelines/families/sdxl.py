@@ -16,7 +16,8 @@ class SDXL(Family):
     label = "SDXL"
     class_names = ("StableDiffusionXLPipeline", "ORTStableDiffusionXLPipeline", "StableDiffusionXLImg2ImgPipeline",
                    "StableDiffusionXLInpaintPipeline", "ORTStableDiffusionXLImg2ImgPipeline",
-                   "ORTStableDiffusionXLInpaintPipeline")
+                   "ORTStableDiffusionXLInpaintPipeline", "StableDiffusionXLInstructPix2PixPipeline",
+                   "ORTStableDiffusionXLInstructPix2PixPipeline")
     parts = {"text_encoder": "text", "text_encoder_2": "text", "unet": "denoiser", "vae_decoder": "vae_decoder",
              "vae_encoder": "vae_encoder"}
     encoders = (Encoder("text_encoder", "tokenizer", penultimate=True),
@@ -24,6 +25,8 @@ class SDXL(Family):
                         embedding_key="clip_g"))
     vae_scale = 0.13025
     default_size = 1024
+    #: an 8-channel UNet is an InstructPix2Pix one (CosXL Edit): the input image's latent on the sample's channels
+    edit_channels = 4
     zeros_for_empty_negative = True
     model_inputs = {**Family.model_inputs, "text_embeds": 2, "time_ids": 2}
 
