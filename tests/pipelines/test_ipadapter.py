@@ -1,0 +1,67 @@
+"""IP-Adapter (image prompts) against diffusers' ``load_ip_adapter`` on the tiny SD 1.x ONNX folder.
+
+``scripts/gen_ipadapter_refs.py`` wrote ``tests/data/ipadapter``: a tiny CLIP image encoder (transformers' folder),
+its architecture exported as sdrt's shipped ``clip_vision_h`` is (weight-free; it stands in for the shipped graph
+here), an adapter in h94's key layout with random weights, and diffusers' images of ``StableDiffusionPipeline`` with
+that adapter loaded (``ip_adapter_image`` through its own CLIPImageProcessor, ``set_ip_adapter_scale``). The UNet is
+``tests/data/pipelines/tiny-sd15``'s (an Optimum-style export: anonymous weights, layers found by node names).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pipeline_helpers import assert_matches_diffusers, register
+
+from sdrt import pipelines
+from sdrt.pipelines import IPAdapter
+from sdrt.pipelines.ipadapter import clip_pixels
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+IPA = DATA / "ipadapter"
+FOLDER = DATA / "pipelines" / "tiny-sd15"
+REFS = np.load(IPA / "refs.npz")
+CASES = json.loads((IPA / "refs.json").read_text())
+
+
+@pytest.fixture
+def tiny_encoder_graph(monkeypatch):
+    """sdrt's shipped ViT-H/14 graph replaced by the tiny encoder's, exported the same way."""
+    from sdrt.checkpoint import graphs
+
+    real = graphs.shipped_graph
+    monkeypatch.setattr(graphs, "shipped_graph", lambda name: IPA / "clip_vision.onnx" if name == "clip_vision_h"
+                        else real(name))
+    register("reference")
+
+
+def unit(scale: float, encoder: object = IPA / "image_encoder") -> IPAdapter:
+    return IPAdapter(IPA / "ip-adapter_tiny.safetensors", image=REFS["ip_image"], scale=scale, image_encoder=encoder)
+
+
+def kwargs(case: dict) -> dict:
+    return dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], seed=case["seed"], width=64, height=64)
+
+
+def test_clip_pixels_are_transformers_clip_image_processor():
+    got = clip_pixels(REFS["ip_image"], 32)  # 48x40 -> shorter side 32 (bicubic), centre crop, CLIP mean/std
+    assert got.shape == REFS["pixel_values"].shape
+    assert np.abs(got - REFS["pixel_values"]).max() < 1e-5
+
+
+def test_ip_adapter_on_an_onnx_folder_matches_diffusers(tiny_encoder_graph):
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        for k, case in enumerate(CASES):  # the second finds image_encoder/ beside the adapter, as in h94's models/
+            ip = unit(case["scale"], encoder=None if k else IPA / "image_encoder")
+            got = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=ip, **kwargs(case)).images
+            assert_matches_diffusers(got, REFS[case["name"]])
+            assert any(n.startswith("ip_adapter_") for n in pipe.unet.inputs)
+        case = CASES[-1]
+        plain = pipe.generate(case["prompt"], case["negative_prompt"], **kwargs(case)).images[0]
+        assert not any(n.startswith("ip_adapter_") for n in pipe.unet.inputs)  # the file's own graph again
+        zero = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=unit(0.0), **kwargs(case)).images[0]
+    assert np.abs(plain.astype(int) - REFS[case["name"]][0].astype(int)).max() > 20  # the adapter did something
+    assert np.abs(plain.astype(int) - zero.astype(int)).max() <= 1  # scale 0: no image
