@@ -65,3 +65,45 @@ def test_ip_adapter_on_an_onnx_folder_matches_diffusers(tiny_encoder_graph):
         zero = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=unit(0.0), **kwargs(case)).images[0]
     assert np.abs(plain.astype(int) - REFS[case["name"]][0].astype(int)).max() > 20  # the adapter did something
     assert np.abs(plain.astype(int) - zero.astype(int)).max() <= 1  # scale 0: no image
+
+
+def test_generate_cli_ip_adapter_flags_match_diffusers(tiny_encoder_graph, tmp_path, capsys):
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    picture = tmp_path / "face.png"
+    Image.fromarray(REFS["ip_image"]).save(picture)
+    case, out = CASES[0], tmp_path / "out.png"
+    rc = main(["generate", str(FOLDER), case["prompt"], "--negative", case["negative_prompt"], "--steps",
+               str(case["steps"]), "--cfg", str(case["cfg"]), "--seed", str(case["seed"]), "--sampler", case["sampler"],
+               "--width", "64", "--height", "64", "--backend", "reference", "-o", str(out),
+               "--ip-adapter", str(IPA / "ip-adapter_tiny.safetensors"), "--ip-adapter-image", str(picture),
+               "--ip-adapter-scale", str(case["scale"]), "--image-encoder", str(IPA / "image_encoder")])
+    assert rc == 0, capsys.readouterr().err
+    with Image.open(out) as img:
+        assert_matches_diffusers([np.asarray(img.convert("RGB"))], REFS[case["name"]])
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--ip-adapter", str(IPA / "ip-adapter_tiny.safetensors")], "--ip-adapter needs --ip-adapter-image"),
+    (["--ip-adapter-scale", "0.5"], "--ip-adapter-scale without --ip-adapter"),
+    (["--ip-adapter", str(IPA / "image_encoder" / "model.safetensors"), "--ip-adapter-image", "PICTURE"],
+     "is not an IP-Adapter"),
+    (["--ip-adapter", str(IPA / "ip-adapter_tiny.safetensors"), "--ip-adapter-image", "PICTURE", "--image-encoder",
+      str(IPA / "nowhere")], "pass --image-encoder"),
+])
+def test_generate_cli_ip_adapter_errors_speak_in_flags(tiny_encoder_graph, tmp_path, capsys, flags, words):
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    picture = tmp_path / "face.png"
+    Image.fromarray(REFS["ip_image"]).save(picture)
+    flags = [str(picture) if f == "PICTURE" else f for f in flags]
+    rc = main(["generate", str(FOLDER), "a cat", "--steps", "1", "--backend", "reference", "-o",
+               str(tmp_path / "o.png"), *flags])
+    err = capsys.readouterr().err
+    assert rc != 0
+    assert words in err, err
+    assert "Traceback" not in err and len([line for line in err.splitlines() if line.startswith("error")]) == 1, err

@@ -364,6 +364,8 @@ _OTHER_NAMES = {
     "generator": "seed (an integer)", "enable_hr": "hires_scale", "hr_scale": "hires_scale",
     "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler",
     "controlnet": "controlnets", "cfg_rescale": "guidance_rescale",
+    "ip_adapter_image": "ip_adapter=IPAdapter(file, image=...)", "ip_adapter_scale": "ip_adapter=IPAdapter(file, scale=...)",
+    "image_encoder": "ip_adapter=IPAdapter(file, image_encoder=...)",
     "_auto_resize": "reference_resize", "reference_image": "reference_images",
     "images": "reference_images (FLUX.1 Kontext) or init_image (img2img)",
     "upscaler_for_img2img": "init_upscaler", "img2img_fix_steps": "strength_rule='a1111-fix-steps'",
