@@ -33,6 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "ipadapter"
 VISION = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_hidden_layers=2, image_size=32,
               patch_size=8, projection_dim=24, hidden_act="gelu", layer_norm_eps=1e-5)
+#: SDXL: tests/data/pipelines/tiny-sdxl's pipeline (gen_pipeline_refs.build("sdxl")), its own adapter (64-wide text)
+XL_CASES = [
+    dict(name="sdxl/txt2img/Euler/0.7", prompt="a photo of a red cat", negative_prompt="blurry", steps=4, cfg=6.0,
+         seed=21, scale=0.7, sampler="Euler"),
+    dict(name="sdxl/txt2img/Euler/1.0/empty-negative", prompt="a photo of a red cat", negative_prompt="", steps=3,
+         cfg=5.0, seed=22, scale=1.0, sampler="Euler"),
+]
 CASES = [
     dict(name="txt2img/Euler/0.6", prompt="a photo of a red cat", negative_prompt="blurry", steps=4, cfg=7.0,
          seed=11, scale=0.6, sampler="Euler"),
@@ -80,26 +87,35 @@ def main() -> None:
     save_file(adapter(pipe.unet, VISION["projection_dim"], 7), str(OUT / "ip-adapter_tiny.safetensors"))
     export_vision(enc, OUT / "clip_vision.onnx")
 
-    pipe.load_ip_adapter(str(OUT), subfolder="", weight_name="ip-adapter_tiny.safetensors",
-                         image_encoder_folder=str(OUT / "image_encoder"))
     image = ip_image()
     refs: dict[str, np.ndarray] = {"ip_image": image}
+    run_cases(pipe, "ip-adapter_tiny.safetensors", CASES, refs, image)
+    xl = gp.build("sdxl")
+    save_file(adapter(xl.unet, VISION["projection_dim"], 8), str(OUT / "ip-adapter_tiny_sdxl.safetensors"))
+    run_cases(xl, "ip-adapter_tiny_sdxl.safetensors", XL_CASES, refs, image)
     px = pipe.feature_extractor(Image.fromarray(image), return_tensors="pt").pixel_values
     refs["pixel_values"] = px.numpy()
-    with torch.no_grad():
-        refs["image_embeds"] = enc(px).image_embeds.numpy()
-    for case in CASES:
+    np.savez_compressed(OUT / "refs.npz", **refs)
+    (OUT / "refs.json").write_text(json.dumps(CASES + XL_CASES, indent=1) + "\n")
+
+
+def run_cases(pipe, weight_name: str, cases: list[dict], refs: dict, image: np.ndarray) -> None:
+    from PIL import Image
+
+    pipe.load_ip_adapter(str(OUT), subfolder="", weight_name=weight_name,
+                         image_encoder_folder=str(OUT / "image_encoder"))
+    for case in cases:
         pipe.set_ip_adapter_scale(case["scale"])
         sched = gp.SCHEDULERS[case["sampler"]](pipe.scheduler.config)
         p = type(pipe)(**{**pipe.components, "scheduler": sched})
         p.set_progress_bar_config(disable=True)
-        out = p(prompt=case["prompt"], negative_prompt=case["negative_prompt"], ip_adapter_image=Image.fromarray(image),
+        # an empty negative prompt is none (sdrt's rule): SDXL's force_zeros_for_empty_prompt then zeros it
+        out = p(prompt=case["prompt"], negative_prompt=case["negative_prompt"] or None,
+                ip_adapter_image=Image.fromarray(image),
                 num_inference_steps=case["steps"], guidance_scale=case["cfg"], height=64, width=64,
                 generator=torch.Generator("cpu").manual_seed(case["seed"]), output_type="np")
         refs[case["name"]] = (out.images * 255).round().astype(np.uint8)
         print(case["name"], float(refs[case["name"]].std()))
-    np.savez_compressed(OUT / "refs.npz", **refs)
-    (OUT / "refs.json").write_text(json.dumps(CASES, indent=1) + "\n")
 
 
 def export_vision(enc, path: Path) -> None:

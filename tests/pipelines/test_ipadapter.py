@@ -17,6 +17,7 @@ import pytest
 from pipeline_helpers import assert_matches_diffusers, register
 
 from sdrt import pipelines
+from sdrt.errors import ModelError
 from sdrt.pipelines import IPAdapter
 from sdrt.pipelines.ipadapter import clip_pixels
 
@@ -24,7 +25,9 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 IPA = DATA / "ipadapter"
 FOLDER = DATA / "pipelines" / "tiny-sd15"
 REFS = np.load(IPA / "refs.npz")
-CASES = json.loads((IPA / "refs.json").read_text())
+ALL = json.loads((IPA / "refs.json").read_text())
+CASES = [c for c in ALL if not c["name"].startswith("sdxl/")]
+XL_CASES = [c for c in ALL if c["name"].startswith("sdxl/")]
 
 
 @pytest.fixture
@@ -38,8 +41,9 @@ def tiny_encoder_graph(monkeypatch):
     register("reference")
 
 
-def unit(scale: float, encoder: object = IPA / "image_encoder") -> IPAdapter:
-    return IPAdapter(IPA / "ip-adapter_tiny.safetensors", image=REFS["ip_image"], scale=scale, image_encoder=encoder)
+def unit(scale: float, encoder: object = IPA / "image_encoder", adapter: str = "ip-adapter_tiny.safetensors"
+         ) -> IPAdapter:
+    return IPAdapter(IPA / adapter, image=REFS["ip_image"], scale=scale, image_encoder=encoder)
 
 
 def kwargs(case: dict) -> dict:
@@ -65,6 +69,18 @@ def test_ip_adapter_on_an_onnx_folder_matches_diffusers(tiny_encoder_graph):
         zero = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=unit(0.0), **kwargs(case)).images[0]
     assert np.abs(plain.astype(int) - REFS[case["name"]][0].astype(int)).max() > 20  # the adapter did something
     assert np.abs(plain.astype(int) - zero.astype(int)).max() <= 1  # scale 0: no image
+
+
+def test_ip_adapter_on_an_sdxl_folder_matches_diffusers(tiny_encoder_graph):
+    """tiny-sdxl (two text encoders, 1 and 2 transformer layers a block, an empty negative prompt as zeros) with
+    an adapter of its 64-wide text: diffusers' StableDiffusionXLPipeline with load_ip_adapter."""
+    with pipelines.load(DATA / "pipelines" / "tiny-sdxl", backend="reference") as pipe:
+        for case in XL_CASES:
+            ip = unit(case["scale"], adapter="ip-adapter_tiny_sdxl.safetensors")
+            got = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=ip, **kwargs(case)).images
+            assert_matches_diffusers(got, REFS[case["name"]])
+        with pytest.raises(ModelError, match="32-wide text encoder .*, and the model is SDXL \\(64-wide text\\)"):
+            pipe.generate("a cat", ip_adapter=unit(1.0), **kwargs(XL_CASES[0]))  # the SD 1.x one
 
 
 def test_generate_cli_ip_adapter_flags_match_diffusers(tiny_encoder_graph, tmp_path, capsys):

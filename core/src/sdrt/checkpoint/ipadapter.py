@@ -146,8 +146,11 @@ def open_ip_adapter(path: PathLike, *, base: str | None = None, text_width: int 
     if base is not None and text_width is not None and cross == text_width:
         found = base  # the model's own text width (a model of another width than the releases': its own adapter)
     if found is None:
-        raise ModelError(f"{p.name} is an IP-Adapter for a {cross}-wide text encoder (not SD 1.x, SD 2.x or SDXL)",
-                         where=str(p), fix=f"pass {{@{what}}} an IP-Adapter for the model (e.g. {EXAMPLES['sd1']})")
+        model = "" if base is None else f", and the model is {BASE_LABELS.get(base, base)}" + (
+            f" ({text_width}-wide text)" if text_width else "")
+        raise ModelError(f"{p.name} is an IP-Adapter for a {cross}-wide text encoder (not SD 1.x, SD 2.x or SDXL)"
+                         + model, where=str(p), fix=f"pass {{@{what}}} an IP-Adapter made for the model (e.g. "
+                         f"{EXAMPLES.get(base or 'sd1', EXAMPLES['sd1'])})")
     ad = IPAdapterFile(p, found, int(proj[1]), int(proj[0]) // cross, cross, w, layers)
     if base is not None and (base != found or text_width is not None and cross != text_width):
         want = BASE_LABELS.get(base, base)
