@@ -103,12 +103,9 @@ def is_ip_adapter(keys: list[str] | Mapping[str, object]) -> bool:
     return any(k.startswith("image_proj.") for k in names) and any(k.startswith("ip_adapter.") for k in names)
 
 
-def open_ip_adapter(path: PathLike, *, base: str | None = None, text_width: int | None = None,
-                    what: str = "ip_adapter") -> IPAdapterFile:
-    """Open ``ip-adapter_sd15.safetensors`` (or SDXL's ``ip-adapter_sdxl_vit-h``); ``base``: the model's family
-    (``sd1``/``sd2``/``sdxl``) and ``text_width`` the width its UNet's text input has: an adapter for another is
-    refused. One ``SdrtError`` naming the file otherwise."""
-    p = Path(path)
+def check_file(p: Path, what: str = "ip_adapter") -> Weights:
+    """The file's weights when it is a base IP-Adapter (of any width); one ``SdrtError`` naming what it is
+    otherwise (another kind of file, a Plus / Full Face / FaceID adapter)."""
     w = open_weights(p, "IP-Adapter", "pass the adapter file itself (e.g. ip-adapter_sd15.safetensors)",
                      "IP-Adapter .safetensors file")
     shapes = w.shapes()
@@ -126,6 +123,18 @@ def open_ip_adapter(path: PathLike, *, base: str | None = None, text_width: int 
     if kind is not None:
         raise ModelError(f"{p.name} is {kind}, which sdrt does not run; it runs the base IP-Adapter", where=str(p),
                          fix=f"pass the base adapter ({EXAMPLES['sd1']}, or {EXAMPLES['sdxl']})")
+    return w
+
+
+def open_ip_adapter(path: PathLike, *, base: str | None = None, text_width: int | None = None,
+                    what: str = "ip_adapter") -> IPAdapterFile:
+    """Open ``ip-adapter_sd15.safetensors`` (or SDXL's ``ip-adapter_sdxl_vit-h``); ``base``: the model's family
+    (``sd1``/``sd2``/``sdxl``) and ``text_width`` the width its UNet's text input has: an adapter for another is
+    refused. One ``SdrtError`` naming the file otherwise."""
+    p = Path(path)
+    w = check_file(p, what)
+    shapes = w.shapes()
+    keys = list(shapes)
     proj = shapes["image_proj.proj.weight"]
     cross = int(shapes["image_proj.norm.weight"][0])
     layers: dict[int, tuple[str, str]] = {}

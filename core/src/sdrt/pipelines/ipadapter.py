@@ -188,11 +188,17 @@ def prepare(pipe: Any, unit: IPAdapter) -> Prepared:
     family = pipe.family.name
     text = pipe.denoiser.inputs.get(pipe.family.text_input)
     width = text.shape[-1] if text is not None and isinstance(text.shape[-1], int) else None
-    ad = open_ip_adapter(unit.adapter, base=family, text_width=width)
-    enc = open_image_encoder(unit.image_encoder if unit.image_encoder is not None else default_encoder(ad.path))
+    try:  # said on the argument (--ip-adapter, a server unit's model field); the message names the file
+        ad = open_ip_adapter(unit.adapter, base=family, text_width=width)
+    except ModelError as exc:
+        raise ModelError(exc.what, where="ip_adapter", fix=exc.fix) from exc
+    try:
+        enc = open_image_encoder(unit.image_encoder if unit.image_encoder is not None else default_encoder(ad.path))
+    except ModelError as exc:
+        raise ModelError(exc.what, where="image_encoder", fix=exc.fix) from exc
     if enc.embed_dim is not None and enc.embed_dim != ad.image_dim:
-        raise ModelError(f"the image encoder gives {enc.embed_dim}-wide image embeds and {ad.path.name} reads "
-                         f"{ad.image_dim}-wide ones", where=str(enc.path),
+        raise ModelError(f"the image encoder {enc.path.name} gives {enc.embed_dim}-wide image embeds and "
+                         f"{ad.path.name} reads {ad.image_dim}-wide ones", where="image_encoder",
                          fix="pass {@image_encoder} the encoder the adapter was trained with (ViT-H/14 for "
                              "ip-adapter_sd15 and ip-adapter_sdxl_vit-h: h94/IP-Adapter's models/image_encoder)")
     rgb = to_rgb(unit.image, "IP-Adapter image", "ip_adapter_image")
