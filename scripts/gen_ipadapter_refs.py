@@ -40,6 +40,12 @@ XL_CASES = [
     dict(name="sdxl/txt2img/Euler/1.0/empty-negative", prompt="a photo of a red cat", negative_prompt="", steps=3,
          cfg=5.0, seed=22, scale=1.0, sampler="Euler"),
 ]
+#: tests/data/pipelines/tiny-sd15-controlnet's ControlNet (gen_controlnet_refs: the same seed) and the IP-Adapter
+#: together: diffusers' StableDiffusionControlNetPipeline with load_ip_adapter
+CN_CASES = [
+    dict(name="controlnet+ip/Euler/0.6", prompt="a photo of a red cat", negative_prompt="blurry", steps=3, cfg=7.0,
+         seed=31, scale=0.6, sampler="Euler", control_scale=1.0),
+]
 CASES = [
     dict(name="txt2img/Euler/0.6", prompt="a photo of a red cat", negative_prompt="blurry", steps=4, cfg=7.0,
          seed=11, scale=0.6, sampler="Euler"),
@@ -80,6 +86,9 @@ def main() -> None:
     torch.set_num_threads(1)
     OUT.mkdir(parents=True, exist_ok=True)
     pipe = gp.build("sd15")
+    import gen_controlnet_refs as gc
+
+    net = gc.make_controlnet(pipe.unet, 40 + gc.CONTROLNETS.index("controlnet"))  # before the adapter's processors
     torch.manual_seed(5)
     enc = CLIPVisionModelWithProjection(CLIPVisionConfig(**VISION)).eval()
     gp.scale_weights(enc, 6)
@@ -90,13 +99,27 @@ def main() -> None:
     image = ip_image()
     refs: dict[str, np.ndarray] = {"ip_image": image}
     run_cases(pipe, "ip-adapter_tiny.safetensors", CASES, refs, image)
+    from diffusers import StableDiffusionControlNetPipeline
+
+    edges = gc.control_edges()
+    for case in CN_CASES:
+        pipe.set_ip_adapter_scale(case["scale"])
+        sched = gp.SCHEDULERS[case["sampler"]](pipe.scheduler.config)
+        p = StableDiffusionControlNetPipeline(**{**pipe.components, "scheduler": sched}, controlnet=net)
+        p.set_progress_bar_config(disable=True)
+        out = p(prompt=case["prompt"], negative_prompt=case["negative_prompt"], image=Image.fromarray(edges),
+                ip_adapter_image=Image.fromarray(image), num_inference_steps=case["steps"], guidance_scale=case["cfg"],
+                height=64, width=64, controlnet_conditioning_scale=case["control_scale"],
+                generator=torch.Generator("cpu").manual_seed(case["seed"]), output_type="np")
+        refs[case["name"]] = (out.images * 255).round().astype(np.uint8)
+        print(case["name"], float(refs[case["name"]].std()))
     xl = gp.build("sdxl")
     save_file(adapter(xl.unet, VISION["projection_dim"], 8), str(OUT / "ip-adapter_tiny_sdxl.safetensors"))
     run_cases(xl, "ip-adapter_tiny_sdxl.safetensors", XL_CASES, refs, image)
     px = pipe.feature_extractor(Image.fromarray(image), return_tensors="pt").pixel_values
     refs["pixel_values"] = px.numpy()
     np.savez_compressed(OUT / "refs.npz", **refs)
-    (OUT / "refs.json").write_text(json.dumps(CASES + XL_CASES, indent=1) + "\n")
+    (OUT / "refs.json").write_text(json.dumps(CASES + XL_CASES + CN_CASES, indent=1) + "\n")
 
 
 def run_cases(pipe, weight_name: str, cases: list[dict], refs: dict, image: np.ndarray) -> None:

@@ -193,3 +193,36 @@ def test_a_full_size_vit_h_encoder_folder_binds_onto_the_shipped_graph(tmp_path)
     enc.weights.fits(Graph.load(enc.graph))  # every initializer bound, strictly
     with pytest.raises(ModelError, match="another size than ViT-H/14.*layers.31"):
         open_image_encoder(_vit_folder(tmp_path, "short", drop_last_layer=True))
+
+
+def test_single_file_with_a_controlnet_runs_the_twin_graph_with_ip_attention(tmp_path, monkeypatch):
+    """A single file's UNet switched to its ControlNet twin (sd1_unet_controlnet) and given IP attention on top:
+    diffusers' StableDiffusionControlNetPipeline with load_ip_adapter (tests/data/ipadapter, controlnet+ip)."""
+    import json
+
+    from test_single_file_controlnet import _without_residuals
+
+    from sdrt.checkpoint import files, graphs
+
+    folder = DATA / "pipelines" / "tiny-sd15-controlnet"
+    g = h.stripped(folder, ["unet", "text_encoder", "vae_decoder", "vae_encoder"], tmp_path / "g")
+    shipped = {"sd1_unet": _without_residuals(g["unet"], tmp_path / "g" / "plain.onnx"), "sd1_unet_controlnet": g["unet"],
+               "clip_l": g["text_encoder"], "vae4_decoder": g["vae_decoder"], "vae4_encoder": g["vae_encoder"],
+               "clip_vision_h": IPA / "clip_vision.onnx"}
+    monkeypatch.setattr(files, "shipped_graph", lambda name: shipped[name])
+    monkeypatch.setattr(graphs, "shipped_graph", lambda name: shipped[name])
+    ck = h.write(tmp_path / "tinycn.safetensors", {
+        **h.unet_tensors(Graph.load(folder / "unet" / "model.onnx")),
+        **h.clip_tensors(Graph.load(folder / "text_encoder" / "model.onnx"), "cond_stage_model.transformer.")})
+    vae = h.write(tmp_path / "vae.safetensors", h.vae_tensors(Graph.load(folder / "vae_decoder" / "model.onnx"),
+                                                              Graph.load(folder / "vae_encoder" / "model.onnx")))
+    case = next(c for c in json.loads((IPA / "refs.json").read_text()) if c["name"].startswith("controlnet+ip/"))
+    edges = np.load(folder / "refs.npz")["edges"]
+    kw = dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], seed=case["seed"], width=64, height=64)
+    with pipelines.load(ck, backend="reference", vae=vae, tokenizers={"tokenizer": folder / "tokenizer"}) as pipe:
+        got = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=unit(scale=case["scale"]),
+                            controlnets=[(folder / "controlnet", edges, case["control_scale"])], **kw).images
+        assert pipe.unet.path == shipped["sd1_unet_controlnet"]
+        assert any(n.startswith("ip_adapter_") for n in pipe.unet.inputs)
+    diff = np.abs(np.stack(got).astype(int) - REFS[case["name"]].astype(int))  # the diffusers references' bound
+    assert diff.max() <= 1 and (diff > 0).mean() <= 0.005, (diff.max(), (diff > 0).mean())

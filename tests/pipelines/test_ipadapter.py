@@ -26,7 +26,8 @@ IPA = DATA / "ipadapter"
 FOLDER = DATA / "pipelines" / "tiny-sd15"
 REFS = np.load(IPA / "refs.npz")
 ALL = json.loads((IPA / "refs.json").read_text())
-CASES = [c for c in ALL if not c["name"].startswith("sdxl/")]
+CASES = [c for c in ALL if not c["name"].startswith(("sdxl/", "controlnet+ip/"))]
+CN_CASES = [c for c in ALL if c["name"].startswith("controlnet+ip/")]
 XL_CASES = [c for c in ALL if c["name"].startswith("sdxl/")]
 
 
@@ -81,6 +82,18 @@ def test_ip_adapter_on_an_sdxl_folder_matches_diffusers(tiny_encoder_graph):
             assert_matches_diffusers(got, REFS[case["name"]])
         with pytest.raises(ModelError, match="32-wide text encoder .*, and the model is SDXL \\(64-wide text\\)"):
             pipe.generate("a cat", ip_adapter=unit(1.0), **kwargs(XL_CASES[0]))  # the SD 1.x one
+
+
+def test_ip_adapter_with_a_controlnet_matches_diffusers(tiny_encoder_graph):
+    """tiny-sd15-controlnet's net and the adapter together: diffusers' StableDiffusionControlNetPipeline with
+    load_ip_adapter (the UNet graph that takes residuals, given IP attention too)."""
+    folder = DATA / "pipelines" / "tiny-sd15-controlnet"
+    edges = np.load(folder / "refs.npz")["edges"]
+    with pipelines.load(folder, backend="reference") as pipe:
+        for case in CN_CASES:
+            got = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=unit(case["scale"]),
+                                controlnets=[("controlnet", edges, case["control_scale"])], **kwargs(case)).images
+            assert_matches_diffusers(got, REFS[case["name"]])
 
 
 def test_generate_cli_ip_adapter_flags_match_diffusers(tiny_encoder_graph, tmp_path, capsys):
