@@ -189,6 +189,10 @@ def test_a_full_size_vit_h_encoder_folder_binds_onto_the_shipped_graph(tmp_path)
 
     enc = open_image_encoder(_vit_folder(tmp_path, "image_encoder"))
     assert (enc.image_size, enc.embed_dim) == (224, 1024)
+    graph = Graph.load(enc.graph)  # the shipped graph: weight-free, pixel_values [batch, 3, 224, 224] -> image_embeds
+    assert graph.is_stripped and [i.name for i in graph.inputs] == ["pixel_values"]
+    assert not isinstance(graph.inputs[0].shape[0], int) and tuple(graph.inputs[0].shape[1:]) == (3, 224, 224)
+    assert [o.name for o in graph.outputs] == ["image_embeds"]
     assert enc.weights is not None
     enc.weights.fits(Graph.load(enc.graph))  # every initializer bound, strictly
     with pytest.raises(ModelError, match="another size than ViT-H/14.*layers.31"):
