@@ -112,6 +112,11 @@ def test_generate_cli_ip_adapter_flags_match_diffusers(tiny_encoder_graph, tmp_p
     assert rc == 0, capsys.readouterr().err
     with Image.open(out) as img:
         assert_matches_diffusers([np.asarray(img.convert("RGB"))], REFS[case["name"]])
+        text = img.text["parameters"]
+    # as sd-webui-controlnet records an IP-Adapter unit (JSON-quoted: the value holds commas)
+    assert ('ControlNet 0: "Module: ip-adapter_clip_sd15, Model: ip-adapter_tiny, Weight: 0.6, Resize Mode: Crop and '
+            'Resize, Processor Res: 512, Guidance Start: 0, Guidance End: 1, Pixel Perfect: False, Control Mode: '
+            'Balanced"') in text, text
 
 
 @pytest.mark.parametrize("flags, words", [

@@ -411,6 +411,10 @@ class ToolboxMixin:
             info.update(tb.hires.infotext())
         if tb.controlnets:
             info.update(cn.infotext(tb.controlnets, s.width or 0, s.height or 0))
+        if tb.ip_adapter is not None:  # an IP-Adapter unit of the extension, after the ControlNet ones
+            from .ipadapter import infotext as ip_infotext
+
+            info.update(ip_infotext(tb.ip_adapter, self.family.name, len(tb.controlnets)))  # type: ignore[attr-defined]
         if tb.refiner is not None:  # after the hires fields, as A1111 adds them when the refiner swaps in
             from .refiner import infotext
 

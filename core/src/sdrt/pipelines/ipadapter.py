@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("sdrt.pipelines.ipadapter")
 
-__all__ = ["IPAdapter", "clip_pixels", "parse"]
+__all__ = ["IPAdapter", "clip_pixels", "infotext", "parse"]
 
 CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
 CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
@@ -254,3 +254,19 @@ def conditioning(prep: Prepared, part: Part, cond: Conditioning, uncond: Conditi
     if uncond is not None:
         uncond = dataclasses.replace(uncond, extra={**uncond.extra, **prep.feeds(prep.zeros, widths, dtype)})
     return cond, uncond
+
+
+#: sd-webui-controlnet's module for the ViT-H/14 encoder by family (SDXL's ViT-H adapters take its "plus_vith" one)
+MODULE_NAMES = {"sd1": "ip-adapter_clip_sd15", "sd2": "ip-adapter_clip_sd15", "sdxl": "ip-adapter_clip_sdxl_plus_vith"}
+
+
+def infotext(unit: IPAdapter, family: str, index: int) -> dict[str, str]:
+    """The adapter as sd-webui-controlnet records an IP-Adapter unit: ``ControlNet N: "Module: ip-adapter_clip_sd15,
+    Model: ip-adapter_sd15, Weight: 0.6, ..."``, after the ControlNet units (``index``: their count)."""
+    from .controlnet import _short
+
+    items = [("Module", MODULE_NAMES.get(family, "ip-adapter_clip_sd15")), ("Model", Path(unit.adapter).stem),
+             ("Weight", _short(unit.scale)), ("Resize Mode", "Crop and Resize"), ("Processor Res", "512"),
+             ("Guidance Start", "0"), ("Guidance End", "1"), ("Pixel Perfect", "False"),
+             ("Control Mode", "Balanced")]
+    return {f"ControlNet {index}": ", ".join(f"{a}: {b}" for a, b in items)}
