@@ -517,6 +517,34 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
 ]}
 
 
+# IP-Adapter's image encoder ----------------------------------------------------------------
+# h94/IP-Adapter models/image_encoder/config.json (laion/CLIP-ViT-H-14-laion2B-s32B-b79K's vision tower)
+CLIP_VISION_H = dict(hidden_size=1280, intermediate_size=5120, num_attention_heads=16, num_hidden_layers=32,
+                     image_size=224, patch_size=14, projection_dim=1024, hidden_act="gelu", layer_norm_eps=1e-5,
+                     num_channels=3)
+
+
+def build_clip_vision(cfg: dict) -> torch.nn.Module:
+    """transformers' CLIPVisionModelWithProjection as ``pixel_values -> image_embeds`` (what IP-Adapter reads)."""
+    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    def forward(self, pixel_values):
+        return _base(self).forward(self, pixel_values=pixel_values, return_dict=True).image_embeds
+
+    m = CLIPVisionModelWithProjection(CLIPVisionConfig(**cfg, attn_implementation="eager")).eval()
+    return _with_forward(m, forward)
+
+
+def clip_vision_inputs(cfg: dict, s: int) -> dict:
+    g = torch.Generator().manual_seed(s)
+    return {"pixel_values": torch.randn(2 if s == 1 else 1, 3, cfg["image_size"], cfg["image_size"], generator=g)}
+
+
+SPECS["clip_vision_h"] = Spec("clip_vision_h", build_clip_vision, CLIP_VISION_H, clip_vision_inputs,
+                              lambda c: ["image_embeds"], lambda c: {"pixel_values": {0: B}},
+                              dict(num_hidden_layers=2), "h94/IP-Adapter models/image_encoder/config.json")
+
+
 # ControlNets (issue 36: a ControlNet .safetensors bound onto a shipped graph) ------------------
 # lllyasviel/control_v11p_sd15_canny config.json: the SD 1.5 UNet's encoder, a 3-channel hint
 SD1_CONTROLNET = dict(act_fn="silu", attention_head_dim=8, block_out_channels=[320, 640, 1280, 1280],
@@ -858,7 +886,8 @@ def bind_as_inputs(proto, state: dict):
     for canon, slot in pmap.items():
         if slot.alias_of is not None or not any(t.name == slot.init for t in weights):
             continue
-        key = canon if canon in state else "text_model." + canon
+        key = canon if canon in state else next((p + canon for p in ("text_model.", "vision_model.")
+                                                  if p + canon in state), canon)
         arr = fit(state[key], slot)
         assert arr is not None, canon
         feeds[slot.init] = arr

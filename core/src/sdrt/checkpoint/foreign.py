@@ -183,9 +183,11 @@ def _other(k: _Keys, arch: str | None = None) -> str | None:
     if k.has("noise_augmentor.betas") or k.pre("noise_augmentor."):
         return "SD 2.1 unCLIP (image variations: an SD 2.x UNet conditioned on CLIP image embeddings)"
     # adapters
-    if (k.pre("image_proj.") and k.pre("ip_adapter.")) or k.pre("ip_adapter_proj_model.") or k.sub(
-            ".processor.ip_adapter_double_stream_"):
-        return "an IP-Adapter (an image-prompt adapter; sdrt has no IP-Adapter support)"
+    if k.pre("image_proj.") and k.pre("ip_adapter."):  # SD 1.x / SDXL's: run with ip_adapter= / --ip-adapter
+        return ("an IP-Adapter (an image-prompt adapter: pass it with ip_adapter=IPAdapter(file, image=...) or "
+                "--ip-adapter FILE, beside a model, not as one)")
+    if k.pre("ip_adapter_proj_model.") or k.sub(".processor.ip_adapter_double_stream_"):
+        return "a Flux IP-Adapter (XLabs'; sdrt runs SD 1.x / SDXL IP-Adapters only)"
     if k.has("redux_up.weight", "redux_down.weight"):
         return "a Flux Redux adapter (image variations for Flux.1; sdrt has no Redux support)"
     if k.pre("adapter.body.") or k.has("body.0.block1.weight") or k.has("body.0.in_conv.weight") or k.pre(

@@ -66,6 +66,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--guess-mode", action="store_true",
                    help="diffusers' guess mode for every ControlNet (residuals scaled 0.1 to 1, none for the negative "
                         "prompt)")
+    i = p.add_argument_group("IP-Adapter (an image prompt; SD 1.x, SD 2.x, SDXL)")
+    i.add_argument("--ip-adapter", default=None, metavar="FILE",
+                   help="the adapter: h94/IP-Adapter's models/ip-adapter_sd15.safetensors (SD 1.x) or "
+                        "sdxl_models/ip-adapter_sdxl_vit-h.safetensors (SDXL)")
+    i.add_argument("--ip-adapter-image", default=None, metavar="PNG", help="the picture the adapter reads")
+    i.add_argument("--ip-adapter-scale", type=float, default=None, metavar="X",
+                   help="how much of the picture (diffusers' set_ip_adapter_scale; default 1, 0.5-0.7 keeps more "
+                        "of the prompt)")
+    i.add_argument("--image-encoder", default=None, metavar="DIR",
+                   help="the adapter's CLIP image encoder (h94/IP-Adapter's models/image_encoder, ViT-H/14; default: "
+                        "the image_encoder folder beside the adapter, or models/image_encoder for sdxl_models/*vit-h*)")
     h = p.add_argument_group("hires fix (A1111's)")
     h.add_argument("--hires-scale", type=float, default=None, metavar="X", help="turn it on: upscale by X (e.g. 2)")
     h.add_argument("--hires-steps", type=int, default=None, metavar="N", help="second-pass steps (0: as the first)")
@@ -207,6 +218,20 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                     guess_mode=bool(args.guess_mode), union_mode=union, control_mask=mask,
                                     inpaint_crop=crop != "off", hr_option=hr or "Both"))
         opts["controlnets"] = units
+    if args.ip_adapter is not None:
+        if args.ip_adapter_image is None:
+            raise InputError("--ip-adapter needs --ip-adapter-image (the picture it reads)", where="--ip-adapter",
+                             fix="pass --ip-adapter-image PNG too")
+        from ..pipelines.ipadapter import IPAdapter
+
+        opts["ip_adapter"] = IPAdapter(args.ip_adapter, image=args.ip_adapter_image,
+                                       scale=1.0 if args.ip_adapter_scale is None else args.ip_adapter_scale,
+                                       image_encoder=args.image_encoder)
+    else:
+        for key in ("ip_adapter_image", "ip_adapter_scale", "image_encoder"):
+            if getattr(args, key) is not None:
+                raise InputError(f"{{@{key}}} without --ip-adapter", where=key,
+                                 fix="pass --ip-adapter FILE too, or leave {@" + key + "} out")
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed", "refiner",
                 "refiner_switch_at", "refiner_switch_by_steps", "hires_refiner_pass"):
         if getattr(args, key) is not None:

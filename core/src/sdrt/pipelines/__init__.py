@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .controlnet import ControlNet
     from .folder import ModelFolder
     from .images import RESIZE_MODES
+    from .ipadapter import IPAdapter
     from .pipeline import Generation, Pipeline, load, validate
     from .plan import RunPlan
     from .settings import Settings
@@ -28,7 +29,7 @@ DEMO_MODEL = Path(__file__).resolve().parent.parent / "data" / "demo-sd"
 
 _LAZY = {"load": "pipeline", "Pipeline": "pipeline", "Generation": "pipeline", "validate": "pipeline",
          "ModelFolder": "folder", "Settings": "settings", "RunPlan": "plan", "ControlNet": "controlnet",
-         "RESIZE_MODES": "images"}
+         "RESIZE_MODES": "images", "IPAdapter": "ipadapter"}
 
 
 def __getattr__(name: str) -> Any:
@@ -47,5 +48,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'sdrt.pipelines' has no attribute {name!r}")
 
 
-__all__ = ["DEMO_MODEL", "RESIZE_MODES", "ControlNet", "Generation", "ModelFolder", "Pipeline", "RunPlan", "Settings",
+__all__ = ["DEMO_MODEL", "RESIZE_MODES", "ControlNet", "Generation", "IPAdapter", "ModelFolder", "Pipeline", "RunPlan", "Settings",
            "load", "validate"]

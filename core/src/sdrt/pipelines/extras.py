@@ -49,6 +49,7 @@ class ToolboxMixin:
         graph = denoiser_graph(self.folder, bool(tb.controlnets))  # type: ignore[attr-defined]
         if graph is not None:  # a single file: its UNet runs the twin that takes residuals only when needed
             self.denoiser.retarget(graph)  # type: ignore[attr-defined]
+        self._prepare_ip_adapter(s)
         nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
         if nets is not None:  # Flux / SD3 ControlNets: residual inputs on the transformer only while a net is asked
             if tb.controlnets:
@@ -107,6 +108,29 @@ class ToolboxMixin:
             self._preview_fn = tb.preview
         else:
             self._preview_fn = None
+
+    def _prepare_ip_adapter(self, s: Settings) -> None:
+        """The UNet with IP attention while an IP-Adapter is asked for, as its file has it otherwise."""
+        from . import ipadapter as ipa
+
+        unit = s.toolbox.ip_adapter
+        family = self.family.name  # type: ignore[attr-defined]
+        if unit is not None and family not in ipa.FAMILIES:
+            raise InputError(f"IP-Adapter is not supported for {self.family.label}",  # type: ignore[attr-defined]
+                             where="ip_adapter", fix="use an SD 1.x, SD 2.x or SDXL model, or leave {@ip_adapter} out")
+        if family in ipa.FAMILIES:
+            heads = ipa.heads_for(self.folder.configs, family, self.family.denoiser_part)  # type: ignore[attr-defined]
+            ipa.use_ip_attention(self.denoiser, unit is not None, heads)  # type: ignore[attr-defined]
+
+    def _ip_conditioning(self, s: Settings, cond: Any, uncond: Any) -> tuple[Any, Any]:
+        """The job's conditionings with the IP-Adapter's image inputs (sdrt.pipelines.ipadapter), or as they are."""
+        unit = s.toolbox.ip_adapter
+        if unit is None:
+            return cond, uncond
+        from . import ipadapter as ipa
+
+        prep = ipa.prepare(self, unit)
+        return ipa.conditioning(prep, self.denoiser, cond, uncond)  # type: ignore[attr-defined]
 
     def _unit_regions(self, s: Settings) -> None:
         """Each unit's control map is made afresh for this run (``detected``, then kept for its passes), cut to the
@@ -210,6 +234,9 @@ class ToolboxMixin:
         for part in self.control_parts.values():
             part.close()
         own = self.__dict__.pop("_taesd", None)
+        if own is not None:
+            own[1].close()
+        own = self.__dict__.pop("_ip_encoder", None)  # an IP-Adapter's image encoder
         if own is not None:
             own[1].close()
 
@@ -382,6 +409,10 @@ class ToolboxMixin:
             info.update(tb.hires.infotext())
         if tb.controlnets:
             info.update(cn.infotext(tb.controlnets, s.width or 0, s.height or 0))
+        if tb.ip_adapter is not None:  # an IP-Adapter unit of the extension, after the ControlNet ones
+            from .ipadapter import infotext as ip_infotext
+
+            info.update(ip_infotext(tb.ip_adapter, self.family.name, len(tb.controlnets)))  # type: ignore[attr-defined]
         if tb.refiner is not None:  # after the hires fields, as A1111 adds them when the refiner swaps in
             from .refiner import infotext
 

@@ -1064,6 +1064,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                           callback: Callback | None, original: str) -> Generation:
         cond, uncond = self._conditioning(s)
         self._release(*self.family.text_parts, stage=True)
+        cond, uncond = self._ip_conditioning(s, cond, uncond)  # an IP-Adapter's image tokens ride with the text
         from .reference import encode
 
         #: this job's reference images, encoded once (sdrt.pipelines.reference); every denoiser call reads them

@@ -28,7 +28,7 @@ from ..errors import InputError
 
 KEYWORDS = ("controlnets", "guess_mode", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "rng",
             "subseed", "subseed_strength", "preview", "preview_size", "refiner", "refiner_switch_at",
-            "refiner_switch_by_steps", "hires_refiner_pass")
+            "refiner_switch_by_steps", "hires_refiner_pass", "ip_adapter")
 
 
 @dataclass
@@ -48,6 +48,8 @@ class Toolbox:
     refiner_switch_by_steps: bool = False
     #: with the hires fix: the passes the refiner may take over in (A1111's hires_fix_refiner_pass)
     hires_refiner_pass: str = "second pass"
+    #: an IP-Adapter (image prompt; sdrt.pipelines.ipadapter.IPAdapter), checked, its files opened per job
+    ip_adapter: Any = None
 
     @property
     def per_image(self) -> bool:
@@ -64,6 +66,9 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
     rest = {k: v for k, v in kwargs.items() if k not in KEYWORDS}
     tb = Toolbox()
     tb.controlnets = controlnet.parse_units(kwargs.get("controlnets"))
+    from .ipadapter import parse as parse_ip_adapter
+
+    tb.ip_adapter = parse_ip_adapter(kwargs.get("ip_adapter"))
     guess = kwargs.get("guess_mode", False)
     if not isinstance(guess, (bool, np.bool_)):
         raise InputError(f"{{@guess_mode}} must be True or False, got {guess!r}", where="guess_mode",

@@ -233,6 +233,11 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     not_honoured += notes
     if nets:
         kwargs["controlnets"] = nets
+    ip, ip_names = controlnet.ip_adapter(body, registry, model, limits.max_width * limits.max_height * 4, init,
+                                         not_honoured)
+    if ip is not None:  # an IP-Adapter module's unit: an image prompt (sdrt.pipelines.ipadapter)
+        kwargs["ip_adapter"] = ip
+        net_names.update(ip_names)
     # Forge's FLUX.1 Kontext extension (alwayson_scripts["Forge FluxKontext"]): reference images
     net_names.update(kontext.references(body, kwargs, limits.max_width * limits.max_height * 4, not_honoured,
                                         (limits.max_width, limits.max_height)))

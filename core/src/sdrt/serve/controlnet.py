@@ -62,9 +62,17 @@ HR_OPTIONS = ("Both", "Low res only", "High res only")
 _NEEDS = (("tile_colorfix", "the extension's colour fix of the latents while sampling (tile_resample is the map "
                             "without it)"),
           ("inpaint", "the inpaint ControlNet's masked conditioning"), ("reference", "reference-only attention hooks"),
-          ("ip-adapter", "IP-Adapter's image encoder and attention layers"), ("ip_adapter", "IP-Adapter"),
+          ("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the base adapters, ip-adapter_sd15 and "
+                         "ip-adapter_sdxl_vit-h, with the ViT-H modules: " + ", ".join(("ip-adapter_clip_sd15",
+                                                                                         "ip-adapter_clip_h")) + ")"),
+          ("ip_adapter", "an IP-Adapter variant sdrt does not build (it runs ip-adapter_clip_sd15 / ip-adapter_clip_h)"),
+          ("ipadapter", "an IP-Adapter variant sdrt does not build (it runs CLIP-ViT-H (IPAdapter))"),
           ("instant_id", "InstantID's face models"), ("revision", "CLIP vision conditioning"),
           ("clip_vision", "CLIP vision conditioning"), ("t2ia", "T2I-Adapters"), ("pulid", "PuLID's face models"))
+#: the extension's (and Forge's) IP-Adapter modules sdrt runs: the CLIP ViT-H/14 image encoder the base adapters read
+#: (``ip-adapter_clip_sdxl_plus_vith`` is the extension's name for it with ``ip-adapter_sdxl_vit-h``)
+IP_MODULES = ("ip-adapter_clip_sd15", "ip-adapter_clip_h", "ip-adapter_clip_sdxl_plus_vith", "ip-adapter-auto",
+              "clip-vit-h (ipadapter)")
 #: a unit's keys that are the extension's (its UI's and batch state too) and change nothing sdrt makes
 _QUIET = frozenset("""enabled image input_image mask mask_image module model weight resize_mode low_vram lowvram
 processor_res threshold_a threshold_b guidance_start guidance_end guidance pixel_perfect control_mode guess_mode
@@ -215,6 +223,8 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
         if enabled > MAX_UNITS:
             raise ApiError(400, f"alwayson_scripts.{key} enables more than {MAX_UNITS} ControlNet units, this "
                                 "server's limit", field=f"alwayson_scripts.{key}")
+        if is_ip_module(unit.get("module")):  # an IP-Adapter unit: ip_adapter() reads it
+            continue
         ignored += [f"{where}.{str(f)[:60]}" for f in unit if f not in _QUIET]
         fields[f"controlnets[{len(out)}]"] = where
         # the pipeline names a unit's thresholds "controlnets[k] low" / "high": the unit's threshold_a / threshold_b
@@ -225,6 +235,95 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
         if reads:  # an SD3 inpainting net's mask, as the pipeline's errors name it
             fields.setdefault("control_mask", f"{where}.mask")
     return out, notes, ignored, fields
+
+
+def is_ip_module(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().casefold() in IP_MODULES
+
+
+def ip_adapter(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixels: int, init_image: Any,
+               notes: list[str]) -> tuple[Any, dict[str, str]]:
+    """``(sdrt IPAdapter or None, {pipeline argument: request field})`` of the request's enabled ControlNet unit with
+    an IP-Adapter module (``ip-adapter_clip_sd15`` / ``ip-adapter_clip_h`` and a ``model`` naming
+    ``ip-adapter_sd15`` or ``ip-adapter_sdxl_vit-h`` in ``ControlNet/``); its ``weight`` is the scale. The image
+    encoder is the ``image_encoder/`` folder beside the adapter (h94's layout) or the models folder's
+    ``clip_vision/`` (ComfyUI's: its ViT-H file)."""
+    from ..pipelines.ipadapter import IPAdapter
+
+    scripts = body.get("alwayson_scripts")
+    if not isinstance(scripts, dict):
+        return None, {}
+    key, value = next(((str(k), v) for k, v in scripts.items() if str(k).strip().casefold() == "controlnet"),
+                      ("", None))
+    if not isinstance(value, dict) or not isinstance(value.get("args", []), list):
+        return None, {}
+    found = [(k, u) for k, u in enumerate(value.get("args") or []) if isinstance(u, dict)
+             and is_ip_module(u.get("module"))
+             and get_bool({"enabled": u.get("enabled")}, "enabled", True)]
+    if not found:
+        return None, {}
+    if len(found) > 1:
+        where = f"alwayson_scripts.{key}.args[{found[1][0]}]"
+        raise ApiError(400, f"{where}: sdrt runs one IP-Adapter unit a request, this request enables {len(found)}",
+                       field=where)
+    k, unit = found[0]
+    where = f"alwayson_scripts.{key}.args[{k}]"
+    entry = registry.controlnet(unit.get("model"), model, f"{where}.model")
+    if entry.owner is not None or not entry.path.is_file():
+        raise ApiError(400, f"{where}.model: {entry.name} is no IP-Adapter file (an IP-Adapter module reads one, e.g. "
+                            "ip-adapter_sd15.safetensors in the ControlNet folder)", field=f"{where}.model")
+    from ..checkpoint.ipadapter import check_file
+    from ..errors import SdrtError
+
+    try:
+        check_file(entry.path, "model")  # what the file is, said on the unit's field (its family: when the model runs)
+    except SdrtError as exc:
+        text = f"{where}.model: {exc.what}" + (f"; {exc.fix}" if exc.fix else "")
+        raise ApiError(400, text.replace("{@model}", f"{where}.model"), field=f"{where}.model") from None
+    image_key = "image" if unit.get("image") not in (None, "") else "input_image"
+    image, _ = _image(unit.get(image_key), f"{where}.{image_key}", max_pixels)
+    if image is None:
+        if init_image is None:
+            raise ApiError(400, f"{where}.image is missing: an IP-Adapter unit needs its picture (base64)",
+                           field=f"{where}.image")
+        image = b64images.rgb_array(init_image)
+    try:
+        weight = get_float(unit, "weight", 1.0, 0.0, 10.0)
+    except ApiError as exc:
+        raise ApiError(exc.status, exc.message.replace("weight", f"{where}.weight", 1), field=f"{where}.weight") \
+            from None
+    for name, default in (("guidance_start", 0.0), ("guidance_end", 1.0)):
+        if unit.get(name) not in (None, default):
+            notes.append(f"{where}.{name}: an IP-Adapter unit runs on every step in sdrt; the window was not used")
+    encoder = _image_encoder(entry.path, registry, f"{where}.model")
+    made = IPAdapter(str(entry.path), image=image, scale=weight, image_encoder=str(encoder))
+    return made, {"ip_adapter": f"{where}.model", "ip_adapter_image": f"{where}.image",
+                  "ip_adapter_scale": f"{where}.weight", "image_encoder": f"{where}.model"}
+
+
+def _image_encoder(adapter: Any, registry: Registry, field: str) -> Any:
+    """The CLIP ViT-H/14 image encoder for an adapter of the ControlNet folder: ``image_encoder/`` beside it, else
+    the models folder's ``clip_vision/`` (a transformers folder, or its one ViT-H ``.safetensors``); 400 otherwise."""
+    from ..errors import InputError
+    from ..pipelines.ipadapter import default_encoder
+
+    try:
+        return default_encoder(adapter)
+    except InputError:
+        pass
+    models = registry.models_dir
+    folder = next((p for p in sorted(models.iterdir()) if p.is_dir() and p.name.casefold() == "clip_vision"), None) \
+        if models is not None and models.is_dir() else None
+    if folder is not None:
+        if (folder / "config.json").is_file():
+            return folder
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".safetensors")
+        vit_h = [p for p in files if any(t in p.name.casefold() for t in ("vit-h", "vit_h", "h-14", "h14", "clip_h"))]
+        if len(vit_h) == 1 or len(files) == 1:
+            return (vit_h or files)[0]
+    raise ApiError(400, f"{field}: no image encoder for the IP-Adapter: put h94/IP-Adapter's models/image_encoder "
+                        "folder (CLIP ViT-H/14) beside the adapter in the ControlNet folder as image_encoder/, or its "
+                        "model.safetensors in a clip_vision folder of the models folder", field=field)
 
 
 def _reads_mask(net: Any) -> bool:
@@ -347,4 +446,5 @@ def _detect_refusal(exc: InputError, key: str, k: int) -> ApiError:
     return ApiError(400, f"{field}: {what}" + (f"; {fix}" if fix else ""), field=field)
 
 
-__all__ = ["API_VERSION", "MAX_UNITS", "MODULES", "detect", "module_detail", "module_list", "units"]
+__all__ = ["API_VERSION", "IP_MODULES", "MAX_UNITS", "MODULES", "detect", "ip_adapter", "module_detail", "module_list",
+           "units"]

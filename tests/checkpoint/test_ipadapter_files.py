@@ -1,0 +1,232 @@
+"""IP-Adapter files on single-file checkpoints and shipped graphs, and what is refused.
+
+- a single file's UNet (bound onto a weight-free graph, here tiny-sd15's stripped, as test_single_file_controlnet
+  points sdrt's graph lookup at tiny graphs) runs with IP attention and gives the ONNX folder's image, which
+  tests/pipelines/test_ipadapter.py checks against diffusers; without the adapter it runs its plain graph again;
+- the shipped full-size SD 1.x / SDXL UNet graphs (initializers named, nodes anonymous) get one IP attention per
+  cross-attention layer at the places h94's files number (SD 1.5: 1..31, SDXL: 1..139) with the heads their own
+  attention uses;
+- refusals, one line each, in the caller's words: an adapter for another family, no image encoder, an encoder of
+  another width, IP-Adapter Plus / Full Face / FaceID files, a file that is no adapter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import single_file_helpers as h
+
+from sdrt import pipelines
+from sdrt.errors import InputError, ModelError
+from sdrt.graph import Graph
+from sdrt.pipelines import IPAdapter
+from sdrt.weights import Weights
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+IPA = DATA / "ipadapter"
+FOLDER = DATA / "pipelines" / "tiny-sd15"
+REFS = np.load(IPA / "refs.npz")
+KW = dict(steps=3, cfg=6.0, sampler="Euler", seed=5, width=64, height=64)
+
+
+def unit(adapter: Path = IPA / "ip-adapter_tiny.safetensors", encoder: object = IPA / "image_encoder",
+         scale: float = 0.8) -> IPAdapter:
+    return IPAdapter(adapter, image=REFS["ip_image"], scale=scale, image_encoder=encoder)
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sf-ipa")
+    graphs = h.stripped(FOLDER, ["unet", "text_encoder", "vae_decoder", "vae_encoder"], tmp / "g")
+    ck = h.write(tmp / "tiny.safetensors", {
+        **h.unet_tensors(Graph.load(FOLDER / "unet" / "model.onnx")),
+        **h.clip_tensors(Graph.load(FOLDER / "text_encoder" / "model.onnx"), "cond_stage_model.transformer.")})
+    vae = h.write(tmp / "tiny_vae.safetensors", h.vae_tensors(Graph.load(FOLDER / "vae_decoder" / "model.onnx"),
+                                                               Graph.load(FOLDER / "vae_encoder" / "model.onnx")))
+    shipped = {"sd1_unet": graphs["unet"], "clip_l": graphs["text_encoder"], "vae4_decoder": graphs["vae_decoder"],
+               "vae4_encoder": graphs["vae_encoder"], "clip_vision_h": IPA / "clip_vision.onnx"}
+    return ck, vae, shipped
+
+
+@pytest.fixture
+def tiny_graphs(tiny_file, monkeypatch):
+    from sdrt.checkpoint import files, graphs
+
+    shipped = tiny_file[2]
+    monkeypatch.setattr(files, "shipped_graph", lambda name: shipped[name])
+    monkeypatch.setattr(graphs, "shipped_graph", lambda name: shipped[name])
+    return tiny_file
+
+
+def test_single_file_runs_ip_attention_and_its_plain_graph_without(tiny_graphs):
+    ck, vae, _ = tiny_graphs
+    with pipelines.load(ck, backend="reference", vae=vae, tokenizers={"tokenizer": FOLDER / "tokenizer"}) as pipe:
+        plain1 = pipe.generate("a red cat", "blurry", **KW).images[0]
+        with_ip = pipe.generate("a red cat", "blurry", ip_adapter=unit(), **KW).images[0]
+        assert any(n.startswith("ip_adapter_") for n in pipe.unet.inputs)
+        plain2 = pipe.generate("a red cat", "blurry", **KW).images[0]
+        assert not any(n.startswith("ip_adapter_") for n in pipe.unet.inputs)
+    with pipelines.load(FOLDER, backend="reference") as folder:
+        want = folder.generate("a red cat", "blurry", ip_adapter=unit(), **KW).images[0]
+    assert with_ip.tobytes() == want.tobytes()
+    assert plain1.tobytes() == plain2.tobytes()
+    assert np.abs(with_ip.astype(int) - plain1.astype(int)).max() > 20  # the adapter did something
+
+
+@pytest.mark.parametrize("name, places, heads", [("sd1_unet", range(1, 32, 2), {320: 8, 640: 8, 1280: 8}),
+                                                 ("sdxl_unet", range(1, 140, 2), {640: 10, 1280: 20})])
+def test_shipped_unet_graphs_get_ip_attention_in_h94s_layer_order(name, places, heads):
+    from sdrt.checkpoint import shipped_graph
+    from sdrt.checkpoint.ipattention import ip_attention_graph, layer_widths
+
+    model = onnx.load(str(shipped_graph(name)), load_external_data=False)
+    before = len(model.graph.node)
+    ip_attention_graph(model, lambda width: -1, name)  # every layer's heads read from its own graph
+    widths = layer_widths(model)
+    assert sorted(widths) == list(places)
+    assert set(widths.values()) == set(heads)
+    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant" and n.output[0].endswith("heads_c")}
+    got = {}
+    for k, w in widths.items():
+        t = consts[f"/ip_adapter/{k}/heads_c"].attribute[0].t
+        got[w] = int(onnx.numpy_helper.to_array(t)[2])
+    assert got == heads
+    assert len(model.graph.node) == before + 16 * len(widths)
+
+
+def _adapter(path: Path, cross: int, image_dim: int = 24, extra: dict | None = None) -> Path:
+    rng = np.random.default_rng(0)
+    t = {"image_proj.proj.weight": rng.standard_normal((4 * cross, image_dim), dtype=np.float32),
+         "image_proj.proj.bias": np.zeros(4 * cross, np.float32), "image_proj.norm.weight": np.ones(cross, np.float32),
+         "image_proj.norm.bias": np.zeros(cross, np.float32)}
+    for k in (1, 3, 5, 7):
+        t[f"ip_adapter.{k}.to_k_ip.weight"] = t[f"ip_adapter.{k}.to_v_ip.weight"] = \
+            rng.standard_normal((16, cross), dtype=np.float32)
+    t.update(extra or {})
+    Weights.from_arrays(t).save(path)
+    return path
+
+
+def _refused(exc_type, adapter_unit, *words):
+    with pytest.raises(exc_type) as info, pipelines.load(FOLDER, backend="reference") as pipe:
+        pipe.generate("a red cat", ip_adapter=adapter_unit, **KW)
+    text = str(info.value)
+    print(text)
+    assert "\n" not in text
+    for w in words:
+        assert w in text, text
+    return text
+
+
+@pytest.fixture
+def folder_run(monkeypatch):
+    from backend_helpers import register
+
+    from sdrt.checkpoint import graphs
+
+    real = graphs.shipped_graph
+    monkeypatch.setattr(graphs, "shipped_graph", lambda n: IPA / "clip_vision.onnx" if n == "clip_vision_h" else real(n))
+    register("reference")
+
+
+def test_an_sdxl_adapter_on_sd1_is_refused(folder_run, tmp_path):
+    _refused(ModelError, unit(_adapter(tmp_path / "ip-adapter_sdxl.safetensors", 2048)),
+             "is an SDXL IP-Adapter, and the model is SD 1.x", "ip_adapter")
+
+
+def test_a_missing_image_encoder_is_refused(folder_run, tmp_path):
+    import shutil
+
+    alone = shutil.copyfile(IPA / "ip-adapter_tiny.safetensors", tmp_path / "ip-adapter_tiny.safetensors")
+    _refused(InputError, unit(alone, encoder=None), "no image encoder for ip-adapter_tiny.safetensors",
+             "image_encoder")
+    _refused(ModelError, unit(encoder=tmp_path / "nowhere"), "does not exist", "image_encoder")
+
+
+def test_an_image_encoder_of_another_width_is_refused(folder_run, tmp_path):
+    _refused(ModelError, unit(_adapter(tmp_path / "ip16.safetensors", 32, image_dim=16)),
+             "24-wide image embeds", "reads 16-wide ones", "image_encoder")
+
+
+@pytest.mark.parametrize("extra, kind", [
+    ({"image_proj.latents": np.zeros((1, 16, 32), np.float32)}, "IP-Adapter Plus"),
+    ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32)}, "Full Face"),
+    ({"ip_adapter.1.to_q_lora.down.weight": np.zeros((4, 32), np.float32)}, "FaceID")])
+def test_adapter_variants_sdrt_does_not_build_are_refused(folder_run, tmp_path, extra, kind):
+    _refused(ModelError, unit(_adapter(tmp_path / "v.safetensors", 32, extra=extra)), kind, "does not run",
+             "base IP-Adapter")
+
+
+def test_a_file_that_is_no_adapter_is_refused(folder_run):
+    _refused(ModelError, unit(IPA / "image_encoder" / "model.safetensors"), "is not an IP-Adapter")
+
+
+def _vit_folder(tmp_path: Path, name: str, drop_last_layer: bool = False) -> Path:
+    """An image encoder folder as h94/IP-Adapter's models/image_encoder holds it (config.json + model.safetensors,
+    headers only), with the shipped ViT-H/14 graph's tensor names and shapes (fp16, as the release stores it)."""
+    import json
+
+    from sdrt.checkpoint import shipped_graph
+
+    graph = Graph.load(shipped_graph("clip_vision_h"))
+    info = graph.initializer_info()
+    shapes = {k: tuple(int(d) for d in info[k].shape) for k in graph.external_refs}
+    if drop_last_layer:  # a 31-layer encoder: another size
+        shapes = {k: v for k, v in shapes.items() if ".layers.31." not in k}
+    folder = tmp_path / name
+    folder.mkdir()
+    h.sparse(folder / "model.safetensors", shapes)
+    (folder / "config.json").write_text(json.dumps({"architectures": ["CLIPVisionModelWithProjection"],
+                                                    "image_size": 224, "projection_dim": 1024, "hidden_size": 1280}))
+    return folder
+
+
+def test_a_full_size_vit_h_encoder_folder_binds_onto_the_shipped_graph(tmp_path):
+    from sdrt.checkpoint.ipadapter import open_image_encoder
+
+    enc = open_image_encoder(_vit_folder(tmp_path, "image_encoder"))
+    assert (enc.image_size, enc.embed_dim) == (224, 1024)
+    graph = Graph.load(enc.graph)  # the shipped graph: weight-free, pixel_values [batch, 3, 224, 224] -> image_embeds
+    assert graph.is_stripped and [i.name for i in graph.inputs] == ["pixel_values"]
+    assert not isinstance(graph.inputs[0].shape[0], int) and tuple(graph.inputs[0].shape[1:]) == (3, 224, 224)
+    assert [o.name for o in graph.outputs] == ["image_embeds"]
+    assert enc.weights is not None
+    enc.weights.fits(Graph.load(enc.graph))  # every initializer bound, strictly
+    with pytest.raises(ModelError, match="another size than ViT-H/14.*layers.31"):
+        open_image_encoder(_vit_folder(tmp_path, "short", drop_last_layer=True))
+
+
+def test_single_file_with_a_controlnet_runs_the_twin_graph_with_ip_attention(tmp_path, monkeypatch):
+    """A single file's UNet switched to its ControlNet twin (sd1_unet_controlnet) and given IP attention on top:
+    diffusers' StableDiffusionControlNetPipeline with load_ip_adapter (tests/data/ipadapter, controlnet+ip)."""
+    import json
+
+    from test_single_file_controlnet import _without_residuals
+
+    from sdrt.checkpoint import files, graphs
+
+    folder = DATA / "pipelines" / "tiny-sd15-controlnet"
+    g = h.stripped(folder, ["unet", "text_encoder", "vae_decoder", "vae_encoder"], tmp_path / "g")
+    shipped = {"sd1_unet": _without_residuals(g["unet"], tmp_path / "g" / "plain.onnx"), "sd1_unet_controlnet": g["unet"],
+               "clip_l": g["text_encoder"], "vae4_decoder": g["vae_decoder"], "vae4_encoder": g["vae_encoder"],
+               "clip_vision_h": IPA / "clip_vision.onnx"}
+    monkeypatch.setattr(files, "shipped_graph", lambda name: shipped[name])
+    monkeypatch.setattr(graphs, "shipped_graph", lambda name: shipped[name])
+    ck = h.write(tmp_path / "tinycn.safetensors", {
+        **h.unet_tensors(Graph.load(folder / "unet" / "model.onnx")),
+        **h.clip_tensors(Graph.load(folder / "text_encoder" / "model.onnx"), "cond_stage_model.transformer.")})
+    vae = h.write(tmp_path / "vae.safetensors", h.vae_tensors(Graph.load(folder / "vae_decoder" / "model.onnx"),
+                                                              Graph.load(folder / "vae_encoder" / "model.onnx")))
+    case = next(c for c in json.loads((IPA / "refs.json").read_text()) if c["name"].startswith("controlnet+ip/"))
+    edges = np.load(folder / "refs.npz")["edges"]
+    kw = dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], seed=case["seed"], width=64, height=64)
+    with pipelines.load(ck, backend="reference", vae=vae, tokenizers={"tokenizer": folder / "tokenizer"}) as pipe:
+        got = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=unit(scale=case["scale"]),
+                            controlnets=[(folder / "controlnet", edges, case["control_scale"])], **kw).images
+        assert pipe.unet.path == shipped["sd1_unet_controlnet"]
+        assert any(n.startswith("ip_adapter_") for n in pipe.unet.inputs)
+    diff = np.abs(np.stack(got).astype(int) - REFS[case["name"]].astype(int))  # the diffusers references' bound
+    assert diff.max() <= 1 and (diff > 0).mean() <= 0.005, (diff.max(), (diff > 0).mean())

@@ -1,0 +1,126 @@
+"""IP-Adapter through the A1111 API, as sd-webui-controlnet takes it: a ControlNet unit whose ``module`` is an
+IP-Adapter CLIP module (``ip-adapter_clip_sd15``, ``ip-adapter_clip_h``) and whose ``model`` names the adapter in the
+models folder's ``ControlNet/``; its ``weight`` is the scale. The picture equals the Python API's for the same
+adapter (which tests/pipelines/test_ipadapter.py checks against diffusers). The image encoder is the tiny one of
+tests/data/ipadapter, as ``image_encoder/`` beside the adapter (h94's layout) or in the models folder's
+``clip_vision/`` (ComfyUI's), bound onto the tiny graph that stands in for the shipped ViT-H/14 graph."""
+
+from __future__ import annotations
+
+import base64
+import io
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from serve_helpers import live_server, needs_server
+
+from sdrt import pipelines
+from sdrt.pipelines import IPAdapter
+
+pytestmark = needs_server
+Image = pytest.importorskip("PIL.Image", reason="the serve tests need Pillow")
+requests = pytest.importorskip("requests", reason="the serve tests need requests")
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+IPA = DATA / "ipadapter"
+REFS = np.load(IPA / "refs.npz")
+BASE = dict(prompt="a photo of a red cat", negative_prompt="blurry", steps=3, width=64, height=64, seed=11,
+            sampler_name="Euler", cfg_scale=7)
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder_graph() -> Iterator[None]:
+    from sdrt.checkpoint import graphs
+
+    real = graphs.shipped_graph
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(graphs, "shipped_graph", lambda n: IPA / "clip_vision.onnx" if n == "clip_vision_h" else real(n))
+        yield
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ipa-models")
+    shutil.copytree(DATA / "pipelines" / "tiny-sd15", root / "tiny-sd15")
+    (root / "ControlNet").mkdir()
+    shutil.copy(IPA / "ip-adapter_tiny.safetensors", root / "ControlNet" / "ip-adapter_sd15.safetensors")
+    shutil.copytree(IPA / "image_encoder", root / "ControlNet" / "image_encoder")
+    shutil.copy(IPA / "ip-adapter_tiny_sdxl.safetensors", root / "ControlNet" / "ip-adapter_sdxl_vit-h.safetensors")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(models, tiny_encoder_graph) -> Iterator[str]:
+    from sdrt.serve import ServeConfig
+
+    with live_server(ServeConfig(models=models, backend="reference")) as url:
+        yield url
+
+
+def _b64(a: np.ndarray) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _post(url: str, body: dict) -> requests.Response:
+    return requests.post(f"{url}/sdapi/v1/txt2img", json=body, timeout=300)
+
+
+def _unit(**kw) -> dict:
+    return {"enabled": True, "module": "ip-adapter_clip_sd15", "model": "ip-adapter_sd15 [0123abcd]",
+            "image": _b64(REFS["ip_image"]), "weight": 0.6, **kw}
+
+
+def test_an_ip_adapter_unit_gives_the_python_apis_image(server, models) -> None:
+    r = _post(server, dict(BASE, alwayson_scripts={"controlnet": {"args": [_unit()]}}))
+    assert r.status_code == 200, r.text
+    got = np.asarray(Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))).convert("RGB"))
+    with pipelines.load(models / "tiny-sd15", backend="reference") as pipe:
+        kw = dict(steps=3, width=64, height=64, seed=11, sampler="Euler", cfg=7)
+        want = pipe.generate(BASE["prompt"], "blurry", ip_adapter=IPAdapter(
+            models / "ControlNet" / "ip-adapter_sd15.safetensors", image=REFS["ip_image"], scale=0.6,
+            image_encoder=IPA / "image_encoder"), **kw).images[0]
+        plain = pipe.generate(BASE["prompt"], "blurry", **kw).images[0]
+    assert np.array_equal(got, want)
+    assert np.abs(want.astype(int) - plain.astype(int)).max() > 20
+    assert r.json()["info"].count("sdrt_not_honoured") <= 1
+
+
+@pytest.mark.parametrize("unit, field, words", [
+    (_unit(module="ip-adapter_face_id"), "module", "IP-Adapter variant sdrt does not build"),
+    (_unit(model="nothing_here"), "model", "no ControlNet model named"),
+    (_unit(model="ip-adapter_sdxl_vit-h"), "model", "and the model is SD 1.x"),
+    (_unit(image=None), "image", "needs its picture"),
+    (_unit(weight=11), "weight", "at most 10"),
+])
+def test_bad_ip_adapter_units(server, unit, field, words) -> None:
+    r = _post(server, dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}))
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert words in body["message"], body
+    assert body.get("field") in (f"alwayson_scripts.controlnet.args[0].{field}", None), body
+    assert "\n" not in body["message"]
+
+
+def test_the_image_encoder_is_found_beside_the_adapter_or_in_comfyuis_clip_vision(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from sdrt.serve.controlnet import _image_encoder
+    from sdrt.serve.errors import ApiError
+
+    (tmp_path / "ControlNet").mkdir()
+    adapter = shutil.copy(IPA / "ip-adapter_tiny.safetensors", tmp_path / "ControlNet" / "ip-adapter_sd15.safetensors")
+    registry = SimpleNamespace(models_dir=tmp_path)  # the registry's one attribute this reads
+    with pytest.raises(ApiError, match="no image encoder for the IP-Adapter: put h94/IP-Adapter's") as info:
+        _image_encoder(Path(adapter), registry, "f")
+    assert info.value.status == 400
+    (tmp_path / "clip_vision").mkdir()
+    for name in ("CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors", "CLIP-ViT-H-14-laion2B-s32B-b79K.safetensors"):
+        shutil.copy(IPA / "image_encoder" / "model.safetensors", tmp_path / "clip_vision" / name)
+    assert _image_encoder(Path(adapter), registry, "f").name == "CLIP-ViT-H-14-laion2B-s32B-b79K.safetensors"
+    shutil.copytree(IPA / "image_encoder", tmp_path / "ControlNet" / "image_encoder")
+    assert _image_encoder(Path(adapter), registry, "f") == tmp_path / "ControlNet" / "image_encoder"
