@@ -381,3 +381,18 @@ def test_a_checkpoint_keeping_its_clip_vision_tower_is_not_taken_for_a_vision_en
     assert recognise(sd2) is None
     alone = {k.removeprefix("cond_stage_model.model."): v for k, v in sd2.items() if ".visual." in k}
     assert "CLIP ViT-H" in recognise(alone)  # open_clip's visual tower alone still is one
+
+
+@pytest.mark.parametrize("case", ["CLIP ViT-H vision", "T2I-Adapter (TencentARC)"])
+def test_files_named_by_their_shapes_given_as_a_controlnet_are_named_not_crashed(case, tmp_path):
+    """The ControlNet reader asked ``recognise`` about a file by its key names alone (empty shapes): a CLIP vision
+    encoder (IP-Adapter's image_encoder, given as a ControlNet) raised IndexError from the width lookup. Its real
+    shapes are passed now, so it is named in one line as everywhere else."""
+    from sdrt.checkpoint.controlnet import open_controlnet
+    from sdrt.checkpoint.foreign import recognise
+
+    shapes = CASES[case][0]
+    f = sparse_safetensors(tmp_path / "model.safetensors", shapes)
+    with pytest.raises(ModelError, match=r"model.safetensors.*is not a ControlNet: it looks like ") as e:
+        open_controlnet(f)
+    assert recognise(shapes) in str(e.value) and "\n" not in str(e.value)

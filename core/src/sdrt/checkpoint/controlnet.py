@@ -126,7 +126,7 @@ def identify(shapes: Mapping[str, tuple[int, ...]]) -> ControlNetIdentity:
     else:
         prefix = LDM_PREFIX if has(LDM_PREFIX + "zero_convs.") else ""
         if not (has(prefix + "zero_convs.") and has(prefix + "input_hint_block.")):
-            return ControlNetIdentity(None, None, "", _not_controlnet(keys))
+            return ControlNetIdentity(None, None, "", _not_controlnet(shapes))
         layout = "ldm"
         hint = shapes.get(prefix + "input_hint_block.0.weight")
         xl = has(prefix + "label_emb.")
@@ -142,11 +142,13 @@ def identify(shapes: Mapping[str, tuple[int, ...]]) -> ControlNetIdentity:
     return ControlNetIdentity(base, layout, prefix, label, channels)
 
 
-def _not_controlnet(keys: list[str]) -> str:
+def _not_controlnet(shapes: Mapping[str, tuple[int, ...]]) -> str:
+    """What a file given as a ControlNet is instead, from its names and shapes (a vision encoder, a LoRA...)."""
     from .families import detect, with_use
     from .foreign import recognise
 
-    shown = recognise({k: () for k in keys}) or with_use(detect({k: () for k in keys}), "a ControlNet")
+    keys = list(shapes)
+    shown = recognise(dict(shapes)) or with_use(detect(dict(shapes)), "a ControlNet")
     if shown == "unknown":
         shown = f"unknown (first keys: {', '.join(keys[:4])})"
     return f"not a ControlNet: it looks like {shown}"
