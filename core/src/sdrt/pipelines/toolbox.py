@@ -26,7 +26,9 @@ import numpy as np
 
 from ..errors import InputError
 
-KEYWORDS = ("controlnets", "guess_mode", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "rng",
+KEYWORDS = ("controlnets", "guess_mode", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler",
+            "hires_width", "hires_height", "hires_sampler", "hires_schedule", "hires_prompt", "hires_negative_prompt",
+            "rng",
             "subseed", "subseed_strength", "preview", "preview_size", "refiner", "refiner_switch_at",
             "refiner_switch_by_steps", "hires_refiner_pass")
 
@@ -78,8 +80,7 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
                                  "ways of scaling the residuals", where="guess_mode",
                                  fix=f"leave {{@guess_mode}} out, or controlnets[{k}]'s control mode Balanced")
             unit.guess_mode = True
-    tb.hires = hires.parse(kwargs.get("hires_scale"), kwargs.get("hires_steps"), kwargs.get("hires_denoise"),
-                           kwargs.get("hires_upscaler"))
+    tb.hires = hires.parse(*(kwargs.get(k) for k in hires.KEYWORDS))
     if tb.hires is None:  # the extension ignores hr_option without the fix: here it is said rather than dropped
         for k, unit in enumerate(tb.controlnets):
             if unit.hr_option != controlnet.HR_OPTIONS[0]:
@@ -144,6 +145,10 @@ def _refiner(kwargs: dict[str, Any], tb: Toolbox) -> None:
                                  fix=f"pass {{@refiner}} (the refiner model) too, or leave {{@{name}}} out")
         return
     tb.refiner = refiner.check_spec(spec)
+    if tb.hires is not None and (tb.hires.prompt is not None or tb.hires.negative_prompt is not None):
+        name = "hires_prompt" if tb.hires.prompt is not None else "hires_negative_prompt"
+        raise InputError(f"{{@{name}}} with a {{@refiner}} is not supported yet (the refiner encodes the first "
+                         "pass's prompts)", where=name, fix=f"leave {{@{name}}} out, or run without {{@refiner}}")
     tb.refiner_switch_at = refiner.check_switch_at(refiner.DEFAULT_SWITCH_AT if switch is None else switch)
     if by_steps is not None:
         if not isinstance(by_steps, (bool, np.bool_)):
