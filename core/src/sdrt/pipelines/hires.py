@@ -80,6 +80,8 @@ class Hires:
     #: the second pass's own prompts (None: the first pass's)
     prompt: str | None = None
     negative_prompt: str | None = None
+    #: the first pass's ``schedule`` argument (None: its sampler's own), which a ``sampler`` given alone runs with
+    first_schedule: str | None = None
 
     @property
     def latent(self) -> bool:
@@ -136,13 +138,15 @@ class Hires:
     def choice(self, first: Any) -> Any:
         """The second pass's SamplerChoice: its own sampler and schedule, each the first pass's (``first``, its
         (sampler name, SamplerChoice)) when unset, as A1111's ``hr_sampler_name or sampler_name`` and
-        ``hr_scheduler`` (the first pass's schedule when unset)."""
+        ``hr_scheduler`` (unset: the first pass's scheduler as given, so "Automatic" is the hires sampler's own)."""
         from ..samplers import resolve
 
         name, own = first
         if self.sampler is None and self.schedule is None:
             return own
-        return resolve(self.sampler or name, self.schedule if self.schedule is not None else own.schedule)
+        if self.sampler is None:
+            return resolve(name, self.schedule)
+        return resolve(self.sampler, self.schedule if self.schedule is not None else self.first_schedule)
 
     def infotext(self, first: Any = None, prompt: str = "", negative_prompt: str = "") -> dict[str, object]:
         """A1111's fields, in its order: ``first`` (the first pass's (sampler name, SamplerChoice)) for ``Hires
@@ -178,7 +182,8 @@ def _num(v: float) -> object:
 
 def parse(scale: float | None, steps: int | None, denoise: float | None, upscaler: str | None,
           width: int | None = None, height: int | None = None, sampler: str | None = None,
-          schedule: str | None = None, prompt: str | None = None, negative_prompt: str | None = None) -> Hires | None:
+          schedule: str | None = None, prompt: str | None = None, negative_prompt: str | None = None, *,
+          first_schedule: str | None = None) -> Hires | None:
     """``hires_scale`` (or ``hires_width`` / ``hires_height``) turns the fix on; the others need it. A1111's
     defaults: denoise 0.7, ``Latent``."""
     sides = {}
@@ -249,7 +254,8 @@ def parse(scale: float | None, steps: int | None, denoise: float | None, upscale
             raise InputError(f"unknown hires upscaler {upscaler!r}", where="hires_upscaler",
                              fix=f"use one of {', '.join(repr(u) for u in UPSCALERS)}{models_hint()}")
     return Hires(float(scale), int(steps), float(denoise), upscaler, model,
-                 (sides.get("hires_width", 0), sides.get("hires_height", 0)), sampler, schedule, prompt, negative_prompt)
+                 (sides.get("hires_width", 0), sides.get("hires_height", 0)), sampler, schedule, prompt, negative_prompt,
+                 first_schedule if isinstance(first_schedule, str) else None)
 
 
 def model_files() -> dict[str, Path]:

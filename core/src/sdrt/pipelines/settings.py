@@ -164,7 +164,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     from ..samplers.seeds import resolve_seed
     from .toolbox import split
 
-    unknown, extras = split(toolbox)
+    unknown, extras = split(toolbox, schedule)
     if unknown:
         check_keywords(unknown)
 

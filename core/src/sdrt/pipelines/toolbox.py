@@ -57,8 +57,9 @@ class Toolbox:
         return self.rng != "cpu" or self.subseed_strength != 0
 
 
-def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
-    """(generic keywords, checked toolbox arguments)."""
+def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str, Any], Toolbox]:
+    """(generic keywords, checked toolbox arguments); ``schedule``: the first pass's schedule argument (the hires
+    fix's own sampler runs it when no schedule of its own is given)."""
     from ..samplers.seeds import RNG_SOURCES, resolve_seed
     from . import controlnet, hires
     from .preview import DEFAULT_PREVIEW_SIZE, check_preview_size
@@ -80,7 +81,7 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
                                  "ways of scaling the residuals", where="guess_mode",
                                  fix=f"leave {{@guess_mode}} out, or controlnets[{k}]'s control mode Balanced")
             unit.guess_mode = True
-    tb.hires = hires.parse(*(kwargs.get(k) for k in hires.KEYWORDS))
+    tb.hires = hires.parse(*(kwargs.get(k) for k in hires.KEYWORDS), first_schedule=schedule)
     if tb.hires is None:  # the extension ignores hr_option without the fix: here it is said rather than dropped
         for k, unit in enumerate(tb.controlnets):
             if unit.hr_option != controlnet.HR_OPTIONS[0]:
