@@ -80,6 +80,11 @@ def test_a_second_pass_at_the_same_size_does_nothing(api, pipe) -> None:
         assert "Hires" not in text and "Denoising strength" not in text, (extra, text)
         assert np.array_equal(np.asarray(res.image), np.asarray(plain.image)), extra
         assert _notes(res) == [], _notes(res)
+    # width and height left to the model (its own 64x64): a resize to that size is no pass either
+    own = {**BASE, "width": None, "height": None}
+    one = api.txt2img(**own)
+    res = api.txt2img(enable_hr=True, hr_resize_x=64, hr_upscaler="Lanczos", denoising_strength=0.5, **own)
+    assert "Hires" not in res.info["infotexts"][0] and np.array_equal(np.asarray(res.image), np.asarray(one.image))
     # the Python API keeps its second pass at hires_scale=1 (docs/pipelines.md): it is another picture
     twice = pipe("a cat", "blurry", steps=6, seed=3, sampler="Euler", cfg=7, width=64, height=96, hires_scale=1,
                  hires_upscaler="Lanczos", hires_denoise=0.5)[0]
