@@ -130,3 +130,23 @@ def test_cli_hires_flags(tmp_path: Path, capsys) -> None:
                "--hires-width", "128"])
     err = capsys.readouterr().err
     assert rc != 0 and "--hires-scale and --hires-width both size the second pass" in err and "Traceback" not in err
+
+
+def test_hires_prompt_with_a_refiner_that_took_over(xl_dyn) -> None:
+    """A refiner that took over in the first pass (A1111's "first pass" option) runs all of the hires pass with the
+    hires prompts, as A1111's refiner encodes hr_c / hr_uc there: the first pass with the refiner, Pillow's
+    resize, then the refiner's own img2img with the hires prompts."""
+    pil = pytest.importorskip("PIL.Image")
+    refiner = DATA / "tiny-sdxl-refiner"
+    kw = dict(steps=6, cfg=5.0, sampler="Euler", seed=4, width=64, height=64)
+    ref = dict(refiner=refiner, refiner_switch_at=0.7)
+    gen = xl_dyn.generate("a cat", "blurry", hires_scale=2, hires_steps=3, hires_denoise=0.6, hires_upscaler="Lanczos",
+                          hires_refiner_pass="first pass", hires_prompt="a dog", hires_negative_prompt="ugly",
+                          **ref, **kw)
+    assert gen.settings[0]["Hires prompt"] == "a dog" and "Refiner" in gen.settings[0]
+    base = xl_dyn("a cat", "blurry", **ref, **kw)[0]
+    big = np.asarray(pil.fromarray(base).resize((128, 128), pil.Resampling.LANCZOS))
+    with pipelines.load(refiner, backend=fast_backend()) as rp:
+        i2i = rp("a dog", "ugly", steps=5, cfg=5.0, sampler="Euler", seed=4, width=128, height=128, init_image=big,
+                 strength=3.5 / 5)[0]
+    assert np.array_equal(gen.images[0], i2i)

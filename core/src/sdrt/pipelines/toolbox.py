@@ -146,10 +146,6 @@ def _refiner(kwargs: dict[str, Any], tb: Toolbox) -> None:
                                  fix=f"pass {{@refiner}} (the refiner model) too, or leave {{@{name}}} out")
         return
     tb.refiner = refiner.check_spec(spec)
-    if tb.hires is not None and (tb.hires.prompt is not None or tb.hires.negative_prompt is not None):
-        name = "hires_prompt" if tb.hires.prompt is not None else "hires_negative_prompt"
-        raise InputError(f"{{@{name}}} with a {{@refiner}} is not supported yet (the refiner encodes the first "
-                         "pass's prompts)", where=name, fix=f"leave {{@{name}}} out, or run without {{@refiner}}")
     tb.refiner_switch_at = refiner.check_switch_at(refiner.DEFAULT_SWITCH_AT if switch is None else switch)
     if by_steps is not None:
         if not isinstance(by_steps, (bool, np.bool_)):
