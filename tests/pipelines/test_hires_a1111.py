@@ -150,3 +150,20 @@ def test_hires_prompt_with_a_refiner_that_took_over(xl_dyn) -> None:
         i2i = rp("a dog", "ugly", steps=5, cfg=5.0, sampler="Euler", seed=4, width=128, height=128, init_image=big,
                  strength=3.5 / 5)[0]
     assert np.array_equal(gen.images[0], i2i)
+
+
+def test_hires_sampler_alone_runs_the_first_pass_schedule_argument(xl_dyn) -> None:
+    """A1111's hr_scheduler unset is the first pass's scheduler as given: an explicit one carries over to the hires
+    sampler, "Automatic" (sdrt: no schedule argument) is the hires sampler's own default."""
+    from sdrt.samplers import resolve
+
+    first = ("Euler", resolve("Euler", "karras"))
+    assert parse(2, None, None, None, sampler="DPM++ 2M", first_schedule="karras").choice(first) == \
+        resolve("DPM++ 2M", "karras")
+    assert parse(2, None, None, None, sampler="DPM++ 2M").choice(("Euler", resolve("Euler"))) == resolve("DPM++ 2M")
+    assert parse(2, None, None, None, schedule="exponential").choice(first) == resolve("Euler", "exponential")
+    s = pipelines.validate("a cat", sampler="Euler", schedule="karras", hires_scale=2, hires_sampler="DPM++ 2M")
+    assert s.toolbox.hires.choice((s.sampler, s.choice)) == resolve("DPM++ 2M", "karras")
+    # the run plan runs the hires prompts' encoding too
+    plan = xl_dyn.plan("a cat", "blurry", width=64, height=64, hires_scale=2, hires_steps=2, hires_prompt="a dog", **KW)
+    assert "pass 2 at 128x128" in plan.format()
