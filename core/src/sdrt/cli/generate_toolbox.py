@@ -83,6 +83,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--hires-denoise", type=float, default=None, metavar="D", help="second-pass denoising (0.7)")
     h.add_argument("--hires-upscaler", default=None, metavar="NAME",
                    help='"Latent" (default), "Latent (bicubic)", "Latent (nearest)", ..., "Lanczos" (Pillow), or a model upscaler: an ESRGAN-family .safetensors/.pth file or its name in $SDRT_UPSCALERS')
+    h.add_argument("--hires-width", type=int, default=None, metavar="W",
+                   help="turn it on at this width instead of --hires-scale (A1111's \"Resize width to\"); alone, the "
+                        "height follows the aspect ratio; with --hires-height the picture is upscaled to cover "
+                        "W x H and cropped at the centre")
+    h.add_argument("--hires-height", type=int, default=None, metavar="H",
+                   help="turn it on at this height (A1111's \"Resize height to\"); see --hires-width")
+    h.add_argument("--hires-sampler", default=None, metavar="NAME", help="the second pass's sampler (the first's)")
+    h.add_argument("--hires-schedule", default=None, metavar="NAME",
+                   help="the second pass's schedule type (the first's)")
+    h.add_argument("--hires-prompt", default=None, metavar="TEXT", help="the second pass's prompt (the first's)")
+    h.add_argument("--hires-negative-prompt", default=None, metavar="TEXT",
+                   help="the second pass's negative prompt (the first's)")
     r = p.add_argument_group("refiner (A1111's)")
     r.add_argument("--refiner", default=None, metavar="FILE|DIR",
                    help="a refiner that takes over from the model at --refiner-switch-at: the SDXL refiner "
@@ -162,7 +174,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         from ..pipelines.controlnet import hr_option
 
         passes = [hr_option(m, "--control-hr-option") for m in args.control_hr_option]
-        if any(o != "Both" for o in passes) and getattr(args, "hires_scale", None) is None:
+        if any(o != "Both" for o in passes) and all(getattr(args, k, None) is None for k in
+                                                    ("hires_scale", "hires_width", "hires_height")):
             raise InputError("--control-hr-option picks a pass of the hires fix, and there is no --hires-scale",
                              where="--control-hr-option", fix="pass --hires-scale too, or leave --control-hr-option out")
         from ..pipelines.controlmaps import RESIZE_MODES
@@ -232,7 +245,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             if getattr(args, key) is not None:
                 raise InputError(f"{{@{key}}} without --ip-adapter", where=key,
                                  fix="pass --ip-adapter FILE too, or leave {@" + key + "} out")
-    for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "subseed", "refiner",
+    for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "hires_width", "hires_height",
+                "hires_sampler", "hires_schedule", "hires_prompt", "hires_negative_prompt", "subseed", "refiner",
                 "refiner_switch_at", "refiner_switch_by_steps", "hires_refiner_pass"):
         if getattr(args, key) is not None:
             opts[key] = getattr(args, key)

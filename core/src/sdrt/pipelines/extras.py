@@ -83,6 +83,10 @@ class ToolboxMixin:
             import dataclasses
 
             tw, th = tb.hires.target(s.width, s.height)
+            if self.family.flow and any(tb.hires.resize) and (tw % 16 or th % 16):  # type: ignore[attr-defined]
+                raise InputError(f"the hires pass is {tw}x{th}, and {self.family.label} needs multiples of 16 (VAE 8 "  # type: ignore[attr-defined]
+                                 "x patch 2)", where="hires_width",
+                                 fix="pass {@hires_width} and {@hires_height} that make multiples of 16")
             if self.family.flow and (tw % 16 or th % 16):  # type: ignore[attr-defined]  # said in scales, not sizes
                 fits = tb.hires.fitting_scales(s.width, s.height, 16)
                 raise InputError(f"the hires pass is {tw}x{th} ({s.width}x{s.height} x {tb.hires.scale:g}), and "
@@ -350,15 +354,20 @@ class ToolboxMixin:
         import dataclasses
 
         from .families import ModelCall
-        from .hires import second_pass_steps, upscale_image, upscale_latent
+        from .hires import crop_latent, second_pass_steps, upscale_image, upscale_latent
         from .images import to_nchw
 
         tb: Toolbox = s.toolbox
         hr = tb.hires
         assert s.width is not None and s.height is not None
         tw, th = hr.target(s.width, s.height)
+        uw, uh = hr.upscaled(s.width, s.height)  # the size the picture is upscaled to, then cropped to tw x th
         total_steps, run = second_pass_steps(hr, s.steps)
-        s2 = dataclasses.replace(s, width=tw, height=th, steps=total_steps)
+        # its own sampler and schedule (A1111's hr_sampler_name / hr_scheduler), each the first pass's when unset
+        s2 = dataclasses.replace(s, width=tw, height=th, steps=total_steps, choice=hr.choice((s.sampler, s.choice)))
+        own = getattr(self, "_hires_conds", None)  # its own prompts' conditioning (A1111's hr_c / hr_uc)
+        if own is not None:
+            cond, uncond = own
         shape = self.family.latent_shape(s.batch, th, tw)  # type: ignore[attr-defined]
         generator = self._noise(s2, shape, seed, subseed)
         ms = self.family.model_sampling(tw, th)  # type: ignore[attr-defined]
@@ -369,17 +378,18 @@ class ToolboxMixin:
         # image's (the order of the ControlNet img2img pipeline at that size)
         self._encode_controls(s, uncond, generator, (tw, th))
         if hr.latent:
-            latents = upscale_latent(x, hr, th, tw)
+            latents = upscale_latent(x, hr, uh, uw)
         else:
             images = vae._decode(x)
             if hr.model is not None and self._dry:  # the plan: the same sizes, no model compiled or run
-                big = [upscale_image(im, tw, th, "Lanczos") for im in images]
+                big = [upscale_image(im, uw, uh, "Lanczos") for im in images]
             elif hr.model is not None:
                 up = self._model_upscaler(hr.model)
-                big = [up.upscale_to(im, tw, th) for im in images]
+                big = [up.upscale_to(im, uw, uh) for im in images]
             else:
-                big = [upscale_image(im, tw, th, hr.upscaler) for im in images]
+                big = [upscale_image(im, uw, uh, hr.upscaler) for im in images]
             latents = np.concatenate([vae._encode_image(to_nchw(im), generator) for im in big], axis=0)
+        latents = crop_latent(latents, *hr.crop(s.width, s.height))  # both of hires_width and hires_height given
         noise = generator.randn(shape)
         x2 = loop.start(noise, latents)
         call = ModelCall(tw, th, s.batch, s.cfg, cond, uncond, guidance=s.guidance,  # Flux dev: its distilled guidance
@@ -406,7 +416,7 @@ class ToolboxMixin:
         info: dict[str, object] = {}
         info.update(seed_fields(tb, index))
         if tb.hires is not None:
-            info.update(tb.hires.infotext())
+            info.update(tb.hires.infotext((s.sampler, s.choice), s.prompt, s.negative_prompt))
         if tb.controlnets:
             info.update(cn.infotext(tb.controlnets, s.width or 0, s.height or 0))
         if tb.ip_adapter is not None:  # an IP-Adapter unit of the extension, after the ControlNet ones

@@ -13,6 +13,16 @@ Upscalers (A1111's names):
   (folders separated by ``os.pathsep``). The decoded image is upscaled by the model's factor in tiles,
   then resized to the target with Lanczos, as A1111 does; the infotext names the model.
 
+The size: ``hires_scale`` times the first pass's (A1111's ``int(side * scale)``), or ``hires_width`` /
+``hires_height`` (A1111's ``hr_resize_x`` / ``hr_resize_y``, "Resize width to / height to"): one given, the other
+follows the first pass's aspect ratio; both, the picture is upscaled to cover that size and its latent cropped
+centrally to it (A1111's ``truncate_x`` / ``truncate_y``, in both the latent and the image paths: the image is
+stretched to the covering size, encoded, then its latent cropped). Sides round down to a multiple of 8.
+
+The second pass may have its own sampler and schedule (``hires_sampler``, ``hires_schedule``: A1111's
+``hr_sampler_name`` / ``hr_scheduler``) and prompts (``hires_prompt``, ``hires_negative_prompt``: A1111's
+``hr_prompt`` / ``hr_negative_prompt``), each the first pass's when unset.
+
 The second pass runs ``hires_steps`` steps (0: the first pass's count) at the end of a schedule of
 ``int(hires_steps / min(denoise, 0.999))`` steps, as A1111's ``setup_img2img_steps`` with explicit steps
 does, from the upscaled latent noised to its first step; its noise is drawn afresh from each image's
@@ -25,13 +35,18 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..errors import InputError, ModelNotFoundError
-from .bounds import MAX_STEPS
+from .bounds import MAX_SIDE, MAX_STEPS
 
 __all__ = ["LATENT_MODES", "UPSCALERS", "Hires", "interpolate", "parse", "second_pass_steps", "upscale_image"]
+
+#: the keywords of the hires fix (sdrt.pipelines.toolbox)
+KEYWORDS = ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "hires_width", "hires_height",
+            "hires_sampler", "hires_schedule", "hires_prompt", "hires_negative_prompt")
 
 #: A1111's latent upscale modes -> (torch interpolate mode, antialias)
 LATENT_MODES: dict[str, tuple[str, bool]] = {
@@ -57,14 +72,55 @@ class Hires:
     upscaler: str
     #: a model upscaler's file (``upscaler`` is then its name)
     model: Path | None = None
+    #: A1111's (hr_resize_x, hr_resize_y); (0, 0): the size comes from ``scale``
+    resize: tuple[int, int] = (0, 0)
+    #: the second pass's own sampler / schedule names (None: the first pass's), and its resolved SamplerChoice
+    sampler: str | None = None
+    schedule: str | None = None
+    #: the second pass's own prompts (None: the first pass's)
+    prompt: str | None = None
+    negative_prompt: str | None = None
+    #: the first pass's ``schedule`` argument (None: its sampler's own), which a ``sampler`` given alone runs with
+    first_schedule: str | None = None
 
     @property
     def latent(self) -> bool:
         return self.upscaler in LATENT_MODES
 
+    def upscaled(self, width: int, height: int) -> tuple[int, int]:
+        """The size the first pass is upscaled to (A1111's ``hr_upscale_to_x/y``), down to multiples of 8: with both
+        of ``resize`` given, the size that covers it at the first pass's aspect ratio (then cropped: :meth:`crop`)."""
+        rx, ry = self.resize
+        if not rx and not ry:
+            w, h = int(width * self.scale), int(height * self.scale)
+        elif not ry:
+            w, h = rx, rx * height // width
+        elif not rx:
+            w, h = ry * width // height, ry
+        elif width / height < rx / ry:
+            w, h = rx, rx * height // width
+        else:
+            w, h = ry * width // height, ry
+        return w // 8 * 8, h // 8 * 8
+
+    def crop(self, width: int, height: int) -> tuple[int, int]:
+        """(x, y) latent columns and rows cropped from the upscaled latent, A1111's ``truncate_x/y`` (split half
+        before, the rest after); (0, 0) unless both sides of ``resize`` are given."""
+        rx, ry = self.resize
+        if not rx or not ry:
+            return 0, 0
+        w, h = self.upscaled(width, height)
+        return max(0, (w - rx) // 8), max(0, (h - ry) // 8)
+
     def target(self, width: int, height: int) -> tuple[int, int]:
-        """A1111's ``int(size * scale)``, down to a multiple of 8 (the latent grid)."""
-        return int(width * self.scale) // 8 * 8, int(height * self.scale) // 8 * 8
+        """The second pass's size: A1111's ``int(size * scale)`` or its resize, down to a multiple of 8."""
+        w, h = self.upscaled(width, height)
+        tx, ty = self.crop(width, height)
+        return w - 8 * tx, h - 8 * ty
+
+    def off(self, width: int, height: int) -> bool:
+        """A1111's "the user has chosen to do nothing": the second pass would run at the first pass's size."""
+        return self.target(width, height) == (width, height)
 
     def fitting_scales(self, width: int, height: int, multiple: int) -> list[tuple[float, int, int]]:
         """``[(scale, w, h), ...]``: the scales (in steps of 0.05, the smallest for each size) whose second pass is
@@ -79,8 +135,41 @@ class Hires:
         above = [(sc, w, h) for (w, h), sc in sizes.items() if w * h > tw * th]
         return ([max(below)] if below else []) + ([min(above)] if above else [])
 
-    def infotext(self) -> dict[str, object]:
-        fields: dict[str, object] = {"Denoising strength": _num(self.denoise), "Hires upscale": _num(self.scale)}
+    def choice(self, first: Any) -> Any:
+        """The second pass's SamplerChoice: its own sampler and schedule, each the first pass's (``first``, its
+        (sampler name, SamplerChoice)) when unset, as A1111's ``hr_sampler_name or sampler_name`` and
+        ``hr_scheduler`` (unset: the first pass's scheduler as given, so "Automatic" is the hires sampler's own)."""
+        from ..samplers import resolve
+
+        name, own = first
+        if self.sampler is None and self.schedule is None:
+            return own
+        if self.sampler is None:
+            return resolve(name, self.schedule)
+        return resolve(self.sampler, self.schedule if self.schedule is not None else self.first_schedule)
+
+    def infotext(self, first: Any = None, prompt: str = "", negative_prompt: str = "") -> dict[str, object]:
+        """A1111's fields, in its order: ``first`` (the first pass's (sampler name, SamplerChoice)) for ``Hires
+        sampler`` / ``Hires schedule type`` (written when they differ from the first pass's), the first pass's
+        prompts for ``Hires prompt`` / ``Hires negative prompt`` (likewise)."""
+        fields: dict[str, object] = {"Denoising strength": _num(self.denoise)}
+        if first is not None and (self.sampler is not None or self.schedule is not None):
+            from .names import sampler_labels
+
+            label, sched = sampler_labels(first[1])
+            own_label, own_sched = sampler_labels(self.choice(first))
+            if own_label != label:
+                fields["Hires sampler"] = own_label
+            if own_sched != sched:
+                fields["Hires schedule type"] = own_sched
+        if self.prompt is not None and self.prompt != prompt:
+            fields["Hires prompt"] = self.prompt
+        if self.negative_prompt is not None and self.negative_prompt != negative_prompt:
+            fields["Hires negative prompt"] = self.negative_prompt
+        if any(self.resize):
+            fields["Hires resize"] = f"{self.resize[0]}x{self.resize[1]}"
+        else:
+            fields["Hires upscale"] = _num(self.scale)
         if self.steps:
             fields["Hires steps"] = self.steps
         fields["Hires upscaler"] = self.upscaler
@@ -91,14 +180,35 @@ def _num(v: float) -> object:
     return int(v) if float(v).is_integer() else round(float(v), 4)
 
 
-def parse(scale: float | None, steps: int | None, denoise: float | None, upscaler: str | None) -> Hires | None:
-    """``hires_scale`` turns the fix on; the others need it. A1111's defaults: denoise 0.7, ``Latent``."""
-    if scale is None:
-        for name, value in (("hires_steps", steps), ("hires_denoise", denoise), ("hires_upscaler", upscaler)):
+def parse(scale: float | None, steps: int | None, denoise: float | None, upscaler: str | None,
+          width: int | None = None, height: int | None = None, sampler: str | None = None,
+          schedule: str | None = None, prompt: str | None = None, negative_prompt: str | None = None, *,
+          first_schedule: str | None = None) -> Hires | None:
+    """``hires_scale`` (or ``hires_width`` / ``hires_height``) turns the fix on; the others need it. A1111's
+    defaults: denoise 0.7, ``Latent``."""
+    sides = {}
+    for name, side in (("hires_width", width), ("hires_height", height)):
+        if side is None or (not isinstance(side, bool) and isinstance(side, (int, np.integer)) and side == 0):
+            continue  # A1111's 0: unset
+        if isinstance(side, bool) or not isinstance(side, (int, np.integer)) or not 8 <= side <= MAX_SIDE:
+            raise InputError(f"{{@{name}}} must be an integer from 8 to {MAX_SIDE} pixels (0: unset), got {side!r}",
+                             where=name, fix="pass e.g. {@" + name + "=}1024")
+        sides[name] = int(side)
+    if scale is None and not sides:
+        for name, value in (("hires_steps", steps), ("hires_denoise", denoise), ("hires_upscaler", upscaler),
+                            ("hires_sampler", sampler), ("hires_schedule", schedule), ("hires_prompt", prompt),
+                            ("hires_negative_prompt", negative_prompt)):
             if value is not None:
                 raise InputError(f"{{@{name}}} needs {{@hires_scale}}", where=name,
-                                 fix="pass {@hires_scale=}2 (for example) too, or leave {@" + name + "} out")
+                                 fix="pass {@hires_scale=}2 (for example) too (or {@hires_width} / {@hires_height}), or "
+                                     "leave {@" + name + "} out")
         return None
+    if scale is not None and sides:
+        name = next(iter(sides))
+        raise InputError(f"{{@hires_scale}} and {{@{name}}} both size the second pass", where=name,
+                         fix="pass {@hires_scale} (a factor) or {@hires_width} / {@hires_height} (a size), not both")
+    if scale is None:
+        scale = 1.0  # unused: the size comes from hires_width / hires_height
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale) \
             or not 1 <= scale <= 8:
         raise InputError(f"{{@hires_scale}} must be a number from 1 to 8, got {scale!r}", where="hires_scale",
@@ -107,6 +217,20 @@ def parse(scale: float | None, steps: int | None, denoise: float | None, upscale
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or not 0 <= steps <= MAX_STEPS:
         raise InputError(f"{{@hires_steps}} must be an integer from 0 to {MAX_STEPS}, got {steps!r}",
                          where="hires_steps", fix="pass e.g. {@hires_steps=}10 (0: as many as the first pass)")
+    for name, value in (("hires_sampler", sampler), ("hires_schedule", schedule), ("hires_prompt", prompt),
+                        ("hires_negative_prompt", negative_prompt)):
+        if value is not None and not isinstance(value, str):
+            raise InputError(f"{{@{name}}} must be a string, got {type(value).__name__} {value!r:.40}", where=name,
+                             fix="pass a string, or leave {@" + name + "} out (the first pass's)")
+    if sampler is not None or schedule is not None:  # the names checked now, before any model loads
+        from ..errors import SdrtError
+        from ..samplers import resolve
+
+        try:
+            resolve(sampler if sampler is not None else "Euler", schedule)
+        except SdrtError as exc:
+            where = "hires_sampler" if sampler is not None and exc.where == "sampler" else "hires_schedule"
+            raise InputError(f"{{@{where}}}: {exc.what}", where=where, fix=exc.fix) from None
     denoise = 0.7 if denoise is None else denoise
     if isinstance(denoise, bool) or not isinstance(denoise, (int, float, np.floating)) or not 0 < denoise <= 1:
         raise InputError(f"{{@hires_denoise}} must be in (0, 1], got {denoise!r}", where="hires_denoise",
@@ -129,7 +253,9 @@ def parse(scale: float | None, steps: int | None, denoise: float | None, upscale
         else:
             raise InputError(f"unknown hires upscaler {upscaler!r}", where="hires_upscaler",
                              fix=f"use one of {', '.join(repr(u) for u in UPSCALERS)}{models_hint()}")
-    return Hires(float(scale), int(steps), float(denoise), upscaler, model)
+    return Hires(float(scale), int(steps), float(denoise), upscaler, model,
+                 (sides.get("hires_width", 0), sides.get("hires_height", 0)), sampler, schedule, prompt, negative_prompt,
+                 first_schedule if isinstance(first_schedule, str) else None)
 
 
 def model_files() -> dict[str, Path]:
@@ -242,6 +368,15 @@ def interpolate(latent: np.ndarray, height: int, width: int, mode: str = "biline
 def upscale_latent(latent: np.ndarray, hires: Hires, height: int, width: int) -> np.ndarray:
     mode, aa = LATENT_MODES[hires.upscaler]
     return interpolate(latent, height // 8, width // 8, mode, aa)
+
+
+def crop_latent(latent: np.ndarray, tx: int, ty: int) -> np.ndarray:
+    """A1111's crop of the upscaled latent to the asked size: ``tx`` columns and ``ty`` rows cut off, half of each
+    (rounded down) before, the rest after."""
+    if not tx and not ty:
+        return latent
+    h, w = latent.shape[2], latent.shape[3]
+    return np.ascontiguousarray(latent[:, :, ty // 2:h - (ty + 1) // 2, tx // 2:w - (tx + 1) // 2])
 
 
 def upscale_image(image: np.ndarray, width: int, height: int, upscaler: str) -> np.ndarray:

@@ -252,6 +252,24 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             uncond = self.prompts.pad_to(uncond, chunks, s.clip_skip, **t5)
         return cond, uncond
 
+    def _hires_conditioning(self, s: Settings) -> tuple[Conditioning, Conditioning | None] | None:
+        """The conditioning of the hires fix's own prompts (``hires_prompt`` / ``hires_negative_prompt``), or None
+        when the second pass has the first pass's."""
+        hr = getattr(s.toolbox, "hires", None)
+        if hr is None or (hr.prompt in (None, s.prompt) and hr.negative_prompt in (None, s.negative_prompt)):
+            return None
+        own = dataclasses.replace(s, prompt=s.prompt if hr.prompt is None else hr.prompt,
+                                  negative_prompt=s.negative_prompt if hr.negative_prompt is None
+                                  else hr.negative_prompt)
+        try:
+            return self._conditioning(own)
+        except InputError as exc:  # said as the hires prompt's
+            where = {"prompt": "hires_prompt", "negative_prompt": "hires_negative_prompt"}.get(exc.where or "")
+            if where is None:
+                raise
+            raise InputError(exc.what.replace("the negative prompt", "the hires negative prompt").replace(
+                "the prompt", "the hires prompt"), where=where, fix=exc.fix) from None
+
     def _limit(self, cond: Conditioning, where: str) -> Conditioning:
         """A prompt longer than a UNet exported for a fixed token count, said in tokens (not shapes)."""
         declared = self.denoiser.inputs.get(self.family.text_input)
@@ -1063,6 +1081,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
     def _generate_planned(self, s: Settings, init: np.ndarray | None, mask: np.ndarray | None,
                           callback: Callback | None, original: str) -> Generation:
         cond, uncond = self._conditioning(s)
+        #: the hires fix's own prompts, encoded with the first pass's (A1111's hr_c / hr_uc); None: the first pass's
+        self._hires_conds = self._hires_conditioning(s)
         self._release(*self.family.text_parts, stage=True)
         cond, uncond = self._ip_conditioning(s, cond, uncond)  # an IP-Adapter's image tokens ride with the text
         from .reference import encode

@@ -205,7 +205,9 @@ def _notes(s: Any) -> list[str]:
         hr = tb.hires
         tw, th = hr.target(s.width, s.height)
         length, run = second_pass_steps(hr, s.steps)
-        notes.append(f"hires fix: pass 1 at {s.width}x{s.height}, {hr.upscaler} upscale x{hr.scale:g}, pass 2 at "
+        how = f"x{hr.scale:g}" if not any(hr.resize) else "to {}x{}".format(*hr.upscaled(s.width, s.height)) + (
+            ", cropped" if any(hr.crop(s.width, s.height)) else "")
+        notes.append(f"hires fix: pass 1 at {s.width}x{s.height}, {hr.upscaler} upscale {how}, pass 2 at "
                      f"{tw}x{th}: the last {run} of {length} step(s) (denoise {hr.denoise:g})")
     if getattr(tb, "refiner", None) is not None:
         import os

@@ -242,16 +242,20 @@ class Run:
         #: the refiner has taken over (in A1111's terms: it is the model loaded now)
         self.active = False
         self._cond: tuple[Any, Any] | None = None
+        self._hires_cond: tuple[Any, Any] | None = None
 
-    def model(self, width: int, height: int) -> Any:
-        """The refiner's guided model at this size (its time ids hold the size), its prompts encoded once."""
+    def model(self, width: int, height: int, second: bool = False) -> Any:
+        """The refiner's guided model at this size (its time ids hold the size), its prompts encoded once; in the
+        hires pass (``second``) the hires fix's own prompts when it has them (A1111's hr_c / hr_uc, which its
+        refiner encodes in the hires pass)."""
         from .families import ModelCall
 
         ref, s = self.ref, self.s
         if self._cond is None:
             self._cond = ref._conditioning(s)
+            self._hires_cond = ref._hires_conditioning(s)
             ref._release(*ref.family.text_parts, stage=True)
-        cond, uncond = self._cond
+        cond, uncond = self._hires_cond if second and self._hires_cond is not None else self._cond
         call = ModelCall(width, height, s.batch, float(s.cfg or 1.0), cond, uncond,
                          guidance_rescale=s.guidance_rescale)
         return ref.family.denoiser(ref.denoiser, ref.family.model_sampling(width, height), call)
@@ -261,10 +265,13 @@ class Run:
         self.pipe._refiner_took = True  # the infotext names the refiner only when it ran (A1111's apply_refiner)
         self.pipe._release(self.pipe.denoiser.name)  # the base's UNet runs no more in this run
 
-    def _switch(self, model: Any, ms: Any, width: int, height: int, steps: int) -> Switch:
-        by_calls = steps * self.per_step if self.per_step is not None else None
-        return Switch(model, lambda: self.model(width, height), ms, self.switch_at, on_switch=self._took_over,
-                      by_calls=by_calls)
+    def _switch(self, model: Any, ms: Any, width: int, height: int, steps: int, second: bool = False) -> Switch:
+        per = self.per_step
+        if second and per is not None:  # the hires pass's own sampler (hires_sampler) may call it more or less often
+            per = calls_per_step(self.s.toolbox.hires.choice((self.s.sampler, self.s.choice)).sampler)
+        by_calls = steps * per if per is not None else None
+        return Switch(model, lambda: self.model(width, height, second), ms, self.switch_at,
+                      on_switch=self._took_over, by_calls=by_calls)
 
     def first_pass(self, model: Any, ms: Any, steps: int) -> Any:
         """The model the first (or only) pass calls; ``steps``: the steps it runs."""
@@ -276,10 +283,10 @@ class Run:
     def second_pass(self, model: Any, ms: Any, width: int, height: int, steps: int) -> Any:
         """The model the hires pass calls (``model``: the base's at the target size; ``steps``: the steps it runs)."""
         if self.active:
-            return self.model(width, height)
+            return self.model(width, height, second=True)
         if self.passes == "first pass":
             return model
-        return self._switch(model, ms, width, height, steps)
+        return self._switch(model, ms, width, height, steps, second=True)
 
     @property
     def vae(self) -> Pipeline:

@@ -171,7 +171,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
     from ..samplers.seeds import resolve_seed
     from .toolbox import split
 
-    unknown, extras = split(toolbox)
+    unknown, extras = split(toolbox, schedule)
     if unknown:
         check_keywords(unknown)
 
@@ -380,7 +380,9 @@ _OTHER_NAMES = {
     "init_images": "init_image", "mask_image": "mask",
     "sampler_name": "sampler", "scheduler": "schedule (a ComfyUI scheduler) or sampler (an A1111 label)",
     "generator": "seed (an integer)", "enable_hr": "hires_scale", "hr_scale": "hires_scale",
-    "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler",
+    "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler", "hr_resize_x": "hires_width",
+    "hr_resize_y": "hires_height", "hr_sampler_name": "hires_sampler", "hr_scheduler": "hires_schedule",
+    "hr_prompt": "hires_prompt", "hr_negative_prompt": "hires_negative_prompt",
     "controlnet": "controlnets", "cfg_rescale": "guidance_rescale",
     "image_guidance_scale": "image_cfg", "image_cfg_scale": "image_cfg",
     "ip_adapter_image": "ip_adapter=IPAdapter(file, image=...)", "ip_adapter_scale": "ip_adapter=IPAdapter(file, scale=...)",

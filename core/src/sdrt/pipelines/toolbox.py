@@ -26,7 +26,9 @@ import numpy as np
 
 from ..errors import InputError
 
-KEYWORDS = ("controlnets", "guess_mode", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "rng",
+KEYWORDS = ("controlnets", "guess_mode", "hires_scale", "hires_steps", "hires_denoise", "hires_upscaler",
+            "hires_width", "hires_height", "hires_sampler", "hires_schedule", "hires_prompt", "hires_negative_prompt",
+            "rng",
             "subseed", "subseed_strength", "preview", "preview_size", "refiner", "refiner_switch_at",
             "refiner_switch_by_steps", "hires_refiner_pass", "ip_adapter")
 
@@ -57,8 +59,9 @@ class Toolbox:
         return self.rng != "cpu" or self.subseed_strength != 0
 
 
-def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
-    """(generic keywords, checked toolbox arguments)."""
+def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str, Any], Toolbox]:
+    """(generic keywords, checked toolbox arguments); ``schedule``: the first pass's schedule argument (the hires
+    fix's own sampler runs it when no schedule of its own is given)."""
     from ..samplers.seeds import RNG_SOURCES, resolve_seed
     from . import controlnet, hires
     from .preview import DEFAULT_PREVIEW_SIZE, check_preview_size
@@ -83,8 +86,7 @@ def split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], Toolbox]:
                                  "ways of scaling the residuals", where="guess_mode",
                                  fix=f"leave {{@guess_mode}} out, or controlnets[{k}]'s control mode Balanced")
             unit.guess_mode = True
-    tb.hires = hires.parse(kwargs.get("hires_scale"), kwargs.get("hires_steps"), kwargs.get("hires_denoise"),
-                           kwargs.get("hires_upscaler"))
+    tb.hires = hires.parse(*(kwargs.get(k) for k in hires.KEYWORDS), first_schedule=schedule)
     if tb.hires is None:  # the extension ignores hr_option without the fix: here it is said rather than dropped
         for k, unit in enumerate(tb.controlnets):
             if unit.hr_option != controlnet.HR_OPTIONS[0]:

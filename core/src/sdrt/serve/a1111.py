@@ -228,7 +228,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     if by_steps and refiner is None:
         extra_infotext["Refiner switch by sampling steps"] = True
     nets, notes, net_fields, net_names = controlnet.units(body, registry, model, limits.max_width * limits.max_height * 4,
-                                                          init, "hires_scale" in kwargs,
+                                                          init, any(k in kwargs for k in
+                                                                    ("hires_scale", "hires_width", "hires_height")),
                                                           max(limits.max_width, limits.max_height))
     not_honoured += notes
     if nets:
@@ -284,20 +285,36 @@ def _eta(body: dict[str, Any], sampler: str, scheduler: str | None, not_honoured
 
 def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_honoured: list[str],
            models_dir: Path | None = None) -> None:
-    """A1111's hires. fix (``enable_hr``): a first pass at width x height, upscaled by ``hr_scale`` with
-    ``hr_upscaler``, then ``hr_second_pass_steps`` of img2img at ``denoising_strength``."""
+    """A1111's hires. fix (``enable_hr``): a first pass at width x height, upscaled by ``hr_scale`` (or to
+    ``hr_resize_x`` / ``hr_resize_y``) with ``hr_upscaler``, then ``hr_second_pass_steps`` of img2img at
+    ``denoising_strength`` with ``hr_sampler_name`` / ``hr_scheduler`` / ``hr_prompt`` / ``hr_negative_prompt``.
+    A second pass at the first pass's own size is no pass: as A1111 (``enable_hr = False``), one pass runs and the
+    infotext has no hires fields."""
     if not get_bool(body, "enable_hr", False):
         return
-    from ..pipelines.hires import UPSCALERS
+    from ..pipelines.bounds import MAX_SIDE
+    from ..pipelines.hires import UPSCALERS, Hires
 
     scale = get_float(body, "hr_scale", 2.0, 1.0, 8.0)
-    width, height = kwargs["width"] or 0, kwargs["height"] or 0  # unset: the model's own size
-    # the size the second pass runs at: A1111's int(side * scale), down to a multiple of 8 (Hires.target_size)
-    tw, th = (int(side * scale) // 8 * 8 for side in (width, height))
-    if tw > limits.max_width or th > limits.max_height:
-        raise ApiError(400, f"hires. fix at hr_scale {scale:g} makes {tw}x{th}, above "
-                            f"this server's limit of {limits.max_width}x{limits.max_height}", field="hr_scale")
-    kwargs["hires_scale"] = scale
+    resize = (get_int(body, "hr_resize_x", 0, 0, MAX_SIDE), get_int(body, "hr_resize_y", 0, 0, MAX_SIDE))
+    sizer = Hires(scale if not any(resize) else 1.0, 0, 0.7, "Latent", resize=resize)
+    width, height = kwargs["width"] or 0, kwargs["height"] or 0  # unset: the model's own size (jobs.Worker)
+    if not any(resize) and scale == 1 or width and height and sizer.off(width, height):
+        return  # A1111's "the user has chosen to do nothing"
+    if width and height:
+        # the sizes the picture is upscaled to and the second pass runs at: A1111's, down to multiples of 8
+        crop = any(sizer.crop(width, height))
+        for (tw, th), what in ([(sizer.upscaled(width, height), "upscales the picture to")] if crop else []) + \
+                [(sizer.target(width, height), "makes")]:
+            if tw > limits.max_width or th > limits.max_height:
+                field = "hr_scale" if not any(resize) else "hr_resize_x" if resize[0] else "hr_resize_y"
+                how = f"hr_scale {scale:g}" if not any(resize) else f"hr_resize {resize[0]}x{resize[1]}"
+                raise ApiError(400, f"hires. fix at {how} {what} {tw}x{th}, above this server's limit of "
+                                    f"{limits.max_width}x{limits.max_height}", field=field)
+    if any(resize):
+        kwargs["hires_width"], kwargs["hires_height"] = resize
+    else:
+        kwargs["hires_scale"] = scale
     kwargs["hires_steps"] = get_int(body, "hr_second_pass_steps", 0, 0, limits.max_steps)
     kwargs["hires_denoise"] = get_float(body, "denoising_strength", 0.7, 0.0, 1.0, low_open=True)
     upscaler = get_str(body, "hr_upscaler", None)
@@ -311,13 +328,21 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
         # denoising_strength, at which a latent upscale leaves the picture blurred
         kwargs["hires_upscaler"] = "Lanczos"
         not_honoured.append(f"{_lacking('hr_upscaler', repr(upscaler), UPSCALERS, models_dir)}; Lanczos ran")
-    for key in ("hr_resize_x", "hr_resize_y"):
-        if get_int(body, key, 0, 0, None):
-            not_honoured.append(f"{key}: the target size comes from hr_scale")
-    for key in ("hr_checkpoint_name", "hr_sampler_name", "hr_scheduler", "hr_prompt", "hr_negative_prompt"):
-        if get_str(body, key, None) not in (None, "", "Use same checkpoint", "Use same sampler",
-                                            "Use same scheduler", "Automatic"):
-            not_honoured.append(f"{key}: the second pass uses the first pass's")
+    # the second pass's own sampler, schedule and prompts (A1111's "Use same ..." and "" are the first pass's)
+    sampler = get_str(body, "hr_sampler_name", None)
+    if sampler not in (None, "", "Use same sampler"):
+        kwargs["hires_sampler"] = sampler
+    schedule = get_str(body, "hr_scheduler", None)
+    if schedule is not None and schedule.strip().casefold() in ("", "use same scheduler"):
+        schedule = None  # A1111: the first pass's scheduler
+    if schedule is not None and schedule.strip().casefold() != "automatic":
+        kwargs["hires_schedule"] = schedule
+    for field, key in (("hr_prompt", "hires_prompt"), ("hr_negative_prompt", "hires_negative_prompt")):
+        text = get_str(body, field, None, max_len=limits.max_prompt_chars)
+        if text:  # A1111's "": the first pass's
+            kwargs[key] = text
+    if get_str(body, "hr_checkpoint_name", None) not in (None, "", "Use same checkpoint"):
+        not_honoured.append("hr_checkpoint_name: the second pass uses the first pass's")
 
 
 def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, model: ModelEntry,
@@ -346,7 +371,7 @@ def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, m
     kwargs["refiner_switch_at"] = switch
     if by_steps:
         kwargs["refiner_switch_by_steps"] = True
-    if "hires_scale" in kwargs:
+    if any(k in kwargs for k in ("hires_scale", "hires_width", "hires_height")):
         kwargs["hires_refiner_pass"] = passes
     return entry
 

@@ -24,7 +24,9 @@ class ApiError(Exception):
 _FIELDS = {"strength": "denoising_strength", "cfg": "cfg_scale", "batch": "batch_size", "clip_skip":
            "CLIP_stop_at_last_layers", "negative_prompt": "negative_prompt", "init_image": "init_images", "sampler": "sampler_name",
            "schedule": "scheduler", "hires_scale": "hr_scale", "hires_steps": "hr_second_pass_steps",
-           "hires_denoise": "denoising_strength",
+           "hires_denoise": "denoising_strength", "hires_width": "hr_resize_x", "hires_height": "hr_resize_y",
+           "hires_sampler": "hr_sampler_name", "hires_schedule": "hr_scheduler", "hires_prompt": "hr_prompt",
+           "hires_negative_prompt": "hr_negative_prompt",
            "hires_upscaler": "hr_upscaler", "refiner": "refiner_checkpoint",
            "hires_refiner_pass": "override_settings.hires_fix_refiner_pass", "mask": "mask",
            "init_upscaler": "upscaler_for_img2img", "inpaint_area": "inpaint_full_res",

@@ -122,19 +122,34 @@ class Job:
 
 
 def _check_own_size(w: Work, kwargs: dict[str, Any], side: int) -> None:
-    """A size left to the model (its own, ``side`` pixels a side), times the hires. fix's scale, within the server's
-    limits (``Work.max_size``): a 400 about the field that made it too large."""
+    """A size left to the model (its own, ``side`` pixels a side), and the hires. fix's sizes from it, within the
+    server's limits (``Work.max_size``): a 400 about the field that made it too large. A hires. fix whose second
+    pass is that size is dropped, as A1111 drops it (``_hires``)."""
     assert w.max_size is not None
-    scale = kwargs.get("hires_scale") or 1.0
+    from ..pipelines.hires import Hires
+
     width, height = (kwargs.get(k) or side for k in ("width", "height"))
-    tw, th = (int(v * scale) // 8 * 8 for v in (width, height))
     limit = f"this server's limit of {w.max_size[0]}x{w.max_size[1]}"
     if width > w.max_size[0] or height > w.max_size[1]:
         raise ApiError(400, f"width and height were left to {w.model.name}, whose own size {width}x{height} is above "
                             f"{limit}; pass width and height", field="width")
+    resize = (kwargs.get("hires_width") or 0, kwargs.get("hires_height") or 0)
+    if not any(resize) and kwargs.get("hires_scale") is None:
+        return
+    scale = kwargs.get("hires_scale") or 1.0
+    sizer = Hires(scale, 0, 0.7, "Latent", resize=resize)
+    if sizer.off(width, height):  # A1111's "the user has chosen to do nothing": one pass
+        for key in [k for k in kwargs if k.startswith("hires_")]:
+            del kwargs[key]
+        if kwargs.get("controlnets"):  # the extension runs every unit in its one pass without the fix
+            kwargs["controlnets"] = [dataclasses.replace(u, hr_option="Both") for u in kwargs["controlnets"]]
+        return
+    tw, th = sizer.upscaled(width, height)
     if tw > w.max_size[0] or th > w.max_size[1]:
-        raise ApiError(400, f"hires. fix at hr_scale {scale:g} makes {tw}x{th} from {w.model.name}'s own size, above "
-                            f"{limit}; pass width and height, or a smaller hr_scale", field="hr_scale")
+        how, field = (f"hr_scale {scale:g}", "hr_scale") if not any(resize) else \
+            (f"hr_resize {resize[0]}x{resize[1]}", "hr_resize_x" if resize[0] else "hr_resize_y")
+        raise ApiError(400, f"hires. fix at {how} makes {tw}x{th} from {w.model.name}'s own size, above "
+                            f"{limit}; pass width and height, or a smaller {field}", field=field)
 
 
 @dataclass(frozen=True)
