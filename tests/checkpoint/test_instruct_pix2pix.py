@@ -31,7 +31,7 @@ DIFFUSERS = FILES / "diffusers"
 SD15 = TESTS / "data" / "pipelines" / "tiny-sd15"
 PARTS = ["unet", "text_encoder", "vae_decoder", "vae_encoder"]
 #: a case or two per backend (the reference backend is slow); OpenVINO runs every case of the folder
-CASES = {"reference": ["Euler a", "Euler/image cfg 2.5/negative"], "openvino": None}
+CASES = {"reference": ["Euler a", "Euler/image cfg 2.5/negative"], "openvino": None, "ggml": None}
 
 
 def _refs():
@@ -59,7 +59,7 @@ def _compare(pipe, names: list[str] | None) -> int:
     return len(run)
 
 
-@pytest.mark.parametrize("backend", ["reference", "openvino"])
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
 def test_onnx_folder_gives_diffusers_images(backend):
     """The ONNX export (unet/model.onnx takes an 8-channel sample; model_index.json names
     ORTStableDiffusionInstructPix2PixPipeline): diffusers' images at each sampler, image CFG 1, 1.5 and 2.5, CFG 1
