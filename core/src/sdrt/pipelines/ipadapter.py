@@ -207,6 +207,11 @@ def prepare(pipe: Any, unit: IPAdapter) -> Prepared:
     else:
         part = encoder_part(pipe, enc)
         out = part.run({"pixel_values": clip_pixels(rgb, enc.image_size)})
+        plan = getattr(pipe, "_memory_plan", None)
+        if pipe.is_low_memory or plan is not None and any(p.placement != "resident" for p in plan.parts):
+            from .lowmem import release  # used once a job, as the text encoders: not held through the denoising
+
+            release([part])
         embeds = np.asarray(out["image_embeds"] if "image_embeds" in out else next(iter(out.values())), np.float32)
         if embeds.ndim != 2 or embeds.shape[-1] != ad.image_dim:
             raise ModelError(f"the image encoder gives image embeds of shape {list(embeds.shape)} and "
