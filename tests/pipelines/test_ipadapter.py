@@ -155,3 +155,16 @@ def test_low_memory_releases_the_image_encoder_after_encoding(tiny_encoder_graph
                               **kwargs(case)).images
     assert_matches_diffusers(got, REFS[case["name"]])
     assert np.array_equal(got[0], again[0])
+
+
+def test_the_plan_lists_the_image_encoder_call(tiny_encoder_graph):
+    """pipe.plan / --dry-run ran no encoder (zero embeds made up in place): its part and call were missing."""
+    case = CASES[0]
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        rp = pipe.plan(case["prompt"], case["negative_prompt"], ip_adapter=unit(case["scale"]), **kwargs(case))
+        assert "_ip_encoder" not in pipe.__dict__  # nothing compiled
+    enc = next(p for p in rp.parts if p.part == "image_encoder")
+    assert (enc.role, enc.calls, enc.signatures) == ("image_encoder", 1,
+                                                     [((("pixel_values", (1, 3, 32, 32), "float32"),), 1)])
+    unet = next(p for p in rp.parts if p.part == "unet")
+    assert ("ip_adapter_1_key", (2, 4, 16), "float32") in unet.signatures[0][0]
