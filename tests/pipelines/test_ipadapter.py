@@ -168,3 +168,18 @@ def test_the_plan_lists_the_image_encoder_call(tiny_encoder_graph):
                                                      [((("pixel_values", (1, 3, 32, 32), "float32"),), 1)])
     unet = next(p for p in rp.parts if p.part == "unet")
     assert ("ip_adapter_1_key", (2, 4, 16), "float32") in unet.signatures[0][0]
+
+
+def test_the_hires_fix_second_pass_keeps_the_adapter(tiny_encoder_graph):
+    """As sd-webui-controlnet's IP-Adapter unit (hr_option "Both"): every UNet call of both passes, the second at
+    its upscaled size, reads the image tokens (tiny-sdxl-dyn: a UNet of free size, tiny-sdxl's 64-wide text)."""
+    ip = unit(0.7, adapter="ip-adapter_tiny_sdxl.safetensors")
+    with pipelines.load(DATA / "pipelines" / "tiny-sdxl-dyn", backend="reference") as pipe:
+        rp = pipe.plan("a red cat", "blurry", ip_adapter=ip, steps=2, sampler="Euler", seed=1, width=64, height=64,
+                       hires_scale=1.5, hires_steps=2, hires_denoise=0.6)
+    unet = next(p for p in rp.parts if p.part == "unet")
+    sizes = {dict((n, s) for n, s, _ in sig)["sample"][2:]: count for sig, count in unet.signatures}
+    assert sizes == {(8, 8): 2, (12, 12): 2}, sizes
+    for sig, _ in unet.signatures:
+        feeds = dict((n, s) for n, s, _ in sig)
+        assert feeds["ip_adapter_1_key"][:2] == (2, 4), feeds  # the picture's and the zero embeds' rows
