@@ -183,3 +183,17 @@ def test_the_hires_fix_second_pass_keeps_the_adapter(tiny_encoder_graph):
     for sig, _ in unet.signatures:
         feeds = dict((n, s) for n, s, _ in sig)
         assert feeds["ip_adapter_1_key"][:2] == (2, 4), feeds  # the picture's and the zero embeds' rows
+
+
+def test_ip_adapter_on_instruct_pix2pix_matches_diffusers(tiny_encoder_graph):
+    """tiny-sd15-ip2p (an 8-channel UNet, three CFG row blocks) with the adapter: diffusers'
+    StableDiffusionInstructPix2PixPipeline with load_ip_adapter (scripts/gen_ipadapter_ip2p_refs.py), whose row
+    blocks get the picture's embeds, then zeros, then zeros."""
+    refs = np.load(IPA / "ip2p_refs.npz")
+    case = json.loads(str(refs["case"]))
+    init = np.load(DATA / "pipelines" / "tiny-sd15-ip2p" / "refs.npz")["init_image"]
+    with pipelines.load(DATA / "pipelines" / "tiny-sd15-ip2p", backend="reference") as pipe:
+        got = pipe.generate(case["prompt"], case["negative_prompt"], steps=case["steps"], cfg=case["cfg"],
+                            image_cfg=case["image_cfg"], sampler=case["sampler"], seed=case["seed"], init_image=init,
+                            ip_adapter=unit(case["scale"])).images
+    assert_matches_diffusers(got, refs["image"])
