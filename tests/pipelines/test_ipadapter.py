@@ -197,3 +197,14 @@ def test_ip_adapter_on_instruct_pix2pix_matches_diffusers(tiny_encoder_graph):
                             image_cfg=case["image_cfg"], sampler=case["sampler"], seed=case["seed"], init_image=init,
                             ip_adapter=unit(case["scale"])).images
     assert_matches_diffusers(got, refs["image"])
+
+
+@pytest.mark.parametrize("encoder", [5, ["models/image_encoder"]])
+def test_an_image_encoder_that_is_no_path_is_refused_when_checked(encoder):
+    """It was accepted and became a TypeError traceback (Path(5)) when the job opened it."""
+    from sdrt.errors import InputError
+    from sdrt.pipelines.ipadapter import parse
+
+    with pytest.raises(InputError, match="image encoder must be a folder or file path") as info:
+        parse(IPAdapter(IPA / "ip-adapter_tiny.safetensors", image=REFS["ip_image"], image_encoder=encoder))
+    assert info.value.where == "image_encoder"

@@ -74,6 +74,10 @@ def parse(value: Any) -> IPAdapter | None:
     if not isinstance(unit.adapter, (str, os.PathLike)):
         raise InputError(f"the IP-Adapter must be a file path, got {type(unit.adapter).__name__}",
                          where="ip_adapter", fix="pass {@ip_adapter} the adapter's .safetensors path")
+    if unit.image_encoder is not None and not isinstance(unit.image_encoder, (str, os.PathLike)):
+        raise InputError(f"the IP-Adapter's image encoder must be a folder or file path, got "
+                         f"{type(unit.image_encoder).__name__}", where="image_encoder",
+                         fix="pass {@image_encoder} h94/IP-Adapter's models/image_encoder folder, or leave it out")
     s = unit.scale
     if isinstance(s, bool) or not isinstance(s, (int, float, np.floating)) or not math.isfinite(float(s)):
         raise InputError(f"the IP-Adapter scale must be a number, got {s!r}", where="ip_adapter_scale",
