@@ -151,6 +151,20 @@ def test_an_image_encoder_of_another_width_is_refused(folder_run, tmp_path):
              "24-wide image embeds", "reads 16-wide ones", "image_encoder")
 
 
+
+@pytest.mark.parametrize("config", ["[1, 2]", '{"image_size": "224"}', '{"vision_config": [224]}',
+                                    '{"image_size": 224, "projection_dim": 24.5}'])
+def test_an_image_encoder_config_that_is_no_clip_vision_config_is_refused(folder_run, tmp_path, config):
+    """A config.json of another shape (a list, a string size) was an AttributeError / ValueError traceback."""
+    import shutil
+
+    enc = tmp_path / "image_encoder"
+    enc.mkdir()
+    shutil.copy(IPA / "image_encoder" / "model.safetensors", enc)
+    (enc / "config.json").write_text(config)
+    _refused(ModelError, unit(encoder=enc), "config.json is not a CLIP vision config", "download the image encoder",
+             "image_encoder")
+
 @pytest.mark.parametrize("extra, kind", [
     ({"image_proj.latents": np.zeros((1, 16, 32), np.float32)}, "IP-Adapter Plus"),
     ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32)}, "Full Face"),

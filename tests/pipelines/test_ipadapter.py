@@ -141,3 +141,70 @@ def test_generate_cli_ip_adapter_errors_speak_in_flags(tiny_encoder_graph, tmp_p
     assert rc != 0
     assert words in err, err
     assert "Traceback" not in err and len([line for line in err.splitlines() if line.startswith("error")]) == 1, err
+
+
+def test_low_memory_releases_the_image_encoder_after_encoding(tiny_encoder_graph):
+    """With low_memory the encoder (ViT-H/14: 2.5 GB in float32, more than an SD 1.5 UNet in fp16) is closed once
+    the picture is encoded, as the text encoders are, and the image is the same; it stayed compiled before."""
+    case = CASES[0]
+    with pipelines.load(FOLDER, backend="reference", low_memory=True) as pipe:
+        got = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=unit(case["scale"]),
+                            **kwargs(case)).images
+        assert not pipe.__dict__["_ip_encoder"][1].sessions
+        again = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=unit(case["scale"]),
+                              **kwargs(case)).images
+    assert_matches_diffusers(got, REFS[case["name"]])
+    assert np.array_equal(got[0], again[0])
+
+
+def test_the_plan_lists_the_image_encoder_call(tiny_encoder_graph):
+    """pipe.plan / --dry-run ran no encoder (zero embeds made up in place): its part and call were missing."""
+    case = CASES[0]
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        rp = pipe.plan(case["prompt"], case["negative_prompt"], ip_adapter=unit(case["scale"]), **kwargs(case))
+        assert "_ip_encoder" not in pipe.__dict__  # nothing compiled
+    enc = next(p for p in rp.parts if p.part == "image_encoder")
+    assert (enc.role, enc.calls, enc.signatures) == ("image_encoder", 1,
+                                                     [((("pixel_values", (1, 3, 32, 32), "float32"),), 1)])
+    unet = next(p for p in rp.parts if p.part == "unet")
+    assert ("ip_adapter_1_key", (2, 4, 16), "float32") in unet.signatures[0][0]
+
+
+def test_the_hires_fix_second_pass_keeps_the_adapter(tiny_encoder_graph):
+    """As sd-webui-controlnet's IP-Adapter unit (hr_option "Both"): every UNet call of both passes, the second at
+    its upscaled size, reads the image tokens (tiny-sdxl-dyn: a UNet of free size, tiny-sdxl's 64-wide text)."""
+    ip = unit(0.7, adapter="ip-adapter_tiny_sdxl.safetensors")
+    with pipelines.load(DATA / "pipelines" / "tiny-sdxl-dyn", backend="reference") as pipe:
+        rp = pipe.plan("a red cat", "blurry", ip_adapter=ip, steps=2, sampler="Euler", seed=1, width=64, height=64,
+                       hires_scale=1.5, hires_steps=2, hires_denoise=0.6)
+    unet = next(p for p in rp.parts if p.part == "unet")
+    sizes = {dict((n, s) for n, s, _ in sig)["sample"][2:]: count for sig, count in unet.signatures}
+    assert sizes == {(8, 8): 2, (12, 12): 2}, sizes
+    for sig, _ in unet.signatures:
+        feeds = dict((n, s) for n, s, _ in sig)
+        assert feeds["ip_adapter_1_key"][:2] == (2, 4), feeds  # the picture's and the zero embeds' rows
+
+
+def test_ip_adapter_on_instruct_pix2pix_matches_diffusers(tiny_encoder_graph):
+    """tiny-sd15-ip2p (an 8-channel UNet, three CFG row blocks) with the adapter: diffusers'
+    StableDiffusionInstructPix2PixPipeline with load_ip_adapter (scripts/gen_ipadapter_ip2p_refs.py), whose row
+    blocks get the picture's embeds, then zeros, then zeros."""
+    refs = np.load(IPA / "ip2p_refs.npz")
+    case = json.loads(str(refs["case"]))
+    init = np.load(DATA / "pipelines" / "tiny-sd15-ip2p" / "refs.npz")["init_image"]
+    with pipelines.load(DATA / "pipelines" / "tiny-sd15-ip2p", backend="reference") as pipe:
+        got = pipe.generate(case["prompt"], case["negative_prompt"], steps=case["steps"], cfg=case["cfg"],
+                            image_cfg=case["image_cfg"], sampler=case["sampler"], seed=case["seed"], init_image=init,
+                            ip_adapter=unit(case["scale"])).images
+    assert_matches_diffusers(got, refs["image"])
+
+
+@pytest.mark.parametrize("encoder", [5, ["models/image_encoder"]])
+def test_an_image_encoder_that_is_no_path_is_refused_when_checked(encoder):
+    """It was accepted and became a TypeError traceback (Path(5)) when the job opened it."""
+    from sdrt.errors import InputError
+    from sdrt.pipelines.ipadapter import parse
+
+    with pytest.raises(InputError, match="image encoder must be a folder or file path") as info:
+        parse(IPAdapter(IPA / "ip-adapter_tiny.safetensors", image=REFS["ip_image"], image_encoder=encoder))
+    assert info.value.where == "image_encoder"

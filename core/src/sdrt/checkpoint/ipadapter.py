@@ -171,6 +171,10 @@ def open_ip_adapter(path: PathLike, *, base: str | None = None, text_width: int 
     return ad
 
 
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 @dataclass
 class ImageEncoder:
     """A CLIP image encoder ready to load: ``graph`` (.onnx), ``weights`` (None: the graph's own), the picture
@@ -200,9 +204,14 @@ def open_image_encoder(path: PathLike, *, what: str = "image_encoder") -> ImageE
         except (OSError, ValueError) as exc:
             raise ModelError(f"the image encoder's config.json cannot be read ({exc})", where=str(folder),
                              fix="download the image encoder folder again") from exc
-    vision = config.get("vision_config", config) if isinstance(config, dict) else {}
-    size = int(vision.get("image_size", 224) or 224)
-    embed = vision.get("projection_dim", config.get("projection_dim"))
+    vision = config.get("vision_config", config) if isinstance(config, dict) else None
+    size = vision.get("image_size", 224) or 224 if isinstance(vision, dict) else None
+    embed = vision.get("projection_dim", config.get("projection_dim")) if isinstance(vision, dict) else None
+    if not _whole(size) or embed is not None and not _whole(embed):  # a JSON list, "224", 224.5...
+        raise ModelError("the image encoder's config.json is not a CLIP vision config (image_size and projection_dim "
+                         f"must be positive whole numbers, got {size!r} and {embed!r})", where=str(folder / "config.json"),
+                         fix="download the image encoder folder again (transformers' CLIPVisionModelWithProjection "
+                             "config.json)")
     onnx_file = p if p.suffix == ".onnx" else folder / "model.onnx"
     if onnx_file.is_file():
         return ImageEncoder(p, onnx_file, None, size, int(embed) if embed else None)

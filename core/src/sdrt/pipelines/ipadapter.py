@@ -74,6 +74,10 @@ def parse(value: Any) -> IPAdapter | None:
     if not isinstance(unit.adapter, (str, os.PathLike)):
         raise InputError(f"the IP-Adapter must be a file path, got {type(unit.adapter).__name__}",
                          where="ip_adapter", fix="pass {@ip_adapter} the adapter's .safetensors path")
+    if unit.image_encoder is not None and not isinstance(unit.image_encoder, (str, os.PathLike)):
+        raise InputError(f"the IP-Adapter's image encoder must be a folder or file path, got "
+                         f"{type(unit.image_encoder).__name__}", where="image_encoder",
+                         fix="pass {@image_encoder} h94/IP-Adapter's models/image_encoder folder, or leave it out")
     s = unit.scale
     if isinstance(s, bool) or not isinstance(s, (int, float, np.floating)) or not math.isfinite(float(s)):
         raise InputError(f"the IP-Adapter scale must be a number, got {s!r}", where="ip_adapter_scale",
@@ -202,16 +206,24 @@ def prepare(pipe: Any, unit: IPAdapter) -> Prepared:
                          fix="pass {@image_encoder} the encoder the adapter was trained with (ViT-H/14 for "
                              "ip-adapter_sd15 and ip-adapter_sdxl_vit-h: h94/IP-Adapter's models/image_encoder)")
     rgb = to_rgb(unit.image, "IP-Adapter image", "ip_adapter_image")
-    if pipe._dry:
-        embeds = np.zeros((1, ad.image_dim), np.float32)
+    if pipe._dry:  # the plan: its call recorded on a twin among the run's parts (no session; zeros back)
+        from .parts import Part
+
+        part = Part("image_encoder", Path(enc.graph), backend=pipe.backend, device=pipe.device, options=pipe.options)
+        part = pipe._parts["image_encoder"] = part.dry()
     else:
         part = encoder_part(pipe, enc)
-        out = part.run({"pixel_values": clip_pixels(rgb, enc.image_size)})
-        embeds = np.asarray(out["image_embeds"] if "image_embeds" in out else next(iter(out.values())), np.float32)
-        if embeds.ndim != 2 or embeds.shape[-1] != ad.image_dim:
-            raise ModelError(f"the image encoder gives image embeds of shape {list(embeds.shape)} and "
-                             f"{ad.path.name} reads [1, {ad.image_dim}]", where=str(enc.path),
-                             fix="pass {@image_encoder} the encoder the adapter was trained with")
+    out = part.run({"pixel_values": clip_pixels(rgb, enc.image_size)})
+    plan = getattr(pipe, "_memory_plan", None)
+    if pipe.is_low_memory or plan is not None and any(p.placement != "resident" for p in plan.parts):
+        from .lowmem import release  # used once a job, as the text encoders: not held through the denoising
+
+        release([part])
+    embeds = np.asarray(out["image_embeds"] if "image_embeds" in out else next(iter(out.values())), np.float32)
+    if embeds.ndim != 2 or embeds.shape[-1] != ad.image_dim:
+        raise ModelError(f"the image encoder gives image embeds of shape {list(embeds.shape)} and "
+                         f"{ad.path.name} reads [1, {ad.image_dim}]", where=str(enc.path),
+                         fix="pass {@image_encoder} the encoder the adapter was trained with")
     return Prepared(ad, unit.scale, ad.project(embeds), ad.project(np.zeros_like(embeds)))
 
 

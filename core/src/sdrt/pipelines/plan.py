@@ -140,7 +140,8 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
                          for feeds, _ in part.record)
         outputs = tuple(dict.fromkeys(o for _, outs in part.record for o in outs))
         own = name.removeprefix(REFINER_PREFIX) if family is not pipe.family else name
-        role = family.parts.get(own) or ("controlnet" if name.startswith("controlnet") else "?")
+        role = family.parts.get(own) or ("controlnet" if name.startswith("controlnet") else
+                                         "image_encoder" if name == "image_encoder" else "?")  # an IP-Adapter's
         parts.append(PartPlan(name, role, str(part.path), len(part.record),
                               sorted(counts.items(), key=lambda kv: -kv[1]), outputs))
     ms = pipe.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
