@@ -120,6 +120,16 @@ def test_refusals():
             pipe("a red cat", steps=1)
         with pytest.raises(InputError, match="mask with an InstructPix2Pix"):
             pipe("a red cat", steps=1, init_image=image, mask=image[..., 0])
+        # the three-way guidance has no rescale (diffusers' and A1111's have none): refused, not dropped in silence
+        with pytest.raises(InputError, match="guidance_rescale rescales ordinary CFG.*three-way"):
+            pipe("a red cat", steps=2, init_image=image, guidance_rescale=0.7)
+        # diffusers' rule at image_cfg 0.5 runs one pass: the rescale is not used, and not written as if it ran
+        gen = pipe.generate("a red cat", steps=2, cfg=7.5, image_cfg=0.5, init_image=image, guidance_rescale=0.7)
+        assert "CFG Rescale" not in gen.settings[0]
+        # at image_cfg 1 it is ordinary CFG, which the rescale changes
+        plain, rescaled = (pipe("a red cat", steps=2, cfg=7.5, image_cfg=1.0, init_image=image, seed=3,
+                                guidance_rescale=r)[0] for r in (0.0, 0.7))
+        assert not np.array_equal(plain, rescaled)
     with pipelines.load(SD15, backend="reference") as pipe:
         with pytest.raises(InputError, match="image_cfg.*not one"):
             pipe("a red cat", steps=4, init_image=image, image_cfg=1.5)

@@ -885,7 +885,18 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         if s.guidance_rescale and fam.flow:  # diffusers' SD3/Flux/Chroma pipelines have none: no reference to match
             raise InputError(f"{{@guidance_rescale}} rescales an eps or v prediction under CFG, and {fam.label} predicts a "
                              "flow velocity", where="guidance_rescale", fix="leave {@guidance_rescale} at 0 for this model")
-        if s.guidance_rescale and not fam.negative_pass(s.cfg, s.negative_prompt):  # diffusers: only under CFG
+        guided = fam.negative_pass(s.cfg, s.negative_prompt)
+        if s.guidance_rescale and s.image_cfg is not None and self.instruct_pix2pix:  # its own rule (.edit)
+            from .edit import guidance
+
+            how = guidance(s.cfg, s.image_cfg, s.strength_rule)
+            if how == "edit":  # EditCFGDenoiser has no rescale, as diffusers' and A1111's InstructPix2Pix have none
+                raise InputError(f"{{@guidance_rescale}} rescales ordinary CFG, and this InstructPix2Pix model runs "
+                                 f"{{@cfg}} {s.cfg:g} with {{@image_cfg}} {s.image_cfg:g} as its three-way image "
+                                 "guidance, which has no rescale", where="guidance_rescale",
+                                 fix="leave {@guidance_rescale} at 0 for this model")
+            guided = how != "none"
+        if s.guidance_rescale and not guided:  # diffusers: only under CFG
             if not self._dry:  # said, and not written into the PNG as if it had run
                 log.warning(in_caller_words(
                     f"{{@guidance_rescale}} {s.guidance_rescale:g} is not used: {{@cfg}} {s.cfg:g} runs one pass, "
