@@ -361,6 +361,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         embedding whose trigger word, vector count or widths changed cannot be swapped in place (its token ids
         are given): ``WeightsError``, and nothing changes. Waits for a running job. Returns the trigger words."""
         from ..checkpoint import load_embedding
+        from ..checkpoint.embeddings import embedding_files
 
         with self._job("reread_embeddings()"):
             state = self.weights
@@ -368,7 +369,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             swap: dict[int, Any] = {}
             new = []
             for p in paths:
-                i = loaded.get(str(Path(p)))
+                # diffusers' SDXL pair is held under its learned_embeds file: learned_embeds_2 changed rereads it
+                i = loaded.get(str(Path(p))) if str(Path(p)) in loaded else loaded.get(str(embedding_files(p)[0]))
                 if i is None:
                     new.append(p)
                     continue
