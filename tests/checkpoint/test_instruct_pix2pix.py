@@ -289,6 +289,19 @@ def test_full_size_cosxl_edit_binds_onto_the_shipped_graph(tmp_path):
         assert set(weights) == set(Graph.load(gpath).initializer_names), part
 
 
+def test_the_plan_says_the_guidance_that_runs():
+    """The run plan's guidance is the InstructPix2Pix rule's: three rows with the image cfg, or one pass where
+    diffusers' rule runs none (image_cfg below 1), not the plain CFG that cfg 7 would say of another model."""
+    register("reference")
+    image = np.zeros((64, 64, 3), np.uint8)
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        three = pipe.plan("a red cat", steps=2, init_image=image).format()
+        assert "guidance cfg and image cfg 1.5 (InstructPix2Pix, three rows) (cfg 7)" in three, three
+        assert "sample [3, 8, 8, 8]" in three
+        one = pipe.plan("a red cat", steps=2, init_image=image, image_cfg=0.5).format()
+        assert "guidance none (cfg 7)" in one and "sample [1, 8, 8, 8]" in one, one
+
+
 @pytest.mark.parametrize(("cfg", "image_cfg", "diffusers", "a1111"), [
     (7.5, 1.5, "edit", "edit"), (7.5, 1.0, "cfg", "cfg"), (1.0, 1.5, "none", "edit"), (7.5, 0.5, "none", "edit"),
     (0.5, 1.5, "none", "edit"), (1.0, 1.0, "none", "none")])
