@@ -289,6 +289,25 @@ def test_full_size_cosxl_edit_binds_onto_the_shipped_graph(tmp_path):
         assert set(weights) == set(Graph.load(gpath).initializer_names), part
 
 
+def test_a_refiner_with_extra_input_channels_is_refused(tmp_path):
+    """A refiner pass feeds the base's latents alone: an InstructPix2Pix (8-channel) or inpainting (9-channel) model as
+    the refiner is refused in one line naming refiner (it failed in Graph.with_shapes, 'pin only the dynamic dims')."""
+    import shutil
+
+    register("reference")
+    inpaint = shutil.copytree(SD15.parent / "tiny-sd15-inpaint", tmp_path / "inpaint-refiner")
+    image = np.zeros((64, 64, 3), np.uint8)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[16:48, 16:48] = 255
+    for base, refiner, what, kw in ((SD15, FOLDER, "InstructPix2Pix editing model: its sample takes 8", {}),
+                                    (SD15.parent / "tiny-sd15-inpaint", inpaint, "inpainting model: its sample takes 9",
+                                     {"init_image": image, "mask": mask})):
+        with pipelines.load(base, backend="reference") as pipe:
+            with pytest.raises(InputError, match=f"the refiner \\({refiner.name}\\) is an {what} channels") as e:
+                pipe("a red cat", steps=2, width=64, height=64, refiner=refiner, **kw)
+        assert "\n" not in str(e.value) and "Where: refiner" in str(e.value)
+
+
 def test_the_plan_says_the_guidance_that_runs():
     """The run plan's guidance is the InstructPix2Pix rule's: three rows with the image cfg, or one pass where
     diffusers' rule runs none (image_cfg below 1), not the plain CFG that cfg 7 would say of another model."""
