@@ -120,6 +120,16 @@ def test_refusals():
             pipe("a red cat", steps=1)
         with pytest.raises(InputError, match="mask with an InstructPix2Pix"):
             pipe("a red cat", steps=1, init_image=image, mask=image[..., 0])
+        # the three-way guidance has no rescale (diffusers' and A1111's have none): refused, not dropped in silence
+        with pytest.raises(InputError, match="guidance_rescale rescales ordinary CFG.*three-way"):
+            pipe("a red cat", steps=2, init_image=image, guidance_rescale=0.7)
+        # diffusers' rule at image_cfg 0.5 runs one pass: the rescale is not used, and not written as if it ran
+        gen = pipe.generate("a red cat", steps=2, cfg=7.5, image_cfg=0.5, init_image=image, guidance_rescale=0.7)
+        assert "CFG Rescale" not in gen.settings[0]
+        # at image_cfg 1 it is ordinary CFG, which the rescale changes
+        plain, rescaled = (pipe("a red cat", steps=2, cfg=7.5, image_cfg=1.0, init_image=image, seed=3,
+                                guidance_rescale=r)[0] for r in (0.0, 0.7))
+        assert not np.array_equal(plain, rescaled)
     with pipelines.load(SD15, backend="reference") as pipe:
         with pytest.raises(InputError, match="image_cfg.*not one"):
             pipe("a red cat", steps=4, init_image=image, image_cfg=1.5)
@@ -277,6 +287,38 @@ def test_full_size_cosxl_edit_binds_onto_the_shipped_graph(tmp_path):
     assert opened.release["scheduler"]["_class_name"] == "EDMEulerScheduler"
     for part, (gpath, weights) in opened.parts.items():
         assert set(weights) == set(Graph.load(gpath).initializer_names), part
+
+
+def test_a_refiner_with_extra_input_channels_is_refused(tmp_path):
+    """A refiner pass feeds the base's latents alone: an InstructPix2Pix (8-channel) or inpainting (9-channel) model as
+    the refiner is refused in one line naming refiner (it failed in Graph.with_shapes, 'pin only the dynamic dims')."""
+    import shutil
+
+    register("reference")
+    inpaint = shutil.copytree(SD15.parent / "tiny-sd15-inpaint", tmp_path / "inpaint-refiner")
+    image = np.zeros((64, 64, 3), np.uint8)
+    mask = np.zeros((64, 64), np.uint8)
+    mask[16:48, 16:48] = 255
+    for base, refiner, what, kw in ((SD15, FOLDER, "InstructPix2Pix editing model: its sample takes 8", {}),
+                                    (SD15.parent / "tiny-sd15-inpaint", inpaint, "inpainting model: its sample takes 9",
+                                     {"init_image": image, "mask": mask})):
+        with pipelines.load(base, backend="reference") as pipe:
+            with pytest.raises(InputError, match=f"the refiner \\({refiner.name}\\) is an {what} channels") as e:
+                pipe("a red cat", steps=2, width=64, height=64, refiner=refiner, **kw)
+        assert "\n" not in str(e.value) and "Where: refiner" in str(e.value)
+
+
+def test_the_plan_says_the_guidance_that_runs():
+    """The run plan's guidance is the InstructPix2Pix rule's: three rows with the image cfg, or one pass where
+    diffusers' rule runs none (image_cfg below 1), not the plain CFG that cfg 7 would say of another model."""
+    register("reference")
+    image = np.zeros((64, 64, 3), np.uint8)
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        three = pipe.plan("a red cat", steps=2, init_image=image).format()
+        assert "guidance cfg and image cfg 1.5 (InstructPix2Pix, three rows) (cfg 7)" in three, three
+        assert "sample [3, 8, 8, 8]" in three
+        one = pipe.plan("a red cat", steps=2, init_image=image, image_cfg=0.5).format()
+        assert "guidance none (cfg 7)" in one and "sample [1, 8, 8, 8]" in one, one
 
 
 @pytest.mark.parametrize(("cfg", "image_cfg", "diffusers", "a1111"), [

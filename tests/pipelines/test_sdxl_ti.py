@@ -89,3 +89,22 @@ def test_a_pair_of_two_tokens_or_an_empty_folder_is_refused(tmp_path):
     with pytest.raises(WeightsError, match="the folder empty holds no learned_embeds.safetensors") as e:
         load_embedding(tmp_path / "empty")
     assert "--embedding-dir" in str(e.value)
+
+
+def test_both_files_are_one_embedding_and_a_changed_half_is_read_again(tmp_path):
+    """The pair given as both its files (a folder's listing) is added once; when learned_embeds_2 alone is written anew
+    (a served embeddings folder), reread_embeddings(learned_embeds_2) reads the pair again: the CLIP-G rows change."""
+    from safetensors.numpy import load_file, save_file
+
+    for f in ("learned_embeds.safetensors", "learned_embeds_2.safetensors"):
+        shutil.copy(TI / f, tmp_path / f)
+    register("reference")
+    with pipelines.load(DATA / "tiny-sdxl", backend="reference") as pipe:
+        added = pipe.add_embedding(tmp_path / "learned_embeds.safetensors", tmp_path / "learned_embeds_2.safetensors")
+        assert [e.name for e in pipe.weights.embeddings] == ["<cat-toy>"], added
+        second = tmp_path / "learned_embeds_2.safetensors"
+        arrays = load_file(second)
+        save_file({k: (v * 2 + 1).astype(v.dtype) for k, v in arrays.items()}, second)
+        assert pipe.reread_embeddings(second) == ["<cat-toy>"]
+        [emb] = pipe.weights.embeddings
+        np.testing.assert_array_equal(emb.vectors["clip_g"], next(iter(arrays.values())) * 2 + 1)

@@ -158,34 +158,31 @@ class ControlNet:
         return self.guess_mode or self.control_mode == CONTROL_MODES[2]
 
 
-def control_mode(value: Any, where: str) -> str:
-    """The extension's control mode for its name (any case) or its number (0, 1, 2); InputError otherwise."""
+def _named(value: Any, names: tuple[str, ...], where: str, what: str, fix: str) -> str:
+    """One of the extension's ``names`` for its name (any case) or its index (an int or digits); InputError
+    ``"{where} {value} is not {what}"`` otherwise."""
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < len(CONTROL_MODES):
-        return CONTROL_MODES[int(value)]
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < len(names):
+        return names[int(value)]
     if isinstance(value, str):
-        for name in CONTROL_MODES:
+        for name in names:
             if value.strip().casefold() == name.casefold():
                 return name
     shown = repr(value[:60]) if isinstance(value, str) else repr(value)[:60]
-    raise InputError(f"{where} {shown} is not a ControlNet control mode", where=where,
-                     fix=f"use {', '.join(CONTROL_MODES[:2])} or {CONTROL_MODES[2]} (or 0, 1, 2)")
+    raise InputError(f"{where} {shown} is not {what}", where=where, fix=fix)
+
+
+def control_mode(value: Any, where: str) -> str:
+    """The extension's control mode for its name (any case) or its number (0, 1, 2); InputError otherwise."""
+    return _named(value, CONTROL_MODES, where, "a ControlNet control mode",
+                  f"use {', '.join(CONTROL_MODES[:2])} or {CONTROL_MODES[2]} (or 0, 1, 2)")
 
 
 def hr_option(value: Any, where: str) -> str:
     """The extension's hr_option for its name (any case) or its number (0, 1, 2); InputError otherwise."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < len(HR_OPTIONS):
-        return HR_OPTIONS[int(value)]
-    if isinstance(value, str):
-        for name in HR_OPTIONS:
-            if value.strip().casefold() == name.casefold():
-                return name
-    shown = repr(value[:60]) if isinstance(value, str) else repr(value)[:60]
-    raise InputError(f"{where} {shown} is not a hires-fix option", where=where,
-                     fix=f"use {', '.join(repr(o) for o in HR_OPTIONS)} (or 0, 1, 2)")
+    return _named(value, HR_OPTIONS, where, "a hires-fix option",
+                  f"use {', '.join(repr(o) for o in HR_OPTIONS)} (or 0, 1, 2)")
 
 
 def on_pass(unit: ControlNet, hires_pass: bool | None) -> bool:

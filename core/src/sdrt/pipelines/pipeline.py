@@ -379,6 +379,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         embedding whose trigger word, vector count or widths changed cannot be swapped in place (its token ids
         are given): ``WeightsError``, and nothing changes. Waits for a running job. Returns the trigger words."""
         from ..checkpoint import load_embedding
+        from ..checkpoint.embeddings import embedding_files
 
         with self._job("reread_embeddings()"):
             state = self.weights
@@ -386,7 +387,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             swap: dict[int, Any] = {}
             new = []
             for p in paths:
-                i = loaded.get(str(Path(p)))
+                # diffusers' SDXL pair is held under its learned_embeds file: learned_embeds_2 changed rereads it
+                i = loaded.get(str(Path(p))) if str(Path(p)) in loaded else loaded.get(str(embedding_files(p)[0]))
                 if i is None:
                     new.append(p)
                     continue
@@ -903,7 +905,18 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         if s.guidance_rescale and fam.flow:  # diffusers' SD3/Flux/Chroma pipelines have none: no reference to match
             raise InputError(f"{{@guidance_rescale}} rescales an eps or v prediction under CFG, and {fam.label} predicts a "
                              "flow velocity", where="guidance_rescale", fix="leave {@guidance_rescale} at 0 for this model")
-        if s.guidance_rescale and not fam.negative_pass(s.cfg, s.negative_prompt):  # diffusers: only under CFG
+        guided = fam.negative_pass(s.cfg, s.negative_prompt)
+        if s.guidance_rescale and s.image_cfg is not None and self.instruct_pix2pix:  # its own rule (.edit)
+            from .edit import guidance
+
+            how = guidance(s.cfg, s.image_cfg, s.strength_rule)
+            if how == "edit":  # EditCFGDenoiser has no rescale, as diffusers' and A1111's InstructPix2Pix have none
+                raise InputError(f"{{@guidance_rescale}} rescales ordinary CFG, and this InstructPix2Pix model runs "
+                                 f"{{@cfg}} {s.cfg:g} with {{@image_cfg}} {s.image_cfg:g} as its three-way image "
+                                 "guidance, which has no rescale", where="guidance_rescale",
+                                 fix="leave {@guidance_rescale} at 0 for this model")
+            guided = how != "none"
+        if s.guidance_rescale and not guided:  # diffusers: only under CFG
             if not self._dry:  # said, and not written into the PNG as if it had run
                 log.warning(in_caller_words(
                     f"{{@guidance_rescale}} {s.guidance_rescale:g} is not used: {{@cfg}} {s.cfg:g} runs one pass, "

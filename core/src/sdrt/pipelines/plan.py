@@ -156,6 +156,12 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
         modes.append(pipe.family.guidance)
     elif pipe.family.guidance != "cfg":
         modes.append(pipe.family.guidance)
+    if s.image_cfg is not None and pipe.instruct_pix2pix:  # its own rule (sdrt.pipelines.edit), not negative_pass's
+        from .edit import guidance as edit_guidance
+
+        how = edit_guidance(s.cfg, s.image_cfg, s.strength_rule)
+        modes = [] if how == "none" else [f"cfg and image cfg {s.image_cfg:g} (InstructPix2Pix, three rows)"
+                                           if how == "edit" else "cfg"]
     guidance = ", ".join(modes) or "none"  # the line adds "(cfg 1)"
     from .fluxtools import LABELS as TOOLS
 

@@ -134,6 +134,14 @@ def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipel
                          "the base's latents, so it must be of the same kind", where="refiner",
                          fix="use an SDXL base with the SDXL refiner (or a refiner of the base's own family)"
                              if not base.flow else f"{base.label} models have no refiner: leave {{@refiner}} out")
+    shape = tuple(ref.denoiser.inputs[fam.sample_input].shape)
+    if len(shape) == 4 and isinstance(shape[1], int) and shape[1] != fam.latent_channels:
+        what = "an InstructPix2Pix editing model" if ref.instruct_pix2pix else "an inpainting model"
+        raise InputError(f"the refiner ({ref.folder.name}) is {what}: its {fam.sample_input} takes {shape[1]} channels, "
+                         f"the latents and the {'picture' if ref.instruct_pix2pix else 'mask and masked picture'} "
+                         "beside them, and a refiner pass gives it the base's latents alone", where="refiner",
+                         fix="pass a model of the base's kind without extra input channels as {@refiner}, or leave "
+                             "it out")
     kinds = [getattr(p.schedule, "kind", "") for p in (pipe, ref)]
     if kinds[0] != kinds[1] and "edm" in kinds:  # Playground v2.5 / CosXL: their latents and sigmas are not SDXL's
         edm, other = (pipe, ref) if kinds[0] == "edm" else (ref, pipe)

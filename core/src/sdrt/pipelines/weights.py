@@ -555,7 +555,8 @@ class WeightState:
                                  "trigger word")
         new = [e if isinstance(e, Embedding) else load_embedding(e) for e in items]
         names = {e.name.lower() for e in self.embeddings}
-        new = [e for e in new if e.name.lower() not in names]
+        # once each: diffusers' SDXL pair given as both its files is one embedding (either file reads the pair)
+        new = [e for e in new if e.name.lower() not in names and not names.add(e.name.lower())]
         if not new:
             return []
         encoders = [n for n in ("text_encoder", "text_encoder_2") if n in self._parts()]
