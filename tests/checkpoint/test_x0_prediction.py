@@ -11,6 +11,7 @@ Karras and DDIM (diffusers' loops, each with its x0 arithmetic), with test_pipel
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -130,3 +131,28 @@ def test_cli_prediction_flag_reaches_the_load_and_is_refused_on_an_onnx_folder(t
     err = capsys.readouterr().err
     assert "--prediction applies to a single-file checkpoint or a diffusers folder" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_x0_from_a_name_is_a_warning_a_user_sees(caplog):
+    """x0 read from a file's name is a guess: it was an info line, so `sdrt generate` said nothing about sampling a
+    file as x0. It is a warning naming the file and how to say otherwise; a name without x0 as a word says nothing."""
+    import logging
+
+    from sdrt.checkpoint.files import name_prediction
+
+    with caplog.at_level(logging.INFO, logger="sdrt"):
+        assert name_prediction(Path("sdxl_lightning_1step_unet_x0.safetensors")) == "sample"
+        assert name_prediction(Path("box0rd_mix.safetensors")) is None
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "sdxl_lightning_1step_unet_x0.safetensors" in warned[0].getMessage()
+    assert "set its prediction" in warned[0].getMessage() and len(caplog.records) == 1
+
+
+def test_loading_an_x0_named_file_warns_once(files, caplog):
+    """One load, one warning (the name is read once per file opened), not one per part or per run."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="sdrt"), _load(files) as pipe:
+        _run(pipe, "Euler", 1, 1.0)
+    warned = [r for r in caplog.records if "sampled as x0-prediction" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]

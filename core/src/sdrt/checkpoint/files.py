@@ -313,8 +313,10 @@ PREDICTION_TYPES = ("epsilon", "v_prediction", "sample")
 def name_prediction(path: Path) -> str | None:
     """``"sample"`` (x0) when the file's name says ``x0`` as a word (``..._unet_x0.safetensors``), else None."""
     if _X0_NAME.search(Path(path).stem):
-        log.info("%s: x0-prediction (its name says x0, as SDXL-Lightning's 1-step UNet), trailing timesteps",
-                 Path(path).name)
+        # a guess from a name, so said where a user sees it (warning): a file merely named so would sample wrong
+        log.warning("%s: sampled as x0-prediction with trailing timesteps, because its name says x0 (as "
+                    "SDXL-Lightning's 1-step UNet); if it is an eps or v model, set its prediction (epsilon or "
+                    "v_prediction)", Path(path).name)
         return "sample"
     return None
 
