@@ -122,11 +122,11 @@ def main() -> None:
     (OUT / "refs.json").write_text(json.dumps(CASES + XL_CASES + CN_CASES, indent=1) + "\n")
 
 
-def run_cases(pipe, weight_name: str, cases: list[dict], refs: dict, image: np.ndarray) -> None:
+def run_cases(pipe, weight_name: str, cases: list[dict], refs: dict, image: np.ndarray, **load) -> None:
     from PIL import Image
 
     pipe.load_ip_adapter(str(OUT), subfolder="", weight_name=weight_name,
-                         image_encoder_folder=str(OUT / "image_encoder"))
+                         image_encoder_folder=str(OUT / "image_encoder"), **load)
     for case in cases:
         pipe.set_ip_adapter_scale(case["scale"])
         sched = gp.SCHEDULERS[case["sampler"]](pipe.scheduler.config)

@@ -525,11 +525,13 @@ CLIP_VISION_H = dict(hidden_size=1280, intermediate_size=5120, num_attention_hea
 
 
 def build_clip_vision(cfg: dict) -> torch.nn.Module:
-    """transformers' CLIPVisionModelWithProjection as ``pixel_values -> image_embeds`` (what IP-Adapter reads)."""
+    """transformers' CLIPVisionModelWithProjection as ``pixel_values -> image_embeds`` (what the base IP-Adapter
+    reads) and ``penultimate_hidden_states`` (``hidden_states[-2]``, all tokens: what IP-Adapter Plus reads)."""
     from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
     def forward(self, pixel_values):
-        return _base(self).forward(self, pixel_values=pixel_values, return_dict=True).image_embeds
+        out = _base(self).forward(self, pixel_values=pixel_values, output_hidden_states=True, return_dict=True)
+        return out.image_embeds, out.hidden_states[-2]
 
     m = CLIPVisionModelWithProjection(CLIPVisionConfig(**cfg, attn_implementation="eager")).eval()
     return _with_forward(m, forward)
@@ -541,7 +543,8 @@ def clip_vision_inputs(cfg: dict, s: int) -> dict:
 
 
 SPECS["clip_vision_h"] = Spec("clip_vision_h", build_clip_vision, CLIP_VISION_H, clip_vision_inputs,
-                              lambda c: ["image_embeds"], lambda c: {"pixel_values": {0: B}},
+                              lambda c: ["image_embeds", "penultimate_hidden_states"],
+                              lambda c: {"pixel_values": {0: B}},
                               dict(num_hidden_layers=2), "h94/IP-Adapter models/image_encoder/config.json")
 
 

@@ -7,7 +7,8 @@
   cross-attention layer at the places h94's files number (SD 1.5: 1..31, SDXL: 1..139) with the heads their own
   attention uses;
 - refusals, one line each, in the caller's words: an adapter for another family, no image encoder, an encoder of
-  another width, IP-Adapter Plus / Full Face / FaceID files, a file that is no adapter.
+  another width, Full Face / FaceID files (and Plus files of an unknown layout), a file that is no adapter;
+- full-size IP-Adapter Plus headers in h94's shapes open as Plus adapters.
 """
 
 from __future__ import annotations
@@ -166,12 +167,44 @@ def test_an_image_encoder_config_that_is_no_clip_vision_config_is_refused(folder
              "image_encoder")
 
 @pytest.mark.parametrize("extra, kind", [
-    ({"image_proj.latents": np.zeros((1, 16, 32), np.float32)}, "IP-Adapter Plus"),
+    ({"image_proj.latents": np.zeros((1, 16, 32), np.float32)},
+     "IP-Adapter Plus of a layout sdrt does not know (no image_proj.proj_in.weight)"),
     ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32)}, "Full Face"),
-    ({"ip_adapter.1.to_q_lora.down.weight": np.zeros((4, 32), np.float32)}, "FaceID")])
+    ({"ip_adapter.1.to_q_lora.down.weight": np.zeros((4, 32), np.float32)}, "FaceID (it reads InsightFace"),
+    ({"image_proj.perceiver_resampler.proj_in.weight": np.zeros((32, 32), np.float32)}, "FaceID")])
 def test_adapter_variants_sdrt_does_not_build_are_refused(folder_run, tmp_path, extra, kind):
     _refused(ModelError, unit(_adapter(tmp_path / "v.safetensors", 32, extra=extra)), kind, "does not run",
-             "base IP-Adapter")
+             "runs the base IP-Adapter and IP-Adapter Plus", "ip-adapter-plus_sd15")
+
+
+@pytest.mark.parametrize("name, cross, image_dim, places, widths", [
+    ("ip-adapter-plus_sd15.safetensors", 768, 1280, range(1, 32, 2), (320, 640, 1280)),
+    ("ip-adapter-plus_sdxl_vit-h.safetensors", 2048, 1280, range(1, 140, 2), (640, 1280))])
+def test_full_size_plus_files_open_with_h94s_shapes(tmp_path, name, cross, image_dim, places, widths):
+    """Headers in h94's shapes (float16; 16 latents 768 / 1280 wide, 12 / 20 heads of 64, 4 blocks): a Plus adapter
+    of the family its text width says, 16 tokens from the encoder's 1280-wide hidden states."""
+    from sdrt.checkpoint.ipadapter import open_ip_adapter
+
+    hidden = 768 if cross == 768 else 1280
+    shapes = {"image_proj.latents": (1, 16, hidden), "image_proj.proj_in.weight": (hidden, image_dim),
+              "image_proj.proj_in.bias": (hidden,), "image_proj.proj_out.weight": (cross, hidden),
+              "image_proj.proj_out.bias": (cross,), "image_proj.norm_out.weight": (cross,),
+              "image_proj.norm_out.bias": (cross,)}
+    for n in range(4):
+        a, f = f"image_proj.layers.{n}.0", f"image_proj.layers.{n}.1"
+        shapes.update({f"{a}.norm1.weight": (hidden,), f"{a}.norm1.bias": (hidden,), f"{a}.norm2.weight": (hidden,),
+                       f"{a}.norm2.bias": (hidden,), f"{a}.to_q.weight": (hidden, hidden),
+                       f"{a}.to_kv.weight": (2 * hidden, hidden), f"{a}.to_out.weight": (hidden, hidden),
+                       f"{f}.0.weight": (hidden,), f"{f}.0.bias": (hidden,), f"{f}.1.weight": (4 * hidden, hidden),
+                       f"{f}.3.weight": (hidden, 4 * hidden)})
+    for i, k in enumerate(places):
+        shapes[f"ip_adapter.{k}.to_k_ip.weight"] = shapes[f"ip_adapter.{k}.to_v_ip.weight"] = \
+            (widths[i % len(widths)], cross)
+    h.sparse(tmp_path / name, shapes)
+    ad = open_ip_adapter(tmp_path / name)
+    assert (ad.kind, ad.base, ad.tokens, ad.image_dim, ad.cross) == (
+        "plus", "sd1" if cross == 768 else "sdxl", 16, image_dim, cross)
+    assert sorted(ad.layers) == list(places) and "Plus" in ad.label
 
 
 def test_a_file_that_is_no_adapter_is_refused(folder_run):
@@ -206,7 +239,9 @@ def test_a_full_size_vit_h_encoder_folder_binds_onto_the_shipped_graph(tmp_path)
     graph = Graph.load(enc.graph)  # the shipped graph: weight-free, pixel_values [batch, 3, 224, 224] -> image_embeds
     assert graph.is_stripped and [i.name for i in graph.inputs] == ["pixel_values"]
     assert not isinstance(graph.inputs[0].shape[0], int) and tuple(graph.inputs[0].shape[1:]) == (3, 224, 224)
-    assert [o.name for o in graph.outputs] == ["image_embeds"]
+    # image_embeds (the base adapter's) and the penultimate hidden states (IP-Adapter Plus's), all 257 tokens
+    assert [o.name for o in graph.outputs] == ["image_embeds", "penultimate_hidden_states"]
+    assert tuple(graph.outputs[1].shape[1:]) == (257, 1280)
     assert enc.weights is not None
     enc.weights.fits(Graph.load(enc.graph))  # every initializer bound, strictly
     with pytest.raises(ModelError, match="another size than ViT-H/14.*layers.31"):

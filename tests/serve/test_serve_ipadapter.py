@@ -49,6 +49,7 @@ def models(tmp_path_factory) -> Path:
     shutil.copy(IPA / "ip-adapter_tiny.safetensors", root / "ControlNet" / "ip-adapter_sd15.safetensors")
     shutil.copytree(IPA / "image_encoder", root / "ControlNet" / "image_encoder")
     shutil.copy(IPA / "ip-adapter_tiny_sdxl.safetensors", root / "ControlNet" / "ip-adapter_sdxl_vit-h.safetensors")
+    shutil.copy(IPA / "ip-adapter-plus_tiny.safetensors", root / "ControlNet" / "ip-adapter-plus_sd15.safetensors")
     return root
 
 
@@ -88,6 +89,27 @@ def test_an_ip_adapter_unit_gives_the_python_apis_image(server, models) -> None:
     assert np.array_equal(got, want)
     assert np.abs(want.astype(int) - plain.astype(int)).max() > 20
     assert r.json()["info"].count("sdrt_not_honoured") <= 1
+
+
+def test_an_ip_adapter_plus_unit_gives_the_python_apis_image(server, models) -> None:
+    """h94's ip-adapter-plus_sd15 in ControlNet/ (the extension's ip-adapter_clip_sd15 module, as for the base one):
+    the Resampler's 16 tokens, the Python API's image (tests/pipelines/test_ipadapter_plus.py checks it against
+    diffusers)."""
+    unit = _unit(model="ip-adapter-plus_sd15 [0123abcd]")
+    r = _post(server, dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}))
+    assert r.status_code == 200, r.text
+    got = np.asarray(Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))).convert("RGB"))
+    with pipelines.load(models / "tiny-sd15", backend="reference") as pipe:
+        kw = dict(steps=3, width=64, height=64, seed=11, sampler="Euler", cfg=7)
+        want = pipe.generate(BASE["prompt"], "blurry", ip_adapter=IPAdapter(
+            models / "ControlNet" / "ip-adapter-plus_sd15.safetensors", image=REFS["ip_image"], scale=0.6,
+            image_encoder=IPA / "image_encoder"), **kw).images[0]
+        base = pipe.generate(BASE["prompt"], "blurry", ip_adapter=IPAdapter(
+            models / "ControlNet" / "ip-adapter_sd15.safetensors", image=REFS["ip_image"], scale=0.6,
+            image_encoder=IPA / "image_encoder"), **kw).images[0]
+    assert np.array_equal(got, want)
+    assert np.abs(want.astype(int) - base.astype(int)).max() > 20  # the Plus file, not the base one
+    assert "Model: ip-adapter-plus_sd15" in r.json()["info"]
 
 
 @pytest.mark.parametrize("unit, field, words", [

@@ -17,8 +17,14 @@ per cross-attention layer (:mod:`sdrt.checkpoint.ipattention`). The image encode
 ViT-H/14 graph (``clip_vision_h``), or is an ONNX export of one's own (a folder holding ``model.onnx`` with
 ``pixel_values`` -> ``image_embeds``).
 
-Variants sdrt does not build are refused by name: IP-Adapter Plus (a Resampler over the encoder's hidden states:
-``image_proj.latents``), Full Face (``image_proj.proj.0``), FaceID (InsightFace embeddings and LoRA weights).
+IP-Adapter Plus (``ip-adapter-plus_sd15``, ``ip-adapter-plus-face_sd15``, ``ip-adapter-plus_sdxl_vit-h``,
+``ip-adapter-plus-face_sdxl_vit-h``) has diffusers' ``IPAdapterPlusImageProjection`` instead (a Resampler:
+``image_proj.latents``, ``proj_in``, ``layers.N.0`` perceiver attention, ``layers.N.1`` feed-forward, ``proj_out``,
+``norm_out``): it reads the encoder's penultimate hidden states (all tokens, 1280 wide for ViT-H/14) and makes 16
+image tokens. sdrt computes it in numpy too (:func:`resample`).
+
+Variants sdrt does not build are refused by name: Full Face (``image_proj.proj.0``), FaceID (InsightFace
+embeddings and LoRA weights).
 """
 
 from __future__ import annotations
@@ -63,14 +69,19 @@ class IPAdapterFile:
     cross: int
     weights: Weights
     layers: dict[int, tuple[str, str]] = field(default_factory=dict)
+    #: "plus": a Resampler reading the encoder's penultimate hidden states; "base": ``image_embeds``
+    kind: str = "base"
 
     @property
     def label(self) -> str:
-        return f"an {BASE_LABELS[self.base]} IP-Adapter"
+        return f"an {BASE_LABELS[self.base]} IP-Adapter" + (" Plus" if self.kind == "plus" else "")
 
     def project(self, image_embeds: np.ndarray) -> np.ndarray:
-        """diffusers' ``ImageProjection``: ``[rows, image_dim]`` -> ``[rows, tokens, cross]`` (float32)."""
+        """diffusers' ``ImageProjection``: ``[rows, image_dim]`` -> ``[rows, tokens, cross]`` (float32); Plus: its
+        Resampler of ``[rows, encoder tokens, image_dim]`` hidden states."""
         w = self.weights
+        if self.kind == "plus":
+            return resample(w, image_embeds)
         x = np.asarray(image_embeds, np.float32) @ w.get_array("image_proj.proj.weight", np.float32).T
         x = x + w.get_array("image_proj.proj.bias", np.float32)
         x = x.reshape(x.shape[0], self.tokens, self.cross)
@@ -85,16 +96,74 @@ class IPAdapterFile:
         return (tokens @ self.weights.get_array(kn, np.float32).T, tokens @ self.weights.get_array(vn, np.float32).T)
 
 
+def _layer_norm(x: np.ndarray, w: Weights, name: str) -> np.ndarray:
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    x = (x - mean) / np.sqrt(var + 1e-5)
+    return x * w.get_array(f"{name}.weight", np.float32) + w.get_array(f"{name}.bias", np.float32)
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    """Exact GELU (torch's default): ``x * (1 + erf(x / sqrt 2)) / 2``, erf by Abramowitz-Stegun 7.1.26 in float64
+    (absolute error under 1.5e-7, below float32's)."""
+    z = np.abs(x.astype(np.float64)) / np.sqrt(2.0)
+    t = 1.0 / (1.0 + 0.3275911 * z)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    erf = np.sign(x) * (1.0 - poly * np.exp(-z * z))
+    return (x * 0.5 * (1.0 + erf)).astype(np.float32)
+
+
+def resample(w: Weights, hidden: np.ndarray) -> np.ndarray:
+    """diffusers' ``IPAdapterPlusImageProjection`` on h94's keys: ``[rows, encoder tokens, image_dim]`` -> ``[rows,
+    queries, cross]``. Per block ``N``: the latents attend (64 channels a head, no biases) to the layer-normed
+    hidden states and themselves (``layers.N.0``: ``norm1`` / ``norm2``, ``to_q``, ``to_kv`` split in two,
+    ``to_out``), then a GELU feed-forward (``layers.N.1.0`` LayerNorm, ``.1``, ``.3``), each added to its input."""
+    def mat(name: str) -> np.ndarray:
+        return w.get_array(name, np.float32)
+
+    x = np.asarray(hidden, np.float32) @ mat("image_proj.proj_in.weight").T + mat("image_proj.proj_in.bias")
+    rows = x.shape[0]
+    lat = np.repeat(mat("image_proj.latents"), rows, axis=0)
+    n = 0
+    while f"image_proj.layers.{n}.0.to_q.weight" in w:
+        a, f = f"image_proj.layers.{n}.0", f"image_proj.layers.{n}.1"
+        xs, ls = _layer_norm(x, w, f"{a}.norm1"), _layer_norm(lat, w, f"{a}.norm2")
+        q = ls @ mat(f"{a}.to_q.weight").T
+        k, v = np.split(np.concatenate([xs, ls], 1) @ mat(f"{a}.to_kv.weight").T, 2, axis=-1)
+        q, k, v = (t.reshape(rows, t.shape[1], -1, 64).transpose(0, 2, 1, 3) for t in (q, k, v))
+        s = q @ k.transpose(0, 1, 3, 2) / np.float32(8.0)  # 1 / sqrt(64)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        o = (s / s.sum(-1, keepdims=True)) @ v
+        lat = o.transpose(0, 2, 1, 3).reshape(rows, lat.shape[1], -1) @ mat(f"{a}.to_out.weight").T + lat
+        h = _gelu(_layer_norm(lat, w, f"{f}.0") @ mat(f"{f}.1.weight").T)
+        lat = h @ mat(f"{f}.3.weight").T + lat
+        n += 1
+    out = lat @ mat("image_proj.proj_out.weight").T + mat("image_proj.proj_out.bias")
+    return _layer_norm(out, w, "image_proj.norm_out").astype(np.float32)
+
+
+#: the keys of an IP-Adapter Plus's Resampler (h94's layout) besides its blocks
+PLUS_KEYS = ("image_proj.latents", "image_proj.proj_in.weight", "image_proj.proj_in.bias", "image_proj.proj_out.weight",
+             "image_proj.proj_out.bias", "image_proj.norm_out.weight", "image_proj.norm_out.bias")
+
+
+def is_plus(keys: list[str]) -> bool:
+    return any(k.startswith(("image_proj.latents", "image_proj.proj_in")) for k in keys)
+
+
 def variant(keys: list[str]) -> str | None:
-    """What an IP-Adapter file is when sdrt does not build it (a label), else None (the base adapter)."""
-    if any("lora" in k for k in keys):
-        return "an IP-Adapter FaceID (InsightFace face embeddings and LoRA weights)"
-    if any(k.startswith("image_proj.latents") or k.startswith("image_proj.proj_in") for k in keys):
-        return "an IP-Adapter Plus (a Resampler over the image encoder's hidden states)"
+    """What an IP-Adapter file is when sdrt does not build it (a label), else None (the base adapter or Plus)."""
+    if any("lora" in k for k in keys) or any(k.startswith("image_proj.perceiver_resampler") for k in keys):
+        return ("an IP-Adapter FaceID (it reads InsightFace face embeddings, and the Plus FaceID ones an image "
+                "encoder's too, and brings LoRA weights)")
+    if is_plus(keys):
+        missing = [k for k in (*PLUS_KEYS, "image_proj.layers.0.0.to_q.weight") if k not in keys]
+        return f"an IP-Adapter Plus of a layout sdrt does not know (no {missing[0]})" if missing else None
     if any(k.startswith("image_proj.proj.0.") or k.startswith("image_proj.proj.3.") for k in keys):
         return "an IP-Adapter Full Face (an MLP projection of the image encoder's hidden states)"
     if "image_proj.proj.weight" not in keys or "image_proj.norm.weight" not in keys:
-        return "an IP-Adapter of a kind sdrt does not know (no image_proj.proj / image_proj.norm)"
+        return ("an IP-Adapter of a kind sdrt does not know (no image_proj.proj / image_proj.norm, nor a Plus "
+                "Resampler's image_proj.latents)")
     return None
 
 
@@ -121,8 +190,9 @@ def check_file(p: Path, what: str = "ip_adapter") -> Weights:
                          fix=f"pass {{@{what}}} an IP-Adapter file (e.g. {EXAMPLES['sd1']})")
     kind = variant(keys)
     if kind is not None:
-        raise ModelError(f"{p.name} is {kind}, which sdrt does not run; it runs the base IP-Adapter", where=str(p),
-                         fix=f"pass the base adapter ({EXAMPLES['sd1']}, or {EXAMPLES['sdxl']})")
+        raise ModelError(f"{p.name} is {kind}, which sdrt does not run; it runs the base IP-Adapter and IP-Adapter "
+                         "Plus", where=str(p), fix=f"pass the base adapter ({EXAMPLES['sd1']}, or {EXAMPLES['sdxl']}) "
+                         "or a Plus one (ip-adapter-plus_sd15, ip-adapter-plus-face_sd15, ip-adapter-plus_sdxl_vit-h)")
     return w
 
 
@@ -135,8 +205,13 @@ def open_ip_adapter(path: PathLike, *, base: str | None = None, text_width: int 
     w = check_file(p, what)
     shapes = w.shapes()
     keys = list(shapes)
-    proj = shapes["image_proj.proj.weight"]
-    cross = int(shapes["image_proj.norm.weight"][0])
+    plus = is_plus(keys)
+    if plus:  # [1, queries, hidden] latents; proj_in [hidden, image_dim]: as [tokens * cross, image_dim] below
+        cross = int(shapes["image_proj.norm_out.weight"][0])
+        proj = (int(shapes["image_proj.latents"][1]) * cross, int(shapes["image_proj.proj_in.weight"][1]))
+    else:
+        proj = shapes["image_proj.proj.weight"]
+        cross = int(shapes["image_proj.norm.weight"][0])
     layers: dict[int, tuple[str, str]] = {}
     for k in keys:
         if m := _KV.match(k):
@@ -160,14 +235,14 @@ def open_ip_adapter(path: PathLike, *, base: str | None = None, text_width: int 
         raise ModelError(f"{p.name} is an IP-Adapter for a {cross}-wide text encoder (not SD 1.x, SD 2.x or SDXL)"
                          + model, where=str(p), fix=f"pass {{@{what}}} an IP-Adapter made for the model (e.g. "
                          f"{EXAMPLES.get(base or 'sd1', EXAMPLES['sd1'])})")
-    ad = IPAdapterFile(p, found, int(proj[1]), int(proj[0]) // cross, cross, w, layers)
+    ad = IPAdapterFile(p, found, int(proj[1]), int(proj[0]) // cross, cross, w, layers, "plus" if plus else "base")
     if base is not None and (base != found or text_width is not None and cross != text_width):
         want = BASE_LABELS.get(base, base)
         raise ModelError(f"{p.name} is {ad.label}, and the model is {want}", where=str(p),
                          fix=f"pass {{@{what}}} an IP-Adapter made for {want}"
                              + (f" (e.g. {EXAMPLES[base]})" if base in EXAMPLES else ""))
-    log.info("%s: %s, %d cross-attention layers, %d image tokens from %d-wide image embeds", p.name, ad.label,
-             len(layers), ad.tokens, ad.image_dim)
+    log.info("%s: %s, %d cross-attention layers, %d image tokens from %d-wide %s", p.name, ad.label,
+             len(layers), ad.tokens, ad.image_dim, "hidden states" if plus else "image embeds")
     return ad
 
 

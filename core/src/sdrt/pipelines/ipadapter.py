@@ -7,7 +7,9 @@ image_encoder="models/image_encoder"))``. Per job:
    ``image_size`` with PIL's bicubic filter, centre-cropped square, scaled to [0, 1], normalized with OpenAI CLIP's
    mean and std) and encoded once: the encoder's ``image_embeds``;
 2. the adapter's ``ImageProjection`` makes 4 image tokens of them; CFG's negative pass gets the projection of zero
-   image embeds (diffusers' ``torch.zeros_like(image_embeds)``);
+   image embeds (diffusers' ``torch.zeros_like(image_embeds)``). IP-Adapter Plus reads the encoder's penultimate
+   hidden states instead, through its Resampler (16 tokens), and the negative pass those of a zero picture
+   (diffusers' ``torch.zeros_like(image)``, encoded in the same call);
 3. per cross-attention layer, ``to_k_ip`` / ``to_v_ip`` of those tokens (the value times ``scale``) become two more
    inputs of the UNet, which runs its graph with IP attention added (:mod:`sdrt.checkpoint.ipattention`), carried
    with the conditioning so the positive and negative rows each get theirs however CFG batches them.
@@ -187,7 +189,6 @@ def ip_inputs(part: Part) -> dict[int, int]:
 def prepare(pipe: Any, unit: IPAdapter) -> Prepared:
     """Open the adapter (for the pipeline's family) and the encoder, encode the picture: the job's tokens."""
     from ..checkpoint.ipadapter import open_image_encoder, open_ip_adapter
-    from .images import to_rgb
 
     family = pipe.family.name
     text = pipe.denoiser.inputs.get(pipe.family.text_input)
@@ -200,11 +201,46 @@ def prepare(pipe: Any, unit: IPAdapter) -> Prepared:
         enc = open_image_encoder(unit.image_encoder if unit.image_encoder is not None else default_encoder(ad.path))
     except ModelError as exc:
         raise ModelError(exc.what, where="image_encoder", fix=exc.fix) from exc
+    if ad.kind == "plus":
+        return prepare_plus(pipe, ad, enc, unit)
     if enc.embed_dim is not None and enc.embed_dim != ad.image_dim:
         raise ModelError(f"the image encoder {enc.path.name} gives {enc.embed_dim}-wide image embeds and "
                          f"{ad.path.name} reads {ad.image_dim}-wide ones", where="image_encoder",
                          fix="pass {@image_encoder} the encoder the adapter was trained with (ViT-H/14 for "
                              "ip-adapter_sd15 and ip-adapter_sdxl_vit-h: h94/IP-Adapter's models/image_encoder)")
+    out = encode(pipe, enc, unit)
+    embeds = np.asarray(out["image_embeds"] if "image_embeds" in out else next(iter(out.values())), np.float32)
+    if embeds.ndim != 2 or embeds.shape[-1] != ad.image_dim:
+        raise ModelError(f"the image encoder gives image embeds of shape {list(embeds.shape)} and "
+                         f"{ad.path.name} reads [1, {ad.image_dim}]", where=str(enc.path),
+                         fix="pass {@image_encoder} the encoder the adapter was trained with")
+    return Prepared(ad, unit.scale, ad.project(embeds), ad.project(np.zeros_like(embeds)))
+
+
+def prepare_plus(pipe: Any, ad: IPAdapterFile, enc: ImageEncoder, unit: IPAdapter) -> Prepared:
+    """IP-Adapter Plus: the Resampler of the encoder's penultimate hidden states, of the picture and (CFG's negative
+    pass) of a zero picture (diffusers' ``torch.zeros_like(image)`` through the encoder), both in one call."""
+    out = encode(pipe, enc, unit, zeros=True)
+    hidden = out.get("penultimate_hidden_states")
+    if hidden is None:
+        raise ModelError(f"the image encoder {enc.graph.name} gives no penultimate_hidden_states, which "
+                         f"{ad.path.name} (an IP-Adapter Plus) reads", where="image_encoder",
+                         fix="pass {@image_encoder} h94/IP-Adapter's models/image_encoder folder (bound onto sdrt's "
+                             "shipped graph), or an ONNX export with that output (hidden_states[-2])")
+    hidden = np.asarray(hidden, np.float32)
+    if hidden.ndim != 3 or hidden.shape[0] != 2 or hidden.shape[-1] != ad.image_dim:
+        raise ModelError(f"the image encoder gives hidden states of shape {list(hidden.shape[1:])} and "
+                         f"{ad.path.name} reads [tokens, {ad.image_dim}]", where="image_encoder",
+                         fix="pass {@image_encoder} the encoder the adapter was trained with (ViT-H/14 for "
+                             "ip-adapter-plus_sd15 and ip-adapter-plus_sdxl_vit-h: h94/IP-Adapter's models/image_encoder)")
+    tokens = ad.project(hidden)
+    return Prepared(ad, unit.scale, tokens[:1], tokens[1:])
+
+
+def encode(pipe: Any, enc: ImageEncoder, unit: IPAdapter, zeros: bool = False) -> dict[str, Any]:
+    """The encoder's outputs for the picture (and a zero picture after it: ``zeros``)."""
+    from .images import to_rgb
+
     rgb = to_rgb(unit.image, "IP-Adapter image", "ip_adapter_image")
     if pipe._dry:  # the plan: its call recorded on a twin among the run's parts (no session; zeros back)
         from .parts import Part
@@ -213,18 +249,14 @@ def prepare(pipe: Any, unit: IPAdapter) -> Prepared:
         part = pipe._parts["image_encoder"] = part.dry()
     else:
         part = encoder_part(pipe, enc)
-    out = part.run({"pixel_values": clip_pixels(rgb, enc.image_size)})
+    pixels = clip_pixels(rgb, enc.image_size)
+    out = part.run({"pixel_values": np.concatenate([pixels, np.zeros_like(pixels)]) if zeros else pixels})
     plan = getattr(pipe, "_memory_plan", None)
     if pipe.is_low_memory or plan is not None and any(p.placement != "resident" for p in plan.parts):
         from .lowmem import release  # used once a job, as the text encoders: not held through the denoising
 
         release([part])
-    embeds = np.asarray(out["image_embeds"] if "image_embeds" in out else next(iter(out.values())), np.float32)
-    if embeds.ndim != 2 or embeds.shape[-1] != ad.image_dim:
-        raise ModelError(f"the image encoder gives image embeds of shape {list(embeds.shape)} and "
-                         f"{ad.path.name} reads [1, {ad.image_dim}]", where=str(enc.path),
-                         fix="pass {@image_encoder} the encoder the adapter was trained with")
-    return Prepared(ad, unit.scale, ad.project(embeds), ad.project(np.zeros_like(embeds)))
+    return out
 
 
 def default_encoder(adapter: Path) -> Path:
