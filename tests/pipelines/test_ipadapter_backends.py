@@ -23,3 +23,24 @@ def test_ip_adapter_matches_diffusers_on_compiled_backends(backend, tiny_encoder
                 assert_matches_diffusers(got, REFS[case["name"]])
                 assert pipe.unet.backend == backend
 
+
+
+@pytest.mark.parametrize("backend", ["openvino", "ggml"])
+def test_ip_adapter_plus_matches_diffusers_on_compiled_backends(backend, tiny_encoder_graph):  # noqa: F811
+    """Plus reads the encoder's second output (penultimate hidden states, a picture and a zero picture in one
+    batch-2 call): the compiled encoder gives both as the reference backend does."""
+    from test_ipadapter_plus import CASES as PLUS_CASES
+    from test_ipadapter_plus import PLUS
+    from test_ipadapter_plus import XL_CASES as PLUS_XL
+    from test_ipadapter_plus import unit as plus_unit
+
+    from sdrt import pipelines
+
+    register(backend)
+    for folder, cases, adapter in ((FOLDER, PLUS_CASES, "ip-adapter-plus_tiny.safetensors"),
+                                   (DATA / "tiny-sdxl", PLUS_XL, "ip-adapter-plus_tiny_sdxl.safetensors")):
+        with pipelines.load(folder, backend=backend) as pipe:
+            for case in cases:
+                ip = plus_unit(case["scale"], adapter=adapter)
+                got = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=ip, **kwargs(case)).images
+                assert_matches_diffusers(got, PLUS[case["name"]])
