@@ -215,7 +215,9 @@ def prepare(pipe: Any, unit: IPAdapter) -> Prepared:
         part = encoder_part(pipe, enc)
     out = part.run({"pixel_values": clip_pixels(rgb, enc.image_size)})
     plan = getattr(pipe, "_memory_plan", None)
-    if pipe.is_low_memory or plan is not None and any(p.placement != "resident" for p in plan.parts):
+    placed = plan.placement("image_encoder") if plan is not None else None  # the budget's plan counts it
+    if pipe.is_low_memory or (placed.placement != "resident" if placed is not None else
+                              plan is not None and any(p.placement != "resident" for p in plan.parts)):
         from .lowmem import release  # used once a job, as the text encoders: not held through the denoising
 
         release([part])
