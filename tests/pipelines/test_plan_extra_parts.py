@@ -185,3 +185,18 @@ def test_dry_run_lists_the_controlnets_with_their_bytes(capsys, tmp_path):
     kib = onnx_bytes(CN / "controlnet_2" / "model.onnx") / 2**20
     line = next(x for x in out.splitlines() if x.strip().startswith("controlnet_2 ") and "weights" in x)
     assert f"weights {kib:.1f} MiB" in " ".join(line.split()) and "cannot release" in line, out
+
+
+def test_pinned_parts_stay_and_a_streamed_denoiser_gets_what_they_leave():
+    """plan_memory's pinned parts (ControlNets) are resident whatever the budget, low_memory included, and the
+    streamed denoiser's group cap is what is left beside them: (budget - base - 2 x net) / 2."""
+    from sdrt.pipelines.budget import plan_memory
+
+    weights = {"text_encoder": 10, "unet": 1000, "vae_decoder": 20, "controlnet": 100}
+    plan = plan_memory(weights, "unet", 800, base=100, pinned=["controlnet"])
+    assert plan.placement("controlnet").placement == "resident" and not plan.placement("controlnet").releasable
+    assert plan.placement("unet").placement == "streamed"
+    assert plan.placement("unet").cap_bytes == (800 - 100 - 2 * 100) // 2
+    assert plan.fits and plan.peak_bytes <= 800
+    low = plan_memory(weights, "unet", None, release_all=True, pinned=["controlnet"])
+    assert [p.placement for p in low.parts] == ["released", "released", "released", "resident"]
