@@ -200,3 +200,30 @@ def test_pinned_parts_stay_and_a_streamed_denoiser_gets_what_they_leave():
     assert plan.fits and plan.peak_bytes <= 800
     low = plan_memory(weights, "unet", None, release_all=True, pinned=["controlnet"])
     assert [p.placement for p in low.parts] == ["released", "released", "released", "resident"]
+
+
+def test_a_flux_controlnet_file_adds_its_bytes():
+    """A Flux.1 ControlNet .safetensors bound onto its shipped-style graph: counted with the file's float32 tensors
+    (and the graph's few constants), kept beside the transformer."""
+    from sdrt.checkpoint.controlnet import open_controlnet
+    from sdrt.pipelines.controlnet import ControlNet
+
+    nets_dir = DATA / "pipelines" / "tiny-flux-controlnet"
+    case = json.loads((nets_dir / "refs.json").read_text())[0]
+    refs = np.load(nets_dir / "refs.npz")
+    kw = dict(steps=2, seed=case["seed"], width=case["width"], height=case["height"], sampler="Euler",
+              guidance=case["guidance"], max_sequence_length=case["max_sequence_length"])
+    units = [ControlNet(open_controlnet(nets_dir / n / "diffusion_pytorch_model.safetensors",
+                                        graph=nets_dir / "flux_dev_transformer.onnx"),
+                        refs[f"{case['name']}/control_image_{k}"], case["scale"][k], case["start"][k], case["end"][k],
+                        union_mode=case["mode"]) for k, n in enumerate(case["nets"])]
+    file_bytes = {f"controlnet:{n}": sum(4 * math.prod(v["shape"]) for v in safetensors_header(
+        nets_dir / n / "diffusion_pytorch_model.safetensors").values()) for n in case["nets"]}
+    with pipelines.load(DATA / "pipelines" / "tiny-flux-dev", backend="reference") as pipe:
+        plain = pipe.plan(case["prompt"], **kw).memory
+        with_nets = pipe.plan(case["prompt"], controlnets=units, **kw).memory
+    for name, expected in file_bytes.items():
+        pl = with_nets.placement(name)
+        assert pl is not None and pl.role == "controlnet" and not pl.releasable, with_nets.format()
+        assert expected <= pl.weight_bytes <= expected + 4096, (pl.weight_bytes, expected)
+    assert with_nets.peak_bytes - plain.peak_bytes >= 2 * sum(file_bytes.values())
