@@ -99,6 +99,7 @@ def test_the_image_encoder_adds_its_bytes_to_the_plan(tiny_encoder_graph):
     assert enc is not None and enc.weight_bytes == expected, (enc, expected)
     assert enc.role == "image_encoder" and enc.releasable and enc.activation_bytes > 0
     assert plain.placement("image_encoder") is None
+    assert withip.placement("unet").activation_bytes > 0  # the UNet with IP attention, as the run edits it
     # every part resident: the peak is base + the sum of the parts' needs; the encoder's is one of them (the UNet
     # also grows by the adapter's IP projections, which it binds)
     assert withip.peak_bytes == int(withip.base_bytes + sum(need(p) for p in withip.parts))
@@ -227,3 +228,5 @@ def test_a_flux_controlnet_file_adds_its_bytes():
         assert pl is not None and pl.role == "controlnet" and not pl.releasable, with_nets.format()
         assert expected <= pl.weight_bytes <= expected + 4096, (pl.weight_bytes, expected)
     assert with_nets.peak_bytes - plain.peak_bytes >= 2 * sum(file_bytes.values())
+    # the transformer's activations at the graph it runs (with the nets' residual inputs), as without nets
+    assert with_nets.placement("transformer").activation_bytes > 0 and plain.placement("transformer").activation_bytes

@@ -521,7 +521,8 @@ class MemoryMixin:
     _stage_peaks: dict[str, int]
 
     def memory_plan(self, *, base: int | None = None, calls: Mapping[str, list[dict[str, tuple[int, ...]]]] | None = None,
-                    extras: Mapping[str, tuple[str, Any]] | None = None) -> MemoryPlan:
+                    extras: Mapping[str, tuple[str, Any]] | None = None, twins: Mapping[str, Part] | None = None
+                    ) -> MemoryPlan:
         """Each part's placement under the budget and the predicted peak (computed once per pipeline, or again
         when ``base`` is given: the bytes the process holds besides the models; default: its resident memory
         now on a CPU, 0 on an accelerator, whose memory the process's own does not share). ``calls``: each
@@ -530,7 +531,7 @@ class MemoryMixin:
         ControlNets, an IP-Adapter's image encoder, the hires fix's model upscaler), counted and placed with them."""
         plan = getattr(self, "_memory_plan", None)
         if plan is None or base is not None or calls is not None:
-            plan = self._make_memory_plan(base, calls, extras)
+            plan = self._make_memory_plan(base, calls, extras, twins)
             self._memory_plan = plan
         return plan
 
@@ -550,6 +551,11 @@ class MemoryMixin:
             precision = part.options.get("precision") or (be.precision_for(dev) if be is not None else "fp32")
             scale = 0.5 if precision in getattr(be, "half_activations", ()) else 1.0
             lean = _lean_graph(part)
+            if part._graph is None and part.graph_edit is not None:  # the run's graph: a dry twin's IP attention,
+                try:  # a transformer's ControlNet residual inputs (the file's graph lacks the inputs it is fed)
+                    lean = part.graph_edit(lean)
+                except Exception as exc:  # noqa: BLE001 - an estimate: the file's graph then
+                    log.debug("memory: %s's graph edit for the activation estimate: %s", name, exc)
             for shapes in shapes_list:
                 try:
                     g = lean.with_shapes(dict(shapes))
@@ -562,7 +568,8 @@ class MemoryMixin:
         return out, pinned
 
     def _make_memory_plan(self, base: int | None, calls: Mapping[str, Any] | None = None,
-                          extras: Mapping[str, tuple[str, Any]] | None = None) -> MemoryPlan:
+                          extras: Mapping[str, tuple[str, Any]] | None = None,
+                          twins: Mapping[str, Part] | None = None) -> MemoryPlan:
         from ..errors import SdrtError
         from ..runtime import select
 
@@ -594,7 +601,8 @@ class MemoryMixin:
             source = ("reported by the device" if getattr(dev, "memory_bytes", None)
                       else OS_SOURCE if budget else "unknown")
 
-        activations, pinned = self._activations(calls, be, dev, parts) if calls else ({}, {})
+        # the activations from the dry run's twins where given: their graphs as the run edits them
+        activations, pinned = self._activations(calls, be, dev, {**parts, **(twins or {})}) if calls else ({}, {})
 
         def split_at(cap: int) -> list[Any]:
             from .streaming import activation_peaks, split

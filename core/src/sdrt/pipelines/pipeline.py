@@ -1321,7 +1321,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
 
             # with the activations, and the parts the run uses besides the model's own (ControlNets, an image
             # encoder, the hires fix's model upscaler)
-            memory = self.memory_plan(base=memory.base_bytes, calls=calls_of(rp), extras=rp._extras)
+            memory = self.memory_plan(base=memory.base_bytes, calls=calls_of(rp), extras=rp._extras, twins=rp._twins)
             rp.refiner_memory = self._refiner_memory(rp, memory)
         rp.memory = memory  # each part's placement under the budget, the predicted peak
         return rp

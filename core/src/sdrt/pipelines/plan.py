@@ -176,6 +176,8 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
                  [*([dry._init_fit] if dry._init_fit else []), *_notes(s), *_stored_notes(pipe)])
     rp._refiner = dry._refiner_job  # type: ignore[attr-defined]  # the job's refiner pipeline (its memory plan)
     rp._extras = extra_parts(pipe, dry, s)  # type: ignore[attr-defined]  # what the memory plan counts besides
+    # the model's parts as the run edits their graphs (IP attention, ControlNet residual inputs): for activations
+    rp._twins = {n: p for n, p in dry._parts.items() if n in pipe._parts and p.graph_edit is not None}  # type: ignore[attr-defined]
     return rp
 
 
