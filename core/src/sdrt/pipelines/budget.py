@@ -162,6 +162,11 @@ class Placement:
     device: str = ""
     #: the most activation bytes it holds at once while running (its inputs, outputs and intermediates)
     activation_bytes: int = 0
+    #: what it is when not one of the model's own parts: ``controlnet``, ``image_encoder``, ``upscaler``
+    role: str = ""
+    #: False: the pipeline keeps it loaded between uses (a ControlNet runs beside the denoiser every step; the
+    #: hires fix's model upscaler is kept for the next job), so the plan counts it resident whatever the budget
+    releasable: bool = True
 
 
 @dataclass
@@ -230,6 +235,8 @@ class MemoryPlan:
                 extra += f", activations {_size(p.activation_bytes)}"
             if p.device:
                 extra += f", on {p.device}"
+            if p.role:
+                extra += f", {p.role}" + ("" if p.releasable else " (kept loaded: the pipeline cannot release it)")
             lines.append(f"  {p.part:<16} {p.placement:<9} weights {_size(p.weight_bytes):>10}, peak while running "
                          f"{_size(p.peak_bytes)}{extra}" + ("" if p.fits else "  (over the budget)"))
         if self.measured:
@@ -245,14 +252,17 @@ def _size(n: float) -> str:
 def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | None, *, base: int = 0,
                 footprint: float = FOOTPRINT, release_all: bool = False, budget_source: str = "",
                 split: Any = None, footprints: Mapping[str, float] | None = None,
-                activations: Mapping[str, int] | None = None) -> MemoryPlan:
+                activations: Mapping[str, int] | None = None, pinned: Iterable[str] = ()) -> MemoryPlan:
     """Place each part under ``budget`` (see the module doc); pure but for ``split(cap) -> [group bytes]``,
     which cuts the denoiser for a weight cap (``None``: one group per cap's worth, estimated). ``footprints``:
     a part's own ratio of peak to weight bytes where it is not ``footprint`` (weights a backend runs from the
     mapped file as stored, as ggml does with a GGUF file's blocks: no second copy, about 1). ``activations``: the
     most activation bytes each part holds at once while it runs (``activation_peaks``), added to its need; a
-    streamed part's ``split`` may give ``(weight bytes, activation bytes)`` per group."""
+    streamed part's ``split`` may give ``(weight bytes, activation bytes)`` per group. ``pinned``: parts the
+    pipeline cannot release (ControlNets, which run beside the denoiser; the hires fix's model upscaler): resident
+    whatever the budget, so every phase counts them and a streamed denoiser's groups get what they leave."""
     names = list(weights)
+    kept = [p for p in names if p in set(pinned)]
     fp = {p: (footprints or {}).get(p, footprint) for p in names}
     act = {p: int((activations or {}).get(p, 0)) for p in names}
     need = {p: fp[p] * weights[p] + act[p] for p in names}
@@ -265,11 +275,12 @@ def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | 
         placed = dict.fromkeys(names, "resident")
     else:
         den_need = need.get(denoiser, 0) if denoiser else 0
+        left = None if avail is None else avail - sum(need[p] for p in kept)  # beside the parts that stay anyway
         # streaming helps only when something is left beside the process itself
-        stream = denoiser is not None and avail is not None and 0 < avail < den_need
-        resident: list[str] = []
+        stream = denoiser is not None and left is not None and 0 < left < den_need
+        resident: list[str] = list(kept)
         if not stream and not release_all and avail is not None:
-            for p in sorted(names, key=lambda n: need[n]):  # the smallest stay, while the largest still runs
+            for p in sorted((n for n in names if n not in kept), key=lambda n: need[n]):  # the smallest stay
                 rest = [need[q] for q in names if q not in resident and q != p]
                 if sum(need[q] for q in resident) + need[p] + max(rest, default=0) <= avail:
                     resident.append(p)
@@ -278,9 +289,9 @@ def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | 
         for p in names:
             placed[p] = "resident" if p in resident else "released"
         if stream:
-            assert denoiser is not None and avail is not None
+            assert denoiser is not None and left is not None
             placed[denoiser] = "streamed"
-            cap = max(int((avail - act[denoiser]) / fp[denoiser]), 1)
+            cap = max(int((left - act[denoiser]) / fp[denoiser]), 1)
             cut = split(cap) if split is not None else [cap] * math.ceil(weights[denoiser] / cap)
             groups = [g[0] if isinstance(g, tuple) else g for g in cut]
             group_act = [g[1] if isinstance(g, tuple) else act[denoiser] for g in cut]
@@ -293,7 +304,7 @@ def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | 
         fits = avail is None or res_need + running <= avail
         streamed = placed[p] == "streamed"
         out.append(Placement(p, placed[p], weights[p], peak, groups if streamed else [], fits, cap if streamed else 0,
-                             activation_bytes=act[p]))
+                             activation_bytes=act[p], releasable=p not in kept))
     return MemoryPlan(budget, budget_source, base, footprint, out, footprints={p: f for p, f in fp.items()
                                                                                if f != footprint})
 
@@ -382,8 +393,8 @@ def plan_placed(weights: Mapping[str, int], roles: Mapping[str, str], denoiser: 
                 host_budget: int | None = None, host_base: int = 0, asked: Mapping[str, str] | None = None,
                 budget_source: str = "", host_budget_source: str = "", footprint: float = FOOTPRINT,
                 release_all: bool = False, split: Any = None,
-                footprints: Mapping[str, float] | None = None, activations: Mapping[str, int] | None = None
-                ) -> MemoryPlan:
+                footprints: Mapping[str, float] | None = None, activations: Mapping[str, int] | None = None,
+                pinned: Iterable[str] = ()) -> MemoryPlan:
     """``plan_memory`` with parts placed per device (``place_parts``): the parts left on the pipeline's device are
     planned against ``budget``, those on the CPU device ``host`` (``"openvino:CPU"``; None: there is none, so nothing
     can go there) against ``host_budget`` with the process's own ``host_base``, as are parts asked onto a device
@@ -405,14 +416,14 @@ def plan_placed(weights: Mapping[str, int], roles: Mapping[str, str], denoiser: 
     main = plan_memory(local, denoiser if denoiser in local else None, budget, base=base, footprint=footprint,
                        release_all=release_all, budget_source=budget_source, split=split,
                        footprints={p: f for p, f in fps.items() if p in local},
-                       activations={p: a for p, a in acts.items() if p in local})
+                       activations={p: a for p, a in acts.items() if p in local}, pinned=pinned)
     main.device = device
     if not away:
         return main
     other = plan_memory(away, denoiser if denoiser in away else None, host_budget, base=host_base,
                         footprint=footprint, release_all=release_all, budget_source=host_budget_source, split=split,
                         footprints={p: f for p, f in fps.items() if p in away},
-                        activations={p: a for p, a in acts.items() if p in away})
+                        activations={p: a for p, a in acts.items() if p in away}, pinned=pinned)
     for pl in other.parts:
         pl.device = host if placed[pl.part] == "cpu" else placed[pl.part]  # type: ignore[assignment]
     by_name = {pl.part: pl for pl in main.parts + other.parts}
@@ -466,6 +477,17 @@ def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, in
     return total - floats + stored, stored, narrow
 
 
+#: the roles of extra parts the pipeline keeps loaded between uses (``plan_memory``'s ``pinned``)
+KEPT_ROLES = ("controlnet", "upscaler")
+
+
+def upscaler_bytes(path: Any) -> int:
+    """Bytes of a model upscaler's weights as it runs them (``ModelUpscaler``: every tensor as float32)."""
+    from ..weights import Weights
+
+    return sum(4 * math.prod(shape) for shape in Weights.open(path).shapes().values())
+
+
 def _lean_graph(part: Part) -> Any:
     """The part's graph, loaded without its external data when not loaded yet."""
     if part._graph is not None:
@@ -498,20 +520,23 @@ class MemoryMixin:
     _memory_plan: MemoryPlan | None
     _stage_peaks: dict[str, int]
 
-    def memory_plan(self, *, base: int | None = None, calls: Mapping[str, list[dict[str, tuple[int, ...]]]] | None = None
+    def memory_plan(self, *, base: int | None = None, calls: Mapping[str, list[dict[str, tuple[int, ...]]]] | None = None,
+                    extras: Mapping[str, tuple[str, Any]] | None = None, twins: Mapping[str, Part] | None = None
                     ) -> MemoryPlan:
         """Each part's placement under the budget and the predicted peak (computed once per pipeline, or again
         when ``base`` is given: the bytes the process holds besides the models; default: its resident memory
         now on a CPU, 0 on an accelerator, whose memory the process's own does not share). ``calls``: each
-        part's input shapes per call (``calls_of`` a run plan): the activations are then counted too."""
+        part's input shapes per call (``calls_of`` a run plan): the activations are then counted too. ``extras``:
+        the parts the run uses besides the model's own (``sdrt.pipelines.plan.extra_parts`` of its dry run:
+        ControlNets, an IP-Adapter's image encoder, the hires fix's model upscaler), counted and placed with them."""
         plan = getattr(self, "_memory_plan", None)
         if plan is None or base is not None or calls is not None:
-            plan = self._make_memory_plan(base, calls)
+            plan = self._make_memory_plan(base, calls, extras, twins)
             self._memory_plan = plan
         return plan
 
-    def _activations(self, calls: Mapping[str, list[dict[str, tuple[int, ...]]]], be: Any, dev: Any
-                     ) -> tuple[dict[str, int], dict[str, Any]]:
+    def _activations(self, calls: Mapping[str, list[dict[str, tuple[int, ...]]]], be: Any, dev: Any,
+                     parts: Mapping[str, Part] | None = None) -> tuple[dict[str, int], dict[str, Any]]:
         """Each part's most activation bytes at once over its calls (``streaming.activation_peaks`` on its graph
         pinned to each call's shapes; halved where the backend keeps activations in 16 bits at the part's
         precision), and the pinned graph of each part's heaviest call (the denoiser's split reads it)."""
@@ -520,12 +545,17 @@ class MemoryMixin:
         out: dict[str, int] = {}
         pinned: dict[str, Any] = {}
         for name, shapes_list in calls.items():
-            part = self._parts.get(name)
+            part = (parts if parts is not None else self._parts).get(name)
             if part is None:
                 continue
             precision = part.options.get("precision") or (be.precision_for(dev) if be is not None else "fp32")
             scale = 0.5 if precision in getattr(be, "half_activations", ()) else 1.0
             lean = _lean_graph(part)
+            if part._graph is None and part.graph_edit is not None:  # the run's graph: a dry twin's IP attention,
+                try:  # a transformer's ControlNet residual inputs (the file's graph lacks the inputs it is fed)
+                    lean = part.graph_edit(lean)
+                except Exception as exc:  # noqa: BLE001 - an estimate: the file's graph then
+                    log.debug("memory: %s's graph edit for the activation estimate: %s", name, exc)
             for shapes in shapes_list:
                 try:
                     g = lean.with_shapes(dict(shapes))
@@ -537,7 +567,9 @@ class MemoryMixin:
                     out[name], pinned[name] = peak, (g, scale)
         return out, pinned
 
-    def _make_memory_plan(self, base: int | None, calls: Mapping[str, Any] | None = None) -> MemoryPlan:
+    def _make_memory_plan(self, base: int | None, calls: Mapping[str, Any] | None = None,
+                          extras: Mapping[str, tuple[str, Any]] | None = None,
+                          twins: Mapping[str, Part] | None = None) -> MemoryPlan:
         from ..errors import SdrtError
         from ..runtime import select
 
@@ -552,7 +584,12 @@ class MemoryMixin:
         if base is None:
             base = current_rss() if not accelerator else 0
         denoiser = self.family.denoiser_part  # type: ignore[attr-defined]
-        held = {name: part_memory(p, kept) for name, p in self._parts.items()}
+        extras = dict(extras or {})
+        # the run's parts besides the model's own: ControlNets and an image encoder (dry twins: graph and weights
+        # as the run binds them), the hires fix's model upscaler (its file's tensors, run in float32)
+        parts = {**self._parts, **{n: e for n, (r, e) in extras.items() if r != "upscaler"}}
+        held = {name: part_memory(p, kept) for name, p in parts.items()}
+        held.update({n: (upscaler_bytes(e), 0, 0) for n, (r, e) in extras.items() if r == "upscaler"})
         weights = {name: h for name, (h, _, _) in held.items()}
         # a part's stored blocks run from the mapped file (footprint 1); its float weights take FOOTPRINT (the
         # mapped file's pages and the backend's copy), less what their file stores narrower than the graph
@@ -564,7 +601,8 @@ class MemoryMixin:
             source = ("reported by the device" if getattr(dev, "memory_bytes", None)
                       else OS_SOURCE if budget else "unknown")
 
-        activations, pinned = self._activations(calls, be, dev) if calls else ({}, {})
+        # the activations from the dry run's twins where given: their graphs as the run edits them
+        activations, pinned = self._activations(calls, be, dev, {**parts, **(twins or {})}) if calls else ({}, {})
 
         def split_at(cap: int) -> list[Any]:
             from .streaming import activation_peaks, split
@@ -580,7 +618,7 @@ class MemoryMixin:
             return [int(g.weight_bytes / scale) for g in split(graph, max_weight_bytes=int(cap * scale))]
 
         give_back()  # the graphs read for their sizes go again
-        roles = dict(self.family.parts)  # type: ignore[attr-defined]
+        roles = {**self.family.parts, **{n: r for n, (r, _) in extras.items()}}  # type: ignore[attr-defined]
         host_dev = host[1] if host is not None else None
         host_budget = available_memory(host_dev) if host_dev is not None else None
         plan = plan_placed(weights, roles, denoiser if denoiser in weights else None, budget, base=base,
@@ -589,20 +627,26 @@ class MemoryMixin:
                            host_budget=host_budget, host_base=current_rss(), asked=asked,
                            budget_source=source, host_budget_source=OS_SOURCE if host_budget else "unknown",
                            release_all=bool(self.low_memory) or False, split=split_at, footprints=footprints,
-                           activations=activations)
+                           activations=activations, pinned=[n for n, (r, _) in extras.items() if r in KEPT_ROLES])
+        for pl in plan.parts:
+            pl.role = extras[pl.part][0] if pl.part in extras else ""
         self._hosts = {} if host is None else {f"{host[1].backend}:{host[1].id}": host}
         return plan
 
     def _apply_memory_plan(self, calls: Mapping[str, Any] | None = None,
-                           check: Callable[[MemoryPlan], None] | None = None) -> None:
+                           check: Callable[[MemoryPlan], None] | None = None,
+                           extras: Mapping[str, tuple[str, Any]] | None = None) -> None:
         """Tell the parts the plan: released and streamed ones keep their external data mapped; a streamed
         one compiles group by group (``Part.stream_bytes``); a part placed on another device compiles there.
         ``calls``: this job's input shapes per part (the plan is made again, with activations, when they change);
-        ``check(plan)`` may refuse the job first (before anything is told or said). Starts the first stage's peak."""
-        if calls is not None and calls != getattr(self, "_memory_calls", None):
+        ``check(plan)`` may refuse the job first (before anything is told or said); ``extras``: the job's parts besides
+        the model's own (``memory_plan``). Starts the first stage's peak."""
+        key = None if calls is None else (calls, sorted((n, r, str(getattr(e, "path", e))) for n, (r, e) in
+                                                        (extras or {}).items()))
+        if key is not None and key != getattr(self, "_memory_calls", None):
             made = getattr(self, "_memory_plan", None)  # the process's base as first measured (or given) stays
-            plan = self.memory_plan(base=made.base_bytes if made is not None else None, calls=calls)
-            self._memory_calls = calls
+            plan = self.memory_plan(base=made.base_bytes if made is not None else None, calls=calls, extras=extras)
+            self._memory_calls = key
         else:
             plan = self.memory_plan()
         if check is not None:

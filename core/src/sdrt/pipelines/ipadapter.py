@@ -252,7 +252,9 @@ def encode(pipe: Any, enc: ImageEncoder, unit: IPAdapter, zeros: bool = False) -
     pixels = clip_pixels(rgb, enc.image_size)
     out = part.run({"pixel_values": np.concatenate([pixels, np.zeros_like(pixels)]) if zeros else pixels})
     plan = getattr(pipe, "_memory_plan", None)
-    if pipe.is_low_memory or plan is not None and any(p.placement != "resident" for p in plan.parts):
+    placed = plan.placement("image_encoder") if plan is not None else None  # the budget's plan counts it
+    if pipe.is_low_memory or (placed.placement != "resident" if placed is not None else
+                              plan is not None and any(p.placement != "resident" for p in plan.parts)):
         from .lowmem import release  # used once a job, as the text encoders: not held through the denoising
 
         release([part])

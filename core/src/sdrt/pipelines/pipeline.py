@@ -1029,7 +1029,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         self._settings = s  # the last job's checked settings (the run plan reads them)
         _ = self.is_low_memory  # decided (and the parts told) before any part loads
         if not self._dry:  # each part resident, released after use or streamed, and where (budget.py)
-            self._apply_memory_plan(calls, check=lambda plan: self._check_init_size(s, plan))
+            self._apply_memory_plan(calls, check=lambda plan: self._check_init_size(s, plan),
+                                    extras=getattr(self, "_job_extras", None))
         with self._stores_after_job():
             return self._generate_planned(s, init, mask, callback, original)
 
@@ -1318,7 +1319,9 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             rp = dry_run(self, prompt, negative_prompt, kwargs)
             from .budget import calls_of
 
-            memory = self.memory_plan(base=memory.base_bytes, calls=calls_of(rp))  # with the activations
+            # with the activations, and the parts the run uses besides the model's own (ControlNets, an image
+            # encoder, the hires fix's model upscaler)
+            memory = self.memory_plan(base=memory.base_bytes, calls=calls_of(rp), extras=rp._extras, twins=rp._twins)
             rp.refiner_memory = self._refiner_memory(rp, memory)
         rp.memory = memory  # each part's placement under the budget, the predicted peak
         return rp
@@ -1350,9 +1353,12 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             for k, v in kwargs.items() if "seed" not in k)))
         cached = getattr(self, "_calls_key", None)
         if cached is not None and cached[0] == key:
+            self._job_extras = cached[2]
             return cached[1]
-        calls = calls_of(dry_run(self, prompt, negative_prompt, dict(kwargs)))
-        self._calls_key = (key, calls)
+        rp = dry_run(self, prompt, negative_prompt, dict(kwargs))
+        calls = calls_of(rp)
+        self._job_extras = rp._extras  # the job's ControlNets, image encoder, model upscaler (the memory plan's)
+        self._calls_key = (key, calls, self._job_extras)
         return calls
 
     # ------------------------------------------------------------------ low memory (sdrt.pipelines.lowmem)

@@ -175,7 +175,29 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
                  s.cfg, pipe.family.latent_shape(s.batch, s.height, s.width), parts,
                  [*([dry._init_fit] if dry._init_fit else []), *_notes(s), *_stored_notes(pipe)])
     rp._refiner = dry._refiner_job  # type: ignore[attr-defined]  # the job's refiner pipeline (its memory plan)
+    rp._extras = extra_parts(pipe, dry, s)  # type: ignore[attr-defined]  # what the memory plan counts besides
+    # the model's parts as the run edits their graphs (IP attention, ControlNet residual inputs): for activations
+    rp._twins = {n: p for n, p in dry._parts.items() if n in pipe._parts and p.graph_edit is not None}  # type: ignore[attr-defined]
     return rp
+
+
+#: the roles of the parts a run uses besides the model's own (``extra_parts``)
+EXTRA_ROLES = ("controlnet", "image_encoder", "upscaler")
+
+
+def extra_parts(pipe: Pipeline, dry: Any, s: Any) -> dict[str, tuple[str, Any]]:
+    """``{name: (role, Part twin | upscaler file)}``: the parts this run uses that are not the model's own, for the
+    memory plan: its ControlNets and an IP-Adapter's image encoder (the dry run's recording twins) and the hires
+    fix's model upscaler (its file: no part runs in the plan)."""
+    out: dict[str, tuple[str, Any]] = {}
+    for name, part in dry._parts.items():
+        if name in pipe._parts or not part.record:
+            continue
+        out[name] = ("image_encoder" if name == "image_encoder" else "controlnet", part)
+    hr = s.toolbox.hires if s.toolbox is not None else None
+    if hr is not None and hr.model is not None and not hr.latent:
+        out["upscaler"] = ("upscaler", hr.model)
+    return out
 
 
 #: file storage types that are not the dtype a part's weights are bound in, and what they are
