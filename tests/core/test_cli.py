@@ -339,7 +339,8 @@ HELP_FAMILIES = {"sd1": "SD 1.x", "sd2": "SD 2.x", "sdxl": "SDXL", "sd1-inpaint"
                  "sd2-inpaint": "with their inpainting models", "sdxl-inpaint": "with their inpainting models",
                  "sdxl-refiner": "the SDXL refiner", "sd3-medium": "SD 3 Medium", "sd35-medium": "SD 3.5 Medium",
                  "sd35-large": "SD 3.5 Medium and Large", "flux-dev": "Flux.1 dev", "flux-schnell": "Flux.1 dev and schnell",
-                 "flux-fill": "Fill", "flux-control": "Canny/Depth", "chroma": "Chroma"}
+                 "flux-fill": "Fill", "flux-control": "Canny/Depth", "chroma": "Chroma", "sd1-ip2p": "InstructPix2Pix",
+                 "sdxl-ip2p": "CosXL Edit"}
 
 
 def test_generate_help_names_every_family_a_single_file_runs_as(capsys):

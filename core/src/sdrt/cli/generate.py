@@ -35,7 +35,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         usage="sdrt generate [MODEL] PROMPT [options]",
         description="Generate an image. MODEL is a diffusers/Optimum ONNX model folder, a diffusers folder of "
                     ".safetensors (unet/ or transformer/, text_encoder/, vae/: no ONNX needed), or a single-file checkpoint "
-                    "(.safetensors: SD 1.x, SD 2.x and SDXL with their inpainting models, the SDXL refiner (img2img), "
+                    "(.safetensors: SD 1.x, SD 2.x and SDXL with their inpainting models, InstructPix2Pix and CosXL Edit "
+                    "(--init-image, --image-cfg), the SDXL refiner (img2img), "
                     "SD 3 Medium, SD 3.5 Medium and Large, Flux.1 dev and schnell, FLUX.1 Fill and Canny/Depth, Chroma; "
                     "add --vae/--text-encoder files where the checkpoint lacks them); without it, the tiny model that ships with sdrt is used. One prompt a "
                     "run: quote it.",
