@@ -23,7 +23,7 @@ from .config import Limits
 from .errors import ApiError, from_pipeline
 from .fields import get_bool, get_dict, get_float, get_int, get_list, get_str
 from .inpaint import blur_of, blurred, denoising_strength, fit, masked_content, only_masked, read_mask
-from .jobs import Work
+from .jobs import Work, hires_said
 from .registry import ModelEntry, Registry
 
 #: (field, value A1111 treats as "off", why sdrt does not honour it)
@@ -307,8 +307,7 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
         for (tw, th), what in ([(sizer.upscaled(width, height), "upscales the picture to")] if crop else []) + \
                 [(sizer.target(width, height), "makes")]:
             if tw > limits.max_width or th > limits.max_height:
-                field = "hr_scale" if not any(resize) else "hr_resize_x" if resize[0] else "hr_resize_y"
-                how = f"hr_scale {scale:g}" if not any(resize) else f"hr_resize {resize[0]}x{resize[1]}"
+                how, field = hires_said(scale, resize)
                 raise ApiError(400, f"hires. fix at {how} {what} {tw}x{th}, above this server's limit of "
                                     f"{limits.max_width}x{limits.max_height}", field=field)
     if any(resize):

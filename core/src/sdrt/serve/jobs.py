@@ -121,6 +121,14 @@ class Job:
         return max(elapsed / self.progress - elapsed, 0.0)
 
 
+def hires_said(scale: float, resize: tuple[int, int]) -> tuple[str, str]:
+    """``(how, field)``: the hires. fix's size as the request set it (``hr_scale 2`` or ``hr_resize 0x768``) and the
+    request field a too large size is said of."""
+    if not any(resize):
+        return f"hr_scale {scale:g}", "hr_scale"
+    return f"hr_resize {resize[0]}x{resize[1]}", "hr_resize_x" if resize[0] else "hr_resize_y"
+
+
 def _check_own_size(w: Work, kwargs: dict[str, Any], side: int) -> None:
     """A size left to the model (its own, ``side`` pixels a side), and the hires. fix's sizes from it, within the
     server's limits (``Work.max_size``): a 400 about the field that made it too large. A hires. fix whose second
@@ -146,8 +154,7 @@ def _check_own_size(w: Work, kwargs: dict[str, Any], side: int) -> None:
         return
     tw, th = sizer.upscaled(width, height)
     if tw > w.max_size[0] or th > w.max_size[1]:
-        how, field = (f"hr_scale {scale:g}", "hr_scale") if not any(resize) else \
-            (f"hr_resize {resize[0]}x{resize[1]}", "hr_resize_x" if resize[0] else "hr_resize_y")
+        how, field = hires_said(scale, resize)
         raise ApiError(400, f"hires. fix at {how} makes {tw}x{th} from {w.model.name}'s own size, above "
                             f"{limit}; pass width and height, or a smaller {field}", field=field)
 
