@@ -101,3 +101,22 @@ def test_bad_hires_fields_are_a_400_naming_them(api) -> None:
         r = httpx.post(url, json={**body, "enable_hr": True, **extra}, timeout=120)
         assert r.status_code == 400 and r.json().get("field") == field, (extra, r.text)
         assert "Traceback" not in r.text and "hires_" not in json.dumps(r.json()), r.text
+
+
+@pytest.mark.parametrize(("extra", "field", "said"), [
+    ({"hr_scale": 8.0}, "hr_scale", "hires. fix at hr_scale 8 makes 4096x4096"),
+    ({"hr_resize_x": 4096}, "hr_resize_x", "hires. fix at hr_resize 4096x0 makes 4096x4096"),
+    ({"hr_resize_y": 3000, "hr_resize_x": 256}, "hr_resize_x", "hires. fix at hr_resize 256x3000 upscales the picture "
+                                                               "to 3000x3000")])
+def test_a_hires_size_above_the_servers_limit_is_a_400_naming_its_field(api, extra, field, said) -> None:
+    """A hires. fix past the server's 2048x2048: a 400 saying the size as the request set it and naming that field
+    (hr_scale, or the hr_resize side that was set), before anything runs."""
+    import httpx
+
+    body = {"prompt": "a cat", "width": 512, "height": 512, "steps": 1, "enable_hr": True, **extra}
+    r = httpx.post(f"{api.baseurl}/txt2img", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    e = r.json()
+    text = json.dumps(e)
+    assert said in text and "above this server's limit of 2048x2048" in text, text
+    assert e.get("field") == field, text
