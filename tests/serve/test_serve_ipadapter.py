@@ -76,16 +76,27 @@ def _unit(**kw) -> dict:
             "image": _b64(REFS["ip_image"]), "weight": 0.6, **kw}
 
 
+KW = dict(steps=3, width=64, height=64, seed=11, sampler="Euler", cfg=7)  # BASE's settings, in the API's words
+
+
+def _served(r: requests.Response) -> np.ndarray:
+    assert r.status_code == 200, r.text
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))).convert("RGB"))
+
+
+def _api(pipe, models: Path, adapter: str | None) -> np.ndarray:
+    """The Python API's image of BASE with ControlNet/ADAPTER at 0.6 (None: without an adapter)."""
+    ip = None if adapter is None else IPAdapter(models / "ControlNet" / adapter, image=REFS["ip_image"], scale=0.6,
+                                               image_encoder=IPA / "image_encoder")
+    return pipe.generate(BASE["prompt"], "blurry", ip_adapter=ip, **KW).images[0]
+
+
 def test_an_ip_adapter_unit_gives_the_python_apis_image(server, models) -> None:
     r = _post(server, dict(BASE, alwayson_scripts={"controlnet": {"args": [_unit()]}}))
-    assert r.status_code == 200, r.text
-    got = np.asarray(Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))).convert("RGB"))
+    got = _served(r)
     with pipelines.load(models / "tiny-sd15", backend="reference") as pipe:
-        kw = dict(steps=3, width=64, height=64, seed=11, sampler="Euler", cfg=7)
-        want = pipe.generate(BASE["prompt"], "blurry", ip_adapter=IPAdapter(
-            models / "ControlNet" / "ip-adapter_sd15.safetensors", image=REFS["ip_image"], scale=0.6,
-            image_encoder=IPA / "image_encoder"), **kw).images[0]
-        plain = pipe.generate(BASE["prompt"], "blurry", **kw).images[0]
+        want = _api(pipe, models, "ip-adapter_sd15.safetensors")
+        plain = _api(pipe, models, None)
     assert np.array_equal(got, want)
     assert np.abs(want.astype(int) - plain.astype(int)).max() > 20
     assert r.json()["info"].count("sdrt_not_honoured") <= 1
@@ -97,16 +108,10 @@ def test_an_ip_adapter_plus_unit_gives_the_python_apis_image(server, models) -> 
     diffusers)."""
     unit = _unit(model="ip-adapter-plus_sd15 [0123abcd]")
     r = _post(server, dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}))
-    assert r.status_code == 200, r.text
-    got = np.asarray(Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))).convert("RGB"))
+    got = _served(r)
     with pipelines.load(models / "tiny-sd15", backend="reference") as pipe:
-        kw = dict(steps=3, width=64, height=64, seed=11, sampler="Euler", cfg=7)
-        want = pipe.generate(BASE["prompt"], "blurry", ip_adapter=IPAdapter(
-            models / "ControlNet" / "ip-adapter-plus_sd15.safetensors", image=REFS["ip_image"], scale=0.6,
-            image_encoder=IPA / "image_encoder"), **kw).images[0]
-        base = pipe.generate(BASE["prompt"], "blurry", ip_adapter=IPAdapter(
-            models / "ControlNet" / "ip-adapter_sd15.safetensors", image=REFS["ip_image"], scale=0.6,
-            image_encoder=IPA / "image_encoder"), **kw).images[0]
+        want = _api(pipe, models, "ip-adapter-plus_sd15.safetensors")
+        base = _api(pipe, models, "ip-adapter_sd15.safetensors")
     assert np.array_equal(got, want)
     assert np.abs(want.astype(int) - base.astype(int)).max() > 20  # the Plus file, not the base one
     assert "Model: ip-adapter-plus_sd15" in r.json()["info"]
