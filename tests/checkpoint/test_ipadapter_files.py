@@ -169,12 +169,26 @@ def test_an_image_encoder_config_that_is_no_clip_vision_config_is_refused(folder
 @pytest.mark.parametrize("extra, kind", [
     ({"image_proj.latents": np.zeros((1, 16, 32), np.float32)},
      "IP-Adapter Plus of a layout sdrt does not know (no image_proj.proj_in.weight)"),
-    ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32)}, "Full Face"),
-    ({"ip_adapter.1.to_q_lora.down.weight": np.zeros((4, 32), np.float32)}, "FaceID (it reads InsightFace"),
-    ({"image_proj.perceiver_resampler.proj_in.weight": np.zeros((32, 32), np.float32)}, "FaceID")])
+    ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32)}, "FaceID (it reads a face embedding made by "
+                                                                   "InsightFace, the insightface package"),
+    ({"ip_adapter.1.to_q_lora.down.weight": np.zeros((4, 32), np.float32)}, "FaceID (it reads a face embedding"),
+    ({"image_proj.perceiver_resampler.proj_in.weight": np.zeros((32, 32), np.float32)}, "FaceID"),
+    ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32), "image_proj.proj.3.weight": np.ones(32, np.float32)},
+     "Full Face of a layout sdrt does not know (no image_proj.proj.0.bias)")])
 def test_adapter_variants_sdrt_does_not_build_are_refused(folder_run, tmp_path, extra, kind):
-    _refused(ModelError, unit(_adapter(tmp_path / "v.safetensors", 32, extra=extra)), kind, "does not run",
-             "runs the base IP-Adapter and IP-Adapter Plus", "ip-adapter-plus_sd15")
+    """FaceID (LoRA, FaceID Plus's perceiver_resampler, FaceID Portrait's MLP of the face embedding beside
+    image_proj.norm) by name; a Plus or Full Face file missing a key, naming it."""
+    if "image_proj.proj.3.weight" in extra:  # Full Face has no image_proj.proj / norm
+        path = _adapter(tmp_path / "w.safetensors", 32, extra=extra)
+        w = Weights.open(path)
+        keep = {k: w.get_array(k) for k in w.shapes() if not k.startswith(("image_proj.proj.",
+                "image_proj.norm.")) or k in extra}
+        Weights.from_arrays(keep).save(tmp_path / "v.safetensors")
+    else:
+        _adapter(tmp_path / "v.safetensors", 32, extra=extra)
+    _refused(ModelError, unit(tmp_path / "v.safetensors"), kind, "does not run",
+             "runs the base IP-Adapter, IP-Adapter Plus and Full Face", "ip-adapter-plus_sd15",
+             "ip-adapter-full-face_sd15")
 
 
 @pytest.mark.parametrize("name, cross, image_dim, places, widths", [

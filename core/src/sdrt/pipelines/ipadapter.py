@@ -188,7 +188,7 @@ def ip_inputs(part: Part) -> dict[int, int]:
 
 def prepare(pipe: Any, unit: IPAdapter) -> Prepared:
     """Open the adapter (for the pipeline's family) and the encoder, encode the picture: the job's tokens."""
-    from ..checkpoint.ipadapter import open_image_encoder, open_ip_adapter
+    from ..checkpoint.ipadapter import check_encoder, open_image_encoder, open_ip_adapter
 
     family = pipe.family.name
     text = pipe.denoiser.inputs.get(pipe.family.text_input)
@@ -201,13 +201,9 @@ def prepare(pipe: Any, unit: IPAdapter) -> Prepared:
         enc = open_image_encoder(unit.image_encoder if unit.image_encoder is not None else default_encoder(ad.path))
     except ModelError as exc:
         raise ModelError(exc.what, where="image_encoder", fix=exc.fix) from exc
-    if ad.kind == "plus":
+    check_encoder(ad, enc)  # its width against the adapter's, naming the encoder to pass
+    if ad.kind != "base":  # Plus and Full Face read the hidden states
         return prepare_plus(pipe, ad, enc, unit)
-    if enc.embed_dim is not None and enc.embed_dim != ad.image_dim:
-        raise ModelError(f"the image encoder {enc.path.name} gives {enc.embed_dim}-wide image embeds and "
-                         f"{ad.path.name} reads {ad.image_dim}-wide ones", where="image_encoder",
-                         fix="pass {@image_encoder} the encoder the adapter was trained with (ViT-H/14 for "
-                             "ip-adapter_sd15 and ip-adapter_sdxl_vit-h: h94/IP-Adapter's models/image_encoder)")
     out = encode(pipe, enc, unit)
     embeds = np.asarray(out["image_embeds"] if "image_embeds" in out else next(iter(out.values())), np.float32)
     if embeds.ndim != 2 or embeds.shape[-1] != ad.image_dim:
@@ -218,13 +214,14 @@ def prepare(pipe: Any, unit: IPAdapter) -> Prepared:
 
 
 def prepare_plus(pipe: Any, ad: IPAdapterFile, enc: ImageEncoder, unit: IPAdapter) -> Prepared:
-    """IP-Adapter Plus: the Resampler of the encoder's penultimate hidden states, of the picture and (CFG's negative
-    pass) of a zero picture (diffusers' ``torch.zeros_like(image)`` through the encoder), both in one call."""
+    """IP-Adapter Plus (and Full Face): the Resampler (the MLP) of the encoder's penultimate hidden states, of the
+    picture and (CFG's negative pass) of a zero picture (diffusers' ``torch.zeros_like(image)`` through the encoder),
+    both in one call."""
     out = encode(pipe, enc, unit, zeros=True)
     hidden = out.get("penultimate_hidden_states")
     if hidden is None:
         raise ModelError(f"the image encoder {enc.graph.name} gives no penultimate_hidden_states, which "
-                         f"{ad.path.name} (an IP-Adapter Plus) reads", where="image_encoder",
+                         f"{ad.path.name} ({ad.label}) reads", where="image_encoder",
                          fix="pass {@image_encoder} h94/IP-Adapter's models/image_encoder folder (bound onto sdrt's "
                              "shipped graph), or an ONNX export with that output (hidden_states[-2])")
     hidden = np.asarray(hidden, np.float32)
@@ -262,17 +259,18 @@ def encode(pipe: Any, enc: ImageEncoder, unit: IPAdapter, zeros: bool = False) -
 
 
 def default_encoder(adapter: Path) -> Path:
-    """Where h94/IP-Adapter keeps the encoder of an adapter: ``image_encoder/`` beside it (``models/``), or
-    ``models/image_encoder`` for the ViT-H SDXL adapters in ``sdxl_models/``; InputError when neither is there."""
-    here = adapter.parent / "image_encoder"
-    if here.is_dir() and not ("vit-h" in adapter.name.lower() and adapter.parent.name == "sdxl_models"):
-        return here
-    h = adapter.parent.parent / "models" / "image_encoder"
-    if "vit-h" in adapter.name.lower() and h.is_dir():
-        return h
+    """Where h94/IP-Adapter keeps the encoder of an adapter (``image_encoder/`` beside it, ``models/``'s or
+    ``sdxl_models/``'s: the one that gives what it reads, :func:`sdrt.checkpoint.ipadapter.h94_encoder`);
+    InputError when none is there."""
+    from ..checkpoint.ipadapter import h94_encoder
+
+    found = h94_encoder(Path(adapter))
+    if found is not None:
+        return found
     raise InputError(f"no image encoder for {adapter.name}: none given and no image_encoder folder beside it",
                      where="image_encoder", fix="pass {@image_encoder} (h94/IP-Adapter's models/image_encoder folder, a "
-                                                "CLIP ViT-H/14: config.json and model.safetensors)")
+                                                "CLIP ViT-H/14, or sdxl_models/image_encoder, a ViT-bigG/14 for "
+                                                "ip-adapter_sdxl: config.json and model.safetensors)")
 
 
 def encoder_part(pipe: Any, enc: ImageEncoder) -> Part:
