@@ -437,7 +437,7 @@ def open_image_encoder(path: PathLike, *, what: str = "image_encoder") -> ImageE
     if size is None:  # no config (ComfyUI's clip_vision file): positions = (size / patch)^2 + 1
         pos = shapes.get("vision_model.embeddings.position_embedding.weight")
         patch = shapes.get("vision_model.embeddings.patch_embedding.weight")
-        side = round(((int(pos[0]) - 1) ** 0.5)) if pos else 0
+        side = round((int(pos[0]) - 1) ** 0.5) if pos else 0
         size = side * int(patch[-1]) if pos and patch and side * side == int(pos[0]) - 1 else 224
     from ..graph import Graph
     from .graphs import shipped_graph

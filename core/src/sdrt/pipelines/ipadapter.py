@@ -304,12 +304,24 @@ def conditioning(prep: Prepared, part: Part, cond: Conditioning, uncond: Conditi
 MODULE_NAMES = {"sd1": "ip-adapter_clip_sd15", "sd2": "ip-adapter_clip_sd15", "sdxl": "ip-adapter_clip_sdxl_plus_vith"}
 
 
+def module_name(unit: IPAdapter, family: str) -> str:
+    """sd-webui-controlnet's module for the unit's encoder: ``ip-adapter_clip_g`` for the ViT-bigG/14 adapters, else
+    the ViT-H/14 one of the family."""
+    from ..checkpoint.ipadapter import adapter_reads, kind_for
+
+    reads = adapter_reads(Path(unit.adapter))
+    kind = kind_for(*reads) if reads is not None else None
+    if kind is not None and kind.graph == "clip_vision_g":
+        return "ip-adapter_clip_g"
+    return MODULE_NAMES.get(family, "ip-adapter_clip_sd15")
+
+
 def infotext(unit: IPAdapter, family: str, index: int) -> dict[str, str]:
     """The adapter as sd-webui-controlnet records an IP-Adapter unit: ``ControlNet N: "Module: ip-adapter_clip_sd15,
     Model: ip-adapter_sd15, Weight: 0.6, ..."``, after the ControlNet units (``index``: their count)."""
     from .controlnet import _short
 
-    items = [("Module", MODULE_NAMES.get(family, "ip-adapter_clip_sd15")), ("Model", Path(unit.adapter).stem),
+    items = [("Module", module_name(unit, family)), ("Model", Path(unit.adapter).stem),
              ("Weight", _short(unit.scale)), ("Resize Mode", "Crop and Resize"), ("Processor Res", "512"),
              ("Guidance Start", "0"), ("Guidance End", "1"), ("Pixel Perfect", "False"),
              ("Control Mode", "Balanced")]
