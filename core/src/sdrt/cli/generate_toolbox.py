@@ -75,8 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how much of the picture (diffusers' set_ip_adapter_scale; default 1, 0.5-0.7 keeps more "
                         "of the prompt)")
     i.add_argument("--image-encoder", default=None, metavar="DIR",
-                   help="the adapter's CLIP image encoder (h94/IP-Adapter's models/image_encoder, ViT-H/14; default: "
-                        "the image_encoder folder beside the adapter, or models/image_encoder for sdxl_models/*vit-h*)")
+                   help="the adapter's CLIP image encoder (h94/IP-Adapter's models/image_encoder, ViT-H/14, or "
+                        "sdxl_models/image_encoder, ViT-bigG/14, for ip-adapter_sdxl; default: of image_encoder/ "
+                        "beside the adapter, models/image_encoder and sdxl_models/image_encoder, the one that gives "
+                        "what the adapter reads)")
     h = p.add_argument_group("hires fix (A1111's)")
     h.add_argument("--hires-scale", type=float, default=None, metavar="X", help="turn it on: upscale by X (e.g. 2)")
     h.add_argument("--hires-steps", type=int, default=None, metavar="N", help="second-pass steps (0: as the first)")
