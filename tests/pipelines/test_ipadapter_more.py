@@ -150,3 +150,39 @@ def test_an_encoder_of_another_width_is_refused_before_it_runs(tiny_encoder_grap
     assert info.value.where == "image_encoder" and "\n" not in text
     for w in words:
         assert w in text, text
+
+
+def test_an_openclip_layout_encoder_file_binds_as_transformers_own(tiny_encoder_graphs, tmp_path):
+    """open_clip's own layout (``visual.`` keys beside a text tower: fused in_proj, ``proj`` applied as x @ proj), as
+    ComfyUI's clip_vision loader takes it: the tiny bigG encoder's weights written so by hand, found in clip_vision/
+    by what the adapter reads, give diffusers' image (made from the transformers layout)."""
+    from sdrt.checkpoint.ipadapter import find_encoder
+    from sdrt.weights import Weights
+
+    w = Weights.open(IPA / "image_encoder_g" / "model.safetensors")
+    get = {k: w.get_array(k) for k in w.shapes()}
+    v, out = "vision_model.", {"text.token_embedding.weight": np.zeros((8, 4), np.float32)}
+    names = {"class_embedding": "embeddings.class_embedding", "conv1.weight": "embeddings.patch_embedding.weight",
+             "positional_embedding": "embeddings.position_embedding.weight", "ln_pre.weight": "pre_layrnorm.weight",
+             "ln_pre.bias": "pre_layrnorm.bias", "ln_post.weight": "post_layernorm.weight",
+             "ln_post.bias": "post_layernorm.bias"}
+    out.update({f"visual.{o}": get[v + t] for o, t in names.items()})
+    out["visual.proj"] = np.ascontiguousarray(get["visual_projection.weight"].T)
+    for i in range(3):
+        a, b = f"{v}encoder.layers.{i}.", f"visual.transformer.resblocks.{i}."
+        for kind in ("weight", "bias"):
+            out[f"{b}attn.in_proj_{kind}"] = np.concatenate([get[f"{a}self_attn.{q}_proj.{kind}"] for q in "qkv"])
+            for o, t in (("ln_1", "layer_norm1"), ("ln_2", "layer_norm2"), ("attn.out_proj", "self_attn.out_proj"),
+                         ("mlp.c_fc", "mlp.fc1"), ("mlp.c_proj", "mlp.fc2")):
+                out[f"{b}{o}.{kind}"] = get[f"{a}{t}.{kind}"]
+    (tmp_path / "clip_vision").mkdir()
+    f = Weights.from_arrays(out).save(tmp_path / "clip_vision" / "open_clip_model.safetensors")
+    other = shutil.copy(IPA / "image_encoder" / "model.safetensors", tmp_path / "clip_vision" / "vit-h.safetensors")
+    assert find_encoder(IPA / "ip-adapter_tiny_vit-G.safetensors", [Path(other), f]) == f
+    enc = open_image_encoder(f)
+    assert (enc.graph, enc.image_size, enc.embed_dim, enc.hidden_dim) == (IPA / "clip_vision_g.onnx", 32, 20, 40)
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        case = G_CASES[0]
+        got = pipe.generate(case["prompt"], case["negative_prompt"],
+                            ip_adapter=unit(case["scale"], "ip-adapter_tiny_vit-G.safetensors", f), **kwargs(case))
+    assert_matches_diffusers(got.images, MORE[case["name"]])

@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelError, SdrtError
-from ..weights import Weights
+from ..weights import TensorRef, Weights
 from .files import open_weights
 
 log = logging.getLogger("sdrt.checkpoint.ipadapter")
@@ -376,11 +376,63 @@ def _known() -> str:
     return " or ".join(f"{k.label} ({k.hidden} wide, {k.layers} layers)" for k in ENCODER_KINDS)
 
 
+#: OpenCLIP's visual tower names -> transformers' (``vision_model.`` + these; the rest below)
+_OPENCLIP_TOP = {"class_embedding": "embeddings.class_embedding", "conv1.weight": "embeddings.patch_embedding.weight",
+                 "positional_embedding": "embeddings.position_embedding.weight", "ln_pre.weight": "pre_layrnorm.weight",
+                 "ln_pre.bias": "pre_layrnorm.bias", "ln_post.weight": "post_layernorm.weight",
+                 "ln_post.bias": "post_layernorm.bias"}
+_OPENCLIP_BLOCK = (("ln_1.", "layer_norm1."), ("ln_2.", "layer_norm2."), ("attn.out_proj.", "self_attn.out_proj."),
+                   ("mlp.c_fc.", "mlp.fc1."), ("mlp.c_proj.", "mlp.fc2."))
+_IN_PROJ = "transformer.resblocks.0.attn.in_proj_weight"
+
+
+def openclip_vision(w: Weights, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, TensorRef] | None:
+    """An OpenCLIP visual tower (open_clip's own ``open_clip_model.safetensors``: ``visual.class_embedding``,
+    ``visual.transformer.resblocks.N.attn.in_proj_weight``, ``visual.proj``..., the layout ComfyUI's clip_vision
+    loader converts too) under transformers' ``CLIPVisionModelWithProjection`` names, read on use: the fused
+    ``in_proj`` split into its q, k, v thirds, ``proj`` ([width, embeds], applied as ``x @ proj``) transposed into
+    ``visual_projection.weight``. None when the file holds no such tower (a text tower beside it is left out)."""
+    from .ldm import Source
+
+    prefix = next((k[: -len(_IN_PROJ)] for k in shapes if k.endswith(_IN_PROJ) and f"{k[: -len(_IN_PROJ)]}proj"
+                   in shapes and f"{k[: -len(_IN_PROJ)]}class_embedding" in shapes), None)
+    if prefix is None:
+        return None
+    conv: dict[str, Source] = {"visual_projection.weight": Source(f"{prefix}proj", "T")}
+    for key in shapes:
+        if not key.startswith(prefix):
+            continue
+        k = key[len(prefix):]
+        if k in _OPENCLIP_TOP:
+            conv[f"vision_model.{_OPENCLIP_TOP[k]}"] = Source(key)
+            continue
+        m = re.match(r"transformer\.resblocks\.(\d+)\.(.*)", k)
+        if m is None:
+            continue
+        layer, rest = f"vision_model.encoder.layers.{m[1]}.", m[2]
+        if rest in ("attn.in_proj_weight", "attn.in_proj_bias"):
+            for i, qkv in enumerate("qkv"):
+                conv[f"{layer}self_attn.{qkv}_proj.{rest.rsplit('_', 1)[1]}"] = Source(key, f"part:{i}/3")
+            continue
+        for old, new in _OPENCLIP_BLOCK:
+            if rest.startswith(old):
+                conv[layer + new + rest[len(old):]] = Source(key)
+                break
+    out = {}
+    for name, src in conv.items():
+        ref = w.ref(src.key)
+        origin = None if ref.origin is None else (*ref.origin[:3], f"openclip {src.op}")
+        out[name] = TensorRef(name, ref.dtype, tuple(src.shape(tuple(ref.shape))), ref.source,
+                              (lambda src=src: src.load(w.get_array)), origin)
+    return out
+
+
 def open_image_encoder(path: PathLike, *, what: str = "image_encoder") -> ImageEncoder:
     """h94/IP-Adapter's ``models/image_encoder/`` (ViT-H/14) or ``sdxl_models/image_encoder/`` (ViT-bigG/14):
     transformers' ``config.json`` + ``model.safetensors``, bound onto the shipped graph of the size its config says;
     its ``model.safetensors`` alone (next to its ``config.json``, or without one, as ComfyUI's ``clip_vision/`` holds
-    it: the size read from its tensors), or a folder holding ``model.onnx`` (``pixel_values`` -> ``image_embeds``,
+    it: the size read from its tensors; in transformers' layout or OpenCLIP's, :func:`openclip_vision`), or a folder
+    holding ``model.onnx`` (``pixel_values`` -> ``image_embeds``,
     with a ``config.json`` giving ``image_size``)."""
     p = Path(path)
     folder = p if p.is_dir() else p.parent
@@ -419,6 +471,9 @@ def open_image_encoder(path: PathLike, *, what: str = "image_encoder") -> ImageE
     w = open_weights(st, "image encoder", "pass the image encoder folder (config.json + model.safetensors)",
                      "CLIP image encoder .safetensors file")
     shapes = w.shapes()
+    refs = openclip_vision(w, shapes) if "visual_projection.weight" not in shapes else None
+    if refs is not None:  # OpenCLIP's own layout, seen under transformers' names
+        shapes = {k: r.shape for k, r in refs.items()}
     if "visual_projection.weight" not in shapes:
         hint = ("a CLIP text encoder" if any(k.startswith("text_model.") for k in shapes) else
                 f"not a CLIP image encoder (first keys: {', '.join(list(shapes)[:3])})")
@@ -460,7 +515,8 @@ def open_image_encoder(path: PathLike, *, what: str = "image_encoder") -> ImageE
     from .single_file import with_own_constants
 
     # float32 as the shipped graph holds them (h94's encoders are stored in float16), converted when read
-    bound = with_own_constants(graph, {k: w.ref(k) for k in shapes if k in names}, st).astype(np.float32)
+    bound = with_own_constants(graph, {k: (refs or {}).get(k) or w.ref(k) for k in shapes if k in names},
+                               st).astype(np.float32)
     return ImageEncoder(p, gpath, bound, size, embed, said[0], kind.label)
 
 
@@ -491,7 +547,11 @@ def encoder_widths(path: Path) -> tuple[int | None, int | None] | None:
                 return v.get("projection_dim", cfg.get("projection_dim")), v.get("hidden_size")
         st = path if path.is_file() else path / "model.safetensors"
         if st.suffix == ".safetensors" and st.is_file():
-            proj = Weights.open(st).shapes().get("visual_projection.weight")
+            shapes = Weights.open(st).shapes()
+            proj = shapes.get("visual_projection.weight")
+            if proj is None:  # OpenCLIP's layout: proj [width, embeds]
+                pre = next((k[: -len(_IN_PROJ)] for k in shapes if k.endswith(_IN_PROJ)), None)
+                proj = tuple(reversed(shapes[f"{pre}proj"])) if pre is not None and f"{pre}proj" in shapes else None
             return (int(proj[0]), int(proj[1])) if proj is not None and len(proj) == 2 else None
     except (OSError, ValueError, SdrtError):
         return None
