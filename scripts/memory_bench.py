@@ -27,6 +27,15 @@ budget: what the OS has available) is made only when the machine has its predict
 
     PYTHONPATH=core/src /work/venv/bin/python scripts/memory_bench.py sdxl --out sdxl.jsonl
 
+``controlnet``: the full-size SD 1.5 diffusers folder and a full-size SD 1.5 ControlNet written by
+``scripts/make_sd15_controlnet_full.py`` into ``--folder`` (a temp folder), 64x64, two Euler steps, under ``--memory``
+with ``--low-memory on|off|auto``, optionally with the hires fix and a model upscaler (``--hires FILE``): the plan's
+predicted peak per part beside the measured peak per stage (docs/memory.md, ControlNets released after their use).
+
+    PYTHONPATH=scripts/_tvblock:scripts /work/refvenv/bin/python scripts/make_sd15_controlnet_full.py --out /tmp/cnfull
+    PYTHONPATH=core/src:plugins/template/src /work/venv/bin/python scripts/memory_bench.py controlnet \
+        --folder /tmp/cnfull --backend reference --memory 16GiB --low-memory on
+
 Each run prints one JSON line; ``--out FILE`` appends it there. No torch.
 """
 
@@ -234,9 +243,34 @@ def sdxl_one(args) -> dict:
             "plan": plan.format(), "image_mean": float(np.asarray(gen.images[0]).mean())}
 
 
+def controlnet_one(args) -> dict:
+    """The full-size SD 1.5 folder with a full-size ControlNet (``scripts/make_sd15_controlnet_full.py``), 64x64, two
+    Euler steps, under ``--memory`` (set so that each stage's peak is its own) and ``--low-memory`` or not."""
+    from sdrt import pipelines
+
+    low = {"on": True, "off": False, "auto": None}[args.low_memory]
+    pipe = pipelines.load(os.path.join(args.folder, "sd15"), backend=args.backend, memory=args.memory, low_memory=low)
+    edges = np.zeros((64, 64, 3), np.uint8)
+    edges[16:48, 30:34] = 255
+    kw = dict(steps=2, seed=1, width=64, height=64, sampler="Euler",
+              controlnets=[(os.path.join(args.folder, "controlnet"), edges, 1.0)])
+    if args.hires:
+        kw.update(hires_scale=2, hires_steps=1, hires_denoise=0.5, hires_upscaler=args.hires)
+    t = time.perf_counter()
+    gen = pipe.generate("a fox", **kw)
+    took = time.perf_counter() - t
+    plan = gen.memory
+    return {"bench": "controlnet", "backend": args.backend, "memory": args.memory, "low_memory": args.low_memory,
+            "hires": args.hires, "seconds": round(took, 1), "budget": plan.budget_bytes, "base_rss": plan.base_bytes,
+            "parts": [{"part": p.part, "placement": p.placement, "weights": p.weight_bytes,
+                       "activations": p.activation_bytes, "predicted_peak": p.peak_bytes} for p in plan.parts],
+            "measured": plan.measured, "peak_source": plan.measured_source, "plan": plan.format(),
+            "image_mean": float(np.asarray(gen.images[0]).mean())}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("bench", choices=["flux", "sd15", "prefetch", "sdxl"])
+    ap.add_argument("bench", choices=["flux", "sd15", "prefetch", "sdxl", "controlnet"])
     ap.add_argument("--model", default=SDXL_FILE, help="sdxl: the single file")
     ap.add_argument("--mode", default="all", choices=["all", "whole", "stream", "share", "on", "off", "one"])
     ap.add_argument("--size", type=int, default=512, help="prefetch: image size")
@@ -251,6 +285,8 @@ def main() -> None:
     ap.add_argument("--backend", default="openvino")
     ap.add_argument("--folder", default="/work/models/sd15-full/onnx")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--low-memory", default="on", choices=["on", "off", "auto"], help="controlnet: low_memory")
+    ap.add_argument("--hires", default=None, help="controlnet: a hires fix with this upscaler (a model file)")
     args = ap.parse_args()
     from sdrt.pipelines.budget import parse_memory
 
@@ -285,7 +321,8 @@ def main() -> None:
     if args.bench in ("flux", "prefetch") and args.mode != "whole":
         args.memory = parse_memory(args.memory, "--memory")
     result = (flux_one(args) if args.bench == "flux" else prefetch_one(args) if args.bench == "prefetch"
-              else sdxl_one(args) if args.bench == "sdxl" else sd15_one(args))
+              else sdxl_one(args) if args.bench == "sdxl" else controlnet_one(args) if args.bench == "controlnet"
+              else sd15_one(args))
     line = json.dumps(result)
     print(line, flush=True)
     if args.out:

@@ -83,3 +83,44 @@ def test_single_file_runs_a_controlnet_on_the_twin_unet_and_the_plain_one_withou
     assert plain1.tobytes() == plain2.tobytes()
     assert np.abs(plain1.astype(int) - want_plain.astype(int)).max() <= 1
     assert np.abs(controlled.astype(int) - plain1.astype(int)).max() > 10  # the ControlNet did something
+
+
+def _with_own_constant(src: Path, out: Path, name: str) -> Path:
+    """``src`` with its output multiplied by an inline constant 1.0 named ``name``: a constant the graph keeps itself
+    (as the shipped graphs keep their exporter's ``val_*`` scalars), which the checkpoint does not hold."""
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(src), load_external_data=False)
+    output = model.graph.output[0].name
+    for node in model.graph.node:
+        node.output[:] = [f"{output}_pre" if o == output else o for o in node.output]
+    model.graph.node.append(helper.make_node("Mul", [f"{output}_pre", name], [output]))
+    model.graph.initializer.append(numpy_helper.from_array(np.array(1.0, np.float32), name))
+    onnx.save(model, str(out))
+    return out
+
+
+def test_the_twin_unet_gets_its_own_constants_not_the_plain_ones(tiny_twins, monkeypatch, tmp_path):
+    """The file's weights are bound onto the plain UNet with that graph's own constants; the twin that takes
+    residuals keeps constants of other names (the shipped sd1_unet and sd1_unet_controlnet differ in their exporter's
+    val_* scalars). Moving to the twin swaps them (Part.retarget), so the run with a ControlNet binds strictly and
+    gives the folder's image; until 2026-12-01 it failed with 'the weights do not fit graph sd1_unet_controlnet'."""
+    from sdrt.checkpoint import files, graphs
+
+    ck, vae, shipped = tiny_twins
+    shipped = {**shipped, "sd1_unet": _with_own_constant(shipped["sd1_unet"], tmp_path / "plain.onnx", "one_plain"),
+               "sd1_unet_controlnet": _with_own_constant(shipped["sd1_unet_controlnet"], tmp_path / "twin.onnx",
+                                                         "one_twin")}
+    monkeypatch.setattr(files, "shipped_graph", lambda name: shipped[name])
+    monkeypatch.setattr(graphs, "shipped_graph", lambda name: shipped[name])
+    edges = np.load(FOLDER / "refs.npz")["edges"]
+    unit = [(FOLDER / "controlnet", edges, 1.0)]
+    with pipelines.load(ck, backend="reference", vae=vae, tokenizers={"tokenizer": FOLDER / "tokenizer"}) as pipe:
+        plain1 = pipe.generate("a red cat", "blurry", **KW).images[0]
+        controlled = pipe.generate("a red cat", "blurry", controlnets=unit, **KW).images[0]
+        assert pipe.unet.path == shipped["sd1_unet_controlnet"]
+        plain2 = pipe.generate("a red cat", "blurry", **KW).images[0]
+    with pipelines.load(FOLDER, backend="reference") as folder:
+        want_controlled = folder.generate("a red cat", "blurry", controlnets=unit, **KW).images[0]
+    assert controlled.tobytes() == want_controlled.tobytes()
+    assert plain1.tobytes() == plain2.tobytes()

@@ -164,8 +164,8 @@ class Placement:
     activation_bytes: int = 0
     #: what it is when not one of the model's own parts: ``controlnet``, ``image_encoder``, ``upscaler``
     role: str = ""
-    #: False: the pipeline keeps it loaded between uses (a ControlNet runs beside the denoiser every step; the
-    #: hires fix's model upscaler is kept for the next job), so the plan counts it resident whatever the budget
+    #: False: pinned resident whatever the budget (``plan_memory``'s ``pinned``); since 2026-12-01 the pipeline pins
+    #: nothing: ControlNets and the hires fix's model upscaler are released after their last use like the others
     releasable: bool = True
 
 
@@ -252,37 +252,50 @@ def _size(n: float) -> str:
 def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | None, *, base: int = 0,
                 footprint: float = FOOTPRINT, release_all: bool = False, budget_source: str = "",
                 split: Any = None, footprints: Mapping[str, float] | None = None,
-                activations: Mapping[str, int] | None = None, pinned: Iterable[str] = ()) -> MemoryPlan:
+                activations: Mapping[str, int] | None = None, pinned: Iterable[str] = (),
+                beside: Mapping[str, Iterable[str]] | None = None) -> MemoryPlan:
     """Place each part under ``budget`` (see the module doc); pure but for ``split(cap) -> [group bytes]``,
     which cuts the denoiser for a weight cap (``None``: one group per cap's worth, estimated). ``footprints``:
     a part's own ratio of peak to weight bytes where it is not ``footprint`` (weights a backend runs from the
     mapped file as stored, as ggml does with a GGUF file's blocks: no second copy, about 1). ``activations``: the
     most activation bytes each part holds at once while it runs (``activation_peaks``), added to its need; a
-    streamed part's ``split`` may give ``(weight bytes, activation bytes)`` per group. ``pinned``: parts the
-    pipeline cannot release (ControlNets, which run beside the denoiser; the hires fix's model upscaler): resident
-    whatever the budget, so every phase counts them and a streamed denoiser's groups get what they leave."""
+    streamed part's ``split`` may give ``(weight bytes, activation bytes)`` per group. ``pinned``: parts that
+    stay resident whatever the budget, so every phase counts them and a streamed denoiser's groups get what they
+    leave. ``beside``: ``{part: [parts loaded while it runs]}`` beyond the resident ones (a ControlNet runs beside
+    the denoiser at every step and is released only after its last pass; the hires fix's model upscaler runs while
+    the denoiser, the VAE decoder and the hires pass's ControlNets are still loaded): a released part's phase
+    counts them, so a phase they are released before (the VAE decode) does not."""
     names = list(weights)
     kept = [p for p in names if p in set(pinned)]
     fp = {p: (footprints or {}).get(p, footprint) for p in names}
     act = {p: int((activations or {}).get(p, 0)) for p in names}
     need = {p: fp[p] * weights[p] + act[p] for p in names}
+    held = {p: [q for q in dict.fromkeys((beside or {}).get(p, ())) if q in need and q != p] for p in names}
     avail = None if budget is None else budget - base
     placed: dict[str, str] = {}
     groups: list[int] = []
     group_act: list[int] = []
     cap = 0
+
+    def phases(resident: Iterable[str]) -> float:
+        """Bytes at the largest phase with ``resident`` kept: they, plus the running part and what it runs beside."""
+        res = set(resident)
+        return sum(need[p] for p in res) + max((need[p] + sum(need[q] for q in held[p] if q not in res)
+                                                for p in names if p not in res), default=0)
+
     if not release_all and (avail is None or sum(need.values()) <= avail):
         placed = dict.fromkeys(names, "resident")
     else:
         den_need = need.get(denoiser, 0) if denoiser else 0
-        left = None if avail is None else avail - sum(need[p] for p in kept)  # beside the parts that stay anyway
+        # beside the parts that stay anyway and those that run with the denoiser (its ControlNets)
+        left = None if avail is None else (avail - sum(need[p] for p in kept)
+                                           - sum(need[q] for q in held.get(denoiser or "", ()) if q not in kept))
         # streaming helps only when something is left beside the process itself
         stream = denoiser is not None and left is not None and 0 < left < den_need
         resident: list[str] = list(kept)
         if not stream and not release_all and avail is not None:
             for p in sorted((n for n in names if n not in kept), key=lambda n: need[n]):  # the smallest stay
-                rest = [need[q] for q in names if q not in resident and q != p]
-                if sum(need[q] for q in resident) + need[p] + max(rest, default=0) <= avail:
+                if phases([*resident, p]) <= avail:
                     resident.append(p)
                 else:
                     break
@@ -296,12 +309,18 @@ def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | 
             groups = [g[0] if isinstance(g, tuple) else g for g in cut]
             group_act = [g[1] if isinstance(g, tuple) else act[denoiser] for g in cut]
     res_need = sum(need[p] for p in names if placed[p] == "resident")
+
+    def running(p: str) -> float:
+        """What ``p`` holds while it runs when it is not resident (a streamed part: its heaviest group)."""
+        if placed[p] == "streamed":
+            return max(fp[p] * g + a for g, a in zip(groups, group_act))
+        return 0 if placed[p] == "resident" else need[p]
+
     out = []
     for p in names:
-        running = (max(fp[p] * g + a for g, a in zip(groups, group_act)) if placed[p] == "streamed"
-                   else 0 if placed[p] == "resident" else need[p])
-        peak = int(base + res_need + running)
-        fits = avail is None or res_need + running <= avail
+        run = running(p) + sum(running(q) for q in held[p])  # a resident one's phase: the parts it runs beside
+        peak = int(base + res_need + run)
+        fits = avail is None or res_need + run <= avail
         streamed = placed[p] == "streamed"
         out.append(Placement(p, placed[p], weights[p], peak, groups if streamed else [], fits, cap if streamed else 0,
                              activation_bytes=act[p], releasable=p not in kept))
@@ -394,7 +413,7 @@ def plan_placed(weights: Mapping[str, int], roles: Mapping[str, str], denoiser: 
                 budget_source: str = "", host_budget_source: str = "", footprint: float = FOOTPRINT,
                 release_all: bool = False, split: Any = None,
                 footprints: Mapping[str, float] | None = None, activations: Mapping[str, int] | None = None,
-                pinned: Iterable[str] = ()) -> MemoryPlan:
+                pinned: Iterable[str] = (), beside: Mapping[str, Iterable[str]] | None = None) -> MemoryPlan:
     """``plan_memory`` with parts placed per device (``place_parts``): the parts left on the pipeline's device are
     planned against ``budget``, those on the CPU device ``host`` (``"openvino:CPU"``; None: there is none, so nothing
     can go there) against ``host_budget`` with the process's own ``host_base``, as are parts asked onto a device
@@ -416,14 +435,14 @@ def plan_placed(weights: Mapping[str, int], roles: Mapping[str, str], denoiser: 
     main = plan_memory(local, denoiser if denoiser in local else None, budget, base=base, footprint=footprint,
                        release_all=release_all, budget_source=budget_source, split=split,
                        footprints={p: f for p, f in fps.items() if p in local},
-                       activations={p: a for p, a in acts.items() if p in local}, pinned=pinned)
+                       activations={p: a for p, a in acts.items() if p in local}, pinned=pinned, beside=beside)
     main.device = device
     if not away:
         return main
     other = plan_memory(away, denoiser if denoiser in away else None, host_budget, base=host_base,
                         footprint=footprint, release_all=release_all, budget_source=host_budget_source, split=split,
                         footprints={p: f for p, f in fps.items() if p in away},
-                        activations={p: a for p, a in acts.items() if p in away}, pinned=pinned)
+                        activations={p: a for p, a in acts.items() if p in away}, pinned=pinned, beside=beside)
     for pl in other.parts:
         pl.device = host if placed[pl.part] == "cpu" else placed[pl.part]  # type: ignore[assignment]
     by_name = {pl.part: pl for pl in main.parts + other.parts}
@@ -477,8 +496,30 @@ def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, in
     return total - floats + stored, stored, narrow
 
 
-#: the roles of extra parts the pipeline keeps loaded between uses (``plan_memory``'s ``pinned``)
-KEPT_ROLES = ("controlnet", "upscaler")
+def extra_identity(name: str, role: str, extra: Any) -> tuple[Any, ...]:
+    """What tells one extra part (``sdrt.pipelines.plan.extra_parts``) from another for the plan: its name and role,
+    its graph, and the weights file bound onto it with that file's version (a ControlNet ``.safetensors`` on the
+    shipped graph: the graph is the same for every file); an upscaler by its file's version."""
+    from ..stamps import file_stamp
+
+    path = getattr(extra, "path", extra)
+    source = getattr(extra, "source_file", None)
+    stamp = getattr(extra, "source_stamp", None)
+    if stamp is None:
+        stamp = file_stamp(source if source is not None else path)
+    return name, role, str(path), str(source or ""), repr(stamp)
+
+
+def extra_bytes(extras: Mapping[str, tuple[str, Any]]) -> int:
+    """Weight bytes of the parts a run uses besides the model's own (``sdrt.pipelines.plan.extra_parts``), as the plan
+    counts them: a ControlNet's or image encoder's graph initializers (headers only), an upscaler's float32 tensors."""
+    total = 0
+    for _, (role, extra) in extras.items():
+        try:
+            total += upscaler_bytes(extra) if role == "upscaler" else part_weight_bytes(extra)
+        except Exception as exc:  # noqa: BLE001 - an estimate: a part that cannot be sized counts none
+            log.debug("memory: no size for the %s %s: %s", role, extra, exc)
+    return total
 
 
 def upscaler_bytes(path: Any) -> int:
@@ -521,17 +562,19 @@ class MemoryMixin:
     _stage_peaks: dict[str, int]
 
     def memory_plan(self, *, base: int | None = None, calls: Mapping[str, list[dict[str, tuple[int, ...]]]] | None = None,
-                    extras: Mapping[str, tuple[str, Any]] | None = None, twins: Mapping[str, Part] | None = None
-                    ) -> MemoryPlan:
+                    extras: Mapping[str, tuple[str, Any]] | None = None, twins: Mapping[str, Part] | None = None,
+                    beside: Mapping[str, Iterable[str]] | None = None) -> MemoryPlan:
         """Each part's placement under the budget and the predicted peak (computed once per pipeline, or again
         when ``base`` is given: the bytes the process holds besides the models; default: its resident memory
         now on a CPU, 0 on an accelerator, whose memory the process's own does not share). ``calls``: each
         part's input shapes per call (``calls_of`` a run plan): the activations are then counted too. ``extras``:
         the parts the run uses besides the model's own (``sdrt.pipelines.plan.extra_parts`` of its dry run:
-        ControlNets, an IP-Adapter's image encoder, the hires fix's model upscaler), counted and placed with them."""
+        ControlNets, an IP-Adapter's image encoder, the hires fix's model upscaler), counted and placed with them.
+        ``beside``: which parts are loaded while each runs (``sdrt.pipelines.plan.held_beside``: the ControlNets beside
+        the denoiser, the model upscaler between the hires fix's passes)."""
         plan = getattr(self, "_memory_plan", None)
         if plan is None or base is not None or calls is not None:
-            plan = self._make_memory_plan(base, calls, extras, twins)
+            plan = self._make_memory_plan(base, calls, extras, twins, beside)
             self._memory_plan = plan
         return plan
 
@@ -569,7 +612,8 @@ class MemoryMixin:
 
     def _make_memory_plan(self, base: int | None, calls: Mapping[str, Any] | None = None,
                           extras: Mapping[str, tuple[str, Any]] | None = None,
-                          twins: Mapping[str, Part] | None = None) -> MemoryPlan:
+                          twins: Mapping[str, Part] | None = None,
+                          beside: Mapping[str, Iterable[str]] | None = None) -> MemoryPlan:
         from ..errors import SdrtError
         from ..runtime import select
 
@@ -627,7 +671,7 @@ class MemoryMixin:
                            host_budget=host_budget, host_base=current_rss(), asked=asked,
                            budget_source=source, host_budget_source=OS_SOURCE if host_budget else "unknown",
                            release_all=bool(self.low_memory) or False, split=split_at, footprints=footprints,
-                           activations=activations, pinned=[n for n, (r, _) in extras.items() if r in KEPT_ROLES])
+                           activations=activations, beside=beside)
         for pl in plan.parts:
             pl.role = extras[pl.part][0] if pl.part in extras else ""
         self._hosts = {} if host is None else {f"{host[1].backend}:{host[1].id}": host}
@@ -635,23 +679,28 @@ class MemoryMixin:
 
     def _apply_memory_plan(self, calls: Mapping[str, Any] | None = None,
                            check: Callable[[MemoryPlan], None] | None = None,
-                           extras: Mapping[str, tuple[str, Any]] | None = None) -> None:
+                           extras: Mapping[str, tuple[str, Any]] | None = None,
+                           beside: Mapping[str, Iterable[str]] | None = None) -> None:
         """Tell the parts the plan: released and streamed ones keep their external data mapped; a streamed
         one compiles group by group (``Part.stream_bytes``); a part placed on another device compiles there.
         ``calls``: this job's input shapes per part (the plan is made again, with activations, when they change);
         ``check(plan)`` may refuse the job first (before anything is told or said); ``extras``: the job's parts besides
-        the model's own (``memory_plan``). Starts the first stage's peak."""
-        key = None if calls is None else (calls, sorted((n, r, str(getattr(e, "path", e))) for n, (r, e) in
-                                                        (extras or {}).items()))
+        the model's own (``memory_plan``), and ``beside`` what runs beside what. Starts the first stage's peak."""
+        key = None if calls is None else (calls, sorted(extra_identity(n, r, e) for n, (r, e) in (extras or {}).items()),
+                                          sorted((k, tuple(v)) for k, v in (beside or {}).items()))
         if key is not None and key != getattr(self, "_memory_calls", None):
             made = getattr(self, "_memory_plan", None)  # the process's base as first measured (or given) stays
-            plan = self.memory_plan(base=made.base_bytes if made is not None else None, calls=calls, extras=extras)
+            plan = self.memory_plan(base=made.base_bytes if made is not None else None, calls=calls, extras=extras,
+                                    beside=beside)
             self._memory_calls = key
         else:
             plan = self.memory_plan()
         if check is not None:
             check(plan)
         for p in plan.parts:
+            control = getattr(self, "control_parts", {}).get(p.part)  # a ControlNet released after its last pass
+            if control is not None:
+                control.lazy_external = control.lazy_external or p.placement != "resident" or bool(self.low_memory)
             part = self._parts.get(p.part)
             if part is not None and p.device:
                 self._place(part, p.device)
@@ -670,6 +719,19 @@ class MemoryMixin:
             log.warning("memory: the plan does not fit the budget:\n%s", plan.format())
         self._stage_peaks = {}
         self._stage_started()
+
+    def _releases_extra(self, name: str) -> bool:
+        """Whether a part the run uses besides the model's own (a ControlNet, the hires fix's model upscaler) is
+        released once its last use in the run is over: in low-memory mode, or when the plan places it released (a
+        plan that does not list it: when it releases any part)."""
+        if self.is_low_memory:  # type: ignore[attr-defined]
+            return True
+        plan = getattr(self, "_memory_plan", None)
+        if plan is None:
+            return False
+        placed = plan.placement(name)
+        return placed.placement != "resident" if placed is not None else any(p.placement != "resident"
+                                                                             for p in plan.parts)
 
     def _place(self, part: Part, device: str) -> None:
         """Compile ``part`` on ``device`` (``"openvino:CPU"``) from now on; options go with it only on its own

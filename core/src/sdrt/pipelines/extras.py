@@ -306,6 +306,20 @@ class ToolboxMixin:
                                   batch=call.batch, hires=hires))
         return state
 
+    def _release_nets(self, s: Settings, hires_next: bool) -> None:
+        """After a denoising pass: release the ControlNets whose last pass in this run is over (all of them, or with
+        the hires pass still to come those it leaves out: ``hr_option``) when low-memory mode or the memory plan
+        releases them (``_releases_extra``), so the VAE decode and the hires upscale do not hold them."""
+        if self._dry:
+            return
+        units = s.toolbox.controlnets or self._silent_units
+        done = [u.part for u in units if u.part is not None and not (hires_next and cn.on_pass(u, True))]
+        go = [p for p in {id(p): p for p in done}.values() if self._releases_extra(p.name)]  # type: ignore[attr-defined]
+        if go:
+            from .lowmem import release
+
+            release(go)
+
     # ------------------------------------------------------------------ previews
     def preview(self, upscale: int = 1) -> np.ndarray | None:
         """From a step callback: the current step's preview (HxWx3 uint8), or None outside a step.
@@ -386,6 +400,8 @@ class ToolboxMixin:
             elif hr.model is not None:
                 up = self._model_upscaler(hr.model)
                 big = [up.upscale_to(im, uw, uh) for im in images]
+                if self._releases_extra("upscaler"):  # type: ignore[attr-defined]  # its last use in the run
+                    up.close()
             else:
                 big = [upscale_image(im, uw, uh, hr.upscaler) for im in images]
             latents = np.concatenate([vae._encode_image(to_nchw(im), generator) for im in big], axis=0)

@@ -67,10 +67,15 @@ def give_back() -> None:
 
 
 def model_bytes(paths: Iterable[Path]) -> int:
-    """Bytes of the parts' files (``model.onnx`` and its external data)."""
+    """Bytes of the parts' files (``model.onnx`` and its external data), each file once (``model.onnx_data`` is
+    both the graph's ``_data`` and a ``*.onnx_data``: until 2026-12-01 it counted twice)."""
     total = 0
+    seen: set[Path] = set()
     for p in paths:
         for f in [p, *p.parent.glob(p.name + "_data"), *p.parent.glob("*.onnx_data"), *p.parent.glob("*.bin")]:
+            if f in seen:
+                continue
+            seen.add(f)
             try:
                 total += f.stat().st_size
             except OSError:

@@ -68,6 +68,8 @@ class Part:
         #: ``sdrt.pipelines.fluxcontrolnet``), and what it is (sessions compiled for another edit are closed)
         self.graph_edit: Callable[[Graph], Graph] | None = None
         self.graph_edit_key: Any = None
+        #: the graph the bound weights were made for, once ``retarget`` moved the part to another (None: not moved)
+        self._weights_graph: Path | None = None
         #: a dry run (``Pipeline.plan``): ``run`` records its calls here and returns zeros, compiling nothing
         self.record: list[tuple[dict[str, tuple[tuple[int, ...], str]], tuple[str, ...]]] | None = None
 
@@ -146,22 +148,39 @@ class Part:
             log.info("compiling %s for %s", self.name, ", ".join(f"{k}{list(v)}" for k, v in dims))
             if self.weights is None and self.weights_factory is not None:
                 self.weights = self.weights_factory()
+            fit = self._fit_constants
             if self.stream_bytes:
                 from .streaming import StreamedSession
 
-                sess = StreamedSession(pinned, self.weights, max_weight_bytes=self.stream_bytes, backend=self.backend,
+                sess = StreamedSession(pinned, fit(self.weights), max_weight_bytes=self.stream_bytes, backend=self.backend,
                                        device=self.device, share=self.stream_share, options=self.options)
             else:
                 first = self.compile_factory() if self.compile_factory is not None else self.weights
-                sess = load(pinned, weights=first, backend=self.backend, device=self.device, **self.options)
+                sess = load(pinned, weights=fit(first), backend=self.backend, device=self.device, **self.options)
                 if first is not self.weights and self.weights is not None:
                     try:
-                        sess.update_weights(self.weights)
+                        sess.update_weights(fit(self.weights))
                     except BaseException:
                         sess.close()
                         raise
             self.sessions[key] = sess
         return sess
+
+    def _fit_constants(self, weights: Weights | None) -> Weights | None:
+        """Weights bound onto the graph the part ran before ``retarget`` (a single file's plain UNet, whose weights
+        carry that graph's own constants: position ids, the exporter's scalars) made to fit the graph it runs now:
+        the old graph's own constants out, this one's in (the twins share their parameters' names, not their
+        constants'). Unchanged when the part was not moved or runs its weights' graph again."""
+        if weights is None or self._weights_graph is None or self._weights_graph == self.path:
+            return weights
+        from ..checkpoint.single_file import with_own_constants
+        from ..graph import Graph
+
+        old = Graph.load(self._weights_graph, load_external=False)
+        own = {n for n in old.initializer_names if old.has_data(n)}
+        names = set(self.graph.initializer_names)
+        refs = {n: weights.ref(n) for n in weights if n in names and n not in own}
+        return with_own_constants(self.graph, refs, weights.sources[0] if weights.sources else Path(self.path))
 
     def _only(self, outputs: tuple[str, ...]) -> Graph:
         """The graph with just ``outputs``; the nodes only the others needed go at constant folding."""
@@ -224,7 +243,7 @@ class Part:
         base = self.weights if self.weights is not None else self.own_weights()
         merged = base.overlaid(weights)  # read on use: a checkpoint's tensors stay in its file
         for sess in self.sessions.values():
-            sess.update_weights(merged)
+            sess.update_weights(self._fit_constants(merged))
         self.weights = merged
 
     def own_weights(self) -> Weights:
@@ -243,6 +262,10 @@ class Part:
         inputs, and back): sessions close, the graph reloads; bound weights stay (same initializer names)."""
         if path == self.path:
             return
+        if self._weights_graph is None:
+            self._weights_graph = self.path  # the bound weights carry this graph's own constants
+        elif path == self._weights_graph:
+            self._weights_graph = None
         log.info("%s: now %s", self.name, path.name)
         self.close()
         self._graph = None

@@ -1030,7 +1030,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         _ = self.is_low_memory  # decided (and the parts told) before any part loads
         if not self._dry:  # each part resident, released after use or streamed, and where (budget.py)
             self._apply_memory_plan(calls, check=lambda plan: self._check_init_size(s, plan),
-                                    extras=getattr(self, "_job_extras", None))
+                                    extras=getattr(self, "_job_extras", None), beside=getattr(self, "_job_beside", None))
         with self._stores_after_job():
             return self._generate_planned(s, init, mask, callback, original)
 
@@ -1279,8 +1279,10 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                 x = loop.run(model, x, inpaint=(mask_lat, image_latents, noise), callback=on_step)
         else:
             x = loop.run(model, x, callback=on_step)
+        self._release_nets(s, hires_next=s.toolbox.hires is not None)  # those the hires pass does not use
         if s.toolbox.hires is not None:
             x = self._hires_pass(s, x, seed, subseed, cond, uncond, on_step, first, refiner)
+            self._release_nets(s, hires_next=False)
         self._current = self._denoised = None
         self._release(self.denoiser.name, "vae_encoder", stage=True)
         if refiner is not None and refiner.active:
@@ -1321,7 +1323,11 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
 
             # with the activations, and the parts the run uses besides the model's own (ControlNets, an image
             # encoder, the hires fix's model upscaler)
-            memory = self.memory_plan(base=memory.base_bytes, calls=calls_of(rp), extras=rp._extras, twins=rp._twins)
+            if getattr(self, "_auto_memory", None) is not None or self.low_memory is None:
+                self._job_extras = rp._extras  # low_memory=None: decided with the parts this run adds
+                _ = self.is_low_memory
+            memory = self.memory_plan(base=memory.base_bytes, calls=calls_of(rp), extras=rp._extras, twins=rp._twins,
+                                      beside=rp._beside)
             rp.refiner_memory = self._refiner_memory(rp, memory)
         rp.memory = memory  # each part's placement under the budget, the predicted peak
         return rp
@@ -1344,28 +1350,38 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         """This job's input shapes per part, for the memory plan's activations: from a dry run, made again only
         when the arguments that can change a shape change (not the seeds, not the words; images by their shape)."""
         from .budget import calls_of
-        from .plan import dry_run
+        from .plan import dry_run, job_identity
 
         fresh = isinstance(prompt, Settings) or kwargs.get("reference_images") is not None  # their sizes: read
-        key = (object() if fresh else None, tuple(sorted(  # Settings: made again each time
-            (k, repr(v) if isinstance(v, (int, float, str, bool, type(None))) else
-             repr(getattr(v, "shape", None) or (len(v) if isinstance(v, (list, tuple)) else type(v).__name__)))
-            for k, v in kwargs.items() if "seed" not in k)))
+        # Settings: made again each time; the parts a job names (ControlNets, an image encoder, an upscaler) by their
+        # files' identity, so one swapped for another of the same count is planned anew (job_identity)
+        key = (object() if fresh else None, tuple(sorted((k, job_identity(v)) for k, v in kwargs.items()
+                                                         if "seed" not in k)))
         cached = getattr(self, "_calls_key", None)
         if cached is not None and cached[0] == key:
-            self._job_extras = cached[2]
+            self._job_extras, self._job_beside = cached[2], cached[3]
             return cached[1]
         rp = dry_run(self, prompt, negative_prompt, dict(kwargs))
         calls = calls_of(rp)
         self._job_extras = rp._extras  # the job's ControlNets, image encoder, model upscaler (the memory plan's)
-        self._calls_key = (key, calls, self._job_extras)
+        self._job_beside = rp._beside  # which of them run beside which part (plan.held_beside)
+        self._calls_key = (key, calls, self._job_extras, self._job_beside)
         return calls
 
     # ------------------------------------------------------------------ low memory (sdrt.pipelines.lowmem)
     @property
     def is_low_memory(self) -> bool:
         if self.low_memory is None:
+            self._auto_memory = (_UNDECIDED,)  # low_memory=None: decided again for each job's parts
+        auto = getattr(self, "_auto_memory", None)
+        job = getattr(self, "_job_extras", None)
+        if auto is not None and len(auto) > 1 and self.low_memory != auto[1]:  # set by hand since: that stands
+            self._auto_memory = auto = None
+        if auto is not None and auto[0] is not job and not self._dry:
+            # this job's extra parts count too (its ControlNets, an image encoder, a model upscaler): a run that
+            # fits only with them released picks low memory
             from ..runtime import select
+            from .budget import extra_bytes
             from .lowmem import auto_low_memory, model_bytes
 
             _, dev = select(self.backend, self.device)
@@ -1375,7 +1391,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                 size = sum(f.stat().st_size for f in files if f.is_file())
             else:
                 size = model_bytes(p.path for p in self._parts.values())
-            self.low_memory = auto_low_memory(dev.memory_bytes, size)
+            self.low_memory = auto_low_memory(dev.memory_bytes, size + (extra_bytes(job) if job else 0))
+            self._auto_memory = (job, self.low_memory)
         if self.low_memory:
             for part in self._parts.values():
                 part.lazy_external = True  # external data stays mapped from disk, never read in
@@ -1545,6 +1562,9 @@ def load(model: str | os.PathLike[str], backend: str = "auto", device: Any = Non
         bind_part_files(pipe, vae, text_encoders)
     return pipe
 
+
+#: ``Pipeline.is_low_memory`` under ``low_memory=None`` before its first decision
+_UNDECIDED = object()
 
 #: load's keywords besides the backend's options (Pipeline's own: low_memory ... quantize)
 LOAD_KEYWORDS = ("backend", "device", "vae", "text_encoders", "graph_paths", "tokenizers", "prediction", "family", "t5",

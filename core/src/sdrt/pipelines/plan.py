@@ -176,6 +176,7 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
                  [*([dry._init_fit] if dry._init_fit else []), *_notes(s), *_stored_notes(pipe)])
     rp._refiner = dry._refiner_job  # type: ignore[attr-defined]  # the job's refiner pipeline (its memory plan)
     rp._extras = extra_parts(pipe, dry, s)  # type: ignore[attr-defined]  # what the memory plan counts besides
+    rp._beside = held_beside(pipe, dry, s, rp._extras)  # type: ignore[attr-defined]  # what runs beside what
     # the model's parts as the run edits their graphs (IP attention, ControlNet residual inputs): for activations
     rp._twins = {n: p for n, p in dry._parts.items() if n in pipe._parts and p.graph_edit is not None}  # type: ignore[attr-defined]
     return rp
@@ -198,6 +199,85 @@ def extra_parts(pipe: Pipeline, dry: Any, s: Any) -> dict[str, tuple[str, Any]]:
     if hr is not None and hr.model is not None and not hr.latent:
         out["upscaler"] = ("upscaler", hr.model)
     return out
+
+
+def held_beside(pipe: Pipeline, dry: Any, s: Any, extras: dict[str, tuple[str, Any]]) -> dict[str, list[str]]:
+    """``{part: [parts loaded while it runs]}`` for the memory plan (``plan_memory``'s ``beside``): the ControlNets
+    run beside the denoiser at every step of the passes they take part in, and are released only after the last
+    of them; the hires fix's model upscaler runs between the passes, while the denoiser, the VAE decoder (which
+    decoded the first pass for it) and the ControlNets the hires pass uses are still loaded."""
+    from .controlnet import on_pass
+
+    den = pipe.family.denoiser_part
+    nets = [n for n, (role, _) in extras.items() if role == "controlnet"]
+    out: dict[str, list[str]] = {}
+    if nets:
+        out[den] = list(nets)
+        for n in nets:
+            out[n] = [den, *(m for m in nets if m != n)]
+    if "upscaler" in extras:
+        tb = s.toolbox
+        units = (tb.controlnets if tb is not None else None) or getattr(dry, "_silent_units", None) or []
+        later = [u.part.name for u in units if u.part is not None and on_pass(u, True) and u.part.name in nets]
+        out["upscaler"] = [den, "vae_decoder", *dict.fromkeys(later)]
+    return out
+
+
+def job_identity(value: Any, depth: int = 0) -> Any:
+    """What of one ``generate`` argument the run plan depends on, as a key: numbers and words as they are, arrays
+    and pictures by their shape, and files by path and version (``stamps.file_stamp``: size, mtime, inode; a folder:
+    each file in it), so that a ControlNet, image encoder or upscaler file swapped for another of the same count, or
+    written anew, is planned anew. Lists, mappings and dataclasses (``ControlNet``, ``IPAdapter``) by their items and
+    the fields they show; other objects by their ``path``, else by themselves."""
+    import dataclasses
+    import os
+
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, (str, os.PathLike)):
+        return repr(value), _path_version(os.fspath(value))
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return "array", tuple(value.shape), str(value.dtype)
+    if hasattr(value, "size") and hasattr(value, "mode") and hasattr(value, "getpixel"):  # a PIL image
+        return "image", tuple(value.size), str(value.mode)
+    if depth >= 4:
+        return type(value).__name__, id(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(job_identity(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), job_identity(v, depth + 1)) for k, v in value.items()))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value).__name__, tuple((f.name, job_identity(getattr(value, f.name), depth + 1))
+                                           for f in dataclasses.fields(value) if f.repr)
+    path = getattr(value, "path", None)
+    if isinstance(path, (str, os.PathLike)):
+        return type(value).__name__, job_identity(path, depth + 1)
+    return type(value).__name__, id(value)
+
+
+def _path_version(text: str) -> Any:
+    """A file's ``file_stamp``, a folder's files' (one level down too: a diffusers folder's part folders), or None
+    when ``text`` names nothing on disk (a sampler's name, a prompt)."""
+    import os
+
+    from ..stamps import file_stamp
+
+    if not text or len(text) > 4096 or "\n" in text:
+        return None
+    try:
+        if not os.path.isdir(text):
+            return file_stamp(text)
+        out = []
+        for entry in sorted(os.scandir(text), key=lambda e: e.name):
+            if entry.is_file():
+                out.append((entry.name, file_stamp(entry.path)))
+            elif entry.is_dir():
+                out += [(f"{entry.name}/{e.name}", file_stamp(e.path)) for e in sorted(os.scandir(entry.path),
+                                                                                     key=lambda e: e.name)
+                        if e.is_file()]
+        return tuple(out)
+    except (OSError, ValueError):
+        return None
 
 
 #: file storage types that are not the dtype a part's weights are bound in, and what they are

@@ -390,6 +390,22 @@ class ModelUpscaler:
             sess = self._sessions[(h, w)] = load(model, backend=self.backend, device=self.device)
         return sess
 
+    def close(self) -> None:
+        """Close the compiled tile sessions and drop the float32 copy of the weights (the file stays mapped); the
+        next ``run`` compiles again. Low-memory mode calls it after the hires fix's upscale."""
+        for sess in self._sessions.values():
+            sess.close()
+        self._sessions.clear()
+        self._arrays = None
+        from .lowmem import give_back
+
+        give_back()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether compiled sessions or the float32 weights are held (``close`` drops both)."""
+        return bool(self._sessions) or self._arrays is not None
+
     def run(self, x: np.ndarray) -> np.ndarray:
         """The model on one (1, 3, h, w) float32 array in [0, 1], untiled (h, w multiples of the unshuffle)."""
         x = np.ascontiguousarray(x, np.float32)
