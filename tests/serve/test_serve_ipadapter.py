@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,6 +124,8 @@ def test_an_ip_adapter_plus_unit_gives_the_python_apis_image(server, models) -> 
     (_unit(model="ip-adapter_sdxl_vit-h"), "model", "and the model is SD 1.x"),
     (_unit(image=None), "image", "needs its picture"),
     (_unit(weight=11), "weight", "at most 10"),
+    (_unit(guidance_start=0.8, guidance_end=0.2), "guidance_start", "is after"),
+    (_unit(guidance_end=1.5), "guidance_end", "at most 1"),
 ])
 def test_bad_ip_adapter_units(server, unit, field, words) -> None:
     r = _post(server, dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}))
@@ -151,3 +154,49 @@ def test_the_image_encoder_is_found_beside_the_adapter_or_in_comfyuis_clip_visio
     assert _image_encoder(Path(adapter), registry, "f").name == "CLIP-ViT-H-14-laion2B-s32B-b79K.safetensors"
     shutil.copytree(IPA / "image_encoder", tmp_path / "ControlNet" / "image_encoder")
     assert _image_encoder(Path(adapter), registry, "f") == tmp_path / "ControlNet" / "image_encoder"
+
+
+MULTI = np.load(IPA / "multi_refs.npz")
+MULTI_CASES = {c["name"]: c for c in json.loads((IPA / "multi_refs.json").read_text())}
+
+
+def test_several_ip_units_run_together_each_in_its_window_as_the_extension(server, models) -> None:
+    """Two IP-Adapter units (the base adapter on one picture, the Plus one on another), each with its
+    guidance_start / guidance_end: diffusers' image of the two adapters switched on and off by sd-webui-controlnet's
+    rule (start <= i / n <= end; scripts/gen_ipadapter_multi_refs.py), the Python API's with window="a1111", one
+    "ControlNet N" infotext entry per unit with its window, and no note about the window."""
+    case = MULTI_CASES["multi/sd15/window/a1111"]
+    pictures = {"a": REFS["ip_image"], "b": MULTI["picture_b"]}
+    files = {"ip-adapter_tiny.safetensors": "ip-adapter_sd15", "ip-adapter-plus_tiny.safetensors": "ip-adapter-plus_sd15"}
+    units = [_unit(model=f"{files[f]} [0123abcd]", image=_b64(pictures[pic]), weight=scale, guidance_start=start,
+                   guidance_end=end) for f, pic, scale, start, end in case["adapters"]]
+    body = dict(BASE, steps=case["steps"], seed=case["seed"], cfg_scale=case["cfg"],
+                alwayson_scripts={"controlnet": {"args": [units[0], {"enabled": False}, units[1]]}})
+    r = _post(server, body)
+    got = _served(r)
+    diff = np.abs(got.astype(int) - MULTI[case["name"]][0].astype(int))
+    assert diff.max() <= 1 and (diff > 0).mean() <= 0.005, (diff.max(), (diff > 0).mean())
+    ips = [IPAdapter(models / "ControlNet" / f"{files[f]}.safetensors", image=pictures[pic], scale=scale,
+                     image_encoder=IPA / "image_encoder", start=start, end=end, window="a1111")
+           for f, pic, scale, start, end in case["adapters"]]
+    with pipelines.load(models / "tiny-sd15", backend="reference") as pipe:
+        want = pipe.generate(BASE["prompt"], "blurry", ip_adapter=ips, **dict(KW, steps=case["steps"],
+                                                                              seed=case["seed"])).images[0]
+    assert np.array_equal(got, want)
+    info = r.json()["info"]
+    assert "ControlNet 0: \\\"Module: ip-adapter_clip_sd15, Model: ip-adapter_sd15, Weight: 0.9, " in info, info
+    assert "Guidance Start: 0.3, Guidance End: 1" in info and "ControlNet 1: " in info, info
+    assert "window" not in info
+
+
+def test_the_controlnet_script_is_the_last_key_naming_it_for_ip_units_too(server) -> None:
+    """Two keys of alwayson_scripts naming the ControlNet script ("ControlNet", "controlnet"): the units of the
+    last run (A1111 writes each key's args in turn), for ControlNet and IP-Adapter units alike, and the earlier key
+    is named as not used. The IP units were read from the first key before, the ControlNet ones from the last."""
+    first = _unit(model="ip-adapter-plus_sd15 [0123abcd]")
+    r = _post(server, dict(BASE, steps=1, alwayson_scripts={"ControlNet": {"args": [first]},
+                                                           "controlnet": {"args": [_unit()]}}))
+    assert r.status_code == 200, r.text
+    info = r.json()["info"]
+    assert "Model: ip-adapter_sd15," in info and "ip-adapter-plus_sd15" not in info, info
+    assert "alwayson_scripts.ControlNet: another key names the ControlNet script after it" in info, info
