@@ -215,3 +215,27 @@ def test_generate_cli_ip_adapter_counts_are_checked_in_flags(tiny_encoder_graph,
     assert rc != 0
     assert words in err, err
     assert "Traceback" not in err and len([line for line in err.splitlines() if line.startswith("error")]) == 1, err
+
+
+def test_the_shipped_sdxl_unet_graph_takes_three_adapters_with_their_own_token_counts():
+    """The full-size SDXL UNet graph (70 cross-attention layers, initializers named): three adapters give each
+    layer three key/value input pairs, the first named as for one adapter, the others suffixed, each adapter with
+    its own token dimension (a base adapter's 4 beside a Plus one's 16), and 11 nodes a layer per further adapter."""
+    import onnx
+
+    from sdrt.checkpoint import shipped_graph
+    from sdrt.checkpoint.ipattention import ip_attention_graph, layer_widths
+
+    model = onnx.load(str(shipped_graph("sdxl_unet")), load_external_data=False)
+    before = len(model.graph.node)
+    ip_attention_graph(model, lambda width: -1, "sdxl_unet", adapters=3)
+    widths = layer_widths(model)
+    assert len(widths) == 70
+    dims = {}
+    for i in model.graph.input:
+        if i.name.startswith("ip_adapter_"):
+            dims[i.name] = i.type.tensor_type.shape.dim[1].dim_param
+    assert len(dims) == 70 * 2 * 3
+    assert {dims["ip_adapter_1_key"], dims["ip_adapter_1_value_1"], dims["ip_adapter_139_key_2"]} == {
+        "ip_tokens", "ip_tokens_1", "ip_tokens_2"}
+    assert len(model.graph.node) == before + (16 + 2 * 11) * 70
