@@ -239,3 +239,24 @@ def test_the_shipped_sdxl_unet_graph_takes_three_adapters_with_their_own_token_c
     assert {dims["ip_adapter_1_key"], dims["ip_adapter_1_value_1"], dims["ip_adapter_139_key_2"]} == {
         "ip_tokens", "ip_tokens_1", "ip_tokens_2"}
     assert len(model.graph.node) == before + (16 + 2 * 11) * 70
+
+
+def test_the_hires_fix_with_its_own_prompt_keeps_the_adapters(tiny_encoder_graph):  # noqa: F811
+    """The second pass of a hires fix with its own prompt (A1111's hr_prompt: conditioning of its own) reads the
+    adapters' image inputs too; it was given the text alone, and the UNet with IP attention lacked its inputs."""
+    ips = [IPAdapter(IPA / "ip-adapter_tiny_sdxl.safetensors", image=REFS["ip_image"], scale=0.7,
+                     image_encoder=IPA / "image_encoder"),
+           IPAdapter(IPA / "ip-adapter-plus_tiny_sdxl.safetensors", image=MULTI["picture_b"], scale=0.8,
+                     image_encoder=IPA / "image_encoder", start=0.5)]
+    hires = dict(steps=2, sampler="Euler", seed=1, width=64, height=64, hires_scale=1.5, hires_steps=2,
+                 hires_denoise=0.6, hires_prompt="a blue cat")
+    with pipelines.load(DATA / "pipelines" / "tiny-sdxl-dyn", backend="reference") as pipe:
+        rp = pipe.plan("a red cat", "blurry", ip_adapter=ips, **hires)
+        unet = next(p for p in rp.parts if p.part == "unet")
+        assert len(unet.signatures) == 2
+        for sig, _ in unet.signatures:
+            feeds = dict((n, s) for n, s, _ in sig)
+            assert feeds["ip_adapter_1_key"][:2] == (2, 4) and feeds["ip_adapter_1_key_1"][:2] == (2, 16), feeds
+        got = pipe.generate("a red cat", "blurry", ip_adapter=ips, **hires).images[0]
+        plain = pipe.generate("a red cat", "blurry", **hires).images[0]
+    assert got.shape == (96, 96, 3) and np.abs(got.astype(int) - plain.astype(int)).max() > 20

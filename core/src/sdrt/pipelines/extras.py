@@ -138,6 +138,9 @@ class ToolboxMixin:
 
         preps = ipa.prepare(self, units)
         self._ip_prepared = preps  # their step windows: _control's hook
+        own = getattr(self, "_hires_conds", None)  # the hires fix's own prompts: its second pass reads the images too
+        if own is not None:
+            self._hires_conds = ipa.conditioning(preps, self.denoiser, *own)  # type: ignore[attr-defined]
         return ipa.conditioning(preps, self.denoiser, cond, uncond)  # type: ignore[attr-defined]
 
     def _unit_regions(self, s: Settings) -> None:
